@@ -1,0 +1,384 @@
+"""The trace format: record kinds, their columns, and the SQLite schema that stores them.
+
+This module is the contract between the backend (which writes) and every view (which reads).
+It imports nothing beyond the standard library. `docs/trace-format.md` describes the same schema
+for people; a test keeps the two in step.
+
+Conventions shared by every table:
+- Times are integers in nanoseconds. `*_ns` event times are relative to the run's `start_unix_ns`
+  (so they stay small on disk); durations are plain nanoseconds.
+- Strings that repeat (op names, shapes, file names, module paths, reasons) are interned in
+  `strings` and referenced by id; a column named `*_sid` holds such an id.
+- A source location is interned in `frames` (file, line, function); `frame_id` refers to it.
+- `rank` is the distributed rank that recorded the row (0 for single-process runs), `chip` the
+  local chip index (`tpu:<chip>`), `step` the training step the row happened in (0 before the
+  first step boundary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+MAGIC = "tputrace-trace"
+FORMAT_VERSION = 1
+FILE_SUFFIX = ".tptrace"
+
+
+@dataclass(frozen=True)
+class Column:
+    """One column of a record table; `kind` is the SQLite type, `ref` names what an id refers to."""
+
+    name: str
+    kind: str
+    doc: str
+    ref: str | None = None
+
+
+@dataclass(frozen=True)
+class RecordKind:
+    """One table of the trace: its name, what a row means, and its columns in insert order."""
+
+    table: str
+    doc: str
+    columns: tuple[Column, ...]
+    indexes: tuple[tuple[str, ...], ...] = ()
+    primary_key: str | None = None
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(column.name for column in self.columns)
+
+    def insert_sql(self) -> str:
+        placeholders = ", ".join("?" for _ in self.columns)
+        return f"INSERT INTO {self.table} ({', '.join(self.column_names)}) VALUES ({placeholders})"
+
+
+def _c(name: str, kind: str, doc: str, ref: str | None = None) -> Column:
+    return Column(name, kind, doc, ref)
+
+
+_RANK = _c("rank", "INTEGER", "distributed rank that recorded the row")
+_STEP = _c("step", "INTEGER", "training step (0 before the first boundary)")
+_CHIP = _c("chip", "INTEGER", "local chip index, -1 for host-only rows")
+_FRAME = _c("frame_id", "INTEGER", "user source location", ref="frames")
+_START = _c("start_ns", "INTEGER", "start, ns since the run's start")
+_DUR = _c("dur_ns", "INTEGER", "duration, ns")
+
+STRINGS = RecordKind(
+    "strings",
+    "Interned strings; every *_sid column refers to a row here.",
+    (_c("id", "INTEGER", "string id"), _c("text", "TEXT", "the string")),
+    primary_key="id",
+)
+
+FRAMES = RecordKind(
+    "frames",
+    "Interned source locations: the first user frame outside torch, tputrace and other libraries.",
+    (
+        _c("id", "INTEGER", "frame id"),
+        _c("file_sid", "INTEGER", "absolute file path", ref="strings"),
+        _c("line", "INTEGER", "1-based line number"),
+        _c("function_sid", "INTEGER", "function name", ref="strings"),
+    ),
+    primary_key="id",
+)
+
+RUNS = RecordKind(
+    "runs",
+    "One row per recorded process (one per rank in a merged trace).",
+    (
+        _RANK,
+        _c("world_size", "INTEGER", "number of ranks"),
+        _c("script", "TEXT", "script path or -m module"),
+        _c("argv", "TEXT", "JSON list of the script's arguments"),
+        _c("cwd", "TEXT", "working directory"),
+        _c("host", "TEXT", "host name"),
+        _c("pid", "INTEGER", "process id"),
+        _c("chips", "INTEGER", "number of chips visible to the process"),
+        _c("platform", "TEXT", "XLA platform: cpu or tpu"),
+        _c("eager_mode", "TEXT", "DEFER_AND_FUSE, DEFER_NEVER or DEFER_NEVER_AND_LAUNCH_BLOCKING"),
+        _c("torch_version", "TEXT", "torch.__version__"),
+        _c("jax_version", "TEXT", "jax.__version__"),
+        _c("tputrace_version", "TEXT", "tputrace version"),
+        _c("start_unix_ns", "INTEGER", "wall-clock start, ns since the Unix epoch"),
+        _c("end_ns", "INTEGER", "end, ns since start (NULL while running or after a kill)"),
+        _c("exit_status", "INTEGER", "process exit status (NULL while running or after a kill)"),
+        _c("error", "TEXT", "the script's exception, formatted, if it raised"),
+    ),
+    indexes=(("rank",),),
+)
+
+OPS = RecordKind(
+    "ops",
+    "One row per ATen op dispatched to a tpu tensor.",
+    (
+        _c("seq", "INTEGER", "dispatch sequence number within the rank"),
+        _RANK,
+        _c("op_sid", "INTEGER", "ATen op with overload, e.g. aten.addmm.default", ref="strings"),
+        _c("inputs_sid", "INTEGER", "input shapes and dtypes, e.g. 'f32[64,128], f32[128]'", ref="strings"),
+        _c("outputs_sid", "INTEGER", "output shapes and dtypes", ref="strings"),
+        _CHIP,
+        _START,
+        _DUR,
+        _FRAME,
+        _c("module_sid", "INTEGER", "nn.Module path, e.g. GPT.blocks.3.attn.q_proj", ref="strings"),
+        _STEP,
+        _c("program_id", "INTEGER", "program that computed the op (strict: its own; defer: the flush's)", ref="programs"),
+        _c("flush_id", "INTEGER", "flush the op ended up in (DeferAndFuse), NULL in strict mode", ref="flushes"),
+    ),
+    indexes=(("rank", "start_ns"), ("op_sid",)),
+)
+
+PROGRAMS = RecordKind(
+    "programs",
+    "One row per compiled XLA program (definition, not execution).",
+    (
+        _c("id", "INTEGER", "program id"),
+        _RANK,
+        _c("kind", "TEXT", "op, fused or compiled (torch.compile graph)"),
+        _c("name_sid", "INTEGER", "program name (the op for single-op programs)", ref="strings"),
+        _c("structure_sid", "INTEGER", "structure key: equal for programs that differ only in input signature", ref="strings"),
+        _c("signature_sid", "INTEGER", "input shapes and dtypes", ref="strings"),
+        _c("n_ops", "INTEGER", "ATen ops in the program"),
+        _c("flops", "REAL", "XLA cost analysis: floating-point operations per execution"),
+        _c("bytes_accessed", "REAL", "XLA cost analysis: bytes accessed per execution"),
+        _c("hlo_ops", "INTEGER", "HLO instructions in the optimized module"),
+    ),
+    primary_key="id",
+)
+
+COMPILES = RecordKind(
+    "compiles",
+    "One row per compilation; a recompile says what differs from the nearest earlier compile of the same structure.",
+    (
+        _c("id", "INTEGER", "compile id"),
+        _RANK,
+        _c("program_id", "INTEGER", "program produced", ref="programs"),
+        _c("kind", "TEXT", "op, fused, dynamo_frame, aot or xla"),
+        _c("name_sid", "INTEGER", "what was compiled", ref="strings"),
+        _c("signature_sid", "INTEGER", "input signature", ref="strings"),
+        _CHIP,
+        _START,
+        _DUR,
+        _FRAME,
+        _STEP,
+        _c("reason", "TEXT", "first, recompile or guard_failure"),
+        _c("diff_sid", "INTEGER", "what changed, e.g. 'input 0 dim 1: 128 -> 256'", ref="strings"),
+        _c("detail", "TEXT", "JSON object with kind-specific details (e.g. dynamo/aot/xla time split)"),
+    ),
+    indexes=(("rank", "start_ns"),),
+    primary_key="id",
+)
+
+EXECUTIONS = RecordKind(
+    "executions",
+    "One row per program execution on a chip.",
+    (
+        _RANK,
+        _c("program_id", "INTEGER", "program executed", ref="programs"),
+        _CHIP,
+        _START,
+        _DUR,
+        _STEP,
+        _c("flush_id", "INTEGER", "flush that ran it (DeferAndFuse)", ref="flushes"),
+    ),
+    indexes=(("rank", "start_ns"), ("program_id",)),
+)
+
+FUSIONS = RecordKind(
+    "fusions",
+    "XLA's fusion decisions inside a compiled program, from the optimized HLO.",
+    (
+        _RANK,
+        _c("program_id", "INTEGER", "program the fusion belongs to", ref="programs"),
+        _c("name_sid", "INTEGER", "fusion instruction name", ref="strings"),
+        _c("kind_sid", "INTEGER", "fusion kind: kLoop, kInput, kOutput, kCustom", ref="strings"),
+        _c("ops_sid", "INTEGER", "comma-separated HLO opcodes fused", ref="strings"),
+        _c("aten_sid", "INTEGER", "comma-separated ATen ops the fused instructions came from", ref="strings"),
+    ),
+    indexes=(("program_id",),),
+)
+
+FLUSHES = RecordKind(
+    "flushes",
+    "One row per DeferAndFuse flush: a pending graph run as one program.",
+    (
+        _c("id", "INTEGER", "flush id"),
+        _RANK,
+        _c("program_id", "INTEGER", "program run", ref="programs"),
+        _c("trigger", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent, fallback, collective, size_cap, step, backward_end, exit, explicit"),
+        _FRAME,
+        _c("n_ops", "INTEGER", "ops in the flushed graph"),
+        _c("cache_hit", "INTEGER", "1 when the program came from the cache"),
+        _CHIP,
+        _START,
+        _DUR,
+        _c("input_bytes", "INTEGER", "bytes of the program's inputs"),
+        _c("output_bytes", "INTEGER", "bytes of the program's outputs"),
+        _STEP,
+    ),
+    indexes=(("rank", "start_ns"),),
+    primary_key="id",
+)
+
+SYNCS = RecordKind(
+    "syncs",
+    "Host syncs: the host waited for a value from a chip.",
+    (
+        _RANK,
+        _c("kind", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent"),
+        _FRAME,
+        _CHIP,
+        _START,
+        _c("dur_ns", "INTEGER", "stall: time the host waited"),
+        _c("pending_ops", "INTEGER", "pending ops the sync forced to run"),
+        _STEP,
+    ),
+    indexes=(("rank", "start_ns"),),
+)
+
+TRANSFERS = RecordKind(
+    "transfers",
+    "Copies between host and chip or between chips.",
+    (
+        _RANK,
+        _c("direction", "TEXT", "h2d, d2h or d2d"),
+        _c("bytes", "INTEGER", "bytes copied"),
+        _c("src_chip", "INTEGER", "source chip, -1 for the host"),
+        _c("dst_chip", "INTEGER", "destination chip, -1 for the host"),
+        _START,
+        _DUR,
+        _FRAME,
+        _STEP,
+    ),
+    indexes=(("rank", "start_ns"),),
+)
+
+FALLBACKS = RecordKind(
+    "fallbacks",
+    "Ops with no lowering that ran on the host CPU (transfers included in the duration).",
+    (
+        _RANK,
+        _c("op_sid", "INTEGER", "ATen op", ref="strings"),
+        _c("inputs_sid", "INTEGER", "input shapes and dtypes", ref="strings"),
+        _CHIP,
+        _START,
+        _DUR,
+        _FRAME,
+        _STEP,
+    ),
+    indexes=(("rank", "start_ns"),),
+)
+
+MEMORY = RecordKind(
+    "memory",
+    "Samples of live and peak bytes per chip.",
+    (
+        _RANK,
+        _CHIP,
+        _c("t_ns", "INTEGER", "sample time, ns since the run's start"),
+        _c("live_bytes", "INTEGER", "bytes held by live tpu tensors"),
+        _c("peak_bytes", "INTEGER", "peak live bytes so far"),
+    ),
+    indexes=(("rank", "t_ns"),),
+)
+
+ANNOTATIONS = RecordKind(
+    "annotations",
+    "Named ranges from torch.profiler.record_function and tputrace.annotate.",
+    (
+        _RANK,
+        _c("name_sid", "INTEGER", "range name", ref="strings"),
+        _c("source", "TEXT", "record_function or annotate"),
+        _START,
+        _DUR,
+        _FRAME,
+        _STEP,
+    ),
+    indexes=(("rank", "start_ns"),),
+)
+
+STEPS = RecordKind(
+    "steps",
+    "Training steps, from tputrace.step() or each optimizer.step().",
+    (
+        _RANK,
+        _STEP,
+        _START,
+        _c("end_ns", "INTEGER", "end, ns since the run's start"),
+        _c("source", "TEXT", "optimizer or explicit"),
+    ),
+    indexes=(("rank", "step"),),
+)
+
+COLLECTIVES = RecordKind(
+    "collectives",
+    "Collective communication ops.",
+    (
+        _RANK,
+        _c("kind", "TEXT", "all_reduce, all_gather, reduce_scatter, broadcast, all_to_all, barrier, send, recv"),
+        _c("bytes", "INTEGER", "message size in bytes"),
+        _c("dtype", "TEXT", "element type"),
+        _c("group_sid", "INTEGER", "process group name", ref="strings"),
+        _c("ranks_sid", "INTEGER", "ranks in the group, comma-separated", ref="strings"),
+        _FRAME,
+        _START,
+        _DUR,
+        _c("wait_ns", "INTEGER", "time this rank waited for the last arrival"),
+        _c("algorithm", "TEXT", "algorithm, e.g. ring"),
+        _c("bus_bandwidth", "REAL", "bus bandwidth, bytes/s"),
+        _STEP,
+    ),
+    indexes=(("rank", "start_ns"),),
+)
+
+GRAPH_BREAKS = RecordKind(
+    "graph_breaks",
+    "torch.compile graph breaks.",
+    (
+        _RANK,
+        _c("reason_sid", "INTEGER", "why Dynamo broke the graph", ref="strings"),
+        _FRAME,
+        _c("t_ns", "INTEGER", "when, ns since the run's start"),
+        _STEP,
+    ),
+)
+
+RECORD_KINDS: tuple[RecordKind, ...] = (
+    STRINGS,
+    FRAMES,
+    RUNS,
+    OPS,
+    PROGRAMS,
+    COMPILES,
+    EXECUTIONS,
+    FUSIONS,
+    FLUSHES,
+    SYNCS,
+    TRANSFERS,
+    FALLBACKS,
+    MEMORY,
+    ANNOTATIONS,
+    STEPS,
+    COLLECTIVES,
+    GRAPH_BREAKS,
+)
+RECORD_KINDS_BY_TABLE: dict[str, RecordKind] = {kind.table: kind for kind in RECORD_KINDS}
+EVENT_TABLES: tuple[str, ...] = tuple(
+    kind.table for kind in RECORD_KINDS if kind.table not in ("strings", "frames", "runs", "programs")
+)
+
+
+def create_statements() -> list[str]:
+    """DDL for a new trace file: the meta table, every record table and its indexes."""
+    statements = ["CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)"]
+    for kind in RECORD_KINDS:
+        columns = []
+        for column in kind.columns:
+            suffix = " PRIMARY KEY" if column.name == kind.primary_key else ""
+            columns.append(f"{column.name} {column.kind}{suffix}")
+        statements.append(f"CREATE TABLE {kind.table} ({', '.join(columns)})")
+        for index_columns in kind.indexes:
+            index_name = f"idx_{kind.table}_{'_'.join(index_columns)}"
+            statements.append(f"CREATE INDEX {index_name} ON {kind.table} ({', '.join(index_columns)})")
+    return statements
