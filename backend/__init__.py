@@ -1,0 +1,24 @@
+"""The `tpu` device: importing this module registers it with PyTorch (nothing happens before).
+
+After `import tputrace.backend`: `torch.device("tpu")`, `tensor.to("tpu")`, `.tpu()`, `.is_tpu`,
+`module.to("tpu")` and the `torch.tpu` module work; ATen ops on tpu tensors run as XLA programs.
+"""
+
+from __future__ import annotations
+
+from tputrace.backend import chips
+
+chips.configure()
+
+import jax  # noqa: E402 - XLA flags must be set before JAX initialises
+
+jax.config.update("jax_enable_x64", True)
+
+from tputrace.backend.registration import register  # noqa: E402
+
+register()
+
+from tputrace.backend.device_module import EagerMode, eager_mode, set_eager_mode  # noqa: E402
+from tputrace.backend.tensor import TpuTensor  # noqa: E402
+
+__all__ = ["EagerMode", "TpuTensor", "eager_mode", "set_eager_mode"]

@@ -1,0 +1,76 @@
+"""The chips a process sees: JAX's TPU devices on a TPU host, else N virtual XLA CPU devices.
+
+`TPUTRACE_CHIPS=N` (default 1) sets N. On a host without TPUs the virtual devices come from
+`--xla_force_host_platform_device_count`, which must be set before JAX initialises its backends;
+`configure()` does that when the backend is imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+
+import jax
+
+CHIPS_ENV = "TPUTRACE_CHIPS"
+_HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
+
+
+class ChipError(RuntimeError):
+    """A chip index or chip count that this process cannot provide."""
+
+
+def requested_chip_count() -> int:
+    raw = os.environ.get(CHIPS_ENV, "1")
+    try:
+        count = int(raw)
+    except ValueError:
+        raise ChipError(f"{CHIPS_ENV}={raw!r} is not a number; set it to the number of chips, e.g. 4") from None
+    if count < 1:
+        raise ChipError(f"{CHIPS_ENV}={count} must be at least 1")
+    return count
+
+
+def configure() -> None:
+    """Ask XLA for enough host devices, before JAX starts, so virtual chips exist on CPU hosts."""
+    count = requested_chip_count()
+    flags = os.environ.get("XLA_FLAGS", "")
+    if _HOST_COUNT_FLAG not in flags:
+        os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={max(count, 1)}".strip()
+
+
+@functools.cache
+def devices() -> tuple[jax.Device, ...]:
+    """The JAX devices that back tpu:0 .. tpu:N-1."""
+    count = requested_chip_count()
+    try:
+        tpu_devices = jax.devices("tpu")
+    except RuntimeError:
+        tpu_devices = []
+    available = tpu_devices or jax.devices("cpu")
+    if len(available) < count:
+        raise ChipError(
+            f"{CHIPS_ENV}={count} but only {len(available)} XLA device(s) exist; "
+            f"import tputrace.backend before anything initialises JAX, or lower {CHIPS_ENV}"
+        )
+    return tuple(available[:count])
+
+
+def platform() -> str:
+    """'tpu' when chips are real TPUs, else the XLA platform name (e.g. 'cpu')."""
+    return devices()[0].platform
+
+
+def count() -> int:
+    return len(devices())
+
+
+def device(index: int) -> jax.Device:
+    """The JAX device for tpu:<index>, or a one-line error naming the chip count."""
+    chips = devices()
+    if not 0 <= index < len(chips):
+        raise ChipError(
+            f"tpu:{index} does not exist: this process has {len(chips)} chip(s), tpu:0..tpu:{len(chips) - 1} "
+            f"(set {CHIPS_ENV} or tputrace run --chips for more)"
+        )
+    return chips[index]

@@ -1,0 +1,592 @@
+"""The dispatcher: every ATen op on a tpu tensor arrives here and runs as an XLA program.
+
+An op is classified once (`entries.classify`); each call then splits its arguments into a constant
+template and dynamic inputs, finds or builds the `Plan` for that signature, and hands it to the
+executor (strict: run now; DeferAndFuse: add to the pending graph). Views, in-place ops, `out=`
+ops, decompositions, transfers and the CPU fallback are handled here too, and each of them is
+reported to the recorder when one is active.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tputrace.backend import chips, rng, transfers
+from tputrace.backend.dtypes import short_name, to_jax
+from tputrace.backend.entries import OpEntry, classify
+from tputrace.backend.executor import Executor, StrictExecutor
+from tputrace.backend.plans import (
+    LoweringError,
+    OutSpec,
+    Plan,
+    Slot,
+    array_function,
+    compile_program,
+    out_specs_from_meta,
+    rebuild,
+)
+from tputrace.backend.signatures import nearest_signature, signature_diff
+from tputrace.backend.tensor import Buffer, TpuTensor, sync_hint
+from tputrace.backend.views import ViewChain, ViewStep
+
+aten = torch.ops.aten
+_perf_ns = time.perf_counter_ns
+
+_FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
+
+
+class DeviceMismatchError(RuntimeError):
+    """Tensors on different chips (or the host) mixed in one op."""
+
+
+def _tensor_spec(tensor: torch.Tensor) -> tuple:
+    return ("tensor", tuple(tensor.shape), short_name(tensor.dtype))
+
+
+class Dispatcher:
+    """Routes ATen ops on tpu tensors to plans, views, writes, decompositions or the CPU fallback."""
+
+    def __init__(self) -> None:
+        self.entries: dict[Any, OpEntry] = {}
+        self.plans: dict[Any, Any] = {}
+        self.structures: dict[Any, list[tuple]] = {}
+        self.view_plans: dict[Any, Any] = {}
+        self.executor: Executor = StrictExecutor(self)
+        self.recorder: Any = None
+        self.warned_fallbacks: set[str] = set()
+        self.plan_lock = threading.RLock()
+        self.special: dict[Any, Callable] = {
+            aten._to_copy.default: self._to_copy,
+            aten.copy_.default: self._copy_,
+            aten._local_scalar_dense.default: self._local_scalar_dense,
+            aten.detach.default: self._alias,
+            aten.alias.default: self._alias,
+            aten.lift_fresh.default: self._alias,
+            aten.is_same_size.default: lambda args, kwargs: tuple(args[0].shape) == tuple(args[1].shape),
+            aten.is_pinned.default: lambda args, kwargs: False,
+            aten._has_compatible_shallow_copy_type.default: lambda args, kwargs: type(args[0]) is type(args[1]),
+            aten.set_.source_Tensor: self._set_source_tensor,
+        }
+
+    # ----------------------------------------------------------------- entry point
+    def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        special = self.special.get(func)
+        if special is not None:
+            return special(args, kwargs)
+        entry = self.entries.get(func)
+        if entry is None:
+            entry = self.entries[func] = classify(func)
+        kind = entry.kind
+        if kind == "lowered":
+            return self.compute(entry, args, kwargs)
+        if kind == "view":
+            return self._view(entry, args, kwargs)
+        if kind == "inplace":
+            return self._inplace(entry, args, kwargs)
+        if kind == "out":
+            return self._out(entry, args, kwargs)
+        if kind == "inplace_list":
+            return self._inplace_list(entry, args, kwargs)
+        if kind == "decompose":
+            return entry.decomposition(*args, **kwargs)
+        return self.fallback(entry, args, kwargs)
+
+    # ----------------------------------------------------------------- values
+    def read(self, tensor: TpuTensor) -> Any:
+        """The tensor's current array (a view is recomputed when its buffer has been written)."""
+        view = tensor._view
+        buf = tensor._buf
+        if view is None:
+            return buf.array
+        if tensor._cached_version == buf.version:
+            return tensor._cached
+        value = self.executor.run(self._chain_plan(view, buf), (buf.array,))[0]
+        tensor._cached = value
+        tensor._cached_version = buf.version
+        return value
+
+    def write(self, tensor: TpuTensor, value: Any) -> None:
+        """Replace the tensor's data; a write to a view is scattered into its buffer."""
+        buf = tensor._buf
+        view = tensor._view
+        if view is None:
+            buf.write(value)
+            return
+        scatter = self._scatter_plan(view, buf)
+        buf.write(self.executor.run(scatter, (buf.array, value))[0])
+        tensor._cached = value
+        tensor._cached_version = buf.version
+
+    def wrap(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
+        return TpuTensor(Buffer(value, chip, spec.nbytes), spec.shape, spec.dtype)
+
+    # ----------------------------------------------------------------- argument templates
+    def flatten(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> tuple[tuple, tuple, list, list, list, int]:
+        """Split a call into (template args, template kwargs, dynamic values, input specs, originals, chip)."""
+        dynamic: list[Any] = []
+        specs: list[tuple] = []
+        originals: list[Any] = []
+        chip_box = [-1]
+        template_args = tuple(
+            self._flatten_value(value, position in entry.scalar_positions, position in entry.scalar_list_positions, dynamic, specs, originals, chip_box)
+            for position, value in enumerate(args)
+        )
+        template_kwargs = tuple(
+            (name, self._flatten_value(value, name in entry.scalar_names, name in entry.scalar_list_names, dynamic, specs, originals, chip_box))
+            for name, value in kwargs.items()
+        )
+        return template_args, template_kwargs, dynamic, specs, originals, chip_box[0]
+
+    def _flatten_value(self, value: Any, is_scalar: bool, is_scalar_list: bool, dynamic: list, specs: list, originals: list, chip_box: list) -> Any:
+        if isinstance(value, TpuTensor):
+            chip = value._buf.chip
+            if chip_box[0] == -1:
+                chip_box[0] = chip
+            elif chip != chip_box[0]:
+                raise DeviceMismatchError(
+                    f"Expected all tensors to be on the same device, but found tpu:{chip_box[0]} and tpu:{chip}; "
+                    f"move one with .to('tpu:{chip_box[0]}')"
+                )
+            slot = Slot(len(dynamic))
+            dynamic.append(self.read(value))
+            specs.append(("tensor", tuple(value.shape), short_name(value.dtype)))
+            originals.append(value)
+            return slot
+        if isinstance(value, torch.Tensor):
+            if value.dim() == 0 and value.device.type == "cpu":
+                slot = Slot(len(dynamic))
+                scalar = value.item()
+                dynamic.append(scalar)
+                specs.append(("scalar", f"{type(scalar).__name__}:{short_name(value.dtype)}"))
+                originals.append(value)
+                return slot
+            raise DeviceMismatchError(
+                f"Expected all tensors to be on the same device, but found tpu and {value.device}; "
+                f"move the {value.device} tensor with .to('tpu')"
+            )
+        if is_scalar and isinstance(value, (int, float, bool, complex)):
+            slot = Slot(len(dynamic))
+            dynamic.append(value)
+            specs.append(("scalar", type(value).__name__))
+            originals.append(value)
+            return slot
+        if isinstance(value, (list, tuple)):
+            if is_scalar_list:
+                return tuple(self._flatten_value(item, True, False, dynamic, specs, originals, chip_box) for item in value)
+            if any(isinstance(item, torch.Tensor) for item in value):
+                return [self._flatten_value(item, False, False, dynamic, specs, originals, chip_box) for item in value]
+            return tuple(value)
+        return value
+
+    # ----------------------------------------------------------------- functional ops
+    def compute(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None = None) -> Any:
+        """Run a lowered functional op and wrap its outputs as tpu tensors."""
+        start = _perf_ns()
+        template_args, template_kwargs, dynamic, specs, originals, chip = self.flatten(entry, args, kwargs)
+        if chip == -1:
+            chip = _device_kwarg_chip(kwargs)
+        needs_key = entry.lowering.needs_key
+        if needs_key:
+            dynamic.extend(rng.next_seed_and_counter(chip))
+        key = (entry.op, template_args, template_kwargs, tuple(specs), chip)
+        plan = self.plans.get(key)
+        if plan is None:
+            plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, specs, originals, chip)
+            start = _perf_ns()
+        if plan is _FALLBACK:
+            return self.fallback(entry, args, kwargs)
+        values = self.executor.run(plan, dynamic, record_as or entry.name, start)
+        outputs = [None if spec is None else TpuTensor(Buffer(value, chip, spec.nbytes), spec.shape, spec.dtype) for value, spec in zip(values, plan.out_specs)]
+        if plan.out_structure == "single":
+            return outputs[0]
+        return tuple(outputs) if plan.out_structure == "tuple" else outputs
+
+    def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
+        with self.plan_lock:
+            plan = self.plans.get(key)
+            if plan is not None:
+                return plan
+            plan = self._build_plan(entry, key, template_args, template_kwargs, dynamic, specs, originals, chip)
+            self.plans[key] = plan
+            return plan
+
+    def _build_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
+        kwargs_template = dict(template_kwargs)
+        try:
+            out_specs, structure = self._meta_outputs(entry, template_args, kwargs_template, originals)
+        except Exception:  # noqa: BLE001 - no meta kernel: fall back to the host for this signature
+            return _FALLBACK
+        n_inputs = len(originals)
+        extra_kwargs = None
+        if entry.lowering.needs_key:
+            extra_kwargs = lambda dyn: {"key": rng.key_from(dyn[n_inputs], dyn[n_inputs + 1])}  # noqa: E731
+        fn = array_function(entry.lowering.fn, template_args, kwargs_template, out_specs, entry.name, extra_kwargs)
+        plan = Plan(entry.name, fn, out_specs, structure, tuple(specs), chip, (entry.op, template_args, template_kwargs))
+        try:
+            self.executor.prepare(plan, dynamic)
+        except Exception as error:  # noqa: BLE001 - a lowering that cannot trace: run on the host
+            self._warn_fallback(entry.name, f"its lowering failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+            return _FALLBACK
+        return plan
+
+    def _meta_outputs(self, entry: OpEntry, template_args: tuple, template_kwargs: dict, originals: list) -> tuple[tuple, str]:
+        metas = [_meta_like(value) for value in originals]
+        meta_args = rebuild(template_args, metas)
+        meta_kwargs = rebuild(template_kwargs, metas)
+        if "device" in meta_kwargs:
+            meta_kwargs["device"] = torch.device("meta")
+        result = entry.op(*meta_args, **meta_kwargs)
+        return out_specs_from_meta(result)
+
+    def record_compile(self, plan: Plan, kind: str) -> None:
+        """Tell the recorder about a new program: first compile or recompile with its reason."""
+        history = self.structures.setdefault(plan.structure_key, [])
+        nearest = nearest_signature(history, plan.in_specs) if history else None
+        history.append(plan.in_specs)
+        if self.recorder is not None:
+            reason = "first" if nearest is None else "recompile"
+            diff = None if nearest is None else signature_diff(nearest, plan.in_specs)
+            self.recorder.compiled(plan, kind, reason, diff)
+
+    # ----------------------------------------------------------------- views
+    def _view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        base = args[0]
+        key = (entry.op, tuple(_static(value) for value in args[1:]), tuple((k, _static(v)) for k, v in kwargs.items()), tuple(base.shape), tuple(base.stride()), base.storage_offset(), base.dtype, base._buf.chip)
+        cached = self.view_plans.get(key)
+        if cached is None:
+            cached = self.view_plans[key] = self._build_view(entry, args, kwargs, base)
+        if cached is _FALLBACK:
+            return self.fallback(entry, args, kwargs)
+        results = []
+        parent_chain = base._view
+        root_steps = () if parent_chain is None else parent_chain.steps
+        for step, shape, dtype, strides, offset in cached:
+            steps = (step,) if step.absolute else root_steps + (step,)
+            results.append(TpuTensor(base._buf, shape, dtype, strides, offset, view=ViewChain(steps)))
+        if self.recorder is not None:
+            self.recorder.view_op(entry.name, base, results)
+        if len(results) == 1 and not isinstance(cached, list):
+            return results[0]
+        return results
+
+    def _build_view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, base: TpuTensor) -> Any:
+        storage_numel = max(int(np.prod(_root_shape(base))) if _root_shape(base) else 1, base.storage_offset() + 1)
+        meta_base = torch.empty(storage_numel, dtype=base.dtype, device="meta").as_strided(base.shape, base.stride(), base.storage_offset())
+        try:
+            result = entry.op(meta_base, *args[1:], **kwargs)
+        except Exception:  # noqa: BLE001
+            return _FALLBACK
+        outputs = result if isinstance(result, (list, tuple)) else [result]
+        lowering = entry.lowering.fn
+        static_args = tuple(args[1:])
+        static_kwargs = dict(kwargs)
+        absolute = entry.op is aten.as_strided.default
+        layout = [
+            (
+                ViewStep(lowering, static_args, static_kwargs, index if isinstance(result, (list, tuple)) else None, (entry.op, tuple(_static(a) for a in static_args), tuple((k, _static(v)) for k, v in static_kwargs.items()), index), absolute),
+                tuple(meta.shape),
+                meta.dtype,
+                tuple(meta.stride()),
+                meta.storage_offset(),
+            )
+            for index, meta in enumerate(outputs)
+        ]
+        return layout if isinstance(result, (list, tuple)) else tuple(layout)
+
+    def _chain_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        key = ("chain", chain.key, buf.array.shape, buf.array.dtype, buf.chip)
+        plan = self.plans.get(key)
+        if plan is None:
+            with self.plan_lock:
+                fn = chain.function()
+                out = jax.eval_shape(fn, jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0]
+                spec = OutSpec(tuple(out.shape), torch.float32, out.dtype, 0)
+                plan = Plan("view", fn, (spec,), "single", (("tensor", tuple(buf.array.shape), str(buf.array.dtype)),), buf.chip, ("chain", chain.key))
+                self.executor.prepare(plan, [buf.array], record=False)
+                self.plans[key] = plan
+        return plan
+
+    def _scatter_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        key = ("scatter", chain.key, buf.array.shape, buf.array.dtype, buf.chip)
+        plan = self.plans.get(key)
+        if plan is None:
+            with self.plan_lock:
+                fn = chain.scatter_function(tuple(buf.array.shape))
+                spec = OutSpec(tuple(buf.array.shape), torch.float32, buf.array.dtype, 0)
+                view_shape = jax.eval_shape(chain.function(), jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0].shape
+                plan = Plan("view_write", fn, (spec,), "single", (("tensor", tuple(buf.array.shape), str(buf.array.dtype)),), buf.chip, ("scatter", chain.key))
+                self.executor.prepare(plan, [buf.array, jnp.zeros(view_shape, buf.array.dtype)], record=False)
+                self.plans[key] = plan
+        return plan
+
+    def _alias(self, args: Sequence[Any], kwargs: dict) -> TpuTensor:
+        tensor = args[0]
+        alias = TpuTensor(tensor._buf, tuple(tensor.shape), tensor.dtype, tuple(tensor.stride()), tensor.storage_offset(), view=tensor._view)
+        alias._cached = tensor._cached
+        alias._cached_version = tensor._cached_version
+        return alias
+
+    # ----------------------------------------------------------------- writes
+    def _inplace(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        target = args[0]
+        if entry.lowering is not None:
+            result = self.compute(entry, args, kwargs)
+        elif entry.functional is not None:
+            result = self._functional_result(entry, args, kwargs)
+        elif entry.decomposition is not None:
+            return entry.decomposition(*args, **kwargs)
+        else:
+            return self.fallback(entry, args, kwargs)
+        if isinstance(result, (tuple, list)):
+            result = result[0]
+        self._assign(target, result)
+        return target
+
+    def _functional_result(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        functional_entry = self.entries.get(entry.functional) or self.entries.setdefault(entry.functional, classify(entry.functional))
+        if functional_entry.kind == "lowered":
+            return self.compute(functional_entry, args, kwargs, record_as=entry.name)
+        return self.dispatch(entry.functional, args, kwargs)
+
+    def _assign(self, target: TpuTensor, result: Any) -> None:
+        """Write a computed tensor into `target`, casting and broadcasting as torch's in-place ops do."""
+        if not isinstance(result, TpuTensor):
+            raise LoweringError(f"cannot write a {type(result).__name__} into a tpu tensor")
+        if result.dtype != target.dtype or tuple(result.shape) != tuple(target.shape):
+            result = self._cast_broadcast(result, target)
+        self.write(target, self.read(result))
+
+    def _cast_broadcast(self, source: TpuTensor, target: TpuTensor) -> TpuTensor:
+        return self.compute(_COPY_ENTRY, (target, source), {}, record_as="aten.copy_.default")
+
+    def _out(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        outs = [kwargs[name] for name in entry.out_names]
+        if entry.functional is None or any(not isinstance(out, TpuTensor) for out in outs):
+            return self.fallback(entry, args, kwargs)
+        functional_kwargs = {name: value for name, value in kwargs.items() if name not in entry.out_names}
+        result = self._functional_result(entry, args, functional_kwargs)
+        results = list(result) if isinstance(result, (tuple, list)) else [result]
+        for out, value in zip(outs, results):
+            if tuple(out.shape) != tuple(value.shape):
+                if out.numel() != 0:
+                    raise RuntimeError(f"{entry.name}: out= tensor has shape {tuple(out.shape)} but the result has shape {tuple(value.shape)}")
+                out.resize_(value.shape)
+            self._assign(out, value)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _inplace_list(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        targets = args[0]
+        if entry.functional is None:
+            if entry.decomposition is not None:
+                return entry.decomposition(*args, **kwargs)
+            return self.fallback(entry, args, kwargs)
+        results = self._functional_result(entry, args, kwargs)
+        for target, result in zip(targets, results):
+            self._assign(target, result)
+        return None
+
+    def _set_source_tensor(self, args: Sequence[Any], kwargs: dict) -> TpuTensor:
+        target, source = args
+        if tuple(target.shape) != tuple(source.shape) or target.dtype != source.dtype:
+            raise RuntimeError("set_() on tpu tensors needs the same shape and dtype")
+        target._buf = source._buf
+        target._view = source._view
+        target._cached_version = -1
+        return target
+
+    # ----------------------------------------------------------------- transfers and syncs
+    def _to_copy(self, args: Sequence[Any], kwargs: dict) -> torch.Tensor:
+        source = args[0]
+        device = kwargs.get("device")
+        dtype = kwargs.get("dtype") or source.dtype
+        if device is not None and torch.device(device).type == "cpu":
+            host = self.to_host(source, sync_hint() or "cpu")
+            return host if host.dtype == dtype else host.to(dtype)
+        target_chip = source._buf.chip if device is None or torch.device(device).index is None else torch.device(device).index
+        if target_chip != source._buf.chip:
+            source = self.copy_to_chip(source, target_chip)
+            if dtype == source.dtype:
+                return source
+        return self.compute(_CONVERT_ENTRY, (source,), {"dtype": dtype}, record_as="aten._to_copy.default")
+
+    def _copy_(self, args: Sequence[Any], kwargs: dict) -> torch.Tensor:
+        target, source = args[0], args[1]
+        if not isinstance(target, TpuTensor):
+            host = self.to_host(source, sync_hint() or "cpu")
+            with torch._C._DisableTorchDispatch():
+                target.copy_(host)
+            return target
+        if not isinstance(source, TpuTensor):
+            host = source.detach().to(target.dtype).expand(target.shape).contiguous()
+            self.write(target, self.to_chip(host, target._buf.chip))
+            return target
+        if source._buf.chip != target._buf.chip:
+            source = self.copy_to_chip(source, target._buf.chip)
+        if source.dtype == target.dtype and tuple(source.shape) == tuple(target.shape):
+            self.write(target, self.read(source))
+        else:
+            self.write(target, self.read(self._cast_broadcast(source, target)))
+        return target
+
+    def _local_scalar_dense(self, args: Sequence[Any], kwargs: dict) -> Any:
+        tensor = args[0]
+        host = self.to_host(tensor, sync_hint() or "item")
+        return host.item()
+
+    def to_host(self, tensor: TpuTensor, sync_kind: str) -> torch.Tensor:
+        """A CPU copy of a tpu tensor: the host waits for the chip (a sync) and copies (a transfer)."""
+        start = _perf_ns()
+        pending = self.executor.materialize(self, tensor, sync_kind)
+        value = self.read(tensor)
+        ready = _perf_ns()
+        jax.block_until_ready(value)
+        stall_end = _perf_ns()
+        host = transfers.array_to_torch(value, tensor.dtype)
+        end = _perf_ns()
+        if self.recorder is not None:
+            self.recorder.synced(sync_kind, tensor._buf.chip, start, stall_end - start, pending)
+            self.recorder.transferred("d2h", host.numel() * host.element_size(), tensor._buf.chip, -1, stall_end, end - stall_end)
+        del ready
+        return host
+
+    def to_chip(self, host: torch.Tensor, chip: int) -> Any:
+        start = _perf_ns()
+        array = transfers.torch_to_array(host, chips.device(chip))
+        if self.recorder is not None:
+            self.recorder.transferred("h2d", host.numel() * host.element_size(), -1, chip, start, _perf_ns() - start)
+        return array
+
+    def copy_to_chip(self, tensor: TpuTensor, chip: int) -> TpuTensor:
+        start = _perf_ns()
+        array = jax.device_put(self.read(tensor), chips.device(chip))
+        nbytes = tensor.numel() * tensor.element_size()
+        if self.recorder is not None:
+            self.recorder.transferred("d2d", nbytes, tensor._buf.chip, chip, start, _perf_ns() - start)
+        return TpuTensor(Buffer(array, chip, nbytes), tuple(tensor.shape), tensor.dtype)
+
+    def from_host(self, host: torch.Tensor, chip: int) -> TpuTensor:
+        """A new tpu tensor holding a copy of a CPU tensor."""
+        host = host.detach().contiguous()
+        array = self.to_chip(host, chip)
+        return TpuTensor(Buffer(array, chip, host.numel() * host.element_size()), tuple(host.shape), host.dtype)
+
+    # ----------------------------------------------------------------- CPU fallback
+    def fallback(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        """Run the op on the host CPU: inputs copied out, outputs (and mutated inputs) copied back."""
+        self._warn_fallback(entry.name, "it has no lowering")
+        start = _perf_ns()
+        chip_box = [0]
+        to_cpu = {}
+
+        def host_of(value: Any) -> Any:
+            if isinstance(value, TpuTensor):
+                chip_box[0] = value._buf.chip
+                host = self.to_host(value, "fallback")
+                to_cpu[id(host)] = value
+                return host.requires_grad_(False)
+            if isinstance(value, (list, tuple)):
+                return type(value)(host_of(item) for item in value)
+            return value
+
+        host_args = host_of(args)
+        host_kwargs = {name: host_of(value) for name, value in kwargs.items()}
+        if "device" in host_kwargs:
+            host_kwargs["device"] = torch.device("cpu")
+        result = entry.op(*host_args, **host_kwargs)
+        chip = chip_box[0]
+        for host in _written_hosts(entry, host_args, host_kwargs):
+            target = to_cpu.get(id(host))
+            if target is not None:
+                self.write(target, self.to_chip(host.to(target.dtype).contiguous(), target._buf.chip))
+
+        def back(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                target = to_cpu.get(id(value))
+                return target if target is not None else self.from_host(value, chip)
+            if isinstance(value, (list, tuple)):
+                return type(value)(back(item) for item in value)
+            return value
+
+        output = back(result)
+        if self.recorder is not None:
+            inputs = ", ".join(
+                f"{short_name(value.dtype)}[{','.join(map(str, value.shape))}]" for value in args if isinstance(value, torch.Tensor)
+            )
+            self.recorder.fell_back(entry.name, inputs, chip, start, _perf_ns() - start)
+        return output
+
+    def _warn_fallback(self, op_name: str, why: str) -> None:
+        if op_name in self.warned_fallbacks:
+            return
+        self.warned_fallbacks.add(op_name)
+        warnings.warn(f"tputrace: {op_name} runs on the host CPU because {why}; it is counted as a CPU fallback", stacklevel=4)
+
+
+def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) -> list[torch.Tensor]:
+    written = []
+    for position in entry.mutated_positions:
+        if position < len(host_args):
+            value = host_args[position]
+            written.extend(value if isinstance(value, (list, tuple)) else [value])
+    for name in entry.out_names:
+        value = host_kwargs.get(name)
+        if value is not None:
+            written.extend(value if isinstance(value, (list, tuple)) else [value])
+    return [value for value in written if isinstance(value, torch.Tensor)]
+
+
+def _meta_like(value: Any) -> Any:
+    if isinstance(value, TpuTensor):
+        return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
+    return value
+
+
+def _root_shape(tensor: TpuTensor) -> tuple[int, ...]:
+    return tuple(tensor._buf.array.shape) if hasattr(tensor._buf.array, "shape") else tuple(tensor.shape)
+
+
+def _static(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_static(item) for item in value)
+    if isinstance(value, torch.Tensor):
+        raise TypeError("tensor argument in a view op")
+    return value
+
+
+def _device_kwarg_chip(kwargs: dict) -> int:
+    device = kwargs.get("device")
+    if device is None:
+        from tputrace.backend import device_module
+
+        return device_module.current_device()
+    index = torch.device(device).index
+    return 0 if index is None else index
+
+
+def _copy_lowering(target: Any, source: Any) -> Any:
+    return jnp.broadcast_to(source.astype(target.dtype), target.shape)
+
+
+def _convert_lowering(source: Any, *, dtype: torch.dtype) -> Any:
+    return source.astype(to_jax(dtype))
+
+
+def _internal_entry(op: Any, fn: Callable) -> OpEntry:
+    from tputrace.backend.ops.registry import Lowering
+
+    return OpEntry(op, str(op), "lowered", lowering=Lowering(op, fn))
+
+
+_COPY_ENTRY = _internal_entry(aten.copy.default, _copy_lowering)
+_CONVERT_ENTRY = _internal_entry(aten._to_copy.default, _convert_lowering)
+
+dispatcher = Dispatcher()

@@ -1,0 +1,63 @@
+"""Mapping between torch dtypes and the JAX/NumPy dtypes that hold them on a chip."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+TORCH_TO_JAX: dict[torch.dtype, jnp.dtype] = {
+    torch.float32: jnp.dtype(jnp.float32),
+    torch.float64: jnp.dtype(jnp.float64),
+    torch.float16: jnp.dtype(jnp.float16),
+    torch.bfloat16: jnp.dtype(jnp.bfloat16),
+    torch.int8: jnp.dtype(jnp.int8),
+    torch.int16: jnp.dtype(jnp.int16),
+    torch.int32: jnp.dtype(jnp.int32),
+    torch.int64: jnp.dtype(jnp.int64),
+    torch.uint8: jnp.dtype(jnp.uint8),
+    torch.bool: jnp.dtype(jnp.bool_),
+    torch.complex64: jnp.dtype(jnp.complex64),
+    torch.complex128: jnp.dtype(jnp.complex128),
+}
+JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {value: key for key, value in TORCH_TO_JAX.items()}
+
+SHORT_NAMES: dict[torch.dtype, str] = {
+    torch.float32: "f32",
+    torch.float64: "f64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int8: "i8",
+    torch.int16: "i16",
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.uint8: "u8",
+    torch.bool: "bool",
+    torch.complex64: "c64",
+    torch.complex128: "c128",
+}
+
+
+class UnsupportedDtypeError(TypeError):
+    """A tensor of a dtype the tpu device cannot hold."""
+
+
+def to_jax(dtype: torch.dtype) -> jnp.dtype:
+    """The JAX dtype for a torch dtype, or a one-line error naming the supported ones."""
+    try:
+        return TORCH_TO_JAX[dtype]
+    except KeyError:
+        supported = ", ".join(str(d).removeprefix("torch.") for d in TORCH_TO_JAX)
+        raise UnsupportedDtypeError(
+            f"dtype {dtype} is not supported on tpu; use one of: {supported}"
+        ) from None
+
+
+def to_torch(dtype: np.dtype) -> torch.dtype:
+    """The torch dtype for a JAX/NumPy dtype."""
+    return JAX_TO_TORCH[jnp.dtype(dtype)]
+
+
+def short_name(dtype: torch.dtype) -> str:
+    """Compact dtype name used in trace signatures, e.g. f32, bf16, i64."""
+    return SHORT_NAMES.get(dtype, str(dtype).removeprefix("torch."))

@@ -1,0 +1,140 @@
+"""What the dispatcher knows about an ATen overload: how it runs on a chip, derived once from its schema.
+
+Kinds:
+- `lowered`: a functional op with a lowering.
+- `view`: returns an alias of its first argument (`Tensor(a)` without write).
+- `inplace`: writes into its first argument (`Tensor(a!) self`): run the functional op, write the result.
+- `inplace_list`: writes into a list argument (`_foreach_*_`).
+- `out`: writes into keyword `out` tensors: run the functional overload, write each result.
+- `decompose`: CompositeImplicit or in torch's decomposition tables.
+- `fallback`: none of the above; runs on the host CPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch._decomp
+
+from tputrace.backend.ops.registry import Lowering, lowering_for
+
+OpOverload = torch._ops.OpOverload
+
+_CORE_DECOMPOSITIONS = torch._decomp.core_aten_decompositions()
+_ALL_DECOMPOSITIONS = torch._decomp.decomposition_table
+
+# Ops whose `Scalar` arguments decide output shapes and so must stay compile-time constants.
+_STATIC_SCALAR_OPS = {"aten::arange", "aten::linspace", "aten::logspace", "aten::randint"}
+
+
+@dataclass
+class OpEntry:
+    """One ATen overload, classified."""
+
+    op: OpOverload
+    name: str
+    kind: str
+    lowering: Lowering | None = None
+    functional: OpOverload | None = None
+    scalar_positions: frozenset[int] = frozenset()
+    scalar_names: frozenset[str] = frozenset()
+    scalar_list_positions: frozenset[int] = frozenset()
+    scalar_list_names: frozenset[str] = frozenset()
+    out_names: tuple[str, ...] = ()
+    decomposition: object = None
+    mutated_positions: tuple[int, ...] = ()
+    extra: dict = field(default_factory=dict)
+
+
+def _is_scalar_type(arg_type: torch._C.JitType) -> bool:
+    if isinstance(arg_type, torch._C.OptionalType):
+        arg_type = arg_type.getElementType()
+    return isinstance(arg_type, torch._C.NumberType)
+
+
+def _is_scalar_list_type(arg_type: torch._C.JitType) -> bool:
+    if isinstance(arg_type, torch._C.OptionalType):
+        arg_type = arg_type.getElementType()
+    return isinstance(arg_type, torch._C.ListType) and isinstance(arg_type.getElementType(), torch._C.NumberType)
+
+
+def _functional_of_inplace(op: OpOverload) -> OpOverload | None:
+    packet_name = op._schema.name.split("::")[1]
+    if not packet_name.endswith("_"):
+        return None
+    packet = getattr(torch.ops.aten, packet_name[:-1], None)
+    if packet is None:
+        return None
+    return getattr(packet, op._overloadname, None)
+
+
+def _functional_of_out(op: OpOverload) -> OpOverload | None:
+    schema = op._schema
+    wanted = [(arg.name, str(arg.type)) for arg in schema.arguments if not (arg.alias_info and arg.alias_info.is_write)]
+    packet = getattr(torch.ops.aten, schema.name.split("::")[1])
+    for overload_name in packet.overloads():
+        candidate = getattr(packet, overload_name)
+        if candidate._schema.is_mutable:
+            continue
+        if [(arg.name, str(arg.type)) for arg in candidate._schema.arguments] == wanted:
+            return candidate
+    return None
+
+
+def _decomposition(op: OpOverload) -> object:
+    if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
+        return op.decompose
+    return _CORE_DECOMPOSITIONS.get(op) or _ALL_DECOMPOSITIONS.get(op)
+
+
+def classify(op: OpOverload) -> OpEntry:
+    """Work out how an overload runs on a chip from its schema, its lowering and torch's decompositions."""
+    schema = op._schema
+    name = str(op)
+    scalar_positions, scalar_names, list_positions, list_names = set(), set(), set(), set()
+    if schema.name not in _STATIC_SCALAR_OPS:
+        for position, arg in enumerate(schema.arguments):
+            if _is_scalar_type(arg.type):
+                (scalar_names if arg.kwarg_only else scalar_positions).add(arg.name if arg.kwarg_only else position)
+            elif _is_scalar_list_type(arg.type):
+                (list_names if arg.kwarg_only else list_positions).add(arg.name if arg.kwarg_only else position)
+    entry = OpEntry(
+        op,
+        name,
+        "fallback",
+        lowering=lowering_for(op),
+        scalar_positions=frozenset(scalar_positions),
+        scalar_names=frozenset(scalar_names),
+        scalar_list_positions=frozenset(list_positions),
+        scalar_list_names=frozenset(list_names),
+    )
+    written = [arg for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write]
+    entry.mutated_positions = tuple(
+        position for position, arg in enumerate(schema.arguments) if arg.alias_info is not None and arg.alias_info.is_write and not arg.kwarg_only
+    )
+    returns_alias = bool(schema.returns) and schema.returns[0].alias_info is not None
+    if written:
+        entry.decomposition = _decomposition(op)
+        if all(arg.kwarg_only for arg in written):
+            entry.kind = "out"
+            entry.out_names = tuple(arg.name for arg in written)
+            entry.functional = _functional_of_out(op)
+        elif str(schema.arguments[0].type).startswith("List[Tensor]"):
+            entry.kind = "inplace_list"
+            entry.functional = _functional_of_inplace(op)
+        else:
+            entry.kind = "inplace"
+            entry.functional = _functional_of_inplace(op)
+        if entry.lowering is None and entry.functional is None and entry.decomposition is None:
+            entry.kind = "fallback"
+        return entry
+    if returns_alias and entry.lowering is not None:
+        entry.kind = "view"
+        return entry
+    if entry.lowering is not None:
+        entry.kind = "lowered"
+        return entry
+    entry.decomposition = _decomposition(op)
+    entry.kind = "decompose" if entry.decomposition is not None else "fallback"
+    return entry

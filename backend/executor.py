@@ -1,0 +1,77 @@
+"""Executors: how plans run. Strict eager runs each op's program at once (DEFER_NEVER, optionally
+blocking until the chip finishes: DEFER_NEVER_AND_LAUNCH_BLOCKING)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import jax
+
+from tputrace.backend.plans import Plan, compile_program
+
+_perf_ns = time.perf_counter_ns
+
+
+class Executor(Protocol):
+    """What the dispatcher needs from an execution strategy."""
+
+    def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
+        """Make the plan runnable (compile, or check that it traces); raise if its lowering fails."""
+
+    def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
+        """Run the plan on these inputs; returns its output values."""
+
+    def materialize(self, dispatcher: Any, tensor: Any, sync_kind: str) -> int:
+        """Make the tensor's value concrete before the host reads it; returns the pending ops it ran."""
+
+    def synchronize(self) -> None:
+        """Wait for every launched program."""
+
+
+class StrictExecutor:
+    """DEFER_NEVER: every op is its own cached XLA program, launched as soon as it is dispatched."""
+
+    def __init__(self, dispatcher: Any, launch_blocking: bool = False) -> None:
+        self.dispatcher = dispatcher
+        self.launch_blocking = launch_blocking
+        self.last_values: Any = None
+
+    def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
+        plan.program = compile_program(plan.fn, dynamic, plan.chip, plan.op_name)
+        if record:
+            self.dispatcher.record_compile(plan, "op")
+
+    def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
+        values = plan.program.executable(*dynamic)
+        self.last_values = values
+        if self.launch_blocking:
+            jax.block_until_ready(values)
+        recorder = self.dispatcher.recorder
+        if recorder is not None and record_name is not None:
+            begin = start_ns if start_ns is not None else _perf_ns()
+            recorder.op_ran(plan, record_name, begin, _perf_ns() - begin, None)
+        return values
+
+    def materialize(self, dispatcher: Any, tensor: Any, sync_kind: str) -> int:
+        return 0
+
+    def synchronize(self) -> None:
+        if self.last_values is not None:
+            jax.block_until_ready(self.last_values)
+        jax.effects_barrier()
+
+
+def switch(mode: str) -> None:
+    """Install the executor for an eager mode name (see `torch.tpu.EagerMode`)."""
+    from tputrace.backend.dispatch import dispatcher
+
+    current = dispatcher.executor
+    current.synchronize()
+    if mode == "DEFER_AND_FUSE":
+        from tputrace.backend.deferred import DeferredExecutor
+
+        dispatcher.executor = DeferredExecutor(dispatcher)
+    else:
+        dispatcher.executor = StrictExecutor(dispatcher, launch_blocking=mode == "DEFER_NEVER_AND_LAUNCH_BLOCKING")

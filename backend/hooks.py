@@ -1,0 +1,131 @@
+"""Where the backend meets the user's training loop: step boundaries (optimizer.step), module paths
+(forward hooks), profiler ranges (record_function), and the recorder that receives them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
+
+_removable: list[Any] = []
+_original_record_function: tuple[Any, Any] | None = None
+_installed = False
+
+
+def install() -> None:
+    """Hooks the backend always needs, recording or not: flush deferred work at optimizer steps."""
+    global _installed
+    if _installed:
+        return
+    register_optimizer_step_post_hook(_after_optimizer_step)
+    _installed = True
+
+
+def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    from tputrace import recorder
+
+    if not _steps_tpu_params(optimizer):
+        return
+    flush_pending("step")
+    recorder.optimizer_stepped()
+
+
+def _steps_tpu_params(optimizer: Any) -> bool:
+    from tputrace.backend.tensor import TpuTensor
+
+    return any(isinstance(param, TpuTensor) for group in optimizer.param_groups for param in group["params"])
+
+
+def backward_started() -> None:
+    """Ops of the backward pass run on autograd's thread: give them the line that called backward()."""
+    from tputrace import recorder as recorder_module
+
+    recorder = recorder_module.active()
+    if recorder is not None and recorder.enabled:
+        recorder.backward_frame = recorder.frame_id()
+
+
+def flush_pending(trigger: str) -> None:
+    """Run deferred ops now (DeferAndFuse); nothing to do in strict mode."""
+    from tputrace.backend.dispatch import dispatcher
+
+    flush = getattr(dispatcher.executor, "flush", None)
+    if flush is not None:
+        flush(trigger)
+
+
+def attach(recorder: Any) -> None:
+    """Connect a recorder: the dispatcher reports to it, module and profiler ranges feed it."""
+    from tputrace.backend.dispatch import dispatcher
+
+    install()
+    if not recorder.enabled:
+        return
+    dispatcher.recorder = recorder
+    _removable.append(torch.nn.modules.module.register_module_forward_pre_hook(_module_entered(recorder)))
+    _removable.append(torch.nn.modules.module.register_module_forward_hook(_module_left(recorder), always_call=True))
+    _patch_record_function(recorder)
+
+
+def detach() -> None:
+    from tputrace.backend.dispatch import dispatcher
+
+    dispatcher.recorder = None
+    while _removable:
+        _removable.pop().remove()
+    _unpatch_record_function()
+
+
+def _module_entered(recorder: Any) -> Any:
+    names = recorder.module_names
+
+    def entered(module: torch.nn.Module, args: Any) -> None:
+        path = names.get(id(module))
+        if path is None:
+            root = type(module).__name__
+            for name, submodule in module.named_modules(prefix=root):
+                names.setdefault(id(submodule), name)
+            path = names[id(module)]
+        recorder.push_module(path)
+
+    return entered
+
+
+def _module_left(recorder: Any) -> Any:
+    def left(module: torch.nn.Module, args: Any, output: Any) -> None:
+        recorder.pop_module()
+
+    return left
+
+
+def _patch_record_function(recorder: Any) -> None:
+    global _original_record_function
+    record_function = torch.autograd.profiler.record_function
+    if _original_record_function is not None:
+        return
+    original_enter, original_exit = record_function.__enter__, record_function.__exit__
+    _original_record_function = (original_enter, original_exit)
+
+    def enter(self: Any) -> Any:
+        self._tputrace_start = recorder.now()
+        self._tputrace_frame = recorder.frame_id()
+        return original_enter(self)
+
+    def exit_(self: Any, *exc: Any) -> Any:
+        start = getattr(self, "_tputrace_start", None)
+        if start is not None:
+            recorder.annotation(self.name, "record_function", start, recorder.now() - start, self._tputrace_frame)
+        return original_exit(self, *exc)
+
+    record_function.__enter__ = enter
+    record_function.__exit__ = exit_
+
+
+def _unpatch_record_function() -> None:
+    global _original_record_function
+    if _original_record_function is None:
+        return
+    record_function = torch.autograd.profiler.record_function
+    record_function.__enter__, record_function.__exit__ = _original_record_function
+    _original_record_function = None

@@ -1,0 +1,58 @@
+"""Python kernels for the PrivateUse1 dispatch key: the factories and copies that run before any tpu
+tensor exists (so they never reach `__torch_dispatch__`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from tputrace.backend import chips, device_module
+from tputrace.backend.dtypes import to_jax
+from tputrace.backend.tensor import Buffer, TpuTensor
+
+_library: torch.library.Library | None = None
+
+
+def _chip(device: Any) -> int:
+    if device is None:
+        return device_module.current_device()
+    index = torch.device(device).index
+    return device_module.current_device() if index is None else index
+
+
+def _zeros(size: Any, dtype: torch.dtype | None, device: Any) -> TpuTensor:
+    dtype = dtype or torch.get_default_dtype()
+    chip = _chip(device)
+    shape = tuple(int(dim) for dim in size)
+    array = jax.device_put(jnp.zeros(shape, to_jax(dtype)), chips.device(chip))
+    numel = 1
+    for dim in shape:
+        numel *= dim
+    return TpuTensor(Buffer(array, chip, numel * dtype.itemsize), shape, dtype)
+
+
+def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):  # noqa: ANN001, ANN201
+    return _zeros(size, dtype, device)
+
+
+def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):  # noqa: ANN001, ANN201
+    return _zeros(size, dtype, device)
+
+
+def copy_from(source, destination, non_blocking=False):  # noqa: ANN001, ANN201
+    destination.copy_(source)
+    return destination
+
+
+def register() -> None:
+    """Register the kernels once."""
+    global _library
+    if _library is not None:
+        return
+    _library = torch.library.Library("aten", "IMPL")
+    _library.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
+    _library.impl("empty_strided", empty_strided, "PrivateUse1")
+    _library.impl("_copy_from", copy_from, "PrivateUse1")

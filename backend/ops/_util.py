@@ -1,0 +1,128 @@
+"""Small helpers shared by the lowering families: dims, dtypes, and torch's argument conventions."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from ..dtypes import to_jax
+
+# float32 matmuls and convolutions at full precision: XLA's default may use bf16 passes on TPU or
+# TF32 on GPU, and torch's CPU results are the reference.
+PRECISION = lax.Precision.HIGHEST
+
+DEFAULT_FLOAT = jnp.float32
+
+
+class UnloweredCase(NotImplementedError):
+    """A lowering met arguments it cannot trace (e.g. a data-dependent output shape)."""
+
+
+def jax_dtype(dtype: torch.dtype | None) -> jnp.dtype | None:
+    """The JAX dtype for an optional torch dtype argument."""
+    return None if dtype is None else to_jax(dtype)
+
+
+def is_float(x: jax.Array) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.inexact)
+
+
+def is_complex(x: jax.Array) -> bool:
+    return jnp.issubdtype(x.dtype, jnp.complexfloating)
+
+
+def is_integral(x: jax.Array) -> bool:
+    """Integer or bool: the dtypes torch rounds, floors and divides exactly."""
+    return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
+
+
+def to_float(x: jax.Array) -> jax.Array:
+    """x itself when floating, else x as torch's default float (what torch's unary float ops return)."""
+    return x if is_float(x) else x.astype(DEFAULT_FLOAT)
+
+
+def canon_dim(dim: int, ndim: int) -> int:
+    """A non-negative dim; 0-d tensors accept dims 0 and -1 like torch."""
+    rank = max(ndim, 1)
+    if not -rank <= dim < rank:
+        raise IndexError(f"Dimension out of range (expected to be in range of [{-rank}, {rank - 1}], but got {dim})")
+    return dim % rank
+
+
+def reduction_dims(dim: int | Sequence[int] | None, ndim: int) -> tuple[int, ...]:
+    """The dims a reduction runs over: None or [] mean every dim, as in torch."""
+    if dim is None:
+        return tuple(range(ndim))
+    if isinstance(dim, int):
+        dim = [dim]
+    if len(dim) == 0:
+        return tuple(range(ndim))
+    if ndim == 0:
+        for d in dim:
+            canon_dim(d, 0)
+        return ()
+    return tuple(sorted({canon_dim(d, ndim) for d in dim}))
+
+
+def keep_dims(result: jax.Array, dims: tuple[int, ...], keepdim: bool) -> jax.Array:
+    """Re-insert reduced dims as size 1 when keepdim is set."""
+    if not keepdim or not dims:
+        return result
+    return jnp.expand_dims(result, dims)
+
+
+def scalar_of(value: object, like: jax.Array | None = None) -> jax.Array:
+    """A Scalar argument as a 0-d array (it may arrive as a Python number or a traced value)."""
+    if isinstance(value, jax.Array):
+        return value
+    if like is not None and isinstance(value, (bool, int, float)) and not isinstance(value, complex):
+        return jnp.asarray(value, dtype=_weak_match(like, value))
+    return jnp.asarray(value)
+
+
+def _weak_match(like: jax.Array, value: object) -> jnp.dtype:
+    """The dtype a Python number takes next to `like`, following torch's wrapped-number rule."""
+    if isinstance(value, bool):
+        return like.dtype if like.dtype == jnp.bool_ else like.dtype
+    if isinstance(value, int):
+        return like.dtype if like.dtype != jnp.bool_ else jnp.int64
+    return like.dtype if is_float(like) else DEFAULT_FLOAT
+
+
+def concrete_int(value: object) -> int | None:
+    """The Python int a Scalar holds if it is known at trace time, else None."""
+    if isinstance(value, (bool, int)):
+        return int(value)
+    try:
+        return int(np.asarray(value))
+    except Exception:  # noqa: BLE001 - a tracer refuses conversion
+        return None
+
+
+def concrete_number(value: object) -> float | int | None:
+    """The Python number a Scalar holds if it is known at trace time, else None."""
+    if isinstance(value, (bool, int, float)):
+        return value
+    try:
+        array = np.asarray(value)
+    except Exception:  # noqa: BLE001 - a tracer refuses conversion
+        return None
+    return array.item()
+
+
+def broadcast_all(*arrays: jax.Array) -> list[jax.Array]:
+    shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
+    return [jnp.broadcast_to(a, shape) for a in arrays]
+
+
+def result_float_dtype(*arrays: jax.Array) -> jnp.dtype:
+    """The floating dtype torch computes in for float-producing ops over these inputs."""
+    floats = [a.dtype for a in arrays if is_float(a)]
+    if not floats:
+        return jnp.dtype(DEFAULT_FLOAT)
+    return jnp.result_type(*floats)

@@ -1,0 +1,186 @@
+"""Compiled programs for single ops: argument templates, output metadata from torch's meta kernels,
+and one cached XLA executable per (op, constant arguments, input signature, chip).
+
+A call's arguments are split into a *template* (the constants, hashable, part of the cache key) and
+*dynamic inputs* (tensors' arrays and `Scalar` values, passed to the executable). Torch's own meta
+kernels give each output's shape and dtype, so a lowering's result is cast to exactly what torch
+would return.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from tputrace.backend import chips
+from tputrace.backend.dtypes import short_name, to_jax
+from tputrace.backend.signatures import InputSpec, signature_text
+
+
+class Slot:
+    """Marks where a dynamic input goes in an argument template."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Slot) and other.index == self.index
+
+    def __hash__(self) -> int:
+        return hash(("slot", self.index))
+
+    def __repr__(self) -> str:
+        return f"Slot({self.index})"
+
+
+class LoweringError(RuntimeError):
+    """A lowering produced something other than what torch's meta kernel says the op returns."""
+
+
+@dataclass(frozen=True)
+class OutSpec:
+    """Shape and dtype of one tensor output."""
+
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+    jax_dtype: Any
+    nbytes: int
+
+
+@dataclass
+class Program:
+    """A compiled XLA executable and what the trace says about it."""
+
+    executable: Callable
+    name: str
+    flops: float
+    bytes_accessed: float
+    compile_ns: int
+    hlo_text: str | None
+    program_id: int | None = None
+
+
+@dataclass
+class Plan:
+    """How to run one op for one signature: the array-level function and its executable."""
+
+    op_name: str
+    fn: Callable[..., tuple]
+    out_specs: tuple[OutSpec | None, ...]
+    out_structure: str
+    in_specs: tuple[InputSpec, ...]
+    chip: int
+    structure_key: Any
+    program: Program | None = None
+    trace_ids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def inputs_text(self) -> str:
+        return signature_text(self.in_specs)
+
+    @property
+    def outputs_text(self) -> str:
+        return ", ".join(
+            "None" if spec is None else f"{short_name(spec.dtype)}[{','.join(map(str, spec.shape))}]"
+            for spec in self.out_specs
+        )
+
+
+def rebuild(template: Any, dynamic: Sequence[Any]) -> Any:
+    """The template with each Slot replaced by its dynamic input."""
+    if type(template) is Slot:
+        return dynamic[template.index]
+    if type(template) is tuple:
+        return tuple(rebuild(item, dynamic) for item in template)
+    if type(template) is list:
+        return [rebuild(item, dynamic) for item in template]
+    return template
+
+
+def out_specs_from_meta(result: Any) -> tuple[tuple[OutSpec | None, ...], str]:
+    """Flatten a meta kernel's result into output specs plus the structure to rebuild."""
+    if isinstance(result, torch.Tensor):
+        return (_spec(result),), "single"
+    if isinstance(result, (tuple, list)):
+        specs = tuple(_spec(item) if isinstance(item, torch.Tensor) else None for item in result)
+        return specs, "tuple" if isinstance(result, tuple) else "list"
+    raise LoweringError(f"unsupported op result type {type(result).__name__}")
+
+
+def _spec(meta: torch.Tensor) -> OutSpec:
+    shape = tuple(meta.shape)
+    numel = 1
+    for size in shape:
+        numel *= size
+    return OutSpec(shape, meta.dtype, to_jax(meta.dtype), numel * meta.element_size())
+
+
+def array_function(lowering: Callable, template_args: Any, template_kwargs: Any, out_specs: Sequence[OutSpec | None], op_name: str, extra_kwargs: Callable[[Sequence[Any]], dict] | None = None) -> Callable[..., tuple]:
+    """A function of the dynamic inputs that runs the lowering and casts to torch's output dtypes."""
+
+    def run(*dynamic: Any) -> tuple:
+        args = rebuild(template_args, dynamic)
+        kwargs = rebuild(template_kwargs, dynamic)
+        if extra_kwargs is not None:
+            kwargs = {**kwargs, **extra_kwargs(dynamic)}
+        result = lowering(*args, **kwargs)
+        results = result if isinstance(result, (tuple, list)) else (result,)
+        if len(results) != len(out_specs):
+            raise LoweringError(f"{op_name}: lowering returned {len(results)} outputs, torch returns {len(out_specs)}")
+        outputs = []
+        for value, spec in zip(results, out_specs):
+            if spec is None or value is None:
+                outputs.append(None)
+                continue
+            value = jnp.asarray(value)
+            if value.dtype != spec.jax_dtype:
+                value = value.astype(spec.jax_dtype)
+            if value.shape != spec.shape:
+                if value.size == _numel(spec.shape):
+                    value = value.reshape(spec.shape)
+                else:
+                    raise LoweringError(f"{op_name}: lowering returned shape {value.shape}, torch returns {spec.shape}")
+            outputs.append(value)
+        return tuple(outputs)
+
+    return run
+
+
+def _numel(shape: Sequence[int]) -> int:
+    numel = 1
+    for size in shape:
+        numel *= size
+    return numel
+
+
+def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int, name: str, *, keep_hlo: bool = False, donate: tuple[int, ...] = ()) -> Program:
+    """Lower and compile `fn` for these inputs on `chip`; XLA's cost analysis gives FLOPs and bytes."""
+    start = time.perf_counter_ns()
+    with jax.default_device(chips.device(chip)):
+        lowered = jax.jit(fn, donate_argnums=donate).lower(*dynamic)
+        compiled = lowered.compile()
+    compile_ns = time.perf_counter_ns() - start
+    flops = bytes_accessed = 0.0
+    try:
+        cost = compiled.cost_analysis()
+        if isinstance(cost, list):
+            cost = cost[0] if cost else {}
+        flops = float(cost.get("flops", 0.0) or 0.0)
+        bytes_accessed = float(cost.get("bytes accessed", 0.0) or 0.0)
+    except Exception:  # noqa: BLE001 - cost analysis is best effort on some platforms
+        pass
+    hlo_text = None
+    if keep_hlo:
+        try:
+            hlo_text = compiled.as_text()
+        except Exception:  # noqa: BLE001
+            hlo_text = None
+    return Program(compiled, name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text)

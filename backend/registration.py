@@ -1,0 +1,44 @@
+"""Registers the `tpu` device with PyTorch: the PrivateUse1 backend name, its device module
+(`torch.tpu`), hooks and device guard, the factory kernels, and the op lowerings."""
+
+from __future__ import annotations
+
+import torch
+import torch.utils.backend_registration as backend_registration
+
+from tputrace.backend import device_module, hooks, kernels
+from tputrace.backend.ops import register_all
+
+BACKEND_NAME = "tpu"
+_registered = False
+
+
+class _Hooks(torch._C._acc.PrivateUse1Hooks):
+    def is_available(self) -> bool:
+        return True
+
+    def has_primary_context(self, dev_id: int) -> bool:
+        return True
+
+    def is_built(self) -> bool:
+        return True
+
+
+class _DeviceGuard(torch._C._acc.DeviceGuard):
+    def type_(self) -> torch._C._autograd.DeviceType:
+        return torch._C._autograd.DeviceType.PrivateUse1
+
+
+def register() -> None:
+    """Make `tpu` a PyTorch device (idempotent)."""
+    global _registered
+    if _registered:
+        return
+    register_all()
+    if torch._C._get_privateuse1_backend_name() != BACKEND_NAME:
+        backend_registration._setup_privateuseone_for_python_backend(
+            rename=BACKEND_NAME, backend_module=device_module, hook=_Hooks(), device_guard=_DeviceGuard()
+        )
+    kernels.register()
+    hooks.install()
+    _registered = True

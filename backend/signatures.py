@@ -1,0 +1,77 @@
+"""Input signatures of compiled programs, as text, and what differs between two of them."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+# One input of a program: ("tensor", shape, dtype name) or ("scalar", python type name).
+InputSpec = tuple
+
+
+def spec_text(spec: InputSpec) -> str:
+    if spec[0] == "tensor":
+        _, shape, dtype = spec
+        return f"{dtype}[{','.join(str(size) for size in shape)}]"
+    return spec[1]
+
+
+def signature_text(specs: Sequence[InputSpec]) -> str:
+    """E.g. 'f32[64,128], f32[128], float'."""
+    return ", ".join(spec_text(spec) for spec in specs)
+
+
+def signature_diff(old: Sequence[InputSpec], new: Sequence[InputSpec], names: Sequence[str] | None = None) -> str:
+    """What changed from `old` to `new`, e.g. 'input 0 dim 1: 128 -> 256; input 2 dtype: f32 -> bf16'."""
+    if len(old) != len(new):
+        return f"number of inputs: {len(old)} -> {len(new)}"
+    changes = []
+    for index, (before, after) in enumerate(zip(old, new)):
+        label = names[index] if names and index < len(names) else f"input {index}"
+        if before == after:
+            continue
+        if before[0] != after[0]:
+            changes.append(f"{label}: {spec_text(before)} -> {spec_text(after)}")
+            continue
+        if before[0] == "scalar":
+            changes.append(f"{label} type: {before[1]} -> {after[1]}")
+            continue
+        _, old_shape, old_dtype = before
+        _, new_shape, new_dtype = after
+        if old_dtype != new_dtype:
+            changes.append(f"{label} dtype: {old_dtype} -> {new_dtype}")
+        if len(old_shape) != len(new_shape):
+            changes.append(f"{label} rank: {len(old_shape)} -> {len(new_shape)} ({spec_text(before)} -> {spec_text(after)})")
+            continue
+        for dim, (old_size, new_size) in enumerate(zip(old_shape, new_shape)):
+            if old_size != new_size:
+                changes.append(f"{label} dim {dim}: {old_size} -> {new_size}")
+    return "; ".join(changes) if changes else "same signature"
+
+
+def nearest_signature(candidates: Sequence[Sequence[InputSpec]], new: Sequence[InputSpec]) -> Sequence[InputSpec] | None:
+    """The earlier signature with the fewest differing dims and dtypes (latest wins ties)."""
+    best = None
+    best_score = None
+    for candidate in candidates:
+        score = _distance(candidate, new)
+        if best_score is None or score <= best_score:
+            best, best_score = candidate, score
+    return best
+
+
+def _distance(old: Sequence[InputSpec], new: Sequence[InputSpec]) -> int:
+    if len(old) != len(new):
+        return 1_000_000
+    distance = 0
+    for before, after in zip(old, new):
+        if before == after:
+            continue
+        if before[0] != after[0] or before[0] == "scalar":
+            distance += 100
+            continue
+        distance += int(before[2] != after[2]) * 10
+        if len(before[1]) != len(after[1]):
+            distance += 100
+        else:
+            distance += sum(1 for a, b in zip(before[1], after[1]) if a != b)
+    return distance

@@ -1,0 +1,194 @@
+"""The tensor type of the `tpu` device: a torch wrapper subclass whose data is a JAX array.
+
+A `Buffer` is what a storage is elsewhere: one array on one chip, with a version that changes on
+every write. A tensor is either the whole buffer (`view is None`) or a view of it: a chain of ATen
+view ops applied to the buffer's array. A view computes its value from the buffer when the buffer's
+version has moved, and a write through a view is scattered back into the buffer, so views stay views
+as in torch.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import jax
+import torch
+
+from tputrace.backend import memory
+
+_local = threading.local()
+
+
+def sync_hint() -> str | None:
+    """The kind of host sync the user's call is making (set around tolist/numpy/print/bool)."""
+    return getattr(_local, "sync_kind", None)
+
+
+class _SyncKind:
+    """Marks the host syncs inside a block as being of one kind (e.g. 'print')."""
+
+    __slots__ = ("kind", "previous")
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self.previous: str | None = None
+
+    def __enter__(self) -> None:
+        self.previous = getattr(_local, "sync_kind", None)
+        if self.previous is None:
+            _local.sync_kind = self.kind
+
+    def __exit__(self, *exc: object) -> None:
+        _local.sync_kind = self.previous
+
+
+class Buffer:
+    """One array on one chip; `version` increases with every write so views know to refresh."""
+
+    __slots__ = ("array", "version", "chip", "nbytes", "__weakref__")
+
+    def __init__(self, array: Any, chip: int, nbytes: int) -> None:
+        self.array = array
+        self.version = 0
+        self.chip = chip
+        self.nbytes = nbytes
+        memory.allocate(chip, nbytes)
+
+    def __del__(self) -> None:
+        memory.release(self.chip, self.nbytes)
+
+    def write(self, array: Any) -> None:
+        self.array = array
+        self.version += 1
+
+
+_DEVICES: dict[int, torch.device] = {}
+
+
+def torch_device(chip: int) -> torch.device:
+    device = _DEVICES.get(chip)
+    if device is None:
+        device = _DEVICES[chip] = torch.device("tpu", chip)
+    return device
+
+
+class TpuTensor(torch.Tensor):
+    """A tensor on `tpu:<chip>`; its data is `self._buf.array`, seen through `self._view`."""
+
+    _buf: Buffer
+    _view: Any
+    _cached: Any
+    _cached_version: int
+
+    @staticmethod
+    def __new__(
+        cls,
+        buf: Buffer,
+        shape: tuple[int, ...],
+        dtype: torch.dtype,
+        strides: tuple[int, ...] | None = None,
+        storage_offset: int = 0,
+        view: Any = None,
+        requires_grad: bool = False,
+    ) -> "TpuTensor":
+        tensor = torch.Tensor._make_wrapper_subclass(
+            cls,
+            shape,
+            strides=strides if strides is not None else contiguous_strides(shape),
+            storage_offset=storage_offset,
+            dtype=dtype,
+            device=torch_device(buf.chip),
+            requires_grad=requires_grad,
+        )
+        tensor._buf = buf
+        tensor._view = view
+        tensor._cached = None
+        tensor._cached_version = -1
+        return tensor
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        from tputrace.backend.dispatch import dispatcher
+
+        return dispatcher.dispatch(func, args, kwargs or {})
+
+    @property
+    def chip(self) -> int:
+        return self._buf.chip
+
+    def _host_copy(self, kind: str) -> torch.Tensor:
+        with _SyncKind(kind):
+            return self.detach().to("cpu")
+
+    def __repr__(self, *, tensor_contents: Any = None) -> str:
+        host = self._host_copy("print")
+        text = torch._tensor_str._str(host.detach())
+        suffixes = [f"device='{self.device}'"]
+        if self.grad_fn is not None:
+            suffixes.append(f"grad_fn=<{type(self.grad_fn).__name__}>")
+        elif self.requires_grad:
+            suffixes.append("requires_grad=True")
+        head, _, _ = text.rpartition(")")
+        dtype_marker = ", dtype="
+        if dtype_marker in head:
+            before, _, after = head.rpartition(dtype_marker)
+            head = f"{before}, {suffixes[0]}{dtype_marker}{after}"
+            suffixes = suffixes[1:]
+        return head + "".join(f", {suffix}" for suffix in suffixes) + ")"
+
+    __str__ = __repr__
+
+    def __format__(self, format_spec: str) -> str:
+        if self.dim() == 0:
+            with _SyncKind("print"):
+                return self.item().__format__(format_spec)
+        return object.__format__(self, format_spec)
+
+    def __bool__(self) -> bool:
+        with _SyncKind("bool"):
+            return super().__bool__()
+
+    def tolist(self) -> Any:
+        return self._host_copy("tolist").tolist()
+
+    def numpy(self, *, force: bool = False) -> Any:
+        if self.requires_grad and not force:
+            raise RuntimeError(
+                "Can't call numpy() on Tensor that requires grad. Use tensor.detach().numpy() instead."
+            )
+        return self._host_copy("numpy").numpy()
+
+    def backward(self, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False, inputs: Any = None) -> None:
+        from tputrace.backend import hooks
+
+        hooks.backward_started()
+        super().backward(gradient, retain_graph, create_graph, inputs)
+        hooks.flush_pending("backward_end")
+
+    def __reduce_ex__(self, proto: int) -> Any:
+        return self._reduce_ex_internal(proto)
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
+        array = self.numpy(force=True)
+        return array if dtype is None else array.astype(dtype)
+
+
+def is_tpu_tensor(value: object) -> bool:
+    return isinstance(value, TpuTensor)
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    running = 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def new_tensor(array: jax.Array | Any, chip: int, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> TpuTensor:
+    """A fresh (non-view) tpu tensor owning `array`."""
+    return TpuTensor(Buffer(array, chip, nbytes), shape, dtype)

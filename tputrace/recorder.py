@@ -1,0 +1,426 @@
+"""The recorder: turns what the backend does into trace records, tied to time, chip, step, the
+user's source line and the nn.Module path.
+
+One recording is active per process at a time (`start` ... `stop`). The backend reports through the
+methods of `Recorder`; `tputrace.step()` and `tputrace.annotate()` reach the active recording here.
+This module imports torch only inside `start`, so the trace reader never pulls it in.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import socket
+import sys
+import sysconfig
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from tputrace import __version__
+from tputrace.store.writer import TraceWriter
+
+_perf_ns = time.perf_counter_ns
+_MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
+
+_active: "Recorder | None" = None
+_explicit_steps_seen = False
+
+
+def _library_roots() -> tuple[str, ...]:
+    """Directories whose code is not the user's: the standard library, site-packages, tputrace."""
+    roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    import tputrace
+
+    package_dir = Path(tputrace.__file__).resolve().parent
+    roots.add(str(package_dir))
+    try:
+        import tputrace.backend as backend_package
+
+        roots.add(str(Path(backend_package.__file__).resolve().parent))
+    except ImportError:
+        pass
+    for module_name in ("torch", "jax", "jaxlib", "numpy", "transformers"):
+        module = sys.modules.get(module_name)
+        if module is not None and getattr(module, "__file__", None):
+            roots.add(str(Path(module.__file__).resolve().parent))
+    return tuple(sorted(root.rstrip("/") + "/" for root in roots if root))
+
+
+class Recorder:
+    """One recording: a trace writer plus the context (step, module path, source) of each record."""
+
+    def __init__(self, path: str | None, *, script: str, argv: list[str], mode: str, rank: int = 0, world_size: int = 1) -> None:
+        self.path = path
+        self.rank = rank
+        self.t0 = _perf_ns()
+        self.start_unix_ns = time.time_ns()
+        self.writer = TraceWriter(path, rank=rank, created_unix_ns=self.start_unix_ns) if path else None
+        self.enabled = self.writer is not None
+        self.token = object()
+        self.step_index = 0
+        self.step_start = 0
+        self.ops_at_step_start = 0
+        self.ops = 0
+        self.compiles = 0
+        self.seq = 0
+        self._last_memory_sample = 0
+        self._library_roots = _library_roots()
+        self._user_code: dict[Any, bool] = {}
+        self._frame_ids: dict[tuple[Any, int], int] = {}
+        self._local = threading.local()
+        self.main_thread = threading.get_ident()
+        self.backward_frame: int | None = None
+        self.module_names: dict[int, str] = {}
+        self._mode = mode
+        if self.writer is not None:
+            self._append_op = self.writer.appender("ops")
+            self.writer.set_run(
+                rank=rank,
+                world_size=world_size,
+                script=script,
+                argv=list(argv),
+                cwd=os.getcwd(),
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                start_unix_ns=self.start_unix_ns,
+            )
+
+    # ----------------------------------------------------------------- context
+    def now(self) -> int:
+        return _perf_ns() - self.t0
+
+    def rel(self, perf_ns: int) -> int:
+        return perf_ns - self.t0
+
+    def frame_id(self) -> int | None:
+        """Interned id of the first frame in the user's code (outside torch, tputrace and libraries)."""
+        frame = sys._getframe(2)
+        user_code = self._user_code
+        while frame is not None:
+            code = frame.f_code
+            is_user = user_code.get(code)
+            if is_user is None:
+                is_user = user_code[code] = self._is_user_file(code.co_filename)
+            if is_user:
+                key = (code, frame.f_lineno)
+                frame_id = self._frame_ids.get(key)
+                if frame_id is None:
+                    frame_id = self._frame_ids[key] = self.writer.frame(code.co_filename, frame.f_lineno, code.co_name)
+                return frame_id
+            frame = frame.f_back
+        if threading.get_ident() != self.main_thread:
+            return self.backward_frame
+        return None
+
+    def user_location(self) -> tuple[str, int, str] | None:
+        """(file, line, function) of the first user frame, for messages."""
+        frame = sys._getframe(1)
+        while frame is not None:
+            code = frame.f_code
+            if self._is_user_file(code.co_filename):
+                return code.co_filename, frame.f_lineno, code.co_name
+            frame = frame.f_back
+        return None
+
+    def _is_user_file(self, filename: str) -> bool:
+        if filename.startswith("<"):
+            return filename in ("<string>", "<stdin>")
+        absolute = os.path.abspath(filename)
+        return not absolute.startswith(self._library_roots)
+
+    def module_sid(self) -> int | None:
+        stack = getattr(self._local, "modules", None)
+        if not stack:
+            return None
+        return stack[-1]
+
+    def push_module(self, path: str) -> None:
+        stack = getattr(self._local, "modules", None)
+        if stack is None:
+            stack = self._local.modules = []
+        stack.append(self.writer.intern(path))
+
+    def pop_module(self) -> None:
+        stack = getattr(self._local, "modules", None)
+        if stack:
+            stack.pop()
+
+    # ----------------------------------------------------------------- records from the backend
+    def _plan_ids(self, plan: Any) -> tuple[int, int, int, int]:
+        ids = plan.trace_ids.get(self.token)
+        if ids is None:
+            writer = self.writer
+            program_id = self._define_program(plan, "op", 1)
+            ids = (writer.intern(plan.inputs_text), writer.intern(plan.outputs_text), program_id, writer.intern(plan.op_name))
+            plan.trace_ids[self.token] = ids
+        return ids
+
+    def _define_program(self, plan: Any, kind: str, n_ops: int) -> int | None:
+        program = plan.program
+        if program is None:
+            return None
+        writer = self.writer
+        program_id = writer.next_id("programs")
+        writer.append(
+            "programs",
+            (
+                program_id,
+                self.rank,
+                kind,
+                writer.intern(program.name),
+                writer.intern(repr(plan.structure_key)),
+                writer.intern(plan.inputs_text),
+                n_ops,
+                program.flops,
+                program.bytes_accessed,
+                None,
+            ),
+        )
+        return program_id
+
+    def op_ran(self, plan: Any, name: str, start_ns: int, dur_ns: int, flush_id: int | None) -> None:
+        """An ATen op was dispatched (strict: and launched)."""
+        if not self.enabled:
+            self.ops += 1
+            return
+        inputs_sid, outputs_sid, program_id, _ = self._plan_ids(plan)
+        self.seq += 1
+        self.ops += 1
+        self._append_op(
+            (
+                self.seq,
+                self.rank,
+                self.writer.intern(name),
+                inputs_sid,
+                outputs_sid,
+                plan.chip,
+                start_ns - self.t0,
+                dur_ns,
+                self.frame_id(),
+                self.module_sid(),
+                self.step_index,
+                program_id,
+                flush_id,
+            )
+        )
+        if self.seq & 255 == 0:
+            self._maybe_sample_memory()
+
+    def op_recorded(self, name: str, inputs: str, outputs: str, chip: int, start_ns: int, dur_ns: int, frame_id: int | None, module_sid: int | None, step: int, program_id: int | None, flush_id: int | None, seq: int) -> None:
+        """An op recorded into a pending graph (DeferAndFuse), written once its flush is known."""
+        if not self.enabled:
+            return
+        writer = self.writer
+        self._append_op((seq, self.rank, writer.intern(name), writer.intern(inputs), writer.intern(outputs), chip, start_ns - self.t0, dur_ns, frame_id, module_sid, step, program_id, flush_id))
+
+    def next_seq(self) -> int:
+        self.seq += 1
+        self.ops += 1
+        return self.seq
+
+    def view_op(self, name: str, base: Any, results: list[Any]) -> None:
+        """A view op: no program runs, but it is a dispatched op with a source line."""
+        if not self.enabled:
+            self.ops += 1
+            return
+        writer = self.writer
+        self.seq += 1
+        self.ops += 1
+        inputs = _shape_text(base)
+        outputs = ", ".join(_shape_text(result) for result in results)
+        now = _perf_ns() - self.t0
+        self._append_op((self.seq, self.rank, writer.intern(name), writer.intern(inputs), writer.intern(outputs), base._buf.chip, now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
+
+    def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None, program_kind: str = "op") -> int | None:
+        """A program was compiled: first compile, or a recompile with what changed."""
+        self.compiles += 1
+        if not self.enabled:
+            return None
+        writer = self.writer
+        program_id = self._define_program(plan, program_kind, n_ops)
+        if kind == "op":
+            plan.trace_ids[self.token] = (writer.intern(plan.inputs_text), writer.intern(plan.outputs_text), program_id, writer.intern(plan.op_name))
+        compile_ns = plan.program.compile_ns if plan.program is not None else 0
+        end = self.now()
+        writer.append(
+            "compiles",
+            (
+                writer.next_id("compiles"),
+                self.rank,
+                program_id,
+                kind,
+                writer.intern(plan.op_name),
+                writer.intern(plan.inputs_text),
+                plan.chip,
+                end - compile_ns,
+                compile_ns,
+                self.frame_id(),
+                self.step_index,
+                reason,
+                writer.intern(diff) if diff else None,
+                json.dumps(detail) if detail else None,
+            ),
+        )
+        return program_id
+
+    def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None:
+        if not self.enabled:
+            return
+        self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
+
+    def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None:
+        if not self.enabled:
+            return
+        self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
+
+    def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None:
+        if not self.enabled:
+            return
+        writer = self.writer
+        writer.append("fallbacks", (self.rank, writer.intern(op), writer.intern(inputs), chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
+
+    def _maybe_sample_memory(self, force: bool = False) -> None:
+        now = _perf_ns()
+        if not force and now - self._last_memory_sample < _MEMORY_SAMPLE_INTERVAL_NS:
+            return
+        self._last_memory_sample = now
+        from tputrace.backend import memory
+
+        for chip in memory.chips_in_use():
+            self.writer.append("memory", (self.rank, chip, now - self.t0, memory.live_bytes(chip), memory.peak_bytes(chip)))
+
+    # ----------------------------------------------------------------- steps and annotations
+    def step_boundary(self, source: str) -> None:
+        end = self.now()
+        if self.enabled:
+            self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, source))
+            self._maybe_sample_memory(force=True)
+        self.step_index += 1
+        self.step_start = end
+        self.ops_at_step_start = self.ops
+
+    def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:
+        if not self.enabled:
+            return
+        self.writer.append("annotations", (self.rank, self.writer.intern(name), source, start_ns, dur_ns, frame_id, self.step_index))
+
+    # ----------------------------------------------------------------- lifecycle
+    def finish(self, exit_status: int, error: str | None, run_fields: dict[str, Any]) -> None:
+        end = self.now()
+        if not self.enabled:
+            return
+        if self.ops > self.ops_at_step_start:
+            self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, "end"))
+        self._maybe_sample_memory(force=True)
+        self.writer.update_run(end_ns=end, exit_status=exit_status, error=error, **run_fields)
+        self.writer.close()
+
+
+def _shape_text(tensor: Any) -> str:
+    from tputrace.backend.dtypes import short_name
+
+    return f"{short_name(tensor.dtype)}[{','.join(str(size) for size in tensor.shape)}]"
+
+
+def active() -> Recorder | None:
+    return _active
+
+
+def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
+    """Load the backend, choose the eager mode, and start recording into `path` (None: record nothing)."""
+    global _active, _explicit_steps_seen
+    if _active is not None:
+        raise RuntimeError("a tputrace recording is already running in this process")
+    import tputrace.backend  # noqa: F401 - registers the tpu device
+    from tputrace.backend import hooks
+    from tputrace.backend.device_module import EagerMode, set_eager_mode
+
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    eager = EagerMode.DEFER_AND_FUSE if mode == "defer" else EagerMode.DEFER_NEVER
+    if mode in ("defer", "strict"):
+        set_eager_mode(eager)
+    recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
+    _active = recorder
+    _explicit_steps_seen = False
+    hooks.attach(recorder)
+    return recorder
+
+
+def stop(exit_status: int, error: str | None = None) -> None:
+    """Flush pending work, finish the trace (run end, exit status, error) and close it."""
+    global _active
+    recorder = _active
+    if recorder is None:
+        return
+    from tputrace.backend import chips, hooks
+    from tputrace.backend.device_module import eager_mode
+
+    try:
+        hooks.flush_pending("exit")
+    except Exception as flush_error:  # noqa: BLE001 - a failing flush must not lose the trace
+        error = error or f"flush at exit failed: {flush_error}"
+    hooks.detach()
+    _active = None
+    import jax
+    import torch
+
+    run_fields = {
+        "chips": chips.count(),
+        "platform": chips.platform(),
+        "eager_mode": "COMPILE" if recorder._mode == "compile" else eager_mode().value,
+        "torch_version": torch.__version__,
+        "jax_version": jax.__version__,
+        "tputrace_version": __version__,
+    }
+    recorder.finish(exit_status, error, run_fields)
+
+
+def live_counts() -> dict[str, int]:
+    recorder = _active
+    if recorder is None:
+        return {"steps": 0, "ops": 0, "compiles": 0}
+    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles}
+
+
+def step() -> None:
+    """An explicit step boundary (`tputrace.step()`); from then on optimizer steps do not mark steps."""
+    global _explicit_steps_seen
+    _explicit_steps_seen = True
+    recorder = _active
+    from tputrace.backend import hooks
+
+    hooks.flush_pending("step")
+    if recorder is not None:
+        recorder.step_boundary("explicit")
+
+
+def optimizer_stepped() -> None:
+    """Called after each optimizer.step(): a step boundary unless the script marks steps itself."""
+    recorder = _active
+    if recorder is not None and not _explicit_steps_seen:
+        recorder.step_boundary("optimizer")
+
+
+class annotate(contextlib.ContextDecorator):  # noqa: N801 - used like a function: tputrace.annotate("name")
+    """Records a named range: `with tputrace.annotate("data"): ...` or as a decorator."""
+
+    def __init__(self, name: str) -> None:
+        self.name = str(name)
+        self.start = 0
+        self.frame: int | None = None
+
+    def __enter__(self) -> "annotate":
+        recorder = _active
+        if recorder is not None and recorder.enabled:
+            self.start = recorder.now()
+            self.frame = recorder.frame_id()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        recorder = _active
+        if recorder is not None and recorder.enabled:
+            recorder.annotation(self.name, "annotate", self.start, recorder.now() - self.start, self.frame)
