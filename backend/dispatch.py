@@ -21,7 +21,7 @@ import numpy as np
 import torch
 
 from tputrace.backend import chips, rng, transfers
-from tputrace.backend.dtypes import short_name, to_jax
+from tputrace.backend.dtypes import short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
 from tputrace.backend.executor import Executor, StrictExecutor
 from tputrace.backend.plans import (
@@ -35,13 +35,14 @@ from tputrace.backend.plans import (
     rebuild,
 )
 from tputrace.backend.signatures import nearest_signature, signature_diff
-from tputrace.backend.tensor import Buffer, TpuTensor, sync_hint
+from tputrace.backend.tensor import Buffer, TpuTensor, new_tensor, sync_hint
 from tputrace.backend.views import ViewChain, ViewStep
 
 aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
+_SLOTS = tuple(Slot(index) for index in range(64))
 
 
 class DeviceMismatchError(RuntimeError):
@@ -57,6 +58,7 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self.entries: dict[Any, OpEntry] = {}
+        self.routes: dict[Any, tuple[Callable, Any]] = {}
         self.plans: dict[Any, Any] = {}
         self.structures: dict[Any, list[tuple]] = {}
         self.view_plans: dict[Any, Any] = {}
@@ -79,26 +81,32 @@ class Dispatcher:
 
     # ----------------------------------------------------------------- entry point
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        route = self.routes.get(func)
+        if route is None:
+            route = self._route(func)
+        handler, entry = route
+        return handler(entry, args, kwargs)
+
+    def _route(self, func: Any) -> tuple[Callable, Any]:
         special = self.special.get(func)
         if special is not None:
-            return special(args, kwargs)
-        entry = self.entries.get(func)
-        if entry is None:
-            entry = self.entries[func] = classify(func)
-        kind = entry.kind
-        if kind == "lowered":
-            return self.compute(entry, args, kwargs)
-        if kind == "view":
-            return self._view(entry, args, kwargs)
-        if kind == "inplace":
-            return self._inplace(entry, args, kwargs)
-        if kind == "out":
-            return self._out(entry, args, kwargs)
-        if kind == "inplace_list":
-            return self._inplace_list(entry, args, kwargs)
-        if kind == "decompose":
-            return entry.decomposition(*args, **kwargs)
-        return self.fallback(entry, args, kwargs)
+            route = (lambda _entry, args, kwargs: special(args, kwargs), None)
+        else:
+            entry = self.entries.get(func)
+            if entry is None:
+                entry = self.entries[func] = classify(func)
+            handlers = {
+                "lowered": self.compute,
+                "view": self._view,
+                "inplace": self._inplace,
+                "out": self._out,
+                "inplace_list": self._inplace_list,
+                "decompose": lambda entry, args, kwargs: entry.decomposition(*args, **kwargs),
+                "fallback": self.fallback,
+            }
+            route = (handlers[entry.kind], entry)
+        self.routes[func] = route
+        return route
 
     # ----------------------------------------------------------------- values
     def read(self, tensor: TpuTensor) -> Any:
@@ -132,6 +140,10 @@ class Dispatcher:
     # ----------------------------------------------------------------- argument templates
     def flatten(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> tuple[tuple, tuple, list, list, list, int]:
         """Split a call into (template args, template kwargs, dynamic values, input specs, originals, chip)."""
+        if not kwargs and entry.simple_args:
+            fast = self._flatten_tensors_only(args)
+            if fast is not None:
+                return fast
         dynamic: list[Any] = []
         specs: list[tuple] = []
         originals: list[Any] = []
@@ -146,6 +158,28 @@ class Dispatcher:
         )
         return template_args, template_kwargs, dynamic, specs, originals, chip_box[0]
 
+    def _flatten_tensors_only(self, args: Sequence[Any]) -> tuple | None:
+        """The common case: positional tpu tensors and constants only (None if anything else)."""
+        dynamic: list[Any] = []
+        specs: list[tuple] = []
+        template: list[Any] = []
+        chip = -1
+        for value in args:
+            if type(value) is TpuTensor:
+                buf = value._buf
+                if chip != buf.chip:
+                    if chip != -1:
+                        return None
+                    chip = buf.chip
+                template.append(_SLOTS[len(dynamic)])
+                dynamic.append(buf.array if value._view is None else self.read(value))
+                specs.append((value.shape, value.dtype))
+            elif isinstance(value, (torch.Tensor, list)):
+                return None
+            else:
+                template.append(value)
+        return tuple(template), (), dynamic, specs, list(args), chip
+
     def _flatten_value(self, value: Any, is_scalar: bool, is_scalar_list: bool, dynamic: list, specs: list, originals: list, chip_box: list) -> Any:
         if isinstance(value, TpuTensor):
             chip = value._buf.chip
@@ -156,9 +190,9 @@ class Dispatcher:
                     f"Expected all tensors to be on the same device, but found tpu:{chip_box[0]} and tpu:{chip}; "
                     f"move one with .to('tpu:{chip_box[0]}')"
                 )
-            slot = Slot(len(dynamic))
+            slot = _SLOTS[len(dynamic)] if len(dynamic) < len(_SLOTS) else Slot(len(dynamic))
             dynamic.append(self.read(value))
-            specs.append(("tensor", tuple(value.shape), short_name(value.dtype)))
+            specs.append((value.shape, value.dtype))
             originals.append(value)
             return slot
         if isinstance(value, torch.Tensor):
@@ -166,7 +200,7 @@ class Dispatcher:
                 slot = Slot(len(dynamic))
                 scalar = value.item()
                 dynamic.append(scalar)
-                specs.append(("scalar", f"{type(scalar).__name__}:{short_name(value.dtype)}"))
+                specs.append((f"{type(scalar).__name__}:{short_name(value.dtype)}",))
                 originals.append(value)
                 return slot
             raise DeviceMismatchError(
@@ -176,7 +210,7 @@ class Dispatcher:
         if is_scalar and isinstance(value, (int, float, bool, complex)):
             slot = Slot(len(dynamic))
             dynamic.append(value)
-            specs.append(("scalar", type(value).__name__))
+            specs.append((type(value).__name__,))
             originals.append(value)
             return slot
         if isinstance(value, (list, tuple)):
@@ -197,7 +231,7 @@ class Dispatcher:
         needs_key = entry.lowering.needs_key
         if needs_key:
             dynamic.extend(rng.next_seed_and_counter(chip))
-        key = (entry.op, template_args, template_kwargs, tuple(specs), chip)
+        key = (entry, template_args, template_kwargs, tuple(specs), chip)
         plan = self.plans.get(key)
         if plan is None:
             plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, specs, originals, chip)
@@ -205,9 +239,10 @@ class Dispatcher:
         if plan is _FALLBACK:
             return self.fallback(entry, args, kwargs)
         values = self.executor.run(plan, dynamic, record_as or entry.name, start)
-        outputs = [None if spec is None else TpuTensor(Buffer(value, chip, spec.nbytes), spec.shape, spec.dtype) for value, spec in zip(values, plan.out_specs)]
         if plan.out_structure == "single":
-            return outputs[0]
+            spec = plan.out_specs[0]
+            return new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
+        outputs = [None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, spec.nbytes) for value, spec in zip(values, plan.out_specs)]
         return tuple(outputs) if plan.out_structure == "tuple" else outputs
 
     def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
@@ -310,7 +345,7 @@ class Dispatcher:
                 fn = chain.function()
                 out = jax.eval_shape(fn, jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0]
                 spec = OutSpec(tuple(out.shape), torch.float32, out.dtype, 0)
-                plan = Plan("view", fn, (spec,), "single", (("tensor", tuple(buf.array.shape), str(buf.array.dtype)),), buf.chip, ("chain", chain.key))
+                plan = Plan("view", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("chain", chain.key))
                 self.executor.prepare(plan, [buf.array], record=False)
                 self.plans[key] = plan
         return plan
@@ -323,7 +358,7 @@ class Dispatcher:
                 fn = chain.scatter_function(tuple(buf.array.shape))
                 spec = OutSpec(tuple(buf.array.shape), torch.float32, buf.array.dtype, 0)
                 view_shape = jax.eval_shape(chain.function(), jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0].shape
-                plan = Plan("view_write", fn, (spec,), "single", (("tensor", tuple(buf.array.shape), str(buf.array.dtype)),), buf.chip, ("scatter", chain.key))
+                plan = Plan("view_write", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("scatter", chain.key))
                 self.executor.prepare(plan, [buf.array, jnp.zeros(view_shape, buf.array.dtype)], record=False)
                 self.plans[key] = plan
         return plan

@@ -28,7 +28,7 @@ _ALL_DECOMPOSITIONS = torch._decomp.decomposition_table
 _STATIC_SCALAR_OPS = {"aten::arange", "aten::linspace", "aten::logspace", "aten::randint"}
 
 
-@dataclass
+@dataclass(eq=False)
 class OpEntry:
     """One ATen overload, classified."""
 
@@ -45,6 +45,8 @@ class OpEntry:
     decomposition: object = None
     mutated_positions: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict)
+
+    simple_args: bool = False  # no positional Scalar arguments: non-tensor positionals are constants
 
 
 def _is_scalar_type(arg_type: torch._C.JitType) -> bool:
@@ -109,6 +111,7 @@ def classify(op: OpOverload) -> OpEntry:
         scalar_list_positions=frozenset(list_positions),
         scalar_list_names=frozenset(list_names),
     )
+    entry.simple_args = not (scalar_positions or list_positions)
     written = [arg for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write]
     entry.mutated_positions = tuple(
         position for position, arg in enumerate(schema.arguments) if arg.alias_info is not None and arg.alias_info.is_write and not arg.kwarg_only

@@ -1,35 +1,40 @@
-"""Live and peak bytes held by tpu tensors, per chip (what `torch.tpu.memory_allocated` reports)."""
+"""Live and peak bytes held by tpu tensors, per chip (what `torch.tpu.memory_allocated` reports).
+
+Counters are plain lists indexed by chip, since every buffer allocation updates them.
+"""
 
 from __future__ import annotations
 
-from collections import defaultdict
+MAX_CHIPS = 4096
 
-_live_bytes: defaultdict[int, int] = defaultdict(int)
-_peak_bytes: defaultdict[int, int] = defaultdict(int)
+live: list[int] = [0] * MAX_CHIPS
+peak: list[int] = [0] * MAX_CHIPS
+_used: set[int] = set()
 
 
 def allocate(chip: int, nbytes: int) -> None:
-    live = _live_bytes[chip] + nbytes
-    _live_bytes[chip] = live
-    if live > _peak_bytes[chip]:
-        _peak_bytes[chip] = live
+    value = live[chip] + nbytes
+    live[chip] = value
+    if value > peak[chip]:
+        peak[chip] = value
+        _used.add(chip)
 
 
 def release(chip: int, nbytes: int) -> None:
-    _live_bytes[chip] -= nbytes
+    live[chip] -= nbytes
 
 
 def live_bytes(chip: int) -> int:
-    return _live_bytes[chip]
+    return live[chip]
 
 
 def peak_bytes(chip: int) -> int:
-    return _peak_bytes[chip]
+    return peak[chip]
 
 
 def reset_peak(chip: int) -> None:
-    _peak_bytes[chip] = _live_bytes[chip]
+    peak[chip] = live[chip]
 
 
 def chips_in_use() -> list[int]:
-    return sorted(_live_bytes)
+    return sorted(_used)

@@ -4,15 +4,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# One input of a program: ("tensor", shape, dtype name) or ("scalar", python type name).
+from tputrace.backend.dtypes import short_name
+
+# One input of a program: (shape, torch dtype) for a tensor, (type name,) for a scalar.
 InputSpec = tuple
 
 
+def is_tensor_spec(spec: InputSpec) -> bool:
+    return len(spec) == 2
+
+
 def spec_text(spec: InputSpec) -> str:
-    if spec[0] == "tensor":
-        _, shape, dtype = spec
-        return f"{dtype}[{','.join(str(size) for size in shape)}]"
-    return spec[1]
+    if is_tensor_spec(spec):
+        shape, dtype = spec
+        return f"{short_name(dtype)}[{','.join(str(size) for size in shape)}]"
+    return spec[0]
 
 
 def signature_text(specs: Sequence[InputSpec]) -> str:
@@ -29,16 +35,13 @@ def signature_diff(old: Sequence[InputSpec], new: Sequence[InputSpec], names: Se
         label = names[index] if names and index < len(names) else f"input {index}"
         if before == after:
             continue
-        if before[0] != after[0]:
+        if is_tensor_spec(before) != is_tensor_spec(after) or not is_tensor_spec(before):
             changes.append(f"{label}: {spec_text(before)} -> {spec_text(after)}")
             continue
-        if before[0] == "scalar":
-            changes.append(f"{label} type: {before[1]} -> {after[1]}")
-            continue
-        _, old_shape, old_dtype = before
-        _, new_shape, new_dtype = after
+        old_shape, old_dtype = before
+        new_shape, new_dtype = after
         if old_dtype != new_dtype:
-            changes.append(f"{label} dtype: {old_dtype} -> {new_dtype}")
+            changes.append(f"{label} dtype: {short_name(old_dtype)} -> {short_name(new_dtype)}")
         if len(old_shape) != len(new_shape):
             changes.append(f"{label} rank: {len(old_shape)} -> {len(new_shape)} ({spec_text(before)} -> {spec_text(after)})")
             continue
@@ -66,12 +69,12 @@ def _distance(old: Sequence[InputSpec], new: Sequence[InputSpec]) -> int:
     for before, after in zip(old, new):
         if before == after:
             continue
-        if before[0] != after[0] or before[0] == "scalar":
+        if is_tensor_spec(before) != is_tensor_spec(after) or not is_tensor_spec(before):
             distance += 100
             continue
-        distance += int(before[2] != after[2]) * 10
-        if len(before[1]) != len(after[1]):
+        distance += int(before[1] != after[1]) * 10
+        if len(before[0]) != len(after[0]):
             distance += 100
         else:
-            distance += sum(1 for a, b in zip(before[1], after[1]) if a != b)
+            distance += sum(1 for a, b in zip(before[0], after[0]) if a != b)
     return distance

@@ -17,6 +17,9 @@ import torch
 
 from tputrace.backend import memory
 
+_live = memory.live
+_peak = memory.peak
+
 _local = threading.local()
 
 
@@ -53,10 +56,13 @@ class Buffer:
         self.version = 0
         self.chip = chip
         self.nbytes = nbytes
-        memory.allocate(chip, nbytes)
+        live = _live[chip] + nbytes
+        _live[chip] = live
+        if live > _peak[chip]:
+            memory.allocate(chip, 0)
 
     def __del__(self) -> None:
-        memory.release(self.chip, self.nbytes)
+        _live[self.chip] -= self.nbytes
 
     def write(self, array: Any) -> None:
         self.array = array
@@ -64,6 +70,7 @@ class Buffer:
 
 
 _DEVICES: dict[int, torch.device] = {}
+_make_wrapper = torch.Tensor._make_wrapper_subclass
 
 
 def torch_device(chip: int) -> torch.device:
@@ -77,9 +84,9 @@ class TpuTensor(torch.Tensor):
     """A tensor on `tpu:<chip>`; its data is `self._buf.array`, seen through `self._view`."""
 
     _buf: Buffer
-    _view: Any
-    _cached: Any
-    _cached_version: int
+    _view: Any = None
+    _cached: Any = None
+    _cached_version: int = -1
 
     @staticmethod
     def __new__(
@@ -92,19 +99,15 @@ class TpuTensor(torch.Tensor):
         view: Any = None,
         requires_grad: bool = False,
     ) -> "TpuTensor":
-        tensor = torch.Tensor._make_wrapper_subclass(
-            cls,
-            shape,
-            strides=strides if strides is not None else contiguous_strides(shape),
-            storage_offset=storage_offset,
-            dtype=dtype,
-            device=torch_device(buf.chip),
-            requires_grad=requires_grad,
-        )
+        if strides is None:
+            tensor = _make_wrapper(cls, shape, dtype=dtype, device=torch_device(buf.chip), requires_grad=requires_grad)
+        else:
+            tensor = _make_wrapper(
+                cls, shape, strides=strides, storage_offset=storage_offset, dtype=dtype, device=torch_device(buf.chip), requires_grad=requires_grad
+            )
         tensor._buf = buf
-        tensor._view = view
-        tensor._cached = None
-        tensor._cached_version = -1
+        if view is not None:
+            tensor._view = view
         return tensor
 
     __torch_function__ = torch._C._disabled_torch_function_impl
@@ -190,5 +193,8 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def new_tensor(array: jax.Array | Any, chip: int, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> TpuTensor:
-    """A fresh (non-view) tpu tensor owning `array`."""
-    return TpuTensor(Buffer(array, chip, nbytes), shape, dtype)
+    """A fresh (non-view) tpu tensor owning `array` (the dispatcher's hot path)."""
+    device = _DEVICES.get(chip) or torch_device(chip)
+    tensor = _make_wrapper(TpuTensor, shape, dtype=dtype, device=device)
+    tensor._buf = Buffer(array, chip, nbytes)
+    return tensor

@@ -7,6 +7,7 @@ import importlib
 FAMILIES = (
     "pointwise",
     "reduction",
+    "sorting",
     "views",
     "shape",
     "indexing",

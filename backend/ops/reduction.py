@@ -23,7 +23,6 @@ from ._util import (
     is_float,
     is_integral,
     jax_dtype,
-    keep_dims,
     reduction_dims,
     to_float,
 )
@@ -86,11 +85,6 @@ def mean_dim(self: Array, dim: Sequence[int] | None, keepdim: bool = False, *, d
 @lowers(aten.mean.default)
 def mean_all(self: Array, *, dtype: torch.dtype | None = None) -> Array:
     return jnp.mean(_float_accumulator(self, dtype))
-
-
-@lowers(aten.nanmean.default)
-def nanmean(self: Array, dim: Sequence[int] | None = None, keepdim: bool = False, *, dtype: torch.dtype | None = None) -> Array:
-    return jnp.nanmean(_float_accumulator(self, dtype), axis=reduction_dims(dim, self.ndim), keepdims=keepdim)
 
 
 @lowers(aten.prod.default)
@@ -370,5 +364,3 @@ def cummax(self: Array, dim: int) -> tuple[Array, Array]:
 def cummin(self: Array, dim: int) -> tuple[Array, Array]:
     return _cumulative_extreme(self, dim, largest=False)
 
-
-__all__ = ["vector_norm", "keep_dims"]

@@ -199,7 +199,7 @@ def pixel_unshuffle(self: Array, downscale_factor: int) -> Array:
     return x.reshape(*batch, channels * r * r, height // r, width // r)
 
 
-@lowers(aten.channel_shuffle.default, aten.native_channel_shuffle.default)
+@lowers(aten.channel_shuffle.default)
 def channel_shuffle(self: Array, groups: int) -> Array:
     batch, channels, *rest = self.shape
     x = self.reshape(batch, groups, channels // groups, *rest)
