@@ -1,0 +1,46 @@
+"""tputrace: a profiler for PyTorch on TPUs.
+
+`tputrace.open(path)` reads a trace; `tputrace run script.py` records one. Importing this package is
+cheap and never imports torch or jax; everything below is imported on first use.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+__all__ = ["TraceError", "TputraceError", "__version__", "annotate", "open", "step"]
+
+
+def open(path: str | os.PathLike[str]) -> Trace:  # noqa: A001 - `tputrace.open` is the public name
+    """Open a trace file for reading; raises `TraceError` with a one-sentence message if it cannot."""
+    from tputrace.store.reader import open_trace
+
+    return open_trace(path)
+
+
+def step() -> None:
+    """Mark a training-step boundary in the running recording."""
+    from tputrace import recorder
+
+    recorder.step()
+
+
+def annotate(name: str) -> Any:
+    """A context manager (and decorator) that records a named range in the running recording."""
+    from tputrace import recorder
+
+    return recorder.annotate(name)
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("TputraceError", "TraceError"):
+        from tputrace.store import errors
+
+        return getattr(errors, name)
+    raise AttributeError(f"module 'tputrace' has no attribute {name!r}")

@@ -1,0 +1,344 @@
+"""Aggregates that views need, computed in SQL over a trace and returned as dataclasses.
+
+Every function takes a `Trace` and an optional `rank` (None: all ranks together). `Trace` exposes each
+of them as a method (`trace.op_stats(...)`), which is how views should call them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from tputrace.schema import RECORD_KINDS
+from tputrace.store.errors import TputraceError
+from tputrace.store.records import SourceLocation
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+OpGrouping = Literal["op", "op_shapes", "source", "module"]
+OpOrder = Literal["total", "count", "mean"]
+
+_OP_GROUP_COLUMNS: dict[str, tuple[str, ...]] = {
+    "op": ("op_sid",),
+    "op_shapes": ("op_sid", "inputs_sid"),
+    "source": ("frame_id",),
+    "module": ("module_sid",),
+}
+_OP_ORDER_COLUMNS = {"total": "total_ns", "count": "calls", "mean": "mean_ns"}
+
+
+@dataclass(frozen=True, slots=True)
+class OpStat:
+    """Time spent dispatching one group of ops; `share` is of all ops' time (in the rank filter)."""
+
+    label: str
+    count: int
+    total_ns: int
+    mean_ns: float
+    share: float
+    op: str | None = None
+    inputs: str | None = None
+    source: SourceLocation | None = None
+    module: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StepTime:
+    """One training step with the work recorded in it."""
+
+    rank: int
+    step: int
+    start_ns: int
+    end_ns: int | None
+    source: str | None
+    ops: int
+    compiles: int
+    compile_ns: int
+    syncs: int
+    sync_ns: int
+
+    @property
+    def dur_ns(self) -> int | None:
+        return None if self.end_ns is None else self.end_ns - self.start_ns
+
+
+@dataclass(frozen=True, slots=True)
+class TimeSplit:
+    """Where the run's time went, in ns. Categories can overlap (chips run while the host dispatches)."""
+
+    wall_ns: int
+    compile_ns: int
+    execution_ns: int
+    dispatch_ns: int
+    sync_ns: int
+    transfer_ns: int
+    fallback_ns: int
+    collective_ns: int
+
+    def parts(self) -> list[tuple[str, int]]:
+        """(label, ns) for each category, in a fixed order."""
+        return [
+            ("compile", self.compile_ns),
+            ("program execution", self.execution_ns),
+            ("host dispatch", self.dispatch_ns),
+            ("sync stalls", self.sync_ns),
+            ("transfers", self.transfer_ns),
+            ("fallbacks", self.fallback_ns),
+            ("collectives", self.collective_ns),
+        ]
+
+
+@dataclass(frozen=True, slots=True)
+class CompileStats:
+    count: int
+    total_ns: int
+    recompiles: int
+    recompile_ns: int
+    programs: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecompileGroup:
+    """Recompiles of one thing for one reason and difference."""
+
+    name: str | None
+    reason: str | None
+    diff: str | None
+    count: int
+    total_ns: int
+    first_step: int | None
+    source: SourceLocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class SyncStat:
+    """Host syncs of one kind at one source line."""
+
+    source: SourceLocation | None
+    kind: str | None
+    count: int
+    total_ns: int
+    pending_ops: int
+
+
+@dataclass(frozen=True, slots=True)
+class FallbackStat:
+    """CPU fallbacks of one op."""
+
+    op: str | None
+    count: int
+    total_ns: int
+    source: SourceLocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveStat:
+    """Collectives of one kind."""
+
+    kind: str | None
+    count: int
+    bytes: int
+    total_ns: int
+    wait_ns: int
+
+
+def _rank_filter(rank: int | None, prefix: str = "WHERE") -> tuple[str, tuple[int, ...]]:
+    if rank is None:
+        return "", ()
+    return f" {prefix} rank = ?", (rank,)
+
+
+def _limit_clause(limit: int | None) -> str:
+    return "" if limit is None else f" LIMIT {int(limit)}"
+
+
+def op_stats(
+    trace: Trace,
+    group_by: OpGrouping = "op",
+    *,
+    limit: int | None = None,
+    order: OpOrder = "total",
+    rank: int | None = None,
+) -> list[OpStat]:
+    """Op dispatch time grouped by op, op and input shapes, source line or module; biggest first."""
+    if group_by not in _OP_GROUP_COLUMNS:
+        raise TputraceError(f"unknown op grouping {group_by!r}; use one of {', '.join(_OP_GROUP_COLUMNS)}")
+    if order not in _OP_ORDER_COLUMNS:
+        raise TputraceError(f"unknown op order {order!r}; use one of {', '.join(_OP_ORDER_COLUMNS)}")
+    group_columns = ", ".join(_OP_GROUP_COLUMNS[group_by])
+    where, params = _rank_filter(rank)
+    (all_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops{where}", params)[0]
+    rows = trace.sql(
+        f"SELECT {group_columns}, COUNT(*) AS calls, COALESCE(SUM(dur_ns), 0) AS total_ns, "
+        f"COALESCE(AVG(dur_ns), 0) AS mean_ns FROM ops{where} GROUP BY {group_columns} "
+        f"ORDER BY {_OP_ORDER_COLUMNS[order]} DESC{_limit_clause(limit)}",
+        params,
+    )
+    stats = []
+    for row in rows:
+        keys, (count, total_ns, mean_ns) = row[:-3], row[-3:]
+        share = total_ns / all_ns if all_ns else 0.0
+        if group_by == "op":
+            op = trace.string(keys[0])
+            stats.append(OpStat(op or "?", count, total_ns, mean_ns, share, op=op))
+        elif group_by == "op_shapes":
+            op, inputs = trace.string(keys[0]), trace.string(keys[1])
+            label = f"{op or '?'}({inputs or ''})"
+            stats.append(OpStat(label, count, total_ns, mean_ns, share, op=op, inputs=inputs))
+        elif group_by == "source":
+            source = trace.frame(keys[0])
+            label = str(source) if source else "?"
+            stats.append(OpStat(label, count, total_ns, mean_ns, share, source=source))
+        else:
+            module = trace.string(keys[0])
+            stats.append(OpStat(module or "(no module)", count, total_ns, mean_ns, share, module=module))
+    return stats
+
+
+def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
+    """Every step, in (rank, step) order, with its op, compile and sync counts."""
+    where, params = _rank_filter(rank)
+    ops_per_step = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM ops{where} GROUP BY rank, step", where, params)
+    compiles_per_step = _per_step(
+        trace, "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM compiles{where} GROUP BY rank, step",
+        where, params,
+    )
+    syncs_per_step = _per_step(
+        trace, "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM syncs{where} GROUP BY rank, step",
+        where, params,
+    )
+    steps = []
+    for step_rank, step, start_ns, end_ns, source in trace.sql(
+        f"SELECT rank, step, start_ns, end_ns, source FROM steps{where} ORDER BY rank, step", params
+    ):
+        key = (step_rank, step)
+        compiles, compile_ns = compiles_per_step.get(key, (0, 0))
+        syncs, sync_ns = syncs_per_step.get(key, (0, 0))
+        steps.append(
+            StepTime(
+                step_rank, step, start_ns, end_ns, source,
+                ops=ops_per_step.get(key, (0, 0))[0], compiles=compiles, compile_ns=compile_ns,
+                syncs=syncs, sync_ns=sync_ns,
+            )
+        )
+    return steps
+
+
+def _per_step(trace: Trace, query: str, where: str, params: tuple[int, ...]) -> dict[tuple[int, int], tuple[int, int]]:
+    return {(rank, step): (count, total) for rank, step, count, total in trace.sql(query.format(where=where), params)}
+
+
+def time_split(trace: Trace, *, rank: int | None = None) -> TimeSplit:
+    """Total ns per category; `wall_ns` is the run's wall time (the longest rank's, for all ranks)."""
+    where, params = _rank_filter(rank)
+    tables = ("compiles", "executions", "ops", "syncs", "transfers", "fallbacks", "collectives")
+    sums = ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table}{where})" for table in tables)
+    totals = trace.sql(f"SELECT {sums}", params * len(tables))[0]
+    return TimeSplit(wall_ns(trace, rank=rank), *totals)
+
+
+def wall_ns(trace: Trace, *, rank: int | None = None) -> int:
+    """The run's wall time: the runs' end times, or the last event for a run without an end record."""
+    where, params = _rank_filter(rank)
+    ends = [end_ns for (end_ns,) in trace.sql(f"SELECT end_ns FROM runs{where}", params)]
+    if ends and all(end_ns is not None for end_ns in ends):
+        return max(ends)
+    return time_range(trace, rank=rank)[1]
+
+
+def _event_bounds() -> list[tuple[str, str, str]]:
+    """(table, start expression, end expression) for every table with a time column."""
+    bounds = []
+    for kind in RECORD_KINDS:
+        names = kind.column_names
+        if "start_ns" in names:
+            if "dur_ns" in names:
+                end = "start_ns + COALESCE(dur_ns, 0)"
+            elif "end_ns" in names:
+                end = "COALESCE(end_ns, start_ns)"
+            else:
+                end = "start_ns"
+            bounds.append((kind.table, "start_ns", end))
+        elif "t_ns" in names:
+            bounds.append((kind.table, "t_ns", "t_ns"))
+    return bounds
+
+
+def time_range(trace: Trace, *, rank: int | None = None) -> tuple[int, int]:
+    """(first event start, last event end) in ns since the run's start; (0, 0) for an empty trace."""
+    where, params = _rank_filter(rank)
+    bounds = _event_bounds()
+    parts = " UNION ALL ".join(
+        f"SELECT MIN({start}) AS first_ns, MAX({end}) AS last_ns FROM {table}{where}" for table, start, end in bounds
+    )
+    first_ns, last_ns = trace.sql(f"SELECT MIN(first_ns), MAX(last_ns) FROM ({parts})", params * len(bounds))[0]
+    return (first_ns or 0, last_ns or 0)
+
+
+def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
+    """Compile and recompile counts and time, and the number of distinct programs."""
+    where, params = _rank_filter(rank)
+    count, total_ns, recompiles, recompile_ns = trace.sql(
+        "SELECT COUNT(*), COALESCE(SUM(dur_ns), 0), "
+        "COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
+        f"COALESCE(SUM(CASE WHEN reason IS NOT NULL AND reason != 'first' THEN dur_ns END), 0) FROM compiles{where}",
+        params,
+    )[0]
+    (programs,) = trace.sql(f"SELECT COUNT(*) FROM programs{where}", params)[0]
+    return CompileStats(count, total_ns, recompiles, recompile_ns, programs)
+
+
+def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
+    """Recompiles grouped by what was compiled, the reason and the difference; most frequent first."""
+    where, params = _rank_filter(rank, prefix="AND")
+    rows = trace.sql(
+        "SELECT name_sid, reason, diff_sid, COUNT(*) AS n, COALESCE(SUM(dur_ns), 0) AS total_ns, MIN(step), "
+        f"MIN(frame_id) FROM compiles WHERE reason IS NOT NULL AND reason != 'first'{where} "
+        f"GROUP BY name_sid, reason, diff_sid ORDER BY n DESC, total_ns DESC{_limit_clause(limit)}",
+        params,
+    )
+    return [
+        RecompileGroup(trace.string(name_sid), reason, trace.string(diff_sid), count, total_ns, first_step,
+                       trace.frame(frame_id))
+        for name_sid, reason, diff_sid, count, total_ns, first_step, frame_id in rows
+    ]
+
+
+def sync_stats(trace: Trace, *, limit: int | None = None, rank: int | None = None) -> list[SyncStat]:
+    """Host syncs grouped by source line and kind; longest total stall first."""
+    where, params = _rank_filter(rank)
+    rows = trace.sql(
+        "SELECT frame_id, kind, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns, COALESCE(SUM(pending_ops), 0) "
+        f"FROM syncs{where} GROUP BY frame_id, kind ORDER BY total_ns DESC{_limit_clause(limit)}",
+        params,
+    )
+    return [
+        SyncStat(trace.frame(frame_id), kind, count, total_ns, pending_ops)
+        for frame_id, kind, count, total_ns, pending_ops in rows
+    ]
+
+
+def fallback_stats(trace: Trace, *, limit: int | None = None, rank: int | None = None) -> list[FallbackStat]:
+    """CPU fallbacks grouped by op; longest total time first."""
+    where, params = _rank_filter(rank)
+    rows = trace.sql(
+        "SELECT op_sid, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns, MIN(frame_id) "
+        f"FROM fallbacks{where} GROUP BY op_sid ORDER BY total_ns DESC{_limit_clause(limit)}",
+        params,
+    )
+    return [
+        FallbackStat(trace.string(op_sid), count, total_ns, trace.frame(frame_id))
+        for op_sid, count, total_ns, frame_id in rows
+    ]
+
+
+def collective_stats(trace: Trace, *, rank: int | None = None) -> list[CollectiveStat]:
+    """Collectives grouped by kind; longest total time first."""
+    where, params = _rank_filter(rank)
+    rows = trace.sql(
+        "SELECT kind, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0) AS total_ns, "
+        f"COALESCE(SUM(wait_ns), 0) FROM collectives{where} GROUP BY kind ORDER BY total_ns DESC",
+        params,
+    )
+    return [CollectiveStat(*row) for row in rows]

@@ -1,0 +1,376 @@
+"""Trace: read-only access to a trace file as typed records, DataFrames, SQL and aggregates.
+
+Reading never imports torch or jax and never evaluates anything stored in the file. A `Trace` may
+be used from several threads; it reads a trace that is still being written (or whose writer was
+killed) as of the writer's last commit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import sqlite3
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind
+from tputrace.store import aggregates
+from tputrace.store.aggregates import (
+    CollectiveStat,
+    CompileStats,
+    FallbackStat,
+    OpGrouping,
+    OpOrder,
+    OpStat,
+    RecompileGroup,
+    StepTime,
+    SyncStat,
+    TimeSplit,
+)
+from tputrace.store.errors import QueryError, TputraceError
+from tputrace.store.opening import check_trace_file, connect_read_only, describe_database_error, read_meta
+from tputrace.store.records import RECORD_TYPES, Record, RunInfo, SourceLocation
+
+if TYPE_CHECKING:
+    import pandas
+
+_FETCH_ROWS = 4096
+
+
+def open_trace(path: str | os.PathLike[str]) -> Trace:
+    """Open a trace file; raises `TraceError` with a one-sentence message if it is not a readable trace."""
+    trace_path = Path(path)
+    check_trace_file(trace_path)
+    connection = connect_read_only(trace_path)
+    try:
+        meta = read_meta(connection, trace_path)
+    except BaseException:
+        connection.close()
+        raise
+    return Trace(trace_path, connection, meta)
+
+
+class Trace:
+    """A trace file opened for reading. Create it with `tputrace.open(path)`."""
+
+    def __init__(self, path: Path, connection: sqlite3.Connection, meta: dict[str, str]) -> None:
+        self.path = path
+        self.meta = meta
+        self.format_version = int(meta["format_version"])
+        self._connection = connection
+        self._lock = threading.RLock()
+        self._strings: dict[int, str] | None = None
+        self._frames: dict[int, SourceLocation] | None = None
+
+    # -- the file ---------------------------------------------------------------------------------
+
+    @property
+    def created(self) -> str | None:
+        """When the writer created the file (ISO 8601, UTC)."""
+        return self.meta.get("created")
+
+    def close(self) -> None:
+        with self._lock:
+            self._connection.close()
+
+    def __enter__(self) -> Trace:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Trace({str(self.path)!r}, format_version={self.format_version})"
+
+    # -- runs -------------------------------------------------------------------------------------
+
+    @property
+    def runs(self) -> list[RunInfo]:
+        """One `RunInfo` per recorded rank, in rank order."""
+        return list(self.records("runs", order_by="rank"))
+
+    @property
+    def run(self) -> RunInfo:
+        """Rank 0's run (or the first rank's); all fields None if the writer died before writing one."""
+        runs = self.runs
+        for run in runs:
+            if run.rank == 0:
+                return run
+        if runs:
+            return runs[0]
+        empty = dict.fromkeys(field.name for field in dataclasses.fields(RunInfo))
+        return RunInfo(**{**empty, "rank": 0, "argv": ()})
+
+    @property
+    def ranks(self) -> list[int]:
+        """The ranks recorded in the trace ([0] when there is no run row)."""
+        ranks = [rank for (rank,) in self.sql("SELECT DISTINCT rank FROM runs ORDER BY rank")]
+        return ranks or [0]
+
+    # -- records ----------------------------------------------------------------------------------
+
+    def count(self, table: str, *, where: str | None = None, params: Sequence[Any] = ()) -> int:
+        """Number of records in `table` (optionally matching `where`)."""
+        kind = _record_kind(table)
+        query = f"SELECT COUNT(*) FROM {kind.table}" + (f" WHERE {where}" if where else "")
+        return self.sql(query, params)[0][0]
+
+    def counts(self) -> dict[str, int]:
+        """Number of records in every table, in schema order."""
+        return {table: self.count(table) for table in RECORD_KINDS_BY_TABLE}
+
+    def records(
+        self,
+        table: str,
+        *,
+        where: str | None = None,
+        params: Sequence[Any] = (),
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[Record]:
+        """Typed records of `table` (see `tputrace.store.records`), in insertion order by default.
+
+        `where` and `order_by` are SQL over the stored columns (e.g. `where="op_sid = ?"`, with
+        `params=(trace.string_id("aten.mm.default"),)`).
+        """
+        kind = _record_kind(table)
+        record_type = RECORD_TYPES[kind.table]
+        converters = self._converters(kind)
+        query = self._select(kind, where, order_by, limit)
+        for rows in self._fetch_chunks(query, params):
+            for row in rows:
+                yield record_type(*[convert(value) for convert, value in zip(converters, row)])
+
+    def raw_records(
+        self,
+        table: str,
+        *,
+        where: str | None = None,
+        params: Sequence[Any] = (),
+        order_by: str | None = None,
+        limit: int | None = None,
+    ) -> Iterator[tuple[Any, ...]]:
+        """Rows of `table` as stored (ids unresolved), in the table's column order."""
+        kind = _record_kind(table)
+        for rows in self._fetch_chunks(self._select(kind, where, order_by, limit), params):
+            yield from rows
+
+    def dataframe(
+        self,
+        table: str,
+        *,
+        where: str | None = None,
+        params: Sequence[Any] = (),
+        order_by: str | None = None,
+        limit: int | None = None,
+        resolve: bool = True,
+    ) -> pandas.DataFrame:
+        """`table` as a pandas DataFrame. With `resolve`, `*_sid` columns become text columns named
+        without the suffix (`op`, `inputs`, `module`, ...) and `frame_id` becomes `file`, `line`,
+        `function`."""
+        import pandas
+
+        kind = _record_kind(table)
+        rows = list(self.raw_records(table, where=where, params=params, order_by=order_by, limit=limit))
+        frame = pandas.DataFrame.from_records(rows, columns=list(kind.column_names))
+        if not resolve:
+            return frame
+        strings = self._string_table()
+        frames = self._frame_table()
+        resolved: dict[str, Any] = {}
+        for column in kind.columns:
+            values = frame[column.name]
+            if column.ref == "strings":
+                resolved[column.name.removesuffix("_sid")] = values.map(strings)
+            elif column.ref == "frames":
+                locations = values.map(frames)
+                resolved["file"] = locations.map(lambda location: location.file, na_action="ignore")
+                resolved["line"] = locations.map(lambda location: location.line, na_action="ignore")
+                resolved["function"] = locations.map(lambda location: location.function, na_action="ignore")
+            else:
+                resolved[column.name] = values
+        return pandas.DataFrame(resolved)
+
+    def sql(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        """Run a read-only SQL query over the trace's tables and return all rows."""
+        with self._lock:
+            try:
+                return self._connection.execute(query, tuple(params)).fetchall()
+            except sqlite3.Error as error:
+                raise self._describe(error) from None
+
+    # -- interned values --------------------------------------------------------------------------
+
+    def string(self, sid: int | None) -> str | None:
+        """The text of string id `sid` (None for None or an unknown id)."""
+        if sid is None:
+            return None
+        strings = self._string_table()
+        text = strings.get(sid)
+        if text is None:
+            rows = self.sql("SELECT text FROM strings WHERE id = ?", (sid,))
+            if rows:
+                text = strings[sid] = rows[0][0]
+        return text
+
+    def string_id(self, text: str) -> int | None:
+        """The id of an interned string, or None if the trace does not contain it."""
+        rows = self.sql("SELECT id FROM strings WHERE text = ? LIMIT 1", (text,))
+        return rows[0][0] if rows else None
+
+    def frame(self, frame_id: int | None) -> SourceLocation | None:
+        """The source location of frame id `frame_id` (None for None or an unknown id)."""
+        if frame_id is None:
+            return None
+        frames = self._frame_table()
+        location = frames.get(frame_id)
+        if location is None:
+            rows = self.sql("SELECT file_sid, line, function_sid FROM frames WHERE id = ?", (frame_id,))
+            if rows:
+                file_sid, line, function_sid = rows[0]
+                location = frames[frame_id] = SourceLocation(
+                    self.string(file_sid) or "?", line, self.string(function_sid) or "?"
+                )
+        return location
+
+    # -- aggregates (computed in SQL; see tputrace.store.aggregates) ------------------------------
+
+    def op_stats(
+        self,
+        group_by: OpGrouping = "op",
+        *,
+        limit: int | None = None,
+        order: OpOrder = "total",
+        rank: int | None = None,
+    ) -> list[OpStat]:
+        """Op time grouped by "op", "op_shapes", "source" or "module"; ordered by "total", "count" or "mean"."""
+        return aggregates.op_stats(self, group_by, limit=limit, order=order, rank=rank)
+
+    def step_times(self, *, rank: int | None = None) -> list[StepTime]:
+        """Every step with its duration and op, compile and sync counts."""
+        return aggregates.step_times(self, rank=rank)
+
+    def time_split(self, *, rank: int | None = None) -> TimeSplit:
+        """Wall time and ns spent compiling, executing, dispatching, syncing, transferring, falling back, communicating."""
+        return aggregates.time_split(self, rank=rank)
+
+    def time_range(self, *, rank: int | None = None) -> tuple[int, int]:
+        """(first event start, last event end) in ns since the run's start."""
+        return aggregates.time_range(self, rank=rank)
+
+    def wall_ns(self, *, rank: int | None = None) -> int:
+        """The run's wall time in ns (from the run's end record, else the last event)."""
+        return aggregates.wall_ns(self, rank=rank)
+
+    def compile_stats(self, *, rank: int | None = None) -> CompileStats:
+        """Compile and recompile counts and times."""
+        return aggregates.compile_stats(self, rank=rank)
+
+    def recompile_groups(self, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
+        """Recompiles grouped by name, reason and difference; most frequent first."""
+        return aggregates.recompile_groups(self, limit=limit, rank=rank)
+
+    def sync_stats(self, *, limit: int | None = None, rank: int | None = None) -> list[SyncStat]:
+        """Host syncs grouped by source line and kind; longest stall first."""
+        return aggregates.sync_stats(self, limit=limit, rank=rank)
+
+    def fallback_stats(self, *, limit: int | None = None, rank: int | None = None) -> list[FallbackStat]:
+        """CPU fallbacks grouped by op; longest first."""
+        return aggregates.fallback_stats(self, limit=limit, rank=rank)
+
+    def collective_stats(self, *, rank: int | None = None) -> list[CollectiveStat]:
+        """Collectives grouped by kind; longest first."""
+        return aggregates.collective_stats(self, rank=rank)
+
+    # -- internals --------------------------------------------------------------------------------
+
+    def _select(self, kind: RecordKind, where: str | None, order_by: str | None, limit: int | None) -> str:
+        query = f"SELECT {', '.join(kind.column_names)} FROM {kind.table}"
+        if where:
+            query += f" WHERE {where}"
+        query += f" ORDER BY {order_by or 'rowid'}"
+        if limit is not None:
+            query += f" LIMIT {int(limit)}"
+        return query
+
+    def _fetch_chunks(self, query: str, params: Sequence[Any]) -> Iterator[list[tuple[Any, ...]]]:
+        with self._lock:
+            try:
+                cursor = self._connection.execute(query, tuple(params))
+            except sqlite3.Error as error:
+                raise self._describe(error) from None
+        while True:
+            with self._lock:
+                try:
+                    rows = cursor.fetchmany(_FETCH_ROWS)
+                except sqlite3.Error as error:
+                    raise self._describe(error) from None
+            if not rows:
+                return
+            yield rows
+
+    def _describe(self, error: sqlite3.Error) -> TputraceError:
+        if isinstance(error, sqlite3.OperationalError) and not _is_file_problem(error):
+            return QueryError(f"query failed on {self.path}: {error}")
+        return describe_database_error(error, self.path)
+
+    def _string_table(self) -> dict[int, str]:
+        if self._strings is None:
+            self._strings = dict(self.sql("SELECT id, text FROM strings"))
+        return self._strings
+
+    def _frame_table(self) -> dict[int, SourceLocation]:
+        if self._frames is None:
+            strings = self._string_table()
+            self._frames = {
+                frame_id: SourceLocation(strings.get(file_sid, "?"), line, strings.get(function_sid, "?"))
+                for frame_id, file_sid, line, function_sid in self.sql(
+                    "SELECT id, file_sid, line, function_sid FROM frames"
+                )
+            }
+        return self._frames
+
+    def _converters(self, kind: RecordKind) -> list[Callable[[Any], Any]]:
+        converters: list[Callable[[Any], Any]] = []
+        for column in kind.columns:
+            if column.ref == "strings":
+                converters.append(self.string)
+            elif column.ref == "frames":
+                converters.append(self.frame)
+            elif kind.table == "runs" and column.name == "argv":
+                converters.append(_decode_argv)
+            else:
+                converters.append(_identity)
+        return converters
+
+
+def _record_kind(table: str) -> RecordKind:
+    kind = RECORD_KINDS_BY_TABLE.get(table)
+    if kind is None:
+        raise TputraceError(f"unknown record kind {table!r}; kinds: {', '.join(RECORD_KINDS_BY_TABLE)}")
+    return kind
+
+
+def _is_file_problem(error: sqlite3.Error) -> bool:
+    message = str(error)
+    return any(part in message for part in ("malformed", "not a database", "disk I/O", "unable to open"))
+
+
+def _identity(value: Any) -> Any:
+    return value
+
+
+def _decode_argv(value: str | None) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    try:
+        decoded = json.loads(value)
+    except ValueError:
+        return (value,)
+    if isinstance(decoded, list):
+        return tuple(str(item) for item in decoded)
+    return (str(decoded),)
+

@@ -1,0 +1,337 @@
+"""TraceWriter: appends records to a trace file from any thread at a cost well under a microsecond.
+
+Hot-path calls (`append`, `intern`, `frame`, `next_id`) only touch in-memory queues and dicts. A
+background thread drains the queues every `commit_interval_s` and inserts them in one transaction
+(`executemany` per table), so after a `kill -9` the file opens and lacks at most the last interval
+or so. Within a transaction strings and frames are drained after the rows that reference them, so a
+committed row never references an uncommitted string or frame.
+
+The file is in WAL mode while the writer runs. Indexes are built on `close()` (cheaper than keeping
+them up to date on every insert, and they come out packed); `close()` then checkpoints and leaves
+the trace as a single file. A trace from a killed run has no indexes, which only makes queries slower.
+"""
+
+from __future__ import annotations
+
+import atexit
+import itertools
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from tputrace import __version__
+from tputrace.schema import (
+    FORMAT_VERSION,
+    MAGIC,
+    RECORD_KINDS,
+    RUNS,
+    RecordKind,
+    index_statements,
+    table_statements,
+)
+from tputrace.store.errors import TraceWriteError
+
+Row = tuple[Any, ...]
+
+# Tables filled through intern()/frame(); every other table is filled through append().
+_INTERNED_TABLES = ("strings", "frames")
+_SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
+# Rows per INSERT statement for big batches: binding one statement of 16 rows is ~20% faster than 16.
+_ROWS_PER_STATEMENT = 16
+# What a malformed row raises (wrong arity, unsupported type, integer over 64 bits).
+_ROW_ERRORS = (sqlite3.Error, ValueError, TypeError, OverflowError)
+
+
+class TraceWriter:
+    """Writes one trace file. Thread-safe; use as a context manager or call `close()`.
+
+    Rows are tuples of values in the table's column order (`tputrace.schema`); `*_sid` values come
+    from `intern()`, `frame_id` values from `frame()`, `id` values from `next_id()`.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        rank: int = 0,
+        commit_interval_s: float = 0.25,
+        created_unix_ns: int | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self.rank = rank
+        self.commit_interval_s = commit_interval_s
+        self.dropped_rows = 0
+        self._first_error: str | None = None
+        self._reported_dropped = 0
+        self._closed = False
+
+        self._row_queues: dict[str, deque[Row]] = {
+            kind.table: deque() for kind in RECORD_KINDS if kind.table not in _INTERNED_TABLES
+        }
+        self._insert_sql = {kind.table: kind.insert_sql() for kind in RECORD_KINDS}
+        self._multi_insert_sql = {kind.table: _multi_row_insert_sql(kind) for kind in RECORD_KINDS}
+        self._statements: deque[tuple[str, Row]] = deque()
+        self._string_rows: deque[Row] = deque()
+        self._frame_rows: deque[Row] = deque()
+        self._string_ids: dict[str, int] = {}
+        self._frame_ids: dict[tuple[str, int, str], int] = {}
+        self._intern_lock = threading.Lock()
+        self._id_counters = {
+            kind.table: itertools.count(1) for kind in RECORD_KINDS if kind.primary_key == "id"
+        }
+        self._id_counters.pop("strings")
+        self._id_counters.pop("frames")
+
+        self._connection = self._create_file(created_unix_ns)
+        self._db_lock = threading.Lock()
+        self._stop_event = threading.Event()
+        self._thread = threading.Thread(target=self._commit_loop, name="tputrace-writer", daemon=True)
+        self._thread.start()
+        atexit.register(self.close)
+
+    # -- hot path -------------------------------------------------------------------------------
+
+    def append(self, table: str, row: Row) -> None:
+        """Queue one row of `table` (values in the table's column order)."""
+        self._row_queues[table].append(row)
+
+    def appender(self, table: str) -> Callable[[Row], None]:
+        """The fastest way to append to one table: a bound `append(row)` for `table`."""
+        return self._row_queues[table].append
+
+    def intern(self, text: str) -> int:
+        """The string id of `text`, adding it to the `strings` table the first time."""
+        string_id = self._string_ids.get(text)
+        if string_id is None:
+            string_id = self._intern_new(text)
+        return string_id
+
+    def frame(self, file: str, line: int, function: str) -> int:
+        """The frame id of a source location, adding it to the `frames` table the first time."""
+        key = (file, line, function)
+        frame_id = self._frame_ids.get(key)
+        if frame_id is None:
+            frame_id = self._frame_new(key)
+        return frame_id
+
+    def next_id(self, table: str) -> int:
+        """A fresh id for a table whose primary key is `id` (programs, compiles, flushes)."""
+        return next(self._id_counters[table])
+
+    # -- runs -----------------------------------------------------------------------------------
+
+    def set_run(self, **fields: Any) -> None:
+        """Insert or replace the `runs` row of `fields["rank"]` (default: this writer's rank).
+
+        `argv` may be a list; it is stored as JSON. Unknown field names raise `TypeError`.
+        """
+        rank = fields.pop("rank", self.rank)
+        values = self._run_values(fields)
+        row = tuple(rank if name == "rank" else values.get(name) for name in RUNS.column_names)
+        self._statements.append(("DELETE FROM runs WHERE rank = ?", (rank,)))
+        self._statements.append((self._insert_sql["runs"], row))
+
+    def update_run(self, **fields: Any) -> None:
+        """Update some columns of the `runs` row of `fields["rank"]` (default: this writer's rank)."""
+        rank = fields.pop("rank", self.rank)
+        values = self._run_values(fields)
+        if not values:
+            return
+        assignments = ", ".join(f"{name} = ?" for name in values)
+        self._statements.append(
+            (f"UPDATE runs SET {assignments} WHERE rank = ?", (*values.values(), rank))
+        )
+
+    # -- lifecycle ------------------------------------------------------------------------------
+
+    def flush(self) -> None:
+        """Commit everything appended so far; raises `TraceWriteError` if rows had to be dropped."""
+        if self._closed:
+            return
+        self._drain_and_commit()
+        self._raise_if_dropped()
+
+    def close(self) -> None:
+        """Commit everything, build indexes and leave the trace as one file. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        atexit.unregister(self.close)
+        self._stop_event.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join()
+        self._drain_and_commit()
+        with self._db_lock:
+            connection = self._connection
+            try:
+                for statement in index_statements():
+                    connection.execute(statement)
+                connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+                connection.execute("PRAGMA journal_mode=DELETE")
+            except sqlite3.Error as error:
+                self._note_error(f"finishing the trace failed: {error}", 0)
+            finally:
+                connection.close()
+        self._raise_if_dropped()
+
+    def __enter__(self) -> TraceWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    # -- internals ------------------------------------------------------------------------------
+
+    def _create_file(self, created_unix_ns: int | None) -> sqlite3.Connection:
+        for suffix in ("", *_SIDECAR_SUFFIXES):
+            stale = Path(f"{self.path}{suffix}")
+            if stale.is_file():
+                stale.unlink()
+        try:
+            connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            connection.execute("PRAGMA journal_mode=WAL")
+            connection.execute("PRAGMA synchronous=NORMAL")
+            connection.execute("PRAGMA wal_autocheckpoint=10000")
+            created_ns = time.time_ns() if created_unix_ns is None else created_unix_ns
+            created = datetime.fromtimestamp(created_ns / 1e9, tz=timezone.utc)
+            meta = {
+                "magic": MAGIC,
+                "format_version": str(FORMAT_VERSION),
+                "created": created.isoformat(timespec="seconds"),
+                "created_unix_ns": str(created_ns),
+                "writer": f"tputrace {__version__}",
+            }
+            connection.execute("BEGIN")
+            for statement in table_statements():
+                connection.execute(statement)
+            connection.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", meta.items())
+            connection.execute("COMMIT")
+        except sqlite3.Error as error:
+            raise TraceWriteError(f"cannot create trace {self.path}: {error}") from None
+        return connection
+
+    def _intern_new(self, text: str) -> int:
+        with self._intern_lock:
+            string_id = self._string_ids.get(text)
+            if string_id is None:
+                string_id = len(self._string_ids) + 1
+                # Queue the row before publishing the id: whoever sees the id sees a queued row.
+                self._string_rows.append((string_id, text))
+                self._string_ids[text] = string_id
+        return string_id
+
+    def _frame_new(self, key: tuple[str, int, str]) -> int:
+        file, line, function = key
+        file_sid = self.intern(file)
+        function_sid = self.intern(function)
+        with self._intern_lock:
+            frame_id = self._frame_ids.get(key)
+            if frame_id is None:
+                frame_id = len(self._frame_ids) + 1
+                self._frame_rows.append((frame_id, file_sid, line, function_sid))
+                self._frame_ids[key] = frame_id
+        return frame_id
+
+    def _run_values(self, fields: dict[str, Any]) -> dict[str, Any]:
+        unknown = set(fields) - set(RUNS.column_names)
+        if unknown:
+            raise TypeError(f"unknown runs columns: {', '.join(sorted(unknown))}")
+        values = dict(fields)
+        if isinstance(values.get("argv"), (list, tuple)):
+            values["argv"] = json.dumps(list(values["argv"]))
+        return values
+
+    def _commit_loop(self) -> None:
+        while not self._stop_event.wait(self.commit_interval_s):
+            self._drain_and_commit()
+
+    def _drain_and_commit(self) -> None:
+        with self._db_lock:
+            # Order matters: rows first, then the frames and strings they may reference.
+            batches = [(table, _take(queue)) for table, queue in self._row_queues.items()]
+            statements = _take(self._statements)
+            frame_rows = _take(self._frame_rows)
+            string_rows = _take(self._string_rows)
+            connection = self._connection
+            try:
+                connection.execute("BEGIN")
+                for table, rows in batches:
+                    if rows:
+                        self._insert(table, rows)
+                for sql, params in statements:
+                    self._execute_statement(sql, params)
+                if frame_rows:
+                    self._insert("frames", frame_rows)
+                if string_rows:
+                    self._insert("strings", string_rows)
+                connection.execute("COMMIT")
+            except sqlite3.Error as error:
+                dropped = sum(len(rows) for _, rows in batches) + len(statements)
+                dropped += len(frame_rows) + len(string_rows)
+                self._note_error(f"commit failed: {error}", dropped)
+                if connection.in_transaction:
+                    connection.execute("ROLLBACK")
+
+    def _insert(self, table: str, rows: list[Row]) -> None:
+        """Insert a batch; if it fails, insert row by row and drop (and count) the bad rows."""
+        connection = self._connection
+        sql = self._insert_sql[table]
+        connection.execute("SAVEPOINT batch")
+        try:
+            whole = len(rows) - len(rows) % _ROWS_PER_STATEMENT
+            if whole:
+                row_iterator = iter(rows)
+                groups = zip(*[row_iterator] * _ROWS_PER_STATEMENT)
+                flatten = itertools.chain.from_iterable
+                connection.executemany(self._multi_insert_sql[table], (tuple(flatten(group)) for group in groups))
+            connection.executemany(sql, rows[whole:])
+        except _ROW_ERRORS:
+            connection.execute("ROLLBACK TO batch")
+            for row in rows:
+                try:
+                    connection.execute(sql, row)
+                except _ROW_ERRORS as row_error:
+                    self._note_error(f"bad {table} row {row!r:.200}: {row_error}", 1)
+        connection.execute("RELEASE batch")
+
+    def _execute_statement(self, sql: str, params: Row) -> None:
+        try:
+            self._connection.execute(sql, params)
+        except _ROW_ERRORS as error:
+            self._note_error(f"run update failed: {error}", 1)
+
+    def _note_error(self, message: str, dropped: int) -> None:
+        self.dropped_rows += dropped
+        if self._first_error is None:
+            self._first_error = message
+
+    def _raise_if_dropped(self) -> None:
+        if self._first_error is not None and self.dropped_rows != self._reported_dropped:
+            self._reported_dropped = self.dropped_rows
+            raise TraceWriteError(
+                f"{self.dropped_rows} rows could not be stored in {self.path}; first error: {self._first_error}"
+            )
+
+
+def _take(queue: deque[Any]) -> list[Any]:
+    """Pop the rows queued so far; rows appended meanwhile by other threads stay for next time."""
+    popleft = queue.popleft
+    return [popleft() for _ in range(len(queue))]
+
+
+
+def _multi_row_insert_sql(kind: RecordKind) -> str:
+    row_placeholders = f"({', '.join('?' for _ in kind.columns)})"
+    rows_placeholders = ", ".join(row_placeholders for _ in range(_ROWS_PER_STATEMENT))
+    return f"INSERT INTO {kind.table} ({', '.join(kind.column_names)}) VALUES {rows_placeholders}"
