@@ -43,6 +43,7 @@ _perf_ns = time.perf_counter_ns
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _SLOTS = tuple(Slot(index) for index in range(64))
+_NUMBER_TYPES = (int, float, bool, complex)
 
 
 class DeviceMismatchError(RuntimeError):
@@ -118,21 +119,25 @@ class Dispatcher:
         if tensor._cached_version == buf.version:
             return tensor._cached
         value = self.executor.run(self._chain_plan(view, buf), (buf.array,))[0]
-        tensor._cached = value
-        tensor._cached_version = buf.version
+        if not self.executor.deferred:
+            tensor._cached = value
+            tensor._cached_version = buf.version
         return value
 
     def write(self, tensor: TpuTensor, value: Any) -> None:
         """Replace the tensor's data; a write to a view is scattered into its buffer."""
         buf = tensor._buf
         view = tensor._view
+        replaced = buf.array
         if view is None:
             buf.write(value)
-            return
-        scatter = self._scatter_plan(view, buf)
-        buf.write(self.executor.run(scatter, (buf.array, value))[0])
-        tensor._cached = value
-        tensor._cached_version = buf.version
+        else:
+            buf.write(self.executor.run(self._scatter_plan(view, buf), (buf.array, value))[0])
+            if not self.executor.deferred:
+                tensor._cached = value
+                tensor._cached_version = buf.version
+        if self.executor.deferred:
+            self.executor.track(buf, replaced)
 
     def wrap(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
         return TpuTensor(Buffer(value, chip, spec.nbytes), spec.shape, spec.dtype)
@@ -141,7 +146,7 @@ class Dispatcher:
     def flatten(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> tuple[tuple, tuple, list, list, list, int]:
         """Split a call into (template args, template kwargs, dynamic values, input specs, originals, chip)."""
         if not kwargs and entry.simple_args:
-            fast = self._flatten_tensors_only(args)
+            fast = self._flatten_positional(args, entry.scalar_positions)
             if fast is not None:
                 return fast
         dynamic: list[Any] = []
@@ -158,14 +163,19 @@ class Dispatcher:
         )
         return template_args, template_kwargs, dynamic, specs, originals, chip_box[0]
 
-    def _flatten_tensors_only(self, args: Sequence[Any]) -> tuple | None:
-        """The common case: positional tpu tensors and constants only (None if anything else)."""
+    def _flatten_positional(self, args: Sequence[Any], scalar_positions: frozenset[int]) -> tuple | None:
+        """The common case: positional tpu tensors, Python scalars and constants (None if anything else)."""
         dynamic: list[Any] = []
         specs: list[tuple] = []
         template: list[Any] = []
         chip = -1
-        for value in args:
-            if type(value) is TpuTensor:
+        for position, value in enumerate(args):
+            value_type = type(value)
+            if value_type in _NUMBER_TYPES and position in scalar_positions:
+                template.append(_SLOTS[len(dynamic)])
+                dynamic.append(value)
+                specs.append((value_type.__name__,))
+            elif value_type is TpuTensor:
                 buf = value._buf
                 if chip != buf.chip:
                     if chip != -1:
@@ -239,10 +249,18 @@ class Dispatcher:
         if plan is _FALLBACK:
             return self.fallback(entry, args, kwargs)
         values = self.executor.run(plan, dynamic, record_as or entry.name, start)
+        executor = self.executor
         if plan.out_structure == "single":
             spec = plan.out_specs[0]
-            return new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
+            output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
+            if executor.deferred:
+                executor.track(output._buf)
+            return output
         outputs = [None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, spec.nbytes) for value, spec in zip(values, plan.out_specs)]
+        if executor.deferred:
+            for output in outputs:
+                if output is not None:
+                    executor.track(output._buf)
         return tuple(outputs) if plan.out_structure == "tuple" else outputs
 
     def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
@@ -282,14 +300,19 @@ class Dispatcher:
         result = entry.op(*meta_args, **meta_kwargs)
         return out_specs_from_meta(result)
 
+    def compile_reason(self, structure_key: Any, in_specs: tuple, names: Sequence[str] | None = None) -> tuple[str, str | None]:
+        """('first', None) for a new structure, else ('recompile', what differs from the nearest earlier signature)."""
+        history = self.structures.setdefault(structure_key, [])
+        nearest = nearest_signature(history, in_specs) if history else None
+        history.append(in_specs)
+        if nearest is None:
+            return "first", None
+        return "recompile", signature_diff(nearest, in_specs, names)
+
     def record_compile(self, plan: Plan, kind: str) -> None:
-        """Tell the recorder about a new program: first compile or recompile with its reason."""
-        history = self.structures.setdefault(plan.structure_key, [])
-        nearest = nearest_signature(history, plan.in_specs) if history else None
-        history.append(plan.in_specs)
+        """Tell the recorder about a new single-op program: first compile or recompile with its reason."""
+        reason, diff = self.compile_reason(plan.structure_key, plan.in_specs)
         if self.recorder is not None:
-            reason = "first" if nearest is None else "recompile"
-            diff = None if nearest is None else signature_diff(nearest, plan.in_specs)
             self.recorder.compiled(plan, kind, reason, diff)
 
     # ----------------------------------------------------------------- views
@@ -480,9 +503,7 @@ class Dispatcher:
     def to_host(self, tensor: TpuTensor, sync_kind: str) -> torch.Tensor:
         """A CPU copy of a tpu tensor: the host waits for the chip (a sync) and copies (a transfer)."""
         start = _perf_ns()
-        pending = self.executor.materialize(self, tensor, sync_kind)
-        value = self.read(tensor)
-        ready = _perf_ns()
+        value, pending = self.executor.concrete(self.read(tensor), sync_kind)
         jax.block_until_ready(value)
         stall_end = _perf_ns()
         host = transfers.array_to_torch(value, tensor.dtype)
@@ -490,7 +511,6 @@ class Dispatcher:
         if self.recorder is not None:
             self.recorder.synced(sync_kind, tensor._buf.chip, start, stall_end - start, pending)
             self.recorder.transferred("d2h", host.numel() * host.element_size(), tensor._buf.chip, -1, stall_end, end - stall_end)
-        del ready
         return host
 
     def to_chip(self, host: torch.Tensor, chip: int) -> Any:
@@ -502,7 +522,7 @@ class Dispatcher:
 
     def copy_to_chip(self, tensor: TpuTensor, chip: int) -> TpuTensor:
         start = _perf_ns()
-        array = jax.device_put(self.read(tensor), chips.device(chip))
+        array = jax.device_put(self.executor.concrete(self.read(tensor), "transfer")[0], chips.device(chip))
         nbytes = tensor.numel() * tensor.element_size()
         if self.recorder is not None:
             self.recorder.transferred("d2d", nbytes, tensor._buf.chip, chip, start, _perf_ns() - start)

@@ -46,13 +46,20 @@ class OpEntry:
     mutated_positions: tuple[int, ...] = ()
     extra: dict = field(default_factory=dict)
 
-    simple_args: bool = False  # no positional Scalar arguments: non-tensor positionals are constants
+    simple_args: bool = False  # no positional Scalar lists: the fast argument path applies
 
 
 def _is_scalar_type(arg_type: torch._C.JitType) -> bool:
     if isinstance(arg_type, torch._C.OptionalType):
         arg_type = arg_type.getElementType()
     return isinstance(arg_type, torch._C.NumberType)
+
+
+def _is_tensor_type(arg_type: torch._C.JitType) -> bool:
+    """Tensor arguments: a Python number passed there is a wrapped scalar, a runtime value."""
+    if isinstance(arg_type, torch._C.OptionalType):
+        arg_type = arg_type.getElementType()
+    return isinstance(arg_type, torch._C.TensorType)
 
 
 def _is_scalar_list_type(arg_type: torch._C.JitType) -> bool:
@@ -97,7 +104,7 @@ def classify(op: OpOverload) -> OpEntry:
     scalar_positions, scalar_names, list_positions, list_names = set(), set(), set(), set()
     if schema.name not in _STATIC_SCALAR_OPS:
         for position, arg in enumerate(schema.arguments):
-            if _is_scalar_type(arg.type):
+            if _is_scalar_type(arg.type) or _is_tensor_type(arg.type):
                 (scalar_names if arg.kwarg_only else scalar_positions).add(arg.name if arg.kwarg_only else position)
             elif _is_scalar_list_type(arg.type):
                 (list_names if arg.kwarg_only else list_positions).add(arg.name if arg.kwarg_only else position)
@@ -111,7 +118,7 @@ def classify(op: OpOverload) -> OpEntry:
         scalar_list_positions=frozenset(list_positions),
         scalar_list_names=frozenset(list_names),
     )
-    entry.simple_args = not (scalar_positions or list_positions)
+    entry.simple_args = not list_positions
     written = [arg for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write]
     entry.mutated_positions = tuple(
         position for position, arg in enumerate(schema.arguments) if arg.alias_info is not None and arg.alias_info.is_write and not arg.kwarg_only

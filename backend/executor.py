@@ -23,8 +23,13 @@ class Executor(Protocol):
     def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
         """Run the plan on these inputs; returns its output values."""
 
-    def materialize(self, dispatcher: Any, tensor: Any, sync_kind: str) -> int:
-        """Make the tensor's value concrete before the host reads it; returns the pending ops it ran."""
+    deferred: bool
+
+    def concrete(self, value: Any, trigger: str) -> tuple[Any, int]:
+        """The array behind a value (running pending work if needed) and the number of ops that ran."""
+
+    def track(self, buffer: Any, replaced: Any = None) -> None:
+        """A buffer now holds a value this executor produced."""
 
     def synchronize(self) -> None:
         """Wait for every launched program."""
@@ -32,6 +37,8 @@ class Executor(Protocol):
 
 class StrictExecutor:
     """DEFER_NEVER: every op is its own cached XLA program, launched as soon as it is dispatched."""
+
+    deferred = False
 
     def __init__(self, dispatcher: Any, launch_blocking: bool = False) -> None:
         self.dispatcher = dispatcher
@@ -54,8 +61,11 @@ class StrictExecutor:
             recorder.op_ran(plan, record_name, begin, _perf_ns() - begin, None)
         return values
 
-    def materialize(self, dispatcher: Any, tensor: Any, sync_kind: str) -> int:
-        return 0
+    def concrete(self, value: Any, trigger: str) -> tuple[Any, int]:
+        return value, 0
+
+    def track(self, buffer: Any, replaced: Any = None) -> None:
+        """Strict values are concrete already."""
 
     def synchronize(self) -> None:
         if self.last_values is not None:

@@ -131,7 +131,8 @@ def array_function(lowering: Callable, template_args: Any, template_kwargs: Any,
         kwargs = rebuild(template_kwargs, dynamic)
         if extra_kwargs is not None:
             kwargs = {**kwargs, **extra_kwargs(dynamic)}
-        result = lowering(*args, **kwargs)
+        with jax.named_scope(op_name):
+            result = lowering(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
         if len(results) != len(out_specs):
             raise LoweringError(f"{op_name}: lowering returned {len(results)} outputs, torch returns {len(out_specs)}")

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import queue
 import socket
 import sys
 import sysconfig
@@ -75,6 +76,8 @@ class Recorder:
         self.backward_frame: int | None = None
         self.module_names: dict[int, str] = {}
         self._mode = mode
+        self._executions: queue.SimpleQueue | None = None
+        self._watcher: threading.Thread | None = None
         if self.writer is not None:
             self._append_op = self.writer.appender("ops")
             self.writer.set_run(
@@ -266,6 +269,50 @@ class Recorder:
         )
         return program_id
 
+    def fusion(self, program_id: int, fusion: Any) -> None:
+        """One of XLA's fusions inside a compiled program."""
+        writer = self.writer
+        writer.append(
+            "fusions",
+            (self.rank, program_id, writer.intern(fusion.name), writer.intern(fusion.kind), writer.intern(",".join(fusion.hlo_ops)), writer.intern(",".join(fusion.aten_ops))),
+        )
+
+    def flushed(self, flush_id: int, program_id: int | None, trigger: str, n_ops: int, cache_hit: bool, chip: int, start_ns: int, dur_ns: int, input_bytes: int, output_bytes: int) -> None:
+        """A DeferAndFuse flush: which ops ran as one program, why now, and whether it was cached."""
+        self.writer.append(
+            "flushes",
+            (flush_id, self.rank, program_id, trigger, self.frame_id(), n_ops, int(cache_hit), chip, start_ns - self.t0, dur_ns, input_bytes, output_bytes, self.step_index),
+        )
+
+    def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None:
+        """A program was launched; a watcher thread records when its results are ready."""
+        if self._executions is None:
+            self._executions = queue.SimpleQueue()
+            self._watcher = threading.Thread(target=self._watch_executions, name="tputrace-executions", daemon=True)
+            self._watcher.start()
+        self._executions.put((program_id, chip, launch_ns, flush_id, self.step_index, results))
+
+    def _watch_executions(self) -> None:
+        import jax
+
+        while True:
+            item = self._executions.get()
+            if item is None:
+                return
+            program_id, chip, launch_ns, flush_id, step, results = item
+            try:
+                jax.block_until_ready(results)
+            except Exception:  # noqa: BLE001 - a failed program is reported where its value is used
+                pass
+            end = _perf_ns()
+            self.writer.append("executions", (self.rank, program_id, chip, launch_ns - self.t0, end - launch_ns, step, flush_id))
+
+    def _stop_watcher(self) -> None:
+        if self._executions is not None:
+            self._executions.put(None)
+            self._watcher.join(timeout=30)
+            self._executions = None
+
     def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None:
         if not self.enabled:
             return
@@ -309,6 +356,7 @@ class Recorder:
 
     # ----------------------------------------------------------------- lifecycle
     def finish(self, exit_status: int, error: str | None, run_fields: dict[str, Any]) -> None:
+        self._stop_watcher()
         end = self.now()
         if not self.enabled:
             return

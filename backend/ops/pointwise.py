@@ -238,8 +238,9 @@ def _floor_divide_float(a: Array, b: Array) -> Array:
 
 
 def _promote(a: object, b: object) -> tuple[Array, Array]:
+    """a and b in their common dtype, broadcast to one shape (lax ops need both)."""
     dtype = jnp.result_type(a, b)
-    return jnp.asarray(a).astype(dtype), jnp.asarray(b).astype(dtype)
+    return tuple(jnp.broadcast_arrays(jnp.asarray(a).astype(dtype), jnp.asarray(b).astype(dtype)))
 
 
 def _divide(self: object, other: object, rounding_mode: str | None) -> Array:

@@ -1,0 +1,292 @@
+"""DeferAndFuse: ops are recorded into a pending graph per chip and run later as one XLA program.
+
+A flush happens when the host needs a value (item, cpu, numpy, tolist, print, bool, data-dependent
+shapes), before a CPU fallback or a collective, at a size cap, and at step boundaries (end of
+backward, optimizer.step, tputrace.step). Programs are cached by graph structure plus input
+signature, so a steady-state step traces and compiles nothing.
+
+The pending graph holds the concrete arrays it reads and weak references to the buffers it will
+write; a buffer that dies before the flush is not an output, and XLA drops its computation. Arrays
+that an in-place update replaced are donated to the program.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+import warnings
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+
+from tputrace.backend import hlo_fusions
+from tputrace.backend.plans import Plan, compile_program
+from tputrace.backend.signatures import InputSpec
+
+_perf_ns = time.perf_counter_ns
+
+SIZE_CAP = 10_000
+
+
+class LazyValue:
+    """An output of a pending op: its shape and dtype now, its array after the flush."""
+
+    __slots__ = ("graph", "node", "index", "shape", "dtype", "concrete", "__weakref__")
+
+    def __init__(self, graph: "PendingGraph", node: int, index: int, shape: tuple[int, ...], dtype: Any) -> None:
+        self.graph = graph
+        self.node = node
+        self.index = index
+        self.shape = shape
+        self.dtype = dtype
+        self.concrete: Any = None
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+
+@dataclass
+class PendingGraph:
+    """The ops recorded on one chip since its last flush."""
+
+    chip: int
+    nodes: list[tuple[Plan, tuple]] = field(default_factory=list)
+    inputs: list[Any] = field(default_factory=list)
+    input_index: dict[int, int] = field(default_factory=dict)
+    owners: list[weakref.ref] = field(default_factory=list)
+    replaced: set[int] = field(default_factory=set)
+    op_records: list[tuple] = field(default_factory=list)
+
+    def input_ref(self, value: Any) -> tuple:
+        """The input slot of a concrete value; one slot per array, a new slot for every Python scalar."""
+        if type(value) in (int, float, bool, complex):
+            self.inputs.append(value)
+            return (0, len(self.inputs) - 1)
+        index = self.input_index.get(id(value))
+        if index is None:
+            index = len(self.inputs)
+            self.inputs.append(value)
+            self.input_index[id(value)] = index
+        return (0, index)
+
+
+@dataclass
+class FusedProgram:
+    """A compiled flush: the program plus the outputs it returns and the inputs it donates."""
+
+    program: Any
+    n_ops: int
+    donate: tuple[int, ...]
+    program_id: int | None = None
+
+
+def _input_spec(value: Any) -> InputSpec:
+    shape = getattr(value, "shape", None)
+    if shape is None:
+        return (type(value).__name__,)
+    from tputrace.backend.dtypes import to_torch
+
+    return (tuple(shape), to_torch(value.dtype))
+
+
+class DeferredExecutor:
+    """DEFER_AND_FUSE: records ops into per-chip pending graphs and runs each graph as one program."""
+
+    deferred = True
+
+    def __init__(self, dispatcher: Any, size_cap: int = SIZE_CAP) -> None:
+        self.dispatcher = dispatcher
+        self.size_cap = size_cap
+        self.graphs: dict[int, PendingGraph] = {}
+        self.programs: dict[Any, FusedProgram] = {}
+        self.lock = threading.RLock()
+        self.last_outputs: list[Any] = []
+        self.site_structures: dict[Any, tuple] = {}
+        self._timings: queue.SimpleQueue | None = None
+
+    # ----------------------------------------------------------------- Executor protocol
+    def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
+        avals = [jax.ShapeDtypeStruct(value.shape, value.dtype) if hasattr(value, "shape") else value for value in dynamic]
+        jax.eval_shape(plan.fn, *avals)
+
+    def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
+        with self.lock:
+            graph = self.graphs.get(plan.chip)
+            if graph is None:
+                graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
+            elif len(graph.nodes) >= self.size_cap:
+                self.flush_graph(graph, "size_cap")
+                graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
+            refs = []
+            for value in dynamic:
+                if type(value) is LazyValue:
+                    if value.concrete is not None:
+                        refs.append(graph.input_ref(value.concrete))
+                    elif value.graph is graph:
+                        refs.append((1, value.node, value.index))
+                    else:
+                        refs.append(graph.input_ref(self._concrete_value(value, "transfer")))
+                else:
+                    refs.append(graph.input_ref(value))
+            node = len(graph.nodes)
+            graph.nodes.append((plan, tuple(refs)))
+            outputs = tuple(
+                None if spec is None else LazyValue(graph, node, index, spec.shape, spec.jax_dtype)
+                for index, spec in enumerate(plan.out_specs)
+            )
+        recorder = self.dispatcher.recorder
+        if recorder is not None and record_name is not None:
+            begin = start_ns if start_ns is not None else _perf_ns()
+            graph.op_records.append(
+                (recorder.next_seq(), record_name, plan, begin, _perf_ns() - begin, recorder.frame_id(), recorder.module_sid(), recorder.step_index)
+            )
+        return outputs
+
+    def track(self, buffer: Any, replaced: Any = None) -> None:
+        """A buffer now holds a pending value; `replaced` is the array it held before (donatable)."""
+        value = buffer.array
+        if type(value) is LazyValue and value.concrete is None:
+            value.graph.owners.append(weakref.ref(buffer))
+            if replaced is not None and type(replaced) is not LazyValue:
+                value.graph.replaced.add(id(replaced))
+
+    def concrete(self, value: Any, trigger: str) -> tuple[Any, int]:
+        """The array behind a value, flushing its graph if needed; also the number of ops flushed."""
+        if type(value) is not LazyValue:
+            return value, 0
+        if value.concrete is not None:
+            return value.concrete, 0
+        with self.lock:
+            graph = value.graph
+            pending = len(graph.nodes)
+            self.flush_graph(graph, trigger, extra=[value])
+            return value.concrete, pending
+
+    def _concrete_value(self, value: Any, trigger: str) -> Any:
+        return self.concrete(value, trigger)[0]
+
+    def flush(self, trigger: str) -> None:
+        """Run every chip's pending graph."""
+        with self.lock:
+            for graph in list(self.graphs.values()):
+                if graph.nodes:
+                    self.flush_graph(graph, trigger)
+
+    def synchronize(self) -> None:
+        self.flush("explicit")
+        if self.last_outputs:
+            jax.block_until_ready(self.last_outputs)
+        jax.effects_barrier()
+
+    # ----------------------------------------------------------------- flushing
+    def flush_graph(self, graph: PendingGraph, trigger: str, extra: Sequence[LazyValue] = ()) -> None:
+        if self.graphs.get(graph.chip) is graph:
+            del self.graphs[graph.chip]
+        if not graph.nodes:
+            return
+        start = _perf_ns()
+        owners = []
+        outputs: dict[tuple[int, int], list[LazyValue]] = {}
+        for reference in graph.owners:
+            buffer = reference()
+            if buffer is None:
+                continue
+            value = buffer.array
+            if type(value) is LazyValue and value.graph is graph and value.concrete is None:
+                owners.append(buffer)
+                outputs.setdefault((value.node, value.index), []).append(value)
+        for value in extra:
+            if value.graph is graph:
+                outputs.setdefault((value.node, value.index), []).append(value)
+        output_refs = tuple(outputs)
+        donate = tuple(
+            index for index, value in enumerate(graph.inputs) if id(value) in graph.replaced and isinstance(value, jax.Array)
+        )
+        structure = (tuple((id(plan), refs) for plan, refs in graph.nodes), output_refs, donate)
+        in_specs = tuple(_input_spec(value) for value in graph.inputs)
+        key = (structure, in_specs)
+        fused = self.programs.get(key)
+        cache_hit = fused is not None
+        if fused is None:
+            fused = self._compile(graph, output_refs, donate, in_specs, structure, trigger)
+            self.programs[key] = fused
+        launch = _perf_ns()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+            results = fused.program.executable(*graph.inputs)
+        for ref, result in zip(output_refs, results):
+            for value in outputs[ref]:
+                value.concrete = result
+        for buffer in owners:
+            value = buffer.array
+            if type(value) is LazyValue:
+                buffer.array = value.concrete
+        self.last_outputs = list(results)
+        recorder = self.dispatcher.recorder
+        if recorder is not None and recorder.enabled:
+            self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results)
+
+    def _compile(self, graph: PendingGraph, output_refs: tuple, donate: tuple[int, ...], in_specs: tuple, structure: Any, trigger: str) -> FusedProgram:
+        nodes = list(graph.nodes)
+
+        def fused(*inputs: Any) -> tuple:
+            values: list[tuple] = []
+            for plan, refs in nodes:
+                args = [inputs[ref[1]] if ref[0] == 0 else values[ref[1]][ref[2]] for ref in refs]
+                values.append(plan.fn(*args))
+            return tuple(values[node][index] for node, index in output_refs)
+
+        name = f"fused_{len(nodes)}_ops"
+        recorder = self.dispatcher.recorder
+        recording = recorder is not None and recorder.enabled
+        program = compile_program(fused, graph.inputs, graph.chip, name, keep_hlo=recording, donate=donate)
+        fused_program = FusedProgram(program, len(nodes), donate)
+        plan = Plan(name, fused, (), "tuple", in_specs, graph.chip, ("fused", structure))
+        plan.program = program
+        site = (trigger, recorder.frame_id() if recording else None)
+        reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, _input_names(nodes, len(graph.inputs)))
+        if reason == "first":
+            reason, diff = self._structure_change(site, nodes)
+        self.site_structures[site] = tuple(nodes)
+        if recording:
+            fused_program.program_id = recorder.compiled(plan, "fused", reason, diff, n_ops=len(nodes), program_kind="fused")
+            self._record_fusions(recorder, fused_program)
+        return fused_program
+
+    def _structure_change(self, site: Any, nodes: list) -> tuple[str, str | None]:
+        previous = self.site_structures.get(site)
+        if previous is None:
+            return "first", None
+        for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, previous)):
+            if plan is not old_plan or refs != old_refs:
+                return "recompile", f"structure change at op {index}: {old_plan.op_name} -> {plan.op_name}"
+        return "recompile", f"structure change: {len(previous)} ops -> {len(nodes)} ops"
+
+    def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
+        if fused.program.hlo_text and fused.program_id is not None:
+            for fusion in hlo_fusions.parse(fused.program.hlo_text):
+                recorder.fusion(fused.program_id, fusion)
+
+    def _record_flush(self, recorder: Any, graph: PendingGraph, fused: FusedProgram, trigger: str, cache_hit: bool, start: int, launch: int, results: Sequence[Any]) -> None:
+        flush_id = recorder.writer.next_id("flushes")
+        input_bytes = sum(getattr(value, "nbytes", 0) for value in graph.inputs)
+        output_bytes = sum(getattr(value, "nbytes", 0) for value in results)
+        recorder.flushed(flush_id, fused.program_id, trigger, len(graph.nodes), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
+        for seq, name, plan, begin, duration, frame_id, module_sid, step in graph.op_records:
+            recorder.op_recorded(name, plan.inputs_text, plan.outputs_text, graph.chip, begin, duration, frame_id, module_sid, step, fused.program_id, flush_id, seq)
+        recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)
+
+
+def _input_names(nodes: Sequence[tuple[Plan, tuple]], n_inputs: int) -> list[str]:
+    """Each program input named by the first op that reads it, e.g. 'aten.embedding.default arg 1'."""
+    names: list[str | None] = [None] * n_inputs
+    for plan, refs in nodes:
+        for position, ref in enumerate(refs):
+            if ref[0] == 0 and names[ref[1]] is None:
+                names[ref[1]] = f"input {ref[1]} ({plan.op_name} arg {position})"
+    return [name or f"input {index}" for index, name in enumerate(names)]
