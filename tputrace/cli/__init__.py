@@ -1,0 +1,1 @@
+"""The `tputrace` command line: one module per subcommand, listed in `tputrace.cli.main.COMMANDS`."""

@@ -1,0 +1,78 @@
+"""`tputrace dump TRACE`: the raw records of a trace, one per line, for debugging the format."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from tputrace.schema import RECORD_KINDS
+
+
+def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "dump",
+        help="print a trace's records, one per line",
+        description="Print a trace's records, one per line (or JSON lines), with interned strings resolved.",
+    )
+    parser.add_argument("trace", help="a .tptrace file")
+    parser.add_argument(
+        "--kind",
+        choices=["meta", *(kind.table for kind in RECORD_KINDS)],
+        metavar="TABLE",
+        help="only this table (meta or a record table; default: all)",
+    )
+    parser.add_argument("--limit", type=int, default=None, metavar="N", help="at most N records per table")
+    parser.add_argument("--json", action="store_true", help="JSON lines instead of text")
+    parser.add_argument("--raw", action="store_true", help="stored values: ids instead of strings and frames")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import dataclasses
+    import json
+    import sys
+
+    from tputrace.store.reader import open_trace
+    from tputrace.store.records import SourceLocation
+
+    def plain(value: Any) -> Any:
+        if isinstance(value, SourceLocation):
+            return dataclasses.asdict(value)
+        if isinstance(value, tuple):
+            return list(value)
+        return value
+
+    def text(value: Any) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, SourceLocation):
+            return f"{value.file}:{value.line}:{value.function}"
+        if isinstance(value, str):
+            return json.dumps(value, ensure_ascii=False)
+        if isinstance(value, tuple):
+            return json.dumps(list(value), ensure_ascii=False)
+        return str(value)
+
+    out = sys.stdout
+    tables = [args.kind] if args.kind else ["meta", *(kind.table for kind in RECORD_KINDS)]
+    with open_trace(args.trace) as trace:
+        for table in tables:
+            if table == "meta":
+                fields_rows = [[("key", key), ("value", value)] for key, value in trace.meta.items()]
+                rows: Any = fields_rows[: args.limit] if args.limit is not None else fields_rows
+            elif args.raw:
+                names = next(kind for kind in RECORD_KINDS if kind.table == table).column_names
+                rows = (list(zip(names, row)) for row in trace.raw_records(table, limit=args.limit))
+            else:
+                rows = (
+                    [(field.name, getattr(record, field.name)) for field in dataclasses.fields(record)]
+                    for record in trace.records(table, limit=args.limit)
+                )
+            for fields in rows:
+                if args.json:
+                    out.write(json.dumps({"table": table, **{name: plain(value) for name, value in fields}}, ensure_ascii=False))
+                else:
+                    out.write(table + " " + " ".join(f"{name}={text(value)}" for name, value in fields))
+                out.write("\n")
+    out.flush()
+    return 0

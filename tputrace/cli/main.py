@@ -1,0 +1,69 @@
+"""`tputrace` entry point: builds the parser from the subcommand modules and maps errors to exit codes.
+
+A subcommand is a module `tputrace.cli.<name>` with two functions:
+- `prepare_parser(subparsers) -> argparse.ArgumentParser`: add its parser (cheap: no heavy imports);
+- `run(args) -> int`: do the work (heavy imports go here) and return the exit status.
+To add one, write the module and add its name to `COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from types import ModuleType
+
+from tputrace import __version__
+from tputrace.store.errors import TputraceError
+
+COMMANDS: list[str] = [
+    "run",
+    "info",
+    "summary",
+    "dump",
+]
+
+EXIT_USAGE_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `tputrace` parser with one subparser per module in `COMMANDS`."""
+    parser = argparse.ArgumentParser(
+        prog="tputrace",
+        description="Record PyTorch programs on a tpu device and explore the traces.",
+    )
+    parser.add_argument("--version", action="version", version=f"tputrace {__version__}")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    for name in COMMANDS:
+        command: ModuleType = importlib.import_module(f"tputrace.cli.{name}")
+        subparser = command.prepare_parser(subparsers)
+        subparser.set_defaults(command_run=command.run)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run `tputrace` with `argv` (default: `sys.argv[1:]`) and return the exit status.
+
+    Errors meant for the user (`TputraceError`) become one line on stderr and exit status 2.
+    """
+    args = build_parser().parse_args(argv)
+    try:
+        return args.command_run(args)
+    except TputraceError as error:
+        print(f"tputrace: error: {error}", file=sys.stderr)
+        return EXIT_USAGE_ERROR
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader of stdout went away (`tputrace dump ... | head`): stop quietly. Point stdout
+        # at devnull so that the interpreter's final flush does not fail again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

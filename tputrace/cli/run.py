@@ -1,0 +1,291 @@
+"""`tputrace run script.py [args...]` / `tputrace run -m module [args...]`: record a run.
+
+The target runs as `__main__` (via runpy, with `sys.argv` and `sys.path[0]` set as Python sets them)
+inside `tputrace.recorder.start(...)` / `stop(...)`. `stop` runs however the script ends: normally,
+by an exception, `sys.exit`, Ctrl-C or SIGTERM (turned into `SystemExit(143)`). Afterwards the
+summary of the saved trace goes to stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, TextIO
+
+from tputrace.store.errors import TputraceError
+
+MODES = ("defer", "strict", "compile")
+EXIT_SCRIPT_RAISED = 1
+EXIT_INTERRUPTED = 130
+STATUS_INTERVAL_S = 0.25
+
+
+def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "run",
+        help="run a script on the tpu device and record a trace",
+        description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
+        usage="tputrace run [-o PATH] [--chips N] [--mode {defer,strict,compile}] [--no-trace] "
+        "(script.py | -m module) [args ...]",
+    )
+    parser.add_argument("-o", "--output", metavar="PATH", help="trace file (default: ./tputrace-<script>-<time>.tptrace)")
+    parser.add_argument("--chips", type=int, metavar="N", help="number of tpu chips to expose (sets TPUTRACE_CHIPS)")
+    parser.add_argument("--mode", choices=MODES, default="defer",
+                        help="defer: fuse ops into programs (default); strict: one program per op; compile: torch.compile")
+    parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
+    parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
+    parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
+    parser.add_argument("target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script")
+    return parser
+
+
+@dataclass(frozen=True)
+class Target:
+    """What to run: a script path or a module name."""
+
+    name: str
+    is_module: bool
+
+    @property
+    def stem(self) -> str:
+        return self.name.rsplit(".", 1)[-1] if self.is_module else Path(self.name).stem
+
+    @property
+    def description(self) -> str:
+        """The `runs.script` value: the script's absolute path, or `-m module`."""
+        return f"-m {self.name}" if self.is_module else str(Path(self.name).resolve())
+
+
+def run(args: argparse.Namespace) -> int:
+    import importlib
+
+    target = Target(args.target, args.run_module)
+    check_target(target)
+    if args.chips is not None:
+        if args.chips < 1:
+            raise TputraceError(f"--chips must be at least 1, not {args.chips}")
+        os.environ["TPUTRACE_CHIPS"] = str(args.chips)
+    trace_path = None if args.no_trace else Path(args.output or default_trace_path(target.stem)).resolve()
+    recorder = importlib.import_module("tputrace.recorder")
+    exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode)
+    if trace_path is not None:
+        report(trace_path)
+    return exit_status
+
+
+def check_target(target: Target) -> None:
+    """Raise `TputraceError` when the script does not exist or the module cannot be found."""
+    if target.is_module:
+        import importlib.util
+
+        with _script_environment(target, []):
+            try:
+                spec = importlib.util.find_spec(target.name)
+            except (ImportError, ValueError):
+                spec = None
+        if spec is None:
+            raise TputraceError(f"no module named {target.name}")
+        return
+    path = Path(target.name)
+    if not path.exists():
+        raise TputraceError(f"no such script: {target.name}")
+    if path.is_dir():
+        raise TputraceError(f"{target.name} is a directory, not a script")
+
+
+def default_trace_path(stem: str) -> Path:
+    return Path.cwd() / f"tputrace-{stem}-{time.strftime('%Y%m%d-%H%M%S')}.tptrace"
+
+
+def execute(target: Target, script_args: list[str], recorder: Any, trace_path: Path | None, mode: str) -> int:
+    """Run the target between `recorder.start` and `recorder.stop`; return its exit status."""
+    import runpy
+
+    exit_status, error_text = 0, None
+    status_line = LiveStatus(recorder.live_counts, sys.stderr) if sys.stderr.isatty() else None
+    recorder.start(
+        None if trace_path is None else str(trace_path),
+        script=target.description,
+        argv=script_args,
+        mode=mode,
+    )
+    try:
+        with _sigterm_raises_system_exit(), _script_environment(target, script_args):
+            if status_line is not None:
+                status_line.start()
+            try:
+                if target.is_module:
+                    runpy.run_module(target.name, run_name="__main__", alter_sys=True)
+                else:
+                    runpy.run_path(target.name, run_name="__main__")
+            except SystemExit as exit_request:
+                exit_status, message = exit_status_of(exit_request.code)
+                if message is not None:
+                    _stop(status_line)
+                    print(message, file=sys.stderr)
+            except KeyboardInterrupt as interrupt:
+                _stop(status_line)
+                error_text = user_traceback(interrupt)
+                sys.stderr.write(error_text)
+                exit_status = EXIT_INTERRUPTED
+            except BaseException as error:  # noqa: BLE001 - report whatever the script raised, as Python does
+                _stop(status_line)
+                error_text = user_traceback(error)
+                sys.stderr.write(error_text)
+                exit_status = EXIT_SCRIPT_RAISED
+    finally:
+        _stop(status_line)
+        recorder.stop(exit_status=exit_status, error=error_text)
+    return exit_status
+
+
+def exit_status_of(code: object) -> tuple[int, str | None]:
+    """The exit status for `SystemExit(code)` and the message Python would print, as Python does it."""
+    if code is None:
+        return 0, None
+    if isinstance(code, int):
+        return int(code), None
+    return EXIT_SCRIPT_RAISED, str(code)
+
+
+def user_traceback(error: BaseException) -> str:
+    """The exception formatted as Python would, without the frames of tputrace and runpy above the script."""
+    import traceback
+
+    trace: TracebackType | None = error.__traceback__
+    while trace is not None and _is_launcher_frame(trace.tb_frame):
+        trace = trace.tb_next
+    return "".join(traceback.format_exception(type(error), error, trace))
+
+
+def _is_launcher_frame(frame: FrameType) -> bool:
+    import runpy
+
+    filename = frame.f_code.co_filename
+    return filename in (__file__, runpy.__file__, "<frozen runpy>")
+
+
+def report(trace_path: Path) -> None:
+    """Print the saved trace's summary, the top findings (if the analysis exists) and the trace's path."""
+    from tputrace.store.reader import open_trace
+    from tputrace.summary import print_summary, summarize
+
+    print(file=sys.stderr)
+    try:
+        with open_trace(trace_path) as trace:
+            summary = summarize(trace)
+        print_summary(summary, sys.stderr)
+        _print_top_findings(trace_path)
+    except TputraceError as error:
+        print(f"tputrace: error: cannot summarise the trace: {error}", file=sys.stderr)
+    print(f"tputrace: trace saved to {trace_path}", file=sys.stderr)
+
+
+def _print_top_findings(trace_path: Path) -> None:
+    """Hook for the analysis layer: print its top findings if `tputrace.analysis` is installed."""
+    try:
+        import tputrace.analysis as analysis
+    except ImportError:
+        return
+    print_findings: Callable[..., None] | None = getattr(analysis, "print_top_findings", None)
+    if print_findings is not None:
+        print_findings(trace_path, file=sys.stderr)
+
+
+@contextmanager
+def _script_environment(target: Target, script_args: list[str]) -> Iterator[None]:
+    """Set `sys.argv` and `sys.path[0]` as `python script.py` / `python -m module` would; restore after."""
+    saved_argv = sys.argv[:]
+    saved_path = sys.path[:]
+    if target.is_module:
+        sys.argv = [target.name, *script_args]
+        first_path = os.getcwd()
+    else:
+        sys.argv = [target.name, *script_args]
+        first_path = str(Path(target.name).resolve().parent)
+    if sys.path:
+        sys.path[0] = first_path
+    else:
+        sys.path.append(first_path)
+    try:
+        yield
+    finally:
+        sys.argv = saved_argv
+        sys.path[:] = saved_path
+
+
+@contextmanager
+def _sigterm_raises_system_exit() -> Iterator[None]:
+    """Turn SIGTERM into `SystemExit(143)` so that finally-blocks (and `recorder.stop`) run."""
+    import signal
+
+    def raise_system_exit(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, raise_system_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class LiveStatus:
+    """A one-line status (steps, ops, compiles) on a terminal, redrawn a few times a second."""
+
+    def __init__(self, counts: Callable[[], dict[str, int]], stream: TextIO, interval_s: float = STATUS_INTERVAL_S) -> None:
+        self._counts = counts
+        self._stream = stream
+        self._interval_s = interval_s
+        self._stop_event = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._redraw_loop, name="tputrace-status", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Stop redrawing and erase the line. Idempotent."""
+        if self._thread is None:
+            return
+        self._stop_event.set()
+        self._thread.join()
+        self._thread = None
+        self._write("\r\x1b[2K")
+
+    def _redraw_loop(self) -> None:
+        while not self._stop_event.wait(self._interval_s):
+            try:
+                counts = self._counts()
+            except Exception:  # noqa: BLE001 - the status line must never break the run
+                continue
+            self._write(f"\r\x1b[2K{format_status(counts)}")
+
+    def _write(self, text: str) -> None:
+        try:
+            self._stream.write(text)
+            self._stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
+def format_status(counts: dict[str, int]) -> str:
+    return (
+        f"tputrace: step {counts.get('steps', 0):,} · {counts.get('ops', 0):,} ops · "
+        f"{counts.get('compiles', 0):,} compiles"
+    )
+
+
+def _stop(status_line: LiveStatus | None) -> None:
+    if status_line is not None:
+        status_line.stop()

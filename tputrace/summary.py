@@ -1,0 +1,287 @@
+"""The run summary: `summarize(trace)` computes it (pure data), `print_summary` renders it.
+
+Rendering uses rich tables on a terminal and aligned plain text otherwise (pipes, files, CI logs).
+Both renderers draw the same `Section`s, so they always show the same facts.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TextIO
+
+from tputrace.store.aggregates import (
+    CollectiveStat,
+    CompileStats,
+    FallbackStat,
+    OpStat,
+    RecompileGroup,
+    SyncStat,
+    TimeSplit,
+)
+from tputrace.store.records import RunInfo, SourceLocation
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """Everything the summary shows, for one rank of a trace."""
+
+    trace_path: str
+    rank: int
+    ranks: tuple[int, ...]
+    run: RunInfo
+    wall_ns: int
+    step_count: int
+    first_step_ns: int | None
+    median_step_ns: int | None
+    op_count: int
+    time_split: TimeSplit
+    top_ops: tuple[OpStat, ...]
+    compiles: CompileStats
+    top_recompiles: tuple[RecompileGroup, ...]
+    sync_count: int
+    sync_ns: int
+    top_syncs: tuple[SyncStat, ...]
+    fallback_count: int
+    fallback_ns: int
+    top_fallbacks: tuple[FallbackStat, ...]
+    collectives: tuple[CollectiveStat, ...]
+
+
+def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSummary:
+    """The summary of `rank` (default: rank 0, or the first rank) of `trace`."""
+    chosen_rank = trace.run.rank if rank is None else rank
+    run = next((candidate for candidate in trace.runs if candidate.rank == chosen_rank), trace.run)
+    step_durations = [step.dur_ns for step in trace.step_times(rank=chosen_rank) if step.dur_ns is not None]
+    later_steps = step_durations[1:] or step_durations
+    fallbacks = trace.fallback_stats(rank=chosen_rank)
+    syncs = trace.sync_stats(rank=chosen_rank)
+    return RunSummary(
+        trace_path=str(trace.path),
+        rank=chosen_rank,
+        ranks=tuple(trace.ranks),
+        run=run,
+        wall_ns=trace.wall_ns(rank=chosen_rank),
+        step_count=len(step_durations),
+        first_step_ns=step_durations[0] if step_durations else None,
+        median_step_ns=int(statistics.median(later_steps)) if later_steps else None,
+        op_count=trace.count("ops", where="rank = ?", params=(chosen_rank,)),
+        time_split=trace.time_split(rank=chosen_rank),
+        top_ops=tuple(trace.op_stats("op", limit=top, rank=chosen_rank)),
+        compiles=trace.compile_stats(rank=chosen_rank),
+        top_recompiles=tuple(trace.recompile_groups(limit=min(top, 5), rank=chosen_rank)),
+        sync_count=sum(stat.count for stat in syncs),
+        sync_ns=sum(stat.total_ns for stat in syncs),
+        top_syncs=tuple(syncs[:top]),
+        fallback_count=sum(stat.count for stat in fallbacks),
+        fallback_ns=sum(stat.total_ns for stat in fallbacks),
+        top_fallbacks=tuple(fallbacks[:top]),
+        collectives=tuple(trace.collective_stats(rank=chosen_rank)),
+    )
+
+
+# -- units ----------------------------------------------------------------------------------------
+
+
+def format_ns(ns: float | None) -> str:
+    """A duration with three significant digits: `512 ns`, `24.3 µs`, `1.17 ms`, `3.07 s`."""
+    if ns is None:
+        return "-"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            return f"{_three_digits(ns / scale)} {unit}"
+    return f"{int(ns)} ns"
+
+
+def format_bytes(count: float | None) -> str:
+    """A byte count in binary units: `512 B`, `1.50 KiB`, `37.7 MiB`."""
+    if count is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= scale:
+            return f"{_three_digits(count / scale)} {unit}"
+    return f"{int(count)} B"
+
+
+def _three_digits(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"
+
+
+def _count(number: int, noun: str) -> str:
+    return f"{number:,} {noun}" + ("" if number == 1 else "s")
+
+
+def _percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def _where(source: SourceLocation | None) -> str:
+    return source.short if source else "?"
+
+
+# -- sections -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled table; `numeric` marks right-aligned columns."""
+
+    title: str
+    columns: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+    numeric: tuple[bool, ...]
+
+
+def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
+    """(label, text) lines above the sections: what ran, how it ended, where the time went overall."""
+    run = summary.run
+    command = " ".join([os.path.basename(run.script) if run.script else "?", *run.argv])
+    machine = ", ".join(
+        part for part in (run.platform, f"{run.chips} chips" if run.chips is not None else None, run.eager_mode) if part
+    )
+    ranks = f"rank {summary.rank} of {len(summary.ranks)}" if len(summary.ranks) > 1 else None
+    if run.exit_status is None:
+        ending = "no end record (still running, or killed)"
+    elif run.error:
+        ending = f"exit {run.exit_status}, raised {run.error.strip().splitlines()[-1]}"
+    else:
+        ending = f"exit {run.exit_status}"
+    steps = f"{summary.step_count} steps"
+    if summary.step_count > 1:
+        steps += f" (first {format_ns(summary.first_step_ns)}, then median {format_ns(summary.median_step_ns)})"
+    elif summary.step_count == 1:
+        steps = f"1 step ({format_ns(summary.first_step_ns)})"
+    compiles = summary.compiles
+    totals = f"{_count(summary.op_count, 'op')} · {_count(compiles.count, 'compile')} ({_count(compiles.recompiles, 'recompile')})"
+    return [
+        ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
+        ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
+        ("trace", summary.trace_path),
+    ]
+
+
+def sections(summary: RunSummary) -> list[Section]:
+    """The summary's tables, skipping those with nothing to show."""
+    wall = summary.wall_ns
+    split_rows = tuple((label, format_ns(ns), _percent(ns, wall)) for label, ns in summary.time_split.parts() if ns)
+    result = [
+        Section("time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)),
+        Section(
+            "top ops by total time",
+            ("op", "calls", "total", "mean", "share"),
+            tuple(
+                (stat.label, f"{stat.count:,}", format_ns(stat.total_ns), format_ns(stat.mean_ns), f"{100 * stat.share:.1f}%")
+                for stat in summary.top_ops
+            ),
+            (False, True, True, True, True),
+        ),
+    ]
+    compiles = summary.compiles
+    if summary.top_recompiles:
+        result.append(
+            Section(
+                f"recompiles: {compiles.recompiles} of {_count(compiles.count, 'compile')}, {format_ns(compiles.recompile_ns)} "
+                f"of {format_ns(compiles.total_ns)}",
+                ("what", "reason", "changed", "count", "time", "first", "where"),
+                tuple(
+                    (group.name or "?", group.reason or "?", group.diff or "-", f"{group.count}", format_ns(group.total_ns),
+                     f"step {group.first_step}", _where(group.source))
+                    for group in summary.top_recompiles
+                ),
+                (False, False, False, True, True, False, False),
+            )
+        )
+    if summary.top_syncs:
+        result.append(
+            Section(
+                f"host syncs: {_count(summary.sync_count, 'stall')}, {format_ns(summary.sync_ns)}",
+                ("where", "kind", "count", "stall", "pending ops"),
+                tuple(
+                    (_where(stat.source), stat.kind or "?", f"{stat.count}", format_ns(stat.total_ns), f"{stat.pending_ops:,}")
+                    for stat in summary.top_syncs
+                ),
+                (False, False, True, True, True),
+            )
+        )
+    if summary.top_fallbacks:
+        result.append(
+            Section(
+                f"CPU fallbacks: {_count(summary.fallback_count, 'call')}, {format_ns(summary.fallback_ns)}",
+                ("op", "count", "time", "first seen"),
+                tuple(
+                    (stat.op or "?", f"{stat.count}", format_ns(stat.total_ns), _where(stat.source))
+                    for stat in summary.top_fallbacks
+                ),
+                (False, True, True, False),
+            )
+        )
+    if summary.collectives:
+        result.append(
+            Section(
+                "collectives",
+                ("kind", "count", "bytes", "time", "waiting"),
+                tuple(
+                    (stat.kind or "?", f"{stat.count}", format_bytes(stat.bytes), format_ns(stat.total_ns), format_ns(stat.wait_ns))
+                    for stat in summary.collectives
+                ),
+                (False, True, True, True, True),
+            )
+        )
+    return [section for section in result if section.rows]
+
+
+# -- rendering ------------------------------------------------------------------------------------
+
+
+def render_text(summary: RunSummary) -> str:
+    """The summary as aligned plain text."""
+    lines = [f"{label:<6} {text}" for label, text in header_lines(summary)]
+    for section in sections(summary):
+        lines.append("")
+        lines.append(section.title)
+        widths = [
+            max(len(cell) for cell in (section.columns[index], *(row[index] for row in section.rows)))
+            for index in range(len(section.columns))
+        ]
+        for row in (section.columns, *section.rows):
+            cells = [
+                cell.rjust(width) if numeric else cell.ljust(width)
+                for cell, width, numeric in zip(row, widths, section.numeric)
+            ]
+            lines.append(("  " + "  ".join(cells)).rstrip())
+    return "\n".join(lines) + "\n"
+
+
+def print_summary(summary: RunSummary, file: TextIO | None = None) -> None:
+    """Print the summary: rich tables when `file` is a terminal, plain text otherwise."""
+    out = sys.stdout if file is None else file
+    if not out.isatty():
+        out.write(render_text(summary))
+        out.flush()
+        return
+    from rich.console import Console
+    from rich.padding import Padding
+    from rich.table import Table
+    from rich.text import Text
+
+    console = Console(file=out, highlight=False)
+    for label, text in header_lines(summary):
+        console.print(Text.assemble((f"{label:<6} ", "bold"), text))
+    for section in sections(summary):
+        table = Table(box=None, padding=(0, 1), header_style="dim", pad_edge=False)
+        for column, numeric in zip(section.columns, section.numeric):
+            table.add_column(column, justify="right" if numeric else "left", overflow="ellipsis", no_wrap=True)
+        for row in section.rows:
+            table.add_row(*row)
+        console.print()
+        console.print(Text(section.title, style="bold"))
+        console.print(Padding(table, (0, 0, 0, 2)))
