@@ -29,6 +29,7 @@ from tputrace.backend.plans import (
     OutSpec,
     Plan,
     Slot,
+    TensorList,
     array_function,
     compile_program,
     out_specs_from_meta,
@@ -227,7 +228,7 @@ class Dispatcher:
             if is_scalar_list:
                 return tuple(self._flatten_value(item, True, False, dynamic, specs, originals, chip_box) for item in value)
             if any(isinstance(item, torch.Tensor) for item in value):
-                return [self._flatten_value(item, False, False, dynamic, specs, originals, chip_box) for item in value]
+                return TensorList(self._flatten_value(item, False, False, dynamic, specs, originals, chip_box) for item in value)
             return tuple(value)
         return value
 

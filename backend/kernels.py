@@ -47,6 +47,27 @@ def copy_from(source, destination, non_blocking=False):  # noqa: ANN001, ANN201
     return destination
 
 
+def _host_factory(make: Any) -> Any:
+    """A factory kernel that builds the values on the host and copies them to the chip."""
+
+    def kernel(*args: Any, dtype=None, layout=None, device=None, pin_memory=None, **kwargs: Any):  # noqa: ANN001, ANN202
+        from tputrace.backend.dispatch import dispatcher
+
+        host = make(*args, dtype=dtype, **kwargs)
+        return dispatcher.from_host(host, _chip(device))
+
+    return kernel
+
+
+_HOST_FACTORIES = {
+    "arange": lambda end, dtype=None: torch.arange(end, dtype=dtype),
+    "arange.start": lambda start, end, dtype=None: torch.arange(start, end, dtype=dtype),
+    "arange.start_step": lambda start, end, step=1, dtype=None: torch.arange(start, end, step, dtype=dtype),
+    "linspace": lambda start, end, steps, dtype=None: torch.linspace(start, end, steps, dtype=dtype),
+    "logspace": lambda start, end, steps, base=10.0, dtype=None: torch.logspace(start, end, steps, base, dtype=dtype),
+}
+
+
 def register() -> None:
     """Register the kernels once."""
     global _library
@@ -56,3 +77,5 @@ def register() -> None:
     _library.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
     _library.impl("empty_strided", empty_strided, "PrivateUse1")
     _library.impl("_copy_from", copy_from, "PrivateUse1")
+    for name, make in _HOST_FACTORIES.items():
+        _library.impl(name, _host_factory(make), "PrivateUse1")

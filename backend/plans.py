@@ -41,6 +41,12 @@ class Slot:
         return f"Slot({self.index})"
 
 
+class TensorList(tuple):
+    """A list of tensors in an argument template: hashable for the plan key, rebuilt as a list."""
+
+    __slots__ = ()
+
+
 class LoweringError(RuntimeError):
     """A lowering produced something other than what torch's meta kernel says the op returns."""
 
@@ -98,9 +104,10 @@ def rebuild(template: Any, dynamic: Sequence[Any]) -> Any:
     """The template with each Slot replaced by its dynamic input."""
     if type(template) is Slot:
         return dynamic[template.index]
-    if type(template) is tuple:
+    template_type = type(template)
+    if template_type is tuple:
         return tuple(rebuild(item, dynamic) for item in template)
-    if type(template) is list:
+    if template_type is TensorList or template_type is list:
         return [rebuild(item, dynamic) for item in template]
     return template
 
