@@ -126,8 +126,9 @@ OPS = RecordKind(
         _c("program_id", "INTEGER", "program that computed the op (strict: its own; defer: the flush's)", ref="programs"),
         _c("flush_id", "INTEGER", "flush the op ended up in (DeferAndFuse), NULL in strict mode", ref="flushes"),
     ),
-    # No (rank, start_ns) index: ops are inserted in dispatch order, so rowid order is time order
-    # per rank, and the index would cost ~17 bytes per op (the trace budget is 60 bytes per op).
+    # No (rank, start_ns) index: it would cost ~17 bytes per op (the budget is 60 bytes per op).
+    # Ops are inserted close to dispatch order per rank (deferred ops when their flush runs);
+    # order by seq for exact dispatch order. A time-window query over ops scans the table.
     indexes=(("op_sid",),),
 )
 
