@@ -67,6 +67,7 @@ class Dispatcher:
         self.executor: Executor = StrictExecutor(self)
         self.recorder: Any = None
         self.warned_fallbacks: set[str] = set()
+        self.worker_errors: list[BaseException] = []
         self.plan_lock = threading.RLock()
         self.special: dict[Any, Callable] = {
             aten._to_copy.default: self._to_copy,
@@ -88,6 +89,44 @@ class Dispatcher:
             route = self._route(func)
         handler, entry = route
         return handler(entry, args, kwargs)
+
+    def dispatch_on_worker(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Dispatch on autograd's C++ worker thread, where a Python exception would abort the process:
+        an error is kept, placeholder outputs of the right shape are returned, and the error is
+        raised on the user's thread when backward() returns."""
+        try:
+            return self.dispatch(func, args, kwargs)
+        except BaseException as error:  # noqa: BLE001 - re-raised by raise_worker_errors
+            self.worker_errors.append(error)
+            return self._placeholder_outputs(func, args, kwargs)
+
+    def raise_worker_errors(self) -> None:
+        if self.worker_errors:
+            error = self.worker_errors[0]
+            self.worker_errors.clear()
+            raise error
+
+    def _placeholder_outputs(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        chip = next((value._buf.chip for value in args if isinstance(value, TpuTensor)), 0)
+
+        def meta_of(value: Any) -> Any:
+            if isinstance(value, TpuTensor):
+                return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
+            if isinstance(value, (list, tuple)):
+                return type(value)(meta_of(item) for item in value)
+            return value
+
+        result = func(*meta_of(args), **{name: meta_of(value) for name, value in kwargs.items()})
+
+        def placeholder(value: Any) -> Any:
+            if isinstance(value, torch.Tensor):
+                host = torch.full(tuple(value.shape), float("nan") if value.dtype.is_floating_point else 0, dtype=value.dtype)
+                return self.from_host(host, chip)
+            if isinstance(value, (list, tuple)):
+                return type(value)(placeholder(item) for item in value)
+            return value
+
+        return placeholder(result)
 
     def _route(self, func: Any) -> tuple[Callable, Any]:
         special = self.special.get(func)
@@ -503,6 +542,7 @@ class Dispatcher:
 
     def to_host(self, tensor: TpuTensor, sync_kind: str) -> torch.Tensor:
         """A CPU copy of a tpu tensor: the host waits for the chip (a sync) and copies (a transfer)."""
+        self.raise_worker_errors()
         start = _perf_ns()
         value, pending = self.executor.concrete(self.read(tensor), sync_kind)
         jax.block_until_ready(value)

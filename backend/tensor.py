@@ -21,6 +21,12 @@ _live = memory.live
 _peak = memory.peak
 
 _local = threading.local()
+_MAIN_THREAD = threading.main_thread().ident
+
+
+def _on_autograd_worker() -> bool:
+    """True on a thread that PyTorch's C++ autograd engine started (Python sees a dummy thread)."""
+    return isinstance(threading.current_thread(), threading._DummyThread)
 
 
 def sync_hint() -> str | None:
@@ -116,6 +122,8 @@ class TpuTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         from tputrace.backend.dispatch import dispatcher
 
+        if threading.get_ident() != _MAIN_THREAD and _on_autograd_worker():
+            return dispatcher.dispatch_on_worker(func, args, kwargs or {})
         return dispatcher.dispatch(func, args, kwargs or {})
 
     @property
@@ -167,8 +175,11 @@ class TpuTensor(torch.Tensor):
     def backward(self, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False, inputs: Any = None) -> None:
         from tputrace.backend import hooks
 
+        from tputrace.backend.dispatch import dispatcher
+
         hooks.backward_started()
         super().backward(gradient, retain_graph, create_graph, inputs)
+        dispatcher.raise_worker_errors()
         hooks.flush_pending("backward_end")
 
     def __reduce_ex__(self, proto: int) -> Any:
