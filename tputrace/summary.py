@@ -146,7 +146,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     run = summary.run
     command = " ".join([os.path.basename(run.script) if run.script else "?", *run.argv])
     machine = ", ".join(
-        part for part in (run.platform, f"{run.chips} chips" if run.chips is not None else None, run.eager_mode) if part
+        part for part in (run.platform, _count(run.chips, "chip") if run.chips is not None else None, run.eager_mode) if part
     )
     ranks = f"rank {summary.rank} of {len(summary.ranks)}" if len(summary.ranks) > 1 else None
     if run.exit_status is None:

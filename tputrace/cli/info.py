@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                 f"host {run_info.host}" if run_info.host else None,
                 f"pid {run_info.pid}" if run_info.pid is not None else None,
                 run_info.platform,
-                f"{run_info.chips} chips" if run_info.chips is not None else None,
+                f"{run_info.chips} chip{'' if run_info.chips == 1 else 's'}" if run_info.chips is not None else None,
                 run_info.eager_mode,
             )
             if part

@@ -1,0 +1,345 @@
+"""The trace commands of the CLI: run (with a stand-in recorder), info, summary, dump, and bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tputrace
+from fixtures.make_traces import BROKEN_TRACE_MESSAGES, build_broken_traces
+from tputrace.cli.main import COMMANDS, main
+from tputrace.cli.run import LiveStatus, format_status
+from tputrace.store import TraceWriter
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CONSOLE_SCRIPT = Path(sys.executable).parent / "tputrace"
+
+
+def _stderr_lines(captured: pytest.CaptureResult[str]) -> list[str]:
+    return [line for line in captured.err.splitlines() if line.strip()]
+
+
+# -- info / summary / dump ---------------------------------------------------------------------
+
+
+def test_every_command_module_has_the_protocol() -> None:
+    import importlib
+
+    for name in COMMANDS:
+        command = importlib.import_module(f"tputrace.cli.{name}")
+        assert callable(command.prepare_parser) and callable(command.run), name
+
+
+def test_info(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["info", str(sample_trace_path)]) == 0
+    out = capsys.readouterr().out
+    assert "format   1, created 2026-01-01T00:00:00+00:00 by tputrace 0.1.0" in out
+    assert "rank 1   /home/user/proj/train.py --steps 6" in out
+    assert "host tpu-vm-0, pid 4242, tpu, 4 chips, DEFER_AND_FUSE" in out
+    for table in ("strings", "ops", "collectives", "graph_breaks"):
+        assert f"         {table} " in out
+
+    assert main(["info", "--json", str(sample_trace_path)]) == 0
+    facts = json.loads(capsys.readouterr().out)
+    assert facts["format_version"] == 1
+    assert facts["counts"]["steps"] == 12
+    assert [run["rank"] for run in facts["runs"]] == [0, 1]
+
+
+def test_summary(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["summary", str(sample_trace_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("run    train.py --steps 6 · rank 0 of 2 · tpu, 4 chips, DEFER_AND_FUSE · exit 0\n")
+    assert "6 steps (first " in out
+    for heading in ("time split", "top ops by total time", "recompiles: 2 of 5 compiles", "host syncs: 8 stalls",
+                    "CPU fallbacks: 7 calls", "collectives"):
+        assert heading in out, heading
+    assert "input 0 dim 1: 128 -> 192" in out
+    assert "train.py:35  item" in out
+    assert "aten._unique2.default" in out
+    assert str(sample_trace_path) in out
+    assert "\x1b[" not in out
+
+    assert main(["summary", "--rank", "1", "--top", "2", str(sample_trace_path)]) == 0
+    out = capsys.readouterr().out
+    assert "rank 1 of 2" in out
+
+    assert main(["summary", "--rank", "7", str(sample_trace_path)]) == 2
+    assert _stderr_lines(capsys.readouterr()) == [f"tputrace: error: {sample_trace_path} has no rank 7 (ranks: 0, 1)"]
+
+
+def test_summary_on_a_terminal_uses_rich(sample_trace_path: Path) -> None:
+    from tputrace.summary import print_summary, summarize
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    with tputrace.open(sample_trace_path) as trace:
+        print_summary(summarize(trace), terminal)
+    assert "top ops by total time" in terminal.getvalue()
+    assert "\x1b[" in terminal.getvalue()
+
+
+def test_dump(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dump", "--kind", "ops", "--limit", "3", str(sample_trace_path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 3
+    assert lines[0].startswith('ops seq=1 rank=0 op="aten.embedding.default" inputs="f32[1024,256], i64[8,128]"')
+    assert "source=/home/user/proj/model.py:88:forward" in lines[0]
+
+    assert main(["dump", "--json", "--kind", "compiles", str(sample_trace_path)]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert len(records) == 9
+    assert {record["table"] for record in records} == {"compiles"}
+    assert records[0]["source"] == {"file": "/home/user/proj/train.py", "line": 35, "function": "train_step"}
+    assert any(record["reason"] == "recompile" for record in records)
+
+    assert main(["dump", "--raw", "--kind", "ops", "--limit", "1", str(sample_trace_path)]) == 0
+    assert "op_sid=" in capsys.readouterr().out
+
+    assert main(["dump", str(sample_trace_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith('meta key="magic" value="tputrace-trace"\n')
+    with tputrace.open(sample_trace_path) as trace:
+        assert len(out.splitlines()) == len(trace.meta) + sum(trace.counts().values())
+
+
+@pytest.mark.parametrize("command", ["info", "summary", "dump"])
+def test_bad_traces_give_one_line_and_exit_2(
+    tmp_path: Path, sample_trace_path: Path, capsys: pytest.CaptureFixture[str], command: str
+) -> None:
+    for name, path in build_broken_traces(tmp_path, sample_trace_path).items():
+        assert main([command, str(path)]) == 2, name
+        lines = _stderr_lines(capsys.readouterr())
+        assert len(lines) == 1, (name, lines)
+        assert lines[0].startswith("tputrace: error: ") and BROKEN_TRACE_MESSAGES[name] in lines[0], (name, lines)
+
+
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the tputrace console script is not installed (pip install -e .)")
+def test_console_script_reports_bad_traces(tmp_path: Path, sample_trace_path: Path) -> None:
+    broken = build_broken_traces(tmp_path, sample_trace_path)
+    for name in ("missing", "directory", "corrupt", "truncated", "text", "newer_version"):
+        result = subprocess.run([str(CONSOLE_SCRIPT), "summary", str(broken[name])], capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2, (name, result.stderr)
+        assert result.stdout == ""
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith("tputrace: error: "), (name, result.stderr)
+    result = subprocess.run([str(CONSOLE_SCRIPT), "info", str(sample_trace_path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0 and "records" in result.stdout
+
+
+# -- run ----------------------------------------------------------------------------------------
+
+
+class StandInRecorder:
+    """Stands in for tputrace.recorder (start/stop/live_counts) and writes a real, minimal trace."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.writer: TraceWriter | None = None
+
+    def start(self, path: str | None, *, script: str, argv: list[str], mode: str) -> StandInRecorder:
+        self.calls.append(("start", path, script, argv, mode, os.environ.get("TPUTRACE_CHIPS")))
+        if path is not None:
+            self.writer = TraceWriter(path)
+            self.writer.set_run(script=script, argv=argv, platform="cpu", chips=1, start_unix_ns=time.time_ns())
+            self.writer.append("steps", (0, 1, 0, 5_000, "explicit"))
+        return self
+
+    def stop(self, exit_status: int, error: str | None = None) -> None:
+        self.calls.append(("stop", exit_status, error))
+        if self.writer is not None:
+            self.writer.update_run(end_ns=10_000, exit_status=exit_status, error=error)
+            self.writer.close()
+
+    def live_counts(self) -> dict[str, int]:
+        return {"steps": 1, "ops": 2, "compiles": 3}
+
+
+@pytest.fixture
+def recorder(monkeypatch: pytest.MonkeyPatch) -> StandInRecorder:
+    stand_in = StandInRecorder()
+    monkeypatch.setitem(sys.modules, "tputrace.recorder", stand_in)
+    monkeypatch.setenv("TPUTRACE_CHIPS", "unset-by-test")
+    return stand_in
+
+
+def _script(tmp_path: Path, body: str, name: str = "train.py") -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+_REPORTING_SCRIPT = """
+    import json, sys
+    with open(sys.argv[1], "w") as out:
+        json.dump({"argv": sys.argv, "path0": sys.path[0], "name": __name__}, out)
+"""
+
+
+def test_run_script_as_main(tmp_path: Path, recorder: StandInRecorder, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script(tmp_path, _REPORTING_SCRIPT)
+    report, trace_path = tmp_path / "report.json", tmp_path / "out.tptrace"
+    argv_before, path_before = sys.argv[:], sys.path[:]
+    assert main(["run", "-o", str(trace_path), "--chips", "3", "--mode", "strict", str(script), str(report), "-o", "x", "--mode"]) == 0
+    seen = json.loads(report.read_text())
+    assert seen == {"argv": [str(script), str(report), "-o", "x", "--mode"], "path0": str(tmp_path), "name": "__main__"}
+    assert (sys.argv, sys.path) == (argv_before, path_before)
+    assert recorder.calls == [
+        ("start", str(trace_path), str(script), [str(report), "-o", "x", "--mode"], "strict", "3"),
+        ("stop", 0, None),
+    ]
+    err = capsys.readouterr().err
+    assert "run    train.py" in err and "exit 0" in err
+    assert err.rstrip().endswith(f"tputrace: trace saved to {trace_path}")
+    with tputrace.open(trace_path) as trace:
+        assert trace.run.exit_status == 0
+
+
+def test_run_default_trace_path(tmp_path: Path, recorder: StandInRecorder, monkeypatch: pytest.MonkeyPatch,
+                                capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.chdir(tmp_path)
+    script = _script(tmp_path, "x = 1\n", name="my_model.py")
+    assert main(["run", str(script)]) == 0
+    traces = list(tmp_path.glob("tputrace-my_model-*.tptrace"))
+    assert len(traces) == 1
+    assert len(traces[0].stem.removeprefix("tputrace-my_model-")) == len("20260101-000000")
+    assert recorder.calls[0][1] == str(traces[0]) and recorder.calls[0][4] == "defer"
+    assert f"trace saved to {traces[0]}" in capsys.readouterr().err
+
+
+def test_run_module(tmp_path: Path, recorder: StandInRecorder, monkeypatch: pytest.MonkeyPatch) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    _script(package, _REPORTING_SCRIPT, name="job.py")
+    monkeypatch.chdir(tmp_path)
+    report = tmp_path / "report.json"
+    assert main(["run", "--no-trace", "-m", "pkg.job", str(report), "--flag"]) == 0
+    seen = json.loads(report.read_text())
+    assert seen["argv"] == [str(package / "job.py"), str(report), "--flag"]
+    assert seen["path0"] == str(tmp_path) and seen["name"] == "__main__"
+    assert recorder.calls == [("start", None, "-m pkg.job", [str(report), "--flag"], "defer", "unset-by-test"), ("stop", 0, None)]
+
+
+def test_run_script_that_raises(tmp_path: Path, recorder: StandInRecorder, capsys: pytest.CaptureFixture[str]) -> None:
+    script = _script(tmp_path, """
+        def train():
+            raise ValueError("boom")
+        train()
+    """)
+    assert main(["run", "-o", str(tmp_path / "t.tptrace"), str(script)]) == 1
+    err = capsys.readouterr().err
+    traceback_text = err.split("\n\n")[0]
+    assert traceback_text.startswith("Traceback (most recent call last):\n")
+    assert f'File "{script}", line 4, in <module>' in traceback_text
+    assert "ValueError: boom" in traceback_text
+    assert "runpy" not in traceback_text and "tputrace" not in traceback_text
+    stop = recorder.calls[-1]
+    assert stop[:2] == ("stop", 1) and stop[2].rstrip().endswith("ValueError: boom")
+    assert "raised ValueError: boom" in err
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "message"),
+    [
+        ("import sys\nsys.exit(3)\n", 3, None),
+        ("import sys\nsys.exit()\n", 0, None),
+        ("import sys\nsys.exit('bad config')\n", 1, "bad config"),
+        ("raise KeyboardInterrupt\n", 130, "KeyboardInterrupt"),
+        ("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(10)\n", 143, None),
+    ],
+    ids=["exit-3", "exit-none", "exit-message", "ctrl-c", "sigterm"],
+)
+def test_run_exit_paths(tmp_path: Path, recorder: StandInRecorder, capsys: pytest.CaptureFixture[str],
+                        body: str, status: int, message: str | None) -> None:
+    import signal
+
+    handler_before = signal.getsignal(signal.SIGTERM)
+    script = _script(tmp_path, body)
+    assert main(["run", "-o", str(tmp_path / "t.tptrace"), str(script)]) == status
+    assert recorder.calls[-1][:2] == ("stop", status)
+    assert signal.getsignal(signal.SIGTERM) == handler_before
+    err = capsys.readouterr().err
+    if message is not None:
+        assert message in err
+    with tputrace.open(tmp_path / "t.tptrace") as trace:
+        assert trace.run.exit_status == status
+
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        (["missing.py"], "tputrace: error: no such script: missing.py"),
+        (["."], "tputrace: error: . is a directory, not a script"),
+        (["-m", "no_such_module_xyz"], "tputrace: error: no module named no_such_module_xyz"),
+        (["--chips", "0", "x.py"], "tputrace: error: --chips must be at least 1, not 0"),
+    ],
+)
+def test_run_bad_targets(tmp_path: Path, recorder: StandInRecorder, monkeypatch: pytest.MonkeyPatch,
+                         capsys: pytest.CaptureFixture[str], arguments: list[str], error: str) -> None:
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "x.py").write_text("")
+    assert main(["run", *arguments]) == 2
+    assert _stderr_lines(capsys.readouterr()) == [error]
+    assert recorder.calls == []
+
+
+def test_run_prints_top_findings_when_the_analysis_provides_them(
+    tmp_path: Path, recorder: StandInRecorder, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import types
+
+    analysis = types.ModuleType("tputrace.analysis")
+    analysis.print_top_findings = lambda trace_path, file: print(f"findings for {Path(trace_path).name}", file=file)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "tputrace.analysis", analysis)
+    monkeypatch.setattr(tputrace, "analysis", analysis, raising=False)
+    script = _script(tmp_path, "x = 1\n")
+    assert main(["run", "-o", str(tmp_path / "t.tptrace"), str(script)]) == 0
+    assert "findings for t.tptrace" in capsys.readouterr().err
+
+
+def test_live_status_redraws_and_erases() -> None:
+    stream = io.StringIO()
+    status = LiveStatus(lambda: {"steps": 4, "ops": 12345, "compiles": 6}, stream, interval_s=0.01)
+    status.start()
+    time.sleep(0.1)
+    status.stop()
+    status.stop()
+    text = stream.getvalue()
+    assert format_status({"steps": 4, "ops": 12345, "compiles": 6}) == "tputrace: step 4 · 12,345 ops · 6 compiles"
+    assert "\r\x1b[2Ktputrace: step 4 · 12,345 ops · 6 compiles" in text
+    assert text.endswith("\r\x1b[2K")
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the tputrace console script is not installed (pip install -e .)")
+def test_run_with_the_real_recorder(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    script = _script(tmp_path, """
+        import sys
+        import torch
+        x = torch.ones(4, 4, device="tpu")
+        print("result", (x + 1).sum().item(), sys.argv[1:])
+    """)
+    trace_path = tmp_path / "real.tptrace"
+    result = subprocess.run([str(CONSOLE_SCRIPT), "run", "-o", str(trace_path), str(script), "a", "--b"],
+                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    assert "result 32.0 ['a', '--b']" in result.stdout
+    assert f"tputrace: trace saved to {trace_path}" in result.stderr
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["real.tptrace", "train.py"]
+    with tputrace.open(trace_path) as trace:
+        assert trace.run.exit_status == 0 and trace.run.argv == ("a", "--b")
+        assert trace.count("ops") > 0
