@@ -40,9 +40,21 @@ def realistic_op_rows(count: int, *, seed: int = 0) -> list[Row]:
     for seq in range(1, count + 1):
         clock_ns += rng.randint(5_000, 40_000)
         rows.append(
-            (seq, 0, rng.randint(1, 300), rng.randint(301, 1800), rng.randint(301, 1800), 0, clock_ns,
-             rng.randint(8_000, 40_000), rng.randint(1, 400), rng.randint(1801, 2300), 1 + seq // 2000,
-             1 + (seq // 50) % 40, 1 + seq // 50)
+            (
+                seq,
+                0,
+                rng.randint(1, 300),
+                rng.randint(301, 1800),
+                rng.randint(301, 1800),
+                0,
+                clock_ns,
+                rng.randint(8_000, 40_000),
+                rng.randint(1, 400),
+                rng.randint(1801, 2300),
+                1 + seq // 2000,
+                1 + (seq // 50) % 40,
+                1 + seq // 50,
+            )
         )
     return rows
 

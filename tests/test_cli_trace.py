@@ -24,7 +24,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 CONSOLE_SCRIPT = Path(sys.executable).parent / "tputrace"
 
 
-def _stderr_lines(captured: pytest.CaptureResult[str]) -> list[str]:
+def _stderr_lines(captured: Any) -> list[str]:
     return [line for line in captured.err.splitlines() if line.strip()]
 
 
@@ -60,8 +60,14 @@ def test_summary(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) ->
     out = capsys.readouterr().out
     assert out.startswith("run    train.py --steps 6 · rank 0 of 2 · tpu, 4 chips, DEFER_AND_FUSE · exit 0\n")
     assert "6 steps (first " in out
-    for heading in ("time split", "top ops by total time", "recompiles: 2 of 5 compiles", "host syncs: 8 stalls",
-                    "CPU fallbacks: 7 calls", "collectives"):
+    for heading in (
+        "time split",
+        "top ops by total time",
+        "recompiles: 2 of 5 compiles",
+        "host syncs: 8 stalls",
+        "CPU fallbacks: 7 calls",
+        "collectives",
+    ):
         assert heading in out, heading
     assert "input 0 dim 1: 128 -> 192" in out
     assert "train.py:35  item" in out
@@ -126,15 +132,21 @@ def test_bad_traces_give_one_line_and_exit_2(
         assert lines[0].startswith("tputrace: error: ") and BROKEN_TRACE_MESSAGES[name] in lines[0], (name, lines)
 
 
-@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the tputrace console script is not installed (pip install -e .)")
+@pytest.mark.skipif(
+    not CONSOLE_SCRIPT.exists(), reason="the tputrace console script is not installed (pip install -e .)"
+)
 def test_console_script_reports_bad_traces(tmp_path: Path, sample_trace_path: Path) -> None:
     broken = build_broken_traces(tmp_path, sample_trace_path)
     for name in ("missing", "directory", "corrupt", "truncated", "text", "newer_version"):
-        result = subprocess.run([str(CONSOLE_SCRIPT), "summary", str(broken[name])], capture_output=True, text=True, timeout=60)
+        result = subprocess.run(
+            [str(CONSOLE_SCRIPT), "summary", str(broken[name])], capture_output=True, text=True, timeout=60
+        )
         assert result.returncode == 2, (name, result.stderr)
         assert result.stdout == ""
         assert result.stderr.count("\n") == 1 and result.stderr.startswith("tputrace: error: "), (name, result.stderr)
-    result = subprocess.run([str(CONSOLE_SCRIPT), "info", str(sample_trace_path)], capture_output=True, text=True, timeout=60)
+    result = subprocess.run(
+        [str(CONSOLE_SCRIPT), "info", str(sample_trace_path)], capture_output=True, text=True, timeout=60
+    )
     assert result.returncode == 0 and "records" in result.stdout
 
 
@@ -191,7 +203,25 @@ def test_run_script_as_main(tmp_path: Path, recorder: StandInRecorder, capsys: p
     script = _script(tmp_path, _REPORTING_SCRIPT)
     report, trace_path = tmp_path / "report.json", tmp_path / "out.tptrace"
     argv_before, path_before = sys.argv[:], sys.path[:]
-    assert main(["run", "-o", str(trace_path), "--chips", "3", "--mode", "strict", str(script), str(report), "-o", "x", "--mode"]) == 0
+    assert (
+        main(
+            [
+                "run",
+                "-o",
+                str(trace_path),
+                "--chips",
+                "3",
+                "--mode",
+                "strict",
+                str(script),
+                str(report),
+                "-o",
+                "x",
+                "--mode",
+            ]
+        )
+        == 0
+    )
     seen = json.loads(report.read_text())
     assert seen == {"argv": [str(script), str(report), "-o", "x", "--mode"], "path0": str(tmp_path), "name": "__main__"}
     assert (sys.argv, sys.path) == (argv_before, path_before)
@@ -206,8 +236,9 @@ def test_run_script_as_main(tmp_path: Path, recorder: StandInRecorder, capsys: p
         assert trace.run.exit_status == 0
 
 
-def test_run_default_trace_path(tmp_path: Path, recorder: StandInRecorder, monkeypatch: pytest.MonkeyPatch,
-                                capsys: pytest.CaptureFixture[str]) -> None:
+def test_run_default_trace_path(
+    tmp_path: Path, recorder: StandInRecorder, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
     monkeypatch.chdir(tmp_path)
     script = _script(tmp_path, "x = 1\n", name="my_model.py")
     assert main(["run", str(script)]) == 0
@@ -229,15 +260,21 @@ def test_run_module(tmp_path: Path, recorder: StandInRecorder, monkeypatch: pyte
     seen = json.loads(report.read_text())
     assert seen["argv"] == [str(package / "job.py"), str(report), "--flag"]
     assert seen["path0"] == str(tmp_path) and seen["name"] == "__main__"
-    assert recorder.calls == [("start", None, "-m pkg.job", [str(report), "--flag"], "defer", "unset-by-test"), ("stop", 0, None)]
+    assert recorder.calls == [
+        ("start", None, "-m pkg.job", [str(report), "--flag"], "defer", "unset-by-test"),
+        ("stop", 0, None),
+    ]
 
 
 def test_run_script_that_raises(tmp_path: Path, recorder: StandInRecorder, capsys: pytest.CaptureFixture[str]) -> None:
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         def train():
             raise ValueError("boom")
         train()
-    """)
+    """,
+    )
     assert main(["run", "-o", str(tmp_path / "t.tptrace"), str(script)]) == 1
     err = capsys.readouterr().err
     traceback_text = err.split("\n\n")[0]
@@ -261,8 +298,14 @@ def test_run_script_that_raises(tmp_path: Path, recorder: StandInRecorder, capsy
     ],
     ids=["exit-3", "exit-none", "exit-message", "ctrl-c", "sigterm"],
 )
-def test_run_exit_paths(tmp_path: Path, recorder: StandInRecorder, capsys: pytest.CaptureFixture[str],
-                        body: str, status: int, message: str | None) -> None:
+def test_run_exit_paths(
+    tmp_path: Path,
+    recorder: StandInRecorder,
+    capsys: pytest.CaptureFixture[str],
+    body: str,
+    status: int,
+    message: str | None,
+) -> None:
     import signal
 
     handler_before = signal.getsignal(signal.SIGTERM)
@@ -284,14 +327,24 @@ def test_run_exit_paths(tmp_path: Path, recorder: StandInRecorder, capsys: pytes
         (["."], "tputrace: error: . is a directory, not a script"),
         (["-m", "no_such_module_xyz"], "tputrace: error: no module named no_such_module_xyz"),
         (["--chips", "0", "x.py"], "tputrace: error: --chips must be at least 1, not 0"),
+        (
+            ["-o", "no/such/dir/t.tptrace", "x.py"],
+            "tputrace: error: cannot write the trace to {cwd}/no/such/dir/t.tptrace: {cwd}/no/such/dir does not exist",
+        ),
     ],
 )
-def test_run_bad_targets(tmp_path: Path, recorder: StandInRecorder, monkeypatch: pytest.MonkeyPatch,
-                         capsys: pytest.CaptureFixture[str], arguments: list[str], error: str) -> None:
+def test_run_bad_targets(
+    tmp_path: Path,
+    recorder: StandInRecorder,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    arguments: list[str],
+    error: str,
+) -> None:
     monkeypatch.chdir(tmp_path)
     (tmp_path / "x.py").write_text("")
     assert main(["run", *arguments]) == 2
-    assert _stderr_lines(capsys.readouterr()) == [error]
+    assert _stderr_lines(capsys.readouterr()) == [error.format(cwd=tmp_path.resolve())]
     assert recorder.calls == []
 
 
@@ -323,19 +376,29 @@ def test_live_status_redraws_and_erases() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not CONSOLE_SCRIPT.exists(), reason="the tputrace console script is not installed (pip install -e .)")
+@pytest.mark.skipif(
+    not CONSOLE_SCRIPT.exists(), reason="the tputrace console script is not installed (pip install -e .)"
+)
 def test_run_with_the_real_recorder(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     pytest.importorskip("jax")
-    script = _script(tmp_path, """
+    script = _script(
+        tmp_path,
+        """
         import sys
         import torch
         x = torch.ones(4, 4, device="tpu")
         print("result", (x + 1).sum().item(), sys.argv[1:])
-    """)
+    """,
+    )
     trace_path = tmp_path / "real.tptrace"
-    result = subprocess.run([str(CONSOLE_SCRIPT), "run", "-o", str(trace_path), str(script), "a", "--b"],
-                            capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [str(CONSOLE_SCRIPT), "run", "-o", str(trace_path), str(script), "a", "--b"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     assert "result 32.0 ['a', '--b']" in result.stdout
     assert f"tputrace: trace saved to {trace_path}" in result.stderr

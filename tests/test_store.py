@@ -21,7 +21,7 @@ import tputrace
 from fixtures.make_traces import BROKEN_TRACE_MESSAGES, SAMPLE_RANKS, SAMPLE_STEPS, build_broken_traces
 from tputrace.schema import FORMAT_VERSION, RECORD_KINDS, RECORD_KINDS_BY_TABLE, RecordKind
 from tputrace.store import QueryError, Trace, TraceError, TraceWriteError, TraceWriter
-from tputrace.store.records import RECORD_TYPES, RunInfo, SourceLocation, field_name
+from tputrace.store.records import RECORD_TYPES, SourceLocation, field_name
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
@@ -30,7 +30,8 @@ EVENT_KINDS = [kind for kind in RECORD_KINDS if kind.table not in ("strings", "f
 
 def _known_row(writer: TraceWriter, kind: RecordKind) -> tuple[tuple[Any, ...], list[Any]]:
     """A row for `kind` with a distinct value per column, and the record fields it should read back as."""
-    row, expected = [], []
+    row: list[Any] = []
+    expected: list[Any] = []
     for index, column in enumerate(kind.columns):
         if column.ref == "strings":
             text = f"{kind.table}.{column.name} text"
@@ -74,7 +75,11 @@ def test_round_trip_every_event_table(tmp_path: Path, kind: RecordKind) -> None:
             if column.ref == "strings":
                 assert frame[column.name.removesuffix("_sid")][0] == value
             elif column.ref == "frames":
-                assert (frame["file"][0], frame["line"][0], frame["function"][0]) == (value.file, value.line, value.function)
+                assert (frame["file"][0], frame["line"][0], frame["function"][0]) == (
+                    value.file,
+                    value.line,
+                    value.function,
+                )
             else:
                 assert frame[column.name][0] == value
 
@@ -325,9 +330,9 @@ def test_sample_trace_contents(sample_trace_path: Path) -> None:
 def test_aggregates_agree_with_records(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
         ops = list(trace.records("ops", where="rank = 0"))
-        by_op: dict[str, list[int]] = {}
+        by_op: dict[str | None, list[int]] = {}
         for op in ops:
-            by_op.setdefault(op.op, []).append(op.dur_ns)
+            by_op.setdefault(op.op, []).append(op.dur_ns or 0)
         stats = trace.op_stats(rank=0)
         assert {stat.op: (stat.count, stat.total_ns) for stat in stats} == {
             name: (len(durations), sum(durations)) for name, durations in by_op.items()
@@ -347,7 +352,7 @@ def test_aggregates_agree_with_records(sample_trace_path: Path) -> None:
         assert sum(step.compiles for step in steps) == trace.count("compiles", where="rank = 0")
 
         split = trace.time_split(rank=0)
-        assert split.dispatch_ns == sum(op.dur_ns for op in ops)
+        assert split.dispatch_ns == sum(op.dur_ns or 0 for op in ops)
         assert split.wall_ns == trace.run.end_ns
         first_ns, last_ns = trace.time_range(rank=0)
         assert 0 <= first_ns < last_ns <= split.wall_ns
@@ -357,7 +362,7 @@ def test_aggregates_agree_with_records(sample_trace_path: Path) -> None:
         groups = trace.recompile_groups(rank=0)
         assert {group.reason for group in groups} == {"recompile", "guard_failure"}
         syncs = trace.sync_stats(rank=0)
-        assert syncs[0].kind == "item" and syncs[0].source.line == 35
+        assert syncs[0].kind == "item" and syncs[0].source == SourceLocation("/home/user/proj/train.py", 35, "train_step")
         fallbacks = trace.fallback_stats(rank=0)
         assert fallbacks[0].op == "aten._unique2.default"
         assert {stat.kind for stat in trace.collective_stats()} == {"all_reduce", "broadcast"}
@@ -378,7 +383,7 @@ def test_trace_without_run_row_has_placeholder_run(tmp_path: Path) -> None:
     path = tmp_path / "t.tptrace"
     TraceWriter(path).close()
     with tputrace.open(path) as trace:
-        assert trace.run == RunInfo(**{**{field.name: None for field in dataclasses.fields(RunInfo)}, "rank": 0, "argv": ()})
+        assert (trace.run.rank, trace.run.script, trace.run.argv, trace.run.finished) == (0, None, (), False)
         assert trace.ranks == [0]
         assert trace.time_range() == (0, 0)
         assert trace.time_split().wall_ns == 0
@@ -400,7 +405,9 @@ def test_reading_never_imports_torch_or_jax(sample_trace_path: Path) -> None:
         print("ok")
         """
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=60)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=SUBPROCESS_ENV, timeout=60
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "ok"
 

@@ -146,7 +146,9 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     run = summary.run
     command = " ".join([os.path.basename(run.script) if run.script else "?", *run.argv])
     machine = ", ".join(
-        part for part in (run.platform, _count(run.chips, "chip") if run.chips is not None else None, run.eager_mode) if part
+        part
+        for part in (run.platform, _count(run.chips, "chip") if run.chips is not None else None, run.eager_mode)
+        if part
     )
     ranks = f"rank {summary.rank} of {len(summary.ranks)}" if len(summary.ranks) > 1 else None
     if run.exit_status is None:
@@ -174,12 +176,20 @@ def sections(summary: RunSummary) -> list[Section]:
     wall = summary.wall_ns
     split_rows = tuple((label, format_ns(ns), _percent(ns, wall)) for label, ns in summary.time_split.parts() if ns)
     result = [
-        Section("time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)),
+        Section(
+            "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
+        ),
         Section(
             "top ops by total time",
             ("op", "calls", "total", "mean", "share"),
             tuple(
-                (stat.label, f"{stat.count:,}", format_ns(stat.total_ns), format_ns(stat.mean_ns), f"{100 * stat.share:.1f}%")
+                (
+                    stat.label,
+                    f"{stat.count:,}",
+                    format_ns(stat.total_ns),
+                    format_ns(stat.mean_ns),
+                    f"{100 * stat.share:.1f}%",
+                )
                 for stat in summary.top_ops
             ),
             (False, True, True, True, True),
@@ -193,8 +203,15 @@ def sections(summary: RunSummary) -> list[Section]:
                 f"of {format_ns(compiles.total_ns)}",
                 ("what", "reason", "changed", "count", "time", "first", "where"),
                 tuple(
-                    (group.name or "?", group.reason or "?", group.diff or "-", f"{group.count}", format_ns(group.total_ns),
-                     f"step {group.first_step}", _where(group.source))
+                    (
+                        group.name or "?",
+                        group.reason or "?",
+                        group.diff or "-",
+                        f"{group.count}",
+                        format_ns(group.total_ns),
+                        f"step {group.first_step}",
+                        _where(group.source),
+                    )
                     for group in summary.top_recompiles
                 ),
                 (False, False, False, True, True, False, False),
@@ -206,7 +223,13 @@ def sections(summary: RunSummary) -> list[Section]:
                 f"host syncs: {_count(summary.sync_count, 'stall')}, {format_ns(summary.sync_ns)}",
                 ("where", "kind", "count", "stall", "pending ops"),
                 tuple(
-                    (_where(stat.source), stat.kind or "?", f"{stat.count}", format_ns(stat.total_ns), f"{stat.pending_ops:,}")
+                    (
+                        _where(stat.source),
+                        stat.kind or "?",
+                        f"{stat.count}",
+                        format_ns(stat.total_ns),
+                        f"{stat.pending_ops:,}",
+                    )
                     for stat in summary.top_syncs
                 ),
                 (False, False, True, True, True),
@@ -230,7 +253,13 @@ def sections(summary: RunSummary) -> list[Section]:
                 "collectives",
                 ("kind", "count", "bytes", "time", "waiting"),
                 tuple(
-                    (stat.kind or "?", f"{stat.count}", format_bytes(stat.bytes), format_ns(stat.total_ns), format_ns(stat.wait_ns))
+                    (
+                        stat.kind or "?",
+                        f"{stat.count}",
+                        format_bytes(stat.bytes),
+                        format_ns(stat.total_ns),
+                        format_ns(stat.wait_ns),
+                    )
                     for stat in summary.collectives
                 ),
                 (False, True, True, True, True),

@@ -70,7 +70,11 @@ def run(args: argparse.Namespace) -> int:
                 )
             for fields in rows:
                 if args.json:
-                    out.write(json.dumps({"table": table, **{name: plain(value) for name, value in fields}}, ensure_ascii=False))
+                    out.write(
+                        json.dumps(
+                            {"table": table, **{name: plain(value) for name, value in fields}}, ensure_ascii=False
+                        )
+                    )
                 else:
                     out.write(table + " " + " ".join(f"{name}={text(value)}" for name, value in fields))
                 out.write("\n")

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> int:
 
     size = format_bytes(file_size)
     if wal_size is not None:
-        size += f" + {format_bytes(wal_size)} in a leftover -wal file (the writer did not close)"
+        size += f" + {format_bytes(wal_size)} in a -wal file (the writer is still running, or was killed)"
     lines = [
         ("trace", str(trace.path)),
         ("size", size),

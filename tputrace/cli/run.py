@@ -36,10 +36,16 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         usage="tputrace run [-o PATH] [--chips N] [--mode {defer,strict,compile}] [--no-trace] "
         "(script.py | -m module) [args ...]",
     )
-    parser.add_argument("-o", "--output", metavar="PATH", help="trace file (default: ./tputrace-<script>-<time>.tptrace)")
+    parser.add_argument(
+        "-o", "--output", metavar="PATH", help="trace file (default: ./tputrace-<script>-<time>.tptrace)"
+    )
     parser.add_argument("--chips", type=int, metavar="N", help="number of tpu chips to expose (sets TPUTRACE_CHIPS)")
-    parser.add_argument("--mode", choices=MODES, default="defer",
-                        help="defer: fuse ops into programs (default); strict: one program per op; compile: torch.compile")
+    parser.add_argument(
+        "--mode",
+        choices=MODES,
+        default="defer",
+        help="defer: fuse ops into programs (default); strict: one program per op; compile: torch.compile",
+    )
     parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
     parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
@@ -74,6 +80,8 @@ def run(args: argparse.Namespace) -> int:
             raise TputraceError(f"--chips must be at least 1, not {args.chips}")
         os.environ["TPUTRACE_CHIPS"] = str(args.chips)
     trace_path = None if args.no_trace else Path(args.output or default_trace_path(target.stem)).resolve()
+    if trace_path is not None:
+        check_trace_path(trace_path)
     recorder = importlib.import_module("tputrace.recorder")
     exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode)
     if trace_path is not None:
@@ -99,6 +107,14 @@ def check_target(target: Target) -> None:
         raise TputraceError(f"no such script: {target.name}")
     if path.is_dir():
         raise TputraceError(f"{target.name} is a directory, not a script")
+
+
+def check_trace_path(trace_path: Path) -> None:
+    """Raise `TputraceError` when the trace cannot be written there (before the backend loads)."""
+    if trace_path.is_dir():
+        raise TputraceError(f"cannot write the trace to {trace_path}: it is a directory")
+    if not trace_path.parent.is_dir():
+        raise TputraceError(f"cannot write the trace to {trace_path}: {trace_path.parent} does not exist")
 
 
 def default_trace_path(stem: str) -> Path:
@@ -243,7 +259,9 @@ def _sigterm_raises_system_exit() -> Iterator[None]:
 class LiveStatus:
     """A one-line status (steps, ops, compiles) on a terminal, redrawn a few times a second."""
 
-    def __init__(self, counts: Callable[[], dict[str, int]], stream: TextIO, interval_s: float = STATUS_INTERVAL_S) -> None:
+    def __init__(
+        self, counts: Callable[[], dict[str, int]], stream: TextIO, interval_s: float = STATUS_INTERVAL_S
+    ) -> None:
         self._counts = counts
         self._stream = stream
         self._interval_s = interval_s

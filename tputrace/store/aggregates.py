@@ -201,12 +201,16 @@ def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
     where, params = _rank_filter(rank)
     ops_per_step = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM ops{where} GROUP BY rank, step", where, params)
     compiles_per_step = _per_step(
-        trace, "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM compiles{where} GROUP BY rank, step",
-        where, params,
+        trace,
+        "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM compiles{where} GROUP BY rank, step",
+        where,
+        params,
     )
     syncs_per_step = _per_step(
-        trace, "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM syncs{where} GROUP BY rank, step",
-        where, params,
+        trace,
+        "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM syncs{where} GROUP BY rank, step",
+        where,
+        params,
     )
     steps = []
     for step_rank, step, start_ns, end_ns, source in trace.sql(
@@ -217,9 +221,16 @@ def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
         syncs, sync_ns = syncs_per_step.get(key, (0, 0))
         steps.append(
             StepTime(
-                step_rank, step, start_ns, end_ns, source,
-                ops=ops_per_step.get(key, (0, 0))[0], compiles=compiles, compile_ns=compile_ns,
-                syncs=syncs, sync_ns=sync_ns,
+                step_rank,
+                step,
+                start_ns,
+                end_ns,
+                source,
+                ops=ops_per_step.get(key, (0, 0))[0],
+                compiles=compiles,
+                compile_ns=compile_ns,
+                syncs=syncs,
+                sync_ns=sync_ns,
             )
         )
     return steps
@@ -299,8 +310,9 @@ def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None =
         params,
     )
     return [
-        RecompileGroup(trace.string(name_sid), reason, trace.string(diff_sid), count, total_ns, first_step,
-                       trace.frame(frame_id))
+        RecompileGroup(
+            trace.string(name_sid), reason, trace.string(diff_sid), count, total_ns, first_step, trace.frame(frame_id)
+        )
         for name_sid, reason, diff_sid, count, total_ns, first_step, frame_id in rows
     ]
 

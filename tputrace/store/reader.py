@@ -7,14 +7,13 @@ killed) as of the writer's last commit.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind
 from tputrace.store import aggregates
@@ -31,13 +30,59 @@ from tputrace.store.aggregates import (
     TimeSplit,
 )
 from tputrace.store.errors import QueryError, TputraceError
-from tputrace.store.opening import check_trace_file, connect_read_only, describe_database_error, read_meta
-from tputrace.store.records import RECORD_TYPES, Record, RunInfo, SourceLocation
+from tputrace.store.opening import (
+    check_trace_file,
+    connect_read_only,
+    describe_database_error,
+    read_meta,
+)
+from tputrace.store.records import (
+    RECORD_TYPES,
+    AnnotationRecord,
+    CollectiveRecord,
+    CompileRecord,
+    ExecutionRecord,
+    FallbackRecord,
+    FlushRecord,
+    FrameRecord,
+    FusionRecord,
+    GraphBreakRecord,
+    MemorySample,
+    OpRecord,
+    ProgramRecord,
+    Record,
+    RunInfo,
+    SourceLocation,
+    StepRecord,
+    StringRecord,
+    SyncRecord,
+    TransferRecord,
+)
 
 if TYPE_CHECKING:
     import pandas
 
 _FETCH_ROWS = 4096
+# What `Trace.run` returns for a trace whose writer died before committing a runs row.
+_NO_RUN = RunInfo(
+    rank=0,
+    world_size=None,
+    script=None,
+    argv=(),
+    cwd=None,
+    host=None,
+    pid=None,
+    chips=None,
+    platform=None,
+    eager_mode=None,
+    torch_version=None,
+    jax_version=None,
+    tputrace_version=None,
+    start_unix_ns=None,
+    end_ns=None,
+    exit_status=None,
+    error=None,
+)
 
 
 def open_trace(path: str | os.PathLike[str]) -> Trace:
@@ -90,7 +135,7 @@ class Trace:
     @property
     def runs(self) -> list[RunInfo]:
         """One `RunInfo` per recorded rank, in rank order."""
-        return list(self.records("runs", order_by="rank"))
+        return [record for record in self.records("runs", order_by="rank") if isinstance(record, RunInfo)]
 
     @property
     def run(self) -> RunInfo:
@@ -101,8 +146,7 @@ class Trace:
                 return run
         if runs:
             return runs[0]
-        empty = dict.fromkeys(field.name for field in dataclasses.fields(RunInfo))
-        return RunInfo(**{**empty, "rank": 0, "argv": ()})
+        return _NO_RUN
 
     @property
     def ranks(self) -> list[int]:
@@ -121,6 +165,188 @@ class Trace:
     def counts(self) -> dict[str, int]:
         """Number of records in every table, in schema order."""
         return {table: self.count(table) for table in RECORD_KINDS_BY_TABLE}
+
+    # One overload per table, so that type checkers know each table's record type.
+    @overload
+    def records(
+        self,
+        table: Literal["strings"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[StringRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["frames"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[FrameRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["runs"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[RunInfo]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["ops"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[OpRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["programs"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[ProgramRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["compiles"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[CompileRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["executions"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[ExecutionRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["fusions"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[FusionRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["flushes"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[FlushRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["syncs"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[SyncRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["transfers"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[TransferRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["fallbacks"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[FallbackRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["memory"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[MemorySample]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["annotations"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[AnnotationRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["steps"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[StepRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["collectives"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[CollectiveRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["graph_breaks"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[GraphBreakRecord]: ...
+    @overload
+    def records(
+        self,
+        table: str,
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[Record]: ...
 
     def records(
         self,
@@ -373,4 +599,3 @@ def _decode_argv(value: str | None) -> tuple[str, ...]:
     if isinstance(decoded, list):
         return tuple(str(item) for item in decoded)
     return (str(decoded),)
-

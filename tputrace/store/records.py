@@ -262,9 +262,23 @@ class GraphBreakRecord:
 
 
 Record = (
-    StringRecord | FrameRecord | RunInfo | OpRecord | ProgramRecord | CompileRecord | ExecutionRecord
-    | FusionRecord | FlushRecord | SyncRecord | TransferRecord | FallbackRecord | MemorySample
-    | AnnotationRecord | StepRecord | CollectiveRecord | GraphBreakRecord
+    StringRecord
+    | FrameRecord
+    | RunInfo
+    | OpRecord
+    | ProgramRecord
+    | CompileRecord
+    | ExecutionRecord
+    | FusionRecord
+    | FlushRecord
+    | SyncRecord
+    | TransferRecord
+    | FallbackRecord
+    | MemorySample
+    | AnnotationRecord
+    | StepRecord
+    | CollectiveRecord
+    | GraphBreakRecord
 )
 
 RECORD_TYPES: dict[str, type] = {

@@ -83,14 +83,13 @@ class TraceWriter:
         self._string_ids: dict[str, int] = {}
         self._frame_ids: dict[tuple[str, int, str], int] = {}
         self._intern_lock = threading.Lock()
-        self._id_counters = {
-            kind.table: itertools.count(1) for kind in RECORD_KINDS if kind.primary_key == "id"
-        }
+        self._id_counters = {kind.table: itertools.count(1) for kind in RECORD_KINDS if kind.primary_key == "id"}
         self._id_counters.pop("strings")
         self._id_counters.pop("frames")
 
         self._connection = self._create_file(created_unix_ns)
         self._db_lock = threading.Lock()
+        self._close_lock = threading.Lock()
         self._stop_event = threading.Event()
         self._thread = threading.Thread(target=self._commit_loop, name="tputrace-writer", daemon=True)
         self._thread.start()
@@ -145,9 +144,7 @@ class TraceWriter:
         if not values:
             return
         assignments = ", ".join(f"{name} = ?" for name in values)
-        self._statements.append(
-            (f"UPDATE runs SET {assignments} WHERE rank = ?", (*values.values(), rank))
-        )
+        self._statements.append((f"UPDATE runs SET {assignments} WHERE rank = ?", (*values.values(), rank)))
 
     # -- lifecycle ------------------------------------------------------------------------------
 
@@ -159,10 +156,14 @@ class TraceWriter:
         self._raise_if_dropped()
 
     def close(self) -> None:
-        """Commit everything, build indexes and leave the trace as one file. Idempotent."""
-        if self._closed:
-            return
-        self._closed = True
+        """Commit everything, build indexes and leave the trace as one file. Idempotent.
+
+        Rows appended after `close()` are ignored.
+        """
+        with self._close_lock:
+            if self._closed:
+                return
+            self._closed = True
         atexit.unregister(self.close)
         self._stop_event.set()
         if self._thread is not threading.current_thread():
@@ -265,6 +266,9 @@ class TraceWriter:
             string_rows = _take(self._string_rows)
             connection = self._connection
             try:
+                if connection.in_transaction:
+                    # A drain interrupted by an exception (SIGTERM's SystemExit) left valid rows behind.
+                    connection.execute("COMMIT")
                 connection.execute("BEGIN")
                 for table, rows in batches:
                     if rows:
@@ -328,7 +332,6 @@ def _take(queue: deque[Any]) -> list[Any]:
     """Pop the rows queued so far; rows appended meanwhile by other threads stay for next time."""
     popleft = queue.popleft
     return [popleft() for _ in range(len(queue))]
-
 
 
 def _multi_row_insert_sql(kind: RecordKind) -> str:
