@@ -133,12 +133,13 @@ def _where(source: SourceLocation | None) -> str:
 
 @dataclass(frozen=True)
 class Section:
-    """A titled table; `numeric` marks right-aligned columns."""
+    """A titled table (`numeric` marks right-aligned columns), or titled lines when it has no columns."""
 
     title: str
-    columns: tuple[str, ...]
-    rows: tuple[tuple[str, ...], ...]
-    numeric: tuple[bool, ...]
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+    numeric: tuple[bool, ...] = ()
+    lines: tuple[str, ...] = ()
 
 
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
@@ -197,24 +198,19 @@ def sections(summary: RunSummary) -> list[Section]:
     ]
     compiles = summary.compiles
     if summary.top_recompiles:
+        recompile_lines: list[str] = []
+        for group in summary.top_recompiles:
+            recompile_lines.append(
+                f"{group.count}× {group.name or '?'} ({group.reason or '?'}), {format_ns(group.total_ns)}, "
+                f"first in step {group.first_step} at {_where(group.source)}"
+            )
+            if group.diff:
+                recompile_lines.append(f"   changed: {group.diff}")
         result.append(
             Section(
-                f"recompiles: {compiles.recompiles} of {_count(compiles.count, 'compile')}, {format_ns(compiles.recompile_ns)} "
-                f"of {format_ns(compiles.total_ns)}",
-                ("what", "reason", "changed", "count", "time", "first", "where"),
-                tuple(
-                    (
-                        group.name or "?",
-                        group.reason or "?",
-                        group.diff or "-",
-                        f"{group.count}",
-                        format_ns(group.total_ns),
-                        f"step {group.first_step}",
-                        _where(group.source),
-                    )
-                    for group in summary.top_recompiles
-                ),
-                (False, False, False, True, True, False, False),
+                f"recompiles: {compiles.recompiles} of {_count(compiles.count, 'compile')}, "
+                f"{format_ns(compiles.recompile_ns)} of {format_ns(compiles.total_ns)}",
+                lines=tuple(recompile_lines),
             )
         )
     if summary.top_syncs:
@@ -265,7 +261,7 @@ def sections(summary: RunSummary) -> list[Section]:
                 (False, True, True, True, True),
             )
         )
-    return [section for section in result if section.rows]
+    return [section for section in result if section.rows or section.lines]
 
 
 # -- rendering ------------------------------------------------------------------------------------
@@ -277,6 +273,9 @@ def render_text(summary: RunSummary) -> str:
     for section in sections(summary):
         lines.append("")
         lines.append(section.title)
+        lines.extend(f"  {line}" for line in section.lines)
+        if not section.columns:
+            continue
         widths = [
             max(len(cell) for cell in (section.columns[index], *(row[index] for row in section.rows)))
             for index in range(len(section.columns))
@@ -306,11 +305,24 @@ def print_summary(summary: RunSummary, file: TextIO | None = None) -> None:
     for label, text in header_lines(summary):
         console.print(Text.assemble((f"{label:<6} ", "bold"), text))
     for section in sections(summary):
-        table = Table(box=None, padding=(0, 1), header_style="dim", pad_edge=False)
-        for column, numeric in zip(section.columns, section.numeric):
-            table.add_column(column, justify="right" if numeric else "left", overflow="ellipsis", no_wrap=True)
-        for row in section.rows:
-            table.add_row(*row)
         console.print()
         console.print(Text(section.title, style="bold"))
-        console.print(Padding(table, (0, 0, 0, 2)))
+        if section.lines:
+            for line in section.lines:
+                console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
+            continue
+        table = Table(box=None, padding=(0, 1), header_style="dim", pad_edge=False)
+        wrapping = _widest_text_column(section)
+        for index, (column, numeric) in enumerate(zip(section.columns, section.numeric)):
+            # Only the widest text column wraps on a narrow terminal; the others stay on one line.
+            table.add_column(column, justify="right" if numeric else "left", overflow="fold", no_wrap=index != wrapping)
+        for row in section.rows:
+            table.add_row(*row)
+        console.print(Padding(table, (0, 0, 0, 2), expand=False))
+
+
+def _widest_text_column(section: Section) -> int | None:
+    text_columns = [index for index, numeric in enumerate(section.numeric) if not numeric]
+    if not text_columns:
+        return None
+    return max(text_columns, key=lambda index: max(len(row[index]) for row in section.rows))
