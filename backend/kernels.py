@@ -43,8 +43,9 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
 
 
 def copy_from(source, destination, non_blocking=False):  # noqa: ANN001, ANN201
-    destination.copy_(source)
-    return destination
+    from tputrace.backend.dispatch import dispatcher
+
+    return dispatcher.dispatch(torch.ops.aten.copy_.default, (destination, source), {})
 
 
 def _host_factory(make: Any) -> Any:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import device_module, hooks, kernels
+from tputrace.backend import autocast, device_module, hooks, kernels
 from tputrace.backend.ops import register_all
 
 BACKEND_NAME = "tpu"
@@ -40,5 +40,6 @@ def register() -> None:
             rename=BACKEND_NAME, backend_module=device_module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
     kernels.register()
+    autocast.register()
     hooks.install()
     _registered = True

@@ -183,7 +183,9 @@ class TpuTensor(torch.Tensor):
         hooks.flush_pending("backward_end")
 
     def __reduce_ex__(self, proto: int) -> Any:
-        return self._reduce_ex_internal(proto)
+        """Saved as a CPU tensor plus its device, which `torch.load(weights_only=True)` accepts."""
+        host = self._host_copy("cpu")
+        return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (host, self.dtype, str(self.device), self.requires_grad))
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         array = self.numpy(force=True)

@@ -1,0 +1,211 @@
+"""Random ops, drawn with `jax.random` from the `key` the dispatcher passes (derived from the chip's
+seed and a counter; no lowering holds a key of its own).
+
+Values follow the same distributions as torch but not torch's bit streams. In-place random ops whose
+functional form exists (`uniform_` -> `uniform`, `exponential_` -> `exponential`, ...) are derived by
+the dispatcher; `normal_` and `bernoulli_.float` have no functional overload, so their in-place
+overloads are lowered here directly: the lowering returns the new value and the dispatcher writes it
+into `self`. `generator` arguments are accepted and ignored.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import torch
+
+from ._util import DEFAULT_FLOAT, is_float, jax_dtype
+from .registry import lowers
+
+aten = torch.ops.aten
+Array = jax.Array
+
+
+def _float_dtype(dtype: torch.dtype | None, like: jnp.dtype | None = None) -> jnp.dtype:
+    target = jax_dtype(dtype) or like or jnp.dtype(DEFAULT_FLOAT)
+    return target if jnp.issubdtype(target, jnp.floating) else jnp.dtype(DEFAULT_FLOAT)
+
+
+def _uniform(key: Array, shape: Sequence[int], dtype: jnp.dtype, low: object = 0.0, high: object = 1.0) -> Array:
+    sample_dtype = jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+    return (low + (high - low) * jax.random.uniform(key, tuple(shape), sample_dtype)).astype(dtype)
+
+
+def _normal(key: Array, shape: Sequence[int], dtype: jnp.dtype) -> Array:
+    sample_dtype = jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
+    return jax.random.normal(key, tuple(shape), sample_dtype).astype(dtype)
+
+
+@lowers(aten.rand.default, needs_key=True)
+def rand(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+    return _uniform(key, size, _float_dtype(dtype))
+
+
+@lowers(aten.randn.default, needs_key=True)
+def randn(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+    return _normal(key, size, _float_dtype(dtype))
+
+
+@lowers(aten.rand_like.default, needs_key=True)
+def rand_like(self: Array, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+    return _uniform(key, self.shape, _float_dtype(dtype, self.dtype))
+
+
+@lowers(aten.randn_like.default, needs_key=True)
+def randn_like(self: Array, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+    return _normal(key, self.shape, _float_dtype(dtype, self.dtype))
+
+
+def _randint(key: Array, low: int, high: int, shape: Sequence[int], dtype: jnp.dtype) -> Array:
+    values = jax.random.randint(key, tuple(shape), low, high, dtype=jnp.int64)
+    return values.astype(dtype)
+
+
+@lowers(aten.randint.default, needs_key=True)
+def randint(high: int, size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+    return _randint(key, 0, high, size, jax_dtype(dtype) or jnp.int64)
+
+
+@lowers(aten.randint.low, needs_key=True)
+def randint_low(low: int, high: int, size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+    return _randint(key, low, high, size, jax_dtype(dtype) or jnp.int64)
+
+
+@lowers(aten.randint_like.default, needs_key=True)
+def randint_like(self: Array, high: int, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+    return _randint(key, 0, high, self.shape, jax_dtype(dtype) or self.dtype)
+
+
+@lowers(aten.randint_like.low_dtype, needs_key=True)
+def randint_like_low(self: Array, low: int, high: int, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+    return _randint(key, low, high, self.shape, jax_dtype(dtype) or self.dtype)
+
+
+@lowers(aten.randperm.default, needs_key=True)
+def randperm(n: int, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+    return jax.random.permutation(key, n).astype(jax_dtype(dtype) or jnp.int64)
+
+
+@lowers(aten.uniform.default, needs_key=True)
+def uniform(self: Array, from_: float = 0.0, to: float = 1.0, *, generator: object = None, key: Array, **kwargs: object) -> Array:
+    low, high = kwargs.get("from", from_), to
+    return _uniform(key, self.shape, _float_dtype(None, self.dtype), low, high)
+
+
+@lowers(aten.normal_functional.default, aten.normal_.default, needs_key=True)
+def normal_like(self: Array, mean: float = 0.0, std: float = 1.0, *, generator: object = None, key: Array) -> Array:
+    return mean + std * _normal(key, self.shape, _float_dtype(None, self.dtype))
+
+
+@lowers(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, needs_key=True)
+def normal(mean: Array | float, std: Array | float = 1.0, *, generator: object = None, key: Array) -> Array:
+    shape = jnp.broadcast_shapes(jnp.shape(mean), jnp.shape(std))
+    dtype = next((a.dtype for a in (mean, std) if isinstance(a, jax.Array) and is_float(a)), jnp.dtype(DEFAULT_FLOAT))
+    return mean + std * _normal(key, shape, dtype)
+
+
+@lowers(aten.normal.float_float, needs_key=True)
+def normal_sized(mean: float, std: float, size: Sequence[int], *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+    return mean + std * _normal(key, size, _float_dtype(dtype))
+
+
+@lowers(aten.bernoulli.default, needs_key=True)
+def bernoulli(self: Array, *, generator: object = None, key: Array) -> Array:
+    return (jax.random.uniform(key, self.shape, jnp.float32) < self).astype(self.dtype)
+
+
+@lowers(aten.bernoulli.p, aten.bernoulli_.float, needs_key=True)
+def bernoulli_p(self: Array, p: float = 0.5, *, generator: object = None, key: Array) -> Array:
+    return (jax.random.uniform(key, self.shape, jnp.float32) < p).astype(self.dtype)
+
+
+@lowers(aten.bernoulli.Tensor, needs_key=True)
+def bernoulli_tensor(self: Array, p: Array, *, generator: object = None, key: Array) -> Array:
+    return (jax.random.uniform(key, self.shape, jnp.float32) < p).astype(self.dtype)
+
+
+@lowers(aten.exponential.default, needs_key=True)
+def exponential(self: Array, lambd: float = 1.0, *, generator: object = None, key: Array) -> Array:
+    return (jax.random.exponential(key, self.shape, jnp.float32) / lambd).astype(self.dtype)
+
+
+@lowers(aten.geometric.default, needs_key=True)
+def geometric(self: Array, p: float, *, generator: object = None, key: Array) -> Array:
+    uniform_draw = jax.random.uniform(key, self.shape, jnp.float32, minval=jnp.finfo(jnp.float32).tiny)
+    return jnp.ceil(jnp.log(uniform_draw) / jnp.log1p(-p)).astype(self.dtype)
+
+
+@lowers(aten.log_normal.default, needs_key=True)
+def log_normal(self: Array, mean: float = 1.0, std: float = 2.0, *, generator: object = None, key: Array) -> Array:
+    return jnp.exp(mean + std * jax.random.normal(key, self.shape, jnp.float32)).astype(self.dtype)
+
+
+@lowers(aten.cauchy.default, needs_key=True)
+def cauchy(self: Array, median: float = 0.0, sigma: float = 1.0, *, generator: object = None, key: Array) -> Array:
+    return (median + sigma * jax.random.cauchy(key, self.shape, jnp.float32)).astype(self.dtype)
+
+
+def _random_integers(key: Array, self: Array, low: int, high: int | None) -> Array:
+    if high is None:
+        if jnp.issubdtype(self.dtype, jnp.floating):
+            high = 2 ** (jnp.finfo(self.dtype).nmant + 1) + 1
+        elif self.dtype == jnp.bool_:
+            high = 2
+        else:
+            high = int(jnp.iinfo(self.dtype).max) + 1
+    high = min(high, 2**63 - 1)
+    return jax.random.randint(key, self.shape, low, high, dtype=jnp.int64).astype(self.dtype)
+
+
+@lowers(aten.random.default, needs_key=True)
+def random_(self: Array, *, generator: object = None, key: Array) -> Array:
+    return _random_integers(key, self, 0, None)
+
+
+@lowers(aten.random.to, needs_key=True)
+def random_to(self: Array, to: int, *, generator: object = None, key: Array) -> Array:
+    return _random_integers(key, self, 0, to)
+
+
+@lowers(aten.random.from_, needs_key=True) if hasattr(aten.random, "from_") else (lambda fn: fn)
+def random_from(self: Array, from_: int, to: int | None, *, generator: object = None, key: Array) -> Array:
+    return _random_integers(key, self, from_, to)
+
+
+@lowers(aten.multinomial.default, needs_key=True)
+def multinomial(self: Array, num_samples: int, replacement: bool = False, *, generator: object = None, key: Array) -> Array:
+    logits = jnp.log(self.astype(jnp.float32))
+    batch = logits.reshape(-1, logits.shape[-1])
+    if replacement:
+        draws = jax.random.categorical(key, batch, axis=-1, shape=(num_samples, batch.shape[0])).T
+    else:
+        perturbed = batch + jax.random.gumbel(key, batch.shape, jnp.float32)
+        draws = jax.lax.top_k(perturbed, num_samples)[1]
+    return draws.reshape(self.shape[:-1] + (num_samples,)).astype(jnp.int64)
+
+
+@lowers(aten.native_dropout.default, needs_key=True)
+def native_dropout(input: Array, p: float, train: bool | None, *, key: Array) -> tuple[Array, Array]:  # noqa: A002
+    if train is False:
+        return input, jnp.ones(input.shape, jnp.bool_)
+    if p >= 1.0:
+        return jnp.zeros_like(input), jnp.zeros(input.shape, jnp.bool_)
+    keep = jax.random.uniform(key, input.shape, jnp.float32) >= p
+    return jnp.where(keep, input / (1.0 - p), jnp.zeros_like(input)).astype(input.dtype), keep
+
+
+@lowers(aten.poisson.default, needs_key=True)
+def poisson(self: Array, generator: object = None, *, key: Array) -> Array:
+    return jax.random.poisson(key, self, self.shape).astype(self.dtype)
+
+
+@lowers(aten._standard_gamma.default, needs_key=True)
+def standard_gamma(self: Array, generator: object = None, *, key: Array) -> Array:
+    return jax.random.gamma(key, self, self.shape).astype(self.dtype)
+
+
+@lowers(aten.binomial.default, needs_key=True)
+def binomial(count: Array, prob: Array, generator: object = None, *, key: Array) -> Array:
+    return jax.random.binomial(key, count, prob).astype(count.dtype)
