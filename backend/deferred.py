@@ -249,23 +249,31 @@ class DeferredExecutor:
         plan = Plan(name, fused, (), "tuple", in_specs, graph.chip, ("fused", structure))
         plan.program = program
         site = (trigger, recorder.frame_id() if recording else None)
+        step = recorder.step_index if recording else 0
         reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, _input_names(nodes, len(graph.inputs)))
         if reason == "first":
-            reason, diff = self._structure_change(site, nodes)
-        self.site_structures[site] = tuple(nodes)
+            reason, diff = self._structure_change(site, step, nodes, graph.op_records, recorder if recording else None)
+        self.site_structures[site] = (step, tuple(nodes))
         if recording:
             fused_program.program_id = recorder.compiled(plan, "fused", reason, diff, n_ops=len(nodes), program_kind="fused")
             self._record_fusions(recorder, fused_program)
         return fused_program
 
-    def _structure_change(self, site: Any, nodes: list) -> tuple[str, str | None]:
+    def _structure_change(self, site: Any, step: int, nodes: list, op_records: list, recorder: Any) -> tuple[str, str | None]:
+        """A new graph flushed where an earlier step flushed a different one: a recompile, with the
+        first op where the two differ. Several graphs from one site within a step are all first compiles."""
         previous = self.site_structures.get(site)
-        if previous is None:
+        if previous is None or previous[0] == step:
             return "first", None
-        for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, previous)):
+        old_nodes = previous[1]
+        for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
             if plan is not old_plan or refs != old_refs:
-                return "recompile", f"structure change at op {index}: {old_plan.op_name} -> {plan.op_name}"
-        return "recompile", f"structure change: {len(previous)} ops -> {len(nodes)} ops"
+                where = ""
+                if recorder is not None and index < len(op_records):
+                    location = recorder.frame_text(op_records[index][5])
+                    where = f" ({location})" if location else ""
+                return "recompile", f"structure change at op {index}{where}: {old_plan.op_name} -> {plan.op_name}"
+        return "recompile", f"structure change: {len(old_nodes)} ops -> {len(nodes)} ops"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
         if fused.program.hlo_text and fused.program_id is not None:

@@ -118,6 +118,15 @@ class Recorder:
             return self.backward_frame
         return None
 
+    def frame_text(self, frame_id: int | None) -> str | None:
+        """'file.py:LINE' for an interned frame id (recorded in this session)."""
+        if frame_id is None:
+            return None
+        for (code, line), known_id in self._frame_ids.items():
+            if known_id == frame_id:
+                return f"{os.path.basename(code.co_filename)}:{line}"
+        return None
+
     def user_location(self) -> tuple[str, int, str] | None:
         """(file, line, function) of the first user frame, for messages."""
         frame = sys._getframe(1)

@@ -13,7 +13,11 @@ FAMILIES = (
     "indexing",
     "factories",
     "random",
+    "activations",
     "nn",
+    "conv",
+    "pooling",
+    "resample",
     "linalg",
     "foreach",
 )

@@ -169,7 +169,7 @@ def random_to(self: Array, to: int, *, generator: object = None, key: Array) -> 
     return _random_integers(key, self, 0, to)
 
 
-@lowers(aten.random.from_, needs_key=True) if hasattr(aten.random, "from_") else (lambda fn: fn)
+@lowers(getattr(aten.random, "from"), needs_key=True)
 def random_from(self: Array, from_: int, to: int | None, *, generator: object = None, key: Array) -> Array:
     return _random_integers(key, self, from_, to)
 

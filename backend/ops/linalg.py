@@ -1,0 +1,254 @@
+"""Matrix products and linear algebra.
+
+Products run at full float32 precision (`PRECISION`). `beta == 0` ignores `self` entirely (NaN in
+`self` does not propagate), as torch documents for addmm and friends. Factorisations come from
+`jnp.linalg`/`lax.linalg`; pivots are returned 1-based int32 like LAPACK's, and `info` outputs are
+zeros (the host does not check them). Ops with sign or order ambiguity (SVD, eigh) match torch's
+results up to what their OpInfo checks compare.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+from jax import lax
+
+from ._util import PRECISION, canon_dim
+from .reduction import vector_norm
+from .registry import lowers
+
+aten = torch.ops.aten
+Array = jax.Array
+
+
+def _matmul(a: Array, b: Array) -> Array:
+    return jnp.matmul(a, b, precision=PRECISION)
+
+
+def _affine(self: Array, product: Array, beta: object, alpha: object) -> Array:
+    """beta * self + alpha * product, dropping self when beta is zero."""
+    if not (type(alpha) is int and alpha == 1):
+        product = alpha * product
+    if type(beta) is int and beta == 1:
+        return self + product
+    if type(beta) is int and beta == 0:
+        return jnp.broadcast_to(product, jnp.broadcast_shapes(self.shape, product.shape))
+    return jnp.where(beta == 0, jnp.zeros_like(product), beta * self) + product
+
+
+@lowers(aten.mm.default)
+def mm(self: Array, mat2: Array) -> Array:
+    return _matmul(self, mat2)
+
+
+@lowers(aten.bmm.default)
+def bmm(self: Array, mat2: Array) -> Array:
+    return _matmul(self, mat2)
+
+
+@lowers(aten.mv.default)
+def mv(self: Array, vec: Array) -> Array:
+    return _matmul(self, vec)
+
+
+@lowers(aten.dot.default)
+def dot(self: Array, tensor: Array) -> Array:
+    return jnp.dot(self, tensor, precision=PRECISION)
+
+
+@lowers(aten.vdot.default)
+def vdot(self: Array, other: Array) -> Array:
+    return jnp.vdot(self, other, precision=PRECISION)
+
+
+@lowers(aten.addmm.default)
+def addmm(self: Array, mat1: Array, mat2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
+    return _affine(self, _matmul(mat1, mat2), beta, alpha)
+
+
+@lowers(aten.baddbmm.default)
+def baddbmm(self: Array, batch1: Array, batch2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
+    return _affine(self, _matmul(batch1, batch2), beta, alpha)
+
+
+@lowers(aten.addbmm.default)
+def addbmm(self: Array, batch1: Array, batch2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
+    return _affine(self, jnp.sum(_matmul(batch1, batch2), axis=0), beta, alpha)
+
+
+@lowers(aten.addmv.default)
+def addmv(self: Array, mat: Array, vec: Array, *, beta: object = 1, alpha: object = 1) -> Array:
+    return _affine(self, _matmul(mat, vec), beta, alpha)
+
+
+@lowers(aten.addr.default)
+def addr(self: Array, vec1: Array, vec2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
+    outer = jnp.outer(vec1, vec2)
+    if self.dtype == jnp.bool_:
+        return (self & (beta != 0)) | (outer & (alpha != 0))
+    return _affine(self, outer, beta, alpha)
+
+
+@lowers(aten.linalg_cross.default)
+def linalg_cross(self: Array, other: Array, *, dim: int = -1) -> Array:
+    self, other = jnp.broadcast_arrays(self, other)
+    return jnp.cross(self, other, axis=canon_dim(dim, self.ndim))
+
+
+# --- factorisations and solves ------------------------------------------------------------------
+
+
+def _lu(a: Array) -> tuple[Array, Array]:
+    lu, pivots, _ = lax.linalg.lu(a)
+    return lu, (pivots + 1).astype(jnp.int32)
+
+
+def _info(a: Array) -> Array:
+    return jnp.zeros(a.shape[:-2], jnp.int32)
+
+
+@lowers(aten._linalg_det.default)
+def linalg_det(A: Array) -> tuple[Array, Array, Array]:  # noqa: N803
+    lu, pivots = _lu(A)
+    return jnp.linalg.det(A), lu, pivots
+
+
+@lowers(aten._linalg_slogdet.default)
+def linalg_slogdet(A: Array) -> tuple[Array, Array, Array, Array]:  # noqa: N803
+    sign, logabsdet = jnp.linalg.slogdet(A)
+    lu, pivots = _lu(A)
+    return sign, logabsdet, lu, pivots
+
+
+@lowers(aten.linalg_lu_factor_ex.default)
+def linalg_lu_factor_ex(A: Array, *, pivot: bool = True, check_errors: bool = False) -> tuple[Array, Array, Array]:  # noqa: N803
+    lu, pivots = _lu(A)
+    return lu, pivots, _info(A)
+
+
+@lowers(aten.linalg_lu.default)
+def linalg_lu(A: Array, *, pivot: bool = True) -> tuple[Array, Array, Array]:  # noqa: N803
+    rows, cols = A.shape[-2:]
+    lu, _, permutation = lax.linalg.lu(A)
+    k = min(rows, cols)
+    lower = jnp.tril(lu[..., :, :k], -1) + jnp.eye(rows, k, dtype=A.dtype)
+    upper = jnp.triu(lu[..., :k, :])
+    p = jnp.swapaxes(jax.nn.one_hot(permutation, rows, dtype=A.dtype), -1, -2)
+    return p, lower, upper
+
+
+@lowers(aten.linalg_inv_ex.default)
+def linalg_inv_ex(A: Array, *, check_errors: bool = False) -> tuple[Array, Array]:  # noqa: N803
+    return jnp.linalg.inv(A), _info(A)
+
+
+def _is_vector_rhs(A: Array, B: Array) -> bool:  # noqa: N803
+    return B.ndim == 1 or (B.ndim == A.ndim - 1 and B.shape == A.shape[:-1])
+
+
+@lowers(aten._linalg_solve_ex.default)
+def linalg_solve_ex(A: Array, B: Array, *, left: bool = True, check_errors: bool = False) -> tuple[Array, Array, Array, Array]:  # noqa: N803
+    vector = _is_vector_rhs(A, B)
+    rhs = B[..., None] if vector else B
+    if left:
+        batch = jnp.broadcast_shapes(A.shape[:-2], rhs.shape[:-2])
+        a = jnp.broadcast_to(A, batch + A.shape[-2:])
+        result = jnp.linalg.solve(a, jnp.broadcast_to(rhs, batch + rhs.shape[-2:]))
+    else:
+        at = jnp.swapaxes(A, -1, -2)
+        rt = jnp.swapaxes(rhs, -1, -2)
+        batch = jnp.broadcast_shapes(at.shape[:-2], rt.shape[:-2])
+        result = jnp.swapaxes(jnp.linalg.solve(jnp.broadcast_to(at, batch + at.shape[-2:]), jnp.broadcast_to(rt, batch + rt.shape[-2:])), -1, -2)
+    if vector:
+        result = result[..., 0]
+    lu, pivots = _lu(A)
+    return result, lu, pivots, _info(A)
+
+
+@lowers(aten.linalg_cholesky_ex.default)
+def linalg_cholesky_ex(self: Array, *, upper: bool = False, check_errors: bool = False) -> tuple[Array, Array]:
+    lower = jnp.linalg.cholesky(self)
+    return (jnp.conj(jnp.swapaxes(lower, -1, -2)) if upper else lower), _info(self)
+
+
+@lowers(aten.linalg_qr.default)
+def linalg_qr(A: Array, mode: str = "reduced") -> tuple[Array, Array]:  # noqa: N803
+    if mode == "r":
+        return jnp.zeros((0,), A.dtype), jnp.linalg.qr(A, mode="r")
+    q, r = jnp.linalg.qr(A, mode=mode)
+    return q, r
+
+
+@lowers(aten._linalg_svd.default)
+def linalg_svd(A: Array, full_matrices: bool = False, compute_uv: bool = True, *, driver: str | None = None) -> tuple[Array, Array, Array]:  # noqa: N803
+    if not compute_uv:
+        empty = jnp.zeros((0,), A.dtype)
+        return empty, jnp.linalg.svd(A, compute_uv=False), empty
+    u, s, vh = jnp.linalg.svd(A, full_matrices=full_matrices)
+    return u, s, vh
+
+
+@lowers(aten._linalg_eigh.default)
+def linalg_eigh(A: Array, UPLO: str = "L", compute_v: bool = True) -> tuple[Array, Array]:  # noqa: N803
+    values, vectors = jnp.linalg.eigh(A, UPLO=UPLO, symmetrize_input=False)
+    return values, (vectors if compute_v else jnp.zeros((0,), A.dtype))
+
+
+def _triangular_solve(a: Array, b: Array, *, upper: bool, left: bool, unitriangular: bool, transpose: bool = False) -> Array:
+    batch = jnp.broadcast_shapes(a.shape[:-2], b.shape[:-2])
+    a = jnp.broadcast_to(a, batch + a.shape[-2:])
+    b = jnp.broadcast_to(b, batch + b.shape[-2:])
+    return lax.linalg.triangular_solve(a, b, left_side=left, lower=not upper, transpose_a=transpose, unit_diagonal=unitriangular)
+
+
+@lowers(aten.linalg_solve_triangular.default)
+def linalg_solve_triangular(self: Array, B: Array, *, upper: bool, left: bool = True, unitriangular: bool = False) -> Array:  # noqa: N803
+    return _triangular_solve(self, B, upper=upper, left=left, unitriangular=unitriangular)
+
+
+@lowers(aten.triangular_solve.default)
+def triangular_solve(self: Array, A: Array, upper: bool = True, transpose: bool = False, unitriangular: bool = False) -> tuple[Array, Array]:  # noqa: N803
+    solution = _triangular_solve(A, self, upper=upper, left=True, unitriangular=unitriangular, transpose=transpose)
+    coefficient = jnp.broadcast_to(A, solution.shape[:-2] + A.shape[-2:])
+    return solution, coefficient
+
+
+@lowers(aten.cholesky_solve.default)
+def cholesky_solve(self: Array, input2: Array, upper: bool = False) -> Array:
+    lower = jnp.conj(jnp.swapaxes(input2, -1, -2)) if upper else input2
+    half = _triangular_solve(lower, self, upper=False, left=True, unitriangular=False)
+    upper_factor = jnp.conj(jnp.swapaxes(lower, -1, -2))
+    return _triangular_solve(upper_factor, half, upper=True, left=True, unitriangular=False)
+
+
+@lowers(aten.cholesky_inverse.default)
+def cholesky_inverse(self: Array, upper: bool = False) -> Array:
+    factor = jnp.conj(jnp.swapaxes(self, -1, -2)) if upper else self
+    identity = jnp.broadcast_to(jnp.eye(self.shape[-1], dtype=self.dtype), self.shape)
+    return cholesky_solve(identity, factor, upper=False)
+
+
+@lowers(aten.linalg_matrix_exp.default)
+def linalg_matrix_exp(self: Array) -> Array:
+    return jax.scipy.linalg.expm(self)
+
+
+@lowers(aten._cdist_forward.default)
+def cdist_forward(x1: Array, x2: Array, p: float, compute_mode: int | None) -> Array:
+    differences = x1[..., :, None, :] - x2[..., None, :, :]
+    return vector_norm(differences, p, (differences.ndim - 1,), False)
+
+
+@lowers(aten._pdist_forward.default)
+def pdist_forward(self: Array, p: float = 2.0) -> Array:
+    rows, cols = np.triu_indices(self.shape[0], 1)
+    return vector_norm(self[rows] - self[cols], p, (1,), False)
+
+
+@lowers(aten._euclidean_dist.default)
+def euclidean_dist(x1: Array, x2: Array) -> Array:
+    differences = x1[..., :, None, :] - x2[..., None, :, :]
+    return jnp.sqrt(jnp.sum(differences * differences, axis=-1))
+

@@ -1,0 +1,213 @@
+"""Resampling: nearest/linear/cubic upsampling (and backward), reflection and replication padding
+(and backward), and `grid_sampler_2d`.
+
+Source coordinates are computed in float32 NumPy with torch's formulas (`area_pixel_compute_scale`,
+`nearest_neighbor_compute_source_index`), so rounding at window edges matches torch's kernels.
+Linear and cubic interpolation are separable: each spatial dim is one (out, in) weight matrix.
+Backward ops are the transposes, taken with `jax.vjp`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from ._util import UnloweredCase
+from .registry import lowers
+
+aten = torch.ops.aten
+Array = jax.Array
+f32 = np.float32
+
+
+def _scale(length: int, out: int, scale: float | None, align_corners: bool = False) -> np.float32:
+    """torch's input-per-output step for one dim."""
+    if align_corners:
+        return f32((length - 1) / (out - 1)) if out > 1 else f32(0)
+    if scale is not None and scale > 0:
+        return f32(1.0 / scale)
+    return f32(length) / f32(out)
+
+
+def _nearest_source(length: int, out: int, scale: float | None, exact: bool) -> np.ndarray:
+    step = _scale(length, out, scale)
+    positions = np.arange(out, dtype=f32) + (f32(0.5) if exact else f32(0))
+    return np.minimum(np.floor(positions * step).astype(np.int64), length - 1)
+
+
+def _linear_matrix(length: int, out: int, align_corners: bool, scale: float | None) -> np.ndarray:
+    step = _scale(length, out, scale, align_corners)
+    positions = np.arange(out, dtype=f32)
+    source = step * positions if align_corners else np.maximum(step * (positions + f32(0.5)) - f32(0.5), f32(0))
+    low = source.astype(np.int64)
+    high = np.minimum(low + 1, length - 1)
+    frac = source - low.astype(f32)
+    matrix = np.zeros((out, length), f32)
+    np.add.at(matrix, (np.arange(out), low), f32(1) - frac)
+    np.add.at(matrix, (np.arange(out), high), frac)
+    return matrix
+
+
+def _cubic_matrix(length: int, out: int, align_corners: bool, scale: float | None) -> np.ndarray:
+    step = _scale(length, out, scale, align_corners)
+    positions = np.arange(out, dtype=f32)
+    source = step * positions if align_corners else step * (positions + f32(0.5)) - f32(0.5)
+    base = np.floor(source)
+    t = source - base
+    a = f32(-0.75)
+
+    def near(x: np.ndarray) -> np.ndarray:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    weights = [far(t + 1), near(t), near(1 - t), far(2 - t)]
+    matrix = np.zeros((out, length), f32)
+    for offset, weight in zip(range(-1, 3), weights):
+        index = np.clip(base.astype(np.int64) + offset, 0, length - 1)
+        np.add.at(matrix, (np.arange(out), index), weight)
+    return matrix
+
+
+def _separable(x: Array, matrices: Sequence[np.ndarray]) -> Array:
+    rank = len(matrices)
+    for i, matrix in enumerate(matrices):
+        axis = x.ndim - rank + i
+        weights = jnp.asarray(matrix, x.dtype)
+        x = jnp.moveaxis(jnp.tensordot(x, weights, axes=([axis], [1]), precision=jax.lax.Precision.HIGHEST), -1, axis)
+    return x
+
+
+def _nearest(x: Array, output_size: Sequence[int], scales: Sequence[float | None], exact: bool) -> Array:
+    rank = len(output_size)
+    for i, (out, scale) in enumerate(zip(output_size, scales)):
+        axis = x.ndim - rank + i
+        x = jnp.take(x, _nearest_source(x.shape[axis], out, scale, exact), axis=axis)
+    return x
+
+
+def _nearest_lowering(rank: int, exact: bool) -> Callable:
+    def lowering(self: Array, output_size: Sequence[int], *scales: float | None) -> Array:
+        return _nearest(self, output_size, list(scales) + [None] * (rank - len(scales)), exact)
+
+    return lowering
+
+
+def _interpolating_lowering(rank: int, matrix_fn: Callable) -> Callable:
+    def lowering(self: Array, output_size: Sequence[int], align_corners: bool, *scales: float | None) -> Array:
+        scales = list(scales) + [None] * (rank - len(scales))
+        lengths = self.shape[-rank:]
+        return _separable(self, [matrix_fn(n, o, align_corners, s) for n, o, s in zip(lengths, output_size, scales)])
+
+    return lowering
+
+
+def _backward_of(forward: Callable) -> Callable:
+    def lowering(grad_output: Array, output_size: Sequence[int], input_size: Sequence[int], *rest: object) -> Array:
+        _, pullback = jax.vjp(lambda x: forward(x, output_size, *rest), jnp.zeros(tuple(input_size), grad_output.dtype))
+        return pullback(grad_output)[0]
+
+    return lowering
+
+
+for _rank, _suffix in ((1, "1d"), (2, "2d"), (3, "3d")):
+    for _exact, _prefix in ((False, "upsample_nearest"), (True, "_upsample_nearest_exact")):
+        _forward = _nearest_lowering(_rank, _exact)
+        lowers(getattr(aten, f"{_prefix}{_suffix}").default)(_forward)
+        lowers(getattr(aten, f"{_prefix}{_suffix}_backward").default)(_backward_of(_forward))
+
+for _name, _rank, _matrix in (("upsample_linear1d", 1, _linear_matrix), ("upsample_bilinear2d", 2, _linear_matrix),
+                              ("upsample_trilinear3d", 3, _linear_matrix), ("upsample_bicubic2d", 2, _cubic_matrix)):
+    _forward = _interpolating_lowering(_rank, _matrix)
+    lowers(getattr(aten, _name).default)(_forward)
+    lowers(getattr(aten, f"{_name}_backward").default)(_backward_of(_forward))
+
+
+# --- padding ------------------------------------------------------------------------------------
+
+
+def _pad(self: Array, padding: Sequence[int], mode: str) -> Array:
+    if any(p < 0 for p in padding):
+        raise UnloweredCase("negative reflection/replication padding")
+    rank = len(padding) // 2
+    widths = [(0, 0)] * (self.ndim - rank) + [(padding[2 * i], padding[2 * i + 1]) for i in reversed(range(rank))]
+    return jnp.pad(self, widths, mode=mode)
+
+
+def _pad_lowering(mode: str) -> Callable:
+    def lowering(self: Array, padding: Sequence[int]) -> Array:
+        return _pad(self, padding, mode)
+
+    return lowering
+
+
+def _pad_backward_lowering(mode: str) -> Callable:
+    def lowering(grad_output: Array, self: Array, padding: Sequence[int]) -> Array:
+        _, pullback = jax.vjp(lambda x: _pad(x, padding, mode), jnp.zeros(self.shape, grad_output.dtype))
+        return pullback(grad_output)[0]
+
+    return lowering
+
+
+for _kind, _mode in (("reflection", "reflect"), ("replication", "edge")):
+    for _suffix in ("1d", "2d", "3d"):
+        lowers(getattr(aten, f"{_kind}_pad{_suffix}").default)(_pad_lowering(_mode))
+        lowers(getattr(aten, f"{_kind}_pad{_suffix}_backward").default)(_pad_backward_lowering(_mode))
+
+
+# --- grid sampling ------------------------------------------------------------------------------
+
+
+def _reflect(coord: Array, twice_low: int, twice_high: int) -> Array:
+    if twice_low == twice_high:
+        return jnp.zeros_like(coord)
+    low = twice_low / 2
+    span = (twice_high - twice_low) / 2
+    distance = jnp.abs(coord - low)
+    extra = jnp.fmod(distance, span)
+    flips = jnp.floor(distance / span)
+    return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
+
+
+def _source_coordinate(coord: Array, size: int, padding_mode: int, align_corners: bool) -> Array:
+    coord = ((coord + 1) / 2) * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+    if padding_mode == 1:
+        coord = jnp.clip(coord, 0, size - 1)
+    elif padding_mode == 2:
+        coord = _reflect(coord, 0, 2 * (size - 1)) if align_corners else _reflect(coord, -1, 2 * size - 1)
+        coord = jnp.clip(coord, 0, size - 1)
+    return coord
+
+
+@lowers(aten.grid_sampler_2d.default)
+def grid_sampler_2d(input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool) -> Array:  # noqa: A002
+    if interpolation_mode not in (0, 1):
+        raise UnloweredCase("bicubic grid sampling")
+    height, width = input.shape[-2:]
+    x = _source_coordinate(grid[..., 0], width, padding_mode, align_corners)
+    y = _source_coordinate(grid[..., 1], height, padding_mode, align_corners)
+
+    def sample(image: Array, ys: Array, xs: Array) -> Array:
+        inside = (ys >= 0) & (ys <= height - 1) & (xs >= 0) & (xs <= width - 1)
+        values = image[:, jnp.clip(ys, 0, height - 1), jnp.clip(xs, 0, width - 1)]
+        return jnp.where(inside, values, jnp.zeros_like(values))
+
+    def per_image(image: Array, ys: Array, xs: Array) -> Array:
+        if interpolation_mode == 1:
+            return sample(image, jnp.round(ys).astype(jnp.int64), jnp.round(xs).astype(jnp.int64))
+        x0, y0 = jnp.floor(xs), jnp.floor(ys)
+        dx, dy = xs - x0, ys - y0
+        x0, y0 = x0.astype(jnp.int64), y0.astype(jnp.int64)
+        return (
+            sample(image, y0, x0) * ((1 - dx) * (1 - dy))
+            + sample(image, y0, x0 + 1) * (dx * (1 - dy))
+            + sample(image, y0 + 1, x0) * ((1 - dx) * dy)
+            + sample(image, y0 + 1, x0 + 1) * (dx * dy)
+        )
+
+    return jax.vmap(per_image)(input, y, x)
