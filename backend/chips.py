@@ -34,9 +34,16 @@ def requested_chip_count() -> int:
 def configure() -> None:
     """Ask XLA for enough host devices, before JAX starts, so virtual chips exist on CPU hosts."""
     count = requested_chip_count()
-    flags = os.environ.get("XLA_FLAGS", "")
-    if _HOST_COUNT_FLAG not in flags:
-        os.environ["XLA_FLAGS"] = f"{flags} {_HOST_COUNT_FLAG}={max(count, 1)}".strip()
+    flags = os.environ.get("XLA_FLAGS", "").split()
+    existing = [flag for flag in flags if flag.startswith(_HOST_COUNT_FLAG + "=")]
+    if existing:
+        try:
+            if int(existing[-1].split("=", 1)[1]) >= count:
+                return
+        except ValueError:
+            pass
+    kept = [flag for flag in flags if not flag.startswith(_HOST_COUNT_FLAG + "=")]
+    os.environ["XLA_FLAGS"] = " ".join([*kept, f"{_HOST_COUNT_FLAG}={count}"])
 
 
 @functools.cache

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from tputrace.backend import chips, rng, transfers
+from tputrace.sourceloc import first_user_location
 from tputrace.backend.dtypes import short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
 from tputrace.backend.executor import Executor, StrictExecutor
@@ -208,6 +209,7 @@ class Dispatcher:
         dynamic: list[Any] = []
         specs: list[tuple] = []
         template: list[Any] = []
+        originals: list[Any] = []
         chip = -1
         for position, value in enumerate(args):
             value_type = type(value)
@@ -215,6 +217,7 @@ class Dispatcher:
                 template.append(_SLOTS[len(dynamic)])
                 dynamic.append(value)
                 specs.append((value_type.__name__,))
+                originals.append(value)
             elif value_type is TpuTensor:
                 buf = value._buf
                 if chip != buf.chip:
@@ -224,11 +227,12 @@ class Dispatcher:
                 template.append(_SLOTS[len(dynamic)])
                 dynamic.append(buf.array if value._view is None else self.read(value))
                 specs.append((value.shape, value.dtype))
+                originals.append(value)
             elif isinstance(value, (torch.Tensor, list)):
                 return None
             else:
                 template.append(value)
-        return tuple(template), (), dynamic, specs, list(args), chip
+        return tuple(template), (), dynamic, specs, originals, chip
 
     def _flatten_value(self, value: Any, is_scalar: bool, is_scalar_list: bool, dynamic: list, specs: list, originals: list, chip_box: list) -> Any:
         if isinstance(value, TpuTensor):
@@ -318,7 +322,7 @@ class Dispatcher:
             out_specs, structure = self._meta_outputs(entry, template_args, kwargs_template, originals)
         except Exception:  # noqa: BLE001 - no meta kernel: fall back to the host for this signature
             return _FALLBACK
-        n_inputs = len(originals)
+        n_inputs = len(dynamic) - 2 if entry.lowering.needs_key else len(dynamic)
         extra_kwargs = None
         if entry.lowering.needs_key:
             extra_kwargs = lambda dyn: {"key": rng.key_from(dyn[n_inputs], dyn[n_inputs + 1])}  # noqa: E731
@@ -624,7 +628,12 @@ class Dispatcher:
         if op_name in self.warned_fallbacks:
             return
         self.warned_fallbacks.add(op_name)
-        warnings.warn(f"tputrace: {op_name} runs on the host CPU because {why}; it is counted as a CPU fallback", stacklevel=4)
+        message = f"tputrace: {op_name} runs on the host CPU because {why}; it is counted as a CPU fallback"
+        location = first_user_location(2)
+        if location is None:
+            warnings.warn(message, RuntimeWarning, stacklevel=2)
+        else:
+            warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
 
 
 def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) -> list[torch.Tensor]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
+import numpy as np
 import torch
 
 from tputrace.backend import chips, device_module
@@ -27,7 +27,7 @@ def _zeros(size: Any, dtype: torch.dtype | None, device: Any) -> TpuTensor:
     dtype = dtype or torch.get_default_dtype()
     chip = _chip(device)
     shape = tuple(int(dim) for dim in size)
-    array = jax.device_put(jnp.zeros(shape, to_jax(dtype)), chips.device(chip))
+    array = jax.device_put(np.zeros(shape, to_jax(dtype)), chips.device(chip))
     numel = 1
     for dim in shape:
         numel *= dim

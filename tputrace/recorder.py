@@ -14,13 +14,11 @@ import os
 import queue
 import socket
 import sys
-import sysconfig
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
-from tputrace import __version__
+from tputrace import __version__, sourceloc
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
@@ -28,26 +26,6 @@ _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 
 _active: "Recorder | None" = None
 _explicit_steps_seen = False
-
-
-def _library_roots() -> tuple[str, ...]:
-    """Directories whose code is not the user's: the standard library, site-packages, tputrace."""
-    roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
-    import tputrace
-
-    package_dir = Path(tputrace.__file__).resolve().parent
-    roots.add(str(package_dir))
-    try:
-        import tputrace.backend as backend_package
-
-        roots.add(str(Path(backend_package.__file__).resolve().parent))
-    except ImportError:
-        pass
-    for module_name in ("torch", "jax", "jaxlib", "numpy", "transformers"):
-        module = sys.modules.get(module_name)
-        if module is not None and getattr(module, "__file__", None):
-            roots.add(str(Path(module.__file__).resolve().parent))
-    return tuple(sorted(root.rstrip("/") + "/" for root in roots if root))
 
 
 class Recorder:
@@ -68,7 +46,7 @@ class Recorder:
         self.compiles = 0
         self.seq = 0
         self._last_memory_sample = 0
-        self._library_roots = _library_roots()
+        self._library_roots = sourceloc.library_roots()
         self._user_code: dict[Any, bool] = {}
         self._frame_ids: dict[tuple[Any, int], int] = {}
         self._local = threading.local()
@@ -127,21 +105,8 @@ class Recorder:
                 return f"{os.path.basename(code.co_filename)}:{line}"
         return None
 
-    def user_location(self) -> tuple[str, int, str] | None:
-        """(file, line, function) of the first user frame, for messages."""
-        frame = sys._getframe(1)
-        while frame is not None:
-            code = frame.f_code
-            if self._is_user_file(code.co_filename):
-                return code.co_filename, frame.f_lineno, code.co_name
-            frame = frame.f_back
-        return None
-
     def _is_user_file(self, filename: str) -> bool:
-        if filename.startswith("<"):
-            return filename in ("<string>", "<stdin>")
-        absolute = os.path.abspath(filename)
-        return not absolute.startswith(self._library_roots)
+        return sourceloc.is_user_file(filename, self._library_roots)
 
     def module_sid(self) -> int | None:
         stack = getattr(self._local, "modules", None)

@@ -6,6 +6,7 @@ import importlib
 
 FAMILIES = (
     "pointwise",
+    "special",
     "reduction",
     "sorting",
     "views",

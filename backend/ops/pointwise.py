@@ -57,6 +57,10 @@ _FLOAT_UNARY = {
     aten.deg2rad.default: jnp.deg2rad,
     aten.rad2deg.default: jnp.rad2deg,
     aten.sinc.default: jnp.sinc,
+    aten.erf.default: lax.erf,
+    aten.erfc.default: lax.erfc,
+    aten.erfinv.default: lax.erf_inv,
+    aten.lgamma.default: lax.lgamma,
 }
 
 
@@ -68,8 +72,11 @@ def _float_unary(fn):
     return lowering
 
 
+# Unary lowerings by ATen name, for the `_foreach_*` family to reuse.
+LOWERING_OF: dict[str, object] = {}
+
 for _op, _fn in _FLOAT_UNARY.items():
-    lowers(_op)(_float_unary(_fn))
+    LOWERING_OF[_op.__name__.split(".")[0]] = lowers(_op)(_float_unary(_fn))
 
 
 # --- unary functions that keep the input dtype ----------------------------------------------------
@@ -93,10 +100,10 @@ def _rounding(fn):
     return lowering
 
 
-lowers(aten.ceil.default)(_rounding(jnp.ceil))
-lowers(aten.floor.default)(_rounding(jnp.floor))
-lowers(aten.trunc.default)(_rounding(jnp.trunc))
-lowers(aten.round.default)(_rounding(jnp.round))  # half to even, as torch
+LOWERING_OF["ceil"] = lowers(aten.ceil.default)(_rounding(jnp.ceil))
+LOWERING_OF["floor"] = lowers(aten.floor.default)(_rounding(jnp.floor))
+LOWERING_OF["trunc"] = lowers(aten.trunc.default)(_rounding(jnp.trunc))
+LOWERING_OF["round"] = lowers(aten.round.default)(_rounding(jnp.round))  # half to even, as torch
 
 
 @lowers(aten.round.decimals)

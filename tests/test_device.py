@@ -1,0 +1,120 @@
+"""The `tpu` device: registration, torch.tpu names, chips, transfers, and one-line errors."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from backend_helpers import host
+from tputrace.backend.chips import ChipError
+from tputrace.backend.dispatch import DeviceMismatchError
+from tputrace.backend.dtypes import UnsupportedDtypeError
+
+
+def test_nothing_is_registered_before_the_import() -> None:
+    code = "import torch; import tputrace; print(torch._C._get_privateuse1_backend_name())"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "privateuseone"
+
+
+def test_device_identity_and_transfers() -> None:
+    cpu = torch.arange(6, dtype=torch.float32).reshape(2, 3)
+    tpu = cpu.to("tpu")
+    assert tpu.device == torch.device("tpu:0")
+    assert tpu.is_tpu and not cpu.is_tpu
+    assert cpu.tpu().device.type == "tpu"
+    assert torch.equal(host(tpu), cpu)
+    assert torch.randn(3, device="tpu").device.type == "tpu"
+    assert torch.tensor([1.0, 2.0], device="tpu").tolist() == [1.0, 2.0]
+
+
+def test_module_to_tpu_moves_parameters_and_buffers() -> None:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.BatchNorm1d(3)).to("tpu")
+    assert all(parameter.device.type == "tpu" for parameter in model.parameters())
+    assert all(buffer.device.type == "tpu" for buffer in model.buffers())
+    assert isinstance(model[0].weight, torch.nn.Parameter)
+
+
+def test_torch_tpu_module_names() -> None:
+    tpu = torch.tpu
+    for name in (
+        "is_available", "device_count", "current_device", "set_device", "device", "synchronize", "manual_seed",
+        "manual_seed_all", "initial_seed", "get_rng_state", "set_rng_state", "get_device_name",
+        "get_device_properties", "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats",
+        "Stream", "Event", "current_stream", "EagerMode", "set_eager_mode", "eager_mode",
+    ):
+        assert hasattr(tpu, name), name
+    assert tpu.is_available() and tpu.device_count() >= 1 and tpu.current_device() == 0
+    assert {mode.name for mode in tpu.EagerMode} == {"DEFER_AND_FUSE", "DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING"}
+    assert torch.accelerator.current_accelerator() == torch.device("tpu")
+    assert "tpu" in tpu.get_device_name()
+    tpu.current_stream().synchronize()
+    start, end = tpu.Event(enable_timing=True), tpu.Event(enable_timing=True)
+    start.record()
+    end.record()
+    assert end.elapsed_time(start) <= 0 <= start.elapsed_time(end)
+
+
+def test_memory_counters_follow_live_tensors() -> None:
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    big = torch.zeros(1024, 1024, device="tpu")
+    assert torch.tpu.memory_allocated() - before == 4 * 1024 * 1024
+    assert torch.tpu.max_memory_allocated() >= torch.tpu.memory_allocated()
+    del big
+    assert torch.tpu.memory_allocated() == before
+    torch.tpu.reset_peak_memory_stats()
+    assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
+
+
+def test_rng_is_reproducible_per_seed_and_never_fixed() -> None:
+    torch.manual_seed(7)
+    first = host(torch.randn(5, device="tpu"))
+    second = host(torch.randn(5, device="tpu"))
+    torch.manual_seed(7)
+    again = host(torch.randn(5, device="tpu"))
+    assert torch.equal(first, again) and not torch.equal(first, second)
+    state = torch.tpu.get_rng_state()
+    a = host(torch.rand(3, device="tpu"))
+    torch.tpu.set_rng_state(state)
+    assert torch.equal(a, host(torch.rand(3, device="tpu")))
+    assert torch.tpu.initial_seed() == 7
+
+
+def test_chip_index_past_the_count_is_a_one_line_error() -> None:
+    with pytest.raises(ChipError, match=r"tpu:99 does not exist: this process has 1 chip"):
+        torch.ones(2).to("tpu:99")
+
+
+def test_unsupported_dtype_is_a_one_line_error() -> None:
+    with pytest.raises(UnsupportedDtypeError, match="not supported on tpu; use one of"):
+        torch.ones(2, dtype=torch.uint16).to("tpu")
+
+
+def test_mixing_devices_is_a_one_line_error() -> None:
+    with pytest.raises(DeviceMismatchError, match=r"move the cpu tensor with \.to\('tpu'\)"):
+        torch.ones(2, device="tpu") + torch.ones(2)
+
+
+def test_multiple_chips_and_copies_between_them() -> None:
+    code = """
+import torch, tputrace.backend
+assert torch.tpu.device_count() == 2
+a = torch.arange(4.0).to("tpu:1")
+assert a.device == torch.device("tpu:1")
+b = a.to("tpu:0") * 2
+assert b.device == torch.device("tpu:0") and b.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+try:
+    a + b
+except RuntimeError as error:
+    assert "tpu:1" in str(error) and "tpu:0" in str(error), error
+else:
+    raise AssertionError("mixing chips did not raise")
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**__import__("os").environ, "TPUTRACE_CHIPS": "2"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip() == "ok"

@@ -1,0 +1,54 @@
+"""Which code is the user's: frames outside the standard library, site-packages, tputrace, torch and jax."""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import sysconfig
+from pathlib import Path
+
+_LIBRARY_MODULES = ("torch", "jax", "jaxlib", "numpy", "transformers")
+
+
+@functools.cache
+def _library_roots_cached(module_files: tuple[str, ...]) -> tuple[str, ...]:
+    roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    package_dir = Path(__file__).resolve().parent
+    roots.add(str(package_dir))
+    roots.add(str(package_dir.parent / "backend"))
+    for module_file in module_files:
+        roots.add(str(Path(module_file).resolve().parent))
+    return tuple(sorted(root.rstrip("/") + "/" for root in roots if root))
+
+
+def library_roots() -> tuple[str, ...]:
+    """Directories whose code is not the user's (recomputed when torch/jax get imported)."""
+    module_files = tuple(
+        module.__file__ for name in _LIBRARY_MODULES if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)
+    )
+    try:
+        import tputrace.backend as backend_package
+
+        module_files += (backend_package.__file__,)
+    except ImportError:
+        pass
+    return _library_roots_cached(module_files)
+
+
+def is_user_file(filename: str, roots: tuple[str, ...]) -> bool:
+    if filename.startswith("<"):
+        return filename in ("<string>", "<stdin>")
+    return not os.path.abspath(filename).startswith(roots)
+
+
+def first_user_location(skip: int = 1) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost frame in the user's code, or None."""
+    roots = library_roots()
+    frame = sys._getframe(skip)
+    while frame is not None:
+        code = frame.f_code
+        if is_user_file(code.co_filename, roots):
+            return code.co_filename, frame.f_lineno, code.co_name
+        frame = frame.f_back
+    return None
