@@ -23,6 +23,7 @@ COMMANDS: list[str] = [
     "info",
     "summary",
     "dump",
+    "report",
 ]
 
 EXIT_USAGE_ERROR = 2

@@ -1,0 +1,194 @@
+"""Collectives (when the trace has them): how much of a step they take, the bus bandwidth reached
+against the target's ICI, many small messages, stragglers, and messages not divisible by the group.
+
+Bus bandwidth is the recorded `bus_bandwidth` (bytes/s) when present, else computed with the usual
+ring factor for the kind. Waiting (`wait_ns`) is time a rank spent for the last rank to arrive: the
+rank that waits least is the straggler. Whether large parameters are replicated under FSDP/DTensor is
+not recorded in the trace, so it is not judged here.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tputrace.analysis.chips import DTYPE_BYTES
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.summary import format_bytes, format_ns
+
+NAME = "collectives"
+SMALL_MESSAGE_BYTES = 1 << 20
+MANY_SMALL_PER_STEP = 10
+STRAGGLER_WAIT_SHARE = 0.2
+LOW_BANDWIDTH_SHARE = 0.25
+
+
+def bus_factor(kind: str, ranks: int) -> float:
+    """Bytes each rank moves on the bus per byte of message, for ring algorithms."""
+    if ranks <= 1:
+        return 0.0
+    if kind == "all_reduce":
+        return 2.0 * (ranks - 1) / ranks
+    if kind in ("all_gather", "reduce_scatter", "all_to_all"):
+        return (ranks - 1) / ranks
+    return 1.0
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace = context.trace
+    result = AnalysisResult(NAME)
+    (count,) = trace.sql("SELECT COUNT(*) FROM collectives")[0]
+    result.data["count"] = count
+    if not count:
+        return result
+    rank = context.rank
+    where, params = context.loop_where()
+    kinds = trace.sql(
+        "SELECT kind, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(wait_ns), 0), "
+        f"AVG(bus_bandwidth), SUM(bytes < ?) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
+        (SMALL_MESSAGE_BYTES,) + tuple(params),
+    )
+    world = max(len(trace.ranks), 1)
+    rows = []
+    for kind, calls, nbytes, dur_ns, wait_ns, recorded_bandwidth, small in kinds:
+        bandwidth = recorded_bandwidth
+        if not bandwidth and dur_ns:
+            bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9)
+        rows.append({"kind": kind, "count": calls, "bytes": nbytes, "dur_ns": dur_ns, "wait_ns": wait_ns,
+                     "bus_bandwidth": bandwidth, "small_messages": small})
+    result.data["kinds"] = rows
+    total_ns = sum(row["dur_ns"] for row in rows)
+    steady_where, steady_params = context.steady_where()
+    (steady_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {steady_where}", steady_params)[0]
+    share = context.share_of_steps(steady_ns)
+    result.data["collective_share_of_step"] = share
+    top_frame = trace.sql(
+        f"SELECT frame_id FROM collectives WHERE {where} GROUP BY frame_id ORDER BY SUM(dur_ns) DESC LIMIT 1", params
+    )
+    frame_id = top_frame[0][0] if top_frame else None
+    ici = context.target.ici_bandwidth
+    kind_evidence = tuple(
+        Evidence(f"{row['kind']}: {row['count']} calls, {format_bytes(row['bytes'])}, {format_ns(row['dur_ns'])}, "
+                 f"bus {format_bytes(row['bus_bandwidth'] or 0)}/s", table="collectives")
+        for row in rows
+    )
+    if share >= 0.05:
+        bandwidths = [row["bus_bandwidth"] for row in rows if row["bus_bandwidth"]]
+        median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(share, warning=0.15, critical=0.4),
+            title=f"Collectives take {share:.0%} of each step on rank {rank}",
+            explanation=(
+                f"Rank {rank} spent {format_ns(total_ns)} in collectives. Their bus bandwidth "
+                f"(median {format_bytes(median_bandwidth)}/s) compares with {context.target.label}'s ICI of "
+                f"{format_bytes(ici)}/s per chip (bidirectional)."
+            ),
+            suggestion=(
+                "Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
+                "communicate in bfloat16, or reduce how often gradients are synchronised (gradient accumulation "
+                "with `no_sync`)."
+            ),
+            cost_total_ns=float(total_ns),
+            cost_per_step_ns=context.per_step(total_ns),
+            evidence=kind_evidence,
+            **context.location_fields(frame_id),
+        ))
+    small = sum(row["small_messages"] for row in rows)
+    small_per_step = small / max(context.step_count, 1)
+    result.data["small_messages_per_step"] = small_per_step
+    if small_per_step >= MANY_SMALL_PER_STEP:
+        (small_ns,) = trace.sql(
+            f"SELECT COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where} AND bytes < ?",
+            tuple(params) + (SMALL_MESSAGE_BYTES,),
+        )[0]
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity="warning" if context.share_of_wall(small_ns) >= 0.05 else "info",
+            title=f"Many small collectives: {small_per_step:.0f} messages under {format_bytes(SMALL_MESSAGE_BYTES)} per step",
+            explanation=(
+                f"{small} collectives moved less than {format_bytes(SMALL_MESSAGE_BYTES)} each, taking "
+                f"{format_ns(small_ns)}; small messages are dominated by latency, not bandwidth."
+            ),
+            suggestion="Bucket them: a larger DDP `bucket_cap_mb`, or flatten small tensors into one before reducing.",
+            cost_total_ns=float(small_ns),
+            cost_per_step_ns=context.per_step(small_ns),
+            evidence=kind_evidence,
+        ))
+    _stragglers(context, result)
+    _divisibility(context, result, where, params)
+    return result
+
+
+def _stragglers(context: AnalysisContext, result: AnalysisResult) -> None:
+    trace = context.trace
+    per_rank = trace.sql(
+        "SELECT rank, COALESCE(SUM(wait_ns), 0), COALESCE(SUM(dur_ns), 0) FROM collectives GROUP BY rank ORDER BY rank"
+    )
+    result.data["wait_by_rank"] = [{"rank": rank, "wait_ns": wait, "dur_ns": dur} for rank, wait, dur in per_rank]
+    if len(per_rank) < 2:
+        return
+    waits = {rank: wait for rank, wait, _ in per_rank}
+    durations = {rank: dur for rank, _, dur in per_rank}
+    straggler = min(waits, key=lambda rank: waits[rank])
+    others = [rank for rank in waits if rank != straggler]
+    waited = statistics.mean(waits[rank] for rank in others)
+    share = waited / statistics.mean(durations[rank] for rank in others) if others else 0.0
+    if share < STRAGGLER_WAIT_SHARE:
+        return
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
+        title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
+        explanation=(
+            f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
+            f"arrive; rank {straggler} waited least, so it is usually the late one."
+        ),
+        suggestion=(
+            f"Look at what rank {straggler} does before its collectives (uneven data loading, extra logging or "
+            "evaluation on that rank, uneven shards)."
+        ),
+        cost_total_ns=float(waited),
+        cost_per_step_ns=context.per_step(waited),
+        evidence=tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits)),
+    ))
+
+
+def _divisibility(context: AnalysisContext, result: AnalysisResult, where: str, params: tuple) -> None:
+    """Messages whose element count is not a multiple of the group size need padding to shard."""
+    trace = context.trace
+    rows = trace.sql(
+        f"SELECT kind, bytes, dtype, ranks_sid, frame_id, COUNT(*) FROM collectives WHERE {where} "
+        "AND kind IN ('all_gather', 'reduce_scatter', 'all_to_all') GROUP BY kind, bytes, dtype, ranks_sid, frame_id",
+        params,
+    )
+    uneven = []
+    for kind, nbytes, dtype, ranks_sid, frame_id, calls in rows:
+        group = len([part for part in (trace.string(ranks_sid) or "").split(",") if part.strip()])
+        size = DTYPE_BYTES.get(dtype or "f32", 4)
+        elements = (nbytes or 0) // size
+        if group > 1 and elements % group:
+            uneven.append((kind, elements, group, frame_id, calls))
+    result.data["not_divisible"] = [
+        {"kind": kind, "elements": elements, "group": group, "where": context.where(frame_id), "count": calls}
+        for kind, elements, group, frame_id, calls in uneven
+    ]
+    if not uneven:
+        return
+    kind, elements, group, frame_id, calls = uneven[0]
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity="info",
+        title=f"{kind} of {elements} elements is not divisible by its group of {group} ranks",
+        explanation=(
+            f"{len(uneven)} collective shapes have an element count that the group size does not divide, so each "
+            "is padded (or split unevenly) before it is sharded."
+        ),
+        suggestion=f"Make the sharded dim a multiple of {group} (pad the parameter or choose the mesh size to divide it).",
+        cost_total_ns=0.0,
+        evidence=tuple(
+            context.evidence_at(f"{k}: {e} elements over {g} ranks ({c} calls)", f, table="collectives")
+            for k, e, g, f, c in uneven[:5]
+        ),
+        **context.location_fields(frame_id),
+    ))

@@ -1,0 +1,171 @@
+"""What every analyzer needs besides the trace: the rank, the target chip and the run's steps.
+
+`AnalysisContext` is built once per analysis; analyzers read the trace only through it (the reader's
+SQL and aggregates) and never import torch or jax.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from tputrace.analysis.chips import Chip
+from tputrace.analysis.findings import Evidence, Severity
+from tputrace.store.aggregates import StepTime
+from tputrace.store.records import SourceLocation
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+# Share of the step time (or of the run) at which a cost becomes a warning, and critical.
+WARNING_SHARE = 0.05
+CRITICAL_SHARE = 0.25
+
+
+@dataclass
+class AnalysisContext:
+    """The trace, the rank analysed, the target chip and the run's steps.
+
+    Steps: `steps` are the rank's step records; the first is warm-up (it compiles), a trailing step
+    recorded at exit (`source == "end"`) holds what ran after the loop. `steady` is the range of step
+    numbers in between (every step when there are fewer than three).
+    """
+
+    trace: Trace
+    rank: int
+    target: Chip
+    target_is_default: bool
+    steps: list[StepTime] = field(default_factory=list)
+    wall_ns: int = 0
+    cache: dict[str, object] = field(default_factory=dict)  # results analyzers share (e.g. the run's matmuls)
+
+    @classmethod
+    def build(cls, trace: Trace, target: Chip, target_is_default: bool, rank: int | None = None) -> AnalysisContext:
+        chosen = trace.run.rank if rank is None else rank
+        return cls(trace, chosen, target, target_is_default, trace.step_times(rank=chosen), trace.wall_ns(rank=chosen))
+
+    # -- steps ------------------------------------------------------------------------------------
+
+    @property
+    def loop_steps(self) -> list[StepTime]:
+        """Steps of the training loop: every step but a trailing `end` step (when there are others)."""
+        loop = [step for step in self.steps if step.source != "end"]
+        return loop or list(self.steps)
+
+    @property
+    def step_count(self) -> int:
+        return len(self.loop_steps)
+
+    @property
+    def steady_steps(self) -> list[StepTime]:
+        """Loop steps after the first (warm-up) one; all loop steps when there are fewer than three."""
+        loop = self.loop_steps
+        return loop[1:] if len(loop) >= 3 else loop
+
+    @property
+    def steady_range(self) -> tuple[int, int] | None:
+        """(first, last) step number of the steady steps, or None without steps."""
+        steady = self.steady_steps
+        if not steady:
+            return None
+        return steady[0].step, steady[-1].step
+
+    @property
+    def loop_range(self) -> tuple[int, int] | None:
+        """(first, last) step number of the loop steps, or None without steps."""
+        loop = self.loop_steps
+        if not loop:
+            return None
+        return loop[0].step, loop[-1].step
+
+    def loop_where(self, alias: str = "") -> tuple[str, tuple[int, ...]]:
+        """SQL condition (and parameters) selecting rows of this rank in the loop's steps (all rows without steps)."""
+        return _step_condition(self.rank, self.loop_range, alias)
+
+    @property
+    def steady_count(self) -> int:
+        return len(self.steady_steps)
+
+    @property
+    def median_step_ns(self) -> float | None:
+        durations = [step.dur_ns for step in self.steady_steps if step.dur_ns is not None]
+        return float(statistics.median(durations)) if durations else None
+
+    @property
+    def steady_ns(self) -> int:
+        """Total duration of the steady steps."""
+        return sum(step.dur_ns or 0 for step in self.steady_steps)
+
+    def steady_where(self, alias: str = "") -> tuple[str, tuple[int, ...]]:
+        """SQL condition (and parameters) selecting rows of this rank in steady steps (`alias.` prefixes columns)."""
+        return _step_condition(self.rank, self.steady_range, alias)
+
+    def per_step(self, total_ns: float) -> float | None:
+        """A run total spread over the loop's steps; None for a run without steps."""
+        return total_ns / self.step_count if self.step_count else None
+
+    # -- severity ---------------------------------------------------------------------------------
+
+    def share_of_steps(self, steady_cost_ns: float) -> float:
+        """A cost incurred in the steady steps as a share of their time (of the wall time without steps)."""
+        denominator = self.steady_ns if self.steps else self.wall_ns
+        return steady_cost_ns / denominator if denominator else 0.0
+
+    def share_of_step(self, total_ns: float) -> float:
+        """A cost summed over the loop's steps, per step, as a share of the median steady step."""
+        median = self.median_step_ns
+        per_step = self.per_step(total_ns)
+        if per_step is None or not median:
+            return self.share_of_wall(total_ns)
+        return per_step / median
+
+    def share_of_wall(self, cost_ns: float) -> float:
+        return cost_ns / self.wall_ns if self.wall_ns else 0.0
+
+    @staticmethod
+    def severity(share: float, *, warning: float = WARNING_SHARE, critical: float = CRITICAL_SHARE) -> Severity:
+        if share >= critical:
+            return "critical"
+        if share >= warning:
+            return "warning"
+        return "info"
+
+    # -- source locations -------------------------------------------------------------------------
+
+    def location(self, frame_id: int | None) -> SourceLocation | None:
+        return self.trace.frame(frame_id)
+
+    def where(self, frame_id: int | None) -> str:
+        """`file.py:12` for a frame id, `an unknown line` without one."""
+        location = self.location(frame_id)
+        return location.short if location is not None else "an unknown line"
+
+    def location_fields(self, frame_id: int | None) -> dict[str, object]:
+        """`file` and `line` keyword arguments of a `Finding` for a frame id (none when unknown)."""
+        location = self.location(frame_id)
+        return {"file": location.file, "line": location.line} if location else {}
+
+    def evidence_at(self, text: str, frame_id: int | None, *, module: str | None = None, table: str | None = None) -> Evidence:
+        location = self.location(frame_id)
+        return Evidence(
+            text,
+            file=location.file if location else None,
+            line=location.line if location else None,
+            module=module,
+            table=table,
+        )
+
+
+def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tuple[str, tuple[int, ...]]:
+    prefix = f"{alias}." if alias else ""
+    if steps is None:
+        return f"{prefix}rank = ?", (rank,)
+    return f"{prefix}rank = ? AND {prefix}step BETWEEN ? AND ?", (rank, steps[0], steps[1])
+
+
+def in_list(values: Iterable[object]) -> str:
+    """`(?, ?, ?)` for an SQL IN clause over `values` (at least one placeholder)."""
+    count = max(len(list(values)), 1)
+    return "(" + ", ".join("?" for _ in range(count)) + ")"

@@ -1,0 +1,91 @@
+"""CPU fallbacks: ops with no lowering that ran on the host, per op and line.
+
+A fallback's recorded duration includes copying its inputs to the host (a sync) and its outputs
+back, so it is the whole cost of the op leaving the chip.
+"""
+
+from __future__ import annotations
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.summary import format_ns
+
+NAME = "fallbacks"
+
+# Ops whose output shape depends on values: no fixed-shape XLA lowering exists, so the advice is a rewrite.
+DATA_DEPENDENT_HINTS: dict[str, str] = {
+    "aten.nonzero": "use a mask instead of indices (e.g. `x * mask` or `torch.where(mask, x, 0)`)",
+    "aten.masked_select": "keep the shape fixed: `torch.where(mask, x, 0)` and sum with the mask as weights",
+    "aten._unique2": "compute unique values once outside the loop, or use a fixed-size one-hot / bincount with a known size",
+    "aten.unique_dim": "compute unique values once outside the loop",
+    "aten.unique_consecutive": "compute unique values once outside the loop",
+    "aten.index.Tensor": "boolean-mask indexing has a data-dependent shape; use `torch.where` with a fixed shape",
+}
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace = context.trace
+    result = AnalysisResult(NAME)
+    where, params = context.loop_where()
+    steady_where, steady_params = context.steady_where()
+    rows = trace.sql(
+        "SELECT op_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0), MIN(inputs_sid), COUNT(DISTINCT step) "
+        f"FROM fallbacks WHERE {where} GROUP BY op_sid, frame_id ORDER BY 4 DESC",
+        params,
+    )
+    steady = {
+        (op_sid, frame_id): (count, total_ns)
+        for op_sid, frame_id, count, total_ns in trace.sql(
+            f"SELECT op_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM fallbacks WHERE {steady_where} "
+            "GROUP BY op_sid, frame_id",
+            steady_params,
+        )
+    }
+    items = []
+    steady_count = max(context.steady_count, 1)
+    for op_sid, frame_id, count, total_ns, inputs_sid, steps_with in rows:
+        op = trace.string(op_sid) or "?"
+        steady_calls, steady_ns = steady.get((op_sid, frame_id), (0, 0))
+        per_step = steady_calls / steady_count if context.steps else None
+        items.append({
+            "op": op, "where": context.where(frame_id), "count": count, "total_ns": total_ns,
+            "inputs": trace.string(inputs_sid), "steps": steps_with, "count_per_step": per_step,
+        })
+        share = context.share_of_steps(steady_ns)
+        severity = context.severity(share)
+        if severity == "info" and per_step and share >= 0.01:
+            severity = "warning"
+        location = context.where(frame_id)
+        hint = _hint(op)
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity=severity,
+            title=f"CPU fallback: {op} runs on the host at {location} ({count} calls, {format_ns(total_ns)})",
+            explanation=(
+                f"{op} has no lowering on the tpu device, so each call at {location} copies its inputs to the host "
+                f"(waiting for the chip), runs on the CPU and copies the result back: {count} calls in {steps_with} "
+                f"steps, {format_ns(total_ns / count)} each including transfers ({share:.0%} of the steady steps' time). "
+                f"It also ends the pending fused program, so the step is cut in two."
+            ),
+            suggestion=(
+                f"Replace {op.rsplit('.', 1)[0]} in the loop: {hint}." if hint else
+                f"Replace {op.rsplit('.', 1)[0]} with ops that have a lowering, or compute it once outside the loop."
+            ),
+            cost_total_ns=float(total_ns),
+            cost_per_step_ns=context.per_step(total_ns),
+            evidence=(
+                context.evidence_at(f"{count} calls of {op}({trace.string(inputs_sid) or ''})", frame_id, table="fallbacks"),
+            ),
+            **context.location_fields(frame_id),
+        ))
+    result.data["ops"] = items[:50]
+    result.data["total_ns"] = sum(item["total_ns"] for item in items)
+    result.data["total_calls"] = sum(item["count"] for item in items)
+    return result
+
+
+def _hint(op: str) -> str | None:
+    for prefix, hint in DATA_DEPENDENT_HINTS.items():
+        if op == prefix or op.startswith(prefix + "."):
+            return hint
+    return None

@@ -1,0 +1,125 @@
+"""Fragmented fusion: flushes in the middle of a step that cut it into many small programs.
+
+In DeferAndFuse mode a step ideally runs as a couple of fused programs (forward and backward up to
+the optimizer, then the optimizer). Every host read (`.item()`, `print`, `if tensor`) or other trigger
+in between ends the pending graph: the chip gets smaller programs, XLA fuses less, and the host waits.
+Flushes by CPU fallbacks are reported by the fallbacks analyzer and not counted here.
+
+Cost (an estimate): the host time spent flushing the extra programs (cache hits only: compiles are
+the recompiles analyzer's) plus the syncs' stalls at the cutting lines.
+"""
+
+from __future__ import annotations
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.summary import format_ns
+
+NAME = "fusion"
+NATURAL_TRIGGERS = ("step", "backward_end", "exit", "explicit")
+OWNED_ELSEWHERE = ("fallback",)
+MIN_CUTS_PER_STEP = 3.0
+
+SUGGESTIONS: dict[str, str] = {
+    "bool": "replace Python control flow on tensor values (`if x.any():`) with `torch.where`, or check once per step",
+    "item": "read values with `.item()` once per step at most, after `optimizer.step()`",
+    "print": "print once per step (or every N steps), after `optimizer.step()`",
+    "tolist": "call `.tolist()` after the step, not between layers",
+    "numpy": "call `.numpy()` after the step, not between layers",
+    "cpu": "move tensors to the CPU after the step, not between layers",
+    "data_dependent": "use fixed-shape ops instead of value-dependent shapes (nonzero, masked_select)",
+    "size_cap": "the pending graph hit the size cap; this is rare and usually fine",
+    "transfer": "keep tensors on one chip within a step",
+}
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace = context.trace
+    result = AnalysisResult(NAME)
+    where, params = context.loop_where()
+    steady_where, steady_params = context.steady_where()
+    excluded = ", ".join(f"'{trigger}'" for trigger in NATURAL_TRIGGERS + OWNED_ELSEWHERE)
+    totals = trace.sql(
+        "SELECT COUNT(*), COALESCE(SUM(n_ops), 0), COUNT(DISTINCT step) FROM flushes WHERE " + steady_where,
+        steady_params,
+    )[0]
+    steady_count = max(context.steady_count, 1)
+    result.data["programs_per_step"] = totals[0] / steady_count if totals[0] else 0.0
+    result.data["ops_per_program"] = totals[1] / totals[0] if totals[0] else 0.0
+    triggers = trace.sql(
+        "SELECT trigger, COUNT(*) FROM flushes WHERE " + steady_where + " GROUP BY trigger ORDER BY 2 DESC", steady_params
+    )
+    result.data["flushes_per_step_by_trigger"] = {trigger: count / steady_count for trigger, count in triggers}
+    cuts = trace.sql(
+        "SELECT trigger, frame_id, COUNT(*), COALESCE(SUM(n_ops), 0) FROM flushes "
+        f"WHERE {steady_where} AND trigger NOT IN ({excluded}) GROUP BY trigger, frame_id ORDER BY 3 DESC",
+        steady_params,
+    )
+    cuts_per_step = sum(row[2] for row in cuts) / steady_count
+    result.data["cuts_per_step"] = cuts_per_step
+    lines = [
+        {"trigger": trigger, "where": context.where(frame_id), "count_per_step": count / steady_count,
+         "ops_per_program": n_ops / count if count else 0.0}
+        for trigger, frame_id, count, n_ops in cuts
+    ]
+    result.data["cutting_lines"] = lines[:50]
+    if not context.steps or cuts_per_step < MIN_CUTS_PER_STEP:
+        return result
+    frame_ids = sorted({frame_id for _, frame_id, _, _ in cuts if frame_id is not None})
+    cost_ns, flush_ns, stall_ns = _cost(context, frame_ids, excluded, where, params)
+    steady_cost = _cost(context, frame_ids, excluded, steady_where, steady_params)[0]
+    top_trigger, top_frame, top_count, _ = cuts[0]
+    programs_per_step = result.data["programs_per_step"]
+    share = context.share_of_steps(steady_cost)
+    severity = context.severity(share)
+    if severity == "info" and cuts_per_step >= 2 * MIN_CUTS_PER_STEP:
+        severity = "warning"
+    evidence = tuple(
+        context.evidence_at(
+            f"{trigger} flush {count / steady_count:.3g} per step, {n_ops / count:.1f} ops per program",
+            frame_id, table="flushes",
+        )
+        for trigger, frame_id, count, n_ops in cuts[:6]
+    )
+    where_top = context.where(top_frame)
+    hint = SUGGESTIONS.get(top_trigger, "move the host read after the step")
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity=severity,
+        title=(
+            f"Fragmented fusion: each step is cut into {programs_per_step:.3g} programs, "
+            f"{top_count / steady_count:.3g} per step by {top_trigger} at {where_top}"
+        ),
+        explanation=(
+            f"Each steady step ran {programs_per_step:.3g} programs of {result.data['ops_per_program']:.1f} ops on "
+            f"average; {cuts_per_step:.3g} per step were cut mid-step by host reads or other triggers "
+            f"({len(cuts)} lines), so XLA fuses less and the host waits for each piece. Flushing the extra programs "
+            f"took {format_ns(flush_ns)} and their syncs stalled {format_ns(stall_ns)} (estimate of the cost: "
+            f"{share:.0%} of the steady steps' time)."
+        ),
+        suggestion=f"At {where_top}: {hint}. Then each step runs as one or two fused programs.",
+        cost_total_ns=float(cost_ns),
+        cost_per_step_ns=context.per_step(cost_ns),
+        evidence=evidence,
+        **context.location_fields(top_frame),
+    ))
+    return result
+
+
+def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, where: str, params: tuple) -> tuple[float, float, float]:
+    """(flush time + stall, flush time, stall) of the cutting flushes at `frame_ids` in the rows `where` selects."""
+    trace = context.trace
+    (flush_ns,) = trace.sql(
+        "SELECT COALESCE(SUM(CASE WHEN cache_hit = 1 THEN dur_ns ELSE 0 END), 0) FROM flushes "
+        f"WHERE {where} AND trigger NOT IN ({excluded})",
+        params,
+    )[0]
+    stall_ns = 0
+    if frame_ids:
+        placeholders = ", ".join("?" for _ in frame_ids)
+        (stall_ns,) = trace.sql(
+            f"SELECT COALESCE(SUM(dur_ns), 0) FROM syncs WHERE {where} AND kind != 'fallback' "
+            f"AND frame_id IN ({placeholders})",
+            tuple(params) + tuple(frame_ids),
+        )[0]
+    return float(flush_ns + stall_ns), float(flush_ns), float(stall_ns)

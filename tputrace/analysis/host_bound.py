@@ -1,0 +1,102 @@
+"""Host-bound steps: the host spends longer dispatching a step's ops than the chip spends running them.
+
+Per steady step: dispatch time (the ops' recorded host time) against program execution time (the
+executions recorded in DeferAndFuse mode). Without executions (strict mode) the chip time is the
+target's roofline time of the programs run, from XLA's FLOPs and bytes (an estimate). The data also
+holds that roofline estimate for every trace, to show what the step's work would take on the target.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.summary import format_ns
+
+NAME = "host_bound"
+WARNING_RATIO = 2.0  # dispatch at least this many times the chip time ...
+WARNING_IDLE_SHARE = 0.5  # ... and the chip idle for at least this share of the step
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace = context.trace
+    result = AnalysisResult(NAME)
+    if not context.steps:
+        return result
+    where, params = context.steady_where()
+    dispatch = {step: (ns, ops) for step, ns, ops in trace.sql(
+        f"SELECT step, COALESCE(SUM(dur_ns), 0), COUNT(*) FROM ops WHERE {where} GROUP BY step", params)}
+    executed = dict(trace.sql(
+        f"SELECT step, COALESCE(SUM(dur_ns), 0) FROM executions WHERE {where} GROUP BY step", params))
+    peak, bandwidth = context.target.peak_bf16_flops, context.target.hbm_bandwidth
+    e_where, e_params = context.steady_where("e")
+    roofline = dict(trace.sql(
+        "SELECT e.step, COALESCE(SUM(MAX(COALESCE(p.flops, 0) / ?, COALESCE(p.bytes_accessed, 0) / ?)), 0) * 1e9 "
+        f"FROM executions e JOIN programs p ON p.id = e.program_id WHERE {e_where} GROUP BY e.step",
+        (peak, bandwidth) + tuple(e_params),
+    ))
+    measured = bool(executed)
+    if not measured:
+        o_where, o_params = context.steady_where("o")
+        roofline = dict(trace.sql(
+            "SELECT o.step, COALESCE(SUM(MAX(COALESCE(p.flops, 0) / ?, COALESCE(p.bytes_accessed, 0) / ?)), 0) * 1e9 "
+            f"FROM ops o JOIN programs p ON p.id = o.program_id WHERE {o_where} AND o.flush_id IS NULL GROUP BY o.step",
+            (peak, bandwidth) + tuple(o_params),
+        ))
+    steps = []
+    for step in context.steady_steps:
+        dispatch_ns, ops = dispatch.get(step.step, (0, 0))
+        chip_ns = executed.get(step.step, 0) if measured else roofline.get(step.step, 0.0)
+        steps.append({
+            "step": step.step, "dur_ns": step.dur_ns, "dispatch_ns": dispatch_ns, "ops": ops, "chip_ns": chip_ns,
+            "roofline_estimate_ns": roofline.get(step.step, 0.0),
+        })
+    result.data["steps"] = steps
+    result.data["chip_time"] = "measured executions" if measured else "target roofline estimate"
+    if not steps:
+        return result
+    dispatch_ns = statistics.median(step["dispatch_ns"] for step in steps)
+    chip_ns = statistics.median(step["chip_ns"] for step in steps)
+    ops = statistics.median(step["ops"] for step in steps)
+    roofline_ns = statistics.median(step["roofline_estimate_ns"] for step in steps)
+    result.data.update(median_dispatch_ns=dispatch_ns, median_chip_ns=chip_ns, median_ops=ops,
+                       median_roofline_estimate_ns=roofline_ns)
+    if dispatch_ns <= chip_ns or not ops:
+        return result
+    gap_ns = dispatch_ns - chip_ns
+    cost = gap_ns * context.step_count
+    step_ns = context.median_step_ns or 0.0
+    idle_share = 1.0 - chip_ns / step_ns if step_ns else 0.0
+    ratio = dispatch_ns / chip_ns if chip_ns else float("inf")
+    severity = "warning" if ratio >= WARNING_RATIO and idle_share >= WARNING_IDLE_SHARE else "info"
+    chip_label = "ran" if measured else "would run (target roofline estimate)"
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity=severity,
+        title=(
+            f"Host-bound steps: dispatching {ops:.0f} ops takes {format_ns(dispatch_ns)} per step, "
+            f"the chip {chip_label} {format_ns(chip_ns)}"
+        ),
+        explanation=(
+            f"In a median steady step the host spent {format_ns(dispatch_ns)} dispatching {ops:.0f} ops "
+            f"({format_ns(dispatch_ns / ops)} each) while the chip {chip_label} programs for {format_ns(chip_ns)}: "
+            f"the chip is idle about {idle_share:.0%} of the step waiting for Python. On {context.target.label} "
+            f"the step's programs would take about {format_ns(roofline_ns)} (roofline estimate from XLA's FLOPs "
+            f"and bytes), so the host would dominate even more."
+        ),
+        suggestion=(
+            "Give the chip more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
+            "`foreach`/fused optimizers), or compile the step with `torch.compile(model, backend=\"tpu\")` so Python "
+            "dispatches one graph instead of each op."
+        ),
+        cost_total_ns=float(cost),
+        cost_per_step_ns=float(gap_ns),
+        evidence=(
+            Evidence(f"median step {format_ns(step_ns)}: dispatch {format_ns(dispatch_ns)}, chip {format_ns(chip_ns)}",
+                     table="ops"),
+            Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
+                     table="programs"),
+        ),
+    ))
+    return result

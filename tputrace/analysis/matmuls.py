@@ -1,0 +1,91 @@
+"""The run's matrix products (matmul, linear, conv, attention), grouped by op, shapes, module and line,
+and how much chip time each group accounts for. Shared by the padding and precision analyzers.
+
+Chip time of a group is attributed from measured program executions by FLOP share (the group's
+FLOPs over the FLOPs of every program executed, from XLA's cost analysis). Without executions (strict
+mode) or FLOP counts, it is the target chip's roofline time for the group (an estimate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tputrace.analysis.context import AnalysisContext, in_list
+from tputrace.analysis.shapes import Matmul, matmuls_of, op_family
+
+
+@dataclass(frozen=True)
+class MatmulGroup:
+    """Calls of one matmul-like op with one set of input shapes, from one module and line."""
+
+    op: str
+    inputs: str
+    module: str | None
+    frame_id: int | None
+    calls: int
+    products: tuple[Matmul, ...]
+
+    @property
+    def flops(self) -> float:
+        return self.calls * sum(product.flops for product in self.products)
+
+
+@dataclass(frozen=True)
+class ChipTime:
+    """How matmul FLOPs turn into chip time in this run."""
+
+    execution_ns: float
+    execution_flops: float
+
+    @property
+    def measured(self) -> bool:
+        return self.execution_ns > 0 and self.execution_flops > 0
+
+    def attributed_ns(self, context: AnalysisContext, group: MatmulGroup) -> float:
+        """Chip time for `group`: measured by FLOP share when possible, else the target's roofline (estimate)."""
+        if self.measured:
+            return min(group.flops / self.execution_flops, 1.0) * self.execution_ns
+        return group.calls * sum(
+            context.target.roofline_ns(product.flops, product.bytes, product.dtype) for product in group.products
+        )
+
+
+def matmul_groups(context: AnalysisContext) -> list[MatmulGroup]:
+    """Matmul-like ops dispatched in the loop's steps, grouped by op, inputs, module and line."""
+    cached = context.cache.get("matmul_groups")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    trace = context.trace
+    op_sids = [op_sid for (op_sid,) in trace.sql("SELECT DISTINCT op_sid FROM ops WHERE rank = ?", (context.rank,))
+               if op_family(trace.string(op_sid)) is not None]
+    groups: list[MatmulGroup] = []
+    if op_sids:
+        where, params = context.loop_where()
+        rows = trace.sql(
+            "SELECT op_sid, inputs_sid, module_sid, frame_id, COUNT(*) FROM ops "
+            f"WHERE {where} AND op_sid IN {in_list(op_sids)} GROUP BY op_sid, inputs_sid, module_sid, frame_id",
+            tuple(params) + tuple(op_sids),
+        )
+        for op_sid, inputs_sid, module_sid, frame_id, calls in rows:
+            op, inputs = trace.string(op_sid) or "", trace.string(inputs_sid) or ""
+            products = tuple(matmuls_of(op, inputs))
+            if products:
+                groups.append(MatmulGroup(op, inputs, trace.string(module_sid), frame_id, calls, products))
+    context.cache["matmul_groups"] = groups
+    return groups
+
+
+def chip_time(context: AnalysisContext) -> ChipTime:
+    """Total execution time and executed FLOPs of the loop's programs."""
+    cached = context.cache.get("chip_time")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    where, params = context.loop_where("e")
+    execution_ns, execution_flops = context.trace.sql(
+        "SELECT COALESCE(SUM(e.dur_ns), 0), COALESCE(SUM(p.flops), 0) FROM executions e "
+        f"LEFT JOIN programs p ON p.id = e.program_id WHERE {where}",
+        params,
+    )[0]
+    result = ChipTime(float(execution_ns), float(execution_flops))
+    context.cache["chip_time"] = result
+    return result

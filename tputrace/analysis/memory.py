@@ -1,0 +1,128 @@
+"""Memory: peak live bytes per chip against the target's HBM, growth across steps, and the largest
+tensors by module.
+
+The trace samples live and peak bytes per chip; it does not record each buffer's lifetime, so the
+"largest tensors" are the largest outputs each module produced (candidates for what fills memory at
+the peak, not a measured breakdown).
+"""
+
+from __future__ import annotations
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.shapes import tensors
+from tputrace.summary import format_bytes
+
+NAME = "memory"
+WARNING_HBM_SHARE = 0.85
+GROWTH_MIN_BYTES_PER_STEP = 1 << 20
+GROWTH_MIN_SHARE = 0.2
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace = context.trace
+    result = AnalysisResult(NAME)
+    hbm = context.target.hbm_bytes
+    chips = trace.sql(
+        "SELECT chip, MAX(COALESCE(peak_bytes, 0)), MAX(COALESCE(live_bytes, 0)) FROM memory WHERE rank = ? "
+        "GROUP BY chip ORDER BY chip",
+        (context.rank,),
+    )
+    result.data["chips"] = [
+        {"chip": chip, "peak_bytes": peak, "max_live_bytes": live, "hbm_share": peak / hbm} for chip, peak, live in chips
+    ]
+    largest = _largest_by_module(context)
+    result.data["largest_tensors_by_module"] = largest
+    module_evidence = tuple(
+        Evidence(f"{row['module']}: largest output {row['tensor']} ({format_bytes(row['bytes'])})", module=row["module"],
+                 table="ops")
+        for row in largest[:5]
+    )
+    for chip, peak, _ in chips:
+        share = peak / hbm
+        if share < WARNING_HBM_SHARE:
+            continue
+        fits = share <= 1.0
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity="warning" if fits else "critical",
+            title=(
+                f"Peak memory on tpu:{chip} is {format_bytes(peak)}, {share:.0%} of {context.target.label}'s "
+                f"{format_bytes(hbm)} HBM" + ("" if fits else ": it would not fit")
+            ),
+            explanation=(
+                f"Live tensors on tpu:{chip} peaked at {format_bytes(peak)}. "
+                + ("That leaves little room for XLA's temporaries and padding on the target."
+                   if fits else "On the target this run would fail with an out-of-memory error.")
+            ),
+            suggestion=(
+                "Reduce the peak: a smaller batch per chip with gradient accumulation, activation checkpointing "
+                "(`torch.utils.checkpoint`) on the largest blocks, bfloat16 activations, or sharding the model "
+                "across chips (FSDP)."
+            ),
+            # A run that does not fit loses all of its time; one near the limit costs nothing measurable yet.
+            cost_total_ns=float(context.wall_ns) if not fits else 0.0,
+            cost_per_step_ns=context.per_step(context.wall_ns) if not fits else None,
+            evidence=module_evidence,
+        ))
+    growth = _growth(context)
+    result.data["live_bytes_growth_per_step"] = growth[0] if growth else None
+    if growth is not None:
+        per_step, first, last = growth
+        if per_step >= GROWTH_MIN_BYTES_PER_STEP and last >= first * (1 + GROWTH_MIN_SHARE):
+            result.findings.append(Finding(
+                analyzer=NAME,
+                severity="warning",
+                title=f"Live memory grows by {format_bytes(per_step)} every step",
+                explanation=(
+                    f"Live bytes at the end of each steady step rose from {format_bytes(first)} to "
+                    f"{format_bytes(last)}: something keeps tensors from every step alive."
+                ),
+                suggestion=(
+                    "Look for tensors kept across steps: losses or outputs appended to a list without `.detach()` "
+                    "(they keep the whole graph), growing caches, or state created inside the loop."
+                ),
+                cost_total_ns=0.0,
+                cost_per_step_ns=None,
+                evidence=module_evidence,
+            ))
+    return result
+
+
+def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[dict[str, object]]:
+    """The largest output tensor each module produced, largest first."""
+    trace = context.trace
+    best: dict[str, tuple[int, str]] = {}
+    for module_sid, outputs_sid in trace.sql(
+        "SELECT DISTINCT module_sid, outputs_sid FROM ops WHERE rank = ? AND module_sid IS NOT NULL", (context.rank,)
+    ):
+        module = trace.string(module_sid) or "?"
+        for spec in tensors(trace.string(outputs_sid)):
+            if spec.nbytes > best.get(module, (0, ""))[0]:
+                best[module] = (spec.nbytes, str(spec))
+    ranked = sorted(best.items(), key=lambda item: -item[1][0])[:limit]
+    return [{"module": module, "bytes": nbytes, "tensor": text} for module, (nbytes, text) in ranked]
+
+
+def _growth(context: AnalysisContext) -> tuple[float, int, int] | None:
+    """(bytes per step, first, last) of live bytes at the end of the steady steps, per chip 0's samples."""
+    steady = context.steady_steps
+    if len(steady) < 3:
+        return None
+    samples = []
+    for step in steady:
+        if step.end_ns is None:
+            continue
+        row = context.trace.sql(
+            "SELECT SUM(live_bytes) FROM memory WHERE rank = ? AND t_ns = "
+            "(SELECT MAX(t_ns) FROM memory WHERE rank = ? AND t_ns <= ?)",
+            (context.rank, context.rank, step.end_ns),
+        )
+        if row and row[0][0] is not None:
+            samples.append(int(row[0][0]))
+    if len(samples) < 3:
+        return None
+    increasing = all(later >= earlier for earlier, later in zip(samples, samples[1:]))
+    if not increasing:
+        return None
+    return (samples[-1] - samples[0]) / (len(samples) - 1), samples[0], samples[-1]

@@ -1,0 +1,169 @@
+"""Tile and MXU padding waste: matmul, conv and attention dims that do not fill the target's tiles.
+
+On the target, the contracted dim (k) and the output features (n) are fed to an MXU of `mxu` x `mxu`
+multiply-accumulators, and arrays live in HBM as (sublane, 128) tiles ((8, 128) for 32-bit types,
+(16, 128) for 16-bit): a dim that is not a multiple is padded. For each product the analyzer compares
+the target's roofline time with and without the padding (an estimate: the larger of compute time and
+HBM time). Memory-bound products lose little to MXU padding; compute-bound ones lose the padded FLOPs.
+The cost of a group is that wasted share of its chip time (see `matmuls`).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from tputrace.analysis.chips import DTYPE_BYTES, Chip, round_up
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
+from tputrace.analysis.shapes import Matmul
+from tputrace.summary import format_ns
+
+NAME = "padding"
+LANE = 128
+MIN_REPORTED_SHARE = 0.005  # of a step: smaller wastes stay in the data, not in the findings
+
+
+@dataclass(frozen=True)
+class ProductPadding:
+    """One product on the target: padded FLOPs and the roofline time lost to padding."""
+
+    product: Matmul
+    off_dims: tuple[tuple[str, int, int], ...]  # (role, size, alignment) of each dim off its alignment
+    flops: float
+    padded_flops: float
+    time_ns: float
+    padded_time_ns: float
+
+    @property
+    def flop_waste(self) -> float:
+        return 1.0 - self.flops / self.padded_flops if self.padded_flops else 0.0
+
+    @property
+    def time_waste(self) -> float:
+        return 1.0 - self.time_ns / self.padded_time_ns if self.padded_time_ns else 0.0
+
+
+def pad_product(product: Matmul, chip: Chip) -> ProductPadding:
+    """`product` as the target runs it: m to the sublane tile, k and n to the MXU size."""
+    sublane = chip.tile(product.dtype)[0]
+    m, k, n = product.m, product.k, product.n
+    padded_m, padded_k, padded_n = round_up(m, sublane), round_up(k, chip.mxu), round_up(n, chip.mxu)
+    off = tuple(
+        (role, size, align)
+        for role, size, align in (("m", m, sublane), ("k", k, chip.mxu), ("n", n, chip.mxu))
+        if size % align
+    )
+    size = DTYPE_BYTES.get(product.dtype, 4)
+    flops = product.flops
+    padded_flops = 2.0 * product.batch * padded_m * padded_k * padded_n
+    padded_bytes = product.batch * size * (
+        round_up(m, sublane) * round_up(k, LANE) + round_up(k, sublane) * round_up(n, LANE)
+        + round_up(m, sublane) * round_up(n, LANE)
+    )
+    time_ns = chip.roofline_ns(flops, product.bytes, product.dtype)
+    padded_time_ns = chip.roofline_ns(padded_flops, float(padded_bytes), product.dtype)
+    return ProductPadding(product, off, flops, padded_flops, time_ns, max(padded_time_ns, time_ns))
+
+
+def aligned_sizes(size: int, align: int) -> tuple[int, int | None]:
+    """The aligned sizes around `size`: (next multiple up, next multiple down or None below `align`)."""
+    up = round_up(size, align)
+    down = (size // align) * align
+    return up, (down if down > 0 else None)
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    result = AnalysisResult(NAME)
+    groups = matmul_groups(context)
+    if not groups:
+        return result
+    times = chip_time(context)
+    target = context.target
+    by_dim: dict[tuple[int, int], list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
+    total_flops = sum(group.flops for group in groups)
+    wasted_flops = 0.0
+    rows = []
+    for group in groups:
+        paddings = [pad_product(product, target) for product in group.products]
+        padded_time = sum(padding.padded_time_ns for padding in paddings)
+        lost_time = sum(padding.padded_time_ns - padding.time_ns for padding in paddings)
+        fraction = lost_time / padded_time if padded_time else 0.0
+        chip_ns = times.attributed_ns(context, group)
+        cost = fraction * chip_ns
+        group_wasted = group.calls * sum(padding.padded_flops - padding.flops for padding in paddings)
+        wasted_flops += group_wasted
+        off_dims = {(size, align) for padding in paddings for _, size, align in padding.off_dims}
+        rows.append({
+            "op": group.op, "inputs": group.inputs, "module": group.module, "where": context.where(group.frame_id),
+            "calls": group.calls, "flops": group.flops, "padded_flop_share": group_wasted / (group.flops + group_wasted)
+            if group.flops + group_wasted else 0.0, "time_waste_estimate": fraction, "cost_ns": cost,
+            "off_dims": sorted(off_dims),
+        })
+        for dim in off_dims:
+            by_dim[dim].append((group, cost / len(off_dims), group_wasted))
+    result.data["products"] = sorted(rows, key=lambda row: -row["cost_ns"])[:100]
+    result.data["padded_flop_share"] = wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0
+    result.data["chip_time"] = "measured, attributed by FLOP share" if times.measured else "target roofline estimate"
+    for (size, align), entries in by_dim.items():
+        finding = _finding(context, size, align, entries, total_flops)
+        if finding is not None:
+            result.findings.append(finding)
+    return result
+
+
+def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]],
+             total_flops: float) -> Finding | None:
+    cost = sum(cost for _, cost, _ in entries)
+    share = context.share_of_step(cost)
+    dim_flops = sum(group.flops for group, _, _ in entries)
+    dim_wasted = sum(wasted for _, _, wasted in entries)
+    flop_share = dim_wasted / (dim_flops + dim_wasted) if dim_flops else 0.0
+    if share < MIN_REPORTED_SHARE and dim_wasted < 0.01 * total_flops:
+        return None
+    # The line to point at: the forward call (it has a module) with the largest cost.
+    ordered = sorted(entries, key=lambda entry: (entry[0].module is None, -entry[1]))
+    anchor = ordered[0][0]
+    up, down = aligned_sizes(size, align)
+    nearest = up if down is None or up - size <= size - down else down
+    other = down if nearest == up else up
+    what = "the MXU" if align == context.target.mxu else f"the {align}-row tile"
+    modules = sorted({group.module for group, _, _ in entries if group.module})
+    evidence = [
+        context.evidence_at(
+            f"{group.op}({group.inputs}) in {group.module or 'no module'}: {group.calls} calls, "
+            f"{format_ns(cost)} of chip time lost (estimate)",
+            group.frame_id, module=group.module, table="ops",
+        )
+        for group, cost, _ in sorted(entries, key=lambda entry: -entry[1])[:5]
+    ]
+    evidence.append(Evidence(
+        f"{size} pads to {up} on {context.target.label}: {flop_share:.1%} of these products' FLOPs are padding"
+    ))
+    alternative = f" (or {other})" if other else ""
+    return Finding(
+        analyzer=NAME,
+        severity=context.severity(share, warning=0.02),
+        title=(
+            f"Tile padding: dim {size} is off {what} of {context.target.label} ({align}); "
+            f"{flop_share:.1%} of its matmul FLOPs are padding"
+        ),
+        explanation=(
+            f"Matrix products with a dim of {size} ({len(entries)} op shapes"
+            f"{', in ' + ', '.join(modules[:4]) if modules else ''}) are padded to {up} on the target, a multiple "
+            f"of {align}: {flop_share:.1%} of their FLOPs are padding. On {context.target.label} that costs an "
+            f"estimated {format_ns(cost)} of chip time ({share:.1%} of a step; roofline estimate applied to the "
+            f"measured chip time)."
+        ),
+        suggestion=(
+            f"Use {nearest}{alternative} instead of {size} for this dim"
+            f"{' in ' + anchor.module if anchor.module else ''}: a multiple of {align} fills the "
+            f"{'MXU' if align == context.target.mxu else 'tiles'} with no padding."
+        ),
+        cost_total_ns=cost,
+        cost_per_step_ns=context.per_step(cost),
+        evidence=tuple(evidence),
+        module=anchor.module,
+        **context.location_fields(anchor.frame_id),
+    )

@@ -1,0 +1,285 @@
+"""Recompilation storms: one call site compiled again and again because input shapes keep changing.
+
+Compiles are grouped by call site (the line that triggered them), kind and program name; a group
+whose signatures have the same inputs and dtypes but different dims, and that keeps compiling after
+the warm-up step, is a storm. For each storm: which dims vary and the values they took, and a bucket
+advisor that weighs compiles saved against padding FLOPs added (a linear-in-the-dim estimate).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tputrace.analysis.chips import round_up
+from tputrace.analysis.context import AnalysisContext, in_list
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.shapes import TensorSpec, parse_specs
+from tputrace.summary import format_ns
+
+NAME = "recompiles"
+MIN_COMPILES = 3  # compiles of one site before it counts as a storm
+MIN_STEADY_COMPILES = 2  # ... of which at least this many after the warm-up step
+BUCKET_MULTIPLES = (8, 16, 32, 64, 128, 256, 512)
+
+
+@dataclass(frozen=True)
+class CompileRow:
+    compile_id: int
+    program_id: int | None
+    signature: str
+    dur_ns: int
+    step: int
+    runs: int  # executions of the program (how often this shape occurred)
+    flops: float  # per execution, from XLA's cost analysis (0 when unknown)
+
+
+@dataclass(frozen=True)
+class VaryingDim:
+    """One logical dim that varies across a site's compiles: every (input, dim) with the same values."""
+
+    positions: tuple[tuple[int, int], ...]
+    values: tuple[int, ...]  # per compile, in compile order
+
+    @property
+    def label(self) -> str:
+        index, dim = self.positions[0]
+        more = len(self.positions) - 1
+        return f"input {index} dim {dim}" + (f" (and {more} more input dims with the same values)" if more else "")
+
+    @property
+    def distinct(self) -> list[int]:
+        return sorted(set(self.values))
+
+
+@dataclass(frozen=True)
+class BucketOption:
+    """One way to bucket a varying dim: the buckets, compiles needed, padding FLOPs added (estimate)."""
+
+    rule: str
+    buckets: tuple[int, ...]
+    compiles: int
+    compiles_saved: int
+    padding_flops: float
+    padding_share: float
+    estimated_cost_ns: float
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "rule": self.rule, "buckets": list(self.buckets), "compiles": self.compiles,
+            "compiles_saved": self.compiles_saved, "padding_flops_estimate": self.padding_flops,
+            "padding_share_estimate": self.padding_share, "estimated_cost_ns": self.estimated_cost_ns,
+        }
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace, rank = context.trace, context.rank
+    result = AnalysisResult(NAME)
+    stats = trace.compile_stats(rank=rank)
+    result.data["compiles"] = stats.count
+    result.data["compile_ns"] = stats.total_ns
+    result.data["recompiles"] = stats.recompiles
+    result.data["recompile_ns"] = stats.recompile_ns
+    first_steady = context.steady_range[0] if context.steady_range and context.step_count >= 3 else None
+    sites = trace.sql(
+        "SELECT kind, name_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0), COUNT(DISTINCT signature_sid), "
+        "COALESCE(SUM(step >= ?), 0) FROM compiles WHERE rank = ? "
+        "GROUP BY kind, name_sid, frame_id ORDER BY 5 DESC",
+        (first_steady if first_steady is not None else -1, rank),
+    )
+    site_rows = []
+    storms = []
+    for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
+        site_rows.append({
+            "kind": kind, "name": trace.string(name_sid), "where": context.where(frame_id),
+            "compiles": count, "compile_ns": total_ns, "signatures": signatures, "steady_compiles": steady_compiles,
+        })
+        if count < MIN_COMPILES or signatures < MIN_COMPILES:
+            continue
+        if first_steady is not None and steady_compiles < MIN_STEADY_COMPILES:
+            continue
+        rows = _compile_rows(context, kind, name_sid, frame_id)
+        dims = varying_dims([row.signature for row in rows])
+        if not dims:
+            continue
+        storm = _storm(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims)
+        storms.append(storm["data"])
+        result.findings.append(storm["finding"])
+    result.data["sites"] = site_rows[:50]
+    result.data["storms"] = storms
+    return result
+
+
+def _compile_rows(context: AnalysisContext, kind: str, name_sid: int, frame_id: int | None) -> list[CompileRow]:
+    trace = context.trace
+    frame_clause = "frame_id IS NULL" if frame_id is None else "frame_id = ?"
+    params: tuple = (context.rank, kind, name_sid) + (() if frame_id is None else (frame_id,))
+    rows = trace.sql(
+        "SELECT c.id, c.program_id, c.signature_sid, COALESCE(c.dur_ns, 0), COALESCE(c.step, 0), "
+        "COALESCE(p.flops, 0) FROM compiles c LEFT JOIN programs p ON p.id = c.program_id "
+        f"WHERE c.rank = ? AND c.kind IS ? AND c.name_sid IS ? AND c.{frame_clause} ORDER BY c.start_ns",
+        params,
+    )
+    program_ids = [row[1] for row in rows if row[1] is not None]
+    runs = program_runs(context, program_ids)
+    return [
+        CompileRow(compile_id, program_id, trace.string(signature_sid) or "", dur_ns, step,
+                   runs.get(program_id, 1) if program_id is not None else 1, float(flops or 0.0))
+        for compile_id, program_id, signature_sid, dur_ns, step, flops in rows
+    ]
+
+
+def program_runs(context: AnalysisContext, program_ids: list[int]) -> dict[int, int]:
+    """How often each program ran: executions, else ops computed by it (strict mode), else 1."""
+    if not program_ids:
+        return {}
+    trace = context.trace
+    placeholders = in_list(program_ids)
+    runs = dict(trace.sql(
+        f"SELECT program_id, COUNT(*) FROM executions WHERE program_id IN {placeholders} GROUP BY program_id",
+        program_ids,
+    ))
+    missing = [program_id for program_id in program_ids if program_id not in runs]
+    if missing:
+        runs.update(trace.sql(
+            f"SELECT program_id, COUNT(*) FROM ops WHERE program_id IN {in_list(missing)} GROUP BY program_id",
+            missing,
+        ))
+    return runs
+
+
+def varying_dims(signatures: list[str]) -> list[VaryingDim]:
+    """The dims that differ across signatures of the same inputs (same count, dtypes and ranks).
+
+    Returns [] when the signatures are not one program at different shapes. (input, dim) pairs that
+    took the same values in every compile are one logical dim (a sequence length shared by many inputs).
+    """
+    parsed = [parse_specs(signature) for signature in signatures]
+    if len(parsed) < 2 or len({len(specs) for specs in parsed}) != 1:
+        return []
+    columns: dict[tuple[int, ...], list[tuple[int, int]]] = {}
+    for index in range(len(parsed[0])):
+        specs: list[TensorSpec | None] = [signature[index] for signature in parsed]
+        if any(spec is None for spec in specs):
+            if not all(spec is None for spec in specs):
+                return []
+            continue
+        tensors = [spec for spec in specs if spec is not None]
+        if len({spec.dtype for spec in tensors}) != 1 or len({len(spec.shape) for spec in tensors}) != 1:
+            return []
+        for dim in range(len(tensors[0].shape)):
+            values = tuple(spec.shape[dim] for spec in tensors)
+            if len(set(values)) > 1:
+                columns.setdefault(values, []).append((index, dim))
+    dims = [VaryingDim(tuple(positions), values) for values, positions in columns.items()]
+    return sorted(dims, key=lambda dim: (-len(set(dim.values)), -len(dim.positions)))
+
+
+def bucket_options(dim: VaryingDim, rows: list[CompileRow], mean_compile_ns: float, exec_ns: float) -> list[BucketOption]:
+    """Bucketings of `dim` that need fewer compiles, cheapest (compiles + padding, estimated) first.
+
+    Padding FLOPs assume a program's FLOPs grow linearly with the dim (attention grows faster, so this
+    is a lower bound); the padding's time is that share of the measured execution time of the site.
+    """
+    weights: dict[int, float] = {}
+    for value, row in zip(dim.values, rows):
+        weights[value] = weights.get(value, 0.0) + row.runs * (row.flops or 1.0)
+    distinct = sorted(weights)
+    base_flops = sum(weights.values())
+    have_flops = any(row.flops for row in rows)
+    rules: list[tuple[str, dict[int, int]]] = []
+    for multiple in BUCKET_MULTIPLES:
+        rules.append((f"multiple of {multiple}", {value: round_up(value, multiple) for value in distinct}))
+    rules.append(("power of two", {value: 1 << (value - 1).bit_length() if value > 0 else 0 for value in distinct}))
+    largest = distinct[-1]
+    rules.append((f"one size ({largest})", {value: largest for value in distinct}))
+    options: dict[tuple[int, ...], BucketOption] = {}
+    for rule, mapping in rules:
+        buckets = tuple(sorted(set(mapping.values())))
+        if len(buckets) >= len(distinct) or buckets in options:
+            continue
+        added = sum(weight * (mapping[value] / value - 1.0) for value, weight in weights.items() if value > 0)
+        share = added / base_flops if base_flops else 0.0
+        cost = len(buckets) * mean_compile_ns + share * exec_ns
+        options[buckets] = BucketOption(rule, buckets, len(buckets), len(distinct) - len(buckets),
+                                        added if have_flops else 0.0, share, cost)
+    return sorted(options.values(), key=lambda option: (option.estimated_cost_ns, option.compiles))
+
+
+def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None, rows: list[CompileRow], dims: list[VaryingDim]) -> dict:
+    trace = context.trace
+    where = context.where(frame_id)
+    count = len(rows)
+    total_ns = sum(row.dur_ns for row in rows)
+    recompile_ns = total_ns - rows[0].dur_ns
+    mean_compile_ns = total_ns / count
+    steps_compiling = sorted({row.step for row in rows})
+    program_ids = [row.program_id for row in rows if row.program_id is not None]
+    exec_ns = 0.0
+    if program_ids:
+        exec_ns = float(trace.sql(
+            f"SELECT COALESCE(SUM(dur_ns), 0) FROM executions WHERE program_id IN {in_list(program_ids)}", program_ids
+        )[0][0])
+    main = dims[0]
+    options = bucket_options(main, rows, mean_compile_ns, exec_ns)
+    current_cost = len(main.distinct) * mean_compile_ns
+    best = options[0] if options and options[0].estimated_cost_ns < current_cost else None
+    values_text = _values_text(main.distinct)
+    evidence = [
+        Evidence(f"{dim.label} took {len(dim.distinct)} values: {_values_text(dim.distinct)}", table="compiles")
+        for dim in dims[:3]
+    ]
+    evidence.append(context.evidence_at(
+        f"{count} compiles in {len(steps_compiling)} steps, {format_ns(mean_compile_ns)} each on average", frame_id,
+        table="compiles",
+    ))
+    for option in options[:4]:
+        evidence.append(Evidence(
+            f"buckets ({option.rule}) {_values_text(list(option.buckets))}: {option.compiles} compiles "
+            f"({option.compiles_saved} saved), +{option.padding_share:.1%} FLOPs from padding (estimate)"
+        ))
+    if best is not None:
+        suggestion = (
+            f"Pad {main.label.split(' (')[0]} up to a few bucket sizes, e.g. {_values_text(list(best.buckets))} "
+            f"({best.rule}): {best.compiles} compiles instead of {len(main.distinct)} ({best.compiles_saved} saved) "
+            f"for about {best.padding_share:.1%} more FLOPs (estimate). Pad in the data pipeline (a collate_fn "
+            f"that pads each batch to its bucket) and mask the padding in the loss."
+        )
+    else:
+        suggestion = (
+            f"Give {main.label.split(' (')[0]} a fixed size (pad every batch to {main.distinct[-1]}) so the program "
+            f"compiles once."
+        )
+    share = context.share_of_wall(recompile_ns)
+    severity = context.severity(share)
+    if len(steps_compiling) >= max(3, context.step_count // 2) and severity == "info":
+        severity = "warning"
+    finding = Finding(
+        analyzer=NAME,
+        severity=severity,
+        title=f"Recompilation storm: {name} compiled {count} times at {where} as input shapes change",
+        explanation=(
+            f"The program built at {where} ({kind} program {name}) was compiled {count} times because its input "
+            f"shapes kept changing: {main.label} took {len(main.distinct)} values ({values_text}). Compiling took "
+            f"{format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
+            f"({share:.0%} of the run); compiles happened in {len(steps_compiling)} of {context.step_count} steps."
+        ),
+        suggestion=suggestion,
+        cost_total_ns=float(recompile_ns),
+        cost_per_step_ns=context.per_step(recompile_ns),
+        evidence=tuple(evidence),
+        **context.location_fields(frame_id),
+    )
+    data = {
+        "kind": kind, "name": name, "where": where, "compiles": count, "compile_ns": total_ns,
+        "recompile_ns": recompile_ns, "steps": steps_compiling,
+        "varying_dims": [{"label": dim.label, "positions": [list(p) for p in dim.positions], "values": dim.distinct}
+                         for dim in dims],
+        "bucket_options": [option.as_dict() for option in options],
+        "proposed": best.as_dict() if best else None,
+    }
+    return {"finding": finding, "data": data}
+
+
+def _values_text(values: list[int], limit: int = 12) -> str:
+    shown = ", ".join(str(value) for value in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")

@@ -1,0 +1,130 @@
+"""Rendering a `Report`: rich text on a terminal, plain text elsewhere, or JSON.
+
+Both text renderers draw the same lines from `report_lines`, so they always show the same facts; rich
+only adds colour. `brief=True` is the short form `tputrace run` prints at its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TextIO
+
+from tputrace.analysis.findings import Finding
+from tputrace.summary import format_ns
+
+if TYPE_CHECKING:
+    from tputrace.analysis import Report
+
+SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
+
+
+@dataclass(frozen=True)
+class Line:
+    """One line of output: its text, the indent, and a style name for rich (None: plain)."""
+
+    text: str
+    indent: int = 0
+    style: str | None = None
+
+
+def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
+    target = report.target
+    default = (
+        f" (the default; choose another with --target {'|'.join(_target_names())})" if report.target_is_default else ""
+    )
+    lines = []
+    if not brief:
+        lines.append(Line(f"tputrace report: {report.trace_path}", style="bold"))
+    steps = (
+        f"{report.step_count} steps, median step {format_ns(report.median_step_ns)}" if report.step_count else "no steps"
+    )
+    rank = f"rank {report.rank} of {len(report.ranks)}, " if len(report.ranks) > 1 else ""
+    lines.append(Line(f"target: {target.label}{default}"))
+    if not brief:
+        lines.append(Line(f"run: {rank}{steps}, wall {format_ns(report.wall_ns)}"))
+        counts = report.counts()
+        lines.append(Line(
+            f"{len(report.findings)} findings: {counts['critical']} critical, {counts['warning']} warnings, "
+            f"{counts['info']} info. Costs are estimates computed from the trace, ranked highest first."
+        ))
+    return lines
+
+
+def finding_lines(number: int, finding: Finding, *, brief: bool = False) -> list[Line]:
+    lines = [Line(f"{number}. [{finding.severity}] {finding.title}", style=SEVERITY_STYLES[finding.severity])]
+    per_step = f", {format_ns(finding.cost_per_step_ns)} per step" if finding.cost_per_step_ns is not None else ""
+    where = ""
+    if finding.file:
+        where = f" · at {finding.file}:{finding.line}"
+    if finding.module:
+        where += f" · module {finding.module}"
+    lines.append(Line(f"cost ≈ {format_ns(finding.cost_total_ns)} in all{per_step} (estimate){where}", 3, "dim"))
+    if not brief:
+        lines.append(Line(finding.explanation, 3))
+        for evidence in finding.evidence:
+            location = f" ({os.path.basename(evidence.file)}:{evidence.line})" if evidence.file else ""
+            lines.append(Line(f"- {evidence.text}{location}", 5, "dim"))
+    lines.append(Line(f"→ {finding.suggestion}", 3, "green"))
+    return lines
+
+
+def report_lines(report: Report, *, top: int | None = None, brief: bool = False) -> list[Line]:
+    lines = header_lines(report, brief=brief)
+    findings = report.findings if top is None else report.findings[:top]
+    if brief:
+        lines.insert(0, Line(f"top findings ({len(findings)} of {len(report.findings)}; "
+                             f"`tputrace report {report.trace_path}` shows all):", style="bold"))
+    if not findings:
+        lines.append(Line("no findings: nothing in this trace looks costly", style="green"))
+    for number, finding in enumerate(findings, 1):
+        if not brief:
+            lines.append(Line(""))
+        lines.extend(finding_lines(number, finding, brief=brief))
+    if top is not None and len(report.findings) > top and not brief:
+        lines.append(Line(""))
+        lines.append(Line(f"... {len(report.findings) - top} more findings (use --top to show more)", style="dim"))
+    return lines
+
+
+def render_text(report: Report, *, top: int | None = None, brief: bool = False) -> str:
+    """The report as plain text."""
+    return "\n".join(" " * line.indent + line.text for line in report_lines(report, top=top, brief=brief)) + "\n"
+
+
+def render_json(report: Report) -> str:
+    return json.dumps(report.to_dict(), indent=2, default=str) + "\n"
+
+
+def print_report(report: Report, file: TextIO | None = None, *, top: int | None = None, brief: bool = False,
+                 color: bool | None = None) -> None:
+    """Print the report: rich on a terminal (or with `color=True`), plain text otherwise."""
+    stream = file if file is not None else sys.stdout
+    use_rich = color if color is not None else _is_terminal(stream)
+    if not use_rich:
+        stream.write(render_text(report, top=top, brief=brief))
+        return
+    from rich.console import Console
+    from rich.text import Text
+
+    console = Console(file=stream, highlight=False, force_terminal=True if color else None, soft_wrap=False)
+    for line in report_lines(report, top=top, brief=brief):
+        text = Text(line.text, style=line.style or "")
+        if line.indent:
+            text.pad_left(line.indent)
+        console.print(text)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
+
+
+def _target_names() -> list[str]:
+    from tputrace.analysis.chips import CHIPS
+
+    return list(CHIPS)

@@ -1,0 +1,104 @@
+"""Host syncs: lines where the host waited for a value from a chip, inside the training loop.
+
+Syncs a CPU fallback makes (kind `fallback`) are part of the fallback's time and belong to the
+fallbacks analyzer; copies between chips (kind `transfer`) to the transfers. The cost of a sync is
+its stall: the time the host waited instead of dispatching the next work (an upper bound on what
+removing it saves, since the chip still has to run the program).
+"""
+
+from __future__ import annotations
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.summary import format_ns
+
+NAME = "syncs"
+EXCLUDED_KINDS = ("fallback", "transfer")
+
+SUGGESTIONS: dict[str, str] = {
+    "item": "Keep the value on the chip: accumulate `loss.detach()` into a tensor and call `.item()` every N steps "
+            "or after the loop, so the host can queue the next step while the chip works.",
+    "print": "Printing a tensor copies it to the host and waits for it; log every N steps, or collect detached "
+             "values and print them after the loop.",
+    "bool": "`if tensor:` (or `while`, `assert`) on a chip value waits for the chip; keep the decision on the chip "
+            "with `torch.where`, or check it every N steps.",
+    "data_dependent": "An op whose output shape depends on values (nonzero, masked_select, unique, boolean "
+                      "indexing) waits for the chip; use a fixed-shape form (`torch.where`, multiplying by a mask).",
+    "tolist": "`.tolist()` copies to the host and waits; do it every N steps or after the loop.",
+    "numpy": "`.numpy()` copies to the host and waits; do it every N steps or after the loop.",
+    "cpu": "`.cpu()` / `.to('cpu')` copies to the host and waits; keep the value on the chip or move it less often.",
+}
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace = context.trace
+    result = AnalysisResult(NAME)
+    where, params = context.loop_where()
+    steady_where, steady_params = context.steady_where()
+    excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
+    rows = trace.sql(
+        "SELECT frame_id, kind, COUNT(*), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(pending_ops), 0), COUNT(DISTINCT step) "
+        f"FROM syncs WHERE {where} AND kind NOT IN ({excluded}) GROUP BY frame_id, kind ORDER BY 4 DESC",
+        params,
+    )
+    steady = {
+        (frame_id, kind): (count, stall_ns)
+        for frame_id, kind, count, stall_ns in trace.sql(
+            "SELECT frame_id, kind, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM syncs "
+            f"WHERE {steady_where} AND kind NOT IN ({excluded}) GROUP BY frame_id, kind",
+            steady_params,
+        )
+    }
+    steady_count = max(context.steady_count, 1)
+    lines = []
+    for frame_id, kind, count, stall_ns, pending_ops, steps_with in rows:
+        steady_syncs, steady_stall = steady.get((frame_id, kind), (0, 0))
+        per_step = steady_syncs / steady_count if context.steps else None
+        line = {
+            "where": context.where(frame_id), "kind": kind, "count": count, "stall_ns": stall_ns,
+            "pending_ops": pending_ops, "steps": steps_with, "count_per_step": per_step,
+            "stall_per_step_ns": steady_stall / steady_count if context.steps else None,
+        }
+        lines.append(line)
+        if stall_ns <= 0:
+            continue
+        result.findings.append(_finding(context, frame_id, kind, count, stall_ns, pending_ops, steps_with, per_step, steady_stall))
+    result.data["lines"] = lines[:50]
+    result.data["total_stall_ns"] = sum(line["stall_ns"] for line in lines)
+    result.data["total_syncs"] = sum(line["count"] for line in lines)
+    return result
+
+
+def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: int, stall_ns: int, pending_ops: int,
+             steps_with: int, per_step: float | None, steady_stall: int) -> Finding:
+    where = context.where(frame_id)
+    share = context.share_of_steps(steady_stall)
+    severity = context.severity(share)
+    if severity == "info" and per_step is not None and per_step >= 1 and share >= 0.02:
+        severity = "warning"
+    rate = f"{per_step:.3g} per step" if per_step is not None else f"{count} times"
+    every_step = per_step is not None and per_step >= 0.99
+    title = (
+        f"Host sync {'every step' if every_step else rate} at {where} ({kind}): "
+        f"{format_ns(steady_stall / max(context.steady_count, 1)) if context.steps else format_ns(stall_ns)} stalled per step"
+    )
+    explanation = (
+        f"At {where} the host waited for the chip ({kind} sync) {count} times in {steps_with} steps, "
+        f"{format_ns(stall_ns)} in all ({share:.0%} of the steady steps' time). Each wait runs the "
+        f"{pending_ops / count:.0f} pending ops on average and stops the host from queueing more work meanwhile."
+    )
+    evidence = (
+        context.evidence_at(f"{count} {kind} syncs, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
+        Evidence(f"{pending_ops} pending ops forced to run by these syncs", table="syncs"),
+    )
+    return Finding(
+        analyzer=NAME,
+        severity=severity,
+        title=title,
+        explanation=explanation,
+        suggestion=SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps."),
+        cost_total_ns=float(stall_ns),
+        cost_per_step_ns=context.per_step(stall_ns),
+        evidence=evidence,
+        **context.location_fields(frame_id),
+    )

@@ -1,0 +1,98 @@
+"""Transfers in the loop: host-to-chip copies made every step, per line.
+
+Copies made inside a CPU fallback (its inputs going out and its results coming back) belong to the
+fallback and are left out. A line that uploads the same number of bytes every step is likely a
+constant built on the host each step (a mask, a position table, a scalar tensor).
+"""
+
+from __future__ import annotations
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.summary import format_bytes, format_ns
+
+NAME = "transfers"
+
+# A transfer is inside a fallback when the latest fallback starting at or before it has not ended.
+_OUTSIDE_FALLBACKS = (
+    "COALESCE((SELECT f.start_ns + f.dur_ns FROM fallbacks f WHERE f.rank = t.rank AND f.start_ns <= t.start_ns "
+    "ORDER BY f.start_ns DESC LIMIT 1), -1) < t.start_ns"
+)
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace = context.trace
+    result = AnalysisResult(NAME)
+    if not context.steps:
+        return result
+    steady_where, steady_params = context.steady_where("t")
+    loop_where, loop_params = context.loop_where("t")
+    steady_rows = trace.sql(
+        "SELECT t.frame_id, COUNT(*), COALESCE(SUM(t.bytes), 0), COALESCE(SUM(t.dur_ns), 0), COUNT(DISTINCT t.step), "
+        f"MIN(t.bytes), MAX(t.bytes) FROM transfers t WHERE {steady_where} "
+        f"AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} GROUP BY t.frame_id ORDER BY 4 DESC",
+        steady_params,
+    )
+    loop_totals = {
+        frame_id: (count, nbytes, dur_ns)
+        for frame_id, count, nbytes, dur_ns in trace.sql(
+            "SELECT t.frame_id, COUNT(*), COALESCE(SUM(t.bytes), 0), COALESCE(SUM(t.dur_ns), 0) FROM transfers t "
+            f"WHERE {loop_where} AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} "
+            "GROUP BY t.frame_id",
+            loop_params,
+        )
+    }
+    steady_count = max(context.steady_count, 1)
+    lines = []
+    for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes in steady_rows:
+        total_count, total_bytes, total_ns = loop_totals.get(frame_id, (count, nbytes, dur_ns))
+        per_step_bytes = nbytes / steady_count
+        per_step_count = count / steady_count
+        constant_size = min_bytes == max_bytes
+        lines.append({
+            "where": context.where(frame_id), "count_per_step": per_step_count, "bytes_per_step": per_step_bytes,
+            "time_per_step_ns": dur_ns / steady_count, "steps": steps_with, "same_size_every_time": constant_size,
+            "total_bytes": total_bytes, "total_ns": total_ns,
+        })
+        share = context.share_of_steps(dur_ns)
+        severity = context.severity(share)
+        where = context.where(frame_id)
+        every_step = steps_with >= steady_count
+        what = "the same size every time, likely a constant built on the host" if constant_size else "varying sizes"
+        if constant_size:
+            suggestion = (
+                f"Build it on the chip once, before the loop (create it with `device=...`, keep it with "
+                f"`register_buffer`, or cache it), instead of copying it from the host at {where} every step."
+            )
+        else:
+            suggestion = (
+                f"If this is input data, prefetch the next batch to the chip while the current step runs; if it is "
+                f"derived from values already on the chip, compute it there instead of at {where} on the host."
+            )
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity=severity,
+            title=(
+                f"Host-to-chip copies in the loop at {where}: {format_bytes(per_step_bytes)} per step "
+                f"in {per_step_count:.3g} copies"
+            ),
+            explanation=(
+                f"{where} copied {format_bytes(total_bytes)} from the host to the chip in {total_count} copies "
+                f"({'every step' if every_step else f'in {steps_with} of {steady_count} steady steps'}; {what}), "
+                f"taking {format_ns(total_ns)} ({share:.0%} of the steady steps' time)."
+            ),
+            suggestion=suggestion,
+            cost_total_ns=float(total_ns),
+            cost_per_step_ns=context.per_step(total_ns),
+            evidence=(
+                context.evidence_at(
+                    f"{per_step_count:.3g} h2d copies per step, {format_bytes(min_bytes)}"
+                    + ("" if constant_size else f" to {format_bytes(max_bytes)}") + " each",
+                    frame_id, table="transfers",
+                ),
+            ),
+            **context.location_fields(frame_id),
+        ))
+    result.data["lines"] = lines[:50]
+    result.data["bytes_per_step"] = sum(line["bytes_per_step"] for line in lines)
+    return result

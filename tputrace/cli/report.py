@@ -1,0 +1,48 @@
+"""`tputrace report TRACE [--target T] [--json]`: the trace's findings, ranked by estimated cost."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "report",
+        help="diagnose a trace: ranked findings tied to source lines",
+        description=(
+            "Diagnose a trace: recompilation storms, host syncs, CPU fallbacks, fragmented fusion, tile padding, "
+            "float32 matmuls, host-bound steps, transfers in the loop, memory and collectives, ranked by estimated "
+            "cost on a target TPU."
+        ),
+    )
+    parser.add_argument("trace", help="a .tptrace file")
+    parser.add_argument("--target", metavar="CHIP", default=None,
+                        help="target TPU: v5e, v5p, v6e or v7 (default: v6e)")
+    parser.add_argument("--rank", type=int, default=None, help="rank to analyse (default: rank 0)")
+    parser.add_argument("--top", type=int, default=None, metavar="N", help="show only the N costliest findings")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    import sys
+
+    from tputrace.analysis import analyze
+    from tputrace.analysis.chips import chip
+    from tputrace.analysis.render import print_report, render_json
+    from tputrace.store.errors import TputraceError
+    from tputrace.store.reader import open_trace
+
+    if args.target is not None:
+        chip(args.target)  # an unknown name is a usage error before the trace is read
+    with open_trace(args.trace) as trace:
+        if args.rank is not None and args.rank not in trace.ranks:
+            ranks = ", ".join(str(rank) for rank in trace.ranks)
+            raise TputraceError(f"{args.trace} has no rank {args.rank} (ranks: {ranks})")
+        report = analyze(trace, args.target, rank=args.rank)
+    if args.json:
+        sys.stdout.write(render_json(report))
+    else:
+        print_report(report, sys.stdout, top=args.top)
+    return 0
