@@ -103,10 +103,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         })
         for dim in off_dims:
             by_dim[dim].append((group, cost / len(off_dims), group_wasted))
+    # Only dims above their alignment are findings: a dim below it (a batch of 32, 10 classes) cannot be
+    # rounded down, and padding it is inherent to its size; those stay in the data.
     result.data["products"] = sorted(rows, key=lambda row: -row["cost_ns"])[:100]
     result.data["padded_flop_share"] = wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0
     result.data["chip_time"] = "measured, attributed by FLOP share" if times.measured else "target roofline estimate"
     for (size, align), entries in by_dim.items():
+        if size < align:
+            continue
         finding = _finding(context, size, align, entries, total_flops)
         if finding is not None:
             result.findings.append(finding)
@@ -120,7 +124,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
     dim_flops = sum(group.flops for group, _, _ in entries)
     dim_wasted = sum(wasted for _, _, wasted in entries)
     flop_share = dim_wasted / (dim_flops + dim_wasted) if dim_flops else 0.0
-    if share < MIN_REPORTED_SHARE and dim_wasted < 0.01 * total_flops:
+    if share < MIN_REPORTED_SHARE:
         return None
     # The line to point at: the forward call (it has a module) with the largest cost.
     ordered = sorted(entries, key=lambda entry: (entry[0].module is None, -entry[1]))

@@ -1,0 +1,472 @@
+"""Diagnoses checked on small hand-made traces: every finding's numbers are recomputed here by hand.
+
+Traces are written with the real `TraceWriter` through `HandTrace`, which places events at exact
+times so that costs, counts and shares can be asserted exactly.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tputrace.analysis import DEFAULT_TARGET, analyze, analyze_path, print_top_findings
+from tputrace.analysis.chips import CHIPS, FP32_PASSES, chip
+from tputrace.analysis.render import render_json, render_text
+from tputrace.analysis.shapes import Matmul, matmuls_of, parse_specs
+from tputrace.cli.main import main
+from tputrace.store.errors import TputraceError
+from tputrace.store.reader import open_trace
+from tputrace.store.writer import TraceWriter
+
+MS = 1_000_000
+SCRIPT = "/proj/train.py"
+MODEL = "/proj/model.py"
+
+
+class HandTrace:
+    """A trace built event by event: steps of fixed length, and rows placed inside them."""
+
+    def __init__(self, path: Path, *, steps: int = 0, step_ns: int = 20 * MS, mode: str = "DEFER_AND_FUSE") -> None:
+        self.path = path
+        self.writer = TraceWriter(path, created_unix_ns=1_700_000_000_000_000_000)
+        self.writer.set_run(world_size=1, script=SCRIPT, argv=[], platform="tpu", eager_mode=mode,
+                            start_unix_ns=1_700_000_000_000_000_000)
+        self.step_ns = step_ns
+        self.steps = steps
+        for step in range(steps):
+            self.writer.append("steps", (0, step, step * step_ns, (step + 1) * step_ns, "optimizer"))
+
+    def t(self, step: int, offset_ns: int = 0) -> int:
+        return step * self.step_ns + offset_ns
+
+    def frame(self, line: int, file: str = SCRIPT, function: str = "train") -> int:
+        return self.writer.frame(file, line, function)
+
+    def program(self, name: str, signature: str, *, flops: float = 0.0, bytes_accessed: float = 0.0, n_ops: int = 1,
+                kind: str = "fused") -> int:
+        program_id = self.writer.next_id("programs")
+        w = self.writer
+        self.writer.append("programs", (program_id, 0, kind, w.intern(name), w.intern(f"structure-{program_id}"),
+                                        w.intern(signature), n_ops, flops, bytes_accessed, None))
+        return program_id
+
+    def compile(self, program_id: int, name: str, signature: str, step: int, dur_ns: int, frame: int,
+                reason: str = "first", kind: str = "fused") -> None:
+        w = self.writer
+        w.append("compiles", (w.next_id("compiles"), 0, program_id, kind, w.intern(name), w.intern(signature), 0,
+                              self.t(step, 1 * MS), dur_ns, frame, step, reason, None, None))
+
+    def execution(self, program_id: int, step: int, dur_ns: int, offset_ns: int = 2 * MS, flush_id: int | None = None) -> None:
+        self.writer.append("executions", (0, program_id, 0, self.t(step, offset_ns), dur_ns, step, flush_id))
+
+    def op(self, op: str, inputs: str, step: int, *, dur_ns: int = 10_000, frame: int | None = None,
+           module: str | None = None, program_id: int | None = None, flush_id: int | None = None, seq: int = 0,
+           outputs: str = "") -> None:
+        w = self.writer
+        w.append("ops", (seq, 0, w.intern(op), w.intern(inputs), w.intern(outputs), 0, self.t(step, 100_000), dur_ns,
+                         frame, w.intern(module) if module else None, step, program_id, flush_id))
+
+    def flush(self, program_id: int, trigger: str, step: int, *, dur_ns: int, frame: int, n_ops: int = 1,
+              cache_hit: int = 1, offset_ns: int = 3 * MS) -> int:
+        flush_id = self.writer.next_id("flushes")
+        self.writer.append("flushes", (flush_id, 0, program_id, trigger, frame, n_ops, cache_hit, 0,
+                                       self.t(step, offset_ns), dur_ns, 0, 0, step))
+        return flush_id
+
+    def sync(self, kind: str, step: int, dur_ns: int, frame: int, offset_ns: int = 5 * MS, pending_ops: int = 3) -> None:
+        self.writer.append("syncs", (0, kind, frame, 0, self.t(step, offset_ns), dur_ns, pending_ops, step))
+
+    def transfer(self, step: int, nbytes: int, dur_ns: int, frame: int, offset_ns: int = 6 * MS, direction: str = "h2d") -> None:
+        self.writer.append("transfers", (0, direction, nbytes, -1, 0, self.t(step, offset_ns), dur_ns, frame, step))
+
+    def fallback(self, op: str, inputs: str, step: int, dur_ns: int, frame: int, offset_ns: int = 8 * MS) -> None:
+        w = self.writer
+        w.append("fallbacks", (0, w.intern(op), w.intern(inputs), 0, self.t(step, offset_ns), dur_ns, frame, step))
+
+    def memory(self, t_ns: int, live: int, peak: int, chip_index: int = 0) -> None:
+        self.writer.append("memory", (0, chip_index, t_ns, live, peak))
+
+    def close(self) -> Path:
+        self.writer.update_run(end_ns=self.steps * self.step_ns + MS, exit_status=0)
+        self.writer.close()
+        return self.path
+
+
+def findings_of(report, analyzer: str):
+    return [finding for finding in report.findings if finding.analyzer == analyzer]
+
+
+# -- the target chips --------------------------------------------------------------------------------------
+
+
+def test_every_chip_figure_has_a_source() -> None:
+    for name in ("v5e", "v5p", "v6e", "v7"):
+        target = CHIPS[name]
+        for figure in ("peak_bf16_flops", "hbm_bytes", "hbm_bandwidth", "ici_bandwidth", "mxu", "tensorcores"):
+            assert target.sources.get(figure), f"{name}.{figure} has no source"
+        assert "peak_fp32_flops" in target.estimated
+        assert target.peak_fp32_flops == pytest.approx(target.peak_bf16_flops / FP32_PASSES)
+        assert target.tile("f32") == (8, 128) and target.tile("bf16") == (16, 128) and target.tile("i8") == (32, 128)
+    assert CHIPS["v6e"].mxu == 256 and CHIPS["v5e"].mxu == 128
+    assert CHIPS["v6e"].peak_bf16_flops == 918e12 and CHIPS["v7"].hbm_bandwidth == 7380e9
+
+
+def test_chip_names() -> None:
+    assert chip(None).name == DEFAULT_TARGET
+    assert chip("TPU7x").name == "v7" and chip("V5E").name == "v5e" and chip("trillium").name == "v6e"
+    with pytest.raises(TputraceError, match="unknown target chip 'v9'"):
+        chip("v9")
+
+
+# -- shapes -----------------------------------------------------------------------------------------------
+
+
+def test_shapes_and_matmuls() -> None:
+    specs = parse_specs("f32[64,128], int, bf16[], i64[3]")
+    assert [str(spec) if spec else None for spec in specs] == ["f32[64,128]", None, "bf16[]", "i64[3]"]
+    assert matmuls_of("aten.addmm.default", "f32[10], f32[32,128], f32[128,10]") == [Matmul(1, 32, 128, 10, "f32")]
+    assert matmuls_of("aten.bmm.default", "bf16[4,8,16], bf16[4,16,32]") == [Matmul(4, 8, 16, 32, "bf16")]
+    assert matmuls_of("aten.linear.default", "f32[2,5,64], f32[256,64]") == [Matmul(1, 10, 64, 256, "f32")]
+    assert matmuls_of("aten.convolution.default", "f32[8,3,32,32], f32[16,3,3,3], f32[16]") == [
+        Matmul(1, 8 * 32 * 32, 27, 16, "f32")
+    ]
+    assert matmuls_of("aten._scaled_dot_product_flash_attention.default", "f32[2,4,64,32], f32[2,4,64,32], f32[2,4,64,32]") == [
+        Matmul(8, 64, 32, 64, "f32"), Matmul(8, 64, 64, 32, "f32"),
+    ]
+    assert matmuls_of("aten.add.Tensor", "f32[4,4], f32[4,4]") == []
+    assert Matmul(2, 3, 4, 5, "bf16").flops == 2 * 2 * 3 * 4 * 5
+
+
+# -- recompilation storm ----------------------------------------------------------------------------------
+
+SEQ_LENS = [37, 45, 64, 70, 100, 128]
+
+
+def _storm_trace(path: Path) -> Path:
+    """One compile per step at train.py:41, the sequence length changing each time; 100 ms each."""
+    trace = HandTrace(path, steps=len(SEQ_LENS))
+    line = trace.frame(41)
+    for step, seq in enumerate(SEQ_LENS):
+        signature = f"i64[8,{seq}], f32[8,{seq},64], f32[64,64], int"
+        program_id = trace.program("fused_12_ops", signature, flops=1000.0 * seq)
+        trace.compile(program_id, "fused_12_ops", signature, step, 100 * MS, line,
+                      reason="first" if step == 0 else "recompile")
+        trace.execution(program_id, step, 5 * MS)
+        trace.execution(program_id, step, 5 * MS, offset_ns=12 * MS)
+    return trace.close()
+
+
+def test_recompile_storm(tmp_path: Path) -> None:
+    with open_trace(_storm_trace(tmp_path / "storm.tptrace")) as trace:
+        report = analyze(trace)
+    (storm,) = findings_of(report, "recompiles")
+    assert storm.cost_total_ns == 5 * 100 * MS  # every compile but the first
+    assert storm.cost_per_step_ns == pytest.approx(5 * 100 * MS / 6)
+    assert storm.file == SCRIPT and storm.line == 41
+    assert storm.severity == "critical"  # 500 ms of a 121 ms run... recompiles dominate
+    data = report.results["recompiles"].data["storms"][0]
+    assert data["compiles"] == 6
+    dims = data["varying_dims"]
+    assert dims[0]["values"] == SEQ_LENS
+    assert sorted(map(tuple, dims[0]["positions"])) == [(0, 1), (1, 1)]  # one logical dim in two inputs
+    options = {option["rule"]: option for option in data["bucket_options"]}
+    by_64 = options["multiple of 64"]
+    assert by_64["buckets"] == [64, 128] and by_64["compiles"] == 2 and by_64["compiles_saved"] == 4
+    # Padding FLOPs, linear in the dim: each shape ran twice with 1000 * seq FLOPs per run.
+    weights = {seq: 2 * 1000.0 * seq for seq in SEQ_LENS}
+    added = sum(weight * ((64 if seq <= 64 else 128) / seq - 1) for seq, weight in weights.items())
+    assert by_64["padding_flops_estimate"] == pytest.approx(added)
+    assert by_64["padding_share_estimate"] == pytest.approx(added / sum(weights.values()))
+    # Estimated cost of a bucketing: compiles at the mean compile time plus that share of the site's 60 ms of execution.
+    assert by_64["estimated_cost_ns"] == pytest.approx(2 * 100 * MS + added / sum(weights.values()) * 60 * MS)
+    proposed = data["proposed"]
+    assert proposed is not None and proposed["compiles"] < len(SEQ_LENS)
+    assert proposed["estimated_cost_ns"] == min(option["estimated_cost_ns"] for option in data["bucket_options"])
+    assert "instead of 6" in storm.suggestion
+
+
+def test_compiles_in_warmup_only_are_not_a_storm(tmp_path: Path) -> None:
+    trace = HandTrace(tmp_path / "warmup.tptrace", steps=6)
+    line = trace.frame(41)
+    for index, seq in enumerate((16, 32, 48)):
+        signature = f"f32[{seq},64]"
+        trace.compile(trace.program("fused_1_ops", signature), "fused_1_ops", signature, 0, 50 * MS, line)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    assert findings_of(report, "recompiles") == []
+    assert report.results["recompiles"].data["compiles"] == 3
+
+
+# -- host syncs ---------------------------------------------------------------------------------------------
+
+
+def test_host_syncs(tmp_path: Path) -> None:
+    trace = HandTrace(tmp_path / "syncs.tptrace", steps=5)
+    item_line, fallback_line, after_loop = trace.frame(40), trace.frame(27), trace.frame(50)
+    for step in range(5):
+        trace.sync("item", step, 4 * MS, item_line)
+        trace.sync("fallback", step, 1 * MS, fallback_line, offset_ns=9 * MS)  # counted by the fallbacks analyzer
+    trace.sync("item", 5, 3 * MS, after_loop)  # after the loop: step 5 has no step record
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "syncs")
+    assert finding.line == 40 and finding.cost_total_ns == 5 * 4 * MS
+    assert finding.cost_per_step_ns == pytest.approx(4 * MS)
+    assert finding.severity == "warning"  # 4 ms of each 20 ms step
+    assert "every step" in finding.title and "item" in finding.title
+    (line,) = report.results["syncs"].data["lines"]
+    assert line["count_per_step"] == 1.0 and line["stall_per_step_ns"] == 4 * MS
+
+
+# -- CPU fallbacks --------------------------------------------------------------------------------------------
+
+
+def test_cpu_fallbacks_per_op_and_line(tmp_path: Path) -> None:
+    trace = HandTrace(tmp_path / "fallbacks.tptrace", steps=4)
+    nonzero_line, unique_line = trace.frame(30), trace.frame(31)
+    for step in range(4):
+        trace.fallback("aten.nonzero.default", "b8[8,128]", step, 3 * MS, nonzero_line)
+        trace.fallback("aten.nonzero.default", "b8[8,128]", step, 1 * MS, unique_line, offset_ns=12 * MS)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    first, second = findings_of(report, "fallbacks")
+    assert (first.line, first.cost_total_ns) == (30, 12 * MS)
+    assert (second.line, second.cost_total_ns) == (31, 4 * MS)
+    assert first.severity == "warning"  # 3 ms of a 20 ms step = 15%
+    assert "torch.where" in first.suggestion
+    assert report.results["fallbacks"].data["total_ns"] == 16 * MS
+
+
+# -- fragmented fusion ----------------------------------------------------------------------------------------
+
+
+def test_fragmented_fusion(tmp_path: Path) -> None:
+    trace = HandTrace(tmp_path / "fusion.tptrace", steps=5)
+    check_line, step_line = trace.frame(22, MODEL, "forward"), trace.frame(45)
+    program = trace.program("fused_3_ops", "f32[8,64]", n_ops=3)
+    for step in range(5):
+        for block in range(4):  # four `if x.isnan().any():` cuts per step
+            trace.flush(program, "bool", step, dur_ns=200_000, frame=check_line, n_ops=3,
+                        cache_hit=0 if step == 0 else 1, offset_ns=(2 + block) * MS)
+            trace.sync("bool", step, 500_000, check_line, offset_ns=(2 + block) * MS + 300_000)
+        trace.flush(program, "step", step, dur_ns=300_000, frame=step_line, n_ops=20, offset_ns=15 * MS)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "fusion")
+    assert finding.file == MODEL and finding.line == 22
+    # Cost: cache-hit flushes (4 steps x 4 x 0.2 ms) plus every stall at the line (5 x 4 x 0.5 ms).
+    assert finding.cost_total_ns == pytest.approx(16 * 200_000 + 20 * 500_000)
+    data = report.results["fusion"].data
+    assert data["cuts_per_step"] == 4 and data["programs_per_step"] == 5
+    assert "5 programs" in finding.title
+    # The same stalls are a sync finding too, ranked below the fusion finding that explains them.
+    (sync,) = findings_of(report, "syncs")
+    assert report.findings.index(finding) < report.findings.index(sync)
+
+
+# -- tile padding and float32 matmuls ------------------------------------------------------------------------
+
+
+def _matmul_trace(path: Path, inputs: str, flops: float, *, steps: int = 4, exec_ns: int = 10 * MS) -> Path:
+    """One matmul per step in module MLP.fc1 at model.py:20, the only work of a program that runs exec_ns."""
+    trace = HandTrace(path, steps=steps)
+    line = trace.frame(20, MODEL, "forward")
+    program = trace.program("fused_1_ops", inputs, flops=flops)
+    for step in range(steps):
+        trace.op("aten.addmm.default", inputs, step, frame=line, module="MLP.fc1", program_id=program)
+        trace.execution(program, step, exec_ns)
+    return trace.close()
+
+
+def test_tile_padding(tmp_path: Path) -> None:
+    # bf16 [4096,1000] @ [1000,1000] on v5e (MXU 128): compute-bound, so the lost time is the padded FLOPs.
+    flops = 2.0 * 4096 * 1000 * 1000
+    path = _matmul_trace(tmp_path / "padding.tptrace", "bf16[1000], bf16[4096,1000], bf16[1000,1000]", flops)
+    with open_trace(path) as opened:
+        report = analyze(opened, "v5e")
+    (finding,) = findings_of(report, "padding")
+    waste = 1 - (1000 / 1024) ** 2
+    assert finding.cost_total_ns == pytest.approx(4 * 10 * MS * waste)
+    assert finding.cost_per_step_ns == pytest.approx(10 * MS * waste)
+    assert finding.module == "MLP.fc1" and finding.line == 20
+    assert "dim 1000" in finding.title and f"{waste:.1%}" in finding.title
+    assert "Use 1024 (or 896)" in finding.suggestion
+    assert finding.severity == "warning"  # 463 µs of a 20 ms step: 2.3%, above the 2% padding threshold
+    # On v6e (MXU 256) the same product is memory-bound: padding costs only its extra bytes.
+    with open_trace(path) as opened:
+        v6e = analyze(opened, "v6e")
+    (on_v6e,) = findings_of(v6e, "padding")
+    assert 0 < on_v6e.cost_total_ns < finding.cost_total_ns
+
+
+def test_aligned_dims_have_no_padding_finding(tmp_path: Path) -> None:
+    path = _matmul_trace(tmp_path / "aligned.tptrace", "bf16[1024], bf16[4096,1024], bf16[1024,1024]", 2.0 * 4096 * 1024**2)
+    with open_trace(path) as opened:
+        report = analyze(opened, "v5e")
+    assert findings_of(report, "padding") == []
+
+
+def test_float32_matmul(tmp_path: Path) -> None:
+    n = 2048
+    flops = 2.0 * n**3
+    path = _matmul_trace(tmp_path / "fp32.tptrace", f"f32[{n}], f32[{n},{n}], f32[{n},{n}]", flops)
+    with open_trace(path) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "precision")
+    v6e = CHIPS["v6e"]
+    memory_s = 4.0 * 3 * n * n / v6e.hbm_bandwidth
+    saving = 1 - max(flops / v6e.peak_bf16_flops, memory_s) / max(flops / (v6e.peak_bf16_flops / 6), memory_s)
+    assert finding.cost_total_ns == pytest.approx(4 * 10 * MS * saving)
+    assert finding.module == "MLP.fc1" and finding.line == 20
+    assert "autocast" in finding.suggestion
+    # The same product in bfloat16 is not a finding; nor is a small (memory-bound) float32 product.
+    for name, inputs, small_flops in (("bf16", f"bf16[{n}], bf16[{n},{n}], bf16[{n},{n}]", flops),
+                                      ("small", "f32[128], f32[32,64], f32[64,128]", 2.0 * 32 * 64 * 128)):
+        with open_trace(_matmul_trace(tmp_path / f"{name}.tptrace", inputs, small_flops)) as opened:
+            assert findings_of(analyze(opened), "precision") == []
+
+
+# -- host-bound steps -----------------------------------------------------------------------------------------
+
+
+def test_host_bound_steps(tmp_path: Path) -> None:
+    trace = HandTrace(tmp_path / "host.tptrace", steps=5, step_ns=12 * MS)
+    line = trace.frame(30)
+    program = trace.program("fused_100_ops", "f32[8,8]", flops=1e6, bytes_accessed=1e6)
+    for step in range(5):
+        for index in range(100):
+            trace.op("aten.add.Tensor", "f32[8,8], f32[8,8]", step, dur_ns=100_000, frame=line, program_id=program)
+        trace.execution(program, step, 2 * MS)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "host_bound")
+    assert finding.cost_per_step_ns == 8 * MS  # 10 ms dispatch - 2 ms execution
+    assert finding.cost_total_ns == 5 * 8 * MS
+    assert finding.severity == "warning"
+    data = report.results["host_bound"].data
+    assert data["median_dispatch_ns"] == 10 * MS and data["median_chip_ns"] == 2 * MS
+    assert data["median_roofline_estimate_ns"] == pytest.approx(1e6 / CHIPS["v6e"].hbm_bandwidth * 1e9)
+
+
+# -- transfers in the loop ------------------------------------------------------------------------------------
+
+
+def test_transfers_in_the_loop(tmp_path: Path) -> None:
+    trace = HandTrace(tmp_path / "transfers.tptrace", steps=5)
+    setup, mask_line, fallback_line = trace.frame(12), trace.frame(33), trace.frame(27)
+    trace.transfer(0, 64 << 20, 30 * MS, setup, offset_ns=0)  # weights, before the loop's steady steps
+    for step in range(5):
+        trace.transfer(step, 4 << 20, 2 * MS, mask_line)
+        trace.fallback("aten.nonzero.default", "b8[8]", step, 1 * MS, fallback_line, offset_ns=8 * MS)
+        trace.transfer(step, 64, 10_000, fallback_line, offset_ns=8 * MS + 500_000)  # inside the fallback
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "transfers")
+    assert finding.line == 33 and finding.cost_total_ns == 5 * 2 * MS
+    assert "4.00 MiB per step" in finding.title
+    assert "before the loop" in finding.suggestion  # the same size every step: a constant
+    (line,) = report.results["transfers"].data["lines"]
+    assert line["bytes_per_step"] == 4 << 20 and line["same_size_every_time"]
+
+
+# -- memory ------------------------------------------------------------------------------------------------------
+
+
+def test_memory_against_hbm(tmp_path: Path) -> None:
+    trace = HandTrace(tmp_path / "memory.tptrace", steps=3)
+    gib = 1 << 30
+    trace.memory(10 * MS, 20 * gib, 28 * gib)
+    trace.memory(20 * MS, 20 * gib, 30 * gib)
+    trace.op("aten.mm.default", "f32[4096,4096], f32[4096,4096]", 1, module="Net.fc", outputs="f32[4096,4096]")
+    path = trace.close()
+    with open_trace(path) as opened:
+        on_v6e = analyze(opened, "v6e")
+        on_v5e = analyze(opened, "v5e")
+        on_v7 = analyze(opened, "v7")
+    (near,) = findings_of(on_v6e, "memory")
+    assert near.severity == "warning" and "94%" in near.title and near.cost_total_ns == 0
+    (over,) = findings_of(on_v5e, "memory")
+    assert over.severity == "critical" and "would not fit" in over.title
+    assert over.cost_total_ns == on_v5e.wall_ns  # the run cannot happen
+    assert findings_of(on_v7, "memory") == []
+    largest = on_v7.results["memory"].data["largest_tensors_by_module"]
+    assert largest == [{"module": "Net.fc", "bytes": 4096 * 4096 * 4, "tensor": "f32[4096,4096]"}]
+
+
+# -- collectives, on the two-rank sample trace ---------------------------------------------------------------
+
+
+def test_collectives_on_the_sample_trace(sample_trace_path: Path) -> None:
+    with open_trace(sample_trace_path) as opened:
+        report = analyze(opened)
+        (rank1_wait,) = opened.sql("SELECT SUM(wait_ns) FROM collectives WHERE rank = 1")[0]
+    data = report.results["collectives"].data
+    assert {row["kind"] for row in data["kinds"]} == {"all_reduce"}  # the broadcast is in the setup step
+    (straggler,) = [finding for finding in findings_of(report, "collectives") if "Straggler" in finding.title]
+    assert "rank 0 arrives last" in straggler.title
+    assert straggler.cost_total_ns == rank1_wait
+
+
+def test_no_collectives_no_findings(tmp_path: Path) -> None:
+    with open_trace(_storm_trace(tmp_path / "storm.tptrace")) as opened:
+        report = analyze(opened)
+    assert report.results["collectives"].data == {"count": 0}
+
+
+# -- the report ---------------------------------------------------------------------------------------------
+
+
+def test_report_ranks_and_renders(sample_trace_path: Path) -> None:
+    report = analyze_path(sample_trace_path)
+    costs = [finding.cost_total_ns for finding in report.findings]
+    assert costs == sorted(costs, reverse=True)
+    text = render_text(report)
+    assert f"target: {CHIPS[DEFAULT_TARGET].label} (the default" in text
+    assert "estimate" in text
+    data = json.loads(render_json(report))
+    assert data["target"]["name"] == DEFAULT_TARGET and data["target"]["is_default"] is True
+    assert len(data["findings"]) == len(report.findings)
+    assert set(data["results"]) == {"recompiles", "syncs", "fallbacks", "fusion", "padding", "precision",
+                                    "host_bound", "transfers", "memory", "collectives"}
+
+
+def test_report_command(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["report", str(sample_trace_path), "--json", "--target", "v5e"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["target"]["name"] == "v5e" and data["target"]["is_default"] is False
+    assert main(["report", str(sample_trace_path), "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "\n1. [" in out and "\n2. [" in out and "\n3. [" not in out
+    assert main(["report", str(sample_trace_path), "--target", "v9"]) == 2
+    assert "unknown target chip 'v9'" in capsys.readouterr().err
+    assert main(["report", str(sample_trace_path), "--rank", "7"]) == 2
+
+
+def test_top_findings_hook(sample_trace_path: Path, tmp_path: Path) -> None:
+    import io
+
+    stream = io.StringIO()
+    print_top_findings(sample_trace_path, file=stream)
+    out = stream.getvalue()
+    assert "top findings (3 of" in out and "\n3. [" in out and "\n4. [" not in out
+    stream = io.StringIO()
+    print_top_findings(tmp_path / "missing.tptrace", file=stream)
+    assert stream.getvalue().startswith("tputrace: could not analyse the trace")
+
+
+def test_analysis_never_imports_torch_or_jax(sample_trace_path: Path) -> None:
+    code = (
+        "import sys\n"
+        "from tputrace.analysis import analyze_path\n"
+        "from tputrace.analysis.render import render_text, render_json\n"
+        f"report = analyze_path({str(sample_trace_path)!r})\n"
+        "render_text(report); render_json(report)\n"
+        "assert report.findings\n"
+        "print(','.join(name for name in ('torch', 'jax', 'jaxlib', 'numpy') if name in sys.modules))\n"
+    )
+    output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert output.stdout.strip() == ""
