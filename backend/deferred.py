@@ -25,7 +25,7 @@ import jax
 
 from tputrace.backend import hlo_fusions
 from tputrace.backend.plans import Plan, compile_program
-from tputrace.backend.signatures import InputSpec
+from tputrace.backend.signatures import InputSpec, signature_diff
 
 _perf_ns = time.perf_counter_ns
 
@@ -82,6 +82,7 @@ class FusedProgram:
     program: Any
     n_ops: int
     donate: tuple[int, ...]
+    n_outputs: int
     program_id: int | None = None
 
 
@@ -245,7 +246,7 @@ class DeferredExecutor:
         recorder = self.dispatcher.recorder
         recording = recorder is not None and recorder.enabled
         program = compile_program(fused, graph.inputs, graph.chip, name, keep_hlo=recording, donate=donate)
-        fused_program = FusedProgram(program, len(nodes), donate)
+        fused_program = FusedProgram(program, len(nodes), donate, len(output_refs))
         plan = Plan(name, fused, (), "tuple", in_specs, graph.chip, ("fused", structure))
         plan.program = program
         site = (trigger, recorder.frame_id() if recording else None)
@@ -272,6 +273,11 @@ class DeferredExecutor:
                 if recorder is not None and index < len(op_records):
                     location = recorder.frame_text(op_records[index][5])
                     where = f" ({location})" if location else ""
+                if plan.op_name == old_plan.op_name and len(plan.in_specs) == len(old_plan.in_specs):
+                    names = [f"arg {position}" for position in range(len(plan.in_specs))]
+                    change = signature_diff(old_plan.in_specs, plan.in_specs, names)
+                    if change != "same signature":
+                        return "recompile", f"op {index} {plan.op_name}{where}: {change}"
                 return "recompile", f"structure change at op {index}{where}: {old_plan.op_name} -> {plan.op_name}"
         return "recompile", f"structure change: {len(old_nodes)} ops -> {len(nodes)} ops"
 

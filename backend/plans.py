@@ -109,6 +109,8 @@ def rebuild(template: Any, dynamic: Sequence[Any]) -> Any:
         return tuple(rebuild(item, dynamic) for item in template)
     if template_type is TensorList or template_type is list:
         return [rebuild(item, dynamic) for item in template]
+    if template_type is dict:
+        return {name: rebuild(value, dynamic) for name, value in template.items()}
     return template
 
 

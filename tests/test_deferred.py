@@ -1,0 +1,111 @@
+"""DeferAndFuse: fused programs, flush triggers, caching, recompile reasons, and parity with strict mode."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import torch
+
+import tputrace
+from backend_helpers import eager, host
+from tputrace.backend.device_module import EagerMode
+from tputrace.backend.dispatch import dispatcher
+from tputrace.cli.main import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+
+def _run(tmp_path: Path, name: str, source: str, *args: str) -> Path:
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source))
+    trace_path = tmp_path / f"{name}.tptrace"
+    assert main(["run", "-o", str(trace_path), str(script), *args]) == 0
+    return trace_path
+
+
+def test_deferred_results_match_strict_and_fuse_into_one_program() -> None:
+    torch.manual_seed(0)
+    inputs = torch.randn(8, 16)
+    weights = torch.randn(16, 4)
+    with eager(EagerMode.DEFER_NEVER):
+        strict = host(torch.relu(inputs.to("tpu") @ weights.to("tpu")).sum(dim=0) * 2)
+    with eager(EagerMode.DEFER_AND_FUSE):
+        before = len(dispatcher.executor.programs)
+        deferred = torch.relu(inputs.to("tpu") @ weights.to("tpu")).sum(dim=0) * 2
+        assert len(dispatcher.executor.graphs) == 1 and len(dispatcher.executor.programs) == before
+        result = host(deferred)
+        assert len(dispatcher.executor.programs) == before + 1
+    assert torch.allclose(result, strict, atol=1e-5)
+
+
+def test_dead_intermediates_are_not_program_outputs() -> None:
+    x = torch.ones(4, device="tpu")
+    with eager(EagerMode.DEFER_AND_FUSE):
+        graph_inputs = x * 2
+        kept = (graph_inputs + 1) * 3
+        del graph_inputs
+        executor = dispatcher.executor
+        before = set(executor.programs)
+        executor.flush("explicit")
+        (new_key,) = set(executor.programs) - before
+        assert executor.programs[new_key].n_ops == 3 and executor.programs[new_key].n_outputs == 1
+        assert host(kept).tolist() == [9.0] * 4
+
+
+def test_item_in_the_loop_is_one_sync_per_step_at_its_line(tmp_path: Path) -> None:
+    trace_path = _run(
+        tmp_path,
+        "item_loop",
+        """
+        import torch
+        model = torch.nn.Linear(8, 1).to("tpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        data = torch.randn(16, 8).to("tpu")
+        for step in range(5):
+            loss = model(data).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            print(loss.item())
+        """,
+    )
+    with tputrace.open(trace_path) as trace:
+        syncs = [sync for sync in trace.records("syncs") if sync.kind == "item"]
+        assert len(syncs) == 5
+        assert {sync.source.line for sync in syncs} == {11}
+        assert sorted(sync.step for sync in syncs) == [1, 2, 3, 4, 5]
+        assert all(sync.dur_ns >= 0 for sync in syncs)
+
+
+def test_changing_sequence_length_recompiles_with_the_dim_named(tmp_path: Path) -> None:
+    trace_path = _run(
+        tmp_path,
+        "varying_length",
+        """
+        import torch
+        embedding = torch.nn.Embedding(100, 16).to("tpu")
+        head = torch.nn.Linear(16, 1).to("tpu")
+        optimizer = torch.optim.SGD([*embedding.parameters(), *head.parameters()], lr=0.1)
+        for length in (8, 12, 16, 20):
+            tokens = torch.randint(0, 100, (4, length)).to("tpu")
+            loss = head(embedding(tokens)).mean()
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        """,
+    )
+    with tputrace.open(trace_path) as trace:
+        recompiles = [compile for compile in trace.records("compiles") if compile.reason == "recompile" and compile.kind == "fused"]
+        assert recompiles
+        assert any("dim 1: 8 -> 12" in (compile.diff or "") for compile in recompiles), [compile.diff for compile in recompiles]
+
+
+def test_steady_state_gpt_step_compiles_nothing_after_step_two(tmp_path: Path) -> None:
+    trace_path = tmp_path / "gpt.tptrace"
+    assert main(["run", "-o", str(trace_path), str(EXAMPLES / "gpt_train.py"), "--steps", "5"]) == 0
+    with tputrace.open(trace_path) as trace:
+        assert trace.count("steps", where="source = 'optimizer'") == 5
+        late_compiles = trace.count("compiles", where="step >= 2")
+        assert late_compiles == 0
+        assert trace.count("executions") > 0 and trace.count("fusions") > 0

@@ -1,0 +1,79 @@
+"""`tputrace run` on real workloads: the trace holds what the script did, counted independently."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import jax
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import tputrace
+from tputrace.cli.main import main
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+sys.path.insert(0, str(EXAMPLES))
+
+
+class _CountOps(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts: dict[str, int] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.counts[str(func)] = self.counts.get(str(func), 0) + 1
+        return func(*args, **(kwargs or {}))
+
+
+def _cpu_op_counts(steps: int) -> dict[str, int]:
+    import quickstart
+
+    with _CountOps() as counter:
+        quickstart.train("cpu", steps)
+    return counter.counts
+
+
+def test_trace_of_quickstart_matches_an_independent_count(tmp_path: Path) -> None:
+    steps = 6
+    backend_compiles: list[str] = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda name, duration, **kwargs: backend_compiles.append(name) if name == "/jax/core/compile/backend_compile_duration" else None
+    )
+    trace_path = tmp_path / "quickstart.tptrace"
+    exit_status = main(["run", "-o", str(trace_path), str(EXAMPLES / "quickstart.py"), "--steps", str(steps)])
+    assert exit_status == 0
+    expected = _cpu_op_counts(steps)
+    with tputrace.open(trace_path) as trace:
+        run = trace.run
+        assert run.exit_status == 0 and run.eager_mode == "DEFER_AND_FUSE" and run.platform == "cpu"
+        step_rows = list(trace.records("steps", where="source = 'optimizer'"))
+        assert len(step_rows) == steps
+        op_counts = dict(trace.sql("SELECT s.text, COUNT(*) FROM ops o JOIN strings s ON s.id = o.op_sid GROUP BY s.text"))
+        for op in ("aten.addmm.default", "aten.mm.default", "aten.relu.default", "aten.threshold_backward.default"):
+            assert op_counts.get(op, 0) == expected.get(op, 0), op
+        assert trace.count("compiles") == len(backend_compiles)
+        flushes = list(trace.records("flushes"))
+        assert {flush.trigger for flush in flushes} >= {"backward_end", "step"}
+        steady = [flush for flush in flushes if flush.step >= 2]
+        assert steady and all(flush.cache_hit for flush in steady)
+        ops_in_user_code = trace.sql(
+            "SELECT COUNT(*) FROM ops o JOIN frames f ON f.id = o.frame_id JOIN strings s ON s.id = f.file_sid WHERE s.text LIKE '%quickstart.py'"
+        )[0][0]
+        assert ops_in_user_code == trace.count("ops")
+        modules = {row[0] for row in trace.sql("SELECT DISTINCT s.text FROM ops o JOIN strings s ON s.id = o.module_sid")}
+        assert {"Sequential.0", "Sequential.2", "Sequential.4"} <= modules
+
+
+def test_a_script_that_raises_leaves_a_complete_trace(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    script = tmp_path / "broken.py"
+    script.write_text("import torch\nx = torch.ones(3, device='tpu') * 2\nprint(x.sum().item())\nraise ValueError('bad batch')\n")
+    trace_path = tmp_path / "broken.tptrace"
+    assert main(["run", "-o", str(trace_path), str(script)]) == 1
+    captured = capsys.readouterr()
+    assert "ValueError: bad batch" in captured.err and f'File "{script}", line 4' in captured.err
+    with tputrace.open(trace_path) as trace:
+        assert trace.run.exit_status == 1 and "ValueError: bad batch" in trace.run.error
+        assert trace.count("ops") >= 2 and trace.count("syncs") == 1
+        sync = next(trace.records("syncs"))
+        assert sync.kind == "item" and sync.source.line == 3
