@@ -24,6 +24,7 @@ COMMANDS: list[str] = [
     "summary",
     "dump",
     "report",
+    "tui",
 ]
 
 EXIT_USAGE_ERROR = 2

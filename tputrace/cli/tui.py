@@ -1,0 +1,71 @@
+"""`tputrace tui TRACE`: explore a trace in the terminal (a Textual app; see `tputrace.tui`).
+
+The trace is opened and checked before the UI starts, so a missing, corrupt or foreign file is one
+line on stderr and exit status 2, never a half-drawn screen.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+VIEWS = ("overview", "findings", "ops", "compiles", "fusions", "collectives", "timeline", "source")
+
+
+def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "tui",
+        help="explore a trace in the terminal: overview, findings, ops, compiles, fusions, collectives, timeline, source",
+        description="Explore a trace in a terminal UI. Press ? for the keys, Ctrl+P for the command palette.",
+    )
+    parser.add_argument("trace", help="a .tptrace file")
+    parser.add_argument("--rank", type=int, default=None, help="rank to show first (default: rank 0)")
+    parser.add_argument("--view", choices=VIEWS, default="overview", help="view to open on (default: overview)")
+    parser.add_argument("--source-root", action="append", default=[], metavar="DIR",
+                        help="where to look for the run's source files if they are not at their recorded paths (repeatable)")
+    parser.add_argument("--keys", action="append", default=[], metavar="ID=KEYS",
+                        help="remap an action's keys by its id, e.g. --keys timeline.zoom_in=i (ids: press ? in the UI)")
+    parser.add_argument("--theme", default=None, metavar="NAME",
+                        help="tputrace (the terminal's colours, the default), textual-light, textual-dark or another Textual theme")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    return open_ui(args.trace, rank=args.rank, view=args.view, source_roots=args.source_root, keys=args.keys, theme=args.theme)
+
+
+def open_ui(
+    trace_path: str | Path,
+    *,
+    rank: int | None = None,
+    view: str = "overview",
+    source_roots: list[str] | None = None,
+    keys: list[str] | None = None,
+    theme: str | None = None,
+) -> int:
+    """Check the trace, then run the app until the user quits. Errors before the UI raise `TputraceError`."""
+    from tputrace.store.errors import TputraceError
+    from tputrace.tui.actions import parse_keymap
+    from tputrace.store.reader import open_trace
+    from tputrace.tui.session import Session
+
+    try:
+        keymap = parse_keymap(keys or [])
+    except ValueError as error:
+        raise TputraceError(str(error)) from None
+    trace = open_trace(trace_path)
+    try:
+        if rank is not None and rank not in trace.ranks:
+            ranks = ", ".join(str(candidate) for candidate in trace.ranks)
+            raise TputraceError(f"{trace_path} has no rank {rank} (ranks: {ranks})")
+        session = Session.open(trace, rank=rank, source_roots=source_roots or [])
+        session.check()
+        from tputrace.tui.app import TraceApp, theme_names
+
+        if theme is not None and theme not in theme_names():
+            raise TputraceError(f"no theme {theme!r}; themes: {', '.join(theme_names())}")
+        TraceApp(session, keymap=keymap, theme=theme, initial_view=view).run()
+    finally:
+        trace.close()
+    return 0

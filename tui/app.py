@@ -1,0 +1,186 @@
+"""The Textual app: a tab per view, global keys from the action registry, and the messages that cross views.
+
+The app owns little: which view is on show, the rank (through the session), the theme and the
+keymap. Each view loads and shows its own data.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import TYPE_CHECKING, ClassVar
+
+from rich.text import Text
+from textual.app import App
+from textual.binding import BindingType
+from textual.theme import Theme
+from textual.widgets import Footer, Static, TabbedContent, TabPane
+
+from tputrace.tui.actions import APP, VIEW_ORDER, bindings
+from tputrace.tui.views import VIEW_CLASSES, TraceView
+from tputrace.tui.views.base import GoToSource
+from tputrace.tui.views.source import SourceView
+from tputrace.tui.widgets import ActionCommands, HelpScreen
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+
+    from tputrace.tui.session import Session
+
+TERMINAL_THEME = Theme(
+    name="tputrace",
+    ansi=True,
+    primary="ansi_blue",
+    secondary="ansi_cyan",
+    accent="ansi_magenta",
+    warning="ansi_magenta",
+    error="ansi_red",
+    success="ansi_green",
+    foreground="ansi_default",
+    background="ansi_default",
+    surface="ansi_default",
+    panel="ansi_default",
+    boost="ansi_default",
+    dark=True,
+    variables={
+        "ansi-background": "ansi_default",
+        "ansi-foreground": "ansi_default",
+        "border": "ansi_blue",
+        "border-blurred": "ansi_bright_black",
+        "block-cursor-foreground": "ansi_bright_white",
+        "block-cursor-background": "ansi_blue",
+        "block-cursor-text-style": "bold",
+        "block-cursor-blurred-foreground": "ansi_default",
+        "block-cursor-blurred-background": "ansi_default",
+        "block-cursor-blurred-text-style": "reverse",
+        "block-hover-background": "ansi_default",
+        "input-cursor-text-style": "reverse",
+        "input-selection-background": "ansi_cyan",
+        "footer-key-foreground": "ansi_blue",
+        "footer-description-foreground": "ansi_default",
+        "footer-background": "ansi_default",
+        "footer-item-background": "ansi_default",
+        "scrollbar": "ansi_bright_black",
+        "scrollbar-hover": "ansi_blue",
+        "scrollbar-active": "ansi_blue",
+        "scrollbar-background": "ansi_default",
+        "scrollbar-corner-color": "ansi_default",
+    },
+)
+"""The default theme: the terminal's own colours (its background and its palette), so it reads the
+same on light and dark terminals. `T` switches to Textual's light and dark themes."""
+
+THEMES: tuple[str, ...] = ("tputrace", "textual-light", "textual-dark")
+"""The themes `T` cycles through."""
+
+
+def theme_names() -> list[str]:
+    """Every theme `--theme` accepts."""
+    from textual.theme import BUILTIN_THEMES
+
+    return sorted({TERMINAL_THEME.name, *BUILTIN_THEMES})
+
+
+class TraceApp(App[None]):
+    """`tputrace tui`: the views of one trace."""
+
+    CSS_PATH = "theme.tcss"
+    TITLE = "tputrace"
+    BINDINGS: ClassVar[list[BindingType]] = bindings(APP)
+    COMMANDS = App.COMMANDS | {ActionCommands}
+
+    def __init__(self, session: Session, *, keymap: dict[str, str] | None = None, theme: str | None = None,
+                 initial_view: str = "overview") -> None:
+        super().__init__()
+        self.session = session
+        self.user_keymap = dict(keymap or {})
+        self.initial_view = initial_view
+        self.first_paint_at: float | None = None
+        """`time.perf_counter()` after the first screen was painted (for the load benchmark)."""
+        self.register_theme(TERMINAL_THEME)
+        self.theme = theme or "tputrace"
+
+    def compose(self) -> ComposeResult:
+        yield Static(self._title_text(), id="topbar")
+        with TabbedContent(id="views", initial=self.initial_view):
+            for index, (view_id, title) in enumerate(VIEW_ORDER, start=1):
+                with TabPane(f"{index} {title}", id=view_id):
+                    yield VIEW_CLASSES[view_id](self.session)
+        yield Footer()
+
+    def on_mount(self) -> None:
+        if self.user_keymap:
+            self.set_keymap(self.user_keymap)
+        self.call_after_refresh(self._painted)
+
+    def _painted(self) -> None:
+        if self.first_paint_at is None:
+            self.first_paint_at = time.perf_counter()
+
+    def _title_text(self) -> Text:
+        trace = self.session.trace
+        run = trace.run
+        text = Text("tputrace ", style="bold")
+        text.append(os.path.basename(run.script or "") or "(unknown script)")
+        ranks = trace.ranks
+        if len(ranks) > 1:
+            text.append(f" · rank {self.session.rank} of {len(ranks)} (R: next)")
+        text.append(f" · {trace.path}", style="dim")
+        text.no_wrap = True
+        text.overflow = "ellipsis"
+        return text
+
+    # -- views ------------------------------------------------------------------------------------
+
+    def views(self) -> list[TraceView]:
+        return list(self.query(TraceView))
+
+    def view(self, view_id: str) -> TraceView:
+        return self.query_one(f"#view-{view_id}", TraceView)
+
+    def current_view(self) -> TraceView | None:
+        active = self.query_one("#views", TabbedContent).active
+        return self.view(active) if active else None
+
+    def action_show_view(self, view_id: str) -> None:
+        tabs = self.query_one("#views", TabbedContent)
+        if tabs.active == view_id:
+            self._focus_view(view_id)
+        else:
+            tabs.active = view_id
+
+    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+        if event.pane.id:
+            self._focus_view(event.pane.id)
+
+    def _focus_view(self, view_id: str) -> None:
+        view = self.view(view_id)
+        view.ensure_loaded()
+        primary = view.primary()
+        if primary is not None:
+            primary.focus()
+
+    def on_go_to_source(self, message: GoToSource) -> None:
+        self.query_one(SourceView).show_location(message.file, message.line)
+        if message.switch:
+            self.action_show_view("source")
+
+    # -- global actions ---------------------------------------------------------------------------
+
+    def action_help(self) -> None:
+        if not isinstance(self.screen, HelpScreen):
+            self.push_screen(HelpScreen())
+
+    def action_next_rank(self) -> None:
+        ranks = self.session.trace.ranks
+        if len(ranks) < 2:
+            self.notify("this trace has one rank", markup=False)
+            return
+        self.session.rank = ranks[(ranks.index(self.session.rank) + 1) % len(ranks)] if self.session.rank in ranks else ranks[0]
+        self.query_one("#topbar", Static).update(self._title_text())
+        for view in self.views():
+            view.rank_changed()
+        self.notify(f"showing rank {self.session.rank}", markup=False)
+
+    def action_next_theme(self) -> None:
+        self.theme = THEMES[(THEMES.index(self.theme) + 1) % len(THEMES)] if self.theme in THEMES else THEMES[0]

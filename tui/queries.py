@@ -1,0 +1,755 @@
+"""What the TUI reads from a trace: pure functions of a `Trace`, each returning small dataclasses.
+
+Every view's data comes from here, so it can be tested without Textual. Aggregation happens in
+SQL (`trace.sql`); a function returns aggregated rows or one page of records, never a whole table.
+Full-table aggregates over `ops` read it `NOT INDEXED`: on a million-op trace a scan is about four
+times faster than walking the `op_sid` index and looking up every row.
+
+All functions take the rank to show (views show one rank at a time; the collectives view also
+compares ranks).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from tputrace.store.aggregates import CompileStats, TimeSplit
+from tputrace.store.records import SourceLocation
+
+if TYPE_CHECKING:
+    from tputrace.analysis.findings import Finding
+    from tputrace.store.reader import Trace
+
+OpGrouping = Literal["op", "op_shapes", "source", "module"]
+OP_GROUPINGS: tuple[OpGrouping, ...] = ("op", "op_shapes", "source", "module")
+OP_GROUPING_LABELS: dict[str, str] = {
+    "op": "op",
+    "op_shapes": "op + input shapes",
+    "source": "source line",
+    "module": "module path",
+}
+GroupOrder = Literal["total", "count", "mean"]
+GROUP_ORDERS: tuple[GroupOrder, ...] = ("total", "count", "mean")
+MAX_GROUPS = 50_000
+"""At most this many aggregated rows are fetched for one grouping (a pathological trace could have more)."""
+
+TIMELINE_LANE_TABLES: tuple[tuple[str, str], ...] = (
+    ("dispatch", "ops"),
+    ("compile", "compiles"),
+    ("syncs", "syncs"),
+    ("transfers", "transfers"),
+    ("fallbacks", "fallbacks"),
+    ("collectives", "collectives"),
+)
+"""Host lanes of the timeline: (lane name, table). Chip lanes come from `executions`."""
+
+
+def _rank_clause(rank: int | None, column: str = "rank") -> tuple[str, tuple[Any, ...]]:
+    if rank is None:
+        return "1", ()
+    return f"{column} = ?", (rank,)
+
+
+def like_pattern(text: str) -> str:
+    """A case-insensitive `LIKE ... ESCAPE '\\'` pattern that matches `text` anywhere, literally."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+# -- run facts and overview -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """What the Overview shows at the top: the run and the file."""
+
+    path: str
+    size_bytes: int
+    created: str | None
+    ranks: tuple[int, ...]
+    rank: int
+    script: str | None
+    argv: tuple[str, ...]
+    cwd: str | None
+    host: str | None
+    platform: str | None
+    eager_mode: str | None
+    chips: int | None
+    world_size: int | None
+    versions: str
+    wall_ns: int
+    finished: bool
+    exit_status: int | None
+    error: str | None
+    counts: dict[str, int]
+
+
+def default_rank(trace: Trace) -> int:
+    """The rank the TUI shows first: 0, or the lowest recorded rank."""
+    ranks = trace.ranks
+    return 0 if 0 in ranks else ranks[0]
+
+
+def run_facts(trace: Trace, rank: int) -> RunFacts:
+    """The run of `rank` and the trace file's facts (cheap: no scan of the event tables)."""
+    run = next((candidate for candidate in trace.runs if candidate.rank == rank), trace.run)
+    try:
+        size_bytes = os.path.getsize(trace.path)
+    except OSError:
+        size_bytes = 0
+    versions = ", ".join(
+        f"{name} {version}"
+        for name, version in (("torch", run.torch_version), ("jax", run.jax_version), ("tputrace", run.tputrace_version))
+        if version
+    )
+    return RunFacts(
+        path=str(trace.path),
+        size_bytes=size_bytes,
+        created=trace.created,
+        ranks=tuple(trace.ranks),
+        rank=rank,
+        script=run.script,
+        argv=tuple(run.argv),
+        cwd=run.cwd,
+        host=run.host,
+        platform=run.platform,
+        eager_mode=run.eager_mode,
+        chips=run.chips,
+        world_size=run.world_size,
+        versions=versions,
+        wall_ns=trace.wall_ns(rank=rank),
+        finished=run.finished,
+        exit_status=run.exit_status,
+        error=run.error,
+        counts=trace.counts(),
+    )
+
+
+@dataclass(frozen=True)
+class StepRow:
+    """One training step: its time and the compiles and syncs in it."""
+
+    step: int
+    start_ns: int
+    end_ns: int | None
+    compiles: int
+    compile_ns: int
+    syncs: int
+    sync_ns: int
+
+    @property
+    def dur_ns(self) -> int:
+        return 0 if self.end_ns is None else self.end_ns - self.start_ns
+
+
+def step_rows(trace: Trace, rank: int) -> list[StepRow]:
+    """Every step of `rank` in order, with compile and sync counts (small tables only: no op scan)."""
+    per_step: dict[str, dict[int, tuple[int, int]]] = {}
+    for table in ("compiles", "syncs"):
+        per_step[table] = {
+            step: (count, total)
+            for step, count, total in trace.sql(
+                f"SELECT step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table} WHERE rank = ? GROUP BY step", (rank,)
+            )
+        }
+    rows = []
+    for step, start_ns, end_ns in trace.sql(
+        "SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step, start_ns", (rank,)
+    ):
+        compiles, compile_ns = per_step["compiles"].get(step, (0, 0))
+        syncs, sync_ns = per_step["syncs"].get(step, (0, 0))
+        rows.append(StepRow(step, start_ns, end_ns, compiles, compile_ns, syncs, sync_ns))
+    return rows
+
+
+@dataclass(frozen=True)
+class Overview:
+    """Everything the Overview shows except the findings (which come from the analysis)."""
+
+    facts: RunFacts
+    steps: list[StepRow]
+    split: TimeSplit
+    compiles: CompileStats
+
+
+def overview(trace: Trace, rank: int) -> Overview:
+    return Overview(run_facts(trace, rank), step_rows(trace, rank), trace.time_split(rank=rank), trace.compile_stats(rank=rank))
+
+
+# -- findings ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FindingsResult:
+    """The ranked findings, or why there are none to show (`unavailable` is then a sentence)."""
+
+    findings: tuple[Finding, ...] = ()
+    unavailable: str | None = None
+
+
+def load_findings(trace: Trace) -> FindingsResult:
+    """Run the analysis if this build has it (`tputrace.analysis.analyze`), and rank its findings."""
+    try:
+        from tputrace.analysis import analyze  # type: ignore[attr-defined]
+    except ImportError:
+        return FindingsResult(unavailable="diagnoses unavailable: this build of tputrace has no analysis (tputrace.analysis.analyze)")
+    from tputrace.analysis.findings import rank as rank_findings
+
+    try:
+        report = analyze(trace)
+    except Exception as error:  # the analysis is another layer: a failure there must not take the UI down
+        return FindingsResult(unavailable=f"diagnoses unavailable: the analysis failed ({type(error).__name__}: {error})")
+    findings = getattr(report, "findings", report)
+    try:
+        ranked = rank_findings(list(findings))
+    except (TypeError, KeyError, AttributeError):
+        ranked = list(findings)
+    return FindingsResult(findings=tuple(ranked))
+
+
+def finding_location(finding: Finding) -> tuple[str, int] | None:
+    """The source line a finding points at: its own, or its first piece of evidence with one."""
+    if finding.file and finding.line:
+        return finding.file, finding.line
+    for evidence in finding.evidence:
+        if evidence.file and evidence.line:
+            return evidence.file, evidence.line
+    return None
+
+
+# -- ops --------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """Ops with one key (op, op and shapes, source line or module): count, time and share."""
+
+    key: tuple[Any, ...]
+    label: str
+    count: int
+    total_ns: int
+    mean_ns: float
+    share: float
+    source: SourceLocation | None = None
+
+
+_GROUP_COLUMNS: dict[str, tuple[str, ...]] = {
+    "op": ("op_sid",),
+    "op_shapes": ("op_sid", "inputs_sid"),
+    "source": ("frame_id",),
+    "module": ("module_sid",),
+}
+
+
+def _text_filter(group_by: OpGrouping, text: str) -> tuple[str, tuple[Any, ...]]:
+    """SQL matching ops whose group label contains `text` (case-insensitive, literal)."""
+    pattern = like_pattern(text)
+    matching_strings = "SELECT id FROM strings WHERE text LIKE ? ESCAPE '\\'"
+    if group_by == "op":
+        return f"op_sid IN ({matching_strings})", (pattern,)
+    if group_by == "op_shapes":
+        return f"(op_sid IN ({matching_strings}) OR inputs_sid IN ({matching_strings}))", (pattern, pattern)
+    if group_by == "module":
+        return f"module_sid IN ({matching_strings})", (pattern,)
+    return (
+        "frame_id IN (SELECT frames.id FROM frames JOIN strings AS file ON file.id = frames.file_sid "
+        "JOIN strings AS function ON function.id = frames.function_sid "
+        "WHERE file.text LIKE ? ESCAPE '\\' OR function.text LIKE ? ESCAPE '\\' "
+        "OR (file.text || ':' || frames.line) LIKE ? ESCAPE '\\')",
+        (pattern, pattern, pattern),
+    )
+
+
+def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "") -> list[OpGroup]:
+    """Ops of `rank` grouped by `group_by` (optionally only groups whose label contains `text`), biggest total first.
+
+    `share` is of all ops' time on the rank, filter or not.
+    """
+    if group_by not in _GROUP_COLUMNS:
+        raise ValueError(f"unknown op grouping {group_by!r}")
+    columns = ", ".join(_GROUP_COLUMNS[group_by])
+    where, params = _rank_clause(rank)
+    (all_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED WHERE {where}", params)[0]
+    if text:
+        match_sql, match_params = _text_filter(group_by, text)
+        where, params = f"{where} AND {match_sql}", params + match_params
+    rows = trace.sql(
+        f"SELECT {columns}, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns FROM ops NOT INDEXED WHERE {where} "
+        f"GROUP BY {columns} ORDER BY total_ns DESC LIMIT {MAX_GROUPS}",
+        params,
+    )
+    groups = []
+    for row in rows:
+        key, (count, total_ns) = tuple(row[:-2]), row[-2:]
+        source = None
+        if group_by == "op":
+            label = trace.string(key[0]) or "?"
+        elif group_by == "op_shapes":
+            label = f"{trace.string(key[0]) or '?'}({trace.string(key[1]) or ''})"
+        elif group_by == "module":
+            label = trace.string(key[0]) or "(no module)"
+        else:
+            source = trace.frame(key[0])
+            label = str(source) if source else "(no source)"
+        groups.append(OpGroup(key, label, count, total_ns, total_ns / count if count else 0.0, total_ns / all_ns if all_ns else 0.0, source))
+    return groups
+
+
+def sort_groups(groups: Sequence[OpGroup], order: GroupOrder) -> list[OpGroup]:
+    """`groups` biggest first by total time, count or mean time (ties: label)."""
+    if order == "count":
+        return sorted(groups, key=lambda group: (-group.count, group.label))
+    if order == "mean":
+        return sorted(groups, key=lambda group: (-group.mean_ns, group.label))
+    return sorted(groups, key=lambda group: (-group.total_ns, group.label))
+
+
+@dataclass(frozen=True)
+class OpInstance:
+    """One dispatched op."""
+
+    seq: int
+    step: int
+    chip: int
+    start_ns: int
+    dur_ns: int
+    op: str
+    inputs: str
+    outputs: str
+    source: SourceLocation | None
+    module: str | None
+    flush_id: int | None
+
+
+def op_instances(
+    trace: Trace, group_by: OpGrouping, key: tuple[Any, ...], rank: int, *, offset: int = 0, limit: int = 200
+) -> list[OpInstance]:
+    """One page of the ops in a group, longest first."""
+    conditions = " AND ".join(f"{column} IS ?" for column in _GROUP_COLUMNS[group_by])
+    rows = trace.sql(
+        "SELECT seq, step, chip, start_ns, dur_ns, op_sid, inputs_sid, outputs_sid, frame_id, module_sid, flush_id "
+        f"FROM ops WHERE rank = ? AND {conditions} ORDER BY dur_ns DESC, seq LIMIT ? OFFSET ?",
+        (rank, *key, int(limit), int(offset)),
+    )
+    return [
+        OpInstance(seq, step, chip, start_ns, dur_ns or 0, trace.string(op_sid) or "?", trace.string(inputs_sid) or "",
+                   trace.string(outputs_sid) or "", trace.frame(frame_id), trace.string(module_sid), flush_id)
+        for seq, step, chip, start_ns, dur_ns, op_sid, inputs_sid, outputs_sid, frame_id, module_sid, flush_id in rows
+    ]
+
+
+# -- compiles ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CompileRow:
+    """One compile, with the signature of the nearest earlier compile of the same structure (`old`)."""
+
+    id: int
+    step: int
+    start_ns: int
+    dur_ns: int
+    kind: str
+    name: str
+    reason: str
+    diff: str | None
+    signature: str
+    old_signature: str | None
+    source: SourceLocation | None
+    detail: dict[str, Any] | None
+
+
+def compile_rows(trace: Trace, rank: int, *, offset: int = 0, limit: int = 500) -> list[CompileRow]:
+    """One page of the compiles of `rank` in time order."""
+    rows = trace.sql(
+        "SELECT c.id, c.step, c.start_ns, c.dur_ns, c.kind, c.name_sid, c.reason, c.diff_sid, c.signature_sid, "
+        "(SELECT earlier.signature_sid FROM compiles AS earlier JOIN programs AS earlier_program "
+        "ON earlier_program.id = earlier.program_id WHERE earlier.rank = c.rank AND earlier.start_ns < c.start_ns "
+        "AND earlier_program.structure_sid = program.structure_sid ORDER BY earlier.start_ns DESC LIMIT 1), "
+        "c.frame_id, c.detail FROM compiles AS c LEFT JOIN programs AS program ON program.id = c.program_id "
+        "WHERE c.rank = ? ORDER BY c.start_ns, c.id LIMIT ? OFFSET ?",
+        (rank, int(limit), int(offset)),
+    )
+    result = []
+    for compile_id, step, start_ns, dur_ns, kind, name_sid, reason, diff_sid, signature_sid, old_sid, frame_id, detail in rows:
+        result.append(
+            CompileRow(compile_id, step, start_ns, dur_ns or 0, kind or "?", trace.string(name_sid) or "?",
+                       reason or "?", trace.string(diff_sid), trace.string(signature_sid) or "", trace.string(old_sid),
+                       trace.frame(frame_id), _decode_detail(detail))
+        )
+    return result
+
+
+def _decode_detail(detail: str | None) -> dict[str, Any] | None:
+    if not detail:
+        return None
+    try:
+        decoded = json.loads(detail)
+    except ValueError:
+        return {"detail": detail}
+    return decoded if isinstance(decoded, dict) else {"detail": decoded}
+
+
+@dataclass(frozen=True)
+class CompileSite:
+    """Compiles caused at one source line."""
+
+    source: SourceLocation | None
+    count: int
+    recompiles: int
+    total_ns: int
+    reasons: str
+
+
+def compile_sites(trace: Trace, rank: int) -> list[CompileSite]:
+    """Compiles of `rank` per call site, most compile time first."""
+    rows = trace.sql(
+        "SELECT frame_id, COUNT(*), COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
+        "COALESCE(SUM(dur_ns), 0) AS total_ns, GROUP_CONCAT(DISTINCT reason) FROM compiles WHERE rank = ? "
+        "GROUP BY frame_id ORDER BY total_ns DESC",
+        (rank,),
+    )
+    return [
+        CompileSite(trace.frame(frame_id), count, recompiles, total_ns, ", ".join(sorted((reasons or "").split(","))))
+        for frame_id, count, recompiles, total_ns, reasons in rows
+    ]
+
+
+# -- flushes and fusions ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class TriggerStat:
+    """Flushes with one trigger."""
+
+    trigger: str
+    count: int
+    total_ns: int
+    ops: int
+    cache_hits: int
+
+
+def flush_triggers(trace: Trace, rank: int) -> list[TriggerStat]:
+    rows = trace.sql(
+        "SELECT trigger, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns, COALESCE(SUM(n_ops), 0), "
+        "COALESCE(SUM(cache_hit), 0) FROM flushes WHERE rank = ? GROUP BY trigger ORDER BY total_ns DESC",
+        (rank,),
+    )
+    return [TriggerStat(trigger or "?", count, total_ns, ops, hits) for trigger, count, total_ns, ops, hits in rows]
+
+
+FlushOrder = Literal["time", "duration"]
+
+
+@dataclass(frozen=True)
+class FlushRow:
+    """One DeferAndFuse flush."""
+
+    id: int
+    step: int
+    start_ns: int
+    dur_ns: int
+    trigger: str
+    n_ops: int
+    cache_hit: bool
+    input_bytes: int
+    output_bytes: int
+    program_id: int | None
+    program: str | None
+    source: SourceLocation | None
+
+
+def flush_rows(trace: Trace, rank: int, *, order: FlushOrder = "time", offset: int = 0, limit: int = 500) -> list[FlushRow]:
+    """One page of the flushes of `rank`, in time order or longest first."""
+    order_sql = "f.start_ns, f.id" if order == "time" else "f.dur_ns DESC, f.id"
+    rows = trace.sql(
+        "SELECT f.id, f.step, f.start_ns, f.dur_ns, f.trigger, f.n_ops, f.cache_hit, f.input_bytes, f.output_bytes, "
+        "f.program_id, p.name_sid, f.frame_id FROM flushes AS f LEFT JOIN programs AS p ON p.id = f.program_id "
+        f"WHERE f.rank = ? ORDER BY {order_sql} LIMIT ? OFFSET ?",
+        (rank, int(limit), int(offset)),
+    )
+    return [
+        FlushRow(flush_id, step, start_ns, dur_ns or 0, trigger or "?", n_ops or 0, bool(cache_hit), in_bytes or 0,
+                 out_bytes or 0, program_id, trace.string(name_sid), trace.frame(frame_id))
+        for flush_id, step, start_ns, dur_ns, trigger, n_ops, cache_hit, in_bytes, out_bytes, program_id, name_sid, frame_id in rows
+    ]
+
+
+@dataclass(frozen=True)
+class FusionRow:
+    """One of XLA's fusions in a program."""
+
+    name: str
+    kind: str
+    hlo_ops: str
+    aten_ops: str
+
+
+@dataclass(frozen=True)
+class FlushContents:
+    """What one flush ran: its ops (first `limit`, in dispatch order) and its program's XLA fusions."""
+
+    flush_id: int
+    ops: list[tuple[int, str, str, SourceLocation | None]]
+    more_ops: int
+    fusions: list[FusionRow]
+
+
+def flush_contents(trace: Trace, flush_id: int, program_id: int | None, rank: int, *, limit: int = 300) -> FlushContents:
+    rows = trace.sql(
+        "SELECT seq, op_sid, inputs_sid, frame_id FROM ops WHERE rank = ? AND flush_id = ? ORDER BY seq LIMIT ?",
+        (rank, flush_id, int(limit) + 1),
+    )
+    ops = [(seq, trace.string(op_sid) or "?", trace.string(inputs_sid) or "", trace.frame(frame_id))
+           for seq, op_sid, inputs_sid, frame_id in rows[:limit]]
+    more = 0
+    if len(rows) > limit:
+        (total,) = trace.sql("SELECT COUNT(*) FROM ops WHERE rank = ? AND flush_id = ?", (rank, flush_id))[0]
+        more = total - limit
+    fusions = []
+    if program_id is not None:
+        fusions = [
+            FusionRow(trace.string(name_sid) or "?", trace.string(kind_sid) or "?", trace.string(ops_sid) or "",
+                      trace.string(aten_sid) or "")
+            for name_sid, kind_sid, ops_sid, aten_sid in trace.sql(
+                "SELECT name_sid, kind_sid, ops_sid, aten_sid FROM fusions WHERE program_id = ? ORDER BY rowid", (program_id,)
+            )
+        ]
+    return FlushContents(flush_id, ops, more, fusions)
+
+
+# -- collectives ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class CollectiveGroup:
+    """Collectives of one kind and message size."""
+
+    kind: str
+    bytes: int
+    count: int
+    total_ns: int
+    wait_ns: int
+    bus_bandwidth: float | None
+
+    @property
+    def mean_ns(self) -> float:
+        return self.total_ns / self.count if self.count else 0.0
+
+
+def collective_groups(trace: Trace, rank: int) -> list[CollectiveGroup]:
+    """Collectives of `rank` by kind and size, most time first; bandwidth is the mean bus bandwidth."""
+    rows = trace.sql(
+        "SELECT kind, bytes, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns, COALESCE(SUM(wait_ns), 0), "
+        "AVG(bus_bandwidth) FROM collectives WHERE rank = ? GROUP BY kind, bytes ORDER BY total_ns DESC",
+        (rank,),
+    )
+    return [CollectiveGroup(kind or "?", nbytes or 0, count, total_ns, wait_ns, bandwidth)
+            for kind, nbytes, count, total_ns, wait_ns, bandwidth in rows]
+
+
+@dataclass(frozen=True)
+class RankCollectives:
+    """One rank's collectives: how long they took and how much of that was waiting for other ranks."""
+
+    rank: int
+    count: int
+    total_ns: int
+    wait_ns: int
+    bytes: int
+
+
+def collective_ranks(trace: Trace) -> list[RankCollectives]:
+    rows = trace.sql(
+        "SELECT rank, COUNT(*), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(wait_ns), 0), COALESCE(SUM(bytes), 0) "
+        "FROM collectives GROUP BY rank ORDER BY rank"
+    )
+    return [RankCollectives(*row) for row in rows]
+
+
+# -- timeline ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Lane:
+    """One row of the timeline: how busy it is in each column (0..1) and how many events it has."""
+
+    name: str
+    busy: tuple[float, ...]
+    events: int
+
+
+def _bucket_busy(rows: Iterable[tuple[int, int, int]], columns: int, bucket_ns: int) -> tuple[tuple[float, ...], int]:
+    """Fold (bucket, busy ns clipped to the window, count) rows into per-column fractions.
+
+    SQL puts an event's whole (clipped) time in the bucket it starts in; whatever exceeds a
+    bucket's width carries into the next ones, which is exact for events that do not overlap.
+    """
+    busy = [0.0] * columns
+    events = 0
+    for bucket, busy_ns, count in rows:
+        if bucket is None:
+            continue
+        busy[min(max(int(bucket), 0), columns - 1)] += float(busy_ns or 0)
+        events += count
+    carry = 0.0
+    for index in range(columns):
+        total = busy[index] + carry
+        busy[index] = min(total, bucket_ns)
+        carry = total - busy[index]
+    return tuple(value / bucket_ns for value in busy), events
+
+
+def timeline_lanes(trace: Trace, rank: int, start_ns: int, end_ns: int, columns: int) -> list[Lane]:
+    """Host lanes (dispatch, compile, syncs, transfers, fallbacks, collectives) and one lane per chip
+    (program executions) for the window [start_ns, end_ns), `columns` wide."""
+    columns = max(int(columns), 1)
+    span = max(int(end_ns) - int(start_ns), 1)
+    bucket_ns = max(-(-span // columns), 1)
+    clip = "MIN(start_ns + COALESCE(dur_ns, 0), ?) - MAX(start_ns, ?)"
+    bucket = "(MAX(start_ns, ?) - ?) / ?"
+    params = (start_ns, start_ns, bucket_ns, end_ns, start_ns, rank, end_ns, start_ns)
+    lanes = []
+    for name, table in TIMELINE_LANE_TABLES:
+        hint = " NOT INDEXED" if table == "ops" else ""
+        rows = trace.sql(
+            f"SELECT {bucket} AS b, SUM({clip}), COUNT(*) FROM {table}{hint} WHERE rank = ? AND start_ns < ? "
+            "AND start_ns + COALESCE(dur_ns, 0) >= ? GROUP BY b",
+            params,
+        )
+        busy, events = _bucket_busy(rows, columns, bucket_ns)
+        lanes.append(Lane(name, busy, events))
+    chip_rows: dict[int, list[tuple[int, int, int]]] = {}
+    for chip, bucket_index, busy_ns, count in trace.sql(
+        f"SELECT chip, {bucket} AS b, SUM({clip}), COUNT(*) FROM executions WHERE rank = ? AND start_ns < ? "
+        "AND start_ns + COALESCE(dur_ns, 0) >= ? GROUP BY chip, b",
+        params,
+    ):
+        chip_rows.setdefault(chip, []).append((bucket_index, busy_ns, count))
+    chips = [chip for (chip,) in trace.sql("SELECT DISTINCT chip FROM executions WHERE rank = ? ORDER BY chip", (rank,))]
+    for chip in chips:
+        busy, events = _bucket_busy(chip_rows.get(chip, []), columns, bucket_ns)
+        lanes.append(Lane(f"tpu:{chip} exec", busy, events))
+    return lanes
+
+
+@dataclass(frozen=True)
+class WindowEvent:
+    """One of the longest events in a timeline window."""
+
+    lane: str
+    start_ns: int
+    dur_ns: int
+    label: str
+    source: SourceLocation | None
+
+
+def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit: int = 12) -> list[WindowEvent]:
+    """The `limit` longest events overlapping the window, across the timeline's tables."""
+    queries = {
+        "dispatch": ("SELECT start_ns, dur_ns, op_sid, frame_id FROM ops NOT INDEXED", "string"),
+        "compile": ("SELECT start_ns, dur_ns, name_sid, frame_id FROM compiles", "string"),
+        "syncs": ("SELECT start_ns, dur_ns, kind, frame_id FROM syncs", "text"),
+        "transfers": ("SELECT start_ns, dur_ns, direction || ' ' || bytes || ' B', frame_id FROM transfers", "text"),
+        "fallbacks": ("SELECT start_ns, dur_ns, op_sid, frame_id FROM fallbacks", "string"),
+        "collectives": ("SELECT start_ns, dur_ns, kind || ' ' || bytes || ' B', frame_id FROM collectives", "text"),
+        "exec": ("SELECT start_ns, dur_ns, (SELECT name_sid FROM programs WHERE programs.id = program_id), NULL FROM executions", "string"),
+    }
+    events = []
+    for lane, (select, label_kind) in queries.items():
+        for event_start, dur_ns, label, frame_id in trace.sql(
+            f"{select} WHERE rank = ? AND start_ns < ? AND start_ns + COALESCE(dur_ns, 0) >= ? "
+            "ORDER BY dur_ns DESC LIMIT ?",
+            (rank, end_ns, start_ns, int(limit)),
+        ):
+            text = trace.string(label) if label_kind == "string" else label
+            events.append(WindowEvent(lane, event_start, dur_ns or 0, str(text) if text is not None else "?", trace.frame(frame_id)))
+    events.sort(key=lambda event: (-event.dur_ns, event.start_ns))
+    return events[:limit]
+
+
+# -- source -----------------------------------------------------------------------------------------
+
+
+@dataclass
+class LineStat:
+    """What happened at one source line: time attributed to it and counts per kind."""
+
+    time_ns: int = 0
+    ops: int = 0
+    compiles: int = 0
+    syncs: int = 0
+    fallbacks: int = 0
+    transfers: int = 0
+    collectives: int = 0
+
+
+@dataclass
+class FileStat:
+    """A user file in the trace with its per-line stats."""
+
+    file: str
+    lines: dict[int, LineStat] = field(default_factory=dict)
+
+    @property
+    def time_ns(self) -> int:
+        return sum(stat.time_ns for stat in self.lines.values())
+
+    @property
+    def ops(self) -> int:
+        return sum(stat.ops for stat in self.lines.values())
+
+
+_LINE_TABLES = ("ops", "compiles", "syncs", "fallbacks", "transfers", "collectives")
+
+
+def source_stats(trace: Trace, rank: int) -> list[FileStat]:
+    """Every file in the trace with per-line time and counts for `rank`; most time first."""
+    parts = []
+    for table in _LINE_TABLES:
+        hint = " NOT INDEXED" if table == "ops" else ""
+        parts.append(
+            f"SELECT frame_id, '{table}', COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table}{hint} "
+            "WHERE rank = ? AND frame_id IS NOT NULL GROUP BY frame_id"
+        )
+    files: dict[str, FileStat] = {}
+    for frame_id, table, count, total_ns in trace.sql(" UNION ALL ".join(parts), (rank,) * len(parts)):
+        location = trace.frame(frame_id)
+        if location is None:
+            continue
+        file_stat = files.setdefault(location.file, FileStat(location.file))
+        line = file_stat.lines.setdefault(location.line, LineStat())
+        line.time_ns += total_ns
+        setattr(line, table, getattr(line, table) + count)
+    for location_file in _all_frame_files(trace):
+        files.setdefault(location_file, FileStat(location_file))
+    return sorted(files.values(), key=lambda file_stat: (-file_stat.time_ns, file_stat.file))
+
+
+def _all_frame_files(trace: Trace) -> list[str]:
+    return [text for (text,) in trace.sql("SELECT DISTINCT strings.text FROM frames JOIN strings ON strings.id = frames.file_sid")]
+
+
+def resolve_source(recorded: str, roots: Sequence[str | os.PathLike[str]]) -> Path | None:
+    """Find a recorded source file on this machine.
+
+    An absolute path that exists is used as is. Otherwise the recorded path's trailing parts are
+    looked for under each root, longest first (a trace recorded on a TPU VM can be read next to a
+    checkout of the same code elsewhere).
+    """
+    recorded_path = Path(recorded)
+    if recorded_path.is_absolute() and recorded_path.is_file():
+        return recorded_path
+    parts = [part for part in recorded_path.parts if part not in ("/", "")]
+    for root in roots:
+        root_path = Path(root)
+        for start in range(len(parts)):
+            candidate = root_path.joinpath(*parts[start:])
+            if candidate.is_file():
+                return candidate
+    return None

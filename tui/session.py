@@ -1,0 +1,97 @@
+"""The data source the TUI is given: an open trace, the rank on show, where to find sources, and
+results that several views share (computed once, on whichever worker thread asks first).
+
+No Textual here: the app is handed a `Session`, and tests can build one around any trace.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tputrace.tui import queries
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+T = TypeVar("T")
+
+
+@dataclass
+class Session:
+    """What every view reads through. `rank` is the rank on show; `source_roots` are searched for
+    recorded files that are not at their recorded path."""
+
+    trace: Trace
+    rank: int
+    source_roots: tuple[str, ...] = ()
+    _cache: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    @classmethod
+    def open(cls, trace: Trace, *, rank: int | None = None, source_roots: Sequence[str] = ()) -> Session:
+        """A session on `trace` showing `rank` (default: rank 0 or the first rank)."""
+        chosen = queries.default_rank(trace) if rank is None else rank
+        roots = [*source_roots]
+        run_cwd = trace.run.cwd
+        if run_cwd:
+            roots.append(run_cwd)
+        roots.extend([str(Path(trace.path).resolve().parent), str(Path.cwd())])
+        return cls(trace, chosen, tuple(dict.fromkeys(roots)))
+
+    def check(self) -> None:
+        """Read what the first screen needs, so that a damaged file fails here (one `TraceError`)
+        before any UI starts: every table's row count, the ops table's pages, strings and frames."""
+        trace = self.trace
+        trace.counts()
+        trace.sql("SELECT COUNT(*) FROM ops NOT INDEXED")
+        trace.string(-1)
+        trace.frame(-1)
+        queries.run_facts(trace, self.rank)
+
+    def shared(self, key: tuple[Any, ...], compute: Callable[[Trace], T]) -> T:
+        """`compute(trace)` once per key; concurrent callers of the same key wait for the first."""
+        with self._lock:
+            entry = self._cache.get(key)
+            if entry is None:
+                entry = self._cache[key] = _Once()
+        return entry.get(lambda: compute(self.trace))
+
+    def findings(self) -> queries.FindingsResult:
+        return self.shared(("findings",), queries.load_findings)
+
+    def steps(self) -> list[queries.StepRow]:
+        rank = self.rank
+        return self.shared(("steps", rank), lambda trace: queries.step_rows(trace, rank))
+
+    def source_stats(self) -> list[queries.FileStat]:
+        rank = self.rank
+        return self.shared(("source", rank), lambda trace: queries.source_stats(trace, rank))
+
+    def resolve_source(self, recorded: str) -> Path | None:
+        return queries.resolve_source(recorded, self.source_roots)
+
+
+class _Once:
+    """A value computed by the first caller; later callers wait and share it (or its exception)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+        self._value: Any = None
+        self._error: BaseException | None = None
+
+    def get(self, compute: Callable[[], T]) -> T:
+        with self._lock:
+            if not self._done:
+                try:
+                    self._value = compute()
+                except Exception as error:
+                    self._error = error
+                self._done = True
+        if self._error is not None:
+            raise self._error
+        return self._value

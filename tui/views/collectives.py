@@ -1,0 +1,66 @@
+"""Collectives: per kind and message size (count, time, bandwidth, waiting), and per rank."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rich.text import Text
+from textual.widgets import Static
+
+from tputrace.tui import queries
+from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_rate, fmt_share, right, share_bar
+from tputrace.tui.views.base import TraceView, palette_for
+from tputrace.tui.widgets import StatusLine, TraceTable
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+    from textual.widget import Widget
+
+
+class CollectivesView(TraceView):
+    VIEW_ID = "collectives"
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(Text("loading…"), id="collectives-status", classes="status")
+        yield TraceTable(("kind", "kind"), ("size", "bytes"), ("count", "count"), ("time", "total"), ("mean", "mean"),
+                         ("bus bandwidth", "bandwidth"), ("waiting", "wait"), ("wait share", "wait_share"), id="collectives-kinds")
+        yield Static(Text("Per rank", style="bold"), classes="heading")
+        yield TraceTable(("rank", "rank"), ("count", "count"), ("time", "total"), ("waiting", "wait"), ("wait share", "wait_share"),
+                         ("", "bar"), ("bytes", "bytes"), id="collectives-ranks")
+
+    def primary(self) -> Widget | None:
+        return self.query_one("#collectives-kinds")
+
+    def load(self) -> None:
+        rank = self.session.rank
+        self.request("main", lambda trace: (queries.collective_groups(trace, rank), queries.collective_ranks(trace)))
+
+    def apply(self, slot: str, payload: Any) -> None:
+        groups, ranks = payload
+        palette = palette_for(self.app)
+        self.query_one("#collectives-kinds", TraceTable).show([
+            (str(index), (Text(group.kind), right(fmt_bytes(group.bytes)), right(fmt_count(group.count)), right(fmt_ns(group.total_ns)),
+                          right(fmt_ns(group.mean_ns)), right(fmt_rate(group.bus_bandwidth)), right(fmt_ns(group.wait_ns)),
+                          right(fmt_share(group.wait_ns / group.total_ns) if group.total_ns else "-")))
+            for index, group in enumerate(groups)
+        ])
+        self.query_one("#collectives-ranks", TraceTable).show([
+            (str(row.rank), (right(str(row.rank)), right(fmt_count(row.count)), right(fmt_ns(row.total_ns)), right(fmt_ns(row.wait_ns)),
+                             right(fmt_share(row.wait_ns / row.total_ns) if row.total_ns else "-"),
+                             share_bar(row.wait_ns / row.total_ns if row.total_ns else 0.0, 12, palette.bar), right(fmt_bytes(row.bytes))))
+            for row in ranks
+        ])
+        if not ranks:
+            self.say("collectives-status", "no collectives in this trace (a single-process run, or no torch.distributed calls)")
+            return
+        count = sum(group.count for group in groups)
+        total = sum(group.total_ns for group in groups)
+        wait = sum(group.wait_ns for group in groups)
+        parts: list[str | tuple[str, str]] = [
+            f"rank {self.session.rank}: {fmt_count(count)} collectives, {fmt_ns(total)}, "
+            f"{fmt_ns(wait)} waiting for other ranks ({fmt_share(wait / total) if total else '-'})"
+        ]
+        if len(ranks) > 1:
+            least = min(ranks, key=lambda row: row.wait_ns)
+            parts.append((f" · rank {least.rank} waits least: the others wait for it", "bold"))
+        self.say("collectives-status", *parts)

@@ -1,0 +1,215 @@
+"""Ops: op time aggregated by op, op + input shapes, source line or module path; sort, filter, drill down.
+
+Groups are aggregated in SQL once per grouping and filter and sorted here; the table adds them a
+page at a time. Instances of a group are fetched a page at a time, longest first.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.text import Text
+from textual.binding import BindingType
+from textual.reactive import reactive
+from textual.widgets import DataTable, Input
+
+from tputrace.tui import queries
+from tputrace.tui.actions import bindings
+from tputrace.tui.render import fmt_count, fmt_ns, fmt_share, right, share_bar
+from tputrace.tui.views.base import GoToSource, TraceView, palette_for
+from tputrace.tui.widgets import Row, StatusLine, TraceTable
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+    from textual.widget import Widget
+
+INSTANCE_PAGE = 200
+GROUP_COLUMNS = (("count", "count"), ("total", "total"), ("mean", "mean"), ("share", "share"), ("", "bar"))
+INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), ("start", "start"), ("time", "dur"), ("inputs", "inputs"),
+                    ("outputs", "outputs"), ("module", "module"), ("source", "source"))
+
+
+class OpsView(TraceView):
+    VIEW_ID = "ops"
+    BINDINGS: ClassVar[list[BindingType]] = bindings("ops")
+
+    grouping: reactive[queries.OpGrouping] = reactive("op", init=False)
+    order: reactive[queries.GroupOrder] = reactive("total", init=False)
+    drilled: reactive[bool] = reactive(False, init=False)
+    filtering: reactive[bool] = reactive(False, init=False)
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.text_filter = ""
+        self.groups: list[queries.OpGroup] = []
+        self.sorted_groups: list[queries.OpGroup] = []
+        self.group: queries.OpGroup | None = None
+        self.instances: list[queries.OpInstance] = []
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(Text("loading…"), id="ops-status", classes="status")
+        yield Input(placeholder="filter (literal text; Enter keeps it, Escape clears it)", id="ops-filter")
+        yield TraceTable(("op", "label"), *GROUP_COLUMNS, id="ops-groups")
+        yield TraceTable(*INSTANCE_COLUMNS, page_size=INSTANCE_PAGE, id="ops-instances")
+
+    def primary(self) -> Widget | None:
+        return self.query_one("#ops-instances" if self.drilled else "#ops-groups")
+
+    # -- loading ----------------------------------------------------------------------------------
+
+    def load(self) -> None:
+        self.drilled = False
+        grouping, rank, text = self.grouping, self.session.rank, self.text_filter
+        self.request("main", lambda trace: queries.op_groups(trace, grouping, rank, text))
+        self._status("loading…")
+
+    def apply(self, slot: str, payload: Any) -> None:
+        if slot == "main":
+            self.groups = payload
+            self._show_groups()
+        else:
+            offset, instances = payload
+            self._show_instances(offset, instances)
+
+    def _show_groups(self) -> None:
+        palette = palette_for(self.app)
+        self.sorted_groups = queries.sort_groups(self.groups, self.order)
+        rows: list[Row] = [
+            (str(index), (Text(group.label), right(fmt_count(group.count)), right(fmt_ns(group.total_ns)),
+                          right(fmt_ns(group.mean_ns)), right(fmt_share(group.share)), share_bar(group.share, 12, palette.bar)))
+            for index, group in enumerate(self.sorted_groups)
+        ]
+        label = queries.OP_GROUPING_LABELS[self.grouping]
+        self.query_one("#ops-groups", TraceTable).show(rows, columns=((label, "label"), *GROUP_COLUMNS))
+        self._status()
+
+    def _show_instances(self, offset: int, instances: list[queries.OpInstance]) -> None:
+        table = self.query_one("#ops-instances", TraceTable)
+        rows: list[Row] = [
+            (str(offset + index), (right(str(op.seq)), right(str(op.step)), right(fmt_ns(op.start_ns)), right(fmt_ns(op.dur_ns)),
+                                   Text(op.inputs), Text(op.outputs), Text(op.module or ""), Text(str(op.source) if op.source else "")))
+            for index, op in enumerate(instances)
+        ]
+        more = len(instances) == INSTANCE_PAGE
+        if offset == 0:
+            self.instances = list(instances)
+            table.show(rows, more=more)
+        else:
+            self.instances.extend(instances)
+            table.extend(rows, more=more)
+        self._status()
+
+    def _status(self, note: str = "") -> None:
+        parts: list[str | tuple[str, str]] = []
+        if self.drilled and self.group is not None:
+            parts += [("instances of ", "dim"), (self.group.label, "bold"),
+                      (f" · {fmt_count(self.group.count)} ops, {fmt_ns(self.group.total_ns)} · longest first · "
+                       "Enter: source line · Escape: back", "dim")]
+        else:
+            parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]
+            if self.text_filter:
+                parts += [(" · filter ", ""), (self.text_filter, "bold")]
+            parts += [(f" · {fmt_count(len(self.groups))} groups", "")]
+            if len(self.groups) >= queries.MAX_GROUPS:
+                parts += [(" (capped; filter to narrow)", "bold")]
+            parts += [("  g group · s sort · / filter · Enter instances", "dim")]
+        if note:
+            parts = [(note, "italic"), ("  ", ""), *parts]
+        self.query_one("#ops-status", StatusLine).say(*parts)
+
+    # -- reactives --------------------------------------------------------------------------------
+
+    def watch_grouping(self) -> None:
+        self.load()
+
+    def watch_order(self) -> None:
+        if self.groups:
+            self._show_groups()
+
+    def watch_drilled(self, drilled: bool) -> None:
+        self.set_class(drilled, "-drilled")
+        primary = self.primary()
+        if primary is not None:
+            primary.focus()
+
+    def watch_filtering(self, filtering: bool) -> None:
+        self.set_class(filtering or bool(self.text_filter), "-filtering")
+        if filtering:
+            self.query_one("#ops-filter", Input).focus()
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def action_next_grouping(self) -> None:
+        self.grouping = queries.OP_GROUPINGS[(queries.OP_GROUPINGS.index(self.grouping) + 1) % len(queries.OP_GROUPINGS)]
+
+    def action_next_order(self) -> None:
+        if not self.drilled:
+            self.order = queries.GROUP_ORDERS[(queries.GROUP_ORDERS.index(self.order) + 1) % len(queries.GROUP_ORDERS)]
+
+    def action_filter(self) -> None:
+        if self.drilled:
+            self.drilled = False
+        self.filtering = True
+
+    def action_back(self) -> None:
+        if self.filtering or (self.text_filter and not self.drilled):
+            self.query_one("#ops-filter", Input).value = ""
+            self._set_filter("")
+            self.filtering = False
+            self.query_one("#ops-groups").focus()
+        elif self.drilled:
+            self.drilled = False
+
+    def action_open_row(self) -> None:
+        if self.drilled:
+            self._go_to_instance_source()
+            return
+        key = self.query_one("#ops-groups", TraceTable).current_key()
+        if key is None:
+            return
+        self.group = self.sorted_groups[int(key)]
+        self.instances = []
+        self.query_one("#ops-instances", TraceTable).show([])
+        self.drilled = True
+        self._request_instances(0)
+
+    def _request_instances(self, offset: int) -> None:
+        if self.group is None:
+            return
+        grouping, key, rank = self.grouping, self.group.key, self.session.rank
+        self.request("detail", lambda trace: (offset, queries.op_instances(trace, grouping, key, rank, offset=offset, limit=INSTANCE_PAGE)))
+        self._status("loading…")
+
+    def _go_to_instance_source(self) -> None:
+        key = self.query_one("#ops-instances", TraceTable).current_key()
+        if key is None:
+            return
+        instance = self.instances[int(key)]
+        if instance.source is None:
+            self.notify("this op has no recorded source line", markup=False)
+            return
+        self.post_message(GoToSource(instance.source.file, instance.source.line))
+
+    # -- events -----------------------------------------------------------------------------------
+
+    def _set_filter(self, text: str) -> None:
+        if text != self.text_filter:
+            self.text_filter = text
+            self.load()
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        event.stop()
+        self._set_filter(event.value)
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.filtering = False
+        self.set_class(bool(self.text_filter), "-filtering")
+        self.query_one("#ops-groups").focus()
+
+    def on_trace_table_need_more(self, event: TraceTable.NeedMore) -> None:
+        if event.table.id == "ops-instances":
+            self._request_instances(len(self.instances))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open_row()

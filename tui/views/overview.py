@@ -1,0 +1,137 @@
+"""Overview: the run's facts, step times with compile steps marked, where the time went, top findings."""
+
+from __future__ import annotations
+
+import os
+import statistics
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Group
+from rich.table import Table
+from rich.text import Text
+from textual.containers import VerticalScroll
+from textual.widgets import Static
+
+from tputrace.tui import queries
+from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_count, fmt_ns, fmt_share, share_bar
+from tputrace.tui.views.base import TraceView, palette_for
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+    from textual.widget import Widget
+
+TOP_FINDINGS = 5
+
+
+class OverviewView(TraceView):
+    VIEW_ID = "overview"
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="overview-scroll"):
+            yield Static(Text("loading the run…"), id="overview-facts", classes="section")
+            yield Static(Text("Step time", style="bold"), classes="heading")
+            yield Static(Text("loading…"), id="overview-chart", classes="section")
+            yield Static(Text("Where the time went", style="bold"), classes="heading")
+            yield Static(Text("loading…"), id="overview-split", classes="section")
+            yield Static(Text("Top findings", style="bold"), classes="heading")
+            yield Static(Text("analysing…"), id="overview-findings", classes="section")
+
+    def primary(self) -> Widget | None:
+        return self.query_one("#overview-scroll")
+
+    def load(self) -> None:
+        rank = self.session.rank
+        self.request("main", lambda trace: queries.overview(trace, rank))
+        session = self.session
+        self.request("detail", lambda trace: session.findings())
+
+    def apply(self, slot: str, payload: Any) -> None:
+        if slot == "main":
+            self._show_overview(payload)
+        else:
+            self._show_findings(payload)
+
+    def _show_overview(self, data: queries.Overview) -> None:
+        palette = palette_for(self.app)
+        self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(data.steps)))
+        bars = [ChartBar(step.dur_ns, step.compiles > 0) for step in data.steps]
+        chart = StepChart(bars, height=6, palette=palette)
+        self.query_one("#overview-chart", Static).update(Group(step_summary(data.steps), chart))
+        self.query_one("#overview-split", Static).update(split_table(data.split, palette.bar))
+
+    def _show_findings(self, result: queries.FindingsResult) -> None:
+        target = self.query_one("#overview-findings", Static)
+        if result.unavailable:
+            target.update(Text(result.unavailable, style="italic"))
+            return
+        if not result.findings:
+            target.update(Text("no findings: the analysis found nothing to fix"))
+            return
+        lines = Text()
+        for index, finding in enumerate(result.findings[:TOP_FINDINGS], start=1):
+            if index > 1:
+                lines.append("\n")
+            lines.append(f"{index}. ", style="bold")
+            lines.append(f"{finding.severity:<8} ", style=severity_style(finding.severity))
+            lines.append(finding.title)
+            lines.append(f"  ~{fmt_ns(finding.cost_total_ns)}", style="dim")
+        if len(result.findings) > TOP_FINDINGS:
+            lines.append(f"\n… {len(result.findings) - TOP_FINDINGS} more in Findings (key 2)", style="dim")
+        target.update(lines)
+
+
+def severity_style(severity: str) -> str:
+    return {"critical": "bold red", "warning": "magenta"}.get(severity, "cyan")
+
+
+def facts_text(facts: queries.RunFacts, compiles: Any, step_count: int) -> Text:
+    """The run's facts as plain text lines (every value from the trace shown literally)."""
+    text = Text()
+    command = " ".join([facts.script or "(unknown script)", *facts.argv])
+    text.append(command, style="bold")
+    rank_part = f"rank {facts.rank} of {len(facts.ranks)}" if len(facts.ranks) > 1 else "1 rank"
+    machine = ", ".join(part for part in (facts.platform, f"{facts.chips} chips" if facts.chips else None) if part)
+    details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_mode, facts.versions or None]
+    text.append("\n" + " · ".join(part for part in details if part))
+    ops = facts.counts.get("ops", 0)
+    state = f"exit {facts.exit_status}" if facts.finished else "no end record (killed, or still running)"
+    text.append(
+        f"\nwall {fmt_ns(facts.wall_ns)} · {fmt_count(step_count)} steps · {fmt_count(ops)} ops · "
+        f"{fmt_count(compiles.count)} compiles ({fmt_count(compiles.recompiles)} recompiles, {fmt_ns(compiles.total_ns)}) · "
+    )
+    text.append(state, style="" if facts.finished and not facts.exit_status else "bold red")
+    if facts.error:
+        last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error
+        text.append("\nthe script raised: ", style="bold red")
+        text.append(last_line)
+    events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
+    text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {fmt_count(events)} events", style="dim")
+    return text
+
+
+def step_summary(steps: list[queries.StepRow]) -> Text:
+    durations = [step.dur_ns for step in steps if step.end_ns is not None]
+    if not durations:
+        return Text("")
+    slowest = max(steps, key=lambda step: step.dur_ns)
+    compiled = sum(1 for step in steps if step.compiles)
+    text = Text(f"{len(steps)} steps · median {fmt_ns(statistics.median(durations))} · slowest: step {slowest.step} "
+                f"({fmt_ns(slowest.dur_ns)}{', compiled' if slowest.compiles else ''}) · {compiled} steps compiled (c)")
+    text.no_wrap = True
+    text.overflow = "ellipsis"
+    return text
+
+
+def split_table(split: Any, bar_style: str) -> Table:
+    """Time per category with its share of wall time (categories overlap: chips run while the host dispatches)."""
+    table = Table.grid(padding=(0, 2))
+    table.add_column()
+    table.add_column(justify="right")
+    table.add_column(justify="right")
+    table.add_column()
+    wall = split.wall_ns or 1
+    for label, ns in split.parts():
+        share = ns / wall
+        table.add_row(Text(label), Text(fmt_ns(ns)), Text(fmt_share(share)), share_bar(share, 30, bar_style))
+    table.add_row(Text("wall time", style="bold"), Text(fmt_ns(split.wall_ns), style="bold"), Text(""), Text("shares overlap: chips run while the host works", style="dim"))
+    return table

@@ -1,0 +1,249 @@
+"""Source: the user's files that appear in the trace, syntax highlighted, with a per-line gutter of
+time, ops, compiles and syncs. `o` opens the current line in `$EDITOR`.
+
+A recorded file is looked for at its recorded path, then under the source roots (the run's working
+directory, the trace's directory, the current directory and any `--source-root`). A file that cannot
+be found still shows its lines that have recorded activity.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.syntax import Syntax
+from rich.text import Text
+from textual.app import SuspendNotSupported
+from textual.binding import BindingType
+from textual.containers import Horizontal, Vertical
+from textual.widgets import DataTable
+
+from tputrace.tui import queries
+from tputrace.tui.actions import bindings
+from tputrace.tui.render import fmt_count, fmt_ns, right
+from tputrace.tui.views.base import TraceView
+from tputrace.tui.widgets import Row, StatusLine, TraceTable
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+    from textual.widget import Widget
+
+MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SourceText:
+    """A file's lines as highlighted text, or why there are none."""
+
+    recorded: str
+    path: Path | None
+    lines: list[Text]
+    problem: str | None = None
+
+
+def read_source(recorded: str, path: Path | None, *, dark: bool) -> SourceText:
+    """Read and highlight a source file (in a worker: this touches the disk)."""
+    if path is None:
+        return SourceText(recorded, None, [], "not found on this machine (use --source-root DIR to say where the code is)")
+    try:
+        if path.stat().st_size > MAX_SOURCE_BYTES:
+            return SourceText(recorded, path, [], f"too large to show ({path.stat().st_size:,} bytes)")
+        code = path.read_text(encoding="utf-8", errors="replace")
+    except OSError as error:
+        return SourceText(recorded, path, [], f"cannot read it: {error.strerror or error}")
+    lexer = Syntax.guess_lexer(str(path), code)
+    syntax = Syntax(code, lexer, theme="ansi_dark" if dark else "ansi_light", background_color="default")
+    highlighted = syntax.highlight(code)
+    lines = highlighted.split("\n", allow_blank=True)
+    if lines and not lines[-1].plain and code.endswith("\n"):
+        lines.pop()
+    return SourceText(recorded, path, list(lines))
+
+
+def editor_command(editor: str, path: str, line: int) -> list[str]:
+    """The command that opens `path` at `line` in `editor` (`$EDITOR`, which may carry arguments)."""
+    words = shlex.split(editor)
+    name = os.path.basename(words[0]) if words else ""
+    if name in ("code", "code-insiders", "codium", "cursor"):
+        return [*words, "--goto", f"{path}:{line}"]
+    if name in ("subl", "sublime_text", "zed"):
+        return [*words, f"{path}:{line}"]
+    return [*words, f"+{line}", path]
+
+
+def same_file(recorded: str, wanted: str) -> bool:
+    """Whether two recorded paths name the same file (equal, or one ends with the other)."""
+    if recorded == wanted:
+        return True
+    recorded_parts, wanted_parts = Path(recorded).parts, Path(wanted).parts
+    shorter, longer = sorted((recorded_parts, wanted_parts), key=len)
+    return bool(shorter) and longer[-len(shorter):] == shorter
+
+
+class SourceView(TraceView):
+    VIEW_ID = "source"
+    BINDINGS: ClassVar[list[BindingType]] = bindings("source")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.files: list[queries.FileStat] = []
+        self.file: queries.FileStat | None = None
+        self.source: SourceText | None = None
+        self.row_lines: list[int] = []
+        self._target: tuple[str, int] | None = None
+
+    def compose(self) -> ComposeResult:
+        with Horizontal(id="source-body"):
+            yield TraceTable(("file", "file"), ("time", "time"), ("ops", "ops"), id="source-files")
+            with Vertical(id="source-main"):
+                yield StatusLine(Text("loading…"), id="source-status", classes="status")
+                yield TraceTable(("time", "time"), ("ops", "ops"), ("compiles", "compiles"), ("syncs", "syncs"), ("line", "line"),
+                                 ("", "code"), page_size=1_000_000, max_column_width=240, id="source-code")
+
+    def primary(self) -> Widget | None:
+        return self.query_one("#source-code")
+
+    def load(self) -> None:
+        session = self.session
+        self.request("main", lambda trace: session.source_stats())
+
+    def apply(self, slot: str, payload: Any) -> None:
+        if slot == "main":
+            self.files = payload
+            self.query_one("#source-files", TraceTable).show([
+                (str(index), (Text(os.path.basename(stat.file) or stat.file), right(fmt_ns(stat.time_ns) if stat.time_ns else ""),
+                              right(fmt_count(stat.ops) if stat.ops else "")))
+                for index, stat in enumerate(self.files)
+            ])
+            if not self.files:
+                self.say("source-status", "no source locations in this trace")
+                return
+            if self._target is not None:
+                self.show_location(*self._target)
+            else:
+                self._open_file(self.files[0])
+        else:
+            self._show_source(payload)
+
+    # -- showing a file ---------------------------------------------------------------------------
+
+    def show_location(self, file: str, line: int) -> None:
+        """Show `file:line` (a recorded path); remembered until the view has loaded its files."""
+        self._target = (file, line)
+        if not self.files:
+            self.ensure_loaded()
+            return
+        match = next((stat for stat in self.files if stat.file == file), None) or next(
+            (stat for stat in self.files if same_file(stat.file, file)), None
+        )
+        if match is None:
+            match = queries.FileStat(file)
+            self.files.append(match)
+            self.query_one("#source-files", TraceTable).extend([(str(len(self.files) - 1), (Text(os.path.basename(file)), "", ""))], more=False)
+        files_table = self.query_one("#source-files", TraceTable)
+        files_table.move_cursor(row=self.files.index(match), animate=False)
+        if self.file is match and self.source is not None:
+            self._move_to_line(line)
+            self._target = None
+        else:
+            self._open_file(match)
+
+    def _open_file(self, stat: queries.FileStat) -> None:
+        self.file = stat
+        self.source = None
+        session, dark = self.session, self.app.current_theme.dark
+        recorded = stat.file
+        self.request("detail", lambda trace: read_source(recorded, session.resolve_source(recorded), dark=dark))
+        self.say("source-status", ("loading ", "dim"), recorded)
+
+    def _show_source(self, source: SourceText) -> None:
+        if self.file is None or source.recorded != self.file.file:
+            return
+        self.source = source
+        stats = self.file.lines
+        if source.lines:
+            self.row_lines = list(range(1, len(source.lines) + 1))
+            code = {number: text for number, text in enumerate(source.lines, start=1)}
+        else:
+            self.row_lines = sorted(stats)
+            code = {}
+        rows: list[Row] = []
+        for index, number in enumerate(self.row_lines):
+            stat = stats.get(number)
+            rows.append((str(index), (*gutter_cells(stat), right(str(number), "dim"), code.get(number, Text("")))))
+        self.query_one("#source-code", TraceTable).show(rows)
+        status: list[str | tuple[str, str]] = [(str(source.path) if source.path else source.recorded, "bold")]
+        if source.problem:
+            status += [(f" · {source.problem}", "bold red")]
+        status += [(f" · {len(stats)} lines with activity · n/N next/previous · o open in $EDITOR", "dim")]
+        self.say("source-status", *status)
+        if self._target is not None and same_file(source.recorded, self._target[0]):
+            self._move_to_line(self._target[1])
+            self._target = None
+        elif stats:
+            self._move_to_line(max(stats, key=lambda number: stats[number].time_ns))
+
+    def _move_to_line(self, line: int) -> None:
+        table = self.query_one("#source-code", TraceTable)
+        if not self.row_lines:
+            return
+        row = min(range(len(self.row_lines)), key=lambda index: abs(self.row_lines[index] - line))
+        table.scroll_to(y=max(row - table.scrollable_content_region.height // 2, 0), animate=False)
+        table.move_cursor(row=row, animate=False)
+
+    def current_line(self) -> int | None:
+        key = self.query_one("#source-code", TraceTable).current_key()
+        return None if key is None else self.row_lines[int(key)]
+
+    # -- events and actions -----------------------------------------------------------------------
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "source-files" and event.row_key.value is not None and self.files:
+            stat = self.files[int(event.row_key.value)]
+            if stat is not self.file:
+                self._open_file(stat)
+
+    def action_focus_files(self) -> None:
+        self.query_one("#source-files").focus()
+
+    def action_hot_line(self, direction: int) -> None:
+        if self.file is None or not self.file.lines:
+            return
+        current = self.current_line() or 0
+        hot = sorted(self.file.lines)
+        candidates = [line for line in hot if (line > current if direction > 0 else line < current)]
+        target = (candidates[0] if direction > 0 else candidates[-1]) if candidates else (hot[0] if direction > 0 else hot[-1])
+        self._move_to_line(target)
+
+    def action_open_in_editor(self) -> None:
+        line = self.current_line()
+        if self.source is None or self.source.path is None or line is None:
+            self.notify("this file is not on this machine", markup=False, severity="warning")
+            return
+        editor = os.environ.get("EDITOR") or os.environ.get("VISUAL")
+        if not editor:
+            self.notify("set $EDITOR to open files", markup=False, severity="warning")
+            return
+        command = editor_command(editor, str(self.source.path), line)
+        try:
+            with self.app.suspend():
+                subprocess.run(command, check=False)
+        except SuspendNotSupported:
+            subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        except OSError as error:
+            self.notify(f"cannot run {command[0]}: {error.strerror or error}", markup=False, severity="error")
+
+
+def gutter_cells(stat: queries.LineStat | None) -> tuple[Text, Text, Text, Text]:
+    if stat is None:
+        return Text(""), Text(""), Text(""), Text("")
+    return (
+        right(fmt_ns(stat.time_ns) if stat.time_ns else "", "bold"),
+        right(fmt_count(stat.ops) if stat.ops else ""),
+        right(fmt_count(stat.compiles) if stat.compiles else "", "bold"),
+        right(fmt_count(stat.syncs) if stat.syncs else "", "bold"),
+    )

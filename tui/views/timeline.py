@@ -1,0 +1,188 @@
+"""Timeline: host lanes (dispatch, compile, syncs, transfers, fallbacks, collectives) and one lane per
+chip for a step or window; zoom and pan with keys. Below, the longest events in the window.
+
+Lanes are bucketed in SQL to the lanes' width, so a window over a million ops costs one grouped
+scan per lane, not a million rows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.text import Text
+from textual import events
+from textual.binding import BindingType
+from textual.widgets import Static
+
+from tputrace.tui import queries
+from tputrace.tui.actions import bindings
+from tputrace.tui.render import Palette, fmt_ns, right, shade_row
+from tputrace.tui.views.base import TraceView, palette_for
+from tputrace.tui.widgets import StatusLine, TraceTable
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+    from textual.widget import Widget
+
+LABEL_WIDTH = 18
+MIN_SPAN_NS = 1_000
+
+
+@dataclass(frozen=True)
+class Window:
+    start_ns: int
+    end_ns: int
+    step: int | None = None
+
+    @property
+    def span_ns(self) -> int:
+        return self.end_ns - self.start_ns
+
+
+class Lanes(Static, can_focus=True):
+    """The lanes drawing; focusable so that the timeline's keys reach the view."""
+
+
+def lanes_text(lanes: list[queries.Lane], window: Window, palette: Palette) -> Text:
+    """The lanes with their labels, under a time axis for the window."""
+    width = max((len(lane.busy) for lane in lanes), default=0)
+    text = Text(no_wrap=True, overflow="crop")
+    ticks = [(0, "+0")]
+    for fraction in (0.25, 0.5, 0.75):
+        ticks.append((int(width * fraction), f"+{fmt_ns(window.span_ns * fraction)}"))
+    end_label = f"+{fmt_ns(window.span_ns)}"
+    ticks.append((max(width - len(end_label), 0), end_label))
+    axis = list(" " * width)
+    for position, label in ticks:
+        if all(cell == " " for cell in axis[max(position - 1, 0): position + len(label) + 1]):
+            axis[position: position + len(label)] = label
+    text.append(f"{fmt_ns(window.start_ns)}"[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH), style=palette.muted)
+    text.append("".join(axis)[:width], style=palette.muted)
+    for lane in lanes:
+        text.append("\n")
+        label = f"{lane.name} ({lane.events:,})" if lane.events else lane.name
+        text.append(label[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH), style="bold" if lane.events else palette.muted)
+        style = palette.compile if lane.name == "compile" else (palette.accent if lane.name.startswith("tpu:") else palette.bar)
+        text.append_text(shade_row(lane.busy, style))
+    return text
+
+
+class TimelineView(TraceView):
+    VIEW_ID = "timeline"
+    BINDINGS: ClassVar[list[BindingType]] = bindings("timeline")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.steps: list[queries.StepRow] = []
+        self.wall_ns = 0
+        self.window: Window | None = None
+        self.lanes: list[queries.Lane] = []
+        self._columns = 0
+
+    def compose(self) -> ComposeResult:
+        yield StatusLine(Text("loading…"), id="timeline-status", classes="status")
+        yield Lanes(Text(""), id="timeline-lanes")
+        yield Static(Text("Longest in the window", style="bold"), classes="heading")
+        yield TraceTable(("lane", "lane"), ("start", "start"), ("time", "dur"), ("what", "label"), ("source", "source"), id="timeline-events")
+
+    def primary(self) -> Widget | None:
+        return self.query_one("#timeline-lanes")
+
+    def load(self) -> None:
+        session = self.session
+        rank = session.rank
+        self.request("main", lambda trace: (session.steps(), trace.wall_ns(rank=rank)))
+
+    def apply(self, slot: str, payload: Any) -> None:
+        if slot == "main":
+            self.steps, self.wall_ns = payload
+            self.window = None
+            self.show_window(self._initial_window())
+        else:
+            window, lanes, events_in_window = payload
+            if window != self.window:
+                return
+            self.lanes = lanes
+            self._render_lanes()
+            self.query_one("#timeline-events", TraceTable).show([
+                (str(index), (Text(event.lane), right(fmt_ns(event.start_ns)), right(fmt_ns(event.dur_ns)), Text(event.label),
+                              Text(str(event.source) if event.source else "")))
+                for index, event in enumerate(events_in_window)
+            ])
+
+    def _initial_window(self) -> Window:
+        """The slowest step that did not compile (what a steady step costs), else the first step, else the run."""
+        steady = [step for step in self.steps if not step.compiles and step.end_ns is not None]
+        candidates = steady or [step for step in self.steps if step.end_ns is not None]
+        if not candidates:
+            return Window(0, max(self.wall_ns, MIN_SPAN_NS))
+        chosen = max(candidates, key=lambda step: step.dur_ns) if steady else candidates[0]
+        return self._step_window(self.steps.index(chosen))
+
+    def _step_window(self, index: int) -> Window:
+        step = self.steps[index]
+        end_ns = step.end_ns if step.end_ns is not None else self.wall_ns
+        return Window(step.start_ns, max(end_ns, step.start_ns + MIN_SPAN_NS), index)
+
+    def show_window(self, window: Window) -> None:
+        self.window = window
+        self._columns = self._lane_columns()
+        rank, columns = self.session.rank, self._columns
+        self.request("window", lambda trace: (window, queries.timeline_lanes(trace, rank, window.start_ns, window.end_ns, columns),
+                                              queries.window_events(trace, rank, window.start_ns, window.end_ns)))
+        self._show_status()
+
+    def _lane_columns(self) -> int:
+        width = self.query_one("#timeline-lanes").content_region.width or (self.app.size.width - 4)
+        return max(width - LABEL_WIDTH, 10)
+
+    def _render_lanes(self) -> None:
+        if self.window is not None:
+            self.query_one("#timeline-lanes", Lanes).update(lanes_text(self.lanes, self.window, palette_for(self.app)))
+
+    def _show_status(self) -> None:
+        window = self.window
+        if window is None:
+            return
+        where = f"step {self.steps[window.step].step}" if window.step is not None else "window"
+        self.say("timeline-status", (where, "bold"),
+                 f" · {fmt_ns(window.start_ns)} – {fmt_ns(window.end_ns)} ({fmt_ns(window.span_ns)}) of {fmt_ns(self.wall_ns)} · rank {self.session.rank}",
+                 ("  [ ] step · + - zoom · ← → pan · w whole run", "dim"))
+
+    def on_resize(self, event: events.Resize) -> None:
+        if self.window is not None and self._lane_columns() != self._columns:
+            self.show_window(self.window)
+
+    # -- actions ----------------------------------------------------------------------------------
+
+    def _bounded(self, start_ns: float, span_ns: float) -> Window:
+        span = int(max(MIN_SPAN_NS, min(span_ns, max(self.wall_ns, MIN_SPAN_NS))))
+        start = int(min(max(start_ns, 0), max(self.wall_ns - span, 0)))
+        return Window(start, start + span)
+
+    def action_zoom(self, factor: float) -> None:
+        if self.window is None:
+            return
+        centre = self.window.start_ns + self.window.span_ns / 2
+        span = self.window.span_ns * factor
+        self.show_window(self._bounded(centre - span / 2, span))
+
+    def action_pan(self, fraction: float) -> None:
+        if self.window is None:
+            return
+        self.show_window(self._bounded(self.window.start_ns + self.window.span_ns * fraction, self.window.span_ns))
+
+    def action_step(self, delta: int) -> None:
+        if not self.steps or self.window is None:
+            return
+        if self.window.step is not None:
+            index = self.window.step + delta
+        else:
+            centre = self.window.start_ns + self.window.span_ns / 2
+            index = next((i for i, step in enumerate(self.steps) if step.start_ns >= centre), len(self.steps))
+            index = index if delta > 0 else index - 1
+        self.show_window(self._step_window(min(max(index, 0), len(self.steps) - 1)))
+
+    def action_whole_run(self) -> None:
+        self.show_window(Window(0, max(self.wall_ns, MIN_SPAN_NS)))

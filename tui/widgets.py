@@ -1,0 +1,237 @@
+"""Widgets shared by the views: a paged table, the key-binding help screen and the command palette provider."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from rich.cells import cell_len
+from rich.console import RenderableType
+from rich.text import Text
+from textual.binding import Binding, BindingType
+from textual.command import DiscoveryHit, Hit, Hits, Provider
+from textual.containers import Vertical
+from textual.message import Message
+from textual.screen import ModalScreen
+from textual.widgets import DataTable, Static
+
+from tputrace.tui.actions import ACTIONS, APP, VIEW_ORDER, NamedAction
+
+if TYPE_CHECKING:
+    from textual.app import ComposeResult
+
+Row = tuple[str, Sequence[RenderableType | str]]
+"""A table row: its key and its cells. String cells are shown literally (never parsed as markup)."""
+
+
+WIDTH_SAMPLE_ROWS = 5000
+"""Column widths are measured over at most this many rows."""
+
+
+def cell_width(cell: Any) -> int:
+    """The width in cells of a table cell's first line."""
+    if isinstance(cell, Text):
+        return max((cell_len(line) for line in cell.plain.splitlines()), default=0)
+    return cell_len(str(cell)) if cell is not None else 0
+
+
+def literal(value: Any) -> RenderableType:
+    """A cell for any value: renderables pass through; everything else becomes plain `Text`."""
+    if isinstance(value, Text) or (hasattr(value, "__rich_console__") and not isinstance(value, str)):
+        return value
+    return Text("" if value is None else str(value))
+
+
+class TraceTable(DataTable):
+    """A row-cursor table that shows rows a page at a time.
+
+    `show(rows, more=...)` replaces the rows; the first page is added at once and the next page when
+    the cursor nears the end. When the rows given are exhausted and `more` was True, the table posts
+    `NeedMore` so its view can fetch the next page from the trace (`extend` adds it).
+
+    Enter is not bound here, so it reaches the view's own (remappable) binding.
+    """
+
+    inherit_bindings = False
+    BINDINGS: ClassVar[list[BindingType]] = [
+        Binding("up,k", "cursor_up", "Up", show=False),
+        Binding("down,j", "cursor_down", "Down", show=False),
+        Binding("pageup", "page_up", "Page up", show=False),
+        Binding("pagedown,space", "page_down", "Page down", show=False),
+        Binding("home,ctrl+home", "scroll_top", "Top", show=False),
+        Binding("end,ctrl+end", "scroll_bottom", "Bottom", show=False),
+        Binding("left", "scroll_left", "Left", show=False),
+        Binding("right", "scroll_right", "Right", show=False),
+    ]
+
+    class NeedMore(Message):
+        """The cursor reached the last loaded row and the view said more rows exist."""
+
+        def __init__(self, table: TraceTable, loaded: int) -> None:
+            super().__init__()
+            self.table = table
+            self.loaded = loaded
+
+        @property
+        def control(self) -> TraceTable:
+            return self.table
+
+    def __init__(self, *columns: str | tuple[str, str], page_size: int = 200, max_column_width: int = 80, **kwargs: Any) -> None:
+        super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
+        self.max_column_width = max_column_width
+        self._column_specs = columns
+        self.page_size = page_size
+        self._waiting: list[Row] = []
+        self._more = False
+        self._requested = False
+        self.loaded = 0
+
+    def on_mount(self) -> None:
+        self._add_columns([])
+
+    def _add_columns(self, rows: Sequence[Row]) -> None:
+        """(Re)create the columns, each as wide as its label and widest cell among `rows`.
+
+        Widths are set here rather than measured by DataTable when idle: that measurement does
+        not invalidate rows already rendered, which could leave cells cropped to the label's width.
+        """
+        widths = [0] * len(self._column_specs)
+        for _, cells in rows[:WIDTH_SAMPLE_ROWS]:
+            for index, cell in enumerate(cells[: len(widths)]):
+                widths[index] = max(widths[index], cell_width(cell))
+        for index, spec in enumerate(self._column_specs):
+            label, key = spec if isinstance(spec, tuple) else (spec, spec)
+            width = min(max(widths[index], len(label)), self.max_column_width)
+            self.add_column(Text(label), key=key, width=width)
+
+    def show(self, rows: Sequence[Row], *, more: bool = False, columns: Sequence[str | tuple[str, str]] | None = None) -> None:
+        """Replace the rows (and the columns, if given); `more` says the view can fetch rows past these."""
+        self.clear(columns=True)
+        if columns is not None:
+            self._column_specs = tuple(columns)
+        self._add_columns(rows)
+        self.loaded = 0
+        self._waiting = list(rows)
+        self._more = more
+        self._requested = False
+        self._add_page()
+
+    def extend(self, rows: Sequence[Row], *, more: bool) -> None:
+        """Add rows fetched after a `NeedMore`."""
+        self._waiting.extend(rows)
+        self._more = more
+        self._requested = False
+        self._add_page()
+
+    @property
+    def has_more(self) -> bool:
+        return bool(self._waiting) or self._more
+
+    def load_more(self) -> None:
+        """Add the next page, from rows already given or by asking the view for more."""
+        if self._waiting:
+            self._add_page()
+        elif self._more and not self._requested:
+            self._requested = True
+            self.post_message(self.NeedMore(self, self.loaded))
+
+    def _add_page(self) -> None:
+        page, self._waiting = self._waiting[: self.page_size], self._waiting[self.page_size:]
+        for key, cells in page:
+            self.add_row(*(literal(cell) for cell in cells), key=key)
+        self.loaded += len(page)
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        # Handled here and still bubbling to the view.
+        if event.data_table is self and event.cursor_row >= self.row_count - 3:
+            self.load_more()
+
+    def current_key(self) -> str | None:
+        """The key of the row under the cursor (None for an empty table)."""
+        if not self.row_count:
+            return None
+        row_key, _ = self.coordinate_to_cell_key(self.cursor_coordinate)
+        return row_key.value
+
+
+class StatusLine(Static):
+    """One line of plain text about a view's state; never parsed as markup."""
+
+    def say(self, *parts: str | tuple[str, str] | Text) -> None:
+        self.update(Text.assemble(*parts))
+
+
+class HelpScreen(ModalScreen[None]):
+    """Every key binding from the action registry (with the keys in effect after remapping)."""
+
+    BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "dismiss", "Close", id="help.close")]
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="help-dialog"):
+            yield Static(Text("Keys", style="bold"), id="help-title")
+            table: DataTable[Any] = DataTable(id="help-table", cursor_type="row", zebra_stripes=True)
+            yield table
+            yield Static(
+                Text("Remap any key by its id: tputrace tui TRACE --keys ID=KEYS (e.g. --keys timeline.zoom_in=i). "
+                     "Ctrl+P opens the command palette. Escape closes this."),
+                id="help-hint",
+            )
+
+    def on_mount(self) -> None:
+        table = self.query_one("#help-table", DataTable)
+        table.add_column(Text("view"), key="scope")
+        table.add_column(Text("keys"), key="keys")
+        table.add_column(Text("action"), key="title")
+        table.add_column(Text("what it does"), key="help")
+        table.add_column(Text("id"), key="id")
+        titles = dict(VIEW_ORDER)
+        for action in ACTIONS:
+            scope = "everywhere" if action.scope == APP else titles.get(action.scope, action.scope)
+            table.add_row(Text(scope), Text(self.keys_for(action)), Text(action.title), Text(action.help), Text(action.id), key=action.id)
+
+    def keys_for(self, action: NamedAction) -> str:
+        keymap: dict[str, str] = getattr(self.app, "user_keymap", {})
+        keys = keymap.get(action.id, action.keys)
+        displays = []
+        for key in keys.split(","):
+            key = key.strip()
+            displays.append(self.app.get_key_display(Binding(key, action.action)))
+        return " ".join(displays)
+
+
+class ActionCommands(Provider):
+    """Command palette entries for every named action of the app and of the view on show."""
+
+    def _commands(self) -> list[tuple[NamedAction, Any]]:
+        app: Any = self.app
+        view = app.current_view() if hasattr(app, "current_view") else None
+        commands: list[tuple[NamedAction, Any]] = []
+        for action in ACTIONS:
+            if action.scope == APP:
+                commands.append((action, app))
+            elif view is not None and action.scope == getattr(view, "VIEW_ID", None):
+                commands.append((action, view))
+        return commands
+
+    def _run(self, action: NamedAction, node: Any) -> Any:
+        async def run() -> None:
+            await self.app.run_action(action.action, node)
+
+        return run
+
+    async def discover(self) -> Hits:
+        for action, node in self._commands():
+            if action.palette:
+                yield DiscoveryHit(Text(action.title if action.scope != APP or not action.id.startswith("view.") else f"Show {action.title}"),
+                                   self._run(action, node), text=action.help, help=action.help)
+
+    async def search(self, query: str) -> Hits:
+        matcher = self.matcher(query)
+        for action, node in self._commands():
+            if not action.palette:
+                continue
+            title = f"Show {action.title}" if action.id.startswith("view.") else action.title
+            text = f"{title}: {action.help}"
+            score = matcher.match(text)
+            if score > 0:
+                yield Hit(score, matcher.highlight(text), self._run(action, node), text=text, help=action.id)
