@@ -33,7 +33,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "run",
         help="run a script on the tpu device and record a trace",
         description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
-        usage="tputrace run [-o PATH] [--chips N] [--mode {defer,strict,compile}] [--no-trace] "
+        usage="tputrace run [-o PATH] [--chips N] [--mode {defer,strict,compile}] [--no-trace] [--tui] "
         "(script.py | -m module) [args ...]",
     )
     parser.add_argument(
@@ -47,6 +47,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="defer: fuse ops into programs (default); strict: one program per op; compile: torch.compile",
     )
     parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
+    parser.add_argument("--tui", action="store_true", help="open the trace in the terminal UI when the run ends")
     parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
     parser.add_argument("target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script")
@@ -86,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
     exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode)
     if trace_path is not None:
         report(trace_path)
+        if getattr(args, "tui", False):
+            from tputrace.cli.tui import open_ui_after_run
+
+            open_ui_after_run(trace_path)
     return exit_status
 
 

@@ -69,3 +69,13 @@ def open_ui(
     finally:
         trace.close()
     return 0
+
+
+def open_ui_after_run(trace_path: Path) -> None:
+    """`tputrace run --tui`: open the saved trace, if there is a terminal to show it on."""
+    import sys
+
+    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+        print(f"tputrace: --tui needs a terminal; open the trace with: tputrace tui {trace_path}", file=sys.stderr)
+        return
+    open_ui(trace_path)
