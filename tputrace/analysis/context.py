@@ -106,6 +106,41 @@ class AnalysisContext:
         """A run total spread over the loop's steps; None for a run without steps."""
         return total_ns / self.step_count if self.step_count else None
 
+    # -- chip time ----------------------------------------------------------------------------------
+
+    def busy_by_step(self, *, steady: bool = False) -> dict[int, float]:
+        """Chip busy time per step from the executions: the length of the union of their intervals per chip.
+
+        An execution's recorded duration runs from its launch to its results being ready, which includes
+        waiting behind programs launched before it; counting only the part of each interval after every
+        earlier one has ended gives the time the chip was actually running something.
+        """
+        key = f"busy_by_step:{steady}"
+        cached = self.cache.get(key)
+        if cached is not None:
+            return cached  # type: ignore[return-value]
+        steps = self.steady_range if steady else self.loop_range
+        step_filter = "" if steps is None else " WHERE step BETWEEN ? AND ?"
+        rows = self.trace.sql(
+            f"SELECT step, SUM(busy) FROM ({_BUSY_SQL}){step_filter} GROUP BY step",
+            (self.rank,) + (() if steps is None else steps),
+        )
+        busy = {step: float(total or 0) for step, total in rows}
+        self.cache[key] = busy
+        return busy
+
+    def busy_of_programs(self, program_ids: list[int]) -> float:
+        """Chip busy time (as in `busy_by_step`) of the executions of `program_ids`, in the loop's steps."""
+        if not program_ids:
+            return 0.0
+        steps = self.loop_range
+        step_filter = "" if steps is None else " AND step BETWEEN ? AND ?"
+        (busy,) = self.trace.sql(
+            f"SELECT COALESCE(SUM(busy), 0) FROM ({_BUSY_SQL}) WHERE program_id IN {in_list(program_ids)}{step_filter}",
+            (self.rank, *program_ids) + (() if steps is None else steps),
+        )[0]
+        return float(busy)
+
     # -- severity ---------------------------------------------------------------------------------
 
     def share_of_steps(self, steady_cost_ns: float) -> float:
@@ -156,6 +191,15 @@ class AnalysisContext:
             module=module,
             table=table,
         )
+
+
+# Per execution of a rank: the part of its launch-to-ready interval after every earlier execution on its chip
+# had ended (so time spent queued behind other programs is not counted twice).
+_BUSY_SQL = (
+    "SELECT step, program_id, MAX(0, start_ns + dur_ns - MAX(start_ns, COALESCE(MAX(start_ns + dur_ns) OVER ("
+    "PARTITION BY chip ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))) AS busy "
+    "FROM executions WHERE rank = ? AND dur_ns IS NOT NULL"
+)
 
 
 def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tuple[str, tuple[int, ...]]:

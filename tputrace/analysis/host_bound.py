@@ -1,7 +1,7 @@
 """Host-bound steps: the host spends longer dispatching a step's ops than the chip spends running them.
 
-Per steady step: dispatch time (the ops' recorded host time) against program execution time (the
-executions recorded in DeferAndFuse mode). Without executions (strict mode) the chip time is the
+Per steady step: dispatch time (the ops' recorded host time) against the chip's busy time (the union
+of the executions recorded in DeferAndFuse mode, see `AnalysisContext.busy_by_step`). Without executions (strict mode) the chip time is the
 target's roofline time of the programs run, from XLA's FLOPs and bytes (an estimate). The data also
 holds that roofline estimate for every trace, to show what the step's work would take on the target.
 """
@@ -27,8 +27,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     where, params = context.steady_where()
     dispatch = {step: (ns, ops) for step, ns, ops in trace.sql(
         f"SELECT step, COALESCE(SUM(dur_ns), 0), COUNT(*) FROM ops WHERE {where} GROUP BY step", params)}
-    executed = dict(trace.sql(
-        f"SELECT step, COALESCE(SUM(dur_ns), 0) FROM executions WHERE {where} GROUP BY step", params))
+    executed = context.busy_by_step(steady=True)
     peak, bandwidth = context.target.peak_bf16_flops, context.target.hbm_bandwidth
     e_where, e_params = context.steady_where("e")
     roofline = dict(trace.sql(

@@ -2,7 +2,8 @@
 and how much chip time each group accounts for. Shared by the padding and precision analyzers.
 
 Chip time of a group is attributed from measured program executions by FLOP share (the group's
-FLOPs over the FLOPs of every program executed, from XLA's cost analysis). Without executions (strict
+FLOPs over the FLOPs of every program executed, from XLA's cost analysis, or over all matmul FLOPs
+when that is larger), where the chip time is the chip's busy time (`AnalysisContext.busy_by_step`). Without executions (strict
 mode) or FLOP counts, it is the target chip's roofline time for the group (an estimate).
 """
 
@@ -36,6 +37,7 @@ class ChipTime:
 
     execution_ns: float
     execution_flops: float
+    matmul_flops: float = 0.0
 
     @property
     def measured(self) -> bool:
@@ -44,7 +46,7 @@ class ChipTime:
     def attributed_ns(self, context: AnalysisContext, group: MatmulGroup) -> float:
         """Chip time for `group`: measured by FLOP share when possible, else the target's roofline (estimate)."""
         if self.measured:
-            return min(group.flops / self.execution_flops, 1.0) * self.execution_ns
+            return group.flops / max(self.execution_flops, self.matmul_flops) * self.execution_ns
         return group.calls * sum(
             context.target.roofline_ns(product.flops, product.bytes, product.dtype) for product in group.products
         )
@@ -76,16 +78,17 @@ def matmul_groups(context: AnalysisContext) -> list[MatmulGroup]:
 
 
 def chip_time(context: AnalysisContext) -> ChipTime:
-    """Total execution time and executed FLOPs of the loop's programs."""
+    """The chip's busy time in the loop's steps and the FLOPs it executed."""
     cached = context.cache.get("chip_time")
     if cached is not None:
         return cached  # type: ignore[return-value]
     where, params = context.loop_where("e")
-    execution_ns, execution_flops = context.trace.sql(
-        "SELECT COALESCE(SUM(e.dur_ns), 0), COALESCE(SUM(p.flops), 0) FROM executions e "
-        f"LEFT JOIN programs p ON p.id = e.program_id WHERE {where}",
+    (execution_flops,) = context.trace.sql(
+        f"SELECT COALESCE(SUM(p.flops), 0) FROM executions e LEFT JOIN programs p ON p.id = e.program_id WHERE {where}",
         params,
     )[0]
-    result = ChipTime(float(execution_ns), float(execution_flops))
+    busy_ns = sum(context.busy_by_step().values())
+    matmul_flops = sum(group.flops for group in matmul_groups(context))
+    result = ChipTime(float(busy_ns), float(execution_flops), matmul_flops)
     context.cache["chip_time"] = result
     return result

@@ -103,26 +103,31 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         })
         for dim in off_dims:
             by_dim[dim].append((group, cost / len(off_dims), group_wasted))
-    # Only dims above their alignment are findings: a dim below it (a batch of 32, 10 classes) cannot be
-    # rounded down, and padding it is inherent to its size; those stay in the data.
+    # One finding per dim size, over every role it plays (a hidden size is k in one product, n or m in
+    # others). Only dims above their alignment count: a dim below it (a batch of 32, 10 classes) cannot
+    # be rounded down, and padding it is inherent to its size; those stay in the data.
+    by_size: dict[int, list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
+    alignment: dict[int, int] = {}
     result.data["products"] = sorted(rows, key=lambda row: -row["cost_ns"])[:100]
     result.data["padded_flop_share"] = wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0
     result.data["chip_time"] = "measured, attributed by FLOP share" if times.measured else "target roofline estimate"
     for (size, align), entries in by_dim.items():
-        if size < align:
-            continue
-        finding = _finding(context, size, align, entries, total_flops)
+        if size >= align:
+            by_size[size].extend(entries)
+            alignment[size] = max(alignment.get(size, 0), align)
+    for size, entries in by_size.items():
+        finding = _finding(context, size, alignment[size], entries)
         if finding is not None:
             result.findings.append(finding)
     return result
 
 
-def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]],
-             total_flops: float) -> Finding | None:
+def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]]) -> Finding | None:
     cost = sum(cost for _, cost, _ in entries)
     share = context.share_of_step(cost)
-    dim_flops = sum(group.flops for group, _, _ in entries)
-    dim_wasted = sum(wasted for _, _, wasted in entries)
+    groups = {id(group): (group, wasted) for group, _, wasted in entries}
+    dim_flops = sum(group.flops for group, _ in groups.values())
+    dim_wasted = sum(wasted for _, wasted in groups.values())
     flop_share = dim_wasted / (dim_flops + dim_wasted) if dim_flops else 0.0
     if share < MIN_REPORTED_SHARE:
         return None
@@ -154,7 +159,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
             f"{flop_share:.1%} of its matmul FLOPs are padding"
         ),
         explanation=(
-            f"Matrix products with a dim of {size} ({len(entries)} op shapes"
+            f"Matrix products with a dim of {size} ({len(groups)} op shapes"
             f"{', in ' + ', '.join(modules[:4]) if modules else ''}) are padded to {up} on the target, a multiple "
             f"of {align}: {flop_share:.1%} of their FLOPs are padding. On {context.target.label} that costs an "
             f"estimated {format_ns(cost)} of chip time ({share:.1%} of a step; roofline estimate applied to the "

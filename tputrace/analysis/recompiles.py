@@ -8,6 +8,9 @@ advisor that weighs compiles saved against padding FLOPs added (a linear-in-the-
 
 from __future__ import annotations
 
+import os
+import re
+from collections import Counter
 from dataclasses import dataclass
 
 from tputrace.analysis.chips import round_up
@@ -20,6 +23,10 @@ NAME = "recompiles"
 MIN_COMPILES = 3  # compiles of one site before it counts as a storm
 MIN_STEADY_COMPILES = 2  # ... of which at least this many after the warm-up step
 BUCKET_MULTIPLES = (8, 16, 32, 64, 128, 256, 512)
+MAX_PROPOSED_PADDING = 0.25  # the proposal keeps padding FLOPs under this share when any option does
+# A recompile's diff names the first op that consumes the changed input, e.g.
+# "op 0 aten.embedding.default (train.py:29): arg 1 dim 1: 64 -> 72".
+_DIFF_ENTRY = re.compile(r"op \d+ (?P<op>\S+) \((?P<file>[^()]+?):(?P<line>\d+)\): (?P<arg>arg \d+ dim \d+)")
 
 
 @dataclass(frozen=True)
@@ -31,6 +38,7 @@ class CompileRow:
     step: int
     runs: int  # executions of the program (how often this shape occurred)
     flops: float  # per execution, from XLA's cost analysis (0 when unknown)
+    diff: str | None = None
 
 
 @dataclass(frozen=True)
@@ -115,7 +123,7 @@ def _compile_rows(context: AnalysisContext, kind: str, name_sid: int, frame_id: 
     params: tuple = (context.rank, kind, name_sid) + (() if frame_id is None else (frame_id,))
     rows = trace.sql(
         "SELECT c.id, c.program_id, c.signature_sid, COALESCE(c.dur_ns, 0), COALESCE(c.step, 0), "
-        "COALESCE(p.flops, 0) FROM compiles c LEFT JOIN programs p ON p.id = c.program_id "
+        "COALESCE(p.flops, 0), c.diff_sid FROM compiles c LEFT JOIN programs p ON p.id = c.program_id "
         f"WHERE c.rank = ? AND c.kind IS ? AND c.name_sid IS ? AND c.{frame_clause} ORDER BY c.start_ns",
         params,
     )
@@ -123,8 +131,8 @@ def _compile_rows(context: AnalysisContext, kind: str, name_sid: int, frame_id: 
     runs = program_runs(context, program_ids)
     return [
         CompileRow(compile_id, program_id, trace.string(signature_sid) or "", dur_ns, step,
-                   runs.get(program_id, 1) if program_id is not None else 1, float(flops or 0.0))
-        for compile_id, program_id, signature_sid, dur_ns, step, flops in rows
+                   runs.get(program_id, 1) if program_id is not None else 1, float(flops or 0.0), trace.string(diff_sid))
+        for compile_id, program_id, signature_sid, dur_ns, step, flops, diff_sid in rows
     ]
 
 
@@ -190,8 +198,6 @@ def bucket_options(dim: VaryingDim, rows: list[CompileRow], mean_compile_ns: flo
     for multiple in BUCKET_MULTIPLES:
         rules.append((f"multiple of {multiple}", {value: round_up(value, multiple) for value in distinct}))
     rules.append(("power of two", {value: 1 << (value - 1).bit_length() if value > 0 else 0 for value in distinct}))
-    largest = distinct[-1]
-    rules.append((f"one size ({largest})", {value: largest for value in distinct}))
     options: dict[tuple[int, ...], BucketOption] = {}
     for rule, mapping in rules:
         buckets = tuple(sorted(set(mapping.values())))
@@ -205,73 +211,137 @@ def bucket_options(dim: VaryingDim, rows: list[CompileRow], mean_compile_ns: flo
     return sorted(options.values(), key=lambda option: (option.estimated_cost_ns, option.compiles))
 
 
+def propose(options: list[BucketOption], current_cost_ns: float) -> BucketOption | None:
+    """The cheapest option (estimated) that keeps padding under `MAX_PROPOSED_PADDING`, else the one with the
+    least padding; None when no option beats compiling every shape."""
+    if not options:
+        return None
+    moderate = [option for option in options if option.padding_share <= MAX_PROPOSED_PADDING]
+    if moderate:
+        return moderate[0]
+    least = min(options, key=lambda option: option.padding_share)
+    return least if least.estimated_cost_ns < current_cost_ns else None
+
+
+@dataclass(frozen=True)
+class ShapeEntry:
+    """Where a varying input enters the program: the first op consuming it, from the recompiles' diffs."""
+
+    op: str
+    argument: str
+    frame_id: int | None
+    module: str | None
+
+    def describe(self, context: AnalysisContext) -> str:
+        return f"{self.argument} of {self.op} at {context.where(self.frame_id)}"
+
+
+def shape_entry(context: AnalysisContext, diffs: list[str | None]) -> ShapeEntry | None:
+    """The op, argument and line most often named by the diffs (None when they name none)."""
+    entries = Counter(
+        (match["op"], match["file"], int(match["line"]), match["arg"])
+        for diff in diffs if diff for match in _DIFF_ENTRY.finditer(diff)
+    )
+    if not entries:
+        return None
+    (op, file, line, argument), _ = entries.most_common(1)[0]
+    trace = context.trace
+    name = os.path.basename(file)
+    rows = trace.sql(
+        "SELECT f.id FROM frames f JOIN strings s ON s.id = f.file_sid WHERE f.line = ? AND (s.text = ? OR s.text LIKE ?)",
+        (line, file, f"%/{name}"),
+    )
+    frame_id = rows[0][0] if rows else None
+    module = None
+    op_sid = trace.string_id(op)
+    if frame_id is not None and op_sid is not None:
+        modules = trace.sql(
+            "SELECT module_sid FROM ops WHERE rank = ? AND op_sid = ? AND frame_id = ? AND module_sid IS NOT NULL "
+            "GROUP BY module_sid ORDER BY COUNT(*) DESC LIMIT 1",
+            (context.rank, op_sid, frame_id),
+        )
+        module = trace.string(modules[0][0]) if modules else None
+    return ShapeEntry(op, argument, frame_id, module)
+
+
 def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None, rows: list[CompileRow], dims: list[VaryingDim]) -> dict:
     trace = context.trace
-    where = context.where(frame_id)
+    site = context.where(frame_id)
     count = len(rows)
     total_ns = sum(row.dur_ns for row in rows)
     recompile_ns = total_ns - rows[0].dur_ns
     mean_compile_ns = total_ns / count
     steps_compiling = sorted({row.step for row in rows})
     program_ids = [row.program_id for row in rows if row.program_id is not None]
-    exec_ns = 0.0
-    if program_ids:
-        exec_ns = float(trace.sql(
-            f"SELECT COALESCE(SUM(dur_ns), 0) FROM executions WHERE program_id IN {in_list(program_ids)}", program_ids
-        )[0][0])
+    exec_ns = context.busy_of_programs(program_ids)
     main = dims[0]
     options = bucket_options(main, rows, mean_compile_ns, exec_ns)
-    current_cost = len(main.distinct) * mean_compile_ns
-    best = options[0] if options and options[0].estimated_cost_ns < current_cost else None
+    best = propose(options, len(main.distinct) * mean_compile_ns)
+    entry = shape_entry(context, [row.diff for row in rows])
+    dim_name = main.label.split(" (")[0]
+    if entry is not None:
+        dim_name = f"{entry.argument} of {entry.op}"
     values_text = _values_text(main.distinct)
     evidence = [
         Evidence(f"{dim.label} took {len(dim.distinct)} values: {_values_text(dim.distinct)}", table="compiles")
         for dim in dims[:3]
     ]
+    if entry is not None:
+        evidence.append(context.evidence_at(
+            f"the changing shape enters the program as {entry.describe(context)}", entry.frame_id,
+            module=entry.module, table="compiles",
+        ))
     evidence.append(context.evidence_at(
-        f"{count} compiles in {len(steps_compiling)} steps, {format_ns(mean_compile_ns)} each on average", frame_id,
-        table="compiles",
+        f"{count} compiles in {len(steps_compiling)} steps, {format_ns(mean_compile_ns)} each on average, "
+        f"triggered at {site}", frame_id, table="compiles",
     ))
-    for option in options[:4]:
+    for option in options[:5]:
         evidence.append(Evidence(
             f"buckets ({option.rule}) {_values_text(list(option.buckets))}: {option.compiles} compiles "
             f"({option.compiles_saved} saved), +{option.padding_share:.1%} FLOPs from padding (estimate)"
         ))
     if best is not None:
         suggestion = (
-            f"Pad {main.label.split(' (')[0]} up to a few bucket sizes, e.g. {_values_text(list(best.buckets))} "
-            f"({best.rule}): {best.compiles} compiles instead of {len(main.distinct)} ({best.compiles_saved} saved) "
-            f"for about {best.padding_share:.1%} more FLOPs (estimate). Pad in the data pipeline (a collate_fn "
-            f"that pads each batch to its bucket) and mask the padding in the loss."
+            f"Pad {dim_name} up to a few bucket sizes, e.g. {_values_text(list(best.buckets))} ({best.rule}): "
+            f"{best.compiles} compiles instead of {len(main.distinct)} ({best.compiles_saved} saved) for about "
+            f"{best.padding_share:.1%} more FLOPs (estimate). Pad in the data pipeline (a collate_fn that pads each "
+            f"batch to its bucket) and mask the padding in the loss."
         )
     else:
-        suggestion = (
-            f"Give {main.label.split(' (')[0]} a fixed size (pad every batch to {main.distinct[-1]}) so the program "
-            f"compiles once."
-        )
+        suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
     share = context.share_of_wall(recompile_ns)
     severity = context.severity(share)
     if len(steps_compiling) >= max(3, context.step_count // 2) and severity == "info":
         severity = "warning"
+    anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
+    where = context.where(anchor)
     finding = Finding(
         analyzer=NAME,
         severity=severity,
-        title=f"Recompilation storm: {name} compiled {count} times at {where} as input shapes change",
+        title=(
+            f"Recompilation storm: {name} compiled {count} times as the shape entering at {where} changes "
+            f"({len(main.distinct)} sizes)"
+        ),
         explanation=(
-            f"The program built at {where} ({kind} program {name}) was compiled {count} times because its input "
-            f"shapes kept changing: {main.label} took {len(main.distinct)} values ({values_text}). Compiling took "
-            f"{format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
+            f"The {kind} program {name} (flushed at {site}) was compiled {count} times because its input shapes "
+            f"kept changing: {main.label} took {len(main.distinct)} values ({values_text})"
+            + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
+            + f". Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
             f"({share:.0%} of the run); compiles happened in {len(steps_compiling)} of {context.step_count} steps."
         ),
         suggestion=suggestion,
         cost_total_ns=float(recompile_ns),
         cost_per_step_ns=context.per_step(recompile_ns),
         evidence=tuple(evidence),
-        **context.location_fields(frame_id),
+        module=entry.module if entry else None,
+        **context.location_fields(anchor),
     )
     data = {
-        "kind": kind, "name": name, "where": where, "compiles": count, "compile_ns": total_ns,
+        "kind": kind, "name": name, "where": site, "compiles": count, "compile_ns": total_ns,
         "recompile_ns": recompile_ns, "steps": steps_compiling,
+        "shape_enters_at": None if entry is None else {
+            "op": entry.op, "argument": entry.argument, "where": context.where(entry.frame_id), "module": entry.module,
+        },
         "varying_dims": [{"label": dim.label, "positions": [list(p) for p in dim.positions], "values": dim.distinct}
                          for dim in dims],
         "bucket_options": [option.as_dict() for option in options],

@@ -1,0 +1,103 @@
+"""Each planted problem of `examples/problems/` recorded before and after `--fixed`: the top finding,
+whether it is gone after the fix, and the step time before/after.
+
+    python bench/problems.py [--steps N] [--only NAME ...] [--no-write]
+
+Step time is the loop's time per step after the first (warm-up) step: from the start of step 1 to the
+end of the run, over the steps after the first, so work the chip finishes after the host has moved on
+(an asynchronous step) is counted. The section "Diagnoses: problems before/after" of
+bench/RESULTS.md is rewritten with the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+
+from results import write_section  # noqa: E402
+
+from tputrace.analysis import Report, analyze_path  # noqa: E402
+from tputrace.store.reader import open_trace  # noqa: E402
+
+PROBLEMS = {
+    "recompile_storm": "recompiles",
+    "host_sync": "syncs",
+    "tile_padding": "padding",
+    "cpu_fallback": "fallbacks",
+    "fragmented_fusion": "fusion",
+    "host_copies": "transfers",
+    "fp32_matmul": "precision",
+}
+SECTION = "Diagnoses: problems before/after"
+
+
+@dataclass
+class Measured:
+    step_ns: float
+    report: Report
+
+
+def record(name: str, fixed: bool, steps: int, out_dir: Path) -> Measured:
+    script = ROOT / "examples" / "problems" / f"{name}.py"
+    trace = out_dir / f"{name}{'-fixed' if fixed else ''}.tptrace"
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace), str(script), "--steps", str(steps)]
+    if fixed:
+        command.append("--fixed")
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if completed.returncode != 0:
+        raise SystemExit(f"{name}{' --fixed' if fixed else ''} failed:\n{completed.stderr[-2000:]}")
+    with open_trace(trace) as opened:
+        loop = [step for step in opened.step_times() if step.source != "end"]
+        end_ns = opened.wall_ns()
+    later = loop[1:] or loop
+    step_ns = (end_ns - later[0].start_ns) / len(later)
+    return Measured(step_ns, analyze_path(trace))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--only", nargs="*", choices=sorted(PROBLEMS), default=None)
+    parser.add_argument("--no-write", action="store_true", help="print the table without writing RESULTS.md")
+    args = parser.parse_args()
+    names = args.only or list(PROBLEMS)
+    rows = [
+        "| problem | top finding before | finding after `--fixed` | step before | step after | after/before |",
+        "|---|---|---|---|---|---|",
+    ]
+    with tempfile.TemporaryDirectory(prefix="tputrace-problems-") as directory:
+        for name in names:
+            analyzer = PROBLEMS[name]
+            before = record(name, False, args.steps, Path(directory))
+            after = record(name, True, args.steps, Path(directory))
+            top = before.report.findings[0] if before.report.findings else None
+            top_text = f"{top.analyzer} ({top.severity})" + (" ✓" if top.analyzer == analyzer else " ✗") if top else "none"
+            remaining = [finding for finding in after.report.findings if finding.analyzer == analyzer]
+            after_text = "gone" if not remaining else f"still there ({remaining[0].severity})"
+            ratio = after.step_ns / before.step_ns if before.step_ns else float("nan")
+            row = (f"| {name} | {top_text} | {after_text} | {before.step_ns / 1e6:.1f} ms | "
+                   f"{after.step_ns / 1e6:.1f} ms | {ratio:.2f} |")
+            rows.append(row)
+            print(row, flush=True)
+    body = "\n".join(rows) + (
+        f"\n\nEach problem script run with `tputrace run` for {args.steps} steps, then with `--fixed` "
+        "(`python bench/problems.py`). ✓: the top finding of the report is the planted problem. Step: loop time "
+        "per step after the warm-up step, including work the chip finished after the host moved on. The chips "
+        "here are virtual XLA CPU devices (no TPU on this machine): padding and float32 precision cost time on a "
+        "TPU's MXU, not on a CPU, so their fixes are not expected to be faster here (a bfloat16 or padded matmul "
+        "can be slower on a CPU)."
+    )
+    if not args.no_write:
+        write_section(SECTION, body)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,59 @@
+"""Planted problem: fragmented fusion. A NaN check after every block (`if not torch.isfinite(h).all()`)
+reads a chip value in Python, so each step is cut into one small program per block.
+
+    tputrace run examples/problems/fragmented_fusion.py            # a check in every block
+    tputrace run examples/problems/fragmented_fusion.py --fixed    # one check of the loss, after the loop
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+WIDTH, BATCH, DEPTH = 256, 128, 6
+
+
+class Block(nn.Module):
+    def __init__(self, check: bool) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(WIDTH)
+        self.fc = nn.Linear(WIDTH, WIDTH)
+        self.check = check
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x + torch.relu(self.fc(self.norm(x)))
+        if self.check and not torch.isfinite(h).all():  # tputrace: problem (a host read inside every block)
+            raise FloatingPointError("activation is not finite")
+        return h
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="tpu")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--fixed", action="store_true", help="check the loss once, after the loop")
+    args = parser.parse_args()
+    if args.device.startswith("tpu"):
+        import tputrace.backend  # noqa: F401 - registers the tpu device
+    torch.manual_seed(0)
+    model = nn.Sequential(*(Block(check=not args.fixed) for _ in range(DEPTH)), nn.Linear(WIDTH, 1)).to(args.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    inputs = torch.randn(BATCH, WIDTH).to(args.device)
+    targets = torch.randn(BATCH, 1).to(args.device)
+    losses = []
+    for _ in range(args.steps):
+        loss = nn.functional.mse_loss(model(inputs), targets)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    final = torch.stack(losses)
+    if not torch.isfinite(final).all():
+        raise FloatingPointError("loss is not finite")
+    print(f"{args.steps} steps, final loss {final[-1].item():.4f}")
+
+
+if __name__ == "__main__":
+    main()

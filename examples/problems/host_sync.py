@@ -1,0 +1,48 @@
+"""Planted problem: a host sync every step. `.item()` on the loss makes the host wait for the chip
+before it can queue the next step.
+
+    tputrace run examples/problems/host_sync.py            # the problem
+    tputrace run examples/problems/host_sync.py --fixed    # the loss stays on the chip until the end
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+from torch import nn
+
+WIDTH, BATCH, CLASSES = 512, 256, 16
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="tpu")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--fixed", action="store_true", help="accumulate the loss on the chip, read it once")
+    args = parser.parse_args()
+    if args.device.startswith("tpu"):
+        import tputrace.backend  # noqa: F401 - registers the tpu device
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
+                          nn.Linear(WIDTH, CLASSES)).to(args.device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    inputs = torch.randn(BATCH, WIDTH).to(args.device)
+    labels = torch.randint(0, CLASSES, (BATCH,)).to(args.device)
+    running = 0.0
+    total = torch.zeros((), device=args.device)
+    for _ in range(args.steps):
+        loss = nn.functional.cross_entropy(model(inputs), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if args.fixed:
+            total = total + loss.detach()
+        else:
+            running += loss.item()  # tputrace: problem (waits for the chip every step)
+    mean = total.item() / args.steps if args.fixed else running / args.steps
+    print(f"{args.steps} steps, mean loss {mean:.4f}")
+
+
+if __name__ == "__main__":
+    main()
