@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
@@ -17,6 +18,7 @@ from textual.theme import Theme
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
 from tputrace.tui.actions import APP, VIEW_ORDER, bindings
+from tputrace.tui.render import display_path
 from tputrace.tui.views import VIEW_CLASSES, TraceView
 from tputrace.tui.views.base import GoToSource
 from tputrace.tui.views.source import SourceView
@@ -84,7 +86,7 @@ def theme_names() -> list[str]:
 class TraceApp(App[None]):
     """`tputrace tui`: the views of one trace."""
 
-    CSS_PATH = "theme.tcss"
+    CSS_PATH = str(Path(__file__).with_name("theme.tcss"))
     TITLE = "tputrace"
     BINDINGS: ClassVar[list[BindingType]] = bindings(APP)
     COMMANDS = App.COMMANDS | {ActionCommands}
@@ -125,7 +127,7 @@ class TraceApp(App[None]):
         ranks = trace.ranks
         if len(ranks) > 1:
             text.append(f" · rank {self.session.rank} of {len(ranks)} (R: next)")
-        text.append(f" · {trace.path}", style="dim")
+        text.append(f" · {display_path(trace.path)}", style="dim")
         text.no_wrap = True
         text.overflow = "ellipsis"
         return text

@@ -6,8 +6,10 @@ markup parsing: `Text(value)` and `Text.assemble(...)` do not interpret `[...]`.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
@@ -25,6 +27,15 @@ class Palette:
     muted: str = "dim"
     warning: str = "red"
     accent: str = "cyan"
+
+
+def display_path(path: str | os.PathLike[str]) -> str:
+    """A local path as people type it: relative to the current directory when inside it."""
+    try:
+        resolved = Path(path).resolve()
+        return str(resolved.relative_to(Path.cwd().resolve()))
+    except (ValueError, OSError):
+        return str(path)
 
 
 def fmt_ns(ns: float | None) -> str:

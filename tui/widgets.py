@@ -182,12 +182,12 @@ class HelpScreen(ModalScreen[None]):
         table.add_column(Text("view"), key="scope")
         table.add_column(Text("keys"), key="keys")
         table.add_column(Text("action"), key="title")
+        table.add_column(Text("id (for --keys)"), key="id")
         table.add_column(Text("what it does"), key="help")
-        table.add_column(Text("id"), key="id")
         titles = dict(VIEW_ORDER)
         for action in ACTIONS:
             scope = "everywhere" if action.scope == APP else titles.get(action.scope, action.scope)
-            table.add_row(Text(scope), Text(self.keys_for(action)), Text(action.title), Text(action.help), Text(action.id), key=action.id)
+            table.add_row(Text(scope), Text(self.keys_for(action)), Text(action.title), Text(action.id), Text(action.help), key=action.id)
 
     def keys_for(self, action: NamedAction) -> str:
         keymap: dict[str, str] = getattr(self.app, "user_keymap", {})

@@ -84,7 +84,9 @@ class TraceView(Vertical):
     # -- loading ----------------------------------------------------------------------------------
 
     def on_show(self) -> None:
-        self.ensure_loaded()
+        # After the next refresh: the first paint comes before any query, and an update never
+        # races the screen's first layout.
+        self.call_after_refresh(self.ensure_loaded)
 
     def ensure_loaded(self) -> None:
         """Load the view's data the first time it is shown, and again after the rank changed."""

@@ -24,7 +24,7 @@ from textual.widgets import DataTable
 
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
-from tputrace.tui.render import fmt_count, fmt_ns, right
+from tputrace.tui.render import display_path, fmt_count, fmt_ns, right
 from tputrace.tui.views.base import TraceView
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
 
@@ -176,7 +176,7 @@ class SourceView(TraceView):
             stat = stats.get(number)
             rows.append((str(index), (*gutter_cells(stat), right(str(number), "dim"), code.get(number, Text("")))))
         self.query_one("#source-code", TraceTable).show(rows)
-        status: list[str | tuple[str, str]] = [(str(source.path) if source.path else source.recorded, "bold")]
+        status: list[str | tuple[str, str]] = [(display_path(source.path) if source.path else source.recorded, "bold")]
         if source.problem:
             status += [(f" · {source.problem}", "bold red")]
         status += [(f" · {len(stats)} lines with activity · n/N next/previous · o open in $EDITOR", "dim")]

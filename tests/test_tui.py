@@ -1,0 +1,581 @@
+"""The terminal UI: its headless queries, formatting and action registry, the app driven with Textual's
+Pilot over the committed fixtures (tests/fixtures/make_tui_fixture.py), and `tputrace tui` on bad files."""
+
+from __future__ import annotations
+
+import asyncio
+import html
+import re
+import subprocess
+import sys
+import textwrap
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import tputrace
+from fixtures.make_traces import BROKEN_TRACE_MESSAGES, build_broken_traces
+from fixtures.make_tui_fixture import (
+    MARKUP_DIFF,
+    MARKUP_FILE,
+    MARKUP_FUNCTION,
+    MARKUP_MODULE,
+    MARKUP_OP,
+    MARKUP_SHAPES,
+    MARKUP_TRACE,
+    SMALL_TRACE,
+    SOURCE_ROOT,
+    make_session,
+    settle,
+)
+from tputrace.cli.main import main
+from tputrace.tui import queries
+from tputrace.tui.actions import ACTIONS, ACTIONS_BY_ID, VIEW_ORDER, parse_keymap
+from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, shade_row, share_bar
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+SIZE = (130, 40)
+
+
+@pytest.fixture(scope="module")
+def small() -> Any:
+    with tputrace.open(SMALL_TRACE) as trace:
+        yield trace
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def screen_lines(app: Any) -> list[str]:
+    """What the terminal shows, one string per line (from the app's SVG screenshot)."""
+    rows: dict[int, list[tuple[float, str]]] = {}
+    svg = app.export_screenshot()
+    for match in re.finditer(r'<text [^>]*x="([\d.]+)"[^>]*clip-path="url\(#terminal-\d+-line-(\d+)\)">([^<]*)</text>', svg):
+        rows.setdefault(int(match.group(2)), []).append((float(match.group(1)), html.unescape(match.group(3)).replace("\xa0", " ")))
+    return ["".join(text for _, text in sorted(parts)) for _, parts in sorted(rows.items())]
+
+
+def screen_text(app: Any) -> str:
+    return "\n".join(screen_lines(app))
+
+
+def table_rows(app: Any, selector: str) -> list[list[str]]:
+    table = app.screen.query_one(selector)
+    return [[str(getattr(cell, "plain", cell)) for cell in table.get_row_at(index)] for index in range(table.row_count)]
+
+
+def run_app(scenario: Callable[[Any], Awaitable[None]], *, session: Any = None, size: tuple[int, int] = SIZE, **app_options: Any) -> None:
+    """Run the app headless on the small fixture (or `session`), settle, then run `scenario(pilot)`."""
+    from tputrace.tui.app import TraceApp
+
+    async def drive() -> None:
+        app = TraceApp(session or make_session(), **app_options)
+        async with app.run_test(size=size) as pilot:
+            await settle(pilot)
+            await scenario(pilot)
+
+    asyncio.run(drive())
+
+
+async def press(pilot: Any, *keys: str) -> None:
+    await pilot.press(*keys)
+    await settle(pilot)
+
+
+# -- headless parts -----------------------------------------------------------------------------
+
+
+def test_headless_modules_never_import_textual() -> None:
+    code = textwrap.dedent(
+        """
+        import sys
+        import tputrace.tui, tputrace.tui.queries, tputrace.tui.session
+        heavy = sorted(name for name in sys.modules if name.split(".")[0] in ("textual", "torch", "jax"))
+        print(",".join(heavy))
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
+    assert result.stdout.strip() == ""
+
+
+def test_op_groups_add_up_and_sort(small: Any) -> None:
+    groups = queries.op_groups(small, "op", 0)
+    (count, total), = small.sql("SELECT COUNT(*), SUM(dur_ns) FROM ops WHERE rank = 0")
+    assert sum(group.count for group in groups) == count
+    assert sum(group.total_ns for group in groups) == total
+    assert abs(sum(group.share for group in groups) - 1.0) < 1e-9
+    assert [group.total_ns for group in groups] == sorted((group.total_ns for group in groups), reverse=True)
+    by_count = queries.sort_groups(groups, "count")
+    assert [group.count for group in by_count] == sorted((group.count for group in groups), reverse=True)
+    for grouping in queries.OP_GROUPINGS:
+        assert sum(group.count for group in queries.op_groups(small, grouping, 0)) == count
+
+
+def test_op_filter_is_literal_and_case_insensitive(small: Any) -> None:
+    matching = queries.op_groups(small, "op", 0, "ADDMM")
+    assert [group.label for group in matching] == ["aten.addmm.default"]
+    assert queries.op_groups(small, "op", 0, "%") == []
+    assert queries.op_groups(small, "op", 0, "_") != []  # '_' appears literally in op names
+    assert all("_" in group.label for group in queries.op_groups(small, "op", 0, "_"))
+    sources = queries.op_groups(small, "source", 0, "model.py:52")
+    assert [group.source.line for group in sources if group.source] == [52]
+    assert queries.like_pattern("a%b_c\\") == "%a\\%b\\_c\\\\%"
+
+
+def test_op_instances_page_longest_first(small: Any) -> None:
+    group = queries.op_groups(small, "op", 0)[0]
+    first = queries.op_instances(small, "op", group.key, 0, limit=10)
+    second = queries.op_instances(small, "op", group.key, 0, offset=10, limit=10)
+    durations = [op.dur_ns for op in first + second]
+    assert durations == sorted(durations, reverse=True)
+    assert {op.op for op in first} == {group.label}
+    assert not {op.seq for op in first} & {op.seq for op in second}
+
+
+def test_compile_rows_show_old_and_new_signature(small: Any) -> None:
+    rows = queries.compile_rows(small, 0)
+    recompile = next(row for row in rows if row.reason == "recompile")
+    assert recompile.diff == "input 0 dim 1: 128 -> 192"
+    assert recompile.old_signature is not None and "128" in recompile.old_signature
+    assert "192" in recompile.signature
+    assert rows[0].old_signature is None
+    sites = queries.compile_sites(small, 0)
+    assert sum(site.count for site in sites) == len(rows)
+    assert any(site.recompiles for site in sites)
+
+
+def test_flushes_and_their_contents(small: Any) -> None:
+    triggers = {stat.trigger: stat for stat in queries.flush_triggers(small, 0)}
+    assert set(triggers) == {"item", "step", "tolist"}
+    flushes = queries.flush_rows(small, 0)
+    assert len(flushes) == sum(stat.count for stat in triggers.values())
+    longest = queries.flush_rows(small, 0, order="duration")
+    assert [flush.dur_ns for flush in longest] == sorted((flush.dur_ns for flush in flushes), reverse=True)
+    contents = queries.flush_contents(small, flushes[0].id, flushes[0].program_id, 0)
+    assert len(contents.ops) == flushes[0].n_ops
+    assert contents.fusions and all(fusion.kind.startswith("k") for fusion in contents.fusions)
+    capped = queries.flush_contents(small, flushes[0].id, flushes[0].program_id, 0, limit=5)
+    assert len(capped.ops) == 5 and capped.more_ops == flushes[0].n_ops - 5
+
+
+def test_collectives_per_kind_and_rank(small: Any) -> None:
+    groups = queries.collective_groups(small, 0)
+    assert {group.kind for group in groups} == {"all_reduce", "broadcast"}
+    ranks = queries.collective_ranks(small)
+    assert [row.rank for row in ranks] == [0, 1]
+    assert sum(group.count for group in groups) == ranks[0].count
+
+
+def test_timeline_lanes_are_bucketed_busy_fractions(small: Any) -> None:
+    steps = queries.step_rows(small, 0)
+    step = steps[1]
+    lanes = {lane.name: lane for lane in queries.timeline_lanes(small, 0, step.start_ns, step.end_ns, 50)}
+    assert {"dispatch", "compile", "syncs", "tpu:0 exec"} <= set(lanes)
+    for lane in lanes.values():
+        assert len(lane.busy) == 50 and all(0.0 <= value <= 1.0 + 1e-9 for value in lane.busy)
+    (ops_in_step,) = small.sql("SELECT COUNT(*) FROM ops WHERE rank = 0 AND start_ns < ? AND start_ns + dur_ns >= ?", (step.end_ns, step.start_ns))[0]
+    assert lanes["dispatch"].events == ops_in_step
+    bucket_ns = -(-(step.end_ns - step.start_ns) // 50)
+    (dispatch_ns,) = small.sql(
+        "SELECT SUM(MIN(start_ns + dur_ns, ?) - MAX(start_ns, ?)) FROM ops WHERE rank = 0 AND start_ns < ? AND start_ns + dur_ns >= ?",
+        (step.end_ns, step.start_ns, step.end_ns, step.start_ns),
+    )[0]
+    assert abs(sum(lanes["dispatch"].busy) * bucket_ns - dispatch_ns) < 1
+    events = queries.window_events(small, 0, step.start_ns, step.end_ns, limit=5)
+    assert len(events) == 5 and [event.dur_ns for event in events] == sorted((event.dur_ns for event in events), reverse=True)
+
+
+def test_bucket_busy_carries_long_events_forward() -> None:
+    busy, events = queries._bucket_busy([(0, 250, 1), (3, 50, 2)], 5, 100)
+    assert busy == (1.0, 1.0, 0.5, 0.5, 0.0) and events == 3
+
+
+def test_source_stats_and_resolution(small: Any) -> None:
+    files = {stat.file: stat for stat in queries.source_stats(small, 0)}
+    train = files["/home/user/proj/train.py"]
+    assert train.lines[35].syncs == 6 and train.lines[35].compiles == 2
+    (ops_total,) = small.sql("SELECT COUNT(*) FROM ops WHERE rank = 0")[0]
+    assert sum(stat.ops for stat in files.values()) == ops_total
+    assert queries.resolve_source("/home/user/proj/train.py", [str(SOURCE_ROOT)]) == SOURCE_ROOT / "proj" / "train.py"
+    assert queries.resolve_source("/home/user/proj/missing.py", [str(SOURCE_ROOT)]) is None
+
+
+def test_findings_are_loaded_or_said_unavailable(small: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = queries.load_findings(small)
+    assert result.unavailable is None or result.unavailable.startswith("diagnoses unavailable")
+    import tputrace.analysis as analysis
+
+    monkeypatch.delattr(analysis, "analyze", raising=False)
+    unavailable = queries.load_findings(small)
+    assert unavailable.findings == () and unavailable.unavailable.startswith("diagnoses unavailable")
+
+
+def test_formatting() -> None:
+    assert [fmt_ns(value) for value in (812, 12_345, 4_560_000, 1_200_000_000, 250e9)] == ["812 ns", "12.3 µs", "4.56 ms", "1.20 s", "250 s"]
+    assert fmt_bytes(3 * 1024 * 1024) == "3.00 MiB"
+    assert share_bar(0.5, 4).plain == "██  "
+    assert shade_row([0.0, 0.01, 0.5, 1.0]).plain == " ░▒█"
+    chart = StepChart([ChartBar(1000.0, True), ChartBar(10.0, False), ChartBar(9.0, False)], height=3)
+    assert chart.scale(chart.bars) == 10.0  # the compiling step would flatten the others: it is clipped
+    assert "↑" in chart.lines(40)[0].plain and chart.lines(40)[-1].plain.count("c") == 1
+
+
+def test_action_registry() -> None:
+    assert len(ACTIONS_BY_ID) == len(ACTIONS)
+    assert [ACTIONS_BY_ID[f"view.{view_id}"].keys for view_id, _ in VIEW_ORDER] == [str(index) for index in range(1, 9)]
+    assert parse_keymap(["view.ops=o", " app.quit = ctrl+q "]) == {"view.ops": "o", "app.quit": "ctrl+q"}
+    with pytest.raises(ValueError, match="no action with id"):
+        parse_keymap(["view.nope=x"])
+    with pytest.raises(ValueError, match="ID=KEYS"):
+        parse_keymap(["view.ops"])
+
+
+# -- the app, driven with Pilot -----------------------------------------------------------------
+
+
+def test_overview_shows_the_run() -> None:
+    async def scenario(pilot: Any) -> None:
+        text = screen_text(pilot.app)
+        assert "/home/user/proj/train.py --steps 6" in text
+        assert "rank 0 of 2" in text and "6 steps" in text
+        assert "Where the time went" in text and "compile" in text and "program execution" in text
+        assert "c───" in text  # compile steps are marked under the step chart
+        findings = pilot.app.session.findings()
+        if findings.unavailable:
+            assert findings.unavailable in text
+        else:
+            assert findings.findings[0].title[:40] in text
+
+    run_app(scenario)
+
+
+def test_number_keys_switch_views_and_load_them() -> None:
+    async def scenario(pilot: Any) -> None:
+        tabs = pilot.app.query_one("#views")
+        for index, (view_id, _) in enumerate(VIEW_ORDER, start=1):
+            await press(pilot, str(index))
+            assert tabs.active == view_id
+            assert not pilot.app.view(view_id).pending
+
+    run_app(scenario)
+
+
+def test_ops_group_sort_filter_and_drill_down() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "3")
+        rows = table_rows(app, "#ops-groups")
+        assert rows[0][0] == "aten.mm.default"
+        await press(pilot, "s")
+        assert "sorted by count" in screen_text(app)
+        await press(pilot, "s", "s", "g")
+        assert app.view("ops").grouping == "op_shapes"
+        assert table_rows(app, "#ops-groups")[0][0].startswith("aten.")
+        await press(pilot, "g")
+        assert table_rows(app, "#ops-groups")[0][0].startswith("/home/user/proj/")
+        await press(pilot, "g", "g")  # back to "op"
+        await press(pilot, "slash", *"layer_norm", "enter")
+        labels = [row[0] for row in table_rows(app, "#ops-groups")]
+        assert labels == ["aten.native_layer_norm.default", "aten.native_layer_norm_backward.default"]
+        assert "filter layer_norm" in screen_text(app)
+        await press(pilot, "enter")
+        instances = table_rows(app, "#ops-instances")
+        assert len(instances) == 30 and "instances of aten.native_layer_norm.default" in screen_text(app)
+        await press(pilot, "escape")
+        assert not app.view("ops").drilled
+        await press(pilot, "escape")
+        assert len(table_rows(app, "#ops-groups")) > 2
+
+    run_app(scenario)
+
+
+def test_ops_instance_opens_its_source_line() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "3", "enter", "enter")
+        assert app.query_one("#views").active == "source"
+        source = app.view("source")
+        line = source.current_line()
+        assert source.file is not None and source.file.file.endswith(".py") and line in source.file.lines
+
+    run_app(scenario)
+
+
+def test_ops_load_more_on_demand() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "3", "g")  # op + shapes
+        table = app.query_one("#ops-groups")
+        table.page_size = 5
+        app.view("ops")._show_groups()
+        await settle(pilot)
+        assert table.row_count == 5
+        await press(pilot, *["down"] * 4)
+        assert table.row_count == 10
+
+    run_app(scenario)
+
+
+def test_compiles_view_shows_reasons_and_change() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "4")
+        rows = table_rows(app, "#compiles-table")
+        assert [row[5] for row in rows] == ["first", "first", "first", "recompile", "guard_failure"]
+        assert rows[3][7] == "input 0 dim 1: 128 -> 192"
+        await press(pilot, "down", "down", "down")
+        detail = app.query_one("#compiles-detail").content.plain
+        assert "old: i64[8,128]" in detail and "new: i64[8,192]" in detail
+        sites = table_rows(app, "#compiles-sites")
+        assert sites[0][0] == "/home/user/proj/train.py:35 (train_step)" and sites[0][1:3] == ["2", "1"]
+        await press(pilot, "enter")
+        assert app.query_one("#views").active == "source" and app.view("source").current_line() == 35
+
+    run_app(scenario)
+
+
+def test_fusions_view_shows_flushes_ops_and_xla_fusions() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "5")
+        flushes = table_rows(app, "#fusions-flushes")
+        assert flushes[0][4] == "item" and flushes[0][6] == "miss" and flushes[2][6] == "hit"
+        assert len(table_rows(app, "#fusions-ops")) == int(flushes[0][5])
+        assert table_rows(app, "#fusions-xla")[0][1].startswith("k")
+        await press(pilot, "down")
+        assert len(table_rows(app, "#fusions-ops")) == int(flushes[1][5])
+        await press(pilot, "s")
+        first = table_rows(app, "#fusions-flushes")[0]
+        assert first[4] in ("item", "step") and "sorted by duration" in screen_text(app)
+
+    run_app(scenario)
+
+
+def test_collectives_view_compares_ranks() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "6")
+        kinds = table_rows(app, "#collectives-kinds")
+        assert [row[0] for row in kinds] == ["all_reduce", "broadcast"] and kinds[0][2] == "6"
+        ranks = table_rows(app, "#collectives-ranks")
+        assert [row[0] for row in ranks] == ["0", "1"]
+        assert "rank 0 waits least" in screen_text(app)
+
+    run_app(scenario)
+
+
+def test_timeline_zoom_pan_and_steps() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "7")
+        view = app.view("timeline")
+        window = view.window
+        assert window is not None and window.step is not None
+        assert "dispatch" in screen_text(app) and "tpu:0 exec" in screen_text(app)
+        await press(pilot, "plus")
+        assert abs(view.window.span_ns - window.span_ns / 2) <= 1
+        zoomed = view.window
+        await press(pilot, "right")
+        assert view.window.start_ns == zoomed.start_ns + zoomed.span_ns // 4
+        await press(pilot, "minus", "minus")
+        assert view.window.span_ns >= window.span_ns
+        await press(pilot, "right_square_bracket")
+        assert view.window.step is not None
+        step = view.steps[view.window.step]
+        assert (view.window.start_ns, view.window.end_ns) == (step.start_ns, step.end_ns)
+        await press(pilot, "w")
+        assert view.window.start_ns == 0 and view.window.end_ns == view.wall_ns
+        assert table_rows(app, "#timeline-events")[0][0] == "compile"
+
+    run_app(scenario)
+
+
+def test_source_view_shows_code_with_a_gutter_and_opens_the_editor(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    record = tmp_path / "editor-args.txt"
+    editor = tmp_path / "editor.py"
+    editor.write_text(f"import sys\nopen({str(record)!r}, 'w').write(' '.join(sys.argv[1:]))\n")
+    monkeypatch.setenv("EDITOR", f"{sys.executable} {editor}")
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "8")
+        files = table_rows(app, "#source-files")
+        assert files[0][0] == "train.py" and files[1][0] == "model.py"
+        code = table_rows(app, "#source-code")
+        line_35 = next(row for row in code if row[4] == "35")
+        assert line_35[5].strip() == "losses.append(loss.item())"
+        assert line_35[2] == "2" and line_35[3] == "6"  # compiles, syncs
+        source = app.view("source")
+        assert source.current_line() == 35  # the hottest line
+        await press(pilot, "n")
+        assert source.current_line() == 36
+        await press(pilot, "N", "N")
+        assert source.current_line() == 33
+        await press(pilot, "o")
+        for _ in range(200):
+            if record.exists():
+                break
+            await asyncio.sleep(0.05)
+        assert record.read_text() == f"+33 {SOURCE_ROOT / 'proj' / 'train.py'}"
+
+    run_app(scenario)
+
+
+def test_source_view_without_the_file_lists_active_lines() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "8")
+        assert "not found on this machine" in screen_text(app)
+        lines = [row[4] for row in table_rows(app, "#source-code")]
+        assert lines == ["18", "20", "26", "27", "28", "30", "32", "33", "35", "36", "40", "44"]
+
+    with tputrace.open(SMALL_TRACE) as trace:
+        from tputrace.tui.session import Session
+
+        run_app(scenario, session=Session(trace, 0, ()))
+
+
+def test_findings_view_selects_and_moves_the_source_view() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        result = app.session.findings()
+        await press(pilot, "2")
+        text = screen_text(app)
+        if result.unavailable:
+            assert "diagnoses unavailable" in text
+            return
+        titles = [row[4] for row in table_rows(app, "#findings-table")]
+        assert titles == [finding.title for finding in result.findings]
+        located = [index for index, finding in enumerate(result.findings) if queries.finding_location(finding)]
+        await press(pilot, *["down"] * located[-1])
+        finding = result.findings[located[-1]]
+        detail = app.query_one("#findings-detail").content.plain
+        assert finding.explanation in detail and finding.suggestion in detail
+        file, line = queries.finding_location(finding)
+        await press(pilot, "enter")
+        source = app.view("source")
+        assert app.query_one("#views").active == "source"
+        assert source.file is not None and source.file.file == file and source.current_line() == line
+
+    run_app(scenario)
+
+
+def test_findings_view_says_when_the_analysis_is_missing(monkeypatch: pytest.MonkeyPatch) -> None:
+    import tputrace.analysis as analysis
+
+    monkeypatch.delattr(analysis, "analyze", raising=False)
+
+    async def scenario(pilot: Any) -> None:
+        await press(pilot, "2")
+        text = screen_text(pilot.app)
+        assert "diagnoses unavailable" in text
+        assert table_rows(pilot.app, "#findings-table") == []
+
+    run_app(scenario)
+
+
+def test_help_lists_bindings_with_ids_and_keys_can_be_remapped() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "question_mark")
+        text = screen_text(app)
+        assert "timeline.zoom_in" in text and "ops.filter" in text and "view.ops" in text
+        assert "Keys" in text
+        help_rows = {row[3]: row for row in table_rows(app, "#help-table")}
+        assert help_rows["view.ops"][1] == "o"
+        await press(pilot, "escape")
+        await press(pilot, "o")
+        assert app.query_one("#views").active == "ops"
+        await press(pilot, "3")  # the old key no longer switches
+        assert app.query_one("#views").active == "ops"
+
+    run_app(scenario, keymap={"view.ops": "o"})
+
+
+def test_command_palette_runs_named_actions() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await pilot.press("ctrl+p")
+        await pilot.pause(0.3)
+        await pilot.press(*"Show Timeline")
+        await pilot.pause(0.5)
+        await press(pilot, "enter")
+        assert app.query_one("#views").active == "timeline"
+
+    run_app(scenario)
+
+
+def test_next_rank_reloads_views() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "R")
+        assert app.session.rank == 1
+        assert "rank 1 of 2" in screen_text(app)
+        await press(pilot, "4")
+        rows = table_rows(app, "#compiles-table")
+        assert [row[5] for row in rows] == ["first", "first", "first", "recompile"]  # rank 1 has no dynamo recompile
+
+    run_app(scenario)
+
+
+def test_strings_from_the_trace_are_shown_verbatim() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        seen = [screen_text(app)]
+        for key in "34578":
+            await press(pilot, key)
+            seen.append(screen_text(app))
+        await press(pilot, "3", "enter")
+        seen.append(screen_text(app))
+        await press(pilot, "escape", "g", "g", "g")
+        seen.append(screen_text(app))
+        text = "\n".join(seen)
+        for literal in (MARKUP_OP, MARKUP_SHAPES, MARKUP_MODULE, MARKUP_DIFF, "[red]host[/]", "--name [bold]x[/]",
+                        "train[bold].py:7", "fused:[bold]graph[/]", f"({MARKUP_FUNCTION})"):
+            assert literal in text, literal
+        assert MARKUP_FILE in text.replace("\n", "") or MARKUP_FILE in text
+
+    run_app(scenario, session=make_session(MARKUP_TRACE), size=(200, 40))
+
+
+# -- the command line ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ["missing", "text", "sqlite_not_trace", "corrupt", "truncated", "directory", "newer_version"])
+def test_bad_files_print_one_line_and_exit_2_before_the_ui(kind: str, tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    from tputrace.tui.app import TraceApp
+
+    def no_ui(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise AssertionError("the UI started")
+
+    monkeypatch.setattr(TraceApp, "run", no_ui)
+    paths = build_broken_traces(tmp_path, SMALL_TRACE)
+    assert main(["tui", str(paths[kind])]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 1 and err[0].startswith("tputrace: error: ") and BROKEN_TRACE_MESSAGES[kind] in err[0]
+
+
+def test_bad_options_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["tui", str(SMALL_TRACE), "--rank", "7"]) == 2
+    assert main(["tui", str(SMALL_TRACE), "--keys", "nope=x"]) == 2
+    assert main(["tui", str(SMALL_TRACE), "--theme", "nope"]) == 2
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(err) == 3 and "no rank 7" in err[0] and "no action with id" in err[1] and "no theme" in err[2]
+
+
+def test_cli_starts_the_app_with_its_options(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tputrace.tui.app import TraceApp
+
+    started: dict[str, Any] = {}
+
+    def fake_run(self: Any, *args: Any, **kwargs: Any) -> None:
+        started.update(rank=self.session.rank, keymap=self.user_keymap, view=self.initial_view, roots=self.session.source_roots)
+
+    monkeypatch.setattr(TraceApp, "run", fake_run)
+    argv = ["tui", str(SMALL_TRACE), "--rank", "1", "--view", "ops", "--keys", "view.ops=o", "--source-root", str(SOURCE_ROOT)]
+    assert main(argv) == 0
+    assert started["rank"] == 1 and started["keymap"] == {"view.ops": "o"} and started["view"] == "ops"
+    assert started["roots"][0] == str(SOURCE_ROOT)
