@@ -23,6 +23,7 @@ COMMANDS: list[str] = [
     "info",
     "summary",
     "dump",
+    "plot",
     "report",
     "tui",
 ]
