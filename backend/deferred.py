@@ -23,7 +23,7 @@ from typing import Any
 
 import jax
 
-from tputrace.backend import hlo_fusions
+from tputrace.backend import hlo_fusions, memory
 from tputrace.backend.plans import Plan, compile_program
 from tputrace.backend.signatures import InputSpec, signature_diff
 
@@ -227,6 +227,9 @@ class DeferredExecutor:
             value = buffer.array
             if type(value) is LazyValue:
                 buffer.array = value.concrete
+                if buffer.nbytes == 0:
+                    buffer.nbytes = value.concrete.nbytes
+                    memory.allocate(buffer.chip, buffer.nbytes)
         self.last_outputs = list(results)
         recorder = self.dispatcher.recorder
         if recorder is not None and recorder.enabled:

@@ -61,7 +61,8 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self.entries: dict[Any, OpEntry] = {}
-        self.routes: dict[Any, tuple[Callable, Any]] = {}
+        self.routes: dict[int, tuple[Callable, Any]] = {}  # by id(op): OpOverload hashes in Python
+        self.routed_ops: list[Any] = []  # keeps every routed op alive, so its id stays its own
         self.plans: dict[Any, Any] = {}
         self.structures: dict[Any, list[tuple]] = {}
         self.view_plans: dict[Any, Any] = {}
@@ -84,8 +85,13 @@ class Dispatcher:
         }
 
     # ----------------------------------------------------------------- entry point
+    def register_special(self, op: Any, handler: Callable[[tuple, dict], Any]) -> None:
+        """Route an op to `handler(args, kwargs)` (e.g. collectives), replacing any cached route."""
+        self.special[op] = handler
+        self.routes.pop(id(op), None)
+
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any:
-        route = self.routes.get(func)
+        route = self.routes.get(id(func))
         if route is None:
             route = self._route(func)
         handler, entry = route
@@ -147,7 +153,8 @@ class Dispatcher:
                 "fallback": self.fallback,
             }
             route = (handlers[entry.kind], entry)
-        self.routes[func] = route
+        self.routes[id(func)] = route
+        self.routed_ops.append(func)
         return route
 
     # ----------------------------------------------------------------- values
@@ -294,14 +301,18 @@ class Dispatcher:
             return self.fallback(entry, args, kwargs)
         values = self.executor.run(plan, dynamic, record_as or entry.name, start)
         executor = self.executor
+        deferred = executor.deferred
         if plan.out_structure == "single":
             spec = plan.out_specs[0]
-            output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
-            if executor.deferred:
+            output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
+            if deferred:
                 executor.track(output._buf)
             return output
-        outputs = [None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, spec.nbytes) for value, spec in zip(values, plan.out_specs)]
-        if executor.deferred:
+        outputs = [
+            None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
+            for value, spec in zip(values, plan.out_specs)
+        ]
+        if deferred:
             for output in outputs:
                 if output is not None:
                     executor.track(output._buf)

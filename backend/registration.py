@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import autocast, device_module, hooks, kernels
+from tputrace.backend import autocast, device_module, distributed, hooks, kernels
 from tputrace.backend.ops import register_all
 
 BACKEND_NAME = "tpu"
@@ -42,4 +42,5 @@ def register() -> None:
     kernels.register()
     autocast.register()
     hooks.install()
+    distributed.register()
     _registered = True

@@ -53,7 +53,11 @@ class _SyncKind:
 
 
 class Buffer:
-    """One array on one chip; `version` increases with every write so views know to refresh."""
+    """One array on one chip; `version` increases with every write so views know to refresh.
+
+    `nbytes` is what the buffer counts against its chip's memory: 0 while it holds a pending
+    (deferred) value that was never materialized, its size once it has been.
+    """
 
     __slots__ = ("array", "version", "chip", "nbytes", "__weakref__")
 

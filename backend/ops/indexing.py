@@ -95,6 +95,8 @@ def put(self: Array, index: Array, source: Array, accumulate: bool = False) -> A
 
 @lowers(aten.gather.default)
 def gather(self: Array, dim: int, index: Array, *, sparse_grad: bool = False) -> Array:
+    if index.size == 0:
+        return jnp.zeros(index.shape, self.dtype)
     if self.ndim == 0:
         return jnp.take(self.reshape(1), index.reshape(-1)).reshape(index.shape)
     axis = canon_dim(dim, self.ndim)
@@ -200,6 +202,8 @@ def index_add(self: Array, dim: int, index: Array, source: Array, *, alpha: obje
 
 @lowers(aten.index_reduce.default)
 def index_reduce(self: Array, dim: int, index: Array, source: Array, reduce: str, *, include_self: bool = True) -> Array:
+    if self.ndim == 0:
+        return index_reduce(self.reshape(1), 0, index, source.reshape(1), reduce, include_self=include_self).reshape(())
     axis = canon_dim(dim, self.ndim)
     return scatter_reduced(self, axis, _expanded_index(index, source, axis), source, reduce, include_self)
 

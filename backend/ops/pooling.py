@@ -57,14 +57,15 @@ class Windows:
             mask = mask & ok.reshape(shape)
             flat = flat + clipped * plane_strides[axis]
         full = self.out_shape + tuple(p.shape[1] for p in positions)
+        self.window = math.prod(p.shape[1] for p in positions)
         self.index = tuple(index)
-        self.mask = np.broadcast_to(mask, full).reshape(self.out_shape + (-1,))
-        self.flat = np.broadcast_to(flat, full).reshape(self.out_shape + (-1,))
+        self.mask = np.broadcast_to(mask, full).reshape(self.out_shape + (self.window,))
+        self.flat = np.broadcast_to(flat, full).reshape(self.out_shape + (self.window,))
 
     def gather(self, x: Array) -> Array:
         """x's windows as (..., *out_shape, window_size)."""
         patches = x[(Ellipsis,) + self.index]
-        return patches.reshape(patches.shape[: x.ndim - len(self.index)] + self.out_shape + (-1,))
+        return patches.reshape(patches.shape[: x.ndim - len(self.index)] + self.out_shape + (self.window,))
 
 
 def _sliding(lengths: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], ceil_mode: bool) -> Windows:
@@ -111,8 +112,9 @@ def _scatter_to_planes(grad_output: Array, self: Array, indices: Array, rank: in
     batch = self.shape[:-rank]
     plane = math.prod(self.shape[-rank:])
     rows = math.prod(batch)
-    grads = grad_output.reshape(rows, -1)
-    where = indices.reshape(rows, -1)
+    outputs = math.prod(grad_output.shape[-rank:])
+    grads = grad_output.reshape(rows, outputs)
+    where = indices.reshape(rows, outputs)
     result = jnp.zeros((rows, plane), grad_output.dtype).at[jnp.arange(rows)[:, None], where].add(grads)
     return result.reshape(self.shape)
 

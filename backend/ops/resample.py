@@ -132,11 +132,12 @@ for _name, _rank, _matrix in (("upsample_linear1d", 1, _linear_matrix), ("upsamp
 
 
 def _pad(self: Array, padding: Sequence[int], mode: str) -> Array:
-    if any(p < 0 for p in padding):
-        raise UnloweredCase("negative reflection/replication padding")
+    """Pad with jnp.pad, then crop where a pad width is negative (torch allows that)."""
     rank = len(padding) // 2
     widths = [(0, 0)] * (self.ndim - rank) + [(padding[2 * i], padding[2 * i + 1]) for i in reversed(range(rank))]
-    return jnp.pad(self, widths, mode=mode)
+    padded = jnp.pad(self, [(max(low, 0), max(high, 0)) for low, high in widths], mode=mode)
+    crop = tuple(slice(max(-low, 0), padded.shape[axis] - max(-high, 0)) for axis, (low, high) in enumerate(widths))
+    return padded[crop]
 
 
 def _pad_lowering(mode: str) -> Callable:

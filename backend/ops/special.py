@@ -3,6 +3,8 @@ torch's values at poles where they differ (torch's digamma(0) is -inf, SciPy's i
 
 from __future__ import annotations
 
+import math
+
 import jax
 import jax.numpy as jnp
 import jax.scipy.special as special
@@ -44,12 +46,21 @@ def digamma(self: Array) -> Array:
     return jnp.where(x == 0, jnp.full_like(x, -jnp.inf), lax.digamma(x))
 
 
+_POLYGAMMA_SHIFTS = 64
+
+
 @lowers(aten.polygamma.default)
 def polygamma(n: int, self: Array) -> Array:
+    """SciPy's zeta form is only accurate for x > 0: negative x is first shifted up with the recurrence
+    psi_n(x) = psi_n(x + k) - (-1)^n n! sum_{j<k} (x + j)^-(n+1), exactly for x > -64."""
     x = to_float(self)
     if n == 0:
         return digamma(x)
-    return special.polygamma(n, x)
+    shift = jnp.where(x < 0, jnp.minimum(jnp.ceil(-x) + 1, _POLYGAMMA_SHIFTS), 0)
+    correction = jnp.zeros_like(x)
+    for j in range(_POLYGAMMA_SHIFTS):
+        correction = correction + jnp.where(j < shift, (x + j) ** -(n + 1), 0)
+    return special.polygamma(n, x + shift) - (-1) ** n * math.factorial(n) * correction
 
 
 @lowers(aten.mvlgamma.default)

@@ -1,0 +1,3 @@
+"""Placeholder."""
+def register() -> None:
+    pass

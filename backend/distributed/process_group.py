@@ -1,0 +1,301 @@
+"""The c10d backend "tpu": `dist.init_process_group("tpu")`, with gloo moving the data between processes.
+
+`TpuProcessGroup` is a Python `torch.distributed.ProcessGroup`. Every collective runs in four stages:
+pending deferred work is flushed, the inputs are copied to host tensors, gloo runs the collective on
+those asynchronously, and when gloo completes (on its own thread) the results are written back into
+the tpu tensors and the call's trace row is written. The `Work` returned completes only after the
+write-back, so `work.wait()`, `work.get_future()` (what DDP's reducer chains on) and `async_op=True`
+behave as they do on other devices. CPU tensors passed to the group go to gloo directly.
+
+A gloo process group is also registered as the group's CPU backend, which DeviceMesh, object
+collectives and `pg._get_backend(torch.device("cpu"))` expect.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import _create_work_from_future
+
+from tputrace.backend.distributed import tracing
+from tputrace.backend.distributed.staging import Staging
+
+BACKEND_NAME = "tpu"
+TRANSPORT = "gloo"
+_DEFAULT_TIMEOUT = timedelta(minutes=30)
+
+
+class TpuProcessGroup(dist.ProcessGroup):
+    """A process group whose collectives take tpu tensors; gloo carries the bytes between ranks."""
+
+    def __init__(self, store: dist.Store, rank: int, size: int, timeout: timedelta | None, global_ranks: Sequence[int]) -> None:
+        super().__init__(rank, size)
+        self._host = dist.ProcessGroupGloo(dist.PrefixStore("gloo/", store), rank, size, timeout or _DEFAULT_TIMEOUT)
+        self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._host)
+        self.global_ranks: tuple[int, ...] = tuple(global_ranks) if global_ranks else tuple(range(size))
+        self._ranks_text = ",".join(str(rank) for rank in self.global_ranks)
+
+    # ----------------------------------------------------------------- identity
+    def getBackendName(self) -> str:  # noqa: N802 - c10d's name
+        return BACKEND_NAME
+
+    def __repr__(self) -> str:
+        return f"TpuProcessGroup(rank={self.rank()}, size={self.size()}, ranks={list(self.global_ranks)})"
+
+    def _group_label(self) -> str:
+        try:
+            return self.group_name or "?"
+        except RuntimeError:
+            return "?"
+
+    # ----------------------------------------------------------------- the common path
+    def _start(self, kind: str, tensors: Sequence[torch.Tensor], nbytes: int, ranks: str | None = None) -> tuple[Staging, tracing.CollectiveCall | None]:
+        call = tracing.open_call(kind, list(tensors), nbytes, self._group_label(), ranks or self._ranks_text, TRANSPORT)
+        return Staging(tensors), call
+
+    def _launch(self, staging: Staging, call: tracing.CollectiveCall | None, issue: Callable[[], Any], result: list[torch.Tensor], after: Callable[[], None] | None = None) -> dist.Work:
+        """Run `issue()` (one gloo call, or a list of them) and return a Work that completes once the
+        results are back in their tensors."""
+        if call is not None:
+            call.arrived()
+        issued = issue()
+        host_works = issued if isinstance(issued, list) else [issued]
+
+        def finish() -> list[torch.Tensor]:
+            if after is not None:
+                after()
+            staging.write_back()
+            if call is not None:
+                call.finished()
+            return result
+
+        return _create_work_from_future(_when_done(host_works, finish))
+
+    # ----------------------------------------------------------------- all-reduce
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        options = opts if opts is not None else dist.AllreduceOptions()
+        staging, call = self._start("all_reduce", tensors, tracing.message_bytes(tensors))
+        flat = staging.flat_inout(tensors)
+        host_options = dist.AllreduceOptions()
+        host_options.reduceOp = options.reduceOp
+        return self._launch(staging, call, lambda: self._host.allreduce([flat], host_options), tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        options = dist.AllreduceOptions()
+        if opts is not None:
+            options.reduceOp = opts.reduceOp
+        return self.allreduce(tensors, options)
+
+    # ----------------------------------------------------------------- all-gather
+    def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        _single("all_gather", inputs)
+        outputs = output_lists[0]
+        staging, call = self._start("all_gather", inputs, tracing.message_bytes(outputs))
+        host_input = staging.read(inputs[0])
+        host_outputs = [staging.output(output) for output in outputs]
+        return self._launch(staging, call, lambda: self._host.allgather([host_outputs], [host_input]), outputs)
+
+    def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002 - c10d's name
+        staging, call = self._start("all_gather", [input], tracing.message_bytes([output]))
+        host_input = staging.read(input)
+        host_output = staging.output(output)
+        return self._launch(staging, call, lambda: self._host._allgather_base(host_output, host_input), [output])
+
+    _allgather_base = all_gather_single
+
+    def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        staging, call = self._start("all_gather", inputs, tracing.message_bytes(outputs))
+        pairs = [(staging.output(output), staging.read(input)) for output, input in zip(outputs, inputs)]
+        return self._launch(staging, call, lambda: [self._host._allgather_base(host_output, host_input) for host_output, host_input in pairs], outputs)
+
+    allgather_into_tensor_coalesced = all_gather_single_coalesced
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        flat_outputs = [output for outputs in output_lists for output in outputs]
+        staging, call = self._start("all_gather", inputs, tracing.message_bytes(flat_outputs))
+        host_inputs = [staging.read(input) for input in inputs]
+        host_lists = [[staging.output(output) for output in outputs] for outputs in output_lists]
+        return self._launch(
+            staging, call, lambda: [self._host.allgather([host_list], [host_input]) for host_list, host_input in zip(host_lists, host_inputs)], flat_outputs
+        )
+
+    # ----------------------------------------------------------------- reduce-scatter
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> dist.Work:
+        _single("reduce_scatter", outputs)
+        inputs = input_lists[0]
+        staging, call = self._start("reduce_scatter", inputs, tracing.message_bytes(inputs))
+        host_inputs = [staging.read(input) for input in inputs]
+        host_output = staging.output(outputs[0])
+        options = _reduce_scatter_options(opts)
+        return self._launch(staging, call, lambda: self._host.reduce_scatter([host_output], [host_inputs], options), outputs)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
+        staging, call = self._start("reduce_scatter", [input], tracing.message_bytes([input]))
+        host_input = staging.read(input)
+        host_output = staging.output(output)
+        options = _reduce_scatter_options(opts)
+        return self._launch(staging, call, lambda: self._host._reduce_scatter_base(host_output, host_input, options), [output])
+
+    _reduce_scatter_base = reduce_scatter_single
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        staging, call = self._start("reduce_scatter", inputs, tracing.message_bytes(inputs))
+        pairs = [(staging.output(output), staging.read(input)) for output, input in zip(outputs, inputs)]
+        options = _reduce_scatter_options(opts)
+        return self._launch(
+            staging, call, lambda: [self._host._reduce_scatter_base(host_output, host_input, options) for host_output, host_input in pairs], outputs
+        )
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
+
+    # ----------------------------------------------------------------- broadcast, reduce, gather, scatter
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        options = opts if opts is not None else dist.BroadcastOptions()
+        staging, call = self._start("broadcast", tensors, tracing.message_bytes(tensors))
+        if self.rank() == options.rootRank:
+            flat = torch.cat([staging.read(tensor).reshape(-1) for tensor in tensors]) if len(tensors) > 1 else staging.read(tensors[0]).reshape(-1)
+        else:
+            flat = staging.flat_inout(tensors) if len(tensors) > 1 else staging.output(tensors[0]).view(-1)
+        host_options = dist.BroadcastOptions()
+        host_options.rootRank = options.rootRank
+        return self._launch(staging, call, lambda: self._host.broadcast([flat], host_options), tensors)
+
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        _single("reduce", tensors)
+        options = opts if opts is not None else dist.ReduceOptions()
+        staging, call = self._start("reduce", tensors, tracing.message_bytes(tensors))
+        host = staging.inout(tensors[0]) if self.rank() == options.rootRank else staging.read(tensors[0]).clone()
+        host_options = dist.ReduceOptions()
+        host_options.rootRank = options.rootRank
+        host_options.reduceOp = options.reduceOp
+        return self._launch(staging, call, lambda: self._host.reduce([host], host_options), tensors)
+
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        _single("gather", inputs)
+        options = opts if opts is not None else dist.GatherOptions()
+        outputs = output_lists[0] if output_lists else []
+        staging, call = self._start("gather", inputs, tracing.message_bytes(inputs) * self.size())
+        host_input = staging.read(inputs[0])
+        host_lists = [[staging.output(output) for output in outputs]] if outputs else []
+        host_options = dist.GatherOptions()
+        host_options.rootRank = options.rootRank
+        return self._launch(staging, call, lambda: self._host.gather(host_lists, [host_input], host_options), outputs)
+
+    def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> dist.Work:
+        _single("scatter", outputs)
+        options = opts if opts is not None else dist.ScatterOptions()
+        inputs = input_lists[0] if input_lists else []
+        staging, call = self._start("scatter", outputs, tracing.message_bytes(outputs) * self.size())
+        host_inputs = [[staging.read(input) for input in inputs]] if inputs else []
+        host_output = staging.output(outputs[0])
+        host_options = dist.ScatterOptions()
+        host_options.rootRank = options.rootRank
+        return self._launch(staging, call, lambda: self._host.scatter([host_output], host_inputs, host_options), outputs)
+
+    # ----------------------------------------------------------------- all-to-all
+    def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], opts: Any = None) -> dist.Work:  # noqa: A002
+        staging, call = self._start("all_to_all", [input], tracing.message_bytes([input]))
+        host_input = staging.read(input)
+        host_output = staging.output(output)
+        out_splits, in_splits = list(output_split_sizes), list(input_split_sizes)
+        return self._launch(staging, call, lambda: self._host.alltoall_base(host_output, host_input, out_splits, in_splits, dist.AllToAllOptions()), [output])
+
+    alltoall_base = all_to_all_single
+
+    def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        staging, call = self._start("all_to_all", inputs, tracing.message_bytes(inputs))
+        host_inputs = [staging.read(input) for input in inputs]
+        host_outputs = [staging.output(output) for output in outputs]
+        return self._launch(staging, call, lambda: self._host.alltoall(host_outputs, host_inputs, dist.AllToAllOptions()), outputs)
+
+    # ----------------------------------------------------------------- barrier and point-to-point
+    def barrier(self, opts: Any = None) -> dist.Work:
+        staging, call = self._start("barrier", [], 0)
+        return self._launch(staging, call, lambda: self._host.barrier(dist.BarrierOptions()), [])
+
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
+        pair = f"{self.global_ranks[self.rank()]},{self.global_ranks[dst]}"
+        staging, call = self._start("send", tensors, tracing.message_bytes(tensors), ranks=pair)
+        hosts = [staging.read(tensor) for tensor in tensors]
+        return self._launch(staging, call, lambda: self._host.send(hosts, dst, tag), tensors)
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
+        pair = f"{self.global_ranks[src]},{self.global_ranks[self.rank()]}"
+        staging, call = self._start("recv", tensors, tracing.message_bytes(tensors), ranks=pair)
+        hosts = [staging.output(tensor) for tensor in tensors]
+        return self._launch(staging, call, lambda: self._host.recv(hosts, src, tag), tensors)
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
+        staging, call = self._start("recv", tensors, tracing.message_bytes(tensors))
+        hosts = [staging.output(tensor) for tensor in tensors]
+        return self._launch(staging, call, lambda: self._host.recv_anysource(hosts, tag), tensors)
+
+
+def _single(kind: str, tensors: Sequence[torch.Tensor]) -> None:
+    if len(tensors) != 1:
+        raise ValueError(f"{kind} on a tpu process group takes one tensor per rank, got {len(tensors)}")
+
+
+def _reduce_scatter_options(opts: Any) -> dist.ReduceScatterOptions:
+    options = dist.ReduceScatterOptions()
+    if opts is not None:
+        options.reduceOp = opts.reduceOp
+    return options
+
+
+def _when_done(host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]]) -> torch.futures.Future:
+    """A future that completes with `finish()`'s value after every host work has completed.
+
+    Gloo works that have a future are chained on it (`finish` then runs on gloo's thread); the others
+    (reduce-scatter, send, recv) are waited for on a short-lived thread of their own, so that no call
+    waits behind an unrelated one.
+    """
+    futures = []
+    for work in host_works:
+        try:
+            futures.append(work.get_future())
+        except RuntimeError:
+            futures = None
+            break
+    if futures is not None:
+        combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+
+        def complete(done: torch.futures.Future) -> list[torch.Tensor]:
+            done.value()
+            if len(futures) > 1:
+                for future in futures:
+                    future.value()
+            return finish()
+
+        return combined.then(complete)
+    result: torch.futures.Future = torch.futures.Future()
+
+    def wait_then_finish() -> None:
+        try:
+            for work in host_works:
+                work.wait()
+            value = finish()
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
+            result.set_exception(error)
+            return
+        result.set_result(value)
+
+    threading.Thread(target=wait_then_finish, name="tputrace-collective", daemon=True).start()
+    return result
+
+
+def _create(options: Any, backend_options: Any) -> TpuProcessGroup:
+    """c10d's creator for the "tpu" backend (extended API: it tells us the group's global ranks)."""
+    return TpuProcessGroup(options.store, options.group_rank, options.group_size, options.timeout, list(options.global_ranks_in_group))
+
+
+def register_backend() -> None:
+    """Make "tpu" a c10d backend for tpu tensors (idempotent)."""
+    if BACKEND_NAME.upper() in dist.Backend._plugins:
+        return
+    dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=[BACKEND_NAME])

@@ -1,0 +1,91 @@
+"""Host staging for collectives: tpu tensors travel through host tensors that gloo moves between ranks.
+
+A `Staging` collects the host copies of one collective's inputs and the host buffers its results land
+in, and writes those results back into the tpu (or non-contiguous CPU) tensors when the transport has
+finished. Reading a tpu tensor here waits for its value (running pending deferred work) without being
+recorded as a user-visible host sync or transfer: it is part of the collective, whose row covers it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from tputrace.backend import chips, hooks, transfers
+from tputrace.backend.dispatch import dispatcher
+from tputrace.backend.tensor import TpuTensor
+
+
+class StagingError(RuntimeError):
+    """Tensors a collective cannot move (mixed devices or dtypes where one buffer is needed)."""
+
+
+class Staging:
+    """The host side of one collective: host inputs, host outputs, and where the outputs go back."""
+
+    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+        self.writes: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if any(isinstance(tensor, TpuTensor) for tensor in tensors):
+            hooks.flush_pending("collective")
+
+    def read(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A contiguous host tensor holding `tensor`'s current value (the tensor itself for contiguous CPU tensors)."""
+        if isinstance(tensor, TpuTensor):
+            value, _ = dispatcher.executor.concrete(dispatcher.read(tensor), "collective")
+            return transfers.array_to_torch(value, tensor.dtype).reshape(tensor.shape)
+        if tensor.device.type != "cpu":
+            raise StagingError(f"a tpu process group cannot move a tensor on {tensor.device}; use tpu or cpu tensors")
+        return tensor if tensor.is_contiguous() else tensor.contiguous()
+
+    def inout(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host buffer that starts with `tensor`'s value and whose final value goes back into it."""
+        host = self.read(tensor)
+        self.written(tensor, host)
+        return host
+
+    def output(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host buffer whose final value goes back into `tensor` (its starting contents are undefined)."""
+        if not isinstance(tensor, TpuTensor) and tensor.device.type == "cpu" and tensor.is_contiguous():
+            return tensor
+        if not isinstance(tensor, TpuTensor) and tensor.device.type != "cpu":
+            raise StagingError(f"a tpu process group cannot move a tensor on {tensor.device}; use tpu or cpu tensors")
+        host = torch.empty(tuple(tensor.shape), dtype=tensor.dtype)
+        self.written(tensor, host)
+        return host
+
+    def written(self, tensor: torch.Tensor, host: torch.Tensor) -> None:
+        if host is not tensor:
+            self.writes.append((tensor, host))
+
+    def flat_inout(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One host buffer holding all `tensors` back to back (one transport call for a coalesced op)."""
+        if len(tensors) == 1:
+            return self.inout(tensors[0]).view(-1)
+        dtype = _one_dtype(tensors)
+        flat = torch.cat([self.read(tensor).reshape(-1) for tensor in tensors]) if tensors else torch.empty(0, dtype=dtype)
+        offset = 0
+        for tensor in tensors:
+            count = tensor.numel()
+            self.written(tensor, flat[offset : offset + count].view(tuple(tensor.shape)))
+            offset += count
+        return flat
+
+    def write_back(self) -> None:
+        """Put every host result into its tensor (tpu: a new array on its chip, written as `copy_` would)."""
+        for tensor, host in self.writes:
+            if isinstance(tensor, TpuTensor):
+                array = transfers.torch_to_array(host.reshape(tuple(tensor.shape)), chips.device(tensor._buf.chip))
+                dispatcher.write(tensor, array)
+            else:
+                with torch.no_grad():
+                    tensor.copy_(host.view(tuple(tensor.shape)))
+        self.writes.clear()
+
+
+def _one_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
+    dtypes = {tensor.dtype for tensor in tensors}
+    if len(dtypes) > 1:
+        names = ", ".join(sorted(str(dtype).removeprefix("torch.") for dtype in dtypes))
+        raise StagingError(f"a coalesced collective needs one dtype, got {names}")
+    return next(iter(dtypes))
