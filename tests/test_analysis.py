@@ -210,7 +210,8 @@ def test_host_syncs(tmp_path: Path) -> None:
     trace = HandTrace(tmp_path / "syncs.tptrace", steps=5)
     item_line, fallback_line, after_loop = trace.frame(40), trace.frame(27), trace.frame(50)
     for step in range(5):
-        trace.sync("item", step, 4 * MS, item_line)
+        # The warm-up step's stall includes compiling the step: the cost is the steady steps' mean per step.
+        trace.sync("item", step, 4 * MS if step else 15 * MS, item_line)
         trace.sync("fallback", step, 1 * MS, fallback_line, offset_ns=9 * MS)  # counted by the fallbacks analyzer
     trace.sync("item", 5, 3 * MS, after_loop)  # after the loop: step 5 has no step record
     with open_trace(trace.close()) as opened:
@@ -260,8 +261,9 @@ def test_fragmented_fusion(tmp_path: Path) -> None:
         report = analyze(opened)
     (finding,) = findings_of(report, "fusion")
     assert finding.file == MODEL and finding.line == 22
-    # Cost: cache-hit flushes (4 steps x 4 x 0.2 ms) plus every stall at the line (5 x 4 x 0.5 ms).
-    assert finding.cost_total_ns == pytest.approx(16 * 200_000 + 20 * 500_000)
+    # Cost per steady step: 4 cache-hit flushes of 0.2 ms and 4 stalls of 0.5 ms; times the 5 steps of the loop.
+    assert finding.cost_per_step_ns == pytest.approx(4 * 200_000 + 4 * 500_000)
+    assert finding.cost_total_ns == pytest.approx(5 * (4 * 200_000 + 4 * 500_000))
     data = report.results["fusion"].data
     assert data["cuts_per_step"] == 4 and data["programs_per_step"] == 5
     assert "5 programs" in finding.title
@@ -472,3 +474,19 @@ def test_analysis_never_imports_torch_or_jax(sample_trace_path: Path) -> None:
     )
     output = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert output.stdout.strip() == ""
+
+
+def test_chip_busy_time_counts_queued_executions_once(tmp_path: Path) -> None:
+    """Launch-to-ready intervals overlap when programs queue; busy time is the length of their union."""
+    from tputrace.analysis.chips import chip as target_chip
+    from tputrace.analysis.context import AnalysisContext
+
+    trace = HandTrace(tmp_path / "busy.tptrace", steps=2)
+    program = trace.program("fused_1_ops", "f32[8]")
+    trace.execution(program, 0, 10 * MS, offset_ns=0)  # runs 0..10 ms
+    trace.execution(program, 0, 13 * MS, offset_ns=2 * MS)  # queued behind it: runs 10..15 ms
+    trace.execution(program, 1, 2 * MS, offset_ns=0)  # step 1 starts at 20 ms: runs 20..22 ms
+    with open_trace(trace.close()) as opened:
+        context = AnalysisContext.build(opened, target_chip(None), True)
+        assert context.busy_by_step() == {0: 15 * MS, 1: 2 * MS}
+        assert context.busy_of_programs([program]) == 17 * MS

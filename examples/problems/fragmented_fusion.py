@@ -39,7 +39,7 @@ def main() -> None:
         import tputrace.backend  # noqa: F401 - registers the tpu device
     torch.manual_seed(0)
     model = nn.Sequential(*(Block(check=not args.fixed) for _ in range(DEPTH)), nn.Linear(WIDTH, 1)).to(args.device)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     inputs = torch.randn(BATCH, WIDTH).to(args.device)
     targets = torch.randn(BATCH, 1).to(args.device)
     losses = []

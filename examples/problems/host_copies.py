@@ -13,7 +13,7 @@ import math
 import torch
 from torch import nn
 
-SEQ, WIDTH, BATCH = 512, 64, 4
+SEQ, WIDTH, BATCH = 512, 32, 2
 
 
 def causal_mask_and_positions(device: str) -> tuple[torch.Tensor, torch.Tensor]:

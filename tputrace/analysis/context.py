@@ -13,8 +13,7 @@ from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
-from tputrace.store.aggregates import StepTime
-from tputrace.store.records import SourceLocation
+from tputrace.store.records import SourceLocation, StepRecord
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -37,19 +36,20 @@ class AnalysisContext:
     rank: int
     target: Chip
     target_is_default: bool
-    steps: list[StepTime] = field(default_factory=list)
+    steps: list[StepRecord] = field(default_factory=list)
     wall_ns: int = 0
     cache: dict[str, object] = field(default_factory=dict)  # results analyzers share (e.g. the run's matmuls)
 
     @classmethod
     def build(cls, trace: Trace, target: Chip, target_is_default: bool, rank: int | None = None) -> AnalysisContext:
         chosen = trace.run.rank if rank is None else rank
-        return cls(trace, chosen, target, target_is_default, trace.step_times(rank=chosen), trace.wall_ns(rank=chosen))
+        steps = list(trace.records("steps", where="rank = ?", params=(chosen,), order_by="step"))
+        return cls(trace, chosen, target, target_is_default, steps, trace.wall_ns(rank=chosen))
 
     # -- steps ------------------------------------------------------------------------------------
 
     @property
-    def loop_steps(self) -> list[StepTime]:
+    def loop_steps(self) -> list[StepRecord]:
         """Steps of the training loop: every step but a trailing `end` step (when there are others)."""
         loop = [step for step in self.steps if step.source != "end"]
         return loop or list(self.steps)
@@ -59,7 +59,7 @@ class AnalysisContext:
         return len(self.loop_steps)
 
     @property
-    def steady_steps(self) -> list[StepTime]:
+    def steady_steps(self) -> list[StepRecord]:
         """Loop steps after the first (warm-up) one; all loop steps when there are fewer than three."""
         loop = self.loop_steps
         return loop[1:] if len(loop) >= 3 else loop
@@ -101,6 +101,14 @@ class AnalysisContext:
     def steady_where(self, alias: str = "") -> tuple[str, tuple[int, ...]]:
         """SQL condition (and parameters) selecting rows of this rank in steady steps (`alias.` prefixes columns)."""
         return _step_condition(self.rank, self.steady_range, alias)
+
+    def loop_cost(self, steady_ns: float, total_ns: float) -> dict[str, float | None]:
+        """`cost_total_ns` and `cost_per_step_ns` for a cost paid every step: the steady steps' mean, times the
+        loop's steps (the warm-up step's share would include compiles); the plain total without a warm-up."""
+        if self.steps and self.steady_count and self.steady_count < self.step_count:
+            per_step = steady_ns / self.steady_count
+            return {"cost_total_ns": float(per_step * self.step_count), "cost_per_step_ns": float(per_step)}
+        return {"cost_total_ns": float(total_ns), "cost_per_step_ns": self.per_step(total_ns)}
 
     def per_step(self, total_ns: float) -> float | None:
         """A run total spread over the loop's steps; None for a run without steps."""
@@ -207,6 +215,11 @@ def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tup
     if steps is None:
         return f"{prefix}rank = ?", (rank,)
     return f"{prefix}rank = ? AND {prefix}step BETWEEN ? AND ?", (rank, steps[0], steps[1])
+
+
+def plural(count: int, noun: str, nouns: str | None = None) -> str:
+    """`1 call`, `3 calls` (`nouns` for an irregular plural)."""
+    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
 
 
 def in_list(values: Iterable[object]) -> str:

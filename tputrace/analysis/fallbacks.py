@@ -6,7 +6,7 @@ back, so it is the whole cost of the op leaving the chip.
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, plural
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.summary import format_ns
 
@@ -60,21 +60,20 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         result.findings.append(Finding(
             analyzer=NAME,
             severity=severity,
-            title=f"CPU fallback: {op} runs on the host at {location} ({count} calls, {format_ns(total_ns)})",
+            title=f"CPU fallback: {op} runs on the host at {location} ({plural(count, 'call')}, {format_ns(total_ns)})",
             explanation=(
                 f"{op} has no lowering on the tpu device, so each call at {location} copies its inputs to the host "
-                f"(waiting for the chip), runs on the CPU and copies the result back: {count} calls in {steps_with} "
-                f"steps, {format_ns(total_ns / count)} each including transfers ({share:.0%} of the steady steps' time). "
+                f"(waiting for the chip), runs on the CPU and copies the result back: {plural(count, 'call')} in "
+                f"{plural(steps_with, 'step')}, {format_ns(total_ns / count)} each including transfers ({share:.0%} of the steady steps' time). "
                 f"It also ends the pending fused program, so the step is cut in two."
             ),
             suggestion=(
                 f"Replace {op.rsplit('.', 1)[0]} in the loop: {hint}." if hint else
                 f"Replace {op.rsplit('.', 1)[0]} with ops that have a lowering, or compute it once outside the loop."
             ),
-            cost_total_ns=float(total_ns),
-            cost_per_step_ns=context.per_step(total_ns),
+            **context.loop_cost(steady_ns, total_ns),
             evidence=(
-                context.evidence_at(f"{count} calls of {op}({trace.string(inputs_sid) or ''})", frame_id, table="fallbacks"),
+                context.evidence_at(f"{plural(count, 'call')} of {op}({trace.string(inputs_sid) or ''})", frame_id, table="fallbacks"),
             ),
             **context.location_fields(frame_id),
         ))

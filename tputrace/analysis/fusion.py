@@ -98,8 +98,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             f"{share:.0%} of the steady steps' time)."
         ),
         suggestion=f"At {where_top}: {hint}. Then each step runs as one or two fused programs.",
-        cost_total_ns=float(cost_ns),
-        cost_per_step_ns=context.per_step(cost_ns),
+        **context.loop_cost(steady_cost, cost_ns),
         evidence=evidence,
         **context.location_fields(top_frame),
     ))

@@ -58,8 +58,10 @@ def matmul_groups(context: AnalysisContext) -> list[MatmulGroup]:
     if cached is not None:
         return cached  # type: ignore[return-value]
     trace = context.trace
-    op_sids = [op_sid for (op_sid,) in trace.sql("SELECT DISTINCT op_sid FROM ops WHERE rank = ?", (context.rank,))
-               if op_family(trace.string(op_sid)) is not None]
+    # Candidate op names come from the (small) strings table, so the ops query below only reads matmul rows
+    # through the op_sid index.
+    op_sids = [sid for sid, text in trace.sql("SELECT id, text FROM strings WHERE text LIKE 'aten.%'")
+               if op_family(text) is not None]
     groups: list[MatmulGroup] = []
     if op_sids:
         where, params = context.loop_where()

@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
+from tputrace.analysis.context import plural
 from tputrace.analysis.findings import Finding
 from tputrace.summary import format_ns
 
@@ -47,7 +48,8 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
         lines.append(Line(f"run: {rank}{steps}, wall {format_ns(report.wall_ns)}"))
         counts = report.counts()
         lines.append(Line(
-            f"{len(report.findings)} findings: {counts['critical']} critical, {counts['warning']} warnings, "
+            f"{plural(len(report.findings), 'finding')}: {counts['critical']} critical, "
+            f"{plural(counts['warning'], 'warning')}, "
             f"{counts['info']} info. Costs are estimates computed from the trace, ranked highest first."
         ))
     return lines
@@ -107,14 +109,13 @@ def print_report(report: Report, file: TextIO | None = None, *, top: int | None 
         stream.write(render_text(report, top=top, brief=brief))
         return
     from rich.console import Console
+    from rich.padding import Padding
     from rich.text import Text
 
     console = Console(file=stream, highlight=False, force_terminal=True if color else None, soft_wrap=False)
     for line in report_lines(report, top=top, brief=brief):
         text = Text(line.text, style=line.style or "")
-        if line.indent:
-            text.pad_left(line.indent)
-        console.print(text)
+        console.print(Padding(text, (0, 0, 0, line.indent)) if line.indent else text)
 
 
 def _is_terminal(stream: TextIO) -> bool:

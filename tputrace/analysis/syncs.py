@@ -8,7 +8,7 @@ removing it saves, since the chip still has to run the program).
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, plural
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.summary import format_ns
 
@@ -83,12 +83,12 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         f"{format_ns(steady_stall / max(context.steady_count, 1)) if context.steps else format_ns(stall_ns)} stalled per step"
     )
     explanation = (
-        f"At {where} the host waited for the chip ({kind} sync) {count} times in {steps_with} steps, "
+        f"At {where} the host waited for the chip ({kind} sync) {plural(count, 'time')} in {plural(steps_with, 'step')}, "
         f"{format_ns(stall_ns)} in all ({share:.0%} of the steady steps' time). Each wait runs the "
         f"{pending_ops / count:.0f} pending ops on average and stops the host from queueing more work meanwhile."
     )
     evidence = (
-        context.evidence_at(f"{count} {kind} syncs, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
+        context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
         Evidence(f"{pending_ops} pending ops forced to run by these syncs", table="syncs"),
     )
     return Finding(
@@ -97,8 +97,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         title=title,
         explanation=explanation,
         suggestion=SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps."),
-        cost_total_ns=float(stall_ns),
-        cost_per_step_ns=context.per_step(stall_ns),
+        **context.loop_cost(steady_stall, stall_ns),
         evidence=evidence,
         **context.location_fields(frame_id),
     )

@@ -7,7 +7,7 @@ constant built on the host each step (a mask, a position table, a scalar tensor)
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, plural
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.summary import format_bytes, format_ns
 
@@ -58,11 +58,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         severity = context.severity(share)
         where = context.where(frame_id)
         every_step = steps_with >= steady_count
-        what = "the same size every time, likely a constant built on the host" if constant_size else "varying sizes"
+        what = ("the same size every time: a constant built on the host, or the input batch" if constant_size
+                else "varying sizes")
         if constant_size:
             suggestion = (
-                f"Build it on the chip once, before the loop (create it with `device=...`, keep it with "
-                f"`register_buffer`, or cache it), instead of copying it from the host at {where} every step."
+                f"If it is a constant (a mask, a table, a `torch.tensor(...)`), build it on the chip once, before "
+                f"the loop (create it with `device=...`, keep it with `register_buffer`, or cache it) instead of "
+                f"copying it from the host at {where} every step; if it is the input batch, copy the next batch "
+                f"while the current step runs."
             )
         else:
             suggestion = (
@@ -77,13 +80,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
                 f"in {per_step_count:.3g} copies"
             ),
             explanation=(
-                f"{where} copied {format_bytes(total_bytes)} from the host to the chip in {total_count} copies "
+                f"{where} copied {format_bytes(total_bytes)} from the host to the chip in {plural(total_count, 'copy', 'copies')} "
                 f"({'every step' if every_step else f'in {steps_with} of {steady_count} steady steps'}; {what}), "
                 f"taking {format_ns(total_ns)} ({share:.0%} of the steady steps' time)."
             ),
             suggestion=suggestion,
-            cost_total_ns=float(total_ns),
-            cost_per_step_ns=context.per_step(total_ns),
+            **context.loop_cost(dur_ns, total_ns),
             evidence=(
                 context.evidence_at(
                     f"{per_step_count:.3g} h2d copies per step, {format_bytes(min_bytes)}"
