@@ -164,6 +164,10 @@ class AnalysisContext:
             return self.share_of_wall(total_ns)
         return per_step / median
 
+    def share_text(self, share: float) -> str:
+        """`12% of the steady steps' time` (`of the run` for a run without steps)."""
+        return f"{share:.0%} of the steady steps' time" if self.steps else f"{share:.0%} of the run"
+
     def share_of_wall(self, cost_ns: float) -> float:
         return cost_ns / self.wall_ns if self.wall_ns else 0.0
 

@@ -64,7 +64,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             explanation=(
                 f"{op} has no lowering on the tpu device, so each call at {location} copies its inputs to the host "
                 f"(waiting for the chip), runs on the CPU and copies the result back: {plural(count, 'call')} in "
-                f"{plural(steps_with, 'step')}, {format_ns(total_ns / count)} each including transfers ({share:.0%} of the steady steps' time). "
+                f"{plural(steps_with, 'step')}, {format_ns(total_ns / count)} each including transfers ({context.share_text(share)}). "
                 f"It also ends the pending fused program, so the step is cut in two."
             ),
             suggestion=(

@@ -95,7 +95,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             f"average; {cuts_per_step:.3g} per step were cut mid-step by host reads or other triggers "
             f"({len(cuts)} lines), so XLA fuses less and the host waits for each piece. Flushing the extra programs "
             f"took {format_ns(flush_ns)} and their syncs stalled {format_ns(stall_ns)} (estimate of the cost: "
-            f"{share:.0%} of the steady steps' time)."
+            f"{context.share_text(share)})."
         ),
         suggestion=f"At {where_top}: {hint}. Then each step runs as one or two fused programs.",
         **context.loop_cost(steady_cost, cost_ns),

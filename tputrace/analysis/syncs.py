@@ -78,13 +78,12 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         severity = "warning"
     rate = f"{per_step:.3g} per step" if per_step is not None else f"{count} times"
     every_step = per_step is not None and per_step >= 0.99
-    title = (
-        f"Host sync {'every step' if every_step else rate} at {where} ({kind}): "
-        f"{format_ns(steady_stall / max(context.steady_count, 1)) if context.steps else format_ns(stall_ns)} stalled per step"
-    )
+    stalled = (f"{format_ns(steady_stall / max(context.steady_count, 1))} stalled per step" if context.steps
+               else f"{format_ns(stall_ns)} stalled")
+    title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}): {stalled}"
     explanation = (
         f"At {where} the host waited for the chip ({kind} sync) {plural(count, 'time')} in {plural(steps_with, 'step')}, "
-        f"{format_ns(stall_ns)} in all ({share:.0%} of the steady steps' time). Each wait runs the "
+        f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait runs the "
         f"{pending_ops / count:.0f} pending ops on average and stops the host from queueing more work meanwhile."
     )
     evidence = (

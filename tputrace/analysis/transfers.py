@@ -82,7 +82,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             explanation=(
                 f"{where} copied {format_bytes(total_bytes)} from the host to the chip in {plural(total_count, 'copy', 'copies')} "
                 f"({'every step' if every_step else f'in {steps_with} of {steady_count} steady steps'}; {what}), "
-                f"taking {format_ns(total_ns)} ({share:.0%} of the steady steps' time)."
+                f"taking {format_ns(total_ns)} ({context.share_text(share)})."
             ),
             suggestion=suggestion,
             **context.loop_cost(dur_ns, total_ns),
