@@ -51,7 +51,11 @@ class StrictExecutor:
             self.dispatcher.record_compile(plan, "op")
 
     def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
-        values = plan.program.executable(*dynamic)
+        program = plan.program
+        if program is None:
+            self.prepare(plan, dynamic)
+            program = plan.program
+        values = program.executable(*dynamic)
         self.last_values = values
         if self.launch_blocking:
             jax.block_until_ready(values)
@@ -77,11 +81,17 @@ def switch(mode: str) -> None:
     """Install the executor for an eager mode name (see `torch.tpu.EagerMode`)."""
     from tputrace.backend.dispatch import dispatcher
 
-    current = dispatcher.executor
-    current.synchronize()
-    if mode == "DEFER_AND_FUSE":
-        from tputrace.backend.deferred import DeferredExecutor
+    dispatcher.executor.synchronize()
+    executor = _executors.get(mode)
+    if executor is None:
+        if mode == "DEFER_AND_FUSE":
+            from tputrace.backend.deferred import DeferredExecutor
 
-        dispatcher.executor = DeferredExecutor(dispatcher)
-    else:
-        dispatcher.executor = StrictExecutor(dispatcher, launch_blocking=mode == "DEFER_NEVER_AND_LAUNCH_BLOCKING")
+            executor = DeferredExecutor(dispatcher)
+        else:
+            executor = StrictExecutor(dispatcher, launch_blocking=mode == "DEFER_NEVER_AND_LAUNCH_BLOCKING")
+        _executors[mode] = executor
+    dispatcher.executor = executor
+
+
+_executors: dict[str, Executor] = {}  # one per mode, so compiled-program caches survive mode switches

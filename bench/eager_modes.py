@@ -1,0 +1,135 @@
+"""Steady-state step time and peak chip memory of the GPT example and the quickstart MLP in
+DEFER_AND_FUSE, DEFER_NEVER and plain torch on the CPU, measured interleaved in one process.
+
+Writes its table to bench/RESULTS.md. `--steps`/`--rounds` trade time for precision.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+
+import tputrace.backend  # noqa: E402,F401 - registers the tpu device
+from results import write_section  # noqa: E402
+from tputrace.backend.device_module import EagerMode, set_eager_mode  # noqa: E402
+
+MODES = ("DEFER_AND_FUSE", "DEFER_NEVER", "cpu")
+
+
+@dataclass
+class Workload:
+    """One model in one mode: a step function and its measurements."""
+
+    name: str
+    mode: str
+    step: Callable[[int], torch.Tensor]
+    step_ms: list[float] = field(default_factory=list)
+    peak_bytes: int = 0
+
+
+def gpt_workload(mode: str) -> Workload:
+    import gpt_train
+
+    device = "cpu" if mode == "cpu" else "tpu"
+    config = gpt_train.GPTConfig()
+    torch.manual_seed(0)
+    model = gpt_train.GPT(config).to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    batches = [(tokens.to(device), targets.to(device)) for tokens, targets in gpt_train.synthetic_batches(config, 4, 4)]
+
+    def step(index: int) -> torch.Tensor:
+        tokens, targets = batches[index % len(batches)]
+        _, loss = model(tokens, targets)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        return loss
+
+    return Workload("GPT (6x256, batch 4x64)", mode, step)
+
+
+def mlp_workload(mode: str) -> Workload:
+    import quickstart
+
+    device = "cpu" if mode == "cpu" else "tpu"
+    model = quickstart.make_model().to(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    inputs, labels = (value.to(device) for value in quickstart.make_data())
+
+    def step(index: int) -> torch.Tensor:
+        optimizer.zero_grad()
+        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return Workload("MLP (quickstart)", mode, step)
+
+
+def use_mode(mode: str) -> None:
+    if mode != "cpu":
+        set_eager_mode(EagerMode[mode])
+
+
+def measure(workload: Workload, steps: int) -> None:
+    use_mode(workload.mode)
+    if workload.mode != "cpu":
+        torch.tpu.synchronize()
+        torch.tpu.reset_peak_memory_stats()
+    start = time.perf_counter()
+    for index in range(steps):
+        loss = workload.step(index)
+    loss.item()
+    if workload.mode != "cpu":
+        torch.tpu.synchronize()
+        workload.peak_bytes = max(workload.peak_bytes, torch.tpu.max_memory_allocated())
+    workload.step_ms.append((time.perf_counter() - start) / steps * 1e3)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=5, help="steps per measurement")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
+    parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (compiles) per workload")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    workloads = [make(mode) for make in (gpt_workload, mlp_workload) for mode in MODES]
+    for workload in workloads:
+        use_mode(workload.mode)
+        for index in range(args.warmup):
+            workload.step(index).item()
+    for _ in range(args.rounds):
+        for workload in workloads:
+            measure(workload, args.steps)
+    rows = ["| model | mode | ms/step (median) | peak chip memory | vs DEFER_NEVER | vs torch CPU |", "|---|---|---|---|---|---|"]
+    for name in dict.fromkeys(workload.name for workload in workloads):
+        by_mode = {workload.mode: workload for workload in workloads if workload.name == name}
+        strict = statistics.median(by_mode["DEFER_NEVER"].step_ms)
+        cpu = statistics.median(by_mode["cpu"].step_ms)
+        for mode in MODES:
+            workload = by_mode[mode]
+            ms = statistics.median(workload.step_ms)
+            memory = "n/a (host)" if mode == "cpu" else f"{workload.peak_bytes / 2**20:.1f} MiB"
+            rows.append(f"| {name} | {mode} | {ms:.1f} | {memory} | {strict / ms:.2f}x faster | {ms / cpu:.2f}x the time |")
+    table = "\n".join(rows)
+    print(table)
+    write_section(
+        "Eager modes (bench/eager_modes.py)",
+        f"Steady state after {args.warmup} warm-up steps; {args.rounds} interleaved rounds of {args.steps} steps; "
+        f"XLA on the host CPU ({torch.tpu.get_device_name()}).\n\n{table}",
+    )
+
+
+if __name__ == "__main__":
+    main()
