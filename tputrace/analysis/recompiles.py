@@ -265,7 +265,6 @@ def shape_entry(context: AnalysisContext, diffs: list[str | None]) -> ShapeEntry
 
 
 def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None, rows: list[CompileRow], dims: list[VaryingDim]) -> dict:
-    trace = context.trace
     site = context.where(frame_id)
     count = len(rows)
     total_ns = sum(row.dur_ns for row in rows)
