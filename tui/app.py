@@ -20,8 +20,8 @@ from textual.widgets import Footer, Static, TabbedContent, TabPane
 from tputrace.tui.actions import APP, VIEW_ORDER, bindings
 from tputrace.tui.render import display_path
 from tputrace.tui.views import VIEW_CLASSES, TraceView
-from tputrace.tui.views.base import GoToSource
-from tputrace.tui.views.source import SourceView
+from tputrace.tui.view import GoToSource
+from tputrace.tui.source import SourceView
 from tputrace.tui.widgets import ActionCommands, HelpScreen
 
 if TYPE_CHECKING:

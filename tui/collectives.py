@@ -9,7 +9,7 @@ from textual.widgets import Static
 
 from tputrace.tui import queries
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_rate, fmt_share, right, share_bar
-from tputrace.tui.views.base import TraceView, palette_for
+from tputrace.tui.view import TraceView, palette_for
 from tputrace.tui.widgets import StatusLine, TraceTable
 
 if TYPE_CHECKING:

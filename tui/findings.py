@@ -16,8 +16,8 @@ from textual.widgets import DataTable, Static
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_ns, right
-from tputrace.tui.views.base import GoToSource, TraceView
-from tputrace.tui.views.overview import severity_style
+from tputrace.tui.view import GoToSource, TraceView
+from tputrace.tui.overview import severity_style
 from tputrace.tui.widgets import StatusLine, TraceTable
 
 if TYPE_CHECKING:

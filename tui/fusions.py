@@ -15,7 +15,7 @@ from textual.widgets import DataTable, Static
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_share, right
-from tputrace.tui.views.base import GoToSource, TraceView
+from tputrace.tui.view import GoToSource, TraceView
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
 
 if TYPE_CHECKING:

@@ -16,7 +16,7 @@ from textual.widgets import DataTable, Input
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, fmt_share, right, share_bar
-from tputrace.tui.views.base import GoToSource, TraceView, palette_for
+from tputrace.tui.view import GoToSource, TraceView, palette_for
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
 
 if TYPE_CHECKING:

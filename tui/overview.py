@@ -14,7 +14,7 @@ from textual.widgets import Static
 
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_count, fmt_ns, fmt_share, share_bar
-from tputrace.tui.views.base import TraceView, palette_for
+from tputrace.tui.view import TraceView, palette_for
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult

@@ -25,7 +25,7 @@ from textual.widgets import DataTable
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import display_path, fmt_count, fmt_ns, right
-from tputrace.tui.views.base import TraceView
+from tputrace.tui.view import TraceView
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
 
 if TYPE_CHECKING:
@@ -181,11 +181,15 @@ class SourceView(TraceView):
             status += [(f" · {source.problem}", "bold red")]
         status += [(f" · {len(stats)} lines with activity · n/N next/previous · o open in $EDITOR", "dim")]
         self.say("source-status", *status)
+        target_line = None
         if self._target is not None and same_file(source.recorded, self._target[0]):
-            self._move_to_line(self._target[1])
+            target_line = self._target[1]
             self._target = None
         elif stats:
-            self._move_to_line(max(stats, key=lambda number: stats[number].time_ns))
+            target_line = max(stats, key=lambda number: stats[number].time_ns)
+        if target_line is not None:
+            # After the table has laid out its new rows, so that it can scroll to the line.
+            self.call_after_refresh(self._move_to_line, target_line)
 
     def _move_to_line(self, line: int) -> None:
         table = self.query_one("#source-code", TraceTable)

@@ -18,7 +18,7 @@ from textual.widgets import Static
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import Palette, fmt_ns, right, shade_row
-from tputrace.tui.views.base import TraceView, palette_for
+from tputrace.tui.view import TraceView, palette_for
 from tputrace.tui.widgets import StatusLine, TraceTable
 
 if TYPE_CHECKING:

@@ -150,8 +150,9 @@ class TraceView(Vertical):
     # -- helpers ----------------------------------------------------------------------------------
 
     @property
-    def is_busy(self) -> bool:
-        return bool(self.pending)
+    def is_loaded(self) -> bool:
+        """The view has asked for its data for the rank on show, and every answer has arrived."""
+        return self._loaded_rank == self.session.rank and not self.pending
 
     def primary(self) -> Widget | None:
         """The widget that takes focus when the view is shown."""
