@@ -77,3 +77,32 @@ def test_a_script_that_raises_leaves_a_complete_trace(tmp_path: Path, capsys) ->
         assert trace.count("ops") >= 2 and trace.count("syncs") == 1
         sync = next(trace.records("syncs"))
         assert sync.kind == "item" and sync.source.line == 3
+
+
+def test_a_traced_run_killed_with_sigkill_leaves_a_trace_that_opens(tmp_path: Path) -> None:
+    import os
+    import signal
+    import subprocess
+    import time
+
+    script = tmp_path / "forever.py"
+    script.write_text(
+        "import torch\nx = torch.ones(64, device='tpu')\nfor step in range(10**9):\n    x = x * 1.0001\n    if step % 50 == 0:\n        print(x.sum().item(), flush=True)\n"
+    )
+    trace_path = tmp_path / "killed.tptrace"
+    process = subprocess.Popen(
+        [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        for _ in range(3):
+            assert process.stdout.readline(), "the traced script printed nothing"
+        time.sleep(1.5)
+    finally:
+        os.kill(process.pid, signal.SIGKILL)
+        process.wait()
+    with tputrace.open(trace_path) as trace:
+        assert trace.run.exit_status is None
+        assert trace.count("ops") >= 100 and trace.count("syncs") >= 3
