@@ -450,8 +450,11 @@ class SourceLineRow:
 
 @dataclass
 class WhereData:
+    """Time by category and op time by module and op, over all ranks (`wall_ns` adds up the ranks' wall times)."""
+
     time_split: list[tuple[str, int]]
     wall_ns: int
+    ranks: int
     tree: list[TreeNode]
     tree_total_ns: int
     leaves_merged: int
@@ -467,7 +470,9 @@ def prepare_where(trace: Trace, *, leaves: int = TREEMAP_LEAVES, top_lines: int 
     )
     tree, merged = _module_tree(trace, rows, leaves)
     tree_total = sum(row[3] for row in rows)
-    return WhereData(split.parts(), split.wall_ns, tree, tree_total, merged, _source_lines(trace, top_lines))
+    ranks = trace.ranks
+    wall = sum(trace.wall_ns(rank=rank) for rank in ranks) if len(ranks) > 1 else split.wall_ns
+    return WhereData(split.parts(), wall, len(ranks), tree, tree_total, merged, _source_lines(trace, top_lines))
 
 
 def _module_tree(trace: Trace, rows: list[tuple[Any, ...]], leaves: int) -> tuple[list[TreeNode], int]:

@@ -73,6 +73,8 @@ SIDE_COLORS = {"before": "#9aa3ad", "after": "#4c78a8"}
 # Draw the target's HBM size on the memory plot only when the peak comes within this share of it
 # (otherwise the line would squash the curve; the section's note gives the share instead).
 HBM_LINE_SHARE = 0.1
+# Step times spanning more than this ratio (a compile-heavy first step) use a log axis.
+LOG_SCALE_RANGE = 30
 
 
 # -- formatting -----------------------------------------------------------------------------------------
@@ -205,8 +207,9 @@ def plot_timeline(data: TimelineData) -> go.Figure:
     )
     figure.update_xaxes(title_text="time since the run started (s)", showgrid=True, zeroline=False)
     return _base_layout(
-        figure, height=90 + lane_height * len(data.lanes), hovermode="closest", dragmode="zoom",
-        margin={"l": 190, "r": 20, "t": 30, "b": 50},
+        figure, height=max(260, 70 + lane_height * len(data.lanes)), hovermode="closest", dragmode="zoom",
+        margin={"l": 190, "r": 10, "t": 30, "b": 50},
+        legend={"orientation": "v", "yanchor": "top", "y": 1, "x": 1.01, "xanchor": "left"},
     )
 
 
@@ -295,7 +298,11 @@ def plot_steps(data: StepData) -> go.Figure:
             ))
             shown.add(category)
     figure.update_xaxes(title_text="step", dtick=1 if len({row.step for row in data.steps}) <= 40 else None)
-    figure.update_yaxes(title_text="step time (ms)")
+    durations = [row.dur_ns for row in data.steps if row.dur_ns > 0]
+    if durations and max(durations) > LOG_SCALE_RANGE * min(durations):
+        figure.update_yaxes(type="log", title_text="step time (ms, log scale)")
+    else:
+        figure.update_yaxes(title_text="step time (ms)")
     return _base_layout(figure, height=340, barmode="group" if multi_rank else "overlay", bargap=0.15)
 
 
@@ -306,16 +313,17 @@ def plot_time_split(data: WhereData) -> go.Figure:
     """Total time per category against the wall time (categories overlap)."""
     labels = [label for label, _ in data.time_split]
     values = [ns / 1e9 for _, ns in data.time_split]
-    hover = [f"<b>{esc(label)}</b>: {fmt_ns(ns)}" + (f" ({100 * ns / data.wall_ns:.0f}% of wall time)" if data.wall_ns else "")
+    hover = [f"<b>{esc(label)}</b>: {fmt_ns(ns)}" + (f" ({100 * ns / data.wall_ns:.0f}% of the wall time)" if data.wall_ns else "")
              for label, ns in data.time_split]
     figure = go.Figure(go.Bar(x=values, y=labels, orientation="h", marker={"color": "#4c78a8"},
                               hovertext=hover, hoverinfo="text", text=[fmt_ns(ns) for _, ns in data.time_split],
                               textposition="auto"))
     if data.wall_ns:
+        label = f"wall {fmt_ns(data.wall_ns)}" if data.ranks == 1 else f"wall × {data.ranks} ranks {fmt_ns(data.wall_ns)}"
         figure.add_vline(x=data.wall_ns / 1e9, line={"dash": "dot", "color": "#333"},
-                         annotation_text=f"wall {fmt_ns(data.wall_ns)}", annotation_position="top")
+                         annotation_text=label, annotation_position="top")
     figure.update_yaxes(autorange="reversed")
-    figure.update_xaxes(title_text="seconds (summed over events; categories overlap)")
+    figure.update_xaxes(title_text="seconds, summed over events")
     return _base_layout(figure, height=300, margin={"l": 140, "r": 20, "t": 30, "b": 50})
 
 
@@ -339,7 +347,8 @@ def plot_where_treemap(data: WhereData) -> go.Figure:
         hovertemplate="%{customdata}<extra></extra>",
         texttemplate="%{label}<br>%{percentRoot:.1%}",
         maxdepth=4,
-        marker={"colorscale": "Blues", "line": {"width": 1}},
+        marker={"line": {"width": 1, "color": "#fff"}},
+        root={"color": "#f6f8fa"},
     ))
     return _base_layout(figure, height=520, margin={"l": 5, "r": 5, "t": 30, "b": 5})
 
@@ -424,9 +433,9 @@ def plot_shapes(data: ShapeData) -> go.Figure:
             for multiple in range(grid, _ceil_to(top, grid) + 1, grid):
                 line = {"color": "#bbb", "width": 1, "dash": "dot"}
                 if axis == "x":
-                    figure.add_vline(x=multiple, line=line)
+                    figure.add_vline(x=multiple, line=line, layer="below")
                 else:
-                    figure.add_hline(y=multiple, line=line)
+                    figure.add_hline(y=multiple, line=line, layer="below")
     figure.update_xaxes(title_text=f"K (contracted dim); dotted lines: multiples of the {grid}-wide MXU of {esc(data.target.label)}",
                         rangemode="tozero")
     figure.update_yaxes(title_text="N (output features)", rangemode="tozero")
@@ -486,7 +495,7 @@ def plot_roofline(data: RooflineData) -> go.Figure:
             hoverinfo="name",
         ))
     figure.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte accessed, XLA cost analysis)")
-    figure.update_yaxes(type="log", title_text="FLOP/s")
+    figure.update_yaxes(type="log", title_text="FLOP/s", tickformat="~s")
     return _base_layout(figure, height=460, hovermode="closest")
 
 
@@ -588,7 +597,7 @@ def plot_memory(data: MemoryData) -> go.Figure:
         figure.add_hline(y=data.target.hbm_bytes, line={"color": "#e45756", "dash": "dash"},
                          annotation_text=f"{esc(data.target.label)} HBM {fmt_bytes(data.target.hbm_bytes)}")
     figure.update_xaxes(title_text="time since the run started (s)")
-    figure.update_yaxes(title_text="bytes", tickformat=".3s", ticksuffix="B", rangemode="tozero")
+    figure.update_yaxes(title_text="bytes", tickformat="~s", ticksuffix="B", rangemode="tozero")
     return _base_layout(figure, height=380, hovermode="closest")
 
 
