@@ -149,7 +149,7 @@ class Dispatcher:
                 "inplace": self._inplace,
                 "out": self._out,
                 "inplace_list": self._inplace_list,
-                "decompose": lambda entry, args, kwargs: entry.decomposition(*args, **kwargs),
+                "decompose": self._decompose,
                 "fallback": self.fallback,
             }
             route = (handlers[entry.kind], entry)
@@ -448,6 +448,16 @@ class Dispatcher:
         alias._cached_version = tensor._cached_version
         return alias
 
+    def _decompose(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        """Run a functional op through its decomposition; if that fails, run the op itself on the host."""
+        try:
+            return entry.decomposition(*args, **kwargs)
+        except (DeviceMismatchError, NotImplementedError, RuntimeError, TypeError, ValueError, IndexError) as error:
+            if isinstance(error, DeviceMismatchError) or not _is_functional(entry):
+                raise
+            self._warn_fallback(entry.name, f"its decomposition failed ({type(error).__name__})")
+            return self.fallback(entry, args, kwargs)
+
     # ----------------------------------------------------------------- writes
     def _inplace(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         target = args[0]
@@ -658,6 +668,10 @@ def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) 
         if value is not None:
             written.extend(value if isinstance(value, (list, tuple)) else [value])
     return [value for value in written if isinstance(value, torch.Tensor)]
+
+
+def _is_functional(entry: OpEntry) -> bool:
+    return not entry.op._schema.is_mutable
 
 
 def _meta_like(value: Any) -> Any:
