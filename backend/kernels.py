@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -48,25 +49,44 @@ def copy_from(source, destination, non_blocking=False):  # noqa: ANN001, ANN201
     return dispatcher.dispatch(torch.ops.aten.copy_.default, (destination, source), {})
 
 
-def _host_factory(make: Any) -> Any:
-    """A factory kernel that builds the values on the host and copies them to the chip."""
+def _arange(*args: Any, **kwargs: Any) -> Any:
+    return jnp.arange(*args)
 
-    def kernel(*args: Any, dtype=None, layout=None, device=None, pin_memory=None, **kwargs: Any):  # noqa: ANN001, ANN202
+
+def _linspace(start: Any, end: Any, steps: int, **kwargs: Any) -> Any:
+    return jnp.linspace(start, end, steps)
+
+
+def _logspace(start: Any, end: Any, steps: int, base: float = 10.0, **kwargs: Any) -> Any:
+    return jnp.power(base, jnp.linspace(start, end, steps))
+
+
+_DEVICE_FACTORIES = {
+    "arange": _arange,
+    "arange.start": _arange,
+    "arange.start_step": _arange,
+    "linspace": _linspace,
+    "logspace": _logspace,
+}
+
+
+def _device_factory(name: str, fn: Any) -> Any:
+    """A factory kernel that computes its values on the chip (an op in the trace, no host copy)."""
+    from tputrace.backend.entries import classify
+    from tputrace.backend.ops.registry import Lowering
+
+    packet_name, _, overload_name = name.partition(".")
+    op = getattr(getattr(torch.ops.aten, packet_name), overload_name or "default")
+    entry = classify(op)
+    entry.lowering = Lowering(op, fn)
+    entry.kind = "lowered"
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
         from tputrace.backend.dispatch import dispatcher
 
-        host = make(*args, dtype=dtype, **kwargs)
-        return dispatcher.from_host(host, _chip(device))
+        return dispatcher.compute(entry, args, kwargs)
 
     return kernel
-
-
-_HOST_FACTORIES = {
-    "arange": lambda end, dtype=None: torch.arange(end, dtype=dtype),
-    "arange.start": lambda start, end, dtype=None: torch.arange(start, end, dtype=dtype),
-    "arange.start_step": lambda start, end, step=1, dtype=None: torch.arange(start, end, step, dtype=dtype),
-    "linspace": lambda start, end, steps, dtype=None: torch.linspace(start, end, steps, dtype=dtype),
-    "logspace": lambda start, end, steps, base=10.0, dtype=None: torch.logspace(start, end, steps, base, dtype=dtype),
-}
 
 
 def register() -> None:
@@ -78,5 +98,5 @@ def register() -> None:
     _library.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
     _library.impl("empty_strided", empty_strided, "PrivateUse1")
     _library.impl("_copy_from", copy_from, "PrivateUse1")
-    for name, make in _HOST_FACTORIES.items():
-        _library.impl(name, _host_factory(make), "PrivateUse1")
+    for name, fn in _DEVICE_FACTORIES.items():
+        _library.impl(name, _device_factory(name, fn), "PrivateUse1")
