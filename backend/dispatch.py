@@ -46,6 +46,11 @@ _perf_ns = time.perf_counter_ns
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _SLOTS = tuple(Slot(index) for index in range(64))
 _NUMBER_TYPES = (int, float, bool, complex)
+# Ops whose output shape depends on the values: the host must see the data (a data-dependent sync).
+_DATA_DEPENDENT_OPS = frozenset(
+    {"aten::nonzero", "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
+     "aten::masked_select", "aten::bincount", "aten::histc", "aten::repeat_interleave", "aten::nonzero_static"}
+)
 
 
 class DeviceMismatchError(RuntimeError):
@@ -604,6 +609,7 @@ class Dispatcher:
     def fallback(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         """Run the op on the host CPU: inputs copied out, outputs (and mutated inputs) copied back."""
         self._warn_fallback(entry.name, "it has no lowering")
+        sync_kind = "data_dependent" if entry.op._schema.name in _DATA_DEPENDENT_OPS else "fallback"
         start = _perf_ns()
         chip_box = [0]
         to_cpu = {}
@@ -611,7 +617,7 @@ class Dispatcher:
         def host_of(value: Any) -> Any:
             if isinstance(value, TpuTensor):
                 chip_box[0] = value._buf.chip
-                host = self.to_host(value, "fallback")
+                host = self.to_host(value, sync_kind)
                 to_cpu[id(host)] = value
                 return host.requires_grad_(False)
             if isinstance(value, (list, tuple)):

@@ -106,3 +106,33 @@ def test_a_traced_run_killed_with_sigkill_leaves_a_trace_that_opens(tmp_path: Pa
     with tputrace.open(trace_path) as trace:
         assert trace.run.exit_status is None
         assert trace.count("ops") >= 100 and trace.count("syncs") >= 3
+
+
+def test_sync_kinds_annotations_explicit_steps_and_memory(tmp_path: Path) -> None:
+    script = tmp_path / "kinds.py"
+    script.write_text(
+        "import torch, tputrace\n"
+        "x = torch.arange(6.0, device='tpu')\n"
+        "for step in range(3):\n"
+        "    with tputrace.annotate('forward'):\n"
+        "        y = x * (step + 1)\n"
+        "    with torch.profiler.record_function('reduce'):\n"
+        "        total = y.sum()\n"
+        "    print(total)\n"
+        "    values = y.tolist()\n"
+        "    array = y.numpy()\n"
+        "    if total > 0:\n"
+        "        kept = torch.nonzero(y)\n"
+        "    tputrace.step()\n"
+    )
+    trace_path = tmp_path / "kinds.tptrace"
+    assert main(["run", "-o", str(trace_path), str(script)]) == 0
+    with tputrace.open(trace_path) as trace:
+        kinds = {(sync.kind, sync.source.line) for sync in trace.records("syncs")}
+        assert {("print", 8), ("tolist", 9), ("numpy", 10), ("bool", 11), ("data_dependent", 12)} <= kinds
+        annotations = [(annotation.name, annotation.origin) for annotation in trace.records("annotations")]
+        assert annotations.count(("forward", "annotate")) == 3 and annotations.count(("reduce", "record_function")) == 3
+        steps = list(trace.records("steps"))
+        assert [step.source for step in steps] == ["explicit"] * 3
+        assert trace.count("memory") >= 3
+        assert trace.count("fallbacks", where="op_sid = (SELECT id FROM strings WHERE text = 'aten.nonzero.default')") == 3
