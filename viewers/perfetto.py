@@ -1,0 +1,520 @@
+"""Export a trace as Chrome trace-event JSON (gzipped), which ui.perfetto.dev and chrome://tracing open.
+
+Layout, per rank:
+- a host process (`rank R · host H`) with one thread per kind of host activity: steps, annotated
+  ranges, Python op dispatch, flushes, XLA compiles, syncs, transfers, CPU fallbacks, collectives;
+- one process per chip (`rank R · tpu:N`) with a Steps thread and an `XLA programs` thread, on which
+  each program execution is a slice with its ops nested inside (op times are estimates: see
+  `tputrace.viewers.xplane`, whose device timeline this shares), and an HBM counter.
+
+Slices carry args (shapes, source line, module path, FLOPs and bytes); compiles, syncs and graph
+breaks are also instants on their host process; a flow arrow goes from each flush (or, in strict
+mode, each op dispatch) on the host to the program execution it caused on the chip.
+
+Times are microseconds (`ts`, `dur`) with three decimals, so every value is a whole nanosecond,
+counted from the earliest run start of the trace. Slices on one thread nest or are disjoint: slices
+that would overlap partly are moved to an extra thread of the same name (`Syncs (2)`). Nothing here
+imports torch or jax; strings from the trace are written as JSON data.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from array import array
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from tputrace.viewers.xplane import (
+    DEFAULT_TARGET,
+    DUR,
+    FRAME,
+    INPUTS,
+    MODULE,
+    OP,
+    OUTPUTS,
+    PROGRAM,
+    SEQ,
+    START,
+    STEP,
+    TIME_ESTIMATE_NOTE,
+    OpKey,
+    OpRow,
+    ProgramRun,
+    TargetChip,
+    TraceTables,
+    host_names,
+    scan_rank,
+    target_chip,
+)
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+HOST_THREADS = ("Steps", "Annotations", "Python dispatch", "Flushes", "XLA compile", "Syncs", "Transfers",
+                "CPU fallbacks", "Collectives")
+CHIP_THREADS = ("Steps", "XLA programs")
+_LANE_STRIDE = 100  # tid of lane k of a thread: base tid + k * _LANE_STRIDE
+_PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for chips
+_FLOW_NAME = "runs on chip"
+_CHUNK_EVENTS = 20_000
+
+
+@dataclass(frozen=True)
+class PerfettoExport:
+    """What an export wrote: the file, and its counts of slices, instants, counters and flows."""
+
+    path: Path
+    slices: int
+    instants: int
+    counters: int
+    flows: int
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _us(ns: int) -> str:
+    """Whole nanoseconds as microseconds with three decimals (exact: no float rounding)."""
+    if ns < 0:
+        return "-" + _us(-ns)
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+_NULL = -(1 << 63)  # a missing value in an int column
+
+
+class _Track:
+    """The slices of one thread kind of one process, gathered in any order and written on as few
+    threads as keep them nested or disjoint.
+
+    A slice refers to a shared fragment (name, category and args as JSON text), may have values in
+    the track's int `columns` (per-slice args such as `seq`), and a few slices carry more args as
+    JSON members (`extras`). Columns of arrays keep a million slices cheap.
+    """
+
+    __slots__ = ("pid", "tid", "name", "columns", "nested", "starts", "ends", "fragments", "values", "extras", "lanes")
+
+    def __init__(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), *, nested: bool = False) -> None:
+        self.pid, self.tid, self.name, self.columns = pid, tid, name, columns
+        self.nested = nested  # the builder guarantees nesting: skip the lane search
+        self.clear()
+
+    def clear(self) -> None:
+        self.starts, self.ends, self.fragments = array("q"), array("q"), array("q")
+        self.values = [array("q") for _ in self.columns]
+        self.extras: dict[int, str] = {}
+        self.lanes: array[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def add(self, start_ns: int, end_ns: int, fragment: int, extra: str = "", values: tuple[int | None, ...] = ()) -> int:
+        """Add a slice; `extra` is more args as JSON members (`"flush_id":3`), `values` its column
+        values. Returns the slice's index."""
+        index = len(self.starts)
+        self.starts.append(start_ns)
+        self.ends.append(end_ns if end_ns > start_ns else start_ns)
+        self.fragments.append(fragment)
+        for column, value in zip(self.values, values):
+            column.append(_NULL if value is None else value)
+        if extra:
+            self.extras[index] = extra
+        return index
+
+    def order(self) -> list[int] | None:
+        """Slice indexes by start, enclosing slices first; None when they already are in that order."""
+        starts, ends = self.starts, self.ends
+        try:
+            import numpy
+        except ImportError:
+            if all(map(int.__lt__, starts[:-1], starts[1:])):
+                return None
+            return sorted(range(len(starts)), key=lambda index: (starts[index], -ends[index]))
+        begin = numpy.frombuffer(starts, dtype=numpy.int64)
+        if len(begin) < 2 or bool((begin[1:] > begin[:-1]).all()):
+            return None
+        return numpy.lexsort((-numpy.frombuffer(ends, dtype=numpy.int64), begin)).tolist()
+
+    def assign_lanes(self) -> int:
+        """Give each slice a lane (0 for most) so that slices on one lane nest or are disjoint;
+        returns the number of lanes."""
+        if self.nested:
+            return 1
+        starts, ends = self.starts, self.ends
+        order = self.order()
+        lanes = array("q", bytes(8 * len(starts)))
+        open_ends: list[list[int]] = [[]]
+        for index in order if order is not None else range(len(starts)):
+            start, end = starts[index], ends[index]
+            for lane, stack in enumerate(open_ends):
+                while stack and stack[-1] <= start:
+                    stack.pop()
+                if not stack or end <= stack[-1]:
+                    stack.append(end)
+                    lanes[index] = lane
+                    break
+            else:
+                open_ends.append([end])
+                lanes[index] = len(open_ends) - 1
+        self.lanes = lanes if len(open_ends) > 1 else None
+        return len(open_ends)
+
+    def tid_of(self, index: int) -> int:
+        return self.tid + (self.lanes[index] * _LANE_STRIDE if self.lanes is not None else 0)
+
+    def lines(self, fragments: list[tuple[str, str]]) -> Iterator[str]:
+        """The slices as JSON objects (`assign_lanes` first). Formatted by one template per track
+        over columns, which is what keeps a million slices fast."""
+        count = len(self.starts)
+        tids: Iterable[int] = ([self.tid + lane * _LANE_STRIDE for lane in self.lanes] if self.lanes is not None
+                               else [self.tid] * count)
+        timestamps = [start / 1000 for start in self.starts]
+        durations = [(end - start) / 1000 for start, end in zip(self.starts, self.ends)]
+        heads = [fragments[fragment][0] for fragment in self.fragments]
+        columns = [[("null" if value == _NULL else str(value)) for value in column] for column in self.values]
+        if self.columns:
+            members = ",".join(f'"{name}":%s' for name in self.columns)
+            args = [("," + fragments[fragment][1]) if fragments[fragment][1] else "" for fragment in self.fragments]
+        else:
+            members = ""
+            args = [fragments[fragment][1] for fragment in self.fragments]
+        if self.extras:
+            for index, extra in self.extras.items():
+                joined = extra + ("," + args[index].lstrip(",") if args[index] else "")
+                args[index] = ("," + joined) if self.columns else joined
+        template = '{"ph":"X","pid":%d,"tid":%%d,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, members)
+        yield from map(template.__mod__, zip(tids, timestamps, durations, heads, *columns, args))
+
+
+class _Export:
+    """Builds the events of one trace: tracks of slices, instants, counters, flows and the names."""
+
+    def __init__(self, tables: TraceTables, chip: TargetChip) -> None:
+        self.tables = tables
+        self.chip = chip
+        self.tracks: dict[tuple[int, int], _Track] = {}
+        self.fragments: list[tuple[str, str]] = []
+        self._fragment_ids: dict[Any, int] = {}
+        self.instants: list[str] = []
+        self.counters: list[str] = []
+        self.flows: list[tuple[_Track, int, _Track, int]] = []
+        self.process_names: dict[int, tuple[str, int]] = {}
+        runs = tables.trace.sql("SELECT rank, start_unix_ns FROM runs")
+        self.rank_offsets = {rank: start or 0 for rank, start in runs}
+        self.origin_unix_ns = min(self.rank_offsets.values(), default=0)
+
+    # -- building blocks --------------------------------------------------------------------------
+
+    def fragment(self, key: Any, name: str, category: str, args: dict[str, Any]) -> int:
+        """The id of the shared part of slices with `key`: name, category (a plain word of ours) and args."""
+        fragment_id = self._fragment_ids.get(key)
+        if fragment_id is None:
+            fragment_id = self._fragment_ids[key] = len(self.fragments)
+            members = _json({name: value for name, value in args.items() if value is not None})[1:-1]
+            self.fragments.append((f'"name":{_json(name)},"cat":"{category}"', members))
+        return fragment_id
+
+    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), *, nested: bool = False) -> _Track:
+        track = self.tracks.get((pid, tid))
+        if track is None:
+            track = self.tracks[(pid, tid)] = _Track(pid, tid, name, columns, nested=nested)
+        return track
+
+    def instant(self, pid: int, tid: int, ts_ns: int, name: str, category: str, args: dict[str, Any]) -> None:
+        members = _json({key: value for key, value in args.items() if value is not None})
+        self.instants.append(f'{{"ph":"i","s":"p","pid":{pid},"tid":{tid},"ts":{_us(ts_ns)},"name":{_json(name)},'
+                             f'"cat":{_json(category)},"args":{members}}}')
+
+    def counter(self, pid: int, ts_ns: int, name: str, values: dict[str, float]) -> None:
+        self.counters.append(f'{{"ph":"C","pid":{pid},"tid":0,"ts":{_us(ts_ns)},"name":{_json(name)},"args":{_json(values)}}}')
+
+    # -- one rank ---------------------------------------------------------------------------------
+
+    def add_rank(self, rank: int, host: str) -> None:
+        tables, trace = self.tables, self.tables.trace
+        offset = self.rank_offsets.get(rank, self.origin_unix_ns) - self.origin_unix_ns
+        host_pid = rank * _PIDS_PER_RANK + 1
+        self.process_names[host_pid] = (f"rank {rank} · host {host}", host_pid)
+        host_tracks = {
+            name: self.track(host_pid, index + 1, name, ("seq", "step") if name == "Python dispatch" else ())
+            for index, name in enumerate(HOST_THREADS)
+        }
+        chip_pids: dict[int, int] = {}
+        strict = not trace.sql("SELECT 1 FROM executions WHERE rank = ? LIMIT 1", (rank,))
+
+        def chip_pid(chip_index: int) -> int:
+            pid = chip_pids.get(chip_index)
+            if pid is None:
+                pid = chip_pids[chip_index] = rank * _PIDS_PER_RANK + 100 + max(chip_index, 0)
+                self.process_names[pid] = (f"rank {rank} · tpu:{chip_index}", pid)
+            return pid
+
+        chips = trace.sql("SELECT chips FROM runs WHERE rank = ?", (rank,))
+        for chip_index in range(chips[0][0] if chips and chips[0][0] else 0):
+            chip_pid(chip_index)
+        dispatch = host_tracks["Python dispatch"]
+        dispatch_index: dict[int, int] = {}
+        text, source = tables.text, tables.source
+        dispatch_fragments: dict[tuple[Any, ...], int] = {}
+
+        def on_op(row: OpRow) -> None:
+            key = row[2:5] + row[8:10]  # op, inputs, outputs, frame, module
+            fragment = dispatch_fragments.get(key)
+            if fragment is None:
+                fragment = dispatch_fragments[key] = self.fragment(("dispatch", *key), text(row[OP]) or "op", "dispatch", {
+                    "inputs": text(row[INPUTS]), "outputs": text(row[OUTPUTS]), "module": text(row[MODULE]),
+                    "source": source(row[FRAME]),
+                })
+            start = row[START] + offset
+            if strict and row[PROGRAM] is not None:
+                dispatch_index[row[SEQ]] = len(dispatch.starts)
+            dispatch.starts.append(start)
+            dispatch.ends.append(start + (row[DUR] or 0))
+            dispatch.fragments.append(fragment)
+            seqs.append(row[SEQ])
+            steps.append(_NULL if row[STEP] is None else row[STEP])
+
+        seqs, steps = dispatch.values[0], dispatch.values[1]
+
+        runs: list[tuple[ProgramRun, _Track, int]] = []
+
+        def on_run(run: ProgramRun) -> None:
+            # Programs follow each other on a chip and their ops nest inside them (see `_add_run`).
+            programs = self.track(chip_pid(run.chip), 2, "XLA programs", nested=True)
+            runs.append((run, programs, self._add_run(run, programs, offset)))
+
+        def restart() -> None:
+            nonlocal seqs, steps
+            for track in [dispatch, *(self.track(pid, 2, "XLA programs", nested=True) for pid in chip_pids.values())]:
+                track.clear()
+            seqs, steps = dispatch.values[0], dispatch.values[1]
+            runs.clear()
+            dispatch_index.clear()
+
+        scan_rank(tables, rank, self.chip, on_run, on_op, restart)
+        flush_index = self._add_host_records(rank, host_pid, host_tracks, offset)
+        for run, programs, run_index in runs:
+            if strict:
+                source_index = dispatch_index.get(run.op_seqs[0]) if run.op_seqs else None
+                if source_index is not None:
+                    self.flows.append((dispatch, source_index, programs, run_index))
+            elif run.flush_id is not None and run.flush_id in flush_index:
+                self.flows.append((host_tracks["Flushes"], flush_index[run.flush_id], programs, run_index))
+        for step, start_ns, end_ns in trace.sql("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", (rank,)):
+            if end_ns is None:
+                continue
+            fragment = self.fragment(("step", step), f"step {step}", "step", {"step": step})
+            for pid in chip_pids.values():
+                self.track(pid, 1, "Steps").add(start_ns + offset, end_ns + offset, fragment)
+        for chip_index, t_ns, live, peak in trace.sql(
+            "SELECT chip, t_ns, live_bytes, peak_bytes FROM memory WHERE rank = ? ORDER BY t_ns", (rank,)
+        ):
+            self.counter(chip_pid(chip_index if chip_index is not None else 0), t_ns + offset, "HBM bytes",
+                         {"live": live or 0, "peak": peak or 0})
+
+    def _add_run(self, run: ProgramRun, programs: _Track, offset: int) -> int:
+        tables = self.tables
+        program = tables.programs.get(run.program_id)
+        fragment = self.fragment(("program", run.program_id), f"{tables.program_name(run.program_id)} ({run.program_id})", "program", {
+            "program_id": run.program_id,
+            "kind": program.kind if program else None,
+            "flops": program.flops if program else None,
+            "bytes_accessed": program.bytes_accessed if program else None,
+            "signature": program.signature if program else None,
+            "aten_ops": program.n_ops if program else None,
+            "hlo_ops": program.hlo_ops if program else None,
+            "op_times": TIME_ESTIMATE_NOTE if run.estimated else "measured",
+        })
+        start = run.start_ns + offset
+        end = start + run.dur_ns
+        extra = _json({"flush_id": run.flush_id, "step": run.step, "queued_behind_previous_ns": run.queued_ns or None})
+        run_index = programs.add(start, end, fragment, extra[1:-1])
+        # Op bounds in whole ns, inside the program's: the ops nest in it on the same thread.
+        fragment_ids = self._fragment_ids
+        fragments = []
+        for key, flops, read, write in zip(run.op_keys, run.op_flops, run.op_read_bytes, run.op_write_bytes):
+            fragment = fragment_ids.get(key)
+            if fragment is None:
+                fragment = self._op_fragment(OpKey._make(key), flops, read + write, run.estimated)
+            fragments.append(fragment)
+        begins = [int(op_start + 0.5) + offset for op_start in run.op_starts_ns]
+        ends = [int(op_start + op_dur + 0.5) + offset for op_start, op_dur in zip(run.op_starts_ns, run.op_durs_ns)]
+        programs.starts.extend([begin if begin > start else start for begin in begins])
+        programs.ends.extend([op_end if op_end < end else end for op_end in ends])
+        programs.fragments.extend(fragments)
+        return run_index
+
+    def _op_fragment(self, key: OpKey, flops: float, bytes_accessed: float, estimated: bool) -> int:
+        tables = self.tables
+        if key.fusion is not None:
+            fusions = tables.fusions.get(key.program_id, [])
+            fusion = fusions[key.fusion] if 0 <= key.fusion < len(fusions) else None
+            name = fusion.name if fusion else tables.program_name(key.program_id)
+            return self.fragment(tuple(key), name, "xla op", {
+                "fusion_kind": fusion.kind if fusion else None,
+                "hlo_ops": fusion.hlo_ops if fusion else None,
+                "aten_ops": ", ".join(fusion.aten_ops) if fusion else None,
+                "flops": round(flops), "bytes_accessed": round(bytes_accessed), "time": "estimated",
+            })
+        text = tables.text
+        op = text(key.op_sid) or "op"
+        fusion = tables.fusion_of(key.program_id, op)
+        return self.fragment(tuple(key), op, "aten op", {
+            "inputs": text(key.inputs_sid), "outputs": text(key.outputs_sid), "module": text(key.module_sid),
+            "source": tables.source(key.frame_id), "flops": round(flops), "bytes_accessed": round(bytes_accessed),
+            "xla_fusion": f"{fusion.name} ({fusion.kind})" if fusion else None,
+            "time": "estimated" if estimated else "measured",
+        })
+
+    def _add_host_records(self, rank: int, pid: int, tracks: dict[str, _Track], offset: int) -> dict[int, int]:
+        """Everything on the host but op dispatch; returns each flush's slice index."""
+        tables, trace = self.tables, self.tables.trace
+        text, source, fragment = tables.text, tables.source, self.fragment
+        for step, start_ns, end_ns, origin in trace.sql("SELECT step, start_ns, end_ns, source FROM steps WHERE rank = ?", (rank,)):
+            if end_ns is not None:
+                tracks["Steps"].add(start_ns + offset, end_ns + offset,
+                                    fragment(("step", step), f"step {step}", "step", {"step": step}), f'"marked_by":{_json(origin)}')
+        for name_sid, origin, start_ns, dur_ns, frame_id, step in trace.sql(
+            "SELECT name_sid, source, start_ns, dur_ns, frame_id, step FROM annotations WHERE rank = ?", (rank,)
+        ):
+            tracks["Annotations"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
+                ("annotation", name_sid, origin, frame_id), text(name_sid) or "range", "annotation",
+                {"origin": origin, "source": source(frame_id)}), f'"step":{_json(step)}')
+        flush_index: dict[int, int] = {}
+        for flush_id, program_id, trigger, frame_id, n_ops, cache_hit, chip_index, start_ns, dur_ns, input_bytes, output_bytes, step in trace.sql(
+            "SELECT id, program_id, trigger, frame_id, n_ops, cache_hit, chip, start_ns, dur_ns, input_bytes, output_bytes, step "
+            "FROM flushes WHERE rank = ?", (rank,)
+        ):
+            flush_index[flush_id] = tracks["Flushes"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
+                ("flush", trigger, frame_id, program_id), f"flush ({trigger})", "flush",
+                {"trigger": trigger, "source": source(frame_id), "program_id": program_id,
+                 "program": tables.program_name(program_id) if program_id is not None else None}),
+                _json({"flush_id": flush_id, "ops": n_ops, "cache_hit": bool(cache_hit), "chip": chip_index,
+                       "input_bytes": input_bytes, "output_bytes": output_bytes, "step": step})[1:-1])
+        for compile_id, program_id, kind, name_sid, signature_sid, chip_index, start_ns, dur_ns, frame_id, step, reason, diff_sid, detail in trace.sql(
+            "SELECT id, program_id, kind, name_sid, signature_sid, chip, start_ns, dur_ns, frame_id, step, reason, diff_sid, detail "
+            "FROM compiles WHERE rank = ?", (rank,)
+        ):
+            name = text(name_sid) or kind or "program"
+            args = {"reason": reason, "what_changed": text(diff_sid), "kind": kind, "signature": text(signature_sid),
+                    "source": source(frame_id), "program_id": program_id, "chip": chip_index, "step": step, "detail": detail}
+            track = tracks["XLA compile"]
+            track.add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(("compile", compile_id), f"compile {name}", "compile", args))
+            self.instant(pid, track.tid, start_ns + offset, f"{reason or 'compile'}: {name}", "compile", args)
+        for kind, frame_id, chip_index, start_ns, dur_ns, pending_ops, step in trace.sql(
+            "SELECT kind, frame_id, chip, start_ns, dur_ns, pending_ops, step FROM syncs WHERE rank = ?", (rank,)
+        ):
+            track = tracks["Syncs"]
+            track.add(start_ns + offset, start_ns + (dur_ns or 0) + offset,
+                      fragment(("sync", kind, frame_id), f"sync ({kind})", "sync", {"kind": kind, "source": source(frame_id)}),
+                      _json({"stall_ns": dur_ns, "pending_ops": pending_ops, "chip": chip_index, "step": step})[1:-1])
+            self.instant(pid, track.tid, start_ns + offset, f"sync: {kind}", "sync",
+                         {"source": source(frame_id), "stall_ns": dur_ns, "pending_ops": pending_ops})
+        for direction, nbytes, src_chip, dst_chip, start_ns, dur_ns, frame_id, step in trace.sql(
+            "SELECT direction, bytes, src_chip, dst_chip, start_ns, dur_ns, frame_id, step FROM transfers WHERE rank = ?", (rank,)
+        ):
+            tracks["Transfers"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
+                ("transfer", direction, frame_id, src_chip, dst_chip), f"transfer {direction}", "transfer",
+                {"direction": direction, "source": source(frame_id), "src_chip": src_chip, "dst_chip": dst_chip}),
+                _json({"bytes": nbytes, "step": step})[1:-1])
+        for op_sid, inputs_sid, chip_index, start_ns, dur_ns, frame_id, step in trace.sql(
+            "SELECT op_sid, inputs_sid, chip, start_ns, dur_ns, frame_id, step FROM fallbacks WHERE rank = ?", (rank,)
+        ):
+            tracks["CPU fallbacks"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
+                ("fallback", op_sid, inputs_sid, frame_id), f"{text(op_sid) or 'op'} (CPU fallback)", "fallback",
+                {"inputs": text(inputs_sid), "source": source(frame_id), "chip": chip_index}), f'"step":{_json(step)}')
+        for kind, nbytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step in trace.sql(
+            "SELECT kind, bytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step "
+            "FROM collectives WHERE rank = ?", (rank,)
+        ):
+            tracks["Collectives"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
+                ("collective", kind, group_sid, ranks_sid, frame_id, dtype, algorithm), kind or "collective", "collective",
+                {"group": text(group_sid), "ranks": text(ranks_sid), "source": source(frame_id), "dtype": dtype,
+                 "algorithm": algorithm}),
+                _json({"bytes": nbytes, "wait_ns": wait_ns, "bus_bandwidth_bytes_per_second": bus_bandwidth, "step": step})[1:-1])
+        for reason_sid, frame_id, t_ns, step in trace.sql(
+            "SELECT reason_sid, frame_id, t_ns, step FROM graph_breaks WHERE rank = ?", (rank,)
+        ):
+            self.instant(pid, tracks["XLA compile"].tid, t_ns + offset, "graph break", "graph break",
+                         {"reason": text(reason_sid), "source": source(frame_id), "step": step})
+        return flush_index
+
+    # -- writing ----------------------------------------------------------------------------------
+
+    def write(self, stream: IO[str]) -> tuple[int, int]:
+        """Write the JSON document; returns (slices, flows)."""
+        tracks = [track for track in self.tracks.values() if len(track)]
+        lanes = {id(track): track.assign_lanes() for track in tracks}
+        stream.write('{"displayTimeUnit":"ns","otherData":')
+        stream.write(_json({"exporter": "tputrace", "time_origin_unix_ns": self.origin_unix_ns,
+                            "target_chip": self.chip.name, "op_times": TIME_ESTIMATE_NOTE}))
+        stream.write(',"traceEvents":[\n')
+        first = True
+
+        def emit(lines: Iterable[str]) -> None:
+            nonlocal first
+            batch: list[str] = []
+            for line in lines:
+                batch.append(line)
+                if len(batch) >= _CHUNK_EVENTS:
+                    stream.write(("" if first else ",\n") + ",\n".join(batch))
+                    first = False
+                    batch.clear()
+            if batch:
+                stream.write(("" if first else ",\n") + ",\n".join(batch))
+                first = False
+
+        emit(self._name_events(tracks, lanes))
+        slices = 0
+        for track in tracks:
+            emit(track.lines(self.fragments))
+            slices += len(track)
+        emit(self.instants)
+        emit(self.counters)
+        emit(self._flow_events())
+        stream.write("\n]}\n")
+        return slices, len(self.flows)
+
+    def _name_events(self, tracks: list[_Track], lanes: dict[int, int]) -> Iterator[str]:
+        for pid, (name, sort_index) in sorted(self.process_names.items()):
+            yield f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_name","args":{{"name":{_json(name)}}}}}'
+            yield f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_sort_index","args":{{"sort_index":{sort_index}}}}}'
+        for track in tracks:
+            for lane in range(lanes[id(track)]):
+                tid = track.tid + lane * _LANE_STRIDE
+                name = track.name if lane == 0 else f"{track.name} ({lane + 1})"
+                yield f'{{"ph":"M","pid":{track.pid},"tid":{tid},"name":"thread_name","args":{{"name":{_json(name)}}}}}'
+                yield f'{{"ph":"M","pid":{track.pid},"tid":{tid},"name":"thread_sort_index","args":{{"sort_index":{tid}}}}}'
+
+    def _flow_events(self) -> Iterator[str]:
+        """Flow v1 arrows: `s` inside the source slice, `f` (bound to its enclosing slice) inside the
+        target, both at the slice's middle so that neither sits on another slice's edge."""
+        for flow_id, (source, source_index, target, target_index) in enumerate(self.flows, start=1):
+            source_ts = (source.starts[source_index] + source.ends[source_index]) // 2
+            target_ts = (target.starts[target_index] + target.ends[target_index]) // 2
+            yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source.tid_of(source_index)},'
+                   f'"ts":{_us(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+            yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target.pid},"tid":{target.tid_of(target_index)},'
+                   f'"ts":{_us(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+
+
+def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 3) -> PerfettoExport:
+    """Write the trace as Chrome trace-event JSON to `path` (gzipped when it ends in `.gz`)."""
+    out = Path(path)
+    tables = TraceTables(trace)
+    export = _Export(tables, target_chip(target))
+    for rank, host in host_names(trace).items():
+        export.add_rank(rank, host)
+    temporary = out.with_name(out.name + ".partial")
+    if out.suffix == ".gz":
+        with gzip.open(temporary, "wt", encoding="utf-8", compresslevel=compresslevel) as stream:
+            slices, flows = export.write(stream)
+    else:
+        with temporary.open("w", encoding="utf-8") as stream:
+            slices, flows = export.write(stream)
+    temporary.replace(out)
+    return PerfettoExport(out, slices, len(export.instants), len(export.counters), flows)
