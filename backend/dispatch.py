@@ -336,8 +336,11 @@ class Dispatcher:
         kwargs_template = dict(template_kwargs)
         try:
             out_specs, structure = self._meta_outputs(entry, template_args, kwargs_template, originals)
-        except Exception:  # noqa: BLE001 - no meta kernel: fall back to the host for this signature
-            return _FALLBACK
+        except Exception:  # noqa: BLE001 - no usable meta kernel: ask the lowering itself
+            try:
+                out_specs, structure = _lowering_outputs(entry, template_args, kwargs_template, dynamic)
+            except Exception:  # noqa: BLE001 - neither works: run this signature on the host
+                return _FALLBACK
         n_inputs = len(dynamic) - 2 if entry.lowering.needs_key else len(dynamic)
         extra_kwargs = None
         if entry.lowering.needs_key:
@@ -674,6 +677,24 @@ def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) 
         if value is not None:
             written.extend(value if isinstance(value, (list, tuple)) else [value])
     return [value for value in written if isinstance(value, torch.Tensor)]
+
+
+def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dict, dynamic: list) -> tuple[tuple, str]:
+    """Output specs from tracing the lowering abstractly, for ops whose meta kernel refuses the inputs."""
+    if entry.lowering.needs_key:
+        raise LoweringError("random ops need a meta kernel")
+    avals = [jax.ShapeDtypeStruct(value.shape, value.dtype) if hasattr(value, "shape") else value for value in dynamic]
+
+    def run(*values: Any) -> Any:
+        return entry.lowering.fn(*rebuild(template_args, values), **rebuild(template_kwargs, values))
+
+    result = jax.eval_shape(run, *avals)
+    results = result if isinstance(result, (tuple, list)) else (result,)
+    specs = tuple(
+        OutSpec(tuple(out.shape), to_torch(out.dtype), out.dtype, int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize)
+        for out in results
+    )
+    return specs, "single" if not isinstance(result, (tuple, list)) else "tuple"
 
 
 def _is_functional(entry: OpEntry) -> bool:

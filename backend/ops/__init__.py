@@ -21,6 +21,7 @@ FAMILIES = (
     "resample",
     "linalg",
     "foreach",
+    "histogram",
 )
 
 _registered = False

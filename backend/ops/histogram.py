@@ -1,0 +1,29 @@
+"""Histograms with a static number of bins (`histc`): the output shape does not depend on the data."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import torch
+
+from tputrace.backend.ops.registry import lowers
+
+aten = torch.ops.aten
+
+
+@lowers(aten.histc.default)
+def histc(values, bins=100, min=0, max=0):  # noqa: A002, ANN001, ANN201 - ATen argument names
+    """Counts of `values` in `bins` equal-width bins over [min, max] (the data's range when both are 0);
+    values outside the range are ignored and the last bin includes its upper edge, as in torch."""
+    data = values.reshape(-1).astype(jnp.float64 if values.dtype == jnp.float64 else jnp.float32)
+    given_low, given_high = jnp.asarray(min, data.dtype), jnp.asarray(max, data.dtype)
+    use_data_range = (given_low == 0) & (given_high == 0)
+    low = jnp.where(use_data_range, jnp.min(data), given_low)
+    high = jnp.where(use_data_range, jnp.max(data), given_high)
+    same = low == high
+    low = jnp.where(same, low - 1, low)
+    high = jnp.where(same, high + 1, high)
+    positions = jnp.floor((data - low) * bins / (high - low)).astype(jnp.int32)
+    positions = jnp.where(data == high, bins - 1, positions)
+    inside = (data >= low) & (data <= high)
+    counts = jnp.zeros(bins, jnp.float32).at[jnp.where(inside, positions, 0)].add(inside.astype(jnp.float32))
+    return counts.astype(values.dtype)
