@@ -213,6 +213,8 @@ def test_host_syncs(tmp_path: Path) -> None:
         # The warm-up step's stall includes compiling the step: the cost is the steady steps' mean per step.
         trace.sync("item", step, 4 * MS if step else 15 * MS, item_line)
         trace.sync("fallback", step, 1 * MS, fallback_line, offset_ns=9 * MS)  # counted by the fallbacks analyzer
+        trace.fallback("aten.nonzero.default", "b8[8]", step, 2 * MS, fallback_line, offset_ns=12 * MS)
+        trace.sync("data_dependent", step, 1 * MS, fallback_line, offset_ns=12 * MS + 100_000)  # inside the fallback
     trace.sync("item", 5, 3 * MS, after_loop)  # after the loop: step 5 has no step record
     with open_trace(trace.close()) as opened:
         report = analyze(opened)

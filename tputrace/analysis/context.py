@@ -214,6 +214,18 @@ _BUSY_SQL = (
 )
 
 
+def outside_fallbacks(alias: str) -> str:
+    """SQL condition: the row `alias` (with rank and start_ns) did not happen inside a CPU fallback.
+
+    A fallback's own syncs and copies are part of its recorded time; this keeps them out of other
+    analyzers. The latest fallback starting at or before the row must have ended before it.
+    """
+    return (
+        f"COALESCE((SELECT f.start_ns + f.dur_ns FROM fallbacks f WHERE f.rank = {alias}.rank "
+        f"AND f.start_ns <= {alias}.start_ns ORDER BY f.start_ns DESC LIMIT 1), -1) < {alias}.start_ns"
+    )
+
+
 def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tuple[str, tuple[int, ...]]:
     prefix = f"{alias}." if alias else ""
     if steps is None:

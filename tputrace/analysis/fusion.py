@@ -11,7 +11,7 @@ the recompiles analyzer's) plus the syncs' stalls at the cutting lines.
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.summary import format_ns
 
@@ -66,8 +66,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     if not context.steps or cuts_per_step < MIN_CUTS_PER_STEP:
         return result
     frame_ids = sorted({frame_id for _, frame_id, _, _ in cuts if frame_id is not None})
-    cost_ns, flush_ns, stall_ns = _cost(context, frame_ids, excluded, where, params)
-    steady_cost = _cost(context, frame_ids, excluded, steady_where, steady_params)[0]
+    cost_ns, flush_ns, stall_ns = _cost(context, frame_ids, excluded, steady=False)
+    steady_cost = _cost(context, frame_ids, excluded, steady=True)[0]
     top_trigger, top_frame, top_count, _ = cuts[0]
     programs_per_step = result.data["programs_per_step"]
     share = context.share_of_steps(steady_cost)
@@ -105,9 +105,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     return result
 
 
-def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, where: str, params: tuple) -> tuple[float, float, float]:
-    """(flush time + stall, flush time, stall) of the cutting flushes at `frame_ids` in the rows `where` selects."""
+def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, *, steady: bool) -> tuple[float, float, float]:
+    """(flush time + stall, flush time, stall) of the cutting flushes at `frame_ids`, in the steady steps or
+    in all of the loop's steps. Syncs inside a CPU fallback are the fallback's, not a cut's."""
     trace = context.trace
+    where, params = context.steady_where() if steady else context.loop_where()
     (flush_ns,) = trace.sql(
         "SELECT COALESCE(SUM(CASE WHEN cache_hit = 1 THEN dur_ns ELSE 0 END), 0) FROM flushes "
         f"WHERE {where} AND trigger NOT IN ({excluded})",
@@ -115,10 +117,10 @@ def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, where: 
     )[0]
     stall_ns = 0
     if frame_ids:
-        placeholders = ", ".join("?" for _ in frame_ids)
+        sync_where, sync_params = context.steady_where("s") if steady else context.loop_where("s")
         (stall_ns,) = trace.sql(
-            f"SELECT COALESCE(SUM(dur_ns), 0) FROM syncs WHERE {where} AND kind != 'fallback' "
-            f"AND frame_id IN ({placeholders})",
-            tuple(params) + tuple(frame_ids),
+            f"SELECT COALESCE(SUM(s.dur_ns), 0) FROM syncs s WHERE {sync_where} AND s.kind != 'fallback' "
+            f"AND s.frame_id IN {in_list(frame_ids)} AND {outside_fallbacks('s')}",
+            tuple(sync_params) + tuple(frame_ids),
         )[0]
     return float(flush_ns + stall_ns), float(flush_ns), float(stall_ns)

@@ -1,14 +1,15 @@
 """Host syncs: lines where the host waited for a value from a chip, inside the training loop.
 
-Syncs a CPU fallback makes (kind `fallback`) are part of the fallback's time and belong to the
-fallbacks analyzer; copies between chips (kind `transfer`) to the transfers. The cost of a sync is
+Syncs a CPU fallback makes (kind `fallback`, or `data_dependent` for ops such as nonzero, inside
+the fallback's time) are part of the fallback's time and belong to the fallbacks analyzer; copies
+between chips (kind `transfer`) to the transfers. The cost of a sync is
 its stall: the time the host waited instead of dispatching the next work (an upper bound on what
 removing it saves, since the chip still has to run the program).
 """
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext, plural
+from tputrace.analysis.context import AnalysisContext, outside_fallbacks, plural
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.summary import format_ns
 
@@ -33,19 +34,20 @@ SUGGESTIONS: dict[str, str] = {
 def analyze(context: AnalysisContext) -> AnalysisResult:
     trace = context.trace
     result = AnalysisResult(NAME)
-    where, params = context.loop_where()
-    steady_where, steady_params = context.steady_where()
+    where, params = context.loop_where("s")
+    steady_where, steady_params = context.steady_where("s")
     excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
+    own = f"s.kind NOT IN ({excluded}) AND {outside_fallbacks('s')}"
     rows = trace.sql(
-        "SELECT frame_id, kind, COUNT(*), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(pending_ops), 0), COUNT(DISTINCT step) "
-        f"FROM syncs WHERE {where} AND kind NOT IN ({excluded}) GROUP BY frame_id, kind ORDER BY 4 DESC",
+        "SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM(s.dur_ns), 0), COALESCE(SUM(s.pending_ops), 0), "
+        f"COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND {own} GROUP BY s.frame_id, s.kind ORDER BY 4 DESC",
         params,
     )
     steady = {
         (frame_id, kind): (count, stall_ns)
         for frame_id, kind, count, stall_ns in trace.sql(
-            "SELECT frame_id, kind, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM syncs "
-            f"WHERE {steady_where} AND kind NOT IN ({excluded}) GROUP BY frame_id, kind",
+            "SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM(s.dur_ns), 0) FROM syncs s "
+            f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind",
             steady_params,
         )
     }

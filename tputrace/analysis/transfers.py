@@ -7,17 +7,13 @@ constant built on the host each step (a mask, a position table, a scalar tensor)
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext, plural
+from tputrace.analysis.context import AnalysisContext, outside_fallbacks, plural
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.summary import format_bytes, format_ns
 
 NAME = "transfers"
 
-# A transfer is inside a fallback when the latest fallback starting at or before it has not ended.
-_OUTSIDE_FALLBACKS = (
-    "COALESCE((SELECT f.start_ns + f.dur_ns FROM fallbacks f WHERE f.rank = t.rank AND f.start_ns <= t.start_ns "
-    "ORDER BY f.start_ns DESC LIMIT 1), -1) < t.start_ns"
-)
+_OUTSIDE_FALLBACKS = outside_fallbacks("t")
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult:
