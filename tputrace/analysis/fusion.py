@@ -36,7 +36,6 @@ SUGGESTIONS: dict[str, str] = {
 def analyze(context: AnalysisContext) -> AnalysisResult:
     trace = context.trace
     result = AnalysisResult(NAME)
-    where, params = context.loop_where()
     steady_where, steady_params = context.steady_where()
     excluded = ", ".join(f"'{trigger}'" for trigger in NATURAL_TRIGGERS + OWNED_ELSEWHERE)
     totals = trace.sql(
