@@ -26,6 +26,8 @@ COMMANDS: list[str] = [
     "plot",
     "report",
     "tui",
+    "export",
+    "tensorboard",
 ]
 
 EXIT_USAGE_ERROR = 2

@@ -1,0 +1,127 @@
+"""`tputrace tensorboard TRACE [--port P]`: open a trace in XProf (TensorBoard's profile tool).
+
+Exports the trace to a temporary logdir and serves it with xprof's own web app, bound to
+127.0.0.1 only (xprof's `xprof` command binds every interface and opens a gRPC port; this does
+neither). Prints the URL; Ctrl-C stops the server and removes the logdir.
+"""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tputrace.store.errors import TputraceError
+
+HOST = "127.0.0.1"
+DEFAULT_PORT = 6006
+
+
+def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
+    parser = subparsers.add_parser(
+        "tensorboard",
+        help="open a trace in XProf (TensorBoard's profiler) on 127.0.0.1",
+        description="Export a trace to a temporary logdir and serve it with XProf on 127.0.0.1; Ctrl-C stops it.",
+    )
+    parser.add_argument("trace", help="a .tptrace file")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT,
+                        help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--target", metavar="CHIP", default=None,
+                        help="TPU whose peaks XProf shows and op times are estimated for (default: v5e)")
+    return parser
+
+
+def run(args: argparse.Namespace) -> int:
+    from tputrace.store.reader import open_trace
+    from tputrace.viewers import xplane
+
+    if not 0 <= args.port <= 65535:
+        raise TputraceError(f"--port {args.port} is not a port number (0-65535)")
+    _require_xprof()
+    with tempfile.TemporaryDirectory(prefix="tputrace-xprof-") as logdir:
+        with open_trace(args.trace) as trace:
+            exports = xplane.export_tensorboard(trace, logdir, target=args.target or xplane.DEFAULT_TARGET)
+        run_name = exports[0].path.parent.name if exports else "run"
+        server = XProfServer(Path(logdir), args.port)
+        print(f"tputrace: XProf is serving {args.trace} (run {run_name}) at {server.url}", file=sys.stderr)
+        print("tputrace: op times inside programs are estimates; press Ctrl-C to stop", file=sys.stderr)
+        try:
+            server.serve_forever()
+        except KeyboardInterrupt:
+            print("tputrace: stopped", file=sys.stderr)
+        finally:
+            server.stop()
+    return 0
+
+
+def _require_xprof() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("xprof") is None or importlib.util.find_spec("cheroot") is None:
+        raise TputraceError("tputrace tensorboard needs xprof: pip install 'tputrace[views]' (or pip install xprof)")
+
+
+class XProfServer:
+    """xprof's profile plugin behind a WSGI server on 127.0.0.1, for one logdir.
+
+    `port` 0 picks a free port; a busy port is an error naming it. `serve_forever` blocks;
+    `start_in_thread` serves from a daemon thread (for tests and embedding) and returns once it
+    accepts connections.
+    """
+
+    def __init__(self, logdir: Path, port: int = 0) -> None:
+        from cheroot import wsgi
+        from xprof import server as xprof_server
+
+        self.logdir = logdir
+        if port and not _port_is_free(port):
+            raise TputraceError(f"port {port} on {HOST} is in use; choose another with --port (0 picks a free one)")
+        context = xprof_server.TBContext(str(logdir), xprof_server.DataProvider(str(logdir)), xprof_server.TBContext.Flags(False))
+        plugin = xprof_server.ProfilePluginLoader().load(context)
+        if plugin is None:
+            raise TputraceError("xprof's profile plugin could not be loaded")
+        self._server = wsgi.Server((HOST, port), xprof_server.make_wsgi_app(plugin))
+        self._server.prepare()  # binds now, so that the port (also a chosen free one) is known
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.bind_addr[1])
+
+    @property
+    def url(self) -> str:
+        return f"http://{HOST}:{self.port}/"
+
+    def serve_forever(self) -> None:
+        self._server.serve()
+
+    def start_in_thread(self, on_error: Callable[[BaseException], None] | None = None) -> None:
+        def serve() -> None:
+            try:
+                self._server.serve()
+            except BaseException as error:  # reported to the caller's handler, never swallowed silently
+                if on_error is not None:
+                    on_error(error)
+                raise
+
+        self._thread = threading.Thread(target=serve, name="xprof-server", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+
+def _port_is_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((HOST, port))
+        except OSError:
+            return False
+    return True
