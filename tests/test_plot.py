@@ -231,6 +231,31 @@ def test_collectives_and_memory(sample_trace_path: Path) -> None:
     assert max(peak.peak_bytes for peak in memory.peaks) == max_peak
 
 
+def test_every_analyzer_has_a_section() -> None:
+    from tputrace.analysis import ANALYZERS
+
+    for name in ANALYZERS:
+        assert plotly_data.section_of(name) in plotly_data.SECTIONS, name
+    assert plotly_data.section_of("recompiles") == "recompilations"
+    assert plotly_data.section_of("padding") == plotly_data.section_of("precision") == "shapes"
+    assert plotly_data.section_of("some_new_straggler_check") == "collectives"
+    assert plotly_data.section_of("something else") == "where"
+
+
+def test_timeline_figure_is_webgl_with_a_hover_point_per_event(sample_trace_path: Path) -> None:
+    from tputrace.viewers.plotly_figures import plot_timeline
+
+    with tputrace.open(sample_trace_path) as trace:
+        timeline = plotly_data.prepare_timeline(trace, event_budget=200, bins_per_lane=20)
+    figure = plot_timeline(timeline)
+    assert {trace.type for trace in figure.data} == {"scattergl"}
+    hover_points = sum(len(trace.x) for trace in figure.data if trace.mode == "markers" and trace.opacity is None
+                       and trace.marker.opacity is None)
+    assert hover_points == timeline.drawn_events
+    ticks = list(figure.layout.yaxis.ticktext)
+    assert len(ticks) == len(timeline.lanes) and any(tick.endswith("⋯") for tick in ticks)
+
+
 def test_comparison_lists_the_expensive_ops_of_both(sample_trace_path: Path, tmp_path: Path) -> None:
     other = build_sample_trace(tmp_path / "fewer.tptrace", steps=3)
     with tputrace.open(sample_trace_path) as before, tputrace.open(other) as after:

@@ -22,6 +22,7 @@ from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.padding import pad_product
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family, parse_specs
+from tputrace.store.aggregates import TimeSplit
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
@@ -38,10 +39,23 @@ MAX_SCATTER_POINTS = 20_000
 MEMORY_POINTS_PER_SERIES = 4_000
 COMPARE_TOP_OPS = 15
 
-# Which report section a finding belongs to, by words in its analyzer's name (first match wins).
+# Which report section shows an analyzer's findings: by name for the analyzers of tputrace.analysis,
+# else by words in the analyzer's name (first match wins), else "where".
+ANALYZER_SECTIONS: dict[str, str] = {
+    "recompiles": "recompilations",
+    "syncs": "timeline",
+    "fallbacks": "timeline",
+    "fusion": "timeline",
+    "transfers": "timeline",
+    "padding": "shapes",
+    "precision": "shapes",
+    "host_bound": "steps",
+    "memory": "memory",
+    "collectives": "collectives",
+}
 SECTION_KEYWORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recompilations", ("recompil", "compile", "bucket", "graph_break")),
-    ("shapes", ("padding", "tile", "mxu", "float32", "fp32", "dtype", "shape")),
+    ("shapes", ("padding", "tile", "mxu", "float32", "fp32", "precision", "dtype", "shape")),
     ("collectives", ("collective", "straggler", "fsdp", "dtensor", "mesh")),
     ("memory", ("memory", "hbm", "oom")),
     ("roofline", ("roofline", "intensity", "bound_by")),
@@ -79,7 +93,9 @@ class AnalysisData:
 
 
 def section_of(analyzer: str) -> str:
-    """The report section that shows an analyzer's findings ("where" when no keyword matches)."""
+    """The report section that shows an analyzer's findings ("where" when nothing matches)."""
+    if analyzer in ANALYZER_SECTIONS:
+        return ANALYZER_SECTIONS[analyzer]
     lowered = analyzer.lower()
     for section, keywords in SECTION_KEYWORDS:
         if any(keyword in lowered for keyword in keywords):
@@ -298,15 +314,17 @@ def prepare_timeline(
     all of its events as `bins_per_lane` time bins (count and busy time per bin).
     """
     offsets = rank_offsets(trace)
-    specs = _lane_specs(trace)
-    counts = [trace.sql(f"SELECT COUNT(*) FROM {spec.table} t WHERE {spec.where}", spec.params)[0][0] for spec in specs]
-    kept = [(spec, count) for spec, count in zip(specs, counts) if count]
-    budgets = _budgets([count for _, count in kept], event_budget)
+    bin_ns = {rank: max(1, -(-trace.wall_ns(rank=rank) // bins_per_lane)) for rank in trace.ranks}
+    # One pass per lane bins its events (on the rank's clock, from 0) and so also counts them.
+    binned = [(spec, _lane_bins(trace, spec, bin_ns.get(spec.rank, 1), offsets.get(spec.rank, 0))) for spec in _lane_specs(trace)]
+    binned = [(spec, lane_bins) for spec, lane_bins in binned if lane_bins.counts]
+    budgets = _budgets([sum(lane_bins.counts) for _, lane_bins in binned], event_budget)
     lanes: list[Lane] = []
     events: list[LaneEvents] = []
     bins: list[LaneBins] = []
     end_ns = 0
-    for index, ((spec, count), budget) in enumerate(zip(kept, budgets)):
+    for index, ((spec, lane_bins), budget) in enumerate(zip(binned, budgets)):
+        count = sum(lane_bins.counts)
         offset = offsets.get(spec.rank, 0)
         joins, columns, fields = _LANE_DETAILS[spec.kind]
         duration = _DURATION_SQL.get(spec.kind, "COALESCE(t.dur_ns, 0)")
@@ -322,26 +340,23 @@ def prepare_timeline(
         details = [_resolve_details(trace, fields, row[2:]) for row in rows]
         events.append(LaneEvents(index, spec.kind, starts, durs, fields, details))
         lanes.append(Lane(index, spec.name, spec.kind, spec.rank, spec.chip, count, len(rows)))
-        (lane_first, lane_last) = trace.sql(
-            f"SELECT MIN(t.start_ns), MAX(t.start_ns + {duration}) FROM {spec.table} t WHERE {spec.where}", spec.params
-        )[0]
-        end_ns = max(end_ns, (lane_last or 0) + offset)
+        end_ns = max(end_ns, max(lane_bins.ends_ns))
         if budget < count:
-            bins.append(_lane_bins(trace, spec, index, lane_first or 0, lane_last or 0, bins_per_lane, duration, offset))
+            lane_bins.lane = index
+            bins.append(lane_bins)
     return TimelineData(lanes, events, bins, end_ns, event_budget)
 
 
-def _lane_bins(
-    trace: Trace, spec: _LaneSpec, lane: int, first_ns: int, last_ns: int, bins_per_lane: int, duration: str, offset: int
-) -> LaneBins:
-    bin_ns = max(1, -(-(last_ns - first_ns) // bins_per_lane))
+def _lane_bins(trace: Trace, spec: _LaneSpec, bin_ns: int, offset: int) -> LaneBins:
+    """A lane's events merged into bins of `bin_ns` (count, first start, last end, busy time per bin)."""
+    duration = _DURATION_SQL.get(spec.kind, "COALESCE(t.dur_ns, 0)")
     rows = trace.sql(
-        f"SELECT (t.start_ns - ?) / ? AS b, COUNT(*), MIN(t.start_ns), MAX(t.start_ns + {duration}), SUM({duration}) "
+        f"SELECT t.start_ns / ? AS b, COUNT(*), MIN(t.start_ns), MAX(t.start_ns + {duration}), SUM({duration}) "
         f"FROM {spec.table} t WHERE {spec.where} GROUP BY b ORDER BY b",
-        (first_ns, bin_ns, *spec.params),
+        (bin_ns, *spec.params),
     )
     return LaneBins(
-        lane, spec.kind, bin_ns,
+        -1, spec.kind, bin_ns,
         starts_ns=[row[2] + offset for row in rows], ends_ns=[row[3] + offset for row in rows],
         counts=[row[1] for row in rows], busy_ns=[row[4] or 0 for row in rows],
     )
@@ -462,17 +477,36 @@ class WhereData:
 
 
 def prepare_where(trace: Trace, *, leaves: int = TREEMAP_LEAVES, top_lines: int = TOP_SOURCE_LINES) -> WhereData:
-    """Time split by category, op time by module path → op, and the source lines that cost most."""
-    split = trace.time_split()
-    rows = trace.sql(
-        "SELECT module_sid, op_sid, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total FROM ops "
-        "GROUP BY module_sid, op_sid ORDER BY total DESC"
+    """Time split by category, op time by module path → op, and the source lines that cost most.
+
+    Ops are read in one pass, grouped by module, op and line; the tree, the lines' op time and the
+    dispatch total all come from it (the ops table is nearly all of a big trace)."""
+    op_groups = trace.sql(
+        "SELECT module_sid, op_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM ops GROUP BY module_sid, op_sid, frame_id"
     )
+    by_module_op: dict[tuple[Any, Any], list[int]] = defaultdict(lambda: [0, 0])
+    by_frame: dict[Any, list[int]] = defaultdict(lambda: [0, 0])
+    for module_sid, op_sid, frame_id, count, total in op_groups:
+        for key_total in (by_module_op[(module_sid, op_sid)], by_frame[frame_id]):
+            key_total[0] += count
+            key_total[1] += total
+    rows = sorted(((module, op, count, total) for (module, op), (count, total) in by_module_op.items()),
+                  key=lambda row: -row[3])
     tree, merged = _module_tree(trace, rows, leaves)
     tree_total = sum(row[3] for row in rows)
+    split = _time_split(trace, dispatch_ns=tree_total)
     ranks = trace.ranks
     wall = sum(trace.wall_ns(rank=rank) for rank in ranks) if len(ranks) > 1 else split.wall_ns
-    return WhereData(split.parts(), wall, len(ranks), tree, tree_total, merged, _source_lines(trace, top_lines))
+    return WhereData(split.parts(), wall, len(ranks), tree, tree_total, merged, _source_lines(trace, by_frame, top_lines))
+
+
+def _time_split(trace: Trace, *, dispatch_ns: int) -> TimeSplit:
+    """`trace.time_split()` without summing the ops table again."""
+    (compile_ns, execution_ns, sync_ns, transfer_ns, fallback_ns, collective_ns) = trace.sql(
+        "SELECT " + ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table})" for table in
+                              ("compiles", "executions", "syncs", "transfers", "fallbacks", "collectives"))
+    )[0]
+    return TimeSplit(trace.wall_ns(), compile_ns, execution_ns, dispatch_ns, sync_ns, transfer_ns, fallback_ns, collective_ns)
 
 
 def _module_tree(trace: Trace, rows: list[tuple[Any, ...]], leaves: int) -> tuple[list[TreeNode], int]:
@@ -512,7 +546,6 @@ def _module_tree(trace: Trace, rows: list[tuple[Any, ...]], leaves: int) -> tupl
 
 
 _SOURCE_TABLES = (
-    ("op dispatch", "ops"),
     ("sync stall", "syncs"),
     ("fallback", "fallbacks"),
     ("compile", "compiles"),
@@ -521,9 +554,12 @@ _SOURCE_TABLES = (
 )
 
 
-def _source_lines(trace: Trace, top: int) -> list[SourceLineRow]:
+def _source_lines(trace: Trace, ops_by_frame: dict[Any, list[int]], top: int) -> list[SourceLineRow]:
     parts: dict[Any, dict[str, int]] = defaultdict(dict)
     counts: dict[Any, dict[str, int]] = defaultdict(dict)
+    for frame_id, (count, total) in ops_by_frame.items():
+        parts[frame_id]["op dispatch"] = total
+        counts[frame_id]["op dispatch"] = count
     for label, table in _SOURCE_TABLES:
         for frame_id, count, total in trace.sql(
             f"SELECT frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table} GROUP BY frame_id"

@@ -8,6 +8,7 @@ treemap labels as a small subset of HTML, so every string that came from a trace
 
 from __future__ import annotations
 
+import functools
 import html
 import math
 from collections.abc import Sequence
@@ -120,7 +121,9 @@ def fmt_source(source: SourceLocation | None) -> str:
     return "?" if source is None else f"{source.short} in {source.function}"
 
 
+@functools.lru_cache(maxsize=65_536)
 def _fmt_field(name: str, value: Any) -> str:
+    """One hover field's value, formatted and escaped (cached: traces repeat ops, shapes and lines)."""
     if value is None:
         return "–"
     if isinstance(value, SourceLocation):
@@ -139,12 +142,17 @@ def _fmt_field(name: str, value: Any) -> str:
 
 
 def _hover_lines(title: str, fields: Sequence[str], values: Sequence[Any]) -> str:
-    lines = [title]
+    """Hover text: a title, then one `field: value` line per known value."""
+    parts = [title]
     for name, value in zip(fields, values):
-        if value is None:
-            continue
-        lines.append(f"{esc(name.replace('_', ' '))}: {_fmt_field(name, value)}")
-    return "<br>".join(lines)
+        if value is not None:
+            parts.append(f"{_field_label(name)}: {_fmt_field(name, value)}")
+    return "<br>".join(parts)
+
+
+@functools.lru_cache(maxsize=256)
+def _field_label(name: str) -> str:
+    return esc(name.replace("_", " "))
 
 
 def _base_layout(figure: go.Figure, *, height: int, title: str | None = None, **layout: Any) -> go.Figure:
@@ -207,7 +215,7 @@ def plot_timeline(data: TimelineData) -> go.Figure:
     )
     figure.update_xaxes(title_text="time since the run started (s)", showgrid=True, zeroline=False)
     return _base_layout(
-        figure, height=max(260, 70 + lane_height * len(data.lanes)), hovermode="closest", dragmode="zoom",
+        figure, height=max(70 + lane_height * len(data.lanes), 60 + 26 * len(seen_kinds)), hovermode="closest", dragmode="zoom",
         margin={"l": 190, "r": 10, "t": 30, "b": 50},
         legend={"orientation": "v", "yanchor": "top", "y": 1, "x": 1.01, "xanchor": "left"},
     )
@@ -324,7 +332,7 @@ def plot_time_split(data: WhereData) -> go.Figure:
                          annotation_text=label, annotation_position="top")
     figure.update_yaxes(autorange="reversed")
     figure.update_xaxes(title_text="seconds, summed over events")
-    return _base_layout(figure, height=300, margin={"l": 140, "r": 20, "t": 30, "b": 50})
+    return _base_layout(figure, height=320, margin={"l": 140, "r": 20, "t": 50, "b": 50})
 
 
 def plot_where_treemap(data: WhereData) -> go.Figure:
@@ -617,7 +625,11 @@ def plot_compare_steps(data: ComparisonData) -> go.Figure:
             hoverinfo="text",
         ))
     figure.update_xaxes(title_text="step", dtick=1)
-    figure.update_yaxes(title_text="step time (ms)")
+    durations = [dur for side in (data.before, data.after) for _, dur in side.step_durations_ns if dur > 0]
+    if durations and max(durations) > LOG_SCALE_RANGE * min(durations):
+        figure.update_yaxes(type="log", title_text="step time (ms, log scale)")
+    else:
+        figure.update_yaxes(title_text="step time (ms)")
     return _base_layout(figure, height=340, barmode="group")
 
 

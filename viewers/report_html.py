@@ -110,7 +110,7 @@ def _plotlyjs_tag(mode: PlotlyJsMode) -> str:
 
 
 def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, numeric: Sequence[bool] | None = None,
-           caption: str | None = None) -> str:
+           caption: str | None = None, narrow: bool = False) -> str:
     """An HTML table; cells must already be escaped (headers are escaped here)."""
     numeric = numeric or [False] * len(headers)
     head = "".join(f'<th class="{"num" if is_number else ""}">{esc(header)}</th>' for header, is_number in zip(headers, numeric))
@@ -119,7 +119,7 @@ def _table(headers: Sequence[str], rows: Iterable[Sequence[str]], *, numeric: Se
         for row in rows
     )
     caption_html = f"<caption>{esc(caption)}</caption>" if caption else ""
-    return f'<table class="tp-table">{caption_html}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    return f'<table class="tp-table{" tp-narrow" if narrow else ""}">{caption_html}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
 def _note(text_html: str) -> str:
@@ -505,13 +505,13 @@ def _compare_table(data: ComparisonData) -> str:
         ("compile time", before.compile_ns, after.compile_ns, "ns"),
     ]
     split_after = dict(after.time_split)
-    rows.extend((label, ns, split_after.get(label), "ns") for label, ns in before.time_split)
+    rows.extend((label, ns, split_after.get(label), "ns") for label, ns in before.time_split if label != "compile")
     cells = []
     for label, old, new, unit in rows:
         show = (lambda value: fmt_ns(value) if value is not None else "–") if unit == "ns" else (
             lambda value: f"{int(value):,}" if value is not None else "–")
         cells.append([esc(label), esc(show(old)), esc(show(new)), esc(change(old, new))])
-    return _table(["", "before", "after", "after / before"], cells, numeric=[False, True, True, True])
+    return _table(["", "before", "after", "after / before"], cells, numeric=[False, True, True, True], narrow=True)
 
 
 def render_comparison(data: ComparisonData, *, plotlyjs: PlotlyJsMode = "inline") -> str:
@@ -578,7 +578,8 @@ footer { padding: 12px 24px; font-size: 12px; }
 .tp-muted { color: var(--muted); font-weight: normal; }
 .tp-facts { border-collapse: collapse; font-size: 13px; }
 .tp-facts th { text-align: left; padding: 1px 14px 1px 0; color: var(--muted); font-weight: 500; white-space: nowrap; vertical-align: top; }
-.tp-facts td { padding: 1px 0; word-break: break-all; }
+.tp-facts td { padding: 1px 16px 1px 0; word-break: break-all; }
+.tp-narrow { max-width: 760px; }
 .tp-section { padding: 18px 0 8px; border-bottom: 1px solid var(--line); }
 .tp-row { display: flex; gap: 20px; align-items: flex-start; }
 .tp-main { flex: 3 1 0; min-width: 0; }
