@@ -56,22 +56,10 @@ def silu(self: Array) -> Array:
     return x * jax.nn.sigmoid(x)
 
 
-@lowers(aten.silu_backward.default)
-def silu_backward(grad_output: Array, self: Array) -> Array:
-    sig = jax.nn.sigmoid(self)
-    return grad_output * sig * (1.0 + self * (1.0 - sig))
-
-
 @lowers(aten.mish.default)
 def mish(self: Array) -> Array:
     x = to_float(self)
     return x * jnp.tanh(jax.nn.softplus(x))
-
-
-@lowers(aten.mish_backward.default)
-def mish_backward(grad_output: Array, self: Array) -> Array:
-    tanh_sp = jnp.tanh(jax.nn.softplus(self))
-    return grad_output * (tanh_sp + self * jax.nn.sigmoid(self) * (1.0 - tanh_sp * tanh_sp))
 
 
 @lowers(aten.hardswish.default)

@@ -2,9 +2,9 @@
 
 Half-precision inputs compute in float32 (the dispatcher casts results back), as torch's CPU kernels
 accumulate. Backward ops use the saved statistics they are given, so they agree with a forward that
-ran elsewhere. Batch norm that must update running statistics in place (`native_batch_norm` in
-training mode with running stats) is left to torch's decomposition or the host, since its schema does
-not declare the write.
+ran elsewhere. `native_batch_norm` is not lowered: in training it updates the running statistics in
+place although its schema does not declare the write, so it runs as torch's decomposition, whose
+`copy_` into the running statistics reaches the device.
 """
 
 from __future__ import annotations
@@ -362,15 +362,6 @@ def batch_norm_no_update(input: Array, weight: Array | None, bias: Array | None,
     else:
         out, mean, invstd = batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps)
     return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
-
-
-@lowers(aten.native_batch_norm.default)
-def native_batch_norm(input: Array, weight: Array | None, bias: Array | None, running_mean: Array | None, running_var: Array | None, training: bool, momentum: float, eps: float) -> tuple[Array, Array, Array]:  # noqa: A002
-    if training and running_mean is not None:
-        raise UnloweredCase("native_batch_norm updates running statistics in place")
-    if training or running_mean is None:
-        return batch_norm_no_stats(input, weight, bias, True, momentum, eps)
-    return batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps)
 
 
 @lowers(aten.native_batch_norm_backward.default)

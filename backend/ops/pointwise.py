@@ -197,7 +197,7 @@ def logical_not(self: Array) -> Array:
     return self == 0
 
 
-@lowers(aten.conj_physical.default, aten._conj_physical.default, aten._conj.default)
+@lowers(aten._conj_physical.default, aten._conj.default)
 def conj(self: Array) -> Array:
     return jnp.conj(self) if is_complex(self) else self
 

@@ -60,7 +60,9 @@ def polygamma(n: int, self: Array) -> Array:
     correction = jnp.zeros_like(x)
     for j in range(_POLYGAMMA_SHIFTS):
         correction = correction + jnp.where(j < shift, (x + j) ** -(n + 1), 0)
-    return special.polygamma(n, x + shift) - (-1) ** n * math.factorial(n) * correction
+    value = special.polygamma(n, x + shift) - (-1) ** n * math.factorial(n) * correction
+    pole = jnp.full_like(x, jnp.inf if n % 2 else -jnp.inf)
+    return jnp.where(x == 0, pole, value)
 
 
 @lowers(aten.mvlgamma.default)
