@@ -6,24 +6,27 @@ described in `shared/notes/xprof-format.md`. Each file holds one `XSpace` with:
 - one `/device:TPU:<chip>` plane per chip, with the target chip's peaks as plane stats and three
   lines: `Steps` (one event per training step), `XLA Modules` (one event per program execution) and
   `XLA Ops` (the ATen ops of each execution, or XLA's fusions when a program has no recorded ops);
-  an op's properties (`hlo_category`, `tf_op` as `module.path/aten_op:aten_op`, `source` as
-  `file:line`, `flops`, `bytes_accessed`, `memory_access_breakdown`) are stats of its event metadata;
+  an op's properties (`hlo_category`, `tf_op`, `source` as `file:line`, `flops`, `bytes_accessed`,
+  `memory_access_breakdown`) are stats of its event metadata, where XProf reads them;
 - a `/host:CPU` plane with the Python side: op dispatch, flushes, compiles (with their reasons),
   syncs, transfers, CPU fallbacks, collectives and annotated ranges, one line each.
 
-Time inside a program is an estimate. The trace records when each program ran on a chip, not when
-each op inside it ran, so the program's measured time is shared out among its ops in proportion to a
-roofline estimate on the target chip: XLA's FLOPs and bytes for the program, split by each op's
-FLOPs and bytes derived from its shapes. Op events say so in their `time_estimate` stat.
+Two things on the chip are estimates, and say so:
+- Time inside a program. The trace records when each program ran on a chip, not when each op inside
+  it ran, so the program's measured time is shared out among its ops in proportion to a roofline
+  estimate on the target chip (XLA's FLOPs and bytes for the program, split by each op's FLOPs and
+  bytes derived from its shapes). Op metadata carries a `time_estimate` stat.
+- When a program started. A recorded execution runs from when the host queued the program until it
+  finished, so executions overlap; the chip runs one at a time, so each starts here when the one
+  before it ended (`queued_behind_previous_ns` says by how much it moved).
 
-The device timeline model (`device_runs`, `TargetChip`, `op_cost`) is shared with the Perfetto
-export. Nothing here imports torch or jax; strings from the trace are only ever data.
+The device timeline model (`device_runs`, `ProgramRun`, `TargetChip`, `op_cost`) is shared with
+the Perfetto export. Nothing here imports torch or jax; strings from the trace are only ever data.
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
 import math
 import re
 from array import array
@@ -41,19 +44,23 @@ TIME_ESTIMATE_NOTE = "estimate: the program's measured time split by a roofline 
 HOST_PLANE = "/host:CPU"
 DEVICE_PLANE_PREFIX = "/device:TPU:"
 _PS_PER_NS = 1000
-_GIB = 1 << 30
 
 
 # -- target chips -----------------------------------------------------------------------------------
 
+# JAX's device_kind for each generation, which XProf shows as the device type.
+_DEVICE_KINDS = {"v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite", "v7": "TPU7x"}
+
 
 @dataclass(frozen=True)
 class TargetChip:
-    """The peaks of a TPU generation that XProf's roofline figures and the op time estimate use."""
+    """The peaks of the chip an export is drawn for (from `tputrace.analysis.chips`): XProf's
+    utilisation figures and the op time estimate use them. Peaks per ns: FLOPs and bytes."""
 
     name: str
     device_type: str
     peak_teraflops_per_second: float
+    fp32_peak_teraflops_per_second: float
     hbm_gigabytes_per_second: float
     hbm_bytes: int
     source: str
@@ -63,76 +70,28 @@ class TargetChip:
         return self.peak_teraflops_per_second * 1e3
 
     @property
+    def fp32_peak_flops_per_ns(self) -> float:
+        return self.fp32_peak_teraflops_per_second * 1e3
+
+    @property
     def hbm_bytes_per_ns(self) -> float:
         return self.hbm_gigabytes_per_second
 
 
-# Peak dense bf16 FLOP/s, HBM bandwidth and capacity per chip, from Google Cloud's TPU pages (checked
-# 2026): v4 https://cloud.google.com/tpu/docs/v4, v5e https://cloud.google.com/tpu/docs/v5e,
-# v5p https://cloud.google.com/tpu/docs/v5p, v6e https://cloud.google.com/tpu/docs/v6e,
-# v7 (TPU7x, Ironwood) https://cloud.google.com/tpu/docs/tpu7x. `device_type` is JAX's device_kind.
-CHIPS: dict[str, TargetChip] = {
-    chip.name: chip
-    for chip in (
-        TargetChip("v4", "TPU v4", 275.0, 1200.0, 32 * _GIB, "https://cloud.google.com/tpu/docs/v4"),
-        TargetChip("v5e", "TPU v5 lite", 197.0, 819.0, 16 * 10**9, "https://cloud.google.com/tpu/docs/v5e"),
-        TargetChip("v5p", "TPU v5", 459.0, 2765.0, 95 * _GIB, "https://cloud.google.com/tpu/docs/v5p"),
-        TargetChip("v6e", "TPU v6 lite", 918.0, 1638.0, 32 * 10**9, "https://cloud.google.com/tpu/docs/v6e"),
-        TargetChip("v7", "TPU7x", 2307.0, 7380.0, 192 * _GIB, "https://cloud.google.com/tpu/docs/tpu7x"),
-    )
-}
-
-
 def target_chip(name: str = DEFAULT_TARGET) -> TargetChip:
-    """The chip called `name` (v4, v5e, v5p, v6e, v7): from the analysis chip model when it knows it,
-    else from `CHIPS`. Raises `TputraceError` naming the known chips for an unknown name."""
-    from tputrace.store.errors import TputraceError
+    """The chip called `name` (v5e, v5p, v6e, v7, ...); raises `TputraceError` naming the known ones."""
+    from tputrace.analysis import chips
 
-    key = name.strip().lower().removeprefix("tpu").strip(" -_")
-    modelled = _chip_from_analysis_model(key)
-    if modelled is not None:
-        return modelled
-    chip = CHIPS.get(key) or CHIPS.get({"7": "v7", "7x": "v7", "ironwood": "v7", "trillium": "v6e"}.get(key, ""))
-    if chip is None:
-        raise TputraceError(f"unknown target chip {name!r}; known: {', '.join(CHIPS)}")
-    return chip
-
-
-def _chip_from_analysis_model(key: str) -> TargetChip | None:
-    """The chip from `tputrace.analysis.chips` when that module exists and describes `key`."""
-    try:
-        chips = importlib.import_module("tputrace.analysis.chips")
-    except ImportError:
-        return None
-    lookup = getattr(chips, "get_chip", None) or getattr(chips, "chip", None)
-    try:
-        model = lookup(key) if callable(lookup) else getattr(chips, "CHIPS", {}).get(key)
-    except Exception:  # an unknown name there: fall back to our own table, which raises if it is unknown too
-        return None
-    if model is None:
-        return None
-    peak_flops = _first_attribute(model, ("peak_bf16_flops", "bf16_flops", "peak_flops_bf16", "peak_flops"))
-    hbm_bandwidth = _first_attribute(model, ("hbm_bandwidth", "hbm_bytes_per_second", "hbm_bandwidth_bytes_per_second"))
-    hbm_bytes = _first_attribute(model, ("hbm_bytes", "hbm_capacity_bytes", "hbm_capacity"))
-    if not peak_flops or not hbm_bandwidth:
-        return None
-    own = CHIPS.get(key)
+    model = chips.chip(name)
     return TargetChip(
-        name=key,
-        device_type=str(getattr(model, "device_kind", None) or (own.device_type if own else f"TPU {key}")),
-        peak_teraflops_per_second=float(peak_flops) / 1e12,
-        hbm_gigabytes_per_second=float(hbm_bandwidth) / 1e9,
-        hbm_bytes=int(hbm_bytes or (own.hbm_bytes if own else 0)),
-        source="tputrace.analysis.chips",
+        name=model.name,
+        device_type=_DEVICE_KINDS.get(model.name, model.label),
+        peak_teraflops_per_second=model.peak_bf16_flops / 1e12,
+        fp32_peak_teraflops_per_second=model.peak_fp32_flops / 1e12,
+        hbm_gigabytes_per_second=model.hbm_bandwidth / 1e9,
+        hbm_bytes=int(model.hbm_bytes),
+        source=f"{model.label}: {model.sources.get('peak_bf16_flops', 'tputrace.analysis.chips')}",
     )
-
-
-def _first_attribute(model: Any, names: Sequence[str]) -> Any:
-    for name in names:
-        value = getattr(model, name, None)
-        if isinstance(value, (int, float)) and value > 0:
-            return value
-    return None
 
 
 # -- op cost from shapes ----------------------------------------------------------------------------
@@ -199,11 +158,13 @@ def aten_base_name(op: str | None) -> str:
 
 
 class OpCost(NamedTuple):
-    """An op's work estimated from its shapes: FLOPs, and bytes read (inputs) and written (outputs)."""
+    """An op's work estimated from its shapes: FLOPs, bytes read (inputs) and written (outputs), and
+    whether it computes in 32 or 64-bit floats (slower on the MXU)."""
 
     flops: float
     read_bytes: float
     write_bytes: float
+    wide_floats: bool = False
 
     @property
     def bytes_accessed(self) -> float:
@@ -230,7 +191,8 @@ def op_cost(op: str | None, inputs: str | None, outputs: str | None) -> OpCost:
         flops = 4.0 * query.elements * key.dims[-2]
         if base.endswith("backward"):
             flops *= 2
-    return OpCost(flops, read_bytes, write_bytes)
+    wide_floats = bool(input_tensors) and input_tensors[0].dtype in ("f32", "f64", "tf32")
+    return OpCost(flops, read_bytes, write_bytes, wide_floats)
 
 
 _OP_TYPE = re.compile(r"[a-z_][a-z0-9_]*")
@@ -443,9 +405,10 @@ def device_runs(tables: TraceTables, rank: int, chip: TargetChip, *, on_op: Call
 
     The ops table is read once, in file order, and `on_op` (when given) sees every raw op row of the
     rank, so that a caller can draw host dispatch from the same scan. A flush's ops are written
-    together, so they are contiguous; when they are not, `FlushesInterleaved` is raised before a run
-    is wrong, and the caller should start again with `sorted_by_flush=True` (slower; `on_op` then
-    sees only the ops that ran in flushes).
+    together, so they are contiguous; when they are not, `FlushesInterleaved` is raised as soon as
+    that shows (a run yielded before may lack ops), and the caller should drop what it got and start
+    again with `sorted_by_flush=True` (slower; `on_op` then sees only the ops that ran in flushes).
+    `scan_rank` does all that.
     """
     trace = tables.trace
     if not trace.sql("SELECT 1 FROM executions WHERE rank = ? LIMIT 1", (rank,)):
@@ -567,7 +530,7 @@ def _place(run: ProgramRun, program: ProgramInfo | None, chip: TargetChip, costs
     """Share the program's XLA FLOPs and bytes among its ops by their estimates, then its measured
     time by each op's roofline time on the target chip; the ops follow each other in program order."""
     count = len(costs)
-    flops_estimates, read_estimates, write_estimates = zip(*costs)
+    flops_estimates, read_estimates, write_estimates, wide_floats = zip(*costs)
     flops_estimate = sum(flops_estimates)
     bytes_estimate = sum(read_estimates) + sum(write_estimates)
     program_flops = program.flops if program is not None and program.flops is not None else flops_estimate
@@ -583,10 +546,11 @@ def _place(run: ProgramRun, program: ProgramInfo | None, chip: TargetChip, costs
         write_bytes = [value * scale for value in write_estimates]
     else:
         read_bytes = write_bytes = [program_bytes / count / 2] * count
-    ns_per_flop, ns_per_byte = 1.0 / chip.peak_flops_per_ns, 1.0 / chip.hbm_bytes_per_ns
-    roofline_ns = [compute if compute > memory else memory
-                   for compute, memory in zip([value * ns_per_flop for value in flops],
-                                              [(read + write) * ns_per_byte for read, write in zip(read_bytes, write_bytes)])]
+    ns_per_flop, ns_per_wide_flop = 1.0 / chip.peak_flops_per_ns, 1.0 / chip.fp32_peak_flops_per_ns
+    ns_per_byte = 1.0 / chip.hbm_bytes_per_ns
+    compute_ns = [value * (ns_per_wide_flop if wide else ns_per_flop) for value, wide in zip(flops, wide_floats)]
+    memory_ns = [(read + write) * ns_per_byte for read, write in zip(read_bytes, write_bytes)]
+    roofline_ns = [compute if compute > memory else memory for compute, memory in zip(compute_ns, memory_ns)]
     total_ns = sum(roofline_ns)
     if total_ns:
         scale = run.dur_ns / total_ns

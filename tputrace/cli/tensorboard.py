@@ -8,6 +8,7 @@ neither). Prints the URL; Ctrl-C stops the server and removes the logdir.
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 import tempfile
@@ -48,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
             exports = xplane.export_tensorboard(trace, logdir, target=args.target or xplane.DEFAULT_TARGET)
         run_name = exports[0].path.parent.name if exports else "run"
         server = XProfServer(Path(logdir), args.port)
+        print(f"tputrace: exported to {logdir}", file=sys.stderr)
         print(f"tputrace: XProf is serving {args.trace} (run {run_name}) at {server.url}", file=sys.stderr)
         print("tputrace: op times inside programs are estimates; press Ctrl-C to stop", file=sys.stderr)
         try:
@@ -74,7 +76,7 @@ class XProfServer:
     accepts connections.
     """
 
-    def __init__(self, logdir: Path, port: int = 0) -> None:
+    def __init__(self, logdir: Path, port: int = 0, *, quiet: bool = True) -> None:
         from cheroot import wsgi
         from xprof import server as xprof_server
 
@@ -85,6 +87,8 @@ class XProfServer:
         plugin = xprof_server.ProfilePluginLoader().load(context)
         if plugin is None:
             raise TputraceError("xprof's profile plugin could not be loaded")
+        if quiet:
+            _quiet_xprof_logs()  # after loading: loading the plugin sets its loggers' levels
         self._server = wsgi.Server((HOST, port), xprof_server.make_wsgi_app(plugin))
         self._server.prepare()  # binds now, so that the port (also a chosen free one) is known
         self._thread: threading.Thread | None = None
@@ -116,6 +120,23 @@ class XProfServer:
         self._server.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+class _CacheMissFilter(logging.Filter):
+    """Drops xprof's report (with a traceback) that a fresh logdir has no tools cache yet."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return ".cached_tools.json" not in record.getMessage()
+
+
+def _quiet_xprof_logs() -> None:
+    """xprof logs every request at INFO; keep its warnings and errors, except an empty cache's."""
+    profile_logger = logging.getLogger("tensorboard.plugins.profile")
+    profile_logger.setLevel(logging.WARNING)
+    if not any(isinstance(existing, _CacheMissFilter) for existing in profile_logger.filters):
+        profile_logger.addFilter(_CacheMissFilter())
+    for name in ("tensorboard", "tensorboard-plugin-profile"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 
 def _port_is_free(port: int) -> bool:
