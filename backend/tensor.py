@@ -10,6 +10,7 @@ as in torch.
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 import jax
@@ -78,6 +79,101 @@ class Buffer:
         self.array = array
         self.version += 1
 
+    def release(self) -> None:
+        """Drop the array and stop counting its bytes: the storage resized to 0, as FSDP2 does to an
+        unsharded parameter between uses. Views of the buffer stay views; reading one is an error."""
+        if type(self.array) is ReleasedArray:
+            return
+        self.array = ReleasedArray(tuple(self.array.shape), self.array.dtype)
+        _live[self.chip] -= self.nbytes
+        self.nbytes = 0
+        self.version += 1
+
+    def restore(self) -> None:
+        """Give a released buffer a new zero-filled array of its old shape and dtype (storage resized back)."""
+        released = self.array
+        if type(released) is not ReleasedArray:
+            return
+        import jax.numpy as jnp
+
+        from tputrace.backend import chips
+
+        self.array = jnp.zeros(released.shape, released.dtype, device=chips.device(self.chip))
+        self.nbytes = released.nbytes
+        self.version += 1
+        memory.allocate(self.chip, released.nbytes)
+
+
+class ReleasedArray:
+    """What a released buffer holds: the shape and dtype to restore, and no data."""
+
+    __slots__ = ("shape", "dtype", "nbytes")
+
+    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
+        self.shape = shape
+        self.dtype = dtype
+        count = 1
+        for size in shape:
+            count *= size
+        self.nbytes = count * dtype.itemsize
+
+    def __jax_array__(self) -> Any:
+        raise RuntimeError("this tpu tensor's storage was freed (untyped_storage().resize_(0)); resize it back before using the tensor")
+
+
+class BufferStorage(torch.UntypedStorage):
+    """What `untyped_storage()` returns for a tpu tensor: the buffer's size in bytes, and `resize_`
+    to 0 (release the buffer) and back to its size (restore it). Anything else raises. The object is
+    an empty meta storage underneath, so identity, weak references and isinstance checks behave as
+    for other storages; there is one per buffer while it is referenced."""
+
+    _tpu_buffer: Buffer
+
+    def size(self) -> int:
+        return self._tpu_buffer.nbytes if type(self._tpu_buffer.array) is not ReleasedArray else 0
+
+    def nbytes(self) -> int:
+        return self.size()
+
+    @property
+    def device(self) -> torch.device:  # type: ignore[override]
+        return torch_device(self._tpu_buffer.chip)
+
+    def data_ptr(self) -> int:
+        """Not an address: a nonzero number unique to the live buffer, 0 while it is released."""
+        return 0 if type(self._tpu_buffer.array) is ReleasedArray else id(self._tpu_buffer)
+
+    def resize_(self, size: int) -> "BufferStorage":  # type: ignore[override]
+        buf = self._tpu_buffer
+        full = buf.array.nbytes if type(buf.array) is ReleasedArray else _array_nbytes(buf.array)
+        if size == 0:
+            buf.release()
+        elif size == full:
+            buf.restore()
+        else:
+            raise RuntimeError(f"a tpu storage can only be resized to 0 or back to its size ({full} bytes), not {size}")
+        return self
+
+
+def _array_nbytes(array: Any) -> int:
+    count = 1
+    for size in array.shape:
+        count *= size
+    return count * array.dtype.itemsize
+
+
+_storages: "weakref.WeakValueDictionary[int, BufferStorage]" = weakref.WeakValueDictionary()
+
+
+def buffer_storage(buf: Buffer) -> BufferStorage:
+    """The storage object of a buffer (the same object while anyone holds it)."""
+    storage = _storages.get(id(buf))
+    if storage is None or storage._tpu_buffer is not buf:
+        storage = BufferStorage(0, device="meta")
+        storage._tpu_buffer = buf
+        _storages[id(buf)] = storage
+    return storage
+
 
 _DEVICES: dict[int, torch.device] = {}
 _make_wrapper = torch.Tensor._make_wrapper_subclass
@@ -133,6 +229,10 @@ class TpuTensor(torch.Tensor):
     @property
     def chip(self) -> int:
         return self._buf.chip
+
+    def untyped_storage(self) -> BufferStorage:
+        """The buffer's storage: its size, and resizing to 0 and back (how FSDP2 frees parameters)."""
+        return buffer_storage(self._buf)
 
     def _host_copy(self, kind: str) -> torch.Tensor:
         with _SyncKind(kind):

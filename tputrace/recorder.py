@@ -303,6 +303,31 @@ class Recorder:
         writer = self.writer
         writer.append("fallbacks", (self.rank, writer.intern(op), writer.intern(inputs), chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
 
+    def collective(
+        self,
+        kind: str,
+        nbytes: int,
+        dtype: str,
+        group: str,
+        ranks: str,
+        frame_id: int | None,
+        start_ns: int,
+        dur_ns: int,
+        wait_ns: int | None,
+        algorithm: str | None,
+        bus_bandwidth: float | None,
+        step: int,
+    ) -> None:
+        """A collective finished (called from any thread). `start_ns` is a perf_counter time: when this
+        rank's data entered the transport; `frame_id` and `step` are those of the issuing call."""
+        if not self.enabled:
+            return
+        writer = self.writer
+        writer.append(
+            "collectives",
+            (self.rank, kind, nbytes, dtype, writer.intern(group), writer.intern(ranks), frame_id, start_ns - self.t0, dur_ns, wait_ns, algorithm, bus_bandwidth, step),
+        )
+
     def _maybe_sample_memory(self, force: bool = False) -> None:
         now = _perf_ns()
         if not force and now - self._last_memory_sample < _MEMORY_SAMPLE_INTERVAL_NS:

@@ -1,7 +1,9 @@
 """Distributed training on `tpu`: the c10d backend "tpu" (`dist.init_process_group("tpu")`), the
 functional collectives DTensor and FSDP2 use, FSDP2's storage freeing, and collective trace rows.
 
-`register()` runs once when the backend loads (from `tputrace.backend.registration`).
+`register()` runs when the backend loads (from `tputrace.backend.registration`) and only registers the
+c10d backend; the op handlers are installed when the first tpu process group is created, so that
+importing the backend does not import FSDP and DTensor.
 """
 
 from __future__ import annotations
@@ -18,8 +20,22 @@ def register() -> None:
 
     if not dist.is_available():
         return
-    from tputrace.backend.distributed import functional, process_group
+    from tputrace.backend.distributed import process_group
 
     process_group.register_backend()
-    functional.register()
     _registered = True
+
+
+_handlers_installed = False
+
+
+def install_op_handlers() -> None:
+    """Route the functional collectives and FSDP2's ops on tpu tensors to their handlers (once)."""
+    global _handlers_installed
+    if _handlers_installed:
+        return
+    from tputrace.backend.distributed import fsdp, functional
+
+    functional.register()
+    fsdp.register()
+    _handlers_installed = True

@@ -291,6 +291,9 @@ def _when_done(host_works: list[dist.Work], finish: Callable[[], list[torch.Tens
 
 def _create(options: Any, backend_options: Any) -> TpuProcessGroup:
     """c10d's creator for the "tpu" backend (extended API: it tells us the group's global ranks)."""
+    from tputrace.backend.distributed import install_op_handlers
+
+    install_op_handlers()
     return TpuProcessGroup(options.store, options.group_rank, options.group_size, options.timeout, list(options.global_ranks_in_group))
 
 
