@@ -7,7 +7,6 @@ keymap. Each view loads and shows its own data.
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
@@ -97,8 +96,6 @@ class TraceApp(App[None]):
         self.session = session
         self.user_keymap = dict(keymap or {})
         self.initial_view = initial_view
-        self.first_paint_at: float | None = None
-        """`time.perf_counter()` after the first screen was painted (for the load benchmark)."""
         self.register_theme(TERMINAL_THEME)
         self.theme = theme or "tputrace"
 
@@ -107,17 +104,14 @@ class TraceApp(App[None]):
         with TabbedContent(id="views", initial=self.initial_view):
             for index, (view_id, title) in enumerate(VIEW_ORDER, start=1):
                 with TabPane(f"{index} {title}", id=view_id):
-                    yield VIEW_CLASSES[view_id](self.session)
+                    # Other views are mounted when first shown (see `ensure_view`): a quicker first paint.
+                    if view_id == self.initial_view:
+                        yield VIEW_CLASSES[view_id](self.session)
         yield Footer()
 
     def on_mount(self) -> None:
         if self.user_keymap:
             self.set_keymap(self.user_keymap)
-        self.call_after_refresh(self._painted)
-
-    def _painted(self) -> None:
-        if self.first_paint_at is None:
-            self.first_paint_at = time.perf_counter()
 
     def _title_text(self) -> Text:
         trace = self.session.trace
@@ -140,30 +134,57 @@ class TraceApp(App[None]):
     def view(self, view_id: str) -> TraceView:
         return self.query_one(f"#view-{view_id}", TraceView)
 
+    def mounted_view(self, view_id: str) -> TraceView | None:
+        """The view, or None if it has not been shown yet (views are mounted when first needed)."""
+        views = self.query(f"#view-{view_id}").results(TraceView)
+        return next(iter(views), None)
+
+    async def ensure_view(self, view_id: str) -> TraceView | None:
+        """The view, mounting it into its tab first if it has not been shown yet (None while the
+        app is closing and its tabs are gone)."""
+        view = self.mounted_view(view_id)
+        if view is None:
+            pane = next(iter(self.query(f"#{view_id}").results(TabPane)), None)
+            if pane is None or not pane.is_attached:
+                return None
+            view = VIEW_CLASSES[view_id](self.session)
+            await pane.mount(view)
+        return view
+
     def current_view(self) -> TraceView | None:
         active = self.query_one("#views", TabbedContent).active
-        return self.view(active) if active else None
+        return self.mounted_view(active) if active else None
 
     def action_show_view(self, view_id: str) -> None:
         tabs = self.query_one("#views", TabbedContent)
         if tabs.active == view_id:
             self._focus_view(view_id)
         else:
+            # Let go of focus first: when a focused widget is hidden, Textual focuses a sibling in
+            # the tab being left, and TabbedContent, which follows focus, would switch back to it.
+            self.screen.set_focus(None)
             tabs.active = view_id
 
-    def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
+    async def on_tabbed_content_tab_activated(self, event: TabbedContent.TabActivated) -> None:
         if event.pane.id:
+            await self.ensure_view(event.pane.id)
             self._focus_view(event.pane.id)
 
     def _focus_view(self, view_id: str) -> None:
-        view = self.view(view_id)
+        view = self.mounted_view(view_id)
+        if view is None:
+            return
         view.ensure_loaded()
         primary = view.primary()
-        if primary is not None:
-            primary.focus()
+        # Focus at once, and only while the view's tab is the active one: a deferred focus landing
+        # in a tab the user has just left would switch back to it (TabbedContent follows focus).
+        if primary is not None and self.query_one("#views", TabbedContent).active == view_id:
+            self.screen.set_focus(primary)
 
-    def on_go_to_source(self, message: GoToSource) -> None:
-        self.query_one(SourceView).show_location(message.file, message.line)
+    async def on_go_to_source(self, message: GoToSource) -> None:
+        source = await self.ensure_view("source")
+        if isinstance(source, SourceView):
+            source.show_location(message.file, message.line)
         if message.switch:
             self.action_show_view("source")
 

@@ -21,9 +21,11 @@ from tputrace.tui.widgets import Row, StatusLine, TraceTable
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
+    from textual.timer import Timer
     from textual.widget import Widget
 
 INSTANCE_PAGE = 200
+FILTER_DELAY_S = 0.3
 GROUP_COLUMNS = (("count", "count"), ("total", "total"), ("mean", "mean"), ("share", "share"), ("", "bar"))
 INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), ("start", "start"), ("time", "dur"), ("inputs", "inputs"),
                     ("outputs", "outputs"), ("module", "module"), ("source", "source"))
@@ -41,6 +43,7 @@ class OpsView(TraceView):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.text_filter = ""
+        self._filter_timer: Timer | None = None
         self.groups: list[queries.OpGroup] = []
         self.sorted_groups: list[queries.OpGroup] = []
         self.group: queries.OpGroup | None = None
@@ -198,11 +201,18 @@ class OpsView(TraceView):
             self.load()
 
     def on_input_changed(self, event: Input.Changed) -> None:
+        # Filter as the user types, but only once typing pauses: each filter is a scan of all ops.
         event.stop()
-        self._set_filter(event.value)
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        value = event.value
+        self._filter_timer = self.set_timer(FILTER_DELAY_S, lambda: self._set_filter(value))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
+        if self._filter_timer is not None:
+            self._filter_timer.stop()
+        self._set_filter(event.value)
         self.filtering = False
         self.set_class(bool(self.text_filter), "-filtering")
         self.query_one("#ops-groups").focus()

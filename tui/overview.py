@@ -27,8 +27,10 @@ class OverviewView(TraceView):
     VIEW_ID = "overview"
 
     def compose(self) -> ComposeResult:
+        # The run's facts are cheap (no scan of the event tables), so the first paint shows them.
+        facts = queries.run_facts(self.session.trace, self.session.rank)
         with VerticalScroll(id="overview-scroll"):
-            yield Static(Text("loading the run…"), id="overview-facts", classes="section")
+            yield Static(facts_text(facts), id="overview-facts", classes="section")
             yield Static(Text("Step time", style="bold"), classes="heading")
             yield Static(Text("loading…"), id="overview-chart", classes="section")
             yield Static(Text("Where the time went", style="bold"), classes="heading")
@@ -84,8 +86,9 @@ def severity_style(severity: str) -> str:
     return {"critical": "bold red", "warning": "magenta"}.get(severity, "cyan")
 
 
-def facts_text(facts: queries.RunFacts, compiles: Any, step_count: int) -> Text:
-    """The run's facts as plain text lines (every value from the trace shown literally)."""
+def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | None = None) -> Text:
+    """The run's facts as plain text lines (every value from the trace shown literally); steps and
+    compiles once they are loaded."""
     text = Text()
     command = " ".join([facts.script or "(unknown script)", *facts.argv])
     text.append(command, style="bold")
@@ -95,10 +98,12 @@ def facts_text(facts: queries.RunFacts, compiles: Any, step_count: int) -> Text:
     text.append("\n" + " · ".join(part for part in details if part))
     ops = facts.counts.get("ops", 0)
     state = f"exit {facts.exit_status}" if facts.finished else "no end record (killed, or still running)"
-    text.append(
-        f"\nwall {fmt_ns(facts.wall_ns)} · {fmt_count(step_count)} steps · {fmt_count(ops)} ops · "
-        f"{fmt_count(compiles.count)} compiles ({fmt_count(compiles.recompiles)} recompiles, {fmt_ns(compiles.total_ns)}) · "
-    )
+    text.append(f"\nwall {fmt_ns(facts.wall_ns)} · ")
+    if step_count is not None:
+        text.append(f"{fmt_count(step_count)} steps · ")
+    text.append(f"{fmt_count(ops)} ops · ")
+    if compiles is not None:
+        text.append(f"{fmt_count(compiles.count)} compiles ({fmt_count(compiles.recompiles)} recompiles, {fmt_ns(compiles.total_ns)}) · ")
     text.append(state, style="" if facts.finished and not facts.exit_status else "bold red")
     if facts.error:
         last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error

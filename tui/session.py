@@ -1,13 +1,17 @@
 """The data source the TUI is given: an open trace, the rank on show, where to find sources, and
 results that several views share (computed once, on whichever worker thread asks first).
 
-No Textual here: the app is handed a `Session`, and tests can build one around any trace.
+Workers read through `reader()`, which lends each one a `Trace` of its own (a pool of read-only
+connections to the same file), so a long aggregation in one view never makes another view wait
+for a shared connection. No Textual here: the app is handed a `Session`, and tests can build one
+around any trace.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -30,6 +34,8 @@ class Session:
     source_roots: tuple[str, ...] = ()
     _cache: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _idle_readers: list[Trace] = field(default_factory=list, repr=False)
+    _readers: list[Trace] = field(default_factory=list, repr=False)
 
     @classmethod
     def open(cls, trace: Trace, *, rank: int | None = None, source_roots: Sequence[str] = ()) -> Session:
@@ -52,13 +58,42 @@ class Session:
         trace.frame(-1)
         queries.run_facts(trace, self.rank)
 
+    @contextmanager
+    def reader(self) -> Iterator[Trace]:
+        """A `Trace` on the same file for one worker's queries (opened on first need, then reused)."""
+        with self._lock:
+            trace = self._idle_readers.pop() if self._idle_readers else None
+        if trace is None:
+            from tputrace.store.reader import open_trace
+
+            trace = open_trace(Path(self.trace.path).resolve())
+            with self._lock:
+                self._readers.append(trace)
+        try:
+            yield trace
+        finally:
+            with self._lock:
+                self._idle_readers.append(trace)
+
+    def close(self) -> None:
+        """Close the readers the pool opened (not `trace`, which belongs to the caller)."""
+        with self._lock:
+            readers, self._readers, self._idle_readers = self._readers, [], []
+        for trace in readers:
+            trace.close()
+
     def shared(self, key: tuple[Any, ...], compute: Callable[[Trace], T]) -> T:
         """`compute(trace)` once per key; concurrent callers of the same key wait for the first."""
         with self._lock:
             entry = self._cache.get(key)
             if entry is None:
                 entry = self._cache[key] = _Once()
-        return entry.get(lambda: compute(self.trace))
+
+        def run() -> T:
+            with self.reader() as trace:
+                return compute(trace)
+
+        return entry.get(run)
 
     def findings(self) -> queries.FindingsResult:
         return self.shared(("findings",), queries.load_findings)

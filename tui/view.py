@@ -8,6 +8,7 @@ new request cancels the older one) and results of superseded requests are droppe
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from functools import partial
 from dataclasses import dataclass
@@ -80,6 +81,8 @@ class TraceView(Vertical):
         self._loaded_rank: int | None = None
         self.pending: set[str] = set()
         """Slots with a request in flight (tests and the bench wait for this to empty)."""
+        self.loaded_at: dict[str, float] = {}
+        """`time.perf_counter()` when each slot's latest result was shown (for the load benchmark)."""
 
     # -- loading ----------------------------------------------------------------------------------
 
@@ -119,7 +122,8 @@ class TraceView(Vertical):
         self._worker_slots[worker] = slot
 
     def _fetch(self, slot: str, generation: int, fetch: Fetch) -> None:
-        payload = fetch(self.session.trace)
+        with self.session.reader() as trace:
+            payload = fetch(trace)
         if not get_current_worker().is_cancelled:
             self.post_message(Loaded(slot, generation, payload))
 
@@ -129,6 +133,7 @@ class TraceView(Vertical):
             return
         self.pending.discard(message.slot)
         self.apply(message.slot, message.payload)
+        self.loaded_at[message.slot] = time.perf_counter()
 
     def on_worker_state_changed(self, event: Worker.StateChanged) -> None:
         slot = self._worker_slots.get(event.worker)

@@ -42,7 +42,7 @@ def literal(value: Any) -> RenderableType:
     return Text("" if value is None else str(value))
 
 
-class TraceTable(DataTable):
+class TraceTable(DataTable, inherit_bindings=False):
     """A row-cursor table that shows rows a page at a time.
 
     `show(rows, more=...)` replaces the rows; the first page is added at once and the next page when
@@ -52,7 +52,6 @@ class TraceTable(DataTable):
     Enter is not bound here, so it reaches the view's own (remappable) binding.
     """
 
-    inherit_bindings = False
     BINDINGS: ClassVar[list[BindingType]] = [
         Binding("up,k", "cursor_up", "Up", show=False),
         Binding("down,j", "cursor_down", "Down", show=False),

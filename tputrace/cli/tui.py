@@ -60,12 +60,15 @@ def open_ui(
             ranks = ", ".join(str(candidate) for candidate in trace.ranks)
             raise TputraceError(f"{trace_path} has no rank {rank} (ranks: {ranks})")
         session = Session.open(trace, rank=rank, source_roots=source_roots or [])
-        session.check()
-        from tputrace.tui.app import TraceApp, theme_names
+        try:
+            session.check()
+            from tputrace.tui.app import TraceApp, theme_names
 
-        if theme is not None and theme not in theme_names():
-            raise TputraceError(f"no theme {theme!r}; themes: {', '.join(theme_names())}")
-        TraceApp(session, keymap=keymap, theme=theme, initial_view=view).run()
+            if theme is not None and theme not in theme_names():
+                raise TputraceError(f"no theme {theme!r}; themes: {', '.join(theme_names())}")
+            TraceApp(session, keymap=keymap, theme=theme, initial_view=view).run()
+        finally:
+            session.close()
     finally:
         trace.close()
     return 0
