@@ -72,6 +72,12 @@ class PageResult:
         return int(self.body_attribute("data-figures-rendered") or -1)
 
     @property
+    def render_ms(self) -> int | None:
+        """Milliseconds from navigation until the page had drawn every figure (the page's own clock)."""
+        value = self.body_attribute("data-render-ms")
+        return int(value) if value is not None else None
+
+    @property
     def figure_ids(self) -> list[str]:
         return re.findall(r'<div class="tp-figure[^"]*" id="([^"]+)"', self.dom)
 

@@ -284,6 +284,20 @@ def test_report_is_self_contained(sample_report: Path) -> None:
     assert "Findings, most expensive first" in text or "No finding" in text or "found nothing" in text
 
 
+def test_empty_and_killed_traces_still_give_a_page(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.tptrace"
+    with TraceWriter(empty, created_unix_ns=START_UNIX_NS):
+        pass
+    killed = build_sample_trace(tmp_path / "killed.tptrace", steps=2, finished=False)
+    for trace_path in (empty, killed):
+        output = trace_path.with_suffix(".html")
+        report_html.write_report(trace_path, output)
+        text = output.read_text(encoding="utf-8")
+        assert all(f'<section id="{key}"' in text for key in plotly_data.SECTIONS)
+    assert "no timed events in this trace" in empty.with_suffix(".html").read_text(encoding="utf-8")
+    assert "running or killed (no end record)" in killed.with_suffix(".html").read_text(encoding="utf-8")
+
+
 def test_plotlyjs_from_the_cdn(sample_trace_path: Path, tmp_path: Path) -> None:
     output = tmp_path / "cdn.html"
     assert main(["plot", str(sample_trace_path), "-o", str(output), "--plotlyjs", "cdn"]) == 0

@@ -74,8 +74,8 @@ SIDE_COLORS = {"before": "#9aa3ad", "after": "#4c78a8"}
 # Draw the target's HBM size on the memory plot only when the peak comes within this share of it
 # (otherwise the line would squash the curve; the section's note gives the share instead).
 HBM_LINE_SHARE = 0.1
-# Step times spanning more than this ratio (a compile-heavy first step) use a log axis.
-LOG_SCALE_RANGE = 30
+# Step times spanning more than this ratio (compile-heavy first steps) use a log axis.
+LOG_SCALE_RANGE = 10
 
 
 # -- formatting -----------------------------------------------------------------------------------------
@@ -215,7 +215,8 @@ def plot_timeline(data: TimelineData) -> go.Figure:
     )
     figure.update_xaxes(title_text="time since the run started (s)", showgrid=True, zeroline=False)
     return _base_layout(
-        figure, height=max(70 + lane_height * len(data.lanes), 60 + 26 * len(seen_kinds)), hovermode="closest", dragmode="zoom",
+        figure, height=max(80 + lane_height * len(data.lanes), 100 + 30 * len(seen_kinds), 240), hovermode="closest",
+        dragmode="zoom",
         margin={"l": 190, "r": 10, "t": 30, "b": 50},
         legend={"orientation": "v", "yanchor": "top", "y": 1, "x": 1.01, "xanchor": "left"},
     )

@@ -8,7 +8,8 @@ Safety: every string from a trace or an analysis is escaped before it reaches th
 figure JSON sits in `<script type="application/json">` blocks with `<`, `>` and `&` written as JSON
 escapes, so no trace text can close a tag or start a script. The page records its own errors
 (`window.onerror`, unhandled rejections, `console.error`) in `#tputrace-errors` and marks each figure
-`data-rendered="true"` once plotly has drawn it, so a headless browser can check it.
+`data-rendered="true"` once plotly has drawn it, so a headless browser can check it; `<body>` gets
+`data-report-done`, the figure counts and `data-render-ms` (ms from navigation until everything was drawn).
 """
 
 from __future__ import annotations
@@ -648,6 +649,7 @@ _RENDER_JS = """
     var rendered = document.querySelectorAll('div.tp-figure[data-rendered="true"]').length;
     document.body.setAttribute('data-figures-expected', String(divs.length));
     document.body.setAttribute('data-figures-rendered', String(rendered));
+    document.body.setAttribute('data-render-ms', String(Math.round(performance.now())));
     document.body.setAttribute('data-report-done', 'true');
     window.__tputraceShowErrors();
   }
