@@ -101,6 +101,16 @@ def _device_ops(trace_path: Path) -> tuple[set[str], set[str], set[int]]:
     return {op for op, _, _ in rows}, {module for _, module, _ in rows if module}, {line for _, _, line in rows if line}
 
 
+def _op_profile_leaves(node: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """op_profile's ops (leaves) with their source info; an ATen op's position in its program
+    (`aten.mm.default.7`) is left out of its name."""
+    if not node.get("children"):
+        xla = node.get("xla") or {}
+        name = re.sub(r"\.\d+$", "", node["name"])
+        return [(name, xla.get("sourceInfo", {}))] if xla.get("category") not in (None, "", "IDLE") else []
+    return [leaf for child in node["children"] for leaf in _op_profile_leaves(child)]
+
+
 def _table(tables: list[dict[str, Any]], first_column: str) -> dict[str, Any]:
     """The overview page's table whose first column is `first_column`."""
     return next(table for table in tables if table.get("cols") and table["cols"][0]["id"] == first_column)
@@ -222,10 +232,13 @@ def test_xprof_tools_show_the_gpt_trace_ops_steps_and_lines(gpt_trace: Path, gpt
     assert ops <= names | {name.rsplit(".", 1)[0] for name in names if name}
     assert any(re.search(r"gpt_train\.py:\d+", name or "") for name in names)
 
-    op_profile = json.dumps(_tool(r2t, files, "op_profile"))
-    assert all(op in op_profile for op in ops)
-    assert any(f'"lineNumber": {line}' in op_profile for line in lines)
-    assert "gpt_train.py" in op_profile
+    op_profile = _tool(r2t, files, "op_profile")
+    leaves = _op_profile_leaves(op_profile["byProgram"])
+    assert leaves and all(name in ops or name.endswith("fusion") or name.startswith("fused") for name, _ in leaves)
+    # op_profile lists at most 100 ops per category (the costliest): nearly all of ours are there.
+    assert len(ops & {name for name, _ in leaves}) >= 0.9 * len(ops)
+    assert {info["lineNumber"] for _, info in leaves} & lines
+    assert any(info["fileName"].endswith("gpt_train.py") for _, info in leaves)
 
     overview = _tool(r2t, files, "overview_page")
     assert len(_table(overview, "stepnum")["rows"]) == steps
@@ -243,8 +256,8 @@ def test_xprof_reads_both_ranks_together(sample_logdir: Path, sample_trace: Path
     overview = _tool(r2t, files, "overview_page")
     assert len(_table(overview, "stepnum")["rows"]) == 6
     assert _table(overview, "host_id")["p"]["host_count"] == "2"
-    op_profile = json.dumps(_tool(r2t, files, "op_profile"))
-    assert all(op in op_profile for op in ops)
+    leaves = _op_profile_leaves(_tool(r2t, files, "op_profile")["byProgram"])
+    assert ops == {name for name, _ in leaves}
     framework = json.dumps(_tool(r2t, files, "framework_op_stats"))
     assert "GPT.blocks.1.mlp.c_fc/aten.addmm.default" in framework
     trace_viewer = _tool(r2t, files[1:], "trace_viewer")
