@@ -1,17 +1,19 @@
 """Each planted problem of `examples/problems/` recorded before and after `--fixed`: the top finding,
 whether it is gone after the fix, and the step time before/after.
 
-    python bench/problems.py [--steps N] [--only NAME ...] [--no-write]
+    python bench/problems.py [--steps N] [--repeat N] [--only NAME ...] [--no-write]
 
-Step time is the loop's time per step after the first (warm-up) step: from the start of step 1 to the
-end of the run, over the steps after the first, so work the chip finishes after the host has moved on
-(an asynchronous step) is counted. The section "Diagnoses: problems before/after" of
+Step time is the loop's time per step after two warm-up steps (the first compiles the step, the
+second the optimizer's update once its state exists): from the start of step 2 to the end of the
+run, over the steps from 2 on, so work the chip finishes after the host has moved on (an
+asynchronous step) is counted. With `--repeat`, the fastest of the repeats. The section "Diagnoses: problems before/after" of
 bench/RESULTS.md is rewritten with the table.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,7 @@ PROBLEMS = {
     "fp32_matmul": "precision",
 }
 SECTION = "Diagnoses: problems before/after"
+WARMUP_STEPS = 2
 
 
 @dataclass
@@ -56,14 +59,15 @@ def record(name: str, fixed: bool, steps: int, out_dir: Path) -> Measured:
     with open_trace(trace) as opened:
         loop = [step for step in opened.step_times() if step.source != "end"]
         end_ns = opened.wall_ns()
-    later = loop[1:] or loop
+    later = loop[WARMUP_STEPS:] if len(loop) > WARMUP_STEPS + 1 else loop
     step_ns = (end_ns - later[0].start_ns) / len(later)
     return Measured(step_ns, analyze_path(trace))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--repeat", type=int, default=1, help="runs of each variant (the fastest counts)")
     parser.add_argument("--only", nargs="*", choices=sorted(PROBLEMS), default=None)
     parser.add_argument("--no-write", action="store_true", help="print the table without writing RESULTS.md")
     args = parser.parse_args()
@@ -75,8 +79,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tputrace-problems-") as directory:
         for name in names:
             analyzer = PROBLEMS[name]
-            before = record(name, False, args.steps, Path(directory))
-            after = record(name, True, args.steps, Path(directory))
+            runs = [(record(name, False, args.steps, Path(directory)), record(name, True, args.steps, Path(directory)))
+                    for _ in range(max(args.repeat, 1))]
+            before = min((pair[0] for pair in runs), key=lambda measured: measured.step_ns)
+            after = min((pair[1] for pair in runs), key=lambda measured: measured.step_ns)
             top = before.report.findings[0] if before.report.findings else None
             top_text = f"{top.analyzer} ({top.severity})" + (" ✓" if top.analyzer == analyzer else " ✗") if top else "none"
             remaining = [finding for finding in after.report.findings if finding.analyzer == analyzer]
@@ -86,10 +92,13 @@ def main() -> int:
                    f"{after.step_ns / 1e6:.1f} ms | {ratio:.2f} |")
             rows.append(row)
             print(row, flush=True)
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
     body = "\n".join(rows) + (
         f"\n\nEach problem script run with `tputrace run` for {args.steps} steps, then with `--fixed` "
-        "(`python bench/problems.py`). ✓: the top finding of the report is the planted problem. Step: loop time "
-        "per step after the warm-up step, including work the chip finished after the host moved on. The chips "
+        f"(`python bench/problems.py --steps {args.steps} --repeat {args.repeat}`; the fastest of {args.repeat} "
+        f"run(s) each). ✓: the top finding of the report is the planted problem. Step: loop time per step after "
+        f"{WARMUP_STEPS} warm-up steps, including work the chip finished after the host moved on. Load average at "
+        f"the end: {load} on {os.cpu_count()} cores (shared), so small ratios are within noise. The chips "
         "here are virtual XLA CPU devices (no TPU on this machine): padding and float32 precision cost time on a "
         "TPU's MXU, not on a CPU, so their fixes are not expected to be faster here (a bfloat16 or padded matmul "
         "can be slower on a CPU)."
