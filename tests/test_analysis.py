@@ -132,7 +132,7 @@ def test_shapes_and_matmuls() -> None:
     assert matmuls_of("aten.bmm.default", "bf16[4,8,16], bf16[4,16,32]") == [Matmul(4, 8, 16, 32, "bf16")]
     assert matmuls_of("aten.linear.default", "f32[2,5,64], f32[256,64]") == [Matmul(1, 10, 64, 256, "f32")]
     assert matmuls_of("aten.convolution.default", "f32[8,3,32,32], f32[16,3,3,3], f32[16]") == [
-        Matmul(1, 8 * 32 * 32, 27, 16, "f32")
+        Matmul(9, 8 * 32 * 32, 3, 16, "f32")  # one product per window position, input features contracted
     ]
     assert matmuls_of("aten._scaled_dot_product_flash_attention.default", "f32[2,4,64,32], f32[2,4,64,32], f32[2,4,64,32]") == [
         Matmul(8, 64, 32, 64, "f32"), Matmul(8, 64, 64, 32, "f32"),

@@ -30,7 +30,7 @@ EXPECTED: dict[str, tuple[str, list[str]]] = {
     "host_copies": ("transfers", ["--steps", "6"]),
     "fp32_matmul": ("precision", ["--steps", "4"]),
 }
-CLEAN = {"quickstart": ["--steps", "4"], "gpt_train": ["--steps", "3"]}
+CLEAN = {"quickstart": ["--steps", "4"], "gpt_train": ["--steps", "3"], "cnn_train": ["--steps", "3"]}
 
 
 def record(script: Path, trace: Path, args: list[str]) -> Report:

@@ -57,10 +57,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             severity = "warning"
         location = context.where(frame_id)
         hint = _hint(op)
+        cost = context.loop_cost(steady_ns, total_ns)
         result.findings.append(Finding(
             analyzer=NAME,
             severity=severity,
-            title=f"CPU fallback: {op} runs on the host at {location} ({plural(count, 'call')}, {format_ns(total_ns)})",
+            title=f"CPU fallback: {op} runs on the host at {location} ({_rate(context, count, per_step, cost)})",
             explanation=(
                 f"{op} has no lowering on the tpu device, so each call at {location} copies its inputs to the host "
                 f"(waiting for the chip), runs on the CPU and copies the result back: {plural(count, 'call')} in "
@@ -71,7 +72,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
                 f"Replace {op.rsplit('.', 1)[0]} in the loop: {hint}." if hint else
                 f"Replace {op.rsplit('.', 1)[0]} with ops that have a lowering, or compute it once outside the loop."
             ),
-            **context.loop_cost(steady_ns, total_ns),
+            **cost,
             evidence=(
                 context.evidence_at(f"{plural(count, 'call')} of {op}({trace.string(inputs_sid) or ''})", frame_id, table="fallbacks"),
             ),
@@ -81,6 +82,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     result.data["total_ns"] = sum(item["total_ns"] for item in items)
     result.data["total_calls"] = sum(item["count"] for item in items)
     return result
+
+
+def _rate(context: AnalysisContext, count: int, per_step: float | None, cost: dict[str, float | None]) -> str:
+    """`2 calls per step, 4.1 ms per step` in a run with steps, else `3 calls, 6.0 ms`."""
+    if per_step is not None and cost["cost_per_step_ns"] is not None:
+        return f"{per_step:.3g} calls per step, {format_ns(cost['cost_per_step_ns'])} per step"
+    return f"{plural(count, 'call')}, {format_ns(cost['cost_total_ns'])}"
 
 
 def _hint(op: str) -> str | None:

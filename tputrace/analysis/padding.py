@@ -45,11 +45,18 @@ class ProductPadding:
         return 1.0 - self.time_ns / self.padded_time_ns if self.padded_time_ns else 0.0
 
 
-def pad_product(product: Matmul, chip: Chip) -> ProductPadding:
-    """`product` as the target runs it: m to the sublane tile, k and n to the MXU size."""
+def pad_product(product: Matmul, chip: Chip, *, only: int | None = None) -> ProductPadding:
+    """`product` as the target runs it: m to the sublane tile, k and n to the MXU size, and each operand's
+    lane dim to 128 in HBM. With `only`, just the dims of that size (at or above their alignment) are
+    padded: the share of the padding that one dim causes."""
     sublane = chip.tile(product.dtype)[0]
     m, k, n = product.m, product.k, product.n
-    padded_m, padded_k, padded_n = round_up(m, sublane), round_up(k, chip.mxu), round_up(n, chip.mxu)
+
+    def padded(size: int, align: int) -> int:
+        if only is not None and (size != only or size < align):
+            return size
+        return round_up(size, align)
+
     off = tuple(
         (role, size, align)
         for role, size, align in (("m", m, sublane), ("k", k, chip.mxu), ("n", n, chip.mxu))
@@ -57,10 +64,9 @@ def pad_product(product: Matmul, chip: Chip) -> ProductPadding:
     )
     size = DTYPE_BYTES.get(product.dtype, 4)
     flops = product.flops
-    padded_flops = 2.0 * product.batch * padded_m * padded_k * padded_n
+    padded_flops = 2.0 * product.batch * padded(m, sublane) * padded(k, chip.mxu) * padded(n, chip.mxu)
     padded_bytes = product.batch * size * (
-        round_up(m, sublane) * round_up(k, LANE) + round_up(k, sublane) * round_up(n, LANE)
-        + round_up(m, sublane) * round_up(n, LANE)
+        padded(m, sublane) * padded(k, LANE) + padded(k, sublane) * padded(n, LANE) + padded(m, sublane) * padded(n, LANE)
     )
     time_ns = chip.roofline_ns(flops, product.bytes, product.dtype)
     padded_time_ns = chip.roofline_ns(padded_flops, float(padded_bytes), product.dtype)
@@ -81,7 +87,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         return result
     times = chip_time(context)
     target = context.target
-    by_dim: dict[tuple[int, int], list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
+    # One finding per dim size, over every role it plays (a hidden size is k in one product, n or m in
+    # another). Only dims at or above their alignment count: a dim below it (a batch of 32, 10 classes)
+    # cannot be rounded down and its padding is inherent to its size; that stays in the data.
+    by_size: dict[int, list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
+    alignment: dict[int, int] = {}
     total_flops = sum(group.flops for group in groups)
     wasted_flops = 0.0
     rows = []
@@ -91,30 +101,24 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         lost_time = sum(padding.padded_time_ns - padding.time_ns for padding in paddings)
         fraction = lost_time / padded_time if padded_time else 0.0
         chip_ns = times.attributed_ns(context, group)
-        cost = fraction * chip_ns
         group_wasted = group.calls * sum(padding.padded_flops - padding.flops for padding in paddings)
         wasted_flops += group_wasted
         off_dims = {(size, align) for padding in paddings for _, size, align in padding.off_dims}
         rows.append({
             "op": group.op, "inputs": group.inputs, "module": group.module, "where": context.where(group.frame_id),
             "calls": group.calls, "flops": group.flops, "padded_flop_share": group_wasted / (group.flops + group_wasted)
-            if group.flops + group_wasted else 0.0, "time_waste_estimate": fraction, "cost_ns": cost,
+            if group.flops + group_wasted else 0.0, "time_waste_estimate": fraction, "cost_ns": fraction * chip_ns,
             "off_dims": sorted(off_dims),
         })
-        for dim in off_dims:
-            by_dim[dim].append((group, cost / len(off_dims), group_wasted))
-    # One finding per dim size, over every role it plays (a hidden size is k in one product, n or m in
-    # others). Only dims above their alignment count: a dim below it (a batch of 32, 10 classes) cannot
-    # be rounded down, and padding it is inherent to its size; those stay in the data.
-    by_size: dict[int, list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
-    alignment: dict[int, int] = {}
+        for size in sorted({size for size, align in off_dims if size >= align}):
+            alignment[size] = max([alignment.get(size, 0)] + [align for dim, align in off_dims if dim == size and size >= align])
+            alone = [pad_product(product, target, only=size) for product in group.products]
+            lost = sum(padding.padded_time_ns - padding.time_ns for padding in alone)
+            wasted = group.calls * sum(padding.padded_flops - padding.flops for padding in alone)
+            by_size[size].append((group, chip_ns * lost / padded_time if padded_time else 0.0, wasted))
     result.data["products"] = sorted(rows, key=lambda row: -row["cost_ns"])[:100]
     result.data["padded_flop_share"] = wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0
     result.data["chip_time"] = "measured, attributed by FLOP share" if times.measured else "target roofline estimate"
-    for (size, align), entries in by_dim.items():
-        if size >= align:
-            by_size[size].extend(entries)
-            alignment[size] = max(alignment.get(size, 0), align)
     for size, entries in by_size.items():
         finding = _finding(context, size, alignment[size], entries)
         if finding is not None:

@@ -157,16 +157,16 @@ def _batched(specs: list[TensorSpec]) -> list[Matmul]:
 
 
 def _convolution(family: str, specs: list[TensorSpec]) -> list[Matmul]:
-    """A convolution as the matmul XLA maps it to: rows = batch x spatial, k = in-features x window,
-    n = out-features. Spatial size is taken from the input (an estimate: strides shrink it)."""
+    """A convolution as the products the MXU runs: one per window position (kh x kw of them), each
+    contracting the input features (k) into the output features (n) over batch x spatial rows. The
+    spatial size is taken from the input (an estimate: strides shrink it)."""
     if family == "aten.convolution_backward":
         specs = specs[1:]  # grad_output, input, weight -> input, weight
     if len(specs) < 2 or len(specs[0].shape) < 3 or len(specs[1].shape) < 3:
         return []
     x, weight = specs[0].shape, specs[1].shape
     rows = x[0] * math.prod(x[2:])
-    window = math.prod(weight[2:])
-    return [Matmul(1, rows, weight[1] * window, weight[0], specs[0].dtype)]
+    return [Matmul(math.prod(weight[2:]), rows, weight[1], weight[0], specs[0].dtype)]
 
 
 def _attention(specs: list[TensorSpec]) -> list[Matmul]:
