@@ -579,3 +579,13 @@ def test_cli_starts_the_app_with_its_options(monkeypatch: pytest.MonkeyPatch) ->
     assert main(argv) == 0
     assert started["rank"] == 1 and started["keymap"] == {"view.ops": "o"} and started["view"] == "ops"
     assert started["roots"][0] == str(SOURCE_ROOT)
+
+
+def test_run_tui_needs_a_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    from tputrace.cli.tui import open_ui_after_run
+    from tputrace.tui.app import TraceApp
+
+    monkeypatch.setattr(TraceApp, "run", lambda self, *args, **kwargs: pytest.fail("the UI started without a terminal"))
+    open_ui_after_run(SMALL_TRACE)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == [f"tputrace: --tui needs a terminal; open the trace with: tputrace tui {SMALL_TRACE}"]

@@ -274,8 +274,9 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "") -> 
         raise ValueError(f"unknown op grouping {group_by!r}")
     columns = ", ".join(_GROUP_COLUMNS[group_by])
     where, params = _rank_clause(rank)
-    (all_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED WHERE {where}", params)[0]
+    all_ns = None
     if text:
+        (all_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED WHERE {where}", params)[0]
         match_sql, match_params = _text_filter(group_by, text)
         where, params = f"{where} AND {match_sql}", params + match_params
     rows = trace.sql(
@@ -283,6 +284,9 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "") -> 
         f"GROUP BY {columns} ORDER BY total_ns DESC LIMIT {MAX_GROUPS}",
         params,
     )
+    if all_ns is None:  # unfiltered and uncapped groups add up to all ops: no second scan
+        all_ns = sum(row[-1] for row in rows) if len(rows) < MAX_GROUPS else trace.sql(
+            f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED WHERE {where}", params)[0][0]
     groups = []
     for row in rows:
         key, (count, total_ns) = tuple(row[:-2]), row[-2:]
