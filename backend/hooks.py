@@ -81,6 +81,8 @@ def _module_entered(recorder: Any) -> Any:
     names = recorder.module_names
 
     def entered(module: torch.nn.Module, args: Any) -> None:
+        if torch.compiler.is_compiling():
+            return  # inside a torch.compile'd region: nothing to trace into the graph
         path = names.get(id(module))
         if path is None:
             root = type(module).__name__
@@ -94,6 +96,8 @@ def _module_entered(recorder: Any) -> Any:
 
 def _module_left(recorder: Any) -> Any:
     def left(module: torch.nn.Module, args: Any, output: Any) -> None:
+        if torch.compiler.is_compiling():
+            return
         recorder.pop_module()
 
     return left

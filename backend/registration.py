@@ -7,6 +7,7 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import autocast, device_module, distributed, hooks, kernels
+from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import register_all
 
 BACKEND_NAME = "tpu"
@@ -43,4 +44,5 @@ def register() -> None:
     autocast.register()
     hooks.install()
     distributed.register()
+    register_dynamo_backend()
     _registered = True

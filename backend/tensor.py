@@ -9,6 +9,7 @@ as in torch.
 
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 from typing import Any
@@ -187,12 +188,20 @@ def torch_device(chip: int) -> torch.device:
 
 
 class TpuTensor(torch.Tensor):
-    """A tensor on `tpu:<chip>`; its data is `self._buf.array`, seen through `self._view`."""
+    """A tensor on `tpu:<chip>`; its data is `self._buf.array`, seen through `self._view`.
+
+    For torch.compile it is a traceable wrapper subclass: it flattens to one inner tensor, `_inner`
+    (a `TpuData` handle on a real tensor). While Dynamo and AOTAutograd trace, a TpuTensor holds a
+    fake or functional inner tensor in `_traced` instead of a buffer, and its ops run on that inner
+    tensor (see `__torch_dispatch__`).
+    """
 
     _buf: Buffer
     _view: Any = None
     _cached: Any = None
     _cached_version: int = -1
+    _traced: Any = None
+    _compile_data: "TpuData | None" = None
 
     @staticmethod
     def __new__(
@@ -222,9 +231,37 @@ class TpuTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         from tputrace.backend.dispatch import dispatcher
 
+        if _traced_seen and _holds_traced(args, kwargs):
+            return _dispatch_traced(func, args, kwargs or {})
         if threading.get_ident() != _MAIN_THREAD and _on_autograd_worker():
             return dispatcher.dispatch_on_worker(func, args, kwargs or {})
         return dispatcher.dispatch(func, args, kwargs or {})
+
+    # ----------------------------------------------------------------- torch.compile
+    @property
+    def _inner(self) -> torch.Tensor:
+        """The one inner tensor torch.compile sees: the traced inner tensor, or a `TpuData` handle."""
+        traced = self._traced
+        if traced is not None:
+            return traced
+        data = self._compile_data
+        if data is None or data._buf is not self._buf or data._view is not self._view or data.shape != self.shape:
+            data = self._compile_data = TpuData(self)
+        return data
+
+    def __tensor_flatten__(self) -> tuple[list[str], None]:
+        return ["_inner"], None
+
+    @staticmethod
+    def __tensor_unflatten__(inner_tensors: dict[str, Any], ctx: Any, outer_size: Any, outer_stride: Any) -> "TpuTensor":
+        """The TpuTensor around an inner tensor: a compiled graph's output (already a TpuTensor), an
+        alias over a `TpuData` handle's buffer, or a traced TpuTensor around a fake/functional one."""
+        inner = inner_tensors["_inner"]
+        if type(inner) is TpuTensor:
+            return inner
+        if type(inner) is TpuData:
+            return inner.tensor()
+        return _traced_tensor(inner, outer_size, outer_stride)
 
     @property
     def chip(self) -> int:
@@ -239,6 +276,8 @@ class TpuTensor(torch.Tensor):
             return self.detach().to("cpu")
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
+        if self._traced is not None:
+            return f"TpuTensor(traced, {self._traced!r})"
         host = self._host_copy("print")
         text = torch._tensor_str._str(host.detach())
         suffixes = [f"device='{self.device}'"]
@@ -294,6 +333,86 @@ class TpuTensor(torch.Tensor):
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         array = self.numpy(force=True)
         return array if dtype is None else array.astype(dtype)
+
+
+class TpuData(torch.Tensor):
+    """What a TpuTensor flattens to for torch.compile: a storage-less tpu tensor with the same shape,
+    strides and dtype, holding the TpuTensor's buffer and view. Dynamo and AOTAutograd turn it into a
+    fake tensor to trace; a compiled graph receives it at run time and reads the array through it
+    (`dispatcher.read` accepts it as it accepts a TpuTensor)."""
+
+    _buf: Buffer
+    _view: Any = None
+    _cached: Any = None
+    _cached_version: int = -1
+
+    @staticmethod
+    def __new__(cls, outer: TpuTensor) -> "TpuData":
+        data = _make_wrapper(cls, outer.shape, strides=outer.stride(), storage_offset=outer.storage_offset(), dtype=outer.dtype, device=outer.device)
+        data._buf = outer._buf
+        data._view = outer._view
+        return data
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        raise RuntimeError(f"{func} on a TpuData handle: compiled graphs only read it; use the TpuTensor")
+
+    def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None) -> "TpuData | None":
+        """AOTAutograd traced gradients as plain tensors; at run time this handle stands for one."""
+        return self if expected_type in (None, torch.Tensor) else None
+
+    def tensor(self) -> TpuTensor:
+        """A TpuTensor over the same buffer and view (an alias of the one this handle came from)."""
+        return TpuTensor(self._buf, tuple(self.shape), self.dtype, tuple(self.stride()), self.storage_offset(), view=self._view)
+
+
+_traced_seen = False  # set once torch.compile has traced a TpuTensor; until then eager dispatch skips the check
+
+
+def _traced_tensor(inner: torch.Tensor, size: Any, stride: Any) -> TpuTensor:
+    """A TpuTensor that torch.compile is tracing: no buffer, its ops run on `inner`."""
+    global _traced_seen
+    _traced_seen = True
+    tensor = _make_wrapper(
+        TpuTensor, size, strides=stride, storage_offset=inner.storage_offset(), dtype=inner.dtype, device=inner.device, requires_grad=inner.requires_grad
+    )
+    tensor._traced = inner
+    # A traced tensor has no buffer: the tracers see torch's own (empty) wrapper storage.
+    tensor.untyped_storage = functools.partial(torch.Tensor.untyped_storage, tensor)
+    return tensor
+
+
+def _holds_traced(args: tuple, kwargs: dict | None) -> bool:
+    for value in args:
+        if type(value) is TpuTensor:
+            if value._traced is not None:
+                return True
+        elif type(value) in (list, tuple):
+            for item in value:
+                if type(item) is TpuTensor and item._traced is not None:
+                    return True
+    if kwargs:
+        return _holds_traced(tuple(kwargs.values()), None)
+    return False
+
+
+def _dispatch_traced(func: Any, args: tuple, kwargs: dict) -> Any:
+    """An op on traced TpuTensors: run it on their inner tensors, wrap tpu results as traced TpuTensors."""
+    from torch.utils._python_dispatch import return_and_correct_aliasing
+    from torch.utils._pytree import tree_map
+
+    def unwrap(value: Any) -> Any:
+        return value._inner if type(value) is TpuTensor else value
+
+    def wrap(value: Any) -> Any:
+        if isinstance(value, torch.Tensor) and type(value) is not TpuTensor and value.device.type == "tpu":
+            return _traced_tensor(value, value.size(), value.stride())
+        return value
+
+    result = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    return return_and_correct_aliasing(func, args, kwargs, tree_map(wrap, result))
 
 
 def is_tpu_tensor(value: object) -> bool:

@@ -243,6 +243,89 @@ class Recorder:
         )
         return program_id
 
+    # ----------------------------------------------------------------- torch.compile records
+    def dynamo_frame_compiled(
+        self,
+        *,
+        name: str,
+        signature: str,
+        file: str,
+        line: int,
+        function: str,
+        start_ns: int,
+        dur_ns: int,
+        step: int,
+        reason: str,
+        diff: str | None,
+        detail: dict,
+        program_id: int | None,
+    ) -> None:
+        """A Dynamo frame compile (`compiles.kind = 'dynamo_frame'`): the frame's source location, a
+        first compile or a recompile with its guard failure, and the Dynamo/AOT/XLA time split."""
+        self.compiles += 1
+        if not self.enabled:
+            return
+        writer = self.writer
+        writer.append(
+            "compiles",
+            (
+                writer.next_id("compiles"),
+                self.rank,
+                program_id,
+                "dynamo_frame",
+                writer.intern(name),
+                writer.intern(signature),
+                -1,
+                start_ns,
+                dur_ns,
+                writer.frame(file, line, function),
+                step,
+                reason,
+                writer.intern(diff) if diff else None,
+                json.dumps(detail),
+            ),
+        )
+
+    def graph_lowered(self, name: str, signature: str, chip: int, start_ns: int, dur_ns: int, detail: dict) -> None:
+        """AOTAutograd handed the backend a graph (`compiles.kind = 'aot'`): forward, backward or
+        inference, with its op count; the time is the backend's lowering of it."""
+        if not self.enabled:
+            return
+        writer = self.writer
+        writer.append(
+            "compiles",
+            (
+                writer.next_id("compiles"),
+                self.rank,
+                None,
+                "aot",
+                writer.intern(name),
+                writer.intern(signature),
+                chip,
+                start_ns - self.t0,
+                dur_ns,
+                self.frame_id(),
+                self.step_index,
+                "first",
+                None,
+                json.dumps(detail),
+            ),
+        )
+
+    def graph_break(self, reason: str, file: str | None, line: int | None, function: str | None) -> None:
+        """A torch.compile graph break, at the user's line that caused it."""
+        if not self.enabled:
+            return
+        writer = self.writer
+        frame = writer.frame(file, line or 0, function or "") if file else None
+        writer.append("graph_breaks", (self.rank, writer.intern(reason), frame, self.now(), self.step_index))
+
+    def bucket_hit(self, graph: str, buckets: str, start_ns: int, dur_ns: int) -> None:
+        """A compiled graph ran padded to a shape bucket (an annotation with source 'bucket')."""
+        if not self.enabled:
+            return
+        self.writer.append("annotations", (self.rank, self.writer.intern(f"bucket {buckets} ({graph})"), "bucket", start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
+
     def fusion(self, program_id: int, fusion: Any) -> None:
         """One of XLA's fusions inside a compiled program."""
         writer = self.writer

@@ -1,0 +1,255 @@
+"""Dynamo's compile events as trace records: frame compiles, graph breaks and recompiles.
+
+What torch 2.13 offers without parsing log output:
+- `torch._dynamo.callback_handler` calls back at the start and end of every frame compile, with the
+  compile id (`"3/1"`: frame 3, its second compile, i.e. a recompile).
+- `torch._dynamo.utils.get_compilation_metrics()` holds one `CompilationMetrics` per frame compile:
+  the frame's code name, file and first line, the op count, the compile times and, for a
+  recompile, the guard failure that caused it (`tensor 'x' size mismatch at index 0. expected 3,
+  actual 5`). Dynamo appends it after the end callback, so a frame compile is written when its
+  metrics appear: at the next compile's start or the next run of a compiled graph.
+- `torch._dynamo.utils.graph_break_reasons` collects a `GraphCompileReason` per graph break, with
+  the reason and the user's stack (its last frame is the line that broke the graph).
+
+The backend adds what only it knows: the graphs a frame produced, and the time AOTAutograd and XLA
+took, so that a frame compile's time splits into Dynamo / AOT / XLA.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+_perf_ns = time.perf_counter_ns
+
+
+@dataclass
+class FrameCompile:
+    """What is known about one Dynamo frame compile before its metrics appear."""
+
+    compile_id: str
+    wall_start_ns: int
+    step: int
+    call_site: str | None
+    location: tuple[str, str, int] | None = None  # (qualified name, file, first line) of the user code
+    inputs: str = ""
+    graph_ids: list[int] = field(default_factory=list)
+    program_ids: list[int] = field(default_factory=list)
+    backend_ns: int = 0
+    xla_ns: int = 0
+    graph_breaks: int = 0
+    mode: str | None = None
+    ours: bool = False
+
+
+class DynamoEvents:
+    """Collects Dynamo's compile events and writes them to the active recording."""
+
+    def __init__(self) -> None:
+        self.pending: dict[str, FrameCompile] = {}
+        self.lock = threading.RLock()
+        self._break_index = 0
+        self._installed = False
+
+    def install(self) -> None:
+        """Register the compile callbacks with Dynamo (once)."""
+        if self._installed:
+            return
+        import torch._dynamo
+
+        torch._dynamo.callback_handler.register_start_callback(self._compile_started)
+        torch._dynamo.callback_handler.register_end_callback(self._compile_ended)
+        self._installed = True
+
+    @staticmethod
+    def recorder() -> Any:
+        """The active recorder when it writes a trace, else None."""
+        from tputrace.backend.dispatch import dispatcher
+
+        return dispatcher.recorder
+
+    # ----------------------------------------------------------------- Dynamo callbacks
+    def _compile_started(self, args: Any) -> None:
+        from torch._dynamo.callback import CallbackTrigger
+
+        if args.callback_trigger != CallbackTrigger.DYNAMO:
+            return
+        recorder = self.recorder()
+        if recorder is None:
+            return
+        self.drain()
+        call_site = recorder.frame_text(recorder.frame_id())
+        with self.lock:
+            self.pending[args.compile_id] = FrameCompile(args.compile_id, time.time_ns(), recorder.step_index, call_site)
+
+    def _compile_ended(self, args: Any) -> None:
+        from torch._dynamo.callback import CallbackTrigger
+
+        if args.callback_trigger != CallbackTrigger.DYNAMO:
+            return
+        recorder = self.recorder()
+        if recorder is None:
+            return
+        self._record_graph_breaks(recorder, args.compile_id)
+
+    # ----------------------------------------------------------------- from the backend
+    def graph_captured(self, compile_id: str | None, graph_id: int, location: tuple[str, str, int] | None, inputs: str, mode: str) -> None:
+        frame = self.pending.get(compile_id) if compile_id else None
+        if frame is not None:
+            frame.graph_ids.append(graph_id)
+            frame.location = frame.location or location
+            frame.inputs = frame.inputs or inputs
+            frame.mode = mode
+            frame.ours = True
+
+    def backend_finished(self, compile_id: str | None, backend_ns: int) -> None:
+        frame = self.pending.get(compile_id) if compile_id else None
+        if frame is not None:
+            frame.backend_ns += backend_ns
+
+    def xla_compiled(self, info: Any, compile_ns: int, program_id: int | None = None) -> None:
+        frame = self.pending.get(info.compile_id) if info.compile_id else None
+        if frame is not None:
+            frame.xla_ns += compile_ns
+            if program_id is not None:
+                frame.program_ids.append(program_id)
+
+    # ----------------------------------------------------------------- writing
+    def drain(self) -> None:
+        """Write every pending frame compile whose metrics Dynamo has recorded."""
+        if not self.pending:
+            return
+        recorder = self.recorder()
+        import torch._dynamo.utils
+
+        with self.lock:
+            if recorder is None:
+                self.pending.clear()
+                return
+            for metrics in torch._dynamo.utils.get_compilation_metrics():
+                frame = self.pending.get(metrics.compile_id)
+                if frame is None or metrics.is_forward is False or metrics.is_runtime:
+                    continue
+                if metrics.start_time_us is not None and metrics.start_time_us * 1000 < frame.wall_start_ns - 1_000_000_000:
+                    continue  # an earlier compile with the same id (before torch._dynamo.reset())
+                del self.pending[metrics.compile_id]
+                if not frame.location and _is_tputrace_code(metrics.co_filename):
+                    continue  # Dynamo looked at a tputrace callback run from C++ (e.g. the device guard)
+                self._write_frame(recorder, frame, metrics)
+
+    def _write_frame(self, recorder: Any, frame: FrameCompile, metrics: Any) -> None:
+        total_ns = int((metrics.dynamo_cumulative_compile_time_us or metrics.duration_us or 0) * 1000)
+        backend_ns = min(frame.backend_ns, total_ns) if total_ns else frame.backend_ns
+        xla_ns = min(frame.xla_ns, backend_ns)
+        failed_entry, guard_failure = _split_reason(metrics.recompile_reason)
+        first = metrics.compile_id is None or metrics.compile_id.endswith("/0")
+        detail: dict[str, Any] = {
+            "dynamo_ns": max(total_ns - backend_ns, 0),
+            "aot_ns": backend_ns - xla_ns,
+            "xla_ns": xla_ns,
+            "compile_id": metrics.compile_id,
+            "graph_ids": frame.graph_ids,
+            "n_ops": metrics.graph_op_count or 0,
+            "graph_breaks": frame.graph_breaks,
+            "backend": "tpu" if frame.ours else "other",
+        }
+        if frame.call_site:
+            detail["call_site"] = frame.call_site
+        if frame.mode:
+            detail["mode"] = frame.mode
+        if failed_entry:
+            detail["failed_cache_entry"] = failed_entry
+        if metrics.fail_type:
+            detail["failed"] = f"{metrics.fail_type}: {(metrics.fail_reason or '').splitlines()[0] if metrics.fail_reason else ''}"
+        if frame.location is not None:
+            name, file, line = frame.location
+            function = name.rpartition(".")[2]
+        else:
+            name = metrics.co_name or "<frame>"
+            file, line, function = metrics.co_filename or "<unknown>", metrics.co_firstlineno or 0, name
+        if metrics.co_name and metrics.co_name != function:
+            detail["dynamo_frame"] = metrics.co_name
+        wall_start = metrics.start_time_us * 1000 if metrics.start_time_us else frame.wall_start_ns
+        recorder.dynamo_frame_compiled(
+            name=name,
+            signature=frame.inputs,
+            file=file,
+            line=line,
+            function=function,
+            start_ns=wall_start - recorder.start_unix_ns,
+            dur_ns=total_ns,
+            step=frame.step,
+            reason="first" if first else "guard_failure",
+            diff=None if first else (guard_failure or "unknown guard failure"),
+            detail=detail,
+            program_id=frame.program_ids[0] if frame.program_ids else None,
+        )
+
+    def _record_graph_breaks(self, recorder: Any, compile_id: str) -> None:
+        import torch._dynamo.utils
+
+        reasons = torch._dynamo.utils.graph_break_reasons
+        with self.lock:
+            if len(reasons) < self._break_index:
+                self._break_index = 0  # torch._dynamo.reset() cleared the list
+            new = reasons[self._break_index :]
+            self._break_index = len(reasons)
+            frame = self.pending.get(compile_id)
+            seen: set[tuple[str, str, int]] = set()
+            for reason in new:
+                user_frame = reason.user_stack[-1] if reason.user_stack else None
+                text = concise_reason(reason.reason)
+                key = (text, user_frame.filename if user_frame else "", user_frame.lineno if user_frame else 0)
+                if key in seen:
+                    continue
+                seen.add(key)
+                if frame is not None:
+                    frame.graph_breaks += 1
+                if user_frame is None:
+                    recorder.graph_break(text, None, None, None)
+                else:
+                    recorder.graph_break(text, user_frame.filename, user_frame.lineno or 0, user_frame.name)
+
+
+def _is_tputrace_code(filename: str | None) -> bool:
+    import tputrace
+    import tputrace.backend
+
+    if not filename:
+        return False
+    roots = (os.path.dirname(tputrace.__file__), os.path.dirname(tputrace.backend.__file__))
+    path = os.path.abspath(filename)
+    return any(path.startswith(root + os.sep) for root in roots)
+
+
+def concise_reason(reason: str) -> str:
+    """Dynamo's graph-break text without its hint links and debug context: the kind, the
+    explanation and the first hint."""
+    lines = [line.strip() for line in reason.splitlines() if line.strip()]
+    if not lines:
+        return "graph break"
+    parts = [lines[0]]
+    hint_taken = False
+    for line in lines[1:]:
+        if line.startswith("Explanation:"):
+            parts.append(line.removeprefix("Explanation:").strip())
+        elif line.startswith("Hint:") and not hint_taken:
+            parts.append("hint: " + line.removeprefix("Hint:").strip())
+            hint_taken = True
+    return " - ".join(parts)
+
+
+def _split_reason(reason: str | None) -> tuple[str | None, str | None]:
+    """'0/0: tensor 'x' size mismatch ...' -> ('0/0', "tensor 'x' size mismatch ...")."""
+    if not reason:
+        return None, None
+    head, separator, rest = reason.partition(": ")
+    if separator and "/" in head and head.replace("/", "").isdigit():
+        return head, rest
+    return None, reason
+
+
+events = DynamoEvents()

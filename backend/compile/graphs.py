@@ -1,0 +1,244 @@
+"""A compiled graph at run time: one AOTAutograd graph (forward, backward or inference) of one Dynamo
+graph, run as XLA programs compiled once per concrete input signature.
+
+Inputs arrive as `TpuData` handles (what a TpuTensor flattens to), TpuTensors (saved activations the
+forward handed to the backward), CPU tensors, or Python values (sizes of dynamic dims, which make
+part of the signature: XLA compiles per concrete shape). Outputs are fresh TpuTensors, except that
+an output that is one of the inputs is handed back as that very object.
+
+Each XLA compile, execution and fusion is reported to the recorder as the DeferAndFuse executor
+reports its flushes; each compile also counts towards the Dynamo frame that produced the graph.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+import torch
+
+from tputrace.backend import hlo_fusions, rng, transfers
+from tputrace.backend.compile import buckets
+from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
+from tputrace.backend.compile.settings import CompileSettings
+from tputrace.backend.dtypes import to_jax, to_torch
+from tputrace.backend.plans import Plan, Program, compile_program
+from tputrace.backend.signatures import nearest_signature, signature_diff
+from tputrace.backend.tensor import TpuData, TpuTensor, new_tensor
+
+_perf_ns = time.perf_counter_ns
+
+
+@dataclass(frozen=True)
+class GraphInfo:
+    """Which graph this is: the Dynamo graph id, its role, and the frame it came from."""
+
+    graph_id: int
+    role: str  # forward, backward or inference
+    frame_name: str
+    compile_id: str | None
+
+    @property
+    def name(self) -> str:
+        return f"{self.frame_name} graph {self.graph_id} {self.role}"
+
+
+@dataclass
+class GraphProgram:
+    """One XLA program of a graph: compiled for one input signature."""
+
+    program: Program
+    layout: TracedLayout
+    program_id: int | None
+    in_specs: tuple
+
+
+class CompiledGraph:
+    """Runs one AOTAutograd graph on the chip (the callable handed back to AOTAutograd)."""
+
+    def __init__(self, gm: torch.fx.GraphModule, info: GraphInfo, settings: CompileSettings, events: Any) -> None:
+        # AOTAutograd calls it with one list of arguments; an instance attribute, so that the wrappers
+        # AOTAutograd puts around it (functools.wraps copies __dict__) keep it.
+        self._boxed_call = True
+        self.info = info
+        self.lowering = GraphLowering(gm, info.name)
+        self.settings = settings
+        self.events = events
+        self.programs: dict[Any, GraphProgram] = {}
+        self.signatures: list[tuple] = []
+        self.input_names = [f"input {index} ({node.name})" for index, node in enumerate(self.lowering.placeholders)]
+        self.bucketing: buckets.BucketPlan | None = None
+        self.bucket_refusal: str | None = None
+        if settings.shape_buckets is not None and info.role == "inference":
+            self.bucketing, self.bucket_refusal = buckets.plan(gm)
+
+    @property
+    def n_ops(self) -> int:
+        return self.lowering.n_ops
+
+    # ----------------------------------------------------------------- running
+    def __call__(self, *call_args: Any) -> list:
+        args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
+        if self.events.pending:
+            self.events.drain()
+        arrays, statics, chip, tensors = _read_inputs(args)
+        bucket = None
+        if self.bucketing is not None:
+            arrays, statics, bucket = self.bucketing.pad(arrays, statics, self.settings)
+        for _ in self.lowering.random_nodes:
+            seed, counter = rng.next_seed_and_counter(chip)
+            arrays.append(np.int64(seed))
+            arrays.append(np.int64(counter))
+        key = (tuple((array.shape, array.dtype) for array in arrays), tuple(statics.items()), chip)
+        entry = self.programs.get(key)
+        if entry is None:
+            entry = self._compile(key, arrays, statics, chip, bucket)
+        launch = _perf_ns()
+        results = entry.program.executable(*arrays)
+        if bucket is not None:
+            results = self.bucketing.unpad(results, entry.layout, bucket)
+        recorder = self.events.recorder()
+        if recorder is not None:
+            recorder.execution_started(entry.program_id, chip, launch, None, results)
+            if bucket is not None:
+                recorder.bucket_hit(self.info.name, bucket.describe(), launch, _perf_ns() - launch)
+        return self._outputs(entry.layout, results, args, chip)
+
+    def _outputs(self, layout: TracedLayout, results: Sequence[Any], args: list, chip: int) -> list:
+        outputs: list[Any] = []
+        for slot, dtype, on_host in zip(layout.outputs, layout.output_dtypes, layout.output_on_host):
+            if slot.kind == "array":
+                array = results[slot.index]
+                if on_host:
+                    outputs.append(transfers.array_to_torch(array, dtype))
+                else:
+                    outputs.append(new_tensor(array, chip, tuple(array.shape), dtype, array.nbytes))
+            elif slot.kind == "input":
+                outputs.append(args[slot.index])
+            else:
+                outputs.append(slot.value)
+        return outputs
+
+    # ----------------------------------------------------------------- compiling
+    def precompile(self, example_inputs: Sequence[Any]) -> None:
+        """Compile for the example inputs now when their shapes are static (so that XLA's time counts
+        towards the Dynamo compile, as Inductor's does); dynamic graphs compile at their first call."""
+        if self.bucketing is not None:
+            return
+        arrays: list[Any] = []
+        statics: dict[int, Any] = {}
+        chip = -1
+        for index, value in enumerate(example_inputs):
+            if isinstance(value, torch.Tensor):
+                shape = []
+                for size in value.shape:
+                    if not isinstance(size, int):
+                        return
+                    shape.append(size)
+                if value.device.type == "tpu":
+                    if chip == -1:
+                        chip = value.device.index or 0
+                elif value.device.type != "cpu":
+                    return
+                arrays.append(jax.ShapeDtypeStruct(tuple(shape), to_jax(value.dtype)))
+            elif isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+                return
+            else:
+                statics[index] = value
+        chip = 0 if chip == -1 else chip
+        for _ in self.lowering.random_nodes:
+            arrays.append(jax.ShapeDtypeStruct((), np.int64))
+            arrays.append(jax.ShapeDtypeStruct((), np.int64))
+        key = (tuple((tuple(array.shape), np.dtype(array.dtype)) for array in arrays), tuple(statics.items()), chip)
+        if key not in self.programs:
+            self._compile(key, arrays, statics, chip, None)
+
+    def _compile(self, key: Any, arrays: list, statics: dict[int, Any], chip: int, bucket: Any) -> GraphProgram:
+        layout = TracedLayout()
+        function = self.lowering.function(statics, layout)
+        recorder = self.events.recorder()
+        program = compile_program(function, arrays, chip, self.info.name, keep_hlo=recorder is not None)
+        in_specs = self._in_specs(arrays, statics)
+        nearest = nearest_signature(self.signatures, in_specs) if self.signatures else None
+        self.signatures.append(in_specs)
+        reason, diff = ("first", None) if nearest is None else ("recompile", signature_diff(nearest, in_specs, self._spec_names(statics)))
+        program_id = None
+        if recorder is not None:
+            plan = Plan(self.info.name, function, (), "tuple", in_specs, chip, ("compiled", self.info.graph_id, self.info.role))
+            plan.program = program
+            detail: dict[str, Any] = {"graph_id": self.info.graph_id, "role": self.info.role, "mode": self.settings.mode}
+            if self.info.compile_id is not None:
+                detail["compile_id"] = self.info.compile_id
+            if bucket is not None:
+                detail["bucket"] = bucket.detail()
+            if self.lowering.host_ops:
+                detail["host_ops"] = self.lowering.host_ops
+            program_id = recorder.compiled(plan, "xla", reason, diff, n_ops=self.n_ops, detail=detail, program_kind="compiled")
+            if program.hlo_text and program_id is not None:
+                for fusion in hlo_fusions.parse(program.hlo_text):
+                    recorder.fusion(program_id, fusion)
+        self.events.xla_compiled(self.info, program.compile_ns, program_id)
+        entry = GraphProgram(program, layout, program_id, in_specs)
+        self.programs[key] = entry
+        return entry
+
+    def _in_specs(self, arrays: Sequence[Any], statics: dict[int, Any]) -> tuple:
+        specs = []
+        position = 0
+        for index in range(len(self.lowering.placeholders)):
+            if index in statics:
+                specs.append((f"{type(statics[index]).__name__} {statics[index]}",))
+            else:
+                array = arrays[position]
+                specs.append((tuple(array.shape), to_torch(array.dtype)))
+                position += 1
+        return tuple(specs)
+
+    def _spec_names(self, statics: dict[int, Any]) -> list[str]:
+        return self.input_names
+
+
+def _read_inputs(args: Sequence[Any]) -> tuple[list[Any], dict[int, Any], int, list[Any]]:
+    """The arrays of a call's tensor inputs, its other inputs by position, and the chip."""
+    from tputrace.backend.dispatch import dispatcher
+
+    arrays: list[Any] = []
+    statics: dict[int, Any] = {}
+    tensors: list[Any] = []
+    host_inputs: list[tuple[int, torch.Tensor]] = []
+    chip = -1
+    for index, value in enumerate(args):
+        value_type = type(value)
+        if value_type is TpuData or value_type is TpuTensor:
+            buf = value._buf
+            if chip != buf.chip:
+                if chip != -1:
+                    raise RuntimeError(f"a compiled graph got tensors on tpu:{chip} and tpu:{buf.chip}; move them to one chip")
+                chip = buf.chip
+            array = buf.array if value._view is None else dispatcher.read(value)
+            if not isinstance(array, jax.Array):
+                array = dispatcher.executor.concrete(array, "compiled_graph")[0]
+            arrays.append(array)
+            tensors.append(value)
+        elif isinstance(value, torch.Tensor):
+            host_inputs.append((len(arrays), value))
+            arrays.append(None)
+            tensors.append(value)
+        else:
+            statics[index] = value
+    if chip == -1:
+        from tputrace.backend import device_module
+
+        chip = device_module.current_device()
+    for position, host in host_inputs:
+        arrays[position] = dispatcher.to_chip(host.detach(), chip) if host.device.type == "cpu" else _foreign(host)
+    return arrays, statics, chip, tensors
+
+
+def _foreign(tensor: torch.Tensor) -> Any:
+    raise RuntimeError(f"a compiled tpu graph got a tensor on {tensor.device}; move it to tpu or cpu")
+

@@ -1,0 +1,335 @@
+"""An FX graph of core ATen ops (what AOTAutograd hands a backend) as one JAX function.
+
+Each `call_function` node runs the backend's lowering for its ATen overload (the same registry the
+eager dispatcher uses) inside `jax.named_scope(<aten op>)`, so XLA's fusions name the ATen ops they
+came from. Results are cast to the dtype of the node's fake value, as the dispatcher casts to the
+meta kernel's dtype. Symbolic-shape nodes (`sym_size`, `operator.mul` on sizes, ...) are plain
+Python at trace time: XLA compiles one program per concrete shape, so every size is a constant.
+
+A node without a lowering runs on the host: with no tensor inputs it is folded into a constant when
+the program is traced; with tensor inputs it becomes a `jax.pure_callback` into torch on the CPU.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+import torch.fx
+
+from tputrace.backend import rng
+from tputrace.backend.dtypes import to_jax, to_torch
+from tputrace.backend.ops.registry import LOWERINGS, Lowering
+from tputrace.backend.ops.views import strided_positions
+
+aten = torch.ops.aten
+OpOverload = torch._ops.OpOverload
+
+# Nodes that check or constrain symbolic values: nothing to compute once shapes are concrete.
+_CHECKS = {
+    name
+    for name in (
+        "_assert_scalar.default",
+        "_assert_async.default",
+        "_assert_async.msg",
+        "_assert_tensor_metadata.default",
+        "sym_constrain_range.default",
+        "sym_constrain_range_for_size.default",
+        "_functional_sym_constrain_range.default",
+        "_functional_sym_constrain_range_for_size.default",
+    )
+}
+_SIZE_QUERIES = {"sym_size.int", "sym_numel.default", "sym_stride.int", "sym_storage_offset.default"}
+
+
+@dataclass(frozen=True)
+class OutputSlot:
+    """Where one graph output comes from at run time.
+
+    kind: `array` (result `index` of the XLA program), `input` (the runtime argument at `index`,
+    returned as is), or `value` (a Python value known when the program was traced, e.g. a size).
+    """
+
+    kind: str
+    index: int = -1
+    value: Any = None
+
+
+@dataclass
+class TracedLayout:
+    """What tracing the graph for one signature found out about its outputs and host ops."""
+
+    outputs: list[OutputSlot] = field(default_factory=list)
+    output_dtypes: list[torch.dtype | None] = field(default_factory=list)
+    output_on_host: list[bool] = field(default_factory=list)
+
+
+class GraphLowering:
+    """One AOTAutograd graph, ready to become a JAX function for a given set of static inputs."""
+
+    def __init__(self, gm: torch.fx.GraphModule, name: str) -> None:
+        self.name = name
+        self.nodes = list(gm.graph.nodes)
+        self.placeholders = [node for node in self.nodes if node.op == "placeholder"]
+        output_node = next(node for node in reversed(self.nodes) if node.op == "output")
+        outputs = output_node.args[0]
+        self.output_args: list[Any] = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
+        self.constants = {node: _constant(gm, node.target) for node in self.nodes if node.op == "get_attr"}
+        self.random_nodes = [node for node in self.nodes if _lowering(node) is not None and _lowering(node).needs_key]
+        self.host_ops = sorted({str(node.target) for node in self.nodes if _is_aten(node) and _lowering(node) is None and not _handled(node)})
+        self.op_names = [str(node.target) for node in self.nodes if _is_aten(node) and not _is_bookkeeping(node)]
+        self.n_ops = len(self.op_names)
+
+    def function(self, statics: dict[int, Any], layout: TracedLayout) -> Callable[..., tuple]:
+        """A function of the tensor inputs (placeholders not in `statics`, in order) followed by one
+        (seed, counter) pair per random node; it fills `layout` when traced."""
+        placeholders = self.placeholders
+        nodes = self.nodes
+        output_args = self.output_args
+        random_index = {node: position for position, node in enumerate(self.random_nodes)}
+        constants = self.constants
+        name = self.name
+
+        def run(*arrays: Any) -> tuple:
+            env: dict[torch.fx.Node, Any] = {}
+            position = 0
+            for index, node in enumerate(placeholders):
+                if index in statics:
+                    env[node] = statics[index]
+                else:
+                    env[node] = arrays[position]
+                    position += 1
+            keys = arrays[position:]
+            env.update(constants)
+            for node in nodes:
+                if node.op != "call_function":
+                    continue
+                args = torch.fx.node.map_arg(node.args, env.__getitem__)
+                kwargs = torch.fx.node.map_arg(node.kwargs, env.__getitem__)
+                extra = {}
+                if node in random_index:
+                    slot = random_index[node]
+                    extra["key"] = rng.key_from(keys[2 * slot], keys[2 * slot + 1])
+                env[node] = _evaluate(node, args, kwargs, extra, name)
+            results = []
+            layout.outputs.clear()
+            layout.output_dtypes.clear()
+            layout.output_on_host.clear()
+            for output in output_args:
+                if isinstance(output, torch.fx.Node) and output.op == "placeholder" and placeholders.index(output) not in statics:
+                    layout.outputs.append(OutputSlot("input", placeholders.index(output)))
+                    layout.output_dtypes.append(None)
+                    layout.output_on_host.append(False)
+                    continue
+                value = env[output] if isinstance(output, torch.fx.Node) else output
+                if isinstance(value, (jax.Array, jax.core.Tracer, np.ndarray)):
+                    fake = output.meta.get("val") if isinstance(output, torch.fx.Node) else None
+                    dtype = fake.dtype if isinstance(fake, torch.Tensor) else to_torch(value.dtype)
+                    layout.outputs.append(OutputSlot("array", len(results)))
+                    layout.output_dtypes.append(dtype)
+                    layout.output_on_host.append(isinstance(fake, torch.Tensor) and fake.device.type == "cpu")
+                    results.append(jnp.asarray(value))
+                else:
+                    layout.outputs.append(OutputSlot("value", value=_python_value(value)))
+                    layout.output_dtypes.append(None)
+                    layout.output_on_host.append(False)
+            return tuple(results)
+
+        return run
+
+
+def _constant(gm: torch.fx.GraphModule, target: str) -> Any:
+    """A `get_attr` node's value (a tensor constant) as an array baked into the program."""
+    value: Any = gm
+    for part in target.split("."):
+        value = getattr(value, part)
+    if not isinstance(value, torch.Tensor):
+        return value
+    if value.device.type == "tpu":
+        from tputrace.backend.dispatch import dispatcher
+
+        array = dispatcher.read(value)
+        return array if isinstance(array, jax.Array) else dispatcher.executor.concrete(array, "compiled_graph")[0]
+    host = value.detach().contiguous()
+    if host.dtype == torch.bfloat16:
+        return jnp.asarray(host.view(torch.int16).numpy().view(jnp.bfloat16))
+    return np.asarray(host.numpy())
+
+
+def _is_aten(node: torch.fx.Node) -> bool:
+    return node.op == "call_function" and isinstance(node.target, OpOverload)
+
+
+def _overload_name(node: torch.fx.Node) -> str:
+    return str(node.target).removeprefix("aten.")
+
+
+def _is_bookkeeping(node: torch.fx.Node) -> bool:
+    name = _overload_name(node)
+    return name in _CHECKS or name in _SIZE_QUERIES
+
+
+def _lowering(node: torch.fx.Node) -> Lowering | None:
+    if node.op != "call_function" or not isinstance(node.target, OpOverload):
+        return None
+    return LOWERINGS.get(node.target)
+
+
+def _handled(node: torch.fx.Node) -> bool:
+    """Ops this module runs itself (no registry lowering needed)."""
+    return _is_bookkeeping(node) or node.target in _SPECIAL
+
+
+def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph_name: str) -> Any:
+    target = node.target
+    if not isinstance(target, OpOverload):
+        return target(*args, **kwargs)
+    name = _overload_name(node)
+    if name in _CHECKS:
+        return None
+    if name in _SIZE_QUERIES:
+        return _size_query(name, args)
+    special = _SPECIAL.get(target)
+    with jax.named_scope(str(target)):
+        if special is not None:
+            result = special(node, *args, **kwargs)
+        else:
+            lowering = LOWERINGS.get(target)
+            if lowering is None:
+                return _on_host(node, args, kwargs, graph_name)
+            result = lowering.fn(*args, **kwargs, **extra)
+    return _conform(result, node.meta.get("val"), str(target))
+
+
+def _size_query(name: str, args: tuple) -> int:
+    array = args[0]
+    if name == "sym_size.int":
+        return int(array.shape[args[1]])
+    if name == "sym_numel.default":
+        return int(np.prod(array.shape, dtype=np.int64))
+    if name == "sym_storage_offset.default":
+        return 0
+    strides = _contiguous_strides(tuple(array.shape))
+    return strides[args[1]]
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    running = 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def _conform(result: Any, fake: Any, op_name: str) -> Any:
+    """Cast a lowering's result to the dtype (and static shape) of the node's fake value."""
+    if isinstance(result, (tuple, list)):
+        fakes = fake if isinstance(fake, (tuple, list)) else [None] * len(result)
+        return type(result)(_conform(item, item_fake, op_name) for item, item_fake in zip(result, fakes))
+    if result is None or not isinstance(fake, torch.Tensor):
+        return result
+    value = jnp.asarray(result)
+    wanted = to_jax(fake.dtype)
+    if value.dtype != wanted:
+        value = value.astype(wanted)
+    shape = _static_shape(fake)
+    if shape is not None and value.shape != shape:
+        if value.size != int(np.prod(shape, dtype=np.int64)):
+            raise RuntimeError(f"{op_name}: lowering returned shape {value.shape}, torch says {shape}")
+        value = value.reshape(shape)
+    return value
+
+
+def _static_shape(fake: torch.Tensor) -> tuple[int, ...] | None:
+    shape = []
+    for size in fake.shape:
+        if not isinstance(size, int):
+            return None
+        shape.append(size)
+    return tuple(shape)
+
+
+def _python_value(value: Any) -> Any:
+    if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+        raise RuntimeError(f"symbolic value {value} reached a compiled graph's output")
+    return value
+
+
+# ----------------------------------------------------------------------------- ops run here
+
+
+def _to_copy(node: torch.fx.Node, value: Any, *, dtype: torch.dtype | None = None, **_: Any) -> Any:
+    return value if dtype is None else value.astype(to_jax(dtype))
+
+
+def _copy(node: torch.fx.Node, target: Any, source: Any, non_blocking: bool = False) -> Any:
+    return jnp.broadcast_to(jnp.asarray(source).astype(target.dtype), target.shape)
+
+
+def _as_strided(node: torch.fx.Node, value: Any, size: Sequence[int], stride: Sequence[int], storage_offset: int | None = None) -> Any:
+    """`as_strided` addresses the input's storage: rebuild that storage from the input's own layout
+    (its fake value's strides and offset), then read the requested positions from it."""
+    fake = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if fake is None or (fake.is_contiguous() and fake.storage_offset() == 0):
+        storage = value.reshape(-1)
+    else:
+        own = strided_positions(tuple(value.shape), tuple(int(s) for s in fake.stride()), int(fake.storage_offset()))
+        length = int(own.max()) + 1 if own.size else 1
+        storage = jnp.zeros((length,), value.dtype).at[own.reshape(-1)].set(value.reshape(-1))
+    positions = strided_positions(size, stride, storage_offset)
+    if not positions.size:
+        return jnp.zeros(tuple(size), value.dtype)
+    return jnp.take(storage, positions, mode="clip")
+
+
+_SPECIAL: dict[Any, Callable[..., Any]] = {
+    aten._to_copy.default: _to_copy,
+    aten.copy.default: _copy,
+    aten.as_strided.default: _as_strided,
+}
+
+_warned_host_ops: set[tuple[str, str]] = set()
+
+
+def _on_host(node: torch.fx.Node, args: tuple, kwargs: dict, graph_name: str) -> Any:
+    """Run an op without a lowering on the CPU with torch: folded to a constant when it reads no
+    arrays, else a host callback inside the program."""
+    op_name = str(node.target)
+    if (graph_name, op_name) not in _warned_host_ops:
+        _warned_host_ops.add((graph_name, op_name))
+        warnings.warn(f"tputrace: {op_name} has no lowering; it runs on the host CPU inside compiled graph {graph_name}", RuntimeWarning, stacklevel=2)
+    leaves, spec = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda value: isinstance(value, torch.device))
+    array_positions = [index for index, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, jax.core.Tracer))]
+
+    def host_call(*arrays: Any) -> Any:
+        values = list(leaves)
+        for index, array in zip(array_positions, arrays):
+            values[index] = torch.from_numpy(np.array(array))
+        host_args, host_kwargs = jax.tree_util.tree_unflatten(spec, values)
+        host_kwargs = {key: (torch.device("cpu") if key == "device" else value) for key, value in host_kwargs.items()}
+        result = node.target(*host_args, **host_kwargs)
+        if isinstance(result, (tuple, list)):
+            return tuple(item.numpy() for item in result)
+        return result.numpy()
+
+    if not array_positions:
+        result = host_call()
+        return _conform(result if not isinstance(result, tuple) else tuple(result), node.meta.get("val"), op_name)
+    metas = []
+    for index, leaf in enumerate(leaves):
+        metas.append(torch.empty(tuple(leaf.shape), dtype=to_torch(leaf.dtype), device="meta") if index in array_positions else leaf)
+    meta_args, meta_kwargs = jax.tree_util.tree_unflatten(spec, metas)
+    meta_kwargs = {key: (torch.device("meta") if key == "device" else value) for key, value in meta_kwargs.items()}
+    meta_result = node.target(*meta_args, **meta_kwargs)
+    multiple = isinstance(meta_result, (tuple, list))
+    shapes = [jax.ShapeDtypeStruct(tuple(item.shape), to_jax(item.dtype)) for item in (meta_result if multiple else [meta_result])]
+    result = jax.pure_callback(host_call, tuple(shapes) if multiple else shapes[0], *[leaves[index] for index in array_positions])
+    return _conform(result, node.meta.get("val"), op_name)
+
