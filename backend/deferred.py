@@ -30,19 +30,21 @@ from tputrace.backend.signatures import InputSpec, signature_diff
 _perf_ns = time.perf_counter_ns
 
 SIZE_CAP = 10_000
+_SCALAR_TYPES = (int, float, bool, complex)
 
 
 class LazyValue:
     """An output of a pending op: its shape and dtype now, its array after the flush."""
 
-    __slots__ = ("graph", "node", "index", "shape", "dtype", "concrete", "__weakref__")
+    __slots__ = ("graph", "node", "index", "shape", "dtype", "nbytes", "concrete", "__weakref__")
 
-    def __init__(self, graph: "PendingGraph", node: int, index: int, shape: tuple[int, ...], dtype: Any) -> None:
+    def __init__(self, graph: "PendingGraph", node: int, index: int, shape: tuple[int, ...], dtype: Any, nbytes: int) -> None:
         self.graph = graph
         self.node = node
         self.index = index
         self.shape = shape
         self.dtype = dtype
+        self.nbytes = nbytes
         self.concrete: Any = None
 
     @property
@@ -61,18 +63,6 @@ class PendingGraph:
     owners: list[weakref.ref] = field(default_factory=list)
     replaced: set[int] = field(default_factory=set)
     op_records: list[tuple] = field(default_factory=list)
-
-    def input_ref(self, value: Any) -> tuple:
-        """The input slot of a concrete value; one slot per array, a new slot for every Python scalar."""
-        if type(value) in (int, float, bool, complex):
-            self.inputs.append(value)
-            return (0, len(self.inputs) - 1)
-        index = self.input_index.get(id(value))
-        if index is None:
-            index = len(self.inputs)
-            self.inputs.append(value)
-            self.input_index[id(value)] = index
-        return (0, index)
 
 
 @dataclass
@@ -123,23 +113,40 @@ class DeferredExecutor:
             elif len(graph.nodes) >= self.size_cap:
                 self.flush_graph(graph, "size_cap")
                 graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
+            inputs = graph.inputs
+            input_index = graph.input_index
             refs = []
             for value in dynamic:
-                if type(value) is LazyValue:
-                    if value.concrete is not None:
-                        refs.append(graph.input_ref(value.concrete))
-                    elif value.graph is graph:
-                        refs.append((1, value.node, value.index))
+                value_type = type(value)
+                if value_type is LazyValue:
+                    if value.concrete is None:
+                        if value.graph is graph:
+                            refs.append((1, value.node, value.index))
+                            continue
+                        value = self._concrete_value(value, "transfer")
                     else:
-                        refs.append(graph.input_ref(self._concrete_value(value, "transfer")))
-                else:
-                    refs.append(graph.input_ref(value))
+                        value = value.concrete
+                    value_type = type(value)
+                if value_type in _SCALAR_TYPES:
+                    refs.append((0, len(inputs)))
+                    inputs.append(value)
+                    continue
+                index = input_index.get(id(value))
+                if index is None:
+                    index = input_index[id(value)] = len(inputs)
+                    inputs.append(value)
+                refs.append((0, index))
             node = len(graph.nodes)
             graph.nodes.append((plan, tuple(refs)))
-            outputs = tuple(
-                None if spec is None else LazyValue(graph, node, index, spec.shape, spec.jax_dtype)
-                for index, spec in enumerate(plan.out_specs)
-            )
+            specs = plan.out_specs
+            if len(specs) == 1:
+                spec = specs[0]
+                outputs = (LazyValue(graph, node, 0, spec.shape, spec.jax_dtype, spec.nbytes),)
+            else:
+                outputs = tuple(
+                    None if spec is None else LazyValue(graph, node, index, spec.shape, spec.jax_dtype, spec.nbytes)
+                    for index, spec in enumerate(specs)
+                )
         recorder = self.dispatcher.recorder
         if recorder is not None and record_name is not None:
             begin = start_ns if start_ns is not None else _perf_ns()
@@ -228,8 +235,8 @@ class DeferredExecutor:
             if type(value) is LazyValue:
                 buffer.array = value.concrete
                 if buffer.nbytes == 0:
-                    buffer.nbytes = value.concrete.nbytes
-                    memory.allocate(buffer.chip, buffer.nbytes)
+                    buffer.nbytes = value.nbytes
+                    memory.allocate(buffer.chip, value.nbytes)
         self.last_outputs = list(results)
         recorder = self.dispatcher.recorder
         if recorder is not None and recorder.enabled:
