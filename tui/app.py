@@ -205,5 +205,10 @@ class TraceApp(App[None]):
             view.rank_changed()
         self.notify(f"showing rank {self.session.rank}", markup=False)
 
+    def watch_theme(self) -> None:
+        if self.is_running and self.screen_stack:
+            for view in self.views():
+                view.restyle()
+
     def action_next_theme(self) -> None:
         self.theme = THEMES[(THEMES.index(self.theme) + 1) % len(THEMES)] if self.theme in THEMES else THEMES[0]

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 class CollectivesView(TraceView):
     VIEW_ID = "collectives"
+    _payload: Any = None
 
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="collectives-status", classes="status")
@@ -35,7 +36,12 @@ class CollectivesView(TraceView):
         rank = self.session.rank
         self.request("main", lambda trace: (queries.collective_groups(trace, rank), queries.collective_ranks(trace)))
 
+    def restyle(self) -> None:
+        if self._payload is not None:
+            self.apply("main", self._payload)
+
     def apply(self, slot: str, payload: Any) -> None:
+        self._payload = payload
         groups, ranks = payload
         palette = palette_for(self.app)
         self.query_one("#collectives-kinds", TraceTable).show([

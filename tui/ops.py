@@ -86,6 +86,10 @@ class OpsView(TraceView):
         self.query_one("#ops-groups", TraceTable).show(rows, columns=((label, "label"), *GROUP_COLUMNS))
         self._status()
 
+    def restyle(self) -> None:
+        if self.groups:
+            self._show_groups()
+
     def _show_instances(self, offset: int, instances: list[queries.OpInstance]) -> None:
         table = self.query_one("#ops-instances", TraceTable)
         rows: list[Row] = [

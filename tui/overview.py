@@ -25,6 +25,7 @@ TOP_FINDINGS = 5
 
 class OverviewView(TraceView):
     VIEW_ID = "overview"
+    _data: queries.Overview | None = None
 
     def compose(self) -> ComposeResult:
         # The run's facts are cheap (no scan of the event tables), so the first paint shows them.
@@ -53,7 +54,12 @@ class OverviewView(TraceView):
         else:
             self._show_findings(payload)
 
+    def restyle(self) -> None:
+        if self._data is not None:
+            self._show_overview(self._data)
+
     def _show_overview(self, data: queries.Overview) -> None:
+        self._data = data
         palette = palette_for(self.app)
         self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(data.steps)))
         bars = [ChartBar(step.dur_ns, step.compiles > 0) for step in data.steps]

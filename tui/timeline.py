@@ -137,6 +137,9 @@ class TimelineView(TraceView):
         width = self.query_one("#timeline-lanes").content_region.width or (self.app.size.width - 4)
         return max(width - LABEL_WIDTH, 10)
 
+    def restyle(self) -> None:
+        self._render_lanes()
+
     def _render_lanes(self) -> None:
         if self.window is not None:
             self.query_one("#timeline-lanes", Lanes).update(lanes_text(self.lanes, self.window, palette_for(self.app)))

@@ -108,6 +108,9 @@ class TraceView(Vertical):
     def apply(self, slot: str, payload: Any) -> None:
         """Show a result that `request(slot, ...)` fetched."""
 
+    def restyle(self) -> None:
+        """The theme changed: redraw what uses the theme's colours (charts, bars)."""
+
     def request(self, slot: str, fetch: Fetch) -> None:
         """Run `fetch(trace)` in a worker for `slot`, superseding the slot's earlier request."""
         generation = self._generations.get(slot, 0) + 1
