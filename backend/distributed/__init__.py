@@ -34,8 +34,9 @@ def install_op_handlers() -> None:
     global _handlers_installed
     if _handlers_installed:
         return
-    from tputrace.backend.distributed import fsdp, functional
+    from tputrace.backend.distributed import fsdp, functional, steps
 
     functional.register()
     fsdp.register()
+    steps.install()
     _handlers_installed = True

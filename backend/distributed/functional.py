@@ -2,8 +2,8 @@
 parallelism and FSDP2's traced paths call.
 
 Each op returns at once with its output tensor and leaves the collective running on the group's
-transport; `wait_tensor(output)` waits for it (DTensor wraps outputs in `AsyncCollectiveTensor`,
-which calls `wait_tensor` before the first use). The pending works are kept per output buffer.
+transport; `wait_tensor(output)` waits for it. The pending works are kept per output buffer. Eager
+funcol wraps outputs with `_wrap_tensor_autograd`, which waits (see `wrap_tensor_autograd`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed._functional_collectives import AsyncCollectiveTensor  # also defines _wrap_tensor_autograd
+import torch.distributed._functional_collectives  # noqa: F401 - defines _c10d_functional._wrap_tensor_autograd
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from tputrace.backend.dispatch import dispatcher
@@ -178,8 +178,12 @@ def wait_tensor(args: tuple, kwargs: dict) -> torch.Tensor:
 
 
 def wrap_tensor_autograd(args: tuple, kwargs: dict) -> torch.Tensor:
-    """What the op's own kernel does: wrap the output so that its first use waits for the collective."""
-    return AsyncCollectiveTensor(args[0])
+    """The op that wraps a functional collective's output for later waiting: here it waits now.
+
+    Its own kernel returns an `AsyncCollectiveTensor`; mixed with tpu tensors in one op, that wrapper
+    would reach the tpu dispatcher as a foreign tensor. Waiting here keeps every value a tpu tensor
+    (the collective itself still ran asynchronously since it was issued)."""
+    return wait_tensor(args, kwargs)
 
 
 HANDLERS: dict[Any, Callable[[tuple, dict], Any]] = {

@@ -28,6 +28,7 @@ COMMANDS: list[str] = [
     "tui",
     "export",
     "tensorboard",
+    "merge",
 ]
 
 EXIT_USAGE_ERROR = 2
