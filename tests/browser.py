@@ -108,17 +108,23 @@ def load_page(
     *,
     screenshot: Path | None = None,
     window: tuple[int, int] = (1400, 1000),
-    budget_ms: int = 60_000,
+    budget_ms: int | None = 60_000,
     timeout_s: float = 240,
     chromium: str | None = None,
 ) -> PageResult:
-    """Open `page` in headless Chromium, let its scripts run, return its DOM; optionally save a screenshot."""
+    """Open `page` in headless Chromium, let its scripts run, return its DOM; optionally save a screenshot.
+
+    With `budget_ms`, Chromium runs the page on a virtual clock for that long before reading it (robust:
+    late timers and promises have run); with None, the DOM is read at the load event on the real clock
+    (what a timing wants)."""
     executable = chromium or find_chromium()
     if executable is None:
         raise FileNotFoundError("no Chromium found (install Debian's chromium, or set TPUTRACE_CHROMIUM)")
     url = page.resolve().as_uri()
     with tempfile.TemporaryDirectory(prefix="tputrace-chromium-") as profile:
-        common = [f"--window-size={window[0]},{window[1]}", f"--virtual-time-budget={budget_ms}"]
+        common = [f"--window-size={window[0]},{window[1]}"]
+        if budget_ms is not None:
+            common.append(f"--virtual-time-budget={budget_ms}")
         dumped = subprocess.run(
             _command(executable, profile, [*common, "--dump-dom", url]),
             capture_output=True, text=True, timeout=timeout_s, check=False,

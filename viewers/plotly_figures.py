@@ -76,6 +76,8 @@ SIDE_COLORS = {"before": "#9aa3ad", "after": "#4c78a8"}
 HBM_LINE_SHARE = 0.1
 # Step times spanning more than this ratio (compile-heavy first steps) use a log axis.
 LOG_SCALE_RANGE = 10
+# Scatter traces with more points than this are drawn with WebGL (the timeline always is).
+WEBGL_FROM_POINTS = 2_000
 
 
 # -- formatting -----------------------------------------------------------------------------------------
@@ -153,6 +155,11 @@ def _hover_lines(title: str, fields: Sequence[str], values: Sequence[Any]) -> st
 @functools.lru_cache(maxsize=256)
 def _field_label(name: str) -> str:
     return esc(name.replace("_", " "))
+
+
+def _scatter_class(points: int) -> type[go.Scatter] | type[go.Scattergl]:
+    """SVG for small traces, WebGL for big ones: each WebGL figure costs a GL context (slow without a GPU)."""
+    return go.Scattergl if points > WEBGL_FROM_POINTS else go.Scatter
 
 
 def _base_layout(figure: go.Figure, *, height: int, title: str | None = None, **layout: Any) -> go.Figure:
@@ -355,7 +362,7 @@ def plot_where_treemap(data: WhereData) -> go.Figure:
         customdata=hover,
         hovertemplate="%{customdata}<extra></extra>",
         texttemplate="%{label}<br>%{percentRoot:.1%}",
-        maxdepth=4,
+        maxdepth=3,
         marker={"line": {"width": 1, "color": "#fff"}},
         root={"color": "#f6f8fa"},
     ))
@@ -383,7 +390,7 @@ def plot_recompilations(data: RecompileData) -> go.Figure:
             )
             for point in chosen
         ]
-        figure.add_trace(go.Scattergl(
+        figure.add_trace(_scatter_class(len(chosen))(
             x=[point.start_ns / 1e9 for point in chosen], y=[site_index[point.site] for point in chosen],
             mode="markers", name=esc(reason),
             marker={"color": REASON_COLORS.get(reason, "#b279a2"), "opacity": 0.8,
@@ -529,7 +536,7 @@ def plot_collective_sizes(data: CollectiveData) -> go.Figure:
             f"source: {esc(fmt_source(point.source))}"
             for point in chosen
         ]
-        figure.add_trace(go.Scattergl(
+        figure.add_trace(_scatter_class(len(chosen))(
             x=[point.bytes for point in chosen], y=[point.dur_ns / 1e9 for point in chosen], mode="markers",
             name=esc(kind), marker={"color": palette[index % len(palette)], "size": 8, "opacity": 0.8},
             hovertext=hover, hoverinfo="text",
@@ -581,14 +588,14 @@ def plot_memory(data: MemoryData) -> go.Figure:
         color = palette[index % len(palette)]
         name = (f"rank {series.rank} · " if multi_rank else "") + (f"tpu:{series.chip}" if series.chip is not None else "host")
         times = [t / 1e9 for t in series.t_ns]
-        figure.add_trace(go.Scattergl(
+        figure.add_trace(_scatter_class(len(times))(
             x=times, y=series.live_bytes, mode="lines+markers" if len(times) < 200 else "lines",
             name=f"{name} live", line={"color": color, "width": 2, "shape": "hv"},
             hovertext=[f"{esc(name)} · {fmt_ns(t)}<br>live {fmt_bytes(live)}<br>peak so far {fmt_bytes(peak)}"
                        for t, live, peak in zip(series.t_ns, series.live_bytes, series.peak_bytes)],
             hoverinfo="text",
         ))
-        figure.add_trace(go.Scattergl(
+        figure.add_trace(_scatter_class(len(times))(
             x=times, y=series.peak_bytes, mode="lines", name=f"{name} peak so far",
             line={"color": color, "width": 1, "dash": "dash", "shape": "hv"}, hoverinfo="skip",
         ))
