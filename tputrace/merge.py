@@ -18,7 +18,8 @@ match in order per (sender, receiver) pair.
 
 Ranks that died. A rank whose trace is missing gets a `runs` row whose `error` says so; a rank whose
 trace ends without an end record (killed) keeps its rows and gets an `error` saying it died (with the
-launcher's reason when known). `meta.merge` holds the same facts as JSON.
+launcher's reason when known). A rank that ended on its own with a failure keeps its own exit status
+and error. `meta.merge` holds the same facts as JSON.
 """
 
 from __future__ import annotations
@@ -77,6 +78,7 @@ class MergeResult:
     world_size: int
     missing: dict[int, str] = field(default_factory=dict)
     died: dict[int, str] = field(default_factory=dict)
+    failed: dict[int, str] = field(default_factory=dict)
     clock: str = "wall clock"
     offsets_ns: dict[str, int] = field(default_factory=dict)
     matched_collectives: int = 0
@@ -92,6 +94,8 @@ class MergeResult:
             lines.append(f"  {self.matched_collectives} collectives matched across ranks; {self.waits_filled} waits filled in")
         for rank, why in sorted(self.died.items()):
             lines.append(f"  rank {rank} died: {why}")
+        for rank, why in sorted(self.failed.items()):
+            lines.append(f"  rank {rank} failed: {why}")
         for rank, why in sorted(self.missing.items()):
             lines.append(f"  rank {rank} is missing: {why}")
         return lines
@@ -102,6 +106,7 @@ class MergeResult:
             "world_size": self.world_size,
             "missing_ranks": {str(rank): why for rank, why in sorted(self.missing.items())},
             "died_ranks": {str(rank): why for rank, why in sorted(self.died.items())},
+            "failed_ranks": {str(rank): why for rank, why in sorted(self.failed.items())},
             "clock": self.clock,
             "clock_offsets_ns": self.offsets_ns,
             "matched_collectives": self.matched_collectives,
@@ -229,7 +234,7 @@ def _open_sources(inputs: Sequence[str | Path], output_path: Path) -> list[_Sour
         for index, path in enumerate(inputs):
             if Path(path).resolve() == output_path:
                 raise MergeError(f"{path} is both an input and the output")
-            trace = open_trace(path)
+            trace = _open_recovering(Path(path))
             sources.append(_Source(index, trace, {}))
             runs = {run.rank: run for run in trace.runs}
             if not runs:
@@ -245,6 +250,28 @@ def _open_sources(inputs: Sequence[str | Path], output_path: Path) -> list[_Sour
             source.trace.close()
         raise
     return sources
+
+
+def _open_recovering(path: Path) -> Trace:
+    """Open a trace; one whose writer was stopped half-way through a commit (a hot `-journal` next to
+    it, which a read-only reader cannot roll back) is opened from a rolled-back copy."""
+    journal = Path(f"{path}-journal")
+    if not journal.exists() or journal.stat().st_size == 0:
+        return open_trace(path)
+    import shutil
+    import tempfile
+
+    copy = Path(tempfile.mkdtemp(prefix="tputrace-merge-")) / path.name
+    shutil.copyfile(path, copy)
+    shutil.copyfile(journal, f"{copy}-journal")
+    connection = sqlite3.connect(copy)
+    try:
+        connection.execute("SELECT COUNT(*) FROM meta").fetchall()  # reading rolls the journal back
+    except sqlite3.Error as error:
+        raise MergeError(f"{path} was left half-written and cannot be recovered: {error}") from None
+    finally:
+        connection.close()
+    return open_trace(copy)
 
 
 def _placeholder_run(rank: int) -> RunInfo:
@@ -287,8 +314,8 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
     for rank, run in runs.items():
         if run.end_ns is None:
             result.died[rank] = failures.get(rank, "its trace ends without an end record (the process was killed or crashed)")
-        elif rank in failures:
-            result.died[rank] = failures[rank]
+        elif run.exit_status:
+            result.failed[rank] = _failure_text(run, failures.get(rank))
 
     writer = TraceWriter(output, rank=min(runs), created_unix_ns=origin)
     try:
@@ -392,6 +419,31 @@ def _converter(role: str, table: str, remap: _Remap) -> Any:
     if role == "time":
         return lambda value, shift: None if value is None else value + shift
     return lambda value, shift: value
+
+
+def _failure_text(run: RunInfo, launcher_reason: str | None) -> str:
+    """Why a rank that ended on its own failed: its exit status and the last line of its error."""
+    status = run.exit_status or 0
+    text = f"exit status {status}"
+    if status > 128:
+        import signal
+
+        try:
+            text += f" ({signal.Signals(status - 128).name}: stopped)"
+        except ValueError:
+            pass
+    if run.error:
+        text += f", {_exception_line(run.error)}"
+    return text
+
+
+def _exception_line(error: str, limit: int = 200) -> str:
+    """The `Type: message` line of a formatted exception (its last one), shortened."""
+    import re
+
+    lines = error.strip().splitlines()
+    line = next((line for line in reversed(lines) if re.match(r"^[A-Za-z_][\w.]*: ", line)), lines[-1] if lines else "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _write_run(writer: TraceWriter, run: RunInfo, origin: int, shift: int, world_size: int, died: str | None) -> None:

@@ -20,7 +20,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from tputrace.backend.distributed import tracing
 from tputrace.backend.distributed.staging import Staging
@@ -56,9 +55,9 @@ class TpuProcessGroup(dist.ProcessGroup):
     # ----------------------------------------------------------------- the common path
     def _start(self, kind: str, tensors: Sequence[torch.Tensor], nbytes: int, ranks: str | None = None) -> tuple[Staging, tracing.CollectiveCall | None]:
         call = tracing.open_call(kind, list(tensors), nbytes, self._group_label(), ranks or self._ranks_text, TRANSPORT)
-        return Staging(tensors), call
+        return Staging(tensors, kind), call
 
-    def _launch(self, staging: Staging, call: tracing.CollectiveCall | None, issue: Callable[[], Any], result: list[torch.Tensor], after: Callable[[], None] | None = None) -> dist.Work:
+    def _launch(self, staging: Staging, call: tracing.CollectiveCall | None, issue: Callable[[], Any], result: list[torch.Tensor]) -> dist.Work:
         """Run `issue()` (one gloo call, or a list of them) and return a Work that completes once the
         results are back in their tensors."""
         if call is not None:
@@ -67,14 +66,12 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_works = issued if isinstance(issued, list) else [issued]
 
         def finish() -> list[torch.Tensor]:
-            if after is not None:
-                after()
             staging.write_back()
             if call is not None:
                 call.finished()
             return result
 
-        return _create_work_from_future(_when_done(host_works, finish))
+        return CollectiveWork(_when_done(host_works, finish), staging.kind)
 
     # ----------------------------------------------------------------- all-reduce
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -234,6 +231,55 @@ class TpuProcessGroup(dist.ProcessGroup):
         staging, call = self._start("recv", tensors, tracing.message_bytes(tensors))
         hosts = [staging.output(tensor) for tensor in tensors]
         return self._launch(staging, call, lambda: self._host.recv_anysource(hosts, tag), tensors)
+
+
+class CollectiveError(RuntimeError):
+    """A collective that did not complete: a peer died or hung, or the transport failed."""
+
+
+def _transport_message(error: BaseException) -> str:
+    """The transport's own words, without the future-callback wrapping and traceback lines."""
+    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+    for prefix in ("Got the following error when running the callback: ", "RuntimeError: "):
+        text = text.removeprefix(prefix)
+    return text.split(" This is typically caused")[0]
+
+
+class CollectiveWork(dist.Work):
+    """The `Work` of one collective on a tpu process group: done when its results are back on the chip.
+
+    `wait()` raises the transport's error (a peer that died, a timeout), which c10d's own
+    future-wrapping work does not; `get_future()` is what DDP's reducer chains on."""
+
+    def __init__(self, future: torch.futures.Future, kind: str) -> None:
+        super().__init__()
+        self._future = future
+        self._kind = kind
+
+    def wait(self, timeout: Any = None) -> bool:
+        try:
+            self._future.wait()
+        except RuntimeError as error:
+            raise CollectiveError(f"{self._kind} on the tpu process group failed: {_transport_message(error)}") from None
+        return True
+
+    def is_completed(self) -> bool:
+        return self._future.done()
+
+    def is_success(self) -> bool:
+        if not self._future.done():
+            return False
+        try:
+            self._future.value()
+        except Exception:  # noqa: BLE001 - failure is the answer
+            return False
+        return True
+
+    def get_future(self) -> torch.futures.Future:
+        return self._future
+
+    def result(self) -> list[torch.Tensor]:
+        return self._future.wait()
 
 
 def _single(kind: str, tensors: Sequence[torch.Tensor]) -> None:

@@ -24,7 +24,8 @@ class StagingError(RuntimeError):
 class Staging:
     """The host side of one collective: host inputs, host outputs, and where the outputs go back."""
 
-    def __init__(self, tensors: Sequence[torch.Tensor]) -> None:
+    def __init__(self, tensors: Sequence[torch.Tensor], kind: str) -> None:
+        self.kind = kind
         self.writes: list[tuple[torch.Tensor, torch.Tensor]] = []
         if any(isinstance(tensor, TpuTensor) for tensor in tensors):
             hooks.flush_pending("collective")

@@ -153,6 +153,8 @@ def run_ranks(target: Target, args: argparse.Namespace) -> int:
     if not failures:
         return 0
     first = min(failures, key=lambda rank: failures[rank].timestamp)
+    stopped = "; the launcher stopped the other ranks" if args.nproc > 1 else ""
+    print(f"tputrace: rank {first} failed first ({failures[first].reason}){stopped}", file=sys.stderr)
     return failures[first].exit_status
 
 
@@ -291,7 +293,8 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
                 exit_status = EXIT_SCRIPT_RAISED
     finally:
         _stop(status_line)
-        recorder.stop(exit_status=exit_status, error=error_text)
+        with _sigterm_deferred():
+            recorder.stop(exit_status=exit_status, error=error_text)
     return exit_status
 
 
@@ -386,6 +389,26 @@ def _sigterm_raises_system_exit() -> Iterator[None]:
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@contextmanager
+def _sigterm_deferred() -> Iterator[None]:
+    """Hold SIGTERM while the trace is finished (a half-closed trace would need a writable file to
+    open); a SIGTERM that came meanwhile then ends the process with `SystemExit(143)`. A launcher
+    stopping ranks after one failed sends it exactly then; it sends SIGKILL if this takes too long."""
+    import signal
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    received: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    if received:
+        raise SystemExit(128 + received[0])
 
 
 class LiveStatus:
