@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import gzip
 import json
+import queue
+import threading
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -30,15 +32,9 @@ from typing import IO, TYPE_CHECKING, Any
 from tputrace.viewers.xplane import (
     DEFAULT_TARGET,
     DUR,
-    FRAME,
-    INPUTS,
-    MODULE,
-    OP,
-    OUTPUTS,
     PROGRAM,
     SEQ,
     START,
-    STEP,
     TIME_ESTIMATE_NOTE,
     OpKey,
     OpRow,
@@ -104,8 +100,13 @@ class _Track:
         self.clear()
 
     def clear(self) -> None:
-        self.starts, self.ends, self.fragments = array("q"), array("q"), array("q")
-        self.values = [array("q") for _ in self.columns]
+        """Drop every slice (in place: appends bound before stay valid)."""
+        if hasattr(self, "starts"):
+            for column in (self.starts, self.ends, self.fragments, *self.values):
+                del column[:]
+        else:
+            self.starts, self.ends, self.fragments = array("q"), array("q"), array("q")
+            self.values = [array("q") for _ in self.columns]
         self.extras: dict[int, str] = {}
         self.lanes: array[int] | None = None
 
@@ -146,6 +147,8 @@ class _Track:
             return 1
         starts, ends = self.starts, self.ends
         order = self.order()
+        if order is None and _disjoint(starts, ends):
+            return 1
         lanes = array("q", bytes(8 * len(starts)))
         open_ends: list[list[int]] = [[]]
         for index in order if order is not None else range(len(starts)):
@@ -166,28 +169,90 @@ class _Track:
     def tid_of(self, index: int) -> int:
         return self.tid + (self.lanes[index] * _LANE_STRIDE if self.lanes is not None else 0)
 
-    def lines(self, fragments: list[tuple[str, str]]) -> Iterator[str]:
-        """The slices as JSON objects (`assign_lanes` first). Formatted by one template per track
-        over columns, which is what keeps a million slices fast."""
+    def lines(self, heads: list[str], fragment_args: list[str]) -> Iterator[str]:
+        """The slices as JSON objects (`assign_lanes` first), given each fragment's head and args.
+        Formatted by one template per track over columns, which keeps a million slices fast."""
         count = len(self.starts)
         tids: Iterable[int] = ([self.tid + lane * _LANE_STRIDE for lane in self.lanes] if self.lanes is not None
                                else [self.tid] * count)
-        timestamps = [start / 1000 for start in self.starts]
-        durations = [(end - start) / 1000 for start, end in zip(self.starts, self.ends)]
-        heads = [fragments[fragment][0] for fragment in self.fragments]
-        columns = [[("null" if value == _NULL else str(value)) for value in column] for column in self.values]
+        timestamps, durations = _microseconds(self.starts, self.ends)
+        slice_heads = list(map(heads.__getitem__, self.fragments))
+        columns = [list(map(str, column)) if min(column, default=0) != _NULL
+                   else [("null" if value == _NULL else str(value)) for value in column] for column in self.values]
         if self.columns:
             members = ",".join(f'"{name}":%s' for name in self.columns)
-            args = [("," + fragments[fragment][1]) if fragments[fragment][1] else "" for fragment in self.fragments]
+            leading = [("," + args) if args else "" for args in fragment_args]
+            args = list(map(leading.__getitem__, self.fragments))
         else:
             members = ""
-            args = [fragments[fragment][1] for fragment in self.fragments]
+            args = list(map(fragment_args.__getitem__, self.fragments))
         if self.extras:
             for index, extra in self.extras.items():
                 joined = extra + ("," + args[index].lstrip(",") if args[index] else "")
                 args[index] = ("," + joined) if self.columns else joined
         template = '{"ph":"X","pid":%d,"tid":%%d,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, members)
-        yield from map(template.__mod__, zip(tids, timestamps, durations, heads, *columns, args))
+        yield from map(template.__mod__, zip(tids, timestamps, durations, slice_heads, *columns, args))
+
+
+def _disjoint(starts: array[int], ends: array[int]) -> bool:
+    """Whether slices in start order each end before the next starts."""
+    try:
+        import numpy
+    except ImportError:
+        return all(map(int.__le__, ends[:-1], starts[1:]))
+    begin, end = numpy.frombuffer(starts, dtype=numpy.int64), numpy.frombuffer(ends, dtype=numpy.int64)
+    return bool((end[:-1] <= begin[1:]).all())
+
+
+def _microseconds(starts: array[int], ends: array[int]) -> tuple[list[float], list[float]]:
+    """Starts and durations in microseconds (three decimals of them are whole nanoseconds)."""
+    try:
+        import numpy
+    except ImportError:
+        return [start / 1000 for start in starts], [(end - start) / 1000 for start, end in zip(starts, ends)]
+    begin, end = numpy.frombuffer(starts, dtype=numpy.int64), numpy.frombuffer(ends, dtype=numpy.int64)
+    return (begin / 1000).tolist(), ((end - begin) / 1000).tolist()
+
+
+class _BackgroundWriter:
+    """A text stream whose bytes are compressed (gzip, when `compresslevel` is given) and written by
+    a thread, so that compressing one chunk overlaps formatting the next (zlib runs without the GIL)."""
+
+    def __init__(self, path: Path, compresslevel: int | None) -> None:
+        self._file = path.open("wb")
+        self._sink: IO[bytes] = (gzip.GzipFile(fileobj=self._file, mode="wb", compresslevel=compresslevel, mtime=0)
+                                 if compresslevel is not None else self._file)
+        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="perfetto-writer", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            if self._error is None:
+                try:
+                    self._sink.write(chunk)
+                except BaseException as error:  # raised again in the caller's thread, on close
+                    self._error = error
+
+    def write(self, text: str) -> None:
+        if self._error is not None:
+            raise self._error
+        self._chunks.put(text.encode("utf-8"))
+
+    def __enter__(self) -> _BackgroundWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._chunks.put(None)
+        self._thread.join()
+        try:
+            if self._sink is not self._file:
+                self._sink.close()
+        finally:
+            self._file.close()
+        if self._error is not None and exc_info[0] is None:
+            raise self._error
 
 
 class _Export:
@@ -240,7 +305,7 @@ class _Export:
         host_pid = rank * _PIDS_PER_RANK + 1
         self.process_names[host_pid] = (f"rank {rank} · host {host}", host_pid)
         host_tracks = {
-            name: self.track(host_pid, index + 1, name, ("seq", "step") if name == "Python dispatch" else ())
+            name: self.track(host_pid, index + 1, name, ("seq",) if name == "Python dispatch" else ())
             for index, name in enumerate(HOST_THREADS)
         }
         chip_pids: dict[int, int] = {}
@@ -261,24 +326,28 @@ class _Export:
         text, source = tables.text, tables.source
         dispatch_fragments: dict[tuple[Any, ...], int] = {}
 
-        def on_op(row: OpRow) -> None:
+        def new_dispatch_fragment(key: tuple[Any, ...]) -> int:
+            op_sid, inputs_sid, outputs_sid, frame_id, module_sid = key
+            fragment = dispatch_fragments[key] = self.fragment(("dispatch", *key), text(op_sid) or "op", "dispatch", {
+                "inputs": text(inputs_sid), "outputs": text(outputs_sid), "module": text(module_sid),
+                "source": source(frame_id),
+            })
+            return fragment
+
+        # One call per op of the trace: everything it touches is bound to a local name.
+        def on_op(row: OpRow, get: Any = dispatch_fragments.get, add_start: Any = dispatch.starts.append,
+                  add_end: Any = dispatch.ends.append, add_fragment: Any = dispatch.fragments.append,
+                  add_seq: Any = dispatch.values[0].append) -> None:
             key = row[2:5] + row[8:10]  # op, inputs, outputs, frame, module
-            fragment = dispatch_fragments.get(key)
-            if fragment is None:
-                fragment = dispatch_fragments[key] = self.fragment(("dispatch", *key), text(row[OP]) or "op", "dispatch", {
-                    "inputs": text(row[INPUTS]), "outputs": text(row[OUTPUTS]), "module": text(row[MODULE]),
-                    "source": source(row[FRAME]),
-                })
             start = row[START] + offset
             if strict and row[PROGRAM] is not None:
                 dispatch_index[row[SEQ]] = len(dispatch.starts)
-            dispatch.starts.append(start)
-            dispatch.ends.append(start + (row[DUR] or 0))
-            dispatch.fragments.append(fragment)
-            seqs.append(row[SEQ])
-            steps.append(_NULL if row[STEP] is None else row[STEP])
+            fragment = get(key)
+            add_start(start)
+            add_end(start + (row[DUR] or 0))
+            add_fragment(new_dispatch_fragment(key) if fragment is None else fragment)
+            add_seq(row[SEQ])
 
-        seqs, steps = dispatch.values[0], dispatch.values[1]
 
         runs: list[tuple[ProgramRun, _Track, int]] = []
 
@@ -288,10 +357,8 @@ class _Export:
             runs.append((run, programs, self._add_run(run, programs, offset)))
 
         def restart() -> None:
-            nonlocal seqs, steps
             for track in [dispatch, *(self.track(pid, 2, "XLA programs", nested=True) for pid in chip_pids.values())]:
                 track.clear()
-            seqs, steps = dispatch.values[0], dispatch.values[1]
             runs.clear()
             dispatch_index.clear()
 
@@ -341,11 +408,14 @@ class _Export:
             if fragment is None:
                 fragment = self._op_fragment(OpKey._make(key), flops, read + write, run.estimated)
             fragments.append(fragment)
+        # Ops follow each other: each ends where the next begins, the last where the program ends.
         begins = [int(op_start + 0.5) + offset for op_start in run.op_starts_ns]
-        ends = [int(op_start + op_dur + 0.5) + offset for op_start, op_dur in zip(run.op_starts_ns, run.op_durs_ns)]
-        programs.starts.extend([begin if begin > start else start for begin in begins])
-        programs.ends.extend([op_end if op_end < end else end for op_end in ends])
-        programs.fragments.extend(fragments)
+        if begins:
+            begins[0] = start
+            programs.starts.extend(begins)
+            programs.ends.extend(begins[1:])
+            programs.ends.append(end)
+            programs.fragments.extend(fragments)
         return run_index
 
     def _op_fragment(self, key: OpKey, flops: float, bytes_accessed: float, estimated: bool) -> int:
@@ -445,7 +515,7 @@ class _Export:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def write(self, stream: IO[str]) -> tuple[int, int]:
+    def write(self, stream: IO[str] | _BackgroundWriter) -> tuple[int, int]:
         """Write the JSON document; returns (slices, flows)."""
         tracks = [track for track in self.tracks.values() if len(track)]
         lanes = {id(track): track.assign_lanes() for track in tracks}
@@ -470,8 +540,10 @@ class _Export:
 
         emit(self._name_events(tracks, lanes))
         slices = 0
+        heads = [head for head, _ in self.fragments]
+        fragment_args = [args for _, args in self.fragments]
         for track in tracks:
-            emit(track.lines(self.fragments))
+            emit(track.lines(heads, fragment_args))
             slices += len(track)
         emit(self.instants)
         emit(self.counters)
@@ -502,19 +574,20 @@ class _Export:
                    f'"ts":{_us(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
 
 
-def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 3) -> PerfettoExport:
-    """Write the trace as Chrome trace-event JSON to `path` (gzipped when it ends in `.gz`)."""
+def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 1) -> PerfettoExport:
+    """Write the trace as Chrome trace-event JSON to `path` (gzipped when it ends in `.gz`; level 1
+    by default: a million events make half a gigabyte of JSON, and level 1 compresses it nearly as
+    well as the default, several times faster)."""
     out = Path(path)
     tables = TraceTables(trace)
     export = _Export(tables, target_chip(target))
     for rank, host in host_names(trace).items():
         export.add_rank(rank, host)
     temporary = out.with_name(out.name + ".partial")
-    if out.suffix == ".gz":
-        with gzip.open(temporary, "wt", encoding="utf-8", compresslevel=compresslevel) as stream:
+    try:
+        with _BackgroundWriter(temporary, compresslevel if out.suffix == ".gz" else None) as stream:
             slices, flows = export.write(stream)
-    else:
-        with temporary.open("w", encoding="utf-8") as stream:
-            slices, flows = export.write(stream)
-    temporary.replace(out)
+        temporary.replace(out)
+    finally:
+        temporary.unlink(missing_ok=True)
     return PerfettoExport(out, slices, len(export.instants), len(export.counters), flows)

@@ -1080,8 +1080,11 @@ def export_tensorboard(trace: Trace, logdir: str | Path, *, run: str | None = No
         pieces, device_events, host_events = build_xspace(tables, rank, chip, host)
         path = run_dir / f"{host}.xplane.pb"
         temporary = path.with_name(path.name + ".partial")
-        with temporary.open("wb") as file:
-            file.writelines(pieces)
-        temporary.replace(path)
+        try:
+            with temporary.open("wb") as file:
+                file.writelines(pieces)
+            temporary.replace(path)
+        finally:
+            temporary.unlink(missing_ok=True)
         exports.append(RankExport(rank, host, path, device_events, host_events))
     return exports
