@@ -83,14 +83,17 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
     stalled = (f"{format_ns(steady_stall / max(context.steady_count, 1))} stalled per step" if context.steps
                else f"{format_ns(stall_ns)} stalled")
     title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}): {stalled}"
+    pending = pending_ops / count
+    waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
+                 else "is for programs already queued on the chip")
     explanation = (
         f"At {where} the host waited for the chip ({kind} sync) {plural(count, 'time')} in {plural(steps_with, 'step')}, "
-        f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait runs the "
-        f"{pending_ops / count:.0f} pending ops on average and stops the host from queueing more work meanwhile."
+        f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait {waits_for}, and the host queues "
+        f"no more work meanwhile."
     )
     evidence = (
         context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
-        Evidence(f"{pending_ops} pending ops forced to run by these syncs", table="syncs"),
+        Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),
     )
     return Finding(
         analyzer=NAME,
