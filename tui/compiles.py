@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from tputrace.store.aggregates import CompileStats
     from tputrace.store.records import SourceLocation
 
-PAGE = 500
+PAGE = 100
 
 
 class CompilesView(TraceView):

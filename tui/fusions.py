@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from textual.app import ComposeResult
     from textual.widget import Widget
 
-PAGE = 500
+PAGE = 100
 
 
 class FusionsView(TraceView):

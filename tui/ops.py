@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from textual.timer import Timer
     from textual.widget import Widget
 
-INSTANCE_PAGE = 200
+INSTANCE_PAGE = 100
 FILTER_DELAY_S = 0.3
 GROUP_COLUMNS = (("count", "count"), ("total", "total"), ("mean", "mean"), ("share", "share"), ("", "bar"))
 INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), ("start", "start"), ("time", "dur"), ("inputs", "inputs"),

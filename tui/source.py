@@ -102,7 +102,7 @@ class SourceView(TraceView):
             with Vertical(id="source-main"):
                 yield StatusLine(Text("loading…"), id="source-status", classes="status")
                 yield TraceTable(("time", "time"), ("ops", "ops"), ("compiles", "compiles"), ("syncs", "syncs"), ("line", "line"),
-                                 ("", "code"), page_size=1_000_000, max_column_width=240, id="source-code")
+                                 ("", "code"), page_size=300, max_column_width=240, id="source-code")
 
     def primary(self) -> Widget | None:
         return self.query_one("#source-code")
@@ -196,6 +196,17 @@ class SourceView(TraceView):
         if not self.row_lines:
             return
         row = min(range(len(self.row_lines)), key=lambda index: abs(self.row_lines[index] - line))
+        height = table.scrollable_content_region.height
+        if table.row_count < row + height and table.has_more:
+            # Rows are added a page at a time; add up to the line, then place the cursor once the
+            # table knows its new size.
+            table.ensure_rows(row + height)
+            self.call_after_refresh(self._place_cursor, row)
+        else:
+            self._place_cursor(row)
+
+    def _place_cursor(self, row: int) -> None:
+        table = self.query_one("#source-code", TraceTable)
         table.scroll_to(y=max(row - table.scrollable_content_region.height // 2, 0), animate=False)
         table.move_cursor(row=row, animate=False)
 

@@ -75,7 +75,7 @@ class TraceTable(DataTable, inherit_bindings=False):
         def control(self) -> TraceTable:
             return self.table
 
-    def __init__(self, *columns: str | tuple[str, str], page_size: int = 200, max_column_width: int = 80, **kwargs: Any) -> None:
+    def __init__(self, *columns: str | tuple[str, str], page_size: int = 100, max_column_width: int = 80, **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.max_column_width = max_column_width
         self._column_specs = columns
@@ -133,6 +133,11 @@ class TraceTable(DataTable, inherit_bindings=False):
         elif self._more and not self._requested:
             self._requested = True
             self.post_message(self.NeedMore(self, self.loaded))
+
+    def ensure_rows(self, count: int) -> None:
+        """Add pages of the rows already given until at least `count` rows are in the table."""
+        while self.row_count < count and self._waiting:
+            self._add_page()
 
     def _add_page(self) -> None:
         page, self._waiting = self._waiting[: self.page_size], self._waiting[self.page_size:]
