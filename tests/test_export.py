@@ -171,6 +171,7 @@ def test_op_metadata_carries_category_framework_op_source_and_costs(sample_logdi
         breakdown = op_metrics_pb2.MemoryAccessBreakdown.FromString(values["memory_access_breakdown"])
         assert sum(access.bytes_accessed for access in breakdown.memory_accessed) == pytest.approx(values["bytes_accessed"], abs=2)
         assert {access.memory_space for access in breakdown.memory_accessed} == {1}  # HBM
+        assert values["time_estimate"] == xplane.TIME_ESTIMATE_NOTE  # stored once, referred to by id
     assert len(keys) == len(metadata)  # program_id + symbol_id identify an op
     by_name = {entry.name.rsplit(".", 1)[0]: values for entry, values in zip(metadata, stats)}
     assert by_name["aten.addmm.default"]["hlo_category"] == "matmul"

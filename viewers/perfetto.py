@@ -51,7 +51,7 @@ if TYPE_CHECKING:
 
 HOST_THREADS = ("Steps", "Annotations", "Python dispatch", "Flushes", "XLA compile", "Syncs", "Transfers",
                 "CPU fallbacks", "Collectives")
-CHIP_THREADS = ("Steps", "XLA programs")
+CHIP_STEPS_TID, CHIP_PROGRAMS_TID = 1, 2  # a chip's threads: Steps, and programs with their ops nested
 _LANE_STRIDE = 100  # tid of lane k of a thread: base tid + k * _LANE_STRIDE
 _PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for chips
 _FLOW_NAME = "runs on chip"
@@ -353,11 +353,11 @@ class _Export:
 
         def on_run(run: ProgramRun) -> None:
             # Programs follow each other on a chip and their ops nest inside them (see `_add_run`).
-            programs = self.track(chip_pid(run.chip), 2, "XLA programs", nested=True)
+            programs = self.track(chip_pid(run.chip), CHIP_PROGRAMS_TID, "XLA programs", nested=True)
             runs.append((run, programs, self._add_run(run, programs, offset)))
 
         def restart() -> None:
-            for track in [dispatch, *(self.track(pid, 2, "XLA programs", nested=True) for pid in chip_pids.values())]:
+            for track in [dispatch, *(self.track(pid, CHIP_PROGRAMS_TID, "XLA programs", nested=True) for pid in chip_pids.values())]:
                 track.clear()
             runs.clear()
             dispatch_index.clear()
@@ -376,7 +376,7 @@ class _Export:
                 continue
             fragment = self.fragment(("step", step), f"step {step}", "step", {"step": step})
             for pid in chip_pids.values():
-                self.track(pid, 1, "Steps").add(start_ns + offset, end_ns + offset, fragment)
+                self.track(pid, CHIP_STEPS_TID, "Steps").add(start_ns + offset, end_ns + offset, fragment)
         for chip_index, t_ns, live, peak in trace.sql(
             "SELECT chip, t_ns, live_bytes, peak_bytes FROM memory WHERE rank = ? ORDER BY t_ns", (rank,)
         ):

@@ -583,7 +583,8 @@ def scan_rank(tables: TraceTables, rank: int, chip: TargetChip, on_run: Callable
 
 @dataclass(frozen=True, slots=True)
 class Ref:
-    """A string stat stored once in the plane's stat metadata and referred to by id (`ref_value`)."""
+    """A string stat stored once in the plane's stat metadata and referred to by id (`ref_value`):
+    for a long string that many events or metadata repeat."""
 
     text: str
 
@@ -857,7 +858,7 @@ def _add_op_metadata(builder: _PlaneBuilder, tables: TraceTables, run: ProgramRu
             ("tf_op", framework_op(aten, None) if aten else None),
             ("long_name", f"{name}: {fusion.kind} fusion of {fusion.hlo_ops}" if fusion else name),
             ("aten_ops", ", ".join(fusion.aten_ops) if fusion else None),
-            ("time_estimate", TIME_ESTIMATE_NOTE),
+            ("time_estimate", Ref(TIME_ESTIMATE_NOTE)),
         ))
     text = tables.text
     op_name = text(key.op_sid) or "op"
@@ -871,7 +872,7 @@ def _add_op_metadata(builder: _PlaneBuilder, tables: TraceTables, run: ProgramRu
         ("source", tables.source(key.frame_id)),
         ("long_name", f"{op_name}({inputs or ''}) -> {outputs or ''}"),
         ("xla_fusion", f"{fusion.name} ({fusion.kind})" if fusion else None),
-        ("time_estimate", TIME_ESTIMATE_NOTE if run.estimated else None),
+        ("time_estimate", Ref(TIME_ESTIMATE_NOTE) if run.estimated else None),
     ))
 
 
