@@ -62,8 +62,8 @@ class OpsView(TraceView):
 
     def load(self) -> None:
         self.drilled = False
-        grouping, rank, text = self.grouping, self.session.rank, self.text_filter
-        self.request("main", lambda trace: queries.op_groups(trace, grouping, rank, text))
+        grouping, rank, text, session = self.grouping, self.session.rank, self.text_filter, self.session
+        self.request("main", lambda trace: queries.op_groups(trace, grouping, rank, text, all_ns=session.ops_total_ns() if text else None))
         self._status("loading…")
 
     def apply(self, slot: str, payload: Any) -> None:

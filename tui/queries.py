@@ -265,18 +265,24 @@ def _text_filter(group_by: OpGrouping, text: str) -> tuple[str, tuple[Any, ...]]
     )
 
 
-def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "") -> list[OpGroup]:
+def ops_total_ns(trace: Trace, rank: int) -> int:
+    """The time of all ops of `rank` (what an op group's share is a share of)."""
+    where, params = _rank_clause(rank)
+    return trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED WHERE {where}", params)[0][0]
+
+
+def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, all_ns: int | None = None) -> list[OpGroup]:
     """Ops of `rank` grouped by `group_by` (optionally only groups whose label contains `text`), biggest total first.
 
-    `share` is of all ops' time on the rank, filter or not.
+    `share` is of all ops' time on the rank (`all_ns`; computed when not given), filter or not.
     """
     if group_by not in _GROUP_COLUMNS:
         raise ValueError(f"unknown op grouping {group_by!r}")
     columns = ", ".join(_GROUP_COLUMNS[group_by])
     where, params = _rank_clause(rank)
-    all_ns = None
     if text:
-        (all_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED WHERE {where}", params)[0]
+        if all_ns is None:
+            all_ns = ops_total_ns(trace, rank)
         match_sql, match_params = _text_filter(group_by, text)
         where, params = f"{where} AND {match_sql}", params + match_params
     rows = trace.sql(
@@ -285,8 +291,7 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "") -> 
         params,
     )
     if all_ns is None:  # unfiltered and uncapped groups add up to all ops: no second scan
-        all_ns = sum(row[-1] for row in rows) if len(rows) < MAX_GROUPS else trace.sql(
-            f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED WHERE {where}", params)[0][0]
+        all_ns = sum(row[-1] for row in rows) if len(rows) < MAX_GROUPS else ops_total_ns(trace, rank)
     groups = []
     for row in rows:
         key, (count, total_ns) = tuple(row[:-2]), row[-2:]

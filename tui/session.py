@@ -102,6 +102,10 @@ class Session:
         rank = self.rank
         return self.shared(("steps", rank), lambda trace: queries.step_rows(trace, rank))
 
+    def ops_total_ns(self) -> int:
+        rank = self.rank
+        return self.shared(("ops_total", rank), lambda trace: queries.ops_total_ns(trace, rank))
+
     def source_stats(self) -> list[queries.FileStat]:
         rank = self.rank
         return self.shared(("source", rank), lambda trace: queries.source_stats(trace, rank))
