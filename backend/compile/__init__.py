@@ -13,6 +13,8 @@ written to it.
 
 from __future__ import annotations
 
+import warnings
+
 from tputrace.backend.compile.settings import CompileSettings
 
 BACKEND_NAME = "tpu"
@@ -24,6 +26,7 @@ def register() -> None:
     global _backend
     if _backend is not None:
         return
+    import torch._dynamo.trace_rules
     from torch._dynamo.backends.registry import register_backend
 
     from tputrace.backend.compile.backend import TpuBackend
@@ -31,7 +34,72 @@ def register() -> None:
 
     _backend = TpuBackend(events)
     register_backend(compiler_fn=_backend, name=BACKEND_NAME)
+    _keep_dynamo_out()
     events.install()
+    # While a trace is recorded, tputrace's global module hooks (module paths for eager ops) make torch
+    # warn at every call of a compiled module; inside compiled regions those hooks do nothing.
+    warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+
+
+# Traced by Dynamo on purpose: the recorder's module hooks do nothing inside a compiled region, and a
+# skipped hook would break the graph at every module call.
+_TRACEABLE_MODULES = ("tputrace.backend.hooks",)
+
+
+def _keep_dynamo_out() -> None:
+    """Dynamo compiles the user's code, never tputrace's: a call from compiled code into tputrace (a
+    tensor's `__format__`, `tputrace.annotate`) is a graph break at the user's line, and tputrace
+    code running while a compiled frame is active (every eager op in a graph-break region reaches
+    `__torch_dispatch__`, then the dispatcher and JAX) is not intercepted, nor is anything it calls."""
+    import pkgutil
+    import sys
+
+    import torch._dynamo.trace_rules
+    from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
+
+    backend_package = sys.modules["tputrace.backend"]  # still being imported when this runs
+    names = ["tputrace"] + [f"tputrace.backend.{module.name}" for module in pkgutil.iter_modules(backend_package.__path__)]
+    for name in names:
+        if name not in _TRACEABLE_MODULES:
+            torch._dynamo.trace_rules.add(name)
+    skip_all = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
+    for name, module in list(sys.modules.items()):
+        if (name == "tputrace" or name.startswith("tputrace.")) and name not in _TRACEABLE_MODULES and module is not None:
+            for code in _module_code(module):
+                set_code_exec_strategy(code, skip_all)
+
+
+def _module_code(module: object) -> list:
+    """The code objects of the functions and methods a module defines (nested functions included)."""
+    import types
+
+    codes: list[types.CodeType] = []
+
+    def add(code: types.CodeType) -> None:
+        codes.append(code)
+        for constant in code.co_consts:
+            if isinstance(constant, types.CodeType):
+                add(constant)
+
+    def visit(value: object) -> None:
+        if isinstance(value, (staticmethod, classmethod)):
+            value = value.__func__
+        if isinstance(value, property):
+            for accessor in (value.fget, value.fset, value.fdel):
+                if accessor is not None:
+                    visit(accessor)
+            return
+        code = getattr(value, "__code__", None)
+        if isinstance(code, types.CodeType) and getattr(value, "__module__", None) == module.__name__:
+            add(code)
+
+    for value in list(vars(module).values()):
+        if isinstance(value, type) and value.__module__ == module.__name__:
+            for member in list(vars(value).values()):
+                visit(member)
+        else:
+            visit(value)
+    return codes
 
 
 __all__ = ["BACKEND_NAME", "CompileSettings", "register"]

@@ -14,7 +14,8 @@ that some input dim is exactly (a dim made dynamic by `mark_dynamic` or `dynamic
 - the size itself must not be used as a value (e.g. dividing by the sequence length);
 - every op must be one of those kinds (pointwise, view, reduction, matmul, mixing op with a `dim`,
   layer norm, embedding, factory); any other op refuses bucketing for the graph;
-- each output dim carrying the symbol must be exactly it, so the output can be sliced back.
+- each output dim carrying the symbol must be exactly it, so the output can be sliced back; sizes
+  and strides the graph returns (AOTAutograd's output metadata) are recomputed for the true size.
 
 A graph that fails compiles per concrete shape as usual, and the reason is recorded.
 """
@@ -80,9 +81,11 @@ class SymbolPadding:
 
 @dataclass
 class BucketCall:
-    """One call's bucketing: for each symbol, its true size and the bucket it ran at."""
+    """One call's bucketing: for each symbol, its true size and the bucket it ran at, and the true
+    value of every size symbol of the inputs."""
 
     sizes: dict[str, tuple[int, int]] = field(default_factory=dict)
+    values: dict[Any, int] = field(default_factory=dict)
 
     def describe(self) -> str:
         return ", ".join(f"{symbol} {size} -> {bucket}" for symbol, (size, bucket) in self.sizes.items())
@@ -96,9 +99,13 @@ class BucketPlan:
     """How to pad a graph's inputs and slice its outputs for the symbols that are safe to pad."""
 
     symbols: list[SymbolPadding]
+    sources: dict[Any, tuple[str, int, int]]  # size symbol -> ("array", position, dim) or ("static", index, 0)
+    value_outputs: list[tuple[int, Any]]  # (graph output index, sympy expression of a returned size)
 
     def pad(self, arrays: list[Any], statics: dict[int, Any], settings: Any) -> tuple[list[Any], dict[int, Any], BucketCall]:
         call = BucketCall()
+        for symbol, (kind, index, dim) in self.sources.items():
+            call.values[symbol] = int(arrays[index].shape[dim]) if kind == "array" else int(statics[index])
         arrays = list(arrays)
         statics = dict(statics)
         for padding in self.symbols:
@@ -120,8 +127,10 @@ class BucketPlan:
                 statics[index] = bucket
         return arrays, statics, call
 
-    def unpad(self, results: Sequence[Any], layout: Any, call: BucketCall) -> list[Any]:
+    def unpad(self, results: Sequence[Any], layout: Any, call: BucketCall) -> tuple[list[Any], dict[int, int]]:
+        """The outputs sliced back to the true sizes, and the true values of the sizes the graph returns."""
         results = list(results)
+        values = {output_index: int(expr.subs(call.values)) for output_index, expr in self.value_outputs}
         for padding in self.symbols:
             size, bucket = call.sizes[padding.symbol]
             if size == bucket:
@@ -130,14 +139,24 @@ class BucketPlan:
                 slot = layout.outputs[output_index]
                 if slot.kind == "array":
                     results[slot.index] = jax.lax.slice_in_dim(results[slot.index], 0, size, axis=dim)
-        return results
+        return results, values
 
 
 def plan(gm: torch.fx.GraphModule) -> tuple[BucketPlan | None, str | None]:
     """The padding plan for the graph's dynamic size symbols, and why any symbol was refused."""
+    global _symbols
+    _symbols = _Symbols(gm)
+    try:
+        return _plan(gm)
+    finally:
+        _symbols = None
+
+
+def _plan(gm: torch.fx.GraphModule) -> tuple[BucketPlan | None, str | None]:
     placeholders = [node for node in gm.graph.nodes if node.op == "placeholder"]
     tensor_dims: dict[Any, list[tuple[int, int]]] = {}
     int_inputs: dict[Any, list[int]] = {}
+    sources: dict[Any, tuple[str, int, int]] = {}
     array_position = 0
     for index, node in enumerate(placeholders):
         value = node.meta.get("val")
@@ -146,25 +165,66 @@ def plan(gm: torch.fx.GraphModule) -> tuple[BucketPlan | None, str | None]:
                 expr = _expr(size)
                 if expr is not None and expr.is_Symbol:
                     tensor_dims.setdefault(expr, []).append((array_position, dim))
+                    sources.setdefault(expr, ("array", array_position, dim))
             array_position += 1
         elif isinstance(value, torch.SymInt) and _expr(value) is not None and _expr(value).is_Symbol:
             int_inputs.setdefault(_expr(value), []).append(index)
+            sources.setdefault(_expr(value), ("static", index, 0))
     if not tensor_dims:
         return None, "no dynamic dims to pad (use torch._dynamo.mark_dynamic or dynamic=True)"
     paddings: list[SymbolPadding] = []
     refusals: list[str] = []
+    value_outputs: dict[int, Any] = {}
     for symbol, dims in tensor_dims.items():
         refusal = _refusal(gm, symbol)
         if refusal is None:
-            refusal, output_dims = _output_dims(gm, symbol)
+            refusal, output_dims, returned_sizes = _output_dims(gm, symbol, set(sources))
         if refusal is not None:
             refusals.append(f"{symbol}: {refusal}")
             continue
         paddings.append(SymbolPadding(str(symbol), dims, int_inputs.get(symbol, []), output_dims))
-    return (BucketPlan(paddings) if paddings else None), ("; ".join(refusals) or None)
+        value_outputs.update(returned_sizes)
+    plan_ = BucketPlan(paddings, sources, sorted(value_outputs.items())) if paddings else None
+    return plan_, ("; ".join(refusals) or None)
+
+
+class _Symbols:
+    """Size expressions with the symbols of one size unified: Dynamo gives a TpuTensor's dim and the
+    same dim of its inner tensor (`x.size()[1]`, `x._inner.size()[1]`) two symbols, always equal."""
+
+    def __init__(self, gm: torch.fx.GraphModule) -> None:
+        self.aliases: dict[Any, Any] = {}
+        shape_env = None
+        for node in gm.graph.nodes:
+            value = node.meta.get("val") if node.op == "placeholder" else None
+            sizes = list(value.shape) if isinstance(value, torch.Tensor) else [value]
+            shape_env = next((size.node.shape_env for size in sizes if isinstance(size, torch.SymInt)), None)
+            if shape_env is not None:
+                break
+        if shape_env is None:
+            return
+        representatives: dict[str, Any] = {}
+        for symbol, sources in sorted(shape_env.var_to_sources.items(), key=lambda item: str(item[0])):
+            if not sources:
+                continue
+            key = sources[0].name.replace("._inner", "")
+            representative = representatives.setdefault(key, symbol)
+            if representative != symbol:
+                self.aliases[symbol] = representative
+
+    def expr(self, size: Any) -> Any:
+        if not isinstance(size, (torch.SymInt, torch.SymFloat, torch.SymBool)):
+            return None
+        expr = size.node.expr
+        return expr.xreplace(self.aliases) if self.aliases else expr
+
+
+_symbols: _Symbols | None = None
 
 
 def _expr(size: Any) -> Any:
+    if _symbols is not None:
+        return _symbols.expr(size)
     return size.node.expr if isinstance(size, torch.SymInt) else None
 
 
@@ -194,7 +254,7 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 
 def _involves(value: Any, symbol: Any) -> bool:
     if isinstance(value, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-        return symbol in value.node.expr.free_symbols
+        return symbol in _expr(value).free_symbols
     if isinstance(value, (list, tuple)):
         return any(_involves(item, symbol) for item in value)
     return False
@@ -285,11 +345,13 @@ def _value_use(node: torch.fx.Node, symbol: Any) -> str | None:
     return None
 
 
-def _output_dims(gm: torch.fx.GraphModule, symbol: Any) -> tuple[str | None, list[tuple[int, int]]]:
+def _output_dims(gm: torch.fx.GraphModule, symbol: Any, known: set) -> tuple[str | None, list[tuple[int, int]], dict[int, Any]]:
+    """The output dims to slice back, and the returned sizes (as expressions) to recompute."""
     output_node = next(node for node in reversed(gm.graph.nodes) if node.op == "output")
     outputs = output_node.args[0]
     outputs = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     dims: list[tuple[int, int]] = []
+    sizes: dict[int, Any] = {}
     for index, output in enumerate(outputs):
         value = output.meta.get("val") if isinstance(output, torch.fx.Node) else output
         if isinstance(value, torch.Tensor):
@@ -298,8 +360,12 @@ def _output_dims(gm: torch.fx.GraphModule, symbol: Any) -> tuple[str | None, lis
                 if expr is None or symbol not in expr.free_symbols:
                     continue
                 if expr != symbol:
-                    return f"output {index} dim {dim} has size {size}: it cannot be sliced back", []
+                    return f"output {index} dim {dim} has size {size}: it cannot be sliced back", [], {}
                 dims.append((index, dim))
+        elif isinstance(value, torch.SymInt) and _involves(value, symbol):
+            if not _expr(value).free_symbols <= known:
+                return f"output {index} is the size {value}, which the inputs do not determine", [], {}
+            sizes[index] = _expr(value)
         elif _involves(value, symbol):
-            return f"output {index} is the size {value}", []
-    return None, dims
+            return f"output {index} is {value}", [], {}
+    return None, dims, sizes

@@ -99,18 +99,22 @@ class CompiledGraph:
             entry = self._compile(key, arrays, statics, chip, bucket)
         launch = _perf_ns()
         results = entry.program.executable(*arrays)
+        returned_sizes: dict[int, int] = {}
         if bucket is not None:
-            results = self.bucketing.unpad(results, entry.layout, bucket)
+            results, returned_sizes = self.bucketing.unpad(results, entry.layout, bucket)
         recorder = self.events.recorder()
         if recorder is not None:
             recorder.execution_started(entry.program_id, chip, launch, None, results)
             if bucket is not None:
                 recorder.bucket_hit(self.info.name, bucket.describe(), launch, _perf_ns() - launch)
-        return self._outputs(entry.layout, results, args, chip)
+        return self._outputs(entry.layout, results, args, chip, returned_sizes)
 
-    def _outputs(self, layout: TracedLayout, results: Sequence[Any], args: list, chip: int) -> list:
+    def _outputs(self, layout: TracedLayout, results: Sequence[Any], args: list, chip: int, returned_sizes: dict[int, int]) -> list:
         outputs: list[Any] = []
-        for slot, dtype, on_host in zip(layout.outputs, layout.output_dtypes, layout.output_on_host):
+        for index, (slot, dtype, on_host) in enumerate(zip(layout.outputs, layout.output_dtypes, layout.output_on_host)):
+            if index in returned_sizes:
+                outputs.append(returned_sizes[index])
+                continue
             if slot.kind == "array":
                 array = results[slot.index]
                 if on_host:

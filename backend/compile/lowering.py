@@ -190,6 +190,7 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph
     target = node.target
     if not isinstance(target, OpOverload):
         return target(*args, **kwargs)
+    args, kwargs = _wrap_numbers(target, args, kwargs)
     name = _overload_name(node)
     if name in _CHECKS:
         return None
@@ -205,6 +206,35 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph
                 return _on_host(node, args, kwargs, graph_name)
             result = lowering.fn(*args, **kwargs, **extra)
     return _conform(result, node.meta.get("val"), str(target))
+
+
+_TENSOR_ARGUMENTS: dict[Any, tuple[frozenset[int], frozenset[str]]] = {}
+
+
+def _tensor_arguments(op: OpOverload) -> tuple[frozenset[int], frozenset[str]]:
+    """Positions and keyword names of an overload's `Tensor` arguments."""
+    known = _TENSOR_ARGUMENTS.get(op)
+    if known is None:
+        positions, names = set(), set()
+        for position, argument in enumerate(op._schema.arguments):
+            argument_type = argument.type
+            if isinstance(argument_type, torch._C.OptionalType):
+                argument_type = argument_type.getElementType()
+            if isinstance(argument_type, torch._C.TensorType):
+                (names.add(argument.name) if argument.kwarg_only else positions.add(position))
+        known = _TENSOR_ARGUMENTS[op] = (frozenset(positions), frozenset(names))
+    return known
+
+
+def _wrap_numbers(op: OpOverload, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """A Python number in a `Tensor` argument (a wrapped scalar, e.g. the 1 of `1 - x`) as a 0-d
+    array, as the eager dispatcher passes it."""
+    positions, names = _tensor_arguments(op)
+    if any(position < len(args) and type(args[position]) in (int, float, bool) for position in positions):
+        args = tuple(jnp.asarray(value) if position in positions and type(value) in (int, float, bool) else value for position, value in enumerate(args))
+    if names and any(type(kwargs.get(name)) in (int, float, bool) for name in names):
+        kwargs = {name: jnp.asarray(value) if name in names and type(value) in (int, float, bool) else value for name, value in kwargs.items()}
+    return args, kwargs
 
 
 def _size_query(name: str, args: tuple) -> int:
