@@ -54,10 +54,10 @@ def make_app(monkeypatch: pytest.MonkeyPatch) -> Any:
     monkeypatch.chdir(REPO_ROOT)
     traces = []
 
-    def build() -> TraceApp:
+    def build(theme: str | None = None) -> TraceApp:
         trace = tputrace.open(SMALL_TRACE.relative_to(REPO_ROOT))
         traces.append(trace)
-        return TraceApp(FixedFindingsSession.open(trace, source_roots=[str(SOURCE_ROOT)]))
+        return TraceApp(FixedFindingsSession.open(trace, source_roots=[str(SOURCE_ROOT)]), theme=theme)
 
     yield build
     for trace in traces:
@@ -92,3 +92,9 @@ VIEW_KEYS: dict[str, tuple[str, ...]] = {
 @pytest.mark.parametrize("keys", list(VIEW_KEYS.values()), ids=list(VIEW_KEYS))
 def test_view_snapshot(keys: tuple[str, ...], snap_compare: Any, make_app: Any) -> None:
     assert snap_compare(make_app(), terminal_size=TERMINAL_SIZE, run_before=keys_then_settle(*keys))
+
+
+@pytest.mark.parametrize("theme", ["textual-light", "textual-dark"])
+@pytest.mark.parametrize("keys", [(), ("3",)], ids=["overview", "ops"])
+def test_other_themes_snapshot(theme: str, keys: tuple[str, ...], snap_compare: Any, make_app: Any) -> None:
+    assert snap_compare(make_app(theme), terminal_size=TERMINAL_SIZE, run_before=keys_then_settle(*keys))
