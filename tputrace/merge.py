@@ -282,6 +282,8 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
     runs = {rank: run for source in sources for rank, run in source.runs.items()}
     world_size = max([run.world_size or 0 for run in runs.values()] + [max(runs) + 1])
     expected = sorted(set(expected_ranks) if expected_ranks is not None else set(range(world_size)))
+    if expected_ranks is not None and expected:
+        world_size = max(world_size, expected[-1] + 1)
     result = MergeResult(output, sorted(runs), world_size)
 
     known_starts = [run.start_unix_ns for run in runs.values() if run.start_unix_ns is not None]
