@@ -388,6 +388,12 @@ def test_timeline_zoom_pan_and_steps() -> None:
         await press(pilot, "w")
         assert view.window.start_ns == 0 and view.window.end_ns == view.wall_ns
         assert table_rows(app, "#timeline-events")[0][0] == "compile"
+        longest = view.events[0]
+        await press(pilot, "tab", "enter")
+        assert view.window.span_ns == longest.dur_ns * 3
+        assert view.window.start_ns <= longest.start_ns and longest.start_ns + longest.dur_ns <= view.window.end_ns
+        await press(pilot, "enter")  # the same event again: its source line
+        assert app.query_one("#views").active == "source" and app.view("source").current_line() == longest.source.line
 
     run_app(scenario)
 

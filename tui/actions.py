@@ -82,6 +82,8 @@ ACTIONS: tuple[NamedAction, ...] = (
     NamedAction("timeline.prev_step", "left_square_bracket", "step(-1)", "Step", "Show the previous step", scope="timeline"),
     NamedAction("timeline.next_step", "right_square_bracket", "step(1)", "Step", "Show the next step", scope="timeline", footer=False),
     NamedAction("timeline.whole", "w", "whole_run", "Whole run", "Show the whole run", scope="timeline"),
+    NamedAction("timeline.event", "enter", "open_event", "Zoom to event",
+                "Zoom to the event under the cursor in the list of longest events (Enter again: its source line)", scope="timeline"),
     NamedAction("source.open", "o", "open_in_editor", "Open in $EDITOR", "Open the current line in $EDITOR", scope="source"),
     NamedAction("source.next_hot", "n", "hot_line(1)", "Next hot", "Jump to the next line with recorded activity", scope="source"),
     NamedAction("source.prev_hot", "N", "hot_line(-1)", "Prev hot", "Jump to the previous line with recorded activity", scope="source", footer=False),

@@ -13,12 +13,12 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from rich.text import Text
 from textual import events
 from textual.binding import BindingType
-from textual.widgets import Static
+from textual.widgets import DataTable, Static
 
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import Palette, fmt_ns, right, shade_row
-from tputrace.tui.view import TraceView, palette_for
+from tputrace.tui.view import GoToSource, TraceView, palette_for
 from tputrace.tui.widgets import StatusLine, TraceTable
 
 if TYPE_CHECKING:
@@ -78,6 +78,7 @@ class TimelineView(TraceView):
         self.wall_ns = 0
         self.window: Window | None = None
         self.lanes: list[queries.Lane] = []
+        self.events: list[queries.WindowEvent] = []
         self._columns = 0
 
     def compose(self) -> ComposeResult:
@@ -104,6 +105,7 @@ class TimelineView(TraceView):
             if window != self.window:
                 return
             self.lanes = lanes
+            self.events = list(events_in_window)
             self._render_lanes()
             self.query_one("#timeline-events", TraceTable).show([
                 (str(index), (Text(event.lane), right(fmt_ns(event.start_ns)), right(fmt_ns(event.dur_ns)), Text(event.label),
@@ -189,3 +191,19 @@ class TimelineView(TraceView):
 
     def action_whole_run(self) -> None:
         self.show_window(Window(0, max(self.wall_ns, MIN_SPAN_NS)))
+
+    def action_open_event(self) -> None:
+        """Zoom to the highlighted event (three times its length, centred); if already there, show its source."""
+        key = self.query_one("#timeline-events", TraceTable).current_key()
+        if key is None or self.window is None:
+            return
+        event = self.events[int(key)]
+        span = max(event.dur_ns * 3, MIN_SPAN_NS)
+        target = self._bounded(event.start_ns + event.dur_ns / 2 - span / 2, span)
+        if target != self.window:
+            self.show_window(target)
+        elif event.source is not None:
+            self.post_message(GoToSource(event.source.file, event.source.line))
+
+    def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
+        self.action_open_event()

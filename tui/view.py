@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.text import Text
