@@ -64,6 +64,23 @@ def record(name: str, fixed: bool, steps: int, out_dir: Path) -> Measured:
     return Measured(step_ns, analyze_path(trace))
 
 
+def section_body(rows: list[str], steps: int, repeat: int) -> str:
+    """The RESULTS.md section: the table and how to read it."""
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return "\n".join(rows) + (
+        f"\n\nEach problem script run with `tputrace run` for {steps} steps, then with `--fixed` "
+        f"(`python bench/problems.py --steps {steps} --repeat {repeat}`; the fastest of {repeat} run(s) each). "
+        f"✓: the top finding of the report is the planted problem. Step: loop time per step after "
+        f"{WARMUP_STEPS} warm-up steps, including work the chip finished after the host moved on. Load average "
+        f"at the end: {load} on {os.cpu_count()} cores shared with other work, so ratios near 1 are noise.\n\n"
+        "The chips here are virtual XLA CPU devices on those same cores (no TPU on this machine), which limits "
+        "what a fix can show: padding and float32 precision cost time on a TPU's MXU, not on a CPU, so their "
+        "fixes are not expected to be faster here (a bfloat16 or 1024-wide matmul can be slower on a CPU); "
+        "removing a host sync lets the host queue the next step while the chip runs, which only pays when the "
+        "chip is not the host's own busy cores."
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
@@ -92,17 +109,7 @@ def main() -> int:
                    f"{after.step_ns / 1e6:.1f} ms | {ratio:.2f} |")
             rows.append(row)
             print(row, flush=True)
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
-    body = "\n".join(rows) + (
-        f"\n\nEach problem script run with `tputrace run` for {args.steps} steps, then with `--fixed` "
-        f"(`python bench/problems.py --steps {args.steps} --repeat {args.repeat}`; the fastest of {args.repeat} "
-        f"run(s) each). ✓: the top finding of the report is the planted problem. Step: loop time per step after "
-        f"{WARMUP_STEPS} warm-up steps, including work the chip finished after the host moved on. Load average at "
-        f"the end: {load} on {os.cpu_count()} cores (shared), so small ratios are within noise. The chips "
-        "here are virtual XLA CPU devices (no TPU on this machine): padding and float32 precision cost time on a "
-        "TPU's MXU, not on a CPU, so their fixes are not expected to be faster here (a bfloat16 or padded matmul "
-        "can be slower on a CPU)."
-    )
+    body = section_body(rows, args.steps, args.repeat)
     if not args.no_write:
         write_section(SECTION, body)
     return 0
