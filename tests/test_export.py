@@ -309,7 +309,8 @@ def test_xprof_server_on_localhost_serves_every_tool(sample_logdir: Path) -> Non
         server.stop()
 
 
-def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(sample_trace: Path) -> None:
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(sample_trace: Path, stop: signal.Signals) -> None:
     pytest.importorskip("xprof.server", reason="needs xprof (pip install -e .[views])")
     process = subprocess.Popen(
         [sys.executable, "-m", "tputrace.cli.main", "tensorboard", str(sample_trace), "--port", "0"],
@@ -329,7 +330,7 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(sample_trace: Pa
         assert status == 200 and json.loads(body) == ["sample"]
         logdir = re.search(r"exported to (\S+)", "".join(seen))
         assert logdir and Path(logdir.group(1)).is_dir()
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         rest = process.communicate(timeout=60)[1]
         assert process.returncode == 0, rest[-2000:]
         assert "stopped" in rest

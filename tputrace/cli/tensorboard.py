@@ -2,13 +2,14 @@
 
 Exports the trace to a temporary logdir and serves it with xprof's own web app, bound to
 127.0.0.1 only (xprof's `xprof` command binds every interface and opens a gRPC port; this does
-neither). Prints the URL; Ctrl-C stops the server and removes the logdir.
+neither). Prints the URL; Ctrl-C (or SIGTERM) stops the server and removes the logdir.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import socket
 import sys
 import tempfile
@@ -44,6 +45,8 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise TputraceError(f"--port {args.port} is not a port number (0-65535)")
     _require_xprof()
+    # SIGTERM (kill, a closing terminal's supervisor) stops the server like Ctrl-C, so the logdir goes too.
+    signal.signal(signal.SIGTERM, _interrupt)
     with tempfile.TemporaryDirectory(prefix="tputrace-xprof-") as logdir:
         with open_trace(args.trace) as trace:
             exports = xplane.export_tensorboard(trace, logdir, target=args.target or xplane.DEFAULT_TARGET)
@@ -59,6 +62,10 @@ def run(args: argparse.Namespace) -> int:
         finally:
             server.stop()
     return 0
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def _require_xprof() -> None:
