@@ -281,3 +281,52 @@ def fft_c2c(self: Array, dim: list[int], normalization: int, forward: bool) -> A
     if forward:
         return jnp.fft.fftn(self, axes=axes, norm=_FORWARD_NORM[normalization])
     return jnp.fft.ifftn(self, axes=axes, norm=_INVERSE_NORM[normalization])
+
+
+# --- LU helpers -----------------------------------------------------------------------------------
+
+
+def _permutation(pivots: Array, rows: int) -> Array:
+    """The row permutation of 1-based LAPACK pivots: A[perm] = L @ U."""
+    return lax.linalg.lu_pivots_to_permutation(pivots.astype(jnp.int32) - 1, rows)
+
+
+@lowers(aten.lu_unpack.default)
+def lu_unpack(LU_data: Array, LU_pivots: Array, unpack_data: bool = True, unpack_pivots: bool = True) -> tuple[Array, Array, Array]:  # noqa: N803
+    rows, cols = LU_data.shape[-2:]
+    k = min(rows, cols)
+    empty = jnp.zeros((0,), LU_data.dtype)
+    lower = jnp.tril(LU_data[..., :, :k], -1) + jnp.eye(rows, k, dtype=LU_data.dtype) if unpack_data else empty
+    upper = jnp.triu(LU_data[..., :k, :]) if unpack_data else empty
+    if not unpack_pivots:
+        return empty, lower, upper
+    permutation = _permutation(LU_pivots, rows)
+    p = jnp.swapaxes(jax.nn.one_hot(permutation, rows, dtype=LU_data.dtype), -1, -2)
+    return p, lower, upper
+
+
+@lowers(aten.linalg_lu_solve.default)
+def linalg_lu_solve(LU: Array, pivots: Array, B: Array, *, left: bool = True, adjoint: bool = False) -> Array:  # noqa: N803
+    """Solve with a factorisation A = P L U: X = U^-1 L^-1 P^T B, and the transposed forms."""
+    rows = LU.shape[-1]
+    if not left:
+        # X A = B  <=>  A^H X^H = B^H
+        solved = linalg_lu_solve(LU, pivots, jnp.conj(jnp.swapaxes(B, -1, -2)), left=True, adjoint=not adjoint)
+        return jnp.conj(jnp.swapaxes(solved, -1, -2))
+    batch = jnp.broadcast_shapes(LU.shape[:-2], B.shape[:-2])
+    lu = jnp.broadcast_to(LU, batch + LU.shape[-2:])
+    rhs = jnp.broadcast_to(B, batch + B.shape[-2:])
+    permutation = jnp.broadcast_to(_permutation(pivots, rows), batch + (rows,))
+    if not adjoint:
+        permuted = jnp.take_along_axis(rhs, permutation[..., None], axis=-2)
+        half = lax.linalg.triangular_solve(lu, permuted, left_side=True, lower=True, unit_diagonal=True)
+        return lax.linalg.triangular_solve(lu, half, left_side=True, lower=False)
+    half = lax.linalg.triangular_solve(lu, rhs, left_side=True, lower=False, transpose_a=True, conjugate_a=True)
+    solved = lax.linalg.triangular_solve(lu, half, left_side=True, lower=True, transpose_a=True, conjugate_a=True, unit_diagonal=True)
+    inverse = jnp.argsort(permutation, axis=-1)
+    return jnp.take_along_axis(solved, inverse[..., None], axis=-2)
+
+
+@lowers(aten.cholesky.default)
+def cholesky(self: Array, upper: bool = False) -> Array:
+    return linalg_cholesky_ex(self, upper=upper)[0]

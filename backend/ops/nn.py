@@ -439,3 +439,10 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
 
     _, pullback = jax.vjp(forward, _compute(query), _compute(key), _compute(value))
     return pullback(_compute(grad_out))
+
+
+@lowers(aten._trilinear.default)
+def trilinear(i1: Array, i2: Array, i3: Array, expand1: Sequence[int], expand2: Sequence[int], expand3: Sequence[int], sumdim: Sequence[int], unroll_dim: int = 1) -> Array:
+    """i1, i2, i3 each unsqueezed at their `expand` dims, multiplied, and summed over `sumdim`."""
+    product = jnp.expand_dims(i1, tuple(expand1)) * jnp.expand_dims(i2, tuple(expand2)) * jnp.expand_dims(i3, tuple(expand3))
+    return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product

@@ -147,3 +147,28 @@ def searchsorted(sorted_sequence: Array, self: Array, *, out_int32: bool = False
 def bucketize(self: Array, boundaries: Array, *, out_int32: bool = False, right: bool = False) -> Array:
     return _searchsorted(boundaries, jnp.asarray(self), right, None, None)
 
+
+
+@lowers(aten.mode.default)
+def mode(self: Array, dim: int = -1, keepdim: bool = False) -> tuple[Array, Array]:
+    """Most frequent value (the smallest among ties) and the last index holding it, from one sort:
+    equal values form runs in the sorted order, and run lengths come from running max/min positions."""
+    if self.ndim == 0:
+        return self, jnp.zeros((), jnp.int64)
+    axis = canon_dim(dim, self.ndim)
+    values, indices = sort_along(self, axis, descending=False)
+    length = values.shape[axis]
+    if length == 0:
+        return jnp.squeeze(values, axis) if not keepdim else values, jnp.squeeze(indices, axis) if not keepdim else indices
+    moved_values, moved_indices = jnp.moveaxis(values, axis, -1), jnp.moveaxis(indices, axis, -1)
+    position = lax.broadcasted_iota(jnp.int64, moved_values.shape, moved_values.ndim - 1)
+    same_as_previous = jnp.concatenate([jnp.zeros(moved_values.shape[:-1] + (1,), bool), moved_values[..., 1:] == moved_values[..., :-1]], -1)
+    same_as_next = jnp.concatenate([moved_values[..., :-1] == moved_values[..., 1:], jnp.zeros(moved_values.shape[:-1] + (1,), bool)], -1)
+    run_start = lax.cummax(jnp.where(same_as_previous, 0, position), axis=moved_values.ndim - 1)
+    run_end = lax.cummin(jnp.where(same_as_next, length - 1, position), axis=moved_values.ndim - 1, reverse=True)
+    best = jnp.argmax(run_end - run_start, axis=-1)[..., None]
+    value = jnp.take_along_axis(moved_values, best, axis=-1)[..., 0]
+    index = jnp.take_along_axis(moved_indices, jnp.take_along_axis(run_end, best, axis=-1), axis=-1)[..., 0]
+    if keepdim:
+        value, index = jnp.expand_dims(value, axis), jnp.expand_dims(index, axis)
+    return value, index
