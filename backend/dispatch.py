@@ -283,8 +283,17 @@ class Dispatcher:
             if is_scalar_list:
                 return tuple(self._flatten_value(item, True, False, dynamic, specs, originals, chip_box) for item in value)
             if any(isinstance(item, torch.Tensor) for item in value):
-                return TensorList(self._flatten_value(item, False, False, dynamic, specs, originals, chip_box) for item in value)
+                chip = max(chip_box[0], 0)
+                items = [self._index_on_chip(item, chip) for item in value]
+                return TensorList(self._flatten_value(item, False, False, dynamic, specs, originals, chip_box) for item in items)
             return tuple(value)
+        return value
+
+    def _index_on_chip(self, value: Any, chip: int) -> Any:
+        """Tensors in a list argument (e.g. the indices of `x[idx]`) may live on the host, as torch
+        allows for accelerators: they are copied to the chip."""
+        if isinstance(value, torch.Tensor) and not isinstance(value, TpuTensor) and value.dim() > 0 and value.device.type == "cpu":
+            return self.from_host(value, chip)
         return value
 
     # ----------------------------------------------------------------- functional ops
@@ -612,7 +621,7 @@ class Dispatcher:
     # ----------------------------------------------------------------- CPU fallback
     def fallback(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         """Run the op on the host CPU: inputs copied out, outputs (and mutated inputs) copied back."""
-        self._warn_fallback(entry.name, "it has no lowering")
+        self._warn_fallback(entry.name, "it has no lowering" if entry.lowering is None else "its lowering cannot take these inputs (e.g. a data-dependent shape)")
         sync_kind = "data_dependent" if entry.op._schema.name in _DATA_DEPENDENT_OPS else "fallback"
         start = _perf_ns()
         chip_box = [0]
