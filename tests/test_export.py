@@ -1,9 +1,9 @@
 """TensorBoard (XProf) and Perfetto export: the files, what xprof's own converters and server make of
 them, the Perfetto JSON's structure, and the export's contracts (no torch/jax, strings as data).
 
-Traces: `examples/gpt_train.py` recorded here (once per module), the two-rank synthetic sample trace
-(`tests/fixtures/make_traces.py`), and small hand-written traces for strict mode, interleaved
-flushes and hostile strings.
+Traces: `examples/gpt_train.py` and `examples/ddp_train.py` on two ranks, recorded here (once per
+module), the two-rank synthetic sample trace (`tests/fixtures/make_traces.py`, which has every kind
+of record), and small hand-written traces for strict mode, interleaved flushes and hostile strings.
 """
 
 from __future__ import annotations
@@ -56,6 +56,21 @@ def gpt_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def sample_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The two-rank synthetic trace (stands in for a distributed run until one is recorded)."""
     return build_sample_trace(tmp_path_factory.mktemp("sample") / "sample.tptrace")
+
+
+@pytest.fixture(scope="module")
+def ddp_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/ddp_train.py on two ranks (`tputrace run --nproc 2`), merged into one trace."""
+    pytest.importorskip("torch", reason="recording an example needs torch (pip install -e .[backend])")
+    pytest.importorskip("jax", reason="recording an example needs jax (pip install -e .[backend])")
+    trace_path = tmp_path_factory.mktemp("ddp") / "ddp.tptrace"
+    result = subprocess.run(
+        [sys.executable, "-m", "tputrace.cli.main", "run", "--nproc", "2", "-o", str(trace_path),
+         str(REPO_ROOT / "examples" / "ddp_train.py"), "--steps", "3"],
+        capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return trace_path
 
 
 @pytest.fixture(scope="module")
@@ -263,6 +278,32 @@ def test_xprof_reads_both_ranks_together(sample_logdir: Path, sample_trace: Path
     assert "GPT.blocks.1.mlp.c_fc/aten.addmm.default" in framework
     trace_viewer = _tool(r2t, files[1:], "trace_viewer")
     assert "allreduce" in json.dumps(trace_viewer).replace("_", "")
+
+
+def test_recorded_two_rank_ddp_run_exports_one_file_per_rank_that_xprof_reads(ddp_trace: Path, tmp_path: Path,
+                                                                              r2t: Any) -> None:
+    logdir = tmp_path / "logdir"
+    assert main(["export", str(ddp_trace), "--tensorboard", str(logdir), "--run", "ddp",
+                 "--perfetto", str(tmp_path / "ddp.json.gz")]) == 0
+    files = sorted((logdir / "plugins" / "profile" / "ddp").glob("*.xplane.pb"))
+    with tputrace.open(ddp_trace) as trace:
+        ranks, steps = trace.ranks, trace.count("steps", where="rank = 0")
+        executions = trace.count("executions")
+    assert ranks == [0, 1] and len(files) == 2
+    ops, _, lines = _device_ops(ddp_trace)
+    overview = _tool(r2t, files, "overview_page")
+    assert len(_table(overview, "stepnum")["rows"]) == steps
+    assert _table(overview, "host_id")["p"]["host_count"] == "2"
+    leaves = _op_profile_leaves(_tool(r2t, files, "op_profile")["byProgram"])
+    assert len(ops & {name for name, _ in leaves}) >= 0.9 * len(ops)
+    assert {info["lineNumber"] for _, info in leaves} & lines
+    framework = json.dumps(_tool(r2t, files, "framework_op_stats"))
+    assert "DistributedDataParallel.module" in framework
+    for path in files:
+        names = {event.get("name") for event in _tool(r2t, [path], "trace_viewer")["traceEvents"]}
+        assert "all_reduce" in names  # the gradient all-reduce, on each rank's host plane
+    found = check_trace_event_json(tmp_path / "ddp.json.gz")
+    assert len(found["processes"]) == 4 and found["flows"] == executions
 
 
 # -- served over HTTP -------------------------------------------------------------------------------

@@ -581,8 +581,9 @@ def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TAR
     out = Path(path)
     tables = TraceTables(trace)
     export = _Export(tables, target_chip(target))
-    for rank, host in host_names(trace).items():
-        export.add_rank(rank, host)
+    hosts = dict(trace.sql("SELECT rank, host FROM runs"))
+    for rank in host_names(trace):
+        export.add_rank(rank, hosts.get(rank) or "?")
     temporary = out.with_name(out.name + ".partial")
     try:
         with _BackgroundWriter(temporary, compresslevel if out.suffix == ".gz" else None) as stream:
