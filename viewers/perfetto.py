@@ -268,6 +268,8 @@ class _Export:
         self.counters: list[str] = []
         self.flows: list[tuple[_Track, int, _Track, int]] = []
         self.process_names: dict[int, tuple[str, int]] = {}
+        self._json_by_sid: dict[int, str] = {}
+        self._json_by_frame: dict[int, str] = {}
         runs = tables.trace.sql("SELECT rank, start_unix_ns FROM runs")
         self.rank_offsets = {rank: start or 0 for rank, start in runs}
         self.origin_unix_ns = min(self.rank_offsets.values(), default=0)
@@ -430,15 +432,37 @@ class _Export:
                 "aten_ops": ", ".join(fusion.aten_ops) if fusion else None,
                 "flops": round(flops), "bytes_accessed": round(bytes_accessed), "time": "estimated",
             })
-        text = tables.text
-        op = text(key.op_sid) or "op"
+        # One per distinct op of a program (a million-op trace can have a hundred thousand): the JSON
+        # is put together from each string's JSON, made once per string.
+        op = tables.text(key.op_sid) or "op"
         fusion = tables.fusion_of(key.program_id, op)
-        return self.fragment(tuple(key), op, "aten op", {
-            "inputs": text(key.inputs_sid), "outputs": text(key.outputs_sid), "module": text(key.module_sid),
-            "source": tables.source(key.frame_id), "flops": round(flops), "bytes_accessed": round(bytes_accessed),
-            "xla_fusion": f"{fusion.name} ({fusion.kind})" if fusion else None,
-            "time": "estimated" if estimated else "measured",
-        })
+        as_json = self._string_json
+        members = [
+            f'"{name}":{as_json(sid)}'
+            for name, sid in (("inputs", key.inputs_sid), ("outputs", key.outputs_sid), ("module", key.module_sid))
+            if sid is not None and tables.text(sid) is not None
+        ]
+        if key.frame_id is not None and tables.source(key.frame_id) is not None:
+            members.append(f'"source":{self._frame_json(key.frame_id)}')
+        members.append(f'"flops":{round(flops)},"bytes_accessed":{round(bytes_accessed)}')
+        if fusion:
+            members.append(f'"xla_fusion":{_json(f"{fusion.name} ({fusion.kind})")}')
+        members.append('"time":"estimated"' if estimated else '"time":"measured"')
+        fragment_id = self._fragment_ids[tuple(key)] = len(self.fragments)
+        self.fragments.append((f'"name":{_json(op)},"cat":"aten op"', ",".join(members)))
+        return fragment_id
+
+    def _string_json(self, sid: int) -> str:
+        cached = self._json_by_sid.get(sid)
+        if cached is None:
+            cached = self._json_by_sid[sid] = _json(self.tables.text(sid))
+        return cached
+
+    def _frame_json(self, frame_id: int) -> str:
+        cached = self._json_by_frame.get(frame_id)
+        if cached is None:
+            cached = self._json_by_frame[frame_id] = _json(self.tables.source(frame_id))
+        return cached
 
     def _add_host_records(self, rank: int, pid: int, tracks: dict[str, _Track], offset: int) -> dict[int, int]:
         """Everything on the host but op dispatch; returns each flush's slice index."""
