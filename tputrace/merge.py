@@ -199,6 +199,7 @@ class _Source:
     index: int
     trace: Trace
     runs: dict[int, RunInfo]
+    scratch: Path | None = None  # a recovered copy's directory, removed after the merge
 
 
 def merge_traces(
@@ -223,8 +224,16 @@ def merge_traces(
     try:
         return _merge(sources, output_path, expected_ranks, failures, align)
     finally:
-        for source in sources:
-            source.trace.close()
+        _close(sources)
+
+
+def _close(sources: list[_Source]) -> None:
+    import shutil
+
+    for source in sources:
+        source.trace.close()
+        if source.scratch is not None:
+            shutil.rmtree(source.scratch, ignore_errors=True)
 
 
 def _open_sources(inputs: Sequence[str | Path], output_path: Path) -> list[_Source]:
@@ -234,8 +243,8 @@ def _open_sources(inputs: Sequence[str | Path], output_path: Path) -> list[_Sour
         for index, path in enumerate(inputs):
             if Path(path).resolve() == output_path:
                 raise MergeError(f"{path} is both an input and the output")
-            trace = _open_recovering(Path(path))
-            sources.append(_Source(index, trace, {}))
+            trace, scratch = _open_recovering(Path(path))
+            sources.append(_Source(index, trace, {}, scratch))
             runs = {run.rank: run for run in trace.runs}
             if not runs:
                 (rank,) = trace.sql("SELECT COALESCE(MIN(rank), 0) FROM ops")[0]
@@ -246,32 +255,34 @@ def _open_sources(inputs: Sequence[str | Path], output_path: Path) -> list[_Sour
                 owner[rank] = Path(path)
             sources[-1].runs = runs
     except BaseException:
-        for source in sources:
-            source.trace.close()
+        _close(sources)
         raise
     return sources
 
 
-def _open_recovering(path: Path) -> Trace:
+def _open_recovering(path: Path) -> tuple[Trace, Path | None]:
     """Open a trace; one whose writer was stopped half-way through a commit (a hot `-journal` next to
-    it, which a read-only reader cannot roll back) is opened from a rolled-back copy."""
+    it, which a read-only reader cannot roll back) is opened from a rolled-back copy in a scratch
+    directory (returned, to be removed after the merge)."""
     journal = Path(f"{path}-journal")
     if not journal.exists() or journal.stat().st_size == 0:
-        return open_trace(path)
+        return open_trace(path), None
     import shutil
     import tempfile
 
-    copy = Path(tempfile.mkdtemp(prefix="tputrace-merge-")) / path.name
+    scratch = Path(tempfile.mkdtemp(prefix="tputrace-merge-"))
+    copy = scratch / path.name
     shutil.copyfile(path, copy)
     shutil.copyfile(journal, f"{copy}-journal")
     connection = sqlite3.connect(copy)
     try:
         connection.execute("SELECT COUNT(*) FROM meta").fetchall()  # reading rolls the journal back
     except sqlite3.Error as error:
+        shutil.rmtree(scratch, ignore_errors=True)
         raise MergeError(f"{path} was left half-written and cannot be recovered: {error}") from None
     finally:
         connection.close()
-    return open_trace(copy)
+    return open_trace(copy), scratch
 
 
 def _placeholder_run(rank: int) -> RunInfo:
@@ -317,7 +328,7 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
         if run.end_ns is None:
             result.died[rank] = failures.get(rank, "its trace ends without an end record (the process was killed or crashed)")
         elif run.exit_status:
-            result.failed[rank] = _failure_text(run, failures.get(rank))
+            result.failed[rank] = _failure_text(run)
 
     writer = TraceWriter(output, rank=min(runs), created_unix_ns=origin)
     try:
@@ -423,7 +434,7 @@ def _converter(role: str, table: str, remap: _Remap) -> Any:
     return lambda value, shift: value
 
 
-def _failure_text(run: RunInfo, launcher_reason: str | None) -> str:
+def _failure_text(run: RunInfo) -> str:
     """Why a rank that ended on its own failed: its exit status and the last line of its error."""
     status = run.exit_status or 0
     text = f"exit status {status}"

@@ -22,10 +22,6 @@ from tputrace.backend.dtypes import short_name
 
 _perf_ns = time.perf_counter_ns
 
-# How many bytes cross each rank's link per byte of message, for the algorithm gloo runs.
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all", "barrier", "send", "recv", "reduce", "gather", "scatter")
-
-
 def bus_factor(kind: str, ranks: int) -> float:
     """Bytes each rank moves per byte of message (nccl-tests' bus bandwidth factors)."""
     if ranks <= 1:
@@ -39,20 +35,9 @@ def bus_factor(kind: str, ranks: int) -> float:
     return 1.0
 
 
-# The algorithms gloo runs for each kind (ProcessGroupGloo's defaults), for the `algorithm` column.
-ALGORITHMS = {
-    "all_reduce": "ring",
-    "all_gather": "ring",
-    "reduce_scatter": "ring",
-    "broadcast": "tree",
-    "all_to_all": "pairwise",
-    "barrier": "tree",
-    "send": "p2p",
-    "recv": "p2p",
-    "reduce": "tree",
-    "gather": "direct",
-    "scatter": "direct",
-}
+# The algorithm the transport runs, where it is known (gloo's all-reduce and all-gather are rings);
+# other kinds are recorded with the transport's name alone.
+ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "send": "p2p", "recv": "p2p"}
 
 
 @dataclass
@@ -79,7 +64,7 @@ class CollectiveCall:
         duration = max(end - self.start_ns, 1)
         size = len(self.ranks.split(","))
         bandwidth = self.nbytes * bus_factor(self.kind, size) / (duration / 1e9) if self.nbytes else None
-        algorithm = f"{self.transport}:{ALGORITHMS.get(self.kind, 'direct')}"
+        algorithm = f"{self.transport}:{ALGORITHMS[self.kind]}" if self.kind in ALGORITHMS else self.transport
         self.recorder.collective(
             self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, algorithm, bandwidth, self.step
         )

@@ -1,0 +1,209 @@
+"""Collective bandwidth on `tpu` next to plain gloo on CPU tensors, and what tracing adds to a collective.
+
+    python bench/collectives.py [--ranks 2 4] [--max-mb 64] [--quick]
+
+For 2 and 4 ranks (processes on this host) it times all-reduce and all-gather from 4 KB to 64 MB,
+on tpu tensors through the "tpu" process group and on CPU tensors through a gloo group created in
+the same run, and reports bus bandwidth (nccl-tests' convention: message size x ring factor / time;
+all-gather counts the gathered size). Each timed call starts after a barrier; a call's time is the
+slowest rank's, and the figure is the median over calls.
+
+Tracing overhead: the tpu all-reduce runs with a recorder active, in interleaved blocks with its
+collective rows on and off (`recorder.enabled`), so machine noise hits both alike; the overhead is
+the difference of the medians. Writes the `## Collectives` section of bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+BENCH = Path(__file__).resolve().parent
+SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
+OVERHEAD_SIZES = [4 << 10, 64 << 10, 1 << 20]
+OVERHEAD_BLOCKS = 8
+OVERHEAD_CALLS = 12
+
+
+def bus_factor(kind: str, ranks: int) -> float:
+    return 2.0 * (ranks - 1) / ranks if kind == "all_reduce" else (ranks - 1) / ranks
+
+
+def calls_for(size: int, quick: bool) -> int:
+    calls = 30 if size <= (256 << 10) else 10 if size <= (4 << 20) else 4
+    return max(3, calls // 3) if quick else calls
+
+
+# ----------------------------------------------------------------- one rank (a worker process)
+def worker(out_path: str, sizes: list[int], quick: bool) -> None:
+    import torch
+    import torch.distributed as dist
+
+    import tputrace.backend  # noqa: F401 - registers the tpu device and the "tpu" process group backend
+    from tputrace import recorder
+
+    dist.init_process_group("tpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+
+    def slowest(seconds: list[float]) -> list[float]:
+        times = torch.tensor(seconds, dtype=torch.float64)
+        dist.all_reduce(times, op=dist.ReduceOp.MAX, group=gloo)
+        return times.tolist()
+
+    def timed(call: object, calls: int, group: object) -> float:
+        call()  # warm-up (and, for tpu, the first compile of the staging programs)
+        seconds = []
+        for _ in range(calls):
+            dist.barrier(group=group)
+            start = time.perf_counter()
+            call()
+            seconds.append(time.perf_counter() - start)
+        return statistics.median(slowest(seconds))
+
+    rows = []
+    for size in sizes:
+        elements = size // 4
+        calls = calls_for(size, quick)
+        for device, group in (("tpu", None), ("cpu", gloo)):
+            tensor = torch.zeros(elements, device=device)
+            gathered = torch.empty(elements, device=device)
+            shard = torch.zeros(elements // world, device=device)
+
+            def all_reduce() -> None:
+                dist.all_reduce(tensor, group=group)
+
+            def all_gather() -> None:
+                dist.all_gather_into_tensor(gathered, shard, group=group)
+
+            rows.append({"kind": "all_reduce", "device": device, "size": size, "seconds": timed(all_reduce, calls, group)})
+            rows.append({"kind": "all_gather", "device": device, "size": size, "seconds": timed(all_gather, calls, group)})
+
+    overhead = []
+    trace_dir = tempfile.mkdtemp(prefix="tputrace-bench-")
+    active = recorder.start(os.path.join(trace_dir, f"rank{rank}.tptrace"), script="bench/collectives.py", argv=[], mode="strict")
+    try:
+        for size in OVERHEAD_SIZES:
+            tensor = torch.zeros(size // 4, device="tpu")
+            dist.all_reduce(tensor)
+            samples: dict[bool, list[float]] = {True: [], False: []}
+            for block in range(OVERHEAD_BLOCKS):
+                for traced in (block % 2 == 0, block % 2 == 1):
+                    active.enabled = traced
+                    seconds = []
+                    for _ in range(OVERHEAD_CALLS):
+                        dist.barrier(group=gloo)
+                        start = time.perf_counter()
+                        dist.all_reduce(tensor)
+                        seconds.append(time.perf_counter() - start)
+                    samples[traced].extend(slowest(seconds))
+            active.enabled = True
+            overhead.append({"size": size, "untraced": statistics.median(samples[False]), "traced": statistics.median(samples[True])})
+    finally:
+        active.enabled = True
+        recorder.stop(0)
+    if rank == 0:
+        Path(out_path).write_text(json.dumps({"ranks": world, "rows": rows, "overhead": overhead}))
+    dist.destroy_process_group()
+
+
+# ----------------------------------------------------------------- the driver
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def run_ranks(ranks: int, sizes: list[int], quick: bool) -> dict:
+    out = Path(tempfile.mkdtemp(prefix="tputrace-bench-")) / "result.json"
+    port = free_port()
+    processes = []
+    for rank in range(ranks):
+        env = dict(os.environ, MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(ranks), TPUTRACE_CHIPS="1", PYTHONWARNINGS="ignore")
+        command = [sys.executable, __file__, "--worker", str(out), "--sizes", *map(str, sizes)] + (["--quick"] if quick else [])
+        processes.append(subprocess.Popen(command, env=env))
+    codes = [process.wait() for process in processes]
+    if any(codes):
+        raise SystemExit(f"a rank failed: exit codes {codes}")
+    return json.loads(out.read_text())
+
+
+def format_size(size: int) -> str:
+    return f"{size >> 20} MB" if size >= 1 << 20 else f"{size >> 10} KB"
+
+
+def bandwidth(kind: str, size: int, ranks: int, seconds: float) -> float:
+    return size * bus_factor(kind, ranks) / seconds / 1e9
+
+
+def render(results: list[dict]) -> str:
+    lines = [
+        "Bus bandwidth in GB/s (nccl-tests convention) and median time per call, the slowest rank's; "
+        "`tpu` is the \"tpu\" process group on tpu tensors (staged through host memory, gloo underneath), "
+        "`gloo` a gloo group on CPU tensors in the same processes. An all-gather's size is the gathered output.",
+        "",
+        "| op | size | ranks | tpu GB/s | gloo GB/s | tpu time | gloo time | tpu/gloo |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for result in results:
+        ranks = result["ranks"]
+        by_key = {(row["kind"], row["device"], row["size"]): row["seconds"] for row in result["rows"]}
+        for kind in ("all_reduce", "all_gather"):
+            for size in sorted({row["size"] for row in result["rows"]}):
+                tpu, cpu = by_key[(kind, "tpu", size)], by_key[(kind, "cpu", size)]
+                lines.append(
+                    f"| {kind} | {format_size(size)} | {ranks} | {bandwidth(kind, size, ranks, tpu):.3f} | {bandwidth(kind, size, ranks, cpu):.3f} | "
+                    f"{tpu * 1e6:,.0f} µs | {cpu * 1e6:,.0f} µs | {tpu / cpu:.2f}x |"
+                )
+    lines += [
+        "",
+        f"Tracing overhead on the tpu all-reduce: {OVERHEAD_BLOCKS} interleaved blocks of {OVERHEAD_CALLS} calls with the "
+        "collective rows on and off under one recorder; target ≤ 5%.",
+        "",
+        "| ranks | size | untraced | traced | overhead |",
+        "|---|---|---|---|---|",
+    ]
+    for result in results:
+        for row in result["overhead"]:
+            change = (row["traced"] - row["untraced"]) / row["untraced"]
+            lines.append(f"| {result['ranks']} | {format_size(row['size'])} | {row['untraced'] * 1e6:,.0f} µs | {row['traced'] * 1e6:,.0f} µs | {change:+.1%} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4])
+    parser.add_argument("--max-mb", type=int, default=64)
+    parser.add_argument("--quick", action="store_true", help="fewer calls per size")
+    parser.add_argument("--no-write", action="store_true", help="print the table without writing RESULTS.md")
+    parser.add_argument("--worker", metavar="OUT", help=argparse.SUPPRESS)
+    parser.add_argument("--sizes", type=int, nargs="+", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker, args.sizes, args.quick)
+        return
+    sizes = [size for size in SIZES if size <= args.max_mb << 20]
+    results = []
+    for ranks in args.ranks:
+        started = time.perf_counter()
+        results.append(run_ranks(ranks, sizes, args.quick))
+        print(f"{ranks} ranks: {time.perf_counter() - started:.0f} s", file=sys.stderr)
+    table = render(results)
+    print(table)
+    if not args.no_write:
+        sys.path.insert(0, str(BENCH))
+        from results import write_section  # type: ignore[import-not-found]
+
+        write_section("Collectives", table + "\n\nWritten by `bench/collectives.py`.")
+
+
+if __name__ == "__main__":
+    main()
