@@ -131,7 +131,11 @@ class BufferStorage(torch.UntypedStorage):
     _tpu_buffer: Buffer
 
     def size(self) -> int:
-        return self._tpu_buffer.nbytes if type(self._tpu_buffer.array) is not ReleasedArray else 0
+        buf = self._tpu_buffer
+        if type(buf.array) is ReleasedArray:
+            return 0
+        # A DeferAndFuse buffer counts no bytes until its value is computed; its storage is not empty.
+        return buf.nbytes or getattr(buf.array, "nbytes", 0)
 
     def nbytes(self) -> int:
         return self.size()

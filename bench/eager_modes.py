@@ -1,5 +1,7 @@
 """Steady-state step time and peak chip memory of the GPT example and the quickstart MLP in
-DEFER_AND_FUSE, DEFER_NEVER and plain torch on the CPU, measured interleaved in one process.
+DEFER_AND_FUSE, DEFER_NEVER and plain torch on the CPU, measured interleaved in one process; and
+compiled: `torch.compile(model, backend="tpu")` (forward and backward as XLA programs, the optimizer
+eager in DEFER_AND_FUSE), next to torch.compile with Inductor on the CPU as a second reference.
 
 Writes its table to bench/RESULTS.md. `--steps`/`--rounds` trade time for precision.
 """
@@ -23,7 +25,8 @@ import tputrace.backend  # noqa: E402,F401 - registers the tpu device
 from results import write_section  # noqa: E402
 from tputrace.backend.device_module import EagerMode, set_eager_mode  # noqa: E402
 
-MODES = ("DEFER_AND_FUSE", "DEFER_NEVER", "cpu")
+MODES = ("DEFER_AND_FUSE", "DEFER_NEVER", "cpu", "compile", "inductor")
+HOST_MODES = ("cpu", "inductor")
 
 
 @dataclass
@@ -40,16 +43,17 @@ class Workload:
 def gpt_workload(mode: str) -> Workload:
     import gpt_train
 
-    device = "cpu" if mode == "cpu" else "tpu"
+    device = "cpu" if mode in HOST_MODES else "tpu"
     config = gpt_train.GPTConfig()
     torch.manual_seed(0)
     model = gpt_train.GPT(config).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
     batches = [(tokens.to(device), targets.to(device)) for tokens, targets in gpt_train.synthetic_batches(config, 4, 4)]
+    forward = compiled(model, mode)
 
     def step(index: int) -> torch.Tensor:
         tokens, targets = batches[index % len(batches)]
-        _, loss = model(tokens, targets)
+        _, loss = forward(tokens, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
@@ -62,14 +66,15 @@ def gpt_workload(mode: str) -> Workload:
 def mlp_workload(mode: str) -> Workload:
     import quickstart
 
-    device = "cpu" if mode == "cpu" else "tpu"
+    device = "cpu" if mode in HOST_MODES else "tpu"
     model = quickstart.make_model().to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     inputs, labels = (value.to(device) for value in quickstart.make_data())
+    forward = compiled(model, mode)
 
     def step(index: int) -> torch.Tensor:
         optimizer.zero_grad()
-        loss = torch.nn.functional.cross_entropy(model(inputs), labels)
+        loss = torch.nn.functional.cross_entropy(forward(inputs), labels)
         loss.backward()
         optimizer.step()
         return loss
@@ -77,21 +82,32 @@ def mlp_workload(mode: str) -> Workload:
     return Workload("MLP (quickstart)", mode, step)
 
 
+def compiled(model: torch.nn.Module, mode: str) -> Callable:
+    """The model's forward for a mode: torch.compile'd for `compile` (tpu) and `inductor` (CPU)."""
+    if mode == "compile":
+        return torch.compile(model, backend="tpu")
+    if mode == "inductor":
+        return torch.compile(model, backend="inductor")
+    return model
+
+
 def use_mode(mode: str) -> None:
-    if mode != "cpu":
+    if mode == "compile":
+        set_eager_mode(EagerMode.DEFER_AND_FUSE)  # the optimizer step stays eager
+    elif mode not in HOST_MODES:
         set_eager_mode(EagerMode[mode])
 
 
 def measure(workload: Workload, steps: int) -> None:
     use_mode(workload.mode)
-    if workload.mode != "cpu":
+    if workload.mode not in HOST_MODES:
         torch.tpu.synchronize()
         torch.tpu.reset_peak_memory_stats()
     start = time.perf_counter()
     for index in range(steps):
         loss = workload.step(index)
     loss.item()
-    if workload.mode != "cpu":
+    if workload.mode not in HOST_MODES:
         torch.tpu.synchronize()
         workload.peak_bytes = max(workload.peak_bytes, torch.tpu.max_memory_allocated())
     workload.step_ms.append((time.perf_counter() - start) / steps * 1e3)
@@ -120,14 +136,16 @@ def main() -> None:
         for mode in MODES:
             workload = by_mode[mode]
             ms = statistics.median(workload.step_ms)
-            memory = "n/a (host)" if mode == "cpu" else f"{workload.peak_bytes / 2**20:.1f} MiB"
+            memory = "n/a (host)" if mode in HOST_MODES else f"{workload.peak_bytes / 2**20:.1f} MiB"
             rows.append(f"| {name} | {mode} | {ms:.1f} | {memory} | {strict / ms:.2f}x faster | {ms / cpu:.2f}x the time |")
     table = "\n".join(rows)
     print(table)
     write_section(
         "Eager modes (bench/eager_modes.py)",
         f"Steady state after {args.warmup} warm-up steps; {args.rounds} interleaved rounds of {args.steps} steps; "
-        f"XLA on the host CPU ({torch.tpu.get_device_name()}).\n\n{table}",
+        f"XLA on the host CPU ({torch.tpu.get_device_name()}). `compile`: torch.compile(model, backend=\"tpu\"), "
+        "the optimizer eager in DEFER_AND_FUSE; `inductor`: torch.compile on the CPU with Inductor.\n\n"
+        f"{table}",
     )
 
 

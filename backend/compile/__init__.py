@@ -26,7 +26,6 @@ def register() -> None:
     global _backend
     if _backend is not None:
         return
-    import torch._dynamo.trace_rules
     from torch._dynamo.backends.registry import register_backend
 
     from tputrace.backend.compile.backend import TpuBackend

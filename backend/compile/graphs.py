@@ -85,7 +85,7 @@ class CompiledGraph:
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
         if self.events.pending:
             self.events.drain()
-        arrays, statics, chip, tensors = _read_inputs(args)
+        arrays, statics, chip = _read_inputs(args)
         bucket = None
         if self.bucketing is not None:
             arrays, statics, bucket = self.bucketing.pad(arrays, statics, self.settings)
@@ -169,7 +169,7 @@ class CompiledGraph:
         in_specs = self._in_specs(arrays, statics)
         nearest = nearest_signature(self.signatures, in_specs) if self.signatures else None
         self.signatures.append(in_specs)
-        reason, diff = ("first", None) if nearest is None else ("recompile", signature_diff(nearest, in_specs, self._spec_names(statics)))
+        reason, diff = ("first", None) if nearest is None else ("recompile", signature_diff(nearest, in_specs, self.input_names))
         program_id = None
         if recorder is not None:
             plan = Plan(self.info.name, function, (), "tuple", in_specs, chip, ("compiled", self.info.graph_id, self.info.role))
@@ -202,17 +202,13 @@ class CompiledGraph:
                 position += 1
         return tuple(specs)
 
-    def _spec_names(self, statics: dict[int, Any]) -> list[str]:
-        return self.input_names
 
-
-def _read_inputs(args: Sequence[Any]) -> tuple[list[Any], dict[int, Any], int, list[Any]]:
+def _read_inputs(args: Sequence[Any]) -> tuple[list[Any], dict[int, Any], int]:
     """The arrays of a call's tensor inputs, its other inputs by position, and the chip."""
     from tputrace.backend.dispatch import dispatcher
 
     arrays: list[Any] = []
     statics: dict[int, Any] = {}
-    tensors: list[Any] = []
     host_inputs: list[tuple[int, torch.Tensor]] = []
     chip = -1
     for index, value in enumerate(args):
@@ -227,11 +223,9 @@ def _read_inputs(args: Sequence[Any]) -> tuple[list[Any], dict[int, Any], int, l
             if not isinstance(array, jax.Array):
                 array = dispatcher.executor.concrete(array, "compiled_graph")[0]
             arrays.append(array)
-            tensors.append(value)
         elif isinstance(value, torch.Tensor):
             host_inputs.append((len(arrays), value))
             arrays.append(None)
-            tensors.append(value)
         else:
             statics[index] = value
     if chip == -1:
@@ -240,7 +234,7 @@ def _read_inputs(args: Sequence[Any]) -> tuple[list[Any], dict[int, Any], int, l
         chip = device_module.current_device()
     for position, host in host_inputs:
         arrays[position] = dispatcher.to_chip(host.detach(), chip) if host.device.type == "cpu" else _foreign(host)
-    return arrays, statics, chip, tensors
+    return arrays, statics, chip
 
 
 def _foreign(tensor: torch.Tensor) -> Any:
