@@ -307,6 +307,8 @@ class Dispatcher:
         if needs_key:
             dynamic.extend(rng.next_seed_and_counter(chip))
         key = (entry, template_args, template_kwargs, tuple(specs), chip)
+        if entry.typed_constants:
+            key += (tuple(type(value) for value in template_args),)
         plan = self.plans.get(key)
         if plan is None:
             plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, specs, originals, chip)

@@ -47,6 +47,7 @@ class OpEntry:
     extra: dict = field(default_factory=dict)
 
     simple_args: bool = False  # no positional Scalar lists: the fast argument path applies
+    typed_constants: bool = False  # constant Scalars whose Python type matters (arange(4) vs arange(4.0))
 
 
 def _is_scalar_type(arg_type: torch._C.JitType) -> bool:
@@ -119,6 +120,7 @@ def classify(op: OpOverload) -> OpEntry:
         scalar_list_names=frozenset(list_names),
     )
     entry.simple_args = not list_positions
+    entry.typed_constants = schema.name in _STATIC_SCALAR_OPS
     written = [arg for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write]
     entry.mutated_positions = tuple(
         position for position, arg in enumerate(schema.arguments) if arg.alias_info is not None and arg.alias_info.is_write and not arg.kwarg_only
