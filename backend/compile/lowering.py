@@ -183,7 +183,7 @@ def _lowering(node: torch.fx.Node) -> Lowering | None:
 
 def _handled(node: torch.fx.Node) -> bool:
     """Ops this module runs itself (no registry lowering needed)."""
-    return _is_bookkeeping(node) or node.target in _SPECIAL
+    return _is_bookkeeping(node) or str(node.target) in _SPECIAL
 
 
 def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph_name: str) -> Any:
@@ -196,7 +196,7 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph
         return None
     if name in _SIZE_QUERIES:
         return _size_query(name, args)
-    special = _SPECIAL.get(target)
+    special = _SPECIAL.get(str(target))
     with jax.named_scope(str(target)):
         if special is not None:
             result = special(node, *args, **kwargs)
@@ -319,10 +319,16 @@ def _as_strided(node: torch.fx.Node, value: Any, size: Sequence[int], stride: Se
     return jnp.take(storage, positions, mode="clip")
 
 
-_SPECIAL: dict[Any, Callable[..., Any]] = {
-    aten._to_copy.default: _to_copy,
-    aten.copy.default: _copy,
-    aten.as_strided.default: _as_strided,
+def _fma(node: torch.fx.Node, a: Any, b: Any, c: Any) -> Any:
+    """`prims.fma` (what torch's `addcmul`/`lerp` decompositions leave in compiled optimizer steps)."""
+    return a * b + c
+
+
+_SPECIAL: dict[str, Callable[..., Any]] = {
+    "aten._to_copy.default": _to_copy,
+    "aten.copy.default": _copy,
+    "aten.as_strided.default": _as_strided,
+    "prims.fma.default": _fma,
 }
 
 _warned_host_ops: set[tuple[str, str]] = set()
