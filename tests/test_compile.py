@@ -75,6 +75,45 @@ def test_inference_and_training_match_the_cpu() -> None:
         assert torch.allclose(host(ours.grad), theirs.grad, atol=1e-6)
 
 
+def test_buffers_randomness_mutations_aliases_and_pending_inputs() -> None:
+    from tputrace.backend.device_module import EagerMode
+
+    from backend_helpers import eager
+
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4), torch.nn.ReLU())
+    model.load_state_dict(reference.state_dict())
+    model = model.to("tpu")
+    images = torch.randn(2, 3, 8, 8)
+    assert torch.allclose(host(torch.compile(model, backend="tpu")(images.to("tpu"))), reference(images), atol=1e-5)
+    assert torch.allclose(host(model[1].running_var), reference[1].running_var, atol=1e-6)  # buffers written back
+
+    dropout = torch.compile(lambda x: torch.nn.functional.dropout(x, 0.5, training=True), backend="tpu")
+    ones = torch.ones(2000, device="tpu")
+    first, second = host(dropout(ones)), host(dropout(ones))
+    assert 0.4 < (first == 0).float().mean().item() < 0.6 and not torch.equal(first, second)
+
+    def bump(x: torch.Tensor) -> torch.Tensor:
+        x.add_(1)
+        return x.view(2, 3)
+
+    counts = torch.zeros(6, device="tpu")
+    view = torch.compile(bump, backend="tpu")(counts)
+    assert host(counts).tolist() == [1.0] * 6
+    counts.add_(1)  # the output is a view of the input, as in eager
+    assert host(view).tolist() == [[2.0] * 3] * 2
+
+    linear = torch.nn.Linear(4, 3).to("tpu")
+    compiled = torch.compile(linear, backend="tpu")
+    inputs = torch.randn(2, 4)
+    with eager(EagerMode.DEFER_AND_FUSE):
+        pending = inputs.to("tpu") * 2  # not computed yet when the compiled graph reads it
+        result = host(compiled(pending))
+    expected = torch.nn.functional.linear(inputs * 2, host(linear.weight), host(linear.bias))
+    assert torch.allclose(result, expected, atol=1e-6)
+
+
 def test_gpt_compiled_trains_like_eager_and_the_trace_holds_its_graphs(tmp_path: Path) -> None:
     import gpt_train
 
