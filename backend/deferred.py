@@ -301,8 +301,7 @@ class DeferredExecutor:
         input_bytes = sum(getattr(value, "nbytes", 0) for value in graph.inputs)
         output_bytes = sum(getattr(value, "nbytes", 0) for value in results)
         recorder.flushed(flush_id, fused.program_id, trigger, len(graph.nodes), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
-        for seq, name, plan, begin, duration, frame_id, module_sid, step in graph.op_records:
-            recorder.op_recorded(name, plan.inputs_text, plan.outputs_text, graph.chip, begin, duration, frame_id, module_sid, step, fused.program_id, flush_id, seq)
+        recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)
 
 

@@ -186,12 +186,20 @@ class Recorder:
         if self.seq & 255 == 0:
             self._maybe_sample_memory()
 
-    def op_recorded(self, name: str, inputs: str, outputs: str, chip: int, start_ns: int, dur_ns: int, frame_id: int | None, module_sid: int | None, step: int, program_id: int | None, flush_id: int | None, seq: int) -> None:
-        """An op recorded into a pending graph (DeferAndFuse), written once its flush is known."""
+    def ops_flushed(self, op_records: list[tuple], chip: int, program_id: int | None, flush_id: int | None) -> None:
+        """The ops of a DeferAndFuse flush, written once the flush (and so their program) is known.
+
+        Each record is (seq, name, plan, start_ns, dur_ns, frame_id, module_sid, step)."""
         if not self.enabled:
             return
-        writer = self.writer
-        self._append_op((seq, self.rank, writer.intern(name), writer.intern(inputs), writer.intern(outputs), chip, start_ns - self.t0, dur_ns, frame_id, module_sid, step, program_id, flush_id))
+        append = self._append_op
+        intern = self.writer.intern
+        token = self.token
+        rank = self.rank
+        t0 = self.t0
+        for seq, name, plan, start_ns, dur_ns, frame_id, module_sid, step in op_records:
+            ids = plan.trace_ids.get(token) or self._plan_ids(plan)
+            append((seq, rank, intern(name), ids[0], ids[1], chip, start_ns - t0, dur_ns, frame_id, module_sid, step, program_id, flush_id))
 
     def next_seq(self) -> int:
         self.seq += 1
