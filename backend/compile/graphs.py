@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -85,7 +86,8 @@ class CompiledGraph:
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
         if self.events.pending:
             self.events.drain()
-        arrays, statics, chip = _read_inputs(args)
+        recorder = self.events.recorder()
+        arrays, statics, chip = _read_inputs(args, recorder)
         bucket = None
         if self.bucketing is not None:
             arrays, statics, bucket = self.bucketing.pad(arrays, statics, self.settings)
@@ -102,14 +104,14 @@ class CompiledGraph:
         returned_sizes: dict[int, int] = {}
         if bucket is not None:
             results, returned_sizes = self.bucketing.unpad(results, entry.layout, bucket)
-        recorder = self.events.recorder()
         if recorder is not None:
             recorder.execution_started(entry.program_id, chip, launch, None, results)
             if bucket is not None:
                 recorder.bucket_hit(self.info.name, bucket.describe(), launch, _perf_ns() - launch)
-        return self._outputs(entry.layout, results, args, chip, returned_sizes)
+        return self._outputs(entry.layout, results, args, chip, returned_sizes, recorder)
 
-    def _outputs(self, layout: TracedLayout, results: Sequence[Any], args: list, chip: int, returned_sizes: dict[int, int]) -> list:
+    def _outputs(self, layout: TracedLayout, results: Sequence[Any], args: list, chip: int, returned_sizes: dict[int, int], recorder: Any) -> list:
+        host_values = self._host_outputs(layout, results, chip, recorder) if any(layout.output_on_host) else {}
         outputs: list[Any] = []
         for index, (slot, dtype, on_host) in enumerate(zip(layout.outputs, layout.output_dtypes, layout.output_on_host)):
             if index in returned_sizes:
@@ -118,7 +120,7 @@ class CompiledGraph:
             if slot.kind == "array":
                 array = results[slot.index]
                 if on_host:
-                    outputs.append(transfers.array_to_torch(array, dtype))
+                    outputs.append(transfers.array_to_torch(host_values[slot.index], dtype))
                 else:
                     outputs.append(new_tensor(array, chip, tuple(array.shape), dtype, array.nbytes))
             elif slot.kind == "input":
@@ -126,6 +128,18 @@ class CompiledGraph:
             else:
                 outputs.append(slot.value)
         return outputs
+
+    def _host_outputs(self, layout: TracedLayout, results: Sequence[Any], chip: int, recorder: Any) -> dict[int, Any]:
+        """The outputs torch places on the CPU (e.g. updated step counters), copied back in one go: the
+        host waits for the program here, a sync."""
+        indices = [slot.index for slot, on_host in zip(layout.outputs, layout.output_on_host) if on_host and slot.kind == "array"]
+        start = _perf_ns()
+        values = jax.device_get([results[index] for index in indices])
+        end = _perf_ns()
+        if recorder is not None:
+            recorder.synced("cpu", chip, start, end - start, 0)
+            recorder.transferred("d2h", sum(value.nbytes for value in values), chip, -1, start, end - start)
+        return dict(zip(indices, values))
 
     # ----------------------------------------------------------------- compiling
     def precompile(self, example_inputs: Sequence[Any]) -> None:
@@ -203,13 +217,14 @@ class CompiledGraph:
         return tuple(specs)
 
 
-def _read_inputs(args: Sequence[Any]) -> tuple[list[Any], dict[int, Any], int]:
-    """The arrays of a call's tensor inputs, its other inputs by position, and the chip."""
+def _read_inputs(args: Sequence[Any], recorder: Any) -> tuple[list[Any], dict[int, Any], int]:
+    """The arrays of a call's tensor inputs, its other inputs by position, and the chip. CPU tensors
+    (e.g. an optimizer's step counters) go in as host arrays: the program's call copies them all."""
     from tputrace.backend.dispatch import dispatcher
 
     arrays: list[Any] = []
     statics: dict[int, Any] = {}
-    host_inputs: list[tuple[int, torch.Tensor]] = []
+    host_bytes = 0
     chip = -1
     for index, value in enumerate(args):
         value_type = type(value)
@@ -224,19 +239,27 @@ def _read_inputs(args: Sequence[Any]) -> tuple[list[Any], dict[int, Any], int]:
                 array = dispatcher.executor.concrete(array, "compiled_graph")[0]
             arrays.append(array)
         elif isinstance(value, torch.Tensor):
-            host_inputs.append((len(arrays), value))
-            arrays.append(None)
+            if value.device.type != "cpu":
+                raise RuntimeError(f"a compiled tpu graph got a tensor on {value.device}; move it to tpu or cpu")
+            host = _host_array(value)
+            host_bytes += host.nbytes
+            arrays.append(host)
         else:
             statics[index] = value
     if chip == -1:
         from tputrace.backend import device_module
 
         chip = device_module.current_device()
-    for position, host in host_inputs:
-        arrays[position] = dispatcher.to_chip(host.detach(), chip) if host.device.type == "cpu" else _foreign(host)
+    if host_bytes and recorder is not None:
+        recorder.transferred("h2d", host_bytes, -1, chip, _perf_ns(), 0)
     return arrays, statics, chip
 
 
-def _foreign(tensor: torch.Tensor) -> Any:
-    raise RuntimeError(f"a compiled tpu graph got a tensor on {tensor.device}; move it to tpu or cpu")
+def _host_array(tensor: torch.Tensor) -> np.ndarray:
+    host = tensor.detach().contiguous()
+    if host.dtype == torch.bfloat16:
+        return host.view(torch.int16).numpy().view(jnp.bfloat16)
+    return host.numpy()
+
+
 
