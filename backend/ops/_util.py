@@ -41,9 +41,23 @@ def is_integral(x: jax.Array) -> bool:
     return jnp.issubdtype(x.dtype, jnp.integer) or x.dtype == jnp.bool_
 
 
+HALF_DTYPES = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
+
+
 def to_float(x: jax.Array) -> jax.Array:
-    """x itself when floating, else x as torch's default float (what torch's unary float ops return)."""
-    return x if is_float(x) else x.astype(DEFAULT_FLOAT)
+    """x in the floating dtype torch computes a float op in: integers and bools as float32 (torch's
+    default float), float16/bfloat16 as float32 (torch's CPU "opmath" type, rounded once at the end
+    when the dispatcher casts back), other floats and complex unchanged."""
+    if not is_float(x) or x.dtype in HALF_DTYPES:
+        return x.astype(DEFAULT_FLOAT)
+    return x
+
+
+def opmath(x: object) -> object:
+    """A half-precision array as float32 (anything else unchanged), for arithmetic torch rounds once."""
+    if isinstance(x, jax.Array) and x.dtype in HALF_DTYPES:
+        return x.astype(jnp.float32)
+    return x
 
 
 def canon_dim(dim: int, ndim: int) -> int:

@@ -23,6 +23,13 @@ aten = torch.ops.aten
 Array = jax.Array
 
 
+def _add_at(base: Array, where: object, values: Array) -> Array:
+    """base.at[where] += values; for bools torch's sum is a logical or."""
+    if base.dtype == jnp.bool_:
+        return base.at[where].max(values.astype(jnp.bool_))
+    return base.at[where].add(values)
+
+
 def _index_tuple(indices: Sequence[Array | None]) -> tuple:
     for index in indices:
         if index is not None and index.dtype in (jnp.bool_, jnp.uint8):
@@ -60,7 +67,7 @@ def index_put(self: Array, indices: Sequence[Array | None], values: Array, accum
         return _mask_put(self, present[0], values, accumulate)
     where = _index_tuple(indices)
     values = values.astype(self.dtype)
-    return self.at[where].add(values) if accumulate else self.at[where].set(values)
+    return _add_at(self, where, values) if accumulate else self.at[where].set(values)
 
 
 @lowers(aten._unsafe_masked_index.default)
@@ -71,7 +78,7 @@ def unsafe_masked_index(self: Array, mask: Array, indices: Sequence[Array | None
 @lowers(aten._unsafe_masked_index_put_accumulate.default)
 def unsafe_masked_index_put_accumulate(self: Array, mask: Array, indices: Sequence[Array | None], values: Array) -> Array:
     values = jnp.where(mask, values, jnp.zeros_like(values)).astype(self.dtype)
-    return self.at[_index_tuple(indices)].add(values)
+    return _add_at(self, _index_tuple(indices), values)
 
 
 @lowers(aten.index_select.default)
@@ -89,7 +96,7 @@ def take(self: Array, index: Array) -> Array:
 @lowers(aten.put.default)
 def put(self: Array, index: Array, source: Array, accumulate: bool = False) -> Array:
     flat, positions, values = self.reshape(-1), index.reshape(-1), source.reshape(-1).astype(self.dtype)
-    flat = flat.at[positions].add(values) if accumulate else flat.at[positions].set(values)
+    flat = _add_at(flat, positions, values) if accumulate else flat.at[positions].set(values)
     return flat.reshape(self.shape)
 
 
@@ -143,7 +150,7 @@ def scatter_reduced(self: Array, axis: int, index: Array, src: Array, reduce: st
     values = _source(src, index, self.dtype)
     base = self if include_self else self.at[where].set(_identity(reduce, self.dtype))
     if reduce in ("sum", "add", "mean"):
-        total = base.at[where].add(values)
+        total = _add_at(base, where, values)
         if reduce != "mean":
             return total
         counts = jnp.zeros(self.shape, jnp.int64).at[where].add(1) + (1 if include_self else 0)
@@ -151,7 +158,7 @@ def scatter_reduced(self: Array, axis: int, index: Array, src: Array, reduce: st
         mean = total // safe if is_integral(self) else total / safe
         return jnp.where(counts > 0, mean, self)
     if reduce in ("prod", "multiply"):
-        return base.at[where].multiply(values)
+        return base.at[where].min(values) if self.dtype == jnp.bool_ else base.at[where].multiply(values)
     if reduce == "amax":
         return base.at[where].max(values)
     if reduce == "amin":

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ._util import PRECISION, canon_dim
+from ._util import HALF_DTYPES, PRECISION, canon_dim, opmath
 from .reduction import vector_norm
 from .registry import lowers
 
@@ -24,11 +24,20 @@ Array = jax.Array
 
 
 def _matmul(a: Array, b: Array) -> Array:
+    """a @ b at full precision; half-precision inputs accumulate and return in float32, as torch's
+    CPU kernels do before rounding once."""
+    if a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
+        return jnp.matmul(a, b, precision=PRECISION, preferred_element_type=jnp.float32)
     return jnp.matmul(a, b, precision=PRECISION)
 
 
 def _affine(self: Array, product: Array, beta: object, alpha: object) -> Array:
-    """beta * self + alpha * product, dropping self when beta is zero."""
+    """beta * self + alpha * product, dropping self when beta is zero. For integer results torch casts
+    alpha and beta to the integer type first (0.6 becomes 0)."""
+    self = opmath(self)
+    if jnp.issubdtype(product.dtype, jnp.integer):
+        alpha = alpha if type(alpha) is int else jnp.asarray(alpha).astype(product.dtype)
+        beta = beta if type(beta) is int else jnp.asarray(beta).astype(product.dtype)
     if not (type(alpha) is int and alpha == 1):
         product = alpha * product
     if type(beta) is int and beta == 1:
@@ -85,7 +94,7 @@ def addmv(self: Array, mat: Array, vec: Array, *, beta: object = 1, alpha: objec
 
 @lowers(aten.addr.default)
 def addr(self: Array, vec1: Array, vec2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
-    outer = jnp.outer(vec1, vec2)
+    outer = jnp.outer(opmath(vec1), opmath(vec2)) if vec1.dtype != jnp.bool_ else jnp.outer(vec1, vec2)
     if self.dtype == jnp.bool_:
         return (self & (beta != 0)) | (outer & (alpha != 0))
     return _affine(self, outer, beta, alpha)
@@ -232,7 +241,7 @@ def cholesky_inverse(self: Array, upper: bool = False) -> Array:
 
 @lowers(aten.linalg_matrix_exp.default)
 def linalg_matrix_exp(self: Array) -> Array:
-    return jax.scipy.linalg.expm(self)
+    return jax.scipy.linalg.expm(opmath(self))
 
 
 @lowers(aten._cdist_forward.default)

@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ._util import DEFAULT_FLOAT, is_complex, is_float, is_integral, to_float
+from ._util import DEFAULT_FLOAT, is_complex, is_float, is_integral, opmath, to_float
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -207,27 +207,28 @@ def conj(self: Array) -> Array:
 
 @lowers(aten.add.Tensor, aten.add.Scalar)
 def add(self: Array, other: Array, *, alpha: object = 1) -> Array:
-    return self + _scaled(other, alpha)
+    return opmath(self) + _scaled(opmath(other), alpha)
 
 
 @lowers(aten.sub.Tensor, aten.sub.Scalar)
 def sub(self: Array, other: Array, *, alpha: object = 1) -> Array:
     if self.dtype == jnp.bool_:
         raise TypeError("Subtraction, the `-` operator, with a bool tensor is not supported.")
-    return self - _scaled(other, alpha)
+    return opmath(self) - _scaled(opmath(other), alpha)
 
 
 @lowers(aten.rsub.Tensor, aten.rsub.Scalar)
 def rsub(self: Array, other: Array, alpha: object = 1) -> Array:
-    return other - _scaled(self, alpha)
+    return opmath(other) - _scaled(opmath(self), alpha)
 
 
 @lowers(aten.mul.Tensor, aten.mul.Scalar)
 def mul(self: Array, other: Array) -> Array:
-    return self * other
+    return opmath(self) * opmath(other)
 
 
 def _float_divide(a: Array, b: Array) -> Array:
+    a, b = opmath(a), opmath(b)
     if not jnp.issubdtype(jnp.result_type(a, b), jnp.inexact):
         a = jnp.asarray(a).astype(DEFAULT_FLOAT)
     return jnp.true_divide(a, b)
@@ -313,7 +314,7 @@ def pow_(self: Array, exponent: Array) -> Array:
         a, b = a.astype(jnp.int64), b.astype(jnp.int64)
     if jnp.issubdtype(jnp.result_type(a, b), jnp.integer):
         return _int_power(a, b)
-    return jnp.power(self, exponent)
+    return jnp.power(opmath(self), opmath(exponent))
 
 
 @lowers(aten.atan2.default)
@@ -404,7 +405,7 @@ def fmin(self: Array, other: Array) -> Array:
 
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
 def lerp(self: Array, end: Array, weight: Array) -> Array:
-    weight = jnp.asarray(weight)
+    self, end, weight = opmath(self), opmath(end), opmath(jnp.asarray(weight))
     small = self + weight * (end - self)
     large = end - (end - self) * (1 - weight)
     return jnp.where(jnp.abs(weight) < 0.5, small, large)
@@ -412,12 +413,12 @@ def lerp(self: Array, end: Array, weight: Array) -> Array:
 
 @lowers(aten.addcmul.default)
 def addcmul(self: Array, tensor1: Array, tensor2: Array, *, value: object = 1) -> Array:
-    return self + _scaled(tensor1 * tensor2, value)
+    return opmath(self) + _scaled(opmath(tensor1) * opmath(tensor2), value)
 
 
 @lowers(aten.addcdiv.default)
 def addcdiv(self: Array, tensor1: Array, tensor2: Array, *, value: object = 1) -> Array:
-    return self + _scaled(tensor1 / tensor2, value)
+    return opmath(self) + _scaled(opmath(tensor1) / opmath(tensor2), value)
 
 
 # --- comparisons, logical and bitwise ops ----------------------------------------------------------
