@@ -116,7 +116,7 @@ INTS = t(-7, -3, -1, 0, 1, 2, 3, 7, dtype=torch.int64)
 
 
 @pytest.mark.parametrize("mode", [None, "trunc", "floor"])
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.float32])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.float32])
 def test_div_rounding_modes(mode: str | None, dtype: torch.dtype) -> None:
     a = t(-7, -6, -1, 0, 1, 5, 7, 9, dtype=dtype)
     b = t(2, -4, 3, -3, -2, 5, -7, 4, dtype=dtype)
@@ -250,8 +250,7 @@ def test_lerp_addcdiv_masked_fill() -> None:
 X = torch.randn(3, 4, 5)
 
 
-@pytest.mark.parametrize("dim", [None, [], [0], [-1], [0, 2], [-3, -1]])
-@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize(("dim", "keepdim"), [(None, False), ([], True), ([0], False), ([-1], True), ([0, 2], True), ([-3, -1], False)])
 def test_sum_mean_over_dims(dim: list[int] | None, keepdim: bool) -> None:
     check(aten.sum.dim_IntList, X, dim, keepdim)
     check(aten.mean.dim, X, dim, keepdim)
@@ -272,7 +271,7 @@ def test_reductions_over_empty_and_integer_inputs() -> None:
     check(aten.count_nonzero.dim_IntList, (X > 0).float(), [0, 1])
 
 
-@pytest.mark.parametrize("correction", [None, 0, 1, 2, 5, 100])
+@pytest.mark.parametrize("correction", [None, 0, 2, 100])
 def test_var_std_correction(correction: int | None) -> None:
     check(aten.var.correction, X, [1], correction=correction)
     check(aten.std.correction, X, None, correction=correction, keepdim=True)
@@ -356,7 +355,7 @@ VIEW_CASES: list[tuple[torch._ops.OpOverload, tuple, dict]] = [
 ]
 
 
-@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+@pytest.mark.parametrize("dtype", [torch.int64])
 @pytest.mark.parametrize(("op", "args", "kwargs"), VIEW_CASES, ids=[str(c[0]) + str(c[1]) for c in VIEW_CASES])
 def test_views_are_dtype_agnostic(op: torch._ops.OpOverload, args: tuple, kwargs: dict, dtype: torch.dtype) -> None:
     base = torch.arange(60).reshape(3, 4, 5).to(dtype)
