@@ -1,7 +1,8 @@
 """Steady-state step time and peak chip memory of the GPT example and the quickstart MLP in
 DEFER_AND_FUSE, DEFER_NEVER and plain torch on the CPU, measured interleaved in one process; and
 compiled: `torch.compile(model, backend="tpu")` (forward and backward as XLA programs, the optimizer
-eager in DEFER_AND_FUSE), next to torch.compile with Inductor on the CPU as a second reference.
+eager in DEFER_AND_FUSE; `compile+opt` compiles the optimizer step too), next to torch.compile with
+Inductor on the CPU as a second reference.
 
 Writes its table to bench/RESULTS.md. `--steps`/`--rounds` trade time for precision.
 """
@@ -25,7 +26,7 @@ import tputrace.backend  # noqa: E402,F401 - registers the tpu device
 from results import write_section  # noqa: E402
 from tputrace.backend.device_module import EagerMode, set_eager_mode  # noqa: E402
 
-MODES = ("DEFER_AND_FUSE", "DEFER_NEVER", "cpu", "compile", "inductor")
+MODES = ("DEFER_AND_FUSE", "DEFER_NEVER", "cpu", "compile", "compile+opt", "inductor")
 HOST_MODES = ("cpu", "inductor")
 
 
@@ -51,13 +52,18 @@ def gpt_workload(mode: str) -> Workload:
     batches = [(tokens.to(device), targets.to(device)) for tokens, targets in gpt_train.synthetic_batches(config, 4, 4)]
     forward = compiled(model, mode)
 
+    def update() -> None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+
+    update = torch.compile(update, backend="tpu") if mode == "compile+opt" else update
+
     def step(index: int) -> torch.Tensor:
         tokens, targets = batches[index % len(batches)]
         _, loss = forward(tokens, targets)
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        update()
         return loss
 
     return Workload("GPT (6x256, batch 4x64)", mode, step)
@@ -71,12 +77,13 @@ def mlp_workload(mode: str) -> Workload:
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     inputs, labels = (value.to(device) for value in quickstart.make_data())
     forward = compiled(model, mode)
+    update = torch.compile(optimizer.step, backend="tpu") if mode == "compile+opt" else optimizer.step
 
     def step(index: int) -> torch.Tensor:
         optimizer.zero_grad()
         loss = torch.nn.functional.cross_entropy(forward(inputs), labels)
         loss.backward()
-        optimizer.step()
+        update()
         return loss
 
     return Workload("MLP (quickstart)", mode, step)
@@ -84,7 +91,7 @@ def mlp_workload(mode: str) -> Workload:
 
 def compiled(model: torch.nn.Module, mode: str) -> Callable:
     """The model's forward for a mode: torch.compile'd for `compile` (tpu) and `inductor` (CPU)."""
-    if mode == "compile":
+    if mode in ("compile", "compile+opt"):
         return torch.compile(model, backend="tpu")
     if mode == "inductor":
         return torch.compile(model, backend="inductor")
@@ -92,8 +99,8 @@ def compiled(model: torch.nn.Module, mode: str) -> Callable:
 
 
 def use_mode(mode: str) -> None:
-    if mode == "compile":
-        set_eager_mode(EagerMode.DEFER_AND_FUSE)  # the optimizer step stays eager
+    if mode in ("compile", "compile+opt"):
+        set_eager_mode(EagerMode.DEFER_AND_FUSE)  # the eager rest of the step (optimizer, zero_grad)
     elif mode not in HOST_MODES:
         set_eager_mode(EagerMode[mode])
 
@@ -144,7 +151,8 @@ def main() -> None:
         "Eager modes (bench/eager_modes.py)",
         f"Steady state after {args.warmup} warm-up steps; {args.rounds} interleaved rounds of {args.steps} steps; "
         f"XLA on the host CPU ({torch.tpu.get_device_name()}). `compile`: torch.compile(model, backend=\"tpu\"), "
-        "the optimizer eager in DEFER_AND_FUSE; `inductor`: torch.compile on the CPU with Inductor.\n\n"
+        "the optimizer eager in DEFER_AND_FUSE; `compile+opt`: the optimizer step (with gradient clipping) compiled too; "
+        "`inductor`: torch.compile on the CPU with Inductor.\n\n"
         f"{table}",
     )
 
