@@ -516,7 +516,8 @@ def test_a_rank_killed_with_sigkill(tmp_path: Path) -> None:
     assert finished_at - killed_at < 30 + 20  # the launcher's shutdown timeout bounds it; the merge and summary take the rest
     for rank in (0, 1):
         with tputrace.open(tmp_path / "kill_me.ranks" / f"rank{rank}.tptrace") as trace:
-            assert trace.count("collectives") >= 4
+            # The killed rank loses what its writer had not committed yet (up to ~0.25 s): at least one row survives.
+            assert trace.count("collectives") >= (4 if rank == 0 else 1)
     assert "rank 1 died: killed by SIGKILL" in result.stderr
     with tputrace.open(merged) as trace:
         runs = {run.rank: run for run in trace.runs}
