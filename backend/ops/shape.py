@@ -16,7 +16,7 @@ import torch
 from jax import lax
 
 from . import views
-from ._util import canon_dim
+from ._util import UnloweredCase, canon_dim
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -204,3 +204,12 @@ def channel_shuffle(self: Array, groups: int) -> Array:
     batch, channels, *rest = self.shape
     x = self.reshape(batch, groups, channels // groups, *rest)
     return jnp.swapaxes(x, 1, 2).reshape(self.shape)
+
+
+@lowers(aten.repeat_interleave.Tensor)
+def repeat_interleave(repeats: Array, *, output_size: int | None = None) -> Array:
+    """Position i repeated repeats[i] times; only with `output_size`, which fixes the result's length."""
+    if output_size is None:
+        raise UnloweredCase("repeat_interleave without output_size has a data-dependent length")
+    ends = jnp.cumsum(repeats.reshape(-1))
+    return jnp.searchsorted(ends, jnp.arange(output_size, dtype=ends.dtype), side="right").astype(jnp.int64)
