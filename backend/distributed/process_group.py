@@ -2,8 +2,8 @@
 
 `TpuProcessGroup` is a Python `torch.distributed.ProcessGroup`. Every collective runs in four stages:
 pending deferred work is flushed, the inputs are copied to host tensors, gloo runs the collective on
-those asynchronously, and when gloo completes (on its own thread) the results are written back into
-the tpu tensors and the call's trace row is written. The `Work` returned completes only after the
+those asynchronously, and when gloo completes, a completion thread of the group writes the results
+back into the tpu tensors and writes the call's trace row. The `Work` returned completes only after the
 write-back, so `work.wait()`, `work.get_future()` (what DDP's reducer chains on) and `async_op=True`
 behave as they do on other devices. CPU tensors passed to the group go to gloo directly.
 
@@ -13,6 +13,7 @@ collectives and `pg._get_backend(torch.device("cpu"))` expect.
 
 from __future__ import annotations
 
+import queue
 import threading
 from collections.abc import Callable, Sequence
 from datetime import timedelta
@@ -38,6 +39,10 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._register_backend(torch.device("cpu"), dist.ProcessGroup.BackendType.GLOO, self._host)
         self.global_ranks: tuple[int, ...] = tuple(global_ranks) if global_ranks else tuple(range(size))
         self._ranks_text = ",".join(str(rank) for rank in self.global_ranks)
+        self._completion = _Completion()
+
+    def __del__(self) -> None:
+        self._completion.close()
 
     # ----------------------------------------------------------------- identity
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
@@ -71,7 +76,9 @@ class TpuProcessGroup(dist.ProcessGroup):
                 call.finished()
             return result
 
-        return CollectiveWork(_when_done(host_works, finish), staging.kind)
+        pending = _Pending(host_works, finish)
+        self._completion.submit(pending, ordered=staging.kind not in ("send", "recv"))
+        return CollectiveWork(pending, staging.kind)
 
     # ----------------------------------------------------------------- all-reduce
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -126,14 +133,14 @@ class TpuProcessGroup(dist.ProcessGroup):
         _single("reduce_scatter", outputs)
         inputs = input_lists[0]
         staging, call = self._start("reduce_scatter", inputs, tracing.message_bytes(inputs))
-        host_inputs = [staging.read(input) for input in inputs]
+        host_inputs = [staging.copy(input) for input in inputs]
         host_output = staging.output(outputs[0])
         options = _reduce_scatter_options(opts)
         return self._launch(staging, call, lambda: self._host.reduce_scatter([host_output], [host_inputs], options), outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
         staging, call = self._start("reduce_scatter", [input], tracing.message_bytes([input]))
-        host_input = staging.read(input)
+        host_input = staging.copy(input)
         host_output = staging.output(output)
         options = _reduce_scatter_options(opts)
         return self._launch(staging, call, lambda: self._host._reduce_scatter_base(host_output, host_input, options), [output])
@@ -142,7 +149,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         staging, call = self._start("reduce_scatter", inputs, tracing.message_bytes(inputs))
-        pairs = [(staging.output(output), staging.read(input)) for output, input in zip(outputs, inputs)]
+        pairs = [(staging.output(output), staging.copy(input)) for output, input in zip(outputs, inputs)]
         options = _reduce_scatter_options(opts)
         return self._launch(
             staging, call, lambda: [self._host._reduce_scatter_base(host_output, host_input, options) for host_output, host_input in pairs], outputs
@@ -166,7 +173,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         _single("reduce", tensors)
         options = opts if opts is not None else dist.ReduceOptions()
         staging, call = self._start("reduce", tensors, tracing.message_bytes(tensors))
-        host = staging.inout(tensors[0]) if self.rank() == options.rootRank else staging.read(tensors[0]).clone()
+        host = staging.inout(tensors[0]) if self.rank() == options.rootRank else staging.copy(tensors[0])
         host_options = dist.ReduceOptions()
         host_options.rootRank = options.rootRank
         host_options.reduceOp = options.reduceOp
@@ -251,12 +258,14 @@ class CollectiveWork(dist.Work):
     `wait()` raises the transport's error (a peer that died, a timeout), which c10d's own
     future-wrapping work does not; `get_future()` is what DDP's reducer chains on."""
 
-    def __init__(self, future: torch.futures.Future, kind: str) -> None:
+    def __init__(self, pending: _Pending, kind: str) -> None:
         super().__init__()
-        self._future = future
+        self._pending = pending
+        self._future = pending.result
         self._kind = kind
 
     def wait(self, timeout: Any = None) -> bool:
+        self._pending.run_if_unclaimed()
         try:
             self._future.wait()
         except RuntimeError as error:
@@ -294,45 +303,72 @@ def _reduce_scatter_options(opts: Any) -> dist.ReduceScatterOptions:
     return options
 
 
-def _when_done(host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]]) -> torch.futures.Future:
-    """A future that completes with `finish()`'s value after every host work has completed.
+class _Pending:
+    """One collective between issue and completion: its gloo works, how to finish it, its future.
 
-    Gloo works that have a future are chained on it (`finish` then runs on gloo's thread); the others
-    (reduce-scatter, send, recv) are waited for on a short-lived thread of their own, so that no call
-    waits behind an unrelated one.
-    """
-    futures = []
-    for work in host_works:
-        try:
-            futures.append(work.get_future())
-        except RuntimeError:
-            futures = None
-            break
-    if futures is not None:
-        combined = futures[0] if len(futures) == 1 else torch.futures.collect_all(futures)
+    Whoever claims it first finishes it: the thread that waits on its Work (a synchronous call waits
+    at once, so its results come back without a hand-over between threads), or the group's
+    completion thread (for calls nobody is waiting on yet, such as DDP's buckets)."""
 
-        def complete(done: torch.futures.Future) -> list[torch.Tensor]:
-            done.value()
-            if len(futures) > 1:
-                for future in futures:
-                    future.value()
-            return finish()
+    __slots__ = ("host_works", "finish", "result", "_claim")
 
-        return combined.then(complete)
-    result: torch.futures.Future = torch.futures.Future()
+    def __init__(self, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]]) -> None:
+        self.host_works = host_works
+        self.finish = finish
+        self.result: torch.futures.Future = torch.futures.Future()
+        self._claim = threading.Lock()
 
-    def wait_then_finish() -> None:
-        try:
-            for work in host_works:
-                work.wait()
-            value = finish()
-        except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
-            result.set_exception(error)
+    def run_if_unclaimed(self) -> None:
+        if not self._claim.acquire(blocking=False):
             return
-        result.set_result(value)
+        try:
+            for work in self.host_works:
+                work.wait()
+            value = self.finish()
+        except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
+            self.result.set_exception(error)
+            return
+        self.result.set_result(value)
 
-    threading.Thread(target=wait_then_finish, name="tputrace-collective", daemon=True).start()
-    return result
+
+class _Completion:
+    """Finishes the collectives of one group that no caller is waiting on, in issue order, on a
+    thread of its own.
+
+    Gloo's own threads never run Python here: a Python callback chained on a gloo future would need
+    the GIL on gloo's thread, and a group destroyed by a thread that holds the GIL (at exit, or when
+    DDP's reducer goes) joins gloo's threads and would wait forever. Collectives of one group complete
+    in the same order on every rank, so finishing them in issue order delays none beyond its
+    predecessors; point-to-point works, which need not complete in order, each get a short-lived
+    thread (`ordered=False`).
+    """
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, pending: _Pending, ordered: bool = True) -> None:
+        if not ordered:
+            threading.Thread(target=pending.run_if_unclaimed, name="tputrace-p2p", daemon=True).start()
+            return
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=_completion_loop, args=(self._queue,), name="tputrace-collectives", daemon=True)
+                self._thread.start()
+        self._queue.put(pending)
+
+    def close(self) -> None:
+        if self._thread is not None:
+            self._queue.put(None)
+
+
+def _completion_loop(pending_calls: queue.SimpleQueue) -> None:
+    while True:
+        pending = pending_calls.get()
+        if pending is None:
+            return
+        pending.run_if_unclaimed()
 
 
 def _create(options: Any, backend_options: Any) -> TpuProcessGroup:

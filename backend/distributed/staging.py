@@ -4,6 +4,11 @@ A `Staging` collects the host copies of one collective's inputs and the host buf
 in, and writes those results back into the tpu (or non-contiguous CPU) tensors when the transport has
 finished. Reading a tpu tensor here waits for its value (running pending deferred work) without being
 recorded as a user-visible host sync or transfer: it is part of the collective, whose row covers it.
+
+When the chips are XLA CPU devices (no TPU on the host), an input the transport only reads is handed
+over without a copy (a DLPack view of the chip's array), and a result goes back to the chip without
+one (`jax.device_put` of host memory aliases it); a buffer the transport writes in place is a copy.
+As with any collective, an input must not be changed until its work has completed.
 """
 
 from __future__ import annotations
@@ -31,19 +36,37 @@ class Staging:
             hooks.flush_pending("collective")
 
     def read(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A contiguous host tensor holding `tensor`'s current value (the tensor itself for contiguous CPU tensors)."""
-        if isinstance(tensor, TpuTensor):
-            value, _ = dispatcher.executor.concrete(dispatcher.read(tensor), "collective")
-            return transfers.array_to_torch(value, tensor.dtype).reshape(tensor.shape)
-        if tensor.device.type != "cpu":
-            raise StagingError(f"a tpu process group cannot move a tensor on {tensor.device}; use tpu or cpu tensors")
-        return tensor if tensor.is_contiguous() else tensor.contiguous()
+        """A contiguous host tensor holding `tensor`'s current value, for the transport to read only
+        (the tensor itself for contiguous CPU tensors, a view of the chip's memory where it is host memory)."""
+        return self._read(tensor)[0]
+
+    def copy(self, tensor: torch.Tensor) -> torch.Tensor:
+        """A host tensor of `tensor`'s value that the transport may write into."""
+        host, shared = self._read(tensor)
+        return host.clone() if shared else host
 
     def inout(self, tensor: torch.Tensor) -> torch.Tensor:
-        """A host buffer that starts with `tensor`'s value and whose final value goes back into it."""
-        host = self.read(tensor)
+        """A host buffer that starts with `tensor`'s value and whose final value goes back into it
+        (a contiguous CPU tensor is its own buffer)."""
+        host, shared = self._read(tensor)
+        if host is tensor:
+            return host
+        if shared:
+            host = host.clone()
         self.written(tensor, host)
         return host
+
+    def _read(self, tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """The host value and whether it shares memory with the tensor or its chip array."""
+        if isinstance(tensor, TpuTensor):
+            value, _ = dispatcher.executor.concrete(dispatcher.read(tensor), "collective")
+            host = _host_view(value, tensor.dtype)
+            if host is not None:
+                return host.reshape(tensor.shape), True
+            return transfers.array_to_torch(value, tensor.dtype).reshape(tensor.shape), False
+        if tensor.device.type != "cpu":
+            raise StagingError(f"a tpu process group cannot move a tensor on {tensor.device}; use tpu or cpu tensors")
+        return (tensor, True) if tensor.is_contiguous() else (tensor.contiguous(), False)
 
     def output(self, tensor: torch.Tensor) -> torch.Tensor:
         """A host buffer whose final value goes back into `tensor` (its starting contents are undefined)."""
@@ -82,6 +105,17 @@ class Staging:
                 with torch.no_grad():
                     tensor.copy_(host.view(tuple(tensor.shape)))
         self.writes.clear()
+
+
+def _host_view(value: object, dtype: torch.dtype) -> torch.Tensor | None:
+    """A CPU tensor sharing the memory of a chip array on an XLA CPU device (None on other devices)."""
+    try:
+        if any(device.platform != "cpu" for device in value.devices()):  # type: ignore[attr-defined]
+            return None
+        host = torch.from_dlpack(value)
+    except (AttributeError, BufferError, RuntimeError, TypeError):
+        return None
+    return host if host.dtype == dtype and host.is_contiguous() else None
 
 
 def _one_dtype(tensors: Sequence[torch.Tensor]) -> torch.dtype:
