@@ -195,8 +195,8 @@ def test_recompile_storm_records_each_guard_failure(tmp_path: Path) -> None:
     assert [row.reason for row in frames] == ["first"] + ["guard_failure"] * (steps - 1)
     for previous, current, row in zip(lengths, lengths[1:], frames[1:]):
         assert row.diff == f"tensor 'tokens' size mismatch at index 1. expected {previous}, actual {current}"
-        assert row.name == "TokenTagger.forward" and row.source.line == _line_of(script, "def forward(self, tokens")
-        assert json.loads(row.detail)["call_site"] == f"{script.name}:{_marked_line(script)}"
+        assert row.name == "TokenTagger.forward" and row.source.line == _marked_line(script)
+        assert json.loads(row.detail)["call_site"] == f"{script.name}:{_line_of(script, 'logits = compiled(tokens)')}"
 
 
 def test_dynamic_dims_compile_once_in_dynamo_and_per_shape_in_xla(tmp_path: Path) -> None:

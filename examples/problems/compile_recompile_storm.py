@@ -28,7 +28,7 @@ class TokenTagger(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(WIDTH, 2 * WIDTH), nn.GELU(), nn.Linear(2 * WIDTH, WIDTH))
         self.head = nn.Linear(WIDTH, CLASSES)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+    def forward(self, tokens: torch.Tensor) -> torch.Tensor:  # tputrace: problem (recompiled for every new sequence length)
         x = self.embed(tokens)
         return self.head(x + self.mlp(x))
 
@@ -67,7 +67,7 @@ def main() -> None:
     losses = []
     for tokens, labels in batches(args.steps, 16, args.fixed):
         tokens, labels = tokens.to(args.device), labels.to(args.device)
-        logits = compiled(tokens)  # tputrace: problem (a new sequence length every batch recompiles the model)
+        logits = compiled(tokens)  # a new sequence length every batch: Dynamo's shape guard fails
         loss = nn.functional.cross_entropy(logits.view(-1, CLASSES), labels.view(-1), ignore_index=-100)
         optimizer.zero_grad()
         loss.backward()
