@@ -339,3 +339,29 @@ def linalg_lu_solve(LU: Array, pivots: Array, B: Array, *, left: bool = True, ad
 @lowers(aten.cholesky.default)
 def cholesky(self: Array, upper: bool = False) -> Array:
     return linalg_cholesky_ex(self, upper=upper)[0]
+
+
+@lowers(aten._grouped_mm.default)
+def grouped_mm(self: Array, mat2: Array, offs: Array | None = None, bias: Array | None = None, out_dtype: torch.dtype | None = None) -> Array:
+    """Mixture-of-experts grouped GEMM. `offs` holds the cumulative ends of the groups along the
+    jagged dim of a 2-D operand; rows (or columns) past the last end come out as zeros."""
+    a, b = opmath(self), opmath(mat2)
+    if a.ndim == 3 and b.ndim == 3:
+        out = _matmul(a, b)
+    else:
+        ends = offs.astype(jnp.int64)
+        starts = jnp.concatenate([jnp.zeros((1,), jnp.int64), ends[:-1]])
+        if a.ndim == 2 and b.ndim == 3:
+            out = lax.ragged_dot(a, b, (ends - starts).astype(jnp.int32), precision=PRECISION)
+            out = jnp.where((jnp.arange(a.shape[0]) < ends[-1])[:, None], out, jnp.zeros_like(out))
+        elif a.ndim == 2 and b.ndim == 2:
+            k = jnp.arange(a.shape[1])
+            member = ((k[None, :] >= starts[:, None]) & (k[None, :] < ends[:, None])).astype(a.dtype)
+            out = jnp.einsum("mk,gk,kn->gmn", a, member, b, precision=PRECISION)
+        else:
+            n = jnp.arange(b.shape[1])
+            group = jnp.searchsorted(ends, n, side="right")
+            every = jnp.einsum("gmk,kn->gmn", a, b, precision=PRECISION)
+            picked = jnp.take_along_axis(every, jnp.clip(group, 0, a.shape[0] - 1)[None, None, :], axis=0)[0]
+            out = jnp.where((group < a.shape[0])[None, :], picked, jnp.zeros_like(picked))
+    return out if bias is None else out + opmath(bias)
