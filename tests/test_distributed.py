@@ -300,12 +300,19 @@ def test_one_rank_group_runs_and_records_collectives(tmp_path: Path) -> None:
 
 
 # ================================================================= real ranks
-def _run_ranks(tmp_path: Path, script: Path, *args: str, nproc: int = 2, mode: str = "defer", timeout: float = 900) -> tuple[subprocess.CompletedProcess, Path]:
+def _run_ranks(tmp_path: Path, script: Path, *args: str, nproc: int = 2, mode: str = "defer", timeout: float = 600) -> tuple[subprocess.CompletedProcess, Path]:
+    """`tputrace run --nproc` in its own session, so that a run that hangs is stopped with all its ranks."""
     merged = tmp_path / f"{script.stem}.tptrace"
     env = dict(os.environ, PYTHONWARNINGS="ignore")
     command = [sys.executable, "-m", "tputrace.cli.main", "run", "--nproc", str(nproc), "--mode", mode, "-o", str(merged), str(script), *args]
-    result = subprocess.run(command, capture_output=True, text=True, timeout=timeout, cwd=tmp_path, env=env)
-    return result, merged
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, start_new_session=True)
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        stdout, stderr = process.communicate()
+        pytest.fail(f"tputrace run --nproc {nproc} {script.name} did not finish in {timeout:.0f} s:\n{stderr[-4000:]}")
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr), merged
 
 
 def _assert_ok(result: subprocess.CompletedProcess) -> None:
