@@ -677,3 +677,35 @@ def _all_overloads() -> list[torch._ops.OpOverload]:
         for overload_name in packet.overloads():
             overloads.append(getattr(packet, overload_name))
     return overloads
+
+
+def test_fused_rnn_cells_match_autograd() -> None:
+    """The fused LSTM/GRU cells (torch uses them off the CPU) against the cells written in torch ops."""
+    batch, hidden = 3, 4
+    input_gates, hidden_gates = torch.randn(batch, 4 * hidden), torch.randn(batch, 4 * hidden)
+    cx, bias_i, bias_h = torch.randn(batch, hidden), torch.randn(4 * hidden), torch.randn(4 * hidden)
+    gates = (input_gates + bias_i + hidden_gates + bias_h).requires_grad_()
+    i, f, g, o = gates.chunk(4, 1)
+    cy = f.sigmoid() * cx + i.sigmoid() * g.tanh()
+    hy = o.sigmoid() * cy.tanh()
+    hy_l, cy_l, workspace = run_lowering(aten._thnn_fused_lstm_cell.default, input_gates, hidden_gates, cx, bias_i, bias_h)
+    torch.testing.assert_close((hy_l, cy_l), (hy, cy))
+    grad_hy, grad_cy = torch.randn_like(hy), torch.randn_like(cy)
+    expected = torch.autograd.grad((hy, cy), gates, (grad_hy, grad_cy))[0]
+    grad_gates, _, grad_bias = run_lowering(aten._thnn_fused_lstm_cell_backward_impl.default, grad_hy, grad_cy, cx, cy_l, workspace, True)
+    torch.testing.assert_close(grad_gates, expected, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grad_bias, expected.sum(0), atol=1e-5, rtol=1e-5)
+
+    input_gates, hidden_gates, hx = torch.randn(batch, 3 * hidden), torch.randn(batch, 3 * hidden), torch.randn(batch, hidden)
+    ig, hg = input_gates.clone().requires_grad_(), hidden_gates.clone().requires_grad_()
+    (ir, iz, i_n), (hr, hz, h_n) = ig.chunk(3, 1), hg.chunk(3, 1)
+    reset, update = (ir + hr).sigmoid(), (iz + hz).sigmoid()
+    new = (i_n + reset * h_n).tanh()
+    hy = new + update * (hx - new)
+    hy_l, workspace = run_lowering(aten._thnn_fused_gru_cell.default, input_gates, hidden_gates, hx)
+    torch.testing.assert_close(hy_l, hy)
+    grad_hy = torch.randn_like(hy)
+    expected_i, expected_h = torch.autograd.grad(hy, (ig, hg), grad_hy)
+    grads = run_lowering(aten._thnn_fused_gru_cell_backward.default, grad_hy, workspace, False)
+    torch.testing.assert_close(grads[0], expected_i, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grads[1], expected_h, atol=1e-5, rtol=1e-5)

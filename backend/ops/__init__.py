@@ -6,6 +6,7 @@ import importlib
 
 FAMILIES = (
     "pointwise",
+    "comparison",
     "special",
     "reduction",
     "sorting",
@@ -16,10 +17,12 @@ FAMILIES = (
     "random",
     "activations",
     "nn",
+    "normalization",
     "conv",
     "pooling",
     "resample",
     "linalg",
+    "fft",
     "foreach",
     "histogram",
 )

@@ -83,39 +83,12 @@ def reduction_dims(dim: int | Sequence[int] | None, ndim: int) -> tuple[int, ...
     return tuple(sorted({canon_dim(d, ndim) for d in dim}))
 
 
-def keep_dims(result: jax.Array, dims: tuple[int, ...], keepdim: bool) -> jax.Array:
-    """Re-insert reduced dims as size 1 when keepdim is set."""
-    if not keepdim or not dims:
-        return result
-    return jnp.expand_dims(result, dims)
 
 
-def scalar_of(value: object, like: jax.Array | None = None) -> jax.Array:
-    """A Scalar argument as a 0-d array (it may arrive as a Python number or a traced value)."""
-    if isinstance(value, jax.Array):
-        return value
-    if like is not None and isinstance(value, (bool, int, float)) and not isinstance(value, complex):
-        return jnp.asarray(value, dtype=_weak_match(like, value))
-    return jnp.asarray(value)
 
 
-def _weak_match(like: jax.Array, value: object) -> jnp.dtype:
-    """The dtype a Python number takes next to `like`, following torch's wrapped-number rule."""
-    if isinstance(value, bool):
-        return like.dtype if like.dtype == jnp.bool_ else like.dtype
-    if isinstance(value, int):
-        return like.dtype if like.dtype != jnp.bool_ else jnp.int64
-    return like.dtype if is_float(like) else DEFAULT_FLOAT
 
 
-def concrete_int(value: object) -> int | None:
-    """The Python int a Scalar holds if it is known at trace time, else None."""
-    if isinstance(value, (bool, int)):
-        return int(value)
-    try:
-        return int(np.asarray(value))
-    except Exception:  # noqa: BLE001 - a tracer refuses conversion
-        return None
 
 
 def concrete_number(value: object) -> float | int | None:
@@ -127,16 +100,3 @@ def concrete_number(value: object) -> float | int | None:
     except Exception:  # noqa: BLE001 - a tracer refuses conversion
         return None
     return array.item()
-
-
-def broadcast_all(*arrays: jax.Array) -> list[jax.Array]:
-    shape = jnp.broadcast_shapes(*(a.shape for a in arrays))
-    return [jnp.broadcast_to(a, shape) for a in arrays]
-
-
-def result_float_dtype(*arrays: jax.Array) -> jnp.dtype:
-    """The floating dtype torch computes in for float-producing ops over these inputs."""
-    floats = [a.dtype for a in arrays if is_float(a)]
-    if not floats:
-        return jnp.dtype(DEFAULT_FLOAT)
-    return jnp.result_type(*floats)

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from . import linalg, pointwise, reduction
+from . import comparison, linalg, pointwise, reduction
 from ._util import jax_dtype
 from .registry import lowers
 
@@ -61,7 +61,7 @@ _UNARY = {
     "abs": pointwise.abs_, "neg": pointwise.neg, "sign": pointwise.sign, "frac": pointwise.frac,
     "ceil": pointwise.LOWERING_OF["ceil"], "floor": pointwise.LOWERING_OF["floor"],
     "round": pointwise.LOWERING_OF["round"], "trunc": pointwise.LOWERING_OF["trunc"],
-    "zero": pointwise.zero,
+    "zero": comparison.zero,
 }
 for _name in ("acos", "asin", "atan", "cos", "cosh", "sin", "sinh", "tan", "tanh", "exp", "expm1", "log", "log10",
               "log1p", "log2", "reciprocal", "rsqrt", "sigmoid", "sqrt", "erf", "erfc", "lgamma"):
@@ -71,7 +71,7 @@ for _name, _fn in _UNARY.items():
     _register(f"_foreach_{_name}", _fn)
 
 _register("_foreach_clone", lambda self, memory_format=None: self)
-_register("_foreach_copy", pointwise.copy)
+_register("_foreach_copy", comparison.copy)
 _register("_foreach_max", reduction.max_all)
 _register("_foreach_mm", linalg.mm)
 _register("_foreach_add", pointwise.add, ("Scalar", "List", "ScalarList", "Tensor"))
@@ -80,8 +80,8 @@ _register("_foreach_mul", pointwise.mul, ("Scalar", "List", "ScalarList", "Tenso
 _register("_foreach_div", pointwise.div, ("Scalar", "List", "ScalarList", "Tensor"))
 _register("_foreach_maximum", pointwise.maximum, ("Scalar", "List", "ScalarList"))
 _register("_foreach_minimum", pointwise.minimum, ("Scalar", "List", "ScalarList"))
-_register("_foreach_clamp_min", pointwise.clamp_min, ("Scalar", "List", "ScalarList"))
-_register("_foreach_clamp_max", pointwise.clamp_max, ("Scalar", "List", "ScalarList"))
+_register("_foreach_clamp_min", comparison.clamp_min, ("Scalar", "List", "ScalarList"))
+_register("_foreach_clamp_max", comparison.clamp_max, ("Scalar", "List", "ScalarList"))
 _register("_foreach_pow", pointwise.pow_, ("List", "Scalar", "ScalarList", "ScalarAndTensor"))
 _register("_foreach_lerp", pointwise.lerp, ("List", "Scalar", "ScalarList"))
 _register("_foreach_addcmul", lambda s, a, b, value=1: pointwise.addcmul(s, a, b, value=value), ("Scalar", "ScalarList", "Tensor"))

@@ -1,10 +1,7 @@
 """Softmax, losses, normalisation layers, dropout backward and attention.
 
 Half-precision inputs compute in float32 (the dispatcher casts results back), as torch's CPU kernels
-accumulate. Backward ops use the saved statistics they are given, so they agree with a forward that
-ran elsewhere. `native_batch_norm` is not lowered: in training it updates the running statistics in
-place although its schema does not declare the write, so it runs as torch's decomposition, whose
-`copy_` into the running statistics reaches the device.
+accumulate. Normalisation layers live in `normalization`.
 """
 
 from __future__ import annotations
@@ -21,14 +18,6 @@ from .registry import lowers
 
 aten = torch.ops.aten
 Array = jax.Array
-
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
-
-def _compute(x: Array) -> Array:
-    x = to_float(x)
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
-
 
 # --- softmax ------------------------------------------------------------------------------------
 
@@ -52,12 +41,12 @@ def _log_softmax_along(x: Array, axis: int) -> Array:
 
 @lowers(aten._softmax.default)
 def softmax(self: Array, dim: int, half_to_float: bool) -> Array:
-    return _along(_compute(self), dim, _softmax_along)
+    return _along(to_float(self), dim, _softmax_along)
 
 
 @lowers(aten._log_softmax.default)
 def log_softmax(self: Array, dim: int, half_to_float: bool) -> Array:
-    return _along(_compute(self), dim, _log_softmax_along)
+    return _along(to_float(self), dim, _log_softmax_along)
 
 
 @lowers(aten._safe_softmax.default)
@@ -66,7 +55,7 @@ def safe_softmax(self: Array, dim: int, dtype: torch.dtype | None = None) -> Arr
         all_masked = jnp.all(x == -jnp.inf, axis=axis, keepdims=True)
         return jnp.where(all_masked, jnp.zeros_like(x), _softmax_along(x, axis))
 
-    return _along(_compute(self), dim, safe)
+    return _along(to_float(self), dim, safe)
 
 
 @lowers(aten._softmax_backward_data.default)
@@ -232,167 +221,6 @@ def multi_margin_loss(self: Array, target: Array, p: object = 1, margin: object 
     return _reduce(losses if self.ndim == 2 else losses.reshape(()), reduction)
 
 
-# --- normalisation ------------------------------------------------------------------------------
-
-
-@lowers(aten.native_layer_norm.default)
-def native_layer_norm(input: Array, normalized_shape: Sequence[int], weight: Array | None, bias: Array | None, eps: float) -> tuple[Array, Array, Array]:  # noqa: A002
-    x = _compute(input)
-    dims = tuple(range(input.ndim - len(normalized_shape), input.ndim))
-    mean = jnp.mean(x, axis=dims, keepdims=True)
-    centered = x - mean
-    rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=dims, keepdims=True) + eps)
-    out = centered * rstd
-    if weight is not None:
-        out = out * weight
-    if bias is not None:
-        out = out + bias
-    return out, mean, rstd
-
-
-@lowers(aten.native_layer_norm_backward.default)
-def native_layer_norm_backward(grad_out: Array, input: Array, normalized_shape: Sequence[int], mean: Array, rstd: Array, weight: Array | None, bias: Array | None, output_mask: Sequence[bool]) -> tuple[Array | None, Array | None, Array | None]:  # noqa: A002
-    x, grad = _compute(input), _compute(grad_out)
-    axis = input.ndim - len(normalized_shape)
-    norm_dims, batch_dims = tuple(range(axis, input.ndim)), tuple(range(axis))
-    x_hat = (x - mean) * rstd
-    scaled = grad if weight is None else grad * weight
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        grad_input = rstd * (
-            scaled - jnp.mean(scaled, axis=norm_dims, keepdims=True) - x_hat * jnp.mean(scaled * x_hat, axis=norm_dims, keepdims=True)
-        )
-    if output_mask[1] and weight is not None:
-        grad_weight = jnp.sum(grad * x_hat, axis=batch_dims)
-    if output_mask[2] and bias is not None:
-        grad_bias = jnp.sum(grad, axis=batch_dims)
-    return grad_input, grad_weight, grad_bias
-
-
-def _channel(v: Array, ndim: int) -> Array:
-    """A per-channel vector shaped to broadcast over (N, C, ...)."""
-    return v.reshape((1, -1) + (1,) * (ndim - 2))
-
-
-@lowers(aten.native_group_norm.default)
-def native_group_norm(input: Array, weight: Array | None, bias: Array | None, N: int, C: int, HxW: int, group: int, eps: float) -> tuple[Array, Array, Array]:  # noqa: A002, N803
-    x = _compute(input).reshape(N, group, -1)
-    mean = jnp.mean(x, axis=-1)
-    centered = x - mean[..., None]
-    rstd = jax.lax.rsqrt(jnp.mean(centered * centered, axis=-1) + eps)
-    out = (centered * rstd[..., None]).reshape(input.shape)
-    if weight is not None:
-        out = out * _channel(weight, input.ndim)
-    if bias is not None:
-        out = out + _channel(bias, input.ndim)
-    return out, mean, rstd
-
-
-@lowers(aten.native_group_norm_backward.default)
-def native_group_norm_backward(grad_out: Array, input: Array, mean: Array, rstd: Array, weight: Array | None, N: int, C: int, HxW: int, group: int, output_mask: Sequence[bool]) -> tuple[Array | None, Array | None, Array | None]:  # noqa: A002, N803
-    x, grad = _compute(input).reshape(N, group, -1), _compute(grad_out)
-    x_hat = (x - mean[..., None]) * rstd[..., None]
-    scaled = grad if weight is None else grad * _channel(weight, input.ndim)
-    scaled = scaled.reshape(N, group, -1)
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        grad_input = rstd[..., None] * (
-            scaled - jnp.mean(scaled, axis=-1, keepdims=True) - x_hat * jnp.mean(scaled * x_hat, axis=-1, keepdims=True)
-        )
-        grad_input = grad_input.reshape(input.shape)
-    per_channel = grad.reshape(N, C, -1)
-    if output_mask[1]:
-        grad_weight = jnp.sum(per_channel * x_hat.reshape(N, C, -1), axis=(0, 2))
-    if output_mask[2]:
-        grad_bias = jnp.sum(per_channel, axis=(0, 2))
-    return grad_input, grad_weight, grad_bias
-
-
-def _batch_stats(x: Array) -> tuple[Array, Array]:
-    dims = (0,) + tuple(range(2, x.ndim))
-    mean = jnp.mean(x, axis=dims)
-    centered = x - _channel(mean, x.ndim)
-    return mean, jnp.mean(centered * centered, axis=dims)
-
-
-def _batch_normalize(x: Array, mean: Array, invstd: Array, weight: Array | None, bias: Array | None) -> Array:
-    out = (x - _channel(mean, x.ndim)) * _channel(invstd, x.ndim)
-    if weight is not None:
-        out = out * _channel(weight, x.ndim)
-    if bias is not None:
-        out = out + _channel(bias, x.ndim)
-    return out
-
-
-@lowers(aten._native_batch_norm_legit_no_training.default)
-def batch_norm_no_training(input: Array, weight: Array | None, bias: Array | None, running_mean: Array, running_var: Array, momentum: float, eps: float) -> tuple[Array, Array, Array]:  # noqa: A002
-    x = _compute(input)
-    out = _batch_normalize(x, running_mean, jax.lax.rsqrt(running_var + eps), weight, bias)
-    channels = input.shape[1]
-    return out, jnp.zeros((channels,), x.dtype), jnp.zeros((channels,), x.dtype)
-
-
-@lowers(aten._native_batch_norm_legit.no_stats)
-def batch_norm_no_stats(input: Array, weight: Array | None, bias: Array | None, training: bool, momentum: float, eps: float) -> tuple[Array, Array, Array]:  # noqa: A002
-    x = _compute(input)
-    mean, var = _batch_stats(x)
-    invstd = jax.lax.rsqrt(var + eps)
-    return _batch_normalize(x, mean, invstd, weight, bias), mean, invstd
-
-
-@lowers(aten._native_batch_norm_legit_functional.default)
-def batch_norm_functional(input: Array, weight: Array | None, bias: Array | None, running_mean: Array, running_var: Array, training: bool, momentum: float, eps: float) -> tuple[Array, ...]:  # noqa: A002
-    x = _compute(input)
-    if not training:
-        out, save_mean, save_invstd = batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps)
-        return out, save_mean, save_invstd, running_mean, running_var
-    mean, var = _batch_stats(x)
-    invstd = jax.lax.rsqrt(var + eps)
-    count = input.size // input.shape[1]
-    unbiased = var * (count / max(count - 1, 1))
-    new_mean = (1 - momentum) * running_mean + momentum * mean
-    new_var = (1 - momentum) * running_var + momentum * unbiased
-    return _batch_normalize(x, mean, invstd, weight, bias), mean, invstd, new_mean, new_var
-
-
-@lowers(aten._batch_norm_no_update.default)
-def batch_norm_no_update(input: Array, weight: Array | None, bias: Array | None, running_mean: Array | None, running_var: Array | None, momentum: float, eps: float) -> tuple[Array, Array, Array, Array]:  # noqa: A002
-    if running_mean is None or running_var is None:
-        out, mean, invstd = batch_norm_no_stats(input, weight, bias, True, momentum, eps)
-    else:
-        out, mean, invstd = batch_norm_no_training(input, weight, bias, running_mean, running_var, momentum, eps)
-    return out, mean, invstd, jnp.zeros((0,), jnp.uint8)
-
-
-@lowers(aten.native_batch_norm_backward.default)
-def native_batch_norm_backward(grad_out: Array, input: Array, weight: Array | None, running_mean: Array | None, running_var: Array | None, save_mean: Array | None, save_invstd: Array | None, train: bool, eps: float, output_mask: Sequence[bool]) -> tuple[Array | None, Array | None, Array | None]:  # noqa: A002
-    x, grad = _compute(input), _compute(grad_out)
-    if train:
-        mean, invstd = save_mean, save_invstd
-    else:
-        mean, invstd = running_mean, jax.lax.rsqrt(running_var + eps)
-    dims = (0,) + tuple(range(2, x.ndim))
-    x_hat = (x - _channel(mean, x.ndim)) * _channel(invstd, x.ndim)
-    scale = invstd if weight is None else weight * invstd
-    grad_input = grad_weight = grad_bias = None
-    if output_mask[0]:
-        if train:
-            centered = grad - jnp.mean(grad, axis=dims, keepdims=True) - x_hat * jnp.mean(grad * x_hat, axis=dims, keepdims=True)
-            grad_input = centered * _channel(scale, x.ndim)
-        else:
-            grad_input = grad * _channel(scale, x.ndim)
-    if output_mask[1]:
-        grad_weight = jnp.sum(grad * x_hat, axis=dims)
-    if output_mask[2]:
-        grad_bias = jnp.sum(grad, axis=dims)
-    return grad_input, grad_weight, grad_bias
-
-
-@lowers(aten.batch_norm_backward.default)
-def batch_norm_backward(grad_out: Array, input: Array, weight: Array, running_mean: Array | None, running_var: Array | None, save_mean: Array | None, save_var: Array | None, update: bool, eps: float, output_mask: Sequence[bool], reserve: Array) -> tuple[Array | None, Array | None, Array | None]:  # noqa: A002
-    return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask)
-
-
 @lowers(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output: Array, mask: Array, scale: float) -> Array:
     return grad_output * mask.astype(grad_output.dtype) * scale
@@ -402,7 +230,7 @@ def native_dropout_backward(grad_output: Array, mask: Array, scale: float) -> Ar
 
 
 def _attention(query: Array, key: Array, value: Array, is_causal: bool, attn_mask: Array | None, scale: float | None) -> tuple[Array, Array]:
-    q, k, v = _compute(query), _compute(key), _compute(value)
+    q, k, v = to_float(query), to_float(key), to_float(value)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if k.ndim == q.ndim and q.ndim >= 3 and k.shape[-3] != q.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
         repeats = q.shape[-3] // k.shape[-3]
@@ -437,8 +265,8 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
     def forward(q: Array, k: Array, v: Array) -> Array:
         return _attention(q, k, v, is_causal, attn_mask, scale)[0]
 
-    _, pullback = jax.vjp(forward, _compute(query), _compute(key), _compute(value))
-    return pullback(_compute(grad_out))
+    _, pullback = jax.vjp(forward, to_float(query), to_float(key), to_float(value))
+    return pullback(to_float(grad_out))
 
 
 @lowers(aten._trilinear.default)
@@ -446,3 +274,65 @@ def trilinear(i1: Array, i2: Array, i3: Array, expand1: Sequence[int], expand2: 
     """i1, i2, i3 each unsqueezed at their `expand` dims, multiplied, and summed over `sumdim`."""
     product = jnp.expand_dims(i1, tuple(expand1)) * jnp.expand_dims(i2, tuple(expand2)) * jnp.expand_dims(i3, tuple(expand3))
     return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product
+
+
+# --- fused recurrent cells (torch routes LSTM/GRU cells on non-CPU devices to these) ---------------
+
+
+def _with_biases(gates: Array, bias: Array | None) -> Array:
+    return gates if bias is None else gates + bias
+
+
+@lowers(aten._thnn_fused_lstm_cell.default)
+def fused_lstm_cell(input_gates: Array, hidden_gates: Array, cx: Array, input_bias: Array | None = None, hidden_bias: Array | None = None) -> tuple[Array, Array, Array]:
+    """Gates in order input, forget, cell, output; the workspace keeps the activated gates."""
+    gates = _with_biases(input_gates, input_bias) + _with_biases(hidden_gates, hidden_bias)
+    in_gate, forget_gate, cell_gate, out_gate = jnp.split(gates, 4, axis=-1)
+    in_gate, forget_gate, out_gate = jax.nn.sigmoid(in_gate), jax.nn.sigmoid(forget_gate), jax.nn.sigmoid(out_gate)
+    cell_gate = jnp.tanh(cell_gate)
+    cy = forget_gate * cx + in_gate * cell_gate
+    hy = out_gate * jnp.tanh(cy)
+    return hy, cy, jnp.concatenate([in_gate, forget_gate, cell_gate, out_gate], axis=-1)
+
+
+@lowers(aten._thnn_fused_lstm_cell_backward_impl.default)
+def fused_lstm_cell_backward(grad_hy: Array | None, grad_cy: Array | None, cx: Array, cy: Array, workspace: Array, has_bias: bool) -> tuple[Array, Array, Array | None]:
+    in_gate, forget_gate, cell_gate, out_gate = jnp.split(workspace, 4, axis=-1)
+    grad_hy = jnp.zeros_like(cy) if grad_hy is None else grad_hy
+    grad_cy = jnp.zeros_like(cy) if grad_cy is None else grad_cy
+    tanh_cy = jnp.tanh(cy)
+    grad_out = grad_hy * tanh_cy * out_gate * (1 - out_gate)
+    grad_cell_state = grad_hy * out_gate * (1 - tanh_cy * tanh_cy) + grad_cy
+    grad_in = grad_cell_state * cell_gate * in_gate * (1 - in_gate)
+    grad_forget = grad_cell_state * cx * forget_gate * (1 - forget_gate)
+    grad_cell = grad_cell_state * in_gate * (1 - cell_gate * cell_gate)
+    grad_gates = jnp.concatenate([grad_in, grad_forget, grad_cell, grad_out], axis=-1)
+    grad_bias = jnp.sum(grad_gates, axis=0) if has_bias else None
+    return grad_gates, grad_cell_state * forget_gate, grad_bias
+
+
+@lowers(aten._thnn_fused_gru_cell.default)
+def fused_gru_cell(input_gates: Array, hidden_gates: Array, hx: Array, input_bias: Array | None = None, hidden_bias: Array | None = None) -> tuple[Array, Array]:
+    """Gates in order reset, update, new; the workspace keeps (reset, update, new, hidden new part, hx)."""
+    input_reset, input_update, input_new = jnp.split(_with_biases(input_gates, input_bias), 3, axis=-1)
+    hidden_reset, hidden_update, hidden_new = jnp.split(_with_biases(hidden_gates, hidden_bias), 3, axis=-1)
+    reset = jax.nn.sigmoid(input_reset + hidden_reset)
+    update = jax.nn.sigmoid(input_update + hidden_update)
+    new = jnp.tanh(input_new + reset * hidden_new)
+    hy = new + update * (hx - new)
+    return hy, jnp.concatenate([reset, update, new, hidden_new, hx], axis=-1)
+
+
+@lowers(aten._thnn_fused_gru_cell_backward.default)
+def fused_gru_cell_backward(grad_hy: Array, workspace: Array, has_bias: bool) -> tuple[Array, ...]:
+    reset, update, new, hidden_new, hx = jnp.split(workspace, 5, axis=-1)
+    grad_update = grad_hy * (hx - new) * update * (1 - update)
+    grad_hx = grad_hy * update
+    grad_new = grad_hy * (1 - update) * (1 - new * new)
+    grad_hidden_new = grad_new * reset
+    grad_reset = grad_new * hidden_new * reset * (1 - reset)
+    grad_input_gates = jnp.concatenate([grad_reset, grad_update, grad_new], axis=-1)
+    grad_hidden_gates = jnp.concatenate([grad_reset, grad_update, grad_hidden_new], axis=-1)
+    if not has_bias:
+        return grad_input_gates, grad_hidden_gates, grad_hx, None, None
+    return grad_input_gates, grad_hidden_gates, grad_hx, jnp.sum(grad_input_gates, axis=0), jnp.sum(grad_hidden_gates, axis=0)

@@ -245,7 +245,7 @@ def _floor_divide_float(a: Array, b: Array) -> Array:
     return jnp.where(b == 0, a / b, floor_div)
 
 
-def _promote(a: object, b: object) -> tuple[Array, Array]:
+def promote(a: object, b: object) -> tuple[Array, Array]:
     """a and b in their common dtype, broadcast to one shape (lax ops need both)."""
     dtype = jnp.result_type(a, b)
     return tuple(jnp.broadcast_arrays(jnp.asarray(a).astype(dtype), jnp.asarray(b).astype(dtype)))
@@ -254,7 +254,7 @@ def _promote(a: object, b: object) -> tuple[Array, Array]:
 def _divide(self: object, other: object, rounding_mode: str | None) -> Array:
     if rounding_mode is None:
         return _float_divide(self, other)
-    a, b = _promote(self, other)
+    a, b = promote(self, other)
     if a.dtype == jnp.bool_:
         a, b = a.astype(jnp.int64), b.astype(jnp.int64)
     if rounding_mode == "trunc":
@@ -281,20 +281,20 @@ def floor_divide(self: Array, other: Array) -> Array:
 
 @lowers(aten.remainder.Tensor, aten.remainder.Scalar, aten.remainder.Scalar_Tensor)
 def remainder(self: Array, other: Array) -> Array:
-    a, b = _promote(self, other)
+    a, b = promote(self, other)
     mod = lax.rem(a, b)
     return jnp.where((mod != 0) & ((b < 0) != (mod < 0)), mod + b, mod)
 
 
 @lowers(aten.fmod.Tensor, aten.fmod.Scalar)
 def fmod(self: Array, other: Array) -> Array:
-    a, b = _promote(self, other)
+    a, b = promote(self, other)
     return lax.rem(a, b)
 
 
 def _int_power(base: Array, exponent: Array) -> Array:
     """Integer powers as torch computes them: negative exponents give 0 unless |base| is 1."""
-    base, exponent = jnp.broadcast_arrays(*_promote(base, exponent))
+    base, exponent = jnp.broadcast_arrays(*promote(base, exponent))
     positive = jnp.maximum(exponent, 0)
     result = jnp.ones_like(base)
     square = base
@@ -419,132 +419,3 @@ def addcmul(self: Array, tensor1: Array, tensor2: Array, *, value: object = 1) -
 @lowers(aten.addcdiv.default)
 def addcdiv(self: Array, tensor1: Array, tensor2: Array, *, value: object = 1) -> Array:
     return opmath(self) + _scaled(opmath(tensor1) / opmath(tensor2), value)
-
-
-# --- comparisons, logical and bitwise ops ----------------------------------------------------------
-
-for _name, _fn in (("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal),
-                   ("gt", jnp.greater), ("ge", jnp.greater_equal)):
-    _packet = getattr(aten, _name)
-    lowers(_packet.Tensor, _packet.Scalar)(_fn)
-
-
-def _logical(fn):
-    def lowering(self: Array, other: Array) -> Array:
-        return fn(self != 0, other != 0)
-
-    lowering.__qualname__ = f"logical[{fn.__name__}]"
-    return lowering
-
-
-lowers(aten.logical_and.default)(_logical(jnp.logical_and))
-lowers(aten.logical_or.default)(_logical(jnp.logical_or))
-lowers(aten.logical_xor.default)(_logical(jnp.logical_xor))
-
-lowers(aten.bitwise_and.Tensor, aten.bitwise_and.Scalar, aten.bitwise_and.Scalar_Tensor)(jnp.bitwise_and)
-lowers(aten.bitwise_or.Tensor, aten.bitwise_or.Scalar, aten.bitwise_or.Scalar_Tensor)(jnp.bitwise_or)
-lowers(aten.bitwise_xor.Tensor, aten.bitwise_xor.Scalar, aten.bitwise_xor.Scalar_Tensor)(jnp.bitwise_xor)
-
-
-def _shift(a: object, b: object, left: bool) -> Array:
-    a, b = _promote(a, b)
-    bits = jnp.iinfo(a.dtype).bits
-    out_of_range = (b < 0) | (b >= bits)
-    safe = jnp.where(out_of_range, 0, b)
-    if left:
-        return jnp.where(out_of_range, jnp.zeros_like(a), jnp.left_shift(a, safe))
-    return jnp.where(out_of_range, jnp.right_shift(a, bits - 1), jnp.right_shift(a, safe))
-
-
-@lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,
-        aten.bitwise_left_shift.Scalar_Tensor, aten.__lshift__.Tensor, aten.__lshift__.Scalar)
-def left_shift(self: Array, other: Array) -> Array:
-    return _shift(self, other, left=True)
-
-
-@lowers(aten.bitwise_right_shift.Tensor, aten.bitwise_right_shift.Tensor_Scalar,
-        aten.bitwise_right_shift.Scalar_Tensor, aten.__rshift__.Tensor, aten.__rshift__.Scalar)
-def right_shift(self: Array, other: Array) -> Array:
-    return _shift(self, other, left=False)
-
-
-# --- selection, clamping, filling ------------------------------------------------------------------
-
-
-@lowers(aten.where.self)
-def where(condition: Array, self: Array, other: Array) -> Array:
-    return jnp.where(condition.astype(jnp.bool_), self, other)
-
-
-@lowers(aten.clamp.default, aten.clamp.Tensor)
-def clamp(self: Array, min: Array | None = None, max: Array | None = None) -> Array:  # noqa: A002
-    result = self
-    if min is not None:
-        result = jnp.maximum(result, min)
-    if max is not None:
-        result = jnp.minimum(result, max)
-    return result
-
-
-@lowers(aten.clamp_min.default, aten.clamp_min.Tensor)
-def clamp_min(self: Array, min: Array) -> Array:  # noqa: A002
-    return jnp.maximum(self, min)
-
-
-@lowers(aten.clamp_max.default, aten.clamp_max.Tensor)
-def clamp_max(self: Array, max: Array) -> Array:  # noqa: A002
-    return jnp.minimum(self, max)
-
-
-@lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)
-def masked_fill(self: Array, mask: Array, value: Array) -> Array:
-    return jnp.where(mask.astype(jnp.bool_), jnp.asarray(value).astype(self.dtype), self)
-
-
-@lowers(aten.fill.Scalar, aten.fill.Tensor)
-def fill(self: Array, value: Array) -> Array:
-    return jnp.broadcast_to(jnp.asarray(value).astype(self.dtype), self.shape)
-
-
-@lowers(aten.zero.default)
-def zero(self: Array) -> Array:
-    return jnp.zeros_like(self)
-
-
-@lowers(aten.clone.default)
-def clone(self: Array, *, memory_format: object = None) -> Array:
-    return self
-
-
-@lowers(aten.copy.default)
-def copy(self: Array, src: Array, non_blocking: bool = False) -> Array:
-    if is_complex(src) and not is_complex(self):
-        src = jnp.real(src)
-    return jnp.broadcast_to(src.astype(self.dtype), self.shape)
-
-
-@lowers(aten.complex.default)
-def complex_(real: Array, imag: Array) -> Array:
-    return lax.complex(*jnp.broadcast_arrays(real, imag))
-
-
-@lowers(aten.polar.default)
-def polar(abs: Array, angle: Array) -> Array:  # noqa: A002
-    return lax.complex(abs * jnp.cos(angle), abs * jnp.sin(angle))
-
-
-@lowers(aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar, aten.isin.Scalar_Tensor)
-def isin(elements: Array, test_elements: Array, *, assume_unique: bool = False, invert: bool = False) -> Array:
-    elements, test_elements = jnp.asarray(elements), jnp.asarray(test_elements)
-    found = jnp.any(elements[..., None] == test_elements.reshape(-1), axis=-1)
-    return jnp.logical_not(found) if invert else found
-
-
-@lowers(aten.sigmoid_backward.default)
-def sigmoid_backward(grad_output: Array, output: Array) -> Array:
-    return grad_output * output * (1 - output)
-
-
-@lowers(aten.tanh_backward.default)
-def tanh_backward(grad_output: Array, output: Array) -> Array:
-    return grad_output * (1 - output * output)

@@ -17,6 +17,7 @@ import torch
 from jax import lax
 
 from ._util import (
+    HALF_DTYPES,
     canon_dim,
     concrete_number,
     is_complex,
@@ -31,8 +32,6 @@ from .registry import lowers
 aten = torch.ops.aten
 Array = jax.Array
 
-_HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
-
 
 def _accumulator(x: Array, dtype: torch.dtype | None) -> Array:
     """x in the dtype torch accumulates sums and products in."""
@@ -40,7 +39,7 @@ def _accumulator(x: Array, dtype: torch.dtype | None) -> Array:
         return x.astype(jax_dtype(dtype))
     if is_integral(x):
         return x.astype(jnp.int64)
-    if x.dtype in _HALF:
+    if x.dtype in HALF_DTYPES:
         return x.astype(jnp.float32)
     return x
 
@@ -48,8 +47,7 @@ def _accumulator(x: Array, dtype: torch.dtype | None) -> Array:
 def _float_accumulator(x: Array, dtype: torch.dtype | None = None) -> Array:
     if dtype is not None:
         return x.astype(jax_dtype(dtype))
-    x = to_float(x)
-    return x.astype(jnp.float32) if x.dtype in _HALF else x
+    return to_float(x)
 
 
 def _count(shape: Sequence[int], dims: Sequence[int]) -> int:
