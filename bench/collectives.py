@@ -9,8 +9,9 @@ all-gather counts the gathered size). Each timed call starts after a barrier; a 
 slowest rank's, and the figure is the median over calls.
 
 Tracing overhead, two ways. End to end: the tpu all-reduce runs with a recorder active, its
-collective rows on and off (`recorder.enabled`) on alternate calls, so machine noise hits both alike;
-the overhead is the difference of the medians (noisy on a shared machine). Direct: the
+collective rows on and off (`recorder.enabled`) on the two calls of each pair (which one goes first
+alternates), so machine noise hits both alike; the overhead is the median of the paired differences
+over the untraced median (still noisy on a shared machine). Direct: the
 CPU time of what tracing adds to one collective (opening its row: the user's source line and step;
 stamping arrival and end; writing the row), timed over many calls in one thread, against the
 untraced collective's time. Writes the `## Collectives` section of bench/RESULTS.md.
@@ -32,7 +33,7 @@ from pathlib import Path
 BENCH = Path(__file__).resolve().parent
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 OVERHEAD_SIZES = [4 << 10, 64 << 10, 1 << 20]
-OVERHEAD_CALLS = 240
+OVERHEAD_CALLS = 400
 RECORDING_CALLS = 20_000
 
 
@@ -97,18 +98,23 @@ def worker(out_path: str, sizes: list[int], quick: bool) -> None:
         for size in OVERHEAD_SIZES:
             tensor = torch.zeros(size // 4, device="tpu")
             dist.all_reduce(tensor)
-            seconds = []
+            seconds, traced_calls = [], []
             for call in range(OVERHEAD_CALLS):
-                active.enabled = call % 2 == 0
+                traced = (call % 2 == 0) == ((call // 2) % 2 == 0)  # pairs alternate which goes first
+                active.enabled = traced
+                traced_calls.append(traced)
                 dist.barrier(group=gloo)
                 start = time.perf_counter()
                 dist.all_reduce(tensor)
                 seconds.append(time.perf_counter() - start)
             active.enabled = True
             slowest_seconds = slowest(seconds)
-            samples = {traced: slowest_seconds[0 if traced else 1 :: 2] for traced in (True, False)}
+            pairs = [(slowest_seconds[index], slowest_seconds[index + 1]) for index in range(0, OVERHEAD_CALLS, 2)]
+            differences = [(a - b) if traced_calls[2 * pair] else (b - a) for pair, (a, b) in enumerate(pairs)]
+            untraced = statistics.median(value for value, traced in zip(slowest_seconds, traced_calls) if not traced)
+            traced_median = statistics.median(value for value, traced in zip(slowest_seconds, traced_calls) if traced)
             overhead.append(
-                {"size": size, "untraced": statistics.median(samples[False]), "traced": statistics.median(samples[True]), "recording": recording_seconds(tensor)}
+                {"size": size, "untraced": untraced, "traced": traced_median, "paired": statistics.median(differences), "recording": recording_seconds(tensor)}
             )
     finally:
         active.enabled = True
@@ -127,7 +133,7 @@ def recording_seconds(tensor: object) -> float:
     for _ in range(5):
         start = time.perf_counter()
         for _ in range(RECORDING_CALLS // 5):
-            call = tracing.open_call("all_reduce", [tensor], nbytes, "0", "0,1", "gloo")
+            call = tracing.open_call("all_reduce", [tensor], nbytes, "0", "0,1", 2, "gloo")
             call.arrived()
             call.finished()
         samples.append((time.perf_counter() - start) / (RECORDING_CALLS // 5))
@@ -184,9 +190,9 @@ def render(results: list[dict]) -> str:
                 )
     lines += [
         "",
-        "Tracing overhead on the tpu all-reduce (target ≤ 5%). End to end: medians of "
-        f"{OVERHEAD_CALLS // 2} calls each with the collective rows on and off, alternating, under one "
-        "recorder (within the machine's noise). Direct: the CPU time tracing adds to one collective (its row opened, "
+        "Tracing overhead on the tpu all-reduce (target ≤ 5%). End to end: "
+        f"{OVERHEAD_CALLS // 2} pairs of calls, one with the collective row on and one with it off under one "
+        "recorder (the order alternates); the median paired difference over the untraced median (within the machine's noise). Direct: the CPU time tracing adds to one collective (its row opened, "
         "stamped and written), best of 5 rounds, over the untraced time.",
         "",
         "| ranks | size | untraced | traced | end-to-end | tracing cost | direct overhead |",
@@ -194,7 +200,7 @@ def render(results: list[dict]) -> str:
     ]
     for result in results:
         for row in result["overhead"]:
-            change = (row["traced"] - row["untraced"]) / row["untraced"]
+            change = row["paired"] / row["untraced"]
             direct = row["recording"] / row["untraced"]
             lines.append(
                 f"| {result['ranks']} | {format_size(row['size'])} | {row['untraced'] * 1e6:,.0f} µs | {row['traced'] * 1e6:,.0f} µs | "

@@ -59,7 +59,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     # ----------------------------------------------------------------- the common path
     def _start(self, kind: str, tensors: Sequence[torch.Tensor], nbytes: int, ranks: str | None = None) -> tuple[Staging, tracing.CollectiveCall | None]:
-        call = tracing.open_call(kind, list(tensors), nbytes, self._group_label(), ranks or self._ranks_text, TRANSPORT)
+        call = tracing.open_call(kind, tensors, nbytes, self._group_label(), ranks or self._ranks_text, 2 if ranks else len(self.global_ranks), TRANSPORT)
         return Staging(tensors, kind), call
 
     def _launch(self, staging: Staging, call: tracing.CollectiveCall | None, issue: Callable[[], Any], result: list[torch.Tensor]) -> dist.Work:

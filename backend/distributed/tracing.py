@@ -13,11 +13,11 @@ Message sizes follow the nccl-tests convention: all-gather and reduce-scatter co
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from tputrace import recorder as recorder_module
 from tputrace.backend.dtypes import short_name
 
 _perf_ns = time.perf_counter_ns
@@ -40,45 +40,44 @@ def bus_factor(kind: str, ranks: int) -> float:
 ALGORITHMS = {"all_reduce": "ring", "all_gather": "ring", "send": "p2p", "recv": "p2p"}
 
 
-@dataclass
 class CollectiveCall:
-    """One collective as issued on this rank; `finished()` writes its row."""
+    """One collective as issued on this rank; `finished()` writes its row. (A plain class with slots:
+    one is made per collective while recording, so its cost is on the collective path.)"""
 
-    recorder: Any
-    kind: str
-    nbytes: int
-    dtype: str
-    group: str
-    ranks: str
-    frame_id: int | None
-    step: int
-    transport: str
-    start_ns: int = 0
+    __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns")
+
+    def __init__(self, recorder: Any, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str) -> None:
+        self.recorder = recorder
+        self.kind = kind
+        self.nbytes = nbytes
+        self.dtype = dtype
+        self.group = group
+        self.ranks = ranks
+        self.size = size
+        self.frame_id = recorder.frame_id()
+        self.step = recorder.step_index
+        self.algorithm = f"{transport}:{ALGORITHMS[kind]}" if kind in ALGORITHMS else transport
+        self.start_ns = 0
 
     def arrived(self) -> None:
         """This rank's data is in the transport: the moment the others wait for."""
         self.start_ns = _perf_ns()
 
     def finished(self) -> None:
-        end = _perf_ns()
-        duration = max(end - self.start_ns, 1)
-        size = len(self.ranks.split(","))
-        bandwidth = self.nbytes * bus_factor(self.kind, size) / (duration / 1e9) if self.nbytes else None
-        algorithm = f"{self.transport}:{ALGORITHMS[self.kind]}" if self.kind in ALGORITHMS else self.transport
+        duration = max(_perf_ns() - self.start_ns, 1)
+        bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes else None
         self.recorder.collective(
-            self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, algorithm, bandwidth, self.step
+            self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, self.algorithm, bandwidth, self.step
         )
 
 
-def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, ranks: str, transport: str) -> CollectiveCall | None:
-    """A call to record, or None when nothing is recording (the cheap path)."""
-    from tputrace import recorder as recorder_module
-
-    recorder = recorder_module.active()
+def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, ranks: str, size: int, transport: str) -> CollectiveCall | None:
+    """A call to record (its source line and step taken now, on the issuing thread), or None when
+    nothing is recording (the cheap path)."""
+    recorder = recorder_module._active
     if recorder is None or not recorder.enabled:
         return None
-    dtype = short_name(tensors[0].dtype) if tensors else ""
-    return CollectiveCall(recorder, kind, nbytes, dtype, group, ranks, recorder.frame_id(), recorder.step_index, transport)
+    return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport)
 
 
 def message_bytes(tensors: list[torch.Tensor]) -> int:
