@@ -11,10 +11,10 @@ slowest rank's, and the figure is the median over calls.
 Tracing overhead, two ways. End to end: the tpu all-reduce runs with a recorder active, its
 collective rows on and off (`recorder.enabled`) on the two calls of each pair (which one goes first
 alternates), so machine noise hits both alike; the overhead is the median of the paired differences
-over the untraced median (still noisy on a shared machine). Direct: the
-CPU time of what tracing adds to one collective (opening its row: the user's source line and step;
-stamping arrival and end; writing the row), timed over many calls in one thread, against the
-untraced collective's time. Writes the `## Collectives` section of bench/RESULTS.md.
+over the untraced median (still noisy on a shared machine). Direct: the time tracing's own
+steps take inside each traced collective (opening its row: the user's source line and step;
+stamping arrival and end and writing the row), timed where they run, against the untraced
+collective's time. (The trace writer inserts rows on its own thread, off the collective path.) Writes the `## Collectives` section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ BENCH = Path(__file__).resolve().parent
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 OVERHEAD_SIZES = [4 << 10, 64 << 10, 1 << 20]
 OVERHEAD_CALLS = 400
-RECORDING_CALLS = 20_000
 
 
 def bus_factor(kind: str, ranks: int) -> float:
@@ -99,6 +98,7 @@ def worker(out_path: str, sizes: list[int], quick: bool) -> None:
             tensor = torch.zeros(size // 4, device="tpu")
             dist.all_reduce(tensor)
             seconds, traced_calls = [], []
+            in_path = _InPathTimer()
             for call in range(OVERHEAD_CALLS):
                 traced = (call % 2 == 0) == ((call // 2) % 2 == 0)  # pairs alternate which goes first
                 active.enabled = traced
@@ -113,8 +113,9 @@ def worker(out_path: str, sizes: list[int], quick: bool) -> None:
             differences = [(a - b) if traced_calls[2 * pair] else (b - a) for pair, (a, b) in enumerate(pairs)]
             untraced = statistics.median(value for value, traced in zip(slowest_seconds, traced_calls) if not traced)
             traced_median = statistics.median(value for value, traced in zip(slowest_seconds, traced_calls) if traced)
+            in_path.stop()
             overhead.append(
-                {"size": size, "untraced": untraced, "traced": traced_median, "paired": statistics.median(differences), "recording": recording_seconds(tensor)}
+                {"size": size, "untraced": untraced, "traced": traced_median, "paired": statistics.median(differences), "recording": in_path.per_call()}
             )
     finally:
         active.enabled = True
@@ -124,20 +125,38 @@ def worker(out_path: str, sizes: list[int], quick: bool) -> None:
     dist.destroy_process_group()
 
 
-def recording_seconds(tensor: object) -> float:
-    """What tracing adds to one collective, alone: open the row, stamp arrival and end, write it."""
-    from tputrace.backend.distributed import tracing
+class _InPathTimer:
+    """Times what tracing does inside each traced collective (opening its row; stamping and writing
+    it), wherever it runs, by wrapping those two steps for the duration of the measurement."""
 
-    nbytes = tracing.message_bytes([tensor])
-    samples = []
-    for _ in range(5):
-        start = time.perf_counter()
-        for _ in range(RECORDING_CALLS // 5):
-            call = tracing.open_call("all_reduce", [tensor], nbytes, "0", "0,1", 2, "gloo")
-            call.arrived()
-            call.finished()
-        samples.append((time.perf_counter() - start) / (RECORDING_CALLS // 5))
-    return min(samples)
+    def __init__(self) -> None:
+        from tputrace.backend.distributed import tracing
+
+        self._tracing = tracing
+        self._open, self._finished = tracing.open_call, tracing.CollectiveCall.finished
+        self.total_ns = 0
+        self.calls = 0
+
+        def open_call(*args: object) -> object:
+            start = time.perf_counter_ns()
+            call = self._open(*args)
+            if call is not None:
+                self.total_ns += time.perf_counter_ns() - start
+                self.calls += 1
+            return call
+
+        def finished(call: object) -> None:
+            start = time.perf_counter_ns()
+            self._finished(call)
+            self.total_ns += time.perf_counter_ns() - start
+
+        tracing.open_call, tracing.CollectiveCall.finished = open_call, finished
+
+    def stop(self) -> None:
+        self._tracing.open_call, self._tracing.CollectiveCall.finished = self._open, self._finished
+
+    def per_call(self) -> float:
+        return self.total_ns / max(self.calls, 1) / 1e9
 
 
 # ----------------------------------------------------------------- the driver
@@ -192,8 +211,9 @@ def render(results: list[dict]) -> str:
         "",
         "Tracing overhead on the tpu all-reduce (target ≤ 5%). End to end: "
         f"{OVERHEAD_CALLS // 2} pairs of calls, one with the collective row on and one with it off under one "
-        "recorder (the order alternates); the median paired difference over the untraced median (within the machine's noise). Direct: the CPU time tracing adds to one collective (its row opened, "
-        "stamped and written), best of 5 rounds, over the untraced time.",
+        "recorder (the order alternates); the median paired difference over the untraced median (within the machine's noise). "
+        "Direct: the time tracing's own steps take inside each traced call (its row opened, stamped and handed to the trace writer), "
+        "over the untraced time.",
         "",
         "| ranks | size | untraced | traced | end-to-end | tracing cost | direct overhead |",
         "|---|---|---|---|---|---|---|",
