@@ -53,7 +53,8 @@ def current_device() -> int:
     return getattr(_state, "device", 0)
 
 
-def _index(device: Any) -> int:
+def chip_index(device: Any) -> int:
+    """The chip a device argument names: None or 'tpu' mean the current chip."""
     if device is None:
         return current_device()
     if isinstance(device, int):
@@ -63,7 +64,7 @@ def _index(device: Any) -> int:
 
 
 def set_device(device: Any) -> None:
-    index = _index(device)
+    index = chip_index(device)
     chips.device(index)
     _state.device = index
 
@@ -72,7 +73,7 @@ class device:  # noqa: N801 - torch's name
     """Context manager that makes a chip the current one."""
 
     def __init__(self, device: Any) -> None:
-        self.index = _index(device)
+        self.index = chip_index(device)
         self.previous = 0
 
     def __enter__(self) -> None:
@@ -112,11 +113,11 @@ def initial_seed() -> int:
 
 
 def get_rng_state(device: Any = "tpu") -> torch.Tensor:
-    return torch.frombuffer(bytearray(rng.get_state(_index(device))), dtype=torch.uint8)
+    return torch.frombuffer(bytearray(rng.get_state(chip_index(device))), dtype=torch.uint8)
 
 
 def set_rng_state(new_state: torch.Tensor, device: Any = "tpu") -> None:
-    rng.set_state(_index(device), bytes(new_state.to("cpu", torch.uint8).tolist()))
+    rng.set_state(chip_index(device), bytes(new_state.to("cpu", torch.uint8).tolist()))
 
 
 def get_rng_state_all() -> list[torch.Tensor]:
@@ -143,7 +144,7 @@ def get_device_name(device: Any = None) -> str:
 
 
 def get_device_properties(device: Any = None) -> DeviceProperties:
-    index = _index(device)
+    index = chip_index(device)
     jax_device = chips.device(index)
     total = 0
     try:
@@ -157,19 +158,19 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
 
 
 def memory_allocated(device: Any = None) -> int:
-    return memory.live_bytes(_index(device))
+    return memory.live_bytes(chip_index(device))
 
 
 def max_memory_allocated(device: Any = None) -> int:
-    return memory.peak_bytes(_index(device))
+    return memory.peak_bytes(chip_index(device))
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    memory.reset_peak(_index(device))
+    memory.reset_peak(chip_index(device))
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    index = _index(device)
+    index = chip_index(device)
     return {"allocated_bytes.all.current": memory.live_bytes(index), "allocated_bytes.all.peak": memory.peak_bytes(index)}
 
 
@@ -217,7 +218,7 @@ class Stream:
     """The chip's single in-order queue of work (XLA orders programs on a device itself)."""
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = torch.device("tpu", _index(device))
+        self.device = torch.device("tpu", chip_index(device))
         self.priority = priority
 
     def synchronize(self) -> None:

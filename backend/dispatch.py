@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import chips, rng, transfers
+from tputrace.backend import chips, device_module, rng, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.dtypes import short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
@@ -302,7 +302,7 @@ class Dispatcher:
         start = _perf_ns()
         template_args, template_kwargs, dynamic, specs, originals, chip = self.flatten(entry, args, kwargs)
         if chip == -1:
-            chip = _device_kwarg_chip(kwargs)
+            chip = device_module.chip_index(kwargs.get("device"))
         needs_key = entry.lowering.needs_key
         if needs_key:
             dynamic.extend(rng.next_seed_and_counter(chip))
@@ -729,16 +729,6 @@ def _static(value: Any) -> Any:
     if isinstance(value, torch.Tensor):
         raise TypeError("tensor argument in a view op")
     return value
-
-
-def _device_kwarg_chip(kwargs: dict) -> int:
-    device = kwargs.get("device")
-    if device is None:
-        from tputrace.backend import device_module
-
-        return device_module.current_device()
-    index = torch.device(device).index
-    return 0 if index is None else index
 
 
 def _copy_lowering(target: Any, source: Any) -> Any:

@@ -17,16 +17,9 @@ from tputrace.backend.tensor import Buffer, TpuTensor
 _library: torch.library.Library | None = None
 
 
-def _chip(device: Any) -> int:
-    if device is None:
-        return device_module.current_device()
-    index = torch.device(device).index
-    return device_module.current_device() if index is None else index
-
-
 def _zeros(size: Any, dtype: torch.dtype | None, device: Any) -> TpuTensor:
     dtype = dtype or torch.get_default_dtype()
-    chip = _chip(device)
+    chip = device_module.chip_index(device)
     shape = tuple(int(dim) for dim in size)
     array = jax.device_put(np.zeros(shape, to_jax(dtype)), chips.device(chip))
     numel = 1
