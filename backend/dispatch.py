@@ -521,7 +521,12 @@ class Dispatcher:
         for out, value in zip(outs, results):
             if tuple(out.shape) != tuple(value.shape):
                 if out.numel() != 0:
-                    raise RuntimeError(f"{entry.name}: out= tensor has shape {tuple(out.shape)} but the result has shape {tuple(value.shape)}")
+                    warnings.warn(
+                        f"An output with one or more elements was resized since it had shape {list(out.shape)}, which does not "
+                        f"match the required output shape {list(value.shape)} ({entry.name})",
+                        UserWarning,
+                        stacklevel=2,
+                    )
                 out.resize_(value.shape)
             self._assign(out, value)
         return outs[0] if len(outs) == 1 else tuple(outs)

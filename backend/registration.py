@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import autocast, device_module, distributed, hooks, kernels
+from tputrace.backend import autocast, device_module, distributed, hooks, inplace_views, kernels
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import register_all
 
@@ -41,6 +41,7 @@ def register() -> None:
             rename=BACKEND_NAME, backend_module=device_module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
     kernels.register()
+    inplace_views.register()
     autocast.register()
     hooks.install()
     distributed.register()
