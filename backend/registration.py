@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import autocast, device_module, distributed, hooks, inplace_views, kernels
+from tputrace.backend import autocast, device_module, distributed, hooks, inplace_views, kernels, op_routes
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import register_all
 
@@ -42,6 +42,7 @@ def register() -> None:
         )
     kernels.register()
     inplace_views.register()
+    op_routes.register()
     autocast.register()
     hooks.install()
     distributed.register()

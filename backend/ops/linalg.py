@@ -3,11 +3,14 @@
 Products run at full float32 precision (`PRECISION`). `beta == 0` ignores `self` entirely (NaN in
 `self` does not propagate), as torch documents for addmm and friends. Factorisations come from
 `jnp.linalg`/`lax.linalg`; pivots are returned 1-based int32 like LAPACK's, and `info` outputs are
-zeros (the host does not check them). Ops with sign or order ambiguity (SVD, eigh) match torch's
+LAPACK's (LU: first zero pivot; Cholesky: first non-positive leading minor), so torch's error checks
+raise as on the CPU. Ops with sign or order ambiguity (SVD, eigh) match torch's
 results up to what their OpInfo checks compare.
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -114,8 +117,44 @@ def _lu(a: Array) -> tuple[Array, Array]:
     return lu, (pivots + 1).astype(jnp.int32)
 
 
-def _info(a: Array) -> Array:
-    return jnp.zeros(a.shape[:-2], jnp.int32)
+def _lu_info(lu: Array) -> Array:
+    """LAPACK getrf's info: the 1-based index of the first exactly-zero diagonal entry of U, else 0."""
+    diagonal = jnp.diagonal(lu, axis1=-2, axis2=-1)
+    if diagonal.shape[-1] == 0:
+        return jnp.zeros(diagonal.shape[:-1], jnp.int32)
+    zero = diagonal == 0
+    return jnp.where(jnp.any(zero, axis=-1), jnp.argmax(zero, axis=-1) + 1, 0).astype(jnp.int32)
+
+
+def _first_failed_pivot(matrix: Array) -> Array:
+    """Cholesky's info for one Hermitian matrix (lower triangle read): the order of the first leading
+    minor whose elimination pivot is not positive (or NaN), else 0; unpivoted Gaussian elimination."""
+    n = matrix.shape[-1]
+    rows = jnp.arange(n)
+
+    def step(k: Any, carry: tuple[Array, Array]) -> tuple[Array, Array]:
+        m, info = carry
+        pivot = jnp.real(m[k, k])
+        failed = jnp.logical_not(pivot > 0)
+        info = jnp.where((info == 0) & failed, k + 1, info)
+        below = rows > k
+        column = jnp.where(below, m[:, k], 0)
+        update = jnp.outer(column, jnp.conj(column)) / jnp.where(failed, 1, pivot)
+        return m - update, info
+
+    return lax.fori_loop(0, n, step, (matrix, jnp.int32(0)))[1]
+
+
+def _cholesky_info(a: Array, factor: Array) -> Array:
+    """Cholesky's info, computed only when the factor has a NaN (XLA's factor is then all NaN)."""
+    hermitian = jnp.tril(a) + jnp.conj(jnp.swapaxes(jnp.tril(a, -1), -1, -2))
+    flat = hermitian.reshape((-1,) + a.shape[-2:])
+    failed = jnp.any(jnp.isnan(factor.reshape(flat.shape)), axis=(-2, -1))
+
+    def one(matrix: Array, bad: Array) -> Array:
+        return lax.cond(bad, _first_failed_pivot, lambda _: jnp.int32(0), matrix)
+
+    return jax.vmap(one)(flat, failed).reshape(a.shape[:-2]).astype(jnp.int32)
 
 
 @lowers(aten._linalg_det.default)
@@ -134,7 +173,7 @@ def linalg_slogdet(A: Array) -> tuple[Array, Array, Array, Array]:  # noqa: N803
 @lowers(aten.linalg_lu_factor_ex.default)
 def linalg_lu_factor_ex(A: Array, *, pivot: bool = True, check_errors: bool = False) -> tuple[Array, Array, Array]:  # noqa: N803
     lu, pivots = _lu(A)
-    return lu, pivots, _info(A)
+    return lu, pivots, _lu_info(lu)
 
 
 @lowers(aten.linalg_lu.default)
@@ -150,7 +189,7 @@ def linalg_lu(A: Array, *, pivot: bool = True) -> tuple[Array, Array, Array]:  #
 
 @lowers(aten.linalg_inv_ex.default)
 def linalg_inv_ex(A: Array, *, check_errors: bool = False) -> tuple[Array, Array]:  # noqa: N803
-    return jnp.linalg.inv(A), _info(A)
+    return jnp.linalg.inv(A), _lu_info(_lu(A)[0])
 
 
 def _is_vector_rhs(A: Array, B: Array) -> bool:  # noqa: N803
@@ -173,13 +212,13 @@ def linalg_solve_ex(A: Array, B: Array, *, left: bool = True, check_errors: bool
     if vector:
         result = result[..., 0]
     lu, pivots = _lu(A)
-    return result, lu, pivots, _info(A)
+    return result, lu, pivots, _lu_info(lu)
 
 
 @lowers(aten.linalg_cholesky_ex.default)
 def linalg_cholesky_ex(self: Array, *, upper: bool = False, check_errors: bool = False) -> tuple[Array, Array]:
     lower = jnp.linalg.cholesky(self)
-    return (jnp.conj(jnp.swapaxes(lower, -1, -2)) if upper else lower), _info(self)
+    return (jnp.conj(jnp.swapaxes(lower, -1, -2)) if upper else lower), _cholesky_info(self, lower)
 
 
 @lowers(aten.linalg_qr.default)

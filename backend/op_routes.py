@@ -1,0 +1,76 @@
+"""Ops routed by hand, where the route derived from the schema would break torch's contract.
+
+- `native_batch_norm` updates the running statistics in training although its schema declares no
+  write: it runs as `_native_batch_norm_legit`, whose schema does, so the update reaches the chip on
+  every route (decomposition or CPU fallback).
+- In eval mode torch's CPU kernels of `native_batch_norm` and `_native_batch_norm_legit` return empty
+  saved statistics (their meta kernels say (C,)); the device returns what the CPU does.
+- `_linalg_check_errors` only reads `info` to raise torch's error: the chip checks for a nonzero
+  entry and the host sees one bool; `info` is copied out only when there is an error to raise.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tputrace.backend.tensor import TpuTensor
+
+aten = torch.ops.aten
+
+
+def _dispatcher() -> Any:
+    from tputrace.backend.dispatch import dispatcher
+
+    return dispatcher
+
+
+def _eval_saved_stats(result: tuple, input: TpuTensor, training: bool) -> tuple:  # noqa: A002
+    """Empty saved statistics in eval mode, as torch's CPU kernel returns them."""
+    if training:
+        return tuple(result)
+    empty = torch.empty((0,), dtype=result[1].dtype, device=input.device)
+    return (result[0], empty, torch.empty((0,), dtype=result[2].dtype, device=input.device))
+
+
+def _legit_default(args: tuple, kwargs: dict) -> tuple:
+    input, weight, bias, running_mean, running_var, training, momentum, eps = _bound(aten._native_batch_norm_legit.default, args, kwargs)  # noqa: A001
+    decomposition = torch._decomp.decomposition_table[aten._native_batch_norm_legit.default]
+    result = decomposition(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return _eval_saved_stats(result, input, training)
+
+
+def _native_batch_norm(args: tuple, kwargs: dict) -> tuple:
+    input, weight, bias, running_mean, running_var, training, momentum, eps = _bound(aten.native_batch_norm.default, args, kwargs)  # noqa: A001
+    if running_mean is None or running_var is None:
+        result = torch.ops.aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
+    else:
+        result = torch.ops.aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
+    return _eval_saved_stats(result, input, training)
+
+
+def _bound(op: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The op's arguments in schema order, defaults filled in."""
+    values = list(args)
+    for argument in op._schema.arguments[len(args):]:
+        values.append(kwargs[argument.name] if argument.name in kwargs else argument.default_value)
+    return values
+
+
+def _linalg_check_errors(args: tuple, kwargs: dict) -> None:
+    info, api_name = args[0], args[1]
+    is_matrix = kwargs.get("is_matrix", args[2] if len(args) > 2 else True)
+    if info.numel() == 0 or not bool(torch.ops.aten.any.default(torch.ops.aten.ne.Scalar(info, 0))):
+        return None
+    host_info = _dispatcher().to_host(info, "item")
+    torch.ops.aten._linalg_check_errors.default(host_info, api_name, is_matrix=is_matrix)
+    return None
+
+
+def register() -> None:
+    """Route these ops to their handlers."""
+    dispatcher = _dispatcher()
+    dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
+    dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)
+    dispatcher.register_special(aten._linalg_check_errors.default, _linalg_check_errors)
