@@ -107,47 +107,34 @@ DTYPE_BYTES: dict[str, int] = {
     "i8": 1, "u8": 1, "bool": 1,
 }
 
-_V5E_PAGE = 'Google Cloud TPU documentation, "TPU v5e"'
-_V5P_PAGE = 'Google Cloud TPU documentation, "TPU v5p"'
-_V6E_PAGE = 'Google Cloud TPU documentation, "TPU v6e"'
-_V7_PAGE = 'Google Cloud TPU documentation, "TPU7x (Ironwood)"'
 _ARCH_PAGE = 'Google Cloud TPU documentation, "System architecture" (MXU of 128 x 128 multiply-accumulators)'
+_PAGE_FIGURES = ("peak_bf16_flops", "hbm_bytes", "hbm_bandwidth", "ici_bandwidth", "tensorcores")
 
+
+def _documented(name: str, label: str, page: str, *, peak_bf16_tflops: float, hbm_bytes: float, hbm_gbps: float,
+                ici_gbps: float, tensorcores: int, mxu: int, mxu_source: str, mxu_estimated: bool = False) -> Chip:
+    """A chip whose figures come from its own documentation page, except the MXU size (`mxu_source`)."""
+    return Chip(
+        name=name, label=label,
+        peak_bf16_flops=peak_bf16_tflops * TERA, hbm_bytes=hbm_bytes, hbm_bandwidth=hbm_gbps * GIGA,
+        ici_bandwidth=ici_gbps * GIGA, mxu=mxu, tensorcores=tensorcores,
+        sources={**dict.fromkeys(_PAGE_FIGURES, page), "mxu": mxu_source},
+        estimated=("peak_fp32_flops", "mxu") if mxu_estimated else ("peak_fp32_flops",),
+    )
+
+
+_V6E_PAGE = 'Google Cloud TPU documentation, "TPU v6e"'
 CHIPS: dict[str, Chip] = {
-    "v5e": Chip(
-        name="v5e", label="TPU v5e",
-        peak_bf16_flops=197 * TERA, hbm_bytes=16 * GIGA, hbm_bandwidth=819 * GIGA, ici_bandwidth=400 * GIGA,
-        mxu=128, tensorcores=1,
-        sources={"peak_bf16_flops": _V5E_PAGE, "hbm_bytes": _V5E_PAGE, "hbm_bandwidth": _V5E_PAGE,
-                 "ici_bandwidth": _V5E_PAGE, "mxu": _ARCH_PAGE, "tensorcores": _V5E_PAGE},
-        estimated=("peak_fp32_flops",),
-    ),
-    "v5p": Chip(
-        name="v5p", label="TPU v5p",
-        peak_bf16_flops=459 * TERA, hbm_bytes=95 * GIB, hbm_bandwidth=2765 * GIGA, ici_bandwidth=1200 * GIGA,
-        mxu=128, tensorcores=2,
-        sources={"peak_bf16_flops": _V5P_PAGE, "hbm_bytes": _V5P_PAGE, "hbm_bandwidth": _V5P_PAGE,
-                 "ici_bandwidth": _V5P_PAGE, "mxu": _ARCH_PAGE, "tensorcores": _V5P_PAGE},
-        estimated=("peak_fp32_flops",),
-    ),
-    "v6e": Chip(
-        name="v6e", label="TPU v6e (Trillium)",
-        peak_bf16_flops=918 * TERA, hbm_bytes=32 * GIB, hbm_bandwidth=1638 * GIGA, ici_bandwidth=800 * GIGA,
-        mxu=256, tensorcores=1,
-        sources={"peak_bf16_flops": _V6E_PAGE, "hbm_bytes": _V6E_PAGE, "hbm_bandwidth": _V6E_PAGE,
-                 "ici_bandwidth": _V6E_PAGE, "mxu": f"{_V6E_PAGE} (two 256x256 MXUs per TensorCore)",
-                 "tensorcores": _V6E_PAGE},
-        estimated=("peak_fp32_flops",),
-    ),
-    "v7": Chip(
-        name="v7", label="TPU7x (Ironwood)",
-        peak_bf16_flops=2307 * TERA, hbm_bytes=192 * GIB, hbm_bandwidth=7380 * GIGA, ici_bandwidth=1200 * GIGA,
-        mxu=256, tensorcores=2,
-        sources={"peak_bf16_flops": _V7_PAGE, "hbm_bytes": _V7_PAGE, "hbm_bandwidth": _V7_PAGE,
-                 "ici_bandwidth": _V7_PAGE, "mxu": "assumed equal to v6e (not stated on the TPU7x page)",
-                 "tensorcores": _V7_PAGE},
-        estimated=("peak_fp32_flops", "mxu"),
-    ),
+    "v5e": _documented("v5e", "TPU v5e", 'Google Cloud TPU documentation, "TPU v5e"', peak_bf16_tflops=197,
+                       hbm_bytes=16 * GIGA, hbm_gbps=819, ici_gbps=400, tensorcores=1, mxu=128, mxu_source=_ARCH_PAGE),
+    "v5p": _documented("v5p", "TPU v5p", 'Google Cloud TPU documentation, "TPU v5p"', peak_bf16_tflops=459,
+                       hbm_bytes=95 * GIB, hbm_gbps=2765, ici_gbps=1200, tensorcores=2, mxu=128, mxu_source=_ARCH_PAGE),
+    "v6e": _documented("v6e", "TPU v6e (Trillium)", _V6E_PAGE, peak_bf16_tflops=918,
+                       hbm_bytes=32 * GIB, hbm_gbps=1638, ici_gbps=800, tensorcores=1,
+                       mxu=256, mxu_source=f"{_V6E_PAGE} (two 256x256 MXUs per TensorCore)"),
+    "v7": _documented("v7", "TPU7x (Ironwood)", 'Google Cloud TPU documentation, "TPU7x (Ironwood)"',
+                      peak_bf16_tflops=2307, hbm_bytes=192 * GIB, hbm_gbps=7380, ici_gbps=1200, tensorcores=2,
+                      mxu=256, mxu_source="assumed equal to v6e (not stated on the TPU7x page)", mxu_estimated=True),
 }
 
 # v6e: the generation most widely offered on Google Cloud today; every report says which target it used.
