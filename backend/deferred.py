@@ -13,6 +13,7 @@ that an in-place update replaced are donated to the program.
 from __future__ import annotations
 
 import queue
+import sys
 import threading
 import time
 import warnings
@@ -31,6 +32,7 @@ _perf_ns = time.perf_counter_ns
 
 SIZE_CAP = 10_000
 _SCALAR_TYPES = (int, float, bool, complex)
+_GRAPH_ONLY_REFS = 3
 
 
 class LazyValue:
@@ -212,9 +214,7 @@ class DeferredExecutor:
             if value.graph is graph:
                 outputs.setdefault((value.node, value.index), []).append(value)
         output_refs = tuple(outputs)
-        donate = tuple(
-            index for index, value in enumerate(graph.inputs) if id(value) in graph.replaced and isinstance(value, jax.Array)
-        )
+        donate = self._donatable(graph)
         structure = (tuple((id(plan), refs) for plan, refs in graph.nodes), output_refs, donate)
         in_specs = tuple(_input_spec(value) for value in graph.inputs)
         key = (structure, in_specs)
@@ -241,6 +241,23 @@ class DeferredExecutor:
         recorder = self.dispatcher.recorder
         if recorder is not None and recorder.enabled:
             self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results)
+
+    def _donatable(self, graph: PendingGraph) -> tuple[int, ...]:
+        """The inputs to donate: arrays an in-place update replaced that nothing outside the graph holds.
+
+        Another tensor can hold the same array (`copy_` shares it), and a replaced array that died may
+        leave its id to a new input; donating either would delete data still in use."""
+        last_outputs = {id(value) for value in self.last_outputs}
+        donate = []
+        for array_id in graph.replaced:
+            index = graph.input_index.get(array_id)
+            if index is None:
+                continue
+            value = graph.inputs[index]
+            # References: graph.inputs, `value` and getrefcount's argument (and last_outputs).
+            if isinstance(value, jax.Array) and sys.getrefcount(value) <= _GRAPH_ONLY_REFS + (array_id in last_outputs):
+                donate.append(index)
+        return tuple(sorted(donate))
 
     def _compile(self, graph: PendingGraph, output_refs: tuple, donate: tuple[int, ...], in_specs: tuple, structure: Any, trigger: str) -> FusedProgram:
         nodes = list(graph.nodes)

@@ -109,3 +109,32 @@ def test_steady_state_gpt_step_compiles_nothing_after_step_two(tmp_path: Path) -
         late_compiles = trace.count("compiles", where="step >= 2")
         assert late_compiles == 0
         assert trace.count("executions") > 0 and trace.count("fusions") > 0
+
+
+def test_in_place_update_keeps_an_array_another_tensor_shares() -> None:
+    """`copy_` leaves both tensors holding one array: the in-place update must not donate it."""
+    source = torch.arange(4.0).to("tpu")
+    shared_in_strict = torch.zeros(4, device="tpu")
+    shared_in_strict.copy_(source)
+    with eager(EagerMode.DEFER_AND_FUSE):
+        shared_in_strict.add_(1)
+        shared_in_deferred = torch.zeros(4, device="tpu")
+        shared_in_deferred.copy_(source)
+        host(shared_in_deferred)
+        shared_in_deferred.mul_(3)
+        assert host(shared_in_strict).tolist() == [1.0, 2.0, 3.0, 4.0]
+        assert host(shared_in_deferred).tolist() == [0.0, 3.0, 6.0, 9.0]
+        assert host(source).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_in_place_update_of_an_unshared_array_donates_it() -> None:
+    shape = (5, 7, 3)
+    with eager(EagerMode.DEFER_AND_FUSE):
+        updated = torch.ones(shape).to("tpu")
+        updated.add_(1)
+        assert host(updated).sum().item() == 2.0 * 105
+        programs = [
+            program for (structure, in_specs), program in dispatcher.executor.programs.items()
+            if program.n_ops == 1 and in_specs and in_specs[0] == (shape, torch.float32)
+        ]
+        assert programs and all(program.donate == (0,) for program in programs)
