@@ -47,8 +47,8 @@ class FindingsView(TraceView):
         return self.query_one("#findings-table")
 
     def load(self) -> None:
-        session = self.session
-        self.request("main", lambda trace: session.findings())
+        session, rank = self.session, self.session.rank
+        self.request("main", lambda trace: session.findings(rank))
 
     def apply(self, slot: str, payload: queries.FindingsResult) -> None:
         table = self.query_one("#findings-table", TraceTable)

@@ -1,7 +1,7 @@
 """Ops: op time aggregated by op, op + input shapes, source line or module path; sort, filter, drill down.
 
-Groups are aggregated in SQL once per grouping and filter and sorted here; the table adds them a
-page at a time. Instances of a group are fetched a page at a time, longest first.
+Groups are aggregated in SQL once per grouping (the session keeps them; the next grouping is
+aggregated ahead in the background), filtered and sorted here; the table adds them a page at a time. Instances of a group are fetched a page at a time, longest first.
 """
 
 from __future__ import annotations
@@ -63,16 +63,26 @@ class OpsView(TraceView):
     def load(self) -> None:
         self.drilled = False
         grouping, rank, text, session = self.grouping, self.session.rank, self.text_filter, self.session
-        self.request("main", lambda trace: queries.op_groups(trace, grouping, rank, text, all_ns=session.ops_total_ns() if text else None))
+        self.request("main", lambda trace: session.op_groups(rank, grouping, text))
         self._status("loading…")
 
     def apply(self, slot: str, payload: Any) -> None:
         if slot == "main":
             self.groups = payload
             self._show_groups()
+            self._prefetch_next_grouping()
         else:
             offset, instances = payload
             self._show_instances(offset, instances)
+
+    def _prefetch_next_grouping(self) -> None:
+        """Aggregate the grouping `g` shows next in the background, so that the key press finds it ready
+        (a press before it is done waits for this same aggregation instead of starting another)."""
+        groupings = queries.OP_GROUPINGS
+        following = groupings[(groupings.index(self.grouping) + 1) % len(groupings)]
+        session, rank = self.session, self.session.rank
+        self.run_worker(lambda: session.op_groups(rank, following), name="ops:prefetch", group="prefetch",
+                        thread=True, exit_on_error=False)
 
     def _show_groups(self) -> None:
         palette = palette_for(self.app)
@@ -205,7 +215,7 @@ class OpsView(TraceView):
             self.load()
 
     def on_input_changed(self, event: Input.Changed) -> None:
-        # Filter as the user types, but only once typing pauses: each filter is a scan of all ops.
+        # Filter as the user types, once typing pauses (capped groupings filter with a scan of all ops).
         event.stop()
         if self._filter_timer is not None:
             self._filter_timer.stop()

@@ -46,7 +46,7 @@ class OverviewView(TraceView):
         rank = self.session.rank
         self.request("main", lambda trace: queries.overview(trace, rank))
         session = self.session
-        self.request("detail", lambda trace: session.findings())
+        self.request("detail", lambda trace: session.findings(rank))
 
     def apply(self, slot: str, payload: Any) -> None:
         if slot == "main":

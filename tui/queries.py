@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -192,23 +194,48 @@ class FindingsResult:
     unavailable: str | None = None
 
 
-def load_findings(trace: Trace) -> FindingsResult:
-    """Run the analysis if this build has it (`tputrace.analysis.analyze`), and rank its findings."""
+SEPARATE_ANALYZERS: tuple[str, ...] = ("memory",)
+"""Analyzers run on a connection of their own, beside the others (`load_findings` with a reader
+factory): on a million-op trace the memory analyzer's scan of every op's outputs takes about as long
+as all the other analyzers together, so two connections halve the wait on two cores."""
+
+
+def load_findings(trace: Trace, rank: int | None = None, *,
+                  reader: Callable[[], AbstractContextManager[Trace]] | None = None) -> FindingsResult:
+    """Run the analysis for `rank` (default: the first rank) if this build has it
+    (`tputrace.analysis.analyze`), and rank its findings.
+
+    With `reader` (a factory of `Trace`s on the same file, one per thread), the analyzers in
+    `SEPARATE_ANALYZERS` run in a thread of their own while `trace` runs the rest: SQLite runs
+    queries without holding the GIL, so the two overlap.
+    """
     try:
-        from tputrace.analysis import analyze  # type: ignore[attr-defined]
+        from tputrace.analysis import ANALYZERS, analyze  # type: ignore[attr-defined]
     except ImportError:
         return FindingsResult(unavailable="diagnoses unavailable: this build of tputrace has no analysis (tputrace.analysis.analyze)")
     from tputrace.analysis.findings import rank as rank_findings
 
+    separate = {name: analyzer for name, analyzer in ANALYZERS.items() if name in SEPARATE_ANALYZERS} if reader else {}
+    rest = {name: analyzer for name, analyzer in ANALYZERS.items() if name not in separate}
+
+    def run_separately() -> list[Finding]:
+        assert reader is not None
+        with reader() as own_trace:
+            return list(analyze(own_trace, rank=rank, analyzers=separate).findings)
+
     try:
-        report = analyze(trace)
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tputrace-analysis") as pool:
+            separate_findings = pool.submit(run_separately) if separate else None
+            report = analyze(trace, rank=rank, analyzers=rest)
+            findings = list(getattr(report, "findings", report))
+            if separate_findings is not None:
+                findings.extend(separate_findings.result())
     except Exception as error:  # the analysis is another layer: a failure there must not take the UI down
         return FindingsResult(unavailable=f"diagnoses unavailable: the analysis failed ({type(error).__name__}: {error})")
-    findings = getattr(report, "findings", report)
     try:
-        ranked = rank_findings(list(findings))
+        ranked = rank_findings(findings)
     except (TypeError, KeyError, AttributeError):
-        ranked = list(findings)
+        ranked = findings
     return FindingsResult(findings=tuple(ranked))
 
 
@@ -307,6 +334,16 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, 
             label = str(source) if source else "(no source)"
         groups.append(OpGroup(key, label, count, total_ns, total_ns / count if count else 0.0, total_ns / all_ns if all_ns else 0.0, source))
     return groups
+
+
+def filter_groups(groups: Sequence[OpGroup], text: str) -> list[OpGroup] | None:
+    """The groups whose label contains `text` (case-insensitive, literal), from groups already
+    aggregated: no scan of the ops. None when `groups` were capped at `MAX_GROUPS` (groups past the
+    cap could match: `op_groups(..., text)` filters in SQL then)."""
+    if len(groups) >= MAX_GROUPS:
+        return None
+    wanted = text.casefold()
+    return [group for group in groups if wanted in group.label.casefold()]
 
 
 def sort_groups(groups: Sequence[OpGroup], order: GroupOrder) -> list[OpGroup]:

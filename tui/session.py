@@ -95,15 +95,30 @@ class Session:
 
         return entry.get(run)
 
-    def findings(self) -> queries.FindingsResult:
-        return self.shared(("findings",), queries.load_findings)
+    def findings(self, rank: int | None = None) -> queries.FindingsResult:
+        """The analysis of `rank` (default: the rank on show), its slowest analyzer on a second reader."""
+        chosen = self.rank if rank is None else rank
+        return self.shared(("findings", chosen), lambda trace: queries.load_findings(trace, chosen, reader=self.reader))
+
+    def op_groups(self, rank: int, grouping: queries.OpGrouping, text: str = "") -> list[queries.OpGroup]:
+        """Ops of `rank` grouped by `grouping`, aggregated once per grouping; a filter narrows those
+        groups without another scan (unless they were capped)."""
+        groups = self.shared(("op_groups", rank, grouping), lambda trace: queries.op_groups(trace, grouping, rank))
+        if not text:
+            return groups
+        matching = queries.filter_groups(groups, text)
+        if matching is not None:
+            return matching
+        all_ns = self.ops_total_ns(rank)
+        with self.reader() as trace:
+            return queries.op_groups(trace, grouping, rank, text, all_ns=all_ns)
 
     def steps(self) -> list[queries.StepRow]:
         rank = self.rank
         return self.shared(("steps", rank), lambda trace: queries.step_rows(trace, rank))
 
-    def ops_total_ns(self) -> int:
-        rank = self.rank
+    def ops_total_ns(self, rank: int | None = None) -> int:
+        rank = self.rank if rank is None else rank
         return self.shared(("ops_total", rank), lambda trace: queries.ops_total_ns(trace, rank))
 
     def source_stats(self) -> list[queries.FileStat]:
