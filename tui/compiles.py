@@ -138,7 +138,14 @@ def compile_detail(row: queries.CompileRow) -> Text:
         text.append("\ncall site: ", style="bold")
         text.append(str(row.source))
     text.append("\nold: ", style="bold")
-    text.append(row.old_signature or "(none: first compile of this structure)")
+    if row.old_id is None:
+        text.append("(none: the first compile of this structure and call site)")
+    else:
+        relation = "same structure" if row.old_relation == "structure" else "previous compile at this call site; the structure changed"
+        text.append(f"compile {row.old_id} ", style="dim")
+        text.append(row.old_name or "?", style="dim")
+        text.append(f" ({relation}): ", style="dim")
+        text.append(row.old_signature or "?")
     text.append("\nnew: ", style="bold")
     text.append(row.signature or "?")
     if row.diff:

@@ -394,7 +394,8 @@ def op_instances(
 
 @dataclass(frozen=True)
 class CompileRow:
-    """One compile, with the signature of the nearest earlier compile of the same structure (`old`)."""
+    """One compile, with the compile it replaced (`old`): the nearest earlier compile of the same
+    structure, or, for a recompile whose structure changed, the nearest earlier one at the same call site."""
 
     id: int
     step: int
@@ -408,25 +409,47 @@ class CompileRow:
     old_signature: str | None
     source: SourceLocation | None
     detail: dict[str, Any] | None
+    old_id: int | None = None
+    old_name: str | None = None
+    old_relation: Literal["structure", "call site"] | None = None
+    """How `old` was found: an earlier compile of the same "structure", or at the same "call site"."""
+
+
+_EARLIER_COMPILE = (
+    "SELECT earlier.id FROM compiles AS earlier {join} WHERE earlier.rank = c.rank AND earlier.start_ns < c.start_ns "
+    "AND {match} ORDER BY earlier.start_ns DESC, earlier.id DESC LIMIT 1"
+)
+_SAME_STRUCTURE = _EARLIER_COMPILE.format(join="JOIN programs AS earlier_program ON earlier_program.id = earlier.program_id",
+                                          match="earlier_program.structure_sid = program.structure_sid")
+_SAME_CALL_SITE = _EARLIER_COMPILE.format(join="", match="earlier.frame_id = c.frame_id")
 
 
 def compile_rows(trace: Trace, rank: int, *, offset: int = 0, limit: int = 500) -> list[CompileRow]:
     """One page of the compiles of `rank` in time order."""
     rows = trace.sql(
         "SELECT c.id, c.step, c.start_ns, c.dur_ns, c.kind, c.name_sid, c.reason, c.diff_sid, c.signature_sid, "
-        "(SELECT earlier.signature_sid FROM compiles AS earlier JOIN programs AS earlier_program "
-        "ON earlier_program.id = earlier.program_id WHERE earlier.rank = c.rank AND earlier.start_ns < c.start_ns "
-        "AND earlier_program.structure_sid = program.structure_sid ORDER BY earlier.start_ns DESC LIMIT 1), "
+        f"({_SAME_STRUCTURE}), CASE WHEN COALESCE(c.reason, 'first') != 'first' THEN ({_SAME_CALL_SITE}) END, "
         "c.frame_id, c.detail FROM compiles AS c LEFT JOIN programs AS program ON program.id = c.program_id "
         "WHERE c.rank = ? ORDER BY c.start_ns, c.id LIMIT ? OFFSET ?",
         (rank, int(limit), int(offset)),
     )
+    old_ids = {old_id for row in rows for old_id in (row[9] or row[10],) if old_id is not None}
+    olds: dict[int, tuple[Any, Any]] = {}
+    if old_ids:
+        marks = ", ".join("?" * len(old_ids))
+        olds = {old_id: (name_sid, signature_sid) for old_id, name_sid, signature_sid in trace.sql(
+            f"SELECT id, name_sid, signature_sid FROM compiles WHERE id IN ({marks})", tuple(old_ids))}
     result = []
-    for compile_id, step, start_ns, dur_ns, kind, name_sid, reason, diff_sid, signature_sid, old_sid, frame_id, detail in rows:
+    for (compile_id, step, start_ns, dur_ns, kind, name_sid, reason, diff_sid, signature_sid, same_structure_id,
+         same_site_id, frame_id, detail) in rows:
+        old_id = same_structure_id or same_site_id
+        old_name_sid, old_signature_sid = olds.get(old_id, (None, None)) if old_id is not None else (None, None)
+        relation: Literal["structure", "call site"] | None = (
+            None if old_id is None else "structure" if same_structure_id is not None else "call site")
         result.append(
             CompileRow(compile_id, step, start_ns, dur_ns or 0, kind or "?", trace.string(name_sid) or "?",
-                       reason or "?", trace.string(diff_sid), trace.string(signature_sid) or "", trace.string(old_sid),
-                       trace.frame(frame_id), _decode_detail(detail))
+                       reason or "?", trace.string(diff_sid), trace.string(signature_sid) or "", trace.string(old_signature_sid),
+                       trace.frame(frame_id), _decode_detail(detail), old_id, trace.string(old_name_sid), relation)
         )
     return result
 
