@@ -327,7 +327,7 @@ def test_compiles_view_shows_reasons_and_change() -> None:
         assert rows[3][7] == "input 0 dim 1: 128 -> 192"
         await press(pilot, "down", "down", "down")
         detail = app.query_one("#compiles-detail").content.plain
-        assert "old: i64[8,128]" in detail and "new: i64[8,192]" in detail
+        assert "old: compile 1 fused:gpt_train_step (same structure): i64[8,128]" in detail and "new: i64[8,192]" in detail
         sites = table_rows(app, "#compiles-sites")
         assert sites[0][0] == "/home/user/proj/train.py:35 (train_step)" and sites[0][1:3] == ["2", "1"]
         await press(pilot, "enter")
