@@ -648,11 +648,19 @@ class Dispatcher:
         host_kwargs = {name: host_of(value) for name, value in kwargs.items()}
         if "device" in host_kwargs:
             host_kwargs["device"] = torch.device("cpu")
+        transferred = [host_kwargs[name] for name in entry.out_names if isinstance(host_kwargs.get(name), torch.Tensor)]
+        for host in transferred:  # out= tensors the kernel may resize need storage torch owns
+            if id(host) in to_cpu:
+                resizable = host.clone()
+                to_cpu[id(resizable)] = to_cpu[id(host)]
+                host_kwargs[next(name for name in entry.out_names if host_kwargs.get(name) is host)] = resizable
         result = entry.op(*host_args, **host_kwargs)
         chip = chip_box[0]
         for host in _written_hosts(entry, host_args, host_kwargs):
             target = to_cpu.get(id(host))
             if target is not None:
+                if tuple(host.shape) != tuple(target.shape):
+                    target.resize_(host.shape)
                 self.write(target, self.to_chip(host.to(target.dtype).contiguous(), target._buf.chip))
 
         def back(value: Any) -> Any:

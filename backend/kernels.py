@@ -54,12 +54,18 @@ def _logspace(start: Any, end: Any, steps: int, base: float = 10.0, **kwargs: An
     return jnp.power(base, jnp.linspace(start, end, steps))
 
 
+def _eye(n: int, m: int | None = None, **kwargs: Any) -> Any:
+    return jnp.eye(n, n if m is None else m)
+
+
 _DEVICE_FACTORIES = {
     "arange": _arange,
     "arange.start": _arange,
     "arange.start_step": _arange,
     "linspace": _linspace,
     "logspace": _logspace,
+    "eye": _eye,
+    "eye.m": _eye,
 }
 
 

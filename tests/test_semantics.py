@@ -129,3 +129,85 @@ def test_op_without_lowering_falls_back_correctly_and_warns_once() -> None:
     assert host(unique).tolist() == [0, 1, 3]
     fallback_warnings = [warning for warning in caught if "runs on the host CPU" in str(warning.message)]
     assert len(fallback_warnings) <= 1
+
+
+def test_in_place_view_ops_change_the_tensor_shape_and_stay_views() -> None:
+    for device in ("cpu", "tpu"):
+        base = torch.arange(6.0, device=device).reshape(1, 2, 3)
+        x = base.view(1, 2, 3)
+        x.squeeze_(0)
+        assert tuple(x.shape) == (2, 3) and x.stride() == (3, 1)
+        x.t_()
+        assert tuple(x.shape) == (3, 2) and x.stride() == (1, 3)
+        x.unsqueeze_(0)
+        x.transpose_(0, 2)
+        x.swapdims_(1, 2)
+        assert tuple(x.shape) == (2, 1, 3) and x.stride() == (3, 3, 1)
+        x.add_(10)
+        assert host(base).tolist() == [[[10.0, 11.0, 12.0], [13.0, 14.0, 15.0]]]
+        y = torch.arange(6.0, device=device)
+        y.as_strided_((2, 2), (1, 2), 1)
+        assert tuple(y.shape) == (2, 2) and y.storage_offset() == 1 and host(y).tolist() == [[1.0, 3.0], [2.0, 4.0]]
+
+
+def test_lstm_and_gru_with_batch_first_match_cpu() -> None:
+    for layer_type in (torch.nn.LSTM, torch.nn.GRU):
+        torch.manual_seed(0)
+        layer = layer_type(4, 5, num_layers=2, batch_first=True)
+        inputs = torch.randn(2, 3, 4)
+        expected = layer(inputs)[0]
+        got = copy.deepcopy(layer).to("tpu")(inputs.to("tpu"))[0]
+        assert tuple(got.shape) == (2, 3, 5)
+        torch.testing.assert_close(host(got), expected, atol=1e-5, rtol=1e-5)
+
+
+def test_resize_and_out_into_empty_or_wrong_size_tensors() -> None:
+    grown = torch.arange(6.0, device="tpu")
+    grown.resize_(2, 4)
+    assert tuple(grown.shape) == (2, 4) and grown.stride() == (4, 1)
+    assert host(grown).flatten()[:6].tolist() == [0.0, 1.0, 2.0, 3.0, 4.0, 5.0]
+    shrunk = torch.arange(8.0, device="tpu")[2:]
+    shrunk.resize_(2, 2)
+    assert shrunk.storage_offset() == 2 and host(shrunk).tolist() == [[2.0, 3.0], [4.0, 5.0]]
+    empty = torch.empty(0, device="tpu")
+    torch.mm(torch.ones(3, 4, device="tpu"), torch.ones(4, 2, device="tpu"), out=empty)
+    assert host(empty).tolist() == [[4.0, 4.0]] * 3
+    wrong = torch.zeros(2, device="tpu")
+    with pytest.warns(UserWarning, match="was resized"):
+        torch.add(torch.arange(3.0, device="tpu"), 1, out=wrong)
+    assert host(wrong).tolist() == [1.0, 2.0, 3.0]
+    fallback_out = torch.empty(0, device="tpu")
+    torch.eye(2, out=fallback_out)
+    assert host(fallback_out).tolist() == [[1.0, 0.0], [0.0, 1.0]]
+    torch.testing.assert_close(host(torch.linalg.matrix_power(torch.ones(2, 2, device="tpu"), 0)), torch.eye(2))
+    target = torch.zeros(2, 3, device="tpu")
+    target.set_(torch.arange(4.0, device="tpu"))
+    assert tuple(target.shape) == (4,) and host(target).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+@pytest.mark.parametrize("training", [True, False])
+def test_native_batch_norm_statistics_match_cpu(training: bool) -> None:
+    torch.manual_seed(0)
+    inputs, weight, bias = torch.randn(4, 3, 5), torch.randn(3), torch.randn(3)
+    running = {device: (torch.zeros(3, device=device), torch.ones(3, device=device)) for device in ("cpu", "tpu")}
+    results = {
+        device: torch.ops.aten.native_batch_norm(inputs.to(device), weight.to(device), bias.to(device), *running[device], training, 0.1, 1e-5)
+        for device in ("cpu", "tpu")
+    }
+    for got, expected in zip(results["tpu"], results["cpu"]):
+        assert tuple(got.shape) == tuple(expected.shape)
+        torch.testing.assert_close(host(got), expected, atol=1e-5, rtol=1e-5)
+    for got, expected in zip(running["tpu"], running["cpu"]):
+        torch.testing.assert_close(host(got), expected, atol=1e-6, rtol=1e-6)
+    assert training == (running["cpu"][0].abs().sum().item() > 0)
+
+
+def test_linalg_errors_raise_as_on_cpu() -> None:
+    not_positive_definite = torch.tensor([[4.0, 2.0, 1.0], [2.0, 1.0, 3.0], [1.0, 3.0, 5.0]])
+    with pytest.raises(torch.linalg.LinAlgError, match="leading minor of order 2"):
+        torch.linalg.cholesky(not_positive_definite.to("tpu"))
+    with pytest.raises(torch.linalg.LinAlgError, match="diagonal element 2 is zero"):
+        torch.linalg.inv(torch.tensor([[1.0, 2.0], [2.0, 4.0]], device="tpu"))
+    batch = torch.stack([torch.eye(3), torch.diag(torch.tensor([1.0, -1.0, -1.0]))])
+    assert host(torch.linalg.cholesky_ex(batch.to("tpu")).info).tolist() == [0, 2]
+    torch.testing.assert_close(host(torch.linalg.inv(torch.tensor([[2.0, 1.0], [1.0, 3.0]], device="tpu"))), torch.tensor([[0.6, -0.2], [-0.2, 0.4]]))
