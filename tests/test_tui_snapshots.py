@@ -42,7 +42,7 @@ FIXED_FINDINGS = (
 
 
 class FixedFindingsSession(Session):
-    def findings(self) -> FindingsResult:
+    def findings(self, rank: int | None = None) -> FindingsResult:
         return FindingsResult(findings=FIXED_FINDINGS)
 
 

@@ -48,7 +48,7 @@ class FusionsView(TraceView):
                 yield TraceTable(("#", "seq"), ("op", "op"), ("inputs", "inputs"), ("source", "source"), id="fusions-ops")
             with Vertical():
                 yield Static(Text("XLA fusions in its program", style="bold"), classes="heading")
-                yield TraceTable(("fusion", "name"), ("kind", "kind"), ("HLO ops", "hlo"), ("from ATen ops", "aten"), id="fusions-xla")
+                yield TraceTable(("fusion", "name"), ("kind", "kind"), ("from ATen ops", "aten"), ("HLO ops", "hlo"), id="fusions-xla")
 
     def primary(self) -> Widget | None:
         return self.query_one("#fusions-flushes")
@@ -125,7 +125,7 @@ class FusionsView(TraceView):
         self.query_one("#fusions-ops-title", Static).update(Text(title, style="bold"))
         self.query_one("#fusions-ops", TraceTable).show(ops_rows)
         self.query_one("#fusions-xla", TraceTable).show([
-            (str(index), (Text(fusion.name), Text(fusion.kind), Text(fusion.hlo_ops), Text(fusion.aten_ops)))
+            (str(index), (Text(fusion.name), Text(fusion.kind), Text(fusion.aten_ops), Text(fusion.hlo_ops)))
             for index, fusion in enumerate(contents.fusions)
         ])
 

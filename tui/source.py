@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from rich.style import Style
 from rich.syntax import Syntax
-from rich.text import Text
+from rich.text import Span, Text
 from textual.app import SuspendNotSupported
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
@@ -57,11 +58,25 @@ def read_source(recorded: str, path: Path | None, *, dark: bool) -> SourceText:
         return SourceText(recorded, path, [], f"cannot read it: {error.strerror or error}")
     lexer = Syntax.guess_lexer(str(path), code)
     syntax = Syntax(code, lexer, theme="ansi_dark" if dark else "ansi_light", background_color="default")
-    highlighted = syntax.highlight(code)
+    highlighted = without_background(syntax.highlight(code))
     lines = highlighted.split("\n", allow_blank=True)
     if lines and not lines[-1].plain and code.endswith("\n"):
         lines.pop()
     return SourceText(recorded, path, list(lines))
+
+
+def without_background(text: Text) -> Text:
+    """`text` with its colours but no background: the syntax theme's background would paint boxes
+    over the table's stripes and hide its cursor row."""
+
+    def foreground(style: str | Style) -> Style:
+        parsed = Style.parse(style) if isinstance(style, str) else style
+        return Style(color=parsed.color, bold=parsed.bold, dim=parsed.dim, italic=parsed.italic,
+                     underline=parsed.underline, strike=parsed.strike)
+
+    text.style = foreground(text.style)
+    text.spans = [Span(span.start, span.end, foreground(span.style)) for span in text.spans]
+    return text
 
 
 def editor_command(editor: str, path: str, line: int) -> list[str]:
