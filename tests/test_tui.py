@@ -124,6 +124,33 @@ def test_op_filter_is_literal_and_case_insensitive(small: Any) -> None:
     assert queries.like_pattern("a%b_c\\") == "%a\\%b\\_c\\\\%"
 
 
+def test_filtering_aggregated_groups_matches_the_sql_filter(small: Any) -> None:
+    for grouping, text in (("op", "ADDMM"), ("op", "_"), ("op", "%"), ("op_shapes", "f32[8"), ("source", "model.py:52")):
+        groups = queries.op_groups(small, grouping, 0)
+        in_python = queries.filter_groups(groups, text)
+        assert in_python is not None
+        assert [group.label for group in in_python] == [group.label for group in queries.op_groups(small, grouping, 0, text)]
+        assert [group.share for group in in_python] == [group.share for group in queries.op_groups(small, grouping, 0, text)]
+    capped = [queries.OpGroup((index,), f"op{index}", 1, 1, 1.0, 0.0) for index in range(queries.MAX_GROUPS)]
+    assert queries.filter_groups(capped, "op1") is None  # groups past the cap could match: the view asks SQL
+
+
+def test_session_keeps_groups_and_analyses_each_rank() -> None:
+    session = make_session()
+    try:
+        by_op = session.op_groups(0, "op")
+        assert session.op_groups(0, "op") is by_op
+        assert [group.label for group in session.op_groups(0, "op", "addmm")] == ["aten.addmm.default"]
+        one_connection = queries.load_findings(session.trace, 1)
+        two_connections = session.findings(1)
+        assert [finding.title for finding in two_connections.findings] == [finding.title for finding in one_connection.findings]
+        if not two_connections.unavailable:
+            assert [finding.title for finding in session.findings(0).findings] != [finding.title for finding in two_connections.findings]
+    finally:
+        session.close()
+        session.trace.close()
+
+
 def test_op_instances_page_longest_first(small: Any) -> None:
     group = queries.op_groups(small, "op", 0)[0]
     first = queries.op_instances(small, "op", group.key, 0, limit=10)
@@ -140,10 +167,38 @@ def test_compile_rows_show_old_and_new_signature(small: Any) -> None:
     assert recompile.diff == "input 0 dim 1: 128 -> 192"
     assert recompile.old_signature is not None and "128" in recompile.old_signature
     assert "192" in recompile.signature
-    assert rows[0].old_signature is None
+    assert rows[0].old_signature is None and rows[0].old_id is None
+    assert recompile.old_relation == "structure" and recompile.old_id == rows[0].id
     sites = queries.compile_sites(small, 0)
     assert sum(site.count for site in sites) == len(rows)
     assert any(site.recompiles for site in sites)
+
+
+def test_a_recompile_whose_structure_changed_compares_with_the_last_compile_at_its_call_site(tmp_path: Path) -> None:
+    from fixtures.make_traces import START_UNIX_NS
+    from tputrace.store.writer import TraceWriter
+
+    path = tmp_path / "structure.tptrace"
+    with TraceWriter(path, created_unix_ns=START_UNIX_NS) as writer:
+        writer.set_run(world_size=1, script="/w/train.py", argv=[], cwd="/w", host="h", platform="tpu", chips=1,
+                       eager_mode="DEFER_AND_FUSE", start_unix_ns=START_UNIX_NS)
+        here, elsewhere = writer.frame("/w/train.py", 12, "step"), writer.frame("/w/train.py", 30, "evaluate")
+        for index, (structure, frame, reason) in enumerate(
+            (("A", here, "first"), ("X", elsewhere, "first"), ("B", here, "recompile")), start=1
+        ):
+            program_id = writer.next_id("programs")
+            writer.append("programs", (program_id, 0, "fused", writer.intern(f"fused_{structure}"), writer.intern(structure),
+                                       writer.intern(f"f32[{index}]"), 1, 0.0, 0.0, 1))
+            writer.append("compiles", (writer.next_id("compiles"), 0, program_id, "fused", writer.intern(f"fused_{structure}"),
+                                       writer.intern(f"f32[{index}]"), 0, index * 1_000, 500, frame, 0, reason,
+                                       writer.intern("structure change at op 0: a -> b") if reason == "recompile" else None, None))
+        writer.append("steps", (0, 0, 0, 10_000, "explicit"))
+        writer.update_run(end_ns=10_000, exit_status=0)
+    with tputrace.open(path) as trace:
+        first, other, recompile = queries.compile_rows(trace, 0)
+    assert (first.old_id, other.old_id) == (None, None)
+    assert (recompile.old_id, recompile.old_relation, recompile.old_name, recompile.old_signature) == (
+        first.id, "call site", "fused_A", "f32[1]")
 
 
 def test_flushes_and_their_contents(small: Any) -> None:
