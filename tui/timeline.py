@@ -25,7 +25,8 @@ if TYPE_CHECKING:
     from textual.app import ComposeResult
     from textual.widget import Widget
 
-LABEL_WIDTH = 18
+LABEL_WIDTH = 22
+"""Columns for a lane's label and event count: "dispatch (1,000,000)", "tpu:0 exec (19,200)"."""
 MIN_SPAN_NS = 1_000
 
 
