@@ -32,9 +32,15 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
 
 def _steps_tpu_params(optimizer: Any) -> bool:
+    """Whether the optimizer updates tpu tensors: plain ones, or DTensors whose local shards are tpu
+    tensors (FSDP2 and tensor-parallel parameters; read by attribute, so DTensor is never imported)."""
     from tputrace.backend.tensor import TpuTensor
 
-    return any(isinstance(param, TpuTensor) for group in optimizer.param_groups for param in group["params"])
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if isinstance(param, TpuTensor) or isinstance(getattr(param, "_local_tensor", None), TpuTensor):
+                return True
+    return False
 
 
 def backward_started() -> None:

@@ -299,6 +299,40 @@ def test_one_rank_group_runs_and_records_collectives(tmp_path: Path) -> None:
     assert all(row.dur_ns > 0 and row.algorithm.startswith("gloo") and row.wait_ns is None for row in rows)
 
 
+
+def test_optimizer_steps_over_dtensor_parameters_mark_steps(tmp_path: Path) -> None:
+    """FSDP2 and tensor-parallel parameters are DTensors around tpu tensors: the backend's optimizer
+    hook sees through them, flushing deferred work and marking a step at each optimizer.step()."""
+    import torch
+    import torch.distributed as dist
+    from backend_helpers import eager, host
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, distribute_tensor
+
+    from tputrace import recorder
+    from tputrace.backend.device_module import EagerMode
+
+    trace_path = tmp_path / "dtensor.tptrace"
+    with eager(EagerMode.DEFER_AND_FUSE):
+        recorder.start(str(trace_path), script="test", argv=[], mode="defer", rank=0, world_size=1)
+        dist.init_process_group("tpu", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+        try:
+            mesh = DeviceMesh("tpu", [0])
+            weight = torch.nn.Parameter(distribute_tensor(torch.ones(4, device="tpu"), mesh, [Shard(0)]))
+            optimizer = torch.optim.SGD([weight], lr=0.5)
+            for _ in range(3):
+                (weight * 2).sum().backward()
+                optimizer.step()
+                optimizer.zero_grad()
+            assert host(weight.to_local()).tolist() == [-2.0] * 4
+        finally:
+            dist.destroy_process_group()
+            recorder.stop(0)
+    with tputrace.open(trace_path) as trace:
+        assert trace.count("steps", where="source = 'optimizer'") == 3
+        assert trace.count("flushes", where="trigger = 'step'") == 3
+
+
 # ================================================================= real ranks
 def _run_ranks(tmp_path: Path, script: Path, *args: str, nproc: int = 2, mode: str = "defer", timeout: float = 600) -> tuple[subprocess.CompletedProcess, Path]:
     """`tputrace run --nproc` in its own session, so that a run that hangs is stopped with all its ranks."""

@@ -34,9 +34,8 @@ def install_op_handlers() -> None:
     global _handlers_installed
     if _handlers_installed:
         return
-    from tputrace.backend.distributed import fsdp, functional, steps
+    from tputrace.backend.distributed import fsdp, functional
 
     functional.register()
     fsdp.register()
-    steps.install()
     _handlers_installed = True
