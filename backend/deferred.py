@@ -112,8 +112,11 @@ class DeferredExecutor:
             graph = self.graphs.get(plan.chip)
             if graph is None:
                 graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
-            elif len(graph.nodes) >= self.size_cap:
-                self.flush_graph(graph, "size_cap")
+            elif len(graph.nodes) >= self.size_cap and plan.op_name != "view":
+                # Not at a view read: its value goes to an op not recorded yet. This op's pending
+                # inputs become outputs, as a view's value is in no buffer.
+                pending = [value for value in dynamic if type(value) is LazyValue and value.graph is graph]
+                self.flush_graph(graph, "size_cap", extra=pending)
                 graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
             inputs = graph.inputs
             input_index = graph.input_index

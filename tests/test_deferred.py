@@ -138,3 +138,30 @@ def test_in_place_update_of_an_unshared_array_donates_it() -> None:
             if program.n_ops == 1 and in_specs and in_specs[0] == (shape, torch.float32)
         ]
         assert programs and all(program.donate == (0,) for program in programs)
+
+
+def test_size_cap_flush_between_view_reads_keeps_their_values() -> None:
+    """A flush at the size cap while an op's view inputs are pending must not lose them (re-running
+    the flushed graph read arrays it had donated)."""
+
+    def run() -> list[list[float]]:
+        base = torch.arange(12.0).reshape(3, 4).to("tpu")
+        base.mul_(2)
+        sums = []
+        for _ in range(6):
+            snapshot = base * 1
+            base.add_(1)
+            sums.append(snapshot[1] + snapshot[2])
+        return [host(total).tolist() for total in sums]
+
+    with eager(EagerMode.DEFER_NEVER):
+        strict = run()
+    with eager(EagerMode.DEFER_AND_FUSE):
+        executor = dispatcher.executor
+        size_cap = executor.size_cap
+        executor.size_cap = 4
+        try:
+            deferred = run()
+        finally:
+            executor.size_cap = size_cap
+    assert deferred == strict
