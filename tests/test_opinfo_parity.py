@@ -21,6 +21,9 @@ from torch.testing._internal.common_methods_invocations import op_db  # noqa: E4
 
 try:
     import tputrace.backend  # noqa: F401
+    from backend_helpers import eager
+    from tputrace.backend.device_module import EagerMode
+    from tputrace.backend.dispatch import dispatcher
 
     torch.zeros(1, device="tpu")
     DEVICE_ERROR = None
@@ -42,6 +45,15 @@ CI_OPS = (
     "nn.functional.group_norm", "nn.functional.gelu", "nn.functional.silu", "nn.functional.embedding",
     "nn.functional.cross_entropy", "nn.functional.nll_loss", "nn.functional.pad",
     "nn.functional.interpolate", "nn.functional.scaled_dot_product_attention", "_foreach_add", "eq",
+)
+# The part of the CI sample that also runs in DEFER_AND_FUSE (pending views, in-place writes, several
+# outputs, reductions, indexing), kept to about 40 ops so that CI stays short.
+DEFER_CI_OPS = (
+    "add", "mul", "div.no_rounding_mode", "pow", "where", "masked_fill", "clamp", "addcdiv", "lerp", "sum",
+    "mean", "amax", "argmax", "var", "max.reduction_with_dim", "cumsum", "softmax", "log_softmax", "sort",
+    "topk", "transpose", "permute", "reshape", "expand", "squeeze", "unsqueeze", "split", "unbind", "cat",
+    "stack", "index_select", "gather", "scatter_add", "index_put", "matmul", "addmm", "nn.functional.linear",
+    "nn.functional.layer_norm", "nn.functional.embedding", "nn.functional.cross_entropy",
 )
 CI_SAMPLES = 3
 SLOW_SAMPLES = 5
@@ -141,11 +153,16 @@ def _compare_samples(op: Any, max_samples: int) -> None:
 
 
 CI_OPINFOS = [op for op in op_db if op.name in CI_OPS]
+CI_CASES = [pytest.param(op, "DEFER_NEVER", id=f"{_key(op)}-strict") for op in CI_OPINFOS] + [
+    pytest.param(op, "DEFER_AND_FUSE", id=f"{_key(op)}-defer") for op in CI_OPINFOS if _key(op) in DEFER_CI_OPS
+]
 
 
-@pytest.mark.parametrize("op", CI_OPINFOS, ids=_key)
-def test_opinfo_parity_ci(op: Any) -> None:
-    run_parity(op, CI_SAMPLES)
+@pytest.mark.parametrize(("op", "mode"), CI_CASES)
+def test_opinfo_parity_ci(op: Any, mode: str) -> None:
+    with eager(EagerMode[mode]):
+        assert dispatcher.executor.deferred == (mode == "DEFER_AND_FUSE")
+        run_parity(op, CI_SAMPLES)
 
 
 @pytest.mark.slow
