@@ -9,11 +9,10 @@ recompile limit sends the rest of the run to eager mode.
 
 from __future__ import annotations
 
-import argparse
-import random
-
 import torch
 from torch import nn
+
+from common import parse_args, print_final, token_batches, train
 
 VOCAB, WIDTH, CLASSES = 256, 64, 8
 BUCKET = 64
@@ -34,46 +33,24 @@ class TokenTagger(nn.Module):
 
 
 def batches(steps: int, batch: int, fixed: bool, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Token batches of random length 16..128 (token 0 is padding, labelled -100); with `fixed`,
-    padded up to a multiple of BUCKET."""
-    rng = random.Random(seed)
-    generator = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(steps):
-        length = rng.randint(16, 128)
-        tokens = torch.randint(1, VOCAB, (batch, length), generator=generator)
-        labels = tokens % CLASSES
-        if fixed:
-            padded = -(-length // BUCKET) * BUCKET
-            tokens = nn.functional.pad(tokens, (0, padded - length), value=0)
-            labels = nn.functional.pad(labels, (0, padded - length), value=-100)
-        out.append((tokens, labels))
-    return out
+    """Token batches of random length 16..128 with a tag per token (padding, token 0, is tagged -100:
+    ignored by the loss); with `fixed`, padded up to a multiple of BUCKET."""
+    return [(tokens, torch.where(tokens == 0, -100, tokens % CLASSES))
+            for tokens in token_batches(steps, batch, VOCAB, BUCKET if fixed else None, seed)]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=12)
-    parser.add_argument("--fixed", action="store_true", help=f"pad every batch to a multiple of {BUCKET}")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device and the "tpu" compile backend
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=12, fixed_help=f"pad every batch to a multiple of {BUCKET}")
     model = TokenTagger().to(args.device)
-    backend = "tpu" if args.device.startswith("tpu") else "inductor"
-    compiled = torch.compile(model, backend=backend, dynamic=False)
+    compiled = torch.compile(model, backend="tpu" if args.device.startswith("tpu") else "inductor", dynamic=False)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for tokens, labels in batches(args.steps, 16, args.fixed):
-        tokens, labels = tokens.to(args.device), labels.to(args.device)
+
+    def loss_of(batch: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+        tokens, labels = batch[0].to(args.device), batch[1].to(args.device)
         logits = compiled(tokens)  # a new sequence length every batch: Dynamo's shape guard fails
-        loss = nn.functional.cross_entropy(logits.view(-1, CLASSES), labels.view(-1), ignore_index=-100)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    print(f"{len(losses)} steps, final loss {losses[-1].item():.4f}")
+        return nn.functional.cross_entropy(logits.view(-1, CLASSES), labels.view(-1), ignore_index=-100)
+
+    print_final(train(loss_of, optimizer, batches(args.steps, 16, args.fixed)))
 
 
 if __name__ == "__main__":

@@ -8,10 +8,10 @@ and back.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch import nn
+
+from common import parse_args, print_final, train
 
 VOCAB, WIDTH, BATCH, SEQ = 512, 128, 16, 64
 
@@ -37,28 +37,15 @@ def masked_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--fixed", action="store_true", help="weight the per-token loss by the mask instead")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=10, fixed_help="weight the per-token loss by the mask instead")
     model = TinyLM().to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
     lengths = torch.randint(SEQ // 2, SEQ + 1, (BATCH, 1))
     valid = (torch.arange(SEQ).unsqueeze(0) < lengths)
     inputs, targets, valid = tokens[:, :-1].to(args.device), tokens[:, 1:].to(args.device), valid.to(args.device)
-    losses = []
-    for _ in range(args.steps):
-        loss = masked_loss(model(inputs), targets, valid, args.fixed)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    print(f"{args.steps} steps, final loss {losses[-1].item():.4f}")
+    losses = train(lambda _: masked_loss(model(inputs), targets, valid, args.fixed), optimizer, range(args.steps))
+    print_final(losses)
 
 
 if __name__ == "__main__":

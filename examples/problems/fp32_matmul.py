@@ -7,11 +7,12 @@ PyTorch's default precision take several passes.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 
 import torch
 from torch import nn
+
+from common import parse_args, print_final, train
 
 WIDTH, BATCH, CLASSES = 768, 768, 256
 
@@ -30,30 +31,19 @@ class Net(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--fixed", action="store_true", help="run the forward pass under bfloat16 autocast")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device
-    torch.manual_seed(0)
-    device_type = args.device.split(":")[0]
+    args = parse_args(__doc__.splitlines()[0], steps=8, fixed_help="run the forward pass under bfloat16 autocast")
     model = Net().to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     inputs = torch.randn(BATCH, WIDTH).to(args.device)
     labels = torch.randint(0, CLASSES, (BATCH,)).to(args.device)
-    losses = []
-    for _ in range(args.steps):
-        autocast = torch.autocast(device_type, dtype=torch.bfloat16) if args.fixed else contextlib.nullcontext()
+
+    def loss_of(_: int) -> torch.Tensor:
+        autocast = torch.autocast(args.device.split(":")[0], dtype=torch.bfloat16) if args.fixed else contextlib.nullcontext()
         with autocast:
             logits = model(inputs)
-        loss = nn.functional.cross_entropy(logits.float(), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    print(f"{args.steps} steps, final loss {losses[-1].item():.4f}")
+        return nn.functional.cross_entropy(logits.float(), labels)
+
+    print_final(train(loss_of, optimizer, range(args.steps)))
 
 
 if __name__ == "__main__":

@@ -7,10 +7,10 @@ reads a chip value in Python, so each step is cut into one small program per blo
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch import nn
+
+from common import parse_args, print_final, train
 
 WIDTH, BATCH, DEPTH = 256, 128, 6
 
@@ -30,29 +30,15 @@ class Block(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--fixed", action="store_true", help="check the loss once, after the loop")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=10, fixed_help="check the loss once, after the loop")
     model = nn.Sequential(*(Block(check=not args.fixed) for _ in range(DEPTH)), nn.Linear(WIDTH, 1)).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
     inputs = torch.randn(BATCH, WIDTH).to(args.device)
     targets = torch.randn(BATCH, 1).to(args.device)
-    losses = []
-    for _ in range(args.steps):
-        loss = nn.functional.mse_loss(model(inputs), targets)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    final = torch.stack(losses)
-    if not torch.isfinite(final).all():
+    losses = train(lambda _: nn.functional.mse_loss(model(inputs), targets), optimizer, range(args.steps))
+    if not torch.isfinite(torch.stack(losses)).all():
         raise FloatingPointError("loss is not finite")
-    print(f"{args.steps} steps, final loss {final[-1].item():.4f}")
+    print_final(losses)
 
 
 if __name__ == "__main__":

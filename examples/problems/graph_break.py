@@ -8,10 +8,10 @@ in Python (a host sync every step), and compiles the rest as a second graph.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch import nn
+
+from common import parse_args, print_final, train
 
 FEATURES, HIDDEN, CLASSES = 64, 256, 10
 
@@ -34,31 +34,24 @@ class Classifier(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--fixed", action="store_true", help="return the statistic and print it outside the model")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device and the "tpu" compile backend
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=8, fixed_help="return the statistic and print it outside the model")
     model = Classifier(args.fixed).to(args.device)
     compiled = torch.compile(model, backend="tpu" if args.device.startswith("tpu") else "inductor")
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     generator = torch.Generator().manual_seed(0)
     activations = []
-    for _ in range(args.steps):
+
+    def loss_of(_: int) -> torch.Tensor:
         x = torch.randn(32, FEATURES, generator=generator).to(args.device)
         labels = torch.randint(0, CLASSES, (32,), generator=generator).to(args.device)
         logits, activation = compiled(x)
-        loss = nn.functional.cross_entropy(logits, labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
         activations.append(activation)
+        return nn.functional.cross_entropy(logits, labels)
+
+    losses = train(loss_of, optimizer, range(args.steps))
     if args.fixed:
         print("mean activations", [round(value.item(), 4) for value in activations])
-    print(f"{args.steps} steps, final loss {loss.item():.4f}")
+    print_final(losses)
 
 
 if __name__ == "__main__":

@@ -7,11 +7,12 @@ built on the host and copied to the chip again in every step.
 
 from __future__ import annotations
 
-import argparse
 import math
 
 import torch
 from torch import nn
+
+from common import parse_args, print_final, train
 
 SEQ, WIDTH, BATCH = 512, 32, 2
 
@@ -38,28 +39,18 @@ class CausalMixer(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--fixed", action="store_true", help="build the mask and positions once, on the chip")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=10, fixed_help="build the mask and positions once, on the chip")
     model = CausalMixer().to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     inputs = torch.randn(BATCH, SEQ, WIDTH).to(args.device)
     constants = causal_mask_and_positions(args.device) if args.fixed else None
-    losses = []
-    for _ in range(args.steps):
+
+    def loss_of(_: int) -> torch.Tensor:
         mask, positions = constants if constants is not None else causal_mask_and_positions(args.device)
         out = model(inputs, mask, positions)
-        loss = (out[:, 1:] - inputs[:, :-1]).pow(2).mean()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    print(f"{args.steps} steps, final loss {losses[-1].item():.4f}")
+        return (out[:, 1:] - inputs[:, :-1]).pow(2).mean()
+
+    print_final(train(loss_of, optimizer, range(args.steps)))
 
 
 if __name__ == "__main__":

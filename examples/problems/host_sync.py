@@ -7,23 +7,16 @@ before it can queue the next step.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch import nn
+
+from common import parse_args
 
 WIDTH, BATCH, CLASSES = 512, 256, 16
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--fixed", action="store_true", help="accumulate the loss on the chip, read it once")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=10, fixed_help="accumulate the loss on the chip, read it once")
     model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(),
                           nn.Linear(WIDTH, CLASSES)).to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)

@@ -7,11 +7,10 @@ hands the chip a new shape and the step's program compiles again.
 
 from __future__ import annotations
 
-import argparse
-import random
-
 import torch
 from torch import nn
+
+from common import parse_args, print_final, token_batches, train
 
 VOCAB, WIDTH, CLASSES = 256, 64, 8
 BUCKET = 64
@@ -32,42 +31,17 @@ class BagOfTokens(nn.Module):
         return self.head(pooled)
 
 
-def batches(steps: int, batch: int, fixed: bool, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    """Token batches of random length 16..128 (token 0 is padding); with `fixed`, padded up to a bucket."""
-    rng = random.Random(seed)
-    generator = torch.Generator().manual_seed(seed)
-    out = []
-    for _ in range(steps):
-        length = rng.randint(16, 128)
-        tokens = torch.randint(1, VOCAB, (batch, length), generator=generator)
-        labels = tokens[:, 0] % CLASSES
-        if fixed:
-            padded = -(-length // BUCKET) * BUCKET
-            tokens = nn.functional.pad(tokens, (0, padded - length), value=0)
-        out.append((tokens, labels))
-    return out
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--fixed", action="store_true", help=f"pad every batch to a multiple of {BUCKET}")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=8, fixed_help=f"pad every batch to a multiple of {BUCKET}")
     model = BagOfTokens().to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
-    losses = []
-    for tokens, labels in batches(args.steps, 32, args.fixed):
-        tokens, labels = tokens.to(args.device), labels.to(args.device)
-        loss = nn.functional.cross_entropy(model(tokens), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    print(f"{len(losses)} steps, final loss {losses[-1].item():.4f}")
+
+    def loss_of(tokens: torch.Tensor) -> torch.Tensor:
+        labels = tokens[:, 0] % CLASSES  # the class of a sequence: its first token's
+        return nn.functional.cross_entropy(model(tokens.to(args.device)), labels.to(args.device))
+
+    batches = token_batches(args.steps, 32, VOCAB, BUCKET if args.fixed else None)
+    print_final(train(loss_of, optimizer, batches))
 
 
 if __name__ == "__main__":

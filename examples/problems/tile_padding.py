@@ -7,10 +7,10 @@ v6e) or of the 128-lane tiles, so the chip pads every product with that dim.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
 from torch import nn
+
+from common import parse_args, print_final, train
 
 FEATURES, BATCH, CLASSES = 512, 512, 256
 
@@ -29,28 +29,18 @@ class MLP(nn.Module):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--device", default="tpu")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--fixed", action="store_true", help="use a hidden size of 1024")
-    args = parser.parse_args()
-    if args.device.startswith("tpu"):
-        import tputrace.backend  # noqa: F401 - registers the tpu device
-    torch.manual_seed(0)
+    args = parse_args(__doc__.splitlines()[0], steps=10, fixed_help="use a hidden size of 1024")
     model = MLP(1024 if args.fixed else 1000).to(args.device, torch.bfloat16)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     # A small synthetic dataset, kept on the chip.
     batches = [(torch.randn(BATCH, FEATURES).to(args.device, torch.bfloat16),
                 torch.randint(0, CLASSES, (BATCH,)).to(args.device)) for _ in range(2)]
-    losses = []
-    for step in range(args.steps):
+
+    def loss_of(step: int) -> torch.Tensor:
         inputs, labels = batches[step % len(batches)]
-        loss = nn.functional.cross_entropy(model(inputs).float(), labels)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.detach())
-    print(f"{args.steps} steps, final loss {losses[-1].item():.4f}")
+        return nn.functional.cross_entropy(model(inputs).float(), labels)
+
+    print_final(train(loss_of, optimizer, range(args.steps)))
 
 
 if __name__ == "__main__":
