@@ -253,6 +253,8 @@ def test_source_stats_and_resolution(small: Any) -> None:
     assert train.lines[35].syncs == 6 and train.lines[35].compiles == 2
     (ops_total,) = small.sql("SELECT COUNT(*) FROM ops WHERE rank = 0")[0]
     assert sum(stat.ops for stat in files.values()) == ops_total
+    from_groups = queries.source_stats(small, 0, queries.op_groups(small, "source", 0))
+    assert [(stat.file, stat.lines) for stat in from_groups] == [(stat.file, stat.lines) for stat in files.values()]
     assert queries.resolve_source("/home/user/proj/train.py", [str(SOURCE_ROOT)]) == SOURCE_ROOT / "proj" / "train.py"
     assert queries.resolve_source("/home/user/proj/missing.py", [str(SOURCE_ROOT)]) is None
 

@@ -218,14 +218,13 @@ def load_findings(trace: Trace, rank: int | None = None, *,
     separate = {name: analyzer for name, analyzer in ANALYZERS.items() if name in SEPARATE_ANALYZERS} if reader else {}
     rest = {name: analyzer for name, analyzer in ANALYZERS.items() if name not in separate}
 
-    def run_separately() -> list[Finding]:
-        assert reader is not None
-        with reader() as own_trace:
+    def run_separately(open_reader: Callable[[], AbstractContextManager[Trace]]) -> list[Finding]:
+        with open_reader() as own_trace:
             return list(analyze(own_trace, rank=rank, analyzers=separate).findings)
 
     try:
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="tputrace-analysis") as pool:
-            separate_findings = pool.submit(run_separately) if separate else None
+            separate_findings = pool.submit(run_separately, reader) if separate and reader else None
             report = analyze(trace, rank=rank, analyzers=rest)
             findings = list(getattr(report, "findings", report))
             if separate_findings is not None:
@@ -777,17 +776,25 @@ class FileStat:
 _LINE_TABLES = ("ops", "compiles", "syncs", "fallbacks", "transfers", "collectives")
 
 
-def source_stats(trace: Trace, rank: int) -> list[FileStat]:
-    """Every file in the trace with per-line time and counts for `rank`; most time first."""
+def source_stats(trace: Trace, rank: int, ops_by_source: Sequence[OpGroup] | None = None) -> list[FileStat]:
+    """Every file in the trace with per-line time and counts for `rank`; most time first.
+
+    `ops_by_source`: the ops already grouped by source line (`op_groups(trace, "source", rank)`,
+    uncapped), so that the ops, by far the biggest table, are not scanned again.
+    """
+    tables = _LINE_TABLES if ops_by_source is None else tuple(table for table in _LINE_TABLES if table != "ops")
     parts = []
-    for table in _LINE_TABLES:
+    for table in tables:
         hint = " NOT INDEXED" if table == "ops" else ""
         parts.append(
             f"SELECT frame_id, '{table}', COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table}{hint} "
             "WHERE rank = ? AND frame_id IS NOT NULL GROUP BY frame_id"
         )
+    rows: list[tuple[Any, ...]] = list(trace.sql(" UNION ALL ".join(parts), (rank,) * len(parts)))
+    if ops_by_source is not None:
+        rows += [(group.key[0], "ops", group.count, group.total_ns) for group in ops_by_source if group.key[0] is not None]
     files: dict[str, FileStat] = {}
-    for frame_id, table, count, total_ns in trace.sql(" UNION ALL ".join(parts), (rank,) * len(parts)):
+    for frame_id, table, count, total_ns in rows:
         location = trace.frame(frame_id)
         if location is None:
             continue

@@ -122,8 +122,15 @@ class Session:
         return self.shared(("ops_total", rank), lambda trace: queries.ops_total_ns(trace, rank))
 
     def source_stats(self) -> list[queries.FileStat]:
+        """Per-line stats of the rank on show; the ops' part is the Ops view's grouping by source line."""
         rank = self.rank
-        return self.shared(("source", rank), lambda trace: queries.source_stats(trace, rank))
+
+        def compute(trace: Trace) -> list[queries.FileStat]:
+            ops_by_source = self.op_groups(rank, "source")
+            uncapped = len(ops_by_source) < queries.MAX_GROUPS
+            return queries.source_stats(trace, rank, ops_by_source if uncapped else None)
+
+        return self.shared(("source", rank), compute)
 
     def resolve_source(self, recorded: str) -> Path | None:
         return queries.resolve_source(recorded, self.source_roots)
