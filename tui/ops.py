@@ -81,8 +81,7 @@ class OpsView(TraceView):
         groupings = queries.OP_GROUPINGS
         following = groupings[(groupings.index(self.grouping) + 1) % len(groupings)]
         session, rank = self.session, self.session.rank
-        self.run_worker(lambda: session.op_groups(rank, following), name="ops:prefetch", group="prefetch",
-                        thread=True, exit_on_error=False)
+        self.prefetch(following, lambda: session.op_groups(rank, following))
 
     def _show_groups(self) -> None:
         palette = palette_for(self.app)

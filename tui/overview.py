@@ -53,6 +53,10 @@ class OverviewView(TraceView):
             self._show_overview(payload)
         else:
             self._show_findings(payload)
+        if not self.pending:
+            # The first screen is complete: aggregate the Ops view's groups while the user reads it.
+            session, rank = self.session, self.session.rank
+            self.prefetch("ops", lambda: session.op_groups(rank, "op"))
 
     def restyle(self) -> None:
         if self._data is not None:

@@ -124,6 +124,11 @@ class TraceView(Vertical):
         )
         self._worker_slots[worker] = slot
 
+    def prefetch(self, name: str, compute: Callable[[], Any]) -> None:
+        """Run `compute()` (a `Session` method, which keeps its result) in a worker, to warm what the
+        user is likely to ask for next; nothing is shown and no slot waits for it."""
+        self.run_worker(compute, name=f"{self.VIEW_ID}:prefetch:{name}", group="prefetch", thread=True, exit_on_error=False)
+
     def _fetch(self, slot: str, generation: int, fetch: Fetch) -> None:
         with self.session.reader() as trace:
             payload = fetch(trace)
