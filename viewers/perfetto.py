@@ -21,27 +21,31 @@ from __future__ import annotations
 
 import gzip
 import json
+import operator
 import queue
 import threading
 from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from tputrace.viewers.xplane import (
     DEFAULT_TARGET,
+    DISPATCH_KEY,
     DUR,
     PROGRAM,
     SEQ,
     START,
     TIME_ESTIMATE_NOTE,
+    OpBatch,
     OpKey,
-    OpRow,
     ProgramRun,
     TargetChip,
     TraceTables,
     host_names,
+    is_strict,
     scan_rank,
     target_chip,
 )
@@ -56,6 +60,7 @@ _LANE_STRIDE = 100  # tid of lane k of a thread: base tid + k * _LANE_STRIDE
 _PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for chips
 _FLOW_NAME = "runs on chip"
 _CHUNK_EVENTS = 20_000
+_START_OF, _DUR_OF, _SEQ_OF = operator.itemgetter(START), operator.itemgetter(DUR), operator.itemgetter(SEQ)
 
 
 @dataclass(frozen=True)
@@ -71,6 +76,10 @@ class PerfettoExport:
 
 def _json(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def _int_json(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
 
 
 def _us(ns: int) -> str:
@@ -169,12 +178,11 @@ class _Track:
     def tid_of(self, index: int) -> int:
         return self.tid + (self.lanes[index] * _LANE_STRIDE if self.lanes is not None else 0)
 
-    def lines(self, heads: list[str], fragment_args: list[str]) -> Iterator[str]:
-        """The slices as JSON objects (`assign_lanes` first), given each fragment's head and args.
+    def lines(self, heads: list[str], fragment_args: list[str]) -> Iterator[list[str]]:
+        """The slices as JSON objects, in lists of a few thousand (`assign_lanes` first), given each
+        fragment's head and args.
         Formatted by one template per track over columns, which keeps a million slices fast."""
-        count = len(self.starts)
-        tids: Iterable[int] = ([self.tid + lane * _LANE_STRIDE for lane in self.lanes] if self.lanes is not None
-                               else [self.tid] * count)
+        tids = [self.tid + lane * _LANE_STRIDE for lane in self.lanes] if self.lanes is not None else None
         timestamps, durations = _microseconds(self.starts, self.ends)
         slice_heads = list(map(heads.__getitem__, self.fragments))
         columns = [list(map(str, column)) if min(column, default=0) != _NULL
@@ -190,8 +198,12 @@ class _Track:
             for index, extra in self.extras.items():
                 joined = extra + ("," + args[index].lstrip(",") if args[index] else "")
                 args[index] = ("," + joined) if self.columns else joined
-        template = '{"ph":"X","pid":%d,"tid":%%d,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, members)
-        yield from map(template.__mod__, zip(tids, timestamps, durations, slice_heads, *columns, args))
+        tid = "%d" if tids is not None else str(self.tid)  # one thread: its tid is part of the template
+        template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, tid, members)
+        fields = (timestamps, durations, slice_heads, *columns, args)
+        rows = zip(tids, *fields) if tids is not None else zip(*fields)
+        while chunk := list(map(template.__mod__, islice(rows, _CHUNK_EVENTS))):
+            yield chunk
 
 
 def _disjoint(starts: array[int], ends: array[int]) -> bool:
@@ -270,6 +282,8 @@ class _Export:
         self.process_names: dict[int, tuple[str, int]] = {}
         self._json_by_sid: dict[int, str] = {}
         self._json_by_frame: dict[int, str] = {}
+        self._op_parts: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # see `_op_fragment`
+        self._layout_fragments: dict[int, list[int]] = {}  # a run layout's op fragments (see `ProgramRun.layout`)
         runs = tables.trace.sql("SELECT rank, start_unix_ns FROM runs")
         self.rank_offsets = {rank: start or 0 for rank, start in runs}
         self.origin_unix_ns = min(self.rank_offsets.values(), default=0)
@@ -311,7 +325,7 @@ class _Export:
             for index, name in enumerate(HOST_THREADS)
         }
         chip_pids: dict[int, int] = {}
-        strict = not trace.sql("SELECT 1 FROM executions WHERE rank = ? LIMIT 1", (rank,))
+        strict = is_strict(trace, rank)
 
         def chip_pid(chip_index: int) -> int:
             pid = chip_pids.get(chip_index)
@@ -336,20 +350,26 @@ class _Export:
             })
             return fragment
 
-        # One call per op of the trace: everything it touches is bound to a local name.
-        def on_op(row: OpRow, get: Any = dispatch_fragments.get, add_start: Any = dispatch.starts.append,
-                  add_end: Any = dispatch.ends.append, add_fragment: Any = dispatch.fragments.append,
-                  add_seq: Any = dispatch.values[0].append) -> None:
-            key = row[2:5] + row[8:10]  # op, inputs, outputs, frame, module
-            start = row[START] + offset
-            if strict and row[PROGRAM] is not None:
-                dispatch_index[row[SEQ]] = len(dispatch.starts)
-            fragment = get(key)
-            add_start(start)
-            add_end(start + (row[DUR] or 0))
-            add_fragment(new_dispatch_fragment(key) if fragment is None else fragment)
-            add_seq(row[SEQ])
-
+        def on_ops(rows: OpBatch) -> None:
+            keys = list(map(DISPATCH_KEY, rows))
+            fragments = list(map(dispatch_fragments.get, keys))
+            if None in fragments:
+                for index, fragment in enumerate(fragments):
+                    if fragment is None:
+                        key = keys[index]
+                        fragments[index] = dispatch_fragments.get(key)
+                        if fragments[index] is None:
+                            fragments[index] = new_dispatch_fragment(key)
+            if strict:
+                first = len(dispatch.starts)
+                for index, row in enumerate(rows):
+                    if row[PROGRAM] is not None:
+                        dispatch_index[row[SEQ]] = first + index
+            starts = [start + offset for start in map(_START_OF, rows)]
+            dispatch.starts.extend(starts)
+            dispatch.ends.extend([start + (dur or 0) for start, dur in zip(starts, map(_DUR_OF, rows))])
+            dispatch.fragments.extend(fragments)  # type: ignore[arg-type]
+            dispatch.values[0].extend(map(_SEQ_OF, rows))
 
         runs: list[tuple[ProgramRun, _Track, int]] = []
 
@@ -364,7 +384,7 @@ class _Export:
             runs.clear()
             dispatch_index.clear()
 
-        scan_rank(tables, rank, self.chip, on_run, on_op, restart)
+        scan_rank(tables, rank, self.chip, on_run, on_ops, restart)
         flush_index = self._add_host_records(rank, host_pid, host_tracks, offset)
         for run, programs, run_index in runs:
             if strict:
@@ -400,16 +420,21 @@ class _Export:
         })
         start = run.start_ns + offset
         end = start + run.dur_ns
-        extra = _json({"flush_id": run.flush_id, "step": run.step, "queued_behind_previous_ns": run.queued_ns or None})
-        run_index = programs.add(start, end, fragment, extra[1:-1])
+        extra = (f'"flush_id":{_int_json(run.flush_id)},"step":{_int_json(run.step)},'
+                 f'"queued_behind_previous_ns":{_int_json(run.queued_ns or None)}')
+        run_index = programs.add(start, end, fragment, extra)
         # Op bounds in whole ns, inside the program's: the ops nest in it on the same thread.
-        fragment_ids = self._fragment_ids
-        fragments = []
-        for key, flops, read, write in zip(run.op_keys, run.op_flops, run.op_read_bytes, run.op_write_bytes):
-            fragment = fragment_ids.get(key)
-            if fragment is None:
-                fragment = self._op_fragment(OpKey._make(key), flops, read + write, run.estimated)
-            fragments.append(fragment)
+        fragments = self._layout_fragments.get(run.layout) if run.layout is not None else None
+        if fragments is None:
+            fragment_ids = self._fragment_ids
+            fragments = []
+            for key, flops, read, write in zip(run.op_keys, run.op_flops, run.op_read_bytes, run.op_write_bytes):
+                fragment = fragment_ids.get(key)
+                if fragment is None:
+                    fragment = self._op_fragment(OpKey._make(key), flops, read + write, run.estimated)
+                fragments.append(fragment)
+            if run.layout is not None:
+                self._layout_fragments[run.layout] = fragments
         # Ops follow each other: each ends where the next begins, the last where the program ends.
         begins = [int(op_start + 0.5) + offset for op_start in run.op_starts_ns]
         if begins:
@@ -432,25 +457,33 @@ class _Export:
                 "aten_ops": ", ".join(fusion.aten_ops) if fusion else None,
                 "flops": round(flops), "bytes_accessed": round(bytes_accessed), "time": "estimated",
             })
-        # One per distinct op of a program (a million-op trace can have a hundred thousand): the JSON
-        # is put together from each string's JSON, made once per string.
+        # One per distinct op of a program (a million-op trace can have a hundred thousand): all but
+        # the FLOPs and bytes is the same for every position of the op in the program, made once.
+        described = (key.program_id, key.op_sid, key.inputs_sid, key.outputs_sid, key.module_sid, key.frame_id, estimated)
+        parts = self._op_parts.get(described)
+        if parts is None:
+            parts = self._op_parts[described] = self._describe_op(key, estimated)
+        head, before, after = parts
+        fragment_id = self._fragment_ids[tuple(key)] = len(self.fragments)
+        self.fragments.append((head, f'{before}"flops":{round(flops)},"bytes_accessed":{round(bytes_accessed)}{after}'))
+        return fragment_id
+
+    def _describe_op(self, key: OpKey, estimated: bool) -> tuple[str, str, str]:
+        """An ATen op's slice head, and its args before and after its FLOPs and bytes (as JSON text)."""
+        tables = self.tables
         op = tables.text(key.op_sid) or "op"
         fusion = tables.fusion_of(key.program_id, op)
         as_json = self._string_json
-        members = [
-            f'"{name}":{as_json(sid)}'
+        before = "".join(
+            f'"{name}":{as_json(sid)},'
             for name, sid in (("inputs", key.inputs_sid), ("outputs", key.outputs_sid), ("module", key.module_sid))
             if sid is not None and tables.text(sid) is not None
-        ]
+        )
         if key.frame_id is not None and tables.source(key.frame_id) is not None:
-            members.append(f'"source":{self._frame_json(key.frame_id)}')
-        members.append(f'"flops":{round(flops)},"bytes_accessed":{round(bytes_accessed)}')
-        if fusion:
-            members.append(f'"xla_fusion":{_json(f"{fusion.name} ({fusion.kind})")}')
-        members.append('"time":"estimated"' if estimated else '"time":"measured"')
-        fragment_id = self._fragment_ids[tuple(key)] = len(self.fragments)
-        self.fragments.append((f'"name":{_json(op)},"cat":"aten op"', ",".join(members)))
-        return fragment_id
+            before += f'"source":{self._frame_json(key.frame_id)},'
+        after = f',"xla_fusion":{_json(f"{fusion.name} ({fusion.kind})")}' if fusion else ""
+        after += ',"time":"estimated"' if estimated else ',"time":"measured"'
+        return f'"name":{_json(op)},"cat":"aten op"', before, after
 
     def _string_json(self, sid: int) -> str:
         cached = self._json_by_sid.get(sid)
@@ -549,29 +582,23 @@ class _Export:
         stream.write(',"traceEvents":[\n')
         first = True
 
-        def emit(lines: Iterable[str]) -> None:
+        def emit(chunks: Iterable[list[str]]) -> None:
             nonlocal first
-            batch: list[str] = []
-            for line in lines:
-                batch.append(line)
-                if len(batch) >= _CHUNK_EVENTS:
-                    stream.write(("" if first else ",\n") + ",\n".join(batch))
+            for chunk in chunks:
+                if chunk:
+                    stream.write(("" if first else ",\n") + ",\n".join(chunk))
                     first = False
-                    batch.clear()
-            if batch:
-                stream.write(("" if first else ",\n") + ",\n".join(batch))
-                first = False
 
-        emit(self._name_events(tracks, lanes))
+        emit([list(self._name_events(tracks, lanes))])
         slices = 0
         heads = [head for head, _ in self.fragments]
         fragment_args = [args for _, args in self.fragments]
         for track in tracks:
             emit(track.lines(heads, fragment_args))
             slices += len(track)
-        emit(self.instants)
-        emit(self.counters)
-        emit(self._flow_events())
+        emit([self.instants, self.counters])
+        flows = self._flow_events()
+        emit(iter(lambda: list(islice(flows, _CHUNK_EVENTS)), []))
         stream.write("\n]}\n")
         return slices, len(self.flows)
 

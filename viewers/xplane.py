@@ -28,13 +28,16 @@ from __future__ import annotations
 
 import functools
 import math
+import operator
 import re
 from array import array
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from itertools import accumulate
+from itertools import accumulate, groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
+
+from tputrace.viewers import xplane_proto
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -296,7 +299,9 @@ class ProgramRun:
     The ops are kept as parallel lists (`op_keys`, `op_starts_ns`, ...), which is what a million of
     them costs least as; `ops` gives them as `DeviceOp`s. `queued_ns` is how long the run waited for
     the program before it on the same chip (see `_serialized`); `estimated` is False for a single op
-    whose time was measured alone (strict mode).
+    whose time was measured alone (strict mode). Runs with the same `layout` (not None) share their
+    `op_keys`, `op_flops`, `op_read_bytes` and `op_write_bytes` lists (the same program with the same
+    ops), so that a view can build what depends only on those once per layout; nobody may change them.
     """
 
     chip: int
@@ -307,6 +312,7 @@ class ProgramRun:
     flush_id: int | None
     queued_ns: int = 0
     estimated: bool = True
+    layout: int | None = None
     op_keys: list[tuple[Any, ...]] = field(default_factory=list)
     op_starts_ns: list[float] = field(default_factory=list)
     op_durs_ns: list[float] = field(default_factory=list)
@@ -326,9 +332,32 @@ class ProgramRun:
         ]
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """What every run of one program with the same ops shares: the op keys, each op's share of the
+    program's FLOPs and bytes, and each op's roofline time (their sum is `total_ns`)."""
+
+    id: int
+    op_keys: list[tuple[Any, ...]]
+    op_flops: list[float]
+    op_read_bytes: list[float]
+    op_write_bytes: list[float]
+    roofline_ns: list[float]
+    total_ns: float
+
+
 # Positions in a raw `ops` row (the schema's column order).
 SEQ, OP, INPUTS, OUTPUTS, CHIP, START, DUR, FRAME, MODULE, STEP, PROGRAM, FLUSH = 0, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12
 OpRow = tuple[Any, ...]
+# An op row's parts, picked in C: what identifies its dispatch (op, inputs, outputs, frame, module,
+# the same as `row[2:5] + row[8:10]`), its place in a program, its cost, and the flush it ran in.
+DISPATCH_KEY = operator.itemgetter(OP, INPUTS, OUTPUTS, FRAME, MODULE)
+_OP_SIGNATURE = operator.itemgetter(OP, INPUTS, OUTPUTS, MODULE, FRAME)
+_COST_KEY = operator.itemgetter(OP, INPUTS, OUTPUTS)
+_FLUSH_OF = operator.itemgetter(FLUSH)
+_SEQ_OF = operator.itemgetter(SEQ)
+_DUR_OF = operator.itemgetter(DUR)
+OpBatch = list[OpRow]
 
 
 class TraceTables:
@@ -359,6 +388,7 @@ class TraceTables:
             ))
         self._fusion_of_op: dict[tuple[int, str], FusionInfo | None] = {}
         self._costs: dict[tuple[int | None, int | None, int | None], OpCost] = {}
+        self._layouts: dict[tuple[Any, ...], _Layout] = {}
 
     def text(self, sid: int | None) -> str | None:
         return None if sid is None else self.strings.get(sid)
@@ -390,12 +420,39 @@ class TraceTables:
             self._fusion_of_op[cache_key] = next((fusion for fusion in fusions if op in fusion.aten_ops), None)
         return self._fusion_of_op[cache_key]
 
+    def ops_layout(self, chip: TargetChip, program_id: int, rows: OpBatch) -> _Layout:
+        """The layout of a run of `program_id` with the ops of `rows` (made once per distinct op list)."""
+        signature = tuple(map(_OP_SIGNATURE, rows))
+        cache_key = (chip.name, program_id, signature)
+        layout = self._layouts.get(cache_key)
+        if layout is None:
+            cost = self.cost
+            op_keys = [(program_id, position, *op, None) for position, op in enumerate(signature)]
+            costs = [cost(*key) for key in map(_COST_KEY, rows)]
+            layout = self._layouts[cache_key] = _make_layout(len(self._layouts), op_keys, self.programs.get(program_id), chip, costs)
+        return layout
+
+    def fusions_layout(self, chip: TargetChip, program_id: int) -> _Layout:
+        """The layout of a run of `program_id` without recorded ops: its XLA fusions, weighed by their
+        instruction count (or the whole program as one op when it has none)."""
+        cache_key = (chip.name, program_id, None)
+        layout = self._layouts.get(cache_key)
+        if layout is None:
+            fusions = self.fusions.get(program_id, [])
+            op_keys: list[tuple[Any, ...]] = [(program_id, index, None, None, None, None, None, index) for index in range(len(fusions))]
+            costs = [OpCost(float(len((fusion.hlo_ops or "x").split(","))), 0.0, 0.0) for fusion in fusions]
+            if not fusions:
+                op_keys = [(program_id, 0, None, None, None, None, None, -1)]
+                costs = [OpCost(1.0, 0.0, 0.0)]
+            layout = self._layouts[cache_key] = _make_layout(len(self._layouts), op_keys, self.programs.get(program_id), chip, costs)
+        return layout
+
 
 class FlushesInterleaved(Exception):
     """The ops of one flush are not contiguous in the file; read them sorted by flush instead."""
 
 
-def device_runs(tables: TraceTables, rank: int, chip: TargetChip, *, on_op: Callable[[OpRow], None] | None = None,
+def device_runs(tables: TraceTables, rank: int, chip: TargetChip, *, on_ops: Callable[[OpBatch], None] | None = None,
                 sorted_by_flush: bool = False) -> Iterator[ProgramRun]:
     """Every program execution of `rank`, with its ops placed inside it, in file order (not time order).
 
@@ -403,16 +460,16 @@ def device_runs(tables: TraceTables, rank: int, chip: TargetChip, *, on_op: Call
     or the program's XLA fusions when it has no recorded ops; ranks without (strict mode, where each
     op is its own program) use each op as one execution.
 
-    The ops table is read once, in file order, and `on_op` (when given) sees every raw op row of the
-    rank, so that a caller can draw host dispatch from the same scan. A flush's ops are written
-    together, so they are contiguous; when they are not, `FlushesInterleaved` is raised as soon as
-    that shows (a run yielded before may lack ops), and the caller should drop what it got and start
-    again with `sorted_by_flush=True` (slower; `on_op` then sees only the ops that ran in flushes).
-    `scan_rank` does all that.
+    The ops table is read once, in file order, in batches, and `on_ops` (when given) sees every op
+    row of the rank (as `_op_batches` reads them), batch by batch, so that a caller can draw host dispatch from the same scan. A
+    flush's ops are written together, so they are contiguous; when they are not,
+    `FlushesInterleaved` is raised as soon as that shows (a run yielded before may lack ops), and the
+    caller should drop what it got and start again with `sorted_by_flush=True` (slower; `on_ops` then
+    sees only the ops that ran in flushes). `scan_rank` does all that.
     """
     trace = tables.trace
-    if not trace.sql("SELECT 1 FROM executions WHERE rank = ? LIMIT 1", (rank,)):
-        yield from _strict_runs(tables, trace.raw_records("ops", where="rank = ?", params=(rank,), order_by="rowid"), on_op)
+    if is_strict(trace, rank):
+        yield from _strict_runs(tables, _op_batches(trace, rank, strict=True), on_ops)
         return
     executions_by_flush: dict[int, list[tuple[Any, ...]]] = {}
     unflushed: list[tuple[Any, ...]] = []
@@ -424,34 +481,42 @@ def device_runs(tables: TraceTables, rank: int, chip: TargetChip, *, on_op: Call
             unflushed.append(execution)
         else:
             executions_by_flush.setdefault(execution[5], []).append(execution)
-    if sorted_by_flush:
-        rows = trace.raw_records("ops", where="rank = ? AND flush_id IS NOT NULL AND program_id IS NOT NULL",
-                                 params=(rank,), order_by="flush_id, seq")
-    else:
-        rows = trace.raw_records("ops", where="rank = ?", params=(rank,), order_by="rowid")
+    batches = _op_batches(trace, rank, in_flushes=sorted_by_flush)
     closed: set[int] = set()
-    group: list[OpRow] = []
+    group: OpBatch = []
     group_flush: int | None = None
-    for row in rows:
-        if on_op is not None:
-            on_op(row)
-        flush_id = row[FLUSH]
-        if flush_id is None or row[PROGRAM] is None:
-            continue
-        if flush_id != group_flush:
+    for rows in batches:
+        if on_ops is not None:
+            on_ops(rows)
+        in_programs = [row for row in rows if row[FLUSH] is not None and row[PROGRAM] is not None]
+        for flush_id, flush_rows in groupby(in_programs, _FLUSH_OF):
+            if flush_id == group_flush:
+                group.extend(flush_rows)
+                continue
             if group_flush is not None:
                 closed.add(group_flush)
                 for execution in executions_by_flush.pop(group_flush, ()):
                     yield _run_with_ops(tables, chip, execution, group)
             if flush_id in closed:
                 raise FlushesInterleaved(f"the ops of flush {flush_id} are not contiguous in {trace.path}")
-            group, group_flush = [], flush_id
-        group.append(row)
+            group, group_flush = list(flush_rows), flush_id
     if group_flush is not None:
         for execution in executions_by_flush.pop(group_flush, ()):
             yield _run_with_ops(tables, chip, execution, group)
     for execution in [*unflushed, *(execution for executions in executions_by_flush.values() for execution in executions)]:
         yield _run_with_fusions(tables, chip, execution)
+
+
+def _op_batches(trace: Trace, rank: int, *, strict: bool = False, in_flushes: bool = False) -> Iterator[OpBatch]:
+    """The `ops` rows of `rank` in batches, in file order (`in_flushes`: only those that ran in a
+    flush's program, by flush). Every column is read at its schema position, but `rank`, and `chip`
+    and `step` outside strict mode (`strict`), come back None: nothing here needs them, and every
+    column read costs time on a million rows."""
+    query = (f"SELECT seq, NULL, op_sid, inputs_sid, outputs_sid, {'chip' if strict else 'NULL'}, start_ns, dur_ns, "
+             f"frame_id, module_sid, {'step' if strict else 'NULL'}, program_id, flush_id FROM ops WHERE rank = ?")
+    if in_flushes:
+        return trace.sql_batches(query + " AND flush_id IS NOT NULL AND program_id IS NOT NULL ORDER BY flush_id, seq", (rank,))
+    return trace.sql_batches(query + " ORDER BY rowid", (rank,))
 
 
 def _serialized(rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
@@ -472,63 +537,55 @@ def _serialized(rows: Iterable[tuple[Any, ...]]) -> Iterator[tuple[Any, ...]]:
         yield (chip_index, program_id, begin_ns, end_ns - begin_ns, step, flush_id, begin_ns - start_ns)
 
 
-def _strict_runs(tables: TraceTables, rows: Iterable[OpRow], on_op: Callable[[OpRow], None] | None) -> Iterator[ProgramRun]:
+def _strict_runs(tables: TraceTables, batches: Iterable[OpBatch], on_ops: Callable[[OpBatch], None] | None) -> Iterator[ProgramRun]:
     previous_end: dict[int, int] = {}
-    for row in rows:
-        if on_op is not None:
-            on_op(row)
-        program_id, chip_index = row[PROGRAM], row[CHIP]
-        if program_id is None or chip_index is None or chip_index < 0:
-            continue
-        start_ns = row[START]
-        begin_ns = max(start_ns, previous_end.get(chip_index, start_ns))
-        end_ns = previous_end[chip_index] = max(start_ns + (row[DUR] or 0), begin_ns)
-        program = tables.programs.get(program_id)
-        cost = tables.cost(row[OP], row[INPUTS], row[OUTPUTS])
-        flops = program.flops if program is not None and program.flops is not None else cost.flops
-        total_bytes = program.bytes_accessed if program is not None and program.bytes_accessed is not None else cost.bytes_accessed
-        read_share = cost.read_bytes / cost.bytes_accessed if cost.bytes_accessed else 0.5
-        run = ProgramRun(chip_index, program_id, begin_ns, end_ns - begin_ns, row[STEP], row[FLUSH],
-                         queued_ns=begin_ns - start_ns, estimated=False)
-        run.op_keys.append((program_id, 0, row[OP], row[INPUTS], row[OUTPUTS], row[MODULE], row[FRAME], None))
-        run.op_starts_ns.append(float(begin_ns))
-        run.op_durs_ns.append(float(end_ns - begin_ns))
-        run.op_flops.append(flops)
-        run.op_read_bytes.append(total_bytes * read_share)
-        run.op_write_bytes.append(total_bytes * (1 - read_share))
-        run.op_seqs.append(row[SEQ])
-        yield run
+    for rows in batches:
+        if on_ops is not None:
+            on_ops(rows)
+        for row in rows:
+            program_id, chip_index = row[PROGRAM], row[CHIP]
+            if program_id is None or chip_index is None or chip_index < 0:
+                continue
+            start_ns = row[START]
+            begin_ns = max(start_ns, previous_end.get(chip_index, start_ns))
+            end_ns = previous_end[chip_index] = max(start_ns + (row[DUR] or 0), begin_ns)
+            program = tables.programs.get(program_id)
+            cost = tables.cost(row[OP], row[INPUTS], row[OUTPUTS])
+            flops = program.flops if program is not None and program.flops is not None else cost.flops
+            total_bytes = program.bytes_accessed if program is not None and program.bytes_accessed is not None else cost.bytes_accessed
+            read_share = cost.read_bytes / cost.bytes_accessed if cost.bytes_accessed else 0.5
+            run = ProgramRun(chip_index, program_id, begin_ns, end_ns - begin_ns, row[STEP], row[FLUSH],
+                             queued_ns=begin_ns - start_ns, estimated=False)
+            run.op_keys.append((program_id, 0, row[OP], row[INPUTS], row[OUTPUTS], row[MODULE], row[FRAME], None))
+            run.op_starts_ns.append(float(begin_ns))
+            run.op_durs_ns.append(float(end_ns - begin_ns))
+            run.op_flops.append(flops)
+            run.op_read_bytes.append(total_bytes * read_share)
+            run.op_write_bytes.append(total_bytes * (1 - read_share))
+            run.op_seqs.append(row[SEQ])
+            yield run
 
 
-def _run_with_ops(tables: TraceTables, chip: TargetChip, execution: tuple[Any, ...], rows: list[OpRow]) -> ProgramRun:
+def _run_with_ops(tables: TraceTables, chip: TargetChip, execution: tuple[Any, ...], rows: OpBatch) -> ProgramRun:
     chip_index, program_id, start_ns, dur_ns, step, flush_id, queued_ns = execution
     run = ProgramRun(chip_index, program_id, start_ns, dur_ns, step, flush_id, queued_ns)
-    cost = tables.cost
-    run.op_keys = [(program_id, position, row[OP], row[INPUTS], row[OUTPUTS], row[MODULE], row[FRAME], None)
-                   for position, row in enumerate(rows)]
-    run.op_seqs = [row[SEQ] for row in rows]
-    _place(run, tables.programs.get(program_id), chip, [cost(row[OP], row[INPUTS], row[OUTPUTS]) for row in rows])
+    _place(run, tables.ops_layout(chip, program_id, rows))
+    run.op_seqs = list(map(_SEQ_OF, rows))
     return run
 
 
 def _run_with_fusions(tables: TraceTables, chip: TargetChip, execution: tuple[Any, ...]) -> ProgramRun:
     chip_index, program_id, start_ns, dur_ns, step, flush_id, queued_ns = execution
     run = ProgramRun(chip_index, program_id, start_ns, dur_ns, step, flush_id, queued_ns)
-    fusions = tables.fusions.get(program_id, [])
-    run.op_keys = [(program_id, index, None, None, None, None, None, index) for index in range(len(fusions))]
-    # Without shapes, fusions weigh by their instruction count.
-    costs = [OpCost(float(len((fusion.hlo_ops or "x").split(","))), 0.0, 0.0) for fusion in fusions]
-    if not fusions:
-        run.op_keys = [(program_id, 0, None, None, None, None, None, -1)]
-        costs = [OpCost(1.0, 0.0, 0.0)]
-    run.op_seqs = [None] * len(costs)
-    _place(run, tables.programs.get(program_id), chip, costs)
+    _place(run, tables.fusions_layout(chip, program_id))
+    run.op_seqs = [None] * len(run.op_keys)
     return run
 
 
-def _place(run: ProgramRun, program: ProgramInfo | None, chip: TargetChip, costs: list[OpCost]) -> None:
-    """Share the program's XLA FLOPs and bytes among its ops by their estimates, then its measured
-    time by each op's roofline time on the target chip; the ops follow each other in program order."""
+def _make_layout(layout_id: int, op_keys: list[tuple[Any, ...]], program: ProgramInfo | None, chip: TargetChip,
+                 costs: list[OpCost]) -> _Layout:
+    """Share the program's XLA FLOPs and bytes among its ops by their estimates, and time each op by
+    its roofline on the target chip."""
     count = len(costs)
     flops_estimates, read_estimates, write_estimates, wide_floats = zip(*costs)
     flops_estimate = sum(flops_estimates)
@@ -551,31 +608,44 @@ def _place(run: ProgramRun, program: ProgramInfo | None, chip: TargetChip, costs
     compute_ns = [value * (ns_per_wide_flop if wide else ns_per_flop) for value, wide in zip(flops, wide_floats)]
     memory_ns = [(read + write) * ns_per_byte for read, write in zip(read_bytes, write_bytes)]
     roofline_ns = [compute if compute > memory else memory for compute, memory in zip(compute_ns, memory_ns)]
-    total_ns = sum(roofline_ns)
+    return _Layout(layout_id, op_keys, flops, read_bytes, write_bytes, roofline_ns, sum(roofline_ns))
+
+
+def _place(run: ProgramRun, layout: _Layout) -> None:
+    """The run's ops as `layout` says, with its measured time shared out by their roofline times;
+    the ops follow each other in program order."""
+    roofline_ns, total_ns = layout.roofline_ns, layout.total_ns
     if total_ns:
         scale = run.dur_ns / total_ns
         durations = [value * scale for value in roofline_ns]
     else:
-        durations = [run.dur_ns / count] * count
+        durations = [run.dur_ns / len(roofline_ns)] * len(roofline_ns)
     starts = list(accumulate(durations, initial=float(run.start_ns)))
     starts.pop()
-    run.op_starts_ns, run.op_durs_ns = starts, durations
-    run.op_flops, run.op_read_bytes, run.op_write_bytes = flops, read_bytes, write_bytes
+    run.layout = layout.id
+    run.op_keys, run.op_starts_ns, run.op_durs_ns = layout.op_keys, starts, durations
+    run.op_flops, run.op_read_bytes, run.op_write_bytes = layout.op_flops, layout.op_read_bytes, layout.op_write_bytes
 
 
 def scan_rank(tables: TraceTables, rank: int, chip: TargetChip, on_run: Callable[[ProgramRun], None],
-              on_op: Callable[[OpRow], None], restart: Callable[[], None]) -> None:
-    """Feed every run of `rank` to `on_run` and every op row to `on_op`, reading the ops once when the
-    trace allows; otherwise `restart()` drops what was fed and both are fed again from two reads."""
+              on_ops: Callable[[OpBatch], None], restart: Callable[[], None]) -> None:
+    """Feed every run of `rank` to `on_run` and every op row to `on_ops` (in batches), reading the ops
+    once when the trace allows; otherwise `restart()` drops what was fed and both are fed again from
+    two reads."""
     try:
-        for run in device_runs(tables, rank, chip, on_op=on_op):
+        for run in device_runs(tables, rank, chip, on_ops=on_ops):
             on_run(run)
     except FlushesInterleaved:
         restart()
         for run in device_runs(tables, rank, chip, sorted_by_flush=True):
             on_run(run)
-        for row in tables.trace.raw_records("ops", where="rank = ?", params=(rank,), order_by="rowid"):
-            on_op(row)
+        for rows in _op_batches(tables.trace, rank):
+            on_ops(rows)
+
+
+def is_strict(trace: Trace, rank: int) -> bool:
+    """Whether `rank` ran in strict mode: each op its own program, no `executions` rows."""
+    return not trace.sql("SELECT 1 FROM executions WHERE rank = ? LIMIT 1", (rank,))
 
 
 # -- XSpace building --------------------------------------------------------------------------------
@@ -603,6 +673,10 @@ class _PlaneBuilder:
         self._stat_ids: dict[str, int] = {}
         self._event_ids: dict[Any, int] = {}
         self._event_metadata: list[bytes] = []  # encoded map entries, written after the plane message
+        # Encoded stats of metadata: the `metadata_id` field of each stat name, and whole stats whose
+        # value (a string, mostly) many metadata repeat.
+        self._stat_heads: dict[str, bytes] = {}
+        self._encoded_stats: dict[tuple[str, type, Any], bytes] = {}
         self.lines: list[_Line] = []
 
     def stat_id(self, name: str) -> int:
@@ -645,19 +719,36 @@ class _PlaneBuilder:
 
     def add_event_metadata(self, key: Any, name: str, stats: Stats = ()) -> int:
         """The id of the event metadata for `key`, created with `name` and `stats` the first time."""
-        from tputrace.viewers import xplane_proto
-
         metadata_id = self._event_ids.get(key)
         if metadata_id is not None:
             return metadata_id
         metadata_id = self._event_ids[key] = len(self._event_ids) + 1
-        stat_id, encode = self.stat_id, xplane_proto.encode_stat
-        encoded = [
-            encode(stat_id(stat), value, stat_id(value.text) if type(value) is Ref else None)
-            for stat, value in stats if value is not None
-        ]
+        encoded = []
+        cache, varint = self._encoded_stats, xplane_proto.encode_varint
+        for stat, value in stats:
+            if value is None:
+                continue
+            kind = type(value)
+            if kind is int and 0 <= value < 1 << 63:
+                # int64_value (field 4): most stats are counts, each different.
+                encoded.append(self._stat_head(stat) + b"\x20" + varint(value))
+                continue
+            cache_key = (stat, kind, value)
+            stat_bytes = cache.get(cache_key)
+            if stat_bytes is None:
+                stat_bytes = xplane_proto.encode_stat(self.stat_id(stat), value, self.stat_id(value.text) if kind is Ref else None)
+                if kind is str or kind is Ref or kind is bool:
+                    cache[cache_key] = stat_bytes
+            encoded.append(stat_bytes)
         self._event_metadata.append(xplane_proto.encode_event_metadata_entry(metadata_id, name, encoded))
         return metadata_id
+
+    def _stat_head(self, name: str) -> bytes:
+        """An XStat's `metadata_id` field for stat `name`, which every stat of that name starts with."""
+        head = self._stat_heads.get(name)
+        if head is None:
+            head = self._stat_heads[name] = b"\x08" + xplane_proto.encode_varint(self.stat_id(name))
+        return head
 
     def add_line(self, name: str) -> _Line:
         line = _Line(name)
@@ -666,8 +757,6 @@ class _PlaneBuilder:
 
     def serialize(self, timestamp_ns: int, *, keep_empty_lines: bool) -> list[bytes]:
         """The plane's bytes, in pieces: its message, then each line as a `lines` field."""
-        from tputrace.viewers import xplane_proto
-
         pieces = [self.plane.SerializeToString(), *self._event_metadata]
         line_id = 0
         for line in self.lines:
@@ -722,8 +811,6 @@ class _Line:
         return numpy.lexsort((-numpy.frombuffer(durations, dtype=numpy.int64), starts)).tolist()
 
     def serialize(self, builder: _PlaneBuilder, line_id: int, timestamp_ns: int) -> list[bytes]:
-        from tputrace.viewers import xplane_proto
-
         messages = xplane_proto.messages()
         offsets, durations, metadata_ids = self.offsets_ps, self.durations_ps, self.metadata_ids
         end_ps = max(map(int.__add__, offsets, durations), default=0)
@@ -769,6 +856,7 @@ class _DevicePlanes:
         self.tables = tables
         self.builders: dict[int, _PlaneBuilder] = {}
         self.lines: dict[int, tuple[_Line, _Line, _Line]] = {}
+        self._layout_metadata: dict[tuple[int, int], list[int]] = {}  # (chip, layout) -> its ops' metadata ids
         for chip_index in chips:
             builder = self.builders[chip_index] = _PlaneBuilder(space.planes.add(), chip_index, f"{DEVICE_PLANE_PREFIX}{chip_index}")
             builder.add_stats(builder.plane.stats, (
@@ -812,13 +900,18 @@ class _DevicePlanes:
             ("flush_id", run.flush_id),
             ("queued_behind_previous_ns", run.queued_ns or None),
         ))
-        event_ids = builder.event_ids
-        metadata_ids = [event_ids.get(key) for key in run.op_keys]
-        if None in metadata_ids:
-            for index, key in enumerate(run.op_keys):
-                if metadata_ids[index] is None:
-                    metadata_ids[index] = _add_op_metadata(builder, self.tables, run, index)
-        ops.metadata_ids.extend(metadata_ids)  # type: ignore[arg-type]
+        layout_key = (chip_index, run.layout)
+        metadata_ids = self._layout_metadata.get(layout_key) if run.layout is not None else None
+        if metadata_ids is None:
+            event_ids = builder.event_ids
+            metadata_ids = [event_ids.get(key) for key in run.op_keys]  # type: ignore[misc]
+            if None in metadata_ids:
+                for index, key in enumerate(run.op_keys):
+                    if metadata_ids[index] is None:
+                        metadata_ids[index] = _add_op_metadata(builder, self.tables, run, index)
+            if run.layout is not None:
+                self._layout_metadata[layout_key] = metadata_ids
+        ops.metadata_ids.extend(metadata_ids)
         ops.offsets_ps.extend([int(start * _PS_PER_NS + 0.5) for start in run.op_starts_ns])
         ops.durations_ps.extend([int(duration * _PS_PER_NS + 0.5) for duration in run.op_durs_ns])
 
@@ -877,8 +970,6 @@ def _add_op_metadata(builder: _PlaneBuilder, tables: TraceTables, run: ProgramRu
 
 
 def _breakdown(read_bytes: float, write_bytes: float) -> bytes | None:
-    from tputrace.viewers import xplane_proto
-
     if read_bytes + write_bytes <= 0:
         return None
     return xplane_proto.memory_access_breakdown(int(read_bytes + 0.5), int(write_bytes + 0.5))
@@ -894,34 +985,40 @@ class _HostPlane:
         self.tables = tables
         self.builder = _PlaneBuilder(space.planes.add(), plane_id, HOST_PLANE)
         self.lines = {name: self.builder.add_line(name) for name in self.LINE_NAMES}
-        dispatch = self.lines["Python dispatch"]
+        self.dispatch = self.lines["Python dispatch"]
         self._dispatch_metadata: dict[tuple[Any, ...], int] = {}
-        self._dispatch_ids, self._dispatch_offsets, self._dispatch_durations = (
-            dispatch.metadata_ids.append, dispatch.offsets_ps.append, dispatch.durations_ps.append)
 
     @property
     def event_count(self) -> int:
         return sum(len(line) for line in self.lines.values())
 
-    def add_dispatch(self, row: OpRow) -> None:
-        """One op's dispatch on the host (an `ops` row); its event metadata holds shapes, module and line."""
-        key = row[2:5] + row[8:10]  # op, inputs, outputs, frame, module
+    def add_dispatches(self, rows: OpBatch) -> None:
+        """Ops' dispatch on the host (`ops` rows); each op's event metadata holds shapes, module and line."""
+        keys = list(map(DISPATCH_KEY, rows))
+        metadata = self._dispatch_metadata
+        metadata_ids = list(map(metadata.get, keys))
+        if None in metadata_ids:
+            for index, metadata_id in enumerate(metadata_ids):
+                if metadata_id is None:
+                    metadata_ids[index] = self._dispatch_metadata_id(keys[index])
+        dispatch = self.dispatch
+        dispatch.metadata_ids.extend(metadata_ids)  # type: ignore[arg-type]
+        dispatch.offsets_ps.extend([row[START] * _PS_PER_NS for row in rows])
+        dispatch.durations_ps.extend([dur * _PS_PER_NS if dur and dur > 0 else 0 for dur in map(_DUR_OF, rows)])
+
+    def _dispatch_metadata_id(self, key: tuple[Any, ...]) -> int:
         metadata_id = self._dispatch_metadata.get(key)
         if metadata_id is None:
+            op_sid, inputs_sid, outputs_sid, frame_id, module_sid = key
             text = self.tables.text
-            metadata_id = self._dispatch_metadata[key] = self.builder.add_event_metadata(("dispatch", *key), text(row[OP]) or "op", (
-                ("inputs", text(row[INPUTS])), ("outputs", text(row[OUTPUTS])), ("module", text(row[MODULE])),
-                ("source", self.tables.source(row[FRAME])),
+            metadata_id = self._dispatch_metadata[key] = self.builder.add_event_metadata(("dispatch", *key), text(op_sid) or "op", (
+                ("inputs", text(inputs_sid)), ("outputs", text(outputs_sid)), ("module", text(module_sid)),
+                ("source", self.tables.source(frame_id)),
             ))
-        self._dispatch_ids(metadata_id)
-        self._dispatch_offsets(row[START] * 1000)
-        self._dispatch_durations((row[DUR] or 0) * 1000)
+        return metadata_id
 
     def clear_dispatch(self) -> None:
-        dispatch = self.lines["Python dispatch"]
-        dispatch.clear()
-        self._dispatch_ids, self._dispatch_offsets, self._dispatch_durations = (
-            dispatch.metadata_ids.append, dispatch.offsets_ps.append, dispatch.durations_ps.append)
+        self.dispatch.clear()
 
     def add(self, line: str, key: Any, name: str, start_ns: int, dur_ns: int | None,
             metadata_stats: Stats = (), event_stats: Stats | None = None) -> None:
@@ -1003,8 +1100,6 @@ class _HostPlane:
 def build_xspace(tables: TraceTables, rank: int, chip: TargetChip, host: str) -> tuple[list[bytes], int, int]:
     """The serialized XSpace of one rank (in pieces, to be written in order), and its device and host
     event counts."""
-    from tputrace.viewers import xplane_proto
-
     trace = tables.trace
     space = xplane_proto.messages()["XSpace"]()
     space.hostnames.append(host)
@@ -1023,7 +1118,7 @@ def build_xspace(tables: TraceTables, rank: int, chip: TargetChip, host: str) ->
         device.clear()
         host_plane.clear_dispatch()
 
-    scan_rank(tables, rank, chip, device.add_run, host_plane.add_dispatch, restart)
+    scan_rank(tables, rank, chip, device.add_run, host_plane.add_dispatches, restart)
     device.add_steps(trace.sql("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", (rank,)))
     host_plane.add_records(rank)
     device_events, host_events = device.event_count, host_plane.event_count

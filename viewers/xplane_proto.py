@@ -232,14 +232,31 @@ XPLANE_LINES_FIELD = 3
 XLINE_EVENTS_FIELD = 4
 
 
-def encode_varint(value: int) -> bytes:
-    """`value` (non-negative) as a protobuf varint."""
+def _slow_varint(value: int) -> bytes:
     out = bytearray()
     while value > 0x7F:
         out.append((value & 0x7F) | 0x80)
         value >>= 7
     out.append(value)
     return bytes(out)
+
+
+# Varints 14 bits at a time: whole varints below 2**14, and each lower 14-bit group of a bigger value
+# as its two bytes (both with the continuation bit).
+_SMALL_VARINTS = [_slow_varint(value) for value in range(1 << 14)]
+_CONTINUED_PAIRS = [bytes(((value & 0x7F) | 0x80, (value >> 7) | 0x80)) for value in range(1 << 14)]
+
+
+def encode_varint(value: int) -> bytes:
+    """`value` (non-negative) as a protobuf varint."""
+    if value < 16384:
+        return _SMALL_VARINTS[value]
+    out = _CONTINUED_PAIRS[value & 0x3FFF]
+    value >>= 14
+    while value >= 16384:
+        out += _CONTINUED_PAIRS[value & 0x3FFF]
+        value >>= 14
+    return out + _SMALL_VARINTS[value]
 
 
 def length_delimited(field_number: int, payload_size: int) -> bytes:
@@ -297,12 +314,10 @@ def _varint_columns(numpy: Any, values: Any) -> tuple[Any, Any, Any]:
     return groups, used, sizes
 
 
-_XPLANE_EVENT_METADATA_FIELD = 4
-_SMALL_VARINTS = [encode_varint(value) for value in range(1 << 14)]
-
 
 def _varint(value: int) -> bytes:
-    return _SMALL_VARINTS[value] if 0 <= value < 16384 else encode_varint(value & ((1 << 64) - 1))
+    """A varint of any int64 or uint64 (a negative one as its 64-bit two's complement)."""
+    return encode_varint(value if value >= 0 else value & ((1 << 64) - 1))
 
 
 def encode_stat(metadata_id: int, value: Any, ref_id: int | None = None) -> bytes:

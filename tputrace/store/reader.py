@@ -428,6 +428,11 @@ class Trace:
             except sqlite3.Error as error:
                 raise self._describe(error) from None
 
+    def sql_batches(self, query: str, params: Sequence[Any] = ()) -> Iterator[list[tuple[Any, ...]]]:
+        """Run a read-only SQL query and yield its rows in lists of a few thousand, for readers that
+        handle a big table's rows in bulk."""
+        yield from self._fetch_chunks(query, params)
+
     # -- interned values --------------------------------------------------------------------------
 
     def string(self, sid: int | None) -> str | None:
