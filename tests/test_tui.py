@@ -342,8 +342,11 @@ def test_ops_group_sort_filter_and_drill_down() -> None:
         assert len(instances) == 30 and "instances of aten.native_layer_norm.default" in screen_text(app)
         await press(pilot, "escape")
         assert not app.view("ops").drilled
+        assert app.query_one("#ops-filter").display
         await press(pilot, "escape")
         assert len(table_rows(app, "#ops-groups")) > 2
+        assert not app.query_one("#ops-filter").display  # the cleared filter's box is gone
+        assert "filter (literal text" not in screen_text(app)
 
     run_app(scenario)
 

@@ -172,6 +172,7 @@ class OpsView(TraceView):
             self.query_one("#ops-filter", Input).value = ""
             self._set_filter("")
             self.filtering = False
+            self.set_class(False, "-filtering")  # the watcher does not run when filtering was already False
             self.query_one("#ops-groups").focus()
         elif self.drilled:
             self.drilled = False
