@@ -46,6 +46,12 @@ class SourceText:
     problem: str | None = None
 
 
+LEXERS_BY_SUFFIX: dict[str, str] = {".py": "python", ".pyi": "python", ".pyx": "cython", ".c": "c", ".h": "cpp",
+                                    ".cc": "cpp", ".cpp": "cpp", ".cu": "cuda", ".sh": "bash"}
+"""Lexers of the files a trace points at, by name: guessing from the file name makes Pygments scan
+every installed package's entry points for plugin lexers (a second or more in a big environment)."""
+
+
 def read_source(recorded: str, path: Path | None, *, dark: bool) -> SourceText:
     """Read and highlight a source file (in a worker: this touches the disk)."""
     if path is None:
@@ -56,7 +62,7 @@ def read_source(recorded: str, path: Path | None, *, dark: bool) -> SourceText:
         code = path.read_text(encoding="utf-8", errors="replace")
     except OSError as error:
         return SourceText(recorded, path, [], f"cannot read it: {error.strerror or error}")
-    lexer = Syntax.guess_lexer(str(path), code)
+    lexer = LEXERS_BY_SUFFIX.get(path.suffix.lower()) or Syntax.guess_lexer(str(path), code)
     syntax = Syntax(code, lexer, theme="ansi_dark" if dark else "ansi_light", background_color="default")
     highlighted = without_background(syntax.highlight(code))
     lines = highlighted.split("\n", allow_blank=True)
