@@ -171,6 +171,11 @@ def report(results: list[dict[str, Any]], n_events: int, counts: dict[str, int],
         f"| Overview data shown (run, step chart, time split) | {ms(median('overview_data_s'))} | |",
         f"| Overview top findings shown (the analysis of the whole trace) | {ms(median('overview_findings_s'))} | |",
         "",
+        "Switches are timed in this order, each right after the previous one is shown. Work started ahead counts in "
+        "them: once the Overview is complete the Ops view's groups by op are aggregated in the background, the Ops view "
+        "aggregates the next grouping `g` shows, a filter narrows groups already aggregated, and Source reuses the ops "
+        "grouped by source line.",
+        "",
         "| key press → view shows its data | ms |",
         "|---|---|",
     ]
