@@ -23,15 +23,24 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import numpy as np
+from jax import dtypes
+from jax._src.lax.lax import _convert_element_type
 
 from tputrace.backend import hlo_fusions, memory
+from tputrace.backend.dtypes import to_torch
 from tputrace.backend.plans import Plan, compile_program
 from tputrace.backend.signatures import InputSpec, signature_diff
 
 _perf_ns = time.perf_counter_ns
 
 SIZE_CAP = 10_000
-_SCALAR_TYPES = (int, float, bool, complex)
+# Python scalars are not program inputs one by one (each would be its own host-to-chip transfer):
+# a flush packs them into one array per kind, and the program unpacks them as the weakly typed
+# scalars jax.jit would have made of them.
+_SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
+_SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
+_SCALAR_WEAK = (True, True, False, True)
 _GRAPH_ONLY_REFS = 3
 
 
@@ -65,6 +74,11 @@ class PendingGraph:
     owners: list[weakref.ref] = field(default_factory=list)
     replaced: set[int] = field(default_factory=set)
     op_records: list[tuple] = field(default_factory=list)
+    scalars: tuple[list, ...] = field(default_factory=lambda: ([], [], [], []))
+
+    def packed_scalars(self) -> list[np.ndarray]:
+        """The Python scalars the graph reads, one array per kind (float, int, bool, complex)."""
+        return [np.array(values, dtype=dtype) for values, dtype in zip(self.scalars, _SCALAR_DTYPES)]
 
 
 @dataclass
@@ -82,8 +96,6 @@ def _input_spec(value: Any) -> InputSpec:
     shape = getattr(value, "shape", None)
     if shape is None:
         return (type(value).__name__,)
-    from tputrace.backend.dtypes import to_torch
-
     return (tuple(shape), to_torch(value.dtype))
 
 
@@ -132,9 +144,11 @@ class DeferredExecutor:
                     else:
                         value = value.concrete
                     value_type = type(value)
-                if value_type in _SCALAR_TYPES:
-                    refs.append((0, len(inputs)))
-                    inputs.append(value)
+                kind = _SCALAR_KINDS.get(value_type)
+                if kind is not None:
+                    scalars = graph.scalars[kind]
+                    refs.append((2, kind, len(scalars)))
+                    scalars.append(value)
                     continue
                 index = input_index.get(id(value))
                 if index is None:
@@ -229,7 +243,7 @@ class DeferredExecutor:
         launch = _perf_ns()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            results = fused.program.executable(*graph.inputs)
+            results = fused.program.executable(*graph.inputs, *graph.packed_scalars())
         for ref, result in zip(output_refs, results):
             for value in outputs[ref]:
                 value.concrete = result
@@ -265,17 +279,23 @@ class DeferredExecutor:
     def _compile(self, graph: PendingGraph, output_refs: tuple, donate: tuple[int, ...], in_specs: tuple, structure: Any, trigger: str) -> FusedProgram:
         nodes = list(graph.nodes)
 
+        n_arrays = len(graph.inputs)
+
         def fused(*inputs: Any) -> tuple:
+            packed = inputs[n_arrays:]
             values: list[tuple] = []
             for plan, refs in nodes:
-                args = [inputs[ref[1]] if ref[0] == 0 else values[ref[1]][ref[2]] for ref in refs]
+                args = [
+                    inputs[ref[1]] if ref[0] == 0 else values[ref[1]][ref[2]] if ref[0] == 1 else _unpack(packed, ref[1], ref[2])
+                    for ref in refs
+                ]
                 values.append(plan.fn(*args))
             return tuple(values[node][index] for node, index in output_refs)
 
         name = f"fused_{len(nodes)}_ops"
         recorder = self.dispatcher.recorder
         recording = recorder is not None and recorder.enabled
-        program = compile_program(fused, graph.inputs, graph.chip, name, keep_hlo=recording, donate=donate)
+        program = compile_program(fused, [*graph.inputs, *graph.packed_scalars()], graph.chip, name, keep_hlo=recording, donate=donate)
         fused_program = FusedProgram(program, len(nodes), donate, len(output_refs))
         plan = Plan(name, fused, (), "tuple", in_specs, graph.chip, ("fused", structure))
         plan.program = program
@@ -323,6 +343,11 @@ class DeferredExecutor:
         recorder.flushed(flush_id, fused.program_id, trigger, len(graph.nodes), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)
+
+
+def _unpack(packed: Sequence[Any], kind: int, position: int) -> Any:
+    """One packed scalar, typed as jax.jit types a Python scalar argument (weak, except bool)."""
+    return _convert_element_type(packed[kind][position], _SCALAR_DTYPES[kind], weak_type=_SCALAR_WEAK[kind])
 
 
 def _input_names(nodes: Sequence[tuple[Plan, tuple]], n_inputs: int) -> list[str]:
