@@ -677,6 +677,8 @@ class _PlaneBuilder:
         # value (a string, mostly) many metadata repeat.
         self._stat_heads: dict[str, bytes] = {}
         self._encoded_stats: dict[tuple[str, type, Any], bytes] = {}
+        # An op's name and encoded stats besides its costs (see `_add_op_metadata`), by what identifies it.
+        self.op_descriptions: dict[tuple[Any, ...], tuple[str, list[bytes]]] = {}
         self.lines: list[_Line] = []
 
     def stat_id(self, name: str) -> int:
@@ -722,7 +724,16 @@ class _PlaneBuilder:
         metadata_id = self._event_ids.get(key)
         if metadata_id is not None:
             return metadata_id
+        return self.add_encoded_metadata(key, name, self.encode_stats(stats))
+
+    def add_encoded_metadata(self, key: Any, name: str, encoded_stats: list[bytes]) -> int:
+        """The id of new event metadata for `key` (not added before), with stats from `encode_stats`."""
         metadata_id = self._event_ids[key] = len(self._event_ids) + 1
+        self._event_metadata.append(xplane_proto.encode_event_metadata_entry(metadata_id, name, encoded_stats))
+        return metadata_id
+
+    def encode_stats(self, stats: Stats) -> list[bytes]:
+        """`stats` (None values left out) as XStat messages of this plane."""
         encoded = []
         cache, varint = self._encoded_stats, xplane_proto.encode_varint
         for stat, value in stats:
@@ -740,8 +751,7 @@ class _PlaneBuilder:
                 if kind is str or kind is Ref or kind is bool:
                     cache[cache_key] = stat_bytes
             encoded.append(stat_bytes)
-        self._event_metadata.append(xplane_proto.encode_event_metadata_entry(metadata_id, name, encoded))
-        return metadata_id
+        return encoded
 
     def _stat_head(self, name: str) -> bytes:
         """An XStat's `metadata_id` field for stat `name`, which every stat of that name starts with."""
@@ -811,10 +821,11 @@ class _Line:
         return numpy.lexsort((-numpy.frombuffer(durations, dtype=numpy.int64), starts)).tolist()
 
     def serialize(self, builder: _PlaneBuilder, line_id: int, timestamp_ns: int) -> list[bytes]:
+        """The line's bytes, in pieces: its header fields, then its events (in start order)."""
         messages = xplane_proto.messages()
         offsets, durations, metadata_ids = self.offsets_ps, self.durations_ps, self.metadata_ids
-        end_ps = max(map(int.__add__, offsets, durations), default=0)
-        header = messages["XLine"](id=line_id, display_id=line_id, name=self.name, timestamp_ns=timestamp_ns, duration_ps=end_ps)
+        header = messages["XLine"](id=line_id, display_id=line_id, name=self.name, timestamp_ns=timestamp_ns,
+                                   duration_ps=_line_end_ps(offsets, durations))
         order = self._order()
         if not self.stats:
             if order is not None:
@@ -824,14 +835,30 @@ class _Line:
             encoded = xplane_proto.encode_events(metadata_ids, offsets, durations)
             if encoded is not None:
                 return [header.SerializeToString(), encoded]
-        add = header.events.add
-        stats = self.stats
+        # XEvent{metadata_id = 1, offset_ps = 2, duration_ps = 3, stats = 4}, written field by field.
+        varint, stats = xplane_proto.encode_varint, self.stats
+        pieces = [header.SerializeToString()]
         for index in order if order is not None else range(len(offsets)):
-            event = add(metadata_id=metadata_ids[index], offset_ps=offsets[index], duration_ps=durations[index])
+            duration = durations[index]
+            event = b"\x08" + varint(metadata_ids[index]) + b"\x10" + varint(offsets[index])
+            if duration:
+                event += b"\x18" + varint(duration)
             event_stats = stats.get(index)
             if event_stats:
-                builder.add_stats(event.stats, event_stats)
-        return [header.SerializeToString()]
+                event += b"".join([b"\x22" + varint(len(stat)) + stat for stat in builder.encode_stats(event_stats)])
+            pieces.append(b"\x22" + varint(len(event)) + event)
+        return pieces
+
+
+def _line_end_ps(offsets: array[int], durations: array[int]) -> int:
+    """When a line's last event ends (0 for none)."""
+    if not offsets:
+        return 0
+    try:
+        import numpy
+    except ImportError:
+        return max(map(int.__add__, offsets, durations))
+    return int((numpy.frombuffer(offsets, dtype=numpy.int64) + numpy.frombuffer(durations, dtype=numpy.int64)).max())
 
 
 def _count(value: float | None) -> int | None:
@@ -953,19 +980,32 @@ def _add_op_metadata(builder: _PlaneBuilder, tables: TraceTables, run: ProgramRu
             ("aten_ops", ", ".join(fusion.aten_ops) if fusion else None),
             ("time_estimate", Ref(TIME_ESTIMATE_NOTE)),
         ))
+    cost_stats = builder.encode_stats(costs)
+    # What an op's metadata says besides its costs is the same at every position of the op in the
+    # program (and in every program with the same ops): encoded once per plane.
+    described = (key.program_id, key.op_sid, key.inputs_sid, key.outputs_sid, key.module_sid, key.frame_id, run.estimated)
+    description = builder.op_descriptions.get(described)
+    if description is None:
+        description = builder.op_descriptions[described] = _describe_op(builder, tables, key, run.estimated)
+    op_name, described_stats = description
+    name = f"{op_name}.{key.position}" if run.estimated else op_name
+    return builder.add_encoded_metadata(tuple(key), name, cost_stats + described_stats)
+
+
+def _describe_op(builder: _PlaneBuilder, tables: TraceTables, key: OpKey, estimated: bool) -> tuple[str, list[bytes]]:
+    """An ATen op's name and its metadata stats other than its costs, encoded for `builder`'s plane."""
     text = tables.text
     op_name = text(key.op_sid) or "op"
     module = text(key.module_sid)
     inputs, outputs = text(key.inputs_sid), text(key.outputs_sid)
     fusion = tables.fusion_of(key.program_id, op_name)
-    return builder.add_event_metadata(tuple(key), f"{op_name}.{key.position}" if run.estimated else op_name, (
-        *costs,
+    return op_name, builder.encode_stats((
         ("hlo_category", hlo_category(op_name, fusion.kind if fusion else None)),
         ("tf_op", framework_op(op_name, module)),
         ("source", tables.source(key.frame_id)),
         ("long_name", f"{op_name}({inputs or ''}) -> {outputs or ''}"),
         ("xla_fusion", f"{fusion.name} ({fusion.kind})" if fusion else None),
-        ("time_estimate", Ref(TIME_ESTIMATE_NOTE) if run.estimated else None),
+        ("time_estimate", Ref(TIME_ESTIMATE_NOTE) if estimated else None),
     ))
 
 

@@ -248,8 +248,10 @@ _CONTINUED_PAIRS = [bytes(((value & 0x7F) | 0x80, (value >> 7) | 0x80)) for valu
 
 
 def encode_varint(value: int) -> bytes:
-    """`value` (non-negative) as a protobuf varint."""
+    """`value` as a protobuf varint (a negative one as its 64-bit two's complement, as int64 fields are)."""
     if value < 16384:
+        if value < 0:
+            return encode_varint(value & ((1 << 64) - 1))
         return _SMALL_VARINTS[value]
     out = _CONTINUED_PAIRS[value & 0x3FFF]
     value >>= 14
@@ -315,41 +317,36 @@ def _varint_columns(numpy: Any, values: Any) -> tuple[Any, Any, Any]:
 
 
 
-def _varint(value: int) -> bytes:
-    """A varint of any int64 or uint64 (a negative one as its 64-bit two's complement)."""
-    return encode_varint(value if value >= 0 else value & ((1 << 64) - 1))
-
-
 def encode_stat(metadata_id: int, value: Any, ref_id: int | None = None) -> bytes:
     """One `XStat` (as the message's bytes): str, int (int64, or uint64 above its range), float,
     bool (as int64), bytes, or with `ref_id` a `ref_value` to the stat metadata naming a string."""
-    head = b"\x08" + _varint(metadata_id)
+    head = b"\x08" + encode_varint(metadata_id)
     if ref_id is not None:
-        return head + b"\x38" + _varint(ref_id)
+        return head + b"\x38" + encode_varint(ref_id)
     kind = type(value)
     if kind is str:
         data = value.encode("utf-8", "surrogateescape")
-        return head + b"\x2a" + _varint(len(data)) + data
+        return head + b"\x2a" + encode_varint(len(data)) + data
     if kind is int or kind is bool:
         if value >= 1 << 63:
-            return head + b"\x18" + _varint(value)
-        return head + b"\x20" + _varint(int(value))
+            return head + b"\x18" + encode_varint(value)
+        return head + b"\x20" + encode_varint(int(value))
     if kind is float:
         return head + b"\x11" + struct.pack("<d", value)
     if kind is bytes:
-        return head + b"\x32" + _varint(len(value)) + value
+        return head + b"\x32" + encode_varint(len(value)) + value
     data = str(value).encode("utf-8", "surrogateescape")
-    return head + b"\x2a" + _varint(len(data)) + data
+    return head + b"\x2a" + encode_varint(len(data)) + data
 
 
 def encode_event_metadata_entry(metadata_id: int, name: str, stats: list[bytes]) -> bytes:
     """One entry of `XPlane.event_metadata` (a map field): key `metadata_id`, value
     `XEventMetadata{id, name, stats}`, with `stats` from `encode_stat`."""
     name_bytes = name.encode("utf-8", "surrogateescape")
-    parts = [b"\x08", _varint(metadata_id), b"\x12", _varint(len(name_bytes)), name_bytes]
+    parts = [b"\x08", encode_varint(metadata_id), b"\x12", encode_varint(len(name_bytes)), name_bytes]
     for stat in stats:
-        parts += [b"\x2a", _varint(len(stat)), stat]
+        parts += [b"\x2a", encode_varint(len(stat)), stat]
     value = b"".join(parts)
-    key = _varint(metadata_id)
-    entry = b"\x08" + key + b"\x12" + _varint(len(value)) + value
-    return b"\x22" + _varint(len(entry)) + entry
+    key = encode_varint(metadata_id)
+    entry = b"\x08" + key + b"\x12" + encode_varint(len(value)) + value
+    return b"\x22" + encode_varint(len(entry)) + entry

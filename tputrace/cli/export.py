@@ -8,8 +8,11 @@ JSON for ui.perfetto.dev or chrome://tracing. Either or both.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,15 +47,16 @@ def run(args: argparse.Namespace) -> int:
         raise TputraceError("--run names a run under --tensorboard LOGDIR; give --tensorboard too")
     target = args.target or DEFAULT_TARGET
     chip = target_chip(target)
-    if args.tensorboard:
-        check_logdir(Path(args.tensorboard))
     if args.perfetto:
         check_output_file(Path(args.perfetto))
     with open_trace(args.trace) as trace:
         if args.tensorboard:
-            export_tensorboard(trace, Path(args.tensorboard), args.run, chip.name)
+            check_logdir(Path(args.tensorboard))  # after opening: a bad trace leaves no empty logdir behind
+            with _writing("--tensorboard", args.tensorboard):
+                export_tensorboard(trace, Path(args.tensorboard), args.run, chip.name)
         if args.perfetto:
-            export_perfetto(trace, Path(args.perfetto), chip.name)
+            with _writing("--perfetto", args.perfetto):
+                export_perfetto(trace, Path(args.perfetto), chip.name)
     print(f"tputrace: target chip {chip.device_type} ({chip.name}); op times inside programs are estimates",
           file=sys.stderr)
     return 0
@@ -84,9 +88,24 @@ def export_perfetto(trace: Any, path: Path, target: str) -> Any:
     return export
 
 
+@contextlib.contextmanager
+def _writing(option: str, path: str) -> Iterator[None]:
+    """Turns a failure to write the output (a full disk, a read-only folder) into a one-line error."""
+    try:
+        yield
+    except OSError as error:
+        where = f" ({error.filename})" if error.filename and str(error.filename) != path else ""
+        raise TputraceError(f"cannot write {option} {path}: {error.strerror or error}{where}") from None
+
+
 def check_logdir(logdir: Path) -> None:
+    """A logdir must be a directory that can be created (checked before the trace is read)."""
     if logdir.exists() and not logdir.is_dir():
         raise TputraceError(f"--tensorboard {logdir} is a file, not a directory")
+    with _writing("--tensorboard", str(logdir)):
+        logdir.mkdir(parents=True, exist_ok=True)
+    if not os.access(logdir, os.W_OK | os.X_OK):
+        raise TputraceError(f"cannot write --tensorboard {logdir}: permission denied")
 
 
 def check_output_file(path: Path) -> None:
@@ -94,3 +113,5 @@ def check_output_file(path: Path) -> None:
         raise TputraceError(f"--perfetto {path} is a directory; give a file name such as trace.json.gz")
     if not path.parent.exists():
         raise TputraceError(f"cannot write {path}: the folder {path.parent} does not exist")
+    if not path.parent.is_dir():
+        raise TputraceError(f"cannot write {path}: {path.parent} is a file, not a folder")
