@@ -22,7 +22,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tputrace.backend.distributed import tracing
+from tputrace.backend.distributed import fsdp, tracing
 from tputrace.backend.distributed.staging import Staging
 
 BACKEND_NAME = "tpu"
@@ -141,6 +141,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
         staging, call = self._start("reduce_scatter", [input], tracing.message_bytes([input]))
         host_input = staging.copy(input)
+        fsdp.release_reduce_scatter_input(input)  # FSDP2's packed gradients: the host copy is all that is read now
         host_output = staging.output(output)
         options = _reduce_scatter_options(opts)
         return self._launch(staging, call, lambda: self._host._reduce_scatter_base(host_output, host_input, options), [output])
@@ -314,7 +315,7 @@ class _Pending:
 
     def __init__(self, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]]) -> None:
         self.host_works = host_works
-        self.finish = finish
+        self.finish: Callable[[], list[torch.Tensor]] | None = finish
         self.result: torch.futures.Future = torch.futures.Future()
         self._claim = threading.Lock()
 
@@ -324,10 +325,14 @@ class _Pending:
         try:
             for work in self.host_works:
                 work.wait()
-            value = self.finish()
+            value = self.finish()  # type: ignore[misc] - set until claimed, and claimed once
         except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
             self.result.set_exception(error)
             return
+        finally:
+            # The host buffers and the staging go now; only the Work's future keeps the results.
+            self.host_works = []
+            self.finish = None
         self.result.set_result(value)
 
 
@@ -369,6 +374,9 @@ def _completion_loop(pending_calls: queue.SimpleQueue) -> None:
         if pending is None:
             return
         pending.run_if_unclaimed()
+        # Not held while waiting for the next call: a finished collective's tensors (an all-gather's
+        # output, gloo's host buffers) would stay alive until then.
+        del pending
 
 
 def _create(options: Any, backend_options: Any) -> TpuProcessGroup:
