@@ -13,7 +13,7 @@ import sqlite3
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, overload
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind
 from tputrace.store import aggregates
@@ -63,6 +63,7 @@ if TYPE_CHECKING:
     import pandas
 
 _FETCH_ROWS = 4096
+_Value = TypeVar("_Value")
 # What `Trace.run` returns for a trace whose writer died before committing a runs row.
 _NO_RUN = RunInfo(
     rank=0,
@@ -365,8 +366,7 @@ class Trace:
         kind = _record_kind(table)
         record_type = RECORD_TYPES[kind.table]
         converters = self._converters(kind)
-        query = self._select(kind, where, order_by, limit)
-        for rows in self._fetch_chunks(query, params):
+        for rows in self._table_batches(kind, where, params, order_by, limit):
             for row in rows:
                 yield record_type(*[convert(value) for convert, value in zip(converters, row)])
 
@@ -380,8 +380,7 @@ class Trace:
         limit: int | None = None,
     ) -> Iterator[tuple[Any, ...]]:
         """Rows of `table` as stored (ids unresolved), in the table's column order."""
-        kind = _record_kind(table)
-        for rows in self._fetch_chunks(self._select(kind, where, order_by, limit), params):
+        for rows in self._table_batches(_record_kind(table), where, params, order_by, limit):
             yield from rows
 
     def dataframe(
@@ -437,15 +436,7 @@ class Trace:
 
     def string(self, sid: int | None) -> str | None:
         """The text of string id `sid` (None for None or an unknown id)."""
-        if sid is None:
-            return None
-        strings = self._string_table()
-        text = strings.get(sid)
-        if text is None:
-            rows = self.sql("SELECT text FROM strings WHERE id = ?", (sid,))
-            if rows:
-                text = strings[sid] = rows[0][0]
-        return text
+        return self._interned(self._string_table, sid, "SELECT text FROM strings WHERE id = ?", _first_column)
 
     def string_id(self, text: str) -> int | None:
         """The id of an interned string, or None if the trace does not contain it."""
@@ -454,18 +445,26 @@ class Trace:
 
     def frame(self, frame_id: int | None) -> SourceLocation | None:
         """The source location of frame id `frame_id` (None for None or an unknown id)."""
-        if frame_id is None:
+        return self._interned(self._frame_table, frame_id, "SELECT file_sid, line, function_sid FROM frames WHERE id = ?",
+                              self._location)
+
+    def _interned(self, table: Callable[[], dict[int, _Value]], key: int | None, query: str,
+                  build: Callable[[tuple[Any, ...]], _Value]) -> _Value | None:
+        """The value of an interned id: from its table (read whole at first use), else (written since
+        then by a live writer) its row read by `query` and kept; None for None or an unknown id."""
+        if key is None:
             return None
-        frames = self._frame_table()
-        location = frames.get(frame_id)
-        if location is None:
-            rows = self.sql("SELECT file_sid, line, function_sid FROM frames WHERE id = ?", (frame_id,))
+        values = table()
+        value = values.get(key)
+        if value is None:
+            rows = self.sql(query, (key,))
             if rows:
-                file_sid, line, function_sid = rows[0]
-                location = frames[frame_id] = SourceLocation(
-                    self.string(file_sid) or "?", line, self.string(function_sid) or "?"
-                )
-        return location
+                value = values[key] = build(rows[0])
+        return value
+
+    def _location(self, row: tuple[Any, ...]) -> SourceLocation:
+        file_sid, line, function_sid = row
+        return SourceLocation(self.string(file_sid) or "?", line, self.string(function_sid) or "?")
 
     # -- aggregates (computed in SQL; see tputrace.store.aggregates) ------------------------------
 
@@ -518,14 +517,16 @@ class Trace:
 
     # -- internals --------------------------------------------------------------------------------
 
-    def _select(self, kind: RecordKind, where: str | None, order_by: str | None, limit: int | None) -> str:
+    def _table_batches(self, kind: RecordKind, where: str | None, params: Sequence[Any], order_by: str | None,
+                       limit: int | None) -> Iterator[list[tuple[Any, ...]]]:
+        """The stored rows of one table (all columns, in schema order), batch by batch."""
         query = f"SELECT {', '.join(kind.column_names)} FROM {kind.table}"
         if where:
             query += f" WHERE {where}"
         query += f" ORDER BY {order_by or 'rowid'}"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return query
+        return self._fetch_chunks(query, params)
 
     def _fetch_chunks(self, query: str, params: Sequence[Any]) -> Iterator[list[tuple[Any, ...]]]:
         with self._lock:
@@ -592,6 +593,10 @@ def _is_file_problem(error: sqlite3.Error) -> bool:
 
 def _identity(value: Any) -> Any:
     return value
+
+
+def _first_column(row: tuple[Any, ...]) -> Any:
+    return row[0]
 
 
 def _decode_argv(value: str | None) -> tuple[str, ...]:
