@@ -2,9 +2,10 @@
 
 Each rank holds 1/N of every parameter, gradient and optimizer state. A block's parameters are
 all-gathered just before it runs and freed again right after (forward and backward), so the peak
-memory per rank is about the shards, one block's gathered parameters (twice: FSDP2's flat all-gather
-buffer and the parameters copied out of it) and the activations, not the whole model. The default
-depth is 12 blocks (GPT-2 small's), where that per-block cost is small next to the model.
+memory per rank is about the shards, one block's gathered parameters (twice while they are copied
+out of FSDP2's flat all-gather buffer), the root's parameters (FSDP2 keeps them between forward and
+backward) and the activations, not the whole model. The default model is gpt_train.py's (6 blocks,
+width 256).
 
     tputrace run --nproc 4 examples/fsdp_train.py [--steps 10] [--save result.pt]
     tputrace run --mode strict --no-trace examples/fsdp_train.py --no-shard --batch 1
@@ -111,7 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--batch", type=int, default=8, help="global batch size (split across ranks)")
-    parser.add_argument("--layers", type=int, default=12)
+    parser.add_argument("--layers", type=int, default=GPTConfig.n_layer)
     parser.add_argument("--width", type=int, default=GPTConfig.n_embd)
     parser.add_argument("--heads", type=int, default=GPTConfig.n_head)
     parser.add_argument("--no-shard", action="store_true", help="train the plain module (no FSDP): the unsharded reference")
