@@ -82,6 +82,12 @@ class Session:
         for trace in readers:
             trace.close()
 
+    def forget(self) -> None:
+        """Drop every shared result: later requests compute them again (the load benchmark uses this
+        to time aggregations a second time)."""
+        with self._lock:
+            self._cache.clear()
+
     def shared(self, key: tuple[Any, ...], compute: Callable[[Trace], T]) -> T:
         """`compute(trace)` once per key; concurrent callers of the same key wait for the first."""
         with self._lock:
