@@ -70,7 +70,7 @@ def split_with_sizes_copy(args: tuple, kwargs: dict) -> None:
     dim = args[2] if len(args) > 2 else kwargs.get("dim", 0)
     for target, piece in zip(kwargs["out"], torch.split(output, split_sizes, dim=dim)):
         write_into(target, piece)
-    if isinstance(output, TpuTensor) and sum(split_sizes) == output.shape[dim]:
+    if _is_whole_buffer(output) and sum(split_sizes) == output.shape[dim]:
         output.untyped_storage().resize_(0)
 
 
