@@ -617,6 +617,21 @@ def test_export_errors_are_one_line(sample_trace: Path, tmp_path: Path, capsys: 
     assert error.startswith("tputrace: error:") and message in error and "\n" not in error
 
 
+@pytest.mark.parametrize(("option", "output", "message"), [
+    ("--tensorboard", "logdir", "cannot write --tensorboard"),
+    ("--perfetto", "trace.json.gz", "is a file, not a folder"),
+])
+def test_unwritable_output_is_a_one_line_error_and_leaves_nothing(sample_trace: Path, tmp_path: Path,
+                                                                  capsys: pytest.CaptureFixture[str], option: str,
+                                                                  output: str, message: str) -> None:
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    assert main(["export", str(sample_trace), option, str(blocker / output)]) == 2
+    error = capsys.readouterr().err.strip()
+    assert error.startswith("tputrace: error:") and message in error and "\n" not in error
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["a-file"]
+
+
 # -- the device timeline model ----------------------------------------------------------------------
 
 

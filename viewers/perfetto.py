@@ -178,29 +178,32 @@ class _Track:
     def tid_of(self, index: int) -> int:
         return self.tid + (self.lanes[index] * _LANE_STRIDE if self.lanes is not None else 0)
 
-    def lines(self, heads: list[str], fragment_args: list[str]) -> Iterator[list[str]]:
+    def lines(self, heads: list[str], fragment_args: list[str], fragment_tails: list[str]) -> Iterator[list[str]]:
         """The slices as JSON objects, in lists of a few thousand (`assign_lanes` first), given each
-        fragment's head and args.
+        fragment's head, args, and both as the end of a slice without per-slice args (`tails`).
         Formatted by one template per track over columns, which keeps a million slices fast."""
         tids = [self.tid + lane * _LANE_STRIDE for lane in self.lanes] if self.lanes is not None else None
         timestamps, durations = _microseconds(self.starts, self.ends)
-        slice_heads = list(map(heads.__getitem__, self.fragments))
-        columns = [list(map(str, column)) if min(column, default=0) != _NULL
-                   else [("null" if value == _NULL else str(value)) for value in column] for column in self.values]
+        tid = "%d" if tids is not None else str(self.tid)  # one thread: its tid is part of the template
         if self.columns:
+            slice_heads = list(map(heads.__getitem__, self.fragments))
+            columns = [list(map(str, column)) if min(column, default=0) != _NULL
+                       else [("null" if value == _NULL else str(value)) for value in column] for column in self.values]
             members = ",".join(f'"{name}":%s' for name in self.columns)
             leading = [("," + args) if args else "" for args in fragment_args]
             args = list(map(leading.__getitem__, self.fragments))
-        else:
-            members = ""
-            args = list(map(fragment_args.__getitem__, self.fragments))
-        if self.extras:
             for index, extra in self.extras.items():
-                joined = extra + ("," + args[index].lstrip(",") if args[index] else "")
-                args[index] = ("," + joined) if self.columns else joined
-        tid = "%d" if tids is not None else str(self.tid)  # one thread: its tid is part of the template
-        template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, tid, members)
-        fields = (timestamps, durations, slice_heads, *columns, args)
+                args[index] = "," + extra + args[index]
+            template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, tid, members)
+            fields: tuple[list[Any], ...] = (timestamps, durations, slice_heads, *columns, args)
+        else:
+            tails = list(map(fragment_tails.__getitem__, self.fragments))
+            for index, extra in self.extras.items():
+                fragment = self.fragments[index]
+                shared = fragment_args[fragment]
+                tails[index] = f'{heads[fragment]},"args":{{{extra}{"," + shared if shared else ""}}}}}'
+            template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s' % (self.pid, tid)
+            fields = (timestamps, durations, tails)
         rows = zip(tids, *fields) if tids is not None else zip(*fields)
         while chunk := list(map(template.__mod__, islice(rows, _CHUNK_EVENTS))):
             yield chunk
@@ -593,8 +596,9 @@ class _Export:
         slices = 0
         heads = [head for head, _ in self.fragments]
         fragment_args = [args for _, args in self.fragments]
+        fragment_tails = [f'{head},"args":{{{args}}}}}' for head, args in self.fragments]
         for track in tracks:
-            emit(track.lines(heads, fragment_args))
+            emit(track.lines(heads, fragment_args, fragment_tails))
             slices += len(track)
         emit([self.instants, self.counters])
         flows = self._flow_events()

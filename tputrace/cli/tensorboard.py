@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
     if not 0 <= args.port <= 65535:
         raise TputraceError(f"--port {args.port} is not a port number (0-65535)")
     _require_xprof()
-    # SIGTERM (kill, a closing terminal's supervisor) stops the server like Ctrl-C, so the logdir goes too.
+    # SIGTERM (kill, a closing terminal's supervisor) stops the export like Ctrl-C, so the logdir goes too.
     signal.signal(signal.SIGTERM, _interrupt)
     with tempfile.TemporaryDirectory(prefix="tputrace-xprof-") as logdir:
         with open_trace(args.trace) as trace:
@@ -55,13 +55,34 @@ def run(args: argparse.Namespace) -> int:
         print(f"tputrace: exported to {logdir}", file=sys.stderr)
         print(f"tputrace: XProf is serving {args.trace} (run {run_name}) at {server.url}", file=sys.stderr)
         print("tputrace: op times inside programs are estimates; press Ctrl-C to stop", file=sys.stderr)
-        try:
-            server.serve_forever()
-        except KeyboardInterrupt:
-            print("tputrace: stopped", file=sys.stderr)
-        finally:
-            server.stop()
+        _serve_until_stopped(server)
+        print("tputrace: stopped", file=sys.stderr)
     return 0
+
+
+def _serve_until_stopped(server: XProfServer) -> None:
+    """Serve from a thread until Ctrl-C or SIGTERM, then stop the server from this one.
+
+    The signals only set a flag: a KeyboardInterrupt raised inside cheroot's serving loop can leave
+    its locks held, and stopping the server then hangs.
+    """
+    stop_requested = threading.Event()
+    errors: list[BaseException] = []
+
+    def request_stop(signum: int, frame: object) -> None:
+        stop_requested.set()
+
+    previous = {stop_signal: signal.signal(stop_signal, request_stop) for stop_signal in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start_in_thread(on_error=errors.append)
+        while not stop_requested.wait(0.25) and server.serving:
+            pass
+    finally:
+        server.stop()
+        for stop_signal, handler in previous.items():
+            signal.signal(stop_signal, handler)
+    if errors:
+        raise TputraceError(f"the XProf server stopped: {errors[0]}")
 
 
 def _interrupt(signum: int, frame: object) -> None:
@@ -78,9 +99,8 @@ def _require_xprof() -> None:
 class XProfServer:
     """xprof's profile plugin behind a WSGI server on 127.0.0.1, for one logdir.
 
-    `port` 0 picks a free port; a busy port is an error naming it. `serve_forever` blocks;
-    `start_in_thread` serves from a daemon thread (for tests and embedding) and returns once it
-    accepts connections.
+    `port` 0 picks a free port; a busy port is an error naming it. `start_in_thread` serves from a
+    daemon thread (the socket is bound, so connections queue until it runs); `stop` ends it.
     """
 
     def __init__(self, logdir: Path, port: int = 0, *, quiet: bool = True) -> None:
@@ -108,8 +128,10 @@ class XProfServer:
     def url(self) -> str:
         return f"http://{HOST}:{self.port}/"
 
-    def serve_forever(self) -> None:
-        self._server.serve()
+    @property
+    def serving(self) -> bool:
+        """Whether the thread of `start_in_thread` is serving."""
+        return self._thread is not None and self._thread.is_alive()
 
     def start_in_thread(self, on_error: Callable[[BaseException], None] | None = None) -> None:
         def serve() -> None:
