@@ -145,22 +145,13 @@ def _avg_divisors(lengths: Sequence[int], kernel: Sequence[int], stride: Sequenc
     return divisor
 
 
-def _window_sums(x: Array, lengths: Sequence[int], kernel: Sequence[int], stride: Sequence[int], padding: Sequence[int], ceil_mode: bool) -> Array:
-    """Each window's sum over the trailing dims, zero padded (XLA's reduce_window: gathering the
-    windows made a kernel-sized copy per output, 6.5M elements each for EfficientNet's 2560 pool)."""
-    counts = [_output_length(length, k, s, p, 1, ceil_mode) for length, k, s, p in zip(lengths, kernel, stride, padding)]
-    lead = x.ndim - len(lengths)
-    pads = [(0, 0)] * lead + [(p, max((count - 1) * s + k - length - p, 0)) for length, k, s, p, count in zip(lengths, kernel, stride, padding, counts)]
-    total = jax.lax.reduce_window(x, np.zeros((), x.dtype), jax.lax.add, (1,) * lead + tuple(kernel), (1,) * lead + tuple(stride), pads)
-    return total[(Ellipsis,) + tuple(slice(0, count) for count in counts)]
-
-
 def _avg_pool(self: Array, rank: int, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int], ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Array:
     kernel = _expand(kernel_size, rank)
     stride, padding = _expand(stride, rank, kernel), _expand(padding, rank)
     lengths = self.shape[-rank:]
+    windows = _sliding(lengths, kernel, stride, padding, (1,) * rank, ceil_mode)
     x = self if is_float(self) else self.astype(jnp.float32)
-    total = _window_sums(x, lengths, kernel, stride, padding, ceil_mode)
+    total = jnp.sum(jnp.where(windows.mask, windows.gather(x), jnp.zeros((), x.dtype)), axis=-1)
     if divisor_override:
         return total / divisor_override
     divisor = _avg_divisors(lengths, kernel, stride, padding, ceil_mode, count_include_pad)
