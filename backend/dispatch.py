@@ -46,6 +46,7 @@ _perf_ns = time.perf_counter_ns
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _SLOTS = tuple(Slot(index) for index in range(64))
 _NUMBER_TYPES = (int, float, bool, complex)
+_SCALAR_SPECS = {kind: (kind.__name__,) for kind in _NUMBER_TYPES}
 # Ops whose output shape depends on the values: the host must see the data (a data-dependent sync).
 _DATA_DEPENDENT_OPS = frozenset(
     {"aten::nonzero", "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
@@ -120,15 +121,7 @@ class Dispatcher:
 
     def _placeholder_outputs(self, func: Any, args: tuple, kwargs: dict) -> Any:
         chip = next((value._buf.chip for value in args if isinstance(value, TpuTensor)), 0)
-
-        def meta_of(value: Any) -> Any:
-            if isinstance(value, TpuTensor):
-                return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
-            if isinstance(value, (list, tuple)):
-                return type(value)(meta_of(item) for item in value)
-            return value
-
-        result = func(*meta_of(args), **{name: meta_of(value) for name, value in kwargs.items()})
+        result = func(*_meta_like(args), **{name: _meta_like(value) for name, value in kwargs.items()})
 
         def placeholder(value: Any) -> Any:
             if isinstance(value, torch.Tensor):
@@ -196,12 +189,9 @@ class Dispatcher:
         return TpuTensor(Buffer(value, chip, spec.nbytes), spec.shape, spec.dtype)
 
     # ----------------------------------------------------------------- argument templates
-    def flatten(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> tuple[tuple, tuple, list, list, list, int]:
-        """Split a call into (template args, template kwargs, dynamic values, input specs, originals, chip)."""
-        if not kwargs and entry.simple_args:
-            fast = self._flatten_positional(args, entry.scalar_positions)
-            if fast is not None:
-                return fast
+    def _flatten_general(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> tuple[tuple, tuple, list, list, list, int]:
+        """Split any call (keyword arguments, lists, host scalars; mixed chips are an error) into
+        (template args, template kwargs, dynamic values, input specs, originals, chip)."""
         dynamic: list[Any] = []
         specs: list[tuple] = []
         originals: list[Any] = []
@@ -216,21 +206,16 @@ class Dispatcher:
         )
         return template_args, template_kwargs, dynamic, specs, originals, chip_box[0]
 
-    def _flatten_positional(self, args: Sequence[Any], scalar_positions: frozenset[int]) -> tuple | None:
-        """The common case: positional tpu tensors, Python scalars and constants (None if anything else)."""
+    def _flatten_positional(self, args: Sequence[Any], scalar_positions: frozenset[int]) -> tuple[tuple, list, tuple, int] | None:
+        """The common case: positional tpu tensors, Python scalars and constants (None if anything
+        else). Returns (template args, dynamic values, input specs, chip)."""
         dynamic: list[Any] = []
         specs: list[tuple] = []
         template: list[Any] = []
-        originals: list[Any] = []
         chip = -1
         for position, value in enumerate(args):
             value_type = type(value)
-            if value_type in _NUMBER_TYPES and position in scalar_positions:
-                template.append(_SLOTS[len(dynamic)])
-                dynamic.append(value)
-                specs.append((value_type.__name__,))
-                originals.append(value)
-            elif value_type is TpuTensor:
+            if value_type is TpuTensor:
                 buf = value._buf
                 if chip != buf.chip:
                     if chip != -1:
@@ -239,12 +224,15 @@ class Dispatcher:
                 template.append(_SLOTS[len(dynamic)])
                 dynamic.append(buf.array if value._view is None else self.read(value))
                 specs.append((value.shape, value.dtype))
-                originals.append(value)
+            elif value_type in _NUMBER_TYPES and position in scalar_positions:
+                template.append(_SLOTS[len(dynamic)])
+                dynamic.append(value)
+                specs.append(_SCALAR_SPECS[value_type])
             elif isinstance(value, (torch.Tensor, list)):
                 return None
             else:
                 template.append(value)
-        return tuple(template), (), dynamic, specs, originals, chip
+        return tuple(template), dynamic, tuple(specs), chip
 
     def _flatten_value(self, value: Any, is_scalar: bool, is_scalar_list: bool, dynamic: list, specs: list, originals: list, chip_box: list) -> Any:
         if isinstance(value, TpuTensor):
@@ -300,30 +288,40 @@ class Dispatcher:
     def compute(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None = None) -> Any:
         """Run a lowered functional op and wrap its outputs as tpu tensors."""
         start = _perf_ns()
-        template_args, template_kwargs, dynamic, specs, originals, chip = self.flatten(entry, args, kwargs)
+        fast = self._flatten_positional(args, entry.scalar_positions) if not kwargs and entry.simple_args else None
+        if fast is None:
+            template_args, template_kwargs, dynamic, specs, originals, chip = self._flatten_general(entry, args, kwargs)
+            specs = tuple(specs)
+        else:
+            template_args, dynamic, specs, chip = fast
+            template_kwargs = ()
+            originals = None
         if chip == -1:
             chip = device_module.chip_index(kwargs.get("device"))
-        needs_key = entry.lowering.needs_key
-        if needs_key:
-            dynamic.extend(rng.next_seed_and_counter(chip))
-        key = (entry, template_args, template_kwargs, tuple(specs), chip)
+        key = (entry, template_args, template_kwargs, specs, chip)
         if entry.typed_constants:
             key += (tuple(type(value) for value in template_args),)
         plan = self.plans.get(key)
+        if entry.lowering.needs_key:
+            dynamic.extend(rng.next_seed_and_counter(chip))
         if plan is None:
-            plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, specs, originals, chip)
+            if originals is None:
+                originals = _positional_originals(args, entry.scalar_positions)
+            plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, list(specs), originals, chip)
             start = _perf_ns()
         if plan is _FALLBACK:
             return self.fallback(entry, args, kwargs)
-        values = self.executor.run(plan, dynamic, record_as or entry.name, start)
         executor = self.executor
-        deferred = executor.deferred
+        values = executor.run(plan, dynamic, record_as or entry.name, start)
         if plan.out_structure == "single":
             spec = plan.out_specs[0]
-            output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
-            if deferred:
+            if executor.deferred:
+                output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0)
                 executor.track(output._buf)
+            else:
+                output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
             return output
+        deferred = executor.deferred
         outputs = [
             None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
             for value, spec in zip(values, plan.out_specs)
@@ -691,6 +689,14 @@ class Dispatcher:
             warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
 
 
+def _positional_originals(args: Sequence[Any], scalar_positions: frozenset[int]) -> list[Any]:
+    """The arguments behind `_flatten_positional`'s dynamic values, in order (for meta kernels)."""
+    return [
+        value for position, value in enumerate(args)
+        if type(value) is TpuTensor or (type(value) in _NUMBER_TYPES and position in scalar_positions)
+    ]
+
+
 def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) -> list[torch.Tensor]:
     written = []
     for position in entry.mutated_positions:
@@ -727,8 +733,11 @@ def _is_functional(entry: OpEntry) -> bool:
 
 
 def _meta_like(value: Any) -> Any:
+    """A meta tensor for each tpu tensor in a value (lists and tuples followed), for meta kernels."""
     if isinstance(value, TpuTensor):
         return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
+    if isinstance(value, (list, tuple)):
+        return type(value)(_meta_like(item) for item in value)
     return value
 
 

@@ -73,7 +73,8 @@ class Buffer:
         if live > _peak[chip]:
             memory.allocate(chip, 0)
 
-    def __del__(self) -> None:
+    def __del__(self, _live: list[int] = _live) -> None:
+        # `_live` is bound at definition: buffers freed at interpreter exit outlive module globals.
         _live[self.chip] -= self.nbytes
 
     def write(self, array: Any) -> None:
@@ -233,8 +234,7 @@ class TpuTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        from tputrace.backend.dispatch import dispatcher
-
+        dispatcher = _dispatcher or _load_dispatcher()
         if _traced_seen and _holds_traced(args, kwargs):
             return _dispatch_traced(func, args, kwargs or {})
         if threading.get_ident() != _MAIN_THREAD and _on_autograd_worker():
@@ -370,6 +370,17 @@ class TpuData(torch.Tensor):
     def tensor(self) -> TpuTensor:
         """A TpuTensor over the same buffer and view (an alias of the one this handle came from)."""
         return TpuTensor(self._buf, tuple(self.shape), self.dtype, tuple(self.stride()), self.storage_offset(), view=self._view)
+
+
+_dispatcher: Any = None  # the backend's Dispatcher, looked up on the first op (dispatch.py imports this module)
+
+
+def _load_dispatcher() -> Any:
+    global _dispatcher
+    from tputrace.backend.dispatch import dispatcher
+
+    _dispatcher = dispatcher
+    return dispatcher
 
 
 _traced_seen = False  # set once torch.compile has traced a TpuTensor; until then eager dispatch skips the check
