@@ -16,6 +16,7 @@ import socket
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 from tputrace import __version__, sourceloc
@@ -26,6 +27,14 @@ _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 
 _active: "Recorder | None" = None
 _explicit_steps_seen = False
+
+
+def _finished(reference: weakref.ref) -> bool:
+    """Whether a watched output is ready (or gone: freed, donated, or its program failed)."""
+    try:
+        return reference() is None or reference().is_ready()
+    except Exception:  # noqa: BLE001 - a deleted or failed array: its program is over
+        return True
 
 
 class Recorder:
@@ -350,12 +359,17 @@ class Recorder:
         )
 
     def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None:
-        """A program was launched; a watcher thread records when its results are ready."""
+        """A program was launched; a watcher thread records when its results are ready.
+
+        The watcher holds weak references only: a strong one would keep an output array from being
+        donated to the next program (DeferAndFuse donates arrays nothing else holds), and whether it
+        still held one would depend on the watcher's timing, changing the program from step to step."""
         if self._executions is None:
             self._executions = queue.SimpleQueue()
             self._watcher = threading.Thread(target=self._watch_executions, name="tputrace-executions", daemon=True)
             self._watcher.start()
-        self._executions.put((program_id, chip, launch_ns, flush_id, self.step_index, results))
+        watched = [weakref.ref(value) for value in results if hasattr(value, "block_until_ready")]
+        self._executions.put((program_id, chip, launch_ns, flush_id, self.step_index, watched))
 
     def _watch_executions(self) -> None:
         import jax
@@ -364,11 +378,15 @@ class Recorder:
             item = self._executions.get()
             if item is None:
                 return
-            program_id, chip, launch_ns, flush_id, step, results = item
-            try:
-                jax.block_until_ready(results)
-            except Exception:  # noqa: BLE001 - a failed program is reported where its value is used
-                pass
+            program_id, chip, launch_ns, flush_id, step, watched = item
+            del item
+            if watched:
+                # The outputs of one execution are ready together: polling one suffices. Polling
+                # never holds it across a thread switch (see execution_started).
+                delay = 50e-6
+                while not _finished(watched[0]):
+                    time.sleep(delay)
+                    delay = min(delay * 2, 2e-3)
             end = _perf_ns()
             self.writer.append("executions", (self.rank, program_id, chip, launch_ns - self.t0, end - launch_ns, step, flush_id))
 
