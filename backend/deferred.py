@@ -72,7 +72,7 @@ class PendingGraph:
     inputs: list[Any] = field(default_factory=list)
     input_index: dict[int, int] = field(default_factory=dict)
     owners: list[weakref.ref] = field(default_factory=list)
-    replaced: set[int] = field(default_factory=set)
+    replaced_inputs: set[int] = field(default_factory=set)  # indices into `inputs` that an in-place update replaced
     op_records: list[tuple] = field(default_factory=list)
     scalars: tuple[list, ...] = field(default_factory=lambda: ([], [], [], []))
 
@@ -90,6 +90,16 @@ class FusedProgram:
     donate: tuple[int, ...]
     n_outputs: int
     program_id: int | None = None
+
+
+def _key_change(old: Any, new: Any, limit: int = 60) -> str:
+    """The first part of two plan keys that differs, as `old -> new`."""
+    while isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
+        differing = next((index for index, (a, b) in enumerate(zip(old, new)) if a != b), None)
+        if differing is None:
+            break
+        old, new = old[differing], new[differing]
+    return f"{repr(old)[:limit]} -> {repr(new)[:limit]}"
 
 
 def _input_spec(value: Any) -> InputSpec:
@@ -180,7 +190,9 @@ class DeferredExecutor:
         if type(value) is LazyValue and value.concrete is None:
             value.graph.owners.append(weakref.ref(buffer))
             if replaced is not None and type(replaced) is not LazyValue:
-                value.graph.replaced.add(id(replaced))
+                index = value.graph.input_index.get(id(replaced))
+                if index is not None:
+                    value.graph.replaced_inputs.add(index)
 
     def concrete(self, value: Any, trigger: str) -> tuple[Any, int]:
         """The array behind a value, flushing its graph if needed; also the number of ops flushed."""
@@ -243,7 +255,8 @@ class DeferredExecutor:
         launch = _perf_ns()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            results = fused.program.executable(*graph.inputs, *graph.packed_scalars())
+            inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
+            results = fused.program.executable(*inputs, *graph.packed_scalars())
         for ref, result in zip(output_refs, results):
             for value in outputs[ref]:
                 value.concrete = result
@@ -259,22 +272,26 @@ class DeferredExecutor:
         if recorder is not None and recorder.enabled:
             self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results)
 
-    def _donatable(self, graph: PendingGraph) -> tuple[int, ...]:
-        """The inputs to donate: arrays an in-place update replaced that nothing outside the graph holds.
+    @staticmethod
+    def _donatable(graph: PendingGraph) -> tuple[int, ...]:
+        """The inputs to donate: arrays that an in-place update replaced while the graph read them.
 
-        Another tensor can hold the same array (`copy_` shares it), and a replaced array that died may
-        leave its id to a new input; donating either would delete data still in use."""
+        Decided from the graph alone, so the same step compiles to the same program every time."""
+        return tuple(sorted(index for index in graph.replaced_inputs if isinstance(graph.inputs[index], jax.Array)))
+
+    def _launch_inputs(self, graph: PendingGraph, donate: tuple[int, ...]) -> list[Any]:
+        """The graph's inputs, with a copy in place of each donated array that something outside the
+        graph still holds (`copy_` shares arrays between tensors): donating it would delete live data."""
+        inputs = graph.inputs
         last_outputs = {id(value) for value in self.last_outputs}
-        donate = []
-        for array_id in graph.replaced:
-            index = graph.input_index.get(array_id)
-            if index is None:
-                continue
-            value = graph.inputs[index]
-            # References: graph.inputs, `value` and getrefcount's argument (and last_outputs).
-            if isinstance(value, jax.Array) and sys.getrefcount(value) <= _GRAPH_ONLY_REFS + (array_id in last_outputs):
-                donate.append(index)
-        return tuple(sorted(donate))
+        # References to a graph-only input: graph.inputs, the loop's `value` and getrefcount's argument.
+        shared = [index for index in donate if sys.getrefcount(value := inputs[index]) > _GRAPH_ONLY_REFS + (id(value) in last_outputs)]
+        if not shared:
+            return inputs
+        copies = list(inputs)
+        for index in shared:
+            copies[index] = jax.device_put(inputs[index], may_alias=False)
+        return copies
 
     def _compile(self, graph: PendingGraph, output_refs: tuple, donate: tuple[int, ...], in_specs: tuple, structure: Any, trigger: str) -> FusedProgram:
         nodes = list(graph.nodes)
@@ -328,8 +345,14 @@ class DeferredExecutor:
                     change = signature_diff(old_plan.in_specs, plan.in_specs, names)
                     if change != "same signature":
                         return "recompile", f"op {index} {plan.op_name}{where}: {change}"
+                if plan.op_name == old_plan.op_name and refs == old_refs:
+                    return "recompile", f"op {index} {plan.op_name}{where}: non-tensor arguments {_key_change(old_plan.structure_key, plan.structure_key)}"
+                if plan.op_name == old_plan.op_name:
+                    return "recompile", f"op {index} {plan.op_name}{where}: reads other values (inputs wired differently)"
                 return "recompile", f"structure change at op {index}{where}: {old_plan.op_name} -> {plan.op_name}"
-        return "recompile", f"structure change: {len(old_nodes)} ops -> {len(nodes)} ops"
+        if len(old_nodes) != len(nodes):
+            return "recompile", f"structure change: {len(old_nodes)} ops -> {len(nodes)} ops"
+        return "recompile", f"same {len(nodes)} ops; the values kept after the flush or the donated inputs changed"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
         if fused.program.hlo_text and fused.program_id is not None:
