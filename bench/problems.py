@@ -141,8 +141,8 @@ def section_body(rows: list[str], matmuls: list[str], steps: int, repeat: int, o
         "`--xla_cpu_experimental_onednn_fusion_type=dot`, `--xla_cpu_experimental_xnn_fusion_type=dot`, checked "
         "with jaxlib 0.10.2), although this CPU has AMX and AVX512_BF16. So the float32-matmul fix (bfloat16 "
         "autocast) adds conversions to the same float32 work, and the tile-padding fix (hidden size 1000 to "
-        "1024) adds about 4% FLOPs with no MXU tiles to fill: neither can be faster here, and both findings "
-        "are about a TPU's MXU. The same run's matmuls:\n\n" + "\n".join(matmuls) + "\n\n"
+        "1024) adds about 4% FLOPs with no MXU tiles to fill: neither is expected to be faster here (ratios near 1 "
+        "are noise), and both findings are about a TPU's MXU. The same run's matmuls:\n\n" + "\n".join(matmuls) + "\n\n"
         "Removing a host sync lets the host queue the next step while the chip runs, but the chip's threads "
         "run on the host's own cores, so the overlap can only fill the host's share of the step." + overlap
     )
