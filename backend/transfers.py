@@ -21,7 +21,9 @@ def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
         data = host.view(torch.int16).numpy().view(jnp.bfloat16)
     else:
         data = host.numpy()
-    return jax.device_put(data, device)
+    # A private copy: XLA:CPU adopts an aligned host buffer (torch's are) without copying, even with
+    # may_alias=False, so a later in-place change to the host tensor would show on the chip.
+    return jax.device_put(np.array(data, copy=True), device)
 
 
 def array_to_torch(array: Any, dtype: torch.dtype) -> torch.Tensor:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,15 @@ class ViewChain:
         size = 1
         for dim in buffer_shape:
             size *= dim
+        dense = _dense_axis_order(view_of, buffer_shape, size)
+        if dense is not None:
+            view_shape, order = dense
+
+            def write_permuted(buffer: Any, value: Any) -> tuple:
+                value = jnp.broadcast_to(value.astype(buffer.dtype), view_shape)
+                return (value.transpose(order).reshape(buffer_shape),)
+
+            return write_permuted
 
         def write_through(buffer: Any, value: Any) -> tuple:
             positions = view_of(jnp.arange(size, dtype=jnp.int64).reshape(buffer_shape))[0]
@@ -65,3 +75,21 @@ class ViewChain:
             return (flat.reshape(buffer_shape),)
 
         return write_through
+
+
+_DENSE_CHECK_LIMIT = 1 << 24  # elements; a larger buffer's view is written by a scatter, unchecked
+
+
+def _dense_axis_order(view_of: Callable[[Any], tuple], buffer_shape: tuple[int, ...], size: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+    """The view's shape and the axis order that lays its elements out as its buffer, when the view
+    holds every buffer element exactly once with its axes permuted; else None."""
+    if size == 0 or size > _DENSE_CHECK_LIMIT:
+        return None
+    positions = np.asarray(view_of(jnp.arange(size, dtype=jnp.int64).reshape(buffer_shape))[0])
+    if positions.size != size or positions.reshape(-1)[0] != 0:
+        return None
+    strides = [int(np.take(positions, 1, axis=dim).reshape(-1)[0]) if positions.shape[dim] > 1 else 0 for dim in range(positions.ndim)]
+    order = tuple(sorted(range(positions.ndim), key=lambda dim: -strides[dim]))
+    if not np.array_equal(positions.transpose(order).reshape(-1), np.arange(size)):
+        return None
+    return positions.shape, order
