@@ -1,12 +1,26 @@
-"""Per-op cost of strict eager on `tpu` (µs per op) next to torch on the CPU and a bare cached
-`jax.jit` call, measured interleaved in one process. Writes its table to bench/RESULTS.md."""
+"""Per-op cost on `tpu` (µs per op) for a small add and a small matmul: strict eager (DEFER_NEVER) and
+recording into a pending DeferAndFuse graph, next to what the same call costs elsewhere, measured
+interleaved in one process: torch on the CPU, a bare cached `jax.jit` call, and torch's own part of a
+Python device (an empty `__torch_dispatch__` subclass on `tpu` that returns a fresh wrapper tensor).
+The table therefore says how much of an op is torch's, how much XLA's and how much the backend's.
+
+Every case runs in rounds of many calls, the rounds of all cases interleaved. Each figure is the
+median over rounds of the wall time and of this process's CPU time (all its threads): on a shared
+machine wall time also counts the time other processes held the CPU, which CPU time does not, so
+the wall spread (min-max) and the load average are reported with it. The garbage collector stays on,
+as in a user's loop; the collections the timed rounds triggered are counted.
+"""
 
 from __future__ import annotations
 
+import argparse
+import gc
+import json
+import os
 import statistics
 import time
 from collections.abc import Callable
-from pathlib import Path
+from dataclasses import dataclass, field
 
 import jax
 import jax.numpy as jnp
@@ -17,66 +31,163 @@ from tputrace.backend.device_module import EagerMode, set_eager_mode
 
 from results import write_section  # type: ignore[import-not-found]
 
-REPEATS = 7
+REPEATS = 15
 CALLS = 2000
-DEFERRED_CALLS = 500  # ops recorded into one pending graph before it is flushed (outside the timing)
+DEFERRED_CALLS = 500  # ops recorded into one pending graph per round; the flush is outside the timing
+SHAPE = (8, 8)
+CASES = ("torch cpu", "torch dispatch only", "bare jax.jit", "tpu strict", "tpu DeferAndFuse record")
 
 
-def per_call_us(fn: Callable[[], object], calls: int = CALLS) -> float:
-    start = time.perf_counter()
-    for _ in range(calls):
-        fn()
-    return (time.perf_counter() - start) / calls * 1e6
+class EmptyDevice(torch.Tensor):
+    """torch's share of a Python device's op: dispatch to `__torch_dispatch__` and a new wrapper
+    tensor on `tpu` for the result, with no work in between."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
+        return torch.Tensor._make_wrapper_subclass(cls, SHAPE, dtype=torch.float32, device=_TPU)
 
 
-def deferred_record_us(fn: Callable[[], object]) -> float:
-    """Cost of recording one op into a pending graph (cache hit), flushes excluded."""
+_TPU = torch.device("tpu", 0)
+
+
+@dataclass
+class Samples:
+    """Per-round µs per op of one case, wall and CPU, and the garbage collections during its rounds."""
+
+    wall: list[float] = field(default_factory=list)
+    cpu: list[float] = field(default_factory=list)
+    collections: list[int] = field(default_factory=lambda: [0, 0, 0])
+    ops: int = 0
+
+
+def _gc_counts() -> list[int]:
+    return [generation["collections"] for generation in gc.get_stats()]
+
+
+def timed_round(fn: Callable[[], object], calls: int, samples: Samples, keep: bool = False) -> list[object]:
+    """One round of `calls` calls; with `keep`, the results are kept (a pending graph's outputs)."""
+    collections = _gc_counts()
+    kept: list[object] = []
+    wall, cpu = time.perf_counter(), time.process_time()
+    if keep:
+        kept = [fn() for _ in range(calls)]
+    else:
+        for _ in range(calls):
+            fn()
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    samples.wall.append(wall / calls * 1e6)
+    samples.cpu.append(cpu / calls * 1e6)
+    samples.collections = [total + after - before for total, before, after in zip(samples.collections, collections, _gc_counts())]
+    samples.ops += calls
+    return kept
+
+
+def deferred_round(fn: Callable[[], object], samples: Samples) -> None:
     set_eager_mode(EagerMode.DEFER_AND_FUSE)
-    samples = []
     try:
-        for _ in range(REPEATS + 1):
-            start = time.perf_counter()
-            kept = [fn() for _ in range(DEFERRED_CALLS)]
-            samples.append((time.perf_counter() - start) / DEFERRED_CALLS * 1e6)
-            kept[-1].cpu()
-            del kept
+        kept = timed_round(fn, DEFERRED_CALLS, samples, keep=True)
+        kept[-1].cpu()  # type: ignore[attr-defined]
+        del kept
     finally:
         set_eager_mode(EagerMode.DEFER_NEVER)
-    return statistics.median(samples[1:])
+
+
+def measure(repeats: int) -> dict[tuple[str, str], Samples]:
+    set_eager_mode(EagerMode.DEFER_NEVER)
+    cpu_a, cpu_b = torch.randn(SHAPE), torch.randn(SHAPE)
+    tpu_a, tpu_b = cpu_a.to("tpu"), cpu_b.to("tpu")
+    jax_a, jax_b = jnp.asarray(cpu_a.numpy()), jnp.asarray(cpu_b.numpy())
+    empty_a, empty_b = (torch.Tensor._make_wrapper_subclass(EmptyDevice, SHAPE, dtype=torch.float32, device=_TPU) for _ in range(2))
+    jit_add = jax.jit(lambda a, b: a + b)
+    jit_matmul = jax.jit(lambda a, b: a @ b)
+    calls: dict[tuple[str, str], Callable[[], object]] = {
+        ("add", "torch cpu"): lambda: cpu_a + cpu_b,
+        ("add", "torch dispatch only"): lambda: empty_a + empty_b,
+        ("add", "bare jax.jit"): lambda: jit_add(jax_a, jax_b),
+        ("add", "tpu strict"): lambda: tpu_a + tpu_b,
+        ("add", "tpu DeferAndFuse record"): lambda: tpu_a + tpu_b,
+        ("matmul", "torch cpu"): lambda: cpu_a @ cpu_b,
+        ("matmul", "torch dispatch only"): lambda: empty_a @ empty_b,
+        ("matmul", "bare jax.jit"): lambda: jit_matmul(jax_a, jax_b),
+        ("matmul", "tpu strict"): lambda: tpu_a @ tpu_b,
+        ("matmul", "tpu DeferAndFuse record"): lambda: tpu_a @ tpu_b,
+    }
+    warmup = Samples()
+    for (_, case), fn in calls.items():
+        for _ in range(2):
+            if case == "tpu DeferAndFuse record":
+                deferred_round(fn, warmup)
+            else:
+                timed_round(fn, 200, warmup)
+    samples = {key: Samples() for key in calls}
+    for _ in range(repeats):
+        for (op, case), fn in calls.items():
+            if case == "tpu DeferAndFuse record":
+                deferred_round(fn, samples[(op, case)])
+            else:
+                timed_round(fn, CALLS, samples[(op, case)])
+    return samples
+
+
+def _median(values: list[float]) -> float:
+    return statistics.median(values)
+
+
+def render(samples: dict[tuple[str, str], Samples], repeats: int, load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
+    rows = [
+        "| case (8x8 float32) | add wall µs (min-max) | add CPU µs | matmul wall µs (min-max) | matmul CPU µs |",
+        "|---|---|---|---|---|",
+    ]
+    for case in CASES:
+        cells = []
+        for op in ("add", "matmul"):
+            found = samples[(op, case)]
+            cells.append(f"{_median(found.wall):.1f} ({min(found.wall):.1f}-{max(found.wall):.1f})")
+            cells.append(f"{_median(found.cpu):.1f}")
+        rows.append(f"| {case} | " + " | ".join(cells) + " |")
+
+    def ours(op: str, case: str, *minus: str) -> str:
+        value = _median(samples[(op, case)].cpu) - sum(_median(samples[(op, other)].cpu) for other in minus)
+        return f"{value:.1f}"
+
+    def collections(op: str) -> str:
+        found = samples[(op, "tpu DeferAndFuse record")]
+        return "/".join(f"{count * 1000 / found.ops:.1f}" for count in found.collections)
+
+    notes = [
+        f"The backend's own share (CPU medians): strict = tpu strict - torch dispatch only - bare jax.jit: "
+        f"add {ours('add', 'tpu strict', 'torch dispatch only', 'bare jax.jit')} µs, matmul {ours('matmul', 'tpu strict', 'torch dispatch only', 'bare jax.jit')} µs; "
+        f"DeferAndFuse record - torch dispatch only: add {ours('add', 'tpu DeferAndFuse record', 'torch dispatch only')} µs, "
+        f"matmul {ours('matmul', 'tpu DeferAndFuse record', 'torch dispatch only')} µs.",
+        f"Garbage collections (generation 0/1/2) per 1,000 recorded DeferAndFuse ops: add {collections('add')}, matmul {collections('matmul')}; "
+        f"strict rounds: add {'/'.join(map(str, samples[('add', 'tpu strict')].collections))}, matmul {'/'.join(map(str, samples[('matmul', 'tpu strict')].collections))} in {samples[('add', 'tpu strict')].ops:,} ops each.",
+        f"Load average ({os.cpu_count()} CPUs) before {', '.join(f'{value:.2f}' for value in load_before)}; after {', '.join(f'{value:.2f}' for value in load_after)}.",
+    ]
+    head = (
+        f"Median of {repeats} interleaved rounds ({CALLS} calls per round; DeferAndFuse: {DEFERRED_CALLS} ops recorded per round, "
+        f"the flush outside the timing). Wall time with its min-max over rounds, and this process's CPU time. "
+        f"Targets: tpu strict ≤ 20 µs per op; recording an op into a pending DeferAndFuse graph ≤ 10 µs."
+    )
+    return head + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(f"- {note}" for note in notes)
 
 
 def main() -> None:
-    set_eager_mode(EagerMode.DEFER_NEVER)
-    cpu_a, cpu_b = torch.randn(8, 8), torch.randn(8, 8)
-    tpu_a, tpu_b = cpu_a.to("tpu"), cpu_b.to("tpu")
-    jax_a, jax_b = jnp.asarray(cpu_a.numpy()), jnp.asarray(cpu_b.numpy())
-    jit_add = jax.jit(lambda a, b: a + b)
-    jit_matmul = jax.jit(lambda a, b: a @ b)
-    cases = {
-        ("add", "torch cpu"): lambda: cpu_a + cpu_b,
-        ("add", "tpu strict"): lambda: tpu_a + tpu_b,
-        ("add", "bare jax.jit"): lambda: jit_add(jax_a, jax_b),
-        ("matmul", "torch cpu"): lambda: cpu_a @ cpu_b,
-        ("matmul", "tpu strict"): lambda: tpu_a @ tpu_b,
-        ("matmul", "bare jax.jit"): lambda: jit_matmul(jax_a, jax_b),
-    }
-    for fn in cases.values():
-        per_call_us(fn, 200)
-    samples: dict[tuple[str, str], list[float]] = {case: [] for case in cases}
-    for _ in range(REPEATS):
-        for case, fn in cases.items():
-            samples[case].append(per_call_us(fn))
-    recording = {op: deferred_record_us(fn) for op, fn in (("add", lambda: tpu_a + tpu_b), ("matmul", lambda: tpu_a @ tpu_b))}
-    rows = [
-        "| op (8x8 float32) | torch cpu µs/op | tpu strict µs/op | bare jax.jit µs/op | tpu strict / jax.jit | DeferAndFuse record µs/op |",
-        "|---|---|---|---|---|---|",
-    ]
-    for op in ("add", "matmul"):
-        cpu, tpu, bare = (statistics.median(samples[(op, kind)]) for kind in ("torch cpu", "tpu strict", "bare jax.jit"))
-        rows.append(f"| {op} | {cpu:.1f} | {tpu:.1f} | {bare:.1f} | {tpu / bare:.2f}x | {recording[op]:.1f} |")
-    table = "\n".join(rows)
-    print(table)
-    write_section("Strict eager per-op overhead (bench/eager_overhead.py)", f"Median of {REPEATS} interleaved rounds of {CALLS} calls; target ≤ 20 µs per op in strict eager and ≤ 10 µs to record an op into a pending DeferAndFuse graph.\n\n{table}")
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=REPEATS)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    parser.add_argument("--json", help="also write the per-round samples to this file")
+    options = parser.parse_args()
+    load_before = os.getloadavg()
+    samples = measure(options.repeats)
+    text = render(samples, options.repeats, load_before, os.getloadavg())
+    print(text)
+    if options.json:
+        with open(options.json, "w") as out:
+            json.dump({f"{op}/{case}": {"wall": found.wall, "cpu": found.cpu, "collections": found.collections} for (op, case), found in samples.items()}, out)
+    if not options.no_write:
+        write_section("Strict eager per-op overhead (bench/eager_overhead.py)", text)
 
 
 if __name__ == "__main__":
