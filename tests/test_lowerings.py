@@ -567,6 +567,64 @@ def test_pooling() -> None:
     check(aten.max_pool3d_with_indices.default, torch.randn(1, 2, 5, 4, 4), [2, 2, 2], [2, 1, 2])
 
 
+# (input shape, kernel, stride, padding, ceil_mode, count_include_pad, divisor_override). The wide
+# cases have padded axes of length 1 in arrays big enough for XLA:CPU to hand a padded reduce-window
+# to YNNPACK, which broadcasts such an axis into its padding (sums came back k*k times too large).
+AVG_POOL_CASES = [
+    ((2, 3, 7, 6), [3, 2], [2, 3], [1, 1], False, True, None),
+    ((2, 3, 5, 1), [4, 1], [2, 3], [2, 0], True, False, None),
+    ((2, 3, 1, 5), [2, 4], [3, 2], [1, 1], False, False, 3),
+    ((2, 3, 2, 3), [3, 3], [1, 3], [1, 1], True, True, None),
+    ((2, 4096, 1, 5), [1, 1], [3, 2], [0, 0], True, True, None),
+    ((2, 4096, 1, 1), [4, 4], [4, 4], [0, 0], True, True, None),
+    ((2, 2560, 1, 1), [2560, 2560], [2560, 2560], [0, 0], True, True, None),
+    ((2, 4096, 7, 7), [7, 7], [7, 7], [0, 0], False, True, None),
+    ((1, 2, 5, 3, 4), [3, 2, 2], [2, 1, 3], [1, 1, 0], True, False, None),
+    ((2, 1024, 1, 2, 1), [1, 2, 1], [2, 2, 2], [0, 1, 0], True, True, None),
+]
+
+
+@pytest.mark.parametrize("case", AVG_POOL_CASES, ids=lambda case: "x".join(map(str, case[0])) + f"-k{case[1][0]}")
+def test_avg_pool_matches_torch(case: tuple) -> None:
+    shape, *args = case
+    rank = len(shape) - 2
+    forward = aten.avg_pool2d.default if rank == 2 else aten.avg_pool3d.default
+    backward = aten.avg_pool2d_backward.default if rank == 2 else aten.avg_pool3d_backward.default
+    x = torch.randn(*shape)
+    check(forward, x, *args, atol=1e-4)
+    check(backward, torch.randn_like(forward(x, *args)), x, *args, atol=1e-4)
+    if rank == 2:
+        check(forward, x.half(), *args, atol=1e-2)
+
+
+def test_wide_avg_pool_needs_no_window_copies() -> None:
+    """EfficientNet's head pool (kernel 2560, ceil_mode, on 1x1): gathering its windows made a
+    125 GiB temporary in XLA's memory analysis; window sums need none."""
+    x = jax.ShapeDtypeStruct((2, 2560, 1, 1), jnp.float32)
+    args = ([2560, 2560], [2560, 2560], [0, 0], True, True, None)
+    forward = registry.LOWERINGS[aten.avg_pool2d.default].fn
+    backward = registry.LOWERINGS[aten.avg_pool2d_backward.default].fn
+    programs = [jax.jit(lambda x: forward(x, *args)).lower(x), jax.jit(lambda g, x: backward(g, x, *args)).lower(x, x)]
+    for program in programs:
+        assert program.compile().memory_analysis().temp_size_in_bytes < 2**20
+
+
+def test_integer_avg_pool_divides_truncating() -> None:
+    x = torch.randint(-50, 50, (2, 3, 5, 4))
+    check(aten.avg_pool2d.default, x, [3, 2], [2, 2], [1, 1], True, False)
+    check(aten.avg_pool2d.default, x, [2, 2], [1, 2], [0, 1], False, True, 3)
+
+
+@pytest.mark.parametrize("shape, output_size", [((2, 3, 8, 6), [4, 3]), ((2, 3, 7, 6), [3, 4]), ((2, 3, 5, 5), [7, 7]), ((2, 3, 4, 6, 8), [2, 3, 4]), ((2, 3, 5, 6, 7), [2, 3, 3])])
+def test_adaptive_avg_pool_uniform_and_uneven_windows(shape: tuple, output_size: list) -> None:
+    forward = aten._adaptive_avg_pool2d.default if len(output_size) == 2 else aten._adaptive_avg_pool3d.default
+    backward = aten._adaptive_avg_pool2d_backward.default if len(output_size) == 2 else aten._adaptive_avg_pool3d_backward.default
+    x = torch.randn(*shape)
+    check(forward, x, output_size)
+    check(forward, x.half(), output_size, atol=1e-2)
+    check(backward, torch.randn_like(forward(x, output_size)), x)
+
+
 def test_upsampling_and_padding() -> None:
     x = torch.randn(1, 2, 5, 4)
     check(aten.upsample_nearest2d.default, x, [7, 9])

@@ -1,10 +1,11 @@
 """Max, average and adaptive pooling (1-3 spatial dims) and their backward ops.
 
-Windows are gathered with static index arrays built in NumPy: each output position reads kernel
-positions `o*stride - padding + k*dilation`; positions outside the input are masked (−inf for max,
-excluded or zero for average). Indices returned by max pooling are flat positions within each input
-plane, as torch's. Average-pool divisors follow torch: windows clipped at `length + padding` when
-padding counts, at the input when it does not.
+Max pooling gathers its windows with static index arrays built in NumPy: each output position reads
+kernel positions `o*stride - padding + k*dilation`; positions outside the input are masked (−inf).
+Indices returned by max pooling are flat positions within each input plane, as torch's. Average
+pooling never gathers windows (a 2560-wide pool would copy 6.5M elements per output): it sums
+windows one spatial axis at a time. Average-pool divisors follow torch: windows clipped at
+`length + padding` when padding counts, at the input when it does not.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from ._util import is_float
+from ._util import HALF_DTYPES, is_float
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -145,17 +146,58 @@ def _avg_divisors(lengths: Sequence[int], kernel: Sequence[int], stride: Sequenc
     return divisor
 
 
+def _axis_window_sums(x: Array, axis: int, length: int, kernel: int, stride: int, padding: int, count: int) -> Array:
+    """Zero-padded window sums along one axis, without materialising any window.
+
+    A window reads positions `[o*stride - padding, o*stride - padding + kernel)` of the axis. A single
+    window, or an axis of length 1, is a masked sum or a masked broadcast. Otherwise the sums come
+    from `reduce_window` on that axis alone: XLA:CPU's YNNPACK fusion of a padded reduce-window
+    broadcasts an axis of length 1 into its padding (the sum of a 1x1 plane under a kxk window came
+    back k*k times too large once the array was big enough to be given to YNNPACK), so padded axes
+    of length 1 never reach it.
+    """
+    starts = np.arange(count) * stride - padding
+    positions = np.arange(length)
+    inside = (positions[None, :] >= starts[:, None]) & (positions[None, :] < starts[:, None] + kernel)
+    shape = [1] * x.ndim
+    if count == 1:
+        shape[axis] = length
+        return jnp.sum(jnp.where(inside[0].reshape(shape), x, jnp.zeros((), x.dtype)), axis=axis, keepdims=True)
+    if length == 1:
+        shape[axis] = count
+        return jnp.where(inside[:, 0].reshape(shape), x, jnp.zeros((), x.dtype))
+    high = max((count - 1) * stride + kernel - length - padding, 0)
+    window, strides = [1] * x.ndim, [1] * x.ndim
+    window[axis], strides[axis] = kernel, stride
+    pads = [(0, 0)] * x.ndim
+    pads[axis] = (padding, high)
+    return jax.lax.reduce_window(x, np.zeros((), x.dtype), jax.lax.add, tuple(window), tuple(strides), pads)
+
+
+def _accumulation_dtype(x: Array) -> jnp.dtype:
+    """float32 for half floats (torch accumulates them in float32), the input's dtype otherwise."""
+    return jnp.dtype(jnp.float32) if x.dtype in HALF_DTYPES else x.dtype
+
+
 def _avg_pool(self: Array, rank: int, kernel_size: Sequence[int], stride: Sequence[int], padding: Sequence[int], ceil_mode: bool, count_include_pad: bool, divisor_override: int | None) -> Array:
+    """torch's average pooling: separable window sums over each spatial axis, then torch's divisor.
+
+    Integer inputs sum exactly and divide truncating toward zero, as torch's integer kernels do.
+    """
     kernel = _expand(kernel_size, rank)
     stride, padding = _expand(stride, rank, kernel), _expand(padding, rank)
     lengths = self.shape[-rank:]
-    windows = _sliding(lengths, kernel, stride, padding, (1,) * rank, ceil_mode)
-    x = self if is_float(self) else self.astype(jnp.float32)
-    total = jnp.sum(jnp.where(windows.mask, windows.gather(x), jnp.zeros((), x.dtype)), axis=-1)
+    total = self.astype(_accumulation_dtype(self))
+    for i, (length, k, s, p) in enumerate(zip(lengths, kernel, stride, padding)):
+        count = _output_length(length, k, s, p, 1, ceil_mode)
+        total = _axis_window_sums(total, self.ndim - rank + i, length, k, s, p, count)
     if divisor_override:
-        return total / divisor_override
-    divisor = _avg_divisors(lengths, kernel, stride, padding, ceil_mode, count_include_pad)
-    return total / jnp.asarray(np.maximum(divisor, 1), x.dtype)
+        divisor = np.asarray(divisor_override, np.int64)
+    else:
+        divisor = np.maximum(_avg_divisors(lengths, kernel, stride, padding, ceil_mode, count_include_pad), 1)
+    if is_float(total):
+        return (total / jnp.asarray(divisor, total.dtype)).astype(self.dtype)
+    return jax.lax.div(total, jnp.broadcast_to(jnp.asarray(divisor, total.dtype), total.shape))
 
 
 @lowers(aten.avg_pool2d.default)
@@ -199,13 +241,20 @@ def _adaptive_matrix(length: int, out: int, dtype: jnp.dtype) -> Array:
 
 
 def _adaptive_avg(self: Array, output_size: Sequence[int]) -> Array:
+    """Adaptive average pooling, one spatial axis at a time: an axis whose windows are uniform (its
+    length a multiple of the output size) is a reshape and a mean; any other axis a product with
+    its (output x length) averaging matrix."""
     rank = len(output_size)
-    x = self if is_float(self) else self.astype(jnp.float32)
+    x = self.astype(_accumulation_dtype(self)) if is_float(self) else self.astype(jnp.float32)
     for i, out in enumerate(output_size):
         axis = x.ndim - rank + i
-        matrix = _adaptive_matrix(x.shape[axis], out, x.dtype)
+        length = x.shape[axis]
+        if out and length % out == 0:
+            x = jnp.mean(x.reshape(x.shape[:axis] + (out, length // out) + x.shape[axis + 1:]), axis=axis + 1)
+            continue
+        matrix = _adaptive_matrix(length, out, x.dtype)
         x = jnp.moveaxis(jnp.tensordot(x, matrix, axes=([axis], [1]), precision=jax.lax.Precision.HIGHEST), -1, axis)
-    return x
+    return x.astype(self.dtype) if is_float(self) else x
 
 
 @lowers(aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool3d.default)
