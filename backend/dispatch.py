@@ -222,8 +222,15 @@ class Dispatcher:
                         return None
                     chip = buf.chip
                 template.append(_SLOTS[len(dynamic)])
-                dynamic.append(buf.array if value._view is None else self.read(value))
-                specs.append((value.shape, value.dtype))
+                if value._view is None:
+                    dynamic.append(buf.array)
+                    spec = buf.spec
+                    if spec is None:
+                        spec = buf.spec = (value.shape, value.dtype)
+                    specs.append(spec)
+                else:
+                    dynamic.append(self.read(value))
+                    specs.append((value.shape, value.dtype))
             elif value_type in _NUMBER_TYPES and position in scalar_positions:
                 template.append(_SLOTS[len(dynamic)])
                 dynamic.append(value)

@@ -24,21 +24,27 @@ from tputrace.backend.signatures import InputSpec, signature_text
 
 
 class Slot:
-    """Marks where a dynamic input goes in an argument template."""
+    """Marks where a dynamic input goes in an argument template. There is one Slot per index, so
+    templates compare and hash by identity: a plan-cache key is hashed on every op."""
 
     __slots__ = ("index",)
+    index: int
 
-    def __init__(self, index: int) -> None:
-        self.index = index
+    def __new__(cls, index: int) -> "Slot":
+        slot = _SLOTS.get(index)
+        if slot is None:
+            slot = _SLOTS[index] = object.__new__(cls)
+            slot.index = index
+        return slot
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Slot) and other.index == self.index
-
-    def __hash__(self) -> int:
-        return hash(("slot", self.index))
+    def __reduce__(self) -> tuple:
+        return Slot, (self.index,)
 
     def __repr__(self) -> str:
         return f"Slot({self.index})"
+
+
+_SLOTS: dict[int, Slot] = {}
 
 
 class TensorList(tuple):

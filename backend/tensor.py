@@ -58,16 +58,20 @@ class Buffer:
     """One array on one chip; `version` increases with every write so views know to refresh.
 
     `nbytes` is what the buffer counts against its chip's memory: 0 while it holds a pending
-    (deferred) value that was never materialized, its size once it has been.
+    (deferred) value that was never materialized, its size once it has been. `spec` is the array's
+    (shape, torch dtype) as a plan key reads it: given for an op's output, filled in by the first op
+    that reads the buffer otherwise (writes keep a buffer's shape and dtype; a tensor whose geometry
+    changes is pointed at another buffer or view), so a plan lookup reads no tensor metadata.
     """
 
-    __slots__ = ("array", "version", "chip", "nbytes", "__weakref__")
+    __slots__ = ("array", "version", "chip", "nbytes", "spec", "__weakref__")
 
-    def __init__(self, array: Any, chip: int, nbytes: int) -> None:
+    def __init__(self, array: Any, chip: int, nbytes: int, spec: tuple | None = None) -> None:
         self.array = array
         self.version = 0
         self.chip = chip
         self.nbytes = nbytes
+        self.spec = spec
         live = _live[chip] + nbytes
         _live[chip] = live
         if live > _peak[chip]:
@@ -452,5 +456,5 @@ def new_tensor(array: jax.Array | Any, chip: int, shape: tuple[int, ...], dtype:
     """A fresh (non-view) tpu tensor owning `array` (the dispatcher's hot path)."""
     device = _DEVICES.get(chip) or torch_device(chip)
     tensor = _make_wrapper(TpuTensor, shape, dtype=dtype, device=device)
-    tensor._buf = Buffer(array, chip, nbytes)
+    tensor._buf = Buffer(array, chip, nbytes, (shape, dtype))
     return tensor

@@ -5,7 +5,8 @@ Python device (an empty `__torch_dispatch__` subclass on `tpu` that returns a fr
 The table therefore says how much of an op is torch's, how much XLA's and how much the backend's.
 
 Every case runs in rounds of many calls, the rounds of all cases interleaved. Each figure is the
-median over rounds of the wall time and of this process's CPU time (all its threads): on a shared
+median over rounds of the wall time, of this process's CPU time (all its threads) and of the main
+thread's CPU time (XLA:CPU runs some programs, e.g. a dot, on its own worker threads). On a shared
 machine wall time also counts the time other processes held the CPU, which CPU time does not, so
 the wall spread (min-max) and the load average are reported with it. The garbage collector stays on,
 as in a user's loop; the collections the timed rounds triggered are counted.
@@ -58,6 +59,7 @@ class Samples:
 
     wall: list[float] = field(default_factory=list)
     cpu: list[float] = field(default_factory=list)
+    thread: list[float] = field(default_factory=list)
     collections: list[int] = field(default_factory=lambda: [0, 0, 0])
     ops: int = 0
 
@@ -70,15 +72,16 @@ def timed_round(fn: Callable[[], object], calls: int, samples: Samples, keep: bo
     """One round of `calls` calls; with `keep`, the results are kept (a pending graph's outputs)."""
     collections = _gc_counts()
     kept: list[object] = []
-    wall, cpu = time.perf_counter(), time.process_time()
+    wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
     if keep:
         kept = [fn() for _ in range(calls)]
     else:
         for _ in range(calls):
             fn()
-    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    thread, cpu, wall = time.thread_time() - thread, time.process_time() - cpu, time.perf_counter() - wall
     samples.wall.append(wall / calls * 1e6)
     samples.cpu.append(cpu / calls * 1e6)
+    samples.thread.append(thread / calls * 1e6)
     samples.collections = [total + after - before for total, before, after in zip(samples.collections, collections, _gc_counts())]
     samples.ops += calls
     return kept
@@ -137,16 +140,16 @@ def _median(values: list[float]) -> float:
 
 def render(samples: dict[tuple[str, str], Samples], repeats: int, load_before: tuple[float, ...], load_after: tuple[float, ...]) -> str:
     rows = [
-        "| case (8x8 float32) | add wall µs (min-max) | add CPU µs | matmul wall µs (min-max) | matmul CPU µs |",
+        "| op (8x8 float32) | case | wall µs/op (min-max) | process CPU µs/op | main thread CPU µs/op |",
         "|---|---|---|---|---|",
     ]
-    for case in CASES:
-        cells = []
-        for op in ("add", "matmul"):
+    for op in ("add", "matmul"):
+        for case in CASES:
             found = samples[(op, case)]
-            cells.append(f"{_median(found.wall):.1f} ({min(found.wall):.1f}-{max(found.wall):.1f})")
-            cells.append(f"{_median(found.cpu):.1f}")
-        rows.append(f"| {case} | " + " | ".join(cells) + " |")
+            rows.append(
+                f"| {op} | {case} | {_median(found.wall):.1f} ({min(found.wall):.1f}-{max(found.wall):.1f}) | "
+                f"{_median(found.cpu):.1f} | {_median(found.thread):.1f} |"
+            )
 
     def ours(op: str, case: str, *minus: str) -> str:
         value = _median(samples[(op, case)].cpu) - sum(_median(samples[(op, other)].cpu) for other in minus)
@@ -167,7 +170,7 @@ def render(samples: dict[tuple[str, str], Samples], repeats: int, load_before: t
     ]
     head = (
         f"Median of {repeats} interleaved rounds ({CALLS} calls per round; DeferAndFuse: {DEFERRED_CALLS} ops recorded per round, "
-        f"the flush outside the timing). Wall time with its min-max over rounds, and this process's CPU time. "
+        f"the flush outside the timing). Wall time with its min-max over rounds, the process's and the main thread's CPU time. "
         f"Targets: tpu strict ≤ 20 µs per op; recording an op into a pending DeferAndFuse graph ≤ 10 µs."
     )
     return head + "\n\n" + "\n".join(rows) + "\n\n" + "\n".join(f"- {note}" for note in notes)
@@ -185,7 +188,7 @@ def main() -> None:
     print(text)
     if options.json:
         with open(options.json, "w") as out:
-            json.dump({f"{op}/{case}": {"wall": found.wall, "cpu": found.cpu, "collections": found.collections} for (op, case), found in samples.items()}, out)
+            json.dump({f"{op}/{case}": {"wall": found.wall, "cpu": found.cpu, "thread": found.thread, "collections": found.collections} for (op, case), found in samples.items()}, out)
     if not options.no_write:
         write_section("Strict eager per-op overhead (bench/eager_overhead.py)", text)
 
