@@ -2,7 +2,9 @@
 
 `TPUTRACE_CHIPS=N` (default 1) sets N. On a host without TPUs the virtual devices come from
 `--xla_force_host_platform_device_count`, which must be set before JAX initialises its backends;
-`configure()` does that when the backend is imported.
+`configure()` does that when the backend is imported. `TPUTRACE_PLATFORM` names the XLA platform
+that backs the chips instead (`cpu`, `gpu`, `tpu`): e.g. `gpu` runs the chips on a host's GPUs,
+one chip per GPU.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import jax
 
 CHIPS_ENV = "TPUTRACE_CHIPS"
+PLATFORM_ENV = "TPUTRACE_PLATFORM"
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
 
@@ -46,18 +49,32 @@ def configure() -> None:
     os.environ["XLA_FLAGS"] = " ".join([*kept, f"{_HOST_COUNT_FLAG}={count}"])
 
 
+def _platform_devices(name: str) -> list[jax.Device]:
+    """The named platform's devices, or a one-line error saying which platforms this JAX has."""
+    try:
+        return jax.devices(name)
+    except RuntimeError:
+        raise ChipError(
+            f"{PLATFORM_ENV}={name} but this JAX has no {name} devices; unset {PLATFORM_ENV} to use TPUs "
+            "where there are some and virtual chips on the CPU elsewhere"
+        ) from None
+
+
 @functools.cache
 def devices() -> tuple[jax.Device, ...]:
     """The JAX devices that back tpu:0 .. tpu:N-1."""
     count = requested_chip_count()
-    try:
-        tpu_devices = jax.devices("tpu")
-    except RuntimeError:
-        tpu_devices = []
-    available = tpu_devices or jax.devices("cpu")
+    requested_platform = os.environ.get(PLATFORM_ENV, "").strip().lower()
+    if requested_platform:
+        available = _platform_devices(requested_platform)
+    else:
+        try:
+            available = jax.devices("tpu")
+        except RuntimeError:
+            available = jax.devices("cpu")
     if len(available) < count:
         raise ChipError(
-            f"{CHIPS_ENV}={count} but only {len(available)} XLA device(s) exist; "
+            f"{CHIPS_ENV}={count} but only {len(available)} {available[0].platform} device(s) exist; "
             f"import tputrace.backend before anything initialises JAX, or lower {CHIPS_ENV}"
         )
     return tuple(available[:count])

@@ -2,6 +2,7 @@
 whether it is gone after the fix, and the step time before/after.
 
     python bench/problems.py [--steps N] [--repeat N] [--only NAME ...] [--no-write]
+                             [--platform gpu --scale K]
 
 Step time is the loop's time per step after two warm-up steps (the first compiles the step, the
 second the optimizer's update once its state exists): from the start of step 2 to the end of the
@@ -11,6 +12,10 @@ host has moved on (an asynchronous step) is counted, and the script's epilogue a
 the final loss) is not. Compiles inside that window are counted too: a compile after warm-up is paid
 by every step's average. With `--repeat`, the fastest of the repeats. The section "Diagnoses:
 problems before/after" of bench/RESULTS.md is rewritten with the table.
+
+`--platform` runs the chips on another XLA platform (`TPUTRACE_PLATFORM`, e.g. `gpu`) and writes its own
+section, named after the device; `--scale K` multiplies the sizes of the problems that take `--scale`
+(the matmul-bound ones), so that a real accelerator's step is bound by its matrix units.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ PROBLEMS = {
     "fp32_matmul": "precision",
 }
 SECTION = "Diagnoses: problems before/after"
+SCALABLE = {"fp32_matmul", "tile_padding"}
 WARMUP_STEPS = 2
 
 
@@ -56,13 +62,16 @@ class Measured:
     report: Report
 
 
-def record(name: str, fixed: bool, steps: int, out_dir: Path) -> Measured:
+def record(name: str, fixed: bool, steps: int, out_dir: Path, scale: int, platform: str | None) -> Measured:
     script = ROOT / "examples" / "problems" / f"{name}.py"
     trace = out_dir / f"{name}{'-fixed' if fixed else ''}.tptrace"
     command = [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace), str(script), "--steps", str(steps)]
     if fixed:
         command.append("--fixed")
-    completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
+    if name in SCALABLE and scale != 1:
+        command += ["--scale", str(scale)]
+    env = {**os.environ, "TPUTRACE_PLATFORM": platform} if platform else None
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
     if completed.returncode != 0:
         raise SystemExit(f"{name}{' --fixed' if fixed else ''} failed:\n{completed.stderr[-2000:]}")
     with open_trace(trace) as opened:
@@ -81,19 +90,20 @@ def record(name: str, fixed: bool, steps: int, out_dir: Path) -> Measured:
                     analyze_path(trace))
 
 
-def matmul_rows(repeats: int = 30) -> list[str]:
-    """`jax.jit(jnp.dot)` of two n x n matrices on this host's XLA:CPU, float32 against bfloat16 and
-    n = 1000 against 1024, interleaved so that load changes hit every case alike: what the
-    tile-padding and float32-matmul fixes can gain on virtual chips."""
+def matmul_rows(platform: str | None, scale: int, repeats: int = 30) -> list[str]:
+    """`jax.jit(jnp.dot)` of two n x n matrices on the chips' XLA platform at the backend's full
+    precision, float32 against bfloat16 and n = 1000 against 1024 (times `scale`), interleaved so that
+    load changes hit every case alike: what the tile-padding and float32-matmul fixes can gain there."""
     import jax
     import jax.numpy as jnp
 
-    dot = jax.jit(jnp.dot)
+    device = jax.devices(platform)[0] if platform else jax.devices("cpu")[0]
+    dot = jax.jit(lambda left, right: jnp.dot(left, right, precision=jax.lax.Precision.HIGHEST))
     cases: dict[tuple[int, str], tuple[object, object, list[float]]] = {}
-    for size in (1000, 1024):
+    for size in (1000 * scale, 1024 * scale):
         for dtype in (jnp.float32, jnp.bfloat16):
-            left = jax.random.normal(jax.random.PRNGKey(0), (size, size)).astype(dtype)
-            right = jax.random.normal(jax.random.PRNGKey(1), (size, size)).astype(dtype)
+            left = jax.device_put(jax.random.normal(jax.random.PRNGKey(0), (size, size)).astype(dtype), device)
+            right = jax.device_put(jax.random.normal(jax.random.PRNGKey(1), (size, size)).astype(dtype), device)
             dot(left, right).block_until_ready()
             cases[(size, jnp.dtype(dtype).name)] = (left, right, [])
     for _ in range(repeats):
@@ -119,6 +129,18 @@ def overlap_note(before: Measured, after: Measured) -> str:
                   f"{chip / 1e6:.1f} ms of chip time.")
     return (f" In host_sync after the fix, a flush returns after {after.launch_ns / 1e6:.2f} ms (median) and its "
             f"program is ready {after.run_ns / 1e6:.1f} ms after launch, so the launch is asynchronous.{shares}")
+
+
+def accelerator_body(rows: list[str], matmuls: list[str], command: str, device: str, scale: int) -> str:
+    """The section for chips on an accelerator platform: the table, how it was run, the same run's matmuls."""
+    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    return "\n".join(rows) + (
+        f"\n\nThe chips ran on {device} (`{command}`): each problem script run with `tputrace run`, then "
+        f"with `--fixed`; the matmul-bound problems ({', '.join(sorted(SCALABLE))}) with every size times "
+        f"{scale}. Step and compile columns as in the section above. Load average at the end: {load} on "
+        f"{os.cpu_count()} host cores. The same run's matmuls at the backend's full float32 precision "
+        "(`Precision.HIGHEST`, as torch's default):\n\n" + "\n".join(matmuls)
+    )
 
 
 def section_body(rows: list[str], matmuls: list[str], steps: int, repeat: int, overlap: str) -> str:
@@ -154,6 +176,8 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=1, help="runs of each variant (the fastest counts)")
     parser.add_argument("--only", nargs="*", choices=sorted(PROBLEMS), default=None)
     parser.add_argument("--no-write", action="store_true", help="print the table without writing RESULTS.md")
+    parser.add_argument("--platform", default=None, help="XLA platform for the chips (TPUTRACE_PLATFORM), e.g. gpu")
+    parser.add_argument("--scale", type=int, default=1, help=f"size multiplier for {', '.join(sorted(SCALABLE))}")
     args = parser.parse_args()
     names = args.only or list(PROBLEMS)
     rows = [
@@ -166,7 +190,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tputrace-problems-") as directory:
         for name in names:
             analyzer = PROBLEMS[name]
-            runs = [(record(name, False, args.steps, Path(directory)), record(name, True, args.steps, Path(directory)))
+            runs = [(record(name, False, args.steps, Path(directory), args.scale, args.platform),
+                     record(name, True, args.steps, Path(directory), args.scale, args.platform))
                     for _ in range(max(args.repeat, 1))]
             before = min((pair[0] for pair in runs), key=lambda measured: measured.step_ns)
             after = min((pair[1] for pair in runs), key=lambda measured: measured.step_ns)
@@ -183,11 +208,18 @@ def main() -> int:
             print(row, flush=True)
             if name == "host_sync":
                 overlap = overlap_note(before, after)
-    matmuls = matmul_rows()
+    matmuls = matmul_rows(args.platform, args.scale)
     print(*matmuls, sep="\n", flush=True)
-    body = section_body(rows, matmuls, args.steps, args.repeat, overlap)
+    if args.platform and args.platform != "cpu":
+        import jax
+
+        device = f"{jax.devices(args.platform)[0].device_kind} (XLA {args.platform}, jax {jax.__version__})"
+        command = "python " + " ".join(["bench/problems.py", *sys.argv[1:]])
+        title, body = f"{SECTION} on {device}", accelerator_body(rows, matmuls, command, device, args.scale)
+    else:
+        title, body = SECTION, section_body(rows, matmuls, args.steps, args.repeat, overlap)
     if not args.no_write:
-        write_section(SECTION, body)
+        write_section(title, body)
     return 0
 
 

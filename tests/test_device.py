@@ -99,6 +99,30 @@ def test_mixing_devices_is_a_one_line_error() -> None:
         torch.ones(2, device="tpu") + torch.ones(2)
 
 
+def test_chip_platform_is_chosen_by_environment() -> None:
+    code = """
+import torch, tputrace.backend
+from tputrace.backend import chips
+try:
+    torch.ones(2, device="tpu")
+except chips.ChipError as error:
+    print(error)
+"""
+    environ = __import__("os").environ
+    missing = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                             env={**environ, "TPUTRACE_PLATFORM": "gpu"})
+    assert missing.returncode == 0, missing.stderr[-2000:]
+    assert missing.stdout.strip().splitlines() == [
+        "TPUTRACE_PLATFORM=gpu but this JAX has no gpu devices; unset TPUTRACE_PLATFORM to use TPUs where there "
+        "are some and virtual chips on the CPU elsewhere"
+    ]
+    chosen = subprocess.run([sys.executable, "-c", "import torch, tputrace.backend\n"
+                             "print(torch.tpu.get_device_properties(0).name, (torch.ones(2, device='tpu') * 2).tolist())"],
+                            capture_output=True, text=True, env={**environ, "TPUTRACE_PLATFORM": "cpu", "TPUTRACE_CHIPS": "2"})
+    assert chosen.returncode == 0, chosen.stderr[-2000:]
+    assert chosen.stdout.strip() == "tpu (virtual, on XLA cpu: cpu) [2.0, 2.0]"
+
+
 def test_multiple_chips_and_copies_between_them() -> None:
     code = """
 import torch, tputrace.backend

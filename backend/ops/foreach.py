@@ -51,10 +51,12 @@ def _per_element(overload: torch._ops.OpOverload, element_fn: Callable) -> Calla
 
 
 def _register(packet_name: str, element_fn: Callable, overloads: Sequence[str] = ("default",)) -> None:
-    packet = getattr(aten, packet_name)
-    for name in overloads:
-        overload = getattr(packet, name)
-        lowers(overload)(_per_element(overload, element_fn))
+    """Lower each overload of a foreach op that this torch release has (older ones lack some)."""
+    packet = getattr(aten, packet_name, None)
+    for name in overloads if packet is not None else ():
+        overload = getattr(packet, name, None)
+        if overload is not None:
+            lowers(overload)(_per_element(overload, element_fn))
 
 
 _UNARY = {

@@ -15,13 +15,17 @@ from torch import nn
 Batch = TypeVar("Batch")
 
 
-def parse_args(description: str, steps: int, fixed_help: str) -> argparse.Namespace:
+def parse_args(description: str, steps: int, fixed_help: str, scalable: bool = False) -> argparse.Namespace:
     """The script's arguments. On a tpu device the backend is imported first (it registers the device
-    and the "tpu" torch.compile backend); the seed is fixed so before and after runs see the same data."""
+    and the "tpu" torch.compile backend); the seed is fixed so before and after runs see the same data.
+    A `scalable` script also takes `--scale K`, which multiplies its model and batch sizes by K (the
+    defaults suit virtual CPU chips; a real accelerator needs larger products to be compute-bound)."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--device", default="tpu")
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--fixed", action="store_true", help=fixed_help)
+    if scalable:
+        parser.add_argument("--scale", type=int, default=1, help="multiply the model and batch sizes by this")
     args = parser.parse_args()
     if args.device.startswith("tpu"):
         import tputrace.backend  # noqa: F401 - registers the tpu device and the "tpu" compile backend
