@@ -196,6 +196,9 @@ def torch_device(chip: int) -> torch.device:
     return device
 
 
+_TENSOR_DATA = torch._C.TensorBase.data  # torch's own `.data` descriptor, which TpuTensor extends
+
+
 class TpuTensor(torch.Tensor):
     """A tensor on `tpu:<chip>`; its data is `self._buf.array`, seen through `self._view`.
 
@@ -274,6 +277,21 @@ class TpuTensor(torch.Tensor):
     @property
     def chip(self) -> int:
         return self._buf.chip
+
+    @property
+    def data(self) -> torch.Tensor:
+        return _TENSOR_DATA.__get__(self)
+
+    @data.setter
+    def data(self, new: torch.Tensor) -> None:
+        """`x.data = t`: torch gives x t's sizes, strides and dtype (and refuses a tensor of another
+        kind); x then reads and writes t's buffer, as a CPU tensor would share t's storage."""
+        _TENSOR_DATA.__set__(self, new)
+        self._buf = new._buf
+        self._view = new._view
+        self._cached = None
+        self._cached_version = -1
+        self._compile_data = None
 
     def untyped_storage(self) -> BufferStorage:
         """The buffer's storage: its size, and resizing to 0 and back (how FSDP2 frees parameters)."""

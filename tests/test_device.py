@@ -99,6 +99,31 @@ def test_mixing_devices_is_a_one_line_error() -> None:
         torch.ones(2, device="tpu") + torch.ones(2)
 
 
+@pytest.mark.parametrize("mode", ["DEFER_NEVER", "DEFER_AND_FUSE"])
+def test_assigning_data_shares_the_new_tensor(mode: str) -> None:
+    previous = torch.tpu.eager_mode()
+    torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, mode))
+    try:
+        target, source = torch.zeros(3, device="tpu"), torch.ones(3, device="tpu")
+        target.data = source
+        target.add_(1)
+        assert target.cpu().tolist() == source.cpu().tolist() == [2.0, 2.0, 2.0]
+        resized = torch.zeros(2, device="tpu")
+        resized.data = torch.arange(4.0, device="tpu", dtype=torch.float16)
+        resized.mul_(2)
+        assert resized.shape == (4,) and resized.dtype == torch.float16
+        assert resized.cpu().tolist() == [0.0, 2.0, 4.0, 6.0]
+        layer = torch.nn.Linear(2, 2, device="tpu")
+        layer.weight.data = torch.eye(2, device="tpu")
+        layer(torch.ones(1, 2, device="tpu")).sum().backward()
+        assert layer.weight.cpu().tolist() == [[1.0, 0.0], [0.0, 1.0]]
+        assert layer.weight.grad.cpu().tolist() == [[1.0, 1.0], [1.0, 1.0]]
+        with pytest.raises(RuntimeError, match="incompatible tensor type"):
+            target.data = torch.ones(3)
+    finally:
+        torch.tpu.set_eager_mode(previous)
+
+
 def test_chip_platform_is_chosen_by_environment() -> None:
     code = """
 import torch, tputrace.backend
