@@ -25,7 +25,6 @@ from typing import Any
 import jax
 import numpy as np
 from jax import dtypes
-from jax._src.lax.lax import _convert_element_type
 
 from tputrace.backend import hlo_fusions, memory
 from tputrace.backend.dtypes import to_torch
@@ -369,8 +368,16 @@ class DeferredExecutor:
 
 
 def _unpack(packed: Sequence[Any], kind: int, position: int) -> Any:
-    """One packed scalar, typed as jax.jit types a Python scalar argument (weak, except bool)."""
-    return _convert_element_type(packed[kind][position], _SCALAR_DTYPES[kind], weak_type=_SCALAR_WEAK[kind])
+    """One packed scalar, typed as jax.jit types a Python scalar argument (weak, except bool).
+
+    No public function makes a weakly typed value from a strongly typed one: `lax.convert_element_type`
+    always gives a strong type. jax.lax exports the primitive, whose `weak_type` parameter does it; the
+    programs are the ones jax's private `_convert_element_type` gave (same StableHLO, same compiles).
+    """
+    value = packed[kind][position]
+    if not _SCALAR_WEAK[kind]:
+        return value
+    return jax.lax.convert_element_type_p.bind(value, new_dtype=_SCALAR_DTYPES[kind], weak_type=True, sharding=None)
 
 
 def _input_names(nodes: Sequence[tuple[Plan, tuple]], n_inputs: int) -> list[str]:
