@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import chips, device_module, rng, transfers
+from tputrace.backend import chips, device_module, foreach_lists, rng, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.dtypes import short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
@@ -150,7 +150,7 @@ class Dispatcher:
                 "decompose": self._decompose,
                 "fallback": self.fallback,
             }
-            route = (handlers[entry.kind], entry)
+            route = (foreach_lists.route(handlers[entry.kind], func), entry)
         self.routes[id(func)] = route
         self.routed_ops.append(func)
         return route

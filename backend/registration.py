@@ -1,5 +1,6 @@
 """Registers the `tpu` device with PyTorch: the PrivateUse1 backend name, its device module
-(`torch.tpu`), hooks and device guard, the factory kernels, and the op lowerings."""
+(`torch.tpu`), hooks and device guard, the factory kernels, the op lowerings, and the multi-tensor
+(`_foreach_*`) path of optimizers and gradient clipping."""
 
 from __future__ import annotations
 
@@ -47,4 +48,19 @@ def register() -> None:
     hooks.install()
     distributed.register()
     register_dynamo_backend()
+    _enable_foreach()
     _registered = True
+
+
+def _enable_foreach() -> None:
+    """Let optimizers and `clip_grad_norm_` default to their `_foreach_*` path on tpu, one op per
+    parameter list instead of one per parameter: torch allows it only for the exact tensor types it
+    lists (as DTensor adds itself), and a TpuTensor is a subclass."""
+    from torch.optim import optimizer
+    from torch.utils import _foreach_utils
+
+    from tputrace.backend.tensor import TpuTensor
+
+    for supported in (optimizer._foreach_supported_types, _foreach_utils._foreach_supported_types):
+        if TpuTensor not in supported:
+            supported.append(TpuTensor)

@@ -26,6 +26,7 @@ import tputrace.backend  # noqa: E402,F401 - registers the tpu device
 from results import write_section  # noqa: E402
 from tputrace.backend.device_module import EagerMode, set_eager_mode  # noqa: E402
 
+FOREACH: bool | None = None  # tpu optimizers' and clip_grad_norm_'s path: None lets torch choose, --single-tensor makes it False
 MODES = ("DEFER_AND_FUSE", "DEFER_NEVER", "cpu", "compile", "compile+opt", "inductor")
 HOST_MODES = ("cpu", "inductor")
 
@@ -48,12 +49,13 @@ def gpt_workload(mode: str) -> Workload:
     config = gpt_train.GPTConfig()
     torch.manual_seed(0)
     model = gpt_train.GPT(config).to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    foreach = None if device == "cpu" else FOREACH
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1, foreach=foreach)
     batches = [(tokens.to(device), targets.to(device)) for tokens, targets in gpt_train.synthetic_batches(config, 4, 4)]
     forward = compiled(model, mode)
 
     def update() -> None:
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, foreach=foreach)
         optimizer.step()
 
     update = torch.compile(update, backend="tpu") if mode == "compile+opt" else update
@@ -74,7 +76,7 @@ def mlp_workload(mode: str) -> Workload:
 
     device = "cpu" if mode in HOST_MODES else "tpu"
     model = quickstart.make_model().to(device)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, foreach=None if device == "cpu" else FOREACH)
     inputs, labels = (value.to(device) for value in quickstart.make_data())
     forward = compiled(model, mode)
     update = torch.compile(optimizer.step, backend="tpu") if mode == "compile+opt" else optimizer.step
@@ -87,6 +89,9 @@ def mlp_workload(mode: str) -> Workload:
         return loss
 
     return Workload("MLP (quickstart)", mode, step)
+
+
+MODELS: dict[str, Callable[[str], Workload]] = {"gpt": gpt_workload, "mlp": mlp_workload}
 
 
 def compiled(model: torch.nn.Module, mode: str) -> Callable:
@@ -125,9 +130,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=5, help="steps per measurement")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--warmup", type=int, default=3, help="warm-up steps (compiles) per workload")
+    parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=sorted(MODELS), help="models to measure")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=MODES, help="modes to measure (DEFER_NEVER and cpu are always in)")
+    parser.add_argument("--single-tensor", action="store_true", help="optimizers and clipping without _foreach_ ops (torch's per-tensor loop)")
+    parser.add_argument("--no-write", action="store_true", help="print the table, leave bench/RESULTS.md alone")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    workloads = [make(mode) for make in (gpt_workload, mlp_workload) for mode in MODES]
+    global FOREACH
+    FOREACH = False if args.single_tensor else None
+    modes = [mode for mode in MODES if mode in args.modes or mode in ("DEFER_NEVER", "cpu")]
+    workloads = [MODELS[model](mode) for model in args.models for mode in modes]
     for workload in workloads:
         use_mode(workload.mode)
         for index in range(args.warmup):
@@ -140,13 +152,15 @@ def main() -> None:
         by_mode = {workload.mode: workload for workload in workloads if workload.name == name}
         strict = statistics.median(by_mode["DEFER_NEVER"].step_ms)
         cpu = statistics.median(by_mode["cpu"].step_ms)
-        for mode in MODES:
+        for mode in modes:
             workload = by_mode[mode]
             ms = statistics.median(workload.step_ms)
             memory = "n/a (host)" if mode in HOST_MODES else f"{workload.peak_bytes / 2**20:.1f} MiB"
             rows.append(f"| {name} | {mode} | {ms:.1f} | {memory} | {strict / ms:.2f}x faster | {ms / cpu:.2f}x the time |")
     table = "\n".join(rows)
     print(table)
+    if args.no_write:
+        return
     write_section(
         "Eager modes (bench/eager_modes.py)",
         f"Steady state after {args.warmup} warm-up steps; {args.rounds} interleaved rounds of {args.steps} steps; "
