@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Runs the backend's chips on a host's GPU (TPUTRACE_PLATFORM=gpu) with that host's own torch and jax:
 # versions, a smoke test in both eager modes, the matmul-bound planted problems before/after their fix
-# at a size that suits the accelerator, and the eager-mode step times. Used on a lent GPU machine:
-#     OUT=/some/dir bash bench/accelerator_check.sh [SCALE]
-# Writes log.txt and the RESULTS.md its benchmarks updated under $OUT.
+# at a size that suits the accelerator, the GPT example's step in each eager mode, and bench/eager_modes.py.
+# Used on a lent GPU machine:
+#     OUT=/some/dir [PARTS="smoke quickstart problems gpt eager"] bash bench/accelerator_check.sh [SCALE]
+# Writes log.txt, the traces and the RESULTS.md its benchmarks updated under $OUT.
 set -u -o pipefail
 SCALE=${1:-8}
+PARTS=" ${PARTS:-smoke quickstart problems gpt eager} "
+want() { [[ "$PARTS" == *" $1 "* ]]; }
 OUT=${OUT:-/tmp/tputrace-accelerator}
 mkdir -p "$OUT"
 exec > >(tee "$OUT/log.txt") 2>&1
@@ -26,8 +29,7 @@ import jax, torch
 print("python torch", torch.__version__, "jax", jax.__version__, "devices", jax.devices())
 PY
 
-echo "== smoke"
-timeout 240 "$PYTHON" - <<'PY' || exit 1
+want smoke && echo "== smoke" && { timeout 240 "$PYTHON" - <<'PY' || exit 1; }
 import time
 import torch
 import tputrace.backend  # noqa: F401
@@ -50,14 +52,28 @@ for mode in (torch.tpu.EagerMode.DEFER_NEVER, torch.tpu.EagerMode.DEFER_AND_FUSE
           f"{time.perf_counter() - start:.2f} s")
 PY
 
-echo "== quickstart"
-timeout 240 "$PYTHON" -m tputrace.cli.main run -o "$OUT/quickstart.tptrace" examples/quickstart.py || echo "quickstart failed: $?"
+if want quickstart; then
+    echo "== quickstart"
+    timeout 240 "$PYTHON" -m tputrace.cli.main run -o "$OUT/quickstart.tptrace" examples/quickstart.py || echo "quickstart failed: $?"
+fi
 
-echo "== problems"
-timeout 420 "$PYTHON" bench/problems.py --platform "$TPUTRACE_PLATFORM" --scale "$SCALE" --only fp32_matmul tile_padding --steps 8 --repeat 2 \
-    || echo "problems failed: $?"
-cp bench/RESULTS.md "$OUT/RESULTS.md"
+if want problems; then
+    echo "== problems"
+    timeout 420 "$PYTHON" bench/problems.py --platform "$TPUTRACE_PLATFORM" --scale "$SCALE" --only fp32_matmul tile_padding \
+        --steps 8 --repeat 2 || echo "problems failed: $?"
+    cp bench/RESULTS.md "$OUT/RESULTS.md"
+fi
 
-echo "== eager modes"
-timeout "${EAGER_TIMEOUT:-240}" "$PYTHON" bench/eager_modes.py --steps 5 --rounds 2 || echo "eager_modes failed: $?"
-cp bench/RESULTS.md "$OUT/RESULTS.md"
+if want gpt; then
+    for mode in defer strict; do
+        echo "== gpt_train --mode $mode"
+        timeout 240 "$PYTHON" -m tputrace.cli.main run --mode "$mode" -o "$OUT/gpt-$mode.tptrace" examples/gpt_train.py \
+            --steps "${GPT_STEPS:-15}" 2>&1 | grep -E "^(run|wall) " || echo "gpt_train --mode $mode failed: $?"
+    done
+fi
+
+if want eager; then
+    echo "== eager modes"
+    timeout "${EAGER_TIMEOUT:-240}" "$PYTHON" bench/eager_modes.py --steps 5 --rounds 2 || echo "eager_modes failed: $?"
+    cp bench/RESULTS.md "$OUT/RESULTS.md"
+fi
