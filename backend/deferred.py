@@ -41,6 +41,8 @@ _SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
 _SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
 _SCALAR_WEAK = (True, True, False, True)
 _GRAPH_ONLY_REFS = 3
+# A node's reference to graph input i, shared: a recorded op allocates no tuple per input read.
+_INPUT_REFS = tuple((0, index) for index in range(4096))
 
 
 class LazyValue:
@@ -163,7 +165,7 @@ class DeferredExecutor:
                 if index is None:
                     index = input_index[id(value)] = len(inputs)
                     inputs.append(value)
-                refs.append((0, index))
+                refs.append(_INPUT_REFS[index] if index < 4096 else (0, index))
             node = len(graph.nodes)
             graph.nodes.append((plan, tuple(refs)))
             specs = plan.out_specs
@@ -182,6 +184,11 @@ class DeferredExecutor:
                 (recorder.next_seq(), record_name, plan, begin, _perf_ns() - begin, recorder.frame_id(), recorder.module_sid(), recorder.step_index)
             )
         return outputs
+
+    @staticmethod
+    def own(buffer: Any, _ref: Any = weakref.ref) -> None:
+        """A new buffer holds an output `run` just returned: the flush fills it in if it still lives."""
+        buffer.array.graph.owners.append(_ref(buffer))
 
     def track(self, buffer: Any, replaced: Any = None) -> None:
         """A buffer now holds a pending value; `replaced` is the array it held before (donatable)."""

@@ -324,7 +324,7 @@ class Dispatcher:
             spec = plan.out_specs[0]
             if executor.deferred:
                 output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0)
-                executor.track(output._buf)
+                executor.own(output._buf)
             else:
                 output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
             return output
@@ -336,7 +336,7 @@ class Dispatcher:
         if deferred:
             for output in outputs:
                 if output is not None:
-                    executor.track(output._buf)
+                    executor.own(output._buf)
         return tuple(outputs) if plan.out_structure == "tuple" else outputs
 
     def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:

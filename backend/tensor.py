@@ -24,6 +24,7 @@ _peak = memory.peak
 
 _local = threading.local()
 _MAIN_THREAD = threading.main_thread().ident
+_get_ident = threading.get_ident
 
 
 def _on_autograd_worker() -> bool:
@@ -72,10 +73,11 @@ class Buffer:
         self.chip = chip
         self.nbytes = nbytes
         self.spec = spec
-        live = _live[chip] + nbytes
-        _live[chip] = live
-        if live > _peak[chip]:
-            memory.allocate(chip, 0)
+        if nbytes:
+            live = _live[chip] + nbytes
+            _live[chip] = live
+            if live > _peak[chip]:
+                memory.allocate(chip, 0)
 
     def __del__(self, _live: list[int] = _live) -> None:
         # `_live` is bound at definition: buffers freed at interpreter exit outlive module globals.
@@ -244,7 +246,7 @@ class TpuTensor(torch.Tensor):
         dispatcher = _dispatcher or _load_dispatcher()
         if _traced_seen and _holds_traced(args, kwargs):
             return _dispatch_traced(func, args, kwargs or {})
-        if threading.get_ident() != _MAIN_THREAD and _on_autograd_worker():
+        if _get_ident() != _MAIN_THREAD and _on_autograd_worker():
             return dispatcher.dispatch_on_worker(func, args, kwargs or {})
         return dispatcher.dispatch(func, args, kwargs or {})
 
