@@ -22,6 +22,7 @@ import torch
 
 from tputrace.backend import chips, device_module, foreach_lists, rng, transfers
 from tputrace.sourceloc import first_user_location
+from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
 from tputrace.backend.executor import Executor, StrictExecutor
@@ -45,6 +46,7 @@ _perf_ns = time.perf_counter_ns
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _SLOTS = tuple(Slot(index) for index in range(64))
+_SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(len(_SLOTS) + 1))  # all-dynamic templates
 _NUMBER_TYPES = (int, float, bool, complex)
 _SCALAR_SPECS = {kind: (kind.__name__,) for kind in _NUMBER_TYPES}
 # Ops whose output shape depends on the values: the host must see the data (a data-dependent sync).
@@ -157,17 +159,25 @@ class Dispatcher:
 
     # ----------------------------------------------------------------- values
     def read(self, tensor: TpuTensor) -> Any:
-        """The tensor's current array (a view is recomputed when its buffer has been written)."""
+        """The tensor's current array (a view is recomputed when its buffer has been written).
+
+        A view's value is kept until its buffer changes; in DeferAndFuse a pending value is reused
+        while its graph is pending or once the flush kept it, so a view read N times is one op."""
         view = tensor._view
         buf = tensor._buf
         if view is None:
             return buf.array
         if tensor._cached_version == buf.version:
-            return tensor._cached
+            cached = tensor._cached
+            if type(cached) is not LazyValue:
+                return cached
+            if cached.concrete is not None:
+                return cached.concrete
+            if not cached.graph.flushed:
+                return cached
         value = self.executor.run(self._chain_plan(view, buf), (buf.array,))[0]
-        if not self.executor.deferred:
-            tensor._cached = value
-            tensor._cached_version = buf.version
+        tensor._cached = value
+        tensor._cached_version = buf.version
         return value
 
     def write(self, tensor: TpuTensor, value: Any) -> None:
@@ -179,9 +189,8 @@ class Dispatcher:
             buf.write(value)
         else:
             buf.write(self.executor.run(self._scatter_plan(view, buf), (buf.array, value))[0])
-            if not self.executor.deferred:
-                tensor._cached = value
-                tensor._cached_version = buf.version
+            tensor._cached = value
+            tensor._cached_version = buf.version
         if self.executor.deferred:
             self.executor.track(buf, replaced)
 
@@ -207,11 +216,12 @@ class Dispatcher:
         return template_args, template_kwargs, dynamic, specs, originals, chip_box[0]
 
     def _flatten_positional(self, args: Sequence[Any], scalar_positions: frozenset[int]) -> tuple[tuple, list, tuple, int] | None:
-        """The common case: positional tpu tensors, Python scalars and constants (None if anything
-        else). Returns (template args, dynamic values, input specs, chip)."""
+        """The common case: positional tpu tensors, Python scalars, constants and lists of constants
+        (None if anything else). Returns (template args, dynamic values, input specs, chip). A call
+        whose arguments are all dynamic shares one template; others build theirs from the first constant."""
         dynamic: list[Any] = []
         specs: list[tuple] = []
-        template: list[Any] = []
+        template: list[Any] | None = None
         chip = -1
         for position, value in enumerate(args):
             value_type = type(value)
@@ -221,7 +231,6 @@ class Dispatcher:
                     if chip != -1:
                         return None
                     chip = buf.chip
-                template.append(_SLOTS[len(dynamic)])
                 if value._view is None:
                     dynamic.append(buf.array)
                     spec = buf.spec
@@ -232,14 +241,22 @@ class Dispatcher:
                     dynamic.append(self.read(value))
                     specs.append((value.shape, value.dtype))
             elif value_type in _NUMBER_TYPES and position in scalar_positions:
-                template.append(_SLOTS[len(dynamic)])
                 dynamic.append(value)
                 specs.append(_SCALAR_SPECS[value_type])
-            elif isinstance(value, (torch.Tensor, list)):
+            elif isinstance(value, torch.Tensor):
                 return None
             else:
+                if value_type is list:
+                    if any(isinstance(item, torch.Tensor) for item in value):
+                        return None
+                    value = tuple(value)
+                if template is None:
+                    template = list(_SLOTS[:position])  # every earlier argument was dynamic
                 template.append(value)
-        return tuple(template), dynamic, tuple(specs), chip
+                continue
+            if template is not None:
+                template.append(_SLOTS[len(dynamic) - 1])
+        return _SLOT_TEMPLATES[len(dynamic)] if template is None else tuple(template), dynamic, tuple(specs), chip
 
     def _flatten_value(self, value: Any, is_scalar: bool, is_scalar_list: bool, dynamic: list, specs: list, originals: list, chip_box: list) -> Any:
         if isinstance(value, TpuTensor):
