@@ -76,6 +76,7 @@ class PendingGraph:
     replaced_inputs: set[int] = field(default_factory=set)  # indices into `inputs` that an in-place update replaced
     op_records: list[tuple] = field(default_factory=list)
     scalars: tuple[list, ...] = field(default_factory=lambda: ([], [], [], []))
+    flushed: bool = False
 
     def packed_scalars(self) -> list[np.ndarray]:
         """The Python scalars the graph reads, one array per kind (float, int, bool, complex)."""
@@ -232,6 +233,9 @@ class DeferredExecutor:
     def flush_graph(self, graph: PendingGraph, trigger: str, extra: Sequence[LazyValue] = ()) -> None:
         if self.graphs.get(graph.chip) is graph:
             del self.graphs[graph.chip]
+        if graph.flushed:
+            raise RuntimeError(f"a value of a DeferAndFuse graph that already ran was needed, but the graph did not keep it ({trigger})")
+        graph.flushed = True
         if not graph.nodes:
             return
         start = _perf_ns()
@@ -277,6 +281,11 @@ class DeferredExecutor:
         recorder = self.dispatcher.recorder
         if recorder is not None and recorder.enabled:
             self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results)
+        # A value still held from this graph (a view's cached read) must not keep its inputs alive: the
+        # next flush would see a donated array as shared and copy it.
+        graph.inputs = []
+        graph.input_index = {}
+        graph.owners = []
 
     @staticmethod
     def _donatable(graph: PendingGraph) -> tuple[int, ...]:
