@@ -131,9 +131,13 @@ def overlap_note(before: Measured, after: Measured) -> str:
             f"program is ready {after.run_ns / 1e6:.1f} ms after launch, so the launch is asynchronous.{shares}")
 
 
+def _load_average() -> str:
+    return ", ".join(f"{value:.1f}" for value in os.getloadavg())
+
+
 def accelerator_body(rows: list[str], matmuls: list[str], command: str, device: str, scale: int) -> str:
     """The section for chips on an accelerator platform: the table, how it was run, the same run's matmuls."""
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    load = _load_average()
     return "\n".join(rows) + (
         f"\n\nThe chips ran on {device} (`{command}`): each problem script run with `tputrace run`, then "
         f"with `--fixed`; the matmul-bound problems ({', '.join(sorted(SCALABLE))}) with every size times "
@@ -145,7 +149,7 @@ def accelerator_body(rows: list[str], matmuls: list[str], command: str, device: 
 
 def section_body(rows: list[str], matmuls: list[str], steps: int, repeat: int, overlap: str) -> str:
     """The RESULTS.md section: the table, how to read it, and what virtual CPU chips can show."""
-    load = ", ".join(f"{value:.1f}" for value in os.getloadavg())
+    load = _load_average()
     return "\n".join(rows) + (
         f"\n\nEach problem script run with `tputrace run` for {steps} steps, then with `--fixed` "
         f"(`python bench/problems.py --steps {steps} --repeat {repeat}`; the fastest of {repeat} run(s) each, "
