@@ -89,7 +89,6 @@ class Dispatcher:
             aten.is_same_size.default: lambda args, kwargs: tuple(args[0].shape) == tuple(args[1].shape),
             aten.is_pinned.default: lambda args, kwargs: False,
             aten._has_compatible_shallow_copy_type.default: lambda args, kwargs: type(args[0]) is type(args[1]),
-            aten.set_.source_Tensor: self._set_source_tensor,
         }
 
     # ----------------------------------------------------------------- entry point
@@ -563,15 +562,6 @@ class Dispatcher:
         for target, result in zip(targets, results):
             self._assign(target, result)
         return None
-
-    def _set_source_tensor(self, args: Sequence[Any], kwargs: dict) -> TpuTensor:
-        target, source = args
-        if tuple(target.shape) != tuple(source.shape) or target.dtype != source.dtype:
-            raise RuntimeError("set_() on tpu tensors needs the same shape and dtype")
-        target._buf = source._buf
-        target._view = source._view
-        target._cached_version = -1
-        return target
 
     # ----------------------------------------------------------------- transfers and syncs
     def _to_copy(self, args: Sequence[Any], kwargs: dict) -> torch.Tensor:

@@ -58,10 +58,7 @@ def set_geometry(tensor: TpuTensor, shape: Sequence[int], strides: Sequence[int]
 
 def become(tensor: TpuTensor, source: TpuTensor) -> TpuTensor:
     """Make `tensor` see what `source` sees: its buffer, view chain and geometry."""
-    tensor._buf = source._buf
-    tensor._view = source._view
-    tensor._cached = None
-    tensor._cached_version = -1
+    tensor._see(source)
     set_geometry(tensor, source.shape, source.stride(), source.storage_offset())
     return tensor
 

@@ -289,11 +289,14 @@ class TpuTensor(torch.Tensor):
         """`x.data = t`: torch gives x t's sizes, strides and dtype (and refuses a tensor of another
         kind); x then reads and writes t's buffer, as a CPU tensor would share t's storage."""
         _TENSOR_DATA.__set__(self, new)
-        self._buf = new._buf
-        self._view = new._view
+        self._see(new)
+
+    def _see(self, source: "TpuTensor") -> None:
+        """Read and write what `source` does: its buffer, through its view chain (geometry unchanged)."""
+        self._buf = source._buf
+        self._view = source._view
         self._cached = None
         self._cached_version = -1
-        self._compile_data = None
 
     def untyped_storage(self) -> BufferStorage:
         """The buffer's storage: its size, and resizing to 0 and back (how FSDP2 frees parameters)."""
