@@ -45,8 +45,9 @@ aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
-_SLOTS = tuple(Slot(index) for index in range(64))
-_SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(len(_SLOTS) + 1))  # all-dynamic templates
+_SLOTS = tuple(Slot(index) for index in range(1024))  # a foreach call over 76 parameters reads ~300 values
+_N_SLOTS = len(_SLOTS)
+_SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(65))  # all-dynamic templates of positional calls
 _NUMBER_TYPES = (int, float, bool, complex)
 _SCALAR_SPECS = {kind: (kind.__name__,) for kind in _NUMBER_TYPES}
 # Ops whose output shape depends on the values: the host must see the data (a data-dependent sync).
@@ -267,9 +268,8 @@ class Dispatcher:
                     f"Expected all tensors to be on the same device, but found tpu:{chip_box[0]} and tpu:{chip}; "
                     f"move one with .to('tpu:{chip_box[0]}')"
                 )
-            slot = _SLOTS[len(dynamic)] if len(dynamic) < len(_SLOTS) else Slot(len(dynamic))
-            dynamic.append(self.read(value))
-            specs.append((value.shape, value.dtype))
+            slot = _SLOTS[len(dynamic)] if len(dynamic) < _N_SLOTS else Slot(len(dynamic))
+            self._append_tensor(value, dynamic, specs)
             originals.append(value)
             return slot
         if isinstance(value, torch.Tensor):
@@ -292,13 +292,64 @@ class Dispatcher:
             return slot
         if isinstance(value, (list, tuple)):
             if is_scalar_list:
-                return tuple(self._flatten_value(item, True, False, dynamic, specs, originals, chip_box) for item in value)
+                return self._flatten_scalar_list(value, dynamic, specs, originals, chip_box)
             if any(isinstance(item, torch.Tensor) for item in value):
-                chip = max(chip_box[0], 0)
-                items = [self._index_on_chip(item, chip) for item in value]
-                return TensorList(self._flatten_value(item, False, False, dynamic, specs, originals, chip_box) for item in items)
+                return self._flatten_tensor_list(value, dynamic, specs, originals, chip_box)
             return tuple(value)
         return value
+
+    def _append_tensor(self, tensor: TpuTensor, dynamic: list, specs: list) -> None:
+        """Add a tpu tensor's current value and its (shape, dtype) spec to a call's dynamic inputs."""
+        if tensor._view is None:
+            buf = tensor._buf
+            dynamic.append(buf.array)
+            spec = buf.spec
+            if spec is None:
+                spec = buf.spec = (tensor.shape, tensor.dtype)
+            specs.append(spec)
+        else:
+            dynamic.append(self.read(tensor))
+            specs.append((tensor.shape, tensor.dtype))
+
+    def _flatten_tensor_list(self, items: Sequence[Any], dynamic: list, specs: list, originals: list, chip_box: list) -> TensorList:
+        """A list of tensors (a `_foreach_*` list, `cat`'s inputs, indices): tpu tensors on the call's
+        chip are taken directly; anything else (host tensors, copied to the chip; None; another
+        chip's tensor, an error) goes through `_flatten_value`."""
+        host_chip = max(chip_box[0], 0)
+        slots = []
+        for item in items:
+            if type(item) is TpuTensor and (chip_box[0] == item._buf.chip or chip_box[0] == -1):
+                buf = item._buf
+                chip_box[0] = buf.chip
+                index = len(dynamic)
+                slots.append(_SLOTS[index] if index < _N_SLOTS else Slot(index))
+                originals.append(item)
+                if item._view is not None:
+                    self._append_tensor(item, dynamic, specs)
+                    continue
+                dynamic.append(buf.array)
+                spec = buf.spec
+                if spec is None:
+                    spec = buf.spec = (item.shape, item.dtype)
+                specs.append(spec)
+            else:
+                slots.append(self._flatten_value(self._index_on_chip(item, host_chip), False, False, dynamic, specs, originals, chip_box))
+        return TensorList(slots)
+
+    def _flatten_scalar_list(self, items: Sequence[Any], dynamic: list, specs: list, originals: list, chip_box: list) -> tuple:
+        """A list of Scalars (e.g. a `_foreach_*` ScalarList): Python numbers become dynamic inputs."""
+        slots = []
+        for item in items:
+            spec = _SCALAR_SPECS.get(type(item))
+            if spec is None:
+                slots.append(self._flatten_value(item, True, False, dynamic, specs, originals, chip_box))
+                continue
+            index = len(dynamic)
+            slots.append(_SLOTS[index] if index < _N_SLOTS else Slot(index))
+            dynamic.append(item)
+            specs.append(spec)
+            originals.append(item)
+        return tuple(slots)
 
     def _index_on_chip(self, value: Any, chip: int) -> Any:
         """Tensors in a list argument (e.g. the indices of `x[idx]`) may live on the host, as torch
@@ -310,6 +361,32 @@ class Dispatcher:
     # ----------------------------------------------------------------- functional ops
     def compute(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None = None) -> Any:
         """Run a lowered functional op and wrap its outputs as tpu tensors."""
+        ran = self._run(entry, args, kwargs, record_as)
+        if ran is None:
+            return self.fallback(entry, args, kwargs)
+        plan, values, chip = ran
+        executor = self.executor
+        if plan.out_structure == "single":
+            spec = plan.out_specs[0]
+            if executor.deferred:
+                output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0)
+                executor.own(output._buf)
+            else:
+                output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
+            return output
+        deferred = executor.deferred
+        outputs = [
+            None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
+            for value, spec in zip(values, plan.out_specs)
+        ]
+        if deferred:
+            for output in outputs:
+                if output is not None:
+                    executor.own(output._buf)
+        return tuple(outputs) if plan.out_structure == "tuple" else outputs
+
+    def _run(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None) -> tuple[Plan, tuple, int] | None:
+        """Run (or record) a lowered op: its plan, output values and chip; None if it runs on the host."""
         start = _perf_ns()
         fast = self._flatten_positional(args, entry.scalar_positions) if not kwargs and entry.simple_args else None
         if fast is None:
@@ -333,27 +410,8 @@ class Dispatcher:
             plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, list(specs), originals, chip)
             start = _perf_ns()
         if plan is _FALLBACK:
-            return self.fallback(entry, args, kwargs)
-        executor = self.executor
-        values = executor.run(plan, dynamic, record_as or entry.name, start)
-        if plan.out_structure == "single":
-            spec = plan.out_specs[0]
-            if executor.deferred:
-                output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0)
-                executor.own(output._buf)
-            else:
-                output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
-            return output
-        deferred = executor.deferred
-        outputs = [
-            None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
-            for value, spec in zip(values, plan.out_specs)
-        ]
-        if deferred:
-            for output in outputs:
-                if output is not None:
-                    executor.own(output._buf)
-        return tuple(outputs) if plan.out_structure == "tuple" else outputs
+            return None
+        return plan, self.executor.run(plan, dynamic, record_as or entry.name, start), chip
 
     def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
         with self.plan_lock:
@@ -515,8 +573,14 @@ class Dispatcher:
         self._assign(target, result)
         return target
 
+    def _entry(self, op: Any) -> OpEntry:
+        entry = self.entries.get(op)
+        if entry is None:
+            entry = self.entries.setdefault(op, classify(op))
+        return entry
+
     def _functional_result(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
-        functional_entry = self.entries.get(entry.functional) or self.entries.setdefault(entry.functional, classify(entry.functional))
+        functional_entry = self._entry(entry.functional)
         if functional_entry.kind == "lowered":
             return self.compute(functional_entry, args, kwargs, record_as=entry.name)
         return self.dispatch(entry.functional, args, kwargs)
@@ -525,7 +589,7 @@ class Dispatcher:
         """Write a computed tensor into `target`, casting and broadcasting as torch's in-place ops do."""
         if not isinstance(result, TpuTensor):
             raise LoweringError(f"cannot write a {type(result).__name__} into a tpu tensor")
-        if result.dtype != target.dtype or tuple(result.shape) != tuple(target.shape):
+        if result.dtype != target.dtype or result.shape != target.shape:
             result = self._cast_broadcast(result, target)
         self.write(target, self.read(result))
 
@@ -553,15 +617,34 @@ class Dispatcher:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _inplace_list(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        """`_foreach_*_`: run the functional op once for the whole list and write each output into its
+        target; an output of the target's dtype and shape is written as it is, with no tensor made."""
         targets = args[0]
         if entry.functional is None:
             if entry.decomposition is not None:
                 return entry.decomposition(*args, **kwargs)
             return self.fallback(entry, args, kwargs)
-        results = self._functional_result(entry, args, kwargs)
+        functional_entry = self._entry(entry.functional)
+        if functional_entry.kind != "lowered":
+            return self._assign_all(targets, self.dispatch(entry.functional, args, kwargs))
+        ran = self._run(functional_entry, args, kwargs, entry.name)
+        if ran is None:
+            return self._assign_all(targets, self.fallback(functional_entry, args, kwargs))
+        plan, values, chip = ran
+        deferred = self.executor.deferred
+        for target, value, spec in zip(targets, values, plan.out_specs):
+            if spec.dtype == target.dtype and spec.shape == target.shape:
+                self.write(target, value)
+            else:
+                result = new_tensor(value, chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
+                if deferred:
+                    self.executor.own(result._buf)
+                self._assign(target, result)
+        return None
+
+    def _assign_all(self, targets: Sequence[TpuTensor], results: Sequence[Any]) -> None:
         for target, result in zip(targets, results):
             self._assign(target, result)
-        return None
 
     # ----------------------------------------------------------------- transfers and syncs
     def _to_copy(self, args: Sequence[Any], kwargs: dict) -> torch.Tensor:
