@@ -38,8 +38,8 @@ from tputrace.backend.plans import (
     rebuild,
 )
 from tputrace.backend.signatures import nearest_signature, signature_diff
-from tputrace.backend.tensor import Buffer, TpuTensor, new_tensor, sync_hint
-from tputrace.backend.views import ViewChain, ViewStep
+from tputrace.backend.tensor import Buffer, TpuTensor, geometry_of, new_tensor, sync_hint, view_tensor
+from tputrace.backend.views import ViewChain, ViewStep, geometry
 
 aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
@@ -471,18 +471,18 @@ class Dispatcher:
     # ----------------------------------------------------------------- views
     def _view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         base = args[0]
-        key = (entry.op, tuple(_static(value) for value in args[1:]), tuple((k, _static(v)) for k, v in kwargs.items()), tuple(base.shape), tuple(base.stride()), base.storage_offset(), base.dtype, base._buf.chip)
+        geom = base._geom or geometry_of(base)
+        key = (entry.op, _static_args(args), tuple((name, _static(value)) for name, value in kwargs.items()) if kwargs else (), geom)
         cached = self.view_plans.get(key)
         if cached is None:
             cached = self.view_plans[key] = self._build_view(entry, args, kwargs, base)
         if cached is _FALLBACK:
             return self.fallback(entry, args, kwargs)
-        results = []
-        parent_chain = base._view
-        root_steps = () if parent_chain is None else parent_chain.steps
-        for step, shape, dtype, strides, offset in cached:
-            steps = (step,) if step.absolute else root_steps + (step,)
-            results.append(TpuTensor(base._buf, shape, dtype, strides, offset, view=ViewChain(steps)))
+        buf = base._buf
+        parent = base._view
+        results = [
+            view_tensor(buf, out_geom, root if parent is None else parent.then(step)) for step, root, out_geom in cached
+        ]
         if self.recorder is not None:
             self.recorder.view_op(entry.name, base, results)
         if len(results) == 1 and not isinstance(cached, list):
@@ -490,6 +490,7 @@ class Dispatcher:
         return results
 
     def _build_view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, base: TpuTensor) -> Any:
+        """The outputs of a view op on a base of this geometry: (step, its chain from the buffer, geometry) each."""
         storage_numel = max(int(np.prod(_root_shape(base))) if _root_shape(base) else 1, base.storage_offset() + 1)
         meta_base = torch.empty(storage_numel, dtype=base.dtype, device="meta").as_strided(base.shape, base.stride(), base.storage_offset())
         try:
@@ -501,16 +502,19 @@ class Dispatcher:
         static_args = tuple(args[1:])
         static_kwargs = dict(kwargs)
         absolute = entry.op is aten.as_strided.default
-        layout = [
-            (
-                ViewStep(lowering, static_args, static_kwargs, index if isinstance(result, (list, tuple)) else None, (entry.op, tuple(_static(a) for a in static_args), tuple((k, _static(v)) for k, v in static_kwargs.items()), index), absolute),
-                tuple(meta.shape),
-                meta.dtype,
-                tuple(meta.stride()),
-                meta.storage_offset(),
+        chip = base._buf.chip
+        layout = []
+        for index, meta in enumerate(outputs):
+            step = ViewStep(
+                lowering,
+                static_args,
+                static_kwargs,
+                index if isinstance(result, (list, tuple)) else None,
+                (entry.op, tuple(_static(a) for a in static_args), tuple((k, _static(v)) for k, v in static_kwargs.items()), index),
+                absolute,
             )
-            for index, meta in enumerate(outputs)
-        ]
+            out_geom = geometry(tuple(meta.shape), tuple(meta.stride()), meta.storage_offset(), meta.dtype, chip)
+            layout.append((step, ViewChain.root(step), out_geom))
         return layout if isinstance(result, (list, tuple)) else tuple(layout)
 
     def _chain_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
@@ -542,9 +546,11 @@ class Dispatcher:
 
     def _alias(self, args: Sequence[Any], kwargs: dict) -> TpuTensor:
         tensor = args[0]
-        alias = TpuTensor(tensor._buf, tuple(tensor.shape), tensor.dtype, tuple(tensor.stride()), tensor.storage_offset(), view=tensor._view)
-        alias._cached = tensor._cached
-        alias._cached_version = tensor._cached_version
+        alias = view_tensor(tensor._buf, tensor._geom or geometry_of(tensor), tensor._view)
+        cached = tensor._cached
+        if cached is not None:
+            alias._cached = cached
+            alias._cached_version = tensor._cached_version
         return alias
 
     def _decompose(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
@@ -843,11 +849,22 @@ def _root_shape(tensor: TpuTensor) -> tuple[int, ...]:
 
 
 def _static(value: Any) -> Any:
+    if type(value) is int:
+        return value
     if isinstance(value, list):
         return tuple(_static(item) for item in value)
     if isinstance(value, torch.Tensor):
         raise TypeError("tensor argument in a view op")
     return value
+
+
+def _static_args(args: Sequence[Any]) -> tuple:
+    """A view op's arguments after its base, hashable (lists as tuples); as they are when all ints."""
+    values = tuple(args[1:])
+    for value in values:
+        if type(value) is not int:
+            return tuple(_static(item) for item in values)
+    return values
 
 
 def _copy_lowering(target: Any, source: Any) -> Any:

@@ -54,6 +54,7 @@ def set_geometry(tensor: TpuTensor, shape: Sequence[int], strides: Sequence[int]
         placeholder = torch.Tensor._make_wrapper_subclass(TpuData, (needed,), dtype=tensor.dtype, device=tensor.device)
         storage = torch.Tensor.untyped_storage(placeholder)
     _run_meta(aten.set_.source_Storage_storage_offset, tensor, storage, offset, shape, strides)
+    tensor._geom = None
 
 
 def become(tensor: TpuTensor, source: TpuTensor) -> TpuTensor:

@@ -18,6 +18,7 @@ import jax
 import torch
 
 from tputrace.backend import memory
+from tputrace.backend.views import Geometry, ViewChain, geometry
 
 _live = memory.live
 _peak = memory.peak
@@ -216,6 +217,7 @@ class TpuTensor(torch.Tensor):
     _cached_version: int = -1
     _traced: Any = None
     _compile_data: "TpuData | None" = None
+    _geom: Geometry | None = None  # set by `geometry_of`; cleared wherever the geometry changes
 
     @staticmethod
     def __new__(
@@ -297,6 +299,7 @@ class TpuTensor(torch.Tensor):
         self._view = source._view
         self._cached = None
         self._cached_version = -1
+        self._geom = None
 
     def untyped_storage(self) -> BufferStorage:
         """The buffer's storage: its size, and resizing to 0 and back (how FSDP2 frees parameters)."""
@@ -473,6 +476,26 @@ def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
         strides.append(running)
         running *= max(size, 1)
     return tuple(reversed(strides))
+
+
+def geometry_of(tensor: TpuTensor) -> Geometry:
+    """The tensor's interned geometry (read from its metadata once, then kept on the tensor)."""
+    geom = tensor._geom
+    if geom is None:
+        geom = tensor._geom = geometry(tuple(tensor.shape), tuple(tensor.stride()), tensor.storage_offset(), tensor.dtype, tensor._buf.chip)
+    return geom
+
+
+def view_tensor(buf: Buffer, geom: Geometry, view: ViewChain | None) -> TpuTensor:
+    """A tpu tensor seeing `buf` through `view` with geometry `geom` (views and aliases)."""
+    tensor = _make_wrapper(
+        TpuTensor, geom.shape, strides=geom.strides, storage_offset=geom.offset, dtype=geom.dtype, device=_DEVICES.get(geom.chip) or torch_device(geom.chip)
+    )
+    tensor._buf = buf
+    if view is not None:
+        tensor._view = view
+    tensor._geom = geom
+    return tensor
 
 
 def new_tensor(array: jax.Array | Any, chip: int, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> TpuTensor:

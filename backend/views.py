@@ -35,13 +35,34 @@ class ViewStep:
 
 
 class ViewChain:
-    """The steps from a buffer's array to a view's value."""
+    """The steps from a buffer's array to a view's value.
 
-    __slots__ = ("steps", "key")
+    Chains are built through `root` and `then`, which return one shared chain per sequence of steps
+    (the steps of cached view layouts live as long as the dispatcher), so making a view of a view
+    builds no new chain once that sequence has been seen."""
+
+    __slots__ = ("steps", "key", "_next")
 
     def __init__(self, steps: tuple[ViewStep, ...]) -> None:
         self.steps = steps
         self.key = tuple(step.key for step in steps)
+        self._next: dict[int, ViewChain] = {}
+
+    @staticmethod
+    def root(step: ViewStep) -> "ViewChain":
+        """The chain of one step applied to the buffer itself."""
+        chain = _ROOTS.get(id(step))
+        if chain is None:
+            chain = _ROOTS[id(step)] = ViewChain((step,))
+        return chain
+
+    def then(self, step: ViewStep) -> "ViewChain":
+        """This chain followed by `step` (an absolute step replaces it)."""
+        chain = self._next.get(id(step))
+        if chain is None:
+            chain = ViewChain.root(step) if step.absolute else ViewChain(self.steps + (step,))
+            self._next[id(step)] = chain
+        return chain
 
     def function(self) -> Callable[[Any], tuple]:
         steps = self.steps
@@ -75,6 +96,35 @@ class ViewChain:
             return (flat.reshape(buffer_shape),)
 
         return write_through
+
+
+_ROOTS: dict[int, ViewChain] = {}  # by id of a step that a cached view layout keeps alive
+
+
+class Geometry:
+    """A tensor's sizes, strides, storage offset, dtype and chip, interned: one object per distinct
+    geometry, so a view's cache key hashes it by identity instead of reading the tensor's metadata."""
+
+    __slots__ = ("shape", "strides", "offset", "dtype", "chip")
+
+    def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype: Any, chip: int) -> None:
+        self.shape = shape
+        self.strides = strides
+        self.offset = offset
+        self.dtype = dtype
+        self.chip = chip
+
+
+_GEOMETRIES: dict[tuple, Geometry] = {}
+
+
+def geometry(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype: Any, chip: int) -> Geometry:
+    """The interned geometry with these values."""
+    key = (shape, strides, offset, dtype, chip)
+    found = _GEOMETRIES.get(key)
+    if found is None:
+        found = _GEOMETRIES[key] = Geometry(shape, strides, offset, dtype, chip)
+    return found
 
 
 _DENSE_CHECK_LIMIT = 1 << 24  # elements; a larger buffer's view is written by a scatter, unchecked
