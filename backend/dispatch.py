@@ -110,7 +110,8 @@ class Dispatcher:
         an error is kept, placeholder outputs of the right shape are returned, and the error is
         raised on the user's thread when backward() returns."""
         try:
-            return self.dispatch(func, args, kwargs)
+            route = self.routes.get(id(func)) or self._route(func)
+            return route[0](route[1], args, kwargs)
         except BaseException as error:  # noqa: BLE001 - re-raised by raise_worker_errors
             self.worker_errors.append(error)
             return self._placeholder_outputs(func, args, kwargs)

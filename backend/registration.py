@@ -26,9 +26,13 @@ class _Hooks(torch._C._acc.PrivateUse1Hooks):
         return True
 
 
+_PRIVATE_USE1 = torch._C._autograd.DeviceType.PrivateUse1
+
+
 class _DeviceGuard(torch._C._acc.DeviceGuard):
     def type_(self) -> torch._C._autograd.DeviceType:
-        return torch._C._autograd.DeviceType.PrivateUse1
+        """Called from C++ around every op and autograd node on a tpu tensor: a constant."""
+        return _PRIVATE_USE1
 
 
 def register() -> None:

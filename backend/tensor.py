@@ -28,9 +28,17 @@ _MAIN_THREAD = threading.main_thread().ident
 _get_ident = threading.get_ident
 
 
+_thread_kind = threading.local()
+
+
 def _on_autograd_worker() -> bool:
-    """True on a thread that PyTorch's C++ autograd engine started (Python sees a dummy thread)."""
-    return isinstance(threading.current_thread(), threading._DummyThread)
+    """True on a thread that PyTorch's C++ autograd engine started (Python sees a dummy thread);
+    worked out once per thread."""
+    try:
+        return _thread_kind.autograd_worker
+    except AttributeError:
+        worker = _thread_kind.autograd_worker = isinstance(threading.current_thread(), threading._DummyThread)
+        return worker
 
 
 def sync_hint() -> str | None:
@@ -250,7 +258,10 @@ class TpuTensor(torch.Tensor):
             return _dispatch_traced(func, args, kwargs or {})
         if _get_ident() != _MAIN_THREAD and _on_autograd_worker():
             return dispatcher.dispatch_on_worker(func, args, kwargs or {})
-        return dispatcher.dispatch(func, args, kwargs or {})
+        route = dispatcher.routes.get(id(func))
+        if route is None:
+            return dispatcher.dispatch(func, args, kwargs or {})
+        return route[0](route[1], args, kwargs or {})
 
     # ----------------------------------------------------------------- torch.compile
     @property
@@ -488,9 +499,11 @@ def geometry_of(tensor: TpuTensor) -> Geometry:
 
 def view_tensor(buf: Buffer, geom: Geometry, view: ViewChain | None) -> TpuTensor:
     """A tpu tensor seeing `buf` through `view` with geometry `geom` (views and aliases)."""
-    tensor = _make_wrapper(
-        TpuTensor, geom.shape, strides=geom.strides, storage_offset=geom.offset, dtype=geom.dtype, device=_DEVICES.get(geom.chip) or torch_device(geom.chip)
-    )
+    device = _DEVICES.get(geom.chip) or torch_device(geom.chip)
+    if geom.dense:
+        tensor = _make_wrapper(TpuTensor, geom.shape, dtype=geom.dtype, device=device)
+    else:
+        tensor = _make_wrapper(TpuTensor, geom.shape, strides=geom.strides, storage_offset=geom.offset, dtype=geom.dtype, device=device)
     tensor._buf = buf
     if view is not None:
         tensor._view = view

@@ -105,7 +105,7 @@ class Geometry:
     """A tensor's sizes, strides, storage offset, dtype and chip, interned: one object per distinct
     geometry, so a view's cache key hashes it by identity instead of reading the tensor's metadata."""
 
-    __slots__ = ("shape", "strides", "offset", "dtype", "chip")
+    __slots__ = ("shape", "strides", "offset", "dtype", "chip", "dense")
 
     def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype: Any, chip: int) -> None:
         self.shape = shape
@@ -113,6 +113,16 @@ class Geometry:
         self.offset = offset
         self.dtype = dtype
         self.chip = chip
+        self.dense = offset == 0 and strides == _contiguous_strides(shape)  # torch's default strides
+
+
+def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides = []
+    running = 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
 
 
 _GEOMETRIES: dict[tuple, Geometry] = {}
