@@ -9,7 +9,7 @@ import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import autocast, device_module, distributed, hooks, inplace_views, kernels, op_routes
 from tputrace.backend.compile import register as register_dynamo_backend
-from tputrace.backend.ops import register_all
+from tputrace.backend.ops import attention_route, register_all
 
 BACKEND_NAME = "tpu"
 _registered = False
@@ -48,6 +48,7 @@ def register() -> None:
     kernels.register()
     inplace_views.register()
     op_routes.register()
+    attention_route.register()
     autocast.register()
     hooks.install()
     distributed.register()
