@@ -79,3 +79,21 @@ def test_only_cases_the_fused_op_computes_alike_take_it(mask: str, fused: bool) 
         assert "aten::bmm" not in backward.names
     else:
         assert "aten::_safe_softmax" in forward.names and "aten::bmm" in forward.names
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_the_flash_op_with_a_float_mask_and_its_backward_match_the_cpu(mode: EagerMode) -> None:
+    tensors, kwargs = _attention_case("float", seed=1)
+
+    def run(device: str) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        leaves = [tensor.detach().to(device).requires_grad_() for tensor in tensors]
+        out = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(*leaves, 0.0, False, attn_mask=kwargs["attn_mask"].to(device), scale=0.2)[0]
+        (out * out).sum().backward()
+        return host(out), [host(leaf.grad) for leaf in leaves]
+
+    expected_out, expected_grads = run("cpu")
+    with eager(mode):
+        out, grads = run("tpu")
+    torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
+    for grad, expected in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)

@@ -229,18 +229,28 @@ def native_dropout_backward(grad_output: Array, mask: Array, scale: float) -> Ar
 # --- attention ----------------------------------------------------------------------------------
 
 
-def _attention(query: Array, key: Array, value: Array, is_causal: bool, attn_mask: Array | None, scale: float | None) -> tuple[Array, Array]:
-    q, k, v = to_float(query), to_float(key), to_float(value)
-    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if k.ndim == q.ndim and q.ndim >= 3 and k.shape[-3] != q.shape[-3] and q.shape[-3] % k.shape[-3] == 0:
-        repeats = q.shape[-3] // k.shape[-3]
-        k, v = jnp.repeat(k, repeats, axis=-3), jnp.repeat(v, repeats, axis=-3)
+def _grouped_heads(q: Array, k: Array) -> bool:
+    return k.ndim == q.ndim and q.ndim >= 3 and k.shape[-3] != q.shape[-3] and q.shape[-3] % k.shape[-3] == 0
+
+
+def _scores(q: Array, k: Array, is_causal: bool, attn_mask: Array | None, scale: float) -> Array:
+    """Scaled q·k scores with masked positions at -inf (or the float mask added)."""
     scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=PRECISION) * scale
     if is_causal:
         allowed = jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), jnp.bool_))
         scores = jnp.where(allowed, scores, -jnp.inf)
     if attn_mask is not None:
         scores = jnp.where(attn_mask, scores, -jnp.inf) if attn_mask.dtype == jnp.bool_ else scores + attn_mask
+    return scores
+
+
+def _attention(query: Array, key: Array, value: Array, is_causal: bool, attn_mask: Array | None, scale: float | None) -> tuple[Array, Array]:
+    q, k, v = to_float(query), to_float(key), to_float(value)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if _grouped_heads(q, k):
+        repeats = q.shape[-3] // k.shape[-3]
+        k, v = jnp.repeat(k, repeats, axis=-3), jnp.repeat(v, repeats, axis=-3)
+    scores = _scores(q, k, is_causal, attn_mask, scale)
     peak = jnp.max(scores, axis=-1, keepdims=True)
     peak = jnp.where(jnp.isfinite(peak), peak, jnp.zeros_like(peak))
     exps = jnp.exp(scores - peak)
@@ -262,11 +272,25 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
     if dropout_p > 0.0:
         raise UnloweredCase("attention dropout needs a random key")
 
-    def forward(q: Array, k: Array, v: Array) -> Array:
-        return _attention(q, k, v, is_causal, attn_mask, scale)[0]
+    q, k, v = to_float(query), to_float(key), to_float(value)
+    if _grouped_heads(q, k):
+        def forward(q: Array, k: Array, v: Array) -> Array:
+            return _attention(q, k, v, is_causal, attn_mask, scale)[0]
 
-    _, pullback = jax.vjp(forward, to_float(query), to_float(key), to_float(value))
-    return pullback(to_float(grad_out))
+        _, pullback = jax.vjp(forward, q, k, v)
+        return pullback(to_float(grad_out))
+    # The saved logsumexp gives the probabilities without another max and sum, and the saved output
+    # gives each row's sum(grad * probabilities · v) as sum(grad * out) (FlashAttention's backward).
+    grad = to_float(grad_out)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    probabilities = jnp.exp(_scores(q, k, is_causal, attn_mask, scale) - logsumexp[..., None])
+    grad_value = jnp.einsum("...qk,...qd->...kd", probabilities, grad, precision=PRECISION)
+    grad_probabilities = jnp.einsum("...qd,...kd->...qk", grad, v, precision=PRECISION)
+    row = jnp.sum(grad * to_float(out), axis=-1, keepdims=True)
+    grad_scores = probabilities * (grad_probabilities - row) * scale
+    grad_query = jnp.einsum("...qk,...kd->...qd", grad_scores, k, precision=PRECISION)
+    grad_key = jnp.einsum("...qk,...qd->...kd", grad_scores, q, precision=PRECISION)
+    return grad_query, grad_key, grad_value
 
 
 @lowers(aten._trilinear.default)
