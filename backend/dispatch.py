@@ -519,6 +519,15 @@ class Dispatcher:
         return layout if isinstance(result, (list, tuple)) else tuple(layout)
 
     def _chain_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        array = buf.array
+        memo_key = ("chain", array.shape, array.dtype, buf.chip)
+        plan = chain.plans.get(memo_key)
+        if plan is None:
+            plan = chain.plans[memo_key] = self._shared_chain_plan(chain, buf)
+        return plan
+
+    def _shared_chain_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        """The read plan of every chain with this chain's steps, on a buffer of this signature."""
         key = ("chain", chain.key, buf.array.shape, buf.array.dtype, buf.chip)
         plan = self.plans.get(key)
         if plan is None:
@@ -532,6 +541,15 @@ class Dispatcher:
         return plan
 
     def _scatter_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        array = buf.array
+        memo_key = ("scatter", array.shape, array.dtype, buf.chip)
+        plan = chain.plans.get(memo_key)
+        if plan is None:
+            plan = chain.plans[memo_key] = self._shared_scatter_plan(chain, buf)
+        return plan
+
+    def _shared_scatter_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        """The write plan of every chain with this chain's steps, into a buffer of this signature."""
         key = ("scatter", chain.key, buf.array.shape, buf.array.dtype, buf.chip)
         plan = self.plans.get(key)
         if plan is None:
