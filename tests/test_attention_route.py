@@ -97,3 +97,20 @@ def test_the_flash_op_with_a_float_mask_and_its_backward_match_the_cpu(mode: Eag
     torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
     for grad, expected in zip(grads, expected_grads):
         torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize(
+    "shapes",
+    [((2, 3, 8, 16), (2, 3, 8, 16), (2, 3, 8, 12)), ((2, 3, 8, 16), (1, 3, 8, 16), (1, 3, 8, 16)), ((2, 3, 5, 16), (2, 3, 8, 16), (2, 3, 8, 16))],
+    ids=["value_head_size", "broadcast_batch", "cross_lengths"],
+)
+def test_shapes_the_flash_op_refuses_run_and_match_the_cpu(mode: EagerMode, shapes: tuple) -> None:
+    generator = torch.Generator().manual_seed(2)
+    tensors = [torch.randn(*shape, generator=generator) for shape in shapes]
+    expected_out, expected_grads = _run("cpu", tensors, {})
+    with eager(mode):
+        out, grads = _run("tpu", tensors, {})
+    torch.testing.assert_close(out, expected_out, atol=1e-5, rtol=1e-5)
+    for grad, expected in zip(grads, expected_grads):
+        torch.testing.assert_close(grad, expected, atol=1e-5, rtol=1e-5)

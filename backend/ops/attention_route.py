@@ -8,7 +8,8 @@ and `_scaled_dot_product_flash_attention_for_cpu` compute alike as that op inste
 torch's own autograd formula, its backward op, and lowerings (`nn.sdpa_flash_for_cpu`), so XLA gets
 the whole attention in one place. Other cases keep the math path: dropout (it needs a random key),
 an explicit mask (a fully masked row is zeros in the math path's `_safe_softmax`, and a float mask
-may need a gradient the flash op does not give), grouped-query heads, inputs that are not 4-D.
+may need a gradient the flash op does not give), grouped-query heads, inputs that are not 4-D,
+batches that broadcast, and a value head size other than the query's (the flash op needs one).
 """
 
 from __future__ import annotations
@@ -27,7 +28,10 @@ def _flash_computes_alike(query: torch.Tensor, key: torch.Tensor, value: torch.T
         and query.dim() == key.dim() == value.dim() == 4
         and query.dtype == key.dtype == value.dtype
         and query.dtype.is_floating_point
+        and query.shape[0] == key.shape[0] == value.shape[0]
         and query.shape[1] == key.shape[1] == value.shape[1]
+        and query.shape[3] == key.shape[3] == value.shape[3]
+        and key.shape[2] == value.shape[2]
     )
 
 
