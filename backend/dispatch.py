@@ -473,7 +473,7 @@ class Dispatcher:
     def _view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         base = args[0]
         geom = base._geom or geometry_of(base)
-        key = (entry.op, _static_args(args), tuple((name, _static(value)) for name, value in kwargs.items()) if kwargs else (), geom)
+        key = (entry, _static_args(args), tuple((name, _static(value)) for name, value in kwargs.items()) if kwargs else (), geom)
         cached = self.view_plans.get(key)
         if cached is None:
             cached = self.view_plans[key] = self._build_view(entry, args, kwargs, base)
