@@ -273,7 +273,9 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
         raise UnloweredCase("attention dropout needs a random key")
 
     q, k, v = to_float(query), to_float(key), to_float(value)
-    if _grouped_heads(q, k):
+    # torch's decomposition of the forward op (torch.compile) returns the attention weights in place
+    # of the logsumexp: only the op's own (B, H, L) logsumexp is used.
+    if _grouped_heads(q, k) or tuple(logsumexp.shape) != tuple(q.shape[:-1]):
         def forward(q: Array, k: Array, v: Array) -> Array:
             return _attention(q, k, v, is_causal, attn_mask, scale)[0]
 
