@@ -174,10 +174,10 @@ class DeferredExecutor:
                 spec = specs[0]
                 outputs = (LazyValue(graph, node, 0, spec.shape, spec.jax_dtype, spec.nbytes),)
             else:
-                outputs = tuple(
+                outputs = tuple([
                     None if spec is None else LazyValue(graph, node, index, spec.shape, spec.jax_dtype, spec.nbytes)
                     for index, spec in enumerate(specs)
-                )
+                ])
         recorder = self.dispatcher.recorder
         if recorder is not None and record_name is not None:
             begin = start_ns if start_ns is not None else _perf_ns()

@@ -35,6 +35,9 @@ def route(handler: Handler, op: torch._ops.OpOverload) -> Handler:
         for list_index in tensor_lists:
             if list_index >= len(args):
                 continue
+            kinds = set(map(type, args[list_index]))  # one pass in C over a list that is usually all tpu tensors
+            if not any(kind is not TpuTensor and kind is not torch.Tensor and issubclass(kind, torch.Tensor) for kind in kinds):
+                continue
             for position, value in enumerate(args[list_index]):
                 value_type = type(value)
                 if value_type is not TpuTensor and value_type is not torch.Tensor and isinstance(value, torch.Tensor):
