@@ -664,6 +664,28 @@ def test_attention_matches_math() -> None:
     torch.testing.assert_close(actual, expected, atol=1e-5, rtol=1e-5)
 
 
+def test_attention_backward_shares_the_forward_softmax_in_one_program() -> None:
+    """Forward and backward in one program (as DeferAndFuse compiles them) take the softmax's exp
+    once (the backward does not rebuild the probabilities from the logsumexp), run 2 + 4 matmuls,
+    and give torch's gradients."""
+    q, k, v = (torch.randn(2, 3, 6, 8, requires_grad=True) for _ in range(3))
+    grad_out = torch.randn(2, 3, 6, 8)
+    forward = registry.lowering_for(aten._scaled_dot_product_flash_attention_for_cpu.default).fn
+    backward = registry.lowering_for(aten._scaled_dot_product_flash_attention_for_cpu_backward.default).fn
+
+    def step(q: jax.Array, k: jax.Array, v: jax.Array, grad: jax.Array) -> tuple[jax.Array, ...]:
+        out, logsumexp = forward(q, k, v, 0.0, True)
+        return backward(grad, q, k, v, out, logsumexp, 0.0, True)
+
+    arrays = [_to_array(value) for value in (q, k, v, grad_out)]
+    compiled = jax.jit(step).lower(*arrays).compile()
+    hlo_text = compiled.as_text()
+    assert (hlo_text.count(" exponential("), hlo_text.count(" dot(")) == (1, 6)
+    expected = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True), (q, k, v), grad_out)
+    for actual, wanted in zip(compiled(*arrays), expected, strict=True):
+        torch.testing.assert_close(torch.from_numpy(np.array(actual)), wanted, atol=1e-5, rtol=1e-5)
+
+
 # --- linalg and foreach -------------------------------------------------------------------------
 
 

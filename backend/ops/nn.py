@@ -244,18 +244,24 @@ def _scores(q: Array, k: Array, is_causal: bool, attn_mask: Array | None, scale:
     return scores
 
 
+def _softmax(q: Array, k: Array, is_causal: bool, attn_mask: Array | None, scale: float) -> tuple[Array, Array, Array]:
+    """The attention probabilities, with each row's finite peak and the sum of exps under it."""
+    scores = _scores(q, k, is_causal, attn_mask, scale)
+    peak = jnp.max(scores, axis=-1, keepdims=True)
+    peak = jnp.where(jnp.isfinite(peak), peak, jnp.zeros_like(peak))
+    exps = jnp.exp(scores - peak)
+    total = jnp.sum(exps, axis=-1, keepdims=True)
+    return exps / total, peak, total
+
+
 def _attention(query: Array, key: Array, value: Array, is_causal: bool, attn_mask: Array | None, scale: float | None) -> tuple[Array, Array]:
     q, k, v = to_float(query), to_float(key), to_float(value)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     if _grouped_heads(q, k):
         repeats = q.shape[-3] // k.shape[-3]
         k, v = jnp.repeat(k, repeats, axis=-3), jnp.repeat(v, repeats, axis=-3)
-    scores = _scores(q, k, is_causal, attn_mask, scale)
-    peak = jnp.max(scores, axis=-1, keepdims=True)
-    peak = jnp.where(jnp.isfinite(peak), peak, jnp.zeros_like(peak))
-    exps = jnp.exp(scores - peak)
-    total = jnp.sum(exps, axis=-1, keepdims=True)
-    out = jnp.einsum("...qk,...kd->...qd", exps / total, v, precision=PRECISION)
+    probabilities, peak, total = _softmax(q, k, is_causal, attn_mask, scale)
+    out = jnp.einsum("...qk,...kd->...qd", probabilities, v, precision=PRECISION)
     logsumexp = (jnp.log(total) + peak)[..., 0]
     return out, logsumexp
 
@@ -281,11 +287,13 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
 
         _, pullback = jax.vjp(forward, q, k, v)
         return pullback(to_float(grad_out))
-    # The saved logsumexp gives the probabilities without another max and sum, and the saved output
-    # gives each row's sum(grad * probabilities · v) as sum(grad * out) (FlashAttention's backward).
+    # The probabilities are computed as the forward computes them, not from the saved logsumexp: when
+    # forward and backward share one fused program (DeferAndFuse), XLA then reuses the forward's
+    # scores matmul and softmax instead of running them again. The saved output gives each row's
+    # sum(grad * probabilities · v) as sum(grad * out) (FlashAttention's backward).
     grad = to_float(grad_out)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    probabilities = jnp.exp(_scores(q, k, is_causal, attn_mask, scale) - logsumexp[..., None])
+    probabilities = _softmax(q, k, is_causal, attn_mask, scale)[0]
     grad_value = jnp.einsum("...qk,...qd->...kd", probabilities, grad, precision=PRECISION)
     grad_probabilities = jnp.einsum("...qd,...kd->...qk", grad, v, precision=PRECISION)
     row = jnp.sum(grad * to_float(out), axis=-1, keepdims=True)
