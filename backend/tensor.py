@@ -480,15 +480,6 @@ def is_tpu_tensor(value: object) -> bool:
     return isinstance(value, TpuTensor)
 
 
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    running = 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
-
-
 def geometry_of(tensor: TpuTensor) -> Geometry:
     """The tensor's interned geometry (read from its metadata once, then kept on the tensor)."""
     geom = tensor._geom

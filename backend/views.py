@@ -114,10 +114,11 @@ class Geometry:
         self.offset = offset
         self.dtype = dtype
         self.chip = chip
-        self.dense = offset == 0 and strides == _contiguous_strides(shape)  # torch's default strides
+        self.dense = offset == 0 and strides == contiguous_strides(shape)  # torch's default strides
 
 
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """torch's default (row-major) strides for a shape; a size-0 or size-1 dimension counts as 1."""
     strides = []
     running = 1
     for size in reversed(shape):

@@ -27,6 +27,7 @@ from tputrace.backend import rng
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
+from tputrace.backend.views import contiguous_strides
 
 aten = torch.ops.aten
 OpOverload = torch._ops.OpOverload
@@ -245,17 +246,8 @@ def _size_query(name: str, args: tuple) -> int:
         return int(np.prod(array.shape, dtype=np.int64))
     if name == "sym_storage_offset.default":
         return 0
-    strides = _contiguous_strides(tuple(array.shape))
+    strides = contiguous_strides(tuple(array.shape))
     return strides[args[1]]
-
-
-def _contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    strides = []
-    running = 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
 
 
 def _conform(result: Any, fake: Any, op_name: str) -> Any:
