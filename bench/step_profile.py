@@ -86,12 +86,7 @@ def capture_gpt_programs(steps: int) -> dict[str, CapturedProgram]:
         optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
         batches = [(tokens.to("tpu"), targets.to("tpu")) for tokens, targets in gpt_train.synthetic_batches(config, 4, 4)]
         for index in range(steps):
-            tokens, targets = batches[index % len(batches)]
-            _, loss = model(tokens, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            gpt_train.train_step(model, model, optimizer, *batches[index % len(batches)])
             torch.tpu.synchronize()
     finally:
         deferred.compile_program = compile_program

@@ -38,12 +38,7 @@ def main() -> None:
     def run_steps(count: int) -> float:
         start = time.perf_counter()
         for index in range(count):
-            tokens, targets = batches[index % len(batches)]
-            _, loss = model(tokens, targets)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
+            loss = gpt_train.train_step(model, model, optimizer, *batches[index % len(batches)])
         loss.item()
         torch.tpu.synchronize()
         return (time.perf_counter() - start) / count * 1e3

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -112,14 +113,20 @@ def train(device: str, steps: int, batch: int = 4, compile_model: bool = False, 
     forward = torch.compile(model, backend="tpu" if device.startswith("tpu") else "inductor") if compile_model else model
     losses = []
     for tokens, targets in synthetic_batches(config, batch, steps):
-        tokens, targets = tokens.to(device), targets.to(device)
-        _, loss = forward(tokens, targets)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        optimizer.step()
+        loss = train_step(forward, model, optimizer, tokens.to(device), targets.to(device))
         losses.append(loss.detach())
     return [loss.item() for loss in losses]
+
+
+def train_step(forward: Callable, model: GPT, optimizer: torch.optim.Optimizer, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """One training step: forward (`forward` is the model or its compiled form), backward, gradient
+    clipping to norm 1 and the optimizer step. Returns the loss."""
+    _, loss = forward(tokens, targets)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    return loss
 
 
 def main() -> None:
