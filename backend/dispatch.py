@@ -141,9 +141,7 @@ class Dispatcher:
         if special is not None:
             route = (lambda _entry, args, kwargs: special(args, kwargs), None)
         else:
-            entry = self.entries.get(func)
-            if entry is None:
-                entry = self.entries[func] = classify(func)
+            entry = self._entry(func)
             handlers = {
                 "lowered": self.compute,
                 "view": self._view,
@@ -194,9 +192,6 @@ class Dispatcher:
             tensor._cached_version = buf.version
         if self.executor.deferred:
             self.executor.track(buf, replaced)
-
-    def wrap(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
-        return TpuTensor(Buffer(value, chip, spec.nbytes), spec.shape, spec.dtype)
 
     # ----------------------------------------------------------------- argument templates
     def _flatten_general(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> tuple[tuple, tuple, list, list, list, int]:
@@ -320,19 +315,11 @@ class Dispatcher:
         slots = []
         for item in items:
             if type(item) is TpuTensor and (chip_box[0] == item._buf.chip or chip_box[0] == -1):
-                buf = item._buf
-                chip_box[0] = buf.chip
+                chip_box[0] = item._buf.chip
                 index = len(dynamic)
                 slots.append(_SLOTS[index] if index < _N_SLOTS else Slot(index))
                 originals.append(item)
-                if item._view is not None:
-                    self._append_tensor(item, dynamic, specs)
-                    continue
-                dynamic.append(buf.array)
-                spec = buf.spec
-                if spec is None:
-                    spec = buf.spec = (item.shape, item.dtype)
-                specs.append(spec)
+                self._append_tensor(item, dynamic, specs)
             else:
                 slots.append(self._flatten_value(self._index_on_chip(item, host_chip), False, False, dynamic, specs, originals, chip_box))
         return TensorList(slots)
@@ -375,16 +362,18 @@ class Dispatcher:
             else:
                 output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
             return output
-        deferred = executor.deferred
-        outputs = [
-            None if spec is None else new_tensor(value, chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
-            for value, spec in zip(values, plan.out_specs)
-        ]
-        if deferred:
-            for output in outputs:
-                if output is not None:
-                    executor.own(output._buf)
+        outputs = [None if spec is None else self._new_output(value, spec, chip) for value, spec in zip(values, plan.out_specs)]
         return tuple(outputs) if plan.out_structure == "tuple" else outputs
+
+    def _new_output(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
+        """A new tpu tensor for one output value of a plan (in DeferAndFuse, one the flush fills in).
+        `compute`'s single-output branch does the same inline (every op's hot path)."""
+        executor = self.executor
+        if executor.deferred:
+            output = new_tensor(value, chip, spec.shape, spec.dtype, 0)
+            executor.own(output._buf)
+            return output
+        return new_tensor(value, chip, spec.shape, spec.dtype, spec.nbytes)
 
     def _run(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None) -> tuple[Plan, tuple, int] | None:
         """Run (or record) a lowered op: its plan, output values and chip; None if it runs on the host."""
@@ -519,11 +508,19 @@ class Dispatcher:
         return layout if isinstance(result, (list, tuple)) else tuple(layout)
 
     def _chain_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        return self._chain_memo(chain, buf, "chain", self._shared_chain_plan)
+
+    def _scatter_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
+        return self._chain_memo(chain, buf, "scatter", self._shared_scatter_plan)
+
+    @staticmethod
+    def _chain_memo(chain: ViewChain, buf: Buffer, kind: str, build: Callable[[ViewChain, Buffer], Plan]) -> Plan:
+        """A chain's read or write plan for a buffer of this signature, kept on the chain."""
         array = buf.array
-        memo_key = ("chain", array.shape, array.dtype, buf.chip)
+        memo_key = (kind, array.shape, array.dtype, buf.chip)
         plan = chain.plans.get(memo_key)
         if plan is None:
-            plan = chain.plans[memo_key] = self._shared_chain_plan(chain, buf)
+            plan = chain.plans[memo_key] = build(chain, buf)
         return plan
 
     def _shared_chain_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
@@ -538,14 +535,6 @@ class Dispatcher:
                 plan = Plan("view", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("chain", chain.key))
                 self.executor.prepare(plan, [buf.array], record=False)
                 self.plans[key] = plan
-        return plan
-
-    def _scatter_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
-        array = buf.array
-        memo_key = ("scatter", array.shape, array.dtype, buf.chip)
-        plan = chain.plans.get(memo_key)
-        if plan is None:
-            plan = chain.plans[memo_key] = self._shared_scatter_plan(chain, buf)
         return plan
 
     def _shared_scatter_plan(self, chain: ViewChain, buf: Buffer) -> Plan:
@@ -656,15 +645,11 @@ class Dispatcher:
         if ran is None:
             return self._assign_all(targets, self.fallback(functional_entry, args, kwargs))
         plan, values, chip = ran
-        deferred = self.executor.deferred
         for target, value, spec in zip(targets, values, plan.out_specs):
             if spec.dtype == target.dtype and spec.shape == target.shape:
                 self.write(target, value)
             else:
-                result = new_tensor(value, chip, spec.shape, spec.dtype, 0 if deferred else spec.nbytes)
-                if deferred:
-                    self.executor.own(result._buf)
-                self._assign(target, result)
+                self._assign(target, self._new_output(value, spec, chip))
         return None
 
     def _assign_all(self, targets: Sequence[TpuTensor], results: Sequence[Any]) -> None:
