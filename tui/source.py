@@ -227,9 +227,7 @@ class SourceView(TraceView):
             self._place_cursor(row)
 
     def _place_cursor(self, row: int) -> None:
-        table = self.query_one("#source-code", TraceTable)
-        table.scroll_to(y=max(row - table.scrollable_content_region.height // 2, 0), animate=False)
-        table.move_cursor(row=row, animate=False)
+        self.query_one("#source-code", TraceTable).centre_on(row)
 
     def current_line(self) -> int | None:
         key = self.query_one("#source-code", TraceTable).current_key()

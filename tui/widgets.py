@@ -84,6 +84,7 @@ class TraceTable(DataTable, inherit_bindings=False):
         self._more = False
         self._requested = False
         self.loaded = 0
+        self._centred_row: int | None = None
 
     def on_mount(self) -> None:
         self._add_columns([])
@@ -149,6 +150,29 @@ class TraceTable(DataTable, inherit_bindings=False):
         # Handled here and still bubbling to the view.
         if event.data_table is self and event.cursor_row >= self.row_count - 3:
             self.load_more()
+
+    def centre_on(self, row: int) -> None:
+        """Put the cursor on `row` in the middle of the table, and keep it there through resizes
+        (the view around the table may still be laying out) until the cursor moves."""
+        self._centred_row = row
+        self.move_cursor(row=row, animate=False)
+        # After DataTable's own scroll that brings the cursor into view, which it defers to the next refresh.
+        self.call_after_refresh(self._scroll_to_centre)
+
+    def _scroll_to_centre(self) -> None:
+        row = self._centred_row
+        if row is None or self.cursor_row != row:
+            self._centred_row = None
+            return
+        if self.virtual_size.height < self.header_height + self.row_count:
+            # DataTable sizes itself for new rows when idle; a scroll before that is clamped to the old size.
+            self.call_after_refresh(self._scroll_to_centre)
+            return
+        self.scroll_to(y=max(row - self.scrollable_content_region.height // 2, 0), animate=False, immediate=True)
+
+    def on_resize(self) -> None:
+        if self._centred_row is not None:
+            self.call_after_refresh(self._scroll_to_centre)
 
     def current_key(self) -> str | None:
         """The key of the row under the cursor (None for an empty table)."""
