@@ -209,7 +209,7 @@ class SourceView(TraceView):
         elif stats:
             target_line = max(stats, key=lambda number: stats[number].time_ns)
         if target_line is not None:
-            # After the table has laid out its new rows, so that it can scroll to the line.
+            # After a refresh, so that the table's height (how many rows to load around the line) is known.
             self.call_after_refresh(self._move_to_line, target_line)
 
     def _move_to_line(self, line: int) -> None:
@@ -217,17 +217,10 @@ class SourceView(TraceView):
         if not self.row_lines:
             return
         row = min(range(len(self.row_lines)), key=lambda index: abs(self.row_lines[index] - line))
-        height = table.scrollable_content_region.height
-        if table.row_count < row + height and table.has_more:
-            # Rows are added a page at a time; add up to the line, then place the cursor once the
-            # table knows its new size.
-            table.ensure_rows(row + height)
-            self.call_after_refresh(self._place_cursor, row)
-        else:
-            self._place_cursor(row)
-
-    def _place_cursor(self, row: int) -> None:
-        self.query_one("#source-code", TraceTable).centre_on(row)
+        # Rows are added a page at a time: add those up to a screen past the line (centre_on waits
+        # for the table to size itself for them).
+        table.ensure_rows(row + table.scrollable_content_region.height)
+        table.centre_on(row)
 
     def current_line(self) -> int | None:
         key = self.query_one("#source-code", TraceTable).current_key()
