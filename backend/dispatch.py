@@ -214,7 +214,8 @@ class Dispatcher:
     def _flatten_positional(self, args: Sequence[Any], scalar_positions: frozenset[int]) -> tuple[tuple, list, tuple, int] | None:
         """The common case: positional tpu tensors, Python scalars, constants and lists of constants
         (None if anything else). Returns (template args, dynamic values, input specs, chip). A call
-        whose arguments are all dynamic shares one template; others build theirs from the first constant."""
+        whose arguments are all dynamic shares one template; others build theirs from the first constant.
+        Every op's hot path: a tensor is added as `_append_tensor` adds it, inline (no call per argument)."""
         dynamic: list[Any] = []
         specs: list[tuple] = []
         template: list[Any] | None = None
