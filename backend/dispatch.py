@@ -34,8 +34,10 @@ from tputrace.backend.plans import (
     TensorList,
     array_function,
     compile_program,
+    flatten_nested,
     out_specs_from_meta,
     rebuild,
+    regroup,
 )
 from tputrace.backend.signatures import nearest_signature, signature_diff
 from tputrace.backend.tensor import Buffer, TpuTensor, geometry_of, new_tensor, sync_hint, view_tensor
@@ -364,7 +366,10 @@ class Dispatcher:
                 output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
             return output
         outputs = [None if spec is None else self._new_output(value, spec, chip) for value, spec in zip(values, plan.out_specs)]
-        return tuple(outputs) if plan.out_structure == "tuple" else outputs
+        structure = plan.out_structure
+        if structure == "tuple":
+            return tuple(outputs)
+        return outputs if structure == "list" else regroup(outputs, structure)
 
     def _new_output(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
         """A new tpu tensor for one output value of a plan (in DeferAndFuse, one the flush fills in).
@@ -584,6 +589,10 @@ class Dispatcher:
         else:
             return self.fallback(entry, args, kwargs)
         if isinstance(result, (tuple, list)):
+            # The functional op returns one value per written argument (`_amp_update_scale` returns
+            # the new scale and growth_tracker_out); the first is `self`'s.
+            for position, value in zip(entry.mutated_positions[1:], result[1:]):
+                self._assign(args[position], value)
             result = result[0]
         self._assign(target, result)
         return target
@@ -639,6 +648,10 @@ class Dispatcher:
             if entry.decomposition is not None:
                 return entry.decomposition(*args, **kwargs)
             return self.fallback(entry, args, kwargs)
+        if len(entry.mutated_positions) > 1:
+            # Other written arguments follow the list, as the functional op's outputs do
+            # (`_amp_foreach_non_finite_check_and_unscale_` also writes found_inf).
+            targets = [*targets, *(args[position] for position in entry.mutated_positions[1:])]
         functional_entry = self._entry(entry.functional)
         if functional_entry.kind != "lowered":
             return self._assign_all(targets, self.dispatch(entry.functional, args, kwargs))
@@ -654,6 +667,8 @@ class Dispatcher:
         return None
 
     def _assign_all(self, targets: Sequence[TpuTensor], results: Sequence[Any]) -> None:
+        if isinstance(results, tuple) and any(isinstance(result, (tuple, list)) for result in results):
+            results = flatten_nested(results)
         for target, result in zip(targets, results):
             self._assign(target, result)
 

@@ -87,7 +87,7 @@ class Plan:
     op_name: str
     fn: Callable[..., tuple]
     out_specs: tuple[OutSpec | None, ...]
-    out_structure: str
+    out_structure: str | tuple[int | None, ...]  # "single", "tuple", "list", or list lengths (`regroup`)
     in_specs: tuple[InputSpec, ...]
     chip: int
     structure_key: Any
@@ -125,9 +125,48 @@ def out_specs_from_meta(result: Any) -> tuple[tuple[OutSpec | None, ...], str]:
     if isinstance(result, torch.Tensor):
         return (_spec(result),), "single"
     if isinstance(result, (tuple, list)):
+        if isinstance(result, tuple) and any(isinstance(item, (tuple, list)) for item in result):
+            return _nested_specs(result)
         specs = tuple(_spec(item) if isinstance(item, torch.Tensor) else None for item in result)
         return specs, "tuple" if isinstance(result, tuple) else "list"
     raise LoweringError(f"unsupported op result type {type(result).__name__}")
+
+
+def _nested_specs(result: tuple) -> tuple[tuple[OutSpec | None, ...], tuple[int | None, ...]]:
+    """Specs of a result that holds lists (`(Tensor[] self_out, Tensor found_inf_out)`), flattened; the
+    structure gives each item's list length, None for a lone tensor."""
+    specs: list[OutSpec | None] = []
+    groups: list[int | None] = []
+    for item in result:
+        items = list(item) if isinstance(item, (tuple, list)) else [item]
+        groups.append(len(items) if isinstance(item, (tuple, list)) else None)
+        specs.extend(_spec(value) if isinstance(value, torch.Tensor) else None for value in items)
+    return tuple(specs), tuple(groups)
+
+
+def flatten_nested(values: Sequence[Any]) -> list[Any]:
+    """A result's items with each list in it spliced in place (the order of `_nested_specs`)."""
+    flat: list[Any] = []
+    for value in values:
+        if isinstance(value, (tuple, list)):
+            flat.extend(value)
+        else:
+            flat.append(value)
+    return flat
+
+
+def regroup(flat: Sequence[Any], groups: tuple[int | None, ...]) -> tuple:
+    """The inverse of `flatten_nested` for a structure from `_nested_specs`."""
+    result: list[Any] = []
+    position = 0
+    for length in groups:
+        if length is None:
+            result.append(flat[position])
+            position += 1
+        else:
+            result.append(list(flat[position : position + length]))
+            position += length
+    return tuple(result)
 
 
 def _spec(meta: torch.Tensor) -> OutSpec:
@@ -149,6 +188,8 @@ def array_function(lowering: Callable, template_args: Any, template_kwargs: Any,
         with jax.named_scope(op_name):
             result = lowering(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
+        if any(isinstance(value, (tuple, list)) for value in results):
+            results = flatten_nested(results)
         if len(results) != len(out_specs):
             raise LoweringError(f"{op_name}: lowering returned {len(results)} outputs, torch returns {len(out_specs)}")
         outputs = []

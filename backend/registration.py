@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import autocast, device_module, distributed, hooks, inplace_views, kernels, op_routes
+from tputrace.backend import autocast, checkpoints, device_module, distributed, hooks, host_pinning, inplace_views, kernels, op_routes
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
 
@@ -46,6 +46,8 @@ def register() -> None:
             rename=BACKEND_NAME, backend_module=device_module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
     kernels.register()
+    host_pinning.register()
+    checkpoints.register()
     inplace_views.register()
     op_routes.register()
     attention_route.register()

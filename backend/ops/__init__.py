@@ -25,6 +25,7 @@ FAMILIES = (
     "fft",
     "foreach",
     "histogram",
+    "amp",
 )
 
 _registered = False
