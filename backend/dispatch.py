@@ -651,7 +651,10 @@ class Dispatcher:
         if len(entry.mutated_positions) > 1:
             # Other written arguments follow the list, as the functional op's outputs do
             # (`_amp_foreach_non_finite_check_and_unscale_` also writes found_inf).
-            targets = [*targets, *(args[position] for position in entry.mutated_positions[1:])]
+            targets = list(targets)
+            for position in entry.mutated_positions[1:]:
+                written = args[position]
+                targets.extend(written) if isinstance(written, (list, tuple)) else targets.append(written)
         functional_entry = self._entry(entry.functional)
         if functional_entry.kind != "lowered":
             return self._assign_all(targets, self.dispatch(entry.functional, args, kwargs))

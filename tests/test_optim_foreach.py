@@ -57,6 +57,29 @@ def test_foreach_adamw_with_clipping_matches_cpu(mode: EagerMode) -> None:
         assert torch.allclose(got, want, atol=2e-5), (got - want).abs().max()
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, torch.optim.AdamW], ids=lambda cls: cls.__name__)
+def test_fused_adam_matches_cpu(mode: EagerMode, optimizer_class: type) -> None:
+    """`fused=True` (common in scripts written for CUDA) writes every list the fused op updates."""
+
+    def train(device: str) -> list[torch.Tensor]:
+        model = _model(device)
+        optimizer = optimizer_class(model.parameters(), lr=1e-2, weight_decay=0.1, amsgrad=True, fused=True)
+        generator = torch.Generator().manual_seed(1)
+        for _ in range(3):
+            inputs = torch.randn(16, 12, generator=generator)
+            optimizer.zero_grad()
+            model(inputs.to(device)).pow(2).mean().backward()
+            optimizer.step()
+        return [host(parameter) for parameter in model.parameters()]
+
+    expected = train("cpu")
+    with eager(mode):
+        result = train("tpu")
+    for got, want in zip(result, expected):
+        assert torch.allclose(got, want, atol=2e-5), (got - want).abs().max()
+
+
 def test_deferred_optimizer_step_records_one_op_per_parameter_list(monkeypatch: pytest.MonkeyPatch) -> None:
     flushed: list[tuple[str, list[str]]] = []
     flush_graph = DeferredExecutor.flush_graph
