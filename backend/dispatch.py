@@ -836,7 +836,7 @@ def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) 
     return [value for value in written if isinstance(value, torch.Tensor)]
 
 
-def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dict, dynamic: list) -> tuple[tuple, str]:
+def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dict, dynamic: list) -> tuple[tuple, str | tuple[int | None, ...]]:
     """Output specs from tracing the lowering abstractly, for ops whose meta kernel refuses the inputs."""
     if entry.lowering.needs_key:
         raise LoweringError("random ops need a meta kernel")
@@ -847,11 +847,15 @@ def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dic
 
     result = jax.eval_shape(run, *avals)
     results = result if isinstance(result, (tuple, list)) else (result,)
+    structure: str | tuple[int | None, ...] = "single" if not isinstance(result, (tuple, list)) else "tuple"
+    if any(isinstance(out, (tuple, list)) for out in results):
+        structure = tuple(len(out) if isinstance(out, (tuple, list)) else None for out in results)
+        results = flatten_nested(results)
     specs = tuple(
         OutSpec(tuple(out.shape), to_torch(out.dtype), out.dtype, int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize)
         for out in results
     )
-    return specs, "single" if not isinstance(result, (tuple, list)) else "tuple"
+    return specs, structure
 
 
 def _is_functional(entry: OpEntry) -> bool:

@@ -26,6 +26,9 @@ _ALL_DECOMPOSITIONS = torch._decomp.decomposition_table
 
 # Ops whose `Scalar` arguments decide output shapes and so must stay compile-time constants.
 _STATIC_SCALAR_OPS = {"aten::arange", "aten::linspace", "aten::logspace", "aten::randint"}
+# Ops whose `float` arguments are hyperparameters that change between calls (a scheduled learning
+# rate): traced like Scalars, so a new value does not compile a new program.
+_TRACED_FLOAT_OPS = {"aten::_fused_adam", "aten::_fused_adamw"}
 # Norms: the order picks the algorithm. A traced order makes the lowering compute every norm and
 # select (|x|**p by exp/log, max, min, nonzero count): clip_grad_norm_ made the GPT step's flush ~18x slower.
 _ORDER_SCALAR_OPS = {"aten::linalg_vector_norm", "aten::norm", "aten::_foreach_norm", "aten::_foreach_powsum"}
@@ -53,10 +56,10 @@ class OpEntry:
     typed_constants: bool = False  # constant Scalars whose Python type matters (arange(4) vs arange(4.0))
 
 
-def _is_scalar_type(arg_type: torch._C.JitType) -> bool:
+def _is_scalar_type(arg_type: torch._C.JitType, traced_floats: bool = False) -> bool:
     if isinstance(arg_type, torch._C.OptionalType):
         arg_type = arg_type.getElementType()
-    return isinstance(arg_type, torch._C.NumberType)
+    return isinstance(arg_type, torch._C.NumberType) or (traced_floats and isinstance(arg_type, torch._C.FloatType))
 
 
 def _is_tensor_type(arg_type: torch._C.JitType) -> bool:
@@ -108,7 +111,7 @@ def classify(op: OpOverload) -> OpEntry:
     scalar_positions, scalar_names, list_positions, list_names = set(), set(), set(), set()
     if schema.name not in _STATIC_SCALAR_OPS and schema.name not in _ORDER_SCALAR_OPS:
         for position, arg in enumerate(schema.arguments):
-            if _is_scalar_type(arg.type) or _is_tensor_type(arg.type):
+            if _is_scalar_type(arg.type, schema.name in _TRACED_FLOAT_OPS) or _is_tensor_type(arg.type):
                 (scalar_names if arg.kwarg_only else scalar_positions).add(arg.name if arg.kwarg_only else position)
             elif _is_scalar_list_type(arg.type):
                 (list_names if arg.kwarg_only else list_positions).add(arg.name if arg.kwarg_only else position)

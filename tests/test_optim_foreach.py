@@ -3,6 +3,7 @@ with a constant order, and host tensors copied (not shared) on the way to the ch
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 
 import jax
@@ -59,25 +60,41 @@ def test_foreach_adamw_with_clipping_matches_cpu(mode: EagerMode) -> None:
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 @pytest.mark.parametrize("optimizer_class", [torch.optim.Adam, torch.optim.AdamW], ids=lambda cls: cls.__name__)
-def test_fused_adam_matches_cpu(mode: EagerMode, optimizer_class: type) -> None:
-    """`fused=True` (common in scripts written for CUDA) writes every list the fused op updates."""
+@pytest.mark.parametrize("scaled", [False, True], ids=["plain", "grad_scaler"])
+def test_fused_adam_runs_on_the_chip_and_matches_cpu(mode: EagerMode, optimizer_class: type, scaled: bool) -> None:
+    """`fused=True` (common in scripts written for CUDA) is lowered, not a CPU fallback: every list it
+    updates matches the CPU's fused kernel, with AMSGrad, a scheduled learning rate (no new program
+    per value) and a GradScaler whose overflowing step is skipped."""
 
     def train(device: str) -> list[torch.Tensor]:
         model = _model(device)
         optimizer = optimizer_class(model.parameters(), lr=1e-2, weight_decay=0.1, amsgrad=True, fused=True)
+        schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)
+        scaler = torch.amp.GradScaler(device, init_scale=2.0**8) if scaled else None
         generator = torch.Generator().manual_seed(1)
-        for _ in range(3):
+        for step in range(4):
             inputs = torch.randn(16, 12, generator=generator)
             optimizer.zero_grad()
-            model(inputs.to(device)).pow(2).mean().backward()
-            optimizer.step()
+            loss = model(inputs.to(device)).pow(2).mean() * (float("inf") if step == 2 and scaled else 1.0)
+            if scaler is None:
+                loss.backward()
+                optimizer.step()
+            else:
+                scaler.scale(loss).backward()
+                scaler.step(optimizer)
+                scaler.update()
+            schedule.step()
         return [host(parameter) for parameter in model.parameters()]
 
     expected = train("cpu")
-    with eager(mode):
+    fused_plans = lambda: sum(1 for key in dispatcher.plans if getattr(key[0], "name", "").startswith("aten._fused_adam"))  # noqa: E731
+    before = fused_plans()
+    with eager(mode), warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*CPU fallback", category=RuntimeWarning)
         result = train("tpu")
     for got, want in zip(result, expected):
         assert torch.allclose(got, want, atol=2e-5), (got - want).abs().max()
+    assert fused_plans() - before <= 1, "a new learning rate compiled a new program"
 
 
 def test_deferred_optimizer_step_records_one_op_per_parameter_list(monkeypatch: pytest.MonkeyPatch) -> None:

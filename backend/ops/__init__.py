@@ -26,6 +26,7 @@ FAMILIES = (
     "foreach",
     "histogram",
     "amp",
+    "optimizers",
 )
 
 _registered = False
