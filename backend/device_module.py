@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -167,6 +168,26 @@ def max_memory_allocated(device: Any = None) -> int:
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     memory.reset_peak(chip_index(device))
+
+
+def memory_reserved(device: Any = None) -> int:
+    """What tpu tensors hold: there is no caching allocator, so nothing is reserved beyond them."""
+    return memory_allocated(device)
+
+
+def max_memory_reserved(device: Any = None) -> int:
+    return max_memory_allocated(device)
+
+
+def reset_max_memory_allocated(device: Any = None) -> None:
+    reset_peak_memory_stats(device)
+
+
+def mem_get_info(device: Any = None) -> tuple[int, int]:
+    """(free, total) bytes of a chip: its memory limit less what tpu tensors hold; a virtual chip's
+    memory is the host's."""
+    total = get_device_properties(device).total_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return max(total - memory_allocated(device), 0), total
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:

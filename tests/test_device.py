@@ -70,6 +70,30 @@ def test_memory_counters_follow_live_tensors() -> None:
     assert torch.tpu.max_memory_allocated() == torch.tpu.memory_allocated()
 
 
+def test_cuda_style_memory_names_and_torch_accelerator() -> None:
+    """Names a ported script calls (`torch.cuda.memory_reserved` -> `torch.tpu...`) and device-generic
+    code's `torch.accelerator` functions, which torch would answer from a C++ allocator we lack."""
+    torch.tpu.synchronize()
+    before = torch.tpu.memory_allocated()
+    big = torch.zeros(256, 1024, device="tpu")
+    assert torch.tpu.memory_reserved() == torch.tpu.memory_allocated() == before + 1024 * 1024
+    free, total = torch.tpu.mem_get_info()
+    assert 0 < free <= total and total - free == torch.tpu.memory_allocated()
+    accelerator = torch.accelerator
+    torch.ones(3, device="tpu").add_(1)
+    accelerator.synchronize()
+    accelerator.synchronize("tpu:0")
+    accelerator.empty_cache()
+    assert accelerator.memory_allocated() == torch.accelerator.memory.memory_allocated(0) == torch.tpu.memory_allocated()
+    assert accelerator.max_memory_allocated() >= accelerator.memory_allocated()
+    assert accelerator.memory_stats()["allocated_bytes.all.current"] == torch.tpu.memory_allocated()
+    assert accelerator.get_memory_info() == torch.tpu.mem_get_info()
+    assert {torch.bfloat16, torch.float32, torch.int64} <= accelerator.get_device_capability()["supported_dtypes"]
+    del big
+    accelerator.reset_peak_memory_stats()
+    assert accelerator.max_memory_allocated() == torch.tpu.memory_allocated() == before
+
+
 def test_rng_is_reproducible_per_seed_and_never_fixed() -> None:
     torch.manual_seed(7)
     first = host(torch.randn(5, device="tpu"))
