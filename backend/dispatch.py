@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import chips, device_module, foreach_lists, rng, transfers
+from tputrace.backend import chips, device_module, foreach_lists, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import short_name, to_jax, to_torch
@@ -744,7 +744,10 @@ class Dispatcher:
         return TpuTensor(Buffer(array, chip, nbytes), tuple(tensor.shape), tensor.dtype)
 
     def from_host(self, host: torch.Tensor, chip: int) -> TpuTensor:
-        """A new tpu tensor holding a copy of a CPU tensor."""
+        """A new tpu tensor holding a copy of a CPU tensor (a sparse one densified: see `sparse`)."""
+        if host.layout != torch.strided:
+            sparse.warn_dense(host.layout)
+            host = host.to_dense()
         host = host.detach().contiguous()
         array = self.to_chip(host, chip)
         return TpuTensor(Buffer(array, chip, host.numel() * host.element_size()), tuple(host.shape), host.dtype)

@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import chips, device_module
+from tputrace.backend import chips, device_module, sparse
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.tensor import Buffer, TpuTensor
 
@@ -29,10 +29,12 @@ def _zeros(size: Any, dtype: torch.dtype | None, device: Any) -> TpuTensor:
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):  # noqa: ANN001, ANN201
+    sparse.empty_layout_error(layout)
     return _zeros(size, dtype, device)
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):  # noqa: ANN001, ANN201
+    sparse.empty_layout_error(layout)
     return _zeros(size, dtype, device)
 
 

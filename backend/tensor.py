@@ -196,6 +196,11 @@ def buffer_storage(buf: Buffer) -> BufferStorage:
     return storage
 
 
+def _data_ptr(tensor: Any) -> int:
+    base = buffer_storage(tensor._buf).data_ptr()
+    return base and base + tensor.storage_offset() * tensor.element_size()
+
+
 _DEVICES: dict[int, torch.device] = {}
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 
@@ -316,6 +321,12 @@ class TpuTensor(torch.Tensor):
         """The buffer's storage: its size, and resizing to 0 and back (how FSDP2 frees parameters)."""
         return buffer_storage(self._buf)
 
+    def data_ptr(self) -> int:
+        """The storage's number plus the offset in bytes, as a host tensor's address would be: tensors
+        share it exactly when they start at the same place in one buffer (how checkpoint writers such
+        as safetensors find shared weights). Not an address; 0 while the buffer is released."""
+        return _data_ptr(self)
+
     def _host_copy(self, kind: str) -> torch.Tensor:
         with _SyncKind(kind):
             return self.detach().to("cpu")
@@ -407,6 +418,14 @@ class TpuData(torch.Tensor):
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None) -> "TpuData | None":
         """AOTAutograd traced gradients as plain tensors; at run time this handle stands for one."""
         return self if expected_type in (None, torch.Tensor) else None
+
+    def untyped_storage(self) -> BufferStorage:
+        """The buffer's storage (what code that unwraps a TpuTensor with `__tensor_flatten__`, such
+        as huggingface_hub's shared-weight check, asks of the handle)."""
+        return buffer_storage(self._buf)
+
+    def data_ptr(self) -> int:
+        return _data_ptr(self)
 
     def tensor(self) -> TpuTensor:
         """A TpuTensor over the same buffer and view (an alias of the one this handle came from)."""
