@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import accelerator_api, autocast, checkpoints, device_module, distributed, hooks, host_pinning, inplace_views, kernels, op_routes, sparse
+from tputrace.backend import accelerator_api, autocast, checkpoints, device_module, distributed, hooks, host_pinning, inplace_views, kernels, op_routes, packed_sequences, sparse
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
 
@@ -51,6 +51,7 @@ def register() -> None:
     sparse.register()
     inplace_views.register()
     op_routes.register()
+    packed_sequences.register()
     attention_route.register()
     autocast.register()
     hooks.install()
