@@ -153,6 +153,8 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
         total = int(stats.get("bytes_limit", 0))
     except Exception:  # noqa: BLE001 - not every platform reports memory
         total = 0
+    if not total and jax_device.platform == "cpu":  # a virtual chip's memory is the host's
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     kind = getattr(jax_device, "device_kind", jax_device.platform)
     name = kind if jax_device.platform == "tpu" else f"tpu (virtual, on XLA {jax_device.platform}: {kind})"
     return DeviceProperties(name, jax_device.platform, index, total)
@@ -184,9 +186,8 @@ def reset_max_memory_allocated(device: Any = None) -> None:
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
-    """(free, total) bytes of a chip: its memory limit less what tpu tensors hold; a virtual chip's
-    memory is the host's."""
-    total = get_device_properties(device).total_memory or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    """(free, total) bytes of a chip: its memory (`get_device_properties`) less what tpu tensors hold."""
+    total = get_device_properties(device).total_memory
     return max(total - memory_allocated(device), 0), total
 
 

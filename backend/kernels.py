@@ -60,6 +60,25 @@ def _eye(n: int, m: int | None = None, **kwargs: Any) -> Any:
     return jnp.eye(n, n if m is None else m)
 
 
+def _tril_indices(row: int, col: int, offset: int = 0, **kwargs: Any) -> Any:
+    return jnp.stack(jnp.tril_indices(row, offset, col))
+
+
+def _triu_indices(row: int, col: int, offset: int = 0, **kwargs: Any) -> Any:
+    return jnp.stack(jnp.triu_indices(row, offset, col))
+
+
+def _kaiser_window(window_length: int, periodic: bool = True, beta: float = 12.0, **kwargs: Any) -> Any:
+    """torch's definition: a periodic window is the symmetric one of length + 1 without its last point."""
+    if window_length <= 1:
+        return jnp.ones((window_length,))
+    return jnp.kaiser(window_length + 1 if periodic else window_length, beta)[:window_length]
+
+
+def _randperm(n: int, *, key: Any, **kwargs: Any) -> Any:
+    return jax.random.permutation(key, n)
+
+
 _DEVICE_FACTORIES = {
     "arange": _arange,
     "arange.start": _arange,
@@ -68,10 +87,17 @@ _DEVICE_FACTORIES = {
     "logspace": _logspace,
     "eye": _eye,
     "eye.m": _eye,
+    "tril_indices": _tril_indices,
+    "triu_indices": _triu_indices,
+    "kaiser_window": _kaiser_window,
+    "kaiser_window.periodic": _kaiser_window,
+    "kaiser_window.beta": _kaiser_window,
 }
+# Drawn from the chip's generator (torch.tpu.manual_seed), as rand and randint are.
+_RANDOM_DEVICE_FACTORIES = {"randperm": _randperm}
 
 
-def _device_factory(name: str, fn: Any) -> Any:
+def _device_factory(name: str, fn: Any, needs_key: bool = False) -> Any:
     """A factory kernel that computes its values on the chip (an op in the trace, no host copy)."""
     from tputrace.backend.entries import classify
     from tputrace.backend.ops.registry import Lowering
@@ -79,7 +105,7 @@ def _device_factory(name: str, fn: Any) -> Any:
     packet_name, _, overload_name = name.partition(".")
     op = getattr(getattr(torch.ops.aten, packet_name), overload_name or "default")
     entry = classify(op)
-    entry.lowering = Lowering(op, fn)
+    entry.lowering = Lowering(op, fn, needs_key)
     entry.kind = "lowered"
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
@@ -101,3 +127,5 @@ def register() -> None:
     _library.impl("_copy_from", copy_from, "PrivateUse1")
     for name, fn in _DEVICE_FACTORIES.items():
         _library.impl(name, _device_factory(name, fn), "PrivateUse1")
+    for name, fn in _RANDOM_DEVICE_FACTORIES.items():
+        _library.impl(name, _device_factory(name, fn, needs_key=True), "PrivateUse1")

@@ -87,6 +87,32 @@ def test_factories() -> None:
     assert set(kept.unique().tolist()) <= {0.0, 2.0} and 300 < (kept == 0).sum() < 700
 
 
+@pytest.mark.parametrize("shape", [(3, 3), (4, 2, 1), (2, 5, -1), (0, 3), (5, 5, -10)], ids=str)
+def test_triangle_indices_on_the_chip(shape: tuple[int, ...]) -> None:
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*CPU fallback", category=RuntimeWarning)
+        for factory in (torch.tril_indices, torch.triu_indices):
+            on_chip = factory(*shape, device="tpu")
+            assert on_chip.dtype == torch.int64 and torch.equal(host(on_chip), factory(*shape))
+
+
+@pytest.mark.parametrize("length", [0, 1, 2, 7, 8])
+def test_kaiser_window_matches_cpu(length: int) -> None:
+    for options in ({}, {"periodic": False}, {"periodic": True, "beta": 5.0}):
+        on_chip = host(torch.kaiser_window(length, device="tpu", **options))
+        expected = torch.kaiser_window(length, **options)
+        assert on_chip.shape == expected.shape and torch.allclose(on_chip, expected, atol=1e-6), options
+
+
+def test_randperm_draws_from_the_chip_seed() -> None:
+    torch.tpu.manual_seed(7)
+    first = host(torch.randperm(50, device="tpu"))
+    torch.tpu.manual_seed(7)
+    assert torch.equal(host(torch.randperm(50, device="tpu")), first)
+    assert sorted(first.tolist()) == list(range(50)) and first.dtype == torch.int64
+    assert not torch.equal(host(torch.randperm(50, device="tpu")), first)
+
+
 def test_save_load_deepcopy_state_dict() -> None:
     model = torch.nn.Linear(3, 2).to("tpu")
     buffer = io.BytesIO()
