@@ -7,6 +7,9 @@
   saved statistics (their meta kernels say (C,)); the device returns what the CPU does.
 - `_linalg_check_errors` only reads `info` to raise torch's error: the chip checks for a nonzero
   entry and the host sees one bool; `info` is copied out only when there is an error to raise.
+- `ctc_loss` with lengths as host tensors (the usual CUDA call: cuDNN wants them there): torch's
+  composite for tensor subclasses divides the chip's losses by the host lengths, which mixes devices;
+  it runs as the `IntList` overload instead, as torch does for plain tensors.
 """
 
 from __future__ import annotations
@@ -68,8 +71,21 @@ def _linalg_check_errors(args: tuple, kwargs: dict) -> None:
     return None
 
 
+def _ctc_loss_tensor(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any, blank: int = 0, reduction: int = 1, zero_infinity: bool = False) -> Any:
+    if input_lengths.device.type == "cpu" and target_lengths.device.type == "cpu":
+        return aten.ctc_loss.IntList(log_probs, targets, input_lengths.tolist(), target_lengths.tolist(), blank, reduction, zero_infinity)
+    return aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+
+
+_library: torch.library.Library | None = None
+
+
 def register() -> None:
     """Route these ops to their handlers."""
+    global _library
+    if _library is None:
+        _library = torch.library.Library("aten", "IMPL")
+        _library.impl("ctc_loss.Tensor", _ctc_loss_tensor, "AutogradPrivateUse1")
     dispatcher = _dispatcher()
     dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
     dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)

@@ -1,5 +1,6 @@
-"""Packed sequences on tpu: `pack_padded_sequence` keeps `batch_sizes` on the host as torch requires and
-the data on the chip; packed LSTM/GRU forward and backward and `pad_packed_sequence` match the CPU."""
+"""Sequence lengths held on the host, as CUDA scripts pass them: `pack_padded_sequence` keeps
+`batch_sizes` on the host as torch requires and the data on the chip (packed LSTM/GRU forward and
+backward and `pad_packed_sequence` match the CPU), and `ctc_loss` takes host lengths."""
 
 from __future__ import annotations
 
@@ -42,3 +43,28 @@ def test_packed_rnns_match_cpu(mode: EagerMode) -> None:
 def test_unsorted_lengths_keep_torchs_error() -> None:
     with pytest.raises(RuntimeError, match="sorted in decreasing order"):
         pack_padded_sequence(torch.randn(3, 4, 2, device="tpu"), torch.tensor([2, 4, 1]), batch_first=True)
+
+
+def _ctc(device: str, lengths_on_chip: bool) -> list[torch.Tensor]:
+    torch.manual_seed(0)
+    logits = torch.randn(12, 3, 6).to(device).requires_grad_()
+    targets = torch.randint(1, 6, (3, 5)).to(device)
+    input_lengths, target_lengths = torch.tensor([12, 10, 8]), torch.tensor([5, 3, 4])
+    if lengths_on_chip:
+        input_lengths, target_lengths = input_lengths.to(device), target_lengths.to(device)
+    results = []
+    for reduction in ("mean", "sum", "none"):
+        loss = torch.nn.functional.ctc_loss(logits.log_softmax(2), targets, input_lengths, target_lengths, reduction=reduction, zero_infinity=True)
+        (gradient,) = torch.autograd.grad(loss.sum(), logits)
+        results += [loss.detach(), gradient]
+    return results
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("lengths_on_chip", [False, True], ids=["host_lengths", "chip_lengths"])
+def test_ctc_loss_matches_cpu(mode: EagerMode, lengths_on_chip: bool) -> None:
+    expected = _ctc("cpu", False)
+    with eager(mode):
+        result = _ctc("tpu", lengths_on_chip)
+    for got, want in zip(result, expected):
+        assert torch.allclose(host(got), want, atol=1e-5), (host(got) - want).abs().max()
