@@ -9,6 +9,7 @@ as in torch.
 
 from __future__ import annotations
 
+import copy
 import functools
 import threading
 import weakref
@@ -196,6 +197,10 @@ def buffer_storage(buf: Buffer) -> BufferStorage:
     return storage
 
 
+# What a TpuTensor keeps in its __dict__ about its data (not copied by deepcopy: the clone has its own).
+_OWN_ATTRIBUTES = frozenset({"_buf", "_view", "_cached", "_cached_version", "_traced", "_compile_data", "_geom"})
+
+
 def _data_ptr(tensor: Any) -> int:
     base = buffer_storage(tensor._buf).data_ptr()
     return base and base + tensor.storage_offset() * tensor.element_size()
@@ -380,6 +385,26 @@ class TpuTensor(torch.Tensor):
         super().backward(gradient, retain_graph, create_graph, inputs)
         dispatcher.raise_worker_errors()
         hooks.flush_pending("backward_end")
+
+    def __deepcopy__(self, memo: dict) -> "TpuTensor":
+        """A clone on the chip, as torch deep-copies wrapper subclasses (its other path copies the
+        storage, which would allocate a tpu storage), with the same requires_grad, a deep copy of the
+        gradient and of the attributes set on the tensor (`_is_param`, a user's own)."""
+        if not self.is_leaf:
+            return super().__deepcopy__(memo)  # torch's error for non-leaf tensors
+        if id(self) in memo:
+            return memo[id(self)]
+        with torch.no_grad():
+            copied = self.clone()
+        if self.requires_grad:
+            copied.requires_grad_()
+        if self.grad is not None:
+            copied.grad = copy.deepcopy(self.grad, memo)
+        for name, value in self.__dict__.items():
+            if name not in _OWN_ATTRIBUTES:
+                setattr(copied, name, copy.deepcopy(value, memo))
+        memo[id(self)] = copied
+        return copied
 
     def __reduce_ex__(self, proto: int) -> Any:
         """Saved as a CPU tensor plus its device, which `torch.load(weights_only=True)` accepts."""
