@@ -654,7 +654,10 @@ class Dispatcher:
             targets = list(targets)
             for position in entry.mutated_positions[1:]:
                 written = args[position]
-                targets.extend(written) if isinstance(written, (list, tuple)) else targets.append(written)
+                if isinstance(written, (list, tuple)):
+                    targets.extend(written)
+                else:
+                    targets.append(written)
         functional_entry = self._entry(entry.functional)
         if functional_entry.kind != "lowered":
             return self._assign_all(targets, self.dispatch(entry.functional, args, kwargs))
