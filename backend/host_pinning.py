@@ -19,8 +19,9 @@ def _pin_memory(tensor: torch.Tensor, device: torch.device | None = None) -> tor
 
 
 def register() -> None:
-    """Register the host kernel once."""
+    """Register the host kernel once, when `tpu` is the accelerator (on a CUDA host torch pins for CUDA)."""
     global _library
-    if _library is None:
+    accelerator = torch.accelerator.current_accelerator()
+    if _library is None and accelerator is not None and accelerator.type == "tpu":
         _library = torch.library.Library("aten", "IMPL")
         _library.impl("_pin_memory", _pin_memory, "CPU")
