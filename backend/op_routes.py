@@ -7,6 +7,9 @@
   saved statistics (their meta kernels say (C,)); the device returns what the CPU does.
 - `_linalg_check_errors` only reads `info` to raise torch's error: the chip checks for a nonzero
   entry and the host sees one bool; `info` is copied out only when there is an error to raise.
+- `_linalg_det` and `_linalg_slogdet` of a contiguous real matrix factor its transpose, as torch's
+  CPU and CUDA kernels do (det(Aᵀ) = det(A)): their backward reads the LU factors as those of Aᵀ
+  whenever A is contiguous, so the factors of A gave a transposed gradient.
 - `ctc_loss` with lengths as host tensors (the usual CUDA call: cuDNN wants them there): torch's
   composite for tensor subclasses divides the chip's losses by the host lengths, which mixes devices;
   it runs as the `IntList` overload instead, as torch does for plain tensors.
@@ -71,6 +74,17 @@ def _linalg_check_errors(args: tuple, kwargs: dict) -> None:
     return None
 
 
+def _factor_transpose_when_contiguous(op: Any) -> Any:
+    def handler(args: tuple, kwargs: dict) -> Any:
+        dispatcher = _dispatcher()
+        (matrix,) = _bound(op, args, kwargs)
+        if matrix.is_contiguous() and not matrix.is_complex():
+            matrix = matrix.mT
+        return dispatcher.compute(dispatcher._entry(op), (matrix,), {})
+
+    return handler
+
+
 def _ctc_loss_tensor(log_probs: Any, targets: Any, input_lengths: Any, target_lengths: Any, blank: int = 0, reduction: int = 1, zero_infinity: bool = False) -> Any:
     if input_lengths.device.type == "cpu" and target_lengths.device.type == "cpu":
         return aten.ctc_loss.IntList(log_probs, targets, input_lengths.tolist(), target_lengths.tolist(), blank, reduction, zero_infinity)
@@ -90,3 +104,5 @@ def register() -> None:
     dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
     dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)
     dispatcher.register_special(aten._linalg_check_errors.default, _linalg_check_errors)
+    for op in (aten._linalg_det.default, aten._linalg_slogdet.default):
+        dispatcher.register_special(op, _factor_transpose_when_contiguous(op))

@@ -127,6 +127,24 @@ def test_save_load_deepcopy_state_dict() -> None:
     assert torch.equal(host(other.bias), host(model.bias))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex64], ids=str)
+@pytest.mark.parametrize("transposed", [False, True], ids=["contiguous", "transposed"])
+def test_determinant_gradients_match_cpu(dtype: torch.dtype, transposed: bool) -> None:
+    """torch's backward of det/slogdet reads the LU factors of Aᵀ when A is contiguous and real."""
+    torch.manual_seed(0)
+    base = torch.randn(2, 4, 4, dtype=dtype)
+    results = []
+    for device in ("cpu", "tpu"):
+        matrix = base.to(device).requires_grad_()
+        view = matrix.mT if transposed else matrix
+        total = torch.linalg.det(view).abs().sum() + torch.linalg.slogdet(view).logabsdet.sum()
+        if not dtype.is_complex:
+            total = total + torch.logdet(view @ view.mT + torch.eye(4, dtype=dtype, device=device)).sum()
+        (gradient,) = torch.autograd.grad(total, matrix)
+        results.append(gradient.to("cpu"))
+    assert torch.allclose(results[1], results[0], rtol=1e-4, atol=1e-4), (results[1] - results[0]).abs().max()
+
+
 def test_autograd_matches_cpu() -> None:
     torch.manual_seed(0)
     weights = torch.randn(5, 3, requires_grad=True)
