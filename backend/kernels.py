@@ -38,6 +38,11 @@ def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory
     return _zeros(size, dtype, device)
 
 
+def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):  # noqa: ANN001, ANN201
+    """The zero tangent of forward-mode AD: plain zeros (torch's lazy zero tensor is a CPU/CUDA kernel)."""
+    return _zeros(size, dtype, device)
+
+
 def copy_from(source, destination, non_blocking=False):  # noqa: ANN001, ANN201
     from tputrace.backend.dispatch import dispatcher
 
@@ -125,6 +130,7 @@ def register() -> None:
     _library.impl("empty.memory_format", empty_memory_format, "PrivateUse1")
     _library.impl("empty_strided", empty_strided, "PrivateUse1")
     _library.impl("_copy_from", copy_from, "PrivateUse1")
+    _library.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
     for name, fn in _DEVICE_FACTORIES.items():
         _library.impl(name, _device_factory(name, fn), "PrivateUse1")
     for name, fn in _RANDOM_DEVICE_FACTORIES.items():

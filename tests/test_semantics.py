@@ -145,6 +145,28 @@ def test_determinant_gradients_match_cpu(dtype: torch.dtype, transposed: bool) -
     assert torch.allclose(results[1], results[0], rtol=1e-4, atol=1e-4), (results[1] - results[0]).abs().max()
 
 
+def _forward_mode(device: str) -> list[torch.Tensor]:
+    import torch.autograd.forward_ad as forward_ad
+    from torch.func import functional_call, hessian, jacfwd, jvp
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).to(device)
+    inputs = torch.randn(5, 3).to(device)
+    with forward_ad.dual_level():
+        dual = forward_ad.make_dual(inputs, torch.ones_like(inputs))
+        tangent = forward_ad.unpack_dual(net(dual) * 2).tangent  # an operand without tangent: a zero tangent
+    _, jvp_out = jvp(net, (inputs,), (torch.ones_like(inputs),))
+    jacobian = jacfwd(net)(inputs[0])
+    params = dict(net.named_parameters())
+    second = hessian(lambda point: functional_call(net, params, (point,)).sum())(inputs[0])
+    return [value.detach().to("cpu") for value in (tangent, jvp_out, jacobian, second)]
+
+
+def test_forward_mode_ad_matches_cpu() -> None:
+    for got, want in zip(_forward_mode("tpu"), _forward_mode("cpu")):
+        assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
 def test_autograd_matches_cpu() -> None:
     torch.manual_seed(0)
     weights = torch.randn(5, 3, requires_grad=True)
