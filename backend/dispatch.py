@@ -90,6 +90,7 @@ class Dispatcher:
             aten.alias.default: self._alias,
             aten.lift_fresh.default: self._alias,
             aten.is_same_size.default: lambda args, kwargs: tuple(args[0].shape) == tuple(args[1].shape),
+            aten._has_same_storage_numel.default: lambda args, kwargs: _storage_numel(args[0]) == _storage_numel(args[1]),
             aten.is_pinned.default: lambda args, kwargs: False,
             aten._has_compatible_shallow_copy_type.default: lambda args, kwargs: type(args[0]) is type(args[1]),
         }
@@ -819,6 +820,11 @@ class Dispatcher:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         else:
             warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
+
+
+def _storage_numel(tensor: torch.Tensor) -> int:
+    """Elements the tensor's storage holds (forward-mode AD compares a tangent's with its primal's)."""
+    return tensor.untyped_storage().nbytes() // tensor.element_size()
 
 
 def _positional_originals(args: Sequence[Any], scalar_positions: frozenset[int]) -> list[Any]:

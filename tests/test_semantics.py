@@ -163,8 +163,29 @@ def _forward_mode(device: str) -> list[torch.Tensor]:
 
 
 def test_forward_mode_ad_matches_cpu() -> None:
-    for got, want in zip(_forward_mode("tpu"), _forward_mode("cpu")):
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*CPU fallback", category=RuntimeWarning)
+        result = _forward_mode("tpu")
+    for got, want in zip(result, _forward_mode("cpu")):
         assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("name", ["add", "sub", "mul", "div", "maximum", "eq", "lt", "neg", "abs", "exp", "tanh", "floor"])
+def test_elementwise_prims_match_cpu(name: str) -> None:
+    """`torch.ops.prims` ops, which torch's reference implementations call, run on the chip."""
+    prim = getattr(torch.ops.prims, name)
+    cases = [(torch.tensor([1.5, -2.0, 0.25]), torch.tensor([0.5, 4.0, -1.0])),
+             (torch.tensor([7, -7, 3], dtype=torch.int32), torch.tensor([2, 2, -2], dtype=torch.int32))]
+    unary = len(prim.default._schema.arguments) == 1
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*CPU fallback", category=RuntimeWarning)
+        for first, second in cases:
+            if unary and first.dtype == torch.int32 and name in ("exp", "tanh", "floor"):
+                continue
+            operands = (first,) if unary else (first, second)
+            expected = prim(*operands)
+            got = host(prim(*(operand.to("tpu") for operand in operands)))
+            assert got.dtype == expected.dtype and torch.allclose(got, expected), (got, expected)
 
 
 def test_autograd_matches_cpu() -> None:

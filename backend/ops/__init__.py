@@ -27,6 +27,7 @@ FAMILIES = (
     "histogram",
     "amp",
     "optimizers",
+    "prims",
 )
 
 _registered = False
