@@ -550,12 +550,12 @@ class Dispatcher:
         plan = self.plans.get(key)
         if plan is None:
             with self.plan_lock:
-                fn = chain.scatter_function(tuple(buf.array.shape))
+                fn = chain.scatter_function(tuple(buf.array.shape), buf.array.dtype)
                 nbytes = int(np.prod(buf.array.shape, dtype=np.int64)) * np.dtype(buf.array.dtype).itemsize
                 spec = OutSpec(tuple(buf.array.shape), to_torch(buf.array.dtype), buf.array.dtype, nbytes)
-                view_shape = jax.eval_shape(chain.function(), jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0].shape
+                view = jax.eval_shape(chain.function(), jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0]
                 plan = Plan("view_write", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("scatter", chain.key))
-                self.executor.prepare(plan, [buf.array, jnp.zeros(view_shape, buf.array.dtype)], record=False)
+                self.executor.prepare(plan, [buf.array, jnp.zeros(view.shape, view.dtype)], record=False)
                 self.plans[key] = plan
         return plan
 

@@ -11,8 +11,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 
 @dataclass(frozen=True)
@@ -75,7 +77,17 @@ class ViewChain:
 
         return view_of
 
-    def scatter_function(self, buffer_shape: tuple[int, ...]) -> Callable[[Any, Any], tuple]:
+    def scatter_function(self, buffer_shape: tuple[int, ...], buffer_dtype: Any = None) -> Callable[[Any, Any], tuple]:
+        """`write(buffer, value) -> (new buffer,)`: the buffer with the view's elements replaced by `value`.
+
+        A step that reinterprets the dtype (`view_as_real`, `view_as_complex`, `view(dtype)`; `.real`
+        and `.imag` are `view_as_real` then a select) is a bijection between its input and output: the
+        steps after it are written into its current output, which it maps back to its input, and that
+        is written through the steps before it."""
+        if buffer_dtype is not None:
+            split = _last_dtype_step(self.steps, buffer_shape, buffer_dtype)
+            if split is not None:
+                return _write_across_dtype_step(self.steps, split, buffer_shape, buffer_dtype)
         view_of = self.function()
         size = 1
         for dim in buffer_shape:
@@ -100,6 +112,59 @@ class ViewChain:
 
 
 _ROOTS: dict[int, ViewChain] = {}  # by id of a step that a cached view layout keeps alive
+
+
+def _avals(steps: tuple[ViewStep, ...], shape: tuple[int, ...], dtype: Any) -> list[Any]:
+    """The abstract value before the first step and after each step."""
+    avals = [jax.ShapeDtypeStruct(shape, dtype)]
+    for step in steps:
+        avals.append(jax.eval_shape(step.apply, avals[-1]))
+    return avals
+
+
+def _last_dtype_step(steps: tuple[ViewStep, ...], shape: tuple[int, ...], dtype: Any) -> int | None:
+    """The index of the last step whose output dtype differs from its input's, or None."""
+    avals = _avals(steps, shape, dtype)
+    changed = [index for index in range(len(steps)) if avals[index + 1].dtype != avals[index].dtype]
+    return changed[-1] if changed else None
+
+
+def _reinterpret_back(value: Any, source: Any) -> Any:
+    """The inverse of a dtype-reinterpreting view step whose input had the abstract value `source`."""
+    source_complex = jnp.issubdtype(source.dtype, jnp.complexfloating)
+    if source_complex and not jnp.issubdtype(value.dtype, jnp.complexfloating):  # view_as_real
+        return lax.complex(value[..., 0], value[..., 1]).astype(source.dtype)
+    if jnp.issubdtype(value.dtype, jnp.complexfloating) and not source_complex:  # view_as_complex
+        return jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1).astype(source.dtype)
+    value_size, source_size = np.dtype(value.dtype).itemsize, np.dtype(source.dtype).itemsize
+    if value_size > source_size:  # view(dtype) to a wider type: split each element back
+        return lax.bitcast_convert_type(value, source.dtype).reshape(source.shape)
+    if value_size < source_size:  # to a narrower type: regroup the last dim
+        grouped = value.reshape(*value.shape[:-1], value.shape[-1] * value_size // source_size, source_size // value_size)
+        return lax.bitcast_convert_type(grouped, source.dtype)
+    return lax.bitcast_convert_type(value, source.dtype)
+
+
+def _write_across_dtype_step(steps: tuple[ViewStep, ...], split: int, buffer_shape: tuple[int, ...], buffer_dtype: Any) -> Callable[[Any, Any], tuple]:
+    head, step, tail = steps[:split], steps[split], steps[split + 1:]
+    avals = _avals(steps, buffer_shape, buffer_dtype)
+    source, middle = avals[split], avals[split + 1]
+    head_of = ViewChain(head).function() if head else None
+    write_tail = ViewChain(tail).scatter_function(tuple(middle.shape), middle.dtype) if tail else None
+    write_head = ViewChain(head).scatter_function(buffer_shape, buffer_dtype) if head else None
+
+    def write(buffer: Any, value: Any) -> tuple:
+        if write_tail is None:
+            new_middle = jnp.broadcast_to(value.astype(middle.dtype), middle.shape)
+        else:
+            current = step.apply(head_of(buffer)[0] if head_of else buffer)
+            new_middle = write_tail(current, value)[0]
+        new_source = _reinterpret_back(new_middle, source)
+        if write_head is None:
+            return (new_source,)
+        return write_head(buffer, new_source)
+
+    return write
 
 
 class Geometry:

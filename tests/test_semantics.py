@@ -188,6 +188,51 @@ def test_elementwise_prims_match_cpu(name: str) -> None:
             assert got.dtype == expected.dtype and torch.allclose(got, expected), (got, expected)
 
 
+def _writes_through_dtype_views(device: str) -> list[torch.Tensor]:
+    results = []
+    values = torch.tensor([1 + 2j, -1 + 0.5j, 3 - 1j], device=device)
+    torch.view_as_real(values).mul_(2)
+    results.append(values.clone())
+    values.real.mul_(10)
+    values.imag.zero_()
+    results.append(values.clone())
+    matrix = torch.tensor([[1 + 2j, 3 + 4j], [5 + 6j, 7 + 8j]], device=device)
+    matrix.t().real.add_(100)
+    torch.view_as_real(matrix)[0, 1].fill_(-1)
+    results.append(matrix.clone())
+    pairs = torch.tensor([[1.0, 2.0], [3.0, 4.0]], device=device)
+    torch.view_as_complex(pairs).mul_(1j)
+    results.append(pairs.clone())
+    floats = torch.tensor([-1.5, 2.0, -3.0, 4.0], device=device)
+    floats.view(torch.int32).bitwise_and_(0x7FFFFFFF)  # clears the sign bits
+    results.append(floats.clone())
+    shorts = torch.arange(4, dtype=torch.int16, device=device)
+    shorts.view(torch.int8)[1::2].fill_(1)
+    bytes_ = torch.arange(8, dtype=torch.int8, device=device)
+    bytes_.view(torch.int32).add_(1)
+    results += [shorts.clone(), bytes_.clone()]
+    parameter = torch.nn.Parameter(torch.tensor([1 + 2j, -0.5 + 1j], device=device))
+    optimizer = torch.optim.Adam([parameter], lr=0.1)  # updates complex parameters through view_as_real
+    (parameter.abs() ** 2).sum().backward()
+    optimizer.step()
+    results.append(parameter.detach().clone())
+    return [result.to("cpu") for result in results]
+
+
+@pytest.mark.parametrize("mode", ["DEFER_NEVER", "DEFER_AND_FUSE"])
+def test_writes_through_dtype_reinterpreting_views(mode: str) -> None:
+    """In-place writes through `view_as_real`, `.real`/`.imag`, `view_as_complex` and `view(dtype)`
+    reach the buffer as on the CPU (they raised in strict mode and lost values in DeferAndFuse)."""
+    from backend_helpers import eager
+    from tputrace.backend.device_module import EagerMode
+
+    expected = _writes_through_dtype_views("cpu")
+    with eager(EagerMode[mode]):
+        result = _writes_through_dtype_views("tpu")
+    for got, want in zip(result, expected):
+        assert got.dtype == want.dtype and torch.allclose(got, want), (got, want)
+
+
 def test_autograd_matches_cpu() -> None:
     torch.manual_seed(0)
     weights = torch.randn(5, 3, requires_grad=True)
