@@ -47,6 +47,7 @@ aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
+_COPY_THEN_VIEW = object()  # view-cache marker: torch's strides rule refuses this view (`_view_of_copy`)
 _SLOTS = tuple(Slot(index) for index in range(1024))  # a foreach call over 76 parameters reads ~300 values
 _N_SLOTS = len(_SLOTS)
 _SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(65))  # all-dynamic templates of positional calls
@@ -475,6 +476,8 @@ class Dispatcher:
             cached = self.view_plans[key] = self._build_view(entry, args, kwargs, base)
         if cached is _FALLBACK:
             return self.fallback(entry, args, kwargs)
+        if cached is _COPY_THEN_VIEW:
+            return self._view_of_copy(entry, args, kwargs)
         buf = base._buf
         parent = base._view
         results = [
@@ -486,13 +489,37 @@ class Dispatcher:
             return results[0]
         return results
 
+    def _view_of_copy(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+        """`view` where torch's strides rule refuses it: a view of a contiguous copy, said once.
+
+        torch raises here, but a program written for CUDA can reach it legitimately: a tpu tensor keeps
+        no memory format, so a `channels_last` tensor's `permute(0, 2, 3, 1).view(...)`, a view on
+        CUDA, meets the strides of a plain permute here."""
+        if "view of a copy" not in self.warned_fallbacks:
+            self.warned_fallbacks.add("view of a copy")
+            message = (
+                "tputrace: .view() of a tensor whose strides do not allow a view returns a view of a copy on tpu "
+                "(tpu tensors keep no channels_last memory format); writes to it do not reach the original tensor"
+            )
+            location = first_user_location(2)
+            if location is None:
+                warnings.warn(message, RuntimeWarning, stacklevel=3)
+            else:
+                warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
+        copy = self.dispatch(aten.clone.default, (args[0],), {"memory_format": torch.contiguous_format})
+        return self._view(entry, (copy, *args[1:]), kwargs)
+
     def _build_view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, base: TpuTensor) -> Any:
         """The outputs of a view op on a base of this geometry: (step, its chain from the buffer, geometry) each."""
         storage_numel = max(int(np.prod(_root_shape(base))) if _root_shape(base) else 1, base.storage_offset() + 1)
         meta_base = torch.empty(storage_numel, dtype=base.dtype, device="meta").as_strided(base.shape, base.stride(), base.storage_offset())
         try:
             result = entry.op(meta_base, *args[1:], **kwargs)
-        except Exception:  # noqa: BLE001
+        except RuntimeError:
+            if entry.op is aten.view.default:
+                return _COPY_THEN_VIEW
+            raise
+        except Exception:  # noqa: BLE001 - no meta kernel: the op runs on the host
             return _FALLBACK
         outputs = result if isinstance(result, (list, tuple)) else [result]
         lowering = entry.lowering.fn
