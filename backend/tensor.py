@@ -382,7 +382,16 @@ class TpuTensor(torch.Tensor):
         from tputrace.backend.dispatch import dispatcher
 
         hooks.backward_started()
-        super().backward(gradient, retain_graph, create_graph, inputs)
+        try:
+            super().backward(gradient, retain_graph, create_graph, inputs)
+        except RuntimeError as error:
+            if "device_ready_queues_" not in str(error):
+                raise
+            raise RuntimeError(
+                "backward through tensors on tpu:1 or a later chip is not supported in one process: torch's autograd "
+                "engine keeps a single device queue for a device registered from Python; run one chip per process "
+                "(tputrace run --nproc N with DDP or FSDP)"
+            ) from None
         dispatcher.raise_worker_errors()
         hooks.flush_pending("backward_end")
 

@@ -186,6 +186,13 @@ except RuntimeError as error:
     assert "tpu:1" in str(error) and "tpu:0" in str(error), error
 else:
     raise AssertionError("mixing chips did not raise")
+weight = torch.ones(2, device="tpu:1", requires_grad=True)
+try:
+    (weight * 2).sum().backward()
+except RuntimeError as error:
+    assert "one chip per process" in str(error), error
+else:
+    raise AssertionError("backward on tpu:1 did not raise")
 print("ok")
 """
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**__import__("os").environ, "TPUTRACE_CHIPS": "2"})
