@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import queue
 import sys
-import threading
 import time
 import warnings
 import weakref
@@ -121,7 +120,9 @@ class DeferredExecutor:
         self.size_cap = size_cap
         self.graphs: dict[int, PendingGraph] = {}
         self.programs: dict[Any, FusedProgram] = {}
-        self.lock = threading.RLock()
+        # The dispatcher's: once several user threads dispatch, each op holds it from start to end, so
+        # a flush (also one outside an op: end of backward, step boundary) never cuts into another op.
+        self.lock = dispatcher.thread_lock
         self.last_outputs: list[Any] = []
         self.site_structures: dict[Any, tuple] = {}
         self._timings: queue.SimpleQueue | None = None

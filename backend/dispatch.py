@@ -83,6 +83,7 @@ class Dispatcher:
         self.warned_fallbacks: set[str] = set()
         self.worker_errors: list[BaseException] = []
         self.plan_lock = threading.RLock()
+        self.thread_lock = threading.RLock()  # held by every op once several user threads dispatch (tensor.py)
         self.special: dict[Any, Callable] = {
             aten._to_copy.default: self._to_copy,
             aten.copy_.default: self._copy_,

@@ -266,8 +266,16 @@ class TpuTensor(torch.Tensor):
         dispatcher = _dispatcher or _load_dispatcher()
         if _traced_seen and _holds_traced(args, kwargs):
             return _dispatch_traced(func, args, kwargs or {})
-        if _get_ident() != _MAIN_THREAD and _on_autograd_worker():
-            return dispatcher.dispatch_on_worker(func, args, kwargs or {})
+        if _get_ident() != _MAIN_THREAD:
+            if _on_autograd_worker():
+                if _concurrent:
+                    with dispatcher.thread_lock:
+                        return dispatcher.dispatch_on_worker(func, args, kwargs or {})
+                return dispatcher.dispatch_on_worker(func, args, kwargs or {})
+            return _dispatch_from_user_thread(dispatcher, func, args, kwargs or {})
+        if _concurrent:
+            with dispatcher.thread_lock:
+                return dispatcher.dispatch(func, args, kwargs or {})
         route = dispatcher.routes.get(id(func))
         if route is None:
             return dispatcher.dispatch(func, args, kwargs or {})
@@ -478,6 +486,17 @@ def _load_dispatcher() -> Any:
 
 
 _traced_seen = False  # set once torch.compile has traced a TpuTensor; until then eager dispatch skips the check
+# Set once a thread other than the main one and autograd's dispatches an op: from then on every op
+# holds the dispatcher's lock, so one thread's pending values are not flushed, donated or replaced
+# halfway through another thread's op (a single-threaded program never pays for the lock).
+_concurrent = False
+
+
+def _dispatch_from_user_thread(dispatcher: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    global _concurrent
+    _concurrent = True
+    with dispatcher.thread_lock:
+        return dispatcher.dispatch(func, args, kwargs)
 
 
 def _traced_tensor(inner: torch.Tensor, size: Any, stride: Any) -> TpuTensor:

@@ -165,3 +165,40 @@ def test_size_cap_flush_between_view_reads_keeps_their_values() -> None:
         finally:
             executor.size_cap = size_cap
     assert deferred == strict
+
+
+def test_user_threads_share_the_chip_in_defer_and_fuse() -> None:
+    """Four threads train their own weights at once: each matches the CPU, none sees another's
+    pending values flushed, donated or replaced in the middle of its op (they used to: errors or NaN)."""
+    import threading
+
+    def train(seed: int, device: str) -> torch.Tensor:
+        generator = torch.Generator().manual_seed(seed)
+        weight, inputs = torch.randn(64, 64, generator=generator), torch.randn(16, 64, generator=generator)
+        weight, inputs = weight.to(device).requires_grad_(), inputs.to(device)
+        for _ in range(5):
+            (inputs @ weight).tanh().pow(2).mean().backward()
+            with torch.no_grad():
+                weight -= 0.1 * weight.grad
+                weight.grad = None
+        return weight.detach().to("cpu")
+
+    results: dict[int, torch.Tensor] = {}
+    errors: list[BaseException] = []
+
+    def work(seed: int) -> None:
+        try:
+            results[seed] = train(seed, "tpu")
+        except BaseException as error:  # noqa: BLE001 - reported below
+            errors.append(error)
+
+    with eager(EagerMode.DEFER_AND_FUSE):
+        for _ in range(3):
+            threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+    assert not errors, errors
+    for seed, weight in results.items():
+        assert torch.allclose(weight, train(seed, "cpu"), atol=1e-5), seed
