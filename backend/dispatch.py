@@ -623,6 +623,7 @@ class Dispatcher:
             for position, value in zip(entry.mutated_positions[1:], result[1:]):
                 self._assign(args[position], value)
             result = result[0]
+        _check_castable(result, target)
         self._assign(target, result)
         return target
 
@@ -657,6 +658,7 @@ class Dispatcher:
         result = self._functional_result(entry, args, functional_kwargs)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         for out, value in zip(outs, results):
+            _check_castable(value, out)
             if tuple(out.shape) != tuple(value.shape):
                 if out.numel() != 0:
                     warnings.warn(
@@ -848,6 +850,15 @@ class Dispatcher:
             warnings.warn(message, RuntimeWarning, stacklevel=2)
         else:
             warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
+
+
+def _check_castable(result: Any, target: torch.Tensor) -> None:
+    """torch's rule for in-place and `out=` results: an int tensor takes no float result, a bool no int."""
+    if isinstance(result, torch.Tensor) and result.dtype != target.dtype and not torch.can_cast(result.dtype, target.dtype):
+        raise RuntimeError(f"result type {_TYPE_NAMES.get(result.dtype, result.dtype)} can't be cast to the desired output type {_TYPE_NAMES.get(target.dtype, target.dtype)}")
+
+
+_TYPE_NAMES = {dtype: name for name, dtype in (("Float", torch.float32), ("Double", torch.float64), ("Half", torch.float16), ("BFloat16", torch.bfloat16), ("Long", torch.int64), ("Int", torch.int32), ("Short", torch.int16), ("Char", torch.int8), ("Byte", torch.uint8), ("Bool", torch.bool), ("ComplexFloat", torch.complex64), ("ComplexDouble", torch.complex128))}
 
 
 def _storage_numel(tensor: torch.Tensor) -> int:

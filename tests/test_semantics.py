@@ -246,6 +246,30 @@ def test_view_that_strides_refuse_is_a_view_of_a_copy_on_the_chip() -> None:
     assert torch.equal(host(flat), values.permute(0, 2, 3, 1).reshape(2, -1))
 
 
+@pytest.mark.parametrize(
+    "operation",
+    [
+        lambda device: torch.tensor([3], device=device).div_(2),
+        lambda device: torch.tensor([1, 2], device=device).add_(1.5),
+        lambda device: torch.tensor([0, 3], device=device).clamp_(0.5, 2.5),
+        lambda device: torch.tensor([True], device=device).add_(torch.tensor([2], device=device)),
+        lambda device: torch.add(torch.tensor([1, 2], device=device), 1.5, out=torch.empty(2, dtype=torch.long, device=device)),
+    ],
+    ids=["div_", "add_float", "clamp_", "bool_add_", "out"],
+)
+def test_in_place_result_that_cannot_be_cast_raises(operation: object) -> None:
+    """As on the CPU: an int tensor takes no float result in place (it was truncated silently)."""
+    for device in ("cpu", "tpu"):
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type"):
+            operation(device)  # type: ignore[operator]
+
+
+def test_in_place_results_that_can_be_cast_still_write() -> None:
+    assert host(torch.tensor([1, 2], device="tpu").mul_(2)).tolist() == [2, 4]
+    assert host(torch.ones(2, dtype=torch.float16, device="tpu").add_(torch.ones(2, device="tpu"))).tolist() == [2.0, 2.0]
+    assert host(torch.tensor([1.0, 2.0], device="tpu").eq_(torch.tensor([1.0, 0.0], device="tpu"))).tolist() == [1.0, 0.0]
+
+
 def test_autograd_matches_cpu() -> None:
     torch.manual_seed(0)
     weights = torch.randn(5, 3, requires_grad=True)
