@@ -15,6 +15,7 @@ from tputrace.backend.dtypes import to_jax
 def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
     """Put a CPU tensor's data on a JAX device."""
     host = host.detach()
+    to_jax(host.dtype)  # a dtype the chip cannot hold is a one-line error naming the ones it can
     if not host.is_contiguous():
         host = host.contiguous()
     if host.dtype == torch.bfloat16:
