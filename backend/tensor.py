@@ -42,6 +42,16 @@ def _on_autograd_worker() -> bool:
         return worker
 
 
+def _on_own_thread() -> bool:
+    """True on a thread tputrace started (`tputrace-*`: the collectives' completion thread finishes
+    collectives whose peers it waits for, and must not hold the user threads' dispatch lock)."""
+    try:
+        return _thread_kind.own
+    except AttributeError:
+        own = _thread_kind.own = threading.current_thread().name.startswith("tputrace-")
+        return own
+
+
 def sync_hint() -> str | None:
     """The kind of host sync the user's call is making (set around tolist/numpy/print/bool)."""
     return getattr(_local, "sync_kind", None)
@@ -272,7 +282,8 @@ class TpuTensor(torch.Tensor):
                     with dispatcher.thread_lock:
                         return dispatcher.dispatch_on_worker(func, args, kwargs or {})
                 return dispatcher.dispatch_on_worker(func, args, kwargs or {})
-            return _dispatch_from_user_thread(dispatcher, func, args, kwargs or {})
+            if not _on_own_thread():
+                return _dispatch_from_user_thread(dispatcher, func, args, kwargs or {})
         if _concurrent:
             with dispatcher.thread_lock:
                 return dispatcher.dispatch(func, args, kwargs or {})
