@@ -80,7 +80,7 @@ class Dispatcher:
         self.view_plans: dict[Any, Any] = {}
         self.executor: Executor = StrictExecutor(self)
         self.recorder: Any = None
-        self.warned_fallbacks: set[str] = set()
+        self.warned_keys: set[str] = set()  # what `_warn_once` has warned about (op names for fallbacks)
         self.worker_errors: list[BaseException] = []
         self.plan_lock = threading.RLock()
         self.thread_lock = threading.RLock()  # held by every op once several user threads dispatch (tensor.py)
@@ -496,17 +496,11 @@ class Dispatcher:
         torch raises here, but a program written for CUDA can reach it legitimately: a tpu tensor keeps
         no memory format, so a `channels_last` tensor's `permute(0, 2, 3, 1).view(...)`, a view on
         CUDA, meets the strides of a plain permute here."""
-        if "view of a copy" not in self.warned_fallbacks:
-            self.warned_fallbacks.add("view of a copy")
-            message = (
-                "tputrace: .view() of a tensor whose strides do not allow a view returns a view of a copy on tpu "
-                "(tpu tensors keep no channels_last memory format); writes to it do not reach the original tensor"
-            )
-            location = first_user_location(2)
-            if location is None:
-                warnings.warn(message, RuntimeWarning, stacklevel=3)
-            else:
-                warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
+        self._warn_once(
+            "view of a copy",
+            "tputrace: .view() of a tensor whose strides do not allow a view returns a view of a copy on tpu "
+            "(tpu tensors keep no channels_last memory format); writes to it do not reach the original tensor",
+        )
         copy = self.dispatch(aten.clone.default, (args[0],), {"memory_format": torch.contiguous_format})
         return self._view(entry, (copy, *args[1:]), kwargs)
 
@@ -841,13 +835,16 @@ class Dispatcher:
         return output
 
     def _warn_fallback(self, op_name: str, why: str) -> None:
-        if op_name in self.warned_fallbacks:
+        self._warn_once(op_name, f"tputrace: {op_name} runs on the host CPU because {why}; it is counted as a CPU fallback")
+
+    def _warn_once(self, key: str, message: str) -> None:
+        """Warn once per key, at the user's line that led here."""
+        if key in self.warned_keys:
             return
-        self.warned_fallbacks.add(op_name)
-        message = f"tputrace: {op_name} runs on the host CPU because {why}; it is counted as a CPU fallback"
+        self.warned_keys.add(key)
         location = first_user_location(2)
         if location is None:
-            warnings.warn(message, RuntimeWarning, stacklevel=2)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
         else:
             warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
 

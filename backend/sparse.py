@@ -21,10 +21,6 @@ _library: torch.library.Library | None = None
 _warned = False
 
 
-def _warn_dense_gradient() -> None:
-    warn_dense(torch.sparse_coo)
-
-
 def warn_dense(layout: Any) -> None:
     """Say once that a sparse result (a gradient, or a CPU fallback's output) is held dense."""
     global _warned
@@ -39,7 +35,7 @@ def warn_dense(layout: Any) -> None:
 
 
 def _embedding_sparse_backward(grad: Any, indices: Any, num_weights: int, padding_idx: int, scale_grad_by_freq: bool) -> Any:
-    _warn_dense_gradient()
+    warn_dense(torch.sparse_coo)
     return aten.embedding_dense_backward.default(grad, indices, num_weights, padding_idx, scale_grad_by_freq)
 
 
@@ -47,7 +43,7 @@ def _embedding_bag_sparse_backward(
     grad: Any, indices: Any, offsets: Any, offset2bag: Any, bag_size: Any, num_weights: int,
     scale_grad_by_freq: bool, mode: int, per_sample_weights: Any, padding_idx: int = -1,
 ) -> Any:
-    _warn_dense_gradient()
+    warn_dense(torch.sparse_coo)
     no_maximum_indices = torch.empty((0,), dtype=indices.dtype, device=indices.device)  # only mode "max" reads it
     return aten._embedding_bag_dense_backward.default(
         grad, indices, offset2bag, bag_size, no_maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx

@@ -77,17 +77,17 @@ class ViewChain:
 
         return view_of
 
-    def scatter_function(self, buffer_shape: tuple[int, ...], buffer_dtype: Any = None) -> Callable[[Any, Any], tuple]:
+    def scatter_function(self, buffer_shape: tuple[int, ...], buffer_dtype: Any) -> Callable[[Any, Any], tuple]:
         """`write(buffer, value) -> (new buffer,)`: the buffer with the view's elements replaced by `value`.
 
         A step that reinterprets the dtype (`view_as_real`, `view_as_complex`, `view(dtype)`; `.real`
         and `.imag` are `view_as_real` then a select) is a bijection between its input and output: the
         steps after it are written into its current output, which it maps back to its input, and that
         is written through the steps before it."""
-        if buffer_dtype is not None:
-            split = _last_dtype_step(self.steps, buffer_shape, buffer_dtype)
-            if split is not None:
-                return _write_across_dtype_step(self.steps, split, buffer_shape, buffer_dtype)
+        avals = _avals(self.steps, buffer_shape, buffer_dtype)
+        split = _last_dtype_step(avals)
+        if split is not None:
+            return _write_across_dtype_step(self.steps, split, avals)
         view_of = self.function()
         size = 1
         for dim in buffer_shape:
@@ -122,10 +122,9 @@ def _avals(steps: tuple[ViewStep, ...], shape: tuple[int, ...], dtype: Any) -> l
     return avals
 
 
-def _last_dtype_step(steps: tuple[ViewStep, ...], shape: tuple[int, ...], dtype: Any) -> int | None:
-    """The index of the last step whose output dtype differs from its input's, or None."""
-    avals = _avals(steps, shape, dtype)
-    changed = [index for index in range(len(steps)) if avals[index + 1].dtype != avals[index].dtype]
+def _last_dtype_step(avals: list[Any]) -> int | None:
+    """The index of the last step whose output dtype differs from its input's (`_avals`), or None."""
+    changed = [index for index in range(len(avals) - 1) if avals[index + 1].dtype != avals[index].dtype]
     return changed[-1] if changed else None
 
 
@@ -145,13 +144,12 @@ def _reinterpret_back(value: Any, source: Any) -> Any:
     return lax.bitcast_convert_type(value, source.dtype)
 
 
-def _write_across_dtype_step(steps: tuple[ViewStep, ...], split: int, buffer_shape: tuple[int, ...], buffer_dtype: Any) -> Callable[[Any, Any], tuple]:
+def _write_across_dtype_step(steps: tuple[ViewStep, ...], split: int, avals: list[Any]) -> Callable[[Any, Any], tuple]:
     head, step, tail = steps[:split], steps[split], steps[split + 1:]
-    avals = _avals(steps, buffer_shape, buffer_dtype)
-    source, middle = avals[split], avals[split + 1]
+    buffer, source, middle = avals[0], avals[split], avals[split + 1]
     head_of = ViewChain(head).function() if head else None
     write_tail = ViewChain(tail).scatter_function(tuple(middle.shape), middle.dtype) if tail else None
-    write_head = ViewChain(head).scatter_function(buffer_shape, buffer_dtype) if head else None
+    write_head = ViewChain(head).scatter_function(tuple(buffer.shape), buffer.dtype) if head else None
 
     def write(buffer: Any, value: Any) -> tuple:
         if write_tail is None:
