@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import chips, device_module, foreach_lists, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, device_module, foreach_lists, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import short_name, to_jax, to_torch
@@ -156,7 +156,7 @@ class Dispatcher:
                 "decompose": self._decompose,
                 "fallback": self.fallback,
             }
-            route = (foreach_lists.route(handlers[entry.kind], func), entry)
+            route = (arg_checks.with_value_checks(func, foreach_lists.route(handlers[entry.kind], func), self), entry)
         self.routes[id(func)] = route
         self.routed_ops.append(func)
         return route
@@ -425,7 +425,11 @@ class Dispatcher:
         kwargs_template = dict(template_kwargs)
         try:
             out_specs, structure = self._meta_outputs(entry, template_args, kwargs_template, originals)
-        except Exception:  # noqa: BLE001 - no usable meta kernel: ask the lowering itself
+        except Exception as meta_error:  # noqa: BLE001 - bad arguments, or no usable meta kernel: ask the host, then the lowering
+            if not isinstance(meta_error, NotImplementedError):
+                refusal = arg_checks.host_refusal(self.to_host, entry.op, rebuild(template_args, originals), rebuild(kwargs_template, originals))
+                if refusal is not None:
+                    raise refusal from None
             try:
                 out_specs, structure = _lowering_outputs(entry, template_args, kwargs_template, dynamic)
             except Exception:  # noqa: BLE001 - neither works: run this signature on the host
@@ -603,6 +607,8 @@ class Dispatcher:
     # ----------------------------------------------------------------- writes
     def _inplace(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         target = args[0]
+        if target._view is not None:
+            arg_checks.check_no_internal_overlap(target, entry.op._schema.name)
         if entry.lowering is not None:
             result = self.compute(entry, args, kwargs)
         elif entry.functional is not None:
@@ -648,6 +654,9 @@ class Dispatcher:
         outs = [kwargs[name] for name in entry.out_names]
         if entry.functional is None or any(not isinstance(out, TpuTensor) for out in outs):
             return self.fallback(entry, args, kwargs)
+        for out in outs:
+            if out._view is not None:
+                arg_checks.check_no_internal_overlap(out, entry.op._schema.name)
         functional_kwargs = {name: value for name, value in kwargs.items() if name not in entry.out_names}
         result = self._functional_result(entry, args, functional_kwargs)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
@@ -683,6 +692,9 @@ class Dispatcher:
                     targets.extend(written)
                 else:
                     targets.append(written)
+        for target in targets:
+            if type(target) is TpuTensor and target._view is not None:
+                arg_checks.check_no_internal_overlap(target, entry.op._schema.name)
         functional_entry = self._entry(entry.functional)
         if functional_entry.kind != "lowered":
             return self._assign_all(targets, self.dispatch(entry.functional, args, kwargs))
@@ -729,6 +741,8 @@ class Dispatcher:
             host = source.detach().to(target.dtype).expand(target.shape).contiguous()
             self.write(target, self.to_chip(host, target._buf.chip))
             return target
+        if target._view is not None:
+            arg_checks.check_no_internal_overlap(target, "aten::copy_")
         if source._buf.chip != target._buf.chip:
             source = self.copy_to_chip(source, target._buf.chip)
         if source.dtype == target.dtype and tuple(source.shape) == tuple(target.shape):

@@ -13,6 +13,8 @@
 - `ctc_loss` with lengths as host tensors (the usual CUDA call: cuDNN wants them there): torch's
   composite for tensor subclasses divides the chip's losses by the host lengths, which mixes devices;
   it runs as the `IntList` overload instead, as torch does for plain tensors.
+- `one_hot` on an accelerator leaves the class-range check to the device (CUDA device-asserts in its
+  scatter); in DEFER_NEVER_AND_LAUNCH_BLOCKING the chip checks the range as the CPU kernel does.
 """
 
 from __future__ import annotations
@@ -91,6 +93,15 @@ def _ctc_loss_tensor(log_probs: Any, targets: Any, input_lengths: Any, target_le
     return aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
 
 
+def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
+    if num_classes >= 0 and tensor.numel() > 0 and getattr(_dispatcher().executor, "launch_blocking", False):
+        if tensor.min().item() < 0:
+            raise RuntimeError("Class values must be non-negative.")
+        if tensor.max().item() >= num_classes:
+            raise RuntimeError("Class values must be smaller than num_classes.")
+    return aten.one_hot.default.decompose(tensor, num_classes)
+
+
 _library: torch.library.Library | None = None
 
 
@@ -100,6 +111,7 @@ def register() -> None:
     if _library is None:
         _library = torch.library.Library("aten", "IMPL")
         _library.impl("ctc_loss.Tensor", _ctc_loss_tensor, "AutogradPrivateUse1")
+        _library.impl("one_hot", _one_hot, "AutogradPrivateUse1")
     dispatcher = _dispatcher()
     dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
     dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)

@@ -496,8 +496,8 @@ def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer"
 
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    eager = EagerMode.DEFER_AND_FUSE if mode == "defer" else EagerMode.DEFER_NEVER
-    if mode in ("defer", "strict"):
+    eager = {"defer": EagerMode.DEFER_AND_FUSE, "strict": EagerMode.DEFER_NEVER, "blocking": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING}.get(mode)
+    if eager is not None:
         set_eager_mode(eager)
     recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
     _active = recorder

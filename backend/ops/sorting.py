@@ -116,14 +116,23 @@ def nanmedian_dim(self: Array, dim: int, keepdim: bool = False) -> tuple[Array, 
     return _median_dim(self, dim, keepdim, ignore_nan=True)
 
 
+def _median_all(self: Array, ignore_nan: bool) -> Array:
+    """The median of every element; of no elements, NaN as torch gives (the lowest value for integers)."""
+    if self.size == 0:
+        if is_float(self):
+            return jnp.asarray(jnp.nan, self.dtype)
+        return jnp.asarray(False if self.dtype == jnp.bool_ else jnp.iinfo(self.dtype).min, self.dtype)
+    return _median_dim(self.reshape(-1), 0, False, ignore_nan=ignore_nan)[0]
+
+
 @lowers(aten.median.default)
 def median(self: Array) -> Array:
-    return _median_dim(self.reshape(-1), 0, False, ignore_nan=False)[0]
+    return _median_all(self, ignore_nan=False)
 
 
 @lowers(aten.nanmedian.default)
 def nanmedian(self: Array) -> Array:
-    return _median_dim(self.reshape(-1), 0, False, ignore_nan=True)[0]
+    return _median_all(self, ignore_nan=True)
 
 
 def _searchsorted(boundaries: Array, values: Array, right: bool, side: str | None, sorter: Array | None) -> Array:

@@ -22,7 +22,7 @@ from typing import Any, TextIO
 
 from tputrace.store.errors import TputraceError
 
-MODES = ("defer", "strict", "compile")
+MODES = ("defer", "strict", "blocking", "compile")
 EXIT_SCRIPT_RAISED = 1
 EXIT_INTERRUPTED = 130
 STATUS_INTERVAL_S = 0.25
@@ -33,7 +33,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "run",
         help="run a script on the tpu device and record a trace",
         description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
-        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,compile}] [--no-trace] [--tui] "
+        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--no-trace] [--tui] "
         "(script.py | -m module) [args ...]",
     )
     parser.add_argument(
@@ -54,7 +54,9 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--mode",
         choices=MODES,
         default="defer",
-        help="defer: fuse ops into programs (default); strict: one program per op; compile: torch.compile",
+        help="defer: fuse ops into programs (default); strict: one program per op; blocking: strict, each op waits "
+        "for the chip and indices and probabilities are checked as torch's CPU kernels check them (a sync per such op; "
+        "for finding the line of an out-of-range index); compile: torch.compile",
     )
     parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
     parser.add_argument("--tui", action="store_true", help="open the trace in the terminal UI when the run ends")

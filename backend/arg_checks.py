@@ -1,0 +1,179 @@
+"""Argument checks torch makes and a lowering would skip: bad arguments raise torch's own error.
+
+Four kinds; the first three cost a well-formed op nothing in steady state:
+- Shapes, dtypes and constant arguments: torch's meta kernel checks them when a signature's plan is
+  built (once per signature). A meta kernel that refuses the arguments is asked to confirm on the
+  host: the op runs on host copies of its inputs, and the host's error is raised if it refuses them
+  too. A meta kernel that merely cannot handle them (a data-dependent output size) is not an error.
+- Python-number arguments, which are traced and so not part of a plan's key (`x ** -1` on integers,
+  `uniform_(2, 1)`): checked on every call, only for the few ops listed in `_VALUE_CHECKS`.
+- Values torch's CPU kernels check (an index out of range, a probability outside [0, 1]), which
+  CUDA device-asserts and XLA would clamp: checked on host copies in DEFER_NEVER_AND_LAUNCH_BLOCKING
+  only, the debugging mode (`tputrace run --mode blocking`), as each check is a sync.
+- Writes into memory that several elements share (`expand(...).add_()`): refused as torch refuses
+  them, except by the ops torch allows it (`fill_`, `zero_`, `masked_fill_`, `index_put_`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tputrace.backend.plans import rebuild
+
+aten = torch.ops.aten
+
+Handler = Callable[[Any, Sequence[Any], dict], Any]
+
+# The sync kind a host confirmation is recorded as: the check needs the input values.
+_CONFIRM_SYNC_KIND = "data_dependent"
+# torch writes these into tensors whose elements share memory (the last two with a deprecation warning).
+_OVERLAP_ALLOWED = frozenset({"aten::fill_", "aten::zero_", "aten::masked_fill_", "aten::index_put_", "aten::_index_put_impl_"})
+_OVERLAP_MESSAGE = (
+    "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
+    "Please clone() the tensor before performing the operation."
+)
+
+
+def host_refusal(to_host: Callable[[Any, str], torch.Tensor], op: Any, args: Sequence[Any], kwargs: dict) -> BaseException | None:
+    """torch's error for these arguments on the host CPU, or None if the host takes them.
+
+    Runs `op` on host copies of the tpu tensors among the arguments; the copies are dropped, so an
+    in-place op changes nothing on the chip. A NotImplementedError (no CPU kernel, as for a
+    CUDA-only fused op) is no refusal: the host cannot judge."""
+    from tputrace.backend.tensor import TpuTensor
+
+    def host_of(value: Any) -> Any:
+        if isinstance(value, TpuTensor):
+            return to_host(value, _CONFIRM_SYNC_KIND).requires_grad_(False)
+        if isinstance(value, (list, tuple)):
+            return type(value)(host_of(item) for item in value)
+        return value
+
+    host_kwargs = {name: host_of(value) for name, value in kwargs.items()}
+    if "device" in host_kwargs:
+        host_kwargs["device"] = torch.device("cpu")
+    try:
+        op(*host_of(tuple(args)), **host_kwargs)
+    except NotImplementedError:
+        return None
+    except Exception as error:  # noqa: BLE001 - returned for the caller to raise
+        return error
+    return None
+
+
+def check_no_internal_overlap(tensor: torch.Tensor, op_name: str) -> None:
+    """torch's refusal to write a tensor in which a dimension of size > 1 has stride 0."""
+    if op_name in _OVERLAP_ALLOWED:
+        return
+    for size, stride in zip(tensor.shape, tensor.stride()):
+        if stride == 0 and size > 1:
+            raise RuntimeError(_OVERLAP_MESSAGE)
+
+
+def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:
+    """`handler`, preceded by `op`'s per-call argument check if it has one; for an op whose inputs
+    torch's CPU kernel checks by value (indices, probabilities), preceded in
+    DEFER_NEVER_AND_LAUNCH_BLOCKING by that check on host copies (see `host_refusal`)."""
+    check = _VALUE_CHECKS.get(op)
+    checks_data = op.overloadpacket in _DATA_CHECKED_OPS
+    if check is None and not checks_data:
+        return handler
+
+    def checked(entry: Any, args: Sequence[Any], kwargs: dict) -> Any:
+        if check is not None:
+            check(args, kwargs)
+        if checks_data and getattr(dispatcher.executor, "launch_blocking", False):
+            refusal = host_refusal(dispatcher.to_host, op, args, kwargs)
+            if refusal is not None:
+                raise refusal
+        return handler(entry, args, kwargs)
+
+    return checked
+
+
+def _integral(dtype: torch.dtype) -> bool:
+    return not dtype.is_floating_point and not dtype.is_complex
+
+
+def _check_integer_power(args: Sequence[Any], kwargs: dict) -> None:
+    base = args[0] if args else kwargs["self"]
+    exponent = args[1] if len(args) > 1 else kwargs["exponent"]
+    if _integral(base.dtype) and type(exponent) in (int, bool) and exponent < 0:
+        raise RuntimeError("Integers to negative integer powers are not allowed.")
+
+
+def _check_uniform_range(args: Sequence[Any], kwargs: dict) -> None:
+    low = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
+    high = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
+    if low > high:
+        raise RuntimeError(f"uniform_ expects to return a [from, to) range, but found from={low:g} > to={high:g}")
+
+
+def _random_range_check(low_at: int | None, high_at: int) -> Callable[[Sequence[Any], dict], None]:
+    """The check of `randint`/`random_` whose bounds are positional arguments `low_at` (None: 0) and `high_at`."""
+    names = {low_at: "from", high_at: "to"}
+
+    def check(args: Sequence[Any], kwargs: dict) -> None:
+        low, high = (args[at] if at is not None and at < len(args) else kwargs.get(names[at], 0 if at is None else None) for at in (low_at, high_at))
+        if high is not None and low >= high:
+            raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+
+    return check
+
+
+def _floating_variance_check(name: str) -> Callable[[Sequence[Any], dict], None]:
+    """`std`/`var`/`std_mean`/`var_mean` of an integer tensor: torch's error, which names `name`."""
+
+    def check(args: Sequence[Any], kwargs: dict) -> None:
+        source = args[0] if args else kwargs["self"]
+        if _integral(source.dtype):
+            raise RuntimeError(f"{name} only support floating point and complex dtypes")
+
+    return check
+
+
+def _check_median_dim(args: Sequence[Any], kwargs: dict) -> None:
+    """`median(dim)`/`nanmedian(dim)` over a dimension of size 0."""
+    source = args[0] if args else kwargs["self"]
+    dim = args[1] if len(args) > 1 else kwargs["dim"]
+    if source.dim() > 0 and source.shape[dim] == 0:
+        raise RuntimeError(f"median(): Expected reduction dim {dim % source.dim()} to have non-zero size.")
+
+
+def _overloads(packet: Any) -> list[Any]:
+    return [getattr(packet, name) for name in packet.overloads()]
+
+
+# Ops whose CPU kernels check their inputs' values, where CUDA device-asserts and XLA clamps or
+# returns NaN: an index out of range, a class past num_classes, a probability outside [0, 1].
+# (`one_hot` is composite; `op_routes` checks its classes.)
+_DATA_CHECKED_OPS = frozenset({
+    aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_, aten.index_select, aten.index_add, aten.index_add_,
+    aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_, aten.gather, aten.scatter, aten.scatter_,
+    aten.scatter_add, aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.take, aten.put, aten.put_,
+    aten.embedding, aten._embedding_bag, aten.embedding_bag, aten.nll_loss_forward, aten.nll_loss2d_forward,
+    aten.multinomial, aten.bernoulli, aten.bernoulli_, aten.binary_cross_entropy,
+})
+
+
+_VALUE_CHECKS: dict[Any, Callable[[Sequence[Any], dict], None]] = {
+    aten.pow.Tensor_Scalar: _check_integer_power,
+    aten.pow_.Scalar: _check_integer_power,
+    aten.pow.Tensor_Scalar_out: _check_integer_power,
+    aten.uniform_.default: _check_uniform_range,
+    aten.uniform.default: _check_uniform_range,
+    aten.median.dim: _check_median_dim,
+    aten.nanmedian.dim: _check_median_dim,
+    aten.randint.default: _random_range_check(None, 0),
+    aten.randint.low: _random_range_check(0, 1),
+    getattr(aten.random_, "from"): _random_range_check(1, 2),
+    aten.random_.to: _random_range_check(None, 1),
+    **{
+        op: _floating_variance_check(name)
+        for packet, name in ((aten.std, "std and var"), (aten.var, "std and var"), (aten.std_mean, "std_mean"), (aten.var_mean, "var_mean"))
+        for op in _overloads(packet)
+    },
+}

@@ -1,0 +1,144 @@
+"""Bad arguments on `tpu` raise torch's own error, as on the CPU, in both eager modes; good ones still run."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from backend_helpers import eager, host
+from tputrace.backend.device_module import EagerMode
+
+MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
+
+# Each call takes a device; on the CPU it raises, and the tpu must raise the same message.
+REFUSED: dict[str, Callable[[str], object]] = {
+    # shapes, dtypes and constants: refused by torch's meta kernel, confirmed on the host
+    "layer_norm shape": lambda d: F.layer_norm(torch.zeros(2, 3, device=d), (4,)),
+    "masked_fill float mask": lambda d: torch.zeros(3, device=d).masked_fill(torch.zeros(3, device=d), 1.0),
+    "repeat fewer dims": lambda d: torch.zeros(2, 3, device=d).repeat(2),
+    "roll shifts and dims": lambda d: torch.zeros(2, 3, device=d).roll((1, 2), (0,)),
+    "lerp dtypes": lambda d: torch.lerp(torch.ones(3, device=d), torch.ones(3, dtype=torch.float64, device=d), 0.5),
+    "mean of integers": lambda d: torch.arange(4, device=d).mean(),
+    "kthvalue k past the end": lambda d: torch.arange(4.0, device=d).kthvalue(9),
+    "max_pool output empty": lambda d: F.max_pool2d(torch.zeros(1, 1, 2, 2, device=d), 3),
+    "reflect pad too wide": lambda d: F.pad(torch.zeros(1, 1, 3, device=d), (5, 5), mode="reflect"),
+    "nll_loss weight size": lambda d: F.nll_loss(torch.zeros(2, 3, device=d), torch.zeros(2, dtype=torch.long, device=d), weight=torch.ones(4, device=d)),
+    "histc bins 0": lambda d: torch.histc(torch.zeros(3, device=d), bins=0),
+    "arange step sign": lambda d: torch.arange(0, 5, -1, device=d),
+    # Python numbers, checked on every call
+    "integer to a negative power": lambda d: torch.arange(3, device=d) ** -1,
+    "integer pow_ negative": lambda d: torch.arange(3, device=d).pow_(-2),
+    "uniform_ from > to": lambda d: torch.zeros(3, device=d).uniform_(2, 1),
+    "randint low >= high": lambda d: torch.randint(5, 2, (3,), device=d),
+    "randint high 0": lambda d: torch.randint(0, (3,), device=d),
+    "random_ low >= high": lambda d: torch.zeros(3, device=d).random_(5, 2),
+    "std of integers": lambda d: torch.arange(4, device=d).std(),
+    "var_mean of integers": lambda d: torch.var_mean(torch.arange(4, device=d)),
+    "median over an empty dim": lambda d: torch.zeros(0, 3, device=d).median(0),
+    # writes into memory several elements share
+    "expanded add_": lambda d: torch.zeros(1, 3, device=d).expand(2, 3).add_(1),
+    "expanded copy_": lambda d: torch.zeros(1, 3, device=d).expand(2, 3).copy_(torch.ones(2, 3, device=d)),
+    "expanded out=": lambda d: torch.add(torch.ones(2, 3, device=d), 1, out=torch.zeros(1, 3, device=d).expand(2, 3)),
+    "expanded foreach": lambda d: torch._foreach_add_([torch.zeros(1, 3, device=d).expand(2, 3)], 1),
+}
+
+ACCEPTED: dict[str, Callable[[str], torch.Tensor]] = {
+    "float to a negative power": lambda d: torch.arange(1.0, 4.0, device=d) ** -1,
+    "expanded fill_": lambda d: torch.zeros(1, 3, device=d).expand(2, 3).fill_(2.0),
+    "sliced add_": lambda d: torch.zeros(2, 3, device=d)[:, 1:].add_(1),
+    "transposed mul_": lambda d: torch.ones(2, 3, device=d).t().mul_(2),
+    "median of nothing": lambda d: torch.tensor([], device=d).median(),
+    "nanmedian of nothing": lambda d: torch.tensor([], device=d).nanmedian(),
+    "median over an empty kept dim": lambda d: torch.zeros(0, 3, device=d).median(1).values,
+    "random_ to None": lambda d: torch.zeros(3, device=d).random_(2, None).clamp(max=0),
+    # a meta kernel that refuses (no output size) where the host accepts: the op still runs
+    "repeat_interleave by a tensor": lambda d: torch.repeat_interleave(torch.tensor([1.0, 2.0], device=d), torch.tensor([2, 1], device=d)),
+}
+
+
+def _cpu_error(call: Callable[[str], object]) -> str:
+    with pytest.raises(Exception) as raised:
+        call("cpu")
+    return str(raised.value).splitlines()[0]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(REFUSED))
+def test_bad_arguments_raise_torchs_error(mode: EagerMode, case: str) -> None:
+    call = REFUSED[case]
+    expected = _cpu_error(call)
+    with eager(mode), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no CPU fallback on the way to the error
+        with pytest.raises(RuntimeError) as raised:
+            result = call("tpu")
+            host(result[0] if isinstance(result, (tuple, list)) else result)
+    assert str(raised.value).splitlines()[0] == expected
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(ACCEPTED))
+def test_good_arguments_still_match_the_cpu(mode: EagerMode, case: str) -> None:
+    call = ACCEPTED[case]
+    expected = call("cpu")
+    with eager(mode), warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        result = host(call("tpu"))
+    torch.testing.assert_close(result, expected, equal_nan=True)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_refused_call_leaves_the_device_usable(mode: EagerMode) -> None:
+    with eager(mode):
+        weights = torch.ones(2, 3, device="tpu")
+        total = weights * 2
+        with pytest.raises(RuntimeError, match="normalized_shape"):
+            F.layer_norm(weights, (4,))
+        with pytest.raises(RuntimeError, match="more than one element"):
+            weights[:1].expand(2, 3).add_(1)
+        assert host(total + weights).tolist() == [[3.0] * 3] * 2
+
+
+# Value checks torch's CPU kernels make: only in DEFER_NEVER_AND_LAUNCH_BLOCKING (each is a sync).
+VALUE_REFUSED: dict[str, Callable[[str], object]] = {
+    "embedding index": lambda d: F.embedding(torch.tensor([1, 5], device=d), torch.zeros(4, 3, device=d)),
+    "advanced index": lambda d: torch.zeros(3, device=d)[torch.tensor([0, 3], device=d)],
+    "gather index": lambda d: torch.zeros(3, device=d).gather(0, torch.tensor([7], device=d)),
+    "index_select index": lambda d: torch.zeros(3, device=d).index_select(0, torch.tensor([4], device=d)),
+    "cross_entropy target": lambda d: F.cross_entropy(torch.zeros(2, 3, device=d), torch.tensor([0, 3], device=d)),
+    "one_hot class": lambda d: F.one_hot(torch.tensor([1, 2], device=d), 2),
+    "multinomial negative": lambda d: torch.multinomial(torch.tensor([1.0, -1.0], device=d), 1),
+    "bernoulli p > 1": lambda d: torch.bernoulli(torch.full((3,), 2.0, device=d)),
+    "index_put_ index": lambda d: torch.zeros(3, device=d).index_put_((torch.tensor([5], device=d),), torch.ones(1, device=d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(VALUE_REFUSED))
+def test_launch_blocking_checks_values_as_the_cpu_does(case: str) -> None:
+    call = VALUE_REFUSED[case]
+    expected = _cpu_error(call)
+    with eager(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING), pytest.raises(Exception) as raised:
+        host(call("tpu"))
+    assert str(raised.value).splitlines()[0] == expected
+
+
+def test_values_are_not_checked_outside_launch_blocking() -> None:
+    """The default modes keep XLA's behaviour (no sync per indexing op); the value in range is right."""
+    for mode in MODES:
+        with eager(mode):
+            table = torch.arange(12.0, device="tpu").reshape(4, 3)
+            assert host(F.embedding(torch.tensor([1, 5], device="tpu"), table))[0].tolist() == [3.0, 4.0, 5.0]
+
+
+def test_launch_blocking_passes_values_in_range() -> None:
+    with eager(EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING):
+        table = torch.arange(12.0, device="tpu", requires_grad=True)
+        rows = F.embedding(torch.tensor([[0, 3]], device="tpu"), table.reshape(4, 3))
+        loss = F.cross_entropy(rows.reshape(2, 3), torch.tensor([2, 0], device="tpu"))
+        loss.backward()
+    expected = torch.arange(12.0, requires_grad=True)
+    F.cross_entropy(F.embedding(torch.tensor([[0, 3]]), expected.reshape(4, 3)).reshape(2, 3), torch.tensor([2, 0])).backward()
+    torch.testing.assert_close(host(table.grad), expected.grad)
