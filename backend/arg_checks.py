@@ -27,8 +27,8 @@ aten = torch.ops.aten
 
 Handler = Callable[[Any, Sequence[Any], dict], Any]
 
-# The sync kind a host confirmation is recorded as: the check needs the input values.
-_CONFIRM_SYNC_KIND = "data_dependent"
+# The sync kind a host check is recorded as (tputrace's own cost, not the user's line's).
+_CHECK_SYNC_KIND = "value_check"
 # torch writes these into tensors whose elements share memory (the last two with a deprecation warning).
 _OVERLAP_ALLOWED = frozenset({"aten::fill_", "aten::zero_", "aten::masked_fill_", "aten::index_put_", "aten::_index_put_impl_"})
 _OVERLAP_MESSAGE = (
@@ -47,7 +47,7 @@ def host_refusal(to_host: Callable[[Any, str], torch.Tensor], op: Any, args: Seq
 
     def host_of(value: Any) -> Any:
         if isinstance(value, TpuTensor):
-            return to_host(value, _CONFIRM_SYNC_KIND).requires_grad_(False)
+            return to_host(value, _CHECK_SYNC_KIND).requires_grad_(False)
         if isinstance(value, (list, tuple)):
             return type(value)(host_of(item) for item in value)
         return value

@@ -79,6 +79,30 @@ def test_a_script_that_raises_leaves_a_complete_trace(tmp_path: Path, capsys) ->
         assert sync.kind == "item" and sync.source.line == 3
 
 
+def test_blocking_mode_stops_at_the_line_of_an_index_out_of_range(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    script = tmp_path / "tokens.py"
+    script.write_text(
+        "import torch\n"
+        "table = torch.nn.Embedding(10, 4).to('tpu')\n"
+        "ids = torch.tensor([[1, 2], [3, 10]])\n"
+        "rows = table(ids.to('tpu'))\n"
+        "print(rows.sum().item())\n"
+    )
+    for mode in ("strict", "blocking"):
+        trace_path = tmp_path / f"{mode}.tptrace"
+        status = main(["run", "--mode", mode, "-o", str(trace_path), str(script)])
+        captured = capsys.readouterr()
+        with tputrace.open(trace_path) as trace:
+            if mode == "strict":  # XLA clamps the index: the run goes on with a wrong row
+                assert status == 0 and trace.run.exit_status == 0
+                continue
+            assert status == 1 and f'File "{script}", line 4' in captured.err
+            assert "IndexError: index out of range in self" in captured.err
+            assert trace.run.exit_status == 1 and trace.run.eager_mode == "DEFER_NEVER_AND_LAUNCH_BLOCKING"
+            checks = [sync for sync in trace.records("syncs") if sync.kind == "value_check"]
+            assert checks and {sync.source.line for sync in checks} == {4}
+
+
 def test_a_traced_run_killed_with_sigkill_leaves_a_trace_that_opens(tmp_path: Path) -> None:
     import os
     import signal

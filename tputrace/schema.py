@@ -229,7 +229,7 @@ SYNCS = RecordKind(
     "Host syncs: the host waited for a value from a chip.",
     (
         _RANK,
-        _c("kind", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent"),
+        _c("kind", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent; fallback and transfer (inside a CPU fallback or a copy between chips); value_check (tputrace checking arguments on the host)"),
         _FRAME,
         _CHIP,
         _START,

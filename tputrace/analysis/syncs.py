@@ -2,7 +2,9 @@
 
 Syncs a CPU fallback makes (kind `fallback`, or `data_dependent` for ops such as nonzero, inside
 the fallback's time) are part of the fallback's time and belong to the fallbacks analyzer; copies
-between chips (kind `transfer`) to the transfers. The cost of a sync is
+between chips (kind `transfer`) to the transfers. Kind `value_check` is tputrace's own: the host
+checking an op's arguments (DEFER_NEVER_AND_LAUNCH_BLOCKING's value checks, or confirming a meta
+kernel's refusal), which the user's code did not ask for. The cost of a sync is
 its stall: the time the host waited instead of dispatching the next work (an upper bound on what
 removing it saves, since the chip still has to run the program).
 """
@@ -14,7 +16,7 @@ from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.summary import format_ns
 
 NAME = "syncs"
-EXCLUDED_KINDS = ("fallback", "transfer")
+EXCLUDED_KINDS = ("fallback", "transfer", "value_check")
 
 SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: accumulate `loss.detach()` into a tensor and call `.item()` every N steps "
