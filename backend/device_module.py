@@ -34,8 +34,13 @@ def is_available() -> bool:
     return True
 
 
+# Read by torch.utils.checkpoint (as `torch.cuda._initialized`): only then does it save and restore
+# the device's RNG state, so a recomputed dropout draws the forward's mask.
+_initialized = True
+
+
 def is_initialized() -> bool:
-    return True
+    return _initialized
 
 
 def _is_in_bad_fork() -> bool:

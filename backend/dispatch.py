@@ -9,6 +9,7 @@ reported to the recorder when one is active.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import warnings
@@ -47,6 +48,7 @@ aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
+_NO_CONTEXT = contextlib.nullcontext()
 _COPY_THEN_VIEW = object()  # view-cache marker: torch's strides rule refuses this view (`_view_of_copy`)
 _SLOTS = tuple(Slot(index) for index in range(1024))  # a foreach call over 76 parameters reads ~300 values
 _N_SLOTS = len(_SLOTS)
@@ -485,9 +487,10 @@ class Dispatcher:
             return self._view_of_copy(entry, args, kwargs)
         buf = base._buf
         parent = base._view
-        results = [
-            view_tensor(buf, out_geom, root if parent is None else parent.then(step)) for step, root, out_geom in cached
-        ]
+        with torch.inference_mode() if base.is_inference() else _NO_CONTEXT:  # a view of an inference tensor is one
+            results = [
+                view_tensor(buf, out_geom, root if parent is None else parent.then(step)) for step, root, out_geom in cached
+            ]
         if self.recorder is not None:
             self.recorder.view_op(entry.name, base, results)
         if len(results) == 1 and not isinstance(cached, list):
@@ -587,7 +590,8 @@ class Dispatcher:
 
     def _alias(self, args: Sequence[Any], kwargs: dict) -> TpuTensor:
         tensor = args[0]
-        alias = view_tensor(tensor._buf, tensor._geom or geometry_of(tensor), tensor._view)
+        with torch.inference_mode() if tensor.is_inference() else _NO_CONTEXT:
+            alias = view_tensor(tensor._buf, tensor._geom or geometry_of(tensor), tensor._view)
         cached = tensor._cached
         if cached is not None:
             alias._cached = cached
@@ -607,6 +611,11 @@ class Dispatcher:
     # ----------------------------------------------------------------- writes
     def _inplace(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         target = args[0]
+        if type(target) is not TpuTensor:
+            raise DeviceMismatchError(
+                f"Expected all tensors to be on the same device, but found {target.device} and tpu: "
+                f"{entry.name} writes into a {target.device} tensor; move the tpu tensor with .to('{target.device}') or write into a tpu tensor"
+            )
         if target._view is not None:
             arg_checks.check_no_internal_overlap(target, entry.op._schema.name)
         if entry.lowering is not None:

@@ -76,13 +76,20 @@ def _is_scalar_list_type(arg_type: torch._C.JitType) -> bool:
 
 
 def _functional_of_inplace(op: OpOverload) -> OpOverload | None:
+    """The functional overload taking arguments of the same types: `pow_.Scalar(Tensor, Scalar)` is
+    `pow.Tensor_Scalar`, not `pow.Scalar(Scalar, Tensor)`; the same overload name is preferred."""
     packet_name = op._schema.name.split("::")[1]
     if not packet_name.endswith("_"):
         return None
     packet = getattr(torch.ops.aten, packet_name[:-1], None)
     if packet is None:
         return None
-    return getattr(packet, op._overloadname, None)
+    wanted = [str(arg.type) for arg in op._schema.arguments]
+    for overload_name in sorted(packet.overloads(), key=lambda name: name != op._overloadname):
+        candidate = getattr(packet, overload_name)
+        if [str(arg.type) for arg in candidate._schema.arguments] == wanted:
+            return candidate
+    return None
 
 
 def _functional_of_out(op: OpOverload) -> OpOverload | None:

@@ -13,6 +13,8 @@
 - `ctc_loss` with lengths as host tensors (the usual CUDA call: cuDNN wants them there): torch's
   composite for tensor subclasses divides the chip's losses by the host lengths, which mixes devices;
   it runs as the `IntList` overload instead, as torch does for plain tensors.
+- `allclose` and `equal` return a Python bool: the chip compares, and the host reads one bool (torch's
+  composite would copy both tensors out).
 - `one_hot` on an accelerator leaves the class-range check to the device (CUDA device-asserts in its
   scatter); in DEFER_NEVER_AND_LAUNCH_BLOCKING the chip checks the range as the CPU kernel does.
 """
@@ -93,6 +95,16 @@ def _ctc_loss_tensor(log_probs: Any, targets: Any, input_lengths: Any, target_le
     return aten.ctc_loss.Tensor.decompose(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
 
 
+def _allclose(args: tuple, kwargs: dict) -> bool:
+    self, other, rtol, atol, equal_nan = _bound(aten.allclose.default, args, kwargs)
+    return bool(aten.all.default(aten.isclose.default(self, other, rtol, atol, equal_nan)))
+
+
+def _equal(args: tuple, kwargs: dict) -> bool:
+    self, other = _bound(aten.equal.default, args, kwargs)
+    return tuple(self.shape) == tuple(other.shape) and bool(aten.all.default(aten.eq.Tensor(self, other)))
+
+
 def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
     if num_classes >= 0 and tensor.numel() > 0 and getattr(_dispatcher().executor, "launch_blocking", False):
         if tensor.min().item() < 0:
@@ -116,5 +128,7 @@ def register() -> None:
     dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
     dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)
     dispatcher.register_special(aten._linalg_check_errors.default, _linalg_check_errors)
+    dispatcher.register_special(aten.allclose.default, _allclose)
+    dispatcher.register_special(aten.equal.default, _equal)
     for op in (aten._linalg_det.default, aten._linalg_slogdet.default):
         dispatcher.register_special(op, _factor_transpose_when_contiguous(op))

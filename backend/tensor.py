@@ -395,10 +395,20 @@ class TpuTensor(torch.Tensor):
             )
         return self._host_copy("numpy").numpy()
 
+    def register_hook(self, hook: Any) -> Any:
+        """torch's, with the hook's exception raised on the user's thread (`worker_errors`)."""
+        from tputrace.backend.worker_errors import worker_safe
+
+        return super().register_hook(worker_safe(hook))
+
+    def register_post_accumulate_grad_hook(self, hook: Any) -> Any:
+        """torch's, with the hook's exception raised on the user's thread (`worker_errors`)."""
+        from tputrace.backend.worker_errors import worker_safe
+
+        return super().register_post_accumulate_grad_hook(worker_safe(hook))
+
     def backward(self, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False, inputs: Any = None) -> None:
         from tputrace.backend import hooks
-
-        from tputrace.backend.dispatch import dispatcher
 
         hooks.backward_started()
         try:
@@ -411,7 +421,6 @@ class TpuTensor(torch.Tensor):
                 "engine keeps a single device queue for a device registered from Python; run one chip per process "
                 "(tputrace run --nproc N with DDP or FSDP)"
             ) from None
-        dispatcher.raise_worker_errors()
         hooks.flush_pending("backward_end")
 
     def __deepcopy__(self, memo: dict) -> "TpuTensor":

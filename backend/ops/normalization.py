@@ -177,3 +177,16 @@ def native_batch_norm_backward(grad_out: Array, input: Array, weight: Array | No
 @lowers(aten.batch_norm_backward.default)
 def batch_norm_backward(grad_out: Array, input: Array, weight: Array, running_mean: Array | None, running_var: Array | None, save_mean: Array | None, save_var: Array | None, update: bool, eps: float, output_mask: Sequence[bool], reserve: Array) -> tuple[Array | None, Array | None, Array | None]:  # noqa: A002
     return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask)
+
+
+def _weight_norm(v: Array, g: Array, dim: int) -> Array:
+    """w = g * v / ||v||, the norm over every dimension but `dim` (torch's `_weight_norm_interface`)."""
+    axes = tuple(axis for axis in range(v.ndim) if axis != dim)
+    norm = jnp.sqrt(jnp.sum(jnp.square(to_float(v)), axis=axes, keepdims=True))
+    return v * (g / norm.astype(g.dtype))
+
+
+@lowers(aten._weight_norm_interface_backward.default)
+def weight_norm_interface_backward(grad_w: Array, saved_v: Array, saved_g: Array, saved_norms: Array, dim: int) -> tuple[Array, Array]:
+    _, pullback = jax.vjp(lambda v, g: _weight_norm(v, g, dim), saved_v, saved_g)
+    return pullback(grad_w)

@@ -210,6 +210,17 @@ def all_(self: Array, dim: int | Sequence[int] | None = None, keepdim: bool = Fa
     return jnp.all(self != 0, axis=reduction_dims(dim, self.ndim), keepdims=keepdim)
 
 
+@lowers(aten._is_all_true.default)
+def is_all_true(self: Array) -> Array:
+    """`torch.distributions` argument validation reads this (a bool tensor) as one host bool."""
+    return jnp.all(self)
+
+
+@lowers(aten._is_any_true.default)
+def is_any_true(self: Array) -> Array:
+    return jnp.any(self)
+
+
 # --- variance and standard deviation --------------------------------------------------------------
 
 

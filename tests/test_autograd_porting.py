@@ -1,0 +1,159 @@
+"""Autograd as training code written for CUDA uses it, on `tpu` against the CPU, in both eager modes:
+activation checkpointing with dropout, errors raised in backward hooks, inference tensors, in-place
+ops with scalar exponents, and ops that must not run on the host."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+from backend_helpers import eager, host
+from tputrace.backend.device_module import EagerMode
+
+MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
+mode_ids = pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+
+
+@mode_ids
+@pytest.mark.parametrize("use_reentrant", [True, False])
+def test_checkpoint_recomputes_the_forwards_dropout_mask(mode: EagerMode, use_reentrant: bool) -> None:
+    """The recomputation restores the chip's RNG state, so dropout's gradient uses the forward's mask."""
+    with eager(mode):
+        x = torch.ones(256, device="tpu", requires_grad=True)
+        y = checkpoint(lambda t: F.dropout(t, 0.5) * 1.0, x, use_reentrant=use_reentrant)
+        y.sum().backward()
+        assert torch.equal(host(x.grad), (host(y) != 0).float() * 2)
+
+
+@mode_ids
+def test_inplace_ops_with_a_scalar_argument_match_the_cpu(mode: EagerMode) -> None:
+    calls: list[Callable[[torch.Tensor], object]] = [
+        lambda t: t.__ipow__(2),
+        lambda t: t.pow_(3.0),
+        lambda t: t.pow_(torch.full_like(t, 2.0)),
+        lambda t: t.ldexp_(torch.full_like(t, 2.0)),
+        lambda t: t.floor_divide_(torch.full_like(t, 2.0)),
+    ]
+    with eager(mode):
+        for call in calls:
+            expected, target = torch.tensor([1.5, -2.0, 3.0]), torch.tensor([1.5, -2.0, 3.0], device="tpu")
+            call(expected)
+            call(target)
+            torch.testing.assert_close(host(target), expected)
+        doubles = torch.tensor([1.5, -2.0], dtype=torch.float64, device="tpu")
+        doubles.float_power_(2)
+        assert host(doubles).tolist() == [2.25, 4.0]
+
+
+@mode_ids
+def test_views_and_detach_of_inference_tensors_stay_inference_tensors(mode: EagerMode) -> None:
+    with eager(mode):
+        with torch.inference_mode():
+            frozen = torch.ones(3, device="tpu")
+        assert frozen[:1].is_inference() and frozen.detach().is_inference()
+        weight = torch.ones(3, device="tpu", requires_grad=True)
+        with pytest.raises(RuntimeError, match="Inference tensors cannot be saved for backward"):
+            weight * frozen[:3]
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+            frozen[:1].mul_(2)
+
+
+def _tensor_hook(device: str) -> None:
+    x = torch.ones(2, device=device, requires_grad=True)
+    x.register_hook(lambda grad: {}["missing"])
+    (x * 2).sum().backward()
+
+
+def _module_hook(device: str) -> None:
+    layer = nn.Linear(2, 2).to(device)
+    layer.register_full_backward_hook(lambda module, grad_in, grad_out: 1 / 0)
+    layer(torch.ones(1, 2, device=device, requires_grad=True)).sum().backward()
+
+
+def _post_accumulate_hook(device: str) -> None:
+    x = torch.ones(2, device=device, requires_grad=True)
+    x.register_post_accumulate_grad_hook(lambda param: [][1])
+    (x * 2).sum().backward()
+
+
+def _autograd_grad_hook(device: str) -> None:
+    x = torch.ones(2, device=device, requires_grad=True)
+    y = x * 2
+    y.register_hook(lambda grad: (_ for _ in ()).throw(ValueError("bad gradient")))
+    torch.autograd.grad(y.sum(), x)
+
+
+def _op_error_in_backward(device: str) -> None:
+    class Doubling(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+            return grad[:1].expand(3).add_(1.0)  # writes into an expanded tensor: torch refuses
+
+    x = torch.ones(3, device=device, requires_grad=True)
+    torch.autograd.grad(Doubling.apply(x).sum(), x)
+
+
+RAISING_BACKWARDS = {
+    "tensor hook": _tensor_hook,
+    "module full backward hook": _module_hook,
+    "post-accumulate-grad hook": _post_accumulate_hook,
+    "hook under autograd.grad": _autograd_grad_hook,
+    "op error under autograd.grad": _op_error_in_backward,
+}
+
+
+@mode_ids
+@pytest.mark.parametrize("case", sorted(RAISING_BACKWARDS))
+def test_an_error_in_backward_is_raised_by_the_backward_call(mode: EagerMode, case: str) -> None:
+    """As on the CPU: the exception leaves backward() or autograd.grad(); the process does not abort."""
+    run = RAISING_BACKWARDS[case]
+    with pytest.raises(Exception) as on_cpu:
+        run("cpu")
+    with eager(mode), pytest.raises(type(on_cpu.value)) as on_tpu:
+        run("tpu")
+    assert str(on_tpu.value) == str(on_cpu.value)
+    with eager(mode):  # the next backward is unaffected
+        x = torch.ones(2, device="tpu", requires_grad=True)
+        x.register_hook(lambda grad: grad * 3)
+        (x * 2).sum().backward()
+        assert host(x.grad).tolist() == [6.0, 6.0]
+
+
+@mode_ids
+def test_comparisons_distributions_and_weight_norm_stay_on_the_chip(mode: EagerMode) -> None:
+    """allclose/equal, distribution argument checks and weight_norm's backward: no CPU fallback."""
+    values = torch.tensor([1.0, 2.0, float("nan")])
+    nearby = values + torch.tensor([1e-9, 0.0, 0.0])
+    torch.manual_seed(0)
+    cpu_layer = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3))
+    inputs = torch.arange(8.0).reshape(2, 4)
+    cpu_layer(inputs).pow(2).sum().backward()
+    with eager(mode), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        a, b = values.to("tpu"), nearby.to("tpu")
+        assert not torch.allclose(a, b) and torch.allclose(a, b, equal_nan=True)
+        assert not torch.equal(a, a) and torch.equal(a[:2], a[:2].clone()) and not torch.equal(a[:2], a)
+        normal = torch.distributions.Normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu"))
+        assert normal.log_prob(torch.ones(3, device="tpu")).sum().item() == pytest.approx(3 * (-0.5 - 0.9189385), rel=1e-5)
+        with pytest.raises(ValueError, match="scale"):
+            torch.distributions.Normal(torch.zeros(3, device="tpu"), -torch.ones(3, device="tpu"))
+        torch.manual_seed(0)
+        layer = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3)).to("tpu")
+        layer(inputs.to("tpu")).pow(2).sum().backward()
+    for on_chip, on_host in zip(layer.parameters(), cpu_layer.parameters()):
+        torch.testing.assert_close(host(on_chip.grad), on_host.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_writing_a_tpu_result_into_a_host_tensor_is_a_device_error() -> None:
+    with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
+        torch.zeros(3).add_(torch.ones(3, device="tpu"))
