@@ -149,7 +149,7 @@ def _overloads(packet: Any) -> list[Any]:
 
 # Ops whose CPU kernels check their inputs' values, where CUDA device-asserts and XLA clamps or
 # returns NaN: an index out of range, a class past num_classes, a probability outside [0, 1].
-# (`one_hot` is composite; `op_routes` checks its classes.)
+# (`one_hot` is composite: its class range is checked by its `_assert_async`, see `op_routes`.)
 _DATA_CHECKED_OPS = frozenset({
     aten.index, aten.index_put, aten.index_put_, aten._index_put_impl_, aten.index_select, aten.index_add, aten.index_add_,
     aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_, aten.gather, aten.scatter, aten.scatter_,

@@ -15,8 +15,11 @@
   it runs as the `IntList` overload instead, as torch does for plain tensors.
 - `allclose` and `equal` return a Python bool: the chip compares, and the host reads one bool (torch's
   composite would copy both tensors out).
-- `one_hot` on an accelerator leaves the class-range check to the device (CUDA device-asserts in its
-  scatter); in DEFER_NEVER_AND_LAUNCH_BLOCKING the chip checks the range as the CPU kernel does.
+- `_assert_async` (torch's device-side assert, e.g. `one_hot`'s class range): XLA has no asynchronous
+  assert, and checking would be a sync per call, so it checks only in DEFER_NEVER_AND_LAUNCH_BLOCKING,
+  where every op waits for the chip anyway; elsewhere it is a no-op (no host fallback, no sync).
+- `one_hot` runs torch's composite as it runs for a plain accelerator tensor, with its class-range
+  asserts (`_assert_async`); the path torch takes for a tensor subclass leaves them out.
 """
 
 from __future__ import annotations
@@ -105,12 +108,13 @@ def _equal(args: tuple, kwargs: dict) -> bool:
     return tuple(self.shape) == tuple(other.shape) and bool(aten.all.default(aten.eq.Tensor(self, other)))
 
 
+def _assert_async(args: tuple, kwargs: dict) -> None:
+    if getattr(_dispatcher().executor, "launch_blocking", False) and not bool(aten.is_nonzero.default(args[0])):
+        raise RuntimeError(args[1] if len(args) > 1 else kwargs.get("assert_msg", "Expected Tensor with single nonzero value, but got zero"))
+    return None
+
+
 def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
-    if num_classes >= 0 and tensor.numel() > 0 and getattr(_dispatcher().executor, "launch_blocking", False):
-        if tensor.min().item() < 0:
-            raise RuntimeError("Class values must be non-negative.")
-        if tensor.max().item() >= num_classes:
-            raise RuntimeError("Class values must be smaller than num_classes.")
     return aten.one_hot.default.decompose(tensor, num_classes)
 
 
@@ -128,6 +132,8 @@ def register() -> None:
     dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
     dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)
     dispatcher.register_special(aten._linalg_check_errors.default, _linalg_check_errors)
+    dispatcher.register_special(aten._assert_async.default, _assert_async)
+    dispatcher.register_special(aten._assert_async.msg, _assert_async)
     dispatcher.register_special(aten.allclose.default, _allclose)
     dispatcher.register_special(aten.equal.default, _equal)
     for op in (aten._linalg_det.default, aten._linalg_slogdet.default):
