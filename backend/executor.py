@@ -9,6 +9,7 @@ from typing import Any, Protocol
 
 import jax
 
+from tputrace.backend import memory
 from tputrace.backend.plans import Plan, compile_program
 
 _perf_ns = time.perf_counter_ns
@@ -56,6 +57,8 @@ class StrictExecutor:
             self.prepare(plan, dynamic)
             program = plan.program
         values = program.executable(*dynamic)
+        if program.working_bytes:
+            memory.running(plan.chip, program.working_bytes)
         self.last_values = values
         if self.launch_blocking:
             jax.block_until_ready(values)

@@ -20,6 +20,15 @@ def allocate(chip: int, nbytes: int) -> None:
         _used.add(chip)
 
 
+def running(chip: int, working_bytes: int) -> None:
+    """A program runs holding `working_bytes` beyond the live buffers (its temporaries and outputs):
+    they count toward the peak, as a device allocator would see them, but not as live bytes."""
+    value = live[chip] + working_bytes
+    if value > peak[chip]:
+        peak[chip] = value
+        _used.add(chip)
+
+
 def release(chip: int, nbytes: int) -> None:
     live[chip] -= nbytes
 

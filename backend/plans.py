@@ -78,6 +78,7 @@ class Program:
     compile_ns: int
     hlo_text: str | None
     program_id: int | None = None
+    working_bytes: int = 0  # what a run holds beyond its inputs: XLA's temporaries and new outputs
 
 
 @dataclass
@@ -234,13 +235,24 @@ def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int,
         bytes_accessed = float(cost.get("bytes accessed", 0.0) or 0.0)
     except Exception:  # noqa: BLE001 - cost analysis is best effort on some platforms
         pass
+    working_bytes = _working_bytes(compiled)
     hlo_text = None
     if keep_hlo:
         try:
             hlo_text = compiled.as_text()
         except Exception:  # noqa: BLE001
             hlo_text = None
-    return Program(_direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text)
+    return Program(_direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text, working_bytes=working_bytes)
+
+
+def _working_bytes(compiled: Any) -> int:
+    """Bytes a run of the program holds beyond its inputs, from XLA's memory analysis: temporaries
+    (a fused step's activations live here) plus outputs not aliased to donated inputs."""
+    try:
+        stats = compiled.memory_analysis()
+        return max(int(stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes), 0)
+    except Exception:  # noqa: BLE001 - not every platform reports it
+        return 0
 
 
 def _direct_call(compiled: Any) -> Callable:
