@@ -12,6 +12,7 @@ that an in-place update replaced are donated to the program.
 
 from __future__ import annotations
 
+import bisect
 import queue
 import sys
 import time
@@ -74,6 +75,7 @@ class PendingGraph:
     owners: list[weakref.ref] = field(default_factory=list)
     replaced_inputs: set[int] = field(default_factory=set)  # indices into `inputs` that an in-place update replaced
     op_records: list[tuple] = field(default_factory=list)
+    record_nodes: list[int] = field(default_factory=list)  # the node of each op record (view reads have no record)
     scalars: tuple[list, ...] = field(default_factory=lambda: ([], [], [], []))
     flushed: bool = False
 
@@ -185,6 +187,7 @@ class DeferredExecutor:
             graph.op_records.append(
                 (recorder.next_seq(), record_name, plan, begin, _perf_ns() - begin, recorder.frame_id(), recorder.module_sid(), recorder.step_index)
             )
+            graph.record_nodes.append(node)
         return outputs
 
     @staticmethod
@@ -337,14 +340,14 @@ class DeferredExecutor:
         step = recorder.step_index if recording else 0
         reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, _input_names(nodes, len(graph.inputs)))
         if reason == "first":
-            reason, diff = self._structure_change(site, step, nodes, graph.op_records, recorder if recording else None)
+            reason, diff = self._structure_change(site, step, nodes, graph, recorder if recording else None)
         self.site_structures[site] = (step, tuple(nodes))
         if recording:
             fused_program.program_id = recorder.compiled(plan, "fused", reason, diff, n_ops=len(nodes), program_kind="fused")
             self._record_fusions(recorder, fused_program)
         return fused_program
 
-    def _structure_change(self, site: Any, step: int, nodes: list, op_records: list, recorder: Any) -> tuple[str, str | None]:
+    def _structure_change(self, site: Any, step: int, nodes: list, graph: PendingGraph, recorder: Any) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, with the
         first op where the two differ. Several graphs from one site within a step are all first compiles."""
         previous = self.site_structures.get(site)
@@ -354,8 +357,10 @@ class DeferredExecutor:
         for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
             if plan is not old_plan or refs != old_refs:
                 where = ""
-                if recorder is not None and index < len(op_records):
-                    location = recorder.frame_text(op_records[index][5])
+                # A view read has no op record of its own: it is attributed to the op that reads it.
+                position = bisect.bisect_left(graph.record_nodes, index)
+                if recorder is not None and position < len(graph.op_records):
+                    location = recorder.frame_text(graph.op_records[position][5])
                     where = f" ({location})" if location else ""
                 if plan.op_name == old_plan.op_name and len(plan.in_specs) == len(old_plan.in_specs):
                     names = [f"arg {position}" for position in range(len(plan.in_specs))]

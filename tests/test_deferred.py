@@ -101,6 +101,27 @@ def test_changing_sequence_length_recompiles_with_the_dim_named(tmp_path: Path) 
         assert any("dim 1: 8 -> 12" in (compile.diff or "") for compile in recompiles), [compile.diff for compile in recompiles]
 
 
+def test_a_recompile_names_the_line_of_the_changing_op_past_view_reads(tmp_path: Path) -> None:
+    """A view read before the changing op is a node of the graph without an op record of its own;
+    the reason still names the changing op's line."""
+    trace_path = _run(
+        tmp_path,
+        "view_then_shape",
+        """
+        import torch, tputrace
+        base = torch.randn(4, 8, device="tpu"); weight = torch.randn(8, 8, device="tpu")
+        for rows in (2, 3, 4, 2):
+            sliced = base[:, 1:] * 2
+            noise = torch.randn(rows, 8, device="tpu")
+            total = (noise @ weight).sum() + sliced.sum()
+            print(total.item()); tputrace.step()
+        """,
+    )
+    with tputrace.open(trace_path) as trace:
+        shape_changes = [compile.diff for compile in trace.records("compiles") if compile.reason == "recompile" and "dim 0" in (compile.diff or "")]
+        assert shape_changes and all("aten.normal_.default (view_then_shape.py:6)" in diff for diff in shape_changes), shape_changes
+
+
 def test_steady_state_gpt_step_compiles_nothing_after_step_two(tmp_path: Path) -> None:
     trace_path = tmp_path / "gpt.tptrace"
     assert main(["run", "-o", str(trace_path), str(EXAMPLES / "gpt_train.py"), "--steps", "5"]) == 0
