@@ -28,7 +28,7 @@ _ALL_DECOMPOSITIONS = torch._decomp.decomposition_table
 _STATIC_SCALAR_OPS = {"aten::arange", "aten::linspace", "aten::logspace", "aten::randint"}
 # Ops whose `float` arguments are hyperparameters that change between calls (a scheduled learning
 # rate): traced like Scalars, so a new value does not compile a new program.
-_TRACED_FLOAT_OPS = {"aten::_fused_adam", "aten::_fused_adamw"}
+_TRACED_FLOAT_OPS = {"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sgd", "aten::_fused_adagrad"}
 # Norms: the order picks the algorithm. A traced order makes the lowering compute every norm and
 # select (|x|**p by exp/log, max, min, nonzero count): clip_grad_norm_ made the GPT step's flush ~18x slower.
 _ORDER_SCALAR_OPS = {"aten::linalg_vector_norm", "aten::norm", "aten::_foreach_norm", "aten::_foreach_powsum"}
