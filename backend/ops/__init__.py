@@ -13,6 +13,7 @@ FAMILIES = (
     "views",
     "shape",
     "indexing",
+    "embedding_bags",
     "factories",
     "random",
     "activations",
