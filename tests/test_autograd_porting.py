@@ -157,3 +157,15 @@ def test_comparisons_distributions_and_weight_norm_stay_on_the_chip(mode: EagerM
 def test_writing_a_tpu_result_into_a_host_tensor_is_a_device_error() -> None:
     with pytest.raises(RuntimeError, match="Expected all tensors to be on the same device"):
         torch.zeros(3).add_(torch.ones(3, device="tpu"))
+
+
+@mode_ids
+def test_gamma_rsample_gradient_runs_on_the_chip(mode: EagerMode) -> None:
+    """Reparameterized Gamma samples (`_standard_gamma` and its implicit gradient) stay on the chip."""
+    with eager(mode), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        concentration = torch.tensor([0.5, 1.0, 3.0], device="tpu", requires_grad=True)
+        sample = torch.distributions.Gamma(concentration, torch.ones(3, device="tpu")).rsample()
+        sample.sum().backward()
+        expected = torch._standard_gamma_grad(host(concentration), host(sample))
+        torch.testing.assert_close(host(concentration.grad), expected, rtol=1e-3, atol=1e-5)

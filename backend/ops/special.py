@@ -92,3 +92,10 @@ def igamma(self: Array, other: Array) -> Array:
 @lowers(aten.igammac.default)
 def igammac(self: Array, other: Array) -> Array:
     return special.gammaincc(to_float(self), to_float(other))
+
+
+@lowers(aten._standard_gamma_grad.default)
+def standard_gamma_grad(self: Array, output: Array) -> Array:
+    """d sample / d alpha of a Gamma(alpha, 1) sample, for `rsample` of Gamma, Beta and Dirichlet."""
+    compute = jnp.promote_types(self.dtype, jnp.float32)
+    return jax.lax.random_gamma_grad(self.astype(compute), output.astype(compute)).astype(self.dtype)
