@@ -227,6 +227,22 @@ def test_host_syncs(tmp_path: Path) -> None:
     assert line["count_per_step"] == 1.0 and line["stall_per_step_ns"] == 4 * MS
 
 
+def test_a_sync_stall_leaves_out_the_compile_that_ran_inside_it(tmp_path: Path) -> None:
+    """An eval read once in the run whose flush compiled a new program: the 10 ms compile belongs to
+    the compiles analyzer, so the sync costs its remaining 2 ms."""
+    trace = HandTrace(tmp_path / "compile_in_sync.tptrace", steps=6)
+    eval_line, other_line = trace.frame(21), trace.frame(30)
+    program = trace.program("fused_40_ops", "f32[8,16]")
+    trace.compile(program, "fused_40_ops", "f32[8,16]", 3, 10 * MS, eval_line)  # 1-11 ms into step 3
+    trace.sync("item", 3, 12 * MS, eval_line, offset_ns=MS // 2)
+    trace.compile(program, "fused_40_ops", "f32[8,32]", 4, 5 * MS, other_line, reason="recompile")
+    trace.sync("item", 4, 3 * MS, other_line, offset_ns=7 * MS)  # after that compile ended: all of it counts
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    lines = {line["where"]: line["stall_ns"] for line in report.results["syncs"].data["lines"]}
+    assert lines == {"train.py:21": 2 * MS, "train.py:30": 3 * MS}
+
+
 # -- CPU fallbacks --------------------------------------------------------------------------------------------
 
 

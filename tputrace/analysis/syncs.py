@@ -6,7 +6,8 @@ between chips (kind `transfer`) to the transfers. Kind `value_check` is tputrace
 checking an op's arguments (DEFER_NEVER_AND_LAUNCH_BLOCKING's value checks, or confirming a meta
 kernel's refusal), which the user's code did not ask for. The cost of a sync is
 its stall: the time the host waited instead of dispatching the next work (an upper bound on what
-removing it saves, since the chip still has to run the program).
+removing it saves, since the chip still has to run the program), less the compiles that ran during
+the wait, which the compiles analyzer counts.
 """
 
 from __future__ import annotations
@@ -17,6 +18,13 @@ from tputrace.summary import format_ns
 
 NAME = "syncs"
 EXCLUDED_KINDS = ("fallback", "transfer", "value_check")
+# A sync's stall, less the compiles that ran inside it (the first flush of a new program compiles
+# it while the host waits): those belong to the compiles analyzer, and a one-time compile would
+# otherwise make a rare read look like a costly one.
+STALL = (
+    "MAX(s.dur_ns - COALESCE((SELECT SUM(MIN(c.start_ns + c.dur_ns, s.start_ns + s.dur_ns) - MAX(c.start_ns, s.start_ns)) "
+    "FROM compiles c WHERE c.rank = s.rank AND c.start_ns < s.start_ns + s.dur_ns AND c.start_ns + c.dur_ns > s.start_ns), 0), 0)"
+)
 
 SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: accumulate `loss.detach()` into a tensor and call `.item()` every N steps "
@@ -41,14 +49,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
     own = f"s.kind NOT IN ({excluded}) AND {outside_fallbacks('s')}"
     rows = trace.sql(
-        "SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM(s.dur_ns), 0), COALESCE(SUM(s.pending_ops), 0), "
+        f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0), COALESCE(SUM(s.pending_ops), 0), "
         f"COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND {own} GROUP BY s.frame_id, s.kind ORDER BY 4 DESC",
         params,
     )
     steady = {
         (frame_id, kind): (count, stall_ns)
         for frame_id, kind, count, stall_ns in trace.sql(
-            "SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM(s.dur_ns), 0) FROM syncs s "
+            f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0) FROM syncs s "
             f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind",
             steady_params,
         )
