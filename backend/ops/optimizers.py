@@ -14,6 +14,26 @@ aten = torch.ops.aten
 Array = jax.Array
 
 
+def _compute_type(value: Array) -> jnp.dtype:
+    return jnp.promote_types(value.dtype, jnp.float32)
+
+
+def _scalar(value: Array | float) -> Array | float:
+    """A hyperparameter given as a float, or as a one-element tensor (the `tensor_lr` overloads)."""
+    return value.reshape(()) if hasattr(value, "reshape") else value
+
+
+def _unscaled(grad: Array, grad_scale: Array | None, compute: jnp.dtype) -> Array:
+    grad = grad.astype(compute)
+    return grad if grad_scale is None else grad / grad_scale.reshape(()).astype(compute)
+
+
+def _skipping(found_inf: Array | None, updated: Array, previous: Array) -> Array:
+    """The update in the previous value's dtype, or the previous value when the step is skipped (inf found)."""
+    updated = updated.astype(previous.dtype)
+    return updated if found_inf is None else jnp.where(found_inf.reshape(()) != 0, previous, updated)
+
+
 def _fused_adam_step(
     params: list[Array],
     grads: list[Array],
@@ -33,13 +53,11 @@ def _fused_adam_step(
     grad_scale: Array | None = None,
     found_inf: Array | None = None,
 ) -> tuple[list[Array], ...]:
-    skip = None if found_inf is None else found_inf.reshape(()) != 0
     outputs: tuple[list[Array], ...] = ([], [], [], [], [])
     for index, (param, grad, exp_avg, exp_avg_sq, step) in enumerate(zip(params, grads, exp_avgs, exp_avg_sqs, state_steps)):
-        compute = jnp.promote_types(param.dtype, jnp.float32)
-        p, g, m, v = (value.astype(compute) for value in (param, grad, exp_avg, exp_avg_sq))
-        if grad_scale is not None:
-            g = g / grad_scale.reshape(()).astype(compute)
+        compute = _compute_type(param)
+        p, m, v = (value.astype(compute) for value in (param, exp_avg, exp_avg_sq))
+        g = _unscaled(grad, grad_scale, compute)
         grad_out = g
         if maximize:
             g = -g
@@ -61,8 +79,7 @@ def _fused_adam_step(
         new = [p, grad_out, m, v] + ([v_max] if amsgrad else [])
         old = [param, grad, exp_avg, exp_avg_sq] + ([max_exp_avg_sqs[index]] if amsgrad else [])
         for output, updated, previous in zip(outputs, new, old):
-            updated = updated.astype(previous.dtype)
-            output.append(updated if skip is None else jnp.where(skip, previous, updated))
+            output.append(_skipping(found_inf, updated, previous))
     return outputs
 
 
@@ -74,20 +91,6 @@ def fused_adam(*args: object, **kwargs: object) -> tuple[list[Array], ...]:
 @lowers(aten._fused_adamw)
 def fused_adamw(*args: object, **kwargs: object) -> tuple[list[Array], ...]:
     return _fused_adam_step(*args, **kwargs, decoupled_weight_decay=True)  # type: ignore[arg-type]
-
-
-def _compute_type(value: Array) -> jnp.dtype:
-    return jnp.promote_types(value.dtype, jnp.float32)
-
-
-def _scalar(value: Array | float) -> Array | float:
-    """A hyperparameter given as a float, or as a one-element tensor (the `tensor_lr` overloads)."""
-    return value.reshape(()) if hasattr(value, "reshape") else value
-
-
-def _skipping(found_inf: Array | None, updated: Array, previous: Array) -> Array:
-    updated = updated.astype(previous.dtype)
-    return updated if found_inf is None else jnp.where(found_inf.reshape(()) != 0, previous, updated)
 
 
 @lowers(aten._fused_sgd)
@@ -111,9 +114,7 @@ def fused_sgd(
     outputs: tuple[list[Array], list[Array], list[Array]] = ([], [], [])
     for index, (param, grad) in enumerate(zip(params, grads)):
         compute = _compute_type(param)
-        p, g = param.astype(compute), grad.astype(compute)
-        if grad_scale is not None:
-            g = g / grad_scale.reshape(()).astype(compute)
+        p, g = param.astype(compute), _unscaled(grad, grad_scale, compute)
         outputs[1].append(_skipping(found_inf, g, grad))
         if maximize:
             g = -g
@@ -146,9 +147,7 @@ def fused_adagrad(
     outputs: tuple[list[Array], ...] = ([], [], [], [])
     for param, grad, state_sum, step in zip(params, grads, state_sums, state_steps):
         compute = _compute_type(param)
-        p, g, total = param.astype(compute), grad.astype(compute), state_sum.astype(compute)
-        if grad_scale is not None:
-            g = g / grad_scale.reshape(()).astype(compute)
+        p, g, total = param.astype(compute), _unscaled(grad, grad_scale, compute), state_sum.astype(compute)
         outputs[1].append(_skipping(found_inf, g, grad))
         if maximize:
             g = -g
