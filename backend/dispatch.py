@@ -518,8 +518,8 @@ class Dispatcher:
         try:
             result = entry.op(meta_base, *args[1:], **kwargs)
         except RuntimeError:
-            if entry.op is aten.view.default:
-                return _COPY_THEN_VIEW
+            if entry.op is aten.view.default and _views_when_contiguous(meta_base, args[1:], kwargs):
+                return _COPY_THEN_VIEW  # refused for its strides only
             raise
         except Exception:  # noqa: BLE001 - no meta kernel: the op runs on the host
             return _FALLBACK
@@ -944,6 +944,16 @@ def _meta_like(value: Any) -> Any:
 
 def _root_shape(tensor: TpuTensor) -> tuple[int, ...]:
     return tuple(tensor._buf.array.shape) if hasattr(tensor._buf.array, "shape") else tuple(tensor.shape)
+
+
+def _views_when_contiguous(meta_base: torch.Tensor, args: Sequence[Any], kwargs: dict) -> bool:
+    """Whether `view` takes these sizes on a contiguous tensor of the base's shape (else the sizes
+    themselves are wrong, and torch's error stands)."""
+    try:
+        aten.view.default(torch.empty(meta_base.shape, dtype=meta_base.dtype, device="meta"), *args, **kwargs)
+    except RuntimeError:
+        return False
+    return True
 
 
 def _static(value: Any) -> Any:

@@ -60,7 +60,16 @@ def register() -> None:
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()
+    _disable_mha_fast_path()
     _registered = True
+
+
+def _disable_mha_fast_path() -> None:
+    """Turn off torch's inference fast path of `nn.MultiheadAttention` and `nn.Transformer*` (eval,
+    no grad): on an accelerator it converts padded batches to nested tensors, which XLA cannot hold,
+    and runs fused CUDA kernels, which would be CPU fallbacks here. The standard path is lowered and
+    fused by XLA. The switch is process-wide (`torch.backends.mha`); results are the same."""
+    torch.backends.mha.set_fastpath_enabled(False)
 
 
 def _enable_foreach() -> None:

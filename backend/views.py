@@ -129,12 +129,23 @@ def _last_dtype_step(avals: list[Any]) -> int | None:
 
 
 def _reinterpret_back(value: Any, source: Any) -> Any:
-    """The inverse of a dtype-reinterpreting view step whose input had the abstract value `source`."""
+    """The inverse of a dtype-reinterpreting view step whose input had the abstract value `source`.
+    A complex element's bytes are its real then its imaginary part."""
     source_complex = jnp.issubdtype(source.dtype, jnp.complexfloating)
-    if source_complex and not jnp.issubdtype(value.dtype, jnp.complexfloating):  # view_as_real
-        return lax.complex(value[..., 0], value[..., 1]).astype(source.dtype)
-    if jnp.issubdtype(value.dtype, jnp.complexfloating) and not source_complex:  # view_as_complex
-        return jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1).astype(source.dtype)
+    value_complex = jnp.issubdtype(value.dtype, jnp.complexfloating)
+    if source_complex and not value_complex:
+        component = jnp.finfo(source.dtype).dtype
+        if value.ndim == len(source.shape) + 1:  # view_as_real: (..., n, 2)
+            parts = value.astype(component)
+        else:  # view(dtype) of a complex tensor: back to (..., 2n) parts first
+            flat = jax.ShapeDtypeStruct((*source.shape[:-1], source.shape[-1] * 2), component)
+            parts = _reinterpret_back(value, flat).reshape(*source.shape, 2)
+        return lax.complex(parts[..., 0], parts[..., 1]).astype(source.dtype)
+    if value_complex and not source_complex:
+        parts = jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1)
+        if len(source.shape) == value.ndim + 1:  # view_as_complex of (..., n, 2)
+            return parts.astype(source.dtype)
+        return _reinterpret_back(parts.reshape(*value.shape[:-1], value.shape[-1] * 2), source)
     value_size, source_size = np.dtype(value.dtype).itemsize, np.dtype(source.dtype).itemsize
     if value_size > source_size:  # view(dtype) to a wider type: split each element back
         return lax.bitcast_convert_type(value, source.dtype).reshape(source.shape)

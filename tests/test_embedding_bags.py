@@ -54,3 +54,17 @@ def test_embedding_bag_scales_gradients_by_frequency() -> None:
     for row, bag_index in zip(INDICES, bag_of_position):
         expected[row] += bag_grads[bag_index] / frequency[row]
     torch.testing.assert_close(grad, expected)
+
+
+@pytest.mark.parametrize("reduction", ["sum", "mean", "max"])
+def test_positions_past_the_closing_offset_take_no_part(reduction: str) -> None:
+    """With `include_last_offset`, the last offset closes the final bag: later positions are left out
+    of the bag and get no gradient (torch's CPU kernel mixes them into mean's count and max)."""
+    table = torch.eye(4, device="tpu", requires_grad=True)
+    out = torch.nn.functional.embedding_bag(
+        torch.tensor([0, 1, 2, 3], device="tpu"), table, torch.tensor([0, 2, 3], device="tpu"), mode=reduction, include_last_offset=True
+    )
+    out.sum().backward()
+    first = [1.0, 1.0, 0.0, 0.0] if reduction == "sum" else [0.5, 0.5, 0.0, 0.0] if reduction == "mean" else [1.0, 1.0, 0.0, 0.0]
+    assert host(out).tolist() == [first, [0.0, 0.0, 1.0, 0.0]]
+    assert host(table.grad)[3].tolist() == [0.0] * 4

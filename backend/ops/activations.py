@@ -70,7 +70,7 @@ def hardswish(self: Array) -> Array:
 @lowers(aten.hardswish_backward.default)
 def hardswish_backward(grad_output: Array, self: Array) -> Array:
     middle = grad_output * (self / 3.0 + 0.5)
-    return jnp.where(self < -3.0, _zeros(grad_output), jnp.where(self <= 3.0, middle, grad_output))
+    return jnp.where(self <= -3.0, _zeros(grad_output), jnp.where(self < 3.0, middle, grad_output))
 
 
 @lowers(aten.hardsigmoid.default)
@@ -116,15 +116,17 @@ def leaky_relu_backward(grad_output: Array, self: Array, negative_slope: object,
 
 @lowers(aten.softplus.default)
 def softplus(self: Array, beta: object = 1, threshold: object = 20) -> Array:
-    scaled = self * beta
-    return jnp.where(scaled > threshold, self, jnp.log1p(jnp.exp(scaled)) / beta)
+    """In float32 at least (torch's opmath): exp overflows float16 from 11.1 on."""
+    x = to_float(self)
+    scaled = x * beta
+    return jnp.where(scaled > threshold, x, jnp.log1p(jnp.exp(scaled)) / beta).astype(self.dtype)
 
 
 @lowers(aten.softplus_backward.default)
 def softplus_backward(grad_output: Array, self: Array, beta: object, threshold: object) -> Array:
-    scaled = self * beta
+    grad, scaled = to_float(grad_output), to_float(self) * beta
     z = jnp.exp(scaled)
-    return jnp.where(scaled > threshold, grad_output, grad_output * z / (z + 1.0))
+    return jnp.where(scaled > threshold, grad, grad * z / (z + 1.0)).astype(grad_output.dtype)
 
 
 @lowers(aten.hardtanh.default)

@@ -52,7 +52,9 @@ def _shift(a: object, b: object, left: bool) -> Array:
     safe = jnp.where(out_of_range, 0, b)
     if left:
         return jnp.where(out_of_range, jnp.zeros_like(a), jnp.left_shift(a, safe))
-    return jnp.where(out_of_range, jnp.right_shift(a, bits - 1), jnp.right_shift(a, safe))
+    # Shifted past its width, a signed value is all sign bits; an unsigned one is 0.
+    past_width = jnp.right_shift(a, bits - 1) if jnp.issubdtype(a.dtype, jnp.signedinteger) else jnp.zeros_like(a)
+    return jnp.where(out_of_range, past_width, jnp.right_shift(a, safe))
 
 
 @lowers(aten.bitwise_left_shift.Tensor, aten.bitwise_left_shift.Tensor_Scalar,

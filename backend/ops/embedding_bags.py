@@ -1,7 +1,8 @@
 """`nn.EmbeddingBag`: rows gathered by index and reduced per bag (sum, mean or max), and the backward.
 
 Bags are given by `offsets` (the first position of each bag; with `include_last_offset` the last
-entry closes the final bag). Entries equal to `padding_idx` take no part. The auxiliary outputs
+entry closes the final bag, and positions from it on take no part, forward and backward, where
+torch's CPU kernel is inconsistent). Entries equal to `padding_idx` take no part. The auxiliary outputs
 follow torch's CPU kernel: `offset2bag` (each position's bag), `bag_size` (a bag's entries, for mean
 and max; zeros for sum) and `max_indices` (the row each maximum came from, max mode only), with the
 shapes torch's meta kernel gives them.
@@ -21,11 +22,16 @@ Array = jax.Array
 _SUM, _MEAN, _MAX = 0, 1, 2
 
 
-def _bags(indices: Array, offsets: Array, include_last_offset: bool) -> tuple[Array, int]:
-    """Each position's bag, and the number of bags."""
+def _bags(indices: Array, offsets: Array, include_last_offset: bool, padding_idx: int) -> tuple[Array, Array, int]:
+    """Each position's bag, whether the position takes part (not padding; before the closing offset
+    when `include_last_offset`), and the number of bags."""
     starts = offsets[:-1] if include_last_offset else offsets
     positions = jnp.arange(indices.shape[0])
-    return jnp.maximum(jnp.searchsorted(starts, positions, side="right") - 1, 0).astype(jnp.int64), starts.shape[0]
+    offset2bag = jnp.maximum(jnp.searchsorted(starts, positions, side="right") - 1, 0).astype(jnp.int64)
+    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    if include_last_offset:
+        valid = valid & (positions < offsets[-1])
+    return offset2bag, valid, starts.shape[0]
 
 
 def _embedding_bag(
@@ -39,8 +45,7 @@ def _embedding_bag(
     include_last_offset: bool = False,
     padding_idx: int = -1,
 ) -> tuple[Array, Array, Array, Array]:
-    offset2bag, n_bags = _bags(indices, offsets, include_last_offset)
-    valid = indices != padding_idx if padding_idx >= 0 else jnp.ones(indices.shape, bool)
+    offset2bag, valid, n_bags = _bags(indices, offsets, include_last_offset, padding_idx)
     rows = jnp.take(weight, indices, axis=0)
     counts = jax.ops.segment_sum(valid.astype(jnp.int64), offset2bag, n_bags)
     bag_size = jnp.zeros(offsets.shape[0], jnp.int64).at[:n_bags].set(counts if mode != _SUM else 0)
@@ -82,6 +87,7 @@ def _weight_grad(
     mode: int,
     per_sample_weights: Array | None,
     padding_idx: int,
+    closing_offset: Array | None = None,
 ) -> Array:
     if mode == _MAX:
         n_bags, width = grad.shape
@@ -98,6 +104,8 @@ def _weight_grad(
         rows = rows / frequency[indices][:, None]
     if padding_idx >= 0:
         rows = jnp.where((indices == padding_idx)[:, None], 0, rows)
+    if closing_offset is not None:
+        rows = jnp.where((jnp.arange(indices.shape[0]) < closing_offset)[:, None], rows, 0)
     return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[indices].add(rows)
 
 
@@ -114,8 +122,10 @@ def embedding_bag_backward(
     grad: Array, indices: Array, offsets: Array, offset2bag: Array, bag_size: Array, maximum_indices: Array, num_weights: int,
     scale_grad_by_freq: bool, mode: int, sparse: bool, per_sample_weights: Array | None, padding_idx: int = -1,
 ) -> Array:
-    """The weight's gradient, dense (a `sparse=True` bag's gradient is held dense on the chip)."""
-    return _weight_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx)
+    """The weight's gradient, dense (a `sparse=True` bag's gradient is held dense on the chip). One
+    offset more than bags means `include_last_offset`: positions from the last offset on took no part."""
+    closing_offset = offsets[-1] if offsets.shape[0] == grad.shape[0] + 1 else None
+    return _weight_grad(grad, indices, offset2bag, bag_size, maximum_indices, num_weights, scale_grad_by_freq, mode, per_sample_weights, padding_idx, closing_offset)
 
 
 @lowers(aten._embedding_bag_per_sample_weights_backward.default)

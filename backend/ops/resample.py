@@ -75,11 +75,20 @@ def _cubic_matrix(length: int, out: int, align_corners: bool, scale: float | Non
 
 
 def _separable(x: Array, matrices: Sequence[np.ndarray]) -> Array:
+    """Interpolate along the last axes, one matrix each. Integer images (uint8) are interpolated in
+    float32 and rounded back, saturating, after each axis, the last (width) first, as torch's CPU
+    kernel does."""
     rank = len(matrices)
-    for i, matrix in enumerate(matrices):
+    source_dtype = x.dtype
+    integral = not jnp.issubdtype(source_dtype, jnp.inexact)
+    for i, matrix in reversed(list(enumerate(matrices))):
         axis = x.ndim - rank + i
-        weights = jnp.asarray(matrix, x.dtype)
-        x = jnp.moveaxis(jnp.tensordot(x, weights, axes=([axis], [1]), precision=jax.lax.Precision.HIGHEST), -1, axis)
+        compute = jnp.float32 if integral else x.dtype
+        weights = jnp.asarray(matrix, compute)
+        x = jnp.moveaxis(jnp.tensordot(x.astype(compute), weights, axes=([axis], [1]), precision=jax.lax.Precision.HIGHEST), -1, axis)
+        if integral:
+            limits = jnp.iinfo(source_dtype)
+            x = jnp.clip(jnp.floor(x + 0.5), limits.min, limits.max).astype(source_dtype)
     return x
 
 

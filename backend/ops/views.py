@@ -16,6 +16,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from tputrace.backend.dtypes import to_torch
+
 from ._util import canon_dim, jax_dtype
 from .registry import lowers
 
@@ -214,9 +216,26 @@ def _bitcast(x: Array, dtype: jnp.dtype) -> Array:
     return lax.bitcast_convert_type(x, dtype)
 
 
+def _real_parts(x: Array) -> Array:
+    """A complex array as its real and imaginary parts side by side along the last dim."""
+    parts = jnp.stack([jnp.real(x), jnp.imag(x)], axis=-1)
+    return parts.reshape(*x.shape[:-1], x.shape[-1] * 2)
+
+
+def _from_real_parts(x: Array, dtype: jnp.dtype) -> Array:
+    pairs = x.reshape(*x.shape[:-1], x.shape[-1] // 2, 2)
+    return lax.complex(pairs[..., 0], pairs[..., 1]).astype(dtype)
+
+
 @lowers(aten.view.dtype, aten.view_copy.dtype)
 def view_dtype(self: Array, dtype: torch.dtype) -> Array:
+    """The same bytes read as `dtype`; a complex number's bytes are its real then imaginary part."""
     target = jnp.dtype(jax_dtype(dtype))
+    if jnp.issubdtype(self.dtype, jnp.complexfloating) and self.dtype != target:
+        return view_dtype(_real_parts(self), dtype) if self.ndim else view_dtype(_real_parts(self.reshape(1)), dtype)
+    if jnp.issubdtype(target, jnp.complexfloating) and self.dtype != target:
+        component = jnp.finfo(target).dtype
+        return _from_real_parts(view_dtype(self, to_torch(component)), target)
     source_size, target_size = self.dtype.itemsize, target.itemsize
     if source_size == target_size:
         return _bitcast(self, target)
