@@ -1,12 +1,16 @@
 """Argument checks torch makes and a lowering would skip: bad arguments raise torch's own error.
 
-Four kinds; the first three cost a well-formed op nothing in steady state:
+Five kinds; the first four cost a well-formed op nothing in steady state:
 - Shapes, dtypes and constant arguments: torch's meta kernel checks them when a signature's plan is
   built (once per signature). A meta kernel that refuses the arguments is asked to confirm on the
   host: the op runs on host copies of its inputs, and the host's error is raised if it refuses them
   too. A meta kernel that merely cannot handle them (a data-dependent output size) is not an error.
+- Arguments that must share a dtype (`int32 @ float32`, `index_put_` of float64 values into
+  float32), which meta kernels do not check: confirmed on the host with stand-ins that hold no
+  memory, when a signature's plan is built.
 - Python-number arguments, which are traced and so not part of a plan's key (`x ** -1` on integers,
-  `uniform_(2, 1)`): checked on every call, only for the few ops listed in `_VALUE_CHECKS`.
+  `uniform_(2, 1)`, `fill_(300)` on uint8): checked on every call, only for the ops listed in
+  `_VALUE_CHECKS`.
 - Values torch's CPU kernels check (an index out of range, a probability outside [0, 1]), which
   CUDA device-asserts and XLA would clamp: checked on host copies in DEFER_NEVER_AND_LAUNCH_BLOCKING
   only, the debugging mode (`tputrace run --mode blocking`), as each check is a sync.
@@ -57,6 +61,35 @@ def host_refusal(to_host: Callable[[Any, str], torch.Tensor], op: Any, args: Seq
         host_kwargs["device"] = torch.device("cpu")
     try:
         op(*host_of(tuple(args)), **host_kwargs)
+    except NotImplementedError:
+        return None
+    except Exception as error:  # noqa: BLE001 - returned for the caller to raise
+        return error
+    return None
+
+
+def dtype_refusal(op: Any, args: Sequence[Any], kwargs: dict) -> BaseException | None:
+    """torch's error for arguments of an op that needs them in one dtype (`int32 @ float32`), which
+    its meta kernel does not check and XLA would promote; None if they agree or the host takes them.
+
+    Asked when a signature's plan is built. The host runs the op on stand-ins of the arguments'
+    dtypes and shapes that hold no memory (a zero expanded), so the check needs no sync."""
+    names = _SAME_DTYPE_ARGUMENTS.get(op.overloadpacket)
+    if names is None:
+        return None
+    dtypes = {value.dtype for name in names if isinstance(value := _argument(op, args, kwargs, name), torch.Tensor)}
+    if len(dtypes) < 2:
+        return None
+
+    def stand_in(value: Any) -> Any:
+        if isinstance(value, torch.Tensor):
+            return torch.zeros((), dtype=value.dtype).expand(value.shape)
+        if isinstance(value, (list, tuple)):
+            return type(value)(stand_in(item) for item in value)
+        return value
+
+    try:
+        op(*stand_in(tuple(args)), **{name: stand_in(value) for name, value in kwargs.items()})
     except NotImplementedError:
         return None
     except Exception as error:  # noqa: BLE001 - returned for the caller to raise
@@ -143,6 +176,61 @@ def _check_median_dim(args: Sequence[Any], kwargs: dict) -> None:
         raise RuntimeError(f"median(): Expected reduction dim {dim % source.dim()} to have non-zero size.")
 
 
+# Arguments torch's CPU and CUDA kernels require in one dtype (index arguments excluded).
+_SAME_DTYPE_ARGUMENTS: dict[Any, tuple[str, ...]] = {
+    aten.mm: ("self", "mat2"), aten.bmm: ("self", "mat2"), aten.addmm: ("self", "mat1", "mat2"),
+    aten.addbmm: ("self", "batch1", "batch2"), aten.baddbmm: ("self", "batch1", "batch2"), aten.mv: ("self", "vec"),
+    aten.addmv: ("self", "mat", "vec"), aten.dot: ("self", "tensor"), aten.vdot: ("self", "other"),
+    aten.linalg_cross: ("self", "other"), aten.cross: ("self", "other"), aten.index_put: ("self", "values"),
+    aten._index_put_impl: ("self", "values"), aten.index_copy: ("self", "source"), aten.index_add: ("self", "source"),
+}
+
+_INTEGER_TYPE_NAMES = {
+    torch.int8: "int8_t", torch.uint8: "uint8_t", torch.int16: "int16_t", torch.uint16: "uint16_t",
+    torch.int32: "int", torch.uint32: "uint32_t", torch.int64: "int64_t",
+}
+
+
+def _argument(op: Any, args: Sequence[Any], kwargs: dict, name: str) -> Any:
+    position = next(index for index, argument in enumerate(op._schema.arguments) if argument.name == name)
+    return args[position] if position < len(args) else kwargs.get(name)
+
+
+def _scalar_fits_check(op: Any, values: tuple[str, ...], target: str) -> Callable[[Sequence[Any], dict], None]:
+    """torch's refusal of a Python number that the integer dtype of argument `target` (a tensor, or
+    a dtype for a factory) cannot hold: XLA would wrap it (`fill_(300)` on uint8 gives 44). An
+    unsigned type takes negatives down to -max, as torch's check does."""
+
+    def check(args: Sequence[Any], kwargs: dict) -> None:
+        held = _argument(op, args, kwargs, target)
+        dtype = held if isinstance(held, torch.dtype) else getattr(held, "dtype", None)
+        type_name = _INTEGER_TYPE_NAMES.get(dtype)
+        if type_name is None:
+            return
+        limits = torch.iinfo(dtype)
+        lowest = -limits.max if not dtype.is_signed else limits.min
+        for name in values:
+            value = _argument(op, args, kwargs, name)
+            if type(value) in (int, float) and not lowest <= value <= limits.max:
+                raise RuntimeError(f"value cannot be converted to type {type_name} without overflow")
+
+    return check
+
+
+def _fits_checks() -> dict[Any, Callable[[Sequence[Any], dict], None]]:
+    """The ops whose Scalar torch converts to the tensor's dtype with an overflow check."""
+    checked = [
+        (aten.clamp.default, ("min", "max"), "self"), (aten.clamp_.default, ("min", "max"), "self"),
+        (aten.fill.Scalar, ("value",), "self"), (aten.fill_.Scalar, ("value",), "self"),
+        (aten.masked_fill.Scalar, ("value",), "self"), (aten.masked_fill_.Scalar, ("value",), "self"),
+        (aten.index_fill.int_Scalar, ("value",), "self"), (aten.index_fill_.int_Scalar, ("value",), "self"),
+        (aten.scatter.value, ("value",), "self"), (aten.scatter_.value, ("value",), "self"),
+        (aten.where.ScalarOther, ("other",), "self"), (aten.where.ScalarSelf, ("self",), "other"),
+        (aten.full.default, ("fill_value",), "dtype"),
+    ]
+    return {op: _scalar_fits_check(op, values, target) for op, values, target in checked}
+
+
 def _overloads(packet: Any) -> list[Any]:
     return [getattr(packet, name) for name in packet.overloads()]
 
@@ -167,6 +255,7 @@ _VALUE_CHECKS: dict[Any, Callable[[Sequence[Any], dict], None]] = {
     aten.uniform.default: _check_uniform_range,
     aten.median.dim: _check_median_dim,
     aten.nanmedian.dim: _check_median_dim,
+    **_fits_checks(),
     aten.randint.default: _random_range_check(None, 0),
     aten.randint.low: _random_range_check(0, 1),
     getattr(aten.random_, "from"): _random_range_check(1, 2),

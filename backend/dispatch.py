@@ -425,6 +425,9 @@ class Dispatcher:
 
     def _build_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
         kwargs_template = dict(template_kwargs)
+        refusal = arg_checks.dtype_refusal(entry.op, rebuild(template_args, originals), rebuild(kwargs_template, originals))
+        if refusal is not None:
+            raise refusal from None
         try:
             out_specs, structure = self._meta_outputs(entry, template_args, kwargs_template, originals)
         except Exception as meta_error:  # noqa: BLE001 - bad arguments, or no usable meta kernel: ask the host, then the lowering

@@ -39,6 +39,17 @@ REFUSED: dict[str, Callable[[str], object]] = {
     "std of integers": lambda d: torch.arange(4, device=d).std(),
     "var_mean of integers": lambda d: torch.var_mean(torch.arange(4, device=d)),
     "median over an empty dim": lambda d: torch.zeros(0, 3, device=d).median(0),
+    # arguments that must share a dtype (meta kernels do not check), confirmed on stand-ins
+    "int32 @ float32": lambda d: torch.ones(2, 2, device=d).int() @ torch.full((2, 2), 0.6, device=d),
+    "linear with a float64 weight": lambda d: F.linear(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d).double()),
+    "index_put_ of float64 values": lambda d: torch.zeros(3, device=d).index_put_((torch.tensor([0], device=d),), torch.ones(1, device=d).double()),
+    "index_add_ of float64 values": lambda d: torch.zeros(3, device=d).index_add_(0, torch.tensor([0], device=d), torch.ones(1, device=d).double()),
+    # Python numbers an integer dtype cannot hold
+    "uint8 fill_ 300": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(300),
+    "int16 clamp max 40000": lambda d: torch.tensor([0, 5], dtype=torch.int16, device=d).clamp(max=40000),
+    "uint8 full 300": lambda d: torch.full((2,), 300, dtype=torch.uint8, device=d),
+    "int8 where 200": lambda d: torch.where(torch.tensor([True, False], device=d), torch.zeros(2, dtype=torch.int8, device=d), 200),
+    "uint8 masked_fill 300": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).masked_fill(torch.tensor([True, False], device=d), 300),
     # writes into memory several elements share
     "expanded add_": lambda d: torch.zeros(1, 3, device=d).expand(2, 3).add_(1),
     "expanded copy_": lambda d: torch.zeros(1, 3, device=d).expand(2, 3).copy_(torch.ones(2, 3, device=d)),
@@ -55,9 +66,18 @@ ACCEPTED: dict[str, Callable[[str], torch.Tensor]] = {
     "nanmedian of nothing": lambda d: torch.tensor([], device=d).nanmedian(),
     "median over an empty kept dim": lambda d: torch.zeros(0, 3, device=d).median(1).values,
     "random_ to None": lambda d: torch.zeros(3, device=d).random_(2, None).clamp(max=0),
+    "uint8 fill_ -1 wraps, as torch allows": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(-1),
+    "uint8 + 300 wraps": lambda d: torch.zeros(2, dtype=torch.uint8, device=d) + 300,
+    "a float scalar into an index": lambda d: (lambda t: (t.__setitem__(torch.tensor([0], device=d), 5.0), t)[1])(torch.zeros(3, device=d)),
+    "bfloat16 autocast matmul of mixed inputs": lambda d: _autocast_matmul(d),
     # a meta kernel that refuses (no output size) where the host accepts: the op still runs
     "repeat_interleave by a tensor": lambda d: torch.repeat_interleave(torch.tensor([1.0, 2.0], device=d), torch.tensor([2, 1], device=d)),
 }
+
+
+def _autocast_matmul(device: str) -> torch.Tensor:
+    with torch.autocast(device, dtype=torch.bfloat16):
+        return torch.ones(2, 2, device=device) @ torch.ones(2, 2, device=device).half()
 
 
 def _cpu_error(call: Callable[[str], object]) -> str:
