@@ -10,6 +10,7 @@ would return.
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -222,7 +223,9 @@ def _numel(shape: Sequence[int]) -> int:
 def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int, name: str, *, keep_hlo: bool = False, donate: tuple[int, ...] = ()) -> Program:
     """Lower and compile `fn` for these inputs on `chip`; XLA's cost analysis gives FLOPs and bytes."""
     start = time.perf_counter_ns()
-    with jax.default_device(chips.device(chip)):
+    with jax.default_device(chips.device(chip)), warnings.catch_warnings():
+        # A donated input that no output can reuse (another shape) is simply not reused.
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         lowered = jax.jit(fn, donate_argnums=donate).lower(*dynamic)
         compiled = lowered.compile()
     compile_ns = time.perf_counter_ns() - start

@@ -92,3 +92,46 @@ def test_transformer_inference_with_a_padding_mask_matches_the_cpu(mode: EagerMo
         attended = host(attention.to("tpu")(x, x, x, key_padding_mask=mask)[0])
     torch.testing.assert_close(encoded[~padding], expected_encoded[~padding], rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(attended, expected_attended, rtol=1e-4, atol=1e-5)
+
+
+def _lowered_backwards(device: str) -> dict[str, object]:
+    """Backwards and ops that ran on the host before: grid sampling's (spatial transformers),
+    cdist/pdist's (with two points at distance 0), nonzero_static, Embedding(max_norm)."""
+    torch.manual_seed(0)
+    results: dict[str, object] = {}
+    image = torch.randn(2, 3, 5, 6).to(device).requires_grad_()
+    theta = torch.tensor([[[0.9, 0.1, 0.05], [-0.1, 1.1, 0.0]]] * 2, device=device, requires_grad=True)
+    for sampling in ("bilinear", "nearest"):
+        for padding in ("zeros", "border", "reflection"):
+            grid = F.affine_grid(theta, [2, 3, 4, 4], align_corners=False)
+            sampled = F.grid_sample(image, grid, mode=sampling, padding_mode=padding, align_corners=False)
+            results[f"grid_sample {sampling} {padding}"] = torch.autograd.grad(sampled.pow(2).sum(), (image, theta))
+    points = torch.randn(4, 3).to(device)
+    points[1] = points[0]
+    points.requires_grad_()
+    others = torch.randn(5, 3).to(device).requires_grad_()
+    for p in (1.0, 2.0, 3.0):
+        results[f"cdist p={p}"] = torch.autograd.grad(torch.cdist(points, others, p=p).sum(), (points, others))
+        results[f"pdist p={p}"] = torch.autograd.grad(F.pdist(points, p=p).sum(), points)
+    sparse_rows = torch.zeros(3, 4, device=device)
+    sparse_rows[0, 1], sparse_rows[2, 0], sparse_rows[2, 3] = 1.0, 5.0, 2.0
+    results["nonzero_static"] = torch.nonzero_static(sparse_rows, size=5)
+    torch.manual_seed(1)
+    table = torch.nn.Embedding(6, 3, max_norm=1.0).to(device)
+    with torch.no_grad():
+        table.weight.mul_(3)
+    results["Embedding(max_norm)"] = (table(torch.tensor([0, 2, 2], device=device)), table.weight)
+    return results
+
+
+@mode_ids
+def test_backwards_and_static_ops_run_on_the_chip(mode: EagerMode) -> None:
+    expected = _lowered_backwards("cpu")
+    with eager(mode), warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no CPU fallback
+        results = _lowered_backwards("tpu")
+    for name, want in expected.items():
+        got = results[name]
+        pairs = zip(got, want) if isinstance(want, tuple) else [(got, want)]
+        for got_tensor, want_tensor in pairs:
+            torch.testing.assert_close(host(got_tensor), want_tensor.detach(), rtol=1e-4, atol=1e-4, msg=name)

@@ -242,6 +242,13 @@ def masked_scatter(self: Array, mask: Array, source: Array) -> Array:
     return jnp.where(flat_mask, picked, self.reshape(-1)).reshape(self.shape)
 
 
+@lowers(aten.nonzero_static.default)
+def nonzero_static(self: Array, *, size: int, fill_value: int = -1) -> Array:
+    """The first `size` nonzero positions, padded with `fill_value`: a static shape, no sync."""
+    positions = jnp.nonzero(self, size=size, fill_value=fill_value)
+    return jnp.stack(positions, axis=-1).astype(jnp.int64) if positions else jnp.zeros((size, 0), jnp.int64)
+
+
 # --- embeddings ----------------------------------------------------------------------------------
 
 
@@ -261,3 +268,12 @@ def embedding_dense_backward(grad_output: Array, indices: Array, num_weights: in
         grads = jnp.where((flat_indices == padding_idx)[:, None], jnp.zeros_like(grads), grads)
     result = jnp.zeros((num_weights, grads.shape[1]), grads.dtype).at[flat_indices].add(grads)
     return result.reshape((num_weights,) + grad_output.shape[indices.ndim:])
+
+
+@lowers(aten.embedding_renorm.default)
+def embedding_renorm(self: Array, indices: Array, max_norm: float, norm_type: float) -> Array:
+    """`nn.Embedding(max_norm=...)`: the rows looked up whose norm exceeds max_norm are scaled down to it."""
+    looked_up = jnp.zeros(self.shape[0], bool).at[indices.reshape(-1)].set(True)
+    norms = jnp.sum(jnp.abs(self.astype(jnp.float32)) ** norm_type, axis=1) ** (1.0 / norm_type)
+    scale = jnp.where(looked_up & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
+    return (self * scale[:, None].astype(self.dtype)).astype(self.dtype)

@@ -295,6 +295,27 @@ def pdist_forward(self: Array, p: float = 2.0) -> Array:
     return vector_norm(self[rows] - self[cols], p, (1,), False)
 
 
+def _pair_norms(differences: Array, p: float) -> Array:
+    """p-norms over the last dim, with a zero gradient where a difference is all zeros (torch's
+    `_cdist_backward`/`_pdist_backward` at distance 0; the plain norm's gradient is NaN there)."""
+    coincide = jnp.all(differences == 0, axis=-1, keepdims=True)
+    safe = jnp.where(coincide, jnp.ones_like(differences), differences)
+    return jnp.where(coincide[..., 0], 0.0, vector_norm(safe, p, (safe.ndim - 1,), False))
+
+
+@lowers(aten._cdist_backward.default)
+def cdist_backward(grad: Array, x1: Array, x2: Array, p: float, cdist: Array) -> Array:
+    _, pullback = jax.vjp(lambda first: _pair_norms(first[..., :, None, :] - x2[..., None, :, :], p), x1)
+    return pullback(grad)[0]
+
+
+@lowers(aten._pdist_backward.default)
+def pdist_backward(grad: Array, self: Array, p: float, pdist: Array) -> Array:
+    rows, cols = np.triu_indices(self.shape[0], 1)
+    _, pullback = jax.vjp(lambda points: _pair_norms(points[rows] - points[cols], p), self)
+    return pullback(grad)[0]
+
+
 @lowers(aten._euclidean_dist.default)
 def euclidean_dist(x1: Array, x2: Array) -> Array:
     differences = x1[..., :, None, :] - x2[..., None, :, :]

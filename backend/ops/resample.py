@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
+from jax import lax
 
 from ._util import UnloweredCase
 from .registry import lowers
@@ -184,13 +185,20 @@ def _reflect(coord: Array, twice_low: int, twice_high: int) -> Array:
     return jnp.where(jnp.fmod(flips, 2) == 0, extra + low, span - extra + low)
 
 
+def _clip_coordinate(coord: Array, size: int) -> Array:
+    """Clipped into [0, size - 1], with torch's gradient: 1 strictly inside, 0 on or past a border
+    (`jnp.clip` would split the gradient at a border)."""
+    inside = (coord > 0) & (coord < size - 1)
+    return jnp.where(inside, coord, lax.stop_gradient(jnp.clip(coord, 0, size - 1)))
+
+
 def _source_coordinate(coord: Array, size: int, padding_mode: int, align_corners: bool) -> Array:
     coord = ((coord + 1) / 2) * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
     if padding_mode == 1:
-        coord = jnp.clip(coord, 0, size - 1)
+        coord = _clip_coordinate(coord, size)
     elif padding_mode == 2:
         coord = _reflect(coord, 0, 2 * (size - 1)) if align_corners else _reflect(coord, -1, 2 * size - 1)
-        coord = jnp.clip(coord, 0, size - 1)
+        coord = _clip_coordinate(coord, size)
     return coord
 
 
@@ -221,3 +229,13 @@ def grid_sampler_2d(input: Array, grid: Array, interpolation_mode: int, padding_
         )
 
     return jax.vmap(per_image)(input, y, x)
+
+
+@lowers(aten.grid_sampler_2d_backward.default)
+def grid_sampler_2d_backward(
+    grad_output: Array, input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool, output_mask: Sequence[bool]  # noqa: A002
+) -> tuple[Array | None, Array | None]:
+    """The gradients of `grid_sampler_2d` (a spatial transformer's backward), by differentiating its lowering."""
+    _, pullback = jax.vjp(lambda image, where: grid_sampler_2d(image, where, interpolation_mode, padding_mode, align_corners), input, grid)
+    grad_input, grad_grid = pullback(grad_output)
+    return (grad_input if output_mask[0] else None), (grad_grid if output_mask[1] else None)
