@@ -271,7 +271,7 @@ class DeferredExecutor:
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
             inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
             results = fused.program.executable(*inputs, *graph.packed_scalars())
-        memory.running(graph.chip, fused.program.working_bytes)
+        memory.running(graph.chip, fused.program.temp_bytes + fused.program.output_bytes)
         for ref, result in zip(output_refs, results):
             for value in outputs[ref]:
                 value.concrete = result

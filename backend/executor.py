@@ -57,8 +57,8 @@ class StrictExecutor:
             self.prepare(plan, dynamic)
             program = plan.program
         values = program.executable(*dynamic)
-        if program.working_bytes:
-            memory.running(plan.chip, program.working_bytes)
+        if program.temp_bytes:  # its outputs are counted as its tensors are made
+            memory.running(plan.chip, program.temp_bytes)
         self.last_values = values
         if self.launch_blocking:
             jax.block_until_ready(values)

@@ -21,8 +21,8 @@ def allocate(chip: int, nbytes: int) -> None:
 
 
 def running(chip: int, working_bytes: int) -> None:
-    """A program runs holding `working_bytes` beyond the live buffers (its temporaries and outputs):
-    they count toward the peak, as a device allocator would see them, but not as live bytes."""
+    """A program runs holding `working_bytes` beyond the live buffers (its temporaries, and outputs
+    not yet counted): they count toward the peak, as a device allocator sees them, not as live bytes."""
     value = live[chip] + working_bytes
     if value > peak[chip]:
         peak[chip] = value

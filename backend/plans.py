@@ -79,7 +79,8 @@ class Program:
     compile_ns: int
     hlo_text: str | None
     program_id: int | None = None
-    working_bytes: int = 0  # what a run holds beyond its inputs: XLA's temporaries and new outputs
+    temp_bytes: int = 0  # XLA's temporaries while it runs (a fused step's activations live here)
+    output_bytes: int = 0  # outputs not aliased to donated inputs
 
 
 @dataclass
@@ -238,24 +239,24 @@ def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int,
         bytes_accessed = float(cost.get("bytes accessed", 0.0) or 0.0)
     except Exception:  # noqa: BLE001 - cost analysis is best effort on some platforms
         pass
-    working_bytes = _working_bytes(compiled)
+    temp_bytes, output_bytes = _memory_use(compiled)
     hlo_text = None
     if keep_hlo:
         try:
             hlo_text = compiled.as_text()
         except Exception:  # noqa: BLE001
             hlo_text = None
-    return Program(_direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text, working_bytes=working_bytes)
+    return Program(_direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text, temp_bytes=temp_bytes, output_bytes=output_bytes)
 
 
-def _working_bytes(compiled: Any) -> int:
-    """Bytes a run of the program holds beyond its inputs, from XLA's memory analysis: temporaries
-    (a fused step's activations live here) plus outputs not aliased to donated inputs."""
+def _memory_use(compiled: Any) -> tuple[int, int]:
+    """(temporary bytes, new output bytes) of a run, from XLA's memory analysis (0s where the
+    platform does not report it)."""
     try:
         stats = compiled.memory_analysis()
-        return max(int(stats.temp_size_in_bytes + stats.output_size_in_bytes - stats.alias_size_in_bytes), 0)
-    except Exception:  # noqa: BLE001 - not every platform reports it
-        return 0
+        return int(stats.temp_size_in_bytes), max(int(stats.output_size_in_bytes - stats.alias_size_in_bytes), 0)
+    except Exception:  # noqa: BLE001 - best effort
+        return 0, 0
 
 
 def _direct_call(compiled: Any) -> Callable:
