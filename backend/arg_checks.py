@@ -1,6 +1,6 @@
 """Argument checks torch makes and a lowering would skip: bad arguments raise torch's own error.
 
-Five kinds; the first four cost a well-formed op nothing in steady state:
+Five kinds. Only the third and fourth cost anything per call, and only for the ops they list:
 - Shapes, dtypes and constant arguments: torch's meta kernel checks them when a signature's plan is
   built (once per signature). A meta kernel that refuses the arguments is asked to confirm on the
   host: the op runs on host copies of its inputs, and the host's error is raised if it refuses them
