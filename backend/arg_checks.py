@@ -97,6 +97,19 @@ def dtype_refusal(op: Any, args: Sequence[Any], kwargs: dict) -> BaseException |
     return None
 
 
+def check_strided_within_storage(sizes: Sequence[int], strides: Sequence[int], offset: int, itemsize: int, storage_bytes: int) -> None:
+    """torch's refusal of an `as_strided` view that reaches past the end of its storage (meta
+    tensors do not check it)."""
+    if any(size == 0 for size in sizes):
+        return
+    needed = (offset + sum((size - 1) * stride for size, stride in zip(sizes, strides)) + 1) * itemsize
+    if needed > storage_bytes:
+        raise RuntimeError(
+            f"setStorage: sizes {list(sizes)}, strides {list(strides)}, storage offset {offset}, and itemsize {itemsize} "
+            f"requiring a storage size of {needed} are out of bounds for storage of size {storage_bytes}"
+        )
+
+
 def check_no_internal_overlap(tensor: torch.Tensor, op_name: str) -> None:
     """torch's refusal to write a tensor in which a dimension of size > 1 has stride 0."""
     if op_name in _OVERLAP_ALLOWED:

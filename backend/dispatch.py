@@ -518,6 +518,12 @@ class Dispatcher:
         """The outputs of a view op on a base of this geometry: (step, its chain from the buffer, geometry) each."""
         storage_numel = max(int(np.prod(_root_shape(base))) if _root_shape(base) else 1, base.storage_offset() + 1)
         meta_base = torch.empty(storage_numel, dtype=base.dtype, device="meta").as_strided(base.shape, base.stride(), base.storage_offset())
+        if entry.op is aten.as_strided.default:
+            offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
+            offset = base.storage_offset() if offset is None else offset
+            buffer = base._buf.array
+            storage_bytes = int(np.prod(buffer.shape)) * np.dtype(buffer.dtype).itemsize if hasattr(buffer, "shape") else base.untyped_storage().nbytes()
+            arg_checks.check_strided_within_storage(args[1], args[2], offset, base.element_size(), storage_bytes)
         try:
             result = entry.op(meta_base, *args[1:], **kwargs)
         except RuntimeError:

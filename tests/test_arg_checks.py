@@ -165,3 +165,15 @@ def test_launch_blocking_passes_values_in_range() -> None:
     expected = torch.arange(12.0, requires_grad=True)
     F.cross_entropy(F.embedding(torch.tensor([[0, 3]]), expected.reshape(4, 3)).reshape(2, 3), torch.tensor([2, 0])).backward()
     torch.testing.assert_close(host(table.grad), expected.grad)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_as_strided_past_the_end_of_storage_raises_torchs_error(mode: EagerMode) -> None:
+    with eager(mode):
+        for call in (lambda d: torch.arange(4.0, device=d).as_strided((3,), (2,)), lambda d: torch.arange(4.0, device=d)[1:].as_strided((2,), (1,), 3)):
+            expected = _cpu_error(call)
+            with pytest.raises(RuntimeError) as raised:
+                call("tpu")
+            assert str(raised.value) == expected
+        inside = torch.arange(6.0, device="tpu").view(2, 3).as_strided((2, 2), (3, 1), 1)
+        assert host(inside).tolist() == [[1.0, 2.0], [4.0, 5.0]]
