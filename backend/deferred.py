@@ -217,6 +217,15 @@ class DeferredExecutor:
             self.flush_graph(graph, trigger, extra=[value])
             return value.concrete, pending
 
+    def materialize(self, values: list[Any], trigger: str) -> list[Any]:
+        """The arrays behind values: each pending graph among them is flushed once, keeping every
+        value asked for (flushing for one of them alone would drop the others, e.g. a view's read)."""
+        with self.lock:
+            pending = [value for value in values if type(value) is LazyValue and value.concrete is None]
+            for graph in {id(value.graph): value.graph for value in pending}.values():
+                self.flush_graph(graph, trigger, extra=[value for value in pending if value.graph is graph])
+            return [value.concrete if type(value) is LazyValue else value for value in values]
+
     def _concrete_value(self, value: Any, trigger: str) -> Any:
         return self.concrete(value, trigger)[0]
 

@@ -432,6 +432,9 @@ class Dispatcher:
             out_specs, structure = self._meta_outputs(entry, template_args, kwargs_template, originals)
         except Exception as meta_error:  # noqa: BLE001 - bad arguments, or no usable meta kernel: ask the host, then the lowering
             if not isinstance(meta_error, NotImplementedError):
+                # The host check reads the inputs (a flush in DeferAndFuse): the values this op
+                # already collected must come out of that flush.
+                dynamic[:] = self.executor.materialize(dynamic, "value_check")
                 refusal = arg_checks.host_refusal(self.to_host, entry.op, rebuild(template_args, originals), rebuild(kwargs_template, originals))
                 if refusal is not None:
                     raise refusal from None

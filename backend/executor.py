@@ -29,6 +29,10 @@ class Executor(Protocol):
     def concrete(self, value: Any, trigger: str) -> tuple[Any, int]:
         """The array behind a value (running pending work if needed) and the number of ops that ran."""
 
+    def materialize(self, values: list[Any], trigger: str) -> list[Any]:
+        """The arrays behind values, running pending work once for all of them (a host check in
+        the middle of an op needs values the op already collected)."""
+
     def track(self, buffer: Any, replaced: Any = None) -> None:
         """A buffer now holds a value this executor produced."""
 
@@ -70,6 +74,9 @@ class StrictExecutor:
 
     def concrete(self, value: Any, trigger: str) -> tuple[Any, int]:
         return value, 0
+
+    def materialize(self, values: list[Any], trigger: str) -> list[Any]:
+        return list(values)
 
     def track(self, buffer: Any, replaced: Any = None) -> None:
         """Strict values are concrete already."""

@@ -209,7 +209,7 @@ FLUSHES = RecordKind(
         _c("id", "INTEGER", "flush id"),
         _RANK,
         _c("program_id", "INTEGER", "program run", ref="programs"),
-        _c("trigger", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent, fallback, collective, size_cap, step, backward_end, exit, explicit"),
+        _c("trigger", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent, fallback, collective, size_cap, step, backward_end, exit, explicit, value_check"),
         _FRAME,
         _c("n_ops", "INTEGER", "ops in the flushed graph"),
         _c("cache_hit", "INTEGER", "1 when the program came from the cache"),

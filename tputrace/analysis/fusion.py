@@ -29,6 +29,7 @@ SUGGESTIONS: dict[str, str] = {
     "cpu": "move tensors to the CPU after the step, not between layers",
     "data_dependent": "use fixed-shape ops instead of value-dependent shapes (nonzero, masked_select)",
     "size_cap": "the pending graph hit the size cap; this is rare and usually fine",
+    "value_check": "tputrace checked an op's arguments on the host, once per new input signature; nothing to change",
     "transfer": "keep tensors on one chip within a step",
 }
 
