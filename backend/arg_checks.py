@@ -24,8 +24,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
+from torch.utils._pytree import tree_map_only
 
-from tputrace.backend.plans import rebuild
 
 aten = torch.ops.aten
 
@@ -34,7 +34,7 @@ Handler = Callable[[Any, Sequence[Any], dict], Any]
 # The sync kind a host check is recorded as (tputrace's own cost, not the user's line's).
 _CHECK_SYNC_KIND = "value_check"
 # torch writes these into tensors whose elements share memory (the last two with a deprecation warning).
-_OVERLAP_ALLOWED = frozenset({"aten::fill_", "aten::zero_", "aten::masked_fill_", "aten::index_put_", "aten::_index_put_impl_"})
+_OVERLAP_ALLOWED = frozenset({aten.fill_, aten.zero_, aten.masked_fill_, aten.index_put_, aten._index_put_impl_})
 _OVERLAP_MESSAGE = (
     "unsupported operation: more than one element of the written-to tensor refers to a single memory location. "
     "Please clone() the tensor before performing the operation."
@@ -45,27 +45,13 @@ def host_refusal(to_host: Callable[[Any, str], torch.Tensor], op: Any, args: Seq
     """torch's error for these arguments on the host CPU, or None if the host takes them.
 
     Runs `op` on host copies of the tpu tensors among the arguments; the copies are dropped, so an
-    in-place op changes nothing on the chip. A NotImplementedError (no CPU kernel, as for a
-    CUDA-only fused op) is no refusal: the host cannot judge."""
+    in-place op changes nothing on the chip."""
     from tputrace.backend.tensor import TpuTensor
 
-    def host_of(value: Any) -> Any:
-        if isinstance(value, TpuTensor):
-            return to_host(value, _CHECK_SYNC_KIND).requires_grad_(False)
-        if isinstance(value, (list, tuple)):
-            return type(value)(host_of(item) for item in value)
-        return value
-
-    host_kwargs = {name: host_of(value) for name, value in kwargs.items()}
+    host_args, host_kwargs = tree_map_only(TpuTensor, lambda tensor: to_host(tensor, _CHECK_SYNC_KIND).requires_grad_(False), (tuple(args), dict(kwargs)))
     if "device" in host_kwargs:
         host_kwargs["device"] = torch.device("cpu")
-    try:
-        op(*host_of(tuple(args)), **host_kwargs)
-    except NotImplementedError:
-        return None
-    except Exception as error:  # noqa: BLE001 - returned for the caller to raise
-        return error
-    return None
+    return _host_error(op, host_args, host_kwargs)
 
 
 def dtype_refusal(op: Any, args: Sequence[Any], kwargs: dict) -> BaseException | None:
@@ -77,19 +63,18 @@ def dtype_refusal(op: Any, args: Sequence[Any], kwargs: dict) -> BaseException |
     names = _SAME_DTYPE_ARGUMENTS.get(op.overloadpacket)
     if names is None:
         return None
-    dtypes = {value.dtype for name in names if isinstance(value := _argument(op, args, kwargs, name), torch.Tensor)}
+    dtypes = {value.dtype for name in names if isinstance(value := _reader(op, name)(args, kwargs), torch.Tensor)}
     if len(dtypes) < 2:
         return None
+    stand_ins = tree_map_only(torch.Tensor, lambda tensor: torch.zeros((), dtype=tensor.dtype).expand(tensor.shape), (tuple(args), dict(kwargs)))
+    return _host_error(op, *stand_ins)
 
-    def stand_in(value: Any) -> Any:
-        if isinstance(value, torch.Tensor):
-            return torch.zeros((), dtype=value.dtype).expand(value.shape)
-        if isinstance(value, (list, tuple)):
-            return type(value)(stand_in(item) for item in value)
-        return value
 
+def _host_error(op: Any, host_args: tuple, host_kwargs: dict) -> BaseException | None:
+    """The error `op` raises on these host arguments, or None. A NotImplementedError (no CPU kernel,
+    as for a CUDA-only fused op) is none: the host cannot judge."""
     try:
-        op(*stand_in(tuple(args)), **{name: stand_in(value) for name, value in kwargs.items()})
+        op(*host_args, **host_kwargs)
     except NotImplementedError:
         return None
     except Exception as error:  # noqa: BLE001 - returned for the caller to raise
@@ -110,9 +95,10 @@ def check_strided_within_storage(sizes: Sequence[int], strides: Sequence[int], o
         )
 
 
-def check_no_internal_overlap(tensor: torch.Tensor, op_name: str) -> None:
-    """torch's refusal to write a tensor in which a dimension of size > 1 has stride 0."""
-    if op_name in _OVERLAP_ALLOWED:
+def check_no_internal_overlap(tensor: Any, op: Any) -> None:
+    """torch's refusal to let `op` write a tpu tensor in which a dimension of size > 1 has stride 0
+    (only a view can be one: a write into anything else costs one attribute read)."""
+    if tensor._view is None or op.overloadpacket in _OVERLAP_ALLOWED:
         return
     for size, stride in zip(tensor.shape, tensor.stride()):
         if stride == 0 and size > 1:
@@ -204,9 +190,11 @@ _INTEGER_TYPE_NAMES = {
 }
 
 
-def _argument(op: Any, args: Sequence[Any], kwargs: dict, name: str) -> Any:
+def _reader(op: Any, name: str) -> Callable[[Sequence[Any], dict], Any]:
+    """Reads argument `name` of a call of `op`, positional or keyword (the schema is read once,
+    here: reading it costs ~2 µs)."""
     position = next(index for index, argument in enumerate(op._schema.arguments) if argument.name == name)
-    return args[position] if position < len(args) else kwargs.get(name)
+    return lambda args, kwargs: args[position] if position < len(args) else kwargs.get(name)
 
 
 def _scalar_fits_check(op: Any, values: tuple[str, ...], target: str) -> Callable[[Sequence[Any], dict], None]:
@@ -214,16 +202,19 @@ def _scalar_fits_check(op: Any, values: tuple[str, ...], target: str) -> Callabl
     a dtype for a factory) cannot hold: XLA would wrap it (`fill_(300)` on uint8 gives 44). An
     unsigned type takes negatives down to -max, as torch's check does."""
 
+    read_target = _reader(op, target)
+    read_values = [_reader(op, name) for name in values]
+
     def check(args: Sequence[Any], kwargs: dict) -> None:
-        held = _argument(op, args, kwargs, target)
+        held = read_target(args, kwargs)
         dtype = held if isinstance(held, torch.dtype) else getattr(held, "dtype", None)
         type_name = _INTEGER_TYPE_NAMES.get(dtype)
         if type_name is None:
             return
         limits = torch.iinfo(dtype)
         lowest = -limits.max if not dtype.is_signed else limits.min
-        for name in values:
-            value = _argument(op, args, kwargs, name)
+        for read in read_values:
+            value = read(args, kwargs)
             if type(value) in (int, float) and not lowest <= value <= limits.max:
                 raise RuntimeError(f"value cannot be converted to type {type_name} without overflow")
 

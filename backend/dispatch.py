@@ -425,7 +425,8 @@ class Dispatcher:
 
     def _build_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
         kwargs_template = dict(template_kwargs)
-        refusal = arg_checks.dtype_refusal(entry.op, rebuild(template_args, originals), rebuild(kwargs_template, originals))
+        call_args, call_kwargs = rebuild(template_args, originals), rebuild(kwargs_template, originals)
+        refusal = arg_checks.dtype_refusal(entry.op, call_args, call_kwargs)
         if refusal is not None:
             raise refusal from None
         try:
@@ -435,7 +436,7 @@ class Dispatcher:
                 # The host check reads the inputs (a flush in DeferAndFuse): the values this op
                 # already collected must come out of that flush.
                 dynamic[:] = self.executor.materialize(dynamic, "value_check")
-                refusal = arg_checks.host_refusal(self.to_host, entry.op, rebuild(template_args, originals), rebuild(kwargs_template, originals))
+                refusal = arg_checks.host_refusal(self.to_host, entry.op, call_args, call_kwargs)
                 if refusal is not None:
                     raise refusal from None
             try:
@@ -524,9 +525,7 @@ class Dispatcher:
         if entry.op is aten.as_strided.default:
             offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
             offset = base.storage_offset() if offset is None else offset
-            buffer = base._buf.array
-            storage_bytes = int(np.prod(buffer.shape)) * np.dtype(buffer.dtype).itemsize if hasattr(buffer, "shape") else base.untyped_storage().nbytes()
-            arg_checks.check_strided_within_storage(args[1], args[2], offset, base.element_size(), storage_bytes)
+            arg_checks.check_strided_within_storage(args[1], args[2], offset, base.element_size(), base.untyped_storage().nbytes())
         try:
             result = entry.op(meta_base, *args[1:], **kwargs)
         except RuntimeError:
@@ -628,8 +627,7 @@ class Dispatcher:
                 f"Expected all tensors to be on the same device, but found {target.device} and tpu: "
                 f"{entry.name} writes into a {target.device} tensor; move the tpu tensor with .to('{target.device}') or write into a tpu tensor"
             )
-        if target._view is not None:
-            arg_checks.check_no_internal_overlap(target, entry.op._schema.name)
+        arg_checks.check_no_internal_overlap(target, entry.op)
         if entry.lowering is not None:
             result = self.compute(entry, args, kwargs)
         elif entry.functional is not None:
@@ -676,8 +674,7 @@ class Dispatcher:
         if entry.functional is None or any(not isinstance(out, TpuTensor) for out in outs):
             return self.fallback(entry, args, kwargs)
         for out in outs:
-            if out._view is not None:
-                arg_checks.check_no_internal_overlap(out, entry.op._schema.name)
+            arg_checks.check_no_internal_overlap(out, entry.op)
         functional_kwargs = {name: value for name, value in kwargs.items() if name not in entry.out_names}
         result = self._functional_result(entry, args, functional_kwargs)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
@@ -714,8 +711,8 @@ class Dispatcher:
                 else:
                     targets.append(written)
         for target in targets:
-            if type(target) is TpuTensor and target._view is not None:
-                arg_checks.check_no_internal_overlap(target, entry.op._schema.name)
+            if type(target) is TpuTensor:
+                arg_checks.check_no_internal_overlap(target, entry.op)
         functional_entry = self._entry(entry.functional)
         if functional_entry.kind != "lowered":
             return self._assign_all(targets, self.dispatch(entry.functional, args, kwargs))
@@ -762,8 +759,7 @@ class Dispatcher:
             host = source.detach().to(target.dtype).expand(target.shape).contiguous()
             self.write(target, self.to_chip(host, target._buf.chip))
             return target
-        if target._view is not None:
-            arg_checks.check_no_internal_overlap(target, "aten::copy_")
+        arg_checks.check_no_internal_overlap(target, aten.copy_.default)
         if source._buf.chip != target._buf.chip:
             source = self.copy_to_chip(source, target._buf.chip)
         if source.dtype == target.dtype and tuple(source.shape) == tuple(target.shape):

@@ -16,6 +16,9 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from tputrace.backend.dtypes import to_torch
+from tputrace.backend.ops.views import view_dtype
+
 
 @dataclass(frozen=True)
 class ViewStep:
@@ -129,30 +132,15 @@ def _last_dtype_step(avals: list[Any]) -> int | None:
 
 
 def _reinterpret_back(value: Any, source: Any) -> Any:
-    """The inverse of a dtype-reinterpreting view step whose input had the abstract value `source`.
-    A complex element's bytes are its real then its imaginary part."""
-    source_complex = jnp.issubdtype(source.dtype, jnp.complexfloating)
+    """The inverse of a dtype-reinterpreting view step whose input had the abstract value `source`:
+    `view_as_real` and `view_as_complex` add or remove a last dim of 2; `view(dtype)` is undone by
+    `view(dtype)` back (the lowering handles widths and complex parts)."""
     value_complex = jnp.issubdtype(value.dtype, jnp.complexfloating)
-    if source_complex and not value_complex:
-        component = jnp.finfo(source.dtype).dtype
-        if value.ndim == len(source.shape) + 1:  # view_as_real: (..., n, 2)
-            parts = value.astype(component)
-        else:  # view(dtype) of a complex tensor: back to (..., 2n) parts first
-            flat = jax.ShapeDtypeStruct((*source.shape[:-1], source.shape[-1] * 2), component)
-            parts = _reinterpret_back(value, flat).reshape(*source.shape, 2)
-        return lax.complex(parts[..., 0], parts[..., 1]).astype(source.dtype)
-    if value_complex and not source_complex:
-        parts = jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1)
-        if len(source.shape) == value.ndim + 1:  # view_as_complex of (..., n, 2)
-            return parts.astype(source.dtype)
-        return _reinterpret_back(parts.reshape(*value.shape[:-1], value.shape[-1] * 2), source)
-    value_size, source_size = np.dtype(value.dtype).itemsize, np.dtype(source.dtype).itemsize
-    if value_size > source_size:  # view(dtype) to a wider type: split each element back
-        return lax.bitcast_convert_type(value, source.dtype).reshape(source.shape)
-    if value_size < source_size:  # to a narrower type: regroup the last dim
-        grouped = value.reshape(*value.shape[:-1], value.shape[-1] * value_size // source_size, source_size // value_size)
-        return lax.bitcast_convert_type(grouped, source.dtype)
-    return lax.bitcast_convert_type(value, source.dtype)
+    if not value_complex and value.ndim == len(source.shape) + 1:  # view_as_real: (..., n, 2)
+        return lax.complex(value[..., 0], value[..., 1]).astype(source.dtype)
+    if value_complex and len(source.shape) == value.ndim + 1:  # view_as_complex of (..., n, 2)
+        return jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1).astype(source.dtype)
+    return view_dtype(value, to_torch(source.dtype)).reshape(source.shape)
 
 
 def _write_across_dtype_step(steps: tuple[ViewStep, ...], split: int, avals: list[Any]) -> Callable[[Any, Any], tuple]:

@@ -34,7 +34,8 @@ def _bags(indices: Array, offsets: Array, include_last_offset: bool, padding_idx
     return offset2bag, valid, starts.shape[0]
 
 
-def _embedding_bag(
+@lowers(aten._embedding_bag.default, aten._embedding_bag_forward_only.default)
+def embedding_bag(
     weight: Array,
     indices: Array,
     offsets: Array,
@@ -64,16 +65,6 @@ def _embedding_bag(
     if mode == _MEAN:
         output = output / jnp.maximum(counts, 1)[:, None].astype(output.dtype)
     return output.astype(weight.dtype), offset2bag, bag_size, empty_max
-
-
-@lowers(aten._embedding_bag.default)
-def embedding_bag(*args: object, **kwargs: object) -> tuple[Array, Array, Array, Array]:
-    return _embedding_bag(*args, **kwargs)  # type: ignore[arg-type]
-
-
-@lowers(aten._embedding_bag_forward_only.default)
-def embedding_bag_forward_only(*args: object, **kwargs: object) -> tuple[Array, Array, Array, Array]:
-    return _embedding_bag(*args, **kwargs)  # type: ignore[arg-type]
 
 
 def _weight_grad(

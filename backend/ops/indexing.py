@@ -17,6 +17,7 @@ import torch
 from jax import lax
 
 from ._util import UnloweredCase, canon_dim, is_float, is_integral
+from .reduction import vector_norm
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -274,6 +275,6 @@ def embedding_dense_backward(grad_output: Array, indices: Array, num_weights: in
 def embedding_renorm(self: Array, indices: Array, max_norm: float, norm_type: float) -> Array:
     """`nn.Embedding(max_norm=...)`: the rows looked up whose norm exceeds max_norm are scaled down to it."""
     looked_up = jnp.zeros(self.shape[0], bool).at[indices.reshape(-1)].set(True)
-    norms = jnp.sum(jnp.abs(self.astype(jnp.float32)) ** norm_type, axis=1) ** (1.0 / norm_type)
+    norms = vector_norm(self.astype(jnp.float32), norm_type, (1,), False)
     scale = jnp.where(looked_up & (norms > max_norm), max_norm / (norms + 1e-7), 1.0)
     return (self * scale[:, None].astype(self.dtype)).astype(self.dtype)

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import torch
 
 from ._util import to_float
+from .reduction import vector_norm
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -181,8 +182,7 @@ def batch_norm_backward(grad_out: Array, input: Array, weight: Array, running_me
 
 def _weight_norm(v: Array, g: Array, dim: int) -> Array:
     """w = g * v / ||v||, the norm over every dimension but `dim` (torch's `_weight_norm_interface`)."""
-    axes = tuple(axis for axis in range(v.ndim) if axis != dim)
-    norm = jnp.sqrt(jnp.sum(jnp.square(to_float(v)), axis=axes, keepdims=True))
+    norm = vector_norm(to_float(v), 2, tuple(axis for axis in range(v.ndim) if axis != dim), True)
     return v * (g / norm.astype(g.dtype))
 
 
