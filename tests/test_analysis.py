@@ -16,6 +16,8 @@ import pytest
 from tputrace.analysis import DEFAULT_TARGET, analyze, analyze_path, print_top_findings
 from tputrace.analysis.chips import CHIPS, FP32_PASSES, chip
 from tputrace.analysis.render import render_json, render_text
+from tputrace.summary import render_text as render_summary
+from tputrace.summary import summarize
 from tputrace.analysis.shapes import Matmul, matmuls_of, parse_specs
 from tputrace.cli.main import main
 from tputrace.store.errors import TputraceError
@@ -239,8 +241,14 @@ def test_a_sync_stall_leaves_out_the_compile_that_ran_inside_it(tmp_path: Path) 
     trace.sync("item", 4, 3 * MS, other_line, offset_ns=7 * MS)  # after that compile ended: all of it counts
     with open_trace(trace.close()) as opened:
         report = analyze(opened)
+        summary = summarize(opened)
     lines = {line["where"]: line["stall_ns"] for line in report.results["syncs"].data["lines"]}
     assert lines == {"train.py:21": 2 * MS, "train.py:30": 3 * MS}
+    # The summary's table keeps the raw stall and says how much of it was compiling.
+    compiling = {stat.source.line: (stat.total_ns, stat.compile_ns) for stat in summary.top_syncs}
+    assert compiling == {21: (12 * MS, 10 * MS), 30: (3 * MS, 0)}
+    text = render_summary(summary)
+    assert "of it compiling" in text and "10.0 ms" in text
 
 
 # -- CPU fallbacks --------------------------------------------------------------------------------------------

@@ -217,18 +217,19 @@ def sections(summary: RunSummary) -> list[Section]:
         result.append(
             Section(
                 f"host syncs: {_count(summary.sync_count, 'stall')}, {format_ns(summary.sync_ns)}",
-                ("where", "kind", "count", "stall", "pending ops"),
+                ("where", "kind", "count", "stall", "of it compiling", "pending ops"),
                 tuple(
                     (
                         _where(stat.source),
                         stat.kind or "?",
                         f"{stat.count}",
                         format_ns(stat.total_ns),
+                        format_ns(stat.compile_ns) if stat.compile_ns else "-",
                         f"{stat.pending_ops:,}",
                     )
                     for stat in summary.top_syncs
                 ),
-                (False, False, True, True, True),
+                (False, False, True, True, True, True),
             )
         )
     if summary.top_fallbacks:

@@ -14,17 +14,14 @@ from __future__ import annotations
 
 from tputrace.analysis.context import AnalysisContext, outside_fallbacks, plural
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.summary import format_ns
 
 NAME = "syncs"
 EXCLUDED_KINDS = ("fallback", "transfer", "value_check")
-# A sync's stall, less the compiles that ran inside it (the first flush of a new program compiles
-# it while the host waits): those belong to the compiles analyzer, and a one-time compile would
-# otherwise make a rare read look like a costly one.
-STALL = (
-    "MAX(s.dur_ns - COALESCE((SELECT SUM(MIN(c.start_ns + c.dur_ns, s.start_ns + s.dur_ns) - MAX(c.start_ns, s.start_ns)) "
-    "FROM compiles c WHERE c.rank = s.rank AND c.start_ns < s.start_ns + s.dur_ns AND c.start_ns + c.dur_ns > s.start_ns), 0), 0)"
-)
+# A sync's stall, less the compiles that ran inside it: those belong to the compiles analyzer, and a
+# one-time compile would otherwise make a rare read look like a costly one.
+STALL = f"(s.dur_ns - {SYNC_COMPILE_NS})"
 
 SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: accumulate `loss.detach()` into a tensor and call `.item()` every N steps "

@@ -120,6 +120,7 @@ class SyncStat:
     count: int
     total_ns: int
     pending_ops: int
+    compile_ns: int = 0  # of total_ns, the compiles that ran while the host waited (a first flush compiles)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +144,10 @@ class CollectiveStat:
     wait_ns: int
 
 
-def _rank_filter(rank: int | None, prefix: str = "WHERE") -> tuple[str, tuple[int, ...]]:
+def _rank_filter(rank: int | None, prefix: str = "WHERE ") -> tuple[str, tuple[int, ...]]:
     if rank is None:
         return "", ()
-    return f" {prefix} rank = ?", (rank,)
+    return f" {prefix}rank = ?", (rank,)
 
 
 def _limit_clause(limit: int | None) -> str:
@@ -302,7 +303,7 @@ def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
 
 def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
     """Recompiles grouped by what was compiled, the reason and the difference; most frequent first."""
-    where, params = _rank_filter(rank, prefix="AND")
+    where, params = _rank_filter(rank, prefix="AND ")
     rows = trace.sql(
         "SELECT name_sid, reason, diff_sid, COUNT(*) AS n, COALESCE(SUM(dur_ns), 0) AS total_ns, MIN(step), "
         f"MIN(frame_id) FROM compiles WHERE reason IS NOT NULL AND reason != 'first'{where} "
@@ -317,17 +318,26 @@ def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None =
     ]
 
 
+# The time of the compiles that ran inside sync `s`'s stall (SQL over `syncs s`): the first flush of a
+# new program compiles it while the host waits.
+SYNC_COMPILE_NS = (
+    "MIN(s.dur_ns, COALESCE((SELECT SUM(MIN(c.start_ns + c.dur_ns, s.start_ns + s.dur_ns) - MAX(c.start_ns, s.start_ns)) "
+    "FROM compiles c WHERE c.rank = s.rank AND c.start_ns < s.start_ns + s.dur_ns AND c.start_ns + c.dur_ns > s.start_ns), 0))"
+)
+
+
 def sync_stats(trace: Trace, *, limit: int | None = None, rank: int | None = None) -> list[SyncStat]:
     """Host syncs grouped by source line and kind; longest total stall first."""
-    where, params = _rank_filter(rank)
+    where, params = _rank_filter(rank, prefix="WHERE s.")
     rows = trace.sql(
-        "SELECT frame_id, kind, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns, COALESCE(SUM(pending_ops), 0) "
-        f"FROM syncs{where} GROUP BY frame_id, kind ORDER BY total_ns DESC{_limit_clause(limit)}",
+        "SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM(s.dur_ns), 0) AS total_ns, COALESCE(SUM(s.pending_ops), 0), "
+        f"COALESCE(SUM({SYNC_COMPILE_NS}), 0) FROM syncs s{where} GROUP BY s.frame_id, s.kind "
+        f"ORDER BY total_ns DESC{_limit_clause(limit)}",
         params,
     )
     return [
-        SyncStat(trace.frame(frame_id), kind, count, total_ns, pending_ops)
-        for frame_id, kind, count, total_ns, pending_ops in rows
+        SyncStat(trace.frame(frame_id), kind, count, total_ns, pending_ops, compile_ns)
+        for frame_id, kind, count, total_ns, pending_ops, compile_ns in rows
     ]
 
 
