@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import accelerator_api, autocast, checkpoints, device_module, distributed, hooks, host_pinning, inplace_views, kernels, op_routes, packed_sequences, sparse, worker_errors
+from tputrace.backend import accelerator_api, autocast, checkpoints, device_module, distributed, gradient_devices, hooks, host_pinning, inplace_views, kernels, op_routes, packed_sequences, sparse, worker_errors
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
 
@@ -56,6 +56,7 @@ def register() -> None:
     autocast.register()
     hooks.install()
     worker_errors.install()
+    gradient_devices.install()
     accelerator_api.install()
     distributed.register()
     register_dynamo_backend()

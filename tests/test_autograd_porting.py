@@ -169,3 +169,104 @@ def test_gamma_rsample_gradient_runs_on_the_chip(mode: EagerMode) -> None:
         sample.sum().backward()
         expected = torch._standard_gamma_grad(host(concentration), host(sample))
         torch.testing.assert_close(host(concentration.grad), expected, rtol=1e-3, atol=1e-5)
+
+
+class _HostGradient(torch.autograd.Function):
+    """Scales its first input by its second; the backward gives the second a gradient made on the host
+    (`torch.ones(shape)`), the first a gradient on the incoming gradient's device."""
+
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        return x * weight
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return grad * 2, torch.ones(grad.shape)
+
+
+def _leaf_backward(device: str) -> torch.Tensor:
+    weight = torch.ones(3, device=device, requires_grad=True)
+    _HostGradient.apply(torch.ones(3, device=device, requires_grad=True), weight).sum().backward()
+    return weight
+
+
+def _non_leaf_backward(device: str) -> torch.Tensor:
+    weight = torch.ones(3, device=device, requires_grad=True)
+    _HostGradient.apply(torch.ones(3, device=device), weight * torch.ones(3, device=device)).sum().backward()
+    return weight
+
+
+def _autograd_grad(device: str) -> torch.Tensor:
+    weight = torch.ones(3, device=device, requires_grad=True)
+    torch.autograd.grad(_HostGradient.apply(torch.ones(3, device=device), weight).sum(), weight)
+    return weight
+
+
+HOST_GRADIENTS = {"leaf": _leaf_backward, "non-leaf": _non_leaf_backward, "autograd.grad": _autograd_grad}
+
+
+@mode_ids
+@pytest.mark.parametrize("case", sorted(HOST_GRADIENTS))
+def test_a_function_returning_a_host_gradient_for_a_tpu_input_raises_torchs_device_error(mode: EagerMode, case: str) -> None:
+    """torch's engine refuses a gradient on another device than its input (a `meta` input here, as a
+    `cuda` one), but skips the check for tensor subclasses: the tpu device makes it, with torch's message."""
+    run = HOST_GRADIENTS[case]
+    with pytest.raises(RuntimeError) as on_meta:
+        run("meta")
+    expected = "Function _HostGradientBackward returned an invalid gradient at index 1 - expected device tpu:0 but got cpu"
+    assert str(on_meta.value) == expected.replace("tpu:0", "meta")
+    with eager(mode):
+        with pytest.raises(RuntimeError) as on_tpu:
+            run("tpu")
+        assert str(on_tpu.value) == expected
+        weight = torch.ones(3, device="tpu", requires_grad=True)  # the next backward is unaffected
+        (weight * 2).sum().backward()
+        assert host(weight.grad).tolist() == [2.0, 2.0, 2.0]
+
+
+def test_a_function_returning_a_tpu_gradient_for_a_host_input_raises_torchs_device_error() -> None:
+    class ToChip(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> torch.Tensor:
+            return grad.to("tpu")
+
+    x = torch.ones(3, requires_grad=True)
+    with pytest.raises(RuntimeError, match="^Function ToChipBackward returned an invalid gradient at index 0 - expected device cpu but got tpu:0$"):
+        ToChip.apply(x).sum().backward()
+    assert x.grad is None
+
+
+class _Doubling(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: torch.autograd.function.FunctionCtx, x: torch.Tensor, grad_shape: tuple[int, ...] | None) -> torch.Tensor:
+        ctx.grad_shape = grad_shape
+        return x * 2
+
+    @staticmethod
+    def backward(ctx: torch.autograd.function.FunctionCtx, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        if ctx.grad_shape is None:
+            return grad * 2, None
+        return torch.full(ctx.grad_shape, 5.0), None
+
+
+@mode_ids
+def test_function_gradients_on_the_chip_and_host_gradients_of_0_dim_inputs_are_kept(mode: EagerMode) -> None:
+    """A gradient on the input's device passes; a host gradient of a 0-dim input (also one that torch
+    sums to 0-dim) is moved to the chip, as torch moves it to `cuda`; a host gradient whose shape does
+    not fit gets torch's shape error, which the engine checks before the device."""
+    with eager(mode):
+        x = torch.ones(3, device="tpu", requires_grad=True)
+        _Doubling.apply(x * 1.0, None).sum().backward()
+        assert x.grad.device.type == "tpu" and host(x.grad).tolist() == [2.0, 2.0, 2.0]
+        (grad,) = torch.autograd.grad(_Doubling.apply(x, None).sum(), x)
+        assert grad.device.type == "tpu" and host(grad).tolist() == [2.0, 2.0, 2.0]
+        for grad_shape in [(), (1,), (1, 1)]:
+            scalar = torch.tensor(1.0, device="tpu", requires_grad=True)
+            _Doubling.apply(scalar, grad_shape).backward()
+            assert scalar.grad.device.type == "tpu" and scalar.grad.shape == () and scalar.grad.item() == 5.0
+        with pytest.raises(RuntimeError, match=r"^Function _DoublingBackward returned an invalid gradient at index 0 - got \[\] but expected shape compatible with \[3\]$"):
+            _Doubling.apply(x, ()).sum().backward()
