@@ -738,6 +738,8 @@ class Dispatcher:
         source = args[0]
         device = kwargs.get("device")
         dtype = kwargs.get("dtype") or source.dtype
+        if device is not None and torch.device(device).type == "meta":
+            return _meta_copy(source, kwargs)
         if device is not None and torch.device(device).type == "cpu":
             host = self.to_host(source, sync_hint() or "cpu")
             return host if host.dtype == dtype else host.to(dtype)
@@ -948,6 +950,13 @@ def _meta_like(value: Any) -> Any:
     if isinstance(value, (list, tuple)):
         return type(value)(_meta_like(item) for item in value)
     return value
+
+
+def _meta_copy(source: TpuTensor, kwargs: dict) -> torch.Tensor:
+    """`.to("meta")`: a meta tensor with the source's sizes and strides, converted as torch converts
+    (ZeroTensor's kernels and meta-device model code move tensors to meta to compute only shapes)."""
+    meta_source = torch.empty_strided(tuple(source.shape), source.stride(), dtype=source.dtype, device="meta")
+    return aten._to_copy.default(meta_source, **kwargs)
 
 
 def _root_shape(tensor: TpuTensor) -> tuple[int, ...]:

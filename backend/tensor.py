@@ -19,6 +19,7 @@ import jax
 import torch
 
 from tputrace.backend import memory
+from tputrace.backend.make_fx_tracing import track_untraced_constants
 from tputrace.backend.views import Geometry, ViewChain, geometry
 
 _live = memory.live
@@ -27,6 +28,7 @@ _peak = memory.peak
 _local = threading.local()
 _MAIN_THREAD = threading.main_thread().ident
 _get_ident = threading.get_ident
+_dispatch_modes = torch._C._len_torch_dispatch_stack  # nonzero while a dispatch mode (make_fx's, a user's) is on
 
 
 _thread_kind = threading.local()
@@ -276,6 +278,8 @@ class TpuTensor(torch.Tensor):
         dispatcher = _dispatcher or _load_dispatcher()
         if _traced_seen and _holds_traced(args, kwargs):
             return _dispatch_traced(func, args, kwargs or {})
+        if _dispatch_modes() and track_untraced_constants(TpuTensor, args, kwargs or {}):
+            return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
         if _get_ident() != _MAIN_THREAD:
             if _on_autograd_worker():
                 if _concurrent:

@@ -70,6 +70,12 @@ def new_full(self: Array, size: Sequence[int], fill_value: object, *, dtype: tor
     return _fill(size, fill_value, dtype, self.dtype)
 
 
+@lowers(aten._new_zeros_with_same_feature_meta.default)
+def new_zeros_with_same_feature_meta(self: Array, other: Array, *, self_num_batch_dims: int = 0) -> Array:
+    """Forward-mode AD's zero tangent for a primal (`other`) under `self`'s batch dims."""
+    return jnp.zeros(self.shape[:self_num_batch_dims] + other.shape, other.dtype)
+
+
 @lowers(aten.zeros.default)
 def zeros(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None) -> Array:
     return jnp.zeros(tuple(size), jax_dtype(dtype) or DEFAULT_FLOAT)
