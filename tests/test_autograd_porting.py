@@ -143,10 +143,11 @@ def test_comparisons_distributions_and_weight_norm_stay_on_the_chip(mode: EagerM
         a, b = values.to("tpu"), nearby.to("tpu")
         assert not torch.allclose(a, b) and torch.allclose(a, b, equal_nan=True)
         assert not torch.equal(a, a) and torch.equal(a[:2], a[:2].clone()) and not torch.equal(a[:2], a)
-        normal = torch.distributions.Normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu"))
+        # Explicit validate_args: torch.compile's first use turns the process-wide default off.
+        normal = torch.distributions.Normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu"), validate_args=True)
         assert normal.log_prob(torch.ones(3, device="tpu")).sum().item() == pytest.approx(3 * (-0.5 - 0.9189385), rel=1e-5)
         with pytest.raises(ValueError, match="scale"):
-            torch.distributions.Normal(torch.zeros(3, device="tpu"), -torch.ones(3, device="tpu"))
+            torch.distributions.Normal(torch.zeros(3, device="tpu"), -torch.ones(3, device="tpu"), validate_args=True)
         torch.manual_seed(0)
         layer = nn.utils.parametrizations.weight_norm(nn.Linear(4, 3)).to("tpu")
         layer(inputs.to("tpu")).pow(2).sum().backward()
