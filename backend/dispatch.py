@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, device_module, foreach_lists, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import short_name, to_jax, to_torch
@@ -389,6 +389,9 @@ class Dispatcher:
     def _run(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None) -> tuple[Plan, tuple, int] | None:
         """Run (or record) a lowered op: its plan, output values and chip; None if it runs on the host."""
         start = _perf_ns()
+        generator = None
+        if entry.generator_arg is not None:
+            args, kwargs, generator = _take_generator(entry.generator_arg, args, kwargs)
         fast = self._flatten_positional(args, entry.scalar_positions) if not kwargs and entry.simple_args else None
         if fast is None:
             template_args, template_kwargs, dynamic, specs, originals, chip = self._flatten_general(entry, args, kwargs)
@@ -404,7 +407,7 @@ class Dispatcher:
             key += (tuple(type(value) for value in template_args),)
         plan = self.plans.get(key)
         if entry.lowering.needs_key:
-            dynamic.extend(rng.next_seed_and_counter(chip))
+            dynamic.extend(rng.next_seed_and_counter(chip) if generator is None else generators.next_seed_and_counter(generator))
         if plan is None:
             if originals is None:
                 originals = _positional_originals(args, entry.scalar_positions)
@@ -828,6 +831,8 @@ class Dispatcher:
                 host = self.to_host(value, sync_kind)
                 to_cpu[id(host)] = value
                 return host.requires_grad_(False)
+            if isinstance(value, torch.Generator):
+                return generators.host_generator(value)
             if isinstance(value, (list, tuple)):
                 return type(value)(host_of(item) for item in value)
             return value
@@ -971,6 +976,18 @@ def _views_when_contiguous(meta_base: torch.Tensor, args: Sequence[Any], kwargs:
     except RuntimeError:
         return False
     return True
+
+
+def _take_generator(generator_arg: tuple[int, str], args: Sequence[Any], kwargs: dict) -> tuple[Sequence[Any], dict, Any]:
+    """Take a random op's `generator` out of its arguments: the generator's seed and counter become
+    program inputs, so no plan key holds a generator object (a new one per call would compile anew)."""
+    position, name = generator_arg
+    generator = kwargs.get(name)
+    if generator is not None:
+        return args, {**kwargs, name: None}, generator
+    if 0 <= position < len(args) and args[position] is not None:
+        return (*args[:position], None, *args[position + 1 :]), kwargs, args[position]
+    return args, kwargs, None
 
 
 def _static(value: Any) -> Any:

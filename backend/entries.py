@@ -53,6 +53,7 @@ class OpEntry:
     extra: dict = field(default_factory=dict)
 
     simple_args: bool = False  # no positional Scalar lists: the fast argument path applies
+    generator_arg: tuple[int, str] | None = None  # a `Generator?` argument: (position, -1 if keyword-only; name)
     typed_constants: bool = False  # constant Scalars whose Python type matters (arange(4) vs arange(4.0))
 
 
@@ -67,6 +68,12 @@ def _is_tensor_type(arg_type: torch._C.JitType) -> bool:
     if isinstance(arg_type, torch._C.OptionalType):
         arg_type = arg_type.getElementType()
     return isinstance(arg_type, torch._C.TensorType)
+
+
+def _is_generator_type(arg_type: torch._C.JitType) -> bool:
+    if isinstance(arg_type, torch._C.OptionalType):
+        arg_type = arg_type.getElementType()
+    return isinstance(arg_type, torch._C._GeneratorType)
 
 
 def _is_scalar_list_type(arg_type: torch._C.JitType) -> bool:
@@ -133,6 +140,9 @@ def classify(op: OpOverload) -> OpEntry:
         scalar_list_names=frozenset(list_names),
     )
     entry.simple_args = not list_positions
+    entry.generator_arg = next(
+        ((-1 if arg.kwarg_only else position, arg.name) for position, arg in enumerate(schema.arguments) if _is_generator_type(arg.type)), None
+    )
     entry.typed_constants = schema.name in _STATIC_SCALAR_OPS
     written = [arg for arg in schema.arguments if arg.alias_info is not None and arg.alias_info.is_write]
     entry.mutated_positions = tuple(

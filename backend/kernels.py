@@ -98,8 +98,8 @@ _DEVICE_FACTORIES = {
     "kaiser_window.periodic": _kaiser_window,
     "kaiser_window.beta": _kaiser_window,
 }
-# Drawn from the chip's generator (torch.tpu.manual_seed), as rand and randint are.
-_RANDOM_DEVICE_FACTORIES = {"randperm": _randperm}
+# Drawn from the chip's generator (torch.tpu.manual_seed) or the one passed as `generator=`, as rand and randint are.
+_RANDOM_DEVICE_FACTORIES = {"randperm": _randperm, "randperm.generator": _randperm}
 
 
 def _device_factory(name: str, fn: Any, needs_key: bool = False) -> Any:

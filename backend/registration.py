@@ -1,13 +1,16 @@
 """Registers the `tpu` device with PyTorch: the PrivateUse1 backend name, its device module
-(`torch.tpu`), hooks and device guard, the factory kernels, the op lowerings, and the multi-tensor
-(`_foreach_*`) path of optimizers and gradient clipping."""
+(`torch.tpu`), hooks and device guard, the factory kernels, `torch.Generator(device="tpu")`, the op
+lowerings, and the multi-tensor (`_foreach_*`) path of optimizers and gradient clipping."""
 
 from __future__ import annotations
 
 import torch
 import torch.utils.backend_registration as backend_registration
 
-from tputrace.backend import accelerator_api, autocast, checkpoints, device_module, distributed, gradient_devices, hooks, host_pinning, inplace_views, kernels, op_routes, packed_sequences, sparse, worker_errors
+from tputrace.backend import (
+    accelerator_api, autocast, checkpoints, device_module, distributed, generators, gradient_devices, hooks, host_pinning, inplace_views,
+    kernels, op_routes, packed_sequences, sparse, worker_errors,
+)
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
 
@@ -46,6 +49,7 @@ def register() -> None:
             rename=BACKEND_NAME, backend_module=device_module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
     kernels.register()
+    generators.install()
     host_pinning.register()
     checkpoints.register()
     sparse.register()

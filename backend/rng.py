@@ -1,5 +1,7 @@
-"""Per-chip random state: a seed and a counter. Each random op folds the counter into the seed's key,
-so sequences are reproducible under torch.manual_seed and no lowering holds a fixed key."""
+"""Random state: a seed and a counter, one per chip (the default generator, `torch.tpu.manual_seed`)
+and one per explicit generator (`torch.Generator(device="tpu")`). Each random op folds the counter
+into the seed's key, so sequences are reproducible and no lowering holds a fixed key; both arrive
+in the program as inputs, so drawing again compiles nothing new."""
 
 from __future__ import annotations
 
@@ -8,17 +10,47 @@ from collections import defaultdict
 
 import jax
 
-_DEFAULT_SEED = 67280421310721  # torch's default CPU seed, so an unseeded run is deterministic like torch's
+DEFAULT_SEED = 67280421310721  # torch's default seed (CPU and CUDA), so an unseeded run is deterministic like torch's
+_UINT64 = 0xFFFF_FFFF_FFFF_FFFF
+_PROGRAM_SEED_MASK = 0x7FFF_FFFF_FFFF_FFFF  # the seed input is an int64
+STATE_BYTES = 16
 
-_seeds: defaultdict[int, int] = defaultdict(lambda: _DEFAULT_SEED)
-_counters: defaultdict[int, int] = defaultdict(int)
-_initial_seed = _DEFAULT_SEED
+
+class RngState:
+    """A seed and the number of random ops drawn since it was set."""
+
+    __slots__ = ("counter", "seed")
+
+    def __init__(self, seed: int = DEFAULT_SEED) -> None:
+        self.seed = seed
+        self.counter = 0
+
+    def reseed(self, seed: int) -> None:
+        self.seed = int(seed) & _UINT64
+        self.counter = 0
+
+    def next_seed_and_counter(self) -> tuple[int, int]:
+        """The (seed, counter) pair for the next random op; passed to the program as inputs."""
+        counter = self.counter
+        self.counter = counter + 1
+        return self.seed & _PROGRAM_SEED_MASK, counter
+
+    def pack(self) -> bytes:
+        return struct.pack("<QQ", self.seed, self.counter)
+
+    def unpack(self, state: bytes) -> None:
+        if len(state) != STATE_BYTES:
+            raise ValueError(f"a tpu RNG state is {STATE_BYTES} bytes (seed and counter), got {len(state)}")
+        self.seed, self.counter = struct.unpack("<QQ", state)
+
+
+_chip_states: defaultdict[int, RngState] = defaultdict(RngState)
+_initial_seed = DEFAULT_SEED
 
 
 def manual_seed(chip: int, seed: int) -> None:
     global _initial_seed
-    _seeds[chip] = int(seed) & 0xFFFF_FFFF_FFFF_FFFF
-    _counters[chip] = 0
+    _chip_states[chip].reseed(seed)
     _initial_seed = int(seed)
 
 
@@ -27,10 +59,8 @@ def initial_seed() -> int:
 
 
 def next_seed_and_counter(chip: int) -> tuple[int, int]:
-    """The (seed, counter) pair for the next random op on `chip`; passed to the program as inputs."""
-    counter = _counters[chip]
-    _counters[chip] = counter + 1
-    return _seeds[chip] & 0x7FFF_FFFF_FFFF_FFFF, counter
+    """The (seed, counter) pair for the next random op drawn from `chip`'s default generator."""
+    return _chip_states[chip].next_seed_and_counter()
 
 
 def key_from(seed: jax.Array, counter: jax.Array) -> jax.Array:
@@ -39,12 +69,8 @@ def key_from(seed: jax.Array, counter: jax.Array) -> jax.Array:
 
 
 def get_state(chip: int) -> bytes:
-    return struct.pack("<QQ", _seeds[chip], _counters[chip])
+    return _chip_states[chip].pack()
 
 
 def set_state(chip: int, state: bytes) -> None:
-    if len(state) != 16:
-        raise ValueError(f"a tpu RNG state is 16 bytes (seed and counter), got {len(state)}")
-    seed, counter = struct.unpack("<QQ", state)
-    _seeds[chip] = seed
-    _counters[chip] = counter
+    _chip_states[chip].unpack(state)

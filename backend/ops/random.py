@@ -5,7 +5,9 @@ Values follow the same distributions as torch but not torch's bit streams. In-pl
 functional form exists (`uniform_` -> `uniform`, `exponential_` -> `exponential`, ...) are derived by
 the dispatcher; `normal_` and `bernoulli_.float` have no functional overload, so their in-place
 overloads are lowered here directly: the lowering returns the new value and the dispatcher writes it
-into `self`. `generator` arguments are accepted and ignored.
+into `self`. The key comes from the chip's default generator, or from the tpu generator an op is
+called with (`generator=`): the dispatcher takes that argument out and passes the generator's seed and
+counter instead, so lowerings receive `generator=None`.
 """
 
 from __future__ import annotations
@@ -48,13 +50,13 @@ def randn(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: obje
     return _normal(key, size, _float_dtype(dtype))
 
 
-@lowers(aten.rand_like.default, needs_key=True)
-def rand_like(self: Array, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+@lowers(aten.rand_like.default, aten.rand_like.generator, needs_key=True)
+def rand_like(self: Array, *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
     return _uniform(key, self.shape, _float_dtype(dtype, self.dtype))
 
 
-@lowers(aten.randn_like.default, needs_key=True)
-def randn_like(self: Array, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+@lowers(aten.randn_like.default, aten.randn_like.generator, needs_key=True)
+def randn_like(self: Array, *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
     return _normal(key, self.shape, _float_dtype(dtype, self.dtype))
 
 
@@ -73,18 +75,18 @@ def randint_low(low: int, high: int, size: Sequence[int], *, dtype: torch.dtype 
     return _randint(key, low, high, size, jax_dtype(dtype) or jnp.int64)
 
 
-@lowers(aten.randint_like.default, needs_key=True)
-def randint_like(self: Array, high: int, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+@lowers(aten.randint_like.default, aten.randint_like.generator, needs_key=True)
+def randint_like(self: Array, high: int, *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
     return _randint(key, 0, high, self.shape, jax_dtype(dtype) or self.dtype)
 
 
-@lowers(aten.randint_like.low_dtype, needs_key=True)
-def randint_like_low(self: Array, low: int, high: int, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
+@lowers(aten.randint_like.low_dtype, aten.randint_like.low_generator_dtype, needs_key=True)
+def randint_like_low(self: Array, low: int, high: int, *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None, key: Array) -> Array:
     return _randint(key, low, high, self.shape, jax_dtype(dtype) or self.dtype)
 
 
-@lowers(aten.randperm.default, needs_key=True)
-def randperm(n: int, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+@lowers(aten.randperm.default, aten.randperm.generator, needs_key=True)
+def randperm(n: int, *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
     return jax.random.permutation(key, n).astype(jax_dtype(dtype) or jnp.int64)
 
 
