@@ -1,6 +1,13 @@
-"""`torch.load(..., map_location="tpu")`: checkpoints restored onto a chip.
+"""Checkpoints of tpu tensors: `torch.save` writes a chip buffer as one storage tagged `tpu:N`, and
+`torch.load(..., map_location="tpu")` restores storages onto a chip.
 
-torch restores a storage on a PrivateUse1 device by allocating a storage there, which a device
+Saving: a tpu tensor pickles as torch pickles a CUDA one, `_rebuild_tensor_v2(storage, offset, size,
+stride)`, where the storage is a host copy of the tensor's whole buffer (one per buffer per save), so
+tensors that shared a buffer (a tensor and its views, tied weights) share one storage in the file and
+still share it when loaded onto the host or a chip; `map_location` (a string, a dict, a callable such
+as `lambda storage, loc: storage`) applies to the `tpu:N` tag as to `cuda:N`.
+
+Loading: torch restores a storage on a PrivateUse1 device by allocating a storage there, which a device
 written in Python cannot back (the process crashes). Instead, a storage mapped to `tpu` or `tpu:N`
 (a string, a `torch.device`, a dict entry, or the "tpu" tag of a checkpoint saved elsewhere) is kept
 on the host as a `HostStagedStorage` that names its chip. torch then rebuilds each tensor with
@@ -12,6 +19,7 @@ storage (tied weights) still share it.
 from __future__ import annotations
 
 import re
+import weakref
 from typing import Any
 
 import torch
@@ -26,7 +34,8 @@ _registered = False
 
 
 class HostStagedStorage(torch.UntypedStorage):
-    """A restored storage's bytes on the host, on their way to chip `_tpu_chip`."""
+    """A storage's bytes on the host, on their way to chip `_tpu_chip` (restored by `torch.load`) or
+    from it (a buffer copied out for `torch.save`, which tags it `tpu:<chip>`)."""
 
     _tpu_chip: int
     _tpu_bases: dict[torch.dtype, Any]
@@ -43,9 +52,54 @@ class HostStagedStorage(torch.UntypedStorage):
             base = self._tpu_bases[dtype] = host.to(torch.device("tpu", self._tpu_chip))
         return base
 
+    def _set_from_file(self, *args: Any) -> Any:
+        """A legacy-format checkpoint's bytes, which torch reads after it has rebuilt the tensors: the
+        chip copies made for those tensors take the bytes too."""
+        result = super()._set_from_file(*args)
+        for dtype, base in self._tpu_bases.items():
+            base.copy_(torch.empty(0, dtype=dtype).set_(self))
+        return result
+
+    def cpu(self) -> "HostStagedStorage":
+        """The bytes are on the host already: `torch.save` writes them without another copy."""
+        return self
+
+
+def _staged(nbytes: int, chip: int) -> HostStagedStorage:
+    staged = HostStagedStorage(nbytes)
+    staged._tpu_chip = chip
+    staged._tpu_bases = {}
+    return staged
+
+
+# The host copy of each buffer a save is writing, while the save holds it: every tensor of one buffer
+# pickles with the same storage object, which torch.save writes once and restores as one storage.
+_saved_copies: "weakref.WeakKeyDictionary[Any, tuple[int, weakref.ref[HostStagedStorage]]]" = weakref.WeakKeyDictionary()
+
+
+def saved_storage(tensor: Any) -> HostStagedStorage:
+    """A host copy of the whole buffer behind a tpu tensor, shared by the tensors of that buffer."""
+    from tputrace.backend.dtypes import to_torch
+    from tputrace.backend.tensor import TpuTensor
+
+    buf = tensor._buf
+    cached = _saved_copies.get(buf)
+    if cached is not None and cached[0] == buf.version:
+        storage = cached[1]()
+        if storage is not None:
+            return storage
+    whole = TpuTensor(buf, tuple(buf.array.shape), to_torch(buf.array.dtype))
+    host = whole._host_copy("cpu")
+    storage = _staged(host.untyped_storage().nbytes(), buf.chip)
+    storage.copy_(host.untyped_storage())
+    _saved_copies[buf] = (buf.version, weakref.ref(storage))
+    return storage
+
 
 def _tag(storage: Any) -> str | None:
-    """No storage is saved as a tpu one: tpu tensors pickle as host tensors (`TpuTensor.__reduce_ex__`)."""
+    """`tpu:<chip>` for a tpu buffer's bytes that torch.save is writing (`saved_storage`)."""
+    if isinstance(storage, HostStagedStorage):
+        return f"tpu:{storage._tpu_chip}"
     return None
 
 
@@ -60,10 +114,8 @@ def _restore(storage: torch.UntypedStorage, location: str) -> HostStagedStorage 
             f"torch.load: the checkpoint maps a storage to tpu:{chip}, but there are {count} tpu chip(s); "
             "pass map_location='tpu:0' (or set TPUTRACE_CHIPS)"
         )
-    staged = HostStagedStorage(storage.nbytes())
+    staged = _staged(storage.nbytes(), chip)
     staged.copy_(storage)
-    staged._tpu_chip = chip
-    staged._tpu_bases = {}
     return staged
 
 

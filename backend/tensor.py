@@ -9,6 +9,7 @@ as in torch.
 
 from __future__ import annotations
 
+import collections
 import copy
 import functools
 import threading
@@ -448,9 +449,15 @@ class TpuTensor(torch.Tensor):
         return copied
 
     def __reduce_ex__(self, proto: int) -> Any:
-        """Saved as a CPU tensor plus its device, which `torch.load(weights_only=True)` accepts."""
-        host = self._host_copy("cpu")
-        return (torch._utils._rebuild_device_tensor_from_cpu_tensor, (host, self.dtype, str(self.device), self.requires_grad))
+        """Pickled as torch pickles a CUDA tensor: its buffer's storage (a host copy tagged `tpu:N`, one
+        per buffer, so views and tied weights still share it when loaded) and its geometry."""
+        from tputrace.backend.checkpoints import saved_storage
+
+        storage = torch.storage.TypedStorage(wrap_storage=saved_storage(self), dtype=self.dtype, _internal=True)
+        return (
+            torch._utils._rebuild_tensor_v2,
+            (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad, collections.OrderedDict()),
+        )
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         array = self.numpy(force=True)
