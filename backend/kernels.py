@@ -1,5 +1,6 @@
 """Python kernels for the PrivateUse1 dispatch key: the factories and copies that run before any tpu
-tensor exists (so they never reach `__torch_dispatch__`)."""
+tensor exists (so they never reach `__torch_dispatch__`), and the ops torch's C++ calls on a tpu
+tensor with the Python dispatch key excluded."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def copy_from(source, destination, non_blocking=False):  # noqa: ANN001, ANN201
     from tputrace.backend.dispatch import dispatcher
 
     return dispatcher.dispatch(torch.ops.aten.copy_.default, (destination, source), {})
+
+
+def local_scalar_dense(tensor):  # noqa: ANN001, ANN201
+    """`item()` called from torch's C++ with the Python dispatch key excluded, where `__torch_dispatch__`
+    does not run: `torch.tensor([a, b])` of 0-dim tpu tensors (torch builds the host tensor that way)."""
+    from tputrace.backend.dispatch import dispatcher
+
+    return dispatcher.dispatch(torch.ops.aten._local_scalar_dense.default, (tensor,), {})
 
 
 def _arange(*args: Any, **kwargs: Any) -> Any:
@@ -131,6 +140,7 @@ def register() -> None:
     _library.impl("empty_strided", empty_strided, "PrivateUse1")
     _library.impl("_copy_from", copy_from, "PrivateUse1")
     _library.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
+    _library.impl("_local_scalar_dense", local_scalar_dense, "PrivateUse1")
     for name, fn in _DEVICE_FACTORIES.items():
         _library.impl(name, _device_factory(name, fn), "PrivateUse1")
     for name, fn in _RANDOM_DEVICE_FACTORIES.items():

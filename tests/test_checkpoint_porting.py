@@ -1,6 +1,7 @@
 """Checkpoints and host data in a training script ported from CUDA, compared with the same code on the
 CPU: `torch.save` of tpu tensors keeps views and tied weights sharing one storage, every kind of
-`map_location` (a callable included), legacy-format files, resuming AdamW training."""
+`map_location` (a callable included), legacy-format files, resuming AdamW training, and
+`torch.tensor` of a list of 0-dim tpu tensors."""
 
 from __future__ import annotations
 
@@ -143,3 +144,16 @@ def test_resumed_training_matches_uninterrupted_training_on_cpu(mode: EagerMode,
         assert int(resumed.calls) == 6
     assert losses == pytest.approx(expected, abs=1e-5)
 
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_torch_tensor_of_tpu_scalars_is_a_host_tensor_as_on_cpu(mode: EagerMode) -> None:
+    """torch builds it on the host with `item()` from C++, where `__torch_dispatch__` does not run."""
+    with eager(mode):
+        scalars = [torch.tensor(1.5) * 2, torch.tensor(2)]
+        on_chip = [scalar.to("tpu") for scalar in scalars]
+        for kwargs in ({}, {"dtype": torch.bfloat16}, {"device": "tpu"}):
+            expected = torch.tensor(scalars, dtype=kwargs.get("dtype"))
+            result = torch.tensor(on_chip, **kwargs)
+            assert result.device.type == ("tpu" if kwargs.get("device") else "cpu")
+            assert result.dtype == expected.dtype and torch.equal(host(result), expected)
+        assert torch.tensor([on_chip[1] > 1, on_chip[1] > 5]).tolist() == [True, False]
