@@ -679,12 +679,16 @@ class Dispatcher:
         for out in outs:
             arg_checks.check_no_internal_overlap(out, entry.op)
         functional_kwargs = {name: value for name, value in kwargs.items() if name not in entry.out_names}
+        if entry.factory_out:
+            # `torch.eye(n, out=t)` (`nn.init.eye_`), `torch.arange(n, out=t)`: made in the out
+            # tensor's dtype on its chip, and resized without a warning, as torch's factories do.
+            functional_kwargs.update(dtype=outs[0].dtype, device=outs[0].device)
         result = self._functional_result(entry, args, functional_kwargs)
         results = list(result) if isinstance(result, (tuple, list)) else [result]
         for out, value in zip(outs, results):
             _check_castable(value, out)
             if tuple(out.shape) != tuple(value.shape):
-                if out.numel() != 0:
+                if out.numel() != 0 and not entry.factory_out:
                     warnings.warn(
                         f"An output with one or more elements was resized since it had shape {list(out.shape)}, which does not "
                         f"match the required output shape {list(value.shape)} ({entry.name})",

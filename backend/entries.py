@@ -55,6 +55,7 @@ class OpEntry:
     simple_args: bool = False  # no positional Scalar lists: the fast argument path applies
     generator_arg: tuple[int, str] | None = None  # a `Generator?` argument: (position, -1 if keyword-only; name)
     typed_constants: bool = False  # constant Scalars whose Python type matters (arange(4) vs arange(4.0))
+    factory_out: bool = False  # an `out=` factory (`eye.m_out`): its functional takes the out tensor's dtype and device
 
 
 def _is_scalar_type(arg_type: torch._C.JitType, traced_floats: bool = False) -> bool:
@@ -99,17 +100,34 @@ def _functional_of_inplace(op: OpOverload) -> OpOverload | None:
     return None
 
 
+# A factory's `out=` overload drops these keyword-only arguments of its functional overload
+# (`eye.m_out(n, m, *, out)` against `eye.m(n, m, *, dtype, layout, device, pin_memory)`): the out
+# tensor supplies them.
+_TENSOR_OPTIONS = {"dtype", "layout", "device", "pin_memory"}
+
+
 def _functional_of_out(op: OpOverload) -> OpOverload | None:
+    """The functional overload taking the out overload's other arguments; for a factory, the one that
+    also takes tensor options (`_out` passes the out tensor's dtype and device)."""
     schema = op._schema
     wanted = [(arg.name, str(arg.type)) for arg in schema.arguments if not (arg.alias_info and arg.alias_info.is_write)]
     packet = getattr(torch.ops.aten, schema.name.split("::")[1])
+    factory = None
     for overload_name in packet.overloads():
         candidate = getattr(packet, overload_name)
         if candidate._schema.is_mutable:
             continue
-        if [(arg.name, str(arg.type)) for arg in candidate._schema.arguments] == wanted:
+        arguments = candidate._schema.arguments
+        if [(arg.name, str(arg.type)) for arg in arguments] == wanted:
             return candidate
-    return None
+        extra = arguments[len(wanted) :]
+        if (
+            [(arg.name, str(arg.type)) for arg in arguments[: len(wanted)]] == wanted
+            and extra
+            and all(arg.kwarg_only and arg.name in _TENSOR_OPTIONS for arg in extra)
+        ):
+            factory = candidate
+    return factory
 
 
 def _decomposition(op: OpOverload) -> object:
@@ -155,6 +173,7 @@ def classify(op: OpOverload) -> OpEntry:
             entry.kind = "out"
             entry.out_names = tuple(arg.name for arg in written)
             entry.functional = _functional_of_out(op)
+            entry.factory_out = entry.functional is not None and len(entry.functional._schema.arguments) > len(schema.arguments) - len(written)
         elif str(schema.arguments[0].type).startswith("List[Tensor]"):
             entry.kind = "inplace_list"
             entry.functional = _functional_of_inplace(op)

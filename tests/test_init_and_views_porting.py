@@ -1,0 +1,80 @@
+"""Parameter initialization, in-place writes through views and type promotion as ported CUDA code
+uses them, on `tpu` against the CPU in both eager modes."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Iterator
+
+import pytest
+import torch
+import torch.nn as nn
+
+from backend_helpers import eager, host
+from tputrace.backend import dispatch
+from tputrace.backend.device_module import EagerMode
+
+MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
+mode_ids = pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+
+
+@pytest.fixture
+def host_fallbacks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
+    """The names of the ops that ran on the host CPU during the test (the warning comes once per process)."""
+    names: list[str] = []
+    original = dispatch.Dispatcher.fallback
+
+    def counting(self: dispatch.Dispatcher, entry: object, args: object, kwargs: dict) -> object:
+        names.append(entry.name)
+        return original(self, entry, args, kwargs)
+
+    monkeypatch.setattr(dispatch.Dispatcher, "fallback", counting)
+    yield names
+
+
+FACTORIES_INTO_OUT: dict[str, Callable[[str], torch.Tensor]] = {
+    "nn.init.eye_": lambda d: nn.init.eye_(torch.empty(3, 5, device=d)),
+    "nn.init.eye_ float64": lambda d: nn.init.eye_(torch.empty(4, 2, dtype=torch.float64, device=d)),
+    "nn.init.eye_ on a column slice": lambda d: (lambda w: (nn.init.eye_(w[:, 1:]), w)[1])(torch.full((3, 5), 9.0, device=d)),
+    "eye into an empty int64 out": lambda d: torch.eye(2, 4, out=torch.empty(0, dtype=torch.int64, device=d)),
+    "arange into an empty out": lambda d: torch.arange(5, out=torch.empty(0, device=d)),
+    "arange into a strided column": lambda d: (lambda w: (torch.arange(3, out=w[:, 1]), w)[1])(torch.full((3, 5), 9.0, device=d)),
+    "linspace into float64": lambda d: torch.linspace(0, 1, 7, out=torch.empty(7, dtype=torch.float64, device=d)),
+    "full of a float into int64": lambda d: torch.full((3,), 2.7, out=torch.empty(3, dtype=torch.int64, device=d)),
+    "zeros into bool": lambda d: torch.zeros(2, 2, out=torch.empty(4, dtype=torch.bool, device=d)),
+    "ones into bfloat16": lambda d: torch.ones(2, 3, out=torch.empty(6, dtype=torch.bfloat16, device=d)),
+    "tril_indices": lambda d: torch.ops.aten.tril_indices.out(3, 3, 0, out=torch.empty(0, dtype=torch.int64, device=d)),
+}
+
+
+@mode_ids
+@pytest.mark.parametrize("case", sorted(FACTORIES_INTO_OUT))
+def test_factories_into_an_out_tensor_run_on_the_chip(mode: EagerMode, case: str, host_fallbacks: list[str]) -> None:
+    """`nn.init.eye_` is `torch.eye(*shape, out=weight)`: a factory's `out=` overload ran on the host
+    CPU (no functional overload matched, as the factory's also takes dtype and device). It makes the
+    value in the out tensor's dtype on its chip now, resized without a warning as torch does."""
+    call = FACTORIES_INTO_OUT[case]
+    expected = call("cpu")
+    with eager(mode), warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        result = host(call("tpu"))
+    assert [str(warning.message) for warning in caught] == []
+    assert host_fallbacks == []
+    assert result.dtype == expected.dtype
+    torch.testing.assert_close(result, expected, rtol=1e-6, atol=1e-6)
+
+
+@mode_ids
+def test_random_factories_into_an_out_tensor_draw_on_the_chip(mode: EagerMode, host_fallbacks: list[str]) -> None:
+    """`torch.rand(n, out=t)` draws from the chip's stream (seeded by `torch.tpu.manual_seed`), not the host's."""
+    with eager(mode):
+        torch.tpu.manual_seed(7)
+        first = host(torch.rand(1000, out=torch.empty(0, device="tpu")))
+        torch.tpu.manual_seed(7)
+        again = host(torch.rand(1000, out=torch.empty(0, device="tpu")))
+        ints = host(torch.randint(2, 9, (1000,), out=torch.empty(1000, dtype=torch.int64, device="tpu")))
+    assert host_fallbacks == []
+    assert torch.equal(first, again)
+    assert 0 <= first.min() and first.max() < 1 and abs(first.mean().item() - 0.5) < 0.05
+    assert ints.dtype == torch.int64 and ints.min() >= 2 and ints.max() < 9
+
