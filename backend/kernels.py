@@ -7,7 +7,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 
@@ -58,69 +57,37 @@ def local_scalar_dense(tensor):  # noqa: ANN001, ANN201
     return dispatcher.dispatch(torch.ops.aten._local_scalar_dense.default, (tensor,), {})
 
 
-def _arange(*args: Any, **kwargs: Any) -> Any:
-    return jnp.arange(*args)
+# Factories that take no tensor: their kernels run the lowering registered with the other ops
+# (ops/factories.py, ops/random.py) on the chip, so `torch.arange(..., device="tpu")` and
+# `torch.arange(..., out=t)` compute alike. randperm draws from the chip's generator
+# (torch.tpu.manual_seed) or the one passed as `generator=`, as rand and randint do.
+_DEVICE_FACTORIES = (
+    "arange",
+    "arange.start",
+    "arange.start_step",
+    "linspace",
+    "logspace",
+    "eye",
+    "eye.m",
+    "tril_indices",
+    "triu_indices",
+    "kaiser_window",
+    "kaiser_window.periodic",
+    "kaiser_window.beta",
+    "randperm",
+    "randperm.generator",
+)
 
 
-def _linspace(start: Any, end: Any, steps: int, **kwargs: Any) -> Any:
-    return jnp.linspace(start, end, steps)
-
-
-def _logspace(start: Any, end: Any, steps: int, base: float = 10.0, **kwargs: Any) -> Any:
-    return jnp.power(base, jnp.linspace(start, end, steps))
-
-
-def _eye(n: int, m: int | None = None, **kwargs: Any) -> Any:
-    return jnp.eye(n, n if m is None else m)
-
-
-def _tril_indices(row: int, col: int, offset: int = 0, **kwargs: Any) -> Any:
-    return jnp.stack(jnp.tril_indices(row, offset, col))
-
-
-def _triu_indices(row: int, col: int, offset: int = 0, **kwargs: Any) -> Any:
-    return jnp.stack(jnp.triu_indices(row, offset, col))
-
-
-def _kaiser_window(window_length: int, periodic: bool = True, beta: float = 12.0, **kwargs: Any) -> Any:
-    """torch's definition: a periodic window is the symmetric one of length + 1 without its last point."""
-    if window_length <= 1:
-        return jnp.ones((window_length,))
-    return jnp.kaiser(window_length + 1 if periodic else window_length, beta)[:window_length]
-
-
-def _randperm(n: int, *, key: Any, **kwargs: Any) -> Any:
-    return jax.random.permutation(key, n)
-
-
-_DEVICE_FACTORIES = {
-    "arange": _arange,
-    "arange.start": _arange,
-    "arange.start_step": _arange,
-    "linspace": _linspace,
-    "logspace": _logspace,
-    "eye": _eye,
-    "eye.m": _eye,
-    "tril_indices": _tril_indices,
-    "triu_indices": _triu_indices,
-    "kaiser_window": _kaiser_window,
-    "kaiser_window.periodic": _kaiser_window,
-    "kaiser_window.beta": _kaiser_window,
-}
-# Drawn from the chip's generator (torch.tpu.manual_seed) or the one passed as `generator=`, as rand and randint are.
-_RANDOM_DEVICE_FACTORIES = {"randperm": _randperm, "randperm.generator": _randperm}
-
-
-def _device_factory(name: str, fn: Any, needs_key: bool = False) -> Any:
+def _device_factory(name: str) -> Any:
     """A factory kernel that computes its values on the chip (an op in the trace, no host copy)."""
     from tputrace.backend.entries import classify
-    from tputrace.backend.ops.registry import Lowering
 
     packet_name, _, overload_name = name.partition(".")
     op = getattr(getattr(torch.ops.aten, packet_name), overload_name or "default")
     entry = classify(op)
-    entry.lowering = Lowering(op, fn, needs_key)
-    entry.kind = "lowered"
+    if entry.kind != "lowered":
+        raise LookupError(f"{name} has no lowering to run as a tpu factory kernel")
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
         from tputrace.backend.dispatch import dispatcher
@@ -141,7 +108,5 @@ def register() -> None:
     _library.impl("_copy_from", copy_from, "PrivateUse1")
     _library.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
     _library.impl("_local_scalar_dense", local_scalar_dense, "PrivateUse1")
-    for name, fn in _DEVICE_FACTORIES.items():
-        _library.impl(name, _device_factory(name, fn), "PrivateUse1")
-    for name, fn in _RANDOM_DEVICE_FACTORIES.items():
-        _library.impl(name, _device_factory(name, fn, needs_key=True), "PrivateUse1")
+    for name in _DEVICE_FACTORIES:
+        _library.impl(name, _device_factory(name), "PrivateUse1")

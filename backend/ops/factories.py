@@ -1,5 +1,6 @@
 """Tensor factories: full/zeros/ones (and their `_like`/`new_` forms), arange, linspace, logspace,
-eye, scalar_tensor, tril/triu indices.
+eye, scalar_tensor, tril/triu indices, kaiser_window. The tpu device's factory kernels (`kernels.py`)
+and the `out=` forms run these same lowerings.
 
 `empty*` factories return zeros: the contents are unspecified in torch, and zeros cost nothing extra
 under XLA. `arange`, `linspace` and `logspace` receive their `Scalar` bounds as Python numbers (the
@@ -105,15 +106,25 @@ def _static(value: object, what: str) -> float | int:
 
 
 def _arange(start: object, end: object, step: object, dtype: torch.dtype | None) -> Array:
+    """torch's CPU arange: for an integer dtype, start and step are truncated to integers first (end
+    too, for int64's length), so `arange(0, 5, 1.5, dtype=torch.int64)` is [0, 1, 2, 3, 4] and with
+    int32 it is [0, 1, 2, 3]."""
     start, end, step = _static(start, "arange start"), _static(end, "arange end"), _static(step, "arange step")
-    if step == 0:
-        raise RuntimeError("step must be nonzero")
-    length = max(0, math.ceil((end - start) / step))
     integral = all(isinstance(v, int) for v in (start, end, step))
     target = jax_dtype(dtype) or (jnp.int64 if integral else DEFAULT_FLOAT)
-    if jnp.issubdtype(target, jnp.integer) and integral:
-        return (lax.iota(jnp.int64, length) * step + start).astype(target)
-    return (lax.iota(jnp.float64, length) * step + start).astype(target)
+    if not jnp.issubdtype(target, jnp.integer):
+        if step == 0:
+            raise RuntimeError("step must be nonzero")
+        length = max(0, math.ceil((end - start) / step))
+        return (lax.iota(jnp.float64, length) * step + start).astype(target)
+    int_start, int_end, int_step = int(start), int(end), int(step)
+    if step == 0 or (target == jnp.int64 and int_step == 0):
+        raise RuntimeError("step must be nonzero")
+    if target == jnp.int64:
+        length = math.ceil((int_end - int_start) / int_step)  # exact: both integers
+    else:
+        length = math.ceil((end - start) / step)
+    return (lax.iota(jnp.int64, max(0, length)) * int_step + int_start).astype(target)
 
 
 @lowers(aten.arange.default)
@@ -173,3 +184,12 @@ def tril_indices(row: int, col: int, offset: int = 0, *, dtype: torch.dtype | No
 @lowers(aten.triu_indices.default)
 def triu_indices(row: int, col: int, offset: int = 0, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None) -> Array:
     return jnp.asarray(np.stack(np.triu_indices(row, offset, col)), dtype=jax_dtype(dtype) or jnp.int64).reshape(2, -1)
+
+
+@lowers(aten.kaiser_window.default, aten.kaiser_window.periodic, aten.kaiser_window.beta)
+def kaiser_window(window_length: int, periodic: bool = True, beta: float = 12.0, *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None) -> Array:
+    """torch's definition: a periodic window is the symmetric one of length + 1 without its last point."""
+    target = jax_dtype(dtype) or DEFAULT_FLOAT
+    if window_length <= 1:
+        return jnp.ones((window_length,), target)
+    return jnp.kaiser(window_length + 1 if periodic else window_length, beta)[:window_length].astype(target)
