@@ -15,12 +15,14 @@ Five kinds. Only the third and fourth cost anything per call, and only for the o
   CUDA device-asserts and XLA would clamp: checked on host copies in DEFER_NEVER_AND_LAUNCH_BLOCKING
   only, the debugging mode (`tputrace run --mode blocking`), as each check is a sync.
 - Writes into memory that several elements share (`expand(...).add_()`): refused as torch refuses
-  them, except by the ops torch allows it (`fill_`, `zero_`, `masked_fill_`, `index_put_`).
+  them, except by the ops torch allows it (`fill_`, `zero_`, `masked_fill_`, `index_put_`); so are
+  writes into memory an input partly shares (`x[1:].copy_(x[:-1])`), checked only when an input
+  tensor shares the written tensor's buffer.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -103,6 +105,59 @@ def check_no_internal_overlap(tensor: Any, op: Any) -> None:
     for size, stride in zip(tensor.shape, tensor.stride()):
         if stride == 0 and size > 1:
             raise RuntimeError(_OVERLAP_MESSAGE)
+
+
+# Ops torch lets read memory they partly write: a 0-dim value read as a scalar, and the BLAS ops,
+# which copy an overlapping input first.
+_PARTIAL_OVERLAP_ALLOWED = frozenset(
+    {aten.fill_, aten.masked_fill_, aten.masked_scatter_, aten.mm, aten.addmm, aten.addmm_, aten.bmm, aten.baddbmm, aten.baddbmm_}
+    | {aten.addbmm, aten.addbmm_, aten.mv, aten.addmv, aten.addmv_, aten.addr, aten.addr_, aten.dot, aten.vdot, aten._addmm_activation}
+)
+_PARTIAL_OVERLAP_MESSAGE = (
+    "unsupported operation: some elements of the input tensor and the written-to tensor refer to a single memory location. "
+    "Please clone() the tensor before performing the operation."
+)
+
+
+def _dense_byte_span(tensor: Any) -> tuple[int, int] | None:
+    """The bytes a non-overlapping and dense tensor covers in its storage, or None if it is not one
+    (torch's `get_overlap_status` calls such a pair too hard to tell, and lets it through)."""
+    expected = 1
+    for stride, size in sorted((stride, size) for size, stride in zip(tensor.shape, tensor.stride()) if size != 1):
+        if stride != expected:
+            return None
+        expected *= size
+    begin = tensor.storage_offset() * tensor.element_size()
+    return begin, begin + tensor.numel() * tensor.element_size()
+
+
+def _tensors_in(values: Sequence[Any]) -> Iterator[Any]:
+    """The values, with the items of a list argument (`torch.cat`'s tensors) in place of the list."""
+    for value in values:
+        if isinstance(value, (list, tuple)):
+            yield from value
+        else:
+            yield value
+
+
+def check_no_partial_overlap(target: Any, inputs: Sequence[Any], op: Any) -> None:
+    """torch's refusal to let `op` write `target` while reading an input that shares part of its memory
+    (`x[1:].copy_(x[:-1])`, `x.add_(x.t())`): XLA would compute it as if the input were cloned first,
+    which CUDA and the CPU refuse. The same memory seen the same way (`x.add_(x)`) is allowed."""
+    buf = target._buf
+    for value in _tensors_in(inputs):
+        if value is target or getattr(value, "_buf", None) is not buf or value.numel() == 0 or target.numel() == 0:
+            continue
+        if op.overloadpacket in _PARTIAL_OVERLAP_ALLOWED:
+            return
+        target_span, input_span = _dense_byte_span(target), _dense_byte_span(value)
+        if target_span is None or input_span is None:
+            continue
+        if target_span == input_span:
+            if tuple(target.stride()) != tuple(value.stride()):
+                raise RuntimeError(_PARTIAL_OVERLAP_MESSAGE)
+        elif target_span[0] < input_span[1] and input_span[0] < target_span[1]:
+            raise RuntimeError(_PARTIAL_OVERLAP_MESSAGE)
 
 
 def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:

@@ -631,6 +631,7 @@ class Dispatcher:
                 f"{entry.name} writes into a {target.device} tensor; move the tpu tensor with .to('{target.device}') or write into a tpu tensor"
             )
         arg_checks.check_no_internal_overlap(target, entry.op)
+        arg_checks.check_no_partial_overlap(target, (*args[1:], *kwargs.values()), entry.op)
         if entry.lowering is not None:
             result = self.compute(entry, args, kwargs)
         elif entry.functional is not None:
@@ -676,8 +677,10 @@ class Dispatcher:
         outs = [kwargs[name] for name in entry.out_names]
         if entry.functional is None or any(not isinstance(out, TpuTensor) for out in outs):
             return self.fallback(entry, args, kwargs)
+        inputs = (*args, *(value for name, value in kwargs.items() if name not in entry.out_names))
         for out in outs:
             arg_checks.check_no_internal_overlap(out, entry.op)
+            arg_checks.check_no_partial_overlap(out, inputs, entry.op)
         functional_kwargs = {name: value for name, value in kwargs.items() if name not in entry.out_names}
         if entry.factory_out:
             # `torch.eye(n, out=t)` (`nn.init.eye_`), `torch.arange(n, out=t)`: made in the out
@@ -769,6 +772,7 @@ class Dispatcher:
             self.write(target, self.to_chip(host, target._buf.chip))
             return target
         arg_checks.check_no_internal_overlap(target, aten.copy_.default)
+        arg_checks.check_no_partial_overlap(target, (source,), aten.copy_.default)
         if source._buf.chip != target._buf.chip:
             source = self.copy_to_chip(source, target._buf.chip)
         if source.dtype == target.dtype and tuple(source.shape) == tuple(target.shape):

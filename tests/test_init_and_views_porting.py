@@ -112,3 +112,55 @@ def test_factories_on_the_chip_match_the_cpu_exactly(mode: EagerMode, case: str,
     assert result.dtype == expected.dtype
     tolerance = FACTORY_TOLERANCES.get(case, 0.0)
     torch.testing.assert_close(result, expected, rtol=tolerance, atol=tolerance)
+
+
+PARTLY_OVERLAPPING_WRITES: dict[str, Callable[[torch.Tensor], object]] = {
+    "shift by copy_ (x[1:] = x[:-1])": lambda x: x.__setitem__(slice(1, None), x[:-1]),
+    "add_ of the transpose": lambda x: x[:9].view(3, 3).add_(x[:9].view(3, 3).t()),
+    "copy_ of the transpose": lambda x: x[:9].view(3, 3).copy_(x[:9].view(3, 3).t()),
+    "addcmul_ of a shifted slice": lambda x: x[:5].addcmul_(x[1:6], x[5:]),
+    "sub_ of an element": lambda x: x.sub_(x[0]),
+    "index_add_ of a slice": lambda x: x[:5].index_add_(0, torch.tensor([0, 1], device=x.device), x[1:3]),
+    "add into an out that overlaps an input": lambda x: torch.add(x[1:6], x[5:], out=x[:5]),
+    "cat into an out that overlaps an input": lambda x: torch.cat([x[1:3], x[3:5]], out=x[:4]),
+}
+ALLOWED_ALIASED_WRITES: dict[str, Callable[[torch.Tensor], object]] = {
+    "add_ of itself": lambda x: x.add_(x),
+    "add_ of the same slice": lambda x: x[1:].add_(x[1:]),
+    "add_ of a disjoint slice": lambda x: x[:5].add_(x[5:]),
+    "add_ of interleaved strided slices": lambda x: x[::2].add_(x[1::2]),
+    "mul_ by an element outside the slice": lambda x: x[1:4].mul_(x[0]),
+    "fill_ with an element": lambda x: x[:5].fill_(x[1]),
+    "masked_fill_ with an element": lambda x: x[:5].masked_fill_(x[:5] > 2, x[1]),
+    "masked_scatter_ of a shifted slice": lambda x: x[:5].masked_scatter_(torch.ones(5, dtype=torch.bool, device=x.device), x[1:6]),
+    "mm into an out that overlaps an input": lambda x: torch.mm(x[:4].view(2, 2), x[1:5].view(2, 2), out=x[:4].view(2, 2)),
+    "add_ of its .data": lambda x: x.add_(x.data),
+}
+
+
+@mode_ids
+@pytest.mark.parametrize("case", sorted(PARTLY_OVERLAPPING_WRITES))
+def test_a_write_an_input_partly_overlaps_raises_torchs_error(mode: EagerMode, case: str) -> None:
+    """XLA computes these as if the input were cloned first; the CPU and CUDA refuse them, and code
+    that ran on tpu would fail there. tpu refuses them with torch's error and leaves x unchanged."""
+    write = PARTLY_OVERLAPPING_WRITES[case]
+    with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+        write(torch.arange(10.0))
+    with eager(mode):
+        x = torch.arange(10.0, device="tpu")
+        with pytest.raises(RuntimeError, match="some elements of the input tensor and the written-to tensor"):
+            write(x)
+        assert torch.equal(host(x), torch.arange(10.0))
+
+
+@mode_ids
+@pytest.mark.parametrize("case", sorted(ALLOWED_ALIASED_WRITES))
+def test_writes_torch_allows_between_aliases_match_the_cpu(mode: EagerMode, case: str) -> None:
+    write = ALLOWED_ALIASED_WRITES[case]
+    expected = torch.arange(10.0)
+    write(expected)
+    with eager(mode):
+        x = torch.arange(10.0, device="tpu")
+        write(x)
+        result = host(x)
+    torch.testing.assert_close(result, expected)
