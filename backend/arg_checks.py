@@ -22,7 +22,7 @@ Five kinds. Only the third and fourth cost anything per call, and only for the o
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -131,27 +131,28 @@ def _dense_byte_span(tensor: Any) -> tuple[int, int] | None:
     return begin, begin + tensor.numel() * tensor.element_size()
 
 
-def _tensors_in(values: Sequence[Any]) -> Iterator[Any]:
-    """The values, with the items of a list argument (`torch.cat`'s tensors) in place of the list."""
-    for value in values:
-        if isinstance(value, (list, tuple)):
-            yield from value
-        else:
-            yield value
-
-
 def check_no_partial_overlap(target: Any, inputs: Sequence[Any], op: Any) -> None:
     """torch's refusal to let `op` write `target` while reading an input that shares part of its memory
     (`x[1:].copy_(x[:-1])`, `x.add_(x.t())`): XLA would compute it as if the input were cloned first,
-    which CUDA and the CPU refuse. The same memory seen the same way (`x.add_(x)`) is allowed."""
+    which CUDA and the CPU refuse. The same memory seen the same way (`x.add_(x)`) is allowed. Every
+    in-place op pays one pass over its arguments; the spans are compared only for an input that
+    shares the target's buffer."""
     buf = target._buf
-    for value in _tensors_in(inputs):
-        if value is target or getattr(value, "_buf", None) is not buf or value.numel() == 0 or target.numel() == 0:
-            continue
-        if op.overloadpacket in _PARTIAL_OVERLAP_ALLOWED:
-            return
-        target_span, input_span = _dense_byte_span(target), _dense_byte_span(value)
-        if target_span is None or input_span is None:
+    shared: list[Any] = []
+    for value in inputs:
+        if type(value) in (list, tuple):  # a list argument: `torch.cat`'s tensors
+            shared.extend(item for item in value if getattr(item, "_buf", None) is buf and item is not target)
+        elif getattr(value, "_buf", None) is buf and value is not target:
+            shared.append(value)
+    if shared and op.overloadpacket not in _PARTIAL_OVERLAP_ALLOWED and target.numel():
+        _refuse_partial_overlap(target, shared)
+
+
+def _refuse_partial_overlap(target: Any, shared: list[Any]) -> None:
+    target_span = _dense_byte_span(target)
+    for value in shared:
+        input_span = _dense_byte_span(value)
+        if target_span is None or input_span is None or value.numel() == 0:
             continue
         if target_span == input_span:
             if tuple(target.stride()) != tuple(value.stride()):
