@@ -194,6 +194,9 @@ def _check_integer_power(args: Sequence[Any], kwargs: dict) -> None:
 
 
 def _check_uniform_range(args: Sequence[Any], kwargs: dict) -> None:
+    tensor = args[0] if args else kwargs["self"]
+    if not (tensor.dtype.is_floating_point or tensor.dtype.is_complex):
+        torch.empty(0, dtype=tensor.dtype).uniform_()  # raises torch's "not implemented for 'Long'"
     low = args[1] if len(args) > 1 else kwargs.get("from", 0.0)
     high = args[2] if len(args) > 2 else kwargs.get("to", 1.0)
     if low > high:
@@ -208,6 +211,10 @@ def _random_range_check(low_at: int | None, high_at: int) -> Callable[[Sequence[
         low, high = (args[at] if at is not None and at < len(args) else kwargs.get(names[at], 0 if at is None else None) for at in (low_at, high_at))
         if high is not None and low >= high:
             raise RuntimeError(f"random_ expects 'from' to be less than 'to', but got from={low} >= to={high}")
+        tensor = args[0] if args else kwargs.get("self")
+        if isinstance(tensor, torch.Tensor) and high is not None:
+            # torch's bound check for the tensor's dtype ("to - 1 is out of bounds for bool"), on an empty stand-in
+            torch.empty(0, dtype=tensor.dtype).random_(low, high)
 
     return check
 
