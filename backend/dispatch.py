@@ -62,6 +62,18 @@ _DATA_DEPENDENT_OPS = frozenset(
 )
 
 
+def _inference_as(base: TpuTensor) -> contextlib.AbstractContextManager:
+    """The mode to make a view of `base` in: a view is an inference tensor exactly when its base is one.
+
+    A wrapper made under `torch.inference_mode()` is an inference tensor, and torch then refuses to give
+    the view of a normal tensor its base's version counter ("Cannot set version_counter for inference
+    tensor"), as `mask[:, -1]` in `generate` does."""
+    is_inference = base.is_inference()
+    if is_inference == torch.is_inference_mode_enabled():
+        return _NO_CONTEXT
+    return torch.inference_mode(is_inference)
+
+
 class DeviceMismatchError(RuntimeError):
     """Tensors on different chips (or the host) mixed in one op."""
 
@@ -497,7 +509,7 @@ class Dispatcher:
             return self._view_of_copy(entry, args, kwargs)
         buf = base._buf
         parent = base._view
-        with torch.inference_mode() if base.is_inference() else _NO_CONTEXT:  # a view of an inference tensor is one
+        with _inference_as(base):
             results = [
                 view_tensor(buf, out_geom, root if parent is None else parent.then(step)) for step, root, out_geom in cached
             ]
@@ -604,7 +616,7 @@ class Dispatcher:
 
     def _alias(self, args: Sequence[Any], kwargs: dict) -> TpuTensor:
         tensor = args[0]
-        with torch.inference_mode() if tensor.is_inference() else _NO_CONTEXT:
+        with _inference_as(tensor):
             alias = view_tensor(tensor._buf, tensor._geom or geometry_of(tensor), tensor._view)
         cached = tensor._cached
         if cached is not None:
