@@ -15,6 +15,7 @@ import torch
 from torch.utils._pytree import tree_leaves
 
 _PROXY_MODE = torch._C._TorchDispatchModeKey.PROXY
+_FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 
 
 def track_untraced_constants(tensor_type: type, args: tuple, kwargs: dict) -> bool:
@@ -32,3 +33,24 @@ def track_untraced_constants(tensor_type: type, args: tuple, kwargs: dict) -> bo
             proxy = torch.fx.Proxy(tracer.create_arg(tensor), tracer)
             track_tensor_tree(tensor, proxy, constant=None, tracer=tracer)
     return bool(untracked)
+
+
+def fake_of_lifted_constant(tensor: torch.Tensor) -> torch.Tensor | None:
+    """What `torch.tensor(data, device="tpu")` gives under an active fake mode (Dynamo computing an
+    example value, AOTAutograd tracing): a fake tpu tensor holding the host values as a traced
+    constant, as `torch.tensor(data, device="cuda")` gives. None without a fake mode.
+
+    torch builds the value on the host, moves it to the chip with dispatch modes skipped, then lifts
+    it; the fake mode passes on lifting a tensor subclass, so the real tpu tensor reached the graph
+    ("Expected fake mode of e to be tx.fake_mode", as the sliding-window cache's
+    `torch.tensor([-1], device=...)` meets under `generate`'s auto-compile). The copy into a fresh
+    tensor keeps the fake mode from running the host-to-chip move for real (its constant
+    propagation), which would hand it the tpu tensor again."""
+    if torch._C._get_dispatch_mode(_FAKE_MODE) is None:
+        return None
+    from torch.utils._python_dispatch import _disable_current_modes
+
+    with _disable_current_modes():
+        host = tensor.cpu()
+    constant = torch.ops.aten.lift_fresh.default(host)
+    return torch.zeros(host.shape, dtype=host.dtype, device=tensor.device).copy_(constant)

@@ -20,7 +20,7 @@ import jax
 import torch
 
 from tputrace.backend import memory
-from tputrace.backend.make_fx_tracing import track_untraced_constants
+from tputrace.backend.make_fx_tracing import fake_of_lifted_constant, track_untraced_constants
 from tputrace.backend.views import Geometry, ViewChain, geometry
 
 _live = memory.live
@@ -29,6 +29,7 @@ _peak = memory.peak
 _local = threading.local()
 _MAIN_THREAD = threading.main_thread().ident
 _get_ident = threading.get_ident
+_LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # nonzero while a dispatch mode (make_fx's, a user's) is on
 
 
@@ -279,8 +280,11 @@ class TpuTensor(torch.Tensor):
         dispatcher = _dispatcher or _load_dispatcher()
         if _traced_seen and _holds_traced(args, kwargs):
             return _dispatch_traced(func, args, kwargs or {})
-        if _dispatch_modes() and track_untraced_constants(TpuTensor, args, kwargs or {}):
-            return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
+        if _dispatch_modes():
+            if func is _LIFT_FRESH and (fake := fake_of_lifted_constant(args[0])) is not None:
+                return fake
+            if track_untraced_constants(TpuTensor, args, kwargs or {}):
+                return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
         if _get_ident() != _MAIN_THREAD:
             if _on_autograd_worker():
                 if _concurrent:

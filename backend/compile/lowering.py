@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tputrace.backend import rng
 from tputrace.backend.dtypes import to_jax, to_torch
@@ -152,6 +153,13 @@ def _constant(gm: torch.fx.GraphModule, target: str) -> Any:
         value = getattr(value, part)
     if not isinstance(value, torch.Tensor):
         return value
+    # AOTAutograd calls the compiler with its fake mode still on, which refuses a real host constant
+    # (`torch.tensor(data)` in the compiled code): read it with the mode off.
+    with unset_fake_temporarily():
+        return _constant_array(value)
+
+
+def _constant_array(value: torch.Tensor) -> Any:
     if value.device.type == "tpu":
         from tputrace.backend.dispatch import dispatcher
 
