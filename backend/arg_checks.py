@@ -131,6 +131,13 @@ def _dense_byte_span(tensor: Any) -> tuple[int, int] | None:
     return begin, begin + tensor.numel() * tensor.element_size()
 
 
+def check_write(target: Any, inputs: Sequence[Any], op: Any) -> None:
+    """torch's refusals of `op` writing `target` while reading `inputs`: memory that several of the
+    target's elements share, or that an input partly shares."""
+    check_no_internal_overlap(target, op)
+    check_no_partial_overlap(target, inputs, op)
+
+
 def check_no_partial_overlap(target: Any, inputs: Sequence[Any], op: Any) -> None:
     """torch's refusal to let `op` write `target` while reading an input that shares part of its memory
     (`x[1:].copy_(x[:-1])`, `x.add_(x.t())`): XLA would compute it as if the input were cloned first,

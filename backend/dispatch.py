@@ -642,8 +642,7 @@ class Dispatcher:
                 f"Expected all tensors to be on the same device, but found {target.device} and tpu: "
                 f"{entry.name} writes into a {target.device} tensor; move the tpu tensor with .to('{target.device}') or write into a tpu tensor"
             )
-        arg_checks.check_no_internal_overlap(target, entry.op)
-        arg_checks.check_no_partial_overlap(target, (*args[1:], *kwargs.values()), entry.op)
+        arg_checks.check_write(target, (*args[1:], *kwargs.values()), entry.op)
         if entry.lowering is not None:
             result = self.compute(entry, args, kwargs)
         elif entry.functional is not None:
@@ -691,8 +690,7 @@ class Dispatcher:
             return self.fallback(entry, args, kwargs)
         inputs = (*args, *(value for name, value in kwargs.items() if name not in entry.out_names))
         for out in outs:
-            arg_checks.check_no_internal_overlap(out, entry.op)
-            arg_checks.check_no_partial_overlap(out, inputs, entry.op)
+            arg_checks.check_write(out, inputs, entry.op)
         functional_kwargs = {name: value for name, value in kwargs.items() if name not in entry.out_names}
         if entry.factory_out:
             # `torch.eye(n, out=t)` (`nn.init.eye_`), `torch.arange(n, out=t)`: made in the out
@@ -783,8 +781,7 @@ class Dispatcher:
             host = source.detach().to(target.dtype).expand(target.shape).contiguous()
             self.write(target, self.to_chip(host, target._buf.chip))
             return target
-        arg_checks.check_no_internal_overlap(target, aten.copy_.default)
-        arg_checks.check_no_partial_overlap(target, (source,), aten.copy_.default)
+        arg_checks.check_write(target, (source,), aten.copy_.default)
         if source._buf.chip != target._buf.chip:
             source = self.copy_to_chip(source, target._buf.chip)
         if source.dtype == target.dtype and tuple(source.shape) == tuple(target.shape):

@@ -106,9 +106,9 @@ def _functional_of_inplace(op: OpOverload) -> OpOverload | None:
 _TENSOR_OPTIONS = {"dtype", "layout", "device", "pin_memory"}
 
 
-def _functional_of_out(op: OpOverload) -> OpOverload | None:
-    """The functional overload taking the out overload's other arguments; for a factory, the one that
-    also takes tensor options (`_out` passes the out tensor's dtype and device)."""
+def _functional_of_out(op: OpOverload) -> tuple[OpOverload | None, bool]:
+    """The functional overload taking the out overload's other arguments, and whether it is a
+    factory's, which also takes tensor options (`_out` passes the out tensor's dtype and device)."""
     schema = op._schema
     wanted = [(arg.name, str(arg.type)) for arg in schema.arguments if not (arg.alias_info and arg.alias_info.is_write)]
     packet = getattr(torch.ops.aten, schema.name.split("::")[1])
@@ -118,16 +118,13 @@ def _functional_of_out(op: OpOverload) -> OpOverload | None:
         if candidate._schema.is_mutable:
             continue
         arguments = candidate._schema.arguments
-        if [(arg.name, str(arg.type)) for arg in arguments] == wanted:
-            return candidate
+        signature = [(arg.name, str(arg.type)) for arg in arguments]
+        if signature == wanted:
+            return candidate, False
         extra = arguments[len(wanted) :]
-        if (
-            [(arg.name, str(arg.type)) for arg in arguments[: len(wanted)]] == wanted
-            and extra
-            and all(arg.kwarg_only and arg.name in _TENSOR_OPTIONS for arg in extra)
-        ):
+        if signature[: len(wanted)] == wanted and extra and all(arg.kwarg_only and arg.name in _TENSOR_OPTIONS for arg in extra):
             factory = candidate
-    return factory
+    return factory, factory is not None
 
 
 def _decomposition(op: OpOverload) -> object:
@@ -172,8 +169,7 @@ def classify(op: OpOverload) -> OpEntry:
         if all(arg.kwarg_only for arg in written):
             entry.kind = "out"
             entry.out_names = tuple(arg.name for arg in written)
-            entry.functional = _functional_of_out(op)
-            entry.factory_out = entry.functional is not None and len(entry.functional._schema.arguments) > len(schema.arguments) - len(written)
+            entry.functional, entry.factory_out = _functional_of_out(op)
         elif str(schema.arguments[0].type).startswith("List[Tensor]"):
             entry.kind = "inplace_list"
             entry.functional = _functional_of_inplace(op)
