@@ -18,6 +18,8 @@
 - `_assert_async` (torch's device-side assert, e.g. `one_hot`'s class range): XLA has no asynchronous
   assert, and checking would be a sync per call, so it checks only in DEFER_NEVER_AND_LAUNCH_BLOCKING,
   where every op waits for the chip anyway; elsewhere it is a no-op (no host fallback, no sync).
+- `record_stream` (a CUDA caching-allocator hint; DataParallel's scatter calls it) is a no-op: JAX
+  frees a chip's buffers once no array holds them, whatever stream used them.
 - `one_hot` runs torch's composite as it runs for a plain accelerator tensor, with its class-range
   asserts (`_assert_async`); the path torch takes for a tensor subclass leaves them out.
 """
@@ -136,5 +138,6 @@ def register() -> None:
     dispatcher.register_special(aten._assert_async.msg, _assert_async)
     dispatcher.register_special(aten.allclose.default, _allclose)
     dispatcher.register_special(aten.equal.default, _equal)
+    dispatcher.register_special(aten.record_stream.default, lambda args, kwargs: None)
     for op in (aten._linalg_det.default, aten._linalg_slogdet.default):
         dispatcher.register_special(op, _factor_transpose_when_contiguous(op))

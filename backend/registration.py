@@ -8,8 +8,8 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
-    accelerator_api, autocast, checkpoints, device_module, distributed, generators, gradient_devices, hooks, host_pinning, inplace_views,
-    kernels, op_routes, packed_sequences, sparse, worker_errors,
+    accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, generators, gradient_devices, hooks, host_pinning, inplace_views,
+    kernels, module_moves, op_routes, packed_sequences, sparse, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -62,6 +62,8 @@ def register() -> None:
     worker_errors.install()
     gradient_devices.install()
     accelerator_api.install()
+    data_parallel.install()
+    module_moves.install()
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()
