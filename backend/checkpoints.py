@@ -2,10 +2,13 @@
 `torch.load(..., map_location="tpu")` restores storages onto a chip.
 
 Saving: a tpu tensor pickles as torch pickles a CUDA one, `_rebuild_tensor_v2(storage, offset, size,
-stride)`, where the storage is a host copy of the tensor's whole buffer (one per buffer per save), so
-tensors that shared a buffer (a tensor and its views, tied weights) share one storage in the file and
-still share it when loaded onto the host or a chip; `map_location` (a string, a dict, a callable such
-as `lambda storage, loc: storage`) applies to the `tpu:N` tag as to `cuda:N`.
+stride)`, where the storage is its buffer's `BufferStorage` (one per buffer), tagged `tpu:N` here, so
+tensors that shared a buffer (a tensor and its views, tied weights, `tensor.storage()`) share one
+storage in the file and still share it when loaded onto the host or a chip; `map_location` (a string,
+a dict, a callable such as `lambda storage, loc: storage`) applies to the `tpu:N` tag as to `cuda:N`.
+torch copies each storage to the host (`BufferStorage.cpu()`) only when it writes its bytes: one copy
+per buffer, one buffer at a time. A bare `untyped_storage()` cannot be saved (see
+`BufferStorage.__reduce__`).
 
 Loading: torch restores a storage on a PrivateUse1 device by allocating a storage there, which a device
 written in Python cannot back (the process crashes). Instead, a storage mapped to `tpu` or `tpu:N`
@@ -19,13 +22,13 @@ storage (tied weights) still share it.
 from __future__ import annotations
 
 import re
-import weakref
 from typing import Any
 
 import torch
 import torch.serialization
 
 from tputrace.backend import chips
+from tputrace.backend.tensor import BufferStorage
 
 _LOCATION = re.compile(r"^(?:tpu|privateuse1)(?::(\d+))?$")
 # Before torch's own PrivateUse1 deserializer (priority 23), which would allocate on the device.
@@ -34,8 +37,8 @@ _registered = False
 
 
 class HostStagedStorage(torch.UntypedStorage):
-    """A storage's bytes on the host, on their way to chip `_tpu_chip` (restored by `torch.load`) or
-    from it (a buffer copied out for `torch.save`, which tags it `tpu:<chip>`)."""
+    """A storage's bytes on the host, restored by `torch.load` for chip `_tpu_chip`. torch.load returns
+    it as is when the checkpoint holds a bare `tensor.storage()`; saved again, it keeps its tag."""
 
     _tpu_chip: int
     _tpu_bases: dict[torch.dtype, Any]
@@ -72,32 +75,10 @@ def _staged(nbytes: int, chip: int) -> HostStagedStorage:
     return staged
 
 
-# The host copy of each buffer a save is writing, while the save holds it: every tensor of one buffer
-# pickles with the same storage object, which torch.save writes once and restores as one storage.
-_saved_copies: "weakref.WeakKeyDictionary[Any, tuple[int, weakref.ref[HostStagedStorage]]]" = weakref.WeakKeyDictionary()
-
-
-def saved_storage(tensor: Any) -> HostStagedStorage:
-    """A host copy of the whole buffer behind a tpu tensor, shared by the tensors of that buffer."""
-    from tputrace.backend.dtypes import to_torch
-    from tputrace.backend.tensor import TpuTensor
-
-    buf = tensor._buf
-    cached = _saved_copies.get(buf)
-    if cached is not None and cached[0] == buf.version:
-        storage = cached[1]()
-        if storage is not None:
-            return storage
-    whole = TpuTensor(buf, tuple(buf.array.shape), to_torch(buf.array.dtype))
-    host = whole._host_copy("cpu")
-    storage = _staged(host.untyped_storage().nbytes(), buf.chip)
-    storage.copy_(host.untyped_storage())
-    _saved_copies[buf] = (buf.version, weakref.ref(storage))
-    return storage
-
-
 def _tag(storage: Any) -> str | None:
-    """`tpu:<chip>` for a tpu buffer's bytes that torch.save is writing (`saved_storage`)."""
+    """`tpu:<chip>` for a tpu buffer's storage, or one `torch.load` restored for a chip."""
+    if isinstance(storage, BufferStorage):
+        return f"tpu:{storage._tpu_buffer.chip}"
     if isinstance(storage, HostStagedStorage):
         return f"tpu:{storage._tpu_chip}"
     return None

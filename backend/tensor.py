@@ -154,10 +154,11 @@ class ReleasedArray:
 
 
 class BufferStorage(torch.UntypedStorage):
-    """What `untyped_storage()` returns for a tpu tensor: the buffer's size in bytes, and `resize_`
-    to 0 (release the buffer) and back to its size (restore it). Anything else raises. The object is
-    an empty meta storage underneath, so identity, weak references and isinstance checks behave as
-    for other storages; there is one per buffer while it is referenced."""
+    """What `untyped_storage()` returns for a tpu tensor: the buffer's size in bytes, `resize_` to 0
+    (release the buffer) and back to its size (restore it), and a host copy of its bytes (`cpu()`,
+    which `torch.save` writes). Anything else raises. The object is an empty meta storage underneath,
+    so identity, weak references and isinstance checks behave as for other storages; there is one
+    per buffer while it is referenced."""
 
     _tpu_buffer: Buffer
 
@@ -189,6 +190,27 @@ class BufferStorage(torch.UntypedStorage):
         else:
             raise RuntimeError(f"a tpu storage can only be resized to 0 or back to its size ({full} bytes), not {size}")
         return self
+
+    def cpu(self) -> torch.UntypedStorage:
+        """A host copy of the whole buffer: the one copy `torch.save` makes of it, when it writes it."""
+        from tputrace.backend.dtypes import to_torch
+
+        buf = self._tpu_buffer
+        whole = TpuTensor(buf, tuple(buf.array.shape), to_torch(buf.array.dtype))
+        return whole._host_copy("cpu").untyped_storage()
+
+    def _write_file(self, *args: Any) -> Any:
+        """How a legacy-format `torch.save` writes a storage: from its host copy."""
+        return self.cpu()._write_file(*args)
+
+    def __reduce__(self) -> Any:
+        """torch saves a storage only when its class is exactly one of torch's (`torch.is_storage`); it
+        pickles any other through `__reduce__`, which for storages calls `torch.save` again, forever."""
+        raise RuntimeError(
+            "a tpu untyped_storage() cannot be saved or pickled (torch saves only storages of its own classes); "
+            "save the tensor instead, whose views and tied weights saved with it keep sharing one storage, "
+            "or tensor.storage()"
+        )
 
 
 def _array_nbytes(array: Any) -> int:
@@ -453,11 +475,9 @@ class TpuTensor(torch.Tensor):
         return copied
 
     def __reduce_ex__(self, proto: int) -> Any:
-        """Pickled as torch pickles a CUDA tensor: its buffer's storage (a host copy tagged `tpu:N`, one
-        per buffer, so views and tied weights still share it when loaded) and its geometry."""
-        from tputrace.backend.checkpoints import saved_storage
-
-        storage = torch.storage.TypedStorage(wrap_storage=saved_storage(self), dtype=self.dtype, _internal=True)
+        """Pickled as torch pickles a CUDA tensor: its buffer's storage (tagged `tpu:N`; tensors of one
+        buffer share it, so views and tied weights still share it when loaded) and its geometry."""
+        storage = torch.storage.TypedStorage(wrap_storage=buffer_storage(self._buf), dtype=self.dtype, _internal=True)
         return (
             torch._utils._rebuild_tensor_v2,
             (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad, collections.OrderedDict()),

@@ -1,11 +1,17 @@
 """Checkpoints and host data in a training script ported from CUDA, compared with the same code on the
 CPU: `torch.save` of tpu tensors keeps views and tied weights sharing one storage, every kind of
-`map_location` (a callable included), legacy-format files, resuming AdamW training, and
-`torch.tensor` of a list of 0-dim tpu tensors."""
+`map_location` (a callable included), legacy-format files, `tensor.storage()` saved on its own,
+`mmap=True` loads, loading onto a second chip, resuming AdamW training, and `torch.tensor` of a list
+of 0-dim tpu tensors."""
 
 from __future__ import annotations
 
 import io
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -86,6 +92,112 @@ def test_legacy_format_checkpoint_loads_onto_chip(mode: EagerMode, saved_on: str
         assert torch.equal(host(loaded["a"]), source) and torch.equal(host(loaded["b"]), source.t()[1:])
         loaded["a"].add_(1.0)
         assert torch.equal(host(loaded["b"]), source.t()[1:] + 1.0)
+
+
+def _saved_locations(saved: Any) -> list[str]:
+    """The location tag of each storage in the file, as torch.load hands them to a callable."""
+    locations: list[str] = []
+
+    def keep(storage: Any, location: str) -> Any:
+        locations.append(location)
+        return storage
+
+    _round_trip(saved, map_location=keep)
+    return locations
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_each_buffer_is_one_tagged_storage_in_the_file(mode: EagerMode) -> None:
+    with eager(mode):
+        first = torch.randn(4, 3, device="tpu") * 2
+        second = torch.ones(5, device="tpu")
+        saved = {"first": first, "first_rows": first[1:], "first_t": first.t(), "second": second, "again": second}
+        assert _saved_locations(saved) == ["tpu:0", "tpu:0"]
+
+
+@pytest.mark.filterwarnings("ignore:TypedStorage is deprecated")
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("legacy", [False, True], ids=["zip", "legacy"])
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize(("location", "device_type"), [("cpu", "cpu"), ("tpu", "tpu"), (None, "tpu")], ids=str)
+def test_typed_storage_saves_with_its_tensor_as_on_cuda(mode: EagerMode, legacy: bool, weights_only: bool, location: object, device_type: str) -> None:
+    """`tensor.storage()` is the storage of the tensor's buffer: one storage in the file with the
+    tensor's, loaded as a TypedStorage on the host or on the chip that the tensor still shares."""
+    source = torch.arange(6.0)
+    with eager(mode):
+        on_chip = source.to("tpu") * 1
+        saved = {"storage": on_chip.storage(), "tail": on_chip[1:]}
+        assert _saved_locations(saved) == ["tpu:0"]
+        loaded = _round_trip(saved, legacy=legacy, map_location=location, weights_only=weights_only)
+        storage, tail = loaded["storage"], loaded["tail"]
+        assert isinstance(storage, torch.storage.TypedStorage) and storage.dtype == torch.float32
+        assert storage.device.type == tail.device.type == device_type
+        assert storage.tolist() == source.tolist() and torch.equal(host(tail), source[1:])
+        whole = torch.empty(0, device=device_type).set_(storage)
+        with torch.no_grad():
+            whole.add_(1.0)
+        assert torch.equal(host(tail), source[1:] + 1.0), "the tensor no longer shares the storage"
+
+
+def test_a_bare_untyped_storage_is_refused_naming_what_to_save() -> None:
+    """torch saves a storage itself only when its class is exactly one of torch's; a tpu storage (a
+    subclass) would reach `UntypedStorage.__reduce__`, which calls torch.save again without end."""
+    tensor = torch.arange(6.0, device="tpu")
+    for saved in (tensor.untyped_storage(), {"storage": tensor.untyped_storage(), "tensor": tensor}):
+        for legacy in (False, True):
+            with pytest.raises(RuntimeError, match=r"untyped_storage\(\) cannot be saved.*save the tensor instead"):
+                torch.save(saved, io.BytesIO(), _use_new_zipfile_serialization=not legacy)
+    with pytest.raises(RuntimeError, match="save the tensor instead"):
+        pickle.dumps(tensor.untyped_storage())
+
+
+@pytest.mark.parametrize("saved_on", ["cpu", "tpu"])
+@pytest.mark.parametrize(("location", "device_type"), [("tpu", "tpu"), ("tpu:0", "tpu"), (None, None), ("cpu", "cpu")], ids=str)
+def test_mmap_load_onto_chip_or_host(tmp_path: Path, saved_on: str, location: object, device_type: str | None) -> None:
+    source = torch.arange(12.0).view(3, 4)
+    base = source.to(saved_on)
+    path = tmp_path / "checkpoint.pt"
+    torch.save({"a": base, "rows": base[1:], "half": base.to(torch.bfloat16)}, path)
+    loaded = torch.load(path, mmap=True, map_location=location)
+    assert {tensor.device.type for tensor in loaded.values()} == {device_type or saved_on}
+    assert torch.equal(host(loaded["rows"]), source[1:]) and torch.equal(host(loaded["half"]), source.to(torch.bfloat16))
+    loaded["a"].add_(1.0)
+    assert torch.equal(host(loaded["rows"]), source[1:] + 1.0)
+    assert torch.equal(torch.load(path, map_location="cpu")["a"], source), "writing the mmap load changed the file"
+
+
+_SECOND_CHIP = """
+import torch, tputrace.backend
+source = torch.arange(12.0).view(3, 4)
+first = source.to("tpu:0")
+torch.save({"a": first, "rows": first[1:], "second": source.to("tpu:1") * 2}, "checkpoint.pt")
+for location in ("tpu:1", torch.device("tpu", 1), {"tpu:0": "tpu:1"}, None, "cpu"):
+    for mmap in (False, True):
+        loaded = torch.load("checkpoint.pt", map_location=location, mmap=mmap)
+        loaded["a"].add_(1.0)
+        print(location, mmap, [str(tensor.device) for tensor in loaded.values()],
+              torch.equal(loaded["rows"].cpu(), source[1:] + 1.0), torch.equal(loaded["second"].cpu(), source * 2))
+"""
+
+
+def test_load_onto_the_second_chip(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _SECOND_CHIP], capture_output=True, text=True, cwd=tmp_path, env={**os.environ, "TPUTRACE_CHIPS": "2"}, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    on_second = "['tpu:1', 'tpu:1', 'tpu:1'] True True"
+    expected = [
+        f"{location} {mmap} {devices}"
+        for location, devices in (
+            ("tpu:1", on_second),
+            ("tpu:1", on_second),
+            ("{'tpu:0': 'tpu:1'}", on_second),
+            ("None", "['tpu:0', 'tpu:0', 'tpu:1'] True True"),
+            ("cpu", "['cpu', 'cpu', 'cpu'] True True"),
+        )
+        for mmap in (False, True)
+    ]
+    assert result.stdout.splitlines() == expected
 
 
 def test_saving_a_buffer_again_after_a_write_saves_the_new_values() -> None:
