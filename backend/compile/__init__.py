@@ -1,6 +1,7 @@
 """`torch.compile(model, backend="tpu")`: Dynamo graphs lowered through AOTAutograd to XLA programs.
 
-`register()` (called when `tputrace.backend` is imported) makes `"tpu"` a Dynamo backend. Each FX graph
+`register()` (called when `tputrace.backend` is imported) makes `"tpu"` a Dynamo backend, and the one
+`torch.compile(model)` uses for tpu tensors when no backend is named (`inductor_route.py`). Each FX graph
 Dynamo captures goes through AOTAutograd with core ATen decompositions; each forward, backward or
 inference graph becomes one XLA program per concrete input signature, built from the same ATen
 lowerings as eager ops. `mode` is accepted as Inductor accepts it; `options={"shape_buckets": ...}`
@@ -28,11 +29,13 @@ def register() -> None:
         return
     from torch._dynamo.backends.registry import register_backend
 
+    from tputrace.backend.compile import inductor_route
     from tputrace.backend.compile.backend import TpuBackend
     from tputrace.backend.compile.events import events
 
     _backend = TpuBackend(events)
     register_backend(compiler_fn=_backend, name=BACKEND_NAME)
+    inductor_route.install(_backend)
     _keep_dynamo_out()
     events.install()
     # While a trace is recorded, tputrace's global module hooks (module paths for eager ops) make torch
