@@ -65,13 +65,13 @@ def _randint(key: Array, low: int, high: int, shape: Sequence[int], dtype: jnp.d
     return values.astype(dtype)
 
 
-@lowers(aten.randint.default, needs_key=True)
-def randint(high: int, size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+@lowers(aten.randint.default, aten.randint.generator, needs_key=True)
+def randint(high: int, size: Sequence[int], *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
     return _randint(key, 0, high, size, jax_dtype(dtype) or jnp.int64)
 
 
-@lowers(aten.randint.low, needs_key=True)
-def randint_low(low: int, high: int, size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
+@lowers(aten.randint.low, aten.randint.low_generator, needs_key=True)
+def randint_low(low: int, high: int, size: Sequence[int], *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
     return _randint(key, low, high, size, jax_dtype(dtype) or jnp.int64)
 
 
