@@ -15,6 +15,13 @@ torch gives `torch.Generator` (`OpaqueBaseMeta`); every other construction passe
 
 What differs from CUDA: a tpu generator passed to a CPU op is not refused (it is a CPU generator
 to C++) and draws from its CPU stream.
+
+Under torch.compile a draw with a tpu generator runs eagerly, as a draw with a CPU or CUDA generator
+does: Dynamo wraps those as plain objects and graph-breaks at the op. A subclass misses that case
+and becomes an opaque object whose fake stand-in (a `FakeScriptObject`) passed `isinstance(...,
+torch.Generator)`, so the op's fake run failed in C++ ("GeneratorImpl with nullptr"), a hard error.
+`install` makes the stand-in fail that check: torch's argument parser then raises a TypeError,
+which Dynamo turns into a graph break, and the op runs eagerly and advances the generator.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import weakref
 from typing import Any
 
 import torch
+from torch._library.fake_class_registry import FakeScriptObject
 from torch._opaque_base import OpaqueBaseMeta
 
 from tputrace.backend import device_module
@@ -36,6 +44,7 @@ BACKEND_NAME = "tpu"
 _rng_states: dict[int, RngState] = {}
 _TorchGenerator = torch._C.Generator
 _type_call = OpaqueBaseMeta.__call__
+_opaque_instancecheck = OpaqueBaseMeta.__instancecheck__
 
 
 class TpuGenerator(torch.Generator):
@@ -122,10 +131,21 @@ def _names_tpu(device: Any) -> bool:
     return isinstance(device, torch.device) and device.type == BACKEND_NAME
 
 
+def _instancecheck(cls: type, instance: Any) -> bool:
+    """`OpaqueBaseMeta.__instancecheck__`: Dynamo's fake stand-in of a tpu generator is no
+    `torch.Generator`, so an op given it refuses it with a TypeError (a graph break)."""
+    if type(instance) is FakeScriptObject and type(getattr(instance, "real_obj", None)) is TpuGenerator and issubclass(cls, _TorchGenerator):
+        return False
+    return _opaque_instancecheck(cls, instance)
+
+
 def install() -> None:
-    """Let `torch.Generator(device="tpu")` make a tpu generator (idempotent)."""
+    """Let `torch.Generator(device="tpu")` make a tpu generator, and torch.compile graph-break at
+    its draws (idempotent)."""
     if OpaqueBaseMeta.__dict__.get("__call__") is not _construct:
         OpaqueBaseMeta.__call__ = _construct
+    if OpaqueBaseMeta.__dict__.get("__instancecheck__") is not _instancecheck:
+        OpaqueBaseMeta.__instancecheck__ = _instancecheck
 
 
 def next_seed_and_counter(generator: torch.Generator) -> tuple[int, int]:
