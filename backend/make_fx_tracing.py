@@ -5,6 +5,10 @@ make_fx's proxy mode traces an op only when it knows every tensor argument: a pl
 as a constant) or one with a proxy. It passes on an op that reads an untracked tpu tensor (the
 primal that linearize's jvp closes over), and the op then ran on the chip out of the graph's sight,
 so the graph returned a value computed once at trace time.
+
+Under a fake trace (`make_fx(tracing_mode="fake"|"symbolic")`, `torch.export`) the inputs are fake
+tpu tensors but a tensor the function closes over (a module's parameter) is real: an op mixing the
+two runs on fake stand-ins of both, and the real one is a constant of the graph.
 """
 
 from __future__ import annotations
@@ -33,6 +37,23 @@ def track_untraced_constants(tensor_type: type, args: tuple, kwargs: dict) -> bo
             proxy = torch.fx.Proxy(tracer.create_arg(tensor), tracer)
             track_tensor_tree(tensor, proxy, constant=None, tracer=tracer)
     return bool(untracked)
+
+
+def fake_mode_of(values: list[Any]) -> Any:
+    """The fake mode that the traced inner tensor of a tpu tensor among `values` belongs to, if any."""
+    for value in values:
+        inner = getattr(value, "_traced", None)
+        fake_mode = getattr(inner, "fake_mode", None)
+        if fake_mode is not None:
+            return fake_mode
+    return None
+
+
+def fake_of_constant(tensor: torch.Tensor, fake_mode: Any) -> torch.Tensor:
+    """The fake inner tensor standing for a real tpu tensor that a fake trace reads (its values are
+    a constant of the graph, so its shape stays static). Without it the op reached the real
+    tensor's compile handle, which runs nothing ("on a TpuData handle")."""
+    return fake_mode.from_tensor(tensor, static_shapes=True)._inner
 
 
 def fake_of_lifted_constant(tensor: torch.Tensor) -> torch.Tensor | None:

@@ -20,7 +20,7 @@ import jax
 import torch
 
 from tputrace.backend import memory
-from tputrace.backend.make_fx_tracing import fake_of_lifted_constant, track_untraced_constants
+from tputrace.backend.make_fx_tracing import fake_mode_of, fake_of_constant, fake_of_lifted_constant, track_untraced_constants
 from tputrace.backend.views import Geometry, ViewChain, geometry
 
 _live = memory.live
@@ -301,6 +301,8 @@ class TpuTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         dispatcher = _dispatcher or _load_dispatcher()
         if _traced_seen and _holds_traced(args, kwargs):
+            if _dispatch_modes() and track_untraced_constants(TpuTensor, args, kwargs or {}):
+                return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
             return _dispatch_traced(func, args, kwargs or {})
         if _dispatch_modes():
             if func is _LIFT_FRESH and (fake := fake_of_lifted_constant(args[0])) is not None:
@@ -589,10 +591,16 @@ def _holds_traced(args: tuple, kwargs: dict | None) -> bool:
 def _dispatch_traced(func: Any, args: tuple, kwargs: dict) -> Any:
     """An op on traced TpuTensors: run it on their inner tensors, wrap tpu results as traced TpuTensors."""
     from torch.utils._python_dispatch import return_and_correct_aliasing
-    from torch.utils._pytree import tree_map
+    from torch.utils._pytree import tree_leaves, tree_map
+
+    fake_mode = fake_mode_of(tree_leaves((args, kwargs)))
 
     def unwrap(value: Any) -> Any:
-        return value._inner if type(value) is TpuTensor else value
+        if type(value) is not TpuTensor:
+            return value
+        if value._traced is None and fake_mode is not None:
+            return fake_of_constant(value, fake_mode)
+        return value._inner
 
     def wrap(value: Any) -> Any:
         if isinstance(value, torch.Tensor) and type(value) is not TpuTensor and value.device.type == "tpu":
