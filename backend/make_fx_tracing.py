@@ -23,15 +23,21 @@ _FAKE_MODE = torch._C._TorchDispatchModeKey.FAKE
 
 
 def track_untraced_constants(tensor_type: type, args: tuple, kwargs: dict) -> bool:
-    """Give each `tensor_type` argument that an active make_fx trace does not know a constant node
-    in its graph; False when there is no such trace or nothing to add (the op runs eagerly)."""
+    """Give each real `tensor_type` argument that an active make_fx trace does not know a constant
+    node in its graph; False when there is no such trace or nothing to add (the op runs eagerly).
+    A traced one (AOTAutograd's wrapper around a fake inner tensor) is not a constant: the trace
+    tracks its inner tensor."""
     proxy_mode = torch._C._get_dispatch_mode(_PROXY_MODE)
     if proxy_mode is None:
         return False
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, has_proxy_slot, track_tensor_tree
 
     tracer = proxy_mode.tracer
-    untracked = [value for value in tree_leaves((args, kwargs)) if type(value) is tensor_type and not has_proxy_slot(value, tracer)]
+    untracked = [
+        value
+        for value in tree_leaves((args, kwargs))
+        if type(value) is tensor_type and value._traced is None and not has_proxy_slot(value, tracer)
+    ]
     with disable_proxy_modes_tracing():
         for tensor in untracked:
             proxy = torch.fx.Proxy(tracer.create_arg(tensor), tracer)
