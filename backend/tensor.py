@@ -512,7 +512,17 @@ class TpuData(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
-        raise RuntimeError(f"{func} on a TpuData handle: compiled graphs only read it; use the TpuTensor")
+        """An op on handles: a graph that AOTAutograd runs eagerly (`backend="aot_eager"`). It runs
+        on TpuTensors over the same buffers, and its tpu results come back as handles."""
+        from torch.utils._pytree import tree_map
+
+        def tensor_of(value: Any) -> Any:
+            return value.tensor() if type(value) is TpuData else value
+
+        def handle_of(value: Any) -> Any:
+            return value._inner if type(value) is TpuTensor else value
+
+        return tree_map(handle_of, func(*tree_map(tensor_of, args), **tree_map(tensor_of, kwargs or {})))
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None) -> "TpuData | None":
         """AOTAutograd traced gradients as plain tensors; at run time this handle stands for one."""
