@@ -183,6 +183,29 @@ def test_graph_break_is_recorded_at_the_print_line(tmp_path: Path) -> None:
         assert list(trace.records("graph_breaks")) == []
 
 
+def test_frames_compiled_after_a_dynamo_reset_are_recorded(tmp_path: Path) -> None:
+    """torch._dynamo.reset() clears Dynamo's compile callbacks; the recorder's come back with it."""
+    script = _script(
+        tmp_path,
+        "reset_then_compile",
+        """
+        import torch, torch._dynamo
+        import tputrace.backend
+
+        def double(x):
+            return x * 2
+
+        x = torch.ones(3, device="tpu")
+        torch.compile(double, backend="tpu")(x)
+        torch._dynamo.reset()
+        torch.compile(double, backend="tpu")(x)
+        """,
+    )
+    with tputrace.open(_run(tmp_path, script)) as trace:
+        frames = [row for row in trace.records("compiles") if row.kind == "dynamo_frame"]
+    assert [row.name for row in frames] == ["double", "double"]
+
+
 def test_recompile_storm_records_each_guard_failure(tmp_path: Path) -> None:
     script = PROBLEMS / "compile_recompile_storm.py"
     steps = 3

@@ -55,14 +55,27 @@ class DynamoEvents:
         self._installed = False
 
     def install(self) -> None:
-        """Register the compile callbacks with Dynamo (once)."""
+        """Register the compile callbacks with Dynamo, for good: `torch._dynamo.reset()` clears every
+        registered callback, and ours are registered again right after (a script that resets Dynamo
+        still has its later compiles recorded)."""
         if self._installed:
             return
         import torch._dynamo
 
-        torch._dynamo.callback_handler.register_start_callback(self._compile_started)
-        torch._dynamo.callback_handler.register_end_callback(self._compile_ended)
+        handler = torch._dynamo.callback_handler
+        clear = handler.clear
+
+        def clear_then_register() -> None:
+            clear()
+            self._register(handler)
+
+        handler.clear = clear_then_register
+        self._register(handler)
         self._installed = True
+
+    def _register(self, handler: Any) -> None:
+        handler.register_start_callback(self._compile_started)
+        handler.register_end_callback(self._compile_ended)
 
     @staticmethod
     def recorder() -> Any:
