@@ -298,6 +298,26 @@ def test_fragmented_fusion(tmp_path: Path) -> None:
     assert report.findings.index(finding) < report.findings.index(sync)
 
 
+def test_a_run_without_steps_is_not_called_one_step(tmp_path: Path) -> None:
+    """An inference loop that reads each batch's result (one program and one sync per iteration) and
+    marks no step: its one `end` record is the run, not a step cut into pieces."""
+    trace = HandTrace(tmp_path / "inference.tptrace")
+    read_line = trace.frame(8)
+    program = trace.program("fused_8_ops", "f32[32,64]", n_ops=8)
+    for iteration in range(5):
+        trace.flush(program, "tolist", 0, dur_ns=300_000, frame=read_line, n_ops=8, cache_hit=int(iteration > 0),
+                    offset_ns=(2 + 3 * iteration) * MS)
+        trace.sync("tolist", 0, 2 * MS, read_line, offset_ns=(3 + 3 * iteration) * MS)
+        trace.transfer(0, 8192, 100_000, trace.frame(7), offset_ns=(1 + 3 * iteration) * MS)
+    trace.writer.append("steps", (0, 0, 0, 16 * MS, "end"))
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    assert findings_of(report, "fusion") == [] and findings_of(report, "transfers") == []
+    (sync,) = findings_of(report, "syncs")
+    assert sync.title == "Host sync 5 times at train.py:8 (tolist): 10.0 ms stalled"
+    assert "step" not in sync.explanation and sync.cost_per_step_ns is None
+
+
 # -- tile padding and float32 matmuls ------------------------------------------------------------------------
 
 

@@ -29,7 +29,9 @@ class AnalysisContext:
 
     Steps: `steps` are the rank's step records; the first is warm-up (it compiles), a trailing step
     recorded at exit (`source == "end"`) holds what ran after the loop. `steady` is the range of step
-    numbers in between (every step when there are fewer than three).
+    numbers in between (every step when there are fewer than three). A run that marked no step (no
+    optimizer step, no `tputrace.step()`) has no steps: its one `end` record is the whole run, not a
+    step, and per-step figures would call every loop iteration's work one step's.
     """
 
     trace: Trace
@@ -44,6 +46,8 @@ class AnalysisContext:
     def build(cls, trace: Trace, target: Chip, target_is_default: bool, rank: int | None = None) -> AnalysisContext:
         chosen = trace.run.rank if rank is None else rank
         steps = list(trace.records("steps", where="rank = ?", params=(chosen,), order_by="step"))
+        if all(step.source == "end" for step in steps):
+            steps = []
         return cls(trace, chosen, target, target_is_default, steps, trace.wall_ns(rank=chosen))
 
     # -- steps ------------------------------------------------------------------------------------

@@ -93,8 +93,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
     pending = pending_ops / count
     waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
                  else "is for programs already queued on the chip")
+    in_steps = f" in {plural(steps_with, 'step')}" if context.steps else ""
     explanation = (
-        f"At {where} the host waited for the chip ({kind} sync) {plural(count, 'time')} in {plural(steps_with, 'step')}, "
+        f"At {where} the host waited for the chip ({kind} sync) {plural(count, 'time')}{in_steps}, "
         f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait {waits_for}, and the host queues "
         f"no more work meanwhile."
     )
