@@ -836,6 +836,11 @@ class Dispatcher:
     # ----------------------------------------------------------------- CPU fallback
     def fallback(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         """Run the op on the host CPU: inputs copied out, outputs (and mutated inputs) copied back."""
+        if entry.op.namespace == "c10d":
+            raise RuntimeError(
+                f"{entry.name} on tpu tensors in a process group without the 'tpu' backend (made before "
+                "`import tputrace.backend`?): import tputrace.backend before init_process_group/new_group, or pass backend='tpu'"
+            )
         self._warn_fallback(entry.name, "it has no lowering" if entry.lowering is None else "its lowering cannot take these inputs (e.g. a data-dependent shape)")
         sync_kind = "data_dependent" if entry.op._schema.name in _DATA_DEPENDENT_OPS else "fallback"
         start = _perf_ns()

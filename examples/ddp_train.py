@@ -64,13 +64,13 @@ def train(steps: int, batch: int, device: str) -> tuple[nn.Module, list[float]]:
     return model.module, [loss.item() for loss in losses]
 
 
-def init_distributed() -> None:
+def init_distributed(backend: str = "tpu") -> None:
     """Join the ranks a launcher started (env://), or be the only rank when run directly."""
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29511")
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
-    dist.init_process_group("tpu")
+    dist.init_process_group(backend)
 
 
 def main() -> None:
@@ -78,10 +78,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--batch", type=int, default=64, help="global batch size (split across ranks)")
     parser.add_argument("--save", metavar="PATH", help="rank 0 saves the final parameters (CPU tensors) here")
+    parser.add_argument("--backend", default="tpu", help='c10d backend ("tpu"; "gloo" serves tpu tensors through it too)')
     args = parser.parse_args()
     import tputrace.backend  # noqa: F401 - registers the tpu device and the "tpu" process group backend
 
-    init_distributed()
+    init_distributed(args.backend)
     model, losses = train(args.steps, args.batch, "tpu")
     if dist.get_rank() == 0:
         for step, loss in enumerate(losses):

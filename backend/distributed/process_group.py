@@ -388,7 +388,25 @@ def _create(options: Any, backend_options: Any) -> TpuProcessGroup:
 
 
 def register_backend() -> None:
-    """Make "tpu" a c10d backend for tpu tensors (idempotent)."""
+    """Make "tpu" a c10d backend for tpu tensors, in groups made for it and in every other (idempotent)."""
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=[BACKEND_NAME])
+    _serve_tpu_tensors_in_every_group()
+
+
+def _serve_tpu_tensors_in_every_group() -> None:
+    """A group made for another backend (`init_process_group("gloo")`, `new_group(backend="gloo")`,
+    "cpu:gloo") gets the "tpu" backend for tpu tensors too, as gloo serves CUDA tensors itself. torch
+    maps such a group's devices to that backend only (gloo: cpu and cuda), and a collective on tpu
+    tensors then ran as a host fallback that left its outputs unwritten: `all_gather` gave zeros, and
+    DDP refused the model ("inconsistent 0 params")."""
+    config = dist.distributed_c10d.BackendConfig
+    original_init = config.__init__
+
+    def __init__(self: Any, backend: Any) -> None:
+        original_init(self, backend)
+        if self.device_backend_map and BACKEND_NAME not in self.device_backend_map:
+            self.device_backend_map[BACKEND_NAME] = dist.Backend(BACKEND_NAME)
+
+    config.__init__ = __init__
