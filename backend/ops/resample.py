@@ -1,5 +1,5 @@
-"""Resampling: nearest/linear/cubic upsampling (and backward), reflection and replication padding
-(and backward), and `grid_sampler_2d`.
+"""Resampling: nearest/linear/cubic upsampling and antialiased bilinear/bicubic resizing (and their
+backward), reflection and replication padding (and backward), and `grid_sampler_2d`.
 
 Source coordinates are computed in float32 NumPy with torch's formulas (`area_pixel_compute_scale`,
 `nearest_neighbor_compute_source_index`), so rounding at window edges matches torch's kernels.
@@ -75,6 +75,58 @@ def _cubic_matrix(length: int, out: int, align_corners: bool, scale: float | Non
     return matrix
 
 
+def _triangle(x: np.ndarray) -> np.ndarray:
+    x = np.abs(x)
+    return np.where(x < 1, 1 - x, 0).astype(x.dtype)
+
+
+def _keys_cubic(x: np.ndarray) -> np.ndarray:
+    """Keys' cubic with a = -0.5 (PIL's antialiasing filter; plain bicubic uses -0.75)."""
+    x, a = np.abs(x), x.dtype.type(-0.5)
+    near = ((a + 2) * x - (a + 3)) * x * x + 1
+    far = ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+    return np.where(x < 1, near, np.where(x < 2, far, 0)).astype(x.dtype)
+
+
+def _antialias_matrix(length: int, out: int, align_corners: bool, scale: float | None, dtype: np.dtype, taps: int, kernel: Callable) -> np.ndarray:
+    """torch's antialiased weights (`_compute_weights_aa`): when downsampling the filter is stretched
+    by the scale, and each output's weights are normalised to sum to one."""
+    real = np.dtype(dtype).type
+    if align_corners:
+        step = real((length - 1) / (out - 1)) if out > 1 else real(0)
+    else:
+        step = real(1 / scale) if scale is not None and scale > 0 else real(length) / real(out)
+    support = real(taps * 0.5 * step) if step >= 1 else real(taps * 0.5)
+    inverse = real(1 / step) if step >= 1 else real(1)
+    width = int(np.ceil(support)) * 2 + 1
+    matrix = np.zeros((out, length), dtype)
+    for i in range(out):
+        center = real(step * (i + 0.5))
+        low = max(int(float(center) - float(support) + 0.5), 0)
+        count = min(max(min(int(float(center) + float(support) + 0.5), length) - low, 0), width)
+        weights = kernel(((np.arange(low, low + count) - center).astype(dtype) + real(0.5)) * inverse)
+        total = weights.sum(dtype=dtype)
+        matrix[i, low:low + count] = weights / total if total != 0 else weights
+    return matrix
+
+
+def _antialias_lowering(taps: int, kernel: Callable) -> Callable:
+    def lowering(self: Array, output_size: Sequence[int], align_corners: bool, *scales: float | None) -> Array:
+        if self.dtype not in (jnp.float32, jnp.float64):
+            raise UnloweredCase("antialiased resize of integer (torch uses fixed-point weights) or half-precision images")
+        scales = list(scales) + [None] * (2 - len(scales))
+        x = self
+        for axis, (length, out, scale) in reversed(list(enumerate(zip(self.shape[-2:], output_size, scales)))):
+            if length == out:  # torch skips a dim whose size does not change
+                continue
+            matrix = jnp.asarray(_antialias_matrix(length, out, align_corners, scale, np.dtype(self.dtype), taps, kernel))
+            axis += x.ndim - 2
+            x = jnp.moveaxis(jnp.tensordot(x, matrix, axes=([axis], [1]), precision=jax.lax.Precision.HIGHEST), -1, axis)
+        return x
+
+    return lowering
+
+
 def _separable(x: Array, matrices: Sequence[np.ndarray]) -> Array:
     """Interpolate along the last axes, one matrix each. Integer images (uint8) are interpolated in
     float32 and rounded back, saturating, after each axis, the last (width) first, as torch's CPU
@@ -137,6 +189,11 @@ for _name, _rank, _matrix in (("upsample_linear1d", 1, _linear_matrix), ("upsamp
     lowers(getattr(aten, _name).default)(_forward)
     lowers(getattr(aten, f"{_name}_backward").default)(_backward_of(_forward))
 
+for _name, _taps, _kernel in (("_upsample_bilinear2d_aa", 2, _triangle), ("_upsample_bicubic2d_aa", 4, _keys_cubic)):
+    _forward = _antialias_lowering(_taps, _kernel)
+    lowers(getattr(aten, _name).default)(_forward)
+    lowers(getattr(aten, f"{_name}_backward").default)(_backward_of(_forward))
+
 
 # --- padding ------------------------------------------------------------------------------------
 
@@ -192,8 +249,13 @@ def _clip_coordinate(coord: Array, size: int) -> Array:
     return jnp.where(inside, coord, lax.stop_gradient(jnp.clip(coord, 0, size - 1)))
 
 
-def _source_coordinate(coord: Array, size: int, padding_mode: int, align_corners: bool) -> Array:
-    coord = ((coord + 1) / 2) * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+def _unnormalize(coord: Array, size: int, align_corners: bool) -> Array:
+    """A grid coordinate in [-1, 1] as a pixel coordinate."""
+    return ((coord + 1) / 2) * (size - 1) if align_corners else ((coord + 1) * size - 1) / 2
+
+
+def _apply_padding(coord: Array, size: int, padding_mode: int, align_corners: bool) -> Array:
+    """Border (1) clips into the image, reflection (2) folds back into it; zeros (0) leaves it."""
     if padding_mode == 1:
         coord = _clip_coordinate(coord, size)
     elif padding_mode == 2:
@@ -202,24 +264,48 @@ def _source_coordinate(coord: Array, size: int, padding_mode: int, align_corners
     return coord
 
 
+def _cubic_weights(t: Array, a: float) -> list[Array]:
+    """The four cubic-convolution weights of taps at offsets -1, 0, 1, 2 from floor(x), t = x - floor(x)."""
+
+    def near(x: Array) -> Array:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: Array) -> Array:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return [far(t + 1), near(t), near(1 - t), far(2 - t)]
+
+
 @lowers(aten.grid_sampler_2d.default)
 def grid_sampler_2d(input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool) -> Array:  # noqa: A002
-    if interpolation_mode not in (0, 1):
-        raise UnloweredCase("bicubic grid sampling")
+    """Bilinear (0), nearest (1) or bicubic (2) sampling. Bicubic pads each of its 16 taps (at integer
+    positions) rather than the sampling point, as torch does; the taps' indices carry no gradient."""
     height, width = input.shape[-2:]
-    x = _source_coordinate(grid[..., 0], width, padding_mode, align_corners)
-    y = _source_coordinate(grid[..., 1], height, padding_mode, align_corners)
+    x = _unnormalize(grid[..., 0], width, align_corners)
+    y = _unnormalize(grid[..., 1], height, align_corners)
+    if interpolation_mode != 2:
+        x = _apply_padding(x, width, padding_mode, align_corners)
+        y = _apply_padding(y, height, padding_mode, align_corners)
 
     def sample(image: Array, ys: Array, xs: Array) -> Array:
         inside = (ys >= 0) & (ys <= height - 1) & (xs >= 0) & (xs <= width - 1)
         values = image[:, jnp.clip(ys, 0, height - 1), jnp.clip(xs, 0, width - 1)]
         return jnp.where(inside, values, jnp.zeros_like(values))
 
+    def tap(coord: Array, size: int) -> Array:
+        return lax.stop_gradient(_apply_padding(coord, size, padding_mode, align_corners)).astype(jnp.int64)
+
     def per_image(image: Array, ys: Array, xs: Array) -> Array:
         if interpolation_mode == 1:
             return sample(image, jnp.round(ys).astype(jnp.int64), jnp.round(xs).astype(jnp.int64))
         x0, y0 = jnp.floor(xs), jnp.floor(ys)
         dx, dy = xs - x0, ys - y0
+        if interpolation_mode == 2:
+            x_weights, y_weights = _cubic_weights(dx, -0.75), _cubic_weights(dy, -0.75)
+            x_taps = [tap(x0 + offset, width) for offset in range(-1, 3)]
+            y_taps = [tap(y0 + offset, height) for offset in range(-1, 3)]
+            rows = [sum(sample(image, y_tap, x_tap) * x_weight for x_tap, x_weight in zip(x_taps, x_weights)) for y_tap in y_taps]
+            return sum(row * y_weight for row, y_weight in zip(rows, y_weights))
         x0, y0 = x0.astype(jnp.int64), y0.astype(jnp.int64)
         return (
             sample(image, y0, x0) * ((1 - dx) * (1 - dy))
