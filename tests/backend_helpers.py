@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Iterator
 
 import torch
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
 from tputrace.backend.device_module import EagerMode, eager_mode, set_eager_mode
+
+_FALLBACK_WARNING = re.compile(r"tputrace: (\S+) runs on the host CPU")
 
 
 @contextlib.contextmanager
@@ -24,3 +27,27 @@ def eager(mode: EagerMode) -> Iterator[None]:
 
 def host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu")
+
+
+@contextlib.contextmanager
+def recorded_fallbacks() -> Iterator[list[str]]:
+    """The names of the ops that run on the host CPU inside the block, one per call (an op whose
+    lowering fails is named twice), taken from the dispatcher's fallback warning as it is made; the
+    dispatcher otherwise warns once per op and process, and caches routes, so no method wrapper
+    would see every call."""
+    from tputrace.backend.dispatch import dispatcher
+
+    names: list[str] = []
+    warn_once = dispatcher._warn_once
+
+    def warn_and_record(key: str, message: str) -> None:
+        match = _FALLBACK_WARNING.match(message)
+        if match:
+            names.append(match.group(1))
+        warn_once(key, message)
+
+    dispatcher._warn_once = warn_and_record
+    try:
+        yield names
+    finally:
+        del dispatcher._warn_once

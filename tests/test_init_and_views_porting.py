@@ -10,8 +10,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from backend_helpers import eager, host
-from tputrace.backend import dispatch
+from backend_helpers import eager, host, recorded_fallbacks
 from tputrace.backend.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
@@ -19,17 +18,10 @@ mode_ids = pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 
 
 @pytest.fixture
-def host_fallbacks(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
-    """The names of the ops that ran on the host CPU during the test (the warning comes once per process)."""
-    names: list[str] = []
-    original = dispatch.Dispatcher.fallback
-
-    def counting(self: dispatch.Dispatcher, entry: object, args: object, kwargs: dict) -> object:
-        names.append(entry.name)
-        return original(self, entry, args, kwargs)
-
-    monkeypatch.setattr(dispatch.Dispatcher, "fallback", counting)
-    yield names
+def host_fallbacks() -> Iterator[list[str]]:
+    """The names of the ops that ran on the host CPU during the test."""
+    with recorded_fallbacks() as names:
+        yield names
 
 
 FACTORIES_INTO_OUT: dict[str, Callable[[str], torch.Tensor]] = {
