@@ -13,12 +13,13 @@ that an in-place update replaced are donated to the program.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import queue
 import sys
 import time
 import warnings
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,6 +129,7 @@ class DeferredExecutor:
         self.last_outputs: list[Any] = []
         self.site_structures: dict[Any, tuple] = {}
         self._timings: queue.SimpleQueue | None = None
+        self.held: list[Sequence[Any]] = []  # values ops hold between runs (see `holding`)
 
     # ----------------------------------------------------------------- Executor protocol
     def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
@@ -205,6 +207,18 @@ class DeferredExecutor:
                 if index is not None:
                     value.graph.replaced_inputs.add(index)
 
+    @contextlib.contextmanager
+    def holding(self, values: Sequence[Any]) -> Iterator[None]:
+        """A block in which every flush keeps `values`: an op that records one program and then writes
+        its outputs one by one (a `_foreach_*_` into views, or with a cast) may flush at the size cap
+        halfway, and the outputs not written yet are in no buffer."""
+        with self.lock:
+            self.held.append(values)
+            try:
+                yield
+            finally:
+                self.held.pop()
+
     def concrete(self, value: Any, trigger: str) -> tuple[Any, int]:
         """The array behind a value, flushing its graph if needed; also the number of ops flushed."""
         if type(value) is not LazyValue:
@@ -265,6 +279,10 @@ class DeferredExecutor:
         for value in extra:
             if value.graph is graph:
                 outputs.setdefault((value.node, value.index), []).append(value)
+        for values in self.held:
+            for value in values:
+                if type(value) is LazyValue and value.graph is graph and value.concrete is None:
+                    outputs.setdefault((value.node, value.index), []).append(value)
         output_refs = tuple(outputs)
         donate = self._donatable(graph)
         structure = (tuple((id(plan), refs) for plan, refs in graph.nodes), output_refs, donate)

@@ -740,11 +740,12 @@ class Dispatcher:
         if ran is None:
             return self._assign_all(targets, self.fallback(functional_entry, args, kwargs))
         plan, values, chip = ran
-        for target, value, spec in zip(targets, values, plan.out_specs):
-            if spec.dtype == target.dtype and spec.shape == target.shape:
-                self.write(target, value)
-            else:
-                self._assign(target, self._new_output(value, spec, chip))
+        with self.executor.holding(values):
+            for target, value, spec in zip(targets, values, plan.out_specs):
+                if spec.dtype == target.dtype and spec.shape == target.shape:
+                    self.write(target, value)
+                else:
+                    self._assign(target, self._new_output(value, spec, chip))
         return None
 
     def _assign_all(self, targets: Sequence[TpuTensor], results: Sequence[Any]) -> None:

@@ -3,6 +3,7 @@ blocking until the chip finishes: DEFER_NEVER_AND_LAUNCH_BLOCKING)."""
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from typing import Any, Protocol
@@ -13,6 +14,7 @@ from tputrace.backend import memory
 from tputrace.backend.plans import Plan, compile_program
 
 _perf_ns = time.perf_counter_ns
+_NOTHING_HELD = contextlib.nullcontext()
 
 
 class Executor(Protocol):
@@ -35,6 +37,10 @@ class Executor(Protocol):
 
     def track(self, buffer: Any, replaced: Any = None) -> None:
         """A buffer now holds a value this executor produced."""
+
+    def holding(self, values: Sequence[Any]) -> contextlib.AbstractContextManager:
+        """A block in which any run of pending work keeps `values` (an op's outputs it has not yet
+        written into their tensors: a flush in between must not drop them)."""
 
     def synchronize(self) -> None:
         """Wait for every launched program."""
@@ -80,6 +86,9 @@ class StrictExecutor:
 
     def track(self, buffer: Any, replaced: Any = None) -> None:
         """Strict values are concrete already."""
+
+    def holding(self, values: Sequence[Any]) -> contextlib.AbstractContextManager:
+        return _NOTHING_HELD
 
     def synchronize(self) -> None:
         if self.last_values is not None:

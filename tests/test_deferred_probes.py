@@ -1,0 +1,59 @@
+"""DeferAndFuse against torch on the CPU, for cases probing found wrong: each test ran differently
+(or failed) in DEFER_AND_FUSE before its fix."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from backend_helpers import eager, host
+from tputrace.backend.device_module import EagerMode
+from tputrace.backend.dispatch import dispatcher
+
+
+@contextlib.contextmanager
+def _deferred_with_size_cap(size_cap: int) -> Iterator[None]:
+    """DEFER_AND_FUSE with a small size cap, so a short script flushes at the cap many times."""
+    with eager(EagerMode.DEFER_AND_FUSE):
+        executor = dispatcher.executor
+        previous = executor.size_cap
+        executor.size_cap = size_cap
+        try:
+            yield
+        finally:
+            executor.size_cap = previous
+
+
+def _foreach_into_rows(device: str) -> torch.Tensor:
+    """`_foreach_*_` into the rows of one tensor: each output is scattered into the base, a recorded op."""
+    table = torch.zeros(4, 3, device=device)
+    rows = list(table.unbind(0))
+    for step in range(3):
+        torch._foreach_add_(rows, [torch.full((3,), float(row + step), device=device) for row in range(4)])
+        torch._foreach_mul_(rows, 1.5)
+    return table
+
+
+def _foreach_with_cast(device: str) -> list[torch.Tensor]:
+    """`_foreach_add_` whose float16 target takes a float32 output, cast by a recorded op."""
+    targets = [torch.zeros(3, dtype=torch.float16, device=device), torch.zeros(3, device=device)]
+    for _ in range(3):
+        torch._foreach_add_(targets, [torch.ones(3, device=device), torch.ones(3, device=device)])
+    return targets
+
+
+@pytest.mark.parametrize("size_cap", [2, 3, 5, 6])
+def test_foreach_outputs_survive_a_size_cap_flush_between_their_writes(size_cap: int) -> None:
+    """A `_foreach_*_` records one program, then writes its outputs into the targets one by one; a
+    write that records an op (a scatter into a view, a cast) can flush at the size cap, and the
+    outputs not written yet were dropped: 'a value of a DeferAndFuse graph that already ran was needed'."""
+    rows_expected = _foreach_into_rows("cpu")
+    cast_expected = _foreach_with_cast("cpu")
+    with _deferred_with_size_cap(size_cap):
+        rows = host(_foreach_into_rows("tpu"))
+        cast = [host(tensor) for tensor in _foreach_with_cast("tpu")]
+    assert torch.equal(rows, rows_expected)
+    assert all(torch.equal(got, expected) for got, expected in zip(cast, cast_expected))
