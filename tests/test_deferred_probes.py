@@ -57,3 +57,18 @@ def test_foreach_outputs_survive_a_size_cap_flush_between_their_writes(size_cap:
         cast = [host(tensor) for tensor in _foreach_with_cast("tpu")]
     assert torch.equal(rows, rows_expected)
     assert all(torch.equal(got, expected) for got, expected in zip(cast, cast_expected))
+
+
+def test_foreach_targets_hold_arrays_after_a_size_cap_flush_between_their_writes() -> None:
+    """After a flush between a `_foreach_*_`'s writes, the targets written later hold the flushed
+    arrays (counted in memory_allocated), not pending values of a graph that already ran."""
+    from tputrace.backend.deferred import LazyValue
+
+    with _deferred_with_size_cap(2):
+        table = torch.zeros(2, 3, device="tpu")
+        targets = [table[0], torch.zeros(3, device="tpu"), torch.zeros(3, device="tpu")]
+        torch.tpu.synchronize()
+        torch._foreach_add_(targets, 1.0)
+        plain = targets[1:]
+        assert all(type(tensor._buf.array) is not LazyValue or tensor._buf.array.concrete is None for tensor in plain)
+        assert [host(tensor).tolist() for tensor in targets] == [[1.0] * 3] * 3
