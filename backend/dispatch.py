@@ -747,6 +747,8 @@ class Dispatcher:
                 if spec.dtype == target.dtype and spec.shape == target.shape:
                     self.write(target, value)
                 else:
+                    # As torch's per-tensor CPU path: the targets before one that refuses the result are written.
+                    _check_castable_dtype(spec.dtype, target)
                     self._assign(target, self._new_output(value, spec, chip))
         return None
 
@@ -914,8 +916,13 @@ class Dispatcher:
 
 def _check_castable(result: Any, target: torch.Tensor) -> None:
     """torch's rule for in-place and `out=` results: an int tensor takes no float result, a bool no int."""
-    if isinstance(result, torch.Tensor) and result.dtype != target.dtype and not torch.can_cast(result.dtype, target.dtype):
-        raise RuntimeError(f"result type {_TYPE_NAMES.get(result.dtype, result.dtype)} can't be cast to the desired output type {_TYPE_NAMES.get(target.dtype, target.dtype)}")
+    if isinstance(result, torch.Tensor):
+        _check_castable_dtype(result.dtype, target)
+
+
+def _check_castable_dtype(dtype: torch.dtype, target: torch.Tensor) -> None:
+    if dtype != target.dtype and not torch.can_cast(dtype, target.dtype):
+        raise RuntimeError(f"result type {_TYPE_NAMES.get(dtype, dtype)} can't be cast to the desired output type {_TYPE_NAMES.get(target.dtype, target.dtype)}")
 
 
 _TYPE_NAMES = {dtype: name for name, dtype in (("Float", torch.float32), ("Double", torch.float64), ("Half", torch.float16), ("BFloat16", torch.bfloat16), ("Long", torch.int64), ("Int", torch.int32), ("Short", torch.int16), ("Char", torch.int8), ("Byte", torch.uint8), ("Bool", torch.bool), ("ComplexFloat", torch.complex64), ("ComplexDouble", torch.complex128))}

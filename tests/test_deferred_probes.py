@@ -72,3 +72,19 @@ def test_foreach_targets_hold_arrays_after_a_size_cap_flush_between_their_writes
         plain = targets[1:]
         assert all(type(tensor._buf.array) is not LazyValue or tensor._buf.array.concrete is None for tensor in plain)
         assert [host(tensor).tolist() for tensor in targets] == [[1.0] * 3] * 3
+
+
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE])
+def test_foreach_inplace_refuses_a_result_its_target_cannot_hold(mode: EagerMode) -> None:
+    """`_foreach_mul_` of an int64 tensor by a float raises torch's error (it was cast silently), and
+    the tensors before it in the list are written, as torch's per-tensor CPU path writes them."""
+
+    def run(device: str) -> tuple[list[list], str]:
+        targets = [torch.ones(3, device=device), torch.arange(3, device=device), torch.ones(3, device=device)]
+        with pytest.raises(RuntimeError) as raised:
+            torch._foreach_mul_(targets, [torch.full((3,), 1.5, device=device)] * 3)
+        return [host(tensor).tolist() for tensor in targets], str(raised.value)
+
+    expected = run("cpu")
+    with eager(mode):
+        assert run("tpu") == expected
