@@ -21,6 +21,9 @@ def _zeros(size: Any, dtype: torch.dtype | None, device: Any) -> TpuTensor:
     dtype = dtype or torch.get_default_dtype()
     chip = device_module.chip_index(device)
     shape = tuple(int(dim) for dim in size)
+    negative = next((dim for dim in shape if dim < 0), None)
+    if negative is not None:
+        raise RuntimeError(f"Trying to create tensor with negative dimension {negative}: {list(shape)}")
     array = jax.device_put(np.zeros(shape, to_jax(dtype)), chips.device(chip))
     numel = 1
     for dim in shape:

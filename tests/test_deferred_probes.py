@@ -88,3 +88,24 @@ def test_foreach_inplace_refuses_a_result_its_target_cannot_hold(mode: EagerMode
     expected = run("cpu")
     with eager(mode):
         assert run("tpu") == expected
+
+
+def test_a_negative_size_raises_torchs_error_and_the_pending_work_goes_on() -> None:
+    """`torch.randn(-1, device="tpu")` raised numpy's ValueError; torch raises a RuntimeError, which a
+    script that catches it gets, with the ops it recorded before still run and the draws unchanged."""
+
+    def run(device: str) -> tuple[list[float], str, list[float]]:
+        torch.manual_seed(0)
+        recorded = torch.arange(4.0, device=device) * 2
+        with pytest.raises(RuntimeError) as raised:
+            torch.randn(2, -3, device=device)
+        recorded.add_(1)
+        return host(recorded).tolist(), str(raised.value), host(torch.rand(3, device=device)).tolist()
+
+    values, message, _ = run("cpu")
+    with eager(EagerMode.DEFER_NEVER):
+        strict = run("tpu")
+    with eager(EagerMode.DEFER_AND_FUSE):
+        deferred = run("tpu")
+    assert strict[:2] == deferred[:2] == (values, message)
+    assert deferred[2] == strict[2]
