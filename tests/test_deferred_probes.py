@@ -61,7 +61,7 @@ def test_foreach_outputs_survive_a_size_cap_flush_between_their_writes(size_cap:
 
 def test_foreach_targets_hold_arrays_after_a_size_cap_flush_between_their_writes() -> None:
     """After a flush between a `_foreach_*_`'s writes, the targets written later hold the flushed
-    arrays (counted in memory_allocated), not pending values of a graph that already ran."""
+    arrays, not the spent pending values of a graph that already ran (which kept that graph alive)."""
     from tputrace.backend.deferred import LazyValue
 
     with _deferred_with_size_cap(2):
