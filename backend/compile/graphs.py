@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from tputrace.backend import hlo_fusions, rng, transfers
-from tputrace.backend.compile import buckets
+from tputrace.backend.compile import aliases, buckets
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
 from tputrace.backend.dtypes import to_jax, to_torch
@@ -127,6 +127,10 @@ class CompiledGraph:
                 outputs.append(args[slot.index])
             else:
                 outputs.append(slot.value)
+        if layout.output_aliases:
+            bases: dict[int, TpuTensor] = {}
+            for index, alias in layout.output_aliases.items():
+                outputs[index] = aliases.replay(_alias_base(alias, args, outputs, results, bases, chip), alias.steps)
         return outputs
 
     def _host_outputs(self, layout: TracedLayout, results: Sequence[Any], chip: int, recorder: Any) -> dict[int, Any]:
@@ -177,7 +181,7 @@ class CompiledGraph:
 
     def _compile(self, key: Any, arrays: list, statics: dict[int, Any], chip: int, bucket: Any) -> GraphProgram:
         layout = TracedLayout()
-        function = self.lowering.function(statics, layout)
+        function = self.lowering.function(statics, layout, keep_aliases=bucket is None and self.bucketing is None)
         recorder = self.events.recorder()
         program = compile_program(function, arrays, chip, self.info.name, keep_hlo=recorder is not None)
         in_specs = self._in_specs(arrays, statics)
@@ -253,6 +257,21 @@ def _read_inputs(args: Sequence[Any], recorder: Any) -> tuple[list[Any], dict[in
     if host_bytes and recorder is not None:
         recorder.transferred("h2d", host_bytes, -1, chip, _perf_ns(), 0)
     return arrays, statics, chip
+
+
+def _alias_base(alias: aliases.OutputAlias, args: Sequence[Any], outputs: Sequence[Any], results: Sequence[Any], bases: dict[int, TpuTensor], chip: int) -> torch.Tensor:
+    """The tensor a view output is a view of: a runtime input, another output, or a program result
+    (one tensor per result, kept in `bases`, so that views of one intermediate alias each other)."""
+    if alias.kind == "input":
+        value = args[alias.index]
+        return value.tensor() if type(value) is TpuData else value
+    if alias.kind == "output":
+        return outputs[alias.index]
+    base = bases.get(alias.index)
+    if base is None:
+        array = results[alias.index]
+        base = bases[alias.index] = new_tensor(array, chip, tuple(array.shape), to_torch(array.dtype), array.nbytes)
+    return base
 
 
 def _host_array(tensor: torch.Tensor) -> np.ndarray:

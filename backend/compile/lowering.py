@@ -25,6 +25,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tputrace.backend import rng
+from tputrace.backend.compile import aliases
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
@@ -70,6 +71,7 @@ class TracedLayout:
     outputs: list[OutputSlot] = field(default_factory=list)
     output_dtypes: list[torch.dtype | None] = field(default_factory=list)
     output_on_host: list[bool] = field(default_factory=list)
+    output_aliases: dict[int, aliases.OutputAlias] = field(default_factory=dict)
 
 
 class GraphLowering:
@@ -87,16 +89,19 @@ class GraphLowering:
         self.host_ops = sorted({str(node.target) for node in self.nodes if _is_aten(node) and _lowering(node) is None and not _handled(node)})
         self.op_names = [str(node.target) for node in self.nodes if _is_aten(node) and not _is_bookkeeping(node)]
         self.n_ops = len(self.op_names)
+        self.view_chains = aliases.view_chains(self.output_args)
 
-    def function(self, statics: dict[int, Any], layout: TracedLayout) -> Callable[..., tuple]:
+    def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True) -> Callable[..., tuple]:
         """A function of the tensor inputs (placeholders not in `statics`, in order) followed by one
-        (seed, counter) pair per random node; it fills `layout` when traced."""
+        (seed, counter) pair per random node; it fills `layout` when traced. With `keep_aliases`, the
+        layout says how to rebuild the outputs that are views as views of their bases."""
         placeholders = self.placeholders
         nodes = self.nodes
         output_args = self.output_args
         random_index = {node: position for position, node in enumerate(self.random_nodes)}
         constants = self.constants
         name = self.name
+        view_chains = self.view_chains if keep_aliases else []
 
         def run(*arrays: Any) -> tuple:
             env: dict[torch.fx.Node, Any] = {}
@@ -141,9 +146,48 @@ class GraphLowering:
                     layout.outputs.append(OutputSlot("value", value=_python_value(value)))
                     layout.output_dtypes.append(None)
                     layout.output_on_host.append(False)
+            layout.output_aliases.clear()
+            extra_bases: dict[torch.fx.Node, int] = {}
+            for chain in view_chains:
+                alias = _output_alias(chain, env, layout, results, extra_bases, placeholders, output_args, statics)
+                if alias is not None:
+                    layout.output_aliases[chain.output] = alias
             return tuple(results)
 
         return run
+
+
+def _output_alias(
+    chain: aliases.ViewChain,
+    env: dict[torch.fx.Node, Any],
+    layout: TracedLayout,
+    results: list[Any],
+    extra_bases: dict[torch.fx.Node, int],
+    placeholders: list[torch.fx.Node],
+    output_args: list[Any],
+    statics: dict[int, Any],
+) -> aliases.OutputAlias | None:
+    """How to rebuild a view output from its base (None: leave it a fresh tensor). A base that is
+    neither an input nor an output is appended to `results` once (`extra_bases` says where)."""
+    if layout.outputs[chain.output].kind != "array" or layout.output_on_host[chain.output]:
+        return None
+    steps = aliases.concrete_steps(chain, env)
+    if steps is None:
+        return None
+    root = chain.root
+    if root.op == "placeholder":
+        index = placeholders.index(root)
+        return None if index in statics else aliases.OutputAlias("input", index, steps)
+    fake = root.meta.get("val")
+    if not isinstance(fake, torch.Tensor) or fake.device.type == "cpu" or not isinstance(env.get(root), (jax.Array, jax.core.Tracer)):
+        return None
+    for index, output in enumerate(output_args):
+        if output is root and layout.outputs[index].kind == "array":
+            return aliases.OutputAlias("output", index, steps)
+    if root not in extra_bases:
+        extra_bases[root] = len(results)
+        results.append(jnp.asarray(env[root]))
+    return aliases.OutputAlias("result", extra_bases[root], steps)
 
 
 def _constant(gm: torch.fx.GraphModule, target: str) -> Any:

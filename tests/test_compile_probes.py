@@ -1,0 +1,77 @@
+"""torch.compile(backend="tpu") on patterns found by probing against eager CPU: outputs that are views
+(of an input, of each other, of an intermediate)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+import torch._dynamo
+
+from backend_helpers import host
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo() -> None:
+    torch._dynamo.reset()
+
+
+def _strided_view_of_mutated_input(x: torch.Tensor) -> torch.Tensor:
+    x.mul_(2)
+    return x[::2]
+
+
+def _views_of_an_output(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = x * 2
+    return y, y.view(-1), y[0], y.t()
+
+
+def _views_of_an_intermediate(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    y = x + 1
+    return y.view(-1), y.t(), y.split(1)[1]
+
+
+def _compiled_and_cpu(fn: Callable[..., object], cpu_input: torch.Tensor) -> tuple[object, object, torch.Tensor, torch.Tensor]:
+    tpu_input, cpu_copy = cpu_input.to("tpu"), cpu_input.clone()
+    return torch.compile(fn, backend="tpu")(tpu_input), fn(cpu_copy), tpu_input, cpu_copy
+
+
+def test_a_strided_view_of_a_mutated_input_reads_its_input_as_on_the_cpu() -> None:
+    ours, theirs, tpu_input, cpu_input = _compiled_and_cpu(_strided_view_of_mutated_input, torch.arange(6.0))
+    assert host(ours).tolist() == theirs.tolist() == [0.0, 4.0, 8.0]
+    assert ours.stride() == theirs.stride()
+    tpu_input.add_(1)
+    cpu_input.add_(1)
+    assert host(ours).tolist() == theirs.tolist()  # still a view of the input
+
+
+@pytest.mark.parametrize("fn", [_views_of_an_output, _views_of_an_intermediate])
+def test_outputs_that_are_views_of_one_base_alias_each_other_as_on_the_cpu(fn: Callable[..., tuple[torch.Tensor, ...]]) -> None:
+    ours, theirs, _, _ = _compiled_and_cpu(fn, torch.arange(6.0).view(2, 3))
+    for our, their in zip(ours, theirs):
+        assert host(our).tolist() == their.tolist() and our.stride() == their.stride()
+    ours[0].add_(10)
+    theirs[0].add_(10)
+    ours[1].mul_(-1)
+    theirs[1].mul_(-1)
+    for our, their in zip(ours, theirs):
+        assert host(our).tolist() == their.tolist()
+
+
+def test_view_outputs_of_a_training_graph_give_cpu_gradients() -> None:
+    def fn(x: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        y = (x @ w).tanh()
+        return y, y.view(-1), y.t()
+
+    torch.manual_seed(0)
+    x, w = torch.randn(3, 4), torch.randn(4, 5)
+    tpu_w, cpu_w = w.to("tpu").requires_grad_(), w.clone().requires_grad_()
+    ours = torch.compile(fn, backend="tpu")(x.to("tpu"), tpu_w)
+    theirs = fn(x, cpu_w)
+    sum(out.square().sum() * (index + 1) for index, out in enumerate(ours)).backward()
+    sum(out.square().sum() * (index + 1) for index, out in enumerate(theirs)).backward()
+    for our, their in zip(ours, theirs):
+        assert torch.allclose(host(our), their, atol=1e-6)
+    assert torch.allclose(host(tpu_w.grad), cpu_w.grad, atol=1e-5)
+
