@@ -1,5 +1,6 @@
 """torch.compile(backend="tpu") on patterns found by probing against eager CPU: outputs that are views
-(of an input, of each other, of an intermediate)."""
+(of an input, of each other, of an intermediate), and compiled foreach optimizer steps under an LR
+schedule."""
 
 from __future__ import annotations
 
@@ -75,3 +76,44 @@ def test_view_outputs_of_a_training_graph_give_cpu_gradients() -> None:
         assert torch.allclose(host(our), their, atol=1e-6)
     assert torch.allclose(host(tpu_w.grad), cpu_w.grad, atol=1e-5)
 
+
+@pytest.mark.parametrize(
+    "make_optimizer",
+    [
+        lambda params: torch.optim.AdamW(params, lr=0.01, weight_decay=0.1, foreach=True),
+        lambda params: torch.optim.Adam(params, lr=0.01, foreach=True),
+        lambda params: torch.optim.SGD(params, lr=0.1, momentum=0.9, foreach=True),
+    ],
+    ids=["adamw", "adam", "sgd"],
+)
+def test_a_compiled_foreach_step_under_an_lr_schedule_compiles_twice_and_matches_the_cpu(make_optimizer: Callable[..., torch.optim.Optimizer]) -> None:
+    from torch._dynamo.utils import counters
+
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    model.load_state_dict(reference.state_dict())
+    model = model.to("tpu")
+    cpu_optimizer, optimizer = make_optimizer(reference.parameters()), make_optimizer(model.parameters())
+    cpu_schedule = torch.optim.lr_scheduler.StepLR(cpu_optimizer, 1, gamma=0.8)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, 1, gamma=0.8)
+
+    @torch.compile(backend="tpu")
+    def step() -> None:
+        optimizer.step()
+
+    counters.clear()
+    for _ in range(6):
+        inputs, targets = torch.randn(5, 6), torch.randn(5, 3)
+        torch.nn.functional.mse_loss(reference(inputs), targets).backward()
+        cpu_optimizer.step()
+        cpu_optimizer.zero_grad()
+        cpu_schedule.step()
+        torch.nn.functional.mse_loss(model(inputs.to("tpu")), targets.to("tpu")).backward()
+        step()
+        optimizer.zero_grad()
+        schedule.step()
+    # The first lr compiles as a constant, the second as a graph input; later lrs reuse that graph.
+    assert counters["stats"]["unique_graphs"] == 2
+    for ours, theirs in zip(model.parameters(), reference.parameters()):
+        assert torch.allclose(host(ours), theirs, atol=1e-5)

@@ -75,7 +75,9 @@ class TpuBackend:
         if self._decompositions is None:
             import torch._decomp
 
-            self._decompositions = torch._decomp.core_aten_decompositions()
+            from tputrace.backend.compile import foreach_scalars
+
+            self._decompositions = {**torch._decomp.core_aten_decompositions(), **foreach_scalars.decompositions()}
         return self._decompositions
 
 
