@@ -5,7 +5,8 @@ An XLA program returns each output as a fresh array. An output that the graph co
 input from the strides and storage offset of the output it gets (`gen_alias_from_base`), and for
 tpu tensors (a tensor subclass) it leaves outputs that alias each other to the backend. So each such
 output is rebuilt at run time by replaying its view ops on its base: the runtime input, another
-output, or the base's value returned as an extra result of the program.
+output, or the base's value returned as an extra result of the program. Outputs the user never sees
+(activations saved for the backward, gradients) stay fresh arrays: no view ops to replay per call.
 """
 
 from __future__ import annotations
@@ -50,11 +51,24 @@ def _is_view_step(node: torch.fx.Node) -> bool:
     return node.target is operator.getitem and isinstance(node.args[0], torch.fx.Node) and _is_view_step(node.args[0])
 
 
-def view_chains(output_args: Sequence[Any]) -> list[ViewChain]:
-    """The outputs computed as views, each with the chain of view nodes back to its base."""
+# AOTAutograd's descriptions of graph outputs that only the backward or autograd reads.
+_INTERNAL_OUTPUTS = frozenset({"SavedForBackwardsAOTOutput", "SavedForBackwardsNoVcCheckAOTOutput", "GradAOTOutput"})
+
+
+def _user_visible(desc: Any) -> bool:
+    while type(desc).__name__ == "SubclassGetAttrAOTOutput":
+        desc = desc.base
+    return desc is None or type(desc).__name__ not in _INTERNAL_OUTPUTS
+
+
+def view_chains(output_args: Sequence[Any], descs: Sequence[Any] | None = None) -> list[ViewChain]:
+    """The user-visible outputs computed as views, each with the chain of view nodes back to its
+    base; `descs` are AOTAutograd's descriptions of the outputs (the output node's `desc`)."""
     chains = []
     for index, output in enumerate(output_args):
         if not isinstance(output, torch.fx.Node) or not _is_view_step(output):
+            continue
+        if descs is not None and index < len(descs) and not _user_visible(descs[index]):
             continue
         steps = []
         node = output

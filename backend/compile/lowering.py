@@ -89,7 +89,7 @@ class GraphLowering:
         self.host_ops = sorted({str(node.target) for node in self.nodes if _is_aten(node) and _lowering(node) is None and not _handled(node)})
         self.op_names = [str(node.target) for node in self.nodes if _is_aten(node) and not _is_bookkeeping(node)]
         self.n_ops = len(self.op_names)
-        self.view_chains = aliases.view_chains(self.output_args)
+        self.view_chains = aliases.view_chains(self.output_args, output_node.meta.get("desc"))
 
     def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True) -> Callable[..., tuple]:
         """A function of the tensor inputs (placeholders not in `statics`, in order) followed by one
