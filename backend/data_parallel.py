@@ -110,15 +110,16 @@ def reduce_add(inputs: Sequence[torch.Tensor], destination: Any = None) -> torch
     return result
 
 
-def _routed(original: Callable[..., Any], ours: Callable[..., Any], tensors_of: Callable[[tuple, dict], Sequence[Any]]) -> Callable[..., Any]:
+def _routed(original: Callable[..., Any], ours: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def routed(*args: Any, **kwargs: Any) -> Any:
-        return ours(*args, **kwargs) if _for_tpu(tensors_of(args, kwargs)) else original(*args, **kwargs)
+        return ours(*args, **kwargs) if _for_tpu(_first(args, kwargs)) else original(*args, **kwargs)
 
     return routed
 
 
 def _first(args: tuple, kwargs: dict) -> Sequence[Any]:
+    """The tensors of a comm call's first argument (a tensor, or a sequence of them)."""
     first = args[0] if args else next(iter(kwargs.values()))
     return [first] if isinstance(first, torch.Tensor) else list(first)
 
@@ -135,5 +136,5 @@ def install() -> None:
         ("gather", gather),
         ("reduce_add", reduce_add),
     ):
-        setattr(comm, name, _routed(getattr(comm, name), ours, _first))
+        setattr(comm, name, _routed(getattr(comm, name), ours))
     _installed = True
