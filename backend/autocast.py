@@ -2,11 +2,13 @@
 TPUs), precision-sensitive ops in float32, everything else falls through, as torch does on CUDA.
 
 PyTorch registers no autocast kernels for a Python backend, so the policy is registered here on the
-AutocastPrivateUse1 key.
+AutocastPrivateUse1 key. torch's default autocast dtype for such a backend is float16, kept per
+thread; `torch.autocast("tpu")` with no dtype gives bfloat16 here, on every thread.
 """
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -31,6 +33,33 @@ _FLOAT32 = (
 _KEY = torch._C.DispatchKey.AutocastPrivateUse1
 _library: torch.library.Library | None = None
 _fallthrough_library: torch.library.Library | None = None
+_thread_default = threading.local()  # `.applied`: this thread's tpu autocast dtype was defaulted
+
+
+def _apply_thread_default() -> None:
+    """Make bfloat16 this thread's tpu autocast dtype, once per thread, unless the thread already
+    chose another dtype than torch's float16 default."""
+    if getattr(_thread_default, "applied", False):
+        return
+    _thread_default.applied = True
+    if torch.get_autocast_dtype("tpu") == torch.float16:
+        torch.set_autocast_dtype("tpu", torch.bfloat16)
+
+
+def _install_thread_default() -> None:
+    """Default the dtype on the importing thread now and on any other thread when it first makes a
+    tpu autocast context without naming a dtype."""
+    autocast_class = torch.amp.autocast_mode.autocast
+    original_init = autocast_class.__init__
+
+    def __init__(self: Any, device_type: str, dtype: Any = None, *args: Any, **kwargs: Any) -> None:
+        if device_type == "tpu" and dtype is None:
+            _apply_thread_default()
+        original_init(self, device_type, dtype, *args, **kwargs)
+
+    __init__.__wrapped__ = original_init  # type: ignore[attr-defined]
+    autocast_class.__init__ = __init__
+    _apply_thread_default()
 
 
 def _cast(value: Any, dtype: torch.dtype) -> Any:
@@ -65,6 +94,7 @@ def register() -> None:
     global _library, _fallthrough_library
     if _library is not None:
         return
+    _install_thread_default()
     _fallthrough_library = torch.library.Library("_", "IMPL")
     _fallthrough_library.fallback(torch.library.fallthrough_kernel, "AutocastPrivateUse1")
     _library = torch.library.Library("aten", "IMPL")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import io
+import threading
 import warnings
 
 import pytest
@@ -287,6 +288,23 @@ def test_autocast_to_bfloat16() -> None:
         product = a @ b
         probabilities = torch.softmax(product, dim=-1)
     assert product.dtype == torch.bfloat16 and probabilities.dtype == torch.float32
+
+
+def test_autocast_without_a_dtype_gives_bfloat16_on_every_thread() -> None:
+    weights = torch.randn(4, 4, device="tpu")
+    dtypes: dict[str, torch.dtype] = {}
+
+    def product_dtype(name: str, dtype: torch.dtype | None = None) -> None:
+        with torch.autocast("tpu", dtype=dtype):
+            dtypes[name] = (weights @ weights).dtype
+
+    product_dtype("main")
+    product_dtype("main, float16 named", torch.float16)
+    thread = threading.Thread(target=product_dtype, args=("new thread",))
+    thread.start()
+    thread.join()
+    assert dtypes == {"main": torch.bfloat16, "main, float16 named": torch.float16, "new thread": torch.bfloat16}
+    assert torch.get_autocast_dtype("tpu") == torch.bfloat16
 
 
 def test_op_without_lowering_falls_back_correctly_and_warns_once() -> None:
