@@ -24,7 +24,7 @@ import torch
 from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
-from tputrace.backend.dtypes import short_name, to_jax, to_torch
+from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
 from tputrace.backend.executor import Executor, StrictExecutor
 from tputrace.backend.plans import (
@@ -1042,11 +1042,11 @@ def _static_args(args: Sequence[Any]) -> tuple:
 
 
 def _copy_lowering(target: Any, source: Any) -> Any:
-    return jnp.broadcast_to(source.astype(target.dtype), target.shape)
+    return jnp.broadcast_to(cast(source, target.dtype), target.shape)
 
 
 def _convert_lowering(source: Any, *, dtype: torch.dtype) -> Any:
-    return source.astype(to_jax(dtype))
+    return cast(source, to_jax(dtype))
 
 
 def _internal_entry(op: Any, fn: Callable) -> OpEntry:

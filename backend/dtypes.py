@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -22,6 +23,10 @@ TORCH_TO_JAX: dict[torch.dtype, jnp.dtype] = {
     torch.bool: jnp.dtype(jnp.bool_),
     torch.complex64: jnp.dtype(jnp.complex64),
     torch.complex128: jnp.dtype(jnp.complex128),
+    torch.float8_e4m3fn: jnp.dtype(jnp.float8_e4m3fn),
+    torch.float8_e5m2: jnp.dtype(jnp.float8_e5m2),
+    torch.float8_e4m3fnuz: jnp.dtype(jnp.float8_e4m3fnuz),
+    torch.float8_e5m2fnuz: jnp.dtype(jnp.float8_e5m2fnuz),
 }
 JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {value: key for key, value in TORCH_TO_JAX.items()}
 
@@ -41,6 +46,10 @@ SHORT_NAMES: dict[torch.dtype, str] = {
     torch.bool: "bool",
     torch.complex64: "c64",
     torch.complex128: "c128",
+    torch.float8_e4m3fn: "f8e4m3fn",
+    torch.float8_e5m2: "f8e5m2",
+    torch.float8_e4m3fnuz: "f8e4m3fnuz",
+    torch.float8_e5m2fnuz: "f8e5m2fnuz",
 }
 
 
@@ -57,6 +66,18 @@ def to_jax(dtype: torch.dtype) -> jnp.dtype:
         raise UnsupportedDtypeError(
             f"dtype {dtype} is not supported on tpu; use one of: {supported}"
         ) from None
+
+
+_E4M3FN = jnp.dtype(jnp.float8_e4m3fn)
+_E4M3FN_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)
+
+
+def cast(array: jax.Array, dtype: jnp.dtype) -> jax.Array:
+    """`array.astype(dtype)` as torch casts: into float8_e4m3fn, which has no infinity, values past its
+    largest (448) saturate to it (infinities too) where XLA would make NaN; NaN stays NaN."""
+    if dtype == _E4M3FN and array.dtype != _E4M3FN and jnp.issubdtype(array.dtype, jnp.floating):
+        array = jnp.clip(array, -_E4M3FN_MAX, _E4M3FN_MAX)
+    return array.astype(dtype)
 
 
 def to_torch(dtype: np.dtype) -> torch.dtype:

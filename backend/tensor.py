@@ -479,11 +479,13 @@ class TpuTensor(torch.Tensor):
     def __reduce_ex__(self, proto: int) -> Any:
         """Pickled as torch pickles a CUDA tensor: its buffer's storage (tagged `tpu:N`; tensors of one
         buffer share it, so views and tied weights still share it when loaded) and its geometry."""
+        geometry = (self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad, collections.OrderedDict())
+        if self.dtype not in torch.storage._dtype_to_storage_type_map():
+            # float8, uint16-64: no typed storage class, so torch saves the bytes and the dtype apart (v3)
+            storage = torch.storage.TypedStorage(wrap_storage=buffer_storage(self._buf), dtype=torch.uint8, _internal=True)
+            return (torch._utils._rebuild_tensor_v3, (storage, *geometry, self.dtype))
         storage = torch.storage.TypedStorage(wrap_storage=buffer_storage(self._buf), dtype=self.dtype, _internal=True)
-        return (
-            torch._utils._rebuild_tensor_v2,
-            (storage, self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad, collections.OrderedDict()),
-        )
+        return (torch._utils._rebuild_tensor_v2, (storage, *geometry))
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> Any:
         array = self.numpy(force=True)

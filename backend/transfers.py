@@ -1,15 +1,23 @@
-"""Copies between host torch tensors and chip arrays (bfloat16 travels as its 16-bit pattern)."""
+"""Copies between host torch tensors and chip arrays (bfloat16 and the float8 types, which NumPy
+lacks, travel as their bit patterns)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import torch
 
 from tputrace.backend.dtypes import to_jax
+
+_BIT_PATTERNS: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
+    torch.bfloat16: (torch.int16, np.dtype(np.int16)),
+    torch.float8_e4m3fn: (torch.uint8, np.dtype(np.uint8)),
+    torch.float8_e5m2: (torch.uint8, np.dtype(np.uint8)),
+    torch.float8_e4m3fnuz: (torch.uint8, np.dtype(np.uint8)),
+    torch.float8_e5m2fnuz: (torch.uint8, np.dtype(np.uint8)),
+}
 
 
 def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
@@ -18,8 +26,9 @@ def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
     to_jax(host.dtype)  # a dtype the chip cannot hold is a one-line error naming the ones it can
     if not host.is_contiguous():
         host = host.contiguous()
-    if host.dtype == torch.bfloat16:
-        data = host.view(torch.int16).numpy().view(jnp.bfloat16)
+    pattern = _BIT_PATTERNS.get(host.dtype)
+    if pattern is not None:
+        data = host.view(pattern[0]).numpy().view(to_jax(host.dtype))
     else:
         data = host.numpy()
     # A private copy: XLA:CPU adopts an aligned host buffer (torch's are) without copying, even with
@@ -30,8 +39,9 @@ def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
 def array_to_torch(array: Any, dtype: torch.dtype) -> torch.Tensor:
     """A writable CPU tensor holding a copy of a chip array."""
     data = np.asarray(array)
-    if dtype == torch.bfloat16:
-        return torch.from_numpy(np.array(data.view(np.int16))).view(torch.bfloat16)
+    pattern = _BIT_PATTERNS.get(dtype)
+    if pattern is not None:
+        return torch.from_numpy(np.array(data.view(pattern[1]))).view(dtype)
     if data.dtype != to_jax(dtype):
         data = data.astype(to_jax(dtype))
     return torch.from_numpy(np.array(data, copy=True))

@@ -116,8 +116,8 @@ def test_chip_index_past_the_count_is_a_one_line_error() -> None:
 def test_unsupported_dtype_is_a_one_line_error() -> None:
     with pytest.raises(UnsupportedDtypeError, match="not supported on tpu; use one of"):
         torch.ones(2, dtype=torch.complex32).to("tpu")
-    with pytest.raises(UnsupportedDtypeError, match="float8_e4m3fn is not supported on tpu"):
-        torch.ones(2).to(torch.float8_e4m3fn).to("tpu")
+    with pytest.raises(UnsupportedDtypeError, match="float8_e8m0fnu is not supported on tpu"):
+        torch.ones(2).to(torch.float8_e8m0fnu).to("tpu")
 
 
 def test_mixing_devices_is_a_one_line_error() -> None:

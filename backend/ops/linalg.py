@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ._util import HALF_DTYPES, PRECISION, canon_dim, opmath
+from ._util import HALF_DTYPES, PRECISION, UnloweredCase, canon_dim, jax_dtype, opmath
 from .reduction import vector_norm
 from .registry import lowers
 
@@ -101,6 +101,28 @@ def addr(self: Array, vec1: Array, vec2: Array, *, beta: object = 1, alpha: obje
     if self.dtype == jnp.bool_:
         return (self & (beta != 0)) | (outer & (alpha != 0))
     return _affine(self, outer, beta, alpha)
+
+
+_FLOAT8 = tuple(jnp.dtype(name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"))
+
+
+@lowers(aten._scaled_mm.default)
+def scaled_mm(
+    self: Array, mat2: Array, scale_a: Array, scale_b: Array, bias: Array | None = None, scale_result: Array | None = None,
+    out_dtype: torch.dtype | None = None, use_fast_accum: bool = False,
+) -> Array:
+    """A float8 matmul as torch's CPU kernel computes it: `((self * scale_a) @ (mat2 * scale_b) + bias)`
+    in float32, rounded once to `out_dtype` (the inputs' dtype by default). Scales broadcast, so
+    per-tensor and row-wise scales both work; `scale_result` is ignored, as on the CPU. Other
+    inputs run on the host, where torch raises its own error."""
+    if self.ndim != 2 or mat2.ndim != 2 or self.dtype not in _FLOAT8 or mat2.dtype not in _FLOAT8:
+        raise UnloweredCase("_scaled_mm takes 2-D float8 matrices")
+    if scale_a.dtype != jnp.float32 or scale_b.dtype != jnp.float32:
+        raise UnloweredCase("_scaled_mm takes float32 scales")
+    product = jnp.matmul(self.astype(jnp.float32) * scale_a, mat2.astype(jnp.float32) * scale_b, precision=PRECISION)
+    if bias is not None:
+        product = product + bias.astype(jnp.float32)
+    return product.astype(jax_dtype(out_dtype) or self.dtype)
 
 
 @lowers(aten.linalg_cross.default)

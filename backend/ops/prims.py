@@ -10,6 +10,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
+from tputrace.backend.dtypes import cast
+
 from ._util import jax_dtype
 from .registry import lowers
 
@@ -48,4 +50,4 @@ def where(pred: Array, a: Array, b: Array) -> Array:
 
 @lowers(prims.convert_element_type.default)
 def convert_element_type(a: Array, dtype: torch.dtype) -> Array:
-    return a.astype(jax_dtype(dtype))
+    return cast(a, jax_dtype(dtype))
