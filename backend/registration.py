@@ -1,6 +1,7 @@
 """Registers the `tpu` device with PyTorch: the PrivateUse1 backend name, its device module
 (`torch.tpu`), hooks and device guard, the factory kernels, `torch.Generator(device="tpu")`, the op
-lowerings, and the multi-tensor (`_foreach_*`) path of optimizers and gradient clipping."""
+lowerings, the multi-tensor (`_foreach_*`) path of optimizers and gradient clipping, and the
+third-party entry points adapted to tpu (checkpoints, DataParallel, safetensors loads)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
     accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, generators, gradient_devices, hooks, host_pinning, inplace_views,
-    kernels, module_moves, op_routes, packed_sequences, sparse, worker_errors,
+    kernels, module_moves, op_routes, packed_sequences, safetensors_devices, sparse, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -64,6 +65,7 @@ def register() -> None:
     accelerator_api.install()
     data_parallel.install()
     module_moves.install()
+    safetensors_devices.install()
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()
