@@ -22,6 +22,8 @@ _BIT_PATTERNS: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
 
 def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
     """Put a CPU tensor's data on a JAX device."""
+    if host.is_meta:
+        raise NotImplementedError("Cannot copy out of meta tensor; no data!")  # torch's words, which Module.to extends
     host = host.detach()
     to_jax(host.dtype)  # a dtype the chip cannot hold is a one-line error naming the ones it can
     if not host.is_contiguous():

@@ -75,6 +75,13 @@ def test_a_chip_that_does_not_exist_is_a_one_line_error(tmp_path: Path) -> None:
         load_file(str(tmp_path / "weights.safetensors"), device="tpu:7")
 
 
+def test_moving_a_meta_tensor_is_torchs_error() -> None:
+    with pytest.raises(NotImplementedError, match="^Cannot copy out of meta tensor; no data!"):
+        torch.empty(2, 3, device="meta").to("tpu")
+    with pytest.raises(NotImplementedError, match="^Cannot copy out of meta tensor; no data! Please use torch.nn.Module.to_empty()"):
+        torch.nn.Linear(2, 3, device="meta").to("tpu")
+
+
 def test_each_tensor_is_recorded_as_a_host_to_chip_copy(tmp_path: Path) -> None:
     expected = _weights(tmp_path / "weights.safetensors")
     trace_path = tmp_path / "load.tptrace"
