@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.serialization
 
-from tputrace.backend import chips
+from tputrace.backend import chips, torchscript
 from tputrace.backend.tensor import BufferStorage
 
 _LOCATION = re.compile(r"^(?:tpu|privateuse1)(?::(\d+))?$")
@@ -107,6 +107,8 @@ def set_from_storage(args: tuple, kwargs: dict) -> Any:
 
     target, storage = args[0], args[1]
     if not isinstance(storage, HostStagedStorage):
+        if (contents := torchscript.storage_contents(storage, target.dtype)) is not None:
+            return become(target, contents)  # torch.jit.save reading a tpu tensor's storage
         raise RuntimeError(
             "set_ of a tpu tensor to a storage is supported only for storages torch.load restores on a chip; "
             "set it to a tpu tensor instead (tensor.set_(other))"

@@ -21,6 +21,7 @@ import torch
 
 from tputrace.backend import memory
 from tputrace.backend.make_fx_tracing import fake_mode_of, fake_of_constant, fake_of_lifted_constant, track_untraced_constants
+from tputrace.backend.torchscript import keep_interpreter_error
 from tputrace.backend.views import Geometry, ViewChain, geometry
 
 _live = memory.live
@@ -300,30 +301,34 @@ class TpuTensor(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN206
         dispatcher = _dispatcher or _load_dispatcher()
-        if _traced_seen and _holds_traced(args, kwargs):
-            if _dispatch_modes() and track_untraced_constants(TpuTensor, args, kwargs or {}):
-                return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
-            return _dispatch_traced(func, args, kwargs or {})
-        if _dispatch_modes():
-            if func is _LIFT_FRESH and (fake := fake_of_lifted_constant(args[0])) is not None:
-                return fake
-            if track_untraced_constants(TpuTensor, args, kwargs or {}):
-                return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
-        if _get_ident() != _MAIN_THREAD:
-            if _on_autograd_worker():
-                if _concurrent:
-                    with dispatcher.thread_lock:
-                        return dispatcher.dispatch_on_worker(func, args, kwargs or {})
-                return dispatcher.dispatch_on_worker(func, args, kwargs or {})
-            if not _on_own_thread():
-                return _dispatch_from_user_thread(dispatcher, func, args, kwargs or {})
-        if _concurrent:
-            with dispatcher.thread_lock:
+        try:
+            if _traced_seen and _holds_traced(args, kwargs):
+                if _dispatch_modes() and track_untraced_constants(TpuTensor, args, kwargs or {}):
+                    return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
+                return _dispatch_traced(func, args, kwargs or {})
+            if _dispatch_modes():
+                if func is _LIFT_FRESH and (fake := fake_of_lifted_constant(args[0])) is not None:
+                    return fake
+                if track_untraced_constants(TpuTensor, args, kwargs or {}):
+                    return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
+            if _get_ident() != _MAIN_THREAD:
+                if _on_autograd_worker():
+                    if _concurrent:
+                        with dispatcher.thread_lock:
+                            return dispatcher.dispatch_on_worker(func, args, kwargs or {})
+                    return dispatcher.dispatch_on_worker(func, args, kwargs or {})
+                if not _on_own_thread():
+                    return _dispatch_from_user_thread(dispatcher, func, args, kwargs or {})
+            if _concurrent:
+                with dispatcher.thread_lock:
+                    return dispatcher.dispatch(func, args, kwargs or {})
+            route = dispatcher.routes.get(id(func))
+            if route is None:
                 return dispatcher.dispatch(func, args, kwargs or {})
-        route = dispatcher.routes.get(id(func))
-        if route is None:
-            return dispatcher.dispatch(func, args, kwargs or {})
-        return route[0](route[1], args, kwargs or {})
+            return route[0](route[1], args, kwargs or {})
+        except BaseException as error:
+            keep_interpreter_error(error)  # the TorchScript interpreter would drop its message
+            raise
 
     # ----------------------------------------------------------------- torch.compile
     @property
