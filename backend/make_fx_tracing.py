@@ -46,10 +46,11 @@ def track_untraced_constants(tensor_type: type, args: tuple, kwargs: dict) -> bo
 
 
 def fake_mode_of(values: list[Any]) -> Any:
-    """The fake mode that the traced inner tensor of a tpu tensor among `values` belongs to, if any."""
+    """The fake mode that a fake tensor among `values`, or the traced inner tensor of a tpu tensor
+    among them, belongs to, if any."""
     for value in values:
         inner = getattr(value, "_traced", None)
-        fake_mode = getattr(inner, "fake_mode", None)
+        fake_mode = getattr(value if inner is None else inner, "fake_mode", None)
         if fake_mode is not None:
             return fake_mode
     return None

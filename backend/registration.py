@@ -9,8 +9,9 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
-    accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, generators, gradient_devices, hooks, host_pinning, inplace_views,
-    kernels, module_moves, op_routes, packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
+    accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, flex_attention, generators,
+    gradient_devices, hooks, host_pinning, inplace_views, kernels, module_moves, op_routes, packed_sequences,
+    safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -67,6 +68,7 @@ def register() -> None:
     module_moves.install()
     safetensors_devices.install()
     torchscript.install()
+    flex_attention.install()
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()

@@ -18,6 +18,7 @@ from typing import Any
 
 import jax
 import torch
+from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 
 from tputrace.backend import memory
 from tputrace.backend.make_fx_tracing import fake_mode_of, fake_of_constant, fake_of_lifted_constant, track_untraced_constants
@@ -592,13 +593,17 @@ def _traced_tensor(inner: torch.Tensor, size: Any, stride: Any) -> TpuTensor:
 
 
 def _holds_traced(args: tuple, kwargs: dict | None) -> bool:
+    """Whether an op's arguments hold a traced TpuTensor, or a fake tensor (a fake trace reading a
+    real tpu tensor, such as the real gradient `create_fw_bw_graph` of FlexAttention traces with)."""
     for value in args:
         if type(value) is TpuTensor:
             if value._traced is not None:
                 return True
+        elif type(value) is _FakeTensor:
+            return True
         elif type(value) in (list, tuple):
             for item in value:
-                if type(item) is TpuTensor and item._traced is not None:
+                if (type(item) is TpuTensor and item._traced is not None) or type(item) is _FakeTensor:
                     return True
     if kwargs:
         return _holds_traced(tuple(kwargs.values()), None)
@@ -625,6 +630,8 @@ def _dispatch_traced(func: Any, args: tuple, kwargs: dict) -> Any:
         return value
 
     result = func(*tree_map(unwrap, args), **tree_map(unwrap, kwargs))
+    if not any(type(value) is TpuTensor and value._traced is not None for value in tree_leaves((args, kwargs))):
+        return result  # fake tensors and real tpu constants: fake results, as for real CPU constants
     return return_and_correct_aliasing(func, args, kwargs, tree_map(wrap, result))
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.compile import hop_decompositions
 from tputrace.backend.compile.events import DynamoEvents
 from tputrace.backend.compile.graphs import CompiledGraph, GraphInfo
 from tputrace.backend.compile.settings import CompileSettings
@@ -46,6 +47,7 @@ class TpuBackend:
             def compile_graph(aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any]) -> CompiledGraph:
                 begin = _perf_ns()
                 info = GraphInfo(graph_id, role, frame_name, compile_id)
+                aot_gm = hop_decompositions.decompose(aot_gm, aot_inputs, self.decompositions())
                 graph = CompiledGraph(aot_gm, info, settings, self.events)
                 graph.precompile(aot_inputs)
                 recorder = self.events.recorder()

@@ -87,6 +87,11 @@ def ones(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: objec
     return jnp.ones(tuple(size), jax_dtype(dtype) or DEFAULT_FLOAT)
 
 
+@lowers(aten.empty.memory_format)
+def empty(size: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, memory_format: object = None) -> Array:
+    return jnp.zeros(tuple(size), jax_dtype(dtype) or DEFAULT_FLOAT)
+
+
 @lowers(aten.empty_permuted.default)
 def empty_permuted(size: Sequence[int], physical_layout: Sequence[int], *, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None) -> Array:
     return jnp.zeros(tuple(size), jax_dtype(dtype) or DEFAULT_FLOAT)

@@ -71,6 +71,18 @@ def index_put(self: Array, indices: Sequence[Array | None], values: Array, accum
     return _add_at(self, where, values) if accumulate else self.at[where].set(values)
 
 
+def _flex_zeros_and_scatter() -> torch._ops.OpOverload:
+    """FlexAttention's gradient of a captured tensor read by index in a `score_mod` (`bias[h]`)."""
+    import torch._dynamo._trace_wrapped_higher_order_op  # noqa: F401 - defines the flex_lib op
+
+    return torch.ops.flex_lib.zeros_and_scatter.default
+
+
+@lowers(_flex_zeros_and_scatter())
+def zeros_and_scatter(shape: Sequence[int], indices: Sequence[Array], values: Array) -> Array:
+    return index_put(jnp.zeros(tuple(shape), values.dtype), indices, values, accumulate=True)
+
+
 @lowers(aten._unsafe_masked_index.default)
 def unsafe_masked_index(self: Array, mask: Array, indices: Sequence[Array | None], fill: object) -> Array:
     return jnp.where(mask, self[_index_tuple(indices)], jnp.asarray(fill).astype(self.dtype))
