@@ -115,3 +115,23 @@ def test_backward_on_the_cpu_is_still_refused_by_torch() -> None:
     query = torch.randn(1, 1, LENGTH, HEAD_DIM, requires_grad=True)
     with pytest.raises(NotImplementedError, match="FlexAttention does not support backward on CPU"):
         flex_api.flex_attention(query, query, query)
+
+
+def test_mask_mod_reading_a_captured_tensor_and_max_scores_match_torch_ops() -> None:
+    query = torch.randn(1, 2, LENGTH, HEAD_DIM, generator=torch.Generator().manual_seed(1))
+    documents = torch.tensor([0] * 6 + [1] * (LENGTH - 6))
+    scores = query @ query.transpose(-2, -1) / HEAD_DIM**0.5
+    scores = scores.masked_fill(documents[:, None] != documents[None, :], float("-inf"))
+    expected_out, expected_max = scores.softmax(-1) @ query, scores.amax(-1)
+    tpu_documents = documents.to("tpu")
+
+    def same_document(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
+        return tpu_documents[q_idx] == tpu_documents[kv_idx]
+
+    block_mask = create_block_mask(same_document, None, None, LENGTH, LENGTH, device="tpu")
+    tpu_query = query.to("tpu")
+    with recorded_fallbacks() as fallbacks:
+        out, aux = flex_attention(tpu_query, tpu_query, tpu_query, block_mask=block_mask, return_aux=AuxRequest(max_scores=True))
+    torch.testing.assert_close(host(out), expected_out, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(host(aux.max_scores), expected_max, atol=1e-5, rtol=1e-5)
+    assert fallbacks == []
