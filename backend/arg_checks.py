@@ -18,6 +18,9 @@ Five kinds. Only the third and fourth cost anything per call, and only for the o
   them, except by the ops torch allows it (`fill_`, `zero_`, `masked_fill_`, `index_put_`); so are
   writes into memory an input partly shares (`x[1:].copy_(x[:-1])`), checked only when an input
   tensor shares the written tensor's buffer.
+
+Writes through a boolean mask that read one value per set element (`x[mask] = values`,
+`masked_scatter_`) check their values against the mask's count in every mode (see `mask_counts`).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 
 import torch
 from torch.utils._pytree import tree_map_only
+
+from tputrace.backend.mask_counts import COUNT_CHECKS
 
 
 aten = torch.ops.aten
@@ -171,15 +176,19 @@ def _refuse_partial_overlap(target: Any, shared: list[Any]) -> None:
 def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:
     """`handler`, preceded by `op`'s per-call argument check if it has one; for an op whose inputs
     torch's CPU kernel checks by value (indices, probabilities), preceded in
-    DEFER_NEVER_AND_LAUNCH_BLOCKING by that check on host copies (see `host_refusal`)."""
+    DEFER_NEVER_AND_LAUNCH_BLOCKING by that check on host copies (see `host_refusal`); for a write
+    through a mask, preceded by the check of its count (see `mask_counts`)."""
     check = _VALUE_CHECKS.get(op)
+    count_check = COUNT_CHECKS.get(op)
     checks_data = op.overloadpacket in _DATA_CHECKED_OPS
-    if check is None and not checks_data:
+    if check is None and count_check is None and not checks_data:
         return handler
 
     def checked(entry: Any, args: Sequence[Any], kwargs: dict) -> Any:
         if check is not None:
             check(args, kwargs)
+        if count_check is not None:
+            count_check(dispatcher.to_host, args, kwargs)
         if checks_data and getattr(dispatcher.executor, "launch_blocking", False):
             refusal = host_refusal(dispatcher.to_host, op, args, kwargs)
             if refusal is not None:

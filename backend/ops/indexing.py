@@ -2,9 +2,9 @@
 
 Boolean masks in `index` select a data-dependent number of elements, so those calls raise
 `UnloweredCase` and the dispatcher runs them on the host; `index_put` with a single mask keeps the
-input's shape and is lowered. Scatters build one full coordinate array per dim and use JAX's
-`.at[...]` updates; reductions that exclude `self` first reset the touched positions to the
-reduction's identity.
+input's shape and is lowered (`mask_counts` checks its values against the mask's count first).
+Scatters build one full coordinate array per dim and use JAX's `.at[...]` updates; reductions that
+exclude `self` first reset the touched positions to the reduction's identity.
 """
 
 from __future__ import annotations
@@ -49,6 +49,8 @@ def _mask_put(self: Array, mask: Array, values: Array, accumulate: bool) -> Arra
     rest = self.shape[mask.ndim:]
     wide_mask = mask.reshape(mask.shape + (1,) * len(rest))
     values = values.astype(self.dtype)
+    if values.ndim > len(rest) and values.shape[0] == 0:
+        return self  # no values: no element is set (`mask_counts` checked the count)
     if values.ndim <= len(rest) or values.shape[0] == 1:
         chosen = jnp.broadcast_to(values.reshape(values.shape[1:]) if values.ndim > len(rest) else values, rest)
         chosen = jnp.broadcast_to(chosen, self.shape)
