@@ -9,9 +9,9 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
-    accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, flex_attention, generators,
-    gradient_devices, hooks, host_pinning, inplace_views, kernels, module_moves, op_routes, packed_sequences,
-    safetensors_devices, sparse, torchscript, worker_errors,
+    accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, export_dims, flex_attention,
+    generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, module_moves, op_routes,
+    packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -69,6 +69,7 @@ def register() -> None:
     safetensors_devices.install()
     torchscript.install()
     flex_attention.install()
+    export_dims.install()
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()

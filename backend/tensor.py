@@ -579,9 +579,10 @@ def _traced_tensor(inner: torch.Tensor, size: Any, stride: Any) -> TpuTensor:
     global _traced_seen
     _traced_seen = True
     for outer_dim, inner_dim in zip(size, inner.shape):
-        if isinstance(outer_dim, torch.SymInt) and isinstance(inner_dim, torch.SymInt) and outer_dim.node.expr != inner_dim.node.expr:
-            # Dynamo gives a dynamic dim of the TpuTensor and of its inner tensor two size symbols; they
-            # are one size, and saying so lets shape reasoning relate the two.
+        if isinstance(inner_dim, torch.SymInt) and (not isinstance(outer_dim, torch.SymInt) or outer_dim.node.expr != inner_dim.node.expr):
+            # Dynamo and export give a dynamic dim of the TpuTensor and of its inner tensor two size
+            # symbols (export makes every inner dim dynamic: `export_dims`); they are one size, and
+            # saying so lets shape reasoning relate the two (a static outer dim specialises the inner).
             torch._check(outer_dim == inner_dim)
     tensor = _make_wrapper(
         TpuTensor, size, strides=stride, storage_offset=inner.storage_offset(), dtype=inner.dtype, device=inner.device, requires_grad=inner.requires_grad
