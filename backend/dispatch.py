@@ -41,7 +41,8 @@ from tputrace.backend.plans import (
     regroup,
 )
 from tputrace.backend.signatures import nearest_signature, signature_diff
-from tputrace.backend.tensor import Buffer, TpuTensor, geometry_of, new_tensor, sync_hint, view_tensor
+from tputrace.backend.memory_formats import corrected_meta, storage_order
+from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
 from tputrace.backend.views import ViewChain, ViewStep, geometry
 
 aten = torch.ops.aten
@@ -49,7 +50,6 @@ _perf_ns = time.perf_counter_ns
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _NO_CONTEXT = contextlib.nullcontext()
-_COPY_THEN_VIEW = object()  # view-cache marker: torch's strides rule refuses this view (`_view_of_copy`)
 _SLOTS = tuple(Slot(index) for index in range(1024))  # a foreach call over 76 parameters reads ~300 values
 _N_SLOTS = len(_SLOTS)
 _SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(65))  # all-dynamic templates of positional calls
@@ -255,7 +255,7 @@ class Dispatcher:
                     specs.append(spec)
                 else:
                     dynamic.append(self.read(value))
-                    specs.append((value.shape, value.dtype))
+                    specs.append((value._geom or geometry_of(value)).spec)
             elif value_type in _NUMBER_TYPES and position in scalar_positions:
                 dynamic.append(value)
                 specs.append(_SCALAR_SPECS[value_type])
@@ -325,7 +325,7 @@ class Dispatcher:
             specs.append(spec)
         else:
             dynamic.append(self.read(tensor))
-            specs.append((tensor.shape, tensor.dtype))
+            specs.append((tensor._geom or geometry_of(tensor)).spec)
 
     def _flatten_tensor_list(self, items: Sequence[Any], dynamic: list, specs: list, originals: list, chip_box: list) -> TensorList:
         """A list of tensors (a `_foreach_*` list, `cat`'s inputs, indices): tpu tensors on the call's
@@ -376,6 +376,8 @@ class Dispatcher:
         executor = self.executor
         if plan.out_structure == "single":
             spec = plan.out_specs[0]
+            if spec.storage_order is not None:
+                return self._channels_last_output(values[0], spec, chip)
             if executor.deferred:
                 output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0)
                 executor.own(output._buf)
@@ -391,12 +393,46 @@ class Dispatcher:
     def _new_output(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
         """A new tpu tensor for one output value of a plan (in DeferAndFuse, one the flush fills in).
         `compute`'s single-output branch does the same inline (every op's hot path)."""
+        if spec.storage_order is not None:
+            return self._channels_last_output(value, spec, chip)
         executor = self.executor
         if executor.deferred:
             output = new_tensor(value, chip, spec.shape, spec.dtype, 0)
             executor.own(output._buf)
             return output
         return new_tensor(value, chip, spec.shape, spec.dtype, spec.nbytes)
+
+    def _channels_last_output(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
+        """A channels-last output: its buffer holds the value's dims in storage order (one transpose,
+        fused in DeferAndFuse); the tensor keeps the value itself for its next read."""
+        executor = self.executor
+        stored = executor.run(self._storage_plan(value, spec, chip), (value,))[0]
+        storage_shape = tuple(spec.shape[dim] for dim in spec.storage_order)
+        buf = Buffer(stored, chip, 0 if executor.deferred else spec.nbytes, (storage_shape, spec.dtype))
+        if executor.deferred:
+            executor.own(buf)
+        output = channels_last_tensor(buf, spec.shape, spec.strides, spec.dtype, spec.storage_order)
+        output._cached = value
+        output._cached_version = buf.version
+        return output
+
+    def _storage_plan(self, value: Any, spec: OutSpec, chip: int) -> Plan:
+        """The program that transposes a value of this spec into its buffer's storage order."""
+        key = ("storage order", spec.shape, spec.dtype, spec.storage_order, chip)
+        plan = self.plans.get(key)
+        if plan is None:
+            with self.plan_lock:
+                order = spec.storage_order
+                storage_shape = tuple(spec.shape[dim] for dim in order)
+
+                def to_storage_order(logical: Any) -> tuple:
+                    return (jnp.transpose(logical, order),)
+
+                out_spec = OutSpec(storage_shape, spec.dtype, spec.jax_dtype, spec.nbytes)
+                plan = Plan("storage_order", to_storage_order, (out_spec,), "single", ((spec.shape, spec.dtype),), chip, ("storage order", order))
+                self.executor.prepare(plan, [value], record=False)
+                self.plans[key] = plan
+        return plan
 
     def _run(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None) -> tuple[Plan, tuple, int] | None:
         """Run (or record) a lowered op: its plan, output values and chip; None if it runs on the host."""
@@ -477,7 +513,7 @@ class Dispatcher:
         meta_kwargs = rebuild(template_kwargs, metas)
         if "device" in meta_kwargs:
             meta_kwargs["device"] = torch.device("meta")
-        result = entry.op(*meta_args, **meta_kwargs)
+        result = corrected_meta(entry.op, meta_args, entry.op(*meta_args, **meta_kwargs))
         return out_specs_from_meta(result)
 
     def compile_reason(self, structure_key: Any, in_specs: tuple, names: Sequence[str] | None = None) -> tuple[str, str | None]:
@@ -505,8 +541,6 @@ class Dispatcher:
             cached = self.view_plans[key] = self._build_view(entry, args, kwargs, base)
         if cached is _FALLBACK:
             return self.fallback(entry, args, kwargs)
-        if cached is _COPY_THEN_VIEW:
-            return self._view_of_copy(entry, args, kwargs)
         buf = base._buf
         parent = base._view
         with _inference_as(base):
@@ -519,20 +553,6 @@ class Dispatcher:
             return results[0]
         return results
 
-    def _view_of_copy(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
-        """`view` where torch's strides rule refuses it: a view of a contiguous copy, said once.
-
-        torch raises here, but a program written for CUDA can reach it legitimately: a tpu tensor keeps
-        no memory format, so a `channels_last` tensor's `permute(0, 2, 3, 1).view(...)`, a view on
-        CUDA, meets the strides of a plain permute here."""
-        self._warn_once(
-            "view of a copy",
-            "tputrace: .view() of a tensor whose strides do not allow a view returns a view of a copy on tpu "
-            "(tpu tensors keep no channels_last memory format); writes to it do not reach the original tensor",
-        )
-        copy = self.dispatch(aten.clone.default, (args[0],), {"memory_format": torch.contiguous_format})
-        return self._view(entry, (copy, *args[1:]), kwargs)
-
     def _build_view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, base: TpuTensor) -> Any:
         """The outputs of a view op on a base of this geometry: (step, its chain from the buffer, geometry) each."""
         storage_numel = max(int(np.prod(_root_shape(base))) if _root_shape(base) else 1, base.storage_offset() + 1)
@@ -544,9 +564,7 @@ class Dispatcher:
         try:
             result = entry.op(meta_base, *args[1:], **kwargs)
         except RuntimeError:
-            if entry.op is aten.view.default and _views_when_contiguous(meta_base, args[1:], kwargs):
-                return _COPY_THEN_VIEW  # refused for its strides only
-            raise
+            raise  # torch's own refusal (e.g. a view the strides do not allow)
         except Exception:  # noqa: BLE001 - no meta kernel: the op runs on the host
             return _FALLBACK
         outputs = result if isinstance(result, (list, tuple)) else [result]
@@ -765,15 +783,20 @@ class Dispatcher:
         dtype = kwargs.get("dtype") or source.dtype
         if device is not None and torch.device(device).type == "meta":
             return _meta_copy(source, kwargs)
+        memory_format = kwargs.get("memory_format")
         if device is not None and torch.device(device).type == "cpu":
             host = self.to_host(source, sync_hint() or "cpu")
-            return host if host.dtype == dtype else host.to(dtype)
+            host = host if host.dtype == dtype else host.to(dtype)
+            if memory_format is not None or (source._geom or geometry_of(source)).memory_format is not None:
+                host = _with_host_layout(host, source, kwargs)
+            return host
         target_chip = source._buf.chip if device is None or torch.device(device).index is None else torch.device(device).index
         if target_chip != source._buf.chip:
             source = self.copy_to_chip(source, target_chip)
-            if dtype == source.dtype:
+            if dtype == source.dtype and memory_format in (None, torch.preserve_format, torch.contiguous_format):
                 return source
-        return self.compute(_CONVERT_ENTRY, (source,), {"dtype": dtype}, record_as="aten._to_copy.default")
+        convert_kwargs = {"dtype": dtype} if memory_format is None else {"dtype": dtype, "memory_format": memory_format}
+        return self.compute(_CONVERT_ENTRY, (source,), convert_kwargs, record_as="aten._to_copy.default")
 
     def _copy_(self, args: Sequence[Any], kwargs: dict) -> torch.Tensor:
         target, source = args[0], args[1]
@@ -830,10 +853,16 @@ class Dispatcher:
         return TpuTensor(Buffer(array, chip, nbytes), tuple(tensor.shape), tensor.dtype)
 
     def from_host(self, host: torch.Tensor, chip: int) -> TpuTensor:
-        """A new tpu tensor holding a copy of a CPU tensor (a sparse one densified: see `sparse`)."""
+        """A new tpu tensor holding a copy of a CPU tensor (a sparse one densified: see `sparse`); a
+        channels-last one stays channels-last."""
         if host.layout != torch.strided:
             sparse.warn_dense(host.layout)
             host = host.to_dense()
+        order = storage_order(tuple(host.shape), tuple(host.stride())) if host.dim() in (4, 5) else None
+        if order is not None:
+            stored = host.detach().permute(order)  # contiguous: the host tensor's own storage order
+            buf = Buffer(self.to_chip(stored, chip), chip, host.numel() * host.element_size())
+            return channels_last_tensor(buf, tuple(host.shape), tuple(host.stride()), host.dtype, order)
         host = host.detach().contiguous()
         array = self.to_chip(host, chip)
         return TpuTensor(Buffer(array, chip, host.numel() * host.element_size()), tuple(host.shape), host.dtype)
@@ -981,12 +1010,26 @@ def _is_functional(entry: OpEntry) -> bool:
 
 
 def _meta_like(value: Any) -> Any:
-    """A meta tensor for each tpu tensor in a value (lists and tuples followed), for meta kernels."""
+    """A meta tensor for each tpu tensor in a value (lists and tuples followed), for meta kernels: a
+    channels-last tensor's has its strides (the output's strides follow them), any other is contiguous."""
     if isinstance(value, TpuTensor):
+        geom = value._geom or geometry_of(value)
+        if geom.memory_format is not None:
+            return torch.empty_strided(geom.shape, geom.strides, dtype=value.dtype, device="meta")
         return torch.empty(tuple(value.shape), dtype=value.dtype, device="meta")
     if isinstance(value, (list, tuple)):
         return type(value)(_meta_like(item) for item in value)
     return value
+
+
+def _with_host_layout(host: torch.Tensor, source: TpuTensor, kwargs: dict) -> torch.Tensor:
+    """A contiguous host copy of `source` laid out as torch's `_to_copy` lays it out (a channels-last
+    tensor stays channels-last on the CPU, as a CUDA one does)."""
+    meta_kwargs = {name: value for name, value in kwargs.items() if name not in ("pin_memory", "non_blocking")}
+    strides = _meta_copy(source, {**meta_kwargs, "device": torch.device("meta")}).stride()
+    if tuple(strides) == tuple(host.stride()):
+        return host
+    return torch.empty_strided(tuple(host.shape), strides, dtype=host.dtype).copy_(host)
 
 
 def _meta_copy(source: TpuTensor, kwargs: dict) -> torch.Tensor:
@@ -998,16 +1041,6 @@ def _meta_copy(source: TpuTensor, kwargs: dict) -> torch.Tensor:
 
 def _root_shape(tensor: TpuTensor) -> tuple[int, ...]:
     return tuple(tensor._buf.array.shape) if hasattr(tensor._buf.array, "shape") else tuple(tensor.shape)
-
-
-def _views_when_contiguous(meta_base: torch.Tensor, args: Sequence[Any], kwargs: dict) -> bool:
-    """Whether `view` takes these sizes on a contiguous tensor of the base's shape (else the sizes
-    themselves are wrong, and torch's error stands)."""
-    try:
-        aten.view.default(torch.empty(meta_base.shape, dtype=meta_base.dtype, device="meta"), *args, **kwargs)
-    except RuntimeError:
-        return False
-    return True
 
 
 def _take_generator(generator_arg: tuple[int, str], args: Sequence[Any], kwargs: dict) -> tuple[Sequence[Any], dict, Any]:
@@ -1045,7 +1078,7 @@ def _copy_lowering(target: Any, source: Any) -> Any:
     return jnp.broadcast_to(cast(source, target.dtype), target.shape)
 
 
-def _convert_lowering(source: Any, *, dtype: torch.dtype) -> Any:
+def _convert_lowering(source: Any, *, dtype: torch.dtype, memory_format: Any = None) -> Any:
     return cast(source, to_jax(dtype))
 
 

@@ -12,33 +12,43 @@ import torch
 
 from tputrace.backend import chips, device_module, sparse
 from tputrace.backend.dtypes import to_jax
-from tputrace.backend.tensor import Buffer, TpuTensor
+from tputrace.backend.memory_formats import storage_order
+from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor
 
 _library: torch.library.Library | None = None
 
 
-def _zeros(size: Any, dtype: torch.dtype | None, device: Any) -> TpuTensor:
+def _zeros(size: Any, dtype: torch.dtype | None, device: Any, strides: Any = None) -> TpuTensor:
+    """Zeros on the chip; channels-last strides (`memory_formats`) make a channels-last tensor, any
+    other strides a contiguous one."""
     dtype = dtype or torch.get_default_dtype()
     chip = device_module.chip_index(device)
     shape = tuple(int(dim) for dim in size)
     negative = next((dim for dim in shape if dim < 0), None)
     if negative is not None:
         raise RuntimeError(f"Trying to create tensor with negative dimension {negative}: {list(shape)}")
-    array = jax.device_put(np.zeros(shape, to_jax(dtype)), chips.device(chip))
     numel = 1
     for dim in shape:
         numel *= dim
-    return TpuTensor(Buffer(array, chip, numel * dtype.itemsize), shape, dtype)
+    order = storage_order(shape, tuple(int(stride) for stride in strides)) if strides is not None else None
+    stored_shape = shape if order is None else tuple(shape[dim] for dim in order)
+    buf = Buffer(jax.device_put(np.zeros(stored_shape, to_jax(dtype)), chips.device(chip)), chip, numel * dtype.itemsize)
+    if order is None:
+        return TpuTensor(buf, shape, dtype)
+    return channels_last_tensor(buf, shape, tuple(int(stride) for stride in strides), dtype, order)
 
 
 def empty_memory_format(size, dtype=None, layout=None, device=None, pin_memory=None, memory_format=None):  # noqa: ANN001, ANN201
     sparse.empty_layout_error(layout)
+    if memory_format in (torch.channels_last, torch.channels_last_3d):
+        strides = torch.empty(tuple(size), device="meta", memory_format=memory_format).stride()
+        return _zeros(size, dtype, device, strides)
     return _zeros(size, dtype, device)
 
 
 def empty_strided(size, stride, dtype=None, layout=None, device=None, pin_memory=None):  # noqa: ANN001, ANN201
     sparse.empty_layout_error(layout)
-    return _zeros(size, dtype, device)
+    return _zeros(size, dtype, device, stride)
 
 
 def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory=None):  # noqa: ANN001, ANN201

@@ -21,6 +21,7 @@ import torch
 
 from tputrace.backend import chips
 from tputrace.backend.dtypes import short_name, to_jax
+from tputrace.backend.memory_formats import storage_order
 from tputrace.backend.signatures import InputSpec, signature_text
 
 
@@ -60,12 +61,15 @@ class LoweringError(RuntimeError):
 
 @dataclass(frozen=True)
 class OutSpec:
-    """Shape and dtype of one tensor output."""
+    """Shape and dtype of one tensor output; for a channels-last output (`memory_formats`), its
+    strides and the order in which its buffer holds its dims."""
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     jax_dtype: Any
     nbytes: int
+    strides: tuple[int, ...] | None = None
+    storage_order: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -177,7 +181,11 @@ def _spec(meta: torch.Tensor) -> OutSpec:
     numel = 1
     for size in shape:
         numel *= size
-    return OutSpec(shape, meta.dtype, to_jax(meta.dtype), numel * meta.element_size())
+    strides = tuple(meta.stride())
+    order = storage_order(shape, strides)
+    if order is None:
+        return OutSpec(shape, meta.dtype, to_jax(meta.dtype), numel * meta.element_size())
+    return OutSpec(shape, meta.dtype, to_jax(meta.dtype), numel * meta.element_size(), strides, order)
 
 
 def array_function(lowering: Callable, template_args: Any, template_kwargs: Any, out_specs: Sequence[OutSpec | None], op_name: str, extra_kwargs: Callable[[Sequence[Any]], dict] | None = None) -> Callable[..., tuple]:

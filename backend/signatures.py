@@ -6,18 +6,20 @@ from collections.abc import Sequence
 
 from tputrace.backend.dtypes import short_name
 
-# One input of a program: (shape, torch dtype) for a tensor, (type name,) for a scalar.
+# One input of a program: (shape, torch dtype) for a tensor, (shape, torch dtype, memory format name)
+# for a channels-last one, (type name,) for a scalar.
 InputSpec = tuple
 
 
 def is_tensor_spec(spec: InputSpec) -> bool:
-    return len(spec) == 2
+    return len(spec) >= 2
 
 
 def spec_text(spec: InputSpec) -> str:
     if is_tensor_spec(spec):
-        shape, dtype = spec
-        return f"{short_name(dtype)}[{','.join(str(size) for size in shape)}]"
+        shape, dtype = spec[0], spec[1]
+        text = f"{short_name(dtype)}[{','.join(str(size) for size in shape)}]"
+        return text if len(spec) == 2 else f"{text} {spec[2]}"
     return spec[0]
 
 
@@ -38,8 +40,10 @@ def signature_diff(old: Sequence[InputSpec], new: Sequence[InputSpec], names: Se
         if is_tensor_spec(before) != is_tensor_spec(after) or not is_tensor_spec(before):
             changes.append(f"{label}: {spec_text(before)} -> {spec_text(after)}")
             continue
-        old_shape, old_dtype = before
-        new_shape, new_dtype = after
+        old_shape, old_dtype = before[0], before[1]
+        new_shape, new_dtype = after[0], after[1]
+        if before[2:] != after[2:]:
+            changes.append(f"{label} memory format: {_format_name(before)} -> {_format_name(after)}")
         if old_dtype != new_dtype:
             changes.append(f"{label} dtype: {short_name(old_dtype)} -> {short_name(new_dtype)}")
         if len(old_shape) != len(new_shape):
@@ -72,9 +76,13 @@ def _distance(old: Sequence[InputSpec], new: Sequence[InputSpec]) -> int:
         if is_tensor_spec(before) != is_tensor_spec(after) or not is_tensor_spec(before):
             distance += 100
             continue
-        distance += int(before[1] != after[1]) * 10
+        distance += int(before[1] != after[1]) * 10 + int(before[2:] != after[2:])
         if len(before[0]) != len(after[0]):
             distance += 100
         else:
             distance += sum(1 for a, b in zip(before[0], after[0]) if a != b)
     return distance
+
+
+def _format_name(spec: InputSpec) -> str:
+    return spec[2] if len(spec) > 2 else "contiguous"

@@ -23,7 +23,7 @@ from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 from tputrace.backend import memory
 from tputrace.backend.make_fx_tracing import fake_mode_of, fake_of_constant, fake_of_lifted_constant, track_untraced_constants
 from tputrace.backend.torchscript import keep_interpreter_error
-from tputrace.backend.views import Geometry, ViewChain, geometry
+from tputrace.backend.views import Geometry, ViewChain, geometry, permute_step
 
 _live = memory.live
 _peak = memory.peak
@@ -660,6 +660,13 @@ def view_tensor(buf: Buffer, geom: Geometry, view: ViewChain | None) -> TpuTenso
         tensor._view = view
     tensor._geom = geom
     return tensor
+
+
+def channels_last_tensor(buf: Buffer, shape: tuple[int, ...], strides: tuple[int, ...], dtype: torch.dtype, order: tuple[int, ...]) -> TpuTensor:
+    """A channels-last tpu tensor of these strides over `buf`, which holds its dims in `order`
+    (`memory_formats.storage_order`): a permuted view of the buffer, as the tensor is of its storage."""
+    inverse = tuple(order.index(dim) for dim in range(len(order)))
+    return view_tensor(buf, geometry(shape, strides, 0, dtype, buf.chip), ViewChain.root(permute_step(inverse)))
 
 
 def new_tensor(array: jax.Array | Any, chip: int, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> TpuTensor:

@@ -14,10 +14,12 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import torch
 from jax import lax
 
 from tputrace.backend.dtypes import to_torch
-from tputrace.backend.ops.views import view_dtype
+from tputrace.backend.memory_formats import FORMAT_NAMES, channels_last_format, contiguous_strides
+from tputrace.backend.ops.views import permute, view_dtype
 
 
 @dataclass(frozen=True)
@@ -166,9 +168,13 @@ def _write_across_dtype_step(steps: tuple[ViewStep, ...], split: int, avals: lis
 
 class Geometry:
     """A tensor's sizes, strides, storage offset, dtype and chip, interned: one object per distinct
-    geometry, so a view's cache key hashes it by identity instead of reading the tensor's metadata."""
+    geometry, so a view's cache key hashes it by identity instead of reading the tensor's metadata.
 
-    __slots__ = ("shape", "strides", "offset", "dtype", "chip", "dense")
+    `memory_format` is channels_last(_3d) for strides torch would call so (None otherwise): an op on
+    such a tensor computes its output strides from them (`spec`, the input's part of a plan key,
+    names the format, so the same op on a contiguous input has a plan of its own)."""
+
+    __slots__ = ("shape", "strides", "offset", "dtype", "chip", "dense", "memory_format", "spec")
 
     def __init__(self, shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtype: Any, chip: int) -> None:
         self.shape = shape
@@ -177,16 +183,8 @@ class Geometry:
         self.dtype = dtype
         self.chip = chip
         self.dense = offset == 0 and strides == contiguous_strides(shape)  # torch's default strides
-
-
-def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
-    """torch's default (row-major) strides for a shape; a size-0 or size-1 dimension counts as 1."""
-    strides = []
-    running = 1
-    for size in reversed(shape):
-        strides.append(running)
-        running *= max(size, 1)
-    return tuple(reversed(strides))
+        self.memory_format = None if self.dense else channels_last_format(shape, strides)
+        self.spec = (shape, dtype) if self.memory_format is None else (shape, dtype, FORMAT_NAMES[self.memory_format])
 
 
 _GEOMETRIES: dict[tuple, Geometry] = {}
@@ -217,3 +215,14 @@ def _dense_axis_order(view_of: Callable[[Any], tuple], buffer_shape: tuple[int, 
     if not np.array_equal(positions.transpose(order).reshape(-1), np.arange(size)):
         return None
     return positions.shape, order
+
+
+_PERMUTE_STEPS: dict[tuple[int, ...], ViewStep] = {}
+
+
+def permute_step(dims: tuple[int, ...]) -> ViewStep:
+    """The (shared) view step `permute(dims)`: how a channels-last tensor is seen from its buffer."""
+    step = _PERMUTE_STEPS.get(dims)
+    if step is None:
+        step = _PERMUTE_STEPS[dims] = ViewStep(permute, (dims,), {}, None, (torch.ops.aten.permute.default, (dims,), (), None))
+    return step

@@ -1,0 +1,75 @@
+"""Channels-last memory formats of tpu tensors: which strides count as channels_last, and the order
+in which a channels-last tensor's buffer holds its dims.
+
+A buffer always holds a row-major array. A channels_last tensor (`x.to(memory_format=...)`, a conv
+output of a channels_last input) is a permuted view of a buffer holding its dims in storage order
+(N, H, W, C), so its strides, `as_strided`, views and writes through views are torch's. Only
+channels-last layouts are kept this way; other dense permutations an op's meta kernel reports (the
+output of `x.t() + 1`) stay contiguous, as they were.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+# The dims from innermost to outermost in torch's channels-last test (`suggest_memory_format`).
+_CHANNELS_LAST_ORDER = {4: (1, 3, 2, 0), 5: (1, 4, 3, 2, 0)}
+_FORMAT_OF_RANK = {4: torch.channels_last, 5: torch.channels_last_3d}
+FORMAT_NAMES = {torch.channels_last: "channels_last", torch.channels_last_3d: "channels_last_3d"}
+
+# Convolutions whose meta kernel answers contiguous for a meta tensor (it cannot know the device's
+# rule); the CPU's rule is that the output is channels-last when the input or the weight is.
+_CONVOLUTIONS = frozenset({torch.ops.aten.convolution.default, torch.ops.aten._convolution.default})
+
+
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """torch's default (row-major) strides for a shape; a size-0 or size-1 dimension counts as 1."""
+    strides = []
+    running = 1
+    for size in reversed(shape):
+        strides.append(running)
+        running *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def channels_last_format(shape: tuple[int, ...], strides: tuple[int, ...]) -> torch.memory_format | None:
+    """`torch.channels_last(_3d)` when torch would suggest it for these strides (and they are not
+    also contiguous), else None."""
+    order = _CHANNELS_LAST_ORDER.get(len(shape))
+    if order is None or strides == contiguous_strides(shape) or strides[1] == 0:
+        return None
+    smallest = 0
+    for dim in order:
+        if shape[dim] == 0 or strides[dim] < smallest:
+            return None
+        if dim == 0 and smallest == strides[1]:
+            return None
+        smallest = strides[dim]
+    return _FORMAT_OF_RANK[len(shape)]
+
+
+def storage_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dims, outermost first, in which a buffer holds a dense channels-last tensor of these
+    strides; None for a layout kept contiguous (not channels-last, or with gaps or overlaps)."""
+    if channels_last_format(shape, strides) is None:
+        return None
+    order = tuple(sorted(range(len(shape)), key=lambda dim: (-strides[dim], -shape[dim])))
+    expected = 1
+    for dim in reversed(order):
+        if shape[dim] != 1 and strides[dim] != expected:
+            return None
+        expected *= shape[dim]
+    return order
+
+
+def corrected_meta(op: Any, meta_args: tuple, result: Any) -> Any:
+    """A meta kernel's result with the output strides the CPU gives where the meta kernel's differ."""
+    if op in _CONVOLUTIONS:
+        input_meta, weight_meta = meta_args[0], meta_args[1]
+        for operand in (input_meta, weight_meta):
+            memory_format = channels_last_format(tuple(operand.shape), tuple(operand.stride()))
+            if memory_format is not None and result.dim() == operand.dim():
+                return result.contiguous(memory_format=memory_format)
+    return result
