@@ -885,6 +885,9 @@ class Dispatcher:
             if isinstance(value, TpuTensor):
                 chip_box[0] = value._buf.chip
                 host = self.to_host(value, sync_kind)
+                memory_format = (value._geom or geometry_of(value)).memory_format
+                if memory_format is not None:  # the CPU kernel's outputs follow its inputs' format
+                    host = host.contiguous(memory_format=memory_format)
                 to_cpu[id(host)] = value
                 return host.requires_grad_(False)
             if isinstance(value, torch.Generator):
