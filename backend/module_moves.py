@@ -10,6 +10,9 @@ For a swap into a tpu tensor those references are let stand: the old graph keeps
 it saved, and the parameter's old AccumulateGrad node is poisoned as torch poisons it when it
 allows the swap, so a backward through the old graph raises torch's own error instead of
 accumulating into a tensor the module no longer holds.
+
+The swap also gives a lazy module's uninitialized parameter its tpu class back (torch swaps the
+classes too), so that it stays uninitialized on tpu, as `.data =` keeps it on CUDA.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.lazy_params import keep_uninitialized
 from tputrace.backend.tensor import TpuTensor
 
 _USE_COUNT_REFUSAL = "Expected use_count of t1"
@@ -77,12 +81,15 @@ def install() -> None:
     def swap_tensors(t1: torch.Tensor, t2: torch.Tensor) -> None:
         if type(t2) is not TpuTensor:
             return original(t1, t2)
+        uninitialized_class = keep_uninitialized(t1)
         try:
-            return original(t1, t2)
+            original(t1, t2)
         except RuntimeError as refusal:
             if not str(refusal).startswith(_USE_COUNT_REFUSAL) or t2._use_count() > 1:
                 raise
-        _swap_held(t1, t2)
+            _swap_held(t1, t2)
+        if uninitialized_class is not None:
+            t1.__class__ = uninitialized_class  # a lazy module's parameter stays uninitialized, as on CUDA
 
     torch.utils.swap_tensors = swap_tensors
     _installed = True

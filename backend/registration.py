@@ -10,7 +10,7 @@ import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
     accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, export_dims, flex_attention,
-    generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, module_moves, op_routes,
+    generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves, op_routes,
     packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
@@ -66,6 +66,7 @@ def register() -> None:
     accelerator_api.install()
     data_parallel.install()
     module_moves.install()
+    lazy_params.install()
     safetensors_devices.install()
     torchscript.install()
     flex_attention.install()

@@ -380,6 +380,16 @@ class TpuTensor(torch.Tensor):
         self._cached_version = -1
         self._geom = None
 
+    def as_subclass(self, cls: type) -> torch.Tensor:
+        """torch's, and for torch's `UninitializedParameter`/`UninitializedBuffer` (which torch makes
+        with it: `.to("tpu")` of a lazy module's buffer) an alias of their tpu class: torch cannot give
+        a wrapper subclass's Python object another class."""
+        from tputrace.backend.lazy_params import as_uninitialized, tpu_class_of
+
+        if tpu_class_of(cls) is not None:
+            return as_uninitialized(self, cls)
+        return super().as_subclass(cls)
+
     def untyped_storage(self) -> BufferStorage:
         """The buffer's storage: its size, and resizing to 0 and back (how FSDP2 frees parameters)."""
         return buffer_storage(self._buf)
