@@ -279,18 +279,23 @@ class TpuTensor(torch.Tensor):
     def __new__(
         cls,
         buf: Buffer,
-        shape: tuple[int, ...],
-        dtype: torch.dtype,
+        shape: tuple[int, ...] | None = None,
+        dtype: torch.dtype | None = None,
         strides: tuple[int, ...] | None = None,
         storage_offset: int = 0,
         view: Any = None,
-        requires_grad: bool = False,
+        requires_grad: bool | None = None,
     ) -> "TpuTensor":
+        if shape is None:
+            # `type(parameter)(data, requires_grad=...)`, with which libraries rebuild a parameter of the
+            # same class (accelerate's offload hooks put weights back on meta so): a Parameter's constructor.
+            return torch.nn.Parameter(buf, True if requires_grad is None else requires_grad)
         if strides is None:
-            tensor = _make_wrapper(cls, shape, dtype=dtype, device=torch_device(buf.chip), requires_grad=requires_grad)
+            tensor = _make_wrapper(cls, shape, dtype=dtype, device=torch_device(buf.chip), requires_grad=bool(requires_grad))
         else:
             tensor = _make_wrapper(
-                cls, shape, strides=strides, storage_offset=storage_offset, dtype=dtype, device=torch_device(buf.chip), requires_grad=requires_grad
+                cls, shape, strides=strides, storage_offset=storage_offset, dtype=dtype, device=torch_device(buf.chip),
+                requires_grad=bool(requires_grad),
             )
         tensor._buf = buf
         if view is not None:

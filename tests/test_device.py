@@ -38,6 +38,17 @@ def test_module_to_tpu_moves_parameters_and_buffers() -> None:
     assert isinstance(model[0].weight, torch.nn.Parameter)
 
 
+def test_the_class_of_a_tpu_parameter_rebuilds_a_parameter() -> None:
+    """Libraries rebuild a parameter as `type(parameter)(data, requires_grad=...)` (accelerate's
+    offload hooks put weights back on meta that way): on tpu as with torch.nn.Parameter."""
+    weight = torch.nn.Linear(3, 2).to("tpu").weight
+    on_meta = type(weight)(weight.to("meta"), requires_grad=False)
+    assert type(on_meta) is torch.nn.Parameter and on_meta.device.type == "meta" and not on_meta.requires_grad
+    rebuilt = type(weight)(weight.detach() * 2)
+    assert isinstance(rebuilt, torch.nn.Parameter) and rebuilt.device == torch.device("tpu", 0) and rebuilt.requires_grad
+    assert torch.equal(host(rebuilt), host(weight) * 2)
+
+
 def test_torch_tpu_module_names() -> None:
     tpu = torch.tpu
     for name in (
