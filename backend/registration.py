@@ -1,7 +1,7 @@
 """Registers the `tpu` device with PyTorch: the PrivateUse1 backend name, its device module
 (`torch.tpu`), hooks and device guard, the factory kernels, `torch.Generator(device="tpu")`, the op
 lowerings, the multi-tensor (`_foreach_*`) path of optimizers and gradient clipping, and the
-third-party entry points adapted to tpu (checkpoints, DataParallel, safetensors loads)."""
+third-party entry points adapted to tpu (checkpoints, DataParallel, safetensors loads, accelerate)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,9 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
-    accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, export_dims, flex_attention,
-    generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves, op_routes,
+    accelerate_support, accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, export_dims,
+    flex_attention, generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
+    op_routes,
     packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
@@ -68,6 +69,7 @@ def register() -> None:
     module_moves.install()
     lazy_params.install()
     safetensors_devices.install()
+    accelerate_support.install()
     torchscript.install()
     flex_attention.install()
     export_dims.install()

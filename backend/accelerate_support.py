@@ -1,0 +1,170 @@
+"""Hugging Face accelerate (and `transformers.Trainer`, built on it) on `tpu`, as on CUDA.
+
+accelerate picks its device from a fixed list of vendors (cuda, xpu, npu, mps, ...) and ignores
+`torch.accelerator`, so `Accelerator()` and the Trainer's accelerator chose the host CPU while
+transformers put the model on `tpu:0`. The only switch it offers, `ACCELERATE_TORCH_DEVICE`, is an
+environment variable that outranks `cpu=True`/`use_cpu=True` and reaches child processes that never
+register tpu, so it is not set here. Instead, while tpu is torch's current accelerator:
+
+- `PartialState.default_device` is `tpu` where accelerate would fall back to the CPU (a process
+  started as one of several ranks gets a one-line error: accelerate has no tpu distributed type);
+- `get_max_memory()` (behind `device_map="auto"`, `infer_auto_device_map`, `get_balanced_memory`)
+  lists each chip's free memory under its index, as it lists CUDA devices, so models are placed
+  on the chips first and only what does not fit goes to the host.
+
+accelerate is not imported here (it costs ~65 ms): a finder on `sys.meta_path` adapts it right after
+its package has been imported, or at once if it already was.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+import types
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from tputrace.backend import device_module
+
+_PACKAGE = "accelerate"
+_adapted = False
+_logger = logging.getLogger(__name__)
+
+MemoryBudget = dict[int | str, int | str]
+
+
+def _on_tpu() -> bool:
+    accelerator = torch.accelerator.current_accelerator()
+    return accelerator is not None and accelerator.type == "tpu"
+
+
+def _launched_ranks() -> int:
+    """How many processes the launcher (torchrun, `accelerate launch`, `tputrace run --nproc`) started."""
+    return max(int(os.environ.get(name, "1")) for name in ("WORLD_SIZE", "LOCAL_WORLD_SIZE"))
+
+
+def _default_device(original: property) -> property:
+    def default_device(state: Any) -> torch.device:
+        device = original.fget(state)
+        if device.type != "cpu" or not _on_tpu():
+            return device
+        if _launched_ranks() > 1:
+            raise RuntimeError(
+                "accelerate has no multi-process mode for tpu; launch a single process, or train the "
+                "ranks with dist.init_process_group('tpu') and DistributedDataParallel directly"
+            )
+        return torch.device("tpu")
+
+    default_device.__doc__ = original.__doc__
+    return property(default_device)
+
+
+def _get_max_memory(original: Callable[..., dict[int | str, int]], to_bytes: Callable[[str], int]) -> Callable[..., Any]:
+    def get_max_memory(max_memory: MemoryBudget | None = None) -> dict[int | str, int]:
+        if not _on_tpu():
+            return original(max_memory)
+        chip_count = device_module.device_count()
+        if max_memory is None:
+            free_bytes: dict[int | str, int] = {index: device_module.mem_get_info(index)[0] for index in range(chip_count)}
+            return {**free_bytes, **original(None)}
+        for key, value in max_memory.items():  # in place, as accelerate converts them (transformers relies on it)
+            if isinstance(value, str):
+                max_memory[key] = to_bytes(value)
+        chips = sorted(key for key in max_memory if isinstance(key, int))
+        for index in chips:
+            if not 0 <= index < chip_count:
+                _logger.warning(f"Device {index} is not available, available devices are {list(range(chip_count))}")
+        others = original({key: value for key, value in max_memory.items() if not isinstance(key, int)})
+        return {**{index: max_memory[index] for index in chips}, **others}
+
+    get_max_memory.__doc__ = original.__doc__
+    get_max_memory.__tputrace_original__ = original  # type: ignore[attr-defined]
+    return get_max_memory
+
+
+def _rebind(original: object, replacement: object) -> None:
+    """Point every name that a loaded module bound to `original` (under any name, such as
+    transformers' `accelerate_max_memory`) at `replacement`."""
+    for module in list(sys.modules.values()):
+        namespace = getattr(module, "__dict__", None)
+        if not isinstance(namespace, dict):
+            continue
+        for name in [name for name, value in namespace.items() if value is original]:
+            namespace[name] = replacement
+
+
+def adapt() -> None:
+    """Adapt the imported accelerate package to tpu (once)."""
+    global _adapted
+    if _adapted:
+        return
+    from accelerate.state import PartialState
+    from accelerate.utils import modeling
+
+    default_device = PartialState.__dict__.get("default_device")
+    if not isinstance(default_device, property) or not callable(getattr(modeling, "get_max_memory", None)):
+        warnings.warn(f"tputrace: this accelerate ({getattr(sys.modules[_PACKAGE], '__version__', '?')}) is laid out "
+                      "differently from the versions adapted to tpu; Accelerator() may pick the CPU", stacklevel=2)
+        _adapted = True
+        return
+    PartialState.default_device = _default_device(default_device)
+    original_max_memory = modeling.get_max_memory
+    _rebind(original_max_memory, _get_max_memory(original_max_memory, modeling.convert_file_size_to_int))
+    _adapted = True
+
+
+class _AdaptingLoader:
+    """accelerate's own loader, which runs `adapt` once the package's `__init__` has run."""
+
+    def __init__(self, loader: Any) -> None:
+        self._loader = loader
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        self._loader.exec_module(module)
+        module.__loader__ = self._loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = self._loader
+        adapt()
+        sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _AccelerateFinder)]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._loader, name)
+
+
+class _AccelerateFinder:
+    """Finds accelerate with the other finders and hands back its spec with an adapting loader. It
+    stays until the package has been imported: `importlib.util.find_spec` (transformers' availability
+    checks) asks finders without importing."""
+
+    def find_spec(
+        self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
+    ) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _PACKAGE:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                if spec.loader is not None:
+                    spec.loader = _AdaptingLoader(spec.loader)
+                return spec
+        return None
+
+
+def install() -> None:
+    """Adapt accelerate now if it is imported, else when it is (nothing when it is not installed)."""
+    if _PACKAGE in sys.modules:
+        adapt()
+    elif importlib.util.find_spec(_PACKAGE) is not None:
+        if not any(isinstance(finder, _AccelerateFinder) for finder in sys.meta_path):
+            sys.meta_path.insert(0, _AccelerateFinder())
