@@ -28,6 +28,7 @@ TORCH_TO_JAX: dict[torch.dtype, jnp.dtype] = {
     torch.float8_e4m3fnuz: jnp.dtype(jnp.float8_e4m3fnuz),
     torch.float8_e5m2fnuz: jnp.dtype(jnp.float8_e5m2fnuz),
 }
+FLOAT8: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 JAX_TO_TORCH: dict[jnp.dtype, torch.dtype] = {value: key for key, value in TORCH_TO_JAX.items()}
 
 SHORT_NAMES: dict[torch.dtype, str] = {

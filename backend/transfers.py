@@ -9,14 +9,11 @@ import jax
 import numpy as np
 import torch
 
-from tputrace.backend.dtypes import to_jax
+from tputrace.backend.dtypes import FLOAT8, to_jax
 
 _BIT_PATTERNS: dict[torch.dtype, tuple[torch.dtype, np.dtype]] = {
     torch.bfloat16: (torch.int16, np.dtype(np.int16)),
-    torch.float8_e4m3fn: (torch.uint8, np.dtype(np.uint8)),
-    torch.float8_e5m2: (torch.uint8, np.dtype(np.uint8)),
-    torch.float8_e4m3fnuz: (torch.uint8, np.dtype(np.uint8)),
-    torch.float8_e5m2fnuz: (torch.uint8, np.dtype(np.uint8)),
+    **{dtype: (torch.uint8, np.dtype(np.uint8)) for dtype in FLOAT8},
 }
 
 

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from jax import lax
 
+from tputrace.backend.dtypes import FLOAT8, to_jax
+
 from ._util import HALF_DTYPES, PRECISION, UnloweredCase, canon_dim, jax_dtype, opmath
 from .reduction import vector_norm
 from .registry import lowers
@@ -103,7 +105,7 @@ def addr(self: Array, vec1: Array, vec2: Array, *, beta: object = 1, alpha: obje
     return _affine(self, outer, beta, alpha)
 
 
-_FLOAT8 = tuple(jnp.dtype(name) for name in ("float8_e4m3fn", "float8_e5m2", "float8_e4m3fnuz", "float8_e5m2fnuz"))
+_FLOAT8 = tuple(to_jax(dtype) for dtype in FLOAT8)
 
 
 @lowers(aten._scaled_mm.default)
