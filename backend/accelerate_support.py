@@ -10,10 +10,13 @@ register tpu, so it is not set here. Instead, while tpu is torch's current accel
   started as one of several ranks gets a one-line error: accelerate has no tpu distributed type);
 - `get_max_memory()` (behind `device_map="auto"`, `infer_auto_device_map`, `get_balanced_memory`)
   lists each chip's free memory under its index, as it lists CUDA devices, so models are placed
-  on the chips first and only what does not fit goes to the host.
+  on the chips first and only what does not fit goes to the host;
+- `save_state`/`load_state` and the Trainer's checkpoints also save and restore the tpu generators'
+  states (`checkpoint_rng`).
 
-accelerate is not imported here (it costs ~65 ms): a finder on `sys.meta_path` adapts it right after
-its package has been imported, or at once if it already was.
+Neither accelerate nor `transformers.trainer` is imported here (accelerate costs ~65 ms): a finder on
+`sys.meta_path` adapts each right after it has been imported, or at once if it already was. The
+Trainer needs its own: `transformers.trainer` imports accelerate before it defines `Trainer`.
 """
 
 from __future__ import annotations
@@ -30,10 +33,12 @@ from typing import Any
 
 import torch
 
-from tputrace.backend import device_module
+from tputrace.backend import checkpoint_rng, device_module
 
 _PACKAGE = "accelerate"
+_TRAINER_MODULE = "transformers.trainer"
 _adapted = False
+_trainer_adapted = False
 _logger = logging.getLogger(__name__)
 
 MemoryBudget = dict[int | str, int | str]
@@ -99,31 +104,67 @@ def _rebind(original: object, replacement: object) -> None:
             namespace[name] = replacement
 
 
-def adapt() -> None:
-    """Adapt the imported accelerate package to tpu (once)."""
-    global _adapted
-    if _adapted:
-        return
+def _warn_layout(package: str, consequence: str) -> None:
+    version = getattr(sys.modules[package.split(".")[0]], "__version__", "?")
+    warnings.warn(f"tputrace: this {package} ({version}) is laid out differently from the versions adapted to tpu; "
+                  f"{consequence}", stacklevel=3)
+
+
+def _adapt_device_and_memory() -> None:
     from accelerate.state import PartialState
     from accelerate.utils import modeling
 
     default_device = PartialState.__dict__.get("default_device")
     if not isinstance(default_device, property) or not callable(getattr(modeling, "get_max_memory", None)):
-        warnings.warn(f"tputrace: this accelerate ({getattr(sys.modules[_PACKAGE], '__version__', '?')}) is laid out "
-                      "differently from the versions adapted to tpu; Accelerator() may pick the CPU", stacklevel=2)
-        _adapted = True
+        _warn_layout(_PACKAGE, "Accelerator() may pick the CPU")
         return
     PartialState.default_device = _default_device(default_device)
     original_max_memory = modeling.get_max_memory
     _rebind(original_max_memory, _get_max_memory(original_max_memory, modeling.convert_file_size_to_int))
+
+
+def _adapt_checkpoints() -> None:
+    from accelerate import checkpointing
+
+    save = getattr(checkpointing, "save_accelerator_state", None)
+    load = getattr(checkpointing, "load_accelerator_state", None)
+    rng_state_name = getattr(checkpointing, "RNG_STATE_NAME", None)
+    if not callable(save) or not callable(load) or not isinstance(rng_state_name, str):
+        _warn_layout(_PACKAGE, "save_state/load_state leave out the tpu generators' states")
+        return
+    _rebind(save, checkpoint_rng.saving_chip_states(save, rng_state_name))
+    _rebind(load, checkpoint_rng.restoring_chip_states(load, rng_state_name))
+
+
+def adapt() -> None:
+    """Adapt the imported accelerate package to tpu (once)."""
+    global _adapted
+    if _adapted:
+        return
     _adapted = True
+    _adapt_device_and_memory()
+    _adapt_checkpoints()
+
+
+def adapt_trainer() -> None:
+    """Make the imported `transformers.Trainer`'s checkpoints carry the tpu generators' states (once)."""
+    global _trainer_adapted
+    if _trainer_adapted:
+        return
+    _trainer_adapted = True
+    trainer_class = getattr(sys.modules[_TRAINER_MODULE], "Trainer", None)
+    if not all(callable(getattr(trainer_class, name, None)) for name in ("_save_rng_state", "_load_rng_state")):
+        _warn_layout("transformers", "its Trainer's checkpoints leave out the tpu generators' states")
+        return
+    checkpoint_rng.adapt_trainer(trainer_class)  # type: ignore[arg-type]
 
 
 class _AdaptingLoader:
-    """accelerate's own loader, which runs `adapt` once the package's `__init__` has run."""
+    """A module's own loader, which runs its adaptation once the module has run."""
 
-    def __init__(self, loader: Any) -> None:
+    def __init__(self, loader: Any, finder: _AdaptingFinder) -> None:
         self._loader = loader
+        self._finder = finder
 
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
         return self._loader.create_module(spec)
@@ -133,22 +174,26 @@ class _AdaptingLoader:
         module.__loader__ = self._loader
         if module.__spec__ is not None:
             module.__spec__.loader = self._loader
-        adapt()
-        sys.meta_path[:] = [finder for finder in sys.meta_path if not isinstance(finder, _AccelerateFinder)]
+        self._finder.adapt()
+        sys.meta_path[:] = [finder for finder in sys.meta_path if finder is not self._finder]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._loader, name)
 
 
-class _AccelerateFinder:
-    """Finds accelerate with the other finders and hands back its spec with an adapting loader. It
-    stays until the package has been imported: `importlib.util.find_spec` (transformers' availability
+class _AdaptingFinder:
+    """Finds one module with the other finders and hands back its spec with an adapting loader. It
+    stays until the module has been imported: `importlib.util.find_spec` (transformers' availability
     checks) asks finders without importing."""
+
+    def __init__(self, module_name: str, adapt: Callable[[], None]) -> None:
+        self.module_name = module_name
+        self.adapt = adapt
 
     def find_spec(
         self, fullname: str, path: Sequence[str] | None, target: types.ModuleType | None = None
     ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != _PACKAGE:
+        if fullname != self.module_name:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -156,15 +201,22 @@ class _AccelerateFinder:
             spec = finder.find_spec(fullname, path, target)
             if spec is not None:
                 if spec.loader is not None:
-                    spec.loader = _AdaptingLoader(spec.loader)
+                    spec.loader = _AdaptingLoader(spec.loader, self)
                 return spec
         return None
 
 
-def install() -> None:
-    """Adapt accelerate now if it is imported, else when it is (nothing when it is not installed)."""
-    if _PACKAGE in sys.modules:
+def _adapt_on_import(module_name: str, adapt: Callable[[], None]) -> None:
+    """Run `adapt` now if `module_name` is imported, else right after it is (nothing when its top-level
+    package is not installed; that check imports nothing)."""
+    if module_name in sys.modules:
         adapt()
-    elif importlib.util.find_spec(_PACKAGE) is not None:
-        if not any(isinstance(finder, _AccelerateFinder) for finder in sys.meta_path):
-            sys.meta_path.insert(0, _AccelerateFinder())
+    elif importlib.util.find_spec(module_name.split(".")[0]) is not None:
+        if not any(isinstance(finder, _AdaptingFinder) and finder.module_name == module_name for finder in sys.meta_path):
+            sys.meta_path.insert(0, _AdaptingFinder(module_name, adapt))
+
+
+def install() -> None:
+    """Adapt accelerate and the Trainer now if they are imported, else when they are."""
+    _adapt_on_import(_PACKAGE, adapt)
+    _adapt_on_import(_TRAINER_MODULE, adapt_trainer)

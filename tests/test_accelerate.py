@@ -17,15 +17,23 @@ import pytest
 import torch
 import transformers
 
-from backend_helpers import host, recorded_fallbacks
+from backend_helpers import eager, host, recorded_fallbacks
 from tputrace import open as open_trace
 from tputrace import recorder
+from tputrace.backend.device_module import EagerMode
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed (pip install accelerate)")
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402
 from accelerate.utils import get_max_memory  # noqa: E402
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
+
+MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
+# a resume is checked on the host (torch's own behaviour, the reference) and on the chip in both eager modes
+RESUME_RUNS = [
+    pytest.param("cpu", EagerMode.DEFER_NEVER, id="cpu"),
+    *(pytest.param("tpu", mode, id=f"tpu-{mode.name}") for mode in MODES),
+]
 
 
 @pytest.fixture(autouse=True)
@@ -123,16 +131,54 @@ def test_save_state_and_load_state_restore_the_chip_state(tmp_path: Path) -> Non
     assert moments and {moment.device for moment in moments} == {torch.device("tpu", 0)}
 
 
+def _train_with_dropout(accelerator: accelerate.Accelerator, first_step: int = 0, resume_from: Path | None = None,
+                        checkpoint: tuple[int, Path] | None = None) -> list[float]:
+    """Six batches, one per step, through a model with dropout from `first_step` on; `resume_from` loads a
+    saved state first (into a fresh model and optimizer, after a different seed), `checkpoint` saves the
+    state after the step it names."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Dropout(0.5), torch.nn.ReLU(), torch.nn.Linear(32, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    generator = torch.Generator().manual_seed(1)
+    inputs, labels = torch.randn(24, 8, generator=generator), torch.randint(0, 2, (24,), generator=generator)
+    dataset = torch.utils.data.TensorDataset(inputs, labels)
+    # its own generator: starting an iteration then draws no seed from the default one, whose state is restored
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, generator=torch.Generator())
+    model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+    if resume_from is not None:
+        torch.manual_seed(1234)
+        accelerator.load_state(resume_from)
+    losses = []
+    for step, (batch, batch_labels) in enumerate(accelerator.skip_first_batches(loader, first_step), start=first_step):
+        loss = torch.nn.functional.cross_entropy(model(batch), batch_labels)
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss.item())
+        if checkpoint is not None and step == checkpoint[0]:
+            accelerator.save_state(checkpoint[1])
+    return losses
+
+
+@pytest.mark.parametrize("device, mode", RESUME_RUNS)
+def test_load_state_resumes_dropout_where_save_state_left_it(tmp_path: Path, device: str, mode: EagerMode) -> None:
+    with eager(mode):
+        uninterrupted = _train_with_dropout(accelerate.Accelerator(cpu=device == "cpu"), checkpoint=(2, tmp_path / "step2"))
+        _reset()
+        resumed = _train_with_dropout(accelerate.Accelerator(cpu=device == "cpu"), first_step=3, resume_from=tmp_path / "step2")
+    assert resumed == pytest.approx(uninterrupted[3:], abs=1e-6)
+
+
 def test_a_multi_process_launch_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(RuntimeError, match="^accelerate has no multi-process mode for tpu; launch a single process, or train the ranks with dist"):
         accelerate.Accelerator()
 
 
-def _tiny_bert_and_data() -> tuple[transformers.PreTrainedModel, torch.utils.data.Dataset]:
+def _tiny_bert_and_data(dropout: float = 0.0) -> tuple[transformers.PreTrainedModel, torch.utils.data.Dataset]:
     config = transformers.BertConfig(
         vocab_size=64, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
-        max_position_embeddings=16, num_labels=2, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+        max_position_embeddings=16, num_labels=2, hidden_dropout_prob=dropout, attention_probs_dropout_prob=dropout,
     )
     torch.manual_seed(0)
     model = transformers.BertForSequenceClassification(config)
@@ -179,6 +225,45 @@ def test_trainer_trains_evaluates_and_checkpoints_on_the_chip(tmp_path: Path, cp
     checkpoint = transformers.BertForSequenceClassification.from_pretrained(tmp_path / "checkpoint-2")
     for name, value in trainer.model.state_dict().items():
         assert torch.equal(host(value), checkpoint.state_dict()[name]), name
+
+
+def _resumable_trainer(output_dir: Path, seed: int, device: str) -> transformers.Trainer:
+    """Four steps of a BERT with dropout, two per epoch, a checkpoint every two; the data order depends
+    on `data_seed` alone, so only the dropout masks follow `seed`."""
+    _reset()
+    model, examples = _tiny_bert_and_data(dropout=0.3)
+    arguments = transformers.TrainingArguments(
+        output_dir=str(output_dir), per_device_train_batch_size=4, max_steps=4, save_steps=2, logging_steps=1,
+        report_to=[], seed=seed, data_seed=0, use_cpu=device == "cpu", dataloader_pin_memory=False, disable_tqdm=True,
+    )
+    return transformers.Trainer(model=model, args=arguments, train_dataset=examples)
+
+
+@pytest.mark.parametrize("device, mode", RESUME_RUNS)
+def test_trainer_resumes_dropout_from_a_checkpoint(tmp_path: Path, device: str, mode: EagerMode) -> None:
+    with eager(mode):
+        uninterrupted = _resumable_trainer(tmp_path / "uninterrupted", seed=0, device=device)
+        uninterrupted.train()
+        resumed = _resumable_trainer(tmp_path / "resumed", seed=1234, device=device)
+        resumed.train(resume_from_checkpoint=str(tmp_path / "uninterrupted" / "checkpoint-2"))
+    assert resumed.accelerator.device == torch.device(device)
+    # the resumed history starts with the checkpoint's two entries
+    assert _logged(resumed, "loss")[2:] == pytest.approx(_logged(uninterrupted, "loss")[2:], abs=1e-6)
+
+
+def test_a_checkpoint_without_the_chip_states_leaves_the_tpu_generators_as_they_are(tmp_path: Path) -> None:
+    trainer = _resumable_trainer(tmp_path / "trainer", seed=0, device="tpu")
+    trainer._save_rng_state(str(tmp_path / "trainer"))
+    accelerator = accelerate.Accelerator()
+    accelerator.save_state(tmp_path / "state")
+    for chip_states in (tmp_path / "trainer" / "tpu_rng_state.pth", tmp_path / "state" / "tpu_random_states_0.pkl"):
+        chip_states.unlink()  # as in a checkpoint written without them
+    torch.tpu.manual_seed_all(7)
+    torch.randn(3, device="tpu")
+    expected = torch.tpu.get_rng_state_all()
+    trainer._load_rng_state(str(tmp_path / "trainer"))
+    accelerator.load_state(tmp_path / "state")
+    assert all(torch.equal(got, want) for got, want in zip(torch.tpu.get_rng_state_all(), expected, strict=True))
 
 
 def test_trainer_bf16_autocasts_on_the_chip(tmp_path: Path, cpu_trainer_losses: dict[str, list[float]]) -> None:
@@ -248,11 +333,13 @@ _IMPORT_ORDER = {
         print("accelerate" in sys.modules)
         import accelerate
         from transformers.integrations import accelerate as hf_accelerate
+        from transformers import Trainer
     """,
     "accelerate first": """
         import sys
         import accelerate
         from transformers.integrations import accelerate as hf_accelerate
+        from transformers import Trainer
         print("accelerate" in sys.modules)
         import tputrace.backend
     """,
@@ -265,6 +352,8 @@ def test_accelerate_is_adapted_in_either_import_order(tmp_path: Path, order: str
         """
         print(accelerate.Accelerator().device)
         print(list(hf_accelerate.accelerate_max_memory()))
+        print(hasattr(accelerate.accelerator.save_accelerator_state, "__wrapped__"),
+              hasattr(Trainer._load_rng_state, "__wrapped__"))
         """
     )
     result = subprocess.run(
@@ -272,4 +361,4 @@ def test_accelerate_is_adapted_in_either_import_order(tmp_path: Path, order: str
     )
     assert result.returncode == 0, result.stderr[-3000:]
     imported_early = str(order == "accelerate first")
-    assert result.stdout.split("\n")[:3] == [imported_early, "tpu", "[0, 1, 'cpu']"]
+    assert result.stdout.split("\n")[:4] == [imported_early, "tpu", "[0, 1, 'cpu']", "True True"]
