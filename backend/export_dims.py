@@ -7,7 +7,7 @@ them (`Guard failed: x.size()[0] == 4` on another size); torch's own wrapper sub
 (`TwoTensor`) do the same. `Dim.AUTO` and `Dim.DYNAMIC` were fine: they call `mark_dynamic`, which
 torch mirrors onto inner tensors.
 
-`install` wraps three steps of export:
+`install` wraps two steps of export:
 - while a module is exported, every dim of a tpu input's inner tensor is dynamic
   (`maybe_mark_dynamic`'s mark); the traced tensor ties each to its outer dim
   (`tensor._traced_tensor`): a static outer dim makes the inner one static again, a dynamic one
@@ -15,9 +15,7 @@ torch mirrors onto inner tensors.
   (one can outlive export's own clean-up and fails on a real input, whose `_traced` is None);
 - export accepts a symbol shared by two input sources only where the user declared them equal, so
   the inner dim of a named `Dim`'s tensor is declared free of the constraint (a "relaxed" source,
-  as `Dim.DYNAMIC`'s are): the outer dim, which the user's inputs have, still carries it;
-- `run_decompositions()` of such a program refuses in one line: torch's AOT export of a subclass
-  input with symbolic sizes passes them as extra graph inputs and then fails on its own count.
+  as `Dim.DYNAMIC`'s are): the outer dim, which the user's inputs have, still carries it.
 """
 
 from __future__ import annotations
@@ -84,38 +82,13 @@ def _inner_dims(outer_dims: list[TensorPropertySource]) -> Iterator[TensorProper
         yield TensorPropertySource(AttrSource(outer_dim.base, "_inner"), TensorProperty.SIZE, outer_dim.idx)
 
 
-def _refusing_dynamic_tpu_inputs(run_decompositions: Any) -> Any:
-    @functools.wraps(run_decompositions)
-    def run(program: Any, *args: Any, **kwargs: Any) -> Any:
-        if _has_dynamic_tpu_input(program):
-            raise NotImplementedError(
-                "run_decompositions() of a program exported with dynamic dims on tpu inputs is not supported (torch's AOT export "
-                "passes a subclass input's sizes as extra inputs): call ep.module() as exported, tpu lowers its ops itself"
-            )
-        return run_decompositions(program, *args, **kwargs)
-
-    return run
-
-
-def _has_dynamic_tpu_input(program: Any) -> bool:
-    user_inputs = set(program.graph_signature.user_inputs)
-    for node in program.graph.nodes:
-        value = node.meta.get("val")
-        if node.op == "placeholder" and node.name in user_inputs and type(value) is TpuTensor:
-            if any(isinstance(size, torch.SymInt) for size in value.shape):
-                return True
-    return False
-
-
 def install() -> None:
-    """Wrap export's entry, its processing of `Dim` equalities and `run_decompositions` (idempotent)."""
+    """Wrap export's entry and its processing of `Dim` equalities (idempotent)."""
     global _installed
     if _installed:
         return
     from torch.export import _trace, dynamic_shapes
-    from torch.export.exported_program import ExportedProgram
 
     _trace._export = _with_dynamic_inner_dims(_trace._export)
     dynamic_shapes._process_equalities = _with_relaxed_inner_dims(dynamic_shapes._process_equalities)
-    ExportedProgram.run_decompositions = _refusing_dynamic_tpu_inputs(ExportedProgram.run_decompositions)
     _installed = True

@@ -9,9 +9,10 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
-    accelerate_support, accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed, export_dims,
-    flex_attention, generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
-    op_routes, packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
+    accelerate_support, accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed,
+    export_decompositions, export_dims, flex_attention, generators, gradient_devices, hooks, host_pinning, inplace_views,
+    kernels, lazy_params, module_moves, op_routes, packed_sequences, safetensors_devices, sparse, torchscript,
+    worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -72,6 +73,7 @@ def register() -> None:
     torchscript.install()
     flex_attention.install()
     export_dims.install()
+    export_decompositions.install()
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()

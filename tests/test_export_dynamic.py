@@ -75,12 +75,6 @@ def test_export_with_dynamic_dims_leaves_the_input_unmarked_for_torch_compile() 
     assert not hasattr(x._inner, "_dynamo_weak_dynamic_indices")
 
 
-def test_run_decompositions_with_dynamic_tpu_inputs_says_what_to_do() -> None:
-    program = export(_Scaled(), (torch.randn(4, 3).to("tpu"),), dynamic_shapes={"x": {0: Dim("rows")}})
-    with pytest.raises(NotImplementedError, match="run_decompositions.*dynamic dims on tpu inputs.*ep.module()"):
-        program.run_decompositions()
-
-
 def _frames_and_xla(trace_path: Path) -> tuple[list, list]:
     with tputrace.open(trace_path) as trace:
         compiles = list(trace.records("compiles"))
