@@ -12,8 +12,9 @@ Five kinds. Only the third and fourth cost anything per call, and only for the o
   `uniform_(2, 1)`, `fill_(300)` on uint8): checked on every call, only for the ops listed in
   `_VALUE_CHECKS`.
 - Values torch's CPU kernels check (an index out of range, a probability outside [0, 1]), which
-  CUDA device-asserts and XLA would clamp: checked on host copies in DEFER_NEVER_AND_LAUNCH_BLOCKING
-  only, the debugging mode (`tputrace run --mode blocking`), as each check is a sync.
+  CUDA device-asserts and XLA would clamp: checked on host copies in DEFER_NEVER_AND_LAUNCH_BLOCKING,
+  the debugging mode (`tputrace run --mode blocking`), as each check is a sync. In the other modes
+  indices are checked on the chip and an error raised at the next sync (see `index_checks`).
 - Writes into memory that several elements share (`expand(...).add_()`): refused as torch refuses
   them, except by the ops torch allows it (`fill_`, `zero_`, `masked_fill_`, `index_put_`); so are
   writes into memory an input partly shares (`x[1:].copy_(x[:-1])`), checked only when an input
@@ -31,6 +32,7 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map_only
 
+from tputrace.backend import index_checks
 from tputrace.backend.mask_counts import COUNT_CHECKS
 
 
@@ -176,11 +178,13 @@ def _refuse_partial_overlap(target: Any, shared: list[Any]) -> None:
 def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:
     """`handler`, preceded by `op`'s per-call argument check if it has one; for an op whose inputs
     torch's CPU kernel checks by value (indices, probabilities), preceded in
-    DEFER_NEVER_AND_LAUNCH_BLOCKING by that check on host copies (see `host_refusal`); for a write
-    through a mask, preceded by the check of its count (see `mask_counts`)."""
+    DEFER_NEVER_AND_LAUNCH_BLOCKING by that check on host copies (see `host_refusal`) and in the
+    other modes, for an index op, followed by its asynchronous index check (see `index_checks`); for
+    a write through a mask, preceded by the check of its count (see `mask_counts`)."""
     check = _VALUE_CHECKS.get(op)
     count_check = COUNT_CHECKS.get(op)
     checks_data = op.overloadpacket in _DATA_CHECKED_OPS
+    index_check = index_checks.checker(op, dispatcher)
     if check is None and count_check is None and not checks_data:
         return handler
 
@@ -189,11 +193,15 @@ def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:
             check(args, kwargs)
         if count_check is not None:
             count_check(dispatcher.to_host, args, kwargs)
-        if checks_data and getattr(dispatcher.executor, "launch_blocking", False):
+        blocking = checks_data and getattr(dispatcher.executor, "launch_blocking", False)
+        if blocking:
             refusal = host_refusal(dispatcher.to_host, op, args, kwargs)
             if refusal is not None:
                 raise refusal
-        return handler(entry, args, kwargs)
+        result = handler(entry, args, kwargs)
+        if index_check is not None and not blocking:
+            index_check(args, kwargs)
+        return result
 
     return checked
 

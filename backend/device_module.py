@@ -91,10 +91,13 @@ class device:  # noqa: N801 - torch's name
 
 
 def synchronize(device: Any = None) -> None:
-    """Wait until every program launched on the chips has finished."""
+    """Wait until every program launched on the chips has finished; an index out of range since the
+    last sync raises here (see `index_checks`)."""
+    from tputrace.backend import index_checks
     from tputrace.backend.dispatch import dispatcher
 
     dispatcher.executor.synchronize()
+    index_checks.raise_if_out_of_range(dispatcher.recorder)
 
 
 def manual_seed(seed: int) -> None:

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, index_checks, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -824,11 +824,13 @@ class Dispatcher:
         return host.item()
 
     def to_host(self, tensor: TpuTensor, sync_kind: str) -> torch.Tensor:
-        """A CPU copy of a tpu tensor: the host waits for the chip (a sync) and copies (a transfer)."""
+        """A CPU copy of a tpu tensor: the host waits for the chip (a sync) and copies (a transfer);
+        an index out of range on the chip since the last sync raises here (see `index_checks`)."""
         self.raise_worker_errors()
         start = _perf_ns()
         value, pending = self.executor.concrete(self.read(tensor), sync_kind)
         jax.block_until_ready(value)
+        index_checks.raise_if_out_of_range(self.recorder, tensor._buf.chip)
         stall_end = _perf_ns()
         host = transfers.array_to_torch(value, tensor.dtype)
         end = _perf_ns()

@@ -93,8 +93,13 @@ def test_blocking_mode_stops_at_the_line_of_an_index_out_of_range(tmp_path: Path
         status = main(["run", "--mode", mode, "-o", str(trace_path), str(script)])
         captured = capsys.readouterr()
         with tputrace.open(trace_path) as trace:
-            if mode == "strict":  # XLA clamps the index: the run goes on with a wrong row
-                assert status == 0 and trace.run.exit_status == 0
+            if mode == "strict":  # checked on the chip: the error comes at the next sync, naming the op's line
+                assert status == 1 and trace.run.exit_status == 1
+                assert f'File "{script}", line 5' in captured.err
+                assert "index out of range in aten.embedding at tokens.py:4" in captured.err
+                raised = [annotation for annotation in trace.records("annotations") if annotation.origin == "index_check"]
+                assert len(raised) == 1 and raised[0].name.startswith("index out of range in aten.embedding at tokens.py:4")
+                assert raised[0].source.line == 5
                 continue
             assert status == 1 and f'File "{script}", line 4' in captured.err
             assert "IndexError: index out of range in self" in captured.err

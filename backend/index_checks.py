@@ -1,0 +1,310 @@
+"""Index checks in the default eager modes: an index out of range raises at the next host sync, as
+CUDA's device-side assert does, instead of XLA's silent clamp.
+
+XLA clamps an out-of-range gather index and drops an out-of-range scatter; the CPU refuses it at
+once, and CUDA asserts on the chip and raises at the next sync. Each checked op (`embedding`,
+`index_select`, `gather`, `x[idx]`, `take`, `nll_loss`'s target, the scatters and index writes)
+also runs a tiny program that folds "some index is out of range" into one int32 per chip: 0, or the
+site of the first such op (the op, the user's line, the range). In DEFER_AND_FUSE that program is
+one more node of the pending graph; in DEFER_NEVER, one more launch. Nothing waits for it: the next
+host read (`item`, `cpu`, `tolist`, print, `bool`, `torch.tpu.synchronize`) reads the int32, in one
+transfer and only if a check ran since the last read, and raises that site's error. A value still
+pending in DEFER_AND_FUSE is read at a later sync, as its op has not run yet.
+
+`TPUTRACE_INDEX_CHECKS=0` turns the checks off (XLA's clamping, as on a TPU without tputrace).
+DEFER_NEVER_AND_LAUNCH_BLOCKING checks on host copies instead, at the op (see `arg_checks`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import torch
+
+from tputrace.backend import chips
+from tputrace.backend.deferred import LazyValue
+from tputrace.backend.plans import OutSpec, Plan
+from tputrace.backend.tensor import TpuTensor
+from tputrace.sourceloc import is_user_file, library_roots
+
+aten = torch.ops.aten
+
+ENV_VARIABLE = "TPUTRACE_INDEX_CHECKS"
+enabled = os.environ.get(ENV_VARIABLE, "1") != "0"
+
+_FLAG_SPEC = OutSpec((), torch.int32, np.dtype(np.int32), 4)
+_NOT_INDICES = (torch.bool, torch.uint8)  # masks: `x[mask]` selects, it does not index
+
+
+class IndexRange(NamedTuple):
+    """The values an index may take: low <= index < high, or `exempt` (nll_loss's ignore_index).
+    A tuple: made and hashed on every checked call."""
+
+    low: int
+    high: int
+    exempt: int | None = None
+
+    def text(self, noun: str) -> str:
+        bounds = f"{noun} >= {self.high} or < {self.low}"
+        return bounds if self.exempt is None else f"{bounds} other than ignore_index {self.exempt}"
+
+
+Bounded = list[tuple[Any, IndexRange]]  # index tensors and the range each must be in
+Rule = Callable[[Sequence[Any], dict], Bounded]
+
+
+class _Flag:
+    """A chip's out-of-range site (int32: 0 for none). It stands where a buffer would for a
+    DeferAndFuse flush, which fills in `array` (its 4 bytes are not counted as a tensor's)."""
+
+    __slots__ = ("array", "chip", "nbytes", "unread", "__weakref__")
+
+    def __init__(self, chip: int) -> None:
+        self.chip = chip
+        self.nbytes = _FLAG_SPEC.nbytes
+        self.array: Any = _zero(chip)
+        self.unread = False
+
+
+def _zero(chip: int) -> Any:
+    """A flag with no site: a transfer (`jnp.zeros` would compile a program, seen in the trace)."""
+    return jax.device_put(np.zeros((), np.int32), chips.device(chip))
+
+
+_flags: dict[int, _Flag] = {}
+_plans: dict[tuple, Plan] = {}
+_site_ids: dict[tuple, int] = {}
+_site_messages: list[str] = []
+_user_code: dict[Any, bool] = {}
+_lock = threading.Lock()
+
+
+def checker(op: Any, dispatcher: Any) -> Callable[[Sequence[Any], dict], None] | None:
+    """The check of `op`'s indices (None if it has none): records the flag's update for a call."""
+    build = _RULES.get(op.overloadpacket)
+    if build is None:
+        return None
+    rule = build(op)
+    op_name = str(op.overloadpacket)
+
+    def check(args: Sequence[Any], kwargs: dict) -> None:
+        if enabled:
+            _record(dispatcher, op_name, rule(args, kwargs))
+
+    return check
+
+
+def raise_if_out_of_range(recorder: Any, chip: int | None = None) -> None:
+    """Raise the error of the first out-of-range index that ran on `chip` (every chip if None) since
+    the last check, recorded in the trace as an `index_check` annotation at the syncing line; a flag
+    whose value is still pending waits for a later sync."""
+    flags = _flags.values() if chip is None else [_flags[chip]] if chip in _flags else []
+    for flag in flags:
+        if not flag.unread:
+            continue
+        array = flag.array
+        if type(array) is LazyValue:
+            if array.concrete is None:
+                continue
+            array = array.concrete
+        site = int(jax.device_get(array))
+        flag.unread = False
+        if site:
+            flag.array = _zero(flag.chip)
+            message = _site_messages[site - 1]
+            if recorder is not None:
+                recorder.annotation(message, "index_check", recorder.now(), 0, recorder.frame_id())
+            raise RuntimeError(message)
+
+
+def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
+    checked = [(tensor, index_range) for tensor, index_range in bounded if tensor.numel()]
+    if not checked:
+        return
+    on_host = [(tensor, index_range) for tensor, index_range in checked if type(tensor) is not TpuTensor]
+    if on_host:  # host indices (`x[cpu_idx]`): checked at once, as the CPU does, with no sync
+        for tensor, index_range in on_host:
+            if _out_of_range_on_host(tensor, index_range):
+                raise RuntimeError(_site_messages[_site(op_name, (index_range,)) - 1])
+        checked = [pair for pair in checked if type(pair[0]) is TpuTensor]
+        if not checked:
+            return
+    ranges = tuple(index_range for _, index_range in checked)
+    site = _site(op_name, ranges)
+    chip = checked[0][0]._buf.chip
+    executor = dispatcher.executor
+    with dispatcher.thread_lock:
+        flag = _flags.get(chip)
+        if flag is None:
+            flag = _flags[chip] = _Flag(chip)
+        dynamic = [flag.array, site, *(dispatcher.read(tensor) for tensor, _ in checked)]
+        key = (ranges, tuple((tuple(tensor.shape), tensor.dtype) for tensor, _ in checked), chip, executor.deferred)
+        plan = _plans.get(key)
+        if plan is None:
+            plan = _plans[key] = _plan(ranges, key[1], chip)
+            executor.prepare(plan, dynamic)
+        flag.array = executor.run(plan, dynamic)[0]
+        flag.unread = True
+        if executor.deferred:
+            executor.track(flag)
+
+
+def _plan(ranges: tuple[IndexRange, ...], index_specs: tuple, chip: int) -> Plan:
+    """The program that folds `site` into the flag if any index is outside its range."""
+
+    def fold(flag: Any, site: Any, *indices: Any) -> tuple:
+        outside = jnp.zeros((), jnp.bool_)
+        for index, index_range in zip(indices, ranges):
+            bad = (index < index_range.low) | (index >= index_range.high)
+            if index_range.exempt is not None:
+                bad = bad & (index != index_range.exempt)
+            outside = outside | jnp.any(bad)
+        return (jnp.where((flag == 0) & outside, site, flag).astype(jnp.int32),)
+
+    in_specs = (((), torch.int32), ("int",), *index_specs)
+    return Plan("index_check", fold, (_FLAG_SPEC,), "single", in_specs, chip, ("index check", ranges))
+
+
+def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange) -> bool:
+    bad = (tensor < index_range.low) | (tensor >= index_range.high)
+    if index_range.exempt is not None:
+        bad &= tensor != index_range.exempt
+    return bool(bad.any())
+
+
+def _site(op_name: str, ranges: tuple[IndexRange, ...]) -> int:
+    """The id (from 1) of this op at the user's current line with these ranges; its message is made once."""
+    code, line = _user_frame()
+    key = (op_name, code, line, ranges)
+    site = _site_ids.get(key)
+    if site is None:
+        with _lock:
+            site = _site_ids.get(key)
+            if site is None:
+                where = f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
+                noun = "a target" if op_name.startswith("aten.nll_loss") else "an index"
+                bounds = "; ".join(index_range.text(noun) for index_range in ranges)
+                _site_messages.append(
+                    f"index out of range in {op_name} at {where} ({bounds}); XLA would have clamped it, CUDA raises a "
+                    f"device-side assert: fix the index, or run with --mode blocking to stop at the op ({ENV_VARIABLE}=0 keeps XLA's clamping)"
+                )
+                site = _site_ids[key] = len(_site_messages)
+    return site
+
+
+def _user_frame() -> tuple[Any, int]:
+    """The code object and line of the innermost frame in the user's code, or (None, 0)."""
+    frame = sys._getframe(3)
+    user_code = _user_code
+    while frame is not None:
+        code = frame.f_code
+        is_user = user_code.get(code)
+        if is_user is None:
+            is_user = user_code[code] = is_user_file(code.co_filename, library_roots())
+        if is_user:
+            return code, frame.f_lineno
+        frame = frame.f_back
+    return None, 0
+
+
+def _reader(op: Any, name: str) -> Callable[[Sequence[Any], dict], Any]:
+    """Reads argument `name` of a call of `op`, positional or keyword (None if the schema has none)."""
+    position = next((index for index, argument in enumerate(op._schema.arguments) if argument.name == name), None)
+    if position is None:
+        return lambda args, kwargs: None
+    return lambda args, kwargs: args[position] if position < len(args) else kwargs.get(name)
+
+
+def _dim_size(tensor: Any, dim: Any) -> int | None:
+    if type(dim) is not int:
+        return None  # a named dim
+    return tensor.shape[dim] if tensor.dim() else 1
+
+
+def _along_dim(wraps: bool) -> Callable[[Any], Rule]:
+    """`index` along `dim` of `self` (index_select, gather, the scatters, index_add/copy/fill)."""
+
+    def build(op: Any) -> Rule:
+        read_self, read_dim, read_index = _reader(op, "self"), _reader(op, "dim"), _reader(op, "index")
+
+        def rule(args: Sequence[Any], kwargs: dict) -> Bounded:
+            size = _dim_size(read_self(args, kwargs), read_dim(args, kwargs))
+            if size is None:
+                return []
+            return [(read_index(args, kwargs), IndexRange(-size if wraps else 0, size))]
+
+        return rule
+
+    return build
+
+
+def _embedding(op: Any) -> Rule:
+    read_weight, read_indices = _reader(op, "weight"), _reader(op, "indices")
+    return lambda args, kwargs: [(read_indices(args, kwargs), IndexRange(0, read_weight(args, kwargs).shape[0]))]
+
+
+def _flat(op: Any) -> Rule:
+    """`take`/`put`: an index into the flattened tensor, counting from the end when negative."""
+    read_self, read_index = _reader(op, "self"), _reader(op, "index")
+
+    def rule(args: Sequence[Any], kwargs: dict) -> Bounded:
+        numel = read_self(args, kwargs).numel()
+        return [(read_index(args, kwargs), IndexRange(-numel, numel))]
+
+    return rule
+
+
+def _advanced(op: Any) -> Rule:
+    """`x[idx]`, `x[idx] = v`: one index tensor per dim (None skips a dim, a mask covers its dims)."""
+    read_self, read_indices = _reader(op, "self"), _reader(op, "indices")
+
+    def rule(args: Sequence[Any], kwargs: dict) -> Bounded:
+        shape = read_self(args, kwargs).shape
+        bounded: Bounded = []
+        dim = 0
+        for index in read_indices(args, kwargs):
+            if index is None:
+                dim += 1
+            elif index.dtype in _NOT_INDICES:
+                dim += index.dim()
+            else:
+                bounded.append((index, IndexRange(-shape[dim], shape[dim])))
+                dim += 1
+        return bounded
+
+    return rule
+
+
+def _target(op: Any) -> Rule:
+    """nll_loss's target: a class in [0, C), or ignore_index."""
+    read_self, read_target, read_ignore = _reader(op, "self"), _reader(op, "target"), _reader(op, "ignore_index")
+
+    def rule(args: Sequence[Any], kwargs: dict) -> Bounded:
+        scores = read_self(args, kwargs)
+        classes = scores.shape[0] if scores.dim() == 1 else scores.shape[1]
+        return [(read_target(args, kwargs), IndexRange(0, classes, read_ignore(args, kwargs)))]
+
+    return rule
+
+
+_RULES: dict[Any, Callable[[Any], Rule]] = {
+    aten.embedding: _embedding,
+    aten.take: _flat, aten.put: _flat, aten.put_: _flat,
+    aten.index: _advanced, aten.index_put: _advanced, aten.index_put_: _advanced, aten._index_put_impl_: _advanced,
+    aten.nll_loss_forward: _target, aten.nll_loss2d_forward: _target,
+    aten.index_fill: _along_dim(wraps=True), aten.index_fill_: _along_dim(wraps=True),
+    **{
+        packet: _along_dim(wraps=False)
+        for packet in (
+            aten.index_select, aten.gather, aten.scatter, aten.scatter_, aten.scatter_add, aten.scatter_add_,
+            aten.scatter_reduce, aten.scatter_reduce_, aten.index_add, aten.index_add_, aten.index_copy, aten.index_copy_,
+        )
+    },
+}
