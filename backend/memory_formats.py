@@ -23,6 +23,8 @@ FORMAT_NAMES = {torch.channels_last: "channels_last", torch.channels_last_3d: "c
 # rule); the CPU's rule is that the output is channels-last when the input or the weight is.
 _CONVOLUTIONS = frozenset({torch.ops.aten.convolution.default, torch.ops.aten._convolution.default})
 
+Layout = tuple[tuple[int, ...], tuple[int, ...]]  # a tensor's (sizes, strides)
+
 
 def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
     """torch's default (row-major) strides for a shape; a size-0 or size-1 dimension counts as 1."""
@@ -64,12 +66,46 @@ def storage_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int
     return order
 
 
+def strides_in_order(shape: tuple[int, ...], order: tuple[int, ...]) -> tuple[int, ...]:
+    """The strides of a dense tensor whose buffer holds its dims in `order` (outermost first)."""
+    strides = [0] * len(shape)
+    running = 1
+    for dim in reversed(order):
+        strides[dim] = running
+        running *= max(shape[dim], 1)
+    return tuple(strides)
+
+
+def hinted_layout(tensor: torch.Tensor) -> Layout | None:
+    """A tensor's sizes and strides as ints, symbolic ones (a fake tensor traced with dynamic shapes)
+    read from their hints; None when one has no hint. A layout decided from hints holds for the
+    other sizes too: channels-last strides are products of sizes (Dynamo specializes sizes 0 and 1)."""
+    from torch.fx.experimental.symbolic_shapes import guarding_hint_or_throw, has_guarding_hint
+
+    values = (*tensor.shape, *tensor.stride())
+    if not all(type(value) is int or has_guarding_hint(value) for value in values):
+        return None
+    ints = tuple(value if type(value) is int else int(guarding_hint_or_throw(value)) for value in values)
+    return ints[: tensor.dim()], ints[tensor.dim() :]
+
+
+def convolution_format(input_layout: Layout, weight_layout: Layout) -> torch.memory_format | None:
+    """The channels-last format the CPU gives a convolution's output (and its backward's input and
+    weight gradients), from the (sizes, strides) of its input and weight: the input's or else the
+    weight's, None when neither is channels-last."""
+    for shape, strides in (input_layout, weight_layout):
+        memory_format = channels_last_format(shape, strides)
+        if memory_format is not None:
+            return memory_format
+    return None
+
+
 def corrected_meta(op: Any, meta_args: tuple, result: Any) -> Any:
     """A meta kernel's result with the output strides the CPU gives where the meta kernel's differ."""
     if op in _CONVOLUTIONS:
         input_meta, weight_meta = meta_args[0], meta_args[1]
-        for operand in (input_meta, weight_meta):
-            memory_format = channels_last_format(tuple(operand.shape), tuple(operand.stride()))
-            if memory_format is not None and result.dim() == operand.dim():
-                return result.contiguous(memory_format=memory_format)
+        input_layout = (tuple(input_meta.shape), tuple(input_meta.stride()))
+        memory_format = convolution_format(input_layout, (tuple(weight_meta.shape), tuple(weight_meta.stride())))
+        if memory_format is not None and result.dim() == input_meta.dim():
+            return result.contiguous(memory_format=memory_format)
     return result

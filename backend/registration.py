@@ -1,7 +1,8 @@
 """Registers the `tpu` device with PyTorch: the PrivateUse1 backend name, its device module
 (`torch.tpu`), hooks and device guard, the factory kernels, `torch.Generator(device="tpu")`, the op
-lowerings, the multi-tensor (`_foreach_*`) path of optimizers and gradient clipping, and the
-third-party entry points adapted to tpu (checkpoints, DataParallel, safetensors loads, accelerate)."""
+lowerings, the fake-tensor strides of tpu convolutions, the multi-tensor (`_foreach_*`) path of
+optimizers and gradient clipping, and the third-party entry points adapted to tpu (checkpoints,
+DataParallel, safetensors loads, accelerate)."""
 
 from __future__ import annotations
 
@@ -10,9 +11,9 @@ import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
     accelerate_support, accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed,
-    export_decompositions, export_dims, flex_attention, generators, gradient_devices, hooks, host_pinning, inplace_views,
-    kernels, lazy_params, module_moves, op_routes, packed_sequences, safetensors_devices, sparse, torchscript,
-    worker_errors,
+    export_decompositions, export_dims, fake_convolutions, flex_attention, generators, gradient_devices, hooks,
+    host_pinning, inplace_views, kernels, lazy_params, module_moves, op_routes, packed_sequences, safetensors_devices,
+    sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -74,6 +75,7 @@ def register() -> None:
     flex_attention.install()
     export_dims.install()
     export_decompositions.install()
+    fake_convolutions.install()
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()

@@ -1,5 +1,6 @@
 """Memory formats on `tpu`: channels_last tensors report the CPU's strides and `is_contiguous` answers,
-ops on them give the CPU's output strides, and values, views and writes stay correct, in both eager modes."""
+ops on them give the CPU's output strides (eager, and in graphs compiled with `backend="tpu"`), and values, views
+and writes stay correct, in both eager modes."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
+import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
@@ -145,13 +147,15 @@ def test_ops_on_channels_last_give_the_cpus_strides_and_values(name: str, mode: 
 BACKWARD_OPS = ["conv2d", "conv2d_channels_last_weight", "batch_norm_train", "relu", "add_contiguous", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d_1", "adaptive_avg_pool2d_3", "interpolate_nearest"]
 
 
-def _grads(op: Callable, values: torch.Tensor, weight: torch.Tensor, leaf_format: torch.memory_format) -> tuple[torch.Tensor, ...]:
+def _grads(
+    op: Callable, values: torch.Tensor, weight: torch.Tensor, leaf_format: torch.memory_format, inner_format: torch.memory_format = CL
+) -> tuple[torch.Tensor, ...]:
     """Gradients of an op's weighted sum: of a leaf in `leaf_format` and of a non-leaf (the
-    channels_last tensor made from a contiguous leaf, whose gradient keeps the op's own strides)."""
+    `inner_format` tensor made from a contiguous leaf, whose gradient keeps the op's own strides)."""
     leaf = values.clone(memory_format=leaf_format).requires_grad_()
     base = values.clone().requires_grad_()
     weight = weight.clone().requires_grad_()
-    inner = base.contiguous(memory_format=CL)
+    inner = base.contiguous(memory_format=inner_format)
     inner.retain_grad()
     out = op(leaf, weight)
     other = op(inner, weight)
@@ -262,8 +266,11 @@ def _small_resnet() -> nn.Module:
     )
 
 
-def _train(device: str, steps: int) -> tuple[list[float], list[tuple]]:
+def _train(device: str, steps: int, backend: str | None = None) -> tuple[list[float], list[tuple]]:
+    """Losses of SGD steps on the small ResNet in channels_last (run through `torch.compile` with
+    `backend` if given), then the layouts of its gradients and parameters."""
     model = _small_resnet().to(device).to(memory_format=CL)
+    forward = model if backend is None else torch.compile(model, backend=backend)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     torch.manual_seed(1)
     images = torch.randn(4, 3, 12, 12).to(device).contiguous(memory_format=CL)
@@ -271,7 +278,7 @@ def _train(device: str, steps: int) -> tuple[list[float], list[tuple]]:
     losses = []
     for _ in range(steps):
         optimizer.zero_grad()
-        loss = F.cross_entropy(model(images), labels)
+        loss = F.cross_entropy(forward(images), labels)
         loss.backward()
         optimizer.step()
         losses.append(loss.item())
@@ -284,3 +291,64 @@ def test_small_resnet_trains_in_channels_last_as_on_the_cpu(mode: object) -> Non
     tpu_losses, tpu_layouts = _train("tpu", 4)
     assert tpu_losses == pytest.approx(cpu_losses, rel=1e-3, abs=1e-4)
     assert tpu_layouts == cpu_layouts
+
+
+def _compiled(op: Callable, backend: str) -> Callable:
+    """`op` under `torch.compile`, after a Dynamo reset (each test compiles one op per device)."""
+    torch._dynamo.reset()
+    return torch.compile(op, backend=backend)
+
+
+# Compiled on tpu, against the CPU under `torch.compile(backend="aot_eager")`: the compiled graph's
+# outputs, and the gradients its backward graph gives, take the strides the traced graph says.
+COMPILED_OPS: dict[str, tuple[Callable[[torch.Tensor, torch.Tensor], torch.Tensor], tuple[int, ...], tuple[int, ...], torch.memory_format]] = {
+    "conv2d": (OPS["conv2d"], (2, 3, 8, 8), (4, 3, 3, 3), CL),
+    "conv2d_channels_last_weight": (OPS["conv2d_channels_last_weight"], (2, 3, 8, 8), (4, 3, 3, 3), CL),
+    "conv_bn_relu_pool": (lambda x, w: F.max_pool2d(F.relu(F.batch_norm(F.conv2d(x, w, padding=1), None, None, training=True)), 2), (2, 3, 8, 8), (4, 3, 3, 3), CL),
+    "view_of_conv_output": (lambda x, w: F.conv2d(x, w, padding=1)[:, 1:].permute(0, 2, 3, 1), (2, 3, 8, 8), (4, 3, 3, 3), CL),
+    "conv3d": (lambda x, w: F.conv3d(x, w, padding=1), (2, 3, 4, 6, 6), (4, 3, 3, 3, 3), CL3),
+    "max_pool3d_scaled": (lambda x, w: F.max_pool3d(x, 2) * w.sum(), (2, 3, 4, 6, 6), (4, 3, 3, 3, 3), CL3),
+}
+
+
+@pytest.mark.parametrize("name", list(COMPILED_OPS))
+def test_compiled_graphs_give_outputs_and_gradients_the_cpus_strides(name: str, mode: object) -> None:
+    op, shape, weight_shape, memory_format = COMPILED_OPS[name]
+    values, weight = _values(*shape), _values(*weight_shape)
+    inputs = values.contiguous(memory_format=memory_format)
+    _assert_same(_compiled(op, "aot_eager")(inputs, weight), _compiled(op, "tpu")(inputs.to("tpu"), weight.to("tpu")), atol=1e-4)
+    for leaf_format in (memory_format, torch.contiguous_format):
+        want = _grads(_compiled(op, "aot_eager"), values, weight, leaf_format, memory_format)
+        got = _grads(_compiled(op, "tpu"), values.to("tpu"), weight.to("tpu"), leaf_format, memory_format)
+        for want_grad, got_grad in zip(want, got):
+            _assert_same(want_grad, got_grad, atol=1e-4)
+
+
+def test_small_resnet_compiled_on_tpu_trains_in_channels_last_as_on_the_cpu(mode: object) -> None:
+    cpu_losses, cpu_layouts = _train("cpu", 3, "aot_eager")
+    tpu_losses, tpu_layouts = _train("tpu", 3, "tpu")
+    assert tpu_losses == pytest.approx(cpu_losses, rel=1e-3, abs=1e-4)
+    assert tpu_layouts == cpu_layouts
+    cpu_model, tpu_model = _small_resnet().to(memory_format=CL), _small_resnet().to("tpu").to(memory_format=CL)
+    images = _values(4, 3, 12, 12).contiguous(memory_format=CL)
+    for end in (4, 5):  # after the pooling, and after the residual block
+        want = _compiled(cpu_model[:end], "aot_eager")(images)
+        got = _compiled(tpu_model[:end], "tpu")(images.to("tpu"))
+        _assert_same(want.detach(), got.detach(), atol=1e-4)
+
+
+def test_dynamic_shape_graphs_keep_channels_last_for_each_size(mode: object) -> None:
+    def model(device: str) -> nn.Module:
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.ReLU()).to(device).to(memory_format=CL)
+
+    torch._dynamo.reset()
+    cpu, tpu = torch.compile(model("cpu"), backend="aot_eager", dynamic=True), torch.compile(model("tpu"), backend="tpu", dynamic=True)
+    for size in (6, 9):
+        images = _values(2, 3, size, size).contiguous(memory_format=CL)
+        cpu_images, tpu_images = images.clone().requires_grad_(), images.to("tpu").requires_grad_()
+        want, got = cpu(cpu_images), tpu(tpu_images)
+        _assert_same(want.detach(), got.detach(), atol=1e-4)
+        (want * want).sum().backward()
+        (got * got).sum().backward()
+        _assert_same(cpu_images.grad, tpu_images.grad, atol=1e-4)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from tputrace.backend import hlo_fusions, rng, transfers
-from tputrace.backend.compile import aliases, buckets
+from tputrace.backend.compile import aliases, buckets, output_layouts
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
 from tputrace.backend.dtypes import to_jax, to_torch
@@ -122,7 +122,7 @@ class CompiledGraph:
                 if on_host:
                     outputs.append(transfers.array_to_torch(host_values[slot.index], dtype))
                 else:
-                    outputs.append(new_tensor(array, chip, tuple(array.shape), dtype, array.nbytes))
+                    outputs.append(_result_tensor(array, chip, dtype, layout.result_layouts.get(slot.index)))
             elif slot.kind == "input":
                 outputs.append(args[slot.index])
             else:
@@ -130,7 +130,7 @@ class CompiledGraph:
         if layout.output_aliases:
             bases: dict[int, TpuTensor] = {}
             for index, alias in layout.output_aliases.items():
-                outputs[index] = aliases.replay(_alias_base(alias, args, outputs, results, bases, chip), alias.steps)
+                outputs[index] = aliases.replay(_alias_base(alias, args, outputs, results, layout, bases, chip), alias.steps)
         return outputs
 
     def _host_outputs(self, layout: TracedLayout, results: Sequence[Any], chip: int, recorder: Any) -> dict[int, Any]:
@@ -181,7 +181,8 @@ class CompiledGraph:
 
     def _compile(self, key: Any, arrays: list, statics: dict[int, Any], chip: int, bucket: Any) -> GraphProgram:
         layout = TracedLayout()
-        function = self.lowering.function(statics, layout, keep_aliases=bucket is None and self.bucketing is None)
+        unpadded = bucket is None and self.bucketing is None
+        function = self.lowering.function(statics, layout, keep_aliases=unpadded, keep_strides=unpadded)
         recorder = self.events.recorder()
         program = compile_program(function, arrays, chip, self.info.name, keep_hlo=recorder is not None)
         in_specs = self._in_specs(arrays, statics)
@@ -259,7 +260,9 @@ def _read_inputs(args: Sequence[Any], recorder: Any) -> tuple[list[Any], dict[in
     return arrays, statics, chip
 
 
-def _alias_base(alias: aliases.OutputAlias, args: Sequence[Any], outputs: Sequence[Any], results: Sequence[Any], bases: dict[int, TpuTensor], chip: int) -> torch.Tensor:
+def _alias_base(
+    alias: aliases.OutputAlias, args: Sequence[Any], outputs: Sequence[Any], results: Sequence[Any], layout: TracedLayout, bases: dict[int, TpuTensor], chip: int
+) -> torch.Tensor:
     """The tensor a view output is a view of: a runtime input, another output, or a program result
     (one tensor per result, kept in `bases`, so that views of one intermediate alias each other)."""
     if alias.kind == "input":
@@ -270,8 +273,15 @@ def _alias_base(alias: aliases.OutputAlias, args: Sequence[Any], outputs: Sequen
     base = bases.get(alias.index)
     if base is None:
         array = results[alias.index]
-        base = bases[alias.index] = new_tensor(array, chip, tuple(array.shape), to_torch(array.dtype), array.nbytes)
+        base = bases[alias.index] = _result_tensor(array, chip, to_torch(array.dtype), layout.result_layouts.get(alias.index))
     return base
+
+
+def _result_tensor(array: Any, chip: int, dtype: torch.dtype, stored: output_layouts.StoredLayout | None) -> TpuTensor:
+    """A fresh tensor over one program result; a channels-last one (`output_layouts`) if stored so."""
+    if stored is None:
+        return new_tensor(array, chip, tuple(array.shape), dtype, array.nbytes)
+    return output_layouts.wrap(array, chip, dtype, stored)
 
 
 def _host_array(tensor: torch.Tensor) -> np.ndarray:

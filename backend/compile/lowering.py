@@ -25,7 +25,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tputrace.backend import rng
-from tputrace.backend.compile import aliases
+from tputrace.backend.compile import aliases, output_layouts
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
@@ -72,6 +72,7 @@ class TracedLayout:
     output_dtypes: list[torch.dtype | None] = field(default_factory=list)
     output_on_host: list[bool] = field(default_factory=list)
     output_aliases: dict[int, aliases.OutputAlias] = field(default_factory=dict)
+    result_layouts: dict[int, output_layouts.StoredLayout] = field(default_factory=dict)  # by result index
 
 
 class GraphLowering:
@@ -90,11 +91,13 @@ class GraphLowering:
         self.op_names = [str(node.target) for node in self.nodes if _is_aten(node) and not _is_bookkeeping(node)]
         self.n_ops = len(self.op_names)
         self.view_chains = aliases.view_chains(self.output_args, output_node.meta.get("desc"))
+        self.strided_outputs = output_layouts.strided_outputs(output_node.meta.get("desc"), len(self.output_args))
 
-    def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True) -> Callable[..., tuple]:
+    def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True, keep_strides: bool = True) -> Callable[..., tuple]:
         """A function of the tensor inputs (placeholders not in `statics`, in order) followed by one
         (seed, counter) pair per random node; it fills `layout` when traced. With `keep_aliases`, the
-        layout says how to rebuild the outputs that are views as views of their bases."""
+        layout says how to rebuild the outputs that are views as views of their bases; with
+        `keep_strides`, channels-last outputs come out in storage order (`output_layouts`)."""
         placeholders = self.placeholders
         nodes = self.nodes
         output_args = self.output_args
@@ -102,6 +105,7 @@ class GraphLowering:
         constants = self.constants
         name = self.name
         view_chains = self.view_chains if keep_aliases else []
+        strided_outputs = self.strided_outputs if keep_strides else frozenset()
 
         def run(*arrays: Any) -> tuple:
             env: dict[torch.fx.Node, Any] = {}
@@ -128,7 +132,8 @@ class GraphLowering:
             layout.outputs.clear()
             layout.output_dtypes.clear()
             layout.output_on_host.clear()
-            for output in output_args:
+            layout.result_layouts.clear()
+            for index, output in enumerate(output_args):
                 if isinstance(output, torch.fx.Node) and output.op == "placeholder" and placeholders.index(output) not in statics:
                     layout.outputs.append(OutputSlot("input", placeholders.index(output)))
                     layout.output_dtypes.append(None)
@@ -141,7 +146,8 @@ class GraphLowering:
                     layout.outputs.append(OutputSlot("array", len(results)))
                     layout.output_dtypes.append(dtype)
                     layout.output_on_host.append(isinstance(fake, torch.Tensor) and fake.device.type == "cpu")
-                    results.append(jnp.asarray(value))
+                    stored = output_layouts.stored_layout(fake, tuple(value.shape)) if index in strided_outputs else None
+                    results.append(_result(value, stored, len(results), layout))
                 else:
                     layout.outputs.append(OutputSlot("value", value=_python_value(value)))
                     layout.output_dtypes.append(None)
@@ -149,7 +155,7 @@ class GraphLowering:
             layout.output_aliases.clear()
             extra_bases: dict[torch.fx.Node, int] = {}
             for chain in view_chains:
-                alias = _output_alias(chain, env, layout, results, extra_bases, placeholders, output_args, statics)
+                alias = _output_alias(chain, env, layout, results, extra_bases, placeholders, output_args, statics, keep_strides)
                 if alias is not None:
                     layout.output_aliases[chain.output] = alias
             return tuple(results)
@@ -166,9 +172,11 @@ def _output_alias(
     placeholders: list[torch.fx.Node],
     output_args: list[Any],
     statics: dict[int, Any],
+    keep_strides: bool,
 ) -> aliases.OutputAlias | None:
     """How to rebuild a view output from its base (None: leave it a fresh tensor). A base that is
-    neither an input nor an output is appended to `results` once (`extra_bases` says where)."""
+    neither an input nor an output is appended to `results` once (`extra_bases` says where), in
+    storage order when it is channels-last, so that views of it get torch's strides."""
     if layout.outputs[chain.output].kind != "array" or layout.output_on_host[chain.output]:
         return None
     steps = aliases.concrete_steps(chain, env)
@@ -186,8 +194,18 @@ def _output_alias(
             return aliases.OutputAlias("output", index, steps)
     if root not in extra_bases:
         extra_bases[root] = len(results)
-        results.append(jnp.asarray(env[root]))
+        stored = output_layouts.stored_layout(fake, tuple(env[root].shape)) if keep_strides else None
+        results.append(_result(env[root], stored, len(results), layout))
     return aliases.OutputAlias("result", extra_bases[root], steps)
+
+
+def _result(value: Any, stored: output_layouts.StoredLayout | None, index: int, layout: TracedLayout) -> Any:
+    """A program result: the value, or, for a channels-last one, the value in storage order."""
+    value = jnp.asarray(value)
+    if stored is None:
+        return value
+    layout.result_layouts[index] = stored
+    return output_layouts.to_storage_order(value, stored)
 
 
 def _constant(gm: torch.fx.GraphModule, target: str) -> Any:
