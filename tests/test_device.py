@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import subprocess
 import sys
 
@@ -84,6 +85,7 @@ def test_memory_counters_follow_live_tensors() -> None:
 def test_cuda_style_memory_names_and_torch_accelerator() -> None:
     """Names a ported script calls (`torch.cuda.memory_reserved` -> `torch.tpu...`) and device-generic
     code's `torch.accelerator` functions, which torch would answer from a C++ allocator we lack."""
+    gc.collect()
     torch.tpu.synchronize()
     before = torch.tpu.memory_allocated()
     big = torch.zeros(256, 1024, device="tpu")
