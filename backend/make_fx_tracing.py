@@ -30,9 +30,14 @@ def track_untraced_constants(tensor_type: type, args: tuple, kwargs: dict) -> bo
     proxy_mode = torch._C._get_dispatch_mode(_PROXY_MODE)
     if proxy_mode is None:
         return False
+    return track_constants(proxy_mode.tracer, tensor_type, args, kwargs)
+
+
+def track_constants(tracer: Any, tensor_type: type, args: tuple, kwargs: dict) -> bool:
+    """Give each real `tensor_type` argument that `tracer` does not know a constant node in its
+    graph (a `get_attr` of a tensor the graph module keeps); False when there is none."""
     from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing, has_proxy_slot, track_tensor_tree
 
-    tracer = proxy_mode.tracer
     untracked = [
         value
         for value in tree_leaves((args, kwargs))

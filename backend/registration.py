@@ -11,9 +11,9 @@ import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
     accelerate_support, accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed,
-    export_decompositions, export_dims, fake_convolutions, flex_attention, generators, gradient_devices, hooks,
-    host_pinning, inplace_views, kernels, lazy_params, module_moves, op_routes, packed_sequences, safetensors_devices,
-    sparse, torchscript, worker_errors,
+    export_constants, export_decompositions, export_dims, fake_convolutions, flex_attention, generators,
+    gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves, op_routes,
+    packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -74,6 +74,7 @@ def register() -> None:
     torchscript.install()
     flex_attention.install()
     export_dims.install()
+    export_constants.install()
     export_decompositions.install()
     fake_convolutions.install()
     distributed.register()
