@@ -499,7 +499,11 @@ class TpuTensor(torch.Tensor):
 
     def __reduce_ex__(self, proto: int) -> Any:
         """Pickled as torch pickles a CUDA tensor: its buffer's storage (tagged `tpu:N`; tensors of one
-        buffer share it, so views and tied weights still share it when loaded) and its geometry."""
+        buffer share it, so views and tied weights still share it when loaded) and its geometry. A
+        parameter loads as a parameter, as torch's `Parameter.__reduce_ex__` has it (a tpu one is a
+        TpuTensor marked `_is_param`, so that method is not its own)."""
+        if isinstance(self, torch.nn.Parameter):
+            return (torch._utils._rebuild_parameter, (self.data, self.requires_grad, collections.OrderedDict()))
         geometry = (self.storage_offset(), tuple(self.size()), self.stride(), self.requires_grad, collections.OrderedDict())
         if self.dtype not in torch.storage._dtype_to_storage_type_map():
             # float8, uint16-64: no typed storage class, so torch saves the bytes and the dtype apart (v3)

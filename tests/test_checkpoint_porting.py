@@ -1,7 +1,7 @@
 """Checkpoints and host data in a training script ported from CUDA, compared with the same code on the
 CPU: `torch.save` of tpu tensors keeps views and tied weights sharing one storage, every kind of
 `map_location` (a callable included), legacy-format files, `tensor.storage()` saved on its own,
-`mmap=True` loads, loading onto a second chip, resuming AdamW training, and `torch.tensor` of a list
+`mmap=True` loads, loading onto a second chip, parameters that load as parameters, resuming AdamW training, and `torch.tensor` of a list
 of 0-dim tpu tensors."""
 
 from __future__ import annotations
@@ -79,6 +79,20 @@ def test_tied_weights_saved_on_chip_stay_tied_on_host_and_chip(mode: EagerMode) 
         on_chip = _round_trip(saved)
         on_chip["embedding"]["weight"].add_(1.0)
         assert torch.equal(host(on_chip["head"]["weight"]), host(embedding.weight) + 1.0)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("weights_only", [True, False])
+@pytest.mark.parametrize(("location", "device_type"), [(None, "tpu"), ("cpu", "cpu")], ids=["tpu", "cpu"])
+def test_saved_parameters_load_as_parameters_as_on_cpu(mode: EagerMode, weights_only: bool, location: object, device_type: str) -> None:
+    torch.manual_seed(0)
+    with eager(mode):
+        linear = torch.nn.Linear(3, 2).to("tpu")
+        linear.bias.requires_grad_(False)
+        loaded = _round_trip([linear.weight, linear.bias], map_location=location, weights_only=weights_only)
+        for saved, restored in zip((linear.weight, linear.bias), loaded, strict=True):
+            assert isinstance(restored, torch.nn.Parameter) and restored.requires_grad == saved.requires_grad
+            assert restored.device.type == device_type and torch.equal(host(restored), host(saved))
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)

@@ -2,11 +2,13 @@
 modes: a tensor attribute that is neither parameter nor buffer, `torch.tensor(data,
 device=x.device)` inside forward (lifted constants, kept on tpu) and `torch.arange`/`torch.zeros`
 with `device=x.device` (ops of the graph). The program has the CPU's signature, and its
-`.module()` and its decomposed program's run new tpu inputs and match the CPU."""
+`.module()`, its decomposed program's and the program's after `torch.export.save`/`load` run new tpu
+inputs and match the CPU."""
 
 from __future__ import annotations
 
 import copy
+import io
 
 import pytest
 import torch
@@ -106,3 +108,24 @@ def test_lifted_constant_holds_the_literal_and_stays_unchanged_by_runs(strict: b
     literal = [value for name, value in program.constants.items() if name != "scale"]
     assert len(literal) == 1 and torch.equal(host(literal[0]), torch.tensor([1.0, 2.0, 3.0, 4.0]))
     assert torch.equal(host(program.constants["scale"]), reference.scale)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", ["attribute_and_literal", "factories"])
+def test_saved_program_loads_with_its_tpu_state_and_matches_the_cpu(case: str, mode: EagerMode) -> None:
+    torch.manual_seed(0)
+    reference, example = CASES[case](), torch.randn(2, 4)
+    with eager(mode):
+        program = export(_on_tpu(reference), (example.to("tpu"),))
+        saved = io.BytesIO()
+        torch.export.save(program, saved)
+        saved.seek(0)
+        loaded = torch.export.load(saved)
+        assert _signature(loaded) == _signature(program)
+        for name, value in [*loaded.state_dict.items(), *loaded.constants.items()]:
+            original = program.state_dict.get(name, program.constants.get(name))
+            assert type(value) is TpuTensor and torch.equal(host(value), host(original)), name
+        assert all(isinstance(value, torch.nn.Parameter) for value in loaded.parameters())
+        x = torch.randn(2, 4)
+        got = loaded.module()(x.to("tpu"))
+        assert got.device.type == "tpu" and torch.allclose(host(got), reference(x), atol=1e-5)
