@@ -197,6 +197,8 @@ def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:
         if blocking:
             refusal = host_refusal(dispatcher.to_host, op, args, kwargs)
             if refusal is not None:
+                if index_check is not None:
+                    index_checks.record_host_refusal(dispatcher.recorder, op, refusal)
                 raise refusal
         result = handler(entry, args, kwargs)
         if index_check is not None and not blocking:

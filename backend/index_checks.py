@@ -12,7 +12,8 @@ transfer and only if a check ran since the last read, and raises that site's err
 pending in DEFER_AND_FUSE is read at a later sync, as its op has not run yet.
 
 `TPUTRACE_INDEX_CHECKS=0` turns the checks off (XLA's clamping, as on a TPU without tputrace).
-DEFER_NEVER_AND_LAUNCH_BLOCKING checks on host copies instead, at the op (see `arg_checks`).
+DEFER_NEVER_AND_LAUNCH_BLOCKING checks on host copies instead, at the op (see `arg_checks`), and
+records the same `index_check` annotation, at the op's line, before torch's own error is raised.
 """
 
 from __future__ import annotations
@@ -122,6 +123,22 @@ def raise_if_out_of_range(recorder: Any, chip: int | None = None) -> None:
             if recorder is not None:
                 recorder.annotation(message, "index_check", recorder.now(), 0, recorder.frame_id())
             raise RuntimeError(message)
+
+
+def record_host_refusal(recorder: Any, op: Any, refusal: BaseException) -> None:
+    """Record an index op that the host refused (DEFER_NEVER_AND_LAUNCH_BLOCKING checks indices on
+    host copies, at the op) as an `index_check` annotation at the op's line, naming the op as the
+    chip checks' message does; torch's own error is what the script gets."""
+    if recorder is None:
+        return
+    code, line = _user_frame()
+    where = f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
+    cpu_message = (str(refusal).splitlines() or [""])[0]
+    recorder.annotation(
+        f"index out of range in {op.overloadpacket} at {where} ({type(refusal).__name__}: {cpu_message}); raised at the op by "
+        f"--mode blocking",
+        "index_check", recorder.now(), 0, recorder.frame_id(),
+    )
 
 
 def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:

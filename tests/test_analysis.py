@@ -426,6 +426,26 @@ def test_transfers_in_the_loop(tmp_path: Path) -> None:
 # -- memory ------------------------------------------------------------------------------------------------------
 
 
+def test_index_errors_outside_the_users_code_point_at_the_sync(tmp_path: Path) -> None:
+    """An index op that autograd's backward ran has no user line: the finding points at the syncing line,
+    once per message and line, counting the steps it was raised in; the run went on."""
+    trace = HandTrace(tmp_path / "index.tptrace", steps=4)
+    sync_line = trace.frame(41)
+    message = ("index out of range in aten.index_add_ at a line outside the user's code (autograd's backward?) "
+               "(an index >= 5 or < 0); XLA would have clamped it")
+    for step in (2, 3):
+        trace.writer.append("annotations", (0, trace.writer.intern(message), "index_check", trace.t(step, MS), 0, sync_line, step))
+    trace.writer.append("annotations", (0, trace.writer.intern("forward"), "annotate", trace.t(1), MS, sync_line, 1))
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "index_errors")
+    assert finding.title == "Index out of range in aten.index_add_ raised at train.py:41 by the sync"
+    assert (finding.file, finding.line, finding.severity) == (SCRIPT, 41, "critical")
+    assert finding.cost_total_ns == report.wall_ns and report.findings[0] is finding
+    assert "The script went on after the error (2 times, first in step 2)" in finding.explanation
+    assert report.results["index_errors"].data["errors"][0]["stopped_the_run"] is False
+
+
 def test_memory_against_hbm(tmp_path: Path) -> None:
     trace = HandTrace(tmp_path / "memory.tptrace", steps=3)
     gib = 1 << 30
@@ -480,7 +500,7 @@ def test_report_ranks_and_renders(sample_trace_path: Path) -> None:
     data = json.loads(render_json(report))
     assert data["target"]["name"] == DEFAULT_TARGET and data["target"]["is_default"] is True
     assert len(data["findings"]) == len(report.findings)
-    assert set(data["results"]) == {"recompiles", "syncs", "fallbacks", "fusion", "padding", "precision",
+    assert set(data["results"]) == {"index_errors", "recompiles", "syncs", "fallbacks", "fusion", "padding", "precision",
                                     "host_bound", "transfers", "memory", "collectives"}
 
 

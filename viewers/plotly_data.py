@@ -47,6 +47,7 @@ ANALYZER_SECTIONS: dict[str, str] = {
     "fallbacks": "timeline",
     "fusion": "timeline",
     "transfers": "timeline",
+    "index_errors": "timeline",
     "padding": "shapes",
     "precision": "shapes",
     "host_bound": "steps",

@@ -19,6 +19,7 @@ from tputrace.analysis import (
     fallbacks,
     fusion,
     host_bound,
+    index_errors,
     memory,
     padding,
     precision,
@@ -42,6 +43,7 @@ Analyzer = Callable[[AnalysisContext], AnalysisResult]
 
 # Every analyzer, by name, in the order their results are listed.
 ANALYZERS: dict[str, Analyzer] = {
+    index_errors.NAME: index_errors.analyze,
     recompiles.NAME: recompiles.analyze,
     syncs.NAME: syncs.analyze,
     fallbacks.NAME: fallbacks.analyze,

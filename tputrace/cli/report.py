@@ -11,7 +11,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "report",
         help="diagnose a trace: ranked findings tied to source lines",
         description=(
-            "Diagnose a trace: recompilation storms, host syncs, CPU fallbacks, fragmented fusion, tile padding, "
+            "Diagnose a trace: indices out of range, recompilation storms, host syncs, CPU fallbacks, fragmented fusion, tile padding, "
             "float32 matmuls, host-bound steps, transfers in the loop, memory and collectives, ranked by estimated "
             "cost on a target TPU."
         ),
