@@ -989,13 +989,15 @@ def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) 
 
 
 def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dict, dynamic: list) -> tuple[tuple, str | tuple[int | None, ...]]:
-    """Output specs from tracing the lowering abstractly, for ops whose meta kernel refuses the inputs."""
-    if entry.lowering.needs_key:
-        raise LoweringError("random ops need a meta kernel")
+    """Output specs from tracing the lowering abstractly, for ops whose meta kernel refuses the inputs
+    or that have none (`_sample_dirichlet`); a random op's key is derived from its traced seed and
+    counter, the last two dynamic values, as in its plan."""
     avals = [jax.ShapeDtypeStruct(value.shape, value.dtype) if hasattr(value, "shape") else value for value in dynamic]
+    n_inputs = len(avals) - 2 if entry.lowering.needs_key else len(avals)
 
     def run(*values: Any) -> Any:
-        return entry.lowering.fn(*rebuild(template_args, values), **rebuild(template_kwargs, values))
+        extra = {"key": rng.key_from(values[n_inputs], values[n_inputs + 1])} if entry.lowering.needs_key else {}
+        return entry.lowering.fn(*rebuild(template_args, values), **rebuild(template_kwargs, values), **extra)
 
     result = jax.eval_shape(run, *avals)
     results = result if isinstance(result, (tuple, list)) else (result,)

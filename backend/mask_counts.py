@@ -28,9 +28,12 @@ CountCheck = Callable[[ToHost, Sequence[Any], dict], None]
 
 
 def _count(to_host: ToHost, mask: Any) -> int:
-    """The number of set elements of a tpu mask, read on the host."""
+    """The number of set elements of a mask: read on the host for a tpu mask; a host mask (as
+    `x[host_mask] = values` passes, or the backward of `x[host_mask]`) is counted where it is."""
     if mask.numel() == 0:
         return 0
+    if mask.device.type != "tpu":
+        return int(mask.count_nonzero())
     flags = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, 0)
     return int(to_host(aten.sum.default(flags), _SYNC_KIND).item())
 

@@ -203,9 +203,26 @@ def poisson(self: Array, generator: object = None, *, key: Array) -> Array:
     return jax.random.poisson(key, self, self.shape).astype(self.dtype)
 
 
+def _positive_gamma(key: Array, concentration: Array) -> Array:
+    """Gamma(concentration, 1) draws raised to the dtype's smallest normal number, as torch's kernels
+    raise them: for a small concentration a large share of draws underflows to 0, outside the
+    support that `Gamma.log_prob` validates."""
+    sampled_dtype = jnp.promote_types(concentration.dtype, jnp.float32)  # half types draw in float32
+    draws = jax.random.gamma(key, concentration.astype(sampled_dtype), concentration.shape, dtype=sampled_dtype)
+    return jnp.maximum(draws.astype(concentration.dtype), jnp.finfo(concentration.dtype).tiny)
+
+
 @lowers(aten._standard_gamma.default, needs_key=True)
 def standard_gamma(self: Array, generator: object = None, *, key: Array) -> Array:
-    return jax.random.gamma(key, self, self.shape).astype(self.dtype)
+    return _positive_gamma(key, self)
+
+
+@lowers(aten._sample_dirichlet.default, needs_key=True)
+def sample_dirichlet(self: Array, generator: object = None, *, key: Array) -> Array:
+    """Dirichlet draws over the last dim, made as torch's kernels make them: positive Gamma draws
+    divided by their sum, the quotient raised to the smallest normal number."""
+    draws = _positive_gamma(key, self)
+    return jnp.maximum(draws / draws.sum(-1, keepdims=True), jnp.finfo(self.dtype).tiny)
 
 
 @lowers(aten.binomial.default, needs_key=True)
