@@ -10,10 +10,10 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
-    accelerate_support, accelerator_api, autocast, checkpoints, data_parallel, device_module, distributed,
-    export_constants, export_decompositions, export_dims, fake_convolutions, flex_attention, generators,
-    gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves, op_routes,
-    packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
+    accelerate_support, accelerator_api, autocast, checkpoints, chip_backward, data_parallel, device_module,
+    distributed, export_constants, export_decompositions, export_dims, fake_convolutions, flex_attention,
+    generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
+    op_routes, packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -65,6 +65,7 @@ def register() -> None:
     hooks.install()
     worker_errors.install()
     gradient_devices.install()
+    chip_backward.install()
     accelerator_api.install()
     data_parallel.install()
     module_moves.install()

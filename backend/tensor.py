@@ -465,16 +465,7 @@ class TpuTensor(torch.Tensor):
         from tputrace.backend import hooks
 
         hooks.backward_started()
-        try:
-            super().backward(gradient, retain_graph, create_graph, inputs)
-        except RuntimeError as error:
-            if "device_ready_queues_" not in str(error):
-                raise
-            raise RuntimeError(
-                "backward through tensors on tpu:1 or a later chip is not supported in one process: torch's autograd "
-                "engine keeps a single device queue for a device registered from Python; run one chip per process "
-                "(tputrace run --nproc N with DDP or FSDP)"
-            ) from None
+        super().backward(gradient, retain_graph, create_graph, inputs)
         hooks.flush_pending("backward_end")
 
     def __deepcopy__(self, memo: dict) -> "TpuTensor":
