@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, index_checks, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, index_checks, mask_indexing, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -847,8 +847,11 @@ class Dispatcher:
         return array
 
     def copy_to_chip(self, tensor: TpuTensor, chip: int) -> TpuTensor:
+        """A copy on another chip; the transfer's time starts after the pending work that makes the
+        value has run (its flush and compile are recorded as such, not as transfer time)."""
+        value = self.executor.concrete(self.read(tensor), "transfer")[0]
         start = _perf_ns()
-        array = jax.device_put(self.executor.concrete(self.read(tensor), "transfer")[0], chips.device(chip))
+        array = jax.device_put(value, chips.device(chip))
         nbytes = tensor.numel() * tensor.element_size()
         if self.recorder is not None:
             self.recorder.transferred("d2d", nbytes, tensor._buf.chip, chip, start, _perf_ns() - start)
@@ -877,6 +880,10 @@ class Dispatcher:
                 f"{entry.name} on tpu tensors in a process group without the 'tpu' backend (made before "
                 "`import tputrace.backend`?): import tputrace.backend before init_process_group/new_group, or pass backend='tpu'"
             )
+        if entry.op is aten.index.Tensor and (selected := mask_indexing.index(self.to_host, args, kwargs)) is not None:
+            return selected  # `x[mask]`: indexed on the chip by the mask's set positions
+        if entry.op is aten.masked_select.default and (selected := mask_indexing.masked_select(self.to_host, args, kwargs)) is not None:
+            return selected
         self._warn_fallback(entry.name, "it has no lowering" if entry.lowering is None else "its lowering cannot take these inputs (e.g. a data-dependent shape)")
         sync_kind = "data_dependent" if entry.op._schema.name in _DATA_DEPENDENT_OPS else "fallback"
         start = _perf_ns()

@@ -1,7 +1,8 @@
 """Advanced indexing, gathers and scatters, embeddings.
 
 Boolean masks in `index` select a data-dependent number of elements, so those calls raise
-`UnloweredCase` and the dispatcher runs them on the host; `index_put` with a single mask keeps the
+`UnloweredCase`; the dispatcher then turns the masks into integer indices on the host and indexes
+on the chip (`mask_indexing`); `index_put` with a single mask keeps the
 input's shape and is lowered (`mask_counts` checks its values against the mask's count first).
 Scatters build one full coordinate array per dim and use JAX's `.at[...]` updates; reductions that
 exclude `self` first reset the touched positions to the reduction's identity.

@@ -1,9 +1,9 @@
-"""Planted problem: a CPU fallback in the loop. `torch.masked_select` has a data-dependent output
-shape, so the tpu device has no lowering for it: every step copies the per-token losses to the host
-and back.
+"""Planted problem: a CPU fallback in the loop. `torch.bincount` has a data-dependent output shape
+(one count per value up to the largest), so the tpu device has no lowering for it: every step copies
+the targets to the host, counts there, and copies the counts back, cutting the step's fused graph.
 
-    tputrace run examples/problems/cpu_fallback.py            # masked_select of the valid tokens
-    tputrace run examples/problems/cpu_fallback.py --fixed    # a masked mean with a fixed shape
+    tputrace run examples/problems/cpu_fallback.py            # bincount of the batch's target tokens
+    tputrace run examples/problems/cpu_fallback.py --fixed    # the same counts with a fixed shape (scatter_add_)
 """
 
 from __future__ import annotations
@@ -28,23 +28,23 @@ class TinyLM(nn.Module):
         return self.head(x + self.mix(x))
 
 
-def masked_loss(logits: torch.Tensor, targets: torch.Tensor, valid: torch.Tensor, fixed: bool) -> torch.Tensor:
-    per_token = nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction="none")
+def balanced_loss(logits: torch.Tensor, targets: torch.Tensor, fixed: bool) -> torch.Tensor:
+    """Cross-entropy weighted by the inverse frequency of each target token in the batch."""
+    flat = targets.flatten()
     if fixed:
-        weights = valid.flatten().float()
-        return (per_token * weights).sum() / weights.sum().clamp(min=1.0)
-    return torch.masked_select(per_token, valid.flatten()).mean()  # tputrace: problem (no lowering: runs on the CPU)
+        counts = torch.zeros(VOCAB, device=flat.device).scatter_add_(0, flat, torch.ones(flat.shape, device=flat.device))
+    else:
+        counts = torch.bincount(flat, minlength=VOCAB).float()  # tputrace: problem (no lowering: runs on the CPU)
+    return nn.functional.cross_entropy(logits.flatten(0, 1), flat, weight=1.0 / counts.clamp(min=1.0))
 
 
 def main() -> None:
-    args = parse_args(__doc__.splitlines()[0], steps=10, fixed_help="weight the per-token loss by the mask instead")
+    args = parse_args(__doc__.splitlines()[0], steps=10, fixed_help="count the tokens into a fixed-size tensor instead")
     model = TinyLM().to(args.device)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
-    lengths = torch.randint(SEQ // 2, SEQ + 1, (BATCH, 1))
-    valid = (torch.arange(SEQ).unsqueeze(0) < lengths)
-    inputs, targets, valid = tokens[:, :-1].to(args.device), tokens[:, 1:].to(args.device), valid.to(args.device)
-    losses = train(lambda _: masked_loss(model(inputs), targets, valid, args.fixed), optimizer, range(args.steps))
+    inputs, targets = tokens[:, :-1].to(args.device), tokens[:, 1:].to(args.device)
+    losses = train(lambda _: balanced_loss(model(inputs), targets, args.fixed), optimizer, range(args.steps))
     print_final(losses)
 
 

@@ -20,6 +20,7 @@ DATA_DEPENDENT_HINTS: dict[str, str] = {
     "aten.unique_dim": "compute unique values once outside the loop",
     "aten.unique_consecutive": "compute unique values once outside the loop",
     "aten.index.Tensor": "boolean-mask indexing has a data-dependent shape; use `torch.where` with a fixed shape",
+    "aten.bincount": "count into a fixed-size tensor: `torch.zeros(n).scatter_add_(0, x, torch.ones_like(x, dtype=torch.float))`",
 }
 
 

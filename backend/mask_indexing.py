@@ -1,0 +1,72 @@
+"""`x[mask]` and `torch.masked_select` on the chip: a boolean mask becomes the integer indices of its set elements, read on
+the host, and the tensor is indexed where it lives.
+
+Selecting through a mask has a data-dependent shape, so XLA cannot compile it from the shapes alone.
+Before this, the call ran as a CPU fallback: the whole tensor was copied to the host, indexed there,
+and the result copied back. torch's own `index` (CUDA's too) turns each mask into indices with
+`nonzero` first; here that `nonzero` runs on the host, on the mask only: a mask already on the host
+(`x[cpu_mask]`) needs no sync, and a chip mask is read once (a data-dependent sync, recorded as
+such). The integer indices then go to the lowered `index`, so the tensor never leaves the chip.
+
+Calls whose masks do not fit the tensor, or 0-dim masks, keep the host fallback, which raises or
+computes as torch does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+aten = torch.ops.aten
+
+_MASK_DTYPES = (torch.bool, torch.uint8)
+_SYNC_KIND = "data_dependent"
+
+ToHost = Callable[[Any, str], torch.Tensor]
+
+
+def index(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | None:
+    """`aten.index.Tensor` with its masks replaced by indices, or None if the call has no mask this handles."""
+    self = args[0]
+    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    converted = _without_masks(to_host, self, indices)
+    if converted is None:
+        return None
+    return aten.index.Tensor(self, converted)
+
+
+def masked_select(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | None:
+    """`torch.masked_select`: the tensor and the mask broadcast together, then indexed as `x[mask]`
+    (None for a 0-dim result or a mask that is not bool, which torch refuses)."""
+    self = args[0]
+    mask = args[1] if len(args) > 1 else kwargs["mask"]
+    if mask.dtype != torch.bool:
+        return None
+    shape = torch.broadcast_shapes(self.shape, mask.shape)
+    if not shape:
+        return None
+    host_mask = mask if mask.device.type == "cpu" else to_host(mask, _SYNC_KIND)
+    return aten.index.Tensor(self.expand(shape), list(host_mask.expand(shape).nonzero().unbind(1)))
+
+
+def _without_masks(to_host: ToHost, self: Any, indices: Sequence[Any]) -> list[Any] | None:
+    """The indices with each mask replaced by one host index tensor per dim it covers (None when a
+    mask is 0-dim or does not match the dims it covers, and when there is no mask)."""
+    converted: list[Any] = []
+    dim = 0
+    has_mask = False
+    for index_tensor in indices:
+        if index_tensor is None or index_tensor.dtype not in _MASK_DTYPES:
+            converted.append(index_tensor)
+            dim += 1
+            continue
+        covered = tuple(self.shape[dim:dim + index_tensor.dim()])
+        if index_tensor.dim() == 0 or tuple(index_tensor.shape) != covered:
+            return None
+        mask = index_tensor if index_tensor.device.type == "cpu" else to_host(index_tensor, _SYNC_KIND)
+        converted.extend(mask.nonzero().unbind(1))
+        dim += index_tensor.dim()
+        has_mask = True
+    return converted if has_mask else None
