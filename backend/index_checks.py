@@ -3,7 +3,9 @@ CUDA's device-side assert does, instead of XLA's silent clamp.
 
 XLA clamps an out-of-range gather index and drops an out-of-range scatter; the CPU refuses it at
 once, and CUDA asserts on the chip and raises at the next sync. Each checked op (`embedding`,
-`index_select`, `gather`, `x[idx]`, `take`, `nll_loss`'s target, the scatters and index writes)
+`index_select`, `gather`, `x[idx]`, `take`, `nll_loss`'s target, `one_hot`'s classes, the scatters
+and index writes; and the values the CPU refuses in `multinomial`, `bernoulli` and
+`binary_cross_entropy`: a negative or nan probability, an input outside [0, 1])
 also runs a tiny program that folds "some index is out of range" into one int32 per chip: 0, or the
 site of the first such op (the op, the user's line, the range). In DEFER_AND_FUSE that program is
 one more node of the pending graph; in DEFER_NEVER, one more launch. Nothing waits for it: the next
@@ -40,6 +42,7 @@ aten = torch.ops.aten
 ENV_VARIABLE = "TPUTRACE_INDEX_CHECKS"
 enabled = os.environ.get(ENV_VARIABLE, "1") != "0"
 
+UNBOUNDED = 2**62  # an IndexRange's `high` where only `low` bounds the values (one_hot with no class count)
 _FLAG_SPEC = OutSpec((), torch.int32, np.dtype(np.int32), 4)
 _NOT_INDICES = (torch.bool, torch.uint8)  # masks: `x[mask]` selects, it does not index
 
@@ -53,11 +56,21 @@ class IndexRange(NamedTuple):
     exempt: int | None = None
 
     def text(self, noun: str) -> str:
-        bounds = f"{noun} >= {self.high} or < {self.low}"
+        bounds = f"{noun} < {self.low}" if self.high == UNBOUNDED else f"{noun} >= {self.high} or < {self.low}"
         return bounds if self.exempt is None else f"{bounds} other than ignore_index {self.exempt}"
 
 
-Bounded = list[tuple[Any, IndexRange]]  # index tensors and the range each must be in
+class ValueCheck(NamedTuple):
+    """Values an op's CPU kernel refuses that are not indices: `kind` names the predicate (see
+    `_VALUE_PREDICATES`); the chip folds it as it folds an index range."""
+
+    kind: str
+
+    def text(self, noun: str) -> str:
+        return _VALUE_TEXTS[self.kind]
+
+
+Bounded = list[tuple[Any, "IndexRange | ValueCheck"]]  # tensors and the range (or check) each must pass
 Rule = Callable[[Sequence[Any], dict], Bounded]
 
 
@@ -102,6 +115,15 @@ def checker(op: Any, dispatcher: Any) -> Callable[[Sequence[Any], dict], None] |
     return check
 
 
+def check(op_name: str, bounded: Bounded) -> None:
+    """Check the indices of an op routed by hand (`one_hot`: see `op_routes`) as `checker`'s checks do,
+    in the default eager modes; DEFER_NEVER_AND_LAUNCH_BLOCKING checks them at the op."""
+    from tputrace.backend.dispatch import dispatcher
+
+    if enabled and not getattr(dispatcher.executor, "launch_blocking", False):
+        _record(dispatcher, op_name, bounded)
+
+
 def raise_if_out_of_range(recorder: Any, chip: int | None = None) -> None:
     """Raise the error of the first out-of-range index that ran on `chip` (every chip if None) since
     the last check, recorded in the trace as an `index_check` annotation at the syncing line; a flag
@@ -134,8 +156,9 @@ def record_host_refusal(recorder: Any, op: Any, refusal: BaseException) -> None:
     code, line = _user_frame()
     where = f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
     cpu_message = (str(refusal).splitlines() or [""])[0]
+    what = "invalid values" if op.overloadpacket in _VALUE_OPS else "index out of range"
     recorder.annotation(
-        f"index out of range in {op.overloadpacket} at {where} ({type(refusal).__name__}: {cpu_message}); raised at the op by "
+        f"{what} in {op.overloadpacket} at {where} ({type(refusal).__name__}: {cpu_message}); raised at the op by "
         f"--mode blocking",
         "index_check", recorder.now(), 0, recorder.frame_id(),
     )
@@ -180,6 +203,9 @@ def _plan(site: int, ranges: tuple[IndexRange, ...], index_specs: tuple, chip: i
     def fold(flag: Any, *indices: Any) -> tuple:
         outside = jnp.zeros((), jnp.bool_)
         for index, index_range in zip(indices, ranges):
+            if type(index_range) is ValueCheck:
+                outside = outside | _VALUE_PREDICATES[index_range.kind](index)
+                continue
             bad = (index < index_range.low) | (index >= index_range.high)
             if index_range.exempt is not None:
                 bad = bad & (index != index_range.exempt)
@@ -190,7 +216,9 @@ def _plan(site: int, ranges: tuple[IndexRange, ...], index_specs: tuple, chip: i
     return Plan("index_check", fold, (_FLAG_SPEC,), "single", in_specs, chip, ("index check", site))
 
 
-def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange) -> bool:
+def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange | ValueCheck) -> bool:
+    if type(index_range) is ValueCheck:
+        return bool(_VALUE_PREDICATES[index_range.kind](jnp.asarray(tensor.numpy())))
     bad = (tensor < index_range.low) | (tensor >= index_range.high)
     if index_range.exempt is not None:
         bad &= tensor != index_range.exempt
@@ -207,12 +235,21 @@ def _site(op_name: str, ranges: tuple[IndexRange, ...]) -> int:
             site = _site_ids.get(key)
             if site is None:
                 where = f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
-                noun = "a target" if op_name.startswith("aten.nll_loss") else "an index"
+                noun = _NOUNS.get(op_name.split(".")[1], "an index")
                 bounds = "; ".join(index_range.text(noun) for index_range in ranges)
-                _site_messages.append(
-                    f"index out of range in {op_name} at {where} ({bounds}); XLA would have clamped it, CUDA raises a "
-                    f"device-side assert: fix the index, or run with --mode blocking to stop at the op ({ENV_VARIABLE}=0 keeps XLA's clamping)"
-                )
+                if any(type(index_range) is ValueCheck for index_range in ranges):
+                    message = (
+                        f"invalid values in {op_name} at {where} ({bounds}); the CPU refuses them and CUDA raises a "
+                        f"device-side assert: fix the values, or run with --mode blocking to stop at the op ({ENV_VARIABLE}=0 "
+                        f"turns the checks off)"
+                    )
+                else:
+                    message = (
+                        f"index out of range in {op_name} at {where} ({bounds}); XLA would have clamped it, CUDA raises a "
+                        f"device-side assert: fix the index, or run with --mode blocking to stop at the op ({ENV_VARIABLE}=0 keeps "
+                        f"XLA's clamping)"
+                    )
+                _site_messages.append(message)
                 site = _site_ids[key] = len(_site_messages)
     return site
 
@@ -312,11 +349,51 @@ def _target(op: Any) -> Rule:
     return rule
 
 
+def _bad_probabilities(probabilities: Any) -> Any:
+    """multinomial's refusal: a weight < 0, inf or nan, or a distribution (row) that sums to 0."""
+    invalid = jnp.any((probabilities < 0) | ~jnp.isfinite(probabilities))
+    return invalid | jnp.any(jnp.sum(probabilities, axis=-1) <= 0)
+
+
+def _outside_unit_interval(values: Any) -> Any:
+    """bernoulli's and binary_cross_entropy's refusal: a value outside [0, 1], or nan."""
+    return ~jnp.all((values >= 0) & (values <= 1))
+
+
+_VALUE_PREDICATES: dict[str, Callable[[Any], Any]] = {
+    "probabilities": _bad_probabilities, "probability": _outside_unit_interval, "input": _outside_unit_interval,
+}
+_VALUE_TEXTS = {
+    "probabilities": "a probability < 0, inf or nan, or a distribution summing to 0",
+    "probability": "a probability outside [0, 1]",
+    "input": "an input outside [0, 1]",
+}
+
+
+def _values(name: str, kind: str) -> Callable[[Any], Rule]:
+    """Argument `name`'s values pass the check `kind` (an overload without that tensor argument has no check)."""
+
+    def build(op: Any) -> Rule:
+        read = _reader(op, name)
+        takes_tensor = any(argument.name == name and isinstance(argument.type, torch.TensorType) for argument in op._schema.arguments)
+        if not takes_tensor:
+            return lambda args, kwargs: []
+        return lambda args, kwargs: [(read(args, kwargs), ValueCheck(kind))]
+
+    return build
+
+
+_VALUE_OPS = frozenset({aten.multinomial, aten.binary_cross_entropy, aten.bernoulli, aten.bernoulli_})
+_NOUNS = {"nll_loss_forward": "a target", "nll_loss2d_forward": "a target", "one_hot": "a class value"}
+
 _RULES: dict[Any, Callable[[Any], Rule]] = {
     aten.embedding: _embedding,
     aten.take: _flat, aten.put: _flat, aten.put_: _flat,
     aten.index: _advanced, aten.index_put: _advanced, aten.index_put_: _advanced, aten._index_put_impl_: _advanced,
     aten.nll_loss_forward: _target, aten.nll_loss2d_forward: _target,
+    aten.multinomial: _values("self", "probabilities"), aten.binary_cross_entropy: _values("self", "input"),
+    aten.bernoulli: lambda op: _values("p" if op is aten.bernoulli.Tensor else "self", "probability")(op),
+    aten.bernoulli_: _values("p", "probability"),
     aten.index_fill: _along_dim(wraps=True), aten.index_fill_: _along_dim(wraps=True),
     **{
         packet: _along_dim(wraps=False)

@@ -21,7 +21,8 @@
 - `record_stream` (a CUDA caching-allocator hint; DataParallel's scatter calls it) is a no-op: JAX
   frees a chip's buffers once no array holds them, whatever stream used them.
 - `one_hot` runs torch's composite as it runs for a plain accelerator tensor, with its class-range
-  asserts (`_assert_async`); the path torch takes for a tensor subclass leaves them out.
+  asserts (`_assert_async`); the path torch takes for a tensor subclass leaves them out. In the
+  default modes its class values are checked on the chip as an index op's are (`index_checks`).
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from typing import Any
 
 import torch
 
+from tputrace.backend import index_checks
 from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten
@@ -117,6 +119,8 @@ def _assert_async(args: tuple, kwargs: dict) -> None:
 
 
 def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
+    high = num_classes if num_classes >= 0 else index_checks.UNBOUNDED
+    index_checks.check("aten.one_hot", [(tensor, index_checks.IndexRange(0, high))])
     return aten.one_hot.default.decompose(tensor, num_classes)
 
 

@@ -45,6 +45,8 @@ OUT_OF_RANGE: dict[str, tuple[str, Callable[[str], torch.Tensor]]] = {
     "scatter_add_": ("aten.scatter_add_", lambda d: torch.zeros(5, device=d).scatter_add_(0, _ids(d, 7), torch.ones(1, device=d))),
     "index_add_": ("aten.index_add_", lambda d: torch.zeros(5, 3, device=d).index_add_(0, _ids(d, 5), torch.ones(1, 3, device=d))),
     "index_put_": ("aten.index_put_", lambda d: torch.zeros(5, device=d).index_put_((_ids(d, 5),), torch.ones(1, device=d))),
+    "one_hot past num_classes": ("aten.one_hot", lambda d: F.one_hot(_ids(d, 0, 3), 3)),
+    "one_hot negative": ("aten.one_hot", lambda d: F.one_hot(_ids(d, -1, 2), 3)),
 }
 
 # Indices in range, including the negative ones torch counts from the end and nll_loss's ignore_index.
@@ -59,6 +61,26 @@ IN_RANGE: dict[str, Callable[[str], torch.Tensor]] = {
     "nll_loss own ignore_index": lambda d: F.nll_loss(_table(d), _ids(d, 0, 7, 2, 1, 1), ignore_index=7),
     "scatter_add_": lambda d: torch.zeros(5, device=d).scatter_add_(0, _ids(d, 4, 0, 4), torch.ones(3, device=d)),
     "index_put_ negative": lambda d: torch.zeros(5, device=d).index_put_((_ids(d, -1),), torch.ones(1, device=d)),
+    "one_hot": lambda d: F.one_hot(_ids(d, 2, 0, 1), 3),
+    "one_hot counting its classes": lambda d: F.one_hot(_ids(d, 2, 0, 4)),
+}
+
+
+# Values the CPU kernel refuses that are not indices: (the op the error names, a call with such values).
+INVALID_VALUES: dict[str, tuple[str, Callable[[str], torch.Tensor]]] = {
+    "multinomial negative": ("aten.multinomial", lambda d: torch.multinomial(torch.tensor([0.5, -0.1], device=d), 1)),
+    "multinomial nan": ("aten.multinomial", lambda d: torch.multinomial(torch.tensor([[0.5, 0.5], [float("nan"), 1.0]], device=d), 1)),
+    "multinomial zero row": ("aten.multinomial", lambda d: torch.multinomial(torch.tensor([[0.5, 0.5], [0.0, 0.0]], device=d), 1)),
+    "bernoulli": ("aten.bernoulli", lambda d: torch.bernoulli(torch.tensor([0.5, 1.5], device=d))),
+    "bernoulli_ tensor p": ("aten.bernoulli_", lambda d: torch.zeros(2, device=d).bernoulli_(torch.tensor([float("nan"), 0.5], device=d))),
+    "binary_cross_entropy": ("aten.binary_cross_entropy", lambda d: F.binary_cross_entropy(torch.tensor([0.5, 1.5], device=d), torch.ones(2, device=d))),
+}
+
+# Valid values whose results do not depend on the random draw, so they compare with the CPU's.
+VALID_VALUES: dict[str, Callable[[str], torch.Tensor]] = {
+    "multinomial certain": lambda d: torch.multinomial(torch.tensor([[0.0, 0.0, 2.0], [1.0, 0.0, 0.0]], device=d), 1),
+    "bernoulli certain": lambda d: torch.bernoulli(torch.tensor([0.0, 1.0, 1.0], device=d)),
+    "binary_cross_entropy": lambda d: F.binary_cross_entropy(torch.tensor([0.0, 0.25, 1.0], device=d), torch.tensor([0.0, 1.0, 1.0], device=d)),
 }
 
 
@@ -84,6 +106,32 @@ def test_an_index_out_of_range_raises_at_the_next_item(mode: EagerMode, case: st
     assert "\n" not in message
     assert message.startswith(f"index out of range in {op_name} at {Path(__file__).name}:{call.__code__.co_firstlineno} (")
     assert "XLA would have clamped it" in message and "TPUTRACE_INDEX_CHECKS=0" in message
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(INVALID_VALUES))
+def test_values_the_cpu_refuses_raise_at_the_next_item(mode: EagerMode, case: str) -> None:
+    op_name, call = INVALID_VALUES[case]
+    with pytest.raises(RuntimeError):
+        call("cpu")
+    with eager(mode):
+        result = call("tpu")
+        with pytest.raises(RuntimeError) as raised:
+            result.sum().item()
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(f"invalid values in {op_name} at {Path(__file__).name}:{call.__code__.co_firstlineno} (")
+    assert "device-side assert" in message and "TPUTRACE_INDEX_CHECKS=0" in message
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(VALID_VALUES))
+def test_valid_values_give_the_cpus_results(mode: EagerMode, case: str) -> None:
+    call = VALID_VALUES[case]
+    with eager(mode):
+        result = host(call("tpu"))
+        torch.tpu.synchronize()
+    torch.testing.assert_close(result, call("cpu"))
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
@@ -129,6 +177,15 @@ def test_the_first_bad_op_is_named_and_synchronize_raises(mode: EagerMode) -> No
         with pytest.raises(RuntimeError, match=r"in aten\.index_select .*>= 5 or < 0"):
             torch.tpu.synchronize()
         assert host(rows + 1).shape == (1, 3)  # no error left to raise
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_one_hot_counting_its_classes_refuses_a_negative_class_at_once(mode: EagerMode) -> None:
+    """With no class count, one_hot reads the largest class (a sync), where the check raises, as the CPU does at the op."""
+    with pytest.raises(RuntimeError, match="non-negative"):
+        F.one_hot(_ids("cpu", 1, -2))
+    with eager(mode), pytest.raises(RuntimeError, match=r"in aten\.one_hot .*\(a class value < 0\)"):
+        F.one_hot(_ids("tpu", 1, -2))
 
 
 def test_the_check_fuses_into_the_pending_graph() -> None:

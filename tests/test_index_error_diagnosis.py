@@ -88,6 +88,29 @@ def test_the_diagnosis_names_the_op_and_its_line(runs: dict[str, tuple[Path, Pat
     assert finding.suggestion.startswith("Fix the index given to aten.embedding")
 
 
+SAMPLING_SCRIPT = (
+    "import torch\n"
+    "logits = torch.tensor([[0.5, float('nan'), 1.0]]).to('tpu')\n"
+    "token = torch.multinomial(logits.softmax(-1), 1)\n"
+    "print(token.item())\n"
+)
+
+
+@pytest.mark.parametrize("mode", ["defer", "blocking"])
+def test_invalid_probabilities_are_diagnosed_as_invalid_values(tmp_path: Path, mode: str) -> None:
+    """A nan logit makes multinomial's probabilities nan: the CPU refuses them, CUDA asserts, XLA would sample."""
+    script = tmp_path / "sample.py"
+    script.write_text(SAMPLING_SCRIPT)
+    trace_path = tmp_path / "sample.tptrace"
+    assert main(["run", "--no-summary", *MODES[mode], "-o", str(trace_path), str(script)]) == 1
+    (finding,) = index_findings(trace_path)
+    assert (finding.file, finding.line) == (str(script), 3)
+    raised = "" if mode == "blocking" else ", raised at sample.py:4 by the sync"
+    assert finding.title == f"Invalid values in aten.multinomial at sample.py:3{raised}"
+    assert "values its CPU kernel refuses" in finding.explanation and "checked the values" in finding.explanation
+    assert finding.suggestion.startswith("Fix the values given to aten.multinomial")
+
+
 def test_a_clean_run_has_no_index_error(runs: dict[str, tuple[Path, Path]]) -> None:
     assert index_findings(runs["clean"][1]) == []
 

@@ -292,7 +292,7 @@ ANNOTATIONS = RecordKind(
     (
         _RANK,
         _c("name_sid", "INTEGER", "range name", ref="strings"),
-        _c("source", "TEXT", "record_function, annotate, or index_check (an index out of range)"),
+        _c("source", "TEXT", "record_function, annotate, or index_check (an index out of range or invalid values)"),
         _START,
         _DUR,
         _FRAME,

@@ -1,7 +1,9 @@
-"""Indices out of range: index ops whose indices were outside the tensor, as the backend's checks found them.
+"""Indices out of range: index ops whose indices were outside the tensor, and ops given values their
+CPU kernel refuses (multinomial, bernoulli, binary_cross_entropy), as the backend's checks found them.
 
 The backend records each such error as an annotation of origin `index_check` whose name is the
-error's message: `index out of range in <op> at <file>:<line> (...)`. In the default eager modes the
+error's message: `index out of range in <op> at <file>:<line> (...)` or `invalid values in <op> at
+<file>:<line> (...)`. In the default eager modes the
 chip check raises at the next host sync, so the annotation's own line is the syncing line and the
 message's line is the op's; `--mode blocking` checks at the op, so the two are the same line. An
 error is critical whatever its time: the run stopped there, or (if the script caught the error) went
@@ -22,7 +24,7 @@ NAME = "index_errors"
 ORIGIN = "index_check"
 BLOCKING_MODE = "DEFER_NEVER_AND_LAUNCH_BLOCKING"  # `--mode blocking`: indices checked on the host, at the op
 # The start of every `index_check` annotation's name: the op, and the op's line unless it was outside the user's code.
-_MESSAGE = re.compile(r"index out of range in (?P<op>\S+) at (?:(?P<file>[^\s:]+):(?P<line>\d+) )?")
+_MESSAGE = re.compile(r"(?P<what>index out of range|invalid values) in (?P<op>\S+) at (?:(?P<file>[^\s:]+):(?P<line>\d+) )?")
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult:
@@ -41,20 +43,23 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         message = trace.string(name_sid) or ""
         parsed = _MESSAGE.match(message)
         op = parsed["op"] if parsed else "an index op"
+        invalid_values = parsed is not None and parsed["what"] == "invalid values"
         raised_at = context.location(frame_id)
         op_at = _op_location(context, parsed, raised_at)
         stopped = final_error is not None and (final_error in message or message in final_error)
         errors.append({
             "op": op, "op_line": _short(op_at), "raised_at": context.where(frame_id), "count": count,
-            "stopped_the_run": stopped, "message": message,
+            "stopped_the_run": stopped, "message": message, "kind": "invalid values" if invalid_values else "index",
         })
-        result.findings.append(_finding(context, op, op_at, raised_at, count, first_step, stopped, message, blocking))
+        result.findings.append(
+            _finding(context, op, op_at, raised_at, count, first_step, stopped, message, blocking, invalid_values)
+        )
     result.data["errors"] = errors
     return result
 
 
 def _finding(context: AnalysisContext, op: str, op_at: SourceLocation | None, raised_at: SourceLocation | None,
-             count: int, first_step: int, stopped: bool, message: str, blocking: bool) -> Finding:
+             count: int, first_step: int, stopped: bool, message: str, blocking: bool, invalid_values: bool) -> Finding:
     where = _lines_text(op_at, raised_at)
     in_step = f", first in step {first_step}" if context.steps else ""
     outcome = (
@@ -62,17 +67,27 @@ def _finding(context: AnalysisContext, op: str, op_at: SourceLocation | None, ra
         f"The script went on after the error ({plural(count, 'time')}{in_step}): whatever it computed from this op "
         f"is not a result."
     )
+    checked_values = "values" if invalid_values else "indices"
     checked = (
-        "--mode blocking checked the indices on the host at the op" if blocking else
-        "tputrace checked the indices on the chip and raised at the next host read"
+        f"--mode blocking checked the {checked_values} on the host at the op" if blocking else
+        f"tputrace checked the {checked_values} on the chip and raised at the next host read"
     )
-    explanation = (
-        f"{op} was given an index outside the tensor it indexes. torch on the CPU refuses it, CUDA raises a device-side "
-        f"assert, and XLA would clamp it (or drop the write) and go on with a wrong value; {checked}. {outcome}"
-    )
+    if invalid_values:
+        explanation = (
+            f"{op} was given values its CPU kernel refuses (a probability outside [0, 1], a negative or nan weight, a "
+            f"distribution summing to 0). torch on the CPU refuses them, CUDA raises a device-side assert, and XLA would "
+            f"go on with a meaningless sample or loss; {checked}. {outcome}"
+        )
+        fix = f"Fix the values given to {op} (nan or inf from an overflow upstream, logits passed where probabilities are expected)."
+    else:
+        explanation = (
+            f"{op} was given an index outside the tensor it indexes. torch on the CPU refuses it, CUDA raises a device-side "
+            f"assert, and XLA would clamp it (or drop the write) and go on with a wrong value; {checked}. {outcome}"
+        )
+        fix = f"Fix the index given to {op} (a vocabulary or class count smaller than the ids, an off-by-one, a negative id)."
     modes = "" if blocking else (
-        " `tputrace run --mode blocking` checks each index at its op and stops there; TPUTRACE_INDEX_CHECKS=0 turns "
-        "the checks off and keeps XLA's clamping, as on a TPU without tputrace."
+        f" `tputrace run --mode blocking` checks the {checked_values} at each op and stops there; TPUTRACE_INDEX_CHECKS=0 "
+        "turns the checks off, as on a TPU without tputrace."
     )
     location = op_at or raised_at
     evidence = (Evidence(message, table="annotations"),)
@@ -85,12 +100,9 @@ def _finding(context: AnalysisContext, op: str, op_at: SourceLocation | None, ra
     return Finding(
         analyzer=NAME,
         severity="critical",
-        title=f"Index out of range in {op} {where}",
+        title=f"{'Invalid values' if invalid_values else 'Index out of range'} in {op} {where}",
         explanation=explanation,
-        suggestion=(
-            f"Fix the index given to {op} (a vocabulary or class count smaller than the ids, an off-by-one, a "
-            f"negative id).{modes}"
-        ),
+        suggestion=f"{fix}{modes}",
         cost_total_ns=float(context.wall_ns),
         evidence=evidence,
         file=location.file if location else None,
