@@ -218,7 +218,7 @@ def _plan(site: int, ranges: tuple[IndexRange, ...], index_specs: tuple, chip: i
 
 def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange | ValueCheck) -> bool:
     if type(index_range) is ValueCheck:
-        return bool(_VALUE_PREDICATES[index_range.kind](jnp.asarray(tensor.numpy())))
+        return bool(_VALUE_PREDICATES[index_range.kind](jnp.asarray(tensor.detach().double().numpy())))
     bad = (tensor < index_range.low) | (tensor >= index_range.high)
     if index_range.exempt is not None:
         bad &= tensor != index_range.exempt
