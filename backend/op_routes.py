@@ -121,7 +121,11 @@ def _assert_async(args: tuple, kwargs: dict) -> None:
 def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
     high = num_classes if num_classes >= 0 else index_checks.UNBOUNDED
     index_checks.check("aten.one_hot", [(tensor, index_checks.IndexRange(0, high))])
-    return aten.one_hot.default.decompose(tensor, num_classes)
+    try:
+        return aten.one_hot.default.decompose(tensor, num_classes)
+    except RuntimeError as refusal:  # DEFER_NEVER_AND_LAUNCH_BLOCKING: its asserts checked the classes at the op
+        index_checks.record_host_refusal(_dispatcher().recorder, aten.one_hot.default, refusal)
+        raise
 
 
 _library: torch.library.Library | None = None

@@ -94,21 +94,36 @@ SAMPLING_SCRIPT = (
     "token = torch.multinomial(logits.softmax(-1), 1)\n"
     "print(token.item())\n"
 )
+ONE_HOT_SCRIPT = (
+    "import torch\n"
+    "labels = torch.tensor([0, 2, 3]).to('tpu')\n"
+    "targets = torch.nn.functional.one_hot(labels, 3)\n"
+    "print(targets.sum().item())\n"
+)
+# script -> (the finding's title up to the op's line, the start of its suggestion)
+OTHER_CHECKS = {
+    SAMPLING_SCRIPT: ("Invalid values in aten.multinomial", "Fix the values given to aten.multinomial"),
+    ONE_HOT_SCRIPT: ("Index out of range in aten.one_hot", "Fix the index given to aten.one_hot"),
+}
 
 
 @pytest.mark.parametrize("mode", ["defer", "blocking"])
-def test_invalid_probabilities_are_diagnosed_as_invalid_values(tmp_path: Path, mode: str) -> None:
-    """A nan logit makes multinomial's probabilities nan: the CPU refuses them, CUDA asserts, XLA would sample."""
-    script = tmp_path / "sample.py"
-    script.write_text(SAMPLING_SCRIPT)
-    trace_path = tmp_path / "sample.tptrace"
+@pytest.mark.parametrize("script_text", list(OTHER_CHECKS), ids=["multinomial", "one_hot"])
+def test_invalid_probabilities_and_classes_are_diagnosed(tmp_path: Path, mode: str, script_text: str) -> None:
+    """A nan logit makes multinomial's probabilities nan (the CPU refuses them, CUDA asserts, XLA would sample);
+    a label past one_hot's classes (XLA would give a row of zeros). Both at the op's line, in both kinds of check."""
+    title, suggestion = OTHER_CHECKS[script_text]
+    script = tmp_path / "labels.py"
+    script.write_text(script_text)
+    trace_path = tmp_path / "labels.tptrace"
     assert main(["run", "--no-summary", *MODES[mode], "-o", str(trace_path), str(script)]) == 1
     (finding,) = index_findings(trace_path)
     assert (finding.file, finding.line) == (str(script), 3)
-    raised = "" if mode == "blocking" else ", raised at sample.py:4 by the sync"
-    assert finding.title == f"Invalid values in aten.multinomial at sample.py:3{raised}"
-    assert "values its CPU kernel refuses" in finding.explanation and "checked the values" in finding.explanation
-    assert finding.suggestion.startswith("Fix the values given to aten.multinomial")
+    raised = "" if mode == "blocking" else ", raised at labels.py:4 by the sync"
+    assert finding.title == f"{title} at labels.py:3{raised}"
+    assert finding.suggestion.startswith(suggestion)
+    if script_text is SAMPLING_SCRIPT:
+        assert "values its CPU kernel refuses" in finding.explanation and "checked the values" in finding.explanation
 
 
 def test_a_clean_run_has_no_index_error(runs: dict[str, tuple[Path, Path]]) -> None:
