@@ -1,5 +1,5 @@
-"""`x[mask]` and `torch.masked_select` on the chip: a boolean mask becomes the integer indices of its set elements, read on
-the host, and the tensor is indexed where it lives.
+"""`x[mask]` and `torch.masked_select` on the chip: a boolean mask becomes the integer indices of
+its set elements, read on the host, and the tensor is indexed where it lives.
 
 Selecting through a mask has a data-dependent shape, so XLA cannot compile it from the shapes alone.
 Before this, the call ran as a CPU fallback: the whole tensor was copied to the host, indexed there,

@@ -1,5 +1,6 @@
-"""`x[mask]` and `masked_select` index on the chip: the mask's set positions are read on the host (no sync for a host
-mask), and no CPU fallback runs; results and gradients match the CPU in both eager modes."""
+"""`x[mask]` and `masked_select` index on the chip: the mask's set positions are read on the host
+(no sync for a host mask), and no CPU fallback runs; results and gradients match the CPU in both
+eager modes."""
 
 from __future__ import annotations
 
