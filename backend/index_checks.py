@@ -124,6 +124,11 @@ def check(op_name: str, bounded: Bounded) -> None:
         _record(dispatcher, op_name, bounded)
 
 
+def forget_plans() -> None:
+    """Drop the checks' compiled programs (see `executor.forget_compiled_programs`); sites and flags stay."""
+    _plans.clear()
+
+
 def raise_if_out_of_range(recorder: Any, chip: int | None = None) -> None:
     """Raise the error of the first out-of-range index that ran on `chip` (every chip if None) since
     the last check, recorded in the trace as an `index_check` annotation at the syncing line; a flag

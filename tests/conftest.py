@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,3 +15,14 @@ from fixtures.make_traces import build_sample_trace
 def sample_trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The two-rank sample trace, built once per session. Read-only: copy it before changing it."""
     return build_sample_trace(tmp_path_factory.mktemp("traces") / "sample.tptrace")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _compiled_programs_dropped_after_each_module() -> Iterator[None]:
+    """After each test file that used the tpu device, its compiled programs go: one process runs the whole
+    suite, and XLA:CPU maps memory regions per program it keeps, up to Linux's per-process cap."""
+    yield
+    if "tputrace.backend.executor" in sys.modules:
+        from tputrace.backend.executor import forget_compiled_programs
+
+        forget_compiled_programs()
