@@ -880,10 +880,9 @@ class Dispatcher:
                 f"{entry.name} on tpu tensors in a process group without the 'tpu' backend (made before "
                 "`import tputrace.backend`?): import tputrace.backend before init_process_group/new_group, or pass backend='tpu'"
             )
-        if entry.op is aten.index.Tensor and (selected := mask_indexing.index(self.to_host, args, kwargs)) is not None:
+        on_chip = mask_indexing.ROUTES.get(entry.op)
+        if on_chip is not None and (selected := on_chip(self.to_host, args, kwargs)) is not None:
             return selected  # `x[mask]`: indexed on the chip by the mask's set positions
-        if entry.op is aten.masked_select.default and (selected := mask_indexing.masked_select(self.to_host, args, kwargs)) is not None:
-            return selected
         self._warn_fallback(entry.name, "it has no lowering" if entry.lowering is None else "its lowering cannot take these inputs (e.g. a data-dependent shape)")
         sync_kind = "data_dependent" if entry.op._schema.name in _DATA_DEPENDENT_OPS else "fallback"
         start = _perf_ns()

@@ -159,9 +159,9 @@ def record_host_refusal(recorder: Any, op: Any, refusal: BaseException) -> None:
     if recorder is None:
         return
     code, line = _user_frame()
-    where = f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
+    where = _where(code, line)
     cpu_message = (str(refusal).splitlines() or [""])[0]
-    what = "invalid values" if op.overloadpacket in _VALUE_OPS else "index out of range"
+    what = "invalid values" if op.overloadpacket in _VALUE_RULES else "index out of range"
     recorder.annotation(
         f"{what} in {op.overloadpacket} at {where} ({type(refusal).__name__}: {cpu_message}); raised at the op by "
         f"--mode blocking",
@@ -239,7 +239,7 @@ def _site(op_name: str, ranges: tuple[IndexRange, ...]) -> int:
         with _lock:
             site = _site_ids.get(key)
             if site is None:
-                where = f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
+                where = _where(code, line)
                 noun = _NOUNS.get(op_name.split(".")[1], "an index")
                 bounds = "; ".join(index_range.text(noun) for index_range in ranges)
                 if any(type(index_range) is ValueCheck for index_range in ranges):
@@ -257,6 +257,11 @@ def _site(op_name: str, ranges: tuple[IndexRange, ...]) -> int:
                 _site_messages.append(message)
                 site = _site_ids[key] = len(_site_messages)
     return site
+
+
+def _where(code: Any, line: int) -> str:
+    """`file.py:line` of a user frame from `_user_frame`, or what stands for none."""
+    return f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
 
 
 def _user_frame() -> tuple[Any, int]:
@@ -388,7 +393,12 @@ def _values(name: str, kind: str) -> Callable[[Any], Rule]:
     return build
 
 
-_VALUE_OPS = frozenset({aten.multinomial, aten.binary_cross_entropy, aten.bernoulli, aten.bernoulli_})
+# The ops whose checked values are not indices (their errors say "invalid values").
+_VALUE_RULES: dict[Any, Callable[[Any], Rule]] = {
+    aten.multinomial: _values("self", "probabilities"), aten.binary_cross_entropy: _values("self", "input"),
+    aten.bernoulli: lambda op: _values("p" if op is aten.bernoulli.Tensor else "self", "probability")(op),
+    aten.bernoulli_: _values("p", "probability"),
+}
 _NOUNS = {"nll_loss_forward": "a target", "nll_loss2d_forward": "a target", "one_hot": "a class value"}
 
 _RULES: dict[Any, Callable[[Any], Rule]] = {
@@ -396,9 +406,7 @@ _RULES: dict[Any, Callable[[Any], Rule]] = {
     aten.take: _flat, aten.put: _flat, aten.put_: _flat,
     aten.index: _advanced, aten.index_put: _advanced, aten.index_put_: _advanced, aten._index_put_impl_: _advanced,
     aten.nll_loss_forward: _target, aten.nll_loss2d_forward: _target,
-    aten.multinomial: _values("self", "probabilities"), aten.binary_cross_entropy: _values("self", "input"),
-    aten.bernoulli: lambda op: _values("p" if op is aten.bernoulli.Tensor else "self", "probability")(op),
-    aten.bernoulli_: _values("p", "probability"),
+    **_VALUE_RULES,
     aten.index_fill: _along_dim(wraps=True), aten.index_fill_: _along_dim(wraps=True),
     **{
         packet: _along_dim(wraps=False)

@@ -20,8 +20,8 @@ import torch
 aten = torch.ops.aten
 
 # What the count's read is recorded as: the op's own data-dependent sync, as `x[mask]`'s.
-_SYNC_KIND = "data_dependent"
-_MASK_DTYPES = (torch.bool, torch.uint8)
+SYNC_KIND = "data_dependent"
+MASK_DTYPES = (torch.bool, torch.uint8)
 
 ToHost = Callable[[Any, str], torch.Tensor]
 CountCheck = Callable[[ToHost, Sequence[Any], dict], None]
@@ -35,7 +35,7 @@ def _count(to_host: ToHost, mask: Any) -> int:
     if mask.device.type != "tpu":
         return int(mask.count_nonzero())
     flags = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, 0)
-    return int(to_host(aten.sum.default(flags), _SYNC_KIND).item())
+    return int(to_host(aten.sum.default(flags), SYNC_KIND).item())
 
 
 def _broadcasts(value_shape: Sequence[int], result_shape: Sequence[int]) -> bool:
@@ -51,7 +51,7 @@ def check_index_put(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> None:
     self = args[0]
     indices = args[1] if len(args) > 1 else kwargs["indices"]
     values = args[2] if len(args) > 2 else kwargs["values"]
-    if len(indices) != 1 or indices[0] is None or indices[0].dtype not in _MASK_DTYPES:
+    if len(indices) != 1 or indices[0] is None or indices[0].dtype not in MASK_DTYPES:
         return
     mask = indices[0]
     rest = tuple(self.shape[mask.dim():])

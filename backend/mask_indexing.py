@@ -19,12 +19,9 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.mask_counts import MASK_DTYPES, SYNC_KIND, ToHost
+
 aten = torch.ops.aten
-
-_MASK_DTYPES = (torch.bool, torch.uint8)
-_SYNC_KIND = "data_dependent"
-
-ToHost = Callable[[Any, str], torch.Tensor]
 
 
 def index(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | None:
@@ -47,8 +44,7 @@ def masked_select(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | N
     shape = torch.broadcast_shapes(self.shape, mask.shape)
     if not shape:
         return None
-    host_mask = mask if mask.device.type == "cpu" else to_host(mask, _SYNC_KIND)
-    return aten.index.Tensor(self.expand(shape), list(host_mask.expand(shape).nonzero().unbind(1)))
+    return aten.index.Tensor(self.expand(shape), _set_positions(to_host, mask.expand(shape)))
 
 
 def _without_masks(to_host: ToHost, self: Any, indices: Sequence[Any]) -> list[Any] | None:
@@ -58,15 +54,27 @@ def _without_masks(to_host: ToHost, self: Any, indices: Sequence[Any]) -> list[A
     dim = 0
     has_mask = False
     for index_tensor in indices:
-        if index_tensor is None or index_tensor.dtype not in _MASK_DTYPES:
+        if index_tensor is None or index_tensor.dtype not in MASK_DTYPES:
             converted.append(index_tensor)
             dim += 1
             continue
         covered = tuple(self.shape[dim:dim + index_tensor.dim()])
         if index_tensor.dim() == 0 or tuple(index_tensor.shape) != covered:
             return None
-        mask = index_tensor if index_tensor.device.type == "cpu" else to_host(index_tensor, _SYNC_KIND)
-        converted.extend(mask.nonzero().unbind(1))
+        converted.extend(_set_positions(to_host, index_tensor))
         dim += index_tensor.dim()
         has_mask = True
     return converted if has_mask else None
+
+
+def _set_positions(to_host: ToHost, mask: Any) -> list[torch.Tensor]:
+    """One host index tensor per dim of `mask`, together the positions of its set elements (a chip
+    mask is read first: a data-dependent sync)."""
+    host_mask = mask if mask.device.type == "cpu" else to_host(mask, SYNC_KIND)
+    return list(host_mask.nonzero().unbind(1))
+
+
+# The ops whose calls with a mask run here rather than as a CPU fallback (see `Dispatcher.fallback`).
+ROUTES: dict[Any, Callable[[ToHost, Sequence[Any], dict], Any | None]] = {
+    aten.index.Tensor: index, aten.masked_select.default: masked_select,
+}
