@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax import dtypes
 
-from tputrace.backend import hlo_fusions, memory
+from tputrace.backend import hlo_fusions, memory, program_cache
 from tputrace.backend.dtypes import to_torch
 from tputrace.backend.plans import Plan, compile_program
 from tputrace.backend.signatures import InputSpec, signature_diff
@@ -293,6 +293,7 @@ class DeferredExecutor:
         if fused is None:
             fused = self._compile(graph, output_refs, donate, in_specs, structure, trigger)
             self.programs[key] = fused
+            program_cache.keep_item(self, "programs", key, fused)
         launch = _perf_ns()
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Some donated buffers were not usable")

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, index_checks, mask_indexing, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, index_checks, mask_indexing, program_cache, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -523,7 +523,7 @@ class Dispatcher:
         history.append(in_specs)
         if nearest is None:
             return "first", None
-        return "recompile", signature_diff(nearest, in_specs, names)
+        return "recompile", program_cache.recompile_diff(signature_diff(nearest, in_specs, names))
 
     def record_compile(self, plan: Plan, kind: str) -> None:
         """Tell the recorder about a new single-op program: first compile or recompile with its reason."""

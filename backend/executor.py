@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 import jax
 
-from tputrace.backend import memory
+from tputrace.backend import memory, program_cache
 from tputrace.backend.plans import Plan, compile_program
 
 _perf_ns = time.perf_counter_ns
@@ -58,6 +58,7 @@ class StrictExecutor:
 
     def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
         plan.program = compile_program(plan.fn, dynamic, plan.chip, plan.op_name)
+        program_cache.keep_attribute(plan, "program", plan.program)
         if record:
             self.dispatcher.record_compile(plan, "op")
 
@@ -134,4 +135,5 @@ def forget_compiled_programs() -> None:
                 executor.site_structures.clear()
         dispatcher.plans.clear()
         index_checks.forget_plans()
+        program_cache.forget_all()
         jax.clear_caches()

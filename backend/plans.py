@@ -9,6 +9,7 @@ would return.
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from collections.abc import Callable, Sequence
@@ -235,7 +236,7 @@ def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int,
     with jax.default_device(chips.device(chip)), warnings.catch_warnings():
         # A donated input that no output can reuse (another shape) is simply not reused.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-        lowered = jax.jit(fn, donate_argnums=donate).lower(*dynamic)
+        lowered = jax.jit(_compiled_once(fn), donate_argnums=donate).lower(*dynamic)
         compiled = lowered.compile()
     compile_ns = time.perf_counter_ns() - start
     flops = bytes_accessed = 0.0
@@ -255,6 +256,18 @@ def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int,
         except Exception:  # noqa: BLE001
             hlo_text = None
     return Program(_direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text, temp_bytes=temp_bytes, output_bytes=output_bytes)
+
+
+def _compiled_once(fn: Callable[..., tuple]) -> Callable[..., tuple]:
+    """`fn` under a function of its own for one compile. JAX's tracing and lowering caches are keyed
+    on the function and keep what they made (down to the executable) while it lives; a plan's `fn`
+    lives as long as the plan, so the program would outlive its eviction (`program_cache`)."""
+
+    @functools.wraps(fn)
+    def once(*args: Any) -> tuple:
+        return fn(*args)
+
+    return once
 
 
 def _memory_use(compiled: Any) -> tuple[int, int]:

@@ -22,6 +22,8 @@ from dataclasses import dataclass
 MAGIC = "tputrace-trace"
 FORMAT_VERSION = 1
 FILE_SUFFIX = ".tptrace"
+# How a `compiles.diff` starts when nothing changed but the backend had dropped the program to bound its cache.
+EVICTED_DIFF_PREFIX = "same signature: its program was dropped from the program cache"
 
 
 @dataclass(frozen=True)

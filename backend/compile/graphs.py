@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import hlo_fusions, rng, transfers
+from tputrace.backend import hlo_fusions, program_cache, rng, transfers
 from tputrace.backend.compile import aliases, buckets, output_layouts
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
@@ -188,7 +188,7 @@ class CompiledGraph:
         in_specs = self._in_specs(arrays, statics)
         nearest = nearest_signature(self.signatures, in_specs) if self.signatures else None
         self.signatures.append(in_specs)
-        reason, diff = ("first", None) if nearest is None else ("recompile", signature_diff(nearest, in_specs, self.input_names))
+        reason, diff = ("first", None) if nearest is None else ("recompile", program_cache.recompile_diff(signature_diff(nearest, in_specs, self.input_names)))
         program_id = None
         if recorder is not None:
             plan = Plan(self.info.name, function, (), "tuple", in_specs, chip, ("compiled", self.info.graph_id, self.info.role))
@@ -207,6 +207,7 @@ class CompiledGraph:
         self.events.xla_compiled(self.info, program.compile_ns, program_id)
         entry = GraphProgram(program, layout, program_id, in_specs)
         self.programs[key] = entry
+        program_cache.keep_item(self, "programs", key, entry)
         return entry
 
     def _in_specs(self, arrays: Sequence[Any], statics: dict[int, Any]) -> tuple:

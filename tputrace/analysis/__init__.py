@@ -23,6 +23,7 @@ from tputrace.analysis import (
     memory,
     padding,
     precision,
+    program_cache,
     recompiles,
     syncs,
     transfers,
@@ -45,6 +46,7 @@ Analyzer = Callable[[AnalysisContext], AnalysisResult]
 ANALYZERS: dict[str, Analyzer] = {
     index_errors.NAME: index_errors.analyze,
     recompiles.NAME: recompiles.analyze,
+    program_cache.NAME: program_cache.analyze,
     syncs.NAME: syncs.analyze,
     fallbacks.NAME: fallbacks.analyze,
     fusion.NAME: fusion.analyze,

@@ -13,8 +13,9 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
+from tputrace.analysis import program_cache
 from tputrace.analysis.chips import round_up
-from tputrace.analysis.context import AnalysisContext, in_list
+from tputrace.analysis.context import AnalysisContext, in_list, plural
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.shapes import TensorSpec, parse_specs
 from tputrace.summary import format_ns
@@ -88,11 +89,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     result.data["recompiles"] = stats.recompiles
     result.data["recompile_ns"] = stats.recompile_ns
     first_steady = context.steady_range[0] if context.steady_range and context.step_count >= 3 else None
+    evicted = program_cache.evicted_diff_ids(context)  # no shape changed: see the program_cache analyzer
     sites = trace.sql(
         "SELECT kind, name_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0), COUNT(DISTINCT signature_sid), "
-        "COALESCE(SUM(step >= ?), 0) FROM compiles WHERE rank = ? "
+        f"COALESCE(SUM(step >= ?), 0) FROM compiles WHERE rank = ? AND {_not_evicted(evicted)} "
         "GROUP BY kind, name_sid, frame_id ORDER BY 5 DESC",
-        (first_steady if first_steady is not None else -1, rank),
+        (first_steady if first_steady is not None else -1, rank, *evicted),
     )
     site_rows = []
     storms = []
@@ -105,7 +107,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             continue
         if first_steady is not None and steady_compiles < MIN_STEADY_COMPILES:
             continue
-        rows = _compile_rows(context, kind, name_sid, frame_id)
+        rows = _compile_rows(context, kind, name_sid, frame_id, evicted)
         dims = varying_dims([row.signature for row in rows])
         if not dims:
             continue
@@ -117,15 +119,21 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     return result
 
 
-def _compile_rows(context: AnalysisContext, kind: str, name_sid: int, frame_id: int | None) -> list[CompileRow]:
+def _not_evicted(evicted: list[int], column: str = "diff_sid") -> str:
+    """An SQL condition on a diff column that leaves out recompiles after an eviction (`evicted` are their diffs)."""
+    return f"({column} IS NULL OR {column} NOT IN {in_list(evicted)})" if evicted else "1"
+
+
+def _compile_rows(context: AnalysisContext, kind: str, name_sid: int, frame_id: int | None, evicted: list[int]) -> list[CompileRow]:
     trace = context.trace
     frame_clause = "frame_id IS NULL" if frame_id is None else "frame_id = ?"
     params: tuple = (context.rank, kind, name_sid) + (() if frame_id is None else (frame_id,))
     rows = trace.sql(
         "SELECT c.id, c.program_id, c.signature_sid, COALESCE(c.dur_ns, 0), COALESCE(c.step, 0), "
         "COALESCE(p.flops, 0), c.diff_sid FROM compiles c LEFT JOIN programs p ON p.id = c.program_id "
-        f"WHERE c.rank = ? AND c.kind IS ? AND c.name_sid IS ? AND c.{frame_clause} ORDER BY c.start_ns",
-        params,
+        f"WHERE c.rank = ? AND c.kind IS ? AND c.name_sid IS ? AND c.{frame_clause} AND {_not_evicted(evicted, 'c.diff_sid')} "
+        "ORDER BY c.start_ns",
+        (*params, *evicted),
     )
     program_ids = [row[1] for row in rows if row[1] is not None]
     runs = program_runs(context, program_ids)
@@ -291,7 +299,8 @@ def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None,
             module=entry.module, table="compiles",
         ))
     evidence.append(context.evidence_at(
-        f"{count} compiles in {len(steps_compiling)} steps, {format_ns(mean_compile_ns)} each on average, "
+        f"{count} compiles" + (f" in {plural(len(steps_compiling), 'step')}" if context.step_count else "")
+        + f", {format_ns(mean_compile_ns)} each on average, "
         f"triggered at {site}", frame_id, table="compiles",
     ))
     for option in options[:5]:
@@ -326,7 +335,8 @@ def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None,
             f"kept changing: {main.label} took {len(main.distinct)} values ({values_text})"
             + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
             + f". Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
-            f"({share:.0%} of the run); compiles happened in {len(steps_compiling)} of {context.step_count} steps."
+            f"({share:.0%} of the run)"
+            + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps." if context.step_count else ".")
         ),
         suggestion=suggestion,
         cost_total_ns=float(recompile_ns),
