@@ -43,6 +43,7 @@ COMPARE_TOP_OPS = 15
 # else by words in the analyzer's name (first match wins), else "where".
 ANALYZER_SECTIONS: dict[str, str] = {
     "recompiles": "recompilations",
+    "program_cache": "recompilations",
     "syncs": "timeline",
     "fallbacks": "timeline",
     "fusion": "timeline",
