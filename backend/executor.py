@@ -120,7 +120,7 @@ _executors: dict[str, Executor] = {}  # one per mode, so compiled-program caches
 def forget_compiled_programs() -> None:
     """Drop every cached compiled program, ours and JAX's, after running what is pending: each op
     and fused graph compiles again when next run. For a long-lived process that has compiled many
-    distinct programs (a test session): XLA:CPU maps three memory regions per program it keeps, and
+    distinct programs (a test session): XLA:CPU maps about four memory regions per program it keeps, and
     Linux caps a process at `vm.max_map_count` (65,530 by default) regions, past which XLA's next
     compile crashes. The plan and program caches go together: a fused program is keyed by the ids of
     its ops' plans, which a new plan may reuse."""
@@ -131,9 +131,8 @@ def forget_compiled_programs() -> None:
         for executor in (dispatcher.executor, *_executors.values()):
             executor.synchronize()
             if executor.deferred:
-                executor.programs.clear()
                 executor.site_structures.clear()
+        program_cache.drop_all()  # fused and torch.compile graph programs too
         dispatcher.plans.clear()
         index_checks.forget_plans()
-        program_cache.forget_all()
         jax.clear_caches()

@@ -132,7 +132,11 @@ def recompile_diff(diff: str) -> str:
     return diff
 
 
-def forget_all() -> None:
-    """Drop every entry (the owners' caches are cleared by the caller)."""
+def drop_all() -> None:
+    """Drop every kept program from its owner's cache (not counted as evictions)."""
     with _lock:
+        entries = list(_kept.values())
         _kept.clear()
+    for reference, forget in entries:
+        if reference() is not None:
+            forget()

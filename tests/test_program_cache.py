@@ -158,3 +158,15 @@ def test_a_compiled_graph_whose_program_was_dropped_compiles_again(small_cache: 
     again = scaled_sum(x.to("tpu")).item()
     assert len(compiles) > crowded  # the graph's program compiled again
     assert first == pytest.approx(expected, rel=1e-5) and again == pytest.approx(expected, rel=1e-5)
+
+
+@pytest.mark.parametrize("mode", _MODES, ids=lambda mode: mode.name)
+def test_forgetting_compiled_programs_drops_every_kept_one(mode: EagerMode) -> None:
+    from tputrace.backend.executor import forget_compiled_programs
+
+    with eager(mode):
+        before = _distinct_programs(5001, 3)
+        assert program_cache.kept_count() > 0
+        forget_compiled_programs()
+        assert program_cache.kept_count() == 0
+        assert _distinct_programs(5001, 3) == before
