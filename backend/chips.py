@@ -14,7 +14,9 @@ import os
 
 import jax
 
-CHIPS_ENV = "TPUTRACE_CHIPS"
+from tputrace import settings
+
+CHIPS_ENV = settings.CHIPS[0]
 PLATFORM_ENV = "TPUTRACE_PLATFORM"
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
 
@@ -24,14 +26,7 @@ class ChipError(RuntimeError):
 
 
 def requested_chip_count() -> int:
-    raw = os.environ.get(CHIPS_ENV, "1")
-    try:
-        count = int(raw)
-    except ValueError:
-        raise ChipError(f"{CHIPS_ENV}={raw!r} is not a number; set it to the number of chips, e.g. 4") from None
-    if count < 1:
-        raise ChipError(f"{CHIPS_ENV}={count} must be at least 1")
-    return count
+    return settings.positive_int(settings.CHIPS, ChipError)
 
 
 def configure() -> None:

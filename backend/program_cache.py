@@ -12,16 +12,15 @@ The order is the order of compiles, not of use: a hot program is compiled again 
 
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
 
+from tputrace import settings
 from tputrace.schema import EVICTED_DIFF_PREFIX
 
-ENV_VARIABLE = "TPUTRACE_MAX_PROGRAMS"
-DEFAULT_LIMIT = 4096
+ENV_VARIABLE = settings.MAX_PROGRAMS[0]
 EVICTED_DIFF = f"{EVICTED_DIFF_PREFIX} ({ENV_VARIABLE} keeps {{limit}})"
 
 _lock = threading.RLock()  # reentrant: a weakref callback may run inside a locked block (a collection)
@@ -29,18 +28,7 @@ _kept: dict[int, tuple[weakref.ref, Callable[[], None]]] = {}  # in compile orde
 _evictions = 0
 
 
-def _limit_from_environment() -> int:
-    raw = os.environ.get(ENV_VARIABLE, str(DEFAULT_LIMIT))
-    try:
-        count = int(raw)
-    except ValueError:
-        raise ValueError(f"{ENV_VARIABLE}={raw!r} is not a number; set it to how many compiled programs to keep, e.g. {DEFAULT_LIMIT}") from None
-    if count < 1:
-        raise ValueError(f"{ENV_VARIABLE}={count} must be at least 1")
-    return count
-
-
-_limit = _limit_from_environment()
+_limit = settings.positive_int(settings.MAX_PROGRAMS)
 
 
 def limit() -> int:

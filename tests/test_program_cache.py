@@ -170,3 +170,15 @@ def test_forgetting_compiled_programs_drops_every_kept_one(mode: EagerMode) -> N
         forget_compiled_programs()
         assert program_cache.kept_count() == 0
         assert _distinct_programs(5001, 3) == before
+
+
+@pytest.mark.parametrize("value", ["many", "0"])
+def test_a_bad_limit_in_the_environment_is_a_one_line_error(value: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')\n")
+    monkeypatch.setenv("TPUTRACE_MAX_PROGRAMS", value)
+    assert main(["run", "-o", str(tmp_path / "noop.tptrace"), str(script)]) == 2
+    captured = capsys.readouterr()
+    assert "ran" not in captured.out
+    assert captured.err.strip().splitlines() == [captured.err.strip()] and "TPUTRACE_MAX_PROGRAMS" in captured.err

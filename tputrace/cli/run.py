@@ -20,6 +20,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, TextIO
 
+from tputrace import settings
 from tputrace.store.errors import TputraceError
 
 MODES = ("defer", "strict", "blocking", "compile")
@@ -92,6 +93,10 @@ def run(args: argparse.Namespace) -> int:
         if args.chips < 1:
             raise TputraceError(f"--chips must be at least 1, not {args.chips}")
         os.environ["TPUTRACE_CHIPS"] = str(args.chips)
+    try:
+        settings.check()
+    except settings.SettingError as error:
+        raise TputraceError(str(error)) from None
     if args.nproc is not None:
         return run_ranks(target, args)
     output = args.output.replace("{rank}", os.environ.get("RANK", "0")) if args.output else None
