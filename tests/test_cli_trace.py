@@ -182,7 +182,7 @@ class StandInRecorder:
 def recorder(monkeypatch: pytest.MonkeyPatch) -> StandInRecorder:
     stand_in = StandInRecorder()
     monkeypatch.setitem(sys.modules, "tputrace.recorder", stand_in)
-    monkeypatch.setenv("TPUTRACE_CHIPS", "unset-by-test")
+    monkeypatch.setenv("TPUTRACE_CHIPS", "97")  # a value no test passes as --chips
     return stand_in
 
 
@@ -261,7 +261,7 @@ def test_run_module(tmp_path: Path, recorder: StandInRecorder, monkeypatch: pyte
     assert seen["argv"] == [str(package / "job.py"), str(report), "--flag"]
     assert seen["path0"] == str(tmp_path) and seen["name"] == "__main__"
     assert recorder.calls == [
-        ("start", None, "-m pkg.job", [str(report), "--flag"], "defer", "unset-by-test"),
+        ("start", None, "-m pkg.job", [str(report), "--flag"], "defer", "97"),
         ("stop", 0, None),
     ]
 
