@@ -261,8 +261,9 @@ def masked_scatter(self: Array, mask: Array, source: Array) -> Array:
 @lowers(aten.nonzero_static.default)
 def nonzero_static(self: Array, *, size: int, fill_value: int = -1) -> Array:
     """The first `size` nonzero positions, padded with `fill_value`: a static shape, no sync."""
-    positions = jnp.nonzero(self, size=size, fill_value=fill_value)
-    return jnp.stack(positions, axis=-1).astype(jnp.int64) if positions else jnp.zeros((size, 0), jnp.int64)
+    if self.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    return jnp.stack(jnp.nonzero(self, size=size, fill_value=fill_value), axis=-1).astype(jnp.int64)
 
 
 # --- embeddings ----------------------------------------------------------------------------------
