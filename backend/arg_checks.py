@@ -264,6 +264,14 @@ def _check_median_dim(args: Sequence[Any], kwargs: dict) -> None:
         raise RuntimeError(f"median(): Expected reduction dim {dim % source.dim()} to have non-zero size.")
 
 
+def _check_histc_arguments(args: Sequence[Any], kwargs: dict) -> None:
+    """`histc`'s checks that need no values (its dtype, bins, a given range that is not finite or
+    reversed): the host runs it on an empty stand-in, which raises the same error (no sync)."""
+    source = args[0] if args else kwargs["self"]
+    options = {name: value for name, value in kwargs.items() if name != "self"}
+    torch.histc(torch.empty(0, dtype=source.dtype), *args[1:], **options)
+
+
 # Arguments torch's CPU and CUDA kernels require in one dtype (index arguments excluded).
 _SAME_DTYPE_ARGUMENTS: dict[Any, tuple[str, ...]] = {
     aten.mm: ("self", "mat2"), aten.bmm: ("self", "mat2"), aten.addmm: ("self", "mat1", "mat2"),
@@ -336,7 +344,7 @@ _DATA_CHECKED_OPS = frozenset({
     aten.index_copy, aten.index_copy_, aten.index_fill, aten.index_fill_, aten.gather, aten.scatter, aten.scatter_,
     aten.scatter_add, aten.scatter_add_, aten.scatter_reduce, aten.scatter_reduce_, aten.take, aten.put, aten.put_,
     aten.embedding, aten._embedding_bag, aten.embedding_bag, aten.nll_loss_forward, aten.nll_loss2d_forward,
-    aten.multinomial, aten.bernoulli, aten.bernoulli_, aten.binary_cross_entropy,
+    aten.multinomial, aten.bernoulli, aten.bernoulli_, aten.binary_cross_entropy, aten.histc,
 })
 
 
@@ -347,6 +355,7 @@ _VALUE_CHECKS: dict[Any, Callable[[Sequence[Any], dict], None]] = {
     aten.uniform_.default: _check_uniform_range,
     aten.uniform.default: _check_uniform_range,
     aten.median.dim: _check_median_dim,
+    aten.histc.default: _check_histc_arguments,
     aten.nanmedian.dim: _check_median_dim,
     **_fits_checks(),
     aten.randint.default: _random_range_check(None, 0),

@@ -370,13 +370,20 @@ def _outside_unit_interval(values: Any) -> Any:
     return ~jnp.all((values >= 0) & (values <= 1))
 
 
+def _not_finite(values: Any) -> Any:
+    """histc's refusal when its range is the data's: an inf or nan value."""
+    return ~jnp.all(jnp.isfinite(values))
+
+
 _VALUE_PREDICATES: dict[str, Callable[[Any], Any]] = {
     "probabilities": _bad_probabilities, "probability": _outside_unit_interval, "input": _outside_unit_interval,
+    "data range": _not_finite,
 }
 _VALUE_TEXTS = {
     "probabilities": "a probability < 0, inf or nan, or a distribution summing to 0",
     "probability": "a probability outside [0, 1]",
     "input": "an input outside [0, 1]",
+    "data range": "an inf or nan value, where min == max makes the data's range the histogram's",
 }
 
 
@@ -393,9 +400,22 @@ def _values(name: str, kind: str) -> Callable[[Any], Rule]:
     return build
 
 
+def _histc(op: Any) -> Rule:
+    """histc takes the data's range when min == max (both 0 by default): its values must be finite then."""
+    read_self, read_min, read_max = _reader(op, "self"), _reader(op, "min"), _reader(op, "max")
+
+    def rule(args: Sequence[Any], kwargs: dict) -> Bounded:
+        if (read_min(args, kwargs) or 0) != (read_max(args, kwargs) or 0):
+            return []
+        return [(read_self(args, kwargs), ValueCheck("data range"))]
+
+    return rule
+
+
 # The ops whose checked values are not indices (their errors say "invalid values").
 _VALUE_RULES: dict[Any, Callable[[Any], Rule]] = {
     aten.multinomial: _values("self", "probabilities"), aten.binary_cross_entropy: _values("self", "input"),
+    aten.histc: _histc,
     aten.bernoulli: lambda op: _values("p" if op is aten.bernoulli.Tensor else "self", "probability")(op),
     aten.bernoulli_: _values("p", "probability"),
 }

@@ -12,11 +12,14 @@ aten = torch.ops.aten
 
 @lowers(aten.histc.default)
 def histc(values, bins=100, min=0, max=0):  # noqa: A002, ANN001, ANN201 - ATen argument names
-    """Counts of `values` in `bins` equal-width bins over [min, max] (the data's range when both are 0);
-    values outside the range are ignored and the last bin includes its upper edge, as in torch."""
+    """Counts of `values` in `bins` equal-width bins over [min, max] (the data's range when min == max);
+    values outside the range are ignored and the last bin includes its upper edge, as in torch. A
+    range that is not finite is refused before (`arg_checks`, and `index_checks` for the data's)."""
+    if values.size == 0:
+        return jnp.zeros(bins, values.dtype)
     data = values.reshape(-1).astype(jnp.float64 if values.dtype == jnp.float64 else jnp.float32)
     given_low, given_high = jnp.asarray(min, data.dtype), jnp.asarray(max, data.dtype)
-    use_data_range = (given_low == 0) & (given_high == 0)
+    use_data_range = given_low == given_high
     low = jnp.where(use_data_range, jnp.min(data), given_low)
     high = jnp.where(use_data_range, jnp.max(data), given_high)
     same = low == high
