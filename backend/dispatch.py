@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, device_module, foreach_lists, generators, index_checks, mask_indexing, program_cache, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, program_cache, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -55,7 +55,8 @@ _N_SLOTS = len(_SLOTS)
 _SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(65))  # all-dynamic templates of positional calls
 _NUMBER_TYPES = (int, float, bool, complex)
 _SCALAR_SPECS = {kind: (kind.__name__,) for kind in _NUMBER_TYPES}
-# Ops whose output shape depends on the values: the host must see the data (a data-dependent sync).
+# Ops whose output shape depends on the values: when one runs on the host (a call that `data_dependent`
+# or `mask_indexing` leaves to it), reading its inputs is a data-dependent sync.
 _DATA_DEPENDENT_OPS = frozenset(
     {"aten::nonzero", "aten::unique", "aten::_unique", "aten::_unique2", "aten::unique_dim", "aten::unique_consecutive",
      "aten::masked_select", "aten::bincount", "aten::histc", "aten::repeat_interleave", "aten::nonzero_static"}
@@ -170,10 +171,24 @@ class Dispatcher:
                 "decompose": self._decompose,
                 "fallback": self.fallback,
             }
-            route = (arg_checks.with_value_checks(func, foreach_lists.route(handlers[entry.kind], func), self), entry)
+            handler = handlers[entry.kind]
+            sized = data_dependent.ROUTES.get(func)
+            if sized is not None:
+                handler = self._sized_first(sized, handler)
+            route = (arg_checks.with_value_checks(func, foreach_lists.route(handler, func), self), entry)
         self.routes[id(func)] = route
         self.routed_ops.append(func)
         return route
+
+    def _sized_first(self, sized: data_dependent.Route, handler: Callable) -> Callable:
+        """An op whose output's length depends on its values (`data_dependent`): the chip computes it
+        after the host reads that length; calls the route leaves (None) go to the op's own handler."""
+
+        def run(entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+            result = sized(self, args, kwargs)
+            return handler(entry, args, kwargs) if result is None else result
+
+        return run
 
     # ----------------------------------------------------------------- values
     def read(self, tensor: TpuTensor) -> Any:
@@ -476,24 +491,13 @@ class Dispatcher:
 
     def _build_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
         kwargs_template = dict(template_kwargs)
-        call_args, call_kwargs = rebuild(template_args, originals), rebuild(kwargs_template, originals)
-        refusal = arg_checks.dtype_refusal(entry.op, call_args, call_kwargs)
-        if refusal is not None:
-            raise refusal from None
-        try:
-            out_specs, structure = self._meta_outputs(entry, template_args, kwargs_template, originals)
-        except Exception as meta_error:  # noqa: BLE001 - bad arguments, or no usable meta kernel: ask the host, then the lowering
-            if not isinstance(meta_error, NotImplementedError):
-                # The host check reads the inputs (a flush in DeferAndFuse): the values this op
-                # already collected must come out of that flush.
-                dynamic[:] = self.executor.materialize(dynamic, "value_check")
-                refusal = arg_checks.host_refusal(self.to_host, entry.op, call_args, call_kwargs)
-                if refusal is not None:
-                    raise refusal from None
-            try:
-                out_specs, structure = _lowering_outputs(entry, template_args, kwargs_template, dynamic)
-            except Exception:  # noqa: BLE001 - neither works: run this signature on the host
+        if entry.shapes_from_lowering:
+            out_specs, structure = _lowering_outputs(entry, template_args, kwargs_template, dynamic)
+        else:
+            outputs = self._checked_outputs(entry, template_args, kwargs_template, dynamic, originals)
+            if outputs is None:
                 return _FALLBACK
+            out_specs, structure = outputs
         n_inputs = len(dynamic) - 2 if entry.lowering.needs_key else len(dynamic)
         extra_kwargs = None
         if entry.lowering.needs_key:
@@ -506,6 +510,28 @@ class Dispatcher:
             self._warn_fallback(entry.name, f"its lowering failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
             return _FALLBACK
         return plan
+
+    def _checked_outputs(self, entry: OpEntry, template_args: tuple, kwargs_template: dict, dynamic: list, originals: list) -> tuple[tuple, Any] | None:
+        """The outputs' specs from torch's meta kernel, else from the lowering; arguments the host
+        refuses raise its error; None if neither can say (the signature runs on the host)."""
+        call_args, call_kwargs = rebuild(template_args, originals), rebuild(kwargs_template, originals)
+        refusal = arg_checks.dtype_refusal(entry.op, call_args, call_kwargs)
+        if refusal is not None:
+            raise refusal from None
+        try:
+            return self._meta_outputs(entry, template_args, kwargs_template, originals)
+        except Exception as meta_error:  # noqa: BLE001 - bad arguments, or no usable meta kernel: ask the host, then the lowering
+            if not isinstance(meta_error, NotImplementedError):
+                # The host check reads the inputs (a flush in DeferAndFuse): the values this op
+                # already collected must come out of that flush.
+                dynamic[:] = self.executor.materialize(dynamic, "value_check")
+                refusal = arg_checks.host_refusal(self.to_host, entry.op, call_args, call_kwargs)
+                if refusal is not None:
+                    raise refusal from None
+            try:
+                return _lowering_outputs(entry, template_args, kwargs_template, dynamic)
+            except Exception:  # noqa: BLE001 - neither works
+                return None
 
     def _meta_outputs(self, entry: OpEntry, template_args: tuple, template_kwargs: dict, originals: list) -> tuple[tuple, str]:
         metas = [_meta_like(value) for value in originals]

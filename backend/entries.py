@@ -56,6 +56,7 @@ class OpEntry:
     generator_arg: tuple[int, str] | None = None  # a `Generator?` argument: (position, -1 if keyword-only; name)
     typed_constants: bool = False  # constant Scalars whose Python type matters (arange(4) vs arange(4.0))
     factory_out: bool = False  # an `out=` factory (`eye.m_out`): its functional takes the out tensor's dtype and device
+    shapes_from_lowering: bool = False  # an internal step (`data_dependent`): its outputs' shapes come from its lowering's constants
 
 
 def _is_scalar_type(arg_type: torch._C.JitType, traced_floats: bool = False) -> bool:

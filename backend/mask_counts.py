@@ -27,15 +27,15 @@ ToHost = Callable[[Any, str], torch.Tensor]
 CountCheck = Callable[[ToHost, Sequence[Any], dict], None]
 
 
-def _count(to_host: ToHost, mask: Any) -> int:
-    """The number of set elements of a mask: read on the host for a tpu mask; a host mask (as
-    `x[host_mask] = values` passes, or the backward of `x[host_mask]`) is counted where it is."""
+def count_set(to_host: ToHost, mask: Any) -> int:
+    """The number of set (nonzero) elements of a mask, or of any tensor: counted on the chip and read
+    on the host for a tpu tensor (a data-dependent sync); a host mask (as `x[host_mask] = values`
+    passes, or the backward of `x[host_mask]`) is counted where it is."""
     if mask.numel() == 0:
         return 0
     if mask.device.type != "tpu":
         return int(mask.count_nonzero())
-    flags = mask if mask.dtype == torch.bool else aten.ne.Scalar(mask, 0)
-    return int(to_host(aten.sum.default(flags), SYNC_KIND).item())
+    return int(to_host(aten.count_nonzero.default(mask), SYNC_KIND).item())
 
 
 def _broadcasts(value_shape: Sequence[int], result_shape: Sequence[int]) -> bool:
@@ -59,7 +59,7 @@ def check_index_put(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> None:
     facing = len(value_shape) - len(rest) - 1  # the values' dimension that meets the mask's count
     if facing < 0 or (facing == 0 and value_shape[0] == 1):
         return
-    result_shape = (_count(to_host, mask), *rest)
+    result_shape = (count_set(to_host, mask), *rest)
     if not _broadcasts(value_shape, result_shape):
         raise RuntimeError(f"shape mismatch: value tensor of shape {list(value_shape)} cannot be broadcast to indexing result of shape {list(result_shape)}")
 
@@ -73,7 +73,7 @@ def check_masked_scatter(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> 
     if source.numel() >= positions or mask.numel() == 0:
         return
     copies = positions // mask.numel()  # how many times the broadcast repeats each mask element
-    if source.numel() < _count(to_host, mask) * copies:
+    if source.numel() < count_set(to_host, mask) * copies:
         raise RuntimeError("Number of elements of source < number of ones in mask")
 
 

@@ -52,14 +52,14 @@ def _eval_saved_stats(result: tuple, input: TpuTensor, training: bool) -> tuple:
 
 
 def _legit_default(args: tuple, kwargs: dict) -> tuple:
-    input, weight, bias, running_mean, running_var, training, momentum, eps = _bound(aten._native_batch_norm_legit.default, args, kwargs)  # noqa: A001
+    input, weight, bias, running_mean, running_var, training, momentum, eps = bound(aten._native_batch_norm_legit.default, args, kwargs)  # noqa: A001
     decomposition = torch._decomp.decomposition_table[aten._native_batch_norm_legit.default]
     result = decomposition(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return _eval_saved_stats(result, input, training)
 
 
 def _native_batch_norm(args: tuple, kwargs: dict) -> tuple:
-    input, weight, bias, running_mean, running_var, training, momentum, eps = _bound(aten.native_batch_norm.default, args, kwargs)  # noqa: A001
+    input, weight, bias, running_mean, running_var, training, momentum, eps = bound(aten.native_batch_norm.default, args, kwargs)  # noqa: A001
     if running_mean is None or running_var is None:
         result = torch.ops.aten._native_batch_norm_legit.no_stats(input, weight, bias, training, momentum, eps)
     else:
@@ -67,7 +67,7 @@ def _native_batch_norm(args: tuple, kwargs: dict) -> tuple:
     return _eval_saved_stats(result, input, training)
 
 
-def _bound(op: Any, args: tuple, kwargs: dict) -> list[Any]:
+def bound(op: Any, args: tuple, kwargs: dict) -> list[Any]:
     """The op's arguments in schema order, defaults filled in."""
     values = list(args)
     for argument in op._schema.arguments[len(args):]:
@@ -88,7 +88,7 @@ def _linalg_check_errors(args: tuple, kwargs: dict) -> None:
 def _factor_transpose_when_contiguous(op: Any) -> Any:
     def handler(args: tuple, kwargs: dict) -> Any:
         dispatcher = _dispatcher()
-        (matrix,) = _bound(op, args, kwargs)
+        (matrix,) = bound(op, args, kwargs)
         if matrix.is_contiguous() and not matrix.is_complex():
             matrix = matrix.mT
         return dispatcher.compute(dispatcher._entry(op), (matrix,), {})
@@ -103,12 +103,12 @@ def _ctc_loss_tensor(log_probs: Any, targets: Any, input_lengths: Any, target_le
 
 
 def _allclose(args: tuple, kwargs: dict) -> bool:
-    self, other, rtol, atol, equal_nan = _bound(aten.allclose.default, args, kwargs)
+    self, other, rtol, atol, equal_nan = bound(aten.allclose.default, args, kwargs)
     return bool(aten.all.default(aten.isclose.default(self, other, rtol, atol, equal_nan)))
 
 
 def _equal(args: tuple, kwargs: dict) -> bool:
-    self, other = _bound(aten.equal.default, args, kwargs)
+    self, other = bound(aten.equal.default, args, kwargs)
     return tuple(self.shape) == tuple(other.shape) and bool(aten.all.default(aten.eq.Tensor(self, other)))
 
 

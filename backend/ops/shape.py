@@ -208,8 +208,9 @@ def channel_shuffle(self: Array, groups: int) -> Array:
 
 @lowers(aten.repeat_interleave.Tensor)
 def repeat_interleave(repeats: Array, *, output_size: int | None = None) -> Array:
-    """Position i repeated repeats[i] times; only with `output_size`, which fixes the result's length."""
+    """Position i repeated repeats[i] times; only with `output_size`, which fixes the result's length
+    (without it, `data_dependent` reads the repeats' sum first and passes it)."""
     if output_size is None:
         raise UnloweredCase("repeat_interleave without output_size has a data-dependent length")
-    ends = jnp.cumsum(repeats.reshape(-1))
-    return jnp.searchsorted(ends, jnp.arange(output_size, dtype=ends.dtype), side="right").astype(jnp.int64)
+    repeats = repeats.reshape(-1)
+    return jnp.repeat(jnp.arange(repeats.shape[0], dtype=jnp.int64), repeats, total_repeat_length=output_size)
