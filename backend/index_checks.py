@@ -4,8 +4,9 @@ CUDA's device-side assert does, instead of XLA's silent clamp.
 XLA clamps an out-of-range gather index and drops an out-of-range scatter; the CPU refuses it at
 once, and CUDA asserts on the chip and raises at the next sync. Each checked op (`embedding`,
 `index_select`, `gather`, `x[idx]`, `take`, `nll_loss`'s target, `one_hot`'s classes, the scatters
-and index writes; and the values the CPU refuses in `multinomial`, `bernoulli` and
-`binary_cross_entropy`: a negative or nan probability, an input outside [0, 1])
+and index writes; and the values the CPU refuses in `multinomial`, `bernoulli`,
+`binary_cross_entropy` and `histc`: a negative or nan probability, an input outside [0, 1], an inf
+or nan value where the histogram's range is the data's)
 also runs a tiny program that folds "some index is out of range" into one int32 per chip: 0, or the
 site of the first such op (the op, the user's line, the range). In DEFER_AND_FUSE that program is
 one more node of the pending graph; in DEFER_NEVER, one more launch. Nothing waits for it: the next
