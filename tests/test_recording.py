@@ -152,6 +152,7 @@ def test_sync_kinds_annotations_explicit_steps_and_memory(tmp_path: Path) -> Non
         "    array = y.numpy()\n"
         "    if total > 0:\n"
         "        kept = torch.nonzero(y)\n"
+        "    counts = torch.histogram(y, bins=3)\n"
         "    tputrace.step()\n"
     )
     trace_path = tmp_path / "kinds.tptrace"
@@ -164,4 +165,5 @@ def test_sync_kinds_annotations_explicit_steps_and_memory(tmp_path: Path) -> Non
         steps = list(trace.records("steps"))
         assert [step.source for step in steps] == ["explicit"] * 3
         assert trace.count("memory") >= 3
-        assert trace.count("fallbacks", where="op_sid = (SELECT id FROM strings WHERE text = 'aten.nonzero.default')") == 3
+        assert trace.count("fallbacks", where="op_sid = (SELECT id FROM strings WHERE text = 'aten.nonzero.default')") == 0
+        assert trace.count("fallbacks", where="op_sid = (SELECT id FROM strings WHERE text = 'aten.histogram.bin_ct')") == 3

@@ -1,8 +1,8 @@
-"""Planted problem: a CPU fallback in the loop. `torch.bincount` has a data-dependent output shape
-(one count per value up to the largest), so the tpu device has no lowering for it: every step copies
-the targets to the host, counts there, and copies the counts back, cutting the step's fused graph.
+"""Planted problem: a CPU fallback in the loop. `torch.histogram` has no tpu lowering (torch itself
+has only a CPU kernel for it), so every step copies the targets to the host, counts them there, and
+copies the counts back, cutting the step's fused graph.
 
-    tputrace run examples/problems/cpu_fallback.py            # bincount of the batch's target tokens
+    tputrace run examples/problems/cpu_fallback.py            # histogram of the batch's target tokens
     tputrace run examples/problems/cpu_fallback.py --fixed    # the same counts with a fixed shape (scatter_add_)
 """
 
@@ -34,7 +34,7 @@ def balanced_loss(logits: torch.Tensor, targets: torch.Tensor, fixed: bool) -> t
     if fixed:
         counts = torch.zeros(VOCAB, device=flat.device).scatter_add_(0, flat, torch.ones(flat.shape, device=flat.device))
     else:
-        counts = torch.bincount(flat, minlength=VOCAB).float()  # tputrace: problem (no lowering: runs on the CPU)
+        counts = torch.histogram(flat.float(), bins=VOCAB, range=(0, VOCAB)).hist  # tputrace: problem (no lowering: runs on the CPU)
     return nn.functional.cross_entropy(logits.flatten(0, 1), flat, weight=1.0 / counts.clamp(min=1.0))
 
 

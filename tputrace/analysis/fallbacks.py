@@ -12,8 +12,12 @@ from tputrace.summary import format_ns
 
 NAME = "fallbacks"
 
-# Ops whose output shape depends on values: no fixed-shape XLA lowering exists, so the advice is a rewrite.
+# A rewrite that has a lowering, per op. tputrace's tpu device runs nonzero, unique, bincount,
+# repeat_interleave and `x[mask]` on the chip (one data-dependent sync each): they fall back only for
+# arguments torch refuses, and in traces of earlier versions, which these entries still advise.
 DATA_DEPENDENT_HINTS: dict[str, str] = {
+    "aten.histogram": "count into a fixed range with `torch.histc(x, bins, min, max)`, or into a fixed-size tensor: "
+                      "`torch.zeros(n).scatter_add_(0, x, torch.ones_like(x, dtype=torch.float))`",
     "aten.nonzero": "use a mask instead of indices (e.g. `x * mask` or `torch.where(mask, x, 0)`)",
     "aten.masked_select": "keep the shape fixed: `torch.where(mask, x, 0)` and sum with the mask as weights",
     "aten._unique2": "compute unique values once outside the loop, or use a fixed-size one-hot / bincount with a known size",

@@ -27,7 +27,7 @@ SUGGESTIONS: dict[str, str] = {
     "tolist": "call `.tolist()` after the step, not between layers",
     "numpy": "call `.numpy()` after the step, not between layers",
     "cpu": "move tensors to the CPU after the step, not between layers",
-    "data_dependent": "use fixed-shape ops instead of value-dependent shapes (nonzero, masked_select)",
+    "data_dependent": "use fixed-shape ops instead of value-dependent shapes (nonzero, masked_select, unique, bincount)",
     "size_cap": "the pending graph hit the size cap; this is rare and usually fine",
     "value_check": "tputrace checked an op's arguments on the host, once per new input signature; nothing to change",
     "transfer": "keep tensors on one chip within a step",

@@ -1,7 +1,7 @@
 """Host syncs: lines where the host waited for a value from a chip, inside the training loop.
 
-Syncs a CPU fallback makes (kind `fallback`, or `data_dependent` for ops such as nonzero, inside
-the fallback's time) are part of the fallback's time and belong to the fallbacks analyzer; copies
+Syncs a CPU fallback makes (kind `fallback`, or `data_dependent` for an op such as nonzero that
+ran on the host, inside the fallback's time) are part of the fallback's time and belong to the fallbacks analyzer; copies
 between chips (kind `transfer`) to the transfers. Kind `value_check` is tputrace's own: the host
 checking an op's arguments (DEFER_NEVER_AND_LAUNCH_BLOCKING's value checks, or confirming a meta
 kernel's refusal), which the user's code did not ask for. The cost of a sync is
@@ -30,8 +30,9 @@ SUGGESTIONS: dict[str, str] = {
              "values and print them after the loop.",
     "bool": "`if tensor:` (or `while`, `assert`) on a chip value waits for the chip; keep the decision on the chip "
             "with `torch.where`, or check it every N steps.",
-    "data_dependent": "An op whose output shape depends on values (nonzero, masked_select, unique, boolean "
-                      "indexing) waits for the chip; use a fixed-shape form (`torch.where`, multiplying by a mask).",
+    "data_dependent": "An op whose output shape depends on values (nonzero, masked_select, unique, bincount, "
+                      "repeat_interleave, boolean indexing) waits for the chip to learn its size; use a fixed-shape "
+                      "form (`torch.where`, multiplying by a mask, `minlength`/`output_size` known in advance).",
     "tolist": "`.tolist()` copies to the host and waits; do it every N steps or after the loop.",
     "numpy": "`.numpy()` copies to the host and waits; do it every N steps or after the loop.",
     "cpu": "`.cpu()` / `.to('cpu')` copies to the host and waits; keep the value on the chip or move it less often.",
