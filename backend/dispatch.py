@@ -175,7 +175,8 @@ class Dispatcher:
             sized = data_dependent.ROUTES.get(func)
             if sized is not None:
                 handler = self._sized_first(sized, handler)
-            route = (arg_checks.with_value_checks(func, foreach_lists.route(handler, func), self), entry)
+            handler = mask_indexing.host_mask_route(foreach_lists.route(handler, func), func, self.from_host)
+            route = (arg_checks.with_value_checks(func, handler, self), entry)
         self.routes[id(func)] = route
         self.routed_ops.append(func)
         return route

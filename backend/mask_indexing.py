@@ -10,6 +10,10 @@ such). The integer indices then go to the lowered `index`, so the tensor never l
 
 Calls whose masks do not fit the tensor, or 0-dim masks, keep the host fallback, which raises or
 computes as torch does.
+
+The backward of `masked_select` scatters the gradient through the mask it was given
+(`zeros.masked_scatter_(mask, grad)`), so a host mask reaches `masked_scatter`: there it is copied to
+the chip (one host-to-chip transfer) instead of being refused as a tensor on another device.
 """
 
 from __future__ import annotations
@@ -20,8 +24,14 @@ from typing import Any
 import torch
 
 from tputrace.backend.mask_counts import MASK_DTYPES, SYNC_KIND, ToHost
+from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten
+
+Handler = Callable[[Any, Sequence[Any], dict], Any]
+FromHost = Callable[[torch.Tensor, int], Any]
+# Ops that take their mask from the host: `masked_select`'s backward passes the mask it was given.
+_HOST_MASK_OPS = {aten.masked_scatter.default, aten.masked_scatter_.default}
 
 
 def index(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | None:
@@ -72,6 +82,24 @@ def _set_positions(to_host: ToHost, mask: Any) -> list[torch.Tensor]:
     mask is read first: a data-dependent sync)."""
     host_mask = mask if mask.device.type == "cpu" else to_host(mask, SYNC_KIND)
     return list(host_mask.nonzero().unbind(1))
+
+
+def host_mask_route(handler: Handler, op: Any, from_host: FromHost) -> Handler:
+    """The dispatcher's handler for `op`, copying a host mask to the tensor's chip first when `op`
+    takes one (`masked_scatter`)."""
+    if op not in _HOST_MASK_OPS:
+        return handler
+
+    def with_mask_on_chip(entry: Any, args: Sequence[Any], kwargs: dict) -> Any:
+        mask = args[1] if len(args) > 1 else kwargs.get("mask")
+        if not isinstance(mask, torch.Tensor) or mask.device.type != "cpu" or not isinstance(args[0], TpuTensor):
+            return handler(entry, args, kwargs)
+        chip_mask = from_host(mask, args[0]._buf.chip)
+        if len(args) > 1:
+            return handler(entry, (args[0], chip_mask, *args[2:]), kwargs)
+        return handler(entry, args, {**kwargs, "mask": chip_mask})
+
+    return with_mask_on_chip
 
 
 # The ops whose calls with a mask run here rather than as a CPU fallback (see `Dispatcher.fallback`).
