@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import torch
 
-from tputrace.backend import chips, memory, rng
+from tputrace.backend import chips, memory, process_sharing, rng
 
 _state = threading.local()
 
@@ -44,10 +44,11 @@ def is_initialized() -> bool:
 
 
 def _is_in_bad_fork() -> bool:
-    return False
+    return process_sharing.in_bad_fork()
 
 
 def _lazy_init() -> None:
+    process_sharing.check_not_forked()
     chips.devices()
 
 
@@ -96,6 +97,7 @@ def synchronize(device: Any = None) -> None:
     from tputrace.backend import index_checks
     from tputrace.backend.dispatch import dispatcher
 
+    process_sharing.check_not_forked()
     dispatcher.executor.synchronize()
     index_checks.raise_if_out_of_range(dispatcher.recorder)
 

@@ -13,7 +13,7 @@ from tputrace.backend import (
     accelerate_support, accelerator_api, autocast, checkpoints, chip_backward, data_parallel, device_module,
     distributed, export_constants, export_decompositions, export_dims, fake_convolutions, flex_attention,
     generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
-    op_routes, packed_sequences, safetensors_devices, sparse, torchscript, worker_errors,
+    op_routes, packed_sequences, process_sharing, safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import attention_route, register_all
@@ -55,6 +55,7 @@ def register() -> None:
     kernels.register()
     generators.install()
     host_pinning.register()
+    process_sharing.install()
     checkpoints.register()
     sparse.register()
     inplace_views.register()

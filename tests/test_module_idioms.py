@@ -1,0 +1,56 @@
+"""Idioms of CUDA training code that have no tpu counterpart answer with a one-line error saying what
+to do: a process forked from one using tpu (Hogwild's `mp.Process(target=train, args=(model,))`)
+and a tpu tensor sent to another process. Forked workers that load host data still run."""
+
+from __future__ import annotations
+
+import multiprocessing
+from multiprocessing.reduction import ForkingPickler
+
+import pytest
+import torch
+
+from backend_helpers import host
+from tputrace.backend import process_sharing
+
+
+def _train_in_child(model: torch.nn.Module, errors: multiprocessing.Queue) -> None:
+    try:
+        for parameter in model.parameters():
+            parameter.data.add_(1)
+        errors.put("no error")
+    except RuntimeError as error:
+        errors.put(str(error))
+    errors.put(torch.tpu._is_in_bad_fork())
+
+
+def test_a_forked_process_refuses_tpu_ops_instead_of_hanging() -> None:
+    model = torch.nn.Linear(2, 2).to("tpu").share_memory()
+    before = [host(parameter) for parameter in model.parameters()]
+    context = multiprocessing.get_context("fork")
+    errors = context.Queue()
+    child = context.Process(target=_train_in_child, args=(model, errors))
+    child.start()
+    try:
+        message, bad_fork = errors.get(timeout=60), errors.get(timeout=60)
+    finally:
+        child.join(10)
+        if child.is_alive():  # a hung child (JAX after a fork) must not outlive the test
+            child.kill()
+    assert message == process_sharing.FORKED_MESSAGE
+    assert bad_fork is True and not torch.tpu._is_in_bad_fork()
+    for parameter, value in zip(model.parameters(), before):
+        torch.testing.assert_close(host(parameter), value)
+
+
+def test_sending_a_tpu_tensor_to_another_process_raises_one_line() -> None:
+    for value in (torch.ones(3, device="tpu"), torch.nn.Linear(2, 2).to("tpu").weight):
+        with pytest.raises(RuntimeError, match="cannot be sent to another process.*send tensor.cpu"):
+            ForkingPickler.dumps(value)
+
+
+def test_forked_data_loader_workers_still_load_host_data() -> None:
+    dataset = torch.utils.data.TensorDataset(torch.arange(24.0).reshape(8, 3))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2, pin_memory=True, multiprocessing_context="fork")
+    batches = [host(batch.to("tpu", non_blocking=True) * 2) for (batch,) in loader]
+    torch.testing.assert_close(torch.cat(batches), torch.arange(24.0).reshape(8, 3) * 2)
