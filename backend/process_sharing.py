@@ -49,11 +49,13 @@ def _refuse_op(*args: Any, **kwargs: Any) -> NoReturn:
 
 
 def _after_fork_in_child() -> None:
-    """Route every tpu op of the child to the error (JAX is never reached, so nothing hangs)."""
+    """Route every tpu op of the child to the error (JAX is never reached, so nothing hangs): the
+    routes cached in the parent go, so each op reaches `dispatch`, which refuses."""
     global _forked
     _forked = True
     from tputrace.backend.dispatch import dispatcher
 
+    dispatcher.routes.clear()
     dispatcher.dispatch = _refuse_op
     dispatcher.dispatch_on_worker = _refuse_op
 

@@ -26,6 +26,8 @@ def _train_in_child(model: torch.nn.Module, errors: multiprocessing.Queue) -> No
 
 def test_a_forked_process_refuses_tpu_ops_instead_of_hanging() -> None:
     model = torch.nn.Linear(2, 2).to("tpu").share_memory()
+    for parameter in model.parameters():
+        parameter.data.add_(0)  # the op the child runs has a cached route, as in a training loop
     before = [host(parameter) for parameter in model.parameters()]
     context = multiprocessing.get_context("fork")
     errors = context.Queue()
