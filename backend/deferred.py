@@ -291,7 +291,7 @@ class DeferredExecutor:
         fused = self.programs.get(key)
         cache_hit = fused is not None
         if fused is None:
-            fused = self._compile(graph, output_refs, donate, in_specs, structure, trigger)
+            fused = self._compile(graph, output_refs, donate, in_specs, structure, trigger, program_cache.take_evicted(self, key))
             self.programs[key] = fused
             program_cache.keep_item(self, "programs", key, fused)
         launch = _perf_ns()
@@ -341,7 +341,7 @@ class DeferredExecutor:
             copies[index] = jax.device_put(inputs[index], may_alias=False)
         return copies
 
-    def _compile(self, graph: PendingGraph, output_refs: tuple, donate: tuple[int, ...], in_specs: tuple, structure: Any, trigger: str) -> FusedProgram:
+    def _compile(self, graph: PendingGraph, output_refs: tuple, donate: tuple[int, ...], in_specs: tuple, structure: Any, trigger: str, evicted: bool) -> FusedProgram:
         nodes = list(graph.nodes)
 
         n_arrays = len(graph.inputs)
@@ -366,7 +366,7 @@ class DeferredExecutor:
         plan.program = program
         site = (trigger, recorder.frame_id() if recording else None)
         step = recorder.step_index if recording else 0
-        reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, _input_names(nodes, len(graph.inputs)))
+        reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, _input_names(nodes, len(graph.inputs)), evicted=evicted)
         if reason == "first":
             reason, diff = self._structure_change(site, step, nodes, graph, recorder if recording else None)
         self.site_structures[site] = (step, tuple(nodes))

@@ -543,18 +543,21 @@ class Dispatcher:
         result = corrected_meta(entry.op, meta_args, entry.op(*meta_args, **meta_kwargs))
         return out_specs_from_meta(result)
 
-    def compile_reason(self, structure_key: Any, in_specs: tuple, names: Sequence[str] | None = None) -> tuple[str, str | None]:
-        """('first', None) for a new structure, else ('recompile', what differs from the nearest earlier signature)."""
+    def compile_reason(self, structure_key: Any, in_specs: tuple, names: Sequence[str] | None = None, *, evicted: bool = False) -> tuple[str, str | None]:
+        """('first', None) for a new structure, else ('recompile', what differs from the nearest earlier
+        signature); a program the cache dropped (`evicted`) is a recompile that says so."""
+        if evicted:
+            return "recompile", program_cache.evicted_diff()
         history = self.structures.setdefault(structure_key, [])
         nearest = nearest_signature(history, in_specs) if history else None
         history.append(in_specs)
         if nearest is None:
             return "first", None
-        return "recompile", program_cache.recompile_diff(signature_diff(nearest, in_specs, names))
+        return "recompile", signature_diff(nearest, in_specs, names)
 
-    def record_compile(self, plan: Plan, kind: str) -> None:
+    def record_compile(self, plan: Plan, kind: str, *, evicted: bool = False) -> None:
         """Tell the recorder about a new single-op program: first compile or recompile with its reason."""
-        reason, diff = self.compile_reason(plan.structure_key, plan.in_specs)
+        reason, diff = self.compile_reason(plan.structure_key, plan.in_specs, evicted=evicted)
         if self.recorder is not None:
             self.recorder.compiled(plan, kind, reason, diff)
 

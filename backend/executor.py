@@ -57,10 +57,11 @@ class StrictExecutor:
         self.last_values: Any = None
 
     def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
+        evicted = program_cache.take_evicted(plan)
         plan.program = compile_program(plan.fn, dynamic, plan.chip, plan.op_name)
         program_cache.keep_attribute(plan, "program", plan.program)
         if record:
-            self.dispatcher.record_compile(plan, "op")
+            self.dispatcher.record_compile(plan, "op", evicted=evicted)
 
     def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
         program = plan.program

@@ -25,6 +25,8 @@ EVICTED_DIFF = f"{EVICTED_DIFF_PREFIX} ({ENV_VARIABLE} keeps {{limit}})"
 
 _lock = threading.RLock()  # reentrant: a weakref callback may run inside a locked block (a collection)
 _kept: dict[int, tuple[weakref.ref, Callable[[], None]]] = {}  # in compile order: id -> (entry, forget)
+# What eviction dropped, until its owner compiles it again: (id(owner), key or None) -> owner (plans compare by value).
+_evicted: dict[tuple[int, Any], weakref.ref] = {}
 _evictions = 0
 
 
@@ -54,6 +56,7 @@ def keep_attribute(owner: Any, name: str, program: Any) -> None:
         holder = owner_ref()
         if holder is not None and getattr(holder, name) is program_ref():
             setattr(holder, name, None)
+            _mark_evicted(holder, None)
 
     _keep(program, forget)
 
@@ -69,6 +72,7 @@ def keep_item(owner: Any, cache_name: str, key: Any, entry: Any) -> None:
             cache = getattr(holder, cache_name)
             if cache.get(key) is entry_ref():
                 del cache[key]
+                _mark_evicted(holder, key)
 
     _keep(entry, forget)
 
@@ -113,11 +117,23 @@ def evictions() -> int:
     return _evictions
 
 
-def recompile_diff(diff: str) -> str:
-    """A recompile's diff, saying why when nothing differs and programs have been dropped."""
-    if diff == "same signature" and _evictions:
-        return EVICTED_DIFF.format(limit=_limit)
-    return diff
+def _mark_evicted(owner: Any, key: Any) -> None:
+    mark = (id(owner), key)
+    with _lock:
+        _evicted[mark] = weakref.ref(owner, lambda _: _evicted.pop(mark, None))
+
+
+def take_evicted(owner: Any, key: Any = None) -> bool:
+    """Whether eviction dropped `owner`'s program (`keep_attribute`), or its entry at `key` (`keep_item`),
+    since it was compiled; the mark goes, as the caller is compiling it again."""
+    with _lock:
+        reference = _evicted.pop((id(owner), key), None)
+    return reference is not None and reference() is owner
+
+
+def evicted_diff() -> str:
+    """The diff of a recompile of a program that eviction dropped."""
+    return EVICTED_DIFF.format(limit=_limit)
 
 
 def drop_all() -> None:
@@ -125,6 +141,7 @@ def drop_all() -> None:
     with _lock:
         entries = list(_kept.values())
         _kept.clear()
+        _evicted.clear()
     for reference, forget in entries:
         if reference() is not None:
             forget()

@@ -188,7 +188,10 @@ class CompiledGraph:
         in_specs = self._in_specs(arrays, statics)
         nearest = nearest_signature(self.signatures, in_specs) if self.signatures else None
         self.signatures.append(in_specs)
-        reason, diff = ("first", None) if nearest is None else ("recompile", program_cache.recompile_diff(signature_diff(nearest, in_specs, self.input_names)))
+        if program_cache.take_evicted(self, key):
+            reason, diff = "recompile", program_cache.evicted_diff()
+        else:
+            reason, diff = ("first", None) if nearest is None else ("recompile", signature_diff(nearest, in_specs, self.input_names))
         program_id = None
         if recorder is not None:
             plan = Plan(self.info.name, function, (), "tuple", in_specs, chip, ("compiled", self.info.graph_id, self.info.role))
