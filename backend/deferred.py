@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax import dtypes
 
-from tputrace.backend import hlo_fusions, memory, program_cache
+from tputrace.backend import hlo_fusions, matmul_precision, memory, program_cache
 from tputrace.backend.dtypes import to_torch
 from tputrace.backend.plans import Plan, compile_program
 from tputrace.backend.signatures import InputSpec, signature_diff
@@ -371,7 +371,9 @@ class DeferredExecutor:
             reason, diff = self._structure_change(site, step, nodes, graph, recorder if recording else None)
         self.site_structures[site] = (step, tuple(nodes))
         if recording:
-            fused_program.program_id = recorder.compiled(plan, "fused", reason, diff, n_ops=len(nodes), program_kind="fused")
+            precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
+            detail = {"matmul_precision": precision} if precision else None
+            fused_program.program_id = recorder.compiled(plan, "fused", reason, diff, n_ops=len(nodes), detail=detail, program_kind="fused")
             self._record_fusions(recorder, fused_program)
         return fused_program
 
@@ -390,6 +392,8 @@ class DeferredExecutor:
                 if recorder is not None and position < len(graph.op_records):
                     location = recorder.frame_text(graph.op_records[position][5])
                     where = f" ({location})" if location else ""
+                if plan.op_name == old_plan.op_name and old_plan.matmul_precision and plan.matmul_precision and old_plan.matmul_precision != plan.matmul_precision:
+                    return "recompile", f"op {index} {plan.op_name}{where}: float32 matmul precision: {old_plan.matmul_precision} -> {plan.matmul_precision}"
                 if plan.op_name == old_plan.op_name and len(plan.in_specs) == len(old_plan.in_specs):
                     names = [f"arg {position}" for position in range(len(plan.in_specs))]
                     change = signature_diff(old_plan.in_specs, plan.in_specs, names)

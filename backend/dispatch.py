@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, program_cache, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, matmul_precision, program_cache, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -92,6 +92,7 @@ class Dispatcher:
         self.routed_ops: list[Any] = []  # keeps every routed op alive, so its id stays its own
         self.plans: dict[Any, Any] = {}
         self.structures: dict[Any, list[tuple]] = {}
+        self.structure_precisions: dict[Any, list[str | None]] = {}  # each compile's float32 matmul precision, as `structures`
         self.view_plans: dict[Any, Any] = {}
         self.executor: Executor = StrictExecutor(self)
         self.recorder: Any = None
@@ -469,28 +470,32 @@ class Dispatcher:
         key = (entry, template_args, template_kwargs, specs, chip)
         if entry.typed_constants:
             key += (tuple(type(value) for value in template_args),)
+        precision = None
+        if entry.lowering.matmul_precision:
+            precision = matmul_precision.of_call(specs)
+            key += (precision,)
         plan = self.plans.get(key)
         if entry.lowering.needs_key:
             dynamic.extend(rng.next_seed_and_counter(chip) if generator is None else generators.next_seed_and_counter(generator))
         if plan is None:
             if originals is None:
                 originals = _positional_originals(args, entry.scalar_positions)
-            plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, list(specs), originals, chip)
+            plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, list(specs), originals, chip, precision)
             start = _perf_ns()
         if plan is _FALLBACK:
             return None
         return plan, self.executor.run(plan, dynamic, record_as or entry.name, start), chip
 
-    def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
+    def _make_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int, precision: str | None = None) -> Any:
         with self.plan_lock:
             plan = self.plans.get(key)
             if plan is not None:
                 return plan
-            plan = self._build_plan(entry, key, template_args, template_kwargs, dynamic, specs, originals, chip)
+            plan = self._build_plan(entry, key, template_args, template_kwargs, dynamic, specs, originals, chip, precision)
             self.plans[key] = plan
             return plan
 
-    def _build_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int) -> Any:
+    def _build_plan(self, entry: OpEntry, key: Any, template_args: tuple, template_kwargs: tuple, dynamic: list, specs: list, originals: list, chip: int, precision: str | None = None) -> Any:
         kwargs_template = dict(template_kwargs)
         if entry.shapes_from_lowering:
             out_specs, structure = _lowering_outputs(entry, template_args, kwargs_template, dynamic)
@@ -503,8 +508,8 @@ class Dispatcher:
         extra_kwargs = None
         if entry.lowering.needs_key:
             extra_kwargs = lambda dyn: {"key": rng.key_from(dyn[n_inputs], dyn[n_inputs + 1])}  # noqa: E731
-        fn = array_function(entry.lowering.fn, template_args, kwargs_template, out_specs, entry.name, extra_kwargs)
-        plan = Plan(entry.name, fn, out_specs, structure, tuple(specs), chip, (entry.op, template_args, template_kwargs))
+        fn = array_function(entry.lowering.fn, template_args, kwargs_template, out_specs, entry.name, extra_kwargs, precision)
+        plan = Plan(entry.name, fn, out_specs, structure, tuple(specs), chip, (entry.op, template_args, template_kwargs), matmul_precision=precision)
         try:
             self.executor.prepare(plan, dynamic)
         except Exception as error:  # noqa: BLE001 - a lowering that cannot trace: run on the host
@@ -543,23 +548,30 @@ class Dispatcher:
         result = corrected_meta(entry.op, meta_args, entry.op(*meta_args, **meta_kwargs))
         return out_specs_from_meta(result)
 
-    def compile_reason(self, structure_key: Any, in_specs: tuple, names: Sequence[str] | None = None, *, evicted: bool = False) -> tuple[str, str | None]:
+    def compile_reason(self, structure_key: Any, in_specs: tuple, names: Sequence[str] | None = None, precision: str | None = None,
+                       *, evicted: bool = False) -> tuple[str, str | None]:
         """('first', None) for a new structure, else ('recompile', what differs from the nearest earlier
-        signature); a program the cache dropped (`evicted`) is a recompile that says so."""
+        signature, led by the float32 matmul precision when that compile's differs); a program the cache
+        dropped (`evicted`) is a recompile that says so."""
         if evicted:
             return "recompile", program_cache.evicted_diff()
         history = self.structures.setdefault(structure_key, [])
+        precisions = self.structure_precisions.setdefault(structure_key, [])
         nearest = nearest_signature(history, in_specs) if history else None
+        previous = None if nearest is None else precisions[max(index for index, specs in enumerate(history) if specs is nearest)]
         history.append(in_specs)
+        precisions.append(precision)
         if nearest is None:
             return "first", None
-        return "recompile", signature_diff(nearest, in_specs, names)
+        diff = signature_diff(nearest, in_specs, names)
+        return "recompile", matmul_precision.recompile_diff(diff, previous, precision)
 
     def record_compile(self, plan: Plan, kind: str, *, evicted: bool = False) -> None:
         """Tell the recorder about a new single-op program: first compile or recompile with its reason."""
-        reason, diff = self.compile_reason(plan.structure_key, plan.in_specs, evicted=evicted)
+        reason, diff = self.compile_reason(plan.structure_key, plan.in_specs, precision=plan.matmul_precision, evicted=evicted)
         if self.recorder is not None:
-            self.recorder.compiled(plan, kind, reason, diff)
+            detail = {"matmul_precision": plan.matmul_precision} if plan.matmul_precision else None
+            self.recorder.compiled(plan, kind, reason, diff, detail=detail)
 
     # ----------------------------------------------------------------- views
     def _view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tputrace.backend import chips
+from tputrace.backend import chips, matmul_precision
 from tputrace.backend.dtypes import short_name, to_jax
 from tputrace.backend.memory_formats import storage_order
 from tputrace.backend.signatures import InputSpec, signature_text
@@ -101,6 +101,7 @@ class Plan:
     structure_key: Any
     program: Program | None = None
     trace_ids: dict[str, int] = field(default_factory=dict)
+    matmul_precision: str | None = None  # the float32 matmul precision setting its products were traced at
 
     @property
     def inputs_text(self) -> str:
@@ -189,15 +190,16 @@ def _spec(meta: torch.Tensor) -> OutSpec:
     return OutSpec(shape, meta.dtype, to_jax(meta.dtype), numel * meta.element_size(), strides, order)
 
 
-def array_function(lowering: Callable, template_args: Any, template_kwargs: Any, out_specs: Sequence[OutSpec | None], op_name: str, extra_kwargs: Callable[[Sequence[Any]], dict] | None = None) -> Callable[..., tuple]:
-    """A function of the dynamic inputs that runs the lowering and casts to torch's output dtypes."""
+def array_function(lowering: Callable, template_args: Any, template_kwargs: Any, out_specs: Sequence[OutSpec | None], op_name: str, extra_kwargs: Callable[[Sequence[Any]], dict] | None = None, precision: str | None = None) -> Callable[..., tuple]:
+    """A function of the dynamic inputs that runs the lowering and casts to torch's output dtypes; its
+    products are traced at float32 matmul precision setting `precision` (None: full precision)."""
 
     def run(*dynamic: Any) -> tuple:
         args = rebuild(template_args, dynamic)
         kwargs = rebuild(template_kwargs, dynamic)
         if extra_kwargs is not None:
             kwargs = {**kwargs, **extra_kwargs(dynamic)}
-        with jax.named_scope(op_name):
+        with jax.named_scope(op_name), matmul_precision.scope(precision):
             result = lowering(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
         if any(isinstance(value, (tuple, list)) for value in results):

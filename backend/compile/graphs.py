@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import hlo_fusions, program_cache, rng, transfers
+from tputrace.backend import hlo_fusions, matmul_precision, program_cache, rng, transfers
 from tputrace.backend.compile import aliases, buckets, output_layouts
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
@@ -71,6 +71,7 @@ class CompiledGraph:
         self.events = events
         self.programs: dict[Any, GraphProgram] = {}
         self.signatures: list[tuple] = []
+        self.last_precision: str | None = None  # the float32 matmul precision of the last compile
         self.input_names = [f"input {index} ({node.name})" for index, node in enumerate(self.lowering.placeholders)]
         self.bucketing: buckets.BucketPlan | None = None
         self.bucket_refusal: str | None = None
@@ -95,10 +96,11 @@ class CompiledGraph:
             seed, counter = rng.next_seed_and_counter(chip)
             arrays.append(np.int64(seed))
             arrays.append(np.int64(counter))
-        key = (tuple((array.shape, array.dtype) for array in arrays), tuple(statics.items()), chip)
+        precision = matmul_precision.setting() if self.lowering.precision_nodes else None
+        key = (tuple((array.shape, array.dtype) for array in arrays), tuple(statics.items()), chip, precision)
         entry = self.programs.get(key)
         if entry is None:
-            entry = self._compile(key, arrays, statics, chip, bucket)
+            entry = self._compile(key, arrays, statics, chip, bucket, precision)
         launch = _perf_ns()
         results = entry.program.executable(*arrays)
         returned_sizes: dict[int, int] = {}
@@ -175,14 +177,15 @@ class CompiledGraph:
         for _ in self.lowering.random_nodes:
             arrays.append(jax.ShapeDtypeStruct((), np.int64))
             arrays.append(jax.ShapeDtypeStruct((), np.int64))
-        key = (tuple((tuple(array.shape), np.dtype(array.dtype)) for array in arrays), tuple(statics.items()), chip)
+        precision = matmul_precision.setting() if self.lowering.precision_nodes else None
+        key = (tuple((tuple(array.shape), np.dtype(array.dtype)) for array in arrays), tuple(statics.items()), chip, precision)
         if key not in self.programs:
-            self._compile(key, arrays, statics, chip, None)
+            self._compile(key, arrays, statics, chip, None, precision)
 
-    def _compile(self, key: Any, arrays: list, statics: dict[int, Any], chip: int, bucket: Any) -> GraphProgram:
+    def _compile(self, key: Any, arrays: list, statics: dict[int, Any], chip: int, bucket: Any, precision: str | None) -> GraphProgram:
         layout = TracedLayout()
         unpadded = bucket is None and self.bucketing is None
-        function = self.lowering.function(statics, layout, keep_aliases=unpadded, keep_strides=unpadded)
+        function = self.lowering.function(statics, layout, keep_aliases=unpadded, keep_strides=unpadded, precision=precision)
         recorder = self.events.recorder()
         program = compile_program(function, arrays, chip, self.info.name, keep_hlo=recorder is not None)
         in_specs = self._in_specs(arrays, statics)
@@ -192,6 +195,10 @@ class CompiledGraph:
             reason, diff = "recompile", program_cache.evicted_diff()
         else:
             reason, diff = ("first", None) if nearest is None else ("recompile", signature_diff(nearest, in_specs, self.input_names))
+            if diff is not None:
+                diff = matmul_precision.recompile_diff(diff, self.last_precision, precision)
+        if precision is not None:
+            self.last_precision = precision
         program_id = None
         if recorder is not None:
             plan = Plan(self.info.name, function, (), "tuple", in_specs, chip, ("compiled", self.info.graph_id, self.info.role))
@@ -203,6 +210,8 @@ class CompiledGraph:
                 detail["bucket"] = bucket.detail()
             if self.lowering.host_ops:
                 detail["host_ops"] = self.lowering.host_ops
+            if precision is not None:
+                detail["matmul_precision"] = precision
             program_id = recorder.compiled(plan, "xla", reason, diff, n_ops=self.n_ops, detail=detail, program_kind="compiled")
             if program.hlo_text and program_id is not None:
                 for fusion in hlo_fusions.parse(program.hlo_text):

@@ -24,7 +24,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from tputrace.backend import rng
+from tputrace.backend import matmul_precision, rng
 from tputrace.backend.compile import aliases, output_layouts
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
@@ -87,17 +87,19 @@ class GraphLowering:
         self.output_args: list[Any] = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
         self.constants = {node: _constant(gm, node.target) for node in self.nodes if node.op == "get_attr"}
         self.random_nodes = [node for node in self.nodes if _lowering(node) is not None and _lowering(node).needs_key]
+        self.precision_nodes = frozenset(node for node in self.nodes if _follows_matmul_precision(node))
         self.host_ops = sorted({str(node.target) for node in self.nodes if _is_aten(node) and _lowering(node) is None and not _handled(node)})
         self.op_names = [str(node.target) for node in self.nodes if _is_aten(node) and not _is_bookkeeping(node)]
         self.n_ops = len(self.op_names)
         self.view_chains = aliases.view_chains(self.output_args, output_node.meta.get("desc"))
         self.strided_outputs = output_layouts.strided_outputs(output_node.meta.get("desc"), len(self.output_args))
 
-    def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True, keep_strides: bool = True) -> Callable[..., tuple]:
+    def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True, keep_strides: bool = True, precision: str | None = None) -> Callable[..., tuple]:
         """A function of the tensor inputs (placeholders not in `statics`, in order) followed by one
         (seed, counter) pair per random node; it fills `layout` when traced. With `keep_aliases`, the
         layout says how to rebuild the outputs that are views as views of their bases; with
-        `keep_strides`, channels-last outputs come out in storage order (`output_layouts`)."""
+        `keep_strides`, channels-last outputs come out in storage order (`output_layouts`). The
+        float32 products of `precision_nodes` are traced at matmul precision setting `precision`."""
         placeholders = self.placeholders
         nodes = self.nodes
         output_args = self.output_args
@@ -106,6 +108,7 @@ class GraphLowering:
         name = self.name
         view_chains = self.view_chains if keep_aliases else []
         strided_outputs = self.strided_outputs if keep_strides else frozenset()
+        precision_nodes = self.precision_nodes if precision is not None else frozenset()
 
         def run(*arrays: Any) -> tuple:
             env: dict[torch.fx.Node, Any] = {}
@@ -127,7 +130,11 @@ class GraphLowering:
                 if node in random_index:
                     slot = random_index[node]
                     extra["key"] = rng.key_from(keys[2 * slot], keys[2 * slot + 1])
-                env[node] = _evaluate(node, args, kwargs, extra, name)
+                if node in precision_nodes:
+                    with matmul_precision.scope(precision):
+                        env[node] = _evaluate(node, args, kwargs, extra, name)
+                else:
+                    env[node] = _evaluate(node, args, kwargs, extra, name)
             results = []
             layout.outputs.clear()
             layout.output_dtypes.clear()
@@ -250,6 +257,18 @@ def _lowering(node: torch.fx.Node) -> Lowering | None:
     if node.op != "call_function" or not isinstance(node.target, OpOverload):
         return None
     return LOWERINGS.get(node.target)
+
+
+def _follows_matmul_precision(node: torch.fx.Node) -> bool:
+    """A matrix product whose first tensor input is float32 or complex64 (its products take one dtype)."""
+    lowering = _lowering(node)
+    if lowering is None or not lowering.matmul_precision:
+        return False
+    for arg in node.args:
+        value = arg.meta.get("val") if isinstance(arg, torch.fx.Node) else None
+        if isinstance(value, torch.Tensor):
+            return matmul_precision.reducible(value.dtype)
+    return False
 
 
 def _handled(node: torch.fx.Node) -> bool:

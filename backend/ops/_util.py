@@ -12,8 +12,8 @@ from jax import lax
 
 from ..dtypes import to_jax
 
-# float32 matmuls and convolutions at full precision: XLA's default may use bf16 passes on TPU or
-# TF32 on GPU, and torch's CPU results are the reference.
+# Full float32 precision, for products outside torch's float32 matmul precision setting (linear algebra,
+# resampling weights, float8 scaled products): XLA's default may use bf16 passes on TPU or TF32 on GPU.
 PRECISION = lax.Precision.HIGHEST
 
 DEFAULT_FLOAT = jnp.float32

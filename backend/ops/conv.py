@@ -16,7 +16,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from ._util import PRECISION
+from tputrace.backend import matmul_precision
+
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -46,21 +47,22 @@ def conv_forward(input: Array, weight: Array, stride: Sequence[int], padding: Se
     spatial = weight.ndim - 2
     stride, padding, dilation = _expand(stride, spatial), _expand(padding, spatial), _expand(dilation, spatial)
     numbers = _dimension_numbers(weight.ndim)
+    precision = matmul_precision.for_operands(input, weight)
     if not transposed:
         return lax.conv_general_dilated(
             input, weight, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
-            dimension_numbers=numbers, feature_group_count=groups, precision=PRECISION,
+            dimension_numbers=numbers, feature_group_count=groups, precision=precision,
         )
     output_padding = _expand(output_padding, spatial) if output_padding else (0,) * spatial
     kernel = weight.shape[2:]
     pads = [(d * (k - 1) - p, d * (k - 1) - p + op) for k, p, d, op in zip(kernel, padding, dilation, output_padding)]
     return lax.conv_general_dilated(
         input, _transposed_kernel(weight, groups), window_strides=(1,) * spatial, padding=pads, lhs_dilation=stride,
-        rhs_dilation=dilation, dimension_numbers=numbers, feature_group_count=groups, precision=PRECISION,
+        rhs_dilation=dilation, dimension_numbers=numbers, feature_group_count=groups, precision=precision,
     )
 
 
-@lowers(aten.convolution.default)
+@lowers(aten.convolution.default, matmul_precision=True)
 def convolution(input: Array, weight: Array, bias: Array | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Array:  # noqa: A002
     out = conv_forward(input, weight, stride, padding, dilation, transposed, output_padding, groups)
     if bias is not None:
@@ -68,7 +70,7 @@ def convolution(input: Array, weight: Array, bias: Array | None, stride: Sequenc
     return out
 
 
-@lowers(aten.convolution_backward.default)
+@lowers(aten.convolution_backward.default, matmul_precision=True)
 def convolution_backward(grad_output: Array, input: Array, weight: Array, bias_sizes: Sequence[int] | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, output_mask: Sequence[bool]) -> tuple[Array | None, Array | None, Array | None]:  # noqa: A002
     def forward(x: Array, w: Array) -> Array:
         return conv_forward(x, w, stride, padding, dilation, transposed, output_padding, groups)

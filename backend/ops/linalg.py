@@ -1,6 +1,7 @@
 """Matrix products and linear algebra.
 
-Products run at full float32 precision (`PRECISION`). `beta == 0` ignores `self` entirely (NaN in
+Products of float32 and complex64 inputs run at torch's float32 matmul precision setting
+(`matmul_precision`), others at full precision. `beta == 0` ignores `self` entirely (NaN in
 `self` does not propagate), as torch documents for addmm and friends. Factorisations come from
 `jnp.linalg`/`lax.linalg`; pivots are returned 1-based int32 like LAPACK's, and `info` outputs are
 LAPACK's (LU: first zero pivot; Cholesky: first non-positive leading minor), so torch's error checks
@@ -18,6 +19,7 @@ import numpy as np
 import torch
 from jax import lax
 
+from tputrace.backend import matmul_precision
 from tputrace.backend.dtypes import FLOAT8, to_jax
 
 from ._util import HALF_DTYPES, PRECISION, UnloweredCase, canon_dim, jax_dtype, opmath
@@ -29,11 +31,12 @@ Array = jax.Array
 
 
 def _matmul(a: Array, b: Array) -> Array:
-    """a @ b at full precision; half-precision inputs accumulate and return in float32, as torch's
-    CPU kernels do before rounding once."""
+    """a @ b at the precision `matmul_precision` gives; half-precision inputs accumulate and return in
+    float32, as torch's CPU kernels do before rounding once."""
+    precision = matmul_precision.for_operands(a, b)
     if a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
-        return jnp.matmul(a, b, precision=PRECISION, preferred_element_type=jnp.float32)
-    return jnp.matmul(a, b, precision=PRECISION)
+        return jnp.matmul(a, b, precision=precision, preferred_element_type=jnp.float32)
+    return jnp.matmul(a, b, precision=precision)
 
 
 def _affine(self: Array, product: Array, beta: object, alpha: object) -> Array:
@@ -52,47 +55,47 @@ def _affine(self: Array, product: Array, beta: object, alpha: object) -> Array:
     return jnp.where(beta == 0, jnp.zeros_like(product), beta * self) + product
 
 
-@lowers(aten.mm.default)
+@lowers(aten.mm.default, matmul_precision=True)
 def mm(self: Array, mat2: Array) -> Array:
     return _matmul(self, mat2)
 
 
-@lowers(aten.bmm.default)
+@lowers(aten.bmm.default, matmul_precision=True)
 def bmm(self: Array, mat2: Array) -> Array:
     return _matmul(self, mat2)
 
 
-@lowers(aten.mv.default)
+@lowers(aten.mv.default, matmul_precision=True)
 def mv(self: Array, vec: Array) -> Array:
     return _matmul(self, vec)
 
 
-@lowers(aten.dot.default)
+@lowers(aten.dot.default, matmul_precision=True)
 def dot(self: Array, tensor: Array) -> Array:
-    return jnp.dot(self, tensor, precision=PRECISION)
+    return jnp.dot(self, tensor, precision=matmul_precision.for_operands(self, tensor))
 
 
-@lowers(aten.vdot.default)
+@lowers(aten.vdot.default, matmul_precision=True)
 def vdot(self: Array, other: Array) -> Array:
-    return jnp.vdot(self, other, precision=PRECISION)
+    return jnp.vdot(self, other, precision=matmul_precision.for_operands(self, other))
 
 
-@lowers(aten.addmm.default)
+@lowers(aten.addmm.default, matmul_precision=True)
 def addmm(self: Array, mat1: Array, mat2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
     return _affine(self, _matmul(mat1, mat2), beta, alpha)
 
 
-@lowers(aten.baddbmm.default)
+@lowers(aten.baddbmm.default, matmul_precision=True)
 def baddbmm(self: Array, batch1: Array, batch2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
     return _affine(self, _matmul(batch1, batch2), beta, alpha)
 
 
-@lowers(aten.addbmm.default)
+@lowers(aten.addbmm.default, matmul_precision=True)
 def addbmm(self: Array, batch1: Array, batch2: Array, *, beta: object = 1, alpha: object = 1) -> Array:
     return _affine(self, jnp.sum(_matmul(batch1, batch2), axis=0), beta, alpha)
 
 
-@lowers(aten.addmv.default)
+@lowers(aten.addmv.default, matmul_precision=True)
 def addmv(self: Array, mat: Array, vec: Array, *, beta: object = 1, alpha: object = 1) -> Array:
     return _affine(self, _matmul(mat, vec), beta, alpha)
 
@@ -396,7 +399,7 @@ def cholesky(self: Array, upper: bool = False) -> Array:
     return linalg_cholesky_ex(self, upper=upper)[0]
 
 
-@lowers(aten._grouped_mm.default)
+@lowers(aten._grouped_mm.default, matmul_precision=True)
 def grouped_mm(self: Array, mat2: Array, offs: Array | None = None, bias: Array | None = None, out_dtype: torch.dtype | None = None) -> Array:
     """Mixture-of-experts grouped GEMM. `offs` holds the cumulative ends of the groups along the
     jagged dim of a 2-D operand; rows (or columns) past the last end come out as zeros."""
@@ -407,16 +410,16 @@ def grouped_mm(self: Array, mat2: Array, offs: Array | None = None, bias: Array 
         ends = offs.astype(jnp.int64)
         starts = jnp.concatenate([jnp.zeros((1,), jnp.int64), ends[:-1]])
         if a.ndim == 2 and b.ndim == 3:
-            out = lax.ragged_dot(a, b, (ends - starts).astype(jnp.int32), precision=PRECISION)
+            out = lax.ragged_dot(a, b, (ends - starts).astype(jnp.int32), precision=matmul_precision.for_operands(a, b))
             out = jnp.where((jnp.arange(a.shape[0]) < ends[-1])[:, None], out, jnp.zeros_like(out))
         elif a.ndim == 2 and b.ndim == 2:
             k = jnp.arange(a.shape[1])
             member = ((k[None, :] >= starts[:, None]) & (k[None, :] < ends[:, None])).astype(a.dtype)
-            out = jnp.einsum("mk,gk,kn->gmn", a, member, b, precision=PRECISION)
+            out = jnp.einsum("mk,gk,kn->gmn", a, member, b, precision=matmul_precision.for_operands(a, b))
         else:
             n = jnp.arange(b.shape[1])
             group = jnp.searchsorted(ends, n, side="right")
-            every = jnp.einsum("gmk,kn->gmn", a, b, precision=PRECISION)
+            every = jnp.einsum("gmk,kn->gmn", a, b, precision=matmul_precision.for_operands(a, b))
             picked = jnp.take_along_axis(every, jnp.clip(group, 0, a.shape[0] - 1)[None, None, :], axis=0)[0]
             out = jnp.where((group < a.shape[0])[None, :], picked, jnp.zeros_like(picked))
     return out if bias is None else out + opmath(bias)

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from ._util import PRECISION, UnloweredCase, canon_dim, to_float
+from tputrace.backend import matmul_precision
+
+from ._util import UnloweredCase, canon_dim, to_float
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -235,7 +237,7 @@ def _grouped_heads(q: Array, k: Array) -> bool:
 
 def _scores(q: Array, k: Array, is_causal: bool, attn_mask: Array | None, scale: float) -> Array:
     """Scaled q·k scores with masked positions at -inf (or the float mask added)."""
-    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=PRECISION) * scale
+    scores = jnp.einsum("...qd,...kd->...qk", q, k, precision=matmul_precision.for_operands(q, k)) * scale
     if is_causal:
         allowed = jnp.tril(jnp.ones((q.shape[-2], k.shape[-2]), jnp.bool_))
         scores = jnp.where(allowed, scores, -jnp.inf)
@@ -261,19 +263,19 @@ def _attention(query: Array, key: Array, value: Array, is_causal: bool, attn_mas
         repeats = q.shape[-3] // k.shape[-3]
         k, v = jnp.repeat(k, repeats, axis=-3), jnp.repeat(v, repeats, axis=-3)
     probabilities, peak, total = _softmax(q, k, is_causal, attn_mask, scale)
-    out = jnp.einsum("...qk,...kd->...qd", probabilities, v, precision=PRECISION)
+    out = jnp.einsum("...qk,...kd->...qd", probabilities, v, precision=matmul_precision.for_operands(probabilities, v))
     logsumexp = (jnp.log(total) + peak)[..., 0]
     return out, logsumexp
 
 
-@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default)
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu.default, matmul_precision=True)
 def sdpa_flash_for_cpu(query: Array, key: Array, value: Array, dropout_p: float = 0.0, is_causal: bool = False, *, attn_mask: Array | None = None, scale: float | None = None) -> tuple[Array, Array]:
     if dropout_p > 0.0:
         raise UnloweredCase("attention dropout needs a random key")
     return _attention(query, key, value, is_causal, attn_mask, scale)
 
 
-@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default)
+@lowers(aten._scaled_dot_product_flash_attention_for_cpu_backward.default, matmul_precision=True)
 def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value: Array, out: Array, logsumexp: Array, dropout_p: float, is_causal: bool, *, attn_mask: Array | None = None, scale: float | None = None) -> tuple[Array, Array, Array]:
     if dropout_p > 0.0:
         raise UnloweredCase("attention dropout needs a random key")
@@ -294,12 +296,12 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
     grad = to_float(grad_out)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     probabilities = _softmax(q, k, is_causal, attn_mask, scale)[0]
-    grad_value = jnp.einsum("...qk,...qd->...kd", probabilities, grad, precision=PRECISION)
-    grad_probabilities = jnp.einsum("...qd,...kd->...qk", grad, v, precision=PRECISION)
+    grad_value = jnp.einsum("...qk,...qd->...kd", probabilities, grad, precision=matmul_precision.for_operands(probabilities, grad))
+    grad_probabilities = jnp.einsum("...qd,...kd->...qk", grad, v, precision=matmul_precision.for_operands(grad, v))
     row = jnp.sum(grad * to_float(out), axis=-1, keepdims=True)
     grad_scores = probabilities * (grad_probabilities - row) * scale
-    grad_query = jnp.einsum("...qk,...kd->...qd", grad_scores, k, precision=PRECISION)
-    grad_key = jnp.einsum("...qk,...qd->...kd", grad_scores, q, precision=PRECISION)
+    grad_query = jnp.einsum("...qk,...kd->...qd", grad_scores, k, precision=matmul_precision.for_operands(grad_scores, k))
+    grad_key = jnp.einsum("...qk,...qd->...kd", grad_scores, q, precision=matmul_precision.for_operands(grad_scores, q))
     return grad_query, grad_key, grad_value
 
 

@@ -12,6 +12,9 @@ reproduce torch's type promotion exactly, but shapes must match.
 
 Random lowerings declare `needs_key=True` and receive a `key` keyword argument (a JAX PRNG key
 derived from the chip's seed and a counter): they never hold a fixed key.
+
+Matrix products declare `matmul_precision=True`: their programs are keyed on torch's float32 matmul
+precision setting, and they ask `matmul_precision.for_operands` for their products' precision.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ class Lowering:
     op: OpOverload
     fn: Callable
     needs_key: bool = False
+    matmul_precision: bool = False
 
 
 class DuplicateLoweringError(RuntimeError):
@@ -53,7 +57,7 @@ def _overloads(target: OpOverload | OpOverloadPacket) -> list[OpOverload]:
     return [target]
 
 
-def lowers(*targets: OpOverload | OpOverloadPacket, needs_key: bool = False) -> Callable[[Callable], Callable]:
+def lowers(*targets: OpOverload | OpOverloadPacket, needs_key: bool = False, matmul_precision: bool = False) -> Callable[[Callable], Callable]:
     """Register the decorated JAX function as the lowering of each target.
 
     A target is an overload (`aten.add.Tensor`) or a packet (`aten.relu`, meaning every overload
@@ -65,7 +69,7 @@ def lowers(*targets: OpOverload | OpOverloadPacket, needs_key: bool = False) -> 
             for overload in _overloads(target):
                 if overload in LOWERINGS:
                     raise DuplicateLoweringError(f"{overload} already lowered by {LOWERINGS[overload].fn.__qualname__}")
-                LOWERINGS[overload] = Lowering(overload, fn, needs_key)
+                LOWERINGS[overload] = Lowering(overload, fn, needs_key, matmul_precision)
         return fn
 
     return register
