@@ -25,7 +25,9 @@ Sources (Google Cloud TPU documentation; the page names as published):
 Not published, so estimated here and labelled as such wherever used:
 - float32 peak. The MXU multiplies bfloat16; a float32 matmul at PyTorch's default precision
   ("highest") runs as six bfloat16 passes (XLA's dot algorithm BF16_BF16_F32_X6, see the JAX
-  documentation, "Matmul precision"), so float32 peak is estimated as bf16 peak / 6.
+  documentation, "Matmul precision"), so float32 peak is estimated as bf16 peak / 6. At
+  `torch.set_float32_matmul_precision("high")` the backend asks XLA for `HIGH` (bf16_3x, three passes:
+  bf16 peak / 3), at "medium" for `DEFAULT` (one pass: bf16 peak).
 - TPU7x MXU size: the TPU7x page does not state it; 256 (as v6e) is an assumption.
 """
 
@@ -39,6 +41,8 @@ TERA = 1e12
 GIGA = 1e9
 GIB = 1 << 30
 FP32_PASSES = 6  # bfloat16 passes per float32 matmul at "highest" precision (see module docstring)
+# bfloat16 passes per float32 matmul at each torch.set_float32_matmul_precision setting.
+PRECISION_PASSES = {"highest": FP32_PASSES, "high": 3, "medium": 1}
 
 
 @dataclass(frozen=True)
@@ -61,9 +65,12 @@ class Chip:
         """Estimated float32 matmul peak: bf16 peak over the passes a float32 matmul takes (an estimate)."""
         return self.peak_bf16_flops / FP32_PASSES
 
-    def peak_flops(self, dtype: str) -> float:
-        """Peak matmul FLOP/s for inputs of `dtype` (a short name: f32, bf16, ...)."""
-        if dtype in ("f32", "f64"):
+    def peak_flops(self, dtype: str, precision: str = "highest") -> float:
+        """Peak matmul FLOP/s for inputs of `dtype` (a short name: f32, bf16, ...); float32 products at
+        float32 matmul precision setting `precision` (an estimate)."""
+        if dtype == "f32":
+            return self.peak_bf16_flops / PRECISION_PASSES.get(precision, FP32_PASSES)
+        if dtype == "f64":
             return self.peak_fp32_flops
         return self.peak_bf16_flops
 
@@ -76,9 +83,9 @@ class Chip:
             return (16, 128)
         return (32, 128)
 
-    def roofline_ns(self, flops: float, bytes_accessed: float, dtype: str = "bf16") -> float:
+    def roofline_ns(self, flops: float, bytes_accessed: float, dtype: str = "bf16", precision: str = "highest") -> float:
         """Estimated time on this chip: the larger of compute time and HBM time (an estimate)."""
-        compute_s = flops / self.peak_flops(dtype) if flops else 0.0
+        compute_s = flops / self.peak_flops(dtype, precision) if flops else 0.0
         memory_s = bytes_accessed / self.hbm_bandwidth if bytes_accessed else 0.0
         return max(compute_s, memory_s) * 1e9
 

@@ -1,5 +1,11 @@
-"""The run's matrix products (matmul, linear, conv, attention), grouped by op, shapes, module and line,
-and how much chip time each group accounts for. Shared by the padding and precision analyzers.
+"""The run's matrix products (matmul, linear, conv, attention), grouped by op, shapes, module, line and
+float32 matmul precision, and how much chip time each group accounts for. Shared by the padding and
+precision analyzers.
+
+A group's precision is the `torch.set_float32_matmul_precision` setting its programs' products ran at
+(`compiles.detail`'s `matmul_precision`); a program without one (an older trace, or no float32
+products) ran at "highest". A fused program whose products ran at several settings counts at the
+fullest of them.
 
 Chip time of a group is attributed from measured program executions by FLOP share (the group's
 FLOPs over the FLOPs of every program executed, from XLA's cost analysis, or over all matmul FLOPs
@@ -9,6 +15,8 @@ mode) or FLOP counts, it is the target chip's roofline time for the group (an es
 
 from __future__ import annotations
 
+import json
+from collections import Counter
 from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext, in_list
@@ -25,6 +33,7 @@ class MatmulGroup:
     frame_id: int | None
     calls: int
     products: tuple[Matmul, ...]
+    precision: str = "highest"  # the float32 matmul precision setting its products ran at
 
     @property
     def flops(self) -> float:
@@ -48,7 +57,7 @@ class ChipTime:
         if self.measured:
             return group.flops / max(self.execution_flops, self.matmul_flops) * self.execution_ns
         return group.calls * sum(
-            context.target.roofline_ns(product.flops, product.bytes, product.dtype) for product in group.products
+            context.target.roofline_ns(product.flops, product.bytes, product.dtype, group.precision) for product in group.products
         )
 
 
@@ -66,17 +75,37 @@ def matmul_groups(context: AnalysisContext) -> list[MatmulGroup]:
     if op_sids:
         where, params = context.loop_where()
         rows = trace.sql(
-            "SELECT op_sid, inputs_sid, module_sid, frame_id, COUNT(*) FROM ops "
-            f"WHERE {where} AND op_sid IN {in_list(op_sids)} GROUP BY op_sid, inputs_sid, module_sid, frame_id",
+            "SELECT op_sid, inputs_sid, module_sid, frame_id, program_id, COUNT(*) FROM ops "
+            f"WHERE {where} AND op_sid IN {in_list(op_sids)} GROUP BY op_sid, inputs_sid, module_sid, frame_id, program_id",
             tuple(params) + tuple(op_sids),
         )
-        for op_sid, inputs_sid, module_sid, frame_id, calls in rows:
+        precisions = program_precisions(context)
+        calls_by_group: Counter[tuple[int, int, int | None, int | None, str]] = Counter()
+        for op_sid, inputs_sid, module_sid, frame_id, program_id, calls in rows:
+            calls_by_group[(op_sid, inputs_sid, module_sid, frame_id, precisions.get(program_id, "highest"))] += calls
+        for (op_sid, inputs_sid, module_sid, frame_id, precision), calls in calls_by_group.items():
             op, inputs = trace.string(op_sid) or "", trace.string(inputs_sid) or ""
             products = tuple(matmuls_of(op, inputs))
             if products:
-                groups.append(MatmulGroup(op, inputs, trace.string(module_sid), frame_id, calls, products))
+                groups.append(MatmulGroup(op, inputs, trace.string(module_sid), frame_id, calls, products, precision))
     context.cache["matmul_groups"] = groups
     return groups
+
+
+_FULLEST_FIRST = ("highest", "high", "medium")
+
+
+def program_precisions(context: AnalysisContext) -> dict[int, str]:
+    """The float32 matmul precision setting of each program that recorded one."""
+    precisions: dict[int, str] = {}
+    for program_id, detail in context.trace.sql(
+        "SELECT program_id, detail FROM compiles WHERE program_id IS NOT NULL AND detail LIKE '%matmul_precision%'"
+    ):
+        recorded = json.loads(detail).get("matmul_precision")
+        if isinstance(recorded, str):
+            names = recorded.split(",")
+            precisions[program_id] = next((name for name in _FULLEST_FIRST if name in names), "highest")
+    return precisions
 
 
 def chip_time(context: AnalysisContext) -> ChipTime:

@@ -1,14 +1,17 @@
 """Float32 matmuls on a bfloat16-native MXU.
 
-The MXU multiplies bfloat16; a float32 product at PyTorch's default precision takes several bfloat16
-passes (see `chips.FP32_PASSES`). Per product, the analyzer compares the target's roofline time in
-float32 with the same product's compute at bfloat16 speed (bytes unchanged: autocast keeps float32
-weights and casts on the fly), an estimate. Memory-bound products gain nothing and are left out.
+The MXU multiplies bfloat16; a float32 product takes six bfloat16 passes at PyTorch's default
+precision ("highest"), three at `torch.set_float32_matmul_precision("high")` and one at "medium"
+(`chips.PRECISION_PASSES`). Per product, the analyzer compares the target's roofline time at the
+setting it ran at with the same product's compute at bfloat16 speed (bytes unchanged: autocast keeps
+float32 weights and casts on the fly), an estimate. Memory-bound products gain nothing and are left
+out, and so are products that already ran at "medium". For products at "highest" it also estimates
+the lighter change, "high".
 """
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
@@ -18,15 +21,22 @@ from tputrace.summary import format_ns
 
 NAME = "precision"
 MIN_REPORTED_SHARE = 0.005
+_AT_HIGH = ' at matmul precision "high"'
+_PASSES = {"highest": "six bfloat16 passes", "high": "three bfloat16 passes"}
 
 
-def saving_fraction(product: Matmul, context: AnalysisContext) -> float:
-    """Share of a float32 product's target time that bfloat16 compute would save (0 when memory-bound)."""
+def saving_fraction(product: Matmul, context: AnalysisContext, precision: str = "highest", to: str = "medium") -> float:
+    """Share of a float32 product's target time at matmul precision `precision` that compute at `to`
+    would save; "medium" is compute at bfloat16 speed (0 when memory-bound)."""
     target = context.target
-    fp32_ns = target.roofline_ns(product.flops, product.bytes, "f32")
-    memory_ns = product.bytes / target.hbm_bandwidth * 1e9
-    bf16_ns = max(product.flops / target.peak_bf16_flops * 1e9, memory_ns)
-    return 1.0 - bf16_ns / fp32_ns if fp32_ns else 0.0
+    ran_ns = target.roofline_ns(product.flops, product.bytes, "f32", precision)
+    reduced_ns = target.roofline_ns(product.flops, product.bytes, "f32", to)
+    return max(1.0 - reduced_ns / ran_ns, 0.0) if ran_ns else 0.0
+
+
+def _weighted(fractions: list[float], products: tuple[Matmul, ...]) -> float:
+    weights = [product.flops for product in products]
+    return sum(f * w for f, w in zip(fractions, weights)) / sum(weights) if sum(weights) else 0.0
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult:
@@ -39,23 +49,28 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     times = chip_time(context)
     by_module: dict[tuple[str | None, int | None], list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
     rows = []
+    high_cost = 0.0
     for group in groups:
-        fractions = [saving_fraction(product, context) for product in group.products]
-        weights = [product.flops for product in group.products]
-        fraction = sum(f * w for f, w in zip(fractions, weights)) / sum(weights) if sum(weights) else 0.0
+        fraction = _weighted([saving_fraction(product, context, group.precision) for product in group.products], group.products)
         chip_ns = times.attributed_ns(context, group)
+        high_fraction = 0.0
+        if group.precision == "highest":
+            high_fraction = _weighted([saving_fraction(product, context, to="high") for product in group.products], group.products)
         rows.append({
             "op": group.op, "inputs": group.inputs, "module": group.module, "where": context.where(group.frame_id),
-            "calls": group.calls, "flops": group.flops, "compute_bound_on_target": fraction > 0,
-            "saving_estimate": fraction, "chip_ns": chip_ns,
+            "calls": group.calls, "flops": group.flops, "matmul_precision": group.precision,
+            "compute_bound_on_target": fraction > 0, "saving_estimate": fraction,
+            "high_saving_estimate": high_fraction, "chip_ns": chip_ns,
         })
         if fraction > 0:
             by_module[(group.module, group.frame_id)].append((group, fraction * chip_ns, chip_ns))
+            high_cost += high_fraction * chip_ns
     result.data["products"] = sorted(rows, key=lambda row: -row["saving_estimate"] * row["chip_ns"])[:100]
     entries = [entry for entries in by_module.values() for entry in entries]
     cost = sum(saving for _, saving, _ in entries)
     share = context.share_of_step(cost)
     result.data["saving_estimate_ns"] = cost
+    result.data["high_saving_estimate_ns"] = high_cost
     if not entries or share < MIN_REPORTED_SHARE:
         return result
     # Point at the forward call (it has a module) that would save the most.
@@ -73,24 +88,23 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         for group, saving, chip in sorted(entries, key=lambda entry: -entry[1])[:5]
     )
     where = context.where(frame_id)
+    at_highest = any(group.precision == "highest" for group, _, _ in entries)
     result.findings.append(Finding(
         analyzer=NAME,
         severity=context.severity(share),
         title=(
             f"Float32 matmuls on a bfloat16 MXU: {flops / max(context.step_count, 1) / 1e9:.3g} GFLOP per step in "
-            f"float32{' in ' + module if module else ''} at {where}"
+            f"float32{'' if at_highest else _AT_HIGH}{' in ' + module if module else ''} at {where}"
         ),
         explanation=(
-            f"{len(entries)} compute-bound matmul shapes ({', '.join(modules[:4]) or 'no module'}) run in float32. "
-            f"{context.target.label}'s MXU multiplies bfloat16, so each float32 product takes several passes "
-            f"(peak float32 is estimated at {context.target.peak_fp32_flops / 1e12:.0f} TFLOP/s against "
-            f"{context.target.peak_bf16_flops / 1e12:.0f} in bfloat16). They account for {format_ns(chip_ns)} of "
-            f"chip time, of which bfloat16 would save about {format_ns(cost)} ({share:.0%} of a step; estimate)."
+            f"{len(entries)} compute-bound matmul shapes ({', '.join(modules[:4]) or 'no module'}) run in float32"
+            f"{_precision_counts(entries)}. {context.target.label}'s MXU multiplies bfloat16, so each float32 product "
+            f"takes several passes (peak float32 at \"highest\" is estimated at {context.target.peak_fp32_flops / 1e12:.0f} "
+            f"TFLOP/s against {context.target.peak_bf16_flops / 1e12:.0f} in bfloat16). They account for "
+            f"{format_ns(chip_ns)} of chip time, of which bfloat16 compute would save about {format_ns(cost)} "
+            f"({share:.0%} of a step; estimate)."
         ),
-        suggestion=(
-            "Run the forward pass under `torch.autocast(device_type=\"tpu\", dtype=torch.bfloat16)` (keep the loss "
-            "and optimizer in float32), or cast the model with `model.to(torch.bfloat16)` if the accuracy allows."
-        ),
+        suggestion=_suggestion(at_highest, high_cost),
         cost_total_ns=cost,
         cost_per_step_ns=context.per_step(cost),
         evidence=evidence,
@@ -98,3 +112,28 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         **context.location_fields(frame_id),
     ))
     return result
+
+
+def _precision_counts(entries: list[tuple[MatmulGroup, float, float]]) -> str:
+    """E.g. ' (matmul precision: 3 at "highest": six bfloat16 passes; 1 at "high": three bfloat16 passes)'."""
+    counts = Counter(group.precision for group, _, _ in entries)
+    parts = [f'{counts[name]} at "{name}": {_PASSES[name]}' for name in _PASSES if counts[name]]
+    return f" (matmul precision: {'; '.join(parts)})" if parts else ""
+
+
+def _suggestion(at_highest: bool, high_cost: float) -> str:
+    """The lighter change first: a lower float32 matmul precision keeps the model in float32."""
+    autocast = (
+        "run the forward pass under `torch.autocast(device_type=\"tpu\", dtype=torch.bfloat16)` (keep the loss "
+        "and optimizer in float32), or cast the model with `model.to(torch.bfloat16)` if the accuracy allows."
+    )
+    if at_highest:
+        return (
+            "The lighter change: `torch.set_float32_matmul_precision(\"high\")` runs float32 products as three "
+            f"bfloat16 passes (bf16_3x, close to float32 accuracy) instead of six, saving about {format_ns(high_cost)} "
+            "(estimate); `\"medium\"` runs one pass, bfloat16 compute on float32 tensors. Or " + autocast
+        )
+    return (
+        "They already run at `torch.set_float32_matmul_precision(\"high\")`: `\"medium\"` runs one bfloat16 pass "
+        "instead of three, the saving estimated here. Or " + autocast
+    )
