@@ -3,7 +3,9 @@
 Its device and memory functions call into a C++ device guard and caching allocator, which a device
 written in Python cannot supply (torch raises "Backend doesn't support synchronizing..." or an
 internal assert). While `tpu` is the current accelerator, those functions answer from `torch.tpu`;
-for any other accelerator they are torch's own.
+for any other accelerator they are torch's own. Streams are `torch.tpu`'s too: torch's own
+`torch.Stream` for tpu cannot wait on a `torch.tpu.Event`, which FSDP2 records and then waits on
+through `torch.accelerator.current_stream()`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,8 @@ _OURS: dict[str, Callable[..., Any]] = {
     "memory_stats": _memory_stats,
     "reset_peak_memory_stats": device_module.reset_peak_memory_stats,
     "reset_accumulated_memory_stats": _reset_accumulated_memory_stats,
+    "current_stream": device_module.current_stream,
+    "set_stream": device_module.set_stream,
 }
 
 

@@ -246,12 +246,15 @@ class Event:
         return (end_event.recorded_at - self.recorded_at) * 1000.0
 
 
-class Stream:
-    """The chip's single in-order queue of work (XLA orders programs on a device itself)."""
+class Stream(torch.Stream):
+    """The chip's single in-order queue of work (XLA orders programs on a device itself). A
+    `torch.Stream`, so that torch's C++ functions taking one (`Tensor.record_stream`) accept it."""
+
+    def __new__(cls, device: Any = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        return super().__new__(cls, device=torch.device("tpu", chip_index(device)), priority=priority)
 
     def __init__(self, device: Any = None, priority: int = 0, **kwargs: Any) -> None:
-        self.device = torch.device("tpu", chip_index(device))
-        self.priority = priority
+        """Made by `__new__`."""
 
     def synchronize(self) -> None:
         synchronize()
@@ -270,11 +273,11 @@ class Stream:
         event.record(self)
         return event
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, Stream) and other.device == self.device
+    def __enter__(self) -> "Stream":
+        return self
 
-    def __hash__(self) -> int:
-        return hash(("tpu-stream", self.device))
+    def __exit__(self, *exc_info: object) -> None:
+        """Work stays on the chip's one queue."""
 
 
 def current_stream(device: Any = None) -> Stream:
