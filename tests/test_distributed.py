@@ -396,6 +396,10 @@ root = tpu([float(rank)] * 3); dist.broadcast(root, src=world - 1)
 check("broadcast", root, [float(world - 1)] * 3)
 out = torch.empty(world, device="tpu"); dist.all_to_all_single(out, torch.arange(float(world), device="tpu") + 10 * rank)
 check("all_to_all_single", out, torch.tensor([10.0 * r + rank for r in range(world)]))
+pieces_in = [torch.full((rank + 1, 2), 10.0 * rank + peer, device="tpu") for peer in range(world)]
+pieces_out = [torch.empty(peer + 1, 2, device="tpu") for peer in range(world)]
+dist.all_to_all(pieces_out, pieces_in)  # uneven sizes, as NCCL takes them
+check("all_to_all uneven", torch.cat([piece.reshape(-1) for piece in pieces_out]), torch.cat([torch.full((2 * (peer + 1),), 10.0 * peer + rank) for peer in range(world)]))
 dist.barrier()
 if rank == 0:
     dist.send(tpu([7.0, 8.0]), dst=1)

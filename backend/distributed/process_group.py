@@ -213,10 +213,13 @@ class TpuProcessGroup(dist.ProcessGroup):
     alltoall_base = all_to_all_single
 
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        """One flat `alltoall_base` with a split per tensor: gloo's list form refuses tensors of
+        different sizes, which NCCL (and so code written for CUDA) sends."""
         staging, call = self._start("all_to_all", inputs, tracing.message_bytes(inputs))
-        host_inputs = [staging.read(input) for input in inputs]
-        host_outputs = [staging.output(output) for output in outputs]
-        return self._launch(staging, call, lambda: self._host.alltoall(host_outputs, host_inputs, dist.AllToAllOptions()), outputs)
+        host_input = torch.cat([staging.read(input).reshape(-1) for input in inputs])
+        host_output = staging.flat_output(outputs)
+        out_splits, in_splits = [output.numel() for output in outputs], [input.numel() for input in inputs]
+        return self._launch(staging, call, lambda: self._host.alltoall_base(host_output, host_input, out_splits, in_splits, dist.AllToAllOptions()), outputs)
 
     # ----------------------------------------------------------------- barrier and point-to-point
     def barrier(self, opts: Any = None) -> dist.Work:

@@ -95,6 +95,16 @@ class Staging:
             offset += count
         return flat
 
+    def flat_output(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
+        """One 1-D host buffer whose consecutive pieces go back into `tensors` (starting contents undefined)."""
+        flat = torch.empty(sum(tensor.numel() for tensor in tensors), dtype=_one_dtype(tensors))
+        offset = 0
+        for tensor in tensors:
+            count = tensor.numel()
+            self.written(tensor, flat[offset : offset + count].view(tuple(tensor.shape)))
+            offset += count
+        return flat
+
     def write_back(self) -> None:
         """Put every host result into its tensor (tpu: a new array on its chip, written as `copy_` would)."""
         for tensor, host in self.writes:
