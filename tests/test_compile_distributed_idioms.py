@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 
@@ -22,3 +23,20 @@ def test_accelerator_stream_waits_on_tpu_events_and_streams() -> None:
     with stream:
         assert torch.accelerator.current_stream() == stream
     torch.accelerator.set_stream(stream)
+
+
+@pytest.mark.parametrize("option", ["find_unused_parameters", "static_graph"])
+def test_ddp_refuses_options_that_need_pinned_memory_in_one_line(tmp_path: Path, option: str) -> None:
+    """Without the check, DDP was built and its first backward raised torch's NotImplementedError about
+    `PrivateUse1HooksInterface.getPinnedMemoryAllocator`."""
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("tpu", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        with pytest.raises(RuntimeError, match=rf"^DistributedDataParallel\({option}=True\) is not supported on tpu: .* 0\.0 \* parameter\.sum\(\)"):
+            DistributedDataParallel(torch.nn.Linear(2, 2).to("tpu"), **{option: True})
+        model = DistributedDataParallel(torch.nn.Linear(2, 2).to("tpu"), find_unused_parameters=False)
+        model(torch.ones(1, 2, device="tpu")).sum().backward()
+        DistributedDataParallel(torch.nn.Linear(2, 2), find_unused_parameters=True)
+    finally:
+        dist.destroy_process_group()

@@ -1,5 +1,6 @@
 """Distributed training on `tpu`: the c10d backend "tpu" (`dist.init_process_group("tpu")`), the
-functional collectives DTensor and FSDP2 use, FSDP2's storage freeing, and collective trace rows.
+functional collectives DTensor and FSDP2 use, FSDP2's storage freeing, collective trace rows, and the
+DDP options refused on tpu.
 
 `register()` runs when the backend loads (from `tputrace.backend.registration`) and only registers the
 c10d backend; the op handlers are installed when the first tpu process group is created, so that
@@ -20,9 +21,10 @@ def register() -> None:
 
     if not dist.is_available():
         return
-    from tputrace.backend.distributed import process_group
+    from tputrace.backend.distributed import ddp_options, process_group
 
     process_group.register_backend()
+    ddp_options.install()
     _registered = True
 
 
