@@ -4,6 +4,7 @@ trace records the setting, and the precision analyzer reads it."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import textwrap
@@ -35,9 +36,16 @@ _SCALARS = {"float": 1.0, "int": 1, "bool": True, "complex": 1j}  # a Scalar inp
 def restore_setting() -> Iterator[None]:
     previous = matmul_precision.setting()
     yield
-    torch.backends.fp32_precision = "none"
-    torch.backends.cuda.matmul.fp32_precision = "none"
-    torch.set_float32_matmul_precision(previous)
+    with _backend_flags_settable():
+        torch.backends.fp32_precision = "none"
+        torch.backends.cuda.matmul.fp32_precision = "none"
+        torch.set_float32_matmul_precision(previous)
+
+
+def _backend_flags_settable() -> contextlib.AbstractContextManager:
+    """torch's test helpers (the OpInfo parity test's imports) freeze torch.backends flags for the rest
+    of the process; this lifts that for a block, as torch's own `flags()` context managers do."""
+    return getattr(torch.backends, "__allow_nonbracketed_mutation")()
 
 
 def _lowered_precisions(op_name: str, setting: str, dtype: torch.dtype = torch.float32) -> set[str]:
@@ -111,12 +119,13 @@ def test_switching_the_setting_runs_the_other_program(mode: EagerMode) -> None:
 
 
 def test_the_per_backend_api_is_followed_where_torch_gives_no_single_answer() -> None:
-    torch.backends.cuda.matmul.fp32_precision = "tf32"  # CUDA's own: torch's backend-agnostic getter refuses
-    assert matmul_precision.setting() == "highest"
-    torch.backends.fp32_precision = "tf32"  # every backend's
-    assert matmul_precision.setting() == "high"
-    torch.backends.fp32_precision = "bf16"
-    assert matmul_precision.setting() == "medium"
+    with _backend_flags_settable():
+        torch.backends.cuda.matmul.fp32_precision = "tf32"  # CUDA's own: torch's backend-agnostic getter refuses
+        assert matmul_precision.setting() == "highest"
+        torch.backends.fp32_precision = "tf32"  # every backend's
+        assert matmul_precision.setting() == "high"
+        torch.backends.fp32_precision = "bf16"
+        assert matmul_precision.setting() == "medium"
 
 
 _SCRIPT = """
