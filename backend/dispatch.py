@@ -47,6 +47,7 @@ from tputrace.backend.views import ViewChain, ViewStep, geometry
 
 aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
+_float32_matmul_precision = torch._C._get_float32_matmul_precision
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _NO_CONTEXT = contextlib.nullcontext()
@@ -470,16 +471,18 @@ class Dispatcher:
         key = (entry, template_args, template_kwargs, specs, chip)
         if entry.typed_constants:
             key += (tuple(type(value) for value in template_args),)
-        precision = None
-        if entry.lowering.matmul_precision:
-            precision = matmul_precision.of_call(specs)
-            key += (precision,)
+        if entry.lowering.matmul_precision:  # the setting keys every dtype's plan: one C call, no dtype test
+            try:
+                key += (_float32_matmul_precision(),)
+            except RuntimeError:  # torch's per-backend API mixed with the legacy one
+                key += (matmul_precision.setting(),)
         plan = self.plans.get(key)
         if entry.lowering.needs_key:
             dynamic.extend(rng.next_seed_and_counter(chip) if generator is None else generators.next_seed_and_counter(generator))
         if plan is None:
             if originals is None:
                 originals = _positional_originals(args, entry.scalar_positions)
+            precision = matmul_precision.of_call(specs) if entry.lowering.matmul_precision else None
             plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, list(specs), originals, chip, precision)
             start = _perf_ns()
         if plan is _FALLBACK:

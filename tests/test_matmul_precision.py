@@ -104,7 +104,7 @@ def test_half_precision_products_stay_at_highest() -> None:
     (x @ torch.randn(16, 4, device="tpu", dtype=torch.bfloat16)).cpu()
     plans = [plan for key, plan in dispatcher.plans.items() if getattr(plan, "op_name", None) == "aten.mm.default" and plan.in_specs[0][1] == torch.bfloat16]
     assert plans and all(plan.matmul_precision is None for plan in plans)
-    assert _lowered_precisions("aten.mm.default", None, torch.bfloat16) == {"HIGHEST"}
+    assert _lowered_precisions("aten.mm.default", "medium", torch.bfloat16) == {"HIGHEST"}  # keyed on the setting, lowered at HIGHEST
 
 
 @pytest.mark.parametrize("mode", _MODES, ids=["strict", "defer"])
