@@ -88,22 +88,22 @@ class Staging:
             return self.inout(tensors[0]).view(-1)
         dtype = _one_dtype(tensors)
         flat = torch.cat([self.read(tensor).reshape(-1) for tensor in tensors]) if tensors else torch.empty(0, dtype=dtype)
-        offset = 0
-        for tensor in tensors:
-            count = tensor.numel()
-            self.written(tensor, flat[offset : offset + count].view(tuple(tensor.shape)))
-            offset += count
+        self._written_in_pieces(tensors, flat)
         return flat
 
     def flat_output(self, tensors: Sequence[torch.Tensor]) -> torch.Tensor:
         """One 1-D host buffer whose consecutive pieces go back into `tensors` (starting contents undefined)."""
         flat = torch.empty(sum(tensor.numel() for tensor in tensors), dtype=_one_dtype(tensors))
+        self._written_in_pieces(tensors, flat)
+        return flat
+
+    def _written_in_pieces(self, tensors: Sequence[torch.Tensor], flat: torch.Tensor) -> None:
+        """Each of `tensors` takes back its consecutive piece of `flat` at the write-back."""
         offset = 0
         for tensor in tensors:
             count = tensor.numel()
             self.written(tensor, flat[offset : offset + count].view(tuple(tensor.shape)))
             offset += count
-        return flat
 
     def write_back(self) -> None:
         """Put every host result into its tensor (tpu: a new array on its chip, written as `copy_` would)."""
