@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, matmul_precision, program_cache, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, matmul_precision, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -40,7 +40,7 @@ from tputrace.backend.plans import (
     rebuild,
     regroup,
 )
-from tputrace.backend.signatures import nearest_signature, signature_diff
+from tputrace.backend.compile_history import CompileHistory
 from tputrace.backend.memory_formats import corrected_meta, storage_order
 from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
 from tputrace.backend.views import ViewChain, ViewStep, geometry
@@ -92,8 +92,7 @@ class Dispatcher:
         self.routes: dict[int, tuple[Callable, Any]] = {}  # by id(op): OpOverload hashes in Python
         self.routed_ops: list[Any] = []  # keeps every routed op alive, so its id stays its own
         self.plans: dict[Any, Any] = {}
-        self.structures: dict[Any, list[tuple]] = {}
-        self.structure_precisions: dict[Any, list[str | None]] = {}  # each compile's float32 matmul precision, as `structures`
+        self.structures: dict[Any, CompileHistory] = {}
         self.view_plans: dict[Any, Any] = {}
         self.executor: Executor = StrictExecutor(self)
         self.recorder: Any = None
@@ -553,21 +552,11 @@ class Dispatcher:
 
     def compile_reason(self, structure_key: Any, in_specs: tuple, names: Sequence[str] | None = None, precision: str | None = None,
                        *, evicted: bool = False) -> tuple[str, str | None]:
-        """('first', None) for a new structure, else ('recompile', what differs from the nearest earlier
-        signature, led by the float32 matmul precision when that compile's differs); a program the cache
-        dropped (`evicted`) is a recompile that says so."""
-        if evicted:
-            return "recompile", program_cache.evicted_diff()
-        history = self.structures.setdefault(structure_key, [])
-        precisions = self.structure_precisions.setdefault(structure_key, [])
-        nearest = nearest_signature(history, in_specs) if history else None
-        previous = None if nearest is None else precisions[max(index for index, specs in enumerate(history) if specs is nearest)]
-        history.append(in_specs)
-        precisions.append(precision)
-        if nearest is None:
-            return "first", None
-        diff = signature_diff(nearest, in_specs, names)
-        return "recompile", matmul_precision.recompile_diff(diff, previous, precision)
+        """Why this structure compiles (`CompileHistory.reason`)."""
+        history = self.structures.get(structure_key)
+        if history is None:
+            history = self.structures[structure_key] = CompileHistory()
+        return history.reason(in_specs, names, precision, evicted=evicted)
 
     def record_compile(self, plan: Plan, kind: str, *, evicted: bool = False) -> None:
         """Tell the recorder about a new single-op program: first compile or recompile with its reason."""

@@ -28,7 +28,7 @@ from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.plans import Plan, Program, compile_program
-from tputrace.backend.signatures import nearest_signature, signature_diff
+from tputrace.backend.compile_history import CompileHistory
 from tputrace.backend.tensor import TpuData, TpuTensor, new_tensor
 
 _perf_ns = time.perf_counter_ns
@@ -70,8 +70,7 @@ class CompiledGraph:
         self.settings = settings
         self.events = events
         self.programs: dict[Any, GraphProgram] = {}
-        self.signatures: list[tuple] = []
-        self.last_precision: str | None = None  # the float32 matmul precision of the last compile
+        self.history = CompileHistory()
         self.input_names = [f"input {index} ({node.name})" for index, node in enumerate(self.lowering.placeholders)]
         self.bucketing: buckets.BucketPlan | None = None
         self.bucket_refusal: str | None = None
@@ -189,16 +188,7 @@ class CompiledGraph:
         recorder = self.events.recorder()
         program = compile_program(function, arrays, chip, self.info.name, keep_hlo=recorder is not None)
         in_specs = self._in_specs(arrays, statics)
-        nearest = nearest_signature(self.signatures, in_specs) if self.signatures else None
-        self.signatures.append(in_specs)
-        if program_cache.take_evicted(self, key):
-            reason, diff = "recompile", program_cache.evicted_diff()
-        else:
-            reason, diff = ("first", None) if nearest is None else ("recompile", signature_diff(nearest, in_specs, self.input_names))
-            if diff is not None:
-                diff = matmul_precision.recompile_diff(diff, self.last_precision, precision)
-        if precision is not None:
-            self.last_precision = precision
+        reason, diff = self.history.reason(in_specs, self.input_names, precision, evicted=program_cache.take_evicted(self, key))
         program_id = None
         if recorder is not None:
             plan = Plan(self.info.name, function, (), "tuple", in_specs, chip, ("compiled", self.info.graph_id, self.info.role))
