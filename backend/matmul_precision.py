@@ -54,10 +54,7 @@ def of_call(specs: Sequence[tuple]) -> str | None:
         if len(spec) > 1:
             if spec[1] not in _REDUCIBLE_TORCH:
                 return None
-            try:  # `setting()` inline: this runs on every matrix product's dispatch
-                return _get_legacy()
-            except RuntimeError:
-                return _ROOT_SETTINGS.get(torch.backends.fp32_precision, "highest")
+            return setting()
     return None
 
 
