@@ -266,10 +266,12 @@ def _check_median_dim(args: Sequence[Any], kwargs: dict) -> None:
 
 def _check_histc_arguments(args: Sequence[Any], kwargs: dict) -> None:
     """`histc`'s checks that need no values (its dtype, bins, a given range that is not finite or
-    reversed): the host runs it on an empty stand-in, which raises the same error (no sync)."""
+    reversed): the host runs it on an empty stand-in, which raises the same error (no sync). Integer
+    dtypes are CUDA's (torch's CPU kernel has none): their stand-in is float32, for the other checks."""
     source = args[0] if args else kwargs["self"]
     options = {name: value for name, value in kwargs.items() if name != "self"}
-    torch.histc(torch.empty(0, dtype=source.dtype), *args[1:], **options)
+    stand_in_dtype = torch.float32 if not source.dtype.is_floating_point and not source.dtype.is_complex and source.dtype != torch.bool else source.dtype
+    torch.histc(torch.empty(0, dtype=stand_in_dtype), *args[1:], **options)
 
 
 # Arguments torch's CPU and CUDA kernels require in one dtype (index arguments excluded).

@@ -189,7 +189,6 @@ SHAPE_ERRORS: dict[str, Callable[[str], Any]] = {
     "unique dim out of range": lambda d: torch.unique(_ints(d), dim=2),
     "unique dim zero-size unselected": lambda d: torch.unique(torch.ones(0, 3, device=d), dim=1),
     "unique complex": lambda d: torch.unique(_t([1j], d)),
-    "histc ints": lambda d: torch.histc(_t([1, 2], d)),
     "histc no bins": lambda d: torch.histc(_floats(d), bins=0),
     "histc reversed range": lambda d: torch.histc(_floats(d), bins=3, min=3, max=1),
     "histc infinite range": lambda d: torch.histc(_floats(d), bins=3, min=float("-inf"), max=1),

@@ -14,9 +14,14 @@ aten = torch.ops.aten
 def histc(values, bins=100, min=0, max=0):  # noqa: A002, ANN001, ANN201 - ATen argument names
     """Counts of `values` in `bins` equal-width bins over [min, max] (the data's range when min == max);
     values outside the range are ignored and the last bin includes its upper edge, as in torch. A
-    range that is not finite is refused before (`arg_checks`, and `index_checks` for the data's)."""
+    range that is not finite is refused before (`arg_checks`, and `index_checks` for the data's).
+    Integer values are binned in integer arithmetic, as CUDA's kernel bins them (torch's CPU kernel
+    refuses them; Mixture-of-Experts layers count tokens per expert with an integer histc on
+    accelerators)."""
     if values.size == 0:
         return jnp.zeros(bins, values.dtype)
+    if jnp.issubdtype(values.dtype, jnp.integer):
+        return _integer_histc(values, bins, min, max)
     data = values.reshape(-1).astype(jnp.float64 if values.dtype == jnp.float64 else jnp.float32)
     given_low, given_high = jnp.asarray(min, data.dtype), jnp.asarray(max, data.dtype)
     use_data_range = given_low == given_high
@@ -29,4 +34,20 @@ def histc(values, bins=100, min=0, max=0):  # noqa: A002, ANN001, ANN201 - ATen 
     positions = jnp.where(data == high, bins - 1, positions)
     inside = (data >= low) & (data <= high)
     counts = jnp.zeros(bins, jnp.float32).at[jnp.where(inside, positions, 0)].add(inside.astype(jnp.float32))
+    return counts.astype(values.dtype)
+
+
+def _integer_histc(values, bins, min, max):  # noqa: A002, ANN001, ANN202
+    """CUDA's integer histc: the range's bounds truncated to integers, bin = (v - min) * bins // (max - min)."""
+    data = values.reshape(-1).astype(jnp.int64)
+    given_low, given_high = jnp.asarray(min).astype(jnp.int64), jnp.asarray(max).astype(jnp.int64)
+    use_data_range = given_low == given_high
+    low = jnp.where(use_data_range, jnp.min(data), given_low)
+    high = jnp.where(use_data_range, jnp.max(data), given_high)
+    same = low == high
+    low = jnp.where(same, low - 1, low)
+    high = jnp.where(same, high + 1, high)
+    inside = (data >= low) & (data <= high)
+    positions = jnp.minimum((data - low) * bins // (high - low), bins - 1)
+    counts = jnp.zeros(bins, jnp.int64).at[jnp.where(inside, positions, 0)].add(inside.astype(jnp.int64))
     return counts.astype(values.dtype)
