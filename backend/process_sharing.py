@@ -5,11 +5,13 @@ it; torch.multiprocessing sends the handle), which is how Hogwild training (`mod
 then `mp.Process(target=train, args=(model,))`) updates one model from several processes. Chip memory
 held by JAX has no such handle, so neither route can work on tpu:
 
-- A process forked after the backend started (the default start method on Linux) inherits a JAX
-  runtime whose threads did not survive the fork: its first tpu op hung. It raises instead, as CUDA
-  raises `Cannot re-initialize CUDA in forked subprocess`, and `torch.tpu._is_in_bad_fork()` says so
-  (torch then skips seeding the chips, as for CUDA). A forked process that touches only host data (a
-  DataLoader worker) is unaffected.
+- A process forked after JAX's runtime started in its parent (a tpu tensor made, a tpu op run, the
+  chips counted; the default start method on Linux) inherits a runtime whose threads did not
+  survive the fork: its first tpu op hung. It raises instead, as CUDA raises `Cannot re-initialize
+  CUDA in forked subprocess` only when the parent had initialised CUDA, and
+  `torch.tpu._is_in_bad_fork()` says so (torch then skips seeding the chips, as for CUDA). A process
+  forked from one that had only imported the backend starts its own runtime and uses tpu; a forked
+  process that touches only host data (a DataLoader worker) is unaffected.
 - Sending a tpu tensor to another process (spawn's arguments, a `multiprocessing.Queue`) raised an
   error about saving storages; it raises one saying to send a host copy.
 """
@@ -34,12 +36,12 @@ _installed = False
 
 
 def in_bad_fork() -> bool:
-    """Whether this process was forked from one where the backend had started."""
+    """Whether this process was forked from one where JAX's runtime had started."""
     return _forked
 
 
 def check_not_forked() -> None:
-    """Raise the forked-subprocess error in a process forked from one where the backend had started."""
+    """Raise the forked-subprocess error in a process forked from one where JAX's runtime had started."""
     if _forked:
         raise RuntimeError(FORKED_MESSAGE)
 
@@ -48,10 +50,26 @@ def _refuse_op(*args: Any, **kwargs: Any) -> NoReturn:
     raise RuntimeError(FORKED_MESSAGE)
 
 
+def runtime_started() -> bool:
+    """Whether JAX's XLA runtime (its clients, with their threads) has started in this process.
+
+    JAX says so only in a private module; where that is gone, the answer is yes, which refuses a
+    forked child as every fork was refused before."""
+    try:
+        from jax._src import xla_bridge
+
+        return bool(xla_bridge.backends_are_initialized())
+    except (ImportError, AttributeError):
+        return True
+
+
 def _after_fork_in_child() -> None:
-    """Route every tpu op of the child to the error (JAX is never reached, so nothing hangs): the
-    routes cached in the parent go, so each op reaches `dispatch`, which refuses."""
+    """In a child of a parent whose runtime had started, route every tpu op to the error (JAX is
+    never reached, so nothing hangs): the routes cached in the parent go, so each op reaches
+    `dispatch`, which refuses. The runtime's state is the parent's, copied by the fork."""
     global _forked
+    if not runtime_started():
+        return
     _forked = True
     from tputrace.backend.dispatch import dispatcher
 

@@ -1,10 +1,14 @@
 """Idioms of CUDA training code that have no tpu counterpart answer with a one-line error saying what
 to do: a process forked from one using tpu (Hogwild's `mp.Process(target=train, args=(model,))`)
-and a tpu tensor sent to another process. Forked workers that load host data still run."""
+and a tpu tensor sent to another process. Forked workers that load host data still run, and so does
+a process forked from one that had only imported the backend."""
 
 from __future__ import annotations
 
+import json
 import multiprocessing
+import subprocess
+import sys
 from multiprocessing.reduction import ForkingPickler
 
 import pytest
@@ -56,3 +60,43 @@ def test_forked_data_loader_workers_still_load_host_data() -> None:
     loader = torch.utils.data.DataLoader(dataset, batch_size=4, num_workers=2, pin_memory=True, multiprocessing_context="fork")
     batches = [host(batch.to("tpu", non_blocking=True) * 2) for (batch,) in loader]
     torch.testing.assert_close(torch.cat(batches), torch.arange(24.0).reshape(8, 3) * 2)
+
+
+FORK_SCRIPT = r"""
+import json, multiprocessing
+import torch
+import tputrace.backend  # noqa: F401
+
+def use_tpu(results):
+    try:
+        results.put(["ok", (torch.arange(4.0, device="tpu") * 2).cpu().tolist(), torch.tpu._is_in_bad_fork()])
+    except RuntimeError as error:
+        results.put(["error", str(error), torch.tpu._is_in_bad_fork()])
+
+def in_forked_child():
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    child = context.Process(target=use_tpu, args=(results,))
+    child.start()
+    try:
+        return results.get(timeout=90)
+    finally:
+        child.join(10)
+        if child.is_alive():
+            child.kill()
+
+outcomes = {"imported": in_forked_child()}
+torch.tpu.device_count()  # counting the chips starts JAX's runtime
+outcomes["chips counted"] = in_forked_child()
+print(json.dumps(outcomes))
+"""
+
+
+def test_a_process_forked_before_the_runtime_started_uses_tpu() -> None:
+    """As CUDA refuses a fork only when the parent had initialised CUDA: a parent that had only imported
+    the backend forks a child that runs tpu ops; once the parent counted its chips, a child refuses."""
+    result = subprocess.run([sys.executable, "-c", FORK_SCRIPT], capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-4000:]
+    outcomes = json.loads(result.stdout.splitlines()[-1])
+    assert outcomes["imported"] == ["ok", [0.0, 2.0, 4.0, 6.0], False]
+    assert outcomes["chips counted"] == ["error", process_sharing.FORKED_MESSAGE, True]
