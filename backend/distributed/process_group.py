@@ -8,7 +8,8 @@ write-back, so `work.wait()`, `work.get_future()` (what DDP's reducer chains on)
 behave as they do on other devices. CPU tensors passed to the group go to gloo directly.
 
 A gloo process group is also registered as the group's CPU backend, which DeviceMesh, object
-collectives and `pg._get_backend(torch.device("cpu"))` expect.
+collectives and `pg._get_backend(torch.device("cpu"))` expect. `ReduceOp.PREMUL_SUM`, which gloo
+refuses, runs as NCCL runs it: each rank scales its host copy, then gloo sums (see `premul_sum`).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tputrace.backend.distributed import fsdp, tracing
+from tputrace.backend.distributed import fsdp, premul_sum, tracing
 from tputrace.backend.distributed.staging import Staging
 
 BACKEND_NAME = "tpu"
@@ -82,11 +83,12 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     # ----------------------------------------------------------------- all-reduce
     def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        _some("all_reduce", tensors)
         options = opts if opts is not None else dist.AllreduceOptions()
         staging, call = self._start("all_reduce", tensors, tracing.message_bytes(tensors))
         flat = staging.flat_inout(tensors)
         host_options = dist.AllreduceOptions()
-        host_options.reduceOp = options.reduceOp
+        host_options.reduceOp = premul_sum.scaled_to_sum(options.reduceOp, [flat], staging.read, "all_reduce")
         return self._launch(staging, call, lambda: self._host.allreduce([flat], host_options), tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -135,7 +137,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         staging, call = self._start("reduce_scatter", inputs, tracing.message_bytes(inputs))
         host_inputs = [staging.copy(input) for input in inputs]
         host_output = staging.output(outputs[0])
-        options = _reduce_scatter_options(opts)
+        options = _reduce_scatter_options(opts, host_inputs, staging)
         return self._launch(staging, call, lambda: self._host.reduce_scatter([host_output], [host_inputs], options), outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
@@ -143,7 +145,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_input = staging.copy(input)
         fsdp.release_reduce_scatter_input(input)  # FSDP2's packed gradients: the host copy is all that is read now
         host_output = staging.output(output)
-        options = _reduce_scatter_options(opts)
+        options = _reduce_scatter_options(opts, [host_input], staging)
         return self._launch(staging, call, lambda: self._host._reduce_scatter_base(host_output, host_input, options), [output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -151,7 +153,7 @@ class TpuProcessGroup(dist.ProcessGroup):
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         staging, call = self._start("reduce_scatter", inputs, tracing.message_bytes(inputs))
         pairs = [(staging.output(output), staging.copy(input)) for output, input in zip(outputs, inputs)]
-        options = _reduce_scatter_options(opts)
+        options = _reduce_scatter_options(opts, [host_input for _, host_input in pairs], staging)
         return self._launch(
             staging, call, lambda: [self._host._reduce_scatter_base(host_output, host_input, options) for host_output, host_input in pairs], outputs
         )
@@ -160,6 +162,7 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     # ----------------------------------------------------------------- broadcast, reduce, gather, scatter
     def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        _some("broadcast", tensors)
         options = opts if opts is not None else dist.BroadcastOptions()
         staging, call = self._start("broadcast", tensors, tracing.message_bytes(tensors))
         if self.rank() == options.rootRank:
@@ -177,7 +180,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host = staging.inout(tensors[0]) if self.rank() == options.rootRank else staging.copy(tensors[0])
         host_options = dist.ReduceOptions()
         host_options.rootRank = options.rootRank
-        host_options.reduceOp = options.reduceOp
+        host_options.reduceOp = premul_sum.scaled_to_sum(options.reduceOp, [host], staging.read, "reduce")
         return self._launch(staging, call, lambda: self._host.reduce([host], host_options), tensors)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -215,6 +218,11 @@ class TpuProcessGroup(dist.ProcessGroup):
     def alltoall(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         """One flat `alltoall_base` with a split per tensor: gloo's list form refuses tensors of
         different sizes, which NCCL (and so code written for CUDA) sends."""
+        if len(outputs) != self.size() or len(inputs) != self.size():
+            raise ValueError(
+                f"all_to_all on a tpu process group takes one input and one output tensor per rank ({self.size()}), "
+                f"got {len(inputs)} inputs and {len(outputs)} outputs"
+            )
         staging, call = self._start("all_to_all", inputs, tracing.message_bytes(inputs))
         host_input = torch.cat([staging.read(input).reshape(-1) for input in inputs])
         host_output = staging.flat_output(outputs)
@@ -295,15 +303,23 @@ class CollectiveWork(dist.Work):
         return self._future.wait()
 
 
+def _some(kind: str, tensors: Sequence[torch.Tensor]) -> None:
+    """Refuse an empty tensor list, as gloo does (its dispatcher finds no tensor to dispatch on)."""
+    if not tensors:
+        raise ValueError(f"{kind} on a tpu process group needs at least one tensor, got an empty list")
+
+
 def _single(kind: str, tensors: Sequence[torch.Tensor]) -> None:
     if len(tensors) != 1:
         raise ValueError(f"{kind} on a tpu process group takes one tensor per rank, got {len(tensors)}")
 
 
-def _reduce_scatter_options(opts: Any) -> dist.ReduceScatterOptions:
+def _reduce_scatter_options(opts: Any, host_inputs: list[torch.Tensor], staging: Staging) -> dist.ReduceScatterOptions:
+    """Gloo's options for a reduce-scatter whose inputs are `host_inputs` (copies it owns: a
+    PREMUL_SUM scales them)."""
     options = dist.ReduceScatterOptions()
     if opts is not None:
-        options.reduceOp = opts.reduceOp
+        options.reduceOp = premul_sum.scaled_to_sum(opts.reduceOp, host_inputs, staging.read, "reduce_scatter")
     return options
 
 
