@@ -129,6 +129,15 @@ def funcol_reduce_scatter():
 def funcol_all_to_all_single():
     return funcol.all_to_all_single(empty(0), [0] * world, [0] * world, dist.group.WORLD) + 0
 
+def funcol_all_reduce_coalesced():
+    return [tensor + 0 for tensor in funcol.all_reduce_coalesced([empty(0), empty(2, 0)], "sum", dist.group.WORLD)]
+
+def funcol_all_gather_coalesced():
+    return [tensor + 0 for tensor in funcol.all_gather_into_tensor_coalesced([empty(0), empty(0, 2)], dist.group.WORLD)]
+
+def funcol_reduce_scatter_coalesced():
+    return [tensor + 0 for tensor in funcol.reduce_scatter_tensor_coalesced([empty(0), empty(world, 0)], "sum", [0, 0], dist.group.WORLD)]
+
 def dtensor_with_an_empty_shard():
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Replicate, Shard, distribute_tensor
