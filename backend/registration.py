@@ -10,7 +10,7 @@ import torch
 import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
-    accelerate_support, accelerator_api, autocast, checkpoints, chip_backward, data_parallel, device_module,
+    accelerate_support, accelerator_api, autocast, checkpoints, chip_backward, control_flow, data_parallel, device_module,
     distributed, export_constants, export_decompositions, export_dims, fake_convolutions, flex_attention,
     generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
     op_routes, packed_sequences, process_sharing, safetensors_devices, sparse, torchscript, worker_errors,
@@ -75,6 +75,7 @@ def register() -> None:
     accelerate_support.install()
     torchscript.install()
     flex_attention.install()
+    control_flow.install()
     export_dims.install()
     export_constants.install()
     export_decompositions.install()

@@ -278,6 +278,8 @@ def _handled(node: torch.fx.Node) -> bool:
 
 def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph_name: str) -> Any:
     target = node.target
+    if isinstance(target, torch._ops.HigherOrderOperator):
+        return _higher_order(node, args, kwargs)
     if not isinstance(target, OpOverload):
         return target(*args, **kwargs)
     args, kwargs = _wrap_numbers(target, args, kwargs)
@@ -296,6 +298,22 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph
                 return _on_host(node, args, kwargs, graph_name)
             result = lowering.fn(*args, **kwargs, **extra)
     return _conform(result, node.meta.get("val"), str(target))
+
+
+_HIGHER_ORDER: dict[Any, Callable[..., Any]] = {}
+
+
+def _higher_order(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+    """A higher-order op node (`cond`, `while_loop`): lowered to XLA control flow over its subgraphs."""
+    if not _HIGHER_ORDER:
+        from tputrace.backend.compile.control_flow import higher_order_lowerings
+
+        _HIGHER_ORDER.update(higher_order_lowerings())
+    lowering = _HIGHER_ORDER.get(node.target)
+    if lowering is None:
+        raise RuntimeError(f"tputrace: higher-order op {node.target.name()} has no tpu lowering inside a compiled graph")
+    with jax.named_scope(f"higher_order.{node.target.name()}"):
+        return _conform(lowering(node, *args, **kwargs), node.meta.get("val"), f"higher_order.{node.target.name()}")
 
 
 _TENSOR_ARGUMENTS: dict[Any, tuple[frozenset[int], frozenset[str]]] = {}

@@ -1,0 +1,365 @@
+"""`torch.cond` and `torch.while_loop` on tpu tensors, run as one XLA conditional or loop.
+
+Both are higher-order ops (HOPs). Called eagerly with a tensor predicate, torch compiles a wrapper
+around the op with Dynamo (`_hop_compile_and_call`); Dynamo computes the op's result on fake
+tensors, then runs it on the real tensors. Below autograd (whose rule, `CondAutogradOp`, traces the
+backward as another `cond`) a HOP reaches the Python key, where a mode's rule (fake, proxy,
+functionalization) comes first and a tensor subclass needs its own rule (`py_impl(TpuTensor)`).
+
+- While torch.compile or the eager call's Dynamo trace runs, the tpu tensors are traced ones (a
+  fake or functional tensor inside): each mode's rule runs on those inner tensors, and the HOP node
+  reaching the tpu backend is lowered by `compile/control_flow.py`.
+- On real tpu tensors, each branch (or the loop's condition and body) is traced once per input
+  signature into an ATen graph on fake tpu tensors, and the op runs as one program:
+  `jax.lax.cond` / `jax.lax.while_loop` of the lowered graphs. The predicate never leaves the
+  chip; in DeferAndFuse the program is one node of the pending graph. A predicate on the host (a
+  Python bool or a CPU tensor) needs no program: its branch runs op by op.
+
+`torch.while_loop` with carried inputs that require grad is refused with a one-line error: torch's
+backward of it stacks every iteration's values, whose count XLA would need to know.
+"""
+
+from __future__ import annotations
+
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+import torch.utils._pytree as pytree
+from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_mutation, to_fun
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch._subclasses.functional_tensor import FunctionalTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from tputrace.backend import matmul_precision
+from tputrace.backend.compile.control_flow import ArrayFunction, cond_values, subgraph_function, while_values
+from tputrace.backend.dtypes import to_jax
+from tputrace.backend.plans import OutSpec, Plan
+from tputrace.backend.tensor import TpuTensor, _traced_tensor
+
+_perf_ns = time.perf_counter_ns
+COND_NAME = "higher_order.cond"
+WHILE_LOOP_NAME = "higher_order.while_loop"
+_installed = False
+
+
+# ----------------------------------------------------------------------------- traced tensors
+def _holds_traced(values: Any) -> bool:
+    return any(type(value) is TpuTensor and value._traced is not None for value in pytree.tree_leaves(values))
+
+
+def _inner_of(values: Any) -> Any:
+    return pytree.tree_map_only(TpuTensor, lambda value: value._inner, values)
+
+
+def _traced_of(values: Any) -> Any:
+    def wrap(value: torch.Tensor) -> torch.Tensor:
+        if type(value) is not TpuTensor and value.device.type == "tpu":
+            return _traced_tensor(value, value.size(), value.stride())
+        return value
+
+    return pytree.tree_map_only(torch.Tensor, wrap, values)
+
+
+def _on_inner(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """A mode's rule of a HOP that, given traced tpu tensors, runs on their inner tensors."""
+
+    def run(mode: Any, *args: Any, **kwargs: Any) -> Any:
+        if not _holds_traced((args, kwargs)):
+            return handler(mode, *args, **kwargs)
+        return _traced_of(handler(mode, *_inner_of(args), **_inner_of(kwargs)))
+
+    run.tpu_inner = True  # type: ignore[attr-defined]
+    return run
+
+
+def _route_modes_to_inner(hop: Any) -> None:
+    for key, handler in list(hop.python_key_table.items()):
+        if isinstance(key, type) and issubclass(key, TorchDispatchMode) and not getattr(handler, "tpu_inner", False):
+            hop.python_key_table[key] = _on_inner(handler)
+
+
+# ----------------------------------------------------------------------------- tracing a branch
+class _TracedFunction:
+    """One branch (or loop condition or body) traced for one input signature: its ATen graph as an
+    array function, the tpu tensors it reads without taking them as inputs, and its outputs' specs."""
+
+    def __init__(self, fn: Callable[..., Any], values: Sequence[Any], name: str) -> None:
+        fake_mode = FakeTensorMode()
+        with fake_mode:
+            fakes = [_fake_like(value) if isinstance(value, torch.Tensor) else value for value in values]
+        out_structure: list[Any] = []
+
+        def functional(*args: Any) -> Any:
+            with FunctionalTensorMode():
+                inputs = pytree.tree_map(to_fun, args)
+                outputs = fn(*inputs)
+                if any(has_data_mutation(value) for value in inputs if isinstance(value, torch.Tensor)):
+                    raise RuntimeError(f"{name} writes into its inputs, which torch.cond/while_loop on tpu do not allow; write into a clone and return it")
+            flat, spec = pytree.tree_flatten(outputs)
+            out_structure.append(spec)
+            return [from_fun(value) for value in flat]
+
+        with fake_mode:
+            gm = make_fx(functional, decomposition_table=_decompositions())(*fakes)
+        self.captured = _lift_captured(gm)
+        self.out_spec = out_structure[-1]
+        self.out_fakes = [node.meta.get("val") for node in gm.graph.find_nodes(op="output")[0].args[0]]
+        for position, fake in enumerate(self.out_fakes):
+            if not isinstance(fake, torch.Tensor):
+                raise RuntimeError(f"{name} returns {type(fake).__name__} as output {position}; torch.cond/while_loop on tpu return tensors only")
+        self.function: ArrayFunction = subgraph_function(gm, name)
+
+
+def _fake_like(tensor: torch.Tensor) -> torch.Tensor:
+    return torch.empty_strided(tuple(tensor.shape), tuple(tensor.stride()), dtype=tensor.dtype, device=tensor.device)
+
+
+def _decompositions() -> dict:
+    """The torch.compile backend's decompositions: the traced graphs hold the ATen ops its graphs hold."""
+    from tputrace.backend import compile as compile_backend
+
+    compile_backend.register()
+    return compile_backend._backend.decompositions()
+
+
+def _lift_captured(gm: torch.fx.GraphModule) -> list[TpuTensor]:
+    """Turn each tpu tensor the graph reads as a constant (one the function closed over) into a last
+    input, so that each call reads its current value; returns those tensors in input order."""
+    captured: list[TpuTensor] = []
+    placeholders = list(gm.graph.find_nodes(op="placeholder"))
+    anchor = placeholders[-1] if placeholders else next(iter(gm.graph.nodes))
+    for node in list(gm.graph.find_nodes(op="get_attr")):
+        value = gm
+        for part in node.target.split("."):
+            value = getattr(value, part)
+        if not isinstance(value, TpuTensor):
+            continue
+        with gm.graph.inserting_after(anchor):
+            lifted = gm.graph.placeholder(f"captured_{len(captured)}")
+        lifted.meta = dict(node.meta)
+        node.replace_all_uses_with(lifted)
+        gm.graph.erase_node(node)
+        anchor = lifted
+        captured.append(value)
+    gm.recompile()
+    return captured
+
+
+# ----------------------------------------------------------------------------- running on the chip
+class _ChipCall:
+    """A call's tpu tensors read as program inputs (others are constants of the plan), on one chip."""
+
+    def __init__(self, dispatcher: Any, values: Sequence[Any], op_name: str) -> None:
+        self.dispatcher = dispatcher
+        self.dynamic: list[Any] = []
+        self.specs: list[tuple] = []
+        self.statics: list[Any] = []
+        self.chip = -1
+        for position, value in enumerate(values):
+            if isinstance(value, TpuTensor):
+                if self.chip not in (-1, value._buf.chip):
+                    raise RuntimeError(f"{op_name}: operands on tpu:{self.chip} and tpu:{value._buf.chip}; move them to one chip")
+                self.chip = value._buf.chip
+                dispatcher._append_tensor(value, self.dynamic, self.specs)
+                self.statics.append(None)
+            elif isinstance(value, torch.Tensor):
+                raise RuntimeError(f"{op_name}: operand {position} is on {value.device}, the others on tpu; move it with .to('tpu')")
+            else:
+                self.statics.append(value)
+
+    def add(self, tensors: Sequence[TpuTensor]) -> None:
+        """Read these tensors too (those the traced functions closed over), after the operands."""
+        for tensor in tensors:
+            self.dispatcher._append_tensor(tensor, self.dynamic, self.specs)
+
+
+_plans: "weakref.WeakKeyDictionary[Any, dict[Any, tuple]]" = weakref.WeakKeyDictionary()
+
+
+def _cached(functions: Sequence[Callable[..., Any]], key: Any, build: Callable[[], tuple]) -> tuple:
+    """The (plan, traced functions) for these functions and key, built once: kept while the first
+    function lives (the others are held with the entry, so their ids stay theirs)."""
+    try:
+        per_function = _plans.setdefault(functions[0], {})
+    except TypeError:  # not weak-referenceable: traced on every call
+        return build()
+    full_key = (tuple(id(fn) for fn in functions[1:]), key)
+    entry = per_function.get(full_key)
+    if entry is None:
+        entry = per_function[full_key] = (*build(), tuple(functions[1:]))
+    return entry[:-1]
+
+
+def _out_specs(fakes: Sequence[torch.Tensor]) -> tuple[OutSpec, ...]:
+    return tuple(OutSpec(tuple(fake.shape), fake.dtype, to_jax(fake.dtype), fake.numel() * fake.element_size()) for fake in fakes)
+
+
+def _run(plan: Plan, call: _ChipCall, start: int) -> list[TpuTensor]:
+    from tputrace.backend.dispatch import dispatcher
+
+    values = dispatcher.executor.run(plan, call.dynamic, plan.op_name, start)
+    return [dispatcher._new_output(value, spec, plan.chip) for value, spec in zip(values, plan.out_specs)]
+
+
+def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Sequence[Any]) -> Any:
+    from tputrace.backend.dispatch import dispatcher
+
+    start = _perf_ns()
+    with dispatcher.thread_lock:
+        call = _ChipCall(dispatcher, [pred, *operands], COND_NAME)
+        key = (tuple(call.specs), _static_key(call.statics), call.chip, matmul_precision.setting())
+
+        def build() -> tuple:
+            true_traced = _TracedFunction(true_fn, operands, "torch.cond's true branch")
+            false_traced = _TracedFunction(false_fn, operands, "torch.cond's false branch")
+            _check_same_outputs(true_traced, false_traced)
+            n_operands = len(call.dynamic) - 1
+            n_true = len(true_traced.captured)
+
+            def run(pred_value: Any, *arrays: Any) -> tuple:
+                operand_arrays = iter(arrays[:n_operands])
+                values = [next(operand_arrays) if isinstance(operand, TpuTensor) else operand for operand in operands]
+                true_captured = arrays[n_operands:n_operands + n_true]
+                false_captured = arrays[n_operands + n_true:]
+                return cond_values(
+                    pred_value,
+                    lambda *inner: true_traced.function(*inner, *true_captured),
+                    lambda *inner: false_traced.function(*inner, *false_captured),
+                    values,
+                )
+
+            plan = Plan(COND_NAME, run, _out_specs(true_traced.out_fakes), "tuple", (), call.chip, (COND_NAME, id(true_fn), id(false_fn)))
+            return plan, true_traced, false_traced
+
+        plan, true_traced, false_traced = _cached((true_fn, false_fn), key, build)
+        call.add([*true_traced.captured, *false_traced.captured])
+        plan.in_specs = tuple(call.specs)
+        outputs = _run(plan, call, start)
+    return pytree.tree_unflatten(outputs, true_traced.out_spec)
+
+
+def _static_key(statics: Sequence[Any]) -> tuple:
+    return tuple(value if isinstance(value, (int, float, bool, type(None))) else id(value) for value in statics)
+
+
+def _check_same_outputs(true_traced: _TracedFunction, false_traced: _TracedFunction) -> None:
+    def text(traced: _TracedFunction) -> str:
+        return ", ".join(f"{str(fake.dtype).removeprefix('torch.')}{list(fake.shape)}" for fake in traced.out_fakes)
+
+    same = true_traced.out_spec == false_traced.out_spec and all(
+        tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype for a, b in zip(true_traced.out_fakes, false_traced.out_fakes)
+    )
+    if not same:
+        raise RuntimeError(
+            f"torch.cond on tpu needs both branches to return tensors of the same shapes and dtypes "
+            f"(XLA's conditional has static shapes): the true branch returns ({text(true_traced)}), the false branch ({text(false_traced)})"
+        )
+
+
+def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: Sequence[Any], additional: Sequence[Any]) -> tuple:
+    from tputrace.backend.dispatch import dispatcher
+
+    start = _perf_ns()
+    inputs = [*carried, *additional]
+    with dispatcher.thread_lock:
+        call = _ChipCall(dispatcher, inputs, WHILE_LOOP_NAME)
+        if not all(isinstance(value, TpuTensor) for value in carried):
+            kinds = ", ".join(type(value).__name__ for value in carried)
+            raise RuntimeError(f"torch.while_loop on tpu carries tpu tensors only, got ({kinds}); carry a Python int as a 0-dim tensor on tpu")
+        key = (tuple(call.specs), _static_key(call.statics), call.chip, matmul_precision.setting())
+
+        def build() -> tuple:
+            cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
+            body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
+            n_carried = len(carried)
+            n_inputs = sum(isinstance(value, TpuTensor) for value in inputs)
+            n_cond = len(cond_traced.captured)
+
+            def run(*arrays: Any) -> tuple:
+                tensor_arrays = iter(arrays[:n_inputs])
+                values = [next(tensor_arrays) if isinstance(value, TpuTensor) else value for value in inputs]
+                cond_captured = arrays[n_inputs:n_inputs + n_cond]
+                body_captured = arrays[n_inputs + n_cond:]
+                return while_values(
+                    lambda *inner: cond_traced.function(*inner, *cond_captured),
+                    lambda *inner: body_traced.function(*inner, *body_captured),
+                    values[:n_carried],
+                    values[n_carried:],
+                )
+
+            plan = Plan(WHILE_LOOP_NAME, run, _out_specs(carried), "tuple", (), call.chip, (WHILE_LOOP_NAME, id(cond_fn), id(body_fn)))
+            return plan, cond_traced, body_traced
+
+        plan, cond_traced, body_traced = _cached((cond_fn, body_fn), key, build)
+        call.add([*cond_traced.captured, *body_traced.captured])
+        plan.in_specs = tuple(call.specs)
+        return tuple(_run(plan, call, start))
+
+
+# ----------------------------------------------------------------------------- the tpu rules
+def _cond_rule(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Sequence[Any]) -> Any:
+    from torch._higher_order_ops.cond import cond_op
+
+    if _holds_traced((pred, operands)):
+        return _traced_of(cond_op(*_inner_of((pred, true_fn, false_fn, operands))))
+    if not isinstance(pred, TpuTensor):
+        return true_fn(*operands) if bool(pred) else false_fn(*operands)
+    if pred.numel() != 1:
+        raise RuntimeError(f"torch.cond's predicate must have one element, got shape {tuple(pred.shape)}")
+    return _cond_on_chip(pred, true_fn, false_fn, operands)
+
+
+def _while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: Sequence[Any], additional: Sequence[Any], **kwargs: Any) -> Any:
+    from torch._higher_order_ops.while_loop import while_loop_op
+
+    if _holds_traced((carried, additional)):
+        return _traced_of(while_loop_op(cond_fn, body_fn, *_inner_of((carried, additional)), **kwargs))
+    if kwargs.get("mutated_arg_indices"):
+        raise RuntimeError("torch.while_loop on tpu does not let cond_fn or body_fn write into their inputs; write into a clone and carry it")
+    return _while_on_chip(cond_fn, body_fn, carried, additional)
+
+
+def _stacked_while_loop_rule(*args: Any, **kwargs: Any) -> Any:
+    raise RuntimeError(
+        "torch.while_loop on tpu has no backward (torch's stacks every iteration, a count XLA must know); "
+        "run it under torch.no_grad() or on detached inputs, or write the loop as a Python for loop over a fixed count"
+    )
+
+
+def _storages_through_traced(original: Callable[[torch.Tensor], set]) -> Callable[[torch.Tensor], set]:
+    """Dynamo's `get_tensor_storages` (which refuses every traceable wrapper subclass, so Dynamo
+    cannot trace `while_loop` on one), answering for a traced tpu tensor with its inner tensor's
+    storages: the traced tensor has no storage of its own."""
+
+    def get_tensor_storages(tensor: torch.Tensor) -> set:
+        if type(tensor) is TpuTensor and tensor._traced is not None:
+            return original(tensor._traced)
+        return original(tensor)
+
+    get_tensor_storages.tpu_inner = True  # type: ignore[attr-defined]
+    return get_tensor_storages
+
+
+def install() -> None:
+    """Register the tpu rules of `cond` and `while_loop`, and let their mode rules see through traced
+    tpu tensors (once)."""
+    global _installed
+    if _installed:
+        return
+    from torch._higher_order_ops.cond import cond_op
+    from torch._higher_order_ops.while_loop import while_loop_op, while_loop_stack_output_op
+
+    cond_op.py_impl(TpuTensor)(_cond_rule)
+    while_loop_op.py_impl(TpuTensor)(_while_loop_rule)
+    while_loop_stack_output_op.py_impl(TpuTensor)(_stacked_while_loop_rule)
+    for hop in (cond_op, while_loop_op):
+        _route_modes_to_inner(hop)
+    from torch._dynamo.variables import higher_order_ops as dynamo_hops
+
+    if not getattr(dynamo_hops.get_tensor_storages, "tpu_inner", False):
+        dynamo_hops.get_tensor_storages = _storages_through_traced(dynamo_hops.get_tensor_storages)
+    _installed = True
