@@ -51,3 +51,22 @@ def recorded_fallbacks() -> Iterator[list[str]]:
         yield names
     finally:
         del dispatcher._warn_once
+
+
+@contextlib.contextmanager
+def recorded_host_reads() -> Iterator[list[str]]:
+    """The sync kinds of the dispatcher's host reads inside the block."""
+    from tputrace.backend.dispatch import dispatcher
+
+    kinds: list[str] = []
+    to_host = dispatcher.to_host
+
+    def counted(tensor: torch.Tensor, sync_kind: str) -> torch.Tensor:
+        kinds.append(sync_kind)
+        return to_host(tensor, sync_kind)
+
+    dispatcher.to_host = counted
+    try:
+        yield kinds
+    finally:
+        del dispatcher.to_host

@@ -5,8 +5,7 @@ both eager modes, the host reads only what fixes the length (one data-dependent 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import pytest
 import torch
 
 import tputrace
-from backend_helpers import eager, host, recorded_fallbacks
+from backend_helpers import eager, host, recorded_fallbacks, recorded_host_reads
 from tputrace.cli.main import main
 from tputrace.backend.device_module import EagerMode
 
@@ -105,25 +104,6 @@ NO_READ = {
     "repeat_interleave empty",
 }
 HISTC = {name for name in CASES if name.startswith("histc")}
-
-
-@contextlib.contextmanager
-def recorded_host_reads() -> Iterator[list[str]]:
-    """The sync kinds of the dispatcher's host reads inside the block."""
-    from tputrace.backend.dispatch import dispatcher
-
-    kinds: list[str] = []
-    to_host = dispatcher.to_host
-
-    def counted(tensor: torch.Tensor, sync_kind: str) -> torch.Tensor:
-        kinds.append(sync_kind)
-        return to_host(tensor, sync_kind)
-
-    dispatcher.to_host = counted
-    try:
-        yield kinds
-    finally:
-        del dispatcher.to_host
 
 
 def _assert_same(result: Any, expected: Any) -> None:
