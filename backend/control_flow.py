@@ -151,7 +151,8 @@ def _lift_captured(gm: torch.fx.GraphModule) -> list[TpuTensor]:
 
 # ----------------------------------------------------------------------------- running on the chip
 class _ChipCall:
-    """A call's tpu tensors read as program inputs (others are constants of the plan), on one chip."""
+    """A call's tpu tensors read as program inputs, on one chip; its numbers (`statics`, None in a
+    tensor's place) are constants of the plan."""
 
     def __init__(self, dispatcher: Any, values: Sequence[Any], op_name: str) -> None:
         self.dispatcher = dispatcher
@@ -168,8 +169,10 @@ class _ChipCall:
                 self.statics.append(None)
             elif isinstance(value, torch.Tensor):
                 raise RuntimeError(f"{op_name}: operand {position} is on {value.device}, the others on tpu; move it with .to('tpu')")
-            else:
+            elif isinstance(value, (int, float, bool)):
                 self.statics.append(value)
+            else:
+                raise RuntimeError(f"{op_name}: operand {position} is a {type(value).__name__}; operands are tensors or numbers")
 
     def add(self, tensors: Sequence[TpuTensor]) -> None:
         """Read these tensors too (those the traced functions closed over), after the operands."""
@@ -211,7 +214,8 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
     start = _perf_ns()
     with dispatcher.thread_lock:
         call = _ChipCall(dispatcher, [pred, *operands], COND_NAME)
-        key = (tuple(call.specs), _static_key(call.statics), call.chip, matmul_precision.setting())
+        template = tuple(call.statics[1:])
+        key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
         def build() -> tuple:
             true_traced = _TracedFunction(true_fn, operands, "torch.cond's true branch")
@@ -221,8 +225,7 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
             n_true = len(true_traced.captured)
 
             def run(pred_value: Any, *arrays: Any) -> tuple:
-                operand_arrays = iter(arrays[:n_operands])
-                values = [next(operand_arrays) if isinstance(operand, TpuTensor) else operand for operand in operands]
+                values = _with_arrays(template, arrays[:n_operands])
                 true_captured = arrays[n_operands:n_operands + n_true]
                 false_captured = arrays[n_operands + n_true:]
                 return cond_values(
@@ -237,13 +240,15 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
 
         plan, true_traced, false_traced = _cached((true_fn, false_fn), key, build)
         call.add([*true_traced.captured, *false_traced.captured])
-        plan.in_specs = tuple(call.specs)
+        plan.in_specs = plan.in_specs or tuple(call.specs)
         outputs = _run(plan, call, start)
     return pytree.tree_unflatten(outputs, true_traced.out_spec)
 
 
-def _static_key(statics: Sequence[Any]) -> tuple:
-    return tuple(value if isinstance(value, (int, float, bool, type(None))) else id(value) for value in statics)
+def _with_arrays(template: Sequence[Any], arrays: Sequence[Any]) -> list[Any]:
+    """The call's values: each tensor's place in `template` (None) filled with the next array."""
+    remaining = iter(arrays)
+    return [next(remaining) if value is None else value for value in template]
 
 
 def _check_same_outputs(true_traced: _TracedFunction, false_traced: _TracedFunction) -> None:
@@ -270,18 +275,18 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
         if not all(isinstance(value, TpuTensor) for value in carried):
             kinds = ", ".join(type(value).__name__ for value in carried)
             raise RuntimeError(f"torch.while_loop on tpu carries tpu tensors only, got ({kinds}); carry a Python int as a 0-dim tensor on tpu")
-        key = (tuple(call.specs), _static_key(call.statics), call.chip, matmul_precision.setting())
+        template = tuple(call.statics)
+        key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
         def build() -> tuple:
             cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
             body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
             n_carried = len(carried)
-            n_inputs = sum(isinstance(value, TpuTensor) for value in inputs)
+            n_inputs = len(call.dynamic)
             n_cond = len(cond_traced.captured)
 
             def run(*arrays: Any) -> tuple:
-                tensor_arrays = iter(arrays[:n_inputs])
-                values = [next(tensor_arrays) if isinstance(value, TpuTensor) else value for value in inputs]
+                values = _with_arrays(template, arrays[:n_inputs])
                 cond_captured = arrays[n_inputs:n_inputs + n_cond]
                 body_captured = arrays[n_inputs + n_cond:]
                 return while_values(
@@ -296,7 +301,7 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
 
         plan, cond_traced, body_traced = _cached((cond_fn, body_fn), key, build)
         call.add([*cond_traced.captured, *body_traced.captured])
-        plan.in_specs = tuple(call.specs)
+        plan.in_specs = plan.in_specs or tuple(call.specs)
         return tuple(_run(plan, call, start))
 
 
