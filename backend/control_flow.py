@@ -32,7 +32,6 @@ from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_m
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from tputrace.backend import matmul_precision
 from tputrace.backend.compile.control_flow import ArrayFunction, cond_values, subgraph_function, while_values
@@ -77,9 +76,12 @@ def _on_inner(handler: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _route_modes_to_inner(hop: Any) -> None:
-    for key, handler in list(hop.python_key_table.items()):
-        if isinstance(key, type) and issubclass(key, TorchDispatchMode) and not getattr(handler, "tpu_inner", False):
-            hop.python_key_table[key] = _on_inner(handler)
+    """Dynamo's fake run (FakeTensorMode) and AOTAutograd's functionalization (FunctionalTensorMode)
+    meet traced tpu tensors: their rules run on the inner tensors, which those traces follow."""
+    for mode_type in (FakeTensorMode, FunctionalTensorMode):
+        handler = hop.python_key_table[mode_type]
+        if not getattr(handler, "tpu_inner", False):
+            hop.python_key_table[mode_type] = _on_inner(handler)
 
 
 # ----------------------------------------------------------------------------- tracing a branch
