@@ -86,8 +86,8 @@ def _route_modes_to_inner(hop: Any) -> None:
 
 # ----------------------------------------------------------------------------- tracing a branch
 class _TracedFunction:
-    """One branch (or loop condition or body) traced for one input signature: its ATen graph as an
-    array function, the tpu tensors it reads without taking them as inputs, and its outputs' specs."""
+    """One branch (or loop condition or body) traced for one input signature on fake tpu tensors: its
+    ATen graph as an array function, and its outputs (fake tensors, and their pytree structure)."""
 
     def __init__(self, fn: Callable[..., Any], values: Sequence[Any], name: str) -> None:
         fake_mode = FakeTensorMode()
@@ -105,9 +105,16 @@ class _TracedFunction:
             out_structure.append(spec)
             return [from_fun(value) for value in flat]
 
-        with fake_mode:
-            gm = make_fx(functional, decomposition_table=_decompositions())(*fakes)
-        self.captured = _lift_captured(gm)
+        from tputrace.backend.dispatch import DeviceMismatchError
+
+        try:
+            with fake_mode:
+                gm = make_fx(functional, decomposition_table=_decompositions())(*fakes)
+        except DeviceMismatchError:
+            raise RuntimeError(
+                f"{name} reads a tpu tensor that is not one of its operands; pass it in the operands "
+                "(torch.cond and torch.while_loop do so for the tensors a function closes over)"
+            ) from None
         self.out_spec = out_structure[-1]
         self.out_fakes = [node.meta.get("val") for node in gm.graph.find_nodes(op="output")[0].args[0]]
         for position, fake in enumerate(self.out_fakes):
@@ -128,36 +135,12 @@ def _decompositions() -> dict:
     return compile_backend._backend.decompositions()
 
 
-def _lift_captured(gm: torch.fx.GraphModule) -> list[TpuTensor]:
-    """Turn each tpu tensor the graph reads as a constant (one the function closed over) into a last
-    input, so that each call reads its current value; returns those tensors in input order."""
-    captured: list[TpuTensor] = []
-    placeholders = list(gm.graph.find_nodes(op="placeholder"))
-    anchor = placeholders[-1] if placeholders else next(iter(gm.graph.nodes))
-    for node in list(gm.graph.find_nodes(op="get_attr")):
-        value = gm
-        for part in node.target.split("."):
-            value = getattr(value, part)
-        if not isinstance(value, TpuTensor):
-            continue
-        with gm.graph.inserting_after(anchor):
-            lifted = gm.graph.placeholder(f"captured_{len(captured)}")
-        lifted.meta = dict(node.meta)
-        node.replace_all_uses_with(lifted)
-        gm.graph.erase_node(node)
-        anchor = lifted
-        captured.append(value)
-    gm.recompile()
-    return captured
-
-
 # ----------------------------------------------------------------------------- running on the chip
 class _ChipCall:
     """A call's tpu tensors read as program inputs, on one chip; its numbers (`statics`, None in a
     tensor's place) are constants of the plan."""
 
     def __init__(self, dispatcher: Any, values: Sequence[Any], op_name: str) -> None:
-        self.dispatcher = dispatcher
         self.dynamic: list[Any] = []
         self.specs: list[tuple] = []
         self.statics: list[Any] = []
@@ -176,18 +159,13 @@ class _ChipCall:
             else:
                 raise RuntimeError(f"{op_name}: operand {position} is a {type(value).__name__}; operands are tensors or numbers")
 
-    def add(self, tensors: Sequence[TpuTensor]) -> None:
-        """Read these tensors too (those the traced functions closed over), after the operands."""
-        for tensor in tensors:
-            self.dispatcher._append_tensor(tensor, self.dynamic, self.specs)
-
 
 _plans: "weakref.WeakKeyDictionary[Any, dict[Any, tuple]]" = weakref.WeakKeyDictionary()
 
 
 def _cached(functions: Sequence[Callable[..., Any]], key: Any, build: Callable[[], tuple]) -> tuple:
-    """The (plan, traced functions) for these functions and key, built once: kept while the first
-    function lives (the others are held with the entry, so their ids stay theirs)."""
+    """What `build` returns (a plan, and what rebuilds its results) for these functions and key, built
+    once: kept while the first function lives (the others are held with it, so their ids stay theirs)."""
     try:
         per_function = _plans.setdefault(functions[0], {})
     except TypeError:  # not weak-referenceable: traced on every call
@@ -223,28 +201,17 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
             true_traced = _TracedFunction(true_fn, operands, "torch.cond's true branch")
             false_traced = _TracedFunction(false_fn, operands, "torch.cond's false branch")
             _check_same_outputs(true_traced, false_traced)
-            n_operands = len(call.dynamic) - 1
-            n_true = len(true_traced.captured)
 
             def run(pred_value: Any, *arrays: Any) -> tuple:
-                values = _with_arrays(template, arrays[:n_operands])
-                true_captured = arrays[n_operands:n_operands + n_true]
-                false_captured = arrays[n_operands + n_true:]
-                return cond_values(
-                    pred_value,
-                    lambda *inner: true_traced.function(*inner, *true_captured),
-                    lambda *inner: false_traced.function(*inner, *false_captured),
-                    values,
-                )
+                return cond_values(pred_value, true_traced.function, false_traced.function, _with_arrays(template, arrays))
 
-            plan = Plan(COND_NAME, run, _out_specs(true_traced.out_fakes), "tuple", (), call.chip, (COND_NAME, id(true_fn), id(false_fn)))
-            return plan, true_traced, false_traced
+            out_specs = _out_specs(true_traced.out_fakes)
+            plan = Plan(COND_NAME, run, out_specs, "tuple", tuple(call.specs), call.chip, (COND_NAME, id(true_fn), id(false_fn)))
+            return plan, true_traced.out_spec
 
-        plan, true_traced, false_traced = _cached((true_fn, false_fn), key, build)
-        call.add([*true_traced.captured, *false_traced.captured])
-        plan.in_specs = plan.in_specs or tuple(call.specs)
+        plan, out_structure = _cached((true_fn, false_fn), key, build)
         outputs = _run(plan, call, start)
-    return pytree.tree_unflatten(outputs, true_traced.out_spec)
+    return pytree.tree_unflatten(outputs, out_structure)
 
 
 def _with_arrays(template: Sequence[Any], arrays: Sequence[Any]) -> list[Any]:
@@ -284,26 +251,15 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
             cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
             body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
             n_carried = len(carried)
-            n_inputs = len(call.dynamic)
-            n_cond = len(cond_traced.captured)
 
             def run(*arrays: Any) -> tuple:
-                values = _with_arrays(template, arrays[:n_inputs])
-                cond_captured = arrays[n_inputs:n_inputs + n_cond]
-                body_captured = arrays[n_inputs + n_cond:]
-                return while_values(
-                    lambda *inner: cond_traced.function(*inner, *cond_captured),
-                    lambda *inner: body_traced.function(*inner, *body_captured),
-                    values[:n_carried],
-                    values[n_carried:],
-                )
+                values = _with_arrays(template, arrays)
+                return while_values(cond_traced.function, body_traced.function, values[:n_carried], values[n_carried:])
 
-            plan = Plan(WHILE_LOOP_NAME, run, _out_specs(carried), "tuple", (), call.chip, (WHILE_LOOP_NAME, id(cond_fn), id(body_fn)))
-            return plan, cond_traced, body_traced
+            plan = Plan(WHILE_LOOP_NAME, run, _out_specs(carried), "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, id(cond_fn), id(body_fn)))
+            return (plan,)
 
-        plan, cond_traced, body_traced = _cached((cond_fn, body_fn), key, build)
-        call.add([*cond_traced.captured, *body_traced.captured])
-        plan.in_specs = plan.in_specs or tuple(call.specs)
+        (plan,) = _cached((cond_fn, body_fn), key, build)
         return tuple(_run(plan, call, start))
 
 

@@ -128,6 +128,24 @@ def test_while_loop_backward_is_refused_with_a_one_line_error() -> None:
     assert "\n" not in str(raised.value)
 
 
+def test_random_numbers_inside_a_branch_are_refused_with_a_one_line_error() -> None:
+    x = torch.randn(3, device="tpu")
+    with pytest.raises(RuntimeError, match="draw the random tensor before the call") as raised:
+        torch.cond(x.sum() > -100, lambda x: torch.nn.functional.dropout(x, 0.5), lambda x: x * 2, (x,))
+    assert "\n" not in str(raised.value)
+
+
+def test_the_op_called_directly_on_a_branch_closing_over_a_tpu_tensor_raises_a_one_line_error() -> None:
+    """torch.cond passes the tensors a branch closes over as operands (Dynamo lifts them); the op
+    called by hand with such a branch is refused, saying to pass the tensor in."""
+    from torch._higher_order_ops.cond import cond_op
+
+    x, scale = torch.ones(3, device="tpu"), torch.full((3,), 2.0, device="tpu")
+    with pytest.raises(RuntimeError, match="reads a tpu tensor that is not one of its operands") as raised:
+        cond_op(x.sum() > 0, lambda x: (x * scale,), lambda x: (x - 1,), (x,))
+    assert "\n" not in str(raised.value)
+
+
 def _compiled_model(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mixed = torch.cond(x.sum() > 0, lambda x, weight: (x @ weight).sin(), lambda x, weight: (x * 3).cos(), (x, weight))
     steps, value = _halve_until_small(mixed.detach() * 50, torch.tensor(1.0, device=x.device))
