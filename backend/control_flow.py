@@ -15,8 +15,10 @@ functionalization) comes first and a tensor subclass needs its own rule (`py_imp
   chip; in DeferAndFuse the program is one node of the pending graph. A predicate on the host (a
   Python bool or a CPU tensor) needs no program: its branch runs op by op.
 
-`torch.while_loop` with carried inputs that require grad is refused with a one-line error: torch's
-backward of it stacks every iteration's values, whose count XLA would need to know.
+A Python int carried by `torch.while_loop` counts on the chip as a 0-dim tensor; the host reads its
+final value (one data-dependent sync), as torch returns an int. `torch.while_loop` with carried
+inputs that require grad is refused with a one-line error: torch's backward of it stacks every
+iteration's values, whose count XLA would need to know. So are random ops inside a branch or loop.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tputrace.backend import matmul_precision
 from tputrace.backend.compile.control_flow import ArrayFunction, cond_values, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
+from tputrace.backend.mask_counts import SYNC_KIND
 from tputrace.backend.plans import OutSpec, Plan
 from tputrace.backend.tensor import TpuTensor, _traced_tensor
 
@@ -238,12 +241,14 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
     from tputrace.backend.dispatch import dispatcher
 
     start = _perf_ns()
+    int_positions = [position for position, value in enumerate(carried) if type(value) is int]
+    carried = _ints_on_chip(carried, int_positions, WHILE_LOOP_NAME)
     inputs = [*carried, *additional]
     with dispatcher.thread_lock:
         call = _ChipCall(dispatcher, inputs, WHILE_LOOP_NAME)
         if not all(isinstance(value, TpuTensor) for value in carried):
             kinds = ", ".join(type(value).__name__ for value in carried)
-            raise RuntimeError(f"torch.while_loop on tpu carries tpu tensors only, got ({kinds}); carry a Python int as a 0-dim tensor on tpu")
+            raise RuntimeError(f"torch.while_loop on tpu carries tensors and ints, got ({kinds})")
         template = tuple(call.statics)
         key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
@@ -260,7 +265,22 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
             return (plan,)
 
         (plan,) = _cached((cond_fn, body_fn), key, build)
-        return tuple(_run(plan, call, start))
+        outputs: list[Any] = _run(plan, call, start)
+        for position in int_positions:
+            outputs[position] = int(dispatcher.to_host(outputs[position], SYNC_KIND).item())
+        return tuple(outputs)
+
+
+def _ints_on_chip(carried: Sequence[Any], int_positions: Sequence[int], op_name: str) -> list[Any]:
+    """The carried values with each Python int as a 0-dim int64 tensor on the chip of the carried
+    tensors: the loop counts on the chip, and the host reads the final count (one data-dependent
+    sync), as torch returns an int for an int carry."""
+    if not int_positions:
+        return list(carried)
+    device = next((value.device for value in carried if isinstance(value, TpuTensor)), None)
+    if device is None:
+        raise RuntimeError(f"{op_name} on tpu needs a tpu tensor among the carried inputs, got only ints")
+    return [torch.tensor(value, dtype=torch.int64, device=device) if position in int_positions else value for position, value in enumerate(carried)]
 
 
 # ----------------------------------------------------------------------------- the tpu rules

@@ -121,6 +121,22 @@ def test_while_loop_matches_cpu_without_reading_the_condition(mode: EagerMode) -
     _assert_all_close(actual, [expected_steps, expected_value])
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_while_loop_with_an_int_carry_returns_an_int_read_in_one_data_dependent_sync(mode: EagerMode) -> None:
+    start = torch.randn(4, 2, generator=torch.Generator().manual_seed(3))
+
+    def run(start: torch.Tensor) -> tuple[int, torch.Tensor]:
+        return while_loop(lambda count, value: 2 * count < value.shape[0] + 3, lambda count, value: (count + 1, value + count), (0, start))
+
+    expected_count, expected_value = run(start)
+    with eager(mode), recorded_host_reads() as reads:
+        count, value = run(start.to("tpu"))
+        assert reads == ["data_dependent"]
+        actual = host(value)
+    assert type(count) is int and count == expected_count == 4
+    _assert_all_close([actual], [expected_value])
+
+
 def test_while_loop_backward_is_refused_with_a_one_line_error() -> None:
     start = torch.randn(3, device="tpu", requires_grad=True)
     with pytest.raises(RuntimeError, match=r"torch.while_loop on tpu has no backward.*torch.no_grad\(\)") as raised:
