@@ -278,8 +278,11 @@ def _handled(node: torch.fx.Node) -> bool:
 
 def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph_name: str) -> Any:
     target = node.target
-    if isinstance(target, torch._ops.HigherOrderOperator):
-        return _higher_order(node, args, kwargs)
+    control_flow = _control_flow_lowering(target)
+    if control_flow is not None:
+        name = f"higher_order.{target.name()}"
+        with jax.named_scope(name):
+            return _conform(control_flow(node, *args, **kwargs), node.meta.get("val"), name)
     if not isinstance(target, OpOverload):
         return target(*args, **kwargs)
     args, kwargs = _wrap_numbers(target, args, kwargs)
@@ -300,20 +303,19 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph
     return _conform(result, node.meta.get("val"), str(target))
 
 
-_HIGHER_ORDER: dict[Any, Callable[..., Any]] = {}
+_CONTROL_FLOW: dict[Any, Callable[..., Any]] = {}
 
 
-def _higher_order(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
-    """A higher-order op node (`cond`, `while_loop`): lowered to XLA control flow over its subgraphs."""
-    if not _HIGHER_ORDER:
+def _control_flow_lowering(target: Any) -> Callable[..., Any] | None:
+    """The lowering of a `cond` or `while_loop` node (XLA control flow over its subgraphs); None
+    for any other target."""
+    if not isinstance(target, torch._ops.HigherOrderOperator):
+        return None
+    if not _CONTROL_FLOW:
         from tputrace.backend.compile.control_flow import higher_order_lowerings
 
-        _HIGHER_ORDER.update(higher_order_lowerings())
-    lowering = _HIGHER_ORDER.get(node.target)
-    if lowering is None:
-        raise RuntimeError(f"tputrace: higher-order op {node.target.name()} has no tpu lowering inside a compiled graph")
-    with jax.named_scope(f"higher_order.{node.target.name()}"):
-        return _conform(lowering(node, *args, **kwargs), node.meta.get("val"), f"higher_order.{node.target.name()}")
+        _CONTROL_FLOW.update(higher_order_lowerings())
+    return _CONTROL_FLOW.get(target)
 
 
 _TENSOR_ARGUMENTS: dict[Any, tuple[frozenset[int], frozenset[str]]] = {}
