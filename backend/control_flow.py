@@ -7,8 +7,8 @@ backward as another `cond`) a HOP reaches the Python key, where a mode's rule (f
 functionalization) comes first and a tensor subclass needs its own rule (`py_impl(TpuTensor)`).
 
 - While torch.compile or the eager call's Dynamo trace runs, the tpu tensors are traced ones (a
-  fake or functional tensor inside): each mode's rule runs on those inner tensors, and the HOP node
-  reaching the tpu backend is lowered by `compile/control_flow.py`.
+  fake or functional tensor inside): torch's fake-tensor and functionalization rules run on those
+  inner tensors, and the HOP node reaching the tpu backend is lowered by `compile/control_flow.py`.
 - On real tpu tensors, each branch (or the loop's condition and body) is traced once per input
   signature into an ATen graph on fake tpu tensors, and the op runs as one program:
   `jax.lax.cond` / `jax.lax.while_loop` of the lowered graphs. The predicate never leaves the
@@ -285,10 +285,6 @@ def _ints_on_chip(carried: Sequence[Any], int_positions: Sequence[int], op_name:
 
 # ----------------------------------------------------------------------------- the tpu rules
 def _cond_rule(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Sequence[Any]) -> Any:
-    from torch._higher_order_ops.cond import cond_op
-
-    if _holds_traced((pred, operands)):
-        return _traced_of(cond_op(*_inner_of((pred, true_fn, false_fn, operands))))
     if not isinstance(pred, TpuTensor):
         return true_fn(*operands) if bool(pred) else false_fn(*operands)
     if pred.numel() != 1:
@@ -297,10 +293,6 @@ def _cond_rule(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., A
 
 
 def _while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: Sequence[Any], additional: Sequence[Any], **kwargs: Any) -> Any:
-    from torch._higher_order_ops.while_loop import while_loop_op
-
-    if _holds_traced((carried, additional)):
-        return _traced_of(while_loop_op(cond_fn, body_fn, *_inner_of((carried, additional)), **kwargs))
     if kwargs.get("mutated_arg_indices"):
         raise RuntimeError("torch.while_loop on tpu does not let cond_fn or body_fn write into their inputs; write into a clone and carry it")
     return _while_on_chip(cond_fn, body_fn, carried, additional)

@@ -1,6 +1,7 @@
 """`torch.cond` and `torch.while_loop` on tpu tensors match the CPU, in both eager modes (as one XLA
-conditional or loop, the predicate never read on the host) and under torch.compile(backend="tpu"),
-with gradients through `torch.cond`; the trace names them."""
+conditional or loop, the predicate never read on the host; an int carry read once at the end) and
+under torch.compile(backend="tpu"), with gradients through `torch.cond`; what tpu refuses (a
+while_loop backward, random ops in a branch) raises a one-line error; the trace names both ops."""
 
 from __future__ import annotations
 
