@@ -35,7 +35,7 @@ _REPEATS_DTYPES = (torch.int32, torch.int64)
 Route = Callable[[Any, Sequence[Any], dict], Any | None]  # (dispatcher, args, kwargs) -> result, or None for the host
 
 
-def _step(op: Any, fn: Callable) -> OpEntry:
+def sized_step(op: Any, fn: Callable) -> OpEntry:
     """A program of `op`'s run on the chip, recorded under its name; its output shapes come from
     `fn`'s static arguments (the op's own meta kernel cannot say them)."""
     return OpEntry(op, str(op), "lowered", lowering=Lowering(op, fn), shapes_from_lowering=True)
@@ -52,7 +52,7 @@ def nonzero(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any:
     return aten.nonzero_static.default(self, size=count_set(dispatcher.to_host, self))
 
 
-_EXTREMES = {op: _step(op, sized.extremes) for op in (aten.repeat_interleave.Tensor, aten.bincount.default)}
+_EXTREMES = {op: sized_step(op, sized.extremes) for op in (aten.repeat_interleave.Tensor, aten.bincount.default)}
 
 
 def repeat_interleave(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
@@ -69,7 +69,7 @@ def repeat_interleave(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any
     return op(repeats, output_size=total)
 
 
-_BINCOUNT = _step(aten.bincount.default, sized.bincount_sized)
+_BINCOUNT = sized_step(aten.bincount.default, sized.bincount_sized)
 
 
 def bincount(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
@@ -90,8 +90,8 @@ def bincount(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
 
 
 _UNIQUE_OPS = (aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default)
-_UNIQUE_MEASURES = {op: _step(op, sized.unique_measure) for op in _UNIQUE_OPS}
-_UNIQUE_SIZED = {op: _step(op, sized.unique_sized) for op in _UNIQUE_OPS}
+_UNIQUE_MEASURES = {op: sized_step(op, sized.unique_measure) for op in _UNIQUE_OPS}
+_UNIQUE_SIZED = {op: sized_step(op, sized.unique_sized) for op in _UNIQUE_OPS}
 
 
 def _unique(dispatcher: Any, op: Any, self: Any, dim: int | None, sort: bool, return_inverse: bool, return_counts: bool) -> tuple | None:

@@ -515,7 +515,8 @@ class Dispatcher:
         try:
             self.executor.prepare(plan, dynamic)
         except Exception as error:  # noqa: BLE001 - a lowering that cannot trace: run on the host
-            self._warn_fallback(entry.name, f"its lowering failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
+            if entry.op not in mask_indexing.ROUTES:  # else `fallback` warns if the chip route leaves the call
+                self._warn_fallback(entry.name, f"its lowering failed ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})")
             return _FALLBACK
         return plan
 
@@ -915,7 +916,7 @@ class Dispatcher:
                 "`import tputrace.backend`?): import tputrace.backend before init_process_group/new_group, or pass backend='tpu'"
             )
         on_chip = mask_indexing.ROUTES.get(entry.op)
-        if on_chip is not None and (selected := on_chip(self.to_host, args, kwargs)) is not None:
+        if on_chip is not None and (selected := on_chip(self, args, kwargs)) is not None:
             return selected  # `x[mask]`: indexed on the chip by the mask's set positions
         self._warn_fallback(entry.name, "it has no lowering" if entry.lowering is None else "its lowering cannot take these inputs (e.g. a data-dependent shape)")
         sync_kind = "data_dependent" if entry.op._schema.name in _DATA_DEPENDENT_OPS else "fallback"

@@ -1,12 +1,13 @@
-"""`x[mask]` and `torch.masked_select` on the chip: a boolean mask becomes the integer indices of
-its set elements, read on the host, and the tensor is indexed where it lives.
+"""`x[mask]` and `torch.masked_select` on the chip: the tensor is indexed where it lives, only the
+mask's count is read on the host.
 
 Selecting through a mask has a data-dependent shape, so XLA cannot compile it from the shapes alone.
-Before this, the call ran as a CPU fallback: the whole tensor was copied to the host, indexed there,
-and the result copied back. torch's own `index` (CUDA's too) turns each mask into indices with
-`nonzero` first; here that `nonzero` runs on the host, on the mask only: a mask already on the host
-(`x[cpu_mask]`) needs no sync, and a chip mask is read once (a data-dependent sync, recorded as
-such). The integer indices then go to the lowered `index`, so the tensor never leaves the chip.
+torch's own `index` (CUDA's too) turns each mask into indices with `nonzero` first. Here a chip mask
+is counted on the chip and the host reads only the count (a data-dependent sync, recorded as such);
+a program compiled for that count then finds the set positions
+and gathers on the chip, in one program when the mask is the only index (`x[mask]`, `x[:, mask]`,
+`masked_select`), else through `nonzero_static` and the lowered `index`. A mask already on the host
+(`x[cpu_mask]`) needs no sync: its positions are found on the host and copied to the chip.
 
 Calls whose masks do not fit the tensor, or 0-dim masks, keep the host fallback, which raises or
 computes as torch does.
@@ -18,12 +19,15 @@ the chip (one host-to-chip transfer) instead of being refused as a tensor on ano
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
 
-from tputrace.backend.mask_counts import MASK_DTYPES, SYNC_KIND, ToHost
+from tputrace.backend.data_dependent import sized_step
+from tputrace.backend.mask_counts import MASK_DTYPES, count_set
+from tputrace.backend.ops import sized
 from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten
@@ -32,19 +36,38 @@ Handler = Callable[[Any, Sequence[Any], dict], Any]
 FromHost = Callable[[torch.Tensor, int], Any]
 # Ops that take their mask from the host: `masked_select`'s backward passes the mask it was given.
 _HOST_MASK_OPS = {aten.masked_scatter.default, aten.masked_scatter_.default}
+_SELECT = sized_step(aten.index.Tensor, sized.mask_select)
 
 
-def index(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | None:
-    """`aten.index.Tensor` with its masks replaced by indices, or None if the call has no mask this handles."""
+def index(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+    """`aten.index.Tensor` with masks, or None if the call has no mask this handles."""
     self = args[0]
-    indices = args[1] if len(args) > 1 else kwargs["indices"]
-    converted = _without_masks(to_host, self, indices)
+    indices = list(args[1] if len(args) > 1 else kwargs["indices"])
+    masks = [dim for dim, index_tensor in enumerate(indices) if index_tensor is not None and index_tensor.dtype in MASK_DTYPES]
+    if len(masks) == 1 and _chip_mask_alone(indices, masks[0]):
+        mask = indices[masks[0]]
+        if tuple(mask.shape) != tuple(self.shape[masks[0]:masks[0] + mask.dim()]):
+            return None
+        return _select(dispatcher, self, mask, masks[0])
+    converted = _without_masks(dispatcher, self, indices)
     if converted is None:
         return None
     return aten.index.Tensor(self, converted)
 
 
-def masked_select(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | None:
+def index_put(dispatcher: Any, args: Sequence[Any], kwargs: dict, op: Any) -> Any | None:
+    """`index_put` (or `index_put_`, `_index_put_impl_`) whose masks come with other indices (one mask
+    alone is lowered): the same op with each mask replaced by the positions of its set elements, found
+    as `x[mask]` finds them; None if the call has no mask this handles."""
+    self = args[0]
+    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    converted = _without_masks(dispatcher, self, indices)
+    if converted is None:
+        return None
+    return op(self, converted, *args[2:], **{name: value for name, value in kwargs.items() if name != "indices"})
+
+
+def masked_select(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`torch.masked_select`: the tensor and the mask broadcast together, then indexed as `x[mask]`
     (None for a 0-dim result or a mask that is not bool, which torch refuses)."""
     self = args[0]
@@ -54,11 +77,26 @@ def masked_select(to_host: ToHost, args: Sequence[Any], kwargs: dict) -> Any | N
     shape = torch.broadcast_shapes(self.shape, mask.shape)
     if not shape:
         return None
-    return aten.index.Tensor(self.expand(shape), _set_positions(to_host, mask.expand(shape)))
+    if mask.device.type == "tpu":
+        return _select(dispatcher, self.expand(shape), mask.expand(shape), 0)
+    return aten.index.Tensor(self.expand(shape), _host_positions(mask.expand(shape)))
 
 
-def _without_masks(to_host: ToHost, self: Any, indices: Sequence[Any]) -> list[Any] | None:
-    """The indices with each mask replaced by one host index tensor per dim it covers (None when a
+def _chip_mask_alone(indices: Sequence[Any], mask_dim: int) -> bool:
+    """Whether the index at `mask_dim` is a chip mask (not 0-dim) and every other index is None."""
+    mask = indices[mask_dim]
+    return mask.device.type == "tpu" and mask.dim() > 0 and all(index_tensor is None for dim, index_tensor in enumerate(indices) if dim != mask_dim)
+
+
+def _select(dispatcher: Any, self: Any, mask: Any, dim: int) -> Any:
+    """`self[..., mask, ...]` (`dim` leading dims before the mask) gathered on the chip by one program
+    compiled for the count rounded up, then cut to the count."""
+    count = count_set(dispatcher.to_host, mask)
+    return dispatcher.compute(_SELECT, (self, mask), {"size": count, "dim": dim})
+
+
+def _without_masks(dispatcher: Any, self: Any, indices: Sequence[Any]) -> list[Any] | None:
+    """The indices with each mask replaced by one index tensor per dim it covers (None when a
     mask is 0-dim or does not match the dims it covers, and when there is no mask)."""
     converted: list[Any] = []
     dim = 0
@@ -71,17 +109,23 @@ def _without_masks(to_host: ToHost, self: Any, indices: Sequence[Any]) -> list[A
         covered = tuple(self.shape[dim:dim + index_tensor.dim()])
         if index_tensor.dim() == 0 or tuple(index_tensor.shape) != covered:
             return None
-        converted.extend(_set_positions(to_host, index_tensor))
+        converted.extend(_set_positions(dispatcher, index_tensor))
         dim += index_tensor.dim()
         has_mask = True
     return converted if has_mask else None
 
 
-def _set_positions(to_host: ToHost, mask: Any) -> list[torch.Tensor]:
-    """One host index tensor per dim of `mask`, together the positions of its set elements (a chip
-    mask is read first: a data-dependent sync)."""
-    host_mask = mask if mask.device.type == "cpu" else to_host(mask, SYNC_KIND)
-    return list(host_mask.nonzero().unbind(1))
+def _set_positions(dispatcher: Any, mask: Any) -> list[Any]:
+    """One index tensor per dim of `mask`, together the positions of its set elements: found on the
+    chip for a chip mask (only its count is read: a data-dependent sync), on the host for a host one."""
+    if mask.device.type == "cpu":
+        return _host_positions(mask)
+    return list(aten.nonzero_static.default(mask, size=count_set(dispatcher.to_host, mask)).unbind(1))
+
+
+def _host_positions(mask: torch.Tensor) -> list[torch.Tensor]:
+    """One host index tensor per dim of a host mask, together the positions of its set elements."""
+    return list(mask.nonzero().unbind(1))
 
 
 def host_mask_route(handler: Handler, op: Any, from_host: FromHost) -> Handler:
@@ -103,6 +147,7 @@ def host_mask_route(handler: Handler, op: Any, from_host: FromHost) -> Handler:
 
 
 # The ops whose calls with a mask run here rather than as a CPU fallback (see `Dispatcher.fallback`).
-ROUTES: dict[Any, Callable[[ToHost, Sequence[Any], dict], Any | None]] = {
+ROUTES: dict[Any, Callable[[Any, Sequence[Any], dict], Any | None]] = {
     aten.index.Tensor: index, aten.masked_select.default: masked_select,
+    **{op: functools.partial(index_put, op=op) for op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)},
 }

@@ -64,3 +64,62 @@ def test_a_mask_of_the_wrong_shape_raises_torchs_error(mode: EagerMode) -> None:
     with eager(mode), pytest.raises(IndexError) as on_tpu:
         _grid("tpu")[mask.to("tpu")]
     assert str(on_tpu.value) == str(on_cpu.value)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("density", [0.0, 0.03, 0.5, 1.0])
+def test_a_chip_mask_is_read_only_as_its_count(mode: EagerMode, density: float) -> None:
+    """A mask of more than one 32-bit word (37x29, not a multiple of 32): the host reads one number
+    per selection, and the values and gradients are the CPU's."""
+    from tputrace.backend.dispatch import dispatcher
+
+    generator = torch.Generator().manual_seed(7)
+    values = torch.randn(37, 29, 3, generator=generator)
+    mask = torch.rand(37, 29, generator=generator) < density
+    columns = torch.rand(29, generator=generator) < density
+
+    def select(x: torch.Tensor, rows_mask: torch.Tensor, columns_mask: torch.Tensor) -> list[torch.Tensor]:
+        return [x[rows_mask], x[:, columns_mask], torch.masked_select(x, rows_mask[..., None]), x[rows_mask, torch.tensor([2], device=x.device)]]
+
+    expected_input = values.clone().requires_grad_()
+    expected = select(expected_input, mask, columns)
+    sum(part.pow(2).sum() for part in expected).backward()
+    read_sizes: list[int] = []
+    to_host = dispatcher.to_host
+
+    def counted(tensor: torch.Tensor, sync_kind: str) -> torch.Tensor:
+        read_sizes.append(tensor.numel())
+        return to_host(tensor, sync_kind)
+
+    with eager(mode), recorded_fallbacks() as fallbacks:
+        grid = values.to("tpu").requires_grad_()
+        chip_mask, chip_columns = mask.to("tpu"), columns.to("tpu")
+        dispatcher.to_host = counted
+        try:
+            selected = select(grid, chip_mask, chip_columns)
+        finally:
+            del dispatcher.to_host
+        sum(part.pow(2).sum() for part in selected).backward()
+        for part, expected_part in zip(selected, expected):
+            torch.testing.assert_close(host(part), expected_part.detach())
+        torch.testing.assert_close(host(grid.grad), expected_input.grad)
+    assert read_sizes == [1, 1, 1, 1]
+    assert fallbacks == []
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_writes_through_a_chip_mask_with_other_indices_run_on_the_chip(mode: EagerMode) -> None:
+    """`x[:, mask] = v` and `x[mask, idx] += v` (a mask beside other indices) match the CPU with no
+    fallback: the mask becomes positions on the chip, as in `x[mask]`."""
+
+    def write(x: torch.Tensor, columns: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        x[:, columns] = torch.arange(8.0, device=x.device).reshape(4, 2)
+        x.index_put_((rows, torch.tensor([0, 2, 1], device=x.device)), torch.tensor(-1.0, device=x.device), accumulate=True)
+        return x
+
+    columns, rows = torch.tensor([True, False, True]), torch.tensor([True, False, True, True])
+    expected = write(_grid("cpu")[..., 0].clone(), columns, rows)
+    with eager(mode), recorded_fallbacks() as fallbacks:
+        written = write(_grid("tpu")[..., 0].clone(), columns.to("tpu"), rows.to("tpu"))
+        torch.testing.assert_close(host(written), expected)
+    assert fallbacks == []

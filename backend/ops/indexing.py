@@ -18,6 +18,7 @@ import torch
 from jax import lax
 
 from ._util import UnloweredCase, canon_dim, is_float, is_integral
+from .compaction import set_positions
 from .reduction import vector_norm
 from .registry import lowers
 
@@ -263,7 +264,9 @@ def nonzero_static(self: Array, *, size: int, fill_value: int = -1) -> Array:
     """The first `size` nonzero positions, padded with `fill_value`: a static shape, no sync."""
     if self.ndim == 0:
         return jnp.zeros((size, 0), jnp.int64)
-    return jnp.stack(jnp.nonzero(self, size=size, fill_value=fill_value), axis=-1).astype(jnp.int64)
+    positions, is_set = set_positions((self != 0).reshape(-1), size, 0)
+    coordinates = jnp.stack(jnp.unravel_index(positions, self.shape), axis=-1).astype(jnp.int64)
+    return jnp.where(is_set[:, None], coordinates, fill_value)
 
 
 # --- embeddings ----------------------------------------------------------------------------------

@@ -107,14 +107,21 @@ def logsumexp(self: Array, dim: Sequence[int], keepdim: bool = False) -> Array:
     return result if keepdim else jnp.squeeze(result, dims)
 
 
+def _count_set(self: Array, dims: tuple[int, ...]) -> Array:
+    """int64 counts of nonzero elements, summed in int32 when no count can pass it (XLA:CPU sums
+    int32 about 3 times faster than int64: this is the count a data-dependent op reads)."""
+    accumulator = jnp.int32 if self.size < 2**31 else jnp.int64
+    return jnp.sum(self != 0, axis=dims, dtype=accumulator).astype(jnp.int64)
+
+
 @lowers(aten.count_nonzero.dim_IntList)
 def count_nonzero_dims(self: Array, dim: Sequence[int]) -> Array:
-    return jnp.sum(self != 0, axis=reduction_dims(dim, self.ndim), dtype=jnp.int64)
+    return _count_set(self, reduction_dims(dim, self.ndim))
 
 
 @lowers(aten.count_nonzero.default)
 def count_nonzero(self: Array, dim: int | None = None) -> Array:
-    return jnp.sum(self != 0, axis=reduction_dims(dim, self.ndim), dtype=jnp.int64)
+    return _count_set(self, reduction_dims(dim, self.ndim))
 
 
 # --- extrema ------------------------------------------------------------------------------------------

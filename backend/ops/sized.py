@@ -1,6 +1,8 @@
 """The two steps of the ops whose output length depends on the data (`unique`, `bincount`,
 `repeat_interleave`'s check; see `data_dependent`), lowered as programs of their own.
 
+`x[mask]`'s gather is here too (see `mask_indexing`).
+
 A data-dependent op runs as a *measure* program, whose small result the host reads to learn the
 output's length, then a *sized* program, compiled for that length. The measure step of `unique`
 also returns the sorted values (and their order, for an inverse), so the sized step does not sort again.
@@ -14,6 +16,8 @@ import jax
 import jax.numpy as jnp
 from jax import Array, lax
 
+from .compaction import set_positions
+
 _NO_INDICES = (0,)  # the shape torch gives the inverse or counts that were not asked for
 _BITS = {2: jnp.int16, 4: jnp.int32, 8: jnp.int64}  # a float's bits as a signed integer, by width
 
@@ -23,6 +27,15 @@ def extremes(values: Array) -> Array:
     of their input before their output length is fixed (one 24-byte read)."""
     wide = values.astype(jnp.int64)
     return jnp.stack([jnp.sum(wide), jnp.min(wide), jnp.max(wide)])
+
+
+def mask_select(self: Array, mask: Array, *, size: int, dim: int) -> Array:
+    """`self[mask]` for a mask over dims [dim, dim + mask.ndim) of `self`: the slices at the mask's
+    first `size` set positions, in one dim at `dim` (slots past the last set position repeat the first slice)."""
+    covered = math.prod(mask.shape)
+    merged = self.reshape(*self.shape[:dim], covered, *self.shape[dim + mask.ndim:])
+    positions, _ = set_positions(mask.reshape(-1), size, 0)
+    return jnp.take(merged, positions, axis=dim, mode="clip")
 
 
 def bincount_sized(self: Array, weights: Array | None, *, size: int) -> Array:
