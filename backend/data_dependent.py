@@ -6,8 +6,8 @@ ran as CPU fallbacks: the whole input was copied to the host and the result copi
 chip computes what fixes the length (the nonzero count; the number of distinct values, next to the
 sorted values; the sum, min and max of the values), the host reads only that (one data-dependent sync, as
 CUDA's kernels sync to size their output; in DEFER_AND_FUSE it flushes the pending graph), and a
-program compiled for that length computes the result on the chip (see `ops.sized`). Each new length
-is a new program, as each new shape is. Inputs with no element, or one, need no read.
+program compiled for that length, rounded up (see `length_buckets`), computes the result on the chip
+(see `ops.sized`), which is then cut to the length. Inputs with no element, or one, need no read.
 
 Calls torch refuses for their shapes or dtypes keep the host fallback, which raises torch's error;
 errors that depend on the values (a negative value in `bincount` or in `repeat_interleave`'s
@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from tputrace.backend.entries import OpEntry
+from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import SYNC_KIND, count_set
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import sized
@@ -49,7 +50,14 @@ def _read(dispatcher: Any, measured: Any) -> Any:
 def nonzero(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any:
     """`nonzero`: the chip counts the nonzero elements, then lists them with `nonzero_static`."""
     (self,) = bound(aten.nonzero.default, args, kwargs)
-    return aten.nonzero_static.default(self, size=count_set(dispatcher.to_host, self))
+    count = count_set(dispatcher.to_host, self)
+    return cut(aten.nonzero_static.default(self, size=padded_length(count, self.numel())), 0, count)
+
+
+def cut(padded: Any, dim: int, length: int) -> Any:
+    """The first `length` entries along `dim` of an output compiled for a padded length (see
+    `length_buckets`): a view, whose read copies only those entries."""
+    return padded if padded.shape[dim] == length else padded.narrow(dim, 0, length)
 
 
 _EXTREMES = {op: sized_step(op, sized.extremes) for op in (aten.repeat_interleave.Tensor, aten.bincount.default)}
@@ -66,7 +74,7 @@ def repeat_interleave(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any
         total, low, _ = _read(dispatcher, dispatcher.compute(_EXTREMES[op], (repeats,), {}))
         if low < 0:
             raise RuntimeError("repeats can not be negative")
-    return op(repeats, output_size=total)
+    return cut(op(repeats, output_size=padded_length(total) if total else 0), 0, total)  # padding repeats the last position
 
 
 _BINCOUNT = sized_step(aten.bincount.default, sized.bincount_sized)
@@ -86,7 +94,8 @@ def bincount(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     _, low, high = _read(dispatcher, dispatcher.compute(_EXTREMES[op], (self,), {}))
     if low < 0:
         raise RuntimeError("bincount only supports 1-d non-negative integral inputs.")
-    return dispatcher.compute(_BINCOUNT, (self, weights), {"size": max(minlength, high + 1)})
+    size = max(minlength, high + 1)
+    return cut(dispatcher.compute(_BINCOUNT, (self, weights), {"size": padded_length(size)}), 0, size)
 
 
 _UNIQUE_OPS = (aten._unique.default, aten._unique2.default, aten.unique_dim.default, aten.unique_consecutive.default)
@@ -115,8 +124,9 @@ def _unique(dispatcher: Any, op: Any, self: Any, dim: int | None, sort: bool, re
         size = _read(dispatcher, measured[-1])
         if sort:
             arranged, order = measured[0], measured[1] if len(measured) == 3 else None
-    options = {"size": size, "dim": dim, "return_inverse": return_inverse, "return_counts": return_counts}
-    return dispatcher.compute(_UNIQUE_SIZED[op], (self, arranged, order), options)
+    options = {"size": padded_length(size, length), "dim": dim, "return_inverse": return_inverse, "return_counts": return_counts}
+    values, inverse, counts = dispatcher.compute(_UNIQUE_SIZED[op], (self, arranged, order), options)
+    return cut(values, 0 if dim is None else dim, size), inverse, cut(counts, 0, size) if return_counts else counts
 
 
 def unique(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> tuple | None:

@@ -4,7 +4,7 @@ mask's count is read on the host.
 Selecting through a mask has a data-dependent shape, so XLA cannot compile it from the shapes alone.
 torch's own `index` (CUDA's too) turns each mask into indices with `nonzero` first. Here a chip mask
 is counted on the chip and the host reads only the count (a data-dependent sync, recorded as such);
-a program compiled for that count then finds the set positions
+a program compiled for that count (rounded up, see `length_buckets`) then finds the set positions
 and gathers on the chip, in one program when the mask is the only index (`x[mask]`, `x[:, mask]`,
 `masked_select`), else through `nonzero_static` and the lowered `index`. A mask already on the host
 (`x[cpu_mask]`) needs no sync: its positions are found on the host and copied to the chip.
@@ -25,7 +25,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.data_dependent import sized_step
+from tputrace.backend.data_dependent import cut, sized_step
+from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import MASK_DTYPES, count_set
 from tputrace.backend.ops import sized
 from tputrace.backend.tensor import TpuTensor
@@ -92,7 +93,8 @@ def _select(dispatcher: Any, self: Any, mask: Any, dim: int) -> Any:
     """`self[..., mask, ...]` (`dim` leading dims before the mask) gathered on the chip by one program
     compiled for the count rounded up, then cut to the count."""
     count = count_set(dispatcher.to_host, mask)
-    return dispatcher.compute(_SELECT, (self, mask), {"size": count, "dim": dim})
+    selected = dispatcher.compute(_SELECT, (self, mask), {"size": padded_length(count, mask.numel()), "dim": dim})
+    return cut(selected, dim, count)
 
 
 def _without_masks(dispatcher: Any, self: Any, indices: Sequence[Any]) -> list[Any] | None:
@@ -120,7 +122,8 @@ def _set_positions(dispatcher: Any, mask: Any) -> list[Any]:
     chip for a chip mask (only its count is read: a data-dependent sync), on the host for a host one."""
     if mask.device.type == "cpu":
         return _host_positions(mask)
-    return list(aten.nonzero_static.default(mask, size=count_set(dispatcher.to_host, mask)).unbind(1))
+    count = count_set(dispatcher.to_host, mask)
+    return list(cut(aten.nonzero_static.default(mask, size=padded_length(count, mask.numel())), 0, count).unbind(1))
 
 
 def _host_positions(mask: torch.Tensor) -> list[torch.Tensor]:

@@ -5,6 +5,7 @@ both eager modes, the host reads only what fixes the length (one data-dependent 
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -229,6 +230,33 @@ def test_a_new_length_compiles_once_and_is_reused() -> None:
     assert host(distinct).tolist() == [2, 9]
 
 
+def test_varying_lengths_compile_a_few_programs_and_match_the_cpu() -> None:
+    """30 different counts compile programs for a few padded lengths (see `length_buckets`), not one
+    per count, and each result is cut to exactly the CPU's (DEFER_NEVER, where each program is a plan
+    of its own)."""
+    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.length_buckets import padded_length
+
+    def results(values: torch.Tensor, rows: torch.Tensor, count: int) -> tuple[torch.Tensor, ...]:
+        distinct, inverse, counts = torch.unique(values % count, return_inverse=True, return_counts=True)
+        return torch.nonzero(values < count), rows[values < count], distinct, inverse, counts, torch.repeat_interleave(values[:50] % count % 3), torch.bincount(values % count)
+
+    counts = range(3, 123, 4)
+    ops = ("aten.nonzero_static.default", "aten.index.Tensor", "aten._unique2.default", "aten.repeat_interleave.Tensor", "aten.bincount.default")
+    values = torch.randperm(300, generator=torch.Generator().manual_seed(3))
+    rows = torch.randn(300, 2, generator=torch.Generator().manual_seed(4))
+    with eager(EagerMode.DEFER_NEVER):
+        before = {key for key, plan in dispatcher.plans.items() if getattr(plan, "op_name", None) in ops}
+        chip_values, chip_rows = values.to("tpu"), rows.to("tpu")
+        for count in counts:
+            _assert_same(results(chip_values, chip_rows, count), results(values, rows, count))
+        added = Counter(plan.op_name for key, plan in dispatcher.plans.items() if getattr(plan, "op_name", None) in ops and key not in before)
+    padded_lengths = len({padded_length(count) for count in counts})
+    assert padded_lengths < len(counts) / 2
+    # one program per padded length, and one measure step each for unique, bincount and repeat_interleave
+    assert set(added) == set(ops) and max(added.values()) <= padded_lengths + 1
+
+
 def test_compiled_function_matches_the_cpu() -> None:
     """Under torch.compile(backend="tpu") these ops break the graph (as on CUDA without capture of
     dynamic output shapes) and run eagerly on the chip."""
@@ -263,3 +291,24 @@ def test_the_trace_records_a_data_dependent_sync_and_no_fallback(tmp_path: Path)
         data_dependent = sorted(sync.source.line for sync in trace.records("syncs") if sync.kind == "data_dependent")
         assert data_dependent == [3, 4, 5]
         assert trace.count("fallbacks") == 0
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_out_variants_run_on_the_chip(mode: EagerMode) -> None:
+    """`out=` forms resize their outputs to the data-dependent length, as on the CPU, with no fallback."""
+
+    def run(device: str) -> list[torch.Tensor]:
+        values = _ints(device)
+        outs = [torch.empty(0, dtype=torch.long, device=device) for _ in range(11)] + [torch.empty(0, device=device)]
+        torch.nonzero(values, out=outs[0])
+        torch.ops.aten._unique2.out(values, return_inverse=True, return_counts=True, out0=outs[1], out1=outs[2], out2=outs[3])
+        torch.ops.aten.bincount.out(values.flatten(), out=outs[4])
+        torch.ops.aten.unique_dim.out(values, 1, return_inverse=True, return_counts=True, out0=outs[5], out1=outs[6], out2=outs[7])
+        torch.ops.aten.unique_consecutive.out(values.flatten(), return_inverse=True, return_counts=True, out0=outs[8], out1=outs[9], out2=outs[10])
+        torch.masked_select(values.float(), values > 2, out=outs[11])
+        return outs
+
+    expected = run("cpu")
+    with eager(mode), recorded_fallbacks() as fallbacks:
+        _assert_same(tuple(run("tpu")), tuple(expected))
+    assert fallbacks == []

@@ -110,13 +110,14 @@ def unique_sized(
 ) -> tuple[Array, Array, Array]:
     """(values, inverse, counts) of `unique` over the sorted rows `arranged` (with their `order` for
     an inverse), or of `unique_consecutive` over `self`'s rows as they are, knowing there are `size`
-    groups. The inverse has the input's shape (its length along `dim` with a dim); an inverse or
-    counts not asked for are empty, as torch's are."""
+    groups at most (`size` may be more than the groups: the values and counts past them are padding).
+    The inverse has the input's shape (its length along `dim` with a dim); an inverse or counts not
+    asked for are empty, as torch's are."""
     if arranged is None:
         arranged = _rows(self, dim)
     starts = _starts(arranged)
-    firsts = jnp.nonzero(starts, size=size)[0]
-    picked = arranged[firsts]
+    firsts, _ = set_positions(starts, size, arranged.shape[0])
+    picked = jnp.take(arranged, firsts, axis=0, mode="clip")
     if dim is None:
         values = picked.reshape(size)
     else:
