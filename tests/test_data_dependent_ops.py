@@ -15,6 +15,7 @@ import torch
 
 import tputrace
 from backend_helpers import eager, host, recorded_fallbacks, recorded_host_reads
+from tputrace.analysis import analyze_path
 from tputrace.cli.main import main
 from tputrace.backend.device_module import EagerMode
 
@@ -312,3 +313,26 @@ def test_out_variants_run_on_the_chip(mode: EagerMode) -> None:
     with eager(mode), recorded_fallbacks() as fallbacks:
         _assert_same(tuple(run("tpu")), tuple(expected))
     assert fallbacks == []
+
+
+def test_varying_counts_in_a_traced_run_are_no_recompilation_storm(tmp_path: Path) -> None:
+    """`tputrace run --mode strict` of a loop over 20 counts: the programs of the padded lengths are
+    compiled, and the recompiles analyzer finds no storm (it found one in `x[mask]`'s index, whose
+    host-made indices had the count's length)."""
+    script = tmp_path / "varying.py"
+    script.write_text(
+        "import torch\n"
+        "values = torch.randperm(512).to('tpu')\n"
+        "rows = torch.randn(512, 2).to('tpu')\n"
+        "for count in range(5, 400, 20):\n"
+        "    kept = torch.nonzero(values < count)\n"
+        "    picked = rows[values < count]\n"
+        "    assert kept.shape[0] == picked.shape[0] == count\n"
+    )
+    trace_path = tmp_path / "varying.tptrace"
+    assert main(["run", "--mode", "strict", "-o", str(trace_path), str(script)]) == 0
+    with tputrace.open(trace_path) as trace:
+        compiled = Counter(trace.string(name_sid) for (name_sid,) in trace.sql("SELECT name_sid FROM compiles"))
+    report = analyze_path(trace_path)
+    assert report.results["recompiles"].data["storms"] == []
+    assert compiled["aten.nonzero_static.default"] == compiled["aten.index.Tensor"] < 20
