@@ -34,10 +34,11 @@ Array = jax.Array
 
 
 def _accumulator(x: Array, dtype: torch.dtype | None) -> Array:
-    """x in the dtype torch accumulates sums and products in."""
+    """x in the dtype torch accumulates sums and products in: a requested half-precision dtype still
+    accumulates in float32 (the result is rounded to it once)."""
     if dtype is not None:
-        return x.astype(jax_dtype(dtype))
-    if is_integral(x):
+        x = x.astype(jax_dtype(dtype))
+    elif is_integral(x):
         return x.astype(jnp.int64)
     if x.dtype in HALF_DTYPES:
         return x.astype(jnp.float32)
