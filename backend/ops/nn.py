@@ -15,7 +15,7 @@ import torch
 
 from tputrace.backend import matmul_precision
 
-from ._util import UnloweredCase, canon_dim, to_float
+from ._util import UnloweredCase, canon_dim, opmath, to_float
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -63,19 +63,19 @@ def safe_softmax(self: Array, dim: int, dtype: torch.dtype | None = None) -> Arr
 @lowers(aten._softmax_backward_data.default)
 def softmax_backward_data(grad_output: Array, output: Array, dim: int, input_dtype: torch.dtype) -> Array:
     def backward(g: Array, axis: int) -> Array:
-        y = output.reshape(g.shape)
+        y = opmath(output).reshape(g.shape)
         return y * (g - jnp.sum(g * y, axis=axis, keepdims=True))
 
-    return _along(grad_output, dim, backward)
+    return _along(opmath(grad_output), dim, backward)
 
 
 @lowers(aten._log_softmax_backward_data.default)
 def log_softmax_backward_data(grad_output: Array, output: Array, dim: int, input_dtype: torch.dtype) -> Array:
     def backward(g: Array, axis: int) -> Array:
-        y = output.reshape(g.shape)
+        y = opmath(output).reshape(g.shape)
         return g - jnp.exp(y) * jnp.sum(g, axis=axis, keepdims=True)
 
-    return _along(grad_output, dim, backward)
+    return _along(opmath(grad_output), dim, backward)
 
 
 # --- losses (reduction: 0 none, 1 mean, 2 sum) -------------------------------------------------------
@@ -307,7 +307,9 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
 
 @lowers(aten._trilinear.default)
 def trilinear(i1: Array, i2: Array, i3: Array, expand1: Sequence[int], expand2: Sequence[int], expand3: Sequence[int], sumdim: Sequence[int], unroll_dim: int = 1) -> Array:
-    """i1, i2, i3 each unsqueezed at their `expand` dims, multiplied, and summed over `sumdim`."""
+    """i1, i2, i3 each unsqueezed at their `expand` dims, multiplied, and summed over `sumdim` (in float32
+    for half-precision inputs, rounded once)."""
+    i1, i2, i3 = opmath(i1), opmath(i2), opmath(i3)
     product = jnp.expand_dims(i1, tuple(expand1)) * jnp.expand_dims(i2, tuple(expand2)) * jnp.expand_dims(i3, tuple(expand3))
     return jnp.sum(product, axis=tuple(sumdim)) if sumdim else product
 
