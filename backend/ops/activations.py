@@ -1,5 +1,9 @@
 """Activation functions and their backward ops, written out with torch's formulas (including which
-side of a threshold the boundary point falls on)."""
+side of a threshold the boundary point falls on). Formulas of more than one step run in float32 for
+half-precision inputs and are rounded once (by the dispatcher), as torch's CPU and CUDA kernels do.
+Where XLA would lose accuracy torch's CPU kernel keeps, the formula is rearranged: the normal CDF is
+erfc(-x/sqrt(2))/2 (1 + erf(x/sqrt(2)) cancels in the lower tail), and a division by a constant,
+which XLA may turn into a multiply by its rounded reciprocal, comes after the cancelling sum."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ._util import canon_dim, to_float
+from ._util import canon_dim, opmath, to_float
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -34,18 +38,18 @@ def gelu(self: Array, *, approximate: str = "none") -> Array:
     x = to_float(self)
     if approximate == "tanh":
         return 0.5 * x * (1.0 + jnp.tanh(_SQRT_2_OVER_PI * (x + _GELU_CUBIC * x**3)))
-    return 0.5 * x * (1.0 + lax.erf(x / math.sqrt(2.0)))
+    return 0.5 * x * lax.erfc(-x / math.sqrt(2.0))
 
 
 @lowers(aten.gelu_backward.default)
 def gelu_backward(grad_output: Array, self: Array, *, approximate: str = "none") -> Array:
-    x = self
+    grad_output, x = opmath(grad_output), opmath(self)
     if approximate == "tanh":
         inner = _SQRT_2_OVER_PI * (x + _GELU_CUBIC * x**3)
         tanh_inner = jnp.tanh(inner)
         d_inner = _SQRT_2_OVER_PI * (1.0 + 3.0 * _GELU_CUBIC * x * x)
         return grad_output * (0.5 * (1.0 + tanh_inner) + 0.5 * x * (1.0 - tanh_inner**2) * d_inner)
-    cdf = 0.5 * (1.0 + lax.erf(x / math.sqrt(2.0)))
+    cdf = 0.5 * lax.erfc(-x / math.sqrt(2.0))
     pdf = jnp.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
     return grad_output * (cdf + x * pdf)
 
@@ -64,18 +68,19 @@ def mish(self: Array) -> Array:
 
 @lowers(aten.hardswish.default)
 def hardswish(self: Array) -> Array:
-    return self * jnp.clip(self + 3.0, 0.0, 6.0) / 6.0
+    x = opmath(self)
+    return x * jnp.clip(x + 3.0, 0.0, 6.0) / 6.0
 
 
 @lowers(aten.hardswish_backward.default)
 def hardswish_backward(grad_output: Array, self: Array) -> Array:
-    middle = grad_output * (self / 3.0 + 0.5)
+    middle = opmath(grad_output) * ((opmath(self) + 1.5) / 3.0)
     return jnp.where(self <= -3.0, _zeros(grad_output), jnp.where(self < 3.0, middle, grad_output))
 
 
 @lowers(aten.hardsigmoid.default)
 def hardsigmoid(self: Array) -> Array:
-    return jnp.clip(self + 3.0, 0.0, 6.0) / 6.0
+    return jnp.clip(opmath(self) + 3.0, 0.0, 6.0) / 6.0
 
 
 @lowers(aten.hardsigmoid_backward.default)
@@ -85,13 +90,14 @@ def hardsigmoid_backward(grad_output: Array, self: Array) -> Array:
 
 @lowers(aten.elu.default)
 def elu(self: Array, alpha: object = 1, scale: object = 1, input_scale: object = 1) -> Array:
-    negative = alpha * scale * jnp.expm1(self * input_scale)
-    return jnp.where(self > 0, self * scale, negative)
+    x = opmath(self)
+    negative = alpha * scale * jnp.expm1(x * input_scale)
+    return jnp.where(x > 0, x * scale, negative)
 
 
 @lowers(aten.elu_backward.default)
 def elu_backward(grad_output: Array, alpha: object, scale: object, input_scale: object, is_result: bool, self_or_result: Array) -> Array:
-    x = self_or_result
+    grad_output, x = opmath(grad_output), opmath(self_or_result)
     if is_result:
         negative = grad_output * input_scale * (x + alpha * scale)
     else:
@@ -101,7 +107,8 @@ def elu_backward(grad_output: Array, alpha: object, scale: object, input_scale: 
 
 @lowers(aten.celu.default)
 def celu(self: Array, alpha: object = 1.0) -> Array:
-    return jnp.where(self > 0, self, alpha * jnp.expm1(self / alpha))
+    x = opmath(self)
+    return jnp.where(x > 0, x, alpha * jnp.expm1(x / alpha))
 
 
 @lowers(aten.leaky_relu.default)
@@ -164,27 +171,29 @@ def prelu_kernel_backward(grad_output: Array, self: Array, weight: Array) -> tup
 
 @lowers(aten.glu.default)
 def glu(self: Array, dim: int = -1) -> Array:
-    first, second = jnp.split(self, 2, axis=canon_dim(dim, self.ndim))
+    first, second = jnp.split(opmath(self), 2, axis=canon_dim(dim, self.ndim))
     return first * jax.nn.sigmoid(second)
 
 
 @lowers(aten.glu_backward.default)
 def glu_backward(grad_output: Array, self: Array, dim: int) -> Array:
     axis = canon_dim(dim, self.ndim)
-    first, second = jnp.split(self, 2, axis=axis)
+    grad_output = opmath(grad_output)
+    first, second = jnp.split(opmath(self), 2, axis=axis)
     gate = jax.nn.sigmoid(second)
     return jnp.concatenate([grad_output * gate, grad_output * first * gate * (1.0 - gate)], axis=axis)
 
 
 @lowers(aten.log_sigmoid_forward.default)
 def log_sigmoid_forward(self: Array) -> tuple[Array, Array]:
-    buffer = jnp.exp(-jnp.abs(self))
-    return jnp.minimum(self, 0) - jnp.log1p(buffer), buffer
+    x = opmath(self)
+    buffer = jnp.exp(-jnp.abs(x))
+    return jnp.minimum(x, 0) - jnp.log1p(buffer), buffer
 
 
 @lowers(aten.log_sigmoid_backward.default)
 def log_sigmoid_backward(grad_output: Array, self: Array, buffer: Array) -> Array:
-    return grad_output * jax.nn.sigmoid(-self)
+    return opmath(grad_output) * jax.nn.sigmoid(-opmath(self))
 
 
 @lowers(aten.softshrink.default)
@@ -209,6 +218,7 @@ def hardshrink_backward(grad_out: Array, self: Array, lambd: object) -> Array:
 
 @lowers(aten.logit_backward.default)
 def logit_backward(grad_output: Array, self: Array, eps: float | None = None) -> Array:
+    grad_output, self = opmath(grad_output), opmath(self)
     gradient = grad_output / (self * (1.0 - self))
     if eps is None:
         return jnp.where((self < 0) | (self > 1), jnp.full_like(gradient, jnp.nan), gradient)

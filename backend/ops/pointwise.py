@@ -324,7 +324,7 @@ def atan2(self: Array, other: Array) -> Array:
 
 @lowers(aten.hypot.default)
 def hypot(self: Array, other: Array) -> Array:
-    return jnp.hypot(self, other)
+    return jnp.hypot(opmath(self), opmath(other))
 
 
 @lowers(aten.copysign.Tensor, aten.copysign.Scalar)
