@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ._util import UnloweredCase
+from ._util import HALF_DTYPES, UnloweredCase
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -130,19 +130,19 @@ def _antialias_lowering(taps: int, kernel: Callable) -> Callable:
 def _separable(x: Array, matrices: Sequence[np.ndarray]) -> Array:
     """Interpolate along the last axes, one matrix each. Integer images (uint8) are interpolated in
     float32 and rounded back, saturating, after each axis, the last (width) first, as torch's CPU
-    kernel does."""
+    kernel does; half-precision images are interpolated in float32 over every axis and rounded once."""
     rank = len(matrices)
     source_dtype = x.dtype
     integral = not jnp.issubdtype(source_dtype, jnp.inexact)
+    compute = jnp.float32 if integral or source_dtype in HALF_DTYPES else source_dtype
     for i, matrix in reversed(list(enumerate(matrices))):
         axis = x.ndim - rank + i
-        compute = jnp.float32 if integral else x.dtype
         weights = jnp.asarray(matrix, compute)
         x = jnp.moveaxis(jnp.tensordot(x.astype(compute), weights, axes=([axis], [1]), precision=jax.lax.Precision.HIGHEST), -1, axis)
         if integral:
             limits = jnp.iinfo(source_dtype)
             x = jnp.clip(jnp.floor(x + 0.5), limits.min, limits.max).astype(source_dtype)
-    return x
+    return x.astype(source_dtype)
 
 
 def _nearest(x: Array, output_size: Sequence[int], scales: Sequence[float | None], exact: bool) -> Array:
