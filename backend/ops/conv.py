@@ -18,6 +18,7 @@ from jax import lax
 
 from tputrace.backend import matmul_precision
 
+from ._util import HALF_DTYPES, opmath
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -42,8 +43,9 @@ def _transposed_kernel(weight: Array, groups: int) -> Array:
     return jnp.flip(swapped, axis=tuple(range(2, swapped.ndim)))
 
 
-def conv_forward(input: Array, weight: Array, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Array:  # noqa: A002
-    """The convolution without bias."""
+def conv_forward(input: Array, weight: Array, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int, accumulator: jnp.dtype | None = None) -> Array:  # noqa: A002
+    """The convolution without bias; `accumulator` is the dtype it sums in and returns (default: the
+    operands')."""
     spatial = weight.ndim - 2
     stride, padding, dilation = _expand(stride, spatial), _expand(padding, spatial), _expand(dilation, spatial)
     numbers = _dimension_numbers(weight.ndim)
@@ -52,6 +54,7 @@ def conv_forward(input: Array, weight: Array, stride: Sequence[int], padding: Se
         return lax.conv_general_dilated(
             input, weight, window_strides=stride, padding=[(p, p) for p in padding], rhs_dilation=dilation,
             dimension_numbers=numbers, feature_group_count=groups, precision=precision,
+            preferred_element_type=accumulator,
         )
     output_padding = _expand(output_padding, spatial) if output_padding else (0,) * spatial
     kernel = weight.shape[2:]
@@ -59,14 +62,18 @@ def conv_forward(input: Array, weight: Array, stride: Sequence[int], padding: Se
     return lax.conv_general_dilated(
         input, _transposed_kernel(weight, groups), window_strides=(1,) * spatial, padding=pads, lhs_dilation=stride,
         rhs_dilation=dilation, dimension_numbers=numbers, feature_group_count=groups, precision=precision,
+        preferred_element_type=accumulator,
     )
 
 
 @lowers(aten.convolution.default, matmul_precision=True)
 def convolution(input: Array, weight: Array, bias: Array | None, stride: Sequence[int], padding: Sequence[int], dilation: Sequence[int], transposed: bool, output_padding: Sequence[int], groups: int) -> Array:  # noqa: A002
-    out = conv_forward(input, weight, stride, padding, dilation, transposed, output_padding, groups)
+    """Half-precision operands sum in float32 and the bias is added before the one rounding, as
+    torch's CPU and CUDA kernels do."""
+    accumulator = jnp.float32 if jnp.result_type(input, weight) in HALF_DTYPES else None
+    out = conv_forward(input, weight, stride, padding, dilation, transposed, output_padding, groups, accumulator)
     if bias is not None:
-        out = out + bias.reshape((1, -1) + (1,) * (out.ndim - 2))
+        out = out + opmath(bias).reshape((1, -1) + (1,) * (out.ndim - 2))
     return out
 
 
@@ -82,7 +89,7 @@ def convolution_backward(grad_output: Array, input: Array, weight: Array, bias_s
         grad_input = grad_input if output_mask[0] else None
         grad_weight = grad_weight if output_mask[1] else None
     if output_mask[2]:
-        grad_bias = jnp.sum(grad_output, axis=(0,) + tuple(range(2, grad_output.ndim)))
+        grad_bias = jnp.sum(opmath(grad_output), axis=(0,) + tuple(range(2, grad_output.ndim)))
     return grad_input, grad_weight, grad_bias
 
 
