@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
+from ._util import opmath
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -59,8 +60,9 @@ def embedding_bag(
         max_indices = jax.ops.segment_max(last_row, offset2bag, n_bags)
         empty = (counts == 0)[:, None]
         return jnp.where(empty, 0, output).astype(weight.dtype), offset2bag, bag_size, jnp.where(empty, 0, max_indices).astype(jnp.int64)
+    rows = opmath(rows)
     if per_sample_weights is not None:
-        rows = rows * per_sample_weights[:, None].astype(rows.dtype)
+        rows = rows * opmath(per_sample_weights)[:, None].astype(rows.dtype)
     output = jax.ops.segment_sum(jnp.where(valid[:, None], rows, 0), offset2bag, n_bags)
     if mode == _MEAN:
         output = output / jnp.maximum(counts, 1)[:, None].astype(output.dtype)
