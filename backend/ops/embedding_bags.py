@@ -87,7 +87,7 @@ def _weight_grad(
         occupied = (bag_size[:n_bags] > 0)[:, None]
         columns = jnp.broadcast_to(jnp.arange(width), (n_bags, width))
         return jnp.zeros((num_weights, width), grad.dtype).at[maximum_indices, columns].add(jnp.where(occupied, grad, 0))
-    rows = grad[offset2bag]
+    rows = opmath(grad[offset2bag])
     if per_sample_weights is not None:
         rows = rows * per_sample_weights[:, None].astype(rows.dtype)
     if mode == _MEAN:
@@ -99,7 +99,7 @@ def _weight_grad(
         rows = jnp.where((indices == padding_idx)[:, None], 0, rows)
     if closing_offset is not None:
         rows = jnp.where((jnp.arange(indices.shape[0]) < closing_offset)[:, None], rows, 0)
-    return jnp.zeros((num_weights, grad.shape[1]), grad.dtype).at[indices].add(rows)
+    return jnp.zeros((num_weights, grad.shape[1]), rows.dtype).at[indices].add(rows)
 
 
 @lowers(aten._embedding_bag_dense_backward.default)
@@ -124,5 +124,5 @@ def embedding_bag_backward(
 @lowers(aten._embedding_bag_per_sample_weights_backward.default)
 def embedding_bag_per_sample_weights_backward(grad: Array, weight: Array, indices: Array, offsets: Array, offset2bag: Array, mode: int, padding_idx: int = -1) -> Array:
     """Each sample weight's gradient (sum mode): its bag's output gradient dotted with its row."""
-    products = jnp.sum(grad[offset2bag] * jnp.take(weight, indices, axis=0), axis=1)
+    products = jnp.sum(opmath(grad[offset2bag]) * opmath(jnp.take(weight, indices, axis=0)), axis=1)
     return jnp.where(indices == padding_idx, 0, products) if padding_idx >= 0 else products
