@@ -16,7 +16,7 @@ from tputrace.backend import (
     op_routes, packed_sequences, process_sharing, safetensors_devices, sparse, torchscript, worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
-from tputrace.backend.ops import attention_route, register_all
+from tputrace.backend.ops import activation_route, attention_route, register_all
 
 BACKEND_NAME = "tpu"
 _registered = False
@@ -62,6 +62,7 @@ def register() -> None:
     op_routes.register()
     packed_sequences.register()
     attention_route.register()
+    activation_route.register()
     autocast.register()
     hooks.install()
     worker_errors.install()

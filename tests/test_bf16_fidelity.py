@@ -58,6 +58,16 @@ def _embedding_bag(weight: torch.Tensor, mode: str) -> torch.Tensor:
     return F.embedding_bag(indices, weight, offsets, mode=mode)
 
 
+def _gradient(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    """The gradient of fn at x for an upstream gradient, through autograd."""
+
+    def gradient(upstream: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        leaf = x.detach().requires_grad_()
+        return torch.autograd.grad(fn(leaf), leaf, upstream)[0]
+
+    return gradient
+
+
 CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ...]]] = {
     "cumsum_dtype": (lambda x: x.cumsum(0, dtype=x.dtype), ((256,),)),
     "cumprod_dtype": (lambda x: (x / 3 + 1).cumprod(1, dtype=x.dtype), ((64, 16),)),
@@ -79,6 +89,8 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ...]]
     "conv_transpose1d_bias": (F.conv_transpose1d, ((4, 8, 32), (8, 16, 3), (16,))),
     "embedding_bag_sum": (lambda w: _embedding_bag(w, "sum"), ((10, 32),)),
     "embedding_bag_mean": (lambda w: _embedding_bag(w, "mean"), ((10, 32),)),
+    "embedding_bag_sum_backward": (_gradient(lambda w: _embedding_bag(w, "sum")), ((3, 32), (10, 32))),
+    "silu_backward": (_gradient(F.silu), ((4096,), (4096,))),
 }
 
 

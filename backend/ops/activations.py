@@ -60,10 +60,24 @@ def silu(self: Array) -> Array:
     return x * jax.nn.sigmoid(x)
 
 
+@lowers(aten.silu_backward.default)
+def silu_backward(grad_output: Array, self: Array) -> Array:
+    x = opmath(self)
+    gate = jax.nn.sigmoid(x)
+    return opmath(grad_output) * gate * (1.0 + x * (1.0 - gate))
+
+
 @lowers(aten.mish.default)
 def mish(self: Array) -> Array:
     x = to_float(self)
     return x * jnp.tanh(jax.nn.softplus(x))
+
+
+@lowers(aten.mish_backward.default)
+def mish_backward(grad_output: Array, self: Array) -> Array:
+    x = opmath(self)
+    tanh_softplus = jnp.tanh(jax.nn.softplus(x))
+    return opmath(grad_output) * (tanh_softplus + x * jax.nn.sigmoid(x) * (1.0 - tanh_softplus * tanh_softplus))
 
 
 @lowers(aten.hardswish.default)
