@@ -91,6 +91,7 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ...]]
     "embedding_bag_mean": (lambda w: _embedding_bag(w, "mean"), ((10, 32),)),
     "embedding_bag_sum_backward": (_gradient(lambda w: _embedding_bag(w, "sum")), ((3, 32), (10, 32))),
     "silu_backward": (_gradient(F.silu), ((4096,), (4096,))),
+    "mish_backward": (_gradient(F.mish), ((4096,), (4096,))),
 }
 
 

@@ -16,6 +16,9 @@ import torch
 aten = torch.ops.aten
 _library: torch.library.Library | None = None
 
+# CompositeImplicitAutograd ops whose lowerings this route makes reachable.
+ROUTED_OPS = (aten.silu_backward.default, aten.mish_backward.default)
+
 
 def _as_one_op(op: torch._ops.OpOverload):
     def kernel(grad_output: torch.Tensor, self: torch.Tensor) -> torch.Tensor:
@@ -33,5 +36,5 @@ def register() -> None:
     if _library is not None:
         return
     _library = torch.library.Library("aten", "IMPL")
-    for op in (aten.silu_backward.default, aten.mish_backward.default):
+    for op in ROUTED_OPS:
         _library.impl(op._schema.name.split("::")[1], _as_one_op(op), "AutogradPrivateUse1")
