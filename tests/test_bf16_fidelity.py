@@ -58,14 +58,6 @@ def _embedding_bag(weight: torch.Tensor, mode: str) -> torch.Tensor:
     return F.embedding_bag(indices, weight, offsets, mode=mode)
 
 
-# Sampling points in [-1, 1], held in bfloat16 so that every dtype samples at the same points.
-_GRID = (torch.rand(2, 6, 6, 2, generator=torch.Generator().manual_seed(1)) * 2 - 1).to(torch.bfloat16)
-
-
-def _grid_sample(image: torch.Tensor) -> torch.Tensor:
-    return F.grid_sample(image, _GRID.to(image.device, image.dtype), align_corners=False)
-
-
 def _gradient(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     """The gradient of fn at x for an upstream gradient, through autograd."""
 
@@ -99,10 +91,6 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ...]]
     "embedding_bag_mean": (lambda w: _embedding_bag(w, "mean"), ((10, 32),)),
     "embedding_bag_sum_backward": (_gradient(lambda w: _embedding_bag(w, "sum")), ((3, 32), (10, 32))),
     "silu_backward": (_gradient(F.silu), ((4096,), (4096,))),
-    "grid_sample": (_grid_sample, ((2, 3, 8, 8),)),
-    "grid_sample_backward": (_gradient(_grid_sample), ((2, 3, 6, 6), (2, 3, 8, 8))),
-    "huber_loss": (lambda a, b: F.huber_loss(a, b, reduction="none", delta=2.5), ((4096,), (4096,))),
-    "cross": (torch.linalg.cross, ((1024, 3), (1024, 3))),
     "mish_backward": (_gradient(F.mish), ((4096,), (4096,))),
 }
 
@@ -114,9 +102,7 @@ def test_bfloat16_no_farther_from_float64_than_torch(case: str, mode: EagerMode)
     _check(fn, _inputs(torch.bfloat16, *shapes), torch.bfloat16, mode)
 
 
-@pytest.mark.parametrize(
-    "case", ["cumsum_dtype", "softmax_backward", "hardswish", "interpolate_bilinear", "conv1d_bias", "embedding_bag_sum", "glu", "grid_sample", "huber_loss", "cross"]
-)
+@pytest.mark.parametrize("case", ["cumsum_dtype", "softmax_backward", "hardswish", "interpolate_bilinear", "conv1d_bias", "embedding_bag_sum", "glu"])
 def test_float16_no_farther_from_float64_than_torch(case: str) -> None:
     fn, shapes = CASES[case]
     _check(fn, _inputs(torch.float16, *shapes), torch.float16, EagerMode.DEFER_NEVER)

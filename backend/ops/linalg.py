@@ -132,7 +132,7 @@ def scaled_mm(
 
 @lowers(aten.linalg_cross.default)
 def linalg_cross(self: Array, other: Array, *, dim: int = -1) -> Array:
-    self, other = jnp.broadcast_arrays(opmath(self), opmath(other))
+    self, other = jnp.broadcast_arrays(self, other)
     return jnp.cross(self, other, axis=canon_dim(dim, self.ndim))
 
 

@@ -139,17 +139,17 @@ def nll_loss_backward(grad_output: Array, self: Array, target: Array, weight: Ar
 
 @lowers(aten.mse_loss.default)
 def mse_loss(self: Array, target: Array, reduction: int = 1) -> Array:
-    return _reduce((opmath(self) - opmath(target)) ** 2, reduction)
+    return _reduce((self - target) ** 2, reduction)
 
 
 @lowers(aten.mse_loss_backward.default)
 def mse_loss_backward(grad_output: Array, self: Array, target: Array, reduction: int) -> Array:
-    return _reduce_grad(2.0 * (opmath(self) - opmath(target)) * opmath(grad_output), reduction, self.size)
+    return _reduce_grad(2.0 * (self - target) * grad_output, reduction, self.size)
 
 
 @lowers(aten.smooth_l1_loss.default)
 def smooth_l1_loss(self: Array, target: Array, reduction: int = 1, beta: float = 1.0) -> Array:
-    diff = jnp.abs(opmath(self) - opmath(target))
+    diff = jnp.abs(self - target)
     if beta == 0:
         return _reduce(diff, reduction)
     return _reduce(jnp.where(diff < beta, 0.5 * diff * diff / beta, diff - 0.5 * beta), reduction)
@@ -157,21 +157,21 @@ def smooth_l1_loss(self: Array, target: Array, reduction: int = 1, beta: float =
 
 @lowers(aten.smooth_l1_loss_backward.default)
 def smooth_l1_loss_backward(grad_output: Array, self: Array, target: Array, reduction: int, beta: float) -> Array:
-    grad_output, diff = opmath(grad_output), opmath(self) - opmath(target)
+    diff = self - target
     slope = jnp.sign(diff) if beta == 0 else jnp.where(jnp.abs(diff) < beta, diff / beta, jnp.sign(diff))
     return _reduce_grad(slope * grad_output, reduction, self.size)
 
 
 @lowers(aten.huber_loss.default)
 def huber_loss(self: Array, target: Array, reduction: int = 1, delta: float = 1.0) -> Array:
-    diff = jnp.abs(opmath(self) - opmath(target))
+    diff = jnp.abs(self - target)
     return _reduce(jnp.where(diff < delta, 0.5 * diff * diff, delta * (diff - 0.5 * delta)), reduction)
 
 
 @lowers(aten.huber_loss_backward.default)
 def huber_loss_backward(grad_output: Array, self: Array, target: Array, reduction: int, delta: float) -> Array:
-    slope = jnp.clip(opmath(self) - opmath(target), -delta, delta)
-    return _reduce_grad(slope * opmath(grad_output), reduction, self.size)
+    slope = jnp.clip(self - target, -delta, delta)
+    return _reduce_grad(slope * grad_output, reduction, self.size)
 
 
 @lowers(aten.soft_margin_loss.default)

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from ._util import HALF_DTYPES, UnloweredCase, opmath
+from ._util import HALF_DTYPES, UnloweredCase
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -279,9 +279,7 @@ def _cubic_weights(t: Array, a: float) -> list[Array]:
 @lowers(aten.grid_sampler_2d.default)
 def grid_sampler_2d(input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool) -> Array:  # noqa: A002
     """Bilinear (0), nearest (1) or bicubic (2) sampling. Bicubic pads each of its 16 taps (at integer
-    positions) rather than the sampling point, as torch does; the taps' indices carry no gradient.
-    Half-precision images and grids are sampled in float32 and rounded once."""
-    input, grid = opmath(input), opmath(grid)  # noqa: A001
+    positions) rather than the sampling point, as torch does; the taps' indices carry no gradient."""
     height, width = input.shape[-2:]
     x = _unnormalize(grid[..., 0], width, align_corners)
     y = _unnormalize(grid[..., 1], height, align_corners)
@@ -324,6 +322,6 @@ def grid_sampler_2d_backward(
     grad_output: Array, input: Array, grid: Array, interpolation_mode: int, padding_mode: int, align_corners: bool, output_mask: Sequence[bool]  # noqa: A002
 ) -> tuple[Array | None, Array | None]:
     """The gradients of `grid_sampler_2d` (a spatial transformer's backward), by differentiating its lowering."""
-    sampled, pullback = jax.vjp(lambda image, where: grid_sampler_2d(image, where, interpolation_mode, padding_mode, align_corners), input, grid)
-    grad_input, grad_grid = pullback(grad_output.astype(sampled.dtype))
+    _, pullback = jax.vjp(lambda image, where: grid_sampler_2d(image, where, interpolation_mode, padding_mode, align_corners), input, grid)
+    grad_input, grad_grid = pullback(grad_output)
     return (grad_input if output_mask[0] else None), (grad_grid if output_mask[1] else None)
