@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.data_dependent import cut, sized_step
+from tputrace.backend.data_dependent import cut, nonzero, sized_step
 from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import MASK_DTYPES, count_set
 from tputrace.backend.ops import sized
@@ -122,8 +122,7 @@ def _set_positions(dispatcher: Any, mask: Any) -> list[Any]:
     chip for a chip mask (only its count is read: a data-dependent sync), on the host for a host one."""
     if mask.device.type == "cpu":
         return _host_positions(mask)
-    count = count_set(dispatcher.to_host, mask)
-    return list(cut(aten.nonzero_static.default(mask, size=padded_length(count, mask.numel())), 0, count).unbind(1))
+    return list(nonzero(dispatcher, (mask,), {}).unbind(1))
 
 
 def _host_positions(mask: torch.Tensor) -> list[torch.Tensor]:
