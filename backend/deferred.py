@@ -7,7 +7,9 @@ signature, so a steady-state step traces and compiles nothing.
 
 The pending graph holds the concrete arrays it reads and weak references to the buffers it will
 write; a buffer that dies before the flush is not an output, and XLA drops its computation. Arrays
-that an in-place update replaced are donated to the program.
+that an in-place update replaced are donated to the program. Where a backward pass starts inside a
+graph, the forward values it reads pass through an optimization barrier, so the program keeps what
+autograd saved and not the forward's intermediates that XLA would otherwise share with the backward.
 """
 
 from __future__ import annotations
@@ -78,6 +80,7 @@ class PendingGraph:
     op_records: list[tuple] = field(default_factory=list)
     record_nodes: list[int] = field(default_factory=list)  # the node of each op record (view reads have no record)
     scalars: tuple[list, ...] = field(default_factory=lambda: ([], [], [], []))
+    backward_from: int | None = None  # the first node a backward pass recorded (see `mark_backward`)
     flushed: bool = False
 
     def packed_scalars(self) -> list[np.ndarray]:
@@ -250,6 +253,14 @@ class DeferredExecutor:
                 if graph.nodes:
                     self.flush_graph(graph, trigger)
 
+    def mark_backward(self) -> None:
+        """A backward pass starts: what it reads of the ops recorded before it becomes a fence in the
+        program (`_saved_values`), so XLA keeps what autograd saved and no more."""
+        with self.lock:
+            for graph in self.graphs.values():
+                if graph.backward_from is None and graph.nodes:
+                    graph.backward_from = len(graph.nodes)
+
     def synchronize(self) -> None:
         self.flush("explicit")
         if self.last_outputs:
@@ -285,7 +296,7 @@ class DeferredExecutor:
                     outputs.setdefault((value.node, value.index), []).append(value)
         output_refs = tuple(outputs)
         donate = self._donatable(graph)
-        structure = (tuple((id(plan), refs) for plan, refs in graph.nodes), output_refs, donate)
+        structure = (tuple((id(plan), refs) for plan, refs in graph.nodes), output_refs, donate, graph.backward_from)
         in_specs = tuple(_input_spec(value) for value in graph.inputs)
         key = (structure, in_specs)
         fused = self.programs.get(key)
@@ -345,11 +356,15 @@ class DeferredExecutor:
         nodes = list(graph.nodes)
 
         n_arrays = len(graph.inputs)
+        fence_at = graph.backward_from
+        saved = _saved_values(nodes, fence_at) if fence_at is not None else ()
 
         def fused(*inputs: Any) -> tuple:
             packed = inputs[n_arrays:]
             values: list[tuple] = []
-            for plan, refs in nodes:
+            for position, (plan, refs) in enumerate(nodes):
+                if position == fence_at and saved:
+                    _fence(values, saved)
                 args = [
                     inputs[ref[1]] if ref[0] == 0 else values[ref[1]][ref[2]] if ref[0] == 1 else _unpack(packed, ref[1], ref[2])
                     for ref in refs
@@ -406,7 +421,7 @@ class DeferredExecutor:
                 return "recompile", f"structure change at op {index}{where}: {old_plan.op_name} -> {plan.op_name}"
         if len(old_nodes) != len(nodes):
             return "recompile", f"structure change: {len(old_nodes)} ops -> {len(nodes)} ops"
-        return "recompile", f"same {len(nodes)} ops; the values kept after the flush or the donated inputs changed"
+        return "recompile", f"same {len(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
         if fused.program.hlo_text and fused.program_id is not None:
@@ -420,6 +435,22 @@ class DeferredExecutor:
         recorder.flushed(flush_id, fused.program_id, trigger, len(graph.nodes), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)
+
+
+def _saved_values(nodes: Sequence[tuple[Plan, tuple]], backward_from: int) -> tuple[tuple[int, int], ...]:
+    """The values of ops recorded before a backward pass that its ops read: autograd's saved tensors."""
+    return tuple(sorted({(ref[1], ref[2]) for _, refs in nodes[backward_from:] for ref in refs if ref[0] == 1 and ref[1] < backward_from}))
+
+
+def _fence(values: list[tuple], saved: Sequence[tuple[int, int]]) -> None:
+    """Pass the saved values through one optimization barrier. Without it XLA merges the backward's
+    recomputations with the forward's intermediates (gelu's backward recomputes the forward's erfc)
+    and keeps those intermediates alive from the forward to the backward, beyond what autograd saved."""
+    fenced = jax.lax.optimization_barrier([values[node][index] for node, index in saved])
+    for (node, index), value in zip(saved, fenced):
+        outputs = list(values[node])
+        outputs[index] = value
+        values[node] = tuple(outputs)
 
 
 def _unpack(packed: Sequence[Any], kind: int, position: int) -> Any:

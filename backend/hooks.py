@@ -47,9 +47,14 @@ def backward_started() -> None:
     """Ops of the backward pass run on autograd's thread: give them the line that called backward()."""
     from tputrace import recorder as recorder_module
 
+    from tputrace.backend.dispatch import dispatcher
+
     recorder = recorder_module.active()
     if recorder is not None and recorder.enabled:
         recorder.backward_frame = recorder.frame_id()
+    mark_backward = getattr(dispatcher.executor, "mark_backward", None)
+    if mark_backward is not None:
+        mark_backward()
 
 
 def flush_pending(trigger: str) -> None:
