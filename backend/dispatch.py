@@ -396,10 +396,10 @@ class Dispatcher:
             if spec.storage_order is not None:
                 return self._channels_last_output(values[0], spec, chip)
             if executor.deferred:
-                output = new_tensor(values[0], chip, spec.shape, spec.dtype, 0)
+                output = new_tensor(values[0], chip, spec.buffer_spec, 0)
                 executor.own(output._buf)
             else:
-                output = new_tensor(values[0], chip, spec.shape, spec.dtype, spec.nbytes)
+                output = new_tensor(values[0], chip, spec.buffer_spec, spec.nbytes)
             return output
         outputs = [None if spec is None else self._new_output(value, spec, chip) for value, spec in zip(values, plan.out_specs)]
         structure = plan.out_structure
@@ -414,10 +414,10 @@ class Dispatcher:
             return self._channels_last_output(value, spec, chip)
         executor = self.executor
         if executor.deferred:
-            output = new_tensor(value, chip, spec.shape, spec.dtype, 0)
+            output = new_tensor(value, chip, spec.buffer_spec, 0)
             executor.own(output._buf)
             return output
-        return new_tensor(value, chip, spec.shape, spec.dtype, spec.nbytes)
+        return new_tensor(value, chip, spec.buffer_spec, spec.nbytes)
 
     def _channels_last_output(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
         """A channels-last output: its buffer holds the value's dims in storage order (one transpose,

@@ -71,6 +71,12 @@ class OutSpec:
     nbytes: int
     strides: tuple[int, ...] | None = None
     storage_order: tuple[int, ...] | None = None
+    # (shape, dtype) as a plan key reads the output when an op takes it: one tuple shared by every
+    # buffer made for this output, so no op allocates it and keys compare it by identity.
+    buffer_spec: tuple = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "buffer_spec", (self.shape, self.dtype))
 
 
 @dataclass

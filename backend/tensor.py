@@ -679,9 +679,11 @@ def channels_last_tensor(buf: Buffer, shape: tuple[int, ...], strides: tuple[int
     return view_tensor(buf, geometry(shape, strides, 0, dtype, buf.chip), ViewChain.root(permute_step(inverse)))
 
 
-def new_tensor(array: jax.Array | Any, chip: int, shape: tuple[int, ...], dtype: torch.dtype, nbytes: int) -> TpuTensor:
-    """A fresh (non-view) tpu tensor owning `array` (the dispatcher's hot path)."""
+def new_tensor(array: jax.Array | Any, chip: int, spec: tuple[tuple[int, ...], torch.dtype], nbytes: int) -> TpuTensor:
+    """A fresh (non-view) tpu tensor owning `array`, of `spec` = (shape, dtype), which its buffer
+    keeps as its plan-key spec (the dispatcher's hot path)."""
+    shape, dtype = spec
     device = _DEVICES.get(chip) or torch_device(chip)
     tensor = _make_wrapper(TpuTensor, shape, dtype=dtype, device=device)
-    tensor._buf = Buffer(array, chip, nbytes, (shape, dtype))
+    tensor._buf = Buffer(array, chip, nbytes, spec)
     return tensor

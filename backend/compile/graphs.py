@@ -283,7 +283,7 @@ def _alias_base(
 def _result_tensor(array: Any, chip: int, dtype: torch.dtype, stored: output_layouts.StoredLayout | None) -> TpuTensor:
     """A fresh tensor over one program result; a channels-last one (`output_layouts`) if stored so."""
     if stored is None:
-        return new_tensor(array, chip, tuple(array.shape), dtype, array.nbytes)
+        return new_tensor(array, chip, (tuple(array.shape), dtype), array.nbytes)
     return output_layouts.wrap(array, chip, dtype, stored)
 
 
