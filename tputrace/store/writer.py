@@ -9,6 +9,12 @@ committed row never references an uncommitted string or frame.
 The file is in WAL mode while the writer runs. Indexes are built on `close()` (cheaper than keeping
 them up to date on every insert, and they come out packed); `close()` then checkpoints and leaves
 the trace as a single file. A trace from a killed run has no indexes, which only makes queries slower.
+
+Fork. An SQLite connection must never be used, or even closed, in a forked child: its in-process
+lock state is a copy of the parent's, and closing it can checkpoint and delete the parent's WAL. So
+around `os.fork()` every open writer commits what it has and closes its connection, the parent
+reopens it afterwards, and the child gets no connection: its copy of the writer is closed, and rows
+appended to it are ignored.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import os
 import sqlite3
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime, timezone
@@ -47,6 +54,9 @@ _SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
 _ROWS_PER_STATEMENT = 16
 # What a malformed row raises (wrong arity, unsupported type, integer over 64 bits).
 _ROW_ERRORS = (sqlite3.Error, ValueError, TypeError, OverflowError)
+
+_open_writers: weakref.WeakSet[TraceWriter] = weakref.WeakSet()
+_fork_hooks_registered = False
 
 
 class TraceWriter:
@@ -87,6 +97,8 @@ class TraceWriter:
         self._id_counters.pop("strings")
         self._id_counters.pop("frames")
 
+        self._pid = os.getpid()
+        self._closed_for_fork = False
         self._connection = self._create_file(created_unix_ns)
         self._db_lock = threading.Lock()
         self._close_lock = threading.Lock()
@@ -94,6 +106,8 @@ class TraceWriter:
         self._thread = threading.Thread(target=self._commit_loop, name="tputrace-writer", daemon=True)
         self._thread.start()
         atexit.register(self.close)
+        _open_writers.add(self)
+        _register_fork_hooks()
 
     # -- hot path -------------------------------------------------------------------------------
 
@@ -146,6 +160,10 @@ class TraceWriter:
         assignments = ", ".join(f"{name} = ?" for name in values)
         self._statements.append((f"UPDATE runs SET {assignments} WHERE rank = ?", (*values.values(), rank)))
 
+    def set_meta(self, key: str, value: str) -> None:
+        """Set one `meta` entry (a fact about the whole file, such as the process it was forked from)."""
+        self._statements.append(("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", (key, value)))
+
     # -- lifecycle ------------------------------------------------------------------------------
 
     def flush(self) -> None:
@@ -194,16 +212,44 @@ class TraceWriter:
 
     # -- internals ------------------------------------------------------------------------------
 
+    # -- fork: the connection is closed across os.fork() and never reaches the child --------------
+
+    def _close_before_fork(self) -> None:
+        """Commit what is queued and close the connection; `_db_lock` stays held until after the fork."""
+        if self._closed:
+            return
+        self._drain_and_commit()
+        self._db_lock.acquire()
+        self._connection.close()
+        self._closed_for_fork = True
+
+    def _reopen_after_fork(self) -> None:
+        """In the parent: reopen the connection closed by `_close_before_fork`."""
+        if not self._closed_for_fork:
+            return
+        self._closed_for_fork = False
+        try:
+            self._connection = _connect(self.path)
+        except sqlite3.Error as error:
+            self._note_error(f"reopening the trace after a fork failed: {error}", 0)
+        finally:
+            self._db_lock.release()
+
+    def _abandon_in_child(self) -> None:
+        """In a forked child: this copy of the parent's writer never touches the file again."""
+        self._closed = True
+        self._connection = None
+        atexit.unregister(self.close)
+        for row_queue in (*self._row_queues.values(), self._statements, self._string_rows, self._frame_rows):
+            row_queue.clear()
+
     def _create_file(self, created_unix_ns: int | None) -> sqlite3.Connection:
         for suffix in ("", *_SIDECAR_SUFFIXES):
             stale = Path(f"{self.path}{suffix}")
             if stale.is_file():
                 stale.unlink()
         try:
-            connection = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
-            connection.execute("PRAGMA journal_mode=WAL")
-            connection.execute("PRAGMA synchronous=NORMAL")
-            connection.execute("PRAGMA wal_autocheckpoint=10000")
+            connection = _connect(self.path)
             created_ns = time.time_ns() if created_unix_ns is None else created_unix_ns
             created = datetime.fromtimestamp(created_ns / 1e9, tz=timezone.utc)
             meta = {
@@ -326,6 +372,41 @@ class TraceWriter:
             raise TraceWriteError(
                 f"{self.dropped_rows} rows could not be stored in {self.path}; first error: {self._first_error}"
             )
+
+
+def _connect(path: Path) -> sqlite3.Connection:
+    """The writer's connection: autocommit (the writer opens its own transactions), WAL, any thread."""
+    connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    connection.execute("PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute("PRAGMA wal_autocheckpoint=10000")
+    return connection
+
+
+def _register_fork_hooks() -> None:
+    """Close every open writer's connection across `os.fork()` (once per process, on first use)."""
+    global _fork_hooks_registered
+    if _fork_hooks_registered:
+        return
+    os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+    _fork_hooks_registered = True
+
+
+def _before_fork() -> None:
+    for writer in list(_open_writers):
+        writer._close_before_fork()
+
+
+def _after_fork_in_parent() -> None:
+    for writer in list(_open_writers):
+        writer._reopen_after_fork()
+
+
+def _after_fork_in_child() -> None:
+    inherited = [writer for writer in _open_writers if writer._pid != os.getpid()]
+    for writer in inherited:
+        writer._abandon_in_child()
+        _open_writers.discard(writer)
 
 
 def _take(queue: deque[Any]) -> list[Any]:
