@@ -20,6 +20,10 @@ Ranks that died. A rank whose trace is missing gets a `runs` row whose `error` s
 trace ends without an end record (killed) keeps its rows and gets an `error` saying it died (with the
 launcher's reason when known). A rank that ended on its own with a failure keeps its own exit status
 and error. `meta.merge` holds the same facts as JSON.
+
+Forked processes. A trace recorded by a process forked under `tputrace run` (`meta.forked_from`) is
+one more rank, not a distributed one: it does not count towards the world size, and the merged
+trace lists it in `meta.forks` (`tputrace.forks`).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tputrace.forks import FORKS_META_KEY, ForkOrigin, fork_origins, forks_meta
 from tputrace.schema import COLLECTIVES, RECORD_KINDS, RUNS, RecordKind
 from tputrace.store.errors import TputraceError
 from tputrace.store.reader import Trace, open_trace
@@ -83,10 +88,13 @@ class MergeResult:
     offsets_ns: dict[str, int] = field(default_factory=dict)
     matched_collectives: int = 0
     waits_filled: int = 0
+    forks: dict[int, ForkOrigin] = field(default_factory=dict)
 
     def lines(self) -> list[str]:
         """The merge, in a few lines for people."""
-        lines = [f"merged {len(self.ranks)} of {self.world_size} ranks into {self.output} ({self.clock})"]
+        distributed = len([rank for rank in self.ranks if rank not in self.forks])
+        forked = f" and {len(self.forks)} forked processes" if self.forks else ""
+        lines = [f"merged {distributed} of {self.world_size} ranks{forked} into {self.output} ({self.clock})"]
         for host, offset in sorted(self.offsets_ns.items()):
             if offset:
                 lines.append(f"  clock of {host}: {offset / 1e6:+.3f} ms from the reference host")
@@ -98,6 +106,8 @@ class MergeResult:
             lines.append(f"  rank {rank} failed: {why}")
         for rank, why in sorted(self.missing.items()):
             lines.append(f"  rank {rank} is missing: {why}")
+        for rank, origin in sorted(self.forks.items()):
+            lines.append(f"  rank {rank} is process {origin.pid}, forked from rank {origin.parent_rank} (process {origin.parent_pid})")
         return lines
 
     def meta(self) -> dict[str, Any]:
@@ -291,11 +301,13 @@ def _placeholder_run(rank: int) -> RunInfo:
 
 def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] | None, failures: dict[int, str], align: str) -> MergeResult:
     runs = {rank: run for source in sources for rank, run in source.runs.items()}
-    world_size = max([run.world_size or 0 for run in runs.values()] + [max(runs) + 1])
+    forks = {rank: origin for source in sources for rank, origin in fork_origins(source.trace.meta).items() if rank in runs}
+    distributed = [rank for rank in runs if rank not in forks] or list(runs)
+    world_size = max([runs[rank].world_size or 0 for rank in distributed] + [max(distributed) + 1])
     expected = sorted(set(expected_ranks) if expected_ranks is not None else set(range(world_size)))
     if expected_ranks is not None and expected:
         world_size = max(world_size, expected[-1] + 1)
-    result = MergeResult(output, sorted(runs), world_size)
+    result = MergeResult(output, sorted(runs), world_size, forks=forks)
 
     known_starts = [run.start_unix_ns for run in runs.values() if run.start_unix_ns is not None]
     starts = {rank: run.start_unix_ns if run.start_unix_ns is not None else min(known_starts, default=0) for rank, run in runs.items()}
@@ -325,7 +337,9 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
         if rank not in runs:
             result.missing[rank] = failures.get(rank, "no trace from this rank (it did not start recording, or its trace was not given)")
     for rank, run in runs.items():
-        if run.end_ns is None:
+        if run.end_ns is None and rank in forks:
+            result.died[rank] = "its trace ends without an end record (it ended through os._exit, was killed, or was still running when the recording ended)"
+        elif run.end_ns is None:
             result.died[rank] = failures.get(rank, "its trace ends without an end record (the process was killed or crashed)")
         elif run.exit_status:
             result.failed[rank] = _failure_text(run)
@@ -340,7 +354,10 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
             writer.set_run(rank=rank, world_size=world_size, start_unix_ns=origin, error=f"rank {rank} is missing from this trace: {why}")
     finally:
         writer.close()
-    _write_meta(output, {"merge": json.dumps(result.meta()), "merged_from": json.dumps([str(source.trace.path) for source in sources])})
+    merge_meta = {"merge": json.dumps(result.meta()), "merged_from": json.dumps([str(source.trace.path) for source in sources])}
+    if forks:
+        merge_meta[FORKS_META_KEY] = forks_meta(forks)
+    _write_meta(output, merge_meta)
     return result
 
 

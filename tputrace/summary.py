@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
+from tputrace.forks import ForkOrigin, fork_origins
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
@@ -51,6 +52,36 @@ class RunSummary:
     fallback_ns: int
     top_fallbacks: tuple[FallbackStat, ...]
     collectives: tuple[CollectiveStat, ...]
+    forked: tuple[ForkedProcess, ...] = ()
+
+
+@dataclass(frozen=True)
+class ForkedProcess:
+    """A process forked during the recording (its own rank in the trace) and what it recorded."""
+
+    origin: ForkOrigin
+    op_count: int
+    compile_count: int
+    exit_status: int | None
+    finished: bool
+
+
+def forked_processes(trace: Trace) -> tuple[ForkedProcess, ...]:
+    """The trace's forked processes, in rank order."""
+    runs = {run.rank: run for run in trace.runs}
+    forked = []
+    for rank, origin in sorted(fork_origins(trace.meta).items()):
+        run = runs.get(rank)
+        forked.append(
+            ForkedProcess(
+                origin,
+                trace.count("ops", where="rank = ?", params=(rank,)),
+                trace.count("compiles", where="rank = ?", params=(rank,)),
+                run.exit_status if run else None,
+                bool(run and run.finished),
+            )
+        )
+    return tuple(forked)
 
 
 def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSummary:
@@ -82,6 +113,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         fallback_ns=sum(stat.total_ns for stat in fallbacks),
         top_fallbacks=tuple(fallbacks[:top]),
         collectives=tuple(trace.collective_stats(rank=chosen_rank)),
+        forked=forked_processes(trace),
     )
 
 
@@ -151,7 +183,9 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         for part in (run.platform, _count(run.chips, "chip") if run.chips is not None else None, run.eager_mode)
         if part
     )
-    ranks = f"rank {summary.rank} of {len(summary.ranks)}" if len(summary.ranks) > 1 else None
+    forked_ranks = {process.origin.rank for process in summary.forked}
+    distributed = [rank for rank in summary.ranks if rank not in forked_ranks]
+    ranks = f"rank {summary.rank} of {len(distributed)}" if len(distributed) > 1 else None
     if run.exit_status is None:
         ending = "no end record (still running, or killed)"
     elif run.error:
@@ -262,7 +296,19 @@ def sections(summary: RunSummary) -> list[Section]:
                 (False, True, True, True, True),
             )
         )
+    if summary.forked:
+        result.append(Section(f"forked processes: {len(summary.forked)}", lines=tuple(_forked_line(process) for process in summary.forked)))
     return [section for section in result if section.rows or section.lines]
+
+
+def _forked_line(process: ForkedProcess) -> str:
+    origin = process.origin
+    recorded = f"{_count(process.op_count, 'op')}, {_count(process.compile_count, 'compile')}"
+    if process.finished:
+        ending = f"exit {process.exit_status}"
+    else:
+        ending = "no end record (it ended through os._exit, was killed, or outlived the recording): its last ops may be missing"
+    return f"rank {origin.rank}: process {origin.pid}, forked from rank {origin.parent_rank} (process {origin.parent_pid}): {recorded}, {ending}"
 
 
 # -- rendering ------------------------------------------------------------------------------------
