@@ -19,7 +19,8 @@ import time
 import weakref
 from typing import Any
 
-from tputrace import __version__, sourceloc
+from tputrace import __version__, fork_recording, sourceloc
+from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
@@ -40,9 +41,30 @@ def _finished(reference: weakref.ref) -> bool:
 class Recorder:
     """One recording: a trace writer plus the context (step, module path, source) of each record."""
 
-    def __init__(self, path: str | None, *, script: str, argv: list[str], mode: str, rank: int = 0, world_size: int = 1) -> None:
+    def __init__(
+        self,
+        path: str | None,
+        *,
+        script: str,
+        argv: list[str],
+        mode: str,
+        rank: int = 0,
+        world_size: int = 1,
+        fork_root: str | None = None,
+        root_rank: int | None = None,
+        forked_from: ForkOrigin | None = None,
+    ) -> None:
         self.path = path
         self.rank = rank
+        self.world_size = world_size
+        self.script = script
+        self.argv = list(argv)
+        self.mode = mode
+        self.pid = os.getpid()
+        # The trace that processes forked during this recording are merged into, and its rank.
+        self.fork_root = fork_root if fork_root is not None else path
+        self.root_rank = rank if root_rank is None else root_rank
+        self.forked_from = forked_from
         self.t0 = _perf_ns()
         self.start_unix_ns = time.time_ns()
         self.writer = TraceWriter(path, rank=rank, created_unix_ns=self.start_unix_ns) if path else None
@@ -62,7 +84,6 @@ class Recorder:
         self.main_thread = threading.get_ident()
         self.backward_frame: int | None = None
         self.module_names: dict[int, str] = {}
-        self._mode = mode
         self._executions: queue.SimpleQueue | None = None
         self._watcher: threading.Thread | None = None
         if self.writer is not None:
@@ -74,9 +95,11 @@ class Recorder:
                 argv=list(argv),
                 cwd=os.getcwd(),
                 host=socket.gethostname(),
-                pid=os.getpid(),
+                pid=self.pid,
                 start_unix_ns=self.start_unix_ns,
             )
+            if forked_from is not None:
+                self.writer.set_meta(FORKED_FROM_META_KEY, forked_from.to_json())
 
     # ----------------------------------------------------------------- context
     def now(self) -> int:
@@ -499,11 +522,26 @@ def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer"
     eager = {"defer": EagerMode.DEFER_AND_FUSE, "strict": EagerMode.DEFER_NEVER, "blocking": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING}.get(mode)
     if eager is not None:
         set_eager_mode(eager)
+    if path is not None:
+        fork_recording.clear_stale(path)
     recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
     _active = recorder
     _explicit_steps_seen = False
     hooks.attach(recorder)
+    fork_recording.install()
     return recorder
+
+
+def continue_in_forked_child(recorder: Recorder | None) -> None:
+    """In a process just forked from a recording one: record into `recorder` (None: record nothing)
+    instead of the parent's recording, whose writer this process must never use."""
+    global _active
+    from tputrace.backend import hooks
+
+    hooks.detach()
+    _active = recorder
+    if recorder is not None:
+        hooks.attach(recorder)
 
 
 def stop(exit_status: int, error: str | None = None) -> None:
@@ -527,12 +565,19 @@ def stop(exit_status: int, error: str | None = None) -> None:
     run_fields = {
         "chips": chips.count(),
         "platform": chips.platform(),
-        "eager_mode": "COMPILE" if recorder._mode == "compile" else eager_mode().value,
+        "eager_mode": "COMPILE" if recorder.mode == "compile" else eager_mode().value,
         "torch_version": torch.__version__,
         "jax_version": jax.__version__,
         "tputrace_version": __version__,
     }
     recorder.finish(exit_status, error, run_fields)
+    if recorder.path is None:
+        return
+    if recorder.forked_from is not None:
+        if fork_recording.recorded_nothing(recorder):
+            fork_recording.discard(recorder.path)
+        return
+    fork_recording.merge_forked(recorder.path, recorder.rank)
 
 
 def live_counts() -> dict[str, int]:

@@ -104,7 +104,10 @@ def run(args: argparse.Namespace) -> int:
     if trace_path is not None:
         check_trace_path(trace_path)
     recorder = importlib.import_module("tputrace.recorder")
+    launcher_pid = os.getpid()
     exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode)
+    if os.getpid() != launcher_pid:
+        return exit_status  # a process the script forked: the parent reports, with this one merged in
     if trace_path is not None and not args.no_summary:
         report(trace_path)
         if getattr(args, "tui", False):
