@@ -1,0 +1,218 @@
+"""Processes forked under `tputrace run`: the parent's trace stays whole, and a child forked before the
+parent's first tpu op is recorded in the same trace under a rank of its own (real runs, real JAX)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import tputrace
+from tputrace.forks import fork_origins, forks_dir
+from tputrace.store.reader import Trace
+from tputrace.store.writer import TraceWriter
+
+REPO_ROOT = Path(tputrace.__file__).resolve().parent.parent
+RUN_TIMEOUT_S = 300
+
+
+def _run(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """`tputrace run` of a script written to tmp_path; returns the finished process and the trace's path."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(body))
+    trace_path = tmp_path / "train.tptrace"
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
+    result = subprocess.run(
+        [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=RUN_TIMEOUT_S,
+        cwd=tmp_path,
+        env=environment,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "could not be stored" not in result.stderr, result.stderr
+    assert not forks_dir(trace_path).exists()
+    return result, trace_path
+
+
+def _printed(result: subprocess.CompletedProcess[str]) -> dict[str, object]:
+    """What the script printed as `name json` lines."""
+    values = {}
+    for line in result.stdout.splitlines():
+        name, _, value = line.partition(" ")
+        values[name] = json.loads(value)
+    return values
+
+
+def _op_counts(trace: Trace, rank: int) -> dict[str, int]:
+    return dict(trace.sql("SELECT s.text, COUNT(*) FROM ops o JOIN strings s ON s.id = o.op_sid WHERE o.rank = ? GROUP BY s.text", (rank,)))
+
+
+def test_a_child_forked_before_the_first_tpu_op_is_recorded_as_its_own_rank(tmp_path: Path) -> None:
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import json, os, sys
+        import torch
+        print("parent_pid", os.getpid(), flush=True)
+        pid = os.fork()
+        if pid == 0:
+            x = torch.arange(16.0, device="tpu").reshape(4, 4)
+            print("child", json.dumps([os.getpid(), (x @ x).sum().item()]), flush=True)
+            sys.exit(0)
+        _, status = os.waitpid(pid, 0)
+        a = torch.arange(16.0, device="tpu").reshape(4, 4) / 16
+        for _ in range(3):
+            a = torch.relu(a @ a - 0.1)
+        print("parent", a.sum().item())
+        """,
+    )
+    printed = _printed(result)
+    child_pid, child_value = printed["child"]
+    cpu = torch_cpu_values()
+    assert child_value == pytest.approx(cpu["child"])
+    assert printed["parent"] == pytest.approx(cpu["parent"], rel=1e-5)
+    assert result.stderr.count("tputrace: trace saved to") == 1
+    with tputrace.open(trace_path) as trace:
+        assert trace.sql("PRAGMA integrity_check") == [("ok",)]
+        runs = {run.rank: run for run in trace.runs}
+        assert sorted(runs) == [0, 1]
+        assert runs[0].pid == printed["parent_pid"] and runs[1].pid == child_pid
+        assert runs[0].exit_status == 0 and runs[1].exit_status == 0 and runs[1].world_size == 1
+        origin = fork_origins(trace.meta)[1]
+        assert (origin.pid, origin.parent_rank, origin.parent_pid) == (child_pid, 0, printed["parent_pid"])
+        parent_ops, child_ops = _op_counts(trace, 0), _op_counts(trace, 1)
+        assert parent_ops["aten.mm.default"] == 3 and parent_ops["aten.relu.default"] == 3
+        assert child_ops["aten.mm.default"] == 1 and "aten.relu.default" not in child_ops
+        assert trace.count("compiles", where="rank = 1") >= 1
+        assert [sync.kind for sync in trace.records("syncs", where="rank = 1")] == ["item"]
+    assert "forked processes: 1" in result.stderr
+    assert f"rank 1: process {child_pid}, forked from rank 0" in result.stderr
+
+
+def torch_cpu_values() -> dict[str, float]:
+    """The values the fork scripts compute, on the CPU."""
+    import torch
+
+    x = torch.arange(16.0).reshape(4, 4)
+    a = x / 16
+    for _ in range(3):
+        a = torch.relu(a @ a - 0.1)
+    return {"child": (x @ x).sum().item(), "parent": a.sum().item()}
+
+
+def test_multiprocessing_fork_children_are_recorded_with_their_exit(tmp_path: Path) -> None:
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import json, multiprocessing
+        import torch
+
+        def square_sum(results):
+            results.put((torch.arange(6.0, device="tpu") ** 2).sum().item())
+
+        def fail_after_an_op():
+            torch.ones(3, device="tpu").add_(1).sum().item()
+            raise ValueError("the child failed")
+
+        if __name__ == "__main__":
+            context = multiprocessing.get_context("fork")
+            results = context.Queue()
+            good = context.Process(target=square_sum, args=(results,))
+            good.start()
+            value = results.get()
+            good.join()
+            bad = context.Process(target=fail_after_an_op)
+            bad.start()
+            bad.join()
+            print("children", json.dumps([good.pid, bad.pid, bad.exitcode, value]))
+        """,
+    )
+    good_pid, bad_pid, bad_exit, value = _printed(result)["children"]
+    assert value == pytest.approx(sum(number**2 for number in range(6))) and bad_exit == 1
+    with tputrace.open(trace_path) as trace:
+        origins = fork_origins(trace.meta)
+        ranks_by_pid = {origin.pid: rank for rank, origin in origins.items()}
+        assert sorted(origins) == [1, 2] and set(ranks_by_pid) == {good_pid, bad_pid}
+        runs = {run.rank: run for run in trace.runs}
+        good, bad = runs[ranks_by_pid[good_pid]], runs[ranks_by_pid[bad_pid]]
+        assert good.exit_status == 0 and good.error is None
+        assert bad.exit_status == 1 and "ValueError: the child failed" in bad.error
+        assert "aten.pow.Tensor_Scalar" in _op_counts(trace, good.rank)
+        assert "aten.add_.Tensor" in _op_counts(trace, bad.rank)
+        assert trace.count("ops", where="rank = 0") == 0
+
+
+def test_a_child_that_ends_through_os_exit_is_listed_without_an_end_record(tmp_path: Path) -> None:
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import os
+        import torch
+        pid = os.fork()
+        if pid == 0:
+            torch.ones(2, device="tpu").sum().item()
+            os._exit(0)
+        os.waitpid(pid, 0)
+        print("parent", (torch.ones(3, device="tpu") * 2).sum().item())
+        """,
+    )
+    assert _printed(result)["parent"] == 6.0
+    with tputrace.open(trace_path) as trace:
+        runs = {run.rank: run for run in trace.runs}
+        assert sorted(runs) == [0, 1] and runs[0].finished and not runs[1].finished
+        assert "aten.mul.Tensor" in _op_counts(trace, 0)
+    assert "no end record (it ended through os._exit" in result.stderr
+
+
+def test_data_loader_workers_forked_after_the_runtime_started_leave_the_trace_whole(tmp_path: Path) -> None:
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        data = TensorDataset(torch.randn(64, 8), torch.randint(0, 2, (64,)))
+        model = torch.nn.Linear(8, 2).to("tpu")
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        batches = 0
+        for inputs, labels in DataLoader(data, batch_size=16, num_workers=2, multiprocessing_context="fork"):
+            loss = torch.nn.functional.cross_entropy(model(inputs.to("tpu")), labels.to("tpu"))
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            batches += 1
+        print("batches", batches)
+        """,
+    )
+    assert _printed(result)["batches"] == 4
+    with tputrace.open(trace_path) as trace:
+        assert trace.ranks == [0] and not fork_origins(trace.meta)
+        assert len(list(trace.records("steps", where="source = 'optimizer'"))) == 4
+        assert _op_counts(trace, 0)["aten.addmm.default"] == 4
+    assert "forked processes" not in result.stderr
+
+
+def test_a_forked_child_never_writes_into_the_parents_trace_file(tmp_path: Path) -> None:
+    trace_path = tmp_path / "writer.tptrace"
+    writer = TraceWriter(trace_path)
+    writer.append("annotations", (0, writer.intern("before fork"), "annotate", 0, 1, None, 0))
+    pid = os.fork()
+    if pid == 0:
+        writer.append("annotations", (0, writer.intern("in the child"), "annotate", 2, 1, None, 0))
+        writer.close()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    writer.append("annotations", (0, writer.intern("after fork"), "annotate", 4, 1, None, 0))
+    writer.close()
+    assert status == 0
+    with tputrace.open(trace_path) as trace:
+        names = [trace.string(sid) for (sid,) in trace.sql("SELECT name_sid FROM annotations ORDER BY start_ns")]
+        assert names == ["before fork", "after fork"]
+        assert trace.sql("PRAGMA integrity_check") == [("ok",)]
