@@ -21,14 +21,14 @@ REPO_ROOT = Path(tputrace.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 300
 
 
-def _run(tmp_path: Path, body: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _run(tmp_path: Path, body: str, *run_options: str) -> tuple[subprocess.CompletedProcess[str], Path]:
     """`tputrace run` of a script written to tmp_path; returns the finished process and the trace's path."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(body))
     trace_path = tmp_path / "train.tptrace"
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)],
+        [sys.executable, "-m", "tputrace.cli.main", "run", *run_options, "-o", str(trace_path), str(script)],
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
@@ -197,6 +197,38 @@ def test_data_loader_workers_forked_after_the_runtime_started_leave_the_trace_wh
         assert len(list(trace.records("steps", where="source = 'optimizer'"))) == 4
         assert _op_counts(trace, 0)["aten.addmm.default"] == 4
     assert "forked processes" not in result.stderr
+
+
+def test_children_of_nproc_ranks_get_ranks_of_their_own(tmp_path: Path) -> None:
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import json, os, sys
+        import torch
+        rank = int(os.environ["RANK"])
+        pid = os.fork()
+        if pid == 0:
+            torch.ones(3, device="tpu").mul_(rank + 1).sum().item()
+            sys.exit(0)
+        os.waitpid(pid, 0)
+        print(f"rank{rank}", json.dumps([os.getpid(), pid, (torch.ones(2, device="tpu") + rank).sum().item()]))
+        """,
+        "--nproc",
+        "2",
+    )
+    printed = _printed(result)
+    assert [printed[f"rank{rank}"][2] for rank in (0, 1)] == [2.0, 4.0]
+    with tputrace.open(trace_path) as trace:
+        origins = fork_origins(trace.meta)
+        assert {(origin.pid, origin.parent_rank, origin.parent_pid) for origin in origins.values()} == {
+            (printed[f"rank{rank}"][1], rank, printed[f"rank{rank}"][0]) for rank in (0, 1)
+        }
+        assert sorted(trace.ranks) == [0, 1, 2, 3] and {run.world_size for run in trace.runs} == {2}
+        for rank, origin in origins.items():
+            assert "aten.mul_.Tensor" in _op_counts(trace, rank)
+            assert "aten.mul_.Tensor" not in _op_counts(trace, origin.parent_rank)
+        assert not any(run.error for run in trace.runs)
+    assert "merged 2 of 2 ranks and 2 forked processes" in result.stderr
 
 
 def test_a_forked_child_never_writes_into_the_parents_trace_file(tmp_path: Path) -> None:
