@@ -99,7 +99,7 @@ class TraceWriter:
 
         self._pid = os.getpid()
         self._closed_for_fork = False
-        self._connection = self._create_file(created_unix_ns)
+        self._connection: sqlite3.Connection | None = self._create_file(created_unix_ns)
         self._db_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._stop_event = threading.Event()
@@ -198,6 +198,7 @@ class TraceWriter:
                 self._note_error(f"finishing the trace failed: {error}", 0)
             finally:
                 connection.close()
+                self._connection = None
         self._raise_if_dropped()
 
     def __enter__(self) -> TraceWriter:
@@ -215,11 +216,17 @@ class TraceWriter:
     # -- fork: the connection is closed across os.fork() and never reaches the child --------------
 
     def _close_before_fork(self) -> None:
-        """Commit what is queued and close the connection; `_db_lock` stays held until after the fork."""
-        if self._closed:
+        """Commit what is queued and close the connection; `_db_lock` stays held until after the fork.
+
+        A `close()` running meanwhile in another thread waits for the lock and finishes on the
+        connection reopened after the fork."""
+        if self._connection is None:
             return
         self._drain_and_commit()
         self._db_lock.acquire()
+        if self._connection is None:  # close() finished meanwhile
+            self._db_lock.release()
+            return
         self._connection.close()
         self._closed_for_fork = True
 
@@ -305,6 +312,8 @@ class TraceWriter:
 
     def _drain_and_commit(self) -> None:
         with self._db_lock:
+            if self._connection is None:  # closed: rows appended after close() are ignored
+                return
             # Order matters: rows first, then the frames and strings they may reference.
             batches = [(table, _take(queue)) for table, queue in self._row_queues.items()]
             statements = _take(self._statements)
