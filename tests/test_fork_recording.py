@@ -153,13 +153,18 @@ def test_a_child_that_ends_through_os_exit_is_listed_without_an_end_record(tmp_p
     result, trace_path = _run(
         tmp_path,
         """
-        import os
+        import os, subprocess
         import torch
         pid = os.fork()
         if pid == 0:
             torch.ones(2, device="tpu").sum().item()
             os._exit(0)
         os.waitpid(pid, 0)
+        executed = os.fork()
+        if executed == 0:
+            os.execv("/bin/true", ["true"])
+        os.waitpid(executed, 0)
+        subprocess.run(["true"], preexec_fn=lambda: None, check=True)
         print("parent", (torch.ones(3, device="tpu") * 2).sum().item())
         """,
     )
@@ -167,7 +172,8 @@ def test_a_child_that_ends_through_os_exit_is_listed_without_an_end_record(tmp_p
     with tputrace.open(trace_path) as trace:
         runs = {run.rank: run for run in trace.runs}
         assert sorted(runs) == [0, 1] and runs[0].finished and not runs[1].finished
-        assert "aten.mul.Tensor" in _op_counts(trace, 0)
+        assert trace.count("compiles", where="rank = 1") == 1
+        assert "aten.mul.Tensor" in _op_counts(trace, 0) and "aten.mul.Tensor" not in _op_counts(trace, 1)
     assert "no end record (it ended through os._exit" in result.stderr
 
 

@@ -9,7 +9,8 @@ first free `rank + world_size * k` (k = 1, 2, ...), so the forked processes of d
 `--nproc` run never share a rank number. The child's recording ends as the parent's does when the
 child runs on through the script (`sys.exit`, the script's end) or when a multiprocessing process's
 `run` returns or raises; a child that ends through `os._exit` keeps what its writer committed,
-without an end record. A child that recorded nothing (a DataLoader worker
+without an end record (a forked recording commits at its first compile, so such a child is listed
+if it used the tpu at all). A child that recorded nothing (a DataLoader worker
 that touched only host data) leaves no trace. When the root recording ends it waits for its
 multiprocessing children, merges the forked processes' traces into its own and removes the folder.
 """
@@ -95,7 +96,6 @@ def _start_in_child() -> None:
             root_rank=parent.root_rank,
             forked_from=origin,
         )
-        child.writer.flush()  # the run row now: a child that ends through os._exit is still listed
     recorder_module.continue_in_forked_child(child)
 
 
@@ -140,8 +140,8 @@ def discard(trace_path: str) -> None:
 def merge_forked(trace_path: str, rank: int) -> None:
     """Merge the traces of the processes forked during the recording into `trace_path`, then remove them.
 
-    Waits first for the multiprocessing children that Python would wait for at exit. Finished traces
-    without ops or compiles (processes that used only host data) are left out. On failure the parent's trace stays as it was and one line says where the others are."""
+    Waits first for the multiprocessing children that Python would wait for at exit. Traces without
+    ops or compiles (processes that used only host data) are left out. On failure the parent's trace stays as it was and one line says where the others are."""
     directory = forks_dir(trace_path)
     if not directory.is_dir():
         return
@@ -163,13 +163,13 @@ def merge_forked(trace_path: str, rank: int) -> None:
 
 
 def _worth_merging(path: Path) -> bool:
-    """Whether a forked process's trace holds tpu work, or lacks an end record (so what it did is unknown)."""
+    """Whether a forked process's trace holds tpu work (a child that ended through `os._exit` or
+    `exec` without it, such as a subprocess, leaves an empty trace)."""
     from tputrace.store.reader import open_trace
 
     try:
         with open_trace(path) as trace:
-            unfinished = any(not run.finished for run in trace.runs)
-            return unfinished or trace.count("ops") > 0 or trace.count("compiles") > 0
+            return trace.count("ops") > 0 or trace.count("compiles") > 0
     except TputraceError:
         return False
 

@@ -281,6 +281,8 @@ class Recorder:
                 json.dumps(detail) if detail else None,
             ),
         )
+        if self.compiles == 1 and self.forked_from is not None:
+            writer.commit()  # a forked process may end through os._exit: the parent still sees it used the tpu
         return program_id
 
     # ----------------------------------------------------------------- torch.compile records

@@ -173,6 +173,11 @@ class TraceWriter:
         self._drain_and_commit()
         self._raise_if_dropped()
 
+    def commit(self) -> None:
+        """Commit everything appended so far; rows that could not be stored are reported by `flush()`/`close()`."""
+        if not self._closed:
+            self._drain_and_commit()
+
     def close(self) -> None:
         """Commit everything, build indexes and leave the trace as one file. Idempotent.
 
