@@ -10,8 +10,8 @@ first free `rank + world_size * k` (k = 1, 2, ...), so the forked processes of d
 child runs on through the script (`sys.exit`, the script's end) or when a multiprocessing process's
 `run` returns or raises; a child that ends through `os._exit` keeps what its writer committed,
 without an end record (a forked recording commits at its first compile, so such a child is listed
-if it used the tpu at all). A child that recorded nothing (a DataLoader worker
-that touched only host data) leaves no trace. When the root recording ends it waits for its
+if it used the tpu at all). A child that recorded nothing (a DataLoader worker that touched only
+host data) leaves no trace. When the root recording ends it waits for its
 multiprocessing children, merges the forked processes' traces into its own and removes the folder.
 """
 
@@ -82,21 +82,30 @@ def _start_in_child() -> None:
     if parent is None or parent.fork_root is None:
         return
     child: Recorder | None = None
-    if not process_sharing.runtime_started():
-        rank = claim_rank(forks_dir(parent.fork_root), parent.root_rank, parent.world_size)
-        origin = ForkOrigin(rank=rank, pid=os.getpid(), parent_rank=parent.rank, parent_pid=parent.pid)
-        child = recorder_module.Recorder(
-            str(forks_dir(parent.fork_root) / f"rank{rank}.tptrace"),
-            script=parent.script,
-            argv=parent.argv,
-            mode=parent.mode,
-            rank=rank,
-            world_size=parent.world_size,
-            fork_root=parent.fork_root,
-            root_rank=parent.root_rank,
-            forked_from=origin,
-        )
-    recorder_module.continue_in_forked_child(child)
+    try:
+        if not process_sharing.runtime_started():
+            child = _forked_recorder(parent)
+    finally:  # if starting failed (Python prints why), the child records nothing rather than into the parent's trace
+        recorder_module.continue_in_forked_child(child)
+
+
+def _forked_recorder(parent: Recorder) -> Recorder:
+    """A recording for this forked process, under the first free rank, next to the root's trace."""
+    from tputrace.recorder import Recorder
+
+    directory = forks_dir(parent.fork_root)
+    rank = claim_rank(directory, parent.root_rank, parent.world_size)
+    return Recorder(
+        str(directory / f"rank{rank}.tptrace"),
+        script=parent.script,
+        argv=parent.argv,
+        mode=parent.mode,
+        rank=rank,
+        world_size=parent.world_size,
+        fork_root=parent.fork_root,
+        root_rank=parent.root_rank,
+        forked_from=ForkOrigin(rank=rank, pid=os.getpid(), parent_rank=parent.rank, parent_pid=parent.pid),
+    )
 
 
 def _stop_when_process_run_ends(token: _AfterForkToken) -> None:

@@ -552,6 +552,9 @@ def stop(exit_status: int, error: str | None = None) -> None:
     recorder = _active
     if recorder is None:
         return
+    if recorder.pid != os.getpid():  # inherited through a fork that started no recording: the parent's to finish
+        _active = None
+        return
     from tputrace.backend import chips, hooks
     from tputrace.backend.device_module import eager_mode
 

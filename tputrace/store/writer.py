@@ -216,8 +216,6 @@ class TraceWriter:
     def closed(self) -> bool:
         return self._closed
 
-    # -- internals ------------------------------------------------------------------------------
-
     # -- fork: the connection is closed across os.fork() and never reaches the child --------------
 
     def _close_before_fork(self) -> None:
@@ -254,6 +252,8 @@ class TraceWriter:
         atexit.unregister(self.close)
         for row_queue in (*self._row_queues.values(), self._statements, self._string_rows, self._frame_rows):
             row_queue.clear()
+
+    # -- internals ------------------------------------------------------------------------------
 
     def _create_file(self, created_unix_ns: int | None) -> sqlite3.Connection:
         for suffix in ("", *_SIDECAR_SUFFIXES):
