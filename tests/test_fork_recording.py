@@ -16,6 +16,7 @@ import tputrace
 from tputrace.forks import fork_origins, forks_dir
 from tputrace.store.reader import Trace
 from tputrace.store.writer import TraceWriter
+from tputrace.summary import header_lines, summarize
 
 REPO_ROOT = Path(tputrace.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 300
@@ -92,6 +93,8 @@ def test_a_child_forked_before_the_first_tpu_op_is_recorded_as_its_own_rank(tmp_
         assert child_ops["aten.mm.default"] == 1 and "aten.relu.default" not in child_ops
         assert trace.count("compiles", where="rank = 1") >= 1
         assert [sync.kind for sync in trace.records("syncs", where="rank = 1")] == ["item"]
+        assert trace.distributed_ranks == [0] and list(trace.forked_ranks) == [1]
+        assert dict(header_lines(summarize(trace, rank=1)))["run"].startswith("train.py · rank 1 (a forked process) · ")
     assert "forked processes: 1" in result.stderr
     assert f"rank 1: process {child_pid}, forked from rank 0" in result.stderr
 
@@ -230,6 +233,7 @@ def test_children_of_nproc_ranks_get_ranks_of_their_own(tmp_path: Path) -> None:
             (printed[f"rank{rank}"][1], rank, printed[f"rank{rank}"][0]) for rank in (0, 1)
         }
         assert sorted(trace.ranks) == [0, 1, 2, 3] and {run.world_size for run in trace.runs} == {2}
+        assert trace.distributed_ranks == [0, 1] and summarize(trace).ranks == (0, 1)
         for rank, origin in origins.items():
             assert "aten.mul_.Tensor" in _op_counts(trace, rank)
             assert "aten.mul_.Tensor" not in _op_counts(trace, origin.parent_rank)

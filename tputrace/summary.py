@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from tputrace.forks import ForkOrigin, fork_origins
+from tputrace.forks import ForkOrigin
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
@@ -34,7 +34,7 @@ class RunSummary:
 
     trace_path: str
     rank: int
-    ranks: tuple[int, ...]
+    ranks: tuple[int, ...]  # the distributed ranks (forked processes are in `forked`)
     run: RunInfo
     wall_ns: int
     step_count: int
@@ -70,7 +70,7 @@ def forked_processes(trace: Trace) -> tuple[ForkedProcess, ...]:
     """The trace's forked processes, in rank order."""
     runs = {run.rank: run for run in trace.runs}
     forked = []
-    for rank, origin in sorted(fork_origins(trace.meta).items()):
+    for rank, origin in sorted(trace.forked_ranks.items()):
         run = runs.get(rank)
         forked.append(
             ForkedProcess(
@@ -95,7 +95,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     return RunSummary(
         trace_path=str(trace.path),
         rank=chosen_rank,
-        ranks=tuple(trace.ranks),
+        ranks=tuple(trace.distributed_ranks),
         run=run,
         wall_ns=trace.wall_ns(rank=chosen_rank),
         step_count=len(step_durations),
@@ -183,9 +183,10 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         for part in (run.platform, _count(run.chips, "chip") if run.chips is not None else None, run.eager_mode)
         if part
     )
-    forked_ranks = {process.origin.rank for process in summary.forked}
-    distributed = [rank for rank in summary.ranks if rank not in forked_ranks]
-    ranks = f"rank {summary.rank} of {len(distributed)}" if len(distributed) > 1 else None
+    if summary.rank not in summary.ranks:
+        ranks: str | None = f"rank {summary.rank} (a forked process)"
+    else:
+        ranks = f"rank {summary.rank} of {len(summary.ranks)}" if len(summary.ranks) > 1 else None
     if run.exit_status is None:
         ending = "no end record (still running, or killed)"
     elif run.error:

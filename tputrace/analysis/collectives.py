@@ -48,7 +48,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         f"AVG(bus_bandwidth), SUM(bytes < ?) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
         (SMALL_MESSAGE_BYTES,) + tuple(params),
     )
-    world = max(len(trace.ranks), 1)
+    world = max(len(trace.distributed_ranks), 1)
     rows = []
     for kind, calls, nbytes, dur_ns, wait_ns, recorded_bandwidth, small in kinds:
         bandwidth = recorded_bandwidth

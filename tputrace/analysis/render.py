@@ -42,7 +42,10 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     steps = (
         f"{report.step_count} steps, median step {format_ns(report.median_step_ns)}" if report.step_count else "no steps"
     )
-    rank = f"rank {report.rank} of {len(report.ranks)}, " if len(report.ranks) > 1 else ""
+    if report.rank not in report.ranks:
+        rank = f"rank {report.rank} (a forked process), "
+    else:
+        rank = f"rank {report.rank} of {len(report.ranks)}, " if len(report.ranks) > 1 else ""
     lines.append(Line(f"target: {target.label}{default}"))
     if not brief:
         lines.append(Line(f"run: {rank}{steps}, wall {format_ns(report.wall_ns)}"))

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
+from tputrace.forks import ForkOrigin, fork_origins
 from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind
 from tputrace.store import aggregates
 from tputrace.store.aggregates import (
@@ -154,6 +155,17 @@ class Trace:
         """The ranks recorded in the trace ([0] when there is no run row)."""
         ranks = [rank for (rank,) in self.sql("SELECT DISTINCT rank FROM runs ORDER BY rank")]
         return ranks or [0]
+
+    @property
+    def forked_ranks(self) -> dict[int, ForkOrigin]:
+        """The ranks that are processes forked during the recording (see `tputrace.forks`), by rank."""
+        return fork_origins(self.meta)
+
+    @property
+    def distributed_ranks(self) -> list[int]:
+        """The ranks that are not forked processes: the distributed ranks of the run."""
+        forked = self.forked_ranks
+        return [rank for rank in self.ranks if rank not in forked] or self.ranks
 
     # -- records ----------------------------------------------------------------------------------
 
