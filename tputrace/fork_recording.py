@@ -9,9 +9,9 @@ first free `rank + world_size * k` (k = 1, 2, ...), so the forked processes of d
 `--nproc` run never share a rank number. The child's recording ends as the parent's does when the
 child runs on through the script (`sys.exit`, the script's end) or when a multiprocessing process's
 `run` returns or raises; a child that ends through `os._exit` keeps what its writer committed,
-without an end record (a forked recording commits at its first compile, so such a child is listed
-if it used the tpu at all). A child that recorded nothing (a DataLoader worker that touched only
-host data) leaves no trace. When the root recording ends it waits for its
+without an end record (a forked recording creates its file and commits at its first compile, so
+such a child is listed if it used the tpu at all). A child that never used the tpu (a DataLoader
+worker that touched only host data, a fork followed by exec) creates no file. When the root recording ends it waits for its
 multiprocessing children, merges the forked processes' traces into its own and removes the folder.
 """
 
@@ -133,17 +133,6 @@ def _recorded_run(run: Callable[[], Any]) -> Callable[[], None]:
             recorder_module.stop(exit_status, error)
 
     return run_then_stop
-
-
-def recorded_nothing(recorder: Recorder) -> bool:
-    """Whether a recording saw no tpu work at all (a forked process that used only host data)."""
-    return recorder.ops == 0 and recorder.compiles == 0
-
-
-def discard(trace_path: str) -> None:
-    """Remove a forked process's trace that holds nothing worth merging."""
-    for suffix in ("", "-wal", "-shm", "-journal"):
-        Path(f"{trace_path}{suffix}").unlink(missing_ok=True)
 
 
 def merge_forked(trace_path: str, rank: int) -> None:

@@ -67,7 +67,8 @@ class Recorder:
         self.forked_from = forked_from
         self.t0 = _perf_ns()
         self.start_unix_ns = time.time_ns()
-        self.writer = TraceWriter(path, rank=rank, created_unix_ns=self.start_unix_ns) if path else None
+        # A forked process's file is created once it uses the tpu (most forked processes never do).
+        self.writer = TraceWriter(path, rank=rank, created_unix_ns=self.start_unix_ns, create_file=forked_from is None) if path else None
         self.enabled = self.writer is not None
         self.token = object()
         self.step_index = 0
@@ -282,6 +283,7 @@ class Recorder:
             ),
         )
         if self.compiles == 1 and self.forked_from is not None:
+            writer.create_file()
             writer.commit()  # a forked process may end through os._exit: the parent still sees it used the tpu
         return program_id
 
@@ -493,6 +495,8 @@ class Recorder:
         end = self.now()
         if not self.enabled:
             return
+        if self.ops or self.compiles:
+            self.writer.create_file()
         if self.ops > self.ops_at_step_start:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, "end"))
         self._maybe_sample_memory(force=True)
@@ -564,6 +568,9 @@ def stop(exit_status: int, error: str | None = None) -> None:
         error = error or f"flush at exit failed: {flush_error}"
     hooks.detach()
     _active = None
+    if recorder.forked_from is not None and not (recorder.ops or recorder.compiles):
+        recorder.writer.close()  # a forked process that never used the tpu: no file was created
+        return
     import jax
     import torch
 
@@ -576,13 +583,8 @@ def stop(exit_status: int, error: str | None = None) -> None:
         "tputrace_version": __version__,
     }
     recorder.finish(exit_status, error, run_fields)
-    if recorder.path is None:
-        return
-    if recorder.forked_from is not None:
-        if fork_recording.recorded_nothing(recorder):
-            fork_recording.discard(recorder.path)
-        return
-    fork_recording.merge_forked(recorder.path, recorder.rank)
+    if recorder.path is not None and recorder.forked_from is None:
+        fork_recording.merge_forked(recorder.path, recorder.rank)
 
 
 def live_counts() -> dict[str, int]:

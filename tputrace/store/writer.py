@@ -73,7 +73,10 @@ class TraceWriter:
         rank: int = 0,
         commit_interval_s: float = 0.25,
         created_unix_ns: int | None = None,
+        create_file: bool = True,
     ) -> None:
+        """`create_file=False` keeps rows in memory until `create_file()` is called (a recording
+        that may never record anything worth a file); `close()` before that writes nothing."""
         self.path = Path(path)
         self.rank = rank
         self.commit_interval_s = commit_interval_s
@@ -99,12 +102,23 @@ class TraceWriter:
 
         self._pid = os.getpid()
         self._closed_for_fork = False
-        self._connection: sqlite3.Connection | None = self._create_file(created_unix_ns)
+        self._created_unix_ns = created_unix_ns
+        self._connection: sqlite3.Connection | None = None
         self._db_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._stop_event = threading.Event()
-        self._thread = threading.Thread(target=self._commit_loop, name="tputrace-writer", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None
+        if create_file:
+            self.create_file()
+
+    def create_file(self) -> None:
+        """Create the trace file and start committing to it (done by `__init__` unless told not to). Idempotent."""
+        with self._close_lock:
+            if self._thread is not None or self._closed:
+                return
+            self._connection = self._create_file(self._created_unix_ns)
+            self._thread = threading.Thread(target=self._commit_loop, name="tputrace-writer", daemon=True)
+            self._thread.start()
         atexit.register(self.close)
         _open_writers.add(self)
         _register_fork_hooks()
@@ -187,6 +201,8 @@ class TraceWriter:
             if self._closed:
                 return
             self._closed = True
+            if self._thread is None:  # no file was ever created
+                return
         atexit.unregister(self.close)
         self._stop_event.set()
         if self._thread is not threading.current_thread():
