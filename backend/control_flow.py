@@ -18,7 +18,8 @@ functionalization) comes first and a tensor subclass needs its own rule (`py_imp
 A Python int carried by `torch.while_loop` counts on the chip as a 0-dim tensor; the host reads its
 final value (one data-dependent sync), as torch returns an int. `torch.while_loop` with carried
 inputs that require grad is refused with a one-line error: torch's backward of it stacks every
-iteration's values, whose count XLA would need to know. So are random ops inside a branch or loop.
+iteration's values, whose count XLA would need to know. So are random ops inside a loop (and inside
+a compiled graph's `cond`); random ops in an eager `cond` branch draw as `cond_draws` describes.
 """
 
 from __future__ import annotations
@@ -35,8 +36,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from tputrace.backend import matmul_precision
-from tputrace.backend.compile.control_flow import ArrayFunction, cond_values, subgraph_function, while_values
+from tputrace.backend import cond_draws, matmul_precision
+from tputrace.backend.compile.control_flow import Subgraph, cond_values, refuse_draws, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.mask_counts import SYNC_KIND
 from tputrace.backend.plans import OutSpec, Plan
@@ -123,7 +124,7 @@ class _TracedFunction:
         for position, fake in enumerate(self.out_fakes):
             if not isinstance(fake, torch.Tensor):
                 raise RuntimeError(f"{name} returns {type(fake).__name__} as output {position}; torch.cond/while_loop on tpu return tensors only")
-        self.function: ArrayFunction = subgraph_function(gm, name)
+        self.function: Subgraph = subgraph_function(gm, name)
 
 
 def _fake_like(tensor: torch.Tensor) -> torch.Tensor:
@@ -204,15 +205,20 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
             true_traced = _TracedFunction(true_fn, operands, "torch.cond's true branch")
             false_traced = _TracedFunction(false_fn, operands, "torch.cond's false branch")
             _check_same_outputs(true_traced, false_traced)
+            draws = max(true_traced.function.draws, false_traced.function.draws)
+            n_arrays = len(call.dynamic) - 1
 
             def run(pred_value: Any, *arrays: Any) -> tuple:
-                return cond_values(pred_value, true_traced.function, false_traced.function, _with_arrays(template, arrays))
+                operand_values = _with_arrays(template, arrays[:n_arrays])
+                return cond_values(pred_value, true_traced.function, false_traced.function, operand_values, arrays[n_arrays:])
 
             out_specs = _out_specs(true_traced.out_fakes)
             plan = Plan(COND_NAME, run, out_specs, "tuple", tuple(call.specs), call.chip, (COND_NAME, id(true_fn), id(false_fn)))
-            return plan, true_traced.out_spec
+            return plan, true_traced.out_spec, draws
 
-        plan, out_structure = _cached((true_fn, false_fn), key, build)
+        plan, out_structure, draws = _cached((true_fn, false_fn), key, build)
+        if draws:
+            call.dynamic.extend(cond_draws.seed_and_counter(pred, operands, call.chip, draws))
         outputs = _run(plan, call, start)
     return pytree.tree_unflatten(outputs, out_structure)
 
@@ -255,6 +261,7 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
         def build() -> tuple:
             cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
             body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
+            refuse_draws((cond_traced.function, body_traced.function), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), "torch.while_loop")
             n_carried = len(carried)
 
             def run(*arrays: Any) -> tuple:

@@ -29,10 +29,11 @@ class RngState:
         self.seed = int(seed) & _UINT64
         self.counter = 0
 
-    def next_seed_and_counter(self) -> tuple[int, int]:
-        """The (seed, counter) pair for the next random op; passed to the program as inputs."""
+    def next_seed_and_counter(self, draws: int = 1) -> tuple[int, int]:
+        """The (seed, counter) pair for the next random op; passed to the program as inputs. With
+        `draws`, the counter is the first of that many, each one random op's."""
         counter = self.counter
-        self.counter = counter + 1
+        self.counter = counter + draws
         return self.seed & _PROGRAM_SEED_MASK, counter
 
     def pack(self) -> bytes:
@@ -58,9 +59,10 @@ def initial_seed() -> int:
     return _initial_seed
 
 
-def next_seed_and_counter(chip: int) -> tuple[int, int]:
-    """The (seed, counter) pair for the next random op drawn from `chip`'s default generator."""
-    return _chip_states[chip].next_seed_and_counter()
+def next_seed_and_counter(chip: int, draws: int = 1) -> tuple[int, int]:
+    """The (seed, counter) pair for the next random op drawn from `chip`'s default generator (the
+    first counter of the next `draws` random ops)."""
+    return _chip_states[chip].next_seed_and_counter(draws)
 
 
 def key_from(seed: jax.Array, counter: jax.Array) -> jax.Array:

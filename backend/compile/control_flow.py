@@ -10,6 +10,7 @@ and a DeferAndFuse graph holding the op is not cut.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -23,21 +24,32 @@ ArrayFunction = Callable[..., tuple]
 _ARRAY_TYPES = (jax.Array, jax.core.Tracer)
 
 
-def subgraph_function(gm: torch.fx.GraphModule, name: str) -> ArrayFunction:
-    """`gm` as a function of its inputs' arrays (or Python values) returning one array per output."""
+@dataclass(frozen=True)
+class Subgraph:
+    """A branch (or loop condition or body) as a function of its inputs' arrays (or Python values)
+    returning one array per output. One with `draws` random ops takes a seed and a first counter
+    after its inputs: its i-th random op draws with counter `first + i`, the key an eager op with
+    that counter gets, so the branch draws what it would draw run op by op."""
+
+    run: ArrayFunction
+    draws: int
+
+
+def subgraph_function(gm: torch.fx.GraphModule, name: str) -> Subgraph:
+    """`gm` as a `Subgraph`."""
     lowering = GraphLowering(gm, name)
-    if lowering.random_nodes:
-        ops = ", ".join(sorted({str(node.target) for node in lowering.random_nodes}))
-        raise RuntimeError(
-            f"{name} draws random numbers ({ops}), which tpu does not support inside torch.cond/while_loop; "
-            "draw the random tensor before the call and pass it in as an operand"
-        )
+    draws = len(lowering.random_nodes)
     precision_nodes = bool(lowering.precision_nodes)
 
     def run(*values: Any) -> tuple:
+        keys: list[Any] = []
+        if draws:
+            values, (seed, first_counter) = values[:-2], values[-2:]
+            for index in range(draws):
+                keys.extend((seed, first_counter + index))
         layout = TracedLayout()
         precision = matmul_precision.setting() if precision_nodes else None
-        results = lowering.function({}, layout, keep_aliases=False, keep_strides=False, precision=precision)(*values)
+        results = lowering.function({}, layout, keep_aliases=False, keep_strides=False, precision=precision)(*values, *keys)
         outputs = []
         for slot in layout.outputs:
             if slot.kind == "array":
@@ -48,7 +60,17 @@ def subgraph_function(gm: torch.fx.GraphModule, name: str) -> ArrayFunction:
                 raise RuntimeError(f"{name} returns {slot.value!r}; torch.cond/while_loop on tpu return tensors only")
         return tuple(outputs)
 
-    return run
+    return Subgraph(run, draws)
+
+
+def refuse_draws(subgraphs: Sequence[Subgraph], names: Sequence[str], where: str) -> None:
+    """A one-line error if any of the subgraphs draws random numbers, which `where` cannot."""
+    drawing = [name for subgraph, name in zip(subgraphs, names) if subgraph.draws]
+    if drawing:
+        raise RuntimeError(
+            f"{' and '.join(drawing)} draws random numbers, which tpu does not support in {where}; "
+            "draw the random tensor before the call and pass it in as an operand"
+        )
 
 
 def _exact(value: Any) -> Any:
@@ -76,33 +98,40 @@ def _split_arrays(values: Sequence[Any]) -> tuple[list[int], Callable[[Sequence[
     return positions, merged
 
 
-def cond_values(pred: Any, true_fn: ArrayFunction, false_fn: ArrayFunction, operands: Sequence[Any]) -> tuple:
-    """`lax.cond` of two branch functions on `operands` (arrays and Python values)."""
+def cond_values(pred: Any, true_fn: Subgraph, false_fn: Subgraph, operands: Sequence[Any], random_key: Sequence[Any] = ()) -> tuple:
+    """`lax.cond` of two branches on `operands` (arrays and Python values). A branch that draws
+    random numbers takes `random_key` (a seed and a first counter), which both branches share."""
     positions, merged = _split_arrays(operands)
+    n_arrays = len(positions)
 
-    def branch(fn: ArrayFunction) -> ArrayFunction:
-        return lambda *arrays: tuple(_exact(value) for value in fn(*merged(arrays)))
+    def branch(fn: Subgraph) -> ArrayFunction:
+        def run(*arrays: Any) -> tuple:
+            key = arrays[n_arrays:] if fn.draws else ()
+            return tuple(_exact(value) for value in fn.run(*merged(arrays[:n_arrays]), *key))
+
+        return run
 
     try:
-        return tuple(jax.lax.cond(_scalar_predicate(pred), branch(true_fn), branch(false_fn), *[operands[index] for index in positions]))
+        return tuple(jax.lax.cond(_scalar_predicate(pred), branch(true_fn), branch(false_fn), *[operands[index] for index in positions], *random_key))
     except TypeError as error:
         first_line = str(error).splitlines()[0]
         raise RuntimeError(f"torch.cond on tpu needs both branches to return tensors of the same shapes and dtypes ({first_line})") from None
 
 
-def while_values(cond_fn: ArrayFunction, body_fn: ArrayFunction, carried: Sequence[Any], additional: Sequence[Any]) -> tuple:
+def while_values(cond_fn: Subgraph, body_fn: Subgraph, carried: Sequence[Any], additional: Sequence[Any]) -> tuple:
     """`lax.while_loop` of a condition and a body over the `carried` arrays (`additional` fixed)."""
+    refuse_draws((cond_fn, body_fn), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), "torch.while_loop")
     if not all(isinstance(value, _ARRAY_TYPES) for value in carried):
         kinds = ", ".join(type(value).__name__ for value in carried)
         raise RuntimeError(f"torch.while_loop on tpu carries tensors only, got ({kinds}); carry a Python int as a 0-dim tensor")
     initial = tuple(_exact(value) for value in carried)
 
     def keep_going(carry: tuple) -> Any:
-        (pred,) = cond_fn(*carry, *additional)
+        (pred,) = cond_fn.run(*carry, *additional)
         return _scalar_predicate(pred)
 
     def body(carry: tuple) -> tuple:
-        outputs = body_fn(*carry, *additional)
+        outputs = body_fn.run(*carry, *additional)
         if len(outputs) != len(carry):
             raise RuntimeError(f"torch.while_loop's body returns {len(outputs)} values for {len(carry)} carried inputs")
         for index, (output, start) in enumerate(zip(outputs, carry)):
@@ -117,7 +146,10 @@ def while_values(cond_fn: ArrayFunction, body_fn: ArrayFunction, carried: Sequen
 
 def lower_cond(node: torch.fx.Node, pred: Any, true_gm: torch.fx.GraphModule, false_gm: torch.fx.GraphModule, operands: Sequence[Any]) -> tuple:
     """A `cond` node of a compiled graph."""
-    return cond_values(pred, subgraph_function(true_gm, f"{node.name} true branch"), subgraph_function(false_gm, f"{node.name} false branch"), operands)
+    names = (f"{node.name} true branch", f"{node.name} false branch")
+    branches = (subgraph_function(true_gm, names[0]), subgraph_function(false_gm, names[1]))
+    refuse_draws(branches, names, 'torch.cond under torch.compile(backend="tpu")')
+    return cond_values(pred, *branches, operands)
 
 
 def lower_while_loop(

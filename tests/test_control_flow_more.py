@@ -1,0 +1,105 @@
+"""`torch.cond` on tpu beyond the basics of test_control_flow.py, in both eager modes: random ops
+inside a branch (reproducible under torch.manual_seed, drawing what the taken branch draws run op by
+op, with gradients that use the forward's draws)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch._higher_order_ops import while_loop
+
+from backend_helpers import eager, host, recorded_host_reads
+from tputrace.backend.device_module import EagerMode
+
+MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
+DROP = 0.5
+
+
+def _noisy(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two random ops: a dropout of x and uniform noise like x."""
+    return torch.nn.functional.dropout(x, DROP), torch.rand_like(x) + x
+
+
+def _quiet(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    return x * 2, x.sin()
+
+
+def _seeded_cond(x: torch.Tensor, sign: float) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """The outputs of a cond on x (random branch taken when sign > 0) after torch.manual_seed(7),
+    and two numbers drawn after it."""
+    torch.manual_seed(7)
+    outputs = torch.cond(x.sum() * sign > 0, _noisy, _quiet, (x,))
+    return [host(output) for output in outputs], host(torch.rand(2, device=x.device))
+
+
+def _positive_input() -> torch.Tensor:
+    return torch.randn(64, generator=torch.Generator().manual_seed(4)).abs() + 0.1
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_random_ops_in_the_taken_branch_draw_as_the_branch_does_run_op_by_op(mode: EagerMode) -> None:
+    x = _positive_input()
+    with eager(mode):
+        chip_x = x.to("tpu")
+        with recorded_host_reads() as reads:
+            torch.manual_seed(7)
+            outputs = torch.cond(chip_x.sum() > 0, _noisy, _quiet, (chip_x,))
+            after = torch.rand(2, device="tpu")
+            assert reads == []  # the predicate is not read on the host
+        actual = [host(output) for output in outputs]
+        torch.manual_seed(7)
+        expected = [host(output) for output in _noisy(chip_x)]
+        expected_after = host(torch.rand(2, device="tpu"))
+        again, again_after = _seeded_cond(chip_x, 1.0)
+    for got, want, repeated in zip(actual, expected, again):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+        torch.testing.assert_close(repeated, want, atol=0, rtol=0)
+    torch.testing.assert_close(host(after), expected_after, atol=0, rtol=0)
+    torch.testing.assert_close(again_after, expected_after, atol=0, rtol=0)
+    dropped, noise = actual
+    kept = dropped != 0
+    assert 0 < int(kept.sum()) < x.numel()
+    torch.testing.assert_close(dropped[kept], x[kept] / (1 - DROP))  # the kept values are the CPU's scaled x
+    assert bool(((noise - x >= 0) & (noise - x < 1)).all())
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_the_untaken_random_branch_still_advances_the_generator_by_its_draws(mode: EagerMode) -> None:
+    """The host never learns which branch ran, so a cond takes its busiest branch's counters either
+    way: the numbers drawn after it do not depend on the predicate."""
+    x = _positive_input()
+    with eager(mode):
+        outputs, after = _seeded_cond(x.to("tpu"), -1.0)
+        _, after_random_branch = _seeded_cond(x.to("tpu"), 1.0)
+    for got, want in zip(outputs, _quiet(x)):
+        torch.testing.assert_close(got, want)
+    torch.testing.assert_close(after, after_random_branch, atol=0, rtol=0)
+
+
+def _dropout_times_x(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.dropout(x, DROP) * x
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_the_backward_of_a_random_branch_uses_the_forward_draws(mode: EagerMode) -> None:
+    """torch's backward of cond runs the branch again; on tpu it draws the forward's mask again, so
+    the gradient of dropout(x) * x is 2 * output / x (torch on the CPU draws a new mask there)."""
+    x = _positive_input()
+    with eager(mode):
+        chip_x = x.to("tpu").requires_grad_()
+        torch.manual_seed(3)
+        output = torch.cond(chip_x.sum() > 0, _dropout_times_x, lambda x: x * 2, (chip_x,))
+        other = torch.cond(chip_x.sum() > 0, _dropout_times_x, lambda x: x * 2, (chip_x,))
+        (output.sum() + 0 * other.sum()).backward()
+        value, grad, other_value = host(output), host(chip_x.grad), host(other)
+    assert not torch.equal(value, other_value)  # the second call drew its own mask
+    torch.testing.assert_close(grad, 2 * value / x)
+    kept = value != 0
+    torch.testing.assert_close(value[kept], x[kept] ** 2 / (1 - DROP))
+
+
+def test_random_ops_inside_a_while_loop_are_refused_with_a_one_line_error() -> None:
+    x = torch.randn(3, device="tpu")
+    with pytest.raises(RuntimeError, match="body_fn draws random numbers.*draw the random tensor before the call") as raised:
+        while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x + torch.rand_like(x)), (torch.zeros((), dtype=torch.int64, device="tpu"), x))
+    assert "\n" not in str(raised.value)
