@@ -36,7 +36,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
-from tputrace.backend import cond_draws, matmul_precision
+from tputrace.backend import branch_layouts, cond_draws, matmul_precision
 from tputrace.backend.compile.control_flow import Subgraph, cond_values, refuse_draws, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.mask_counts import SYNC_KIND
@@ -199,7 +199,8 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
     with dispatcher.thread_lock:
         call = _ChipCall(dispatcher, [pred, *operands], COND_NAME)
         template = tuple(call.statics[1:])
-        key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
+        strides = tuple(value.stride() for value in operands if isinstance(value, TpuTensor))  # the outputs' strides may follow them
+        key = (tuple(call.specs), strides, template, call.chip, matmul_precision.setting())
 
         def build() -> tuple:
             true_traced = _TracedFunction(true_fn, operands, "torch.cond's true branch")
@@ -207,19 +208,21 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
             _check_same_outputs(true_traced, false_traced)
             draws = max(true_traced.function.draws, false_traced.function.draws)
             n_arrays = len(call.dynamic) - 1
+            layouts = [branch_layouts.layout_of(true_fake, false_fake) for true_fake, false_fake in zip(true_traced.out_fakes, false_traced.out_fakes)]
 
             def run(pred_value: Any, *arrays: Any) -> tuple:
                 operand_values = _with_arrays(template, arrays[:n_arrays])
-                return cond_values(pred_value, true_traced.function, false_traced.function, operand_values, arrays[n_arrays:])
+                values = cond_values(pred_value, true_traced.function, false_traced.function, operand_values, arrays[n_arrays:])
+                return branch_layouts.stored_values(values, layouts)
 
-            out_specs = _out_specs(true_traced.out_fakes)
+            out_specs = tuple(branch_layouts.out_spec(fake, layout) for fake, layout in zip(true_traced.out_fakes, layouts))
             plan = Plan(COND_NAME, run, out_specs, "tuple", tuple(call.specs), call.chip, (COND_NAME, id(true_fn), id(false_fn)))
-            return plan, true_traced.out_spec, draws
+            return plan, true_traced.out_spec, draws, layouts
 
-        plan, out_structure, draws = _cached((true_fn, false_fn), key, build)
+        plan, out_structure, draws, layouts = _cached((true_fn, false_fn), key, build)
         if draws:
             call.dynamic.extend(cond_draws.seed_and_counter(pred, operands, call.chip, draws))
-        outputs = _run(plan, call, start)
+        outputs = branch_layouts.outputs(_run(plan, call, start), layouts)
     return pytree.tree_unflatten(outputs, out_structure)
 
 
@@ -256,7 +259,7 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
             kinds = ", ".join(type(value).__name__ for value in carried)
             raise RuntimeError(f"torch.while_loop on tpu carries tensors and ints, got ({kinds})")
         template = tuple(call.statics)
-        key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
+        key = (tuple(call.specs), strides, template, call.chip, matmul_precision.setting())
 
         def build() -> tuple:
             cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")

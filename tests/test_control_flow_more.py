@@ -1,6 +1,7 @@
 """`torch.cond` on tpu beyond the basics of test_control_flow.py, in both eager modes: random ops
 inside a branch (reproducible under torch.manual_seed, drawing what the taken branch draws run op by
-op, with gradients that use the forward's draws)."""
+op, with gradients that use the forward's draws); outputs with the strides torch's CPU cond gives
+(transposed, expanded, channels-last)."""
 
 from __future__ import annotations
 
@@ -103,3 +104,71 @@ def test_random_ops_inside_a_while_loop_are_refused_with_a_one_line_error() -> N
     with pytest.raises(RuntimeError, match="body_fn draws random numbers.*draw the random tensor before the call") as raised:
         while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x + torch.rand_like(x)), (torch.zeros((), dtype=torch.int64, device="tpu"), x))
     assert "\n" not in str(raised.value)
+
+
+_STRIDED_BRANCHES = {
+    "transposed": (lambda x, v: (x + 1).t(), lambda x, v: (x * 2).t()),
+    "expanded": (lambda x, v: (v + 1).expand(3, 4), lambda x, v: (v * 2).expand(3, 4)),
+    "expanded-and-transposed": (lambda x, v: (x + 1).t().unsqueeze(0).expand(2, 4, 3), lambda x, v: x.cos().t().unsqueeze(0).expand(2, 4, 3)),
+    "channels-last": (
+        lambda x, v: x.reshape(1, 3, 2, 2).contiguous(memory_format=torch.channels_last) + 1,
+        lambda x, v: x.reshape(1, 3, 2, 2).contiguous(memory_format=torch.channels_last) * 2,
+    ),
+}
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["true-branch", "false-branch"])
+@pytest.mark.parametrize("case", sorted(_STRIDED_BRANCHES))
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_outputs_keep_the_strides_the_cpu_cond_gives(mode: EagerMode, case: str, sign: float) -> None:
+    true_fn, false_fn = _STRIDED_BRANCHES[case]
+    generator = torch.Generator().manual_seed(5)
+    x, v = torch.randn(3, 4, generator=generator), torch.randn(4, generator=generator)
+    expected = torch.cond(x.sum() * sign > -1e6 * sign, true_fn, false_fn, (x, v))
+    assert not expected.is_contiguous()
+    with eager(mode):
+        chip_x, chip_v = x.to("tpu"), v.to("tpu")
+        actual = torch.cond(chip_x.sum() * sign > -1e6 * sign, true_fn, false_fn, (chip_x, chip_v))
+        assert actual.stride() == expected.stride()
+        torch.testing.assert_close(host(actual), expected)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_gradients_through_a_transposed_and_an_expanded_output_match_cpu(mode: EagerMode) -> None:
+    def run(x: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        outputs = torch.cond(x.sum() > 0, lambda x, v: ((x * v).t(), v.sin().expand(2, 4)), lambda x, v: ((x - v).t(), v.cos().expand(2, 4)), (x, v))
+        (outputs[0] * torch.arange(12.0, device=x.device).reshape(4, 3)).sum().add(outputs[1].pow(2).sum()).backward()
+        return outputs[0].stride(), outputs[1].stride(), x.grad, v.grad
+
+    generator = torch.Generator().manual_seed(6)
+    x, v = torch.randn(3, 4, generator=generator), torch.randn(4, generator=generator)
+    *expected_strides, expected_x_grad, expected_v_grad = run(x.clone().requires_grad_(), v.clone().requires_grad_())
+    with eager(mode):
+        *strides, x_grad, v_grad = run(x.to("tpu").requires_grad_(), v.to("tpu").requires_grad_())
+        actual_grads = [host(x_grad), host(v_grad)]
+    assert strides == expected_strides == [(1, 4), (0, 1)]
+    for got, want in zip(actual_grads, [expected_x_grad, expected_v_grad]):
+        torch.testing.assert_close(got, want)
+
+
+def _plus_one(x: torch.Tensor) -> tuple[torch.Tensor]:
+    return (x + 1,)
+
+
+def _doubled(x: torch.Tensor) -> tuple[torch.Tensor]:
+    return (x * 2,)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_output_strides_follow_the_operands_strides_from_call_to_call(mode: EagerMode) -> None:
+    """The op called with the same branches on a row-major operand, then on a transposed one of the
+    same shape (torch.cond would hand Dynamo's new branch graphs to the second call)."""
+    from torch._higher_order_ops.cond import cond_op
+
+    square = torch.randn(4, 4, generator=torch.Generator().manual_seed(8))
+    with eager(mode):
+        for operand, chip_operand in ((square, square.to("tpu")), (square.t(), square.to("tpu").t())):
+            (expected,) = cond_op(operand.sum() > -1e6, _plus_one, _doubled, (operand,))
+            (actual,) = cond_op(chip_operand.sum() > -1e6, _plus_one, _doubled, (chip_operand,))
+            assert actual.stride() == expected.stride()
+            torch.testing.assert_close(host(actual), expected)
