@@ -259,7 +259,7 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
             kinds = ", ".join(type(value).__name__ for value in carried)
             raise RuntimeError(f"torch.while_loop on tpu carries tensors and ints, got ({kinds})")
         template = tuple(call.statics)
-        key = (tuple(call.specs), strides, template, call.chip, matmul_precision.setting())
+        key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
         def build() -> tuple:
             cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
