@@ -39,6 +39,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from tputrace.backend import branch_layouts, cond_draws, matmul_precision
 from tputrace.backend.compile.control_flow import Subgraph, cond_values, refuse_draws, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
+from tputrace.backend.export_dims import drop_unused_inner_reads
 from tputrace.backend.mask_counts import SYNC_KIND
 from tputrace.backend.plans import OutSpec, Plan
 from tputrace.backend.tensor import TpuTensor, _traced_tensor
@@ -68,15 +69,42 @@ def _traced_of(values: Any) -> Any:
 
 
 def _on_inner(handler: Callable[..., Any]) -> Callable[..., Any]:
-    """A mode's rule of a HOP that, given traced tpu tensors, runs on their inner tensors."""
+    """A mode's rule of a HOP that, given traced tpu tensors, runs on their inner tensors (with the
+    branch graphs' unused inner reads erased first, see `_drop_inner_reads`)."""
 
     def run(mode: Any, *args: Any, **kwargs: Any) -> Any:
         if not _holds_traced((args, kwargs)):
             return handler(mode, *args, **kwargs)
+        _drop_inner_reads(args)
         return _traced_of(handler(mode, *_inner_of(args), **_inner_of(kwargs)))
 
     run.tpu_inner = True  # type: ignore[attr-defined]
     return run
+
+
+def _drop_inner_reads(args: Sequence[Any]) -> None:
+    """Erase the unused reads of traced tpu tensors' inner tensors from the branch graphs among a
+    HOP's arguments. Export records one in a branch graph for each read of `_inner`/`_traced` as it
+    traces the branch on traced tpu tensors, and removes them only from the top graph; the reads
+    fail on any other tensor (the inner ones the mode rules run on, the fake tpu tensors the
+    exported program's branches are traced on when it runs). The graphs, which the program keeps,
+    are edited in place."""
+    for value in args:
+        if isinstance(value, torch.fx.GraphModule):
+            drop_unused_inner_reads(value)
+
+
+def _dropping_inner_reads(gen_schema: Callable[..., Any]) -> Callable[..., Any]:
+    """A HOP's `gen_schema` (which its autograd rule calls, running the branch graphs on the
+    operands before any mode rule) that first erases the branch graphs' unused inner reads."""
+
+    def generate(*args: Any, **kwargs: Any) -> Any:
+        if _holds_traced((args, kwargs)):
+            _drop_inner_reads(args)
+        return gen_schema(*args, **kwargs)
+
+    generate.tpu_inner = True  # type: ignore[attr-defined]
+    return generate
 
 
 def _route_modes_to_inner(hop: Any) -> None:
@@ -86,6 +114,8 @@ def _route_modes_to_inner(hop: Any) -> None:
         handler = hop.python_key_table[mode_type]
         if not getattr(handler, "tpu_inner", False):
             hop.python_key_table[mode_type] = _on_inner(handler)
+    if not getattr(hop.gen_schema, "tpu_inner", False):
+        hop.gen_schema = _dropping_inner_reads(hop.gen_schema)
 
 
 # ----------------------------------------------------------------------------- tracing a branch

@@ -47,17 +47,18 @@ def _with_dynamic_inner_dims(export: Any) -> Any:
             for inner in marked:
                 delattr(inner, _MARK)
         if inner_tensors:
-            _drop_unused_inner_reads(program.graph_module)
+            drop_unused_inner_reads(program.graph_module)
         return program
 
     return export_with_dynamic_inner_dims
 
 
-def _drop_unused_inner_reads(graph_module: torch.fx.GraphModule) -> None:
+def drop_unused_inner_reads(graph_module: torch.fx.GraphModule) -> None:
     """Erase reads of a tpu input's inner tensor that nothing uses. Export records one for each
     read of a tensor attribute of a subclass input while it traces (the inner tensor's reads of
     `_inner`/`_traced`) and removes the unused ones, but one can outlive that when a dynamic dim is
-    bound after it: the program then failed on a real input, whose `_traced` is None."""
+    bound after it: the program then failed on a real input, whose `_traced` is None. Export never
+    removes those of a `torch.cond` branch's graph (see `control_flow`)."""
     graph = graph_module.graph
     read_inner = torch.ops.export.access_subclass_inner_tensor.default
     unused = [node for node in graph.nodes if node.target is read_inner and not node.users]

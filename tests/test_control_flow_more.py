@@ -172,3 +172,37 @@ def test_output_strides_follow_the_operands_strides_from_call_to_call(mode: Eage
             (actual,) = cond_op(chip_operand.sum() > -1e6, _plus_one, _doubled, (chip_operand,))
             assert actual.stride() == expected.stride()
             torch.testing.assert_close(host(actual), expected)
+
+
+class _Routed(torch.nn.Module):
+    """A module whose forward picks a branch with torch.cond; one branch reads its weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(4, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.cond(x.sum() > 0, lambda x: self.linear(x).relu(), lambda x: x.sin() * 2, (x,))
+
+
+@pytest.mark.parametrize("strict", [False, True], ids=["non-strict", "strict"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_an_exported_module_using_cond_runs_on_tpu_like_the_cpu(mode: EagerMode, strict: bool) -> None:
+    torch.manual_seed(0)
+    module = _Routed()
+    x = torch.randn(3, 4, generator=torch.Generator().manual_seed(9)).abs()
+    chip_module = _Routed()
+    chip_module.load_state_dict(module.state_dict())
+    chip_module = chip_module.to("tpu")
+    with eager(mode):
+        exported = torch.export.export(chip_module, (x.to("tpu"),), strict=strict)
+        assert [node.target for node in exported.graph.nodes if node.op == "call_function"].count(torch.ops.higher_order.cond) == 1
+        for sign in (1.0, -1.0):
+            chip_x = (x * sign).to("tpu").requires_grad_()
+            output = exported.module()(chip_x)
+            output.sum().backward()
+            cpu_x = (x * sign).requires_grad_()
+            expected = module(cpu_x)
+            expected.sum().backward()
+            torch.testing.assert_close(host(output), expected.detach())
+            torch.testing.assert_close(host(chip_x.grad), cpu_x.grad)
