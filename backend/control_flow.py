@@ -42,7 +42,7 @@ from tputrace.backend.dtypes import to_jax
 from tputrace.backend.export_dims import drop_unused_inner_reads
 from tputrace.backend.mask_counts import SYNC_KIND
 from tputrace.backend.plans import OutSpec, Plan
-from tputrace.backend.tensor import TpuTensor, _traced_tensor
+from tputrace.backend.tensor import TpuData, TpuTensor, _traced_tensor
 
 _perf_ns = time.perf_counter_ns
 COND_NAME = "higher_order.cond"
@@ -345,6 +345,32 @@ def _stacked_while_loop_rule(*args: Any, **kwargs: Any) -> Any:
     )
 
 
+def _on_handles(rule: Callable[..., Any]) -> Callable[..., Any]:
+    """A tpu rule for the handles a compiled graph run eagerly (`backend="aot_eager"`) holds instead
+    of tpu tensors (`TpuData`): the rule runs on TpuTensors over the same buffers, and its tpu results
+    come back as handles, as `TpuData.__torch_dispatch__` does for ATen ops."""
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        tensors = pytree.tree_map_only(TpuData, lambda handle: handle.tensor(), (args, kwargs))
+        return pytree.tree_map_only(TpuTensor, lambda tensor: tensor._inner, rule(*tensors[0], **tensors[1]))
+
+    return run
+
+
+def _past_analysis_mode(hop: Any, rule: Callable[..., Any]) -> Callable[..., Any]:
+    """The rule of AOTAutograd's first-run check of custom ops' aliasing (a dispatch mode) for a
+    HOP. Given handles it declines (NotImplemented, so that the handles' own dispatch runs), and
+    for a HOP torch returns that NotImplemented as the op's result; with handles this runs the tpu
+    rule instead (the check concerns custom ops, not HOPs), else the mode as torch would."""
+
+    def run(mode: Any, *args: Any, **kwargs: Any) -> Any:
+        if any(type(value) is TpuData for value in pytree.tree_leaves((args, kwargs))):
+            return rule(*args, **kwargs)
+        return mode.__torch_dispatch__(hop, [], args, kwargs)
+
+    return run
+
+
 def _storages_through_traced(original: Callable[[torch.Tensor], set]) -> Callable[[torch.Tensor], set]:
     """Dynamo's `get_tensor_storages` (which refuses every traceable wrapper subclass, so Dynamo
     cannot trace `while_loop` on one), answering for a traced tpu tensor with its inner tensor's
@@ -368,9 +394,12 @@ def install() -> None:
     from torch._higher_order_ops.cond import cond_op
     from torch._higher_order_ops.while_loop import while_loop_op, while_loop_stack_output_op
 
-    cond_op.py_impl(TpuTensor)(_cond_rule)
-    while_loop_op.py_impl(TpuTensor)(_while_loop_rule)
-    while_loop_stack_output_op.py_impl(TpuTensor)(_stacked_while_loop_rule)
+    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
+
+    for hop, rule in ((cond_op, _cond_rule), (while_loop_op, _while_loop_rule), (while_loop_stack_output_op, _stacked_while_loop_rule)):
+        hop.py_impl(TpuTensor)(rule)
+        hop.py_impl(TpuData)(_on_handles(rule))
+        hop.py_impl(_AnalyzeCustomOpInputOutputMode)(_past_analysis_mode(hop, _on_handles(rule)))
     for hop in (cond_op, while_loop_op):
         _route_modes_to_inner(hop)
     from torch._dynamo.variables import higher_order_ops as dynamo_hops

@@ -206,3 +206,44 @@ def test_an_exported_module_using_cond_runs_on_tpu_like_the_cpu(mode: EagerMode,
             expected.sum().backward()
             torch.testing.assert_close(host(output), expected.detach())
             torch.testing.assert_close(host(chip_x.grad), cpu_x.grad)
+
+
+def _branch_then_loop(x: torch.Tensor, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    mixed = torch.cond(x.sum() > 0, lambda x, weight: (x @ weight).sin(), lambda x, weight: (x * 3).cos(), (x, weight))
+    steps, halved = while_loop(
+        lambda steps, value: value.abs().sum() > 1, lambda steps, value: (steps + 1, value * 0.5), (torch.zeros((), dtype=torch.int64, device=x.device), mixed.detach() * 40)
+    )
+    return mixed * 2, steps, halved
+
+
+@pytest.mark.parametrize("sign", [1.0, -1.0], ids=["true-branch", "false-branch"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_aot_eager_compiled_cond_and_while_loop_match_cpu(mode: EagerMode, sign: float) -> None:
+    generator = torch.Generator().manual_seed(10)
+    x = torch.randn(3, 4, generator=generator).abs() * sign
+    weight = torch.randn(4, 4, generator=generator)
+    cpu_x, cpu_weight = x.clone().requires_grad_(), weight.clone().requires_grad_()
+    expected = _branch_then_loop(cpu_x, cpu_weight)
+    expected[0].sum().backward()
+    torch._dynamo.reset()
+    with eager(mode):
+        chip_x, chip_weight = x.to("tpu").requires_grad_(), weight.to("tpu").requires_grad_()
+        actual = torch.compile(_branch_then_loop, backend="aot_eager")(chip_x, chip_weight)
+        actual[0].sum().backward()
+        values = [host(value) for value in actual]
+        grads = [host(chip_x.grad), host(chip_weight.grad)]
+    assert int(expected[1]) > 3
+    for got, want in zip([*values, *grads], [*(value.detach() for value in expected), cpu_x.grad, cpu_weight.grad]):
+        torch.testing.assert_close(got, want)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_aot_eager_compiled_cond_draws_as_the_eager_cond(mode: EagerMode) -> None:
+    x = _positive_input()
+    torch._dynamo.reset()
+    with eager(mode):
+        chip_x = x.to("tpu")
+        eager_outputs, eager_after = _seeded_cond(chip_x, 1.0)
+        compiled_outputs, compiled_after = torch.compile(_seeded_cond, backend="aot_eager")(chip_x, 1.0)
+    for got, want in zip([*compiled_outputs, compiled_after], [*eager_outputs, eager_after]):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
