@@ -16,10 +16,12 @@ functionalization) comes first and a tensor subclass needs its own rule (`py_imp
   Python bool or a CPU tensor) needs no program: its branch runs op by op.
 
 A Python int carried by `torch.while_loop` counts on the chip as a 0-dim tensor; the host reads its
-final value (one data-dependent sync), as torch returns an int. `torch.while_loop` with carried
-inputs that require grad is refused with a one-line error: torch's backward of it stacks every
-iteration's values, whose count XLA would need to know. So are random ops inside a loop (and inside
-a compiled graph's `cond`); random ops in an eager `cond` branch draw as `cond_draws` describes.
+final value (one data-dependent sync), as torch returns an int. With carried inputs that require
+grad, torch runs `while_loop_stack_output` (every iteration's values, stacked) and a backward loop
+over them; the stacked values' size is the loop's count, so the count is read on the host (one
+data-dependent sync) and the loop runs again as a scan of that many steps. Random ops inside a loop
+(and inside a compiled graph's `cond`) are refused with a one-line error; random ops in an eager
+`cond` branch draw as `cond_draws` describes.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_m
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
 from tputrace.backend import branch_layouts, cond_draws, matmul_precision
-from tputrace.backend.compile.control_flow import Subgraph, cond_values, refuse_draws, subgraph_function, while_values
+from tputrace.backend.compile.control_flow import Subgraph, cond_values, counted_while_values, refuse_draws, stacked_body_values, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.export_dims import drop_unused_inner_reads
 from tputrace.backend.mask_counts import SYNC_KIND
@@ -124,7 +127,7 @@ class _TracedFunction:
     ATen graph as an array function, and its outputs (fake tensors, and their pytree structure)."""
 
     def __init__(self, fn: Callable[..., Any], values: Sequence[Any], name: str) -> None:
-        fake_mode = FakeTensorMode()
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv())  # a shape env lets `.item()` trace (torch's while_loop backward selects its step so)
         with fake_mode:
             fakes = [_fake_like(value) if isinstance(value, torch.Tensor) else value for value in values]
         out_structure: list[Any] = []
@@ -226,6 +229,7 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
     from tputrace.backend.dispatch import dispatcher
 
     start = _perf_ns()
+    operands = _host_scalars_on_chip([pred, *operands])[1:]
     with dispatcher.thread_lock:
         call = _ChipCall(dispatcher, [pred, *operands], COND_NAME)
         template = tuple(call.statics[1:])
@@ -282,7 +286,8 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
     start = _perf_ns()
     int_positions = [position for position, value in enumerate(carried) if type(value) is int]
     carried = _ints_on_chip(carried, int_positions, WHILE_LOOP_NAME)
-    inputs = [*carried, *additional]
+    inputs = _host_scalars_on_chip([*carried, *additional])
+    carried = inputs[: len(carried)]
     with dispatcher.thread_lock:
         call = _ChipCall(dispatcher, inputs, WHILE_LOOP_NAME)
         if not all(isinstance(value, TpuTensor) for value in carried):
@@ -323,6 +328,16 @@ def _ints_on_chip(carried: Sequence[Any], int_positions: Sequence[int], op_name:
     return [torch.tensor(value, dtype=torch.int64, device=device) if position in int_positions else value for position, value in enumerate(carried)]
 
 
+def _host_scalars_on_chip(values: Sequence[Any]) -> list[Any]:
+    """The values with each 0-dim CPU tensor moved to the chip of the tpu ones, as an op takes a CPU
+    scalar beside tpu tensors: Dynamo passes a float a branch reads as one once it changes between
+    calls, and torch's backward of while_loop counts its steps in one."""
+    device = next((value.device for value in values if isinstance(value, TpuTensor)), None)
+    if device is None:
+        return list(values)
+    return [value.to(device) if isinstance(value, torch.Tensor) and value.device.type == "cpu" and value.dim() == 0 else value for value in values]
+
+
 # ----------------------------------------------------------------------------- the tpu rules
 def _cond_rule(pred: Any, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Sequence[Any]) -> Any:
     if not isinstance(pred, TpuTensor):
@@ -338,11 +353,57 @@ def _while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], c
     return _while_on_chip(cond_fn, body_fn, carried, additional)
 
 
-def _stacked_while_loop_rule(*args: Any, **kwargs: Any) -> Any:
-    raise RuntimeError(
-        "torch.while_loop on tpu has no backward (torch's stacks every iteration, a count XLA must know); "
-        "run it under torch.no_grad() or on detached inputs, or write the loop as a Python for loop over a fixed count"
-    )
+def _stacked_while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: Sequence[Any], additional: Sequence[Any]) -> tuple:
+    """torch's `while_loop_stack_output` (the forward of `while_loop` when a carried input requires
+    grad): the carried values after every iteration, stacked. XLA needs the number of iterations as
+    a size, so the loop runs twice: once counting its iterations (read on the host, one
+    data-dependent sync), then as a scan of that many bodies that stacks their outputs."""
+    from tputrace.backend.dispatch import dispatcher
+
+    n_carried = len(carried)
+    inputs = _host_scalars_on_chip([*carried, *additional])
+    carried = inputs[:n_carried]
+    if not all(isinstance(value, TpuTensor) for value in carried):
+        kinds = ", ".join(type(value).__name__ for value in carried)
+        raise RuntimeError(f"torch.while_loop's backward needs tensor carries, as on the CPU, got ({kinds}); carry a Python int as a 0-dim tensor")
+    start = _perf_ns()
+    with dispatcher.thread_lock:
+        call = _ChipCall(dispatcher, inputs, WHILE_LOOP_NAME)
+        template = tuple(call.statics)
+        key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
+
+        def build_traces() -> tuple:
+            cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
+            body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
+            refuse_draws((cond_traced.function, body_traced.function), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), "torch.while_loop")
+
+            def count(*arrays: Any) -> tuple:
+                values = _with_arrays(template, arrays)
+                return counted_while_values(cond_traced.function, body_traced.function, values[:n_carried], values[n_carried:])
+
+            count_specs = (*_out_specs(carried), OutSpec((), torch.int64, to_jax(torch.int64), 8))
+            plan = Plan(WHILE_LOOP_NAME, count, count_specs, "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, "count", id(cond_fn), id(body_fn)))
+            return plan, body_traced, {}
+
+        count_plan, body_traced, stack_plans = _cached((cond_fn, body_fn), ("stacked", key), build_traces)
+        *_, count_tensor = _run(count_plan, call, start)
+        iterations = int(dispatcher.to_host(count_tensor, SYNC_KIND).item())
+    if iterations == 0:
+        return tuple(value.unsqueeze(0).clone() for value in carried)
+    with dispatcher.thread_lock:
+        call = _ChipCall(dispatcher, inputs, WHILE_LOOP_NAME)
+        plan = stack_plans.get(iterations)
+        if plan is None:
+
+            def stack(*arrays: Any) -> tuple:
+                values = _with_arrays(template, arrays)
+                return stacked_body_values(body_traced.function, values[:n_carried], values[n_carried:], iterations)
+
+            stacked_fakes = [torch.empty((iterations, *value.shape), dtype=value.dtype, device="meta") for value in carried]
+            plan = stack_plans[iterations] = Plan(
+                WHILE_LOOP_NAME, stack, _out_specs(stacked_fakes), "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, "stack", iterations, id(cond_fn), id(body_fn))
+            )
+        return tuple(_run(plan, call, _perf_ns()))
 
 
 def _on_handles(rule: Callable[..., Any]) -> Callable[..., Any]:

@@ -247,3 +247,43 @@ def test_aot_eager_compiled_cond_draws_as_the_eager_cond(mode: EagerMode) -> Non
         compiled_outputs, compiled_after = torch.compile(_seeded_cond, backend="aot_eager")(chip_x, 1.0)
     for got, want in zip([*compiled_outputs, compiled_after], [*eager_outputs, eager_after]):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+def _grow(x: torch.Tensor, w: torch.Tensor, limit: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps taken and the value after doubling x and adding w until its absolute sum reaches `limit`."""
+    steps = torch.zeros((), dtype=torch.int64, device=x.device)
+    return while_loop(lambda steps, value: value.abs().sum() < limit, lambda steps, value: (steps + 1, value * 2 + w.sin()), (steps, x))
+
+
+@pytest.mark.parametrize("limit", [100.0, 0.0], ids=["several-steps", "no-step"])
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_while_loop_gradients_match_cpu(mode: EagerMode, limit: float) -> None:
+    generator = torch.Generator().manual_seed(11)
+    x, w = torch.randn(3, generator=generator), torch.randn(3, generator=generator)
+    cpu_x, cpu_w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    expected_steps, expected_value = _grow(cpu_x, cpu_w, limit)
+    (expected_value**2).sum().backward()
+    with eager(mode):
+        chip_x, chip_w = x.to("tpu").requires_grad_(), w.to("tpu").requires_grad_()
+        with recorded_host_reads() as reads:
+            steps, value = _grow(chip_x, chip_w, limit)
+            assert reads == ["data_dependent"]  # the loop's count, which the stacked values' size needs
+        (value**2).sum().backward()
+        actual = [host(steps), host(value), host(chip_x.grad), host(chip_w.grad)]
+    assert int(expected_steps) == (6 if limit else 0)
+    for got, want in zip(actual, [expected_steps, expected_value.detach(), cpu_x.grad, cpu_w.grad]):
+        torch.testing.assert_close(got, want)
+
+
+def test_a_while_loop_backward_over_an_int_carry_is_refused_as_on_the_cpu() -> None:
+    """torch's while_loop backward stacks tensor carries only; an int carry fails on the CPU too."""
+
+    def run(x: torch.Tensor) -> tuple[int, torch.Tensor]:
+        return while_loop(lambda count, value: count < 3, lambda count, value: (count + 1, value * 2), (0, x))
+
+    messages = []
+    for device in ("cpu", "tpu"):
+        with pytest.raises(Exception, match="all carried_inputs must be tensors for stack_output") as raised:
+            run(torch.ones(3, device=device, requires_grad=True))
+        messages.append(type(raised.value).__name__)
+    assert messages[0] == messages[1]

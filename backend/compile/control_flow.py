@@ -144,6 +144,32 @@ def while_values(cond_fn: Subgraph, body_fn: Subgraph, carried: Sequence[Any], a
     return tuple(jax.lax.while_loop(keep_going, body, initial))
 
 
+def counted_while_values(cond_fn: Subgraph, body_fn: Subgraph, carried: Sequence[Any], additional: Sequence[Any]) -> tuple:
+    """`while_values`, followed by the number of iterations the loop ran (an int64 array)."""
+
+    def keep_going(*values: Any) -> tuple:
+        return cond_fn.run(*values[1:])
+
+    def body(count: Any, *values: Any) -> tuple:
+        return (count + 1, *body_fn.run(*values))
+
+    count, *outputs = while_values(Subgraph(keep_going, 0), Subgraph(body, 0), (jnp.zeros((), jnp.int64), *carried), additional)
+    return (*outputs, count)
+
+
+def stacked_body_values(body_fn: Subgraph, carried: Sequence[Any], additional: Sequence[Any], count: int) -> tuple:
+    """The carried values after each of `count` runs of the body, stacked along a new first dim
+    (what torch's `while_loop_stack_output` returns, once the loop's count is known)."""
+    initial = tuple(_exact(value) for value in carried)
+
+    def step(carry: tuple, _: Any) -> tuple:
+        outputs = tuple(jax.lax.convert_element_type(output, start.dtype) for output, start in zip(body_fn.run(*carry, *additional), carry))
+        return outputs, outputs
+
+    _, stacked = jax.lax.scan(step, initial, None, length=count)
+    return tuple(stacked)
+
+
 def lower_cond(node: torch.fx.Node, pred: Any, true_gm: torch.fx.GraphModule, false_gm: torch.fx.GraphModule, operands: Sequence[Any]) -> tuple:
     """A `cond` node of a compiled graph."""
     names = (f"{node.name} true branch", f"{node.name} false branch")

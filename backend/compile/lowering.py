@@ -425,7 +425,24 @@ def _fma(node: torch.fx.Node, a: Any, b: Any, c: Any) -> Any:
     return a * b + c
 
 
+def _scalar_of(node: torch.fx.Node, value: Any) -> Any:
+    """`Tensor.item()` traced into a program (torch's while_loop backward picks its step with one):
+    the one element as a 0-dim array, which indexing ops take as a traced index."""
+    return jnp.reshape(value, ())
+
+
+def _select(node: torch.fx.Node, value: Any, dim: int, index: Any) -> Any:
+    """`select` at an index the program computes (a traced `.item()`), as a dynamic slice; at a
+    Python index, the registered lowering."""
+    if not isinstance(index, (jax.Array, jax.core.Tracer)):
+        return LOWERINGS[aten.select.int].fn(value, dim, index)
+    axis = dim % value.ndim
+    return jax.lax.dynamic_index_in_dim(value, index % value.shape[axis], axis=axis, keepdims=False)
+
+
 _SPECIAL: dict[str, Callable[..., Any]] = {
+    "aten._local_scalar_dense.default": _scalar_of,
+    "aten.select.int": _select,
     "aten._to_copy.default": _to_copy,
     "aten.copy.default": _copy,
     "aten.as_strided.default": _as_strided,
