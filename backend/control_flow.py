@@ -461,7 +461,7 @@ def install() -> None:
         hop.py_impl(TpuTensor)(rule)
         hop.py_impl(TpuData)(_on_handles(rule))
         hop.py_impl(_AnalyzeCustomOpInputOutputMode)(_past_analysis_mode(hop, _on_handles(rule)))
-    for hop in (cond_op, while_loop_op):
+    for hop in (cond_op, while_loop_op, while_loop_stack_output_op):
         _route_modes_to_inner(hop)
     from torch._dynamo.variables import higher_order_ops as dynamo_hops
 
