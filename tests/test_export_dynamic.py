@@ -125,3 +125,31 @@ def test_a_length_that_changes_recompiles_once_then_runs_dynamic(tmp_path: Path)
     assert [row.reason for row in frames] == ["first", "guard_failure"]
     assert frames[1].diff.endswith("size mismatch at index 0. expected 4, actual 6")
     assert json.loads(frames[1].detail)["call_site"]
+
+
+def test_a_recording_keeps_dynamo_metrics_of_an_earlier_recording_out(tmp_path: Path) -> None:
+    """An eager `while_loop` compiles its wrapper with Dynamo; once `torch._dynamo.reset()` restarts
+    the compile ids, that compile's metrics shared an id with the next recording's first frame, which
+    was then written twice (once under the wrapper's name)."""
+    from torch._higher_order_ops import while_loop
+
+    from tputrace import recorder
+
+    recorder.start(str(tmp_path / "loop.tptrace"), script="loop", argv=[], mode="eager")
+    try:
+        steps = torch.zeros((), dtype=torch.int64, device="tpu")
+        steps, _ = while_loop(lambda i, z: i < 3, lambda i, z: (i + 1, z * 0.5), (steps, torch.ones(4, device="tpu")))
+    finally:
+        recorder.stop(0)
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda x: torch.softmax(x * 2, dim=-1), backend="tpu")
+    trace_path = tmp_path / "compiled.tptrace"
+    recorder.start(str(trace_path), script="compiled", argv=[], mode="compile")
+    try:
+        x = torch.randn(4, 3)
+        assert torch.allclose(host(compiled(x.to("tpu"))), torch.softmax(x * 2, dim=-1), atol=1e-6)
+    finally:
+        recorder.stop(0)
+    frames, _ = _frames_and_xla(trace_path)
+    assert [row.reason for row in frames] == ["first"], [row.name for row in frames]
+    assert "while_loop" not in frames[0].name

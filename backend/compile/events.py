@@ -146,8 +146,8 @@ class DynamoEvents:
                 frame = self.pending.get(metrics.compile_id)
                 if frame is None or metrics.is_forward is False or metrics.is_runtime:
                     continue
-                if metrics.start_time_us is not None and metrics.start_time_us * 1000 < frame.wall_start_ns - 1_000_000_000:
-                    continue  # an earlier compile with the same id (before torch._dynamo.reset())
+                if metrics.start_time_us is not None and metrics.start_time_us * 1000 < max(frame.wall_start_ns - 1_000_000_000, recorder.start_unix_ns):
+                    continue  # an earlier compile with the same id (before torch._dynamo.reset() or this recording)
                 del self.pending[metrics.compile_id]
                 if not frame.location and _is_tputrace_code(metrics.co_filename):
                     continue  # Dynamo looked at a tputrace callback run from C++ (e.g. the device guard)
