@@ -7,7 +7,8 @@ chip computes what fixes the length (the nonzero count; the number of distinct v
 sorted values; the sum, min and max of the values), the host reads only that (one data-dependent sync, as
 CUDA's kernels sync to size their output; in DEFER_AND_FUSE it flushes the pending graph), and a
 program compiled for that length, rounded up (see `length_buckets`), computes the result on the chip
-(see `ops.sized`), which is then cut to the length. Inputs with no element, or one, need no read.
+(see `ops.sized`), which is then cut to the length (`padded_reads.cut`: read on the host, with no
+program per length). Inputs with no element, or one, need no read.
 
 Calls torch refuses for their shapes or dtypes keep the host fallback, which raises torch's error;
 errors that depend on the values (a negative value in `bincount` or in `repeat_interleave`'s
@@ -25,6 +26,7 @@ from tputrace.backend.entries import OpEntry
 from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import SYNC_KIND, count_set
 from tputrace.backend.op_routes import bound
+from tputrace.backend.padded_reads import cut
 from tputrace.backend.ops import sized
 from tputrace.backend.ops.registry import Lowering
 
@@ -52,12 +54,6 @@ def nonzero(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any:
     (self,) = bound(aten.nonzero.default, args, kwargs)
     count = count_set(dispatcher.to_host, self)
     return cut(aten.nonzero_static.default(self, size=padded_length(count, self.numel())), 0, count)
-
-
-def cut(padded: Any, dim: int, length: int) -> Any:
-    """The first `length` entries along `dim` of an output compiled for a padded length (see
-    `length_buckets`): a view, whose read copies only those entries."""
-    return padded if padded.shape[dim] == length else padded.narrow(dim, 0, length)
 
 
 _EXTREMES = {op: sized_step(op, sized.extremes) for op in (aten.repeat_interleave.Tensor, aten.bincount.default)}

@@ -135,7 +135,7 @@ class DeferredExecutor:
         self.held: list[Sequence[Any]] = []  # values ops hold between runs (see `holding`)
 
     # ----------------------------------------------------------------- Executor protocol
-    def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
+    def prepare(self, plan: Plan, dynamic: Sequence[Any]) -> None:
         avals = [jax.ShapeDtypeStruct(value.shape, value.dtype) if hasattr(value, "shape") else value for value in dynamic]
         jax.eval_shape(plan.fn, *avals)
 

@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, matmul_precision, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, matmul_precision, padded_reads, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -41,6 +41,7 @@ from tputrace.backend.plans import (
     regroup,
 )
 from tputrace.backend.compile_history import CompileHistory
+from tputrace.backend.length_recompiles import LengthRecompiles
 from tputrace.backend.memory_formats import corrected_meta, storage_order
 from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
 from tputrace.backend.views import ViewChain, ViewStep, geometry
@@ -93,6 +94,7 @@ class Dispatcher:
         self.routed_ops: list[Any] = []  # keeps every routed op alive, so its id stays its own
         self.plans: dict[Any, Any] = {}
         self.structures: dict[Any, CompileHistory] = {}
+        self.length_recompiles = LengthRecompiles()  # new data-dependent lengths as recompiles (`record_compile`)
         self.view_plans: dict[Any, Any] = {}
         self.executor: Executor = StrictExecutor(self)
         self.recorder: Any = None
@@ -447,7 +449,7 @@ class Dispatcher:
 
                 out_spec = OutSpec(storage_shape, spec.dtype, spec.jax_dtype, spec.nbytes)
                 plan = Plan("storage_order", to_storage_order, (out_spec,), "single", ((spec.shape, spec.dtype),), chip, ("storage order", order))
-                self.executor.prepare(plan, [value], record=False)
+                self.executor.prepare(plan, [value])
                 self.plans[key] = plan
         return plan
 
@@ -560,8 +562,12 @@ class Dispatcher:
         return history.reason(in_specs, names, precision, evicted=evicted)
 
     def record_compile(self, plan: Plan, kind: str, *, evicted: bool = False) -> None:
-        """Tell the recorder about a new single-op program: first compile or recompile with its reason."""
+        """Tell the recorder about a new single-op program: first compile or recompile with its reason
+        (a program like an earlier one but for a new data-dependent length says so: `length_recompiles`)."""
         reason, diff = self.compile_reason(plan.structure_key, plan.in_specs, precision=plan.matmul_precision, evicted=evicted)
+        by_length = self.length_recompiles.reason(plan.structure_key, plan.in_specs)
+        if reason == "first" and by_length is not None:
+            reason, diff = by_length
         if self.recorder is not None:
             detail = {"matmul_precision": plan.matmul_precision} if plan.matmul_precision else None
             self.recorder.compiled(plan, kind, reason, diff, detail=detail)
@@ -648,7 +654,7 @@ class Dispatcher:
                 out = jax.eval_shape(fn, jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0]
                 spec = OutSpec(tuple(out.shape), torch.float32, out.dtype, 0)
                 plan = Plan("view", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("chain", chain.key))
-                self.executor.prepare(plan, [buf.array], record=False)
+                self.executor.prepare(plan, [buf.array])
                 self.plans[key] = plan
         return plan
 
@@ -663,7 +669,7 @@ class Dispatcher:
                 spec = OutSpec(tuple(buf.array.shape), to_torch(buf.array.dtype), buf.array.dtype, nbytes)
                 view = jax.eval_shape(chain.function(), jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0]
                 plan = Plan("view_write", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("scatter", chain.key))
-                self.executor.prepare(plan, [buf.array, jnp.zeros(view.shape, view.dtype)], record=False)
+                self.executor.prepare(plan, [buf.array, view])  # the value as a shape: no program compiles to make it
                 self.plans[key] = plan
         return plan
 
@@ -863,15 +869,17 @@ class Dispatcher:
         an index out of range on the chip since the last sync raises here (see `index_checks`)."""
         self.raise_worker_errors()
         start = _perf_ns()
-        value, pending = self.executor.concrete(self.read(tensor), sync_kind)
+        cut = padded_reads.host_cut(tensor)  # a data-dependent output: its padded buffer, cut here
+        value, pending = self.executor.concrete(self.read(tensor) if cut is None else tensor._buf.array, sync_kind)
         jax.block_until_ready(value)
         index_checks.raise_if_out_of_range(self.recorder, tensor._buf.chip)
         stall_end = _perf_ns()
-        host = transfers.array_to_torch(value, tensor.dtype)
+        host = transfers.array_to_torch(value, tensor.dtype, cut)
         end = _perf_ns()
         if self.recorder is not None:
+            nbytes = host.numel() * host.element_size() if cut is None else value.nbytes
             self.recorder.synced(sync_kind, tensor._buf.chip, start, stall_end - start, pending)
-            self.recorder.transferred("d2h", host.numel() * host.element_size(), tensor._buf.chip, -1, stall_end, end - stall_end)
+            self.recorder.transferred("d2h", nbytes, tensor._buf.chip, -1, stall_end, end - stall_end)
         return host
 
     def to_chip(self, host: torch.Tensor, chip: int) -> Any:

@@ -20,7 +20,7 @@ _NOTHING_HELD = contextlib.nullcontext()
 class Executor(Protocol):
     """What the dispatcher needs from an execution strategy."""
 
-    def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
+    def prepare(self, plan: Plan, dynamic: Sequence[Any]) -> None:
         """Make the plan runnable (compile, or check that it traces); raise if its lowering fails."""
 
     def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
@@ -56,12 +56,11 @@ class StrictExecutor:
         self.launch_blocking = launch_blocking
         self.last_values: Any = None
 
-    def prepare(self, plan: Plan, dynamic: Sequence[Any], record: bool = True) -> None:
+    def prepare(self, plan: Plan, dynamic: Sequence[Any]) -> None:
         evicted = program_cache.take_evicted(plan)
         plan.program = compile_program(plan.fn, dynamic, plan.chip, plan.op_name)
         program_cache.keep_attribute(plan, "program", plan.program)
-        if record:
-            self.dispatcher.record_compile(plan, "op", evicted=evicted)
+        self.dispatcher.record_compile(plan, "op", evicted=evicted)
 
     def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
         program = plan.program

@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.data_dependent import cut, nonzero, sized_step
+from tputrace.backend.data_dependent import nonzero, sized_step
 from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import MASK_DTYPES, count_set
 from tputrace.backend.ops import sized
+from tputrace.backend.padded_reads import cut
 from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten

@@ -35,9 +35,13 @@ def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
     return jax.device_put(np.array(data, copy=True), device)
 
 
-def array_to_torch(array: Any, dtype: torch.dtype) -> torch.Tensor:
-    """A writable CPU tensor holding a copy of a chip array."""
+def array_to_torch(array: Any, dtype: torch.dtype, leading: tuple[int, int] | None = None) -> torch.Tensor:
+    """A writable CPU tensor holding a copy of a chip array; with `leading` (dim, length), a copy of
+    only the first `length` entries along `dim` (the array is copied to the host whole)."""
     data = np.asarray(array)
+    if leading is not None:
+        dim, length = leading
+        data = data[(slice(None),) * dim + (slice(0, length),)]
     pattern = _BIT_PATTERNS.get(dtype)
     if pattern is not None:
         return torch.from_numpy(np.array(data.view(pattern[1]))).view(dtype)

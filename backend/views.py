@@ -48,13 +48,15 @@ class ViewChain:
     (the steps of cached view layouts live as long as the dispatcher), so making a view of a view
     builds no new chain once that sequence has been seen."""
 
-    __slots__ = ("steps", "key", "_next", "plans")
+    __slots__ = ("steps", "key", "_next", "plans", "host_cut")
 
     def __init__(self, steps: tuple[ViewStep, ...]) -> None:
         self.steps = steps
         self.key = tuple(step.key for step in steps)
         self._next: dict[int, ViewChain] = {}
         self.plans: dict[tuple, Any] = {}  # the dispatcher's read/write plans of this chain, by buffer signature
+        # (dim, length) for a data-dependent output's cut, read on the host without a program (`padded_reads`)
+        self.host_cut: tuple[int, int] | None = None
 
     @staticmethod
     def root(step: ViewStep) -> "ViewChain":

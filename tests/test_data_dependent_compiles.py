@@ -1,0 +1,83 @@
+"""The programs data-dependent ops compile (`nonzero`, `x[mask]`, `masked_select`, `unique`, `bincount`,
+`repeat_interleave`) are all in the trace, each new length's named in its recompile's diff, and a
+host read of their results compiles no program per count (`padded_reads`); results equal the CPU's
+in both eager modes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import pytest
+import torch
+
+import tputrace
+from backend_helpers import eager
+from tputrace.backend.device_module import EagerMode
+from tputrace.cli.main import main
+
+MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_backend_compiles: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **_: _backend_compiles.append(event) if event == _COMPILE_EVENT else None
+)
+
+_SCRIPT = """
+import torch
+torch.tpu.set_eager_mode(torch.tpu.EagerMode.{mode})
+values = torch.randperm(256, generator=torch.Generator().manual_seed(0))
+rows = torch.randn(256, 3, generator=torch.Generator().manual_seed(1))
+chip_values, chip_rows = values.to("tpu"), rows.to("tpu")
+for count in (3, 17, 40, 41, 90, 91, 200):
+    mask, chip_mask = values < count, chip_values < count
+    picked = chip_rows[chip_mask]
+    assert torch.equal(picked.cpu(), rows[mask])
+    assert torch.equal(torch.nonzero(chip_mask).cpu(), torch.nonzero(mask))
+    assert torch.equal(torch.masked_select(chip_values, chip_mask).cpu(), torch.masked_select(values, mask))
+    assert torch.equal(torch.unique(chip_values % count).cpu(), torch.unique(values % count))
+    assert torch.equal(torch.bincount(chip_values % count).cpu(), torch.bincount(values % count))
+    assert torch.equal(torch.repeat_interleave(chip_values[:8] % count % 5).cpu(), torch.repeat_interleave(values[:8] % count % 5))
+    assert torch.allclose((picked * 2).sum(0).cpu(), (rows[mask] * 2).sum(0))  # an op reads the cut on the chip
+"""
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_traced_run_of_varying_counts_records_every_compile(tmp_path: Path, mode: EagerMode) -> None:
+    """Every XLA compile of the run (JAX's own count) is a compile in the trace; the sized programs'
+    and the chip-read cuts' new lengths are recompiles that name the length (strict mode, where each
+    is a program of its own)."""
+    script = tmp_path / "counts.py"
+    script.write_text(_SCRIPT.format(mode=mode.name))
+    trace_path = tmp_path / "counts.tptrace"
+    before = len(_backend_compiles)
+    assert main(["run", "-o", str(trace_path), str(script)]) == 0
+    compiled = len(_backend_compiles) - before
+    with tputrace.open(trace_path) as trace:
+        assert trace.count("compiles") == compiled > 0
+        diffs = [trace.string(diff_sid) or "" for (diff_sid,) in trace.sql("SELECT diff_sid FROM compiles WHERE reason = 'recompile'")]
+    if mode is EagerMode.DEFER_NEVER:
+        assert any(diff.startswith("size ") for diff in diffs)
+        assert any(diff.startswith("output_size ") for diff in diffs)
+        assert any(diff.startswith("view aten.slice.Tensor: end ") for diff in diffs)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_host_read_of_a_new_count_compiles_nothing(mode: EagerMode) -> None:
+    """Counts whose padded length was compiled already: `x[mask]`, `nonzero` and `unique` read on the
+    host (`.cpu()`, `.tolist()`, after `.detach()`) compile no program, and equal the CPU's."""
+    values = torch.randperm(300, generator=torch.Generator().manual_seed(2))
+    rows = torch.randn(300, 2, generator=torch.Generator().manual_seed(3))
+
+    def results(values: torch.Tensor, rows: torch.Tensor, count: int) -> list:
+        mask = values < count
+        return [rows[mask].detach().cpu(), torch.nonzero(mask).cpu(), torch.unique(values % count).tolist(), rows[:, :1][mask].cpu()]
+
+    with eager(mode):
+        chip_values, chip_rows = values.to("tpu"), rows.to("tpu")
+        results(chip_values, chip_rows, 132)  # compiles the programs of the padded length 160
+        before = len(_backend_compiles)
+        for count in (129, 133, 140, 144):
+            chip, cpu = results(chip_values, chip_rows, count), results(values, rows, count)
+            assert all(torch.equal(a, b) for a, b in zip(chip[:2] + chip[3:], cpu[:2] + cpu[3:])) and chip[2] == cpu[2]
+        assert len(_backend_compiles) == before
