@@ -384,6 +384,9 @@ class DeferredExecutor:
         reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, _input_names(nodes, len(graph.inputs)), evicted=evicted)
         if reason == "first":
             reason, diff = self._structure_change(site, step, nodes, graph, recorder if recording else None)
+        by_length = self.dispatcher.length_recompiles.fused_reason(nodes, structure[1:], in_specs)
+        if reason == "first" and by_length is not None:
+            reason, diff = by_length
         self.site_structures[site] = (step, tuple(nodes))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
