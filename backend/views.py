@@ -99,7 +99,7 @@ class ViewChain:
         size = 1
         for dim in buffer_shape:
             size *= dim
-        dense = _dense_axis_order(view_of, buffer_shape, size)
+        dense = _dense_axis_order(self.steps, buffer_shape, size)
         if dense is not None:
             view_shape, order = dense
 
@@ -204,12 +204,22 @@ def geometry(shape: tuple[int, ...], strides: tuple[int, ...], offset: int, dtyp
 _DENSE_CHECK_LIMIT = 1 << 24  # elements; a larger buffer's view is written by a scatter, unchecked
 
 
-def _dense_axis_order(view_of: Callable[[Any], tuple], buffer_shape: tuple[int, ...], size: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
+def _dense_axis_order(steps: tuple[ViewStep, ...], buffer_shape: tuple[int, ...], size: int) -> tuple[tuple[int, ...], tuple[int, ...]] | None:
     """The view's shape and the axis order that lays its elements out as its buffer, when the view
-    holds every buffer element exactly once with its axes permuted; else None."""
+    holds every buffer element exactly once with its axes permuted; else None.
+
+    The view's buffer positions come from its ATen ops applied on the host to the positions 0..size-1
+    (the steps' lowerings do what those ops do): no XLA program compiles that the trace would miss."""
     if size == 0 or size > _DENSE_CHECK_LIMIT:
         return None
-    positions = np.asarray(view_of(jnp.arange(size, dtype=jnp.int64).reshape(buffer_shape))[0])
+    positions_tensor = torch.arange(size).reshape(buffer_shape)
+    try:
+        for step in steps:
+            viewed = step.key[0](positions_tensor, *step.args, **step.kwargs)
+            positions_tensor = viewed if step.index is None else viewed[step.index]
+    except (RuntimeError, TypeError, ValueError, IndexError):
+        return None  # written by the general scatter (`write_through`)
+    positions = positions_tensor.numpy()
     if positions.size != size or positions.reshape(-1)[0] != 0:
         return None
     strides = [int(np.take(positions, 1, axis=dim).reshape(-1)[0]) if positions.shape[dim] > 1 else 0 for dim in range(positions.ndim)]

@@ -79,3 +79,23 @@ def test_a_host_read_of_a_new_count_compiles_nothing(mode: EagerMode) -> None:
             chip, cpu = results(chip_values, chip_rows, count), results(values, rows, count)
             assert all(torch.equal(a, b) for a, b in zip(chip[:2] + chip[3:], cpu[:2] + cpu[3:])) and chip[2] == cpu[2]
         assert len(_backend_compiles) == before
+
+
+def test_views_read_and_written_on_the_chip_are_recorded_compiles(tmp_path: Path) -> None:
+    """Strict mode: a view's read and write programs are compiles in the trace, and finding how a
+    write lays out its view compiles nothing the trace misses."""
+    script = tmp_path / "views.py"
+    script.write_text(
+        "import torch\n"
+        "grid = torch.zeros(6, 4, device='tpu')\n"
+        "grid[:, 1] = 1\n"
+        "grid.t()[2:] += 2\n"
+        "assert grid.t()[1:3].cpu().tolist() == [[1.0] * 6, [2.0] * 6]\n"
+    )
+    trace_path = tmp_path / "views.tptrace"
+    before = len(_backend_compiles)
+    assert main(["run", "--mode", "strict", "-o", str(trace_path), str(script)]) == 0
+    compiled = len(_backend_compiles) - before
+    with tputrace.open(trace_path) as trace:
+        names = [trace.string(name_sid) for (name_sid,) in trace.sql("SELECT name_sid FROM compiles")]
+    assert len(names) == compiled and {"view", "view_write"} <= set(names)
