@@ -287,6 +287,19 @@ def test_run_script_that_raises(tmp_path: Path, recorder: StandInRecorder, capsy
     assert "raised ValueError: boom" in err
 
 
+# A launcher stopping the other ranks after one died sends SIGTERM while a rank is still formatting the
+# error its collective raised: the run then recorded exit status 0.
+SIGTERM_WHILE_REPORTING_AN_ERROR = (
+    "import os, signal\n"
+    "class PeerGone(Exception):\n"
+    "    @property\n"
+    "    def __notes__(self):\n"
+    "        os.kill(os.getpid(), signal.SIGTERM)\n"
+    "        return []\n"
+    "raise PeerGone()\n"
+)
+
+
 @pytest.mark.parametrize(
     ("body", "status", "message"),
     [
@@ -295,8 +308,9 @@ def test_run_script_that_raises(tmp_path: Path, recorder: StandInRecorder, capsy
         ("import sys\nsys.exit('bad config')\n", 1, "bad config"),
         ("raise KeyboardInterrupt\n", 130, "KeyboardInterrupt"),
         ("import os, signal, time\nos.kill(os.getpid(), signal.SIGTERM)\ntime.sleep(10)\n", 143, None),
+        (SIGTERM_WHILE_REPORTING_AN_ERROR, 143, None),
     ],
-    ids=["exit-3", "exit-none", "exit-message", "ctrl-c", "sigterm"],
+    ids=["exit-3", "exit-none", "exit-message", "ctrl-c", "sigterm", "sigterm-while-reporting-an-error"],
 )
 def test_run_exit_paths(
     tmp_path: Path,

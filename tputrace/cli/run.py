@@ -297,10 +297,12 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
                 sys.stderr.write(error_text)
                 exit_status = EXIT_INTERRUPTED
             except BaseException as error:  # noqa: BLE001 - report whatever the script raised, as Python does
+                exit_status = EXIT_SCRIPT_RAISED
                 _stop(status_line)
                 error_text = user_traceback(error)
                 sys.stderr.write(error_text)
-                exit_status = EXIT_SCRIPT_RAISED
+    except SystemExit as late_exit:  # a SIGTERM while the script's end was handled (a launcher stopping ranks)
+        exit_status = exit_status_of(late_exit.code)[0]
     finally:
         _stop(status_line)
         with _sigterm_deferred():
