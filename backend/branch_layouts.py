@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from tputrace.backend.dtypes import to_jax
-from tputrace.backend.memory_formats import contiguous_strides, strides_in_order
+from tputrace.backend.memory_formats import contiguous_strides, dense_order, strides_in_order
 from tputrace.backend.plans import OutSpec
 
 
@@ -47,24 +47,12 @@ def layout_of(true_fake: torch.Tensor, false_fake: torch.Tensor) -> BranchLayout
         return None
     expanded = tuple(dim for dim, (size, stride) in enumerate(zip(shape, strides)) if stride == 0 and size > 1)
     stored_shape = tuple(1 if dim in expanded else size for dim, size in enumerate(shape))
-    order = _dense_order(stored_shape, strides)
+    order = dense_order(stored_shape, strides)
     if order is None:
         return None
     if order == tuple(range(len(shape))):
         order = None
     return BranchLayout(shape, expanded, order)
-
-
-def _dense_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
-    """The dims, outermost first, in which a dense buffer holds a tensor of these strides (a size-1
-    dim where its stride puts it); None when the strides leave gaps or overlap."""
-    order = tuple(sorted(range(len(shape)), key=lambda dim: (-strides[dim], -shape[dim])))
-    expected = 1
-    for dim in reversed(order):
-        if shape[dim] != 1 and strides[dim] != expected:
-            return None
-        expected *= shape[dim]
-    return order
 
 
 def out_spec(fake: torch.Tensor, layout: BranchLayout | None) -> OutSpec:

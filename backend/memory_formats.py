@@ -57,6 +57,12 @@ def storage_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int
     strides; None for a layout kept contiguous (not channels-last, or with gaps or overlaps)."""
     if channels_last_format(shape, strides) is None:
         return None
+    return dense_order(shape, strides)
+
+
+def dense_order(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The dims, outermost first, in which a dense buffer holds a tensor of these strides (a size-1
+    dim where its stride puts it); None when the strides leave gaps or overlap."""
     order = tuple(sorted(range(len(shape)), key=lambda dim: (-strides[dim], -shape[dim])))
     expected = 1
     for dim in reversed(order):
