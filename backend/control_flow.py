@@ -214,6 +214,14 @@ def _cached(functions: Sequence[Callable[..., Any]], key: Any, build: Callable[[
     return entry[:-1]
 
 
+def _traced_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Any]) -> tuple[_TracedFunction, _TracedFunction]:
+    """A while_loop's cond_fn and body_fn traced on its inputs, refused if either draws random numbers."""
+    cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
+    body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
+    refuse_draws((cond_traced.function, body_traced.function), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), "torch.while_loop")
+    return cond_traced, body_traced
+
+
 def _out_specs(fakes: Sequence[torch.Tensor]) -> tuple[OutSpec, ...]:
     return tuple(OutSpec(tuple(fake.shape), fake.dtype, to_jax(fake.dtype), fake.numel() * fake.element_size()) for fake in fakes)
 
@@ -297,9 +305,7 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
         key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
         def build() -> tuple:
-            cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
-            body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
-            refuse_draws((cond_traced.function, body_traced.function), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), "torch.while_loop")
+            cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs)
             n_carried = len(carried)
 
             def run(*arrays: Any) -> tuple:
@@ -373,9 +379,7 @@ def _stacked_while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[...,
         key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
         def build_traces() -> tuple:
-            cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
-            body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
-            refuse_draws((cond_traced.function, body_traced.function), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), "torch.while_loop")
+            cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs)
 
             def count(*arrays: Any) -> tuple:
                 values = _with_arrays(template, arrays)
