@@ -16,6 +16,7 @@ import torch
 from tputrace.backend import matmul_precision
 
 from ._util import UnloweredCase, canon_dim, opmath, to_float
+from .ordering import computed_after
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -289,13 +290,14 @@ def sdpa_flash_for_cpu_backward(grad_out: Array, query: Array, key: Array, value
 
         _, pullback = jax.vjp(forward, q, k, v)
         return pullback(to_float(grad_out))
-    # The probabilities are computed as the forward computes them, not from the saved logsumexp: when
-    # forward and backward share one fused program (DeferAndFuse), XLA then reuses the forward's
-    # scores matmul and softmax instead of running them again. The saved output gives each row's
-    # sum(grad * probabilities · v) as sum(grad * out) (FlashAttention's backward).
+    # The probabilities are recomputed from the saved logsumexp after the gradient exists, as
+    # FlashAttention's backward does: in one fused program (DeferAndFuse) XLA would otherwise merge the
+    # scores and softmax with the forward's and keep them from the forward to the backward
+    # (ordering.py). The saved output gives each row's sum(grad * probabilities · v) as sum(grad * out).
     grad = to_float(grad_out)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    probabilities = _softmax(q, k, is_causal, attn_mask, scale)[0]
+    scores = _scores(computed_after(q, grad), k, is_causal, attn_mask, scale)
+    probabilities = jnp.exp(scores - to_float(logsumexp)[..., None])
     grad_value = jnp.einsum("...qk,...qd->...kd", probabilities, grad, precision=matmul_precision.for_operands(probabilities, grad))
     grad_probabilities = jnp.einsum("...qd,...kd->...qk", grad, v, precision=matmul_precision.for_operands(grad, v))
     row = jnp.sum(grad * to_float(out), axis=-1, keepdims=True)

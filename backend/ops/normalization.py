@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import torch
 
 from ._util import to_float
+from .ordering import computed_after
 from .reduction import vector_norm
 from .registry import lowers
 
@@ -42,7 +43,7 @@ def native_layer_norm_backward(grad_out: Array, input: Array, normalized_shape: 
     x, grad = to_float(input), to_float(grad_out)
     axis = input.ndim - len(normalized_shape)
     norm_dims, batch_dims = tuple(range(axis, input.ndim)), tuple(range(axis))
-    x_hat = (x - mean) * rstd
+    x_hat = (computed_after(x, grad) - mean) * rstd
     scaled = grad if weight is None else grad * weight
     grad_input = grad_weight = grad_bias = None
     if output_mask[0]:
