@@ -10,6 +10,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tputrace
+from backend_helpers import eager
+from tputrace.backend.device_module import EagerMode
 from tputrace.cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
@@ -77,6 +79,35 @@ def test_a_script_that_raises_leaves_a_complete_trace(tmp_path: Path, capsys) ->
         assert trace.count("ops") >= 2 and trace.count("syncs") == 1
         sync = next(trace.records("syncs"))
         assert sync.kind == "item" and sync.source.line == 3
+
+
+def test_an_in_process_run_switches_the_eager_mode_for_the_script_only(tmp_path: Path, capsys) -> None:  # noqa: ANN001
+    """The script runs in its `--mode`'s eager mode; afterwards (also after it raised) the process is back
+    in the mode it had, so tpu ops after an in-process `main(["run", ...])` run as they ran before it."""
+    script = tmp_path / "mode.py"
+    script.write_text(
+        "import sys\n"
+        "import torch\n"
+        "print('script mode', torch.tpu.eager_mode().name)\n"
+        "print((torch.ones(3, device='tpu') * 2).sum().item())\n"
+        "if sys.argv[1:] == ['raise']:\n"
+        "    raise ValueError('bad batch')\n"
+    )
+    runs = [
+        (EagerMode.DEFER_NEVER, "defer", EagerMode.DEFER_AND_FUSE, []),
+        (EagerMode.DEFER_AND_FUSE, "strict", EagerMode.DEFER_NEVER, []),
+        (EagerMode.DEFER_NEVER, "blocking", EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING, ["raise"]),
+    ]
+    for mode_before, run_mode, script_mode, script_args in runs:
+        trace_path = tmp_path / f"{run_mode}.tptrace"
+        with eager(mode_before):
+            status = main(["run", "--no-summary", "--mode", run_mode, "-o", str(trace_path), str(script), *script_args])
+            mode_after = torch.tpu.eager_mode()
+        assert status == (1 if script_args else 0)
+        assert f"script mode {script_mode.name}" in capsys.readouterr().out
+        with tputrace.open(trace_path) as trace:
+            assert trace.run.eager_mode == script_mode.value
+        assert mode_after is mode_before, run_mode
 
 
 def test_blocking_mode_stops_at_the_line_of_an_index_out_of_range(tmp_path: Path, capsys) -> None:  # noqa: ANN001

@@ -28,6 +28,8 @@ _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 
 _active: "Recorder | None" = None
 _explicit_steps_seen = False
+# The eager mode (`EagerMode` value) `start` switched away from, which `stop` switches back to.
+_eager_mode_before_start: str | None = None
 
 
 def _finished(reference: weakref.ref) -> bool:
@@ -515,22 +517,27 @@ def active() -> Recorder | None:
 
 
 def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
-    """Load the backend, choose the eager mode, and start recording into `path` (None: record nothing)."""
-    global _active, _explicit_steps_seen
+    """Load the backend, choose the eager mode (until `stop`), and start recording into `path` (None: record nothing)."""
+    global _active, _explicit_steps_seen, _eager_mode_before_start
     if _active is not None:
         raise RuntimeError("a tputrace recording is already running in this process")
     import tputrace.backend  # noqa: F401 - registers the tpu device
     from tputrace.backend import hooks
-    from tputrace.backend.device_module import EagerMode, set_eager_mode
+    from tputrace.backend.device_module import EagerMode, eager_mode, set_eager_mode
 
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
     eager = {"defer": EagerMode.DEFER_AND_FUSE, "strict": EagerMode.DEFER_NEVER, "blocking": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING}.get(mode)
     if eager is not None:
+        _eager_mode_before_start = eager_mode().value
         set_eager_mode(eager)
     if path is not None:
         fork_recording.clear_stale(path)
-    recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
+    try:
+        recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
+    except BaseException:
+        _restore_eager_mode()
+        raise
     _active = recorder
     _explicit_steps_seen = False
     hooks.attach(recorder)
@@ -551,7 +558,9 @@ def continue_in_forked_child(recorder: Recorder | None) -> None:
 
 
 def stop(exit_status: int, error: str | None = None) -> None:
-    """Flush pending work, finish the trace (run end, exit status, error) and close it."""
+    """Flush pending work, finish the trace (run end, exit status, error) and close it; then switch back
+    to the eager mode that was active before `start`, so a recording run in-process (`main(["run", ...])`,
+    a benchmark) leaves the tpu ops that follow it running as they ran before it."""
     global _active
     recorder = _active
     if recorder is None:
@@ -559,8 +568,7 @@ def stop(exit_status: int, error: str | None = None) -> None:
     if recorder.pid != os.getpid():  # inherited through a fork that started no recording: the parent's to finish
         _active = None
         return
-    from tputrace.backend import chips, hooks
-    from tputrace.backend.device_module import eager_mode
+    from tputrace.backend import hooks
 
     try:
         hooks.flush_pending("exit")
@@ -568,6 +576,17 @@ def stop(exit_status: int, error: str | None = None) -> None:
         error = error or f"flush at exit failed: {flush_error}"
     hooks.detach()
     _active = None
+    try:
+        _finish_trace(recorder, exit_status, error)
+    finally:
+        _restore_eager_mode()
+
+
+def _finish_trace(recorder: Recorder, exit_status: int, error: str | None) -> None:
+    """Write the run's end fields and close the trace, then merge in the traces of processes forked during it."""
+    from tputrace.backend import chips
+    from tputrace.backend.device_module import eager_mode
+
     if recorder.forked_from is not None and not (recorder.ops or recorder.compiles):
         recorder.writer.close()  # a forked process that never used the tpu: no file was created
         return
@@ -585,6 +604,17 @@ def stop(exit_status: int, error: str | None = None) -> None:
     recorder.finish(exit_status, error, run_fields)
     if recorder.path is not None and recorder.forked_from is None:
         fork_recording.merge_forked(recorder.path, recorder.rank)
+
+
+def _restore_eager_mode() -> None:
+    """Switch back to the eager mode `start` switched away from (none: `start` kept the mode)."""
+    global _eager_mode_before_start
+    if _eager_mode_before_start is None:
+        return
+    from tputrace.backend.device_module import set_eager_mode
+
+    previous, _eager_mode_before_start = _eager_mode_before_start, None
+    set_eager_mode(previous)
 
 
 def live_counts() -> dict[str, int]:
