@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,7 +40,7 @@ from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from tputrace.backend import branch_layouts, cond_draws, matmul_precision
+from tputrace.backend import branch_layouts, cond_draws, graph_fingerprints, matmul_precision
 from tputrace.backend.compile.control_flow import Subgraph, cond_values, counted_while_values, refuse_draws, stacked_body_values, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.export_dims import drop_unused_inner_reads
@@ -198,19 +199,38 @@ class _ChipCall:
 
 
 _plans: "weakref.WeakKeyDictionary[Any, dict[Any, tuple]]" = weakref.WeakKeyDictionary()
+_plans_by_graphs: "OrderedDict[Any, tuple]" = OrderedDict()
+MAX_PLANS_BY_GRAPHS = 256  # distinct (graphs, call signature) pairs kept, least recently used dropped first
+_graph_numbers: dict[Any, int] = {}
 
 
-def _cached(functions: Sequence[Callable[..., Any]], key: Any, build: Callable[[], tuple]) -> tuple:
+def _cached(functions: Sequence[Callable[..., Any]], key: Any, build: Callable[[Any], tuple]) -> tuple:
     """What `build` returns (a plan, and what rebuilds its results) for these functions and key, built
-    once: kept while the first function lives (the others are held with it, so their ids stay theirs)."""
+    once. GraphModules (torch's backward of cond and while_loop makes new ones on every call) are
+    known by their fingerprints (`graph_fingerprints`): a new graph that computes what a known one
+    does reuses its plan and program. Other functions are known by identity: kept while the first
+    lives (the others are held with it, so their ids stay theirs). `build` takes the functions'
+    part of the plan's structure key (a string: `length_recompiles` reads tuples in keys)."""
+    graphs = graph_fingerprints.fingerprints(functions)
+    if graphs is not None:
+        entry = _plans_by_graphs.get((graphs, key))
+        if entry is None:
+            number = _graph_numbers.setdefault(graphs, len(_graph_numbers))
+            entry = _plans_by_graphs[(graphs, key)] = build(f"graphs {number}")
+            if len(_plans_by_graphs) > MAX_PLANS_BY_GRAPHS:
+                _plans_by_graphs.popitem(last=False)
+        else:
+            _plans_by_graphs.move_to_end((graphs, key))
+        return entry
+    ids = tuple(id(fn) for fn in functions)
     try:
         per_function = _plans.setdefault(functions[0], {})
     except TypeError:  # not weak-referenceable: traced on every call
-        return build()
-    full_key = (tuple(id(fn) for fn in functions[1:]), key)
+        return build(f"functions {ids}")
+    full_key = (ids[1:], key)
     entry = per_function.get(full_key)
     if entry is None:
-        entry = per_function[full_key] = (*build(), tuple(functions[1:]))
+        entry = per_function[full_key] = (*build(f"functions {ids}"), tuple(functions[1:]))
     return entry[:-1]
 
 
@@ -244,7 +264,7 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
         strides = tuple(value.stride() for value in operands if isinstance(value, TpuTensor))  # the outputs' strides may follow them
         key = (tuple(call.specs), strides, template, call.chip, matmul_precision.setting())
 
-        def build() -> tuple:
+        def build(functions_key: Any) -> tuple:
             true_traced = _TracedFunction(true_fn, operands, "torch.cond's true branch")
             false_traced = _TracedFunction(false_fn, operands, "torch.cond's false branch")
             _check_same_outputs(true_traced, false_traced)
@@ -258,7 +278,7 @@ def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callab
                 return branch_layouts.stored_values(values, layouts)
 
             out_specs = tuple(branch_layouts.out_spec(fake, layout) for fake, layout in zip(true_traced.out_fakes, layouts))
-            plan = Plan(COND_NAME, run, out_specs, "tuple", tuple(call.specs), call.chip, (COND_NAME, id(true_fn), id(false_fn)))
+            plan = Plan(COND_NAME, run, out_specs, "tuple", tuple(call.specs), call.chip, (COND_NAME, functions_key))
             return plan, true_traced.out_spec, draws, layouts
 
         plan, out_structure, draws, layouts = _cached((true_fn, false_fn), key, build)
@@ -304,7 +324,7 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
         template = tuple(call.statics)
         key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
-        def build() -> tuple:
+        def build(functions_key: Any) -> tuple:
             cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs)
             n_carried = len(carried)
 
@@ -312,7 +332,7 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
                 values = _with_arrays(template, arrays)
                 return while_values(cond_traced.function, body_traced.function, values[:n_carried], values[n_carried:])
 
-            plan = Plan(WHILE_LOOP_NAME, run, _out_specs(carried), "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, id(cond_fn), id(body_fn)))
+            plan = Plan(WHILE_LOOP_NAME, run, _out_specs(carried), "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, functions_key))
             return (plan,)
 
         (plan,) = _cached((cond_fn, body_fn), key, build)
@@ -378,7 +398,7 @@ def _stacked_while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[...,
         template = tuple(call.statics)
         key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
-        def build_traces() -> tuple:
+        def build_traces(functions_key: Any) -> tuple:
             cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs)
 
             def count(*arrays: Any) -> tuple:
@@ -386,10 +406,10 @@ def _stacked_while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[...,
                 return counted_while_values(cond_traced.function, body_traced.function, values[:n_carried], values[n_carried:])
 
             count_specs = (*_out_specs(carried), OutSpec((), torch.int64, to_jax(torch.int64), 8))
-            plan = Plan(WHILE_LOOP_NAME, count, count_specs, "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, "count", id(cond_fn), id(body_fn)))
-            return plan, body_traced, {}
+            plan = Plan(WHILE_LOOP_NAME, count, count_specs, "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, "count", functions_key))
+            return plan, body_traced, {}, functions_key
 
-        count_plan, body_traced, stack_plans = _cached((cond_fn, body_fn), ("stacked", key), build_traces)
+        count_plan, body_traced, stack_plans, functions_key = _cached((cond_fn, body_fn), ("stacked", key), build_traces)
         *_, count_tensor = _run(count_plan, call, start)
         iterations = int(dispatcher.to_host(count_tensor, SYNC_KIND).item())
     if iterations == 0:
@@ -405,7 +425,7 @@ def _stacked_while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[...,
 
             stacked_fakes = [torch.empty((iterations, *value.shape), dtype=value.dtype, device="meta") for value in carried]
             plan = stack_plans[iterations] = Plan(
-                WHILE_LOOP_NAME, stack, _out_specs(stacked_fakes), "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, "stack", iterations, id(cond_fn), id(body_fn))
+                WHILE_LOOP_NAME, stack, _out_specs(stacked_fakes), "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, "stack", iterations, functions_key)
             )
         return tuple(_run(plan, call, _perf_ns()))
 
