@@ -128,7 +128,7 @@ class _TracedFunction:
     ATen graph as an array function, and its outputs (fake tensors, and their pytree structure)."""
 
     def __init__(self, fn: Callable[..., Any], values: Sequence[Any], name: str) -> None:
-        fake_mode = FakeTensorMode(shape_env=ShapeEnv())  # a shape env lets `.item()` trace (torch's while_loop backward selects its step so)
+        fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)  # a shape env lets `.item()` trace (torch's while_loop backward selects its step so)
         with fake_mode:
             fakes = [_fake_like(value) if isinstance(value, torch.Tensor) else value for value in values]
         out_structure: list[Any] = []
