@@ -10,7 +10,8 @@ functionalization) comes first and a tensor subclass needs its own rule (`py_imp
   fake or functional tensor inside): torch's fake-tensor and functionalization rules run on those
   inner tensors, and the HOP node reaching the tpu backend is lowered by `compile/control_flow.py`.
 - On real tpu tensors, each branch (or the loop's condition and body) is traced once per input
-  signature into an ATen graph on fake tpu tensors, and the op runs as one program:
+  signature into an ATen graph on fake tpu tensors (a GraphModule is known by its fingerprint, so
+  the new graphs torch builds for every backward reuse the program of an equal one), and the op runs as one program:
   `jax.lax.cond` / `jax.lax.while_loop` of the lowered graphs. The predicate never leaves the
   chip; in DeferAndFuse the program is one node of the pending graph. A predicate on the host (a
   Python bool or a CPU tensor) needs no program: its branch runs op by op.
