@@ -20,9 +20,12 @@ A Python int carried by `torch.while_loop` counts on the chip as a 0-dim tensor;
 final value (one data-dependent sync), as torch returns an int. With carried inputs that require
 grad, torch runs `while_loop_stack_output` (every iteration's values, stacked) and a backward loop
 over them; the stacked values' size is the loop's count, so the count is read on the host (one
-data-dependent sync) and the loop runs again as a scan of that many steps. Random ops inside a loop
-(and inside a compiled graph's `cond`) are refused with a one-line error; random ops in an eager
-`cond` branch draw as `cond_draws` describes.
+data-dependent sync) and the loop runs again as a scan of that many steps. Random ops in an eager
+`cond` branch draw as `cond_draws` describes; in an eager loop they draw as its ops would run one by
+one (`counted_while_values`), and the host reads the loop's count (one data-dependent sync) to move
+the generator past them. They are refused with a one-line error in a loop whose carries require
+grad (torch's backward runs the body again, which would need each iteration's counters) and inside
+a compiled graph's `cond` or `while_loop`.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from tputrace.backend import branch_layouts, cond_draws, graph_fingerprints, matmul_precision
+from tputrace.backend import branch_layouts, cond_draws, graph_fingerprints, matmul_precision, rng
 from tputrace.backend.compile.control_flow import Subgraph, cond_values, counted_while_values, refuse_draws, stacked_body_values, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.export_dims import drop_unused_inner_reads
@@ -235,12 +238,17 @@ def _cached(functions: Sequence[Callable[..., Any]], key: Any, build: Callable[[
     return entry[:-1]
 
 
-def _traced_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Any]) -> tuple[_TracedFunction, _TracedFunction]:
-    """A while_loop's cond_fn and body_fn traced on its inputs, refused if either draws random numbers."""
+def _traced_loop(cond_fn: Callable, body_fn: Callable, inputs: Sequence[Any], refused_in: str | None) -> tuple[_TracedFunction, _TracedFunction]:
+    """A while_loop's cond_fn and body_fn traced on its inputs; with `refused_in` (where the loop
+    runs), refused if either draws random numbers."""
     cond_traced = _TracedFunction(cond_fn, inputs, "torch.while_loop's cond_fn")
     body_traced = _TracedFunction(body_fn, inputs, "torch.while_loop's body_fn")
-    refuse_draws((cond_traced.function, body_traced.function), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), "torch.while_loop")
+    if refused_in is not None:
+        refuse_draws((cond_traced.function, body_traced.function), ("torch.while_loop's cond_fn", "torch.while_loop's body_fn"), refused_in)
     return cond_traced, body_traced
+
+
+_COUNT_SPEC = OutSpec((), torch.int64, to_jax(torch.int64), 8)  # a loop's number of iterations
 
 
 def _out_specs(fakes: Sequence[torch.Tensor]) -> tuple[OutSpec, ...]:
@@ -326,18 +334,27 @@ def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], car
         key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
         def build(functions_key: Any) -> tuple:
-            cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs)
-            n_carried = len(carried)
+            cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs, None)
+            draws = (cond_traced.function.draws, body_traced.function.draws)
+            n_carried, n_arrays = len(carried), len(call.dynamic)
 
             def run(*arrays: Any) -> tuple:
-                values = _with_arrays(template, arrays)
+                values = _with_arrays(template, arrays[:n_arrays])
+                if any(draws):
+                    return counted_while_values(cond_traced.function, body_traced.function, values[:n_carried], values[n_carried:], arrays[n_arrays:])
                 return while_values(cond_traced.function, body_traced.function, values[:n_carried], values[n_carried:])
 
-            plan = Plan(WHILE_LOOP_NAME, run, _out_specs(carried), "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, functions_key))
-            return (plan,)
+            out_specs = (*_out_specs(carried), _COUNT_SPEC) if any(draws) else _out_specs(carried)
+            plan = Plan(WHILE_LOOP_NAME, run, out_specs, "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, functions_key))
+            return plan, draws
 
-        (plan,) = _cached((cond_fn, body_fn), key, build)
+        plan, (cond_draws_per_check, body_draws_per_step) = _cached((cond_fn, body_fn), key, build)
+        if cond_draws_per_check or body_draws_per_step:
+            call.dynamic.extend(rng.next_seed_and_counter(call.chip, 0))
         outputs: list[Any] = _run(plan, call, start)
+        if cond_draws_per_check or body_draws_per_step:
+            steps = int(dispatcher.to_host(outputs.pop(), SYNC_KIND).item())
+            rng.next_seed_and_counter(call.chip, steps * (cond_draws_per_check + body_draws_per_step) + cond_draws_per_check)
         for position in int_positions:
             outputs[position] = int(dispatcher.to_host(outputs[position], SYNC_KIND).item())
         return tuple(outputs)
@@ -400,13 +417,13 @@ def _stacked_while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[...,
         key = (tuple(call.specs), template, call.chip, matmul_precision.setting())
 
         def build_traces(functions_key: Any) -> tuple:
-            cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs)
+            cond_traced, body_traced = _traced_loop(cond_fn, body_fn, inputs, "a torch.while_loop whose carried inputs require grad")
 
             def count(*arrays: Any) -> tuple:
                 values = _with_arrays(template, arrays)
                 return counted_while_values(cond_traced.function, body_traced.function, values[:n_carried], values[n_carried:])
 
-            count_specs = (*_out_specs(carried), OutSpec((), torch.int64, to_jax(torch.int64), 8))
+            count_specs = (*_out_specs(carried), _COUNT_SPEC)
             plan = Plan(WHILE_LOOP_NAME, count, count_specs, "tuple", tuple(call.specs), call.chip, (WHILE_LOOP_NAME, "count", functions_key))
             return plan, body_traced, {}, functions_key
 

@@ -1,9 +1,11 @@
 """`torch.cond` on tpu beyond the basics of test_control_flow.py, in both eager modes: random ops
 inside a branch (reproducible under torch.manual_seed, drawing what the taken branch draws run op by
-op, with gradients that use the forward's draws); outputs with the strides torch's CPU cond gives
+op, with gradients that use the forward's draws) and inside a `while_loop`; outputs with the strides torch's CPU cond gives
 (transposed, expanded, channels-last)."""
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import pytest
 import torch
@@ -99,9 +101,48 @@ def test_the_backward_of_a_random_branch_uses_the_forward_draws(mode: EagerMode)
     torch.testing.assert_close(value[kept], x[kept] ** 2 / (1 - DROP))
 
 
-def test_random_ops_inside_a_while_loop_are_refused_with_a_one_line_error() -> None:
-    x = torch.randn(3, device="tpu")
-    with pytest.raises(RuntimeError, match="body_fn draws random numbers.*draw the random tensor before the call") as raised:
+def _noisy_walk() -> tuple[Callable[..., torch.Tensor], Callable[..., tuple[torch.Tensor, torch.Tensor]]]:
+    """A loop of four steps that each add uniform noise with half of it dropped; the condition draws too."""
+
+    def keep_going(i: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return (i < 4) & (torch.rand((), device=v.device) >= 0)
+
+    def step(i: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return i + 1, v + torch.nn.functional.dropout(torch.rand_like(v), DROP)
+
+    return keep_going, step
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_random_ops_in_a_while_loop_draw_as_the_loop_does_run_op_by_op(mode: EagerMode) -> None:
+    """Condition then body, each iteration drawing after the last: the loop's values and the numbers
+    drawn after it equal a Python loop's run op by op after the same seed (the loop's count is read
+    on the host, once, to advance the generator past the loop's draws)."""
+    x = _positive_input()
+    keep_going, step = _noisy_walk()
+    with eager(mode):
+        chip_x, start = x.to("tpu"), torch.zeros((), dtype=torch.int64, device="tpu")
+        torch.manual_seed(9)
+        with recorded_host_reads() as reads:
+            steps, value = while_loop(keep_going, step, (start, chip_x))
+            after = torch.rand(2, device="tpu")
+            assert reads == ["data_dependent"]
+        actual = [host(steps), host(value), host(after)]
+        torch.manual_seed(9)
+        i, v = start, chip_x
+        while bool(host(keep_going(i, v))):
+            i, v = step(i, v)
+        expected = [host(i), host(v), host(torch.rand(2, device="tpu"))]
+    assert int(actual[0]) == 4
+    for got, want in zip(actual, expected):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+    noise = actual[1] - x
+    assert bool(((noise >= 0) & (noise < 4 / (1 - DROP))).all()) and not torch.equal(actual[1], x)
+
+
+def test_random_ops_in_a_while_loop_that_needs_gradients_are_refused_with_a_one_line_error() -> None:
+    x = torch.randn(3, device="tpu", requires_grad=True)
+    with pytest.raises(RuntimeError, match="body_fn draws random numbers.*require grad; draw the random tensor before the call") as raised:
         while_loop(lambda i, x: i < 3, lambda i, x: (i + 1, x + torch.rand_like(x)), (torch.zeros((), dtype=torch.int64, device="tpu"), x))
     assert "\n" not in str(raised.value)
 

@@ -144,14 +144,24 @@ def while_values(cond_fn: Subgraph, body_fn: Subgraph, carried: Sequence[Any], a
     return tuple(jax.lax.while_loop(keep_going, body, initial))
 
 
-def counted_while_values(cond_fn: Subgraph, body_fn: Subgraph, carried: Sequence[Any], additional: Sequence[Any]) -> tuple:
-    """`while_values`, followed by the number of iterations the loop ran (an int64 array)."""
+def counted_while_values(cond_fn: Subgraph, body_fn: Subgraph, carried: Sequence[Any], additional: Sequence[Any], random_key: Sequence[Any] = ()) -> tuple:
+    """`while_values`, followed by the number of iterations the loop ran (an int64 array). A
+    condition or body that draws random numbers takes `random_key` (a seed and a first counter):
+    the loop draws as its ops would run one by one, condition then body, each iteration's
+    counters following the last's (so `steps * (cond draws + body draws) + cond draws` in all)."""
+    per_step = cond_fn.draws + body_fn.draws
 
-    def keep_going(*values: Any) -> tuple:
-        return cond_fn.run(*values[1:])
+    def key(fn: Subgraph, count: Any, offset: int) -> tuple:
+        if not fn.draws:
+            return ()
+        seed, first_counter = random_key
+        return seed, first_counter + count * per_step + offset
+
+    def keep_going(count: Any, *values: Any) -> tuple:
+        return cond_fn.run(*values, *key(cond_fn, count, 0))
 
     def body(count: Any, *values: Any) -> tuple:
-        return (count + 1, *body_fn.run(*values))
+        return (count + 1, *body_fn.run(*values, *key(body_fn, count, cond_fn.draws)))
 
     count, *outputs = while_values(Subgraph(keep_going, 0), Subgraph(body, 0), (jnp.zeros((), jnp.int64), *carried), additional)
     return (*outputs, count)
