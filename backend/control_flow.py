@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import time
 import weakref
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -203,8 +202,10 @@ class _ChipCall:
 
 
 _plans: "weakref.WeakKeyDictionary[Any, dict[Any, tuple]]" = weakref.WeakKeyDictionary()
-_plans_by_graphs: "OrderedDict[Any, tuple]" = OrderedDict()
-MAX_PLANS_BY_GRAPHS = 256  # distinct (graphs, call signature) pairs kept, least recently used dropped first
+# By (graphs' fingerprints, call signature), kept for the process as the dispatcher keeps its op
+# plans: a fused DeferAndFuse program is keyed by its plans' ids, which a dead plan's successor could
+# take. The compiled programs themselves are bounded by `program_cache`.
+_plans_by_graphs: dict[Any, tuple] = {}
 _graph_numbers: dict[Any, int] = {}
 
 
@@ -221,10 +222,6 @@ def _cached(functions: Sequence[Callable[..., Any]], key: Any, build: Callable[[
         if entry is None:
             number = _graph_numbers.setdefault(graphs, len(_graph_numbers))
             entry = _plans_by_graphs[(graphs, key)] = build(f"graphs {number}")
-            if len(_plans_by_graphs) > MAX_PLANS_BY_GRAPHS:
-                _plans_by_graphs.popitem(last=False)
-        else:
-            _plans_by_graphs.move_to_end((graphs, key))
         return entry
     ids = tuple(id(fn) for fn in functions)
     try:
