@@ -97,6 +97,9 @@ class FusedProgram:
     donate: tuple[int, ...]
     n_outputs: int
     program_id: int | None = None
+    # The node plans, held so that their ids, which the program's cache key is made of, stay theirs
+    # while the program is cached (a freed plan's id could be reused by a new plan).
+    plans: tuple = ()
 
 
 def _key_change(old: Any, new: Any, limit: int = 60) -> str:
@@ -376,7 +379,7 @@ class DeferredExecutor:
         recorder = self.dispatcher.recorder
         recording = recorder is not None and recorder.enabled
         program = compile_program(fused, [*graph.inputs, *graph.packed_scalars()], graph.chip, name, keep_hlo=recording, donate=donate)
-        fused_program = FusedProgram(program, len(nodes), donate, len(output_refs))
+        fused_program = FusedProgram(program, len(nodes), donate, len(output_refs), plans=tuple(node_plan for node_plan, _ in nodes))
         plan = Plan(name, fused, (), "tuple", in_specs, graph.chip, ("fused", structure))
         plan.program = program
         site = (trigger, recorder.frame_id() if recording else None)
