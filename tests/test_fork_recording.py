@@ -1,5 +1,7 @@
-"""Processes forked under `tputrace run`: the parent's trace stays whole, and a child forked before the
-parent's first tpu op is recorded in the same trace under a rank of its own (real runs, real JAX)."""
+"""Child processes under `tputrace run`: the parent's trace stays whole, and a child forked before the
+parent's first tpu op, or started as a fresh interpreter that uses the tpu (spawn, forkserver, a
+Python command importing the backend), is recorded in the same trace under a rank of its own (real
+runs, real JAX)."""
 
 from __future__ import annotations
 
@@ -22,14 +24,14 @@ REPO_ROOT = Path(tputrace.__file__).resolve().parent.parent
 RUN_TIMEOUT_S = 300
 
 
-def _run(tmp_path: Path, body: str, *run_options: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def _run(tmp_path: Path, body: str, *run_options: str, script_args: tuple[str, ...] = ()) -> tuple[subprocess.CompletedProcess[str], Path]:
     """`tputrace run` of a script written to tmp_path; returns the finished process and the trace's path."""
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent(body))
     trace_path = tmp_path / "train.tptrace"
     environment = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")])}
     result = subprocess.run(
-        [sys.executable, "-m", "tputrace.cli.main", "run", *run_options, "-o", str(trace_path), str(script)],
+        [sys.executable, "-m", "tputrace.cli.main", "run", *run_options, "-o", str(trace_path), str(script), *script_args],
         capture_output=True,
         text=True,
         timeout=RUN_TIMEOUT_S,
@@ -156,7 +158,7 @@ def test_multiprocessing_fork_children_are_recorded_with_their_exit(tmp_path: Pa
         assert trace.count("ops", where="rank = 0") == 0
 
 
-def test_a_child_that_ends_through_os_exit_is_listed_without_an_end_record(tmp_path: Path) -> None:
+def test_a_child_that_ends_through_os_exit_keeps_its_rows_and_exit_status(tmp_path: Path) -> None:
     result, trace_path = _run(
         tmp_path,
         """
@@ -164,8 +166,11 @@ def test_a_child_that_ends_through_os_exit_is_listed_without_an_end_record(tmp_p
         import torch
         pid = os.fork()
         if pid == 0:
-            torch.ones(2, device="tpu").sum().item()
-            os._exit(0)
+            x = torch.ones(2, device="tpu")
+            print("child", x.sum().item(), flush=True)
+            for _ in range(5):
+                x = x * 1.5
+            os._exit(7)
         os.waitpid(pid, 0)
         executed = os.fork()
         if executed == 0:
@@ -178,10 +183,149 @@ def test_a_child_that_ends_through_os_exit_is_listed_without_an_end_record(tmp_p
     assert _printed(result)["parent"] == 6.0
     with tputrace.open(trace_path) as trace:
         runs = {run.rank: run for run in trace.runs}
-        assert sorted(runs) == [0, 1] and runs[0].finished and not runs[1].finished
-        assert trace.count("compiles", where="rank = 1") == 1
-        assert "aten.mul.Tensor" in _op_counts(trace, 0) and "aten.mul.Tensor" not in _op_counts(trace, 1)
-    assert "no end record (it ended through os._exit" in result.stderr
+        assert sorted(runs) == [0, 1] and runs[0].finished and runs[1].finished
+        assert runs[1].exit_status == 7 and runs[1].error is None
+        # The five multiplications were still deferred at os._exit: ending the recording ran and wrote them.
+        assert _op_counts(trace, 1)["aten.mul.Tensor"] == 5
+        assert "aten.mul.Tensor" in _op_counts(trace, 0)
+    assert "rank 1: process" in result.stderr and "exit 7" in result.stderr
+
+
+def test_a_multiprocessing_child_ending_through_os_exit_keeps_its_last_ops(tmp_path: Path) -> None:
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import json, multiprocessing, os
+        import torch
+
+        def train_then_exit(results):
+            x = torch.ones(4, device="tpu")
+            for _ in range(200):
+                x = torch.relu(x * 1.01 - 0.001)
+            results.put(x.sum().item())
+            for _ in range(30):
+                x = x + 1
+            os._exit(0)
+
+        if __name__ == "__main__":
+            results = multiprocessing.get_context("fork").Queue()
+            child = multiprocessing.get_context("fork").Process(target=train_then_exit, args=(results,))
+            child.start()
+            value = results.get()
+            child.join()
+            print("child", json.dumps([child.pid, child.exitcode, value]))
+        """,
+    )
+    child_pid, exit_code, value = _printed(result)["child"]
+    assert exit_code == 0 and value == pytest.approx(_relu_chain_cpu(), rel=1e-6)
+    with tputrace.open(trace_path) as trace:
+        (rank,) = [rank for rank, origin in fork_origins(trace.meta).items() if origin.pid == child_pid]
+        child_ops = _op_counts(trace, rank)
+        assert child_ops["aten.relu.default"] == 200 and child_ops["aten.add.Tensor"] == 30
+        run = next(run for run in trace.runs if run.rank == rank)
+        assert run.finished and run.exit_status == 0
+
+
+def _relu_chain_cpu() -> float:
+    import torch
+
+    x = torch.ones(4, dtype=torch.float32)
+    for _ in range(200):
+        x = torch.relu(x * 1.01 - 0.001)
+    return x.sum().item()
+
+
+def test_spawn_and_forkserver_children_that_use_the_tpu_are_merged_as_ranks_of_their_own(tmp_path: Path) -> None:
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import glob, json, multiprocessing, os, sys
+        import torch
+
+        def matmuls(results, count):
+            x = torch.arange(16.0, device="tpu").reshape(4, 4) / 16
+            for _ in range(count):
+                x = torch.relu(x @ x - 0.1)
+            results.put((os.getpid(), x.sum().item()))
+
+        def host_only(results):
+            results.put((os.getpid(), float(sum(range(10)))))
+
+        if __name__ == "__main__":
+            forks_dir = sys.argv[1]
+            values = {}
+            for method, target, args in (("spawn", host_only, ()), ("spawn", matmuls, (3,)), ("forkserver", matmuls, (2,))):
+                context = multiprocessing.get_context(method)
+                results = context.Queue()
+                child = context.Process(target=target, args=(results, *args))
+                child.start()
+                pid, value = results.get()
+                child.join()
+                values[f"{method}-{target.__name__}"] = [pid, child.exitcode, value]
+                if target is host_only:
+                    print("host_only_files", json.dumps(glob.glob(os.path.join(forks_dir, "*.tptrace"))))
+            print("children", json.dumps(values))
+        """,
+        script_args=(str(tmp_path / "train.forks"),),
+    )
+    printed = _printed(result)
+    assert printed["host_only_files"] == []
+    children = printed["children"]
+    assert all(exit_code == 0 for _, exit_code, _ in children.values())
+    assert children["spawn-host_only"][2] == 45.0
+    assert children["spawn-matmuls"][2] == pytest.approx(torch_cpu_values()["parent"], rel=1e-5)
+    with tputrace.open(trace_path) as trace:
+        origins = fork_origins(trace.meta)
+        by_pid = {origin.pid: origin for origin in origins.values()}
+        assert set(by_pid) == {children["spawn-matmuls"][0], children["forkserver-matmuls"][0]}
+        spawned, served = by_pid[children["spawn-matmuls"][0]], by_pid[children["forkserver-matmuls"][0]]
+        assert (spawned.start_method, served.start_method) == ("spawn", "forkserver")
+        assert {spawned.parent_rank, served.parent_rank} == {0} and spawned.parent_pid == served.parent_pid == trace.run.pid
+        assert _op_counts(trace, spawned.rank)["aten.mm.default"] == 3 and _op_counts(trace, served.rank)["aten.mm.default"] == 2
+        assert _op_counts(trace, spawned.rank)["aten.relu.default"] == 3
+        runs = {run.rank: run for run in trace.runs}
+        assert runs[spawned.rank].finished and runs[spawned.rank].exit_status == 0 and runs[spawned.rank].eager_mode == "DEFER_AND_FUSE"
+        assert runs[spawned.rank].script == str(tmp_path / "train.py")
+        assert trace.count("ops", where="rank = 0") == 0
+    assert f"spawned by rank 0 (process {spawned.parent_pid})" in result.stderr
+    assert "started through a forkserver by rank 0" in result.stderr
+
+
+def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_line(tmp_path: Path) -> None:
+    (tmp_path / "other.py").write_text(
+        textwrap.dedent(
+            """
+            import sys
+            import torch
+            import tputrace.backend
+            print((torch.ones(int(sys.argv[1]), device="tpu") * 3).sum().item())
+            """
+        )
+    )
+    result, trace_path = _run(
+        tmp_path,
+        """
+        import json, os, subprocess, sys
+        import torch
+        command = subprocess.run([sys.executable, "other.py", "5"], capture_output=True, text=True, check=True)
+        host = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+        print("values", json.dumps([float(command.stdout), int(host.stdout), (torch.ones(2, device="tpu") + 1).sum().item()]))
+        """,
+        "--mode",
+        "strict",
+    )
+    command_value, host_pid, parent_value = _printed(result)["values"]
+    assert (command_value, parent_value) == (15.0, 4.0)
+    with tputrace.open(trace_path) as trace:
+        origins = fork_origins(trace.meta)
+        assert len(origins) == 1 and host_pid not in {origin.pid for origin in origins.values()}
+        (origin,) = origins.values()
+        assert (origin.start_method, origin.parent_rank) == ("command", 0)
+        run = next(run for run in trace.runs if run.rank == origin.rank)
+        assert run.script == str(tmp_path / "other.py") and run.argv == ("5",)
+        assert run.finished and run.exit_status is None and run.eager_mode == "DEFER_NEVER"
+        assert _op_counts(trace, origin.rank)["aten.mul.Tensor"] == 1
+    assert "started as a command by rank 0" in result.stderr
 
 
 def test_data_loader_workers_forked_after_the_runtime_started_leave_the_trace_whole(tmp_path: Path) -> None:

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tputrace.forks import FORKS_META_KEY, ForkOrigin, fork_origins, forks_meta
+from tputrace.forks import FORKS_META_KEY, ForkOrigin, fork_origins, forks_meta, started_by
 from tputrace.schema import COLLECTIVES, RECORD_KINDS, RUNS, RecordKind
 from tputrace.store.errors import TputraceError
 from tputrace.store.reader import Trace, open_trace
@@ -107,7 +107,7 @@ class MergeResult:
         for rank, why in sorted(self.missing.items()):
             lines.append(f"  rank {rank} is missing: {why}")
         for rank, origin in sorted(self.forks.items()):
-            lines.append(f"  rank {rank} is process {origin.pid}, forked from rank {origin.parent_rank} (process {origin.parent_pid})")
+            lines.append(f"  rank {rank} is process {origin.pid}, {started_by(origin)} rank {origin.parent_rank} (process {origin.parent_pid})")
         return lines
 
     def meta(self) -> dict[str, Any]:
@@ -338,7 +338,7 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
             result.missing[rank] = failures.get(rank, "no trace from this rank (it did not start recording, or its trace was not given)")
     for rank, run in runs.items():
         if run.end_ns is None and rank in forks:
-            result.died[rank] = "its trace ends without an end record (it ended through os._exit, was killed, or was still running when the recording ended)"
+            result.died[rank] = "its trace ends without an end record (it was killed, ended through a C-level _exit, or was still running when the recording ended)"
         elif run.end_ns is None:
             result.died[rank] = failures.get(rank, "its trace ends without an end record (the process was killed or crashed)")
         elif run.exit_status:

@@ -19,7 +19,7 @@ import time
 import weakref
 from typing import Any
 
-from tputrace import __version__, fork_recording, sourceloc
+from tputrace import __version__, fork_recording, sourceloc, spawn_recording
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.store.writer import TraceWriter
 
@@ -28,8 +28,7 @@ _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 
 _active: "Recorder | None" = None
 _explicit_steps_seen = False
-# The eager mode (`EagerMode` value) `start` switched away from, which `stop` switches back to.
-_eager_mode_before_start: str | None = None
+_inherited_parent: str | None = None  # what a root recording found in spawn_recording.PARENT_ENV
 
 
 def _finished(reference: weakref.ref) -> bool:
@@ -55,7 +54,9 @@ class Recorder:
         fork_root: str | None = None,
         root_rank: int | None = None,
         forked_from: ForkOrigin | None = None,
+        stopped_at_exit: bool = False,
     ) -> None:
+        """`stopped_at_exit`: an atexit handler stops this recording, so its writer must not close itself earlier."""
         self.path = path
         self.rank = rank
         self.world_size = world_size
@@ -70,7 +71,11 @@ class Recorder:
         self.t0 = _perf_ns()
         self.start_unix_ns = time.time_ns()
         # A forked process's file is created once it uses the tpu (most forked processes never do).
-        self.writer = TraceWriter(path, rank=rank, created_unix_ns=self.start_unix_ns, create_file=forked_from is None) if path else None
+        self.writer = (
+            TraceWriter(path, rank=rank, created_unix_ns=self.start_unix_ns, create_file=forked_from is None, close_at_exit=not stopped_at_exit)
+            if path
+            else None
+        )
         self.enabled = self.writer is not None
         self.token = object()
         self.step_index = 0
@@ -492,7 +497,7 @@ class Recorder:
         self.writer.append("annotations", (self.rank, self.writer.intern(name), source, start_ns, dur_ns, frame_id, self.step_index))
 
     # ----------------------------------------------------------------- lifecycle
-    def finish(self, exit_status: int, error: str | None, run_fields: dict[str, Any]) -> None:
+    def finish(self, exit_status: int | None, error: str | None, run_fields: dict[str, Any]) -> None:
         self._stop_watcher()
         end = self.now()
         if not self.enabled:
@@ -517,32 +522,59 @@ def active() -> Recorder | None:
 
 
 def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
-    """Load the backend, choose the eager mode (until `stop`), and start recording into `path` (None: record nothing)."""
-    global _active, _explicit_steps_seen, _eager_mode_before_start
+    """Load the backend, choose the eager mode, and start recording into `path` (None: record nothing).
+
+    A recording of its own even in a process a recorded one started (a nested `tputrace run`)."""
+    global _inherited_parent
     if _active is not None:
         raise RuntimeError("a tputrace recording is already running in this process")
+    _inherited_parent = spawn_recording.forget_parent()
     import tputrace.backend  # noqa: F401 - registers the tpu device
-    from tputrace.backend import hooks
-    from tputrace.backend.device_module import EagerMode, eager_mode, set_eager_mode
 
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    eager = {"defer": EagerMode.DEFER_AND_FUSE, "strict": EagerMode.DEFER_NEVER, "blocking": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING}.get(mode)
-    if eager is not None:
-        _eager_mode_before_start = eager_mode().value
-        set_eager_mode(eager)
+    _set_eager_mode(mode)
     if path is not None:
         fork_recording.clear_stale(path)
-    try:
-        recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
-    except BaseException:
-        _restore_eager_mode()
-        raise
+    recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
+    _begin(recorder)
+    return recorder
+
+
+def start_child(parent: spawn_recording.ParentRecording, start_method: str, *, script: str, argv: list[str]) -> None:
+    """In a process a recorded one started as a fresh interpreter (the backend is loaded): run in the
+    parent's eager mode and record as its child, unless the parent records nothing."""
+    _set_eager_mode(parent.mode)
+    if parent.trace is None:
+        fork_recording.install()  # its own spawn children still get the tpu
+        return
+    recorder = fork_recording.child_recorder(parent, start_method, script=script, argv=argv)
+    _begin(recorder)
+    fork_recording.save_rows_at_os_exit()
+    if recorder.writer is not None and not recorder.writer.closes_at_exit:
+        import atexit
+
+        atexit.register(stop, None)
+
+
+def _set_eager_mode(mode: str) -> None:
+    from tputrace.backend.device_module import EagerMode, set_eager_mode
+
+    eager = {"defer": EagerMode.DEFER_AND_FUSE, "strict": EagerMode.DEFER_NEVER, "blocking": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING}.get(mode)
+    if eager is not None:
+        set_eager_mode(eager)
+
+
+def _begin(recorder: Recorder) -> None:
+    """Make `recorder` this process's recording and tell the processes it starts about it."""
+    global _active, _explicit_steps_seen
+    from tputrace.backend import hooks
+
     _active = recorder
     _explicit_steps_seen = False
     hooks.attach(recorder)
     fork_recording.install()
-    return recorder
+    spawn_recording.export(recorder)
 
 
 def continue_in_forked_child(recorder: Recorder | None) -> None:
@@ -557,10 +589,10 @@ def continue_in_forked_child(recorder: Recorder | None) -> None:
         hooks.attach(recorder)
 
 
-def stop(exit_status: int, error: str | None = None) -> None:
-    """Flush pending work, finish the trace (run end, exit status, error) and close it; then switch back
-    to the eager mode that was active before `start`, so a recording run in-process (`main(["run", ...])`,
-    a benchmark) leaves the tpu ops that follow it running as they ran before it."""
+def stop(exit_status: int | None, error: str | None = None) -> None:
+    """Flush pending work, finish the trace (run end, exit status, error) and close it.
+
+    `exit_status` None: not known (a command's recording, stopped at its interpreter's exit)."""
     global _active
     recorder = _active
     if recorder is None:
@@ -568,7 +600,10 @@ def stop(exit_status: int, error: str | None = None) -> None:
     if recorder.pid != os.getpid():  # inherited through a fork that started no recording: the parent's to finish
         _active = None
         return
-    from tputrace.backend import hooks
+    if recorder.forked_from is None:
+        spawn_recording.restore(_inherited_parent)
+    from tputrace.backend import chips, hooks
+    from tputrace.backend.device_module import eager_mode
 
     try:
         hooks.flush_pending("exit")
@@ -576,17 +611,6 @@ def stop(exit_status: int, error: str | None = None) -> None:
         error = error or f"flush at exit failed: {flush_error}"
     hooks.detach()
     _active = None
-    try:
-        _finish_trace(recorder, exit_status, error)
-    finally:
-        _restore_eager_mode()
-
-
-def _finish_trace(recorder: Recorder, exit_status: int, error: str | None) -> None:
-    """Write the run's end fields and close the trace, then merge in the traces of processes forked during it."""
-    from tputrace.backend import chips
-    from tputrace.backend.device_module import eager_mode
-
     if recorder.forked_from is not None and not (recorder.ops or recorder.compiles):
         recorder.writer.close()  # a forked process that never used the tpu: no file was created
         return
@@ -604,17 +628,6 @@ def _finish_trace(recorder: Recorder, exit_status: int, error: str | None) -> No
     recorder.finish(exit_status, error, run_fields)
     if recorder.path is not None and recorder.forked_from is None:
         fork_recording.merge_forked(recorder.path, recorder.rank)
-
-
-def _restore_eager_mode() -> None:
-    """Switch back to the eager mode `start` switched away from (none: `start` kept the mode)."""
-    global _eager_mode_before_start
-    if _eager_mode_before_start is None:
-        return
-    from tputrace.backend.device_module import set_eager_mode
-
-    previous, _eager_mode_before_start = _eager_mode_before_start, None
-    set_eager_mode(previous)
 
 
 def live_counts() -> dict[str, int]:

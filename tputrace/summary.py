@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from tputrace.forks import ForkOrigin
+from tputrace.forks import ForkOrigin, started_by
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
@@ -187,8 +187,10 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         ranks: str | None = f"rank {summary.rank} (a forked process)"
     else:
         ranks = f"rank {summary.rank} of {len(summary.ranks)}" if len(summary.ranks) > 1 else None
-    if run.exit_status is None:
+    if not run.finished:
         ending = "no end record (still running, or killed)"
+    elif run.exit_status is None:
+        ending = "ended (exit status not seen)"
     elif run.error:
         ending = f"exit {run.exit_status}, raised {run.error.strip().splitlines()[-1]}"
     else:
@@ -306,10 +308,10 @@ def _forked_line(process: ForkedProcess) -> str:
     origin = process.origin
     recorded = f"{_count(process.op_count, 'op')}, {_count(process.compile_count, 'compile')}"
     if process.finished:
-        ending = f"exit {process.exit_status}"
+        ending = f"exit {process.exit_status}" if process.exit_status is not None else "ended (exit status not seen)"
     else:
-        ending = "no end record (it ended through os._exit, was killed, or outlived the recording): its last ops may be missing"
-    return f"rank {origin.rank}: process {origin.pid}, forked from rank {origin.parent_rank} (process {origin.parent_pid}): {recorded}, {ending}"
+        ending = "no end record (it was killed, ended through a C-level _exit, or outlived the recording): its last ops may be missing"
+    return f"rank {origin.rank}: process {origin.pid}, {started_by(origin)} rank {origin.parent_rank} (process {origin.parent_pid}): {recorded}, {ending}"
 
 
 # -- rendering ------------------------------------------------------------------------------------

@@ -74,9 +74,11 @@ class TraceWriter:
         commit_interval_s: float = 0.25,
         created_unix_ns: int | None = None,
         create_file: bool = True,
+        close_at_exit: bool = True,
     ) -> None:
         """`create_file=False` keeps rows in memory until `create_file()` is called (a recording
-        that may never record anything worth a file); `close()` before that writes nothing."""
+        that may never record anything worth a file); `close()` before that writes nothing.
+        `close_at_exit=False`: the owner closes it at interpreter exit (after rows of its own), not atexit."""
         self.path = Path(path)
         self.rank = rank
         self.commit_interval_s = commit_interval_s
@@ -84,6 +86,7 @@ class TraceWriter:
         self._first_error: str | None = None
         self._reported_dropped = 0
         self._closed = False
+        self.closes_at_exit = close_at_exit
 
         self._row_queues: dict[str, deque[Row]] = {
             kind.table: deque() for kind in RECORD_KINDS if kind.table not in _INTERNED_TABLES
@@ -119,7 +122,8 @@ class TraceWriter:
             self._connection = self._create_file(self._created_unix_ns)
             self._thread = threading.Thread(target=self._commit_loop, name="tputrace-writer", daemon=True)
             self._thread.start()
-        atexit.register(self.close)
+        if self.closes_at_exit:
+            atexit.register(self.close)
         _open_writers.add(self)
         _register_fork_hooks()
 
