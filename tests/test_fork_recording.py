@@ -241,6 +241,7 @@ def test_spawn_and_forkserver_children_that_use_the_tpu_are_merged_as_ranks_of_t
         """
         import glob, json, multiprocessing, os, sys
         import torch
+        import tputrace.backend  # re-imported by the spawned children: their tpu device
 
         def matmuls(results, count):
             x = torch.arange(16.0, device="tpu").reshape(4, 4) / 16

@@ -3,17 +3,19 @@ children (`mp.get_context("spawn").Process`, `DataLoader(multiprocessing_context
 `torch.multiprocessing.spawn`) and Python commands it runs (`subprocess.run([sys.executable, ...])`).
 
 Each recording process says who it is in the environment (`PARENT_ENV`: its trace, ranks, pid,
-mode, script), so that every process started below it knows its nearest recorded ancestor.
+mode, script), so that every process started below it knows its nearest recorded ancestor. Such a
+process records once it imports `tputrace.backend` (it cannot use the tpu otherwise, as under plain
+Python; a spawn child re-imports the script as `__mp_main__`, so a script that imports the backend at
+the top gives it to its spawn children): the backend's import calls
+`record_if_started_by_a_recording`, which sets the parent's eager mode and starts the child's
+recording; its file is created at its first compile. The backend is not loaded into children that
+do not import it: that import is most of what a spawn child costs to start.
 
-- A spawn or forkserver child gets the tpu device as the script has it under `tputrace run`: its
-  preparation data (what multiprocessing sends before the script is re-imported as `__mp_main__`)
-  carries a `_ChildStart`, whose unpickling imports the backend, sets the parent's eager mode and
-  starts the child's recording. That import is the cost a host-only child pays (see the README);
-  its recording creates no file unless it compiles for the tpu.
-- A command is recorded only if it imports `tputrace.backend` itself (it could not use the tpu
-  otherwise): the backend's import calls `record_if_started_by_a_recording`, which starts its
-  recording with its own command line as the run's script and argv. Its exit status is not seen
-  (`atexit` cannot read it): the run row has none.
+- A spawn or forkserver child learns how it began from its preparation data (what multiprocessing
+  sends before the script is re-imported), which carries a `_ChildStart`; its recording ends when
+  the process's `run` ends, with its exit status, as a forked multiprocessing child's does.
+- A command records with its own command line as the run's script and argv. Its exit status is not
+  seen (`atexit` cannot read it): the run row has none.
 
 Either records like a forked child (`tputrace.fork_recording`): `<trace>.forks/rank<N>.tptrace`,
 merged into the root's trace when the root's recording ends. A nested `tputrace run` starts a
@@ -26,6 +28,7 @@ import json
 import os
 import sys
 from dataclasses import asdict, dataclass
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -35,7 +38,7 @@ PARENT_ENV = "TPUTRACE_PARENT_RECORDING"
 _PREPARATION_KEY = "tputrace_child_start"
 
 _multiprocessing_start: str | None = None
-_original_preparation_data: Any = None
+_original_preparation_data: Callable[[str], dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,7 @@ class ParentRecording:
 
 
 def describe(recorder: Recorder) -> ParentRecording:
+    """`recorder` as the processes it starts see it."""
     return ParentRecording(
         trace=recorder.fork_root,
         root_rank=recorder.root_rank,
@@ -91,7 +95,8 @@ def restore(previous: str | None) -> None:
 
 
 def install() -> None:
-    """Make every spawn and forkserver child started from now on start a recording (idempotent)."""
+    """Mark every spawn and forkserver child started from now on as one, recorded once it imports
+    the backend (idempotent)."""
     global _original_preparation_data
     if _original_preparation_data is not None:
         return
@@ -102,6 +107,7 @@ def install() -> None:
 
 
 def _preparation_data_with_child_start(name: str) -> dict[str, Any]:
+    assert _original_preparation_data is not None
     data = _original_preparation_data(name)
     parent = os.environ.get(PARENT_ENV)
     if parent is not None:
@@ -110,9 +116,10 @@ def _preparation_data_with_child_start(name: str) -> dict[str, Any]:
 
 
 class _ChildStart:
-    """Unpickled in a spawn or forkserver child before anything else of the parent's: starts its recording.
+    """Unpickled in a spawn or forkserver child before anything else of the parent's: marks it as a
+    multiprocessing child, to be recorded if it imports the backend.
 
-    It pickles as a call of `exec` on a few lines that skip the start when the child cannot import
+    It pickles as a call of `exec` on a few lines that do nothing when the child cannot import
     tputrace (it was importable in the parent only through a `sys.path` change), so the child starts
     either way."""
 
@@ -132,27 +139,29 @@ class _ChildStart:
 
 
 def start_multiprocessing_child(parent_json: str) -> None:
-    """In a spawn or forkserver child, before the script is re-imported: load the backend (the tpu
-    device the script has under `tputrace run`) and start this process's recording."""
+    """In a spawn or forkserver child, before the script is re-imported: record this process once
+    it imports the backend (now, if a forkserver had imported it), until its `run` ends."""
     global _multiprocessing_start
     from multiprocessing import spawn
 
-    _multiprocessing_start = "spawn" if spawn.is_forking(sys.argv) else "forkserver"
-    os.environ[PARENT_ENV] = parent_json  # a forkserver child inherits the server's environment, not the parent's
-    import tputrace.backend  # noqa: F401 - registers the tpu device; its import calls record_if_started_by_a_recording
     from tputrace import fork_recording
 
-    record_if_started_by_a_recording()
+    _multiprocessing_start = "spawn" if spawn.is_forking(sys.argv) else "forkserver"
+    os.environ[PARENT_ENV] = parent_json  # a forkserver child inherits the server's environment, not the parent's
     fork_recording.stop_when_bootstrapped_run_ends()
+    if "tputrace.backend" in sys.modules:
+        record_if_started_by_a_recording()
 
 
 def record_if_started_by_a_recording() -> None:
     """Called when the backend is imported: start this process's recording if a recorded process
     started it (it has `PARENT_ENV`) and it records nothing yet."""
+    parent_json = os.environ.get(PARENT_ENV)
+    if parent_json is None:
+        return
     from tputrace import recorder as recorder_module
 
-    parent_json = os.environ.get(PARENT_ENV)
-    if parent_json is None or recorder_module.active() is not None:
+    if recorder_module.active() is not None:
         return
     start_method = _multiprocessing_start
     if start_method is None:

@@ -3,7 +3,9 @@
 The target runs as `__main__` (via runpy, with `sys.argv` and `sys.path[0]` set as Python sets them)
 inside `tputrace.recorder.start(...)` / `stop(...)`. `stop` runs however the script ends: normally,
 by an exception, `sys.exit`, Ctrl-C or SIGTERM (turned into `SystemExit(143)`). Afterwards the
-summary of the saved trace goes to stderr.
+summary of the saved trace goes to stderr. Processes the script forks or starts are recorded as ranks
+of their own (`tputrace.fork_recording`, `tputrace.spawn_recording`: the recording describes itself
+to them in the environment).
 """
 
 from __future__ import annotations
