@@ -326,7 +326,7 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
         assert run.script == str(tmp_path / "other.py") and run.argv == ("5",)
         assert run.finished and run.exit_status is None and run.eager_mode == "DEFER_NEVER"
         assert _op_counts(trace, origin.rank)["aten.mul.Tensor"] == 1
-    assert "started as a command by rank 0" in result.stderr
+    assert "started as a command by rank 0" in result.stderr and "ended (exit status not seen)" in result.stderr
 
 
 def test_data_loader_workers_forked_after_the_runtime_started_leave_the_trace_whole(tmp_path: Path) -> None:
