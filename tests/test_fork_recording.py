@@ -310,6 +310,8 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
         import torch
         command = subprocess.run([sys.executable, "other.py", "5"], capture_output=True, text=True, check=True)
         host = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
+        nested = ["-m", "tputrace.cli.main", "run", "--no-summary", "-o", "nested.tptrace", "other.py", "2"]
+        subprocess.run([sys.executable, *nested], capture_output=True, check=True)
         print("values", json.dumps([float(command.stdout), int(host.stdout), (torch.ones(2, device="tpu") + 1).sum().item()]))
         """,
         "--mode",
@@ -327,6 +329,8 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
         assert run.finished and run.exit_status is None and run.eager_mode == "DEFER_NEVER"
         assert _op_counts(trace, origin.rank)["aten.mul.Tensor"] == 1
     assert "started as a command by rank 0" in result.stderr and "ended (exit status not seen)" in result.stderr
+    with tputrace.open(tmp_path / "nested.tptrace") as nested:  # a nested `tputrace run` records on its own
+        assert nested.ranks == [0] and not fork_origins(nested.meta) and nested.run.argv == ("2",)
 
 
 def test_data_loader_workers_forked_after_the_runtime_started_leave_the_trace_whole(tmp_path: Path) -> None:

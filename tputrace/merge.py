@@ -338,7 +338,7 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
             result.missing[rank] = failures.get(rank, "no trace from this rank (it did not start recording, or its trace was not given)")
     for rank, run in runs.items():
         if run.end_ns is None and rank in forks:
-            result.died[rank] = "its trace ends without an end record (it was killed, ended through a C-level _exit, or was still running when the recording ended)"
+            result.died[rank] = "its trace ends without an end record (it was killed, called os._exit off its main thread or _exit from C, or was still running when the recording ended)"
         elif run.end_ns is None:
             result.died[rank] = failures.get(rank, "its trace ends without an end record (the process was killed or crashed)")
         elif run.exit_status:

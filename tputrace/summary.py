@@ -310,7 +310,7 @@ def _forked_line(process: ForkedProcess) -> str:
     if process.finished:
         ending = f"exit {process.exit_status}" if process.exit_status is not None else "ended (exit status not seen)"
     else:
-        ending = "no end record (it was killed, ended through a C-level _exit, or outlived the recording): its last ops may be missing"
+        ending = "no end record (it was killed, called os._exit off its main thread or _exit from C, or outlived the recording): its last ops may be missing"
     return f"rank {origin.rank}: process {origin.pid}, {started_by(origin)} rank {origin.parent_rank} (process {origin.parent_pid}): {recorded}, {ending}"
 
 
