@@ -551,7 +551,7 @@ def start_child(parent: spawn_recording.ParentRecording, start_method: str, *, s
     recorder = fork_recording.child_recorder(parent, start_method, script=script, argv=argv)
     _begin(recorder)
     fork_recording.save_rows_at_os_exit()
-    if recorder.writer is not None and not recorder.writer.closes_at_exit:
+    if start_method == "command":  # no multiprocessing `run` to wrap: its interpreter's exit ends it
         import atexit
 
         atexit.register(stop, None)
