@@ -29,6 +29,8 @@ _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 _active: "Recorder | None" = None
 _explicit_steps_seen = False
 _inherited_parent: str | None = None  # what a root recording found in spawn_recording.PARENT_ENV
+# The eager mode (`EagerMode` value) `start` switched away from, which `stop` switches back to.
+_eager_mode_before_start: str | None = None
 
 
 def _finished(reference: weakref.ref) -> bool:
@@ -522,10 +524,11 @@ def active() -> Recorder | None:
 
 
 def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
-    """Load the backend, choose the eager mode, and start recording into `path` (None: record nothing).
+    """Load the backend, choose the eager mode (until `stop`), and start recording into `path` (None:
+    record nothing).
 
     A recording of its own even in a process a recorded one started (a nested `tputrace run`)."""
-    global _inherited_parent
+    global _inherited_parent, _eager_mode_before_start
     if _active is not None:
         raise RuntimeError("a tputrace recording is already running in this process")
     _inherited_parent = spawn_recording.forget_parent()
@@ -533,10 +536,18 @@ def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer"
 
     rank = int(os.environ.get("RANK", "0")) if rank is None else rank
     world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    _set_eager_mode(mode)
+    from tputrace.backend.device_module import eager_mode
+
+    previous_mode = eager_mode().value
+    if _set_eager_mode(mode):
+        _eager_mode_before_start = previous_mode
     if path is not None:
         fork_recording.clear_stale(path)
-    recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
+    try:
+        recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
+    except BaseException:
+        _restore_eager_mode()
+        raise
     _begin(recorder)
     return recorder
 
@@ -557,12 +568,26 @@ def start_child(parent: spawn_recording.ParentRecording, start_method: str, *, s
         atexit.register(stop, None)
 
 
-def _set_eager_mode(mode: str) -> None:
+def _set_eager_mode(mode: str) -> bool:
+    """Switch to the eager mode a `--mode` names; False for one that names none (`compile`)."""
     from tputrace.backend.device_module import EagerMode, set_eager_mode
 
     eager = {"defer": EagerMode.DEFER_AND_FUSE, "strict": EagerMode.DEFER_NEVER, "blocking": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING}.get(mode)
-    if eager is not None:
-        set_eager_mode(eager)
+    if eager is None:
+        return False
+    set_eager_mode(eager)
+    return True
+
+
+def _restore_eager_mode() -> None:
+    """Switch back to the eager mode `start` switched away from (none: `start` kept the mode)."""
+    global _eager_mode_before_start
+    if _eager_mode_before_start is None:
+        return
+    from tputrace.backend.device_module import set_eager_mode
+
+    previous, _eager_mode_before_start = _eager_mode_before_start, None
+    set_eager_mode(previous)
 
 
 def _begin(recorder: Recorder) -> None:
@@ -590,7 +615,9 @@ def continue_in_forked_child(recorder: Recorder | None) -> None:
 
 
 def stop(exit_status: int | None, error: str | None = None) -> None:
-    """Flush pending work, finish the trace (run end, exit status, error) and close it.
+    """Flush pending work, finish the trace (run end, exit status, error) and close it; then switch back
+    to the eager mode that was active before `start`, so a recording run in-process (`main(["run", ...])`,
+    a benchmark) leaves the tpu ops that follow it running as they ran before it.
 
     `exit_status` None: not known (a command's recording, stopped at its interpreter's exit)."""
     global _active
@@ -602,8 +629,7 @@ def stop(exit_status: int | None, error: str | None = None) -> None:
         return
     if recorder.forked_from is None:
         spawn_recording.restore(_inherited_parent)
-    from tputrace.backend import chips, hooks
-    from tputrace.backend.device_module import eager_mode
+    from tputrace.backend import hooks
 
     try:
         hooks.flush_pending("exit")
@@ -611,8 +637,19 @@ def stop(exit_status: int | None, error: str | None = None) -> None:
         error = error or f"flush at exit failed: {flush_error}"
     hooks.detach()
     _active = None
+    try:
+        _finish_trace(recorder, exit_status, error)
+    finally:
+        _restore_eager_mode()
+
+
+def _finish_trace(recorder: Recorder, exit_status: int | None, error: str | None) -> None:
+    """Write the run's end fields and close the trace, then merge in the traces of the processes it started."""
+    from tputrace.backend import chips
+    from tputrace.backend.device_module import eager_mode
+
     if recorder.forked_from is not None and not (recorder.ops or recorder.compiles):
-        recorder.writer.close()  # a forked process that never used the tpu: no file was created
+        recorder.writer.close()  # a child process that never used the tpu: no file was created
         return
     import jax
     import torch
