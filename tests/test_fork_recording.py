@@ -329,6 +329,8 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
         assert run.finished and run.exit_status is None and run.eager_mode == "DEFER_NEVER"
         assert _op_counts(trace, origin.rank)["aten.mul.Tensor"] == 1
     assert "started as a command by rank 0" in result.stderr and "ended (exit status not seen)" in result.stderr
+    info = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "info", str(trace_path)], capture_output=True, text=True, check=True)
+    assert "exit status not seen" in info.stdout and "exit None" not in info.stdout
     with tputrace.open(tmp_path / "nested.tptrace") as nested:  # a nested `tputrace run` records on its own
         assert nested.ranks == [0] and not fork_origins(nested.meta) and nested.run.argv == ("2",)
 

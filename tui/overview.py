@@ -107,7 +107,10 @@ def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | 
     details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_mode, facts.versions or None]
     text.append("\n" + " · ".join(part for part in details if part))
     ops = facts.counts.get("ops", 0)
-    state = f"exit {facts.exit_status}" if facts.finished else "no end record (killed, or still running)"
+    if not facts.finished:
+        state = "no end record (killed, or still running)"
+    else:
+        state = "ended (exit status not seen)" if facts.exit_status is None else f"exit {facts.exit_status}"
     text.append(f"\nwall {fmt_ns(facts.wall_ns)} · ")
     if step_count is not None:
         text.append(f"{fmt_count(step_count)} steps · ")

@@ -247,7 +247,10 @@ def _findings_overview(analysis: AnalysisData) -> str:
 def _header(data: ReportData) -> str:
     run = data.run
     argv = " ".join(run.argv)
-    status = "running or killed (no end record)" if not run.finished else f"exit status {run.exit_status}"
+    if not run.finished:
+        status = "running or killed (no end record)"
+    else:
+        status = "ended (exit status not seen)" if run.exit_status is None else f"exit status {run.exit_status}"
     counts = data.run.counts
     facts = [
         ("script", f"{run.script or '?'} {argv}".strip()),

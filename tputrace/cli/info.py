@@ -80,7 +80,8 @@ def run(args: argparse.Namespace) -> int:
         if run_info.end_ns is None:
             ending = "no end record (still running, or killed)"
         else:
-            ending = f"wall {format_ns(run_info.end_ns)}, exit {run_info.exit_status}"
+            exit_text = "exit status not seen" if run_info.exit_status is None else f"exit {run_info.exit_status}"
+            ending = f"wall {format_ns(run_info.end_ns)}, {exit_text}"
             if run_info.error:
                 ending += f", raised {run_info.error.strip().splitlines()[-1]}"
         lines.append((f"rank {run_info.rank}", command))
