@@ -5,8 +5,11 @@ Selecting through a mask has a data-dependent shape, so XLA cannot compile it fr
 torch's own `index` (CUDA's too) turns each mask into indices with `nonzero` first. Here a chip mask
 is counted on the chip and the host reads only the count (a data-dependent sync, recorded as such);
 a program compiled for that count (rounded up, see `length_buckets`) then finds the set positions
-and gathers on the chip, in one program when the mask is the only index (`x[mask]`, `x[:, mask]`,
-`masked_select`), else through `nonzero_static` and the lowered `index`. A mask already on the host
+and gathers on the chip, in one program: the mask being the only index (`x[mask]`, `x[:, mask]`,
+`masked_select`), or one mask beside indices that broadcast along its count (`x[mask, idx]`, and
+writes such as `x[:, mask] = v`: see `mask_beside_indices`). Other calls with masks (two masks, an
+index or values as long as the count) go through `nonzero_static` and the lowered `index`, at the
+exact count. A mask already on the host
 (`x[cpu_mask]`) needs no sync: its positions are found on the host and copied to the chip.
 
 Calls whose masks do not fit the tensor, or 0-dim masks, keep the host fallback, which raises or
@@ -25,9 +28,11 @@ from typing import Any
 
 import torch
 
+from tputrace.backend import mask_beside_indices
 from tputrace.backend.data_dependent import nonzero, sized_step
 from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import MASK_DTYPES, count_set
+from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import sized
 from tputrace.backend.padded_reads import cut
 from tputrace.backend.tensor import TpuTensor
@@ -51,6 +56,8 @@ def index(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
         if tuple(mask.shape) != tuple(self.shape[masks[0]:masks[0] + mask.dim()]):
             return None
         return _select(dispatcher, self, mask, masks[0])
+    if len(masks) == 1 and (selected := mask_beside_indices.select(dispatcher, self, indices, masks[0])) is not None:
+        return selected
     converted = _without_masks(dispatcher, self, indices)
     if converted is None:
         return None
@@ -61,8 +68,10 @@ def index_put(dispatcher: Any, args: Sequence[Any], kwargs: dict, op: Any) -> An
     """`index_put` (or `index_put_`, `_index_put_impl_`) whose masks come with other indices (one mask
     alone is lowered): the same op with each mask replaced by the positions of its set elements, found
     as `x[mask]` finds them; None if the call has no mask this handles."""
-    self = args[0]
-    indices = args[1] if len(args) > 1 else kwargs["indices"]
+    self, indices, values, accumulate = bound(op, args, kwargs)[:4]
+    masks = [dim for dim, index_tensor in enumerate(indices) if index_tensor is not None and index_tensor.dtype in MASK_DTYPES]
+    if len(masks) == 1 and (written := mask_beside_indices.put(dispatcher, op, self, indices, values, accumulate, masks[0])) is not None:
+        return written
     converted = _without_masks(dispatcher, self, indices)
     if converted is None:
         return None

@@ -1,7 +1,8 @@
 """The two steps of the ops whose output length depends on the data (`unique`, `bincount`,
 `repeat_interleave`'s check; see `data_dependent`), lowered as programs of their own.
 
-`x[mask]`'s gather is here too (see `mask_indexing`).
+`x[mask]`'s gather is here too (see `mask_indexing`), and `x[mask, idx]`'s read and write (see
+`mask_beside_indices`).
 
 A data-dependent op runs as a *measure* program, whose small result the host reads to learn the
 output's length, then a *sized* program, compiled for that length. The measure step of `unique`
@@ -132,3 +133,41 @@ def unique_sized(
     if return_counts:
         counts = jnp.diff(jnp.append(firsts, arranged.shape[0])).astype(jnp.int64)
     return values, inverse, counts
+
+
+def _mask_coordinates(mask: Array, size: int, fill: int) -> tuple[Array, ...]:
+    """The coordinates (one array per mask dim) of the mask's first `size` set elements; in slots
+    past the last set one, the first coordinate is `fill` and the others 0."""
+    positions, is_set = set_positions(mask.reshape(-1), size, 0)
+    coordinates = []
+    for length in reversed(mask.shape[1:]):
+        coordinates.append(positions % length)
+        positions = positions // length
+    return (jnp.where(is_set, positions, fill), *reversed(coordinates))
+
+
+def _index_tuple(indices: list, mask_at: int, coordinates: tuple[Array, ...]) -> tuple:
+    """NumPy's index for torch's `indices` with the mask at `mask_at` replaced by its coordinates
+    (torch places the result's dims as NumPy does: see `mask_beside_indices`)."""
+    entries = (*indices[:mask_at], *coordinates, *indices[mask_at + 1:])
+    return tuple(slice(None) if entry is None else entry for entry in entries)
+
+
+def mask_index(self: Array, indices: list, *, size: int, mask_at: int) -> Array:
+    """`self[indices]` where `indices[mask_at]` is a mask and the others are None or integer indices:
+    the mask's first `size` set positions stand for it (slots past the last set one index 0)."""
+    mask = indices[mask_at]
+    return self[_index_tuple(indices, mask_at, _mask_coordinates(mask, size, 0))]
+
+
+def mask_index_put(self: Array, indices: list, values: Array, *, size: int, mask_at: int, accumulate: bool) -> Array:
+    """`self[indices] = values` (or `+=`) as `mask_index` reads them: slots past the mask's last set
+    position index past the end of its first dim and are dropped."""
+    mask = indices[mask_at]
+    where = _index_tuple(indices, mask_at, _mask_coordinates(mask, size, mask.shape[0]))
+    values = values.astype(self.dtype)
+    if not accumulate:
+        return self.at[where].set(values, mode="drop")
+    if self.dtype == jnp.bool_:
+        return self.at[where].max(values, mode="drop")
+    return self.at[where].add(values, mode="drop")
