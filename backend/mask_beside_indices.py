@@ -81,9 +81,10 @@ def select(dispatcher: Any, self: Any, indices: Sequence[Any], mask_at: int) -> 
 
 def put(dispatcher: Any, op: Any, self: Any, indices: Sequence[Any], values: Any, accumulate: bool, mask_at: int) -> Any | None:
     """`index_put` (or its in-place forms) with the mask at `mask_at` beside other indices, or None
-    when the values, or the indices, follow the count (see the note)."""
+    when the values, or the indices, follow the count (see the note), or the values' dtype is not
+    `self`'s (torch refuses it)."""
     mask = indices[mask_at]
-    if mask.dim() == 0 or not isinstance(values, TpuTensor) or result_layout(tuple(self.shape), indices, mask_at, 1) is None:
+    if mask.dim() == 0 or not isinstance(values, TpuTensor) or values.dtype != self.dtype or result_layout(tuple(self.shape), indices, mask_at, 1) is None:
         return None
     count = count_set(dispatcher.to_host, mask)
     shape, dim = result_layout(tuple(self.shape), indices, mask_at, count)

@@ -126,13 +126,22 @@ def test_an_index_out_of_range_raises_at_the_next_sync(mode: EagerMode) -> None:
         grid[rows, _ints([4], "tpu")].cpu()
 
 
+# Each case: (x, rows mask, device) -> a write torch refuses.
+REFUSED_WRITES: dict[str, Callable[[torch.Tensor, torch.Tensor, str], object]] = {
+    "values of the wrong shape": lambda x, rows, d: x.__setitem__((rows, _ints([1], d)), torch.ones(7, 6, device=d)),
+    "values of another dtype": lambda x, rows, d: x.index_put_((rows, _ints([1], d)), _ints(3, d)),
+}
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
-def test_values_of_the_wrong_shape_raise_torchs_error(mode: EagerMode) -> None:
+@pytest.mark.parametrize("case", sorted(REFUSED_WRITES))
+def test_a_write_torch_refuses_raises_its_error(mode: EagerMode, case: str) -> None:
+    write = REFUSED_WRITES[case]
     rows = _masks("cpu", 0)[0]
     with pytest.raises(RuntimeError) as on_cpu:
-        _grid("cpu")[rows, _ints([1], "cpu")] = torch.ones(7, 6)
+        write(_grid("cpu"), rows, "cpu")
     with eager(mode), pytest.raises(RuntimeError) as on_tpu:
-        _grid("tpu")[rows.to("tpu"), _ints([1], "tpu")] = torch.ones(7, 6, device="tpu")
+        write(_grid("tpu"), rows.to("tpu"), "tpu")
     assert str(on_tpu.value) == str(on_cpu.value)
 
 
