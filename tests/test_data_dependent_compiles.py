@@ -1,7 +1,7 @@
 """The programs data-dependent ops compile (`nonzero`, `x[mask]`, `masked_select`, `unique`, `bincount`,
 `repeat_interleave`) are all in the trace, each new length's named in its recompile's diff, and a
-host read of their results compiles no program per count (`padded_reads`); results equal the CPU's
-in both eager modes."""
+host read of their results, or a pointwise op or a sum on the chip, compiles no program per count
+(`padded_reads`); results equal the CPU's in both eager modes."""
 
 from __future__ import annotations
 
@@ -38,7 +38,8 @@ for count in (3, 17, 40, 41, 90, 91, 200):
     assert torch.equal(torch.unique(chip_values % count).cpu(), torch.unique(values % count))
     assert torch.equal(torch.bincount(chip_values % count).cpu(), torch.bincount(values % count))
     assert torch.equal(torch.repeat_interleave(chip_values[:8] % count % 5).cpu(), torch.repeat_interleave(values[:8] % count % 5))
-    assert torch.allclose((picked * 2).sum(0).cpu(), (rows[mask] * 2).sum(0))  # an op reads the cut on the chip
+    assert torch.allclose((picked * 2).sum(0).cpu(), (rows[mask] * 2).sum(0))  # run on the padded buffer
+    assert torch.allclose(picked.mean(0).cpu(), rows[mask].mean(0))  # an op reads the cut on the chip
 """
 
 
@@ -79,6 +80,56 @@ def test_a_host_read_of_a_new_count_compiles_nothing(mode: EagerMode) -> None:
             chip, cpu = results(chip_values, chip_rows, count), results(values, rows, count)
             assert all(torch.equal(a, b) for a, b in zip(chip[:2] + chip[3:], cpu[:2] + cpu[3:])) and chip[2] == cpu[2]
         assert len(_backend_compiles) == before
+
+
+# Each case: (values, rows, count) -> an op on the chip that reads a data-dependent result.
+CONSUMERS = {
+    "x[mask] * 2": lambda values, rows, count: rows[values < count] * 2,
+    "where of two cuts and a scalar": lambda values, rows, count: torch.where(rows[values < count] > 0, rows[values < count], 0.5),
+    "cut + row": lambda values, rows, count: rows[values < count] + rows[:1],
+    "x[mask].sum()": lambda values, rows, count: rows[values < count].sum(),
+    "sum over the cut dim": lambda values, rows, count: (rows[values < count] * 3).sum(0),
+    "sum over another dim": lambda values, rows, count: rows[values < count].sum(1, keepdim=True),
+    "amax, amin": lambda values, rows, count: torch.stack([rows[values < count].amax(0), rows[values < count].amin(0)]),
+    "bool sum": lambda values, rows, count: (rows[values < count] > 0).sum(0),
+    "nonzero amax": lambda values, rows, count: torch.nonzero(values < count).amin(0) + torch.nonzero(values < count).amax(),
+    "unique * 2": lambda values, rows, count: torch.unique(values % count) * 2,
+    "x[mask, idx] sum": lambda values, rows, count: rows[values < count, torch.tensor([[0], [1]], device=rows.device)].sum(1),
+}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(CONSUMERS))
+def test_a_pointwise_op_or_a_sum_of_a_new_count_compiles_nothing(mode: EagerMode, case: str) -> None:
+    """Counts whose padded length was compiled already: a pointwise op, a sum, `amax` or `amin` that
+    reads the result on the chip runs on the padded buffer (its padding set to the reduction's
+    identity where the cut dim is reduced), compiles no program, and equals the CPU's."""
+    consume = CONSUMERS[case]
+    values = torch.randperm(300, generator=torch.Generator().manual_seed(4))
+    rows = torch.randn(300, 2, generator=torch.Generator().manual_seed(5))
+    with eager(mode):
+        chip_values, chip_rows = values.to("tpu"), rows.to("tpu")
+        consume(chip_values, chip_rows, 132).cpu()  # compiles the programs of the padded length 160
+        before = len(_backend_compiles)
+        for count in (129, 140, 144):
+            torch.testing.assert_close(consume(chip_values, chip_rows, count).cpu(), consume(values, rows, count))
+        assert len(_backend_compiles) == before
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_an_empty_cut_reduces_as_torch_does(mode: EagerMode) -> None:
+    """Nothing selected: the sum is zeros, and `amax` over the empty dim raises torch's error (the
+    padding is not reduced)."""
+    rows = torch.randn(20, 3, generator=torch.Generator().manual_seed(6))
+    mask = torch.zeros(20, dtype=torch.bool)
+    with pytest.raises(IndexError) as on_cpu:
+        rows[mask].amax(0)
+    with eager(mode):
+        chip_rows, chip_mask = rows.to("tpu"), mask.to("tpu")
+        assert chip_rows[chip_mask].sum(0).cpu().tolist() == [0.0, 0.0, 0.0]
+        with pytest.raises(IndexError) as on_tpu:
+            chip_rows[chip_mask].amax(0).cpu()
+    assert str(on_tpu.value) == str(on_cpu.value)
 
 
 def test_views_read_and_written_on_the_chip_are_recorded_compiles(tmp_path: Path) -> None:
