@@ -1,9 +1,15 @@
 """XLA compiles and their time for data-dependent ops over many distinct counts, each result read.
 
-    python bench/data_dependent_compiles.py [--counts N] [--mode DEFER_NEVER|DEFER_AND_FUSE] [--op index|nonzero|unique]
+    python bench/data_dependent_compiles.py [--counts N] [--mode DEFER_NEVER|DEFER_AND_FUSE] [--op OP]
 
-One process: `rows[values < count]` (or `nonzero(values < count)`, or `unique(values % count)`) for N
-distinct counts, each result copied to the host and checked against the CPU's. Prints the XLA
+One process: for N distinct counts, with `mask = values < count`, one of (`--op`)
+  index           rows[mask]                  nonzero         nonzero(mask)
+  unique          unique(values % count)      index_slice     rows[mask, 1:]
+  index_idx       rows[mask, idx]             (idx of shape (2, 1): a (2, count) result)
+  index_put_idx   rows[mask, idx] = 0         (idx of shape (1,))
+  index_put_cols  rows.t()[:, mask] = 0.5     (on a copy of the transposed rows)
+  index_sum       (rows[mask] * 2).sum(0)     (ops on the chip that read the cut result)
+each result copied to the host and checked against the CPU's (sums of up to 2,600 rows within 1e-4). Prints the XLA
 compiles JAX reports (`/jax/core/compile/backend_compile_duration`) during the loop, their total time,
 and the loop's wall time.
 """
@@ -12,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import time
+from collections.abc import Callable
 
 import jax
 import torch
@@ -21,12 +28,38 @@ import tputrace.backend  # noqa: F401 - registers the tpu device
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 
 
+def _put_idx(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    written = rows.clone()
+    written[values < count, torch.tensor([3], device=rows.device)] = 0.0
+    return written
+
+
+def _put_cols(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    written = rows.t().clone()
+    written[:, values < count] = 0.5
+    return written
+
+
+Result = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (values, rows, count) -> what is read
+_RESULTS: dict[str, Result] = {
+    "index": lambda values, rows, count: rows[values < count],
+    "nonzero": lambda values, rows, count: torch.nonzero(values < count),
+    "unique": lambda values, rows, count: torch.unique(values % count),
+    "index_slice": lambda values, rows, count: rows[values < count, 1:],
+    "index_idx": lambda values, rows, count: rows[values < count, torch.tensor([[1], [5]], device=rows.device)],
+    "index_put_idx": _put_idx,
+    "index_put_cols": _put_cols,
+    "index_sum": lambda values, rows, count: (rows[values < count] * 2).sum(0),
+}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--counts", type=int, default=200)
     parser.add_argument("--mode", default="DEFER_NEVER", choices=("DEFER_NEVER", "DEFER_AND_FUSE"))
-    parser.add_argument("--op", default="index", choices=("index", "nonzero", "unique"))
+    parser.add_argument("--op", default="index", choices=tuple(_RESULTS))
     options = parser.parse_args()
+    result = _RESULTS[options.op]
     torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, options.mode))
     compile_seconds: list[float] = []
     jax.monitoring.register_event_duration_secs_listener(
@@ -35,20 +68,12 @@ def main() -> None:
     values = torch.randperm(4096, generator=torch.Generator().manual_seed(0))
     rows = torch.randn(4096, 8, generator=torch.Generator().manual_seed(1))
     chip_values, chip_rows = values.to("tpu"), rows.to("tpu")
-
-    def result(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
-        if options.op == "index":
-            return rows[values < count]
-        if options.op == "nonzero":
-            return torch.nonzero(values < count)
-        return torch.unique(values % count)
-
     counts = [3 + 13 * index for index in range(options.counts)]
     result(chip_values, chip_rows, 1).cpu()  # warm-up: the programs every count shares
     before = len(compile_seconds)
     start = time.perf_counter()
     for count in counts:
-        assert torch.equal(result(chip_values, chip_rows, count).cpu(), result(values, rows, count))
+        torch.testing.assert_close(result(chip_values, chip_rows, count).cpu(), result(values, rows, count), rtol=1e-5, atol=1e-4)
     wall = time.perf_counter() - start
     loop_compiles = compile_seconds[before:]
     print(f"{options.op} {options.mode}: {len(loop_compiles)} XLA compiles ({sum(loop_compiles):.2f} s compiling) "

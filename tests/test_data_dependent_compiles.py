@@ -1,5 +1,5 @@
-"""The programs data-dependent ops compile (`nonzero`, `x[mask]`, `masked_select`, `unique`, `bincount`,
-`repeat_interleave`) are all in the trace, each new length's named in its recompile's diff, and a
+"""The programs data-dependent ops compile (`nonzero`, `x[mask]`, `x[mask, idx]` and its write,
+`masked_select`, `unique`, `bincount`, `repeat_interleave`) are all in the trace, each new length's named in its recompile's diff, and a
 host read of their results, or a pointwise op or a sum on the chip, compiles no program per count
 (`padded_reads`); results equal the CPU's in both eager modes."""
 
@@ -40,6 +40,10 @@ for count in (3, 17, 40, 41, 90, 91, 200):
     assert torch.equal(torch.repeat_interleave(chip_values[:8] % count % 5).cpu(), torch.repeat_interleave(values[:8] % count % 5))
     assert torch.allclose((picked * 2).sum(0).cpu(), (rows[mask] * 2).sum(0))  # run on the padded buffer
     assert torch.allclose(picked.mean(0).cpu(), rows[mask].mean(0))  # an op reads the cut on the chip
+    assert torch.equal(chip_rows[chip_mask, torch.tensor([[1], [2]], device="tpu")].cpu(), rows[mask, torch.tensor([[1], [2]])])
+    written, expected = chip_rows.clone(), rows.clone()
+    written[chip_mask, torch.tensor([0], device="tpu")], expected[mask, torch.tensor([0])] = 0.0, 0.0
+    assert torch.equal(written.cpu(), expected)
 """
 
 
