@@ -30,17 +30,21 @@ from tputrace.backend.tensor import TpuTensor
 aten = torch.ops.aten
 
 _pointwise: dict[Any, bool] = {}  # op entry -> whether it is a deterministic pointwise op of one output
+# Whether this process has made a cut yet: until it has, no op's inputs need looking at for one.
+cuts_made = False
 
 
 def cut(padded: Any, dim: int, length: int) -> Any:
     """The first `length` entries along `dim` of `padded` (an output compiled for a padded length): a
     view whose chain is marked, so that a host read of any tensor seen through it copies the buffer
     and cuts it there (`host_cut`)."""
+    global cuts_made
     if padded.shape[dim] == length:
         return padded
     view = padded.narrow(dim, 0, length)
     if padded._view is None:
         view._view.host_cut = (dim, length)
+        cuts_made = True
     return view
 
 
