@@ -388,13 +388,10 @@ class Dispatcher:
     # ----------------------------------------------------------------- functional ops
     def compute(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None = None) -> Any:
         """Run a lowered functional op and wrap its outputs as tpu tensors."""
-        if padded_reads.cuts_made:
-            for value in args:
-                if type(value) is TpuTensor and value._view is not None and value._view.host_cut is not None:
-                    padded = padded_reads.on_padded(self, entry, args, kwargs, record_as)  # `x[mask] * 2`, `x[mask].sum()`
-                    if padded is not None:
-                        return padded
-                    break
+        if padded_reads.cuts_made and any(map(padded_reads.is_cut, args)):
+            padded = padded_reads.on_padded(self, entry, args, kwargs, record_as)  # `x[mask] * 2`, `x[mask].sum()`
+            if padded is not None:
+                return padded
         ran = self._run(entry, args, kwargs, record_as)
         if ran is None:
             return self.fallback(entry, args, kwargs)

@@ -68,9 +68,9 @@ def _pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     """A pointwise op whose inputs include cuts, run on their padded buffers and cut to the length;
     None when it cannot be: an op that is not pointwise (or draws random numbers), cuts of different
     lengths, dims or padded lengths, or another input that does not broadcast along the cut dim."""
-    if not _is_pointwise(entry) or any(_is_cut(value) for value in kwargs.values()):
+    if not _is_pointwise(entry) or any(is_cut(value) for value in kwargs.values()):
         return None
-    cuts = {position: _cut_from_end(value) for position, value in enumerate(args) if _is_cut(value)}
+    cuts = {position: _cut_from_end(value) for position, value in enumerate(args) if is_cut(value)}
     if len(set(cuts.values())) != 1:
         return None
     from_end, length, _ = next(iter(cuts.values()))
@@ -86,7 +86,8 @@ def _pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     return cut(result, result.dim() + from_end, length)
 
 
-def _is_cut(value: Any) -> bool:
+def is_cut(value: Any) -> bool:
+    """Whether `value` is a tpu tensor read as a cut of its padded buffer (`cut`)."""
     return type(value) is TpuTensor and value._view is not None and value._view.host_cut is not None
 
 
@@ -149,7 +150,7 @@ def _reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     where it reduces the cut dim; else of the buffer as it is, the result cut in turn. None for an
     empty cut or a complex one."""
     self = args[0]
-    if not _is_cut(self) or any(_is_cut(value) for value in (*args[1:], *kwargs.values())) or self.is_complex():
+    if not is_cut(self) or any(is_cut(value) for value in (*args[1:], *kwargs.values())) or self.is_complex():
         return None
     dim, length = self._view.host_cut
     if not length:  # nothing to reduce: `amax` raises torch's error, a sum is zeros
