@@ -189,12 +189,10 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         ranks = f"rank {summary.rank} of {len(summary.ranks)}" if len(summary.ranks) > 1 else None
     if not run.finished:
         ending = "no end record (still running, or killed)"
-    elif run.exit_status is None:
-        ending = "ended (exit status not seen)"
-    elif run.error:
+    elif run.error and run.exit_status is not None:
         ending = f"exit {run.exit_status}, raised {run.error.strip().splitlines()[-1]}"
     else:
-        ending = f"exit {run.exit_status}"
+        ending = exit_text(run.exit_status)
     steps = f"{summary.step_count} steps"
     if summary.step_count > 1:
         steps += f" (first {format_ns(summary.first_step_ns)}, then median {format_ns(summary.median_step_ns)})"
@@ -304,11 +302,17 @@ def sections(summary: RunSummary) -> list[Section]:
     return [section for section in result if section.rows or section.lines]
 
 
+def exit_text(exit_status: int | None) -> str:
+    """How a run that has its end record ended: `exit N`, or that its status was not seen (a Python
+    command's recording, stopped at its interpreter's exit)."""
+    return "ended (exit status not seen)" if exit_status is None else f"exit {exit_status}"
+
+
 def _forked_line(process: ForkedProcess) -> str:
     origin = process.origin
     recorded = f"{_count(process.op_count, 'op')}, {_count(process.compile_count, 'compile')}"
     if process.finished:
-        ending = f"exit {process.exit_status}" if process.exit_status is not None else "ended (exit status not seen)"
+        ending = exit_text(process.exit_status)
     else:
         ending = "no end record (it was killed, called os._exit off its main thread or _exit from C, or outlived the recording): its last ops may be missing"
     return f"rank {origin.rank}: process {origin.pid}, {started_by(origin)} rank {origin.parent_rank} (process {origin.parent_pid}): {recorded}, {ending}"

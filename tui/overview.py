@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from tputrace.summary import exit_text
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_count, fmt_ns, fmt_share, share_bar
 from tputrace.tui.view import TraceView, palette_for
@@ -107,10 +108,7 @@ def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | 
     details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_mode, facts.versions or None]
     text.append("\n" + " · ".join(part for part in details if part))
     ops = facts.counts.get("ops", 0)
-    if not facts.finished:
-        state = "no end record (killed, or still running)"
-    else:
-        state = "ended (exit status not seen)" if facts.exit_status is None else f"exit {facts.exit_status}"
+    state = exit_text(facts.exit_status) if facts.finished else "no end record (killed, or still running)"
     text.append(f"\nwall {fmt_ns(facts.wall_ns)} · ")
     if step_count is not None:
         text.append(f"{fmt_count(step_count)} steps · ")

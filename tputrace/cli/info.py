@@ -23,7 +23,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tputrace.store.reader import open_trace
-    from tputrace.summary import format_bytes, format_ns
+    from tputrace.summary import exit_text, format_bytes, format_ns
 
     with open_trace(args.trace) as trace:
         file_size = trace.path.stat().st_size
@@ -80,8 +80,7 @@ def run(args: argparse.Namespace) -> int:
         if run_info.end_ns is None:
             ending = "no end record (still running, or killed)"
         else:
-            exit_text = "exit status not seen" if run_info.exit_status is None else f"exit {run_info.exit_status}"
-            ending = f"wall {format_ns(run_info.end_ns)}, {exit_text}"
+            ending = f"wall {format_ns(run_info.end_ns)}, {exit_text(run_info.exit_status)}"
             if run_info.error:
                 ending += f", raised {run_info.error.strip().splitlines()[-1]}"
         lines.append((f"rank {run_info.rank}", command))
