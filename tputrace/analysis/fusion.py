@@ -6,13 +6,16 @@ in between ends the pending graph: the chip gets smaller programs, XLA fuses les
 Flushes by CPU fallbacks are reported by the fallbacks analyzer and not counted here.
 
 Cost (an estimate): the host time spent flushing the extra programs (cache hits only: compiles are
-the recompiles analyzer's) plus the syncs' stalls at the cutting lines.
+the recompiles analyzer's) plus the syncs' stalls at the cutting lines, less the compiles that ran
+during those stalls (the recompiles analyzer's too: a data-dependent size that compiles a program per
+count would otherwise be counted twice).
 """
 
 from __future__ import annotations
 
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.summary import format_ns
 
 NAME = "fusion"
@@ -94,7 +97,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             f"Each steady step ran {programs_per_step:.3g} programs of {result.data['ops_per_program']:.1f} ops on "
             f"average; {cuts_per_step:.3g} per step were cut mid-step by host reads or other triggers "
             f"({len(cuts)} lines), so XLA fuses less and the host waits for each piece. Flushing the extra programs "
-            f"took {format_ns(flush_ns)} and their syncs stalled {format_ns(stall_ns)} (estimate of the cost: "
+            f"took {format_ns(flush_ns)} and their syncs stalled {format_ns(stall_ns)} besides compiling (estimate of the cost: "
             f"{context.share_text(share)})."
         ),
         suggestion=f"At {where_top}: {hint}. Then each step runs as one or two fused programs.",
@@ -107,7 +110,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
 
 def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, *, steady: bool) -> tuple[float, float, float]:
     """(flush time + stall, flush time, stall) of the cutting flushes at `frame_ids`, in the steady steps or
-    in all of the loop's steps. Syncs inside a CPU fallback are the fallback's, not a cut's."""
+    in all of the loop's steps. Syncs inside a CPU fallback are the fallback's, not a cut's; compiles inside
+    a stall are the recompiles analyzer's."""
     trace = context.trace
     where, params = context.steady_where() if steady else context.loop_where()
     (flush_ns,) = trace.sql(
@@ -119,7 +123,7 @@ def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, *, stea
     if frame_ids:
         sync_where, sync_params = context.steady_where("s") if steady else context.loop_where("s")
         (stall_ns,) = trace.sql(
-            f"SELECT COALESCE(SUM(s.dur_ns), 0) FROM syncs s WHERE {sync_where} AND s.kind != 'fallback' "
+            f"SELECT COALESCE(SUM(s.dur_ns - {SYNC_COMPILE_NS}), 0) FROM syncs s WHERE {sync_where} AND s.kind != 'fallback' "
             f"AND s.frame_id IN {in_list(frame_ids)} AND {outside_fallbacks('s')}",
             tuple(sync_params) + tuple(frame_ids),
         )[0]

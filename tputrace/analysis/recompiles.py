@@ -4,6 +4,10 @@ Compiles are grouped by call site (the line that triggered them), kind and progr
 whose signatures have the same inputs and dtypes but different dims, and that keeps compiling after
 the warm-up step, is a storm. For each storm: which dims vary and the values they took, and a bucket
 advisor that weighs compiles saved against padding FLOPs added (a linear-in-the-dim estimate).
+
+A storm whose changing size is the length of a data-dependent result (`x[mask]`, nonzero, unique;
+see `data_sizes`) gets no padding advice: the data pipeline does not choose that size. Such storms
+are one finding per op and line that made the size, with a fixed-shape rewrite as the fix.
 """
 
 from __future__ import annotations
@@ -13,10 +17,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import program_cache
+from tputrace.analysis import data_sizes, program_cache
 from tputrace.analysis.chips import round_up
 from tputrace.analysis.context import AnalysisContext, in_list, plural
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.data_sizes import SizeOrigin, size_origin
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.shapes import TensorSpec, parse_specs
 from tputrace.summary import format_ns
 
@@ -25,6 +30,25 @@ MIN_COMPILES = 3  # compiles of one site before it counts as a storm
 MIN_STEADY_COMPILES = 2  # ... of which at least this many after the warm-up step
 BUCKET_MULTIPLES = (8, 16, 32, 64, 128, 256, 512)
 MAX_PROPOSED_PADDING = 0.25  # the proposal keeps padding FLOPs under this share when any option does
+MAX_LISTED_PROGRAMS = 6  # programs named in a finding for storms of one data-dependent size
+# How to keep each kind of data-dependent length out of the shapes (the storm finding's suggestion).
+FIXED_SHAPE_FIXES: dict[str, str] = {
+    data_sizes.MASK_COUNT: (
+        "compute on the full fixed shape and weight by the mask instead of selecting with it, e.g. "
+        "`loss = (F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=\"none\") * mask.flatten()).sum()"
+        " / mask.sum()`, or `torch.where(mask, x, 0)` in place of `x[mask]`"
+    ),
+    data_sizes.NONZERO_COUNT: (
+        "keep the full shape: `torch.where(condition, x, 0)` or multiplying by the condition instead of gathering "
+        "the nonzero positions, or `torch.nonzero_static(condition, size=n)` where a fixed number of indices will do"
+    ),
+    data_sizes.UNIQUE_COUNT: (
+        "count over the known range of values instead of the values present, e.g. "
+        "`torch.bincount(x, minlength=num_values)` or a one-hot sum, in place of `torch.unique`"
+    ),
+    data_sizes.BINCOUNT_LENGTH: "pass `minlength=num_bins` so the length stays fixed while the values stay below it",
+    data_sizes.REPEATS_SUM: "pass `output_size` with a fixed total (pad the repeats up to it)",
+}
 # A recompile's diff names the first op that consumes the changed input, e.g.
 # "op 0 aten.embedding.default (train.py:29): arg 1 dim 1: 64 -> 72".
 _DIFF_ENTRY = re.compile(r"op \d+ (?P<op>\S+) \((?P<file>[^()]+?):(?P<line>\d+)\): (?P<arg>arg \d+ dim \d+)")
@@ -98,6 +122,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     )
     site_rows = []
     storms = []
+    by_origin: dict[tuple[str, int | None], list[Storm]] = {}
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append({
             "kind": kind, "name": trace.string(name_sid), "where": context.where(frame_id),
@@ -112,8 +137,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         if not dims:
             continue
         storm = _storm(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims)
-        storms.append(storm["data"])
-        result.findings.append(storm["finding"])
+        options, best = _bucketing(context, storm)
+        storms.append(_storm_data(context, storm, options, best))
+        if storm.origin is None:
+            result.findings.append(_padding_finding(context, storm, options, best))
+        else:
+            by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
+    for grouped in by_origin.values():
+        result.findings.append(_data_size_finding(context, grouped))
     result.data["sites"] = site_rows[:50]
     result.data["storms"] = storms
     return result
@@ -272,26 +303,99 @@ def shape_entry(context: AnalysisContext, diffs: list[str | None]) -> ShapeEntry
     return ShapeEntry(op, argument, frame_id, module)
 
 
-def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None, rows: list[CompileRow], dims: list[VaryingDim]) -> dict:
-    site = context.where(frame_id)
-    count = len(rows)
-    total_ns = sum(row.dur_ns for row in rows)
-    recompile_ns = total_ns - rows[0].dur_ns
-    mean_compile_ns = total_ns / count
-    steps_compiling = sorted({row.step for row in rows})
-    program_ids = [row.program_id for row in rows if row.program_id is not None]
-    exec_ns = context.busy_of_programs(program_ids)
-    main = dims[0]
-    options = bucket_options(main, rows, mean_compile_ns, exec_ns)
-    best = propose(options, len(main.distinct) * mean_compile_ns)
+@dataclass(frozen=True)
+class Storm:
+    """One call site's storm: its compiles, the dims that varied, where the shape enters and, when the data chose
+    the size (a data-dependent result), the op and line that made it."""
+
+    kind: str
+    name: str
+    frame_id: int | None
+    rows: list[CompileRow]
+    dims: list[VaryingDim]
+    entry: ShapeEntry | None
+    origin: SizeOrigin | None
+
+    @property
+    def count(self) -> int:
+        return len(self.rows)
+
+    @property
+    def total_ns(self) -> int:
+        return sum(row.dur_ns for row in self.rows)
+
+    @property
+    def recompile_ns(self) -> int:
+        return self.total_ns - self.rows[0].dur_ns
+
+    @property
+    def steps(self) -> list[int]:
+        return sorted({row.step for row in self.rows})
+
+    @property
+    def main(self) -> VaryingDim:
+        return self.dims[0]
+
+
+def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None, rows: list[CompileRow],
+           dims: list[VaryingDim]) -> Storm:
+    """The storm at a site; a dim whose sizes a data-dependent op's lengths explain comes first."""
+    steps = [row.step for row in rows]
+    origin = None
+    for index, dim in enumerate(dims[:3]):
+        origin = size_origin(context, dim.values, steps)
+        if origin is not None:
+            dims = [dim] + dims[:index] + dims[index + 1:]
+            break
     entry = shape_entry(context, [row.diff for row in rows])
+    return Storm(kind, name, frame_id, rows, dims, entry, origin)
+
+
+def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> dict:
+    entry, origin = storm.entry, storm.origin
+    return {
+        "kind": storm.kind, "name": storm.name, "where": context.where(storm.frame_id), "compiles": storm.count,
+        "compile_ns": storm.total_ns, "recompile_ns": storm.recompile_ns, "steps": storm.steps,
+        "shape_enters_at": None if entry is None else {
+            "op": entry.op, "argument": entry.argument, "where": context.where(entry.frame_id), "module": entry.module,
+        },
+        "size_from": None if origin is None else {
+            "op": origin.family, "what": origin.what, "where": context.where(origin.frame_id), "module": origin.module,
+            "lengths": list(origin.lengths),
+        },
+        "varying_dims": [{"label": dim.label, "positions": [list(p) for p in dim.positions], "values": dim.distinct}
+                         for dim in storm.dims],
+        "bucket_options": [option.as_dict() for option in options],
+        "proposed": best.as_dict() if best else None,
+    }
+
+
+def _bucketing(context: AnalysisContext, storm: Storm) -> tuple[list[BucketOption], BucketOption | None]:
+    mean_compile_ns = storm.total_ns / storm.count
+    program_ids = [row.program_id for row in storm.rows if row.program_id is not None]
+    options = bucket_options(storm.main, storm.rows, mean_compile_ns, context.busy_of_programs(program_ids))
+    return options, propose(options, len(storm.main.distinct) * mean_compile_ns)
+
+
+def _severity(context: AnalysisContext, recompile_ns: float, steps_compiling: int) -> Severity:
+    severity = context.severity(context.share_of_wall(recompile_ns))
+    if steps_compiling >= max(3, context.step_count // 2) and severity == "info":
+        return "warning"
+    return severity
+
+
+def _padding_finding(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> Finding:
+    """A storm whose size comes from the script's inputs: pad them to a few bucket sizes."""
+    rows, main, entry, frame_id = storm.rows, storm.main, storm.entry, storm.frame_id
+    site = context.where(frame_id)
+    count, total_ns, recompile_ns, steps_compiling = storm.count, storm.total_ns, storm.recompile_ns, storm.steps
     dim_name = main.label.split(" (")[0]
     if entry is not None:
         dim_name = f"{entry.argument} of {entry.op}"
     values_text = _values_text(main.distinct)
     evidence = [
         Evidence(f"{dim.label} took {len(dim.distinct)} values: {_values_text(dim.distinct)}", table="compiles")
-        for dim in dims[:3]
+        for dim in storm.dims[:3]
     ]
     if entry is not None:
         evidence.append(context.evidence_at(
@@ -300,7 +404,7 @@ def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None,
         ))
     evidence.append(context.evidence_at(
         f"{count} compiles" + (f" in {plural(len(steps_compiling), 'step')}" if context.step_count else "")
-        + f", {format_ns(mean_compile_ns)} each on average, "
+        + f", {format_ns(total_ns / count)} each on average, "
         f"triggered at {site}", frame_id, table="compiles",
     ))
     for option in options[:5]:
@@ -318,20 +422,17 @@ def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None,
     else:
         suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
     share = context.share_of_wall(recompile_ns)
-    severity = context.severity(share)
-    if len(steps_compiling) >= max(3, context.step_count // 2) and severity == "info":
-        severity = "warning"
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
     where = context.where(anchor)
-    finding = Finding(
+    return Finding(
         analyzer=NAME,
-        severity=severity,
+        severity=_severity(context, recompile_ns, len(steps_compiling)),
         title=(
-            f"Recompilation storm: {name} compiled {count} times as the shape entering at {where} changes "
+            f"Recompilation storm: {storm.name} compiled {count} times as the shape entering at {where} changes "
             f"({len(main.distinct)} sizes)"
         ),
         explanation=(
-            f"The {kind} program {name} (flushed at {site}) was compiled {count} times because its input shapes "
+            f"The {storm.kind} program {storm.name} (flushed at {site}) was compiled {count} times because its input shapes "
             f"kept changing: {main.label} took {len(main.distinct)} values ({values_text})"
             + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
             + f". Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
@@ -345,18 +446,83 @@ def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None,
         module=entry.module if entry else None,
         **context.location_fields(anchor),
     )
-    data = {
-        "kind": kind, "name": name, "where": site, "compiles": count, "compile_ns": total_ns,
-        "recompile_ns": recompile_ns, "steps": steps_compiling,
-        "shape_enters_at": None if entry is None else {
-            "op": entry.op, "argument": entry.argument, "where": context.where(entry.frame_id), "module": entry.module,
-        },
-        "varying_dims": [{"label": dim.label, "positions": [list(p) for p in dim.positions], "values": dim.distinct}
-                         for dim in dims],
-        "bucket_options": [option.as_dict() for option in options],
-        "proposed": best.as_dict() if best else None,
-    }
-    return {"finding": finding, "data": data}
+
+
+def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding:
+    """One finding for the storms whose changing size one data-dependent op chose (the same count reaches
+    several programs: the forward's, the backward's, or each op's in strict mode). Bucketing the inputs
+    cannot fix them; computing on the full fixed shape can."""
+    origin = storms[0].origin
+    assert origin is not None
+    where = context.where(origin.frame_id)
+    count = sum(storm.count for storm in storms)
+    total_ns = sum(storm.total_ns for storm in storms)
+    recompile_ns = sum(storm.recompile_ns for storm in storms)
+    steps_compiling = sorted({step for storm in storms for step in storm.steps})
+    sizes = sorted({value for storm in storms for value in storm.main.values})
+    share = context.share_of_wall(recompile_ns)
+    programs = storms[0].name if len(storms) == 1 else f"{len(storms)} programs"
+    listed = ", ".join(
+        f"{storm.name} ({storm.count}×, at {context.where(storm.frame_id)})" for storm in storms[:MAX_LISTED_PROGRAMS]
+    ) + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
+    entry = next((storm.entry for storm in storms if storm.entry is not None), None)
+    cuts = _data_dependent_flushes(context, origin.frame_id)
+    lengths = sorted({length for storm in storms if storm.origin for length in storm.origin.lengths})
+    evidence = [context.evidence_at(
+        f"{origin.family} at {where} made results of length {_values_text(lengths)} (as recorded: a data-dependent "
+        f"result may be recorded at its padded length) in the steps that compiled", origin.frame_id,
+        module=origin.module, table="ops",
+    )]
+    for storm in storms[:MAX_LISTED_PROGRAMS]:
+        evidence.append(context.evidence_at(
+            f"{storm.name}: {storm.count} compiles ({format_ns(storm.recompile_ns)} recompiling), {storm.main.label} "
+            f"took {len(storm.main.distinct)} values: {_values_text(storm.main.distinct)}", storm.frame_id, table="compiles",
+        ))
+    if entry is not None:
+        evidence.append(context.evidence_at(
+            f"the size enters as {entry.describe(context)}", entry.frame_id, module=entry.module, table="compiles",
+        ))
+    if cuts:
+        evidence.append(context.evidence_at(
+            f"{plural(cuts, 'data_dependent flush', 'data_dependent flushes')} at {where} (the fragmented-fusion "
+            f"finding counts their cost, not these compiles)", origin.frame_id, table="flushes",
+        ))
+    fix = FIXED_SHAPE_FIXES.get(origin.what, "use an op with a fixed output shape")
+    return Finding(
+        analyzer=NAME,
+        severity=_severity(context, recompile_ns, len(steps_compiling)),
+        title=(
+            f"Recompilation storm: {programs} compiled {count} times as {origin.what} at {where} changes "
+            f"({len(sizes)} sizes)"
+        ),
+        explanation=(
+            f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
+            f"from step to step. {listed} took it as an input dim"
+            + (f" (it enters as {entry.describe(context)})" if entry else "")
+            + f" and compiled once per size ({_values_text(sizes)}). Compiling took {format_ns(total_ns)} in all, "
+            f"{format_ns(recompile_ns)} of it recompiles ({share:.0%} of the run)"
+            + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps" if context.step_count else "")
+            + ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
+            + (f" The same line also cuts the pending graph ({plural(cuts, 'data_dependent flush', 'data_dependent flushes')}); "
+               "the fragmented-fusion finding counts that cost, these compiles are counted here only." if cuts else "")
+        ),
+        suggestion=f"At {where}: {fix}. Then every step has the same shapes: one compile, and no data-dependent sync.",
+        cost_total_ns=float(recompile_ns),
+        cost_per_step_ns=context.per_step(recompile_ns),
+        evidence=tuple(evidence),
+        module=origin.module,
+        **context.location_fields(origin.frame_id),
+    )
+
+
+def _data_dependent_flushes(context: AnalysisContext, frame_id: int | None) -> int:
+    """Flushes a data-dependent op made at `frame_id` (DeferAndFuse), in the rank's whole run."""
+    if frame_id is None:
+        return 0
+    return context.trace.sql(
+        "SELECT COUNT(*) FROM flushes WHERE rank = ? AND trigger = 'data_dependent' AND frame_id = ?",
+        (context.rank, frame_id),
+    )[0][0]
 
 
 def _values_text(values: list[int], limit: int = 12) -> str:

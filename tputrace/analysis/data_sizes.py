@@ -1,0 +1,164 @@
+"""Sizes the data chose: the lengths of data-dependent results (`x[mask]`, nonzero, unique, ...) per step.
+
+A recompilation storm whose changing dim took, step after step, the length of such a result is not
+fixable in the data pipeline: the size is a count of values, not a batch's shape. The ops table
+records every data-dependent op with its output shape, step and line; `size_origin` finds the op
+whose lengths explain a storm's sizes. The backend compiles a data-dependent result at its length
+rounded up (at most a quarter more, at least `SHORTEST_PADDED`), so a size also matches a length
+that one of the two could be the padded form of.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.shapes import TensorSpec, parse_specs
+
+# What a data-dependent length is (a storm finding says it, and picks its fix by it).
+MASK_COUNT = "the count of a boolean mask"
+NONZERO_COUNT = "the count of nonzero elements"
+UNIQUE_COUNT = "the number of unique values"
+BINCOUNT_LENGTH = "the largest value plus one (bincount)"
+REPEATS_SUM = "the sum of the repeats"
+# ATen op families (without overload) whose output length depends on the values, and what the length is.
+WHAT_THE_LENGTH_IS: dict[str, str] = {
+    "aten.index": MASK_COUNT,
+    "aten.masked_select": MASK_COUNT,
+    "aten.nonzero": NONZERO_COUNT,
+    "aten.argwhere": NONZERO_COUNT,
+    "aten.unique": UNIQUE_COUNT,
+    "aten._unique": UNIQUE_COUNT,
+    "aten._unique2": UNIQUE_COUNT,
+    "aten.unique_dim": UNIQUE_COUNT,
+    "aten.unique_consecutive": UNIQUE_COUNT,
+    "aten.bincount": BINCOUNT_LENGTH,
+    "aten.repeat_interleave": REPEATS_SUM,
+}
+SHORTEST_PADDED = 16  # shorter data-dependent results are compiled at this length
+MIN_MATCHED_SHARE = 0.8  # share of a storm's compiles whose size a data-dependent length must explain
+MIN_MATCHED_SIZES = 2  # ... covering at least this many distinct sizes
+
+
+@dataclass(frozen=True)
+class DataSize:
+    """One data-dependent result: its length, the step and line that made it, and the op."""
+
+    step: int
+    length: int
+    op: str
+    frame_id: int | None
+    module: str | None
+
+    @property
+    def family(self) -> str:
+        """`aten.index.Tensor` -> `aten.index`."""
+        return self.op.rsplit(".", 1)[0] if self.op.count(".") >= 2 else self.op
+
+
+@dataclass(frozen=True)
+class SizeOrigin:
+    """The data-dependent op (family and line) whose lengths explain a storm's changing dim."""
+
+    family: str
+    frame_id: int | None
+    module: str | None
+    matched: int  # the storm's compiles whose size it explains
+    lengths: tuple[int, ...]  # the lengths it produced that explain them
+
+    @property
+    def what(self) -> str:
+        return WHAT_THE_LENGTH_IS.get(self.family, "a data-dependent length")
+
+
+def data_sizes(context: AnalysisContext) -> dict[int, list[DataSize]]:
+    """The rank's data-dependent results by step (cached on the context: several storms ask)."""
+    cached = context.cache.get("data_sizes")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    trace = context.trace
+    patterns = [f"{family}.%" for family in WHAT_THE_LENGTH_IS]
+    op_names = dict(trace.sql(
+        "SELECT id, text FROM strings WHERE " + " OR ".join("text LIKE ?" for _ in patterns), patterns,
+    ))
+    by_step: dict[int, list[DataSize]] = {}
+    if op_names:
+        placeholders = ", ".join("?" for _ in op_names)
+        rows = trace.sql(
+            "SELECT COALESCE(step, 0), op_sid, inputs_sid, outputs_sid, frame_id, module_sid FROM ops "
+            f"WHERE rank = ? AND op_sid IN ({placeholders})",
+            (context.rank, *op_names),
+        )
+        for step, op_sid, inputs_sid, outputs_sid, frame_id, module_sid in rows:
+            op = op_names[op_sid]
+            length = result_length(op, trace.string(inputs_sid), trace.string(outputs_sid))
+            if length is not None:
+                by_step.setdefault(step, []).append(DataSize(step, length, op, frame_id, trace.string(module_sid)))
+    context.cache["data_sizes"] = by_step
+    return by_step
+
+
+def result_length(op: str, inputs: str | None, outputs: str | None) -> int | None:
+    """The data-chosen length of an op's result, or None when the op's output shape follows from its inputs'
+    (`aten.index.Tensor` without a boolean index)."""
+    results = [spec for spec in parse_specs(outputs) if spec is not None]
+    if not results or not results[0].shape:
+        return None
+    if not op.startswith("aten.index."):
+        return results[0].shape[0]
+    arguments = [spec for spec in parse_specs(inputs) if spec is not None]
+    masks = [spec for spec in arguments[1:] if spec.dtype == "bool"]
+    if not arguments or not masks:
+        return None
+    return _mask_count(arguments[0], masks[0], results[0])
+
+
+def _mask_count(source: TensorSpec, mask: TensorSpec, result: TensorSpec) -> int | None:
+    """The count dim of `source[..., mask, ...]`: the mask's dims are replaced by one dim, its count."""
+    rank = len(mask.shape)
+    if len(result.shape) != len(source.shape) - rank + 1:
+        return None
+    for position in range(len(source.shape) - rank + 1):
+        if result.shape[:position] == source.shape[:position] and result.shape[position + 1:] == source.shape[position + rank:]:
+            return result.shape[position]
+    return None
+
+
+def explains(size: int, length: int) -> bool:
+    """Whether a program compiled for `size` could be for a result recorded as `length`: the same, or one the
+    padded form of the other (up to a quarter longer, or `SHORTEST_PADDED`). Either side may be padded: the
+    ops table may record a result's padded buffer while a later op takes its exact count, or the reverse."""
+    shorter, longer = sorted((size, length))
+    return longer <= max(SHORTEST_PADDED, -(-shorter * 5 // 4))
+
+
+def size_origin(context: AnalysisContext, sizes: tuple[int, ...], steps: list[int]) -> SizeOrigin | None:
+    """The data-dependent op whose lengths explain `sizes` (one per compile, compiled in `steps`), or None
+    when none does for `MIN_MATCHED_SHARE` of the compiles and `MIN_MATCHED_SIZES` sizes. A length made in
+    the compile's own step explains it (an exact one before a padded one)."""
+    by_step = data_sizes(context)
+    if not by_step:
+        return None
+    votes: Counter[tuple[str, int | None]] = Counter()
+    matched_sizes: dict[tuple[str, int | None], set[int]] = {}
+    lengths: dict[tuple[str, int | None], set[int]] = {}
+    modules: dict[tuple[str, int | None], str | None] = {}
+    for size, step in zip(sizes, steps):
+        candidates = by_step.get(step, [])
+        found = [result for result in candidates if result.length == size] or [
+            result for result in candidates if explains(size, result.length)
+        ]
+        for result in found:
+            key = (result.family, result.frame_id)
+            lengths.setdefault(key, set()).add(result.length)
+            modules.setdefault(key, result.module)
+        for key in {(result.family, result.frame_id) for result in found}:
+            votes[key] += 1
+            matched_sizes.setdefault(key, set()).add(size)
+    if not votes:
+        return None
+    key, matched = votes.most_common(1)[0]
+    if matched < MIN_MATCHED_SHARE * len(sizes) or len(matched_sizes[key]) < MIN_MATCHED_SIZES:
+        return None
+    return SizeOrigin(key[0], key[1], modules.get(key), matched, tuple(sorted(lengths[key])))
