@@ -298,6 +298,27 @@ def test_fragmented_fusion(tmp_path: Path) -> None:
     assert report.findings.index(finding) < report.findings.index(sync)
 
 
+def test_fragmented_fusion_leaves_out_compiles_inside_its_stalls(tmp_path: Path) -> None:
+    """A cut whose flush compiles a new program (a new data-dependent length) waits for the compile: that
+    time is the recompiles analyzer's, so the fusion finding counts only the rest of the stall."""
+    trace = HandTrace(tmp_path / "fusion_compiling.tptrace", steps=5)
+    mask_line, step_line = trace.frame(10), trace.frame(13)
+    program = trace.program("fused_3_ops", "f32[8,64]", n_ops=3)
+    for step in range(5):
+        for block in range(4):
+            trace.flush(program, "data_dependent", step, dur_ns=200_000, frame=mask_line, n_ops=3,
+                        offset_ns=(2 + block) * MS)
+            trace.sync("data_dependent", step, 500_000, mask_line, offset_ns=(2 + block) * MS + 300_000)
+        trace.flush(program, "step", step, dur_ns=300_000, frame=step_line, n_ops=20, offset_ns=15 * MS)
+    # In step 3 a 3 ms compile (1-4 ms into the step) covers the first two syncs (2.3-2.8 and 3.3-3.8 ms).
+    trace.compile(program, "fused_3_ops", "f32[8,64]", 3, 3 * MS, mask_line, reason="recompile")
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "fusion")
+    # Steady steps 1-4: 16 flushes of 0.2 ms and 16 stalls of 0.5 ms, less the 1 ms of compiling inside two.
+    assert finding.cost_per_step_ns == pytest.approx((16 * 200_000 + 16 * 500_000 - MS) / 4)
+
+
 def test_a_run_without_steps_is_not_called_one_step(tmp_path: Path) -> None:
     """An inference loop that reads each batch's result (one program and one sync per iteration) and
     marks no step: its one `end` record is the run, not a step cut into pieces."""

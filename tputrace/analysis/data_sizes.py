@@ -27,6 +27,7 @@ WHAT_THE_LENGTH_IS: dict[str, str] = {
     "aten.index": MASK_COUNT,
     "aten.masked_select": MASK_COUNT,
     "aten.nonzero": NONZERO_COUNT,
+    "aten.nonzero_static": NONZERO_COUNT,  # the backend runs `nonzero` as this, at the padded count (one length: no storm)
     "aten.argwhere": NONZERO_COUNT,
     "aten.unique": UNIQUE_COUNT,
     "aten._unique": UNIQUE_COUNT,

@@ -452,6 +452,7 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
     """One finding for the storms whose changing size one data-dependent op chose (the same count reaches
     several programs: the forward's, the backward's, or each op's in strict mode). Bucketing the inputs
     cannot fix them; computing on the full fixed shape can."""
+    storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
     origin = storms[0].origin
     assert origin is not None
     where = context.where(origin.frame_id)
@@ -459,7 +460,7 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
     total_ns = sum(storm.total_ns for storm in storms)
     recompile_ns = sum(storm.recompile_ns for storm in storms)
     steps_compiling = sorted({step for storm in storms for step in storm.steps})
-    sizes = sorted({value for storm in storms for value in storm.main.values})
+    sizes = max(len(storm.main.distinct) for storm in storms)  # each program's own: exact or padded lengths
     share = context.share_of_wall(recompile_ns)
     programs = storms[0].name if len(storms) == 1 else f"{len(storms)} programs"
     listed = ", ".join(
@@ -493,13 +494,13 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
         severity=_severity(context, recompile_ns, len(steps_compiling)),
         title=(
             f"Recompilation storm: {programs} compiled {count} times as {origin.what} at {where} changes "
-            f"({len(sizes)} sizes)"
+            f"({sizes} sizes)"
         ),
         explanation=(
             f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
             f"from step to step. {listed} took it as an input dim"
             + (f" (it enters as {entry.describe(context)})" if entry else "")
-            + f" and compiled once per size ({_values_text(sizes)}). Compiling took {format_ns(total_ns)} in all, "
+            + f" and compiled once per size it took (up to {sizes} sizes). Compiling took {format_ns(total_ns)} in all, "
             f"{format_ns(recompile_ns)} of it recompiles ({share:.0%} of the run)"
             + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps" if context.step_count else "")
             + ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
