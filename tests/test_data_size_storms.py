@@ -18,6 +18,7 @@ import pytest
 
 from tputrace.analysis import Finding, Report, analyze_path
 from tputrace.analysis.data_sizes import explains, result_length
+from tputrace.cli.main import main
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -124,6 +125,7 @@ def test_a_storm_of_mask_counts_names_the_mask_line_and_the_mask_fix(record: Cal
     assert finding.cost_total_ns > 0
     data = report.results["recompiles"].data["storms"]
     assert data and all(storm["size_from"]["where"] == f"train.py:{mask_line}" for storm in data)
+    assert all(storm["proposed"] is None for storm in data)  # no bucket proposal for the HTML report either
     # The finding's cost is the sum of its storms' recompiles, counted once.
     assert finding.cost_total_ns == pytest.approx(sum(storm["recompile_ns"] for storm in data))
 
@@ -147,6 +149,16 @@ def test_fragmented_fusion_by_a_mask_leaves_the_compiles_to_the_storm(record: Ca
     for finding in fusion:
         assert finding.cost_total_ns + storm.cost_total_ns <= report.wall_ns
         assert finding.cost_total_ns < compile_ns
+
+
+def test_the_html_report_proposes_no_bucketing_for_a_mask_count(record: Callable[[str, str], Recorded], tmp_path: Path) -> None:
+    script, report = record(MASKED_LOSS, "defer")
+    output = tmp_path / "report.html"
+    assert main(["plot", report.trace_path, "-o", str(output)]) == 0
+    page = output.read_text()
+    mask_line = line_of(script, "the size: mask's count")
+    assert f"the size is the count of a boolean mask at train.py:{mask_line}, which no padding fixes" in page
+    assert "collate_fn" not in page
 
 
 def test_an_input_sequence_length_keeps_the_padding_advice(record: Callable[[str, str], Recorded]) -> None:

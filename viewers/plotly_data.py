@@ -596,7 +596,8 @@ class CompilePoint:
 @dataclass
 class VaryingDim:
     """An input dim that took several values across the compiles of one call site and program, with the
-    bucket advisor's proposal when the recompiles analyzer made one (a storm)."""
+    bucket advisor's proposal when the recompiles analyzer made one (a storm), or what the size is when the
+    data chose it (a storm no padding fixes, e.g. "the count of a boolean mask at train.py:10")."""
 
     site: str
     name: str | None
@@ -604,6 +605,7 @@ class VaryingDim:
     values: list[int]
     compiles: int
     proposal: dict[str, Any] | None = None
+    size_from: str | None = None
 
 
 @dataclass
@@ -673,8 +675,16 @@ def _storm_dims(storms: list[dict[str, Any]]) -> list[VaryingDim]:
                 str(storm.get("where") or "?"), storm.get("name"), str(dim.get("label") or "?"),
                 [int(value) for value in dim.get("values") or []], int(storm.get("compiles") or 0),
                 storm.get("proposed") if isinstance(storm.get("proposed"), dict) else None,
+                _size_from(storm.get("size_from")),
             ))
     return rows
+
+
+def _size_from(origin: Any) -> str | None:
+    """`the count of a boolean mask at train.py:10` from a storm's `size_from` (None without one)."""
+    if not isinstance(origin, dict):
+        return None
+    return f"{origin.get('what') or 'a data-dependent length'} at {origin.get('where') or '?'}"
 
 
 def _varying_dims(trace: Trace) -> list[VaryingDim]:

@@ -347,6 +347,8 @@ def _recompile_section(page: _Page, data: ReportData) -> str:
             advice = (f"{proposal.get('rule', '?')}: {buckets} → {proposal.get('compiles', '?')} compiles "
                       f"({proposal.get('compiles_saved', '?')} saved"
                       + (f", ≈{100 * share:.1f}% padding FLOPs, estimate" if isinstance(share, (int, float)) else "") + ")")
+        elif item.size_from:
+            advice = f"– (none: the size is {item.size_from}, which no padding fixes)"
         elif recompilations.advisor_ran:
             advice = "– (not a recompilation storm)"
         else:

@@ -366,7 +366,7 @@ def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOpti
         "varying_dims": [{"label": dim.label, "positions": [list(p) for p in dim.positions], "values": dim.distinct}
                          for dim in storm.dims],
         "bucket_options": [option.as_dict() for option in options],
-        "proposed": best.as_dict() if best else None,
+        "proposed": best.as_dict() if best and origin is None else None,  # no padding fixes a data-chosen size
     }
 
 
