@@ -126,8 +126,12 @@ def test_a_storm_of_mask_counts_names_the_mask_line_and_the_mask_fix(record: Cal
     data = report.results["recompiles"].data["storms"]
     assert data and all(storm["size_from"]["where"] == f"train.py:{mask_line}" for storm in data)
     assert all(storm["proposed"] is None for storm in data)  # no bucket proposal for the HTML report either
-    # The finding's cost is the sum of its storms' recompiles, counted once.
-    assert finding.cost_total_ns == pytest.approx(sum(storm["recompile_ns"] for storm in data))
+    # The finding's cost: its storms' recompiles, counted once, and the mask op's own programs compiled
+    # again for new lengths (same signature: no storm sees them).
+    (size_storm,) = report.results["recompiles"].data["data_size_storms"]
+    assert size_storm["where"] == f"train.py:{mask_line}" and size_storm["what"] == "the count of a boolean mask"
+    expected_ns = sum(storm["recompile_ns"] for storm in data) + size_storm["length_recompile_ns"]
+    assert finding.cost_total_ns == pytest.approx(expected_ns)
 
 
 def test_a_storm_of_nonzero_counts_names_the_nonzero_line(record: Callable[[str, str], Recorded]) -> None:
@@ -137,6 +141,8 @@ def test_a_storm_of_nonzero_counts_names_the_nonzero_line(record: Callable[[str,
     assert finding.line == nonzero_line
     assert f"the count of nonzero elements at train.py:{nonzero_line}" in finding.title
     assert "nonzero_static" in finding.suggestion and "collate_fn" not in finding.suggestion
+    (size_storm,) = report.results["recompiles"].data["data_size_storms"]
+    assert size_storm["length_recompiles"] >= 1  # nonzero's own program, compiled for the counts' lengths
 
 
 def test_fragmented_fusion_by_a_mask_leaves_the_compiles_to_the_storm(record: Callable[[str, str], Recorded]) -> None:

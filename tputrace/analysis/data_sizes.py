@@ -10,6 +10,7 @@ that one of the two could be the padded form of.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from dataclasses import dataclass
 
@@ -37,9 +38,33 @@ WHAT_THE_LENGTH_IS: dict[str, str] = {
     "aten.bincount": BINCOUNT_LENGTH,
     "aten.repeat_interleave": REPEATS_SUM,
 }
+# How to keep each kind of data-dependent length out of the shapes (a storm finding's suggestion).
+FIXES: dict[str, str] = {
+    MASK_COUNT: (
+        "compute on the full fixed shape and weight by the mask instead of selecting with it, e.g. "
+        "`loss = (F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=\"none\") * mask.flatten()).sum()"
+        " / mask.sum()`, or `torch.where(mask, x, 0)` in place of `x[mask]`"
+    ),
+    NONZERO_COUNT: (
+        "keep the full shape: `torch.where(condition, x, 0)` or multiplying by the condition instead of gathering "
+        "the nonzero positions, or `torch.nonzero_static(condition, size=n)` where a fixed number of indices will do"
+    ),
+    UNIQUE_COUNT: (
+        "work over the known range of values instead of the values present, e.g. "
+        "`F.one_hot(x, num_values).sum(0) > 0` marks the values that occur, in place of `torch.unique`"
+    ),
+    BINCOUNT_LENGTH: (
+        "count into a fixed number of bins: `torch.zeros(num_bins).index_add_(0, x, torch.ones_like(x, dtype=torch.float))` "
+        "or `F.one_hot(x, num_bins).sum(0)`, in place of `torch.bincount`"
+    ),
+    REPEATS_SUM: "pass `output_size` with a fixed total (pad the repeats up to it)",
+}
 SHORTEST_PADDED = 16  # shorter data-dependent results are compiled at this length
 MIN_MATCHED_SHARE = 0.8  # share of a storm's compiles whose size a data-dependent length must explain
 MIN_MATCHED_SIZES = 2  # ... covering at least this many distinct sizes
+# A recompile's diff when only a data-dependent length changed (the signature did not): `size 16 -> 20`,
+# `output_size 8 -> 12`, `view aten.slice.Tensor: end 37 -> 41`, a fused program's `non-tensor arguments 32 -> 20`.
+_LENGTH_DIFF = re.compile(r"(?:^|[\s:])(?:size|output_size|end|non-tensor arguments) \(?\d")
 
 
 @dataclass(frozen=True)
@@ -163,3 +188,33 @@ def size_origin(context: AnalysisContext, sizes: tuple[int, ...], steps: list[in
     if matched < MIN_MATCHED_SHARE * len(sizes) or len(matched_sizes[key]) < MIN_MATCHED_SIZES:
         return None
     return SizeOrigin(key[0], key[1], modules.get(key), matched, tuple(sorted(lengths[key])))
+
+
+@dataclass(frozen=True)
+class LengthRecompile:
+    """A compile of a data-dependent op's own program for a new length: same signature, so no storm sees it."""
+
+    compile_id: int
+    name: str
+    dur_ns: int
+    diff: str
+
+
+def length_recompiles(context: AnalysisContext, frame_id: int | None, leave_out: set[int],
+                      not_evicted: str, evicted: list[int]) -> list[LengthRecompile]:
+    """Recompiles at `frame_id` whose diff names only a new length, but for the compile ids in `leave_out`
+    (a storm's already) and those the SQL condition `not_evicted` (over `diff_sid`, parameters `evicted`) drops."""
+    if frame_id is None:
+        return []
+    trace = context.trace
+    rows = trace.sql(
+        "SELECT id, name_sid, COALESCE(dur_ns, 0), diff_sid FROM compiles "
+        f"WHERE rank = ? AND frame_id = ? AND reason = 'recompile' AND diff_sid IS NOT NULL AND {not_evicted} ORDER BY start_ns",
+        (context.rank, frame_id, *evicted),
+    )
+    found = []
+    for compile_id, name_sid, dur_ns, diff_sid in rows:
+        diff = trace.string(diff_sid) or ""
+        if compile_id not in leave_out and _LENGTH_DIFF.search(diff):
+            found.append(LengthRecompile(compile_id, trace.string(name_sid) or "?", dur_ns, diff))
+    return found

@@ -31,24 +31,6 @@ MIN_STEADY_COMPILES = 2  # ... of which at least this many after the warm-up ste
 BUCKET_MULTIPLES = (8, 16, 32, 64, 128, 256, 512)
 MAX_PROPOSED_PADDING = 0.25  # the proposal keeps padding FLOPs under this share when any option does
 MAX_LISTED_PROGRAMS = 6  # programs named in a finding for storms of one data-dependent size
-# How to keep each kind of data-dependent length out of the shapes (the storm finding's suggestion).
-FIXED_SHAPE_FIXES: dict[str, str] = {
-    data_sizes.MASK_COUNT: (
-        "compute on the full fixed shape and weight by the mask instead of selecting with it, e.g. "
-        "`loss = (F.cross_entropy(logits.flatten(0, 1), targets.flatten(), reduction=\"none\") * mask.flatten()).sum()"
-        " / mask.sum()`, or `torch.where(mask, x, 0)` in place of `x[mask]`"
-    ),
-    data_sizes.NONZERO_COUNT: (
-        "keep the full shape: `torch.where(condition, x, 0)` or multiplying by the condition instead of gathering "
-        "the nonzero positions, or `torch.nonzero_static(condition, size=n)` where a fixed number of indices will do"
-    ),
-    data_sizes.UNIQUE_COUNT: (
-        "count over the known range of values instead of the values present, e.g. "
-        "`torch.bincount(x, minlength=num_values)` or a one-hot sum, in place of `torch.unique`"
-    ),
-    data_sizes.BINCOUNT_LENGTH: "pass `minlength=num_bins` so the length stays fixed while the values stay below it",
-    data_sizes.REPEATS_SUM: "pass `output_size` with a fixed total (pad the repeats up to it)",
-}
 # A recompile's diff names the first op that consumes the changed input, e.g.
 # "op 0 aten.embedding.default (train.py:29): arg 1 dim 1: 64 -> 72".
 _DIFF_ENTRY = re.compile(r"op \d+ (?P<op>\S+) \((?P<file>[^()]+?):(?P<line>\d+)\): (?P<arg>arg \d+ dim \d+)")
@@ -123,6 +105,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     site_rows = []
     storms = []
     by_origin: dict[tuple[str, int | None], list[Storm]] = {}
+    padding_storm_ids: list[int] = []
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append({
             "kind": kind, "name": trace.string(name_sid), "where": context.where(frame_id),
@@ -141,10 +124,20 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         storms.append(_storm_data(context, storm, options, best))
         if storm.origin is None:
             result.findings.append(_padding_finding(context, storm, options, best))
+            padding_storm_ids.extend(row.compile_id for row in storm.rows)
         else:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
+    in_storms = {row.compile_id for grouped in by_origin.values() for storm in grouped for row in storm.rows}
+    in_storms.update(compile_id for compile_id in padding_storm_ids)
+    size_storms = []
     for grouped in by_origin.values():
-        result.findings.append(_data_size_finding(context, grouped))
+        origin = grouped[0].origin
+        assert origin is not None
+        own = data_sizes.length_recompiles(context, origin.frame_id, in_storms, _not_evicted(evicted), evicted)
+        finding, data = _data_size_finding(context, grouped, own)
+        result.findings.append(finding)
+        size_storms.append(data)
+    result.data["data_size_storms"] = size_storms
     result.data["sites"] = site_rows[:50]
     result.data["storms"] = storms
     return result
@@ -448,17 +441,20 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
     )
 
 
-def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding:
-    """One finding for the storms whose changing size one data-dependent op chose (the same count reaches
-    several programs: the forward's, the backward's, or each op's in strict mode). Bucketing the inputs
-    cannot fix them; computing on the full fixed shape can."""
+def _data_size_finding(context: AnalysisContext, storms: list[Storm],
+                       own: list[data_sizes.LengthRecompile]) -> tuple[Finding, dict]:
+    """One finding (and its data) for the storms whose changing size one data-dependent op chose (the same
+    count reaches several programs: the forward's, the backward's, or each op's in strict mode), with the
+    op's `own` programs compiled for new lengths. Bucketing the inputs cannot fix them; computing on the
+    full fixed shape can."""
     storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
     origin = storms[0].origin
     assert origin is not None
     where = context.where(origin.frame_id)
-    count = sum(storm.count for storm in storms)
-    total_ns = sum(storm.total_ns for storm in storms)
-    recompile_ns = sum(storm.recompile_ns for storm in storms)
+    own_ns = sum(compile.dur_ns for compile in own)
+    count = sum(storm.count for storm in storms) + len(own)
+    total_ns = sum(storm.total_ns for storm in storms) + own_ns
+    recompile_ns = sum(storm.recompile_ns for storm in storms) + own_ns
     steps_compiling = sorted({step for storm in storms for step in storm.steps})
     sizes = max(len(storm.main.distinct) for storm in storms)  # each program's own: exact or padded lengths
     share = context.share_of_wall(recompile_ns)
@@ -466,6 +462,11 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
     listed = ", ".join(
         f"{storm.name} ({storm.count}×, at {context.where(storm.frame_id)})" for storm in storms[:MAX_LISTED_PROGRAMS]
     ) + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
+    own_names = sorted({compile.name for compile in own})
+    own_text = (
+        f" {origin.family}'s own programs at {where} ({', '.join(own_names[:3])}) compiled {plural(len(own), 'more time')} "
+        f"for new lengths." if own else ""
+    )
     entry = next((storm.entry for storm in storms if storm.entry is not None), None)
     cuts = _data_dependent_flushes(context, origin.frame_id)
     lengths = sorted({length for storm in storms if storm.origin for length in storm.origin.lengths})
@@ -479,6 +480,11 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
             f"{storm.name}: {storm.count} compiles ({format_ns(storm.recompile_ns)} recompiling), {storm.main.label} "
             f"took {len(storm.main.distinct)} values: {_values_text(storm.main.distinct)}", storm.frame_id, table="compiles",
         ))
+    if own:
+        evidence.append(context.evidence_at(
+            f"{plural(len(own), 'recompile')} of {', '.join(own_names[:3])} for a new length ({format_ns(own_ns)}), "
+            f"e.g. '{own[0].diff}'", origin.frame_id, table="compiles",
+        ))
     if entry is not None:
         evidence.append(context.evidence_at(
             f"the size enters as {entry.describe(context)}", entry.frame_id, module=entry.module, table="compiles",
@@ -488,8 +494,8 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
             f"{plural(cuts, 'data_dependent flush', 'data_dependent flushes')} at {where} (the fragmented-fusion "
             f"finding counts their cost, not these compiles)", origin.frame_id, table="flushes",
         ))
-    fix = FIXED_SHAPE_FIXES.get(origin.what, "use an op with a fixed output shape")
-    return Finding(
+    fix = data_sizes.FIXES.get(origin.what, "use an op with a fixed output shape")
+    finding = Finding(
         analyzer=NAME,
         severity=_severity(context, recompile_ns, len(steps_compiling)),
         title=(
@@ -500,8 +506,8 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
             f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
             f"from step to step. {listed} took it as an input dim"
             + (f" (it enters as {entry.describe(context)})" if entry else "")
-            + f" and compiled once per size it took (up to {sizes} sizes). Compiling took {format_ns(total_ns)} in all, "
-            f"{format_ns(recompile_ns)} of it recompiles ({share:.0%} of the run)"
+            + f" and compiled once per size it took (up to {sizes} sizes).{own_text} Compiling took "
+            f"{format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles ({share:.0%} of the run)"
             + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps" if context.step_count else "")
             + ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
             + (f" The same line also cuts the pending graph ({plural(cuts, 'data_dependent flush', 'data_dependent flushes')}); "
@@ -514,6 +520,12 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm]) -> Finding
         module=origin.module,
         **context.location_fields(origin.frame_id),
     )
+    data = {
+        "op": origin.family, "what": origin.what, "where": where, "module": origin.module,
+        "programs": [storm.name for storm in storms], "compiles": count, "recompile_ns": recompile_ns,
+        "length_recompiles": len(own), "length_recompile_ns": own_ns,
+    }
+    return finding, data
 
 
 def _data_dependent_flushes(context: AnalysisContext, frame_id: int | None) -> int:
