@@ -105,7 +105,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     site_rows = []
     storms = []
     by_origin: dict[tuple[str, int | None], list[Storm]] = {}
-    padding_storm_ids: list[int] = []
+    in_storms: set[int] = set()  # compile ids
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append({
             "kind": kind, "name": trace.string(name_sid), "where": context.where(frame_id),
@@ -122,22 +122,18 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         storm = _storm(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims)
         options, best = _bucketing(context, storm)
         storms.append(_storm_data(context, storm, options, best))
+        in_storms.update(row.compile_id for row in storm.rows)
         if storm.origin is None:
             result.findings.append(_padding_finding(context, storm, options, best))
-            padding_storm_ids.extend(row.compile_id for row in storm.rows)
         else:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
-    in_storms = {row.compile_id for grouped in by_origin.values() for storm in grouped for row in storm.rows}
-    in_storms.update(compile_id for compile_id in padding_storm_ids)
-    size_storms = []
+    result.data["data_size_storms"] = []
     for grouped in by_origin.values():
-        origin = grouped[0].origin
-        assert origin is not None
-        own = data_sizes.length_recompiles(context, origin.frame_id, in_storms, _not_evicted(evicted), evicted)
+        frame_of_origin = grouped[0].origin.frame_id if grouped[0].origin else None
+        own = data_sizes.length_recompiles(context, frame_of_origin, in_storms, _not_evicted(evicted), evicted)
         finding, data = _data_size_finding(context, grouped, own)
         result.findings.append(finding)
-        size_storms.append(data)
-    result.data["data_size_storms"] = size_storms
+        result.data["data_size_storms"].append(data)
     result.data["sites"] = site_rows[:50]
     result.data["storms"] = storms
     return result
