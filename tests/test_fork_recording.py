@@ -106,10 +106,7 @@ def torch_cpu_values() -> dict[str, float]:
     import torch
 
     x = torch.arange(16.0).reshape(4, 4)
-    a = x / 16
-    for _ in range(3):
-        a = torch.relu(a @ a - 0.1)
-    return {"child": (x @ x).sum().item(), "parent": a.sum().item()}
+    return {"child": (x @ x).sum().item(), "parent": _relu_matmuls_cpu(3)}
 
 
 def test_multiprocessing_fork_children_are_recorded_with_their_exit(tmp_path: Path) -> None:
@@ -235,19 +232,24 @@ def _relu_chain_cpu() -> float:
     return x.sum().item()
 
 
-def test_spawn_and_forkserver_children_that_use_the_tpu_are_merged_as_ranks_of_their_own(tmp_path: Path) -> None:
+def test_spawn_and_forkserver_children_of_a_script_without_the_backend_import_use_the_tpu_as_ranks_of_their_own(tmp_path: Path) -> None:
     result, trace_path = _run(
         tmp_path,
         """
         import glob, json, multiprocessing, os, sys
         import torch
-        import tputrace.backend  # re-imported by the spawned children: their tpu device
+        import torch.multiprocessing as torch_multiprocessing
+
+        DEVICE = torch.device("tpu")  # run again at the top of each spawned child, which never imports the backend
 
         def matmuls(results, count):
-            x = torch.arange(16.0, device="tpu").reshape(4, 4) / 16
+            x = torch.arange(16.0, device=DEVICE).reshape(4, 4) / 16
             for _ in range(count):
                 x = torch.relu(x @ x - 0.1)
             results.put((os.getpid(), x.sum().item()))
+
+        def indexed_matmuls(index, results):
+            matmuls(results, index + 1)
 
         def host_only(results):
             results.put((os.getpid(), float(sum(range(10)))))
@@ -265,6 +267,9 @@ def test_spawn_and_forkserver_children_that_use_the_tpu_are_merged_as_ranks_of_t
                 values[f"{method}-{target.__name__}"] = [pid, child.exitcode, value]
                 if target is host_only:
                     print("host_only_files", json.dumps(glob.glob(os.path.join(forks_dir, "*.tptrace"))))
+            results = torch_multiprocessing.get_context("spawn").SimpleQueue()
+            torch_multiprocessing.spawn(indexed_matmuls, args=(results,), nprocs=2)
+            values["torch-spawn"] = sorted(results.get() for _ in range(2))
             print("children", json.dumps(values))
         """,
         script_args=(str(tmp_path / "train.forks"),),
@@ -272,24 +277,41 @@ def test_spawn_and_forkserver_children_that_use_the_tpu_are_merged_as_ranks_of_t
     printed = _printed(result)
     assert printed["host_only_files"] == []
     children = printed["children"]
+    torch_spawned = {pid: value for pid, value in children.pop("torch-spawn")}
     assert all(exit_code == 0 for _, exit_code, _ in children.values())
     assert children["spawn-host_only"][2] == 45.0
-    assert children["spawn-matmuls"][2] == pytest.approx(torch_cpu_values()["parent"], rel=1e-5)
+    assert children["spawn-matmuls"][2] == pytest.approx(_relu_matmuls_cpu(3), rel=1e-5)
     with tputrace.open(trace_path) as trace:
         origins = fork_origins(trace.meta)
         by_pid = {origin.pid: origin for origin in origins.values()}
-        assert set(by_pid) == {children["spawn-matmuls"][0], children["forkserver-matmuls"][0]}
+        assert set(by_pid) == {children["spawn-matmuls"][0], children["forkserver-matmuls"][0], *torch_spawned}
         spawned, served = by_pid[children["spawn-matmuls"][0]], by_pid[children["forkserver-matmuls"][0]]
         assert (spawned.start_method, served.start_method) == ("spawn", "forkserver")
-        assert {spawned.parent_rank, served.parent_rank} == {0} and spawned.parent_pid == served.parent_pid == trace.run.pid
+        assert {origin.parent_rank for origin in origins.values()} == {0}
+        assert {origin.parent_pid for origin in origins.values()} == {trace.run.pid}
         assert _op_counts(trace, spawned.rank)["aten.mm.default"] == 3 and _op_counts(trace, served.rank)["aten.mm.default"] == 2
         assert _op_counts(trace, spawned.rank)["aten.relu.default"] == 3
+        torch_spawned_matmuls = {_op_counts(trace, by_pid[pid].rank)["aten.mm.default"]: value for pid, value in torch_spawned.items()}
+        assert sorted(torch_spawned_matmuls) == [1, 2] and {by_pid[pid].start_method for pid in torch_spawned} == {"spawn"}
+        for count, value in torch_spawned_matmuls.items():
+            assert value == pytest.approx(_relu_matmuls_cpu(count), rel=1e-5)
         runs = {run.rank: run for run in trace.runs}
-        assert runs[spawned.rank].finished and runs[spawned.rank].exit_status == 0 and runs[spawned.rank].eager_mode == "DEFER_AND_FUSE"
-        assert runs[spawned.rank].script == str(tmp_path / "train.py")
+        for origin in origins.values():
+            run = runs[origin.rank]
+            assert run.finished and run.exit_status == 0 and run.eager_mode == "DEFER_AND_FUSE"
+            assert run.script == str(tmp_path / "train.py")
         assert trace.count("ops", where="rank = 0") == 0
     assert f"spawned by rank 0 (process {spawned.parent_pid})" in result.stderr
     assert "started through a forkserver by rank 0" in result.stderr
+
+
+def _relu_matmuls_cpu(count: int) -> float:
+    import torch
+
+    x = torch.arange(16.0).reshape(4, 4) / 16
+    for _ in range(count):
+        x = torch.relu(x @ x - 0.1)
+    return x.sum().item()
 
 
 def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_line(tmp_path: Path) -> None:

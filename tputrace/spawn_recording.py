@@ -4,18 +4,20 @@ children (`mp.get_context("spawn").Process`, `DataLoader(multiprocessing_context
 
 Each recording process says who it is in the environment (`PARENT_ENV`: its trace, ranks, pid,
 mode, script), so that every process started below it knows its nearest recorded ancestor. Such a
-process records once it imports `tputrace.backend` (it cannot use the tpu otherwise, as under plain
-Python; a spawn child re-imports the script as `__mp_main__`, so a script that imports the backend at
-the top gives it to its spawn children): the backend's import calls
+process records once it has the backend: the backend's import calls
 `record_if_started_by_a_recording`, which sets the parent's eager mode and starts the child's
-recording; its file is created at its first compile. The backend is not loaded into children that
-do not import it: that import is most of what a spawn child costs to start.
+recording; its file is created at its first compile.
 
-- A spawn or forkserver child learns how it began from its preparation data (what multiprocessing
-  sends before the script is re-imported), which carries a `_ChildStart`; its recording ends when
-  the process's `run` ends, with its exit status, as a forked multiprocessing child's does.
-- A command records with its own command line as the run's script and argv. Its exit status is not
-  seen (`atexit` cannot read it): the run row has none.
+- A spawn or forkserver child has the backend loaded as its parent has under `tputrace run`, so the
+  script may use the tpu there without importing `tputrace.backend`: its preparation data (what
+  multiprocessing sends before the script is re-imported as `__mp_main__`) carries a `_ChildStart`,
+  whose unpickling loads the backend and marks the process as a spawn or forkserver child. Its
+  recording ends when the process's `run` ends, with its exit status, as a forked multiprocessing
+  child's does. Loading the backend is most of what such a child costs to start (see the README).
+- A command is recorded only if it imports `tputrace.backend` itself: nothing of the parent's runs
+  in it before its own code, and nothing could without changing how every Python program the script
+  runs starts (a `sitecustomize` on its path). It records with its own command line as the run's
+  script and argv. Its exit status is not seen (`atexit` cannot read it): the run row has none.
 
 Either records like a forked child (`tputrace.fork_recording`): `<trace>.forks/rank<N>.tptrace`,
 merged into the root's trace when the root's recording ends. A nested `tputrace run` starts a
@@ -95,8 +97,8 @@ def restore(previous: str | None) -> None:
 
 
 def install() -> None:
-    """Mark every spawn and forkserver child started from now on as one, recorded once it imports
-    the backend (idempotent)."""
+    """Load the backend into every spawn and forkserver child started from now on, and record it
+    (idempotent)."""
     global _original_preparation_data
     if _original_preparation_data is not None:
         return
@@ -116,8 +118,8 @@ def _preparation_data_with_child_start(name: str) -> dict[str, Any]:
 
 
 class _ChildStart:
-    """Unpickled in a spawn or forkserver child before anything else of the parent's: marks it as a
-    multiprocessing child, to be recorded if it imports the backend.
+    """Unpickled in a spawn or forkserver child before anything else of the parent's: loads the
+    backend and marks the process as a multiprocessing child, recorded as such.
 
     It pickles as a call of `exec` on a few lines that do nothing when the child cannot import
     tputrace (it was importable in the parent only through a `sys.path` change), so the child starts
@@ -139,8 +141,8 @@ class _ChildStart:
 
 
 def start_multiprocessing_child(parent_json: str) -> None:
-    """In a spawn or forkserver child, before the script is re-imported: record this process once
-    it imports the backend (now, if a forkserver had imported it), until its `run` ends."""
+    """In a spawn or forkserver child, before the script is re-imported: load the backend (the script
+    may use the tpu at its top, as in the parent) and record this process until its `run` ends."""
     global _multiprocessing_start
     from multiprocessing import spawn
 
@@ -149,8 +151,9 @@ def start_multiprocessing_child(parent_json: str) -> None:
     _multiprocessing_start = "spawn" if spawn.is_forking(sys.argv) else "forkserver"
     os.environ[PARENT_ENV] = parent_json  # a forkserver child inherits the server's environment, not the parent's
     fork_recording.stop_when_bootstrapped_run_ends()
-    if "tputrace.backend" in sys.modules:
-        record_if_started_by_a_recording()
+    import tputrace.backend  # noqa: F401 - registers the tpu device; a first import starts the recording
+
+    record_if_started_by_a_recording()  # the backend was imported before (by a forkserver preloading the script)
 
 
 def record_if_started_by_a_recording() -> None:
