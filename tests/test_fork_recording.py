@@ -314,47 +314,68 @@ def _relu_matmuls_cpu(count: int) -> float:
     return x.sum().item()
 
 
-def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_line(tmp_path: Path) -> None:
+def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_line_and_exit_status(tmp_path: Path) -> None:
     (tmp_path / "other.py").write_text(
         textwrap.dedent(
             """
-            import sys
+            import json, os, sys
             import torch
             import tputrace.backend
-            print((torch.ones(int(sys.argv[1]), device="tpu") * 3).sum().item())
+            print(json.dumps([os.getpid(), (torch.ones(int(sys.argv[1]), device="tpu") * 3).sum().item()]), flush=True)
+            ending = sys.argv[2]
+            if ending == "sys.exit":
+                sys.exit(3)
+            if ending == "raise":
+                raise ValueError("the command failed")
+            if ending == "os._exit":
+                os._exit(4)
             """
         )
     )
     result, trace_path = _run(
         tmp_path,
         """
-        import json, os, subprocess, sys
+        import json, os, subprocess, sys, time
         import torch
-        command = subprocess.run([sys.executable, "other.py", "5"], capture_output=True, text=True, check=True)
+        exited = subprocess.run([sys.executable, "other.py", "5", "sys.exit"], capture_output=True, text=True)
+        raised = subprocess.run([sys.executable, "other.py", "1", "raise"], capture_output=True, text=True)
+        polled = subprocess.Popen([sys.executable, "other.py", "2", "os._exit"], stdout=subprocess.DEVNULL)
+        while polled.poll() is None:
+            time.sleep(0.05)
         host = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
-        nested = ["-m", "tputrace.cli.main", "run", "--no-summary", "-o", "nested.tptrace", "other.py", "2"]
-        subprocess.run([sys.executable, *nested], capture_output=True, check=True)
-        print("values", json.dumps([float(command.stdout), int(host.stdout), (torch.ones(2, device="tpu") + 1).sum().item()]))
+        nested = ["-m", "tputrace.cli.main", "run", "--no-summary", "-o", "nested.tptrace", "other.py", "2", "sys.exit"]
+        nested_exit = subprocess.run([sys.executable, *nested], capture_output=True).returncode
+        (exited_pid, command_value), (raised_pid, _) = json.loads(exited.stdout), json.loads(raised.stdout)
+        statuses = {"sys.exit": [exited_pid, exited.returncode], "raise": [raised_pid, raised.returncode], "os._exit": [polled.pid, polled.returncode]}
+        print("statuses", json.dumps(statuses))
+        print("values", json.dumps([command_value, int(host.stdout), nested_exit, (torch.ones(2, device="tpu") + 1).sum().item()]))
         """,
         "--mode",
         "strict",
     )
-    command_value, host_pid, parent_value = _printed(result)["values"]
-    assert (command_value, parent_value) == (15.0, 4.0)
+    statuses = _printed(result)["statuses"]
+    command_value, host_pid, nested_exit, parent_value = _printed(result)["values"]
+    assert (command_value, parent_value, nested_exit) == (15.0, 4.0, 3)
+    assert {ending: returncode for ending, (_, returncode) in statuses.items()} == {"sys.exit": 3, "raise": 1, "os._exit": 4}
     with tputrace.open(trace_path) as trace:
         origins = fork_origins(trace.meta)
-        assert len(origins) == 1 and host_pid not in {origin.pid for origin in origins.values()}
-        (origin,) = origins.values()
-        assert (origin.start_method, origin.parent_rank) == ("command", 0)
-        run = next(run for run in trace.runs if run.rank == origin.rank)
-        assert run.script == str(tmp_path / "other.py") and run.argv == ("5",)
-        assert run.finished and run.exit_status is None and run.eager_mode == "DEFER_NEVER"
-        assert _op_counts(trace, origin.rank)["aten.mul.Tensor"] == 1
-    assert "started as a command by rank 0" in result.stderr and "ended (exit status not seen)" in result.stderr
+        assert host_pid not in {origin.pid for origin in origins.values()}
+        by_pid = {origin.pid: origin for origin in origins.values()}
+        assert set(by_pid) == {pid for pid, _ in statuses.values()}
+        assert {(origin.start_method, origin.parent_rank) for origin in origins.values()} == {("command", 0)}
+        exited, raised, exited_at_once = (next(run for run in trace.runs if run.rank == by_pid[pid].rank) for pid, _ in statuses.values())
+        assert exited.script == str(tmp_path / "other.py") and exited.argv == ("5", "sys.exit")
+        assert all(run.finished and run.eager_mode == "DEFER_NEVER" for run in (exited, raised, exited_at_once))
+        assert (exited.exit_status, raised.exit_status, exited_at_once.exit_status) == (3, 1, 4)
+        assert exited.error is None and "ValueError: the command failed" in raised.error
+        assert _op_counts(trace, exited.rank)["aten.mul.Tensor"] == 1
+    assert "started as a command by rank 0" in result.stderr and "exit status not seen" not in result.stderr
+    assert f"rank {exited.rank}: process {exited.pid}, started as a command by rank 0" in result.stderr
     info = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "info", str(trace_path)], capture_output=True, text=True, check=True)
-    assert "exit status not seen" in info.stdout and "exit None" not in info.stdout
+    assert "exit 3" in info.stdout and "exit 4" in info.stdout and "raised ValueError: the command failed" in info.stdout
     with tputrace.open(tmp_path / "nested.tptrace") as nested:  # a nested `tputrace run` records on its own
-        assert nested.ranks == [0] and not fork_origins(nested.meta) and nested.run.argv == ("2",)
+        assert nested.ranks == [0] and not fork_origins(nested.meta) and nested.run.argv == ("2", "sys.exit")
+        assert nested.run.exit_status == 3
 
 
 def test_data_loader_workers_forked_after_the_runtime_started_leave_the_trace_whole(tmp_path: Path) -> None:

@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tputrace import spawn_recording
+from tputrace import command_exits, spawn_recording
 from tputrace.forks import ForkOrigin, forks_dir
 from tputrace.store.errors import TputraceError
 
@@ -51,6 +51,7 @@ def install() -> None:
     """Start a recording in each process forked, spawned or started through a forkserver from now on (idempotent)."""
     global _installed
     spawn_recording.install()
+    command_exits.install()
     if _installed:
         return
     import multiprocessing.util
@@ -66,17 +67,36 @@ def clear_stale(trace_path: str) -> None:
 
 
 def claim_rank(directory: Path, root_rank: int, world_size: int) -> int:
-    """The first rank `root_rank + world_size * k` (k >= 1) no other forked process has claimed."""
+    """The first rank `root_rank + world_size * k` (k >= 1) no other forked process has claimed.
+
+    The claim file holds this process's pid (`claimed_rank` reads it)."""
     directory.mkdir(exist_ok=True)
     multiple = 1
     while True:
         rank = root_rank + world_size * multiple
         try:
-            os.close(os.open(directory / f"rank{rank}{_CLAIM_SUFFIX}", os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+            claim = os.open(directory / f"rank{rank}{_CLAIM_SUFFIX}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
         except FileExistsError:
             multiple += 1
             continue
+        try:
+            os.write(claim, str(os.getpid()).encode())
+        finally:
+            os.close(claim)
         return rank
+
+
+def claimed_rank(directory: Path, pid: int) -> int | None:
+    """The rank process `pid` claimed in `directory` (the latest, if its pid was reused), or None."""
+    ranks = []
+    for claim in directory.glob(f"rank*{_CLAIM_SUFFIX}"):
+        try:
+            claimed_by = claim.read_text()
+        except OSError:
+            continue
+        if claimed_by == str(pid):
+            ranks.append(int(claim.name.removeprefix("rank").removesuffix(_CLAIM_SUFFIX)))
+    return max(ranks, default=None)
 
 
 def _start_in_child() -> None:

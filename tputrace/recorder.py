@@ -563,9 +563,30 @@ def start_child(parent: spawn_recording.ParentRecording, start_method: str, *, s
     _begin(recorder)
     fork_recording.save_rows_at_os_exit()
     if start_method == "command":  # no multiprocessing `run` to wrap: its interpreter's exit ends it
-        import atexit
+        _stop_at_interpreter_exit()
 
-        atexit.register(stop, None)
+
+def _stop_at_interpreter_exit() -> None:
+    """End a command's recording when its interpreter exits. The exit status is not known there (the
+    process waiting on the command writes it, `tputrace.command_exits`) except after an uncaught
+    exception, whose traceback is kept: 1, or 130 for a KeyboardInterrupt (SIGINT), as a shell reports it."""
+    import atexit
+    import traceback
+
+    uncaught: list[tuple[int, str]] = []
+    previous_hook = sys.excepthook
+
+    def remember_uncaught(kind: type[BaseException], error: BaseException, trace: Any) -> None:
+        status = 130 if issubclass(kind, KeyboardInterrupt) else 1
+        uncaught.append((status, "".join(traceback.format_exception(kind, error, trace))))
+        previous_hook(kind, error, trace)
+
+    def stop_with_what_was_seen() -> None:
+        exit_status, error = uncaught[-1] if uncaught else (None, None)
+        stop(exit_status, error)
+
+    sys.excepthook = remember_uncaught
+    atexit.register(stop_with_what_was_seen)
 
 
 def _set_eager_mode(mode: str) -> bool:

@@ -17,7 +17,8 @@ recording; its file is created at its first compile.
 - A command is recorded only if it imports `tputrace.backend` itself: nothing of the parent's runs
   in it before its own code, and nothing could without changing how every Python program the script
   runs starts (a `sitecustomize` on its path). It records with its own command line as the run's
-  script and argv. Its exit status is not seen (`atexit` cannot read it): the run row has none.
+  script and argv; its exit status is written by the process that waits on it
+  (`tputrace.command_exits`), as Python's exit hooks cannot see it.
 
 Either records like a forked child (`tputrace.fork_recording`): `<trace>.forks/rank<N>.tptrace`,
 merged into the root's trace when the root's recording ends. A nested `tputrace run` starts a
