@@ -370,7 +370,10 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
         assert exited.error is None and "ValueError: the command failed" in raised.error
         assert _op_counts(trace, exited.rank)["aten.mul.Tensor"] == 1
     assert "started as a command by rank 0" in result.stderr and "exit status not seen" not in result.stderr
-    assert f"rank {exited.rank}: process {exited.pid}, started as a command by rank 0" in result.stderr
+    summary_lines = {line.strip().partition(":")[0]: line for line in result.stderr.splitlines()}
+    for run in (exited, raised, exited_at_once):
+        line = summary_lines[f"rank {run.rank}"]
+        assert f"process {run.pid}, started as a command by rank 0" in line and line.endswith(f", exit {run.exit_status}")
     info = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "info", str(trace_path)], capture_output=True, text=True, check=True)
     assert "exit 3" in info.stdout and "exit 4" in info.stdout and "raised ValueError: the command failed" in info.stdout
     with tputrace.open(tmp_path / "nested.tptrace") as nested:  # a nested `tputrace run` records on its own
