@@ -318,7 +318,7 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
     (tmp_path / "other.py").write_text(
         textwrap.dedent(
             """
-            import json, os, sys
+            import json, os, signal, sys
             import torch
             import tputrace.backend
             print(json.dumps([os.getpid(), (torch.ones(int(sys.argv[1]), device="tpu") * 3).sum().item()]), flush=True)
@@ -329,6 +329,8 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
                 raise ValueError("the command failed")
             if ending == "os._exit":
                 os._exit(4)
+            if ending == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
             """
         )
     )
@@ -342,11 +344,17 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
         polled = subprocess.Popen([sys.executable, "other.py", "2", "os._exit"], stdout=subprocess.DEVNULL)
         while polled.poll() is None:
             time.sleep(0.05)
+        killed = subprocess.run([sys.executable, "other.py", "1", "kill"], capture_output=True, text=True)
         host = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True, check=True)
         nested = ["-m", "tputrace.cli.main", "run", "--no-summary", "-o", "nested.tptrace", "other.py", "2", "sys.exit"]
         nested_exit = subprocess.run([sys.executable, *nested], capture_output=True).returncode
-        (exited_pid, command_value), (raised_pid, _) = json.loads(exited.stdout), json.loads(raised.stdout)
-        statuses = {"sys.exit": [exited_pid, exited.returncode], "raise": [raised_pid, raised.returncode], "os._exit": [polled.pid, polled.returncode]}
+        (exited_pid, command_value), (raised_pid, _), (killed_pid, _) = (json.loads(done.stdout) for done in (exited, raised, killed))
+        statuses = {
+            "sys.exit": [exited_pid, exited.returncode],
+            "raise": [raised_pid, raised.returncode],
+            "os._exit": [polled.pid, polled.returncode],
+            "kill": [killed_pid, killed.returncode],
+        }
         print("statuses", json.dumps(statuses))
         print("values", json.dumps([command_value, int(host.stdout), nested_exit, (torch.ones(2, device="tpu") + 1).sum().item()]))
         """,
@@ -356,24 +364,26 @@ def test_a_python_command_that_imports_the_backend_is_recorded_with_its_command_
     statuses = _printed(result)["statuses"]
     command_value, host_pid, nested_exit, parent_value = _printed(result)["values"]
     assert (command_value, parent_value, nested_exit) == (15.0, 4.0, 3)
-    assert {ending: returncode for ending, (_, returncode) in statuses.items()} == {"sys.exit": 3, "raise": 1, "os._exit": 4}
+    assert {ending: returncode for ending, (_, returncode) in statuses.items()} == {"sys.exit": 3, "raise": 1, "os._exit": 4, "kill": -9}
     with tputrace.open(trace_path) as trace:
         origins = fork_origins(trace.meta)
         assert host_pid not in {origin.pid for origin in origins.values()}
         by_pid = {origin.pid: origin for origin in origins.values()}
         assert set(by_pid) == {pid for pid, _ in statuses.values()}
         assert {(origin.start_method, origin.parent_rank) for origin in origins.values()} == {("command", 0)}
-        exited, raised, exited_at_once = (next(run for run in trace.runs if run.rank == by_pid[pid].rank) for pid, _ in statuses.values())
+        exited, raised, exited_at_once, killed = (next(run for run in trace.runs if run.rank == by_pid[pid].rank) for pid, _ in statuses.values())
         assert exited.script == str(tmp_path / "other.py") and exited.argv == ("5", "sys.exit")
         assert all(run.finished and run.eager_mode == "DEFER_NEVER" for run in (exited, raised, exited_at_once))
         assert (exited.exit_status, raised.exit_status, exited_at_once.exit_status) == (3, 1, 4)
         assert exited.error is None and "ValueError: the command failed" in raised.error
+        assert not killed.finished and killed.exit_status == 128 + 9  # written by the parent: SIGKILL left no end record
         assert _op_counts(trace, exited.rank)["aten.mul.Tensor"] == 1
     assert "started as a command by rank 0" in result.stderr and "exit status not seen" not in result.stderr
     summary_lines = {line.strip().partition(":")[0]: line for line in result.stderr.splitlines()}
     for run in (exited, raised, exited_at_once):
         line = summary_lines[f"rank {run.rank}"]
         assert f"process {run.pid}, started as a command by rank 0" in line and line.endswith(f", exit {run.exit_status}")
+    assert summary_lines[f"rank {killed.rank}"].endswith(", exit 137 (killed by SIGKILL) without an end record: its last ops may be missing")
     info = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "info", str(trace_path)], capture_output=True, text=True, check=True)
     assert "exit 3" in info.stdout and "exit 4" in info.stdout and "raised ValueError: the command failed" in info.stdout
     with tputrace.open(tmp_path / "nested.tptrace") as nested:  # a nested `tputrace run` records on its own

@@ -308,13 +308,25 @@ def exit_text(exit_status: int | None) -> str:
     return "ended (exit status not seen)" if exit_status is None else f"exit {exit_status}"
 
 
+def _signal_note(exit_status: int) -> str:
+    """' (killed by SIGKILL)' for a shell's exit status 128 + N of a known signal N, else ''."""
+    import signal
+
+    try:
+        return f" (killed by {signal.Signals(exit_status - 128).name})" if exit_status > 128 else ""
+    except ValueError:
+        return ""
+
+
 def _forked_line(process: ForkedProcess) -> str:
     origin = process.origin
     recorded = f"{_count(process.op_count, 'op')}, {_count(process.compile_count, 'compile')}"
     if process.finished:
         ending = exit_text(process.exit_status)
-    else:
+    elif process.exit_status is None:
         ending = "no end record (it was killed, called os._exit off its main thread or _exit from C, or outlived the recording): its last ops may be missing"
+    else:  # a command killed by a signal, its status written by the process that waited on it
+        ending = f"{exit_text(process.exit_status)}{_signal_note(process.exit_status)} without an end record: its last ops may be missing"
     return f"rank {origin.rank}: process {origin.pid}, {started_by(origin)} rank {origin.parent_rank} (process {origin.parent_pid}): {recorded}, {ending}"
 
 
