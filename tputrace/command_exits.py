@@ -85,16 +85,14 @@ def _record_once(process: subprocess.Popen[Any]) -> None:
         print(f"tputrace: the exit status of process {process.pid} was not written to {trace_path}: {error}", file=sys.stderr)
 
 
-def write_command_exit_status(trace_path: Path, rank: int, exit_status: int) -> bool:
-    """Set `runs.exit_status` of `rank` in a finished command's trace; False (nothing written) when
-    the trace is not a command's (a process forked by `Popen` before its `exec`, with the same pid)."""
+def write_command_exit_status(trace_path: Path, rank: int, exit_status: int) -> None:
+    """Set `runs.exit_status` of `rank` in a finished command's trace; nothing when the trace is not a
+    command's (that of a process `Popen` forked with a `preexec_fn` has the same pid)."""
     connection = sqlite3.connect(trace_path)
     try:
         with connection:
             row = connection.execute("SELECT value FROM meta WHERE key = ?", (FORKED_FROM_META_KEY,)).fetchone()
-            if row is None or ForkOrigin.from_fields(json.loads(row[0])).start_method != "command":
-                return False
-            connection.execute("UPDATE runs SET exit_status = ? WHERE rank = ?", (exit_status, rank))
+            if row is not None and ForkOrigin.from_fields(json.loads(row[0])).start_method == "command":
+                connection.execute("UPDATE runs SET exit_status = ? WHERE rank = ?", (exit_status, rank))
     finally:
         connection.close()
-    return True
