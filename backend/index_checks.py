@@ -190,11 +190,15 @@ def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
         flag = _flags.get(chip)
         if flag is None:
             flag = _flags[chip] = _Flag(chip)
-        dynamic = [flag.array, *(dispatcher.read(tensor) for tensor, _ in checked)]
-        key = (site, tuple((tuple(tensor.shape), tensor.dtype) for tensor, _ in checked), chip, executor.deferred)
+        read = [_checked_values(dispatcher, tensor, index_range) for tensor, index_range in checked]
+        lengths = [jax.device_put(np.int32(length), chips.device(chip)) for _, _, _, length in read if length is not None]
+        dynamic = [flag.array, *(value for value, _, _, _ in read), *lengths]
+        specs = tuple((shape, tensor.dtype) for (_, shape, _, _), (tensor, _) in zip(read, checked))
+        cut_dims = tuple(cut_dim for _, _, cut_dim, _ in read)
+        key = (site, specs, cut_dims, chip, executor.deferred)
         plan = _plans.get(key)
         if plan is None:
-            plan = _plans[key] = _plan(site, ranges, key[1], chip)
+            plan = _plans[key] = _plan(site, ranges, specs, cut_dims, chip)
             executor.prepare(plan, dynamic)
         flag.array = executor.run(plan, dynamic)[0]
         flag.unread = True
@@ -202,23 +206,40 @@ def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
             executor.track(flag)
 
 
-def _plan(site: int, ranges: tuple[IndexRange, ...], index_specs: tuple, chip: int) -> Plan:
-    """The program that folds `site` into the flag if any index is outside its range. The site is a
-    constant of the program: as an argument it would be one more host-to-chip copy per call."""
+def _checked_values(dispatcher: Any, tensor: Any, index_range: IndexRange | ValueCheck) -> tuple[Any, tuple[int, ...], int | None, int | None]:
+    """(array, shape, cut dim, length) of a checked index: for a data-dependent result cut from a
+    padded buffer (`padded_reads.cut`), the whole buffer and where its real entries end, so that the
+    check compiles per padded length rather than per count; else (and for a value check) the
+    tensor's value, with no cut."""
+    view = tensor._view
+    if view is None or view.host_cut is None or type(index_range) is ValueCheck:
+        return dispatcher.read(tensor), tuple(tensor.shape), None, None
+    cut_dim, length = view.host_cut
+    padded = TpuTensor(tensor._buf, tuple(tensor._buf.array.shape), tensor.dtype)
+    return dispatcher.read(padded), tuple(padded.shape), cut_dim, length
 
-    def fold(flag: Any, *indices: Any) -> tuple:
+
+def _plan(site: int, ranges: tuple[IndexRange, ...], index_specs: tuple, cut_dims: tuple[int | None, ...], chip: int) -> Plan:
+    """The program that folds `site` into the flag if any index is outside its range (of a cut
+    index, any of its first `length` entries along the cut dim: the lengths follow the indices). The
+    site is a constant of the program: as an argument it would be one more host-to-chip copy per call."""
+
+    def fold(flag: Any, *arrays: Any) -> tuple:
+        indices, lengths = arrays[:len(ranges)], iter(arrays[len(ranges):])
         outside = jnp.zeros((), jnp.bool_)
-        for index, index_range in zip(indices, ranges):
+        for index, index_range, cut_dim in zip(indices, ranges, cut_dims):
             if type(index_range) is ValueCheck:
                 outside = outside | _VALUE_PREDICATES[index_range.kind](index)
                 continue
+            real = None if cut_dim is None else jax.lax.broadcasted_iota(jnp.int32, index.shape, cut_dim) < next(lengths)
             bad = (index < index_range.low) | (index >= index_range.high)
             if index_range.exempt is not None:
                 bad = bad & (index != index_range.exempt)
-            outside = outside | jnp.any(bad)
+            outside = outside | jnp.any(bad if real is None else bad & real)
         return (jnp.where((flag == 0) & outside, site, flag).astype(jnp.int32),)
 
-    in_specs = (((), torch.int32), *index_specs)
+    length_specs = tuple(((), torch.int32) for cut_dim in cut_dims if cut_dim is not None)
+    in_specs = (((), torch.int32), *index_specs, *length_specs)
     return Plan("index_check", fold, (_FLAG_SPEC,), "single", in_specs, chip, ("index check", site))
 
 

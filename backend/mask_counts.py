@@ -8,10 +8,15 @@ reads one number on the host (a sync), taken only when the shapes alone cannot s
 whose dimension facing the mask has a size other than 1 (a broadcast needs no count), or a source
 with fewer elements than the mask has positions. CUDA syncs on the same calls: its `index_put_`
 turns a mask into indices with `nonzero`, and its `masked_scatter_` counts the mask.
+
+The last few chip masks counted keep their count while their buffer is unwritten, so that the
+backward of `x[mask]` (an `index_put` of the gradient through the same mask) and a second `y[mask]`
+read no count again: in DEFER_AND_FUSE each such read would also flush the pending graph.
 """
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,16 +31,28 @@ MASK_DTYPES = (torch.bool, torch.uint8)
 ToHost = Callable[[Any, str], torch.Tensor]
 CountCheck = Callable[[ToHost, Sequence[Any], dict], None]
 
+_REMEMBERED = 8  # how many counted masks keep their count
+# id(mask) -> (weak references to the mask and its buffer, the buffer's version when counted, the count)
+_counted: dict[int, tuple[weakref.ref, weakref.ref, int, int]] = {}
+
 
 def count_set(to_host: ToHost, mask: Any) -> int:
     """The number of set (nonzero) elements of a mask, or of any tensor: counted on the chip and read
     on the host for a tpu tensor (a data-dependent sync); a host mask (as `x[host_mask] = values`
-    passes, or the backward of `x[host_mask]`) is counted where it is."""
+    passes, or the backward of `x[host_mask]`) is counted where it is. A chip mask counted lately
+    and unwritten since is not read again (see the module's note)."""
     if mask.numel() == 0:
         return 0
     if mask.device.type != "tpu":
         return int(mask.count_nonzero())
-    return int(to_host(aten.count_nonzero.default(mask), SYNC_KIND).item())
+    known = _counted.get(id(mask))
+    if known is not None and known[0]() is mask and known[1]() is mask._buf and known[2] == mask._buf.version:
+        return known[3]
+    count = int(to_host(aten.count_nonzero.default(mask), SYNC_KIND).item())
+    if len(_counted) >= _REMEMBERED:
+        del _counted[next(iter(_counted))]
+    _counted[id(mask)] = (weakref.ref(mask), weakref.ref(mask._buf), mask._buf.version, count)
+    return count
 
 
 def _broadcasts(value_shape: Sequence[int], result_shape: Sequence[int]) -> bool:

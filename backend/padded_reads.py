@@ -9,8 +9,17 @@ op on the chip (`x[mask] * 2`, `torch.where(x[mask] > 0, ...)`) runs on the padd
 result is cut in turn (`on_padded`): each entry depends only on the entries at its position, so
 the first `length` are the op's on the cut, and the program is the padded length's. A sum, `amax`
 or `amin` of a cut (`x[mask].sum()`) reduces the padded buffer, its padding first set to the
-reduction's identity by a program that takes the length as a traced number. Other ops that read the
-view (a mean, a matmul) need the exact shape, and compile for it as the op itself does.
+reduction's identity by a program that takes the length as a traced number.
+
+A masked loss and its backward (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
+`F.mse_loss(a[mask], b[mask])`) run on the padded buffers too: a mean divides the zero-padded sum
+by the count, and `nll_loss` and `mse_loss` (`ops.padded`) neutralise the padded rows, each program
+taking the length as a traced number; a softmax or log-softmax along another dim, `zeros_like`
+and `new_zeros` compute row by row or read only the dtype; the gradient of `x[mask]` scatters its
+padded rows through the mask (the k-th set element takes the k-th row, so rows past the count are
+never read), and the `expand` of a mean's or sum's gradient to the cut's length is broadcast to
+the padded length (`expand_in_backward`). Other ops that read the view (a matmul, a cumulative
+sum) need the exact shape, and compile for it as the op itself does.
 """
 
 from __future__ import annotations
@@ -24,6 +33,9 @@ import jax.numpy as jnp
 from jax import Array, lax
 
 from tputrace.backend.entries import OpEntry
+from tputrace.backend.mask_counts import MASK_DTYPES
+from tputrace.backend.op_routes import bound
+from tputrace.backend.ops import padded
 from tputrace.backend.ops.registry import Lowering
 from tputrace.backend.tensor import TpuTensor
 
@@ -32,6 +44,10 @@ aten = torch.ops.aten
 _pointwise: dict[Any, bool] = {}  # op entry -> whether it is a deterministic pointwise op of one output
 # Whether this process has made a cut yet: until it has, no op's inputs need looking at for one.
 cuts_made = False
+
+
+_REMEMBERED_LENGTHS = 16
+_padded_lengths: dict[int, int] = {}  # the lengths of the latest cuts -> the padded length each was cut from
 
 
 def cut(padded: Any, dim: int, length: int) -> Any:
@@ -45,7 +61,33 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     if padded._view is None:
         view._view.host_cut = (dim, length)
         cuts_made = True
+        _padded_lengths.pop(length, None)
+        if len(_padded_lengths) >= _REMEMBERED_LENGTHS:
+            del _padded_lengths[next(iter(_padded_lengths))]
+        _padded_lengths[length] = padded.shape[dim]
     return view
+
+
+def expand_in_backward(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+    """`expand` run by autograd's backward to the length of a recent cut along one new or size-1 dim
+    (the backward of `x[mask].mean()` or `.sum()`: `grad.expand(x[mask].shape)`): the tensor
+    broadcast to the padded length, then cut, so that the gradient's ops run on the padded buffer.
+    None (a plain view) elsewhere: outside a backward the result must alias its input, and
+    inside one autograd's formulas do not write into an expanded gradient."""
+    if not cuts_made or type(args[0]) is not TpuTensor or torch._C._current_graph_task_id() == -1:
+        return None
+    self, size = args[0], list(args[1] if len(args) > 1 else kwargs["size"])
+    leading = len(size) - self.dim()
+    if leading < 0:
+        return None
+    size = [self.shape[dim - leading] if target == -1 and dim >= leading else target for dim, target in enumerate(size)]
+    dims = [dim for dim, target in enumerate(size) if target in _padded_lengths and target > 1 and (dim < leading or self.shape[dim - leading] == 1)]
+    if len(dims) != 1:
+        return None
+    (dim,) = dims
+    length = size[dim]
+    size[dim] = _padded_lengths[length]
+    return cut(aten.expand_copy.default(self, size), dim, length)
 
 
 def host_cut(tensor: Any) -> tuple[int, int] | None:
@@ -59,8 +101,9 @@ def host_cut(tensor: Any) -> tuple[int, int] | None:
 def on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`entry`'s op on the padded buffers of the cuts among its inputs, its result cut in turn where
     it keeps the cut dim; None when the op needs the exact shape (see the module's note)."""
-    if entry.op in _IDENTITIES:
-        return _reduction_on_padded(dispatcher, entry, args, kwargs, record_as)
+    route = _ROUTES.get(entry.op)
+    if route is not None:
+        return route(dispatcher, entry, args, kwargs, record_as)
     return _pointwise_on_padded(dispatcher, entry, args, kwargs, record_as)
 
 
@@ -146,9 +189,9 @@ _FILL_PAST = OpEntry(aten.where.self, "aten.where.self", "lowered", lowering=Low
 
 
 def _reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
-    """A sum, `amax` or `amin` of a cut: of its padded buffer with the padding set to the identity,
-    where it reduces the cut dim; else of the buffer as it is, the result cut in turn. None for an
-    empty cut or a complex one."""
+    """A sum, `amax`, `amin` or mean of a cut: of its padded buffer with the padding set to the
+    identity (a mean: zeroed, the sum divided by the count), where it reduces the cut dim; else of the
+    buffer as it is, the result cut in turn. None for an empty cut or a complex one."""
     self = args[0]
     if not is_cut(self) or any(is_cut(value) for value in (*args[1:], *kwargs.values())) or self.is_complex():
         return None
@@ -159,9 +202,165 @@ def _reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     dims = range(self.dim()) if not reduced else [axis % self.dim() for axis in reduced]
     padded = _padded(self)
+    if dim in dims and entry.op in _MEANS:
+        if not (self.dtype.is_floating_point if kwargs.get("dtype") is None else kwargs["dtype"].is_floating_point):
+            return None  # torch refuses the mean of integers without a floating dtype
+        options = {"cut_dim": dim, "dims": tuple(dims), "keepdim": keepdim, "dtype": kwargs.get("dtype")}
+        return dispatcher.compute(_MEANS[entry.op], (padded, length), options, record_as or entry.name)
     if dim in dims:
         padded = dispatcher.compute(_FILL_PAST, (padded, length), {"dim": dim, "fill": _IDENTITIES[entry.op](self.dtype)})
     result = dispatcher.compute(entry, (padded, *args[1:]), kwargs, record_as)
     if dim in dims:
         return result
     return cut(result, dim if keepdim else dim - sum(1 for axis in dims if axis < dim), length)
+
+
+def _padded_step(op: Any, fn: Any, length_at: int) -> OpEntry:
+    """A program of `op` on padded buffers, recorded under its name, that takes the length as a
+    traced number at `length_at` (one program per padded length)."""
+    return OpEntry(op, str(op), "lowered", lowering=Lowering(op, fn), shapes_from_lowering=True, scalar_positions=frozenset({length_at}))
+
+
+_MEANS = {op: _padded_step(op, padded.mean_padded, 1) for op in (aten.mean.default, aten.mean.dim)}
+_NLL_LOSS = _padded_step(aten.nll_loss_forward.default, padded.nll_loss_forward_padded, 3)
+_NLL_LOSS_BACKWARD = _padded_step(aten.nll_loss_backward.default, padded.nll_loss_backward_padded, 5)
+_MSE_LOSS = _padded_step(aten.mse_loss.default, padded.mse_loss_padded, 2)
+_MSE_LOSS_BACKWARD = _padded_step(aten.mse_loss_backward.default, padded.mse_loss_backward_padded, 3)
+_NO_REDUCTION = 0
+
+
+def _shared_cut(values: Sequence[Any]) -> tuple[int, int] | None:
+    """(dim, length) when every value is a cut of that dim and length, of one shape and one padded
+    shape; else None."""
+    if not all(is_cut(value) for value in values):
+        return None
+    first = values[0]
+    layout = (first._view.host_cut, tuple(first.shape), tuple(first._buf.array.shape))
+    if any((value._view.host_cut, tuple(value.shape), tuple(value._buf.array.shape)) != layout for value in values[1:]):
+        return None
+    return first._view.host_cut
+
+
+def _rowwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """A softmax, log-softmax or their backward along a dim other than the cut's: each row of the
+    padded buffers is computed on its own, so the first `length` are the op's on the cuts."""
+    tensors = [value for value in args if isinstance(value, torch.Tensor)]
+    shared = _shared_cut(tensors)
+    if shared is None or kwargs:
+        return None
+    cut_dim, length = shared
+    along = args[len(tensors)]
+    if not -tensors[0].dim() <= along < tensors[0].dim() or along % tensors[0].dim() == cut_dim:
+        return None
+    result = dispatcher.compute(entry, [_padded(value) if isinstance(value, torch.Tensor) else value for value in args], kwargs, record_as)
+    return cut(result, cut_dim, length)
+
+
+def _new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`new_zeros` and the like of a cut read only its dtype and device: made from its padded buffer."""
+    if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
+        return None
+    return dispatcher.compute(entry, (_padded(args[0]), *args[1:]), kwargs, record_as)
+
+
+def _like_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`zeros_like` and the like of a cut: of its padded buffer, cut in turn."""
+    if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
+        return None
+    dim, length = args[0]._view.host_cut
+    return cut(dispatcher.compute(entry, (_padded(args[0]), *args[1:]), kwargs, record_as), dim, length)
+
+
+def _loss_rows(self: Any, target: Any) -> int | None:
+    """The length of scores (N, C) and targets (N,) cut to the same number of rows; else None."""
+    if self.dim() != 2 or target.dim() != 1 or not is_cut(self) or not is_cut(target):
+        return None
+    (self_dim, length), (target_dim, target_length) = self._view.host_cut, target._view.host_cut
+    if self_dim or target_dim or length != target_length or self._buf.array.shape[0] != target._buf.array.shape[0]:
+        return None
+    return length
+
+
+def _nll_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`nll_loss_forward` of cut scores and targets: the padded rows get `ignore_index`."""
+    self, target, weight, reduction, ignore_index = bound(entry.op, args, kwargs)
+    length = _loss_rows(self, target)
+    if length is None or is_cut(weight):
+        return None
+    options = {"reduction": reduction, "ignore_index": ignore_index}
+    output, total_weight = dispatcher.compute(_NLL_LOSS, (_padded(self), _padded(target), weight, length), options, record_as or entry.name)
+    return (cut(output, 0, length) if reduction == _NO_REDUCTION else output), total_weight
+
+
+def _nll_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`nll_loss_backward` of cut scores and targets: the padded rows' gradient is zero."""
+    grad_output, self, target, weight, reduction, ignore_index, total_weight = bound(entry.op, args, kwargs)
+    length = _loss_rows(self, target)
+    if length is None or is_cut(weight) or is_cut(total_weight):
+        return None
+    if is_cut(grad_output):
+        if reduction != _NO_REDUCTION or _shared_cut((grad_output, target)) is None:
+            return None
+        grad_output = _padded(grad_output)
+    options = {"reduction": reduction, "ignore_index": ignore_index}
+    inputs = (grad_output, _padded(self), _padded(target), weight, total_weight, length)
+    return cut(dispatcher.compute(_NLL_LOSS_BACKWARD, inputs, options, record_as or entry.name), 0, length)
+
+
+def _mse_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`mse_loss` of two cuts alike: the padded entries' difference is zero (a mean divides by the count)."""
+    self, target, reduction = bound(entry.op, args, kwargs)
+    shared = _shared_cut((self, target))
+    if shared is None or self.is_complex():
+        return None
+    cut_dim, length = shared
+    if reduction == _NO_REDUCTION:
+        return cut(dispatcher.compute(entry, (_padded(self), _padded(target), reduction), {}, record_as), cut_dim, length)
+    options = {"cut_dim": cut_dim, "reduction": reduction}
+    return dispatcher.compute(_MSE_LOSS, (_padded(self), _padded(target), length), options, record_as or entry.name)
+
+
+def _mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`mse_loss_backward` of two cuts alike (and of a cut gradient, without reduction)."""
+    grad_output, self, target, reduction = bound(entry.op, args, kwargs)
+    shared = _shared_cut((self, target))
+    if shared is None or self.is_complex():
+        return None
+    cut_dim, length = shared
+    if reduction == _NO_REDUCTION:
+        if is_cut(grad_output) and _shared_cut((grad_output, self)) is None:
+            return None
+        grad_output = _padded(grad_output) if is_cut(grad_output) else grad_output
+        return cut(dispatcher.compute(entry, (grad_output, _padded(self), _padded(target), reduction), {}, record_as), cut_dim, length)
+    if is_cut(grad_output):
+        return None
+    options = {"cut_dim": cut_dim, "reduction": reduction}
+    inputs = (grad_output, _padded(self), _padded(target), length)
+    return cut(dispatcher.compute(_MSE_LOSS_BACKWARD, inputs, options, record_as or entry.name), cut_dim, length)
+
+
+def _index_put_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`index_put` through one mask of values cut to the mask's count (the backward of `x[mask]`
+    scatters its gradient so): the k-th set element takes the k-th row of the padded values, and
+    rows past the count are never read. A cut of one row is left to the exact path (a single row
+    broadcasts to every set element)."""
+    self, indices, values, *rest = bound(entry.op, args, kwargs)
+    if is_cut(self) or len(indices) != 1 or indices[0] is None or indices[0].dtype not in MASK_DTYPES or not is_cut(values):
+        return None
+    dim, length = values._view.host_cut
+    if dim or length <= 1 or values.dim() != self.dim() - indices[0].dim() + 1:
+        return None
+    return dispatcher.compute(entry, (self, indices, _padded(values), *rest), {}, record_as)
+
+
+_ROUTES: dict[Any, Any] = {
+    **{op: _reduction_on_padded for op in (*_IDENTITIES, *_MEANS)},
+    **{op: _rowwise_on_padded for op in (aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)},
+    **{op: _new_on_padded for op in (aten.new_zeros.default, aten.new_empty.default, aten.new_ones.default, aten.new_full.default, aten.new_empty_strided.default)},
+    **{op: _like_on_padded for op in (aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.full_like.default)},
+    aten.nll_loss_forward.default: _nll_loss_on_padded,
+    aten.nll_loss_backward.default: _nll_loss_backward_on_padded,
+    aten.mse_loss.default: _mse_loss_on_padded,
+    aten.mse_loss_backward.default: _mse_loss_backward_on_padded,
+    **{op: _index_put_on_padded for op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)},
+}

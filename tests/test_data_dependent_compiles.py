@@ -1,6 +1,6 @@
 """The programs data-dependent ops compile (`nonzero`, `x[mask]`, `x[mask, idx]` and its write,
 `masked_select`, `unique`, `bincount`, `repeat_interleave`) are all in the trace, each new length's named in its recompile's diff, and a
-host read of their results, or a pointwise op or a sum on the chip, compiles no program per count
+host read of their results, or a pointwise op, a sum, a mean, a softmax or a loss on the chip, compiles no program per count
 (`padded_reads`); results equal the CPU's in both eager modes."""
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from pathlib import Path
 import jax
 import pytest
 import torch
+import torch.nn.functional as F
 
 import tputrace
 from backend_helpers import eager
@@ -39,7 +40,8 @@ for count in (3, 17, 40, 41, 90, 91, 200):
     assert torch.equal(torch.bincount(chip_values % count).cpu(), torch.bincount(values % count))
     assert torch.equal(torch.repeat_interleave(chip_values[:8] % count % 5).cpu(), torch.repeat_interleave(values[:8] % count % 5))
     assert torch.allclose((picked * 2).sum(0).cpu(), (rows[mask] * 2).sum(0))  # run on the padded buffer
-    assert torch.allclose(picked.mean(0).cpu(), rows[mask].mean(0))  # an op reads the cut on the chip
+    assert torch.allclose(picked.mean(0).cpu(), rows[mask].mean(0))  # run on the padded buffer too
+    assert torch.allclose(picked.prod(0).cpu(), rows[mask].prod(0))  # an op reads the cut on the chip
     assert torch.equal(chip_rows[chip_mask, torch.tensor([[1], [2]], device="tpu")].cpu(), rows[mask, torch.tensor([[1], [2]])])
     written, expected = chip_rows.clone(), rows.clone()
     written[chip_mask, torch.tensor([0], device="tpu")], expected[mask, torch.tensor([0])] = 0.0, 0.0
@@ -99,6 +101,11 @@ CONSUMERS = {
     "nonzero amax": lambda values, rows, count: torch.nonzero(values < count).amin(0) + torch.nonzero(values < count).amax(),
     "unique * 2": lambda values, rows, count: torch.unique(values % count) * 2,
     "x[mask, idx] sum": lambda values, rows, count: rows[values < count, torch.tensor([[0], [1]], device=rows.device)].sum(1),
+    "mean over the cut dim, mean over another": lambda values, rows, count: rows[values < count].mean(0) + rows[values < count].mean(1).sum(),
+    "log_softmax along another dim": lambda values, rows, count: torch.log_softmax(rows[values < count], 1),
+    "cross_entropy without reduction": lambda values, rows, count: F.cross_entropy(rows[values < count], values[values < count] % 2, reduction="none"),
+    "mse_loss without reduction": lambda values, rows, count: F.mse_loss(rows[values < count], rows[values < count] * 2, reduction="none"),
+    "zeros_like + 1": lambda values, rows, count: torch.zeros_like(rows[values < count]) + 1,
 }
 
 

@@ -1,0 +1,95 @@
+"""A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
+`mse_loss` of two cuts) compiles programs per padded length, not per count: the loss, its backward and
+the gradient's scatter through the mask run on the padded buffers (`padded_reads`), and the results
+equal the CPU's in both eager modes."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import jax
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from backend_helpers import eager
+from tputrace.backend.device_module import EagerMode
+from tputrace.backend.length_buckets import padded_length
+
+MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
+_COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
+_backend_compiles: list[str] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, duration, **_: _backend_compiles.append(event) if event == _COMPILE_EVENT else None
+)
+
+_POSITIONS = 64  # the masks' elements: (4, 16)
+# Counts of the first pass: below and at the padded lengths 20, 24 and 32 (a count at its padded
+# length needs no cut); then counts of those padded lengths not seen before: the second pass compiles nothing.
+_FIRST_COUNTS = (17, 22, 30, 20, 24, 32, 18)
+_SECOND_COUNTS = (19, 21, 23, 29, 31, 24)
+
+Loss = Callable[[nn.Module, torch.Tensor, torch.Tensor], torch.Tensor]  # (model, tokens, mask) -> loss
+
+
+def _cross_entropy(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    logits = model(tokens)
+    return F.cross_entropy(logits[mask], tokens[mask])
+
+
+LOSSES: dict[str, Loss] = {
+    "cross_entropy": _cross_entropy,
+    "cross_entropy sum": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], reduction="sum"),
+    "x[mask].mean()": lambda model, tokens, mask: model(tokens)[mask].mean(),
+    "(a[mask] - b[mask]).pow(2).mean()": lambda model, tokens, mask: (model(tokens)[mask] - model(tokens + 1)[mask]).pow(2).mean(),
+    "mse_loss": lambda model, tokens, mask: F.mse_loss(model(tokens)[mask], model(tokens.flip(0)).detach()[mask]),
+    "mse_loss sum": lambda model, tokens, mask: F.mse_loss(model(tokens)[mask], model(tokens.flip(0)).detach()[mask], reduction="sum"),
+}
+
+
+def _batches(counts: tuple[int, ...], seed: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """(tokens, mask) per step, made on the host: the mask has `count` set elements at random places."""
+    generator = torch.Generator().manual_seed(seed)
+    return [
+        (torch.randint(0, 50, (4, 16), generator=generator), (torch.randperm(_POSITIONS, generator=generator) < count).reshape(4, 16))
+        for count in counts
+    ]
+
+
+def _model(device: str) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(51, 8), nn.Linear(8, 51)).to(device)
+
+
+def _train(device: str, loss_of: Loss, batches: list[tuple[torch.Tensor, torch.Tensor]], compiled_from: int) -> tuple[list[torch.Tensor], nn.Module, int]:
+    """Losses of an AdamW loop over `batches`, the model after it, and the XLA compiles from step `compiled_from` on."""
+    model = _model(device)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    losses = []
+    before = len(_backend_compiles)
+    for step, (tokens, mask) in enumerate(batches):
+        if step == compiled_from:
+            before = len(_backend_compiles)
+        loss = loss_of(model, tokens.to(device), mask.to(device))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.detach())
+    return [loss.cpu() for loss in losses], model, len(_backend_compiles) - before
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(LOSSES))
+def test_a_masked_loss_loop_compiles_per_padded_length_and_equals_the_cpu(mode: EagerMode, case: str) -> None:
+    """Steps whose counts fall in padded lengths already compiled compile no program; every step's
+    loss and the parameters after the loop (so every gradient) equal the CPU's."""
+    batches = _batches(_FIRST_COUNTS + _SECOND_COUNTS, seed=1)
+    assert {padded_length(count, _POSITIONS) for count in _SECOND_COUNTS} <= {padded_length(count, _POSITIONS) for count in _FIRST_COUNTS}
+    expected_losses, expected_model, _ = _train("cpu", LOSSES[case], batches, 0)
+    with eager(mode):
+        losses, model, compiled = _train("tpu", LOSSES[case], batches, len(_FIRST_COUNTS))
+    assert compiled == 0
+    torch.testing.assert_close(torch.stack(losses), torch.stack(expected_losses), rtol=1e-5, atol=1e-5)
+    for parameter, expected in zip(model.parameters(), expected_model.parameters()):
+        torch.testing.assert_close(parameter.detach().cpu(), expected, rtol=1e-5, atol=1e-5)
