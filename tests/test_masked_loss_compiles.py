@@ -6,6 +6,7 @@ equal the CPU's in both eager modes."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import jax
 import pytest
@@ -13,9 +14,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+import tputrace
 from backend_helpers import eager
 from tputrace.backend.device_module import EagerMode
 from tputrace.backend.length_buckets import padded_length
+from tputrace.cli.main import main
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
@@ -93,3 +96,44 @@ def test_a_masked_loss_loop_compiles_per_padded_length_and_equals_the_cpu(mode: 
     torch.testing.assert_close(torch.stack(losses), torch.stack(expected_losses), rtol=1e-5, atol=1e-5)
     for parameter, expected in zip(model.parameters(), expected_model.parameters()):
         torch.testing.assert_close(parameter.detach().cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+_SCRIPT = """
+import torch, torch.nn as nn, torch.nn.functional as F
+torch.tpu.set_eager_mode(torch.tpu.EagerMode.{mode})
+torch.manual_seed(0)
+generator = torch.Generator().manual_seed(0)
+model = nn.Sequential(nn.Embedding(100, 32), nn.Linear(32, 100)).to("tpu")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for count in {counts}:
+    tokens = torch.randint(0, 100, (4, 16), generator=generator).to("tpu")
+    mask = (torch.randperm(64, generator=generator) < count).reshape(4, 16).to("tpu")
+    logits = model(tokens)
+    loss = F.cross_entropy(logits[mask], tokens[mask])
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+print(float(loss))
+"""
+# Twelve steps through the padded lengths 20, 24 and 32 in turn (three counts, then the lengths
+# themselves, which need no cut), then six steps of counts not seen before, of the same padded lengths.
+_SEEN_COUNTS = (17, 21, 29) * 3 + (20, 24, 32)
+_NEW_COUNTS = (18, 22, 30, 19, 23, 31)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_traced_masked_loss_loop_compiles_per_padded_length(tmp_path: Path, mode: EagerMode) -> None:
+    """The user's loop compiles no program in the steps whose counts are new but whose padded
+    lengths are not; every compile is in the trace (JAX's own count), and a new padded length's
+    recompile names the size that changed."""
+    script = tmp_path / "masked.py"
+    script.write_text(_SCRIPT.format(mode=mode.name, counts=_SEEN_COUNTS + _NEW_COUNTS))
+    trace_path = tmp_path / "masked.tptrace"
+    before = len(_backend_compiles)
+    assert main(["run", "-o", str(trace_path), str(script)]) == 0
+    with tputrace.open(trace_path) as trace:
+        assert trace.count("compiles") == len(_backend_compiles) - before
+        assert trace.count("steps") == len(_SEEN_COUNTS) + len(_NEW_COUNTS)
+        assert trace.sql("SELECT COUNT(*) FROM compiles WHERE step >= ?", (len(_SEEN_COUNTS),)) == [(0,)]
+        diffs = [trace.string(diff_sid) or "" for (diff_sid,) in trace.sql("SELECT diff_sid FROM compiles WHERE reason = 'recompile'")]
+    assert any("20 -> 24" in diff for diff in diffs)
