@@ -9,6 +9,7 @@ One process: for N distinct counts, with `mask = values < count`, one of (`--op`
   index_put_idx   rows[mask, idx] = 0         (idx of shape (1,))
   index_put_cols  rows.t()[:, mask] = 0.5     (on a copy of the transposed rows)
   index_sum       (rows[mask] * 2).sum(0)     (ops on the chip that read the cut result)
+  masked_loss     cross_entropy(rows[mask], values[mask] % 8) and its gradient with respect to rows
 each result copied to the host and checked against the CPU's (sums of up to 2,600 rows within 1e-4). Prints the XLA
 compiles JAX reports (`/jax/core/compile/backend_compile_duration`) during the loop, their total time,
 and the loop's wall time.
@@ -22,6 +23,7 @@ from collections.abc import Callable
 
 import jax
 import torch
+import torch.nn.functional as F
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
 
@@ -40,6 +42,15 @@ def _put_cols(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Ten
     return written
 
 
+def _masked_loss(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    """A masked loss and its backward (the gradient scattered through the mask): the loss, then the gradient."""
+    leaf = rows.detach().requires_grad_()
+    mask = values < count
+    loss = F.cross_entropy(leaf[mask], values[mask] % 8)
+    loss.backward()
+    return torch.cat([loss.detach().reshape(1), leaf.grad.reshape(-1)])
+
+
 Result = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (values, rows, count) -> what is read
 _RESULTS: dict[str, Result] = {
     "index": lambda values, rows, count: rows[values < count],
@@ -50,6 +61,7 @@ _RESULTS: dict[str, Result] = {
     "index_put_idx": _put_idx,
     "index_put_cols": _put_cols,
     "index_sum": lambda values, rows, count: (rows[values < count] * 2).sum(0),
+    "masked_loss": _masked_loss,
 }
 
 
