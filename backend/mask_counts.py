@@ -45,13 +45,15 @@ def count_set(to_host: ToHost, mask: Any) -> int:
         return 0
     if mask.device.type != "tpu":
         return int(mask.count_nonzero())
+    buf = getattr(mask, "_buf", None)  # None while torch.compile traces
     known = _counted.get(id(mask))
-    if known is not None and known[0]() is mask and known[1]() is mask._buf and known[2] == mask._buf.version:
+    if known is not None and buf is not None and known[0]() is mask and known[1]() is buf and known[2] == buf.version:
         return known[3]
     count = int(to_host(aten.count_nonzero.default(mask), SYNC_KIND).item())
-    if len(_counted) >= _REMEMBERED:
-        del _counted[next(iter(_counted))]
-    _counted[id(mask)] = (weakref.ref(mask), weakref.ref(mask._buf), mask._buf.version, count)
+    if buf is not None:
+        if len(_counted) >= _REMEMBERED:
+            del _counted[next(iter(_counted))]
+        _counted[id(mask)] = (weakref.ref(mask), weakref.ref(buf), buf.version, count)
     return count
 
 

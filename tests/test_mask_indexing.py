@@ -109,6 +109,24 @@ def test_a_chip_mask_is_read_only_as_its_count(mode: EagerMode, density: float) 
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_mask_written_after_a_selection_is_counted_again(mode: EagerMode) -> None:
+    """A mask's count is remembered only while the mask is unwritten: after `mask[5:] = True` (and
+    after `mask.copy_`), `x[mask]` selects by the new count."""
+    values = torch.arange(10.0)
+    mask = values < 3
+    with eager(mode):
+        chip_values, chip_mask = values.to("tpu"), mask.to("tpu")
+        before = host(chip_values[chip_mask])
+        chip_mask[5:] = True
+        widened = host(chip_values[chip_mask])
+        chip_mask.copy_((values > 8).to("tpu"))
+        narrowed = host(chip_values[chip_mask])
+    assert torch.equal(before, values[:3])
+    assert torch.equal(widened, torch.cat([values[:3], values[5:]]))
+    assert torch.equal(narrowed, values[9:])
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 def test_writes_through_a_chip_mask_with_other_indices_run_on_the_chip(mode: EagerMode) -> None:
     """`x[:, mask] = v` and `x[mask, idx] += v` (a mask beside other indices) match the CPU with no
     fallback: the mask becomes positions on the chip, as in `x[mask]`."""
