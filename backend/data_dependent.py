@@ -26,7 +26,7 @@ from tputrace.backend.entries import OpEntry
 from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import SYNC_KIND, count_set
 from tputrace.backend.op_routes import bound
-from tputrace.backend.padded_reads import cut, expand_in_backward
+from tputrace.backend.padded_reads import cut
 from tputrace.backend.ops import sized
 from tputrace.backend.ops.registry import Lowering
 
@@ -164,5 +164,4 @@ ROUTES: dict[Any, Route] = {
     aten._unique2.default: unique2,
     aten.unique_dim.default: unique_dim,
     aten.unique_consecutive.default: unique_consecutive,
-    aten.expand.default: expand_in_backward,  # a gradient as long as a cut: broadcast to its padded length
 }

@@ -60,6 +60,8 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     view = padded.narrow(dim, 0, length)
     if padded._view is None:
         view._view.host_cut = (dim, length)
+        if not cuts_made:
+            _route_expand_through_backward()
         cuts_made = True
         _padded_lengths.pop(length, None)
         if len(_padded_lengths) >= _REMEMBERED_LENGTHS:
@@ -68,13 +70,28 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     return view
 
 
+def _route_expand_through_backward() -> None:
+    """From the process's first cut on, `expand` tries `expand_in_backward` first; until then it
+    takes its plain view route, at no cost to processes that never cut."""
+    from tputrace.backend.dispatch import dispatcher  # dispatch imports this module
+
+    op = aten.expand.default
+    view_handler, entry = dispatcher.routes.get(id(op)) or dispatcher._route(op)
+
+    def expand(args: Sequence[Any], kwargs: dict) -> Any:
+        broadcast = expand_in_backward(dispatcher, args, kwargs)
+        return view_handler(entry, args, kwargs) if broadcast is None else broadcast
+
+    dispatcher.register_special(op, expand)
+
+
 def expand_in_backward(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`expand` run by autograd's backward to the length of a recent cut along one new or size-1 dim
     (the backward of `x[mask].mean()` or `.sum()`: `grad.expand(x[mask].shape)`): the tensor
     broadcast to the padded length, then cut, so that the gradient's ops run on the padded buffer.
     None (a plain view) elsewhere: outside a backward the result must alias its input, and
     inside one autograd's formulas do not write into an expanded gradient."""
-    if not cuts_made or type(args[0]) is not TpuTensor or torch._C._current_graph_task_id() == -1:
+    if type(args[0]) is not TpuTensor or torch._C._current_graph_task_id() == -1:
         return None
     self, size = args[0], list(args[1] if len(args) > 1 else kwargs["size"])
     leading = len(size) - self.dim()
