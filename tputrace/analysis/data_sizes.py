@@ -65,6 +65,8 @@ MIN_MATCHED_SIZES = 2  # ... covering at least this many distinct sizes
 # A recompile's diff when only a data-dependent length changed (the signature did not): `size 16 -> 20`,
 # `output_size 8 -> 12`, `view aten.slice.Tensor: end 37 -> 41`, a fused program's `non-tensor arguments 32 -> 20`.
 _LENGTH_DIFF = re.compile(r"(?:^|[\s:])(?:size|output_size|end|non-tensor arguments) \(?\d")
+# A fused program's diff names the first op whose arguments changed and its line.
+_DIFF_OP = re.compile(r"op \d+ (?P<op>\S+) \((?P<where>[^()]+)\): ")
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class DataSize:
     @property
     def family(self) -> str:
         """`aten.index.Tensor` -> `aten.index`."""
-        return self.op.rsplit(".", 1)[0] if self.op.count(".") >= 2 else self.op
+        return _family(self.op)
 
 
 @dataclass(frozen=True)
@@ -192,29 +194,70 @@ def size_origin(context: AnalysisContext, sizes: tuple[int, ...], steps: list[in
 
 @dataclass(frozen=True)
 class LengthRecompile:
-    """A compile of a data-dependent op's own program for a new length: same signature, so no storm sees it."""
+    """A program compiled again only for a new data-dependent length: its signature is the same (the length
+    is a non-tensor argument, e.g. of a fused program's `x[mask]` at its padded length), so no storm sees it."""
 
     compile_id: int
     name: str
     dur_ns: int
     diff: str
+    step: int
 
 
-def length_recompiles(context: AnalysisContext, frame_id: int | None, leave_out: set[int],
-                      not_evicted: str, evicted: list[int]) -> list[LengthRecompile]:
-    """Recompiles at `frame_id` whose diff names only a new length, but for the compile ids in `leave_out`
-    (a storm's already) and those the SQL condition `not_evicted` (over `diff_sid`, parameters `evicted`) drops."""
-    if frame_id is None:
-        return []
+def length_recompiles_by_origin(context: AnalysisContext, leave_out: set[int], not_evicted: str,
+                                evicted: list[int]) -> dict[tuple[str, int | None], list[LengthRecompile]]:
+    """Recompiles whose diff names only a new length, by the data-dependent op (family, frame) that made it,
+    but for the compile ids in `leave_out` (a storm's already) and those the SQL condition `not_evicted`
+    (over `diff_sid`, parameters `evicted`) drops. A fused program's diff names the op and its line
+    (`op 0 aten.index.Tensor (train.py:14): non-tensor arguments 24 -> 28`); an op's own program (strict
+    mode) is compiled at the op's line."""
+    results_by_frame: dict[int | None, Counter[str]] = {}
+    for results in data_sizes(context).values():
+        for result in results:
+            results_by_frame.setdefault(result.frame_id, Counter())[result.family] += 1
+    if not results_by_frame:
+        return {}
+    frames_by_where = {context.where(frame_id): frame_id for frame_id in results_by_frame if frame_id is not None}
     trace = context.trace
     rows = trace.sql(
-        "SELECT id, name_sid, COALESCE(dur_ns, 0), diff_sid FROM compiles "
-        f"WHERE rank = ? AND frame_id = ? AND reason = 'recompile' AND diff_sid IS NOT NULL AND {not_evicted} ORDER BY start_ns",
-        (context.rank, frame_id, *evicted),
+        "SELECT id, name_sid, COALESCE(dur_ns, 0), diff_sid, COALESCE(step, 0), frame_id FROM compiles "
+        f"WHERE rank = ? AND reason = 'recompile' AND diff_sid IS NOT NULL AND {not_evicted} ORDER BY start_ns",
+        (context.rank, *evicted),
     )
-    found = []
-    for compile_id, name_sid, dur_ns, diff_sid in rows:
+    found: dict[tuple[str, int | None], list[LengthRecompile]] = {}
+    for compile_id, name_sid, dur_ns, diff_sid, step, frame_id in rows:
         diff = trace.string(diff_sid) or ""
-        if compile_id not in leave_out and _LENGTH_DIFF.search(diff):
-            found.append(LengthRecompile(compile_id, trace.string(name_sid) or "?", dur_ns, diff))
+        if compile_id in leave_out or not _LENGTH_DIFF.search(diff):
+            continue
+        named = _DIFF_OP.match(diff)
+        origin_frame = frames_by_where.get(named.group("where"), -1) if named is not None else frame_id
+        if origin_frame not in results_by_frame:
+            continue
+        families = results_by_frame[origin_frame]
+        family = _family(named.group("op")) if named is not None else ""
+        if family not in families:  # a view or loss of the result, made at the same line
+            family = families.most_common(1)[0][0]
+        recompile = LengthRecompile(compile_id, trace.string(name_sid) or "?", dur_ns, diff, step)
+        found.setdefault((family, origin_frame), []).append(recompile)
     return found
+
+
+def lengths_at(context: AnalysisContext, family: str, frame_id: int | None) -> tuple[int, ...]:
+    """The lengths the data-dependent op `family` made at `frame_id`, as recorded."""
+    return tuple(sorted({
+        result.length for results in data_sizes(context).values() for result in results
+        if result.family == family and result.frame_id == frame_id
+    }))
+
+
+def module_at(context: AnalysisContext, family: str, frame_id: int | None) -> str | None:
+    """The module that ran the data-dependent op `family` at `frame_id` (None when unknown)."""
+    return next((
+        result.module for results in data_sizes(context).values() for result in results
+        if result.family == family and result.frame_id == frame_id and result.module
+    ), None)
+
+
+def _family(op: str) -> str:
+    """`aten.index.Tensor` -> `aten.index`."""
+    return op.rsplit(".", 1)[0] if op.count(".") >= 2 else op

@@ -128,10 +128,19 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         else:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
     result.data["data_size_storms"] = []
-    for grouped in by_origin.values():
-        frame_of_origin = grouped[0].origin.frame_id if grouped[0].origin else None
-        own = data_sizes.length_recompiles(context, frame_of_origin, in_storms, _not_evicted(evicted), evicted)
-        finding, data = _data_size_finding(context, grouped, own)
+    length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, _not_evicted(evicted), evicted)
+    for key, grouped in by_origin.items():
+        origin = grouped[0].origin
+        assert origin is not None
+        finding, data = _data_size_finding(context, origin, grouped, length_recompiles.pop(key, []))
+        result.findings.append(finding)
+        result.data["data_size_storms"].append(data)
+    for (family, frame_id), own in length_recompiles.items():
+        if len(own) < MIN_COMPILES or len({compile.diff for compile in own}) < data_sizes.MIN_MATCHED_SIZES:
+            continue
+        origin = SizeOrigin(family, frame_id, data_sizes.module_at(context, family, frame_id), len(own),
+                            data_sizes.lengths_at(context, family, frame_id))
+        finding, data = _data_size_finding(context, origin, [], own)
         result.findings.append(finding)
         result.data["data_size_storms"].append(data)
     result.data["sites"] = site_rows[:50]
@@ -437,35 +446,36 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
     )
 
 
-def _data_size_finding(context: AnalysisContext, storms: list[Storm],
+def _data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list[Storm],
                        own: list[data_sizes.LengthRecompile]) -> tuple[Finding, dict]:
     """One finding (and its data) for the storms whose changing size one data-dependent op chose (the same
     count reaches several programs: the forward's, the backward's, or each op's in strict mode), with the
-    op's `own` programs compiled for new lengths. Bucketing the inputs cannot fix them; computing on the
-    full fixed shape can."""
+    programs compiled again only for a new length of it (`own`; there may be no storm at all when the
+    backend passes the length as a non-tensor argument). Bucketing the inputs cannot fix them; computing
+    on the full fixed shape can."""
     storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
-    origin = storms[0].origin
-    assert origin is not None
     where = context.where(origin.frame_id)
     own_ns = sum(compile.dur_ns for compile in own)
     count = sum(storm.count for storm in storms) + len(own)
     total_ns = sum(storm.total_ns for storm in storms) + own_ns
     recompile_ns = sum(storm.recompile_ns for storm in storms) + own_ns
-    steps_compiling = sorted({step for storm in storms for step in storm.steps})
-    sizes = max(len(storm.main.distinct) for storm in storms)  # each program's own: exact or padded lengths
+    steps_compiling = sorted({step for storm in storms for step in storm.steps} | {compile.step for compile in own})
+    own_names = sorted({compile.name for compile in own})
+    sizes = max([len(storm.main.distinct) for storm in storms] + [len({compile.diff for compile in own})])
     share = context.share_of_wall(recompile_ns)
-    programs = storms[0].name if len(storms) == 1 else f"{len(storms)} programs"
+    program_names = list(dict.fromkeys([storm.name for storm in storms] + own_names))
+    programs = program_names[0] if len(program_names) == 1 else f"{len(program_names)} programs"
     listed = ", ".join(
         f"{storm.name} ({storm.count}×, at {context.where(storm.frame_id)})" for storm in storms[:MAX_LISTED_PROGRAMS]
     ) + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
-    own_names = sorted({compile.name for compile in own})
     own_text = (
-        f" {origin.family}'s own programs at {where} ({', '.join(own_names[:3])}) compiled {plural(len(own), 'more time')} "
-        f"for new lengths." if own else ""
+        f" {', '.join(own_names[:3])}{' and more' if len(own_names) > 3 else ''} compiled "
+        f"{plural(len(own), 'more time')} for new lengths of it, with the same input shapes (e.g. '{own[0].diff}')."
+        if own else ""
     )
     entry = next((storm.entry for storm in storms if storm.entry is not None), None)
     cuts = _data_dependent_flushes(context, origin.frame_id)
-    lengths = sorted({length for storm in storms if storm.origin for length in storm.origin.lengths})
+    lengths = sorted(set(origin.lengths) | {length for storm in storms if storm.origin for length in storm.origin.lengths})
     evidence = [context.evidence_at(
         f"{origin.family} at {where} made results of length {_values_text(lengths)} (as recorded: a data-dependent "
         f"result may be recorded at its padded length) in the steps that compiled", origin.frame_id,
@@ -491,6 +501,10 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm],
             f"finding counts their cost, not these compiles)", origin.frame_id, table="flushes",
         ))
     fix = data_sizes.FIXES.get(origin.what, "use an op with a fixed output shape")
+    took = (
+        f" {listed} took it as an input dim" + (f" (it enters as {entry.describe(context)})" if entry else "")
+        + f" and compiled once per size it took (up to {sizes} sizes)." if storms else ""
+    )
     finding = Finding(
         analyzer=NAME,
         severity=_severity(context, recompile_ns, len(steps_compiling)),
@@ -500,9 +514,7 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm],
         ),
         explanation=(
             f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
-            f"from step to step. {listed} took it as an input dim"
-            + (f" (it enters as {entry.describe(context)})" if entry else "")
-            + f" and compiled once per size it took (up to {sizes} sizes).{own_text} Compiling took "
+            f"from step to step.{took}{own_text} Compiling took "
             f"{format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles ({share:.0%} of the run)"
             + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps" if context.step_count else "")
             + ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
@@ -518,7 +530,7 @@ def _data_size_finding(context: AnalysisContext, storms: list[Storm],
     )
     data = {
         "op": origin.family, "what": origin.what, "where": where, "module": origin.module,
-        "programs": [storm.name for storm in storms], "compiles": count, "recompile_ns": recompile_ns,
+        "programs": program_names, "compiles": count, "recompile_ns": recompile_ns,
         "length_recompiles": len(own), "length_recompile_ns": own_ns,
     }
     return finding, data
