@@ -55,9 +55,7 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     view whose chain is marked, so that a host read of any tensor seen through it copies the buffer
     and cuts it there (`host_cut`)."""
     global cuts_made
-    if padded.shape[dim] == length:
-        return padded
-    view = padded.narrow(dim, 0, length)
+    view = padded.narrow(dim, 0, length)  # a whole-length cut too, so its consumers share the padded programs
     if padded._view is None:
         view._view.host_cut = (dim, length)
         if not cuts_made:

@@ -28,8 +28,8 @@ jax.monitoring.register_event_duration_secs_listener(
 )
 
 _POSITIONS = 64  # the masks' elements: (4, 16)
-# Counts of the first pass: below and at the padded lengths 20, 24 and 32 (a count at its padded
-# length needs no cut); then counts of those padded lengths not seen before: the second pass compiles nothing.
+# Counts of the first pass: below and at the padded lengths 20, 24 and 32; then counts of those padded
+# lengths not seen before: the second pass compiles nothing.
 _FIRST_COUNTS = (17, 22, 30, 20, 24, 32, 18)
 _SECOND_COUNTS = (19, 21, 23, 29, 31, 24)
 
@@ -98,6 +98,20 @@ def test_a_masked_loss_loop_compiles_per_padded_length_and_equals_the_cpu(mode: 
         torch.testing.assert_close(parameter.detach().cpu(), expected, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_count_equal_to_its_padded_length_reuses_that_lengths_programs(mode: EagerMode) -> None:
+    """A mask whose count is exactly a padded length (20, 24, 32) selects a whole-length cut: after other
+    counts of those lengths, its steps compile nothing, and its losses equal the CPU's."""
+    first, exact = (17, 22, 30), (20, 24, 32)
+    assert [padded_length(count, _POSITIONS) for count in first] == list(exact)
+    batches = _batches(first + exact, seed=2)
+    expected_losses, _, _ = _train("cpu", _cross_entropy, batches, 0)
+    with eager(mode):
+        losses, _, compiled = _train("tpu", _cross_entropy, batches, len(first))
+    assert compiled == 0
+    torch.testing.assert_close(torch.stack(losses), torch.stack(expected_losses), rtol=1e-5, atol=1e-5)
+
+
 _SCRIPT = """
 import torch, torch.nn as nn, torch.nn.functional as F
 torch.tpu.set_eager_mode(torch.tpu.EagerMode.{mode})
@@ -116,7 +130,7 @@ for count in {counts}:
 print(float(loss))
 """
 # Twelve steps through the padded lengths 20, 24 and 32 in turn (three counts, then the lengths
-# themselves, which need no cut), then six steps of counts not seen before, of the same padded lengths.
+# themselves), then six steps of counts not seen before, of the same padded lengths.
 _SEEN_COUNTS = (17, 21, 29) * 3 + (20, 24, 32)
 _NEW_COUNTS = (18, 22, 30, 19, 23, 31)
 
