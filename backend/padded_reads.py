@@ -24,10 +24,13 @@ sum) need the exact shape, and compile for it as the op itself does.
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Sequence
 from typing import Any
 
 import torch
+from torch.autograd.graph import _engine_run_backward
 
 import jax.numpy as jnp
 from jax import Array, lax
@@ -40,6 +43,8 @@ from tputrace.backend.ops.registry import Lowering
 from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten
+_BACKEND_DIR = os.path.dirname(os.path.abspath(__file__))  # this module's package: the frames of the dispatch
+_ENGINE_RUN_BACKWARD = _engine_run_backward.__code__  # where `backward()` and `autograd.grad` enter the engine
 
 _pointwise: dict[Any, bool] = {}  # op entry -> whether it is a deterministic pointwise op of one output
 # Whether this process has made a cut yet: until it has, no op's inputs need looking at for one.
@@ -87,9 +92,11 @@ def expand_in_backward(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> An
     """`expand` run by autograd's backward to the length of a recent cut along one new or size-1 dim
     (the backward of `x[mask].mean()` or `.sum()`: `grad.expand(x[mask].shape)`): the tensor
     broadcast to the padded length, then cut, so that the gradient's ops run on the padded buffer.
-    None (a plain view) elsewhere: outside a backward the result must alias its input, and
-    inside one autograd's formulas do not write into an expanded gradient."""
-    if type(args[0]) is not TpuTensor or torch._C._current_graph_task_id() == -1:
+    None (a plain view) elsewhere: outside a backward the result must alias its input, and so must
+    that of an expand called from Python code in a backward (a custom Function's, a hook), which may
+    write into it (torch refuses a write into an expanded tensor); autograd's own formulas, which
+    call it from C++, do not write into an expanded gradient."""
+    if type(args[0]) is not TpuTensor or torch._C._current_graph_task_id() == -1 or not _called_by_a_formula():
         return None
     self, size = args[0], list(args[1] if len(args) > 1 else kwargs["size"])
     leading = len(size) - self.dim()
@@ -103,6 +110,16 @@ def expand_in_backward(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> An
     length = size[dim]
     size[dim] = _padded_lengths[length]
     return cut(aten.expand_copy.default(self, size), dim, length)
+
+
+def _called_by_a_formula() -> bool:
+    """Whether the op being dispatched was called from C++ (one of autograd's built-in backward formulas),
+    not from Python code: the first frame below the backend's own is the backward's call into the engine
+    (`_engine_run_backward`), or there is none (the engine's worker thread)."""
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(_BACKEND_DIR):
+        frame = frame.f_back
+    return frame is None or frame.f_code is _ENGINE_RUN_BACKWARD
 
 
 def host_cut(tensor: Any) -> tuple[int, int] | None:

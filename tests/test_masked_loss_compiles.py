@@ -112,6 +112,29 @@ def test_a_count_equal_to_its_padded_length_reuses_that_lengths_programs(mode: E
     torch.testing.assert_close(torch.stack(losses), torch.stack(expected_losses), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_an_expand_written_by_a_custom_backward_after_a_cut_is_still_refused(mode: EagerMode) -> None:
+    """Only autograd's own formulas get the padded `expand` of a mean's gradient: an expand that a custom
+    Function's backward writes into, to the length of a recent cut, stays an expanded view, and torch
+    refuses the write as on the CPU."""
+
+    class Doubling(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+            return grad[:1].expand(3).add_(1.0)
+
+    with eager(mode):
+        values = torch.arange(10.0, device="tpu")
+        assert values[values < 3].sum().item() == 3.0  # a cut of length 3
+        x = torch.ones(3, device="tpu", requires_grad=True)
+        with pytest.raises(RuntimeError, match="more than one element of the written-to tensor"):
+            torch.autograd.grad(Doubling.apply(x).sum(), x)
+
+
 _SCRIPT = """
 import torch, torch.nn as nn, torch.nn.functional as F
 torch.tpu.set_eager_mode(torch.tpu.EagerMode.{mode})
