@@ -35,7 +35,7 @@ import torch
 from tputrace.backend import chips
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.plans import OutSpec, Plan
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.tensor import TpuTensor, whole_buffer
 from tputrace.sourceloc import is_user_file, library_roots
 
 aten = torch.ops.aten
@@ -215,7 +215,7 @@ def _checked_values(dispatcher: Any, tensor: Any, index_range: IndexRange | Valu
     if view is None or view.host_cut is None or type(index_range) is ValueCheck:
         return dispatcher.read(tensor), tuple(tensor.shape), None, None
     cut_dim, length = view.host_cut
-    padded = TpuTensor(tensor._buf, tuple(tensor._buf.array.shape), tensor.dtype)
+    padded = whole_buffer(tensor)
     return dispatcher.read(padded), tuple(padded.shape), cut_dim, length
 
 

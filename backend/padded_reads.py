@@ -40,7 +40,7 @@ from tputrace.backend.mask_counts import MASK_DTYPES
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
 from tputrace.backend.ops.registry import Lowering
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.tensor import TpuTensor, whole_buffer
 
 aten = torch.ops.aten
 _BACKEND_DIR = os.path.dirname(os.path.abspath(__file__))  # this module's package: the frames of the dispatch
@@ -156,7 +156,7 @@ def _pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
         return None
     if shape[from_end] != length or any(len(other) >= -from_end and other[from_end] != 1 for other in others):
         return None
-    padded_args = [_padded(value) if position in cuts else value for position, value in enumerate(args)]
+    padded_args = [whole_buffer(value) if position in cuts else value for position, value in enumerate(args)]
     result = dispatcher.compute(entry, padded_args, kwargs, record_as)
     return cut(result, result.dim() + from_end, length)
 
@@ -170,12 +170,6 @@ def _cut_from_end(value: TpuTensor) -> tuple[int, int, int]:
     """(the cut dim counted from the end, as broadcasting aligns dims; the length; the padded length)."""
     dim, length = value._view.host_cut
     return dim - value.dim(), length, value._buf.array.shape[dim]
-
-
-def _padded(value: TpuTensor) -> TpuTensor:
-    """The whole buffer of a cut, as a tensor of the padded shape (an alias: it is only read)."""
-    array = value._buf.array
-    return TpuTensor(value._buf, tuple(array.shape), value.dtype)
 
 
 def _is_pointwise(entry: Any) -> bool:
@@ -233,7 +227,7 @@ def _reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     reduced = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     dims = range(self.dim()) if not reduced else [axis % self.dim() for axis in reduced]
-    padded = _padded(self)
+    padded = whole_buffer(self)
     if dim in dims and entry.op in _MEANS:
         if not (self.dtype.is_floating_point if kwargs.get("dtype") is None else kwargs["dtype"].is_floating_point):
             return None  # torch refuses the mean of integers without a floating dtype
@@ -284,7 +278,7 @@ def _rowwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs:
     along = args[len(tensors)]
     if not -tensors[0].dim() <= along < tensors[0].dim() or along % tensors[0].dim() == cut_dim:
         return None
-    result = dispatcher.compute(entry, [_padded(value) if isinstance(value, torch.Tensor) else value for value in args], kwargs, record_as)
+    result = dispatcher.compute(entry, [whole_buffer(value) if isinstance(value, torch.Tensor) else value for value in args], kwargs, record_as)
     return cut(result, cut_dim, length)
 
 
@@ -292,7 +286,7 @@ def _new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dic
     """`new_zeros` and the like of a cut read only its dtype and device: made from its padded buffer."""
     if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
         return None
-    return dispatcher.compute(entry, (_padded(args[0]), *args[1:]), kwargs, record_as)
+    return dispatcher.compute(entry, (whole_buffer(args[0]), *args[1:]), kwargs, record_as)
 
 
 def _like_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
@@ -300,7 +294,7 @@ def _like_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: di
     if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
         return None
     dim, length = args[0]._view.host_cut
-    return cut(dispatcher.compute(entry, (_padded(args[0]), *args[1:]), kwargs, record_as), dim, length)
+    return cut(dispatcher.compute(entry, (whole_buffer(args[0]), *args[1:]), kwargs, record_as), dim, length)
 
 
 def _loss_rows(self: Any, target: Any) -> int | None:
@@ -320,7 +314,7 @@ def _nll_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
     if length is None or is_cut(weight):
         return None
     options = {"reduction": reduction, "ignore_index": ignore_index}
-    output, total_weight = dispatcher.compute(_NLL_LOSS, (_padded(self), _padded(target), weight, length), options, record_as or entry.name)
+    output, total_weight = dispatcher.compute(_NLL_LOSS, (whole_buffer(self), whole_buffer(target), weight, length), options, record_as or entry.name)
     return (cut(output, 0, length) if reduction == _NO_REDUCTION else output), total_weight
 
 
@@ -333,9 +327,9 @@ def _nll_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any
     if is_cut(grad_output):
         if reduction != _NO_REDUCTION or _shared_cut((grad_output, target)) is None:
             return None
-        grad_output = _padded(grad_output)
+        grad_output = whole_buffer(grad_output)
     options = {"reduction": reduction, "ignore_index": ignore_index}
-    inputs = (grad_output, _padded(self), _padded(target), weight, total_weight, length)
+    inputs = (grad_output, whole_buffer(self), whole_buffer(target), weight, total_weight, length)
     return cut(dispatcher.compute(_NLL_LOSS_BACKWARD, inputs, options, record_as or entry.name), 0, length)
 
 
@@ -347,9 +341,9 @@ def _mse_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
         return None
     cut_dim, length = shared
     if reduction == _NO_REDUCTION:
-        return cut(dispatcher.compute(entry, (_padded(self), _padded(target), reduction), {}, record_as), cut_dim, length)
+        return cut(dispatcher.compute(entry, (whole_buffer(self), whole_buffer(target), reduction), {}, record_as), cut_dim, length)
     options = {"cut_dim": cut_dim, "reduction": reduction}
-    return dispatcher.compute(_MSE_LOSS, (_padded(self), _padded(target), length), options, record_as or entry.name)
+    return dispatcher.compute(_MSE_LOSS, (whole_buffer(self), whole_buffer(target), length), options, record_as or entry.name)
 
 
 def _mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
@@ -362,12 +356,12 @@ def _mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any
     if reduction == _NO_REDUCTION:
         if is_cut(grad_output) and _shared_cut((grad_output, self)) is None:
             return None
-        grad_output = _padded(grad_output) if is_cut(grad_output) else grad_output
-        return cut(dispatcher.compute(entry, (grad_output, _padded(self), _padded(target), reduction), {}, record_as), cut_dim, length)
+        grad_output = whole_buffer(grad_output) if is_cut(grad_output) else grad_output
+        return cut(dispatcher.compute(entry, (grad_output, whole_buffer(self), whole_buffer(target), reduction), {}, record_as), cut_dim, length)
     if is_cut(grad_output):
         return None
     options = {"cut_dim": cut_dim, "reduction": reduction}
-    inputs = (grad_output, _padded(self), _padded(target), length)
+    inputs = (grad_output, whole_buffer(self), whole_buffer(target), length)
     return cut(dispatcher.compute(_MSE_LOSS_BACKWARD, inputs, options, record_as or entry.name), cut_dim, length)
 
 
@@ -382,7 +376,7 @@ def _index_put_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     dim, length = values._view.host_cut
     if dim or length <= 1 or values.dim() != self.dim() - indices[0].dim() + 1:
         return None
-    return dispatcher.compute(entry, (self, indices, _padded(values), *rest), {}, record_as)
+    return dispatcher.compute(entry, (self, indices, whole_buffer(values), *rest), {}, record_as)
 
 
 _ROUTES: dict[Any, Any] = {

@@ -658,6 +658,12 @@ def geometry_of(tensor: TpuTensor) -> Geometry:
     return geom
 
 
+def whole_buffer(tensor: TpuTensor) -> TpuTensor:
+    """The tensor's whole buffer, as a tensor of the buffer's shape (an alias: only to be read), e.g.
+    the padded buffer a data-dependent result was cut from."""
+    return TpuTensor(tensor._buf, tuple(tensor._buf.array.shape), tensor.dtype)
+
+
 def view_tensor(buf: Buffer, geom: Geometry, view: ViewChain | None) -> TpuTensor:
     """A tpu tensor seeing `buf` through `view` with geometry `geom` (views and aliases)."""
     device = _DEVICES.get(geom.chip) or torch_device(geom.chip)

@@ -28,17 +28,27 @@ def real_rows(padded: Array, length: Array, dim: int = 0) -> Array:
     return lax.broadcasted_iota(jnp.int32, padded.shape, dim) < length
 
 
+def _real_labels(target: Array, length: Array, ignore_index: int) -> Array:
+    """`target` with its rows at `length` and past set to `ignore_index`."""
+    return jnp.where(real_rows(target, length), target, jnp.asarray(ignore_index, target.dtype))
+
+
+def _real_difference(self: Array, target: Array, length: Array, cut_dim: int) -> Array:
+    """`self - target` in the op's math dtype, zero at `length` and past along `cut_dim`."""
+    return jnp.where(real_rows(self, length, cut_dim), opmath(self) - opmath(target), 0)
+
+
 def nll_loss_forward_padded(self: Array, target: Array, weight: Array | None, length: Array, *, reduction: int, ignore_index: int) -> tuple[Array, Array]:
     """`nll_loss_forward` of the first `length` rows: the rest get `ignore_index` (and zero scores,
     so that no padded score reaches a sum)."""
     scores = jnp.where(real_rows(self, length), self, jnp.zeros_like(self))
-    labels = jnp.where(real_rows(target, length), target, jnp.asarray(ignore_index, target.dtype))
+    labels = _real_labels(target, length, ignore_index)
     return nll_loss_forward(scores, labels, weight, reduction, ignore_index)
 
 
 def nll_loss_backward_padded(grad_output: Array, self: Array, target: Array, weight: Array | None, total_weight: Array, length: Array, *, reduction: int, ignore_index: int) -> Array:
     """`nll_loss_backward` of the first `length` rows; the padded rows' gradient is zero."""
-    labels = jnp.where(real_rows(target, length), target, jnp.asarray(ignore_index, target.dtype))
+    labels = _real_labels(target, length, ignore_index)
     return nll_loss_backward(grad_output, self, labels, weight, reduction, ignore_index, total_weight)
 
 
@@ -49,7 +59,7 @@ def _real_count(shape: Sequence[int], length: Array, cut_dim: int) -> Array:
 
 def mse_loss_padded(self: Array, target: Array, length: Array, *, cut_dim: int, reduction: int) -> Array:
     """`mse_loss` (mean or sum) of `self` and `target` cut to `length` along `cut_dim`."""
-    difference = jnp.where(real_rows(self, length, cut_dim), opmath(self) - opmath(target), 0)
+    difference = _real_difference(self, target, length, cut_dim)
     total = jnp.sum(difference * difference)
     if reduction == _MEAN:
         total = total / _real_count(self.shape, length, cut_dim)
@@ -58,7 +68,7 @@ def mse_loss_padded(self: Array, target: Array, length: Array, *, cut_dim: int, 
 
 def mse_loss_backward_padded(grad_output: Array, self: Array, target: Array, length: Array, *, cut_dim: int, reduction: int) -> Array:
     """`mse_loss_backward` (mean or sum) of the cut inputs; the padded entries' gradient is zero."""
-    difference = jnp.where(real_rows(self, length, cut_dim), opmath(self) - opmath(target), 0)
+    difference = _real_difference(self, target, length, cut_dim)
     grad = 2.0 * difference * opmath(grad_output)
     if reduction == _MEAN:
         grad = grad / _real_count(self.shape, length, cut_dim)
