@@ -16,6 +16,10 @@ import jax  # noqa: E402 - XLA flags must be set before JAX initialises
 
 jax.config.update("jax_enable_x64", True)
 
+from tputrace.backend import compile_cache  # noqa: E402
+
+compile_cache.enable_from_environment()
+
 from tputrace.backend.registration import register  # noqa: E402
 
 register()

@@ -20,7 +20,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tputrace.backend import chips, matmul_precision
+from tputrace.backend import chips, compile_cache, matmul_precision
 from tputrace.backend.dtypes import short_name, to_jax
 from tputrace.backend.memory_formats import storage_order
 from tputrace.backend.signatures import InputSpec, signature_text
@@ -92,6 +92,7 @@ class Program:
     program_id: int | None = None
     temp_bytes: int = 0  # XLA's temporaries while it runs (a fused step's activations live here)
     output_bytes: int = 0  # outputs not aliased to donated inputs
+    loaded_from_disk: bool = False  # read from the on-disk compile cache (`compile_cache`), not compiled
 
 
 @dataclass
@@ -245,7 +246,8 @@ def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int,
         # A donated input that no output can reuse (another shape) is simply not reused.
         warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
         lowered = jax.jit(_compiled_once(fn), donate_argnums=donate).lower(*dynamic)
-        compiled = lowered.compile()
+        outcome = compile_cache.compile_lowered(lowered)
+    compiled = outcome.compiled
     compile_ns = time.perf_counter_ns() - start
     flops = bytes_accessed = 0.0
     try:
@@ -263,7 +265,10 @@ def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int,
             hlo_text = compiled.as_text()
         except Exception:  # noqa: BLE001
             hlo_text = None
-    return Program(_direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text, temp_bytes=temp_bytes, output_bytes=output_bytes)
+    return Program(
+        _direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text,
+        temp_bytes=temp_bytes, output_bytes=output_bytes, loaded_from_disk=outcome.loaded_from_disk,
+    )
 
 
 def _compiled_once(fn: Callable[..., tuple]) -> Callable[..., tuple]:

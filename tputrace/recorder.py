@@ -271,6 +271,8 @@ class Recorder:
         if kind == "op":
             plan.trace_ids[self.token] = (writer.intern(plan.inputs_text), writer.intern(plan.outputs_text), program_id, writer.intern(plan.op_name))
         compile_ns = plan.program.compile_ns if plan.program is not None else 0
+        if plan.program is not None and plan.program.loaded_from_disk:
+            detail = {**(detail or {}), "loaded_from_disk": True}
         end = self.now()
         writer.append(
             "compiles",

@@ -8,6 +8,7 @@ import os
 CHIPS = ("TPUTRACE_CHIPS", 1, "the number of chips")
 MAX_PROGRAMS = ("TPUTRACE_MAX_PROGRAMS", 4096, "how many compiled programs to keep")
 COUNTS = (CHIPS, MAX_PROGRAMS)
+COMPILE_CACHE = "TPUTRACE_COMPILE_CACHE"
 
 
 class SettingError(ValueError):
@@ -28,7 +29,24 @@ def positive_int(setting: tuple[str, int, str], error: type[Exception] = Setting
     return count
 
 
+def compile_cache_directory(error: type[Exception] = SettingError) -> str | None:
+    """The directory `TPUTRACE_COMPILE_CACHE` names for compiled programs (created if missing), or None
+    when it is unset or empty; `error` when it cannot be used."""
+    raw = os.environ.get(COMPILE_CACHE, "").strip()
+    if not raw:
+        return None
+    path = os.path.abspath(os.path.expanduser(raw))
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as failure:
+        raise error(f"{COMPILE_CACHE}={raw!r} cannot be used as a directory ({failure.strerror}); set it to a writable directory or unset it") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise error(f"{COMPILE_CACHE}={raw!r} is not writable; set it to a writable directory or unset it")
+    return path
+
+
 def check() -> None:
-    """Raise `SettingError` for the first count setting whose value is not usable."""
+    """Raise `SettingError` for the first setting whose value is not usable."""
     for setting in COUNTS:
         positive_int(setting)
+    compile_cache_directory()

@@ -199,7 +199,8 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     elif summary.step_count == 1:
         steps = f"1 step ({format_ns(summary.first_step_ns)})"
     compiles = summary.compiles
-    totals = f"{_count(summary.op_count, 'op')} · {_count(compiles.count, 'compile')} ({_count(compiles.recompiles, 'recompile')})"
+    loaded = f"; {compiles.loaded_from_disk} loaded from the compile cache" if compiles.loaded_from_disk else ""
+    totals = f"{_count(summary.op_count, 'op')} · {_count(compiles.count, 'compile')} ({_count(compiles.recompiles, 'recompile')}{loaded})"
     return [
         ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),

@@ -36,7 +36,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "run",
         help="run a script on the tpu device and record a trace",
         description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
-        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--no-trace] [--tui] "
+        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--tui] "
         "(script.py | -m module) [args ...]",
     )
     parser.add_argument(
@@ -60,6 +60,12 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="defer: fuse ops into programs (default); strict: one program per op; blocking: strict, each op waits "
         "for the chip and indices and probabilities are checked as torch's CPU kernels check them (a sync per such op; "
         "for finding the line of an out-of-range index); compile: torch.compile",
+    )
+    parser.add_argument(
+        "--compile-cache",
+        metavar="DIR",
+        help="keep compiled programs in DIR and load them from there in later runs instead of compiling again "
+        "(sets TPUTRACE_COMPILE_CACHE; the trace marks each program loaded so)",
     )
     parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
     parser.add_argument("--tui", action="store_true", help="open the trace in the terminal UI when the run ends")
@@ -95,6 +101,8 @@ def run(args: argparse.Namespace) -> int:
         if args.chips < 1:
             raise TputraceError(f"--chips must be at least 1, not {args.chips}")
         os.environ["TPUTRACE_CHIPS"] = str(args.chips)
+    if args.compile_cache is not None:
+        os.environ[settings.COMPILE_CACHE] = args.compile_cache
     try:
         settings.check()
     except settings.SettingError as error:

@@ -96,6 +96,7 @@ class CompileStats:
     recompiles: int
     recompile_ns: int
     programs: int
+    loaded_from_disk: int = 0  # compiles that read the program from the on-disk compile cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,14 +292,15 @@ def time_range(trace: Trace, *, rank: int | None = None) -> tuple[int, int]:
 def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
     """Compile and recompile counts and time, and the number of distinct programs."""
     where, params = _rank_filter(rank)
-    count, total_ns, recompiles, recompile_ns = trace.sql(
+    count, total_ns, recompiles, recompile_ns, loaded_from_disk = trace.sql(
         "SELECT COUNT(*), COALESCE(SUM(dur_ns), 0), "
         "COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
-        f"COALESCE(SUM(CASE WHEN reason IS NOT NULL AND reason != 'first' THEN dur_ns END), 0) FROM compiles{where}",
+        "COALESCE(SUM(CASE WHEN reason IS NOT NULL AND reason != 'first' THEN dur_ns END), 0), "
+        f"COALESCE(SUM(detail LIKE '%\"loaded_from_disk\": true%'), 0) FROM compiles{where}",
         params,
     )[0]
     (programs,) = trace.sql(f"SELECT COUNT(*) FROM programs{where}", params)[0]
-    return CompileStats(count, total_ns, recompiles, recompile_ns, programs)
+    return CompileStats(count, total_ns, recompiles, recompile_ns, programs, loaded_from_disk)
 
 
 def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
