@@ -193,6 +193,32 @@ def test_recompile_storm(tmp_path: Path) -> None:
     assert "instead of 6" in storm.suggestion
 
 
+def test_storms_of_one_host_batch_are_one_finding_at_its_copy(tmp_path: Path) -> None:
+    """Two programs take the batch copied at train.py:30 (the model's, and a mask's made from it on the chip):
+    one finding at the copying line covers both, with one bucketing for both."""
+    trace = HandTrace(tmp_path / "batch.tptrace", steps=len(SEQ_LENS))
+    copy_line, model_line, mask_line = trace.frame(30), trace.frame(41), trace.frame(44)
+    for step, seq in enumerate(SEQ_LENS):
+        trace.transfer(step, 4 * seq * 8, MS, copy_line, offset_ns=0)  # the i64[4,seq] batch
+        trace.transfer(step, 4 * 8, MS, copy_line, offset_ns=0)  # labels: the same size every step
+        reason = "first" if step == 0 else "recompile"
+        model_signature = f"i64[4,{seq}], f32[64,64]"
+        model = trace.program("fused_40_ops", model_signature, flops=1000.0 * seq)
+        trace.compile(model, "fused_40_ops", model_signature, step, 100 * MS, model_line, reason=reason)
+        mask_signature = f"bool[4,{seq}]"
+        mask = trace.program("fused_2_ops", mask_signature)
+        trace.compile(mask, "fused_2_ops", mask_signature, step, 10 * MS, mask_line, reason=reason)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (storm,) = findings_of(report, "recompiles")
+    assert (storm.file, storm.line) == (SCRIPT, 30)
+    assert storm.title.startswith("Recompilation storm: 2 programs compiled 12 times as the batches copied to the chip at train.py:30")
+    assert storm.cost_total_ns == 5 * 110 * MS
+    (data,) = report.results["recompiles"].data["host_input_storms"]
+    assert data["programs"] == ["fused_40_ops", "fused_2_ops"] and data["sizes"] == SEQ_LENS
+    assert "Pad the batches copied at train.py:30" in storm.suggestion and "pad_to_multiple_of" in storm.suggestion
+
+
 def test_compiles_in_warmup_only_are_not_a_storm(tmp_path: Path) -> None:
     trace = HandTrace(tmp_path / "warmup.tptrace", steps=6)
     line = trace.frame(41)
@@ -227,6 +253,29 @@ def test_host_syncs(tmp_path: Path) -> None:
     assert "every step" in finding.title and "item" in finding.title
     (line,) = report.results["syncs"].data["lines"]
     assert line["count_per_step"] == 1.0 and line["stall_per_step_ns"] == 4 * MS
+
+
+def test_a_sync_inside_a_module_names_the_module(tmp_path: Path) -> None:
+    """`loss = model(batch)` at train.py:40 reads a mask's value inside the model (a library's `if mask.all():`):
+    the finding names the module whose op ran just before the read, and says the `if` may be in its code.
+    The `.item()` at train.py:44 reads outside any module."""
+    trace = HandTrace(tmp_path / "module_sync.tptrace", steps=4)
+    call_line, item_line = trace.frame(40), trace.frame(44)
+    for step in range(4):
+        seq = 3 * step
+        trace.op("aten.embedding.default", "f32[64,8], i64[4,9]", step, frame=call_line, module="Model.embed", seq=seq)
+        trace.op("aten.sum.default", "bool[4,9]", step, frame=call_line, module="Model.encoder", seq=seq + 1)
+        trace.sync("bool", step, 4 * MS, call_line)
+        trace.op("aten._local_scalar_dense.default", "f32[]", step, frame=item_line, seq=seq + 2)
+        trace.sync("item", step, 3 * MS, item_line, offset_ns=6 * MS)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    by_line = {finding.line: finding for finding in findings_of(report, "syncs")}
+    inside = by_line[40]
+    assert inside.module == "Model.encoder"
+    assert "inside Model.encoder" in inside.explanation
+    assert inside.suggestion.startswith("If train.py:40 only calls Model.encoder, the read is in that module's own code")
+    assert by_line[44].module is None and by_line[44].suggestion.startswith("Keep the value on the chip")
 
 
 def test_a_sync_stall_leaves_out_the_compile_that_ran_inside_it(tmp_path: Path) -> None:

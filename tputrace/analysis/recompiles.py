@@ -7,7 +7,9 @@ advisor that weighs compiles saved against padding FLOPs added (a linear-in-the-
 
 A storm whose changing size is the length of a data-dependent result (`x[mask]`, nonzero, unique;
 see `data_sizes`) gets no padding advice: the data pipeline does not choose that size. Such storms
-are one finding per op and line that made the size, with a fixed-shape rewrite as the fix.
+are one finding per op and line that made the size, with a fixed-shape rewrite as the fix. Storms
+whose size is that of a batch copied from the host (see `host_inputs`) are one finding per copying
+line, with one bucketing for all the programs the batch reaches.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import data_sizes, program_cache
+from tputrace.analysis import data_sizes, host_inputs, program_cache
 from tputrace.analysis.chips import round_up
 from tputrace.analysis.context import AnalysisContext, in_list, plural
 from tputrace.analysis.data_sizes import SizeOrigin, size_origin
@@ -106,6 +108,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     storms = []
     by_origin: dict[tuple[str, int | None], list[Storm]] = {}
     in_storms: set[int] = set()  # compile ids
+    padding_storms: list[tuple[Storm, list[BucketOption], BucketOption | None]] = []
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append({
             "kind": kind, "name": trace.string(name_sid), "where": context.where(frame_id),
@@ -124,9 +127,19 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         storms.append(_storm_data(context, storm, options, best))
         in_storms.update(row.compile_id for row in storm.rows)
         if storm.origin is None:
-            result.findings.append(_padding_finding(context, storm, options, best))
+            padding_storms.append((storm, options, best))
         else:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
+    result.data["host_input_storms"] = []
+    by_copy_line = _by_copy_line(context, [storm for storm, _, _ in padding_storms])
+    for copy_frame, grouped in by_copy_line.items():
+        finding, data = _host_input_finding(context, copy_frame, grouped)
+        result.findings.append(finding)
+        result.data["host_input_storms"].append(data)
+    copied = {id(storm) for grouped in by_copy_line.values() for storm in grouped}
+    for storm, options, best in padding_storms:
+        if id(storm) not in copied:
+            result.findings.append(_padding_finding(context, storm, options, best))
     result.data["data_size_storms"] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, _not_evicted(evicted), evicted)
     for key, grouped in by_origin.items():
@@ -444,6 +457,116 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
         module=entry.module if entry else None,
         **context.location_fields(anchor),
     )
+
+
+def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, list[Storm]]:
+    """The storms whose changing size is that of a batch copied from the host, by the copying line: first those
+    with a varying input of a copy's bytes, then those whose sizes, step by step, are the matched storms'."""
+    by_line: dict[int, list[Storm]] = {}
+    known: dict[int, set[tuple[int, int]]] = {}
+    unmatched = []
+    for storm in storms:
+        steps = [row.step for row in storm.rows]
+        varying_inputs = {index for dim in storm.dims for index, _ in dim.positions}
+        frame_id = host_inputs.copy_line(context, [row.signature for row in storm.rows], steps, varying_inputs,
+                                         storm.main.values)
+        if frame_id is None:
+            unmatched.append(storm)
+            continue
+        by_line.setdefault(frame_id, []).append(storm)
+        known.setdefault(frame_id, set()).update(zip(steps, storm.main.values))
+    for storm in unmatched:
+        frame_id = host_inputs.line_of_sizes(known, [row.step for row in storm.rows], storm.main.values)
+        if frame_id is not None:
+            by_line[frame_id].append(storm)
+    return by_line
+
+
+def _host_input_finding(context: AnalysisContext, copy_frame: int, storms: list[Storm]) -> tuple[Finding, dict]:
+    """One finding (and its data) for the storms of one batch copied from the host at `copy_frame`: every program
+    it reaches compiled once per size it took. One bucketing of that size serves them all."""
+    storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
+    copy_where = context.where(copy_frame)
+    rows = [row for storm in storms for row in storm.rows]
+    values = tuple(value for storm in storms for value in storm.main.values)
+    sizes = sorted(set(values))
+    count = len(rows)
+    total_ns = sum(storm.total_ns for storm in storms)
+    recompile_ns = sum(storm.recompile_ns for storm in storms)
+    steps_compiling = sorted({row.step for row in rows})
+    per_size_ns = sum(storm.total_ns / storm.count for storm in storms)  # every program compiled once
+    program_ids = [row.program_id for row in rows if row.program_id is not None]
+    options = bucket_options(VaryingDim(storms[0].main.positions, values), rows, per_size_ns,
+                             context.busy_of_programs(program_ids))
+    best = propose(options, len(sizes) * per_size_ns)
+    names = list(dict.fromkeys(storm.name for storm in storms))
+    programs = names[0] if len(names) == 1 else f"{len(names)} programs"
+    entry = shape_entry(context, [row.diff for row in rows])
+    listed = ", ".join(
+        f"{storm.name} ({storm.count}×, at {context.where(storm.frame_id)})" for storm in storms[:MAX_LISTED_PROGRAMS]
+    ) + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
+    share = context.share_of_wall(recompile_ns)
+    evidence = [context.evidence_at(
+        f"host-to-chip copies at {copy_where} have the bytes of the programs' changing inputs in the steps that compiled",
+        copy_frame, table="transfers",
+    )]
+    for storm in storms[:MAX_LISTED_PROGRAMS]:
+        evidence.append(context.evidence_at(
+            f"{storm.name}: {storm.count} compiles ({format_ns(storm.recompile_ns)} recompiling), {storm.main.label} "
+            f"took {len(storm.main.distinct)} values: {_values_text(storm.main.distinct)}", storm.frame_id, table="compiles",
+        ))
+    if entry is not None:
+        evidence.append(context.evidence_at(
+            f"the changing shape enters the program as {entry.describe(context)}", entry.frame_id,
+            module=entry.module, table="compiles",
+        ))
+    for option in options[:5]:
+        evidence.append(Evidence(
+            f"buckets ({option.rule}) {_values_text(list(option.buckets))}: {plural(option.compiles, 'size')} "
+            f"({option.compiles_saved} saved), +{option.padding_share:.1%} FLOPs from padding (estimate)"
+        ))
+    if best is not None:
+        suggestion = (
+            f"Pad the batches copied at {copy_where} to a few fixed sizes, e.g. {_values_text(list(best.buckets))} "
+            f"({best.rule}): {plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles "
+            f"{plural(best.compiles, 'time')}, for about {best.padding_share:.1%} more FLOPs (estimate). Pad in the data "
+            f"pipeline (in the collate_fn, round the batch's longest length up to its bucket; Hugging Face's collators "
+            f"and tokenizers take `pad_to_multiple_of`) and mask the padding in attention and the loss."
+        )
+    else:
+        suggestion = (f"Give the batches copied at {copy_where} a fixed size (pad every batch to {sizes[-1]}) so each "
+                      "program compiles once.")
+    anchor = entry.frame_id if entry is not None and entry.frame_id is not None else copy_frame
+    finding = Finding(
+        analyzer=NAME,
+        severity=_severity(context, recompile_ns, len(steps_compiling)),
+        title=(
+            f"Recompilation storm: {programs} compiled {count} times as the batches copied to the chip at "
+            f"{copy_where} change shape ({len(sizes)} sizes)"
+        ),
+        explanation=(
+            f"The data copied from the host at {copy_where} came in {len(sizes)} sizes ({_values_text(sizes)}), and "
+            f"every program that takes it compiled once per size: {listed}"
+            + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "")
+            + f". Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
+            f"({share:.0%} of the run)"
+            + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps" if context.step_count else "")
+            + ". The usual cause is a collate_fn (or a tokenizer's `padding=True`) that pads each batch to its own "
+            "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
+            "XLA program."
+        ),
+        suggestion=suggestion,
+        cost_total_ns=float(recompile_ns),
+        cost_per_step_ns=context.per_step(recompile_ns),
+        evidence=tuple(evidence),
+        module=entry.module if entry else None,
+        **context.location_fields(anchor),
+    )
+    data = {
+        "where": copy_where, "programs": names, "compiles": count, "recompile_ns": recompile_ns, "sizes": sizes,
+        "proposed": best.as_dict() if best else None,
+    }
+    return finding, data
 
 
 def _data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list[Storm],

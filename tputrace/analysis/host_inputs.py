@@ -1,0 +1,82 @@
+"""Shapes the host chose: the batches a script copies to the chip, matched to recompilation storms.
+
+A storm whose changing dim is the shape of data copied from the host (a `collate_fn` that pads each
+batch to its own longest sequence is the usual cause) is fixed in the data pipeline, and the line that
+copies the batch is where it enters the chip. The transfers table records every host-to-chip copy
+with its bytes, step and line: a compile is explained by a copy made in its own step with exactly the
+bytes of one of its varying inputs. One batch reaches several programs (the forward's, the backward's,
+a mask's); a program whose varying inputs are all made on the chip (a `bool` mask of the batch) is
+matched by its sizes instead: the sizes, step by step, of the programs already matched to a copy line.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.shapes import parse_specs
+
+MIN_MATCHED_SHARE = 0.8  # share of a storm's compiles a copy line must explain
+MIN_MATCHED_SIZES = 2  # ... covering at least this many distinct sizes
+
+
+def copies_by_step(context: AnalysisContext) -> dict[int, dict[int, set[int]]]:
+    """The rank's host-to-chip copies: step -> bytes -> the frames that copied that many bytes (cached)."""
+    cached = context.cache.get("host_copies")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    copies: dict[int, dict[int, set[int]]] = {}
+    rows = context.trace.sql(
+        "SELECT COALESCE(step, 0), bytes, frame_id FROM transfers "
+        "WHERE rank = ? AND direction = 'h2d' AND bytes > 0 AND frame_id IS NOT NULL GROUP BY 1, 2, 3",
+        (context.rank,),
+    )
+    for step, size, frame_id in rows:
+        copies.setdefault(step, {}).setdefault(size, set()).add(frame_id)
+    context.cache["host_copies"] = copies
+    return copies
+
+
+def copy_line(context: AnalysisContext, signatures: Sequence[str], steps: Sequence[int],
+              varying_inputs: set[int], sizes: Sequence[int]) -> int | None:
+    """The frame whose host-to-chip copies have the bytes of a varying input (indices `varying_inputs` of each
+    signature) in the compile's own step, for `MIN_MATCHED_SHARE` of the compiles and `MIN_MATCHED_SIZES` of
+    their `sizes` (the varying dim, per compile); None when no line does."""
+    copies = copies_by_step(context)
+    votes: Counter[int] = Counter()
+    matched_sizes: dict[int, set[int]] = {}
+    for signature, step, size in zip(signatures, steps, sizes):
+        by_bytes = copies.get(step, {})
+        specs = parse_specs(signature)
+        frames: set[int] = set()
+        for index in varying_inputs:
+            spec = specs[index] if index < len(specs) else None
+            if spec is not None:
+                frames |= by_bytes.get(spec.nbytes, set())
+        for frame_id in frames:
+            votes[frame_id] += 1
+            matched_sizes.setdefault(frame_id, set()).add(size)
+    return _best(votes, matched_sizes, len(signatures))
+
+
+def line_of_sizes(known: dict[int, set[tuple[int, int]]], steps: Sequence[int], sizes: Sequence[int]) -> int | None:
+    """The copy line (a key of `known`, whose (step, size) pairs its matched programs compiled for) that explains
+    the same share of these compiles' (step, size) pairs; None when none does."""
+    votes: Counter[int] = Counter()
+    matched_sizes: dict[int, set[int]] = {}
+    for step, size in zip(steps, sizes):
+        for frame_id, pairs in known.items():
+            if (step, size) in pairs:
+                votes[frame_id] += 1
+                matched_sizes.setdefault(frame_id, set()).add(size)
+    return _best(votes, matched_sizes, len(sizes))
+
+
+def _best(votes: Counter[int], matched_sizes: dict[int, set[int]], compiles: int) -> int | None:
+    if not votes:
+        return None
+    frame_id, matched = votes.most_common(1)[0]
+    if matched < MIN_MATCHED_SHARE * compiles or len(matched_sizes[frame_id]) < MIN_MATCHED_SIZES:
+        return None
+    return frame_id
