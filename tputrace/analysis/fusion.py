@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.summary import format_ns
 
@@ -86,6 +87,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     )
     where_top = context.where(top_frame)
     hint = SUGGESTIONS.get(top_trigger, "move the host read after the step")
+    module = module_of_read(context, top_frame, top_trigger)
+    change = f"{change_in_module(module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
     result.findings.append(Finding(
         analyzer=NAME,
         severity=severity,
@@ -98,11 +101,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             f"average; {cuts_per_step:.3g} per step were cut mid-step by host reads or other triggers "
             f"({len(cuts)} lines), so XLA fuses less and the host waits for each piece. Flushing the extra programs "
             f"took {format_ns(flush_ns)} and their syncs stalled {format_ns(stall_ns)} besides compiling (estimate of the cost: "
-            f"{context.share_text(share)})."
+            f"{context.share_text(share)})." + (inside_module(module) if module else "")
         ),
-        suggestion=f"At {where_top}: {hint}. Then each step runs as one or two fused programs.",
+        suggestion=f"{change}. Then each step runs as one or two fused programs.",
         **context.loop_cost(steady_cost, cost_ns),
         evidence=evidence,
+        module=module,
         **context.location_fields(top_frame),
     ))
     return result

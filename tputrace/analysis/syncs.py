@@ -13,6 +13,7 @@ the wait, which the compiles analyzer counts.
 from __future__ import annotations
 
 from tputrace.analysis.context import AnalysisContext, outside_fallbacks, plural
+from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, then
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.summary import format_ns
@@ -100,6 +101,11 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait {waits_for}, and the host queues "
         f"no more work meanwhile."
     )
+    suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
+    module = module_of_read(context, frame_id, kind)
+    if module is not None:
+        explanation += inside_module(module)
+        suggestion = change_in_module(module, where) + then(suggestion)
     evidence = (
         context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
         Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),
@@ -109,8 +115,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         severity=severity,
         title=title,
         explanation=explanation,
-        suggestion=SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps."),
+        suggestion=suggestion,
         **context.loop_cost(steady_stall, stall_ns),
         evidence=evidence,
+        module=module,
         **context.location_fields(frame_id),
     )
