@@ -276,6 +276,8 @@ def test_formatting() -> None:
     assert shade_row([0.0, 0.01, 0.5, 1.0]).plain == " ░▒█"
     chart = StepChart([ChartBar(1000.0, True), ChartBar(10.0, False), ChartBar(9.0, False)], height=3)
     assert chart.scale(chart.bars) == 10.0  # the compiling step would flatten the others: it is clipped
+    storm = [ChartBar(1000.0 + step, True) for step in range(12)] + [ChartBar(300.0, False)]
+    assert StepChart(storm).scale(storm) == 1011.0  # clipping would leave one bar readable: none is clipped
     assert "↑" in chart.lines(40)[0].plain and chart.lines(40)[-1].plain.count("c") == 1
 
 

@@ -124,12 +124,16 @@ class ChartBar:
     marked: bool
 
 
+MAX_CLIPPED_SHARE = 0.75  # a step chart clips compiling steps only if this share of the bars or fewer is clipped
+
+
 class StepChart:
     """A bar chart of step times that fits the width it is given: one column per step, or the
     maximum of several steps per column when there are more steps than columns.
 
     Marked bars (steps that compiled) are drawn in the palette's compile style with a `c` below;
-    when they dwarf the other steps they are clipped (`↑`) so that steady steps stay readable.
+    when they dwarf the other steps they are clipped (`↑`) so that steady steps stay readable, unless
+    that would clip nearly every bar (a recompilation storm: the compiling steps are the ones to read).
     """
 
     def __init__(self, bars: Sequence[ChartBar], *, height: int = 6, palette: Palette = Palette()) -> None:
@@ -150,11 +154,13 @@ class StepChart:
 
     @staticmethod
     def scale(columns: Sequence[ChartBar]) -> float:
-        """The value at the top of the chart: the tallest bar, unless marked (compiling) bars dwarf
-        the rest; then the tallest unmarked bar, and taller bars are clipped and drawn with `↑`."""
+        """The value at the top of the chart: the tallest bar, unless marked (compiling) bars dwarf the
+        rest; then the tallest unmarked bar, and taller bars are clipped and drawn with `↑`, as long as
+        more than `MAX_CLIPPED_SHARE` of the bars would not be."""
         tallest = max((bar.value for bar in columns), default=0.0)
         unmarked = max((bar.value for bar in columns if not bar.marked), default=0.0)
-        if unmarked and tallest > 3 * unmarked:
+        clipped = sum(bar.value > unmarked * 1.001 for bar in columns)
+        if unmarked and tallest > 3 * unmarked and clipped <= MAX_CLIPPED_SHARE * len(columns):
             return unmarked
         return tallest or 1.0
 
