@@ -39,25 +39,29 @@ def copies_by_step(context: AnalysisContext) -> dict[int, dict[int, set[int]]]:
 
 
 def copy_line(context: AnalysisContext, signatures: Sequence[str], steps: Sequence[int],
-              varying_inputs: set[int], sizes: Sequence[int]) -> int | None:
+              varying_inputs: set[int], sizes: Sequence[int]) -> tuple[int, int] | None:
     """The frame whose host-to-chip copies have the bytes of a varying input (indices `varying_inputs` of each
     signature) in the compile's own step, for `MIN_MATCHED_SHARE` of the compiles and `MIN_MATCHED_SIZES` of
-    their `sizes` (the varying dim, per compile); None when no line does."""
+    their `sizes` (the varying dim, per compile), with the most dims such an input had (a copied batch keeps its
+    own dims; a flattened view of it has the same bytes and fewer); None when no line does."""
     copies = copies_by_step(context)
     votes: Counter[int] = Counter()
     matched_sizes: dict[int, set[int]] = {}
+    dims: dict[int, int] = {}
     for signature, step, size in zip(signatures, steps, sizes):
         by_bytes = copies.get(step, {})
         specs = parse_specs(signature)
         frames: set[int] = set()
         for index in varying_inputs:
             spec = specs[index] if index < len(specs) else None
-            if spec is not None:
-                frames |= by_bytes.get(spec.nbytes, set())
+            for frame_id in by_bytes.get(spec.nbytes, set()) if spec is not None else ():
+                frames.add(frame_id)
+                dims[frame_id] = max(dims.get(frame_id, 0), len(spec.shape))
         for frame_id in frames:
             votes[frame_id] += 1
             matched_sizes.setdefault(frame_id, set()).add(size)
-    return _best(votes, matched_sizes, len(signatures))
+    frame_id = _best(votes, matched_sizes, len(signatures))
+    return None if frame_id is None else (frame_id, dims[frame_id])
 
 
 def line_of_sizes(known: dict[int, set[tuple[int, int]]], steps: Sequence[int], sizes: Sequence[int]) -> int | None:

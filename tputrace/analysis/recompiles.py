@@ -132,11 +132,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
     result.data["host_input_storms"] = []
     by_copy_line = _by_copy_line(context, [storm for storm, _, _ in padding_storms])
-    for copy_frame, grouped in by_copy_line.items():
-        finding, data = _host_input_finding(context, copy_frame, grouped)
+    for copy_frame, (batch, grouped) in by_copy_line.items():
+        finding, data = _host_input_finding(context, copy_frame, batch, grouped)
         result.findings.append(finding)
         result.data["host_input_storms"].append(data)
-    copied = {id(storm) for grouped in by_copy_line.values() for storm in grouped}
+    copied = {id(storm) for _, grouped in by_copy_line.values() for storm in grouped}
     for storm, options, best in padding_storms:
         if id(storm) not in copied:
             result.findings.append(_padding_finding(context, storm, options, best))
@@ -459,44 +459,55 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
     )
 
 
-def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, list[Storm]]:
+def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, tuple[Storm, list[Storm]]]:
     """The storms whose changing size is that of a batch copied from the host, by the copying line: first those
-    with a varying input of a copy's bytes, then those whose sizes, step by step, are the matched storms'."""
+    with a varying input of a copy's bytes, then those whose sizes, step by step, are the matched storms'. With
+    each line, the storm whose matched input had the most dims (then the most compiles): its changing dim is the
+    batch's own, where the others' may be a flattened view's (batch times length)."""
     by_line: dict[int, list[Storm]] = {}
     known: dict[int, set[tuple[int, int]]] = {}
+    batch_storm: dict[int, tuple[int, int, Storm]] = {}
     unmatched = []
     for storm in storms:
         steps = [row.step for row in storm.rows]
         varying_inputs = {index for dim in storm.dims for index, _ in dim.positions}
-        frame_id = host_inputs.copy_line(context, [row.signature for row in storm.rows], steps, varying_inputs,
-                                         storm.main.values)
-        if frame_id is None:
+        matched = host_inputs.copy_line(context, [row.signature for row in storm.rows], steps, varying_inputs,
+                                        storm.main.values)
+        if matched is None:
             unmatched.append(storm)
             continue
+        frame_id, dims = matched
         by_line.setdefault(frame_id, []).append(storm)
         known.setdefault(frame_id, set()).update(zip(steps, storm.main.values))
+        if frame_id not in batch_storm or (dims, storm.count) > batch_storm[frame_id][:2]:
+            batch_storm[frame_id] = (dims, storm.count, storm)
     for storm in unmatched:
         frame_id = host_inputs.line_of_sizes(known, [row.step for row in storm.rows], storm.main.values)
         if frame_id is not None:
             by_line[frame_id].append(storm)
-    return by_line
+    return {frame_id: (batch_storm[frame_id][2], grouped) for frame_id, grouped in by_line.items()}
 
 
-def _host_input_finding(context: AnalysisContext, copy_frame: int, storms: list[Storm]) -> tuple[Finding, dict]:
+def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, storms: list[Storm]) -> tuple[Finding, dict]:
     """One finding (and its data) for the storms of one batch copied from the host at `copy_frame`: every program
-    it reaches compiled once per size it took. One bucketing of that size serves them all."""
+    it reaches compiled once per size it took. One bucketing of the batch's changing dim (`batch`'s main dim,
+    and the storms whose sizes are its own step by step) serves them all."""
     storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
     copy_where = context.where(copy_frame)
     rows = [row for storm in storms for row in storm.rows]
-    values = tuple(value for storm in storms for value in storm.main.values)
+    batch_pairs = set(zip((row.step for row in batch.rows), batch.main.values))
+    own_dim = [storm for storm in storms
+               if set(zip((row.step for row in storm.rows), storm.main.values)) <= batch_pairs]
+    values = tuple(value for storm in own_dim for value in storm.main.values)
     sizes = sorted(set(values))
     count = len(rows)
     total_ns = sum(storm.total_ns for storm in storms)
     recompile_ns = sum(storm.recompile_ns for storm in storms)
     steps_compiling = sorted({row.step for row in rows})
     per_size_ns = sum(storm.total_ns / storm.count for storm in storms)  # every program compiled once
-    program_ids = [row.program_id for row in rows if row.program_id is not None]
-    options = bucket_options(VaryingDim(storms[0].main.positions, values), rows, per_size_ns,
+    own_rows = [row for storm in own_dim for row in storm.rows]
+    program_ids = [row.program_id for row in own_rows if row.program_id is not None]
+    options = bucket_options(VaryingDim(batch.main.positions, values), own_rows, per_size_ns,
                              context.busy_of_programs(program_ids))
     best = propose(options, len(sizes) * per_size_ns)
     names = list(dict.fromkeys(storm.name for storm in storms))
@@ -529,7 +540,7 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, storms: list[
         suggestion = (
             f"Pad the batches copied at {copy_where} to a few fixed sizes, e.g. {_values_text(list(best.buckets))} "
             f"({best.rule}): {plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles "
-            f"{plural(best.compiles, 'time')}, for about {best.padding_share:.1%} more FLOPs (estimate). Pad in the data "
+            f"{'once' if best.compiles == 1 else plural(best.compiles, 'time')}, for about {best.padding_share:.1%} more FLOPs (estimate). Pad in the data "
             f"pipeline (in the collate_fn, round the batch's longest length up to its bucket; Hugging Face's collators "
             f"and tokenizers take `pad_to_multiple_of`) and mask the padding in attention and the loss."
         )
