@@ -80,6 +80,18 @@ def make_model(layers: int) -> torch.nn.Module:
     return GPT2LMHeadModel(config)
 
 
+def make_train_loader(steps: int) -> DataLoader:
+    """Shuffled micro-batches for `steps` optimizer steps, each padded to its own longest sequence."""
+    return DataLoader(
+        CountingSequences(steps * ACCUMULATION_STEPS * MICRO_BATCH_SIZE, seed=1),
+        batch_size=MICRO_BATCH_SIZE,
+        shuffle=True,
+        collate_fn=pad_to_longest,
+        generator=torch.Generator().manual_seed(2),
+        num_workers=0,
+    )
+
+
 @dataclass
 class FinetuneResult:
     """What one run produced: the loss of every optimizer step and the evaluation perplexity."""
@@ -115,14 +127,7 @@ def finetune(device: str, steps: int, autocast: bool = True, layers: int = 2, ev
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3, weight_decay=0.01)
     scheduler = get_linear_schedule_with_warmup(optimizer, num_warmup_steps=max(1, steps // 10), num_training_steps=steps)
-    train_loader = DataLoader(
-        CountingSequences(steps * ACCUMULATION_STEPS * MICRO_BATCH_SIZE, seed=1),
-        batch_size=MICRO_BATCH_SIZE,
-        shuffle=True,
-        collate_fn=pad_to_longest,
-        generator=torch.Generator().manual_seed(2),
-        num_workers=0,
-    )
+    train_loader = make_train_loader(steps)
     eval_loader = DataLoader(
         CountingSequences(eval_batches * MICRO_BATCH_SIZE, seed=3), batch_size=MICRO_BATCH_SIZE, collate_fn=pad_to_longest
     )
