@@ -300,6 +300,21 @@ def test_a_sync_stall_leaves_out_the_compile_that_ran_inside_it(tmp_path: Path) 
     assert "of it compiling" in text and "10.0 ms" in text
 
 
+def test_empty_host_copies_say_so(tmp_path: Path) -> None:
+    """A library that makes `torch.tensor([], device=...)` on every call copies nothing, four times a step."""
+    trace = HandTrace(tmp_path / "empty_copies.tptrace", steps=4)
+    call_line = trace.frame(40)
+    for step in range(4):
+        for index in range(4):
+            trace.transfer(step, 0, 2 * MS, call_line, offset_ns=(6 + 2 * index) * MS)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "transfers")
+    assert "every copy empty" in finding.explanation and "constant built on the host" not in finding.explanation
+    assert finding.suggestion.startswith("Make the empty tensors at train.py:40 on the chip")
+    assert "use_cache=False" in finding.suggestion
+
+
 # -- CPU fallbacks --------------------------------------------------------------------------------------------
 
 

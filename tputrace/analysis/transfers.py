@@ -56,7 +56,16 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         every_step = steps_with >= steady_count
         what = ("the same size every time: a constant built on the host, or the input batch" if constant_size
                 else "varying sizes")
-        if constant_size:
+        if max_bytes == 0:
+            what = ("every copy empty: tensors of no elements made from host data, e.g. `torch.tensor([], "
+                    "device=...)`; each moves nothing and still costs a transfer")
+            suggestion = (
+                f"Make the empty tensors at {where} on the chip (`torch.empty(0, device=...)`), or once before the "
+                f"loop; when a library makes them on every call, turn off what needs them (a Hugging Face model "
+                f"builds its key/value cache this way on every forward unless `use_cache=False`, which training "
+                f"does not need)."
+            )
+        elif constant_size:
             suggestion = (
                 f"If it is a constant (a mask, a table, a `torch.tensor(...)`), build it on the chip once, before "
                 f"the loop (create it with `device=...`, keep it with `register_buffer`, or cache it) instead of "
