@@ -315,6 +315,19 @@ def test_empty_host_copies_say_so(tmp_path: Path) -> None:
     assert "use_cache=False" in finding.suggestion
 
 
+def test_the_summary_counts_the_loops_steps_without_the_end_step(tmp_path: Path) -> None:
+    """Three optimizer steps, then an evaluation recorded as the trailing `end` step: the summary says 3 steps,
+    as the script ran and as the report counts them, and the evaluation's time stays out of the median."""
+    trace = HandTrace(tmp_path / "end_step.tptrace", steps=3)
+    trace.writer.append("steps", (0, 3, trace.t(3), trace.t(3) + 500 * MS, "end"))
+    with open_trace(trace.close()) as opened:
+        summary = summarize(opened)
+        report = analyze(opened)
+    assert summary.step_count == 3 == report.step_count
+    assert summary.median_step_ns == 20 * MS
+    assert "3 steps (first 20.0 ms, then median 20.0 ms)" in render_summary(summary)
+
+
 # -- CPU fallbacks --------------------------------------------------------------------------------------------
 
 

@@ -88,7 +88,9 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     """The summary of `rank` (default: rank 0, or the first rank) of `trace`."""
     chosen_rank = trace.run.rank if rank is None else rank
     run = next((candidate for candidate in trace.runs if candidate.rank == chosen_rank), trace.run)
-    step_durations = [step.dur_ns for step in trace.step_times(rank=chosen_rank) if step.dur_ns is not None]
+    # The loop's steps: the trailing `end` step is the work after the last optimizer step (an evaluation, saving).
+    step_durations = [step.dur_ns for step in trace.step_times(rank=chosen_rank)
+                      if step.dur_ns is not None and step.source != "end"]
     later_steps = step_durations[1:] or step_durations
     fallbacks = trace.fallback_stats(rank=chosen_rank)
     syncs = trace.sync_stats(rank=chosen_rank)
