@@ -537,10 +537,11 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
             f"({option.compiles_saved} saved), +{option.padding_share:.1%} FLOPs from padding (estimate)"
         ))
     if best is not None:
+        times = "once" if best.compiles == 1 else plural(best.compiles, "time")
         suggestion = (
             f"Pad the batches copied at {copy_where} to a few fixed sizes, e.g. {_values_text(list(best.buckets))} "
             f"({best.rule}): {plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles "
-            f"{'once' if best.compiles == 1 else plural(best.compiles, 'time')}, for about {best.padding_share:.1%} more FLOPs (estimate). Pad in the data "
+            f"{times}, for about {best.padding_share:.1%} more FLOPs (estimate). Pad in the data "
             f"pipeline (in the collate_fn, round the batch's longest length up to its bucket; Hugging Face's collators "
             f"and tokenizers take `pad_to_multiple_of`) and mask the padding in attention and the loss."
         )
