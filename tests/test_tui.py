@@ -201,6 +201,30 @@ def test_a_recompile_whose_structure_changed_compares_with_the_last_compile_at_i
         first.id, "call site", "fused_A", "f32[1]")
 
 
+def test_the_overview_counts_the_loops_steps_without_the_end_step(tmp_path: Path) -> None:
+    """Three optimizer steps, then an evaluation recorded as the trailing `end` step: the overview says 3 steps
+    (as the script ran them and the report counts them) and charts three bars; the timeline keeps all four."""
+    from fixtures.make_traces import START_UNIX_NS
+    from tputrace.store.writer import TraceWriter
+
+    path = tmp_path / "end_step.tptrace"
+    with TraceWriter(path, created_unix_ns=START_UNIX_NS) as writer:
+        writer.set_run(world_size=1, script="/w/train.py", argv=[], cwd="/w", host="h", platform="tpu", chips=1,
+                       eager_mode="DEFER_AND_FUSE", start_unix_ns=START_UNIX_NS)
+        for step in range(3):
+            writer.append("steps", (0, step, step * 20_000_000, (step + 1) * 20_000_000, "optimizer"))
+        writer.append("steps", (0, 3, 60_000_000, 560_000_000, "end"))
+        writer.update_run(end_ns=560_000_000, exit_status=0)
+    with tputrace.open(path) as trace:
+        assert [row.in_loop for row in queries.step_rows(trace, 0)] == [True, True, True, False]
+
+    async def scenario(pilot: Any) -> None:
+        text = screen_text(pilot.app)
+        assert "3 steps · median 20.0 ms" in text and "4 steps" not in text
+
+    run_app(scenario, session=make_session(path))
+
+
 def test_flushes_and_their_contents(small: Any) -> None:
     triggers = {stat.trigger: stat for stat in queries.flush_triggers(small, 0)}
     assert set(triggers) == {"item", "step", "tolist"}

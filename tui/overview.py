@@ -66,10 +66,11 @@ class OverviewView(TraceView):
     def _show_overview(self, data: queries.Overview) -> None:
         self._data = data
         palette = palette_for(self.app)
-        self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(data.steps)))
-        bars = [ChartBar(step.dur_ns, step.compiles > 0) for step in data.steps]
+        loop_steps = [step for step in data.steps if step.in_loop]  # as the report counts them (the timeline has all)
+        self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(loop_steps)))
+        bars = [ChartBar(step.dur_ns, step.compiles > 0) for step in loop_steps]
         chart = StepChart(bars, height=6, palette=palette)
-        self.query_one("#overview-chart", Static).update(Group(step_summary(data.steps), chart))
+        self.query_one("#overview-chart", Static).update(Group(step_summary(loop_steps), chart))
         self.query_one("#overview-split", Static).update(split_table(data.split, palette.bar))
 
     def _show_findings(self, result: queries.FindingsResult) -> None:

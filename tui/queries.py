@@ -143,10 +143,16 @@ class StepRow:
     compile_ns: int
     syncs: int
     sync_ns: int
+    source: str | None = None  # optimizer, explicit, or end (the work after the last optimizer step)
 
     @property
     def dur_ns(self) -> int:
         return 0 if self.end_ns is None else self.end_ns - self.start_ns
+
+    @property
+    def in_loop(self) -> bool:
+        """Whether this is one of the loop's steps, not the trailing `end` step."""
+        return self.source != "end"
 
 
 def step_rows(trace: Trace, rank: int) -> list[StepRow]:
@@ -160,12 +166,12 @@ def step_rows(trace: Trace, rank: int) -> list[StepRow]:
             )
         }
     rows = []
-    for step, start_ns, end_ns in trace.sql(
-        "SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step, start_ns", (rank,)
+    for step, start_ns, end_ns, source in trace.sql(
+        "SELECT step, start_ns, end_ns, source FROM steps WHERE rank = ? ORDER BY step, start_ns", (rank,)
     ):
         compiles, compile_ns = per_step["compiles"].get(step, (0, 0))
         syncs, sync_ns = per_step["syncs"].get(step, (0, 0))
-        rows.append(StepRow(step, start_ns, end_ns, compiles, compile_ns, syncs, sync_ns))
+        rows.append(StepRow(step, start_ns, end_ns, compiles, compile_ns, syncs, sync_ns, source))
     return rows
 
 
