@@ -217,6 +217,12 @@ def test_storms_of_one_host_batch_are_one_finding_at_its_copy(tmp_path: Path) ->
     (data,) = report.results["recompiles"].data["host_input_storms"]
     assert data["programs"] == ["fused_40_ops", "fused_2_ops"] and data["sizes"] == SEQ_LENS
     assert "Pad the batches copied at train.py:30" in storm.suggestion and "pad_to_multiple_of" in storm.suggestion
+    # Each program's storm carries the batch's bucketing, and the HTML report's table says whose it is.
+    for site in report.results["recompiles"].data["storms"]:
+        assert site["copied_at"] == "train.py:30" and site["proposed"] == data["proposed"]
+    page = tmp_path / "batch.html"
+    assert main(["plot", str(trace.path), "-o", str(page), "--plotlyjs", "cdn"]) == 0
+    assert page.read_text().count("for the batches copied at train.py:30") == 2
 
 
 def test_compiles_in_warmup_only_are_not_a_storm(tmp_path: Path) -> None:

@@ -606,6 +606,7 @@ class VaryingDim:
     compiles: int
     proposal: dict[str, Any] | None = None
     size_from: str | None = None
+    copied_at: str | None = None  # the line copying the batch whose size this is: the proposal is the batch's
 
 
 @dataclass
@@ -676,6 +677,7 @@ def _storm_dims(storms: list[dict[str, Any]]) -> list[VaryingDim]:
                 [int(value) for value in dim.get("values") or []], int(storm.get("compiles") or 0),
                 storm.get("proposed") if isinstance(storm.get("proposed"), dict) else None,
                 _size_from(storm.get("size_from")),
+                storm.get("copied_at") if isinstance(storm.get("copied_at"), str) else None,
             ))
     return rows
 

@@ -346,9 +346,12 @@ def _recompile_section(page: _Page, data: ReportData) -> str:
             share = proposal.get("padding_share_estimate")
             advice = (f"{proposal.get('rule', '?')}: {buckets} → {proposal.get('compiles', '?')} compiles "
                       f"({proposal.get('compiles_saved', '?')} saved"
-                      + (f", ≈{100 * share:.1f}% padding FLOPs, estimate" if isinstance(share, (int, float)) else "") + ")")
+                      + (f", ≈{100 * share:.1f}% padding FLOPs, estimate" if isinstance(share, (int, float)) else "") + ")"
+                      + (f", for the batches copied at {item.copied_at}" if item.copied_at else ""))
         elif item.size_from:
             advice = f"– (none: the size is {item.size_from}, which no padding fixes)"
+        elif item.copied_at:
+            advice = f"one fixed size for the batches copied at {item.copied_at}"
         elif recompilations.advisor_ran:
             advice = "– (not a recompilation storm)"
         else:

@@ -109,6 +109,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     by_origin: dict[tuple[str, int | None], list[Storm]] = {}
     in_storms: set[int] = set()  # compile ids
     padding_storms: list[tuple[Storm, list[BucketOption], BucketOption | None]] = []
+    storm_data: dict[int, dict] = {}  # id(storm) -> its entry in `storms`
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append({
             "kind": kind, "name": trace.string(name_sid), "where": context.where(frame_id),
@@ -125,6 +126,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         storm = _storm(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims)
         options, best = _bucketing(context, storm)
         storms.append(_storm_data(context, storm, options, best))
+        storm_data[id(storm)] = storms[-1]
         in_storms.update(row.compile_id for row in storm.rows)
         if storm.origin is None:
             padding_storms.append((storm, options, best))
@@ -136,6 +138,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         finding, data = _host_input_finding(context, copy_frame, batch, grouped)
         result.findings.append(finding)
         result.data["host_input_storms"].append(data)
+        for storm in grouped:  # one bucketing of the batch serves every program it reaches
+            storm_data[id(storm)].update(copied_at=data["where"], proposed=data["proposed"])
     copied = {id(storm) for _, grouped in by_copy_line.values() for storm in grouped}
     for storm, options, best in padding_storms:
         if id(storm) not in copied:
@@ -378,6 +382,7 @@ def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOpti
                          for dim in storm.dims],
         "bucket_options": [option.as_dict() for option in options],
         "proposed": best.as_dict() if best and origin is None else None,  # no padding fixes a data-chosen size
+        "copied_at": None,  # the line copying the batch whose size this is (then `proposed` is the batch's)
     }
 
 
