@@ -31,6 +31,7 @@ from jax import dtypes
 
 from tputrace.backend import hlo_fusions, matmul_precision, memory, program_cache
 from tputrace.backend.dtypes import to_torch
+from tputrace.backend.flush_sites import FlushSites
 from tputrace.backend.plans import Plan, compile_program
 from tputrace.backend.signatures import InputSpec, signature_diff
 
@@ -133,7 +134,7 @@ class DeferredExecutor:
         # a flush (also one outside an op: end of backward, step boundary) never cuts into another op.
         self.lock = dispatcher.thread_lock
         self.last_outputs: list[Any] = []
-        self.site_structures: dict[Any, tuple] = {}
+        self.flush_sites = FlushSites()
         self._timings: queue.SimpleQueue | None = None
         self.held: list[Sequence[Any]] = []  # values ops hold between runs (see `holding`)
 
@@ -390,7 +391,7 @@ class DeferredExecutor:
         by_length = self.dispatcher.length_recompiles.fused_reason(nodes, structure[1:], in_specs)
         if reason == "first" and by_length is not None:
             reason, diff = by_length
-        self.site_structures[site] = (step, tuple(nodes))
+        self.flush_sites.remember(site, step, tuple(nodes))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
             detail = {"matmul_precision": precision} if precision else None
@@ -400,11 +401,11 @@ class DeferredExecutor:
 
     def _structure_change(self, site: Any, step: int, nodes: list, graph: PendingGraph, recorder: Any) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, with the
-        first op where the two differ. Several graphs from one site within a step are all first compiles."""
-        previous = self.site_structures.get(site)
-        if previous is None or previous[0] == step:
+        first op where it differs from the earlier graph most like it (`flush_sites`). A site's graphs
+        in its first step are all first compiles."""
+        old_nodes = self.flush_sites.counterpart(site, step, nodes)
+        if old_nodes is None:
             return "first", None
-        old_nodes = previous[1]
         for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
             if plan is not old_plan or refs != old_refs:
                 where = ""

@@ -131,7 +131,7 @@ def forget_compiled_programs() -> None:
         for executor in (dispatcher.executor, *_executors.values()):
             executor.synchronize()
             if executor.deferred:
-                executor.site_structures.clear()
+                executor.flush_sites.clear()
         program_cache.drop_all()  # fused and torch.compile graph programs too
         dispatcher.plans.clear()
         index_checks.forget_plans()

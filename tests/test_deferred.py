@@ -101,6 +101,30 @@ def test_changing_sequence_length_recompiles_with_the_dim_named(tmp_path: Path) 
         assert any("dim 1: 8 -> 12" in (compile.diff or "") for compile in recompiles), [compile.diff for compile in recompiles]
 
 
+def test_a_line_flushing_two_graphs_per_step_names_the_changing_dim_for_each(tmp_path: Path) -> None:
+    """Two host reads on one line flush two different graphs each step; each graph's recompile for a
+    new length is compared with its own counterpart of the step before, not with the line's last graph."""
+    trace_path = _run(
+        tmp_path,
+        "two_reads",
+        """
+        import torch
+        for length in (8, 12, 16):
+            x = torch.ones(4, length, device="tpu")
+            flag = bool((x * 2).sum() > 0) and bool(x.bool().all())
+            w = torch.zeros(3, device="tpu", requires_grad=True)
+            torch.optim.SGD([w], lr=0.1).step()
+        """,
+    )
+    with tputrace.open(trace_path) as trace:
+        at_line = [compile for compile in trace.records("compiles") if compile.kind == "fused" and compile.step in (1, 2) and "[4," in (compile.signature or "")]
+        assert len(at_line) == 4, [(compile.name, compile.signature) for compile in at_line]
+        assert all(compile.reason == "recompile" for compile in at_line), [(compile.name, compile.reason) for compile in at_line]
+        diffs = sorted(compile.diff for compile in at_line)
+        assert sum("dim 1: 8 -> 12" in diff for diff in diffs) == 2 and sum("dim 1: 12 -> 16" in diff for diff in diffs) == 2, diffs
+        assert not any("structure change" in diff for diff in diffs), diffs
+
+
 def test_a_recompile_names_the_line_of_the_changing_op_past_view_reads(tmp_path: Path) -> None:
     """A view read before the changing op is a node of the graph without an op record of its own;
     the reason still names the changing op's line."""

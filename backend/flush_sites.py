@@ -1,0 +1,67 @@
+"""The graphs each flush site (trigger and source line) flushed, step by step: what a newly compiled
+fused graph is compared against to say why it recompiled.
+
+A site may flush several graphs in one step (two host reads on one line, two micro-batches before one
+backward), so a site keeps every graph of the last step it flushed in and of the step before that. A
+new graph is compared with the earlier step's graph that runs the same ops in the same order, else
+with the one that shares the longest run of leading ops.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+Nodes = tuple[tuple[Any, tuple], ...]  # (plan, input refs) per op, as a pending graph holds them
+
+
+@dataclass
+class _SiteSteps:
+    step: int
+    graphs: list[Nodes] = field(default_factory=list)
+    earlier: list[Nodes] = field(default_factory=list)  # the graphs of the site's previous step
+
+
+class FlushSites:
+    """Per site, the graphs of its last two steps."""
+
+    def __init__(self) -> None:
+        self._sites: dict[Hashable, _SiteSteps] = {}
+
+    def clear(self) -> None:
+        self._sites.clear()
+
+    def remember(self, site: Hashable, step: int, nodes: Nodes) -> None:
+        """`site` flushed the graph `nodes` in `step`."""
+        steps = self._sites.get(site)
+        if steps is None:
+            self._sites[site] = _SiteSteps(step, [nodes])
+        elif steps.step == step:
+            steps.graphs.append(nodes)
+        else:
+            self._sites[site] = _SiteSteps(step, [nodes], steps.graphs)
+
+    def counterpart(self, site: Hashable, step: int, nodes: Sequence[tuple[Any, tuple]]) -> Nodes | None:
+        """The graph an earlier step flushed at `site` that `nodes` most likely is another version of
+        (None: the site never flushed in an earlier step)."""
+        steps = self._sites.get(site)
+        if steps is None:
+            return None
+        candidates = steps.earlier if steps.step == step else steps.graphs
+        if not candidates:
+            return None
+        names = [plan.op_name for plan, _ in nodes]
+        return max(candidates, key=lambda old: _likeness(names, old))
+
+
+def _likeness(names: Sequence[str], old: Nodes) -> tuple[bool, int, int]:
+    """How alike two graphs' op sequences are: all ops the same, leading ops in common, and closeness in
+    length, in that order of weight."""
+    old_names = [plan.op_name for plan, _ in old]
+    common = 0
+    for name, old_name in zip(names, old_names):
+        if name != old_name:
+            break
+        common += 1
+    return (names == old_names, common, -abs(len(names) - len(old_names)))
