@@ -37,13 +37,11 @@ from typing import Any
 
 import torch
 import torch.utils._pytree as pytree
-from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_mutation, to_fun
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
-from torch.fx.experimental.symbolic_shapes import ShapeEnv
 
-from tputrace.backend import branch_layouts, cond_draws, graph_fingerprints, matmul_precision, rng
+from tputrace.backend import branch_layouts, cond_draws, graph_fingerprints, import_hooks, matmul_precision, rng
 from tputrace.backend.compile.control_flow import Subgraph, cond_values, counted_while_values, refuse_draws, stacked_body_values, subgraph_function, while_values
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.export_dims import drop_unused_inner_reads
@@ -131,6 +129,9 @@ class _TracedFunction:
     ATen graph as an array function, and its outputs (fake tensors, and their pytree structure)."""
 
     def __init__(self, fn: Callable[..., Any], values: Sequence[Any], name: str) -> None:
+        from torch._functorch._aot_autograd.functional_utils import from_fun, has_data_mutation, to_fun
+        from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
         fake_mode = FakeTensorMode(shape_env=ShapeEnv(), allow_non_fake_inputs=True)  # a shape env lets `.item()` trace (torch's while_loop backward selects its step so)
         with fake_mode:
             fakes = [_fake_like(value) if isinstance(value, torch.Tensor) else value for value in values]
@@ -172,8 +173,7 @@ def _decompositions() -> dict:
     """The torch.compile backend's decompositions: the traced graphs hold the ATen ops its graphs hold."""
     from tputrace.backend import compile as compile_backend
 
-    compile_backend.register()
-    return compile_backend._backend.decompositions()
+    return compile_backend.tpu_backend().decompositions()
 
 
 # ----------------------------------------------------------------------------- running on the chip
@@ -487,23 +487,35 @@ def _storages_through_traced(original: Callable[[torch.Tensor], set]) -> Callabl
 
 def install() -> None:
     """Register the tpu rules of `cond` and `while_loop`, and let their mode rules see through traced
-    tpu tensors (once)."""
+    tpu tensors (once). The rules of AOTAutograd's analysis mode and Dynamo's patch wait until those
+    modules are imported (`import_hooks`), by torch.compile, torch.export or a HOP's eager trace."""
     global _installed
     if _installed:
         return
+    for hop, rule in _hop_rules():
+        hop.py_impl(TpuTensor)(rule)
+        hop.py_impl(TpuData)(_on_handles(rule))
+        _route_modes_to_inner(hop)
+    import_hooks.when_imported("torch._functorch._aot_autograd.runtime_wrappers", _install_analysis_mode_rules)
+    import_hooks.when_imported("torch._dynamo.variables.higher_order_ops", _install_dynamo_storages)
+    _installed = True
+
+
+def _hop_rules() -> tuple[tuple[Any, Callable[..., Any]], ...]:
+    """Each HOP with its tpu rule."""
     from torch._higher_order_ops.cond import cond_op
     from torch._higher_order_ops.while_loop import while_loop_op, while_loop_stack_output_op
 
-    from torch._functorch._aot_autograd.runtime_wrappers import _AnalyzeCustomOpInputOutputMode
+    return ((cond_op, _cond_rule), (while_loop_op, _while_loop_rule), (while_loop_stack_output_op, _stacked_while_loop_rule))
 
-    for hop, rule in ((cond_op, _cond_rule), (while_loop_op, _while_loop_rule), (while_loop_stack_output_op, _stacked_while_loop_rule)):
-        hop.py_impl(TpuTensor)(rule)
-        hop.py_impl(TpuData)(_on_handles(rule))
-        hop.py_impl(_AnalyzeCustomOpInputOutputMode)(_past_analysis_mode(hop, _on_handles(rule)))
-    for hop in (cond_op, while_loop_op, while_loop_stack_output_op):
-        _route_modes_to_inner(hop)
-    from torch._dynamo.variables import higher_order_ops as dynamo_hops
 
+def _install_analysis_mode_rules(runtime_wrappers: Any) -> None:
+    """The HOPs' rules of AOTAutograd's custom-op analysis mode (see `_past_analysis_mode`)."""
+    for hop, rule in _hop_rules():
+        hop.py_impl(runtime_wrappers._AnalyzeCustomOpInputOutputMode)(_past_analysis_mode(hop, _on_handles(rule)))
+
+
+def _install_dynamo_storages(dynamo_hops: Any) -> None:
+    """Let Dynamo trace HOPs on traced tpu tensors (see `_storages_through_traced`)."""
     if not getattr(dynamo_hops.get_tensor_storages, "tpu_inner", False):
         dynamo_hops.get_tensor_storages = _storages_through_traced(dynamo_hops.get_tensor_storages)
-    _installed = True

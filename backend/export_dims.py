@@ -22,13 +22,16 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-from torch._dynamo.source import AttrSource, TensorProperty, TensorPropertySource
 from torch.utils._pytree import tree_leaves
 
+from tputrace.backend import import_hooks
 from tputrace.backend.tensor import TpuTensor
+
+if TYPE_CHECKING:
+    from torch._dynamo.source import TensorPropertySource
 
 _MARK = "_dynamo_weak_dynamic_indices"
 _installed = False
@@ -79,17 +82,25 @@ def _with_relaxed_inner_dims(process_equalities: Any) -> Any:
 
 def _inner_dims(outer_dims: list[TensorPropertySource]) -> Iterator[TensorPropertySource]:
     """The same dims of the inputs' `_inner` tensors (sources nothing tracks for a non-tpu input)."""
+    from torch._dynamo.source import AttrSource, TensorProperty, TensorPropertySource
+
     for outer_dim in outer_dims:
         yield TensorPropertySource(AttrSource(outer_dim.base, "_inner"), TensorProperty.SIZE, outer_dim.idx)
 
 
 def install() -> None:
-    """Wrap export's entry and its processing of `Dim` equalities (idempotent)."""
+    """Wrap export's processing of `Dim` equalities, and its entry once `torch.export._trace` is
+    imported (by the first export; idempotent)."""
     global _installed
     if _installed:
         return
-    from torch.export import _trace, dynamic_shapes
+    from torch.export import dynamic_shapes
 
-    _trace._export = _with_dynamic_inner_dims(_trace._export)
     dynamic_shapes._process_equalities = _with_relaxed_inner_dims(dynamic_shapes._process_equalities)
+    import_hooks.when_imported("torch.export._trace", _wrap_export_entry)
     _installed = True
+
+
+def _wrap_export_entry(trace_module: Any) -> None:
+    """Export's entry (`_trace._export`) with the inputs' inner dims dynamic."""
+    trace_module._export = _with_dynamic_inner_dims(trace_module._export)

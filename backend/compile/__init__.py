@@ -1,7 +1,8 @@
 """`torch.compile(model, backend="tpu")`: Dynamo graphs lowered through AOTAutograd to XLA programs.
 
-`register()` (called when `tputrace.backend` is imported) makes `"tpu"` a Dynamo backend, and the one
-`torch.compile(model)` uses for tpu tensors when no backend is named (`inductor_route.py`). Each FX graph
+`register()` (called when `tputrace.backend` is imported) makes `"tpu"` the backend `torch.compile(model)`
+uses for tpu tensors when no backend is named (`inductor_route.py`), and a Dynamo backend once
+`torch._dynamo` is imported (importing Dynamo takes seconds; torch.compile imports it). Each FX graph
 Dynamo captures goes through AOTAutograd with core ATen decompositions; each forward, backward or
 inference graph becomes one XLA program per concrete input signature, built from the same ATen
 lowerings as eager ops. `mode` is accepted as Inductor accepts it; `options={"shape_buckets": ...}`
@@ -15,32 +16,59 @@ written to it.
 from __future__ import annotations
 
 import warnings
+from types import ModuleType
+from typing import TYPE_CHECKING, Any
 
+from tputrace.backend import import_hooks
 from tputrace.backend.compile.settings import CompileSettings
 
+if TYPE_CHECKING:
+    from tputrace.backend.compile.backend import TpuBackend
+
 BACKEND_NAME = "tpu"
-_backend = None
+_backend: TpuBackend | None = None
+_registered = False
+
+
+def tpu_backend() -> TpuBackend:
+    """The `"tpu"` backend (made once)."""
+    global _backend
+    if _backend is None:
+        from tputrace.backend.compile.backend import TpuBackend
+        from tputrace.backend.compile.events import events
+
+        _backend = TpuBackend(events)
+    return _backend
 
 
 def register() -> None:
-    """Register the Dynamo backend `"tpu"` (idempotent)."""
-    global _backend
-    if _backend is not None:
+    """Route torch.compile's default backend for tpu graphs to `"tpu"`, and register `"tpu"` with
+    Dynamo when it is imported (idempotent)."""
+    global _registered
+    if _registered:
         return
-    from torch._dynamo.backends.registry import register_backend
-
     from tputrace.backend.compile import inductor_route
-    from tputrace.backend.compile.backend import TpuBackend
-    from tputrace.backend.compile.events import events
 
-    _backend = TpuBackend(events)
-    register_backend(compiler_fn=_backend, name=BACKEND_NAME)
-    inductor_route.install(_backend)
-    _keep_dynamo_out()
-    events.install()
+    inductor_route.install(_call_backend)
+    import_hooks.when_imported("torch._dynamo", _register_with_dynamo)
     # While a trace is recorded, tputrace's global module hooks (module paths for eager ops) make torch
     # warn at every call of a compiled module; inside compiled regions those hooks do nothing.
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
+    _registered = True
+
+
+def _call_backend(*args: Any, **kwargs: Any) -> Any:
+    return tpu_backend()(*args, **kwargs)
+
+
+def _register_with_dynamo(dynamo: ModuleType) -> None:
+    """Make `"tpu"` a Dynamo backend, record Dynamo's compile events, keep Dynamo out of tputrace."""
+    from torch._dynamo.backends.registry import register_backend
+
+    compiler = tpu_backend()
+    register_backend(compiler_fn=compiler, name=BACKEND_NAME)
+    _keep_dynamo_out()
+    compiler.events.install()
 
 
 # Traced by Dynamo on purpose: the recorder's module hooks do nothing inside a compiled region, and a
@@ -59,7 +87,7 @@ def _keep_dynamo_out() -> None:
     import torch._dynamo.trace_rules
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
-    backend_package = sys.modules["tputrace.backend"]  # still being imported when this runs
+    backend_package = sys.modules["tputrace.backend"]  # still being imported when Dynamo was imported first
     names = ["tputrace"] + [f"tputrace.backend.{module.name}" for module in pkgutil.iter_modules(backend_package.__path__)]
     for name in names:
         if name not in _TRACEABLE_MODULES:
@@ -104,4 +132,4 @@ def _module_code(module: object) -> list:
     return codes
 
 
-__all__ = ["BACKEND_NAME", "CompileSettings", "register"]
+__all__ = ["BACKEND_NAME", "CompileSettings", "register", "tpu_backend"]

@@ -17,7 +17,6 @@ from typing import Any
 import torch
 import torch.fx
 import torch.utils._pytree as pytree
-from torch._functorch._aot_autograd.functional_utils import from_fun, to_fun
 from torch._guards import detect_fake_mode
 from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -68,6 +67,7 @@ def decompose(gm: torch.fx.GraphModule, example_inputs: Sequence[Any], decomposi
     dense = _dense_implementations()
     if not any(node.op == "call_function" and node.target in dense for node in gm.graph.nodes):
         return gm
+    from torch._functorch._aot_autograd.functional_utils import from_fun, to_fun
 
     def run(*args: Any) -> Any:
         with FunctionalTensorMode():

@@ -11,11 +11,14 @@ exclude `self` first reset the touched positions to the reduction's identity.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from types import ModuleType
 
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+
+from tputrace.backend import import_hooks
 
 from ._util import UnloweredCase, canon_dim, is_float, is_integral
 from .compaction import set_positions
@@ -75,16 +78,17 @@ def index_put(self: Array, indices: Sequence[Array | None], values: Array, accum
     return _add_at(self, where, values) if accumulate else self.at[where].set(values)
 
 
-def _flex_zeros_and_scatter() -> torch._ops.OpOverload:
-    """FlexAttention's gradient of a captured tensor read by index in a `score_mod` (`bias[h]`)."""
-    import torch._dynamo._trace_wrapped_higher_order_op  # noqa: F401 - defines the flex_lib op
-
-    return torch.ops.flex_lib.zeros_and_scatter.default
-
-
-@lowers(_flex_zeros_and_scatter())
 def zeros_and_scatter(shape: Sequence[int], indices: Sequence[Array], values: Array) -> Array:
     return index_put(jnp.zeros(tuple(shape), values.dtype), indices, values, accumulate=True)
+
+
+def _lower_flex_zeros_and_scatter(defining_module: ModuleType) -> None:
+    """FlexAttention's gradient of a captured tensor read by index in a `score_mod` (`bias[h]`): its
+    op exists once Dynamo's module defining it is imported (Dynamo is not loaded before it is used)."""
+    lowers(torch.ops.flex_lib.zeros_and_scatter.default)(zeros_and_scatter)
+
+
+import_hooks.when_imported("torch._dynamo._trace_wrapped_higher_order_op", _lower_flex_zeros_and_scatter)
 
 
 @lowers(aten._unsafe_masked_index.default)
