@@ -12,6 +12,7 @@ Kinds:
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -21,7 +22,6 @@ from tputrace.backend.ops.registry import Lowering, lowering_for
 
 OpOverload = torch._ops.OpOverload
 
-_CORE_DECOMPOSITIONS = torch._decomp.core_aten_decompositions()
 _ALL_DECOMPOSITIONS = torch._decomp.decomposition_table
 
 # Ops whose `Scalar` arguments decide output shapes and so must stay compile-time constants.
@@ -128,10 +128,16 @@ def _functional_of_out(op: OpOverload) -> tuple[OpOverload | None, bool]:
     return factory, factory is not None
 
 
+@functools.cache
+def _core_decompositions() -> dict:
+    """torch's core ATen decompositions, built at the first op that asks (~0.16 s here), not at import."""
+    return torch._decomp.core_aten_decompositions()
+
+
 def _decomposition(op: OpOverload) -> object:
     if torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "CompositeImplicitAutograd"):
         return op.decompose
-    return _CORE_DECOMPOSITIONS.get(op) or _ALL_DECOMPOSITIONS.get(op)
+    return _core_decompositions().get(op) or _ALL_DECOMPOSITIONS.get(op)
 
 
 def classify(op: OpOverload) -> OpEntry:
