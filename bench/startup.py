@@ -1,0 +1,157 @@
+"""Startup benchmark: how long fresh processes take to load the tpu backend.
+
+Times, as the wall time of fresh processes (medians of `--rounds`):
+
+- `import tputrace.backend` (`python -c`), and `import torch, jax, jax.numpy` as the floor;
+- `tputrace run` of a tiny script (one op on the tpu, its trace written);
+- a host-only spawn child (`multiprocessing` spawn context; the script imports torch, the child does
+  nothing), as its parent times `start()` to `join()`, under plain Python and under `tputrace run`
+  (whose spawn children load the backend before the script is re-imported).
+
+With `--base DIR` (another checkout, e.g. a worktree of an older commit) every case also runs there,
+interleaved with this tree's in each round, so the two columns share the host's state. Results go to
+the `## Startup` section of bench/RESULTS.md.
+
+    python bench/startup.py [--base DIR] [--rounds N] [--no-write]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from results import write_section
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+TINY_SCRIPT = """\
+import torch
+print((torch.ones(3, device="tpu") * 2).sum().item())
+"""
+
+SPAWN_SCRIPT = """\
+import multiprocessing
+import sys
+import time
+
+import torch  # a training script's imports: the child imports them again
+
+
+def child() -> None:
+    pass
+
+
+if __name__ == "__main__":
+    process = multiprocessing.get_context("spawn").Process(target=child)
+    start = time.perf_counter()
+    process.start()
+    process.join()
+    elapsed = time.perf_counter() - start
+    if process.exitcode != 0:
+        sys.exit(f"the spawn child exited with {process.exitcode}")
+    with open(sys.argv[1], "w") as out:
+        out.write(str(elapsed))
+"""
+
+TPUTRACE_MAIN = "import sys; from tputrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
+
+
+def _environment(root: Path) -> dict[str, str]:
+    """The environment of a process that imports tputrace from `root` first."""
+    environment = dict(os.environ)
+    environment["PYTHONPATH"] = os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])
+    return environment
+
+
+def _wall(command: list[str], root: Path) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(command, env=_environment(root), cwd=root, capture_output=True, text=True)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{' '.join(command[:3])} ... failed in {root}: {result.stderr.strip().splitlines()[-1:]}")
+    return elapsed
+
+
+def _spawn_child(command_prefix: list[str], root: Path, work: Path) -> float:
+    script, out = work / "spawn_child.py", work / "spawn_child.txt"
+    _wall([*command_prefix, str(script), str(out)], root)
+    return float(out.read_text())
+
+
+def _cases(work: Path) -> dict[str, Callable[[Path], float]]:
+    (work / "tiny.py").write_text(TINY_SCRIPT)
+    (work / "spawn_child.py").write_text(SPAWN_SCRIPT)
+    trace = str(work / "tiny.tptrace")
+    run_prefix = [sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "-o", str(work / "spawn.tptrace")]
+    return {
+        "`import torch, jax, jax.numpy` (floor)": lambda root: _wall([sys.executable, "-c", "import torch, jax, jax.numpy"], root),
+        "`import tputrace.backend`": lambda root: _wall([sys.executable, "-c", "import tputrace.backend"], root),
+        "`tputrace run` of a one-op script (trace written)": lambda root: _wall(
+            [sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "-o", trace, str(work / "tiny.py")], root
+        ),
+        "host-only spawn child, plain Python": lambda root: _spawn_child([sys.executable], root, work),
+        "host-only spawn child, under `tputrace run`": lambda root: _spawn_child(run_prefix, root, work),
+    }
+
+
+def measure(roots: dict[str, Path], rounds: int) -> dict[str, dict[str, list[float]]]:
+    """Each case's wall times per checkout, the checkouts alternating within each round."""
+    times: dict[str, dict[str, list[float]]] = {}
+    with tempfile.TemporaryDirectory() as directory:
+        cases = _cases(Path(directory))
+        for case in cases:
+            times[case] = {name: [] for name in roots}
+        for round_number in range(rounds):
+            order = list(roots.items())
+            if round_number % 2:
+                order.reverse()
+            for case, run in cases.items():
+                for name, root in order:
+                    times[case][name].append(run(root))
+            print(f"round {round_number + 1}/{rounds} done", file=sys.stderr)
+    return times
+
+
+def render(times: dict[str, dict[str, list[float]]], rounds: int, load: float) -> str:
+    names = list(next(iter(times.values())))
+    header = "| case | " + " | ".join(f"{name} (median, range)" for name in names) + " |"
+    lines = [header, "|---" * (len(names) + 1) + "|"]
+    for case, per_root in times.items():
+        cells = [f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})" for values in per_root.values()]
+        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+    notes = (
+        f"Wall time of fresh processes, {rounds} rounds, the checkouts alternating within each round; "
+        f"1-minute load average {load:.1f} at the start (2 cores shared with other work)."
+    )
+    return "\n".join([*lines, "", notes])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base", type=Path, help="another checkout to time beside this one (its tputrace importable from it)")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--no-write", action="store_true", help="print only; leave bench/RESULTS.md alone")
+    arguments = parser.parse_args()
+    if arguments.rounds < 1:
+        parser.error("--rounds must be at least 1")
+    roots = {"this tree": REPO_ROOT}
+    if arguments.base is not None:
+        if not (arguments.base / "tputrace" / "__init__.py").is_file():
+            parser.error(f"--base {arguments.base}: no tputrace package there")
+        roots = {f"base ({arguments.base.name})": arguments.base.resolve(), **roots}
+    load = os.getloadavg()[0]
+    body = render(measure(roots, arguments.rounds), arguments.rounds, load)
+    print(body)
+    if not arguments.no_write:
+        write_section("Startup", body)
+
+
+if __name__ == "__main__":
+    main()
