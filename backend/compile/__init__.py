@@ -87,11 +87,17 @@ def _keep_dynamo_out() -> None:
     import torch._dynamo.trace_rules
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
+    package = sys.modules["tputrace"]
     backend_package = sys.modules["tputrace.backend"]  # still being imported when Dynamo was imported first
-    names = ["tputrace"] + [f"tputrace.backend.{module.name}" for module in pkgutil.iter_modules(backend_package.__path__)]
+    # Module by module: the package's directory holds the backend's, and `tputrace.backend.hooks` with it, in
+    # an installed tree (or a symlinked checkout); only an editable install keeps the backend apart.
+    names = [f"tputrace.{module.name}" for module in pkgutil.iter_modules(package.__path__) if module.name != "backend"]
+    names += [f"tputrace.backend.{module.name}" for module in pkgutil.iter_modules(backend_package.__path__)]
     for name in names:
         if name not in _TRACEABLE_MODULES:
             torch._dynamo.trace_rules.add(name)
+    torch._dynamo.trace_rules.SKIP_DIRS.append(package.__file__)  # `tputrace.step`, `tputrace.annotate`: the file alone
+    torch._dynamo.trace_rules._recompile_re()
     skip_all = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
     for name, module in list(sys.modules.items()):
         if (name == "tputrace" or name.startswith("tputrace.")) and name not in _TRACEABLE_MODULES and module is not None:
