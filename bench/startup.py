@@ -10,7 +10,8 @@ Times, as the wall time of fresh processes (medians of `--rounds`):
 
 With `--base DIR` (another checkout, e.g. a worktree of an older commit) every case also runs there,
 interleaved with this tree's in each round, so the two columns share the host's state. Results go to
-the `## Startup` section of bench/RESULTS.md.
+the `## Startup` section of bench/RESULTS.md. Beside the wall time of a whole process, its CPU time (user +
+system, its children included) is given: on a host shared with other work it varies less.
 
     python bench/startup.py [--base DIR] [--rounds N] [--no-write]
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -70,30 +72,37 @@ def _environment(root: Path) -> dict[str, str]:
     return environment
 
 
-def _wall(command: list[str], root: Path) -> float:
+Timing = tuple[float, float | None]  # (wall seconds, CPU seconds or None where not measured)
+
+
+def _run(command: list[str], root: Path) -> Timing:
+    """Wall and CPU time of a fresh process (and its children)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     result = subprocess.run(command, env=_environment(root), cwd=root, capture_output=True, text=True)
-    elapsed = time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if result.returncode != 0:
         raise SystemExit(f"{' '.join(command[:3])} ... failed in {root}: {result.stderr.strip().splitlines()[-1:]}")
-    return elapsed
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def _spawn_child(command_prefix: list[str], root: Path, work: Path) -> float:
+def _spawn_child(command_prefix: list[str], root: Path, work: Path) -> Timing:
+    """The spawn child's start to exit, as its parent times it."""
     script, out = work / "spawn_child.py", work / "spawn_child.txt"
-    _wall([*command_prefix, str(script), str(out)], root)
-    return float(out.read_text())
+    _run([*command_prefix, str(script), str(out)], root)
+    return float(out.read_text()), None
 
 
-def _cases(work: Path) -> dict[str, Callable[[Path], float]]:
+def _cases(work: Path) -> dict[str, Callable[[Path], Timing]]:
     (work / "tiny.py").write_text(TINY_SCRIPT)
     (work / "spawn_child.py").write_text(SPAWN_SCRIPT)
     trace = str(work / "tiny.tptrace")
     run_prefix = [sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "-o", str(work / "spawn.tptrace")]
     return {
-        "`import torch, jax, jax.numpy` (floor)": lambda root: _wall([sys.executable, "-c", "import torch, jax, jax.numpy"], root),
-        "`import tputrace.backend`": lambda root: _wall([sys.executable, "-c", "import tputrace.backend"], root),
-        "`tputrace run` of a one-op script (trace written)": lambda root: _wall(
+        "`import torch, jax, jax.numpy` (floor)": lambda root: _run([sys.executable, "-c", "import torch, jax, jax.numpy"], root),
+        "`import tputrace.backend`": lambda root: _run([sys.executable, "-c", "import tputrace.backend"], root),
+        "`tputrace run` of a one-op script (trace written)": lambda root: _run(
             [sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "-o", trace, str(work / "tiny.py")], root
         ),
         "host-only spawn child, plain Python": lambda root: _spawn_child([sys.executable], root, work),
@@ -101,9 +110,9 @@ def _cases(work: Path) -> dict[str, Callable[[Path], float]]:
     }
 
 
-def measure(roots: dict[str, Path], rounds: int) -> dict[str, dict[str, list[float]]]:
-    """Each case's wall times per checkout, the checkouts alternating within each round."""
-    times: dict[str, dict[str, list[float]]] = {}
+def measure(roots: dict[str, Path], rounds: int) -> dict[str, dict[str, list[Timing]]]:
+    """Each case's timings per checkout, the checkouts alternating within each round."""
+    times: dict[str, dict[str, list[Timing]]] = {}
     with tempfile.TemporaryDirectory() as directory:
         cases = _cases(Path(directory))
         for case in cases:
@@ -119,18 +128,31 @@ def measure(roots: dict[str, Path], rounds: int) -> dict[str, dict[str, list[flo
     return times
 
 
-def render(times: dict[str, dict[str, list[float]]], rounds: int, load: float) -> str:
+def _cell(timings: list[Timing]) -> str:
+    walls = [wall for wall, _ in timings]
+    text = f"{statistics.median(walls):.2f} s ({min(walls):.2f}-{max(walls):.2f})"
+    cpus = [cpu for _, cpu in timings if cpu is not None]
+    return f"{text}; CPU {statistics.median(cpus):.2f} s" if cpus else text
+
+
+def render(times: dict[str, dict[str, list[Timing]]], rounds: int, load: float) -> str:
     names = list(next(iter(times.values())))
-    header = "| case | " + " | ".join(f"{name} (median, range)" for name in names) + " |"
+    header = "| case | " + " | ".join(f"{name}: wall median (range)" for name in names) + " |"
     lines = [header, "|---" * (len(names) + 1) + "|"]
     for case, per_root in times.items():
-        cells = [f"{statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})" for values in per_root.values()]
-        lines.append(f"| {case} | " + " | ".join(cells) + " |")
+        lines.append(f"| {case} | " + " | ".join(_cell(timings) for timings in per_root.values()) + " |")
     notes = (
-        f"Wall time of fresh processes, {rounds} rounds, the checkouts alternating within each round; "
-        f"1-minute load average {load:.1f} at the start (2 cores shared with other work)."
+        f"Fresh processes, {rounds} rounds, the checkouts alternating within each round; CPU: median user + "
+        f"system time of the process and its children. 1-minute load average {load:.1f} at the start (2 cores "
+        "shared with other work)."
     )
     return "\n".join([*lines, "", notes])
+
+
+def _label(checkout: Path) -> str:
+    """A checkout's column title: its commit where git knows it, else its path."""
+    result = subprocess.run(["git", "-C", str(checkout), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    return f"base {result.stdout.strip()}" if result.returncode == 0 else f"base {checkout}"
 
 
 def main() -> None:
@@ -145,7 +167,7 @@ def main() -> None:
     if arguments.base is not None:
         if not (arguments.base / "tputrace" / "__init__.py").is_file():
             parser.error(f"--base {arguments.base}: no tputrace package there")
-        roots = {f"base ({arguments.base.name})": arguments.base.resolve(), **roots}
+        roots = {_label(arguments.base): arguments.base.resolve(), **roots}
     load = os.getloadavg()[0]
     body = render(measure(roots, arguments.rounds), arguments.rounds, load)
     print(body)
