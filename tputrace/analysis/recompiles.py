@@ -553,6 +553,7 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
     else:
         suggestion = (f"Give the batches copied at {copy_where} a fixed size (pad every batch to {sizes[-1]}) so each "
                       "program compiles once.")
+    anchor = entry.frame_id if entry is not None and entry.frame_id is not None else copy_frame
     finding = Finding(
         analyzer=NAME,
         severity=_severity(context, recompile_ns, len(steps_compiling)),
@@ -575,7 +576,8 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
         cost_total_ns=float(recompile_ns),
         cost_per_step_ns=context.per_step(recompile_ns),
         evidence=tuple(evidence),
-        **context.location_fields(copy_frame),
+        module=entry.module if entry else None,
+        **context.location_fields(anchor),
     )
     data = {
         "where": copy_where, "programs": names, "compiles": count, "recompile_ns": recompile_ns, "sizes": sizes,
