@@ -45,8 +45,6 @@ _SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
 _SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
 _SCALAR_WEAK = (True, True, False, True)
 _GRAPH_ONLY_REFS = 3
-# A node's reference to graph input i, shared: a recorded op allocates no tuple per input read.
-_INPUT_REFS = tuple((0, index) for index in range(4096))
 
 
 class LazyValue:
@@ -75,7 +73,7 @@ class PendingGraph:
     chip: int
     nodes: list[tuple[Plan, tuple]] = field(default_factory=list)
     inputs: list[Any] = field(default_factory=list)
-    input_index: dict[int, int] = field(default_factory=dict)
+    input_refs: dict[int, tuple[int, int]] = field(default_factory=dict)  # id of an input array -> a node's reference to it
     owners: list[weakref.ref] = field(default_factory=list)
     replaced_inputs: set[int] = field(default_factory=set)  # indices into `inputs` that an in-place update replaced
     op_records: list[tuple] = field(default_factory=list)
@@ -144,7 +142,9 @@ class DeferredExecutor:
         jax.eval_shape(plan.fn, *avals)
 
     def run(self, plan: Plan, dynamic: Sequence[Any], record_name: str | None = None, start_ns: int | None = None) -> tuple:
-        with self.lock:
+        lock = self.lock
+        lock.acquire()  # not `with`: every recorded op pays for the block
+        try:
             graph = self.graphs.get(plan.chip)
             if graph is None:
                 graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
@@ -154,12 +154,10 @@ class DeferredExecutor:
                 pending = [value for value in dynamic if type(value) is LazyValue and value.graph is graph]
                 self.flush_graph(graph, "size_cap", extra=pending)
                 graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
-            inputs = graph.inputs
-            input_index = graph.input_index
+            input_refs = graph.input_refs
             refs = []
             for value in dynamic:
-                value_type = type(value)
-                if value_type is LazyValue:
+                if type(value) is LazyValue:
                     if value.concrete is None:
                         if value.graph is graph:
                             refs.append((1, value.node, value.index))
@@ -167,20 +165,21 @@ class DeferredExecutor:
                         value = self._concrete_value(value, "transfer")
                     else:
                         value = value.concrete
-                    value_type = type(value)
-                kind = _SCALAR_KINDS.get(value_type)
-                if kind is not None:
-                    scalars = graph.scalars[kind]
-                    refs.append((2, kind, len(scalars)))
-                    scalars.append(value)
-                    continue
-                index = input_index.get(id(value))
-                if index is None:
-                    index = input_index[id(value)] = len(inputs)
+                ref = input_refs.get(id(value))  # an array the graph reads already (a scalar is never one)
+                if ref is None:
+                    kind = _SCALAR_KINDS.get(type(value))
+                    if kind is not None:
+                        scalars = graph.scalars[kind]
+                        refs.append((2, kind, len(scalars)))
+                        scalars.append(value)
+                        continue
+                    inputs = graph.inputs
+                    ref = input_refs[id(value)] = (0, len(inputs))
                     inputs.append(value)
-                refs.append(_INPUT_REFS[index] if index < 4096 else (0, index))
-            node = len(graph.nodes)
-            graph.nodes.append((plan, tuple(refs)))
+                refs.append(ref)
+            nodes = graph.nodes
+            node = len(nodes)
+            nodes.append((plan, tuple(refs)))
             specs = plan.out_specs
             if len(specs) == 1:
                 spec = specs[0]
@@ -190,6 +189,8 @@ class DeferredExecutor:
                     None if spec is None else LazyValue(graph, node, index, spec.shape, spec.jax_dtype, spec.nbytes)
                     for index, spec in enumerate(specs)
                 ])
+        finally:
+            lock.release()
         recorder = self.dispatcher.recorder
         if recorder is not None and record_name is not None:
             begin = start_ns if start_ns is not None else _perf_ns()
@@ -210,9 +211,9 @@ class DeferredExecutor:
         if type(value) is LazyValue and value.concrete is None:
             value.graph.owners.append(weakref.ref(buffer))
             if replaced is not None and type(replaced) is not LazyValue:
-                index = value.graph.input_index.get(id(replaced))
-                if index is not None:
-                    value.graph.replaced_inputs.add(index)
+                ref = value.graph.input_refs.get(id(replaced))
+                if ref is not None:
+                    value.graph.replaced_inputs.add(ref[1])
 
     @contextlib.contextmanager
     def holding(self, values: Sequence[Any]) -> Iterator[None]:
@@ -332,7 +333,7 @@ class DeferredExecutor:
         # A value still held from this graph (a view's cached read) must not keep its inputs alive: the
         # next flush would see a donated array as shared and copy it.
         graph.inputs = []
-        graph.input_index = {}
+        graph.input_refs = {}
         graph.owners = []
 
     @staticmethod

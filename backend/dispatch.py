@@ -253,12 +253,13 @@ class Dispatcher:
         """The common case: positional tpu tensors, Python scalars, constants and lists of constants
         (None if anything else). Returns (template args, dynamic values, input specs, chip). A call
         whose arguments are all dynamic shares one template; others build theirs from the first constant.
-        Every op's hot path: a tensor is added as `_append_tensor` adds it, inline (no call per argument)."""
+        Every op's hot path: a tensor is added as `_append_tensor` adds it, inline (no call per argument),
+        and an argument's position is counted from what is built (no `enumerate` tuple per argument)."""
         dynamic: list[Any] = []
         specs: list[tuple] = []
         template: list[Any] | None = None
         chip = -1
-        for position, value in enumerate(args):
+        for value in args:
             value_type = type(value)
             if value_type is TpuTensor:
                 buf = value._buf
@@ -275,8 +276,8 @@ class Dispatcher:
                 else:
                     dynamic.append(self.read(value))
                     specs.append((value._geom or geometry_of(value)).spec)
-            elif value_type in _NUMBER_TYPES and position in scalar_positions:
-                dynamic.append(value)
+            elif value_type in _NUMBER_TYPES and (len(dynamic) if template is None else len(template)) in scalar_positions:
+                dynamic.append(value)  # the position: every argument so far is dynamic, or has its template entry
                 specs.append(_SCALAR_SPECS[value_type])
             elif isinstance(value, torch.Tensor):
                 return None
@@ -286,7 +287,7 @@ class Dispatcher:
                         return None
                     value = tuple(value)
                 if template is None:
-                    template = list(_SLOTS[:position])  # every earlier argument was dynamic
+                    template = list(_SLOTS[: len(dynamic)])  # every earlier argument was dynamic
                 template.append(value)
                 continue
             if template is not None:
@@ -396,19 +397,19 @@ class Dispatcher:
         if ran is None:
             return self.fallback(entry, args, kwargs)
         plan, values, chip = ran
-        executor = self.executor
-        if plan.out_structure == "single":
-            spec = plan.out_specs[0]
-            if spec.storage_order is not None:
-                return self._channels_last_output(values[0], spec, chip)
+        spec = plan.single_output
+        if spec is not None:
+            executor = self.executor
             if executor.deferred:
                 output = new_tensor(values[0], chip, spec.buffer_spec, 0)
                 executor.own(output._buf)
             else:
                 output = new_tensor(values[0], chip, spec.buffer_spec, spec.nbytes)
             return output
-        outputs = [None if spec is None else self._new_output(value, spec, chip) for value, spec in zip(values, plan.out_specs)]
         structure = plan.out_structure
+        if structure == "single":
+            return self._channels_last_output(values[0], plan.out_specs[0], chip)
+        outputs = [None if spec is None else self._new_output(value, spec, chip) for value, spec in zip(values, plan.out_specs)]
         if structure == "tuple":
             return tuple(outputs)
         return outputs if structure == "list" else regroup(outputs, structure)
@@ -458,8 +459,9 @@ class Dispatcher:
         return plan
 
     def _run(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None) -> tuple[Plan, tuple, int] | None:
-        """Run (or record) a lowered op: its plan, output values and chip; None if it runs on the host."""
-        start = _perf_ns()
+        """Run (or record) a lowered op: its plan, output values and chip; None if it runs on the host.
+        Its start is read only for the recorder (None: the executor reads no clock)."""
+        start = _perf_ns() if self.recorder is not None else None
         generator = None
         if entry.generator_arg is not None:
             args, kwargs, generator = _take_generator(entry.generator_arg, args, kwargs)
@@ -489,7 +491,8 @@ class Dispatcher:
                 originals = _positional_originals(args, entry.scalar_positions)
             precision = matmul_precision.of_call(specs) if entry.lowering.matmul_precision else None
             plan = self._make_plan(entry, key, template_args, template_kwargs, dynamic, list(specs), originals, chip, precision)
-            start = _perf_ns()
+            if start is not None:
+                start = _perf_ns()
         if plan is _FALLBACK:
             return None
         return plan, self.executor.run(plan, dynamic, record_as or entry.name, start), chip

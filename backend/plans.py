@@ -109,6 +109,13 @@ class Plan:
     program: Program | None = None
     trace_ids: dict[str, int] = field(default_factory=dict)
     matmul_precision: str | None = None  # the float32 matmul precision setting its products were traced at
+    # The spec of a plan's one output when that output is a plain tensor (not channels-last): how
+    # `Dispatcher.compute` wraps an op's result with one attribute read (every op's hot path).
+    single_output: OutSpec | None = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        only = self.out_specs[0] if self.out_structure == "single" and len(self.out_specs) == 1 else None
+        self.single_output = only if only is not None and only.storage_order is None else None
 
     @property
     def inputs_text(self) -> str:
