@@ -10,11 +10,17 @@ from typing import Any, Protocol
 
 import jax
 
-from tputrace.backend import memory, program_cache
+from tputrace.backend import chips, memory, program_cache
 from tputrace.backend.plans import Plan, compile_program
 
 _perf_ns = time.perf_counter_ns
 _NOTHING_HELD = contextlib.nullcontext()
+# Python numbers already on a chip, as the weakly typed scalars jax.jit makes of them (bool strongly
+# typed): a program called with a Python number copies it to the chip on every call (~2-3 µs); the
+# same number (a scale, an eps, a step size) is usually passed again. Keyed by (type, value, chip).
+_DEVICE_SCALARS: dict[tuple[type, Any, int], jax.Array] = {}
+_MAX_DEVICE_SCALARS = 1024
+_INT64_RANGE = range(-(2**63), 2**63)
 
 
 class Executor(Protocol):
@@ -67,6 +73,8 @@ class StrictExecutor:
         if program is None:
             self.prepare(plan, dynamic)
             program = plan.program
+        if plan.scalar_inputs:
+            dynamic = _with_device_scalars(dynamic, plan.scalar_inputs, plan.chip)
         values = program.executable(*dynamic)
         if program.temp_bytes:  # its outputs are counted as its tensors are made
             memory.running(plan.chip, program.temp_bytes)
@@ -95,6 +103,32 @@ class StrictExecutor:
         if self.last_values is not None:
             jax.block_until_ready(self.last_values)
         jax.effects_barrier()
+
+
+def _with_device_scalars(dynamic: Sequence[Any], positions: tuple[int, ...], chip: int) -> list[Any]:
+    """The inputs with each Python int, float or bool at `positions` replaced by its array on the
+    chip (`_DEVICE_SCALARS`). A float zero (0.0 and -0.0 compare equal), a NaN and an int outside
+    int64 stay Python numbers, as does anything else (the program converts them as before)."""
+    inputs = list(dynamic)
+    for position in positions:
+        value = inputs[position]
+        kind = type(value)
+        if kind is float:
+            if value != value or value == 0.0:
+                continue
+        elif kind is int:
+            if value not in _INT64_RANGE:
+                continue
+        elif kind is not bool:
+            continue
+        key = (kind, value, chip)
+        array = _DEVICE_SCALARS.get(key)
+        if array is None:
+            if len(_DEVICE_SCALARS) >= _MAX_DEVICE_SCALARS:
+                _DEVICE_SCALARS.clear()  # values that never repeat (a decaying step size) start it over
+            array = _DEVICE_SCALARS[key] = jax.device_put(value, chips.device(chip))
+        inputs[position] = array
+    return inputs
 
 
 def switch(mode: str) -> None:

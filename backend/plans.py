@@ -112,10 +112,14 @@ class Plan:
     # The spec of a plan's one output when that output is a plain tensor (not channels-last): how
     # `Dispatcher.compute` wraps an op's result with one attribute read (every op's hot path).
     single_output: OutSpec | None = field(init=False, repr=False, compare=False)
+    # The inputs that are Python numbers (a scalar's spec is its type's name alone, a tensor's is
+    # (shape, dtype)): strict eager passes them to the program as arrays on the chip (`executor`).
+    scalar_inputs: tuple[int, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         only = self.out_specs[0] if self.out_structure == "single" and len(self.out_specs) == 1 else None
         self.single_output = only if only is not None and only.storage_order is None else None
+        self.scalar_inputs = tuple(index for index, spec in enumerate(self.in_specs) if len(spec) == 1)
 
     @property
     def inputs_text(self) -> str:

@@ -1,4 +1,5 @@
-"""Per-op cost on `tpu` (µs per op) for a small add and a small matmul: strict eager (DEFER_NEVER) and
+"""Per-op cost on `tpu` (µs per op) for a small add, a small matmul and a product with a Python number
+(`x * 2`, whose number is a program input): strict eager (DEFER_NEVER) and
 recording into a pending DeferAndFuse graph, next to what the same call costs elsewhere, measured
 interleaved in one process: torch on the CPU, a bare cached `jax.jit` call, and torch's own part of a
 Python device (an empty `__torch_dispatch__` subclass on `tpu` that returns a fresh wrapper tensor).
@@ -36,6 +37,7 @@ REPEATS = 15
 CALLS = 2000
 DEFERRED_CALLS = 500  # ops recorded into one pending graph per round; the flush is outside the timing
 SHAPE = (8, 8)
+OPS = ("add", "matmul", "x * 2")
 CASES = ("torch cpu", "torch dispatch only", "bare jax.jit", "tpu strict", "tpu DeferAndFuse record")
 
 
@@ -105,6 +107,7 @@ def measure(repeats: int) -> dict[tuple[str, str], Samples]:
     empty_a, empty_b = (torch.Tensor._make_wrapper_subclass(EmptyDevice, SHAPE, dtype=torch.float32, device=_TPU) for _ in range(2))
     jit_add = jax.jit(lambda a, b: a + b)
     jit_matmul = jax.jit(lambda a, b: a @ b)
+    jit_scale = jax.jit(lambda a, number: a * number)
     calls: dict[tuple[str, str], Callable[[], object]] = {
         ("add", "torch cpu"): lambda: cpu_a + cpu_b,
         ("add", "torch dispatch only"): lambda: empty_a + empty_b,
@@ -116,6 +119,11 @@ def measure(repeats: int) -> dict[tuple[str, str], Samples]:
         ("matmul", "bare jax.jit"): lambda: jit_matmul(jax_a, jax_b),
         ("matmul", "tpu strict"): lambda: tpu_a @ tpu_b,
         ("matmul", "tpu DeferAndFuse record"): lambda: tpu_a @ tpu_b,
+        ("x * 2", "torch cpu"): lambda: cpu_a * 2,
+        ("x * 2", "torch dispatch only"): lambda: empty_a * 2,
+        ("x * 2", "bare jax.jit"): lambda: jit_scale(jax_a, 2),
+        ("x * 2", "tpu strict"): lambda: tpu_a * 2,
+        ("x * 2", "tpu DeferAndFuse record"): lambda: tpu_a * 2,
     }
     warmup = Samples()
     for (_, case), fn in calls.items():
@@ -143,7 +151,7 @@ def render(samples: dict[tuple[str, str], Samples], repeats: int, load_before: t
         "| op (8x8 float32) | case | wall µs/op (min-max) | process CPU µs/op | main thread CPU µs/op (min) |",
         "|---|---|---|---|---|",
     ]
-    for op in ("add", "matmul"):
+    for op in OPS:
         for case in CASES:
             found = samples[(op, case)]
             rows.append(
@@ -160,12 +168,12 @@ def render(samples: dict[tuple[str, str], Samples], repeats: int, load_before: t
         return "/".join(f"{count * 1000 / found.ops:.1f}" for count in found.collections)
 
     notes = [
-        f"The backend's own share (main-thread CPU minima; XLA:CPU's worker threads excluded): strict = tpu strict - torch dispatch only - bare jax.jit: "
-        f"add {ours('add', 'tpu strict', 'torch dispatch only', 'bare jax.jit')} µs, matmul {ours('matmul', 'tpu strict', 'torch dispatch only', 'bare jax.jit')} µs; "
-        f"DeferAndFuse record - torch dispatch only: add {ours('add', 'tpu DeferAndFuse record', 'torch dispatch only')} µs, "
-        f"matmul {ours('matmul', 'tpu DeferAndFuse record', 'torch dispatch only')} µs.",
-        f"Garbage collections (generation 0/1/2) per 1,000 recorded DeferAndFuse ops: add {collections('add')}, matmul {collections('matmul')}; "
-        f"strict rounds: add {'/'.join(map(str, samples[('add', 'tpu strict')].collections))}, matmul {'/'.join(map(str, samples[('matmul', 'tpu strict')].collections))} in {samples[('add', 'tpu strict')].ops:,} ops each.",
+        "The backend's own share (main-thread CPU minima; XLA:CPU's worker threads excluded): strict = tpu strict - torch dispatch only - bare jax.jit: "
+        + ", ".join(f"{op} {ours(op, 'tpu strict', 'torch dispatch only', 'bare jax.jit')} µs" for op in OPS)
+        + "; DeferAndFuse record - torch dispatch only: "
+        + ", ".join(f"{op} {ours(op, 'tpu DeferAndFuse record', 'torch dispatch only')} µs" for op in OPS) + ".",
+        f"Garbage collections (generation 0/1/2) per 1,000 recorded DeferAndFuse ops: {', '.join(f'{op} {collections(op)}' for op in OPS)}; "
+        f"strict rounds: {', '.join(f'{op} ' + '/'.join(map(str, samples[(op, 'tpu strict')].collections)) for op in OPS)} in {samples[('add', 'tpu strict')].ops:,} ops each.",
         f"Load average ({os.cpu_count()} CPUs) before {', '.join(f'{value:.2f}' for value in load_before)}; after {', '.join(f'{value:.2f}' for value in load_after)}.",
     ]
     head = (

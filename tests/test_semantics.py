@@ -29,6 +29,24 @@ def test_int64_stays_64_bit() -> None:
     assert (big.to("tpu") * 2).dtype == torch.int64
 
 
+def test_python_numbers_of_equal_value_keep_their_own_type_and_sign() -> None:
+    """Strict eager passes a Python number to its op's program as an array kept on the chip for the
+    next call with that number: 2, 2.0 and True, 0.0 and -0.0, each NaN are told apart as torch does."""
+    ints = torch.arange(-3, 3)
+    floats = torch.tensor([1.0, -2.0, 0.5])
+    for host_tensor in (ints, floats):
+        chip_tensor = host_tensor.to("tpu")
+        for number in (2, 2.0, True, 2, 0.0, -0.0, float("nan"), 0.0, 2**40, 2.0):
+            for operation in (torch.mul, torch.add):
+                expected = operation(host_tensor, number)
+                result = host(operation(chip_tensor, number))
+                assert result.dtype == expected.dtype, (operation, number)
+                assert torch.equal(result.isnan(), expected.isnan()), (operation, number)
+                finite = ~expected.isnan()
+                assert torch.equal(result[finite], expected[finite]), (operation, number)
+                assert torch.equal(result[finite].signbit(), expected[finite].signbit()), (operation, number)
+
+
 def test_writes_through_views_reach_the_base_and_back() -> None:
     base = torch.zeros(3, 4, device="tpu")
     row = base[1]
