@@ -21,7 +21,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, matmul_precision, padded_reads, rng, sparse, transfers
+from tputrace.backend import arg_checks, chips, data_dependent, device_module, foreach_lists, generators, index_checks, mask_indexing, matmul_precision, memory, padded_reads, rng, sparse, transfers
 from tputrace.sourceloc import first_user_location
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
@@ -51,6 +51,7 @@ _perf_ns = time.perf_counter_ns
 _float32_matmul_precision = torch._C._get_float32_matmul_precision
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
+_WRITTEN = object()  # `_functional_result`'s answer when it wrote the result into its target
 _NO_CONTEXT = contextlib.nullcontext()
 _SLOTS = tuple(Slot(index) for index in range(1024))  # a foreach call over 76 parameters reads ~300 values
 _N_SLOTS = len(_SLOTS)
@@ -396,7 +397,10 @@ class Dispatcher:
         ran = self._run(entry, args, kwargs, record_as)
         if ran is None:
             return self.fallback(entry, args, kwargs)
-        plan, values, chip = ran
+        return self._outputs(*ran)
+
+    def _outputs(self, plan: Plan, values: Sequence[Any], chip: int) -> Any:
+        """A plan's output values as tpu tensors, in the structure the op returns."""
         spec = plan.single_output
         if spec is not None:
             executor = self.executor
@@ -712,7 +716,9 @@ class Dispatcher:
         if entry.lowering is not None:
             result = self.compute(entry, args, kwargs)
         elif entry.functional is not None:
-            result = self._functional_result(entry, args, kwargs)
+            result = self._functional_result(entry, args, kwargs, into=target)
+            if result is _WRITTEN:
+                return target
         elif entry.decomposition is not None:
             return entry.decomposition(*args, **kwargs)
         else:
@@ -733,11 +739,25 @@ class Dispatcher:
             entry = self.entries.setdefault(op, classify(op))
         return entry
 
-    def _functional_result(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+    def _functional_result(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, into: TpuTensor | None = None) -> Any:
+        """The result of a writing op's functional form. With `into`, an in-place op's target: a lowered
+        result of its dtype and shape is written into it as it is, with no tensor made (`_WRITTEN`)."""
         functional_entry = self._entry(entry.functional)
-        if functional_entry.kind == "lowered":
+        if functional_entry.kind != "lowered":
+            return self.dispatch(entry.functional, args, kwargs)
+        if into is None or padded_reads.cuts_made:
             return self.compute(functional_entry, args, kwargs, record_as=entry.name)
-        return self.dispatch(entry.functional, args, kwargs)
+        ran = self._run(functional_entry, args, kwargs, entry.name)
+        if ran is None:
+            return self.fallback(functional_entry, args, kwargs)
+        plan, values, chip = ran
+        spec = plan.single_output
+        if spec is not None and spec.dtype == into.dtype and spec.shape == into.shape:
+            if not self.executor.deferred:  # the result exists beside the target until written, as its tensor did
+                memory.running(chip, spec.nbytes)
+            self.write(into, values[0])
+            return _WRITTEN
+        return self._outputs(plan, values, chip)
 
     def _assign(self, target: TpuTensor, result: Any) -> None:
         """Write a computed tensor into `target`, casting and broadcasting as torch's in-place ops do."""
