@@ -209,3 +209,16 @@ print("ok")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env={**__import__("os").environ, "TPUTRACE_CHIPS": "2"})
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip() == "ok"
+
+
+def test_an_in_place_result_counts_toward_the_peak_while_it_exists_beside_its_target() -> None:
+    """Strict eager: `add_` computes its result beside the target before writing it in, so the peak
+    holds both, as a device allocator sees them; the live bytes stay the target's."""
+    target = torch.zeros(256, 256, device="tpu")
+    update = torch.ones(256, 256, device="tpu")
+    live = torch.tpu.memory_allocated()
+    torch.tpu.reset_peak_memory_stats()
+    target.add_(update)
+    assert torch.tpu.memory_allocated() == live
+    assert torch.tpu.max_memory_allocated() >= live + target.numel() * target.element_size()
+    assert host(target).eq(1).all()
