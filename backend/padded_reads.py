@@ -11,15 +11,18 @@ the first `length` are the op's on the cut, and the program is the padded length
 or `amin` of a cut (`x[mask].sum()`) reduces the padded buffer, its padding first set to the
 reduction's identity by a program that takes the length as a traced number.
 
-A masked loss and its backward (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
-`F.mse_loss(a[mask], b[mask])`) run on the padded buffers too: a mean divides the zero-padded sum
-by the count, and `nll_loss` and `mse_loss` (`ops.padded`) neutralise the padded rows, each program
-taking the length as a traced number; a softmax or log-softmax along another dim, `zeros_like`
-and `new_zeros` compute row by row or read only the dtype; the gradient of `x[mask]` scatters its
-padded rows through the mask (the k-th set element takes the k-th row, so rows past the count are
-never read), and the `expand` of a mean's or sum's gradient to the cut's length is broadcast to
-the padded length (`expand_in_backward`). Other ops that read the view (a matmul, a cumulative
-sum) need the exact shape, and compile for it as the op itself does.
+A masked loss and its backward (`F.cross_entropy(logits[mask], tokens[mask])` with or without
+`label_smoothing`, `x[mask].mean()`, `F.mse_loss(a[mask], b[mask])`, a linear layer on `x[mask]`)
+run on the padded buffers too: a mean divides the zero-padded sum by the count; `nll_loss`,
+`mse_loss`, a softmax along the cut dim and the weight gradient of a matmul (a sum over the rows)
+leave the padded rows out (`ops.padded`), each program taking the length as a traced number; a
+matmul of the rows, a softmax along another dim, a cumulative sum, `zeros_like` and `new_zeros`
+compute row by row (or prefix by prefix) or read only the dtype; `masked_fill_` of a cut writes
+its buffer before the length only; the gradient of `x[mask]` scatters its padded rows through the
+mask (the k-th set element takes the k-th row, so rows past the count are never read), and the
+`expand` of a gradient to the cut's length is broadcast to the padded length
+(`expand_in_backward`). Other ops that read the view (a reshape, a matmul with the cut on the
+right) need the exact shape, and compile for it as the op itself does.
 """
 
 from __future__ import annotations
@@ -35,12 +38,14 @@ from torch.autograd.graph import _engine_run_backward
 import jax.numpy as jnp
 from jax import Array, lax
 
+from tputrace.backend.arg_checks import check_write
 from tputrace.backend.entries import OpEntry
 from tputrace.backend.mask_counts import MASK_DTYPES
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
 from tputrace.backend.ops.registry import Lowering
 from tputrace.backend.tensor import TpuTensor, whole_buffer
+from tputrace.backend.views import ViewChain
 
 aten = torch.ops.aten
 _BACKEND_DIR = os.path.dirname(os.path.abspath(__file__))  # this module's package: the frames of the dispatch
@@ -64,7 +69,7 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     if padded._view is None:
         view._view.host_cut = (dim, length)
         if not cuts_made:
-            _route_expand_through_backward()
+            _route_through_cuts()
         cuts_made = True
         _padded_lengths.pop(length, None)
         if len(_padded_lengths) >= _REMEMBERED_LENGTHS:
@@ -73,25 +78,31 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     return view
 
 
-def _route_expand_through_backward() -> None:
-    """From the process's first cut on, `expand` tries `expand_in_backward` first; until then it
-    takes its plain view route, at no cost to processes that never cut."""
+def _route_through_cuts() -> None:
+    """From the process's first cut on, `expand` tries `expand_in_backward` first and `masked_fill_`
+    `masked_fill_on_cut`; until then they take their plain routes, at no cost to processes that never cut."""
     from tputrace.backend.dispatch import dispatcher  # dispatch imports this module
 
-    op = aten.expand.default
-    view_handler, entry = dispatcher.routes.get(id(op)) or dispatcher._route(op)
+    def first(op: Any, on_cut: Any) -> None:
+        handler, entry = dispatcher.routes.get(id(op)) or dispatcher._route(op)
 
-    def expand(args: Sequence[Any], kwargs: dict) -> Any:
-        broadcast = expand_in_backward(dispatcher, args, kwargs)
-        return view_handler(entry, args, kwargs) if broadcast is None else broadcast
+        def route(args: Sequence[Any], kwargs: dict) -> Any:
+            result = on_cut(dispatcher, op, args, kwargs)
+            return handler(entry, args, kwargs) if result is None else result
 
-    dispatcher.register_special(op, expand)
+        dispatcher.register_special(op, route)
+
+    first(aten.expand.default, lambda dispatcher, op, args, kwargs: expand_in_backward(dispatcher, args, kwargs))
+    for op in (aten.masked_fill_.Scalar, aten.masked_fill_.Tensor):
+        first(op, masked_fill_on_cut)
 
 
 def expand_in_backward(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
-    """`expand` run by autograd's backward to the length of a recent cut along one new or size-1 dim
-    (the backward of `x[mask].mean()` or `.sum()`: `grad.expand(x[mask].shape)`): the tensor
-    broadcast to the padded length, then cut, so that the gradient's ops run on the padded buffer.
+    """`expand` run by autograd's backward to the length of a recent cut along a new or size-1 dim
+    (the backward of `x[mask].mean()` or `.sum()`: `grad.expand(x[mask].shape)`; of the latest cut's
+    length where several dims have such lengths), or of a cut (or its `unsqueeze`) along another
+    dim: the tensor broadcast to the padded length, then cut, so that the gradient's ops run on the
+    padded buffer (the same values, whichever dim is taken).
     None (a plain view) elsewhere: outside a backward the result must alias its input, and so must
     that of an expand called from Python code in a backward (a custom Function's, a hook), which may
     write into it (torch refuses a write into an expanded tensor); autograd's own formulas, which
@@ -103,13 +114,55 @@ def expand_in_backward(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> An
     if leading < 0:
         return None
     size = [self.shape[dim - leading] if target == -1 and dim >= leading else target for dim, target in enumerate(size)]
+    source = _cut_or_unsqueezed(self)
+    if source is not None:  # the backward of a reduction along another dim (`x[mask].sum(1)`)
+        padded_self, cut_dim, length = source
+        cut_dim += leading
+        if size[cut_dim] != length:
+            return None
+        size[cut_dim] = padded_self.shape[cut_dim - leading]
+        return cut(aten.expand_copy.default(padded_self, size), cut_dim, length)
     dims = [dim for dim, target in enumerate(size) if target in _padded_lengths and target > 1 and (dim < leading or self.shape[dim - leading] == 1)]
-    if len(dims) != 1:
+    if not dims:
         return None
-    (dim,) = dims
+    recent = list(_padded_lengths)  # the latest cut last
+    dim = max(dims, key=lambda dim: (recent.index(size[dim]), -dim))
     length = size[dim]
     size[dim] = _padded_lengths[length]
     return cut(aten.expand_copy.default(self, size), dim, length)
+
+
+def _cut_or_unsqueezed(value: TpuTensor) -> tuple[TpuTensor, int, int] | None:
+    """(the padded buffer with the value's dims, the cut dim, the length) for a cut or an `unsqueeze`
+    of one; else None."""
+    if is_cut(value):
+        dim, length = value._view.host_cut
+        return whole_buffer(value), dim, length
+    under = _cut_then(value, aten.unsqueeze.default)
+    if under is None:
+        return None
+    dim, length, step = under
+    at = step.args[0] % value.dim()
+    return aten.unsqueeze.default(whole_buffer(value), at), dim + (at <= dim), length
+
+
+def masked_fill_on_cut(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+    """`masked_fill_` of a cut through a mask cut alike (`cross_entropy` with `label_smoothing` fills
+    the ignored rows of its smoothing term): `masked_fill` of the padded buffers, written into the
+    cut's buffer before the length only (`ops.padded.keep_past`); None (its plain route) elsewhere."""
+    self, mask, value = bound(op, args, kwargs)
+    if _shared_cut((self, mask)) is None or is_cut(value):
+        return None
+    check_write(self, (mask, value), op)
+    dim, length = self._view.host_cut
+    buffer = whole_buffer(self)
+    filled = dispatcher.compute(dispatcher._entry(_OUT_OF_PLACE[op]), (buffer, whole_buffer(mask), value), {}, str(op))
+    kept = dispatcher.compute(_KEEP_PAST, (filled, buffer, length), {"dim": dim}, str(op))
+    dispatcher.write(buffer, dispatcher.read(kept))
+    return self
+
+
+_OUT_OF_PLACE = {aten.masked_fill_.Scalar: aten.masked_fill.Scalar, aten.masked_fill_.Tensor: aten.masked_fill.Tensor}
 
 
 def _called_by_a_formula() -> bool:
@@ -241,10 +294,11 @@ def _reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     return cut(result, dim if keepdim else dim - sum(1 for axis in dims if axis < dim), length)
 
 
-def _padded_step(op: Any, fn: Any, length_at: int) -> OpEntry:
+def _padded_step(op: Any, fn: Any, length_at: int, *, matmul_precision: bool = False) -> OpEntry:
     """A program of `op` on padded buffers, recorded under its name, that takes the length as a
     traced number at `length_at` (one program per padded length)."""
-    return OpEntry(op, str(op), "lowered", lowering=Lowering(op, fn), shapes_from_lowering=True, scalar_positions=frozenset({length_at}))
+    lowering = Lowering(op, fn, matmul_precision=matmul_precision)
+    return OpEntry(op, str(op), "lowered", lowering=lowering, shapes_from_lowering=True, scalar_positions=frozenset({length_at}))
 
 
 _MEANS = {op: _padded_step(op, padded.mean_padded, 1) for op in (aten.mean.default, aten.mean.dim)}
@@ -252,6 +306,8 @@ _NLL_LOSS = _padded_step(aten.nll_loss_forward.default, padded.nll_loss_forward_
 _NLL_LOSS_BACKWARD = _padded_step(aten.nll_loss_backward.default, padded.nll_loss_backward_padded, 5)
 _MSE_LOSS = _padded_step(aten.mse_loss.default, padded.mse_loss_padded, 2)
 _MSE_LOSS_BACKWARD = _padded_step(aten.mse_loss_backward.default, padded.mse_loss_backward_padded, 3)
+_MM_OVER_ROWS = _padded_step(aten.mm.default, padded.mm_over_rows_padded, 2, matmul_precision=True)
+_KEEP_PAST = _padded_step(aten.where.self, padded.keep_past, 2)
 _NO_REDUCTION = 0
 
 
@@ -268,18 +324,54 @@ def _shared_cut(values: Sequence[Any]) -> tuple[int, int] | None:
 
 
 def _rowwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
-    """A softmax, log-softmax or their backward along a dim other than the cut's: each row of the
-    padded buffers is computed on its own, so the first `length` are the op's on the cuts."""
+    """A softmax, log-softmax or their backward of cuts alike. Along a dim other than the cut's, each
+    row of the padded buffers is computed on its own, so the first `length` are the op's on the cuts;
+    along the cut dim (a softmax over the selected rows), the padding is left out of the
+    normalisation (`ops.padded.softmax_along_cut_padded`)."""
     tensors = [value for value in args if isinstance(value, torch.Tensor)]
     shared = _shared_cut(tensors)
-    if shared is None or kwargs:
+    if shared is None or kwargs or len(args) != len(tensors) + 2:
         return None
     cut_dim, length = shared
-    along = args[len(tensors)]
-    if not -tensors[0].dim() <= along < tensors[0].dim() or along % tensors[0].dim() == cut_dim:
+    along, last = args[len(tensors):]
+    if not -tensors[0].dim() <= along < tensors[0].dim():
         return None
-    result = dispatcher.compute(entry, [whole_buffer(value) if isinstance(value, torch.Tensor) else value for value in args], kwargs, record_as)
+    padded_tensors = [whole_buffer(value) for value in tensors]
+    if along % tensors[0].dim() != cut_dim:
+        result = dispatcher.compute(entry, [*padded_tensors, along, last], kwargs, record_as)
+    else:
+        step, last_name, log = _ALONG_CUT[entry.op]
+        result = dispatcher.compute(step, (*padded_tensors, length), {"dim": cut_dim, last_name: last, "log": log}, record_as or entry.name)
     return cut(result, cut_dim, length)
+
+
+_ALONG_CUT = {  # op -> (its program along the cut dim, the name of its last argument, whether it is the log form)
+    aten._softmax.default: (_padded_step(aten._softmax.default, padded.softmax_along_cut_padded, 1), "half_to_float", False),
+    aten._log_softmax.default: (_padded_step(aten._log_softmax.default, padded.softmax_along_cut_padded, 1), "half_to_float", True),
+    aten._softmax_backward_data.default: (
+        _padded_step(aten._softmax_backward_data.default, padded.softmax_backward_along_cut_padded, 2), "input_dtype", False
+    ),
+    aten._log_softmax_backward_data.default: (
+        _padded_step(aten._log_softmax_backward_data.default, padded.softmax_backward_along_cut_padded, 2), "input_dtype", True
+    ),
+}
+_FLIP_CUT = _padded_step(aten.flip.default, padded.flip_cut_padded, 1)
+
+
+def _flip_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`flip` of a cut (the backward of its `cumsum`): along other dims, of its padded buffer; along
+    the cut dim, the cut's entries reversed to the front (`ops.padded.flip_cut_padded`); cut in turn."""
+    self, dims = bound(entry.op, args, kwargs)
+    if not is_cut(self):
+        return None
+    axes = [axis % self.dim() for axis in dims if -self.dim() <= axis < self.dim()]
+    if len(axes) != len(dims) or len(set(axes)) != len(axes):
+        return None  # the exact path raises torch's error
+    cut_dim, length = self._view.host_cut
+    if cut_dim not in axes:
+        return cut(dispatcher.compute(entry, (whole_buffer(self), dims), {}, record_as), cut_dim, length)
+    options = {"dims": tuple(axes), "cut_dim": cut_dim}
+    return cut(dispatcher.compute(_FLIP_CUT, (whole_buffer(self), length), options, record_as or entry.name), cut_dim, length)
 
 
 def _new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
@@ -289,8 +381,10 @@ def _new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dic
     return dispatcher.compute(entry, (whole_buffer(args[0]), *args[1:]), kwargs, record_as)
 
 
-def _like_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
-    """`zeros_like` and the like of a cut: of its padded buffer, cut in turn."""
+def _prefix_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """An op of one cut whose first `length` entries along the cut dim depend on the cut's only
+    (`zeros_like` and the like; a cumulative sum, product or logcumsumexp, each entry on those
+    before it): of its padded buffer, cut in turn."""
     if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
         return None
     dim, length = args[0]._view.host_cut
@@ -298,8 +392,11 @@ def _like_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: di
 
 
 def _loss_rows(self: Any, target: Any) -> int | None:
-    """The length of scores (N, C) and targets (N,) cut to the same number of rows; else None."""
-    if self.dim() != 2 or target.dim() != 1 or not is_cut(self) or not is_cut(target):
+    """The length of scores (N, C) and targets (N,), or (N, C, H, W) and (N, H, W) (`nll_loss2d`: the
+    samples of a batch kept by a mask), cut to the same number of rows; else None."""
+    if self.dim() not in (2, 4) or self.dim() != target.dim() + 1 or tuple(self.shape[2:]) != tuple(target.shape[1:]):
+        return None
+    if not is_cut(self) or not is_cut(target):
         return None
     (self_dim, length), (target_dim, target_length) = self._view.host_cut, target._view.host_cut
     if self_dim or target_dim or length != target_length or self._buf.array.shape[0] != target._buf.array.shape[0]:
@@ -365,6 +462,42 @@ def _mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any
     return cut(dispatcher.compute(_MSE_LOSS_BACKWARD, inputs, options, record_as or entry.name), cut_dim, length)
 
 
+def _cut_then(value: Any, view_op: Any) -> tuple[int, int, Any] | None:
+    """(the cut dim, the length, the step) when `value` is `view_op` applied to a cut (`.t()` of
+    `x[mask]`, its `unsqueeze(1)`); else None."""
+    if type(value) is not TpuTensor or value._view is None:
+        return None
+    steps = value._view.steps
+    if len(steps) != 2 or steps[1].key[0] is not view_op:
+        return None
+    under = ViewChain.root(steps[0]).host_cut  # the chain of the first step exists: it was made first
+    return None if under is None else (*under, steps[1])
+
+
+def _matmul_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`mm` or `addmm` of a 2-D row cut by a matrix that is not a cut (a linear layer on `x[mask]`, or
+    its input's gradient): each row of the product is its row's, so it runs on the padded rows and is
+    cut in turn. `mm` of a transposed row cut by a row cut of the same length (the weight's
+    gradient) sums over the rows: the real rows only (`ops.padded.mm_over_rows_padded`)."""
+    if entry.op is aten.mm.default:
+        bias, (mat1, mat2) = None, bound(entry.op, args, kwargs)
+    else:
+        bias, mat1, mat2, _, _ = bound(entry.op, args, kwargs)
+        if is_cut(bias) or (bias.dim() == 2 and bias.shape[0] != 1):
+            return None
+    if is_cut(mat1) and mat1.dim() == 2 and mat1._view.host_cut[0] == 0 and not is_cut(mat2):
+        padded_args = [whole_buffer(value) if value is mat1 else value for value in args]
+        padded_kwargs = {name: whole_buffer(value) if value is mat1 else value for name, value in kwargs.items()}
+        return cut(dispatcher.compute(entry, padded_args, padded_kwargs, record_as), 0, mat1._view.host_cut[1])
+    transposed = _cut_then(mat1, aten.t.default)
+    if bias is not None or transposed is None or not is_cut(mat2) or mat2.dim() != 2:
+        return None
+    cut_dim, length, _ = transposed
+    if cut_dim or mat2._view.host_cut != (0, length) or mat1._buf.array.shape[0] != mat2._buf.array.shape[0]:
+        return None
+    return dispatcher.compute(_MM_OVER_ROWS, (whole_buffer(mat1), whole_buffer(mat2), length), {}, record_as or entry.name)
+
+
 def _index_put_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`index_put` through one mask of values cut to the mask's count (the backward of `x[mask]`
     scatters its gradient so): the k-th set element takes the k-th row of the padded values, and
@@ -383,9 +516,13 @@ _ROUTES: dict[Any, Any] = {
     **{op: _reduction_on_padded for op in (*_IDENTITIES, *_MEANS)},
     **{op: _rowwise_on_padded for op in (aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)},
     **{op: _new_on_padded for op in (aten.new_zeros.default, aten.new_empty.default, aten.new_ones.default, aten.new_full.default, aten.new_empty_strided.default)},
-    **{op: _like_on_padded for op in (aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.full_like.default)},
-    aten.nll_loss_forward.default: _nll_loss_on_padded,
-    aten.nll_loss_backward.default: _nll_loss_backward_on_padded,
+    **{op: _prefix_on_padded for op in (aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.full_like.default)},
+    **{op: _prefix_on_padded for op in (aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default)},
+    aten.flip.default: _flip_on_padded,
+    aten.mm.default: _matmul_on_padded,
+    aten.addmm.default: _matmul_on_padded,
+    **{op: _nll_loss_on_padded for op in (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)},
+    **{op: _nll_loss_backward_on_padded for op in (aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)},
     aten.mse_loss.default: _mse_loss_on_padded,
     aten.mse_loss_backward.default: _mse_loss_backward_on_padded,
     **{op: _index_put_on_padded for op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)},

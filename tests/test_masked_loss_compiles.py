@@ -41,6 +41,24 @@ def _cross_entropy(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -
     return F.cross_entropy(logits[mask], tokens[mask])
 
 
+def _softmax_over_rows(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A listwise loss: softmax and log-softmax along the selected rows (the cut dim), against a detached
+    softmax of other logits over the same rows; with the token loss, so that the bias (which a softmax
+    along the rows cannot see) gets a gradient."""
+    logits = model(tokens)[mask]
+    teacher = model(tokens.flip(0)).detach()[mask].softmax(0)
+    listwise = (logits.softmax(0) * teacher).sum() - (F.log_softmax(logits, dim=0) * teacher).sum()
+    return F.cross_entropy(logits, tokens[mask]) + listwise
+
+
+def _kept_images(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`nll_loss2d`: per-pixel cross-entropy of the samples a mask keeps from a batch of 64 2x2 images
+    (each token and its next three in the row), scores (N, C, H, W) cut along N."""
+    pixels = torch.stack([tokens.roll(-shift, 1) for shift in range(4)], -1).reshape(64, 2, 2)
+    kept = mask.reshape(64)
+    return F.cross_entropy(model(pixels).permute(0, 3, 1, 2)[kept], pixels[kept])
+
+
 LOSSES: dict[str, Loss] = {
     "cross_entropy": _cross_entropy,
     "cross_entropy sum": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], reduction="sum"),
@@ -48,6 +66,13 @@ LOSSES: dict[str, Loss] = {
     "(a[mask] - b[mask]).pow(2).mean()": lambda model, tokens, mask: (model(tokens)[mask] - model(tokens + 1)[mask]).pow(2).mean(),
     "mse_loss": lambda model, tokens, mask: F.mse_loss(model(tokens)[mask], model(tokens.flip(0)).detach()[mask]),
     "mse_loss sum": lambda model, tokens, mask: F.mse_loss(model(tokens)[mask], model(tokens.flip(0)).detach()[mask], reduction="sum"),
+    "cross_entropy label_smoothing": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], label_smoothing=0.1),
+    "linear(x[mask])": lambda model, tokens, mask: F.cross_entropy(model[1](model[0](tokens)[mask]), tokens[mask]),
+    "x[mask] @ W": lambda model, tokens, mask: F.cross_entropy(model[0](tokens)[mask] @ model[1].weight.t(), tokens[mask]),
+    "softmax over the selected rows": _softmax_over_rows,
+    "cross_entropy of kept images": _kept_images,
+    "x[mask].pow(2).sum(), 20 wide as a count": lambda model, tokens, mask: model(tokens)[..., :20][mask].pow(2).sum(),
+    "x[mask].cumsum(0)": lambda model, tokens, mask: model(tokens)[mask].cumsum(0).pow(2).mean(),
 }
 
 

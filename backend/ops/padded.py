@@ -17,7 +17,8 @@ import torch
 from jax import lax
 
 from ._util import canon_dim, jax_dtype, opmath, to_float
-from .nn import nll_loss_backward, nll_loss_forward
+from .linalg import mm
+from .nn import log_softmax, log_softmax_backward_data, nll_loss_backward, nll_loss_forward, softmax, softmax_backward_data
 
 Array = jax.Array
 _MEAN = 1
@@ -83,3 +84,44 @@ def mean_padded(self: Array, length: Array, *, cut_dim: int, dims: Sequence[int]
     total = jnp.sum(summed, axis=axes, keepdims=keepdim)
     count = _real_count([self.shape[axis] for axis in axes], length, axes.index(cut_dim))
     return (total / count).astype(jax_dtype(dtype) or self.dtype)
+
+
+def mm_over_rows_padded(self: Array, mat2: Array, length: Array) -> Array:
+    """`self.t() @ mat2` of two row-cut buffers (the weight gradient of a linear layer on a cut):
+    the sum over their first `length` rows, with the padded rows zeroed in both (padding may hold
+    anything, NaN included)."""
+    real_self = jnp.where(real_rows(self, length), self, jnp.zeros_like(self))
+    real_mat2 = jnp.where(real_rows(mat2, length), mat2, jnp.zeros_like(mat2))
+    return mm(real_self.T, real_mat2).astype(self.dtype)
+
+
+def keep_past(written: Array, original: Array, length: Array, *, dim: int) -> Array:
+    """`written` before `length` along `dim` and `original` from there on: an in-place op on a cut
+    writes only the cut's entries of its buffer."""
+    return jnp.where(real_rows(original, length, dim), written.astype(original.dtype), original)
+
+
+def softmax_along_cut_padded(self: Array, length: Array, *, dim: int, half_to_float: bool, log: bool) -> Array:
+    """`_softmax` (or `_log_softmax`) of `self` cut to `length` along `dim`, the dim it normalises:
+    the padding counts as -inf, and is zero in the result (so that no padded entry reaches a sum)."""
+    real = real_rows(self, length, dim)
+    normalised = (log_softmax if log else softmax)(jnp.where(real, self, jnp.asarray(-jnp.inf, self.dtype)), dim, half_to_float)
+    return jnp.where(real, normalised, 0).astype(jnp.float32 if half_to_float else self.dtype)
+
+
+def softmax_backward_along_cut_padded(grad_output: Array, output: Array, length: Array, *, dim: int, input_dtype: torch.dtype, log: bool) -> Array:
+    """The backward of `softmax_along_cut_padded`: the padded entries of the gradient and the output
+    are zeroed before the sum along `dim`, and the padded entries' gradient is zero."""
+    real = real_rows(output, length, dim)
+    grad = jnp.where(real, grad_output, jnp.zeros_like(grad_output))
+    result = (log_softmax_backward_data if log else softmax_backward_data)(grad, jnp.where(real, output, jnp.zeros_like(output)), dim, input_dtype)
+    return jnp.where(real, result, 0).astype(jax_dtype(input_dtype))
+
+
+def flip_cut_padded(self: Array, length: Array, *, dims: Sequence[int], cut_dim: int) -> Array:
+    """`flip` of `self` cut to `length` along `cut_dim`, which `dims` includes: the first `length`
+    entries along it are the cut's in reverse (the entries past them are padding)."""
+    others = tuple(axis for axis in dims if axis != cut_dim)
+    flipped = jnp.flip(self, axis=others) if others else self
+    positions = (length - 1 - jnp.arange(self.shape[cut_dim], dtype=jnp.int32)) % self.shape[cut_dim]
+    return jnp.take(flipped, positions, axis=cut_dim)
