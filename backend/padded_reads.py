@@ -19,10 +19,12 @@ leave the padded rows out (`ops.padded`), each program taking the length as a tr
 matmul of the rows, a softmax along another dim, a cumulative sum, `zeros_like` and `new_zeros`
 compute row by row (or prefix by prefix) or read only the dtype; `masked_fill_` of a cut writes
 its buffer before the length only; the gradient of `x[mask]` scatters its padded rows through the
-mask (the k-th set element takes the k-th row, so rows past the count are never read), and the
+mask (the k-th set element takes the k-th row, so rows past the count are never read), the
 `expand` of a gradient to the cut's length is broadcast to the padded length
-(`expand_in_backward`). Other ops that read the view (a reshape, a matmul with the cut on the
-right) need the exact shape, and compile for it as the op itself does.
+(`expand_in_backward`) and its `squeeze` copies the padded buffer (`squeeze_in_backward`), and a
+pointwise op reads a cut's `unsqueeze` (`weights.unsqueeze(-1) * rows`) as the padded buffer's.
+Other ops that read the view (a reshape, a matmul with the cut on the right) need the exact shape,
+and compile for it as the op itself does.
 """
 
 from __future__ import annotations
@@ -79,8 +81,9 @@ def cut(padded: Any, dim: int, length: int) -> Any:
 
 
 def _route_through_cuts() -> None:
-    """From the process's first cut on, `expand` tries `expand_in_backward` first and `masked_fill_`
-    `masked_fill_on_cut`; until then they take their plain routes, at no cost to processes that never cut."""
+    """From the process's first cut on, `expand` tries `expand_in_backward` first, `squeeze(dim)`
+    `squeeze_in_backward` and `masked_fill_` `masked_fill_on_cut`; until then they take their plain
+    routes, at no cost to processes that never cut."""
     from tputrace.backend.dispatch import dispatcher  # dispatch imports this module
 
     def first(op: Any, on_cut: Any) -> None:
@@ -93,6 +96,7 @@ def _route_through_cuts() -> None:
         dispatcher.register_special(op, route)
 
     first(aten.expand.default, lambda dispatcher, op, args, kwargs: expand_in_backward(dispatcher, args, kwargs))
+    first(aten.squeeze.dim, squeeze_in_backward)
     for op in (aten.masked_fill_.Scalar, aten.masked_fill_.Tensor):
         first(op, masked_fill_on_cut)
 
@@ -132,24 +136,59 @@ def expand_in_backward(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> An
     return cut(aten.expand_copy.default(self, size), dim, length)
 
 
-def _cut_or_unsqueezed(value: TpuTensor) -> tuple[TpuTensor, int, int] | None:
-    """(the padded buffer with the value's dims, the cut dim, the length) for a cut or an `unsqueeze`
-    of one; else None."""
+def _cut_layout(value: Any) -> tuple[int, int, int | None] | None:
+    """(the cut dim in the value, the length, the dim an `unsqueeze` inserted or None) for a cut or an
+    `unsqueeze` of one (`weights.unsqueeze(-1)`); else None."""
     if is_cut(value):
-        dim, length = value._view.host_cut
-        return whole_buffer(value), dim, length
+        return (*value._view.host_cut, None)
     under = _cut_then(value, aten.unsqueeze.default)
     if under is None:
         return None
     dim, length, step = under
     at = step.args[0] % value.dim()
-    return aten.unsqueeze.default(whole_buffer(value), at), dim + (at <= dim), length
+    return dim + (at <= dim), length, at
+
+
+def _padded_of(value: TpuTensor, unsqueezed_at: int | None) -> TpuTensor:
+    """The padded buffer of a cut, or of the cut an `unsqueeze` at `unsqueezed_at` was applied to, seen
+    with the value's dims (`_cut_layout`)."""
+    buffer = whole_buffer(value)
+    return buffer if unsqueezed_at is None else aten.unsqueeze.default(buffer, unsqueezed_at)
+
+
+def _cut_or_unsqueezed(value: TpuTensor) -> tuple[TpuTensor, int, int] | None:
+    """(the padded buffer with the value's dims, the cut dim, the length) for a cut or an `unsqueeze`
+    of one; else None."""
+    layout = _cut_layout(value)
+    if layout is None:
+        return None
+    dim, length, unsqueezed_at = layout
+    return _padded_of(value, unsqueezed_at), dim, length
+
+
+def squeeze_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+    """`squeeze(dim)` of a cut run by autograd's backward (the gradient of `weights.unsqueeze(-1)`)
+    along a size-1 dim other than the cut's: a copy of the padded buffer squeezed, cut in turn, so
+    that the gradient's ops run on the padded buffer. None (a plain view) elsewhere, as for
+    `expand_in_backward`."""
+    if not is_cut(args[0]):
+        return None
+    self, dim = bound(op, args, kwargs)
+    if not -self.dim() <= dim < self.dim() or torch._C._current_graph_task_id() == -1 or not _called_by_a_formula():
+        return None
+    dim %= self.dim()
+    cut_dim, length = self._view.host_cut
+    if dim == cut_dim or self.shape[dim] != 1:
+        return None
+    return cut(aten.squeeze_copy.dim(whole_buffer(self), dim), cut_dim - (dim < cut_dim), length)
 
 
 def masked_fill_on_cut(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`masked_fill_` of a cut through a mask cut alike (`cross_entropy` with `label_smoothing` fills
     the ignored rows of its smoothing term): `masked_fill` of the padded buffers, written into the
     cut's buffer before the length only (`ops.padded.keep_past`); None (its plain route) elsewhere."""
+    if not is_cut(args[0]):
+        return None
     self, mask, value = bound(op, args, kwargs)
     if _shared_cut((self, mask)) is None or is_cut(value):
         return None
@@ -193,12 +232,15 @@ def on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, re
 
 
 def _pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
-    """A pointwise op whose inputs include cuts, run on their padded buffers and cut to the length;
-    None when it cannot be: an op that is not pointwise (or draws random numbers), cuts of different
-    lengths, dims or padded lengths, or another input that does not broadcast along the cut dim."""
+    """A pointwise op whose inputs include cuts (or their `unsqueeze`), run on their padded buffers and
+    cut to the length; None when it cannot be: an op that is not pointwise (or draws random numbers),
+    cuts of different lengths, dims or padded lengths, or another input that does not broadcast along
+    the cut dim."""
     if not _is_pointwise(entry) or any(is_cut(value) for value in kwargs.values()):
         return None
-    cuts = {position: _cut_from_end(value) for position, value in enumerate(args) if is_cut(value)}
+    layouts = {position: _cut_layout(value) for position, value in enumerate(args) if type(value) is TpuTensor}
+    layouts = {position: layout for position, layout in layouts.items() if layout is not None}
+    cuts = {position: _cut_from_end(args[position], layout) for position, layout in layouts.items()}
     if len(set(cuts.values())) != 1:
         return None
     from_end, length, _ = next(iter(cuts.values()))
@@ -209,7 +251,7 @@ def _pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
         return None
     if shape[from_end] != length or any(len(other) >= -from_end and other[from_end] != 1 for other in others):
         return None
-    padded_args = [whole_buffer(value) if position in cuts else value for position, value in enumerate(args)]
+    padded_args = [_padded_of(value, layouts[position][2]) if position in cuts else value for position, value in enumerate(args)]
     result = dispatcher.compute(entry, padded_args, kwargs, record_as)
     return cut(result, result.dim() + from_end, length)
 
@@ -219,10 +261,11 @@ def is_cut(value: Any) -> bool:
     return type(value) is TpuTensor and value._view is not None and value._view.host_cut is not None
 
 
-def _cut_from_end(value: TpuTensor) -> tuple[int, int, int]:
-    """(the cut dim counted from the end, as broadcasting aligns dims; the length; the padded length)."""
-    dim, length = value._view.host_cut
-    return dim - value.dim(), length, value._buf.array.shape[dim]
+def _cut_from_end(value: TpuTensor, layout: tuple[int, int, int | None]) -> tuple[int, int, int]:
+    """(the cut dim counted from the end, as broadcasting aligns dims; the length; the padded length)
+    of a value of that `_cut_layout`."""
+    dim, length, unsqueezed_at = layout
+    return dim - value.dim(), length, value._buf.array.shape[dim - (unsqueezed_at is not None and unsqueezed_at < dim)]
 
 
 def _is_pointwise(entry: Any) -> bool:

@@ -59,6 +59,15 @@ def _kept_images(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> 
     return F.cross_entropy(model(pixels).permute(0, 3, 1, 2)[kept], pixels[kept])
 
 
+def _attention_pooling(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Attention over the selected positions: a score per selected row, a softmax over them (along the
+    cut dim), the rows' weighted sum, then its logits' cross-entropy."""
+    hidden = model[0](tokens)[mask]
+    weights = (hidden * model[1].weight[0]).sum(-1).softmax(0)
+    pooled = (weights.unsqueeze(-1) * hidden).sum(0)
+    return F.cross_entropy(model[1](pooled).unsqueeze(0), tokens[0, :1])
+
+
 LOSSES: dict[str, Loss] = {
     "cross_entropy": _cross_entropy,
     "cross_entropy sum": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], reduction="sum"),
@@ -70,6 +79,7 @@ LOSSES: dict[str, Loss] = {
     "linear(x[mask])": lambda model, tokens, mask: F.cross_entropy(model[1](model[0](tokens)[mask]), tokens[mask]),
     "x[mask] @ W": lambda model, tokens, mask: F.cross_entropy(model[0](tokens)[mask] @ model[1].weight.t(), tokens[mask]),
     "softmax over the selected rows": _softmax_over_rows,
+    "attention over the selected rows": _attention_pooling,
     "cross_entropy of kept images": _kept_images,
     "x[mask].pow(2).sum(), 20 wide as a count": lambda model, tokens, mask: model(tokens)[..., :20][mask].pow(2).sum(),
     "x[mask].cumsum(0)": lambda model, tokens, mask: model(tokens)[mask].cumsum(0).pow(2).mean(),
@@ -199,3 +209,25 @@ def test_a_traced_masked_loss_loop_compiles_per_padded_length(tmp_path: Path, mo
         assert trace.sql("SELECT COUNT(*) FROM compiles WHERE step >= ?", (len(_SEEN_COUNTS),)) == [(0,)]
         diffs = [trace.string(diff_sid) or "" for (diff_sid,) in trace.sql("SELECT diff_sid FROM compiles WHERE reason = 'recompile'")]
     assert any("20 -> 24" in diff for diff in diffs)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_masked_fill_of_a_slice_laid_out_as_a_cut_writes_only_the_slice(mode: EagerMode) -> None:
+    """`y[:25]` of a 28-long tensor has the layout of a cut of length 25 from a padded length of 28, so
+    its `masked_fill_` takes the cut's route: the entries of `y` past the slice keep their values, and
+    the cut itself and what it was cut from equal the CPU's."""
+
+    def fill(device: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        values = torch.arange(40.0, device=device)
+        selected = values[values < 25]
+        assert padded_length(len(selected), 40) == 28
+        mask = selected > 3
+        whole = torch.full((28,), 7.0, device=device)
+        whole[:25].masked_fill_(torch.ones_like(mask), 1.0)  # set in the padding too: a write there would show
+        selected.masked_fill_(mask, -1.0)
+        return whole.cpu(), selected.cpu(), values.cpu()
+
+    expected = fill("cpu")
+    with eager(mode):
+        for result, wanted in zip(fill("tpu"), expected):
+            torch.testing.assert_close(result, wanted)
