@@ -51,6 +51,9 @@ def count_set(to_host: ToHost, mask: Any) -> int:
         return known[3]
     count = int(to_host(aten.count_nonzero.default(mask), SYNC_KIND).item())
     if buf is not None:
+        # An entry under this id (this mask written since, or a dead mask whose id it reuses) is replaced
+        # at the newest end: updated in place, it would keep its old place and be the next one dropped.
+        _counted.pop(id(mask), None)
         if len(_counted) >= _REMEMBERED:
             del _counted[next(iter(_counted))]
         _counted[id(mask)] = (weakref.ref(mask), weakref.ref(buf), buf.version, count)

@@ -106,8 +106,9 @@ def test_a_chip_mask_is_read_only_as_its_count(mode: EagerMode, density: float) 
         torch.testing.assert_close(host(grid.grad), expected_input.grad)
     assert fallbacks == []
     if read_sizes != [1, 1, 1] and (density, mode) == (0.03, EagerMode.DEFER_NEVER):
-        # Seen once, in the full suite's order only (alone and after the neighbouring files it reads 3):
-        # one count read again. Open, in the session note; values, gradients and fallbacks are checked above.
+        # Seen once, in the full suite's order only: a dead mask's count entry under the id of `mask`
+        # made its new entry the next dropped (fixed in mask_counts, covered by the test below); kept
+        # until a full run confirms. Values, gradients and fallbacks are checked above.
         pytest.xfail(f"an extra count read after earlier tests: {read_sizes}")
     assert read_sizes == [1, 1, 1]
 
@@ -146,3 +147,37 @@ def test_writes_through_a_chip_mask_with_other_indices_run_on_the_chip(mode: Eag
         written = write(_grid("tpu")[..., 0].clone(), columns.to("tpu"), rows.to("tpu"))
         torch.testing.assert_close(host(written), expected)
     assert fallbacks == []
+
+
+def test_a_mask_counted_again_after_a_write_is_remembered_as_the_newest() -> None:
+    """A mask written since its count is counted again; its new count is then the newest remembered,
+    not dropped by the masks counted after it (as when its entry kept its old place: the test of a
+    mask read only as its count once read it twice, after earlier tests left a dead mask's entry
+    under its id)."""
+    from tputrace.backend import mask_counts
+    from tputrace.backend.dispatch import dispatcher
+
+    values = torch.arange(12.0).to("tpu")
+    masks = [(torch.arange(12) % (index + 2) == 0).to("tpu") for index in range(mask_counts._REMEMBERED)]
+    rewritten = masks[1]
+    reads: list[int] = []
+    to_host = dispatcher.to_host
+
+    def counted(tensor: torch.Tensor, sync_kind: str) -> torch.Tensor:
+        reads.append(tensor.numel())
+        return to_host(tensor, sync_kind)
+
+    with eager(EagerMode.DEFER_NEVER):
+        for mask in masks:
+            values[mask]
+        rewritten[0] = True  # its buffer's version changes: the next count reads it again
+        dispatcher.to_host = counted
+        try:
+            values[rewritten]
+            for remainder in (1, 2):  # two more masks counted after it
+                values[(torch.arange(12) % 5 == remainder).to("tpu")]
+            selected = values[rewritten]
+        finally:
+            del dispatcher.to_host
+    assert reads == [1, 1, 1]
+    assert host(selected).tolist() == [0.0, 3.0, 6.0, 9.0]
