@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import re
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tputrace.analysis import data_sizes, host_inputs, program_cache
@@ -437,7 +438,6 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
         )
     else:
         suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
-    share = context.share_of_wall(recompile_ns)
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
     where = context.where(anchor)
     return Finding(
@@ -451,9 +451,7 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
             f"The {storm.kind} program {storm.name} (flushed at {site}) was compiled {count} times because its input shapes "
             f"kept changing: {main.label} took {len(main.distinct)} values ({values_text})"
             + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
-            + f". Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
-            f"({share:.0%} of the run)"
-            + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps." if context.step_count else ".")
+            + f". {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling)}."
         ),
         suggestion=suggestion,
         cost_total_ns=float(recompile_ns),
@@ -463,6 +461,15 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
         **context.location_fields(anchor),
     )
 
+
+
+def _compile_cost_text(context: AnalysisContext, total_ns: int, recompile_ns: int, steps_compiling: Sequence[int]) -> str:
+    """What a storm's compiles cost, as a finding's explanation says it (no closing full stop)."""
+    text = (f"Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
+            f"({context.share_of_wall(recompile_ns):.0%} of the run)")
+    if context.step_count:
+        text += f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps"
+    return text
 
 def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, tuple[Storm, list[Storm]]]:
     """The storms whose changing size is that of a batch copied from the host, by the copying line: first those
@@ -521,7 +528,6 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
     listed = ", ".join(
         f"{storm.name} ({storm.count}×, at {context.where(storm.frame_id)})" for storm in storms[:MAX_LISTED_PROGRAMS]
     ) + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
-    share = context.share_of_wall(recompile_ns)
     evidence = [context.evidence_at(
         f"host-to-chip copies at {copy_where} have the bytes of the programs' changing inputs in the steps that compiled",
         copy_frame, table="transfers",
@@ -565,9 +571,7 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
             f"The data copied from the host at {copy_where} came in {len(sizes)} sizes ({_values_text(sizes)}), and "
             f"every program that takes it compiled once per size: {listed}"
             + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "")
-            + f". Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
-            f"({share:.0%} of the run)"
-            + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps" if context.step_count else "")
+            + f". {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling)}"
             + ". The usual cause is a collate_fn (or a tokenizer's `padding=True`) that pads each batch to its own "
             "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
             "XLA program."
@@ -602,7 +606,6 @@ def _data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: lis
     steps_compiling = sorted({step for storm in storms for step in storm.steps} | {compile.step for compile in own})
     own_names = sorted({compile.name for compile in own})
     sizes = max([len(storm.main.distinct) for storm in storms] + [len({compile.diff for compile in own})])
-    share = context.share_of_wall(recompile_ns)
     program_names = list(dict.fromkeys([storm.name for storm in storms] + own_names))
     programs = program_names[0] if len(program_names) == 1 else f"{len(program_names)} programs"
     listed = ", ".join(
@@ -654,9 +657,7 @@ def _data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: lis
         ),
         explanation=(
             f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
-            f"from step to step.{took}{own_text} Compiling took "
-            f"{format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles ({share:.0%} of the run)"
-            + (f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps" if context.step_count else "")
+            f"from step to step.{took}{own_text} {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling)}"
             + ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
             + (f" The same line also cuts the pending graph ({plural(cuts, 'data_dependent flush', 'data_dependent flushes')}); "
                "the fragmented-fusion finding counts that cost, these compiles are counted here only." if cuts else "")
