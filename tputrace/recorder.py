@@ -19,7 +19,7 @@ import time
 import weakref
 from typing import Any
 
-from tputrace import __version__, fork_recording, sourceloc, spawn_recording
+from tputrace import __version__, fork_recording, source_digests, sourceloc, spawn_recording
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.store.writer import TraceWriter
 
@@ -90,6 +90,7 @@ class Recorder:
         self._library_roots = sourceloc.library_roots()
         self._user_code: dict[Any, bool] = {}
         self._frame_ids: dict[tuple[Any, int], int] = {}
+        self._digested_files: set[str] = set()
         self._local = threading.local()
         self.main_thread = threading.get_ident()
         self.backward_frame: int | None = None
@@ -131,12 +132,22 @@ class Recorder:
                 key = (code, frame.f_lineno)
                 frame_id = self._frame_ids.get(key)
                 if frame_id is None:
-                    frame_id = self._frame_ids[key] = self.writer.frame(code.co_filename, frame.f_lineno, code.co_name)
+                    frame_id = self._frame_ids[key] = self._intern_frame(code.co_filename, frame.f_lineno, code.co_name)
                 return frame_id
             frame = frame.f_back
         if threading.get_ident() != self.main_thread:
             return self.backward_frame
         return None
+
+    def _intern_frame(self, file: str, line: int, function: str) -> int:
+        """The frame id of a user source location; the first location in a file also records the
+        file's digest (`source_files`), as the run saw it."""
+        if file not in self._digested_files:
+            self._digested_files.add(file)
+            digest = source_digests.digest_file(file)
+            if digest is not None:
+                self.writer.append("source_files", (self.rank, self.writer.intern(file), digest.sha256, digest.size))
+        return self.writer.frame(file, line, function)
 
     def frame_text(self, frame_id: int | None) -> str | None:
         """'file.py:LINE' for an interned frame id (recorded in this session)."""
@@ -333,7 +344,7 @@ class Recorder:
                 -1,
                 start_ns,
                 dur_ns,
-                writer.frame(file, line, function),
+                self._intern_frame(file, line, function),
                 step,
                 reason,
                 writer.intern(diff) if diff else None,
@@ -372,7 +383,7 @@ class Recorder:
         if not self.enabled:
             return
         writer = self.writer
-        frame = writer.frame(file, line or 0, function or "") if file else None
+        frame = self._intern_frame(file, line or 0, function or "") if file else None
         writer.append("graph_breaks", (self.rank, writer.intern(reason), frame, self.now(), self.step_index))
 
     def bucket_hit(self, graph: str, buckets: str, start_ns: int, dur_ns: int) -> None:

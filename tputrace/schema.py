@@ -349,6 +349,17 @@ GRAPH_BREAKS = RecordKind(
     ),
 )
 
+SOURCE_FILES = RecordKind(
+    "source_files",
+    "The user's source files as the run saw them (when the recorder first met each one): content digest and size, so a viewer can tell a file that changed since.",
+    (
+        _RANK,
+        _c("file_sid", "INTEGER", "absolute file path, as in frames", ref="strings"),
+        _c("sha256", "TEXT", "SHA-256 of the file's bytes, hex"),
+        _c("size", "INTEGER", "the file's size in bytes"),
+    ),
+)
+
 RECORD_KINDS: tuple[RecordKind, ...] = (
     STRINGS,
     FRAMES,
@@ -367,10 +378,11 @@ RECORD_KINDS: tuple[RecordKind, ...] = (
     STEPS,
     COLLECTIVES,
     GRAPH_BREAKS,
+    SOURCE_FILES,
 )
 RECORD_KINDS_BY_TABLE: dict[str, RecordKind] = {kind.table: kind for kind in RECORD_KINDS}
 EVENT_TABLES: tuple[str, ...] = tuple(
-    kind.table for kind in RECORD_KINDS if kind.table not in ("strings", "frames", "runs", "programs")
+    kind.table for kind in RECORD_KINDS if kind.table not in ("strings", "frames", "runs", "programs", "source_files")
 )
 
 

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from tputrace.source_digests import SourceDigest, digest_file
 from tputrace.store.aggregates import CompileStats, TimeSplit
 from tputrace.store.records import SourceLocation
 
@@ -817,21 +818,29 @@ def _all_frame_files(trace: Trace) -> list[str]:
     return [text for (text,) in trace.sql("SELECT DISTINCT strings.text FROM frames JOIN strings ON strings.id = frames.file_sid")]
 
 
-def resolve_source(recorded: str, roots: Sequence[str | os.PathLike[str]]) -> Path | None:
+def resolve_source(recorded: str, roots: Sequence[str | os.PathLike[str]], seen: SourceDigest | None = None) -> Path | None:
     """Find a recorded source file on this machine.
 
-    An absolute path that exists is used as is. Otherwise the recorded path's trailing parts are
-    looked for under each root, longest first (a trace recorded on a TPU VM can be read next to a
-    checkout of the same code elsewhere).
+    Candidates: the recorded path when it is absolute, then the recorded path's trailing parts under
+    each root, longest first (a trace recorded on a TPU VM can be read next to a checkout of the same
+    code elsewhere). The first candidate whose content is the one the run saw (`seen`) wins, else the
+    first that exists.
     """
-    recorded_path = Path(recorded)
-    if recorded_path.is_absolute() and recorded_path.is_file():
-        return recorded_path
+    first_found: Path | None = None
+    for candidate in _source_candidates(Path(recorded), roots):
+        if not candidate.is_file():
+            continue
+        if seen is None or digest_file(candidate) == seen:
+            return candidate
+        first_found = first_found or candidate
+    return first_found
+
+
+def _source_candidates(recorded_path: Path, roots: Sequence[str | os.PathLike[str]]) -> Iterator[Path]:
+    if recorded_path.is_absolute():
+        yield recorded_path
     parts = [part for part in recorded_path.parts if part not in ("/", "")]
     for root in roots:
         root_path = Path(root)
         for start in range(len(parts)):
-            candidate = root_path.joinpath(*parts[start:])
-            if candidate.is_file():
-                return candidate
-    return None
+            yield root_path.joinpath(*parts[start:])

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tputrace.source_digests import SourceDigest
 from tputrace.tui import queries
 
 if TYPE_CHECKING:
@@ -138,8 +139,20 @@ class Session:
 
         return self.shared(("source", rank), compute)
 
+    def source_digests(self) -> dict[str, SourceDigest]:
+        """The rank's source files as its run saw them, by recorded path."""
+        rank = self.rank
+
+        def compute(trace: Trace) -> dict[str, SourceDigest]:
+            return {file: SourceDigest(record.sha256, record.size) for file, record in trace.source_files(rank=rank).items()}
+
+        return self.shared(("source_digests", rank), compute)
+
+    def source_digest(self, recorded: str) -> SourceDigest | None:
+        return self.source_digests().get(recorded)
+
     def resolve_source(self, recorded: str) -> Path | None:
-        return queries.resolve_source(recorded, self.source_roots)
+        return queries.resolve_source(recorded, self.source_roots, self.source_digest(recorded))
 
 
 class _Once:

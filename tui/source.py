@@ -2,8 +2,10 @@
 time, ops, compiles and syncs. `o` opens the current line in `$EDITOR`.
 
 A recorded file is looked for at its recorded path, then under the source roots (the run's working
-directory, the trace's directory, the current directory and any `--source-root`). A file that cannot
-be found still shows its lines that have recorded activity.
+directory, the trace's directory, the current directory and any `--source-root`), preferring a copy
+whose content is the one the run saw (the trace's `source_files` digests). A file that cannot be found
+still shows its lines that have recorded activity; one that changed since the run is shown with a
+warning, since its line numbers may no longer match.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.widgets import DataTable
 
+from tputrace.source_digests import SourceDigest, digest_bytes
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import display_path, fmt_count, fmt_ns, right
@@ -44,6 +47,7 @@ class SourceText:
     path: Path | None
     lines: list[Text]
     problem: str | None = None
+    changed: bool = False  # the file's content differs from what the run saw
 
 
 LEXERS_BY_SUFFIX: dict[str, str] = {".py": "python", ".pyi": "python", ".pyx": "cython", ".c": "c", ".h": "cpp",
@@ -52,23 +56,26 @@ LEXERS_BY_SUFFIX: dict[str, str] = {".py": "python", ".pyi": "python", ".pyx": "
 every installed package's entry points for plugin lexers (a second or more in a big environment)."""
 
 
-def read_source(recorded: str, path: Path | None, *, dark: bool) -> SourceText:
-    """Read and highlight a source file (in a worker: this touches the disk)."""
+def read_source(recorded: str, path: Path | None, *, dark: bool, seen: SourceDigest | None = None) -> SourceText:
+    """Read and highlight a source file (in a worker: this touches the disk); `seen` is the digest of
+    the file as the run saw it, when the trace has one."""
     if path is None:
         return SourceText(recorded, None, [], "not found on this machine (use --source-root DIR to say where the code is)")
     try:
         if path.stat().st_size > MAX_SOURCE_BYTES:
             return SourceText(recorded, path, [], f"too large to show ({path.stat().st_size:,} bytes)")
-        code = path.read_text(encoding="utf-8", errors="replace")
+        content = path.read_bytes()
     except OSError as error:
         return SourceText(recorded, path, [], f"cannot read it: {error.strerror or error}")
+    code = content.decode("utf-8", errors="replace")
+    changed = seen is not None and digest_bytes(content) != seen
     lexer = LEXERS_BY_SUFFIX.get(path.suffix.lower()) or Syntax.guess_lexer(str(path), code)
     syntax = Syntax(code, lexer, theme="ansi_dark" if dark else "ansi_light", background_color="default")
     highlighted = without_background(syntax.highlight(code))
     lines = highlighted.split("\n", allow_blank=True)
     if lines and not lines[-1].plain and code.endswith("\n"):
         lines.pop()
-    return SourceText(recorded, path, list(lines))
+    return SourceText(recorded, path, list(lines), changed=changed)
 
 
 def without_background(text: Text) -> Text:
@@ -178,7 +185,8 @@ class SourceView(TraceView):
         self.source = None
         session, dark = self.session, self.app.current_theme.dark
         recorded = stat.file
-        self.request("detail", lambda trace: read_source(recorded, session.resolve_source(recorded), dark=dark))
+        self.request("detail", lambda trace: read_source(recorded, session.resolve_source(recorded), dark=dark,
+                                                         seen=session.source_digest(recorded)))
         self.say("source-status", ("loading ", "dim"), recorded)
 
     def _show_source(self, source: SourceText) -> None:
@@ -200,6 +208,8 @@ class SourceView(TraceView):
         status: list[str | tuple[str, str]] = [(display_path(source.path) if source.path else source.recorded, "bold")]
         if source.problem:
             status += [(f" · {source.problem}", "bold red")]
+        if source.changed:
+            status += [(" · changed since the run was recorded: lines may not match", "bold yellow")]
         status += [(f" · {len(stats)} lines with activity · n/N next/previous · o open in $EDITOR", "dim")]
         self.say("source-status", *status)
         target_line = None

@@ -53,6 +53,7 @@ from tputrace.store.records import (
     ProgramRecord,
     Record,
     RunInfo,
+    SourceFileRecord,
     SourceLocation,
     StepRecord,
     StringRecord,
@@ -111,6 +112,7 @@ class Trace:
         self._lock = threading.RLock()
         self._strings: dict[int, str] | None = None
         self._frames: dict[int, SourceLocation] | None = None
+        self._tables: frozenset[str] | None = None
 
     # -- the file ---------------------------------------------------------------------------------
 
@@ -172,8 +174,27 @@ class Trace:
     def count(self, table: str, *, where: str | None = None, params: Sequence[Any] = ()) -> int:
         """Number of records in `table` (optionally matching `where`)."""
         kind = _record_kind(table)
+        if not self.has_table(kind.table):
+            return 0
         query = f"SELECT COUNT(*) FROM {kind.table}" + (f" WHERE {where}" if where else "")
         return self.sql(query, params)[0][0]
+
+    def has_table(self, table: str) -> bool:
+        """Whether the file has `table`: a file written before a table was added to the format lacks
+        it, and reads it as empty."""
+        if self._tables is None:
+            self._tables = frozenset(name for (name,) in self.sql("SELECT name FROM sqlite_master WHERE type = 'table'"))
+        return table in self._tables
+
+    def source_files(self, *, rank: int | None = None) -> dict[str, SourceFileRecord]:
+        """The user's source files as the run saw them (digest and size), by recorded path; of `rank`
+        when given, else of every rank (the lowest rank's where ranks differ)."""
+        where, params = ("rank = ?", (rank,)) if rank is not None else (None, ())
+        files: dict[str, SourceFileRecord] = {}
+        for record in self.records("source_files", where=where, params=params, order_by="rank DESC, rowid"):
+            if record.file is not None:
+                files[record.file] = record
+        return files
 
     def counts(self) -> dict[str, int]:
         """Number of records in every table, in schema order."""
@@ -350,6 +371,16 @@ class Trace:
         order_by: str | None = ...,
         limit: int | None = ...,
     ) -> Iterator[GraphBreakRecord]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["source_files"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[SourceFileRecord]: ...
     @overload
     def records(
         self,
@@ -532,6 +563,8 @@ class Trace:
     def _table_batches(self, kind: RecordKind, where: str | None, params: Sequence[Any], order_by: str | None,
                        limit: int | None) -> Iterator[list[tuple[Any, ...]]]:
         """The stored rows of one table (all columns, in schema order), batch by batch."""
+        if not self.has_table(kind.table):
+            return iter(())
         query = f"SELECT {', '.join(kind.column_names)} FROM {kind.table}"
         if where:
             query += f" WHERE {where}"

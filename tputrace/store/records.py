@@ -261,6 +261,14 @@ class GraphBreakRecord:
     step: int | None
 
 
+@dataclass(frozen=True, slots=True)
+class SourceFileRecord:
+    rank: int
+    file: str | None
+    sha256: str
+    size: int
+
+
 Record = (
     StringRecord
     | FrameRecord
@@ -279,6 +287,7 @@ Record = (
     | StepRecord
     | CollectiveRecord
     | GraphBreakRecord
+    | SourceFileRecord
 )
 
 RECORD_TYPES: dict[str, type] = {
@@ -299,6 +308,7 @@ RECORD_TYPES: dict[str, type] = {
     "steps": StepRecord,
     "collectives": CollectiveRecord,
     "graph_breaks": GraphBreakRecord,
+    "source_files": SourceFileRecord,
 }
 
 
