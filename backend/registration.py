@@ -2,7 +2,8 @@
 (`torch.tpu`), hooks and device guard, the factory kernels, `torch.Generator(device="tpu")`, the op
 lowerings, the fake-tensor strides of tpu convolutions, the multi-tensor (`_foreach_*`) path of
 optimizers and gradient clipping, and the third-party entry points adapted to tpu (checkpoints,
-DataParallel, safetensors loads, accelerate)."""
+DataParallel, safetensors loads, accelerate). torch's reference kernels (the meta kernels of shape
+inference) run without importing Dynamo until something else imports it (`refs_before_dynamo`)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,8 @@ from tputrace.backend import (
     accelerate_support, accelerator_api, autocast, checkpoints, chip_backward, control_flow, data_parallel, device_module,
     distributed, export_constants, export_decompositions, export_dims, fake_convolutions, flex_attention,
     generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
-    op_routes, packed_sequences, process_sharing, safetensors_devices, sparse, torchscript, worker_errors,
+    op_routes, packed_sequences, process_sharing, refs_before_dynamo, safetensors_devices, sparse, torchscript,
+    worker_errors,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
 from tputrace.backend.ops import activation_route, attention_route, register_all
@@ -53,6 +55,7 @@ def register() -> None:
             rename=BACKEND_NAME, backend_module=device_module, hook=_Hooks(), device_guard=_DeviceGuard()
         )
     kernels.register()
+    refs_before_dynamo.install()
     generators.install()
     host_pinning.register()
     process_sharing.install()
