@@ -17,6 +17,7 @@ import sys
 import threading
 import time
 import weakref
+from types import CodeType
 from typing import Any
 
 from tputrace import __version__, fork_recording, source_digests, sourceloc, spawn_recording
@@ -89,7 +90,8 @@ class Recorder:
         self._last_memory_sample = 0
         self._library_roots = sourceloc.library_roots()
         self._user_code: dict[Any, bool] = {}
-        self._frame_ids: dict[tuple[Any, int], int] = {}
+        self._frame_ids: dict[tuple[Any, int], int] = {}  # (code, line) -> frame id
+        self._call_frame_ids: dict[tuple[CodeType, int], int] = {}  # (code, instruction offset) -> frame id
         self._digested_files: set[str] = set()
         self._local = threading.local()
         self.main_thread = threading.get_ident()
@@ -119,8 +121,11 @@ class Recorder:
     def rel(self, perf_ns: int) -> int:
         return perf_ns - self.t0
 
-    def frame_id(self) -> int | None:
-        """Interned id of the first frame in the user's code (outside torch, tputrace and libraries)."""
+    def frame_id(self, by_call: bool = False) -> int | None:
+        """Interned id of the first frame in the user's code (outside torch, tputrace and libraries).
+
+        `by_call` tells apart the calls on one line: the frame also has the column span of the calling
+        instruction (compiles use it, so a line with two calls of one op gives two compile sites)."""
         frame = sys._getframe(2)
         user_code = self._user_code
         while frame is not None:
@@ -129,6 +134,8 @@ class Recorder:
             if is_user is None:
                 is_user = user_code[code] = self._is_user_file(code.co_filename)
             if is_user:
+                if by_call:
+                    return self._call_frame_id(code, frame.f_lasti, frame.f_lineno)
                 key = (code, frame.f_lineno)
                 frame_id = self._frame_ids.get(key)
                 if frame_id is None:
@@ -139,15 +146,23 @@ class Recorder:
             return self.backward_frame
         return None
 
-    def _intern_frame(self, file: str, line: int, function: str) -> int:
-        """The frame id of a user source location; the first location in a file also records the
-        file's digest (`source_files`), as the run saw it."""
+    def _call_frame_id(self, code: CodeType, lasti: int, line: int) -> int:
+        key = (code, lasti)
+        frame_id = self._call_frame_ids.get(key)
+        if frame_id is None:
+            col, end_col = sourceloc.call_columns(code, lasti, line)
+            frame_id = self._call_frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name, col, end_col)
+        return frame_id
+
+    def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None) -> int:
+        """The frame id of a user source location (of one call on its line with `col`/`end_col`); the first
+        location in a file also records the file's digest (`source_files`), as the run saw it."""
         if file not in self._digested_files:
             self._digested_files.add(file)
             digest = source_digests.digest_file(file)
             if digest is not None:
                 self.writer.append("source_files", (self.rank, self.writer.intern(file), digest.sha256, digest.size))
-        return self.writer.frame(file, line, function)
+        return self.writer.frame(file, line, function, col, end_col)
 
     def frame_text(self, frame_id: int | None) -> str | None:
         """'file.py:LINE' for an interned frame id (recorded in this session)."""
@@ -297,7 +312,7 @@ class Recorder:
                 plan.chip,
                 end - compile_ns,
                 compile_ns,
-                self.frame_id(),
+                self.frame_id(by_call=True),
                 self.step_index,
                 reason,
                 writer.intern(diff) if diff else None,
@@ -370,7 +385,7 @@ class Recorder:
                 chip,
                 start_ns - self.t0,
                 dur_ns,
-                self.frame_id(),
+                self.frame_id(by_call=True),
                 self.step_index,
                 "first",
                 None,

@@ -9,7 +9,8 @@ Conventions shared by every table:
   (so they stay small on disk); durations are plain nanoseconds.
 - Strings that repeat (op names, shapes, file names, module paths, reasons) are interned in
   `strings` and referenced by id; a column named `*_sid` holds such an id.
-- A source location is interned in `frames` (file, line, function); `frame_id` refers to it.
+- A source location is interned in `frames` (file, line, function, and for compiles the column span of
+  the call on that line); `frame_id` refers to it.
 - `rank` is the distributed rank that recorded the row (0 for single-process runs), `chip` the
   local chip index (`tpu:<chip>`), `step` the training step the row happened in (0 before the
   first step boundary).
@@ -81,6 +82,8 @@ FRAMES = RecordKind(
         _c("file_sid", "INTEGER", "absolute file path", ref="strings"),
         _c("line", "INTEGER", "1-based line number"),
         _c("function_sid", "INTEGER", "function name", ref="strings"),
+        _c("col", "INTEGER", "0-based UTF-8 byte offset on `line` where the call starts (NULL: the whole line)"),
+        _c("end_col", "INTEGER", "... where it ends, exclusive (NULL: the whole line, or the call goes on past `line`)"),
     ),
     primary_key="id",
 )

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import sys
 import sysconfig
 from pathlib import Path
+from types import CodeType
 
 _LIBRARY_MODULES = ("torch", "jax", "jaxlib", "numpy", "transformers")
 
@@ -52,3 +54,16 @@ def first_user_location(skip: int = 1) -> tuple[str, int, str] | None:
             return code.co_filename, frame.f_lineno, code.co_name
         frame = frame.f_back
     return None
+
+
+def call_columns(code: CodeType, instruction_offset: int, line: int) -> tuple[int | None, int | None]:
+    """(col, end_col) of the instruction at byte offset `instruction_offset` (a frame's `f_lasti`) on `line`:
+    0-based UTF-8 byte offsets from `code.co_positions()`; end_col is None when the call goes on past
+    `line`, both None when the interpreter keeps no positions (`-X no_debug_ranges`)."""
+    position = next(itertools.islice(code.co_positions(), instruction_offset // 2, None), None)
+    if position is None:
+        return None, None
+    start_line, end_line, col, end_col = position
+    if start_line != line or col is None:
+        return None, None
+    return col, end_col if end_line == line else None

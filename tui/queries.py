@@ -482,11 +482,12 @@ class CompileSite:
 
 
 def compile_sites(trace: Trace, rank: int) -> list[CompileSite]:
-    """Compiles of `rank` per call site, most compile time first."""
+    """Compiles of `rank` per source line (the calls on one line together), most compile time first."""
     rows = trace.sql(
-        "SELECT frame_id, COUNT(*), COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
-        "COALESCE(SUM(dur_ns), 0) AS total_ns, GROUP_CONCAT(DISTINCT reason) FROM compiles WHERE rank = ? "
-        "GROUP BY frame_id ORDER BY total_ns DESC",
+        "SELECT MIN(c.frame_id), COUNT(*), COALESCE(SUM(c.reason IS NOT NULL AND c.reason != 'first'), 0), "
+        "COALESCE(SUM(c.dur_ns), 0) AS total_ns, GROUP_CONCAT(DISTINCT c.reason) FROM compiles c "
+        "LEFT JOIN frames f ON f.id = c.frame_id WHERE c.rank = ? "
+        "GROUP BY f.file_sid, f.line, f.function_sid ORDER BY total_ns DESC",
         (rank,),
     )
     return [

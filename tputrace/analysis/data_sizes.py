@@ -218,6 +218,8 @@ def length_recompiles_by_origin(context: AnalysisContext, leave_out: set[int], n
     if not results_by_frame:
         return {}
     frames_by_where = {context.where(frame_id): frame_id for frame_id in results_by_frame if frame_id is not None}
+    # A compile's frame also has the call's column: it meets the op's frame at the same line.
+    frames_by_line = {context.location(frame_id): frame_id for frame_id in results_by_frame if frame_id is not None}
     trace = context.trace
     rows = trace.sql(
         "SELECT id, name_sid, COALESCE(dur_ns, 0), diff_sid, COALESCE(step, 0), frame_id FROM compiles "
@@ -230,7 +232,10 @@ def length_recompiles_by_origin(context: AnalysisContext, leave_out: set[int], n
         if compile_id in leave_out or not _LENGTH_DIFF.search(diff):
             continue
         named = _DIFF_OP.match(diff)
-        origin_frame = frames_by_where.get(named.group("where"), -1) if named is not None else frame_id
+        if named is not None:
+            origin_frame = frames_by_where.get(named.group("where"), -1)
+        else:
+            origin_frame = frame_id if frame_id is None else frames_by_line.get(context.location(frame_id), frame_id)
         if origin_frame not in results_by_frame:
             continue
         families = results_by_frame[origin_frame]

@@ -35,8 +35,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     if not diff_ids:
         return result
     sites = trace.sql(
-        f"SELECT name_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM compiles "
-        f"WHERE rank = ? AND diff_sid IN {in_list(diff_ids)} GROUP BY name_sid, frame_id ORDER BY 4 DESC",
+        f"SELECT c.name_sid, MIN(c.frame_id), COUNT(*), COALESCE(SUM(c.dur_ns), 0) FROM compiles c "
+        f"LEFT JOIN frames f ON f.id = c.frame_id WHERE c.rank = ? AND c.diff_sid IN {in_list(diff_ids)} "
+        "GROUP BY c.name_sid, f.file_sid, f.line, f.function_sid ORDER BY 4 DESC",  # by line, not by call
         (rank, *diff_ids),
     )
     if not sites:

@@ -1,6 +1,7 @@
 """Recompilation storms: one call site compiled again and again because input shapes keep changing.
 
-Compiles are grouped by call site (the line that triggered them), kind and program name; a group
+Compiles are grouped by call site (the call that triggered them: its line and, where recorded, its
+column, so two calls of one op on one line are two sites), kind and program name; a group
 whose signatures have the same inputs and dtypes but different dims, and that keeps compiling after
 the warm-up step, is a storm. For each storm: which dims vary and the values they took, and a bucket
 advisor that weighs compiles saved against padding FLOPs added (a linear-in-the-dim estimate).
@@ -21,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tputrace.analysis import data_sizes, host_inputs, program_cache
+from tputrace.analysis.call_sites import call_label
 from tputrace.analysis.chips import round_up
 from tputrace.analysis.context import AnalysisContext, in_list, plural
 from tputrace.analysis.data_sizes import SizeOrigin, size_origin
@@ -111,6 +113,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     in_storms: set[int] = set()  # compile ids
     padding_storms: list[tuple[Storm, list[BucketOption], BucketOption | None]] = []
     storm_data: dict[int, dict] = {}  # id(storm) -> its entry in `storms`
+    calls_per_line = Counter((kind, name_sid, context.location(frame_id)) for kind, name_sid, frame_id, *_ in sites)
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append({
             "kind": kind, "name": trace.string(name_sid), "where": context.where(frame_id),
@@ -124,7 +127,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         dims = varying_dims([row.signature for row in rows])
         if not dims:
             continue
-        storm = _storm(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims)
+        shares_line = calls_per_line[(kind, name_sid, context.location(frame_id))] > 1
+        storm = _storm(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims, shares_line)
         options, best = _bucketing(context, storm)
         storms.append(_storm_data(context, storm, options, best))
         storm_data[id(storm)] = storms[-1]
@@ -327,6 +331,7 @@ class Storm:
     kind: str
     name: str
     frame_id: int | None
+    site: str  # the line, or the call on it when other calls on the line compile the same op
     rows: list[CompileRow]
     dims: list[VaryingDim]
     entry: ShapeEntry | None
@@ -354,8 +359,9 @@ class Storm:
 
 
 def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None, rows: list[CompileRow],
-           dims: list[VaryingDim]) -> Storm:
-    """The storm at a site; a dim whose sizes a data-dependent op's lengths explain comes first."""
+           dims: list[VaryingDim], shares_line: bool) -> Storm:
+    """The storm at a site; a dim whose sizes a data-dependent op's lengths explain comes first. A site that
+    `shares_line` with other calls compiling the same program name is named by its call."""
     steps = [row.step for row in rows]
     origin = None
     for index, dim in enumerate(dims[:3]):
@@ -364,13 +370,16 @@ def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None,
             dims = [dim] + dims[:index] + dims[index + 1:]
             break
     entry = shape_entry(context, [row.diff for row in rows])
-    return Storm(kind, name, frame_id, rows, dims, entry, origin)
+    location = context.location(frame_id)
+    site = call_label(location) if shares_line and location is not None else context.where(frame_id)
+    return Storm(kind, name, frame_id, site, rows, dims, entry, origin)
 
 
 def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> dict:
     entry, origin = storm.entry, storm.origin
     return {
-        "kind": storm.kind, "name": storm.name, "where": context.where(storm.frame_id), "compiles": storm.count,
+        "kind": storm.kind, "name": storm.name, "where": context.where(storm.frame_id), "call": storm.site,
+        "compiles": storm.count,
         "compile_ns": storm.total_ns, "recompile_ns": storm.recompile_ns, "steps": storm.steps,
         "shape_enters_at": None if entry is None else {
             "op": entry.op, "argument": entry.argument, "where": context.where(entry.frame_id), "module": entry.module,
@@ -403,8 +412,7 @@ def _severity(context: AnalysisContext, recompile_ns: float, steps_compiling: in
 
 def _padding_finding(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> Finding:
     """A storm whose size comes from the script's inputs: pad them to a few bucket sizes."""
-    rows, main, entry, frame_id = storm.rows, storm.main, storm.entry, storm.frame_id
-    site = context.where(frame_id)
+    rows, main, entry, frame_id, site = storm.rows, storm.main, storm.entry, storm.frame_id, storm.site
     count, total_ns, recompile_ns, steps_compiling = storm.count, storm.total_ns, storm.recompile_ns, storm.steps
     dim_name = main.label.split(" (")[0]
     if entry is not None:
@@ -439,7 +447,7 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
     else:
         suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
-    where = context.where(anchor)
+    where = site if context.location(anchor) == context.location(frame_id) else context.where(anchor)
     return Finding(
         analyzer=NAME,
         severity=_severity(context, recompile_ns, len(steps_compiling)),
@@ -526,7 +534,7 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
     programs = names[0] if len(names) == 1 else f"{len(names)} programs"
     entry = shape_entry(context, [row.diff for row in rows])
     listed = ", ".join(
-        f"{storm.name} ({storm.count}×, at {context.where(storm.frame_id)})" for storm in storms[:MAX_LISTED_PROGRAMS]
+        f"{storm.name} ({storm.count}×, at {storm.site})" for storm in storms[:MAX_LISTED_PROGRAMS]
     ) + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
     evidence = [context.evidence_at(
         f"host-to-chip copies at {copy_where} have the bytes of the programs' changing inputs in the steps that compiled",
@@ -609,7 +617,7 @@ def _data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: lis
     program_names = list(dict.fromkeys([storm.name for storm in storms] + own_names))
     programs = program_names[0] if len(program_names) == 1 else f"{len(program_names)} programs"
     listed = ", ".join(
-        f"{storm.name} ({storm.count}×, at {context.where(storm.frame_id)})" for storm in storms[:MAX_LISTED_PROGRAMS]
+        f"{storm.name} ({storm.count}×, at {storm.site})" for storm in storms[:MAX_LISTED_PROGRAMS]
     ) + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
     own_text = (
         f" {', '.join(own_names[:3])}{' and more' if len(own_names) > 3 else ''} compiled "

@@ -113,6 +113,7 @@ class Trace:
         self._strings: dict[int, str] | None = None
         self._frames: dict[int, SourceLocation] | None = None
         self._tables: frozenset[str] | None = None
+        self._columns_by_table: dict[str, frozenset[str]] = {}
 
     # -- the file ---------------------------------------------------------------------------------
 
@@ -488,7 +489,8 @@ class Trace:
 
     def frame(self, frame_id: int | None) -> SourceLocation | None:
         """The source location of frame id `frame_id` (None for None or an unknown id)."""
-        return self._interned(self._frame_table, frame_id, "SELECT file_sid, line, function_sid FROM frames WHERE id = ?",
+        return self._interned(self._frame_table, frame_id,
+                              f"SELECT file_sid, line, function_sid, {self._frame_columns()} FROM frames WHERE id = ?",
                               self._location)
 
     def _interned(self, table: Callable[[], dict[int, _Value]], key: int | None, query: str,
@@ -506,8 +508,8 @@ class Trace:
         return value
 
     def _location(self, row: tuple[Any, ...]) -> SourceLocation:
-        file_sid, line, function_sid = row
-        return SourceLocation(self.string(file_sid) or "?", line, self.string(function_sid) or "?")
+        file_sid, line, function_sid, col, end_col = row
+        return SourceLocation(self.string(file_sid) or "?", line, self.string(function_sid) or "?", col, end_col)
 
     # -- aggregates (computed in SQL; see tputrace.store.aggregates) ------------------------------
 
@@ -565,13 +567,26 @@ class Trace:
         """The stored rows of one table (all columns, in schema order), batch by batch."""
         if not self.has_table(kind.table):
             return iter(())
-        query = f"SELECT {', '.join(kind.column_names)} FROM {kind.table}"
+        stored = self._stored_columns(kind.table)
+        selected = (name if name in stored else f"NULL AS {name}" for name in kind.column_names)
+        query = f"SELECT {', '.join(selected)} FROM {kind.table}"
         if where:
             query += f" WHERE {where}"
         query += f" ORDER BY {order_by or 'rowid'}"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
         return self._fetch_chunks(query, params)
+
+    def _stored_columns(self, table: str) -> frozenset[str]:
+        """The columns `table` has in this file: a file from an older writer lacks later trailing columns."""
+        stored = self._columns_by_table.get(table)
+        if stored is None:
+            stored = self._columns_by_table[table] = frozenset(row[1] for row in self.sql(f"PRAGMA table_info({table})"))
+        return stored
+
+    def _frame_columns(self) -> str:
+        """`col, end_col` of `frames`, as NULLs in a file written before frames had them."""
+        return "col, end_col" if "col" in self._stored_columns("frames") else "NULL, NULL"
 
     def _fetch_chunks(self, query: str, params: Sequence[Any]) -> Iterator[list[tuple[Any, ...]]]:
         with self._lock:
@@ -603,9 +618,9 @@ class Trace:
         if self._frames is None:
             strings = self._string_table()
             self._frames = {
-                frame_id: SourceLocation(strings.get(file_sid, "?"), line, strings.get(function_sid, "?"))
-                for frame_id, file_sid, line, function_sid in self.sql(
-                    "SELECT id, file_sid, line, function_sid FROM frames"
+                frame_id: SourceLocation(strings.get(file_sid, "?"), line, strings.get(function_sid, "?"), col, end_col)
+                for frame_id, file_sid, line, function_sid, col, end_col in self.sql(
+                    f"SELECT id, file_sid, line, function_sid, {self._frame_columns()} FROM frames"
                 )
             }
         return self._frames

@@ -10,23 +10,39 @@ step with `tputrace.schema`.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tputrace.schema import Column, RecordKind
 
 
 @dataclass(frozen=True, slots=True)
 class SourceLocation:
-    """A user source location: the first frame outside torch, tputrace and other libraries."""
+    """A user source location: the first frame outside torch, tputrace and other libraries.
+
+    `col`/`end_col` (0-based UTF-8 byte offsets, None when not recorded) say where on the line the
+    call is. They take no part in equality or hashing: two calls on one line are one location, so
+    per-line views stay per line; code that tells calls apart keys on `call_key`."""
 
     file: str
     line: int
     function: str
+    col: int | None = field(default=None, compare=False)
+    end_col: int | None = field(default=None, compare=False)
 
     @property
     def short(self) -> str:
         """`file.py:12` with the file's directory left out."""
         return f"{os.path.basename(self.file)}:{self.line}"
+
+    @property
+    def call_key(self) -> tuple[str, int, str, int | None]:
+        """What tells one call on a line from another: the location and the call's column."""
+        return (self.file, self.line, self.function, self.col)
+
+    @property
+    def short_call(self) -> str:
+        """`file.py:12:col 15` (1-based, as editors count) when the column is known, else `short`."""
+        return self.short if self.col is None else f"{self.short}:col {self.col + 1}"
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line} ({self.function})"
@@ -44,6 +60,8 @@ class FrameRecord:
     file: str | None
     line: int
     function: str | None
+    col: int | None
+    end_col: int | None
 
 
 @dataclass(frozen=True, slots=True)
