@@ -36,8 +36,8 @@ def run(args: argparse.Namespace) -> int:
     from tputrace.store.records import SourceLocation
 
     def plain(value: Any) -> Any:
-        if isinstance(value, SourceLocation):
-            return dataclasses.asdict(value)
+        if isinstance(value, SourceLocation):  # a call's columns only where recorded (compiles)
+            return {name: field for name, field in dataclasses.asdict(value).items() if field is not None}
         if isinstance(value, tuple):
             return list(value)
         return value
@@ -46,7 +46,8 @@ def run(args: argparse.Namespace) -> int:
         if value is None:
             return "-"
         if isinstance(value, SourceLocation):
-            return f"{value.file}:{value.line}:{value.function}"
+            columns = "" if value.col is None else f":col {value.col}-{'' if value.end_col is None else value.end_col}"
+            return f"{value.file}:{value.line}:{value.function}{columns}"
         if isinstance(value, str):
             return json.dumps(value, ensure_ascii=False)
         if isinstance(value, tuple):
