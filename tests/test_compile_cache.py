@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tputrace import open as open_trace
+from tputrace.analysis import analyze
+from tputrace.schema import COMPILE_CACHE_META_KEY
 
 SCRIPT = textwrap.dedent(
     """
@@ -25,8 +27,23 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _run(script: Path, trace: Path, mode: str, cache: Path) -> subprocess.CompletedProcess[str]:
-    command = [sys.executable, "-m", "tputrace.cli.main", "run", "--mode", mode, "--compile-cache", str(cache), "-o", str(trace), str(script)]
+# Strict mode, a length that changes each step: a recompile storm, and compiling most of the run.
+STORM_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    import tputrace
+    weights = torch.ones(16, 16, device="tpu")
+    for step in range(5):
+        batch = torch.ones(8 + 4 * step, 16, device="tpu")
+        print(float((batch @ weights).relu().sum()))
+        tputrace.step()
+    """
+)
+
+
+def _run(script: Path, trace: Path, mode: str, cache: Path | None) -> subprocess.CompletedProcess[str]:
+    caching = [] if cache is None else ["--compile-cache", str(cache)]
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "--mode", mode, *caching, "-o", str(trace), str(script)]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=script.parent)
 
 
@@ -65,3 +82,36 @@ def test_unusable_cache_directory_is_a_one_line_error(tmp_path: Path) -> None:
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("tputrace: error: TPUTRACE_COMPILE_CACHE="), result.stderr
     assert not (tmp_path / "trace.tptrace").exists()
+
+
+def test_the_report_counts_loads_and_suggests_the_cache_only_to_a_run_without_it(tmp_path: Path) -> None:
+    script = tmp_path / "lengths.py"
+    script.write_text(STORM_SCRIPT)
+    cache = tmp_path / "programs"
+    runs = {name: _run(script, tmp_path / f"{name}.tptrace", "strict", None if name == "uncached" else cache)
+            for name in ("uncached", "filling", "loading")}
+    assert all(run.returncode == 0 for run in runs.values()), [run.stderr for run in runs.values()]
+    assert runs["loading"].stdout == runs["uncached"].stdout
+    reports = {}
+    for name in runs:
+        with open_trace(tmp_path / f"{name}.tptrace") as opened:
+            reports[name] = (analyze(opened), opened.compile_stats(), opened.meta.get(COMPILE_CACHE_META_KEY))
+
+    report, stats, directory = reports["uncached"]
+    (suggestion,) = report.results["compile_cache"].findings
+    assert directory is None and stats.loaded_from_disk == 0
+    assert "--compile-cache DIR" in suggestion.suggestion
+    assert suggestion.severity == "info" and suggestion.cost_total_ns == 0  # it shortens later runs, not this one
+    assert report.results["compile_cache"].data["compiled_share"] >= 0.25
+
+    report, stats, directory = reports["filling"]  # the cache is on but empty: nothing to load, nothing to suggest
+    assert directory == str(cache) and stats.loaded_from_disk == 0
+    assert not report.results["compile_cache"].findings
+
+    report, stats, _ = reports["loading"]
+    assert not report.results["compile_cache"].findings and stats.loaded_from_disk == stats.count
+    storms = [finding for finding in report.results["recompiles"].findings if "aten.mm" in finding.title]
+    (storm,) = storms
+    (storm_data,) = [data for data in report.results["recompiles"].data["storms"] if data["name"] == storm.title.split()[2]]
+    compiles = storm_data["compiles"]
+    assert f"all {compiles} were loads from the compile cache (--compile-cache)" in storm.explanation

@@ -20,8 +20,9 @@ import weakref
 from types import CodeType
 from typing import Any
 
-from tputrace import __version__, fork_recording, source_digests, sourceloc, spawn_recording
+from tputrace import __version__, fork_recording, settings, source_digests, sourceloc, spawn_recording
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
+from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
@@ -113,6 +114,9 @@ class Recorder:
             )
             if forked_from is not None:
                 self.writer.set_meta(FORKED_FROM_META_KEY, forked_from.to_json())
+            compile_cache_directory = os.environ.get(settings.COMPILE_CACHE, "").strip()
+            if compile_cache_directory:
+                self.writer.set_meta(COMPILE_CACHE_META_KEY, compile_cache_directory)
 
     # ----------------------------------------------------------------- context
     def now(self) -> int:

@@ -23,6 +23,8 @@ from dataclasses import dataclass
 MAGIC = "tputrace-trace"
 FORMAT_VERSION = 1
 FILE_SUFFIX = ".tptrace"
+# `meta` key naming the on-disk compile cache directory a run used (absent: it used none).
+COMPILE_CACHE_META_KEY = "compile_cache"
 # How a `compiles.diff` starts when nothing changed but the backend had dropped the program to bound its cache.
 EVICTED_DIFF_PREFIX = "same signature: its program was dropped from the program cache"
 

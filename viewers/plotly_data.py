@@ -44,6 +44,7 @@ COMPARE_TOP_OPS = 15
 ANALYZER_SECTIONS: dict[str, str] = {
     "recompiles": "recompilations",
     "program_cache": "recompilations",
+    "compile_cache": "recompilations",
     "syncs": "timeline",
     "fallbacks": "timeline",
     "fusion": "timeline",

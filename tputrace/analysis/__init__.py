@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis import (
     collectives,
+    compile_cache,
     fallbacks,
     fusion,
     host_bound,
@@ -47,6 +48,7 @@ ANALYZERS: dict[str, Analyzer] = {
     index_errors.NAME: index_errors.analyze,
     recompiles.NAME: recompiles.analyze,
     program_cache.NAME: program_cache.analyze,
+    compile_cache.NAME: compile_cache.analyze,
     syncs.NAME: syncs.analyze,
     fallbacks.NAME: fallbacks.analyze,
     fusion.NAME: fusion.analyze,

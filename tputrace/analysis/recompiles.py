@@ -21,7 +21,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tputrace.analysis import data_sizes, host_inputs, program_cache
+from tputrace.analysis import compile_cache, data_sizes, host_inputs, program_cache
 from tputrace.analysis.call_sites import call_label
 from tputrace.analysis.chips import round_up
 from tputrace.analysis.context import AnalysisContext, in_list, plural
@@ -459,7 +459,7 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
             f"The {storm.kind} program {storm.name} (flushed at {site}) was compiled {count} times because its input shapes "
             f"kept changing: {main.label} took {len(main.distinct)} values ({values_text})"
             + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
-            + f". {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling)}."
+            + f". {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling, [row.compile_id for row in rows])}."
         ),
         suggestion=suggestion,
         cost_total_ns=float(recompile_ns),
@@ -471,12 +471,20 @@ def _padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucke
 
 
 
-def _compile_cost_text(context: AnalysisContext, total_ns: int, recompile_ns: int, steps_compiling: Sequence[int]) -> str:
-    """What a storm's compiles cost, as a finding's explanation says it (no closing full stop)."""
+def _compile_cost_text(context: AnalysisContext, total_ns: int, recompile_ns: int, steps_compiling: Sequence[int],
+                       compile_ids: Sequence[int]) -> str:
+    """What a storm's compiles (`compile_ids`) cost, as a finding's explanation says it (no closing full stop),
+    with how many of them were loads from the on-disk compile cache."""
     text = (f"Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
             f"({context.share_of_wall(recompile_ns):.0%} of the run)")
     if context.step_count:
         text += f"; compiles happened in {len(steps_compiling)} of {context.step_count} steps"
+    loads, load_ns = compile_cache.loads_among(context, compile_ids)
+    if loads == len(compile_ids):
+        text += f"; all {loads} were loads from the compile cache (--compile-cache), not compiles"
+    elif loads:
+        text += (f"; {loads} of the {len(compile_ids)} were loads from the compile cache (--compile-cache), "
+                 f"{format_ns(load_ns)} of the {format_ns(total_ns)}")
     return text
 
 def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, tuple[Storm, list[Storm]]]:
@@ -579,7 +587,7 @@ def _host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
             f"The data copied from the host at {copy_where} came in {len(sizes)} sizes ({_values_text(sizes)}), and "
             f"every program that takes it compiled once per size: {listed}"
             + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "")
-            + f". {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling)}"
+            + f". {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling, [row.compile_id for row in rows])}"
             + ". The usual cause is a collate_fn (or a tokenizer's `padding=True`) that pads each batch to its own "
             "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
             "XLA program."
@@ -608,6 +616,7 @@ def _data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: lis
     storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
     where = context.where(origin.frame_id)
     own_ns = sum(compile.dur_ns for compile in own)
+    compile_ids = [row.compile_id for storm in storms for row in storm.rows] + [compile.compile_id for compile in own]
     count = sum(storm.count for storm in storms) + len(own)
     total_ns = sum(storm.total_ns for storm in storms) + own_ns
     recompile_ns = sum(storm.recompile_ns for storm in storms) + own_ns
@@ -665,7 +674,8 @@ def _data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: lis
         ),
         explanation=(
             f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
-            f"from step to step.{took}{own_text} {_compile_cost_text(context, total_ns, recompile_ns, steps_compiling)}"
+            f"from step to step.{took}{own_text} "
+            f"{_compile_cost_text(context, total_ns, recompile_ns, steps_compiling, compile_ids)}"
             + ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
             + (f" The same line also cuts the pending graph ({plural(cuts, 'data_dependent flush', 'data_dependent flushes')}); "
                "the fragmented-fusion finding counts that cost, these compiles are counted here only." if cuts else "")

@@ -97,6 +97,7 @@ class CompileStats:
     recompile_ns: int
     programs: int
     loaded_from_disk: int = 0  # compiles that read the program from the on-disk compile cache
+    loaded_ns: int = 0  # ... and the time they took
 
 
 @dataclass(frozen=True, slots=True)
@@ -289,18 +290,24 @@ def time_range(trace: Trace, *, rank: int | None = None) -> tuple[int, int]:
     return (first_ns or 0, last_ns or 0)
 
 
+# SQL over `compiles`: the compile was a load from the on-disk compile cache (the recorder's
+# `json.dumps` spelling of the detail key; SQLite's JSON functions are not on every Python build).
+LOADED_FROM_DISK = "detail LIKE '%\"loaded_from_disk\": true%'"
+
+
 def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
     """Compile and recompile counts and time, and the number of distinct programs."""
     where, params = _rank_filter(rank)
-    count, total_ns, recompiles, recompile_ns, loaded_from_disk = trace.sql(
+    count, total_ns, recompiles, recompile_ns, loaded_from_disk, loaded_ns = trace.sql(
         "SELECT COUNT(*), COALESCE(SUM(dur_ns), 0), "
         "COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
         "COALESCE(SUM(CASE WHEN reason IS NOT NULL AND reason != 'first' THEN dur_ns END), 0), "
-        f"COALESCE(SUM(detail LIKE '%\"loaded_from_disk\": true%'), 0) FROM compiles{where}",
+        f"COALESCE(SUM({LOADED_FROM_DISK}), 0), COALESCE(SUM(CASE WHEN {LOADED_FROM_DISK} THEN dur_ns END), 0) "
+        f"FROM compiles{where}",
         params,
     )[0]
     (programs,) = trace.sql(f"SELECT COUNT(*) FROM programs{where}", params)[0]
-    return CompileStats(count, total_ns, recompiles, recompile_ns, programs, loaded_from_disk)
+    return CompileStats(count, total_ns, recompiles, recompile_ns, programs, loaded_from_disk, loaded_ns)
 
 
 def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
