@@ -17,6 +17,7 @@ from tputrace.store.reader import open_trace
 from tputrace.store.records import SourceLocation
 from tputrace.store.writer import TraceWriter
 from tputrace.tui import queries
+from tputrace.viewers import plotly_data
 
 CALLS_LINE = "    scores = (q @ w) @ (w @ k)"
 SCRIPT = textwrap.dedent(
@@ -104,3 +105,12 @@ def test_a_file_without_frame_columns_reads_them_as_none(tmp_path: Path) -> None
         (record,) = trace.records("frames")
     assert location == SourceLocation("/proj/train.py", 7, "main")
     assert (location.col, location.end_col, record.col, record.end_col) == (None, None, None, None)
+
+
+def test_the_html_report_names_each_call(strict_trace: tuple[Path, Path]) -> None:
+    _, trace_path = strict_trace
+    line = SCRIPT.splitlines().index(CALLS_LINE) + 1
+    with open_trace(trace_path) as trace:
+        data = plotly_data.prepare_recompilations(trace)
+    sites = {item.site for item in data.varying if item.name == "aten.mm.default"}
+    assert sites == {f"calls.py:{line}:col {CALLS_LINE.index(text) + 1}" for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")}

@@ -12,7 +12,7 @@ figure: what is not in the trace or the analysis is left out and said to be left
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -656,8 +656,8 @@ def prepare_recompilations(
     sites = sorted(site_counts, key=lambda site: (-site_counts[site][0], site))
     storms = _storms(analysis)
     varying = _storm_dims(storms)
-    covered = {(item.site, item.name) for item in varying}
-    varying.extend(item for item in _varying_dims(trace) if (item.site, item.name) not in covered)
+    covered = {(str(storm.get("where") or "?"), storm.get("name")) for storm in storms if storm.get("varying_dims")}
+    varying.extend(_varying_dims(trace, covered))
     return RecompileData(points, total, sites, {site: (c[0], c[1], c[2]) for site, c in site_counts.items()},
                          varying, advisor_ran=analysis is not None and "recompiles" in analysis.results)
 
@@ -674,7 +674,7 @@ def _storm_dims(storms: list[dict[str, Any]]) -> list[VaryingDim]:
     for storm in storms:
         for dim in storm.get("varying_dims") or []:
             rows.append(VaryingDim(
-                str(storm.get("where") or "?"), storm.get("name"), str(dim.get("label") or "?"),
+                str(storm.get("call") or storm.get("where") or "?"), storm.get("name"), str(dim.get("label") or "?"),
                 [int(value) for value in dim.get("values") or []], int(storm.get("compiles") or 0),
                 storm.get("proposed") if isinstance(storm.get("proposed"), dict) else None,
                 _size_from(storm.get("size_from")),
@@ -690,24 +690,28 @@ def _size_from(origin: Any) -> str | None:
     return f"{origin.get('what') or 'a data-dependent length'} at {origin.get('where') or '?'}"
 
 
-def _varying_dims(trace: Trace) -> list[VaryingDim]:
-    """Dims that differ between the signatures compiled at one call site for one program name."""
+def _varying_dims(trace: Trace, covered: set[tuple[str, str | None]]) -> list[VaryingDim]:
+    """Dims that differ between the signatures compiled at one call site for one program name, but for the
+    (line, name) pairs in `covered` (the storms'); a call is named by its column when its line has others."""
     rows = trace.sql(
         "SELECT frame_id, name_sid, signature_sid, COUNT(*) FROM compiles GROUP BY frame_id, name_sid, signature_sid"
     )
     groups: dict[tuple[Any, Any], list[tuple[Any, int]]] = defaultdict(list)
     for frame_id, name_sid, signature_sid, count in rows:
         groups[(frame_id, name_sid)].append((signature_sid, count))
+    calls_per_line = Counter((_site_label(trace.frame(frame_id)), name_sid) for frame_id, name_sid in groups)
     varying: list[VaryingDim] = []
     for (frame_id, name_sid), signatures in groups.items():
-        if len(signatures) < 2:
+        source = trace.frame(frame_id)
+        line_site = _site_label(source)
+        if len(signatures) < 2 or (line_site, trace.string(name_sid)) in covered:
             continue
         parsed = [parse_specs(trace.string(signature_sid)) for signature_sid, _ in signatures]
         compiles = sum(count for _, count in signatures)
         width = len(parsed[0])
         if any(len(specs) != width for specs in parsed):
             continue
-        site = _site_label(trace.frame(frame_id))
+        site = source.short_call if source is not None and calls_per_line[(line_site, name_sid)] > 1 else line_site
         for input_index in range(width):
             column = [specs[input_index] for specs in parsed]
             if any(spec is None for spec in column):

@@ -116,10 +116,10 @@ def _op_location(context: AnalysisContext, parsed: re.Match[str] | None, raised_
     if parsed is None or parsed["file"] is None:
         return None
     basename, line = parsed["file"], int(parsed["line"])
-    candidates = [
+    candidates = list(dict.fromkeys(  # a line's frame and its calls' frames are one location
         location for (frame_id,) in context.trace.sql("SELECT id FROM frames WHERE line = ? ORDER BY id", (line,))
         if (location := context.location(frame_id)) is not None and os.path.basename(location.file) == basename
-    ]
+    ))
     same_file = [location for location in candidates if raised_at is not None and location.file == raised_at.file]
     if same_file or len(candidates) == 1:
         return (same_file or candidates)[0]

@@ -310,7 +310,8 @@ def shape_entry(context: AnalysisContext, diffs: list[str | None]) -> ShapeEntry
         "SELECT f.id FROM frames f JOIN strings s ON s.id = f.file_sid WHERE f.line = ? AND (s.text = ? OR s.text LIKE ?)",
         (line, file, f"%/{name}"),
     )
-    frame_id = rows[0][0] if rows else None
+    line_frames = [row[0] for row in rows if (location := trace.frame(row[0])) is not None and location.col is None]
+    frame_id = line_frames[0] if line_frames else rows[0][0] if rows else None  # ops have the line's frame, not a call's
     module = None
     op_sid = trace.string_id(op)
     if frame_id is not None and op_sid is not None:
