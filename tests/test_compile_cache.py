@@ -14,6 +14,7 @@ import pytest
 
 from tputrace import open as open_trace
 from tputrace.analysis import analyze
+from tputrace.analysis.render import finding_lines
 from tputrace.schema import COMPILE_CACHE_META_KEY
 
 SCRIPT = textwrap.dedent(
@@ -102,6 +103,7 @@ def test_the_report_counts_loads_and_suggests_the_cache_only_to_a_run_without_it
     assert directory is None and stats.loaded_from_disk == 0
     assert "--compile-cache DIR" in suggestion.suggestion
     assert suggestion.severity == "info" and suggestion.cost_total_ns == 0  # it shortens later runs, not this one
+    assert finding_lines(1, suggestion)[1].text.startswith("no cost to this run")
     assert report.results["compile_cache"].data["compiled_share"] >= 0.25
 
     report, stats, directory = reports["filling"]  # the cache is on but empty: nothing to load, nothing to suggest

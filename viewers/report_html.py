@@ -137,6 +137,10 @@ def _section(key: str, content: str, aside: str, *, title: str | None = None) ->
 # -- findings -------------------------------------------------------------------------------------------
 
 
+def _cost_estimate(finding: Finding) -> str:
+    return f"≈ {fmt_ns(finding.cost_total_ns)} (estimate)" if finding.cost_total_ns else "no cost to this run"
+
+
 def _finding_html(finding: Finding) -> str:
     where = []
     if finding.file:
@@ -144,7 +148,7 @@ def _finding_html(finding: Finding) -> str:
         where.append(esc(f"{location}:{finding.line}" if finding.line is not None else location))
     if finding.module:
         where.append(esc(finding.module))
-    cost = f"costs ≈ {fmt_ns(finding.cost_total_ns)} in total"
+    cost = f"costs ≈ {fmt_ns(finding.cost_total_ns)} in total" if finding.cost_total_ns else "no cost to this run"
     if finding.cost_per_step_ns is not None:
         cost += f", {fmt_ns(finding.cost_per_step_ns)} per step"
     evidence = "".join(
@@ -231,7 +235,7 @@ def _findings_overview(analysis: AnalysisData) -> str:
         items.append(
             f'<li class="tp-{esc(finding.severity)}"><span class="tp-badge">{esc(finding.severity)}</span> '
             f'<a href="#{section}">{esc(finding.title)}</a> '
-            f'<span class="tp-muted">≈ {esc(fmt_ns(finding.cost_total_ns))} (estimate) · {esc(SECTION_TITLES[section])}</span></li>'
+            f'<span class="tp-muted">{esc(_cost_estimate(finding))} · {esc(SECTION_TITLES[section])}</span></li>'
         )
     target = f" Target: {esc(analysis.target_text)}."
     return (
