@@ -30,7 +30,7 @@ import numpy as np
 from jax import dtypes
 
 from tputrace.backend import hlo_fusions, matmul_precision, memory, program_cache
-from tputrace.backend.dtypes import to_torch
+from tputrace.backend.dtypes import JAX_TO_TORCH, to_torch
 from tputrace.backend.flush_sites import FlushSites
 from tputrace.backend.plans import Plan, compile_program
 from tputrace.backend.signatures import InputSpec, signature_diff
@@ -111,11 +111,14 @@ def _key_change(old: Any, new: Any, limit: int = 60) -> str:
     return f"{repr(old)[:limit]} -> {repr(new)[:limit]}"
 
 
-def _input_spec(value: Any) -> InputSpec:
-    shape = getattr(value, "shape", None)
-    if shape is None:
-        return (type(value).__name__,)
-    return (tuple(shape), to_torch(value.dtype))
+def _input_specs(inputs: Sequence[Any], _torch_dtypes: dict = JAX_TO_TORCH) -> tuple[InputSpec, ...]:
+    """Each program input's spec, (shape, torch dtype) or (type name,), as every flush's cache key holds
+    it: an array's torch dtype is one dict lookup of its own dtype (`to_torch` makes a JAX dtype of it first)."""
+    return tuple([
+        (type(value).__name__,) if (shape := getattr(value, "shape", None)) is None
+        else (tuple(shape), _torch_dtypes.get(value.dtype) or to_torch(value.dtype))
+        for value in inputs
+    ])
 
 
 class DeferredExecutor:
@@ -301,8 +304,8 @@ class DeferredExecutor:
                     outputs.setdefault((value.node, value.index), []).append(value)
         output_refs = tuple(outputs)
         donate = self._donatable(graph)
-        structure = (tuple((id(plan), refs) for plan, refs in graph.nodes), output_refs, donate, graph.backward_from)
-        in_specs = tuple(_input_spec(value) for value in graph.inputs)
+        structure = (tuple([(id(plan), refs) for plan, refs in graph.nodes]), output_refs, donate, graph.backward_from)
+        in_specs = _input_specs(graph.inputs)
         key = (structure, in_specs)
         fused = self.programs.get(key)
         cache_hit = fused is not None
