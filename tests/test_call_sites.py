@@ -17,6 +17,7 @@ from tputrace.store.reader import open_trace
 from tputrace.store.records import SourceLocation
 from tputrace.store.writer import TraceWriter
 from tputrace.tui import queries
+from tputrace.tui.compiles import compile_detail
 from tputrace.viewers import plotly_data
 
 CALLS_LINE = "    scores = (q @ w) @ (w @ k)"
@@ -89,6 +90,10 @@ def test_per_line_views_keep_the_line_together(strict_trace: tuple[Path, Path]) 
         assert len(sites) == 1 and sites[0].count == len(at_line)
         (file_stat,) = [stat for stat in queries.source_stats(trace, 0) if stat.file == str(script)]
         assert file_stat.lines[line].compiles == len(at_line)
+        details = {compile_detail(row).plain.split("call site: ")[1].splitlines()[0]
+                   for row in queries.compile_rows(trace, 0) if row.source is not None and row.source.line == line}
+    assert details == {f"{script}:{line} (<module>) · col {CALLS_LINE.index(text) + 1}"
+                       for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")}
 
 
 def test_a_file_without_frame_columns_reads_them_as_none(tmp_path: Path) -> None:

@@ -137,6 +137,8 @@ def compile_detail(row: queries.CompileRow) -> Text:
     if row.source is not None:
         text.append("\ncall site: ", style="bold")
         text.append(str(row.source))
+        if row.source.col is not None:  # where on the line the call is (1-based, as editors count)
+            text.append(f" · col {row.source.col + 1}")
     text.append("\nold: ", style="bold")
     if row.old_id is None:
         text.append("(none: the first compile of this structure and call site)")
