@@ -7,7 +7,7 @@ chip computes what fixes the length (the nonzero count; the number of distinct v
 sorted values; the sum, min and max of the values), the host reads only that (one data-dependent sync, as
 CUDA's kernels sync to size their output; in DEFER_AND_FUSE it flushes the pending graph), and a
 program compiled for that length, rounded up (see `length_buckets`), computes the result on the chip
-(see `ops.sized`), which is then cut to the length (`padded_reads.cut`: read on the host, with no
+(see `ops.sized`), which is then cut to the length (`cuts.layout.cut`: read on the host, with no
 program per length). Inputs with no element, or one, need no read.
 
 Calls torch refuses for their shapes or dtypes keep the host fallback, which raises torch's error;
@@ -26,7 +26,7 @@ from tputrace.backend.entries import OpEntry
 from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import SYNC_KIND, count_set
 from tputrace.backend.op_routes import bound
-from tputrace.backend.padded_reads import cut
+from tputrace.backend.cuts.layout import cut
 from tputrace.backend.ops import sized
 from tputrace.backend.ops.registry import Lowering
 

@@ -208,7 +208,7 @@ def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
 
 def _checked_values(dispatcher: Any, tensor: Any, index_range: IndexRange | ValueCheck) -> tuple[Any, tuple[int, ...], int | None, int | None]:
     """(array, shape, cut dim, length) of a checked index: for a data-dependent result cut from a
-    padded buffer (`padded_reads.cut`), the whole buffer and where its real entries end, so that the
+    padded buffer (`cuts.layout.cut`), the whole buffer and where its real entries end, so that the
     check compiles per padded length rather than per count; else (and for a value check) the
     tensor's value, with no cut."""
     view = tensor._view

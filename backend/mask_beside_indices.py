@@ -5,7 +5,7 @@ Torch turns the mask into the positions of its set elements (`nonzero`), which b
 other index tensors. Those positions have the mask's count as their length, so a program built on
 them (the gather, its index check, the slices of the positions) compiles once per distinct count.
 Here the mask itself goes into one program compiled for the count rounded up (`length_buckets`),
-which finds the positions and indexes: a read is then cut to the count (`padded_reads.cut`); a write
+which finds the positions and indexes: a read is then cut to the count (`cuts.layout.cut`); a write
 drops the slots past the count. The count is the one host read (a data-dependent sync; none for a
 host mask, which is copied to the chip).
 
@@ -26,7 +26,7 @@ from tputrace.backend.data_dependent import sized_step
 from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import MASK_DTYPES, count_set
 from tputrace.backend.ops import sized
-from tputrace.backend.padded_reads import cut
+from tputrace.backend.cuts.layout import cut
 from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten

@@ -34,7 +34,7 @@ from tputrace.backend.length_buckets import padded_length
 from tputrace.backend.mask_counts import MASK_DTYPES, count_set
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import sized
-from tputrace.backend.padded_reads import cut
+from tputrace.backend.cuts.layout import cut
 from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten

@@ -1,7 +1,7 @@
 """The programs data-dependent ops compile (`nonzero`, `x[mask]`, `x[mask, idx]` and its write,
 `masked_select`, `unique`, `bincount`, `repeat_interleave`) are all in the trace, each new length's named in its recompile's diff, and a
 host read of their results, or a pointwise op, a sum, a mean, a softmax or a loss on the chip, compiles no program per count
-(`padded_reads`); results equal the CPU's in both eager modes."""
+(`cuts`); results equal the CPU's in both eager modes."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
 `mse_loss` of two cuts) compiles programs per padded length, not per count: the loss, its backward and
-the gradient's scatter through the mask run on the padded buffers (`padded_reads`), and the results
+the gradient's scatter through the mask run on the padded buffers (`cuts`), and the results
 equal the CPU's in both eager modes."""
 
 from __future__ import annotations

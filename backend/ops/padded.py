@@ -1,4 +1,4 @@
-"""Losses and means of a data-dependent result run on its padded buffer (see `padded_reads`).
+"""Losses and means of a data-dependent result run on its padded buffer (see `cuts`).
 
 Each takes the buffer's leading dim padded and the true length as a traced number (one program per
 padded length, not per length): rows at `length` and past are made neutral (a loss target of
@@ -93,6 +93,11 @@ def mm_over_rows_padded(self: Array, mat2: Array, length: Array) -> Array:
     real_self = jnp.where(real_rows(self, length), self, jnp.zeros_like(self))
     real_mat2 = jnp.where(real_rows(mat2, length), mat2, jnp.zeros_like(mat2))
     return mm(real_self.T, real_mat2).astype(self.dtype)
+
+
+def fill_past(padded: Array, length: Array, *, dim: int, fill: float | int | bool) -> Array:
+    """`padded` with its entries at `length` and past along `dim` set to `fill` (a reduction's identity)."""
+    return jnp.where(real_rows(padded, length, dim), padded, jnp.asarray(fill, padded.dtype))
 
 
 def keep_past(written: Array, original: Array, length: Array, *, dim: int) -> Array:

@@ -1,0 +1,31 @@
+"""Reads of a data-dependent output without a program per length.
+
+`nonzero`, `x[mask]`, `unique` and the like run a program compiled for a padded length (see
+`length_buckets`) and return the first `length` entries of its output: a narrow view (`layout.cut`).
+Read on the chip, that view is a slice program compiled for each distinct length, which is what
+bucketing avoids. Read on the host (`.cpu()`, `.tolist()`, `.item()`, `print`), it needs no program:
+the padded buffer is copied (at most a quarter more bytes, see `length_buckets`) and cut on the host.
+
+An op on the chip whose inputs include cuts runs on their padded buffers where it can
+(`routes.on_padded`), each module here one family:
+- `pointwise`: `x[mask] * 2`, `torch.where(x[mask] > 0, ...)`, a cut's `unsqueeze` read as the
+  padded buffer's (`weights.unsqueeze(-1) * rows`): each entry depends only on the entries at its
+  position, so the first `length` are the op's on the cut; the result is cut in turn.
+- `reductions`: a sum, `amax` or `amin` reduces the padded buffer, its padding first set to the
+  reduction's identity; a mean divides the zero-padded sum by the count.
+- `rows`: a softmax along another dim, a cumulative sum, `flip`, `zeros_like` and `new_zeros`
+  compute row by row (or prefix by prefix) or read only the dtype; a softmax along the cut dim
+  leaves the padding out of the normalisation.
+- `losses`: `nll_loss` (with `label_smoothing`, `nll_loss2d`) and `mse_loss` and their backward
+  leave the padded rows out.
+- `matmul`: a matmul of the rows (a linear layer on `x[mask]`), and the weight gradient, a sum over
+  the real rows only.
+- `index_put`: the gradient of `x[mask]` scatters its padded rows through the mask (the k-th set
+  element takes the k-th row, so rows past the count are never read).
+- `backward_views`: the `expand` of a gradient to the cut's length is broadcast to the padded
+  length, and its `squeeze` copies the padded buffer.
+- `in_place`: `masked_fill_` of a cut writes its buffer before the length only.
+Each program that must leave the padding out takes the length as a traced number (`steps`), so it
+is compiled per padded length. Other ops that read the view (a reshape, a matmul with the cut on the
+right) need the exact shape, and compile for it as the op itself does.
+"""

@@ -1,0 +1,51 @@
+"""A pointwise op of cuts (`x[mask] * 2`, `weights.unsqueeze(-1) * rows`) on their padded buffers:
+each entry depends only on the entries at its position, so the first `length` are the op's on the
+cuts, and the program is the padded length's."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tputrace.backend.cuts.layout import cut, cut_from_end, cut_layout, is_cut, padded_of
+from tputrace.backend.tensor import TpuTensor
+
+_pointwise: dict[Any, bool] = {}  # op entry -> whether it is a deterministic pointwise op of one output
+
+
+def pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """A pointwise op whose inputs include cuts (or their `unsqueeze`), run on their padded buffers and
+    cut to the length; None when it cannot be: an op that is not pointwise (or draws random numbers),
+    cuts of different lengths, dims or padded lengths, or another input that does not broadcast along
+    the cut dim."""
+    if not _is_pointwise(entry) or any(is_cut(value) for value in kwargs.values()):
+        return None
+    layouts = {position: cut_layout(value) for position, value in enumerate(args) if type(value) is TpuTensor}
+    layouts = {position: layout for position, layout in layouts.items() if layout is not None}
+    cuts = {position: cut_from_end(args[position], layout) for position, layout in layouts.items()}
+    if len(set(cuts.values())) != 1:
+        return None
+    from_end, length, _ = next(iter(cuts.values()))
+    others = [tuple(value.shape) for position, value in enumerate(args) if isinstance(value, torch.Tensor) and position not in cuts]
+    try:
+        shape = torch.broadcast_shapes(*others, *(tuple(args[position].shape) for position in cuts))
+    except RuntimeError:  # the op raises torch's error on the cut
+        return None
+    if shape[from_end] != length or any(len(other) >= -from_end and other[from_end] != 1 for other in others):
+        return None
+    padded_args = [padded_of(value, layouts[position][2]) if position in cuts else value for position, value in enumerate(args)]
+    result = dispatcher.compute(entry, padded_args, kwargs, record_as)
+    return cut(result, result.dim() + from_end, length)
+
+
+def _is_pointwise(entry: Any) -> bool:
+    known = _pointwise.get(entry)
+    if known is None:
+        op = entry.op
+        known = _pointwise[entry] = (
+            isinstance(op, torch._ops.OpOverload) and torch.Tag.pointwise in op.tags and torch.Tag.nondeterministic_seeded not in op.tags
+            and len(op._schema.returns) == 1 and entry.lowering is not None and not entry.lowering.needs_key
+        )
+    return known

@@ -1,0 +1,93 @@
+"""Ops of cuts computed row by row or prefix by prefix on the padded buffers: a softmax (and its
+backward) along any dim, `flip`, a cumulative sum, `zeros_like` and `new_zeros`; along the cut dim,
+a softmax or `flip` leaves the padding out."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from tputrace.backend.cuts.layout import cut, is_cut, shared_cut
+from tputrace.backend.cuts.steps import padded_step
+from tputrace.backend.op_routes import bound
+from tputrace.backend.ops import padded
+from tputrace.backend.tensor import whole_buffer
+
+aten = torch.ops.aten
+
+SOFTMAX_OPS = (aten._softmax.default, aten._log_softmax.default, aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+NEW_OPS = (aten.new_zeros.default, aten.new_empty.default, aten.new_ones.default, aten.new_full.default, aten.new_empty_strided.default)
+PREFIX_OPS = (
+    aten.zeros_like.default, aten.ones_like.default, aten.empty_like.default, aten.full_like.default,
+    aten.cumsum.default, aten.cumprod.default, aten.logcumsumexp.default,
+)
+
+
+def rowwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """A softmax, log-softmax or their backward of cuts alike. Along a dim other than the cut's, each
+    row of the padded buffers is computed on its own, so the first `length` are the op's on the cuts;
+    along the cut dim (a softmax over the selected rows), the padding is left out of the
+    normalisation (`ops.padded.softmax_along_cut_padded`)."""
+    tensors = [value for value in args if isinstance(value, torch.Tensor)]
+    shared = shared_cut(tensors)
+    if shared is None or kwargs or len(args) != len(tensors) + 2:
+        return None
+    cut_dim, length = shared
+    along, last = args[len(tensors):]
+    if not -tensors[0].dim() <= along < tensors[0].dim():
+        return None
+    padded_tensors = [whole_buffer(value) for value in tensors]
+    if along % tensors[0].dim() != cut_dim:
+        result = dispatcher.compute(entry, [*padded_tensors, along, last], kwargs, record_as)
+    else:
+        step, last_name, log = _ALONG_CUT[entry.op]
+        result = dispatcher.compute(step, (*padded_tensors, length), {"dim": cut_dim, last_name: last, "log": log}, record_as or entry.name)
+    return cut(result, cut_dim, length)
+
+
+_ALONG_CUT = {  # op -> (its program along the cut dim, the name of its last argument, whether it is the log form)
+    aten._softmax.default: (padded_step(aten._softmax.default, padded.softmax_along_cut_padded, 1), "half_to_float", False),
+    aten._log_softmax.default: (padded_step(aten._log_softmax.default, padded.softmax_along_cut_padded, 1), "half_to_float", True),
+    aten._softmax_backward_data.default: (
+        padded_step(aten._softmax_backward_data.default, padded.softmax_backward_along_cut_padded, 2), "input_dtype", False
+    ),
+    aten._log_softmax_backward_data.default: (
+        padded_step(aten._log_softmax_backward_data.default, padded.softmax_backward_along_cut_padded, 2), "input_dtype", True
+    ),
+}
+_FLIP_CUT = padded_step(aten.flip.default, padded.flip_cut_padded, 1)
+
+
+def flip_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`flip` of a cut (the backward of its `cumsum`): along other dims, of its padded buffer; along
+    the cut dim, the cut's entries reversed to the front (`ops.padded.flip_cut_padded`); cut in turn."""
+    self, dims = bound(entry.op, args, kwargs)
+    if not is_cut(self):
+        return None
+    axes = [axis % self.dim() for axis in dims if -self.dim() <= axis < self.dim()]
+    if len(axes) != len(dims) or len(set(axes)) != len(axes):
+        return None  # the exact path raises torch's error
+    cut_dim, length = self._view.host_cut
+    if cut_dim not in axes:
+        return cut(dispatcher.compute(entry, (whole_buffer(self), dims), {}, record_as), cut_dim, length)
+    options = {"dims": tuple(axes), "cut_dim": cut_dim}
+    return cut(dispatcher.compute(_FLIP_CUT, (whole_buffer(self), length), options, record_as or entry.name), cut_dim, length)
+
+
+def new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`new_zeros` and the like of a cut read only its dtype and device: made from its padded buffer."""
+    if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
+        return None
+    return dispatcher.compute(entry, (whole_buffer(args[0]), *args[1:]), kwargs, record_as)
+
+
+def prefix_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """An op of one cut whose first `length` entries along the cut dim depend on the cut's only
+    (`zeros_like` and the like; a cumulative sum, product or logcumsumexp, each entry on those
+    before it): of its padded buffer, cut in turn."""
+    if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
+        return None
+    dim, length = args[0]._view.host_cut
+    return cut(dispatcher.compute(entry, (whole_buffer(args[0]), *args[1:]), kwargs, record_as), dim, length)
