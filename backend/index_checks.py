@@ -33,9 +33,10 @@ import numpy as np
 import torch
 
 from tputrace.backend import chips
+from tputrace.backend.cuts.layout import cut_layout, padded_of
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.plans import OutSpec, Plan
-from tputrace.backend.tensor import TpuTensor, whole_buffer
+from tputrace.backend.tensor import TpuTensor
 from tputrace.sourceloc import is_user_file, library_roots
 
 aten = torch.ops.aten
@@ -208,14 +209,14 @@ def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
 
 def _checked_values(dispatcher: Any, tensor: Any, index_range: IndexRange | ValueCheck) -> tuple[Any, tuple[int, ...], int | None, int | None]:
     """(array, shape, cut dim, length) of a checked index: for a data-dependent result cut from a
-    padded buffer (`cuts.layout.cut`), the whole buffer and where its real entries end, so that the
-    check compiles per padded length rather than per count; else (and for a value check) the
-    tensor's value, with no cut."""
-    view = tensor._view
-    if view is None or view.host_cut is None or type(index_range) is ValueCheck:
+    padded buffer (`cuts.layout.cut`), or reshaped from one (`labels.reshape(-1)`), the padded
+    counterpart and where its real entries end, so that the check compiles per padded length rather
+    than per count; else (and for a value check) the tensor's value, with no cut."""
+    layout = None if type(index_range) is ValueCheck else cut_layout(tensor)
+    if layout is None:
         return dispatcher.read(tensor), tuple(tensor.shape), None, None
-    cut_dim, length = view.host_cut
-    padded = whole_buffer(tensor)
+    cut_dim, length, _ = layout
+    padded = padded_of(tensor, layout)
     return dispatcher.read(padded), tuple(padded.shape), cut_dim, length
 
 

@@ -1,10 +1,11 @@
 """What the dispatcher asks about the cuts of data-dependent outputs (see the `cuts` package): whether
-the process has made one yet, whether a value is one, how a host read cuts it, and the route of an op
-of cuts on their padded buffers."""
+the process has made one yet, whether an op's input is one (or a view of one, which a route may read
+as a cut of its own), how a host read cuts it, and the route of an op of cuts on their padded buffers."""
 
 from __future__ import annotations
 
-from tputrace.backend.cuts.layout import host_cut, is_cut, recent_lengths
+from tputrace.backend.cuts.layout import host_cut, recent_lengths
+from tputrace.backend.cuts.layout import is_cut_or_view_of_one as is_cut
 from tputrace.backend.cuts.routes import on_padded
 
 __all__ = ["cuts_made", "host_cut", "is_cut", "on_padded"]

@@ -12,6 +12,7 @@ One process: for N distinct counts, with `mask = values < count`, one of (`--op`
   masked_loss     cross_entropy(rows[mask], values[mask] % 8) and its gradient with respect to rows
   masked_smoothed the same with label_smoothing=0.1
   masked_linear   cross_entropy(linear(rows[mask], weight), values[mask] % 8) and the gradients of rows and weight
+  masked_reshaped the same with rows[mask] viewed as (count, 2, 4), a (4, 8) weight and the logits reshaped to (2 * count, 8)
 each result copied to the host and checked against the CPU's (sums of up to 2,600 rows within 1e-4). Prints the XLA
 compiles JAX reports (`/jax/core/compile/backend_compile_duration`) during the loop, their total time,
 and the loop's wall time.
@@ -73,6 +74,18 @@ def _masked_linear(values: torch.Tensor, rows: torch.Tensor, count: int) -> torc
     return torch.cat([loss.detach().reshape(1), leaf.grad.reshape(-1), weight.grad.reshape(-1)])
 
 
+def _masked_reshaped(values: torch.Tensor, rows: torch.Tensor, count: int) -> torch.Tensor:
+    """A linear layer on the selected rows viewed as (count, 2, 4), its logits reshaped to (2 * count, 8)
+    (views that merge the cut dim with the one after it, or split it), then the gradients."""
+    leaf = rows.detach().requires_grad_()
+    weight = torch.linspace(-1.0, 1.0, 32, device=rows.device).reshape(8, 4).requires_grad_()
+    mask = values < count
+    labels = torch.stack([values % 8, values % 5], -1)[mask].reshape(-1)
+    loss = F.cross_entropy(F.linear(leaf[mask].reshape(-1, 2, 4), weight).reshape(-1, 8), labels)
+    loss.backward()
+    return torch.cat([loss.detach().reshape(1), leaf.grad.reshape(-1), weight.grad.reshape(-1)])
+
+
 Result = Callable[[torch.Tensor, torch.Tensor, int], torch.Tensor]  # (values, rows, count) -> what is read
 _RESULTS: dict[str, Result] = {
     "index": lambda values, rows, count: rows[values < count],
@@ -86,6 +99,7 @@ _RESULTS: dict[str, Result] = {
     "masked_loss": _masked_loss,
     "masked_smoothed": _masked_smoothed,
     "masked_linear": _masked_linear,
+    "masked_reshaped": _masked_reshaped,
 }
 
 

@@ -1,7 +1,7 @@
 """A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
-`mse_loss` of two cuts) compiles programs per padded length, not per count: the loss, its backward and
-the gradient's scatter through the mask run on the padded buffers (`cuts`), and the results
-equal the CPU's in both eager modes."""
+`mse_loss` of two cuts, a reshape of a cut) compiles programs per padded length,
+not per count: the loss, its backward and the gradient's scatter through the mask run on the padded
+buffers (`cuts`), and the results equal the CPU's in both eager modes."""
 
 from __future__ import annotations
 
@@ -68,6 +68,15 @@ def _attention_pooling(model: nn.Module, tokens: torch.Tensor, mask: torch.Tenso
     return F.cross_entropy(model[1](pooled).unsqueeze(0), tokens[0, :1])
 
 
+def _linear_on_a_3d_cut(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """A linear layer on `hidden[mask]` of shape (count, 3, 8) (from (4, 16, 3, 8) and a (4, 16) mask),
+    and the cross-entropy of its logits reshaped to (count * 3, 51): views that merge the cut dim with
+    the dim after it (a padded length of three times the mask's) or split it again."""
+    triples = torch.stack([tokens, tokens.roll(1, 1), tokens.roll(2, 1)], -1)
+    logits = model[1](model[0](triples)[mask])
+    return F.cross_entropy(logits.reshape(-1, 51), triples[mask].reshape(-1))
+
+
 LOSSES: dict[str, Loss] = {
     "cross_entropy": _cross_entropy,
     "cross_entropy sum": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], reduction="sum"),
@@ -83,6 +92,8 @@ LOSSES: dict[str, Loss] = {
     "cross_entropy of kept images": _kept_images,
     "x[mask].pow(2).sum(), 20 wide as a count": lambda model, tokens, mask: model(tokens)[..., :20][mask].pow(2).sum(),
     "x[mask].cumsum(0)": lambda model, tokens, mask: model(tokens)[mask].cumsum(0).pow(2).mean(),
+    "linear on a 3-D cut, cross_entropy of its reshape": _linear_on_a_3d_cut,
+    "x[mask].reshape(-1).pow(2).mean()": lambda model, tokens, mask: model(tokens)[mask].reshape(-1).pow(2).mean(),
 }
 
 
@@ -180,8 +191,7 @@ optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
 for count in {counts}:
     tokens = torch.randint(0, 100, (4, 16), generator=generator).to("tpu")
     mask = (torch.randperm(64, generator=generator) < count).reshape(4, 16).to("tpu")
-    logits = model(tokens)
-    loss = F.cross_entropy(logits[mask], tokens[mask])
+{loss}
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
@@ -191,15 +201,25 @@ print(float(loss))
 # themselves), then six steps of counts not seen before, of the same padded lengths.
 _SEEN_COUNTS = (17, 21, 29) * 3 + (20, 24, 32)
 _NEW_COUNTS = (18, 22, 30, 19, 23, 31)
+_SCRIPT_LOSSES = {  # the loop's loss lines
+    "cross_entropy": """
+    logits = model(tokens)
+    loss = F.cross_entropy(logits[mask], tokens[mask])""",
+    "a 3-D cut, its linear layer and reshaped loss": """
+    pairs = torch.stack([tokens, tokens.roll(1, 1)], -1)
+    hidden = model[0](pairs)[mask]
+    loss = F.cross_entropy(model[1](hidden).reshape(-1, 100), pairs[mask].reshape(-1))""",
+}
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
-def test_a_traced_masked_loss_loop_compiles_per_padded_length(tmp_path: Path, mode: EagerMode) -> None:
+@pytest.mark.parametrize("case", sorted(_SCRIPT_LOSSES))
+def test_a_traced_masked_loss_loop_compiles_per_padded_length(tmp_path: Path, mode: EagerMode, case: str) -> None:
     """The user's loop compiles no program in the steps whose counts are new but whose padded
     lengths are not; every compile is in the trace (JAX's own count), and a new padded length's
     recompile names the size that changed."""
     script = tmp_path / "masked.py"
-    script.write_text(_SCRIPT.format(mode=mode.name, counts=_SEEN_COUNTS + _NEW_COUNTS))
+    script.write_text(_SCRIPT.format(mode=mode.name, counts=_SEEN_COUNTS + _NEW_COUNTS, loss=_SCRIPT_LOSSES[case]))
     trace_path = tmp_path / "masked.tptrace"
     before = len(_backend_compiles)
     assert main(["run", "-o", str(trace_path), str(script)]) == 0

@@ -7,7 +7,10 @@ bucketing avoids. Read on the host (`.cpu()`, `.tolist()`, `.item()`, `print`), 
 the padded buffer is copied (at most a quarter more bytes, see `length_buckets`) and cut on the host.
 
 An op on the chip whose inputs include cuts runs on their padded buffers where it can
-(`routes.on_padded`), each module here one family:
+(`routes.on_padded`). A view that only reshapes a cut (`x[mask].reshape(-1, C)`, a linear layer on a
+3-D cut, an `unsqueeze`) is read as a cut of the buffer reshaped alike (`layout.cut_layout`: merging
+the cut dim with the T entries after it gives a padded length of T times the cut's). Each module
+here is one family:
 - `pointwise`: `x[mask] * 2`, `torch.where(x[mask] > 0, ...)`, a cut's `unsqueeze` read as the
   padded buffer's (`weights.unsqueeze(-1) * rows`): each entry depends only on the entries at its
   position, so the first `length` are the op's on the cut; the result is cut in turn.
@@ -26,6 +29,7 @@ An op on the chip whose inputs include cuts runs on their padded buffers where i
   length, and its `squeeze` copies the padded buffer.
 - `in_place`: `masked_fill_` of a cut writes its buffer before the length only.
 Each program that must leave the padding out takes the length as a traced number (`steps`), so it
-is compiled per padded length. Other ops that read the view (a reshape, a matmul with the cut on the
-right) need the exact shape, and compile for it as the op itself does.
+is compiled per padded length. Other ops that read the view (a matmul with the cut on the right,
+`torch.mv`, a reshape that merges the cut dim with a dim before it) need the exact shape, and compile
+for it as the op itself does.
 """

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import _engine_run_backward
 
-from tputrace.backend.cuts.layout import cut, cut_or_unsqueezed, is_cut, recent_lengths
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, padded_of, recent_lengths
 from tputrace.backend.op_routes import bound
 from tputrace.backend.tensor import TpuTensor, whole_buffer
 
@@ -24,7 +24,7 @@ _ENGINE_RUN_BACKWARD = _engine_run_backward.__code__  # where `backward()` and `
 def expand_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`expand` run by autograd's backward to the length of a recent cut along a new or size-1 dim
     (the backward of `x[mask].mean()` or `.sum()`: `grad.expand(x[mask].shape)`; of the latest cut's
-    length where several dims have such lengths), or of a cut (or its `unsqueeze`) along another
+    length where several dims have such lengths), or of a cut (or its reshape) along another
     dim: the tensor broadcast to the padded length, then cut, so that the gradient's ops run on the
     padded buffer (the same values, whichever dim is taken).
     None (a plain view) elsewhere: outside a backward the result must alias its input, and so must
@@ -38,9 +38,10 @@ def expand_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: di
     if leading < 0:
         return None
     size = [self.shape[dim - leading] if target == -1 and dim >= leading else target for dim, target in enumerate(size)]
-    source = cut_or_unsqueezed(self)
-    if source is not None:  # the backward of a reduction along another dim (`x[mask].sum(1)`)
-        padded_self, cut_dim, length = source
+    layout = cut_layout(self)
+    if layout is not None:  # the backward of a reduction along another dim (`x[mask].sum(1)`)
+        cut_dim, length, _ = layout
+        padded_self = padded_of(self, layout)
         cut_dim += leading
         if size[cut_dim] != length:
             return None

@@ -27,7 +27,7 @@ def masked_fill_on_cut(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: di
     if not is_cut(args[0]):
         return None
     self, mask, value = bound(op, args, kwargs)
-    if shared_cut((self, mask)) is None or is_cut(value):
+    if not is_cut(mask) or shared_cut((self, mask)) is None or is_cut(value):
         return None
     check_write(self, (mask, value), op)
     dim, length = self._view.host_cut

@@ -1,14 +1,14 @@
-"""`index_put` through a mask of values cut to its count (the backward of `x[mask]`) on the padded values."""
+"""`index_put` through a mask of values cut to its count (the backward of `x[mask]`, of a reshaped
+`x[mask]` too) on the padded values."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from typing import Any
 
-from tputrace.backend.cuts.layout import is_cut
+from tputrace.backend.cuts.layout import cut_layout, is_cut, padded_of
 from tputrace.backend.mask_counts import MASK_DTYPES
 from tputrace.backend.op_routes import bound
-from tputrace.backend.tensor import whole_buffer
 
 
 def index_put_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
@@ -17,9 +17,9 @@ def index_put_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
     rows past the count are never read. A cut of one row is left to the exact path (a single row
     broadcasts to every set element)."""
     self, indices, values, *rest = bound(entry.op, args, kwargs)
-    if is_cut(self) or len(indices) != 1 or indices[0] is None or indices[0].dtype not in MASK_DTYPES or not is_cut(values):
+    if is_cut(self) or len(indices) != 1 or indices[0] is None or indices[0].dtype not in MASK_DTYPES:
         return None
-    dim, length = values._view.host_cut
-    if dim or length <= 1 or values.dim() != self.dim() - indices[0].dim() + 1:
+    layout = cut_layout(values)
+    if layout is None or layout[0] or layout[1] <= 1 or values.dim() != self.dim() - indices[0].dim() + 1:
         return None
-    return dispatcher.compute(entry, (self, indices, whole_buffer(values), *rest), {}, record_as)
+    return dispatcher.compute(entry, (self, indices, padded_of(values, layout), *rest), {}, record_as)

@@ -7,6 +7,7 @@ buffer and cuts it there, and ops on the chip can run on the buffer instead (see
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,6 +17,10 @@ from tputrace.backend.tensor import TpuTensor, whole_buffer
 from tputrace.backend.views import ViewChain
 
 aten = torch.ops.aten
+# (the cut dim in a value, its length, the shape of the value's padded counterpart)
+Layout = tuple[int, int, tuple[int, ...]]
+# View ops that only reshape: a chain of them on a cut reads the cut's entries in their order.
+_RESHAPES = frozenset({aten.view.default, aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims})
 
 _REMEMBERED_LENGTHS = 16
 # The lengths of the latest cuts -> the padded length each was cut from (the latest last); empty
@@ -54,62 +59,89 @@ def is_cut(value: Any) -> bool:
     return type(value) is TpuTensor and value._view is not None and value._view.host_cut is not None
 
 
-def shared_cut(values: Sequence[Any]) -> tuple[int, int] | None:
-    """(dim, length) when every value is a cut of that dim and length, of one shape and one padded
-    shape; else None."""
-    if not all(is_cut(value) for value in values):
-        return None
-    first = values[0]
-    layout = (first._view.host_cut, tuple(first.shape), tuple(first._buf.array.shape))
-    if any((value._view.host_cut, tuple(value.shape), tuple(value._buf.array.shape)) != layout for value in values[1:]):
-        return None
-    return first._view.host_cut
+def is_cut_or_view_of_one(value: Any) -> bool:
+    """Whether `value` is a cut or a view of one (which `cut_layout` may read as a cut of its own)."""
+    if type(value) is not TpuTensor:
+        return False
+    view = value._view
+    return view is not None and (view.host_cut is not None or (len(view.steps) > 1 and ViewChain.root(view.steps[0]).host_cut is not None))
 
 
-def cut_then(value: Any, view_op: Any) -> tuple[int, int, Any] | None:
-    """(the cut dim, the length, the step) when `value` is `view_op` applied to a cut (`.t()` of
-    `x[mask]`, its `unsqueeze(1)`); else None."""
+def shared_cut(values: Sequence[Any]) -> Layout | None:
+    """The layout (`cut_layout`) every value has, when they are cuts (or reshapes of cuts) of one
+    layout and one shape; else None."""
+    layouts = [cut_layout(value) for value in values]
+    first = (layouts[0], tuple(values[0].shape))
+    if first[0] is None or any((layout, tuple(value.shape)) != first for layout, value in zip(layouts[1:], values[1:])):
+        return None
+    return first[0]
+
+
+def cut_layout(value: Any) -> Layout | None:
+    """The layout of a cut, or of a view that only reshapes one (its `unsqueeze`, a `view` that merges
+    the cut dim with the dims after it or splits it, as `x[mask].reshape(-1, C)` or a linear layer on
+    a 3-D cut do): read as a cut of its padded counterpart (`padded_of`); else None."""
     if type(value) is not TpuTensor or value._view is None:
         return None
+    return _chain_layout(value._view.steps, tuple(value._buf.array.shape), tuple(value.shape))
+
+
+def transposed_layout(value: Any) -> Layout | None:
+    """The layout of the cut (or reshaped cut) a 2-D value is the transpose of (`.t()` of `x[mask]`,
+    the weight gradient's operand); else None."""
+    if type(value) is not TpuTensor or value._view is None or value.dim() != 2:
+        return None
     steps = value._view.steps
-    if len(steps) != 2 or steps[1].key[0] is not view_op:
+    last = steps[-1]
+    if len(steps) < 2 or not (last.key[0] is aten.t.default or (last.key[0] is aten.permute.default and list(last.args[0]) in ([1, 0], [-1, -2]))):
         return None
-    under = ViewChain.root(steps[0]).host_cut  # the chain of the first step exists: it was made first
-    return None if under is None else (*under, steps[1])
+    return _chain_layout(steps[:-1], tuple(value._buf.array.shape), tuple(reversed(value.shape)))
 
 
-def cut_layout(value: Any) -> tuple[int, int, int | None] | None:
-    """(the cut dim in the value, the length, the dim an `unsqueeze` inserted or None) for a cut or an
-    `unsqueeze` of one (`weights.unsqueeze(-1)`); else None."""
-    if is_cut(value):
-        return (*value._view.host_cut, None)
-    under = cut_then(value, aten.unsqueeze.default)
-    if under is None:
+def _chain_layout(steps: Sequence[Any], buffer_shape: tuple[int, ...], shape: tuple[int, ...]) -> Layout | None:
+    """The layout of a value of `shape` seen through `steps` from its buffer: the cut itself, or the
+    cut's reshapes (an `unsqueeze` alone keeps the cut's dims, as a pointwise op's other cuts have them)."""
+    cut_of_root = ViewChain.root(steps[0]).host_cut  # the chain of the first step exists: it was made first
+    if cut_of_root is None or any(step.key[0] not in _RESHAPES for step in steps[1:]):
         return None
-    dim, length, step = under
-    at = step.args[0] % value.dim()
-    return dim + (at <= dim), length, at
+    dim, length = cut_of_root
+    if len(steps) == 1:
+        return dim, length, buffer_shape
+    if len(steps) == 2 and steps[1].key[0] is aten.unsqueeze.default:
+        at = steps[1].args[0] % len(shape)
+        return dim + (at <= dim), length, buffer_shape[:at] + (1,) + buffer_shape[at:]
+    return _reshaped_layout(buffer_shape, dim, length, shape)
 
 
-def padded_of(value: TpuTensor, unsqueezed_at: int | None) -> TpuTensor:
-    """The padded buffer of a cut, or of the cut an `unsqueeze` at `unsqueezed_at` was applied to, seen
-    with the value's dims (`cut_layout`)."""
+def _reshaped_layout(buffer_shape: tuple[int, ...], dim: int, length: int, shape: tuple[int, ...]) -> Layout | None:
+    """The layout of the cut (`length` entries along `dim` of a buffer of `buffer_shape`) reshaped to
+    `shape`: the dim whose dims before it hold as many entries as those before the cut dim. The cut's
+    entries, in order, are the first of each such group in the buffer too, so they are the first
+    `shape[at]` along it of the buffer reshaped alike (a padded length of the buffer's times the
+    entries after the cut dim, over those after `at`: `padded * T` for a cut of (count, T, H) viewed
+    as (count * T, H)). None where no dim does (the cut dim merged with a dim before it) or the
+    padded length does not divide."""
+    outer, inner, padded = math.prod(buffer_shape[:dim]), math.prod(buffer_shape[dim + 1:]), buffer_shape[dim]
+    if not length or not all(shape):
+        return None
+    fits = [at for at in range(len(shape)) if math.prod(shape[:at]) == outer and (padded * inner) % math.prod(shape[at + 1:]) == 0]
+    if not fits:
+        return None
+    kept = [at for at in fits if math.prod(shape[at + 1:]) == inner]  # the cut dim as it was, where one is
+    at = (kept or fits)[-1]
+    return at, shape[at], shape[:at] + (padded * inner // math.prod(shape[at + 1:]),) + shape[at + 1:]
+
+
+def padded_of(value: TpuTensor, layout: Layout) -> TpuTensor:
+    """The padded counterpart of a value of that `cut_layout`: its buffer, seen with the layout's shape."""
     buffer = whole_buffer(value)
-    return buffer if unsqueezed_at is None else aten.unsqueeze.default(buffer, unsqueezed_at)
+    if layout[2] == tuple(buffer.shape):
+        return buffer
+    return aten.view.default(buffer, list(layout[2]))
 
 
-def cut_or_unsqueezed(value: TpuTensor) -> tuple[TpuTensor, int, int] | None:
-    """(the padded buffer with the value's dims, the cut dim, the length) for a cut or an `unsqueeze`
-    of one; else None."""
-    layout = cut_layout(value)
-    if layout is None:
-        return None
-    dim, length, unsqueezed_at = layout
-    return padded_of(value, unsqueezed_at), dim, length
-
-
-def cut_from_end(value: TpuTensor, layout: tuple[int, int, int | None]) -> tuple[int, int, int]:
+def cut_from_end(value: TpuTensor, layout: Layout) -> tuple[int, int, int]:
     """(the cut dim counted from the end, as broadcasting aligns dims; the length; the padded length)
     of a value of that `cut_layout`."""
-    dim, length, unsqueezed_at = layout
-    return dim - value.dim(), length, value._buf.array.shape[dim - (unsqueezed_at is not None and unsqueezed_at < dim)]
+    dim, length, padded_shape = layout
+    return dim - value.dim(), length, padded_shape[dim]

@@ -9,11 +9,10 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.cuts.layout import cut, is_cut, shared_cut
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut_or_view_of_one, padded_of, shared_cut
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
-from tputrace.backend.tensor import whole_buffer
 
 aten = torch.ops.aten
 
@@ -24,42 +23,47 @@ _MSE_LOSS_BACKWARD = padded_step(aten.mse_loss_backward.default, padded.mse_loss
 _NO_REDUCTION = 0
 
 
-def _loss_rows(self: Any, target: Any) -> int | None:
-    """The length of scores (N, C) and targets (N,), or (N, C, H, W) and (N, H, W) (`nll_loss2d`: the
-    samples of a batch kept by a mask), cut to the same number of rows; else None."""
+def _loss_rows(self: Any, target: Any) -> tuple[Any, Any, int] | None:
+    """(the padded scores, the padded targets, the length) of scores (N, C) and targets (N,), or (N, C,
+    H, W) and (N, H, W) (`nll_loss2d`: the samples of a batch kept by a mask), cut (or reshaped from
+    cuts, as `logits.reshape(-1, C)` of a 3-D cut) to the same number of rows; else None."""
     if self.dim() not in (2, 4) or self.dim() != target.dim() + 1 or tuple(self.shape[2:]) != tuple(target.shape[1:]):
         return None
-    if not is_cut(self) or not is_cut(target):
+    self_layout, target_layout = cut_layout(self), cut_layout(target)
+    if self_layout is None or target_layout is None:
         return None
-    (self_dim, length), (target_dim, target_length) = self._view.host_cut, target._view.host_cut
-    if self_dim or target_dim or length != target_length or self._buf.array.shape[0] != target._buf.array.shape[0]:
+    (self_dim, length, self_padded), (target_dim, target_length, target_padded) = self_layout, target_layout
+    if self_dim or target_dim or length != target_length or self_padded[0] != target_padded[0]:
         return None
-    return length
+    return padded_of(self, self_layout), padded_of(target, target_layout), length
 
 
 def nll_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`nll_loss_forward` of cut scores and targets: the padded rows get `ignore_index`."""
     self, target, weight, reduction, ignore_index = bound(entry.op, args, kwargs)
-    length = _loss_rows(self, target)
-    if length is None or is_cut(weight):
+    rows = _loss_rows(self, target)
+    if rows is None or is_cut_or_view_of_one(weight):
         return None
+    padded_self, padded_target, length = rows
     options = {"reduction": reduction, "ignore_index": ignore_index}
-    output, total_weight = dispatcher.compute(_NLL_LOSS, (whole_buffer(self), whole_buffer(target), weight, length), options, record_as or entry.name)
+    output, total_weight = dispatcher.compute(_NLL_LOSS, (padded_self, padded_target, weight, length), options, record_as or entry.name)
     return (cut(output, 0, length) if reduction == _NO_REDUCTION else output), total_weight
 
 
 def nll_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`nll_loss_backward` of cut scores and targets: the padded rows' gradient is zero."""
     grad_output, self, target, weight, reduction, ignore_index, total_weight = bound(entry.op, args, kwargs)
-    length = _loss_rows(self, target)
-    if length is None or is_cut(weight) or is_cut(total_weight):
+    rows = _loss_rows(self, target)
+    if rows is None or is_cut_or_view_of_one(weight) or is_cut_or_view_of_one(total_weight):
         return None
-    if is_cut(grad_output):
-        if reduction != _NO_REDUCTION or shared_cut((grad_output, target)) is None:
+    padded_self, padded_target, length = rows
+    if is_cut_or_view_of_one(grad_output):
+        layout = shared_cut((grad_output, target))
+        if reduction != _NO_REDUCTION or layout is None:
             return None
-        grad_output = whole_buffer(grad_output)
+        grad_output = padded_of(grad_output, layout)
     options = {"reduction": reduction, "ignore_index": ignore_index}
-    inputs = (grad_output, whole_buffer(self), whole_buffer(target), weight, total_weight, length)
+    inputs = (grad_output, padded_self, padded_target, weight, total_weight, length)
     return cut(dispatcher.compute(_NLL_LOSS_BACKWARD, inputs, options, record_as or entry.name), 0, length)
 
 
@@ -69,11 +73,12 @@ def mse_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs:
     shared = shared_cut((self, target))
     if shared is None or self.is_complex():
         return None
-    cut_dim, length = shared
+    cut_dim, length, _ = shared
+    padded_self, padded_target = padded_of(self, shared), padded_of(target, shared)
     if reduction == _NO_REDUCTION:
-        return cut(dispatcher.compute(entry, (whole_buffer(self), whole_buffer(target), reduction), {}, record_as), cut_dim, length)
+        return cut(dispatcher.compute(entry, (padded_self, padded_target, reduction), {}, record_as), cut_dim, length)
     options = {"cut_dim": cut_dim, "reduction": reduction}
-    return dispatcher.compute(_MSE_LOSS, (whole_buffer(self), whole_buffer(target), length), options, record_as or entry.name)
+    return dispatcher.compute(_MSE_LOSS, (padded_self, padded_target, length), options, record_as or entry.name)
 
 
 def mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
@@ -82,14 +87,16 @@ def mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any]
     shared = shared_cut((self, target))
     if shared is None or self.is_complex():
         return None
-    cut_dim, length = shared
+    cut_dim, length, _ = shared
+    padded_self, padded_target = padded_of(self, shared), padded_of(target, shared)
     if reduction == _NO_REDUCTION:
-        if is_cut(grad_output) and shared_cut((grad_output, self)) is None:
-            return None
-        grad_output = whole_buffer(grad_output) if is_cut(grad_output) else grad_output
-        return cut(dispatcher.compute(entry, (grad_output, whole_buffer(self), whole_buffer(target), reduction), {}, record_as), cut_dim, length)
-    if is_cut(grad_output):
+        if is_cut_or_view_of_one(grad_output):
+            if shared_cut((grad_output, self)) is None:
+                return None
+            grad_output = padded_of(grad_output, shared)
+        return cut(dispatcher.compute(entry, (grad_output, padded_self, padded_target, reduction), {}, record_as), cut_dim, length)
+    if is_cut_or_view_of_one(grad_output):
         return None
     options = {"cut_dim": cut_dim, "reduction": reduction}
-    inputs = (grad_output, whole_buffer(self), whole_buffer(target), length)
+    inputs = (grad_output, padded_self, padded_target, length)
     return cut(dispatcher.compute(_MSE_LOSS_BACKWARD, inputs, options, record_as or entry.name), cut_dim, length)

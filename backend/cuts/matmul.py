@@ -1,5 +1,5 @@
-"""`mm` and `addmm` of a row cut (a linear layer on `x[mask]`, its input's and weight's gradients) on
-the padded rows."""
+"""`mm` and `addmm` of a row cut, or of a cut reshaped to rows (a linear layer on `x[mask]` of any
+rank, its input's and weight's gradients), on the padded rows."""
 
 from __future__ import annotations
 
@@ -8,11 +8,10 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.cuts.layout import cut, cut_then, is_cut
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, is_cut_or_view_of_one, padded_of, transposed_layout
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
-from tputrace.backend.tensor import whole_buffer
 
 aten = torch.ops.aten
 
@@ -30,14 +29,18 @@ def matmul_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: d
         bias, mat1, mat2, _, _ = bound(entry.op, args, kwargs)
         if is_cut(bias) or (bias.dim() == 2 and bias.shape[0] != 1):
             return None
-    if is_cut(mat1) and mat1.dim() == 2 and mat1._view.host_cut[0] == 0 and not is_cut(mat2):
-        padded_args = [whole_buffer(value) if value is mat1 else value for value in args]
-        padded_kwargs = {name: whole_buffer(value) if value is mat1 else value for name, value in kwargs.items()}
-        return cut(dispatcher.compute(entry, padded_args, padded_kwargs, record_as), 0, mat1._view.host_cut[1])
-    transposed = cut_then(mat1, aten.t.default)
-    if bias is not None or transposed is None or not is_cut(mat2) or mat2.dim() != 2:
+    rows = cut_layout(mat1) if mat1.dim() == 2 else None
+    if rows is not None and rows[0] == 0 and not is_cut(mat2):
+        padded_mat1 = padded_of(mat1, rows)
+        padded_args = [padded_mat1 if value is mat1 else value for value in args]
+        padded_kwargs = {name: padded_mat1 if value is mat1 else value for name, value in kwargs.items()}
+        return cut(dispatcher.compute(entry, padded_args, padded_kwargs, record_as), 0, rows[1])
+    transposed = transposed_layout(mat1)
+    if bias is not None or transposed is None or not is_cut_or_view_of_one(mat2) or mat2.dim() != 2:
         return None
-    cut_dim, length, _ = transposed
-    if cut_dim or mat2._view.host_cut != (0, length) or mat1._buf.array.shape[0] != mat2._buf.array.shape[0]:
+    cut_dim, length, padded_shape = transposed
+    rows = cut_layout(mat2)
+    if cut_dim or rows is None or rows[:2] != (0, length) or padded_shape[0] != rows[2][0]:
         return None
-    return dispatcher.compute(_MM_OVER_ROWS, (whole_buffer(mat1), whole_buffer(mat2), length), {}, record_as or entry.name)
+    inputs = (padded_of(mat1, transposed), padded_of(mat2, rows), length)
+    return dispatcher.compute(_MM_OVER_ROWS, inputs, {}, record_as or entry.name)

@@ -35,7 +35,7 @@ def pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
         return None
     if shape[from_end] != length or any(len(other) >= -from_end and other[from_end] != 1 for other in others):
         return None
-    padded_args = [padded_of(value, layouts[position][2]) if position in cuts else value for position, value in enumerate(args)]
+    padded_args = [padded_of(value, layouts[position]) if position in cuts else value for position, value in enumerate(args)]
     result = dispatcher.compute(entry, padded_args, kwargs, record_as)
     return cut(result, result.dim() + from_end, length)
 

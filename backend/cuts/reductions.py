@@ -8,10 +8,9 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.cuts.layout import cut, is_cut
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, padded_of
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.ops import padded
-from tputrace.backend.tensor import whole_buffer
 
 aten = torch.ops.aten
 
@@ -44,15 +43,16 @@ def reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
     identity (a mean: zeroed, the sum divided by the count), where it reduces the cut dim; else of the
     buffer as it is, the result cut in turn. None for an empty cut or a complex one."""
     self = args[0]
-    if not is_cut(self) or any(is_cut(value) for value in (*args[1:], *kwargs.values())) or self.is_complex():
+    layout = cut_layout(self)
+    if layout is None or any(is_cut(value) for value in (*args[1:], *kwargs.values())) or self.is_complex():
         return None
-    dim, length = self._view.host_cut
+    dim, length, _ = layout
     if not length:  # nothing to reduce: `amax` raises torch's error, a sum is zeros
         return None
     reduced = args[1] if len(args) > 1 else kwargs.get("dim")
     keepdim = args[2] if len(args) > 2 else kwargs.get("keepdim", False)
     dims = range(self.dim()) if not reduced else [axis % self.dim() for axis in reduced]
-    buffer = whole_buffer(self)
+    buffer = padded_of(self, layout)
     if dim in dims and entry.op in MEANS:
         if not (self.dtype.is_floating_point if kwargs.get("dtype") is None else kwargs["dtype"].is_floating_point):
             return None  # torch refuses the mean of integers without a floating dtype

@@ -9,11 +9,10 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.cuts.layout import cut, is_cut, shared_cut
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, padded_of, shared_cut
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
-from tputrace.backend.tensor import whole_buffer
 
 aten = torch.ops.aten
 
@@ -34,11 +33,11 @@ def rowwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: 
     shared = shared_cut(tensors)
     if shared is None or kwargs or len(args) != len(tensors) + 2:
         return None
-    cut_dim, length = shared
+    cut_dim, length, _ = shared
     along, last = args[len(tensors):]
     if not -tensors[0].dim() <= along < tensors[0].dim():
         return None
-    padded_tensors = [whole_buffer(value) for value in tensors]
+    padded_tensors = [padded_of(value, shared) for value in tensors]
     if along % tensors[0].dim() != cut_dim:
         result = dispatcher.compute(entry, [*padded_tensors, along, last], kwargs, record_as)
     else:
@@ -64,30 +63,33 @@ def flip_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dic
     """`flip` of a cut (the backward of its `cumsum`): along other dims, of its padded buffer; along
     the cut dim, the cut's entries reversed to the front (`ops.padded.flip_cut_padded`); cut in turn."""
     self, dims = bound(entry.op, args, kwargs)
-    if not is_cut(self):
+    layout = cut_layout(self)
+    if layout is None:
         return None
     axes = [axis % self.dim() for axis in dims if -self.dim() <= axis < self.dim()]
     if len(axes) != len(dims) or len(set(axes)) != len(axes):
         return None  # the exact path raises torch's error
-    cut_dim, length = self._view.host_cut
+    cut_dim, length, _ = layout
     if cut_dim not in axes:
-        return cut(dispatcher.compute(entry, (whole_buffer(self), dims), {}, record_as), cut_dim, length)
+        return cut(dispatcher.compute(entry, (padded_of(self, layout), dims), {}, record_as), cut_dim, length)
     options = {"dims": tuple(axes), "cut_dim": cut_dim}
-    return cut(dispatcher.compute(_FLIP_CUT, (whole_buffer(self), length), options, record_as or entry.name), cut_dim, length)
+    return cut(dispatcher.compute(_FLIP_CUT, (padded_of(self, layout), length), options, record_as or entry.name), cut_dim, length)
 
 
 def new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`new_zeros` and the like of a cut read only its dtype and device: made from its padded buffer."""
-    if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
+    layout = cut_layout(args[0])
+    if layout is None or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
         return None
-    return dispatcher.compute(entry, (whole_buffer(args[0]), *args[1:]), kwargs, record_as)
+    return dispatcher.compute(entry, (padded_of(args[0], layout), *args[1:]), kwargs, record_as)
 
 
 def prefix_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """An op of one cut whose first `length` entries along the cut dim depend on the cut's only
     (`zeros_like` and the like; a cumulative sum, product or logcumsumexp, each entry on those
     before it): of its padded buffer, cut in turn."""
-    if not is_cut(args[0]) or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
+    layout = cut_layout(args[0])
+    if layout is None or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
         return None
-    dim, length = args[0]._view.host_cut
-    return cut(dispatcher.compute(entry, (whole_buffer(args[0]), *args[1:]), kwargs, record_as), dim, length)
+    dim, length, _ = layout
+    return cut(dispatcher.compute(entry, (padded_of(args[0], layout), *args[1:]), kwargs, record_as), dim, length)
