@@ -1,5 +1,5 @@
 """A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
-`mse_loss` of two cuts, a reshape of a cut) compiles programs per padded length,
+`mse_loss` of two cuts, a reshape of a cut, in-place ops on one) compiles programs per padded length,
 not per count: the loss, its backward and the gradient's scatter through the mask run on the padded
 buffers (`cuts`), and the results equal the CPU's in both eager modes."""
 
@@ -77,6 +77,14 @@ def _linear_on_a_3d_cut(model: nn.Module, tokens: torch.Tensor, mask: torch.Tens
     return F.cross_entropy(logits.reshape(-1, 51), triples[mask].reshape(-1))
 
 
+def _in_place_on_a_cut(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """In-place pointwise ops on the selected rows (and, in the backward of `clamp_`, `logical_and_`)."""
+    selected = model(tokens)[mask]
+    selected.mul_(2)
+    selected.clamp_(-1.0, 1.0)
+    return F.cross_entropy(selected, tokens[mask])
+
+
 LOSSES: dict[str, Loss] = {
     "cross_entropy": _cross_entropy,
     "cross_entropy sum": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], reduction="sum"),
@@ -94,6 +102,7 @@ LOSSES: dict[str, Loss] = {
     "x[mask].cumsum(0)": lambda model, tokens, mask: model(tokens)[mask].cumsum(0).pow(2).mean(),
     "linear on a 3-D cut, cross_entropy of its reshape": _linear_on_a_3d_cut,
     "x[mask].reshape(-1).pow(2).mean()": lambda model, tokens, mask: model(tokens)[mask].reshape(-1).pow(2).mean(),
+    "x[mask].mul_(2).clamp_(-1, 1)": _in_place_on_a_cut,
 }
 
 
@@ -205,9 +214,10 @@ _SCRIPT_LOSSES = {  # the loop's loss lines
     "cross_entropy": """
     logits = model(tokens)
     loss = F.cross_entropy(logits[mask], tokens[mask])""",
-    "a 3-D cut, its linear layer and reshaped loss": """
+    "a 3-D cut, scaled in place, its linear layer and reshaped loss": """
     pairs = torch.stack([tokens, tokens.roll(1, 1)], -1)
     hidden = model[0](pairs)[mask]
+    hidden.mul_(2)
     loss = F.cross_entropy(model[1](hidden).reshape(-1, 100), pairs[mask].reshape(-1))""",
 }
 

@@ -27,7 +27,8 @@ here is one family:
   element takes the k-th row, so rows past the count are never read).
 - `backward_views`: the `expand` of a gradient to the cut's length is broadcast to the padded
   length, and its `squeeze` copies the padded buffer.
-- `in_place`: `masked_fill_` of a cut writes its buffer before the length only.
+- `in_place`: `masked_fill_` and in-place pointwise ops (`sel.mul_(2)`, `sel.clamp_(-1, 1)`) of a
+  cut write its buffer before the length only.
 Each program that must leave the padding out takes the length as a traced number (`steps`), so it
 is compiled per padded length. Other ops that read the view (a matmul with the cut on the right,
 `torch.mv`, a reshape that merges the cut dim with a dim before it) need the exact shape, and compile

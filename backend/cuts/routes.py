@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tputrace.backend.cuts.backward_views import expand_in_backward, squeeze_in_backward
-from tputrace.backend.cuts.in_place import masked_fill_on_cut
+from tputrace.backend.cuts.in_place import in_place_on_cut, masked_fill_on_cut, pointwise_in_place_ops
 from tputrace.backend.cuts.index_put import index_put_on_padded
 from tputrace.backend.cuts.losses import mse_loss_backward_on_padded, mse_loss_on_padded, nll_loss_backward_on_padded, nll_loss_on_padded
 from tputrace.backend.cuts.matmul import matmul_on_padded
@@ -57,11 +57,12 @@ def on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, re
 
 def route_through_cuts() -> None:
     """From the process's first cut on, `expand` tries `expand_in_backward` first, `squeeze(dim)`
-    `squeeze_in_backward` and `masked_fill_` `masked_fill_on_cut`; until then they take their plain
-    routes, at no cost to processes that never cut."""
+    `squeeze_in_backward`, `masked_fill_` `masked_fill_on_cut` and the other in-place pointwise ops
+    `in_place_on_cut`; until then they take their plain routes, at no cost to processes that never cut."""
     from tputrace.backend.dispatch import dispatcher  # dispatch imports this package
 
-    for op, on_cut in _CUT_ROUTES.items():
+    cut_routes = {**dict.fromkeys(pointwise_in_place_ops(), in_place_on_cut), **_CUT_ROUTES}
+    for op, on_cut in cut_routes.items():
         handler, entry = dispatcher.routes.get(id(op)) or dispatcher._route(op)
         dispatcher.register_special(op, _first_on_cut(dispatcher, op, on_cut, handler, entry))
 
