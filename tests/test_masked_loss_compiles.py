@@ -77,6 +77,14 @@ def _linear_on_a_3d_cut(model: nn.Module, tokens: torch.Tensor, mask: torch.Tens
     return F.cross_entropy(logits.reshape(-1, 51), triples[mask].reshape(-1))
 
 
+def _bias_free_linear_on_a_3d_cut(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`_linear_on_a_3d_cut` without a bias: torch's matmul then gives its (count * 3, 51) product back as
+    (count, 3, 51) by `_unsafe_view`, not a view."""
+    triples = torch.stack([tokens, tokens.roll(1, 1), tokens.roll(2, 1)], -1)
+    logits = F.linear(model[0](triples)[mask], model[1].weight)
+    return F.cross_entropy(logits.reshape(-1, 51), triples[mask].reshape(-1))
+
+
 def _in_place_on_a_cut(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """In-place pointwise ops on the selected rows (and, in the backward of `clamp_`, `logical_and_`)."""
     selected = model(tokens)[mask]
@@ -101,6 +109,7 @@ LOSSES: dict[str, Loss] = {
     "x[mask].pow(2).sum(), 20 wide as a count": lambda model, tokens, mask: model(tokens)[..., :20][mask].pow(2).sum(),
     "x[mask].cumsum(0)": lambda model, tokens, mask: model(tokens)[mask].cumsum(0).pow(2).mean(),
     "linear on a 3-D cut, cross_entropy of its reshape": _linear_on_a_3d_cut,
+    "bias-free linear on a 3-D cut": _bias_free_linear_on_a_3d_cut,
     "x[mask].reshape(-1).pow(2).mean()": lambda model, tokens, mask: model(tokens)[mask].reshape(-1).pow(2).mean(),
     "x[mask].mul_(2).clamp_(-1, 1)": _in_place_on_a_cut,
 }

@@ -18,7 +18,8 @@ here is one family:
   reduction's identity; a mean divides the zero-padded sum by the count.
 - `rows`: a softmax along another dim, a cumulative sum, `flip`, `zeros_like` and `new_zeros`
   compute row by row (or prefix by prefix) or read only the dtype; a softmax along the cut dim
-  leaves the padding out of the normalisation.
+  leaves the padding out of the normalisation; `_unsafe_view` (a bias-free linear layer's output
+  on a 3-D cut) reshapes the padded counterpart.
 - `losses`: `nll_loss` (with `label_smoothing`, `nll_loss2d`) and `mse_loss` and their backward
   leave the padded rows out.
 - `matmul`: a matmul of the rows (a linear layer on `x[mask]`), and the weight gradient, a sum over

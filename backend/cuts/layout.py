@@ -110,10 +110,10 @@ def _chain_layout(steps: Sequence[Any], buffer_shape: tuple[int, ...], shape: tu
     if len(steps) == 2 and steps[1].key[0] is aten.unsqueeze.default:
         at = steps[1].args[0] % len(shape)
         return dim + (at <= dim), length, buffer_shape[:at] + (1,) + buffer_shape[at:]
-    return _reshaped_layout(buffer_shape, dim, length, shape)
+    return reshaped_layout(buffer_shape, dim, length, shape)
 
 
-def _reshaped_layout(buffer_shape: tuple[int, ...], dim: int, length: int, shape: tuple[int, ...]) -> Layout | None:
+def reshaped_layout(buffer_shape: tuple[int, ...], dim: int, length: int, shape: tuple[int, ...]) -> Layout | None:
     """The layout of the cut (`length` entries along `dim` of a buffer of `buffer_shape`) reshaped to
     `shape`: the dim whose dims before it hold as many entries as those before the cut dim. The cut's
     entries, in order, are the first of each such group in the buffer too, so they are the first

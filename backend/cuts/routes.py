@@ -15,7 +15,9 @@ from tputrace.backend.cuts.losses import mse_loss_backward_on_padded, mse_loss_o
 from tputrace.backend.cuts.matmul import matmul_on_padded
 from tputrace.backend.cuts.pointwise import pointwise_on_padded
 from tputrace.backend.cuts.reductions import IDENTITIES, MEANS, reduction_on_padded
-from tputrace.backend.cuts.rows import NEW_OPS, PREFIX_OPS, SOFTMAX_OPS, flip_on_padded, new_on_padded, prefix_on_padded, rowwise_on_padded
+from tputrace.backend.cuts.rows import (
+    NEW_OPS, PREFIX_OPS, SOFTMAX_OPS, flip_on_padded, new_on_padded, prefix_on_padded, rowwise_on_padded, unsafe_view_on_padded,
+)
 
 aten = torch.ops.aten
 
@@ -30,6 +32,7 @@ _ROUTES: dict[Any, Route] = {
     **{op: new_on_padded for op in NEW_OPS},
     **{op: prefix_on_padded for op in PREFIX_OPS},
     aten.flip.default: flip_on_padded,
+    aten._unsafe_view.default: unsafe_view_on_padded,
     aten.mm.default: matmul_on_padded,
     aten.addmm.default: matmul_on_padded,
     **{op: nll_loss_on_padded for op in (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)},

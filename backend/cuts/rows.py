@@ -1,15 +1,16 @@
 """Ops of cuts computed row by row or prefix by prefix on the padded buffers: a softmax (and its
-backward) along any dim, `flip`, a cumulative sum, `zeros_like` and `new_zeros`; along the cut dim,
-a softmax or `flip` leaves the padding out."""
+backward) along any dim, `flip`, a cumulative sum, `zeros_like` and `new_zeros`, `_unsafe_view`;
+along the cut dim, a softmax or `flip` leaves the padding out."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, padded_of, shared_cut
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, padded_of, reshaped_layout, shared_cut
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
@@ -93,3 +94,22 @@ def prefix_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: d
         return None
     dim, length, _ = layout
     return cut(dispatcher.compute(entry, (padded_of(args[0], layout), *args[1:]), kwargs, record_as), dim, length)
+
+
+def unsafe_view_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """`_unsafe_view` of a cut (a matmul's output of a 3-D cut, as a linear layer without bias gives):
+    its padded counterpart reshaped as `layout.reshaped_layout` says, cut in turn."""
+    self, size = bound(entry.op, args, kwargs)
+    layout = cut_layout(self)
+    if layout is None:
+        return None
+    known = math.prod(target for target in size if target != -1)
+    shape = tuple(self.numel() // known if target == -1 and known else target for target in size)
+    if math.prod(shape) != self.numel():
+        return None  # the exact path raises torch's error
+    dim, length, padded_shape = layout
+    reshaped = reshaped_layout(padded_shape, dim, length, shape)
+    if reshaped is None:
+        return None
+    result = dispatcher.compute(entry, (padded_of(self, layout), list(reshaped[2])), {}, record_as)
+    return cut(result, reshaped[0], reshaped[1])
