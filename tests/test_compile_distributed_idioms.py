@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
+from tputrace.backend.distributed.process_group import TpuProcessGroup
 
 
 def test_accelerator_stream_waits_on_tpu_events_and_streams() -> None:
@@ -39,4 +40,10 @@ def test_ddp_refuses_options_that_need_pinned_memory_in_one_line(tmp_path: Path,
         model(torch.ones(1, 2, device="tpu")).sum().backward()
         DistributedDataParallel(torch.nn.Linear(2, 2), find_unused_parameters=True)
     finally:
+        group = dist.group.WORLD
+        completion_thread = group._completion._thread
         dist.destroy_process_group()
+    # The group's shutdown stopped its completion thread (and let gloo's threads drop their finished
+    # works) before the DDP model still holding the group can destroy it while holding the GIL.
+    assert isinstance(group, TpuProcessGroup) and group._completion._thread is None
+    assert completion_thread is not None and not completion_thread.is_alive()

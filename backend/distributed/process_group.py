@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -29,6 +30,8 @@ from tputrace.backend.distributed.staging import Staging
 BACKEND_NAME = "tpu"
 TRANSPORT = "gloo"
 _DEFAULT_TIMEOUT = timedelta(minutes=30)
+_SHUTDOWN_WAIT_S = 10.0  # how long a shutdown waits for the completion thread to finish its queue
+_GLOO_DRAIN_S = 0.05  # the GIL released this long at shutdown, for gloo's threads to drop finished works
 
 
 class TpuProcessGroup(dist.ProcessGroup):
@@ -44,6 +47,15 @@ class TpuProcessGroup(dist.ProcessGroup):
 
     def __del__(self) -> None:
         self._completion.close()
+
+    def shutdown(self) -> None:
+        """`destroy_process_group` shuts the group down: its completion thread finishes what it holds,
+        then gloo's threads get the GIL to drop the works they finished (a work whose host tensors
+        Python has let go decrefs them on gloo's thread), so that none is still doing so when the group
+        is destroyed by a thread that holds the GIL (when DDP's reducer goes), which would wait forever."""
+        self._completion.close(wait_s=_SHUTDOWN_WAIT_S)
+        time.sleep(_GLOO_DRAIN_S)
+        super().shutdown()
 
     # ----------------------------------------------------------------- identity
     def getBackendName(self) -> str:  # noqa: N802 - c10d's name
@@ -380,11 +392,18 @@ class _Completion:
             if self._thread is None:
                 self._thread = threading.Thread(target=_completion_loop, args=(self._queue,), name="tputrace-collectives", daemon=True)
                 self._thread.start()
-        self._queue.put(pending)
+            self._queue.put(pending)
 
-    def close(self) -> None:
-        if self._thread is not None:
-            self._queue.put(None)
+    def close(self, wait_s: float = 0.0) -> None:
+        """Stop the thread once it has finished the calls queued before; wait up to `wait_s` for that.
+        A call submitted later starts a thread of its own."""
+        with self._lock:
+            thread, pending_calls = self._thread, self._queue
+            self._thread, self._queue = None, queue.SimpleQueue()
+        if thread is not None:
+            pending_calls.put(None)
+            if wait_s and thread is not threading.current_thread():
+                thread.join(wait_s)
 
 
 def _completion_loop(pending_calls: queue.SimpleQueue) -> None:
