@@ -70,11 +70,11 @@ def nll_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any]
 def mse_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`mse_loss` of two cuts alike: the padded entries' difference is zero (a mean divides by the count)."""
     self, target, reduction = bound(entry.op, args, kwargs)
-    shared = shared_cut((self, target))
-    if shared is None or self.is_complex():
+    cuts = _mse_cuts(self, target)
+    if cuts is None:
         return None
+    shared, padded_self, padded_target = cuts
     cut_dim, length, _ = shared
-    padded_self, padded_target = padded_of(self, shared), padded_of(target, shared)
     if reduction == _NO_REDUCTION:
         return cut(dispatcher.compute(entry, (padded_self, padded_target, reduction), {}, record_as), cut_dim, length)
     options = {"cut_dim": cut_dim, "reduction": reduction}
@@ -84,11 +84,11 @@ def mse_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs:
 def mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`mse_loss_backward` of two cuts alike (and of a cut gradient, without reduction)."""
     grad_output, self, target, reduction = bound(entry.op, args, kwargs)
-    shared = shared_cut((self, target))
-    if shared is None or self.is_complex():
+    cuts = _mse_cuts(self, target)
+    if cuts is None:
         return None
+    shared, padded_self, padded_target = cuts
     cut_dim, length, _ = shared
-    padded_self, padded_target = padded_of(self, shared), padded_of(target, shared)
     if reduction == _NO_REDUCTION:
         if is_cut_or_view_of_one(grad_output):
             if shared_cut((grad_output, self)) is None:
@@ -100,3 +100,11 @@ def mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any]
     options = {"cut_dim": cut_dim, "reduction": reduction}
     inputs = (grad_output, padded_self, padded_target, length)
     return cut(dispatcher.compute(_MSE_LOSS_BACKWARD, inputs, options, record_as or entry.name), cut_dim, length)
+
+
+def _mse_cuts(self: Any, target: Any) -> tuple[Any, Any, Any] | None:
+    """(their shared cut, their padded buffers) for `mse_loss` of two real cuts alike, else None."""
+    shared = shared_cut((self, target))
+    if shared is None or self.is_complex():
+        return None
+    return shared, padded_of(self, shared), padded_of(target, shared)
