@@ -42,7 +42,7 @@ STORM_SCRIPT = textwrap.dedent(
 )
 
 
-def _run(script: Path, trace: Path, mode: str, cache: Path | None) -> subprocess.CompletedProcess[str]:
+def _run(script: Path, trace: Path, mode: str, cache: Path | str | None) -> subprocess.CompletedProcess[str]:
     caching = [] if cache is None else ["--compile-cache", str(cache)]
     command = [sys.executable, "-m", "tputrace.cli.main", "run", "--mode", mode, *caching, "-o", str(trace), str(script)]
     return subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=script.parent)
@@ -89,8 +89,9 @@ def test_the_report_counts_loads_and_suggests_the_cache_only_to_a_run_without_it
     script = tmp_path / "lengths.py"
     script.write_text(STORM_SCRIPT)
     cache = tmp_path / "programs"
-    runs = {name: _run(script, tmp_path / f"{name}.tptrace", "strict", None if name == "uncached" else cache)
-            for name in ("uncached", "filling", "loading")}
+    # The filling run names the cache relative to its working directory, as a user may.
+    given = {"uncached": None, "filling": cache.name, "loading": cache}
+    runs = {name: _run(script, tmp_path / f"{name}.tptrace", "strict", directory) for name, directory in given.items()}
     assert all(run.returncode == 0 for run in runs.values()), [run.stderr for run in runs.values()]
     assert runs["loading"].stdout == runs["uncached"].stdout
     reports = {}
@@ -107,7 +108,7 @@ def test_the_report_counts_loads_and_suggests_the_cache_only_to_a_run_without_it
     assert report.results["compile_cache"].data["compiled_share"] >= 0.25
 
     report, stats, directory = reports["filling"]  # the cache is on but empty: nothing to load, nothing to suggest
-    assert directory == str(cache) and stats.loaded_from_disk == 0
+    assert directory == str(cache) and stats.loaded_from_disk == 0  # the trace names the directory absolutely
     assert not report.results["compile_cache"].findings
 
     report, stats, _ = reports["loading"]

@@ -114,8 +114,8 @@ class Recorder:
             )
             if forked_from is not None:
                 self.writer.set_meta(FORKED_FROM_META_KEY, forked_from.to_json())
-            compile_cache_directory = os.environ.get(settings.COMPILE_CACHE, "").strip()
-            if compile_cache_directory:
+            compile_cache_directory = settings.compile_cache_path()
+            if compile_cache_directory is not None:
                 self.writer.set_meta(COMPILE_CACHE_META_KEY, compile_cache_directory)
 
     # ----------------------------------------------------------------- context

@@ -29,13 +29,20 @@ def positive_int(setting: tuple[str, int, str], error: type[Exception] = Setting
     return count
 
 
+def compile_cache_path() -> str | None:
+    """The absolute path `TPUTRACE_COMPILE_CACHE` names, or None when it is unset or empty; nothing is
+    checked or created (the recorder notes it in the trace this way)."""
+    raw = os.environ.get(COMPILE_CACHE, "").strip()
+    return os.path.abspath(os.path.expanduser(raw)) if raw else None
+
+
 def compile_cache_directory(error: type[Exception] = SettingError) -> str | None:
     """The directory `TPUTRACE_COMPILE_CACHE` names for compiled programs (created if missing), or None
     when it is unset or empty; `error` when it cannot be used."""
-    raw = os.environ.get(COMPILE_CACHE, "").strip()
-    if not raw:
+    path = compile_cache_path()
+    if path is None:
         return None
-    path = os.path.abspath(os.path.expanduser(raw))
+    raw = os.environ[COMPILE_CACHE].strip()
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as failure:
