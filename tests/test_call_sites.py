@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tputrace.analysis import analyze
+from tputrace.analysis.call_sites import call_label, call_text
+from tputrace.merge import merge_traces
 from tputrace.store.reader import open_trace
 from tputrace.store.records import SourceLocation
 from tputrace.store.writer import TraceWriter
@@ -21,40 +23,53 @@ from tputrace.tui.compiles import compile_detail
 from tputrace.viewers import plotly_data
 
 CALLS_LINE = "    scores = (q @ w) @ (w @ k)"
+ACCENTED_LINE = '    résumé = ("é", torch.mm(q, u) @ ut)[1]  # 日本語'
+MULTILINE_CALL = """\
+    pair = (torch.mm(z, k), torch.matmul(
+        ut,  # the (4, 16) one
+        k,
+    ))"""
 SCRIPT = textwrap.dedent(
     """
     import torch
     import tputrace
 
     w = torch.ones(16, 16, device="tpu")
+    u, ut, z = torch.ones(16, 4, device="tpu"), torch.ones(4, 16, device="tpu"), torch.ones(2, 16, device="tpu")
     for step in range(6):
         n = 8 + 4 * step
         q = torch.ones(n, 16, device="tpu")
         k = torch.ones(16, n, device="tpu")
     {calls_line}
+    {accented_line}
+    {multiline_call}
         tputrace.step()
         print(float(scores.sum()))
     """
-).format(calls_line=CALLS_LINE)
+).format(calls_line=CALLS_LINE, accented_line=ACCENTED_LINE, multiline_call=MULTILINE_CALL)
+SIZES = [8 + 4 * step for step in range(6)]
 
 
 @pytest.fixture(scope="module")
 def strict_trace(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     folder = tmp_path_factory.mktemp("calls")
     script = folder / "calls.py"
-    script.write_text(SCRIPT)
+    script.write_text(SCRIPT, encoding="utf-8")
     trace = folder / "calls.tptrace"
     command = [sys.executable, "-m", "tputrace.cli.main", "run", "--mode", "strict", "-o", str(trace), str(script)]
     completed = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=folder)
     assert completed.returncode == 0, completed.stderr
-    sizes = [8 + 4 * step for step in range(6)]
-    assert [float(value) for value in completed.stdout.split()] == [16.0 * 16 * 16 * n * n for n in sizes]
+    assert [float(value) for value in completed.stdout.split()] == [16.0 * 16 * 16 * n * n for n in SIZES]
     return script, trace
 
 
-def _label(text: str) -> str:
-    line = SCRIPT.splitlines().index(CALLS_LINE) + 1
-    return f"calls.py:{line}:col {CALLS_LINE.index(text) + 1} ({text})"
+def _line(source_line: str) -> int:
+    return SCRIPT.splitlines().index(source_line.splitlines()[0]) + 1
+
+
+def _label(text: str, source_line: str = CALLS_LINE, shown: str | None = None) -> str:
+    """The report's name of the call starting with `text` on `source_line`: `shown` is its text there."""
+    return f"calls.py:{_line(source_line)}:col {source_line.index(text) + 1} ({shown or text})"
 
 
 def test_each_call_on_the_line_is_its_own_storm_with_its_own_dims(strict_trace: tuple[Path, Path]) -> None:
@@ -64,10 +79,15 @@ def test_each_call_on_the_line_is_its_own_storm_with_its_own_dims(strict_trace: 
     storms = {storm["call"]: storm for storm in report.results["recompiles"].data["storms"] if storm["name"] == "aten.mm.default"}
     # q @ w: (n, 16) x (16, 16); w @ k: (16, 16) x (16, n); their product: (n, 16) x (16, n).
     # At n = 16 the first two are the same program, so the second call compiles one size fewer.
+    # The other lines' calls have shapes of their own (u: 16 x 4, ut: 4 x 16, z: 2 x 16), all sizes each.
     expected = {
-        _label("q @ w"): ({(0, 0)}, [8, 12, 16, 20, 24, 28]),
+        _label("q @ w"): ({(0, 0)}, SIZES),
         _label("w @ k"): ({(1, 1)}, [8, 12, 20, 24, 28]),
         _label("(q @ w) @ (w @ k)"): ({(0, 0), (1, 1)}, [8, 12, 20, 24, 28]),
+        _label("torch.mm(q, u)", ACCENTED_LINE): ({(0, 0)}, SIZES),
+        _label("torch.mm(q, u) @ ut", ACCENTED_LINE, "torch.mm(q, u) @ ut"): ({(0, 0)}, SIZES),
+        _label("torch.mm(z, k)", MULTILINE_CALL): ({(1, 1)}, SIZES),
+        _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)"): ({(1, 1)}, SIZES),
     }
     assert set(storms) == set(expected)
     for call, (positions, values) in expected.items():
@@ -76,6 +96,33 @@ def test_each_call_on_the_line_is_its_own_storm_with_its_own_dims(strict_trace: 
         assert dim["values"] == values
     titles = [finding.title for finding in report.results["recompiles"].findings]
     assert all(any(call in title for title in titles) for call in expected)
+
+
+def test_columns_count_characters_after_non_ascii_text(strict_trace: tuple[Path, Path]) -> None:
+    """`résumé = ("é", ` is 15 characters but 18 UTF-8 bytes: the trace stores characters."""
+    script, trace_path = strict_trace
+    line = _line(ACCENTED_LINE)
+    col = ACCENTED_LINE.index("torch.mm")
+    assert len(ACCENTED_LINE[:col].encode()) == col + 3
+    with open_trace(trace_path) as trace:
+        spans = {(record.col, record.end_col, record.end_line) for record in trace.records("frames") if record.line == line}
+        details = {compile_detail(row).plain.split("call site: ")[1].splitlines()[0]
+                   for row in queries.compile_rows(trace, 0) if row.source is not None and row.source.line == line}
+    inner_end, outer_end = (ACCENTED_LINE.index(text) + len(text) for text in ("torch.mm(q, u)", "@ ut"))
+    assert {(col, inner_end, line), (col, outer_end, line)} <= spans
+    assert details == {f"{script}:{line} (<module>) · col {col + 1}"}
+
+
+def test_a_call_over_several_lines_reads_as_one(strict_trace: tuple[Path, Path]) -> None:
+    _, trace_path = strict_trace
+    line = _line(MULTILINE_CALL)
+    with open_trace(trace_path) as trace:
+        (location,) = {record.source.call_key: record.source for record in trace.records("compiles")
+                       if record.source is not None and record.source.line == line and record.name == "aten.mm.default"
+                       and record.source.end_line != line}.values()
+    assert (location.col, location.end_line, location.end_col) == (MULTILINE_CALL.index("torch.matmul("), line + 3, 5)
+    assert call_text(location) == "torch.matmul(ut, k)"
+    assert call_label(location) == _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)")
 
 
 def test_per_line_views_keep_the_line_together(strict_trace: tuple[Path, Path]) -> None:
@@ -112,10 +159,44 @@ def test_a_file_without_frame_columns_reads_them_as_none(tmp_path: Path) -> None
     assert (location.col, location.end_col, record.col, record.end_col) == (None, None, None, None)
 
 
+def test_a_file_with_byte_columns_reads_them_as_characters(tmp_path: Path) -> None:
+    """A trace written before `end_line` stored UTF-8 byte offsets, and no end for a call going on past its line."""
+    source = tmp_path / "older.py"
+    source.write_text(ACCENTED_LINE.strip() + "\n" + MULTILINE_CALL.strip() + "\n", encoding="utf-8")
+    accented, opening = ACCENTED_LINE.strip(), MULTILINE_CALL.strip().splitlines()[0]
+    byte_col = len(accented[:accented.index("torch.mm")].encode())
+    path = tmp_path / "older.tptrace"
+    writer = TraceWriter(path)
+    writer.set_run(world_size=1, script=str(source), argv=[])
+    accented_id = writer.frame(str(source), 1, "<module>", byte_col, byte_col + len("torch.mm(q, u)"))
+    opening_id = writer.frame(str(source), 2, "<module>", opening.index("torch.matmul("), None)
+    missing_id = writer.frame(str(tmp_path / "gone.py"), 1, "<module>", byte_col, byte_col + 3)
+    writer.close()
+    with sqlite3.connect(path) as connection:
+        connection.execute("ALTER TABLE frames DROP COLUMN end_line")
+    with open_trace(path) as trace:
+        accented_call, opening_call, missing = (trace.frame(frame_id) for frame_id in (accented_id, opening_id, missing_id))
+        stored = {record.id: (record.col, record.end_col, record.end_line) for record in trace.records("frames")}
+    col = accented.index("torch.mm")
+    assert (accented_call.col, accented_call.end_col, accented_call.end_line) == (col, col + len("torch.mm(q, u)"), 1)
+    assert call_label(accented_call) == f"older.py:1:col {col + 1} (torch.mm(q, u))"
+    assert (opening_call.end_col, opening_call.end_line) == (None, None)
+    assert call_text(opening_call) == "torch.matmul(…"
+    assert (missing.col, missing.end_col) == (byte_col, byte_col + 3)  # no line to convert on: as stored
+    assert stored[accented_id] == (byte_col, byte_col + len("torch.mm(q, u)"), None)
+    merge_traces([path], tmp_path / "merged.tptrace")  # a merged file is new: it stores characters
+    with open_trace(tmp_path / "merged.tptrace") as merged:
+        spans = {(record.line, record.col, record.end_col, record.end_line) for record in merged.records("frames")}
+    assert (1, col, col + len("torch.mm(q, u)"), 1) in spans and (2, opening.index("torch.matmul("), None, None) in spans
+
+
 def test_the_html_report_names_each_call(strict_trace: tuple[Path, Path]) -> None:
     _, trace_path = strict_trace
-    line = SCRIPT.splitlines().index(CALLS_LINE) + 1
     with open_trace(trace_path) as trace:
         data = plotly_data.prepare_recompilations(trace)
     sites = {item.site for item in data.varying if item.name == "aten.mm.default"}
-    assert sites == {f"calls.py:{line}:col {CALLS_LINE.index(text) + 1}" for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")}
+    assert sites == {
+        *(_label(text) for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")),
+        *(_label("torch.mm(q, u)", ACCENTED_LINE, text) for text in ("torch.mm(q, u)", "torch.mm(q, u) @ ut")),
+        _label("torch.mm(z, k)", MULTILINE_CALL), _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)"),
+    }

@@ -381,10 +381,11 @@ class _Remap:
         self.writer = writer
         self.strings = {sid: writer.intern(text) for sid, text in trace.sql("SELECT id, text FROM strings")}
         self.frames = {}
-        for frame_id, file_sid, line, function_sid, col, end_col in trace.raw_records("frames"):
-            file = trace.string(file_sid) or "?"
-            function = trace.string(function_sid) or "?"
-            self.frames[frame_id] = writer.frame(file, line, function, col, end_col)
+        for (frame_id,) in trace.sql("SELECT id FROM frames"):
+            location = trace.frame(frame_id)  # columns in characters, whichever unit the file stored
+            if location is not None:
+                self.frames[frame_id] = writer.frame(location.file, location.line, location.function, location.col,
+                                                     location.end_col, location.end_line)
         self.ids: dict[str, dict[int, int]] = defaultdict(dict)
 
     def id_in(self, table: str, old: int | None) -> int | None:

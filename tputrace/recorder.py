@@ -154,19 +154,20 @@ class Recorder:
         key = (code, lasti)
         frame_id = self._call_frame_ids.get(key)
         if frame_id is None:
-            col, end_col = sourceloc.call_columns(code, lasti, line)
-            frame_id = self._call_frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name, col, end_col)
+            col, end_line, end_col = sourceloc.call_columns(code, lasti, line)
+            frame_id = self._call_frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name, col, end_col, end_line)
         return frame_id
 
-    def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None) -> int:
-        """The frame id of a user source location (of one call on its line with `col`/`end_col`); the first
-        location in a file also records the file's digest (`source_files`), as the run saw it."""
+    def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None,
+                      end_line: int | None = None) -> int:
+        """The frame id of a user source location (of one call starting on its line with `col`, `end_col` and
+        `end_line`); the first location in a file also records the file's digest (`source_files`), as the run saw it."""
         if file not in self._digested_files:
             self._digested_files.add(file)
             digest = source_digests.digest_file(file)
             if digest is not None:
                 self.writer.append("source_files", (self.rank, self.writer.intern(file), digest.sha256, digest.size))
-        return self.writer.frame(file, line, function, col, end_col)
+        return self.writer.frame(file, line, function, col, end_col, end_line)
 
     def frame_text(self, frame_id: int | None) -> str | None:
         """'file.py:LINE' for an interned frame id (recorded in this session)."""

@@ -84,8 +84,9 @@ FRAMES = RecordKind(
         _c("file_sid", "INTEGER", "absolute file path", ref="strings"),
         _c("line", "INTEGER", "1-based line number"),
         _c("function_sid", "INTEGER", "function name", ref="strings"),
-        _c("col", "INTEGER", "0-based UTF-8 byte offset on `line` where the call starts (NULL: the whole line)"),
-        _c("end_col", "INTEGER", "... where it ends, exclusive (NULL: the whole line, or the call goes on past `line`)"),
+        _c("col", "INTEGER", "0-based character offset on `line` where the call starts (NULL: the whole line)"),
+        _c("end_col", "INTEGER", "0-based character offset on `end_line` where the call ends, exclusive (NULL: the whole line, or the end is not known)"),
+        _c("end_line", "INTEGER", "1-based line the call ends on (NULL as `end_col`)"),
     ),
     primary_key="id",
 )

@@ -10,6 +10,8 @@ import sysconfig
 from pathlib import Path
 from types import CodeType
 
+from tputrace.store.columns import line_character_offset
+
 _LIBRARY_MODULES = ("torch", "jax", "jaxlib", "numpy", "transformers")
 
 
@@ -56,14 +58,19 @@ def first_user_location(skip: int = 1) -> tuple[str, int, str] | None:
     return None
 
 
-def call_columns(code: CodeType, instruction_offset: int, line: int) -> tuple[int | None, int | None]:
-    """(col, end_col) of the instruction at byte offset `instruction_offset` (a frame's `f_lasti`) on `line`:
-    0-based UTF-8 byte offsets from `code.co_positions()`; end_col is None when the call goes on past
-    `line`, both None when the interpreter keeps no positions (`-X no_debug_ranges`)."""
+def call_columns(code: CodeType, instruction_offset: int, line: int) -> tuple[int | None, int | None, int | None]:
+    """(col, end_line, end_col) of the instruction at byte offset `instruction_offset` (a frame's `f_lasti`)
+    that starts on `line`: 0-based character offsets, `col` on `line` and `end_col` (exclusive) on
+    `end_line`. `code.co_positions()` counts UTF-8 bytes; each is converted on its line's text, and stays a
+    byte offset when the file cannot be read (code from `<string>`). All None when the interpreter keeps
+    no positions (`-X no_debug_ranges`)."""
     position = next(itertools.islice(code.co_positions(), instruction_offset // 2, None), None)
     if position is None:
-        return None, None
+        return None, None, None
     start_line, end_line, col, end_col = position
     if start_line != line or col is None:
-        return None, None
-    return col, end_col if end_line == line else None
+        return None, None, None
+    if end_line is None or end_col is None:
+        return line_character_offset(code.co_filename, line, col), None, None
+    return (line_character_offset(code.co_filename, line, col), end_line,
+            line_character_offset(code.co_filename, end_line, end_col))

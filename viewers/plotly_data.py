@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from tputrace.analysis import chips
+from tputrace.analysis.call_sites import call_label
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.padding import pad_product
@@ -692,7 +693,7 @@ def _size_from(origin: Any) -> str | None:
 
 def _varying_dims(trace: Trace, covered: set[tuple[str, str | None]]) -> list[VaryingDim]:
     """Dims that differ between the signatures compiled at one call site for one program name, but for the
-    (line, name) pairs in `covered` (the storms'); a call is named by its column when its line has others."""
+    (line, name) pairs in `covered` (the storms'); a call is named by its column and text when its line has others."""
     rows = trace.sql(
         "SELECT frame_id, name_sid, signature_sid, COUNT(*) FROM compiles GROUP BY frame_id, name_sid, signature_sid"
     )
@@ -711,7 +712,7 @@ def _varying_dims(trace: Trace, covered: set[tuple[str, str | None]]) -> list[Va
         width = len(parsed[0])
         if any(len(specs) != width for specs in parsed):
             continue
-        site = source.short_call if source is not None and calls_per_line[(line_site, name_sid)] > 1 else line_site
+        site = call_label(source) if source is not None and calls_per_line[(line_site, name_sid)] > 1 else line_site
         for input_index in range(width):
             column = [specs[input_index] for specs in parsed]
             if any(spec is None for spec in column):

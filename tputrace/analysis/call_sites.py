@@ -2,23 +2,32 @@
 
 from __future__ import annotations
 
+import io
 import linecache
+import tokenize
 
 from tputrace.store.records import SourceLocation
 
 MAX_CALL_TEXT = 60  # characters of a call's source text shown in a finding
+_OPENING = "([{"
+_CLOSING = ")]}"
 
 
 def call_text(location: SourceLocation) -> str | None:
-    """The source text of the call `location` points at (its column span on its line), or None when the
-    column is unknown or the file cannot be read. A call that goes on past its line ends in '…'."""
+    """The source text of the call `location` points at, or None when the column is unknown or the file
+    cannot be read. A call over several lines (`torch.matmul(\\n    a,\\n    b,\\n)`) reads as written on
+    one (`torch.matmul(a, b)`), without its comments; one whose end the trace does not know (a file from
+    before `end_line`) is its first line, ending in '…'."""
     if location.col is None:
         return None
-    encoded = linecache.getline(location.file, location.line).rstrip("\n").encode()
-    if not encoded:
+    end_line = location.line if location.end_line is None else location.end_line
+    lines = [linecache.getline(location.file, number).rstrip("\r\n") for number in range(location.line, end_line + 1)]
+    if not lines[0]:
         return None
-    end = location.end_col if location.end_col is not None else len(encoded)
-    text = encoded[location.col:end].decode(errors="replace").strip()
+    if location.end_col is not None:
+        lines[-1] = lines[-1][:location.end_col]
+    lines[0] = lines[0][location.col:]
+    text = _joined(_without_comments(lines))
     if not text:
         return None
     if location.end_col is None or len(text) > MAX_CALL_TEXT:
@@ -31,3 +40,31 @@ def call_label(location: SourceLocation) -> str:
     without a column `train.py:42`."""
     text = call_text(location)
     return location.short_call if text is None else f"{location.short_call} ({text})"
+
+
+def _without_comments(lines: list[str]) -> list[str]:
+    """`lines` (a call's source) with each comment cut off; as they are where the tokenizer fails on them."""
+    cut = list(lines)
+    try:
+        for token in tokenize.generate_tokens(io.StringIO("\n".join(lines)).readline):
+            if token.type == tokenize.COMMENT:
+                row, column = token.start
+                cut[row - 1] = cut[row - 1][:column]
+    except (tokenize.TokenError, SyntaxError):
+        pass  # a call without its end (an unclosed bracket): the comments found before that are cut
+    return cut
+
+
+def _joined(lines: list[str]) -> str:
+    """Source lines of one expression as one line: no space inside brackets or before a chained `.method`,
+    no trailing comma before a closing bracket (black's magic comma), no line-continuation backslash."""
+    text = ""
+    for piece in (line.strip() for line in lines):
+        if not piece:
+            continue
+        text = text.removesuffix("\\").rstrip()
+        if text.endswith(",") and piece[0] in _CLOSING:
+            text = text[:-1]
+        glue = "" if not text or text[-1] in _OPENING or piece[0] in _CLOSING + "." else " "
+        text += glue + piece
+    return text

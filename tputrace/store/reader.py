@@ -30,6 +30,7 @@ from tputrace.store.aggregates import (
     SyncStat,
     TimeSplit,
 )
+from tputrace.store.columns import line_character_offset
 from tputrace.store.errors import QueryError, TputraceError
 from tputrace.store.opening import (
     check_trace_file,
@@ -508,8 +509,19 @@ class Trace:
         return value
 
     def _location(self, row: tuple[Any, ...]) -> SourceLocation:
-        file_sid, line, function_sid, col, end_col = row
-        return SourceLocation(self.string(file_sid) or "?", line, self.string(function_sid) or "?", col, end_col)
+        file_sid, line, function_sid, *columns = row
+        return self._source_location(self.string(file_sid) or "?", line, self.string(function_sid) or "?", *columns)
+
+    def _source_location(self, file: str, line: int, function: str, col: int | None, end_col: int | None,
+                         end_line: int | None) -> SourceLocation:
+        """A frame's location with character columns: a file whose frames have `col` but no `end_line` stored
+        UTF-8 byte offsets on `line` (a call going on past it without an end), converted here from the line's
+        text where the file can be read."""
+        if col is not None and "end_line" not in self._stored_columns("frames"):
+            col = line_character_offset(file, line, col)
+            if end_col is not None:
+                end_col, end_line = line_character_offset(file, line, end_col), line
+        return SourceLocation(file, line, function, col, end_col, end_line)
 
     # -- aggregates (computed in SQL; see tputrace.store.aggregates) ------------------------------
 
@@ -585,8 +597,9 @@ class Trace:
         return stored
 
     def _frame_columns(self) -> str:
-        """`col, end_col` of `frames`, as NULLs in a file written before frames had them."""
-        return "col, end_col" if "col" in self._stored_columns("frames") else "NULL, NULL"
+        """`col, end_col, end_line` of `frames`, NULL for those a file from an older writer lacks."""
+        stored = self._stored_columns("frames")
+        return ", ".join(name if name in stored else "NULL" for name in ("col", "end_col", "end_line"))
 
     def _fetch_chunks(self, query: str, params: Sequence[Any]) -> Iterator[list[tuple[Any, ...]]]:
         with self._lock:
@@ -618,8 +631,8 @@ class Trace:
         if self._frames is None:
             strings = self._string_table()
             self._frames = {
-                frame_id: SourceLocation(strings.get(file_sid, "?"), line, strings.get(function_sid, "?"), col, end_col)
-                for frame_id, file_sid, line, function_sid, col, end_col in self.sql(
+                frame_id: self._source_location(strings.get(file_sid, "?"), line, strings.get(function_sid, "?"), *columns)
+                for frame_id, file_sid, line, function_sid, *columns in self.sql(
                     f"SELECT id, file_sid, line, function_sid, {self._frame_columns()} FROM frames"
                 )
             }

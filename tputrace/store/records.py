@@ -19,15 +19,18 @@ from tputrace.schema import Column, RecordKind
 class SourceLocation:
     """A user source location: the first frame outside torch, tputrace and other libraries.
 
-    `col`/`end_col` (0-based UTF-8 byte offsets, None when not recorded) say where on the line the
-    call is. They take no part in equality or hashing: two calls on one line are one location, so
-    per-line views stay per line; code that tells calls apart keys on `call_key`."""
+    `col`, `end_line` and `end_col` (0-based character offsets, None when not recorded) say where the
+    call is: it starts at `col` on `line` and ends before `end_col` on `end_line` (None when a file from
+    before `end_line` does not say where a call that goes on past `line` ends). They take no part in
+    equality or hashing: two calls on one line are one location, so per-line views stay per line; code
+    that tells calls apart keys on `call_key`."""
 
     file: str
     line: int
     function: str
     col: int | None = field(default=None, compare=False)
     end_col: int | None = field(default=None, compare=False)
+    end_line: int | None = field(default=None, compare=False)
 
     @property
     def short(self) -> str:
@@ -35,9 +38,10 @@ class SourceLocation:
         return f"{os.path.basename(self.file)}:{self.line}"
 
     @property
-    def call_key(self) -> tuple[str, int, str, int | None]:
-        """What tells one call on a line from another: the location and the call's column."""
-        return (self.file, self.line, self.function, self.col)
+    def call_key(self) -> tuple[str, int, str, int | None, int | None, int | None]:
+        """What tells one call on a line from another: the location and the call's span (`a @ b @ c` has two
+        calls starting at one column)."""
+        return (self.file, self.line, self.function, self.col, self.end_line, self.end_col)
 
     @property
     def short_call(self) -> str:
@@ -62,6 +66,7 @@ class FrameRecord:
     function: str | None
     col: int | None
     end_col: int | None
+    end_line: int | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -97,7 +97,7 @@ class TraceWriter:
         self._string_rows: deque[Row] = deque()
         self._frame_rows: deque[Row] = deque()
         self._string_ids: dict[str, int] = {}
-        self._frame_ids: dict[tuple[str, int, str, int | None, int | None], int] = {}
+        self._frame_ids: dict[tuple[str, int, str, int | None, int | None, int | None], int] = {}
         self._intern_lock = threading.Lock()
         self._id_counters = {kind.table: itertools.count(1) for kind in RECORD_KINDS if kind.primary_key == "id"}
         self._id_counters.pop("strings")
@@ -144,12 +144,13 @@ class TraceWriter:
             string_id = self._intern_new(text)
         return string_id
 
-    def frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None) -> int:
+    def frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None,
+              end_line: int | None = None) -> int:
         """The frame id of a source location, adding it to the `frames` table the first time.
 
-        `col`/`end_col` locate one call on the line (byte offsets as `code.co_positions()` gives them);
-        without them the frame is the whole line."""
-        key = (file, line, function, col, end_col)
+        `col`, `end_col` and `end_line` locate one call that starts on the line (character offsets, `end_col`
+        on `end_line`); without them the frame is the whole line."""
+        key = (file, line, function, col, end_col, end_line)
         frame_id = self._frame_ids.get(key)
         if frame_id is None:
             frame_id = self._frame_new(key)
@@ -313,15 +314,15 @@ class TraceWriter:
                 self._string_ids[text] = string_id
         return string_id
 
-    def _frame_new(self, key: tuple[str, int, str, int | None, int | None]) -> int:
-        file, line, function, col, end_col = key
+    def _frame_new(self, key: tuple[str, int, str, int | None, int | None, int | None]) -> int:
+        file, line, function, col, end_col, end_line = key
         file_sid = self.intern(file)
         function_sid = self.intern(function)
         with self._intern_lock:
             frame_id = self._frame_ids.get(key)
             if frame_id is None:
                 frame_id = len(self._frame_ids) + 1
-                self._frame_rows.append((frame_id, file_sid, line, function_sid, col, end_col))
+                self._frame_rows.append((frame_id, file_sid, line, function_sid, col, end_col, end_line))
                 self._frame_ids[key] = frame_id
         return frame_id
 
