@@ -1,16 +1,22 @@
 """Calls on one source line: in strict mode each call of an op compiles its own programs, so a line with
 three matmuls whose shapes change each step has three recompile storms, each with its own varying dims,
-named by the call's column and text, while per-line views still show the line once."""
+named by the call's column and text (in characters; a call over several lines reads as one), while per-line
+views still show the line once; the TUI's compile sites give such a line a row per call."""
 
 from __future__ import annotations
 
+import asyncio
+import itertools
 import sqlite3
 import subprocess
 import sys
 import textwrap
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import pytest
+from fixtures.make_tui_fixture import settle
 
 from tputrace.analysis import analyze
 from tputrace.analysis.call_sites import call_label, call_text
@@ -20,6 +26,7 @@ from tputrace.store.records import SourceLocation
 from tputrace.store.writer import TraceWriter
 from tputrace.tui import queries
 from tputrace.tui.compiles import compile_detail
+from tputrace.tui.session import Session
 from tputrace.viewers import plotly_data
 
 CALLS_LINE = "    scores = (q @ w) @ (w @ k)"
@@ -127,20 +134,68 @@ def test_a_call_over_several_lines_reads_as_one(strict_trace: tuple[Path, Path])
 
 def test_per_line_views_keep_the_line_together(strict_trace: tuple[Path, Path]) -> None:
     script, trace_path = strict_trace
-    line = SCRIPT.splitlines().index(CALLS_LINE) + 1
+    line = _line(CALLS_LINE)
     with open_trace(trace_path) as trace:
         compile_locations = [record.source for record in trace.records("compiles") if record.source is not None]
         at_line = [location for location in compile_locations if location.line == line]
         assert len({location.call_key for location in at_line}) == 3
         assert len(set(at_line)) == 1  # one location for per-line grouping
-        sites = [site for site in queries.compile_sites(trace, 0) if site.source is not None and site.source.line == line]
-        assert len(sites) == 1 and sites[0].count == len(at_line)
         (file_stat,) = [stat for stat in queries.source_stats(trace, 0) if stat.file == str(script)]
         assert file_stat.lines[line].compiles == len(at_line)
         details = {compile_detail(row).plain.split("call site: ")[1].splitlines()[0]
                    for row in queries.compile_rows(trace, 0) if row.source is not None and row.source.line == line}
     assert details == {f"{script}:{line} (<module>) · col {CALLS_LINE.index(text) + 1}"
                        for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")}
+
+
+def test_the_tui_compile_sites_have_a_row_per_call_where_a_line_has_several(strict_trace: tuple[Path, Path]) -> None:
+    script, trace_path = strict_trace
+    with open_trace(trace_path) as trace:
+        compiles = Counter(record.source.call_key for record in trace.records("compiles") if record.source is not None)
+        calls_per_line = Counter((file, line) for file, line, *_ in compiles)
+        single_lines = sorted(line for (_, line), calls in calls_per_line.items() if calls == 1)
+        sites = queries.compile_sites(trace, 0)
+    assert single_lines and calls_per_line[(str(script), _line(CALLS_LINE))] == 3
+    by_line: dict[int, list[queries.CompileSite]] = {}
+    for site in sites:
+        assert site.source is not None
+        by_line.setdefault(site.source.line, []).append(site)
+    for line in single_lines:  # as before: one row, the line, no column
+        (site,) = by_line[line]
+        assert site.call is None and site.count == sum(count for key, count in compiles.items() if key[1] == line)
+    calls = {site.call: site.count for site in by_line[_line(CALLS_LINE)]}
+    assert calls == {f"col {CALLS_LINE.index(text) + 1} ({text})": count for text, count in
+                     (("q @ w", 6), ("w @ k", 5), ("(q @ w) @ (w @ k)", 5))}
+    assert {site.call for site in by_line[_line(ACCENTED_LINE)]} == {
+        f"col {ACCENTED_LINE.index('torch.mm') + 1} ({text})" for text in ("torch.mm(q, u)", "torch.mm(q, u) @ ut")}
+    line_runs = [line for line, _ in itertools.groupby(site.source.line for site in sites if site.source is not None)]
+    assert len(line_runs) == len(by_line)  # a line's calls are next to each other
+
+    async def scenario(pilot: Any) -> None:
+        await pilot.press("4")
+        await settle(pilot)
+        table = pilot.app.screen.query_one("#compiles-sites")
+        shown = [str(getattr(table.get_row_at(index)[0], "plain", "")) for index in range(table.row_count)]
+        multiline = _line(MULTILINE_CALL)
+        assert f"{script}:{multiline} (<module>) · col {MULTILINE_CALL.index('torch.matmul(') + 1} (torch.matmul(ut, k))" in shown
+        assert f"{script}:{single_lines[0]} (<module>)" in shown
+        assert len(shown) == len(sites)
+        table.focus()
+        table.move_cursor(row=shown.index(next(text for text in shown if f":{multiline} (" in text)))
+        await pilot.press("enter")
+        await settle(pilot)
+        assert pilot.app.query_one("#views").active == "source" and pilot.app.view("source").current_line() == multiline
+
+    async def drive() -> None:
+        from tputrace.tui.app import TraceApp
+
+        with open_trace(trace_path) as trace:
+            app = TraceApp(Session.open(trace))
+            async with app.run_test(size=(160, 48)) as pilot:
+                await settle(pilot)
+                await scenario(pilot)
+
+    asyncio.run(drive())
 
 
 def test_a_file_without_frame_columns_reads_them_as_none(tmp_path: Path) -> None:

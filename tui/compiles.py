@@ -62,7 +62,7 @@ class CompilesView(TraceView):
             table.show(self._rows(0, compiles), more=len(compiles) == PAGE)
             self._show_status(stats)
             self.query_one("#compiles-sites", TraceTable).show([
-                (str(index), (Text(str(site.source) if site.source else "(no source)"), right(fmt_count(site.count)),
+                (str(index), (Text(site_text(site)), right(fmt_count(site.count)),
                               right(fmt_count(site.recompiles)), right(fmt_ns(site.total_ns)), Text(site.reasons)))
                 for index, site in enumerate(sites)
             ])
@@ -118,6 +118,13 @@ class CompilesView(TraceView):
             self.notify("no recorded call site", markup=False)
             return
         self.post_message(GoToSource(source.file, source.line))
+
+
+def site_text(site: queries.CompileSite) -> str:
+    """`train.py:42 (step)`, and the call on the line (`· col 15 (q @ w)`) when several calls on it compiled."""
+    if site.source is None:
+        return "(no source)"
+    return str(site.source) if site.call is None else f"{site.source} · {site.call}"
 
 
 def change_text(row: queries.CompileRow) -> str:

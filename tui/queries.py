@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
+from tputrace.analysis.call_sites import call_name
 from tputrace.source_digests import SourceDigest, digest_file
 from tputrace.store.aggregates import CompileStats, TimeSplit
 from tputrace.store.records import SourceLocation
@@ -472,28 +473,47 @@ def _decode_detail(detail: str | None) -> dict[str, Any] | None:
 
 @dataclass(frozen=True)
 class CompileSite:
-    """Compiles caused at one source line."""
+    """Compiles caused at one source line, or at one call on it when several calls on the line compiled."""
 
     source: SourceLocation | None
     count: int
     recompiles: int
     total_ns: int
     reasons: str
+    call: str | None = None  # `col 15 (q @ w)`: the call on its line, for a line with several
 
 
 def compile_sites(trace: Trace, rank: int) -> list[CompileSite]:
-    """Compiles of `rank` per source line (the calls on one line together), most compile time first."""
+    """Compiles of `rank` per source line, most compile time first; a line where several calls compiled (`(q @ w)
+    @ (w @ k)`) has a row per call instead, most time first, kept together where the line's total puts them."""
     rows = trace.sql(
-        "SELECT MIN(c.frame_id), COUNT(*), COALESCE(SUM(c.reason IS NOT NULL AND c.reason != 'first'), 0), "
-        "COALESCE(SUM(c.dur_ns), 0) AS total_ns, GROUP_CONCAT(DISTINCT c.reason) FROM compiles c "
-        "LEFT JOIN frames f ON f.id = c.frame_id WHERE c.rank = ? "
-        "GROUP BY f.file_sid, f.line, f.function_sid ORDER BY total_ns DESC",
+        "SELECT frame_id, COUNT(*), COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
+        "COALESCE(SUM(dur_ns), 0), GROUP_CONCAT(DISTINCT reason) FROM compiles WHERE rank = ? GROUP BY frame_id",
         (rank,),
     )
-    return [
-        CompileSite(trace.frame(frame_id), count, recompiles, total_ns, ", ".join(sorted((reasons or "").split(","))))
-        for frame_id, count, recompiles, total_ns, reasons in rows
-    ]
+    calls_by_line: dict[SourceLocation | None, dict[Any, list[tuple[Any, ...]]]] = {}
+    for row in rows:
+        source = trace.frame(row[0])
+        call_key = None if source is None else source.call_key
+        calls_by_line.setdefault(source, {}).setdefault(call_key, []).append((source, *row[1:]))
+    lines = [_line_sites(calls) for calls in calls_by_line.values()]
+    lines.sort(key=lambda sites: -sum(site.total_ns for site in sites))
+    return [site for sites in lines for site in sites]
+
+
+def _line_sites(calls: dict[Any, list[tuple[Any, ...]]]) -> list[CompileSite]:
+    """The sites of one line: the line itself when one call on it compiled, else one per call."""
+    if len(calls) == 1:
+        return [_compile_site([row for rows in calls.values() for row in rows], None)]
+    sites = [_compile_site(rows, rows[0][0]) for rows in calls.values()]
+    return sorted(sites, key=lambda site: -site.total_ns)
+
+
+def _compile_site(rows: list[tuple[Any, ...]], call: SourceLocation | None) -> CompileSite:
+    """One site from its (source, count, recompiles, total_ns, reasons) rows; `call` names its call on the line."""
+    reasons = {reason for row in rows for reason in (row[4] or "").split(",")}
+    return CompileSite(rows[0][0], sum(row[1] for row in rows), sum(row[2] for row in rows), sum(row[3] for row in rows),
+                       ", ".join(sorted(reasons)), None if call is None else call_name(call))
 
 
 # -- flushes and fusions ----------------------------------------------------------------------------

@@ -38,8 +38,16 @@ def call_text(location: SourceLocation) -> str | None:
 def call_label(location: SourceLocation) -> str:
     """`train.py:42:col 15 (q @ k.transpose(-1, -2))`; without a readable file `train.py:42:col 15`,
     without a column `train.py:42`."""
+    return location.short if location.col is None else f"{location.short}:{call_name(location)}"
+
+
+def call_name(location: SourceLocation) -> str:
+    """Which call on its line `location` is: `col 15 (q @ w)`, `col 15` without a readable file (1-based, as
+    editors count); `whole line` without a column."""
+    if location.col is None:
+        return "whole line"
     text = call_text(location)
-    return location.short_call if text is None else f"{location.short_call} ({text})"
+    return f"col {location.col + 1}" if text is None else f"col {location.col + 1} ({text})"
 
 
 def _without_comments(lines: list[str]) -> list[str]:
