@@ -132,6 +132,15 @@ def test_a_call_over_several_lines_reads_as_one(strict_trace: tuple[Path, Path])
     assert call_label(location) == _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)")
 
 
+def test_call_text_joins_chained_calls_and_continued_lines(tmp_path: Path) -> None:
+    source = tmp_path / "chained.py"
+    chained = '    .bar(a, "#not a comment")  # a comment'
+    source.write_text(f"y = (\n    x.foo()\n{chained}\n)\nz = a + \\\n    b\n")
+    bar = SourceLocation(str(source), 2, "<module>", col=4, end_col=chained.index("  #"), end_line=3)
+    added = SourceLocation(str(source), 5, "<module>", col=4, end_col=5, end_line=6)
+    assert (call_text(bar), call_text(added)) == ('x.foo().bar(a, "#not a comment")', "a + b")
+
+
 def test_per_line_views_keep_the_line_together(strict_trace: tuple[Path, Path]) -> None:
     script, trace_path = strict_trace
     line = _line(CALLS_LINE)

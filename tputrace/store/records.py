@@ -43,11 +43,6 @@ class SourceLocation:
         calls starting at one column)."""
         return (self.file, self.line, self.function, self.col, self.end_line, self.end_col)
 
-    @property
-    def short_call(self) -> str:
-        """`file.py:12:col 15` (1-based, as editors count) when the column is known, else `short`."""
-        return self.short if self.col is None else f"{self.short}:col {self.col + 1}"
-
     def __str__(self) -> str:
         return f"{self.file}:{self.line} ({self.function})"
 
