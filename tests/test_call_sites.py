@@ -132,6 +132,17 @@ def test_a_call_over_several_lines_reads_as_one(strict_trace: tuple[Path, Path])
     assert call_label(location) == _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)")
 
 
+def test_dump_prints_where_a_multi_line_call_ends(strict_trace: tuple[Path, Path]) -> None:
+    _, trace_path = strict_trace
+    command = [sys.executable, "-m", "tputrace.cli.main", "dump", str(trace_path), "--kind", "compiles"]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 0, completed.stderr
+    line, col = _line(MULTILINE_CALL), MULTILINE_CALL.index("torch.matmul(")
+    assert f"calls.py:{line}:<module>:col {col}-{line + 3}:5" in completed.stdout
+    accented_col = ACCENTED_LINE.index("torch.mm(q, u)")
+    assert f":{_line(ACCENTED_LINE)}:<module>:col {accented_col}-{accented_col + len('torch.mm(q, u)')}" in completed.stdout
+
+
 def test_call_text_joins_chained_calls_and_continued_lines(tmp_path: Path) -> None:
     source = tmp_path / "chained.py"
     chained = '    .bar(a, "#not a comment")  # a comment'

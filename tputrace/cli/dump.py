@@ -46,8 +46,7 @@ def run(args: argparse.Namespace) -> int:
         if value is None:
             return "-"
         if isinstance(value, SourceLocation):
-            columns = "" if value.col is None else f":col {value.col}-{'' if value.end_col is None else value.end_col}"
-            return f"{value.file}:{value.line}:{value.function}{columns}"
+            return f"{value.file}:{value.line}:{value.function}{_call_span(value)}"
         if isinstance(value, str):
             return json.dumps(value, ensure_ascii=False)
         if isinstance(value, tuple):
@@ -81,3 +80,14 @@ def run(args: argparse.Namespace) -> int:
                 out.write("\n")
     out.flush()
     return 0
+
+
+def _call_span(location: Any) -> str:
+    """A call's columns as dump prints them (0-based characters, the end exclusive): `:col 4-19` on its line,
+    `:col 4-7:5` for one ending on line 7, `:col 4-` when the end is not known; nothing without a column."""
+    if location.col is None:
+        return ""
+    if location.end_col is None:
+        return f":col {location.col}-"
+    end_line = "" if location.end_line in (None, location.line) else f"{location.end_line}:"
+    return f":col {location.col}-{end_line}{location.end_col}"
