@@ -3,9 +3,13 @@
 `TpuProcessGroup` is a Python `torch.distributed.ProcessGroup`. Every collective runs in four stages:
 pending deferred work is flushed, the inputs are copied to host tensors, gloo runs the collective on
 those asynchronously, and when gloo completes, a completion thread of the group writes the results
-back into the tpu tensors and writes the call's trace row. The `Work` returned completes only after the
-write-back, so `work.wait()`, `work.get_future()` (what DDP's reducer chains on) and `async_op=True`
-behave as they do on other devices. CPU tensors passed to the group go to gloo directly.
+back into the tpu tensors and writes the call's trace row. The `Work` returned completes only after
+the write-back, so `work.wait()`, `work.get_future()` (what DDP's reducer chains on) and `async_op=True`
+behave as they do on other devices. CPU tensors passed to the group go to gloo without a copy.
+
+Gloo gets every host tensor as an alias this side keeps until gloo's threads have dropped it
+(`handoff`): those threads then never need the GIL for the group's collectives, so the group may be
+destroyed by a thread that holds it (gloo's destructor joins its threads), as DDP's reducer does.
 
 A gloo process group is also registered as the group's CPU backend, which DeviceMesh, object
 collectives and `pg._get_backend(torch.device("cpu"))` expect. `ReduceOp.PREMUL_SUM`, which gloo
@@ -14,9 +18,11 @@ refuses, runs as NCCL runs it: each rank scales its host copy, then gloo sums (s
 
 from __future__ import annotations
 
+import atexit
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from datetime import timedelta
 from typing import Any
@@ -25,13 +31,13 @@ import torch
 import torch.distributed as dist
 
 from tputrace.backend.distributed import fsdp, premul_sum, tracing
+from tputrace.backend.distributed.handoff import Handoff, quarantine
 from tputrace.backend.distributed.staging import Staging
 
 BACKEND_NAME = "tpu"
 TRANSPORT = "gloo"
 _DEFAULT_TIMEOUT = timedelta(minutes=30)
 _SHUTDOWN_WAIT_S = 10.0  # how long a shutdown waits for the completion thread to finish its queue
-_GLOO_DRAIN_S = 0.05  # the GIL released this long at shutdown, for gloo's threads to drop finished works
 
 
 class TpuProcessGroup(dist.ProcessGroup):
@@ -49,12 +55,12 @@ class TpuProcessGroup(dist.ProcessGroup):
         self._completion.close()
 
     def shutdown(self) -> None:
-        """`destroy_process_group` shuts the group down: its completion thread finishes what it holds,
-        then gloo's threads get the GIL to drop the works they finished (a work whose host tensors
-        Python has let go decrefs them on gloo's thread), so that none is still doing so when the group
-        is destroyed by a thread that holds the GIL (when DDP's reducer goes), which would wait forever."""
+        """`destroy_process_group` shuts the group down: its completion thread finishes the calls it
+        holds (joined), and the host buffers gloo is done with go. Gloo's threads never need the GIL to
+        drop a work (see `handoff`), so a thread holding the GIL may destroy the group whenever it goes
+        (a DDP reducer freed later, the interpreter exiting)."""
         self._completion.close(wait_s=_SHUTDOWN_WAIT_S)
-        time.sleep(_GLOO_DRAIN_S)
+        quarantine.sweep()
         super().shutdown()
 
     # ----------------------------------------------------------------- identity
@@ -75,12 +81,14 @@ class TpuProcessGroup(dist.ProcessGroup):
         call = tracing.open_call(kind, tensors, nbytes, self._group_label(), ranks or self._ranks_text, 2 if ranks else len(self.global_ranks), TRANSPORT)
         return Staging(tensors, kind), call
 
-    def _launch(self, staging: Staging, call: tracing.CollectiveCall | None, issue: Callable[[], Any], result: list[torch.Tensor]) -> dist.Work:
-        """Run `issue()` (one gloo call, or a list of them) and return a Work that completes once the
-        results are back in their tensors."""
+    def _launch(self, staging: Staging, call: tracing.CollectiveCall | None, issue: Callable[[Handoff], Any], result: list[torch.Tensor]) -> dist.Work:
+        """Run `issue(give)` (one gloo call, or a list of them, passing gloo `give(host)` for every host
+        tensor) and return a Work that completes once the results are back in their tensors."""
         if call is not None:
             call.arrived()
-        issued = issue()
+        quarantine.sweep()
+        handoff = Handoff()
+        issued = issue(handoff)
         host_works = issued if isinstance(issued, list) else [issued]
 
         def finish() -> list[torch.Tensor]:
@@ -89,7 +97,7 @@ class TpuProcessGroup(dist.ProcessGroup):
                 call.finished()
             return result
 
-        pending = _Pending(host_works, finish)
+        pending = _Pending(host_works, finish, handoff)
         self._completion.submit(pending, ordered=staging.kind not in ("send", "recv"))
         return CollectiveWork(pending, staging.kind)
 
@@ -101,7 +109,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         flat = staging.flat_inout(tensors)
         host_options = dist.AllreduceOptions()
         host_options.reduceOp = premul_sum.scaled_to_sum(options.reduceOp, [flat], staging.read, "all_reduce")
-        return self._launch(staging, call, lambda: self._host.allreduce([flat], host_options), tensors)
+        return self._launch(staging, call, lambda give: self._host.allreduce([give(flat)], host_options), tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         options = dist.AllreduceOptions()
@@ -116,20 +124,20 @@ class TpuProcessGroup(dist.ProcessGroup):
         staging, call = self._start("all_gather", inputs, tracing.message_bytes(outputs))
         host_input = staging.read(inputs[0])
         host_outputs = [staging.output(output) for output in outputs]
-        return self._launch(staging, call, lambda: self._host.allgather([host_outputs], [host_input]), outputs)
+        return self._launch(staging, call, lambda give: self._host.allgather([[give(output) for output in host_outputs]], [give(host_input)]), outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002 - c10d's name
         staging, call = self._start("all_gather", [input], tracing.message_bytes([output]))
         host_input = staging.read(input)
         host_output = staging.output(output)
-        return self._launch(staging, call, lambda: self._host._allgather_base(host_output, host_input), [output])
+        return self._launch(staging, call, lambda give: self._host._allgather_base(give(host_output), give(host_input)), [output])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         staging, call = self._start("all_gather", inputs, tracing.message_bytes(outputs))
         pairs = [(staging.output(output), staging.read(input)) for output, input in zip(outputs, inputs)]
-        return self._launch(staging, call, lambda: [self._host._allgather_base(host_output, host_input) for host_output, host_input in pairs], outputs)
+        return self._launch(staging, call, lambda give: [self._host._allgather_base(give(host_output), give(host_input)) for host_output, host_input in pairs], outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
 
@@ -139,7 +147,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_inputs = [staging.read(input) for input in inputs]
         host_lists = [[staging.output(output) for output in outputs] for outputs in output_lists]
         return self._launch(
-            staging, call, lambda: [self._host.allgather([host_list], [host_input]) for host_list, host_input in zip(host_lists, host_inputs)], flat_outputs
+            staging, call, lambda give: [self._host.allgather([[give(output) for output in host_list]], [give(host_input)]) for host_list, host_input in zip(host_lists, host_inputs)], flat_outputs
         )
 
     # ----------------------------------------------------------------- reduce-scatter
@@ -150,7 +158,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_inputs = [staging.copy(input) for input in inputs]
         host_output = staging.output(outputs[0])
         options = _reduce_scatter_options(opts, host_inputs, staging)
-        return self._launch(staging, call, lambda: self._host.reduce_scatter([host_output], [host_inputs], options), outputs)
+        return self._launch(staging, call, lambda give: self._host.reduce_scatter([give(host_output)], [[give(input) for input in host_inputs]], options), outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
         staging, call = self._start("reduce_scatter", [input], tracing.message_bytes([input]))
@@ -158,7 +166,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         fsdp.release_reduce_scatter_input(input)  # FSDP2's packed gradients: the host copy is all that is read now
         host_output = staging.output(output)
         options = _reduce_scatter_options(opts, [host_input], staging)
-        return self._launch(staging, call, lambda: self._host._reduce_scatter_base(host_output, host_input, options), [output])
+        return self._launch(staging, call, lambda give: self._host._reduce_scatter_base(give(host_output), give(host_input), options), [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
@@ -167,7 +175,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         pairs = [(staging.output(output), staging.copy(input)) for output, input in zip(outputs, inputs)]
         options = _reduce_scatter_options(opts, [host_input for _, host_input in pairs], staging)
         return self._launch(
-            staging, call, lambda: [self._host._reduce_scatter_base(host_output, host_input, options) for host_output, host_input in pairs], outputs
+            staging, call, lambda give: [self._host._reduce_scatter_base(give(host_output), give(host_input), options) for host_output, host_input in pairs], outputs
         )
 
     reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced
@@ -183,7 +191,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             flat = staging.flat_inout(tensors) if len(tensors) > 1 else staging.output(tensors[0]).view(-1)
         host_options = dist.BroadcastOptions()
         host_options.rootRank = options.rootRank
-        return self._launch(staging, call, lambda: self._host.broadcast([flat], host_options), tensors)
+        return self._launch(staging, call, lambda give: self._host.broadcast([give(flat)], host_options), tensors)
 
     def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         _single("reduce", tensors)
@@ -193,7 +201,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_options = dist.ReduceOptions()
         host_options.rootRank = options.rootRank
         host_options.reduceOp = premul_sum.scaled_to_sum(options.reduceOp, [host], staging.read, "reduce")
-        return self._launch(staging, call, lambda: self._host.reduce([host], host_options), tensors)
+        return self._launch(staging, call, lambda give: self._host.reduce([give(host)], host_options), tensors)
 
     def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         _single("gather", inputs)
@@ -204,7 +212,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_lists = [[staging.output(output) for output in outputs]] if outputs else []
         host_options = dist.GatherOptions()
         host_options.rootRank = options.rootRank
-        return self._launch(staging, call, lambda: self._host.gather(host_lists, [host_input], host_options), outputs)
+        return self._launch(staging, call, lambda give: self._host.gather([[give(output) for output in host_list] for host_list in host_lists], [give(host_input)], host_options), outputs)
 
     def scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]], opts: Any = None) -> dist.Work:
         _single("scatter", outputs)
@@ -215,7 +223,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_output = staging.output(outputs[0])
         host_options = dist.ScatterOptions()
         host_options.rootRank = options.rootRank
-        return self._launch(staging, call, lambda: self._host.scatter([host_output], host_inputs, host_options), outputs)
+        return self._launch(staging, call, lambda give: self._host.scatter([give(host_output)], [[give(input) for input in host_list] for host_list in host_inputs], host_options), outputs)
 
     # ----------------------------------------------------------------- all-to-all
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], opts: Any = None) -> dist.Work:  # noqa: A002
@@ -223,7 +231,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_input = staging.read(input)
         host_output = staging.output(output)
         out_splits, in_splits = list(output_split_sizes), list(input_split_sizes)
-        return self._launch(staging, call, lambda: self._host.alltoall_base(host_output, host_input, out_splits, in_splits, dist.AllToAllOptions()), [output])
+        return self._launch(staging, call, lambda give: self._host.alltoall_base(give(host_output), give(host_input), out_splits, in_splits, dist.AllToAllOptions()), [output])
 
     alltoall_base = all_to_all_single
 
@@ -239,29 +247,29 @@ class TpuProcessGroup(dist.ProcessGroup):
         host_input = torch.cat([staging.read(input).reshape(-1) for input in inputs])
         host_output = staging.flat_output(outputs)
         out_splits, in_splits = [output.numel() for output in outputs], [input.numel() for input in inputs]
-        return self._launch(staging, call, lambda: self._host.alltoall_base(host_output, host_input, out_splits, in_splits, dist.AllToAllOptions()), outputs)
+        return self._launch(staging, call, lambda give: self._host.alltoall_base(give(host_output), give(host_input), out_splits, in_splits, dist.AllToAllOptions()), outputs)
 
     # ----------------------------------------------------------------- barrier and point-to-point
     def barrier(self, opts: Any = None) -> dist.Work:
         staging, call = self._start("barrier", [], 0)
-        return self._launch(staging, call, lambda: self._host.barrier(dist.BarrierOptions()), [])
+        return self._launch(staging, call, lambda give: self._host.barrier(dist.BarrierOptions()), [])
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         pair = f"{self.global_ranks[self.rank()]},{self.global_ranks[dst]}"
         staging, call = self._start("send", tensors, tracing.message_bytes(tensors), ranks=pair)
         hosts = [staging.read(tensor) for tensor in tensors]
-        return self._launch(staging, call, lambda: self._host.send(hosts, dst, tag), tensors)
+        return self._launch(staging, call, lambda give: self._host.send([give(host) for host in hosts], dst, tag), tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         pair = f"{self.global_ranks[src]},{self.global_ranks[self.rank()]}"
         staging, call = self._start("recv", tensors, tracing.message_bytes(tensors), ranks=pair)
         hosts = [staging.output(tensor) for tensor in tensors]
-        return self._launch(staging, call, lambda: self._host.recv(hosts, src, tag), tensors)
+        return self._launch(staging, call, lambda give: self._host.recv([give(host) for host in hosts], src, tag), tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
         staging, call = self._start("recv", tensors, tracing.message_bytes(tensors))
         hosts = [staging.output(tensor) for tensor in tensors]
-        return self._launch(staging, call, lambda: self._host.recv_anysource(hosts, tag), tensors)
+        return self._launch(staging, call, lambda give: self._host.recv_anysource([give(host) for host in hosts], tag), tensors)
 
 
 class CollectiveError(RuntimeError):
@@ -342,11 +350,12 @@ class _Pending:
     at once, so its results come back without a hand-over between threads), or the group's
     completion thread (for calls nobody is waiting on yet, such as DDP's buckets)."""
 
-    __slots__ = ("host_works", "finish", "result", "_claim")
+    __slots__ = ("host_works", "finish", "handoff", "result", "_claim")
 
-    def __init__(self, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]]) -> None:
+    def __init__(self, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]], handoff: Handoff) -> None:
         self.host_works = host_works
         self.finish: Callable[[], list[torch.Tensor]] | None = finish
+        self.handoff: Handoff | None = handoff
         self.result: torch.futures.Future = torch.futures.Future()
         self._claim = threading.Lock()
 
@@ -361,9 +370,12 @@ class _Pending:
             self.result.set_exception(error)
             return
         finally:
-            # The host buffers and the staging go now; only the Work's future keeps the results.
+            # The staging goes now, and the host buffers once gloo's thread has dropped the works too;
+            # only the Work's future keeps the results.
             self.host_works = []
             self.finish = None
+            quarantine.hold(self.handoff)  # type: ignore[arg-type] - set until claimed, and claimed once
+            self.handoff = None
         self.result.set_result(value)
 
 
@@ -383,15 +395,15 @@ class _Completion:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        _completions.add(self)
 
     def submit(self, pending: _Pending, ordered: bool = True) -> None:
         if not ordered:
-            threading.Thread(target=pending.run_if_unclaimed, name="tputrace-p2p", daemon=True).start()
+            _start(threading.Thread(target=pending.run_if_unclaimed, name="tputrace-p2p", daemon=True))
             return
         with self._lock:
             if self._thread is None:
-                self._thread = threading.Thread(target=_completion_loop, args=(self._queue,), name="tputrace-collectives", daemon=True)
-                self._thread.start()
+                self._thread = _start(threading.Thread(target=_completion_loop, args=(self._queue,), name="tputrace-collectives", daemon=True))
             self._queue.put(pending)
 
     def close(self, wait_s: float = 0.0) -> None:
@@ -404,6 +416,30 @@ class _Completion:
             pending_calls.put(None)
             if wait_s and thread is not threading.current_thread():
                 thread.join(wait_s)
+
+
+_completions: weakref.WeakSet[_Completion] = weakref.WeakSet()
+_threads: weakref.WeakSet[threading.Thread] = weakref.WeakSet()  # completion and point-to-point threads
+
+
+def _start(thread: threading.Thread) -> threading.Thread:
+    _threads.add(thread)
+    thread.start()
+    return thread
+
+
+def _finish_threads_before_exit() -> None:
+    """At interpreter exit, before finalization: stop every group's completion thread and wait (up to
+    `_SHUTDOWN_WAIT_S` in all) for the threads still finishing a call. A daemon thread that drops a
+    gloo work during finalization cannot take the GIL back and the process aborts ("terminate called
+    without an active exception")."""
+    for completion in list(_completions):
+        completion.close()
+    deadline = time.monotonic() + _SHUTDOWN_WAIT_S
+    for thread in list(_threads):
+        if thread is not threading.current_thread():
+            thread.join(max(0.0, deadline - time.monotonic()))
+    quarantine.sweep()
 
 
 def _completion_loop(pending_calls: queue.SimpleQueue) -> None:
@@ -430,6 +466,7 @@ def register_backend() -> None:
     if BACKEND_NAME.upper() in dist.Backend._plugins:
         return
     dist.Backend.register_backend(BACKEND_NAME, _create, extended_api=True, devices=[BACKEND_NAME])
+    atexit.register(_finish_threads_before_exit)
     _serve_tpu_tensors_in_every_group()
 
 
