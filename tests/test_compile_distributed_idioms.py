@@ -43,7 +43,7 @@ def test_ddp_refuses_options_that_need_pinned_memory_in_one_line(tmp_path: Path,
         group = dist.group.WORLD
         completion_thread = group._completion._thread
         dist.destroy_process_group()
-    # The group's shutdown stopped its completion thread (and let gloo's threads drop their finished
-    # works) before the DDP model still holding the group can destroy it while holding the GIL.
+    # The group's shutdown stopped (and joined) its completion thread; the DDP model still holds the
+    # group and destroys it later with the GIL held, which gloo's threads never need (see handoff).
     assert isinstance(group, TpuProcessGroup) and group._completion._thread is None
     assert completion_thread is not None and not completion_thread.is_alive()
