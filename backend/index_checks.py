@@ -47,6 +47,7 @@ enabled = os.environ.get(ENV_VARIABLE, "1") != "0"
 UNBOUNDED = 2**62  # an IndexRange's `high` where only `low` bounds the values (one_hot with no class count)
 _FLAG_SPEC = OutSpec((), torch.int32, np.dtype(np.int32), 4)
 _NOT_INDICES = (torch.bool, torch.uint8)  # masks: `x[mask]` selects, it does not index
+_NO_CUTS = (None,)  # the cut dims of one index that is not cut
 
 
 class IndexRange(NamedTuple):
@@ -172,6 +173,17 @@ def record_host_refusal(recorder: Any, op: Any, refusal: BaseException) -> None:
 
 
 def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
+    if len(bounded) == 1 and type(bounded[0][0]) is TpuTensor and bounded[0][0]._view is None:
+        # One index tensor that is no view (nll_loss's target, embedding's indices): its array as it
+        # is, with no cut (what the general path below reads of it, built with less per call).
+        tensor, index_range = bounded[0]
+        if tensor.numel():
+            ranges = (index_range,)
+            site = _site(op_name, ranges)
+            buf = tensor._buf
+            with dispatcher.thread_lock:
+                _fold(dispatcher, site, ranges, buf.chip, [buf.array], ((tuple(tensor.shape), tensor.dtype),), _NO_CUTS)
+        return
     checked = [(tensor, index_range) for tensor, index_range in bounded if tensor.numel()]
     if not checked:
         return
@@ -186,25 +198,31 @@ def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
     ranges = tuple(index_range for _, index_range in checked)
     site = _site(op_name, ranges)
     chip = checked[0][0]._buf.chip
-    executor = dispatcher.executor
     with dispatcher.thread_lock:
-        flag = _flags.get(chip)
-        if flag is None:
-            flag = _flags[chip] = _Flag(chip)
         read = [_checked_values(dispatcher, tensor, index_range) for tensor, index_range in checked]
         lengths = [jax.device_put(np.int32(length), chips.device(chip)) for _, _, _, length in read if length is not None]
-        dynamic = [flag.array, *(value for value, _, _, _ in read), *lengths]
         specs = tuple((shape, tensor.dtype) for (_, shape, _, _), (tensor, _) in zip(read, checked))
         cut_dims = tuple(cut_dim for _, _, cut_dim, _ in read)
-        key = (site, specs, cut_dims, chip, executor.deferred)
-        plan = _plans.get(key)
-        if plan is None:
-            plan = _plans[key] = _plan(site, ranges, specs, cut_dims, chip)
-            executor.prepare(plan, dynamic)
-        flag.array = executor.run(plan, dynamic)[0]
-        flag.unread = True
-        if executor.deferred:
-            executor.track(flag)
+        _fold(dispatcher, site, ranges, chip, [*(value for value, _, _, _ in read), *lengths], specs, cut_dims)
+
+
+def _fold(dispatcher: Any, site: int, ranges: tuple, chip: int, values: list[Any], specs: tuple, cut_dims: tuple[int | None, ...]) -> None:
+    """Record the program that folds `site` into the chip's flag if a value is out of its range
+    (`values`: the checked arrays, then the cut lengths); the caller holds the dispatcher's thread lock."""
+    executor = dispatcher.executor
+    flag = _flags.get(chip)
+    if flag is None:
+        flag = _flags[chip] = _Flag(chip)
+    dynamic = [flag.array, *values]
+    key = (site, specs, cut_dims, chip, executor.deferred)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = _plan(site, ranges, specs, cut_dims, chip)
+        executor.prepare(plan, dynamic)
+    flag.array = executor.run(plan, dynamic)[0]
+    flag.unread = True
+    if executor.deferred:
+        executor.track(flag)
 
 
 def _checked_values(dispatcher: Any, tensor: Any, index_range: IndexRange | ValueCheck) -> tuple[Any, tuple[int, ...], int | None, int | None]:
