@@ -19,7 +19,6 @@ import contextlib
 import queue
 import sys
 import time
-import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -314,10 +313,9 @@ class DeferredExecutor:
             self.programs[key] = fused
             program_cache.keep_item(self, "programs", key, fused)
         launch = _perf_ns()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
-            inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
-            results = fused.program.executable(*inputs, *graph.packed_scalars())
+        # No warning filter here: JAX warns of unusable donated buffers when it lowers, in `compile_program`.
+        inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
+        results = fused.program.executable(*inputs, *graph.packed_scalars())
         memory.running(graph.chip, fused.program.temp_bytes + fused.program.output_bytes)
         for ref, result in zip(output_refs, results):
             for value in outputs[ref]:
