@@ -57,6 +57,7 @@ _SLOTS = tuple(Slot(index) for index in range(1024))  # a foreach call over 76 p
 _N_SLOTS = len(_SLOTS)
 _SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(65))  # all-dynamic templates of positional calls
 _NUMBER_TYPES = (int, float, bool, complex)
+_INTS_ONLY = frozenset({int})
 _SCALAR_SPECS = {kind: (kind.__name__,) for kind in _NUMBER_TYPES}
 # Ops whose output shape depends on the values: when one runs on the host (a call that `data_dependent`
 # or `mask_indexing` leaves to it), reading its inputs is a data-dependent sync.
@@ -91,6 +92,7 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self.entries: dict[Any, OpEntry] = {}
+        self.functional_entries: dict[int, tuple[OpEntry, OpEntry]] = {}  # id of a writing op's entry -> it, its functional's
         self.routes: dict[int, tuple[Callable, Any]] = {}  # by id(op): OpOverload hashes in Python
         self.routed_ops: list[Any] = []  # keeps every routed op alive, so its id stays its own
         self.plans: dict[Any, Any] = {}
@@ -330,7 +332,7 @@ class Dispatcher:
         if isinstance(value, (list, tuple)):
             if is_scalar_list:
                 return self._flatten_scalar_list(value, dynamic, specs, originals, chip_box)
-            if any(isinstance(item, torch.Tensor) for item in value):
+            if (value and type(value[0]) is TpuTensor) or any(isinstance(item, torch.Tensor) for item in value):
                 return self._flatten_tensor_list(value, dynamic, specs, originals, chip_box)
             return tuple(value)
         return value
@@ -356,11 +358,19 @@ class Dispatcher:
         slots = []
         for item in items:
             if type(item) is TpuTensor and (chip_box[0] == item._buf.chip or chip_box[0] == -1):
-                chip_box[0] = item._buf.chip
+                buf = item._buf
+                chip_box[0] = buf.chip
                 index = len(dynamic)
                 slots.append(_SLOTS[index] if index < _N_SLOTS else Slot(index))
                 originals.append(item)
-                self._append_tensor(item, dynamic, specs)
+                if item._view is None:  # `_append_tensor`'s first case, inline: every element of a `_foreach_*` list
+                    dynamic.append(buf.array)
+                    spec = buf.spec
+                    if spec is None:
+                        spec = buf.spec = (item.shape, item.dtype)
+                    specs.append(spec)
+                else:
+                    self._append_tensor(item, dynamic, specs)
             else:
                 slots.append(self._flatten_value(self._index_on_chip(item, host_chip), False, False, dynamic, specs, originals, chip_box))
         return TensorList(slots)
@@ -739,10 +749,20 @@ class Dispatcher:
             entry = self.entries.setdefault(op, classify(op))
         return entry
 
+    def _functional_entry(self, entry: OpEntry) -> OpEntry:
+        """The entry of a writing op's functional form, kept by the writing entry's id with the entry
+        itself (an OpOverload hashes in Python: `_entry` of it on every in-place call cost a hash)."""
+        kept = self.functional_entries.get(id(entry))
+        if kept is not None and kept[0] is entry:
+            return kept[1]
+        functional_entry = self._entry(entry.functional)
+        self.functional_entries[id(entry)] = (entry, functional_entry)
+        return functional_entry
+
     def _functional_result(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, into: TpuTensor | None = None) -> Any:
         """The result of a writing op's functional form. With `into`, an in-place op's target: a lowered
         result of its dtype and shape is written into it as it is, with no tensor made (`_WRITTEN`)."""
-        functional_entry = self._entry(entry.functional)
+        functional_entry = self._functional_entry(entry)
         if functional_entry.kind != "lowered":
             return self.dispatch(entry.functional, args, kwargs)
         if into is None or padded_reads.cuts_made:
@@ -817,15 +837,26 @@ class Dispatcher:
                 else:
                     targets.append(written)
         for target in targets:
-            if type(target) is TpuTensor:
+            if type(target) is TpuTensor and target._view is not None:  # only a view can overlap itself
                 arg_checks.check_no_internal_overlap(target, entry.op)
-        functional_entry = self._entry(entry.functional)
+        functional_entry = self._functional_entry(entry)
         if functional_entry.kind != "lowered":
             return self._assign_all(targets, self.dispatch(entry.functional, args, kwargs))
         ran = self._run(functional_entry, args, kwargs, entry.name)
         if ran is None:
             return self._assign_all(targets, self.fallback(functional_entry, args, kwargs))
         plan, values, chip = ran
+        if _whole_writes(targets, plan.out_specs):
+            # No write runs an op, so none can flush: each array goes into its buffer as `write` puts it.
+            executor = self.executor
+            deferred = executor.deferred
+            for target, value in zip(targets, values):
+                buf = target._buf
+                replaced = buf.array
+                buf.write(value)
+                if deferred:
+                    executor.track(buf, replaced)
+            return None
         with self.executor.holding(values):
             for target, value, spec in zip(targets, values, plan.out_specs):
                 if type(value) is LazyValue and value.concrete is not None:
@@ -1024,6 +1055,22 @@ class Dispatcher:
             warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
 
 
+def _whole_writes(targets: Sequence[Any], specs: Sequence[OutSpec]) -> bool:
+    """Whether each output of a `_foreach_*_` replaces its target's whole buffer as it is: every target
+    a tpu tensor that is no view, of its output's dtype and shape (read from its geometry where it has
+    one: a parameter's or an optimizer state's, kept from its first read; a tensor's `shape` is ~0.5 µs)."""
+    for target, spec in zip(targets, specs):
+        if type(target) is not TpuTensor or target._view is not None:
+            return False
+        geom = target._geom
+        if geom is None:
+            if spec.dtype != target.dtype or spec.shape != target.shape:
+                return False
+        elif spec.dtype != geom.dtype or spec.shape != geom.shape:
+            return False
+    return True
+
+
 def _check_castable(result: Any, target: torch.Tensor) -> None:
     """torch's rule for in-place and `out=` results: an int tensor takes no float result, a bool no int."""
     if isinstance(result, torch.Tensor):
@@ -1142,7 +1189,10 @@ def _static(value: Any) -> Any:
     if type(value) is int:
         return value
     if isinstance(value, list):
-        return tuple(_static(item) for item in value)
+        items = tuple(value)
+        if _INTS_ONLY.issuperset(map(type, items)):  # sizes or dims (`view(B, T, nh, hs)`): one pass in C
+            return items
+        return tuple(_static(item) for item in items)
     if isinstance(value, torch.Tensor):
         raise TypeError("tensor argument in a view op")
     return value
@@ -1153,7 +1203,7 @@ def _static_args(args: Sequence[Any]) -> tuple:
     values = tuple(args[1:])
     for value in values:
         if type(value) is not int:
-            return tuple(_static(item) for item in values)
+            return tuple([_static(item) for item in values])
     return values
 
 
