@@ -176,3 +176,29 @@ def test_a_mask_counted_again_after_a_write_is_remembered_as_the_newest() -> Non
             del dispatcher.to_host
     assert reads == [1, 1, 1]
     assert host(selected).tolist() == [0.0, 3.0, 6.0, 9.0]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_backward_expand_to_a_cut_length_elsewhere_keeps_torchs_layout(mode: EagerMode) -> None:
+    """A mask count equal to a dim of an unrelated tensor does not make that tensor's gradient a cut:
+    after `x[mask]` selects 8 values, `adaptive_avg_pool2d(y, 1)`'s backward expands (2, 3, 1, 1) to
+    y's (2, 3, 8, 8), and y's retained gradient (what a hook gets) keeps torch's strides (so
+    `grad.view(-1)` works) and values."""
+    values, mask = torch.arange(10.0), torch.arange(10) < 8
+    images = torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+
+    def gradient(device: str) -> torch.Tensor:
+        hidden = images.to(device).detach().requires_grad_() * 2
+        hidden.retain_grad()
+        pooled = torch.nn.functional.adaptive_avg_pool2d(hidden, 1)
+        (pooled * torch.linspace(-1, 1, 6, device=device).reshape(2, 3, 1, 1)).sum().backward()
+        return hidden.grad
+
+    expected = gradient("cpu")
+    with eager(mode):
+        chip_values = values.to("tpu")
+        assert torch.equal(host(chip_values[(values < 3).to("tpu")]), values[:3])  # 8 is then cut from a longer buffer
+        assert torch.equal(host(chip_values[mask.to("tpu")]), values[:8])
+        got = gradient("tpu")
+        assert got.stride() == expected.stride()
+        torch.testing.assert_close(host(got.view(-1)), expected.view(-1))

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from torch.autograd.graph import _engine_run_backward
 
-from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, padded_of, recent_lengths
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, padded_of, recent_shapes, without_leading_ones
 from tputrace.backend.op_routes import bound
 from tputrace.backend.tensor import TpuTensor, whole_buffer
 
@@ -22,9 +22,10 @@ _ENGINE_RUN_BACKWARD = _engine_run_backward.__code__  # where `backward()` and `
 
 
 def expand_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
-    """`expand` run by autograd's backward to the length of a recent cut along a new or size-1 dim
-    (the backward of `x[mask].mean()` or `.sum()`: `grad.expand(x[mask].shape)`; of the latest cut's
-    length where several dims have such lengths), or of a cut (or its reshape) along another
+    """`expand` run by autograd's backward to the shape of a recent cut (up to leading 1s) along a new
+    or size-1 dim at its cut dim (the backward of `x[mask].mean()` or `.sum()`:
+    `grad.expand(x[mask].shape)`; a tensor of another shape that merely has a cut's length in a dim,
+    as `adaptive_avg_pool2d`'s gradient, keeps torch's layout), or of a cut (or its reshape) along another
     dim: the tensor broadcast to the padded length, then cut, so that the gradient's ops run on the
     padded buffer (the same values, whichever dim is taken).
     None (a plain view) elsewhere: outside a backward the result must alias its input, and so must
@@ -47,13 +48,15 @@ def expand_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: di
             return None
         size[cut_dim] = padded_self.shape[cut_dim - leading]
         return cut(aten.expand_copy.default(padded_self, size), cut_dim, length)
-    dims = [dim for dim, target in enumerate(size) if target in recent_lengths and target > 1 and (dim < leading or self.shape[dim - leading] == 1)]
-    if not dims:
+    key = without_leading_ones(size)
+    recent = recent_shapes.get(key)
+    if recent is None:
         return None
-    recent = list(recent_lengths)  # the latest cut last
-    dim = max(dims, key=lambda dim: (recent.index(size[dim]), -dim))
+    dim, padded_length = recent[0] + len(size) - len(key), recent[1]
     length = size[dim]
-    size[dim] = recent_lengths[length]
+    if length <= 1 or (dim >= leading and self.shape[dim - leading] != 1):
+        return None
+    size[dim] = padded_length
     return cut(aten.expand_copy.default(self, size), dim, length)
 
 

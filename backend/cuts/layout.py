@@ -26,6 +26,8 @@ _REMEMBERED_LENGTHS = 16
 # The lengths of the latest cuts -> the padded length each was cut from (the latest last); empty
 # until the process's first cut, and never again after it.
 recent_lengths: dict[int, int] = {}
+# The shapes of the latest cuts, without leading 1s -> (the cut dim in that shape, the padded length).
+recent_shapes: dict[tuple[int, ...], tuple[int, int]] = {}
 
 
 def cut(padded: Any, dim: int, length: int) -> Any:
@@ -43,7 +45,21 @@ def cut(padded: Any, dim: int, length: int) -> Any:
         if len(recent_lengths) >= _REMEMBERED_LENGTHS:
             del recent_lengths[next(iter(recent_lengths))]
         recent_lengths[length] = padded.shape[dim]
+        shape = tuple(view.shape)
+        key = without_leading_ones(shape)
+        recent_shapes.pop(key, None)
+        if len(recent_shapes) >= _REMEMBERED_LENGTHS:
+            del recent_shapes[next(iter(recent_shapes))]
+        recent_shapes[key] = (dim - (len(shape) - len(key)), padded.shape[dim])
     return view
+
+
+def without_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:
+    """`shape` without its leading size-1 dims (a reduction's gradient may be expanded with them)."""
+    start = 0
+    while start < len(shape) and shape[start] == 1:
+        start += 1
+    return tuple(shape[start:])
 
 
 def host_cut(tensor: Any) -> tuple[int, int] | None:
