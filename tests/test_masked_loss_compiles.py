@@ -1,5 +1,6 @@
 """A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
-`mse_loss` of two cuts, a reshape of a cut, in-place ops on one) compiles programs per padded length,
+`mse_loss` of two cuts, a reshape of a cut, in-place ops on one, a matmul or einsum with the cut on
+either side, `torch.mv` of one) compiles programs per padded length,
 not per count: the loss, its backward and the gradient's scatter through the mask run on the padded
 buffers (`cuts`), and the results equal the CPU's in both eager modes."""
 
@@ -93,6 +94,13 @@ def _in_place_on_a_cut(model: nn.Module, tokens: torch.Tensor, mask: torch.Tenso
     return F.cross_entropy(selected, tokens[mask])
 
 
+def _with_a_score(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor, score: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> torch.Tensor:
+    """The token loss plus the mean square of a score per selected row, `score(hidden[mask], v)` for a
+    1-D `v` (`torch.mv`, `@`, `F.linear` with a 1-D weight)."""
+    scores = score(model[0](tokens)[mask], model[1].weight[0])
+    return scores.pow(2).mean() + F.cross_entropy(model(tokens)[mask], tokens[mask])
+
+
 LOSSES: dict[str, Loss] = {
     "cross_entropy": _cross_entropy,
     "cross_entropy sum": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], reduction="sum"),
@@ -112,6 +120,16 @@ LOSSES: dict[str, Loss] = {
     "bias-free linear on a 3-D cut": _bias_free_linear_on_a_3d_cut,
     "x[mask].reshape(-1).pow(2).mean()": lambda model, tokens, mask: model(tokens)[mask].reshape(-1).pow(2).mean(),
     "x[mask].mul_(2).clamp_(-1, 1)": _in_place_on_a_cut,
+    "(W @ x[mask].T).T": lambda model, tokens, mask: F.cross_entropy((model[1].weight @ model[0](tokens)[mask].T).T, tokens[mask]),
+    "einsum('oh,nh->on', W, x[mask])": lambda model, tokens, mask: F.cross_entropy(
+        torch.einsum("oh,nh->on", model[1].weight, model[0](tokens)[mask]).T, tokens[mask]
+    ),
+    "einsum('nh,oh->no', x[mask], W)": lambda model, tokens, mask: F.cross_entropy(
+        torch.einsum("nh,oh->no", model[0](tokens)[mask], model[1].weight), tokens[mask]
+    ),
+    "torch.mv(x[mask], v)": lambda model, tokens, mask: _with_a_score(model, tokens, mask, torch.mv),
+    "x[mask] @ v": lambda model, tokens, mask: _with_a_score(model, tokens, mask, torch.matmul),
+    "F.linear(x[mask], w) with a 1-D w": lambda model, tokens, mask: _with_a_score(model, tokens, mask, F.linear),
 }
 
 

@@ -7,9 +7,10 @@ bucketing avoids. Read on the host (`.cpu()`, `.tolist()`, `.item()`, `print`), 
 the padded buffer is copied (at most a quarter more bytes, see `length_buckets`) and cut on the host.
 
 An op on the chip whose inputs include cuts runs on their padded buffers where it can
-(`routes.on_padded`). A view that only reshapes a cut (`x[mask].reshape(-1, C)`, a linear layer on a
-3-D cut, an `unsqueeze`) is read as a cut of the buffer reshaped alike (`layout.cut_layout`: merging
-the cut dim with the T entries after it gives a padded length of T times the cut's). Each module
+(`routes.on_padded`). A view that reshapes or transposes a cut (`x[mask].reshape(-1, C)`, a linear
+layer on a 3-D cut, an `unsqueeze`, `x[mask].T`, the operands an einsum permutes and reshapes) is read
+as a cut of the buffer viewed alike (`layout.cut_layout`: merging the cut dim with the T entries after
+it gives a padded length of T times the cut's). Each module
 here is one family:
 - `pointwise`: `x[mask] * 2`, `torch.where(x[mask] > 0, ...)`, a cut's `unsqueeze` read as the
   padded buffer's (`weights.unsqueeze(-1) * rows`): each entry depends only on the entries at its
@@ -22,8 +23,9 @@ here is one family:
   on a 3-D cut) reshapes the padded counterpart.
 - `losses`: `nll_loss` (with `label_smoothing`, `nll_loss2d`) and `mse_loss` and their backward
   leave the padded rows out.
-- `matmul`: a matmul of the rows (a linear layer on `x[mask]`), and the weight gradient, a sum over
-  the real rows only.
+- `matmul`: `mm`, `addmm`, `bmm` and `mv` with the cut along the rows (a linear layer on `x[mask]`,
+  `torch.mv(x[mask], v)`), the columns (`W @ x[mask].T`, an einsum `"oh,nh->on"`) or a `bmm`'s batch;
+  along the summed dim (a weight's gradient), a sum over the real entries only.
 - `index_put`: the gradient of `x[mask]` scatters its padded rows through the mask (the k-th set
   element takes the k-th row, so rows past the count are never read).
 - `backward_views`: the `expand` of a gradient to the cut's length is broadcast to the padded
@@ -31,7 +33,6 @@ here is one family:
 - `in_place`: `masked_fill_` and in-place pointwise ops (`sel.mul_(2)`, `sel.clamp_(-1, 1)`) of a
   cut write its buffer before the length only.
 Each program that must leave the padding out takes the length as a traced number (`steps`), so it
-is compiled per padded length. Other ops that read the view (a matmul with the cut on the right,
-`torch.mv`, a reshape that merges the cut dim with a dim before it) need the exact shape, and compile
-for it as the op itself does.
+is compiled per padded length. Other ops that read the view (a reshape that merges the cut dim with
+a dim before it) need the exact shape, and compile for it as the op itself does.
 """

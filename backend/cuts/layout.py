@@ -94,39 +94,96 @@ def shared_cut(values: Sequence[Any]) -> Layout | None:
 
 
 def cut_layout(value: Any) -> Layout | None:
-    """The layout of a cut, or of a view that only reshapes one (its `unsqueeze`, a `view` that merges
-    the cut dim with the dims after it or splits it, as `x[mask].reshape(-1, C)` or a linear layer on
-    a 3-D cut do): read as a cut of its padded counterpart (`padded_of`); else None."""
+    """The layout of a cut, or of a view that reshapes or transposes one (its `unsqueeze`, a `view` that
+    merges the cut dim with the dims after it or splits it, as `x[mask].reshape(-1, C)` or a linear
+    layer on a 3-D cut do; `x[mask].t()`, the operands einsum permutes): read as a cut of its padded
+    counterpart (`padded_of`); else None."""
     if type(value) is not TpuTensor or value._view is None:
         return None
-    return _chain_layout(value._view.steps, tuple(value._buf.array.shape), tuple(value.shape))
+    found = _padded_views(value)
+    return None if found is None else found[0]
 
 
-def transposed_layout(value: Any) -> Layout | None:
-    """The layout of the cut (or reshaped cut) a 2-D value is the transpose of (`.t()` of `x[mask]`,
-    the weight gradient's operand); else None."""
-    if type(value) is not TpuTensor or value._view is None or value.dim() != 2:
-        return None
-    steps = value._view.steps
-    last = steps[-1]
-    if len(steps) < 2 or not (last.key[0] is aten.t.default or (last.key[0] is aten.permute.default and list(last.args[0]) in ([1, 0], [-1, -2]))):
-        return None
-    return _chain_layout(steps[:-1], tuple(value._buf.array.shape), tuple(reversed(value.shape)))
+def padded_of(value: TpuTensor, layout: Layout) -> TpuTensor:
+    """The padded counterpart of a value of that `cut_layout`: its buffer, seen through the value's
+    reshapes and transposes with the padded length in place of the length."""
+    padded = whole_buffer(value)
+    found = _padded_views(value)
+    if found is None or found[0] != layout:
+        raise ValueError(f"padded_of: a value of shape {tuple(value.shape)} is not a cut of layout {layout}")
+    for kind, argument in found[1]:
+        padded = aten.permute.default(padded, list(argument)) if kind == "permute" else padded.reshape(argument)
+    return padded
 
 
-def _chain_layout(steps: Sequence[Any], buffer_shape: tuple[int, ...], shape: tuple[int, ...]) -> Layout | None:
-    """The layout of a value of `shape` seen through `steps` from its buffer: the cut itself, or the
-    cut's reshapes (an `unsqueeze` alone keeps the cut's dims, as a pointwise op's other cuts have them)."""
+# (a view's chain, its buffer's shape) -> (its layout, the views that give its padded counterpart), or None
+_PADDED_VIEWS: dict[tuple[Any, tuple[int, ...]], tuple[Layout, tuple[tuple[str, tuple[int, ...]], ...]] | None] = {}
+_PERMUTES = frozenset({aten.permute.default, aten.t.default, aten.transpose.int})
+
+
+def _padded_views(value: TpuTensor) -> tuple[Layout, tuple[tuple[str, tuple[int, ...]], ...]] | None:
+    """`_chain_views` of the value's chain and buffer, kept per chain and buffer shape."""
+    key = (value._view, tuple(value._buf.array.shape))
+    if key not in _PADDED_VIEWS:
+        _PADDED_VIEWS[key] = _chain_views(value._view.steps, key[1])
+    return _PADDED_VIEWS[key]
+
+
+def _chain_views(steps: Sequence[Any], buffer_shape: tuple[int, ...]) -> tuple[Layout, tuple[tuple[str, tuple[int, ...]], ...]] | None:
+    """The layout of a value seen through `steps` from its buffer, and the views (("reshape", shape)
+    or ("permute", dims)) of the padded buffer that give its padded counterpart: the cut itself, or
+    the cut followed by reshapes that keep its entries first along one dim (`reshaped_layout`) and
+    permutations of its dims; None where a step is anything else."""
     cut_of_root = ViewChain.root(steps[0]).host_cut  # the chain of the first step exists: it was made first
-    if cut_of_root is None or any(step.key[0] not in _RESHAPES for step in steps[1:]):
+    if cut_of_root is None:
         return None
     dim, length = cut_of_root
-    if len(steps) == 1:
-        return dim, length, buffer_shape
-    if len(steps) == 2 and steps[1].key[0] is aten.unsqueeze.default:
-        at = steps[1].args[0] % len(shape)
-        return dim + (at <= dim), length, buffer_shape[:at] + (1,) + buffer_shape[at:]
-    return reshaped_layout(buffer_shape, dim, length, shape)
+    padded_shape = buffer_shape
+    views: list[tuple[str, tuple[int, ...]]] = []
+    for step in steps[1:]:
+        op = step.key[0]
+        if step.index is not None or (op not in _RESHAPES and op not in _PERMUTES):
+            return None
+        shape = padded_shape[:dim] + (length,) + padded_shape[dim + 1:]
+        if op in _PERMUTES:
+            order = _permutation(op, step.args, len(shape))
+            if order is None:
+                return None
+            dim, padded_shape = order.index(dim), tuple(padded_shape[axis] for axis in order)
+            if views and views[-1][0] == "permute":  # one permutation of the padded buffer for both
+                earlier = views.pop()[1]
+                order = tuple(earlier[axis] for axis in order)
+            if order != tuple(range(len(order))):
+                views.append(("permute", order))
+            continue
+        out_shape = tuple(op(torch.empty(shape, device="meta"), *step.args, **step.kwargs).shape)
+        if op is aten.unsqueeze.default:  # keeps the cut's dims, as a pointwise op's other cuts have them
+            at = step.args[0] % len(out_shape)
+            dim, padded_shape = dim + (at <= dim), padded_shape[:at] + (1,) + padded_shape[at:]
+        else:
+            reshaped = reshaped_layout(padded_shape, dim, length, out_shape)
+            if reshaped is None:
+                return None
+            dim, length, padded_shape = reshaped
+        if views and views[-1][0] == "reshape":
+            views.pop()
+        views.append(("reshape", padded_shape))
+    if views == [("reshape", buffer_shape)]:
+        views = []
+    return (dim, length, padded_shape), tuple(views)
+
+
+def _permutation(op: Any, args: Sequence[Any], rank: int) -> tuple[int, ...] | None:
+    """The dims a `permute`, `t` or `transpose` of a value of `rank` dims takes, in their new order."""
+    if op is aten.permute.default:
+        order = tuple(axis % rank for axis in args[0]) if rank else ()
+        return order if sorted(order) == list(range(rank)) else None
+    order = list(range(rank))
+    first, second = (0, 1) if op is aten.t.default else (args[0] % max(rank, 1), args[1] % max(rank, 1))
+    if rank < 2:
+        return tuple(order)
+    order[first], order[second] = order[second], order[first]
+    return tuple(order)
 
 
 def reshaped_layout(buffer_shape: tuple[int, ...], dim: int, length: int, shape: tuple[int, ...]) -> Layout | None:
@@ -146,14 +203,6 @@ def reshaped_layout(buffer_shape: tuple[int, ...], dim: int, length: int, shape:
     kept = [at for at in fits if math.prod(shape[at + 1:]) == inner]  # the cut dim as it was, where one is
     at = (kept or fits)[-1]
     return at, shape[at], shape[:at] + (padded * inner // math.prod(shape[at + 1:]),) + shape[at + 1:]
-
-
-def padded_of(value: TpuTensor, layout: Layout) -> TpuTensor:
-    """The padded counterpart of a value of that `cut_layout`: its buffer, seen with the layout's shape."""
-    buffer = whole_buffer(value)
-    if layout[2] == tuple(buffer.shape):
-        return buffer
-    return aten.view.default(buffer, list(layout[2]))
 
 
 def cut_from_end(value: TpuTensor, layout: Layout) -> tuple[int, int, int]:

@@ -1,5 +1,7 @@
-"""`mm` and `addmm` of a row cut, or of a cut reshaped to rows (a linear layer on `x[mask]` of any
-rank, its input's and weight's gradients), on the padded rows."""
+"""Matrix products of cuts on their padded buffers: `mm`, `addmm`, `bmm` and `mv` with the cut along
+the rows (a linear layer on `x[mask]` of any rank, its input's gradient, `torch.mv(x[mask], v)`), along
+the columns (`W @ x[mask].T`, the einsum `"oh,nh->on"`), along the batch (`bmm` of two cuts alike), or
+along the summed dim (a weight's gradient, `v`'s gradient of `mv`: the real rows only)."""
 
 from __future__ import annotations
 
@@ -8,39 +10,74 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.cuts.layout import cut, cut_layout, is_cut, is_cut_or_view_of_one, padded_of, transposed_layout
+from tputrace.backend.cuts.layout import cut, cut_layout, is_cut_or_view_of_one, padded_of
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
 
 aten = torch.ops.aten
 
-_MM_OVER_ROWS = padded_step(aten.mm.default, padded.mm_over_rows_padded, 2, matmul_precision=True)
+# op -> (the dim of its first operand's rows, the dim each operand sums over)
+_DIMS = {
+    aten.mm.default: (0, (1, 0)),
+    aten.addmm.default: (0, (1, 0)),
+    aten.bmm.default: (1, (2, 1)),
+    aten.mv.default: (0, (1, 0)),
+}
+_OVER_CUT = {
+    op: padded_step(op, padded.matmul_over_cut_padded, 2, matmul_precision=True)
+    for op in (aten.mm.default, aten.bmm.default, aten.mv.default)
+}
 
 
 def matmul_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
-    """`mm` or `addmm` of a 2-D row cut by a matrix that is not a cut (a linear layer on `x[mask]`, or
-    its input's gradient): each row of the product is its row's, so it runs on the padded rows and is
-    cut in turn. `mm` of a transposed row cut by a row cut of the same length (the weight's
-    gradient) sums over the rows: the real rows only (`ops.padded.mm_over_rows_padded`)."""
-    if entry.op is aten.mm.default:
-        bias, (mat1, mat2) = None, bound(entry.op, args, kwargs)
-    else:
-        bias, mat1, mat2, _, _ = bound(entry.op, args, kwargs)
-        if is_cut(bias) or (bias.dim() == 2 and bias.shape[0] != 1):
+    """A matrix product whose operands include a cut (or its reshape or transpose), on the padded
+    buffers: with the first operand cut along its rows, or the second along its columns (each row or
+    column of the product is its own), or both along the batch (`bmm`), the product is cut in turn;
+    with both cut alike along the dim they sum over, the padded entries are zeroed first
+    (`ops.padded.matmul_over_cut_padded`). None (the exact path) elsewhere."""
+    op = entry.op
+    if op is aten.addmm.default:
+        bias, mat1, mat2, _, _ = bound(op, args, kwargs)
+        if is_cut_or_view_of_one(bias):
             return None
-    rows = cut_layout(mat1) if mat1.dim() == 2 else None
-    if rows is not None and rows[0] == 0 and not is_cut(mat2):
-        padded_mat1 = padded_of(mat1, rows)
-        padded_args = [padded_mat1 if value is mat1 else value for value in args]
-        padded_kwargs = {name: padded_mat1 if value is mat1 else value for name, value in kwargs.items()}
-        return cut(dispatcher.compute(entry, padded_args, padded_kwargs, record_as), 0, rows[1])
-    transposed = transposed_layout(mat1)
-    if bias is not None or transposed is None or not is_cut_or_view_of_one(mat2) or mat2.dim() != 2:
+    else:
+        bias, (mat1, mat2) = None, bound(op, args, kwargs)
+    rows_dim, (summed1, summed2) = _DIMS[op]
+    first, second = _layout(mat1), _layout(mat2)
+    if first is False or second is False:
+        return None  # a view of a cut that reads as no cut of its own
+    if first is not None and second is None and first[0] == rows_dim:
+        if bias is not None and bias.dim() == 2 and bias.shape[0] != 1:
+            return None
+        return _on_padded(dispatcher, entry, args, kwargs, record_as, mat1, first, rows_dim)
+    columns_dim = mat2.dim() - 1
+    if first is None and second is not None and second[0] == columns_dim and mat2.dim() > 1:
+        if bias is not None and not (bias.dim() == 0 or (bias.dim() == 2 and bias.shape[1] == 1)):
+            return None
+        return _on_padded(dispatcher, entry, args, kwargs, record_as, mat2, second, mat1.dim() - 1)
+    if first is None or second is None or first[1] != second[1] or first[2][first[0]] != second[2][second[0]]:
         return None
-    cut_dim, length, padded_shape = transposed
-    rows = cut_layout(mat2)
-    if cut_dim or rows is None or rows[:2] != (0, length) or padded_shape[0] != rows[2][0]:
+    padded1, padded2 = padded_of(mat1, first), padded_of(mat2, second)
+    if op is aten.bmm.default and first[0] == second[0] == 0:  # per sample of the cut batch
+        return cut(dispatcher.compute(entry, (padded1, padded2), {}, record_as), 0, first[1])
+    if bias is not None or (first[0], second[0]) != (summed1, summed2):
         return None
-    inputs = (padded_of(mat1, transposed), padded_of(mat2, rows), length)
-    return dispatcher.compute(_MM_OVER_ROWS, inputs, {}, record_as or entry.name)
+    options = {"self_dim": summed1, "other_dim": summed2}
+    return dispatcher.compute(_OVER_CUT[op], (padded1, padded2, first[1]), options, record_as or entry.name)
+
+
+def _layout(value: Any) -> Any:
+    """The `cut_layout` of an operand; None for a value that is no cut or view of one, False for a view
+    of one that reads as no cut."""
+    if not is_cut_or_view_of_one(value):
+        return None
+    return cut_layout(value) or False
+
+
+def _on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None, operand: Any, layout: Any, out_dim: int) -> Any:
+    """`entry`'s op with `operand` replaced by its padded counterpart, cut along `out_dim`."""
+    padded_operand = padded_of(operand, layout)
+    padded_args = [padded_operand if value is operand else value for value in args]
+    padded_kwargs = {name: padded_operand if value is operand else value for name, value in kwargs.items()}
+    return cut(dispatcher.compute(entry, padded_args, padded_kwargs, record_as), out_dim, layout[1])

@@ -1,4 +1,4 @@
-"""Losses and means of a data-dependent result run on its padded buffer (see `cuts`).
+"""Losses, means and matmuls of a data-dependent result run on its padded buffer (see `cuts`).
 
 Each takes the buffer's leading dim padded and the true length as a traced number (one program per
 padded length, not per length): rows at `length` and past are made neutral (a loss target of
@@ -86,13 +86,13 @@ def mean_padded(self: Array, length: Array, *, cut_dim: int, dims: Sequence[int]
     return (total / count).astype(jax_dtype(dtype) or self.dtype)
 
 
-def mm_over_rows_padded(self: Array, mat2: Array, length: Array) -> Array:
-    """`self.t() @ mat2` of two row-cut buffers (the weight gradient of a linear layer on a cut):
-    the sum over their first `length` rows, with the padded rows zeroed in both (padding may hold
-    anything, NaN included)."""
-    real_self = jnp.where(real_rows(self, length), self, jnp.zeros_like(self))
-    real_mat2 = jnp.where(real_rows(mat2, length), mat2, jnp.zeros_like(mat2))
-    return mm(real_self.T, real_mat2).astype(self.dtype)
+def matmul_over_cut_padded(self: Array, other: Array, length: Array, *, self_dim: int, other_dim: int) -> Array:
+    """`self @ other` (`mm`, `bmm` or `mv`) of two buffers cut to `length` along the dim the product sums
+    over (a weight's gradient of a linear layer on a cut): the sum over their first `length` entries,
+    the padded ones zeroed in both (padding may hold anything, NaN included)."""
+    real_self = jnp.where(real_rows(self, length, self_dim), self, jnp.zeros_like(self))
+    real_other = jnp.where(real_rows(other, length, other_dim), other, jnp.zeros_like(other))
+    return mm(real_self, real_other).astype(self.dtype)
 
 
 def fill_past(padded: Array, length: Array, *, dim: int, fill: float | int | bool) -> Array:
