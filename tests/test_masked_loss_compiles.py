@@ -1,6 +1,6 @@
 """A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
 `mse_loss` of two cuts, a reshape of a cut, in-place ops on one, a matmul or einsum with the cut on
-either side, `torch.mv` of one) compiles programs per padded length,
+either side, `torch.mv` or a layer norm of one) compiles programs per padded length,
 not per count: the loss, its backward and the gradient's scatter through the mask run on the padded
 buffers (`cuts`), and the results equal the CPU's in both eager modes."""
 
@@ -130,6 +130,9 @@ LOSSES: dict[str, Loss] = {
     "torch.mv(x[mask], v)": lambda model, tokens, mask: _with_a_score(model, tokens, mask, torch.mv),
     "x[mask] @ v": lambda model, tokens, mask: _with_a_score(model, tokens, mask, torch.matmul),
     "F.linear(x[mask], w) with a 1-D w": lambda model, tokens, mask: _with_a_score(model, tokens, mask, F.linear),
+    "F.layer_norm(x[mask]) with a weight and bias": lambda model, tokens, mask: F.cross_entropy(
+        model[1](F.layer_norm(model[0](tokens)[mask], (8,), model[1].weight[0], model[1].weight[1])), tokens[mask]
+    ),
 }
 
 

@@ -26,6 +26,8 @@ here is one family:
 - `matmul`: `mm`, `addmm`, `bmm` and `mv` with the cut along the rows (a linear layer on `x[mask]`,
   `torch.mv(x[mask], v)`), the columns (`W @ x[mask].T`, an einsum `"oh,nh->on"`) or a `bmm`'s batch;
   along the summed dim (a weight's gradient), a sum over the real entries only.
+- `norms`: `native_layer_norm` over dims after the cut's, row by row, and its backward, whose
+  weight and bias gradients sum over the real rows only.
 - `index_put`: the gradient of `x[mask]` scatters its padded rows through the mask (the k-th set
   element takes the k-th row, so rows past the count are never read).
 - `backward_views`: the `expand` of a gradient to the cut's length is broadcast to the padded

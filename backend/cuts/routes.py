@@ -13,6 +13,7 @@ from tputrace.backend.cuts.in_place import in_place_on_cut, masked_fill_on_cut, 
 from tputrace.backend.cuts.index_put import index_put_on_padded
 from tputrace.backend.cuts.losses import mse_loss_backward_on_padded, mse_loss_on_padded, nll_loss_backward_on_padded, nll_loss_on_padded
 from tputrace.backend.cuts.matmul import matmul_on_padded
+from tputrace.backend.cuts.norms import layer_norm_backward_on_padded, layer_norm_on_padded
 from tputrace.backend.cuts.pointwise import pointwise_on_padded
 from tputrace.backend.cuts.reductions import IDENTITIES, MEANS, reduction_on_padded
 from tputrace.backend.cuts.rows import (
@@ -37,6 +38,8 @@ _ROUTES: dict[Any, Route] = {
     **{op: nll_loss_on_padded for op in (aten.nll_loss_forward.default, aten.nll_loss2d_forward.default)},
     **{op: nll_loss_backward_on_padded for op in (aten.nll_loss_backward.default, aten.nll_loss2d_backward.default)},
     aten.mse_loss.default: mse_loss_on_padded,
+    aten.native_layer_norm.default: layer_norm_on_padded,
+    aten.native_layer_norm_backward.default: layer_norm_backward_on_padded,
     aten.mse_loss_backward.default: mse_loss_backward_on_padded,
     **{op: index_put_on_padded for op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)},
 }

@@ -1,4 +1,4 @@
-"""Losses, means and matmuls of a data-dependent result run on its padded buffer (see `cuts`).
+"""Losses, means, matmuls and layer norms of a data-dependent result run on its padded buffer (see `cuts`).
 
 Each takes the buffer's leading dim padded and the true length as a traced number (one program per
 padded length, not per length): rows at `length` and past are made neutral (a loss target of
@@ -19,6 +19,7 @@ from jax import lax
 from ._util import canon_dim, jax_dtype, opmath, to_float
 from .linalg import mm
 from .nn import log_softmax, log_softmax_backward_data, nll_loss_backward, nll_loss_forward, softmax, softmax_backward_data
+from .normalization import native_layer_norm_backward
 
 Array = jax.Array
 _MEAN = 1
@@ -93,6 +94,19 @@ def matmul_over_cut_padded(self: Array, other: Array, length: Array, *, self_dim
     real_self = jnp.where(real_rows(self, length, self_dim), self, jnp.zeros_like(self))
     real_other = jnp.where(real_rows(other, length, other_dim), other, jnp.zeros_like(other))
     return mm(real_self, real_other).astype(self.dtype)
+
+
+def layer_norm_backward_padded(
+    grad_out: Array, self: Array, mean: Array, rstd: Array, weight: Array | None, bias: Array | None, length: Array, *,
+    cut_dim: int, normalized_shape: Sequence[int], output_mask: Sequence[bool],
+) -> tuple[Array, ...]:
+    """The gradients `native_layer_norm_backward` gives (those `output_mask` asks for and a weight or
+    bias exists for, in order) of rows cut to `length` along `cut_dim`: the padded rows of the
+    gradient, input, mean and rstd are zeroed (padding may hold anything, NaN included), so that
+    they add nothing to the weight's and bias's gradients."""
+    real = [jnp.where(real_rows(value, length, cut_dim), value, jnp.zeros_like(value)) for value in (grad_out, self, mean, rstd)]
+    grads = native_layer_norm_backward(real[0], real[1], normalized_shape, real[2], real[3], weight, bias, output_mask)
+    return tuple(grad for grad in grads if grad is not None)
 
 
 def fill_past(padded: Array, length: Array, *, dim: int, fill: float | int | bool) -> Array:
