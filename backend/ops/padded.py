@@ -32,7 +32,7 @@ def real_rows(padded: Array, length: Array, dim: int = 0) -> Array:
 
 def _real_labels(target: Array, length: Array, ignore_index: int) -> Array:
     """`target` with its rows at `length` and past set to `ignore_index`."""
-    return jnp.where(real_rows(target, length), target, jnp.asarray(ignore_index, target.dtype))
+    return fill_past(target, length, dim=0, fill=ignore_index)
 
 
 def _real_difference(self: Array, target: Array, length: Array, cut_dim: int) -> Array:
@@ -43,7 +43,7 @@ def _real_difference(self: Array, target: Array, length: Array, cut_dim: int) ->
 def nll_loss_forward_padded(self: Array, target: Array, weight: Array | None, length: Array, *, reduction: int, ignore_index: int) -> tuple[Array, Array]:
     """`nll_loss_forward` of the first `length` rows: the rest get `ignore_index` (and zero scores,
     so that no padded score reaches a sum)."""
-    scores = jnp.where(real_rows(self, length), self, jnp.zeros_like(self))
+    scores = fill_past(self, length, dim=0, fill=0)
     labels = _real_labels(target, length, ignore_index)
     return nll_loss_forward(scores, labels, weight, reduction, ignore_index)
 
@@ -91,8 +91,8 @@ def matmul_over_cut_padded(self: Array, other: Array, length: Array, *, self_dim
     """`self @ other` (`mm`, `bmm` or `mv`) of two buffers cut to `length` along the dim the product sums
     over (a weight's gradient of a linear layer on a cut): the sum over their first `length` entries,
     the padded ones zeroed in both (padding may hold anything, NaN included)."""
-    real_self = jnp.where(real_rows(self, length, self_dim), self, jnp.zeros_like(self))
-    real_other = jnp.where(real_rows(other, length, other_dim), other, jnp.zeros_like(other))
+    real_self = fill_past(self, length, dim=self_dim, fill=0)
+    real_other = fill_past(other, length, dim=other_dim, fill=0)
     return mm(real_self, real_other).astype(self.dtype)
 
 
@@ -104,7 +104,7 @@ def layer_norm_backward_padded(
     bias exists for, in order) of rows cut to `length` along `cut_dim`: the padded rows of the
     gradient, input, mean and rstd are zeroed (padding may hold anything, NaN included), so that
     they add nothing to the weight's and bias's gradients."""
-    real = [jnp.where(real_rows(value, length, cut_dim), value, jnp.zeros_like(value)) for value in (grad_out, self, mean, rstd)]
+    real = [fill_past(value, length, dim=cut_dim, fill=0) for value in (grad_out, self, mean, rstd)]
     grads = native_layer_norm_backward(real[0], real[1], normalized_shape, real[2], real[3], weight, bias, output_mask)
     return tuple(grad for grad in grads if grad is not None)
 
