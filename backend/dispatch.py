@@ -92,7 +92,6 @@ class Dispatcher:
 
     def __init__(self) -> None:
         self.entries: dict[Any, OpEntry] = {}
-        self.functional_entries: dict[int, tuple[OpEntry, OpEntry]] = {}  # id of a writing op's entry -> it, its functional's
         self.routes: dict[int, tuple[Callable, Any]] = {}  # by id(op): OpOverload hashes in Python
         self.routed_ops: list[Any] = []  # keeps every routed op alive, so its id stays its own
         self.plans: dict[Any, Any] = {}
@@ -750,13 +749,11 @@ class Dispatcher:
         return entry
 
     def _functional_entry(self, entry: OpEntry) -> OpEntry:
-        """The entry of a writing op's functional form, kept by the writing entry's id with the entry
-        itself (an OpOverload hashes in Python: `_entry` of it on every in-place call cost a hash)."""
-        kept = self.functional_entries.get(id(entry))
-        if kept is not None and kept[0] is entry:
-            return kept[1]
-        functional_entry = self._entry(entry.functional)
-        self.functional_entries[id(entry)] = (entry, functional_entry)
+        """The entry of a writing op's functional form, kept on the writing op's entry (an OpOverload
+        hashes in Python: `_entry` of it on every in-place call cost a hash; entries are never replaced)."""
+        functional_entry = entry.functional_entry
+        if functional_entry is None:
+            functional_entry = entry.functional_entry = self._entry(entry.functional)
         return functional_entry
 
     def _functional_result(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, into: TpuTensor | None = None) -> Any:

@@ -57,6 +57,7 @@ class OpEntry:
     typed_constants: bool = False  # constant Scalars whose Python type matters (arange(4) vs arange(4.0))
     factory_out: bool = False  # an `out=` factory (`eye.m_out`): its functional takes the out tensor's dtype and device
     shapes_from_lowering: bool = False  # an internal step (`data_dependent`): its outputs' shapes come from its lowering's constants
+    functional_entry: OpEntry | None = None  # a writing op's: its functional op's entry, once the dispatcher has looked it up
 
 
 def _is_scalar_type(arg_type: torch._C.JitType, traced_floats: bool = False) -> bool:
