@@ -22,11 +22,9 @@ Layout = tuple[int, int, tuple[int, ...]]
 # View ops that only reshape: a chain of them on a cut reads the cut's entries in their order.
 _RESHAPES = frozenset({aten.view.default, aten.unsqueeze.default, aten.squeeze.default, aten.squeeze.dim, aten.squeeze.dims})
 
-_REMEMBERED_LENGTHS = 16
-# The lengths of the latest cuts -> the padded length each was cut from (the latest last); empty
-# until the process's first cut, and never again after it.
-recent_lengths: dict[int, int] = {}
-# The shapes of the latest cuts, without leading 1s -> (the cut dim in that shape, the padded length).
+_REMEMBERED_SHAPES = 16
+# The shapes of the latest cuts, without leading 1s -> (the cut dim in that shape, the padded length),
+# the latest last; empty until the process's first cut, and never again after it.
 recent_shapes: dict[tuple[int, ...], tuple[int, int]] = {}
 
 
@@ -37,18 +35,14 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     view = padded.narrow(dim, 0, length)  # a whole-length cut too, so its consumers share the padded programs
     if padded._view is None:
         view._view.host_cut = (dim, length)
-        if not recent_lengths:
+        if not recent_shapes:
             from tputrace.backend.cuts.routes import route_through_cuts  # the routes cut: they import this module
 
             route_through_cuts()
-        recent_lengths.pop(length, None)
-        if len(recent_lengths) >= _REMEMBERED_LENGTHS:
-            del recent_lengths[next(iter(recent_lengths))]
-        recent_lengths[length] = padded.shape[dim]
         shape = tuple(view.shape)
         key = without_leading_ones(shape)
         recent_shapes.pop(key, None)
-        if len(recent_shapes) >= _REMEMBERED_LENGTHS:
+        if len(recent_shapes) >= _REMEMBERED_SHAPES:
             del recent_shapes[next(iter(recent_shapes))]
         recent_shapes[key] = (dim - (len(shape) - len(key)), padded.shape[dim])
     return view
