@@ -30,7 +30,7 @@ from tputrace.tui.session import Session
 from tputrace.viewers import plotly_data
 
 CALLS_LINE = "    scores = (q @ w) @ (w @ k)"
-ACCENTED_LINE = '    résumé = ("é", torch.mm(q, u) @ ut)[1]  # 日本語'
+ACCENTED_LINE = '    résumé = ("é", torch.mm(q, [u][0]) @ ut)[1]  # 日本語'  # `[u]` is also Rich markup (underline)
 MULTILINE_CALL = """\
     pair = (torch.mm(z, k), torch.matmul(
         ut,  # the (4, 16) one
@@ -91,8 +91,8 @@ def test_each_call_on_the_line_is_its_own_storm_with_its_own_dims(strict_trace: 
         _label("q @ w"): ({(0, 0)}, SIZES),
         _label("w @ k"): ({(1, 1)}, [8, 12, 20, 24, 28]),
         _label("(q @ w) @ (w @ k)"): ({(0, 0), (1, 1)}, [8, 12, 20, 24, 28]),
-        _label("torch.mm(q, u)", ACCENTED_LINE): ({(0, 0)}, SIZES),
-        _label("torch.mm(q, u) @ ut", ACCENTED_LINE, "torch.mm(q, u) @ ut"): ({(0, 0)}, SIZES),
+        _label("torch.mm(q, [u][0])", ACCENTED_LINE): ({(0, 0)}, SIZES),
+        _label("torch.mm(q, [u][0]) @ ut", ACCENTED_LINE, "torch.mm(q, [u][0]) @ ut"): ({(0, 0)}, SIZES),
         _label("torch.mm(z, k)", MULTILINE_CALL): ({(1, 1)}, SIZES),
         _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)"): ({(1, 1)}, SIZES),
     }
@@ -115,9 +115,10 @@ def test_columns_count_characters_after_non_ascii_text(strict_trace: tuple[Path,
         spans = {(record.col, record.end_col, record.end_line) for record in trace.records("frames") if record.line == line}
         details = {compile_detail(row).plain.split("call site: ")[1].splitlines()[0]
                    for row in queries.compile_rows(trace, 0) if row.source is not None and row.source.line == line}
-    inner_end, outer_end = (ACCENTED_LINE.index(text) + len(text) for text in ("torch.mm(q, u)", "@ ut"))
+    inner_end, outer_end = (ACCENTED_LINE.index(text) + len(text) for text in ("torch.mm(q, [u][0])", "@ ut"))
     assert {(col, inner_end, line), (col, outer_end, line)} <= spans
-    assert details == {f"{script}:{line} (<module>) · col {col + 1}"}
+    assert details == {f"{script}:{line} (<module>) · col {col + 1} ({text})"
+                       for text in ("torch.mm(q, [u][0])", "torch.mm(q, [u][0]) @ ut")}
 
 
 def test_a_call_over_several_lines_reads_as_one(strict_trace: tuple[Path, Path]) -> None:
@@ -139,8 +140,8 @@ def test_dump_prints_where_a_multi_line_call_ends(strict_trace: tuple[Path, Path
     assert completed.returncode == 0, completed.stderr
     line, col = _line(MULTILINE_CALL), MULTILINE_CALL.index("torch.matmul(")
     assert f"calls.py:{line}:<module>:col {col}-{line + 3}:5" in completed.stdout
-    accented_col = ACCENTED_LINE.index("torch.mm(q, u)")
-    assert f":{_line(ACCENTED_LINE)}:<module>:col {accented_col}-{accented_col + len('torch.mm(q, u)')}" in completed.stdout
+    accented_col = ACCENTED_LINE.index("torch.mm(q, [u][0])")
+    assert f":{_line(ACCENTED_LINE)}:<module>:col {accented_col}-{accented_col + len('torch.mm(q, [u][0])')}" in completed.stdout
 
 
 def test_call_text_joins_chained_calls_and_continued_lines(tmp_path: Path) -> None:
@@ -164,7 +165,7 @@ def test_per_line_views_keep_the_line_together(strict_trace: tuple[Path, Path]) 
         assert file_stat.lines[line].compiles == len(at_line)
         details = {compile_detail(row).plain.split("call site: ")[1].splitlines()[0]
                    for row in queries.compile_rows(trace, 0) if row.source is not None and row.source.line == line}
-    assert details == {f"{script}:{line} (<module>) · col {CALLS_LINE.index(text) + 1}"
+    assert details == {f"{script}:{line} (<module>) · col {CALLS_LINE.index(text) + 1} ({text})"
                        for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")}
 
 
@@ -187,7 +188,7 @@ def test_the_tui_compile_sites_have_a_row_per_call_where_a_line_has_several(stri
     assert calls == {f"col {CALLS_LINE.index(text) + 1} ({text})": count for text, count in
                      (("q @ w", 6), ("w @ k", 5), ("(q @ w) @ (w @ k)", 5))}
     assert {site.call for site in by_line[_line(ACCENTED_LINE)]} == {
-        f"col {ACCENTED_LINE.index('torch.mm') + 1} ({text})" for text in ("torch.mm(q, u)", "torch.mm(q, u) @ ut")}
+        f"col {ACCENTED_LINE.index('torch.mm') + 1} ({text})" for text in ("torch.mm(q, [u][0])", "torch.mm(q, [u][0]) @ ut")}
     line_runs = [line for line, _ in itertools.groupby(site.source.line for site in sites if site.source is not None)]
     assert len(line_runs) == len(by_line)  # a line's calls are next to each other
 
@@ -218,6 +219,38 @@ def test_the_tui_compile_sites_have_a_row_per_call_where_a_line_has_several(stri
     asyncio.run(drive())
 
 
+def test_the_tui_compile_detail_names_the_call_as_the_sites_do(strict_trace: tuple[Path, Path]) -> None:
+    """The detail pane of a highlighted compile names its call with its text, shown literally (`[u]` stays)."""
+    script, trace_path = strict_trace
+    line, col = _line(ACCENTED_LINE), ACCENTED_LINE.index("torch.mm")
+    shown: dict[str, str] = {}
+
+    async def drive() -> None:
+        from tputrace.tui.app import TraceApp
+
+        with open_trace(trace_path) as trace:
+            app = TraceApp(Session.open(trace))
+            async with app.run_test(size=(160, 48)) as pilot:
+                await settle(pilot)
+                await pilot.press("4")
+                await settle(pilot)
+                view = pilot.app.view("compiles")
+                table = pilot.app.screen.query_one("#compiles-table")
+                table.focus()
+                for index, row in enumerate(view.compiles):
+                    if row.source is not None and row.source.line == line:
+                        table.move_cursor(row=index)
+                        await settle(pilot)
+                        detail = pilot.app.screen.query_one("#compiles-detail").render()
+                        call_site = detail.plain.split("call site: ")[1].splitlines()[0]
+                        shown[call_site] = ",".join(str(span.style) for span in detail.spans)
+
+    asyncio.run(drive())
+    assert set(shown) == {f"{script}:{line} (<module>) · col {col + 1} ({text})"
+                          for text in ("torch.mm(q, [u][0])", "torch.mm(q, [u][0]) @ ut")}
+    assert not any("underline" in styles for styles in shown.values())
+
+
 def test_a_file_without_frame_columns_reads_them_as_none(tmp_path: Path) -> None:
     path = tmp_path / "older.tptrace"
     writer = TraceWriter(path)
@@ -243,7 +276,7 @@ def test_a_file_with_byte_columns_reads_them_as_characters(tmp_path: Path) -> No
     path = tmp_path / "older.tptrace"
     writer = TraceWriter(path)
     writer.set_run(world_size=1, script=str(source), argv=[])
-    accented_id = writer.frame(str(source), 1, "<module>", byte_col, byte_col + len("torch.mm(q, u)"))
+    accented_id = writer.frame(str(source), 1, "<module>", byte_col, byte_col + len("torch.mm(q, [u][0])"))
     opening_id = writer.frame(str(source), 2, "<module>", opening.index("torch.matmul("), None)
     missing_id = writer.frame(str(tmp_path / "gone.py"), 1, "<module>", byte_col, byte_col + 3)
     writer.close()
@@ -253,16 +286,16 @@ def test_a_file_with_byte_columns_reads_them_as_characters(tmp_path: Path) -> No
         accented_call, opening_call, missing = (trace.frame(frame_id) for frame_id in (accented_id, opening_id, missing_id))
         stored = {record.id: (record.col, record.end_col, record.end_line) for record in trace.records("frames")}
     col = accented.index("torch.mm")
-    assert (accented_call.col, accented_call.end_col, accented_call.end_line) == (col, col + len("torch.mm(q, u)"), 1)
-    assert call_label(accented_call) == f"older.py:1:col {col + 1} (torch.mm(q, u))"
+    assert (accented_call.col, accented_call.end_col, accented_call.end_line) == (col, col + len("torch.mm(q, [u][0])"), 1)
+    assert call_label(accented_call) == f"older.py:1:col {col + 1} (torch.mm(q, [u][0]))"
     assert (opening_call.end_col, opening_call.end_line) == (None, None)
     assert call_text(opening_call) == "torch.matmul(…"
     assert (missing.col, missing.end_col) == (byte_col, byte_col + 3)  # no line to convert on: as stored
-    assert stored[accented_id] == (byte_col, byte_col + len("torch.mm(q, u)"), None)
+    assert stored[accented_id] == (byte_col, byte_col + len("torch.mm(q, [u][0])"), None)
     merge_traces([path], tmp_path / "merged.tptrace")  # a merged file is new: it stores characters
     with open_trace(tmp_path / "merged.tptrace") as merged:
         spans = {(record.line, record.col, record.end_col, record.end_line) for record in merged.records("frames")}
-    assert (1, col, col + len("torch.mm(q, u)"), 1) in spans and (2, opening.index("torch.matmul("), None, None) in spans
+    assert (1, col, col + len("torch.mm(q, [u][0])"), 1) in spans and (2, opening.index("torch.matmul("), None, None) in spans
 
 
 def test_the_html_report_names_each_call(strict_trace: tuple[Path, Path]) -> None:
@@ -272,6 +305,6 @@ def test_the_html_report_names_each_call(strict_trace: tuple[Path, Path]) -> Non
     sites = {item.site for item in data.varying if item.name == "aten.mm.default"}
     assert sites == {
         *(_label(text) for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")),
-        *(_label("torch.mm(q, u)", ACCENTED_LINE, text) for text in ("torch.mm(q, u)", "torch.mm(q, u) @ ut")),
+        *(_label("torch.mm(q, [u][0])", ACCENTED_LINE, text) for text in ("torch.mm(q, [u][0])", "torch.mm(q, [u][0]) @ ut")),
         _label("torch.mm(z, k)", MULTILINE_CALL), _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)"),
     }

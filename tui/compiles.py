@@ -11,6 +11,7 @@ from textual.binding import BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
+from tputrace.analysis.call_sites import call_name
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, right
@@ -144,8 +145,8 @@ def compile_detail(row: queries.CompileRow) -> Text:
     if row.source is not None:
         text.append("\ncall site: ", style="bold")
         text.append(str(row.source))
-        if row.source.col is not None:  # where on the line the call is (1-based, as editors count)
-            text.append(f" · col {row.source.col + 1}")
+        if row.source.col is not None:  # which call on the line, named as the compile sites name it
+            text.append(f" · {call_name(row.source)}")
     text.append("\nold: ", style="bold")
     if row.old_id is None:
         text.append("(none: the first compile of this structure and call site)")
