@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -19,13 +20,14 @@ import pytest
 from fixtures.make_tui_fixture import settle
 
 from tputrace.analysis import analyze
-from tputrace.analysis.call_sites import call_label, call_text
+from tputrace.analysis.call_sites import call_label, call_name, call_text
+from tputrace.cli.main import main
 from tputrace.merge import merge_traces
 from tputrace.store.reader import open_trace
 from tputrace.store.records import SourceLocation
 from tputrace.store.writer import TraceWriter
 from tputrace.tui import queries
-from tputrace.tui.compiles import compile_detail
+from tputrace.tui.compiles import UNCHECKED_COLUMNS, compile_detail
 from tputrace.tui.session import Session
 from tputrace.viewers import plotly_data
 
@@ -296,6 +298,119 @@ def test_a_file_with_byte_columns_reads_them_as_characters(tmp_path: Path) -> No
     with open_trace(tmp_path / "merged.tptrace") as merged:
         spans = {(record.line, record.col, record.end_col, record.end_line) for record in merged.records("frames")}
     assert (1, col, col + len("torch.mm(q, [u][0])"), 1) in spans and (2, opening.index("torch.matmul("), None, None) in spans
+
+
+def _byte_column_trace(strict_trace: tuple[Path, Path], folder: Path) -> tuple[Path, Path]:
+    """(script, trace): copies of the strict run's, the trace's frames pointing at the copied script and
+    rewritten to the form written between `col` and `end_line` (UTF-8 byte offsets, no end past the line)."""
+    script, trace_path = strict_trace
+    folder.mkdir()
+    script_copy, trace_copy = folder / script.name, folder / trace_path.name
+    shutil.copy(script, script_copy)
+    shutil.copy(trace_path, trace_copy)
+    lines = SCRIPT.splitlines()
+    with sqlite3.connect(trace_copy) as connection:
+        connection.execute("UPDATE strings SET text = ? WHERE text = ?", (str(script_copy), str(script)))
+        frames = connection.execute("SELECT id, line, col, end_col, end_line FROM frames WHERE col IS NOT NULL").fetchall()
+        for frame_id, line, col, end_col, end_line in frames:
+            byte_end = len(lines[line - 1][:end_col].encode()) if end_line == line else None
+            connection.execute("UPDATE frames SET col = ?, end_col = ? WHERE id = ?",
+                               (len(lines[line - 1][:col].encode()), byte_end, frame_id))
+        connection.execute("ALTER TABLE frames DROP COLUMN end_line")
+    connection.close()
+    return script_copy, trace_copy
+
+
+def _accented_calls(trace_path: Path, source_roots: tuple[str, ...] = ()) -> list[SourceLocation]:
+    """The compiles' distinct calls on the accented line (one location when the columns are unknown)."""
+    with open_trace(trace_path, source_roots=source_roots) as trace:
+        return list({record.source.call_key: record.source for record in trace.records("compiles")
+                     if record.source is not None and record.source.line == _line(ACCENTED_LINE)}.values())
+
+
+def _compile_detail_shown(trace_path: Path, session_roots: tuple[str, ...] | None) -> str:
+    """The TUI's compile detail on opening the Compiles view (the first compile's); the session searches
+    `session_roots`, or as `tputrace tui` does (the run's directory, ...) when None."""
+    shown: list[str] = []
+
+    async def drive() -> None:
+        from tputrace.tui.app import TraceApp
+
+        with open_trace(trace_path) as trace:
+            session = Session.open(trace) if session_roots is None else Session(trace, 0, session_roots)
+            app = TraceApp(session)
+            async with app.run_test(size=(160, 48)) as pilot:
+                await settle(pilot)
+                await pilot.press("4")
+                await settle(pilot)
+                shown.append(pilot.app.screen.query_one("#compiles-detail").render().plain)
+            session.close()
+
+    asyncio.run(drive())
+    return shown[0].split("call site: ")[1].splitlines()[0]
+
+
+def test_byte_columns_convert_on_the_file_the_run_saw(strict_trace: tuple[Path, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    script, trace_path = _byte_column_trace(strict_trace, tmp_path / "older")
+    col = ACCENTED_LINE.index("torch.mm")
+    with open_trace(trace_path) as trace:
+        assert trace.source_files()[str(script)].sha256  # the trace has the file's digest, and the file matches it
+        assert trace.unchecked_column_files() == []
+    calls = _accented_calls(trace_path)
+    assert {call_name(call) for call in calls} == {f"col {col + 1} ({text})" for text in ("torch.mm(q, [u][0])", "torch.mm(q, [u][0]) @ ut")}
+    assert not any(call.columns_unchecked for call in calls)
+    assert main(["dump", str(trace_path), "--kind", "compiles"]) == 0
+    printed = capsys.readouterr()
+    assert "unchecked" not in printed.out + printed.err and f":{_line(ACCENTED_LINE)}:<module>:col {col}-" in printed.out
+
+
+def test_byte_columns_of_a_changed_file_are_not_converted_with_its_text(strict_trace: tuple[Path, Path], tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """Edited since the run, the file's lines no longer hold the calls: its columns read as unknown (the
+    call is its whole line) and say so, unless a copy with the run's content is found under a source root."""
+    script, trace_path = _byte_column_trace(strict_trace, tmp_path / "older")
+    run_copy = tmp_path / "checkout" / script.name
+    run_copy.parent.mkdir()
+    shutil.copy(script, run_copy)
+    script.write_text("# edited after the run\n" + SCRIPT, encoding="utf-8")
+    calls = _accented_calls(trace_path)
+    assert calls and all((call.col, call.end_col, call.end_line, call.columns_unchecked) == (None, None, None, True)
+                         for call in calls)
+    assert {call_name(call) for call in calls} == {"whole line"}
+    with open_trace(trace_path) as trace:
+        assert trace.unchecked_column_files() == [str(script)]
+        sites = queries.compile_sites(trace, 0)
+    assert all(site.call is None for site in sites)  # a line's calls are one row: no column to tell them apart
+    assert _compile_detail_shown(trace_path, ()).endswith(f"(<module>) · {UNCHECKED_COLUMNS}")
+    assert main(["dump", str(trace_path), "--kind", "compiles"]) == 0
+    printed = capsys.readouterr()
+    assert f":{_line(ACCENTED_LINE)}:<module>:col unchecked" in printed.out
+    assert ":col " not in printed.out.replace(":col unchecked", "")  # no call's columns shown, right or wrong
+    assert f"call columns in {script} not checked" in printed.err
+
+    col = ACCENTED_LINE.index("torch.mm")
+    root = str(run_copy.parent)
+    assert {(call.col, call.columns_unchecked) for call in _accented_calls(trace_path, (root,))} == {(col, False)}
+    assert main(["dump", str(trace_path), "--kind", "compiles", "--source-root", root]) == 0
+    printed = capsys.readouterr()
+    assert "unchecked" not in printed.out + printed.err and f":{_line(ACCENTED_LINE)}:<module>:col {col}-" in printed.out
+    assert "not checked" not in _compile_detail_shown(trace_path, (root,))
+    assert "not checked" not in _compile_detail_shown(trace_path, None)  # the run's directory has the original
+
+
+def test_byte_columns_without_a_recorded_digest_convert_as_before(strict_trace: tuple[Path, Path], tmp_path: Path) -> None:
+    script, trace_path = _byte_column_trace(strict_trace, tmp_path / "older")
+    with sqlite3.connect(trace_path) as connection:
+        connection.execute("DELETE FROM source_files")
+    connection.close()
+    edited = ACCENTED_LINE.replace('"é"', '"e"')
+    script.write_text(SCRIPT.replace(ACCENTED_LINE, edited), encoding="utf-8")
+    byte_col = len(ACCENTED_LINE[:ACCENTED_LINE.index("torch.mm")].encode())
+    with open_trace(trace_path) as trace:
+        assert trace.unchecked_column_files() == []
+    # converted on the file as it is now: one "é" fewer before the call, so one character off
+    assert {(call.col, call.columns_unchecked) for call in _accented_calls(trace_path)} == {(byte_col - 2, False)}
 
 
 def test_the_html_report_names_each_call(strict_trace: tuple[Path, Path]) -> None:

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from tputrace.store.records import SourceLocation
 
 PAGE = 100
+UNCHECKED_COLUMNS = "call column not checked: the trace stored it in bytes and the file is not the one the run saw"
 
 
 class CompilesView(TraceView):
@@ -147,6 +148,8 @@ def compile_detail(row: queries.CompileRow) -> Text:
         text.append(str(row.source))
         if row.source.col is not None:  # which call on the line, named as the compile sites name it
             text.append(f" · {call_name(row.source)}")
+        elif row.source.columns_unchecked:
+            text.append(f" · {UNCHECKED_COLUMNS}", style="dim")
     text.append("\nold: ", style="bold")
     if row.old_id is None:
         text.append("(none: the first compile of this structure and call site)")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from tputrace.analysis.call_sites import call_name
-from tputrace.source_digests import SourceDigest, digest_file
+from tputrace.source_digests import SourceDigest
 from tputrace.store.aggregates import CompileStats, TimeSplit
 from tputrace.store.records import SourceLocation
+from tputrace.store.sources import copy_as_run_saw, source_candidates
 
 if TYPE_CHECKING:
     from tputrace.analysis.findings import Finding
@@ -840,28 +841,10 @@ def _all_frame_files(trace: Trace) -> list[str]:
 
 
 def resolve_source(recorded: str, roots: Sequence[str | os.PathLike[str]], seen: SourceDigest | None = None) -> Path | None:
-    """Find a recorded source file on this machine.
-
-    Candidates: the recorded path when it is absolute, then the recorded path's trailing parts under
-    each root, longest first (a trace recorded on a TPU VM can be read next to a checkout of the same
-    code elsewhere). The first candidate whose content is the one the run saw (`seen`) wins, else the
-    first that exists.
-    """
-    first_found: Path | None = None
-    for candidate in _source_candidates(Path(recorded), roots):
-        if not candidate.is_file():
-            continue
-        if seen is None or digest_file(candidate) == seen:
-            return candidate
-        first_found = first_found or candidate
-    return first_found
-
-
-def _source_candidates(recorded_path: Path, roots: Sequence[str | os.PathLike[str]]) -> Iterator[Path]:
-    if recorded_path.is_absolute():
-        yield recorded_path
-    parts = [part for part in recorded_path.parts if part not in ("/", "")]
-    for root in roots:
-        root_path = Path(root)
-        for start in range(len(parts)):
-            yield root_path.joinpath(*parts[start:])
+    """Find a recorded source file on this machine (`tputrace.store.sources.source_candidates`): the first
+    candidate whose content is the one the run saw (`seen`) wins, else the first that exists."""
+    if seen is not None:
+        copy = copy_as_run_saw(recorded, roots, (seen,))
+        if copy is not None:
+            return copy
+    return next(source_candidates(recorded, roots), None)

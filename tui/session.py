@@ -61,13 +61,14 @@ class Session:
 
     @contextmanager
     def reader(self) -> Iterator[Trace]:
-        """A `Trace` on the same file for one worker's queries (opened on first need, then reused)."""
+        """A `Trace` on the same file for one worker's queries (opened on first need, then reused), searching
+        `source_roots` for the copy of a file the run saw where an older trace's columns need its text."""
         with self._lock:
             trace = self._idle_readers.pop() if self._idle_readers else None
         if trace is None:
             from tputrace.store.reader import open_trace
 
-            trace = open_trace(Path(self.trace.path).resolve())
+            trace = open_trace(Path(self.trace.path).resolve(), source_roots=self.source_roots)
             with self._lock:
                 self._readers.append(trace)
         try:

@@ -24,6 +24,9 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--limit", type=int, default=None, metavar="N", help="at most N records per table")
     parser.add_argument("--json", action="store_true", help="JSON lines instead of text")
     parser.add_argument("--raw", action="store_true", help="stored values: ids instead of strings and frames")
+    parser.add_argument("--source-root", action="append", default=[], metavar="DIR",
+                        help="where to look for a copy of a source file the run saw (repeatable); an older trace's "
+                             "call columns need it")
     return parser
 
 
@@ -37,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     def plain(value: Any) -> Any:
         if isinstance(value, SourceLocation):  # a call's columns only where recorded (compiles)
-            return {name: field for name, field in dataclasses.asdict(value).items() if field is not None}
+            return {name: field for name, field in dataclasses.asdict(value).items()
+                    if field is not None and (name != "columns_unchecked" or field)}
         if isinstance(value, tuple):
             return list(value)
         return value
@@ -55,7 +59,11 @@ def run(args: argparse.Namespace) -> int:
 
     out = sys.stdout
     tables = [args.kind] if args.kind else ["meta", *(kind.table for kind in RECORD_KINDS)]
-    with open_trace(args.trace) as trace:
+    with open_trace(args.trace, source_roots=args.source_root) as trace:
+        for file in trace.unchecked_column_files():
+            print(f"tputrace dump: call columns in {file} not checked: the trace stored them in UTF-8 bytes and "
+                  "the file is not the one the run saw (no --source-root copy is either), so they are not "
+                  "shown (:col unchecked)", file=sys.stderr)
         for table in tables:
             if table == "meta":
                 fields_rows = [[("key", key), ("value", value)] for key, value in trace.meta.items()]
@@ -84,7 +92,10 @@ def run(args: argparse.Namespace) -> int:
 
 def _call_span(location: Any) -> str:
     """A call's columns as dump prints them (0-based characters, the end exclusive): `:col 4-19` on its line,
-    `:col 4-7:5` for one ending on line 7, `:col 4-` when the end is not known; nothing without a column."""
+    `:col 4-7:5` for one ending on line 7, `:col 4-` when the end is not known, `:col unchecked` when the file
+    changed since the run (`SourceLocation.columns_unchecked`); nothing without a column."""
+    if location.columns_unchecked:
+        return ":col unchecked"
     if location.col is None:
         return ""
     if location.end_col is None:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
 
 from tputrace.forks import ForkOrigin, fork_origins
 from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind
+from tputrace.source_digests import SourceDigest
 from tputrace.store import aggregates
 from tputrace.store.aggregates import (
     CollectiveStat,
@@ -61,6 +62,7 @@ from tputrace.store.records import (
     SyncRecord,
     TransferRecord,
 )
+from tputrace.store.sources import copy_as_run_saw
 
 if TYPE_CHECKING:
     import pandas
@@ -89,8 +91,10 @@ _NO_RUN = RunInfo(
 )
 
 
-def open_trace(path: str | os.PathLike[str]) -> Trace:
-    """Open a trace file; raises `TraceError` with a one-sentence message if it is not a readable trace."""
+def open_trace(path: str | os.PathLike[str], *, source_roots: Sequence[str | os.PathLike[str]] = ()) -> Trace:
+    """Open a trace file; raises `TraceError` with a one-sentence message if it is not a readable trace.
+    `source_roots` are searched for a copy of a source file the run saw, where an older trace's byte
+    columns need the file's text (see `Trace.frame`)."""
     trace_path = Path(path)
     check_trace_file(trace_path)
     connection = connect_read_only(trace_path)
@@ -99,15 +103,17 @@ def open_trace(path: str | os.PathLike[str]) -> Trace:
     except BaseException:
         connection.close()
         raise
-    return Trace(trace_path, connection, meta)
+    return Trace(trace_path, connection, meta, tuple(str(root) for root in source_roots))
 
 
 class Trace:
     """A trace file opened for reading. Create it with `tputrace.open(path)`."""
 
-    def __init__(self, path: Path, connection: sqlite3.Connection, meta: dict[str, str]) -> None:
+    def __init__(self, path: Path, connection: sqlite3.Connection, meta: dict[str, str],
+                 source_roots: tuple[str, ...] = ()) -> None:
         self.path = path
         self.meta = meta
+        self.source_roots = source_roots
         self.format_version = int(meta["format_version"])
         self._connection = connection
         self._lock = threading.RLock()
@@ -115,6 +121,8 @@ class Trace:
         self._frames: dict[int, SourceLocation] | None = None
         self._tables: frozenset[str] | None = None
         self._columns_by_table: dict[str, frozenset[str]] = {}
+        self._seen_digests: dict[str, frozenset[SourceDigest]] | None = None
+        self._column_texts: dict[str, str | None] = {}
 
     # -- the file ---------------------------------------------------------------------------------
 
@@ -489,7 +497,9 @@ class Trace:
         return rows[0][0] if rows else None
 
     def frame(self, frame_id: int | None) -> SourceLocation | None:
-        """The source location of frame id `frame_id` (None for None or an unknown id)."""
+        """The source location of frame id `frame_id` (None for None or an unknown id), its columns in
+        characters (an older trace's byte columns converted on the run's text, or None where that text
+        is not found: docs/trace-format.md, `frames`)."""
         return self._interned(self._frame_table, frame_id,
                               f"SELECT file_sid, line, function_sid, {self._frame_columns()} FROM frames WHERE id = ?",
                               self._location)
@@ -512,16 +522,48 @@ class Trace:
         file_sid, line, function_sid, *columns = row
         return self._source_location(self.string(file_sid) or "?", line, self.string(function_sid) or "?", *columns)
 
+    def unchecked_column_files(self) -> list[str]:
+        """The recorded files whose calls' columns could not be checked: the trace stored them as UTF-8
+        bytes, and neither the file nor a copy under `source_roots` is the one the run saw, so they read as
+        None (`SourceLocation.columns_unchecked`). Empty for a trace that stores characters."""
+        return sorted({location.file for location in self._frame_table().values() if location.columns_unchecked})
+
     def _source_location(self, file: str, line: int, function: str, col: int | None, end_col: int | None,
                          end_line: int | None) -> SourceLocation:
         """A frame's location with character columns: a file whose frames have `col` but no `end_line` stored
         UTF-8 byte offsets on `line` (a call going on past it without an end), converted here from the line's
-        text where the file can be read."""
+        text: of the copy the run saw where the trace has the file's digest (no columns when there is none),
+        else of the file at its recorded path where it can be read."""
         if col is not None and "end_line" not in self._stored_columns("frames"):
-            col = line_character_offset(file, line, col)
+            text_file = self._column_text_file(file)
+            if text_file is None:
+                return SourceLocation(file, line, function, columns_unchecked=True)
+            col = line_character_offset(text_file, line, col)
             if end_col is not None:
-                end_col, end_line = line_character_offset(file, line, end_col), line
+                end_col, end_line = line_character_offset(text_file, line, end_col), line
         return SourceLocation(file, line, function, col, end_col, end_line)
+
+    def _column_text_file(self, file: str) -> str | None:
+        """The file whose text turns `file`'s byte columns into characters: `file` itself when the trace has no
+        digest of it (as before digests were recorded), else the copy with a recorded digest, or None."""
+        if file not in self._column_texts:
+            seen = self._source_digests().get(file)
+            if seen is None:
+                self._column_texts[file] = file
+            else:
+                copy = copy_as_run_saw(file, self.source_roots, seen)
+                self._column_texts[file] = None if copy is None else str(copy)
+        return self._column_texts[file]
+
+    def _source_digests(self) -> dict[str, frozenset[SourceDigest]]:
+        """Every rank's recorded digests of each source file, by recorded path."""
+        if self._seen_digests is None:
+            digests: dict[str, set[SourceDigest]] = {}
+            for record in self.records("source_files"):
+                if record.file is not None:
+                    digests.setdefault(record.file, set()).add(SourceDigest(record.sha256, record.size))
+            self._seen_digests = {file: frozenset(seen) for file, seen in digests.items()}
+        return self._seen_digests
 
     # -- aggregates (computed in SQL; see tputrace.store.aggregates) ------------------------------
 

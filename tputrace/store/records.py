@@ -23,7 +23,9 @@ class SourceLocation:
     call is: it starts at `col` on `line` and ends before `end_col` on `end_line` (None when a file from
     before `end_line` does not say where a call that goes on past `line` ends). They take no part in
     equality or hashing: two calls on one line are one location, so per-line views stay per line; code
-    that tells calls apart keys on `call_key`."""
+    that tells calls apart keys on `call_key`. `columns_unchecked` is True where the trace stored the
+    columns as UTF-8 bytes and the file here is not the one the run saw, so they could not be turned into
+    characters and read as None (the call counts as its whole line)."""
 
     file: str
     line: int
@@ -31,6 +33,7 @@ class SourceLocation:
     col: int | None = field(default=None, compare=False)
     end_col: int | None = field(default=None, compare=False)
     end_line: int | None = field(default=None, compare=False)
+    columns_unchecked: bool = field(default=False, compare=False)
 
     @property
     def short(self) -> str:
