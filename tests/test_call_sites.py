@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from fixtures.make_tui_fixture import settle
 
+import tputrace
 from tputrace.analysis import analyze
 from tputrace.analysis.call_sites import call_label, call_name, call_text
 from tputrace.cli.main import main
@@ -323,7 +324,7 @@ def _byte_column_trace(strict_trace: tuple[Path, Path], folder: Path) -> tuple[P
 
 def _accented_calls(trace_path: Path, source_roots: tuple[str, ...] = ()) -> list[SourceLocation]:
     """The compiles' distinct calls on the accented line (one location when the columns are unknown)."""
-    with open_trace(trace_path, source_roots=source_roots) as trace:
+    with tputrace.open(trace_path, source_roots=source_roots) as trace:  # the public reader takes the roots too
         return list({record.source.call_key: record.source for record in trace.records("compiles")
                      if record.source is not None and record.source.line == _line(ACCENTED_LINE)}.values())
 

@@ -12,16 +12,19 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
     from tputrace.store.reader import Trace
 
 __all__ = ["TraceError", "TputraceError", "__version__", "annotate", "open", "step"]
 
 
-def open(path: str | os.PathLike[str]) -> Trace:  # noqa: A001 - `tputrace.open` is the public name
-    """Open a trace file for reading; raises `TraceError` with a one-sentence message if it cannot."""
+def open(path: str | os.PathLike[str], *, source_roots: Sequence[str | os.PathLike[str]] = ()) -> Trace:  # noqa: A001 - `tputrace.open` is the public name
+    """Open a trace file for reading; raises `TraceError` with a one-sentence message if it cannot.
+    `source_roots` are searched for the copy of a source file the run saw (see `open_trace`)."""
     from tputrace.store.reader import open_trace
 
-    return open_trace(path)
+    return open_trace(path, source_roots=source_roots)
 
 
 def step() -> None:
