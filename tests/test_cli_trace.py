@@ -150,6 +150,37 @@ def test_console_script_reports_bad_traces(tmp_path: Path, sample_trace_path: Pa
     assert result.returncode == 0 and "records" in result.stdout
 
 
+
+@pytest.mark.parametrize(
+    ("arguments", "error"),
+    [
+        (["run"], "tputrace run: error: the following arguments are required: script.py | module"),
+        (["summary", "{trace}", "--top", "0"], "tputrace summary: error: argument --top: must be at least 1, not 0"),
+        (["report", "{trace}", "--top", "-1"], "tputrace report: error: argument --top: must be at least 1, not -1"),
+        (["dump", "{trace}", "--limit", "-1"], "tputrace dump: error: argument --limit: must be at least 0, not -1"),
+        (["dump", "{trace}", "--limit", "ten"], "tputrace dump: error: argument --limit: 'ten' is not a whole number"),
+    ],
+    ids=["run-without-a-script", "summary-top-0", "report-top-negative", "dump-limit-negative", "dump-limit-not-a-number"],
+)
+def test_bad_arguments_are_a_usage_error_that_names_them(
+    sample_trace_path: Path, capsys: pytest.CaptureFixture[str], arguments: list[str], error: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_request:
+        main([argument.format(trace=sample_trace_path) for argument in arguments])
+    assert exit_request.value.code == 2
+    captured = capsys.readouterr()
+    assert captured.out == "" and "Traceback" not in captured.err
+    assert _stderr_lines(captured)[-1] == error
+
+
+def test_the_smallest_counts_are_accepted(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["dump", str(sample_trace_path), "--kind", "steps", "--limit", "0"]) == 0
+    assert capsys.readouterr().out == ""
+    assert main(["report", str(sample_trace_path), "--top", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "1. [" in out and "\n2. [" not in out
+
+
 # -- run ----------------------------------------------------------------------------------------
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tputrace.cli.arguments import whole_number_at_least
 from tputrace.schema import RECORD_KINDS
 
 
@@ -21,7 +22,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         metavar="TABLE",
         help="only this table (meta or a record table; default: all)",
     )
-    parser.add_argument("--limit", type=int, default=None, metavar="N", help="at most N records per table")
+    parser.add_argument("--limit", type=whole_number_at_least(0), default=None, metavar="N", help="at most N records per table")
     parser.add_argument("--json", action="store_true", help="JSON lines instead of text")
     parser.add_argument("--raw", action="store_true", help="stored values: ids instead of strings and frames")
     parser.add_argument("--source-root", action="append", default=[], metavar="DIR",

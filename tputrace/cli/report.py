@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tputrace.cli.arguments import whole_number_at_least
+
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -20,7 +22,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--target", metavar="CHIP", default=None,
                         help="target TPU: v5e, v5p, v6e or v7 (default: v6e)")
     parser.add_argument("--rank", type=int, default=None, help="rank to analyse (default: rank 0)")
-    parser.add_argument("--top", type=int, default=None, metavar="N", help="show only the N costliest findings")
+    parser.add_argument("--top", type=whole_number_at_least(1), default=None, metavar="N", help="show only the N costliest findings")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     return parser
 

@@ -71,7 +71,8 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--tui", action="store_true", help="open the trace in the terminal UI when the run ends")
     parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
-    parser.add_argument("target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script")
+    script_args = parser.add_argument("target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script")
+    script_args.required = False  # argparse (before 3.13) counts a REMAINDER as required: "required: ..., args"
     return parser
 
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from tputrace.cli.arguments import whole_number_at_least
+
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -14,7 +16,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("trace", help="a .tptrace file")
     parser.add_argument("--rank", type=int, default=None, help="rank to summarise (default: rank 0)")
-    parser.add_argument("--top", type=int, default=10, metavar="N", help="rows per table (default: 10)")
+    parser.add_argument("--top", type=whole_number_at_least(1), default=10, metavar="N", help="rows per table (default: 10)")
     return parser
 
 
