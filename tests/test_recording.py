@@ -168,6 +168,35 @@ def test_a_traced_run_killed_with_sigkill_leaves_a_trace_that_opens(tmp_path: Pa
         assert trace.count("ops") >= 100 and trace.count("syncs") >= 3
 
 
+def test_a_run_on_a_platform_this_host_lacks_fails_once_and_finishes_its_trace(tmp_path: Path) -> None:
+    """`TPUTRACE_PLATFORM` naming a platform JAX does not have: the script's first tpu op raises the
+    backend's one-line error, and the run still ends as any failed script's does (summary, a complete
+    trace saying how it ended), without a second traceback from tputrace counting the chips."""
+    import os
+    import subprocess
+
+    script = tmp_path / "on_chip.py"
+    script.write_text("import torch\nprint('before the tpu')\nx = torch.ones(3, device='tpu')\n")
+    trace_path = tmp_path / "platform.tptrace"
+    result = subprocess.run(
+        [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TPUTRACE_PLATFORM": "no_such_platform"},
+    )
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "before the tpu" in result.stdout
+    error_line = "TPUTRACE_PLATFORM=no_such_platform but this JAX has no no_such_platform devices"
+    assert result.stderr.count("Traceback") == 1, result.stderr[-3000:]
+    assert any(line.startswith(f"tputrace.backend.chips.ChipError: {error_line}") for line in result.stderr.splitlines())
+    assert f"tputrace: trace saved to {trace_path}" in result.stderr
+    with tputrace.open(trace_path) as trace:
+        run = trace.run
+        assert run.exit_status == 1 and error_line in run.error and run.end_ns is not None
+        assert run.chips is None and run.platform is None
+
+
 def test_sync_kinds_annotations_explicit_steps_and_memory(tmp_path: Path) -> None:
     script = tmp_path / "kinds.py"
     script.write_text(

@@ -708,9 +708,13 @@ def _finish_trace(recorder: Recorder, exit_status: int | None, error: str | None
     import jax
     import torch
 
+    try:
+        chip_count, platform = chips.count(), chips.platform()
+    except chips.ChipError:  # TPUTRACE_PLATFORM or TPUTRACE_CHIPS asks for chips this host lacks; the script has raised it
+        chip_count, platform = None, None
     run_fields = {
-        "chips": chips.count(),
-        "platform": chips.platform(),
+        "chips": chip_count,
+        "platform": platform,
         "eager_mode": "COMPILE" if recorder.mode == "compile" else eager_mode().value,
         "torch_version": torch.__version__,
         "jax_version": jax.__version__,
