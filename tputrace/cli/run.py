@@ -59,7 +59,8 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         default="defer",
         help="defer: fuse ops into programs (default); strict: one program per op; blocking: strict, each op waits "
         "for the chip and indices and probabilities are checked as torch's CPU kernels check them (a sync per such op; "
-        "for finding the line of an out-of-range index); compile: torch.compile",
+        "for finding the line of an out-of-range index); compile: labels a torch.compile run COMPILE and keeps "
+        "the default eager mode, strict, for the ops outside its graphs (compiled graphs are recorded in every mode)",
     )
     parser.add_argument(
         "--compile-cache",
