@@ -667,10 +667,22 @@ def test_cli_starts_the_app_with_its_options(monkeypatch: pytest.MonkeyPatch) ->
         started.update(rank=self.session.rank, keymap=self.user_keymap, view=self.initial_view, roots=self.session.source_roots)
 
     monkeypatch.setattr(TraceApp, "run", fake_run)
+    for stream in (sys.stdin, sys.stderr):  # as in a terminal: the UI needs one
+        monkeypatch.setattr(stream, "isatty", lambda: True)
     argv = ["tui", str(SMALL_TRACE), "--rank", "1", "--view", "ops", "--keys", "view.ops=o", "--source-root", str(SOURCE_ROOT)]
     assert main(argv) == 0
     assert started["rank"] == 1 and started["keymap"] == {"view.ops": "o"} and started["view"] == "ops"
     assert started["roots"][0] == str(SOURCE_ROOT)
+
+
+def test_tui_without_a_terminal_is_one_line_not_a_hang() -> None:
+    """With stdin not a terminal (a pipe, /dev/null, CI) the app would wait for keys forever."""
+    result = subprocess.run(
+        [sys.executable, "-m", "tputrace.cli.main", "tui", str(SMALL_TRACE)],
+        stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=60, cwd=REPO_ROOT,
+    )
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.splitlines() == ["tputrace: error: tputrace tui needs a terminal: it reads keys from stdin and draws on stderr"]
 
 
 def test_run_tui_needs_a_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

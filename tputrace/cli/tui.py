@@ -66,12 +66,24 @@ def open_ui(
 
             if theme is not None and theme not in theme_names():
                 raise TputraceError(f"no theme {theme!r}; themes: {', '.join(theme_names())}")
+            _require_terminal()
             TraceApp(session, keymap=keymap, theme=theme, initial_view=view).run()
         finally:
             session.close()
     finally:
         trace.close()
     return 0
+
+
+def _require_terminal() -> None:
+    """Textual reads keys from stdin and draws on stderr: without a terminal on both it would wait for keys
+    that never come (`tputrace tui t.tptrace < /dev/null` hung until killed)."""
+    import sys
+
+    from tputrace.store.errors import TputraceError
+
+    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+        raise TputraceError("tputrace tui needs a terminal: it reads keys from stdin and draws on stderr")
 
 
 def open_ui_after_run(trace_path: Path) -> None:
