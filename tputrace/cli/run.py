@@ -73,7 +73,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
     script_args = parser.add_argument("target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script")
-    script_args.required = False  # argparse (before 3.13) counts a REMAINDER as required: "required: ..., args"
+    script_args.required = False  # argparse counts a REMAINDER as required (3.10-3.13 say "required: ..., args")
     return parser
 
 
