@@ -407,6 +407,18 @@ def test_run_prints_top_findings_when_the_analysis_provides_them(
     assert "findings for t.tptrace" in capsys.readouterr().err
 
 
+def test_the_end_of_a_run_sets_the_findings_apart_from_the_summary(
+    sample_trace_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tputrace.cli.run import report
+
+    report(sample_trace_path)
+    lines = capsys.readouterr().err.splitlines()
+    findings = next(index for index, line in enumerate(lines) if line.startswith("top findings ("))
+    assert lines[findings - 1] == "" and lines[findings - 2].strip()
+    assert lines[-1] == f"tputrace: trace saved to {sample_trace_path}"
+
+
 def test_live_status_redraws_and_erases() -> None:
     stream = io.StringIO()
     status = LiveStatus(lambda: {"steps": 4, "ops": 12345, "compiles": 6}, stream, interval_s=0.01)

@@ -372,6 +372,7 @@ def _print_top_findings(trace_path: Path) -> None:
         return
     print_findings: Callable[..., None] | None = getattr(analysis, "print_top_findings", None)
     if print_findings is not None:
+        print(file=sys.stderr)  # apart from the summary's last table, as its sections are from each other
         print_findings(trace_path, file=sys.stderr)
 
 
