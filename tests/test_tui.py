@@ -685,6 +685,19 @@ def test_tui_without_a_terminal_is_one_line_not_a_hang() -> None:
     assert result.stderr.splitlines() == ["tputrace: error: tputrace tui needs a terminal: it reads keys from stdin and draws on stderr"]
 
 
+def test_run_tui_opens_the_ui_with_only_stdout_redirected(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`tputrace run --tui script.py > log`: the UI draws on stderr, so it still opens."""
+    from tputrace.cli.tui import open_ui_after_run
+    from tputrace.tui.app import TraceApp
+
+    started: list[str] = []
+    monkeypatch.setattr(TraceApp, "run", lambda self, *args, **kwargs: started.append(self.initial_view))
+    for stream, is_terminal in ((sys.stdin, True), (sys.stderr, True), (sys.stdout, False)):
+        monkeypatch.setattr(stream, "isatty", lambda answer=is_terminal: answer)
+    open_ui_after_run(SMALL_TRACE)
+    assert started == ["overview"]
+
+
 def test_run_tui_needs_a_terminal(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
     from tputrace.cli.tui import open_ui_after_run
     from tputrace.tui.app import TraceApp

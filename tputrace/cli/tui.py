@@ -75,14 +75,18 @@ def open_ui(
     return 0
 
 
-def _require_terminal() -> None:
-    """Textual reads keys from stdin and draws on stderr: without a terminal on both it would wait for keys
-    that never come (`tputrace tui t.tptrace < /dev/null` hung until killed)."""
+def _has_terminal() -> bool:
+    """Whether the UI can run: Textual reads keys from stdin and draws on stderr. Without a terminal on
+    both it would wait for keys that never come (`tputrace tui t.tptrace < /dev/null` hung until killed)."""
     import sys
 
+    return sys.stdin.isatty() and sys.stderr.isatty()
+
+
+def _require_terminal() -> None:
     from tputrace.store.errors import TputraceError
 
-    if not (sys.stdin.isatty() and sys.stderr.isatty()):
+    if not _has_terminal():
         raise TputraceError("tputrace tui needs a terminal: it reads keys from stdin and draws on stderr")
 
 
@@ -90,7 +94,7 @@ def open_ui_after_run(trace_path: Path) -> None:
     """`tputrace run --tui`: open the saved trace, if there is a terminal to show it on."""
     import sys
 
-    if not (sys.stdin.isatty() and sys.stdout.isatty()):
+    if not _has_terminal():
         print(f"tputrace: --tui needs a terminal; open the trace with: tputrace tui {trace_path}", file=sys.stderr)
         return
     open_ui(trace_path)
