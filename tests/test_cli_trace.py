@@ -373,6 +373,10 @@ def test_run_exit_paths(
         (["-m", "no_such_module_xyz"], "tputrace: error: no module named no_such_module_xyz"),
         (["--chips", "0", "x.py"], "tputrace: error: --chips must be at least 1, not 0"),
         (
+            ["--compile-cache", "x.py/programs", "x.py"],
+            "tputrace: error: --compile-cache x.py/programs cannot be used as a directory (Not a directory)",
+        ),
+        (
             ["-o", "no/such/dir/t.tptrace", "x.py"],
             "tputrace: error: cannot write the trace to {cwd}/no/such/dir/t.tptrace: {cwd}/no/such/dir does not exist",
         ),

@@ -5,6 +5,7 @@ loads."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -80,6 +81,12 @@ def test_unusable_cache_directory_is_a_one_line_error(tmp_path: Path) -> None:
     not_a_directory = tmp_path / "file"
     not_a_directory.write_text("")
     result = _run(script, tmp_path / "trace.tptrace", "defer", not_a_directory / "cache")
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr == f"tputrace: error: --compile-cache {not_a_directory / 'cache'} cannot be used as a directory (Not a directory)\n"
+    assert not (tmp_path / "trace.tptrace").exists()
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(tmp_path / "trace.tptrace"), str(script)]
+    environment = {**os.environ, "TPUTRACE_COMPILE_CACHE": str(not_a_directory / "cache")}
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp_path, env=environment)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and result.stderr.startswith("tputrace: error: TPUTRACE_COMPILE_CACHE="), result.stderr
     assert not (tmp_path / "trace.tptrace").exists()

@@ -104,6 +104,7 @@ def run(args: argparse.Namespace) -> int:
             raise TputraceError(f"--chips must be at least 1, not {args.chips}")
         os.environ["TPUTRACE_CHIPS"] = str(args.chips)
     if args.compile_cache is not None:
+        check_compile_cache(args.compile_cache)
         os.environ[settings.COMPILE_CACHE] = args.compile_cache
     try:
         settings.check()
@@ -271,6 +272,18 @@ def check_trace_path(trace_path: Path) -> None:
         raise TputraceError(f"cannot write the trace to {trace_path}: it is a directory")
     if not trace_path.parent.is_dir():
         raise TputraceError(f"cannot write the trace to {trace_path}: {trace_path.parent} does not exist")
+
+
+def check_compile_cache(directory: str) -> None:
+    """Raise `TputraceError` when `--compile-cache` cannot be a directory of compiled programs. The option's
+    own words: the check of `TPUTRACE_COMPILE_CACHE`, which it sets, would name the variable and say to unset it."""
+    path = Path(directory).expanduser()
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as failure:
+        raise TputraceError(f"--compile-cache {directory} cannot be used as a directory ({failure.strerror})") from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise TputraceError(f"--compile-cache {directory} is not a directory tputrace can write")
 
 
 def default_trace_path(stem: str) -> Path:
