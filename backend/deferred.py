@@ -112,9 +112,12 @@ def _key_change(old: Any, new: Any, limit: int = 60) -> str:
 
 def _input_specs(inputs: Sequence[Any], _torch_dtypes: dict = JAX_TO_TORCH) -> tuple[InputSpec, ...]:
     """Each program input's spec, (shape, torch dtype) or (type name,), as every flush's cache key holds
-    it: an array's torch dtype is one dict lookup of its own dtype (`to_torch` makes a JAX dtype of it first)."""
+    it: an array's torch dtype is one dict lookup of its own dtype (`to_torch` makes a JAX dtype of it first).
+    A JAX array's shape and dtype are read from its `aval`, which its `shape` and `dtype` properties
+    return them from (two Python calls per input of a flush saved)."""
     return tuple([
-        (type(value).__name__,) if (shape := getattr(value, "shape", None)) is None
+        (tuple(aval.shape), _torch_dtypes.get(aval.dtype) or to_torch(aval.dtype)) if (aval := getattr(value, "aval", None)) is not None
+        else (type(value).__name__,) if (shape := getattr(value, "shape", None)) is None
         else (tuple(shape), _torch_dtypes.get(value.dtype) or to_torch(value.dtype))
         for value in inputs
     ])
@@ -285,7 +288,8 @@ class DeferredExecutor:
             return
         start = _perf_ns()
         owners = []
-        outputs: dict[tuple[int, int], list[LazyValue]] = {}
+        # `run` makes one LazyValue per (node, index): each output is kept as its one value.
+        outputs: dict[tuple[int, int], LazyValue] = {}
         for reference in graph.owners:
             buffer = reference()
             if buffer is None:
@@ -293,14 +297,14 @@ class DeferredExecutor:
             value = buffer.array
             if type(value) is LazyValue and value.graph is graph and value.concrete is None:
                 owners.append(buffer)
-                outputs.setdefault((value.node, value.index), []).append(value)
+                outputs[value.node, value.index] = value
         for value in extra:
             if value.graph is graph:
-                outputs.setdefault((value.node, value.index), []).append(value)
+                outputs[value.node, value.index] = value
         for values in self.held:
             for value in values:
                 if type(value) is LazyValue and value.graph is graph and value.concrete is None:
-                    outputs.setdefault((value.node, value.index), []).append(value)
+                    outputs[value.node, value.index] = value
         output_refs = tuple(outputs)
         donate = self._donatable(graph)
         structure = (tuple([(id(plan), refs) for plan, refs in graph.nodes]), output_refs, donate, graph.backward_from)
@@ -317,9 +321,8 @@ class DeferredExecutor:
         inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
         results = fused.program.executable(*inputs, *graph.packed_scalars())
         memory.running(graph.chip, fused.program.temp_bytes + fused.program.output_bytes)
-        for ref, result in zip(output_refs, results):
-            for value in outputs[ref]:
-                value.concrete = result
+        for value, result in zip(outputs.values(), results):
+            value.concrete = result
         for buffer in owners:
             value = buffer.array
             if type(value) is LazyValue:
