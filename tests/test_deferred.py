@@ -172,6 +172,24 @@ def test_in_place_update_keeps_an_array_another_tensor_shares() -> None:
         assert host(source).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_a_pending_value_two_tensors_hold_is_one_program_output() -> None:
+    """`copy_` of a pending value leaves two buffers holding it: the flush returns it once and
+    fills both, and a value asked for beside them (an extra) comes out of the same program."""
+    with eager(EagerMode.DEFER_AND_FUSE):
+        base = torch.arange(6.0).to("tpu")
+        host(base)
+        doubled = base * 2
+        shared = torch.zeros(6, device="tpu")
+        shared.copy_(doubled)
+        assert shared._buf.array is doubled._buf.array  # one pending value, two owners
+        shifted = doubled + 1
+        assert host(shifted).tolist() == [1.0, 3.0, 5.0, 7.0, 9.0, 11.0]
+        results = dispatcher.executor.last_outputs  # the flush's program outputs, in order
+        assert len(results) == 2  # doubled (held twice) and shifted
+        assert shared._buf.array is doubled._buf.array is results[0]
+        assert host(shared).tolist() == host(doubled).tolist() == [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]
+
+
 def test_in_place_update_of_an_unshared_array_donates_it() -> None:
     shape = (5, 7, 3)
     with eager(EagerMode.DEFER_AND_FUSE):
