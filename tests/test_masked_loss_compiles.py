@@ -1,6 +1,7 @@
 """A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
 `mse_loss` of two cuts, a reshape of a cut, in-place ops on one, a matmul or einsum with the cut on
-either side, `torch.mv` or a layer norm of one) compiles programs per padded length,
+either side, `torch.mv` or a layer norm of one, `binary_cross_entropy_with_logits`, `smooth_l1_loss`
+or `huber_loss` of cuts, a norm, `F.normalize` or `logsumexp` of one) compiles programs per padded length,
 not per count: the loss, its backward and the gradient's scatter through the mask run on the padded
 buffers (`cuts`), and the results equal the CPU's in both eager modes."""
 
@@ -133,6 +134,24 @@ LOSSES: dict[str, Loss] = {
     "F.layer_norm(x[mask]) with a weight and bias": lambda model, tokens, mask: F.cross_entropy(
         model[1](F.layer_norm(model[0](tokens)[mask], (8,), model[1].weight[0], model[1].weight[1])), tokens[mask]
     ),
+    "binary_cross_entropy_with_logits": lambda model, tokens, mask: F.binary_cross_entropy_with_logits(
+        model(tokens)[mask], model(tokens.flip(0)).detach().sigmoid()[mask]
+    ),
+    "binary_cross_entropy_with_logits sum, pos_weight": lambda model, tokens, mask: F.binary_cross_entropy_with_logits(
+        model(tokens)[mask], model(tokens.flip(0)).detach().sigmoid()[mask], reduction="sum", pos_weight=model[1].bias.detach().sigmoid() + 0.5
+    ),
+    "smooth_l1_loss": lambda model, tokens, mask: F.smooth_l1_loss(model(tokens)[mask], model(tokens.flip(0)).detach()[mask], beta=0.5),
+    "smooth_l1_loss sum": lambda model, tokens, mask: F.smooth_l1_loss(
+        model(tokens)[mask], model(tokens.flip(0)).detach()[mask], reduction="sum"
+    ),
+    "huber_loss": lambda model, tokens, mask: F.huber_loss(model(tokens)[mask], model(tokens.flip(0)).detach()[mask], delta=0.5),
+    "F.normalize(x[mask], dim=-1)": lambda model, tokens, mask: F.cross_entropy(
+        model[1](F.normalize(model[0](tokens)[mask], dim=-1)), tokens[mask]
+    ),
+    "x[mask].norm()": lambda model, tokens, mask: model(tokens)[mask].norm() + F.cross_entropy(model(tokens)[mask], tokens[mask]),
+    "linalg.vector_norm(x[mask], dim=0)": lambda model, tokens, mask: torch.linalg.vector_norm(model(tokens)[mask], dim=0).mean(),
+    "logsumexp(x[mask], dim=0)": lambda model, tokens, mask: torch.logsumexp(model(tokens)[mask], dim=0).mean(),
+    "logsumexp(x[mask], dim=-1)": lambda model, tokens, mask: torch.logsumexp(model(tokens)[mask], dim=-1).mean(),
 }
 
 
@@ -181,6 +200,48 @@ def test_a_masked_loss_loop_compiles_per_padded_length_and_equals_the_cpu(mode: 
     torch.testing.assert_close(torch.stack(losses), torch.stack(expected_losses), rtol=1e-5, atol=1e-5)
     for parameter, expected in zip(model.parameters(), expected_model.parameters()):
         torch.testing.assert_close(parameter.detach().cpu(), expected, rtol=1e-5, atol=1e-5)
+
+
+# Reductions of a cut whose padding, left in, would change them: a norm's terms there must be zero (for
+# a negative order, |x|^ord must vanish: the padding counts as +inf), logsumexp's -inf.
+CUT_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "norm()": lambda selected: selected.norm(),
+    "vector_norm(ord=1, dim=0)": lambda selected: torch.linalg.vector_norm(selected, 1, dim=0),
+    "vector_norm(ord=inf, dim=0)": lambda selected: torch.linalg.vector_norm(selected, float("inf"), dim=0),
+    "vector_norm(ord=-1, dim=0)": lambda selected: torch.linalg.vector_norm(selected, -1, dim=0),
+    "vector_norm(ord=-inf, dim=0)": lambda selected: torch.linalg.vector_norm(selected, float("-inf"), dim=0),
+    "norm(dim=-1, keepdim=True)": lambda selected: selected.norm(dim=-1, keepdim=True),
+    "F.normalize(dim=-1)": lambda selected: F.normalize(selected, dim=-1),
+    "logsumexp(dim=0)": lambda selected: torch.logsumexp(selected, dim=0),
+    "logsumexp(dim=-1)": lambda selected: torch.logsumexp(selected, dim=-1),
+    "logsumexp(dim=(0, 1), keepdim=True)": lambda selected: torch.logsumexp(selected, dim=(0, 1), keepdim=True),
+}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(CUT_REDUCTIONS))
+def test_a_reduction_of_a_cut_leaves_its_padding_out_and_compiles_per_padded_length(mode: EagerMode, case: str) -> None:
+    """A norm or logsumexp of `x[mask]` (and its gradient) equals the CPU's for two counts of one padded
+    length, and the second count compiles nothing."""
+    values = torch.randn(64, 5, generator=torch.Generator().manual_seed(3)) + 0.1
+    masks = [torch.randperm(64, generator=torch.Generator().manual_seed(count)) < count for count in (17, 19)]
+    assert padded_length(17, 64) == padded_length(19, 64)
+
+    def reduced(device: str, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = values.to(device).requires_grad_()
+        result = CUT_REDUCTIONS[case](x[mask.to(device)])
+        (gradient,) = torch.autograd.grad((result + result.sin()).sum(), x)
+        return result.detach().cpu(), gradient.cpu()
+
+    with eager(mode):
+        first = reduced("tpu", masks[0])
+        before = len(_backend_compiles)
+        second = reduced("tpu", masks[1])
+        compiled = len(_backend_compiles) - before
+    for got, mask in ((first, masks[0]), (second, masks[1])):
+        for value, expected in zip(got, reduced("cpu", mask)):
+            torch.testing.assert_close(value, expected, rtol=1e-5, atol=1e-5)
+    assert compiled == 0
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)

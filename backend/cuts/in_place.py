@@ -10,8 +10,8 @@ from typing import Any
 import torch
 
 from tputrace.backend.arg_checks import check_write
-from tputrace.backend.cuts.layout import is_cut, shared_cut
-from tputrace.backend.cuts.pointwise import pointwise_on_padded
+from tputrace.backend.cuts.layout import is_cut, is_cut_or_view_of_one
+from tputrace.backend.cuts.pointwise import broadcast_on_padded, pointwise_on_padded
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
@@ -25,17 +25,19 @@ _OUT_OF_PLACE = {aten.masked_fill_.Scalar: aten.masked_fill.Scalar, aten.masked_
 
 def masked_fill_on_cut(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`masked_fill_` of a cut through a mask cut alike (`cross_entropy` with `label_smoothing` fills
-    the ignored rows of its smoothing term): `masked_fill` of the padded buffers, written into the
-    cut's buffer before the length only (`ops.padded.keep_past`); None (its plain route) elsewhere."""
+    the ignored rows of its smoothing term) or broadcast along the cut dim (a norm's backward fills
+    where the norm is zero): `masked_fill` of the padded buffers, written into the cut's buffer before
+    the length only (`ops.padded.keep_past`); None (its plain route) elsewhere."""
     if not is_cut(args[0]):
         return None
     self, mask, value = bound(op, args, kwargs)
-    if not is_cut(mask) or shared_cut((self, mask)) is None or is_cut(value):
+    broadcast = broadcast_on_padded((self, mask))
+    if broadcast is None or mask.dtype != torch.bool or is_cut_or_view_of_one(value) or torch.broadcast_shapes(self.shape, mask.shape) != self.shape:
         return None
     check_write(self, (mask, value), op)
     dim, length = self._view.host_cut
     buffer = whole_buffer(self)
-    filled = dispatcher.compute(dispatcher._entry(_OUT_OF_PLACE[op]), (buffer, whole_buffer(mask), value), {}, str(op))
+    filled = dispatcher.compute(dispatcher._entry(_OUT_OF_PLACE[op]), (buffer, broadcast[0][1], value), {}, str(op))
     kept = dispatcher.compute(_KEEP_PAST, (filled, buffer, length), {"dim": dim}, str(op))
     dispatcher.write(buffer, dispatcher.read(kept))
     return self

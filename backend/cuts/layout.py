@@ -88,10 +88,10 @@ def shared_cut(values: Sequence[Any]) -> Layout | None:
 
 
 def cut_layout(value: Any) -> Layout | None:
-    """The layout of a cut, or of a view that reshapes or transposes one (its `unsqueeze`, a `view` that
-    merges the cut dim with the dims after it or splits it, as `x[mask].reshape(-1, C)` or a linear
-    layer on a 3-D cut do; `x[mask].t()`, the operands einsum permutes): read as a cut of its padded
-    counterpart (`padded_of`); else None."""
+    """The layout of a cut, or of a view that reshapes, transposes or expands one (its `unsqueeze`, a
+    `view` that merges the cut dim with the dims after it or splits it, as `x[mask].reshape(-1, C)` or
+    a linear layer on a 3-D cut do; `x[mask].t()`, the operands einsum permutes; `F.normalize`'s
+    `norm.expand_as(x)` along other dims): read as a cut of its padded counterpart (`padded_of`); else None."""
     if type(value) is not TpuTensor or value._view is None:
         return None
     found = _padded_views(value)
@@ -100,19 +100,25 @@ def cut_layout(value: Any) -> Layout | None:
 
 def padded_of(value: TpuTensor, layout: Layout) -> TpuTensor:
     """The padded counterpart of a value of that `cut_layout`: its buffer, seen through the value's
-    reshapes and transposes with the padded length in place of the length."""
+    reshapes and transposes (and expanded as it is) with the padded length in place of the length."""
     padded = whole_buffer(value)
     found = _padded_views(value)
     if found is None or found[0] != layout:
         raise ValueError(f"padded_of: a value of shape {tuple(value.shape)} is not a cut of layout {layout}")
     for kind, argument in found[1]:
-        padded = aten.permute.default(padded, list(argument)) if kind == "permute" else padded.reshape(argument)
+        if kind == "permute":
+            padded = aten.permute.default(padded, list(argument))
+        elif kind == "expand":  # a copy: an `expand` in a backward may itself be read as a cut (`backward_views`)
+            padded = aten.expand_copy.default(padded, list(argument))
+        else:
+            padded = padded.reshape(argument)
     return padded
 
 
 # (a view's chain, its buffer's shape) -> (its layout, the views that give its padded counterpart), or None
 _PADDED_VIEWS: dict[tuple[Any, tuple[int, ...]], tuple[Layout, tuple[tuple[str, tuple[int, ...]], ...]] | None] = {}
 _PERMUTES = frozenset({aten.permute.default, aten.t.default, aten.transpose.int})
+_VIEWS_READ = _RESHAPES | _PERMUTES | {aten.expand.default}
 
 
 def _padded_views(value: TpuTensor) -> tuple[Layout, tuple[tuple[str, tuple[int, ...]], ...]] | None:
@@ -124,10 +130,11 @@ def _padded_views(value: TpuTensor) -> tuple[Layout, tuple[tuple[str, tuple[int,
 
 
 def _chain_views(steps: Sequence[Any], buffer_shape: tuple[int, ...]) -> tuple[Layout, tuple[tuple[str, tuple[int, ...]], ...]] | None:
-    """The layout of a value seen through `steps` from its buffer, and the views (("reshape", shape)
-    or ("permute", dims)) of the padded buffer that give its padded counterpart: the cut itself, or
-    the cut followed by reshapes that keep its entries first along one dim (`reshaped_layout`) and
-    permutations of its dims; None where a step is anything else."""
+    """The layout of a value seen through `steps` from its buffer, and the views (("reshape", shape),
+    ("permute", dims) or ("expand", shape)) of the padded buffer that give its padded counterpart: the
+    cut itself, or the cut followed by reshapes that keep its entries first along one dim
+    (`reshaped_layout`), permutations of its dims and expands that keep the cut dim's length; None
+    where a step is anything else."""
     cut_of_root = ViewChain.root(steps[0]).host_cut  # the chain of the first step exists: it was made first
     if cut_of_root is None:
         return None
@@ -136,7 +143,7 @@ def _chain_views(steps: Sequence[Any], buffer_shape: tuple[int, ...]) -> tuple[L
     views: list[tuple[str, tuple[int, ...]]] = []
     for step in steps[1:]:
         op = step.key[0]
-        if step.index is not None or (op not in _RESHAPES and op not in _PERMUTES):
+        if step.index is not None or op not in _VIEWS_READ:
             return None
         shape = padded_shape[:dim] + (length,) + padded_shape[dim + 1:]
         if op in _PERMUTES:
@@ -151,6 +158,14 @@ def _chain_views(steps: Sequence[Any], buffer_shape: tuple[int, ...]) -> tuple[L
                 views.append(("permute", order))
             continue
         out_shape = tuple(op(torch.empty(shape, device="meta"), *step.args, **step.kwargs).shape)
+        if op is aten.expand.default:  # `norm.expand_as(x)`: broadcast along dims other than the cut's
+            leading = len(out_shape) - len(shape)
+            if leading < 0 or out_shape[dim + leading] != length:
+                return None
+            dim += leading
+            padded_shape = out_shape[:dim] + (padded_shape[dim - leading],) + out_shape[dim + 1:]
+            views.append(("expand", padded_shape))
+            continue
         if op is aten.unsqueeze.default:  # keeps the cut's dims, as a pointwise op's other cuts have them
             at = step.args[0] % len(out_shape)
             dim, padded_shape = dim + (at <= dim), padded_shape[:at] + (1,) + padded_shape[at:]

@@ -1,6 +1,7 @@
-"""`nll_loss` (`cross_entropy`, with `label_smoothing`, `nll_loss2d` of kept samples) and `mse_loss`
-of cuts, and their backward, on the padded buffers: the padded rows are left out of the loss and get
-a zero gradient (`ops.padded`)."""
+"""`nll_loss` (`cross_entropy`, with `label_smoothing`, `nll_loss2d` of kept samples), `mse_loss` and
+the losses computed entry by entry (`binary_cross_entropy_with_logits`, `smooth_l1_loss`,
+`huber_loss`) of cuts, and their backward, on the padded buffers: the padded rows are left out of the
+loss and get a zero gradient (`ops.padded`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import torch
 
 from tputrace.backend.cuts.layout import cut, cut_layout, is_cut_or_view_of_one, padded_of, shared_cut
+from tputrace.backend.cuts.pointwise import broadcast_on_padded
 from tputrace.backend.cuts.steps import padded_step
 from tputrace.backend.op_routes import bound
 from tputrace.backend.ops import padded
@@ -21,6 +23,19 @@ _NLL_LOSS_BACKWARD = padded_step(aten.nll_loss_backward.default, padded.nll_loss
 _MSE_LOSS = padded_step(aten.mse_loss.default, padded.mse_loss_padded, 2)
 _MSE_LOSS_BACKWARD = padded_step(aten.mse_loss_backward.default, padded.mse_loss_backward_padded, 3)
 _NO_REDUCTION = 0
+# A loss computed entry by entry, or its backward -> (its sum or mean over a cut, the schema position of
+# its `reduction`, whether it is a backward: its result is the inputs' gradient, cut in turn)
+ENTRY_BY_ENTRY_LOSSES = {
+    aten.binary_cross_entropy_with_logits.default: (
+        padded_step(aten.binary_cross_entropy_with_logits.default, padded.binary_cross_entropy_with_logits_padded, 4), 4, False,
+    ),
+    aten.smooth_l1_loss.default: (padded_step(aten.smooth_l1_loss.default, padded.smooth_l1_loss_padded, 2), 2, False),
+    aten.smooth_l1_loss_backward.default: (
+        padded_step(aten.smooth_l1_loss_backward.default, padded.smooth_l1_loss_backward_padded, 3), 3, True,
+    ),
+    aten.huber_loss.default: (padded_step(aten.huber_loss.default, padded.huber_loss_padded, 2), 2, False),
+    aten.huber_loss_backward.default: (padded_step(aten.huber_loss_backward.default, padded.huber_loss_backward_padded, 3), 3, True),
+}
 
 
 def _loss_rows(self: Any, target: Any) -> tuple[Any, Any, int] | None:
@@ -108,3 +123,24 @@ def _mse_cuts(self: Any, target: Any) -> tuple[Any, Any, Any] | None:
     if shared is None or self.is_complex():
         return None
     return shared, padded_of(self, shared), padded_of(target, shared)
+
+
+def entry_by_entry_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+    """A loss of cuts computed entry by entry (`ENTRY_BY_ENTRY_LOSSES`), or its backward: without
+    reduction, the op on the padded buffers, cut in turn; a sum or mean, over the entries before the
+    length only (a mean divides by their count), and the padded entries' gradient is zero. None where
+    the inputs do not broadcast along the cut dim (`pointwise.broadcast_on_padded`)."""
+    values = bound(entry.op, args, kwargs)
+    step, reduction_at, is_backward = ENTRY_BY_ENTRY_LOSSES[entry.op]
+    tensors, reduction, options = values[:reduction_at], values[reduction_at], values[reduction_at + 1:]
+    broadcast = broadcast_on_padded(tensors)
+    if broadcast is None or any(value.is_complex() for value in tensors if isinstance(value, torch.Tensor)):
+        return None
+    padded_tensors, from_end, length = broadcast
+    if reduction == _NO_REDUCTION:
+        result = dispatcher.compute(entry, (*padded_tensors, reduction, *options), {}, record_as)
+        return cut(result, result.dim() + from_end, length)
+    names = [argument.name for argument in entry.op._schema.arguments[reduction_at + 1:]]
+    step_options = {"cut_dim": from_end, "reduction": reduction, **dict(zip(names, options))}
+    result = dispatcher.compute(step, (*padded_tensors, length), step_options, record_as or entry.name)
+    return cut(result, result.dim() + from_end, length) if is_backward else result

@@ -18,10 +18,22 @@ _pointwise: dict[Any, bool] = {}  # op entry -> whether it is a deterministic po
 def pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """A pointwise op whose inputs include cuts (or their `unsqueeze`), run on their padded buffers and
     cut to the length; None when it cannot be: an op that is not pointwise (or draws random numbers),
-    cuts of different lengths, dims or padded lengths, or another input that does not broadcast along
-    the cut dim."""
+    or inputs that `broadcast_on_padded` refuses."""
     if not _is_pointwise(entry) or any(is_cut(value) for value in kwargs.values()):
         return None
+    broadcast = broadcast_on_padded(args)
+    if broadcast is None:
+        return None
+    padded_args, from_end, length = broadcast
+    result = dispatcher.compute(entry, padded_args, kwargs, record_as)
+    return cut(result, result.dim() + from_end, length)
+
+
+def broadcast_on_padded(args: Sequence[Any]) -> tuple[list[Any], int, int] | None:
+    """(`args` with each cut in its padded counterpart, the cut dim counted from the end of their
+    broadcast shape, the length) for inputs of an op computed entry by entry, whose first `length`
+    entries along that dim are then the op's on the cuts; None for cuts of different lengths, dims or
+    padded lengths, or another input that does not broadcast along the cut dim."""
     layouts = {position: cut_layout(value) for position, value in enumerate(args) if type(value) is TpuTensor}
     layouts = {position: layout for position, layout in layouts.items() if layout is not None}
     cuts = {position: cut_from_end(args[position], layout) for position, layout in layouts.items()}
@@ -35,9 +47,7 @@ def pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
         return None
     if shape[from_end] != length or any(len(other) >= -from_end and other[from_end] != 1 for other in others):
         return None
-    padded_args = [padded_of(value, layouts[position]) if position in cuts else value for position, value in enumerate(args)]
-    result = dispatcher.compute(entry, padded_args, kwargs, record_as)
-    return cut(result, result.dim() + from_end, length)
+    return [padded_of(value, layouts[position]) if position in cuts else value for position, value in enumerate(args)], from_end, length
 
 
 def _is_pointwise(entry: Any) -> bool:

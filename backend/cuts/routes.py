@@ -11,11 +11,14 @@ import torch
 from tputrace.backend.cuts.backward_views import expand_in_backward, squeeze_in_backward
 from tputrace.backend.cuts.in_place import in_place_on_cut, masked_fill_on_cut, pointwise_in_place_ops
 from tputrace.backend.cuts.index_put import index_put_on_padded
-from tputrace.backend.cuts.losses import mse_loss_backward_on_padded, mse_loss_on_padded, nll_loss_backward_on_padded, nll_loss_on_padded
+from tputrace.backend.cuts.losses import (
+    ENTRY_BY_ENTRY_LOSSES, entry_by_entry_loss_on_padded, mse_loss_backward_on_padded, mse_loss_on_padded, nll_loss_backward_on_padded,
+    nll_loss_on_padded,
+)
 from tputrace.backend.cuts.matmul import matmul_on_padded
 from tputrace.backend.cuts.norms import layer_norm_backward_on_padded, layer_norm_on_padded
 from tputrace.backend.cuts.pointwise import pointwise_on_padded
-from tputrace.backend.cuts.reductions import IDENTITIES, MEANS, reduction_on_padded
+from tputrace.backend.cuts.reductions import IDENTITIES, MEANS, logsumexp_on_padded, reduction_on_padded, vector_norm_on_padded
 from tputrace.backend.cuts.rows import (
     NEW_OPS, PREFIX_OPS, SOFTMAX_OPS, flip_on_padded, new_on_padded, prefix_on_padded, rowwise_on_padded, unsafe_view_on_padded,
 )
@@ -29,6 +32,8 @@ CutRoute = Callable[[Any, Any, Sequence[Any], dict], Any | None]
 
 _ROUTES: dict[Any, Route] = {
     **{op: reduction_on_padded for op in (*IDENTITIES, *MEANS)},
+    aten.linalg_vector_norm.default: vector_norm_on_padded,
+    aten.logsumexp.default: logsumexp_on_padded,
     **{op: rowwise_on_padded for op in SOFTMAX_OPS},
     **{op: new_on_padded for op in NEW_OPS},
     **{op: prefix_on_padded for op in PREFIX_OPS},
@@ -41,6 +46,7 @@ _ROUTES: dict[Any, Route] = {
     aten.native_layer_norm.default: layer_norm_on_padded,
     aten.native_layer_norm_backward.default: layer_norm_backward_on_padded,
     aten.mse_loss_backward.default: mse_loss_backward_on_padded,
+    **{op: entry_by_entry_loss_on_padded for op in ENTRY_BY_ENTRY_LOSSES},
     **{op: index_put_on_padded for op in (aten.index_put.default, aten.index_put_.default, aten._index_put_impl_.default)},
 }
 _CUT_ROUTES: dict[Any, CutRoute] = {

@@ -18,11 +18,14 @@ from jax import lax
 
 from ._util import canon_dim, jax_dtype, opmath, to_float
 from .linalg import mm
-from .nn import log_softmax, log_softmax_backward_data, nll_loss_backward, nll_loss_forward, softmax, softmax_backward_data
+from .nn import (
+    binary_cross_entropy_with_logits, huber_loss, huber_loss_backward, log_softmax, log_softmax_backward_data, nll_loss_backward,
+    nll_loss_forward, smooth_l1_loss, smooth_l1_loss_backward, softmax, softmax_backward_data,
+)
 from .normalization import native_layer_norm_backward
 
 Array = jax.Array
-_MEAN = 1
+_NONE, _MEAN = 0, 1
 
 
 def real_rows(padded: Array, length: Array, dim: int = 0) -> Array:
@@ -75,6 +78,54 @@ def mse_loss_backward_padded(grad_output: Array, self: Array, target: Array, len
     if reduction == _MEAN:
         grad = grad / _real_count(self.shape, length, cut_dim)
     return grad.astype(self.dtype)
+
+
+def sum_over_cut(unreduced: Array, length: Array, *, cut_dim: int, reduction: int) -> Array:
+    """The sum (a mean for `reduction` mean) of the entries of an entry-by-entry loss before `length`
+    along `cut_dim` (counted from either end): the padding may hold anything, NaN included."""
+    dim = cut_dim % unreduced.ndim
+    total = jnp.sum(fill_past(unreduced, length, dim=dim, fill=0))
+    if reduction == _MEAN:
+        total = total / _real_count(unreduced.shape, length, dim)
+    return total.astype(unreduced.dtype)
+
+
+def gradient_over_cut(grad: Array, length: Array, *, cut_dim: int, reduction: int) -> Array:
+    """The unreduced gradient of an entry-by-entry loss, zero at `length` and past along `cut_dim`
+    (counted from either end), divided by the count of real entries for `reduction` mean."""
+    dim = cut_dim % grad.ndim
+    real = fill_past(grad, length, dim=dim, fill=0)
+    if reduction == _MEAN:
+        real = real / _real_count(grad.shape, length, dim)
+    return real.astype(grad.dtype)
+
+
+def binary_cross_entropy_with_logits_padded(self: Array, target: Array, weight: Array | None, pos_weight: Array | None, length: Array, *, cut_dim: int, reduction: int) -> Array:
+    """`binary_cross_entropy_with_logits` (mean or sum) of inputs cut to `length` along `cut_dim`."""
+    loss = binary_cross_entropy_with_logits(self, target, weight, pos_weight, _NONE)
+    return sum_over_cut(loss, length, cut_dim=cut_dim, reduction=reduction)
+
+
+def smooth_l1_loss_padded(self: Array, target: Array, length: Array, *, cut_dim: int, reduction: int, beta: float) -> Array:
+    """`smooth_l1_loss` (mean or sum) of inputs cut to `length` along `cut_dim`."""
+    return sum_over_cut(smooth_l1_loss(self, target, _NONE, beta), length, cut_dim=cut_dim, reduction=reduction)
+
+
+def smooth_l1_loss_backward_padded(grad_output: Array, self: Array, target: Array, length: Array, *, cut_dim: int, reduction: int, beta: float) -> Array:
+    """`smooth_l1_loss_backward` (mean or sum) of inputs cut to `length` along `cut_dim`."""
+    grad = smooth_l1_loss_backward(grad_output, self, target, _NONE, beta)
+    return gradient_over_cut(grad, length, cut_dim=cut_dim, reduction=reduction)
+
+
+def huber_loss_padded(self: Array, target: Array, length: Array, *, cut_dim: int, reduction: int, delta: float) -> Array:
+    """`huber_loss` (mean or sum) of inputs cut to `length` along `cut_dim`."""
+    return sum_over_cut(huber_loss(self, target, _NONE, delta), length, cut_dim=cut_dim, reduction=reduction)
+
+
+def huber_loss_backward_padded(grad_output: Array, self: Array, target: Array, length: Array, *, cut_dim: int, reduction: int, delta: float) -> Array:
+    """`huber_loss_backward` (mean or sum) of inputs cut to `length` along `cut_dim`."""
+    grad = huber_loss_backward(grad_output, self, target, _NONE, delta)
+    return gradient_over_cut(grad, length, cut_dim=cut_dim, reduction=reduction)
 
 
 def mean_padded(self: Array, length: Array, *, cut_dim: int, dims: Sequence[int] | None, keepdim: bool = False, dtype: torch.dtype | None = None) -> Array:
