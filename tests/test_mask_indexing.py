@@ -29,6 +29,7 @@ SELECTIONS: dict[str, Callable[[torch.Tensor, str], torch.Tensor]] = {
     "two leading dims": lambda x, d: x[_on(d, x.detach().cpu()[..., 0] > 7)],
     "all dims": lambda x, d: x[_on(d, x.detach().cpu() % 3 == 1)],
     "inner dim": lambda x, d: x[:, _on(d, torch.tensor([False, True, True]))],
+    "inner two dims": lambda x, d: x[:, _on(d, x.detach().cpu()[0] % 3 != 1)],
     "mask then integer index": lambda x, d: x[_on(d, torch.tensor([True, False, True, True])), :, torch.tensor([1, 0, 1], device=x.device)],
     "uint8 mask": lambda x, d: x[_on(d, torch.tensor([1, 0, 0, 1], dtype=torch.uint8))],
     "nothing selected": lambda x, d: x[_on(d, torch.zeros(4, dtype=torch.bool))],

@@ -1,7 +1,7 @@
 """A masked loss in a training loop (`F.cross_entropy(logits[mask], tokens[mask])`, `x[mask].mean()`,
 `mse_loss` of two cuts, a reshape of a cut, in-place ops on one, a matmul or einsum with the cut on
 either side, `torch.mv` or a layer norm of one, `binary_cross_entropy_with_logits`, `smooth_l1_loss`
-or `huber_loss` of cuts, a norm, `F.normalize` or `logsumexp` of one) compiles programs per padded length,
+or `huber_loss` of cuts, a norm, `F.normalize` or `logsumexp` of one, a cut along dim 1) compiles programs per padded length,
 not per count: the loss, its backward and the gradient's scatter through the mask run on the padded
 buffers (`cuts`), and the results equal the CPU's in both eager modes."""
 
@@ -102,6 +102,15 @@ def _with_a_score(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor, sc
     return scores.pow(2).mean() + F.cross_entropy(model(tokens)[mask], tokens[mask])
 
 
+def _columns(model: nn.Module, tokens: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """`x[:, mask]`: a cut along dim 1 of (2, 64, 51) logits (the positions of two token sequences that
+    the mask keeps), their `mse_loss` against a detached cut alike and their mean logsumexp."""
+    pairs = torch.stack([tokens.reshape(64), tokens.flip(0).reshape(64)])
+    kept = mask.reshape(64)
+    selected = model(pairs)[:, kept]
+    return F.mse_loss(selected, model(pairs.flip(0)).detach()[:, kept]) + selected.logsumexp(-1).mean()
+
+
 LOSSES: dict[str, Loss] = {
     "cross_entropy": _cross_entropy,
     "cross_entropy sum": lambda model, tokens, mask: F.cross_entropy(model(tokens)[mask], tokens[mask], reduction="sum"),
@@ -152,6 +161,7 @@ LOSSES: dict[str, Loss] = {
     "linalg.vector_norm(x[mask], dim=0)": lambda model, tokens, mask: torch.linalg.vector_norm(model(tokens)[mask], dim=0).mean(),
     "logsumexp(x[mask], dim=0)": lambda model, tokens, mask: torch.logsumexp(model(tokens)[mask], dim=0).mean(),
     "logsumexp(x[mask], dim=-1)": lambda model, tokens, mask: torch.logsumexp(model(tokens)[mask], dim=-1).mean(),
+    "x[:, mask]": _columns,
 }
 
 

@@ -32,7 +32,8 @@ is one family:
 - `norms`: `native_layer_norm` over dims after the cut's, row by row, and its backward, whose
   weight and bias gradients sum over the real rows only.
 - `index_put`: the gradient of `x[mask]` scatters its padded rows through the mask (the k-th set
-  element takes the k-th row, so rows past the count are never read).
+  element takes the k-th row, so rows past the count are never read); that of `x[:, mask]` (a cut
+  along dim 1) scatters along the mask's dim, the slots past the count dropped.
 - `backward_views`: the `expand` of a gradient to the cut's length is broadcast to the padded
   length, and its `squeeze` copies the padded buffer.
 - `in_place`: `masked_fill_` (through a mask cut alike or broadcast along the cut dim) and in-place
