@@ -254,6 +254,28 @@ def test_a_reduction_of_a_cut_leaves_its_padding_out_and_compiles_per_padded_len
     assert compiled == 0
 
 
+ENTRY_BY_ENTRY_LOSSES: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
+    "smooth_l1_loss": lambda scores, target: F.smooth_l1_loss(scores, target, beta=0.5),
+    "huber_loss": F.huber_loss,
+    "binary_cross_entropy_with_logits sum": lambda scores, target: F.binary_cross_entropy_with_logits(scores, target.sigmoid(), reduction="sum"),
+}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(ENTRY_BY_ENTRY_LOSSES))
+def test_a_bfloat16_loss_of_cuts_sums_its_entries_in_float32_as_the_cpu_does(mode: EagerMode, case: str) -> None:
+    """A bfloat16 loss of two cuts, reduced over their real entries on the padded buffers, is summed in
+    float32 and rounded once, as the CPU's is (a bfloat16 sum is a few units in the last place off)."""
+    generator = torch.Generator().manual_seed(0)
+    scores, target = torch.randn(64, 51, generator=generator), torch.randn(64, 51, generator=generator)
+    mask = torch.randperm(64, generator=generator) < 19
+    expected = ENTRY_BY_ENTRY_LOSSES[case](scores.bfloat16()[mask], target.bfloat16()[mask])
+    with eager(mode):
+        chip_mask = mask.to("tpu")
+        got = ENTRY_BY_ENTRY_LOSSES[case](scores.bfloat16().to("tpu")[chip_mask], target.bfloat16().to("tpu")[chip_mask]).cpu()
+    torch.testing.assert_close(got, expected, rtol=1e-3, atol=0)
+
+
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 def test_a_count_equal_to_its_padded_length_reuses_that_lengths_programs(mode: EagerMode) -> None:
     """A mask whose count is exactly a padded length (20, 24, 32) selects a whole-length cut: after other

@@ -57,7 +57,8 @@ def reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
             return None  # torch refuses the mean of integers without a floating dtype
         options = {"cut_dim": dim, "dims": tuple(dims), "keepdim": keepdim, "dtype": kwargs.get("dtype")}
         return dispatcher.compute(MEANS[entry.op], (padded_of(self, layout), length), options, record_as or entry.name)
-    return _padding_filled(dispatcher, entry, args, kwargs, record_as, layout, dims, keepdim, IDENTITIES[entry.op](self.dtype))
+    fill = IDENTITIES[entry.op](self.dtype) if dim in dims else None  # a mean along other dims fills nothing
+    return _padding_filled(dispatcher, entry, args, kwargs, record_as, layout, dims, keepdim, fill)
 
 
 def vector_norm_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
@@ -97,10 +98,10 @@ def _reduced_dims(self: Any, reduced: Sequence[int] | None) -> range | list[int]
 
 def _padding_filled(
     dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None, layout: Any, dims: Sequence[int], keepdim: bool,
-    fill: float | int | bool,
+    fill: float | int | bool | None,
 ) -> Any:
     """`entry` of the padded buffer of `args[0]`, its padding set to `fill` where the op reduces the
-    cut dim; else of the buffer as it is, the result cut in turn."""
+    cut dim; else (`fill` unread) of the buffer as it is, the result cut in turn."""
     dim, length, _ = layout
     buffer = padded_of(args[0], layout)
     if dim in dims:

@@ -82,9 +82,10 @@ def mse_loss_backward_padded(grad_output: Array, self: Array, target: Array, len
 
 def sum_over_cut(unreduced: Array, length: Array, *, cut_dim: int, reduction: int) -> Array:
     """The sum (a mean for `reduction` mean) of the entries of an entry-by-entry loss before `length`
-    along `cut_dim` (counted from either end): the padding may hold anything, NaN included."""
+    along `cut_dim` (counted from either end), half precision summed in float32: the padding may
+    hold anything, NaN included."""
     dim = cut_dim % unreduced.ndim
-    total = jnp.sum(fill_past(unreduced, length, dim=dim, fill=0))
+    total = jnp.sum(opmath(fill_past(unreduced, length, dim=dim, fill=0)))
     if reduction == _MEAN:
         total = total / _real_count(unreduced.shape, length, dim)
     return total.astype(unreduced.dtype)
