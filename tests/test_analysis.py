@@ -660,3 +660,11 @@ def test_chip_busy_time_counts_queued_executions_once(tmp_path: Path) -> None:
         context = AnalysisContext.build(opened, target_chip(None), True)
         assert context.busy_by_step() == {0: 15 * MS, 1: 2 * MS}
         assert context.busy_of_programs([program]) == 17 * MS
+
+
+def test_merged_ns_counts_each_instant_once() -> None:
+    """Nested, overlapping and touching intervals (sorted by start) count their union once."""
+    from tputrace.store.aggregates import merged_ns
+
+    assert merged_ns([]) == 0
+    assert merged_ns([(0, 10), (2, 5), (5, 12), (20, 25), (25, 30)]) == 22

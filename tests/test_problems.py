@@ -8,6 +8,7 @@ here (it imports neither torch nor jax).
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,8 @@ from pathlib import Path
 import pytest
 
 from tputrace.analysis import Report, analyze_path
+from tputrace.store import open_trace
+from tputrace.summary import render_text, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "examples" / "problems"
@@ -88,3 +91,40 @@ def test_clean_examples_have_no_warnings(name: str, tmp_path: Path) -> None:
     if warnings:
         xfail_on_backend_fallbacks(report, None)
     assert warnings == []
+
+
+@pytest.fixture(scope="module")
+def compile_storm_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A `torch.compile` run whose Dynamo frame compiles nest AOTAutograd and XLA compiles."""
+    trace_path = tmp_path_factory.mktemp("compile_storm") / "compile_recompile_storm.tptrace"
+    record(PROBLEMS / "compile_recompile_storm.py", trace_path, ["--steps", "3"])
+    return trace_path
+
+
+def test_nested_compiles_count_each_instant_once(compile_storm_trace: Path) -> None:
+    """The compile time in the time split, compile stats and report is wall time spent compiling: the
+    union of the compile records' intervals, not their sum, so it never exceeds the run."""
+    with open_trace(compile_storm_trace) as trace:
+        intervals = sorted(trace.sql("SELECT start_ns, start_ns + dur_ns FROM compiles WHERE rank = 0"))
+        kinds = {kind for (kind,) in trace.sql("SELECT DISTINCT kind FROM compiles")}
+        covered_ns, span_end = 0, 0
+        for start_ns, end_ns in intervals:
+            covered_ns += max(0, end_ns - max(start_ns, span_end))
+            span_end = max(span_end, end_ns)
+        summed_ns = sum(end_ns - start_ns for start_ns, end_ns in intervals)
+        split, stats = trace.time_split(rank=0), trace.compile_stats(rank=0)
+        step_compile_ns = sum(step.compile_ns for step in trace.step_times(rank=0))
+        summary_text = render_text(summarize(trace))
+    assert {"dynamo_frame", "aot", "xla"} <= kinds
+    assert summed_ns > covered_ns  # the records do nest
+    assert split.compile_ns == stats.total_ns == covered_ns
+    assert covered_ns < split.wall_ns
+    assert step_compile_ns <= covered_ns  # compiles after the last step record belong to no step
+    assert stats.recompile_ns <= stats.total_ns
+    share = re.search(r"compile\s+\S+ \S+\s+([\d.]+)%", summary_text)
+    assert share is not None and float(share.group(1)) < 100.0, summary_text
+    report = analyze_path(compile_storm_trace)
+    for finding in report.findings:
+        for match in re.finditer(r"(\d+)% of the run", finding.title + finding.explanation):
+            assert int(match.group(1)) <= 100, finding.title
+

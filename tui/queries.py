@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tputrace.analysis.call_sites import call_name
 from tputrace.source_digests import SourceDigest
-from tputrace.store.aggregates import CompileStats, TimeSplit
+from tputrace.store.aggregates import CompileStats, TimeSplit, compile_wall_ns
 from tputrace.store.records import SourceLocation
 from tputrace.store.sources import copy_as_run_saw, source_candidates
 
@@ -168,11 +168,12 @@ def step_rows(trace: Trace, rank: int) -> list[StepRow]:
                 f"SELECT step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table} WHERE rank = ? GROUP BY step", (rank,)
             )
         }
+    compile_ns_per_step = {step: ns for (_, step), ns in compile_wall_ns(trace, rank=rank, by_step=True).items()}
     rows = []
     for step, start_ns, end_ns, source in trace.sql(
         "SELECT step, start_ns, end_ns, source FROM steps WHERE rank = ? ORDER BY step, start_ns", (rank,)
     ):
-        compiles, compile_ns = per_step["compiles"].get(step, (0, 0))
+        compiles, compile_ns = per_step["compiles"].get(step, (0, 0))[0], compile_ns_per_step.get(step, 0)
         syncs, sync_ns = per_step["syncs"].get(step, (0, 0))
         rows.append(StepRow(step, start_ns, end_ns, compiles, compile_ns, syncs, sync_ns, source))
     return rows

@@ -23,7 +23,7 @@ from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.padding import pad_product
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family, parse_specs
-from tputrace.store.aggregates import TimeSplit
+from tputrace.store.aggregates import TimeSplit, compile_total_ns
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
@@ -506,11 +506,12 @@ def prepare_where(trace: Trace, *, leaves: int = TREEMAP_LEAVES, top_lines: int 
 
 def _time_split(trace: Trace, *, dispatch_ns: int) -> TimeSplit:
     """`trace.time_split()` without summing the ops table again."""
-    (compile_ns, execution_ns, sync_ns, transfer_ns, fallback_ns, collective_ns) = trace.sql(
+    (execution_ns, sync_ns, transfer_ns, fallback_ns, collective_ns) = trace.sql(
         "SELECT " + ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table})" for table in
-                              ("compiles", "executions", "syncs", "transfers", "fallbacks", "collectives"))
+                              ("executions", "syncs", "transfers", "fallbacks", "collectives"))
     )[0]
-    return TimeSplit(trace.wall_ns(), compile_ns, execution_ns, dispatch_ns, sync_ns, transfer_ns, fallback_ns, collective_ns)
+    return TimeSplit(trace.wall_ns(), compile_total_ns(trace), execution_ns, dispatch_ns, sync_ns, transfer_ns, fallback_ns,
+                     collective_ns)
 
 
 def _module_tree(trace: Trace, rows: list[tuple[Any, ...]], leaves: int) -> tuple[list[TreeNode], int]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from tputrace.analysis.context import AnalysisContext, in_list, plural
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.schema import COMPILE_CACHE_META_KEY
-from tputrace.store.aggregates import LOADED_FROM_DISK
+from tputrace.store.aggregates import LOADED_FROM_DISK, OUTERMOST_COMPILE
 from tputrace.summary import format_ns
 
 NAME = "compile_cache"
@@ -45,7 +45,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         return result
     first_ns = stats.total_ns - stats.recompile_ns
     lines = trace.sql(
-        "SELECT MIN(c.frame_id), COUNT(*), COALESCE(SUM(c.dur_ns), 0) AS total FROM compiles c "
+        "SELECT MIN(c.frame_id), COUNT(*), "
+        f"COALESCE(SUM(CASE WHEN {OUTERMOST_COMPILE} THEN c.dur_ns END), 0) AS total FROM compiles c "
         "JOIN frames f ON f.id = c.frame_id WHERE c.rank = ? GROUP BY f.file_sid, f.line, f.function_sid "
         f"ORDER BY total DESC LIMIT {MAX_LISTED_LINES}",
         (rank,),

@@ -6,7 +6,9 @@ of them as a method (`trace.op_stats(...)`), which is how views should call them
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import groupby
 from typing import TYPE_CHECKING, Literal
 
 from tputrace.schema import RECORD_KINDS
@@ -91,6 +93,9 @@ class TimeSplit:
 
 @dataclass(frozen=True, slots=True)
 class CompileStats:
+    """Compile records and the wall time they took; nested records (a Dynamo frame's AOT and XLA
+    compiles) are each counted, but every instant of compiling counts once in the times."""
+
     count: int
     total_ns: int
     recompiles: int
@@ -203,12 +208,8 @@ def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
     """Every step, in (rank, step) order, with its op, compile and sync counts."""
     where, params = _rank_filter(rank)
     ops_per_step = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM ops{where} GROUP BY rank, step", where, params)
-    compiles_per_step = _per_step(
-        trace,
-        "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM compiles{where} GROUP BY rank, step",
-        where,
-        params,
-    )
+    compile_counts = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM compiles{where} GROUP BY rank, step", where, params)
+    compile_ns_per_step = compile_wall_ns(trace, rank=rank, by_step=True)
     syncs_per_step = _per_step(
         trace,
         "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM syncs{where} GROUP BY rank, step",
@@ -220,7 +221,7 @@ def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
         f"SELECT rank, step, start_ns, end_ns, source FROM steps{where} ORDER BY rank, step", params
     ):
         key = (step_rank, step)
-        compiles, compile_ns = compiles_per_step.get(key, (0, 0))
+        compiles, compile_ns = compile_counts.get(key, (0, 0))[0], compile_ns_per_step.get(key, 0)
         syncs, sync_ns = syncs_per_step.get(key, (0, 0))
         steps.append(
             StepTime(
@@ -244,12 +245,53 @@ def _per_step(trace: Trace, query: str, where: str, params: tuple[int, ...]) -> 
 
 
 def time_split(trace: Trace, *, rank: int | None = None) -> TimeSplit:
-    """Total ns per category; `wall_ns` is the run's wall time (the longest rank's, for all ranks)."""
+    """Total ns per category; `wall_ns` is the run's wall time (the longest rank's, for all ranks).
+
+    Compile time is the wall time spent compiling (nested compile records count once); the other
+    categories are sums of their records' durations."""
     where, params = _rank_filter(rank)
-    tables = ("compiles", "executions", "ops", "syncs", "transfers", "fallbacks", "collectives")
+    tables = ("executions", "ops", "syncs", "transfers", "fallbacks", "collectives")
     sums = ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table}{where})" for table in tables)
     totals = trace.sql(f"SELECT {sums}", params * len(tables))[0]
-    return TimeSplit(wall_ns(trace, rank=rank), *totals)
+    return TimeSplit(wall_ns(trace, rank=rank), compile_total_ns(trace, rank=rank), *totals)
+
+
+def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:
+    """The length of the union of (start_ns, end_ns) intervals sorted by start: each instant counts once."""
+    total_ns = 0
+    span: tuple[int, int] | None = None  # the current run of overlapping intervals
+    for start_ns, end_ns in intervals:
+        if span is not None and start_ns <= span[1]:
+            span = (span[0], max(span[1], end_ns))
+            continue
+        if span is not None:
+            total_ns += span[1] - span[0]
+        span = (start_ns, end_ns)
+    return total_ns + (span[1] - span[0] if span is not None else 0)
+
+
+def compile_wall_ns(
+    trace: Trace, *, rank: int | None = None, condition: str = "1", by_step: bool = False
+) -> dict[tuple[int, int], int]:
+    """Wall time spent compiling per (rank, step) with `by_step`, else per (rank, 0): the union of the
+    intervals of the `compiles` rows matching the SQL `condition`, so nested or overlapping compiles
+    (a Dynamo frame's AOTAutograd and XLA compiles) count each instant once."""
+    where, params = _rank_filter(rank, prefix="AND ")
+    step = "step" if by_step else "0"
+    rows = trace.sql(
+        f"SELECT rank, {step} AS step_key, start_ns, start_ns + COALESCE(dur_ns, 0) FROM compiles "
+        f"WHERE ({condition}){where} ORDER BY rank, step_key, start_ns",
+        params,
+    )
+    return {
+        key: merged_ns((start_ns, end_ns) for _, _, start_ns, end_ns in group)
+        for key, group in groupby(rows, key=lambda row: (row[0], row[1]))
+    }
+
+
+def compile_total_ns(trace: Trace, *, rank: int | None = None, condition: str = "1") -> int:
+    """Wall time spent compiling (rows matching `condition`), each rank's instants once, summed over ranks."""
+    return sum(compile_wall_ns(trace, rank=rank, condition=condition).values())
 
 
 def wall_ns(trace: Trace, *, rank: int | None = None) -> int:
@@ -290,24 +332,39 @@ def time_range(trace: Trace, *, rank: int | None = None) -> tuple[int, int]:
     return (first_ns or 0, last_ns or 0)
 
 
+# SQL over `compiles`: the compile is a recompile.
+RECOMPILE = "reason IS NOT NULL AND reason != 'first'"
+
+# SQL over `compiles c`: no other compile of the rank encloses this one (a Dynamo frame encloses its
+# AOTAutograd compile, which encloses its XLA compile); of identical intervals, the lowest id is outermost.
+OUTERMOST_COMPILE = (
+    "NOT EXISTS (SELECT 1 FROM compiles p WHERE p.rank = c.rank AND p.id != c.id AND p.start_ns <= c.start_ns "
+    "AND p.start_ns + p.dur_ns >= c.start_ns + c.dur_ns AND (p.start_ns < c.start_ns "
+    "OR p.start_ns + p.dur_ns > c.start_ns + c.dur_ns OR p.id < c.id))"
+)
+
 # SQL over `compiles`: the compile was a load from the on-disk compile cache (the recorder's
 # `json.dumps` spelling of the detail key; SQLite's JSON functions are not on every Python build).
 LOADED_FROM_DISK = "detail LIKE '%\"loaded_from_disk\": true%'"
 
 
 def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
-    """Compile and recompile counts and time, and the number of distinct programs."""
+    """Compile and recompile counts and wall time (each instant once), and the number of distinct programs."""
     where, params = _rank_filter(rank)
-    count, total_ns, recompiles, recompile_ns, loaded_from_disk, loaded_ns = trace.sql(
-        "SELECT COUNT(*), COALESCE(SUM(dur_ns), 0), "
-        "COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
-        "COALESCE(SUM(CASE WHEN reason IS NOT NULL AND reason != 'first' THEN dur_ns END), 0), "
-        f"COALESCE(SUM({LOADED_FROM_DISK}), 0), COALESCE(SUM(CASE WHEN {LOADED_FROM_DISK} THEN dur_ns END), 0) "
-        f"FROM compiles{where}",
+    count, recompiles, loaded_from_disk = trace.sql(
+        f"SELECT COUNT(*), COALESCE(SUM({RECOMPILE}), 0), COALESCE(SUM({LOADED_FROM_DISK}), 0) FROM compiles{where}",
         params,
     )[0]
     (programs,) = trace.sql(f"SELECT COUNT(*) FROM programs{where}", params)[0]
-    return CompileStats(count, total_ns, recompiles, recompile_ns, programs, loaded_from_disk, loaded_ns)
+    return CompileStats(
+        count,
+        compile_total_ns(trace, rank=rank),
+        recompiles,
+        compile_total_ns(trace, rank=rank, condition=RECOMPILE),
+        programs,
+        loaded_from_disk,
+        compile_total_ns(trace, rank=rank, condition=LOADED_FROM_DISK),
+    )
 
 
 def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
@@ -331,7 +388,8 @@ def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None =
 # new program compiles it while the host waits.
 SYNC_COMPILE_NS = (
     "MIN(s.dur_ns, COALESCE((SELECT SUM(MIN(c.start_ns + c.dur_ns, s.start_ns + s.dur_ns) - MAX(c.start_ns, s.start_ns)) "
-    "FROM compiles c WHERE c.rank = s.rank AND c.start_ns < s.start_ns + s.dur_ns AND c.start_ns + c.dur_ns > s.start_ns), 0))"
+    "FROM compiles c WHERE c.rank = s.rank AND c.start_ns < s.start_ns + s.dur_ns AND c.start_ns + c.dur_ns > s.start_ns "
+    f"AND {OUTERMOST_COMPILE}), 0))"
 )
 
 
