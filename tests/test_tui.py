@@ -225,6 +225,40 @@ def test_the_overview_counts_the_loops_steps_without_the_end_step(tmp_path: Path
     run_app(scenario, session=make_session(path))
 
 
+ONE_STEP_SCRIPT = """\
+import torch
+from torch import nn
+
+model = nn.Linear(4, 2).to("tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for rows in (2, 3):  # the second forward and backward is a recompile for 3 rows
+    model(torch.ones(rows, 4).to("tpu")).sum().backward()
+    if rows == 2:
+        optimizer.step()
+"""
+
+
+def test_the_overview_words_counts_of_one_in_the_singular(tmp_path: Path) -> None:
+    """A real run on 1 chip with 1 step and 1 recompile: the overview says "1 chip", "1 step", "1 recompile"."""
+    script = tmp_path / "one_step.py"
+    script.write_text(ONE_STEP_SCRIPT)
+    trace_path = tmp_path / "one_step.tptrace"
+    completed = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)],
+                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    with tputrace.open(trace_path) as trace:
+        stats = trace.compile_stats(rank=0)
+        assert (trace.run.chips, stats.recompiles) == (1, 1)
+        assert sum(row.in_loop for row in queries.step_rows(trace, 0)) == 1
+
+    async def scenario(pilot: Any) -> None:
+        text = screen_text(pilot.app)
+        assert "1 chip" in text and "1 step ·" in text and "1 recompile," in text, text
+        assert not re.search(r"\b1 (chips|steps|recompiles|compiles|ops)\b", text), text
+
+    run_app(scenario, session=make_session(trace_path))
+
+
 def test_flushes_and_their_contents(small: Any) -> None:
     triggers = {stat.trigger: stat for stat in queries.flush_triggers(small, 0)}
     assert set(triggers) == {"item", "step", "tolist"}

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 from textual.widgets import Static
 
+from tputrace.analysis.context import plural
 from tputrace.tui import queries
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_rate, fmt_share, right, share_bar
 from tputrace.tui.view import TraceView, palette_for
@@ -63,7 +64,7 @@ class CollectivesView(TraceView):
         total = sum(group.total_ns for group in groups)
         wait = sum(group.wait_ns for group in groups)
         parts: list[str | tuple[str, str]] = [
-            f"rank {self.session.rank}: {fmt_count(count)} collectives, {fmt_ns(total)}, "
+            f"rank {self.session.rank}: {plural(count, 'collective')}, {fmt_ns(total)}, "
             f"{fmt_ns(wait)} waiting for other ranks ({fmt_share(wait / total) if total else '-'})"
         ]
         if len(ranks) > 1:

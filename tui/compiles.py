@@ -12,6 +12,7 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from tputrace.analysis.call_sites import call_name
+from tputrace.analysis.context import plural
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, right
@@ -87,8 +88,8 @@ class CompilesView(TraceView):
 
     def _show_status(self, stats: CompileStats) -> None:
         self.say("compiles-status",
-                 f"{fmt_count(stats.count)} compiles, {fmt_ns(stats.total_ns)} · {fmt_count(stats.recompiles)} recompiles, "
-                 f"{fmt_ns(stats.recompile_ns)} · {fmt_count(stats.programs)} programs",
+                 f"{plural(stats.count, 'compile')}, {fmt_ns(stats.total_ns)} · {plural(stats.recompiles, 'recompile')}, "
+                 f"{fmt_ns(stats.recompile_ns)} · {plural(stats.programs, 'program')}",
                  ("  Enter: call site in Source · Tab: per call site", "dim"))
 
     def _show_detail(self, row: queries.CompileRow) -> None:

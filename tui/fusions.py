@@ -12,6 +12,7 @@ from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.widgets import DataTable, Static
 
+from tputrace.analysis.context import plural
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_share, right
@@ -99,7 +100,7 @@ class FusionsView(TraceView):
             self.say("fusions-status", "no flushes recorded (a strict-mode or compile-mode run has none)")
             self.query_one("#fusions-triggers", Static).update(Text(""))
             return
-        self.say("fusions-status", f"{fmt_count(total)} flushes · program cache hits {fmt_count(hits)} of {fmt_count(total)} "
+        self.say("fusions-status", f"{plural(total, 'flush', 'flushes')} · program cache hits {fmt_count(hits)} of {fmt_count(total)} "
                                    f"({fmt_share(hits / total)}) · sorted by {self.order}", ("  s sort · Enter: trigger line in Source", "dim"))
         table = Table(box=None, padding=(0, 2), show_edge=False, header_style="bold")
         for column, justify in (("trigger", "left"), ("flushes", "right"), ("time", "right"), ("ops", "right"), ("mean ops", "right"), ("cache hits", "right")):

@@ -13,6 +13,7 @@ from textual.binding import BindingType
 from textual.reactive import reactive
 from textual.widgets import DataTable, Input
 
+from tputrace.analysis.context import plural
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, fmt_share, right, share_bar
@@ -119,13 +120,13 @@ class OpsView(TraceView):
         parts: list[str | tuple[str, str]] = []
         if self.drilled and self.group is not None:
             parts += [("instances of ", "dim"), (self.group.label, "bold"),
-                      (f" · {fmt_count(self.group.count)} ops, {fmt_ns(self.group.total_ns)} · longest first · "
+                      (f" · {plural(self.group.count, 'op')}, {fmt_ns(self.group.total_ns)} · longest first · "
                        "Enter: source line · Escape: back", "dim")]
         else:
             parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]
             if self.text_filter:
                 parts += [(" · filter ", ""), (self.text_filter, "bold")]
-            parts += [(f" · {fmt_count(len(self.groups))} groups", "")]
+            parts += [(f" · {plural(len(self.groups), 'group')}", "")]
             if len(self.groups) >= queries.MAX_GROUPS:
                 parts += [(" (capped; filter to narrow)", "bold")]
             parts += [("  g group · s sort · / filter · Enter instances", "dim")]

@@ -12,9 +12,10 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from tputrace.analysis.context import plural
 from tputrace.summary import exit_text
 from tputrace.tui import queries
-from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_count, fmt_ns, fmt_share, share_bar
+from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
 from tputrace.tui.view import TraceView, palette_for
 
 if TYPE_CHECKING:
@@ -105,24 +106,24 @@ def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | 
     command = " ".join([facts.script or "(unknown script)", *facts.argv])
     text.append(command, style="bold")
     rank_part = f"rank {facts.rank} of {len(facts.ranks)}" if len(facts.ranks) > 1 else "1 rank"
-    machine = ", ".join(part for part in (facts.platform, f"{facts.chips} chips" if facts.chips else None) if part)
+    machine = ", ".join(part for part in (facts.platform, plural(facts.chips, "chip") if facts.chips else None) if part)
     details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_mode, facts.versions or None]
     text.append("\n" + " · ".join(part for part in details if part))
     ops = facts.counts.get("ops", 0)
     state = exit_text(facts.exit_status) if facts.finished else "no end record (killed, or still running)"
     text.append(f"\nwall {fmt_ns(facts.wall_ns)} · ")
     if step_count is not None:
-        text.append(f"{fmt_count(step_count)} steps · ")
-    text.append(f"{fmt_count(ops)} ops · ")
+        text.append(f"{plural(step_count, 'step')} · ")
+    text.append(f"{plural(ops, 'op')} · ")
     if compiles is not None:
-        text.append(f"{fmt_count(compiles.count)} compiles ({fmt_count(compiles.recompiles)} recompiles, {fmt_ns(compiles.total_ns)}) · ")
+        text.append(f"{plural(compiles.count, 'compile')} ({plural(compiles.recompiles, 'recompile')}, {fmt_ns(compiles.total_ns)}) · ")
     text.append(state, style="" if facts.finished and not facts.exit_status else "bold red")
     if facts.error:
         last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error
         text.append("\nthe script raised: ", style="bold red")
         text.append(last_line)
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
-    text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {fmt_count(events)} events", style="dim")
+    text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {plural(events, 'event')}", style="dim")
     return text
 
 
@@ -132,8 +133,8 @@ def step_summary(steps: list[queries.StepRow]) -> Text:
         return Text("")
     slowest = max(steps, key=lambda step: step.dur_ns)
     compiled = sum(1 for step in steps if step.compiles)
-    text = Text(f"{len(steps)} steps · median {fmt_ns(statistics.median(durations))} · slowest: step {slowest.step} "
-                f"({fmt_ns(slowest.dur_ns)}{', compiled' if slowest.compiles else ''}) · {compiled} steps compiled (c)")
+    text = Text(f"{plural(len(steps), 'step')} · median {fmt_ns(statistics.median(durations))} · slowest: step {slowest.step} "
+                f"({fmt_ns(slowest.dur_ns)}{', compiled' if slowest.compiles else ''}) · {plural(compiled, 'step')} compiled (c)")
     text.no_wrap = True
     text.overflow = "ellipsis"
     return text

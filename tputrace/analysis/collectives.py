@@ -12,7 +12,7 @@ from __future__ import annotations
 import statistics
 
 from tputrace.analysis.chips import DTYPE_BYTES
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, plural
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.summary import format_bytes, format_ns
 
@@ -68,7 +68,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     frame_id = top_frame[0][0] if top_frame else None
     ici = context.target.ici_bandwidth
     kind_evidence = tuple(
-        Evidence(f"{row['kind']}: {row['count']} calls, {format_bytes(row['bytes'])}, {format_ns(row['dur_ns'])}, "
+        Evidence(f"{row['kind']}: {plural(row['count'], 'call')}, {format_bytes(row['bytes'])}, {format_ns(row['dur_ns'])}, "
                  f"bus {format_bytes(row['bus_bandwidth'] or 0)}/s", table="collectives")
         for row in rows
     )
@@ -187,7 +187,7 @@ def _divisibility(context: AnalysisContext, result: AnalysisResult, where: str, 
         suggestion=f"Make the sharded dim a multiple of {group} (pad the parameter or choose the mesh size to divide it).",
         cost_total_ns=0.0,
         evidence=tuple(
-            context.evidence_at(f"{k}: {e} elements over {g} ranks ({c} calls)", f, table="collectives")
+            context.evidence_at(f"{k}: {e} elements over {plural(g, 'rank')} ({plural(c, 'call')})", f, table="collectives")
             for k, e, g, f, c in uneven[:5]
         ),
         **context.location_fields(frame_id),

@@ -92,7 +92,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
 def _rate(context: AnalysisContext, count: int, per_step: float | None, cost: dict[str, float | None]) -> str:
     """`2 calls per step, 4.1 ms per step` in a run with steps, else `3 calls, 6.0 ms`."""
     if per_step is not None and cost["cost_per_step_ns"] is not None:
-        return f"{per_step:.3g} calls per step, {format_ns(cost['cost_per_step_ns'])} per step"
+        return f"{per_step:.3g} {'call' if per_step == 1 else 'calls'} per step, {format_ns(cost['cost_per_step_ns'])} per step"
     return f"{plural(count, 'call')}, {format_ns(cost['cost_total_ns'])}"
 
 

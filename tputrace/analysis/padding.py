@@ -14,7 +14,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.chips import DTYPE_BYTES, Chip, round_up
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, plural
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul
@@ -145,7 +145,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
     modules = sorted({group.module for group, _, _ in entries if group.module})
     evidence = [
         context.evidence_at(
-            f"{group.op}({group.inputs}) in {group.module or 'no module'}: {group.calls} calls, "
+            f"{group.op}({group.inputs}) in {group.module or 'no module'}: {plural(group.calls, 'call')}, "
             f"{format_ns(cost)} of chip time lost (estimate)",
             group.frame_id, module=group.module, table="ops",
         )

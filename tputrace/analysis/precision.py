@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, plural
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul
@@ -81,7 +81,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     modules = sorted({group.module for group, _, _ in entries if group.module})
     evidence = tuple(
         context.evidence_at(
-            f"{group.op}({group.inputs}) in {group.module or 'no module'}: {group.calls} calls, "
+            f"{group.op}({group.inputs}) in {group.module or 'no module'}: {plural(group.calls, 'call')}, "
             f"{format_ns(saving)} of {format_ns(chip)} saved in bfloat16 (estimate)",
             group.frame_id, module=group.module, table="ops",
         )

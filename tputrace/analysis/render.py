@@ -40,7 +40,7 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     if not brief:
         lines.append(Line(f"tputrace report: {report.trace_path}", style="bold"))
     steps = (
-        f"{report.step_count} steps, median step {format_ns(report.median_step_ns)}" if report.step_count else "no steps"
+        f"{plural(report.step_count, 'step')}, median step {format_ns(report.median_step_ns)}" if report.step_count else "no steps"
     )
     if report.rank not in report.ranks:
         rank = f"rank {report.rank} (a forked process), "
