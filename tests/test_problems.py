@@ -36,9 +36,9 @@ EXPECTED: dict[str, tuple[str, list[str]]] = {
 CLEAN = {"quickstart": ["--steps", "4"], "gpt_train": ["--steps", "3"], "cnn_train": ["--steps", "3"]}
 
 
-def record(script: Path, trace: Path, args: list[str]) -> Report:
-    """Run `script` under `tputrace run` in a subprocess and analyse its trace."""
-    command = [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace), str(script), *args]
+def record(script: Path, trace: Path, args: list[str], run_options: tuple[str, ...] = ()) -> Report:
+    """Run `script` under `tputrace run [run_options]` in a subprocess and analyse its trace."""
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", *run_options, "-o", str(trace), str(script), *args]
     completed = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, timeout=900)
     assert completed.returncode == 0, completed.stderr[-3000:]
     assert "top findings" in completed.stderr or "no findings" in completed.stderr  # `run` ends with them
@@ -128,3 +128,19 @@ def test_nested_compiles_count_each_instant_once(compile_storm_trace: Path) -> N
         for match in re.finditer(r"(\d+)% of the run", finding.title + finding.explanation):
             assert int(match.group(1)) <= 100, finding.title
 
+
+# Findings whose counts per step read as decimals ("in 0.5 copies", "0.286 per step") or whose cost is nothing.
+FRACTIONAL_COUNT = re.compile(r"\b\d*\.\d+ (copies|copy|per step)|\b0 per step|\b0 ns stalled")
+
+
+@pytest.mark.parametrize("script", ["problems/straggler.py", "ddp_train.py"])
+def test_two_rank_runs_list_no_zero_cost_findings(script: str, tmp_path: Path) -> None:
+    """On two ranks, syncs made only in the warm-up step cost the steady steps nothing and are not listed,
+    and a copy or sync made in some steps reads as "2 copies every 3 steps", not "0.667 copies"."""
+    report = record(ROOT / "examples" / script, tmp_path / "run.tptrace", ["--steps", "4"], ("--nproc", "2"))
+    listed = [finding for finding in report.findings if finding.analyzer in ("syncs", "transfers")]
+    assert listed, [finding.title for finding in report.findings]
+    zero_cost = [finding.title for finding in listed if finding.cost_total_ns < 1_000]
+    fractional = [text for finding in listed for text in (finding.title, *(evidence.text for evidence in finding.evidence))
+                  if FRACTIONAL_COUNT.search(text)]
+    assert (zero_cost, fractional) == ([], [])

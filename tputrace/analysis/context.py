@@ -9,6 +9,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from fractions import Fraction
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import Chip
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 # Share of the step time (or of the run) at which a cost becomes a warning, and critical.
 WARNING_SHARE = 0.05
 CRITICAL_SHARE = 0.25
+# The largest step count `per_step_text` names in "N every M steps"; rarer rates say "N in M steps".
+MAX_RATE_DENOMINATOR = 12
+# A finding whose estimated cost is below this is noise: a sync or copy that costs nothing measurable.
+MIN_LISTED_COST_NS = 1_000
 
 
 @dataclass
@@ -240,6 +245,19 @@ def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tup
 def plural(count: int, noun: str, nouns: str | None = None) -> str:
     """`1 call`, `3 calls` (`nouns` for an irregular plural)."""
     return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
+
+
+def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None) -> str:
+    """`count` things over `steps` steps as a rate: `2 copies per step`, `1 copy every 2 steps`,
+    `3 copies every 2 steps`, or `3 copies in 40 steps` when no small fraction says it exactly."""
+    if steps <= 0:
+        return plural(count, noun, nouns)
+    rate = Fraction(count, steps)
+    if rate.denominator == 1:
+        return f"{plural(rate.numerator, noun, nouns)} per step"
+    if rate.denominator <= MAX_RATE_DENOMINATOR:
+        return f"{plural(rate.numerator, noun, nouns)} every {rate.denominator} steps"
+    return f"{plural(count, noun, nouns)} in {plural(steps, 'step')}"
 
 
 def in_list(values: Iterable[object]) -> str:

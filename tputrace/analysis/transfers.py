@@ -7,7 +7,7 @@ constant built on the host each step (a mask, a position table, a scalar tensor)
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext, outside_fallbacks, plural
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text, plural
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.summary import format_bytes, format_ns
 
@@ -50,6 +50,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             "time_per_step_ns": dur_ns / steady_count, "steps": steps_with, "same_size_every_time": constant_size,
             "total_bytes": total_bytes, "total_ns": total_ns,
         })
+        cost = context.loop_cost(dur_ns, total_ns)
+        if (cost["cost_total_ns"] or 0) < MIN_LISTED_COST_NS:
+            continue
+        rate = per_step_text(count, steady_count, "copy", "copies")
         share = context.share_of_steps(dur_ns)
         severity = context.severity(share)
         where = context.where(frame_id)
@@ -81,8 +85,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             analyzer=NAME,
             severity=severity,
             title=(
-                f"Host-to-chip copies in the loop at {where}: {format_bytes(per_step_bytes)} per step "
-                f"in {per_step_count:.3g} copies"
+                f"Host-to-chip copies in the loop at {where}: {format_bytes(per_step_bytes)} per step, {rate}"
             ),
             explanation=(
                 f"{where} copied {format_bytes(total_bytes)} from the host to the chip in {plural(total_count, 'copy', 'copies')} "
@@ -90,10 +93,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
                 f"taking {format_ns(total_ns)} ({context.share_text(share)})."
             ),
             suggestion=suggestion,
-            **context.loop_cost(dur_ns, total_ns),
+            **cost,
             evidence=(
                 context.evidence_at(
-                    f"{per_step_count:.3g} h2d copies per step, {format_bytes(min_bytes)}"
+                    f"h2d: {rate}, {format_bytes(min_bytes)}"
                     + ("" if constant_size else f" to {format_bytes(max_bytes)}") + " each",
                     frame_id, table="transfers",
                 ),
