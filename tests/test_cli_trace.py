@@ -467,3 +467,27 @@ def test_run_with_the_real_recorder(tmp_path: Path) -> None:
     with tputrace.open(trace_path) as trace:
         assert trace.run.exit_status == 0 and trace.run.argv == ("a", "--b")
         assert trace.count("ops") > 0
+
+
+def test_report_export_and_tensorboard_share_one_default_target(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """On a real recorded run, `report` and `export` without --target use the same chip, the analysis's
+    DEFAULT_TARGET, and every command's --help names it."""
+    from tputrace.analysis.chips import DEFAULT_TARGET
+
+    script = tmp_path / "tiny.py"
+    script.write_text("import torch\nprint((torch.ones(4).to('tpu') * 2).sum().item())\n")
+    trace_path = tmp_path / "tiny.tptrace"
+    completed = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)],
+                               capture_output=True, text=True, cwd=REPO_ROOT, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    capsys.readouterr()
+    assert main(["report", "--json", str(trace_path)]) == 0
+    target = json.loads(capsys.readouterr().out)["target"]
+    assert (target["name"], target["is_default"]) == (DEFAULT_TARGET, True)
+    assert main(["export", str(trace_path), "--perfetto", str(tmp_path / "trace.json.gz")]) == 0
+    assert f"({DEFAULT_TARGET}); op times inside programs are estimates" in capsys.readouterr().err
+    for command in ("report", "export", "tensorboard"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        help_text = " ".join(capsys.readouterr().out.split())
+        assert f"(default: {DEFAULT_TARGET}" in help_text, (command, help_text)

@@ -258,7 +258,7 @@ def test_xprof_tools_show_the_gpt_trace_ops_steps_and_lines(gpt_trace: Path, gpt
 
     overview = _tool(r2t, files, "overview_page")
     assert len(_table(overview, "stepnum")["rows"]) == steps
-    assert _table(overview, "host_id")["p"]["device_type"] == "TPU v5 lite"
+    assert _table(overview, "host_id")["p"]["device_type"] == "TPU v6 lite"  # the default target, v6e
 
     framework = _tool(r2t, files, "framework_op_stats")
     operations = {row["c"][3]["v"] for row in framework[0]["rows"]}

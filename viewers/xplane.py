@@ -37,12 +37,12 @@ from itertools import accumulate, groupby
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from tputrace.analysis.chips import DEFAULT_TARGET, chip as chip_model
 from tputrace.viewers import xplane_proto
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
 
-DEFAULT_TARGET = "v5e"
 TIME_ESTIMATE_NOTE = "estimate: the program's measured time split by a roofline estimate of each op on the target chip"
 HOST_PLANE = "/host:CPU"
 DEVICE_PLANE_PREFIX = "/device:TPU:"
@@ -83,9 +83,7 @@ class TargetChip:
 
 def target_chip(name: str = DEFAULT_TARGET) -> TargetChip:
     """The chip called `name` (v5e, v5p, v6e, v7, ...); raises `TputraceError` naming the known ones."""
-    from tputrace.analysis import chips
-
-    model = chips.chip(name)
+    model = chip_model(name)
     return TargetChip(
         name=model.name,
         device_type=_DEVICE_KINDS.get(model.name, model.label),

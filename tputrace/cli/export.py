@@ -33,7 +33,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--run", metavar="NAME", help="run name under LOGDIR (default: the trace file's name)")
     parser.add_argument("--perfetto", metavar="PATH", help="write Chrome trace-event JSON (gzipped if PATH ends in .gz)")
     parser.add_argument("--target", metavar="CHIP", default=None,
-                        help="TPU whose peaks XProf shows and op times are estimated for (default: v5e)")
+                        help="TPU whose peaks XProf shows and op times are estimated for (default: v6e, the one `tputrace report` uses)")
     return parser
 
 

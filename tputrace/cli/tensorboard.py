@@ -34,7 +34,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--port", type=int, default=DEFAULT_PORT,
                         help=f"port on 127.0.0.1 (default {DEFAULT_PORT}; 0 picks a free one)")
     parser.add_argument("--target", metavar="CHIP", default=None,
-                        help="TPU whose peaks XProf shows and op times are estimated for (default: v5e)")
+                        help="TPU whose peaks XProf shows and op times are estimated for (default: v6e, the one `tputrace report` uses)")
     return parser
 
 
