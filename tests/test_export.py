@@ -154,10 +154,10 @@ def test_two_rank_export_writes_one_host_file_per_rank_with_device_and_host_plan
     assert names == ["/device:TPU:0", "/device:TPU:1", "/device:TPU:2", "/device:TPU:3", "/host:CPU"]
     device = space.planes[0]
     assert [line.name for line in device.lines] == ["Steps", "XLA Modules", "XLA Ops"]
-    chip = xplane.target_chip("v5e")
+    chip = xplane.target_chip(xplane.DEFAULT_TARGET)  # the export's default, v6e
     assert _stats(device, device.stats) == {
         **_stats(device, device.stats),
-        "device_type_string": "TPU v5 lite",
+        "device_type_string": "TPU v6 lite",
         "peak_teraflops_per_second": chip.peak_teraflops_per_second,
         "peak_hbm_bw_gigabytes_per_second": chip.hbm_gigabytes_per_second,
     }
