@@ -9,11 +9,12 @@ having loaded something.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import groupby
 
 from tputrace.analysis.context import AnalysisContext, in_list, plural
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.schema import COMPILE_CACHE_META_KEY
-from tputrace.store.aggregates import LOADED_FROM_DISK, OUTERMOST_COMPILE
+from tputrace.store.aggregates import LOADED_FROM_DISK, merged_ns
 from tputrace.summary import format_ns
 
 NAME = "compile_cache"
@@ -32,6 +33,22 @@ def loads_among(context: AnalysisContext, compile_ids: Sequence[int]) -> tuple[i
     return count, load_ns
 
 
+def _costliest_lines(context: AnalysisContext) -> list[tuple[int, int, int]]:
+    """(a frame id, compiles, wall ns compiling) of the source lines that compiled longest; a line's
+    nested compiles (a Dynamo frame's AOTAutograd and XLA compiles) count each instant once."""
+    rows = context.trace.sql(
+        "SELECT f.file_sid, f.line, f.function_sid, c.frame_id, c.start_ns, c.start_ns + COALESCE(c.dur_ns, 0) "
+        "FROM compiles c JOIN frames f ON f.id = c.frame_id WHERE c.rank = ? "
+        "ORDER BY f.file_sid, f.line, f.function_sid, c.start_ns",
+        (context.rank,),
+    )
+    lines = []
+    for _, group in groupby(rows, key=lambda row: row[:3]):
+        line_rows = list(group)
+        lines.append((min(row[3] for row in line_rows), len(line_rows), merged_ns((row[4], row[5]) for row in line_rows)))
+    return sorted(lines, key=lambda line: -line[2])[:MAX_LISTED_LINES]
+
+
 def analyze(context: AnalysisContext) -> AnalysisResult:
     trace, rank = context.trace, context.rank
     result = AnalysisResult(NAME)
@@ -44,16 +61,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     if cache_used or share < MIN_SHARE:
         return result
     first_ns = stats.total_ns - stats.recompile_ns
-    lines = trace.sql(
-        "SELECT MIN(c.frame_id), COUNT(*), "
-        f"COALESCE(SUM(CASE WHEN {OUTERMOST_COMPILE} THEN c.dur_ns END), 0) AS total FROM compiles c "
-        "JOIN frames f ON f.id = c.frame_id WHERE c.rank = ? GROUP BY f.file_sid, f.line, f.function_sid "
-        f"ORDER BY total DESC LIMIT {MAX_LISTED_LINES}",
-        (rank,),
-    )
     evidence = tuple(
         context.evidence_at(f"{plural(count, 'compile')}, {format_ns(line_ns)}", frame_id, table="compiles")
-        for frame_id, count, line_ns in lines
+        for frame_id, count, line_ns in _costliest_lines(context)
     )
     recompiled = (f" and {format_ns(stats.recompile_ns)} of {plural(stats.recompiles, 'recompile')} (recompile storm "
                   "findings count those they explain)" if stats.recompiles else "")
