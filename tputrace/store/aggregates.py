@@ -337,9 +337,11 @@ RECOMPILE = "reason IS NOT NULL AND reason != 'first'"
 
 # SQL over `compiles c`: no other compile of the rank encloses this one (a Dynamo frame encloses its
 # AOTAutograd compile, which encloses its XLA compile); of identical intervals, the lowest id is outermost.
+# An enclosing compile starts at most the longest compile's duration before c, which bounds the index scan.
 OUTERMOST_COMPILE = (
-    "NOT EXISTS (SELECT 1 FROM compiles p WHERE p.rank = c.rank AND p.id != c.id AND p.start_ns <= c.start_ns "
-    "AND p.start_ns + p.dur_ns >= c.start_ns + c.dur_ns AND (p.start_ns < c.start_ns "
+    "NOT EXISTS (SELECT 1 FROM compiles p WHERE p.rank = c.rank "
+    "AND p.start_ns >= c.start_ns - (SELECT COALESCE(MAX(dur_ns), 0) FROM compiles) AND p.start_ns <= c.start_ns "
+    "AND p.id != c.id AND p.start_ns + p.dur_ns >= c.start_ns + c.dur_ns AND (p.start_ns < c.start_ns "
     "OR p.start_ns + p.dur_ns > c.start_ns + c.dur_ns OR p.id < c.id))"
 )
 
