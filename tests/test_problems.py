@@ -18,6 +18,7 @@ import pytest
 from tputrace.analysis import Report, analyze_path
 from tputrace.store import open_trace
 from tputrace.summary import render_text, summarize
+from tputrace.tui.queries import compile_sites
 
 ROOT = Path(__file__).resolve().parents[1]
 PROBLEMS = ROOT / "examples" / "problems"
@@ -101,17 +102,29 @@ def compile_storm_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trace_path
 
 
+def covered(intervals: list[tuple[int, int]]) -> int:
+    """The ns that sorted (start, end) intervals cover, each instant once."""
+    covered_ns, span_end = 0, 0
+    for start_ns, end_ns in intervals:
+        covered_ns += max(0, end_ns - max(start_ns, span_end))
+        span_end = max(span_end, end_ns)
+    return covered_ns
+
+
 def test_nested_compiles_count_each_instant_once(compile_storm_trace: Path) -> None:
     """The compile time in the time split, compile stats and report is wall time spent compiling: the
     union of the compile records' intervals, not their sum, so it never exceeds the run."""
     with open_trace(compile_storm_trace) as trace:
         intervals = sorted(trace.sql("SELECT start_ns, start_ns + dur_ns FROM compiles WHERE rank = 0"))
         kinds = {kind for (kind,) in trace.sql("SELECT DISTINCT kind FROM compiles")}
-        covered_ns, span_end = 0, 0
-        for start_ns, end_ns in intervals:
-            covered_ns += max(0, end_ns - max(start_ns, span_end))
-            span_end = max(span_end, end_ns)
+        covered_ns = covered(intervals)
         summed_ns = sum(end_ns - start_ns for start_ns, end_ns in intervals)
+        for site in compile_sites(trace, 0):  # the TUI's Compiles view: per call site, nested compiles once
+            frame_ids = [frame_id for (frame_id,) in trace.sql("SELECT DISTINCT frame_id FROM compiles WHERE rank = 0")
+                         if trace.frame(frame_id) == site.source]
+            site_intervals = [interval for frame_id in frame_ids for interval in trace.sql(
+                "SELECT start_ns, start_ns + dur_ns FROM compiles WHERE rank = 0 AND frame_id = ?", (frame_id,))]
+            assert site.total_ns == covered(sorted(site_intervals)), site
         split, stats = trace.time_split(rank=0), trace.compile_stats(rank=0)
         step_compile_ns = sum(step.compile_ns for step in trace.step_times(rank=0))
         summary_text = render_text(summarize(trace))

@@ -168,7 +168,7 @@ def step_rows(trace: Trace, rank: int) -> list[StepRow]:
                 f"SELECT step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table} WHERE rank = ? GROUP BY step", (rank,)
             )
         }
-    compile_ns_per_step = {step: ns for (_, step), ns in compile_wall_ns(trace, rank=rank, by_step=True).items()}
+    compile_ns_per_step = {step: ns for (_, step), ns in compile_wall_ns(trace, rank=rank, by="step").items()}
     rows = []
     for step, start_ns, end_ns, source in trace.sql(
         "SELECT step, start_ns, end_ns, source FROM steps WHERE rank = ? ORDER BY step, start_ns", (rank,)
@@ -490,14 +490,16 @@ def compile_sites(trace: Trace, rank: int) -> list[CompileSite]:
     @ (w @ k)`) has a row per call instead, most time first, kept together where the line's total puts them."""
     rows = trace.sql(
         "SELECT frame_id, COUNT(*), COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
-        "COALESCE(SUM(dur_ns), 0), GROUP_CONCAT(DISTINCT reason) FROM compiles WHERE rank = ? GROUP BY frame_id",
+        "GROUP_CONCAT(DISTINCT reason) FROM compiles WHERE rank = ? GROUP BY frame_id",
         (rank,),
     )
+    wall_ns = compile_wall_ns(trace, rank=rank, by="frame")  # a call's nested compiles count once
     calls_by_line: dict[SourceLocation | None, dict[Any, list[tuple[Any, ...]]]] = {}
-    for row in rows:
-        source = trace.frame(row[0])
+    for frame_id, count, recompiles, reasons in rows:
+        source = trace.frame(frame_id)
         call_key = None if source is None else source.call_key
-        calls_by_line.setdefault(source, {}).setdefault(call_key, []).append((source, *row[1:]))
+        total_ns = wall_ns.get((rank, -1 if frame_id is None else frame_id), 0)
+        calls_by_line.setdefault(source, {}).setdefault(call_key, []).append((source, count, recompiles, total_ns, reasons))
     lines = [_line_sites(calls) for calls in calls_by_line.values()]
     lines.sort(key=lambda sites: -sum(site.total_ns for site in sites))
     return [site for sites in lines for site in sites]

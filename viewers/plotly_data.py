@@ -23,7 +23,7 @@ from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.padding import pad_product
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family, parse_specs
-from tputrace.store.aggregates import TimeSplit, compile_total_ns
+from tputrace.store.aggregates import TimeSplit, compile_total_ns, compile_wall_ns
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
@@ -646,15 +646,18 @@ def prepare_recompilations(
         ))
     points.sort(key=lambda point: point.start_ns)
     site_counts: dict[str, list[int]] = {}
-    for frame_id, count, recompiles, total_ns in trace.sql(
-        "SELECT frame_id, COUNT(*), SUM(reason IS NOT NULL AND reason != 'first'), COALESCE(SUM(dur_ns), 0) "
-        "FROM compiles GROUP BY frame_id"
+    wall_ns: dict[int | None, int] = {}  # per frame, nested compiles once per rank, summed over ranks
+    for (_, frame_key), ns in compile_wall_ns(trace, by="frame").items():
+        frame_id = None if frame_key == -1 else frame_key
+        wall_ns[frame_id] = wall_ns.get(frame_id, 0) + ns
+    for frame_id, count, recompiles in trace.sql(
+        "SELECT frame_id, COUNT(*), SUM(reason IS NOT NULL AND reason != 'first') FROM compiles GROUP BY frame_id"
     ):
         site = _site_label(trace.frame(frame_id))
         previous = site_counts.setdefault(site, [0, 0, 0])
         previous[0] += count
         previous[1] += recompiles or 0
-        previous[2] += total_ns
+        previous[2] += wall_ns.get(frame_id, 0)
     sites = sorted(site_counts, key=lambda site: (-site_counts[site][0], site))
     storms = _storms(analysis)
     varying = _storm_dims(storms)

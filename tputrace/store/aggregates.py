@@ -209,7 +209,7 @@ def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
     where, params = _rank_filter(rank)
     ops_per_step = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM ops{where} GROUP BY rank, step", where, params)
     compile_counts = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM compiles{where} GROUP BY rank, step", where, params)
-    compile_ns_per_step = compile_wall_ns(trace, rank=rank, by_step=True)
+    compile_ns_per_step = compile_wall_ns(trace, rank=rank, by="step")
     syncs_per_step = _per_step(
         trace,
         "SELECT rank, step, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM syncs{where} GROUP BY rank, step",
@@ -270,17 +270,20 @@ def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:
     return total_ns + (span[1] - span[0] if span is not None else 0)
 
 
+CompileGrouping = Literal["rank", "step", "frame"]
+_COMPILE_GROUP_COLUMNS: dict[str, str] = {"rank": "0", "step": "step", "frame": "COALESCE(frame_id, -1)"}
+
+
 def compile_wall_ns(
-    trace: Trace, *, rank: int | None = None, condition: str = "1", by_step: bool = False
+    trace: Trace, *, rank: int | None = None, condition: str = "1", by: CompileGrouping = "rank"
 ) -> dict[tuple[int, int], int]:
-    """Wall time spent compiling per (rank, step) with `by_step`, else per (rank, 0): the union of the
-    intervals of the `compiles` rows matching the SQL `condition`, so nested or overlapping compiles
-    (a Dynamo frame's AOTAutograd and XLA compiles) count each instant once."""
+    """Wall time spent compiling per (rank, 0), (rank, step) or (rank, frame id; -1 for none): the union
+    of the intervals of the `compiles` rows matching the SQL `condition`, so nested or overlapping
+    compiles (a Dynamo frame's AOTAutograd and XLA compiles) count each instant once."""
     where, params = _rank_filter(rank, prefix="AND ")
-    step = "step" if by_step else "0"
     rows = trace.sql(
-        f"SELECT rank, {step} AS step_key, start_ns, start_ns + COALESCE(dur_ns, 0) FROM compiles "
-        f"WHERE ({condition}){where} ORDER BY rank, step_key, start_ns",
+        f"SELECT rank, {_COMPILE_GROUP_COLUMNS[by]} AS group_key, start_ns, start_ns + COALESCE(dur_ns, 0) "
+        f"FROM compiles WHERE ({condition}){where} ORDER BY rank, group_key, start_ns",
         params,
     )
     return {
