@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import gc
 
-from tputrace.backend import chips, host_allocator
+from tputrace.backend import chips
 
 chips.configure()
-host_allocator.disable_fastbins()
 
 import jax  # noqa: E402 - XLA flags must be set before JAX initialises
 

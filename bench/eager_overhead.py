@@ -10,7 +10,8 @@ median over rounds of the wall time, of this process's CPU time (all its threads
 thread's CPU time (XLA:CPU runs some programs, e.g. a dot, on its own worker threads). On a shared
 machine wall time also counts the time other processes held the CPU, which CPU time does not, so
 the wall spread (min-max) and the load average are reported with it. The garbage collector stays on,
-as in a user's loop; the collections the timed rounds triggered are counted.
+as in a user's loop; the collections the timed rounds triggered are counted. Before each round the C
+heap merges the small chunks earlier rounds freed (`settle_c_heap`), so that each round pays for its own.
 """
 
 from __future__ import annotations
@@ -70,8 +71,18 @@ def _gc_counts() -> list[int]:
     return [generation["collections"] for generation in gc.get_stats()]
 
 
+def settle_c_heap() -> None:
+    """Merge the C heap's freed small chunks now, not inside the next round: glibc keeps them unmerged
+    ("fastbins") until a large request merges them all at once, and the rounds before (XLA's frees in
+    strict ops) leave thousands. Without this one call of a 500-op round paid 1-4 ms for them, every
+    other round (bench/RESULTS.md, eighteenth session). A 64 KiB buffer is such a request."""
+    bytearray(1 << 16)
+
+
 def timed_round(fn: Callable[[], object], calls: int, samples: Samples, keep: bool = False) -> list[object]:
-    """One round of `calls` calls; with `keep`, the results are kept (a pending graph's outputs)."""
+    """One round of `calls` calls, on a settled C heap; with `keep`, the results are kept (a pending
+    graph's outputs)."""
+    settle_c_heap()
     collections = _gc_counts()
     kept: list[object] = []
     wall, cpu, thread = time.perf_counter(), time.process_time(), time.thread_time()
