@@ -432,6 +432,7 @@ def test_live_status_redraws_and_erases() -> None:
     status.stop()
     text = stream.getvalue()
     assert format_status({"steps": 4, "ops": 12345, "compiles": 6}) == "tputrace: step 4 · 12,345 ops · 6 compiles"
+    assert format_status({"steps": 1, "ops": 1, "compiles": 1}) == "tputrace: step 1 · 1 op · 1 compile"
     assert "\r\x1b[2Ktputrace: step 4 · 12,345 ops · 6 compiles" in text
     assert text.endswith("\r\x1b[2K")
 

@@ -23,6 +23,7 @@ from tputrace.store.aggregates import (
     TimeSplit,
 )
 from tputrace.store.records import RunInfo, SourceLocation
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -150,10 +151,6 @@ def _three_digits(value: float) -> str:
     return f"{value:.2f}"
 
 
-def _count(number: int, noun: str) -> str:
-    return f"{number:,} {noun}" + ("" if number == 1 else "s")
-
-
 def _percent(part: float, whole: float) -> str:
     return f"{100 * part / whole:.1f}%" if whole else "-"
 
@@ -182,7 +179,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     command = " ".join([os.path.basename(run.script) if run.script else "?", *run.argv])
     machine = ", ".join(
         part
-        for part in (run.platform, _count(run.chips, "chip") if run.chips is not None else None, run.eager_mode)
+        for part in (run.platform, plural(run.chips, "chip") if run.chips is not None else None, run.eager_mode)
         if part
     )
     if summary.rank not in summary.ranks:
@@ -202,7 +199,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         steps = f"1 step ({format_ns(summary.first_step_ns)})"
     compiles = summary.compiles
     loaded = f"; {compiles.loaded_from_disk} loaded from the compile cache" if compiles.loaded_from_disk else ""
-    totals = f"{_count(summary.op_count, 'op')} · {_count(compiles.count, 'compile')} ({_count(compiles.recompiles, 'recompile')}{loaded})"
+    totals = f"{plural(summary.op_count, 'op')} · {plural(compiles.count, 'compile')} ({plural(compiles.recompiles, 'recompile')}{loaded})"
     return [
         ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
@@ -246,7 +243,7 @@ def sections(summary: RunSummary) -> list[Section]:
                 recompile_lines.append(f"   changed: {group.diff}")
         result.append(
             Section(
-                f"recompiles: {compiles.recompiles} of {_count(compiles.count, 'compile')}, "
+                f"recompiles: {compiles.recompiles} of {plural(compiles.count, 'compile')}, "
                 f"{format_ns(compiles.recompile_ns)} of {format_ns(compiles.total_ns)}",
                 lines=tuple(recompile_lines),
             )
@@ -254,7 +251,7 @@ def sections(summary: RunSummary) -> list[Section]:
     if summary.top_syncs:
         result.append(
             Section(
-                f"host syncs: {_count(summary.sync_count, 'stall')}, {format_ns(summary.sync_ns)}",
+                f"host syncs: {plural(summary.sync_count, 'stall')}, {format_ns(summary.sync_ns)}",
                 ("where", "kind", "count", "stall", "of it compiling", "pending ops"),
                 tuple(
                     (
@@ -273,7 +270,7 @@ def sections(summary: RunSummary) -> list[Section]:
     if summary.top_fallbacks:
         result.append(
             Section(
-                f"CPU fallbacks: {_count(summary.fallback_count, 'call')}, {format_ns(summary.fallback_ns)}",
+                f"CPU fallbacks: {plural(summary.fallback_count, 'call')}, {format_ns(summary.fallback_ns)}",
                 ("op", "count", "time", "first seen"),
                 tuple(
                     (stat.op or "?", f"{stat.count}", format_ns(stat.total_ns), _where(stat.source))
@@ -323,7 +320,7 @@ def _signal_note(exit_status: int) -> str:
 
 def _forked_line(process: ForkedProcess) -> str:
     origin = process.origin
-    recorded = f"{_count(process.op_count, 'op')}, {_count(process.compile_count, 'compile')}"
+    recorded = f"{plural(process.op_count, 'op')}, {plural(process.compile_count, 'compile')}"
     if process.finished:
         ending = exit_text(process.exit_status)
     elif process.exit_status is None:

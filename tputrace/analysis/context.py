@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
 from tputrace.store.records import SourceLocation, StepRecord
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -240,11 +241,6 @@ def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tup
     if steps is None:
         return f"{prefix}rank = ?", (rank,)
     return f"{prefix}rank = ? AND {prefix}step BETWEEN ? AND ?", (rank, steps[0], steps[1])
-
-
-def plural(count: int, noun: str, nouns: str | None = None) -> str:
-    """`1 call`, `3 calls` (`nouns` for an irregular plural)."""
-    return f"{count:,} {noun if count == 1 else nouns or noun + 's'}"
 
 
 def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None) -> str:

@@ -24,6 +24,7 @@ from typing import Any, TextIO
 
 from tputrace import settings
 from tputrace.store.errors import TputraceError
+from tputrace.wording import plural
 
 MODES = ("defer", "strict", "blocking", "compile")
 EXIT_SCRIPT_RAISED = 1
@@ -492,8 +493,8 @@ class LiveStatus:
 
 def format_status(counts: dict[str, int]) -> str:
     return (
-        f"tputrace: step {counts.get('steps', 0):,} · {counts.get('ops', 0):,} ops · "
-        f"{counts.get('compiles', 0):,} compiles"
+        f"tputrace: step {counts.get('steps', 0):,} · {plural(counts.get('ops', 0), 'op')} · "
+        f"{plural(counts.get('compiles', 0), 'compile')}"
     )
 
 
