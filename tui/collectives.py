@@ -7,11 +7,11 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 from textual.widgets import Static
 
-from tputrace.analysis.context import plural
 from tputrace.tui import queries
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_rate, fmt_share, right, share_bar
 from tputrace.tui.view import TraceView, palette_for
 from tputrace.tui.widgets import StatusLine, TraceTable
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult

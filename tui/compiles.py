@@ -12,12 +12,12 @@ from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
 from tputrace.analysis.call_sites import call_name
-from tputrace.analysis.context import plural
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, right
 from tputrace.tui.view import GoToSource, TraceView
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult

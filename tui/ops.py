@@ -13,12 +13,12 @@ from textual.binding import BindingType
 from textual.reactive import reactive
 from textual.widgets import DataTable, Input
 
-from tputrace.analysis.context import plural
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, fmt_share, right, share_bar
 from tputrace.tui.view import GoToSource, TraceView, palette_for
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult

@@ -12,11 +12,11 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
-from tputrace.analysis.context import plural
 from tputrace.summary import exit_text
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
 from tputrace.tui.view import TraceView, palette_for
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult

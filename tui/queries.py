@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tputrace.analysis.call_sites import call_name
 from tputrace.source_digests import SourceDigest
-from tputrace.store.aggregates import CompileStats, TimeSplit, compile_wall_ns
+from tputrace.store.aggregates import RECOMPILE, CompileStats, TimeSplit, compile_wall_ns
 from tputrace.store.records import SourceLocation
 from tputrace.store.sources import copy_as_run_saw, source_candidates
 
@@ -489,7 +489,7 @@ def compile_sites(trace: Trace, rank: int) -> list[CompileSite]:
     """Compiles of `rank` per source line, most compile time first; a line where several calls compiled (`(q @ w)
     @ (w @ k)`) has a row per call instead, most time first, kept together where the line's total puts them."""
     rows = trace.sql(
-        "SELECT frame_id, COUNT(*), COALESCE(SUM(reason IS NOT NULL AND reason != 'first'), 0), "
+        f"SELECT frame_id, COUNT(*), COALESCE(SUM({RECOMPILE}), 0), "
         "GROUP_CONCAT(DISTINCT reason) FROM compiles WHERE rank = ? GROUP BY frame_id",
         (rank,),
     )

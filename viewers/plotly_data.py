@@ -23,7 +23,7 @@ from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.padding import pad_product
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family, parse_specs
-from tputrace.store.aggregates import TimeSplit, compile_total_ns, compile_wall_ns
+from tputrace.store.aggregates import RECOMPILE, TimeSplit, compile_total_ns, compile_wall_ns
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
@@ -651,7 +651,7 @@ def prepare_recompilations(
         frame_id = None if frame_key == -1 else frame_key
         wall_ns[frame_id] = wall_ns.get(frame_id, 0) + ns
     for frame_id, count, recompiles in trace.sql(
-        "SELECT frame_id, COUNT(*), SUM(reason IS NOT NULL AND reason != 'first') FROM compiles GROUP BY frame_id"
+        f"SELECT frame_id, COUNT(*), SUM({RECOMPILE}) FROM compiles GROUP BY frame_id"
     ):
         site = _site_label(trace.frame(frame_id))
         previous = site_counts.setdefault(site, [0, 0, 0])

@@ -12,9 +12,10 @@ from __future__ import annotations
 import statistics
 
 from tputrace.analysis.chips import DTYPE_BYTES
-from tputrace.analysis.context import AnalysisContext, plural
+from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.summary import format_bytes, format_ns
+from tputrace.wording import plural
 
 NAME = "collectives"
 SMALL_MESSAGE_BYTES = 1 << 20

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from itertools import groupby
 
-from tputrace.analysis.context import AnalysisContext, in_list, plural
+from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.aggregates import LOADED_FROM_DISK, merged_ns
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 NAME = "compile_cache"
 MIN_SHARE = 0.25  # compiling (not loading) this share of the wall time or more is "a large share"

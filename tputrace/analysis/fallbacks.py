@@ -6,9 +6,10 @@ back, so it is the whole cost of the op leaving the chip.
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext, plural
+from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 NAME = "fallbacks"
 

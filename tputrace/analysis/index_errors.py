@@ -16,9 +16,10 @@ from __future__ import annotations
 import os
 import re
 
-from tputrace.analysis.context import AnalysisContext, plural
+from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.store.records import SourceLocation
+from tputrace.wording import plural
 
 NAME = "index_errors"
 ORIGIN = "index_check"

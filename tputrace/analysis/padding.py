@@ -14,11 +14,12 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.chips import DTYPE_BYTES, Chip, round_up
-from tputrace.analysis.context import AnalysisContext, plural
+from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 NAME = "padding"
 LANE = 128

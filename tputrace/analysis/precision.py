@@ -13,11 +13,12 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 
-from tputrace.analysis.context import AnalysisContext, plural
+from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 NAME = "precision"
 MIN_REPORTED_SHARE = 0.005

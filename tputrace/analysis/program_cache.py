@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import re
 
-from tputrace.analysis.context import AnalysisContext, in_list, plural
+from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.schema import EVICTED_DIFF_PREFIX
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 NAME = "program_cache"
 _LIMIT = re.compile(r"keeps (\d+)")

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from tputrace.analysis import compile_cache, data_sizes, host_inputs, program_cache
 from tputrace.analysis.call_sites import call_label
 from tputrace.analysis.chips import round_up
-from tputrace.analysis.context import AnalysisContext, in_list, plural
+from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.data_sizes import SizeOrigin, size_origin
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.shapes import TensorSpec, parse_specs
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 NAME = "recompiles"
 MIN_COMPILES = 3  # compiles of one site before it counts as a storm

@@ -12,9 +12,9 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
-from tputrace.analysis.context import plural
 from tputrace.analysis.findings import Finding
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from tputrace.analysis import Report

@@ -12,11 +12,12 @@ the wait, which the compiles analyzer counts.
 
 from __future__ import annotations
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text, plural
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, then
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.summary import format_ns
+from tputrace.wording import plural
 
 NAME = "syncs"
 EXCLUDED_KINDS = ("fallback", "transfer", "value_check")
@@ -71,10 +72,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             "stall_per_step_ns": steady_stall / steady_count if context.steps else None,
         }
         lines.append(line)
-        if stall_ns <= 0 or (context.loop_cost(steady_stall, stall_ns)["cost_total_ns"] or 0) < MIN_LISTED_COST_NS:
+        if stall_ns <= 0:
+            continue
+        cost = context.loop_cost(steady_stall, stall_ns)
+        if (cost["cost_total_ns"] or 0) < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
         result.findings.append(
-            _finding(context, frame_id, kind, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall)
+            _finding(context, frame_id, kind, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall, cost)
         )
     result.data["lines"] = lines[:50]
     result.data["total_stall_ns"] = sum(line["stall_ns"] for line in lines)
@@ -83,7 +87,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
 
 
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: int, stall_ns: int, pending_ops: int,
-             steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int) -> Finding:
+             steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: dict[str, float | None]) -> Finding:
     where = context.where(frame_id)
     share = context.share_of_steps(steady_stall)
     severity = context.severity(share)
@@ -92,7 +96,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
     steady_count = max(context.steady_count, 1)
     rate = per_step_text(steady_syncs, steady_count, "time") if per_step is not None else plural(count, "time")
     every_step = per_step is not None and per_step >= 0.99
-    stalled = (f"{format_ns(steady_stall / max(context.steady_count, 1))} stalled per step" if context.steps
+    stalled = (f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
                else f"{format_ns(stall_ns)} stalled")
     title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}): {stalled}"
     pending = pending_ops / count
@@ -119,7 +123,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         title=title,
         explanation=explanation,
         suggestion=suggestion,
-        **context.loop_cost(steady_stall, stall_ns),
+        **cost,
         evidence=evidence,
         module=module,
         **context.location_fields(frame_id),

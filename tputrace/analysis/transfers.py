@@ -7,9 +7,10 @@ constant built on the host each step (a mask, a position table, a scalar tensor)
 
 from __future__ import annotations
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text, plural
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.summary import format_bytes, format_ns
+from tputrace.wording import plural
 
 NAME = "transfers"
 

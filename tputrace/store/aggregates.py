@@ -377,7 +377,7 @@ def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None =
     where, params = _rank_filter(rank, prefix="AND ")
     rows = trace.sql(
         "SELECT name_sid, reason, diff_sid, COUNT(*) AS n, COALESCE(SUM(dur_ns), 0) AS total_ns, MIN(step), "
-        f"MIN(frame_id) FROM compiles WHERE reason IS NOT NULL AND reason != 'first'{where} "
+        f"MIN(frame_id) FROM compiles WHERE {RECOMPILE}{where} "
         f"GROUP BY name_sid, reason, diff_sid ORDER BY n DESC, total_ns DESC{_limit_clause(limit)}",
         params,
     )
