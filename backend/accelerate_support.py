@@ -1,13 +1,15 @@
 """Hugging Face accelerate (and `transformers.Trainer`, built on it) on `tpu`, as on CUDA.
 
-accelerate picks its device from a fixed list of vendors (cuda, xpu, npu, mps, ...) and ignores
-`torch.accelerator`, so `Accelerator()` and the Trainer's accelerator chose the host CPU while
+accelerate before 1.16 picks its device from a fixed list of vendors (cuda, xpu, npu, mps, ...) and
+ignores `torch.accelerator`, so `Accelerator()` and the Trainer's accelerator chose the host CPU while
 transformers put the model on `tpu:0`. The only switch it offers, `ACCELERATE_TORCH_DEVICE`, is an
 environment variable that outranks `cpu=True`/`use_cpu=True` and reaches child processes that never
-register tpu, so it is not set here. Instead, while tpu is torch's current accelerator:
+register tpu, so it is not set here. From 1.16 it asks `torch.accelerator` and picks `tpu` itself, but
+a process started as one of several ranks then trains alone, silently, as accelerate has no tpu
+distributed type. So, while tpu is torch's current accelerator:
 
-- `PartialState.default_device` is `tpu` where accelerate would fall back to the CPU (a process
-  started as one of several ranks gets a one-line error: accelerate has no tpu distributed type);
+- `PartialState.default_device` is `tpu` where accelerate would fall back to the CPU or picked `tpu`
+  itself, and a process started as one of several ranks gets a one-line error instead;
 - `get_max_memory()` (behind `device_map="auto"`, `infer_auto_device_map`, `get_balanced_memory`)
   lists each chip's free memory under its index, as it lists CUDA devices, so models are placed
   on the chips first and only what does not fit goes to the host;
@@ -57,7 +59,7 @@ def _launched_ranks() -> int:
 def _default_device(original: property) -> property:
     def default_device(state: Any) -> torch.device:
         device = original.fget(state)
-        if device.type != "cpu" or not _on_tpu():
+        if device.type not in ("cpu", "tpu") or not _on_tpu():
             return device
         if _launched_ranks() > 1:
             raise RuntimeError(

@@ -2,8 +2,9 @@
 uninterrupted run would.
 
 accelerate's `save_state`/`load_state` and `transformers.Trainer`'s checkpoints save and restore the RNG
-states of the devices they know (cpu, cuda, xla, npu, ...) in their own RNG file. Here each also writes
-every chip's state (`torch.tpu.get_rng_state_all()`) to one more file next to it, `tpu_<their file>`,
+states of the devices they know (cpu, cuda, xla, npu, ...) in their own RNG file; accelerate from 1.16
+also keeps the current chip's state there, but not the other chips'. Here each also writes every chip's
+state (`torch.tpu.get_rng_state_all()`) to one more file next to it, `tpu_<their file>`,
 and restores the chips from that file when it is there: a checkpoint written without it loads as
 before and leaves the tpu generators as they are. A file of its own, rather than a key added to
 theirs, leaves their files as they wrote them and loads with `weights_only=True` (a list of byte
