@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tputrace.backend import matmul_precision
+from tputrace.backend import chips, matmul_precision
 from tputrace.backend.dtypes import FLOAT8, to_jax
 
 from ._util import HALF_DTYPES, PRECISION, UnloweredCase, canon_dim, jax_dtype, opmath
@@ -30,10 +30,24 @@ aten = torch.ops.aten
 Array = jax.Array
 
 
+def _row_major_lhs(a: Array, b: Array) -> Array:
+    """On XLA:CPU, the left matrix of a matrix product laid out row by row in memory.
+
+    XLA folds a transpose into the product's dimension numbers (a backward's `grad.t() @ x`), and
+    XLA:CPU then runs it on its generic dot kernel: YNNPACK, its fast one, takes only a left operand
+    whose contracted dimension is its last in memory. The barrier keeps the transpose a copy of its
+    own (cheap next to the product), so the product runs on YNNPACK (about 1.4x faster for a
+    256x1024 by 256x256 weight gradient). On an operand already in memory it copies nothing."""
+    if a.ndim == 2 and b.ndim == 2 and chips.platform() == "cpu":
+        return lax.optimization_barrier(a)
+    return a
+
+
 def _matmul(a: Array, b: Array) -> Array:
     """a @ b at the precision `matmul_precision` gives; half-precision inputs accumulate and return in
     float32, as torch's CPU kernels do before rounding once."""
     precision = matmul_precision.for_operands(a, b)
+    a = _row_major_lhs(a, b)
     if a.dtype in HALF_DTYPES or b.dtype in HALF_DTYPES:
         return jnp.matmul(a, b, precision=precision, preferred_element_type=jnp.float32)
     return jnp.matmul(a, b, precision=precision)
