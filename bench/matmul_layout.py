@@ -4,8 +4,8 @@
 
 A weight gradient is `grad.t() @ x`: XLA folds the transpose into the dot's dimension numbers, and
 XLA:CPU then runs it on its generic dot, as YNNPACK takes only a left operand whose contracted
-dimension is its last in memory. The backend's lowering (`ops.linalg._matmul`) copies the left
-matrix row by row first. For each of examples/gpt_train.py's weight shapes (256 tokens), both jitted
+dimension is its last in memory. The backend's lowering of `aten.mm` (`ops.linalg.mm`) copies the
+left matrix row by row first. For each of examples/gpt_train.py's weight shapes (256 tokens), both jitted
 functions run interleaved in the same process: median ms per call over the rounds, with the product's
 GFLOP/s. The section "Matmul layout" of bench/RESULTS.md is rewritten.
 """
@@ -28,7 +28,7 @@ import jax.numpy as jnp  # noqa: E402
 import tputrace.backend  # noqa: E402,F401 - configures JAX's devices as the backend does
 from results import write_section  # noqa: E402
 from tputrace.backend import chips  # noqa: E402
-from tputrace.backend.ops.linalg import _matmul  # noqa: E402
+from tputrace.backend.ops.linalg import mm  # noqa: E402
 
 SECTION = "Matmul layout"
 TOKENS = 256
@@ -41,7 +41,7 @@ def _folded(grad: jax.Array, inputs: jax.Array) -> jax.Array:
 
 
 def _lowered(grad: jax.Array, inputs: jax.Array) -> jax.Array:
-    return _matmul(grad.T, inputs)
+    return mm(grad.T, inputs)
 
 
 def _ms_per_call(function: Callable, arguments: tuple, calls: int) -> float:
