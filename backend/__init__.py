@@ -16,7 +16,9 @@ import jax  # noqa: E402 - XLA flags must be set before JAX initialises
 
 jax.config.update("jax_enable_x64", True)
 
-from tputrace.backend import compile_cache  # noqa: E402
+from tputrace.backend import compile_cache, exit_wait  # noqa: E402
+
+exit_wait.register()
 
 compile_cache.enable_from_environment()
 
