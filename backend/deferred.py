@@ -74,7 +74,8 @@ class PendingGraph:
     inputs: list[Any] = field(default_factory=list)
     input_refs: dict[int, tuple[int, int]] = field(default_factory=dict)  # id of an input array -> a node's reference to it
     owners: list[weakref.ref] = field(default_factory=list)
-    replaced_inputs: set[int] = field(default_factory=set)  # indices into `inputs` that an in-place update replaced
+    # Index into `inputs` of an array that an in-place update replaced -> the buffer that held it.
+    replaced_inputs: dict[int, weakref.ref] = field(default_factory=dict)
     op_records: list[tuple] = field(default_factory=list)
     record_nodes: list[int] = field(default_factory=list)  # the node of each op record (view reads have no record)
     scalars: tuple[list, ...] = field(default_factory=lambda: ([], [], [], []))
@@ -218,7 +219,7 @@ class DeferredExecutor:
             if replaced is not None and type(replaced) is not LazyValue:
                 ref = value.graph.input_refs.get(id(replaced))
                 if ref is not None:
-                    value.graph.replaced_inputs.add(ref[1])
+                    value.graph.replaced_inputs.setdefault(ref[1], weakref.ref(buffer))
 
     @contextlib.contextmanager
     def holding(self, values: Sequence[Any]) -> Iterator[None]:
@@ -305,8 +306,8 @@ class DeferredExecutor:
             for value in values:
                 if type(value) is LazyValue and value.graph is graph and value.concrete is None:
                     outputs[value.node, value.index] = value
+        donate, outputs = self._donation(graph, outputs)
         output_refs = tuple(outputs)
-        donate = self._donatable(graph)
         structure = (tuple([(id(plan), refs) for plan, refs in graph.nodes]), output_refs, donate, graph.backward_from)
         in_specs = _input_specs(graph.inputs)
         key = (structure, in_specs)
@@ -341,11 +342,34 @@ class DeferredExecutor:
         graph.owners = []
 
     @staticmethod
-    def _donatable(graph: PendingGraph) -> tuple[int, ...]:
-        """The inputs to donate: arrays that an in-place update replaced while the graph read them.
+    def _donation(graph: PendingGraph, outputs: dict[tuple[int, int], LazyValue]) -> tuple[tuple[int, ...], dict[tuple[int, int], LazyValue]]:
+        """The inputs to donate, and the outputs reordered so that each donated input holds the value
+        that replaced it in its buffer.
 
-        Decided from the graph alone, so the same step compiles to the same program every time."""
-        return tuple(sorted(index for index in graph.replaced_inputs if isinstance(graph.inputs[index], jax.Array)))
+        JAX gives each output, in order, the first donated input of its shape and dtype not given
+        yet. Where a graph read same-shaped buffers in another order than it wrote them, an input
+        would hold another buffer's new value, and XLA copies each such input before the program
+        overwrites it. So the replacing values come first, in the order of their inputs, and an
+        input whose buffer holds no output of this graph is not donated. Decided from the graph
+        alone, so the same step compiles to the same program every time."""
+        paired: dict[tuple[int, int], LazyValue] = {}
+        donate: list[int] = []
+        replaced = graph.replaced_inputs
+        inputs = graph.inputs
+        for index in sorted(replaced):
+            buffer = replaced[index]()
+            value = buffer.array if buffer is not None else None
+            if type(value) is not LazyValue or value.graph is not graph:
+                continue
+            key = (value.node, value.index)
+            if key in paired or key not in outputs or not _is_jax_array(inputs[index]):
+                continue
+            paired[key] = value
+            donate.append(index)
+        if not paired:
+            return (), outputs
+        paired.update((key, value) for key, value in outputs.items() if key not in paired)
+        return tuple(donate), paired
 
     def _launch_inputs(self, graph: PendingGraph, donate: tuple[int, ...]) -> list[Any]:
         """The graph's inputs, with a copy in place of each donated array that something outside the
@@ -447,6 +471,20 @@ class DeferredExecutor:
         recorder.flushed(flush_id, fused.program_id, trigger, len(graph.nodes), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)
+
+
+_ARRAY_TYPES: set[type] = set()
+
+
+def _is_jax_array(value: Any) -> bool:
+    """`isinstance(value, jax.Array)`, remembered by type (an ABC check costs a flush ~1 µs per input)."""
+    kind = type(value)
+    if kind in _ARRAY_TYPES:
+        return True
+    if isinstance(value, jax.Array):
+        _ARRAY_TYPES.add(kind)
+        return True
+    return False
 
 
 def _saved_values(nodes: Sequence[tuple[Plan, tuple]], backward_from: int) -> tuple[tuple[int, int], ...]:

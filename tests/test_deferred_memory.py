@@ -74,3 +74,24 @@ def test_a_zero_grad_first_step_peaks_lower_fused_than_strict() -> None:
     strict = _steady_step_peak(EagerMode.DEFER_NEVER, _zero_grad_first, n_layer=4)
     fused = _steady_step_peak(EagerMode.DEFER_AND_FUSE, _zero_grad_first, n_layer=4)
     assert fused < strict, (fused, strict)
+
+
+def test_each_donated_input_holds_the_new_value_of_its_own_buffer() -> None:
+    """`b` is read first and `a` written first: JAX pairs donated inputs with outputs in order, so
+    without the reordering each input would hold the other buffer's value, and XLA copied both."""
+    from tputrace.backend.dispatch import dispatcher
+
+    with eager(EagerMode.DEFER_AND_FUSE):
+        a = torch.randn(256, 256, device="tpu")
+        b = torch.randn(256, 256, device="tpu")
+        expected_a, expected_b = a.cpu() * 3, b.cpu() * 2
+        torch.tpu.synchronize()
+        unused = b * 1  # a read of b alone; its value is dropped before the flush
+        del unused
+        a.mul_(3)
+        b.mul_(2)
+        torch.tpu.synchronize()
+        fused = list(dispatcher.executor.programs.values())[-1]
+        assert len(fused.donate) == 2
+        assert fused.program.temp_bytes == 0  # no copy of either input
+        assert torch.equal(a.cpu(), expected_a) and torch.equal(b.cpu(), expected_b)
