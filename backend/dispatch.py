@@ -606,7 +606,8 @@ class Dispatcher:
         parent = base._view
         with _inference_as(base):
             results = [
-                view_tensor(buf, out_geom, root if parent is None else parent.then(step)) for step, root, out_geom in cached
+                view_tensor(buf, out_geom, None if out_geom.dense and _is_whole_array(out_geom, buf.array, step, parent) else root if parent is None else parent.then(step))
+                for step, root, out_geom in cached
             ]
         if self.recorder is not None:
             self.recorder.view_op(entry.name, base, results)
@@ -1050,6 +1051,19 @@ class Dispatcher:
             warnings.warn(message, RuntimeWarning, stacklevel=3)
         else:
             warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
+
+
+_VALUE_VIEWS = frozenset({aten._conj.default, aten._neg_view.default})  # views whose values differ from their buffer's
+
+
+def _is_whole_array(geom: Any, array: Any, step: ViewStep, parent: ViewChain | None) -> bool:
+    """Whether a dense view of this geometry, made by `step` after `parent`, is its buffer's array
+    as it is (same shape and dtype, no conjugate or negative view on the way; e.g. `w.t().t()`, a
+    weight's gradient): such a view reads and writes the array with no program."""
+    if geom.shape != tuple(array.shape) or to_jax(geom.dtype) != array.dtype:
+        return False
+    steps = (step,) if parent is None else (*parent.steps, step)
+    return not any(chain_step.key[0] in _VALUE_VIEWS for chain_step in steps)
 
 
 def _whole_writes(targets: Sequence[Any], specs: Sequence[OutSpec]) -> bool:
