@@ -1053,17 +1053,21 @@ class Dispatcher:
             warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
 
 
-_VALUE_VIEWS = frozenset({aten._conj.default, aten._neg_view.default})  # views whose values differ from their buffer's
+# Views that only reorder or relabel dims: a dense chain of them of the buffer's shape is the array itself. (Not the
+# value-changing views, `_conj` and `_neg_view`, nor `narrow` or `slice`, which mark a data-dependent cut's chain.)
+_LAYOUT_VIEWS = frozenset({aten.t.default, aten.transpose.int, aten.permute.default, aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default})
 
 
 def _is_whole_array(geom: Any, array: Any, step: ViewStep, parent: ViewChain | None) -> bool:
     """Whether a dense view of this geometry, made by `step` after `parent`, is its buffer's array
-    as it is (same shape and dtype, no conjugate or negative view on the way; e.g. `w.t().t()`, a
-    weight's gradient): such a view reads and writes the array with no program."""
+    as it is (same shape and dtype, layout views only; e.g. `w.t().t()`, a weight's gradient): such
+    a view reads and writes the array with no program."""
     if geom.shape != tuple(array.shape) or to_jax(geom.dtype) != array.dtype:
         return False
+    if parent is not None and parent.host_cut is not None:
+        return False
     steps = (step,) if parent is None else (*parent.steps, step)
-    return not any(chain_step.key[0] in _VALUE_VIEWS for chain_step in steps)
+    return all(chain_step.key[0] in _LAYOUT_VIEWS for chain_step in steps)
 
 
 def _whole_writes(targets: Sequence[Any], specs: Sequence[OutSpec]) -> bool:
