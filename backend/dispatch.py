@@ -1064,8 +1064,6 @@ def _is_whole_array(geom: Any, array: Any, step: ViewStep, parent: ViewChain | N
     a view reads and writes the array with no program."""
     if geom.shape != tuple(array.shape) or to_jax(geom.dtype) != array.dtype:
         return False
-    if parent is not None and parent.host_cut is not None:
-        return False
     steps = (step,) if parent is None else (*parent.steps, step)
     return all(chain_step.key[0] in _LAYOUT_VIEWS for chain_step in steps)
 
