@@ -10,6 +10,7 @@ reported to the recorder when one is active.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import threading
 import time
 import warnings
@@ -604,6 +605,10 @@ class Dispatcher:
             return self.fallback(entry, args, kwargs)
         buf = base._buf
         parent = base._view
+        if parent is not None and padded_reads.cuts_made and cached and cached[0][0].absolute:
+            cut_chain = padded_reads.own_strides_cut(base)
+            if cut_chain is not None:  # `as_strided` of a cut's own strides: of its value, not its buffer
+                parent, cached = cut_chain, tuple((_relative(step), root, out_geom) for step, root, out_geom in cached)
         with _inference_as(base):
             results = [
                 view_tensor(buf, out_geom, None if out_geom.dense and _is_whole_array(out_geom, buf.array, step, parent) else root if parent is None else parent.then(step))
@@ -1056,6 +1061,18 @@ class Dispatcher:
 # Views that only reorder or relabel dims: a dense chain of them of the buffer's shape is the array itself. (Not the
 # value-changing views, `_conj` and `_neg_view`, nor `narrow` or `slice`, which mark a data-dependent cut's chain.)
 _LAYOUT_VIEWS = frozenset({aten.t.default, aten.transpose.int, aten.permute.default, aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default})
+
+
+_RELATIVE_STEPS: dict[int, ViewStep] = {}  # id(step) -> its relative step (steps live as long as the view plans)
+
+
+def _relative(step: ViewStep) -> ViewStep:
+    """`step` (an `as_strided`) applied to the value of the chain before it instead of the buffer; one
+    shared step per step, so that the chains it ends are shared too."""
+    relative = _RELATIVE_STEPS.get(id(step))
+    if relative is None:
+        relative = _RELATIVE_STEPS[id(step)] = dataclasses.replace(step, absolute=False)
+    return relative
 
 
 def _is_whole_array(geom: Any, array: Any, step: ViewStep, parent: ViewChain | None) -> bool:

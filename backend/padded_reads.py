@@ -4,11 +4,11 @@ as a cut of its own), how a host read cuts it, and the route of an op of cuts on
 
 from __future__ import annotations
 
-from tputrace.backend.cuts.layout import host_cut, recent_shapes
+from tputrace.backend.cuts.layout import host_cut, own_strides_cut, recent_shapes
 from tputrace.backend.cuts.layout import is_cut_or_view_of_one as is_cut
 from tputrace.backend.cuts.routes import on_padded
 
-__all__ = ["cuts_made", "host_cut", "is_cut", "on_padded"]
+__all__ = ["cuts_made", "host_cut", "is_cut", "on_padded", "own_strides_cut"]
 
 # Truthy from the process's first cut on (the shapes of the latest cuts, never emptied once one is
 # made): until then, no op's inputs need looking at for a cut.

@@ -203,3 +203,46 @@ def test_a_backward_expand_to_a_cut_length_elsewhere_keeps_torchs_layout(mode: E
         got = gradient("tpu")
         assert got.stride() == expected.stride()
         torch.testing.assert_close(host(got.view(-1)), expected.view(-1))
+
+
+# Each case: a selection of columns, `x[:, mask]` (a chip mask: a cut of a padded buffer) -> what is read of it.
+COLUMN_READS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
+    "strides": lambda z: torch.tensor([*z.stride(), z.storage_offset(), z.is_contiguous()]),
+    "view(-1)": lambda z: z.view(-1) * 2,
+    "view after t().contiguous()": lambda z: z.t().contiguous().view(-1),
+    "unfold then reshape": lambda z: z.unfold(1, 2, 1).reshape(-1),
+    "as_strided over rows": lambda z: z.as_strided((2, 2), z.stride(), 1),
+    "as_strided of its transpose": lambda z: z.t().as_strided((3, 2), (1, z.shape[1]), 2),
+}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(COLUMN_READS))
+def test_a_selection_of_columns_has_the_cpus_strides(mode: EagerMode, case: str) -> None:
+    """`x[:, mask]` is a new contiguous tensor on the CPU, and on the chip too (not its padded buffer's
+    strides): `view(-1)` works, and an `as_strided` of its strides reads what the CPU's does."""
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    mask = torch.randperm(40, generator=torch.Generator().manual_seed(1)) < 19  # a padded length of 20
+    expected = COLUMN_READS[case](x[:, mask])
+    with eager(mode):
+        got = COLUMN_READS[case](x.to("tpu")[:, mask.to("tpu")]).cpu()
+    torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_write_through_an_as_strided_view_of_columns_reaches_them(mode: EagerMode) -> None:
+    """A write through `as_strided` of `x[:, mask]` lands on the entries the CPU's does, and the
+    selection and its other views read it."""
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    mask = torch.randperm(40, generator=torch.Generator().manual_seed(1)) < 19
+
+    def written(device: str) -> list[torch.Tensor]:
+        selected = x.to(device)[:, mask.to(device)]
+        selected.as_strided((2, 3), (selected.stride(0), 2), 1).mul_(10)
+        return [selected.cpu(), selected.view(-1).cpu(), selected.sum(1).cpu()]
+
+    expected = written("cpu")
+    with eager(mode):
+        got = written("tpu")
+    for value, wanted in zip(got, expected):
+        torch.testing.assert_close(value, wanted)

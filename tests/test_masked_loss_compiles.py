@@ -157,6 +157,9 @@ LOSSES: dict[str, Loss] = {
     "F.normalize(x[mask], dim=-1)": lambda model, tokens, mask: F.cross_entropy(
         model[1](F.normalize(model[0](tokens)[mask], dim=-1)), tokens[mask]
     ),
+    "F.normalize(x[mask], dim=0)": lambda model, tokens, mask: F.cross_entropy(
+        model[1](F.normalize(model[0](tokens)[mask], dim=0)), tokens[mask]
+    ),
     "x[mask].norm()": lambda model, tokens, mask: model(tokens)[mask].norm() + F.cross_entropy(model(tokens)[mask], tokens[mask]),
     "linalg.vector_norm(x[mask], dim=0)": lambda model, tokens, mask: torch.linalg.vector_norm(model(tokens)[mask], dim=0).mean(),
     "logsumexp(x[mask], dim=0)": lambda model, tokens, mask: torch.logsumexp(model(tokens)[mask], dim=0).mean(),
@@ -222,6 +225,7 @@ CUT_REDUCTIONS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "vector_norm(ord=-inf, dim=0)": lambda selected: torch.linalg.vector_norm(selected, float("-inf"), dim=0),
     "norm(dim=-1, keepdim=True)": lambda selected: selected.norm(dim=-1, keepdim=True),
     "F.normalize(dim=-1)": lambda selected: F.normalize(selected, dim=-1),
+    "F.normalize(dim=0)": lambda selected: F.normalize(selected, dim=0),
     "logsumexp(dim=0)": lambda selected: torch.logsumexp(selected, dim=0),
     "logsumexp(dim=-1)": lambda selected: torch.logsumexp(selected, dim=-1),
     "logsumexp(dim=(0, 1), keepdim=True)": lambda selected: torch.logsumexp(selected, dim=(0, 1), keepdim=True),

@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.tensor import TpuTensor, whole_buffer
-from tputrace.backend.views import ViewChain
+from tputrace.backend.memory_formats import contiguous_strides
+from tputrace.backend.tensor import TpuTensor, view_tensor, whole_buffer
+from tputrace.backend.views import ViewChain, geometry
 
 aten = torch.ops.aten
 # (the cut dim in a value, its length, the shape of the value's padded counterpart)
@@ -31,10 +32,15 @@ recent_shapes: dict[tuple[int, ...], tuple[int, int]] = {}
 def cut(padded: Any, dim: int, length: int) -> Any:
     """The first `length` entries along `dim` of `padded` (an output compiled for a padded length): a
     view whose chain is marked, so that a host read of any tensor seen through it copies the buffer
-    and cuts it there (`host_cut`)."""
+    and cuts it there (`host_cut`). A cut along a dim after others has torch's contiguous strides, as
+    the op's new tensor has on the CPU (not the padded buffer's): its views are made as of such a tensor
+    and read through the chain, whatever its strides."""
     view = padded.narrow(dim, 0, length)  # a whole-length cut too, so its consumers share the padded programs
     if padded._view is None:
         view._view.host_cut = (dim, length)
+        if not view.is_contiguous():  # a cut along a later dim (`x[:, mask]`): torch's result is a new tensor
+            shape = tuple(view.shape)
+            view = view_tensor(view._buf, geometry(shape, contiguous_strides(shape), 0, view.dtype, view._buf.chip), view._view)
         if not recent_shapes:
             from tputrace.backend.cuts.routes import route_through_cuts  # the routes cut: they import this module
 
@@ -46,6 +52,26 @@ def cut(padded: Any, dim: int, length: int) -> Any:
             del recent_shapes[next(iter(recent_shapes))]
         recent_shapes[key] = (dim - (len(shape) - len(key)), padded.shape[dim])
     return view
+
+
+def own_strides_cut(value: Any) -> ViewChain | None:
+    """The chain of the cut that `value` is, or is a view of, when that cut has strides of its own
+    (`cut`: along a dim after others, its contiguous strides are not its padded buffer's); else None.
+    An `as_strided` of such a value addresses the cut's entries as they would lie in a tensor of their
+    own, so it runs on the cut's value, not on the buffer."""
+    view = value._view
+    if view is None:
+        return None
+    root = ViewChain.root(view.steps[0])
+    if root.host_cut is None:
+        return None
+    dim, length = root.host_cut
+    buffer_shape = tuple(value._buf.array.shape)
+    shape = buffer_shape[:dim] + (length,) + buffer_shape[dim + 1:]
+    if not math.prod(shape):
+        return None
+    padded_strides, own_strides = contiguous_strides(buffer_shape), contiguous_strides(shape)
+    return None if all(size == 1 or padded == own for size, padded, own in zip(shape, padded_strides, own_strides)) else root
 
 
 def without_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:

@@ -1,4 +1,4 @@
-"""A pointwise op of cuts (`x[mask] * 2`, `weights.unsqueeze(-1) * rows`) on their padded buffers:
+"""A pointwise op of cuts (`x[mask] * 2`, `weights.unsqueeze(-1) * rows`, `x[mask] / norm.expand_as(x[mask])`) on their padded buffers:
 each entry depends only on the entries at its position, so the first `length` are the op's on the
 cuts, and the program is the padded length's."""
 
@@ -10,7 +10,9 @@ from typing import Any
 import torch
 
 from tputrace.backend.cuts.layout import cut, cut_from_end, cut_layout, is_cut, padded_of
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.tensor import TpuTensor, whole_buffer
+
+aten = torch.ops.aten
 
 _pointwise: dict[Any, bool] = {}  # op entry -> whether it is a deterministic pointwise op of one output
 
@@ -40,6 +42,7 @@ def broadcast_on_padded(args: Sequence[Any]) -> tuple[list[Any], int, int] | Non
     if len(set(cuts.values())) != 1:
         return None
     from_end, length, _ = next(iter(cuts.values()))
+    args = [value if position in cuts else _unexpanded(value, from_end, length) for position, value in enumerate(args)]
     others = [tuple(value.shape) for position, value in enumerate(args) if isinstance(value, torch.Tensor) and position not in cuts]
     try:
         shape = torch.broadcast_shapes(*others, *(tuple(args[position].shape) for position in cuts))
@@ -48,6 +51,21 @@ def broadcast_on_padded(args: Sequence[Any]) -> tuple[list[Any], int, int] | Non
     if shape[from_end] != length or any(len(other) >= -from_end and other[from_end] != 1 for other in others):
         return None
     return [padded_of(value, layouts[position]) if position in cuts else value for position, value in enumerate(args)], from_end, length
+
+
+def _unexpanded(value: Any, from_end: int, length: int) -> Any:
+    """The buffer an `expand` broadcast to the cut's length along the cut dim, in place of that expand
+    (`F.normalize(x[mask], dim=0)` divides by `norm.expand_as(x[mask])`): it broadcasts along the cut
+    dim as the expand did, and, unlike the expand, has no count in its shape. Any other value as it is."""
+    if type(value) is not TpuTensor or value._view is None or value.dim() < -from_end or value.shape[from_end] != length:
+        return value
+    steps = value._view.steps
+    if len(steps) != 1 or steps[0].key[0] is not aten.expand.default or value.stride(from_end) != 0:
+        return value
+    source = whole_buffer(value)
+    if source.dim() >= -from_end and source.shape[from_end] != 1:
+        return value
+    return source
 
 
 def _is_pointwise(entry: Any) -> bool:
