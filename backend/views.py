@@ -48,7 +48,7 @@ class ViewChain:
     (the steps of cached view layouts live as long as the dispatcher), so making a view of a view
     builds no new chain once that sequence has been seen."""
 
-    __slots__ = ("steps", "key", "_next", "plans", "host_cut")
+    __slots__ = ("steps", "key", "_next", "plans", "host_cut", "own_strides")
 
     def __init__(self, steps: tuple[ViewStep, ...]) -> None:
         self.steps = steps
@@ -57,6 +57,8 @@ class ViewChain:
         self.plans: dict[tuple, Any] = {}  # the dispatcher's read/write plans of this chain, by buffer signature
         # (dim, length) for a data-dependent output's cut, read on the host without a program (`padded_reads`)
         self.host_cut: tuple[int, int] | None = None
+        # Whether such a cut has contiguous strides of its own, not its padded buffer's (`cuts.layout.cut`)
+        self.own_strides = False
 
     @staticmethod
     def root(step: ViewStep) -> "ViewChain":

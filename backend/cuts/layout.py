@@ -41,6 +41,7 @@ def cut(padded: Any, dim: int, length: int) -> Any:
         if not view.is_contiguous():  # a cut along a later dim (`x[:, mask]`): torch's result is a new tensor
             shape = tuple(view.shape)
             view = view_tensor(view._buf, geometry(shape, contiguous_strides(shape), 0, view.dtype, view._buf.chip), view._view)
+            view._view.own_strides = True
         if not recent_shapes:
             from tputrace.backend.cuts.routes import route_through_cuts  # the routes cut: they import this module
 
@@ -63,15 +64,7 @@ def own_strides_cut(value: Any) -> ViewChain | None:
     if view is None:
         return None
     root = ViewChain.root(view.steps[0])
-    if root.host_cut is None:
-        return None
-    dim, length = root.host_cut
-    buffer_shape = tuple(value._buf.array.shape)
-    shape = buffer_shape[:dim] + (length,) + buffer_shape[dim + 1:]
-    if not math.prod(shape):
-        return None
-    padded_strides, own_strides = contiguous_strides(buffer_shape), contiguous_strides(shape)
-    return None if all(size == 1 or padded == own for size, padded, own in zip(shape, padded_strides, own_strides)) else root
+    return root if root.own_strides else None
 
 
 def without_leading_ones(shape: Sequence[int]) -> tuple[int, ...]:
