@@ -230,6 +230,27 @@ def test_a_selection_of_columns_has_the_cpus_strides(mode: EagerMode, case: str)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_narrow_like_a_selection_of_columns_keeps_its_own_strides(mode: EagerMode) -> None:
+    """A tensor's own `narrow` along a later dim, of the padded buffer's shape and the selection's length,
+    keeps the strides of the tensor it views: an `as_strided` of it reads that tensor, not the
+    contiguous entries a selection of columns of that length would have."""
+    x = torch.randn(3, 40, generator=torch.Generator().manual_seed(0))
+    y = torch.randn(3, 20, generator=torch.Generator().manual_seed(2))
+    mask = torch.randperm(40, generator=torch.Generator().manual_seed(1)) < 19  # a padded length of 20
+
+    def reads(device: str) -> list[torch.Tensor]:
+        selected = x.to(device)[:, mask.to(device)]
+        narrowed = y.to(device).narrow(1, 0, 19)
+        return [selected.cpu(), narrowed.as_strided((2, 2), narrowed.stride(), 1).cpu(), narrowed.as_strided((2, 3), (1, 2), 4).cpu()]
+
+    expected = reads("cpu")
+    with eager(mode):
+        got = reads("tpu")
+    for value, wanted in zip(got, expected):
+        torch.testing.assert_close(value, wanted)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 def test_a_write_through_an_as_strided_view_of_columns_reaches_them(mode: EagerMode) -> None:
     """A write through `as_strided` of `x[:, mask]` lands on the entries the CPU's does, and the
     selection and its other views read it."""

@@ -7,6 +7,7 @@ buffer and cuts it there, and ops on the chip can run on the buffer instead (see
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +16,7 @@ import torch
 
 from tputrace.backend.memory_formats import contiguous_strides
 from tputrace.backend.tensor import TpuTensor, view_tensor, whole_buffer
-from tputrace.backend.views import ViewChain, geometry
+from tputrace.backend.views import ViewChain, ViewStep, geometry
 
 aten = torch.ops.aten
 # (the cut dim in a value, its length, the shape of the value's padded counterpart)
@@ -27,6 +28,7 @@ _REMEMBERED_SHAPES = 16
 # The shapes of the latest cuts, without leading 1s -> (the cut dim in that shape, the padded length),
 # the latest last; empty until the process's first cut, and never again after it.
 recent_shapes: dict[tuple[int, ...], tuple[int, int]] = {}
+_OWN_STRIDES_STEPS: dict[int, ViewStep] = {}  # id(a cut's narrow step) -> its copy (steps live as long as the view plans)
 
 
 def cut(padded: Any, dim: int, length: int) -> Any:
@@ -37,11 +39,11 @@ def cut(padded: Any, dim: int, length: int) -> Any:
     and read through the chain, whatever its strides."""
     view = padded.narrow(dim, 0, length)  # a whole-length cut too, so its consumers share the padded programs
     if padded._view is None:
-        view._view.host_cut = (dim, length)
-        if not view.is_contiguous():  # a cut along a later dim (`x[:, mask]`): torch's result is a new tensor
+        if view.is_contiguous():
+            view._view.host_cut = (dim, length)
+        else:  # a cut along a later dim (`x[:, mask]`): torch's result is a new tensor
             shape = tuple(view.shape)
-            view = view_tensor(view._buf, geometry(shape, contiguous_strides(shape), 0, view.dtype, view._buf.chip), view._view)
-            view._view.own_strides = True
+            view = view_tensor(view._buf, geometry(shape, contiguous_strides(shape), 0, view.dtype, view._buf.chip), _own_strides_root(view._view, dim, length))
         if not recent_shapes:
             from tputrace.backend.cuts.routes import route_through_cuts  # the routes cut: they import this module
 
@@ -53,6 +55,20 @@ def cut(padded: Any, dim: int, length: int) -> Any:
             del recent_shapes[next(iter(recent_shapes))]
         recent_shapes[key] = (dim - (len(shape) - len(key)), padded.shape[dim])
     return view
+
+
+def _own_strides_root(chain: ViewChain, dim: int, length: int) -> ViewChain:
+    """The chain of a cut with strides of its own: the root of a copy of its narrow step, one per step.
+    The narrow's own chain is the one every narrow of a tensor of the padded buffer's geometry shares,
+    and such a narrow keeps the strides of the tensor it views."""
+    step = chain.steps[0]
+    own_step = _OWN_STRIDES_STEPS.get(id(step))
+    if own_step is None:
+        own_step = _OWN_STRIDES_STEPS[id(step)] = dataclasses.replace(step)
+    root = ViewChain.root(own_step)
+    root.host_cut = (dim, length)
+    root.own_strides = True
+    return root
 
 
 def own_strides_cut(value: Any) -> ViewChain | None:
