@@ -45,7 +45,7 @@ from tputrace.backend.compile_history import CompileHistory
 from tputrace.backend.length_recompiles import LengthRecompiles
 from tputrace.backend.memory_formats import corrected_meta, storage_order
 from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
-from tputrace.backend.views import ViewChain, ViewStep, geometry
+from tputrace.backend.views import ViewChain, ViewStep, geometry, storage_as
 
 aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
@@ -605,10 +605,12 @@ class Dispatcher:
             return self.fallback(entry, args, kwargs)
         buf = base._buf
         parent = base._view
-        if parent is not None and padded_reads.cuts_made and cached and cached[0][0].absolute:
-            cut_chain = padded_reads.own_strides_cut(base)
+        if parent is not None and cached and cached[0][0].absolute:
+            cut_chain = padded_reads.own_strides_cut(base) if padded_reads.cuts_made else None
             if cut_chain is not None:  # `as_strided` of a cut's own strides: of its value, not its buffer
                 parent, cached = cut_chain, tuple((_relative(step), root, out_geom) for step, root, out_geom in cached)
+            elif to_torch(buf.array.dtype) != base.dtype:  # of a dtype view: of the storage read as its dtype
+                parent, cached = storage_as(base.dtype), tuple((_relative(step), root, out_geom) for step, root, out_geom in cached)
         with _inference_as(base):
             results = [
                 view_tensor(buf, out_geom, None if out_geom.dense and _is_whole_array(out_geom, buf.array, step, parent) else root if parent is None else parent.then(step))
@@ -622,11 +624,13 @@ class Dispatcher:
 
     def _build_view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, base: TpuTensor) -> Any:
         """The outputs of a view op on a base of this geometry: (step, its chain from the buffer, geometry) each."""
-        storage_numel = max(int(np.prod(_root_shape(base))) if _root_shape(base) else 1, base.storage_offset() + 1)
+        storage_numel = max(_storage_numel(base), base.storage_offset() + 1)
         meta_base = torch.empty(storage_numel, dtype=base.dtype, device="meta").as_strided(base.shape, base.stride(), base.storage_offset())
         if entry.op is aten.as_strided.default:
             offset = args[3] if len(args) > 3 else kwargs.get("storage_offset")
-            offset = base.storage_offset() if offset is None else offset
+            if offset is None:  # torch's default is the base's own offset; the lowering's is 0
+                offset = base.storage_offset()
+                args, kwargs = (*args[:3], offset), {}
             arg_checks.check_strided_within_storage(args[1], args[2], offset, base.element_size(), base.untyped_storage().nbytes())
         try:
             result = entry.op(meta_base, *args[1:], **kwargs)
@@ -1197,6 +1201,17 @@ def _meta_copy(source: TpuTensor, kwargs: dict) -> torch.Tensor:
     (ZeroTensor's kernels and meta-device model code move tensors to meta to compute only shapes)."""
     meta_source = torch.empty_strided(tuple(source.shape), source.stride(), dtype=source.dtype, device="meta")
     return aten._to_copy.default(meta_source, **kwargs)
+
+
+def _storage_numel(tensor: TpuTensor) -> int:
+    """The number of the tensor's own elements its buffer's storage holds (a dtype view of another
+    width holds more or fewer than the buffer's array)."""
+    array = tensor._buf.array
+    numel = int(np.prod(_root_shape(tensor)))
+    dtype = getattr(array, "dtype", None)
+    if dtype is None or to_torch(dtype) == tensor.dtype:
+        return numel
+    return numel * np.dtype(dtype).itemsize // tensor.element_size()
 
 
 def _root_shape(tensor: TpuTensor) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ from jax import lax
 
 from tputrace.backend.dtypes import to_torch
 from tputrace.backend.memory_formats import FORMAT_NAMES, channels_last_format, contiguous_strides
-from tputrace.backend.ops.views import permute, view_dtype
+from tputrace.backend.ops.views import permute, view, view_dtype
 
 
 @dataclass(frozen=True)
@@ -229,6 +229,21 @@ def _dense_axis_order(steps: tuple[ViewStep, ...], buffer_shape: tuple[int, ...]
     if not np.array_equal(positions.transpose(order).reshape(-1), np.arange(size)):
         return None
     return positions.shape, order
+
+
+_STORAGE_CHAINS: dict[Any, ViewChain] = {}
+_FLAT_STEP = ViewStep(view, ((-1,),), {}, None, (torch.ops.aten.view.default, ((-1,),), (), None))
+
+
+def storage_as(dtype: torch.dtype) -> ViewChain:
+    """The (shared) chain that reads a buffer's whole storage as a flat array of `dtype`, its bytes
+    reinterpreted (`view(-1)` then `view(dtype)`): what an `as_strided` of a tensor viewed as another
+    dtype (`x.view(torch.int16)`) addresses, in units of that dtype's elements."""
+    chain = _STORAGE_CHAINS.get(dtype)
+    if chain is None:
+        step = ViewStep(view_dtype, (dtype,), {}, None, (torch.ops.aten.view.dtype, (dtype,), (), None))
+        chain = _STORAGE_CHAINS[dtype] = ViewChain.root(_FLAT_STEP).then(step)
+    return chain
 
 
 _PERMUTE_STEPS: dict[tuple[int, ...], ViewStep] = {}

@@ -408,6 +408,8 @@ def _as_strided(node: torch.fx.Node, value: Any, size: Sequence[int], stride: Se
     """`as_strided` addresses the input's storage: rebuild that storage from the input's own layout
     (its fake value's strides and offset), then read the requested positions from it."""
     fake = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+    if storage_offset is None:  # torch's default: the input's own offset
+        storage_offset = int(fake.storage_offset()) if fake is not None else 0
     if fake is None or (fake.is_contiguous() and fake.storage_offset() == 0):
         storage = value.reshape(-1)
     else:
