@@ -596,6 +596,8 @@ class Dispatcher:
     # ----------------------------------------------------------------- views
     def _view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         base = args[0]
+        if entry.op is aten.view.dtype and (args[1] if len(args) > 1 else kwargs["dtype"]) == base.dtype:
+            entry, args, kwargs = self._entry(aten.alias.default), (base,), {}  # a view as its own dtype is an alias
         geom = base._geom or geometry_of(base)
         key = (entry, _static_args(args), tuple((name, _static(value)) for name, value in kwargs.items()) if kwargs else (), geom)
         cached = self.view_plans.get(key)

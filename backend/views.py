@@ -97,6 +97,8 @@ class ViewChain:
         split = _last_dtype_step(avals)
         if split is not None:
             return _write_across_dtype_step(self.steps, split, avals)
+        if any(step.key[0] in _VALUE_VIEWS for step in self.steps):
+            return _write_through_value_views(self.steps, buffer_shape, buffer_dtype)
         view_of = self.function()
         size = 1
         for dim in buffer_shape:
@@ -147,6 +149,29 @@ def _reinterpret_back(value: Any, source: Any) -> Any:
     if value_complex and len(source.shape) == value.ndim + 1:  # view_as_complex of (..., n, 2)
         return jnp.stack([jnp.real(value), jnp.imag(value)], axis=-1).astype(source.dtype)
     return view_dtype(value, to_torch(source.dtype)).reshape(source.shape)
+
+
+# Views that change values, not positions: each its own inverse, elementwise, so commuting with every
+# other view step (`z.conj()`, and `_neg_view`, which torch makes for `z.conj().imag`).
+_VALUE_VIEWS = frozenset({torch.ops.aten._conj.default, torch.ops.aten._neg_view.default})
+
+
+def _write_through_value_views(steps: tuple[ViewStep, ...], buffer_shape: tuple[int, ...], buffer_dtype: Any) -> Callable[[Any, Any], tuple]:
+    """A write through a chain with value-changing steps: the value, undone by those steps (each
+    undoes itself), written through the chain's other steps, which say where it goes."""
+    value_steps = tuple(step for step in steps if step.key[0] in _VALUE_VIEWS)
+    position_steps = tuple(step for step in steps if step.key[0] not in _VALUE_VIEWS)
+    write_positions = ViewChain(position_steps).scatter_function(buffer_shape, buffer_dtype) if position_steps else None
+
+    def write(buffer: Any, value: Any) -> tuple:
+        value = jnp.asarray(value)
+        for step in value_steps:
+            value = step.apply(value)
+        if write_positions is None:
+            return (jnp.broadcast_to(value.astype(buffer.dtype), buffer.shape),)
+        return write_positions(buffer, value)
+
+    return write
 
 
 def _write_across_dtype_step(steps: tuple[ViewStep, ...], split: int, avals: list[Any]) -> Callable[[Any, Any], tuple]:
