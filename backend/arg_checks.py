@@ -256,6 +256,13 @@ def _floating_variance_check(name: str) -> Callable[[Sequence[Any], dict], None]
     return check
 
 
+def _check_round_decimals(args: Sequence[Any], kwargs: dict) -> None:
+    """`round(decimals=...)` of an integer tensor: torch's kernel has no integer form (plain `round` has)."""
+    tensor = args[0] if args else kwargs["self"]
+    if _integral(tensor.dtype):
+        torch.zeros(1, dtype=tensor.dtype).round(decimals=kwargs.get("decimals", 0))  # raises torch's "not implemented for 'Long'"
+
+
 def _check_median_dim(args: Sequence[Any], kwargs: dict) -> None:
     """`median(dim)`/`nanmedian(dim)` over a dimension of size 0."""
     source = args[0] if args else kwargs["self"]
@@ -357,6 +364,9 @@ _VALUE_CHECKS: dict[Any, Callable[[Sequence[Any], dict], None]] = {
     aten.uniform_.default: _check_uniform_range,
     aten.uniform.default: _check_uniform_range,
     aten.median.dim: _check_median_dim,
+    aten.round.decimals: _check_round_decimals,
+    aten.round_.decimals: _check_round_decimals,
+    aten.round.decimals_out: _check_round_decimals,
     aten.histc.default: _check_histc_arguments,
     aten.nanmedian.dim: _check_median_dim,
     **_fits_checks(),

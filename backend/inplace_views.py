@@ -127,6 +127,21 @@ def _set_source_tensor(args: tuple, kwargs: dict) -> TpuTensor:
     return become(target, source)
 
 
+def _set_empty(args: tuple, kwargs: dict) -> TpuTensor:
+    """`set_()`: the tensor becomes empty, on a storage of its own."""
+    tensor = args[0]
+    return become(tensor, torch.empty((0,), dtype=tensor.dtype, device=tensor.device))
+
+
+def _is_set_to(args: tuple, kwargs: dict) -> bool:
+    """Whether both tensors see the same storage with the same sizes, strides and offset."""
+    tensor, other = args
+    return (
+        isinstance(other, TpuTensor) and tensor._buf is other._buf and tensor.storage_offset() == other.storage_offset()
+        and tensor.shape == other.shape and tensor.stride() == other.stride()
+    )
+
+
 def _detach_(args: tuple, kwargs: dict) -> TpuTensor:
     return args[0]
 
@@ -140,4 +155,6 @@ def register() -> None:
     dispatcher.register_special(aten.resize_.default, _resize)
     dispatcher.register_special(aten.resize_as_.default, _resize_as)
     dispatcher.register_special(aten.set_.source_Tensor, _set_source_tensor)
+    dispatcher.register_special(aten.set_.default, _set_empty)
+    dispatcher.register_special(aten.is_set_to.default, _is_set_to)
     dispatcher.register_special(aten.detach_.default, _detach_)

@@ -58,6 +58,7 @@ REFUSED: dict[str, Callable[[str], object]] = {
     "expanded copy_": lambda d: torch.zeros(1, 3, device=d).expand(2, 3).copy_(torch.ones(2, 3, device=d)),
     "expanded out=": lambda d: torch.add(torch.ones(2, 3, device=d), 1, out=torch.zeros(1, 3, device=d).expand(2, 3)),
     "expanded foreach": lambda d: torch._foreach_add_([torch.zeros(1, 3, device=d).expand(2, 3)], 1),
+    "round of integers to decimals": lambda d: torch.tensor([15, 25], dtype=torch.int32, device=d).round(decimals=-1),
 }
 
 ACCEPTED: dict[str, Callable[[str], torch.Tensor]] = {
@@ -65,6 +66,7 @@ ACCEPTED: dict[str, Callable[[str], torch.Tensor]] = {
     "expanded fill_": lambda d: torch.zeros(1, 3, device=d).expand(2, 3).fill_(2.0),
     "sliced add_": lambda d: torch.zeros(2, 3, device=d)[:, 1:].add_(1),
     "transposed mul_": lambda d: torch.ones(2, 3, device=d).t().mul_(2),
+    "round of integers": lambda d: torch.tensor([15, 25], device=d).round(),
     "median of nothing": lambda d: torch.tensor([], device=d).median(),
     "nanmedian of nothing": lambda d: torch.tensor([], device=d).nanmedian(),
     "median over an empty kept dim": lambda d: torch.zeros(0, 3, device=d).median(1).values,

@@ -391,6 +391,21 @@ def test_resize_and_out_into_empty_or_wrong_size_tensors() -> None:
     assert tuple(target.shape) == (4,) and host(target).tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_set_to_nothing_and_is_set_to_as_on_the_cpu() -> None:
+    """`set_()` empties a tensor (it raised); `is_set_to` is True for tensors over the same storage with
+    the same geometry (it was False even for a tensor and itself)."""
+    for device in ("cpu", "tpu"):
+        source = torch.arange(4.0, device=device)
+        target = torch.zeros(3, device=device)
+        target.set_(source)
+        target.add_(1)
+        assert target.is_set_to(source) and source.is_set_to(source) and source.view(4).is_set_to(source)
+        assert not source[1:].is_set_to(source) and not torch.arange(4.0, device=device).is_set_to(source)
+        assert host(source).tolist() == [1.0, 2.0, 3.0, 4.0]
+        target.set_()
+        assert tuple(target.shape) == (0,) and host(source).tolist() == [1.0, 2.0, 3.0, 4.0]
+
+
 @pytest.mark.parametrize("training", [True, False])
 def test_native_batch_norm_statistics_match_cpu(training: bool) -> None:
     torch.manual_seed(0)
