@@ -140,7 +140,10 @@ class Dispatcher:
             return route[0](route[1], args, kwargs)
         except BaseException as error:  # noqa: BLE001 - re-raised by raise_worker_errors
             self.worker_errors.append(error)
-            return self._placeholder_outputs(func, args, kwargs)
+            try:
+                return self._placeholder_outputs(func, args, kwargs)
+            except Exception:  # noqa: BLE001 - no meta kernel (or no chip) to make them: the kept error is the one to raise
+                return _undefined_outputs(func)
 
     def raise_worker_errors(self) -> None:
         if self.worker_errors:
@@ -149,6 +152,7 @@ class Dispatcher:
             raise error
 
     def _placeholder_outputs(self, func: Any, args: tuple, kwargs: dict) -> Any:
+        """Stand-ins for a failed op's outputs: NaN (integers: zero) tensors of the shapes its meta kernel gives."""
         chip = next((value._buf.chip for value in args if isinstance(value, TpuTensor)), 0)
         result = func(*_meta_like(args), **{name: _meta_like(value) for name, value in kwargs.items()})
 
@@ -1150,7 +1154,9 @@ def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) 
 def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dict, dynamic: list) -> tuple[tuple, str | tuple[int | None, ...]]:
     """Output specs from tracing the lowering abstractly, for ops whose meta kernel refuses the inputs
     or that have none (`_sample_dirichlet`); a random op's key is derived from its traced seed and
-    counter, the last two dynamic values, as in its plan."""
+    counter, the last two dynamic values, as in its plan. An output the lowering leaves None (an
+    undefined tensor: `_thnn_fused_gru_cell_backward`'s bias gradients without biases) has no spec,
+    as when a meta kernel returns None."""
     avals = [jax.ShapeDtypeStruct(value.shape, value.dtype) if hasattr(value, "shape") else value for value in dynamic]
     n_inputs = len(avals) - 2 if entry.lowering.needs_key else len(avals)
 
@@ -1165,7 +1171,7 @@ def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dic
         structure = tuple(len(out) if isinstance(out, (tuple, list)) else None for out in results)
         results = flatten_nested(results)
     specs = tuple(
-        OutSpec(tuple(out.shape), to_torch(out.dtype), out.dtype, int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize)
+        None if out is None else OutSpec(tuple(out.shape), to_torch(out.dtype), out.dtype, int(np.prod(out.shape, dtype=np.int64)) * out.dtype.itemsize)
         for out in results
     )
     return specs, structure
@@ -1173,6 +1179,18 @@ def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dic
 
 def _is_functional(entry: OpEntry) -> bool:
     return not entry.op._schema.is_mutable
+
+
+_UNDEFINED_RETURNS: dict[str, Callable[[], Any]] = {"ListType": list, "IntType": int, "SymIntType": int, "FloatType": float, "NumberType": float, "BoolType": bool}
+
+
+def _undefined_outputs(op: Any) -> Any:
+    """An op's outputs as nothing, by its schema: undefined tensors (None, which autograd takes as no
+    gradient), empty lists, zeros. For an op that failed on the autograd worker with no meta kernel."""
+    outputs = tuple(_UNDEFINED_RETURNS.get(returned.type.kind(), lambda: None)() for returned in op._schema.returns)
+    if len(outputs) == 1:
+        return outputs[0]
+    return outputs or None
 
 
 def _meta_like(value: Any) -> Any:
