@@ -32,6 +32,10 @@ _TRACED_FLOAT_OPS = {"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sg
 # Norms: the order picks the algorithm. A traced order makes the lowering compute every norm and
 # select (|x|**p by exp/log, max, min, nonzero count): clip_grad_norm_ made the GPT step's flush ~18x slower.
 _ORDER_SCALAR_OPS = {"aten::linalg_vector_norm", "aten::norm", "aten::_foreach_norm", "aten::_foreach_powsum"}
+# Lowered ops whose meta kernel gives other shapes than the CPU: their outputs' shapes come from the
+# lowering, which checks the arguments itself. multilabel_margin_loss_forward's is torch's
+# decomposition: a 1-D or 0-d input's unreduced loss comes out (1,), the CPU's is 0-d.
+_LOWERING_SHAPED_OPS = {"aten::multilabel_margin_loss_forward"}
 
 
 @dataclass(eq=False)
@@ -56,7 +60,7 @@ class OpEntry:
     generator_arg: tuple[int, str] | None = None  # a `Generator?` argument: (position, -1 if keyword-only; name)
     typed_constants: bool = False  # constant Scalars whose Python type matters (arange(4) vs arange(4.0))
     factory_out: bool = False  # an `out=` factory (`eye.m_out`): its functional takes the out tensor's dtype and device
-    shapes_from_lowering: bool = False  # an internal step (`data_dependent`): its outputs' shapes come from its lowering's constants
+    shapes_from_lowering: bool = False  # an internal step (`data_dependent`) or a `_LOWERING_SHAPED_OPS` op: its outputs' shapes come from its lowering
     functional_entry: OpEntry | None = None  # a writing op's: its functional op's entry, once the dispatcher has looked it up
 
 
@@ -192,6 +196,7 @@ def classify(op: OpOverload) -> OpEntry:
         return entry
     if entry.lowering is not None:
         entry.kind = "lowered"
+        entry.shapes_from_lowering = schema.name in _LOWERING_SHAPED_OPS
         return entry
     entry.decomposition = _decomposition(op)
     entry.kind = "decompose" if entry.decomposition is not None else "fallback"

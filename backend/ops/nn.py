@@ -224,6 +224,66 @@ def multi_margin_loss(self: Array, target: Array, p: object = 1, margin: object 
     return _reduce(losses if self.ndim == 2 else losses.reshape(()), reduction)
 
 
+def _check_multilabel_shapes(self: Array, target: Array) -> None:
+    """torch's shape checks: the dispatcher takes this op's output shapes from its lowering, not its meta kernel."""
+    if self.ndim > 2 or (self.ndim > 0 and self.shape[-1] == 0):
+        raise RuntimeError(f"Expected non-empty vector or matrix with optional 0-dim batch size, but got: {list(self.shape)}")
+    if target.shape != self.shape:
+        raise RuntimeError(f"inconsistent target size: {list(target.shape)} for input of size: {list(self.shape)}")
+
+
+def _multilabel_rows(self: Array, target: Array) -> tuple[Array, Array]:
+    """Scores and targets as (samples, classes), for inputs (), (C) or (N, C)."""
+    classes = self.shape[-1] if self.ndim else 1
+    return opmath(self).reshape(-1, classes), target.reshape(-1, classes)
+
+
+def _multilabel_slots(labels: Array) -> Array:
+    """Per (sample, slot, class), whether the slot names the class. A row's targets are its entries
+    before its first negative one, as in torch's CPU kernel; later entries name nothing."""
+    counted = jnp.cumsum(labels < 0, axis=1) == 0
+    return (labels[:, :, None] == jnp.arange(labels.shape[1])) & counted[:, :, None]
+
+
+def _multilabel_hinges(scores: Array, slots: Array, is_target: Array) -> tuple[Array, Array]:
+    """Per (sample, slot, class), whether the hinge 1 - x[target] + x[class] counts (positive, for a
+    counted slot, a repeated target once per slot, and a class outside the target set), and its value."""
+    picked = jnp.sum(jnp.where(slots, scores[:, None, :], 0), axis=2)
+    margins = 1.0 - picked[:, :, None] + scores[:, None, :]
+    active = jnp.any(slots, axis=2)[:, :, None] & ~is_target[:, None, :] & (margins > 0)
+    return active, jnp.where(active, margins, 0)
+
+
+@lowers(aten.multilabel_margin_loss_forward.default)
+def multilabel_margin_loss_forward(self: Array, target: Array, reduction: int) -> tuple[Array, Array]:
+    _check_multilabel_shapes(self, target)
+    scores, labels = _multilabel_rows(self, target)
+    slots = _multilabel_slots(labels)
+    is_target = jnp.any(slots, axis=1)
+    _, hinges = _multilabel_hinges(scores, slots, is_target)
+    losses = jnp.sum(hinges, axis=(1, 2)) / scores.shape[1]
+    if reduction == 0:
+        output = losses if self.ndim == 2 else losses.reshape(())
+    else:
+        output = _reduce(losses, reduction)
+    return output.astype(self.dtype), is_target.astype(self.dtype).reshape(target.shape)
+
+
+@lowers(aten.multilabel_margin_loss_backward.default)
+def multilabel_margin_loss_backward(grad_output: Array, self: Array, target: Array, reduction: int, is_target: Array) -> Array:
+    scores, labels = _multilabel_rows(self, target)
+    slots = _multilabel_slots(labels)
+    active, _ = _multilabel_hinges(scores, slots, is_target.reshape(scores.shape) != 0)
+    active = active.astype(scores.dtype)
+    target_counts = jnp.sum(jnp.sum(active, axis=2)[:, :, None] * slots, axis=1)
+    grad = (jnp.sum(active, axis=1) - target_counts) / scores.shape[1]
+    if reduction == 0 and grad_output.ndim > 0:
+        grad = grad * opmath(grad_output).reshape(-1, 1)
+    else:
+        grad = _reduce_grad(grad, reduction, scores.shape[0]) * opmath(grad_output)
+    return grad.reshape(self.shape)
+
+
 @lowers(aten.native_dropout_backward.default)
 def native_dropout_backward(grad_output: Array, mask: Array, scale: float) -> Array:
     return grad_output * mask.astype(grad_output.dtype) * scale
@@ -364,7 +424,9 @@ def fused_gru_cell(input_gates: Array, hidden_gates: Array, hx: Array, input_bia
 
 
 @lowers(aten._thnn_fused_gru_cell_backward.default)
-def fused_gru_cell_backward(grad_hy: Array, workspace: Array, has_bias: bool) -> tuple[Array, ...]:
+def fused_gru_cell_backward(grad_hy: Array, workspace: Array, has_bias: bool) -> tuple[Array | None, ...]:
+    """Gradients of the input gates, hidden gates, hx and the two biases; without biases those two are
+    undefined tensors (None), as torch's CUDA kernel leaves them and its autograd formula expects."""
     reset, update, new, hidden_new, hx = jnp.split(workspace, 5, axis=-1)
     grad_update = grad_hy * (hx - new) * update * (1 - update)
     grad_hx = grad_hy * update
