@@ -30,9 +30,9 @@ from jax import dtypes
 
 from tputrace.backend import hlo_fusions, matmul_precision, memory, program_cache
 from tputrace.backend.dtypes import JAX_TO_TORCH, to_torch
-from tputrace.backend.flush_sites import FlushSites
+from tputrace.backend.flush_sites import FlushedGraph, FlushSites
 from tputrace.backend.plans import Plan, compile_program
-from tputrace.backend.signatures import InputSpec, signature_diff
+from tputrace.backend.signatures import InputSpec, key_change, signature_diff
 
 _perf_ns = time.perf_counter_ns
 
@@ -99,16 +99,6 @@ class FusedProgram:
     # The node plans, held so that their ids, which the program's cache key is made of, stay theirs
     # while the program is cached (a freed plan's id could be reused by a new plan).
     plans: tuple = ()
-
-
-def _key_change(old: Any, new: Any, limit: int = 60) -> str:
-    """The first part of two plan keys that differs, as `old -> new`."""
-    while isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
-        differing = next((index for index, (a, b) in enumerate(zip(old, new)) if a != b), None)
-        if differing is None:
-            break
-        old, new = old[differing], new[differing]
-    return f"{repr(old)[:limit]} -> {repr(new)[:limit]}"
 
 
 def _input_specs(inputs: Sequence[Any], _torch_dtypes: dict = JAX_TO_TORCH) -> tuple[InputSpec, ...]:
@@ -241,7 +231,7 @@ class DeferredExecutor:
             return value.concrete, 0
         with self.lock:
             graph = value.graph
-            pending = len(graph.nodes)
+            pending = len(graph.op_records)
             self.flush_graph(graph, trigger, extra=[value])
             return value.concrete, pending
 
@@ -405,44 +395,50 @@ class DeferredExecutor:
                 values.append(plan.fn(*args))
             return tuple(values[node][index] for node, index in output_refs)
 
-        name = f"fused_{len(nodes)}_ops"
+        n_ops = _op_count(nodes)
+        name = f"fused_{n_ops}_ops"
         recorder = self.dispatcher.recorder
         recording = recorder is not None and recorder.enabled
         program = compile_program(fused, [*graph.inputs, *graph.packed_scalars()], graph.chip, name, keep_hlo=recording, donate=donate)
-        fused_program = FusedProgram(program, len(nodes), donate, len(output_refs), plans=tuple(node_plan for node_plan, _ in nodes))
+        fused_program = FusedProgram(program, n_ops, donate, len(output_refs), plans=tuple(node_plan for node_plan, _ in nodes))
         plan = Plan(name, fused, (), "tuple", in_specs, graph.chip, ("fused", structure))
         plan.program = program
         site = (trigger, recorder.frame_id() if recording else None)
         step = recorder.step_index if recording else 0
-        reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, _input_names(nodes, len(graph.inputs)), evicted=evicted)
-        if reason == "first":
-            reason, diff = self._structure_change(site, step, nodes, graph, recorder if recording else None)
-        by_length = self.dispatcher.length_recompiles.fused_reason(nodes, structure[1:], in_specs)
+        input_names = _input_names(nodes, len(graph.inputs))
+        reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, input_names, evicted=evicted)
+        by_length = self.dispatcher.length_recompiles.fused_reason(
+            nodes, structure[1:], in_specs, lambda index: _location(graph, recorder if recording else None, index)
+        )
         if reason == "first" and by_length is not None:
             reason, diff = by_length
-        self.flush_sites.remember(site, step, tuple(nodes))
+        if reason == "first":
+            reason, diff = self._structure_change(site, step, nodes, in_specs, graph, recorder if recording else None)
+        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
             detail = {"matmul_precision": precision} if precision else None
-            fused_program.program_id = recorder.compiled(plan, "fused", reason, diff, n_ops=len(nodes), detail=detail, program_kind="fused")
+            fused_program.program_id = recorder.compiled(plan, "fused", reason, diff, n_ops=n_ops, detail=detail, program_kind="fused")
             self._record_fusions(recorder, fused_program)
         return fused_program
 
-    def _structure_change(self, site: Any, step: int, nodes: list, graph: PendingGraph, recorder: Any) -> tuple[str, str | None]:
+    def _structure_change(self, site: Any, step: int, nodes: list, in_specs: tuple, graph: PendingGraph, recorder: Any) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, with the
-        first op where it differs from the earlier graph most like it (`flush_sites`). A site's graphs
-        in its first step are all first compiles."""
-        old_nodes = self.flush_sites.counterpart(site, step, nodes)
-        if old_nodes is None:
+        first op that reads a program input whose shape or dtype changed, else the first op where it
+        differs from the earlier graph most like it (`flush_sites`). A site's graphs in its first step
+        are all first compiles."""
+        old = self.flush_sites.counterpart(site, step, nodes)
+        if old is None:
             return "first", None
+        old_nodes = old.nodes
+        by_input = _changed_input_reader(nodes, old.in_specs, in_specs)
+        if by_input is not None:
+            index, position, changed = by_input
+            change = signature_diff(old.in_specs[changed:changed + 1], in_specs[changed:changed + 1], [f"arg {position}"])
+            return "recompile", f"op {index} {nodes[index][0].op_name}{_location(graph, recorder, index)}: {change}"
         for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
             if plan is not old_plan or refs != old_refs:
-                where = ""
-                # A view read has no op record of its own: it is attributed to the op that reads it.
-                position = bisect.bisect_left(graph.record_nodes, index)
-                if recorder is not None and position < len(graph.op_records):
-                    location = recorder.frame_text(graph.op_records[position][5])
-                    where = f" ({location})" if location else ""
+                where = _location(graph, recorder, index)
                 if plan.op_name == old_plan.op_name and old_plan.matmul_precision and plan.matmul_precision and old_plan.matmul_precision != plan.matmul_precision:
                     return "recompile", f"op {index} {plan.op_name}{where}: float32 matmul precision: {old_plan.matmul_precision} -> {plan.matmul_precision}"
                 if plan.op_name == old_plan.op_name and len(plan.in_specs) == len(old_plan.in_specs):
@@ -451,12 +447,15 @@ class DeferredExecutor:
                     if change != "same signature":
                         return "recompile", f"op {index} {plan.op_name}{where}: {change}"
                 if plan.op_name == old_plan.op_name and refs == old_refs:
-                    return "recompile", f"op {index} {plan.op_name}{where}: non-tensor arguments {_key_change(old_plan.structure_key, plan.structure_key)}"
+                    return "recompile", f"op {index} {plan.op_name}{where}: non-tensor arguments {key_change(old_plan.structure_key, plan.structure_key)}"
                 if plan.op_name == old_plan.op_name:
                     return "recompile", f"op {index} {plan.op_name}{where}: reads other values (inputs wired differently)"
                 return "recompile", f"structure change at op {index}{where}: {old_plan.op_name} -> {plan.op_name}"
-        if len(old_nodes) != len(nodes):
-            return "recompile", f"structure change: {len(old_nodes)} ops -> {len(nodes)} ops"
+        shared = min(len(nodes), len(old_nodes))
+        if len(nodes) > shared:
+            return "recompile", f"structure change at op {shared}{_location(graph, recorder, shared)}: {nodes[shared][0].op_name} added ({len(old_nodes)} ops -> {len(nodes)} ops)"
+        if len(old_nodes) > shared:
+            return "recompile", f"structure change at op {shared}: {old_nodes[shared][0].op_name} and what followed it left out ({len(old_nodes)} ops -> {len(nodes)} ops)"
         return "recompile", f"same {len(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
@@ -468,7 +467,7 @@ class DeferredExecutor:
         flush_id = recorder.writer.next_id("flushes")
         input_bytes = sum(getattr(value, "nbytes", 0) for value in graph.inputs)
         output_bytes = sum(getattr(value, "nbytes", 0) for value in results)
-        recorder.flushed(flush_id, fused.program_id, trigger, len(graph.nodes), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
+        recorder.flushed(flush_id, fused.program_id, trigger, len(graph.op_records), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)
 
@@ -514,6 +513,39 @@ def _unpack(packed: Sequence[Any], kind: int, position: int) -> Any:
     if not _SCALAR_WEAK[kind]:
         return value
     return jax.lax.convert_element_type_p.bind(value, new_dtype=_SCALAR_DTYPES[kind], weak_type=True, sharding=None)
+
+
+_INTERNAL_NODES = frozenset({"view", "view_write", "storage_order", "index_check"})  # the dispatcher's own programs, no op of the user's
+
+
+def _op_count(nodes: Sequence[tuple[Plan, tuple]]) -> int:
+    """The graph's ops: its nodes but view reads and writes and the dispatcher's other own programs."""
+    return sum(1 for plan, _ in nodes if plan.op_name not in _INTERNAL_NODES)
+
+
+def _location(graph: PendingGraph, recorder: Any, index: int) -> str:
+    """' (file:line)' of the op at node `index` ('' unknown). A view read has no op record of its own: it
+    is attributed to the op that reads it."""
+    position = bisect.bisect_left(graph.record_nodes, index)
+    if recorder is None or position >= len(graph.op_records):
+        return ""
+    location = recorder.frame_text(graph.op_records[position][5])
+    return f" ({location})" if location else ""
+
+
+def _changed_input_reader(nodes: Sequence[tuple[Plan, tuple]], old_specs: tuple, in_specs: tuple) -> tuple[int, int, int] | None:
+    """For the first program input whose shape or dtype differs from the earlier graph's (same number of
+    inputs): the first node that reads it, the argument it reads it as, and the input's index."""
+    if len(old_specs) != len(in_specs):
+        return None
+    changed = next((index for index, (old, new) in enumerate(zip(old_specs, in_specs)) if old != new), None)
+    if changed is None:
+        return None
+    for index, (_, refs) in enumerate(nodes):
+        for position, ref in enumerate(refs):
+            if ref[0] == 0 and ref[1] == changed:
+                return index, position, changed
+    return None
 
 
 def _input_names(nodes: Sequence[tuple[Plan, tuple]], n_inputs: int) -> list[str]:

@@ -41,7 +41,7 @@ from tputrace.backend.plans import (
     rebuild,
     regroup,
 )
-from tputrace.backend.compile_history import CompileHistory
+from tputrace.backend.compile_history import CompileHistory, SiteCompiles
 from tputrace.backend.length_recompiles import LengthRecompiles
 from tputrace.backend.memory_formats import corrected_meta, storage_order
 from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
@@ -98,6 +98,7 @@ class Dispatcher:
         self.plans: dict[Any, Any] = {}
         self.structures: dict[Any, CompileHistory] = {}
         self.length_recompiles = LengthRecompiles()  # new data-dependent lengths as recompiles (`record_compile`)
+        self.site_compiles = SiteCompiles()  # an op's new non-tensor arguments at a line as recompiles (`record_compile`)
         self.view_plans: dict[Any, Any] = {}
         self.executor: Executor = StrictExecutor(self)
         self.recorder: Any = None
@@ -593,6 +594,9 @@ class Dispatcher:
         by_length = self.length_recompiles.reason(plan.structure_key, plan.in_specs)
         if reason == "first" and by_length is not None:
             reason, diff = by_length
+        recorder = self.recorder
+        if reason == "first" and recorder is not None and recorder.enabled and kind == "op" and _is_op_key(plan.structure_key):
+            reason, diff = self.site_compiles.reason((plan.structure_key[0], recorder.frame_id()), recorder.step_index, plan.structure_key)
         if self.recorder is not None:
             detail = {"matmul_precision": plan.matmul_precision} if plan.matmul_precision else None
             self.recorder.compiled(plan, kind, reason, diff, detail=detail)
@@ -1175,6 +1179,12 @@ def _lowering_outputs(entry: OpEntry, template_args: tuple, template_kwargs: dic
         for out in results
     )
     return specs, structure
+
+
+def _is_op_key(structure_key: Any) -> bool:
+    """Whether a plan's structure key is an ATen op's (op, arguments, keyword arguments), not a view
+    chain's or an internal program's."""
+    return isinstance(structure_key, tuple) and len(structure_key) == 3 and isinstance(structure_key[0], torch._ops.OpOverload)
 
 
 def _is_functional(entry: OpEntry) -> bool:

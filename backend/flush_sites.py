@@ -16,11 +16,19 @@ from typing import Any
 Nodes = tuple[tuple[Any, tuple], ...]  # (plan, input refs) per op, as a pending graph holds them
 
 
+@dataclass(frozen=True)
+class FlushedGraph:
+    """A graph a site flushed: its nodes and its program's input specs."""
+
+    nodes: Nodes
+    in_specs: tuple
+
+
 @dataclass
 class _SiteSteps:
     step: int
-    graphs: list[Nodes] = field(default_factory=list)
-    earlier: list[Nodes] = field(default_factory=list)  # the graphs of the site's previous step
+    graphs: list[FlushedGraph] = field(default_factory=list)
+    earlier: list[FlushedGraph] = field(default_factory=list)  # the graphs of the site's previous step
 
 
 class FlushSites:
@@ -32,17 +40,17 @@ class FlushSites:
     def clear(self) -> None:
         self._sites.clear()
 
-    def remember(self, site: Hashable, step: int, nodes: Nodes) -> None:
-        """`site` flushed the graph `nodes` in `step`."""
+    def remember(self, site: Hashable, step: int, graph: FlushedGraph) -> None:
+        """`site` flushed `graph` in `step`."""
         steps = self._sites.get(site)
         if steps is None:
-            self._sites[site] = _SiteSteps(step, [nodes])
+            self._sites[site] = _SiteSteps(step, [graph])
         elif steps.step == step:
-            steps.graphs.append(nodes)
+            steps.graphs.append(graph)
         else:
-            self._sites[site] = _SiteSteps(step, [nodes], steps.graphs)
+            self._sites[site] = _SiteSteps(step, [graph], steps.graphs)
 
-    def counterpart(self, site: Hashable, step: int, nodes: Sequence[tuple[Any, tuple]]) -> Nodes | None:
+    def counterpart(self, site: Hashable, step: int, nodes: Sequence[tuple[Any, tuple]]) -> FlushedGraph | None:
         """The graph an earlier step flushed at `site` that `nodes` most likely is another version of
         (None: the site never flushed in an earlier step)."""
         steps = self._sites.get(site)
@@ -52,7 +60,7 @@ class FlushSites:
         if not candidates:
             return None
         names = [plan.op_name for plan, _ in nodes]
-        return max(candidates, key=lambda old: _likeness(names, old))
+        return max(candidates, key=lambda old: _likeness(names, old.nodes))
 
 
 def _likeness(names: Sequence[str], old: Nodes) -> tuple[bool, int, int]:

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -14,12 +16,34 @@ _installed = False
 
 
 def install() -> None:
-    """Hooks the backend always needs, recording or not: flush deferred work at optimizer steps."""
+    """Hooks the backend always needs, recording or not: flush deferred work at optimizer steps and at
+    the end of each backward pass."""
     global _installed
     if _installed:
         return
     register_optimizer_step_post_hook(_after_optimizer_step)
+    torch.autograd._engine_run_backward = _backward_boundary(torch.autograd._engine_run_backward)
     _installed = True
+
+
+def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
+    """The engine call behind `Tensor.backward`, `torch.autograd.backward` and `torch.autograd.grad`,
+    as a step boundary when it starts from tpu tensors: the backward's ops get the caller's line and
+    start a fence (`backward_started`), and its end flushes. A backward that an autograd node runs
+    inside another one (reentrant checkpointing) is part of the outer pass."""
+
+    @functools.wraps(run_backward)
+    def run(outputs: Any, *args: Any, **kwargs: Any) -> Any:
+        from tputrace.backend.tensor import TpuTensor, _on_autograd_worker
+
+        if _on_autograd_worker() or not any(isinstance(output, TpuTensor) for output in outputs):
+            return run_backward(outputs, *args, **kwargs)
+        backward_started()
+        result = run_backward(outputs, *args, **kwargs)
+        flush_pending("backward_end")
+        return result
+
+    return run
 
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from tputrace.backend.dtypes import short_name
 
@@ -86,3 +87,13 @@ def _distance(old: Sequence[InputSpec], new: Sequence[InputSpec]) -> int:
 
 def _format_name(spec: InputSpec) -> str:
     return spec[2] if len(spec) > 2 else "contiguous"
+
+
+def key_change(old: Any, new: Any, limit: int = 60) -> str:
+    """The first part of two plan keys that differs, as `old -> new`."""
+    while isinstance(old, tuple) and isinstance(new, tuple) and len(old) == len(new):
+        differing = next((index for index, (a, b) in enumerate(zip(old, new)) if a != b), None)
+        if differing is None:
+            break
+        old, new = old[differing], new[differing]
+    return f"{repr(old)[:limit]} -> {repr(new)[:limit]}"

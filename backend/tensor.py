@@ -465,13 +465,6 @@ class TpuTensor(torch.Tensor):
 
         return super().register_post_accumulate_grad_hook(worker_safe(hook))
 
-    def backward(self, gradient: Any = None, retain_graph: Any = None, create_graph: bool = False, inputs: Any = None) -> None:
-        from tputrace.backend import hooks
-
-        hooks.backward_started()
-        super().backward(gradient, retain_graph, create_graph, inputs)
-        hooks.flush_pending("backward_end")
-
     def __deepcopy__(self, memo: dict) -> "TpuTensor":
         """A clone on the chip, as torch deep-copies wrapper subclasses (its other path copies the
         storage, which would allocate a tpu storage), with the same requires_grad, a deep copy of the

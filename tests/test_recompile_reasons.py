@@ -1,0 +1,121 @@
+"""What a recorded trace says about each compile and flush: the recompile reasons name the input and
+dim, the argument, or the op and line that changed; a flush counts the user's ops; every backward
+pass, whichever call starts it, ends with a flush."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import tputrace
+from tputrace.cli.main import main
+
+
+def _run(tmp_path: Path, source: str, *options: str) -> Path:
+    script = tmp_path / "script.py"
+    script.write_text(source)
+    trace_path = tmp_path / "script.tptrace"
+    assert main(["run", "--no-summary", *options, "-o", str(trace_path), str(script)]) == 0
+    return trace_path
+
+
+def _recompiles(trace_path: Path) -> list[tuple[str, str]]:
+    with tputrace.open(trace_path) as trace:
+        return [(compile.name, compile.diff) for compile in trace.records("compiles", order_by="start_ns") if compile.reason == "recompile"]
+
+
+def test_a_changing_sequence_length_names_the_input_and_dim_even_when_a_constant_changes_first(tmp_path: Path) -> None:
+    """The graph's first op is `arange(T)`, whose argument changes with the tokens' dim 1: the reason
+    names the op that reads the changed program input, and its line."""
+    trace_path = _run(tmp_path, (
+        "import torch, tputrace\n"
+        "tokens_table = torch.nn.Embedding(50, 16).to('tpu')\n"
+        "positions_table = torch.nn.Embedding(32, 16).to('tpu')\n"
+        "for length in (8, 9, 10):\n"
+        "    tokens = torch.randint(0, 50, (2, length)).to('tpu')\n"
+        "    positions = torch.arange(length, device='tpu')\n"
+        "    hidden = tokens_table(tokens) + positions_table(positions)\n"
+        "    hidden.square().mean()\n"
+        "    tputrace.step()\n"
+    ))
+    assert [diff for _, diff in _recompiles(trace_path)] == [
+        "op 1 aten.embedding.default (script.py:7): arg 1 dim 1: 8 -> 9",
+        "op 1 aten.embedding.default (script.py:7): arg 1 dim 1: 9 -> 10",
+    ]
+
+
+def test_an_op_added_at_the_end_of_a_graph_is_named_with_its_line(tmp_path: Path) -> None:
+    trace_path = _run(tmp_path, (
+        "import torch, tputrace\n"
+        "x = torch.arange(8.0).to('tpu')\n"
+        "for step in range(2):\n"
+        "    total = (x * 2 + 1).sum()\n"
+        "    if step:\n"
+        "        kept = total.neg()\n"
+        "    total.item()\n"
+        "    tputrace.step()\n"
+    ))
+    assert [diff for _, diff in _recompiles(trace_path)] == ["structure change at op 3 (script.py:6): aten.neg.default added (3 ops -> 4 ops)"]
+
+
+def test_a_new_data_dependent_length_names_the_op_and_its_line(tmp_path: Path) -> None:
+    trace_path = _run(tmp_path, (
+        "import torch, tputrace\n"
+        "x = torch.arange(64.0).to('tpu')\n"
+        "for threshold in (60, 40, 30):\n"
+        "    kept = x[x > threshold]\n"
+        "    (kept * 2).sum().item()\n"
+        "    tputrace.step()\n"
+    ))
+    assert [diff for _, diff in _recompiles(trace_path)] == [
+        "op 0 aten.index.Tensor (script.py:4): size 16 -> 24",
+        "op 0 aten.index.Tensor (script.py:4): size 24 -> 40",
+    ]
+
+
+def test_strict_mode_names_a_changed_argument_of_an_op_at_the_same_line(tmp_path: Path) -> None:
+    """Strict mode: an op that compiles again at its line in a later step for new non-tensor arguments
+    is a recompile (it was a first compile); two calls on one line in one step are not."""
+    trace_path = _run(tmp_path, (
+        "import torch, tputrace\n"
+        "x = torch.arange(8.0).to('tpu')\n"
+        "for shift in (1, 2):\n"
+        "    torch.roll(x, shifts=shift, dims=0)\n"
+        "    tputrace.step()\n"
+        "for length in (8, 9):\n"
+        "    torch.arange(length, device='tpu')\n"
+        "    tputrace.step()\n"
+        "both = x.sum(0), x.view(2, 4).sum(1)\n"
+    ), "--mode", "strict")
+    assert _recompiles(trace_path) == [("aten.roll.default", "non-tensor arguments 1 -> 2"), ("aten.arange.default", "non-tensor arguments 8 -> 9")]
+
+
+def test_a_flush_counts_the_ops_the_trace_has_for_it_not_view_reads(tmp_path: Path) -> None:
+    trace_path = _run(tmp_path, (
+        "import torch\n"
+        "a = torch.ones(4, 16).to('tpu')\n"
+        "b = torch.ones(8, 16).to('tpu')\n"
+        "product = a @ b.t()\n"
+        "(product + 1).sum().item()\n"
+    ))
+    with tputrace.open(trace_path) as trace:
+        (flush,) = trace.records("flushes")
+        ops = [op for op in trace.records("ops") if op.flush_id == flush.id]
+        (sync,) = trace.records("syncs")
+        (program,) = [program for program in trace.records("programs") if program.id == flush.program_id]
+    assert flush.n_ops == len(ops) == sync.pending_ops == program.n_ops == 3
+    assert program.name == "fused_3_ops"
+
+
+def test_autograd_backward_and_grad_end_their_pass_with_a_flush(tmp_path: Path) -> None:
+    trace_path = _run(tmp_path, (
+        "import torch, tputrace\n"
+        "w = torch.nn.Parameter(torch.ones(4).to('tpu'))\n"
+        "x = torch.ones(4).to('tpu')\n"
+        "torch.autograd.backward((w * x).sum())\n"
+        "(grad,) = torch.autograd.grad((w * w * x).sum(), [w])\n"
+        "(w * x).sum().backward()\n"
+        "tputrace.step()\n"
+    ))
+    with tputrace.open(trace_path) as trace:
+        flushes = [(flush.trigger, flush.source.line) for flush in trace.records("flushes", order_by="start_ns")]
+    assert flushes == [("backward_end", 4), ("backward_end", 5), ("backward_end", 6)]
