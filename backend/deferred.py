@@ -410,10 +410,8 @@ class DeferredExecutor:
         by_length = self.dispatcher.length_recompiles.fused_reason(
             nodes, structure[1:], in_specs, lambda index: _location(graph, recorder if recording else None, index)
         )
-        if reason == "first" and by_length is not None:
-            reason, diff = by_length
         if reason == "first":
-            reason, diff = self._structure_change(site, step, nodes, in_specs, graph, recorder if recording else None)
+            reason, diff = self._structure_change(site, step, nodes, in_specs, graph, recorder if recording else None, by_length)
         self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
@@ -422,20 +420,24 @@ class DeferredExecutor:
             self._record_fusions(recorder, fused_program)
         return fused_program
 
-    def _structure_change(self, site: Any, step: int, nodes: list, in_specs: tuple, graph: PendingGraph, recorder: Any) -> tuple[str, str | None]:
+    def _structure_change(self, site: Any, step: int, nodes: list, in_specs: tuple, graph: PendingGraph, recorder: Any,
+                          by_length: tuple[str, str] | None) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, with the
-        first op that reads a program input whose shape or dtype changed, else the first op where it
-        differs from the earlier graph most like it (`flush_sites`). A site's graphs in its first step
-        are all first compiles."""
+        first op that reads a program input whose shape or dtype changed, else the data-dependent
+        lengths that changed (`by_length`), else the first op where it differs from the earlier graph
+        most like it (`flush_sites`). A site's graphs in its first step are first compiles, but for
+        new data-dependent lengths."""
         old = self.flush_sites.counterpart(site, step, nodes)
         if old is None:
-            return "first", None
+            return by_length or ("first", None)
         old_nodes = old.nodes
         by_input = _changed_input_reader(nodes, old.in_specs, in_specs)
         if by_input is not None:
             index, position, changed = by_input
             change = signature_diff(old.in_specs[changed:changed + 1], in_specs[changed:changed + 1], [f"arg {position}"])
             return "recompile", f"op {index} {nodes[index][0].op_name}{_location(graph, recorder, index)}: {change}"
+        if by_length is not None:
+            return by_length
         for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
             if plan is not old_plan or refs != old_refs:
                 where = _location(graph, recorder, index)
