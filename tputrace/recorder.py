@@ -8,6 +8,7 @@ This module imports torch only inside `start`, so the trace reader never pulls i
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import json
 import os
@@ -20,7 +21,7 @@ import weakref
 from types import CodeType
 from typing import Any
 
-from tputrace import __version__, fork_recording, settings, source_digests, sourceloc, spawn_recording
+from tputrace import __version__, fork_recording, hlo_module, settings, source_digests, sourceloc, spawn_recording
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.writer import TraceWriter
@@ -84,7 +85,10 @@ class Recorder:
         self.token = object()
         self.step_index = 0
         self.step_start = 0
+        self.step_opened_by: str | None = None  # the `steps.source` of the boundary that began this step
         self.ops_at_step_start = 0
+        self.recorded_in_step = False  # whether a record (op, flush, sync, copy, ...) fell in this step
+        self._step_ends: list[int] = []  # the end of each step, ns since the run's start
         self.ops = 0
         self.compiles = 0
         self.seq = 0
@@ -161,7 +165,10 @@ class Recorder:
     def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None,
                       end_line: int | None = None) -> int:
         """The frame id of a user source location (of one call starting on its line with `col`, `end_col` and
-        `end_line`); the first location in a file also records the file's digest (`source_files`), as the run saw it."""
+        `end_line`); the first location in a file also records the file's digest (`source_files`), as the run saw it.
+        A relative path (code compiled from one) is stored absolute, against the current directory."""
+        if not file.startswith("<"):
+            file = os.path.abspath(file)
         if file not in self._digested_files:
             self._digested_files.add(file)
             digest = source_digests.digest_file(file)
@@ -209,6 +216,7 @@ class Recorder:
         return ids
 
     def _define_program(self, plan: Any, kind: str, n_ops: int) -> int | None:
+        """A `programs` row for the plan's program (None without one); `hlo_ops` is NULL where no HLO was kept."""
         program = plan.program
         if program is None:
             return None
@@ -226,7 +234,7 @@ class Recorder:
                 n_ops,
                 program.flops,
                 program.bytes_accessed,
-                None,
+                hlo_module.instruction_count(program.hlo_text) if program.hlo_text else None,
             ),
         )
         return program_id
@@ -239,6 +247,7 @@ class Recorder:
         inputs_sid, outputs_sid, program_id, _ = self._plan_ids(plan)
         self.seq += 1
         self.ops += 1
+        self.recorded_in_step = True
         self._append_op(
             (
                 self.seq,
@@ -277,6 +286,7 @@ class Recorder:
     def next_seq(self) -> int:
         self.seq += 1
         self.ops += 1
+        self.recorded_in_step = True
         return self.seq
 
     def view_op(self, name: str, base: Any, results: list[Any]) -> None:
@@ -287,6 +297,7 @@ class Recorder:
         writer = self.writer
         self.seq += 1
         self.ops += 1
+        self.recorded_in_step = True
         inputs = _shape_text(base)
         outputs = ", ".join(_shape_text(result) for result in results)
         now = _perf_ns() - self.t0
@@ -297,6 +308,7 @@ class Recorder:
         self.compiles += 1
         if not self.enabled:
             return None
+        self.recorded_in_step = True
         writer = self.writer
         program_id = self._define_program(plan, program_kind, n_ops)
         if kind == "op":
@@ -351,6 +363,7 @@ class Recorder:
         self.compiles += 1
         if not self.enabled:
             return
+        self.recorded_in_step |= step == self.step_index
         writer = self.writer
         writer.append(
             "compiles",
@@ -377,6 +390,7 @@ class Recorder:
         inference, with its op count; the time is the backend's lowering of it."""
         if not self.enabled:
             return
+        self.recorded_in_step = True
         writer = self.writer
         writer.append(
             "compiles",
@@ -402,6 +416,7 @@ class Recorder:
         """A torch.compile graph break, at the user's line that caused it."""
         if not self.enabled:
             return
+        self.recorded_in_step = True
         writer = self.writer
         frame = self._intern_frame(file, line or 0, function or "") if file else None
         writer.append("graph_breaks", (self.rank, writer.intern(reason), frame, self.now(), self.step_index))
@@ -422,6 +437,7 @@ class Recorder:
 
     def flushed(self, flush_id: int, program_id: int | None, trigger: str, n_ops: int, cache_hit: bool, chip: int, start_ns: int, dur_ns: int, input_bytes: int, output_bytes: int) -> None:
         """A DeferAndFuse flush: which ops ran as one program, why now, and whether it was cached."""
+        self.recorded_in_step = True
         self.writer.append(
             "flushes",
             (flush_id, self.rank, program_id, trigger, self.frame_id(), n_ops, int(cache_hit), chip, start_ns - self.t0, dur_ns, input_bytes, output_bytes, self.step_index),
@@ -468,16 +484,19 @@ class Recorder:
     def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None:
         if not self.enabled:
             return
+        self.recorded_in_step = True
         self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
 
     def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None:
         if not self.enabled:
             return
+        self.recorded_in_step = True
         self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
 
     def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None:
         if not self.enabled:
             return
+        self.recorded_in_step = True
         writer = self.writer
         writer.append("fallbacks", (self.rank, writer.intern(op), writer.intern(inputs), chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
 
@@ -500,6 +519,7 @@ class Recorder:
         rank's data entered the transport; `frame_id` and `step` are those of the issuing call."""
         if not self.enabled:
             return
+        self.recorded_in_step |= step == self.step_index
         writer = self.writer
         writer.append(
             "collectives",
@@ -518,18 +538,36 @@ class Recorder:
 
     # ----------------------------------------------------------------- steps and annotations
     def step_boundary(self, source: str) -> None:
+        """End the current step (`source`: what marked its end) and begin the next."""
         end = self.now()
         if self.enabled:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, source))
             self._maybe_sample_memory(force=True)
         self.step_index += 1
         self.step_start = end
+        self.step_opened_by = source
         self.ops_at_step_start = self.ops
+        self.recorded_in_step = False
+        self._step_ends.append(end)
+
+    def explicit_step(self, first: bool) -> None:
+        """A `tputrace.step()`. The `first` one right after an optimizer step's boundary, with no op run
+        since, ends no step of its own: that boundary already ended the iteration (a loop calling both
+        would otherwise get an empty extra step and every later step number one too high)."""
+        if first and self.step_opened_by == "optimizer" and self.ops == self.ops_at_step_start:
+            return
+        self.step_boundary("explicit")
+
+    def step_at(self, time_ns: int) -> int:
+        """The step that was running at `time_ns` (ns since the run's start)."""
+        later_ends = len(self._step_ends) - bisect.bisect_right(self._step_ends, time_ns)
+        return self.step_index - later_ends
 
     def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:
+        """A named range, in the step it began in (an `Optimizer.step` range ends after the boundary it marks)."""
         if not self.enabled:
             return
-        self.writer.append("annotations", (self.rank, self.writer.intern(name), source, start_ns, dur_ns, frame_id, self.step_index))
+        self.writer.append("annotations", (self.rank, self.writer.intern(name), source, start_ns, dur_ns, frame_id, self.step_at(start_ns)))
 
     # ----------------------------------------------------------------- lifecycle
     def finish(self, exit_status: int | None, error: str | None, run_fields: dict[str, Any]) -> None:
@@ -539,7 +577,7 @@ class Recorder:
             return
         if self.ops or self.compiles:
             self.writer.create_file()
-        if self.ops > self.ops_at_step_start:
+        if self.recorded_in_step:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, "end"))
         self._maybe_sample_memory(force=True)
         self.writer.update_run(end_ns=end, exit_status=exit_status, error=error, **run_fields)
@@ -735,13 +773,14 @@ def live_counts() -> dict[str, int]:
 def step() -> None:
     """An explicit step boundary (`tputrace.step()`); from then on optimizer steps do not mark steps."""
     global _explicit_steps_seen
+    first = not _explicit_steps_seen
     _explicit_steps_seen = True
     recorder = _active
     from tputrace.backend import hooks
 
     hooks.flush_pending("step")
     if recorder is not None:
-        recorder.step_boundary("explicit")
+        recorder.explicit_step(first)
 
 
 def optimizer_stepped() -> None:

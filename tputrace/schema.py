@@ -153,7 +153,7 @@ PROGRAMS = RecordKind(
         _c("n_ops", "INTEGER", "ATen ops in the program"),
         _c("flops", "REAL", "XLA cost analysis: floating-point operations per execution"),
         _c("bytes_accessed", "REAL", "XLA cost analysis: bytes accessed per execution"),
-        _c("hlo_ops", "INTEGER", "HLO instructions in the optimized module"),
+        _c("hlo_ops", "INTEGER", "HLO instructions in the optimized module (every computation's); NULL where its text was not kept"),
     ),
     primary_key="id",
 )
@@ -217,7 +217,7 @@ FLUSHES = RecordKind(
         _c("id", "INTEGER", "flush id"),
         _RANK,
         _c("program_id", "INTEGER", "program run", ref="programs"),
-        _c("trigger", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent, fallback, collective, size_cap, step, backward_end, exit, explicit, value_check"),
+        _c("trigger", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent, fallback, collective, size_cap, step, backward_end, exit, explicit, value_check, transfer, compiled_graph"),
         _FRAME,
         _c("n_ops", "INTEGER", "ops in the flushed graph"),
         _c("cache_hit", "INTEGER", "1 when the program came from the cache"),
@@ -311,13 +311,13 @@ ANNOTATIONS = RecordKind(
 
 STEPS = RecordKind(
     "steps",
-    "Training steps, from tputrace.step() or each optimizer.step().",
+    "Training steps, from tputrace.step() or each optimizer.step() (once a script calls tputrace.step(), only its calls mark steps).",
     (
         _RANK,
         _STEP,
         _START,
         _c("end_ns", "INTEGER", "end, ns since the run's start"),
-        _c("source", "TEXT", "optimizer or explicit"),
+        _c("source", "TEXT", "optimizer, explicit, or end (written at exit when anything was recorded after the last boundary)"),
     ),
     indexes=(("rank", "step"),),
 )

@@ -1,4 +1,5 @@
-"""Which code is the user's: frames outside the standard library, site-packages, tputrace, torch and jax."""
+"""Which code is the user's: frames outside the standard library, site-packages, console-script
+launchers (the environment's `bin`), tputrace, torch and jax."""
 
 from __future__ import annotations
 
@@ -18,12 +19,24 @@ _LIBRARY_MODULES = ("torch", "jax", "jaxlib", "numpy", "transformers")
 @functools.cache
 def _library_roots_cached(module_files: tuple[str, ...]) -> tuple[str, ...]:
     roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots.update(_launcher_dirs())
     package_dir = Path(__file__).resolve().parent
     roots.add(str(package_dir))
     roots.add(str(package_dir.parent / "backend"))
     for module_file in module_files:
         roots.add(str(Path(module_file).resolve().parent))
     return tuple(sorted(root.rstrip("/") + "/" for root in roots if root))
+
+
+def _launcher_dirs() -> set[str]:
+    """Where console scripts such as the `tputrace` launcher live (the environment's and the user's
+    `bin`): the launcher's module frame is below everything `tputrace run` does, the exit flush included."""
+    directories = {sysconfig.get_path("scripts")}
+    try:
+        directories.add(sysconfig.get_path("scripts", sysconfig.get_preferred_scheme("user")))
+    except (KeyError, ValueError):  # no user scheme on this platform
+        pass
+    return directories
 
 
 def library_roots() -> tuple[str, ...]:

@@ -94,6 +94,22 @@ class AnalysisContext:
         """SQL condition (and parameters) selecting rows of this rank in the loop's steps (all rows without steps)."""
         return _step_condition(self.rank, self.loop_range, alias)
 
+    def loop_line_where(self, alias: str = "") -> tuple[str, tuple[int, ...]]:
+        """`loop_where` plus the trailing `end` step, for rows grouped by source line and kept with
+        `loop_line_having`: a line the loop runs after its last optimizer step (a loss printed after
+        `optimizer.step()`) runs there once more, in the loop's last iteration."""
+        loop = self.loop_range
+        tail = self.steps[-1] if self.steps and self.steps[-1].source == "end" else None
+        if loop is None or tail is None or tail.step <= loop[1]:
+            return self.loop_where(alias)
+        return _step_condition(self.rank, (loop[0], tail.step), alias)
+
+    def loop_line_having(self, alias: str = "") -> str:
+        """SQL HAVING condition for `loop_line_where` groups: the line also ran in the loop's steps."""
+        loop = self.loop_range
+        prefix = f"{alias}." if alias else ""
+        return "1" if loop is None else f"MIN({prefix}step) <= {int(loop[1])}"
+
     @property
     def steady_count(self) -> int:
         return len(self.steady_steps)

@@ -32,11 +32,11 @@ DATA_DEPENDENT_HINTS: dict[str, str] = {
 def analyze(context: AnalysisContext) -> AnalysisResult:
     trace = context.trace
     result = AnalysisResult(NAME)
-    where, params = context.loop_where()
+    where, params = context.loop_line_where()
     steady_where, steady_params = context.steady_where()
     rows = trace.sql(
         "SELECT op_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0), MIN(inputs_sid), COUNT(DISTINCT step) "
-        f"FROM fallbacks WHERE {where} GROUP BY op_sid, frame_id ORDER BY 4 DESC",
+        f"FROM fallbacks WHERE {where} GROUP BY op_sid, frame_id HAVING {context.loop_line_having()} ORDER BY 4 DESC",
         params,
     )
     steady = {

@@ -35,6 +35,7 @@ SUGGESTIONS: dict[str, str] = {
     "size_cap": "the pending graph hit the size cap; this is rare and usually fine",
     "value_check": "tputrace checked an op's arguments on the host, once per new input signature; nothing to change",
     "transfer": "keep tensors on one chip within a step",
+    "compiled_graph": "eager ops that feed a torch.compile graph run first as a program of their own; move them into the compiled function",
 }
 
 

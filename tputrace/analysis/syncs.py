@@ -44,13 +44,14 @@ SUGGESTIONS: dict[str, str] = {
 def analyze(context: AnalysisContext) -> AnalysisResult:
     trace = context.trace
     result = AnalysisResult(NAME)
-    where, params = context.loop_where("s")
+    where, params = context.loop_line_where("s")
     steady_where, steady_params = context.steady_where("s")
     excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
     own = f"s.kind NOT IN ({excluded}) AND {outside_fallbacks('s')}"
     rows = trace.sql(
         f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0), COALESCE(SUM(s.pending_ops), 0), "
-        f"COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND {own} GROUP BY s.frame_id, s.kind ORDER BY 4 DESC",
+        f"COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND {own} GROUP BY s.frame_id, s.kind "
+        f"HAVING {context.loop_line_having('s')} ORDER BY 4 DESC",
         params,
     )
     steady = {

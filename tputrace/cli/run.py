@@ -311,7 +311,8 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
                 if target.is_module:
                     runpy.run_module(target.name, run_name="__main__", alter_sys=True)
                 else:
-                    runpy.run_path(target.name, run_name="__main__")
+                    # An absolute `__file__` (and code file names), as `python script.py` gives.
+                    runpy.run_path(os.path.abspath(target.name), run_name="__main__")
             except SystemExit as exit_request:
                 exit_status, message = exit_status_of(exit_request.code)
                 if message is not None:
