@@ -64,7 +64,8 @@ class StrictExecutor:
 
     def prepare(self, plan: Plan, dynamic: Sequence[Any]) -> None:
         evicted = program_cache.take_evicted(plan)
-        plan.program = compile_program(plan.fn, dynamic, plan.chip, plan.op_name)
+        recorder = self.dispatcher.recorder
+        plan.program = compile_program(plan.fn, dynamic, plan.chip, plan.op_name, count_hlo=recorder is not None and recorder.enabled)
         program_cache.keep_attribute(plan, "program", plan.program)
         self.dispatcher.record_compile(plan, "op", evicted=evicted)
 

@@ -24,6 +24,7 @@ from tputrace.backend import chips, compile_cache, matmul_precision
 from tputrace.backend.dtypes import short_name, to_jax
 from tputrace.backend.memory_formats import storage_order
 from tputrace.backend.signatures import InputSpec, signature_text
+from tputrace.hlo_module import instruction_count
 
 
 class Slot:
@@ -93,6 +94,7 @@ class Program:
     temp_bytes: int = 0  # XLA's temporaries while it runs (a fused step's activations live here)
     output_bytes: int = 0  # outputs not aliased to donated inputs
     loaded_from_disk: bool = False  # read from the on-disk compile cache (`compile_cache`), not compiled
+    hlo_ops: int | None = None  # instructions in the optimized HLO, where it was read (`keep_hlo`, `count_hlo`)
 
 
 @dataclass
@@ -250,8 +252,10 @@ def _numel(shape: Sequence[int]) -> int:
     return numel
 
 
-def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int, name: str, *, keep_hlo: bool = False, donate: tuple[int, ...] = ()) -> Program:
-    """Lower and compile `fn` for these inputs on `chip`; XLA's cost analysis gives FLOPs and bytes."""
+def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int, name: str, *, keep_hlo: bool = False, count_hlo: bool = False,
+                    donate: tuple[int, ...] = ()) -> Program:
+    """Lower and compile `fn` for these inputs on `chip`; XLA's cost analysis gives FLOPs and bytes. With
+    `keep_hlo` the program keeps its optimized HLO text; with either flag it counts its instructions."""
     start = time.perf_counter_ns()
     with jax.default_device(chips.device(chip)), warnings.catch_warnings():
         # A donated input that no output can reuse (another shape) is simply not reused.
@@ -271,14 +275,15 @@ def compile_program(fn: Callable[..., tuple], dynamic: Sequence[Any], chip: int,
         pass
     temp_bytes, output_bytes = _memory_use(compiled)
     hlo_text = None
-    if keep_hlo:
+    if keep_hlo or count_hlo:
         try:
             hlo_text = compiled.as_text()
         except Exception:  # noqa: BLE001
             hlo_text = None
     return Program(
-        _direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text,
+        _direct_call(compiled), name, max(flops, 0.0), max(bytes_accessed, 0.0), compile_ns, hlo_text if keep_hlo else None,
         temp_bytes=temp_bytes, output_bytes=output_bytes, loaded_from_disk=outcome.loaded_from_disk,
+        hlo_ops=instruction_count(hlo_text) if hlo_text else None,
     )
 
 

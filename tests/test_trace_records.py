@@ -103,6 +103,11 @@ def test_programs_count_their_hlo_instructions(tmp_path: Path) -> None:
         sizes = {program.kind: program.hlo_ops for program in trace.records("programs") if program.kind != "op"}
         assert set(sizes) == {"fused", "compiled"}
         assert all(isinstance(size, int) and size >= 3 for size in sizes.values()), sizes
+    strict_path = tmp_path / "strict.tptrace"
+    assert main(["run", "--no-summary", "--mode", "strict", "-o", str(strict_path), str(tmp_path / "hlo_ops.py")]) == 0
+    with tputrace.open(strict_path) as trace:
+        op_sizes = [program.hlo_ops for program in trace.records("programs") if program.kind == "op"]
+        assert op_sizes and all(isinstance(size, int) and size >= 1 for size in op_sizes), op_sizes
 
 
 def test_the_instruction_count_covers_every_computation_and_nothing_else() -> None:

@@ -234,7 +234,7 @@ class Recorder:
                 n_ops,
                 program.flops,
                 program.bytes_accessed,
-                hlo_module.instruction_count(program.hlo_text) if program.hlo_text else None,
+                program.hlo_ops if program.hlo_ops is not None else hlo_module.instruction_count(program.hlo_text) if program.hlo_text else None,
             ),
         )
         return program_id

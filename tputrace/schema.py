@@ -153,7 +153,7 @@ PROGRAMS = RecordKind(
         _c("n_ops", "INTEGER", "ATen ops in the program"),
         _c("flops", "REAL", "XLA cost analysis: floating-point operations per execution"),
         _c("bytes_accessed", "REAL", "XLA cost analysis: bytes accessed per execution"),
-        _c("hlo_ops", "INTEGER", "HLO instructions in the optimized module (every computation's); NULL where its text was not kept"),
+        _c("hlo_ops", "INTEGER", "HLO instructions in the optimized module (every computation's); NULL where its HLO was not read (a program compiled while nothing recorded, or a trace written before tputrace filled this column)"),
     ),
     primary_key="id",
 )
