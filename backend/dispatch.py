@@ -48,6 +48,7 @@ from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor, geo
 from tputrace.backend.views import ViewChain, ViewStep, geometry, storage_as
 
 aten = torch.ops.aten
+_VIEW_DTYPE = aten.view.dtype  # bound once: every view op compares its op with it
 _perf_ns = time.perf_counter_ns
 _float32_matmul_precision = torch._C._get_float32_matmul_precision
 
@@ -604,7 +605,7 @@ class Dispatcher:
     # ----------------------------------------------------------------- views
     def _view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         base = args[0]
-        if entry.op is aten.view.dtype and (args[1] if len(args) > 1 else kwargs["dtype"]) == base.dtype:
+        if entry.op is _VIEW_DTYPE and (args[1] if len(args) > 1 else kwargs["dtype"]) == base.dtype:
             entry, args, kwargs = self._entry(aten.alias.default), (base,), {}  # a view as its own dtype is an alias
         geom = base._geom or geometry_of(base)
         key = (entry, _static_args(args), tuple((name, _static(value)) for name, value in kwargs.items()) if kwargs else (), geom)
