@@ -6,11 +6,11 @@ non-tensor arguments: `torch.arange(T)` with a new `T`)."""
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from tputrace.backend import matmul_precision, program_cache
 from tputrace.backend.signatures import InputSpec, key_change, nearest_signature, signature_diff
+from tputrace.backend.step_sites import StepSites
 
 
 class CompileHistory:
@@ -41,32 +41,18 @@ def _last_index(signatures: list, signature: object) -> int:
     return max(index for index, candidate in enumerate(signatures) if candidate is signature)
 
 
-@dataclass
-class _SiteKeys:
-    step: int
-    keys: list[Any] = field(default_factory=list)
-    earlier: list[Any] = field(default_factory=list)  # the keys of the site's previous step
-
-
 class SiteCompiles:
     """Per op and line, the structures (op and non-tensor arguments) it compiled in its last two steps.
     A new structure at a line that compiled the op in an earlier step is a recompile of the most alike
     of that step's; several structures in one step (`x.sum(0)` and `x.sum(1)` on one line) are not."""
 
     def __init__(self) -> None:
-        self._sites: dict[Hashable, _SiteKeys] = {}
+        self._sites: StepSites[Any] = StepSites()
 
     def reason(self, site: Hashable, step: int, structure_key: Any) -> tuple[str, str | None]:
         """('recompile', the arguments that changed) or ('first', None), and remember the key."""
-        known = self._sites.get(site)
-        if known is None:
-            self._sites[site] = _SiteKeys(step, [structure_key])
-            return "first", None
-        candidates = known.earlier if known.step == step else known.keys
-        if known.step == step:
-            known.keys.append(structure_key)
-        else:
-            self._sites[site] = _SiteKeys(step, [structure_key], known.keys)
+        candidates = self._sites.earlier(site, step)
+        self._sites.remember(site, step, structure_key)
         if not candidates:
             return "first", None
         nearest = max(candidates, key=lambda old: _likeness(old, structure_key))

@@ -10,8 +10,10 @@ with the one that shares the longest run of leading ops.
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from tputrace.backend.step_sites import StepSites
 
 Nodes = tuple[tuple[Any, tuple], ...]  # (plan, input refs) per op, as a pending graph holds them
 
@@ -24,39 +26,23 @@ class FlushedGraph:
     in_specs: tuple
 
 
-@dataclass
-class _SiteSteps:
-    step: int
-    graphs: list[FlushedGraph] = field(default_factory=list)
-    earlier: list[FlushedGraph] = field(default_factory=list)  # the graphs of the site's previous step
-
-
 class FlushSites:
     """Per site, the graphs of its last two steps."""
 
     def __init__(self) -> None:
-        self._sites: dict[Hashable, _SiteSteps] = {}
+        self._sites: StepSites[FlushedGraph] = StepSites()
 
     def clear(self) -> None:
         self._sites.clear()
 
     def remember(self, site: Hashable, step: int, graph: FlushedGraph) -> None:
         """`site` flushed `graph` in `step`."""
-        steps = self._sites.get(site)
-        if steps is None:
-            self._sites[site] = _SiteSteps(step, [graph])
-        elif steps.step == step:
-            steps.graphs.append(graph)
-        else:
-            self._sites[site] = _SiteSteps(step, [graph], steps.graphs)
+        self._sites.remember(site, step, graph)
 
     def counterpart(self, site: Hashable, step: int, nodes: Sequence[tuple[Any, tuple]]) -> FlushedGraph | None:
         """The graph an earlier step flushed at `site` that `nodes` most likely is another version of
         (None: the site never flushed in an earlier step)."""
-        steps = self._sites.get(site)
-        if steps is None:
-            return None
-        candidates = steps.earlier if steps.step == step else steps.graphs
+        candidates = self._sites.earlier(site, step)
         if not candidates:
             return None
         names = [plan.op_name for plan, _ in nodes]

@@ -7,6 +7,7 @@ import re
 from collections.abc import Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
 from tputrace.backend.device_module import EagerMode, eager_mode, set_eager_mode
@@ -70,3 +71,15 @@ def recorded_host_reads() -> Iterator[list[str]]:
         yield kinds
     finally:
         del dispatcher.to_host
+
+
+class OpNames(TorchDispatchMode):
+    """The ATen ops that reach dispatch inside the block, by name."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
+        self.names.append(func.name())
+        return func(*args, **(kwargs or {}))

@@ -6,24 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 from torch.nn import functional as F
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from backend_helpers import eager, host
+from backend_helpers import OpNames, eager, host
 from tputrace.backend.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
-
-
-class _OpNames(TorchDispatchMode):
-    """The ATen ops that reach dispatch, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.names.append(func.name())
-        return func(*args, **(kwargs or {}))
 
 
 def _attention_case(mask: str, seed: int = 0) -> tuple[list[torch.Tensor], dict]:
@@ -69,9 +56,9 @@ def test_only_cases_the_fused_op_computes_alike_take_it(mask: str, fused: bool) 
     tensors, kwargs = _attention_case(mask)
     leaves = [tensor.detach().to("tpu").requires_grad_() for tensor in tensors]
     moved = {name: value.to("tpu") if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
-    with eager(EagerMode.DEFER_AND_FUSE), _OpNames() as forward:
+    with eager(EagerMode.DEFER_AND_FUSE), OpNames() as forward:
         out = F.scaled_dot_product_attention(*leaves, **moved)
-    with eager(EagerMode.DEFER_AND_FUSE), _OpNames() as backward:
+    with eager(EagerMode.DEFER_AND_FUSE), OpNames() as backward:
         out.sum().backward()
     if fused:
         assert [name for name in forward.names if name != "aten::detach"] == ["aten::_scaled_dot_product_flash_attention_for_cpu"]

@@ -10,25 +10,12 @@ import pytest
 import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from backend_helpers import eager, host
+from backend_helpers import OpNames, eager, host
 from tputrace.backend.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 FLASH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu"
-
-
-class _OpNames(TorchDispatchMode):
-    """The ATen ops that reach dispatch, by name."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.names: list[str] = []
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        self.names.append(func.name())
-        return func(*args, **(kwargs or {}))
 
 
 def _qkv(shape: tuple[int, ...] = (2, 2, 4, 8), seed: int = 0) -> list[torch.Tensor]:
@@ -70,7 +57,7 @@ def test_jacfwd_under_math_matches_the_cpu(mode: EagerMode) -> None:
 
 def _forward_op_names(backends: list[SDPBackend] | None) -> list[str]:
     q, k, v = (tensor.to("tpu").requires_grad_() for tensor in _qkv())
-    with eager(EagerMode.DEFER_AND_FUSE), _OpNames() as recorded:
+    with eager(EagerMode.DEFER_AND_FUSE), OpNames() as recorded:
         if backends is None:
             F.scaled_dot_product_attention(q, k, v)
         else:
