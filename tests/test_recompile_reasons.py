@@ -4,17 +4,25 @@ pass, whichever call starts it, ends with a flush."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import tputrace
-from tputrace.cli.main import main
+
+_RUN = "import sys; from tputrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
 
 def _run(tmp_path: Path, source: str, *options: str) -> Path:
+    """Record `source` in a process of its own: a reason depends on what the process compiled before."""
     script = tmp_path / "script.py"
     script.write_text(source)
     trace_path = tmp_path / "script.tptrace"
-    assert main(["run", "--no-summary", *options, "-o", str(trace_path), str(script)]) == 0
+    result = subprocess.run(
+        [sys.executable, "-c", _RUN, "run", "--no-summary", *options, "-o", str(trace_path), str(script)],
+        capture_output=True, text=True, timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
     return trace_path
 
 
