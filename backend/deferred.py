@@ -408,7 +408,7 @@ class DeferredExecutor:
         input_names = _input_names(nodes, len(graph.inputs))
         reason, diff = self.dispatcher.compile_reason(plan.structure_key, in_specs, input_names, evicted=evicted)
         by_length = self.dispatcher.length_recompiles.fused_reason(
-            nodes, structure[1:], in_specs, lambda index: _location(graph, recorder if recording else None, index)
+            nodes, structure[1:], in_specs, lambda index: _op_text(nodes, graph, recorder if recording else None, index)
         )
         if reason == "first":
             reason, diff = self._structure_change(site, step, nodes, in_specs, graph, recorder if recording else None, by_length)
@@ -435,30 +435,31 @@ class DeferredExecutor:
         if by_input is not None:
             index, position, changed = by_input
             change = signature_diff(old.in_specs[changed:changed + 1], in_specs[changed:changed + 1], [f"arg {position}"])
-            return "recompile", f"op {index} {nodes[index][0].op_name}{_location(graph, recorder, index)}: {change}"
+            return "recompile", f"{_op_text(nodes, graph, recorder, index)}: {change}"
         if by_length is not None:
             return by_length
         for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
             if plan is not old_plan or refs != old_refs:
                 where = _location(graph, recorder, index)
+                op = _op_text(nodes, graph, recorder, index)
                 if plan.op_name == old_plan.op_name and old_plan.matmul_precision and plan.matmul_precision and old_plan.matmul_precision != plan.matmul_precision:
-                    return "recompile", f"op {index} {plan.op_name}{where}: float32 matmul precision: {old_plan.matmul_precision} -> {plan.matmul_precision}"
+                    return "recompile", f"{op}: float32 matmul precision: {old_plan.matmul_precision} -> {plan.matmul_precision}"
                 if plan.op_name == old_plan.op_name and len(plan.in_specs) == len(old_plan.in_specs):
                     names = [f"arg {position}" for position in range(len(plan.in_specs))]
                     change = signature_diff(old_plan.in_specs, plan.in_specs, names)
                     if change != "same signature":
-                        return "recompile", f"op {index} {plan.op_name}{where}: {change}"
+                        return "recompile", f"{op}: {change}"
                 if plan.op_name == old_plan.op_name and refs == old_refs:
-                    return "recompile", f"op {index} {plan.op_name}{where}: non-tensor arguments {key_change(old_plan.structure_key, plan.structure_key)}"
+                    return "recompile", f"{op}: non-tensor arguments {key_change(old_plan.structure_key, plan.structure_key)}"
                 if plan.op_name == old_plan.op_name:
-                    return "recompile", f"op {index} {plan.op_name}{where}: reads other values (inputs wired differently)"
-                return "recompile", f"structure change at op {index}{where}: {old_plan.op_name} -> {plan.op_name}"
+                    return "recompile", f"{op}: reads other values (inputs wired differently)"
+                return "recompile", f"structure change at op {_op_count(nodes[:index])}{where}: {old_plan.op_name} -> {plan.op_name}"
         shared = min(len(nodes), len(old_nodes))
         if len(nodes) > shared:
-            return "recompile", f"structure change at op {shared}{_location(graph, recorder, shared)}: {nodes[shared][0].op_name} added ({len(old_nodes)} ops -> {len(nodes)} ops)"
+            return "recompile", f"structure change at op {_op_count(nodes[:shared])}{_location(graph, recorder, shared)}: {nodes[shared][0].op_name} added ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
         if len(old_nodes) > shared:
-            return "recompile", f"structure change at op {shared}: {old_nodes[shared][0].op_name} and what followed it left out ({len(old_nodes)} ops -> {len(nodes)} ops)"
-        return "recompile", f"same {len(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
+            return "recompile", f"structure change at op {_op_count(old_nodes[:shared])}: {old_nodes[shared][0].op_name} and what followed it left out ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
+        return "recompile", f"same {_op_count(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
         if fused.program.hlo_text and fused.program_id is not None:
@@ -523,6 +524,12 @@ _INTERNAL_NODES = frozenset({"view", "view_write", "storage_order", "index_check
 def _op_count(nodes: Sequence[tuple[Plan, tuple]]) -> int:
     """The graph's ops: its nodes but view reads and writes and the dispatcher's other own programs."""
     return sum(1 for plan, _ in nodes if plan.op_name not in _INTERNAL_NODES)
+
+
+def _op_text(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph, recorder: Any, index: int) -> str:
+    """'op 3 aten.add.Tensor (train.py:9)': the node at `index`, numbered among the graph's ops (view
+    reads, which a trace has no op of, not counted: a view read gets the number of the op reading it)."""
+    return f"op {_op_count(nodes[:index])} {nodes[index][0].op_name}{_location(graph, recorder, index)}"
 
 
 def _location(graph: PendingGraph, recorder: Any, index: int) -> str:

@@ -39,11 +39,11 @@ class LengthRecompiles:
         previous = self._previous(family, lengths)
         return None if previous is None else ("recompile", describe(previous, lengths))
 
-    def fused_reason(self, nodes: Sequence[tuple[Any, tuple]], rest: tuple, in_specs: tuple, where: Callable[[int], str] = lambda index: "") -> tuple[str, str] | None:
+    def fused_reason(self, nodes: Sequence[tuple[Any, tuple]], rest: tuple, in_specs: tuple, op_text: Callable[[int], str] | None = None) -> tuple[str, str] | None:
         """`reason` for a fused graph (`deferred`): its ops (plan, input refs), the rest of its
-        structure and its inputs; the diff names the first op whose lengths changed and, by `where`
-        of its node, its line (' (train.py:14)'). Graphs of the same ops are one family when only
-        lengths and the shapes that follow from them differ."""
+        structure and its inputs; the diff names the first op whose lengths changed, as `op_text` of
+        its node gives it (`op 0 aten.index.Tensor (train.py:14)`). Graphs of the same ops are one
+        family when only lengths and the shapes that follow from them differ."""
         splits = [_family_and_lengths(plan.structure_key, plan.in_specs) for plan, _ in nodes]
         if all(split is None for split in splits):
             return None
@@ -57,7 +57,7 @@ class LengthRecompiles:
             for index, ((plan, _), split, before, after) in enumerate(zip(nodes, splits, previous, lengths))
             if split is not None and before != after
         )
-        return "recompile", f"op {index} {plan.op_name}{where(index)}: {describe(before, after)}"
+        return "recompile", f"{op_text(index) if op_text else f'op {index} {plan.op_name}'}: {describe(before, after)}"
 
     def _previous(self, family: Any, lengths: tuple) -> tuple | None:
         """The lengths `family` compiled for last when they differ from `lengths` (now its last), else None."""
