@@ -598,9 +598,9 @@ class Dispatcher:
         recorder = self.recorder
         if reason == "first" and recorder is not None and recorder.enabled and kind == "op" and _is_op_key(plan.structure_key):
             reason, diff = self.site_compiles.reason((plan.structure_key[0], recorder.frame_id()), recorder.step_index, plan.structure_key)
-        if self.recorder is not None:
+        if recorder is not None:
             detail = {"matmul_precision": plan.matmul_precision} if plan.matmul_precision else None
-            self.recorder.compiled(plan, kind, reason, diff, detail=detail)
+            recorder.compiled(plan, kind, reason, diff, detail=detail)
 
     # ----------------------------------------------------------------- views
     def _view(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
@@ -617,11 +617,13 @@ class Dispatcher:
         buf = base._buf
         parent = base._view
         if parent is not None and cached and cached[0][0].absolute:
-            cut_chain = padded_reads.own_strides_cut(base) if padded_reads.cuts_made else None
-            if cut_chain is not None:  # `as_strided` of a cut's own strides: of its value, not its buffer
-                parent, cached = cut_chain, tuple((_relative(step), root, out_geom) for step, root, out_geom in cached)
-            elif to_torch(buf.array.dtype) != base.dtype:  # of a dtype view: of the storage read as its dtype
-                parent, cached = storage_as(base.dtype), tuple((_relative(step), root, out_geom) for step, root, out_geom in cached)
+            # `as_strided` of a cut's own strides addresses its value, not its buffer; of a dtype view, the
+            # storage read as its dtype
+            source = padded_reads.own_strides_cut(base) if padded_reads.cuts_made else None
+            if source is None and to_torch(buf.array.dtype) != base.dtype:
+                source = storage_as(base.dtype)
+            if source is not None:
+                parent, cached = source, tuple((_relative(step), root, out_geom) for step, root, out_geom in cached)
         with _inference_as(base):
             results = [
                 view_tensor(buf, out_geom, None if out_geom.dense and _is_whole_array(out_geom, buf.array, step, parent) else root if parent is None else parent.then(step))
