@@ -31,7 +31,7 @@ from jax import dtypes
 from tputrace.backend import hlo_fusions, matmul_precision, memory, program_cache
 from tputrace.backend.dtypes import JAX_TO_TORCH, to_torch
 from tputrace.backend.flush_sites import FlushedGraph, FlushSites
-from tputrace.backend.plans import Plan, compile_program
+from tputrace.backend.plans import INTERNAL_PLANS, VIEW_READ, Plan, compile_program
 from tputrace.backend.signatures import InputSpec, key_change, signature_diff
 
 _perf_ns = time.perf_counter_ns
@@ -144,7 +144,7 @@ class DeferredExecutor:
             graph = self.graphs.get(plan.chip)
             if graph is None:
                 graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
-            elif len(graph.nodes) >= self.size_cap and plan.op_name != "view":
+            elif len(graph.nodes) >= self.size_cap and plan.op_name != VIEW_READ:
                 # Not at a view read: its value goes to an op not recorded yet. This op's pending
                 # inputs become outputs, as a view's value is in no buffer.
                 pending = [value for value in dynamic if type(value) is LazyValue and value.graph is graph]
@@ -518,12 +518,9 @@ def _unpack(packed: Sequence[Any], kind: int, position: int) -> Any:
     return jax.lax.convert_element_type_p.bind(value, new_dtype=_SCALAR_DTYPES[kind], weak_type=True, sharding=None)
 
 
-_INTERNAL_NODES = frozenset({"view", "view_write", "storage_order", "index_check"})  # the dispatcher's own programs, no op of the user's
-
-
 def _op_count(nodes: Sequence[tuple[Plan, tuple]]) -> int:
     """The graph's ops: its nodes but view reads and writes and the dispatcher's other own programs."""
-    return sum(1 for plan, _ in nodes if plan.op_name not in _INTERNAL_NODES)
+    return sum(1 for plan, _ in nodes if plan.op_name not in INTERNAL_PLANS)
 
 
 def _op_text(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph, recorder: Any, index: int) -> str:

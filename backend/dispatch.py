@@ -29,6 +29,9 @@ from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
 from tputrace.backend.executor import Executor, StrictExecutor
 from tputrace.backend.plans import (
+    STORAGE_ORDER,
+    VIEW_READ,
+    VIEW_WRITE,
     LoweringError,
     OutSpec,
     Plan,
@@ -473,7 +476,7 @@ class Dispatcher:
                     return (jnp.transpose(logical, order),)
 
                 out_spec = OutSpec(storage_shape, spec.dtype, spec.jax_dtype, spec.nbytes)
-                plan = Plan("storage_order", to_storage_order, (out_spec,), "single", ((spec.shape, spec.dtype),), chip, ("storage order", order))
+                plan = Plan(STORAGE_ORDER, to_storage_order, (out_spec,), "single", ((spec.shape, spec.dtype),), chip, ("storage order", order))
                 self.executor.prepare(plan, [value])
                 self.plans[key] = plan
         return plan
@@ -696,7 +699,7 @@ class Dispatcher:
                 fn = chain.function()
                 out = jax.eval_shape(fn, jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0]
                 spec = OutSpec(tuple(out.shape), torch.float32, out.dtype, 0)
-                plan = Plan("view", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("chain", chain.key))
+                plan = Plan(VIEW_READ, fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("chain", chain.key))
                 self.executor.prepare(plan, [buf.array])
                 self.plans[key] = plan
         return plan
@@ -711,7 +714,7 @@ class Dispatcher:
                 nbytes = int(np.prod(buf.array.shape, dtype=np.int64)) * np.dtype(buf.array.dtype).itemsize
                 spec = OutSpec(tuple(buf.array.shape), to_torch(buf.array.dtype), buf.array.dtype, nbytes)
                 view = jax.eval_shape(chain.function(), jax.ShapeDtypeStruct(buf.array.shape, buf.array.dtype))[0]
-                plan = Plan("view_write", fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("scatter", chain.key))
+                plan = Plan(VIEW_WRITE, fn, (spec,), "single", ((tuple(buf.array.shape), to_torch(buf.array.dtype)),), buf.chip, ("scatter", chain.key))
                 self.executor.prepare(plan, [buf.array, view])  # the value as a shape: no program compiles to make it
                 self.plans[key] = plan
         return plan

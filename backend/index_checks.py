@@ -35,7 +35,7 @@ import torch
 from tputrace.backend import chips
 from tputrace.backend.cuts.layout import cut_layout, padded_of
 from tputrace.backend.deferred import LazyValue
-from tputrace.backend.plans import OutSpec, Plan
+from tputrace.backend.plans import INDEX_CHECK, OutSpec, Plan
 from tputrace.backend.tensor import TpuTensor
 from tputrace.sourceloc import is_user_file, library_roots
 
@@ -259,7 +259,7 @@ def _plan(site: int, ranges: tuple[IndexRange, ...], index_specs: tuple, cut_dim
 
     length_specs = tuple(((), torch.int32) for cut_dim in cut_dims if cut_dim is not None)
     in_specs = (((), torch.int32), *index_specs, *length_specs)
-    return Plan("index_check", fold, (_FLAG_SPEC,), "single", in_specs, chip, ("index check", site))
+    return Plan(INDEX_CHECK, fold, (_FLAG_SPEC,), "single", in_specs, chip, ("index check", site))
 
 
 def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange | ValueCheck) -> bool:

@@ -97,6 +97,15 @@ class Program:
     hlo_ops: int | None = None  # instructions in the optimized HLO, where it was read (`keep_hlo`, `count_hlo`)
 
 
+# Names of the dispatcher's own programs, which run no op of the user's: a view read, a write through a
+# view, a reorder to a channels-last storage, an on-chip index check. Op counts leave them out.
+VIEW_READ = "view"
+VIEW_WRITE = "view_write"
+STORAGE_ORDER = "storage_order"
+INDEX_CHECK = "index_check"
+INTERNAL_PLANS = frozenset({VIEW_READ, VIEW_WRITE, STORAGE_ORDER, INDEX_CHECK})
+
+
 @dataclass
 class Plan:
     """How to run one op for one signature: the array-level function and its executable."""
