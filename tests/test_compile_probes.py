@@ -1,6 +1,6 @@
 """torch.compile(backend="tpu") on patterns found by probing against eager CPU: outputs that are views
-(of an input, of each other, of an intermediate), and compiled foreach optimizer steps under an LR
-schedule."""
+(of an input, of each other, of an intermediate), compiled foreach optimizer steps under an LR
+schedule, and the `prims.fma` Dynamo writes into graphs any backend may run op by op."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch._dynamo
 
-from backend_helpers import host
+from backend_helpers import eager, host, recorded_fallbacks
+from tputrace.backend.device_module import EagerMode
 
 
 @pytest.fixture(autouse=True)
@@ -117,3 +118,24 @@ def test_a_compiled_foreach_step_under_an_lr_schedule_compiles_twice_and_matches
     assert counters["stats"]["unique_graphs"] == 2
     for ours, theirs in zip(model.parameters(), reference.parameters()):
         assert torch.allclose(host(ours), theirs, atol=1e-5)
+
+
+@pytest.mark.parametrize("backend", ["eager", "aot_eager", "tpu"])
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE], ids=["strict", "defer"])
+def test_a_compiled_adam_step_runs_dynamos_fma_on_the_chip_under_any_backend(backend: str, mode: EagerMode) -> None:
+    """Dynamo writes `addcmul_(..., value=)`, `addcdiv_(..., value=)` and `add_(..., alpha=tensor)` as
+    `prims.fma`; the eager and aot_eager backends dispatch it to the device op by op."""
+    torch.manual_seed(0)
+    start, grad = torch.randn(5), torch.randn(5)
+    cpu_param, param = torch.nn.Parameter(start.clone()), torch.nn.Parameter(start.to("tpu"))
+    cpu_optimizer = torch.optim.Adam([cpu_param], lr=0.01, foreach=False)
+    optimizer = torch.optim.Adam([param], lr=0.01, foreach=False)
+    step = torch.compile(optimizer.step, backend=backend)
+    with eager(mode), recorded_fallbacks() as fallbacks:
+        for _ in range(3):
+            cpu_param.grad, param.grad = grad.clone(), grad.to("tpu")
+            cpu_optimizer.step()
+            step()
+        ours = host(param)
+    assert fallbacks == []
+    assert torch.allclose(ours, cpu_param.detach(), atol=1e-6)

@@ -422,11 +422,6 @@ def _as_strided(node: torch.fx.Node, value: Any, size: Sequence[int], stride: Se
     return jnp.take(storage, positions, mode="clip")
 
 
-def _fma(node: torch.fx.Node, a: Any, b: Any, c: Any) -> Any:
-    """`prims.fma` (what torch's `addcmul`/`lerp` decompositions leave in compiled optimizer steps)."""
-    return a * b + c
-
-
 def _scalar_of(node: torch.fx.Node, value: Any) -> Any:
     """`Tensor.item()` traced into a program (torch's while_loop backward picks its step with one):
     the one element as a 0-dim array, which indexing ops take as a traced index."""
@@ -448,7 +443,6 @@ _SPECIAL: dict[str, Callable[..., Any]] = {
     "aten._to_copy.default": _to_copy,
     "aten.copy.default": _copy,
     "aten.as_strided.default": _as_strided,
-    "prims.fma.default": _fma,
 }
 
 _warned_host_ops: set[tuple[str, str]] = set()

@@ -5,11 +5,14 @@ torch's meta kernel gives."""
 
 from __future__ import annotations
 
+from types import ModuleType
+
 import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
 
+from tputrace.backend import import_hooks
 from tputrace.backend.dtypes import cast
 
 from ._util import jax_dtype
@@ -51,3 +54,17 @@ def where(pred: Array, a: Array, b: Array) -> Array:
 @lowers(prims.convert_element_type.default)
 def convert_element_type(a: Array, dtype: torch.dtype) -> Array:
     return cast(a, jax_dtype(dtype))
+
+
+def fma(a: Array, b: Array, c: Array) -> Array:
+    return a * b + c
+
+
+def _lower_fma(inductor_prims: ModuleType) -> None:
+    """`prims.fma`, which Dynamo writes for `addcmul_`/`addcdiv_` with a `value` and `add_` with a
+    tensor `alpha` (every compiled optimizer step, whatever the backend); the op exists once
+    Inductor's prims module, which Dynamo imports, is loaded."""
+    lowers(prims.fma.default)(fma)
+
+
+import_hooks.when_imported("torch._inductor.inductor_prims", _lower_fma)
