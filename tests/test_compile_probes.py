@@ -139,3 +139,19 @@ def test_a_compiled_adam_step_runs_dynamos_fma_on_the_chip_under_any_backend(bac
         ours = host(param)
     assert fallbacks == []
     assert torch.allclose(ours, cpu_param.detach(), atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE], ids=["strict", "defer"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_a_compiled_product_of_two_dtypes_raises_torchs_error_at_every_call(mode: EagerMode, dynamic: bool) -> None:
+    """Meta kernels let `mm(float32, float64)` through, so Dynamo and AOTAutograd trace it; the CPU
+    kernel refuses it at run time, and so does the compiled tpu graph (rather than promoting)."""
+    x, y = torch.randn(2, 3), torch.randn(3, 2, dtype=torch.float64)
+    with pytest.raises(RuntimeError) as cpu_error:
+        torch.mm(x, y)
+    compiled = torch.compile(lambda a, b: torch.mm(a, b) * 2, backend="tpu", dynamic=dynamic)
+    with eager(mode):
+        for _ in range(2):
+            with pytest.raises(RuntimeError) as error:
+                compiled(x.to("tpu").requires_grad_(), y.to("tpu"))
+            assert str(error.value) == str(cpu_error.value)

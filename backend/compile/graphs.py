@@ -84,6 +84,8 @@ class CompiledGraph:
     # ----------------------------------------------------------------- running
     def __call__(self, *call_args: Any) -> list:
         args = call_args[0] if len(call_args) == 1 and type(call_args[0]) is list else list(call_args)
+        if self.lowering.refusal is not None:
+            raise self.lowering.refusal from None
         if self.events.pending:
             self.events.drain()
         recorder = self.events.recorder()
@@ -149,8 +151,9 @@ class CompiledGraph:
     # ----------------------------------------------------------------- compiling
     def precompile(self, example_inputs: Sequence[Any]) -> None:
         """Compile for the example inputs now when their shapes are static (so that XLA's time counts
-        towards the Dynamo compile, as Inductor's does); dynamic graphs compile at their first call."""
-        if self.bucketing is not None:
+        towards the Dynamo compile, as Inductor's does); dynamic graphs compile at their first call,
+        and graphs whose arguments torch refuses never compile (each call raises its error)."""
+        if self.bucketing is not None or self.lowering.refusal is not None:
             return
         arrays: list[Any] = []
         statics: dict[int, Any] = {}

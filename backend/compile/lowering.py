@@ -24,7 +24,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from tputrace.backend import matmul_precision, rng
+from tputrace.backend import arg_checks, matmul_precision, rng
 from tputrace.backend.compile import aliases, output_layouts
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
@@ -93,6 +93,7 @@ class GraphLowering:
         self.n_ops = len(self.op_names)
         self.view_chains = aliases.view_chains(self.output_args, output_node.meta.get("desc"))
         self.strided_outputs = output_layouts.strided_outputs(output_node.meta.get("desc"), len(self.output_args))
+        self.refusal = _dtype_refusal(self.nodes)
 
     def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True, keep_strides: bool = True, precision: str | None = None) -> Callable[..., tuple]:
         """A function of the tensor inputs (placeholders not in `statics`, in order) followed by one
@@ -213,6 +214,31 @@ def _result(value: Any, stored: output_layouts.StoredLayout | None, index: int, 
         return value
     layout.result_layouts[index] = stored
     return output_layouts.to_storage_order(value, stored)
+
+
+def _dtype_refusal(nodes: Sequence[torch.fx.Node]) -> BaseException | None:
+    """torch's error for the first op whose arguments must share a dtype and do not (`mm` of float32
+    and float64), which meta kernels, and so Dynamo's and AOTAutograd's tracing, let through; the
+    host judges stand-ins of the traced values, as the eager dispatcher does."""
+    for node in nodes:
+        if not _is_aten(node):
+            continue
+        with unset_fake_temporarily():
+            args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), _stand_in)
+            refusal = arg_checks.dtype_refusal(node.target, args, kwargs)
+        if refusal is not None:
+            return refusal
+    return None
+
+
+def _stand_in(node: torch.fx.Node) -> Any:
+    """A host tensor of a node's traced dtype and shape that holds no memory (a zero expanded)."""
+    fake = node.meta.get("val")
+    if not isinstance(fake, torch.Tensor):
+        return fake
+    from torch.fx.experimental.symbolic_shapes import optimization_hint
+
+    return torch.zeros((), dtype=fake.dtype).expand([optimization_hint(size, fallback=1) for size in fake.shape])
 
 
 def _constant(gm: torch.fx.GraphModule, target: str) -> Any:
