@@ -596,8 +596,24 @@ def _traced_tensor(inner: torch.Tensor, size: Any, stride: Any) -> TpuTensor:
     )
     tensor._traced = inner
     # A traced tensor has no buffer: the tracers see torch's own (empty) wrapper storage.
-    tensor.untyped_storage = functools.partial(torch.Tensor.untyped_storage, tensor)
+    tensor.untyped_storage = functools.partial(_traced_storage, tensor)
     return tensor
+
+
+def _traced_storage(tensor: TpuTensor) -> torch.UntypedStorage:
+    """torch's wrapper storage of a traced tensor, whose `resize_` resizes the inner tensor's storage.
+    Tracing an empty (or released) tpu tensor gives its fake 0 bytes so, and torch would ask the
+    PrivateUse1 hooks to resize a tpu storage, which a device written in Python cannot register."""
+    storage = torch.Tensor.untyped_storage(tensor)
+    if "resize_" not in vars(storage):
+        inner_storage = tensor._traced.untyped_storage()
+
+        def resize(nbytes: int) -> torch.UntypedStorage:
+            inner_storage.resize_(nbytes)
+            return storage
+
+        storage.resize_ = resize
+    return storage
 
 
 def _holds_traced(args: tuple, kwargs: dict | None) -> bool:

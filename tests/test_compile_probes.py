@@ -155,3 +155,20 @@ def test_a_compiled_product_of_two_dtypes_raises_torchs_error_at_every_call(mode
             with pytest.raises(RuntimeError) as error:
                 compiled(x.to("tpu").requires_grad_(), y.to("tpu"))
             assert str(error.value) == str(cpu_error.value)
+
+
+def _with_an_empty_input(x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    return x + 1, x.sum(0), torch.cat([x, y]), y @ y.t()
+
+
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE], ids=["strict", "defer"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_an_empty_tpu_input_compiles_and_matches_the_cpu(mode: EagerMode, dynamic: bool) -> None:
+    """Dynamo gives the fake of a tensor whose storage holds 0 bytes an empty storage by resizing it,
+    which for a tpu storage torch would leave to PrivateUse1 hooks Python cannot register."""
+    x, y = torch.zeros(0, 3), torch.randn(2, 3)
+    compiled = torch.compile(_with_an_empty_input, backend="tpu", dynamic=dynamic)
+    with eager(mode):
+        ours = compiled(x.to("tpu"), y.to("tpu"))
+        for our, their in zip(ours, _with_an_empty_input(x, y)):
+            assert our.shape == their.shape and torch.allclose(host(our), their)
