@@ -6,8 +6,10 @@ Five kinds. Only the third and fourth cost anything per call, and only for the o
   host: the op runs on host copies of its inputs, and the host's error is raised if it refuses them
   too. A meta kernel that merely cannot handle them (a data-dependent output size) is not an error.
 - Arguments that must share a dtype (`int32 @ float32`, `index_put_` of float64 values into
-  float32), which meta kernels do not check: confirmed on the host with stand-ins that hold no
-  memory, when a signature's plan is built.
+  float32), and dtypes a CPU kernel does not take (`softmax` of integers, `abs` of bools, `max` of
+  complex numbers), which meta kernels do not check and XLA would compute: confirmed on the host
+  with stand-ins that hold no memory (the written tensor excepted), when a signature's plan is built.
+  The second is asked only of ops with a bool, integer or complex tensor argument.
 - Python-number arguments, which are traced and so not part of a plan's key (`x ** -1` on integers,
   `uniform_(2, 1)`, `fill_(300)` on uint8): checked on every call, only for the ops listed in
   `_VALUE_CHECKS`.
@@ -26,11 +28,12 @@ Writes through a boolean mask that read one value per set element (`x[mask] = va
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_map_only
+from torch.utils._pytree import tree_leaves, tree_map_only
 
 from tputrace.backend import index_checks
 from tputrace.backend.mask_counts import COUNT_CHECKS
@@ -77,6 +80,76 @@ def dtype_refusal(op: Any, args: Sequence[Any], kwargs: dict) -> BaseException |
         return None
     stand_ins = tree_map_only(torch.Tensor, lambda tensor: torch.zeros((), dtype=tensor.dtype).expand(tensor.shape), (tuple(args), dict(kwargs)))
     return _host_error(op, *stand_ins)
+
+
+def kernel_dtype_refusal(op: Any, args: Sequence[Any], kwargs: dict) -> BaseException | None:
+    """torch's error for a dtype the op's CPU kernel does not take (`"softmax_kernel_impl" not
+    implemented for 'Long'`), which its meta kernel accepts; None if the host takes it.
+
+    Asked when a signature's plan is built, only for ops with a bool, integer or complex tensor
+    argument (every CPU kernel takes float32 and float64; half types are left unasked, as running
+    a large half matmul on the host would cost more than the check is worth), and once per op and
+    argument types: what a kernel takes depends on the dtypes, not the shapes. The host runs the op
+    on stand-ins (zeros expanded to the arguments' shapes; a written argument gets memory of its
+    own), and only an error that names a dtype counts: a stand-in's zero values may be refused for
+    reasons of their own."""
+    if op.overloadpacket in _KERNEL_DTYPE_EXTENSIONS:
+        return None
+    leaves = tree_leaves((tuple(args), kwargs))
+    if not any(isinstance(leaf, torch.Tensor) and _narrow(leaf.dtype) for leaf in leaves):
+        return None
+    key = (op, tuple(kwargs), tuple(leaf.dtype if isinstance(leaf, torch.Tensor) else type(leaf) for leaf in leaves))
+    if key in _kernel_dtypes_taken:
+        return None
+    refusal = _host_dtype_error(op, *_stand_ins(op, args, kwargs))
+    if refusal is None and all(leaf.numel() for leaf in leaves if isinstance(leaf, torch.Tensor)):  # an empty input may skip the kernel
+        _kernel_dtypes_taken.add(key)
+    return refusal
+
+
+def _host_dtype_error(op: Any, host_args: tuple, host_kwargs: dict) -> BaseException | None:
+    try:
+        op(*host_args, **host_kwargs)
+    except Exception as error:  # noqa: BLE001 - returned for the caller to raise
+        return error if _DTYPE_REFUSAL.search(str(error)) else None
+    return None
+
+
+# (op, keyword names, argument dtypes and types) the host's kernel took.
+_kernel_dtypes_taken: set[tuple] = set()
+# Ops whose tpu lowering takes dtypes torch's CPU kernel refuses, as CUDA's kernel does (README).
+_KERNEL_DTYPE_EXTENSIONS = frozenset({aten.histc})
+# torch's wording when a kernel refuses a dtype: its dispatch macros' `"abs_cpu" not implemented for
+# 'Bool'`, and its checks' `Boolean inputs not supported for relu`, `clamp is not supported for complex
+# types`, `Integer division with addcdiv is no longer supported`.
+_DTYPE_REFUSAL = re.compile(r"not implemented for '|\b(?:[Bb]ool(?:ean)?|[Cc]omplex|[Ii]nteger)\b")
+
+
+def _narrow(dtype: torch.dtype) -> bool:
+    """Whether some CPU kernels refuse this dtype: bool, integers and complex numbers."""
+    return not dtype.is_floating_point
+
+
+def _stand_ins(op: Any, args: Sequence[Any], kwargs: dict) -> tuple[tuple, dict]:
+    """Host arguments of the same dtypes and shapes: zeros expanded, holding no memory, except the
+    tensors the op writes (in place, `out=`), which get memory of their own (a write into an
+    expanded tensor is refused before any dtype is looked at)."""
+    written = {argument.name for argument in op._schema.arguments if argument.alias_info is not None and argument.alias_info.is_write}
+    names = [argument.name for argument in op._schema.arguments]
+
+    def stand_in(value: Any, name: str | None) -> Any:
+        def make(tensor: torch.Tensor) -> torch.Tensor:
+            if name in written:
+                return torch.zeros(tensor.shape, dtype=tensor.dtype)
+            return torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)
+
+        return tree_map_only(torch.Tensor, make, value)
+
+    host_args = tuple(stand_in(value, names[index] if index < len(names) else None) for index, value in enumerate(args))
+    host_kwargs = {name: stand_in(value, name) for name, value in kwargs.items()}
+    if "device" in host_kwargs:
+        host_kwargs["device"] = torch.device("cpu")
+    return host_args, host_kwargs
 
 
 def _host_error(op: Any, host_args: tuple, host_kwargs: dict) -> BaseException | None:

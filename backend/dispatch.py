@@ -556,7 +556,7 @@ class Dispatcher:
         """The outputs' specs from torch's meta kernel, else from the lowering; arguments the host
         refuses raise its error; None if neither can say (the signature runs on the host)."""
         call_args, call_kwargs = rebuild(template_args, originals), rebuild(kwargs_template, originals)
-        refusal = arg_checks.dtype_refusal(entry.op, call_args, call_kwargs)
+        refusal = arg_checks.dtype_refusal(entry.op, call_args, call_kwargs) or arg_checks.kernel_dtype_refusal(entry.op, call_args, call_kwargs)
         if refusal is not None:
             raise refusal from None
         try:

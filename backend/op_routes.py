@@ -119,6 +119,8 @@ def _assert_async(args: tuple, kwargs: dict) -> None:
 
 
 def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
+    if tensor.dtype != torch.int64:  # torch's kernel checks it; its decomposition does not
+        raise RuntimeError("one_hot is only applicable to index tensor of type LongTensor.")
     high = num_classes if num_classes >= 0 else index_checks.UNBOUNDED
     index_checks.check("aten.one_hot", [(tensor, index_checks.IndexRange(0, high))])
     try:

@@ -47,6 +47,18 @@ REFUSED: dict[str, Callable[[str], object]] = {
     "linear with a float64 weight": lambda d: F.linear(torch.ones(2, 2, device=d), torch.ones(2, 2, device=d).double()),
     "index_put_ of float64 values": lambda d: torch.zeros(3, device=d).index_put_((torch.tensor([0], device=d),), torch.ones(1, device=d).double()),
     "index_add_ of float64 values": lambda d: torch.zeros(3, device=d).index_add_(0, torch.tensor([0], device=d), torch.ones(1, device=d).double()),
+    # dtypes a CPU kernel does not take (meta kernels take them all), confirmed on stand-ins
+    "softmax of integers": lambda d: torch.softmax(torch.arange(4, device=d), 0),
+    "log_softmax of bools": lambda d: torch.log_softmax(torch.ones(4, dtype=torch.bool, device=d), 0),
+    "abs of bools": lambda d: torch.ones(3, dtype=torch.bool, device=d).abs(),
+    "relu of bools": lambda d: torch.relu(torch.ones(3, dtype=torch.bool, device=d)),
+    "gelu of integers": lambda d: F.gelu(torch.arange(3, device=d)),
+    "max of complex numbers": lambda d: torch.ones(3, dtype=torch.complex64, device=d).max(),
+    "sort of complex numbers": lambda d: torch.ones(3, dtype=torch.complex64, device=d).sort(),
+    "bool @ bool": lambda d: torch.ones(2, 2, dtype=torch.bool, device=d) @ torch.ones(2, 2, dtype=torch.bool, device=d),
+    "lerp_ of integers in place": lambda d: torch.arange(3, device=d).lerp_(torch.arange(3, device=d), 0.5),
+    "layer_norm of integers": lambda d: F.layer_norm(torch.arange(4, device=d).view(1, 4), (4,)),
+    "one_hot of floats": lambda d: F.one_hot(torch.ones(3, device=d)),
     # Python numbers an integer dtype cannot hold
     "uint8 fill_ 300": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(300),
     "int16 clamp max 40000": lambda d: torch.tensor([0, 5], dtype=torch.int16, device=d).clamp(max=40000),
@@ -75,6 +87,11 @@ ACCEPTED: dict[str, Callable[[str], torch.Tensor]] = {
     "uint8 + 300 wraps": lambda d: torch.zeros(2, dtype=torch.uint8, device=d) + 300,
     "a float scalar into an index": lambda d: (lambda t: (t.__setitem__(torch.tensor([0], device=d), 5.0), t)[1])(torch.zeros(3, device=d)),
     "bfloat16 autocast matmul of mixed inputs": lambda d: _autocast_matmul(d),
+    "integer @ integer": lambda d: torch.arange(4, device=d).view(2, 2) @ torch.arange(4, device=d).view(2, 2),
+    "embedding by integer indices": lambda d: F.embedding(torch.tensor([1, 0], device=d), torch.ones(2, 3, device=d)),
+    "integer // integer": lambda d: torch.arange(4, device=d) // torch.tensor([1, 2, 3, 4], device=d),
+    "cumsum of bools": lambda d: torch.ones(3, dtype=torch.bool, device=d).cumsum(0),
+    "in-place add of integers": lambda d: torch.arange(3, device=d).add_(torch.arange(3, device=d)),
     # a meta kernel that refuses (no output size) where the host accepts: the op still runs
     "repeat_interleave by a tensor": lambda d: torch.repeat_interleave(torch.tensor([1.0, 2.0], device=d), torch.tensor([2, 1], device=d)),
 }
