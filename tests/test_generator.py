@@ -157,6 +157,17 @@ def test_draws_are_well_distributed(mode: EagerMode) -> None:
     assert torch.allclose(frequencies, torch.tensor([0.1, 0.2, 0.7], dtype=torch.float64), atol=0.01)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16], ids=str)
+def test_half_uniform_draws_stay_below_one_on_torchs_grid(dtype: torch.dtype) -> None:
+    """torch draws a half type's uniform as k / 2**digits: never 1 (a float32 draw rounded would be)."""
+    generator = torch.Generator(device="tpu").manual_seed(0)
+    uniform = host(torch.rand(100_000, dtype=dtype, generator=generator, device="tpu")).double()
+    steps = {torch.bfloat16: 256, torch.float16: 2048}[dtype]
+    assert uniform.max() == 1 - 1 / steps and uniform.min() == 0
+    assert torch.equal(uniform * steps, (uniform * steps).floor())
+    assert abs(uniform.mean() - (0.5 - 0.5 / steps)) < 0.005
+
+
 def test_an_op_run_on_the_host_draws_from_the_generator_reproducibly() -> None:
     inputs = -torch.ones(3, device="tpu")  # rrelu_with_noise_functional has no lowering: a CPU fallback
 

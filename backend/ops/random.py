@@ -31,8 +31,16 @@ def _float_dtype(dtype: torch.dtype | None, like: jnp.dtype | None = None) -> jn
 
 
 def _uniform(key: Array, shape: Sequence[int], dtype: jnp.dtype, low: object = 0.0, high: object = 1.0) -> Array:
-    sample_dtype = jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
-    return (low + (high - low) * jax.random.uniform(key, tuple(shape), sample_dtype)).astype(dtype)
+    return (low + (high - low) * _unit_uniform(key, shape, dtype)).astype(dtype)
+
+
+def _unit_uniform(key: Array, shape: Sequence[int], dtype: jnp.dtype) -> Array:
+    """Uniform in [0, 1) on the grid of `dtype`'s significand, as torch draws it: a half type's draw
+    is k / 2**digits (bfloat16: k / 256), computed in float32, so rounding never makes it 1."""
+    if jnp.dtype(dtype).itemsize >= 4:
+        return jax.random.uniform(key, tuple(shape), dtype)
+    steps = 2.0 ** (jnp.finfo(dtype).nmant + 1)
+    return jnp.floor(jax.random.uniform(key, tuple(shape), jnp.float32) * steps) / steps
 
 
 def _normal(key: Array, shape: Sequence[int], dtype: jnp.dtype) -> Array:
