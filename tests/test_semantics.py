@@ -10,7 +10,8 @@ import warnings
 import pytest
 import torch
 
-from backend_helpers import host
+from backend_helpers import eager, host
+from tputrace.backend.device_module import EagerMode
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.complex64]
 
@@ -45,6 +46,32 @@ def test_python_numbers_of_equal_value_keep_their_own_type_and_sign() -> None:
                 finite = ~expected.isnan()
                 assert torch.equal(result[finite], expected[finite]), (operation, number)
                 assert torch.equal(result[finite].signbit(), expected[finite].signbit()), (operation, number)
+
+
+ZERO_DIM_OPERANDS = {
+    "uint8 > int64 -1": lambda d: torch.tensor([1, 2], dtype=torch.uint8, device=d) > torch.tensor(-1, device=d),
+    "uint8 == int64 -1": lambda d: torch.tensor([255, 0], dtype=torch.uint8, device=d) == torch.tensor(-1, device=d),
+    "int8 == int64 128": lambda d: torch.tensor([-128], dtype=torch.int8, device=d) == torch.tensor(128, device=d),
+    "float32 == float64 0.1": lambda d: torch.tensor([0.1, 0.2], device=d) == torch.tensor(0.1, dtype=torch.float64, device=d),
+    "float16 < float64 0.1": lambda d: torch.tensor([0.1], dtype=torch.float16, device=d) < torch.tensor(0.1, dtype=torch.float64, device=d),
+    "maximum uint8 int64": lambda d: torch.maximum(torch.tensor([1, 2], dtype=torch.uint8, device=d), torch.tensor(-1, device=d)),
+    "clamp uint8 by int64": lambda d: torch.tensor([1, 200], dtype=torch.uint8, device=d).clamp(torch.tensor(-1, device=d), torch.tensor(100, device=d)),
+    "uint8 // int64 -1": lambda d: torch.tensor([4], dtype=torch.uint8, device=d) // torch.tensor(-1, device=d),
+    "int == float64": lambda d: torch.tensor([1, 2], device=d) == torch.tensor(1.0, dtype=torch.float64, device=d),
+    "float16 == complex scalar": lambda d: torch.tensor([1.0], dtype=torch.float16, device=d) == 1j,
+}
+
+
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE], ids=lambda mode: mode.name)
+@pytest.mark.parametrize("case", sorted(ZERO_DIM_OPERANDS))
+def test_zero_dim_operands_promote_as_on_the_cpu(case: str, mode: EagerMode) -> None:
+    """A 0-dim tensor of a wider dtype than the other operand's, in the same category, is cast to
+    that operand's dtype before the op computes (torch's promotion), not the other way round."""
+    call = ZERO_DIM_OPERANDS[case]
+    expected = call("cpu")
+    with eager(mode):
+        result = host(call("tpu"))
+    assert result.dtype == expected.dtype and torch.equal(result, expected)
 
 
 def test_writes_through_views_reach_the_base_and_back() -> None:

@@ -9,8 +9,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 from jax import lax
+from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from ..dtypes import to_jax
+from ..dtypes import to_jax, to_torch
 
 # Full float32 precision, for products outside torch's float32 matmul precision setting (linear algebra,
 # resampling weights, float8 scaled products): XLA's default may use bf16 passes on TPU or TF32 on GPU.
@@ -21,6 +22,31 @@ DEFAULT_FLOAT = jnp.float32
 
 class UnloweredCase(NotImplementedError):
     """A lowering met arguments it cannot trace (e.g. a data-dependent output shape)."""
+
+
+def torch_result_type(*operands: object) -> jnp.dtype:
+    """The dtype torch computes these operands in: dim tensors lead, 0-dim tensors and Python numbers
+    (weakly typed in a trace) count only with a higher category (bool < integer < float < complex), so
+    `uint8_tensor > torch.tensor(-1)` compares in uint8 and `x == torch.tensor(0.1, dtype=torch.float64)`
+    in x's float32, where JAX's promotion would widen both to 64 bits."""
+    stand_ins = [_promotion_stand_in(operand) for operand in operands]
+    _, result = elementwise_dtypes(*stand_ins, type_promotion_kind=ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT)
+    return to_jax(torch.complex64 if result == torch.complex32 else result)  # no complex32 on the chip
+
+
+def in_result_type(*operands: object) -> list[jax.Array]:
+    """The operands cast to `torch_result_type`, as torch casts them before computing."""
+    dtype = torch_result_type(*operands)
+    return [jnp.asarray(operand).astype(dtype) for operand in operands]
+
+
+def _promotion_stand_in(operand: object) -> object:
+    """A torch value that promotes as `operand` does: a Python number for a weakly typed value, an
+    empty tensor of its dtype and rank (0-dim or not) otherwise."""
+    aval = jax.typeof(operand)
+    if aval.weak_type:
+        return {"b": True, "i": 1, "u": 1, "f": 1.0, "c": 1j}[jnp.dtype(aval.dtype).kind]
+    return torch.empty((0,) * min(aval.ndim, 1), dtype=to_torch(aval.dtype))
 
 
 def jax_dtype(dtype: torch.dtype | None) -> jnp.dtype | None:

@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ._util import is_complex
+from ._util import in_result_type, is_complex
 from .pointwise import promote
 from .registry import lowers
 
@@ -22,10 +22,18 @@ Array = jax.Array
 
 # --- comparisons, logical and bitwise ops ----------------------------------------------------------
 
+def _comparison(fn):
+    def lowering(self: Array, other: Array) -> Array:
+        return fn(*in_result_type(self, other))
+
+    lowering.__qualname__ = f"comparison[{fn.__name__}]"
+    return lowering
+
+
 for _name, _fn in (("eq", jnp.equal), ("ne", jnp.not_equal), ("lt", jnp.less), ("le", jnp.less_equal),
                    ("gt", jnp.greater), ("ge", jnp.greater_equal)):
     _packet = getattr(aten, _name)
-    lowers(_packet.Tensor, _packet.Scalar)(_fn)
+    lowers(_packet.Tensor, _packet.Scalar)(_comparison(_fn))
 
 
 def _logical(fn):
@@ -79,22 +87,22 @@ def where(condition: Array, self: Array, other: Array) -> Array:
 
 @lowers(aten.clamp.default, aten.clamp.Tensor)
 def clamp(self: Array, min: Array | None = None, max: Array | None = None) -> Array:  # noqa: A002
-    result = self
+    result, *bounds = in_result_type(self, *(bound for bound in (min, max) if bound is not None))
     if min is not None:
-        result = jnp.maximum(result, min)
+        result = jnp.maximum(result, bounds.pop(0))
     if max is not None:
-        result = jnp.minimum(result, max)
+        result = jnp.minimum(result, bounds.pop(0))
     return result
 
 
 @lowers(aten.clamp_min.default, aten.clamp_min.Tensor)
 def clamp_min(self: Array, min: Array) -> Array:  # noqa: A002
-    return jnp.maximum(self, min)
+    return jnp.maximum(*in_result_type(self, min))
 
 
 @lowers(aten.clamp_max.default, aten.clamp_max.Tensor)
 def clamp_max(self: Array, max: Array) -> Array:  # noqa: A002
-    return jnp.minimum(self, max)
+    return jnp.minimum(*in_result_type(self, max))
 
 
 @lowers(aten.masked_fill.Scalar, aten.masked_fill.Tensor)

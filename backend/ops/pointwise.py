@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from ._util import DEFAULT_FLOAT, is_complex, is_float, is_integral, opmath, to_float
+from ._util import DEFAULT_FLOAT, is_complex, is_float, is_integral, opmath, to_float, in_result_type
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -246,9 +246,8 @@ def _floor_divide_float(a: Array, b: Array) -> Array:
 
 
 def promote(a: object, b: object) -> tuple[Array, Array]:
-    """a and b in their common dtype, broadcast to one shape (lax ops need both)."""
-    dtype = jnp.result_type(a, b)
-    return tuple(jnp.broadcast_arrays(jnp.asarray(a).astype(dtype), jnp.asarray(b).astype(dtype)))
+    """a and b in torch's common dtype (`torch_result_type`), broadcast to one shape (lax ops need both)."""
+    return tuple(jnp.broadcast_arrays(*in_result_type(a, b)))
 
 
 def _divide(self: object, other: object, rounding_mode: str | None) -> Array:
@@ -385,22 +384,22 @@ lowers(aten.special_xlog1py.default, aten.special_xlog1py.self_scalar, aten.spec
 
 @lowers(aten.maximum.default)
 def maximum(self: Array, other: Array) -> Array:
-    return jnp.maximum(self, other)
+    return jnp.maximum(*in_result_type(self, other))
 
 
 @lowers(aten.minimum.default)
 def minimum(self: Array, other: Array) -> Array:
-    return jnp.minimum(self, other)
+    return jnp.minimum(*in_result_type(self, other))
 
 
 @lowers(aten.fmax.default)
 def fmax(self: Array, other: Array) -> Array:
-    return jnp.fmax(self, other)
+    return jnp.fmax(*in_result_type(self, other))
 
 
 @lowers(aten.fmin.default)
 def fmin(self: Array, other: Array) -> Array:
-    return jnp.fmin(self, other)
+    return jnp.fmin(*in_result_type(self, other))
 
 
 @lowers(aten.lerp.Scalar, aten.lerp.Tensor)
