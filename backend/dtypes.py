@@ -71,13 +71,18 @@ def to_jax(dtype: torch.dtype) -> jnp.dtype:
 
 _E4M3FN = jnp.dtype(jnp.float8_e4m3fn)
 _E4M3FN_MAX = float(jnp.finfo(jnp.float8_e4m3fn).max)
+_UINT8 = jnp.dtype(jnp.uint8)
 
 
 def cast(array: jax.Array, dtype: jnp.dtype) -> jax.Array:
     """`array.astype(dtype)` as torch casts: into float8_e4m3fn, which has no infinity, values past its
-    largest (448) saturate to it (infinities too) where XLA would make NaN; NaN stays NaN."""
+    largest (448) saturate to it (infinities too) where XLA would make NaN; NaN stays NaN. A float
+    becomes uint8 through int64, as torch's `static_cast_with_inter_type` makes it on every device
+    (-1.0 gives 255 and 300.0 gives 44), where XLA would saturate to 0 and 255."""
     if dtype == _E4M3FN and array.dtype != _E4M3FN and jnp.issubdtype(array.dtype, jnp.floating):
         array = jnp.clip(array, -_E4M3FN_MAX, _E4M3FN_MAX)
+    if dtype == _UINT8 and jnp.issubdtype(array.dtype, jnp.floating):
+        array = array.astype(jnp.int64)
     return array.astype(dtype)
 
 

@@ -74,6 +74,15 @@ def test_zero_dim_operands_promote_as_on_the_cpu(case: str, mode: EagerMode) -> 
     assert result.dtype == expected.dtype and torch.equal(result, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_floats_become_uint8_through_int64_as_on_the_cpu(dtype: torch.dtype) -> None:
+    """torch casts a float to uint8 through int64 on every device, so negatives and values past 255 wrap."""
+    values = torch.tensor([-1.0, -0.5, 2.7, 255.0, 256.0, 300.0, -200.0], dtype=dtype)
+    expected = values.to(torch.uint8)
+    assert torch.equal(host(values.to("tpu").to(torch.uint8)), expected)
+    assert torch.equal(host(torch.zeros(7, dtype=torch.uint8, device="tpu").copy_(values.to("tpu"))), expected)
+
+
 def test_writes_through_views_reach_the_base_and_back() -> None:
     base = torch.zeros(3, 4, device="tpu")
     row = base[1]
