@@ -108,8 +108,11 @@ def kernel_dtype_refusal(op: Any, args: Sequence[Any], kwargs: dict) -> BaseExce
 
 
 def _host_dtype_error(op: Any, host_args: tuple, host_kwargs: dict) -> BaseException | None:
+    """The dtype error the host raises for these stand-ins; a random op's draw leaves the CPU's
+    generator where it was, so checking a tpu `random_` does not move the script's CPU draws."""
     try:
-        op(*host_args, **host_kwargs)
+        with torch.random.fork_rng(devices=()):
+            op(*host_args, **host_kwargs)
     except Exception as error:  # noqa: BLE001 - returned for the caller to raise
         return error if _DTYPE_REFUSAL.search(str(error)) else None
     return None

@@ -10,6 +10,7 @@ import torch
 import torch.nn.functional as F
 
 from backend_helpers import eager, host
+from tputrace.backend import arg_checks
 from tputrace.backend.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
@@ -203,3 +204,15 @@ def test_as_strided_past_the_end_of_storage_raises_torchs_error(mode: EagerMode)
             assert str(raised.value) == expected
         inside = torch.arange(6.0, device="tpu").view(2, 3).as_strided((2, 2), (3, 1), 1)
         assert host(inside).tolist() == [[1.0, 2.0], [4.0, 5.0]]
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_checking_a_random_op_leaves_the_cpu_draws_as_they_were(mode: EagerMode, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(arg_checks, "_kernel_dtypes_taken", set())  # the check runs, as on a signature's first call
+    torch.manual_seed(0)
+    expected = torch.rand(3)
+    torch.manual_seed(0)
+    with eager(mode):
+        draws = torch.zeros(4, dtype=torch.int16, device="tpu").random_(0, 10)
+        host(draws)
+    assert torch.equal(torch.rand(3), expected)
