@@ -9,6 +9,7 @@ within one unit in the last place of the truth, or no farther from it than torch
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import pytest
@@ -35,8 +36,8 @@ def _inputs(dtype: torch.dtype, *shapes: tuple[int, ...], scale: float = 3.0) ->
     return [(torch.randn(shape, generator=generator, dtype=torch.float64) * scale).to(dtype) for shape in shapes]
 
 
-def _check(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], dtype: torch.dtype, mode: EagerMode) -> None:
-    truth = fn(*(x.to(torch.float64) if x.is_floating_point() else x for x in inputs))
+def _check(fn: Callable[..., torch.Tensor], inputs: list[torch.Tensor], dtype: torch.dtype, mode: EagerMode, exact: Callable[..., torch.Tensor] | None = None) -> None:
+    truth = (exact or fn)(*(x.to(torch.float64) if x.is_floating_point() else x for x in inputs))
     theirs = fn(*inputs)
     with eager(mode):
         ours = fn(*(x.to("tpu") for x in inputs)).to("cpu")
@@ -67,6 +68,17 @@ def _gradient(fn: Callable[[torch.Tensor], torch.Tensor]) -> Callable[[torch.Ten
 
     return gradient
 
+
+def _gelu_backward_exact(upstream: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """gelu's gradient with the normal CDF as erfc(-x/sqrt(2))/2: torch's own float64 kernel takes it
+    as (1 + erf(x/sqrt(2)))/2, which cancels below x = -5.9, so whether its last bits hold depends on
+    the host's float64 erf (on some hosts 1 + erf is 0 there and the truth drops a 1.5% term)."""
+    cdf = 0.5 * torch.special.erfc(-x / math.sqrt(2.0))
+    return upstream * (cdf + x * torch.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi))
+
+
+# Cases whose float64 truth torch's own formula does not give to the last bits.
+EXACT: dict[str, Callable[..., torch.Tensor]] = {"gelu_backward": _gelu_backward_exact}
 
 CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ...]]] = {
     "cumsum_dtype": (lambda x: x.cumsum(0, dtype=x.dtype), ((256,),)),
@@ -99,10 +111,10 @@ CASES: dict[str, tuple[Callable[..., torch.Tensor], tuple[tuple[int, ...], ...]]
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_bfloat16_no_farther_from_float64_than_torch(case: str, mode: EagerMode) -> None:
     fn, shapes = CASES[case]
-    _check(fn, _inputs(torch.bfloat16, *shapes), torch.bfloat16, mode)
+    _check(fn, _inputs(torch.bfloat16, *shapes), torch.bfloat16, mode, EXACT.get(case))
 
 
 @pytest.mark.parametrize("case", ["cumsum_dtype", "softmax_backward", "hardswish", "interpolate_bilinear", "conv1d_bias", "embedding_bag_sum", "glu"])
 def test_float16_no_farther_from_float64_than_torch(case: str) -> None:
     fn, shapes = CASES[case]
-    _check(fn, _inputs(torch.float16, *shapes), torch.float16, EagerMode.DEFER_NEVER)
+    _check(fn, _inputs(torch.float16, *shapes), torch.float16, EagerMode.DEFER_NEVER, EXACT.get(case))
