@@ -150,6 +150,44 @@ def test_console_script_reports_bad_traces(tmp_path: Path, sample_trace_path: Pa
     assert result.returncode == 0 and "records" in result.stdout
 
 
+@pytest.mark.parametrize(
+    ("update", "error"),
+    [
+        ("UPDATE ops SET start_ns = 'x'", "ops.start_ns holds 'x' (text) where the format has integers"),
+        ("UPDATE ops SET dur_ns = dur_ns + 0.5", "ops.dur_ns holds"),
+        ("UPDATE ops SET dur_ns = -5, start_ns = -100", "ops.dur_ns holds -5, a negative duration"),
+        ("UPDATE strings SET text = NULL", "strings.text holds NULL where the format needs a value"),
+        ("UPDATE strings SET text = CAST(text AS BLOB)", "(blob) where the format has text"),
+        ("UPDATE programs SET flops = 'lots'", "programs.flops holds 'lots' (text) where the format has numbers"),
+        ("UPDATE runs SET rank = NULL", "runs.rank holds NULL where the format needs a value"),
+    ],
+    ids=["text-time", "real-duration", "negative-duration", "null-string", "blob-string", "text-flops", "null-rank"],
+)
+def test_values_of_the_wrong_type_are_one_line(
+    tmp_path: Path, sample_trace_path: Path, capsys: pytest.CaptureFixture[str], update: str, error: str
+) -> None:
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "damaged.tptrace"
+    shutil.copyfile(sample_trace_path, path)
+    with sqlite3.connect(path) as connection:
+        connection.execute(update)
+    connection.close()
+    commands = [["summary"], ["report"], ["plot", "-o", str(tmp_path / "r.html")],
+                ["export", "--perfetto", str(tmp_path / "p.json.gz")], ["export", "--tensorboard", str(tmp_path / "tb")]]
+    failed = 0
+    for command in commands:
+        status = main([command[0], str(path), *command[1:]])
+        captured = capsys.readouterr()
+        assert "Traceback" not in captured.err, (command, captured.err)
+        if status != 0:
+            failed += 1
+            last = _stderr_lines(captured)[-1]
+            assert status == 2 and last.startswith(f"tputrace: error: {path} is damaged: ") and error in last, (command, last)
+    assert failed, "no command failed on the damaged trace"
+
+
 
 @pytest.mark.parametrize(
     ("arguments", "error"),

@@ -53,7 +53,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run `tputrace` with `argv` (default: `sys.argv[1:]`) and return the exit status.
 
-    Errors meant for the user (`TputraceError`) become one line on stderr and exit status 2.
+    Errors meant for the user (`TputraceError`) become one line on stderr and exit status 2, as does a
+    failure on a trace that holds values its format never stores (`tputrace.store.values`).
     """
     args = build_parser().parse_args(argv)
     try:
@@ -69,6 +70,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return 0
+    except Exception:
+        problem = _damaged_trace(args)
+        if problem is None:
+            raise
+        print(f"tputrace: error: {problem}", file=sys.stderr)
+        return EXIT_USAGE_ERROR
+
+
+def _damaged_trace(args: argparse.Namespace) -> str | None:
+    """Why a command failed, if one of the traces it read holds values its format never stores (a
+    damaged or hand-made file), or None: then the failure is tputrace's own, and keeps its traceback."""
+    from tputrace.store.values import damaged_trace
+
+    paths = [getattr(args, "trace", None), *(getattr(args, "traces", None) or ()), *(getattr(args, "compare", None) or ())]
+    return damaged_trace(path for path in paths if path)
 
 
 if __name__ == "__main__":
