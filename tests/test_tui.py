@@ -225,6 +225,32 @@ def test_the_overview_counts_the_loops_steps_without_the_end_step(tmp_path: Path
     run_app(scenario, session=make_session(path))
 
 
+def test_the_overviews_median_step_is_the_reports(tmp_path: Path) -> None:
+    """A slow first (compiling) step, then four steady ones: the overview's median step leaves the warm-up step
+    out, as the report and the summary do, instead of giving a median the other views never show."""
+    from fixtures.make_traces import START_UNIX_NS
+    from tputrace.analysis import analyze_path
+    from tputrace.analysis.render import render_text
+    from tputrace.store.writer import TraceWriter
+
+    path = tmp_path / "warm_up.tptrace"
+    durations_ms = [900, 10, 20, 40, 50]
+    with TraceWriter(path, created_unix_ns=START_UNIX_NS) as writer:
+        writer.set_run(world_size=1, script="/w/train.py", argv=[], cwd="/w", host="h", platform="tpu", chips=1,
+                       eager_mode="DEFER_AND_FUSE", start_unix_ns=START_UNIX_NS)
+        clock = 0
+        for step, duration_ms in enumerate(durations_ms):
+            writer.append("steps", (0, step, clock, clock + duration_ms * 1_000_000, "optimizer"))
+            clock += duration_ms * 1_000_000
+        writer.update_run(end_ns=clock, exit_status=0)
+    assert "median step 30.0 ms" in render_text(analyze_path(path))
+
+    async def scenario(pilot: Any) -> None:
+        assert "5 steps · median 30.0 ms" in screen_text(pilot.app)
+
+    run_app(scenario, session=make_session(path))
+
+
 ONE_STEP_SCRIPT = """\
 import torch
 from torch import nn

@@ -12,6 +12,7 @@ from rich.text import Text
 from textual.containers import VerticalScroll
 from textual.widgets import Static
 
+from tputrace.analysis.context import steady
 from tputrace.summary import exit_text
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
@@ -128,9 +129,11 @@ def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | 
 
 
 def step_summary(steps: list[queries.StepRow]) -> Text:
-    durations = [step.dur_ns for step in steps if step.end_ns is not None]
-    if not durations:
+    """The loop's step count, median steady step (as the report's), slowest step and compiled steps."""
+    if not any(step.end_ns is not None for step in steps):
         return Text("")
+    durations = [step.dur_ns for step in steady(steps) if step.end_ns is not None] or [
+        step.dur_ns for step in steps if step.end_ns is not None]
     slowest = max(steps, key=lambda step: step.dur_ns)
     compiled = sum(1 for step in steps if step.compiles)
     text = Text(f"{plural(len(steps), 'step')} · median {fmt_ns(statistics.median(durations))} · slowest: step {slowest.step} "

@@ -7,10 +7,10 @@ SQL and aggregates) and never import torch or jax.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
@@ -71,8 +71,7 @@ class AnalysisContext:
     @property
     def steady_steps(self) -> list[StepRecord]:
         """Loop steps after the first (warm-up) one; all loop steps when there are fewer than three."""
-        loop = self.loop_steps
-        return loop[1:] if len(loop) >= 3 else loop
+        return steady(self.loop_steps)
 
     @property
     def steady_range(self) -> tuple[int, int] | None:
@@ -276,3 +275,12 @@ def in_list(values: Iterable[object]) -> str:
     """`(?, ?, ?)` for an SQL IN clause over `values` (at least one placeholder)."""
     count = max(len(list(values)), 1)
     return "(" + ", ".join("?" for _ in range(count)) + ")"
+
+
+_Step = TypeVar("_Step")
+
+
+def steady(loop_steps: Sequence[_Step]) -> list[_Step]:
+    """The steady steps of a loop's steps: those after the first (warm-up) one, or all of them when there
+    are fewer than three. The report's median step is theirs, and every view that shows one uses this."""
+    return list(loop_steps[1:] if len(loop_steps) >= 3 else loop_steps)
