@@ -265,6 +265,32 @@ def test_comparison_lists_the_expensive_ops_of_both(sample_trace_path: Path, tmp
     assert data.before.compiles >= data.after.compiles
 
 
+def test_comparison_steps_are_the_summarys(tmp_path: Path) -> None:
+    """The comparison counts the loop's steps (a trailing `end` step left out) and gives the median steady step,
+    as the summary and the report do, not a median pulled up by the warm-up step."""
+    from fixtures.make_traces import START_UNIX_NS
+    from tputrace.analysis import analyze_path
+    from tputrace.analysis.render import render_text
+    from tputrace.store.writer import TraceWriter
+    from tputrace.summary import summarize
+
+    path = tmp_path / "warm_up.tptrace"
+    with TraceWriter(path, created_unix_ns=START_UNIX_NS) as writer:
+        writer.set_run(world_size=1, script="/w/train.py", argv=[], cwd="/w", host="h", platform="tpu", chips=1,
+                       eager_mode="DEFER_AND_FUSE", start_unix_ns=START_UNIX_NS)
+        clock = 0
+        for step, (duration_ms, source) in enumerate([(900, "optimizer"), (10, "optimizer"), (20, "optimizer"),
+                                                      (40, "optimizer"), (50, "optimizer"), (700, "end")]):
+            writer.append("steps", (0, step, clock, clock + duration_ms * 1_000_000, source))
+            clock += duration_ms * 1_000_000
+        writer.update_run(end_ns=clock, exit_status=0)
+    with tputrace.open(path) as trace:
+        side = plotly_data.summarize_for_compare(trace, "before")
+        summary = summarize(trace)
+    assert len(side.step_durations_ns) == summary.step_count == 5
+    assert side.median_step_ns == 30_000_000 and "median step 30.0 ms" in render_text(analyze_path(path))
+
+
 # -- the page ------------------------------------------------------------------------------------------
 
 

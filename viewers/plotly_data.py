@@ -12,6 +12,7 @@ figure: what is not in the trace or the analysis is left out and said to be left
 
 from __future__ import annotations
 
+import statistics
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from tputrace.analysis import chips
 from tputrace.analysis.call_sites import call_label
 from tputrace.analysis.chips import Chip
+from tputrace.analysis.context import steady
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.padding import pad_product
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family, parse_specs
@@ -1021,11 +1023,9 @@ class TraceSummary:
 
     @property
     def median_step_ns(self) -> float | None:
-        durations = sorted(duration for _, duration in self.step_durations_ns)
-        if not durations:
-            return None
-        middle = len(durations) // 2
-        return float(durations[middle]) if len(durations) % 2 else (durations[middle - 1] + durations[middle]) / 2
+        """The median steady step, as the report and the summary give it (the warm-up step left out)."""
+        durations = [duration for _, duration in steady(self.step_durations_ns)]
+        return float(statistics.median(durations)) if durations else None
 
 
 @dataclass
@@ -1036,9 +1036,12 @@ class ComparisonData:
 
 
 def summarize_for_compare(trace: Trace, label: str, *, rank: int | None = None) -> TraceSummary:
-    """Step times (rank 0 unless `rank`), op time by op, compiles per step, time split."""
+    """The loop's step times (rank 0 unless `rank`; a trailing `end` step left out, as the summary counts
+    them), op time by op, compiles per step, time split."""
     chosen = rank if rank is not None else trace.ranks[0]
-    steps = [(step.step, step.dur_ns) for step in trace.step_times(rank=chosen) if step.dur_ns is not None]
+    timed = [step for step in trace.step_times(rank=chosen) if step.dur_ns is not None]
+    loop = [step for step in timed if step.source != "end"] or timed
+    steps = [(step.step, step.dur_ns) for step in loop]
     op_stats = trace.op_stats("op", rank=chosen)
     stats = trace.compile_stats(rank=chosen)
     per_step = dict(trace.sql("SELECT step, COUNT(*) FROM compiles WHERE rank = ? GROUP BY step ORDER BY step", (chosen,)))
