@@ -156,12 +156,12 @@ def test_console_script_reports_bad_traces(tmp_path: Path, sample_trace_path: Pa
         ("UPDATE ops SET start_ns = 'x'", "ops.start_ns holds 'x' (text) where the format has integers"),
         ("UPDATE ops SET dur_ns = dur_ns + 0.5", "ops.dur_ns holds"),
         ("UPDATE ops SET dur_ns = -5, start_ns = -100", "ops.dur_ns holds -5, a negative duration"),
-        ("UPDATE strings SET text = NULL", "strings.text holds NULL where the format needs a value"),
+        ("UPDATE steps SET start_ns = NULL", "steps.start_ns holds NULL where the format needs a value"),
         ("UPDATE strings SET text = CAST(text AS BLOB)", "(blob) where the format has text"),
         ("UPDATE programs SET flops = 'lots'", "programs.flops holds 'lots' (text) where the format has numbers"),
         ("UPDATE runs SET rank = NULL", "runs.rank holds NULL where the format needs a value"),
     ],
-    ids=["text-time", "real-duration", "negative-duration", "null-string", "blob-string", "text-flops", "null-rank"],
+    ids=["text-time", "real-duration", "negative-duration", "null-step-start", "blob-string", "text-flops", "null-rank"],
 )
 def test_values_of_the_wrong_type_are_one_line(
     tmp_path: Path, sample_trace_path: Path, capsys: pytest.CaptureFixture[str], update: str, error: str

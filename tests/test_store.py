@@ -390,6 +390,27 @@ def test_trace_without_run_row_has_placeholder_run(tmp_path: Path) -> None:
         assert isinstance(trace, Trace)
 
 
+def test_strings_and_lines_that_are_not_text_or_numbers_read_as_unknown(tmp_path: Path, sample_trace_path: Path) -> None:
+    """SQLite keeps any value in any column: a damaged file's NULL or blob string reads as an unknown id does
+    (None, a location's `?`), and a line that is not a number as 0, so views get the types the format promises."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "damaged.tptrace"
+    shutil.copyfile(sample_trace_path, path)
+    with sqlite3.connect(path) as connection:
+        frame_id, file_sid, function_sid = connection.execute("SELECT id, file_sid, function_sid FROM frames LIMIT 1").fetchone()
+        connection.execute("UPDATE strings SET text = NULL WHERE id = ?", (file_sid,))
+        connection.execute("UPDATE strings SET text = CAST(text AS BLOB) WHERE id = ?", (function_sid,))
+        connection.execute("UPDATE frames SET line = 'x' WHERE id = ?", (frame_id,))
+    connection.close()
+    with tputrace.open(path) as trace:
+        assert (trace.string(file_sid), trace.string(function_sid)) == (None, None)
+        location = trace.frame(frame_id)
+        assert (location.file, location.line, location.function) == ("?", 0, "?")
+        assert all(isinstance(op.op, (str, type(None))) for op in trace.records("ops"))
+
+
 def test_reading_never_imports_torch_or_jax(sample_trace_path: Path) -> None:
     code = textwrap.dedent(
         f"""

@@ -692,6 +692,28 @@ def test_strings_from_the_trace_are_shown_verbatim() -> None:
     run_app(scenario, session=make_session(MARKUP_TRACE), size=(200, 40))
 
 
+@pytest.mark.parametrize("update", ["UPDATE strings SET text = NULL", "UPDATE strings SET text = CAST(text AS BLOB)",
+                                    "UPDATE frames SET line = 'x'"], ids=["null-strings", "blob-strings", "text-lines"])
+def test_damaged_strings_and_lines_show_as_unknown(update: str, tmp_path: Path) -> None:
+    """A hand-made file's NULL or blob strings and non-numeric lines read as unknown (`?`, line 0) in every view,
+    instead of ending the app with a traceback."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "damaged.tptrace"
+    shutil.copyfile(SMALL_TRACE, path)
+    with sqlite3.connect(path) as connection:
+        connection.execute(update)
+    connection.close()
+
+    async def scenario(pilot: Any) -> None:
+        for key in "2345678":
+            await press(pilot, key)
+        assert pilot.app.return_code is None and "Traceback" not in screen_text(pilot.app)
+
+    run_app(scenario, session=make_session(path))
+
+
 # -- the command line ---------------------------------------------------------------------------
 
 

@@ -840,7 +840,9 @@ def source_stats(trace: Trace, rank: int, ops_by_source: Sequence[OpGroup] | Non
 
 
 def _all_frame_files(trace: Trace) -> list[str]:
-    return [text for (text,) in trace.sql("SELECT DISTINCT strings.text FROM frames JOIN strings ON strings.id = frames.file_sid")]
+    """Every recorded file, as the reader resolves frames (`?` for a damaged file's missing or non-text name)."""
+    locations = (trace.frame(frame_id) for (frame_id,) in trace.sql("SELECT id FROM frames"))
+    return list(dict.fromkeys(location.file for location in locations if location is not None))
 
 
 def resolve_source(recorded: str, roots: Sequence[str | os.PathLike[str]], seen: SourceDigest | None = None) -> Path | None:

@@ -489,7 +489,7 @@ class Trace:
 
     def string(self, sid: int | None) -> str | None:
         """The text of string id `sid` (None for None or an unknown id)."""
-        return self._interned(self._string_table, sid, "SELECT text FROM strings WHERE id = ?", _first_column)
+        return self._interned(self._string_table, sid, "SELECT text FROM strings WHERE id = ?", _text_column)
 
     def string_id(self, text: str) -> int | None:
         """The id of an interned string, or None if the trace does not contain it."""
@@ -520,7 +520,8 @@ class Trace:
 
     def _location(self, row: tuple[Any, ...]) -> SourceLocation:
         file_sid, line, function_sid, *columns = row
-        return self._source_location(self.string(file_sid) or "?", line, self.string(function_sid) or "?", *columns)
+        return self._source_location(self.string(file_sid) or "?", _line_number(line), self.string(function_sid) or "?",
+                                     *columns)
 
     def unchecked_column_files(self) -> list[str]:
         """The recorded files whose calls' columns could not be checked: the trace stored them as UTF-8
@@ -666,14 +667,15 @@ class Trace:
 
     def _string_table(self) -> dict[int, str]:
         if self._strings is None:
-            self._strings = dict(self.sql("SELECT id, text FROM strings"))
+            self._strings = {sid: text for sid, text in self.sql("SELECT id, text FROM strings") if isinstance(text, str)}
         return self._strings
 
     def _frame_table(self) -> dict[int, SourceLocation]:
         if self._frames is None:
             strings = self._string_table()
             self._frames = {
-                frame_id: self._source_location(strings.get(file_sid, "?"), line, strings.get(function_sid, "?"), *columns)
+                frame_id: self._source_location(strings.get(file_sid) or "?", _line_number(line), strings.get(function_sid) or "?",
+                                                *columns)
                 for frame_id, file_sid, line, function_sid, *columns in self.sql(
                     f"SELECT id, file_sid, line, function_sid, {self._frame_columns()} FROM frames"
                 )
@@ -712,6 +714,17 @@ def _identity(value: Any) -> Any:
 
 def _first_column(row: tuple[Any, ...]) -> Any:
     return row[0]
+
+
+def _text_column(row: tuple[Any, ...]) -> str | None:
+    """A string's text; None for a value that is not text (a damaged file's NULL, number or blob), read as an
+    unknown id is, so that every view gets text or None from `string`."""
+    return row[0] if isinstance(row[0], str) else None
+
+
+def _line_number(line: Any) -> int:
+    """A frame's line; 0 for a value that is not a whole number (a damaged file's NULL or text)."""
+    return line if isinstance(line, int) else 0
 
 
 def _decode_argv(value: str | None) -> tuple[str, ...]:
