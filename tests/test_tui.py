@@ -757,6 +757,31 @@ def test_cli_starts_the_app_with_its_options(monkeypatch: pytest.MonkeyPatch) ->
     assert started["roots"][0] == str(SOURCE_ROOT)
 
 
+def test_an_error_in_the_app_is_its_exit_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """An app that ended on an error (Textual prints its traceback) exits 1, not 0; on a trace holding a value its
+    format never stores, 2, with the value named on the last line."""
+    import shutil
+    import sqlite3
+
+    from tputrace.tui.app import TraceApp
+
+    monkeypatch.setattr(TraceApp, "run", lambda self, *args, **kwargs: None)
+    monkeypatch.setattr(TraceApp, "return_code", property(lambda self: 1))
+    for stream in (sys.stdin, sys.stderr):
+        monkeypatch.setattr(stream, "isatty", lambda: True)
+    assert main(["tui", str(SMALL_TRACE)]) == 1
+    damaged = tmp_path / "damaged.tptrace"
+    shutil.copyfile(SMALL_TRACE, damaged)
+    with sqlite3.connect(damaged) as connection:
+        connection.execute("UPDATE ops SET start_ns = 'x'")
+    connection.close()
+    capsys.readouterr()
+    assert main(["tui", str(damaged)]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"tputrace: error: {damaged} is damaged: ops.start_ns holds 'x' (text) where the format has integers")
+
+
 def test_tui_without_a_terminal_is_one_line_not_a_hang() -> None:
     """With stdin not a terminal (a pipe, /dev/null, CI) the app would wait for keys forever."""
     result = subprocess.run(

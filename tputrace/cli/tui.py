@@ -44,7 +44,8 @@ def open_ui(
     keys: list[str] | None = None,
     theme: str | None = None,
 ) -> int:
-    """Check the trace, then run the app until the user quits. Errors before the UI raise `TputraceError`."""
+    """Check the trace, then run the app until the user quits; return its exit status (1 after an error in
+    the app). Errors before the UI raise `TputraceError`."""
     from tputrace.store.errors import TputraceError
     from tputrace.tui.actions import parse_keymap
     from tputrace.store.reader import open_trace
@@ -67,12 +68,26 @@ def open_ui(
             if theme is not None and theme not in theme_names():
                 raise TputraceError(f"no theme {theme!r}; themes: {', '.join(theme_names())}")
             _require_terminal()
-            TraceApp(session, keymap=keymap, theme=theme, initial_view=view).run()
+            app = TraceApp(session, keymap=keymap, theme=theme, initial_view=view)
+            app.run()
         finally:
             session.close()
     finally:
         trace.close()
-    return 0
+    return _exit_status(app.return_code or 0, trace_path)
+
+
+def _exit_status(return_code: int, trace_path: str | Path) -> int:
+    """The app's exit status: after an error in the app (Textual has printed its traceback), the last line
+    names a value the trace should not hold, if it holds one (status 2), so that a damaged file is told apart
+    from a bug."""
+    from tputrace.store.errors import TputraceError
+    from tputrace.store.values import damaged_trace
+
+    problem = damaged_trace([trace_path]) if return_code else None
+    if problem is not None:
+        raise TputraceError(problem)
+    return return_code
 
 
 def _has_terminal() -> bool:
