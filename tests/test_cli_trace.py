@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -95,6 +96,31 @@ def test_summary_on_a_terminal_uses_rich(sample_trace_path: Path) -> None:
         print_summary(summarize(trace), terminal)
     assert "top ops by total time" in terminal.getvalue()
     assert "\x1b[" in terminal.getvalue()
+
+
+def test_summary_on_a_terminal_shows_markup_in_names_as_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Op names, files and reasons are the trace's text: on a terminal, Rich markup in them (`[bold red]`,
+    `[link=...]`) is shown as written, never turned into styles or terminal hyperlinks."""
+    from tputrace.summary import print_summary, summarize
+
+    monkeypatch.setenv("COLUMNS", "200")
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    op = "aten.[bold red]evil[/].[link=https://example.com]x[/link]"
+    path = tmp_path / "markup.tptrace"
+    with TraceWriter(path) as writer:
+        writer.set_run(world_size=1, script="/w/[b]train[/b].py", argv=[], platform="tpu", chips=1, eager_mode="DEFER_NEVER")
+        frame = writer.frame("/w/[i]train[/i].py", 3, "[u]main[/u]")
+        writer.append("ops", (0, 0, writer.intern(op), writer.intern("f32[8]"), writer.intern("f32[8]"), 0, 0, 1000, frame,
+                              writer.intern("[b]Net[/b]"), 0, None, None))
+        writer.update_run(end_ns=2000, exit_status=0)
+    terminal = Terminal()
+    with tputrace.open(path) as trace:
+        print_summary(summarize(trace), terminal)
+    shown = re.sub(r"\x1b\[[0-9;]*m", "", terminal.getvalue())
+    assert op in shown and "\x1b]8;" not in terminal.getvalue()
 
 
 def test_dump(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -383,7 +383,7 @@ def print_summary(summary: RunSummary, file: TextIO | None = None) -> None:
             # Only the widest text column wraps on a narrow terminal; the others stay on one line.
             table.add_column(column, justify="right" if numeric else "left", overflow="fold", no_wrap=index != wrapping)
         for row in section.rows:
-            table.add_row(*row)
+            table.add_row(*(Text(cell) for cell in row))
         console.print(Padding(table, (0, 0, 0, 2), expand=False))
 
 
