@@ -204,6 +204,25 @@ def test_merge_command(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> No
     assert "rank 0 is in both" in capsys.readouterr().err
 
 
+def test_a_failed_merge_leaves_the_output_as_it_was(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A merge that fails on an input part-way (here one holding text where the format has times) neither replaces
+    the file at `-o` with a merge of the ranks copied so far nor leaves its half-written file beside it."""
+    import sqlite3
+
+    from tputrace.cli.main import main
+
+    paths = [_write_rank_trace(tmp_path / f"r{rank}.tptrace", rank, []) for rank in (0, 1)]
+    with sqlite3.connect(paths[1]) as connection:
+        connection.execute("UPDATE ops SET start_ns = 'x'")
+    connection.close()
+    output = tmp_path / "merged.tptrace"
+    output.write_bytes(b"an earlier merge")
+    assert main(["merge", *map(str, paths), "-o", str(output)]) == 2
+    assert "r1.tptrace is damaged: ops.start_ns" in capsys.readouterr().err
+    assert output.read_bytes() == b"an earlier merge"
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["merged.tptrace", "r0.tptrace", "r1.tptrace"]
+
+
 def test_merge_recovers_a_trace_left_half_written(tmp_path: Path) -> None:
     """A writer stopped inside a commit leaves a hot journal, which a read-only open cannot roll back."""
     import shutil

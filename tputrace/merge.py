@@ -344,21 +344,32 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
         elif run.exit_status:
             result.failed[rank] = _failure_text(run)
 
-    writer = TraceWriter(output, rank=min(runs), created_unix_ns=origin)
+    partial = output.with_name(f".{output.name}.partial")
     try:
-        for source in sources:
-            _copy_source(writer, source, shifts, waits)
-        for rank, run in sorted(runs.items()):
-            _write_run(writer, run, origin, shifts[rank], world_size, result.died.get(rank))
-        for rank, why in sorted(result.missing.items()):
-            writer.set_run(rank=rank, world_size=world_size, start_unix_ns=origin, error=f"rank {rank} is missing from this trace: {why}")
+        writer = TraceWriter(partial, rank=min(runs), created_unix_ns=origin)
+        try:
+            for source in sources:
+                _copy_source(writer, source, shifts, waits)
+            for rank, run in sorted(runs.items()):
+                _write_run(writer, run, origin, shifts[rank], world_size, result.died.get(rank))
+            for rank, why in sorted(result.missing.items()):
+                writer.set_run(rank=rank, world_size=world_size, start_unix_ns=origin, error=f"rank {rank} is missing from this trace: {why}")
+        finally:
+            writer.close()
+        merge_meta = {"merge": json.dumps(result.meta()), "merged_from": json.dumps([str(source.trace.path) for source in sources])}
+        if forks:
+            merge_meta[FORKS_META_KEY] = forks_meta(forks)
+        _write_meta(partial, merge_meta)
+        partial.replace(output)
     finally:
-        writer.close()
-    merge_meta = {"merge": json.dumps(result.meta()), "merged_from": json.dumps([str(source.trace.path) for source in sources])}
-    if forks:
-        merge_meta[FORKS_META_KEY] = forks_meta(forks)
-    _write_meta(output, merge_meta)
+        _remove_trace_file(partial)
     return result
+
+
+def _remove_trace_file(path: Path) -> None:
+    """Remove a trace file and any `-wal`/`-shm` beside it (a merge that failed leaves none of its output)."""
+    for leftover in (path, path.with_name(path.name + "-wal"), path.with_name(path.name + "-shm")):
+        leftover.unlink(missing_ok=True)
 
 
 def _load_collectives(sources: list[_Source], starts: Mapping[int, int]) -> list[CollectiveRow]:
