@@ -186,8 +186,10 @@ def test_console_script_reports_bad_traces(tmp_path: Path, sample_trace_path: Pa
         ("UPDATE strings SET text = CAST(text AS BLOB)", "(blob) where the format has text"),
         ("UPDATE programs SET flops = 'lots'", "programs.flops holds 'lots' (text) where the format has numbers"),
         ("UPDATE runs SET rank = NULL", "runs.rank holds NULL where the format needs a value"),
+        ("UPDATE programs SET flops = 9e999", "programs.flops holds inf, not a finite number"),
     ],
-    ids=["text-time", "real-duration", "negative-duration", "null-step-start", "blob-string", "text-flops", "null-rank"],
+    ids=["text-time", "real-duration", "negative-duration", "null-step-start", "blob-string", "text-flops", "null-rank",
+         "infinite-flops"],
 )
 def test_values_of_the_wrong_type_are_one_line(
     tmp_path: Path, sample_trace_path: Path, capsys: pytest.CaptureFixture[str], update: str, error: str
@@ -213,6 +215,26 @@ def test_values_of_the_wrong_type_are_one_line(
             assert status == 2 and last.startswith(f"tputrace: error: {path} is damaged: ") and error in last, (command, last)
     assert failed, "no command failed on the damaged trace"
 
+
+
+def test_report_json_stays_json_when_a_trace_holds_infinities(
+    tmp_path: Path, sample_trace_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`report --json` is strict JSON (no `Infinity`, which JSON lacks) even on a trace whose costs hold `inf`."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "infinite.tptrace"
+    shutil.copyfile(sample_trace_path, path)
+    with sqlite3.connect(path) as connection:
+        connection.execute("UPDATE programs SET flops = 9e999, bytes_accessed = 9e999")
+    connection.close()
+    assert main(["report", str(path), "--json"]) == 0
+
+    def refuse(constant: str) -> None:
+        raise AssertionError(f"{constant} is not JSON")
+
+    assert json.loads(capsys.readouterr().out, parse_constant=refuse)["findings"] is not None
 
 
 @pytest.mark.parametrize(

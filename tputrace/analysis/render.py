@@ -7,10 +7,11 @@ only adds colour. `brief=True` is the short form `tputrace run` prints at its en
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.findings import Finding
 from tputrace.summary import format_ns
@@ -101,7 +102,20 @@ def render_text(report: Report, *, top: int | None = None, brief: bool = False) 
 
 
 def render_json(report: Report) -> str:
-    return json.dumps(report.to_dict(), indent=2, default=str) + "\n"
+    """The report as JSON; a number that is not finite (from a damaged trace's `inf`) is null, as JSON has no
+    infinity."""
+    return json.dumps(_finite(report.to_dict()), indent=2, default=str, allow_nan=False) + "\n"
+
+
+def _finite(value: Any) -> Any:
+    """`value` with every float that is not finite, at any depth of dicts and lists, replaced by None."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {key: _finite(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(item) for item in value]
+    return value
 
 
 def print_report(report: Report, file: TextIO | None = None, *, top: int | None = None, brief: bool = False,

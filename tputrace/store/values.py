@@ -1,13 +1,16 @@
 """Values a trace's writer never stores: text where the format has integers, NULL where it needs a value.
 
 SQLite keeps whatever a file holds, whatever its columns declare, so a damaged or hand-made trace can
-hold `'abc'` in `ops.start_ns` or NULL in `strings.text`, and every view computes with those values as
-the format describes them. `bad_value` finds the first such value with one scan per table; the CLI
-looks for one when a command fails on a trace, to name it in one sentence instead of a traceback.
+hold `'abc'` in `ops.start_ns`, NULL in `strings.text` or `inf` in `programs.flops`, and every view
+computes with those values as the format describes them. `bad_value` finds the first such value with one
+scan per table; the CLI looks for one when a command fails on a trace, to name it in one sentence
+instead of a traceback.
 """
 
 from __future__ import annotations
 
+import math
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +29,7 @@ _REQUIRED: frozenset[tuple[str, str]] = frozenset({
     ("strings", "text"), ("frames", "line"), ("steps", "step"), ("steps", "start_ns"), ("steps", "end_ns"),
 })
 _DURATIONS: frozenset[str] = frozenset({"dur_ns", "wait_ns"})
+_LARGEST_FLOAT = sys.float_info.max
 
 
 def bad_value(trace: Trace) -> str | None:
@@ -57,6 +61,8 @@ def _sql_condition(kind: RecordKind, column: Column) -> str:
     condition = f"typeof({column.name}) NOT IN ({', '.join(repr(name) for name in allowed)})"
     if column.name in _DURATIONS:
         condition += f" OR {column.name} < 0"
+    if column.kind == "REAL":
+        condition += f" OR abs({column.name}) > {_LARGEST_FLOAT!r}"
     return condition
 
 
@@ -73,6 +79,8 @@ def _describe(kind: RecordKind, columns: list[Column], row: tuple[Any, ...]) -> 
             return f"{where} holds {_shown(value)} ({_storage_class(value)}) where the format has {noun}"
         if column.name in _DURATIONS and value < 0:
             return f"{where} holds {value}, a negative duration"
+        if column.kind == "REAL" and not math.isfinite(value):
+            return f"{where} holds {value}, not a finite number"
     return f"{kind.table} holds a value its format never stores"
 
 
