@@ -123,6 +123,52 @@ def test_summary_on_a_terminal_shows_markup_in_names_as_text(tmp_path: Path, mon
     assert op in shown and "\x1b]8;" not in terminal.getvalue()
 
 
+ESCAPES = "\x1b]0;retitled\x07\x1b[2J"  # a terminal would retitle its window, then clear the screen
+
+
+def _trace_with_escapes(path: Path) -> Path:
+    """A one-op trace whose op name, file, function, script and error hold terminal escape sequences."""
+    with TraceWriter(path) as writer:
+        writer.set_run(world_size=1, script=f"/w/train{ESCAPES}.py", argv=[], host=f"h{ESCAPES}", platform="tpu", chips=1,
+                       eager_mode="DEFER_NEVER")
+        frame = writer.frame(f"/w/train{ESCAPES}.py", 3, f"main{ESCAPES}")
+        writer.append("ops", (0, 0, writer.intern(f"aten.add{ESCAPES}"), writer.intern("f32[8]"), writer.intern("f32[8]"), 0, 0,
+                              1000, frame, None, 0, None, None))
+        writer.append("syncs", (0, "item", frame, 0, 100, 500, 0, 0))
+        writer.update_run(end_ns=2000, exit_status=1, error=f"ValueError: bad{ESCAPES}")
+    return path
+
+
+@pytest.mark.parametrize("command", [["summary"], ["report"], ["info"], ["dump", "--kind", "ops"], ["dump", "--kind", "syncs"]])
+def test_escape_sequences_in_a_trace_reach_no_terminal(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], command: list[str]
+) -> None:
+    """Control characters in the trace's text are printed as escapes (`\\x1b`), never sent to the terminal."""
+    path = _trace_with_escapes(tmp_path / "escapes.tptrace")
+    assert main([command[0], str(path), *command[1:]]) == 0
+    out = capsys.readouterr().out
+    assert "\x1b]0;" not in out and "\x07" not in out and "\x1b[2J" not in out
+    assert "\\x1b[2J" in out or command == ["report"]  # this report has no finding that names the op or its line
+
+
+def test_escape_sequences_reach_no_terminal_through_rich(tmp_path: Path) -> None:
+    from tputrace.analysis import analyze_path
+    from tputrace.analysis.render import print_report
+    from tputrace.summary import print_summary, summarize
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    path = _trace_with_escapes(tmp_path / "escapes.tptrace")
+    terminal = Terminal()
+    with tputrace.open(path) as trace:
+        print_summary(summarize(trace), terminal)
+    print_report(analyze_path(path), terminal, color=True)
+    shown = terminal.getvalue()
+    assert "\x1b]0;" not in shown and "\x1b[2J" not in shown and "\\x1b[2J" in shown
+
+
 def test_dump(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["dump", "--kind", "ops", "--limit", "3", str(sample_trace_path)]) == 0
     lines = capsys.readouterr().out.splitlines()

@@ -23,7 +23,7 @@ from tputrace.store.aggregates import (
     TimeSplit,
 )
 from tputrace.store.records import RunInfo, SourceLocation
-from tputrace.wording import plural
+from tputrace.wording import plural, printable
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -359,7 +359,7 @@ def print_summary(summary: RunSummary, file: TextIO | None = None) -> None:
     """Print the summary: rich tables when `file` is a terminal, plain text otherwise."""
     out = sys.stdout if file is None else file
     if not out.isatty():
-        out.write(render_text(summary))
+        out.write(printable(render_text(summary)))
         out.flush()
         return
     from rich.console import Console
@@ -369,13 +369,13 @@ def print_summary(summary: RunSummary, file: TextIO | None = None) -> None:
 
     console = Console(file=out, highlight=False)
     for label, text in header_lines(summary):
-        console.print(Text.assemble((f"{label:<6} ", "bold"), text))
+        console.print(Text.assemble((f"{label:<6} ", "bold"), printable(text)))
     for section in sections(summary):
         console.print()
         console.print(Text(section.title, style="bold"))
         if section.lines:
             for line in section.lines:
-                console.print(Padding(Text(line), (0, 0, 0, 2), expand=False))
+                console.print(Padding(Text(printable(line)), (0, 0, 0, 2), expand=False))
             continue
         table = Table(box=None, padding=(0, 1), header_style="dim", pad_edge=False)
         wrapping = _widest_text_column(section)
@@ -383,7 +383,7 @@ def print_summary(summary: RunSummary, file: TextIO | None = None) -> None:
             # Only the widest text column wraps on a narrow terminal; the others stay on one line.
             table.add_column(column, justify="right" if numeric else "left", overflow="fold", no_wrap=index != wrapping)
         for row in section.rows:
-            table.add_row(*(Text(cell) for cell in row))
+            table.add_row(*(Text(printable(cell)) for cell in row))
         console.print(Padding(table, (0, 0, 0, 2), expand=False))
 
 

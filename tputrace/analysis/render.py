@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.findings import Finding
 from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import plural, printable
 
 if TYPE_CHECKING:
     from tputrace.analysis import Report
@@ -124,7 +124,7 @@ def print_report(report: Report, file: TextIO | None = None, *, top: int | None 
     stream = file if file is not None else sys.stdout
     use_rich = color if color is not None else _is_terminal(stream)
     if not use_rich:
-        stream.write(render_text(report, top=top, brief=brief))
+        stream.write(printable(render_text(report, top=top, brief=brief)))
         return
     from rich.console import Console
     from rich.padding import Padding
@@ -132,7 +132,7 @@ def print_report(report: Report, file: TextIO | None = None, *, top: int | None 
 
     console = Console(file=stream, highlight=False, force_terminal=True if color else None, soft_wrap=False)
     for line in report_lines(report, top=top, brief=brief):
-        text = Text(line.text, style=line.style or "")
+        text = Text(printable(line.text), style=line.style or "")
         console.print(Padding(text, (0, 0, 0, line.indent)) if line.indent else text)
 
 

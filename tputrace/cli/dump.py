@@ -7,6 +7,7 @@ from typing import Any
 
 from tputrace.cli.arguments import whole_number_at_least
 from tputrace.schema import RECORD_KINDS
+from tputrace.wording import printable
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -51,7 +52,7 @@ def run(args: argparse.Namespace) -> int:
         if value is None:
             return "-"
         if isinstance(value, SourceLocation):
-            return f"{value.file}:{value.line}:{value.function}{_call_span(value)}"
+            return printable(f"{value.file}:{value.line}:{value.function}{_call_span(value)}")
         if isinstance(value, str):
             return json.dumps(value, ensure_ascii=False)
         if isinstance(value, tuple):

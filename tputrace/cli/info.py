@@ -6,6 +6,8 @@ import argparse
 import json
 from typing import Any
 
+from tputrace.wording import printable
+
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -89,5 +91,5 @@ def run(args: argparse.Namespace) -> int:
     width = max(len(table) for table in counts)
     lines.extend(("", f"{table:<{width}} {count:>12,}") for table, count in counts.items())
     for label, text in lines:
-        print(f"{label:<8} {text}".rstrip())
+        print(printable(f"{label:<8} {text}".rstrip()))
     return 0
