@@ -411,6 +411,27 @@ def test_strings_and_lines_that_are_not_text_or_numbers_read_as_unknown(tmp_path
         assert all(isinstance(op.op, (str, type(None))) for op in trace.records("ops"))
 
 
+def test_control_characters_read_as_escapes(tmp_path: Path) -> None:
+    """A trace's text reaches every view (the TUI too) with its control characters written as escapes, so an
+    escape sequence in a name cannot act on the terminal that shows it; newlines and tabs stay."""
+    escapes = "\x1b]0;retitled\x07\x1b[2J\x9b"
+    path = tmp_path / "t.tptrace"
+    with TraceWriter(path) as writer:
+        writer.set_run(world_size=1, script=f"/w/t{escapes}.py", argv=[f"--x{escapes}"], host=f"h{escapes}")
+        frame = writer.frame(f"/w/t{escapes}.py", 3, f"main{escapes}")
+        writer.append("syncs", (0, f"item{escapes}", frame, 0, 0, 10, 0, 0))
+        writer.update_run(end_ns=20, exit_status=1, error=f"Traceback\n\tValueError: x{escapes}")
+        op_sid = writer.intern(f"aten.add{escapes}")
+    shown = "\\x1b]0;retitled\\x07\\x1b[2J\\x9b"
+    with tputrace.open(path) as trace:
+        assert trace.string(op_sid) == f"aten.add{shown}"
+        assert (trace.frame(1).file, trace.frame(1).function) == (f"/w/t{shown}.py", f"main{shown}")
+        run = trace.run
+        assert (run.script, run.argv, run.host) == (f"/w/t{shown}.py", (f"--x{shown}",), f"h{shown}")
+        assert run.error == f"Traceback\n\tValueError: x{shown}"
+        assert next(trace.records("syncs")).kind == f"item{shown}"
+
+
 def test_reading_never_imports_torch_or_jax(sample_trace_path: Path) -> None:
     code = textwrap.dedent(
         f"""

@@ -63,6 +63,7 @@ from tputrace.store.records import (
     TransferRecord,
 )
 from tputrace.store.sources import copy_as_run_saw
+from tputrace.wording import printable
 
 if TYPE_CHECKING:
     import pandas
@@ -667,7 +668,7 @@ class Trace:
 
     def _string_table(self) -> dict[int, str]:
         if self._strings is None:
-            self._strings = {sid: text for sid, text in self.sql("SELECT id, text FROM strings") if isinstance(text, str)}
+            self._strings = {sid: printable(text) for sid, text in self.sql("SELECT id, text FROM strings") if isinstance(text, str)}
         return self._strings
 
     def _frame_table(self) -> dict[int, SourceLocation]:
@@ -691,6 +692,8 @@ class Trace:
                 converters.append(self.frame)
             elif kind.table == "runs" and column.name == "argv":
                 converters.append(_decode_argv)
+            elif column.kind == "TEXT":
+                converters.append(_text)
             else:
                 converters.append(_identity)
         return converters
@@ -717,9 +720,15 @@ def _first_column(row: tuple[Any, ...]) -> Any:
 
 
 def _text_column(row: tuple[Any, ...]) -> str | None:
-    """A string's text; None for a value that is not text (a damaged file's NULL, number or blob), read as an
-    unknown id is, so that every view gets text or None from `string`."""
-    return row[0] if isinstance(row[0], str) else None
+    """A string's text (`_text`); None for a value that is not text (a damaged file's NULL, number or blob), read
+    as an unknown id is, so that every view gets text or None from `string`."""
+    return printable(row[0]) if isinstance(row[0], str) else None
+
+
+def _text(value: Any) -> Any:
+    """A TEXT column's value with its control characters written as escapes (`\\x1b`): a trace is another
+    person's text, and an escape sequence in a name would act on the terminal of whoever views it."""
+    return printable(value) if isinstance(value, str) else value
 
 
 def _line_number(line: Any) -> int:
@@ -733,7 +742,7 @@ def _decode_argv(value: str | None) -> tuple[str, ...]:
     try:
         decoded = json.loads(value)
     except ValueError:
-        return (value,)
+        return (printable(value),)
     if isinstance(decoded, list):
-        return tuple(str(item) for item in decoded)
-    return (str(decoded),)
+        return tuple(printable(str(item)) for item in decoded)
+    return (printable(str(decoded)),)
