@@ -233,9 +233,11 @@ def test_console_script_reports_bad_traces(tmp_path: Path, sample_trace_path: Pa
         ("UPDATE programs SET flops = 'lots'", "programs.flops holds 'lots' (text) where the format has numbers"),
         ("UPDATE runs SET rank = NULL", "runs.rank holds NULL where the format needs a value"),
         ("UPDATE programs SET flops = 9e999", "programs.flops holds inf, not a finite number"),
+        ("UPDATE ops SET start_ns = 9223372036854775807",
+         "ops.start_ns holds 9223372036854775807, more nanoseconds than any run lasts"),
     ],
     ids=["text-time", "real-duration", "negative-duration", "null-step-start", "blob-string", "text-flops", "null-rank",
-         "infinite-flops"],
+         "infinite-flops", "huge-time"],
 )
 def test_values_of_the_wrong_type_are_one_line(
     tmp_path: Path, sample_trace_path: Path, capsys: pytest.CaptureFixture[str], update: str, error: str

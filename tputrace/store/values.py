@@ -30,6 +30,8 @@ _REQUIRED: frozenset[tuple[str, str]] = frozenset({
 })
 _DURATIONS: frozenset[str] = frozenset({"dur_ns", "wait_ns"})
 _LARGEST_FLOAT = sys.float_info.max
+# Times and durations past 2**62 ns (146 years) are no run's: sums of two would overflow 64-bit integers.
+_LARGEST_NS = 2**62
 
 
 def bad_value(trace: Trace) -> str | None:
@@ -63,7 +65,14 @@ def _sql_condition(kind: RecordKind, column: Column) -> str:
         condition += f" OR {column.name} < 0"
     if column.kind == "REAL":
         condition += f" OR abs({column.name}) > {_LARGEST_FLOAT!r}"
+    if _is_run_time(column):
+        condition += f" OR abs({column.name}) > {_LARGEST_NS}"
     return condition
+
+
+def _is_run_time(column: Column) -> bool:
+    """Whether `column` holds ns counted within a run (a time since its start, or a duration)."""
+    return column.kind == "INTEGER" and column.name.endswith("_ns") and column.name != "start_unix_ns"
 
 
 def _describe(kind: RecordKind, columns: list[Column], row: tuple[Any, ...]) -> str:
@@ -81,6 +90,8 @@ def _describe(kind: RecordKind, columns: list[Column], row: tuple[Any, ...]) -> 
             return f"{where} holds {value}, a negative duration"
         if column.kind == "REAL" and not math.isfinite(value):
             return f"{where} holds {value}, not a finite number"
+        if _is_run_time(column) and abs(value) > _LARGEST_NS:
+            return f"{where} holds {value}, more nanoseconds than any run lasts"
     return f"{kind.table} holds a value its format never stores"
 
 
