@@ -352,6 +352,14 @@ class TpuTensor(torch.Tensor):
             data = self._compile_data = TpuData(self)
         return data
 
+    @_inner.setter
+    def _inner(self, inner: torch.Tensor) -> None:
+        """AOTAutograd's coerced inner tensor of a gradient: a handle of this tensor's buffer and
+        view with other (equivalent) strides (`TpuData.__coerce_same_metadata_as_tangent__`)."""
+        if type(inner) is not TpuData or inner._buf is not self._buf or inner._view is not self._view or inner.shape != self.shape:
+            raise TypeError(f"a TpuTensor's inner tensor can only be a handle of its own buffer, not {type(inner).__name__}")
+        self._compile_data = inner
+
     def __tensor_flatten__(self) -> tuple[list[str], None]:
         return ["_inner"], None
 
@@ -517,8 +525,10 @@ class TpuData(torch.Tensor):
     _cached_version: int = -1
 
     @staticmethod
-    def __new__(cls, outer: TpuTensor) -> "TpuData":
-        data = _make_wrapper(cls, outer.shape, strides=outer.stride(), storage_offset=outer.storage_offset(), dtype=outer.dtype, device=outer.device)
+    def __new__(cls, outer: TpuTensor | TpuData, strides: tuple[int, ...] | None = None) -> "TpuData":
+        """A handle of `outer` (a TpuTensor, or a handle to alias), with its strides or `strides`."""
+        strides = outer.stride() if strides is None else strides
+        data = _make_wrapper(cls, outer.shape, strides=strides, storage_offset=outer.storage_offset(), dtype=outer.dtype, device=outer.device)
         data._buf = outer._buf
         data._view = outer._view
         return data
@@ -540,8 +550,15 @@ class TpuData(torch.Tensor):
         return tree_map(handle_of, func(*tree_map(tensor_of, args), **tree_map(tensor_of, kwargs or {})))
 
     def __coerce_same_metadata_as_tangent__(self, expected_metadata: Any, expected_type: type | None = None) -> "TpuData | None":
-        """AOTAutograd traced gradients as plain tensors; at run time this handle stands for one."""
-        return self if expected_type in (None, torch.Tensor) else None
+        """AOTAutograd traced gradients as plain tensors; at run time this handle stands for one.
+        A gradient that is contiguous but lacks a contiguous tensor's strides (an empty one, or one
+        whose size-1 dims have other strides) gets them, as the traced gradient has: they address the
+        same elements, and AOTAutograd would otherwise restride it into a new tpu tensor, which is not
+        the plain tensor it traced."""
+        if expected_type not in (None, torch.Tensor):
+            return None
+        strides = _dense_strides(self)
+        return self if strides is None or strides == self.stride() else TpuData(self, strides)
 
     def untyped_storage(self) -> BufferStorage:
         """The buffer's storage (what code that unwraps a TpuTensor with `__tensor_flatten__`, such
@@ -554,6 +571,18 @@ class TpuData(torch.Tensor):
     def tensor(self) -> TpuTensor:
         """A TpuTensor over the same buffer and view (an alias of the one this handle came from)."""
         return TpuTensor(self._buf, tuple(self.shape), self.dtype, tuple(self.stride()), self.storage_offset(), view=self._view)
+
+
+def _dense_strides(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The strides of a dense tensor of this shape in the memory format `tensor` is contiguous in
+    (contiguous first, then channels-last); None if it is contiguous in none."""
+    from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
+
+    if tensor.is_contiguous():
+        return tuple(make_contiguous_strides_for(tensor.shape))
+    if tensor.dim() in (4, 5) and tensor.is_contiguous(memory_format=torch.channels_last if tensor.dim() == 4 else torch.channels_last_3d):
+        return tuple(make_channels_last_strides_for(tensor.shape))
+    return None
 
 
 _dispatcher: Any = None  # the backend's Dispatcher, looked up on the first op (dispatch.py imports this module)

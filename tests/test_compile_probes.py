@@ -172,3 +172,28 @@ def test_an_empty_tpu_input_compiles_and_matches_the_cpu(mode: EagerMode, dynami
         ours = compiled(x.to("tpu"), y.to("tpu"))
         for our, their in zip(ours, _with_an_empty_input(x, y)):
             assert our.shape == their.shape and torch.allclose(host(our), their)
+
+
+def _rows_gradient(rows: int, device: str) -> torch.Tensor:
+    """A (rows, 2) gradient that is contiguous without a contiguous tensor's strides (a transposed view)."""
+    return torch.arange(2.0 * rows, device=device).view(2, rows).t()
+
+
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE], ids=["strict", "defer"])
+@pytest.mark.parametrize("rows", [0, 1], ids=["empty", "one-row"])
+def test_a_contiguous_gradient_without_contiguous_strides_flows_through_a_compiled_module(mode: EagerMode, rows: int) -> None:
+    """The gradient of an empty batch's output, or of a one-row one, can be contiguous without a
+    contiguous tensor's strides; AOTAutograd restrided its inner tensor into a new tpu tensor, which
+    it refused as the plain gradient it traced."""
+    cpu_module = torch.nn.Linear(3, 2)
+    tpu_module = torch.nn.Linear(3, 2).to("tpu")
+    tpu_module.load_state_dict(cpu_module.state_dict())
+    x = torch.randn(rows, 3)
+    with eager(mode):
+        ours = torch.compile(tpu_module, backend="tpu")(x.to("tpu"))
+        ours.backward(_rows_gradient(rows, "tpu"))
+        theirs = cpu_module(x)
+        theirs.backward(_rows_gradient(rows, "cpu"))
+        for our, their in ((ours, theirs), (tpu_module.weight.grad, cpu_module.weight.grad), (tpu_module.bias.grad, cpu_module.bias.grad)):
+            assert our.shape == their.shape and torch.allclose(host(our), their.detach())
+
