@@ -197,3 +197,23 @@ def test_a_contiguous_gradient_without_contiguous_strides_flows_through_a_compil
         for our, their in ((ours, theirs), (tpu_module.weight.grad, cpu_module.weight.grad), (tpu_module.bias.grad, cpu_module.bias.grad)):
             assert our.shape == their.shape and torch.allclose(host(our), their.detach())
 
+
+def _into_empty_outs(x: torch.Tensor, product: torch.Tensor, values: torch.Tensor, indices: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    torch.mul(x, 2, out=product)
+    torch.max(x, 1, out=(values, indices))
+    return product + 1, values, indices
+
+
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE], ids=["strict", "defer"])
+@pytest.mark.parametrize("dynamic", [False, True], ids=["static", "dynamic"])
+def test_an_out_tensor_the_op_resizes_breaks_the_compiled_graph_as_on_the_cpu(mode: EagerMode, dynamic: bool) -> None:
+    """An `out=` op resized only the traced wrapper's inner tensor; Dynamo, seeing no resize, kept
+    tracing and failed building guards for the wrapper's sizes."""
+    x = torch.randn(2, 3)
+    cpu_outs, tpu_outs = ((torch.empty(0, device=device), torch.empty(0, device=device), torch.empty(0, dtype=torch.long, device=device)) for device in ("cpu", "tpu"))
+    with eager(mode):
+        ours = torch.compile(_into_empty_outs, backend="tpu", dynamic=dynamic)(x.to("tpu"), *tpu_outs)
+        theirs = _into_empty_outs(x, *cpu_outs)
+        for our, their in zip((*ours, *tpu_outs), (*theirs, *cpu_outs)):
+            assert our.shape == their.shape and host(our).tolist() == their.tolist()
+        assert ours[1] is tpu_outs[1] and ours[2] is tpu_outs[2]
