@@ -21,18 +21,18 @@ def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
     """Put a CPU tensor's data on a JAX device."""
     if host.is_meta:
         raise NotImplementedError("Cannot copy out of meta tensor; no data!")  # torch's words, which Module.to extends
-    host = host.detach()
     to_jax(host.dtype)  # a dtype the chip cannot hold is a one-line error naming the ones it can
-    if not host.is_contiguous():
-        host = host.contiguous()
-    pattern = _BIT_PATTERNS.get(host.dtype)
-    if pattern is not None:
-        data = host.view(pattern[0]).numpy().view(to_jax(host.dtype))
-    else:
-        data = host.numpy()
     # A private copy: XLA:CPU adopts an aligned host buffer (torch's are) without copying, even with
-    # may_alias=False, so a later in-place change to the host tensor would show on the chip.
-    return jax.device_put(np.array(data, copy=True), device)
+    # may_alias=False, so a later in-place change to the host tensor would show on the chip. The copy
+    # is torch's, not NumPy's: `numpy()` marks a tensor's storage as not resizable, which the caller's
+    # tensor must stay.
+    private = host.detach().clone(memory_format=torch.contiguous_format)
+    pattern = _BIT_PATTERNS.get(private.dtype)
+    if pattern is not None:
+        data = private.view(pattern[0]).numpy().view(to_jax(private.dtype))
+    else:
+        data = private.numpy()
+    return jax.device_put(data, device)
 
 
 def array_to_torch(array: Any, dtype: torch.dtype, leading: tuple[int, int] | None = None) -> torch.Tensor:

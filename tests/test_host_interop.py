@@ -91,3 +91,15 @@ def test_dataloader_with_pin_memory_trains(mode: EagerMode) -> None:
             optimizer.step()
             batches += 1
         assert batches == 4 and torch.isfinite(host(model.weight)).all()
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_host_tensor_copied_to_the_chip_can_still_be_resized(mode: EagerMode, dtype: torch.dtype) -> None:
+    source = torch.arange(6, dtype=dtype)
+    with eager(mode):
+        on_chip = source.to("tpu")
+        torch.mul(torch.ones(2, 3, dtype=dtype), 2, out=source)  # out= resizes the host tensor, as on the CPU
+        source.add_(1)
+        assert host(on_chip).tolist() == list(range(6))
+    assert source.tolist() == [[3.0] * 3] * 2
