@@ -422,8 +422,10 @@ check("all_to_all uneven", torch.cat([piece.reshape(-1) for piece in pieces_out]
 dist.barrier()
 if rank == 0:
     dist.send(tpu([7.0, 8.0]), dst=1)
+    dist.send(tpu([9.0]), dst=1)
 elif rank == 1:
     got = torch.zeros(2, device="tpu"); dist.recv(got, src=0); check("send/recv", got, [7.0, 8.0])
+    got = torch.zeros(1, device="tpu"); check("recv from any source: the sender", dist.recv(got), 0); check("recv from any source", got, [9.0])
 cpu = torch.ones(2); dist.all_reduce(cpu)
 check("cpu tensors", cpu, [float(world)] * 2)
 check("funcol all_reduce", funcol.all_reduce(tpu([1.0]), "sum", dist.group.WORLD) + 0, [float(world)])

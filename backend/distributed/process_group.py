@@ -97,7 +97,7 @@ class TpuProcessGroup(dist.ProcessGroup):
                 call.finished()
             return result
 
-        pending = _Pending(host_works, finish, handoff)
+        pending = _Pending(host_works, finish, handoff, staging.kind == "recv")
         self._completion.submit(pending, ordered=staging.kind not in ("send", "recv"))
         return CollectiveWork(pending, staging.kind)
 
@@ -319,6 +319,15 @@ class CollectiveWork(dist.Work):
     def get_future(self) -> torch.futures.Future:
         return self._future
 
+    def _source_rank(self) -> int:
+        """The group rank a receive got its data from (what `dist.recv` without `src` returns)."""
+        self.wait()
+        if self._pending.source_rank is None:
+            raise RuntimeError("sourceRank() may only be called on work objects that correspond to a recv or recv-from-any call.")
+        return self._pending.source_rank
+
+    source_rank = _source_rank
+
     def result(self) -> list[torch.Tensor]:
         return self._future.wait()
 
@@ -350,13 +359,15 @@ class _Pending:
     at once, so its results come back without a hand-over between threads), or the group's
     completion thread (for calls nobody is waiting on yet, such as DDP's buckets)."""
 
-    __slots__ = ("host_works", "finish", "handoff", "result", "_claim")
+    __slots__ = ("host_works", "finish", "handoff", "result", "receives", "source_rank", "_claim")
 
-    def __init__(self, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]], handoff: Handoff) -> None:
+    def __init__(self, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]], handoff: Handoff, receives: bool = False) -> None:
         self.host_works = host_works
         self.finish: Callable[[], list[torch.Tensor]] | None = finish
         self.handoff: Handoff | None = handoff
         self.result: torch.futures.Future = torch.futures.Future()
+        self.receives = receives  # a recv: the transport's work knows which rank sent the data
+        self.source_rank: int | None = None
         self._claim = threading.Lock()
 
     def run_if_unclaimed(self) -> None:
@@ -365,6 +376,8 @@ class _Pending:
         try:
             for work in self.host_works:
                 work.wait()
+            if self.receives:
+                self.source_rank = self.host_works[0]._source_rank()
             value = self.finish()  # type: ignore[misc] - set until claimed, and claimed once
         except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
             self.result.set_exception(error)
