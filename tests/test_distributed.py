@@ -398,6 +398,10 @@ check("all_reduce", x, [float(total)] * 4)
 work = dist.all_reduce(x, op=dist.ReduceOp.MAX, async_op=True)
 work.wait()
 check("async max", x, [float(total)] * 4)
+def chained(future):  # a callback that waits on a collective of its own, as DDP's PowerSGD hook does
+    return dist.all_reduce(future.value()[0] * 10, async_op=True).get_future().wait()[0]
+chain = dist.all_reduce(tpu([rank + 1.0]), async_op=True).get_future().then(chained)
+check("a collective waited on in a future's callback", chain.wait(), [10.0 * total * world])
 avg = tpu([float(rank)]); dist.all_reduce(avg, op=dist.ReduceOp.AVG)
 check("avg", avg, [sum(range(world)) / world])
 bf16 = tpu([rank + 1.0] * 3, torch.bfloat16); dist.all_reduce(bf16)

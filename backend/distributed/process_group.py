@@ -5,7 +5,8 @@ pending deferred work is flushed, the inputs are copied to host tensors, gloo ru
 those asynchronously, and when gloo completes, a completion thread of the group writes the results
 back into the tpu tensors and writes the call's trace row. The `Work` returned completes only after
 the write-back, so `work.wait()`, `work.get_future()` (what DDP's reducer chains on) and `async_op=True`
-behave as they do on other devices. CPU tensors passed to the group go to gloo without a copy.
+behave as they do on other devices; a Python `wait()` on either finishes the call on the waiting thread
+if the completion thread has not reached it yet. CPU tensors passed to the group go to gloo without a copy.
 
 Gloo gets every host tensor as an alias this side keeps until gloo's threads have dropped it
 (`handoff`): those threads then never need the GIL for the group's collectives, so the group may be
@@ -365,7 +366,7 @@ class _Pending:
         self.host_works = host_works
         self.finish: Callable[[], list[torch.Tensor]] | None = finish
         self.handoff: Handoff | None = handoff
-        self.result: torch.futures.Future = torch.futures.Future()
+        self.result: torch.futures.Future = _ClaimingFuture(self)
         self.receives = receives  # a recv: the transport's work knows which rank sent the data
         self.source_rank: int | None = None
         self._claim = threading.Lock()
@@ -387,9 +388,27 @@ class _Pending:
             # only the Work's future keeps the results.
             self.host_works = []
             self.finish = None
+            self.result._pending = None  # type: ignore[attr-defined] - a _ClaimingFuture; breaks the cycle
             quarantine.hold(self.handoff)  # type: ignore[arg-type] - set until claimed, and claimed once
             self.handoff = None
         self.result.set_result(value)
+
+
+class _ClaimingFuture(torch.futures.Future):
+    """The future of one collective. Waiting on it in Python finishes the collective on the waiting
+    thread when no thread has claimed it yet: a callback chained on another collective's future runs on
+    the group's completion thread, and one that issues a collective and waits on its future (DDP's
+    PowerSGD hook) would otherwise wait for that same thread."""
+
+    def __init__(self, pending: _Pending) -> None:
+        super().__init__()
+        self._pending: _Pending | None = pending
+
+    def wait(self) -> Any:
+        pending = self._pending
+        if pending is not None:
+            pending.run_if_unclaimed()
+        return super().wait()
 
 
 class _Completion:
