@@ -415,6 +415,10 @@ flat = torch.empty(2 * world, device="tpu"); dist.all_gather_into_tensor(flat, t
 check("all_gather_into_tensor", flat, torch.tensor([v for r in range(world) for v in (r, -r)], dtype=torch.float32))
 shard = torch.empty(2, device="tpu"); dist.reduce_scatter_tensor(shard, torch.arange(2.0 * world, device="tpu") + rank)
 check("reduce_scatter_tensor", shard, torch.tensor([world * (2 * rank + i) + sum(range(world)) for i in range(2)], dtype=torch.float32))
+stacked = torch.empty(1, world, 2, device="tpu"); dist.all_gather_into_tensor(stacked, tpu([rank, -rank]))  # any shapes of the right size, as on NCCL
+check("all_gather_into_tensor, stacked", stacked, torch.tensor([[[r, -r] for r in range(world)]], dtype=torch.float32))
+shard = torch.empty(2, device="tpu"); dist.reduce_scatter_tensor(shard, torch.arange(2.0 * world, device="tpu").reshape(world, 2) + rank)
+check("reduce_scatter_tensor, stacked", shard, torch.tensor([world * (2 * rank + i) + sum(range(world)) for i in range(2)], dtype=torch.float32))
 root = tpu([float(rank)] * 3); dist.broadcast(root, src=world - 1)
 check("broadcast", root, [float(world - 1)] * 3)
 out = torch.empty(world, device="tpu"); dist.all_to_all_single(out, torch.arange(float(world), device="tpu") + 10 * rank)

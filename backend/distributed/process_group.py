@@ -128,16 +128,19 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._launch(staging, call, lambda give: self._host.allgather([[give(output) for output in host_outputs]], [give(host_input)]), outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002 - c10d's name
+        _gathered_counts_agree(output, input, self.size())
         staging, call = self._start("all_gather", [input], tracing.message_bytes([output]))
-        host_input = staging.read(input)
-        host_output = staging.output(output)
+        host_input = staging.read(input).view(-1)
+        host_output = staging.output(output).view(-1)
         return self._launch(staging, call, lambda give: self._host._allgather_base(give(host_output), give(host_input)), [output])
 
     _allgather_base = all_gather_single
 
     def all_gather_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        for output, input in zip(outputs, inputs):
+            _gathered_counts_agree(output, input, self.size())
         staging, call = self._start("all_gather", inputs, tracing.message_bytes(outputs))
-        pairs = [(staging.output(output), staging.read(input)) for output, input in zip(outputs, inputs)]
+        pairs = [(staging.output(output).view(-1), staging.read(input).view(-1)) for output, input in zip(outputs, inputs)]
         return self._launch(staging, call, lambda give: [self._host._allgather_base(give(host_output), give(host_input)) for host_output, host_input in pairs], outputs)
 
     allgather_into_tensor_coalesced = all_gather_single_coalesced
@@ -162,18 +165,21 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._launch(staging, call, lambda give: self._host.reduce_scatter([give(host_output)], [[give(input) for input in host_inputs]], options), outputs)
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002
+        _gathered_counts_agree(input, output, self.size())
         staging, call = self._start("reduce_scatter", [input], tracing.message_bytes([input]))
-        host_input = staging.copy(input)
+        host_input = staging.copy(input).view(-1)
         fsdp.release_reduce_scatter_input(input)  # FSDP2's packed gradients: the host copy is all that is read now
-        host_output = staging.output(output)
+        host_output = staging.output(output).view(-1)
         options = _reduce_scatter_options(opts, [host_input], staging)
         return self._launch(staging, call, lambda give: self._host._reduce_scatter_base(give(host_output), give(host_input), options), [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
     def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
+        for output, input in zip(outputs, inputs):
+            _gathered_counts_agree(input, output, self.size())
         staging, call = self._start("reduce_scatter", inputs, tracing.message_bytes(inputs))
-        pairs = [(staging.output(output), staging.copy(input)) for output, input in zip(outputs, inputs)]
+        pairs = [(staging.output(output).view(-1), staging.copy(input).view(-1)) for output, input in zip(outputs, inputs)]
         options = _reduce_scatter_options(opts, [host_input for _, host_input in pairs], staging)
         return self._launch(
             staging, call, lambda give: [self._host._reduce_scatter_base(give(host_output), give(host_input), options) for host_output, host_input in pairs], outputs
@@ -342,6 +348,16 @@ def _some(kind: str, tensors: Sequence[torch.Tensor]) -> None:
 def _single(kind: str, tensors: Sequence[torch.Tensor]) -> None:
     if len(tensors) != 1:
         raise ValueError(f"{kind} on a tpu process group takes one tensor per rank, got {len(tensors)}")
+
+
+def _gathered_counts_agree(whole: torch.Tensor, piece: torch.Tensor, size: int) -> None:
+    """The single-tensor all-gather and reduce-scatter take any shapes whose element counts agree (the
+    whole is `size` pieces), as NCCL does: gloo's own would split the whole along dim 0."""
+    if whole.numel() != piece.numel() * size:
+        raise ValueError(
+            f"the gathered tensor must have world_size ({size}) times the elements of the per-rank tensor, "
+            f"got {whole.numel()} elements ({list(whole.shape)}) and {piece.numel()} ({list(piece.shape)})"
+        )
 
 
 def _reduce_scatter_options(opts: Any, host_inputs: list[torch.Tensor], staging: Staging) -> dist.ReduceScatterOptions:
