@@ -3,6 +3,8 @@
 - `native_batch_norm` updates the running statistics in training although its schema declares no
   write: it runs as `_native_batch_norm_legit`, whose schema does, so the update reaches the chip on
   every route (decomposition or CPU fallback).
+- `batch_norm_gather_stats_with_counts` (SyncBatchNorm's merge of the ranks' statistics) also updates
+  the running statistics without declaring the write: it runs as tpu ops that write them.
 - In eval mode torch's CPU kernels of `native_batch_norm` and `_native_batch_norm_legit` return empty
   saved statistics (their meta kernels say (C,)); the device returns what the CPU does.
 - `_linalg_check_errors` only reads `info` to raise torch's error: the chip checks for a nonzero
@@ -65,6 +67,22 @@ def _native_batch_norm(args: tuple, kwargs: dict) -> tuple:
     else:
         result = torch.ops.aten._native_batch_norm_legit.default(input, weight, bias, running_mean, running_var, training, momentum, eps)
     return _eval_saved_stats(result, input, training)
+
+
+def _batch_norm_gather_stats_with_counts(args: tuple, kwargs: dict) -> tuple:
+    """SyncBatchNorm's merge of every rank's (mean, invstd, count) into the global mean and invstd, as
+    CUDA's kernel merges them; like `native_batch_norm` it also updates the running statistics (with
+    the unbiased variance) although its schema declares no write."""
+    _, mean, invstd, running_mean, running_var, momentum, eps, counts = bound(aten.batch_norm_gather_stats_with_counts.default, args, kwargs)
+    weights = counts.to(mean.dtype).unsqueeze(-1)
+    total = weights.sum(0)
+    global_mean = (mean * weights).sum(0) / total
+    variance = ((invstd.reciprocal().square() - eps + (mean - global_mean).square()) * weights).sum(0) / total
+    if running_mean is not None:
+        running_mean.copy_(running_mean * (1 - momentum) + global_mean * momentum)
+    if running_var is not None:
+        running_var.copy_(running_var * (1 - momentum) + variance * (total / (total - 1)) * momentum)
+    return global_mean, (variance + eps).rsqrt()
 
 
 def bound(op: Any, args: tuple, kwargs: dict) -> list[Any]:
@@ -143,6 +161,7 @@ def register() -> None:
     dispatcher = _dispatcher()
     dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
     dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)
+    dispatcher.register_special(aten.batch_norm_gather_stats_with_counts.default, _batch_norm_gather_stats_with_counts)
     dispatcher.register_special(aten._linalg_check_errors.default, _linalg_check_errors)
     dispatcher.register_special(aten._assert_async.default, _assert_async)
     dispatcher.register_special(aten._assert_async.msg, _assert_async)

@@ -276,6 +276,49 @@ def test_storage_resize_frees_and_restores_a_buffer() -> None:
             assert torch.tpu.memory_allocated() == live - 32
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_sync_batch_norm_ops_over_two_halves_match_batch_norm(dtype: str) -> None:
+    """SyncBatchNorm's ops (CUDA-only in torch), with the two halves of a batch as two ranks would hold
+    them: the merged statistics, the running statistics, the output and the input gradient are those of
+    one BatchNorm over the whole batch on the CPU."""
+    import torch
+    import torch.nn.functional as F
+    from backend_helpers import eager, host
+
+    from tputrace.backend.device_module import EagerMode
+
+    torch.manual_seed(0)
+    dtype_ = getattr(torch, dtype)
+    x, grad = torch.randn(6, 3, 4, 4).to(dtype_), torch.randn(6, 3, 4, 4).to(dtype_)
+    weight, bias, eps, momentum = torch.rand(3) + 0.5, torch.randn(3), 1e-5, 0.3
+    x_ref = x.float().requires_grad_()
+    running_ref = [torch.zeros(3), torch.ones(3)]
+    out_ref = F.batch_norm(x_ref, *running_ref, weight, bias, training=True, momentum=momentum, eps=eps)
+    (grad_ref,) = torch.autograd.grad(out_ref, x_ref, grad.float())
+    tolerance = {"atol": 1e-4, "rtol": 1e-4} if dtype == "float32" else {"atol": 5e-2, "rtol": 2e-2}
+    for mode in (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE):
+        with eager(mode):
+            halves, grads = [x[:2].to("tpu"), x[2:].to("tpu")], [grad[:2].to("tpu"), grad[2:].to("tpu")]
+            stats = [torch.batch_norm_stats(half, eps) for half in halves]
+            assert all(statistic.dtype == torch.float32 for pair in stats for statistic in pair)
+            counts = torch.tensor([2.0 * 16, 4.0 * 16], device="tpu")
+            running = [torch.zeros(3, device="tpu"), torch.ones(3, device="tpu")]
+            mean, invstd = torch.batch_norm_gather_stats_with_counts(
+                halves[0], torch.stack([s[0] for s in stats]), torch.stack([s[1] for s in stats]), *running, momentum, eps, counts
+            )
+            for got, want in zip(running, running_ref):
+                torch.testing.assert_close(host(got), want, atol=1e-4, rtol=1e-4)
+            w, b = weight.to("tpu"), bias.to("tpu")
+            out = torch.cat([torch.batch_norm_elemt(half, w, b, mean, invstd, eps) for half in halves])
+            assert out.dtype == dtype_
+            torch.testing.assert_close(host(out).float(), out_ref.detach(), **tolerance)
+            reduced = [torch.batch_norm_backward_reduce(g, half, mean, invstd, w, True, True, True) for g, half in zip(grads, halves)]
+            sum_dy, sum_dy_xmu = sum(r[0] for r in reduced), sum(r[1] for r in reduced)
+            count = torch.tensor([32, 64], dtype=torch.int32, device="tpu")
+            grad_x = torch.cat([torch.batch_norm_backward_elemt(g, half, mean, invstd, w, sum_dy, sum_dy_xmu, count) for g, half in zip(grads, halves)])
+            torch.testing.assert_close(host(grad_x).float(), grad_ref, **tolerance)
+
+
 def test_one_rank_group_runs_and_records_collectives(tmp_path: Path) -> None:
     """A "tpu" group of one rank in this process: c10d and functional collectives give the identity,
     and every call leaves a row with its kind, size, dtype, group, source line and timing."""
@@ -499,6 +542,56 @@ def test_collectives_on_real_ranks_and_their_trace(tmp_path: Path) -> None:
         assert all(row.bus_bandwidth > 0 for row in rows if row.bytes and row.kind != "barrier")
         per_rank = trace.sql("SELECT rank, COUNT(*) FROM collectives WHERE kind NOT IN ('send', 'recv') GROUP BY rank")
         assert len({count for _, count in per_rank}) == 1
+
+
+SYNC_BATCH_NORM_SCRIPT = r'''
+"""SyncBatchNorm on tpu ranks against one BatchNorm over the whole batch on the CPU."""
+import json
+import torch, torch.distributed as dist
+from torch import nn
+import tputrace.backend  # noqa: F401
+
+dist.init_process_group("tpu")
+rank, world = dist.get_rank(), dist.get_world_size()
+torch.manual_seed(0)
+full_x = torch.randn(4 * world, 3, 5, 5)
+full_g = torch.randn(4 * world, 3, 5, 5)
+reference = nn.BatchNorm2d(3, momentum=0.3)
+with torch.no_grad():
+    reference.weight.uniform_(0.5, 1.5); reference.bias.uniform_(-0.5, 0.5)
+local = nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(nn.BatchNorm2d(3, momentum=0.3)))
+local.load_state_dict({"0." + k: v for k, v in reference.state_dict().items()})
+local = local.to("tpu")
+failures = []
+for step in range(2):
+    x_ref = (full_x + step).requires_grad_()
+    out_ref = reference(x_ref)
+    (out_ref * full_g).sum().backward()
+    x = (full_x + step)[4 * rank : 4 * rank + 4].to("tpu").requires_grad_()
+    out = local(x)
+    (out * full_g[4 * rank : 4 * rank + 4].to("tpu")).sum().backward()
+    pairs = {"out": (out, out_ref[4 * rank : 4 * rank + 4]), "grad x": (x.grad, x_ref.grad[4 * rank : 4 * rank + 4]),
+             "running_mean": (local[0].running_mean, reference.running_mean), "running_var": (local[0].running_var, reference.running_var)}
+    for name, (got, want) in pairs.items():
+        if not torch.allclose(got.detach().cpu(), want.detach(), atol=1e-4, rtol=1e-4):
+            failures.append(f"step {step} {name}: max diff {(got.detach().cpu() - want.detach()).abs().max()}")
+    # SyncBatchNorm leaves each rank its share of the weight and bias gradients (DDP sums them)
+    for name, param, ref_param in (("weight", local[0].weight, reference.weight), ("bias", local[0].bias, reference.bias)):
+        summed = param.grad.detach().clone(); dist.all_reduce(summed)
+        if not torch.allclose(summed.cpu(), ref_param.grad, atol=1e-4, rtol=1e-4):
+            failures.append(f"step {step} grad {name}: {summed.cpu()} vs {ref_param.grad}")
+        param.grad = None; ref_param.grad = None
+json.dump(failures, open(f"syncbn.rank{rank}.json", "w"))
+dist.destroy_process_group()
+'''
+
+
+def test_sync_batch_norm_matches_one_batch_norm_over_the_whole_batch(tmp_path: Path) -> None:
+    script = tmp_path / "syncbn.py"
+    script.write_text(SYNC_BATCH_NORM_SCRIPT)
+    result, _ = _run_ranks(tmp_path, script)
+    _assert_ok(result)
+    assert [json.loads((tmp_path / f"syncbn.rank{rank}.json").read_text()) for rank in (0, 1)] == [[], []]
 
 
 def _max_difference(got: dict, want: dict) -> float:

@@ -181,6 +181,54 @@ def batch_norm_backward(grad_out: Array, input: Array, weight: Array, running_me
     return native_batch_norm_backward(grad_out, input, weight, running_mean, running_var, save_mean, save_var, update, eps, output_mask)
 
 
+# ----------------------------------------------------------------- SyncBatchNorm's pieces (CUDA's kernels)
+def _reduced_dims(x: Array) -> tuple[int, ...]:
+    return (0,) + tuple(range(2, x.ndim))
+
+
+@lowers(aten.batch_norm_stats.default)
+def batch_norm_stats(input: Array, eps: float) -> tuple[Array, Array]:  # noqa: A002
+    """This rank's per-channel mean and 1 / sqrt(biased variance + eps), in float32 for half inputs."""
+    mean, var = _batch_stats(to_float(input))
+    return mean, jax.lax.rsqrt(var + eps)
+
+
+@lowers(aten.batch_norm_elemt.default)
+def batch_norm_elemt(input: Array, weight: Array | None, bias: Array | None, mean: Array, invstd: Array, eps: float) -> Array:  # noqa: A002
+    return _batch_normalize(to_float(input), mean, invstd, weight, bias).astype(input.dtype)
+
+
+@lowers(aten.batch_norm_backward_reduce.default)
+def batch_norm_backward_reduce(
+    grad_out: Array, input: Array, mean: Array, invstd: Array, weight: Array | None, input_g: bool, weight_g: bool, bias_g: bool  # noqa: A002
+) -> tuple[Array | None, Array | None, Array | None, Array | None]:
+    """This rank's sums of dy and dy * (x - mean) per channel, and its weight and bias gradients."""
+    x, grad = to_float(input), to_float(grad_out)
+    dims = _reduced_dims(x)
+    sum_dy = jnp.sum(grad, axis=dims)
+    sum_dy_xmu = jnp.sum(grad * (x - _channel(mean, x.ndim)), axis=dims)
+    param_dtype = input.dtype if weight is None else weight.dtype
+    return (
+        sum_dy.astype(mean.dtype) if input_g else None,
+        sum_dy_xmu.astype(mean.dtype) if input_g else None,
+        (sum_dy_xmu * invstd).astype(param_dtype) if weight_g else None,
+        sum_dy.astype(param_dtype) if bias_g else None,
+    )
+
+
+@lowers(aten.batch_norm_backward_elemt.default)
+def batch_norm_backward_elemt(
+    grad_out: Array, input: Array, mean: Array, invstd: Array, weight: Array | None, sum_dy: Array, sum_dy_xmu: Array, count: Array  # noqa: A002
+) -> Array:
+    """The input gradient from the sums every rank's `batch_norm_backward_reduce` gave, all-reduced."""
+    x, grad = to_float(input), to_float(grad_out)
+    total = jnp.sum(count.astype(jnp.float32))
+    mean_dy, mean_dy_xmu = sum_dy / total, sum_dy_xmu / total
+    scale = invstd if weight is None else invstd * weight
+    centered = (x - _channel(mean, x.ndim)) * _channel(invstd * invstd * mean_dy_xmu, x.ndim)
+    return ((grad - _channel(mean_dy, x.ndim) - centered) * _channel(scale, x.ndim)).astype(input.dtype)
+
+
 def _weight_norm(v: Array, g: Array, dim: int) -> Array:
     """w = g * v / ||v||, the norm over every dimension but `dim` (torch's `_weight_norm_interface`)."""
     norm = vector_norm(to_float(v), 2, tuple(axis for axis in range(v.ndim) if axis != dim), True)
