@@ -451,15 +451,17 @@ class _Completion:
             return
         with self._lock:
             if self._thread is None:
+                self._queue = queue.SimpleQueue()
                 self._thread = _start(threading.Thread(target=_completion_loop, args=(self._queue,), name="tputrace-collectives", daemon=True))
             self._queue.put(pending)
 
     def close(self, wait_s: float = 0.0) -> None:
         """Stop the thread once it has finished the calls queued before; wait up to `wait_s` for that.
-        A call submitted later starts a thread of its own."""
+        A call submitted later starts a thread (and a queue) of its own; nothing is made here, as a
+        group collected at interpreter exit closes after the modules are gone."""
         with self._lock:
             thread, pending_calls = self._thread, self._queue
-            self._thread, self._queue = None, queue.SimpleQueue()
+            self._thread = None
         if thread is not None:
             pending_calls.put(None)
             if wait_s and thread is not threading.current_thread():
