@@ -483,6 +483,14 @@ check("funcol all_reduce", funcol.all_reduce(tpu([1.0]), "sum", dist.group.WORLD
 check("funcol all_gather", funcol.all_gather_tensor(tpu([float(rank)]), 0, dist.group.WORLD) + 0, torch.arange(float(world)))
 check("funcol reduce_scatter", funcol.reduce_scatter_tensor(torch.ones(world, device="tpu"), "sum", 0, dist.group.WORLD) + 0, [float(world)])
 
+@torch.compile(backend="tpu")
+def compiled(values):  # two collectives of one program: ordered host calls, each waited for
+    return funcol.all_reduce(values * 2, "sum", dist.group.WORLD) + 1, funcol.all_gather_tensor(values, 0, dist.group.WORLD)
+for _ in range(2):
+    summed, gathered = compiled(tpu([rank + 1.0, 2.0]))
+    check("compiled all_reduce", summed, [2.0 * total + 1, 4.0 * world + 1])
+    check("compiled all_gather", gathered, torch.tensor([[r + 1.0, 2.0] for r in range(world)]).reshape(-1))
+
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import Replicate, Shard, distribute_tensor
 mesh = DeviceMesh("tpu", list(range(world)))

@@ -8,6 +8,7 @@ Python at trace time: XLA compiles one program per concrete shape, so every size
 
 A node without a lowering runs on the host: with no tensor inputs it is folded into a constant when
 the program is traced; with tensor inputs it becomes a `jax.pure_callback` into torch on the CPU.
+A functional collective is an ordered `io_callback` that runs it through its group and waits for it.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import jax
+import jax.experimental
 import jax.numpy as jnp
 import numpy as np
 import torch
@@ -324,6 +326,8 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph
         else:
             lowering = LOWERINGS.get(target)
             if lowering is None:
+                if target.namespace == "_c10d_functional":
+                    return _collective(node, args, kwargs)
                 return _on_host(node, args, kwargs, graph_name)
             result = lowering.fn(*args, **kwargs, **extra)
     return _conform(result, node.meta.get("val"), str(target))
@@ -463,12 +467,18 @@ def _select(node: torch.fx.Node, value: Any, dim: int, index: Any) -> Any:
     return jax.lax.dynamic_index_in_dim(value, index % value.shape[axis], axis=axis, keepdims=False)
 
 
+def _waited(node: torch.fx.Node, value: Any) -> Any:
+    """`wait_tensor`: the collective that made `value` completed inside its own callback."""
+    return value
+
+
 _SPECIAL: dict[str, Callable[..., Any]] = {
     "aten._local_scalar_dense.default": _scalar_of,
     "aten.select.int": _select,
     "aten._to_copy.default": _to_copy,
     "aten.copy.default": _copy,
     "aten.as_strided.default": _as_strided,
+    "_c10d_functional.wait_tensor.default": _waited,
 }
 
 _warned_host_ops: set[tuple[str, str]] = set()
@@ -481,31 +491,58 @@ def _on_host(node: torch.fx.Node, args: tuple, kwargs: dict, graph_name: str) ->
     if (graph_name, op_name) not in _warned_host_ops:
         _warned_host_ops.add((graph_name, op_name))
         warnings.warn(f"tputrace: {op_name} has no lowering; it runs on the host CPU inside compiled graph {graph_name}", RuntimeWarning, stacklevel=2)
-    leaves, spec = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda value: isinstance(value, torch.device))
-    array_positions = [index for index, leaf in enumerate(leaves) if isinstance(leaf, (jax.Array, jax.core.Tracer))]
-
-    def host_call(*arrays: Any) -> Any:
-        values = list(leaves)
-        for index, array in zip(array_positions, arrays):
-            values[index] = torch.from_numpy(np.array(array))
-        host_args, host_kwargs = jax.tree_util.tree_unflatten(spec, values)
-        host_kwargs = {key: (torch.device("cpu") if key == "device" else value) for key, value in host_kwargs.items()}
-        result = node.target(*host_args, **host_kwargs)
-        if isinstance(result, (tuple, list)):
-            return tuple(item.numpy() for item in result)
-        return result.numpy()
-
-    if not array_positions:
-        result = host_call()
+    call = _HostCall(node, args, kwargs)
+    if not call.array_positions:
+        result = call()
         return _conform(result if not isinstance(result, tuple) else tuple(result), node.meta.get("val"), op_name)
-    metas = []
-    for index, leaf in enumerate(leaves):
-        metas.append(torch.empty(tuple(leaf.shape), dtype=to_torch(leaf.dtype), device="meta") if index in array_positions else leaf)
-    meta_args, meta_kwargs = jax.tree_util.tree_unflatten(spec, metas)
-    meta_kwargs = {key: (torch.device("meta") if key == "device" else value) for key, value in meta_kwargs.items()}
-    meta_result = node.target(*meta_args, **meta_kwargs)
-    multiple = isinstance(meta_result, (tuple, list))
-    shapes = [jax.ShapeDtypeStruct(tuple(item.shape), to_jax(item.dtype)) for item in (meta_result if multiple else [meta_result])]
-    result = jax.pure_callback(host_call, tuple(shapes) if multiple else shapes[0], *[leaves[index] for index in array_positions])
+    result = jax.pure_callback(call, call.result_shapes(), *call.arrays())
     return _conform(result, node.meta.get("val"), op_name)
+
+
+def _collective(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
+    """A functional collective (what Dynamo makes of `dist.all_reduce`, funcol, DTensor): the host runs
+    it through its group on CPU copies and waits for it, in an ordered callback, so that every rank
+    issues a program's collectives in the graph's order and none is dropped or folded at trace time."""
+    call = _HostCall(node, args, kwargs, wait=True)
+    result = jax.experimental.io_callback(call, call.result_shapes(), *call.arrays(), ordered=True)
+    return _conform(result, node.meta.get("val"), str(node.target))
+
+
+class _HostCall:
+    """One node run by torch on the host, its array arguments passed in as NumPy arrays."""
+
+    def __init__(self, node: torch.fx.Node, args: tuple, kwargs: dict, wait: bool = False) -> None:
+        self.node = node
+        self.wait = wait
+        self.leaves, self.spec = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda value: isinstance(value, torch.device))
+        self.array_positions = [index for index, leaf in enumerate(self.leaves) if isinstance(leaf, (jax.Array, jax.core.Tracer))]
+
+    def arrays(self) -> list[Any]:
+        return [self.leaves[index] for index in self.array_positions]
+
+    def __call__(self, *arrays: Any) -> Any:
+        values = list(self.leaves)
+        for index, array in zip(self.array_positions, arrays):
+            values[index] = torch.from_numpy(np.array(array))
+        host_args, host_kwargs = jax.tree_util.tree_unflatten(self.spec, values)
+        host_kwargs = {key: (torch.device("cpu") if key == "device" else value) for key, value in host_kwargs.items()}
+        result = self.node.target(*host_args, **host_kwargs)
+        items = list(result) if isinstance(result, (tuple, list)) else [result]
+        if self.wait:
+            items = [torch.ops._c10d_functional.wait_tensor(item) for item in items]
+        if isinstance(result, (tuple, list)):
+            return tuple(item.numpy() for item in items)
+        return items[0].numpy()
+
+    def result_shapes(self) -> Any:
+        """The outputs' shapes and dtypes, from the op's meta kernel."""
+        metas = []
+        for index, leaf in enumerate(self.leaves):
+            metas.append(torch.empty(tuple(leaf.shape), dtype=to_torch(leaf.dtype), device="meta") if index in self.array_positions else leaf)
+        meta_args, meta_kwargs = jax.tree_util.tree_unflatten(self.spec, metas)
+        meta_kwargs = {key: (torch.device("meta") if key == "device" else value) for key, value in meta_kwargs.items()}
+        meta_result = self.node.target(*meta_args, **meta_kwargs)
+        multiple = isinstance(meta_result, (tuple, list))
+        shapes = [jax.ShapeDtypeStruct(tuple(item.shape), to_jax(item.dtype)) for item in (meta_result if multiple else [meta_result])]
+        return tuple(shapes) if multiple else shapes[0]
 
