@@ -602,6 +602,32 @@ def test_sync_batch_norm_matches_one_batch_norm_over_the_whole_batch(tmp_path: P
     assert [json.loads((tmp_path / f"syncbn.rank{rank}.json").read_text()) for rank in (0, 1)] == [[], []]
 
 
+RECV_FROM_ANY_SCRIPT = r'''
+import torch, torch.distributed as dist
+import tputrace.backend  # noqa: F401
+
+dist.init_process_group("tpu")
+rank = dist.get_rank()
+if rank == 1:
+    senders = sorted(dist.recv(torch.zeros(1, device="tpu")) for _ in range(2))
+    assert senders == [0, 2], senders
+else:
+    dist.send(torch.full((1,), float(rank), device="tpu"), dst=1)
+dist.barrier()
+dist.destroy_process_group()
+'''
+
+
+def test_a_receive_from_any_source_records_its_sender(tmp_path: Path) -> None:
+    script = tmp_path / "recv_any.py"
+    script.write_text(RECV_FROM_ANY_SCRIPT)
+    result, merged = _run_ranks(tmp_path, script, nproc=3)
+    _assert_ok(result)
+    with tputrace.open(merged) as trace:
+        rows = [row for row in trace.records("collectives") if row.kind in ("send", "recv")]
+    assert sorted((row.rank, row.kind, row.ranks) for row in rows) == [(0, "send", "0,1"), (1, "recv", "0,1"), (1, "recv", "2,1"), (2, "send", "2,1")]
+
+
 def _max_difference(got: dict, want: dict) -> float:
     assert got.keys() == want.keys()
     return max((got[name].float() - want[name].float()).abs().max().item() for name in want)

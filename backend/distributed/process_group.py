@@ -95,6 +95,8 @@ class TpuProcessGroup(dist.ProcessGroup):
         def finish() -> list[torch.Tensor]:
             staging.write_back()
             if call is not None:
+                if pending.source_rank is not None:  # a receive from any source: now its sender is known
+                    call.ranks = self._pair(pending.source_rank, self.rank())
                 call.finished()
             return result
 
@@ -261,20 +263,22 @@ class TpuProcessGroup(dist.ProcessGroup):
         staging, call = self._start("barrier", [], 0)
         return self._launch(staging, call, lambda give: self._host.barrier(dist.BarrierOptions()), [])
 
+    def _pair(self, src: int, dst: int) -> str:
+        """A point-to-point row's ranks: sender and receiver, as global ranks."""
+        return f"{self.global_ranks[src]},{self.global_ranks[dst]}"
+
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
-        pair = f"{self.global_ranks[self.rank()]},{self.global_ranks[dst]}"
-        staging, call = self._start("send", tensors, tracing.message_bytes(tensors), ranks=pair)
+        staging, call = self._start("send", tensors, tracing.message_bytes(tensors), ranks=self._pair(self.rank(), dst))
         hosts = [staging.read(tensor) for tensor in tensors]
         return self._launch(staging, call, lambda give: self._host.send([give(host) for host in hosts], dst, tag), tensors)
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
-        pair = f"{self.global_ranks[src]},{self.global_ranks[self.rank()]}"
-        staging, call = self._start("recv", tensors, tracing.message_bytes(tensors), ranks=pair)
+        staging, call = self._start("recv", tensors, tracing.message_bytes(tensors), ranks=self._pair(src, self.rank()))
         hosts = [staging.output(tensor) for tensor in tensors]
         return self._launch(staging, call, lambda give: self._host.recv([give(host) for host in hosts], src, tag), tensors)
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
-        staging, call = self._start("recv", tensors, tracing.message_bytes(tensors))
+        staging, call = self._start("recv", tensors, tracing.message_bytes(tensors), ranks=f"?,{self.global_ranks[self.rank()]}")
         hosts = [staging.output(tensor) for tensor in tensors]
         return self._launch(staging, call, lambda give: self._host.recv_anysource([give(host) for host in hosts], tag), tensors)
 
