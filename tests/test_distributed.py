@@ -470,6 +470,9 @@ pieces_in = [torch.full((rank + 1, 2), 10.0 * rank + peer, device="tpu") for pee
 pieces_out = [torch.empty(peer + 1, 2, device="tpu") for peer in range(world)]
 dist.all_to_all(pieces_out, pieces_in)  # uneven sizes, as NCCL takes them
 check("all_to_all uneven", torch.cat([piece.reshape(-1) for piece in pieces_out]), torch.cat([torch.full((2 * (peer + 1),), 10.0 * peer + rank) for peer in range(world)]))
+pieces = [torch.zeros(peer + 1, device="tpu") for peer in range(world)]
+dist.all_gather(pieces, torch.full((rank + 1,), rank + 1.0, device="tpu"))  # uneven sizes, as NCCL takes them
+check("all_gather uneven", torch.cat(pieces), torch.cat([torch.full((peer + 1,), peer + 1.0) for peer in range(world)]))
 dist.barrier()
 if rank == 0:
     dist.send(tpu([7.0, 8.0]), dst=1)

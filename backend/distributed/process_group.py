@@ -124,10 +124,23 @@ class TpuProcessGroup(dist.ProcessGroup):
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
         _single("all_gather", inputs)
         outputs = output_lists[0]
+        if len({output.numel() for output in outputs}) > 1:
+            return self._allgather_uneven(outputs, inputs[0])
         staging, call = self._start("all_gather", inputs, tracing.message_bytes(outputs))
         host_input = staging.read(inputs[0])
         host_outputs = [staging.output(output) for output in outputs]
         return self._launch(staging, call, lambda give: self._host.allgather([[give(output) for output in host_outputs]], [give(host_input)]), outputs)
+
+    def _allgather_uneven(self, outputs: list[torch.Tensor], input: torch.Tensor) -> dist.Work:  # noqa: A002
+        """An all-gather of pieces of different sizes, which NCCL takes and gloo's refuses: one flat
+        `alltoall_base` in which every rank sends its whole input to each rank."""
+        if len(outputs) != self.size():
+            raise ValueError(f"all_gather on a tpu process group takes one output tensor per rank ({self.size()}), got {len(outputs)}")
+        staging, call = self._start("all_gather", [input], tracing.message_bytes(outputs))
+        host_input = torch.cat([staging.read(input).reshape(-1)] * self.size())
+        host_output = staging.flat_output(outputs)
+        out_splits, in_splits = [output.numel() for output in outputs], [input.numel()] * self.size()
+        return self._launch(staging, call, lambda give: self._host.alltoall_base(give(host_output), give(host_input), out_splits, in_splits, dist.AllToAllOptions()), outputs)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:  # noqa: A002 - c10d's name
         _gathered_counts_agree(output, input, self.size())
