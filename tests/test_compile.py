@@ -177,6 +177,8 @@ def test_graph_break_is_recorded_at_the_print_line(tmp_path: Path) -> None:
         frames = [row for row in trace.records("compiles") if row.kind == "dynamo_frame"]
         assert len(frames) == 2  # the forward up to the print, and the rest of it
         assert sum(json.loads(row.detail)["graph_breaks"] for row in frames) == 1
+        # the print's sync is at the print, not at `def forward` (the line of the code Dynamo added for the break)
+        assert {sync.source.line for sync in trace.records("syncs") if sync.kind == "print"} == {_marked_line(script)}
     fixed_dir = tmp_path / "fixed"
     fixed_dir.mkdir()
     with tputrace.open(_run(fixed_dir, script, "--steps", "2", "--fixed")) as trace:

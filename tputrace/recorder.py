@@ -142,12 +142,15 @@ class Recorder:
             if is_user is None:
                 is_user = user_code[code] = self._is_user_file(code.co_filename)
             if is_user:
+                line = frame.f_lineno
+                if line == code.co_firstlineno:  # maybe an instruction torch.compile added
+                    line = sourceloc.dynamo_line(code, frame.f_lasti, line)
                 if by_call:
-                    return self._call_frame_id(code, frame.f_lasti, frame.f_lineno)
-                key = (code, frame.f_lineno)
+                    return self._call_frame_id(code, frame.f_lasti, line)
+                key = (code, line)
                 frame_id = self._frame_ids.get(key)
                 if frame_id is None:
-                    frame_id = self._frame_ids[key] = self._intern_frame(code.co_filename, frame.f_lineno, code.co_name)
+                    frame_id = self._frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name)
                 return frame_id
             frame = frame.f_back
         if threading.get_ident() != self.main_thread:

@@ -87,3 +87,23 @@ def call_columns(code: CodeType, instruction_offset: int, line: int) -> tuple[in
         return line_character_offset(code.co_filename, line, col), None, None
     return (line_character_offset(code.co_filename, line, col), end_line,
             line_character_offset(code.co_filename, end_line, end_col))
+
+
+def dynamo_line(code: CodeType, instruction_offset: int, line: int) -> int:
+    """The user's line for an instruction of `code` at `line`: `line` itself, unless `code` is bytecode that
+    torch.compile (Dynamo) generated for a function with a graph break and `line` is the function's `def`
+    line. Dynamo stamps the instructions it adds (calling the first graph, rebuilding the values the break
+    needs, such as formatting the f-string of a `print`) with that line; they serve the instruction where the
+    graph broke, the next one on a line of its own."""
+    if line != code.co_firstlineno or not _is_dynamo_code(code):
+        return line
+    for start, _, next_line in code.co_lines():
+        if start > instruction_offset and next_line is not None and next_line != line:
+            return next_line
+    return line
+
+
+def _is_dynamo_code(code: CodeType) -> bool:
+    dynamo_utils = sys.modules.get("torch._dynamo.utils")
+    original_codes = getattr(dynamo_utils, "orig_code_map", None)
+    return original_codes is not None and code in original_codes
