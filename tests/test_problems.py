@@ -33,6 +33,7 @@ EXPECTED: dict[str, tuple[str, list[str]]] = {
     "fragmented_fusion": ("fusion", ["--steps", "6"]),
     "host_copies": ("transfers", ["--steps", "6"]),
     "fp32_matmul": ("precision", ["--steps", "4"]),
+    "graph_break": ("graph_breaks", ["--steps", "6"]),
 }
 CLEAN = {"quickstart": ["--steps", "4"], "gpt_train": ["--steps", "3"], "cnn_train": ["--steps", "3"]}
 

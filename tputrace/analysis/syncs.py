@@ -2,7 +2,7 @@
 
 Syncs a CPU fallback makes (kind `fallback`, or `data_dependent` for an op such as nonzero that
 ran on the host, inside the fallback's time) are part of the fallback's time and belong to the fallbacks analyzer; copies
-between chips (kind `transfer`) to the transfers. Kind `value_check` is tputrace's own: the host
+between chips (kind `transfer`) to the transfers; syncs on a line where torch.compile broke the graph, to the graph breaks. Kind `value_check` is tputrace's own: the host
 checking an op's arguments (DEFER_NEVER_AND_LAUNCH_BLOCKING's value checks, or confirming a meta
 kernel's refusal), which the user's code did not ask for. The cost of a sync is
 its stall: the time the host waited instead of dispatching the next work (an upper bound on what
@@ -24,6 +24,11 @@ EXCLUDED_KINDS = ("fallback", "transfer", "value_check")
 # A sync's stall, less the compiles that ran inside it: those belong to the compiles analyzer, and a
 # one-time compile would otherwise make a rare read look like a costly one.
 STALL = f"(s.dur_ns - {SYNC_COMPILE_NS})"
+# A sync on a line where torch.compile broke the graph belongs to the graph_breaks analyzer.
+AT_A_GRAPH_BREAK = (
+    "EXISTS (SELECT 1 FROM graph_breaks g JOIN frames gf ON gf.id = g.frame_id JOIN frames sf ON sf.id = s.frame_id "
+    "WHERE g.rank = s.rank AND gf.file_sid = sf.file_sid AND gf.line = sf.line)"
+)
 
 SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: accumulate `loss.detach()` into a tensor and call `.item()` every N steps "
@@ -47,7 +52,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     where, params = context.loop_line_where("s")
     steady_where, steady_params = context.steady_where("s")
     excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
-    own = f"s.kind NOT IN ({excluded}) AND {outside_fallbacks('s')}"
+    own = f"s.kind NOT IN ({excluded}) AND {outside_fallbacks('s')} AND NOT {AT_A_GRAPH_BREAK}"
     rows = trace.sql(
         f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0), COALESCE(SUM(s.pending_ops), 0), "
         f"COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND {own} GROUP BY s.frame_id, s.kind "
