@@ -262,6 +262,8 @@ def test_values_of_the_wrong_type_are_one_line(
             last = _stderr_lines(captured)[-1]
             assert status == 2 and last.startswith(f"tputrace: error: {path} is damaged: ") and error in last, (command, last)
     assert failed, "no command failed on the damaged trace"
+    empty = [folder for folder in (tmp_path / "tb").rglob("*") if folder.is_dir() and not any(folder.iterdir())]
+    assert not empty, f"a failed export left an empty run for TensorBoard to list: {empty}"
 
 
 

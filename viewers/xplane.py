@@ -1207,18 +1207,45 @@ def export_tensorboard(trace: Trace, logdir: str | Path, *, run: str | None = No
     chip = target_chip(target)
     run_name = safe_name(run, "run") if run else default_run_name(trace)
     run_dir = Path(logdir) / "plugins" / "profile" / run_name
+    new_folders = _missing_folders(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    tables = TraceTables(trace)
-    exports = []
-    for rank, host in host_names(trace).items():
-        pieces, device_events, host_events = build_xspace(tables, rank, chip, host)
-        path = run_dir / f"{host}.xplane.pb"
-        temporary = path.with_name(path.name + ".partial")
-        try:
-            with temporary.open("wb") as file:
-                file.writelines(pieces)
-            temporary.replace(path)
-        finally:
-            temporary.unlink(missing_ok=True)
-        exports.append(RankExport(rank, host, path, device_events, host_events))
+    exports: list[RankExport] = []
+    try:
+        tables = TraceTables(trace)
+        for rank, host in host_names(trace).items():
+            pieces, device_events, host_events = build_xspace(tables, rank, chip, host)
+            path = run_dir / f"{host}.xplane.pb"
+            temporary = path.with_name(path.name + ".partial")
+            try:
+                with temporary.open("wb") as file:
+                    file.writelines(pieces)
+                temporary.replace(path)
+            finally:
+                temporary.unlink(missing_ok=True)
+            exports.append(RankExport(rank, host, path, device_events, host_events))
+    except BaseException:
+        _undo_export(exports, new_folders)
+        raise
     return exports
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """`folder` and those above it that do not exist yet, deepest first."""
+    missing = []
+    for candidate in (folder, *folder.parents):
+        if candidate.exists():
+            break
+        missing.append(candidate)
+    return missing
+
+
+def _undo_export(exports: list[RankExport], new_folders: list[Path]) -> None:
+    """After a failed export: remove the ranks' files it wrote and the folders it made, so that a
+    logdir does not show TensorBoard a run with some ranks or none."""
+    for export in exports:
+        export.path.unlink(missing_ok=True)
+    for folder in new_folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            break
