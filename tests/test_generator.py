@@ -168,6 +168,33 @@ def test_half_uniform_draws_stay_below_one_on_torchs_grid(dtype: torch.dtype) ->
     assert abs(uniform.mean() - (0.5 - 0.5 / steps)) < 0.005
 
 
+# Complex draws, with torch's CPU moments of each part (mean, variance, lowest, highest): torch draws
+# on `view_as_real`, `randn` and `normal_(mean, std)` with std / sqrt(2) per part and mean on both.
+COMPLEX_DRAWS: dict[str, tuple[Callable[[torch.Generator, torch.dtype], torch.Tensor], tuple[float, float, float, float]]] = {
+    "randn": (lambda g, dtype: torch.randn(100_000, dtype=dtype, generator=g, device="tpu"), (0.0, 0.5, -6.0, 6.0)),
+    "rand": (lambda g, dtype: torch.rand(100_000, dtype=dtype, generator=g, device="tpu"), (0.5, 1 / 12, 0.0, 1.0)),
+    "randn_like": (lambda g, dtype: torch.randn_like(torch.zeros(100_000, dtype=dtype, device="tpu"), generator=g), (0.0, 0.5, -6.0, 6.0)),
+    "rand_like": (lambda g, dtype: torch.rand_like(torch.zeros(100_000, device="tpu"), dtype=dtype, generator=g), (0.5, 1 / 12, 0.0, 1.0)),
+    "normal_": (lambda g, dtype: torch.empty(100_000, dtype=dtype, device="tpu").normal_(1.0, 2.0, generator=g), (1.0, 2.0, -12.0, 14.0)),
+    "uniform_": (lambda g, dtype: torch.empty(100_000, dtype=dtype, device="tpu").uniform_(-1.0, 3.0, generator=g), (1.0, 4 / 3, -1.0, 3.0)),
+    "normal sized": (lambda g, dtype: torch.normal(1.0, 2.0, (100_000,), dtype=dtype, generator=g, device="tpu"), (1.0, 2.0, -12.0, 14.0)),
+}
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128], ids=str)
+@pytest.mark.parametrize("name", COMPLEX_DRAWS)
+def test_complex_draws_draw_both_parts_as_torch_does(mode: EagerMode, dtype: torch.dtype, name: str) -> None:
+    draw, (mean, variance, lowest, highest) = COMPLEX_DRAWS[name]
+    with eager(mode):
+        values = host(draw(torch.Generator(device="tpu").manual_seed(0), dtype))
+    assert values.dtype == dtype
+    for part in (values.real.double(), values.imag.double()):
+        assert abs(part.mean() - mean) < 0.02 and abs(part.var() / variance - 1) < 0.03
+        assert lowest <= part.min() and part.max() <= highest
+    assert abs(torch.corrcoef(torch.stack([values.real, values.imag]).double())[0, 1]) < 0.02
+
+
 def test_an_op_run_on_the_host_draws_from_the_generator_reproducibly() -> None:
     inputs = -torch.ones(3, device="tpu")  # rrelu_with_noise_functional has no lowering: a CPU fallback
 

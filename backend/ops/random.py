@@ -12,7 +12,7 @@ counter instead, so lowerings receive `generator=None`.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -26,11 +26,28 @@ Array = jax.Array
 
 
 def _float_dtype(dtype: torch.dtype | None, like: jnp.dtype | None = None) -> jnp.dtype:
+    """The dtype a continuous draw is made in: `dtype`, else `like`, when floating or complex; else the default float."""
     target = jax_dtype(dtype) or like or jnp.dtype(DEFAULT_FLOAT)
-    return target if jnp.issubdtype(target, jnp.floating) else jnp.dtype(DEFAULT_FLOAT)
+    return target if jnp.issubdtype(target, jnp.inexact) else jnp.dtype(DEFAULT_FLOAT)
+
+
+def _complex_parts(key: Array, shape: Sequence[int], dtype: jnp.dtype, draw: Callable[[Array, Sequence[int], jnp.dtype], Array]) -> Array:
+    """A complex draw as torch makes it, on `view_as_real`: real and imaginary parts drawn alike."""
+    parts = draw(key, (*shape, 2), jnp.finfo(dtype).dtype)
+    return jax.lax.complex(parts[..., 0], parts[..., 1])
+
+
+def _shifted_normal(key: Array, shape: Sequence[int], dtype: jnp.dtype, mean: float, std: float) -> Array:
+    """`normal_(mean, std)` as torch draws it: for complex both parts have mean `mean` and std `std / sqrt(2)`."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return _complex_parts(key, shape, dtype, lambda part_key, part_shape, part_dtype: mean + std * jax.lax.rsqrt(2.0) * _normal(part_key, part_shape, part_dtype))
+    return mean + std * _normal(key, shape, dtype)
 
 
 def _uniform(key: Array, shape: Sequence[int], dtype: jnp.dtype, low: object = 0.0, high: object = 1.0) -> Array:
+    """Uniform in [low, high); a complex draw has both parts so (torch's `uniform_` of complex)."""
+    if jnp.issubdtype(dtype, jnp.complexfloating):
+        return _complex_parts(key, shape, dtype, lambda part_key, part_shape, part_dtype: _uniform(part_key, part_shape, part_dtype, low, high))
     return (low + (high - low) * _unit_uniform(key, shape, dtype)).astype(dtype)
 
 
@@ -44,6 +61,7 @@ def _unit_uniform(key: Array, shape: Sequence[int], dtype: jnp.dtype) -> Array:
 
 
 def _normal(key: Array, shape: Sequence[int], dtype: jnp.dtype) -> Array:
+    """Standard normal; a complex draw's parts each have variance 1/2, as torch's `randn` of complex."""
     sample_dtype = jnp.float32 if jnp.dtype(dtype).itemsize < 4 else dtype
     return jax.random.normal(key, tuple(shape), sample_dtype).astype(dtype)
 
@@ -106,7 +124,7 @@ def uniform(self: Array, from_: float = 0.0, to: float = 1.0, *, generator: obje
 
 @lowers(aten.normal_functional.default, aten.normal_.default, needs_key=True)
 def normal_like(self: Array, mean: float = 0.0, std: float = 1.0, *, generator: object = None, key: Array) -> Array:
-    return mean + std * _normal(key, self.shape, _float_dtype(None, self.dtype))
+    return _shifted_normal(key, self.shape, _float_dtype(None, self.dtype), mean, std)
 
 
 @lowers(aten.normal.Tensor_float, aten.normal.float_Tensor, aten.normal.Tensor_Tensor, needs_key=True)
@@ -118,7 +136,7 @@ def normal(mean: Array | float, std: Array | float = 1.0, *, generator: object =
 
 @lowers(aten.normal.float_float, needs_key=True)
 def normal_sized(mean: float, std: float, size: Sequence[int], *, generator: object = None, dtype: torch.dtype | None = None, layout: object = None, device: object = None, pin_memory: bool | None = None, key: Array) -> Array:
-    return mean + std * _normal(key, size, _float_dtype(dtype))
+    return _shifted_normal(key, size, _float_dtype(dtype), mean, std)
 
 
 @lowers(aten.bernoulli.default, needs_key=True)
