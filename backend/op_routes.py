@@ -25,6 +25,9 @@
 - `one_hot` runs torch's composite as it runs for a plain accelerator tensor, with its class-range
   asserts (`_assert_async`); the path torch takes for a tensor subclass leaves them out. In the
   default modes its class values are checked on the chip as an index op's are (`index_checks`).
+- `max_pool1d` of a dtype torch's CPU kernel refuses (integers, bool) raises the CPU's error: torch's
+  composite sends a non-CPU tensor to `max_pool1d_with_indices`, which the CPU takes for integers (as
+  CUDA's kernel does), so only this route sees the dtype that the CPU's own `max_pool1d_impl` refuses.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from typing import Any
 
 import torch
 
-from tputrace.backend import index_checks
+from tputrace.backend import arg_checks, index_checks
 from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten
@@ -148,6 +151,13 @@ def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
         raise
 
 
+def _max_pool1d(*args: Any, **kwargs: Any) -> Any:
+    refusal = arg_checks.kernel_dtype_refusal(aten.max_pool1d.default, args, kwargs)
+    if refusal is not None:
+        raise refusal
+    return aten.max_pool1d.default.decompose(*args, **kwargs)
+
+
 _library: torch.library.Library | None = None
 
 
@@ -158,6 +168,7 @@ def register() -> None:
         _library = torch.library.Library("aten", "IMPL")
         _library.impl("ctc_loss.Tensor", _ctc_loss_tensor, "AutogradPrivateUse1")
         _library.impl("one_hot", _one_hot, "AutogradPrivateUse1")
+        _library.impl("max_pool1d", _max_pool1d, "AutogradPrivateUse1")
     dispatcher = _dispatcher()
     dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
     dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)
