@@ -58,6 +58,11 @@ _float32_matmul_precision = torch._C._get_float32_matmul_precision
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _WRITTEN = object()  # `_functional_result`'s answer when it wrote the result into its target
 _NO_CONTEXT = contextlib.nullcontext()
+# What bumping an inference tensor's version outside inference mode raises (c10's VariableVersion::bump).
+_INFERENCE_TENSOR_WRITE = (
+    "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone to get a normal tensor "
+    "before doing inplace update.See https://github.com/pytorch/rfcs/pull/17 for more details."
+)
 _SLOTS = tuple(Slot(index) for index in range(1024))  # a foreach call over 76 parameters reads ~300 values
 _N_SLOTS = len(_SLOTS)
 _SLOT_TEMPLATES = tuple(_SLOTS[:count] for count in range(65))  # all-dynamic templates of positional calls
@@ -843,22 +848,32 @@ class Dispatcher:
 
     def _inplace_list(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
         """`_foreach_*_`: run the functional op once for the whole list and write each output into its
-        target; an output of the target's dtype and shape is written as it is, with no tensor made."""
-        targets = args[0]
+        target; an output of the target's dtype and shape is written as it is, with no tensor made.
+
+        Each written tensor's version counter then goes up by one, as torch's CPU and CUDA kernels
+        bump it (foreach ops have no ADInplaceOrView kernel to do it): an optimizer step between a
+        forward and its backward raises autograd's "modified by an inplace operation" error."""
+        targets = list(args[0])
+        # Other written arguments follow the list, as the functional op's outputs do
+        # (`_amp_foreach_non_finite_check_and_unscale_` also writes found_inf).
+        for position in entry.mutated_positions[1:]:
+            written = args[position]
+            if isinstance(written, (list, tuple)):
+                targets.extend(written)
+            else:
+                targets.append(written)
+        result = self._write_list(entry, targets, args, kwargs)
+        if not torch.is_inference_mode_enabled() and any(target.is_inference() for target in targets):
+            raise RuntimeError(_INFERENCE_TENSOR_WRITE)  # torch's bump, after the write as there
+        torch._C._increment_version(targets)
+        return result
+
+    def _write_list(self, entry: OpEntry, targets: list[Any], args: Sequence[Any], kwargs: dict) -> Any:
+        """The writes of `_inplace_list`."""
         if entry.functional is None:
             if entry.decomposition is not None:
                 return entry.decomposition(*args, **kwargs)
             return self.fallback(entry, args, kwargs)
-        if len(entry.mutated_positions) > 1:
-            # Other written arguments follow the list, as the functional op's outputs do
-            # (`_amp_foreach_non_finite_check_and_unscale_` also writes found_inf).
-            targets = list(targets)
-            for position in entry.mutated_positions[1:]:
-                written = args[position]
-                if isinstance(written, (list, tuple)):
-                    targets.extend(written)
-                else:
-                    targets.append(written)
         for target in targets:
             if type(target) is TpuTensor and target._view is not None:  # only a view can overlap itself
                 arg_checks.check_no_internal_overlap(target, entry.op)

@@ -148,6 +148,31 @@ def test_in_place_writes_through_views_match_cpu(mode: EagerMode, make_view: Cal
         assert torch.equal(host(chip), expected)
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_foreach_writes_bump_version_counters_as_on_the_cpu(mode: EagerMode, device: str) -> None:
+    """Each written tensor's `_version` goes up by one, so a step between a forward and its backward is
+    caught; an inference tensor written outside inference mode raises after the write."""
+    with eager(mode):
+        first, second = torch.ones(3, device=device), torch.ones(3, device=device)
+        torch._foreach_mul_([first, second], 2)
+        torch._foreach_add_([first], [second])
+        assert (first._version, second._version) == (2, 1)
+        weight = torch.nn.Parameter(torch.ones(3, device=device))
+        optimizer = torch.optim.SGD([weight], lr=0.1, foreach=True)
+        loss = (weight * weight).sum()
+        loss.backward(retain_graph=True)
+        optimizer.step()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()
+        with torch.inference_mode():
+            frozen = torch.ones(2, device=device)
+            torch._foreach_add_([frozen], 1)
+        with pytest.raises(RuntimeError, match="Inplace update to inference tensor outside InferenceMode"):
+            torch._foreach_add_([frozen], 1)
+        assert host(frozen).tolist() == [3.0, 3.0]
+
+
 def test_host_tensor_changed_after_the_copy_leaves_the_chip_copy_alone() -> None:
     source = torch.zeros(64)
     chip = source.to("tpu")
