@@ -850,9 +850,10 @@ class Dispatcher:
         """`_foreach_*_`: run the functional op once for the whole list and write each output into its
         target; an output of the target's dtype and shape is written as it is, with no tensor made.
 
-        Each written tensor's version counter then goes up by one, as torch's CPU and CUDA kernels
-        bump it (foreach ops have no ADInplaceOrView kernel to do it): an optimizer step between a
-        forward and its backward raises autograd's "modified by an inplace operation" error."""
+        Each tensor a `_foreach_*_` op writes then has its version counter go up by one, as torch's
+        CPU and CUDA kernels bump it (foreach ops have no ADInplaceOrView kernel to do it): an
+        optimizer step between a forward and its backward raises autograd's "modified by an inplace
+        operation" error."""
         targets = list(args[0])
         # Other written arguments follow the list, as the functional op's outputs do
         # (`_amp_foreach_non_finite_check_and_unscale_` also writes found_inf).
@@ -863,9 +864,10 @@ class Dispatcher:
             else:
                 targets.append(written)
         result = self._write_list(entry, targets, args, kwargs)
-        if not torch.is_inference_mode_enabled() and any(target.is_inference() for target in targets):
-            raise RuntimeError(_INFERENCE_TENSOR_WRITE)  # torch's bump, after the write as there
-        torch._C._increment_version(targets)
+        if entry.op._schema.name.startswith("aten::_foreach_"):  # torch's AMP unscale bumps none
+            if not torch.is_inference_mode_enabled() and any(target.is_inference() for target in targets):
+                raise RuntimeError(_INFERENCE_TENSOR_WRITE)  # torch's bump, after the write as there
+            torch._C._increment_version(targets)
         return result
 
     def _write_list(self, entry: OpEntry, targets: list[Any], args: Sequence[Any], kwargs: dict) -> Any:

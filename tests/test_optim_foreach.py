@@ -151,13 +151,16 @@ def test_in_place_writes_through_views_match_cpu(mode: EagerMode, make_view: Cal
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 @pytest.mark.parametrize("device", ["cpu", "tpu"])
 def test_foreach_writes_bump_version_counters_as_on_the_cpu(mode: EagerMode, device: str) -> None:
-    """Each written tensor's `_version` goes up by one, so a step between a forward and its backward is
-    caught; an inference tensor written outside inference mode raises after the write."""
+    """Each tensor a `_foreach_*_` op writes has its `_version` go up by one, so a step between a forward
+    and its backward is caught; an inference tensor written outside inference mode raises after the write."""
     with eager(mode):
         first, second = torch.ones(3, device=device), torch.ones(3, device=device)
         torch._foreach_mul_([first, second], 2)
         torch._foreach_add_([first], [second])
         assert (first._version, second._version) == (2, 1)
+        found_inf = torch.zeros(1, device=device)
+        torch._amp_foreach_non_finite_check_and_unscale_([first], found_inf, torch.ones(1, device=device))
+        assert (first._version, found_inf._version) == (2, 0)  # torch's unscale bumps none
         weight = torch.nn.Parameter(torch.ones(3, device=device))
         optimizer = torch.optim.SGD([weight], lr=0.1, foreach=True)
         loss = (weight * weight).sum()
