@@ -58,6 +58,7 @@ _float32_matmul_precision = torch._C._get_float32_matmul_precision
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
 _WRITTEN = object()  # `_functional_result`'s answer when it wrote the result into its target
 _NO_CONTEXT = contextlib.nullcontext()
+_is_inference = torch._C.TensorBase.is_inference  # without the subclass's Python dispatch: a foreach step asks it of every parameter
 # What bumping an inference tensor's version outside inference mode raises (c10's VariableVersion::bump).
 _INFERENCE_TENSOR_WRITE = (
     "Inplace update to inference tensor outside InferenceMode is not allowed.You can make a clone to get a normal tensor "
@@ -865,7 +866,7 @@ class Dispatcher:
                 targets.append(written)
         result = self._write_list(entry, targets, args, kwargs)
         if entry.op._schema.name.startswith("aten::_foreach_"):  # torch's AMP unscale bumps none
-            if not torch.is_inference_mode_enabled() and any(target.is_inference() for target in targets):
+            if not torch.is_inference_mode_enabled() and any(map(_is_inference, targets)):
                 raise RuntimeError(_INFERENCE_TENSOR_WRITE)  # torch's bump, after the write as there
             torch._C._increment_version(targets)
         return result
