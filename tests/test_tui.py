@@ -279,7 +279,7 @@ def test_the_overview_words_counts_of_one_in_the_singular(tmp_path: Path) -> Non
 
     async def scenario(pilot: Any) -> None:
         text = screen_text(pilot.app)
-        assert "1 chip" in text and "1 step ·" in text and "1 recompile," in text, text
+        assert "1 chip" in text and "1 step ·" in text and "1 recompile)" in text, text
         assert not re.search(r"\b1 (chips|steps|recompiles|compiles|ops)\b", text), text
 
     run_app(scenario, session=make_session(trace_path))

@@ -117,7 +117,7 @@ def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | 
         text.append(f"{plural(step_count, 'step')} · ")
     text.append(f"{plural(ops, 'op')} · ")
     if compiles is not None:
-        text.append(f"{plural(compiles.count, 'compile')} ({plural(compiles.recompiles, 'recompile')}, {fmt_ns(compiles.total_ns)}) · ")
+        text.append(f"{plural(compiles.count, 'compile')} in {fmt_ns(compiles.total_ns)} ({plural(compiles.recompiles, 'recompile')}) · ")
     text.append(state, style="" if facts.finished and not facts.exit_status else "bold red")
     if facts.error:
         last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error
