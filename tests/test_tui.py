@@ -693,10 +693,12 @@ def test_strings_from_the_trace_are_shown_verbatim() -> None:
 
 
 @pytest.mark.parametrize("update", ["UPDATE strings SET text = NULL", "UPDATE strings SET text = CAST(text AS BLOB)",
-                                    "UPDATE frames SET line = 'x'"], ids=["null-strings", "blob-strings", "text-lines"])
+                                    "UPDATE frames SET line = 'x'", "UPDATE ops SET start_ns = 'x'",
+                                    "UPDATE steps SET start_ns = NULL", "UPDATE steps SET end_ns = NULL"],
+                         ids=["null-strings", "blob-strings", "text-lines", "text-op-starts", "null-step-starts", "null-step-ends"])
 def test_damaged_strings_and_lines_show_as_unknown(update: str, tmp_path: Path) -> None:
-    """A hand-made file's NULL or blob strings and non-numeric lines read as unknown (`?`, line 0) in every view,
-    instead of ending the app with a traceback."""
+    """A hand-made file's NULL or blob strings and non-numeric lines read as unknown (`?`, line 0), text op starts
+    and steps without times leave the app running through every view, instead of ending it with a traceback."""
     import shutil
     import sqlite3
 
