@@ -284,6 +284,11 @@ def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:
     return checked
 
 
+def value_check(op: Any) -> Callable[[Sequence[Any], dict], None] | None:
+    """`op`'s per-call check of its Python-number arguments, for a kernel that calls no handler."""
+    return _VALUE_CHECKS.get(op)
+
+
 def _integral(dtype: torch.dtype) -> bool:
     return not dtype.is_floating_point and not dtype.is_complex
 
@@ -355,6 +360,32 @@ def _check_histc_arguments(args: Sequence[Any], kwargs: dict) -> None:
     options = {name: value for name, value in kwargs.items() if name != "self"}
     stand_in_dtype = torch.float32 if not source.dtype.is_floating_point and not source.dtype.is_complex and source.dtype != torch.bool else source.dtype
     torch.histc(torch.empty(0, dtype=stand_in_dtype), *args[1:], **options)
+
+
+# The largest `n` whose permutation each floating dtype holds exactly, and torch's wording of the limit.
+_RANDPERM_PRECISION: dict[torch.dtype, tuple[int, str]] = {
+    torch.float16: (2**11 + 1, "2049 for Half"), torch.float32: (2**24 + 1, "2^24+1 for Float"),
+    torch.float64: (2**53 + 1, "2^53+1 for Double"),
+}
+
+
+def _check_randperm(args: Sequence[Any], kwargs: dict) -> None:
+    """torch's refusals of `randperm(n, dtype=...)`, which its meta kernel does not make: a dtype its
+    kernel has no form for (bool, complex), an `n - 1` the integer dtype cannot hold, and an `n` past
+    what a floating dtype counts exactly. They come before any allocation, so none costs a host draw."""
+    n = args[0] if args else kwargs["n"]
+    out = kwargs.get("out")
+    dtype = out.dtype if isinstance(out, torch.Tensor) else kwargs.get("dtype") or torch.int64
+    if n < 0 and isinstance(out, torch.Tensor):
+        raise RuntimeError(f"n must be non-negative, got{n}")
+    if n < 0:
+        return  # torch's negative-size error comes first, from the lowering's shape
+    if dtype == torch.bool or dtype.is_complex:
+        torch.randperm(0, dtype=dtype)  # raises torch's "randperm" not implemented for 'Bool'
+    torch.scalar_tensor(n - 1 if n > 0 else n, dtype=dtype)  # raises torch's overflow error for integer dtypes
+    limit = _RANDPERM_PRECISION.get(dtype)
+    if limit is not None and n > limit[0]:
+        raise RuntimeError(f"n cannot be greater than {limit[1]} type.")
 
 
 # Arguments torch's CPU and CUDA kernels require in one dtype (index arguments excluded).
@@ -446,6 +477,10 @@ _VALUE_CHECKS: dict[Any, Callable[[Sequence[Any], dict], None]] = {
     aten.histc.default: _check_histc_arguments,
     aten.nanmedian.dim: _check_median_dim,
     **_fits_checks(),
+    aten.randperm.default: _check_randperm,
+    aten.randperm.generator: _check_randperm,
+    aten.randperm.out: _check_randperm,
+    aten.randperm.generator_out: _check_randperm,
     aten.randint.default: _random_range_check(None, 0),
     aten.randint.low: _random_range_check(0, 1),
     getattr(aten.random_, "from"): _random_range_check(1, 2),

@@ -94,6 +94,7 @@ _DEVICE_FACTORIES = (
 
 def _device_factory(name: str) -> Any:
     """A factory kernel that computes its values on the chip (an op in the trace, no host copy)."""
+    from tputrace.backend import arg_checks
     from tputrace.backend.entries import classify
 
     packet_name, _, overload_name = name.partition(".")
@@ -102,9 +103,13 @@ def _device_factory(name: str) -> Any:
     if entry.kind != "lowered":
         raise LookupError(f"{name} has no lowering to run as a tpu factory kernel")
 
+    check = arg_checks.value_check(op)
+
     def kernel(*args: Any, **kwargs: Any) -> Any:
         from tputrace.backend.dispatch import dispatcher
 
+        if check is not None:
+            check(args, kwargs)
         return dispatcher.compute(entry, args, kwargs)
 
     return kernel

@@ -168,6 +168,32 @@ def test_randperm_draws_from_the_chip_seed() -> None:
     assert not torch.equal(host(torch.randperm(50, device="tpu")), first)
 
 
+def _randperm_outcome(device: str, n: int, dtype: torch.dtype | None, out: bool) -> str:
+    """The shape and dtype `randperm` gives, or the type and text of torch's error."""
+    try:
+        if out:
+            result = torch.randperm(n, out=torch.empty(0, dtype=dtype, device=device))
+        else:
+            result = torch.randperm(n, dtype=dtype, device=device)
+    except (RuntimeError, NotImplementedError) as error:
+        return f"{type(error).__name__}: {error}"
+    return f"{tuple(result.shape)} {result.dtype}"
+
+
+@pytest.mark.parametrize("mode", [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE], ids=["strict", "fuse"])
+@pytest.mark.parametrize("out", [False, True], ids=["dtype", "out"])
+def test_randperm_refuses_what_the_cpu_refuses(mode: EagerMode, out: bool) -> None:
+    """A dtype the kernel has no form for, an `n - 1` the integer dtype cannot hold and an `n` past what
+    a floating dtype counts exactly raise torch's errors, where the chip computed a permutation."""
+    cases = [(3, torch.complex64), (3, torch.bool), (129, torch.int8), (128, torch.int8), (257, torch.uint8),
+             (2050, torch.float16), (2049, torch.float16), (300, torch.bfloat16), (2**24 + 2, torch.float32), (-1, torch.int64),
+             (5, torch.int32)]
+    with eager(mode):
+        on_chip = [_randperm_outcome("tpu", n, dtype, out) for n, dtype in cases]
+    assert on_chip == [_randperm_outcome("cpu", n, dtype, out) for n, dtype in cases]
+    assert sum("Error" in outcome for outcome in on_chip) == 7
+
+
 def test_save_load_deepcopy_state_dict() -> None:
     model = torch.nn.Linear(3, 2).to("tpu")
     buffer = io.BytesIO()
