@@ -362,6 +362,40 @@ def test_one_rank_group_runs_and_records_collectives(tmp_path: Path) -> None:
 
 
 
+def test_a_compiled_collective_is_recorded_at_its_own_line(tmp_path: Path) -> None:
+    """A collective inside a `torch.compile(backend="tpu")` function runs from the program's host
+    callback, whose stack holds only the compiled function's call: its row names the collective's
+    line, as traced, not the decorator's."""
+    import torch
+    import torch.distributed as dist
+
+    import tputrace.backend  # noqa: F401 - registers the tpu device and compile backend
+    from tputrace import recorder
+
+    def reduce_twice(values: torch.Tensor) -> torch.Tensor:
+        doubled = values * 2
+        dist.all_reduce(doubled)
+        return doubled + 1
+
+    collective_line = reduce_twice.__code__.co_firstlineno + 2
+    compiled = torch.compile(reduce_twice, backend="tpu")
+    trace_path = tmp_path / "compiled.tptrace"
+    recorder.start(str(trace_path), script="test", argv=[], mode="defer", rank=0, world_size=1)
+    dist.init_process_group("tpu", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        for _ in range(2):
+            result = compiled(torch.arange(3.0, device="tpu"))
+        assert result.cpu().tolist() == [1.0, 3.0, 5.0]
+    finally:
+        dist.destroy_process_group()
+        recorder.stop(0)
+        torch._dynamo.reset()
+    with tputrace.open(trace_path) as trace:
+        rows = list(trace.records("collectives", order_by="start_ns"))
+    assert [row.kind for row in rows] == ["all_reduce", "all_reduce"]
+    assert {(row.source.file, row.source.line) for row in rows} == {(__file__, collective_line)}
+
+
 def test_optimizer_steps_over_dtensor_parameters_mark_steps(tmp_path: Path) -> None:
     """FSDP2 and tensor-parallel parameters are DTensors around tpu tensors: the backend's optimizer
     hook sees through them, flushing deferred work and marking a step at each optimizer.step()."""

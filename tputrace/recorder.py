@@ -157,6 +157,10 @@ class Recorder:
             return self.backward_frame
         return None
 
+    def frame_id_at(self, file: str, line: int, function: str) -> int:
+        """Interned id of a user source location known by name (a line a compiled program ran)."""
+        return self._intern_frame(file, line, function)
+
     def _call_frame_id(self, code: CodeType, lasti: int, line: int) -> int:
         key = (code, lasti)
         frame_id = self._call_frame_ids.get(key)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 import os
+import re
 import sys
 import sysconfig
 from pathlib import Path
@@ -68,6 +69,21 @@ def first_user_location(skip: int = 1) -> tuple[str, int, str] | None:
         if is_user_file(code.co_filename, roots):
             return code.co_filename, frame.f_lineno, code.co_name
         frame = frame.f_back
+    return None
+
+
+_TRACEBACK_ENTRY = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>\S+)', re.MULTILINE)
+
+
+def last_user_location(stack_trace: str | None) -> tuple[str, int, str] | None:
+    """(file, line, function) of the innermost user frame in a formatted stack (innermost last, as an
+    FX node's `stack_trace` holds the lines torch.compile traced), or None."""
+    if not stack_trace:
+        return None
+    roots = library_roots()
+    for entry in reversed(list(_TRACEBACK_ENTRY.finditer(stack_trace))):
+        if is_user_file(entry["file"], roots):
+            return entry["file"], int(entry["line"]), entry["function"]
     return None
 
 

@@ -27,7 +27,9 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tputrace.backend import arg_checks, matmul_precision, rng
+from tputrace import sourceloc
 from tputrace.backend.compile import aliases, output_layouts
+from tputrace.backend.distributed import tracing
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
@@ -503,7 +505,7 @@ def _collective(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
     """A functional collective (what Dynamo makes of `dist.all_reduce`, funcol, DTensor): the host runs
     it through its group on CPU copies and waits for it, in an ordered callback, so that every rank
     issues a program's collectives in the graph's order and none is dropped or folded at trace time."""
-    call = _HostCall(node, args, kwargs, wait=True)
+    call = _HostCall(node, args, kwargs, wait=True, location=sourceloc.last_user_location(node.stack_trace))
     result = jax.experimental.io_callback(call, call.result_shapes(), *call.arrays(), ordered=True)
     return _conform(result, node.meta.get("val"), str(node.target))
 
@@ -511,9 +513,11 @@ def _collective(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
 class _HostCall:
     """One node run by torch on the host, its array arguments passed in as NumPy arrays."""
 
-    def __init__(self, node: torch.fx.Node, args: tuple, kwargs: dict, wait: bool = False) -> None:
+    def __init__(self, node: torch.fx.Node, args: tuple, kwargs: dict, wait: bool = False,
+                 location: tuple[str, int, str] | None = None) -> None:
         self.node = node
         self.wait = wait
+        self.location = location  # the user's line the node was traced from, for a collective's record
         self.leaves, self.spec = jax.tree_util.tree_flatten((args, kwargs), is_leaf=lambda value: isinstance(value, torch.device))
         self.array_positions = [index for index, leaf in enumerate(self.leaves) if isinstance(leaf, (jax.Array, jax.core.Tracer))]
 
@@ -526,10 +530,11 @@ class _HostCall:
             values[index] = torch.from_numpy(np.array(array))
         host_args, host_kwargs = jax.tree_util.tree_unflatten(self.spec, values)
         host_kwargs = {key: (torch.device("cpu") if key == "device" else value) for key, value in host_kwargs.items()}
-        result = self.node.target(*host_args, **host_kwargs)
-        items = list(result) if isinstance(result, (tuple, list)) else [result]
-        if self.wait:
-            items = [torch.ops._c10d_functional.wait_tensor(item) for item in items]
+        with tracing.issued_at(self.location):
+            result = self.node.target(*host_args, **host_kwargs)
+            items = list(result) if isinstance(result, (tuple, list)) else [result]
+            if self.wait:
+                items = [torch.ops._c10d_functional.wait_tensor(item) for item in items]
         if isinstance(result, (tuple, list)):
             return tuple(item.numpy() for item in items)
         return items[0].numpy()
