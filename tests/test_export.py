@@ -377,6 +377,8 @@ def test_tensorboard_command_prints_the_url_and_stops_on_ctrl_c(sample_trace: Pa
         rest = process.communicate(timeout=60)[1]
         assert process.returncode == 0, rest[-2000:]
         assert "stopped" in rest
+        # Only tputrace's own lines: no xprof INFO at import, no JSON line per HTTP request.
+        assert all(line.startswith("tputrace: ") for line in [*seen, *rest.splitlines()] if line.strip()), seen + [rest]
         assert not Path(logdir.group(1)).exists()  # the temporary logdir is gone
     finally:
         if process.poll() is None:

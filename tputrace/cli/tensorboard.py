@@ -44,6 +44,7 @@ def run(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise TputraceError(f"--port {args.port} is not a port number (0-65535)")
+    _quiet_xprof_logs()  # before xprof is imported: its import logs at INFO
     _require_xprof()
     # SIGTERM (kill, a closing terminal's supervisor) stops the export like Ctrl-C, so the logdir goes too.
     signal.signal(signal.SIGTERM, _interrupt)
@@ -104,6 +105,8 @@ class XProfServer:
     """
 
     def __init__(self, logdir: Path, port: int = 0, *, quiet: bool = True) -> None:
+        if quiet:
+            _quiet_xprof_logs()  # before importing xprof: its import logs at INFO
         from cheroot import wsgi
         from xprof import server as xprof_server
 
@@ -116,7 +119,8 @@ class XProfServer:
             raise TputraceError("xprof's profile plugin could not be loaded")
         if quiet:
             _quiet_xprof_logs()  # after loading: loading the plugin sets its loggers' levels
-        self._server = wsgi.Server((HOST, port), xprof_server.make_wsgi_app(plugin))
+        app = _app_without_request_lines(xprof_server.make_wsgi_app, plugin) if quiet else xprof_server.make_wsgi_app(plugin)
+        self._server = wsgi.Server((HOST, port), app)
         self._server.prepare()  # binds now, so that the port (also a chosen free one) is known
         self._thread: threading.Thread | None = None
 
@@ -151,19 +155,35 @@ class XProfServer:
             self._thread.join(timeout=10)
 
 
-class _CacheMissFilter(logging.Filter):
-    """Drops xprof's report (with a traceback) that a fresh logdir has no tools cache yet."""
+class _QuietFilter(logging.Filter):
+    """Keeps xprof's warnings and errors, except its report (with a traceback) that a fresh logdir has
+    no tools cache yet. A filter, not only a level: xprof sets its logger's level to INFO on import."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return ".cached_tools.json" not in record.getMessage()
+        return record.levelno >= logging.WARNING and ".cached_tools.json" not in record.getMessage()
+
+
+def _app_without_request_lines(make_wsgi_app: Callable[[Any], Any], plugin: Any) -> Any:
+    """xprof's WSGI app without the JSON line per request that xprof writes to stderr for Cloud Logging
+    (its routes are wrapped by `_logging_wrapper` when the app is made; that wrapper is left out here)."""
+    from xprof import profile_plugin
+
+    wrap = getattr(profile_plugin, "_logging_wrapper", None)
+    if wrap is None:
+        return make_wsgi_app(plugin)
+    profile_plugin._logging_wrapper = lambda app, *args, **kwargs: app
+    try:
+        return make_wsgi_app(plugin)
+    finally:
+        profile_plugin._logging_wrapper = wrap
 
 
 def _quiet_xprof_logs() -> None:
     """xprof logs every request at INFO; keep its warnings and errors, except an empty cache's."""
     profile_logger = logging.getLogger("tensorboard.plugins.profile")
     profile_logger.setLevel(logging.WARNING)
-    if not any(isinstance(existing, _CacheMissFilter) for existing in profile_logger.filters):
-        profile_logger.addFilter(_CacheMissFilter())
+    if not any(isinstance(existing, _QuietFilter) for existing in profile_logger.filters):
+        profile_logger.addFilter(_QuietFilter())
     for name in ("tensorboard", "tensorboard-plugin-profile"):
         logging.getLogger(name).setLevel(logging.WARNING)
 
