@@ -258,7 +258,8 @@ def test_xprof_tools_show_the_gpt_trace_ops_steps_and_lines(gpt_trace: Path, gpt
     assert any(info["fileName"].endswith("gpt_train.py") for _, info in leaves)
 
     overview = _tool(r2t, files, "overview_page")
-    assert len(_table(overview, "stepnum")["rows"]) == steps
+    # The loop's steps: the `end` step, where the losses are read after the loop, is not a training step.
+    assert len(_table(overview, "stepnum")["rows"]) == loop_steps < steps
     assert _table(overview, "host_id")["p"]["device_type"] == "TPU v6 lite"  # the default target, v6e
 
     framework = _tool(r2t, files, "framework_op_stats")
@@ -554,6 +555,25 @@ def test_strict_mode_ops_are_the_programs(tmp_path: Path) -> None:
     assert "time_estimate" not in stats and stats["flops"] == 4096
     found = check_trace_event_json(tmp_path / "s.json")
     assert found["flows"] == 6  # dispatch -> its own program
+
+
+@pytest.mark.parametrize("sources", [("optimizer", "optimizer", "end"), ("end",)], ids=["loop-and-end", "end-only"])
+def test_the_device_steps_line_is_the_loops_steps(tmp_path: Path, sources: tuple[str, ...]) -> None:
+    """XProf's step-time figures count the device Steps line: the trailing `end` step (work after the last
+    optimizer step) is left out of it, unless it is the run's only step."""
+    path = tmp_path / "steps.tptrace"
+    with TraceWriter(path, created_unix_ns=START_UNIX_NS) as writer:
+        writer.set_run(rank=0, world_size=1, script="/x/train.py", argv=[], host="box", chips=1, platform="tpu",
+                       eager_mode="DEFER_AND_FUSE", start_unix_ns=START_UNIX_NS)
+        for step, source in enumerate(sources):
+            writer.append("steps", (0, step, step * 10_000_000, (step + 1) * 10_000_000, source))
+        writer.update_run(end_ns=len(sources) * 10_000_000, exit_status=0)
+    assert main(["export", str(path), "--tensorboard", str(tmp_path / "logdir")]) == 0
+    [xplane] = (tmp_path / "logdir" / "plugins" / "profile").glob("*/*.xplane.pb")
+    device = _xspace(xplane).planes[0]
+    steps_line = next(line for line in device.lines if line.name == "Steps")
+    names = [device.event_metadata[event.metadata_id].name for event in steps_line.events]
+    assert names == (["0", "1"] if len(sources) > 1 else ["0"])
 
 
 def test_interleaved_flushes_are_read_sorted(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@ TensorBoard's profile plugin and the standalone `xprof` server read these files;
 described in `shared/notes/xprof-format.md`. Each file holds one `XSpace` with:
 
 - one `/device:TPU:<chip>` plane per chip, with the target chip's peaks as plane stats and three
-  lines: `Steps` (one event per training step), `XLA Modules` (one event per program execution) and
+  lines: `Steps` (one event per training step; the trailing `end` step only when there is no other),
+  `XLA Modules` (one event per program execution) and
   `XLA Ops` (the ATen ops of each execution, or XLA's fusions when a program has no recorded ops);
   an op's properties (`hlo_category`, `tf_op`, `source` as `file:line`, `flops`, `bytes_accessed`,
   `memory_access_breakdown`) are stats of its event metadata, where XProf reads them;
@@ -1157,7 +1158,12 @@ def build_xspace(tables: TraceTables, rank: int, chip: TargetChip, host: str) ->
         host_plane.clear_dispatch()
 
     scan_rank(tables, rank, chip, device.add_run, host_plane.add_dispatches, restart)
-    device.add_steps(trace.sql("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", (rank,)))
+    # The device Steps line is what XProf's step-time figures count: the loop's steps, without the `end`
+    # step (the work after the last optimizer step) unless the run has no other.
+    device.add_steps(trace.sql(
+        "SELECT step, start_ns, end_ns FROM steps WHERE rank = ? AND (source IS NOT 'end' OR NOT EXISTS "
+        "(SELECT 1 FROM steps WHERE rank = ? AND source IS NOT 'end')) ORDER BY step", (rank, rank),
+    ))
     host_plane.add_records(rank)
     device_events, host_events = device.event_count, host_plane.event_count
     planes = [*device.serialize(start_unix_ns), host_plane.serialize(start_unix_ns)]
