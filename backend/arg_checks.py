@@ -36,6 +36,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from tputrace.backend import index_checks
+from tputrace.backend.entries import written_arguments
 from tputrace.backend.mask_counts import COUNT_CHECKS
 
 
@@ -137,7 +138,7 @@ def _stand_ins(op: Any, args: Sequence[Any], kwargs: dict) -> tuple[tuple, dict]
     """Host arguments of the same dtypes and shapes: zeros expanded, holding no memory, except the
     tensors the op writes (in place, `out=`), which get memory of their own (a write into an
     expanded tensor is refused before any dtype is looked at)."""
-    written = {argument.name for argument in op._schema.arguments if argument.alias_info is not None and argument.alias_info.is_write}
+    written = {argument.name for argument in written_arguments(op)}
     names = [argument.name for argument in op._schema.arguments]
 
     def stand_in(value: Any, name: str | None) -> Any:

@@ -21,6 +21,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 
 from tputrace.backend import memory
+from tputrace.backend.entries import written_arguments
 from tputrace.backend.make_fx_tracing import fake_mode_of, fake_of_constant, fake_of_lifted_constant, track_untraced_constants
 from tputrace.backend.torchscript import keep_interpreter_error
 from tputrace.backend.views import Geometry, ViewChain, geometry, permute_step
@@ -699,10 +700,8 @@ def _follow_resized_inners(func: Any, args: tuple, kwargs: dict) -> None:
     from torch.fx.experimental.symbolic_shapes import statically_known_true
     from torch.utils._mode_utils import no_dispatch
 
-    for index, argument in enumerate(func._schema.arguments):
-        if argument.alias_info is None or not argument.alias_info.is_write:
-            continue
-        written = args[index] if index < len(args) else kwargs.get(argument.name)
+    for argument in written_arguments(func):
+        written = args[argument.position] if argument.position < len(args) else kwargs.get(argument.name)
         for tensor in written if isinstance(written, (list, tuple)) else (written,):
             if type(tensor) is not TpuTensor or tensor._traced is None:
                 continue
