@@ -865,7 +865,7 @@ class Dispatcher:
             else:
                 targets.append(written)
         result = self._write_list(entry, targets, args, kwargs)
-        if entry.op._schema.name.startswith("aten::_foreach_"):  # torch's AMP unscale bumps none
+        if entry.bumps_versions:
             if not torch.is_inference_mode_enabled() and any(map(_is_inference, targets)):
                 raise RuntimeError(_INFERENCE_TENSOR_WRITE)  # torch's bump, after the write as there
             torch._C._increment_version(targets)

@@ -62,6 +62,7 @@ class OpEntry:
     factory_out: bool = False  # an `out=` factory (`eye.m_out`): its functional takes the out tensor's dtype and device
     shapes_from_lowering: bool = False  # an internal step (`data_dependent`) or a `_LOWERING_SHAPED_OPS` op: its outputs' shapes come from its lowering
     functional_entry: OpEntry | None = None  # a writing op's: its functional op's entry, once the dispatcher has looked it up
+    bumps_versions: bool = False  # a `_foreach_*_` op: torch's kernel bumps each written tensor's version (AMP's unscale bumps none)
 
 
 def _is_scalar_type(arg_type: torch._C.JitType, traced_floats: bool = False) -> bool:
@@ -202,6 +203,7 @@ def classify(op: OpOverload) -> OpEntry:
         elif str(schema.arguments[0].type).startswith("List[Tensor]"):
             entry.kind = "inplace_list"
             entry.functional = _functional_of_inplace(op)
+            entry.bumps_versions = schema.name.startswith("aten::_foreach_")
         else:
             entry.kind = "inplace"
             entry.functional = _functional_of_inplace(op)
