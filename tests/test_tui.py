@@ -375,6 +375,33 @@ def test_action_registry() -> None:
         parse_keymap(["view.ops"])
 
 
+def test_text_columns_read_in_sql_show_escape_sequences_as_text(tmp_path: Path) -> None:
+    """The views' own SQL reads TEXT columns (a step's source, a flush's trigger, a compile's kind and reason,
+    a collective's or sync's kind) that a trace from someone else may fill with escape sequences: they come
+    back written as `\\x1b`, as the reader's own records give them, never as the control character."""
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "escapes.tptrace"
+    shutil.copyfile(SMALL_TRACE, path)
+    hostile = "\x1b]0;pwned\x07\x1b[2J"
+    with sqlite3.connect(path) as connection:
+        for table, column in (("steps", "source"), ("flushes", "trigger"), ("compiles", "kind"), ("compiles", "reason"),
+                              ("collectives", "kind"), ("syncs", "kind")):
+            assert connection.execute(f"UPDATE {table} SET {column} = ?", (hostile,)).rowcount, table
+    connection.close()
+    with tputrace.open(path) as trace:
+        compile_row = queries.compile_rows(trace, 0)[0]
+        shown = [
+            queries.step_rows(trace, 0)[0].source, queries.flush_triggers(trace, 0)[0].trigger,
+            queries.flush_rows(trace, 0)[0].trigger, compile_row.kind, compile_row.reason,
+            queries.collective_groups(trace, 0)[0].kind,
+            *(event.label for event in queries.window_events(trace, 0, 0, trace.wall_ns(), limit=1000)
+              if event.lane in ("syncs", "collectives")),
+        ]
+    assert len(shown) > 6 and all("\x1b" not in text and "\\x1b]0;pwned\\x07" in text for text in shown), shown
+
+
 # -- the app, driven with Pilot -----------------------------------------------------------------
 
 

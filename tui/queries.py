@@ -25,6 +25,7 @@ from tputrace.source_digests import SourceDigest
 from tputrace.store.aggregates import RECOMPILE, CompileStats, TimeSplit, compile_wall_ns
 from tputrace.store.records import SourceLocation
 from tputrace.store.sources import copy_as_run_saw, source_candidates
+from tputrace.wording import printable
 
 if TYPE_CHECKING:
     from tputrace.analysis.findings import Finding
@@ -177,7 +178,7 @@ def step_rows(trace: Trace, rank: int) -> list[StepRow]:
     ):
         compiles, compile_ns = per_step["compiles"].get(step, (0, 0))[0], compile_ns_per_step.get(step, 0)
         syncs, sync_ns = per_step["syncs"].get(step, (0, 0))
-        rows.append(StepRow(step, start_ns, end_ns, compiles, compile_ns, syncs, sync_ns, source))
+        rows.append(StepRow(step, start_ns, end_ns, compiles, compile_ns, syncs, sync_ns, _shown(source)))
     return rows
 
 
@@ -435,6 +436,15 @@ _SAME_STRUCTURE = _EARLIER_COMPILE.format(join="JOIN programs AS earlier_program
 _SAME_CALL_SITE = _EARLIER_COMPILE.format(join="", match="earlier.frame_id = c.frame_id")
 
 
+def _shown(value: Any) -> str | None:
+    """A TEXT column read here in SQL, as the reader gives its own (`Trace.records`): control characters
+    written as escapes, so that a trace's escape sequences cannot act on the terminal; a damaged file's
+    number as its digits."""
+    if value is None:
+        return None
+    return printable(value) if isinstance(value, str) else str(value)
+
+
 def compile_rows(trace: Trace, rank: int, *, offset: int = 0, limit: int = 500) -> list[CompileRow]:
     """One page of the compiles of `rank` in time order."""
     rows = trace.sql(
@@ -458,8 +468,8 @@ def compile_rows(trace: Trace, rank: int, *, offset: int = 0, limit: int = 500) 
         relation: Literal["structure", "call site"] | None = (
             None if old_id is None else "structure" if same_structure_id is not None else "call site")
         result.append(
-            CompileRow(compile_id, step, start_ns, dur_ns or 0, kind or "?", trace.string(name_sid) or "?",
-                       reason or "?", trace.string(diff_sid), trace.string(signature_sid) or "", trace.string(old_signature_sid),
+            CompileRow(compile_id, step, start_ns, dur_ns or 0, _shown(kind) or "?", trace.string(name_sid) or "?",
+                       _shown(reason) or "?", trace.string(diff_sid), trace.string(signature_sid) or "", trace.string(old_signature_sid),
                        trace.frame(frame_id), _decode_detail(detail), old_id, trace.string(old_name_sid), relation)
         )
     return result
@@ -542,7 +552,7 @@ def flush_triggers(trace: Trace, rank: int) -> list[TriggerStat]:
         "COALESCE(SUM(cache_hit), 0) FROM flushes WHERE rank = ? GROUP BY trigger ORDER BY total_ns DESC",
         (rank,),
     )
-    return [TriggerStat(trigger or "?", count, total_ns, ops, hits) for trigger, count, total_ns, ops, hits in rows]
+    return [TriggerStat(_shown(trigger) or "?", count, total_ns, ops, hits) for trigger, count, total_ns, ops, hits in rows]
 
 
 FlushOrder = Literal["time", "duration"]
@@ -576,7 +586,7 @@ def flush_rows(trace: Trace, rank: int, *, order: FlushOrder = "time", offset: i
         (rank, int(limit), int(offset)),
     )
     return [
-        FlushRow(flush_id, step, start_ns, dur_ns or 0, trigger or "?", n_ops or 0, bool(cache_hit), in_bytes or 0,
+        FlushRow(flush_id, step, start_ns, dur_ns or 0, _shown(trigger) or "?", n_ops or 0, bool(cache_hit), in_bytes or 0,
                  out_bytes or 0, program_id, trace.string(name_sid), trace.frame(frame_id))
         for flush_id, step, start_ns, dur_ns, trigger, n_ops, cache_hit, in_bytes, out_bytes, program_id, name_sid, frame_id in rows
     ]
@@ -651,7 +661,7 @@ def collective_groups(trace: Trace, rank: int) -> list[CollectiveGroup]:
         "AVG(bus_bandwidth) FROM collectives WHERE rank = ? GROUP BY kind, bytes ORDER BY total_ns DESC",
         (rank,),
     )
-    return [CollectiveGroup(kind or "?", nbytes or 0, count, total_ns, wait_ns, bandwidth)
+    return [CollectiveGroup(_shown(kind) or "?", nbytes or 0, count, total_ns, wait_ns, bandwidth)
             for kind, nbytes, count, total_ns, wait_ns, bandwidth in rows]
 
 
@@ -769,7 +779,7 @@ def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit:
             "ORDER BY dur_ns DESC LIMIT ?",
             (rank, end_ns, start_ns, int(limit)),
         ):
-            text = trace.string(label) if label_kind == "string" else label
+            text = trace.string(label) if label_kind == "string" else _shown(label)
             events.append(WindowEvent(lane, event_start, dur_ns or 0, str(text) if text is not None else "?", trace.frame(frame_id)))
     events.sort(key=lambda event: (-event.dur_ns, event.start_ns))
     return events[:limit]

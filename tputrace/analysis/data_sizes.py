@@ -107,9 +107,11 @@ def data_sizes(context: AnalysisContext) -> dict[int, list[DataSize]]:
         return cached  # type: ignore[return-value]
     trace = context.trace
     patterns = [f"{family}.%" for family in WHAT_THE_LENGTH_IS]
-    op_names = dict(trace.sql(
-        "SELECT id, text FROM strings WHERE " + " OR ".join("text LIKE ?" for _ in patterns), patterns,
+    # Read through `string`, as every name a finding shows: it writes a trace's control characters as escapes.
+    named = ((sid, trace.string(sid)) for (sid,) in trace.sql(
+        "SELECT id FROM strings WHERE " + " OR ".join("text LIKE ?" for _ in patterns), patterns,
     ))
+    op_names = {sid: name for sid, name in named if name is not None}
     by_step: dict[int, list[DataSize]] = {}
     if op_names:
         placeholders = ", ".join("?" for _ in op_names)
