@@ -296,6 +296,58 @@ def test_bucketing_is_refused_where_padding_would_change_results(tmp_path: Path)
         assert [row.reason for row in trace.records("compiles") if row.kind == "xla"] == ["first", "recompile"]
 
 
+def test_graphs_with_value_dependent_shapes_run_op_by_op(tmp_path: Path) -> None:
+    """With `capture_dynamic_output_shape_ops`/`capture_scalar_outputs`, Dynamo keeps `x[mask]` and a size read
+    with `.item()` in the graph: XLA cannot make one program of it, so the graph runs with the tpu's eager ops,
+    forward and backward, matching the CPU; its compile records say why. A read value that only enters
+    arithmetic still compiles as one program."""
+    from torch._dynamo import config
+
+    from tputrace import recorder
+
+    def masked(x: torch.Tensor) -> torch.Tensor:
+        kept = x[x > 0]
+        return (kept * 2).sum() + kept.numel()
+
+    def sized(x: torch.Tensor) -> torch.Tensor:
+        return torch.ones(int(x.sum().item()), device=x.device) * 3
+
+    def scaled(x: torch.Tensor) -> torch.Tensor:
+        return x * x.sum().item()
+
+    values = torch.tensor([1.0, -2.0, 3.0, -4.0, 5.0])
+    trace_path = tmp_path / "eager.tptrace"
+    torch._dynamo.reset()
+    with config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True):
+        recorder.start(str(trace_path), script="eager", argv=[], mode="compile")
+        try:
+            on_chip = values.to("tpu").requires_grad_()
+            loss = torch.compile(masked, backend="tpu", fullgraph=True)(on_chip)
+            loss.backward()
+            on_cpu = values.clone().requires_grad_()
+            masked(on_cpu).backward()
+            assert host(loss).item() == 21.0 and torch.equal(host(on_chip.grad), on_cpu.grad)
+            counts = torch.tensor([1, 2], device="tpu")
+            assert host(torch.compile(sized, backend="tpu", fullgraph=True)(counts)).tolist() == [3.0] * 3
+            assert host(torch.compile(scaled, backend="tpu", fullgraph=True)(values.to("tpu"))).tolist() == (values * 3).tolist()
+        finally:
+            recorder.stop(0)
+            torch._dynamo.reset()
+    with tputrace.open(trace_path) as trace:
+        lowered = [json.loads(row.detail) for row in trace.records("compiles") if row.kind == "aot"]
+        op_lines = {(op.op, op.source.line) for op in trace.records("ops") if op.source is not None and op.source.file == __file__}
+    eager = [(detail["role"], detail.get("runs_eagerly")) for detail in lowered]
+    assert eager == [
+        ("forward", "aten.index.Tensor gives a shape that depends on values"),
+        ("backward", "aten.expand.default takes a size from input sym_size_int, which depends on values"),
+        ("inference", "aten.full.default takes a size from aten._local_scalar_dense.default, which depends on values"),
+        ("inference", None),
+    ], eager
+    # The graph's ops are recorded as eager ops, each at the line it was traced from, forward and backward.
+    kept_line = masked.__code__.co_firstlineno + 1
+    assert {("aten.index.Tensor", kept_line), ("aten.index_put.default", kept_line), ("aten.sum.dim_IntList", kept_line + 1)} <= op_lines
+
+
 def test_modes_and_options_behave_as_torch_compile_documents() -> None:
     model = torch.nn.Linear(3, 2).to("tpu")
     inputs = torch.randn(4, 3)

@@ -101,6 +101,8 @@ class Recorder:
         self._local = threading.local()
         self.main_thread = threading.get_ident()
         self.backward_frame: int | None = None
+        # (thread id, frame id) while a graph runs op by op: its ops are recorded at the lines it was traced from.
+        self.traced_line: tuple[int, int] | None = None
         self.module_names: dict[int, str] = {}
         self._executions: queue.SimpleQueue | None = None
         self._watcher: threading.Thread | None = None
@@ -134,6 +136,9 @@ class Recorder:
 
         `by_call` tells apart the calls on one line: the frame also has the column span of the calling
         instruction (compiles use it, so a line with two calls of one op gives two compile sites)."""
+        traced = self.traced_line
+        if traced is not None and traced[0] == threading.get_ident():
+            return traced[1]
         frame = sys._getframe(2)
         user_code = self._user_code
         while frame is not None:

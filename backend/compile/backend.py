@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from tputrace.backend.compile import hop_decompositions
+from tputrace.backend.compile.eager_graphs import EagerGraph, data_dependent_cause
 from tputrace.backend.compile.events import DynamoEvents
 from tputrace.backend.compile.graphs import CompiledGraph, GraphInfo
 from tputrace.backend.compile.settings import CompileSettings
@@ -44,15 +45,22 @@ class TpuBackend:
         frame_name = location[0] if location is not None else "graph"
 
         def compiler(role: str) -> Any:
-            def compile_graph(aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any]) -> CompiledGraph:
+            def compile_graph(aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any]) -> CompiledGraph | EagerGraph:
                 begin = _perf_ns()
                 info = GraphInfo(graph_id, role, frame_name, compile_id)
                 aot_gm = hop_decompositions.decompose(aot_gm, aot_inputs, self.decompositions())
-                graph = CompiledGraph(aot_gm, info, settings, self.events)
-                graph.precompile(aot_inputs)
+                eager_cause = data_dependent_cause(aot_gm)
+                graph: CompiledGraph | EagerGraph
+                if eager_cause is not None:
+                    graph = EagerGraph(aot_gm, info.name, eager_cause, self.events)
+                else:
+                    graph = CompiledGraph(aot_gm, info, settings, self.events)
+                    graph.precompile(aot_inputs)
                 recorder = self.events.recorder()
                 if recorder is not None:
                     detail: dict[str, Any] = {"graph_id": graph_id, "role": role, "n_ops": graph.n_ops}
+                    if eager_cause is not None:
+                        detail["runs_eagerly"] = eager_cause
                     if compile_id is not None:
                         detail["compile_id"] = compile_id
                     if graph.bucketing is not None:
