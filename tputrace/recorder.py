@@ -18,6 +18,7 @@ import sys
 import threading
 import time
 import weakref
+from collections.abc import Iterator
 from types import CodeType
 from typing import Any
 
@@ -101,8 +102,8 @@ class Recorder:
         self._local = threading.local()
         self.main_thread = threading.get_ident()
         self.backward_frame: int | None = None
-        # (thread id, frame id) while a graph runs op by op: its ops are recorded at the lines it was traced from.
-        self.traced_line: tuple[int, int] | None = None
+        # Frame ids by thread id, while a thread runs a traced graph's nodes (see `recording_at`).
+        self._traced_lines: dict[int, int] = {}
         self.module_names: dict[int, str] = {}
         self._executions: queue.SimpleQueue | None = None
         self._watcher: threading.Thread | None = None
@@ -136,9 +137,10 @@ class Recorder:
 
         `by_call` tells apart the calls on one line: the frame also has the column span of the calling
         instruction (compiles use it, so a line with two calls of one op gives two compile sites)."""
-        traced = self.traced_line
-        if traced is not None and traced[0] == threading.get_ident():
-            return traced[1]
+        if self._traced_lines:
+            traced = self._traced_lines.get(threading.get_ident())
+            if traced is not None:
+                return traced
         frame = sys._getframe(2)
         user_code = self._user_code
         while frame is not None:
@@ -162,9 +164,23 @@ class Recorder:
             return self.backward_frame
         return None
 
-    def frame_id_at(self, file: str, line: int, function: str) -> int:
-        """Interned id of a user source location known by name (a line a compiled program ran)."""
-        return self._intern_frame(file, line, function)
+    @contextlib.contextmanager
+    def recording_at(self, location: tuple[str, int, str] | None) -> Iterator[None]:
+        """Record what this thread does inside at `location` (file, line, function): the line a graph's node
+        was traced from, for code that runs a traced graph (whose stack holds only the compiled call)."""
+        if location is None:
+            yield
+            return
+        thread = threading.get_ident()
+        previous = self._traced_lines.get(thread)
+        self._traced_lines[thread] = self._intern_frame(*location)
+        try:
+            yield
+        finally:
+            if previous is None:
+                del self._traced_lines[thread]
+            else:
+                self._traced_lines[thread] = previous
 
     def _call_frame_id(self, code: CodeType, lasti: int, line: int) -> int:
         key = (code, lasti)

@@ -8,7 +8,6 @@ recorded as eager ops are. The graph's compile record says it runs eagerly and w
 
 from __future__ import annotations
 
-import threading
 import warnings
 from typing import Any
 
@@ -78,16 +77,8 @@ class _AtTracedLines(torch.fx.Interpreter):
         self.locations = locations
 
     def run_node(self, node: torch.fx.Node) -> Any:
-        location = self.locations.get(node)
-        if location is None:
+        with self.recorder.recording_at(self.locations.get(node)):
             return super().run_node(node)
-        recorder = self.recorder
-        previous = recorder.traced_line
-        recorder.traced_line = (threading.get_ident(), recorder.frame_id_at(*location))
-        try:
-            return super().run_node(node)
-        finally:
-            recorder.traced_line = previous
 
 
 def _eager(value: Any) -> Any:

@@ -13,6 +13,7 @@ A functional collective is an ordered `io_callback` that runs it through its gro
 
 from __future__ import annotations
 
+import contextlib
 import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -26,10 +27,10 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from tputrace.backend import arg_checks, matmul_precision, rng
+from tputrace import recorder as recorder_module
 from tputrace import sourceloc
+from tputrace.backend import arg_checks, matmul_precision, rng
 from tputrace.backend.compile import aliases, output_layouts
-from tputrace.backend.distributed import tracing
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
@@ -510,6 +511,14 @@ def _collective(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
     return _conform(result, node.meta.get("val"), str(node.target))
 
 
+def _recording_at(location: tuple[str, int, str] | None) -> contextlib.AbstractContextManager[None]:
+    """What a host callback records (a collective), at the line its node was traced from."""
+    recorder = recorder_module._active
+    if recorder is None or not recorder.enabled:
+        return contextlib.nullcontext()
+    return recorder.recording_at(location)
+
+
 class _HostCall:
     """One node run by torch on the host, its array arguments passed in as NumPy arrays."""
 
@@ -530,7 +539,7 @@ class _HostCall:
             values[index] = torch.from_numpy(np.array(array))
         host_args, host_kwargs = jax.tree_util.tree_unflatten(self.spec, values)
         host_kwargs = {key: (torch.device("cpu") if key == "device" else value) for key, value in host_kwargs.items()}
-        with tracing.issued_at(self.location):
+        with _recording_at(self.location):
             result = self.node.target(*host_args, **host_kwargs)
             items = list(result) if isinstance(result, (tuple, list)) else [result]
             if self.wait:

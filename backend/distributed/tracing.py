@@ -12,10 +12,7 @@ Message sizes follow the nccl-tests convention: all-gather and reduce-scatter co
 
 from __future__ import annotations
 
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -24,21 +21,6 @@ from tputrace import recorder as recorder_module
 from tputrace.backend.dtypes import short_name
 
 _perf_ns = time.perf_counter_ns
-# Where the collectives this thread opens were written, when its stack does not say (see `issued_at`).
-_issuing = threading.local()
-
-
-@contextmanager
-def issued_at(location: tuple[str, int, str] | None) -> Iterator[None]:
-    """Record the collectives opened inside at `location` (file, line, function): a compiled program runs
-    its collectives from a host callback, whose stack holds only the compiled function's call."""
-    previous = getattr(_issuing, "location", None)
-    _issuing.location = location
-    try:
-        yield
-    finally:
-        _issuing.location = previous
-
 
 def bus_factor(kind: str, ranks: int) -> float:
     """Bytes each rank moves per byte of message (nccl-tests' bus bandwidth factors)."""
@@ -72,8 +54,7 @@ class CollectiveCall:
         self.group = group
         self.ranks = ranks
         self.size = size
-        location = getattr(_issuing, "location", None)
-        self.frame_id = recorder.frame_id() if location is None else recorder.frame_id_at(*location)
+        self.frame_id = recorder.frame_id()
         self.step = recorder.step_index
         self.algorithm = f"{transport}:{ALGORITHMS[kind]}" if kind in ALGORITHMS else transport
         self.start_ns = 0
