@@ -310,7 +310,8 @@ class DeferredExecutor:
         launch = _perf_ns()
         # No warning filter here: JAX warns of unusable donated buffers when it lowers, in `compile_program`.
         inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
-        results = fused.program.executable(*inputs, *graph.packed_scalars())
+        scalars = graph.packed_scalars()
+        results = fused.program.executable(*inputs, *scalars)
         memory.running(graph.chip, fused.program.temp_bytes + fused.program.output_bytes)
         for value, result in zip(outputs.values(), results):
             value.concrete = result
@@ -324,7 +325,7 @@ class DeferredExecutor:
         self.last_outputs = list(results)
         recorder = self.dispatcher.recorder
         if recorder is not None and recorder.enabled:
-            self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results)
+            self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results, scalars)
         # A value still held from this graph (a view's cached read) must not keep its inputs alive: the
         # next flush would see a donated array as shared and copy it.
         graph.inputs = []
@@ -466,9 +467,11 @@ class DeferredExecutor:
             for fusion in hlo_fusions.parse(fused.program.hlo_text):
                 recorder.fusion(fused.program_id, fusion)
 
-    def _record_flush(self, recorder: Any, graph: PendingGraph, fused: FusedProgram, trigger: str, cache_hit: bool, start: int, launch: int, results: Sequence[Any]) -> None:
+    def _record_flush(self, recorder: Any, graph: PendingGraph, fused: FusedProgram, trigger: str, cache_hit: bool, start: int, launch: int,
+                      results: Sequence[Any], scalars: Sequence[np.ndarray]) -> None:
         flush_id = recorder.writer.next_id("flushes")
-        input_bytes = sum(getattr(value, "nbytes", 0) for value in graph.inputs)
+        # The program's inputs: the arrays it reads and the arrays its Python scalars are packed into.
+        input_bytes = sum(getattr(value, "nbytes", 0) for value in graph.inputs) + sum(array.nbytes for array in scalars)
         output_bytes = sum(getattr(value, "nbytes", 0) for value in results)
         recorder.flushed(flush_id, fused.program_id, trigger, len(graph.op_records), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)

@@ -110,6 +110,20 @@ def test_programs_count_their_hlo_instructions(tmp_path: Path) -> None:
         assert op_sizes and all(isinstance(size, int) and size >= 1 for size in op_sizes), op_sizes
 
 
+def test_a_flushs_input_bytes_count_its_packed_python_scalars(tmp_path: Path) -> None:
+    """A flush's program reads its arrays and the Python scalars of its ops, packed one array per kind
+    (float64, int64, bool, complex128): `input_bytes` counts both."""
+    trace_path = _record(tmp_path, "scalars.py", """\
+        import torch
+        x = torch.ones(4, device="tpu")
+        x.cpu()
+        print(((x * 2.5 + 1.5) * 3).sum().item())
+        """, "--mode", "defer", "--no-summary")
+    with tputrace.open(trace_path) as trace:
+        flushes = [flush for flush in trace.records("flushes") if flush.trigger == "item"]
+    assert [flush.input_bytes for flush in flushes] == [4 * 4 + 2 * 8 + 8]  # x, the floats 2.5 and 1.5, the int 3
+
+
 def test_the_instruction_count_covers_every_computation_and_nothing_else() -> None:
     module = textwrap.dedent("""\
         HloModule jit_fused, entry_computation_layout={(f32[4]{0})->f32[4]{0}}
