@@ -398,6 +398,11 @@ def test_byte_columns_of_a_changed_file_are_not_converted_with_its_text(strict_t
     assert "unchecked" not in printed.out + printed.err and f":{_line(ACCENTED_LINE)}:<module>:col {col}-" in printed.out
     assert "not checked" not in _compile_detail_shown(trace_path, (root,))
     assert "not checked" not in _compile_detail_shown(trace_path, None)  # the run's directory has the original
+    # `merge` writes character columns: it finds the run's copy under its roots too, and without one drops the columns.
+    for roots, expected in (((), {(None, False)}), ((root,), {(col, False)})):
+        merged = tmp_path / f"merged{len(roots)}.tptrace"
+        assert main(["merge", str(trace_path), "-o", str(merged), *(option for where in roots for option in ("--source-root", where))]) == 0
+        assert {(call.col, call.columns_unchecked) for call in _accented_calls(merged)} == expected
 
 
 def test_byte_columns_without_a_recorded_digest_convert_as_before(strict_trace: tuple[Path, Path], tmp_path: Path) -> None:

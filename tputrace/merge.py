@@ -219,18 +219,21 @@ def merge_traces(
     expected_ranks: Iterable[int] | None = None,
     failures: Mapping[int, str] | None = None,
     align: str = "auto",
+    source_roots: Sequence[str | Path] = (),
 ) -> MergeResult:
     """Merge traces (one rank each, or merged already) into `output`.
 
     `expected_ranks` are the ranks that should be there (default: every rank below the largest
-    recorded world size); `failures` are the launcher's reasons for ranks that failed."""
+    recorded world size); `failures` are the launcher's reasons for ranks that failed; `source_roots`
+    are searched for a copy of a source file the run saw, which an older trace's byte columns need to
+    be written in characters (without one, such a call's columns are dropped)."""
     if align not in ALIGNMENTS:
         raise MergeError(f"unknown clock alignment {align!r}; use one of {', '.join(ALIGNMENTS)}")
     if not inputs:
         raise MergeError("nothing to merge: give at least one trace")
     output_path = Path(output).resolve()
     failures = dict(failures or {})
-    sources = _open_sources(inputs, output_path)
+    sources = _open_sources(inputs, output_path, source_roots)
     try:
         return _merge(sources, output_path, expected_ranks, failures, align)
     finally:
@@ -246,14 +249,14 @@ def _close(sources: list[_Source]) -> None:
             shutil.rmtree(source.scratch, ignore_errors=True)
 
 
-def _open_sources(inputs: Sequence[str | Path], output_path: Path) -> list[_Source]:
+def _open_sources(inputs: Sequence[str | Path], output_path: Path, source_roots: Sequence[str | Path]) -> list[_Source]:
     sources: list[_Source] = []
     owner: dict[int, Path] = {}
     try:
         for index, path in enumerate(inputs):
             if Path(path).resolve() == output_path:
                 raise MergeError(f"{path} is both an input and the output")
-            trace, scratch = _open_recovering(Path(path))
+            trace, scratch = _open_recovering(Path(path), source_roots)
             sources.append(_Source(index, trace, {}, scratch))
             runs = {run.rank: run for run in trace.runs}
             if not runs:
@@ -270,13 +273,13 @@ def _open_sources(inputs: Sequence[str | Path], output_path: Path) -> list[_Sour
     return sources
 
 
-def _open_recovering(path: Path) -> tuple[Trace, Path | None]:
+def _open_recovering(path: Path, source_roots: Sequence[str | Path]) -> tuple[Trace, Path | None]:
     """Open a trace; one whose writer was stopped half-way through a commit (a hot `-journal` next to
     it, which a read-only reader cannot roll back) is opened from a rolled-back copy in a scratch
     directory (returned, to be removed after the merge)."""
     journal = Path(f"{path}-journal")
     if not journal.exists() or journal.stat().st_size == 0:
-        return open_trace(path), None
+        return open_trace(path, source_roots=source_roots), None
     import shutil
     import tempfile
 
@@ -292,7 +295,7 @@ def _open_recovering(path: Path) -> tuple[Trace, Path | None]:
         raise MergeError(f"{path} was left half-written and cannot be recovered: {error}") from None
     finally:
         connection.close()
-    return open_trace(copy), scratch
+    return open_trace(copy, source_roots=source_roots), scratch
 
 
 def _placeholder_run(rank: int) -> RunInfo:

@@ -27,6 +27,9 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "collectives: always align on collective end times",
     )
     parser.add_argument("--world-size", type=int, metavar="N", help="ranks expected (default: the recorded world size)")
+    parser.add_argument("--source-root", action="append", default=[], metavar="DIR",
+                        help="where to look for a copy of a source file the run saw (repeatable); an older trace's "
+                             "call columns need it")
     return parser
 
 
@@ -37,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size < 1:
         raise TputraceError(f"--world-size must be at least 1, not {args.world_size}")
     expected = range(args.world_size) if args.world_size is not None else None
-    result = merge_traces(args.traces, args.output, expected_ranks=expected, align=args.align)
+    result = merge_traces(args.traces, args.output, expected_ranks=expected, align=args.align, source_roots=args.source_root)
     for line in result.lines():
         print(line, file=sys.stdout)
     return 0
