@@ -104,6 +104,7 @@ class Recorder:
         self.backward_frame: int | None = None
         # Frame ids by thread id, while a thread runs a traced graph's nodes (see `recording_at`).
         self._traced_lines: dict[int, int] = {}
+        self._location_frame_ids: dict[tuple[str, int, str], int] = {}
         self.module_names: dict[int, str] = {}
         self._executions: queue.SimpleQueue | None = None
         self._watcher: threading.Thread | None = None
@@ -171,9 +172,12 @@ class Recorder:
         if location is None:
             yield
             return
+        frame_id = self._location_frame_ids.get(location)
+        if frame_id is None:  # interned once: a graph run op by op enters here for each node of each call
+            frame_id = self._location_frame_ids[location] = self._intern_frame(*location)
         thread = threading.get_ident()
         previous = self._traced_lines.get(thread)
-        self._traced_lines[thread] = self._intern_frame(*location)
+        self._traced_lines[thread] = frame_id
         try:
             yield
         finally:
