@@ -12,7 +12,9 @@ site of the first such op (the op, the user's line, the range). In DEFER_AND_FUS
 one more node of the pending graph; in DEFER_NEVER, one more launch. Nothing waits for it: the next
 host read (`item`, `cpu`, `tolist`, print, `bool`, `torch.tpu.synchronize`) reads the int32, in one
 transfer and only if a check ran since the last read, and raises that site's error. A value still
-pending in DEFER_AND_FUSE is read at a later sync, as its op has not run yet.
+pending in DEFER_AND_FUSE is read at a later sync, as its op has not run yet. A
+`torch.compile(backend="tpu")` program folds its checked ops into one more output of its own,
+handed to `note_flag` (see `compile.index_flags`).
 
 `TPUTRACE_INDEX_CHECKS=0` turns the checks off (XLA's clamping, as on a TPU without tputrace).
 DEFER_NEVER_AND_LAUNCH_BLOCKING checks on host copies instead, at the op (see `arg_checks`), and
@@ -105,10 +107,9 @@ _lock = threading.Lock()
 
 def checker(op: Any, dispatcher: Any) -> Callable[[Sequence[Any], dict], None] | None:
     """The check of `op`'s indices (None if it has none): records the flag's update for a call."""
-    build = _RULES.get(op.overloadpacket)
-    if build is None:
+    rule = rule_of(op)
+    if rule is None:
         return None
-    rule = build(op)
     op_name = str(op.overloadpacket)
 
     def check(args: Sequence[Any], kwargs: dict) -> None:
@@ -116,6 +117,12 @@ def checker(op: Any, dispatcher: Any) -> Callable[[Sequence[Any], dict], None] |
             _record(dispatcher, op_name, rule(args, kwargs))
 
     return check
+
+
+def rule_of(op: Any) -> Rule | None:
+    """The rule that names which of a call's values `op` checks, and against what (None: no check)."""
+    build = _RULES.get(op.overloadpacket)
+    return None if build is None else build(op)
 
 
 def check(op_name: str, bounded: Bounded) -> None:
@@ -162,7 +169,7 @@ def record_host_refusal(recorder: Any, op: Any, refusal: BaseException) -> None:
     if recorder is None:
         return
     code, line = _user_frame()
-    where = _where(code, line)
+    where = _where(None if code is None else code.co_filename, line)
     cpu_message = (str(refusal).splitlines() or [""])[0]
     what = "invalid values" if op.overloadpacket in _VALUE_RULES else "index out of range"
     recorder.annotation(
@@ -247,19 +254,57 @@ def _plan(site: int, ranges: tuple[IndexRange, ...], index_specs: tuple, cut_dim
         indices, lengths = arrays[:len(ranges)], iter(arrays[len(ranges):])
         outside = jnp.zeros((), jnp.bool_)
         for index, index_range, cut_dim in zip(indices, ranges, cut_dims):
-            if type(index_range) is ValueCheck:
-                outside = outside | _VALUE_PREDICATES[index_range.kind](index)
-                continue
             real = None if cut_dim is None else jax.lax.broadcasted_iota(jnp.int32, index.shape, cut_dim) < next(lengths)
-            bad = (index < index_range.low) | (index >= index_range.high)
-            if index_range.exempt is not None:
-                bad = bad & (index != index_range.exempt)
-            outside = outside | jnp.any(bad if real is None else bad & real)
-        return (jnp.where((flag == 0) & outside, site, flag).astype(jnp.int32),)
+            outside = outside | refused(index, index_range, real)
+        return (folded(flag, outside, site),)
 
     length_specs = tuple(((), torch.int32) for cut_dim in cut_dims if cut_dim is not None)
     in_specs = (((), torch.int32), *index_specs, *length_specs)
     return Plan(INDEX_CHECK, fold, (_FLAG_SPEC,), "single", in_specs, chip, ("index check", site))
+
+
+def refused(values: Any, check: IndexRange | ValueCheck, real: Any = None) -> Any:
+    """Whether any of `values` (an array, or a tracer in a program) fails `check` (of an index, only
+    where `real` holds when given): a bool scalar."""
+    if type(check) is ValueCheck:
+        return _VALUE_PREDICATES[check.kind](values)
+    bad = (values < check.low) | (values >= check.high)
+    if check.exempt is not None:
+        bad = bad & (values != check.exempt)
+    return jnp.any(bad if real is None else bad & real)
+
+
+def folded(flag: Any, outside: Any, site: int) -> Any:
+    """The flag with `site` folded in where `outside` holds and no earlier site is set (int32)."""
+    return jnp.where((flag == 0) & outside, site, flag).astype(jnp.int32)
+
+
+def note_flag(chip: int, array: Any) -> None:
+    """Fold a flag that a compiled program returned (an int32 site, or 0) into `chip`'s flag: it becomes
+    the flag where no check ran since the last read, else one more tiny program keeps the first site."""
+    from tputrace.backend.dispatch import dispatcher
+
+    executor = dispatcher.executor
+    with dispatcher.thread_lock:
+        flag = _flags.get(chip)
+        if flag is None:
+            flag = _flags[chip] = _Flag(chip)
+        if flag.unread:
+            dynamic = [flag.array, array]
+            key = ("combine", chip, executor.deferred)
+            plan = _plans.get(key)
+            if plan is None:
+                plan = _plans[key] = Plan(
+                    INDEX_CHECK, lambda first, later: (folded(first, later != 0, later),), (_FLAG_SPEC,), "single",
+                    (((), torch.int32), ((), torch.int32)), chip, ("index check", "combine"),
+                )
+                executor.prepare(plan, dynamic)
+            flag.array = executor.run(plan, dynamic)[0]
+            if executor.deferred:
+                executor.track(flag)
+        else:
+            flag.array = array
+        flag.unread = True
 
 
 def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange | ValueCheck) -> bool:
@@ -274,13 +319,22 @@ def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange | ValueC
 def _site(op_name: str, ranges: tuple[IndexRange, ...]) -> int:
     """The id (from 1) of this op at the user's current line with these ranges; its message is made once."""
     code, line = _user_frame()
-    key = (op_name, code, line, ranges)
+    return _site_id((op_name, code, line, ranges), op_name, None if code is None else code.co_filename, line, ranges)
+
+
+def site_at(op_name: str, filename: str | None, line: int, ranges: tuple[IndexRange | ValueCheck, ...]) -> int:
+    """The id (from 1) of this op at `filename:line` (None: no user line) with these ranges: the site of
+    a check that a compiled program makes, whose line comes from the traced node's stack."""
+    return _site_id((op_name, filename, line, ranges), op_name, filename, line, ranges)
+
+
+def _site_id(key: tuple, op_name: str, filename: str | None, line: int, ranges: tuple) -> int:
     site = _site_ids.get(key)
     if site is None:
         with _lock:
             site = _site_ids.get(key)
             if site is None:
-                where = _where(code, line)
+                where = _where(filename, line)
                 noun = _NOUNS.get(op_name.split(".")[1], "an index")
                 bounds = "; ".join(index_range.text(noun) for index_range in ranges)
                 if any(type(index_range) is ValueCheck for index_range in ranges):
@@ -300,9 +354,9 @@ def _site(op_name: str, ranges: tuple[IndexRange, ...]) -> int:
     return site
 
 
-def _where(code: Any, line: int) -> str:
-    """`file.py:line` of a user frame from `_user_frame`, or what stands for none."""
-    return f"{os.path.basename(code.co_filename)}:{line}" if code is not None else "a line outside the user's code (autograd's backward?)"
+def _where(filename: str | None, line: int) -> str:
+    """`file.py:line` of a user line, or what stands for none."""
+    return f"{os.path.basename(filename)}:{line}" if filename is not None else "a line outside the user's code (autograd's backward?)"
 
 
 def _user_frame() -> tuple[Any, int]:

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import hlo_fusions, matmul_precision, program_cache, rng, transfers
+from tputrace.backend import hlo_fusions, index_checks, matmul_precision, program_cache, rng, transfers
 from tputrace.backend.compile import aliases, buckets, output_layouts
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
@@ -104,6 +104,8 @@ class CompiledGraph:
             entry = self._compile(key, arrays, statics, chip, bucket, precision)
         launch = _perf_ns()
         results = entry.program.executable(*arrays)
+        if entry.layout.check_result is not None:
+            _note_index_flag(results[entry.layout.check_result], chip, recorder)
         returned_sizes: dict[int, int] = {}
         if bucket is not None:
             results, returned_sizes = self.bucketing.unpad(results, entry.layout, bucket)
@@ -187,7 +189,10 @@ class CompiledGraph:
     def _compile(self, key: Any, arrays: list, statics: dict[int, Any], chip: int, bucket: Any, precision: str | None) -> GraphProgram:
         layout = TracedLayout()
         unpadded = bucket is None and self.bucketing is None
-        function = self.lowering.function(statics, layout, keep_aliases=unpadded, keep_strides=unpadded, precision=precision)
+        # A padded call's filler would fail the checks (a row of zeros is no distribution): no checks then.
+        function = self.lowering.function(
+            statics, layout, keep_aliases=unpadded, keep_strides=unpadded, precision=precision, check_indices=unpadded,
+        )
         recorder = self.events.recorder()
         program = compile_program(function, arrays, chip, self.info.name, keep_hlo=recorder is not None)
         in_specs = self._in_specs(arrays, statics)
@@ -226,6 +231,16 @@ class CompiledGraph:
                 specs.append((tuple(array.shape), to_torch(array.dtype)))
                 position += 1
         return tuple(specs)
+
+
+def _note_index_flag(flag: Any, chip: int, recorder: Any) -> None:
+    """Hand a program's index-check flag to the chip's (the next sync raises its site's error); with
+    launch blocking, raise it at the call, as blocking eager mode raises at the op."""
+    from tputrace.backend.dispatch import dispatcher
+
+    index_checks.note_flag(chip, flag)
+    if getattr(dispatcher.executor, "launch_blocking", False):
+        index_checks.raise_if_out_of_range(recorder, chip)
 
 
 def _read_inputs(args: Sequence[Any], recorder: Any) -> tuple[list[Any], dict[int, Any], int]:

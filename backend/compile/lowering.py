@@ -30,7 +30,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 from tputrace import recorder as recorder_module
 from tputrace import sourceloc
 from tputrace.backend import arg_checks, matmul_precision, rng
-from tputrace.backend.compile import aliases, output_layouts
+from tputrace.backend.compile import aliases, index_flags, output_layouts
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
@@ -78,6 +78,7 @@ class TracedLayout:
     output_on_host: list[bool] = field(default_factory=list)
     output_aliases: dict[int, aliases.OutputAlias] = field(default_factory=dict)
     result_layouts: dict[int, output_layouts.StoredLayout] = field(default_factory=dict)  # by result index
+    check_result: int | None = None  # the result that holds the program's index-check flag (`index_flags`)
 
 
 class GraphLowering:
@@ -99,13 +100,18 @@ class GraphLowering:
         self.view_chains = aliases.view_chains(self.output_args, output_node.meta.get("desc"))
         self.strided_outputs = output_layouts.strided_outputs(output_node.meta.get("desc"), len(self.output_args))
         self.refusal = _dtype_refusal(self.nodes)
+        self.checked_nodes = index_flags.checked_nodes(self.nodes)
 
-    def function(self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True, keep_strides: bool = True, precision: str | None = None) -> Callable[..., tuple]:
+    def function(
+        self, statics: dict[int, Any], layout: TracedLayout, *, keep_aliases: bool = True, keep_strides: bool = True, precision: str | None = None,
+        check_indices: bool = True,
+    ) -> Callable[..., tuple]:
         """A function of the tensor inputs (placeholders not in `statics`, in order) followed by one
         (seed, counter) pair per random node; it fills `layout` when traced. With `keep_aliases`, the
         layout says how to rebuild the outputs that are views as views of their bases; with
         `keep_strides`, channels-last outputs come out in storage order (`output_layouts`). The
-        float32 products of `precision_nodes` are traced at matmul precision setting `precision`."""
+        float32 products of `precision_nodes` are traced at matmul precision setting `precision`. With
+        `check_indices`, the checked nodes' flag is one more result (`layout.check_result`)."""
         placeholders = self.placeholders
         nodes = self.nodes
         output_args = self.output_args
@@ -115,6 +121,7 @@ class GraphLowering:
         view_chains = self.view_chains if keep_aliases else []
         strided_outputs = self.strided_outputs if keep_strides else frozenset()
         precision_nodes = self.precision_nodes if precision is not None else frozenset()
+        checked_nodes = self.checked_nodes if check_indices else {}
 
         def run(*arrays: Any) -> tuple:
             env: dict[torch.fx.Node, Any] = {}
@@ -127,6 +134,7 @@ class GraphLowering:
                     position += 1
             keys = arrays[position:]
             env.update(constants)
+            flag = None
             for node in nodes:
                 if node.op != "call_function":
                     continue
@@ -141,6 +149,9 @@ class GraphLowering:
                         env[node] = _evaluate(node, args, kwargs, extra, name)
                 else:
                     env[node] = _evaluate(node, args, kwargs, extra, name)
+                check = checked_nodes.get(node)
+                if check is not None:
+                    flag = index_flags.fold(flag, check, node, env)
             results = []
             layout.outputs.clear()
             layout.output_dtypes.clear()
@@ -171,6 +182,10 @@ class GraphLowering:
                 alias = _output_alias(chain, env, layout, results, extra_bases, placeholders, output_args, statics, keep_strides)
                 if alias is not None:
                     layout.output_aliases[chain.output] = alias
+            layout.check_result = None
+            if flag is not None:
+                layout.check_result = len(results)
+                results.append(flag)
             return tuple(results)
 
         return run
