@@ -24,6 +24,7 @@ from tputrace.analysis import analyze
 from tputrace.analysis.call_sites import call_label, call_name, call_text
 from tputrace.cli.main import main
 from tputrace.merge import merge_traces
+from tputrace.source_digests import digest_file
 from tputrace.store.reader import open_trace
 from tputrace.store.records import SourceLocation
 from tputrace.store.writer import TraceWriter
@@ -131,9 +132,9 @@ def test_a_call_over_several_lines_reads_as_one(strict_trace: tuple[Path, Path])
         (location,) = {record.source.call_key: record.source for record in trace.records("compiles")
                        if record.source is not None and record.source.line == line and record.name == "aten.mm.default"
                        and record.source.end_line != line}.values()
-    assert (location.col, location.end_line, location.end_col) == (MULTILINE_CALL.index("torch.matmul("), line + 3, 5)
-    assert call_text(location) == "torch.matmul(ut, k)"
-    assert call_label(location) == _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)")
+        assert (location.col, location.end_line, location.end_col) == (MULTILINE_CALL.index("torch.matmul("), line + 3, 5)
+        assert call_text(location, trace) == "torch.matmul(ut, k)"
+        assert call_label(location, trace) == _label("torch.matmul(", MULTILINE_CALL, "torch.matmul(ut, k)")
 
 
 def test_dump_prints_where_a_multi_line_call_ends(strict_trace: tuple[Path, Path]) -> None:
@@ -147,13 +148,23 @@ def test_dump_prints_where_a_multi_line_call_ends(strict_trace: tuple[Path, Path
     assert f":{_line(ACCENTED_LINE)}:<module>:col {accented_col}-{accented_col + len('torch.mm(q, [u][0])')}" in completed.stdout
 
 
+class _AsRecorded:
+    """A trace whose run saw each file as it is now, at its recorded path."""
+
+    def source_copy(self, file: str) -> str | None:
+        return file
+
+
+_AS_RECORDED = _AsRecorded()
+
+
 def test_call_text_joins_chained_calls_and_continued_lines(tmp_path: Path) -> None:
     source = tmp_path / "chained.py"
     chained = '    .bar(a, "#not a comment")  # a comment'
     source.write_text(f"y = (\n    x.foo()\n{chained}\n)\nz = a + \\\n    b\n")
     bar = SourceLocation(str(source), 2, "<module>", col=4, end_col=chained.index("  #"), end_line=3)
     added = SourceLocation(str(source), 5, "<module>", col=4, end_col=5, end_line=6)
-    assert (call_text(bar), call_text(added)) == ('x.foo().bar(a, "#not a comment")', "a + b")
+    assert (call_text(bar, _AS_RECORDED), call_text(added, _AS_RECORDED)) == ('x.foo().bar(a, "#not a comment")', "a + b")
 
 
 def test_per_line_views_keep_the_line_together(strict_trace: tuple[Path, Path]) -> None:
@@ -282,17 +293,19 @@ def test_a_file_with_byte_columns_reads_them_as_characters(tmp_path: Path) -> No
     accented_id = writer.frame(str(source), 1, "<module>", byte_col, byte_col + len("torch.mm(q, [u][0])"))
     opening_id = writer.frame(str(source), 2, "<module>", opening.index("torch.matmul("), None)
     missing_id = writer.frame(str(tmp_path / "gone.py"), 1, "<module>", byte_col, byte_col + 3)
+    digest = digest_file(source)
+    writer.append("source_files", (0, writer.intern(str(source)), digest.sha256, digest.size))
     writer.close()
     with sqlite3.connect(path) as connection:
         connection.execute("ALTER TABLE frames DROP COLUMN end_line")
     with open_trace(path) as trace:
         accented_call, opening_call, missing = (trace.frame(frame_id) for frame_id in (accented_id, opening_id, missing_id))
         stored = {record.id: (record.col, record.end_col, record.end_line) for record in trace.records("frames")}
+        assert call_label(accented_call, trace) == f"older.py:1:col {accented.index('torch.mm') + 1} (torch.mm(q, [u][0]))"
+        assert call_text(opening_call, trace) == "torch.matmul(…"
     col = accented.index("torch.mm")
     assert (accented_call.col, accented_call.end_col, accented_call.end_line) == (col, col + len("torch.mm(q, [u][0])"), 1)
-    assert call_label(accented_call) == f"older.py:1:col {col + 1} (torch.mm(q, [u][0]))"
     assert (opening_call.end_col, opening_call.end_line) == (None, None)
-    assert call_text(opening_call) == "torch.matmul(…"
     assert (missing.col, missing.end_col) == (byte_col, byte_col + 3)  # no line to convert on: as stored
     assert stored[accented_id] == (byte_col, byte_col + len("torch.mm(q, [u][0])"), None)
     merge_traces([path], tmp_path / "merged.tptrace")  # a merged file is new: it stores characters
@@ -320,6 +333,27 @@ def _byte_column_trace(strict_trace: tuple[Path, Path], folder: Path) -> tuple[P
         connection.execute("ALTER TABLE frames DROP COLUMN end_line")
     connection.close()
     return script_copy, trace_copy
+
+
+def test_a_call_is_quoted_only_from_the_file_the_run_saw(tmp_path: Path) -> None:
+    """A trace from elsewhere names a local file (a key, a config): its calls there are named by column, never
+    quoted, whether the trace has no digest of the file or the file here is not the one its run saw."""
+    secret = tmp_path / "id_key"
+    secret.write_text("SECRET-KEY-MATERIAL-0123456789\n")
+    path = tmp_path / "foreign.tptrace"
+    writer = TraceWriter(path)
+    writer.set_run(world_size=1, script=str(secret), argv=[])
+    undigested_id = writer.frame(str(secret), 1, "<module>", 0, 20, 1)
+    other = tmp_path / "other.py"
+    other.write_text("y = x @ w\n")
+    digested_id = writer.frame(str(other), 1, "<module>", 4, 9, 1)
+    stale = digest_file(other)
+    writer.append("source_files", (0, writer.intern(str(other)), stale.sha256, stale.size))
+    writer.close()
+    other.write_text("SECRET = 'hunter2-hunter2'\n")  # the file at that path is no longer the run's
+    with open_trace(path) as trace:
+        labels = [call_label(trace.frame(frame_id), trace) for frame_id in (undigested_id, digested_id)]
+    assert labels == ["id_key:1:col 1", "other.py:1:col 5"]
 
 
 def _accented_calls(trace_path: Path, source_roots: tuple[str, ...] = ()) -> list[SourceLocation]:
@@ -359,7 +393,8 @@ def test_byte_columns_convert_on_the_file_the_run_saw(strict_trace: tuple[Path, 
         assert trace.source_files()[str(script)].sha256  # the trace has the file's digest, and the file matches it
         assert trace.unchecked_column_files() == []
     calls = _accented_calls(trace_path)
-    assert {call_name(call) for call in calls} == {f"col {col + 1} ({text})" for text in ("torch.mm(q, [u][0])", "torch.mm(q, [u][0]) @ ut")}
+    with open_trace(trace_path) as trace:
+        assert {call_name(call, trace) for call in calls} == {f"col {col + 1} ({text})" for text in ("torch.mm(q, [u][0])", "torch.mm(q, [u][0]) @ ut")}
     assert not any(call.columns_unchecked for call in calls)
     assert main(["dump", str(trace_path), "--kind", "compiles"]) == 0
     printed = capsys.readouterr()
@@ -378,7 +413,7 @@ def test_byte_columns_of_a_changed_file_are_not_converted_with_its_text(strict_t
     calls = _accented_calls(trace_path)
     assert calls and all((call.col, call.end_col, call.end_line, call.columns_unchecked) == (None, None, None, True)
                          for call in calls)
-    assert {call_name(call) for call in calls} == {"whole line"}
+    assert {call_name(call, _AS_RECORDED) for call in calls} == {"whole line"}
     with open_trace(trace_path) as trace:
         assert trace.unchecked_column_files() == [str(script)]
         sites = queries.compile_sites(trace, 0)

@@ -11,7 +11,6 @@ from textual.binding import BindingType
 from textual.containers import VerticalScroll
 from textual.widgets import DataTable, Static
 
-from tputrace.analysis.call_sites import call_name
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, right
@@ -147,8 +146,8 @@ def compile_detail(row: queries.CompileRow) -> Text:
     if row.source is not None:
         text.append("\ncall site: ", style="bold")
         text.append(str(row.source))
-        if row.source.col is not None:  # which call on the line, named as the compile sites name it
-            text.append(f" · {call_name(row.source)}")
+        if row.call is not None:  # which call on the line, named as the compile sites name it
+            text.append(f" · {row.call}")
         elif row.source.columns_unchecked:
             text.append(f" · {UNCHECKED_COLUMNS}", style="dim")
     text.append("\nold: ", style="bold")

@@ -425,6 +425,7 @@ class CompileRow:
     old_name: str | None = None
     old_relation: Literal["structure", "call site"] | None = None
     """How `old` was found: an earlier compile of the same "structure", or at the same "call site"."""
+    call: str | None = None  # which call on its line the source is (`call_sites.call_name`), when it has a column
 
 
 _EARLIER_COMPILE = (
@@ -467,10 +468,12 @@ def compile_rows(trace: Trace, rank: int, *, offset: int = 0, limit: int = 500) 
         old_name_sid, old_signature_sid = olds.get(old_id, (None, None)) if old_id is not None else (None, None)
         relation: Literal["structure", "call site"] | None = (
             None if old_id is None else "structure" if same_structure_id is not None else "call site")
+        source = trace.frame(frame_id)
         result.append(
             CompileRow(compile_id, step, start_ns, dur_ns or 0, _shown(kind) or "?", trace.string(name_sid) or "?",
                        _shown(reason) or "?", trace.string(diff_sid), trace.string(signature_sid) or "", trace.string(old_signature_sid),
-                       trace.frame(frame_id), _decode_detail(detail), old_id, trace.string(old_name_sid), relation)
+                       source, _decode_detail(detail), old_id, trace.string(old_name_sid), relation,
+                       None if source is None or source.col is None else call_name(source, trace))
         )
     return result
 
@@ -512,24 +515,24 @@ def compile_sites(trace: Trace, rank: int) -> list[CompileSite]:
         call_key = None if source is None else source.call_key
         total_ns = wall_ns.get((rank, -1 if frame_id is None else frame_id), 0)
         calls_by_line.setdefault(source, {}).setdefault(call_key, []).append((source, count, recompiles, total_ns, reasons))
-    lines = [_line_sites(calls) for calls in calls_by_line.values()]
+    lines = [_line_sites(calls, trace) for calls in calls_by_line.values()]
     lines.sort(key=lambda sites: -sum(site.total_ns for site in sites))
     return [site for sites in lines for site in sites]
 
 
-def _line_sites(calls: dict[Any, list[tuple[Any, ...]]]) -> list[CompileSite]:
+def _line_sites(calls: dict[Any, list[tuple[Any, ...]]], trace: Trace) -> list[CompileSite]:
     """The sites of one line: the line itself when one call on it compiled, else one per call."""
     if len(calls) == 1:
         return [_compile_site([row for rows in calls.values() for row in rows], None)]
-    sites = [_compile_site(rows, rows[0][0]) for rows in calls.values()]
+    sites = [_compile_site(rows, call_name(rows[0][0], trace)) for rows in calls.values()]
     return sorted(sites, key=lambda site: -site.total_ns)
 
 
-def _compile_site(rows: list[tuple[Any, ...]], call: SourceLocation | None) -> CompileSite:
+def _compile_site(rows: list[tuple[Any, ...]], call: str | None) -> CompileSite:
     """One site from its (source, count, recompiles, total_ns, reasons) rows; `call` names its call on the line."""
     reasons = {reason for row in rows for reason in (row[4] or "").split(",")}
     return CompileSite(rows[0][0], sum(row[1] for row in rows), sum(row[2] for row in rows), sum(row[3] for row in rows),
-                       ", ".join(sorted(reasons)), None if call is None else call_name(call))
+                       ", ".join(sorted(reasons)), call)
 
 
 # -- flushes and fusions ----------------------------------------------------------------------------

@@ -718,7 +718,7 @@ def _varying_dims(trace: Trace, covered: set[tuple[str, str | None]]) -> list[Va
         width = len(parsed[0])
         if any(len(specs) != width for specs in parsed):
             continue
-        site = call_label(source) if source is not None and calls_per_line[(line_site, name_sid)] > 1 else line_site
+        site = call_label(source, trace) if source is not None and calls_per_line[(line_site, name_sid)] > 1 else line_site
         for input_index in range(width):
             column = [specs[input_index] for specs in parsed]
             if any(spec is None for spec in column):

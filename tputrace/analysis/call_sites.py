@@ -1,4 +1,6 @@
-"""Naming one call among several on a source line: its column and, when the file is readable, its text."""
+"""Naming one call among several on a source line: its column and, when the run's copy of the file is
+here, its text. The text is read only from a copy whose content is the one the run saw
+(`Trace.source_copy`), so a trace from elsewhere cannot quote a local file that shares a path with its own."""
 
 from __future__ import annotations
 
@@ -6,22 +8,33 @@ import io
 import linecache
 import tokenize
 
+from typing import Protocol
+
 from tputrace.store.records import SourceLocation
+
+
+class SourceCopies(Protocol):
+    """Where the run's copy of a recorded file is (a `Trace`)."""
+
+    def source_copy(self, file: str) -> str | None: ...
 
 MAX_CALL_TEXT = 60  # characters of a call's source text shown in a finding
 _OPENING = "([{"
 _CLOSING = ")]}"
 
 
-def call_text(location: SourceLocation) -> str | None:
-    """The source text of the call `location` points at, or None when the column is unknown or the file
-    cannot be read. A call over several lines (`torch.matmul(\\n    a,\\n    b,\\n)`) reads as written on
+def call_text(location: SourceLocation, copies: SourceCopies) -> str | None:
+    """The source text of the call `location` points at, or None when the column is unknown or the run's
+    copy of the file is not here. A call over several lines (`torch.matmul(\\n    a,\\n    b,\\n)`) reads as written on
     one (`torch.matmul(a, b)`), without its comments; one whose end the trace does not know (a file from
     before `end_line`) is its first line, ending in '…'."""
     if location.col is None:
         return None
+    copy = copies.source_copy(location.file)
+    if copy is None:
+        return None
     end_line = location.line if location.end_line is None else location.end_line
-    lines = [linecache.getline(location.file, number).rstrip("\r\n") for number in range(location.line, end_line + 1)]
+    lines = [linecache.getline(copy, number).rstrip("\r\n") for number in range(location.line, end_line + 1)]
     if not lines[0]:
         return None
     if location.end_col is not None:
@@ -35,18 +48,18 @@ def call_text(location: SourceLocation) -> str | None:
     return text
 
 
-def call_label(location: SourceLocation) -> str:
-    """`train.py:42:col 15 (q @ k.transpose(-1, -2))`; without a readable file `train.py:42:col 15`,
+def call_label(location: SourceLocation, copies: SourceCopies) -> str:
+    """`train.py:42:col 15 (q @ k.transpose(-1, -2))`; without the run's copy of the file `train.py:42:col 15`,
     without a column `train.py:42`."""
-    return location.short if location.col is None else f"{location.short}:{call_name(location)}"
+    return location.short if location.col is None else f"{location.short}:{call_name(location, copies)}"
 
 
-def call_name(location: SourceLocation) -> str:
-    """Which call on its line `location` is: `col 15 (q @ w)`, `col 15` without a readable file (1-based, as
-    editors count); `whole line` without a column."""
+def call_name(location: SourceLocation, copies: SourceCopies) -> str:
+    """Which call on its line `location` is: `col 15 (q @ w)`, `col 15` without the run's copy of the file
+    (1-based, as editors count); `whole line` without a column."""
     if location.col is None:
         return "whole line"
-    text = call_text(location)
+    text = call_text(location, copies)
     return f"col {location.col + 1}" if text is None else f"col {location.col + 1} ({text})"
 
 

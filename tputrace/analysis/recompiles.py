@@ -373,7 +373,7 @@ def _storm(context: AnalysisContext, kind: str, name: str, frame_id: int | None,
             break
     entry = shape_entry(context, [row.diff for row in rows])
     location = context.location(frame_id)
-    site = call_label(location) if shares_line and location is not None else context.where(frame_id)
+    site = call_label(location, context.trace) if shares_line and location is not None else context.where(frame_id)
     return Storm(kind, name, frame_id, site, rows, dims, entry, origin)
 
 

@@ -124,6 +124,7 @@ class Trace:
         self._columns_by_table: dict[str, frozenset[str]] = {}
         self._seen_digests: dict[str, frozenset[SourceDigest]] | None = None
         self._column_texts: dict[str, str | None] = {}
+        self._source_copies: dict[str, str | None] = {}
 
     # -- the file ---------------------------------------------------------------------------------
 
@@ -549,13 +550,18 @@ class Trace:
         """The file whose text turns `file`'s byte columns into characters: `file` itself when the trace has no
         digest of it (as before digests were recorded), else the copy with a recorded digest, or None."""
         if file not in self._column_texts:
-            seen = self._source_digests().get(file)
-            if seen is None:
-                self._column_texts[file] = file
-            else:
-                copy = copy_as_run_saw(file, self.source_roots, seen)
-                self._column_texts[file] = None if copy is None else str(copy)
+            self._column_texts[file] = self.source_copy(file) if file in self._source_digests() else file
         return self._column_texts[file]
+
+    def source_copy(self, file: str) -> str | None:
+        """The copy of recorded source `file` whose content is the one the run saw: at its recorded path or
+        under `source_roots`. None when there is none, or when the trace has no digest of the file, so that
+        a trace from elsewhere never quotes a local file that merely shares a path with its own."""
+        if file not in self._source_copies:
+            seen = self._source_digests().get(file)
+            copy = None if seen is None else copy_as_run_saw(file, self.source_roots, seen)
+            self._source_copies[file] = None if copy is None else str(copy)
+        return self._source_copies[file]
 
     def _source_digests(self) -> dict[str, frozenset[SourceDigest]]:
         """Every rank's recorded digests of each source file, by recorded path."""
