@@ -139,3 +139,29 @@ def test_compiled_code_that_makes_tensors_from_data() -> None:
         got = compiled(tpu_keys, new.to("tpu"))
     assert torch.equal(host(got), expected)
     assert torch.equal(host(tpu_keys), expected - torch.tensor([1.0, 2.0, 3.0]))
+
+
+def test_compiled_code_that_moves_a_one_element_tensor_made_from_data() -> None:
+    """A one-element tensor built from data in compiled code and moved to the chip: the fake mode ran the
+    move for real to make a constant of it, got a tpu tensor, and asserted ("fake_tensor must be a
+    FakeTensor with a constant")."""
+
+    def shifted(x: torch.Tensor) -> torch.Tensor:
+        window = torch.tensor(4, dtype=torch.long).to(x.device)
+        return x + window - torch.tensor([0.5]).to(x.device)
+
+    compiled = torch.compile(shifted, backend="tpu", fullgraph=True)
+    x = torch.arange(3.0)
+    assert torch.equal(host(compiled(x.to("tpu"))), shifted(x))
+
+
+def test_compiled_forward_of_a_sliding_window_model_matches_cpu() -> None:
+    """Mistral's dynamic cache moves `torch.tensor(sliding_window)` to the chip in every forward."""
+    cpu_model = _tiny_mistral()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    input_ids, attention_mask = _left_padded_batch("cpu")
+    compiled = torch.compile(tpu_model, backend="tpu")
+    with torch.no_grad():
+        expected = cpu_model(input_ids, attention_mask=attention_mask).logits
+        got = compiled(input_ids.to("tpu"), attention_mask=attention_mask.to("tpu")).logits
+    torch.testing.assert_close(host(got), expected, rtol=1e-4, atol=1e-5)
