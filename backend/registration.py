@@ -12,8 +12,8 @@ import torch.utils.backend_registration as backend_registration
 
 from tputrace.backend import (
     accelerate_support, accelerator_api, autocast, checkpoints, chip_backward, control_flow, data_parallel, device_module,
-    distributed, export_constants, export_decompositions, export_dims, fake_constants, fake_convolutions, flex_attention,
-    generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
+    distributed, export_constants, export_decompositions, export_dims, fake_constants, fake_convolutions, fake_grouped_mm,
+    flex_attention, generators, gradient_devices, hooks, host_pinning, inplace_views, kernels, lazy_params, module_moves,
     op_routes, packed_sequences, process_sharing, refs_before_dynamo, safetensors_devices, sparse, torchscript,
     worker_errors,
 )
@@ -85,6 +85,7 @@ def register() -> None:
     export_decompositions.install()
     fake_convolutions.install()
     fake_constants.install()
+    fake_grouped_mm.install()
     distributed.register()
     register_dynamo_backend()
     _enable_foreach()

@@ -59,3 +59,34 @@ def test_moe_logits_and_gradients_match_the_cpu(mode: EagerMode, build: Callable
                 assert tpu_parameter.grad is None, name
                 continue
             torch.testing.assert_close(host(tpu_parameter.grad), cpu_parameter.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("build", [_tiny_qwen2_moe, _tiny_mixtral], ids=["qwen2_moe", "mixtral"])
+def test_compiled_moe_logits_and_gradients_match_the_cpu(build: Callable[[], transformers.PreTrainedModel]) -> None:
+    """Under `torch.compile(backend="tpu")` transformers still sends float32 experts to `torch._grouped_mm`,
+    whose meta kernel takes only bfloat16: the tpu's fake rule follows the CPU kernel instead."""
+    cpu_model = build()
+    tpu_model = copy.deepcopy(cpu_model).to("tpu")
+    compiled = torch.compile(tpu_model, backend="tpu")
+    input_ids = torch.randint(0, VOCAB, (2, 7), generator=torch.Generator().manual_seed(1))
+    cpu_out = cpu_model(input_ids=input_ids, labels=input_ids)
+    cpu_out.loss.backward()
+    tpu_out = compiled(input_ids=input_ids.to("tpu"), labels=input_ids.to("tpu"))
+    tpu_out.loss.backward()
+    torch.testing.assert_close(host(tpu_out.logits), cpu_out.logits, atol=1e-5, rtol=1e-4)
+    for (name, cpu_parameter), tpu_parameter in zip(cpu_model.named_parameters(), tpu_model.parameters()):
+        if cpu_parameter.grad is not None:
+            torch.testing.assert_close(host(tpu_parameter.grad), cpu_parameter.grad, atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize(("shape_a", "shape_b", "ends"), [
+    ((12, 8), (3, 8, 16), (4, 8, 12)), ((4, 8), (8, 12), (2, 5, 8)), ((3, 4, 8), (8, 12), (2, 5, 12)), ((3, 4, 8), (3, 8, 12), None),
+], ids=["2d-3d", "2d-2d", "3d-2d", "3d-3d"])
+def test_compiled_float32_grouped_mm_matches_the_cpu(shape_a: tuple[int, ...], shape_b: tuple[int, ...], ends: tuple[int, ...] | None) -> None:
+    torch.manual_seed(0)
+    a, b = torch.randn(shape_a), torch.randn(shape_b)
+    offs = None if ends is None else torch.tensor(ends, dtype=torch.int32)
+    compiled = torch.compile(lambda a, b, offs: torch._grouped_mm(a, b, offs=offs) * 2, backend="tpu", fullgraph=True)
+    got = compiled(a.to("tpu"), b.to("tpu"), None if offs is None else offs.to("tpu"))
+    assert got.shape == torch._grouped_mm(a, b, offs=offs).shape
+    torch.testing.assert_close(host(got), torch._grouped_mm(a, b, offs=offs) * 2, atol=1e-4, rtol=1e-4)
