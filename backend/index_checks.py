@@ -180,6 +180,8 @@ def record_host_refusal(recorder: Any, op: Any, refusal: BaseException) -> None:
 
 
 def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
+    if any(type(tensor) is TpuTensor and tensor._traced is not None for tensor, _ in bounded):
+        return  # traced by torch.compile or export: no values to check here (`compile.index_flags` checks the program's)
     if len(bounded) == 1 and type(bounded[0][0]) is TpuTensor and bounded[0][0]._view is None:
         # One index tensor that is no view (nll_loss's target, embedding's indices): its array as it
         # is, with no cut (what the general path below reads of it, built with less per call).
@@ -319,7 +321,8 @@ def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange | ValueC
 def _site(op_name: str, ranges: tuple[IndexRange, ...]) -> int:
     """The id (from 1) of this op at the user's current line with these ranges; its message is made once."""
     code, line = _user_frame()
-    return _site_id((op_name, code, line, ranges), op_name, None if code is None else code.co_filename, line, ranges)
+    filename = None if code is None else code.co_filename
+    return _site_id((op_name, filename, line, ranges), op_name, filename, line, ranges)
 
 
 def site_at(op_name: str, filename: str | None, line: int, ranges: tuple[IndexRange | ValueCheck, ...]) -> int:
@@ -365,9 +368,12 @@ def _user_frame() -> tuple[Any, int]:
     user_code = _user_code
     while frame is not None:
         code = frame.f_code
-        is_user = user_code.get(code)
-        if is_user is None:
-            is_user = user_code[code] = is_user_file(code.co_filename, library_roots())
+        try:
+            is_user = user_code.get(code)
+            if is_user is None:
+                is_user = user_code[code] = is_user_file(code.co_filename, library_roots())
+        except TypeError:  # code Dynamo rewrote can hold a dict among its constants: it does not hash
+            is_user = is_user_file(code.co_filename, library_roots())
         if is_user:
             return code, frame.f_lineno
         frame = frame.f_back

@@ -175,3 +175,31 @@ def test_with_the_checks_off_a_compiled_program_gives_xlas_result(tmp_path: Path
     )
     assert completed.returncode == 0, completed.stderr
     assert completed.stdout.strip() == "[3.0, 4.0, 5.0]"
+
+
+def test_one_hot_in_a_compiled_program() -> None:
+    """one_hot is routed by hand in eager mode, where its classes are checked; traced by torch.compile
+    (SwitchTransformers' router) the check met a traced tensor with no buffer and Dynamo failed."""
+    compiled = torch.compile(lambda ids: F.one_hot(ids, num_classes=5).float() * 3, backend="tpu")
+    ids = _ids([0, 4, 2], "cpu")
+    assert torch.equal(host(compiled(ids.to("tpu"))), F.one_hot(ids, num_classes=5).float() * 3)
+
+
+def test_a_traced_run_of_code_that_does_not_hash_records_its_line(tmp_path: Path) -> None:
+    """The recorder finds the user's line in code whose constants include a dict, as Dynamo's rewritten code can."""
+    script = tmp_path / "rewritten.py"
+    script.write_text(
+        "import types, torch\n"
+        "def body(table, ids):\n"
+        "    return table[ids] * 2\n"
+        "code = body.__code__.replace(co_consts=body.__code__.co_consts + ({'unhashable': 1},))\n"
+        "rows_of = types.FunctionType(code, globals())\n"
+        "print(rows_of(torch.arange(6.0, device='tpu'), torch.tensor([1, 5], device='tpu')).sum().item())\n"
+    )
+    trace = tmp_path / "run.tptrace"
+    assert main(["run", "--no-summary", "--mode", "strict", "-o", str(trace), str(script)]) == 0
+    import tputrace
+
+    with tputrace.open(trace) as opened:
+        lines = {(op.source.file, op.source.line) for op in opened.records("ops") if op.source is not None and op.op == "aten.mul.Tensor"}
+    assert lines == {(str(script), 3)}

@@ -202,3 +202,24 @@ def test_the_environment_variable_turns_the_checks_off(tmp_path: Path) -> None:
     ran = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=environment, timeout=300)
     assert ran.returncode == 0, ran.stderr
     assert ran.stdout.strip() == "[3.0, 4.0, 5.0] True"
+
+
+def _with_a_dict_constant(function: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """`function` with a dict among its code's constants, as code Dynamo rewrites can hold: its code does not hash."""
+    import types
+
+    code = function.__code__.replace(co_consts=function.__code__.co_consts + ({"unhashable": 1},))
+    with pytest.raises(TypeError):
+        hash(code)
+    return types.FunctionType(code, function.__globals__)
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_an_index_op_in_code_that_does_not_hash(mode: EagerMode) -> None:
+    """The check's user frame is code Dynamo rewrote (ViLT's resumed `visual_embed` under torch.compile):
+    finding the user's line raised "unhashable type: 'dict'" on every index op there."""
+    rows_of = _with_a_dict_constant(lambda table, ids: table[ids] * 2)
+    with eager(mode):
+        assert host(rows_of(_table("tpu"), _ids("tpu", 1, -1))).tolist() == [[6.0, 8.0, 10.0], [24.0, 26.0, 28.0]]
+        with pytest.raises(RuntimeError, match=rf"index out of range in aten\.index at {Path(__file__).name}:{rows_of.__code__.co_firstlineno} "):
+            host(rows_of(_table("tpu"), _ids("tpu", 5)))

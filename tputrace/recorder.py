@@ -146,9 +146,15 @@ class Recorder:
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
-            is_user = user_code.get(code)
-            if is_user is None:
-                is_user = user_code[code] = self._is_user_file(code.co_filename)
+            try:
+                is_user = user_code.get(code)
+                if is_user is None:
+                    is_user = user_code[code] = self._is_user_file(code.co_filename)
+            except TypeError:  # code Dynamo rewrote can hold a dict among its constants: it does not hash
+                if self._is_user_file(code.co_filename):
+                    return self._intern_frame(code.co_filename, frame.f_lineno, code.co_name)
+                frame = frame.f_back
+                continue
             if is_user:
                 line = frame.f_lineno
                 if line == code.co_firstlineno:  # maybe an instruction torch.compile added
