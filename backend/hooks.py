@@ -76,6 +76,7 @@ def backward_started() -> None:
     recorder = recorder_module.active()
     if recorder is not None and recorder.enabled:
         recorder.backward_frame = recorder.frame_id()
+        recorder.backward_call_frame = recorder.frame_id(by_call=True)
     mark_backward = getattr(dispatcher.executor, "mark_backward", None)
     if mark_backward is not None:
         mark_backward()

@@ -120,9 +120,14 @@ def test_nested_compiles_count_each_instant_once(compile_storm_trace: Path) -> N
         kinds = {kind for (kind,) in trace.sql("SELECT DISTINCT kind FROM compiles")}
         covered_ns = covered(intervals)
         summed_ns = sum(end_ns - start_ns for start_ns, end_ns in intervals)
-        for site in compile_sites(trace, 0):  # the TUI's Compiles view: per call site, nested compiles once
+        sites = compile_sites(trace, 0)
+        # backward()'s compiles on autograd's thread and its flush on the main thread are one call's
+        assert [site.call for site in sites if site.source is not None and site.source.file.endswith("common.py")
+                and site.source.line == 44] == [None], sites
+        for site in sites:  # the TUI's Compiles view: per call site, nested compiles once
             frame_ids = [frame_id for (frame_id,) in trace.sql("SELECT DISTINCT frame_id FROM compiles WHERE rank = 0")
-                         if trace.frame(frame_id) == site.source]
+                         if trace.frame(frame_id) == site.source
+                         and (site.call is None or trace.frame(frame_id).call_key == site.source.call_key)]
             site_intervals = [interval for frame_id in frame_ids for interval in trace.sql(
                 "SELECT start_ns, start_ns + dur_ns FROM compiles WHERE rank = 0 AND frame_id = ?", (frame_id,))]
             assert site.total_ns == covered(sorted(site_intervals)), site

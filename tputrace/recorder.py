@@ -101,7 +101,9 @@ class Recorder:
         self._digested_files: set[str] = set()
         self._local = threading.local()
         self.main_thread = threading.get_ident()
+        # The line that called backward() and that call on it, for what autograd's thread records.
         self.backward_frame: int | None = None
+        self.backward_call_frame: int | None = None
         # Frame ids by thread id, while a thread runs a traced graph's nodes (see `recording_at`).
         self._traced_lines: dict[int, int] = {}
         self._location_frame_ids: dict[tuple[str, int, str], int] = {}
@@ -168,7 +170,7 @@ class Recorder:
                 return frame_id
             frame = frame.f_back
         if threading.get_ident() != self.main_thread:
-            return self.backward_frame
+            return self.backward_call_frame if by_call else self.backward_frame
         return None
 
     @contextlib.contextmanager

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from tputrace.analysis.call_sites import call_name
 from tputrace.source_digests import SourceDigest
-from tputrace.store.aggregates import RECOMPILE, CompileStats, TimeSplit, compile_wall_ns
+from tputrace.store.aggregates import RECOMPILE, CompileStats, TimeSplit, compile_wall_ns, merged_ns
 from tputrace.store.records import SourceLocation
 from tputrace.store.sources import copy_as_run_saw, source_candidates
 from tputrace.wording import printable
@@ -502,19 +502,24 @@ class CompileSite:
 
 def compile_sites(trace: Trace, rank: int) -> list[CompileSite]:
     """Compiles of `rank` per source line, most compile time first; a line where several calls compiled (`(q @ w)
-    @ (w @ k)`) has a row per call instead, most time first, kept together where the line's total puts them."""
+    @ (w @ k)`) has a row per call instead, most time first, kept together where the line's total puts them.
+    A site's time is wall time: its compiles' nested or overlapping intervals count each instant once."""
     rows = trace.sql(
         f"SELECT frame_id, COUNT(*), COALESCE(SUM({RECOMPILE}), 0), "
         "GROUP_CONCAT(DISTINCT reason) FROM compiles WHERE rank = ? GROUP BY frame_id",
         (rank,),
     )
-    wall_ns = compile_wall_ns(trace, rank=rank, by="frame")  # a call's nested compiles count once
+    intervals: dict[Any, list[tuple[int, int]]] = {}
+    for frame_id, start_ns, end_ns in trace.sql(
+            "SELECT frame_id, start_ns, start_ns + COALESCE(dur_ns, 0) FROM compiles WHERE rank = ? ORDER BY start_ns",
+            (rank,)):
+        intervals.setdefault(frame_id, []).append((start_ns, end_ns))
     calls_by_line: dict[SourceLocation | None, dict[Any, list[tuple[Any, ...]]]] = {}
     for frame_id, count, recompiles, reasons in rows:
         source = trace.frame(frame_id)
         call_key = None if source is None else source.call_key
-        total_ns = wall_ns.get((rank, -1 if frame_id is None else frame_id), 0)
-        calls_by_line.setdefault(source, {}).setdefault(call_key, []).append((source, count, recompiles, total_ns, reasons))
+        calls_by_line.setdefault(source, {}).setdefault(call_key, []).append(
+            (source, count, recompiles, intervals.get(frame_id, []), reasons))
     lines = [_line_sites(calls, trace) for calls in calls_by_line.values()]
     lines.sort(key=lambda sites: -sum(site.total_ns for site in sites))
     return [site for sites in lines for site in sites]
@@ -529,9 +534,10 @@ def _line_sites(calls: dict[Any, list[tuple[Any, ...]]], trace: Trace) -> list[C
 
 
 def _compile_site(rows: list[tuple[Any, ...]], call: str | None) -> CompileSite:
-    """One site from its (source, count, recompiles, total_ns, reasons) rows; `call` names its call on the line."""
+    """One site from its (source, count, recompiles, intervals, reasons) rows; `call` names its call on the line."""
     reasons = {reason for row in rows for reason in (row[4] or "").split(",")}
-    return CompileSite(rows[0][0], sum(row[1] for row in rows), sum(row[2] for row in rows), sum(row[3] for row in rows),
+    wall_ns = merged_ns(sorted(interval for row in rows for interval in row[3]))
+    return CompileSite(rows[0][0], sum(row[1] for row in rows), sum(row[2] for row in rows), wall_ns,
                        ", ".join(sorted(reasons)), call)
 
 
