@@ -83,12 +83,13 @@ class _Flag:
     """A chip's out-of-range site (int32: 0 for none). It stands where a buffer would for a
     DeferAndFuse flush, which fills in `array` (its 4 bytes are not counted as a tensor's)."""
 
-    __slots__ = ("array", "chip", "nbytes", "unread", "__weakref__")
+    __slots__ = ("array", "chip", "later", "nbytes", "unread", "__weakref__")
 
     def __init__(self, chip: int) -> None:
         self.chip = chip
         self.nbytes = _FLAG_SPEC.nbytes
         self.array: Any = _zero(chip)
+        self.later: list[Any] = []  # compiled programs' flags since `array`, in call order (see `note_flag`)
         self.unread = False
 
 
@@ -98,6 +99,8 @@ def _zero(chip: int) -> Any:
 
 
 _flags: dict[int, _Flag] = {}
+_zeros: dict[int, Any] = {}  # a zero flag per chip: the filler of a combine program's unused inputs
+_COMBINED = 16  # compiled programs' flags that one combine program folds
 _plans: dict[tuple, Plan] = {}
 _site_ids: dict[tuple, int] = {}
 _site_messages: list[str] = []
@@ -153,7 +156,12 @@ def raise_if_out_of_range(recorder: Any, chip: int | None = None) -> None:
                 continue
             array = array.concrete
         site = int(np.asarray(array))  # np.asarray: a tenth of jax.device_get's cost for one scalar
+        for later in flag.later:  # compiled programs' flags, read here rather than combined per call
+            if site:
+                break
+            site = int(np.asarray(later))
         flag.unread = False
+        flag.later.clear()
         if site:
             flag.array = _zero(flag.chip)
             message = _site_messages[site - 1]
@@ -222,6 +230,8 @@ def _fold(dispatcher: Any, site: int, ranges: tuple, chip: int, values: list[Any
     flag = _flags.get(chip)
     if flag is None:
         flag = _flags[chip] = _Flag(chip)
+    if flag.later:
+        _combine(executor, flag)
     dynamic = [flag.array, *values]
     key = (site, specs, cut_dims, chip, executor.deferred)
     plan = _plans.get(key)
@@ -283,30 +293,49 @@ def folded(flag: Any, outside: Any, site: int) -> Any:
 
 def note_flag(chip: int, array: Any) -> None:
     """Fold a flag that a compiled program returned (an int32 site, or 0) into `chip`'s flag: it becomes
-    the flag where no check ran since the last read, else one more tiny program keeps the first site."""
+    the flag where no check ran since the last read, else it waits in the flag's `later` list, which the
+    next read scans on the host; every `_COMBINED` flags, one tiny program keeps the first site."""
     from tputrace.backend.dispatch import dispatcher
 
-    executor = dispatcher.executor
     with dispatcher.thread_lock:
         flag = _flags.get(chip)
         if flag is None:
             flag = _flags[chip] = _Flag(chip)
         if flag.unread:
-            dynamic = [flag.array, array]
-            key = ("combine", chip, executor.deferred)
-            plan = _plans.get(key)
-            if plan is None:
-                plan = _plans[key] = Plan(
-                    INDEX_CHECK, lambda first, later: (folded(first, later != 0, later),), (_FLAG_SPEC,), "single",
-                    (((), torch.int32), ((), torch.int32)), chip, ("index check", "combine"),
-                )
-                executor.prepare(plan, dynamic)
-            flag.array = executor.run(plan, dynamic)[0]
-            if executor.deferred:
-                executor.track(flag)
+            flag.later.append(array)
+            if len(flag.later) == _COMBINED:
+                _combine(dispatcher.executor, flag)
         else:
             flag.array = array
         flag.unread = True
+
+
+def _combine(executor: Any, flag: _Flag) -> None:
+    """Fold the flags waiting in `flag.later` (at most `_COMBINED`; the rest of the program's inputs are
+    zero flags) into `flag.array`, keeping the first site; the caller holds the dispatcher's thread lock."""
+    zero = _zeros.get(flag.chip)
+    if zero is None:
+        zero = _zeros[flag.chip] = _zero(flag.chip)
+    dynamic = [flag.array, *flag.later, *[zero] * (_COMBINED - len(flag.later))]
+    flag.later.clear()
+    key = ("combine", flag.chip, executor.deferred)
+    plan = _plans.get(key)
+    if plan is None:
+        plan = _plans[key] = Plan(
+            INDEX_CHECK, _first_site, (_FLAG_SPEC,), "single", (((), torch.int32),) * (1 + _COMBINED), flag.chip,
+            ("index check", "combine"),
+        )
+        executor.prepare(plan, dynamic)
+    flag.array = executor.run(plan, dynamic)[0]
+    if executor.deferred:
+        executor.track(flag)
+
+
+def _first_site(first: Any, *later: Any) -> tuple[Any]:
+    """The first non-zero of flags in call order (int32 scalars), or 0."""
+    for flag in later:
+        first = folded(first, flag != 0, flag)
+    return (first,)
 
 
 def _out_of_range_on_host(tensor: torch.Tensor, index_range: IndexRange | ValueCheck) -> bool:

@@ -140,6 +140,59 @@ def test_the_checks_add_no_launch_and_no_recompile() -> None:
     assert program.layout.check_result is not None
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_loop_of_compiled_calls_folds_flags_in_batches_and_raises_the_first_site(mode: EagerMode) -> None:
+    """Forty compiled calls with no sync in between run one combine program per sixteen calls, not one
+    per call, and the sync still names the first bad call's op and line, not a later one's."""
+    from tputrace.backend.dispatch import dispatcher
+
+    embedding_call, select_call = CASES["embedding"][1], CASES["index_select"][1]
+    by_embedding = torch.compile(embedding_call, backend="tpu", dynamic=False)
+    by_select = torch.compile(select_call, backend="tpu", dynamic=False)
+    combines: list[object] = []
+    with eager(mode):
+        executor_type = type(dispatcher.executor)
+        original = executor_type.run
+
+        def counted(self: object, plan: object, *args: object, **kwargs: object) -> object:
+            if getattr(plan, "structure_key", None) == ("index check", "combine"):
+                combines.append(plan)
+            return original(self, plan, *args, **kwargs)
+
+        table, good, bad = _table("tpu"), _ids(GOOD_IDS, "tpu"), _ids(BAD_IDS, "tpu")
+        executor_type.run = counted
+        try:
+            results = [by_embedding(table, bad if call == 3 else good) for call in range(20)]
+            results += [by_select(table, bad if call == 10 else good) for call in range(20)]
+        finally:
+            executor_type.run = original
+        with pytest.raises(RuntimeError) as raised:
+            results[-1].sum().item()
+        after = host(by_select(table, good))
+    assert len(combines) == 2  # after calls 17 and 33: the first call's flag is the chip's, the next 16 wait
+    assert str(raised.value).startswith(
+        f"index out of range in aten.embedding at {Path(__file__).name}:{embedding_call.__code__.co_firstlineno} (")
+    torch.testing.assert_close(after, select_call(_table("cpu"), _ids(GOOD_IDS, "cpu")))
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_an_eager_check_after_waiting_compiled_flags_keeps_the_first_site(mode: EagerMode) -> None:
+    """Compiled calls' flags still waiting when an eager op checks its indices are folded before it: a
+    later bad eager op does not hide the earlier bad compiled call."""
+    embedding_call = CASES["embedding"][1]
+    compiled = torch.compile(embedding_call, backend="tpu", dynamic=False)
+    with eager(mode):
+        table, good, bad = _table("tpu"), _ids(GOOD_IDS, "tpu"), _ids(BAD_IDS, "tpu")
+        compiled(table, good)
+        compiled(table, bad)
+        compiled(table, good)
+        selected = table.index_select(0, bad)
+        with pytest.raises(RuntimeError) as raised:
+            selected.sum().item()
+    assert str(raised.value).startswith(
+        f"index out of range in aten.embedding at {Path(__file__).name}:{embedding_call.__code__.co_firstlineno} (")
+
+
 def test_traced_run_diagnoses_the_compiled_op_at_its_line(tmp_path: Path) -> None:
     """`tputrace run` of a compiled function given a bad id: the finding names the op's line and the sync's."""
     script = tmp_path / "compiled_ids.py"
