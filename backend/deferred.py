@@ -413,7 +413,7 @@ class DeferredExecutor:
         )
         if reason == "first":
             reason, diff = self._structure_change(site, step, nodes, in_specs, graph, recorder if recording else None, by_length)
-        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs))
+        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs, _called_names(nodes, graph)))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
             detail = {"matmul_precision": precision} if precision else None
@@ -454,12 +454,12 @@ class DeferredExecutor:
                     return "recompile", f"{op}: non-tensor arguments {key_change(old_plan.structure_key, plan.structure_key)}"
                 if plan.op_name == old_plan.op_name:
                     return "recompile", f"{op}: reads other values (inputs wired differently)"
-                return "recompile", f"structure change at op {_op_count(nodes[:index])}{where}: {old_plan.op_name} -> {plan.op_name}"
+                return "recompile", f"structure change at op {_op_count(nodes[:index])}{where}: {_called_name(old, index)} -> {_called_name_in(graph, nodes, index)}"
         shared = min(len(nodes), len(old_nodes))
         if len(nodes) > shared:
-            return "recompile", f"structure change at op {_op_count(nodes[:shared])}{_location(graph, recorder, shared)}: {nodes[shared][0].op_name} added ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
+            return "recompile", f"structure change at op {_op_count(nodes[:shared])}{_location(graph, recorder, shared)}: {_called_name_in(graph, nodes, shared)} added ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
         if len(old_nodes) > shared:
-            return "recompile", f"structure change at op {_op_count(old_nodes[:shared])}: {old_nodes[shared][0].op_name} and what followed it left out ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
+            return "recompile", f"structure change at op {_op_count(old_nodes[:shared])}: {_called_name(old, shared)} and what followed it left out ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
         return "recompile", f"same {_op_count(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
@@ -529,7 +529,26 @@ def _op_count(nodes: Sequence[tuple[Plan, tuple]]) -> int:
 def _op_text(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph, recorder: Any, index: int) -> str:
     """'op 3 aten.add.Tensor (train.py:9)': the node at `index`, numbered among the graph's ops (view
     reads, which a trace has no op of, not counted: a view read gets the number of the op reading it)."""
-    return f"op {_op_count(nodes[:index])} {nodes[index][0].op_name}{_location(graph, recorder, index)}"
+    return f"op {_op_count(nodes[:index])} {_called_name_in(graph, nodes, index)}{_location(graph, recorder, index)}"
+
+
+def _called_name_in(graph: PendingGraph, nodes: Sequence[tuple[Plan, tuple]], index: int) -> str:
+    """The op the user called that node `index` of `graph` runs (`aten._foreach_mul_.Scalar`, whose node
+    runs `aten._foreach_mul.Scalar`); the node's plan name where it has no op record (a view read)."""
+    position = bisect.bisect_left(graph.record_nodes, index)
+    if position < len(graph.record_nodes) and graph.record_nodes[position] == index:
+        return graph.op_records[position][1]
+    return nodes[index][0].op_name
+
+
+def _called_names(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph) -> tuple[str, ...]:
+    """`_called_name_in` of every node, kept with a flushed graph for a later graph's diff."""
+    return tuple(_called_name_in(graph, nodes, index) for index in range(len(nodes)))
+
+
+def _called_name(old: FlushedGraph, index: int) -> str:
+    """The op the user called at node `index` of an earlier graph (its plan's name if unknown)."""
+    return old.op_names[index] if index < len(old.op_names) else old.nodes[index][0].op_name
 
 
 def _location(graph: PendingGraph, recorder: Any, index: int) -> str:

@@ -20,10 +20,12 @@ Nodes = tuple[tuple[Any, tuple], ...]  # (plan, input refs) per op, as a pending
 
 @dataclass(frozen=True)
 class FlushedGraph:
-    """A graph a site flushed: its nodes and its program's input specs."""
+    """A graph a site flushed: its nodes, its program's input specs and each node's op as the user called
+    it (`_foreach_mul_` where the node runs `_foreach_mul`; the plan's name where no op was recorded)."""
 
     nodes: Nodes
     in_specs: tuple
+    op_names: tuple[str, ...] = ()
 
 
 class FlushSites:

@@ -65,6 +65,29 @@ def test_an_op_added_at_the_end_of_a_graph_is_named_with_its_line(tmp_path: Path
     assert [diff for _, diff in _recompiles(trace_path)] == ["structure change at op 3 (script.py:6): aten.neg.default added (3 ops -> 4 ops)"]
 
 
+def test_in_place_ops_are_named_as_called_in_a_structure_change(tmp_path: Path) -> None:
+    """The graph runs `mul_` as `mul` and writes the result back; the reason names the op the line
+    called, in the new graph (`add_` -> `mul_`) and in the earlier one (`div_`, where `sum` now follows)."""
+    trace_path = _run(tmp_path, (
+        "import torch, tputrace\n"
+        "x = torch.arange(8.0).to('tpu')\n"
+        "for step in range(3):\n"
+        "    y = x * 2\n"
+        "    if step == 0:\n"
+        "        y.add_(1)\n"
+        "    else:\n"
+        "        y.mul_(3)\n"
+        "    if step == 1:\n"
+        "        y.div_(2)\n"
+        "    y.sum().item()\n"
+        "    tputrace.step()\n"
+    ))
+    assert [diff for _, diff in _recompiles(trace_path)] == [
+        "structure change at op 1 (script.py:8): aten.add_.Tensor -> aten.mul_.Tensor",
+        "structure change at op 2 (script.py:11): aten.div_.Tensor -> aten.sum.default",
+    ]
+
+
 def test_a_new_data_dependent_length_names_the_op_and_its_line(tmp_path: Path) -> None:
     trace_path = _run(tmp_path, (
         "import torch, tputrace\n"
