@@ -318,7 +318,7 @@ def _combine(executor: Any, flag: _Flag) -> None:
         zero = _zeros[flag.chip] = _zero(flag.chip)
     dynamic = [flag.array, *flag.later, *[zero] * (_COMBINED - len(flag.later))]
     flag.later.clear()
-    key = ("combine", flag.chip, executor.deferred)
+    key = ("combine", flag.chip, executor.deferred, _COMBINED)
     plan = _plans.get(key)
     if plan is None:
         plan = _plans[key] = Plan(
