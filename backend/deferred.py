@@ -411,9 +411,10 @@ class DeferredExecutor:
         by_length = self.dispatcher.length_recompiles.fused_reason(
             nodes, structure[1:], in_specs, lambda index: _op_text(nodes, graph, recorder if recording else None, index)
         )
+        called_names = _called_names(nodes, graph)
         if reason == "first":
-            reason, diff = self._structure_change(site, step, nodes, in_specs, graph, recorder if recording else None, by_length)
-        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs, _called_names(nodes, graph)))
+            reason, diff = self._structure_change(site, step, nodes, called_names, in_specs, graph, recorder if recording else None, by_length)
+        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs, called_names))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
             detail = {"matmul_precision": precision} if precision else None
@@ -421,13 +422,13 @@ class DeferredExecutor:
             self._record_fusions(recorder, fused_program)
         return fused_program
 
-    def _structure_change(self, site: Any, step: int, nodes: list, in_specs: tuple, graph: PendingGraph, recorder: Any,
+    def _structure_change(self, site: Any, step: int, nodes: list, called_names: tuple[str, ...], in_specs: tuple, graph: PendingGraph, recorder: Any,
                           by_length: tuple[str, str] | None) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, with the
         first op that reads a program input whose shape or dtype changed, else the data-dependent
         lengths that changed (`by_length`), else the first op where it differs from the earlier graph
-        most like it (`flush_sites`). A site's graphs in its first step are first compiles, but for
-        new data-dependent lengths."""
+        most like it (`flush_sites`), naming ops as the user called them (`called_names`, per node). A
+        site's graphs in its first step are first compiles, but for new data-dependent lengths."""
         old = self.flush_sites.counterpart(site, step, nodes)
         if old is None:
             return by_length or ("first", None)
@@ -454,12 +455,12 @@ class DeferredExecutor:
                     return "recompile", f"{op}: non-tensor arguments {key_change(old_plan.structure_key, plan.structure_key)}"
                 if plan.op_name == old_plan.op_name:
                     return "recompile", f"{op}: reads other values (inputs wired differently)"
-                return "recompile", f"structure change at op {_op_count(nodes[:index])}{where}: {_called_name(old, index)} -> {_called_name_in(graph, nodes, index)}"
+                return "recompile", f"structure change at op {_op_count(nodes[:index])}{where}: {old.op_names[index]} -> {called_names[index]}"
         shared = min(len(nodes), len(old_nodes))
         if len(nodes) > shared:
-            return "recompile", f"structure change at op {_op_count(nodes[:shared])}{_location(graph, recorder, shared)}: {_called_name_in(graph, nodes, shared)} added ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
+            return "recompile", f"structure change at op {_op_count(nodes[:shared])}{_location(graph, recorder, shared)}: {called_names[shared]} added ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
         if len(old_nodes) > shared:
-            return "recompile", f"structure change at op {_op_count(old_nodes[:shared])}: {_called_name(old, shared)} and what followed it left out ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
+            return "recompile", f"structure change at op {_op_count(old_nodes[:shared])}: {old.op_names[shared]} and what followed it left out ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
         return "recompile", f"same {_op_count(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
@@ -544,11 +545,6 @@ def _called_name_in(graph: PendingGraph, nodes: Sequence[tuple[Plan, tuple]], in
 def _called_names(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph) -> tuple[str, ...]:
     """`_called_name_in` of every node, kept with a flushed graph for a later graph's diff."""
     return tuple(_called_name_in(graph, nodes, index) for index in range(len(nodes)))
-
-
-def _called_name(old: FlushedGraph, index: int) -> str:
-    """The op the user called at node `index` of an earlier graph (its plan's name if unknown)."""
-    return old.op_names[index] if index < len(old.op_names) else old.nodes[index][0].op_name
 
 
 def _location(graph: PendingGraph, recorder: Any, index: int) -> str:

@@ -25,7 +25,7 @@ class FlushedGraph:
 
     nodes: Nodes
     in_specs: tuple
-    op_names: tuple[str, ...] = ()
+    op_names: tuple[str, ...]
 
 
 class FlushSites:

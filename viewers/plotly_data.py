@@ -25,7 +25,7 @@ from tputrace.analysis.context import steady
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.padding import pad_product
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family, parse_specs
-from tputrace.store.aggregates import RECOMPILE, TimeSplit, compile_total_ns, compile_wall_ns
+from tputrace.store.aggregates import RECOMPILE, TimeSplit, compile_total_ns, merged_ns
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
@@ -648,18 +648,23 @@ def prepare_recompilations(
         ))
     points.sort(key=lambda point: point.start_ns)
     site_counts: dict[str, list[int]] = {}
-    wall_ns: dict[int | None, int] = {}  # per frame, nested compiles once per rank, summed over ranks
-    for (_, frame_key), ns in compile_wall_ns(trace, by="frame").items():
-        frame_id = None if frame_key == -1 else frame_key
-        wall_ns[frame_id] = wall_ns.get(frame_id, 0) + ns
+    labels: dict[int | None, str] = {}
     for frame_id, count, recompiles in trace.sql(
         f"SELECT frame_id, COUNT(*), SUM({RECOMPILE}) FROM compiles GROUP BY frame_id"
     ):
-        site = _site_label(trace.frame(frame_id))
+        site = labels[frame_id] = _site_label(trace.frame(frame_id))
         previous = site_counts.setdefault(site, [0, 0, 0])
         previous[0] += count
         previous[1] += recompiles or 0
-        previous[2] += wall_ns.get(frame_id, 0)
+    # A site's compile time: per rank, the union of its compiles' intervals (nested or overlapping
+    # compiles, of one call or of several calls on its line, count each instant once), summed over ranks.
+    intervals: dict[tuple[str, int], list[tuple[int, int]]] = defaultdict(list)
+    for rank, frame_id, start_ns, end_ns in trace.sql(
+        "SELECT rank, frame_id, start_ns, start_ns + COALESCE(dur_ns, 0) FROM compiles ORDER BY start_ns"
+    ):
+        intervals[labels[frame_id], rank].append((start_ns, end_ns))
+    for (site, _), site_intervals in intervals.items():
+        site_counts[site][2] += merged_ns(site_intervals)
     sites = sorted(site_counts, key=lambda site: (-site_counts[site][0], site))
     storms = _storms(analysis)
     varying = _storm_dims(storms)

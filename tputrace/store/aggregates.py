@@ -270,14 +270,14 @@ def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:
     return total_ns + (span[1] - span[0] if span is not None else 0)
 
 
-CompileGrouping = Literal["rank", "step", "frame"]
-_COMPILE_GROUP_COLUMNS: dict[str, str] = {"rank": "0", "step": "step", "frame": "COALESCE(frame_id, -1)"}
+CompileGrouping = Literal["rank", "step"]
+_COMPILE_GROUP_COLUMNS: dict[str, str] = {"rank": "0", "step": "step"}
 
 
 def compile_wall_ns(
     trace: Trace, *, rank: int | None = None, condition: str = "1", by: CompileGrouping = "rank"
 ) -> dict[tuple[int, int], int]:
-    """Wall time spent compiling per (rank, 0), (rank, step) or (rank, frame id; -1 for none): the union
+    """Wall time spent compiling per (rank, 0) or (rank, step): the union
     of the intervals of the `compiles` rows matching the SQL `condition`, so nested or overlapping
     compiles (a Dynamo frame's AOTAutograd and XLA compiles) count each instant once."""
     where, params = _rank_filter(rank, prefix="AND ")
