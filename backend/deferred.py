@@ -44,6 +44,13 @@ _SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
 _SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
 _SCALAR_WEAK = (True, True, False, True)
 _GRAPH_ONLY_REFS = 3
+# Ops whose result reads only its inputs' shapes and dtypes (a functional `zero_`/`fill_` overwrites
+# its input): an optimizer's first step makes its state with them (see `DeferredExecutor.creating_state`).
+NEW_VALUE_OPS = frozenset({
+    "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default", "aten.empty_like.default",
+    "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default",
+    "aten.zero.default", "aten.fill.Scalar", "aten.arange.default", "aten.arange.start", "aten.arange.start_step",
+})
 
 
 class LazyValue:
@@ -131,6 +138,8 @@ class DeferredExecutor:
         self.flush_sites = FlushSites()
         self._timings: queue.SimpleQueue | None = None
         self.held: list[Sequence[Any]] = []  # values ops hold between runs (see `holding`)
+        # Per chip, the graph of an optimizer's new state while its first step runs (`creating_state`).
+        self.state_graphs: dict[int, PendingGraph] | None = None
 
     # ----------------------------------------------------------------- Executor protocol
     def prepare(self, plan: Plan, dynamic: Sequence[Any]) -> None:
@@ -141,8 +150,11 @@ class DeferredExecutor:
         lock = self.lock
         lock.acquire()  # not `with`: every recorded op pays for the block
         try:
-            graph = self.graphs.get(plan.chip)
-            if graph is None:
+            state_graphs = self.state_graphs
+            graph = None if state_graphs is None else self._state_graph(state_graphs, plan, dynamic)
+            if graph is not None:
+                pass
+            elif (graph := self.graphs.get(plan.chip)) is None:
                 graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
             elif len(graph.nodes) >= self.size_cap and plan.op_name != VIEW_READ:
                 # Not at a view read: its value goes to an op not recorded yet. This op's pending
@@ -250,14 +262,61 @@ class DeferredExecutor:
     def flush(self, trigger: str) -> None:
         """Run every chip's pending graph."""
         with self.lock:
+            if self.state_graphs:
+                self._flush_state_graphs()
             for graph in list(self.graphs.values()):
                 if graph.nodes:
                     self.flush_graph(graph, trigger)
+
+    def creating_state(self) -> None:
+        """An optimizer takes its first step: the state it makes (zeros, fills) is recorded into a graph
+        of its own and run before the update reads it. The update's graph then reads the state as
+        inputs, as every later step's does, and the second step compiles nothing new."""
+        with self.lock:
+            self.state_graphs = {}
+
+    def state_created(self) -> None:
+        """The optimizer's first step ended (or another step boundary came): new values go with the rest."""
+        with self.lock:
+            if self.state_graphs:
+                self._flush_state_graphs()
+            self.state_graphs = None
+
+    def _state_graph(self, state_graphs: dict[int, PendingGraph], plan: Plan, dynamic: Sequence[Any]) -> PendingGraph | None:
+        """While state is made: the state graph for an op that makes a new value from inputs that it
+        can read apart from the pending graph; None for any other op, which first runs the state made."""
+        if plan.op_name not in NEW_VALUE_OPS:
+            if state_graphs:
+                self._flush_state_graphs()
+            return None
+        graph = state_graphs.get(plan.chip)
+        if graph is None or graph.flushed:
+            graph = state_graphs[plan.chip] = PendingGraph(plan.chip)
+        pending = self.graphs.get(plan.chip)
+        for value in dynamic:
+            if type(value) is LazyValue:
+                if value.concrete is None:
+                    if value.graph is not graph:
+                        return None  # made by the pending graph: reading it here would run that graph
+                    continue
+                value = value.concrete
+            if pending is not None and id(value) in pending.input_refs:
+                return None  # an input of the pending graph, which the state graph could donate
+        return graph
+
+    def _flush_state_graphs(self) -> None:
+        state_graphs = self.state_graphs
+        for graph in list(state_graphs.values()):
+            if not graph.flushed and graph.nodes:
+                self.flush_graph(graph, "optimizer_state")
+        state_graphs.clear()
 
     def mark_backward(self) -> None:
         """A backward pass starts: what it reads of the ops recorded before it becomes a fence in the
         program (`_saved_values`), so XLA keeps what autograd saved and no more."""
         with self.lock:
+            if self.state_graphs is not None:
+                self.state_created()
             for graph in self.graphs.values():
                 if graph.backward_from is None and graph.nodes:
                     graph.backward_from = len(graph.nodes)

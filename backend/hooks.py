@@ -8,7 +8,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 _removable: list[Any] = []
 _original_record_function: tuple[Any, Any] | None = None
@@ -17,10 +17,11 @@ _installed = False
 
 def install() -> None:
     """Hooks the backend always needs, recording or not: flush deferred work at optimizer steps and at
-    the end of each backward pass."""
+    the end of each backward pass, and make an optimizer's state apart from its first update."""
     global _installed
     if _installed:
         return
+    register_optimizer_step_pre_hook(_before_optimizer_step)
     register_optimizer_step_post_hook(_after_optimizer_step)
     torch.autograd._engine_run_backward = _backward_boundary(torch.autograd._engine_run_backward)
     _installed = True
@@ -46,9 +47,34 @@ def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
+    """A step that will make state for a parameter (an optimizer's first) records that state apart
+    (DeferAndFuse), so that the update's program is the one every later step runs."""
+    from tputrace.backend.dispatch import dispatcher
+
+    creating_state = getattr(dispatcher.executor, "creating_state", None)
+    if creating_state is not None and _steps_tpu_params(optimizer) and _makes_state(optimizer):
+        creating_state()
+
+
+def _makes_state(optimizer: Any) -> bool:
+    """Whether a parameter with a gradient has no optimizer state yet."""
+    state = optimizer.state
+    for group in optimizer.param_groups:
+        for param in group["params"]:
+            if param.grad is not None and not state.get(param):
+                return True
+    return False
+
+
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     from tputrace import recorder
 
+    from tputrace.backend.dispatch import dispatcher
+
+    state_created = getattr(dispatcher.executor, "state_created", None)
+    if state_created is not None:
+        state_created()
     if not _steps_tpu_params(optimizer):
         return
     flush_pending("step")

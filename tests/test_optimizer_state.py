@@ -1,0 +1,116 @@
+"""An optimizer's first step in DeferAndFuse: the state it makes (zeros, fills) runs as a program of its
+own before its update reads it, so the update's program is the one every later step runs and the
+second step compiles nothing. Values match the same loop on the CPU, including an op that overwrites a
+value the pending graph still reads."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import tputrace
+from backend_helpers import eager, host
+from tputrace.backend.device_module import EagerMode
+from tputrace.backend.dispatch import dispatcher
+
+STEPS = 4
+
+
+class RunningTotal(torch.optim.Optimizer):
+    """Keeps a running total of each parameter, then overwrites the parameter: `zero_` of a value the
+    pending graph reads stays in that graph, as in every later step (recorded apart, it would make the
+    first step's update a program of its own, and donate a value the pending graph still reads)."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, {})
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        for group in self.param_groups:
+            for param in group["params"]:
+                state = self.state[param]
+                if not state:
+                    state["total"] = torch.zeros_like(param)
+                state["total"].add_(param)
+                param.zero_()
+                param.add_(state["total"] * 0.1 - param.grad)
+
+
+def _two_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
+    weights = [param for param in model.parameters() if param.ndim == 2]
+    biases = [param for param in model.parameters() if param.ndim == 1]
+    return [{"params": weights, "weight_decay": 0.1}, {"params": biases, "weight_decay": 0.0}]
+
+
+# Each case has shapes of its own, so that no program an earlier test compiled is found in the cache.
+CASES: dict[str, tuple[tuple[int, int, int], Callable[[torch.nn.Module], torch.optim.Optimizer], bool]] = {
+    "AdamW-clip": ((5, 11, 3), lambda model: torch.optim.AdamW(model.parameters(), lr=1e-2), True),
+    "Adam-two-groups": ((6, 13, 2), lambda model: torch.optim.Adam(_two_groups(model), lr=1e-2), False),
+    "RMSprop-centered-momentum": ((7, 9, 4), lambda model: torch.optim.RMSprop(model.parameters(), lr=1e-2, centered=True, momentum=0.9), False),
+    "RunningTotal": ((3, 10, 5), lambda model: RunningTotal(model.parameters()), False),
+}
+
+
+def _train(name: str, device: str, after_step: Callable[[], None]) -> list[torch.Tensor]:
+    (n_in, n_hidden, n_out), make_optimizer, clip = CASES[name]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(n_in, n_hidden), torch.nn.Tanh(), torch.nn.Linear(n_hidden, n_out)).to(device)
+    optimizer = make_optimizer(model)
+    generator = torch.Generator().manual_seed(1)
+    for _ in range(STEPS):
+        inputs, targets = torch.randn(8, n_in, generator=generator), torch.randn(8, n_out, generator=generator)
+        optimizer.zero_grad()
+        torch.nn.functional.mse_loss(model(inputs.to(device)), targets.to(device)).backward()
+        if clip:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 0.5)
+        optimizer.step()
+        after_step()
+    return [host(param) for param in model.parameters()]
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_the_second_step_compiles_nothing_and_values_match_the_cpu(name: str) -> None:
+    expected = _train(name, "cpu", lambda: None)
+    with eager(EagerMode.DEFER_AND_FUSE):
+        programs = dispatcher.executor.programs
+        programs_after_step: list[int] = []
+        result = _train(name, "tpu", lambda: programs_after_step.append(len(programs)))
+    for got, want in zip(result, expected):
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-5), (got - want).abs().max()
+    new_programs = [after - before for before, after in zip(programs_after_step, programs_after_step[1:])]
+    assert new_programs == [0] * (STEPS - 1)
+
+
+def test_the_trace_shows_the_state_flush_at_the_step_line_and_no_recompile(tmp_path: Path) -> None:
+    script = tmp_path / "script.py"
+    script.write_text(
+        "import torch\n"
+        "torch.manual_seed(0)\n"
+        "model = torch.nn.Linear(4, 3).to('tpu')\n"
+        "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
+        "for _ in range(3):\n"
+        "    model(torch.randn(2, 4).to('tpu')).square().sum().backward()\n"
+        "    optimizer.step()\n"
+        "    optimizer.zero_grad()\n"
+    )
+    trace_path = tmp_path / "script.tptrace"
+    run = "import sys; from tputrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
+    result = subprocess.run(
+        [sys.executable, "-c", run, "run", "--no-summary", "-o", str(trace_path), str(script)], capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    with tputrace.open(trace_path) as trace:
+        flushes = [(flush.step, flush.trigger, flush.source.line, flush.cache_hit) for flush in trace.records("flushes", order_by="start_ns")]
+        reasons = [compile.reason for compile in trace.records("compiles", order_by="start_ns")]
+    assert flushes == [
+        (0, "backward_end", 6, False), (0, "optimizer_state", 7, False), (0, "step", 7, False),
+        (1, "backward_end", 6, True), (1, "step", 7, True),
+        (2, "backward_end", 6, True), (2, "step", 7, True),
+    ]
+    assert reasons == ["first", "first", "first"]
