@@ -5,7 +5,8 @@ whether it is gone after the fix, and the step time before/after.
                              [--platform gpu --scale K]
 
 Step time is the loop's time per step after two warm-up steps (the first compiles the step, the
-second the optimizer's update once its state exists): from the start of step 2 to the end of the
+second what its first run could not share, e.g. momentum buffers an optimizer fills in its first
+update): from the start of step 2 to the end of the
 loop's last step, over the steps from 2 on. The loop ends when its last step has ended on the host
 and every program launched in the loop has finished on the chip, so work the chip finishes after the
 host has moved on (an asynchronous step) is counted, and the script's epilogue after the loop (reading
