@@ -23,6 +23,7 @@ def install() -> None:
         return
     register_optimizer_step_pre_hook(_before_optimizer_step)
     register_optimizer_step_post_hook(_after_optimizer_step)
+    torch.optim.Optimizer.__init__ = _setup_boundary(torch.optim.Optimizer.__init__)
     torch.autograd._engine_run_backward = _backward_boundary(torch.autograd._engine_run_backward)
     _installed = True
 
@@ -43,6 +44,20 @@ def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
         result = run_backward(outputs, *args, **kwargs)
         flush_pending("backward_end")
         return result
+
+    return run
+
+
+def _setup_boundary(init: Callable[..., None]) -> Callable[..., None]:
+    """An optimizer made for tpu parameters ends the set-up: the work still pending (a model made on
+    the device, its weights initialised there) runs then, and not inside the first step's program,
+    which the second step, without it, would compile again."""
+
+    @functools.wraps(init)
+    def run(optimizer: Any, *args: Any, **kwargs: Any) -> None:
+        init(optimizer, *args, **kwargs)
+        if _steps_tpu_params(optimizer):
+            flush_pending("optimizer_init")
 
     return run
 

@@ -1,6 +1,7 @@
-"""An optimizer's first step in DeferAndFuse: the state it makes (zeros, fills) runs as a program of its
-own before its update reads it, so the update's program is the one every later step runs and the
-second step compiles nothing. Values match the same loop on the CPU, including an op that overwrites a
+"""Optimizers in DeferAndFuse: making one runs the set-up still pending (a model made on the device),
+and its first step runs the state it makes (zeros, fills) as a program of its own before its update
+reads it, so the first step's programs are the ones every later step runs and the second step
+compiles nothing. Values match the same loop on the CPU, including an op that overwrites a
 value the pending graph still reads."""
 
 from __future__ import annotations
@@ -87,12 +88,15 @@ def test_the_second_step_compiles_nothing_and_values_match_the_cpu(name: str) ->
     assert new_programs == [0] * (STEPS - 1)
 
 
-def test_the_trace_shows_the_state_flush_at_the_step_line_and_no_recompile(tmp_path: Path) -> None:
+def test_the_trace_shows_the_set_up_and_state_flushes_and_no_recompile(tmp_path: Path) -> None:
+    """A model made on the device: its initialisation runs when the optimizer is made, not in the
+    first step's program."""
     script = tmp_path / "script.py"
     script.write_text(
         "import torch\n"
         "torch.manual_seed(0)\n"
-        "model = torch.nn.Linear(4, 3).to('tpu')\n"
+        "with torch.device('tpu'):\n"
+        "    model = torch.nn.Linear(4, 3)\n"
         "optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)\n"
         "for _ in range(3):\n"
         "    model(torch.randn(2, 4).to('tpu')).square().sum().backward()\n"
@@ -109,8 +113,9 @@ def test_the_trace_shows_the_state_flush_at_the_step_line_and_no_recompile(tmp_p
         flushes = [(flush.step, flush.trigger, flush.source.line, flush.cache_hit) for flush in trace.records("flushes", order_by="start_ns")]
         reasons = [compile.reason for compile in trace.records("compiles", order_by="start_ns")]
     assert flushes == [
-        (0, "backward_end", 6, False), (0, "optimizer_state", 7, False), (0, "step", 7, False),
-        (1, "backward_end", 6, True), (1, "step", 7, True),
-        (2, "backward_end", 6, True), (2, "step", 7, True),
+        (0, "optimizer_init", 5, False),
+        (0, "backward_end", 7, False), (0, "optimizer_state", 8, False), (0, "step", 8, False),
+        (1, "backward_end", 7, True), (1, "step", 8, True),
+        (2, "backward_end", 7, True), (2, "step", 8, True),
     ]
-    assert reasons == ["first", "first", "first"]
+    assert reasons == ["first"] * 4

@@ -212,12 +212,12 @@ FUSIONS = RecordKind(
 
 FLUSHES = RecordKind(
     "flushes",
-    "One row per DeferAndFuse flush: a pending graph run as one program. An optimizer's first step runs the state it makes (zeros, fills) as a flush of its own, `optimizer_state`, before its update reads it, so that the update's program is the one every later step runs.",
+    "One row per DeferAndFuse flush: a pending graph run as one program. Making an optimizer for tpu parameters flushes the set-up still pending (`optimizer_init`: a model made on the device) so that it is not part of the first step's program; an optimizer's first step runs the state it makes (zeros, fills) as a flush of its own, `optimizer_state`, before its update reads it, so that the update's program is the one every later step runs.",
     (
         _c("id", "INTEGER", "flush id"),
         _RANK,
         _c("program_id", "INTEGER", "program run", ref="programs"),
-        _c("trigger", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent, fallback, collective, size_cap, step, backward_end, optimizer_state, exit, explicit, value_check, transfer, compiled_graph"),
+        _c("trigger", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent, fallback, collective, size_cap, step, backward_end, optimizer_init, optimizer_state, exit, explicit, value_check, transfer, compiled_graph"),
         _FRAME,
         _c("n_ops", "INTEGER", "ops in the flushed graph: its `ops` rows (view reads, which have none, not counted)"),
         _c("cache_hit", "INTEGER", "1 when the program came from the cache"),

@@ -20,7 +20,7 @@ from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.summary import format_ns
 
 NAME = "fusion"
-NATURAL_TRIGGERS = ("step", "backward_end", "exit", "explicit", "optimizer_state")
+NATURAL_TRIGGERS = ("step", "backward_end", "exit", "explicit", "optimizer_init", "optimizer_state")
 OWNED_ELSEWHERE = ("fallback",)
 MIN_CUTS_PER_STEP = 3.0
 
