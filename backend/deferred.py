@@ -484,7 +484,8 @@ class DeferredExecutor:
     def _structure_change(self, site: Any, step: int, nodes: list, called_names: tuple[str, ...], in_specs: tuple, graph: PendingGraph, recorder: Any,
                           by_length: tuple[str, str] | None) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, with the
-        first op that reads a program input whose shape or dtype changed, else the data-dependent
+        first op that reads a program input whose shape or dtype changed (when both graphs run the same
+        ops: where ops were added or left out, the inputs shift), else the data-dependent
         lengths that changed (`by_length`), else the first op where it differs from the earlier graph
         most like it (`flush_sites`), naming ops as the user called them (`called_names`, per node). A
         site's graphs in its first step are first compiles, but for new data-dependent lengths."""
@@ -492,7 +493,8 @@ class DeferredExecutor:
         if old is None:
             return by_length or ("first", None)
         old_nodes = old.nodes
-        by_input = _changed_input_reader(nodes, old.in_specs, in_specs)
+        same_ops = len(nodes) == len(old_nodes) and all(plan.op_name == old_plan.op_name for (plan, _), (old_plan, _) in zip(nodes, old_nodes))
+        by_input = _changed_input_reader(nodes, old.in_specs, in_specs) if same_ops else None
         if by_input is not None:
             index, position, changed = by_input
             change = signature_diff(old.in_specs[changed:changed + 1], in_specs[changed:changed + 1], [f"arg {position}"])

@@ -150,3 +150,18 @@ def test_autograd_backward_and_grad_end_their_pass_with_a_flush(tmp_path: Path) 
     with tputrace.open(trace_path) as trace:
         flushes = [(flush.trigger, flush.source.line) for flush in trace.records("flushes", order_by="start_ns")]
     assert flushes == [("backward_end", 4), ("backward_end", 5), ("backward_end", 6)]
+
+
+def test_set_up_ops_left_out_of_a_graph_are_a_structure_change_not_a_shifted_input(tmp_path: Path) -> None:
+    """The first step's graph begins with the weights' initialisation on the device (no optimizer
+    flushes it); the second's does not. Its inputs shift, so they are not compared one by one."""
+    trace_path = _run(tmp_path, (
+        "import torch, tputrace\n"
+        "with torch.device('tpu'):\n"
+        "    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))\n"
+        "for _ in range(3):\n"
+        "    model(torch.randn(8, 16).to('tpu')).square().mean().backward()\n"
+        "    tputrace.step()\n"
+    ))
+    [(_, diff)] = _recompiles(trace_path)
+    assert diff.startswith("structure change at op 0 (script.py:5): aten.uniform_.default -> "), diff
