@@ -152,16 +152,16 @@ class DeferredExecutor:
         try:
             state_graphs = self.state_graphs
             graph = None if state_graphs is None else self._state_graph(state_graphs, plan, dynamic)
-            if graph is not None:
-                pass
-            elif (graph := self.graphs.get(plan.chip)) is None:
-                graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
-            elif len(graph.nodes) >= self.size_cap and plan.op_name != VIEW_READ:
-                # Not at a view read: its value goes to an op not recorded yet. This op's pending
-                # inputs become outputs, as a view's value is in no buffer.
-                pending = [value for value in dynamic if type(value) is LazyValue and value.graph is graph]
-                self.flush_graph(graph, "size_cap", extra=pending)
-                graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
+            if graph is None:
+                graph = self.graphs.get(plan.chip)
+                if graph is None:
+                    graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
+                elif len(graph.nodes) >= self.size_cap and plan.op_name != VIEW_READ:
+                    # Not at a view read: its value goes to an op not recorded yet. This op's pending
+                    # inputs become outputs, as a view's value is in no buffer.
+                    pending = [value for value in dynamic if type(value) is LazyValue and value.graph is graph]
+                    self.flush_graph(graph, "size_cap", extra=pending)
+                    graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
             input_refs = graph.input_refs
             refs = []
             for value in dynamic:
