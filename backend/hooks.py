@@ -87,11 +87,11 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
 
     from tputrace.backend.dispatch import dispatcher
 
+    if not _steps_tpu_params(optimizer):
+        return
     state_created = getattr(dispatcher.executor, "state_created", None)
     if state_created is not None:
         state_created()
-    if not _steps_tpu_params(optimizer):
-        return
     flush_pending("step")
     recorder.optimizer_stepped()
 
