@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +14,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 _removable: list[Any] = []
 _original_record_function: tuple[Any, Any] | None = None
 _installed = False
+_constructors = threading.local()  # `depth`: optimizer constructors running on this thread
 
 
 def install() -> None:
@@ -23,7 +25,8 @@ def install() -> None:
         return
     register_optimizer_step_pre_hook(_before_optimizer_step)
     register_optimizer_step_post_hook(_after_optimizer_step)
-    torch.optim.Optimizer.__init__ = _setup_boundary(torch.optim.Optimizer.__init__)
+    _bound_constructors(torch.optim.Optimizer)
+    torch.optim.Optimizer.__init_subclass__ = classmethod(_subclass_made)
     torch.autograd._engine_run_backward = _backward_boundary(torch.autograd._engine_run_backward)
     _installed = True
 
@@ -48,17 +51,43 @@ def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
+def _bound_constructors(optimizer_class: type) -> None:
+    """Make the constructors of `optimizer_class` and its subclasses defined so far set-up boundaries."""
+    _bound_constructor(optimizer_class)
+    for subclass in optimizer_class.__subclasses__():
+        _bound_constructors(subclass)
+
+
+def _subclass_made(optimizer_class: type, **kwargs: Any) -> None:
+    """`Optimizer.__init_subclass__`: an optimizer class defined later gets the boundary too."""
+    super(torch.optim.Optimizer, optimizer_class).__init_subclass__(**kwargs)
+    _bound_constructor(optimizer_class)
+
+
+def _bound_constructor(optimizer_class: type) -> None:
+    init = optimizer_class.__dict__.get("__init__")
+    if init is not None and not getattr(init, "_tputrace_setup_boundary", False):
+        optimizer_class.__init__ = _setup_boundary(init)
+
+
 def _setup_boundary(init: Callable[..., None]) -> Callable[..., None]:
-    """An optimizer made for tpu parameters ends the set-up: the work still pending (a model made on
-    the device, its weights initialised there) runs then, and not inside the first step's program,
-    which the second step, without it, would compile again."""
+    """An optimizer made for tpu parameters ends the set-up: when its outermost constructor returns,
+    the work still pending (a model made on the device, its weights initialised there, and state the
+    constructor made, as Adagrad's sums) runs, and not inside the first step's program, which the
+    second step, without it, would compile again."""
 
     @functools.wraps(init)
     def run(optimizer: Any, *args: Any, **kwargs: Any) -> None:
-        init(optimizer, *args, **kwargs)
-        if _steps_tpu_params(optimizer):
+        depth = getattr(_constructors, "depth", 0)
+        _constructors.depth = depth + 1
+        try:
+            init(optimizer, *args, **kwargs)
+        finally:
+            _constructors.depth = depth
+        if depth == 0 and _steps_tpu_params(optimizer):
             flush_pending("optimizer_init")
 
+    run._tputrace_setup_boundary = True  # type: ignore[attr-defined]
     return run
 
 

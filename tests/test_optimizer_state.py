@@ -1,5 +1,5 @@
-"""Optimizers in DeferAndFuse: making one runs the set-up still pending (a model made on the device),
-and its first step runs the state it makes (zeros, fills) as a program of its own before its update
+"""Optimizers in DeferAndFuse: making one runs the set-up still pending (a model made on the device,
+state its constructor made), and its first step runs the state it makes (zeros, fills) as a program of its own before its update
 reads it, so the first step's programs are the ones every later step runs and the second step
 compiles nothing. Values match the same loop on the CPU, including an op that overwrites a
 value the pending graph still reads."""
@@ -43,6 +43,27 @@ class RunningTotal(torch.optim.Optimizer):
                 param.add_(state["total"] * 0.1 - param.grad)
 
 
+class HeavyBall(torch.optim.Adagrad):
+    """Momentum buffers made in the constructor, as Adagrad makes its sums, in a class defined after
+    the backend was imported, whose constructor wraps Adagrad's: the state both make runs when the
+    outer constructor returns, not inside the first step's forward program."""
+
+    def __init__(self, params: Any) -> None:
+        super().__init__(params, lr=1e-2)
+        for group in self.param_groups:
+            for param in group["params"]:
+                self.state[param]["velocity"] = torch.zeros_like(param)
+
+    @torch.no_grad()
+    def step(self, closure: Any = None) -> None:
+        super().step()
+        for group in self.param_groups:
+            for param in group["params"]:
+                velocity = self.state[param]["velocity"]
+                velocity.mul_(0.9).add_(param.grad)
+                param.sub_(velocity, alpha=1e-2)
+
+
 def _two_groups(model: torch.nn.Module) -> list[dict[str, Any]]:
     weights = [param for param in model.parameters() if param.ndim == 2]
     biases = [param for param in model.parameters() if param.ndim == 1]
@@ -55,6 +76,8 @@ CASES: dict[str, tuple[tuple[int, int, int], Callable[[torch.nn.Module], torch.o
     "Adam-two-groups": ((6, 13, 2), lambda model: torch.optim.Adam(_two_groups(model), lr=1e-2), False),
     "RMSprop-centered-momentum": ((7, 9, 4), lambda model: torch.optim.RMSprop(model.parameters(), lr=1e-2, centered=True, momentum=0.9), False),
     "RunningTotal": ((3, 10, 5), lambda model: RunningTotal(model.parameters()), False),
+    "HeavyBall": ((2, 14, 3), lambda model: HeavyBall(model.parameters()), False),
+    "Adagrad": ((4, 12, 6), lambda model: torch.optim.Adagrad(model.parameters(), lr=1e-2, initial_accumulator_value=0.1), False),
 }
 
 

@@ -212,7 +212,7 @@ FUSIONS = RecordKind(
 
 FLUSHES = RecordKind(
     "flushes",
-    "One row per DeferAndFuse flush: a pending graph run as one program. Making an optimizer for tpu parameters flushes the set-up still pending (`optimizer_init`: a model made on the device) so that it is not part of the first step's program; an optimizer's first step runs the state it makes (zeros, fills) as a flush of its own, `optimizer_state`, before its update reads it, so that the update's program is the one every later step runs.",
+    "One row per DeferAndFuse flush: a pending graph run as one program. Making an optimizer for tpu parameters flushes the set-up still pending when its constructor returns (`optimizer_init`: a model made on the device, state the constructor made) so that it is not part of the first step's program; an optimizer's first step runs the state it makes (zeros, fills) as a flush of its own, `optimizer_state`, before its update reads it, so that the update's program is the one every later step runs.",
     (
         _c("id", "INTEGER", "flush id"),
         _RANK,
