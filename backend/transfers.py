@@ -3,6 +3,7 @@ lacks, travel as their bit patterns)."""
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import jax
@@ -44,7 +45,16 @@ def array_to_torch(array: Any, dtype: torch.dtype, leading: tuple[int, int] | No
         data = data[(slice(None),) * dim + (slice(0, length),)]
     pattern = _BIT_PATTERNS.get(dtype)
     if pattern is not None:
-        return torch.from_numpy(np.array(data.view(pattern[1]))).view(dtype)
+        return _owned_copy(data.view(pattern[1])).view(dtype)
     if data.dtype != to_jax(dtype):
         data = data.astype(to_jax(dtype))
-    return torch.from_numpy(np.array(data, copy=True))
+    return _owned_copy(data)
+
+
+def _owned_copy(data: np.ndarray) -> torch.Tensor:
+    """A copy of `data` in storage of torch's own, resizable as a CPU tensor's is (a tensor over a
+    NumPy array's memory is not)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # the chip's read-only buffer, only read here
+        source = torch.from_numpy(data)
+    return torch.empty(source.shape, dtype=source.dtype).copy_(source)

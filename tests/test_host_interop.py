@@ -103,3 +103,16 @@ def test_a_host_tensor_copied_to_the_chip_can_still_be_resized(mode: EagerMode, 
         source.add_(1)
         assert host(on_chip).tolist() == list(range(6))
     assert source.tolist() == [[3.0] * 3] * 2
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int64])
+def test_a_chip_tensor_copied_to_the_host_can_be_resized(mode: EagerMode, dtype: torch.dtype) -> None:
+    """`.cpu()` gives a tensor with storage of torch's own: `resize_` and `out=` grow it as on the CPU."""
+    with eager(mode):
+        copied = torch.arange(6, dtype=dtype, device="tpu").cpu()
+        grown = torch.arange(4, dtype=dtype, device="tpu").cpu()
+    copied.resize_(2, 4)
+    assert copied.flatten()[:6].tolist() == list(range(6))
+    torch.mul(torch.ones(3, 3, dtype=dtype), 2, out=grown.resize_(0))
+    assert grown.tolist() == [[2] * 3] * 3
