@@ -370,6 +370,16 @@ _RANDPERM_PRECISION: dict[torch.dtype, tuple[int, str]] = {
 }
 
 
+def _check_dropout_dtype(args: Sequence[Any], kwargs: dict) -> None:
+    """`F.dropout` of a complex tensor in training: the CPU's dropout draws its mask with `bernoulli_`,
+    which has no complex form (nor has CUDA's fused kernel), so it raises; torch sends a device's
+    dropout to `native_dropout`, whose lowering would compute it."""
+    tensor = args[0] if args else kwargs["input"]
+    train = args[2] if len(args) > 2 else kwargs.get("train")
+    if tensor.dtype.is_complex and train is not False and tensor.numel() > 0:
+        torch.empty(1, dtype=tensor.dtype).bernoulli_(0.5)  # raises the CPU's "bernoulli_scalar_cpu_" not implemented for 'ComplexFloat'
+
+
 def _check_randperm(args: Sequence[Any], kwargs: dict) -> None:
     """torch's refusals of `randperm(n, dtype=...)`, which its meta kernel does not make: a dtype its
     kernel has no form for (bool, complex), an `n - 1` the integer dtype cannot hold, and an `n` past
@@ -478,6 +488,7 @@ _VALUE_CHECKS: dict[Any, Callable[[Sequence[Any], dict], None]] = {
     aten.histc.default: _check_histc_arguments,
     aten.nanmedian.dim: _check_median_dim,
     **_fits_checks(),
+    aten.native_dropout.default: _check_dropout_dtype,
     aten.randperm.default: _check_randperm,
     aten.randperm.generator: _check_randperm,
     aten.randperm.out: _check_randperm,

@@ -61,6 +61,7 @@ REFUSED: dict[str, Callable[[str], object]] = {
     "layer_norm of integers": lambda d: F.layer_norm(torch.arange(4, device=d).view(1, 4), (4,)),
     "one_hot of floats": lambda d: F.one_hot(torch.ones(3, device=d)),
     "max_pool1d of integers": lambda d: F.max_pool1d(torch.arange(12, device=d).view(1, 3, 4), 2),
+    "dropout of complex numbers": lambda d: F.dropout(torch.ones(3, dtype=torch.complex64, device=d), 0.5),
     "max_pool1d of bools": lambda d: F.max_pool1d(torch.ones(3, 4, dtype=torch.bool, device=d), 2),
     # Python numbers an integer dtype cannot hold
     "uint8 fill_ 300": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(300),
@@ -96,6 +97,7 @@ ACCEPTED: dict[str, Callable[[str], torch.Tensor]] = {
     "cumsum of bools": lambda d: torch.ones(3, dtype=torch.bool, device=d).cumsum(0),
     "in-place add of integers": lambda d: torch.arange(3, device=d).add_(torch.arange(3, device=d)),
     "max_pool1d of integers with indices": lambda d: F.max_pool1d(torch.arange(12, device=d).view(1, 3, 4), 2, return_indices=True)[0],
+    "dropout of complex numbers outside training": lambda d: F.dropout(torch.ones(3, dtype=torch.complex64, device=d), 0.5, training=False),
     "max_pool1d of floats": lambda d: F.max_pool1d(torch.arange(12.0, device=d).view(1, 3, 4), 3, 2, 1),
     # a meta kernel that refuses (no output size) where the host accepts: the op still runs
     "repeat_interleave by a tensor": lambda d: torch.repeat_interleave(torch.tensor([1.0, 2.0], device=d), torch.tensor([2, 1], device=d)),
