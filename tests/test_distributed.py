@@ -770,6 +770,33 @@ def test_a_rank_killed_with_sigkill(tmp_path: Path) -> None:
         assert merge_info(trace)["died_ranks"] == {"1": "killed by SIGKILL (signal 9)"}
 
 
+TIMEOUT_SCRIPT = r'''
+import datetime, time, torch, torch.distributed as dist
+import tputrace.backend  # noqa: F401
+dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=2))
+x = torch.ones(4, device="tpu")
+if dist.get_rank() == 0:
+    work = dist.all_reduce(x, async_op=True)
+    try:
+        work.wait()
+    except RuntimeError as error:
+        open("failed-work", "w").write(f"{work.is_completed()}|{work.is_success()}|{work.exception()!r}|{error!r}")
+else:
+    time.sleep(6)
+'''
+
+
+def test_a_collective_that_times_out_gives_its_error_to_wait_and_exception(tmp_path: Path) -> None:
+    """Rank 1 never joins the all_reduce: after the group's timeout rank 0's `wait()` raises, and the
+    work's `exception()` returns the same error (c10d's own Python work returned None)."""
+    script = tmp_path / "late.py"
+    script.write_text(TIMEOUT_SCRIPT)
+    result, _ = _run_ranks(tmp_path, script, mode="strict")
+    completed, success, exception, raised = (tmp_path / "failed-work").read_text().split("|")
+    assert (completed, success) == ("True", "False"), result.stderr[-3000:]
+    assert exception == raised and exception.startswith("CollectiveError('all_reduce on the tpu process group failed: ")
+
+
 # ================================================================= four ranks (slow)
 @pytest.mark.slow
 @pytest.mark.parametrize("example", ["ddp_train", "tp_train"])

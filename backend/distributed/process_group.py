@@ -312,7 +312,7 @@ class CollectiveWork(dist.Work):
     """The `Work` of one collective on a tpu process group: done when its results are back on the chip.
 
     `wait()` raises the transport's error (a peer that died, a timeout), which c10d's own
-    future-wrapping work does not; `get_future()` is what DDP's reducer chains on."""
+    future-wrapping work does not, and `exception()` returns it; `get_future()` is what DDP's reducer chains on."""
 
     def __init__(self, pending: _Pending, kind: str) -> None:
         super().__init__()
@@ -325,8 +325,22 @@ class CollectiveWork(dist.Work):
         try:
             self._future.wait()
         except RuntimeError as error:
-            raise CollectiveError(f"{self._kind} on the tpu process group failed: {_transport_message(error)}") from None
+            raise self._failure(error) from None
         return True
+
+    def exception(self) -> CollectiveError | None:
+        """The error a finished collective failed with, as `wait()` raises it; None while it runs or
+        once it succeeded."""
+        if not self._future.done():
+            return None
+        try:
+            self._future.value()
+        except Exception as error:  # noqa: BLE001 - the failure is the answer
+            return self._failure(error)
+        return None
+
+    def _failure(self, error: BaseException) -> CollectiveError:
+        return CollectiveError(f"{self._kind} on the tpu process group failed: {_transport_message(error)}")
 
     def is_completed(self) -> bool:
         return self._future.done()
