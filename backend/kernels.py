@@ -72,7 +72,8 @@ def local_scalar_dense(tensor):  # noqa: ANN001, ANN201
 
 # Factories that take no tensor: their kernels run the lowering registered with the other ops
 # (ops/factories.py, ops/random.py) on the chip, so `torch.arange(..., device="tpu")` and
-# `torch.arange(..., out=t)` compute alike. randperm draws from the chip's generator
+# `torch.arange(..., out=t)` compute alike. `scalar_tensor` (the value of `x[mask] = 1.5`) is one op
+# rather than torch's default, a host copy of an empty tensor and a `fill_`. randperm draws from the chip's generator
 # (torch.tpu.manual_seed) or the one passed as `generator=`, as rand and randint do.
 _DEVICE_FACTORIES = (
     "arange",
@@ -89,6 +90,7 @@ _DEVICE_FACTORIES = (
     "kaiser_window.beta",
     "randperm",
     "randperm.generator",
+    "scalar_tensor",
 )
 
 

@@ -25,6 +25,11 @@
 - `one_hot` runs torch's composite as it runs for a plain accelerator tensor, with its class-range
   asserts (`_assert_async`); the path torch takes for a tensor subclass leaves them out. In the
   default modes its class values are checked on the chip as an index op's are (`index_checks`).
+- `zeros_like`, `ones_like`, `full_like` and `empty_like` of a view run as `new_*` ops on the view's
+  whole buffer: they read only its shape and dtype, so the view's values are not computed for them
+  (a transposed weight gradient's, in an optimizer's first step; its state then records apart from
+  the update, `deferred.DeferredExecutor.creating_state`). A channels-last view keeps the op, whose
+  output takes its layout.
 - `max_pool1d` of a dtype torch's CPU kernel refuses (integers, bool) raises the CPU's error: torch's
   composite sends a non-CPU tensor to `max_pool1d_with_indices`, which the CPU takes for integers (as
   CUDA's kernel does), so only this route sees the dtype that the CPU's own `max_pool1d_impl` refuses.
@@ -37,7 +42,8 @@ from typing import Any
 import torch
 
 from tputrace.backend import arg_checks, index_checks
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.memory_formats import channels_last_format
+from tputrace.backend.tensor import ReleasedArray, TpuTensor, whole_buffer
 
 aten = torch.ops.aten
 
@@ -158,6 +164,42 @@ def _max_pool1d(*args: Any, **kwargs: Any) -> Any:
     return aten.max_pool1d.default.decompose(*args, **kwargs)
 
 
+_NEW_OF_LIKE = {
+    aten.zeros_like.default: aten.new_zeros.default,
+    aten.empty_like.default: aten.new_empty.default,
+    aten.ones_like.default: aten.new_ones.default,
+    aten.full_like.default: aten.new_full.default,
+}
+_PLAIN_LIKE_KEYWORDS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
+
+
+def _like_without_reading(op: Any, route: tuple[Any, Any]) -> Any:
+    """`op` (a `*_like`) of a view as its `new_*` op on the view's buffer; other calls take `route`."""
+    new_op = _NEW_OF_LIKE[op]
+    name = str(op)
+
+    def handler(args: tuple, kwargs: dict) -> Any:
+        tensor = args[0] if args else None
+        if type(tensor) is TpuTensor and tensor._view is not None and _plain_like(tensor, kwargs):
+            dispatcher = _dispatcher()
+            new_args = (whole_buffer(tensor), tuple(tensor.shape), *args[1:])
+            return dispatcher.compute(dispatcher._entry(new_op), new_args, {"dtype": kwargs.get("dtype") or tensor.dtype}, record_as=name)
+        return route[0](route[1], args, kwargs)
+
+    return handler
+
+
+def _plain_like(tensor: TpuTensor, kwargs: dict) -> bool:
+    """A call whose output is a contiguous tensor on the view's chip, the view's buffer holding an array."""
+    if not _PLAIN_LIKE_KEYWORDS.issuperset(kwargs) or kwargs.get("device") is not None or kwargs.get("pin_memory"):
+        return False
+    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return False
+    if type(tensor._buf.array) is ReleasedArray:
+        return False
+    return kwargs.get("memory_format") is torch.contiguous_format or channels_last_format(tuple(tensor.shape), tuple(tensor.stride())) is None
+
+
 _library: torch.library.Library | None = None
 
 
@@ -181,3 +223,6 @@ def register() -> None:
     dispatcher.register_special(aten.record_stream.default, lambda args, kwargs: None)
     for op in (aten._linalg_det.default, aten._linalg_slogdet.default):
         dispatcher.register_special(op, _factor_transpose_when_contiguous(op))
+    for op in _NEW_OF_LIKE:
+        if op not in dispatcher.special:
+            dispatcher.register_special(op, _like_without_reading(op, dispatcher._route(op)))

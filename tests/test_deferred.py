@@ -39,6 +39,36 @@ def test_deferred_results_match_strict_and_fuse_into_one_program() -> None:
     assert torch.allclose(result, strict, atol=1e-5)
 
 
+def test_a_like_op_of_a_view_and_a_masked_scalar_write_record_one_op_each() -> None:
+    """`zeros_like` (and `ones_like`, `full_like`, `empty_like`) of a view read only its shape: no op
+    computes the view's values for them. `x[mask] = 1.5` records its value as one `scalar_tensor` op,
+    not a host copy and a fill."""
+    base = torch.arange(12.0).reshape(3, 4)
+    with eager(EagerMode.DEFER_AND_FUSE):
+        chip = base.to("tpu")
+        executor = dispatcher.executor
+        executor.flush("explicit")
+        made = [
+            torch.zeros_like(chip.t()), torch.ones_like(chip[:, 1:], dtype=torch.int32),
+            torch.full_like(chip.t(), 2.5), torch.empty_like(chip.view(torch.int32).t()).fill_(3),
+        ]
+        names = [plan.op_name for plan, _ in executor.graphs[0].nodes]
+        assert names == ["aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default", "aten.fill.Scalar"]
+        written = chip.clone()
+        executor.flush("explicit")
+        written[written.gt(5)] = 1.5
+        names = [plan.op_name for plan, _ in executor.graphs[0].nodes]
+        assert names == ["aten.gt.Scalar", "aten.scalar_tensor.default", "aten.index_put.default"]
+        results = [host(tensor) for tensor in [*made, written]]
+    expected = [
+        torch.zeros_like(base.t()), torch.ones_like(base[:, 1:], dtype=torch.int32),
+        torch.full_like(base.t(), 2.5), torch.empty_like(base.view(torch.int32).t()).fill_(3),
+        torch.where(base > 5, 1.5, base),
+    ]
+    for got, want in zip(results, expected):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+
+
 def test_dead_intermediates_are_not_program_outputs() -> None:
     x = torch.ones(4, device="tpu")
     with eager(EagerMode.DEFER_AND_FUSE):
