@@ -450,6 +450,7 @@ def _fits_checks() -> dict[Any, Callable[[Sequence[Any], dict], None]]:
     checked = [
         (aten.clamp.default, ("min", "max"), "self"), (aten.clamp_.default, ("min", "max"), "self"),
         (aten.fill.Scalar, ("value",), "self"), (aten.fill_.Scalar, ("value",), "self"),
+        (aten.scalar_tensor.default, ("s",), "dtype"),
         (aten.masked_fill.Scalar, ("value",), "self"), (aten.masked_fill_.Scalar, ("value",), "self"),
         (aten.index_fill.int_Scalar, ("value",), "self"), (aten.index_fill_.int_Scalar, ("value",), "self"),
         (aten.scatter.value, ("value",), "self"), (aten.scatter_.value, ("value",), "self"),
