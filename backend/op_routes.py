@@ -29,7 +29,8 @@
   whole buffer: they read only its shape and dtype, so the view's values are not computed for them
   (a transposed weight gradient's, in an optimizer's first step; its state then records apart from
   the update, `deferred.DeferredExecutor.creating_state`). A channels-last view keeps the op, whose
-  output takes its layout.
+  output takes its layout, and so does a cut of a data-dependent result, whose route runs on its
+  padded buffer.
 - `max_pool1d` of a dtype torch's CPU kernel refuses (integers, bool) raises the CPU's error: torch's
   composite sends a non-CPU tensor to `max_pool1d_with_indices`, which the CPU takes for integers (as
   CUDA's kernel does), so only this route sees the dtype that the CPU's own `max_pool1d_impl` refuses.
@@ -191,12 +192,13 @@ def _like_without_reading(op: Any, route: tuple[Any, Any]) -> Any:
 
 def _plain_like(tensor: TpuTensor, kwargs: dict) -> bool:
     """A call whose output is a contiguous tensor on the view's chip, the view's buffer holding an array."""
+    from tputrace.backend import padded_reads  # it imports this module's `bound`
     if not _PLAIN_LIKE_KEYWORDS.issuperset(kwargs) or kwargs.get("device") is not None or kwargs.get("pin_memory"):
         return False
     if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
         return False
-    if type(tensor._buf.array) is ReleasedArray:
-        return False
+    if type(tensor._buf.array) is ReleasedArray or (padded_reads.cuts_made and padded_reads.is_cut(tensor)):
+        return False  # a cut of a padded buffer: its route runs on the padded length, compiling no new count
     return kwargs.get("memory_format") is torch.contiguous_format or channels_last_format(tuple(tensor.shape), tuple(tensor.stride())) is None
 
 
