@@ -51,6 +51,8 @@ NEW_VALUE_OPS = frozenset({
     "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default",
     "aten.zero.default", "aten.fill.Scalar", "aten.arange.default", "aten.arange.start", "aten.arange.start_step",
 })
+# Copies that make a new value too when they copy only new values (ASGD's `as_tensor(lr).clone()`).
+COPY_OPS = frozenset({"aten.clone.default", "aten._to_copy.default"})
 
 
 class LazyValue:
@@ -138,8 +140,10 @@ class DeferredExecutor:
         self.flush_sites = FlushSites()
         self._timings: queue.SimpleQueue | None = None
         self.held: list[Sequence[Any]] = []  # values ops hold between runs (see `holding`)
-        # Per chip, the graph of an optimizer's new state while its first step runs (`creating_state`).
+        # Per chip, the graph of an optimizer's new state while its first step runs (`creating_state`),
+        # and the arrays copied from the host meanwhile, by id (new values too).
         self.state_graphs: dict[int, PendingGraph] | None = None
+        self.arrived_for_state: dict[int, Any] = {}
 
     # ----------------------------------------------------------------- Executor protocol
     def prepare(self, plan: Plan, dynamic: Sequence[Any]) -> None:
@@ -274,6 +278,7 @@ class DeferredExecutor:
         inputs, as every later step's does, and the second step compiles nothing new."""
         with self.lock:
             self.state_graphs = {}
+            self.arrived_for_state.clear()
 
     def state_created(self) -> None:
         """The optimizer's first step ended (or another step boundary came): new values go with the rest."""
@@ -281,11 +286,17 @@ class DeferredExecutor:
             if self.state_graphs:
                 self._flush_state_graphs()
             self.state_graphs = None
+            self.arrived_for_state.clear()
+
+    def arrived(self, array: Any) -> None:
+        """An array copied from the host: while state is made, a copy of it is a new value too."""
+        if self.state_graphs is not None:
+            self.arrived_for_state[id(array)] = array
 
     def _state_graph(self, state_graphs: dict[int, PendingGraph], plan: Plan, dynamic: Sequence[Any]) -> PendingGraph | None:
         """While state is made: the state graph for an op that makes a new value from inputs that it
         can read apart from the pending graph; None for any other op, which first runs the state made."""
-        if plan.op_name not in NEW_VALUE_OPS:
+        if plan.op_name not in NEW_VALUE_OPS and not (plan.op_name in COPY_OPS and self._copies_new_values(state_graphs, dynamic)):
             if state_graphs:
                 self._flush_state_graphs()
             return None
@@ -303,6 +314,19 @@ class DeferredExecutor:
             if pending is not None and id(value) in pending.input_refs:
                 return None  # an input of the pending graph, which the state graph could donate
         return graph
+
+    def _copies_new_values(self, state_graphs: dict[int, PendingGraph], dynamic: Sequence[Any]) -> bool:
+        """Whether every array a copy reads is a new value: pending in a state graph, or copied from the host."""
+        for value in dynamic:
+            if type(value) is LazyValue:
+                if value.concrete is None:
+                    if state_graphs.get(value.graph.chip) is not value.graph:
+                        return False
+                    continue
+                value = value.concrete
+            if _SCALAR_KINDS.get(type(value)) is None and id(value) not in self.arrived_for_state:
+                return False
+        return True
 
     def _flush_state_graphs(self) -> None:
         state_graphs = self.state_graphs

@@ -986,6 +986,8 @@ class Dispatcher:
         array = transfers.torch_to_array(host, chips.device(chip))
         if self.recorder is not None:
             self.recorder.transferred("h2d", host.numel() * host.element_size(), -1, chip, start, _perf_ns() - start)
+        if self.executor.deferred:
+            self.executor.arrived(array)
         return array
 
     def copy_to_chip(self, tensor: TpuTensor, chip: int) -> TpuTensor:
