@@ -50,6 +50,7 @@ NEW_VALUE_OPS = frozenset({
     "aten.zeros_like.default", "aten.ones_like.default", "aten.full_like.default", "aten.empty_like.default",
     "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default",
     "aten.zero.default", "aten.fill.Scalar", "aten.arange.default", "aten.arange.start", "aten.arange.start_step",
+    "aten.zeros.default", "aten.ones.default", "aten.full.default",
 })
 # Copies that make a new value too when they copy only new values (ASGD's `as_tensor(lr).clone()`).
 COPY_OPS = frozenset({"aten.clone.default", "aten._to_copy.default"})

@@ -25,12 +25,12 @@
 - `one_hot` runs torch's composite as it runs for a plain accelerator tensor, with its class-range
   asserts (`_assert_async`); the path torch takes for a tensor subclass leaves them out. In the
   default modes its class values are checked on the chip as an index op's are (`index_checks`).
-- `zeros_like`, `ones_like`, `full_like` and `empty_like` of a view run as `new_*` ops on the view's
-  whole buffer: they read only its shape and dtype, so the view's values are not computed for them
-  (a transposed weight gradient's, in an optimizer's first step; its state then records apart from
-  the update, `deferred.DeferredExecutor.creating_state`). A channels-last view keeps the op, whose
-  output takes its layout, and so does a cut of a data-dependent result, whose route runs on its
-  padded buffer.
+- `zeros_like`, `ones_like`, `full_like`, `empty_like` and the `new_*` forms run as the factory of
+  their shape and dtype: they read no tensor, so a view's values are not computed for them and a
+  pending value does not tie them to its graph (an optimizer's first step then records its state
+  apart from the update, `deferred.DeferredExecutor.creating_state`). A channels-last input keeps the
+  op, whose output takes its layout, and so does a cut of a data-dependent result, whose route runs
+  on its padded buffer.
 - `max_pool1d` of a dtype torch's CPU kernel refuses (integers, bool) raises the CPU's error: torch's
   composite sends a non-CPU tensor to `max_pool1d_with_indices`, which the CPU takes for integers (as
   CUDA's kernel does), so only this route sees the dtype that the CPU's own `max_pool1d_impl` refuses.
@@ -44,7 +44,7 @@ import torch
 
 from tputrace.backend import arg_checks, index_checks
 from tputrace.backend.memory_formats import channels_last_format
-from tputrace.backend.tensor import ReleasedArray, TpuTensor, whole_buffer
+from tputrace.backend.tensor import TpuTensor
 
 aten = torch.ops.aten
 
@@ -165,40 +165,57 @@ def _max_pool1d(*args: Any, **kwargs: Any) -> Any:
     return aten.max_pool1d.default.decompose(*args, **kwargs)
 
 
-_NEW_OF_LIKE = {
-    aten.zeros_like.default: aten.new_zeros.default,
-    aten.empty_like.default: aten.new_empty.default,
-    aten.ones_like.default: aten.new_ones.default,
-    aten.full_like.default: aten.new_full.default,
+_FACTORY_OF = {
+    aten.zeros_like.default: aten.zeros.default,
+    aten.empty_like.default: aten.zeros.default,
+    aten.ones_like.default: aten.ones.default,
+    aten.full_like.default: aten.full.default,
+    aten.new_zeros.default: aten.zeros.default,
+    aten.new_empty.default: aten.zeros.default,
+    aten.new_ones.default: aten.ones.default,
+    aten.new_full.default: aten.full.default,
 }
-_PLAIN_LIKE_KEYWORDS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
+_LIKE_OPS = frozenset({aten.zeros_like.default, aten.empty_like.default, aten.ones_like.default, aten.full_like.default})
+_PLAIN_KEYWORDS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
 
 
-def _like_without_reading(op: Any, route: tuple[Any, Any]) -> Any:
-    """`op` (a `*_like`) of a view as its `new_*` op on the view's buffer; other calls take `route`."""
-    new_op = _NEW_OF_LIKE[op]
+def _factory_without_reading(op: Any, route: tuple[Any, Any]) -> Any:
+    """`op` (a `*_like` or `new_*`) as its factory, which reads no tensor; other calls take `route`."""
+    factory = _FACTORY_OF[op]
+    like = op in _LIKE_OPS
     name = str(op)
+    check = arg_checks.value_check(factory)  # `full`'s: the number must fit an integer dtype
 
     def handler(args: tuple, kwargs: dict) -> Any:
         tensor = args[0] if args else None
-        if type(tensor) is TpuTensor and tensor._view is not None and _plain_like(tensor, kwargs):
+        if type(tensor) is TpuTensor and (like or len(args) > 1) and _plain_call(tensor, kwargs, like):
+            size, rest = (tuple(tensor.shape), args[1:]) if like else (tuple(args[1]), args[2:])
             dispatcher = _dispatcher()
-            new_args = (whole_buffer(tensor), tuple(tensor.shape), *args[1:])
-            return dispatcher.compute(dispatcher._entry(new_op), new_args, {"dtype": kwargs.get("dtype") or tensor.dtype}, record_as=name)
+            factory_args, factory_kwargs = (size, *rest), {"dtype": kwargs.get("dtype") or tensor.dtype, "device": tensor.device}
+            if check is not None:
+                check(factory_args, factory_kwargs)
+            return dispatcher.compute(dispatcher._entry(factory), factory_args, factory_kwargs, record_as=name)
         return route[0](route[1], args, kwargs)
 
     return handler
 
 
-def _plain_like(tensor: TpuTensor, kwargs: dict) -> bool:
-    """A call whose output is a contiguous tensor on the view's chip, the view's buffer holding an array."""
+def _plain_call(tensor: TpuTensor, kwargs: dict, like: bool) -> bool:
+    """A call whose output is a contiguous strided tensor on the tensor's chip, and, for a like op,
+    not of a cut (whose route runs on its padded buffer, compiling no program per count)."""
     from tputrace.backend import padded_reads  # it imports this module's `bound`
-    if not _PLAIN_LIKE_KEYWORDS.issuperset(kwargs) or kwargs.get("device") is not None or kwargs.get("pin_memory"):
+
+    if not _PLAIN_KEYWORDS.issuperset(kwargs) or kwargs.get("pin_memory") or kwargs.get("layout") not in (None, torch.strided):
         return False
-    if kwargs.get("layout") not in (None, torch.strided) or kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+    device = kwargs.get("device")
+    if device is not None and torch.device(device) != tensor.device:
         return False
-    if type(tensor._buf.array) is ReleasedArray or (padded_reads.cuts_made and padded_reads.is_cut(tensor)):
-        return False  # a cut of a padded buffer: its route runs on the padded length, compiling no new count
+    if not like:
+        return True
+    if kwargs.get("memory_format") not in (None, torch.preserve_format, torch.contiguous_format):
+        return False
+    if padded_reads.cuts_made and padded_reads.is_cut(tensor):
+        return False
     return kwargs.get("memory_format") is torch.contiguous_format or channels_last_format(tuple(tensor.shape), tuple(tensor.stride())) is None
 
 
@@ -225,6 +242,6 @@ def register() -> None:
     dispatcher.register_special(aten.record_stream.default, lambda args, kwargs: None)
     for op in (aten._linalg_det.default, aten._linalg_slogdet.default):
         dispatcher.register_special(op, _factor_transpose_when_contiguous(op))
-    for op in _NEW_OF_LIKE:
+    for op in _FACTORY_OF:
         if op not in dispatcher.special:
-            dispatcher.register_special(op, _like_without_reading(op, dispatcher._route(op)))
+            dispatcher.register_special(op, _factory_without_reading(op, dispatcher._route(op)))

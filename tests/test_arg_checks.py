@@ -67,6 +67,8 @@ REFUSED: dict[str, Callable[[str], object]] = {
     "uint8 fill_ 300": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).fill_(300),
     "int16 clamp max 40000": lambda d: torch.tensor([0, 5], dtype=torch.int16, device=d).clamp(max=40000),
     "uint8 full 300": lambda d: torch.full((2,), 300, dtype=torch.uint8, device=d),
+    "uint8 full_like 300": lambda d: torch.full_like(torch.zeros(2, dtype=torch.uint8, device=d), 300),
+    "int8 new_full 200": lambda d: torch.zeros(2, dtype=torch.int8, device=d).new_full((3,), 200),
     "int8 where 200": lambda d: torch.where(torch.tensor([True, False], device=d), torch.zeros(2, dtype=torch.int8, device=d), 200),
     "uint8 masked_fill 300": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).masked_fill(torch.tensor([True, False], device=d), 300),
     # writes into memory several elements share

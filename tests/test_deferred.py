@@ -40,8 +40,8 @@ def test_deferred_results_match_strict_and_fuse_into_one_program() -> None:
 
 
 def test_a_like_op_of_a_view_and_a_masked_scalar_write_record_one_op_each() -> None:
-    """`zeros_like` (and `ones_like`, `full_like`, `empty_like`) of a view read only its shape: no op
-    computes the view's values for them. `x[mask] = 1.5` records its value as one `scalar_tensor` op,
+    """`zeros_like` (and `ones_like`, `full_like`, `empty_like`) of a view run as their factory, which
+    reads no tensor: no op computes the view's values for them. `x[mask] = 1.5` records its value as one `scalar_tensor` op,
     not a host copy and a fill."""
     base = torch.arange(12.0).reshape(3, 4)
     with eager(EagerMode.DEFER_AND_FUSE):
@@ -53,7 +53,8 @@ def test_a_like_op_of_a_view_and_a_masked_scalar_write_record_one_op_each() -> N
             torch.full_like(chip.t(), 2.5), torch.empty_like(chip.view(torch.int32).t()).fill_(3),
         ]
         names = [plan.op_name for plan, _ in executor.graphs[0].nodes]
-        assert names == ["aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default", "aten.new_empty.default", "aten.fill.Scalar"]
+        assert names == ["aten.zeros.default", "aten.ones.default", "aten.full.default", "aten.zeros.default", "aten.fill.Scalar"]
+        assert all(refs == () or refs[0][0] == 2 for _, refs in executor.graphs[0].nodes[:4])  # no tensor read, at most a number
         written = chip.clone()
         executor.flush("explicit")
         written[written.gt(5)] = 1.5

@@ -77,8 +77,9 @@ CASES: dict[str, tuple[tuple[int, int, int], Callable[[torch.nn.Module], torch.o
     "RMSprop-centered-momentum": ((7, 9, 4), lambda model: torch.optim.RMSprop(model.parameters(), lr=1e-2, centered=True, momentum=0.9), False),
     "RunningTotal": ((3, 10, 5), lambda model: RunningTotal(model.parameters()), False),
     "HeavyBall": ((2, 14, 3), lambda model: HeavyBall(model.parameters()), False),
-    # full_like of each gradient (a weight's is a transposed view) and `sign[sign.gt(0)] = etaplus` in the update
-    "Rprop": ((5, 8, 7), lambda model: torch.optim.Rprop(model.parameters(), lr=1e-2), False),
+    # full_like of each gradient (a weight's is a transposed view; clipping leaves each pending) and
+    # `sign[sign.gt(0)] = etaplus` in the update
+    "Rprop-clip": ((5, 8, 7), lambda model: torch.optim.Rprop(model.parameters(), lr=1e-2), True),
     # its learning rate copied to the chip and cloned into each parameter's state
     "ASGD": ((3, 7, 9), lambda model: torch.optim.ASGD(model.parameters(), lr=1e-2), False),
     "Adagrad": ((4, 12, 6), lambda model: torch.optim.Adagrad(model.parameters(), lr=1e-2, initial_accumulator_value=0.1), False),
