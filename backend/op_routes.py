@@ -179,9 +179,12 @@ _LIKE_OPS = frozenset({aten.zeros_like.default, aten.empty_like.default, aten.on
 _PLAIN_KEYWORDS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
 
 
-def _factory_without_reading(op: Any, route: tuple[Any, Any]) -> Any:
-    """`op` (a `*_like` or `new_*`) as its factory, which reads no tensor; other calls take `route`."""
+def _factory_without_reading(dispatcher: Any, op: Any) -> Any:
+    """`op` (a `*_like` or `new_*`) as its factory, which reads no tensor; other calls take the op's
+    own route. Both entries are looked up once, here (an OpOverload hashes in Python)."""
+    route = dispatcher._route(op)
     factory = _FACTORY_OF[op]
+    factory_entry = dispatcher._entry(factory)
     like = op in _LIKE_OPS
     name = str(op)
     check = arg_checks.value_check(factory)  # `full`'s: the number must fit an integer dtype
@@ -190,11 +193,10 @@ def _factory_without_reading(op: Any, route: tuple[Any, Any]) -> Any:
         tensor = args[0] if args else None
         if type(tensor) is TpuTensor and (like or len(args) > 1) and _plain_call(tensor, kwargs, like):
             size, rest = (tuple(tensor.shape), args[1:]) if like else (tuple(args[1]), args[2:])
-            dispatcher = _dispatcher()
             factory_args, factory_kwargs = (size, *rest), {"dtype": kwargs.get("dtype") or tensor.dtype, "device": tensor.device}
             if check is not None:
                 check(factory_args, factory_kwargs)
-            return dispatcher.compute(dispatcher._entry(factory), factory_args, factory_kwargs, record_as=name)
+            return dispatcher.compute(factory_entry, factory_args, factory_kwargs, record_as=name)
         return route[0](route[1], args, kwargs)
 
     return handler
@@ -244,4 +246,4 @@ def register() -> None:
         dispatcher.register_special(op, _factor_transpose_when_contiguous(op))
     for op in _FACTORY_OF:
         if op not in dispatcher.special:
-            dispatcher.register_special(op, _factory_without_reading(op, dispatcher._route(op)))
+            dispatcher.register_special(op, _factory_without_reading(dispatcher, op))
