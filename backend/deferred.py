@@ -404,8 +404,7 @@ class DeferredExecutor:
             if type(value) is LazyValue:
                 buffer.array = value.concrete
                 if buffer.nbytes == 0:
-                    buffer.nbytes = value.nbytes
-                    memory.allocate(buffer.chip, value.nbytes)
+                    buffer.count(value.nbytes)
         self.last_outputs = list(results)
         recorder = self.dispatcher.recorder
         if recorder is not None and recorder.enabled:

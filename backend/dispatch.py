@@ -47,7 +47,7 @@ from tputrace.backend.plans import (
 from tputrace.backend.compile_history import CompileHistory, SiteCompiles
 from tputrace.backend.length_recompiles import LengthRecompiles
 from tputrace.backend.memory_formats import corrected_meta, storage_order
-from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
+from tputrace.backend.tensor import Buffer, CountedBuffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
 from tputrace.backend.views import ViewChain, ViewStep, geometry, storage_as
 
 aten = torch.ops.aten
@@ -56,6 +56,7 @@ _perf_ns = time.perf_counter_ns
 _float32_matmul_precision = torch._C._get_float32_matmul_precision
 
 _FALLBACK = object()  # plan-cache marker: this signature runs on the CPU
+_UNFLATTENED = object()  # `_run`'s marker: the arguments were not flattened yet
 _WRITTEN = object()  # `_functional_result`'s answer when it wrote the result into its target
 _NO_CONTEXT = contextlib.nullcontext()
 _is_inference = torch._C.TensorBase.is_inference  # without the subclass's Python dispatch: a foreach step asks it of every parameter
@@ -192,7 +193,7 @@ class Dispatcher:
                 "decompose": self._decompose,
                 "fallback": self.fallback,
             }
-            handler = handlers[entry.kind]
+            handler = self._plain_compute(entry) if _is_plain(entry) else handlers[entry.kind]
             sized = data_dependent.ROUTES.get(func)
             if sized is not None:
                 handler = self._sized_first(sized, handler)
@@ -413,16 +414,58 @@ class Dispatcher:
         return value
 
     # ----------------------------------------------------------------- functional ops
-    def compute(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None = None) -> Any:
-        """Run a lowered functional op and wrap its outputs as tpu tensors."""
+    def compute(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None = None, flat: Any = _UNFLATTENED) -> Any:
+        """Run a lowered functional op and wrap its outputs as tpu tensors (`flat`: what
+        `_flatten_positional` gave for these arguments already)."""
         if padded_reads.cuts_made and any(map(padded_reads.is_cut, args)):
             padded = padded_reads.on_padded(self, entry, args, kwargs, record_as)  # `x[mask] * 2`, `x[mask].sum()`
             if padded is not None:
                 return padded
-        ran = self._run(entry, args, kwargs, record_as)
+        ran = self._run(entry, args, kwargs, record_as, flat)
         if ran is None:
             return self.fallback(entry, args, kwargs)
         return self._outputs(*ran)
+
+    def _plain_compute(self, entry: OpEntry) -> Callable[[OpEntry, Sequence[Any], dict], Any]:
+        """`compute` for a plain op (`_is_plain`), the route of most ops: a positional call whose plan
+        is cached runs with one call to flatten its arguments and one to the executor, and a single
+        output is wrapped inline. Any other call (keywords, a data-dependent cut, a new signature, a
+        host fallback) goes on to `compute` with what was flattened."""
+        flatten = self._flatten_positional
+        scalar_positions = entry.scalar_positions
+        plans = self.plans
+        by_precision = entry.lowering.matmul_precision
+        compute = self.compute
+        name = entry.name
+
+        def compute_plain(entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
+            if kwargs or (padded_reads.cuts_made and any(map(padded_reads.is_cut, args))):
+                return compute(entry, args, kwargs)
+            start = _perf_ns() if self.recorder is not None else None
+            flat = flatten(args, scalar_positions)
+            if flat is None:
+                return compute(entry, args, kwargs, None, flat)
+            template_args, dynamic, specs, chip = flat
+            if chip == -1:
+                return compute(entry, args, kwargs, None, flat)
+            if by_precision:
+                plan = plans.get((entry, template_args, (), specs, chip, _matmul_precision_setting()))
+            else:
+                plan = plans.get((entry, template_args, (), specs, chip))
+            if plan is None or plan is _FALLBACK:
+                return compute(entry, args, kwargs, None, flat)
+            executor = self.executor
+            values = executor.run(plan, dynamic, name, start)
+            spec = plan.single_output
+            if spec is None:
+                return self._outputs(plan, values, chip)
+            if executor.deferred:
+                output = new_tensor(values[0], chip, spec.buffer_spec, 0)
+                executor.own(output._buf)
+                return output
+            return new_tensor(values[0], chip, spec.buffer_spec, spec.nbytes)
+
+        return compute_plain
 
     def _outputs(self, plan: Plan, values: Sequence[Any], chip: int) -> Any:
         """A plan's output values as tpu tensors, in the structure the op returns."""
@@ -461,7 +504,7 @@ class Dispatcher:
         executor = self.executor
         stored = executor.run(self._storage_plan(value, spec, chip), (value,))[0]
         storage_shape = tuple(spec.shape[dim] for dim in spec.storage_order)
-        buf = Buffer(stored, chip, 0 if executor.deferred else spec.nbytes, (storage_shape, spec.dtype))
+        buf = Buffer(stored, chip, (storage_shape, spec.dtype)) if executor.deferred else CountedBuffer(stored, chip, spec.nbytes, (storage_shape, spec.dtype))
         if executor.deferred:
             executor.own(buf)
         output = channels_last_tensor(buf, spec.shape, spec.strides, spec.dtype, spec.storage_order)
@@ -487,14 +530,18 @@ class Dispatcher:
                 self.plans[key] = plan
         return plan
 
-    def _run(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None) -> tuple[Plan, tuple, int] | None:
+    def _run(self, entry: OpEntry, args: Sequence[Any], kwargs: dict, record_as: str | None, flat: Any = _UNFLATTENED) -> tuple[Plan, tuple, int] | None:
         """Run (or record) a lowered op: its plan, output values and chip; None if it runs on the host.
-        Its start is read only for the recorder (None: the executor reads no clock)."""
+        Its start is read only for the recorder (None: the executor reads no clock). `flat`: what
+        `_flatten_positional` gave for these arguments already (a view's read is recorded once)."""
         start = _perf_ns() if self.recorder is not None else None
         generator = None
         if entry.generator_arg is not None:
             args, kwargs, generator = _take_generator(entry.generator_arg, args, kwargs)
-        fast = self._flatten_positional(args, entry.scalar_positions) if not kwargs and entry.simple_args else None
+        if flat is not _UNFLATTENED:
+            fast = flat
+        else:
+            fast = self._flatten_positional(args, entry.scalar_positions) if not kwargs and entry.simple_args else None
         if fast is None:
             template_args, template_kwargs, dynamic, specs, originals, chip = self._flatten_general(entry, args, kwargs)
             specs = tuple(specs)
@@ -508,10 +555,7 @@ class Dispatcher:
         if entry.typed_constants:
             key += (tuple(type(value) for value in template_args),)
         if entry.lowering.matmul_precision:  # the setting keys every dtype's plan: one C call, no dtype test
-            try:
-                key += (_float32_matmul_precision(),)
-            except RuntimeError:  # torch's per-backend API mixed with the legacy one
-                key += (matmul_precision.setting(),)
+            key += (_matmul_precision_setting(),)
         plan = self.plans.get(key)
         if entry.lowering.needs_key:
             dynamic.extend(rng.next_seed_and_counter(chip) if generator is None else generators.next_seed_and_counter(generator))
@@ -999,7 +1043,7 @@ class Dispatcher:
         nbytes = tensor.numel() * tensor.element_size()
         if self.recorder is not None:
             self.recorder.transferred("d2d", nbytes, tensor._buf.chip, chip, start, _perf_ns() - start)
-        return TpuTensor(Buffer(array, chip, nbytes), tuple(tensor.shape), tensor.dtype)
+        return TpuTensor(CountedBuffer(array, chip, nbytes), tuple(tensor.shape), tensor.dtype)
 
     def from_host(self, host: torch.Tensor, chip: int) -> TpuTensor:
         """A new tpu tensor holding a copy of a CPU tensor (a sparse one densified: see `sparse`); a
@@ -1010,11 +1054,11 @@ class Dispatcher:
         order = storage_order(tuple(host.shape), tuple(host.stride())) if host.dim() in (4, 5) else None
         if order is not None:
             stored = host.detach().permute(order)  # contiguous: the host tensor's own storage order
-            buf = Buffer(self.to_chip(stored, chip), chip, host.numel() * host.element_size())
+            buf = CountedBuffer(self.to_chip(stored, chip), chip, host.numel() * host.element_size())
             return channels_last_tensor(buf, tuple(host.shape), tuple(host.stride()), host.dtype, order)
         host = host.detach().contiguous()
         array = self.to_chip(host, chip)
-        return TpuTensor(Buffer(array, chip, host.numel() * host.element_size()), tuple(host.shape), host.dtype)
+        return TpuTensor(CountedBuffer(array, chip, host.numel() * host.element_size()), tuple(host.shape), host.dtype)
 
     # ----------------------------------------------------------------- CPU fallback
     def fallback(self, entry: OpEntry, args: Sequence[Any], kwargs: dict) -> Any:
@@ -1272,6 +1316,20 @@ def _storage_numel(tensor: TpuTensor) -> int:
 
 def _root_shape(tensor: TpuTensor) -> tuple[int, ...]:
     return tuple(tensor._buf.array.shape) if hasattr(tensor._buf.array, "shape") else tuple(tensor.shape)
+
+
+def _is_plain(entry: OpEntry) -> bool:
+    """A lowered op whose positional calls key their plan by their flattened arguments alone (no
+    generator, typed constants or random key): `Dispatcher._plain_compute` routes it."""
+    return entry.kind == "lowered" and entry.simple_args and entry.generator_arg is None and not entry.typed_constants and not entry.lowering.needs_key
+
+
+def _matmul_precision_setting() -> str:
+    """The float32 matmul precision setting, which keys every matmul plan: one C call."""
+    try:
+        return _float32_matmul_precision()
+    except RuntimeError:  # torch's per-backend API mixed with the legacy one
+        return matmul_precision.setting()
 
 
 def _take_generator(generator_arg: tuple[int, str], args: Sequence[Any], kwargs: dict) -> tuple[Sequence[Any], dict, Any]:

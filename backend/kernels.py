@@ -13,7 +13,7 @@ import torch
 from tputrace.backend import chips, device_module, sparse
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.memory_formats import storage_order
-from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor
+from tputrace.backend.tensor import CountedBuffer, TpuTensor, channels_last_tensor
 
 _library: torch.library.Library | None = None
 
@@ -32,7 +32,7 @@ def _zeros(size: Any, dtype: torch.dtype | None, device: Any, strides: Any = Non
         numel *= dim
     order = storage_order(shape, tuple(int(stride) for stride in strides)) if strides is not None else None
     stored_shape = shape if order is None else tuple(shape[dim] for dim in order)
-    buf = Buffer(jax.device_put(np.zeros(stored_shape, to_jax(dtype)), chips.device(chip)), chip, numel * dtype.itemsize)
+    buf = CountedBuffer(jax.device_put(np.zeros(stored_shape, to_jax(dtype)), chips.device(chip)), chip, numel * dtype.itemsize)
     if order is None:
         return TpuTensor(buf, shape, dtype)
     return channels_last_tensor(buf, shape, tuple(int(stride) for stride in strides), dtype, order)

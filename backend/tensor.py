@@ -85,8 +85,10 @@ class _SyncKind:
 class Buffer:
     """One array on one chip; `version` increases with every write so views know to refresh.
 
-    `nbytes` is what the buffer counts against its chip's memory: 0 while it holds a pending
-    (deferred) value that was never materialized, its size once it has been. `spec` is the array's
+    `nbytes` is what the buffer counts against its chip's memory. A plain `Buffer` counts none: it
+    holds a pending (deferred) value that was never materialized, and needs no finalizer, which every
+    recorded op would pay for. A `CountedBuffer` counts its bytes until it is freed; a buffer becomes
+    one when it starts counting (`count`). `spec` is the array's
     (shape, torch dtype) as a plan key reads it: given for an op's output, filled in by the first op
     that reads the buffer otherwise (writes keep a buffer's shape and dtype; a tensor whose geometry
     changes is pointed at another buffer or view), so a plan lookup reads no tensor metadata.
@@ -94,21 +96,20 @@ class Buffer:
 
     __slots__ = ("array", "version", "chip", "nbytes", "spec", "__weakref__")
 
-    def __init__(self, array: Any, chip: int, nbytes: int, spec: tuple | None = None) -> None:
+    def __init__(self, array: Any, chip: int, spec: tuple | None = None) -> None:
         self.array = array
         self.version = 0
         self.chip = chip
-        self.nbytes = nbytes
+        self.nbytes = 0
         self.spec = spec
-        if nbytes:
-            live = _live[chip] + nbytes
-            _live[chip] = live
-            if live > _peak[chip]:
-                memory.allocate(chip, 0)
 
-    def __del__(self, _live: list[int] = _live) -> None:
-        # `_live` is bound at definition: buffers freed at interpreter exit outlive module globals.
-        _live[self.chip] -= self.nbytes
+    def count(self, nbytes: int) -> None:
+        """Count `nbytes` against the chip from now until the buffer is freed (its pending value was
+        computed, or its released array restored)."""
+        self.nbytes = nbytes
+        memory.allocate(self.chip, nbytes)
+        if type(self) is Buffer:
+            self.__class__ = CountedBuffer
 
     def write(self, array: Any) -> None:
         self.array = array
@@ -134,9 +135,29 @@ class Buffer:
         from tputrace.backend import chips
 
         self.array = jnp.zeros(released.shape, released.dtype, device=chips.device(self.chip))
-        self.nbytes = released.nbytes
         self.version += 1
-        memory.allocate(self.chip, released.nbytes)
+        self.count(released.nbytes)
+
+
+class CountedBuffer(Buffer):
+    """A buffer that counts its array's bytes against its chip until it is freed."""
+
+    __slots__ = ()
+
+    def __init__(self, array: Any, chip: int, nbytes: int, spec: tuple | None = None) -> None:
+        self.array = array
+        self.version = 0
+        self.chip = chip
+        self.nbytes = nbytes
+        self.spec = spec
+        live = _live[chip] + nbytes
+        _live[chip] = live
+        if live > _peak[chip]:
+            memory.allocate(chip, 0)
+
+    def __del__(self, _live: list[int] = _live) -> None:
+        # `_live` is bound at definition: buffers freed at interpreter exit outlive module globals.
+        _live[self.chip] -= self.nbytes
 
 
 class ReleasedArray:
@@ -768,5 +789,5 @@ def new_tensor(array: jax.Array | Any, chip: int, spec: tuple[tuple[int, ...], t
     shape, dtype = spec
     device = _DEVICES.get(chip) or torch_device(chip)
     tensor = _make_wrapper(TpuTensor, shape, None, None, None, dtype, _STRIDED, device)
-    tensor._buf = Buffer(array, chip, nbytes, spec)
+    tensor._buf = CountedBuffer(array, chip, nbytes, spec) if nbytes else Buffer(array, chip, spec)
     return tensor

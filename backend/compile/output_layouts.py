@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import torch
 
 from tputrace.backend.memory_formats import hinted_layout, storage_order, strides_in_order
-from tputrace.backend.tensor import Buffer, TpuTensor, channels_last_tensor
+from tputrace.backend.tensor import CountedBuffer, TpuTensor, channels_last_tensor
 
 # AOTAutograd's descriptions of the outputs whose strides reach the user: the forward's results,
 # the backward's gradients, and the bases AOTAutograd regenerates output views from.
@@ -68,5 +68,5 @@ def to_storage_order(value: Any, layout: StoredLayout) -> Any:
 
 def wrap(array: Any, chip: int, dtype: torch.dtype, layout: StoredLayout) -> TpuTensor:
     """The channels-last tensor over a program result held in storage order."""
-    buf = Buffer(array, chip, array.nbytes, (tuple(array.shape), dtype))
+    buf = CountedBuffer(array, chip, array.nbytes, (tuple(array.shape), dtype))
     return channels_last_tensor(buf, layout.shape, layout.strides, dtype, layout.order)
