@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import difflib
 import queue
 import sys
 import time
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +45,7 @@ _SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
 _SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
 _SCALAR_WEAK = (True, True, False, True)
 _GRAPH_ONLY_REFS = 3
+_MAX_ALIGNED_NODES = 8000  # two graphs' nodes together, beyond which a recompile's diff aligns only their common ends
 # Ops whose result reads only its inputs' shapes and dtypes (a functional `zero_`/`fill_` overwrites
 # its input): an optimizer's first step makes its state with them (see `DeferredExecutor.creating_state`).
 NEW_VALUE_OPS = frozenset({
@@ -497,7 +499,8 @@ class DeferredExecutor:
         called_names = _called_names(nodes, graph)
         if reason == "first":
             reason, diff = self._structure_change(site, step, nodes, called_names, in_specs, graph, recorder if recording else None, by_length)
-        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs, called_names))
+        locations = tuple(_location(graph, recorder, index) for index in range(len(nodes))) if recording else ()
+        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs, called_names, locations))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
             detail = {"matmul_precision": precision} if precision else None
@@ -527,7 +530,6 @@ class DeferredExecutor:
             return by_length
         for index, ((plan, refs), (old_plan, old_refs)) in enumerate(zip(nodes, old_nodes)):
             if plan is not old_plan or refs != old_refs:
-                where = _location(graph, recorder, index)
                 op = _op_text(nodes, graph, recorder, index)
                 if plan.op_name == old_plan.op_name and old_plan.matmul_precision and plan.matmul_precision and old_plan.matmul_precision != plan.matmul_precision:
                     return "recompile", f"{op}: float32 matmul precision: {old_plan.matmul_precision} -> {plan.matmul_precision}"
@@ -540,12 +542,9 @@ class DeferredExecutor:
                     return "recompile", f"{op}: non-tensor arguments {key_change(old_plan.structure_key, plan.structure_key)}"
                 if plan.op_name == old_plan.op_name:
                     return "recompile", f"{op}: reads other values (inputs wired differently)"
-                return "recompile", f"structure change at op {_op_count(nodes[:index])}{where}: {old.op_names[index]} -> {called_names[index]}"
-        shared = min(len(nodes), len(old_nodes))
-        if len(nodes) > shared:
-            return "recompile", f"structure change at op {_op_count(nodes[:shared])}{_location(graph, recorder, shared)}: {called_names[shared]} added ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
-        if len(old_nodes) > shared:
-            return "recompile", f"structure change at op {_op_count(old_nodes[:shared])}: {old.op_names[shared]} and what followed it left out ({_op_count(old_nodes)} ops -> {_op_count(nodes)} ops)"
+                return "recompile", _ops_change(nodes, called_names, old, index, graph, recorder)
+        if len(nodes) != len(old_nodes):
+            return "recompile", _ops_change(nodes, called_names, old, min(len(nodes), len(old_nodes)), graph, recorder)
         return "recompile", f"same {_op_count(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
 
     def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
@@ -640,6 +639,71 @@ def _location(graph: PendingGraph, recorder: Any, index: int) -> str:
         return ""
     location = recorder.frame_text(graph.op_records[position][5])
     return f" ({location})" if location else ""
+
+
+def _ops_change(nodes: Sequence[tuple[Plan, tuple]], called_names: tuple[str, ...], old: FlushedGraph, index: int, graph: PendingGraph, recorder: Any) -> str:
+    """A structure change whose nodes first differ at `index`: the first run of ops the new graph left
+    out, added or put in place of others, its common ops with the old graph aligned (set-up work that
+    only the first step's graph ran is a run left out at op 0), and how many such runs follow."""
+    names = [plan.op_name for plan, _ in nodes]
+    old_names = [plan.op_name for plan, _ in old.nodes]
+    runs = []
+    for _, old_start, old_end, start, end in _differing_runs(old_names, names, index):
+        left_out = [at for at in range(old_start, old_end) if old_names[at] not in INTERNAL_PLANS]
+        added = [at for at in range(start, end) if names[at] not in INTERNAL_PLANS]
+        if left_out or added:
+            runs.append((start, left_out, added))
+    if not runs:
+        where = _location(graph, recorder, index) if index < len(nodes) else ""
+        return f"structure change at op {_op_count(nodes[:index])}{where}: {_op_count(old.nodes)} ops -> {_op_count(nodes)} ops"
+    start, left_out, added = runs[0]
+    where = _location(graph, recorder, start) if start < len(nodes) else ""
+
+    def old_location(at: int) -> str:
+        return old.locations[at] if at < len(old.locations) else ""
+
+    def new_location(at: int) -> str:  # the first op of the run is the one at `where`
+        return "" if at == start else _location(graph, recorder, at)
+
+    counts = f" ({_op_count(old.nodes)} ops -> {_op_count(nodes)} ops)"
+    if left_out and added:
+        if len(left_out) == 1 and len(added) == 1:
+            change, counts = f"{old.op_names[left_out[0]]} -> {called_names[added[0]]}", ""
+        else:
+            change = f"{_op_run(left_out, old.op_names, old_location)} -> {_op_run(added, called_names, new_location)}"
+    elif left_out:
+        change = f"{_op_run(left_out, old.op_names, old_location)} left out"
+    else:
+        change = f"{_op_run(added, called_names, new_location)} added"
+    more = f"; {len(runs) - 1} more {'change' if len(runs) == 2 else 'changes'} after it" if len(runs) > 1 else ""
+    return f"structure change at op {_op_count(nodes[:start])}{where}: {change}{more}{counts}"
+
+
+def _differing_runs(old_names: list[str], names: list[str], index: int) -> list[tuple[str, int, int, int, int]]:
+    """difflib's opcodes for the two graphs' op names, but the equal ones, past their common first
+    `index` nodes. Graphs beyond `_MAX_ALIGNED_NODES` nodes are aligned at their common ends only."""
+    if len(old_names) + len(names) > _MAX_ALIGNED_NODES:
+        common_end = 0
+        most = min(len(names), len(old_names)) - index
+        while common_end < most and names[-1 - common_end] == old_names[-1 - common_end]:
+            common_end += 1
+        return [("replace", index, len(old_names) - common_end, index, len(names) - common_end)]
+    matcher = difflib.SequenceMatcher(None, old_names[index:], names[index:], autojunk=False)
+    return [(tag, index + old_start, index + old_end, index + start, index + end)
+            for tag, old_start, old_end, start, end in matcher.get_opcodes() if tag != "equal"]
+
+
+def _op_run(positions: Sequence[int], names: Sequence[str], location: Callable[[int], str]) -> str:
+    """The ops at `positions` of a graph, with `location(position)`: 'aten.zero_.default (train.py:26)',
+    '4x aten.uniform_.default (train.py:3)' (one op and line), or '3 ops, aten.zero_.default
+    (train.py:26) to aten.fill_.Scalar (train.py:28)'."""
+    first, last = positions[0], positions[-1]
+    if len(positions) == 1:
+        return f"{names[first]}{location(first)}"
+    lines = {location(at) for at in positions} - {""}
+    if len({names[at] for at in positions}) == 1 and len(lines) <= 1:
+        return f"{len(positions)}x {names[first]}{''.join(lines)}"
+    return f"{len(positions)} ops, {names[first]}{location(first)} to {names[last]}{location(last)}"
 
 
 def _changed_input_reader(nodes: Sequence[tuple[Plan, tuple]], old_specs: tuple, in_specs: tuple) -> tuple[int, int, int] | None:

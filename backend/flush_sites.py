@@ -20,12 +20,14 @@ Nodes = tuple[tuple[Any, tuple], ...]  # (plan, input refs) per op, as a pending
 
 @dataclass(frozen=True)
 class FlushedGraph:
-    """A graph a site flushed: its nodes, its program's input specs and each node's op as the user called
-    it (`_foreach_mul_` where the node runs `_foreach_mul`; the plan's name where no op was recorded)."""
+    """A graph a site flushed: its nodes, its program's input specs, each node's op as the user called
+    it (`_foreach_mul_` where the node runs `_foreach_mul`; the plan's name where no op was recorded)
+    and, where the run was recorded, each node's source location as ' (file:line)' ('' unknown)."""
 
     nodes: Nodes
     in_specs: tuple
     op_names: tuple[str, ...]
+    locations: tuple[str, ...] = ()
 
 
 class FlushSites:

@@ -66,8 +66,8 @@ def test_an_op_added_at_the_end_of_a_graph_is_named_with_its_line(tmp_path: Path
 
 
 def test_in_place_ops_are_named_as_called_in_a_structure_change(tmp_path: Path) -> None:
-    """The graph runs `mul_` as `mul` and writes the result back; the reason names the op the line
-    called, in the new graph (`add_` -> `mul_`) and in the earlier one (`div_`, where `sum` now follows)."""
+    """The graph runs `mul_` as `mul` and writes the result back; the reason names the ops the lines
+    called, in the new graph (`add_` replaced by `mul_` and `div_`) and in the earlier one (`div_` left out)."""
     trace_path = _run(tmp_path, (
         "import torch, tputrace\n"
         "x = torch.arange(8.0).to('tpu')\n"
@@ -83,9 +83,28 @@ def test_in_place_ops_are_named_as_called_in_a_structure_change(tmp_path: Path) 
         "    tputrace.step()\n"
     ))
     assert [diff for _, diff in _recompiles(trace_path)] == [
-        "structure change at op 1 (script.py:8): aten.add_.Tensor -> aten.mul_.Tensor",
-        "structure change at op 2 (script.py:11): aten.div_.Tensor -> aten.sum.default",
+        "structure change at op 1 (script.py:8): aten.add_.Tensor (script.py:6) -> 2 ops, aten.mul_.Tensor to aten.div_.Tensor (script.py:10) (3 ops -> 4 ops)",
+        "structure change at op 2 (script.py:11): aten.div_.Tensor (script.py:10) left out (4 ops -> 3 ops)",
     ]
+
+
+def test_set_up_work_left_pending_before_the_loop_is_named_with_its_line(tmp_path: Path) -> None:
+    """A tensor made on the device after the optimizer and before the loop (an accumulator the loop
+    never reads) is pending when the first step starts, so only the first step's graph runs it: the
+    second step's recompile names it and its line, not the op its graph now starts with."""
+    trace_path = _run(tmp_path, (
+        "import torch\n"
+        "model = torch.nn.Linear(16, 4).to('tpu')\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "total = torch.zeros((), device='tpu')\n"
+        "for _ in range(3):\n"
+        "    loss = model(torch.ones(8, 16).to('tpu')).square().mean()\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+    ))
+    [(_, diff)] = _recompiles(trace_path)
+    assert diff.startswith("structure change at op 0 (script.py:6): aten.zero_.default (script.py:4) left out ("), diff
 
 
 def test_a_new_data_dependent_length_names_the_op_and_its_line(tmp_path: Path) -> None:
@@ -154,7 +173,9 @@ def test_autograd_backward_and_grad_end_their_pass_with_a_flush(tmp_path: Path) 
 
 def test_set_up_ops_left_out_of_a_graph_are_a_structure_change_not_a_shifted_input(tmp_path: Path) -> None:
     """The first step's graph begins with the weights' initialisation on the device (no optimizer
-    flushes it); the second's does not. Its inputs shift, so they are not compared one by one."""
+    flushes it); the second's does not. Its inputs shift, so they are not compared one by one: the
+    reason names the set-up ops left out and their line, and counts the changes after them (the
+    second step adds its gradients to the first step's)."""
     trace_path = _run(tmp_path, (
         "import torch, tputrace\n"
         "with torch.device('tpu'):\n"
@@ -164,4 +185,4 @@ def test_set_up_ops_left_out_of_a_graph_are_a_structure_change_not_a_shifted_inp
         "    tputrace.step()\n"
     ))
     [(_, diff)] = _recompiles(trace_path)
-    assert diff.startswith("structure change at op 0 (script.py:5): aten.uniform_.default -> "), diff
+    assert diff == "structure change at op 0 (script.py:5): 4x aten.uniform_.default (script.py:3) left out; 2 more changes after it (20 ops -> 20 ops)", diff
