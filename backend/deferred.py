@@ -17,6 +17,7 @@ from __future__ import annotations
 import bisect
 import contextlib
 import difflib
+import functools
 import queue
 import sys
 import time
@@ -499,8 +500,8 @@ class DeferredExecutor:
         called_names = _called_names(nodes, graph)
         if reason == "first":
             reason, diff = self._structure_change(site, step, nodes, called_names, in_specs, graph, recorder if recording else None, by_length)
-        locations = tuple(_location(graph, recorder, index) for index in range(len(nodes))) if recording else ()
-        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs, called_names, locations))
+        locate = functools.partial(_location, graph, recorder if recording else None)
+        self.flush_sites.remember(site, step, FlushedGraph(tuple(nodes), in_specs, called_names, locate))
         if recording:
             precision = matmul_precision.combined([node_plan.matmul_precision for node_plan, _ in nodes])
             detail = {"matmul_precision": precision} if precision else None
@@ -659,9 +660,6 @@ def _ops_change(nodes: Sequence[tuple[Plan, tuple]], called_names: tuple[str, ..
     start, left_out, added = runs[0]
     where = _location(graph, recorder, start) if start < len(nodes) else ""
 
-    def old_location(at: int) -> str:
-        return old.locations[at] if at < len(old.locations) else ""
-
     def new_location(at: int) -> str:  # the first op of the run is the one at `where`
         return "" if at == start else _location(graph, recorder, at)
 
@@ -670,9 +668,9 @@ def _ops_change(nodes: Sequence[tuple[Plan, tuple]], called_names: tuple[str, ..
         if len(left_out) == 1 and len(added) == 1:
             change, counts = f"{old.op_names[left_out[0]]} -> {called_names[added[0]]}", ""
         else:
-            change = f"{_op_run(left_out, old.op_names, old_location)} -> {_op_run(added, called_names, new_location)}"
+            change = f"{_op_run(left_out, old.op_names, old.locate)} -> {_op_run(added, called_names, new_location)}"
     elif left_out:
-        change = f"{_op_run(left_out, old.op_names, old_location)} left out"
+        change = f"{_op_run(left_out, old.op_names, old.locate)} left out"
     else:
         change = f"{_op_run(added, called_names, new_location)} added"
     more = f"; {len(runs) - 1} more {'change' if len(runs) == 2 else 'changes'} after it" if len(runs) > 1 else ""

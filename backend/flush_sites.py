@@ -9,7 +9,7 @@ with the one that shares the longest run of leading ops.
 
 from __future__ import annotations
 
-from collections.abc import Hashable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,12 +22,13 @@ Nodes = tuple[tuple[Any, tuple], ...]  # (plan, input refs) per op, as a pending
 class FlushedGraph:
     """A graph a site flushed: its nodes, its program's input specs, each node's op as the user called
     it (`_foreach_mul_` where the node runs `_foreach_mul`; the plan's name where no op was recorded)
-    and, where the run was recorded, each node's source location as ' (file:line)' ('' unknown)."""
+    and `locate(index)`: a node's source location as ' (file:line)' ('' unknown), read only when a
+    later graph's diff names the node."""
 
     nodes: Nodes
     in_specs: tuple
     op_names: tuple[str, ...]
-    locations: tuple[str, ...] = ()
+    locate: Callable[[int], str] = lambda index: ""
 
 
 class FlushSites:

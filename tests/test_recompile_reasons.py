@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import tputrace
+from tputrace.analysis import analyze_path
 
 _RUN = "import sys; from tputrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
 
@@ -105,6 +106,31 @@ def test_set_up_work_left_pending_before_the_loop_is_named_with_its_line(tmp_pat
     ))
     [(_, diff)] = _recompiles(trace_path)
     assert diff.startswith("structure change at op 0 (script.py:6): aten.zero_.default (script.py:4) left out ("), diff
+
+
+def test_set_up_work_in_the_first_steps_graph_is_a_finding_at_its_line_and_a_synchronize_after_it_removes_it(tmp_path: Path) -> None:
+    """The report names the set-up line, not the loop's, costs the recompile and suggests running the
+    set-up first; a `torch.tpu.synchronize()` after the set-up leaves the run without any recompile."""
+    source = (
+        "import torch\n"
+        "model = torch.nn.Linear(16, 4).to('tpu')\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "total = torch.zeros((), device='tpu')\n"
+        "{sync}"
+        "for _ in range(3):\n"
+        "    loss = model(torch.ones(8, 16).to('tpu')).square().mean()\n"
+        "    optimizer.zero_grad()\n"
+        "    loss.backward()\n"
+        "    optimizer.step()\n"
+    )
+    trace_path = _run(tmp_path, source.format(sync=""))
+    [finding] = [finding for finding in analyze_path(trace_path).findings if finding.analyzer == "set_up_work"]
+    assert (Path(finding.file).name, finding.line) == ("script.py", 4), finding
+    assert finding.title.startswith("Set-up work at script.py:4 ran in the first step's graph: 1 program compiled again in step 1"), finding.title
+    assert finding.cost_total_ns > 0 and "torch.tpu.synchronize()" in finding.suggestion
+    fixed_path = _run(tmp_path, source.format(sync="torch.tpu.synchronize()\n"))
+    assert _recompiles(fixed_path) == []
+    assert not [finding for finding in analyze_path(fixed_path).findings if finding.analyzer == "set_up_work"]
 
 
 def test_a_new_data_dependent_length_names_the_op_and_its_line(tmp_path: Path) -> None:

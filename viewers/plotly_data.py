@@ -47,6 +47,7 @@ COMPARE_TOP_OPS = 15
 ANALYZER_SECTIONS: dict[str, str] = {
     "recompiles": "recompilations",
     "program_cache": "recompilations",
+    "set_up_work": "recompilations",
     "compile_cache": "recompilations",
     "syncs": "timeline",
     "fallbacks": "timeline",

@@ -27,6 +27,7 @@ from tputrace.analysis import (
     precision,
     program_cache,
     recompiles,
+    set_up_work,
     syncs,
     transfers,
 )
@@ -49,6 +50,7 @@ ANALYZERS: dict[str, Analyzer] = {
     index_errors.NAME: index_errors.analyze,
     recompiles.NAME: recompiles.analyze,
     program_cache.NAME: program_cache.analyze,
+    set_up_work.NAME: set_up_work.analyze,
     compile_cache.NAME: compile_cache.analyze,
     graph_breaks.NAME: graph_breaks.analyze,
     syncs.NAME: syncs.analyze,

@@ -1,0 +1,91 @@
+"""Set-up work that ran in the first step's graph: device work left pending before the loop (a
+`torch.zeros(..., device="tpu")` accumulator made after the optimizer) goes into DeferAndFuse's first
+graph, so that graph is never seen again and the second step compiles its own.
+
+Such a recompile is a fused one in step 1 whose diff says that ops were left out at op 0 (see
+`docs/trace-format.md`, compiles): the ops and the line that made them are in the diff. One finding
+per set-up line, costed at the compiles it caused.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.summary import format_ns
+from tputrace.wording import plural
+
+NAME = "set_up_work"
+# "structure change at op 0 (train.py:30): aten.zero_.default (train.py:26) left out (21 ops -> 20 ops)"
+_LEFT_OUT_FIRST = re.compile(r"^structure change at op 0(?: \([^()]*\))?: (?P<ops>.+?) left out(?:;| \()")
+_LOCATION = re.compile(r"\((?P<file>[^()]+):(?P<line>\d+)\)")
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    trace, rank = context.trace, context.rank
+    result = AnalysisResult(NAME)
+    rows = trace.sql(
+        "SELECT id, name_sid, frame_id, COALESCE(dur_ns, 0), diff_sid FROM compiles "
+        "WHERE rank = ? AND kind = 'fused' AND reason = 'recompile' AND step = 1 AND diff_sid IS NOT NULL ORDER BY start_ns",
+        (rank,),
+    )
+    by_line: dict[tuple[str, int], list[tuple[str, int | None, int, str, str]]] = {}
+    for _, name_sid, frame_id, dur_ns, diff_sid in rows:
+        diff = trace.string(diff_sid) or ""
+        match = _LEFT_OUT_FIRST.match(diff)
+        where = _LOCATION.search(match["ops"]) if match else None
+        if match is None or where is None:
+            continue
+        by_line.setdefault((where["file"], int(where["line"])), []).append(
+            (trace.string(name_sid) or "?", frame_id, dur_ns, match["ops"], diff)
+        )
+    result.data["set_up_lines"] = []
+    for (file_name, line), recompiles in by_line.items():
+        result.findings.append(_finding(context, file_name, line, recompiles))
+        result.data["set_up_lines"].append({
+            "where": f"{file_name}:{line}", "recompiles": len(recompiles), "compile_ns": sum(row[2] for row in recompiles),
+        })
+    return result
+
+
+def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: list[tuple[str, int | None, int, str, str]]) -> Finding:
+    total_ns = sum(dur_ns for _, _, dur_ns, _, _ in recompiles)
+    share = context.share_of_wall(total_ns)
+    ops = recompiles[0][3]
+    programs = ", ".join(sorted({name for name, *_ in recompiles}))
+    first_graphs = sorted({context.where(frame_id) for _, frame_id, *_ in recompiles})
+    evidence = tuple(
+        context.evidence_at(f"{name}: compiled again in step 1, {format_ns(dur_ns)}: {diff}", frame_id, table="compiles")
+        for name, frame_id, dur_ns, _, diff in recompiles
+    )
+    set_up_frame = _frame_at(context, file_name, line)
+    return Finding(
+        analyzer=NAME,
+        severity=context.severity(share),
+        title=f"Set-up work at {file_name}:{line} ran in the first step's graph: {plural(len(recompiles), 'program')} compiled again in step 1",
+        explanation=(
+            f"{ops} was still pending on the chip when the first step began, so DeferAndFuse ran it inside that "
+            f"step's graph (flushed at {', '.join(first_graphs)}). The second step's graph, without it, is another "
+            f"program ({programs}), compiled again: {format_ns(total_ns)} of compiling ({share:.0%} of the run). "
+            "Later steps run the second step's program; the first step's ran once."
+        ),
+        suggestion=(
+            f"Run the set-up before the loop: call `torch.tpu.synchronize()` (or `tputrace.step()`) after {file_name}:{line}, "
+            "or make the value where the loop first uses it, so the first step's graph is the one every later step runs."
+        ),
+        cost_total_ns=float(total_ns),
+        cost_per_step_ns=None,
+        evidence=evidence,
+        **context.location_fields(set_up_frame),
+    )
+
+
+def _frame_at(context: AnalysisContext, file_name: str, line: int) -> int | None:
+    """A recorded frame at `line` of a file named `file_name` (a diff names files without their folder)."""
+    rows = context.trace.sql(
+        "SELECT f.id FROM frames f JOIN strings s ON s.id = f.file_sid WHERE f.line = ? AND (s.text = ? OR s.text LIKE ? ESCAPE '\\') "
+        "ORDER BY f.id LIMIT 1",
+        (line, file_name, "%/" + file_name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")),
+    )
+    return rows[0][0] if rows else None
