@@ -32,7 +32,9 @@ AT_A_GRAPH_BREAK = (
 
 SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: accumulate `loss.detach()` into a tensor and call `.item()` every N steps "
-            "or after the loop, so the host can queue the next step while the chip works.",
+            "or after the loop, so the host can queue the next step while the chip works. In DeferAndFuse, add to it "
+            "before `optimizer.step()`: the sum then runs in the step's program, where after it the sum would start "
+            "the next step's graph and the first step's graph would compile again.",
     "print": "Printing a tensor copies it to the host and waits for it; log every N steps, or collect detached "
              "values and print them after the loop.",
     "bool": "`if tensor:` (or `while`, `assert`) on a chip value waits for the chip; keep the decision on the chip "
