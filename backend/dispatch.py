@@ -471,13 +471,7 @@ class Dispatcher:
         """A plan's output values as tpu tensors, in the structure the op returns."""
         spec = plan.single_output
         if spec is not None:
-            executor = self.executor
-            if executor.deferred:
-                output = new_tensor(values[0], chip, spec.buffer_spec, 0)
-                executor.own(output._buf)
-            else:
-                output = new_tensor(values[0], chip, spec.buffer_spec, spec.nbytes)
-            return output
+            return self._new_output(values[0], spec, chip)
         structure = plan.out_structure
         if structure == "single":
             return self._channels_last_output(values[0], plan.out_specs[0], chip)
@@ -488,7 +482,7 @@ class Dispatcher:
 
     def _new_output(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
         """A new tpu tensor for one output value of a plan (in DeferAndFuse, one the flush fills in).
-        `compute`'s single-output branch does the same inline (every op's hot path)."""
+        `_plain_compute`'s route does the same inline for a single output (every op's hot path)."""
         if spec.storage_order is not None:
             return self._channels_last_output(value, spec, chip)
         executor = self.executor

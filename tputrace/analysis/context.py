@@ -6,6 +6,7 @@ SQL and aggregates) and never import torch or jax.
 
 from __future__ import annotations
 
+import os
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -213,6 +214,19 @@ class AnalysisContext:
         """`file.py:12` for a frame id, `an unknown line` without one."""
         location = self.location(frame_id)
         return location.short if location is not None else "an unknown line"
+
+    def frame_at_line(self, file: str, line: int) -> int | None:
+        """A recorded frame at `line` of the file a recompile's diff names (`train.py`, its folder left
+        out): the line's own frame, which ops have, before a call's."""
+        name = os.path.basename(file)
+        pattern = "%/" + name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self.trace.sql(
+            "SELECT f.id FROM frames f JOIN strings s ON s.id = f.file_sid WHERE f.line = ? AND (s.text = ? OR s.text LIKE ? ESCAPE '\\') "
+            "ORDER BY f.id",
+            (line, file, pattern),
+        )
+        line_frames = [row[0] for row in rows if (location := self.trace.frame(row[0])) is not None and location.col is None]
+        return line_frames[0] if line_frames else rows[0][0] if rows else None
 
     def location_fields(self, frame_id: int | None) -> dict[str, object]:
         """`file` and `line` keyword arguments of a `Finding` for a frame id (none when unknown)."""

@@ -15,7 +15,6 @@ line, with one bucketing for all the programs the batch reaches.
 
 from __future__ import annotations
 
-import os
 import re
 from collections import Counter
 from collections.abc import Sequence
@@ -306,13 +305,7 @@ def shape_entry(context: AnalysisContext, diffs: list[str | None]) -> ShapeEntry
         return None
     (op, file, line, argument), _ = entries.most_common(1)[0]
     trace = context.trace
-    name = os.path.basename(file)
-    rows = trace.sql(
-        "SELECT f.id FROM frames f JOIN strings s ON s.id = f.file_sid WHERE f.line = ? AND (s.text = ? OR s.text LIKE ?)",
-        (line, file, f"%/{name}"),
-    )
-    line_frames = [row[0] for row in rows if (location := trace.frame(row[0])) is not None and location.col is None]
-    frame_id = line_frames[0] if line_frames else rows[0][0] if rows else None  # ops have the line's frame, not a call's
+    frame_id = context.frame_at_line(file, line)
     module = None
     op_sid = trace.string_id(op)
     if frame_id is not None and op_sid is not None:

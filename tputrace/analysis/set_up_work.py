@@ -59,7 +59,7 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
         context.evidence_at(f"{name}: compiled again in step 1, {format_ns(dur_ns)}: {diff}", frame_id, table="compiles")
         for name, frame_id, dur_ns, _, diff in recompiles
     )
-    set_up_frame = _frame_at(context, file_name, line)
+    set_up_frame = context.frame_at_line(file_name, line)
     return Finding(
         analyzer=NAME,
         severity=context.severity(share),
@@ -80,12 +80,3 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
         **context.location_fields(set_up_frame),
     )
 
-
-def _frame_at(context: AnalysisContext, file_name: str, line: int) -> int | None:
-    """A recorded frame at `line` of a file named `file_name` (a diff names files without their folder)."""
-    rows = context.trace.sql(
-        "SELECT f.id FROM frames f JOIN strings s ON s.id = f.file_sid WHERE f.line = ? AND (s.text = ? OR s.text LIKE ? ESCAPE '\\') "
-        "ORDER BY f.id LIMIT 1",
-        (line, file_name, "%/" + file_name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")),
-    )
-    return rows[0][0] if rows else None
