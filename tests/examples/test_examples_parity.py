@@ -9,7 +9,7 @@ import pytest
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 
 @pytest.mark.parametrize("example", ["quickstart", "cnn_train"])

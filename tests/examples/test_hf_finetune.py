@@ -19,7 +19,7 @@ from tputrace.analysis import Report, analyze_path
 
 pytest.importorskip("transformers")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "hf_finetune.py"
 # Three optimizer steps (six micro-batches of six lengths), one block and one evaluation batch keep the run short:
 # every new length compiles the step's programs again, which is the problem the report must find.

@@ -20,7 +20,7 @@ from tputrace.store import open_trace
 from tputrace.summary import render_text, summarize
 from tputrace.tui.queries import compile_sites
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 PROBLEMS = ROOT / "examples" / "problems"
 MARKER = "# tputrace: problem"
 

@@ -20,7 +20,7 @@ from tputrace.analysis import Finding, Report, analyze_path
 from tputrace.analysis.data_sizes import explains, result_length
 from tputrace.cli.main import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Each step's mask selects `count` of 64 rows: counts far apart, so no two share a padded length.
 MASKED_LOSS = """

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 
 # The last line launches the GPT example's backward program (a DeferAndFuse flush at the end of
 # backward) and reads no value: the script ends while XLA compiles and runs it.

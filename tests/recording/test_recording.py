@@ -14,7 +14,7 @@ from backend_helpers import eager
 from tputrace.backend.device_module import EagerMode
 from tputrace.cli.main import main
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 sys.path.insert(0, str(EXAMPLES))
 
 

@@ -21,7 +21,7 @@ from tputrace.cli.main import COMMANDS, main
 from tputrace.cli.run import LiveStatus, format_status
 from tputrace.store import TraceWriter
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "tputrace"
 
 

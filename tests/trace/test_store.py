@@ -23,7 +23,7 @@ from tputrace.schema import FORMAT_VERSION, RECORD_KINDS, RECORD_KINDS_BY_TABLE,
 from tputrace.store import QueryError, Trace, TraceError, TraceWriteError, TraceWriter
 from tputrace.store.records import RECORD_TYPES, SourceLocation, field_name
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SUBPROCESS_ENV = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
 EVENT_KINDS = [kind for kind in RECORD_KINDS if kind.table not in ("strings", "frames", "runs")]
 

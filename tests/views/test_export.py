@@ -30,7 +30,7 @@ from tputrace.cli.main import main
 from tputrace.store.writer import TraceWriter
 from tputrace.viewers import xplane, xplane_proto
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 CORE_TOOLS = ("trace_viewer", "op_profile", "overview_page", "framework_op_stats")
 
 

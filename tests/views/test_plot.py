@@ -20,7 +20,7 @@ from tputrace.cli.main import main
 from tputrace.store import TraceWriter
 from tputrace.viewers import plotly_data, report_html
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where screenshots go: $TPUTRACE_SCREENSHOT_DIR (e.g. for CI artifacts), else the test's tmp dir.
 SCREENSHOT_DIR_ENV = "TPUTRACE_SCREENSHOT_DIR"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"

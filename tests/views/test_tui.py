@@ -35,7 +35,7 @@ from tputrace.tui import queries
 from tputrace.tui.actions import ACTIONS, ACTIONS_BY_ID, VIEW_ORDER, parse_keymap
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, shade_row, share_bar
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 SIZE = (130, 40)
 
 

@@ -1,7 +1,7 @@
 """Snapshot tests: every view of the TUI on the committed small fixture at 120x36.
 
 The findings are fixed here (not the live analysis) so that the snapshots change only when the TUI
-does. Update after an intended change with `pytest tests/test_tui_snapshots.py --snapshot-update`
+does. Update after an intended change with `pytest tests/views/test_tui_snapshots.py --snapshot-update`
 and look at the report it writes.
 """
 
@@ -20,7 +20,7 @@ from tputrace.analysis.findings import Evidence, Finding
 from tputrace.tui.queries import FindingsResult
 from tputrace.tui.session import Session
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 TERMINAL_SIZE = (120, 36)
 
 FIXED_FINDINGS = (

@@ -17,7 +17,7 @@ import tputrace
 from backend_helpers import host
 from tputrace.cli.main import main
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 PROBLEMS = EXAMPLES / "problems"
 MARKER = "# tputrace: problem"

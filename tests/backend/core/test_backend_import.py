@@ -15,7 +15,7 @@ import pytest
 
 from tputrace.backend import import_hooks
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFERRED_MODULES = (
     "torch._dynamo",
     "torch._functorch.aot_autograd",

@@ -35,7 +35,7 @@ from tputrace.merge import (
 from tputrace.schema import RECORD_KINDS
 from tputrace.store.writer import TraceWriter
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "examples"
 MS = 1_000_000
 T0 = 1_767_225_600_000_000_000  # 2026-01-01 UTC: trace contents never depend on the clock

@@ -21,7 +21,7 @@ import tputrace.backend  # noqa: F401 - registers the tpu device
 from tputrace.backend.distributed.handoff import quarantine
 from tputrace.backend.distributed.process_group import TpuProcessGroup
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 
 # Each round: a one-rank group held by a Reducer, async all-gathers of tpu tensors, the group's Python
 # object dropped, then the Reducer (freed with the GIL held) drops the group's last C++ reference.

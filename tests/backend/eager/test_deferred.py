@@ -13,7 +13,7 @@ from tputrace.backend.device_module import EagerMode
 from tputrace.backend.dispatch import dispatcher
 from tputrace.cli.main import main
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _run(tmp_path: Path, name: str, source: str, *args: str) -> Path:

@@ -13,7 +13,7 @@ import torch
 from backend_helpers import eager
 from tputrace.backend.device_module import EagerMode
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
 
 def _gpt_train() -> object:

@@ -20,7 +20,7 @@ from tputrace.backend.device_module import EagerMode
 from tputrace.cli.main import main
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]
 
 # (the op the error names, a function of a [5, 3] table and an int64 id vector, written on one line).
 CASES: dict[str, tuple[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]]] = {

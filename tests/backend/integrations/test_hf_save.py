@@ -1,7 +1,7 @@
 """Checkpoint writers that look for shared storage: `save_pretrained` (huggingface_hub unwraps a
 TpuTensor with `__tensor_flatten__`) and safetensors (`data_ptr` against the storage's) save a model
 on tpu, tied weights included, and load it back. `device=0` reaches torch as a bare index, which
-names the current accelerator, `tpu:0`; tests/test_weight_loading.py covers `device="tpu:N"`."""
+names the current accelerator, `tpu:0`; tests/backend/integrations/test_weight_loading.py covers `device="tpu:N"`."""
 
 from __future__ import annotations
 
