@@ -51,8 +51,8 @@ def _running_script() -> str | None:
     main_file = getattr(sys.modules.get("__main__"), "__file__", None)
     if main_file is None:
         return None
-    name = Path(main_file).name
-    return f"bench/{name}" if (BENCH / name).is_file() else None
+    script = Path(main_file).resolve()
+    return f"bench/{script.name}" if script.parent == BENCH else None
 
 
 def host_description() -> str:
