@@ -31,7 +31,7 @@ def write_section(title: str, body: str) -> None:
     heading = _heading(title, _running_script())
     text = RESULTS.read_text() if RESULTS.exists() else HEADER
     section = f"## {heading}\n\n{body.strip()}\n\n_Measured on {host_description()}._\n"
-    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.S | re.M)
+    pattern = re.compile(rf"^## {re.escape(heading)}\n.*?(?=^## |\Z)", re.DOTALL | re.MULTILINE)
     if pattern.search(text):
         text = pattern.sub(lambda _: section + "\n", text)
     else:
@@ -60,7 +60,8 @@ def host_description() -> str:
     processor = _processor_name()
     cores = os.cpu_count()
     machine = platform.machine()
-    hardware = ", ".join(part for part in (processor, f"{cores} cores" if cores else None) if part)
+    core_count = f"{cores} cores" if cores else None
+    hardware = ", ".join(part for part in (processor, core_count) if part)
     where = f"{machine} ({hardware})" if hardware else machine
     return f"{where}, {platform.python_implementation()} {platform.python_version()}"
 
@@ -71,5 +72,5 @@ def _processor_name() -> str | None:
         cpuinfo = Path("/proc/cpuinfo").read_text()
     except OSError:
         return None
-    match = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.M)
+    match = re.search(r"^model name\s*:\s*(.+)$", cpuinfo, re.MULTILINE)
     return match.group(1).strip() if match else None
