@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import queue
+import re
 import threading
 import time
 import weakref
@@ -100,7 +101,7 @@ class TpuProcessGroup(dist.ProcessGroup):
                 call.finished()
             return result
 
-        pending = _Pending(host_works, finish, handoff, staging.kind == "recv")
+        pending = _Pending(staging.kind, host_works, finish, handoff, staging.kind == "recv")
         self._completion.submit(pending, ordered=staging.kind not in ("send", "recv"))
         return CollectiveWork(pending, staging.kind)
 
@@ -300,11 +301,26 @@ class CollectiveError(RuntimeError):
     """A collective that did not complete: a peer died or hung, or the transport failed."""
 
 
+class _FailedCollective(CollectiveError):
+    """A failed collective's error as its future holds it.
+
+    `Future.set_exception` does not fail the C++ future: it completes it with the exception as its
+    value, and only Python's `wait()`/`value()` raise it. A C++ reader of the future takes that value
+    as the result: DDP's reducer looks for a bucket's tensors in it by pickling it
+    (`parseCppCommHookResult`), found none in an exception, and read past the empty list (a SIGSEGV on
+    every rank that survived a peer). Pickling this error raises it instead, so such a reader fails
+    with the collective's error as a C++ exception, which autograd raises from `backward()`."""
+
+    def __reduce__(self) -> Any:
+        raise CollectiveError(str(self))
+
+
 def _transport_message(error: BaseException) -> str:
     """The transport's own words, without the future-callback wrapping and traceback lines."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
     for prefix in ("Got the following error when running the callback: ", "RuntimeError: "):
         text = text.removeprefix(prefix)
+    text = re.sub(r"^\[[^\]\s]+:\d+\] ", "", text)  # gloo's "[.../pair.cc:553] " source position
     return text.split(" This is typically caused")[0]
 
 
@@ -340,6 +356,8 @@ class CollectiveWork(dist.Work):
         return None
 
     def _failure(self, error: BaseException) -> CollectiveError:
+        if isinstance(error, CollectiveError):
+            return CollectiveError(str(error))
         return CollectiveError(f"{self._kind} on the tpu process group failed: {_transport_message(error)}")
 
     def is_completed(self) -> bool:
@@ -407,9 +425,10 @@ class _Pending:
     at once, so its results come back without a hand-over between threads), or the group's
     completion thread (for calls nobody is waiting on yet, such as DDP's buckets)."""
 
-    __slots__ = ("host_works", "finish", "handoff", "result", "receives", "source_rank", "_claim")
+    __slots__ = ("kind", "host_works", "finish", "handoff", "result", "receives", "source_rank", "_claim")
 
-    def __init__(self, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]], handoff: Handoff, receives: bool = False) -> None:
+    def __init__(self, kind: str, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]], handoff: Handoff, receives: bool = False) -> None:
+        self.kind = kind
         self.host_works = host_works
         self.finish: Callable[[], list[torch.Tensor]] | None = finish
         self.handoff: Handoff | None = handoff
@@ -428,7 +447,7 @@ class _Pending:
                 self.source_rank = self.host_works[0]._source_rank()
             value = self.finish()  # type: ignore[misc] - set until claimed, and claimed once
         except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
-            self.result.set_exception(error)
+            self.result.set_exception(_FailedCollective(f"{self.kind} on the tpu process group failed: {_transport_message(error)}"))
             return
         finally:
             # The staging goes now, and the host buffers once gloo's thread has dropped the works too;
