@@ -89,6 +89,7 @@ class MergeResult:
     matched_collectives: int = 0
     waits_filled: int = 0
     forks: dict[int, ForkOrigin] = field(default_factory=dict)
+    first_failure: str | None = None  # the launcher's word on which rank failed first, and where
 
     def lines(self) -> list[str]:
         """The merge, in a few lines for people."""
@@ -106,6 +107,8 @@ class MergeResult:
             lines.append(f"  rank {rank} failed: {why}")
         for rank, why in sorted(self.missing.items()):
             lines.append(f"  rank {rank} is missing: {why}")
+        if self.first_failure:
+            lines.append(f"  {self.first_failure}")
         for rank, origin in sorted(self.forks.items()):
             lines.append(f"  rank {rank} is process {origin.pid}, {started_by(origin)} rank {origin.parent_rank} (process {origin.parent_pid})")
         return lines
@@ -120,6 +123,7 @@ class MergeResult:
             "clock": self.clock,
             "clock_offsets_ns": self.offsets_ns,
             "matched_collectives": self.matched_collectives,
+            **({"first_failure": self.first_failure} if self.first_failure else {}),
         }
 
 
@@ -220,11 +224,13 @@ def merge_traces(
     failures: Mapping[int, str] | None = None,
     align: str = "auto",
     source_roots: Sequence[str | Path] = (),
+    first_failure: str | None = None,
 ) -> MergeResult:
     """Merge traces (one rank each, or merged already) into `output`.
 
     `expected_ranks` are the ranks that should be there (default: every rank below the largest
-    recorded world size); `failures` are the launcher's reasons for ranks that failed; `source_roots`
+    recorded world size); `failures` are the launcher's reasons for ranks that failed, and
+    `first_failure` its sentence on the rank that failed first (kept in `meta.merge`); `source_roots`
     are searched for a copy of a source file the run saw, which an older trace's byte columns need to
     be written in characters (without one, such a call's columns are dropped)."""
     if align not in ALIGNMENTS:
@@ -235,7 +241,7 @@ def merge_traces(
     failures = dict(failures or {})
     sources = _open_sources(inputs, output_path, source_roots)
     try:
-        return _merge(sources, output_path, expected_ranks, failures, align)
+        return _merge(sources, output_path, expected_ranks, failures, align, first_failure)
     finally:
         _close(sources)
 
@@ -302,7 +308,7 @@ def _placeholder_run(rank: int) -> RunInfo:
     return RunInfo(rank, None, None, (), None, None, None, None, None, None, None, None, None, None, None, None, None)
 
 
-def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] | None, failures: dict[int, str], align: str) -> MergeResult:
+def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] | None, failures: dict[int, str], align: str, first_failure: str | None = None) -> MergeResult:
     runs = {rank: run for source in sources for rank, run in source.runs.items()}
     forks = {rank: origin for source in sources for rank, origin in fork_origins(source.trace.meta).items() if rank in runs}
     distributed = [rank for rank in runs if rank not in forks] or list(runs)
@@ -310,7 +316,7 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
     expected = sorted(set(expected_ranks) if expected_ranks is not None else set(range(world_size)))
     if expected_ranks is not None and expected:
         world_size = max(world_size, expected[-1] + 1)
-    result = MergeResult(output, sorted(runs), world_size, forks=forks)
+    result = MergeResult(output, sorted(runs), world_size, forks=forks, first_failure=first_failure)
 
     known_starts = [run.start_unix_ns for run in runs.values() if run.start_unix_ns is not None]
     starts = {rank: run.start_unix_ns if run.start_unix_ns is not None else min(known_starts, default=0) for rank, run in runs.items()}

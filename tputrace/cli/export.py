@@ -8,14 +8,13 @@ JSON for ui.perfetto.dev or chrome://tracing. Either or both.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from tputrace.cli.outputs import FORCE_HELP, PERFETTO, check_output, writing
 from tputrace.store.errors import TputraceError
 
 
@@ -26,7 +25,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         description="Export a trace as XProf files for TensorBoard's profile plugin (--tensorboard) and/or as "
         "Chrome trace-event JSON for Perfetto (--perfetto). Op times inside a program are estimates; each "
         "export says so.",
-        usage="tputrace export TRACE [--tensorboard LOGDIR [--run NAME]] [--perfetto OUT.json.gz] [--target CHIP]",
+        usage="tputrace export TRACE [--tensorboard LOGDIR [--run NAME]] [--perfetto OUT.json.gz] [--target CHIP] [--force]",
     )
     parser.add_argument("trace", help="a .tptrace file")
     parser.add_argument("--tensorboard", metavar="LOGDIR", help="write LOGDIR/plugins/profile/<run>/<host>.xplane.pb")
@@ -34,6 +33,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--perfetto", metavar="PATH", help="write Chrome trace-event JSON (gzipped if PATH ends in .gz)")
     parser.add_argument("--target", metavar="CHIP", default=None,
                         help="TPU whose peaks XProf shows and op times are estimated for (default: v6e, the one `tputrace report` uses)")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     return parser
 
 
@@ -48,14 +48,14 @@ def run(args: argparse.Namespace) -> int:
     target = args.target or DEFAULT_TARGET
     chip = target_chip(target)
     if args.perfetto:
-        check_output_file(Path(args.perfetto))
+        check_output(Path(args.perfetto), PERFETTO, inputs=[Path(args.trace)], force=args.force, option="--perfetto")
     with open_trace(args.trace) as trace:
         if args.tensorboard:
             check_logdir(Path(args.tensorboard))  # after opening: a bad trace leaves no empty logdir behind
-            with _writing("--tensorboard", args.tensorboard):
+            with writing("--tensorboard", args.tensorboard):
                 export_tensorboard(trace, Path(args.tensorboard), args.run, chip.name)
         if args.perfetto:
-            with _writing("--perfetto", args.perfetto):
+            with writing("--perfetto", args.perfetto):
                 export_perfetto(trace, Path(args.perfetto), chip.name)
     print(f"tputrace: target chip {chip.device_type} ({chip.name}); op times inside programs are estimates",
           file=sys.stderr)
@@ -88,30 +88,12 @@ def export_perfetto(trace: Any, path: Path, target: str) -> Any:
     return export
 
 
-@contextlib.contextmanager
-def _writing(option: str, path: str) -> Iterator[None]:
-    """Turns a failure to write the output (a full disk, a read-only folder) into a one-line error."""
-    try:
-        yield
-    except OSError as error:
-        where = f" ({error.filename})" if error.filename and str(error.filename) != path else ""
-        raise TputraceError(f"cannot write {option} {path}: {error.strerror or error}{where}") from None
-
-
 def check_logdir(logdir: Path) -> None:
     """A logdir must be a directory that can be created (checked before the trace is read)."""
     if logdir.exists() and not logdir.is_dir():
         raise TputraceError(f"--tensorboard {logdir} is a file, not a directory")
-    with _writing("--tensorboard", str(logdir)):
+    with writing("--tensorboard", str(logdir)):
         logdir.mkdir(parents=True, exist_ok=True)
     if not os.access(logdir, os.W_OK | os.X_OK):
         raise TputraceError(f"cannot write --tensorboard {logdir}: permission denied")
 
-
-def check_output_file(path: Path) -> None:
-    if path.is_dir():
-        raise TputraceError(f"--perfetto {path} is a directory; give a file name such as trace.json.gz")
-    if not path.parent.exists():
-        raise TputraceError(f"cannot write {path}: the folder {path.parent} does not exist")
-    if not path.parent.is_dir():
-        raise TputraceError(f"cannot write {path}: {path.parent} is a file, not a folder")

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
+
+from tputrace.cli.outputs import FORCE_HELP, TRACE, check_output, writing
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -30,6 +33,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--source-root", action="append", default=[], metavar="DIR",
                         help="where to look for a copy of a source file the run saw (repeatable); an older trace's "
                              "call columns need it")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     return parser
 
 
@@ -40,7 +44,9 @@ def run(args: argparse.Namespace) -> int:
     if args.world_size is not None and args.world_size < 1:
         raise TputraceError(f"--world-size must be at least 1, not {args.world_size}")
     expected = range(args.world_size) if args.world_size is not None else None
-    result = merge_traces(args.traces, args.output, expected_ranks=expected, align=args.align, source_roots=args.source_root)
+    check_output(Path(args.output), TRACE, inputs=[Path(trace) for trace in args.traces], force=args.force)
+    with writing("-o", args.output):
+        result = merge_traces(args.traces, args.output, expected_ranks=expected, align=args.align, source_roots=args.source_root)
     for line in result.lines():
         print(line, file=sys.stdout)
     return 0

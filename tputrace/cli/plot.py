@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tputrace.cli.outputs import FORCE_HELP, HTML_REPORT, check_output, writing
 from tputrace.store.errors import TputraceError
 
 
@@ -20,7 +21,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="write an HTML report of a trace (or compare two traces)",
         description="Write one self-contained HTML report of a trace: timeline, step times, where time goes, "
         "recompilations, shapes and padding, roofline, collectives and memory, with the findings beside them.",
-        usage="tputrace plot TRACE [-o report.html] [--plotlyjs {inline,cdn}] [--target CHIP]\n"
+        usage="tputrace plot TRACE [-o report.html] [--plotlyjs {inline,cdn}] [--target CHIP] [--force]\n"
         "       tputrace plot --compare BEFORE AFTER [-o compare.html] [--plotlyjs {inline,cdn}]",
     )
     parser.add_argument("trace", nargs="?", help="a .tptrace file")
@@ -31,6 +32,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--plotlyjs", choices=("inline", "cdn"), default="inline",
                         help="inline plotly.js so the page opens offline (default), or link it from the plotly CDN")
     parser.add_argument("--target", metavar="CHIP", help="target TPU for findings and estimates (e.g. v6e)")
+    parser.add_argument("--force", action="store_true", help=FORCE_HELP)
     return parser
 
 
@@ -42,13 +44,15 @@ def run(args: argparse.Namespace) -> int:
     if args.compare:
         before, after = (Path(path) for path in args.compare)
         output = Path(args.output) if args.output else after.with_name(f"{before.stem}-vs-{after.stem}.html")
-        _check_output(output)
-        written = report_html.write_comparison(before, after, output, plotlyjs=args.plotlyjs)
+        check_output(output, HTML_REPORT, inputs=[before, after], force=args.force, option=_option(args))
+        with writing(_option(args), output):
+            written = report_html.write_comparison(before, after, output, plotlyjs=args.plotlyjs)
     elif args.trace:
         trace_path = Path(args.trace)
         output = Path(args.output) if args.output else trace_path.with_suffix(".html")
-        _check_output(output)
-        written = report_html.write_report(trace_path, output, target=args.target, plotlyjs=args.plotlyjs)
+        check_output(output, HTML_REPORT, inputs=[trace_path], force=args.force, option=_option(args))
+        with writing(_option(args), output):
+            written = report_html.write_report(trace_path, output, target=args.target, plotlyjs=args.plotlyjs)
         if written.analysis_note:
             print(f"tputrace: note: {written.analysis_note}", file=sys.stderr)
     else:
@@ -58,8 +62,6 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_output(output: Path) -> None:
-    if output.is_dir():
-        raise TputraceError(f"{output} is a directory; give a file name for the report")
-    if not output.parent.exists():
-        raise TputraceError(f"cannot write {output}: no directory {output.parent}")
+def _option(args: argparse.Namespace) -> str:
+    """How messages name the output: the option that gave it, or the report's default place."""
+    return "-o" if args.output else "the report"

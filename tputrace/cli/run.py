@@ -37,7 +37,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "run",
         help="run a script on the tpu device and record a trace",
         description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
-        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--tui] "
+        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--force] [--tui] "
         "(script.py | -m module) [args ...]",
     )
     parser.add_argument(
@@ -70,6 +70,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(sets TPUTRACE_COMPILE_CACHE; the trace marks each program loaded so)",
     )
     parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
+    parser.add_argument("--force", action="store_true", help="write the trace over an existing file that is not a trace")
     parser.add_argument("--tui", action="store_true", help="open the trace in the terminal UI when the run ends")
     parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
@@ -112,11 +113,13 @@ def run(args: argparse.Namespace) -> int:
     except settings.SettingError as error:
         raise TputraceError(str(error)) from None
     if args.nproc is not None:
+        from tputrace.cli.launch import run_ranks
+
         return run_ranks(target, args)
     output = args.output.replace("{rank}", os.environ.get("RANK", "0")) if args.output else None
     trace_path = None if args.no_trace else Path(output or default_trace_path(target.stem)).resolve()
     if trace_path is not None:
-        check_trace_path(trace_path)
+        check_trace_path(trace_path, target, force=args.force)
     recorder = importlib.import_module("tputrace.recorder")
     launcher_pid = os.getpid()
     exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode)
@@ -129,122 +132,6 @@ def run(args: argparse.Namespace) -> int:
 
             open_ui_after_run(trace_path)
     return exit_status
-
-
-# ----------------------------------------------------------------- --nproc: one rank per process
-RANK_SHUTDOWN_TIMEOUT_S = 10
-
-
-@dataclass(frozen=True)
-class RankFailure:
-    """How a rank ended, as the launcher saw it."""
-
-    exit_status: int
-    reason: str
-    timestamp: float
-
-
-def run_ranks(target: Target, args: argparse.Namespace) -> int:
-    """`--nproc N`: run N ranks of `tputrace run` under torch.distributed's elastic launcher (one chip
-    each, each recording its own trace into `<trace>.ranks/`), then merge their traces into `<trace>`.
-
-    When a rank fails the launcher stops the others (SIGTERM, then SIGKILL after
-    `RANK_SHUTDOWN_TIMEOUT_S`); every trace written so far is merged, and the merged trace says which
-    ranks died and why. Exit status: 0, or that of the first rank that failed."""
-    if args.nproc < 1:
-        raise TputraceError(f"--nproc must be at least 1, not {args.nproc}")
-    merged_path = None if args.no_trace else Path(args.output or default_trace_path(target.stem)).resolve()
-    worker_args = ["-m", "tputrace.cli.main", "run", "--no-summary", "--mode", args.mode]
-    rank_paths: list[Path] = []
-    if merged_path is None:
-        worker_args.append("--no-trace")
-    else:
-        check_trace_path(merged_path)
-        rank_dir = rank_trace_dir(merged_path)
-        rank_dir.mkdir(exist_ok=True)
-        for stale in rank_dir.glob("rank*.tptrace*"):
-            stale.unlink()
-        rank_paths = [rank_dir / f"rank{rank}.tptrace" for rank in range(args.nproc)]
-        worker_args += ["-o", str(rank_dir / "rank{rank}.tptrace")]
-    if args.chips is None:
-        os.environ["TPUTRACE_CHIPS"] = "1"
-    worker_args += (["-m", target.name] if target.is_module else [target.name]) + list(args.target_args)
-    failures = launch_ranks(worker_args, args.nproc)
-    if merged_path is not None and merge_rank_traces(rank_paths, merged_path, args.nproc, failures) and getattr(args, "tui", False):
-        from tputrace.cli.tui import open_ui_after_run
-
-        open_ui_after_run(merged_path)
-    if not failures:
-        return 0
-    first = min(failures, key=lambda rank: failures[rank].timestamp)
-    stopped = "; the launcher stopped the other ranks" if args.nproc > 1 else ""
-    print(f"tputrace: rank {first} failed first ({failures[first].reason}){stopped}", file=sys.stderr)
-    return failures[first].exit_status
-
-
-def rank_trace_dir(merged_path: Path) -> Path:
-    """Where `--nproc` keeps each rank's own trace: `<trace>.ranks/rank<N>.tptrace`."""
-    return merged_path.with_name(merged_path.name.removesuffix(".tptrace") + ".ranks")
-
-
-def launch_ranks(worker_args: list[str], nproc: int) -> dict[int, RankFailure]:
-    """Run `python <worker_args>` as `nproc` ranks on this host; returns the failed ranks."""
-    import uuid
-
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
-    config = LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"tputrace-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint="localhost:0",
-        max_restarts=0,
-        monitor_interval=0.1,
-        shutdown_timeout=RANK_SHUTDOWN_TIMEOUT_S,
-    )
-    try:
-        elastic_launch(config, sys.executable)(*worker_args)
-    except ChildFailedError as error:
-        return {rank: rank_failure(failure.exitcode, failure.timestamp) for rank, failure in error.failures.items()}
-    return {}
-
-
-def rank_failure(exitcode: int, timestamp: float) -> RankFailure:
-    """A launcher exit code as an exit status and a reason (negative codes are signals)."""
-    import signal
-
-    if exitcode < 0:
-        try:
-            name = signal.Signals(-exitcode).name
-        except ValueError:
-            name = f"signal {-exitcode}"
-        return RankFailure(128 - exitcode, f"killed by {name} (signal {-exitcode})", timestamp)
-    return RankFailure(exitcode, f"exited with status {exitcode}", timestamp)
-
-
-def merge_rank_traces(rank_paths: list[Path], merged_path: Path, nproc: int, failures: dict[int, RankFailure]) -> bool:
-    """Merge the ranks' traces that exist, then print what the merge found and the merged summary."""
-    from tputrace.merge import merge_traces
-
-    existing = [path for path in rank_paths if path.exists()]
-    print(file=sys.stderr)
-    if not existing:
-        print("tputrace: error: no rank wrote a trace", file=sys.stderr)
-        return False
-    reasons = {rank: failure.reason for rank, failure in failures.items()}
-    try:
-        result = merge_traces(existing, merged_path, expected_ranks=range(nproc), failures=reasons)
-    except TputraceError as error:
-        print(f"tputrace: error: cannot merge the ranks' traces: {error}", file=sys.stderr)
-        return False
-    for line in result.lines():
-        print(f"tputrace: {line}", file=sys.stderr)
-    print(f"tputrace: per-rank traces in {rank_trace_dir(merged_path)}", file=sys.stderr)
-    report(merged_path)
-    return True
 
 
 def check_target(target: Target) -> None:
@@ -267,12 +154,12 @@ def check_target(target: Target) -> None:
         raise TputraceError(f"{target.name} is a directory, not a script")
 
 
-def check_trace_path(trace_path: Path) -> None:
-    """Raise `TputraceError` when the trace cannot be written there (before the backend loads)."""
-    if trace_path.is_dir():
-        raise TputraceError(f"cannot write the trace to {trace_path}: it is a directory")
-    if not trace_path.parent.is_dir():
-        raise TputraceError(f"cannot write the trace to {trace_path}: {trace_path.parent} does not exist")
+def check_trace_path(trace_path: Path, target: Target, force: bool = False) -> None:
+    """Raise `TputraceError` when the trace cannot be written there (before the backend loads): over the
+    script, a folder, or a file that is not a trace (without `force`)."""
+    from tputrace.cli.outputs import TRACE, check_output
+
+    check_output(trace_path, TRACE, inputs=[] if target.is_module else [Path(target.name)], force=force)
 
 
 def check_compile_cache(directory: str) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import stat
 from pathlib import Path
 
 from tputrace.schema import FORMAT_VERSION, MAGIC
@@ -18,6 +19,12 @@ def check_trace_file(path: Path) -> None:
         raise TraceError(f"no such trace file: {path}")
     if path.is_dir():
         raise TraceError(f"{path} is a directory, not a trace file")
+    try:
+        is_regular = stat.S_ISREG(path.stat().st_mode)
+    except OSError as error:
+        raise TraceError(f"cannot read {path}: {error.strerror or error}") from None
+    if not is_regular:  # a pipe or a device: reading it could wait forever
+        raise TraceError(f"{path} is not a regular file (a pipe, a device or a socket), not a trace file")
     try:
         with path.open("rb") as trace_file:
             header = trace_file.read(_HEADER_SIZE)

@@ -1,0 +1,316 @@
+"""`tputrace run --nproc N`: the launcher of the ranks, their merge, and how a run of ranks ends.
+
+The ranks run under torch.distributed's elastic agent, each as `tputrace run` recording its own trace
+into `<trace>.ranks/`; their traces are merged into `<trace>` however the run ends:
+
+- a rank fails (raises, exits non-zero, is killed): the agent stops the others (SIGTERM, then SIGKILL
+  after `RANK_SHUTDOWN_TIMEOUT_S`); the ranks still in a collective with it get a Python error from
+  that collective; the launcher names the rank that failed first and where, and exits with its status;
+- the launcher gets SIGINT (Ctrl-C) or SIGTERM: it sends that signal to every rank, which finishes its
+  trace and exits; ranks still running `RANK_SHUTDOWN_TIMEOUT_S` later (or at a second signal) are
+  killed; the traces are merged and the launcher exits 128 + the signal (130, 143).
+
+The agent runs on a thread of its own, so that it installs no signal handlers of its own (its
+handlers raise in the middle of its shutdown and leave ranks running).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+
+from tputrace.store.errors import TputraceError
+
+RANK_SHUTDOWN_TIMEOUT_S = 10
+_POLL_S = 0.2
+# Words in a rank's error that say a peer's failure caused it, not the rank itself.
+_PEER_FAILURE_MARKS = ("on the tpu process group failed", "Connection closed by peer", "Connection reset by peer")
+_LIBRARY_PATH_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3")
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    """How a rank ended, as the launcher saw it."""
+
+    exit_status: int
+    reason: str
+    timestamp: float
+
+
+@dataclass(frozen=True)
+class FirstFailure:
+    """The rank whose failure the others followed: who, why, and where in the script when known."""
+
+    rank: int
+    reason: str
+    where: str | None
+
+    def text(self) -> str:
+        return f"rank {self.rank} failed first ({self.reason}{f' at {self.where}' if self.where else ''})"
+
+
+def run_ranks(target: Any, args: argparse.Namespace) -> int:
+    """Run `args.nproc` ranks of `tputrace run` (one chip each, each recording into `<trace>.ranks/`),
+    then merge their traces into `<trace>`. Exit status: 0; 128 + a signal that stopped the launcher;
+    else that of the rank that failed first."""
+    from tputrace.cli.outputs import TRACE, check_output
+    from tputrace.cli.run import default_trace_path
+
+    if args.nproc < 1:
+        raise TputraceError(f"--nproc must be at least 1, not {args.nproc}")
+    merged_path = None if args.no_trace else Path(args.output or default_trace_path(target.stem)).resolve()
+    worker_args = ["-m", "tputrace.cli.main", "run", "--no-summary", "--mode", args.mode]
+    rank_paths: list[Path] = []
+    if merged_path is None:
+        worker_args.append("--no-trace")
+    else:
+        inputs = [] if target.is_module else [Path(target.name)]
+        check_output(merged_path, TRACE, inputs=inputs, force=getattr(args, "force", False), option="-o")
+        rank_dir = rank_trace_dir(merged_path)
+        rank_dir.mkdir(exist_ok=True)
+        for stale in rank_dir.glob("rank*.tptrace*"):
+            stale.unlink()
+        rank_paths = [rank_dir / f"rank{rank}.tptrace" for rank in range(args.nproc)]
+        worker_args += ["-o", str(rank_dir / "rank{rank}.tptrace")]
+    if args.chips is None:
+        os.environ["TPUTRACE_CHIPS"] = "1"
+    worker_args += (["-m", target.name] if target.is_module else [target.name]) + list(args.target_args)
+    failures, stop_signal = launch_ranks(worker_args, args.nproc)
+    first = None if stop_signal else first_failure(failures, rank_paths)
+    if merged_path is not None:
+        merged = merge_rank_traces(rank_paths, merged_path, args.nproc, failures, first)
+        if merged and getattr(args, "tui", False) and not stop_signal:
+            from tputrace.cli.tui import open_ui_after_run
+
+            open_ui_after_run(merged_path)
+    if stop_signal:
+        print(f"tputrace: stopped by {signal.Signals(stop_signal).name}; every rank was stopped", file=sys.stderr)
+        return 128 + stop_signal
+    if first is None:
+        return 0
+    stopped = "; the launcher stopped the other ranks" if args.nproc > 1 else ""
+    print(f"tputrace: {first.text()}{stopped}", file=sys.stderr)
+    return failures[first.rank].exit_status
+
+
+def rank_trace_dir(merged_path: Path) -> Path:
+    """Where `--nproc` keeps each rank's own trace: `<trace>.ranks/rank<N>.tptrace`."""
+    return merged_path.with_name(merged_path.name.removesuffix(".tptrace") + ".ranks")
+
+
+def launch_ranks(worker_args: list[str], nproc: int) -> tuple[dict[int, RankFailure], int | None]:
+    """Run `python <worker_args>` as `nproc` ranks on this host. Returns the failed ranks, and the
+    signal (SIGINT, SIGTERM) that stopped the launcher, or None."""
+    import uuid
+
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    config = LaunchConfig(
+        min_nodes=1,
+        max_nodes=1,
+        nproc_per_node=nproc,
+        run_id=f"tputrace-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d",
+        rdzv_endpoint="localhost:0",
+        max_restarts=0,
+        monitor_interval=0.1,
+        shutdown_timeout=RANK_SHUTDOWN_TIMEOUT_S,
+    )
+    failures: dict[int, RankFailure] = {}
+    launcher_errors: list[BaseException] = []
+
+    def run_agent() -> None:
+        try:
+            elastic_launch(config, sys.executable)(*worker_args)
+        except ChildFailedError as error:
+            failures.update({rank: rank_failure(failure.exitcode, failure.timestamp) for rank, failure in error.failures.items()})
+        except BaseException as error:  # noqa: BLE001 - raised again on the main thread
+            launcher_errors.append(error)
+
+    agent = threading.Thread(target=run_agent, name="tputrace-launcher", daemon=True)
+    stopper = RankStopper(os.getpid())
+    with stopper.handling_signals():
+        agent.start()
+        while agent.is_alive():
+            agent.join(_POLL_S)
+            stopper.kill_when_overdue()
+    if launcher_errors:
+        raise launcher_errors[0]
+    return failures, stopper.signal_number
+
+
+class RankStopper:
+    """Stops the ranks when the launcher gets SIGINT or SIGTERM: the first signal goes to every rank's
+    process group (each rank finishes its trace and exits); ranks left `RANK_SHUTDOWN_TIMEOUT_S` later,
+    or at a second signal, are killed."""
+
+    def __init__(self, launcher_pid: int) -> None:
+        self.launcher_pid = launcher_pid
+        self.signal_number: int | None = None
+        self._kill_at: float | None = None
+
+    def handling_signals(self) -> Any:
+        from contextlib import contextmanager
+
+        @contextmanager
+        def handlers() -> Any:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+            try:
+                yield
+            finally:
+                for number, handler in previous.items():
+                    signal.signal(number, handler)
+
+        return handlers()
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if self.signal_number is None:
+            self.signal_number = signum
+            self._kill_at = time.monotonic() + RANK_SHUTDOWN_TIMEOUT_S
+            os.write(2, f"\ntputrace: {signal.Signals(signum).name}: stopping the ranks; their traces are finished and merged\n".encode())
+            signal_ranks(self.launcher_pid, signum)
+        else:
+            os.write(2, b"tputrace: a second signal: killing the ranks (their last records may be lost)\n")
+            signal_ranks(self.launcher_pid, signal.SIGKILL)
+
+    def kill_when_overdue(self) -> None:
+        if self._kill_at is not None and time.monotonic() > self._kill_at:
+            self._kill_at = None
+            signal_ranks(self.launcher_pid, signal.SIGKILL)
+
+
+def signal_ranks(launcher_pid: int, signum: int) -> None:
+    """Send `signum` to the process group of every rank: the launcher's children that lead a process
+    group of their own (the elastic agent starts each rank in a new session)."""
+    for pid in _children(launcher_pid):
+        try:
+            if os.getpgid(pid) == pid:
+                os.killpg(pid, signum)
+        except (ProcessLookupError, PermissionError):
+            continue
+
+
+def _children(parent_pid: int) -> list[int]:
+    """The pids whose parent is `parent_pid` (from /proc)."""
+    children = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2 :].split()
+        if len(fields) > 1 and fields[1] == str(parent_pid):
+            children.append(int(entry))
+    return children
+
+
+def rank_failure(exitcode: int, timestamp: float) -> RankFailure:
+    """A launcher exit code as an exit status and a reason (negative codes are signals)."""
+    if exitcode < 0:
+        try:
+            name = signal.Signals(-exitcode).name
+        except ValueError:
+            name = f"signal {-exitcode}"
+        return RankFailure(128 - exitcode, f"killed by {name} (signal {-exitcode})", timestamp)
+    return RankFailure(exitcode, f"exited with status {exitcode}", timestamp)
+
+
+def first_failure(failures: Mapping[int, RankFailure], rank_paths: list[Path]) -> FirstFailure | None:
+    """The rank whose failure the others followed. Each failed rank's time is its trace's end (its
+    last record when it was killed); a rank whose error came from a collective with a dead peer, or
+    that the launcher stopped (SIGTERM), followed another one. Of the ranks that did not follow one,
+    the earliest; else the earliest of all."""
+    if not failures:
+        return None
+    facts = {rank: _failure_facts(rank, failure, rank_paths[rank] if rank < len(rank_paths) else None) for rank, failure in failures.items()}
+    causes = [rank for rank, (_, _, followed, _) in facts.items() if not followed] or list(facts)
+    rank = min(causes, key=lambda candidate: (facts[candidate][0], candidate))
+    _, reason, _, where = facts[rank]
+    return FirstFailure(rank, reason, where)
+
+
+def _failure_facts(rank: int, failure: RankFailure, trace_path: Path | None) -> tuple[float, str, bool, str | None]:
+    """(when it failed, why, whether it followed another rank's failure, where) for one failed rank."""
+    from tputrace.store.reader import open_trace
+
+    when, reason, where = failure.timestamp, failure.reason, None
+    followed = failure.exit_status == 128 + signal.SIGTERM
+    if trace_path is None or not trace_path.exists():
+        return when, reason, followed, where
+    try:
+        with open_trace(trace_path) as trace:
+            run = trace.run
+            if run.start_unix_ns is not None:
+                when = (run.start_unix_ns + trace.wall_ns()) / 1e9
+            if run.error:
+                reason = f"{reason}: {_exception_line(run.error)}"
+                where = _failing_line(run.error)
+                followed = followed or any(mark in run.error for mark in _PEER_FAILURE_MARKS)
+            elif run.end_ns is None:
+                where = _last_op_line(trace)
+                reason = f"{reason}; its last recorded op" if where else reason
+    except TputraceError:
+        pass
+    return when, reason, followed, where
+
+
+def _exception_line(error: str, limit: int = 160) -> str:
+    """The `Type: message` line of a formatted exception (its first line after the traceback)."""
+    lines = error.strip().splitlines()
+    line = next((line for line in lines if re.match(r"^[A-Za-z_][\w.]*(: |$)", line) and not line.startswith("Traceback")), lines[-1] if lines else "")
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _failing_line(error: str) -> str | None:
+    """Where a formatted traceback failed: its deepest frame outside installed libraries, as `file:line`."""
+    frames = re.findall(r'^\s*File "([^"]+)", line (\d+)', error, flags=re.MULTILINE)
+    if not frames:
+        return None
+    own = [frame for frame in frames if not any(mark in frame[0] for mark in _LIBRARY_PATH_MARKS)]
+    file, line = (own or frames)[-1]
+    return f"{os.path.basename(file)}:{line}"
+
+
+def _last_op_line(trace: Any) -> str | None:
+    rows = trace.sql("SELECT frame_id FROM ops WHERE frame_id IS NOT NULL ORDER BY seq DESC LIMIT 1")
+    location = trace.frame(rows[0][0]) if rows else None
+    return location.short if location is not None else None
+
+
+def merge_rank_traces(rank_paths: list[Path], merged_path: Path, nproc: int, failures: Mapping[int, RankFailure], first: FirstFailure | None) -> bool:
+    """Merge the ranks' traces that exist, then print what the merge found and the merged summary."""
+    from tputrace.cli.run import report
+    from tputrace.merge import merge_traces
+
+    existing = [path for path in rank_paths if path.exists()]
+    print(file=sys.stderr)
+    if not existing:
+        print("tputrace: error: no rank wrote a trace", file=sys.stderr)
+        return False
+    reasons = {rank: failure.reason for rank, failure in failures.items()}
+    try:
+        result = merge_traces(existing, merged_path, expected_ranks=range(nproc), failures=reasons, first_failure=None if first is None else first.text())
+    except TputraceError as error:
+        print(f"tputrace: error: cannot merge the ranks' traces: {error}", file=sys.stderr)
+        return False
+    for line in result.lines():
+        print(f"tputrace: {line}", file=sys.stderr)
+    print(f"tputrace: per-rank traces in {rank_trace_dir(merged_path)}", file=sys.stderr)
+    report(merged_path)
+    return True
