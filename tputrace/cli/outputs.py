@@ -70,7 +70,7 @@ def check_output(path: Path, kind: OutputKind, *, inputs: Iterable[Path] = (), f
     if not parent.exists():
         raise TputraceError(f"cannot write {option} {path}: the folder {parent} does not exist")
     if not parent.is_dir():
-        raise TputraceError(f"cannot write {option} {path}: {parent} is not a folder")
+        raise TputraceError(f"cannot write {option} {path}: {parent} is a file, not a folder")
     if not path.exists() and not path.is_symlink():
         return
     try:

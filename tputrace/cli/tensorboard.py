@@ -3,6 +3,11 @@
 Exports the trace to a temporary logdir and serves it with xprof's own web app, bound to
 127.0.0.1 only (xprof's `xprof` command binds every interface and opens a gRPC port; this does
 neither). Prints the URL; Ctrl-C (or SIGTERM) stops the server and removes the logdir.
+
+The server shows that logdir and nothing else: xprof's `session_path` and `run_path` parameters
+(which read any profile folder on the machine) and run names that climb out of the logdir are
+refused, and so is a request whose `Host` is not the bound address or localhost (a web page whose
+name was rebound to 127.0.0.1 must not read the trace).
 """
 
 from __future__ import annotations
@@ -14,14 +19,18 @@ import socket
 import sys
 import tempfile
 import threading
-from collections.abc import Callable
-from pathlib import Path
+import urllib.parse
+from collections.abc import Callable, Iterable
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from tputrace.store.errors import TputraceError
 
 HOST = "127.0.0.1"
 DEFAULT_PORT = 6006
+LOCAL_NAMES = (HOST, "localhost")
+PATH_PARAMETERS = ("session_path", "run_path")  # xprof reads the folder they name, wherever it is
+NAME_PARAMETERS = ("run", "host", "tag")  # names under the logdir
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -120,7 +129,7 @@ class XProfServer:
         if quiet:
             _quiet_xprof_logs()  # after loading: loading the plugin sets its loggers' levels
         app = _app_without_request_lines(xprof_server.make_wsgi_app, plugin) if quiet else xprof_server.make_wsgi_app(plugin)
-        self._server = wsgi.Server((HOST, port), app)
+        self._server = wsgi.Server((HOST, port), OnlyThisLogdir(app, lambda: self.port))
         self._server.prepare()  # binds now, so that the port (also a chosen free one) is known
         self._thread: threading.Thread | None = None
 
@@ -153,6 +162,41 @@ class XProfServer:
         self._server.stop()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+
+class OnlyThisLogdir:
+    """WSGI middleware in front of xprof: answers 403 to a request whose `Host` is not this server's
+    (127.0.0.1 or localhost, at its port), that names a folder (`session_path`, `run_path`), or whose
+    run, host or tag name is a path out of the logdir."""
+
+    def __init__(self, app: Callable[..., Iterable[bytes]], port: Callable[[], int]) -> None:
+        self._app = app
+        self._port = port
+
+    def __call__(self, environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
+        refusal = self.refusal(environ)
+        if refusal is not None:
+            body = f"{refusal}\n".encode()
+            start_response("403 Forbidden", [("Content-Type", "text/plain; charset=utf-8"), ("Content-Length", str(len(body)))])
+            return [body]
+        return self._app(environ, start_response)
+
+    def refusal(self, environ: dict[str, Any]) -> str | None:
+        """Why the request is refused, or None."""
+        host = str(environ.get("HTTP_HOST", "")).strip().lower()
+        allowed = {name for local in LOCAL_NAMES for name in (local, f"{local}:{self._port()}")}
+        if host not in allowed:
+            return f"this server answers requests for {HOST}:{self._port()} and localhost:{self._port()} only"
+        query = urllib.parse.parse_qs(str(environ.get("QUERY_STRING", "")), keep_blank_values=True)
+        named = [name for name in PATH_PARAMETERS if name in query]
+        if named:
+            return f"this server shows its own trace only; {named[0]} is not served"
+        for name in NAME_PARAMETERS:
+            for value in query.get(name, []):
+                parts = PurePosixPath(value.replace("\\", "/")).parts
+                if value.startswith(("/", "\\")) or ".." in parts:
+                    return f"{name}={value!r} is not a name under this server's logdir"
+        return None
 
 
 class _QuietFilter(logging.Filter):
