@@ -68,7 +68,7 @@ def check_output(path: Path, kind: OutputKind, *, inputs: Iterable[Path] = (), f
         raise TputraceError(f"{option} {path} is a directory; give a file name")
     parent = path.parent
     if not parent.exists():
-        raise TputraceError(f"cannot write {option} {path}: the folder {parent} does not exist")
+        raise TputraceError(f"cannot write {option} {path}: no directory {parent} (it does not exist)")
     if not parent.is_dir():
         raise TputraceError(f"cannot write {option} {path}: {parent} is a file, not a folder")
     if not path.exists() and not path.is_symlink():

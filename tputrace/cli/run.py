@@ -159,6 +159,10 @@ def check_trace_path(trace_path: Path, target: Target, force: bool = False) -> N
     script, a folder, or a file that is not a trace (without `force`)."""
     from tputrace.cli.outputs import TRACE, check_output
 
+    if trace_path.is_dir():
+        raise TputraceError(f"cannot write the trace to {trace_path}: it is a directory")
+    if not trace_path.parent.is_dir():
+        raise TputraceError(f"cannot write the trace to {trace_path}: {trace_path.parent} does not exist")
     check_output(trace_path, TRACE, inputs=[] if target.is_module else [Path(target.name)], force=force)
 
 
