@@ -32,7 +32,8 @@ from typing import Any
 from tputrace.store.errors import TputraceError
 
 RANK_SHUTDOWN_TIMEOUT_S = 10
-_POLL_S = 0.2
+_POLL_S = 0.02  # how often the launcher looks at its ranks: an exit is timed to within this
+_SCAN_S = 0.5  # how often it looks for ranks it does not know yet
 # Words in a rank's error that say a peer's failure caused it, not the rank itself.
 _PEER_FAILURE_MARKS = ("on the tpu process group failed", "Connection closed by peer", "Connection reset by peer")
 _LIBRARY_PATH_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3")
@@ -129,6 +130,7 @@ def launch_ranks(worker_args: list[str], nproc: int) -> tuple[dict[int, RankFail
     )
     failures: dict[int, RankFailure] = {}
     launcher_errors: list[BaseException] = []
+    exits = ExitTimes(os.getpid(), nproc)
 
     def run_agent() -> None:
         try:
@@ -144,10 +146,13 @@ def launch_ranks(worker_args: list[str], nproc: int) -> tuple[dict[int, RankFail
         agent.start()
         while agent.is_alive():
             agent.join(_POLL_S)
+            exits.look()
             stopper.kill_when_overdue()
     if launcher_errors:
         raise launcher_errors[0]
-    return failures, stopper.signal_number
+    exited = exits.times()
+    timed = {rank: RankFailure(failure.exit_status, failure.reason, exited.get(rank, failure.timestamp)) for rank, failure in failures.items()}
+    return timed, stopper.signal_number
 
 
 class RankStopper:
@@ -191,6 +196,59 @@ class RankStopper:
         if self._kill_at is not None and time.monotonic() > self._kill_at:
             self._kill_at = None
             signal_ranks(self.launcher_pid, signal.SIGKILL)
+
+
+class ExitTimes:
+    """When each rank's process ended, to within `_POLL_S`: the agent's own record of a failure has
+    whole seconds, too coarse to tell a rank that failed from the one that failed because of it.
+    The launcher's children are looked up (a scan of /proc) until every rank is known; after that only
+    their own entries are read."""
+
+    def __init__(self, launcher_pid: int, nproc: int) -> None:
+        self.launcher_pid = launcher_pid
+        self.nproc = nproc
+        self._rank_of_pid: dict[int, int] = {}
+        self._ended: dict[int, float] = {}
+        self._next_scan = 0.0
+
+    def look(self) -> None:
+        if len(self._rank_of_pid) < self.nproc and time.monotonic() >= self._next_scan:
+            self._next_scan = time.monotonic() + _SCAN_S
+            for pid in _children(self.launcher_pid):
+                rank = None if pid in self._rank_of_pid else _rank_of(pid)
+                if rank is not None:
+                    self._rank_of_pid[pid] = rank
+        now = time.time()
+        for pid, rank in self._rank_of_pid.items():
+            if rank not in self._ended and _process_state(pid) in (None, "Z"):
+                self._ended[rank] = now
+
+    def times(self) -> dict[int, float]:
+        """The time (seconds since the epoch) each rank was first seen ended."""
+        return dict(self._ended)
+
+
+def _process_state(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2 :].split()[0]
+
+
+def _rank_of(pid: int) -> int | None:
+    """The RANK the agent gave a rank's process (in its environment)."""
+    try:
+        environment = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return None
+    for entry in environment:
+        if entry.startswith(b"RANK="):
+            try:
+                return int(entry[5:])
+            except ValueError:
+                return None
+    return None
 
 
 def signal_ranks(launcher_pid: int, signum: int) -> None:
