@@ -23,7 +23,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -60,16 +60,14 @@ class FirstFailure:
         return f"rank {self.rank} failed first ({self.reason}{f' at {self.where}' if self.where else ''})"
 
 
-def run_ranks(target: Any, args: argparse.Namespace) -> int:
+def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, show_summary: Callable[[Path], None]) -> int:
     """Run `args.nproc` ranks of `tputrace run` (one chip each, each recording into `<trace>.ranks/`),
-    then merge their traces into `<trace>`. Exit status: 0; 128 + a signal that stopped the launcher;
-    else that of the rank that failed first."""
+    then merge their traces into `merged_path` (None: `--no-trace`) and show its summary. Exit status: 0;
+    128 + a signal that stopped the launcher; else that of the rank that failed first."""
     from tputrace.cli.outputs import TRACE, check_output
-    from tputrace.cli.run import default_trace_path
 
     if args.nproc < 1:
         raise TputraceError(f"--nproc must be at least 1, not {args.nproc}")
-    merged_path = None if args.no_trace else Path(args.output or default_trace_path(target.stem)).resolve()
     worker_args = ["-m", "tputrace.cli.main", "run", "--no-summary", "--mode", args.mode]
     rank_paths: list[Path] = []
     if merged_path is None:
@@ -89,7 +87,7 @@ def run_ranks(target: Any, args: argparse.Namespace) -> int:
     failures, stop_signal = launch_ranks(worker_args, args.nproc)
     first = None if stop_signal else first_failure(failures, rank_paths)
     if merged_path is not None:
-        merged = merge_rank_traces(rank_paths, merged_path, args.nproc, failures, first)
+        merged = merge_rank_traces(rank_paths, merged_path, args.nproc, failures, first, show_summary)
         if merged and getattr(args, "tui", False) and not stop_signal:
             from tputrace.cli.tui import open_ui_after_run
 
@@ -351,9 +349,10 @@ def _last_op_line(trace: Any) -> str | None:
     return location.short if location is not None else None
 
 
-def merge_rank_traces(rank_paths: list[Path], merged_path: Path, nproc: int, failures: Mapping[int, RankFailure], first: FirstFailure | None) -> bool:
+def merge_rank_traces(
+    rank_paths: list[Path], merged_path: Path, nproc: int, failures: Mapping[int, RankFailure], first: FirstFailure | None, show_summary: Callable[[Path], None]
+) -> bool:
     """Merge the ranks' traces that exist, then print what the merge found and the merged summary."""
-    from tputrace.cli.run import report
     from tputrace.merge import merge_traces
 
     existing = [path for path in rank_paths if path.exists()]
@@ -370,5 +369,5 @@ def merge_rank_traces(rank_paths: list[Path], merged_path: Path, nproc: int, fai
     for line in result.lines():
         print(f"tputrace: {line}", file=sys.stderr)
     print(f"tputrace: per-rank traces in {rank_trace_dir(merged_path)}", file=sys.stderr)
-    report(merged_path)
+    show_summary(merged_path)
     return True

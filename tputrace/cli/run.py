@@ -115,7 +115,8 @@ def run(args: argparse.Namespace) -> int:
     if args.nproc is not None:
         from tputrace.cli.launch import run_ranks
 
-        return run_ranks(target, args)
+        merged_path = None if args.no_trace else Path(args.output or default_trace_path(target.stem)).resolve()
+        return run_ranks(target, args, merged_path, report)
     output = args.output.replace("{rank}", os.environ.get("RANK", "0")) if args.output else None
     trace_path = None if args.no_trace else Path(output or default_trace_path(target.stem)).resolve()
     if trace_path is not None:

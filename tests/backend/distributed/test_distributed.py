@@ -217,7 +217,7 @@ def test_a_failed_merge_leaves_the_output_as_it_was(tmp_path: Path, capsys: pyte
     connection.close()
     output = tmp_path / "merged.tptrace"
     output.write_bytes(b"an earlier merge")
-    assert main(["merge", *map(str, paths), "-o", str(output)]) == 2
+    assert main(["merge", *map(str, paths), "-o", str(output), "--force"]) == 2  # --force: the file at -o is not a trace
     assert "r1.tptrace is damaged: ops.start_ns" in capsys.readouterr().err
     assert output.read_bytes() == b"an earlier merge"
     assert sorted(path.name for path in tmp_path.iterdir()) == ["merged.tptrace", "r0.tptrace", "r1.tptrace"]
