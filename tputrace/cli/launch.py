@@ -8,7 +8,9 @@ into `<trace>.ranks/`; their traces are merged into `<trace>` however the run en
   that collective; the launcher names the rank that failed first and where, and exits with its status;
 - the launcher gets SIGINT (Ctrl-C) or SIGTERM: it sends that signal to every rank, which finishes its
   trace and exits; ranks still running `RANK_SHUTDOWN_TIMEOUT_S` later (or at a second signal) are
-  killed; the traces are merged and the launcher exits 128 + the signal (130, 143).
+  killed; the traces are merged and the launcher exits 128 + the signal (130, 143);
+- the launcher is killed (SIGKILL): each rank gets SIGTERM from Linux (`stop_with_the_launcher`) and
+  finishes its trace; nothing is merged.
 
 The agent runs on a thread of its own, so that it installs no signal handlers of its own (its
 handlers raise in the middle of its shutdown and leave ranks running).
@@ -32,6 +34,8 @@ from typing import Any
 from tputrace.store.errors import TputraceError
 
 RANK_SHUTDOWN_TIMEOUT_S = 10
+LAUNCHER_PID_VARIABLE = "TPUTRACE_LAUNCHER_PID"  # tells a rank which process launched it
+_PR_SET_PDEATHSIG = 1  # prctl(2)
 _POLL_S = 0.02  # how often the launcher looks at its ranks: an exit is timed to within this
 _SCAN_S = 0.5  # how often it looks for ranks it does not know yet
 # Words in a rank's error that say a peer's failure caused it, not the rank itself.
@@ -83,6 +87,7 @@ def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, s
         worker_args += ["-o", str(rank_dir / "rank{rank}.tptrace")]
     if args.chips is None:
         os.environ["TPUTRACE_CHIPS"] = "1"
+    os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
     worker_args += (["-m", target.name] if target.is_module else [target.name]) + list(args.target_args)
     failures, stop_signal = launch_ranks(worker_args, args.nproc)
     first = None if stop_signal else first_failure(failures, rank_paths)
@@ -100,6 +105,23 @@ def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, s
     stopped = "; the launcher stopped the other ranks" if args.nproc > 1 else ""
     print(f"tputrace: {first.text()}{stopped}", file=sys.stderr)
     return failures[first.rank].exit_status
+
+
+def stop_with_the_launcher() -> None:
+    """In a rank: ask Linux to send this process SIGTERM when the launcher that started it dies (killed
+    with SIGKILL, it cannot stop its ranks itself), so that the rank still finishes its trace. Does
+    nothing in a process the launcher did not start itself, or off Linux."""
+    launcher = os.environ.get(LAUNCHER_PID_VARIABLE)
+    if not launcher or not sys.platform.startswith("linux") or str(os.getppid()) != launcher:
+        return
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGTERM), 0, 0, 0)
+    except (OSError, AttributeError):
+        return
+    if str(os.getppid()) != launcher:  # it died before the request was in place
+        raise SystemExit(128 + signal.SIGTERM)
 
 
 def rank_trace_dir(merged_path: Path) -> Path:

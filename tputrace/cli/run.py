@@ -112,7 +112,11 @@ def run(args: argparse.Namespace) -> int:
         settings.check()
     except settings.SettingError as error:
         raise TputraceError(str(error)) from None
-    if args.nproc is not None:
+    if args.nproc is None:
+        from tputrace.cli.launch import stop_with_the_launcher
+
+        stop_with_the_launcher()
+    else:
         from tputrace.cli.launch import run_ranks
 
         merged_path = None if args.no_trace else Path(args.output or default_trace_path(target.stem)).resolve()
