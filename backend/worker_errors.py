@@ -77,7 +77,15 @@ def _raising_after(run: Callable[..., Any]) -> Callable[..., Any]:
     def call(*args: Any, **kwargs: Any) -> Any:
         dispatcher = _dispatcher()
         dispatcher.raise_worker_errors()
-        result = run(*args, **kwargs)
+        try:
+            result = run(*args, **kwargs)
+        except RuntimeError as error:
+            from tputrace.backend.distributed.process_group import failed_collective
+
+            collective_error = failed_collective(error)
+            if collective_error is None:
+                raise
+            raise collective_error from None  # a peer's failure, as the collective words it
         dispatcher.raise_worker_errors()
         return result
 

@@ -315,6 +315,20 @@ class _FailedCollective(CollectiveError):
         raise CollectiveError(str(self))
 
 
+_READER_PREFIX = "Cannot extract tensors from value: "  # how torch's C++ side words a value it could not read
+
+
+def failed_collective(error: BaseException) -> CollectiveError | None:
+    """The collective's own error behind an error that a C++ reader of a failed collective's future
+    raised (DDP's reducer, from `backward()`: the sentence wrapped in torch's prefix and a Python
+    traceback), or None for any other error."""
+    text = str(error)
+    marker = f"{_READER_PREFIX}{CollectiveError.__name__}: "
+    if not text.startswith(marker):
+        return None
+    return CollectiveError(text.removeprefix(marker).split("\n\nAt:\n")[0].strip())
+
+
 def _transport_message(error: BaseException) -> str:
     """The transport's own words, without the future-callback wrapping and traceback lines."""
     text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
