@@ -23,7 +23,7 @@ from types import FrameType, TracebackType
 from typing import Any, TextIO
 
 from tputrace import settings
-from tputrace.store.errors import TputraceError
+from tputrace.store.errors import TputraceError, TraceWriteError
 from tputrace.wording import plural
 
 MODES = ("defer", "strict", "blocking", "compile")
@@ -229,7 +229,10 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
     finally:
         _stop(status_line)
         with _sigterm_deferred():
-            recorder.stop(exit_status=exit_status, error=error_text)
+            try:
+                recorder.stop(exit_status=exit_status, error=error_text)
+            except TraceWriteError as write_error:  # a full disk: the script's own status stands
+                print(f"tputrace: warning: the trace is incomplete: {write_error}", file=sys.stderr)
     return exit_status
 
 

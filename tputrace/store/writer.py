@@ -85,6 +85,7 @@ class TraceWriter:
         self.dropped_rows = 0
         self._first_error: str | None = None
         self._reported_dropped = 0
+        self._disk_full = False  # once a commit failed for want of space, rows are dropped and only run facts are written
         self._closed = False
         self.closes_at_exit = close_at_exit
 
@@ -349,6 +350,10 @@ class TraceWriter:
             frame_rows = _take(self._frame_rows)
             string_rows = _take(self._string_rows)
             connection = self._connection
+            if self._disk_full:
+                self.dropped_rows += sum(len(rows) for _, rows in batches) + len(frame_rows) + len(string_rows)
+                self._commit_statements(statements)
+                return
             try:
                 if connection.in_transaction:
                     # A drain interrupted by an exception (SIGTERM's SystemExit) left valid rows behind.
@@ -365,11 +370,32 @@ class TraceWriter:
                     self._insert("strings", string_rows)
                 connection.execute("COMMIT")
             except sqlite3.Error as error:
-                dropped = sum(len(rows) for _, rows in batches) + len(statements)
-                dropped += len(frame_rows) + len(string_rows)
+                dropped = sum(len(rows) for _, rows in batches) + len(frame_rows) + len(string_rows)
                 self._note_error(f"commit failed: {error}", dropped)
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
+                if _is_disk_full(error):
+                    # The space the failed commit took in the WAL is free again: enough for the run's
+                    # facts (its end record, at close) and the note that the trace is incomplete.
+                    self._disk_full = True
+                    note = ("incomplete", f"rows from {_now_text()} on could not be stored: {error}")
+                    statements.append(("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", note))
+                self._commit_statements(statements)
+
+    def _commit_statements(self, statements: list[tuple[str, Row]]) -> None:
+        """Commit run updates and meta entries on their own; count them as dropped if that fails too."""
+        if not statements:
+            return
+        connection = self._connection
+        try:
+            connection.execute("BEGIN")
+            for sql, params in statements:
+                self._execute_statement(sql, params)
+            connection.execute("COMMIT")
+        except sqlite3.Error as error:
+            self._note_error(f"commit failed: {error}", len(statements))
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
 
     def _insert(self, table: str, rows: list[Row]) -> None:
         """Insert a batch; if it fails, insert row by row and drop (and count) the bad rows."""
@@ -403,6 +429,8 @@ class TraceWriter:
         self.dropped_rows += dropped
         if self._first_error is None:
             self._first_error = message
+            # Said at once (from whichever thread commits): the run goes on, and the user may free space.
+            _warn(f"tputrace: warning: cannot store rows in {self.path} ({message}); the run goes on and the trace will be incomplete\n")
 
     def _raise_if_dropped(self) -> None:
         if self._first_error is not None and self.dropped_rows != self._reported_dropped:
@@ -410,6 +438,21 @@ class TraceWriter:
             raise TraceWriteError(
                 f"{self.dropped_rows} rows could not be stored in {self.path}; first error: {self._first_error}"
             )
+
+
+def _is_disk_full(error: sqlite3.Error) -> bool:
+    return getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(error)
+
+
+def _now_text() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")
+
+
+def _warn(text: str) -> None:
+    try:
+        os.write(2, text.encode())
+    except OSError:
+        pass
 
 
 def _connect(path: Path) -> sqlite3.Connection:
