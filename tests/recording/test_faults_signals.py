@@ -72,7 +72,8 @@ def test_a_signal_to_the_launcher_stops_every_rank_and_merges_their_traces(tmp_p
     for rank in (0, 1):
         with tputrace.open(tmp_path / "run.ranks" / f"rank{rank}.tptrace") as trace:
             run = trace.run
-            assert run.finished and run.exit_status == 128 + stop, (rank, run.exit_status, run.error)
+            # A rank ends on the signal, or on the SIGTERM the agent sends once another rank has ended.
+            assert run.finished and run.exit_status in (128 + stop, 128 + signal.SIGTERM), (rank, run.exit_status, run.error)
             assert trace.count("collectives") > 0
     with tputrace.open(tmp_path / "run.tptrace") as trace:
         merge = json.loads(trace.meta["merge"])

@@ -19,13 +19,14 @@ handlers raise in the middle of its shutdown and leave ranks running).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import signal
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -185,22 +186,19 @@ class RankStopper:
         self.signal_number: int | None = None
         self._kill_at: float | None = None
 
-    def handling_signals(self) -> Any:
-        from contextlib import contextmanager
-
-        @contextmanager
-        def handlers() -> Any:
-            if threading.current_thread() is not threading.main_thread():
-                yield
-                return
-            previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
-            try:
-                yield
-            finally:
-                for number, handler in previous.items():
-                    signal.signal(number, handler)
-
-        return handlers()
+    @contextlib.contextmanager
+    def handling_signals(self) -> Iterator[None]:
+        """SIGINT and SIGTERM stop the ranks while this is entered (on the main thread: signals are
+        handled there only)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {number: signal.signal(number, self._on_signal) for number in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for number, handler in previous.items():
+                signal.signal(number, handler)
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.signal_number is None:
@@ -210,11 +208,13 @@ class RankStopper:
             signal_ranks(self.launcher_pid, signum)
         else:
             os.write(2, b"tputrace: a second signal: killing the ranks (their last records may be lost)\n")
-            signal_ranks(self.launcher_pid, signal.SIGKILL)
+            self._kill_at = time.monotonic()
 
     def kill_when_overdue(self) -> None:
+        """Past the deadline, kill the ranks, again every `_SCAN_S` (a rank the agent started after the
+        signal goes too)."""
         if self._kill_at is not None and time.monotonic() > self._kill_at:
-            self._kill_at = None
+            self._kill_at = time.monotonic() + _SCAN_S
             signal_ranks(self.launcher_pid, signal.SIGKILL)
 
 

@@ -33,16 +33,20 @@ class OutputKind:
 
 
 def _is_trace(head: bytes, path: Path) -> bool:
-    """An SQLite file with tputrace's magic in its meta table (a trace whose writer was killed too)."""
+    """An SQLite file with tputrace's magic in its meta table: in the file, or still in the `-wal`
+    beside it (a trace whose writer was killed, or ran out of disk)."""
     from tputrace.schema import MAGIC
 
     if not head.startswith(b"SQLite format 3\x00"):
         return False
-    try:
-        with path.open("rb") as stream:
-            return MAGIC.encode() in stream.read(_TRACE_SCAN_BYTES)
-    except OSError:
-        return False
+    for candidate in (path, path.with_name(f"{path.name}-wal")):
+        try:
+            with candidate.open("rb") as stream:
+                if MAGIC.encode() in stream.read(_TRACE_SCAN_BYTES):
+                    return True
+        except OSError:
+            continue
+    return False
 
 
 def _is_report(head: bytes, path: Path) -> bool:
