@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from results import write_section  # noqa: E402
 
 from tputrace.analysis import Report, analyze_path  # noqa: E402
+from tputrace.analysis.host_bound import HostBoundData  # noqa: E402
 from tputrace.store.reader import open_trace  # noqa: E402
 
 PROBLEMS = {
@@ -122,8 +123,8 @@ def matmul_rows(platform: str | None, scale: int, repeats: int = 30) -> list[str
 def overlap_note(before: Measured, after: Measured) -> str:
     """What the host-sync fix can overlap: the step's host dispatch against its chip time, and how
     long a launch takes against its program, from the traces."""
-    data = before.report.results["host_bound"].data if "host_bound" in before.report.results else {}
-    dispatch, chip = data.get("median_dispatch_ns"), data.get("median_chip_ns")
+    data = before.report.data(HostBoundData)
+    dispatch, chip = (data.median_dispatch_ns, data.median_chip_ns) if data is not None else (None, None)
     shares = ""
     if dispatch and chip:
         shares = (f" Before the fix its median step dispatches ops for {dispatch / 1e6:.1f} ms against "

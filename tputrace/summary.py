@@ -23,7 +23,7 @@ from tputrace.store.aggregates import (
     TimeSplit,
 )
 from tputrace.store.records import RunInfo, SourceLocation
-from tputrace.wording import plural, printable
+from tputrace.wording import format_bytes, format_ns, plural, printable
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -121,34 +121,6 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
 
 
 # -- units ----------------------------------------------------------------------------------------
-
-
-def format_ns(ns: float | None) -> str:
-    """A duration with three significant digits: `512 ns`, `24.3 µs`, `1.17 ms`, `3.07 s`."""
-    if ns is None:
-        return "-"
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
-        if abs(ns) >= scale:
-            return f"{_three_digits(ns / scale)} {unit}"
-    return f"{int(ns)} ns"
-
-
-def format_bytes(count: float | None) -> str:
-    """A byte count in binary units: `512 B`, `1.50 KiB`, `37.7 MiB`."""
-    if count is None:
-        return "-"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if abs(count) >= scale:
-            return f"{_three_digits(count / scale)} {unit}"
-    return f"{int(count)} B"
-
-
-def _three_digits(value: float) -> str:
-    if abs(value) >= 100:
-        return f"{value:.0f}"
-    if abs(value) >= 10:
-        return f"{value:.1f}"
-    return f"{value:.2f}"
 
 
 def _percent(part: float, whole: float) -> str:

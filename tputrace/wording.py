@@ -1,5 +1,5 @@
-"""How counts are worded in every view: `1 compile`, `3 compiles`. Imports nothing, so the CLI's live
-status line and the summary use it without loading the analyzers."""
+"""How counts, durations and sizes are worded in every view: `3 compiles`, `24.3 µs`, `1.50 KiB`. Imports
+nothing, so the CLI's live status line, the summary and the analyzers use it without loading each other."""
 
 from __future__ import annotations
 
@@ -20,3 +20,31 @@ def printable(text: str) -> str:
     another person's text, and an escape sequence in one (`\\x1b]0;title\\x07`, `\\x1b[2J`) would retitle or
     clear the reader's terminal."""
     return text.translate(_CONTROL_ESCAPES)
+
+
+def format_ns(ns: float | None) -> str:
+    """A duration with three significant digits: `512 ns`, `24.3 µs`, `1.17 ms`, `3.07 s`."""
+    if ns is None:
+        return "-"
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
+        if abs(ns) >= scale:
+            return f"{_three_digits(ns / scale)} {unit}"
+    return f"{int(ns)} ns"
+
+
+def format_bytes(count: float | None) -> str:
+    """A byte count in binary units: `512 B`, `1.50 KiB`, `37.7 MiB`."""
+    if count is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(count) >= scale:
+            return f"{_three_digits(count / scale)} {unit}"
+    return f"{int(count)} B"
+
+
+def _three_digits(value: float) -> str:
+    if abs(value) >= 100:
+        return f"{value:.0f}"
+    if abs(value) >= 10:
+        return f"{value:.1f}"
+    return f"{value:.2f}"

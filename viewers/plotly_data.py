@@ -22,8 +22,9 @@ from tputrace.analysis import chips
 from tputrace.analysis.call_sites import call_label
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.context import steady
-from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
+from tputrace.analysis.findings import AnalysisResult, Finding, plain, rank as rank_findings
 from tputrace.analysis.padding import pad_product
+from tputrace.analysis.recompiles import RecompileData as RecompileAnalysis, SizeSource, StormData
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family, parse_specs
 from tputrace.store.aggregates import RECOMPILE, TimeSplit, compile_total_ns, merged_ns
 from tputrace.store.records import SourceLocation
@@ -669,38 +670,32 @@ def prepare_recompilations(
     sites = sorted(site_counts, key=lambda site: (-site_counts[site][0], site))
     storms = _storms(analysis)
     varying = _storm_dims(storms)
-    covered = {(str(storm.get("where") or "?"), storm.get("name")) for storm in storms if storm.get("varying_dims")}
+    covered = {(storm.where, storm.name) for storm in storms if storm.varying_dims}
     varying.extend(_varying_dims(trace, covered))
     return RecompileData(points, total, sites, {site: (c[0], c[1], c[2]) for site, c in site_counts.items()},
                          varying, advisor_ran=analysis is not None and "recompiles" in analysis.results)
 
 
-def _storms(analysis: AnalysisData | None) -> list[dict[str, Any]]:
-    if analysis is None or "recompiles" not in analysis.results:
-        return []
-    storms = analysis.results["recompiles"].data.get("storms") or []
-    return [storm for storm in storms if isinstance(storm, dict)]
+def _storms(analysis: AnalysisData | None) -> tuple[StormData, ...]:
+    data = analysis.results["recompiles"].data if analysis is not None and "recompiles" in analysis.results else None
+    return data.storms if isinstance(data, RecompileAnalysis) else ()
 
 
-def _storm_dims(storms: list[dict[str, Any]]) -> list[VaryingDim]:
+def _storm_dims(storms: tuple[StormData, ...]) -> list[VaryingDim]:
     rows = []
     for storm in storms:
-        for dim in storm.get("varying_dims") or []:
+        for dim in storm.varying_dims:
             rows.append(VaryingDim(
-                str(storm.get("call") or storm.get("where") or "?"), storm.get("name"), str(dim.get("label") or "?"),
-                [int(value) for value in dim.get("values") or []], int(storm.get("compiles") or 0),
-                storm.get("proposed") if isinstance(storm.get("proposed"), dict) else None,
-                _size_from(storm.get("size_from")),
-                storm.get("copied_at") if isinstance(storm.get("copied_at"), str) else None,
+                storm.call or storm.where, storm.name, dim.label, list(dim.values), storm.compiles,
+                plain(storm.proposed) if storm.proposed is not None else None,
+                _size_from(storm.size_from), storm.copied_at,
             ))
     return rows
 
 
-def _size_from(origin: Any) -> str | None:
+def _size_from(origin: SizeSource | None) -> str | None:
     """`the count of a boolean mask at train.py:10` from a storm's `size_from` (None without one)."""
-    if not isinstance(origin, dict):
-        return None
-    return f"{origin.get('what') or 'a data-dependent length'} at {origin.get('where') or '?'}"
+    return None if origin is None else f"{origin.what} at {origin.where}"
 
 
 def _varying_dims(trace: Trace, covered: set[tuple[str, str | None]]) -> list[VaryingDim]:

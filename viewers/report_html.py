@@ -177,12 +177,12 @@ def _evidence_location(file: str | None, line: int | None) -> str:
 
 
 def _analysis_tables(results: Sequence[AnalysisResult]) -> str:
-    """An analyzer's data (tables as lists of dicts, and numbers), shown as it comes, folded."""
+    """An analyzer's data in its plain form (tables as lists of dicts, and numbers), shown as it comes, folded."""
     blocks = []
     for result in results:
         parts = []
         scalars = []
-        for key, value in result.data.items():
+        for key, value in result.plain_data().items():
             if isinstance(value, list) and value and all(isinstance(row, dict) for row in value):
                 headers = list(dict.fromkeys(column for row in value[:MAX_TABLE_ROWS] for column in row))
                 rows = [[_cell(row.get(column)) for column in headers] for row in value[:MAX_TABLE_ROWS]]

@@ -73,9 +73,9 @@ def test_the_padding_storm_is_the_top_finding_at_the_batch_copy(traced: tuple[Re
     assert f"batches copied to the chip at hf_finetune.py:{copy_line}" in top.title
     assert "pad_to_multiple_of" in top.suggestion
     lengths = sorted({batch["input_ids"].shape[1] for batch in example().make_train_loader(STEPS)})
-    storm = next(data for data in report.results["recompiles"].data["host_input_storms"]
-                 if data["where"] == f"hf_finetune.py:{copy_line}")
-    assert storm["sizes"] == lengths and len(storm["programs"]) >= 2  # the forward-backward and the mask check
+    storm = next(data for data in report.results["recompiles"].data.host_input_storms
+                 if data.where == f"hf_finetune.py:{copy_line}")
+    assert list(storm.sizes) == lengths and len(storm.programs) >= 2  # the forward-backward and the mask check
 
 
 def test_the_item_read_and_the_mask_read_inside_the_model(traced: tuple[Report, list[float]]) -> None:

@@ -87,7 +87,7 @@ def test_each_call_on_the_line_is_its_own_storm_with_its_own_dims(strict_trace: 
     _, trace_path = strict_trace
     with open_trace(trace_path) as trace:
         report = analyze(trace)
-    storms = {storm["call"]: storm for storm in report.results["recompiles"].data["storms"] if storm["name"] == "aten.mm.default"}
+    storms = {storm.call: storm for storm in report.results["recompiles"].data.storms if storm.name == "aten.mm.default"}
     # q @ w: (n, 16) x (16, 16); w @ k: (16, 16) x (16, n); their product: (n, 16) x (16, n).
     # At n = 16 the first two are the same program, so the second call compiles one size fewer.
     # The other lines' calls have shapes of their own (u: 16 x 4, ut: 4 x 16, z: 2 x 16), all sizes each.
@@ -102,9 +102,9 @@ def test_each_call_on_the_line_is_its_own_storm_with_its_own_dims(strict_trace: 
     }
     assert set(storms) == set(expected)
     for call, (positions, values) in expected.items():
-        (dim,) = storms[call]["varying_dims"]
-        assert {tuple(position) for position in dim["positions"]} == positions
-        assert dim["values"] == values
+        (dim,) = storms[call].varying_dims
+        assert set(dim.positions) == positions
+        assert list(dim.values) == values
     titles = [finding.title for finding in report.results["recompiles"].findings]
     assert all(any(call in title for title in titles) for call in expected)
 

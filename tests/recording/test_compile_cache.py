@@ -112,7 +112,7 @@ def test_the_report_counts_loads_and_suggests_the_cache_only_to_a_run_without_it
     assert "--compile-cache DIR" in suggestion.suggestion
     assert suggestion.severity == "info" and suggestion.cost_total_ns == 0  # it shortens later runs, not this one
     assert finding_lines(1, suggestion)[1].text.startswith("no cost to this run")
-    assert report.results["compile_cache"].data["compiled_share"] >= 0.25
+    assert report.results["compile_cache"].data.compiled_share >= 0.25
 
     report, stats, directory = reports["filling"]  # the cache is on but empty: nothing to load, nothing to suggest
     assert directory == str(cache) and stats.loaded_from_disk == 0  # the trace names the directory absolutely
@@ -122,6 +122,6 @@ def test_the_report_counts_loads_and_suggests_the_cache_only_to_a_run_without_it
     assert not report.results["compile_cache"].findings and stats.loaded_from_disk == stats.count
     storms = [finding for finding in report.results["recompiles"].findings if "aten.mm" in finding.title]
     (storm,) = storms
-    (storm_data,) = [data for data in report.results["recompiles"].data["storms"] if data["name"] == storm.title.split()[2]]
-    compiles = storm_data["compiles"]
+    (storm_data,) = [data for data in report.results["recompiles"].data.storms if data.name == storm.title.split()[2]]
+    compiles = storm_data.compiles
     assert f"all {compiles} were loads from the compile cache (--compile-cache)" in storm.explanation

@@ -123,16 +123,16 @@ def test_a_storm_of_mask_counts_names_the_mask_line_and_the_mask_fix(record: Cal
     assert "weight by the mask" in finding.suggestion and "torch.where(mask, x, 0)" in finding.suggestion
     assert "collate_fn" not in finding.suggestion
     assert finding.cost_total_ns > 0
-    data = report.results["recompiles"].data["storms"]
-    assert all(storm["size_from"]["where"] == f"train.py:{mask_line}" for storm in data)
-    assert all(storm["proposed"] is None for storm in data)  # no bucket proposal for the HTML report either
+    data = report.results["recompiles"].data.storms
+    assert all(storm.size_from is not None and storm.size_from.where == f"train.py:{mask_line}" for storm in data)
+    assert all(storm.proposed is None for storm in data)  # no bucket proposal for the HTML report either
     # The finding's cost: its storms' recompiles, counted once, and the programs compiled again only for
     # new lengths (same signature: no storm sees them; in DEFER_AND_FUSE the fused program takes the
     # padded length as a non-tensor argument, so there may be no storm at all).
-    (size_storm,) = report.results["recompiles"].data["data_size_storms"]
-    assert size_storm["where"] == f"train.py:{mask_line}" and size_storm["what"] == "the count of a boolean mask"
-    assert data or size_storm["length_recompiles"] >= 3
-    expected_ns = sum(storm["recompile_ns"] for storm in data) + size_storm["length_recompile_ns"]
+    (size_storm,) = report.results["recompiles"].data.data_size_storms
+    assert size_storm.where == f"train.py:{mask_line}" and size_storm.what == "the count of a boolean mask"
+    assert data or size_storm.length_recompiles >= 3
+    expected_ns = sum(storm.recompile_ns for storm in data) + size_storm.length_recompile_ns
     assert finding.cost_total_ns == pytest.approx(expected_ns)
 
 
@@ -143,8 +143,8 @@ def test_a_storm_of_nonzero_counts_names_the_nonzero_line(record: Callable[[str,
     assert finding.line == nonzero_line
     assert f"the count of nonzero elements at train.py:{nonzero_line}" in finding.title
     assert "nonzero_static" in finding.suggestion and "collate_fn" not in finding.suggestion
-    (size_storm,) = report.results["recompiles"].data["data_size_storms"]
-    assert size_storm["length_recompiles"] >= 1  # nonzero's own program, compiled for the counts' lengths
+    (size_storm,) = report.results["recompiles"].data.data_size_storms
+    assert size_storm.length_recompiles >= 1  # nonzero's own program, compiled for the counts' lengths
 
 
 def test_fragmented_fusion_by_a_mask_leaves_the_compiles_to_the_storm(record: Callable[[str, str], Recorded]) -> None:
@@ -152,7 +152,7 @@ def test_fragmented_fusion_by_a_mask_leaves_the_compiles_to_the_storm(record: Ca
     for each count compiles: those compiles are the storm's cost, not the fusion finding's as well."""
     _, report = record(MASKED_LOSS, "defer")
     (storm,) = storm_findings(report)
-    compile_ns = report.results["recompiles"].data["compile_ns"]
+    compile_ns = report.results["recompiles"].data.compile_ns
     fusion = [finding for finding in report.findings if finding.analyzer == "fusion"]
     for finding in fusion:
         assert finding.cost_total_ns + storm.cost_total_ns <= report.wall_ns
@@ -176,7 +176,7 @@ def test_an_input_sequence_length_keeps_the_padding_advice(record: Callable[[str
     for finding in storms:
         assert "collate_fn" in finding.suggestion
         assert "boolean mask" not in finding.title
-    assert all(storm["size_from"] is None for storm in report.results["recompiles"].data["storms"])
+    assert all(storm.size_from is None for storm in report.results["recompiles"].data.storms)
 
 
 def test_result_lengths_read_from_recorded_shapes() -> None:

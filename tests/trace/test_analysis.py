@@ -170,27 +170,36 @@ def test_recompile_storm(tmp_path: Path) -> None:
     assert storm.cost_per_step_ns == pytest.approx(5 * 100 * MS / 6)
     assert storm.file == SCRIPT and storm.line == 41
     assert storm.severity == "critical"  # 500 ms of a 121 ms run... recompiles dominate
-    data = report.results["recompiles"].data["storms"][0]
-    assert data["compiles"] == 6
-    dims = data["varying_dims"]
-    assert dims[0]["values"] == SEQ_LENS
-    assert sorted(map(tuple, dims[0]["positions"])) == [(0, 1), (1, 1)]  # one logical dim in two inputs
-    options = {option["rule"]: option for option in data["bucket_options"]}
+    data = report.results["recompiles"].data.storms[0]
+    assert data.compiles == 6
+    dims = data.varying_dims
+    assert list(dims[0].values) == SEQ_LENS
+    assert sorted(dims[0].positions) == [(0, 1), (1, 1)]  # one logical dim in two inputs
+    options = {option.rule: option for option in data.bucket_options}
     by_64 = options["multiple of 64"]
-    assert by_64["buckets"] == [64, 128] and by_64["compiles"] == 2 and by_64["compiles_saved"] == 4
+    assert by_64.buckets == (64, 128) and by_64.compiles == 2 and by_64.compiles_saved == 4
     # Padding FLOPs, linear in the dim: each shape ran twice with 1000 * seq FLOPs per run.
     weights = {seq: 2 * 1000.0 * seq for seq in SEQ_LENS}
     added = sum(weight * ((64 if seq <= 64 else 128) / seq - 1) for seq, weight in weights.items())
-    assert by_64["padding_flops_estimate"] == pytest.approx(added)
-    assert by_64["padding_share_estimate"] == pytest.approx(added / sum(weights.values()))
+    assert by_64.padding_flops_estimate == pytest.approx(added)
+    assert by_64.padding_share_estimate == pytest.approx(added / sum(weights.values()))
     # Estimated cost of a bucketing: compiles at the mean compile time plus that share of the site's 60 ms of execution.
-    assert by_64["estimated_cost_ns"] == pytest.approx(2 * 100 * MS + added / sum(weights.values()) * 60 * MS)
+    assert by_64.estimated_cost_ns == pytest.approx(2 * 100 * MS + added / sum(weights.values()) * 60 * MS)
     # The proposal: the cheapest bucketing (estimated) among those adding at most 25% FLOPs.
-    moderate = [option for option in data["bucket_options"] if option["padding_share_estimate"] <= 0.25]
-    proposed = data["proposed"]
-    assert proposed == min(moderate, key=lambda option: option["estimated_cost_ns"])
-    assert proposed["compiles"] < len(SEQ_LENS)
+    moderate = [option for option in data.bucket_options if option.padding_share_estimate <= 0.25]
+    proposed = data.proposed
+    assert proposed == min(moderate, key=lambda option: option.estimated_cost_ns)
+    assert proposed is not None and proposed.compiles < len(SEQ_LENS)
     assert "instead of 6" in storm.suggestion
+    # The JSON form (`tputrace report --json`) has the same figures under the same names.
+    (json_storm,) = json.loads(render_json(report))["results"]["recompiles"]["storms"]
+    assert json_storm["varying_dims"][0] == {"label": dims[0].label, "positions": [[0, 1], [1, 1]], "values": SEQ_LENS}
+    assert json_storm["proposed"] == {
+        "rule": proposed.rule, "buckets": list(proposed.buckets), "compiles": proposed.compiles,
+        "compiles_saved": proposed.compiles_saved, "padding_flops_estimate": proposed.padding_flops_estimate,
+        "padding_share_estimate": proposed.padding_share_estimate, "estimated_cost_ns": proposed.estimated_cost_ns,
+    }
+    assert json_storm["copied_at"] is None and json_storm["size_from"] is None
 
 
 def test_storms_of_one_host_batch_are_one_finding_at_its_copy(tmp_path: Path) -> None:
@@ -214,12 +223,12 @@ def test_storms_of_one_host_batch_are_one_finding_at_its_copy(tmp_path: Path) ->
     assert (storm.file, storm.line) == (SCRIPT, 30)
     assert storm.title.startswith("Recompilation storm: 2 programs compiled 12 times as the batches copied to the chip at train.py:30")
     assert storm.cost_total_ns == 5 * 110 * MS
-    (data,) = report.results["recompiles"].data["host_input_storms"]
-    assert data["programs"] == ["fused_40_ops", "fused_2_ops"] and data["sizes"] == SEQ_LENS
+    (data,) = report.results["recompiles"].data.host_input_storms
+    assert data.programs == ("fused_40_ops", "fused_2_ops") and list(data.sizes) == SEQ_LENS
     assert "Pad the batches copied at train.py:30" in storm.suggestion and "pad_to_multiple_of" in storm.suggestion
     # Each program's storm carries the batch's bucketing, and the HTML report's table says whose it is.
-    for site in report.results["recompiles"].data["storms"]:
-        assert site["copied_at"] == "train.py:30" and site["proposed"] == data["proposed"]
+    for site in report.results["recompiles"].data.storms:
+        assert site.copied_at == "train.py:30" and site.proposed == data.proposed
     page = tmp_path / "batch.html"
     assert main(["plot", str(trace.path), "-o", str(page), "--plotlyjs", "cdn"]) == 0
     assert page.read_text().count("for the batches copied at train.py:30") == 2
@@ -234,7 +243,7 @@ def test_compiles_in_warmup_only_are_not_a_storm(tmp_path: Path) -> None:
     with open_trace(trace.close()) as opened:
         report = analyze(opened)
     assert findings_of(report, "recompiles") == []
-    assert report.results["recompiles"].data["compiles"] == 3
+    assert report.results["recompiles"].data.compiles == 3
 
 
 # -- host syncs ---------------------------------------------------------------------------------------------
@@ -257,8 +266,8 @@ def test_host_syncs(tmp_path: Path) -> None:
     assert finding.cost_per_step_ns == pytest.approx(4 * MS)
     assert finding.severity == "warning"  # 4 ms of each 20 ms step
     assert "every step" in finding.title and "item" in finding.title
-    (line,) = report.results["syncs"].data["lines"]
-    assert line["count_per_step"] == 1.0 and line["stall_per_step_ns"] == 4 * MS
+    (line,) = report.results["syncs"].data.lines
+    assert line.count_per_step == 1.0 and line.stall_per_step_ns == 4 * MS
 
 
 def test_a_sync_inside_a_module_names_the_module(tmp_path: Path) -> None:
@@ -297,7 +306,7 @@ def test_a_sync_stall_leaves_out_the_compile_that_ran_inside_it(tmp_path: Path) 
     with open_trace(trace.close()) as opened:
         report = analyze(opened)
         summary = summarize(opened)
-    lines = {line["where"]: line["stall_ns"] for line in report.results["syncs"].data["lines"]}
+    lines = {line.where: line.stall_ns for line in report.results["syncs"].data.lines}
     assert lines == {"train.py:21": 2 * MS, "train.py:30": 3 * MS}
     # The summary's table keeps the raw stall and says how much of it was compiling.
     compiling = {stat.source.line: (stat.total_ns, stat.compile_ns) for stat in summary.top_syncs}
@@ -350,7 +359,7 @@ def test_cpu_fallbacks_per_op_and_line(tmp_path: Path) -> None:
     assert (second.line, second.cost_total_ns) == (31, 4 * MS)
     assert first.severity == "warning"  # 3 ms of a 20 ms step = 15%
     assert "torch.where" in first.suggestion
-    assert report.results["fallbacks"].data["total_ns"] == 16 * MS
+    assert report.results["fallbacks"].data.total_ns == 16 * MS
 
 
 # -- fragmented fusion ----------------------------------------------------------------------------------------
@@ -374,7 +383,7 @@ def test_fragmented_fusion(tmp_path: Path) -> None:
     assert finding.cost_per_step_ns == pytest.approx(4 * 200_000 + 4 * 500_000)
     assert finding.cost_total_ns == pytest.approx(5 * (4 * 200_000 + 4 * 500_000))
     data = report.results["fusion"].data
-    assert data["cuts_per_step"] == 4 and data["programs_per_step"] == 5
+    assert data.cuts_per_step == 4 and data.programs_per_step == 5
     assert "5 programs" in finding.title
     # The same stalls are a sync finding too, ranked below the fusion finding that explains them.
     (sync,) = findings_of(report, "syncs")
@@ -502,8 +511,8 @@ def test_host_bound_steps(tmp_path: Path) -> None:
     assert finding.cost_total_ns == 5 * 8 * MS
     assert finding.severity == "warning"
     data = report.results["host_bound"].data
-    assert data["median_dispatch_ns"] == 10 * MS and data["median_chip_ns"] == 2 * MS
-    assert data["median_roofline_estimate_ns"] == pytest.approx(1e6 / CHIPS["v6e"].hbm_bandwidth * 1e9)
+    assert data.median_dispatch_ns == 10 * MS and data.median_chip_ns == 2 * MS
+    assert data.median_roofline_estimate_ns == pytest.approx(1e6 / CHIPS["v6e"].hbm_bandwidth * 1e9)
 
 
 # -- transfers in the loop ------------------------------------------------------------------------------------
@@ -523,8 +532,8 @@ def test_transfers_in_the_loop(tmp_path: Path) -> None:
     assert finding.line == 33 and finding.cost_total_ns == 5 * 2 * MS
     assert "4.00 MiB per step" in finding.title
     assert "before the loop" in finding.suggestion  # the same size every step: a constant
-    (line,) = report.results["transfers"].data["lines"]
-    assert line["bytes_per_step"] == 4 << 20 and line["same_size_every_time"]
+    (line,) = report.results["transfers"].data.lines
+    assert line.bytes_per_step == 4 << 20 and line.same_size_every_time
 
 
 # -- memory ------------------------------------------------------------------------------------------------------
@@ -547,7 +556,7 @@ def test_index_errors_outside_the_users_code_point_at_the_sync(tmp_path: Path) -
     assert (finding.file, finding.line, finding.severity) == (SCRIPT, 41, "critical")
     assert finding.cost_total_ns == report.wall_ns and report.findings[0] is finding
     assert "The script went on after the error (2 times, first in step 2)" in finding.explanation
-    assert report.results["index_errors"].data["errors"][0]["stopped_the_run"] is False
+    assert report.results["index_errors"].data.errors[0].stopped_the_run is False
 
 
 def test_memory_against_hbm(tmp_path: Path) -> None:
@@ -567,8 +576,8 @@ def test_memory_against_hbm(tmp_path: Path) -> None:
     assert over.severity == "critical" and "would not fit" in over.title
     assert over.cost_total_ns == on_v5e.wall_ns  # the run cannot happen
     assert findings_of(on_v7, "memory") == []
-    largest = on_v7.results["memory"].data["largest_tensors_by_module"]
-    assert largest == [{"module": "Net.fc", "bytes": 4096 * 4096 * 4, "tensor": "f32[4096,4096]"}]
+    (largest,) = on_v7.results["memory"].data.largest_tensors_by_module
+    assert (largest.module, largest.bytes, largest.tensor) == ("Net.fc", 4096 * 4096 * 4, "f32[4096,4096]")
 
 
 # -- collectives, on the two-rank sample trace ---------------------------------------------------------------
@@ -579,7 +588,7 @@ def test_collectives_on_the_sample_trace(sample_trace_path: Path) -> None:
         report = analyze(opened)
         (rank1_wait,) = opened.sql("SELECT SUM(wait_ns) FROM collectives WHERE rank = 1")[0]
     data = report.results["collectives"].data
-    assert {row["kind"] for row in data["kinds"]} == {"all_reduce"}  # the broadcast is in the setup step
+    assert {row.kind for row in data.kinds} == {"all_reduce"}  # the broadcast is in the setup step
     (straggler,) = [finding for finding in findings_of(report, "collectives") if "Straggler" in finding.title]
     assert "rank 0 arrives last" in straggler.title
     assert straggler.cost_total_ns == rank1_wait
@@ -588,7 +597,8 @@ def test_collectives_on_the_sample_trace(sample_trace_path: Path) -> None:
 def test_no_collectives_no_findings(tmp_path: Path) -> None:
     with open_trace(_storm_trace(tmp_path / "storm.tptrace")) as opened:
         report = analyze(opened)
-    assert report.results["collectives"].data == {"count": 0}
+    data = report.results["collectives"].data
+    assert data.count == 0 and not data.kinds and not data.wait_by_rank
 
 
 # -- the report ---------------------------------------------------------------------------------------------

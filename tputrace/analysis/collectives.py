@@ -10,18 +10,65 @@ not recorded in the trace, so it is not judged here.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
-from tputrace.summary import format_bytes, format_ns
-from tputrace.wording import plural
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.wording import format_bytes, format_ns, plural
 
 NAME = "collectives"
 SMALL_MESSAGE_BYTES = 1 << 20
 MANY_SMALL_PER_STEP = 10
 STRAGGLER_WAIT_SHARE = 0.2
 LOW_BANDWIDTH_SHARE = 0.25
+
+
+@dataclass(frozen=True)
+class CollectiveKind:
+    """The collectives of one kind in the loop: calls, bytes, time, waiting, bus bandwidth (bytes/s)."""
+
+    kind: str
+    count: int
+    bytes: int
+    dur_ns: int
+    wait_ns: int
+    bus_bandwidth: float | None
+    small_messages: int
+
+
+@dataclass(frozen=True)
+class RankWait:
+    """A rank's time in collectives and the part of it spent waiting for the last rank."""
+
+    rank: int
+    wait_ns: int
+    dur_ns: int
+
+
+@dataclass(frozen=True)
+class UnevenCollective:
+    """A collective shape whose element count its group size does not divide."""
+
+    kind: str
+    elements: int
+    group: int
+    where: str
+    count: int
+
+
+@dataclass(frozen=True)
+class CollectivesData:
+    """The trace's collectives (`count`, every rank); the rest is the analysed rank's loop, empty without
+    collectives."""
+
+    count: int
+    kinds: tuple[CollectiveKind, ...] = ()
+    collective_share_of_step: float = 0.0
+    small_messages_per_step: float = 0.0
+    wait_by_rank: tuple[RankWait, ...] = ()
+    not_divisible: tuple[UnevenCollective, ...] = ()
 
 
 def bus_factor(kind: str, ranks: int) -> float:
@@ -35,13 +82,12 @@ def bus_factor(kind: str, ranks: int) -> float:
     return 1.0
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
     (count,) = trace.sql("SELECT COUNT(*) FROM collectives")[0]
-    result.data["count"] = count
     if not count:
-        return result
+        return AnalysisResult(NAME, CollectivesData(count))
+    findings: list[Finding] = []
     rank = context.rank
     where, params = context.loop_where()
     kinds = trace.sql(
@@ -55,28 +101,25 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         bandwidth = recorded_bandwidth
         if not bandwidth and dur_ns:
             bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9)
-        rows.append({"kind": kind, "count": calls, "bytes": nbytes, "dur_ns": dur_ns, "wait_ns": wait_ns,
-                     "bus_bandwidth": bandwidth, "small_messages": small})
-    result.data["kinds"] = rows
-    total_ns = sum(row["dur_ns"] for row in rows)
+        rows.append(CollectiveKind(kind, calls, nbytes, dur_ns, wait_ns, bandwidth, small))
+    total_ns = sum(row.dur_ns for row in rows)
     steady_where, steady_params = context.steady_where()
     (steady_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {steady_where}", steady_params)[0]
     share = context.share_of_steps(steady_ns)
-    result.data["collective_share_of_step"] = share
     top_frame = trace.sql(
         f"SELECT frame_id FROM collectives WHERE {where} GROUP BY frame_id ORDER BY SUM(dur_ns) DESC LIMIT 1", params
     )
     frame_id = top_frame[0][0] if top_frame else None
     ici = context.target.ici_bandwidth
     kind_evidence = tuple(
-        Evidence(f"{row['kind']}: {plural(row['count'], 'call')}, {format_bytes(row['bytes'])}, {format_ns(row['dur_ns'])}, "
-                 f"bus {format_bytes(row['bus_bandwidth'] or 0)}/s", table="collectives")
+        Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_bytes(row.bytes)}, {format_ns(row.dur_ns)}, "
+                 f"bus {format_bytes(row.bus_bandwidth or 0)}/s", table="collectives")
         for row in rows
     )
     if share >= 0.05:
-        bandwidths = [row["bus_bandwidth"] for row in rows if row["bus_bandwidth"]]
+        bandwidths = [row.bus_bandwidth for row in rows if row.bus_bandwidth]
         median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
-        result.findings.append(Finding(
+        findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(share, warning=0.15, critical=0.4),
             title=f"Collectives take {share:.0%} of each step on rank {rank}",
@@ -95,15 +138,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             evidence=kind_evidence,
             **context.location_fields(frame_id),
         ))
-    small = sum(row["small_messages"] for row in rows)
+    small = sum(row.small_messages for row in rows)
     small_per_step = small / max(context.step_count, 1)
-    result.data["small_messages_per_step"] = small_per_step
     if small_per_step >= MANY_SMALL_PER_STEP:
         (small_ns,) = trace.sql(
             f"SELECT COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where} AND bytes < ?",
             tuple(params) + (SMALL_MESSAGE_BYTES,),
         )[0]
-        result.findings.append(Finding(
+        findings.append(Finding(
             analyzer=NAME,
             severity="warning" if context.share_of_wall(small_ns) >= 0.05 else "info",
             title=f"Many small collectives: {small_per_step:.0f} messages under {format_bytes(SMALL_MESSAGE_BYTES)} per step",
@@ -116,19 +158,22 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             cost_per_step_ns=context.per_step(small_ns),
             evidence=kind_evidence,
         ))
-    _stragglers(context, result)
-    _divisibility(context, result, where, params)
-    return result
+    wait_by_rank, straggler = _stragglers(context)
+    not_divisible, uneven = _divisibility(context, where, params)
+    findings.extend(finding for finding in (straggler, uneven) if finding is not None)
+    data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible)
+    return AnalysisResult(NAME, data, tuple(findings))
 
 
-def _stragglers(context: AnalysisContext, result: AnalysisResult) -> None:
+def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Finding | None]:
+    """Every rank's waiting, and a finding when the other ranks wait long for one of them."""
     trace = context.trace
     per_rank = trace.sql(
         "SELECT rank, COALESCE(SUM(wait_ns), 0), COALESCE(SUM(dur_ns), 0) FROM collectives GROUP BY rank ORDER BY rank"
     )
-    result.data["wait_by_rank"] = [{"rank": rank, "wait_ns": wait, "dur_ns": dur} for rank, wait, dur in per_rank]
+    wait_by_rank = tuple(RankWait(rank, wait, dur) for rank, wait, dur in per_rank)
     if len(per_rank) < 2:
-        return
+        return wait_by_rank, None
     waits = {rank: wait for rank, wait, _ in per_rank}
     durations = {rank: dur for rank, _, dur in per_rank}
     straggler = min(waits, key=lambda rank: waits[rank])
@@ -136,10 +181,11 @@ def _stragglers(context: AnalysisContext, result: AnalysisResult) -> None:
     waited = statistics.mean(waits[rank] for rank in others)
     share = waited / statistics.mean(durations[rank] for rank in others) if others else 0.0
     if share < STRAGGLER_WAIT_SHARE:
-        return
-    result.findings.append(Finding(
+        return wait_by_rank, None
+    severity: Severity = "warning" if context.share_of_wall(waited) >= 0.05 else "info"
+    return wait_by_rank, Finding(
         analyzer=NAME,
-        severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
+        severity=severity,
         title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
         explanation=(
             f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
@@ -152,10 +198,11 @@ def _stragglers(context: AnalysisContext, result: AnalysisResult) -> None:
         cost_total_ns=float(waited),
         cost_per_step_ns=context.per_step(waited),
         evidence=tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits)),
-    ))
+    )
 
 
-def _divisibility(context: AnalysisContext, result: AnalysisResult, where: str, params: tuple) -> None:
+def _divisibility(context: AnalysisContext, where: str,
+                  params: Sequence[int]) -> tuple[tuple[UnevenCollective, ...], Finding | None]:
     """Messages whose element count is not a multiple of the group size need padding to shard."""
     trace = context.trace
     rows = trace.sql(
@@ -170,14 +217,14 @@ def _divisibility(context: AnalysisContext, result: AnalysisResult, where: str, 
         elements = (nbytes or 0) // size
         if group > 1 and elements % group:
             uneven.append((kind, elements, group, frame_id, calls))
-    result.data["not_divisible"] = [
-        {"kind": kind, "elements": elements, "group": group, "where": context.where(frame_id), "count": calls}
+    not_divisible = tuple(
+        UnevenCollective(kind, elements, group, context.where(frame_id), calls)
         for kind, elements, group, frame_id, calls in uneven
-    ]
+    )
     if not uneven:
-        return
+        return not_divisible, None
     kind, elements, group, frame_id, calls = uneven[0]
-    result.findings.append(Finding(
+    return not_divisible, Finding(
         analyzer=NAME,
         severity="info",
         title=f"{kind} of {elements} elements is not divisible by its group of {group} ranks",
@@ -192,4 +239,4 @@ def _divisibility(context: AnalysisContext, result: AnalysisResult, where: str, 
             for k, e, g, f, c in uneven[:5]
         ),
         **context.location_fields(frame_id),
-    ))
+    )

@@ -9,29 +9,40 @@ having loaded something.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import groupby
 
 from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.aggregates import LOADED_FROM_DISK, merged_ns
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "compile_cache"
 MIN_SHARE = 0.25  # compiling (not loading) this share of the wall time or more is "a large share"
 MAX_LISTED_LINES = 3
 
 
+@dataclass(frozen=True)
+class CompileCacheData:
+    """Whether the run used the on-disk compile cache, its loads, and the time spent compiling (not loading)."""
+
+    cache_used: bool
+    loads: int
+    load_ns: int
+    compiled_ns: int
+    compiled_share: float  # of the wall time
+
+
 def loads_among(context: AnalysisContext, compile_ids: Sequence[int]) -> tuple[int, int]:
     """(count, ns) of the compiles `compile_ids` that were loads from the on-disk compile cache."""
     if not compile_ids:
         return 0, 0
-    count, load_ns = context.trace.sql(
+    (count, load_ns), = context.trace.sql(
         f"SELECT COUNT(*), COALESCE(SUM(dur_ns), 0) FROM compiles WHERE id IN {in_list(compile_ids)} AND {LOADED_FROM_DISK}",
         list(compile_ids),
-    )[0]
-    return count, load_ns
+    )
+    return int(count), int(load_ns)
 
 
 def _costliest_lines(context: AnalysisContext) -> list[tuple[int, int, int]]:
@@ -50,17 +61,15 @@ def _costliest_lines(context: AnalysisContext) -> list[tuple[int, int, int]]:
     return sorted(lines, key=lambda line: -line[2])[:MAX_LISTED_LINES]
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+def analyze(context: AnalysisContext) -> AnalysisResult[CompileCacheData]:
     trace, rank = context.trace, context.rank
-    result = AnalysisResult(NAME)
     stats = trace.compile_stats(rank=rank)
     compiled_ns = stats.total_ns - stats.loaded_ns
     cache_used = COMPILE_CACHE_META_KEY in trace.meta or stats.loaded_from_disk > 0
     share = context.share_of_wall(compiled_ns)
-    result.data.update(cache_used=cache_used, loads=stats.loaded_from_disk, load_ns=stats.loaded_ns,
-                       compiled_ns=compiled_ns, compiled_share=share)
+    data = CompileCacheData(cache_used, stats.loaded_from_disk, stats.loaded_ns, compiled_ns, share)
     if cache_used or share < MIN_SHARE:
-        return result
+        return AnalysisResult(NAME, data)
     first_ns = stats.total_ns - stats.recompile_ns
     evidence = tuple(
         context.evidence_at(f"{plural(count, 'compile')}, {format_ns(line_ns)}", frame_id, table="compiles")
@@ -68,7 +77,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     )
     recompiled = (f" and {format_ns(stats.recompile_ns)} of {plural(stats.recompiles, 'recompile')} (recompile storm "
                   "findings count those they explain)" if stats.recompiles else "")
-    result.findings.append(Finding(
+    finding = Finding(
         analyzer=NAME,
         severity="info",  # the cache shortens later runs, not this one
         title=f"Compiling took {format_ns(compiled_ns)}, {share:.0%} of the run, with no compile cache",
@@ -87,5 +96,5 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         cost_total_ns=0.0,  # the saving is a later run's; ranked after this run's own costs
         cost_per_step_ns=None,
         evidence=evidence,
-    ))
-    return result
+    )
+    return AnalysisResult(NAME, data, (finding,))

@@ -11,7 +11,7 @@ import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
@@ -28,6 +28,20 @@ CRITICAL_SHARE = 0.25
 MAX_RATE_DENOMINATOR = 12
 # A finding whose estimated cost is below this is noise: a sync or copy that costs nothing measurable.
 MIN_LISTED_COST_NS = 1_000
+
+
+class Cost(TypedDict):
+    """A finding's estimated cost: keyword arguments of `Finding`."""
+
+    cost_total_ns: float
+    cost_per_step_ns: float | None
+
+
+class LocationFields(TypedDict, total=False):
+    """A finding's source line: keyword arguments of `Finding` (none when the line is unknown)."""
+
+    file: str
+    line: int
 
 
 @dataclass
@@ -128,7 +142,7 @@ class AnalysisContext:
         """SQL condition (and parameters) selecting rows of this rank in steady steps (`alias.` prefixes columns)."""
         return _step_condition(self.rank, self.steady_range, alias)
 
-    def loop_cost(self, steady_ns: float, total_ns: float) -> dict[str, float | None]:
+    def loop_cost(self, steady_ns: float, total_ns: float) -> Cost:
         """`cost_total_ns` and `cost_per_step_ns` for a cost paid every step: the steady steps' mean, times the
         loop's steps (the warm-up step's share would include compiles); the plain total without a warm-up."""
         if self.steps and self.steady_count and self.steady_count < self.step_count:
@@ -228,7 +242,7 @@ class AnalysisContext:
         line_frames = [row[0] for row in rows if (location := self.trace.frame(row[0])) is not None and location.col is None]
         return line_frames[0] if line_frames else rows[0][0] if rows else None
 
-    def location_fields(self, frame_id: int | None) -> dict[str, object]:
+    def location_fields(self, frame_id: int | None) -> LocationFields:
         """`file` and `line` keyword arguments of a `Finding` for a frame id (none when unknown)."""
         location = self.location(frame_id)
         return {"file": location.file, "line": location.line} if location else {}

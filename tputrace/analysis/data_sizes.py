@@ -234,6 +234,7 @@ def length_recompiles_by_origin(context: AnalysisContext, leave_out: set[int], n
         if compile_id in leave_out or not _LENGTH_DIFF.search(diff):
             continue
         named = _DIFF_OP.match(diff)
+        origin_frame: int | None
         if named is not None:
             origin_frame = frames_by_where.get(named.group("where"), -1)
         else:

@@ -6,10 +6,11 @@ back, so it is the whole cost of the op leaving the chip.
 
 from __future__ import annotations
 
-from tputrace.analysis.context import AnalysisContext
+from dataclasses import dataclass
+
+from tputrace.analysis.context import AnalysisContext, Cost
 from tputrace.analysis.findings import AnalysisResult, Finding
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "fallbacks"
 
@@ -29,9 +30,29 @@ DATA_DEPENDENT_HINTS: dict[str, str] = {
 }
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class FallbackOp:
+    """The CPU fallbacks of one op at one line in the loop (`count_per_step`: steady steps; None without steps)."""
+
+    op: str
+    where: str
+    count: int
+    total_ns: int
+    inputs: str | None
+    steps: int
+    count_per_step: float | None
+
+
+@dataclass(frozen=True)
+class FallbacksData:
+    ops: tuple[FallbackOp, ...] = ()  # the costliest
+    total_ns: int = 0
+    total_calls: int = 0
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[FallbacksData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
+    findings: list[Finding] = []
     where, params = context.loop_line_where()
     steady_where, steady_params = context.steady_where()
     rows = trace.sql(
@@ -47,16 +68,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             steady_params,
         )
     }
-    items = []
+    items: list[FallbackOp] = []
     steady_count = max(context.steady_count, 1)
     for op_sid, frame_id, count, total_ns, inputs_sid, steps_with in rows:
         op = trace.string(op_sid) or "?"
         steady_calls, steady_ns = steady.get((op_sid, frame_id), (0, 0))
         per_step = steady_calls / steady_count if context.steps else None
-        items.append({
-            "op": op, "where": context.where(frame_id), "count": count, "total_ns": total_ns,
-            "inputs": trace.string(inputs_sid), "steps": steps_with, "count_per_step": per_step,
-        })
+        items.append(FallbackOp(op, context.where(frame_id), count, total_ns, trace.string(inputs_sid), steps_with, per_step))
         share = context.share_of_steps(steady_ns)
         severity = context.severity(share)
         if severity == "info" and per_step and share >= 0.01:
@@ -64,7 +82,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         location = context.where(frame_id)
         hint = _hint(op)
         cost = context.loop_cost(steady_ns, total_ns)
-        result.findings.append(Finding(
+        findings.append(Finding(
             analyzer=NAME,
             severity=severity,
             title=f"CPU fallback: {op} runs on the host at {location} ({_rate(context, count, per_step, cost)})",
@@ -84,13 +102,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             ),
             **context.location_fields(frame_id),
         ))
-    result.data["ops"] = items[:50]
-    result.data["total_ns"] = sum(item["total_ns"] for item in items)
-    result.data["total_calls"] = sum(item["count"] for item in items)
-    return result
+    data = FallbacksData(tuple(items[:50]), sum(item.total_ns for item in items), sum(item.count for item in items))
+    return AnalysisResult(NAME, data, tuple(findings))
 
 
-def _rate(context: AnalysisContext, count: int, per_step: float | None, cost: dict[str, float | None]) -> str:
+def _rate(context: AnalysisContext, count: int, per_step: float | None, cost: Cost) -> str:
     """`2 calls per step, 4.1 ms per step` in a run with steps, else `3 calls, 6.0 ms`."""
     if per_step is not None and cost["cost_per_step_ns"] is not None:
         return f"{per_step:.3g} {'call' if per_step == 1 else 'calls'} per step, {format_ns(cost['cost_per_step_ns'])} per step"

@@ -6,8 +6,9 @@ only the standard library.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, is_dataclass
+from typing import Any, Generic, Literal, TypeVar
 
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
@@ -46,15 +47,35 @@ class Finding:
     module: str | None = None
 
 
-@dataclass
-class AnalysisResult:
-    """One analyzer's output: its data (tables as lists of dicts, numbers) and its findings."""
+DataT = TypeVar("DataT")
+
+
+@dataclass(frozen=True)
+class AnalysisResult(Generic[DataT]):
+    """One analyzer's output: its data (a frozen dataclass of its own, see each analyzer's module) and its
+    findings."""
 
     analyzer: str
-    data: dict[str, Any] = field(default_factory=dict)
-    findings: list[Finding] = field(default_factory=list)
+    data: DataT
+    findings: tuple[Finding, ...] = ()
+
+    def plain_data(self) -> dict[str, Any]:
+        """The data as plain dicts, lists and numbers: the form `tputrace report --json` writes."""
+        data = plain(self.data)
+        return data if isinstance(data, dict) else {"value": data}
 
 
-def rank(findings: list[Finding]) -> list[Finding]:
+def plain(value: Any) -> Any:
+    """`value` with dataclasses as dicts and tuples as lists, at any depth, for JSON and tables."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return plain(asdict(value))
+    if isinstance(value, dict):
+        return {str(key): plain(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain(item) for item in value]
+    return value
+
+
+def rank(findings: Iterable[Finding]) -> list[Finding]:
     """Highest estimated cost first; severity breaks ties."""
     return sorted(findings, key=lambda finding: (-finding.cost_total_ns, SEVERITY_ORDER[finding.severity], finding.title))

@@ -13,11 +13,13 @@ count would otherwise be counted twice).
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read
 from tputrace.store.aggregates import SYNC_COMPILE_NS
-from tputrace.summary import format_ns
+from tputrace.wording import format_ns
 
 NAME = "fusion"
 NATURAL_TRIGGERS = ("step", "backward_end", "exit", "explicit", "optimizer_init", "optimizer_state")
@@ -39,9 +41,29 @@ SUGGESTIONS: dict[str, str] = {
 }
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class CuttingLine:
+    """Flushes of one trigger at one line that cut steady steps, per step."""
+
+    trigger: str
+    where: str
+    count_per_step: float
+    ops_per_program: float
+
+
+@dataclass(frozen=True)
+class FusionData:
+    """Programs per steady step and their size, flushes per step by trigger, and the lines that cut steps."""
+
+    programs_per_step: float
+    ops_per_program: float
+    flushes_per_step_by_trigger: dict[str, float] = field(default_factory=dict)
+    cuts_per_step: float = 0.0
+    cutting_lines: tuple[CuttingLine, ...] = ()  # the most frequent
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
     steady_where, steady_params = context.steady_where()
     excluded = ", ".join(f"'{trigger}'" for trigger in NATURAL_TRIGGERS + OWNED_ELSEWHERE)
     totals = trace.sql(
@@ -49,32 +71,29 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         steady_params,
     )[0]
     steady_count = max(context.steady_count, 1)
-    result.data["programs_per_step"] = totals[0] / steady_count if totals[0] else 0.0
-    result.data["ops_per_program"] = totals[1] / totals[0] if totals[0] else 0.0
+    programs_per_step = totals[0] / steady_count if totals[0] else 0.0
+    ops_per_program = totals[1] / totals[0] if totals[0] else 0.0
     triggers = trace.sql(
         "SELECT trigger, COUNT(*) FROM flushes WHERE " + steady_where + " GROUP BY trigger ORDER BY 2 DESC", steady_params
     )
-    result.data["flushes_per_step_by_trigger"] = {trigger: count / steady_count for trigger, count in triggers}
+    by_trigger = {trigger: count / steady_count for trigger, count in triggers}
     cuts = trace.sql(
         "SELECT trigger, frame_id, COUNT(*), COALESCE(SUM(n_ops), 0) FROM flushes "
         f"WHERE {steady_where} AND trigger NOT IN ({excluded}) GROUP BY trigger, frame_id ORDER BY 3 DESC",
         steady_params,
     )
     cuts_per_step = sum(row[2] for row in cuts) / steady_count
-    result.data["cuts_per_step"] = cuts_per_step
     lines = [
-        {"trigger": trigger, "where": context.where(frame_id), "count_per_step": count / steady_count,
-         "ops_per_program": n_ops / count if count else 0.0}
+        CuttingLine(trigger, context.where(frame_id), count / steady_count, n_ops / count if count else 0.0)
         for trigger, frame_id, count, n_ops in cuts
     ]
-    result.data["cutting_lines"] = lines[:50]
+    data = FusionData(programs_per_step, ops_per_program, by_trigger, cuts_per_step, tuple(lines[:50]))
     if not context.steps or cuts_per_step < MIN_CUTS_PER_STEP:
-        return result
+        return AnalysisResult(NAME, data)
     frame_ids = sorted({frame_id for _, frame_id, _, _ in cuts if frame_id is not None})
     cost_ns, flush_ns, stall_ns = _cost(context, frame_ids, excluded, steady=False)
     steady_cost = _cost(context, frame_ids, excluded, steady=True)[0]
     top_trigger, top_frame, top_count, _ = cuts[0]
-    programs_per_step = result.data["programs_per_step"]
     share = context.share_of_steps(steady_cost)
     severity = context.severity(share)
     if severity == "info" and cuts_per_step >= 2 * MIN_CUTS_PER_STEP:
@@ -90,7 +109,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     hint = SUGGESTIONS.get(top_trigger, "move the host read after the step")
     module = module_of_read(context, top_frame, top_trigger)
     change = f"{change_in_module(module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
-    result.findings.append(Finding(
+    finding = Finding(
         analyzer=NAME,
         severity=severity,
         title=(
@@ -98,7 +117,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             f"{top_count / steady_count:.3g} per step by {top_trigger} at {where_top}"
         ),
         explanation=(
-            f"Each steady step ran {programs_per_step:.3g} programs of {result.data['ops_per_program']:.1f} ops on "
+            f"Each steady step ran {programs_per_step:.3g} programs of {ops_per_program:.1f} ops on "
             f"average; {cuts_per_step:.3g} per step were cut mid-step by host reads or other triggers "
             f"({len(cuts)} lines), so XLA fuses less and the host waits for each piece. Flushing the extra programs "
             f"took {format_ns(flush_ns)} and their syncs stalled {format_ns(stall_ns)} besides compiling (estimate of the cost: "
@@ -109,8 +128,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         evidence=evidence,
         module=module,
         **context.location_fields(top_frame),
-    ))
-    return result
+    )
+    return AnalysisResult(NAME, data, (finding,))
 
 
 def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, *, steady: bool) -> tuple[float, float, float]:

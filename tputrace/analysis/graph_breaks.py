@@ -12,13 +12,13 @@ from __future__ import annotations
 
 import json
 from collections import defaultdict
+from dataclasses import dataclass
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.syncs import STALL, SUGGESTIONS
 from tputrace.store.aggregates import merged_ns
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "graph_breaks"
 RESUME_PREFIX = "torch_dynamo_resume_in_"
@@ -29,9 +29,42 @@ SUGGESTION = (
 )
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class LineSyncs:
+    """Host syncs at a line in the loop (count, kinds, stall) and in the steady steps."""
+
+    syncs: int
+    kinds: tuple[str, ...]
+    stall_ns: int
+    steady_syncs: int
+    steady_stall_ns: int
+
+
+@dataclass(frozen=True)
+class GraphBreak:
+    """The graph breaks at one line: Dynamo's reasons, the graphs compiled to resume after them, and the host
+    syncs at the line."""
+
+    where: str
+    reasons: tuple[str, ...]
+    breaks: int
+    resumed_graphs: int
+    resume_compiles: int
+    resume_compile_ns: int
+    syncs: int
+    kinds: tuple[str, ...]
+    stall_ns: int
+    steady_syncs: int
+    steady_stall_ns: int
+
+
+@dataclass(frozen=True)
+class GraphBreaksData:
+    breaks: tuple[GraphBreak, ...] = ()
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
     trace, rank = context.trace, context.rank
-    result = AnalysisResult(NAME)
     rows = trace.sql(
         "SELECT f.file_sid, f.line, MIN(g.frame_id), g.reason_sid, COUNT(*) FROM graph_breaks g "
         "JOIN frames f ON f.id = g.frame_id WHERE g.rank = ? GROUP BY f.file_sid, f.line, g.reason_sid",
@@ -40,52 +73,45 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     breaks_by_line: dict[tuple[int, int], list[tuple[int, str, int]]] = defaultdict(list)
     for file_sid, line, frame_id, reason_sid, count in rows:
         breaks_by_line[(file_sid, line)].append((frame_id, trace.string(reason_sid) or "graph break", count))
-    result.data["breaks"] = []
-    for (file_sid, line), breaks in breaks_by_line.items():
-        finding, data = _finding(context, file_sid, line, breaks)
-        result.data["breaks"].append(data)
-        if finding is not None:
-            result.findings.append(finding)
-    return result
+    found = [_finding(context, file_sid, line, breaks) for (file_sid, line), breaks in breaks_by_line.items()]
+    return AnalysisResult(NAME, GraphBreaksData(tuple(data for _, data in found)), tuple(finding for finding, _ in found))
 
 
 def _finding(context: AnalysisContext, file_sid: int, line: int,
-             breaks: list[tuple[int, str, int]]) -> tuple[Finding | None, dict[str, object]]:
+             breaks: list[tuple[int, str, int]]) -> tuple[Finding, GraphBreak]:
     frame_id = breaks[0][0]
     where = context.where(frame_id)
     count = sum(times for _, _, times in breaks)
     reasons = [reason for _, reason, _ in breaks]
     syncs = _syncs(context, file_sid, line)
     graphs, compiles, compile_ns = _resumed_frames(context, file_sid, line)
-    data = {
-        "where": where, "reasons": reasons, "breaks": count, "resumed_graphs": graphs, "resume_compiles": compiles,
-        "resume_compile_ns": compile_ns, **syncs,
-    }
-    cost = context.loop_cost(syncs["steady_stall_ns"], syncs["stall_ns"])
-    if (cost["cost_total_ns"] or 0) < MIN_LISTED_COST_NS:
+    data = GraphBreak(where, tuple(reasons), count, graphs, compiles, compile_ns, syncs.syncs, syncs.kinds,
+                      syncs.stall_ns, syncs.steady_syncs, syncs.steady_stall_ns)
+    cost: Cost = context.loop_cost(syncs.steady_stall_ns, syncs.stall_ns)
+    if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
         cost = {"cost_total_ns": 0.0, "cost_per_step_ns": 0.0 if context.steps else None}
-    cost["cost_total_ns"] = (cost["cost_total_ns"] or 0.0) + compile_ns  # the extra graphs' compiles, once
-    share = context.share_of_steps(syncs["steady_stall_ns"])
-    severity = "warning" if syncs["steady_syncs"] else "info"
+    cost["cost_total_ns"] += compile_ns  # the extra graphs' compiles, once
+    share = context.share_of_steps(syncs.steady_stall_ns)
+    severity: Severity = "warning" if syncs.steady_syncs else "info"
     if context.severity(share) == "critical":
         severity = "critical"
     what = _what_broke(reasons[0])
     title = f"Graph break at {where} ({what}): the compiled function runs as {plural(graphs + 1, 'graph')}"
-    if syncs["steady_syncs"] and context.steps:
-        title += f", {format_ns(syncs['steady_stall_ns'] / max(context.steady_count, 1))} of host sync per step"
+    if syncs.steady_syncs and context.steps:
+        title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
     explanation = (
         f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
         f"{reasons[0].rstrip('.')}. Dynamo compiled the code before it as one graph, runs the line in Python on every call, "
         f"and compiled the rest as {plural(graphs, 'more graph')} ({plural(compiles, 'compile')}, "
         f"{format_ns(compile_ns)}, counted in the cost: an estimate, as one graph would compile some of it too)."
     )
-    if syncs["syncs"]:
+    if syncs.syncs:
         explanation += (
-            f" At that line the host waited for the chip {plural(syncs['syncs'], 'time')} "
-            f"({', '.join(syncs['kinds'])}), {format_ns(syncs['stall_ns'])} in all ({context.share_text(share)})."
+            f" At that line the host waited for the chip {plural(syncs.syncs, 'time')} "
+            f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)})."
         )
     suggestion = SUGGESTION
-    kind_advice = [SUGGESTIONS[kind] for kind in syncs["kinds"] if kind in SUGGESTIONS]
+    kind_advice = [SUGGESTIONS[kind] for kind in syncs.kinds if kind in SUGGESTIONS]
     if kind_advice:
         suggestion += " " + kind_advice[0]
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {reason}", break_frame, table="graph_breaks")
@@ -93,9 +119,9 @@ def _finding(context: AnalysisContext, file_sid: int, line: int,
     evidence.append(context.evidence_at(
         f"{plural(graphs, 'resumed graph')} after the break, {plural(compiles, 'compile')}, {format_ns(compile_ns)}",
         frame_id, table="compiles"))
-    if syncs["syncs"]:
+    if syncs.syncs:
         evidence.append(context.evidence_at(
-            f"{plural(syncs['syncs'], 'host sync')} at the break, {format_ns(syncs['stall_ns'])} stalled", frame_id,
+            f"{plural(syncs.syncs, 'host sync')} at the break, {format_ns(syncs.stall_ns)} stalled", frame_id,
             table="syncs"))
     finding = Finding(
         analyzer=NAME,
@@ -116,7 +142,7 @@ def _what_broke(reason: str) -> str:
     return parts[1] if len(parts) >= 3 and parts[1] else reason.split(" - ")[0][:60]
 
 
-def _syncs(context: AnalysisContext, file_sid: int, line: int) -> dict[str, object]:
+def _syncs(context: AnalysisContext, file_sid: int, line: int) -> LineSyncs:
     """Host syncs at the break's line in the loop: count, kinds, stall; and in the steady steps."""
     trace = context.trace
     on_line = "s.frame_id IN (SELECT id FROM frames WHERE file_sid = ? AND line = ?)"
@@ -130,11 +156,11 @@ def _syncs(context: AnalysisContext, file_sid: int, line: int) -> dict[str, obje
         f"SELECT COUNT(*), COALESCE(SUM({STALL}), 0) FROM syncs s WHERE {steady_where} AND {on_line}",
         (*steady_params, file_sid, line),
     )
-    return {
-        "syncs": sum(row[1] for row in rows), "kinds": sorted(row[0] for row in rows),
-        "stall_ns": max(0, sum(row[2] for row in rows)), "steady_syncs": steady_syncs,
-        "steady_stall_ns": max(0, steady_stall),
-    }
+    return LineSyncs(
+        syncs=int(sum(row[1] for row in rows)), kinds=tuple(sorted(row[0] for row in rows)),
+        stall_ns=int(max(0, sum(row[2] for row in rows))), steady_syncs=int(steady_syncs),
+        steady_stall_ns=int(max(0, steady_stall)),
+    )
 
 
 def _resumed_frames(context: AnalysisContext, file_sid: int, line: int) -> tuple[int, int, int]:

@@ -9,21 +9,46 @@ holds that roofline estimate for every trace, to show what the step's work would
 from __future__ import annotations
 
 import statistics
+from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
-from tputrace.summary import format_ns
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.wording import format_ns
 
 NAME = "host_bound"
 WARNING_RATIO = 2.0  # dispatch at least this many times the chip time ...
 WARNING_IDLE_SHARE = 0.5  # ... and the chip idle for at least this share of the step
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class HostStep:
+    """One steady step: its host dispatch time and ops, the chip's time, and the target's roofline estimate."""
+
+    step: int
+    dur_ns: int | None
+    dispatch_ns: int
+    ops: int
+    chip_ns: float
+    roofline_estimate_ns: float
+
+
+@dataclass(frozen=True)
+class HostBoundData:
+    """The steady steps and their medians (None without steady steps); `chip_time` says how the chip time
+    was found (measured executions, or the target's roofline estimate)."""
+
+    steps: tuple[HostStep, ...] = ()
+    chip_time: str | None = None
+    median_dispatch_ns: float | None = None
+    median_chip_ns: float | None = None
+    median_ops: float | None = None
+    median_roofline_estimate_ns: float | None = None
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
     if not context.steps:
-        return result
+        return AnalysisResult(NAME, HostBoundData())
     where, params = context.steady_where()
     dispatch = {step: (ns, ops) for step, ns, ops in trace.sql(
         f"SELECT step, COALESCE(SUM(dur_ns), 0), COUNT(*) FROM ops WHERE {where} GROUP BY step", params)}
@@ -45,32 +70,28 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         ))
     steps = []
     for step in context.steady_steps:
-        dispatch_ns, ops = dispatch.get(step.step, (0, 0))
-        chip_ns = executed.get(step.step, 0) if measured else roofline.get(step.step, 0.0)
-        steps.append({
-            "step": step.step, "dur_ns": step.dur_ns, "dispatch_ns": dispatch_ns, "ops": ops, "chip_ns": chip_ns,
-            "roofline_estimate_ns": roofline.get(step.step, 0.0),
-        })
-    result.data["steps"] = steps
-    result.data["chip_time"] = "measured executions" if measured else "target roofline estimate"
+        step_dispatch_ns, step_ops = dispatch.get(step.step, (0, 0))
+        step_chip_ns = executed.get(step.step, 0) if measured else roofline.get(step.step, 0.0)
+        steps.append(HostStep(step.step, step.dur_ns, step_dispatch_ns, step_ops, step_chip_ns,
+                              roofline.get(step.step, 0.0)))
+    chip_time = "measured executions" if measured else "target roofline estimate"
     if not steps:
-        return result
-    dispatch_ns = statistics.median(step["dispatch_ns"] for step in steps)
-    chip_ns = statistics.median(step["chip_ns"] for step in steps)
-    ops = statistics.median(step["ops"] for step in steps)
-    roofline_ns = statistics.median(step["roofline_estimate_ns"] for step in steps)
-    result.data.update(median_dispatch_ns=dispatch_ns, median_chip_ns=chip_ns, median_ops=ops,
-                       median_roofline_estimate_ns=roofline_ns)
+        return AnalysisResult(NAME, HostBoundData(chip_time=chip_time))
+    dispatch_ns = statistics.median(step.dispatch_ns for step in steps)
+    chip_ns = statistics.median(step.chip_ns for step in steps)
+    ops = statistics.median(step.ops for step in steps)
+    roofline_ns = statistics.median(step.roofline_estimate_ns for step in steps)
+    data = HostBoundData(tuple(steps), chip_time, dispatch_ns, chip_ns, ops, roofline_ns)
     if dispatch_ns <= chip_ns or not ops:
-        return result
+        return AnalysisResult(NAME, data)
     gap_ns = dispatch_ns - chip_ns
     cost = gap_ns * context.step_count
     step_ns = context.median_step_ns or 0.0
     idle_share = 1.0 - chip_ns / step_ns if step_ns else 0.0
     ratio = dispatch_ns / chip_ns if chip_ns else float("inf")
-    severity = "warning" if ratio >= WARNING_RATIO and idle_share >= WARNING_IDLE_SHARE else "info"
+    severity: Severity = "warning" if ratio >= WARNING_RATIO and idle_share >= WARNING_IDLE_SHARE else "info"
     chip_label = "ran" if measured else "would run (target roofline estimate)"
-    result.findings.append(Finding(
+    finding = Finding(
         analyzer=NAME,
         severity=severity,
         title=(
@@ -97,5 +118,5 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
                      table="programs"),
         ),
-    ))
-    return result
+    )
+    return AnalysisResult(NAME, data, (finding,))

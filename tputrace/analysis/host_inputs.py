@@ -54,14 +54,16 @@ def copy_line(context: AnalysisContext, signatures: Sequence[str], steps: Sequen
         frames: set[int] = set()
         for index in varying_inputs:
             spec = specs[index] if index < len(specs) else None
-            for frame_id in by_bytes.get(spec.nbytes, set()) if spec is not None else ():
+            if spec is None:
+                continue
+            for frame_id in by_bytes.get(spec.nbytes, set()):
                 frames.add(frame_id)
                 dims[frame_id] = max(dims.get(frame_id, 0), len(spec.shape))
         for frame_id in frames:
             votes[frame_id] += 1
             matched_sizes.setdefault(frame_id, set()).add(size)
-    frame_id = _best(votes, matched_sizes, len(signatures))
-    return None if frame_id is None else (frame_id, dims[frame_id])
+    best = _best(votes, matched_sizes, len(signatures))
+    return None if best is None else (best, dims[best])
 
 
 def line_of_sizes(known: dict[int, set[tuple[int, int]]], steps: Sequence[int], sizes: Sequence[int]) -> int | None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -28,9 +29,27 @@ BLOCKING_MODE = "DEFER_NEVER_AND_LAUNCH_BLOCKING"  # `--mode blocking`: indices 
 _MESSAGE = re.compile(r"(?P<what>index out of range|invalid values) in (?P<op>\S+) at (?:(?P<file>[^\s:]+):(?P<line>\d+) )?")
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class CheckedError:
+    """One error the backend's index or value checks found: the op, its line, the line that raised it."""
+
+    op: str
+    op_line: str | None
+    raised_at: str
+    count: int
+    stopped_the_run: bool
+    message: str
+    kind: str  # "index" or "invalid values"
+
+
+@dataclass(frozen=True)
+class IndexErrorsData:
+    errors: tuple[CheckedError, ...] = ()
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[IndexErrorsData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
+    findings: list[Finding] = []
     rows = trace.sql(
         "SELECT name_sid, frame_id, COUNT(*), MIN(step) FROM annotations WHERE rank = ? AND source = ? "
         "GROUP BY name_sid, frame_id ORDER BY MIN(start_ns)",
@@ -39,7 +58,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     run = next((run for run in trace.runs if run.rank == context.rank), None)
     final_error = _final_error_line(run.error if run is not None else None)
     blocking = run is not None and run.eager_mode == BLOCKING_MODE
-    errors = []
+    errors: list[CheckedError] = []
     for name_sid, frame_id, count, first_step in rows:
         message = trace.string(name_sid) or ""
         parsed = _MESSAGE.match(message)
@@ -48,15 +67,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         raised_at = context.location(frame_id)
         op_at = _op_location(context, parsed, raised_at)
         stopped = final_error is not None and (final_error in message or message in final_error)
-        errors.append({
-            "op": op, "op_line": _short(op_at), "raised_at": context.where(frame_id), "count": count,
-            "stopped_the_run": stopped, "message": message, "kind": "invalid values" if invalid_values else "index",
-        })
-        result.findings.append(
+        errors.append(CheckedError(op, _short(op_at), context.where(frame_id), count, stopped, message,
+                                   "invalid values" if invalid_values else "index"))
+        findings.append(
             _finding(context, op, op_at, raised_at, count, first_step, stopped, message, blocking, invalid_values)
         )
-    result.data["errors"] = errors
-    return result
+    return AnalysisResult(NAME, IndexErrorsData(tuple(errors)), tuple(findings))
 
 
 def _finding(context: AnalysisContext, op: str, op_at: SourceLocation | None, raised_at: SourceLocation | None,
@@ -91,7 +107,7 @@ def _finding(context: AnalysisContext, op: str, op_at: SourceLocation | None, ra
         "turns the checks off, as on a TPU without tputrace."
     )
     location = op_at or raised_at
-    evidence = (Evidence(message, table="annotations"),)
+    evidence: tuple[Evidence, ...] = (Evidence(message, table="annotations"),)
     if op_at is not None and raised_at is not None and (op_at.file, op_at.line) != (raised_at.file, raised_at.line):
         evidence += (
             Evidence(f"the index op {op}", file=op_at.file, line=op_at.line, table="ops"),

@@ -8,10 +8,12 @@ the peak, not a measured breakdown).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.shapes import tensors
-from tputrace.summary import format_bytes
+from tputrace.wording import format_bytes
 
 NAME = "memory"
 WARNING_HBM_SHARE = 0.85
@@ -19,22 +21,45 @@ GROWTH_MIN_BYTES_PER_STEP = 1 << 20
 GROWTH_MIN_SHARE = 0.2
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class ChipMemory:
+    """One chip's peak and largest live bytes, and the peak's share of the target's HBM."""
+
+    chip: int
+    peak_bytes: int
+    max_live_bytes: int
+    hbm_share: float
+
+
+@dataclass(frozen=True)
+class LargestTensor:
+    """The largest output tensor a module produced."""
+
+    module: str
+    bytes: int
+    tensor: str
+
+
+@dataclass(frozen=True)
+class MemoryData:
+    chips: tuple[ChipMemory, ...] = ()
+    largest_tensors_by_module: tuple[LargestTensor, ...] = ()
+    live_bytes_growth_per_step: float | None = None  # None unless live bytes grew every steady step
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
+    findings: list[Finding] = []
     hbm = context.target.hbm_bytes
     chips = trace.sql(
         "SELECT chip, MAX(COALESCE(peak_bytes, 0)), MAX(COALESCE(live_bytes, 0)) FROM memory WHERE rank = ? "
         "GROUP BY chip ORDER BY chip",
         (context.rank,),
     )
-    result.data["chips"] = [
-        {"chip": chip, "peak_bytes": peak, "max_live_bytes": live, "hbm_share": peak / hbm} for chip, peak, live in chips
-    ]
+    chip_memory = tuple(ChipMemory(chip, peak, live, peak / hbm) for chip, peak, live in chips)
     largest = _largest_by_module(context)
-    result.data["largest_tensors_by_module"] = largest
     module_evidence = tuple(
-        Evidence(f"{row['module']}: largest output {row['tensor']} ({format_bytes(row['bytes'])})", module=row["module"],
+        Evidence(f"{row.module}: largest output {row.tensor} ({format_bytes(row.bytes)})", module=row.module,
                  table="ops")
         for row in largest[:5]
     )
@@ -43,7 +68,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         if share < WARNING_HBM_SHARE:
             continue
         fits = share <= 1.0
-        result.findings.append(Finding(
+        findings.append(Finding(
             analyzer=NAME,
             severity="warning" if fits else "critical",
             title=(
@@ -66,11 +91,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             evidence=module_evidence,
         ))
     growth = _growth(context)
-    result.data["live_bytes_growth_per_step"] = growth[0] if growth else None
+    data = MemoryData(chip_memory, tuple(largest), growth[0] if growth else None)
     if growth is not None:
         per_step, first, last = growth
         if per_step >= GROWTH_MIN_BYTES_PER_STEP and last >= first * (1 + GROWTH_MIN_SHARE):
-            result.findings.append(Finding(
+            findings.append(Finding(
                 analyzer=NAME,
                 severity="warning",
                 title=f"Live memory grows by {format_bytes(per_step)} every step",
@@ -86,10 +111,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
                 cost_per_step_ns=None,
                 evidence=module_evidence,
             ))
-    return result
+    return AnalysisResult(NAME, data, tuple(findings))
 
 
-def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[dict[str, object]]:
+def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[LargestTensor]:
     """The largest output tensor each module produced, largest first."""
     trace = context.trace
     best: dict[str, tuple[int, str]] = {}
@@ -101,7 +126,7 @@ def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[dict[s
             if spec.nbytes > best.get(module, (0, ""))[0]:
                 best[module] = (spec.nbytes, str(spec))
     ranked = sorted(best.items(), key=lambda item: -item[1][0])[:limit]
-    return [{"module": module, "bytes": nbytes, "tensor": text} for module, (nbytes, text) in ranked]
+    return [LargestTensor(module, nbytes, text) for module, (nbytes, text) in ranked]
 
 
 def _growth(context: AnalysisContext) -> tuple[float, int, int] | None:

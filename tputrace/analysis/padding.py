@@ -18,8 +18,7 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "padding"
 LANE = 128
@@ -81,11 +80,33 @@ def aligned_sizes(size: int, align: int) -> tuple[int, int | None]:
     return up, (down if down > 0 else None)
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
-    result = AnalysisResult(NAME)
+@dataclass(frozen=True)
+class PaddedProduct:
+    """One matmul-like op shape at one line: its padding on the target and the chip time it loses (estimates)."""
+
+    op: str
+    inputs: str
+    module: str | None
+    where: str
+    calls: int
+    flops: float
+    padded_flop_share: float
+    time_waste_estimate: float
+    cost_ns: float
+    off_dims: tuple[tuple[int, int], ...]  # (size, alignment) of each dim off its tile or MXU
+
+
+@dataclass(frozen=True)
+class PaddingData:
+    products: tuple[PaddedProduct, ...] = ()  # the costliest
+    padded_flop_share: float = 0.0
+    chip_time: str | None = None  # how the chip time was found; None without matmuls
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[PaddingData]:
     groups = matmul_groups(context)
     if not groups:
-        return result
+        return AnalysisResult(NAME, PaddingData())
     times = chip_time(context)
     target = context.target
     # One finding per dim size, over every role it plays (a hidden size is k in one product, n or m in
@@ -95,7 +116,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     alignment: dict[int, int] = {}
     total_flops = sum(group.flops for group in groups)
     wasted_flops = 0.0
-    rows = []
+    rows: list[PaddedProduct] = []
     for group in groups:
         paddings = [pad_product(product, target) for product in group.products]
         padded_time = sum(padding.padded_time_ns for padding in paddings)
@@ -105,26 +126,24 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         group_wasted = group.calls * sum(padding.padded_flops - padding.flops for padding in paddings)
         wasted_flops += group_wasted
         off_dims = {(size, align) for padding in paddings for _, size, align in padding.off_dims}
-        rows.append({
-            "op": group.op, "inputs": group.inputs, "module": group.module, "where": context.where(group.frame_id),
-            "calls": group.calls, "flops": group.flops, "padded_flop_share": group_wasted / (group.flops + group_wasted)
-            if group.flops + group_wasted else 0.0, "time_waste_estimate": fraction, "cost_ns": fraction * chip_ns,
-            "off_dims": sorted(off_dims),
-        })
+        rows.append(PaddedProduct(
+            group.op, group.inputs, group.module, context.where(group.frame_id), group.calls, group.flops,
+            group_wasted / (group.flops + group_wasted) if group.flops + group_wasted else 0.0, fraction,
+            fraction * chip_ns, tuple(sorted(off_dims)),
+        ))
         for size in sorted({size for size, align in off_dims if size >= align}):
             alignment[size] = max([alignment.get(size, 0)] + [align for dim, align in off_dims if dim == size and size >= align])
             alone = [pad_product(product, target, only=size) for product in group.products]
             lost = sum(padding.padded_time_ns - padding.time_ns for padding in alone)
             wasted = group.calls * sum(padding.padded_flops - padding.flops for padding in alone)
             by_size[size].append((group, chip_ns * lost / padded_time if padded_time else 0.0, wasted))
-    result.data["products"] = sorted(rows, key=lambda row: -row["cost_ns"])[:100]
-    result.data["padded_flop_share"] = wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0
-    result.data["chip_time"] = "measured, attributed by FLOP share" if times.measured else "target roofline estimate"
-    for size, entries in by_size.items():
-        finding = _finding(context, size, alignment[size], entries)
-        if finding is not None:
-            result.findings.append(finding)
-    return result
+    data = PaddingData(
+        tuple(sorted(rows, key=lambda row: -row.cost_ns)[:100]),
+        wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0,
+        "measured, attributed by FLOP share" if times.measured else "target roofline estimate",
+    )
+    findings = (_finding(context, size, alignment[size], entries) for size, entries in by_size.items())
+    return AnalysisResult(NAME, data, tuple(finding for finding in findings if finding is not None))
 
 
 def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]]) -> Finding | None:

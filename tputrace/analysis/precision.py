@@ -12,13 +12,13 @@ the lighter change, "high".
 from __future__ import annotations
 
 from collections import Counter, defaultdict
+from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "precision"
 MIN_REPORTED_SHARE = 0.005
@@ -40,16 +40,41 @@ def _weighted(fractions: list[float], products: tuple[Matmul, ...]) -> float:
     return sum(f * w for f, w in zip(fractions, weights)) / sum(weights) if sum(weights) else 0.0
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
-    result = AnalysisResult(NAME)
+@dataclass(frozen=True)
+class Fp32Product:
+    """One float32 matmul-like op shape at one line: its precision setting and what lower precision would save
+    of its chip time (shares, estimates)."""
+
+    op: str
+    inputs: str
+    module: str | None
+    where: str
+    calls: int
+    flops: float
+    matmul_precision: str
+    compute_bound_on_target: bool
+    saving_estimate: float
+    high_saving_estimate: float
+    chip_ns: float
+
+
+@dataclass(frozen=True)
+class PrecisionData:
+    fp32_matmul_flop_share: float
+    products: tuple[Fp32Product, ...] = ()  # those that would save the most
+    saving_estimate_ns: float = 0.0  # computing in bfloat16 ("medium")
+    high_saving_estimate_ns: float = 0.0  # at "high", for products that ran at "highest"
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
     groups = [group for group in matmul_groups(context) if all(product.dtype == "f32" for product in group.products)]
     all_flops = sum(group.flops for group in matmul_groups(context))
-    result.data["fp32_matmul_flop_share"] = sum(group.flops for group in groups) / all_flops if all_flops else 0.0
+    flop_share = sum(group.flops for group in groups) / all_flops if all_flops else 0.0
     if not groups:
-        return result
+        return AnalysisResult(NAME, PrecisionData(flop_share))
     times = chip_time(context)
     by_module: dict[tuple[str | None, int | None], list[tuple[MatmulGroup, float, float]]] = defaultdict(list)
-    rows = []
+    rows: list[Fp32Product] = []
     high_cost = 0.0
     for group in groups:
         fraction = _weighted([saving_fraction(product, context, group.precision) for product in group.products], group.products)
@@ -57,23 +82,20 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         high_fraction = 0.0
         if group.precision == "highest":
             high_fraction = _weighted([saving_fraction(product, context, to="high") for product in group.products], group.products)
-        rows.append({
-            "op": group.op, "inputs": group.inputs, "module": group.module, "where": context.where(group.frame_id),
-            "calls": group.calls, "flops": group.flops, "matmul_precision": group.precision,
-            "compute_bound_on_target": fraction > 0, "saving_estimate": fraction,
-            "high_saving_estimate": high_fraction, "chip_ns": chip_ns,
-        })
+        rows.append(Fp32Product(
+            group.op, group.inputs, group.module, context.where(group.frame_id), group.calls, group.flops,
+            group.precision, fraction > 0, fraction, high_fraction, chip_ns,
+        ))
         if fraction > 0:
             by_module[(group.module, group.frame_id)].append((group, fraction * chip_ns, chip_ns))
             high_cost += high_fraction * chip_ns
-    result.data["products"] = sorted(rows, key=lambda row: -row["saving_estimate"] * row["chip_ns"])[:100]
+    products = tuple(sorted(rows, key=lambda row: -row.saving_estimate * row.chip_ns)[:100])
     entries = [entry for entries in by_module.values() for entry in entries]
     cost = sum(saving for _, saving, _ in entries)
     share = context.share_of_step(cost)
-    result.data["saving_estimate_ns"] = cost
-    result.data["high_saving_estimate_ns"] = high_cost
+    data = PrecisionData(flop_share, products, cost, high_cost)
     if not entries or share < MIN_REPORTED_SHARE:
-        return result
+        return AnalysisResult(NAME, data)
     # Point at the forward call (it has a module) that would save the most.
     ranked = sorted(by_module.items(), key=lambda item: (item[0][0] is None, -sum(saving for _, saving, _ in item[1])))
     (module, frame_id), _ = ranked[0]
@@ -90,7 +112,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     )
     where = context.where(frame_id)
     at_highest = any(group.precision == "highest" for group, _, _ in entries)
-    result.findings.append(Finding(
+    finding = Finding(
         analyzer=NAME,
         severity=context.severity(share),
         title=(
@@ -111,8 +133,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         evidence=evidence,
         module=module,
         **context.location_fields(frame_id),
-    ))
-    return result
+    )
+    return AnalysisResult(NAME, data, (finding,))
 
 
 def _precision_counts(entries: list[tuple[MatmulGroup, float, float]]) -> str:

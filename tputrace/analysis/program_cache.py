@@ -9,15 +9,25 @@ how many programs the run needed.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.schema import EVICTED_DIFF_PREFIX
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "program_cache"
 _LIMIT = re.compile(r"keeps (\d+)")
+
+
+@dataclass(frozen=True)
+class ProgramCacheData:
+    """Recompiles after an eviction from the program cache, their compile time, and the distinct programs
+    the run compiled (0 when nothing was evicted)."""
+
+    evicted_recompiles: int = 0
+    evicted_compile_ns: int = 0
+    distinct_programs: int = 0
 
 
 def evicted_diff_ids(context: AnalysisContext) -> list[int]:
@@ -25,16 +35,14 @@ def evicted_diff_ids(context: AnalysisContext) -> list[int]:
     rows = context.trace.sql(
         "SELECT id FROM strings WHERE substr(text, 1, ?) = ?", (len(EVICTED_DIFF_PREFIX), EVICTED_DIFF_PREFIX)
     )
-    return [row[0] for row in rows]
+    return [int(row[0]) for row in rows]
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+def analyze(context: AnalysisContext) -> AnalysisResult[ProgramCacheData]:
     trace, rank = context.trace, context.rank
-    result = AnalysisResult(NAME)
     diff_ids = evicted_diff_ids(context)
-    result.data["evicted_recompiles"] = 0
     if not diff_ids:
-        return result
+        return AnalysisResult(NAME, ProgramCacheData())
     sites = trace.sql(
         f"SELECT c.name_sid, MIN(c.frame_id), COUNT(*), COALESCE(SUM(c.dur_ns), 0) FROM compiles c "
         f"LEFT JOIN frames f ON f.id = c.frame_id WHERE c.rank = ? AND c.diff_sid IN {in_list(diff_ids)} "
@@ -42,12 +50,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         (rank, *diff_ids),
     )
     if not sites:
-        return result
-    count = sum(row[2] for row in sites)
-    total_ns = sum(row[3] for row in sites)
-    distinct = trace.sql(
+        return AnalysisResult(NAME, ProgramCacheData())
+    count = int(sum(row[2] for row in sites))
+    total_ns = int(sum(row[3] for row in sites))
+    distinct = int(trace.sql(
         "SELECT COUNT(*) FROM (SELECT DISTINCT name_sid, signature_sid, chip FROM compiles WHERE rank = ?)", (rank,)
-    )[0][0]
+    )[0][0])
     limits = {int(match[1]) for diff_id in diff_ids if (match := _LIMIT.search(trace.string(diff_id) or ""))}
     limit_text = f"{max(limits)}" if limits else "the limit"
     share = context.share_of_wall(total_ns)
@@ -60,7 +68,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         for name_sid, frame_id, site_count, site_ns in sites[:5]
     ]
     evidence.append(Evidence(f"{distinct} distinct programs compiled in the run; the cache kept {limit_text}", table="compiles"))
-    result.findings.append(Finding(
+    finding = Finding(
         analyzer=NAME,
         severity=context.severity(share),
         title=f"Program cache too small: {plural(count, 'program')} compiled again after being dropped",
@@ -77,8 +85,5 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         cost_per_step_ns=context.per_step(total_ns),
         evidence=tuple(evidence),
         **context.location_fields(top_frame),
-    ))
-    result.data["evicted_recompiles"] = count
-    result.data["evicted_compile_ns"] = total_ns
-    result.data["distinct_programs"] = distinct
-    return result
+    )
+    return AnalysisResult(NAME, ProgramCacheData(count, total_ns, distinct), (finding,))

@@ -14,11 +14,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.findings import Finding
-from tputrace.summary import format_ns
-from tputrace.wording import plural, printable
+from tputrace.wording import format_ns, plural, printable
 
 if TYPE_CHECKING:
-    from tputrace.analysis import Report
+    from tputrace.analysis.report import Report
 
 SEVERITY_STYLES = {"critical": "bold red", "warning": "yellow", "info": "cyan"}
 

@@ -10,11 +10,11 @@ per set-up line, costed at the compiles it caused.
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "set_up_work"
 # "structure change at op 0 (train.py:30): aten.zero_.default (train.py:26) left out (21 ops -> 20 ops)"
@@ -22,9 +22,22 @@ _LEFT_OUT_FIRST = re.compile(r"^structure change at op 0(?: \([^()]*\))?: (?P<op
 _LOCATION = re.compile(r"\((?P<file>[^()]+):(?P<line>\d+)\)")
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class SetUpLine:
+    """A set-up line whose work ran in the first step's graph, and the recompiles it caused."""
+
+    where: str
+    recompiles: int
+    compile_ns: int
+
+
+@dataclass(frozen=True)
+class SetUpWorkData:
+    set_up_lines: tuple[SetUpLine, ...] = ()
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[SetUpWorkData]:
     trace, rank = context.trace, context.rank
-    result = AnalysisResult(NAME)
     rows = trace.sql(
         "SELECT id, name_sid, frame_id, COALESCE(dur_ns, 0), diff_sid FROM compiles "
         "WHERE rank = ? AND kind = 'fused' AND reason = 'recompile' AND step = 1 AND diff_sid IS NOT NULL ORDER BY start_ns",
@@ -40,13 +53,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         by_line.setdefault((where["file"], int(where["line"])), []).append(
             (trace.string(name_sid) or "?", frame_id, dur_ns, match["ops"], diff)
         )
-    result.data["set_up_lines"] = []
-    for (file_name, line), recompiles in by_line.items():
-        result.findings.append(_finding(context, file_name, line, recompiles))
-        result.data["set_up_lines"].append({
-            "where": f"{file_name}:{line}", "recompiles": len(recompiles), "compile_ns": sum(row[2] for row in recompiles),
-        })
-    return result
+    findings = tuple(_finding(context, file_name, line, recompiles) for (file_name, line), recompiles in by_line.items())
+    lines = tuple(
+        SetUpLine(f"{file_name}:{line}", len(recompiles), sum(row[2] for row in recompiles))
+        for (file_name, line), recompiles in by_line.items()
+    )
+    return AnalysisResult(NAME, SetUpWorkData(lines), findings)
 
 
 def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: list[tuple[str, int | None, int, str, str]]) -> Finding:

@@ -61,7 +61,9 @@ def total_bytes(text: str | None) -> int:
 
 def _split_top_level(text: str) -> list[str]:
     """Split at commas outside brackets."""
-    parts, depth, current = [], 0, []
+    parts: list[str] = []
+    current: list[str] = []
+    depth = 0
     for char in text:
         if char == "[":
             depth += 1

@@ -12,12 +12,13 @@ the wait, which the compiles analyzer counts.
 
 from __future__ import annotations
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
+from dataclasses import dataclass
+
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, outside_fallbacks, per_step_text
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, then
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
-from tputrace.summary import format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 NAME = "syncs"
 EXCLUDED_KINDS = ("fallback", "transfer", "value_check")
@@ -48,9 +49,31 @@ SUGGESTIONS: dict[str, str] = {
 }
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class SyncLine:
+    """The host syncs of one kind at one line in the loop; per-step figures are the steady steps' (None
+    without steps)."""
+
+    where: str
+    kind: str
+    count: int
+    stall_ns: int
+    pending_ops: int
+    steps: int
+    count_per_step: float | None
+    stall_per_step_ns: float | None
+
+
+@dataclass(frozen=True)
+class SyncsData:
+    lines: tuple[SyncLine, ...] = ()  # the costliest lines
+    total_stall_ns: int = 0
+    total_syncs: int = 0
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
+    findings: list[Finding] = []
     where, params = context.loop_line_where("s")
     steady_where, steady_params = context.steady_where("s")
     excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
@@ -70,32 +93,28 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         )
     }
     steady_count = max(context.steady_count, 1)
-    lines = []
+    lines: list[SyncLine] = []
     for frame_id, kind, count, stall_ns, pending_ops, steps_with in rows:
         steady_syncs, steady_stall = steady.get((frame_id, kind), (0, 0))
         per_step = steady_syncs / steady_count if context.steps else None
-        line = {
-            "where": context.where(frame_id), "kind": kind, "count": count, "stall_ns": stall_ns,
-            "pending_ops": pending_ops, "steps": steps_with, "count_per_step": per_step,
-            "stall_per_step_ns": steady_stall / steady_count if context.steps else None,
-        }
-        lines.append(line)
+        lines.append(SyncLine(
+            context.where(frame_id), kind, count, stall_ns, pending_ops, steps_with, per_step,
+            steady_stall / steady_count if context.steps else None,
+        ))
         if stall_ns <= 0:
             continue
         cost = context.loop_cost(steady_stall, stall_ns)
-        if (cost["cost_total_ns"] or 0) < MIN_LISTED_COST_NS:
+        if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
-        result.findings.append(
+        findings.append(
             _finding(context, frame_id, kind, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall, cost)
         )
-    result.data["lines"] = lines[:50]
-    result.data["total_stall_ns"] = sum(line["stall_ns"] for line in lines)
-    result.data["total_syncs"] = sum(line["count"] for line in lines)
-    return result
+    data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
+    return AnalysisResult(NAME, data, tuple(findings))
 
 
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: int, stall_ns: int, pending_ops: int,
-             steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: dict[str, float | None]) -> Finding:
+             steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
     where = context.where(frame_id)
     share = context.share_of_steps(steady_stall)
     severity = context.severity(share)

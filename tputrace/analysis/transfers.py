@@ -7,21 +7,42 @@ constant built on the host each step (a mask, a position table, a scalar tensor)
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
 from tputrace.analysis.findings import AnalysisResult, Finding
-from tputrace.summary import format_bytes, format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_bytes, format_ns, plural
 
 NAME = "transfers"
 
 _OUTSIDE_FALLBACKS = outside_fallbacks("t")
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
+@dataclass(frozen=True)
+class TransferLine:
+    """Host-to-chip copies at one line: per steady step, and in all of the loop's steps."""
+
+    where: str
+    count_per_step: float
+    bytes_per_step: float
+    time_per_step_ns: float
+    steps: int
+    same_size_every_time: bool
+    total_bytes: int
+    total_ns: int
+
+
+@dataclass(frozen=True)
+class TransfersData:
+    lines: tuple[TransferLine, ...] = ()  # the costliest lines (none for a run without steps)
+    bytes_per_step: float = 0.0
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     trace = context.trace
-    result = AnalysisResult(NAME)
     if not context.steps:
-        return result
+        return AnalysisResult(NAME, TransfersData())
+    findings: list[Finding] = []
     steady_where, steady_params = context.steady_where("t")
     loop_where, loop_params = context.loop_where("t")
     steady_rows = trace.sql(
@@ -40,19 +61,16 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
         )
     }
     steady_count = max(context.steady_count, 1)
-    lines = []
+    lines: list[TransferLine] = []
     for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes in steady_rows:
         total_count, total_bytes, total_ns = loop_totals.get(frame_id, (count, nbytes, dur_ns))
         per_step_bytes = nbytes / steady_count
         per_step_count = count / steady_count
         constant_size = min_bytes == max_bytes
-        lines.append({
-            "where": context.where(frame_id), "count_per_step": per_step_count, "bytes_per_step": per_step_bytes,
-            "time_per_step_ns": dur_ns / steady_count, "steps": steps_with, "same_size_every_time": constant_size,
-            "total_bytes": total_bytes, "total_ns": total_ns,
-        })
+        lines.append(TransferLine(context.where(frame_id), per_step_count, per_step_bytes, dur_ns / steady_count,
+                                  steps_with, constant_size, total_bytes, total_ns))
         cost = context.loop_cost(dur_ns, total_ns)
-        if (cost["cost_total_ns"] or 0) < MIN_LISTED_COST_NS:
+        if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue
         rate = per_step_text(count, steady_count, "copy", "copies")
         share = context.share_of_steps(dur_ns)
@@ -82,7 +100,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
                 f"If this is input data, prefetch the next batch to the chip while the current step runs; if it is "
                 f"derived from values already on the chip, compute it there instead of at {where} on the host."
             )
-        result.findings.append(Finding(
+        findings.append(Finding(
             analyzer=NAME,
             severity=severity,
             title=(
@@ -104,6 +122,5 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
             ),
             **context.location_fields(frame_id),
         ))
-    result.data["lines"] = lines[:50]
-    result.data["bytes_per_step"] = sum(line["bytes_per_step"] for line in lines)
-    return result
+    data = TransfersData(tuple(lines[:50]), sum(line.bytes_per_step for line in lines))
+    return AnalysisResult(NAME, data, tuple(findings))

@@ -130,8 +130,8 @@ def test_a_recompile_after_eviction_says_why(small_cache: int, tmp_path: Path) -
     assert finding.title.startswith(f"Program cache too small: {len(evicted)} programs compiled again")
     assert "TPUTRACE_MAX_PROGRAMS above" in finding.suggestion and finding.line in (5, 6)  # torch.ones or x * 3
     # The storm analyzer sees one compile per length (5 lengths), not the recompiles after eviction.
-    for storm in report.results["recompiles"].data["storms"]:
-        assert storm["compiles"] == 5, storm
+    for storm in report.results["recompiles"].data.storms:
+        assert storm.compiles == 5, storm
 
 
 def test_a_bad_limit_is_a_clear_error() -> None:

@@ -334,5 +334,5 @@ def test_varying_counts_in_a_traced_run_are_no_recompilation_storm(tmp_path: Pat
     with tputrace.open(trace_path) as trace:
         compiled = Counter(trace.string(name_sid) for (name_sid,) in trace.sql("SELECT name_sid FROM compiles"))
     report = analyze_path(trace_path)
-    assert report.results["recompiles"].data["storms"] == []
+    assert report.results["recompiles"].data.storms == ()
     assert compiled["aten.nonzero_static.default"] == compiled["aten.index.Tensor"] < 20

@@ -19,6 +19,8 @@ import torch.nn.functional as F
 import tputrace
 from backend_helpers import eager, host
 from tputrace.analysis import analyze_path
+from tputrace.analysis.findings import Finding
+from tputrace.analysis.precision import PrecisionData
 from tputrace.backend import matmul_precision
 from tputrace.backend.device_module import EagerMode
 from tputrace.backend.dispatch import dispatcher
@@ -193,7 +195,7 @@ def precision_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     return traces
 
 
-def _precision_findings(path: Path) -> tuple[list, dict]:
+def _precision_findings(path: Path) -> tuple[tuple[Finding, ...], PrecisionData]:
     result = analyze_path(path).results["precision"]
     return result.findings, result.data
 
@@ -202,20 +204,20 @@ def test_the_analyzer_suggests_the_lighter_setting_at_highest(precision_traces: 
     (finding,), data = _precision_findings(precision_traces["highest"])
     assert 'torch.set_float32_matmul_precision("high")' in finding.suggestion and "autocast" in finding.suggestion
     assert finding.line == 9
-    assert {row["matmul_precision"] for row in data["products"]} == {"highest"}
-    assert 0 < data["high_saving_estimate_ns"] < data["saving_estimate_ns"]
+    assert {row.matmul_precision for row in data.products} == {"highest"}
+    assert 0 < data.high_saving_estimate_ns < data.saving_estimate_ns
 
 
 def test_the_analyzer_counts_products_at_high_as_three_passes(precision_traces: dict[str, Path]) -> None:
     highest_data = _precision_findings(precision_traces["highest"])[1]
     (finding,), data = _precision_findings(precision_traces["high"])
     assert 'matmul precision "high"' in finding.title and '"medium"' in finding.suggestion
-    assert {row["matmul_precision"] for row in data["products"]} == {"high"}
-    highest_row, high_row = highest_data["products"][0], data["products"][0]
-    assert 0 < high_row["saving_estimate"] < highest_row["saving_estimate"]
+    assert {row.matmul_precision for row in data.products} == {"high"}
+    highest_row, high_row = highest_data.products[0], data.products[0]
+    assert 0 < high_row.saving_estimate < highest_row.saving_estimate
 
 
 def test_the_analyzer_leaves_products_at_medium_alone(precision_traces: dict[str, Path]) -> None:
     findings, data = _precision_findings(precision_traces["medium"])
-    assert findings == []
-    assert data["products"] and all(row["matmul_precision"] == "medium" and row["saving_estimate"] == 0 for row in data["products"])
+    assert findings == ()
+    assert data.products and all(row.matmul_precision == "medium" and row.saving_estimate == 0 for row in data.products)

@@ -1,0 +1,138 @@
+"""A trace's diagnosis: every analyzer run over one rank for one target chip, findings ranked by cost.
+
+`ANALYZERS` names each analyzer (a pure function of an `AnalysisContext`); `analyze` runs them and
+returns a `Report`. Rendering it is `tputrace.analysis.render`'s job.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from tputrace.analysis import (
+    collectives,
+    compile_cache,
+    fallbacks,
+    fusion,
+    graph_breaks,
+    host_bound,
+    index_errors,
+    memory,
+    padding,
+    precision,
+    program_cache,
+    recompiles,
+    set_up_work,
+    syncs,
+    transfers,
+)
+from tputrace.analysis.chips import Chip, chip
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+Analyzer = Callable[[AnalysisContext], AnalysisResult[Any]]
+DataT = TypeVar("DataT")
+
+# Every analyzer, by name, in the order their results are listed.
+ANALYZERS: dict[str, Analyzer] = {
+    index_errors.NAME: index_errors.analyze,
+    recompiles.NAME: recompiles.analyze,
+    program_cache.NAME: program_cache.analyze,
+    set_up_work.NAME: set_up_work.analyze,
+    compile_cache.NAME: compile_cache.analyze,
+    graph_breaks.NAME: graph_breaks.analyze,
+    syncs.NAME: syncs.analyze,
+    fallbacks.NAME: fallbacks.analyze,
+    fusion.NAME: fusion.analyze,
+    padding.NAME: padding.analyze,
+    precision.NAME: precision.analyze,
+    host_bound.NAME: host_bound.analyze,
+    transfers.NAME: transfers.analyze,
+    memory.NAME: memory.analyze,
+    collectives.NAME: collectives.analyze,
+}
+
+
+@dataclass
+class Report:
+    """A trace's diagnosis: ranked findings and every analyzer's result, for one rank and target."""
+
+    trace_path: str
+    target: Chip
+    target_is_default: bool
+    rank: int
+    ranks: list[int]
+    step_count: int
+    median_step_ns: float | None
+    wall_ns: int
+    findings: list[Finding] = field(default_factory=list)
+    results: dict[str, AnalysisResult[Any]] = field(default_factory=dict)
+
+    def counts(self) -> dict[str, int]:
+        """Findings per severity."""
+        counts = {"critical": 0, "warning": 0, "info": 0}
+        for finding in self.findings:
+            counts[finding.severity] += 1
+        return counts
+
+    def data(self, kind: type[DataT]) -> DataT | None:
+        """The data of the analyzer whose data is a `kind` (e.g. `recompiles.RecompileData`); None when that
+        analyzer did not run."""
+        for result in self.results.values():
+            if isinstance(result.data, kind):
+                return result.data
+        return None
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain data for JSON: the target's figures, the run's steps, ranked findings, analyzer data."""
+        return {
+            "trace": self.trace_path,
+            "target": {**self.target.describe(), "is_default": self.target_is_default},
+            "rank": self.rank,
+            "ranks": self.ranks,
+            "steps": self.step_count,
+            "median_step_ns": self.median_step_ns,
+            "wall_ns": self.wall_ns,
+            "costs_are_estimates": True,
+            "findings": [asdict(finding) for finding in self.findings],
+            "results": {name: result.plain_data() for name, result in self.results.items()},
+        }
+
+
+def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None = None,
+            analyzers: dict[str, Analyzer] | None = None) -> Report:
+    """Run the analyzers over `trace` for `target` (a name such as "v6e", a `Chip`, or None for
+    `DEFAULT_TARGET`) and `rank` (default: the first rank); findings ranked by estimated cost."""
+    target_chip = target if isinstance(target, Chip) else chip(target)
+    context = AnalysisContext.build(trace, target_chip, target is None, rank)
+    results: dict[str, AnalysisResult[Any]] = {}
+    findings: list[Finding] = []
+    for name, analyzer in (analyzers or ANALYZERS).items():
+        result = analyzer(context)
+        results[name] = result
+        findings.extend(result.findings)
+    return Report(
+        trace_path=str(trace.path),
+        target=target_chip,
+        target_is_default=target is None,
+        rank=context.rank,
+        ranks=list(trace.distributed_ranks),
+        step_count=context.step_count,
+        median_step_ns=context.median_step_ns,
+        wall_ns=context.wall_ns,
+        findings=rank_findings(findings),
+        results=results,
+    )
+
+
+def analyze_path(path: str | os.PathLike[str], target: str | Chip | None = None, *, rank: int | None = None) -> Report:
+    """Open the trace at `path`, analyse it and close it."""
+    from tputrace.store.reader import open_trace
+
+    with open_trace(path) as trace:
+        return analyze(trace, target, rank=rank)

@@ -1,0 +1,326 @@
+"""The findings of recompilation storms, on one skeleton (`storm_finding`): a storm whose size comes from
+the script's inputs (pad them to buckets), the storms of one batch copied from the host (one bucketing
+for every program it reaches), and the storms of one data-dependent size (compute on a fixed shape).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tputrace.analysis import compile_cache, data_sizes
+from tputrace.analysis.buckets import BucketOption, VaryingDim, bucket_options, propose
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
+from tputrace.analysis.findings import Evidence, Finding, Severity
+from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
+from tputrace.wording import format_ns, plural
+
+MAX_LISTED_PROGRAMS = 6  # programs named in a finding for the storms of one batch or one data-dependent size
+MAX_LISTED_OPTIONS = 5  # bucketings listed as evidence
+
+
+@dataclass(frozen=True)
+class StormCompiles:
+    """The compiles one finding covers: how many, their time, the part of it that recompiled, and the steps."""
+
+    count: int
+    total_ns: int
+    recompile_ns: int
+    steps: list[int]  # the steps that compiled
+    compile_ids: list[int]
+
+
+@dataclass(frozen=True)
+class HostInputStorm:
+    """The storms of one batch copied from the host: the copying line, the programs it reached, the sizes it
+    took and the bucketing proposed for them (None when none beats compiling every size)."""
+
+    where: str
+    programs: tuple[str, ...]
+    compiles: int
+    recompile_ns: int
+    sizes: tuple[int, ...]
+    proposed: BucketOption | None
+
+
+@dataclass(frozen=True)
+class DataSizeStorm:
+    """The storms of one data-dependent size: the op and line that made it, the programs it reached, and the
+    programs compiled again only for a new length of it (`length_recompiles`)."""
+
+    op: str
+    what: str
+    where: str
+    module: str | None
+    programs: tuple[str, ...]
+    compiles: int
+    recompile_ns: int
+    length_recompiles: int
+    length_recompile_ns: int
+
+
+def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs: str, cause: str, sizes: int,
+                  explanation: str, then: str, suggestion: str, evidence: Sequence[Evidence], module: str | None,
+                  anchor: int | None) -> Finding:
+    """A recompilation storm's finding: `programs` compiled `compiles.count` times as `cause` changes (`sizes`
+    sizes), costed at its recompiles. The explanation is `explanation`, what the compiles cost, then `then`."""
+    return Finding(
+        analyzer=NAME,
+        severity=_severity(context, compiles.recompile_ns, len(compiles.steps)),
+        title=f"Recompilation storm: {programs} compiled {compiles.count} times as {cause} ({sizes} sizes)",
+        explanation=f"{explanation}{_compile_cost_text(context, compiles)}{then}",
+        suggestion=suggestion,
+        cost_total_ns=float(compiles.recompile_ns),
+        cost_per_step_ns=context.per_step(compiles.recompile_ns),
+        evidence=tuple(evidence),
+        module=module,
+        **context.location_fields(anchor),
+    )
+
+
+def padding_finding(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> Finding:
+    """A storm whose size comes from the script's inputs: pad them to a few bucket sizes."""
+    main, entry, frame_id, site = storm.main, storm.entry, storm.frame_id, storm.site
+    compiles = StormCompiles(storm.count, storm.total_ns, storm.recompile_ns, storm.steps, storm.compile_ids)
+    dim_name = main.label.split(" (")[0]
+    if entry is not None:
+        dim_name = f"{entry.argument} of {entry.op}"
+    evidence = [
+        Evidence(f"{dim.label} took {len(dim.distinct)} values: {values_text(dim.distinct)}", table="compiles")
+        for dim in storm.dims[:3]
+    ]
+    evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
+    evidence.append(context.evidence_at(
+        f"{storm.count} compiles" + (f" in {plural(len(storm.steps), 'step')}" if context.step_count else "")
+        + f", {format_ns(storm.total_ns / storm.count)} each on average, "
+        f"triggered at {site}", frame_id, table="compiles",
+    ))
+    evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
+    if best is not None:
+        suggestion = (
+            f"Pad {dim_name} up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
+            f"{best.compiles} compiles instead of {len(main.distinct)} ({best.compiles_saved} saved) for about "
+            f"{best.padding_share_estimate:.1%} more FLOPs (estimate). Pad in the data pipeline (a collate_fn that "
+            f"pads each batch to its bucket) and mask the padding in the loss."
+        )
+    else:
+        suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
+    anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
+    where = site if context.location(anchor) == context.location(frame_id) else context.where(anchor)
+    return storm_finding(
+        context, compiles, programs=storm.name, cause=f"the shape entering at {where} changes", sizes=len(main.distinct),
+        explanation=(
+            f"The {storm.kind} program {storm.name} (flushed at {site}) was compiled {storm.count} times because its "
+            f"input shapes kept changing: {main.label} took {len(main.distinct)} values ({values_text(main.distinct)})"
+            + (f"; the shape enters the program as {entry.describe(context)}" if entry else "") + ". "
+        ),
+        then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+    )
+
+
+def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
+                       storms: list[Storm]) -> tuple[Finding, HostInputStorm]:
+    """One finding (and its data) for the storms of one batch copied from the host at `copy_frame`: every program
+    it reaches compiled once per size it took. One bucketing of the batch's changing dim (`batch`'s main dim,
+    and the storms whose sizes are its own step by step) serves them all."""
+    storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
+    copy_where = context.where(copy_frame)
+    rows = [row for storm in storms for row in storm.rows]
+    batch_pairs = set(zip((row.step for row in batch.rows), batch.main.values))
+    own_dim = [storm for storm in storms
+               if set(zip((row.step for row in storm.rows), storm.main.values)) <= batch_pairs]
+    values = tuple(value for storm in own_dim for value in storm.main.values)
+    sizes = sorted(set(values))
+    compiles = StormCompiles(len(rows), sum(storm.total_ns for storm in storms), sum(storm.recompile_ns for storm in storms),
+                             sorted({row.step for row in rows}), [row.compile_id for row in rows])
+    per_size_ns = sum(storm.total_ns / storm.count for storm in storms)  # every program compiled once
+    own_rows = [row for storm in own_dim for row in storm.rows]
+    program_ids = [row.program_id for row in own_rows if row.program_id is not None]
+    options = bucket_options(VaryingDim(batch.main.positions, values), own_rows, per_size_ns,
+                             context.busy_of_programs(program_ids))
+    best = propose(options, len(sizes) * per_size_ns)
+    names = list(dict.fromkeys(storm.name for storm in storms))
+    entry = shape_entry(context, [row.diff for row in rows])
+    evidence = [context.evidence_at(
+        f"host-to-chip copies at {copy_where} have the bytes of the programs' changing inputs in the steps that compiled",
+        copy_frame, table="transfers",
+    )]
+    evidence.extend(_program_evidence(context, storms))
+    evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
+    evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
+    if best is not None:
+        times = "once" if best.compiles == 1 else plural(best.compiles, "time")
+        suggestion = (
+            f"Pad the batches copied at {copy_where} to a few fixed sizes, e.g. {values_text(list(best.buckets))} "
+            f"({best.rule}): {plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles "
+            f"{times}, for about {best.padding_share_estimate:.1%} more FLOPs (estimate). Pad in the data "
+            f"pipeline (in the collate_fn, round the batch's longest length up to its bucket; Hugging Face's collators "
+            f"and tokenizers take `pad_to_multiple_of`) and mask the padding in attention and the loss."
+        )
+    else:
+        suggestion = (f"Give the batches copied at {copy_where} a fixed size (pad every batch to {sizes[-1]}) so each "
+                      "program compiles once.")
+    anchor = entry.frame_id if entry is not None and entry.frame_id is not None else copy_frame
+    finding = storm_finding(
+        context, compiles, programs=_programs(names), cause=f"the batches copied to the chip at {copy_where} change shape",
+        sizes=len(sizes),
+        explanation=(
+            f"The data copied from the host at {copy_where} came in {len(sizes)} sizes ({values_text(sizes)}), and "
+            f"every program that takes it compiled once per size: {_listed_programs(storms)}"
+            + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "") + ". "
+        ),
+        then=(
+            ". The usual cause is a collate_fn (or a tokenizer's `padding=True`) that pads each batch to its own "
+            "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
+            "XLA program."
+        ),
+        suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+    )
+    return finding, HostInputStorm(copy_where, tuple(names), compiles.count, compiles.recompile_ns, tuple(sizes), best)
+
+
+def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list[Storm],
+                      own: list[LengthRecompile]) -> tuple[Finding, DataSizeStorm]:
+    """One finding (and its data) for the storms whose changing size one data-dependent op chose (the same
+    count reaches several programs: the forward's, the backward's, or each op's in strict mode), with the
+    programs compiled again only for a new length of it (`own`; there may be no storm at all when the
+    backend passes the length as a non-tensor argument). Bucketing the inputs cannot fix them; computing
+    on the full fixed shape can."""
+    storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
+    where = context.where(origin.frame_id)
+    own_ns = sum(compile.dur_ns for compile in own)
+    compiles = StormCompiles(
+        sum(storm.count for storm in storms) + len(own),
+        sum(storm.total_ns for storm in storms) + own_ns,
+        sum(storm.recompile_ns for storm in storms) + own_ns,
+        sorted({step for storm in storms for step in storm.steps} | {compile.step for compile in own}),
+        [compile_id for storm in storms for compile_id in storm.compile_ids] + [compile.compile_id for compile in own],
+    )
+    own_names = sorted({compile.name for compile in own})
+    sizes = max([len(storm.main.distinct) for storm in storms] + [len({compile.diff for compile in own})])
+    program_names = list(dict.fromkeys([storm.name for storm in storms] + own_names))
+    own_text = (
+        f" {', '.join(own_names[:3])}{' and more' if len(own_names) > 3 else ''} compiled "
+        f"{plural(len(own), 'more time')} for new lengths of it, with the same input shapes (e.g. '{own[0].diff}')."
+        if own else ""
+    )
+    entry = next((storm.entry for storm in storms if storm.entry is not None), None)
+    cuts = _data_dependent_flushes(context, origin.frame_id)
+    lengths = sorted(set(origin.lengths) | {length for storm in storms if storm.origin for length in storm.origin.lengths})
+    evidence = [context.evidence_at(
+        f"{origin.family} at {where} made results of length {values_text(lengths)} (as recorded: a data-dependent "
+        f"result may be recorded at its padded length) in the steps that compiled", origin.frame_id,
+        module=origin.module, table="ops",
+    )]
+    evidence.extend(_program_evidence(context, storms))
+    if own:
+        evidence.append(context.evidence_at(
+            f"{plural(len(own), 'recompile')} of {', '.join(own_names[:3])} for a new length ({format_ns(own_ns)}), "
+            f"e.g. '{own[0].diff}'", origin.frame_id, table="compiles",
+        ))
+    evidence.extend(_entry_evidence(context, entry, "the size enters as"))
+    flushes = plural(cuts, "data_dependent flush", "data_dependent flushes")
+    if cuts:
+        evidence.append(context.evidence_at(
+            f"{flushes} at {where} (the fragmented-fusion finding counts their cost, not these compiles)",
+            origin.frame_id, table="flushes",
+        ))
+    fix = data_sizes.FIXES.get(origin.what, "use an op with a fixed output shape")
+    took = (
+        f" {_listed_programs(storms)} took it as an input dim" + (f" (it enters as {entry.describe(context)})" if entry else "")
+        + f" and compiled once per size it took (up to {sizes} sizes)." if storms else ""
+    )
+    finding = storm_finding(
+        context, compiles, programs=_programs(program_names), cause=f"{origin.what} at {where} changes", sizes=sizes,
+        explanation=(
+            f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
+            f"from step to step.{took}{own_text} "
+        ),
+        then=(
+            ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
+            + (f" The same line also cuts the pending graph ({flushes}); the fragmented-fusion finding counts that "
+               "cost, these compiles are counted here only." if cuts else "")
+        ),
+        suggestion=f"At {where}: {fix}. Then every step has the same shapes: one compile, and no data-dependent sync.",
+        evidence=evidence, module=origin.module, anchor=origin.frame_id,
+    )
+    data = DataSizeStorm(origin.family, origin.what, where, origin.module, tuple(program_names), compiles.count,
+                         compiles.recompile_ns, len(own), own_ns)
+    return finding, data
+
+
+def values_text(values: list[int], limit: int = 12) -> str:
+    shown = ", ".join(str(value) for value in values[:limit])
+    return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
+
+
+def _severity(context: AnalysisContext, recompile_ns: float, steps_compiling: int) -> Severity:
+    severity = context.severity(context.share_of_wall(recompile_ns))
+    if steps_compiling >= max(3, context.step_count // 2) and severity == "info":
+        return "warning"
+    return severity
+
+
+def _compile_cost_text(context: AnalysisContext, compiles: StormCompiles) -> str:
+    """What a storm's compiles cost, as a finding's explanation says it (no closing full stop), with how many of
+    them were loads from the on-disk compile cache."""
+    total_ns, recompile_ns = compiles.total_ns, compiles.recompile_ns
+    text = (f"Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
+            f"({context.share_of_wall(recompile_ns):.0%} of the run)")
+    if context.step_count:
+        text += f"; compiles happened in {len(compiles.steps)} of {context.step_count} steps"
+    loads, load_ns = compile_cache.loads_among(context, compiles.compile_ids)
+    if loads == len(compiles.compile_ids):
+        text += f"; all {loads} were loads from the compile cache (--compile-cache), not compiles"
+    elif loads:
+        text += (f"; {loads} of the {len(compiles.compile_ids)} were loads from the compile cache (--compile-cache), "
+                 f"{format_ns(load_ns)} of the {format_ns(total_ns)}")
+    return text
+
+
+def _programs(names: list[str]) -> str:
+    """A title's name for the programs: the one program's name, or how many there are."""
+    return names[0] if len(names) == 1 else f"{len(names)} programs"
+
+
+def _listed_programs(storms: list[Storm]) -> str:
+    listed = ", ".join(f"{storm.name} ({storm.count}×, at {storm.site})" for storm in storms[:MAX_LISTED_PROGRAMS])
+    return listed + (f" and {len(storms) - MAX_LISTED_PROGRAMS} more" if len(storms) > MAX_LISTED_PROGRAMS else "")
+
+
+def _program_evidence(context: AnalysisContext, storms: list[Storm]) -> list[Evidence]:
+    return [
+        context.evidence_at(
+            f"{storm.name}: {storm.count} compiles ({format_ns(storm.recompile_ns)} recompiling), {storm.main.label} "
+            f"took {len(storm.main.distinct)} values: {values_text(storm.main.distinct)}", storm.frame_id, table="compiles",
+        )
+        for storm in storms[:MAX_LISTED_PROGRAMS]
+    ]
+
+
+def _entry_evidence(context: AnalysisContext, entry: ShapeEntry | None, enters: str) -> list[Evidence]:
+    if entry is None:
+        return []
+    return [context.evidence_at(f"{enters} {entry.describe(context)}", entry.frame_id, module=entry.module, table="compiles")]
+
+
+def _bucket_evidence(options: list[BucketOption], compiles_text: Callable[[int], str]) -> list[Evidence]:
+    return [
+        Evidence(
+            f"buckets ({option.rule}) {values_text(list(option.buckets))}: {compiles_text(option.compiles)} "
+            f"({option.compiles_saved} saved), +{option.padding_share_estimate:.1%} FLOPs from padding (estimate)"
+        )
+        for option in options[:MAX_LISTED_OPTIONS]
+    ]
+
+
+def _data_dependent_flushes(context: AnalysisContext, frame_id: int | None) -> int:
+    """Flushes a data-dependent op made at `frame_id` (DeferAndFuse), in the rank's whole run."""
+    if frame_id is None:
+        return 0
+    (count,), = context.trace.sql(
+        "SELECT COUNT(*) FROM flushes WHERE rank = ? AND trigger = 'data_dependent' AND frame_id = ?",
+        (context.rank, frame_id),
+    )
+    return int(count)
