@@ -144,7 +144,7 @@ CHIPS: dict[str, Chip] = {
                       mxu=256, mxu_source="assumed equal to v6e (not stated on the TPU7x page)", mxu_estimated=True),
 }
 
-# v6e: the generation most widely offered on Google Cloud today; every report says which target it used.
+# The default target when none is given; every report says which target it used.
 DEFAULT_TARGET = "v6e"
 
 _ALIASES = {"tpu7x": "v7", "ironwood": "v7", "trillium": "v6e", "v6": "v6e", "v5litepod": "v5e", "v5lite": "v5e"}

@@ -15,7 +15,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.analysis.findings import AnalysisResult, Finding, Severity
 from tputrace.analysis.syncs import STALL, SUGGESTIONS
 from tputrace.store.aggregates import merged_ns
 from tputrace.wording import format_ns, plural
