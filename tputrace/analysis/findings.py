@@ -8,7 +8,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, is_dataclass
-from typing import Any, Generic, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
+
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
 
 Severity = Literal["critical", "warning", "info"]
 SEVERITY_ORDER: dict[str, int] = {"critical": 0, "warning": 1, "info": 2}
@@ -47,7 +50,7 @@ class Finding:
     module: str | None = None
 
 
-DataT = TypeVar("DataT")
+DataT = TypeVar("DataT", bound="DataclassInstance")
 
 
 @dataclass(frozen=True)
@@ -61,8 +64,8 @@ class AnalysisResult(Generic[DataT]):
 
     def plain_data(self) -> dict[str, Any]:
         """The data as plain dicts, lists and numbers: the form `tputrace report --json` writes."""
-        data = plain(self.data)
-        return data if isinstance(data, dict) else {"value": data}
+        data: dict[str, Any] = plain(asdict(self.data))
+        return data
 
 
 def plain(value: Any) -> Any:
