@@ -11,7 +11,7 @@ import pytest
 
 pytest.importorskip("mypy")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_analyzers_and_the_schema_type_check() -> None:
