@@ -424,8 +424,8 @@ class _Export:
 
 def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 1) -> PerfettoExport:
     """Write the trace as Chrome trace-event JSON to `path` (gzipped when it ends in `.gz`; level 1
-    by default: a million events make half a gigabyte of JSON, and level 1 compresses it nearly as
-    well as the default, several times faster)."""
+    by default: trace-event JSON is large and repetitive, and compresses nearly as well at level 1 as
+    at zlib's default level, in less time)."""
     out = Path(path)
     tables = TraceTables(trace)
     export = _Export(tables, target_chip(target))
