@@ -42,7 +42,7 @@ class PlaneBuilder:
         # value (a string, mostly) many metadata repeat.
         self._stat_heads: dict[str, bytes] = {}
         self._encoded_stats: dict[tuple[str, type, Any], bytes] = {}
-        # An op's name and encoded stats besides its costs (see `_add_op_metadata`), by what identifies it.
+        # An op's name and encoded stats besides its costs (see `xplane_device`), by what identifies it.
         self.op_descriptions: dict[tuple[Any, ...], tuple[str, list[bytes]]] = {}
         self.lines: list[Line] = []
 
