@@ -31,8 +31,8 @@ from fixtures.make_traces import build_large_trace  # noqa: E402
 from results import write_section  # noqa: E402
 
 from tputrace.store.reader import open_trace  # noqa: E402
-from tputrace.viewers import report_html  # noqa: E402
-from tputrace.viewers.plotly_data import prepare_report  # noqa: E402
+from tputrace.viewers.report import report_html  # noqa: E402
+from tputrace.viewers.report.data import prepare_report  # noqa: E402
 
 SECTION = "HTML report size"
 OUT = ROOT / "bench" / "out"

@@ -13,6 +13,8 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from tputrace.analysis.context import steady
+from tputrace.derived.run_facts import RunFacts, run_facts
+from tputrace.derived.steps import StepRow
 from tputrace.summary import exit_text
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
@@ -32,7 +34,7 @@ class OverviewView(TraceView):
 
     def compose(self) -> ComposeResult:
         # The run's facts are cheap (no scan of the event tables), so the first paint shows them.
-        facts = queries.run_facts(self.session.trace, self.session.rank)
+        facts = run_facts(self.session.trace, self.session.rank)
         with VerticalScroll(id="overview-scroll"):
             yield Static(facts_text(facts), id="overview-facts", classes="section")
             yield Static(Text("Step time", style="bold"), classes="heading")
@@ -100,7 +102,7 @@ def severity_style(severity: str) -> str:
     return {"critical": "bold red", "warning": "magenta"}.get(severity, "cyan")
 
 
-def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | None = None) -> Text:
+def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = None) -> Text:
     """The run's facts as plain text lines (every value from the trace shown literally); steps and
     compiles once they are loaded."""
     text = Text()
@@ -128,7 +130,7 @@ def facts_text(facts: queries.RunFacts, compiles: Any = None, step_count: int | 
     return text
 
 
-def step_summary(steps: list[queries.StepRow]) -> Text:
+def step_summary(steps: list[StepRow]) -> Text:
     """The loop's step count, median steady step (as the report's), slowest step and compiled steps."""
     if not any(step.end_ns is not None for step in steps):
         return Text("")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tputrace.derived.run_facts import default_rank, run_facts
+from tputrace.derived.steps import StepRow, step_rows
 from tputrace.source_digests import SourceDigest
 from tputrace.tui import queries
 
@@ -41,7 +43,7 @@ class Session:
     @classmethod
     def open(cls, trace: Trace, *, rank: int | None = None, source_roots: Sequence[str] = ()) -> Session:
         """A session on `trace` showing `rank` (default: rank 0 or the first rank)."""
-        chosen = queries.default_rank(trace) if rank is None else rank
+        chosen = default_rank(trace) if rank is None else rank
         roots = [*source_roots]
         run_cwd = trace.run.cwd
         if run_cwd:
@@ -57,7 +59,7 @@ class Session:
         trace.sql("SELECT COUNT(*) FROM ops NOT INDEXED")
         trace.string(-1)
         trace.frame(-1)
-        queries.run_facts(trace, self.rank)
+        run_facts(trace, self.rank)
 
     @contextmanager
     def reader(self) -> Iterator[Trace]:
@@ -121,9 +123,9 @@ class Session:
         with self.reader() as trace:
             return queries.op_groups(trace, grouping, rank, text, all_ns=all_ns)
 
-    def steps(self) -> list[queries.StepRow]:
+    def steps(self) -> list[StepRow]:
         rank = self.rank
-        return self.shared(("steps", rank), lambda trace: queries.step_rows(trace, rank))
+        return self.shared(("steps", rank), lambda trace: step_rows(trace, rank))
 
     def ops_total_ns(self, rank: int | None = None) -> int:
         rank = self.rank if rank is None else rank

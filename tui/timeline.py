@@ -15,6 +15,7 @@ from textual import events
 from textual.binding import BindingType
 from textual.widgets import DataTable, Static
 
+from tputrace.derived.steps import StepRow
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import Palette, fmt_ns, right, shade_row
@@ -45,9 +46,9 @@ class Lanes(Static, can_focus=True):
     """The lanes drawing; focusable so that the timeline's keys reach the view."""
 
 
-def lanes_text(lanes: list[queries.Lane], window: Window, palette: Palette) -> Text:
+def lanes_text(lanes: list[queries.LaneBusy], window: Window, palette: Palette) -> Text:
     """The lanes with their labels, under a time axis for the window."""
-    width = max((len(lane.busy) for lane in lanes), default=0)
+    width = max((len(lane_busy.busy) for lane_busy in lanes), default=0)
     text = Text(no_wrap=True, overflow="crop")
     ticks = [(0, "+0")]
     for fraction in (0.25, 0.5, 0.75):
@@ -60,12 +61,13 @@ def lanes_text(lanes: list[queries.Lane], window: Window, palette: Palette) -> T
             axis[position: position + len(label)] = label
     text.append(f"{fmt_ns(window.start_ns)}"[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH), style=palette.muted)
     text.append("".join(axis)[:width], style=palette.muted)
-    for lane in lanes:
+    for lane_busy in lanes:
+        lane = lane_busy.lane
         text.append("\n")
         label = f"{lane.name} ({lane.events:,})" if lane.events else lane.name
         text.append(label[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH), style="bold" if lane.events else palette.muted)
         style = palette.compile if lane.name == "compile" else (palette.accent if lane.name.startswith("tpu:") else palette.bar)
-        text.append_text(shade_row(lane.busy, style))
+        text.append_text(shade_row(lane_busy.busy, style))
     return text
 
 
@@ -75,10 +77,10 @@ class TimelineView(TraceView):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.steps: list[queries.StepRow] = []
+        self.steps: list[StepRow] = []
         self.wall_ns = 0
         self.window: Window | None = None
-        self.lanes: list[queries.Lane] = []
+        self.lanes: list[queries.LaneBusy] = []
         self.events: list[queries.WindowEvent] = []
         self._columns = 0
 

@@ -31,7 +31,7 @@ from tputrace.store.writer import TraceWriter
 from tputrace.tui import queries
 from tputrace.tui.compiles import UNCHECKED_COLUMNS, compile_detail
 from tputrace.tui.session import Session
-from tputrace.viewers import plotly_data
+from tputrace.viewers.report import compile_data
 
 CALLS_LINE = "    scores = (q @ w) @ (w @ k)"
 ACCENTED_LINE = '    résumé = ("é", torch.mm(q, [u][0]) @ ut)[1]  # 日本語'  # `[u]` is also Rich markup (underline)
@@ -457,7 +457,7 @@ def test_byte_columns_without_a_recorded_digest_convert_as_before(strict_trace: 
 def test_the_html_report_names_each_call(strict_trace: tuple[Path, Path]) -> None:
     _, trace_path = strict_trace
     with open_trace(trace_path) as trace:
-        data = plotly_data.prepare_recompilations(trace)
+        data = compile_data.prepare_recompilations(trace)
     sites = {item.site for item in data.varying if item.name == "aten.mm.default"}
     assert sites == {
         *(_label(text) for text in ("q @ w", "w @ k", "(q @ w) @ (w @ k)")),

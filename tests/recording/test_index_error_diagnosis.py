@@ -146,7 +146,7 @@ def test_the_report_command_shows_it(runs: dict[str, tuple[Path, Path]], capsys:
 
 
 def test_the_html_report_shows_it_escaped(runs: dict[str, tuple[Path, Path]], tmp_path: Path) -> None:
-    from tputrace.viewers import report_html
+    from tputrace.viewers.report import report_html
 
     output = tmp_path / "report.html"
     report_html.write_report(runs["defer"][1], output)

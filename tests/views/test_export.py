@@ -28,7 +28,12 @@ import tputrace
 from fixtures.make_traces import START_UNIX_NS, build_sample_trace
 from tputrace.cli.main import main
 from tputrace.store.writer import TraceWriter
-from tputrace.viewers import xplane, xplane_proto
+from tputrace.derived import device_runs
+from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, OpCost, op_cost
+from tputrace.derived.trace_tables import TraceTables
+from tputrace.viewers.export import xplane_proto
+from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
+from tputrace.viewers.export.xplane_device import framework_op
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CORE_TOOLS = ("trace_viewer", "op_profile", "overview_page", "framework_op_stats")
@@ -154,7 +159,7 @@ def test_two_rank_export_writes_one_host_file_per_rank_with_device_and_host_plan
     assert names == ["/device:TPU:0", "/device:TPU:1", "/device:TPU:2", "/device:TPU:3", "/host:CPU"]
     device = space.planes[0]
     assert [line.name for line in device.lines] == ["Steps", "XLA Modules", "XLA Ops"]
-    chip = xplane.target_chip(xplane.DEFAULT_TARGET)  # the export's default, v6e
+    chip = target_chip(DEFAULT_TARGET)  # the export's default, v6e
     assert _stats(device, device.stats) == {
         **_stats(device, device.stats),
         "device_type_string": "TPU v6 lite",
@@ -186,7 +191,7 @@ def test_op_metadata_carries_category_framework_op_source_and_costs(sample_logdi
         breakdown = op_metrics_pb2.MemoryAccessBreakdown.FromString(values["memory_access_breakdown"])
         assert sum(access.bytes_accessed for access in breakdown.memory_accessed) == pytest.approx(values["bytes_accessed"], abs=2)
         assert {access.memory_space for access in breakdown.memory_accessed} == {1}  # HBM
-        assert values["time_estimate"] == xplane.TIME_ESTIMATE_NOTE  # stored once, referred to by id
+        assert values["time_estimate"] == TIME_ESTIMATE_NOTE  # stored once, referred to by id
     assert len(keys) == len(metadata)  # program_id + symbol_id identify an op
     by_name = {entry.name.rsplit(".", 1)[0]: values for entry, values in zip(metadata, stats)}
     assert by_name["aten.addmm.default"]["hlo_category"] == "matmul"
@@ -660,25 +665,25 @@ def test_unwritable_output_is_a_one_line_error_and_leaves_nothing(sample_trace: 
 
 
 def test_op_cost_from_shapes() -> None:
-    matmul = xplane.op_cost("aten.addmm.default", "f32[768], f32[1024,256], f32[256,768]", "f32[1024,768]")
+    matmul = op_cost("aten.addmm.default", "f32[768], f32[1024,256], f32[256,768]", "f32[1024,768]")
     assert matmul.flops == 2 * 1024 * 768 * 256
     assert matmul.read_bytes == 4 * (768 + 1024 * 256 + 256 * 768) and matmul.write_bytes == 4 * 1024 * 768
-    assert xplane.op_cost("aten.add.Tensor", "bf16[8,128], float", "bf16[8,128]") == xplane.OpCost(1024.0, 2048.0, 2048.0, False)
-    assert xplane.op_cost("aten._foreach_mul_.Scalar", "f32[4,4] x3", "f32[4,4] x3").write_bytes == 3 * 64
-    assert xplane.framework_op("aten.addmm.default", "GPT.h.0") == "GPT.h.0/aten.addmm.default:addmm"
-    assert xplane.framework_op("prims.erf.default", None) == "prims.erf.default:erf"
+    assert op_cost("aten.add.Tensor", "bf16[8,128], float", "bf16[8,128]") == OpCost(1024.0, 2048.0, 2048.0, False)
+    assert op_cost("aten._foreach_mul_.Scalar", "f32[4,4] x3", "f32[4,4] x3").write_bytes == 3 * 64
+    assert framework_op("aten.addmm.default", "GPT.h.0") == "GPT.h.0/aten.addmm.default:addmm"
+    assert framework_op("prims.erf.default", None) == "prims.erf.default:erf"
 
 
 def test_overlapping_executions_run_one_after_another_on_a_chip() -> None:
     rows = [(0, 1, 100, 50, 1, 1), (0, 2, 120, 60, 1, 2), (0, 3, 200, 10, 1, 3), (1, 4, 110, 10, 1, 4)]
-    assert list(xplane._serialized(rows)) == [
+    assert list(device_runs._serialized(rows)) == [
         (0, 1, 100, 50, 1, 1, 0), (0, 2, 150, 30, 1, 2, 30), (0, 3, 200, 10, 1, 3, 0), (1, 4, 110, 10, 1, 4, 0),
     ]
 
 
-def _runs(trace_path: Path) -> Iterator[xplane.ProgramRun]:
+def _runs(trace_path: Path) -> Iterator[device_runs.ProgramRun]:
     with tputrace.open(trace_path) as trace:
-        yield from xplane.device_runs(xplane.TraceTables(trace), 0, xplane.target_chip("v6e"))
+        yield from device_runs.device_runs(TraceTables(trace), 0, target_chip("v6e"))
 
 
 def test_device_runs_share_time_by_roofline_and_keep_program_totals(sample_trace: Path) -> None:

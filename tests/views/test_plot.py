@@ -18,7 +18,8 @@ from fixtures.make_traces import START_UNIX_NS, build_sample_trace
 from tputrace.analysis.chips import chip
 from tputrace.cli.main import main
 from tputrace.store import TraceWriter
-from tputrace.viewers import plotly_data, report_html
+from tputrace.derived.timeline import prepare_timeline
+from tputrace.viewers.report import analysis_data, chip_data, compile_data, data as report_data, report_html, time_data
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where screenshots go: $TPUTRACE_SCREENSHOT_DIR (e.g. for CI artifacts), else the test's tmp dir.
@@ -122,7 +123,7 @@ def _check_screenshot(path: Path) -> None:
 
 def test_timeline_lanes_per_rank_host_and_chip(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
-        timeline = plotly_data.prepare_timeline(trace)
+        timeline = prepare_timeline(trace)
         counts = trace.counts()
     names = [lane.name for lane in timeline.lanes]
     for rank in (0, 1):
@@ -131,7 +132,7 @@ def test_timeline_lanes_per_rank_host_and_chip(sample_trace_path: Path) -> None:
             assert f"rank {rank} · {lane}" in names
     by_kind: dict[str, int] = {}
     for lane in timeline.lanes:
-        by_kind[lane.kind] = by_kind.get(lane.kind, 0) + lane.total_events
+        by_kind[lane.kind] = by_kind.get(lane.kind, 0) + lane.events
     assert by_kind["dispatch"] == counts["ops"]
     assert by_kind["program"] == counts["executions"]
     assert by_kind["compile"] == counts["compiles"]
@@ -144,22 +145,22 @@ def test_timeline_lanes_per_rank_host_and_chip(sample_trace_path: Path) -> None:
 
 def test_timeline_decimates_busy_lanes_within_the_budget(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
-        timeline = plotly_data.prepare_timeline(trace, event_budget=200, bins_per_lane=20)
+        timeline = prepare_timeline(trace, event_budget=200, bins_per_lane=20)
         (longest_op,) = trace.sql("SELECT MAX(dur_ns) FROM ops WHERE rank = 0")[0]
     assert timeline.drawn_events <= 200 < timeline.total_events
-    dispatch_lanes = [lane for lane in timeline.lanes if lane.kind == "dispatch"]
-    assert all(lane.decimated for lane in dispatch_lanes)
-    for lane in dispatch_lanes:
-        bins = next(item for item in timeline.bins if item.lane == lane.index)
-        assert sum(bins.counts) == lane.total_events and len(bins.counts) <= 20
-    rank0 = next(events for events in timeline.events if events.lane == dispatch_lanes[0].index)
+    dispatch_lanes = [(index, lane) for index, lane in enumerate(timeline.lanes) if lane.kind == "dispatch"]
+    assert all(timeline.decimated(index) for index, _ in dispatch_lanes)
+    for index, lane in dispatch_lanes:
+        bins = next(item for item in timeline.bins if item.lane == index)
+        assert sum(bins.counts) == lane.events and len(bins.counts) <= 20
+    rank0 = next(events for events in timeline.events if events.lane == dispatch_lanes[0][0])
     assert max(rank0.durs_ns) == longest_op  # the longest events are the ones kept
     assert rank0.starts_ns == sorted(rank0.starts_ns)
 
 
 def test_step_rows_and_dominant_category(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
-        steps = plotly_data.prepare_steps(trace)
+        steps = time_data.prepare_steps(trace)
         step_times = {(step.rank, step.step): step for step in trace.step_times()}
     assert len(steps.steps) == len(step_times) == 12
     first = next(row for row in steps.steps if row.rank == 0 and row.step == 1)
@@ -172,7 +173,7 @@ def test_step_rows_and_dominant_category(sample_trace_path: Path) -> None:
 
 def test_where_tree_adds_up(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
-        where = plotly_data.prepare_where(trace, leaves=10)
+        where = time_data.prepare_where(trace, leaves=10)
         (op_ns,) = trace.sql("SELECT SUM(dur_ns) FROM ops")[0]
     nodes = {node.id: node for node in where.tree}
     assert where.tree_total_ns == op_ns
@@ -187,8 +188,8 @@ def test_where_tree_adds_up(sample_trace_path: Path) -> None:
 
 def test_recompilations_show_varying_dims(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
-        analysis = plotly_data.prepare_analysis(trace)
-        data = plotly_data.prepare_recompilations(trace, analysis)
+        analysis = analysis_data.prepare_analysis(trace)
+        data = compile_data.prepare_recompilations(trace, analysis)
     assert data.total == len(data.points) == 9
     assert "train.py:35" in data.sites
     dim = next(item for item in data.varying if item.site == "train.py:35")
@@ -197,8 +198,8 @@ def test_recompilations_show_varying_dims(sample_trace_path: Path) -> None:
 
 def test_shapes_padding_follows_the_target(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
-        v5e = plotly_data.prepare_shapes(trace, chip("v5e"))
-        v6e = plotly_data.prepare_shapes(trace, chip("v6e"))
+        v5e = chip_data.prepare_shapes(trace, chip("v5e"))
+        v6e = chip_data.prepare_shapes(trace, chip("v6e"))
     # K = 192 (the recompiled sequence length in attention) pads to 256 on both MXUs: a quarter is padding.
     attention = [shape for shape in v6e.shapes if shape.product.k == 192 and "attention" in shape.op]
     assert attention and all(shape.wasted_share == pytest.approx(0.25) for shape in attention)
@@ -210,7 +211,7 @@ def test_shapes_padding_follows_the_target(sample_trace_path: Path) -> None:
 
 def test_roofline_measured_and_estimated(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
-        roofline = plotly_data.prepare_roofline(trace, chip("v6e"))
+        roofline = chip_data.prepare_roofline(trace, chip("v6e"))
     assert roofline.programs
     for point in roofline.programs:
         assert point.achieved_flops == pytest.approx(point.flops / (point.mean_ns / 1e9))
@@ -221,8 +222,8 @@ def test_roofline_measured_and_estimated(sample_trace_path: Path) -> None:
 def test_collectives_and_memory(sample_trace_path: Path) -> None:
     target = chip(None)
     with tputrace.open(sample_trace_path) as trace:
-        collectives = plotly_data.prepare_collectives(trace, target)
-        memory = plotly_data.prepare_memory(trace, target)
+        collectives = chip_data.prepare_collectives(trace, target)
+        memory = chip_data.prepare_memory(trace, target)
         (max_peak,) = trace.sql("SELECT MAX(peak_bytes) FROM memory")[0]
         (waits,) = trace.sql("SELECT SUM(wait_ns) FROM collectives")[0]
     assert collectives.present and collectives.ranks == [0, 1]
@@ -235,18 +236,18 @@ def test_every_analyzer_has_a_section() -> None:
     from tputrace.analysis import ANALYZERS
 
     for name in ANALYZERS:
-        assert plotly_data.section_of(name) in plotly_data.SECTIONS, name
-    assert plotly_data.section_of("recompiles") == "recompilations"
-    assert plotly_data.section_of("padding") == plotly_data.section_of("precision") == "shapes"
-    assert plotly_data.section_of("some_new_straggler_check") == "collectives"
-    assert plotly_data.section_of("something else") == "where"
+        assert analysis_data.section_of(name) in analysis_data.SECTIONS, name
+    assert analysis_data.section_of("recompiles") == "recompilations"
+    assert analysis_data.section_of("padding") == analysis_data.section_of("precision") == "shapes"
+    assert analysis_data.section_of("some_new_straggler_check") == "collectives"
+    assert analysis_data.section_of("something else") == "where"
 
 
 def test_timeline_figure_is_webgl_with_a_hover_point_per_event(sample_trace_path: Path) -> None:
-    from tputrace.viewers.plotly_figures import plot_timeline
+    from tputrace.viewers.report.figures import plot_timeline
 
     with tputrace.open(sample_trace_path) as trace:
-        timeline = plotly_data.prepare_timeline(trace, event_budget=200, bins_per_lane=20)
+        timeline = prepare_timeline(trace, event_budget=200, bins_per_lane=20)
     figure = plot_timeline(timeline)
     assert {trace.type for trace in figure.data} == {"scattergl"}
     hover_points = sum(len(trace.x) for trace in figure.data if trace.mode == "markers" and trace.opacity is None
@@ -259,7 +260,7 @@ def test_timeline_figure_is_webgl_with_a_hover_point_per_event(sample_trace_path
 def test_comparison_lists_the_expensive_ops_of_both(sample_trace_path: Path, tmp_path: Path) -> None:
     other = build_sample_trace(tmp_path / "fewer.tptrace", steps=3)
     with tputrace.open(sample_trace_path) as before, tputrace.open(other) as after:
-        data = plotly_data.prepare_comparison(before, after)
+        data = report_data.prepare_comparison(before, after)
     assert len(data.before.step_durations_ns) == 6 and len(data.after.step_durations_ns) == 3
     assert "aten.addmm.default" in data.ops
     assert data.before.compiles >= data.after.compiles
@@ -285,7 +286,7 @@ def test_comparison_steps_are_the_summarys(tmp_path: Path) -> None:
             clock += duration_ms * 1_000_000
         writer.update_run(end_ns=clock, exit_status=0)
     with tputrace.open(path) as trace:
-        side = plotly_data.summarize_for_compare(trace, "before")
+        side = report_data.summarize_for_compare(trace, "before")
         summary = summarize(trace)
     assert len(side.step_durations_ns) == summary.step_count == 5
     assert side.median_step_ns == 30_000_000 and "median step 30.0 ms" in render_text(analyze_path(path))
@@ -298,7 +299,7 @@ def test_report_is_self_contained(sample_report: Path) -> None:
     text = sample_report.read_text(encoding="utf-8")
     assert "<script src=" not in text  # plotly.js inline: the page opens offline
     assert "Plotly" in text and len(text) > 3_000_000
-    for key in plotly_data.SECTIONS:
+    for key in analysis_data.SECTIONS:
         assert f'<section id="{key}"' in text
     figures = re.findall(r'<div class="tp-figure" id="([^"]+)"', text)
     assert len(figures) >= 9 and len(set(figures)) == len(figures)
@@ -319,7 +320,7 @@ def test_empty_and_killed_traces_still_give_a_page(tmp_path: Path) -> None:
         output = trace_path.with_suffix(".html")
         report_html.write_report(trace_path, output)
         text = output.read_text(encoding="utf-8")
-        assert all(f'<section id="{key}"' in text for key in plotly_data.SECTIONS)
+        assert all(f'<section id="{key}"' in text for key in analysis_data.SECTIONS)
     assert "no timed events in this trace" in empty.with_suffix(".html").read_text(encoding="utf-8")
     assert "running or killed (no end record)" in killed.with_suffix(".html").read_text(encoding="utf-8")
 

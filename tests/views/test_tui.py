@@ -31,7 +31,9 @@ from fixtures.make_tui_fixture import (
     settle,
 )
 from tputrace.cli.main import main
+from tputrace.derived.steps import step_rows
 from tputrace.tui import queries
+from tputrace.tui.queries import timeline as timeline_queries
 from tputrace.tui.actions import ACTIONS, ACTIONS_BY_ID, VIEW_ORDER, parse_keymap
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, shade_row, share_bar
 
@@ -216,7 +218,7 @@ def test_the_overview_counts_the_loops_steps_without_the_end_step(tmp_path: Path
         writer.append("steps", (0, 3, 60_000_000, 560_000_000, "end"))
         writer.update_run(end_ns=560_000_000, exit_status=0)
     with tputrace.open(path) as trace:
-        assert [row.in_loop for row in queries.step_rows(trace, 0)] == [True, True, True, False]
+        assert [row.in_loop for row in step_rows(trace, 0)] == [True, True, True, False]
 
     async def scenario(pilot: Any) -> None:
         text = screen_text(pilot.app)
@@ -275,7 +277,7 @@ def test_the_overview_words_counts_of_one_in_the_singular(tmp_path: Path) -> Non
     with tputrace.open(trace_path) as trace:
         stats = trace.compile_stats(rank=0)
         assert (trace.run.chips, stats.recompiles) == (1, 1)
-        assert sum(row.in_loop for row in queries.step_rows(trace, 0)) == 1
+        assert sum(row.in_loop for row in step_rows(trace, 0)) == 1
 
     async def scenario(pilot: Any) -> None:
         text = screen_text(pilot.app)
@@ -308,14 +310,14 @@ def test_collectives_per_kind_and_rank(small: Any) -> None:
 
 
 def test_timeline_lanes_are_bucketed_busy_fractions(small: Any) -> None:
-    steps = queries.step_rows(small, 0)
+    steps = step_rows(small, 0)
     step = steps[1]
-    lanes = {lane.name: lane for lane in queries.timeline_lanes(small, 0, step.start_ns, step.end_ns, 50)}
+    lanes = {row.lane.name: row for row in queries.timeline_lanes(small, 0, step.start_ns, step.end_ns, 50)}
     assert {"dispatch", "compile", "syncs", "tpu:0 exec"} <= set(lanes)
-    for lane in lanes.values():
-        assert len(lane.busy) == 50 and all(0.0 <= value <= 1.0 + 1e-9 for value in lane.busy)
+    for row in lanes.values():
+        assert len(row.busy) == 50 and all(0.0 <= value <= 1.0 + 1e-9 for value in row.busy)
     (ops_in_step,) = small.sql("SELECT COUNT(*) FROM ops WHERE rank = 0 AND start_ns < ? AND start_ns + dur_ns >= ?", (step.end_ns, step.start_ns))[0]
-    assert lanes["dispatch"].events == ops_in_step
+    assert lanes["dispatch"].lane.events == ops_in_step
     bucket_ns = -(-(step.end_ns - step.start_ns) // 50)
     (dispatch_ns,) = small.sql(
         "SELECT SUM(MIN(start_ns + dur_ns, ?) - MAX(start_ns, ?)) FROM ops WHERE rank = 0 AND start_ns < ? AND start_ns + dur_ns >= ?",
@@ -327,7 +329,7 @@ def test_timeline_lanes_are_bucketed_busy_fractions(small: Any) -> None:
 
 
 def test_bucket_busy_carries_long_events_forward() -> None:
-    busy, events = queries._bucket_busy([(0, 250, 1), (3, 50, 2)], 5, 100)
+    busy, events = timeline_queries._bucket_busy([(0, 250, 1), (3, 50, 2)], 5, 100)
     assert busy == (1.0, 1.0, 0.5, 0.5, 0.0) and events == 3
 
 
@@ -393,7 +395,7 @@ def test_text_columns_read_in_sql_show_escape_sequences_as_text(tmp_path: Path) 
     with tputrace.open(path) as trace:
         compile_row = queries.compile_rows(trace, 0)[0]
         shown = [
-            queries.step_rows(trace, 0)[0].source, queries.flush_triggers(trace, 0)[0].trigger,
+            step_rows(trace, 0)[0].source, queries.flush_triggers(trace, 0)[0].trigger,
             queries.flush_rows(trace, 0)[0].trigger, compile_row.kind, compile_row.reason,
             queries.collective_groups(trace, 0)[0].kind,
             *(event.label for event in queries.window_events(trace, 0, 0, trace.wall_ns(), limit=1000)

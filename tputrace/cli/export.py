@@ -39,7 +39,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from tputrace.store.reader import open_trace
-    from tputrace.viewers.xplane import DEFAULT_TARGET, target_chip
+    from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
 
     if not args.tensorboard and not args.perfetto:
         raise TputraceError("nothing to export: give --tensorboard LOGDIR and/or --perfetto PATH")
@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def export_tensorboard(trace: Any, logdir: Path, run_name: str | None, target: str) -> list[Any]:
-    from tputrace.viewers import xplane
+    from tputrace.viewers.export import xplane
 
     started = time.perf_counter()
     exports = xplane.export_tensorboard(trace, logdir, run=run_name, target=target)
@@ -77,7 +77,7 @@ def export_tensorboard(trace: Any, logdir: Path, run_name: str | None, target: s
 
 
 def export_perfetto(trace: Any, path: Path, target: str) -> Any:
-    from tputrace.viewers import perfetto
+    from tputrace.viewers.export import perfetto
 
     started = time.perf_counter()
     export = perfetto.export_perfetto(trace, path, target=target)

@@ -37,7 +37,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tputrace.viewers import report_html
+    from tputrace.viewers.report import report_html
 
     if args.compare and args.trace:
         raise TputraceError("give either a trace or --compare BEFORE AFTER, not both")

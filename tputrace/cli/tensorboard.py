@@ -49,7 +49,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from tputrace.store.reader import open_trace
-    from tputrace.viewers import xplane
+    from tputrace.viewers.export import xplane
 
     if not 0 <= args.port <= 65535:
         raise TputraceError(f"--port {args.port} is not a port number (0-65535)")

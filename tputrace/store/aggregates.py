@@ -151,7 +151,8 @@ class CollectiveStat:
     wait_ns: int
 
 
-def _rank_filter(rank: int | None, prefix: str = "WHERE ") -> tuple[str, tuple[int, ...]]:
+def rank_filter(rank: int | None, prefix: str = "WHERE ") -> tuple[str, tuple[int, ...]]:
+    """SQL limiting a query to `rank` (`" WHERE rank = ?"` and its parameter), or nothing for every rank."""
     if rank is None:
         return "", ()
     return f" {prefix}rank = ?", (rank,)
@@ -175,7 +176,7 @@ def op_stats(
     if order not in _OP_ORDER_COLUMNS:
         raise TputraceError(f"unknown op order {order!r}; use one of {', '.join(_OP_ORDER_COLUMNS)}")
     group_columns = ", ".join(_OP_GROUP_COLUMNS[group_by])
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     (all_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops{where}", params)[0]
     rows = trace.sql(
         f"SELECT {group_columns}, COUNT(*) AS calls, COALESCE(SUM(dur_ns), 0) AS total_ns, "
@@ -206,7 +207,7 @@ def op_stats(
 
 def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
     """Every step, in (rank, step) order, with its op, compile and sync counts."""
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     ops_per_step = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM ops{where} GROUP BY rank, step", where, params)
     compile_counts = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM compiles{where} GROUP BY rank, step", where, params)
     compile_ns_per_step = compile_wall_ns(trace, rank=rank, by="step")
@@ -249,7 +250,7 @@ def time_split(trace: Trace, *, rank: int | None = None) -> TimeSplit:
 
     Compile time is the wall time spent compiling (nested compile records count once); the other
     categories are sums of their records' durations."""
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     tables = ("executions", "ops", "syncs", "transfers", "fallbacks", "collectives")
     sums = ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table}{where})" for table in tables)
     totals = trace.sql(f"SELECT {sums}", params * len(tables))[0]
@@ -280,7 +281,7 @@ def compile_wall_ns(
     """Wall time spent compiling per (rank, 0) or (rank, step): the union
     of the intervals of the `compiles` rows matching the SQL `condition`, so nested or overlapping
     compiles (a Dynamo frame's AOTAutograd and XLA compiles) count each instant once."""
-    where, params = _rank_filter(rank, prefix="AND ")
+    where, params = rank_filter(rank, prefix="AND ")
     rows = trace.sql(
         f"SELECT rank, {_COMPILE_GROUP_COLUMNS[by]} AS group_key, start_ns, start_ns + COALESCE(dur_ns, 0) "
         f"FROM compiles WHERE ({condition}){where} ORDER BY rank, group_key, start_ns",
@@ -299,7 +300,7 @@ def compile_total_ns(trace: Trace, *, rank: int | None = None, condition: str = 
 
 def wall_ns(trace: Trace, *, rank: int | None = None) -> int:
     """The run's wall time: the runs' end times, or the last event for a run without an end record."""
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     ends = [end_ns for (end_ns,) in trace.sql(f"SELECT end_ns FROM runs{where}", params)]
     if ends and all(end_ns is not None for end_ns in ends):
         return max(ends)
@@ -326,7 +327,7 @@ def _event_bounds() -> list[tuple[str, str, str]]:
 
 def time_range(trace: Trace, *, rank: int | None = None) -> tuple[int, int]:
     """(first event start, last event end) in ns since the run's start; (0, 0) for an empty trace."""
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     bounds = _event_bounds()
     parts = " UNION ALL ".join(
         f"SELECT MIN({start}) AS first_ns, MAX({end}) AS last_ns FROM {table}{where}" for table, start, end in bounds
@@ -355,7 +356,7 @@ LOADED_FROM_DISK = "detail LIKE '%\"loaded_from_disk\": true%'"
 
 def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
     """Compile and recompile counts and wall time (each instant once), and the number of distinct programs."""
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     count, recompiles, loaded_from_disk = trace.sql(
         f"SELECT COUNT(*), COALESCE(SUM({RECOMPILE}), 0), COALESCE(SUM({LOADED_FROM_DISK}), 0) FROM compiles{where}",
         params,
@@ -374,7 +375,7 @@ def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
 
 def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
     """Recompiles grouped by what was compiled, the reason and the difference; most frequent first."""
-    where, params = _rank_filter(rank, prefix="AND ")
+    where, params = rank_filter(rank, prefix="AND ")
     rows = trace.sql(
         "SELECT name_sid, reason, diff_sid, COUNT(*) AS n, COALESCE(SUM(dur_ns), 0) AS total_ns, MIN(step), "
         f"MIN(frame_id) FROM compiles WHERE {RECOMPILE}{where} "
@@ -400,7 +401,7 @@ SYNC_COMPILE_NS = (
 
 def sync_stats(trace: Trace, *, limit: int | None = None, rank: int | None = None) -> list[SyncStat]:
     """Host syncs grouped by source line and kind; longest total stall first."""
-    where, params = _rank_filter(rank, prefix="WHERE s.")
+    where, params = rank_filter(rank, prefix="WHERE s.")
     rows = trace.sql(
         "SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM(s.dur_ns), 0) AS total_ns, COALESCE(SUM(s.pending_ops), 0), "
         f"COALESCE(SUM({SYNC_COMPILE_NS}), 0) FROM syncs s{where} GROUP BY s.frame_id, s.kind "
@@ -415,7 +416,7 @@ def sync_stats(trace: Trace, *, limit: int | None = None, rank: int | None = Non
 
 def fallback_stats(trace: Trace, *, limit: int | None = None, rank: int | None = None) -> list[FallbackStat]:
     """CPU fallbacks grouped by op; longest total time first."""
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     rows = trace.sql(
         "SELECT op_sid, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns, MIN(frame_id) "
         f"FROM fallbacks{where} GROUP BY op_sid ORDER BY total_ns DESC{_limit_clause(limit)}",
@@ -429,7 +430,7 @@ def fallback_stats(trace: Trace, *, limit: int | None = None, rank: int | None =
 
 def collective_stats(trace: Trace, *, rank: int | None = None) -> list[CollectiveStat]:
     """Collectives grouped by kind; longest total time first."""
-    where, params = _rank_filter(rank)
+    where, params = rank_filter(rank)
     rows = trace.sql(
         "SELECT kind, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0) AS total_ns, "
         f"COALESCE(SUM(wait_ns), 0) FROM collectives{where} GROUP BY kind ORDER BY total_ns DESC",

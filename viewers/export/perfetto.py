@@ -5,7 +5,7 @@ Layout, per rank:
   ranges, Python op dispatch, flushes, XLA compiles, syncs, transfers, CPU fallbacks, collectives;
 - one process per chip (`rank R · tpu:N`) with a Steps thread and an `XLA programs` thread, on which
   each program execution is a slice with its ops nested inside (op times are estimates: see
-  `tputrace.viewers.xplane`, whose device timeline this shares), and an HBM counter.
+  `tputrace.derived.device_runs`, the device timeline both exports draw), and an HBM counter.
 
 Slices carry args (shapes, source line, module path, FLOPs and bytes); compiles, syncs and graph
 breaks are also instants on their host process; a flow arrow goes from each flush (or, in strict
@@ -19,36 +19,27 @@ imports torch or jax; strings from the trace are written as JSON data.
 
 from __future__ import annotations
 
-import gzip
-import json
 import operator
-import queue
-import threading
-from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
-from tputrace.viewers.xplane import (
-    DEFAULT_TARGET,
-    DISPATCH_KEY,
-    DUR,
-    PROGRAM,
-    SEQ,
-    START,
-    TIME_ESTIMATE_NOTE,
-    OpBatch,
-    OpKey,
-    ProgramRun,
-    TargetChip,
-    TraceTables,
-    host_names,
-    is_strict,
-    scan_rank,
-    target_chip,
+from tputrace.derived.device_runs import OpKey, ProgramRun, is_strict, scan_rank
+from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, TargetChip
+from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables
+from tputrace.viewers.export.hosts import host_names
+from tputrace.viewers.export.perfetto_tracks import (
+    CHUNK_EVENTS,
+    LANE_STRIDE,
+    BackgroundWriter,
+    Track,
+    int_json,
+    microseconds_text,
+    to_json,
 )
+from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -56,10 +47,8 @@ if TYPE_CHECKING:
 HOST_THREADS = ("Steps", "Annotations", "Python dispatch", "Flushes", "XLA compile", "Syncs", "Transfers",
                 "CPU fallbacks", "Collectives")
 CHIP_STEPS_TID, CHIP_PROGRAMS_TID = 1, 2  # a chip's threads: Steps, and programs with their ops nested
-_LANE_STRIDE = 100  # tid of lane k of a thread: base tid + k * _LANE_STRIDE
 _PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for chips
 _FLOW_NAME = "runs on chip"
-_CHUNK_EVENTS = 20_000
 _START_OF, _DUR_OF, _SEQ_OF = operator.itemgetter(START), operator.itemgetter(DUR), operator.itemgetter(SEQ)
 
 
@@ -74,214 +63,18 @@ class PerfettoExport:
     flows: int
 
 
-def _json(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
-
-
-def _int_json(value: int | None) -> str:
-    return "null" if value is None else str(int(value))
-
-
-def _us(ns: int) -> str:
-    """Whole nanoseconds as microseconds with three decimals (exact: no float rounding)."""
-    if ns < 0:
-        return "-" + _us(-ns)
-    return f"{ns // 1000}.{ns % 1000:03d}"
-
-
-_NULL = -(1 << 63)  # a missing value in an int column
-
-
-class _Track:
-    """The slices of one thread kind of one process, gathered in any order and written on as few
-    threads as keep them nested or disjoint.
-
-    A slice refers to a shared fragment (name, category and args as JSON text), may have values in
-    the track's int `columns` (per-slice args such as `seq`), and a few slices carry more args as
-    JSON members (`extras`). Columns of arrays keep a million slices cheap.
-    """
-
-    __slots__ = ("pid", "tid", "name", "columns", "nested", "starts", "ends", "fragments", "values", "extras", "lanes")
-
-    def __init__(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), *, nested: bool = False) -> None:
-        self.pid, self.tid, self.name, self.columns = pid, tid, name, columns
-        self.nested = nested  # the builder guarantees nesting: skip the lane search
-        self.clear()
-
-    def clear(self) -> None:
-        """Drop every slice (in place: appends bound before stay valid)."""
-        if hasattr(self, "starts"):
-            for column in (self.starts, self.ends, self.fragments, *self.values):
-                del column[:]
-        else:
-            self.starts, self.ends, self.fragments = array("q"), array("q"), array("q")
-            self.values = [array("q") for _ in self.columns]
-        self.extras: dict[int, str] = {}
-        self.lanes: array[int] | None = None
-
-    def __len__(self) -> int:
-        return len(self.starts)
-
-    def add(self, start_ns: int, end_ns: int, fragment: int, extra: str = "", values: tuple[int | None, ...] = ()) -> int:
-        """Add a slice; `extra` is more args as JSON members (`"flush_id":3`), `values` its column
-        values. Returns the slice's index."""
-        index = len(self.starts)
-        self.starts.append(start_ns)
-        self.ends.append(end_ns if end_ns > start_ns else start_ns)
-        self.fragments.append(fragment)
-        for column, value in zip(self.values, values):
-            column.append(_NULL if value is None else value)
-        if extra:
-            self.extras[index] = extra
-        return index
-
-    def order(self) -> list[int] | None:
-        """Slice indexes by start, enclosing slices first; None when they already are in that order."""
-        starts, ends = self.starts, self.ends
-        try:
-            import numpy
-        except ImportError:
-            if all(map(int.__lt__, starts[:-1], starts[1:])):
-                return None
-            return sorted(range(len(starts)), key=lambda index: (starts[index], -ends[index]))
-        begin = numpy.frombuffer(starts, dtype=numpy.int64)
-        if len(begin) < 2 or bool((begin[1:] > begin[:-1]).all()):
-            return None
-        return numpy.lexsort((-numpy.frombuffer(ends, dtype=numpy.int64), begin)).tolist()
-
-    def assign_lanes(self) -> int:
-        """Give each slice a lane (0 for most) so that slices on one lane nest or are disjoint;
-        returns the number of lanes."""
-        if self.nested:
-            return 1
-        starts, ends = self.starts, self.ends
-        order = self.order()
-        if order is None and _disjoint(starts, ends):
-            return 1
-        lanes = array("q", bytes(8 * len(starts)))
-        open_ends: list[list[int]] = [[]]
-        for index in order if order is not None else range(len(starts)):
-            start, end = starts[index], ends[index]
-            for lane, stack in enumerate(open_ends):
-                while stack and stack[-1] <= start:
-                    stack.pop()
-                if not stack or end <= stack[-1]:
-                    stack.append(end)
-                    lanes[index] = lane
-                    break
-            else:
-                open_ends.append([end])
-                lanes[index] = len(open_ends) - 1
-        self.lanes = lanes if len(open_ends) > 1 else None
-        return len(open_ends)
-
-    def tid_of(self, index: int) -> int:
-        return self.tid + (self.lanes[index] * _LANE_STRIDE if self.lanes is not None else 0)
-
-    def lines(self, heads: list[str], fragment_args: list[str], fragment_tails: list[str]) -> Iterator[list[str]]:
-        """The slices as JSON objects, in lists of a few thousand (`assign_lanes` first), given each
-        fragment's head, args, and both as the end of a slice without per-slice args (`tails`).
-        Formatted by one template per track over columns, which keeps a million slices fast."""
-        tids = [self.tid + lane * _LANE_STRIDE for lane in self.lanes] if self.lanes is not None else None
-        timestamps, durations = _microseconds(self.starts, self.ends)
-        tid = "%d" if tids is not None else str(self.tid)  # one thread: its tid is part of the template
-        if self.columns:
-            slice_heads = list(map(heads.__getitem__, self.fragments))
-            columns = [list(map(str, column)) if min(column, default=0) != _NULL
-                       else [("null" if value == _NULL else str(value)) for value in column] for column in self.values]
-            members = ",".join(f'"{name}":%s' for name in self.columns)
-            leading = [("," + args) if args else "" for args in fragment_args]
-            args = list(map(leading.__getitem__, self.fragments))
-            for index, extra in self.extras.items():
-                args[index] = "," + extra + args[index]
-            template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, tid, members)
-            fields: tuple[list[Any], ...] = (timestamps, durations, slice_heads, *columns, args)
-        else:
-            tails = list(map(fragment_tails.__getitem__, self.fragments))
-            for index, extra in self.extras.items():
-                fragment = self.fragments[index]
-                shared = fragment_args[fragment]
-                tails[index] = f'{heads[fragment]},"args":{{{extra}{"," + shared if shared else ""}}}}}'
-            template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s' % (self.pid, tid)
-            fields = (timestamps, durations, tails)
-        rows = zip(tids, *fields) if tids is not None else zip(*fields)
-        while chunk := list(map(template.__mod__, islice(rows, _CHUNK_EVENTS))):
-            yield chunk
-
-
-def _disjoint(starts: array[int], ends: array[int]) -> bool:
-    """Whether slices in start order each end before the next starts."""
-    try:
-        import numpy
-    except ImportError:
-        return all(map(int.__le__, ends[:-1], starts[1:]))
-    begin, end = numpy.frombuffer(starts, dtype=numpy.int64), numpy.frombuffer(ends, dtype=numpy.int64)
-    return bool((end[:-1] <= begin[1:]).all())
-
-
-def _microseconds(starts: array[int], ends: array[int]) -> tuple[list[float], list[float]]:
-    """Starts and durations in microseconds (three decimals of them are whole nanoseconds)."""
-    try:
-        import numpy
-    except ImportError:
-        return [start / 1000 for start in starts], [(end - start) / 1000 for start, end in zip(starts, ends)]
-    begin, end = numpy.frombuffer(starts, dtype=numpy.int64), numpy.frombuffer(ends, dtype=numpy.int64)
-    return (begin / 1000).tolist(), ((end - begin) / 1000).tolist()
-
-
-class _BackgroundWriter:
-    """A text stream whose bytes are compressed (gzip, when `compresslevel` is given) and written by
-    a thread, so that compressing one chunk overlaps formatting the next (zlib runs without the GIL)."""
-
-    def __init__(self, path: Path, compresslevel: int | None) -> None:
-        self._file = path.open("wb")
-        self._sink: IO[bytes] = (gzip.GzipFile(fileobj=self._file, mode="wb", compresslevel=compresslevel, mtime=0)
-                                 if compresslevel is not None else self._file)
-        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._drain, name="perfetto-writer", daemon=True)
-        self._thread.start()
-
-    def _drain(self) -> None:
-        while (chunk := self._chunks.get()) is not None:
-            if self._error is None:
-                try:
-                    self._sink.write(chunk)
-                except BaseException as error:  # raised again in the caller's thread, on close
-                    self._error = error
-
-    def write(self, text: str) -> None:
-        if self._error is not None:
-            raise self._error
-        self._chunks.put(text.encode("utf-8"))
-
-    def __enter__(self) -> _BackgroundWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self._chunks.put(None)
-        self._thread.join()
-        try:
-            if self._sink is not self._file:
-                self._sink.close()
-        finally:
-            self._file.close()
-        if self._error is not None and exc_info[0] is None:
-            raise self._error
-
-
 class _Export:
     """Builds the events of one trace: tracks of slices, instants, counters, flows and the names."""
 
     def __init__(self, tables: TraceTables, chip: TargetChip) -> None:
         self.tables = tables
         self.chip = chip
-        self.tracks: dict[tuple[int, int], _Track] = {}
+        self.tracks: dict[tuple[int, int], Track] = {}
         self.fragments: list[tuple[str, str]] = []
         self._fragment_ids: dict[Any, int] = {}
         self.instants: list[str] = []
         self.counters: list[str] = []
-        self.flows: list[tuple[_Track, int, _Track, int]] = []
+        self.flows: list[tuple[Track, int, Track, int]] = []
         self.process_names: dict[int, tuple[str, int]] = {}
         self._json_by_sid: dict[int, str] = {}
         self._json_by_frame: dict[int, str] = {}
@@ -298,23 +91,23 @@ class _Export:
         fragment_id = self._fragment_ids.get(key)
         if fragment_id is None:
             fragment_id = self._fragment_ids[key] = len(self.fragments)
-            members = _json({name: value for name, value in args.items() if value is not None})[1:-1]
-            self.fragments.append((f'"name":{_json(name)},"cat":"{category}"', members))
+            members = to_json({name: value for name, value in args.items() if value is not None})[1:-1]
+            self.fragments.append((f'"name":{to_json(name)},"cat":"{category}"', members))
         return fragment_id
 
-    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), *, nested: bool = False) -> _Track:
+    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), *, nested: bool = False) -> Track:
         track = self.tracks.get((pid, tid))
         if track is None:
-            track = self.tracks[(pid, tid)] = _Track(pid, tid, name, columns, nested=nested)
+            track = self.tracks[(pid, tid)] = Track(pid, tid, name, columns, nested=nested)
         return track
 
     def instant(self, pid: int, tid: int, ts_ns: int, name: str, category: str, args: dict[str, Any]) -> None:
-        members = _json({key: value for key, value in args.items() if value is not None})
-        self.instants.append(f'{{"ph":"i","s":"p","pid":{pid},"tid":{tid},"ts":{_us(ts_ns)},"name":{_json(name)},'
-                             f'"cat":{_json(category)},"args":{members}}}')
+        members = to_json({key: value for key, value in args.items() if value is not None})
+        self.instants.append(f'{{"ph":"i","s":"p","pid":{pid},"tid":{tid},"ts":{microseconds_text(ts_ns)},"name":{to_json(name)},'
+                             f'"cat":{to_json(category)},"args":{members}}}')
 
     def counter(self, pid: int, ts_ns: int, name: str, values: dict[str, float]) -> None:
-        self.counters.append(f'{{"ph":"C","pid":{pid},"tid":0,"ts":{_us(ts_ns)},"name":{_json(name)},"args":{_json(values)}}}')
+        self.counters.append(f'{{"ph":"C","pid":{pid},"tid":0,"ts":{microseconds_text(ts_ns)},"name":{to_json(name)},"args":{to_json(values)}}}')
 
     # -- one rank ---------------------------------------------------------------------------------
 
@@ -374,7 +167,7 @@ class _Export:
             dispatch.fragments.extend(fragments)  # type: ignore[arg-type]
             dispatch.values[0].extend(map(_SEQ_OF, rows))
 
-        runs: list[tuple[ProgramRun, _Track, int]] = []
+        runs: list[tuple[ProgramRun, Track, int]] = []
 
         def on_run(run: ProgramRun) -> None:
             # Programs follow each other on a chip and their ops nest inside them (see `_add_run`).
@@ -408,7 +201,7 @@ class _Export:
             self.counter(chip_pid(chip_index if chip_index is not None else 0), t_ns + offset, "HBM bytes",
                          {"live": live or 0, "peak": peak or 0})
 
-    def _add_run(self, run: ProgramRun, programs: _Track, offset: int) -> int:
+    def _add_run(self, run: ProgramRun, programs: Track, offset: int) -> int:
         tables = self.tables
         program = tables.programs.get(run.program_id)
         fragment = self.fragment(("program", run.program_id), f"{tables.program_name(run.program_id)} ({run.program_id})", "program", {
@@ -423,8 +216,8 @@ class _Export:
         })
         start = run.start_ns + offset
         end = start + run.dur_ns
-        extra = (f'"flush_id":{_int_json(run.flush_id)},"step":{_int_json(run.step)},'
-                 f'"queued_behind_previous_ns":{_int_json(run.queued_ns or None)}')
+        extra = (f'"flush_id":{int_json(run.flush_id)},"step":{int_json(run.step)},'
+                 f'"queued_behind_previous_ns":{int_json(run.queued_ns or None)}')
         run_index = programs.add(start, end, fragment, extra)
         # Op bounds in whole ns, inside the program's: the ops nest in it on the same thread.
         fragments = self._layout_fragments.get(run.layout) if run.layout is not None else None
@@ -484,36 +277,36 @@ class _Export:
         )
         if key.frame_id is not None and tables.source(key.frame_id) is not None:
             before += f'"source":{self._frame_json(key.frame_id)},'
-        after = f',"xla_fusion":{_json(f"{fusion.name} ({fusion.kind})")}' if fusion else ""
+        after = f',"xla_fusion":{to_json(f"{fusion.name} ({fusion.kind})")}' if fusion else ""
         after += ',"time":"estimated"' if estimated else ',"time":"measured"'
-        return f'"name":{_json(op)},"cat":"aten op"', before, after
+        return f'"name":{to_json(op)},"cat":"aten op"', before, after
 
     def _string_json(self, sid: int) -> str:
         cached = self._json_by_sid.get(sid)
         if cached is None:
-            cached = self._json_by_sid[sid] = _json(self.tables.text(sid))
+            cached = self._json_by_sid[sid] = to_json(self.tables.text(sid))
         return cached
 
     def _frame_json(self, frame_id: int) -> str:
         cached = self._json_by_frame.get(frame_id)
         if cached is None:
-            cached = self._json_by_frame[frame_id] = _json(self.tables.source(frame_id))
+            cached = self._json_by_frame[frame_id] = to_json(self.tables.source(frame_id))
         return cached
 
-    def _add_host_records(self, rank: int, pid: int, tracks: dict[str, _Track], offset: int) -> dict[int, int]:
+    def _add_host_records(self, rank: int, pid: int, tracks: dict[str, Track], offset: int) -> dict[int, int]:
         """Everything on the host but op dispatch; returns each flush's slice index."""
         tables, trace = self.tables, self.tables.trace
         text, source, fragment = tables.text, tables.source, self.fragment
         for step, start_ns, end_ns, origin in trace.sql("SELECT step, start_ns, end_ns, source FROM steps WHERE rank = ?", (rank,)):
             if end_ns is not None:
                 tracks["Steps"].add(start_ns + offset, end_ns + offset,
-                                    fragment(("step", step), f"step {step}", "step", {"step": step}), f'"marked_by":{_json(origin)}')
+                                    fragment(("step", step), f"step {step}", "step", {"step": step}), f'"marked_by":{to_json(origin)}')
         for name_sid, origin, start_ns, dur_ns, frame_id, step in trace.sql(
             "SELECT name_sid, source, start_ns, dur_ns, frame_id, step FROM annotations WHERE rank = ?", (rank,)
         ):
             tracks["Annotations"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
                 ("annotation", name_sid, origin, frame_id), text(name_sid) or "range", "annotation",
-                {"origin": origin, "source": source(frame_id)}), f'"step":{_json(step)}')
+                {"origin": origin, "source": source(frame_id)}), f'"step":{to_json(step)}')
         flush_index: dict[int, int] = {}
         for flush_id, program_id, trigger, frame_id, n_ops, cache_hit, chip_index, start_ns, dur_ns, input_bytes, output_bytes, step in trace.sql(
             "SELECT id, program_id, trigger, frame_id, n_ops, cache_hit, chip, start_ns, dur_ns, input_bytes, output_bytes, step "
@@ -523,7 +316,7 @@ class _Export:
                 ("flush", trigger, frame_id, program_id), f"flush ({trigger})", "flush",
                 {"trigger": trigger, "source": source(frame_id), "program_id": program_id,
                  "program": tables.program_name(program_id) if program_id is not None else None}),
-                _json({"flush_id": flush_id, "ops": n_ops, "cache_hit": bool(cache_hit), "chip": chip_index,
+                to_json({"flush_id": flush_id, "ops": n_ops, "cache_hit": bool(cache_hit), "chip": chip_index,
                        "input_bytes": input_bytes, "output_bytes": output_bytes, "step": step})[1:-1])
         for compile_id, program_id, kind, name_sid, signature_sid, chip_index, start_ns, dur_ns, frame_id, step, reason, diff_sid, detail in trace.sql(
             "SELECT id, program_id, kind, name_sid, signature_sid, chip, start_ns, dur_ns, frame_id, step, reason, diff_sid, detail "
@@ -541,7 +334,7 @@ class _Export:
             track = tracks["Syncs"]
             track.add(start_ns + offset, start_ns + (dur_ns or 0) + offset,
                       fragment(("sync", kind, frame_id), f"sync ({kind})", "sync", {"kind": kind, "source": source(frame_id)}),
-                      _json({"stall_ns": dur_ns, "pending_ops": pending_ops, "chip": chip_index, "step": step})[1:-1])
+                      to_json({"stall_ns": dur_ns, "pending_ops": pending_ops, "chip": chip_index, "step": step})[1:-1])
             self.instant(pid, track.tid, start_ns + offset, f"sync: {kind}", "sync",
                          {"source": source(frame_id), "stall_ns": dur_ns, "pending_ops": pending_ops})
         for direction, nbytes, src_chip, dst_chip, start_ns, dur_ns, frame_id, step in trace.sql(
@@ -550,13 +343,13 @@ class _Export:
             tracks["Transfers"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
                 ("transfer", direction, frame_id, src_chip, dst_chip), f"transfer {direction}", "transfer",
                 {"direction": direction, "source": source(frame_id), "src_chip": src_chip, "dst_chip": dst_chip}),
-                _json({"bytes": nbytes, "step": step})[1:-1])
+                to_json({"bytes": nbytes, "step": step})[1:-1])
         for op_sid, inputs_sid, chip_index, start_ns, dur_ns, frame_id, step in trace.sql(
             "SELECT op_sid, inputs_sid, chip, start_ns, dur_ns, frame_id, step FROM fallbacks WHERE rank = ?", (rank,)
         ):
             tracks["CPU fallbacks"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
                 ("fallback", op_sid, inputs_sid, frame_id), f"{text(op_sid) or 'op'} (CPU fallback)", "fallback",
-                {"inputs": text(inputs_sid), "source": source(frame_id), "chip": chip_index}), f'"step":{_json(step)}')
+                {"inputs": text(inputs_sid), "source": source(frame_id), "chip": chip_index}), f'"step":{to_json(step)}')
         for kind, nbytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step in trace.sql(
             "SELECT kind, bytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step "
             "FROM collectives WHERE rank = ?", (rank,)
@@ -565,7 +358,7 @@ class _Export:
                 ("collective", kind, group_sid, ranks_sid, frame_id, dtype, algorithm), kind or "collective", "collective",
                 {"group": text(group_sid), "ranks": text(ranks_sid), "source": source(frame_id), "dtype": dtype,
                  "algorithm": algorithm}),
-                _json({"bytes": nbytes, "wait_ns": wait_ns, "bus_bandwidth_bytes_per_second": bus_bandwidth, "step": step})[1:-1])
+                to_json({"bytes": nbytes, "wait_ns": wait_ns, "bus_bandwidth_bytes_per_second": bus_bandwidth, "step": step})[1:-1])
         for reason_sid, frame_id, t_ns, step in trace.sql(
             "SELECT reason_sid, frame_id, t_ns, step FROM graph_breaks WHERE rank = ?", (rank,)
         ):
@@ -575,12 +368,12 @@ class _Export:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def write(self, stream: IO[str] | _BackgroundWriter) -> tuple[int, int]:
+    def write(self, stream: IO[str] | BackgroundWriter) -> tuple[int, int]:
         """Write the JSON document; returns (slices, flows)."""
         tracks = [track for track in self.tracks.values() if len(track)]
         lanes = {id(track): track.assign_lanes() for track in tracks}
         stream.write('{"displayTimeUnit":"ns","otherData":')
-        stream.write(_json({"exporter": "tputrace", "time_origin_unix_ns": self.origin_unix_ns,
+        stream.write(to_json({"exporter": "tputrace", "time_origin_unix_ns": self.origin_unix_ns,
                             "target_chip": self.chip.name, "op_times": TIME_ESTIMATE_NOTE}))
         stream.write(',"traceEvents":[\n')
         first = True
@@ -602,19 +395,19 @@ class _Export:
             slices += len(track)
         emit([self.instants, self.counters])
         flows = self._flow_events()
-        emit(iter(lambda: list(islice(flows, _CHUNK_EVENTS)), []))
+        emit(iter(lambda: list(islice(flows, CHUNK_EVENTS)), []))
         stream.write("\n]}\n")
         return slices, len(self.flows)
 
-    def _name_events(self, tracks: list[_Track], lanes: dict[int, int]) -> Iterator[str]:
+    def _name_events(self, tracks: list[Track], lanes: dict[int, int]) -> Iterator[str]:
         for pid, (name, sort_index) in sorted(self.process_names.items()):
-            yield f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_name","args":{{"name":{_json(name)}}}}}'
+            yield f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_name","args":{{"name":{to_json(name)}}}}}'
             yield f'{{"ph":"M","pid":{pid},"tid":0,"name":"process_sort_index","args":{{"sort_index":{sort_index}}}}}'
         for track in tracks:
             for lane in range(lanes[id(track)]):
-                tid = track.tid + lane * _LANE_STRIDE
+                tid = track.tid + lane * LANE_STRIDE
                 name = track.name if lane == 0 else f"{track.name} ({lane + 1})"
-                yield f'{{"ph":"M","pid":{track.pid},"tid":{tid},"name":"thread_name","args":{{"name":{_json(name)}}}}}'
+                yield f'{{"ph":"M","pid":{track.pid},"tid":{tid},"name":"thread_name","args":{{"name":{to_json(name)}}}}}'
                 yield f'{{"ph":"M","pid":{track.pid},"tid":{tid},"name":"thread_sort_index","args":{{"sort_index":{tid}}}}}'
 
     def _flow_events(self) -> Iterator[str]:
@@ -624,15 +417,15 @@ class _Export:
             source_ts = (source.starts[source_index] + source.ends[source_index]) // 2
             target_ts = (target.starts[target_index] + target.ends[target_index]) // 2
             yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source.tid_of(source_index)},'
-                   f'"ts":{_us(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+                   f'"ts":{microseconds_text(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
             yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target.pid},"tid":{target.tid_of(target_index)},'
-                   f'"ts":{_us(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+                   f'"ts":{microseconds_text(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
 
 
 def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 1) -> PerfettoExport:
     """Write the trace as Chrome trace-event JSON to `path` (gzipped when it ends in `.gz`; level 1
-    by default: a million events make half a gigabyte of JSON, and level 1 compresses it nearly as
-    well as the default, several times faster)."""
+    by default: trace-event JSON is large and repetitive, and compresses nearly as well at level 1 as
+    at zlib's default level, in less time)."""
     out = Path(path)
     tables = TraceTables(trace)
     export = _Export(tables, target_chip(target))
@@ -641,7 +434,7 @@ def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TAR
         export.add_rank(rank, hosts.get(rank) or "?")
     temporary = out.with_name(out.name + ".partial")
     try:
-        with _BackgroundWriter(temporary, compresslevel if out.suffix == ".gz" else None) as stream:
+        with BackgroundWriter(temporary, compresslevel if out.suffix == ".gz" else None) as stream:
             slices, flows = export.write(stream)
         temporary.replace(out)
     finally:

@@ -220,7 +220,7 @@ def memory_access_breakdown(read_bytes: int, write_bytes: int) -> bytes:
 
 # -- writing big messages without a message object per event ---------------------------------------
 #
-# An XLine with a million events costs a second or more as protobuf objects. Protobuf's wire format
+# A protobuf object per event makes a big XLine slow to build. Protobuf's wire format
 # lets a message be written as the concatenation of its fields, so a line is written as its header
 # fields (serialized by protobuf) followed by its events, encoded here in bulk; planes and the space
 # are framed the same way.

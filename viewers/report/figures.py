@@ -1,40 +1,35 @@
-"""Figure builders for the HTML report: one `plot_*` function per picture, from `plotly_data` to a Figure.
+"""Figure builders for the HTML report: one `plot_*` function per picture, from prepared data to a Figure.
 
-Each function takes the prepared data of its section and returns a `plotly.graph_objects.Figure`;
-none of them reads a trace or computes an analysis. Plotly renders hover text, tick labels and
-treemap labels as a small subset of HTML, so every string that came from a trace goes through
-`esc` before it reaches a figure; numbers are formatted here.
+Each function takes the prepared data of its section (`tputrace.viewers.report.data`) and returns a
+`plotly.graph_objects.Figure`; none of them reads a trace or computes an analysis. Every string that
+came from a trace goes through `esc` before it reaches a figure; numbers are formatted here.
 """
 
 from __future__ import annotations
 
-import functools
-import html
 import math
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 import plotly.graph_objects as go
 
-from tputrace.store.records import SourceLocation
-from tputrace.viewers.plotly_data import (
-    STEP_CATEGORIES,
-    CollectiveData,
-    ComparisonData,
-    LaneBins,
-    LaneEvents,
-    MemoryData,
-    RecompileData,
-    RooflineData,
-    ShapeData,
-    StepData,
-    TimelineData,
-    WhereData,
+from tputrace.derived.steps import STEP_CATEGORIES
+from tputrace.derived.timeline import LaneBins, LaneEvents, TimelineData
+from tputrace.viewers.report.chip_data import CollectiveData, MemoryData, RooflineData, ShapeData
+from tputrace.viewers.report.compile_data import RecompileData
+from tputrace.viewers.report.data import ComparisonData
+from tputrace.viewers.report.figure_style import (
+    base_layout,
+    empty_figure,
+    esc,
+    fmt_bytes,
+    fmt_ns,
+    fmt_si,
+    fmt_source,
+    hover_lines,
+    scatter_class,
 )
-
-TEMPLATE = "plotly_white"
-FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
+from tputrace.viewers.report.time_data import StepData, WhereData
 
 KIND_COLORS: dict[str, str] = {
     "step": "#9aa3ad",
@@ -77,116 +72,6 @@ HBM_LINE_SHARE = 0.1
 # Step times spanning more than this ratio (compile-heavy first steps) use a log axis.
 LOG_SCALE_RANGE = 10
 # Scatter traces with more points than this are drawn with WebGL (the timeline always is).
-WEBGL_FROM_POINTS = 2_000
-
-
-# -- formatting -----------------------------------------------------------------------------------------
-
-
-def esc(value: Any) -> str:
-    """Text from a trace made inert for plotly's HTML-like labels and for the page."""
-    return html.escape("" if value is None else str(value), quote=True)
-
-
-def fmt_ns(ns: float | None) -> str:
-    """A duration for people: `812 ns`, `3.4 µs`, `12.5 ms`, `1.23 s`."""
-    if ns is None:
-        return "?"
-    value = float(ns)
-    for limit, divisor, unit in ((1e3, 1.0, "ns"), (1e6, 1e3, "µs"), (1e9, 1e6, "ms")):
-        if abs(value) < limit:
-            return f"{value / divisor:.3g} {unit}"
-    return f"{value / 1e9:.3g} s"
-
-
-def fmt_bytes(size: float | None) -> str:
-    if size is None:
-        return "?"
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.4g} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1000
-    return f"{value:.4g} TB"
-
-
-def fmt_si(value: float | None, unit: str = "") -> str:
-    if value is None:
-        return "?"
-    for limit, divisor, prefix in ((1e3, 1, ""), (1e6, 1e3, "k"), (1e9, 1e6, "M"), (1e12, 1e9, "G"), (1e15, 1e12, "T")):
-        if abs(value) < limit:
-            return f"{value / divisor:.3g} {prefix}{unit}"
-    return f"{value / 1e15:.3g} P{unit}"
-
-
-def fmt_source(source: SourceLocation | None) -> str:
-    return "?" if source is None else f"{source.short} in {source.function}"
-
-
-@functools.lru_cache(maxsize=65_536)
-def _fmt_field(name: str, value: Any) -> str:
-    """One hover field's value, formatted and escaped (cached: traces repeat ops, shapes and lines)."""
-    if value is None:
-        return "–"
-    if isinstance(value, SourceLocation):
-        return esc(fmt_source(value))
-    if name.endswith("_ns"):
-        return fmt_ns(value)
-    if name in ("bytes", "bytes_accessed"):
-        return fmt_bytes(value)
-    if name == "flops":
-        return fmt_si(value, "FLOP")
-    if name == "bus_bandwidth":
-        return fmt_si(value, "B/s")
-    if name in ("from_chip", "to_chip"):
-        return "host" if value == -1 else f"tpu:{value}"
-    return esc(value)
-
-
-def _hover_lines(title: str, fields: Sequence[str], values: Sequence[Any]) -> str:
-    """Hover text: a title, then one `field: value` line per known value."""
-    parts = [title]
-    for name, value in zip(fields, values):
-        if value is not None:
-            parts.append(f"{_field_label(name)}: {_fmt_field(name, value)}")
-    return "<br>".join(parts)
-
-
-@functools.lru_cache(maxsize=256)
-def _field_label(name: str) -> str:
-    return esc(name.replace("_", " "))
-
-
-def _scatter_class(points: int) -> type[go.Scatter] | type[go.Scattergl]:
-    """SVG for small traces, WebGL for big ones: each WebGL figure costs a GL context (slow without a GPU)."""
-    return go.Scattergl if points > WEBGL_FROM_POINTS else go.Scatter
-
-
-def _base_layout(figure: go.Figure, *, height: int, title: str | None = None, **layout: Any) -> go.Figure:
-    settings: dict[str, Any] = {
-        "template": TEMPLATE,
-        "font": FONT,
-        "height": height,
-        "margin": {"l": 60, "r": 20, "t": 40 if title else 20, "b": 50},
-        "hoverlabel": {"align": "left"},
-        "legend": {"orientation": "h", "yanchor": "bottom", "y": 1.01, "x": 0},
-    }
-    if title:
-        settings["title"] = {"text": title, "x": 0, "xanchor": "left", "font": {"size": 14}}
-    settings.update(layout)
-    figure.update_layout(**settings)
-    return figure
-
-
-def empty_figure(message: str, *, height: int = 160) -> go.Figure:
-    """A placeholder figure that says why there is nothing to draw."""
-    figure = go.Figure()
-    figure.add_annotation(text=esc(message), x=0.5, y=0.5, xref="paper", yref="paper", showarrow=False,
-                          font={"size": 13, "color": "#666"})
-    figure.update_xaxes(visible=False)
-    figure.update_yaxes(visible=False)
-    return _base_layout(figure, height=height)
-
 
 # -- 1 timeline -----------------------------------------------------------------------------------------
 
@@ -215,13 +100,13 @@ def plot_timeline(data: TimelineData) -> go.Figure:
         _add_lane_bins_or_events(figure, events, width, seen_kinds)
     for bins in data.bins:
         _add_bins(figure, bins, width)
-    names = [esc(lane.name) + (" ⋯" if lane.decimated else "") for lane in data.lanes]
+    names = [esc(lane.name) + (" ⋯" if data.decimated(index) else "") for index, lane in enumerate(data.lanes)]
     figure.update_yaxes(
         tickmode="array", tickvals=list(range(len(data.lanes))), ticktext=names, autorange="reversed",
         fixedrange=True, showgrid=False, zeroline=False, range=None,
     )
     figure.update_xaxes(title_text="time since the run started (s)", showgrid=True, zeroline=False)
-    return _base_layout(
+    return base_layout(
         figure, height=max(80 + lane_height * len(data.lanes), 100 + 30 * len(seen_kinds), 240), hovermode="closest",
         dragmode="zoom",
         margin={"l": 190, "r": 10, "t": 30, "b": 50},
@@ -252,7 +137,7 @@ def _add_lane_bins_or_events(figure: go.Figure, events: LaneEvents, width: int, 
                                       legendgroup=events.kind))
     title_kind = esc(KIND_LABELS.get(events.kind, events.kind))
     hover = [
-        _hover_lines(f"<b>{title_kind}</b> · {fmt_ns(dur)}", events.fields, detail)
+        hover_lines(f"<b>{title_kind}</b> · {fmt_ns(dur)}", events.fields, detail)
         for dur, detail in zip(events.durs_ns, events.details)
     ]
     figure.add_trace(go.Scattergl(
@@ -319,7 +204,7 @@ def plot_steps(data: StepData) -> go.Figure:
         figure.update_yaxes(type="log", title_text="step time (ms, log scale)")
     else:
         figure.update_yaxes(title_text="step time (ms)")
-    return _base_layout(figure, height=340, barmode="group" if multi_rank else "overlay", bargap=0.15)
+    return base_layout(figure, height=340, barmode="group" if multi_rank else "overlay", bargap=0.15)
 
 
 # -- 3 where time goes ----------------------------------------------------------------------------------
@@ -340,7 +225,7 @@ def plot_time_split(data: WhereData) -> go.Figure:
                          annotation_text=label, annotation_position="top")
     figure.update_yaxes(autorange="reversed")
     figure.update_xaxes(title_text="seconds, summed over events")
-    return _base_layout(figure, height=320, margin={"l": 140, "r": 20, "t": 50, "b": 50})
+    return base_layout(figure, height=320, margin={"l": 140, "r": 20, "t": 50, "b": 50})
 
 
 def plot_where_treemap(data: WhereData) -> go.Figure:
@@ -366,7 +251,7 @@ def plot_where_treemap(data: WhereData) -> go.Figure:
         marker={"line": {"width": 1, "color": "#fff"}},
         root={"color": "#f6f8fa"},
     ))
-    return _base_layout(figure, height=520, margin={"l": 5, "r": 5, "t": 30, "b": 5})
+    return base_layout(figure, height=520, margin={"l": 5, "r": 5, "t": 30, "b": 5})
 
 
 # -- 4 recompilations -----------------------------------------------------------------------------------
@@ -383,14 +268,14 @@ def plot_recompilations(data: RecompileData) -> go.Figure:
     for reason in reasons:
         chosen = [point for point in data.points if (point.reason or "?") == reason]
         hover = [
-            _hover_lines(
+            hover_lines(
                 f"<b>{esc(reason)}</b> · {fmt_ns(point.dur_ns)}",
                 ("compiled", "kind", "changed", "inputs", "step", "rank", "source"),
                 (point.name, point.kind, point.diff, point.signature, point.step, point.rank, point.source),
             )
             for point in chosen
         ]
-        figure.add_trace(_scatter_class(len(chosen))(
+        figure.add_trace(scatter_class(len(chosen))(
             x=[point.start_ns / 1e9 for point in chosen], y=[site_index[point.site] for point in chosen],
             mode="markers", name=esc(reason),
             marker={"color": REASON_COLORS.get(reason, "#b279a2"), "opacity": 0.8,
@@ -405,7 +290,7 @@ def plot_recompilations(data: RecompileData) -> go.Figure:
     figure.update_yaxes(tickmode="array", tickvals=list(range(len(data.sites))), ticktext=ticktext,
                         autorange="reversed", fixedrange=True)
     figure.update_xaxes(title_text="time since the run started (s)")
-    return _base_layout(figure, height=110 + 28 * len(data.sites), hovermode="closest",
+    return base_layout(figure, height=110 + 28 * len(data.sites), hovermode="closest",
                         margin={"l": 260, "r": 20, "t": 30, "b": 50})
 
 
@@ -455,7 +340,7 @@ def plot_shapes(data: ShapeData) -> go.Figure:
     figure.update_xaxes(title_text=f"K (contracted dim); dotted lines: multiples of the {grid}-wide MXU of {esc(data.target.label)}",
                         rangemode="tozero")
     figure.update_yaxes(title_text="N (output features)", rangemode="tozero")
-    return _base_layout(figure, height=420, hovermode="closest")
+    return base_layout(figure, height=420, hovermode="closest")
 
 
 def _ceil_to(value: int, multiple: int) -> int:
@@ -512,7 +397,7 @@ def plot_roofline(data: RooflineData) -> go.Figure:
         ))
     figure.update_xaxes(type="log", title_text="arithmetic intensity (FLOP per byte accessed, XLA cost analysis)")
     figure.update_yaxes(type="log", title_text="FLOP/s", tickformat="~s")
-    return _base_layout(figure, height=460, hovermode="closest")
+    return base_layout(figure, height=460, hovermode="closest")
 
 
 # -- 7 collectives --------------------------------------------------------------------------------------
@@ -536,7 +421,7 @@ def plot_collective_sizes(data: CollectiveData) -> go.Figure:
             f"source: {esc(fmt_source(point.source))}"
             for point in chosen
         ]
-        figure.add_trace(_scatter_class(len(chosen))(
+        figure.add_trace(scatter_class(len(chosen))(
             x=[point.bytes for point in chosen], y=[point.dur_ns / 1e9 for point in chosen], mode="markers",
             name=esc(kind), marker={"color": palette[index % len(palette)], "size": 8, "opacity": 0.8},
             hovertext=hover, hoverinfo="text",
@@ -556,7 +441,7 @@ def plot_collective_sizes(data: CollectiveData) -> go.Figure:
                                         line=line, name=label, hoverinfo="name"))
     figure.update_xaxes(type="log", title_text="message size (bytes)")
     figure.update_yaxes(type="log", title_text="time (s)")
-    return _base_layout(figure, height=400, hovermode="closest")
+    return base_layout(figure, height=400, hovermode="closest")
 
 
 def plot_collective_waits(data: CollectiveData) -> go.Figure:
@@ -571,7 +456,7 @@ def plot_collective_waits(data: CollectiveData) -> go.Figure:
         colorscale="OrRd", colorbar={"title": {"text": "wait (ms)"}}, hovertext=hover, hoverinfo="text",
     ))
     figure.update_xaxes(title_text="step", type="category")
-    return _base_layout(figure, height=120 + 30 * len(data.ranks))
+    return base_layout(figure, height=120 + 30 * len(data.ranks))
 
 
 # -- 8 memory -------------------------------------------------------------------------------------------
@@ -588,14 +473,14 @@ def plot_memory(data: MemoryData) -> go.Figure:
         color = palette[index % len(palette)]
         name = (f"rank {series.rank} · " if multi_rank else "") + (f"tpu:{series.chip}" if series.chip is not None else "host")
         times = [t / 1e9 for t in series.t_ns]
-        figure.add_trace(_scatter_class(len(times))(
+        figure.add_trace(scatter_class(len(times))(
             x=times, y=series.live_bytes, mode="lines+markers" if len(times) < 200 else "lines",
             name=f"{name} live", line={"color": color, "width": 2, "shape": "hv"},
             hovertext=[f"{esc(name)} · {fmt_ns(t)}<br>live {fmt_bytes(live)}<br>peak so far {fmt_bytes(peak)}"
                        for t, live, peak in zip(series.t_ns, series.live_bytes, series.peak_bytes)],
             hoverinfo="text",
         ))
-        figure.add_trace(_scatter_class(len(times))(
+        figure.add_trace(scatter_class(len(times))(
             x=times, y=series.peak_bytes, mode="lines", name=f"{name} peak so far",
             line={"color": color, "width": 1, "dash": "dash", "shape": "hv"}, hoverinfo="skip",
         ))
@@ -614,7 +499,7 @@ def plot_memory(data: MemoryData) -> go.Figure:
                          annotation_text=f"{esc(data.target.label)} HBM {fmt_bytes(data.target.hbm_bytes)}")
     figure.update_xaxes(title_text="time since the run started (s)")
     figure.update_yaxes(title_text="bytes", tickformat="~s", ticksuffix="B", rangemode="tozero")
-    return _base_layout(figure, height=380, hovermode="closest")
+    return base_layout(figure, height=380, hovermode="closest")
 
 
 # -- comparison -----------------------------------------------------------------------------------------
@@ -638,7 +523,7 @@ def plot_compare_steps(data: ComparisonData) -> go.Figure:
         figure.update_yaxes(type="log", title_text="step time (ms, log scale)")
     else:
         figure.update_yaxes(title_text="step time (ms)")
-    return _base_layout(figure, height=340, barmode="group")
+    return base_layout(figure, height=340, barmode="group")
 
 
 def plot_compare_ops(data: ComparisonData) -> go.Figure:
@@ -657,7 +542,7 @@ def plot_compare_ops(data: ComparisonData) -> go.Figure:
         ))
     figure.update_yaxes(autorange="reversed")
     figure.update_xaxes(title_text="op time (ms)")
-    return _base_layout(figure, height=120 + 22 * len(data.ops) * 2, barmode="group",
+    return base_layout(figure, height=120 + 22 * len(data.ops) * 2, barmode="group",
                         margin={"l": 300, "r": 20, "t": 30, "b": 50})
 
 
@@ -675,7 +560,7 @@ def plot_compare_compiles(data: ComparisonData) -> go.Figure:
         ))
     figure.update_xaxes(title_text="step", dtick=1)
     figure.update_yaxes(title_text="compiles")
-    return _base_layout(figure, height=320, barmode="group")
+    return base_layout(figure, height=320, barmode="group")
 
 
 def _basename(path: str) -> str:

@@ -1,0 +1,15 @@
+"""Figures and models computed once from a trace for every view (the TUI, the HTML report, the XProf
+and Perfetto exports): run facts, step rows, timeline lanes, and the device timeline with its chip
+cost model.
+
+Headless: this layer reads a trace through `tputrace.store` and imports no plotly, Textual, torch,
+jax or `tputrace.analysis` (analysis may build on it). Submodules are imported on use.
+
+- `run_facts`: the run and the file (`RunFacts`), and each rank's clock offset.
+- `steps`: one `StepRow` per training step, with where its time went.
+- `lanes`: what a timeline row is (`Lane`) and which table each kind of lane reads.
+- `timeline`: the whole-run timeline, decimated to an event budget.
+- `op_cost`: the chip cost model (an op's FLOPs and bytes; roofline sharing of a program's time).
+- `trace_tables`, `device_runs`: where each program execution and its ops sit on a chip.
+- `text`: TEXT columns read in SQL, made printable as the reader makes its own.
+"""

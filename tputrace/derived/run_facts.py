@@ -1,0 +1,95 @@
+"""The run and the trace file: what every view shows first."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+
+@dataclass(frozen=True)
+class RunFacts:
+    """One rank's run (or the first run, for the whole trace) and the file's facts.
+
+    `rank` is None and `wall_ns` covers every rank when the facts are of the whole trace.
+    """
+
+    path: str
+    size_bytes: int
+    created: str | None
+    ranks: tuple[int, ...]
+    rank: int | None
+    script: str | None
+    argv: tuple[str, ...]
+    cwd: str | None
+    host: str | None
+    platform: str | None
+    eager_mode: str | None
+    chips: int | None
+    world_size: int | None
+    versions: str
+    wall_ns: int
+    steps: int
+    finished: bool
+    exit_status: int | None
+    error: str | None
+    counts: dict[str, int]
+
+
+def default_rank(trace: Trace) -> int:
+    """The rank a view shows first: 0, or the lowest recorded rank."""
+    ranks = trace.ranks
+    return 0 if 0 in ranks else ranks[0]
+
+
+def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
+    """The run of `rank` (None: the trace's first run, with the whole trace's wall time) and the file's
+    facts. Cheap: no scan of the event tables."""
+    run = trace.run if rank is None else next((candidate for candidate in trace.runs if candidate.rank == rank), trace.run)
+    try:
+        size_bytes = os.path.getsize(trace.path)
+    except OSError:
+        size_bytes = 0
+    versions = ", ".join(
+        f"{name} {version}"
+        for name, version in (("torch", run.torch_version), ("jax", run.jax_version), ("tputrace", run.tputrace_version))
+        if version
+    )
+    if rank is None:
+        (steps,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps")[0]
+    else:
+        (steps,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ?", (rank,))[0]
+    return RunFacts(
+        path=str(trace.path),
+        size_bytes=size_bytes,
+        created=trace.created,
+        ranks=tuple(trace.ranks),
+        rank=rank,
+        script=run.script,
+        argv=tuple(run.argv),
+        cwd=run.cwd,
+        host=run.host,
+        platform=run.platform,
+        eager_mode=run.eager_mode,
+        chips=run.chips,
+        world_size=run.world_size,
+        versions=versions,
+        wall_ns=trace.wall_ns(rank=rank),
+        steps=steps,
+        finished=run.finished,
+        exit_status=run.exit_status,
+        error=run.error,
+        counts=trace.counts(),
+    )
+
+
+def rank_offsets(trace: Trace) -> dict[int, int]:
+    """Per rank, ns to add to its event times to put every rank on one clock (the earliest rank's)."""
+    starts = {rank: start for rank, start in trace.sql("SELECT rank, start_unix_ns FROM runs") if start is not None}
+    if not starts:
+        return {}
+    earliest = min(starts.values())
+    return {rank: start - earliest for rank, start in starts.items()}

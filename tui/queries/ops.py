@@ -1,0 +1,172 @@
+"""Ops for the TUI: ops grouped by op, op and shapes, source line or module, and one page of the ops in
+a group. Full-table aggregates over `ops` read it `NOT INDEXED`: a scan beats walking the `op_sid`
+index and looking up every row."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from tputrace.store.aggregates import rank_filter
+from tputrace.store.records import SourceLocation
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+OpGrouping = Literal["op", "op_shapes", "source", "module"]
+OP_GROUPINGS: tuple[OpGrouping, ...] = ("op", "op_shapes", "source", "module")
+OP_GROUPING_LABELS: dict[str, str] = {
+    "op": "op",
+    "op_shapes": "op + input shapes",
+    "source": "source line",
+    "module": "module path",
+}
+GroupOrder = Literal["total", "count", "mean"]
+GROUP_ORDERS: tuple[GroupOrder, ...] = ("total", "count", "mean")
+MAX_GROUPS = 50_000
+"""At most this many aggregated rows are fetched for one grouping (a pathological trace could have more)."""
+
+
+def like_pattern(text: str) -> str:
+    """A case-insensitive `LIKE ... ESCAPE '\\'` pattern that matches `text` anywhere, literally."""
+    escaped = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
+
+
+@dataclass(frozen=True)
+class OpGroup:
+    """Ops with one key (op, op and shapes, source line or module): count, time and share."""
+
+    key: tuple[Any, ...]
+    label: str
+    count: int
+    total_ns: int
+    mean_ns: float
+    share: float
+    source: SourceLocation | None = None
+
+
+_GROUP_COLUMNS: dict[str, tuple[str, ...]] = {
+    "op": ("op_sid",),
+    "op_shapes": ("op_sid", "inputs_sid"),
+    "source": ("frame_id",),
+    "module": ("module_sid",),
+}
+
+
+def _text_filter(group_by: OpGrouping, text: str) -> tuple[str, tuple[Any, ...]]:
+    """SQL matching ops whose group label contains `text` (case-insensitive, literal)."""
+    pattern = like_pattern(text)
+    matching_strings = "SELECT id FROM strings WHERE text LIKE ? ESCAPE '\\'"
+    if group_by == "op":
+        return f"op_sid IN ({matching_strings})", (pattern,)
+    if group_by == "op_shapes":
+        return f"(op_sid IN ({matching_strings}) OR inputs_sid IN ({matching_strings}))", (pattern, pattern)
+    if group_by == "module":
+        return f"module_sid IN ({matching_strings})", (pattern,)
+    return (
+        "frame_id IN (SELECT frames.id FROM frames JOIN strings AS file ON file.id = frames.file_sid "
+        "JOIN strings AS function ON function.id = frames.function_sid "
+        "WHERE file.text LIKE ? ESCAPE '\\' OR function.text LIKE ? ESCAPE '\\' "
+        "OR (file.text || ':' || frames.line) LIKE ? ESCAPE '\\')",
+        (pattern, pattern, pattern),
+    )
+
+
+def ops_total_ns(trace: Trace, rank: int) -> int:
+    """The time of all ops of `rank` (what an op group's share is a share of)."""
+    where, params = rank_filter(rank)
+    return trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED{where}", params)[0][0]
+
+
+def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, all_ns: int | None = None) -> list[OpGroup]:
+    """Ops of `rank` grouped by `group_by` (optionally only groups whose label contains `text`), biggest total first.
+
+    `share` is of all ops' time on the rank (`all_ns`; computed when not given), filter or not.
+    """
+    if group_by not in _GROUP_COLUMNS:
+        raise ValueError(f"unknown op grouping {group_by!r}")
+    columns = ", ".join(_GROUP_COLUMNS[group_by])
+    where, params = rank_filter(rank)
+    if text:
+        if all_ns is None:
+            all_ns = ops_total_ns(trace, rank)
+        match_sql, match_params = _text_filter(group_by, text)
+        where, params = f"{where} AND {match_sql}" if where else f" WHERE {match_sql}", params + match_params
+    rows = trace.sql(
+        f"SELECT {columns}, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns FROM ops NOT INDEXED{where} "
+        f"GROUP BY {columns} ORDER BY total_ns DESC LIMIT {MAX_GROUPS}",
+        params,
+    )
+    if all_ns is None:  # unfiltered and uncapped groups add up to all ops: no second scan
+        all_ns = sum(row[-1] for row in rows) if len(rows) < MAX_GROUPS else ops_total_ns(trace, rank)
+    groups = []
+    for row in rows:
+        key, (count, total_ns) = tuple(row[:-2]), row[-2:]
+        source = None
+        if group_by == "op":
+            label = trace.string(key[0]) or "?"
+        elif group_by == "op_shapes":
+            label = f"{trace.string(key[0]) or '?'}({trace.string(key[1]) or ''})"
+        elif group_by == "module":
+            label = trace.string(key[0]) or "(no module)"
+        else:
+            source = trace.frame(key[0])
+            label = str(source) if source else "(no source)"
+        groups.append(OpGroup(key, label, count, total_ns, total_ns / count if count else 0.0, total_ns / all_ns if all_ns else 0.0, source))
+    return groups
+
+
+def filter_groups(groups: Sequence[OpGroup], text: str) -> list[OpGroup] | None:
+    """The groups whose label contains `text` (case-insensitive, literal), from groups already
+    aggregated: no scan of the ops. None when `groups` were capped at `MAX_GROUPS` (groups past the
+    cap could match: `op_groups(..., text)` filters in SQL then)."""
+    if len(groups) >= MAX_GROUPS:
+        return None
+    wanted = text.casefold()
+    return [group for group in groups if wanted in group.label.casefold()]
+
+
+def sort_groups(groups: Sequence[OpGroup], order: GroupOrder) -> list[OpGroup]:
+    """`groups` biggest first by total time, count or mean time (ties: label)."""
+    if order == "count":
+        return sorted(groups, key=lambda group: (-group.count, group.label))
+    if order == "mean":
+        return sorted(groups, key=lambda group: (-group.mean_ns, group.label))
+    return sorted(groups, key=lambda group: (-group.total_ns, group.label))
+
+
+@dataclass(frozen=True)
+class OpInstance:
+    """One dispatched op."""
+
+    seq: int
+    step: int
+    chip: int
+    start_ns: int
+    dur_ns: int
+    op: str
+    inputs: str
+    outputs: str
+    source: SourceLocation | None
+    module: str | None
+    flush_id: int | None
+
+
+def op_instances(
+    trace: Trace, group_by: OpGrouping, key: tuple[Any, ...], rank: int, *, offset: int = 0, limit: int = 200
+) -> list[OpInstance]:
+    """One page of the ops in a group, longest first."""
+    conditions = " AND ".join(f"{column} IS ?" for column in _GROUP_COLUMNS[group_by])
+    rows = trace.sql(
+        "SELECT seq, step, chip, start_ns, dur_ns, op_sid, inputs_sid, outputs_sid, frame_id, module_sid, flush_id "
+        f"FROM ops WHERE rank = ? AND {conditions} ORDER BY dur_ns DESC, seq LIMIT ? OFFSET ?",
+        (rank, *key, int(limit), int(offset)),
+    )
+    return [
+        OpInstance(seq, step, chip, start_ns, dur_ns or 0, trace.string(op_sid) or "?", trace.string(inputs_sid) or "",
+                   trace.string(outputs_sid) or "", trace.frame(frame_id), trace.string(module_sid), flush_id)
+        for seq, step, chip, start_ns, dur_ns, op_sid, inputs_sid, outputs_sid, frame_id, module_sid, flush_id in rows
+    ]
+

@@ -1,0 +1,96 @@
+"""Source lines for the TUI: per file and line, the time and the events attributed to it, and where a
+recorded file is on this machine."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tputrace.source_digests import SourceDigest
+from tputrace.store.sources import copy_as_run_saw, source_candidates
+from tputrace.tui.queries.ops import OpGroup
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+
+@dataclass
+class LineStat:
+    """What happened at one source line: time attributed to it and counts per kind."""
+
+    time_ns: int = 0
+    ops: int = 0
+    compiles: int = 0
+    syncs: int = 0
+    fallbacks: int = 0
+    transfers: int = 0
+    collectives: int = 0
+
+
+@dataclass
+class FileStat:
+    """A user file in the trace with its per-line stats."""
+
+    file: str
+    lines: dict[int, LineStat] = field(default_factory=dict)
+
+    @property
+    def time_ns(self) -> int:
+        return sum(stat.time_ns for stat in self.lines.values())
+
+    @property
+    def ops(self) -> int:
+        return sum(stat.ops for stat in self.lines.values())
+
+
+_LINE_TABLES = ("ops", "compiles", "syncs", "fallbacks", "transfers", "collectives")
+
+
+def source_stats(trace: Trace, rank: int, ops_by_source: Sequence[OpGroup] | None = None) -> list[FileStat]:
+    """Every file in the trace with per-line time and counts for `rank`; most time first.
+
+    `ops_by_source`: the ops already grouped by source line (`op_groups(trace, "source", rank)`,
+    uncapped), so that the ops, by far the biggest table, are not scanned again.
+    """
+    tables = _LINE_TABLES if ops_by_source is None else tuple(table for table in _LINE_TABLES if table != "ops")
+    parts = []
+    for table in tables:
+        hint = " NOT INDEXED" if table == "ops" else ""
+        parts.append(
+            f"SELECT frame_id, '{table}', COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table}{hint} "
+            "WHERE rank = ? AND frame_id IS NOT NULL GROUP BY frame_id"
+        )
+    rows: list[tuple[Any, ...]] = list(trace.sql(" UNION ALL ".join(parts), (rank,) * len(parts)))
+    if ops_by_source is not None:
+        rows += [(group.key[0], "ops", group.count, group.total_ns) for group in ops_by_source if group.key[0] is not None]
+    files: dict[str, FileStat] = {}
+    for frame_id, table, count, total_ns in rows:
+        location = trace.frame(frame_id)
+        if location is None:
+            continue
+        file_stat = files.setdefault(location.file, FileStat(location.file))
+        line = file_stat.lines.setdefault(location.line, LineStat())
+        line.time_ns += total_ns
+        setattr(line, table, getattr(line, table) + count)
+    for location_file in _all_frame_files(trace):
+        files.setdefault(location_file, FileStat(location_file))
+    return sorted(files.values(), key=lambda file_stat: (-file_stat.time_ns, file_stat.file))
+
+
+def _all_frame_files(trace: Trace) -> list[str]:
+    """Every recorded file, as the reader resolves frames (`?` for a damaged file's missing or non-text name)."""
+    locations = (trace.frame(frame_id) for (frame_id,) in trace.sql("SELECT id FROM frames"))
+    return list(dict.fromkeys(location.file for location in locations if location is not None))
+
+
+def resolve_source(recorded: str, roots: Sequence[str | os.PathLike[str]], seen: SourceDigest | None = None) -> Path | None:
+    """Find a recorded source file on this machine (`tputrace.store.sources.source_candidates`): the first
+    candidate whose content is the one the run saw (`seen`) wins, else the first that exists."""
+    if seen is not None:
+        copy = copy_as_run_saw(recorded, roots, (seen,))
+        if copy is not None:
+            return copy
+    return next(source_candidates(recorded, roots), None)

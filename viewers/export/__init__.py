@@ -1,0 +1,10 @@
+"""Exports of a trace to other profilers' viewers, installed as `tputrace.viewers.export`.
+
+- `xplane` (with `xplane_device`, `xplane_host`, `xplane_builder` and `xplane_proto`): XProf files for
+  TensorBoard's profile plugin (`tputrace export --tensorboard`, `tputrace tensorboard`).
+- `perfetto` (with `perfetto_tracks`): Chrome trace-event JSON for ui.perfetto.dev
+  (`tputrace export --perfetto`).
+- `target` and `hosts`: the target chip an export is drawn for, and the exported files' names.
+
+Both draw the device timeline of `tputrace.derived.device_runs`. Submodules are imported on use.
+"""

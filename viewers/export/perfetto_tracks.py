@@ -1,0 +1,214 @@
+"""The pieces of a Chrome trace-event JSON file: tracks of slices kept as columns of arrays and written
+by one template per track (which keeps a million slices fast), JSON fragments, and a background
+compressing writer."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import queue
+import threading
+from array import array
+from collections.abc import Iterator
+from itertools import islice
+from pathlib import Path
+from typing import IO, Any
+
+LANE_STRIDE = 100  # tid of lane k of a thread: base tid + k * LANE_STRIDE
+CHUNK_EVENTS = 20_000
+NULL = -(1 << 63)  # a missing value in an int column
+
+
+def to_json(value: Any) -> str:
+    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+
+
+def int_json(value: int | None) -> str:
+    return "null" if value is None else str(int(value))
+
+
+def microseconds_text(ns: int) -> str:
+    """Whole nanoseconds as microseconds with three decimals (exact: no float rounding)."""
+    if ns < 0:
+        return "-" + microseconds_text(-ns)
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+
+class Track:
+    """The slices of one thread kind of one process, gathered in any order and written on as few
+    threads as keep them nested or disjoint.
+
+    A slice refers to a shared fragment (name, category and args as JSON text), may have values in
+    the track's int `columns` (per-slice args such as `seq`), and a few slices carry more args as
+    JSON members (`extras`). Columns of arrays keep a million slices cheap.
+    """
+
+    __slots__ = ("pid", "tid", "name", "columns", "nested", "starts", "ends", "fragments", "values", "extras", "lanes")
+
+    def __init__(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), *, nested: bool = False) -> None:
+        self.pid, self.tid, self.name, self.columns = pid, tid, name, columns
+        self.nested = nested  # the builder guarantees nesting: skip the lane search
+        self.clear()
+
+    def clear(self) -> None:
+        """Drop every slice (in place: appends bound before stay valid)."""
+        if hasattr(self, "starts"):
+            for column in (self.starts, self.ends, self.fragments, *self.values):
+                del column[:]
+        else:
+            self.starts, self.ends, self.fragments = array("q"), array("q"), array("q")
+            self.values = [array("q") for _ in self.columns]
+        self.extras: dict[int, str] = {}
+        self.lanes: array[int] | None = None
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def add(self, start_ns: int, end_ns: int, fragment: int, extra: str = "", values: tuple[int | None, ...] = ()) -> int:
+        """Add a slice; `extra` is more args as JSON members (`"flush_id":3`), `values` its column
+        values. Returns the slice's index."""
+        index = len(self.starts)
+        self.starts.append(start_ns)
+        self.ends.append(end_ns if end_ns > start_ns else start_ns)
+        self.fragments.append(fragment)
+        for column, value in zip(self.values, values):
+            column.append(NULL if value is None else value)
+        if extra:
+            self.extras[index] = extra
+        return index
+
+    def order(self) -> list[int] | None:
+        """Slice indexes by start, enclosing slices first; None when they already are in that order."""
+        starts, ends = self.starts, self.ends
+        try:
+            import numpy
+        except ImportError:
+            if all(map(int.__lt__, starts[:-1], starts[1:])):
+                return None
+            return sorted(range(len(starts)), key=lambda index: (starts[index], -ends[index]))
+        begin = numpy.frombuffer(starts, dtype=numpy.int64)
+        if len(begin) < 2 or bool((begin[1:] > begin[:-1]).all()):
+            return None
+        return numpy.lexsort((-numpy.frombuffer(ends, dtype=numpy.int64), begin)).tolist()
+
+    def assign_lanes(self) -> int:
+        """Give each slice a lane (0 for most) so that slices on one lane nest or are disjoint;
+        returns the number of lanes."""
+        if self.nested:
+            return 1
+        starts, ends = self.starts, self.ends
+        order = self.order()
+        if order is None and _disjoint(starts, ends):
+            return 1
+        lanes = array("q", bytes(8 * len(starts)))
+        open_ends: list[list[int]] = [[]]
+        for index in order if order is not None else range(len(starts)):
+            start, end = starts[index], ends[index]
+            for lane, stack in enumerate(open_ends):
+                while stack and stack[-1] <= start:
+                    stack.pop()
+                if not stack or end <= stack[-1]:
+                    stack.append(end)
+                    lanes[index] = lane
+                    break
+            else:
+                open_ends.append([end])
+                lanes[index] = len(open_ends) - 1
+        self.lanes = lanes if len(open_ends) > 1 else None
+        return len(open_ends)
+
+    def tid_of(self, index: int) -> int:
+        return self.tid + (self.lanes[index] * LANE_STRIDE if self.lanes is not None else 0)
+
+    def lines(self, heads: list[str], fragment_args: list[str], fragment_tails: list[str]) -> Iterator[list[str]]:
+        """The slices as JSON objects, in lists of a few thousand (`assign_lanes` first), given each
+        fragment's head, args, and both as the end of a slice without per-slice args (`tails`).
+        Formatted by one template per track over columns, which keeps a million slices fast."""
+        tids = [self.tid + lane * LANE_STRIDE for lane in self.lanes] if self.lanes is not None else None
+        timestamps, durations = _microseconds(self.starts, self.ends)
+        tid = "%d" if tids is not None else str(self.tid)  # one thread: its tid is part of the template
+        if self.columns:
+            slice_heads = list(map(heads.__getitem__, self.fragments))
+            columns = [list(map(str, column)) if min(column, default=0) != NULL
+                       else [("null" if value == NULL else str(value)) for value in column] for column in self.values]
+            members = ",".join(f'"{name}":%s' for name in self.columns)
+            leading = [("," + args) if args else "" for args in fragment_args]
+            args = list(map(leading.__getitem__, self.fragments))
+            for index, extra in self.extras.items():
+                args[index] = "," + extra + args[index]
+            template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, tid, members)
+            fields: tuple[list[Any], ...] = (timestamps, durations, slice_heads, *columns, args)
+        else:
+            tails = list(map(fragment_tails.__getitem__, self.fragments))
+            for index, extra in self.extras.items():
+                fragment = self.fragments[index]
+                shared = fragment_args[fragment]
+                tails[index] = f'{heads[fragment]},"args":{{{extra}{"," + shared if shared else ""}}}}}'
+            template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s' % (self.pid, tid)
+            fields = (timestamps, durations, tails)
+        rows = zip(tids, *fields) if tids is not None else zip(*fields)
+        while chunk := list(map(template.__mod__, islice(rows, CHUNK_EVENTS))):
+            yield chunk
+
+
+def _disjoint(starts: array[int], ends: array[int]) -> bool:
+    """Whether slices in start order each end before the next starts."""
+    try:
+        import numpy
+    except ImportError:
+        return all(map(int.__le__, ends[:-1], starts[1:]))
+    begin, end = numpy.frombuffer(starts, dtype=numpy.int64), numpy.frombuffer(ends, dtype=numpy.int64)
+    return bool((end[:-1] <= begin[1:]).all())
+
+
+def _microseconds(starts: array[int], ends: array[int]) -> tuple[list[float], list[float]]:
+    """Starts and durations in microseconds (three decimals of them are whole nanoseconds)."""
+    try:
+        import numpy
+    except ImportError:
+        return [start / 1000 for start in starts], [(end - start) / 1000 for start, end in zip(starts, ends)]
+    begin, end = numpy.frombuffer(starts, dtype=numpy.int64), numpy.frombuffer(ends, dtype=numpy.int64)
+    return (begin / 1000).tolist(), ((end - begin) / 1000).tolist()
+
+
+class BackgroundWriter:
+    """A text stream whose bytes are compressed (gzip, when `compresslevel` is given) and written by
+    a thread, so that compressing one chunk overlaps formatting the next (zlib runs without the GIL)."""
+
+    def __init__(self, path: Path, compresslevel: int | None) -> None:
+        self._file = path.open("wb")
+        self._sink: IO[bytes] = (gzip.GzipFile(fileobj=self._file, mode="wb", compresslevel=compresslevel, mtime=0)
+                                 if compresslevel is not None else self._file)
+        self._chunks: queue.Queue[bytes | None] = queue.Queue(maxsize=4)
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._drain, name="perfetto-writer", daemon=True)
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while (chunk := self._chunks.get()) is not None:
+            if self._error is None:
+                try:
+                    self._sink.write(chunk)
+                except BaseException as error:  # raised again in the caller's thread, on close
+                    self._error = error
+
+    def write(self, text: str) -> None:
+        if self._error is not None:
+            raise self._error
+        self._chunks.put(text.encode("utf-8"))
+
+    def __enter__(self) -> BackgroundWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self._chunks.put(None)
+        self._thread.join()
+        try:
+            if self._sink is not self._file:
+                self._sink.close()
+        finally:
+            self._file.close()
+        if self._error is not None and exc_info[0] is None:
+            raise self._error
+
