@@ -84,7 +84,6 @@ SKIPS: dict[str, str] = {
 KNOWN_FAILURES: dict[str, str] = {
     "tensor_split": "torch's own check wants the indices tensor on the CPU (CUDA raises the same); the sample moves it to tpu",
     "chalf": "complex32 is not a tpu dtype (XLA has no complex32)",
-    "to_sparse": "sparse layouts are not supported on tpu",
     "sparse.sampled_addmm": "sparse layouts are not supported on tpu",
     "sparse.mm.reduce": "sparse layouts are not supported on tpu",
 }
