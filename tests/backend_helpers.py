@@ -1,4 +1,5 @@
-"""Helpers shared by the backend tests: load the device once, switch eager modes safely."""
+"""Helpers shared by the backend tests: load the device once, switch eager modes safely, compare a result on
+tpu with the same computation on the CPU."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import re
 from collections.abc import Iterator
 
 import torch
+from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
@@ -28,6 +30,59 @@ def eager(mode: EagerMode) -> Iterator[None]:
 
 def host(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.detach().to("cpu")
+
+
+# Absolute and relative tolerance of a comparison with the CPU, by dtype: XLA and torch's CPU kernels sum and
+# fuse in different orders, so floating results agree to a few units in the last place of their dtype.
+# Integer and boolean results are exact.
+CPU_TOLERANCES: dict[torch.dtype, float] = {
+    torch.float64: 1e-9,
+    torch.complex128: 1e-9,
+    torch.float32: 1e-5,
+    torch.complex64: 1e-5,
+    torch.float16: 1e-3,
+    torch.bfloat16: 1.6e-2,
+}
+
+
+def assert_matches_cpu(
+    actual: object,
+    expected: object,
+    *,
+    atol: float | None = None,
+    rtol: float | None = None,
+    device: str | None = None,
+    equal_nan: bool = True,
+    what: str = "output",
+) -> None:
+    """`actual`, a result on tpu (tensors in any nesting of lists, tuples and dicts, on tpu or copied to the host),
+    matches `expected`, the same computation on the CPU: the same structure, and each tensor the same shape and
+    dtype with values within its dtype's CPU_TOLERANCES (or `atol`/`rtol` where given), Python numbers within
+    float32's, anything else equal; NaN matches NaN. With `device`, each tensor of `actual` must be on that device
+    type. Failures name the leaf as `what` and its index."""
+    actual_leaves, actual_structure = pytree.tree_flatten(actual)
+    expected_leaves, expected_structure = pytree.tree_flatten(expected)
+    assert actual_structure == expected_structure, f"structure {actual_structure} != the CPU's {expected_structure}"
+    for index, (got, want) in enumerate(zip(actual_leaves, expected_leaves)):
+        if isinstance(want, torch.Tensor):
+            assert isinstance(got, torch.Tensor), f"{what} {index}: {type(got).__name__}, the CPU gives a tensor"
+            if device is not None:
+                assert got.device.type == device, f"{what} {index} is on {got.device}, not {device}"
+            got, tolerance = host(got), CPU_TOLERANCES.get(want.dtype, 0.0)
+        elif isinstance(want, (float, complex)):
+            tolerance = CPU_TOLERANCES[torch.float32]
+        else:
+            assert got == want, f"{what} {index}: {got!r} != the CPU's {want!r}"
+            continue
+        torch.testing.assert_close(
+            got,
+            want,
+            atol=tolerance if atol is None else atol,
+            rtol=tolerance if rtol is None else rtol,
+            equal_nan=equal_nan,
+            check_device=False,
+            msg=lambda message, index=index: f"{what} {index}: {message}",
+        )
 
 
 @contextlib.contextmanager

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -10,11 +11,28 @@ import pytest
 
 from fixtures.make_traces import build_sample_trace
 
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture(scope="session")
 def sample_trace_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The two-rank sample trace, built once per session. Read-only: copy it before changing it."""
     return build_sample_trace(tmp_path_factory.mktemp("traces") / "sample.tptrace")
+
+
+@pytest.fixture(scope="session")
+def gpt_train_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/gpt_train.py --steps 4, recorded once per session by `tputrace run` in a subprocess. Read-only."""
+    pytest.importorskip("torch", reason="recording an example needs torch (pip install -e .[backend])")
+    pytest.importorskip("jax", reason="recording an example needs jax (pip install -e .[backend])")
+    trace_path = tmp_path_factory.mktemp("gpt_train") / "gpt_train.tptrace"
+    result = subprocess.run(
+        [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path),
+         str(REPO_ROOT / "examples" / "gpt_train.py"), "--steps", "4"],
+        capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return trace_path
 
 
 @pytest.fixture(scope="module", autouse=True)

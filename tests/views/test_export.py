@@ -43,21 +43,6 @@ CORE_TOOLS = ("trace_viewer", "op_profile", "overview_page", "framework_op_stats
 
 
 @pytest.fixture(scope="module")
-def gpt_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """examples/gpt_train.py --steps 4, recorded by `tputrace run` in a subprocess."""
-    pytest.importorskip("torch", reason="recording an example needs torch (pip install -e .[backend])")
-    pytest.importorskip("jax", reason="recording an example needs jax (pip install -e .[backend])")
-    trace_path = tmp_path_factory.mktemp("gpt") / "gpt.tptrace"
-    result = subprocess.run(
-        [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path),
-         str(REPO_ROOT / "examples" / "gpt_train.py"), "--steps", "4"],
-        capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    return trace_path
-
-
-@pytest.fixture(scope="module")
 def sample_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The two-rank synthetic trace (stands in for a distributed run until one is recorded)."""
     return build_sample_trace(tmp_path_factory.mktemp("sample") / "sample.tptrace")
@@ -79,9 +64,9 @@ def ddp_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def gpt_logdir(gpt_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def gpt_logdir(gpt_train_trace: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     logdir = tmp_path_factory.mktemp("gpt_logdir")
-    assert main(["export", str(gpt_trace), "--tensorboard", str(logdir), "--run", "gpt"]) == 0
+    assert main(["export", str(gpt_train_trace), "--tensorboard", str(logdir), "--run", "gpt"]) == 0
     return logdir
 
 
@@ -236,12 +221,12 @@ def test_host_plane_has_compile_reasons_and_what_changed(sample_logdir: Path) ->
 # -- xprof's own converters -------------------------------------------------------------------------
 
 
-def test_xprof_tools_show_the_gpt_trace_ops_steps_and_lines(gpt_trace: Path, gpt_logdir: Path, r2t: Any) -> None:
+def test_xprof_tools_show_the_gpt_trace_ops_steps_and_lines(gpt_train_trace: Path, gpt_logdir: Path, r2t: Any) -> None:
     files = sorted((gpt_logdir / "plugins" / "profile" / "gpt").glob("*.xplane.pb"))
     assert len(files) == 1
     assert set(CORE_TOOLS) <= {tool.rstrip("@") for tool in r2t.xspace_to_tool_names([str(files[0])])}
-    ops, modules, lines = _device_ops(gpt_trace)
-    with tputrace.open(gpt_trace) as trace:
+    ops, modules, lines = _device_ops(gpt_train_trace)
+    with tputrace.open(gpt_train_trace) as trace:
         loop_steps = trace.count("steps", where="source != 'end'")
         steps = trace.count("steps")  # the loop's and an `end` step: the losses are read after the loop
     assert ops and modules and lines and loop_steps == 4
@@ -459,22 +444,22 @@ def check_trace_event_json(path: Path) -> dict[str, Any]:
     return {"counts": counts, "processes": process_names, "threads": thread_names, "slices": slices, "flows": len(flows)}
 
 
-def test_perfetto_export_of_gpt_trace_is_well_formed_with_args_counters_instants_and_flows(gpt_trace: Path, tmp_path: Path) -> None:
+def test_perfetto_export_of_gpt_trace_is_well_formed_with_args_counters_instants_and_flows(gpt_train_trace: Path, tmp_path: Path) -> None:
     output = tmp_path / "gpt.json.gz"
-    assert main(["export", str(gpt_trace), "--perfetto", str(output)]) == 0
+    assert main(["export", str(gpt_train_trace), "--perfetto", str(output)]) == 0
     found = check_trace_event_json(output)
-    with tputrace.open(gpt_trace) as trace:
+    with tputrace.open(gpt_train_trace) as trace:
         executions, compiles, syncs = trace.count("executions"), trace.count("compiles"), trace.count("syncs")
         wall_ns = trace.wall_ns()
     assert found["flows"] == executions  # one arrow per flush -> program
     assert found["counts"]["i"] >= compiles + syncs
     assert found["counts"]["C"] > 0
-    with tputrace.open(gpt_trace) as trace:
+    with tputrace.open(gpt_train_trace) as trace:
         host = trace.run.host
     assert set(found["processes"].values()) == {f"rank 0 · host {host}", "rank 0 · tpu:0"}
     last_end = max(end for items in found["slices"].values() for _, end, _, _ in items)
     assert last_end <= wall_ns * 1.01  # microsecond units: the timeline is as long as the run
-    ops, modules, _ = _device_ops(gpt_trace)
+    ops, modules, _ = _device_ops(gpt_train_trace)
     device_slices = [item for (pid, _), items in found["slices"].items() if found["processes"][pid].endswith("tpu:0")
                      for item in items]
     device_ops = {name for _, _, name, args in device_slices if "inputs" in args}

@@ -441,14 +441,14 @@ def _problem_example() -> tuple[Path, list[str]]:
 
 @requires_chromium
 @pytest.mark.parametrize("example", ["gpt_train", "recompile_storm"])
-def test_example_reports_render_in_chromium(example: str, tmp_path: Path) -> None:
+def test_example_reports_render_in_chromium(example: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """A clean example and a planted problem, recorded here, reported and opened in Chromium."""
     directory = tmp_path
     if example == "gpt_train":
-        script, args = REPO_ROOT / "examples" / "gpt_train.py", ["--steps", "4"]
+        trace_path = request.getfixturevalue("gpt_train_trace")
     else:
         script, args = _problem_example()
-    trace_path = _record(script, directory / f"{example}.tptrace", args)
+        trace_path = _record(script, directory / f"{example}.tptrace", args)
     output = directory / f"{example}.html"
     assert main(["plot", str(trace_path), "-o", str(output)]) == 0
     screenshot = _screenshot_path(tmp_path, f"report-{example}")

@@ -268,6 +268,8 @@ for rows in (2, 3):  # the second forward and backward is a recompile for 3 rows
 
 def test_the_overview_words_counts_of_one_in_the_singular(tmp_path: Path) -> None:
     """A real run on 1 chip with 1 step and 1 recompile: the overview says "1 chip", "1 step", "1 recompile"."""
+    pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+    pytest.importorskip("jax", reason="recording a run needs jax (pip install -e .[backend])")
     script = tmp_path / "one_step.py"
     script.write_text(ONE_STEP_SCRIPT)
     trace_path = tmp_path / "one_step.tptrace"

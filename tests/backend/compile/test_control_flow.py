@@ -12,7 +12,7 @@ import torch
 from torch._higher_order_ops import while_loop
 
 import tputrace
-from backend_helpers import eager, host, recorded_fallbacks, recorded_host_reads
+from backend_helpers import assert_matches_cpu, eager, host, recorded_fallbacks, recorded_host_reads
 from tputrace.backend.device_module import EagerMode
 from tputrace.cli.main import main
 
@@ -57,12 +57,6 @@ def _gate_run(gate: Gate, x: torch.Tensor, bias: torch.Tensor, device: str) -> t
     return [host(output) for output in outputs], grads
 
 
-def _assert_all_close(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
-    assert len(actual) == len(expected)
-    for got, want in zip(actual, expected):
-        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["true-branch", "false-branch"])
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 def test_cond_on_a_chip_predicate_matches_cpu_without_reading_it(mode: EagerMode, sign: float) -> None:
@@ -79,7 +73,7 @@ def test_cond_on_a_chip_predicate_matches_cpu_without_reading_it(mode: EagerMode
             assert "higher_order.cond" in pending  # one node of the pending graph, which was not cut
         actual = [host(output) for output in outputs]
     assert fallbacks == []
-    _assert_all_close(actual, expected)
+    assert_matches_cpu(actual, expected)
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["true-branch", "false-branch"])
@@ -90,8 +84,8 @@ def test_cond_gradients_match_cpu(mode: EagerMode, sign: float) -> None:
     gate, x, bias = _gate_inputs(sign)
     with eager(mode):
         outputs, grads = _gate_run(gate, x, bias, "tpu")
-    _assert_all_close(outputs, expected_outputs)
-    _assert_all_close(grads, expected_grads)
+    assert_matches_cpu(outputs, expected_outputs)
+    assert_matches_cpu(grads, expected_grads)
 
 
 def _halve_until_small(start: torch.Tensor, limit: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -118,7 +112,7 @@ def test_while_loop_matches_cpu_without_reading_the_condition(mode: EagerMode) -
         actual = [host(steps), host(value)]
     assert fallbacks == []
     assert int(expected_steps) > 5
-    _assert_all_close(actual, [expected_steps, expected_value])
+    assert_matches_cpu(actual, [expected_steps, expected_value])
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
@@ -134,7 +128,7 @@ def test_while_loop_with_an_int_carry_returns_an_int_read_in_one_data_dependent_
         assert reads == ["data_dependent"]
         actual = host(value)
     assert type(count) is int and count == expected_count == 4
-    _assert_all_close([actual], [expected_value])
+    assert_matches_cpu([actual], [expected_value])
 
 
 def test_the_op_called_directly_on_a_branch_closing_over_a_tpu_tensor_raises_a_one_line_error() -> None:
@@ -169,8 +163,8 @@ def test_compiled_cond_and_while_loop_match_cpu(sign: float) -> None:
         actual = torch.compile(_compiled_model, backend="tpu")(chip_x, chip_weight)
         actual[0].sum().backward()
     assert fallbacks == []
-    _assert_all_close([host(value) for value in actual], [value.detach() for value in expected])
-    _assert_all_close([host(chip_x.grad), host(chip_weight.grad)], [cpu_x.grad, cpu_weight.grad])
+    assert_matches_cpu([host(value) for value in actual], [value.detach() for value in expected])
+    assert_matches_cpu([host(chip_x.grad), host(chip_weight.grad)], [cpu_x.grad, cpu_weight.grad])
 
 
 def test_the_trace_names_cond_and_while_loop_and_records_no_sync_for_them(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.func import hessian, jacfwd, jvp, linearize, vmap
 
-from backend_helpers import eager, host
+from backend_helpers import assert_matches_cpu, eager
 from tputrace.backend.device_module import EagerMode
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
@@ -30,14 +30,6 @@ def _mixed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def _mlp() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2))
-
-
-def _assert_same(got: object, want: object) -> None:
-    got_leaves, want_leaves = torch.utils._pytree.tree_leaves(got), torch.utils._pytree.tree_leaves(want)
-    assert len(got_leaves) == len(want_leaves)
-    for got_leaf, want_leaf in zip(got_leaves, want_leaves):
-        assert got_leaf.device.type == "tpu"
-        assert torch.allclose(host(got_leaf), want_leaf, atol=1e-5), (host(got_leaf) - want_leaf).abs().max()
 
 
 def _jvp_scalar_operand(device: str) -> object:
@@ -104,7 +96,7 @@ def test_transform_matches_cpu(name: str, mode: EagerMode) -> None:
     with eager(mode), warnings.catch_warnings():
         warnings.filterwarnings("error", message=".*CPU fallback", category=RuntimeWarning)
         got = CASES[name]("tpu")
-    _assert_same(got, want)
+    assert_matches_cpu(got, want, device="tpu")
 
 
 def test_to_meta_is_a_meta_tensor() -> None:

@@ -13,7 +13,7 @@ import torch._dynamo
 import torch.nn.functional as F
 from torch import nn
 
-from backend_helpers import eager, host
+from backend_helpers import assert_matches_cpu, eager, host
 from tputrace.backend.device_module import EagerMode
 
 CL = torch.channels_last
@@ -34,11 +34,12 @@ def _layout(tensor: torch.Tensor) -> tuple:
     return tuple(tensor.shape), tensor.stride(), tuple(tensor.is_contiguous(memory_format=f) for f in formats)
 
 
-def _assert_same(cpu: torch.Tensor, tpu: torch.Tensor, values: bool = True, atol: float = 1e-5) -> None:
+def _assert_same(cpu: torch.Tensor, tpu: torch.Tensor, values: bool = True, atol: float | None = None) -> None:
+    """The CPU's layout, and with `values` its values."""
     assert tpu.device.type == "tpu"
     assert _layout(tpu) == _layout(cpu)
     if values:
-        torch.testing.assert_close(host(tpu), cpu, atol=atol, rtol=1e-5)
+        assert_matches_cpu(tpu, cpu, atol=atol)
 
 
 def _values(*shape: int) -> torch.Tensor:

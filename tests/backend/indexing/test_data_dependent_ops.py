@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import tputrace
-from backend_helpers import eager, host, recorded_fallbacks, recorded_host_reads
+from backend_helpers import assert_matches_cpu, eager, host, recorded_fallbacks, recorded_host_reads
 from tputrace.analysis import analyze_path
 from tputrace.cli.main import main
 from tputrace.backend.device_module import EagerMode
@@ -108,17 +108,6 @@ NO_READ = {
 HISTC = {name for name in CASES if name.startswith("histc")}
 
 
-def _assert_same(result: Any, expected: Any) -> None:
-    if isinstance(expected, torch.Tensor):
-        assert result.device.type == "tpu"
-        assert result.dtype == expected.dtype and result.shape == expected.shape
-        torch.testing.assert_close(host(result), expected, equal_nan=True, rtol=1e-6, atol=1e-6)
-        return
-    assert isinstance(result, tuple) and len(result) == len(expected)
-    for item, expected_item in zip(result, expected):
-        _assert_same(item, expected_item)
-
-
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_the_cpu_with_one_read_and_no_fallback(mode: EagerMode, case: str) -> None:
@@ -126,7 +115,7 @@ def test_matches_the_cpu_with_one_read_and_no_fallback(mode: EagerMode, case: st
     with eager(mode), recorded_fallbacks() as fallbacks:
         with recorded_host_reads() as reads:
             result = CASES[case]("tpu")
-        _assert_same(result, expected)
+        assert_matches_cpu(result, expected, device="tpu", atol=1e-6, rtol=1e-6)
     assert fallbacks == []
     expected_reads = [] if case in NO_READ or case in HISTC else ["data_dependent"]
     assert reads == expected_reads
@@ -139,10 +128,10 @@ def test_a_pending_input_is_flushed_by_the_read() -> None:
         kept = torch.nonzero(values * 2 > 3)
         distinct, counts = torch.unique(values + 1, return_counts=True)
         expanded = torch.repeat_interleave(counts)
-        _assert_same((kept, distinct, counts, expanded), (
+        assert_matches_cpu((kept, distinct, counts, expanded), (
             torch.tensor([[2], [3], [6], [7]]), torch.tensor([1, 2, 3, 4]), torch.tensor([3, 3, 2, 2]),
             torch.tensor([0, 0, 0, 1, 1, 1, 2, 2, 3, 3]),
-        ))
+        ), device="tpu", atol=1e-6, rtol=1e-6)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
@@ -155,7 +144,7 @@ def test_repeat_interleave_gradient_matches_the_cpu(mode: EagerMode) -> None:
 
     expected = grad("cpu")
     with eager(mode), recorded_fallbacks() as fallbacks:
-        torch.testing.assert_close(host(grad("tpu")), expected)
+        assert_matches_cpu(grad("tpu"), expected, device="tpu")
     assert fallbacks == []
 
 
@@ -250,7 +239,9 @@ def test_varying_lengths_compile_a_few_programs_and_match_the_cpu() -> None:
         before = {key for key, plan in dispatcher.plans.items() if getattr(plan, "op_name", None) in ops}
         chip_values, chip_rows = values.to("tpu"), rows.to("tpu")
         for count in counts:
-            _assert_same(results(chip_values, chip_rows, count), results(values, rows, count))
+            assert_matches_cpu(
+                results(chip_values, chip_rows, count), results(values, rows, count), device="tpu", atol=1e-6, rtol=1e-6
+            )
         added = Counter(plan.op_name for key, plan in dispatcher.plans.items() if getattr(plan, "op_name", None) in ops and key not in before)
     padded_lengths = len({padded_length(count) for count in counts})
     assert padded_lengths < len(counts) / 2
@@ -272,7 +263,7 @@ def test_compiled_function_matches_the_cpu() -> None:
     torch._dynamo.reset()
     with recorded_fallbacks() as fallbacks:
         result = torch.compile(select, backend="tpu")(values.to("tpu"))
-    _assert_same(tuple(result), expected)
+    assert_matches_cpu(tuple(result), expected, device="tpu", atol=1e-6, rtol=1e-6)
     assert fallbacks == []
 
 
@@ -311,7 +302,7 @@ def test_out_variants_run_on_the_chip(mode: EagerMode) -> None:
 
     expected = run("cpu")
     with eager(mode), recorded_fallbacks() as fallbacks:
-        _assert_same(tuple(run("tpu")), tuple(expected))
+        assert_matches_cpu(tuple(run("tpu")), tuple(expected), device="tpu", atol=1e-6, rtol=1e-6)
     assert fallbacks == []
 
 

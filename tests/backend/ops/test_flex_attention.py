@@ -12,7 +12,7 @@ import torch
 from torch.nn.attention import flex_attention as flex_api
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
-from backend_helpers import eager, host, recorded_fallbacks
+from backend_helpers import assert_matches_cpu, eager, host, recorded_fallbacks
 from tputrace.backend.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
@@ -64,18 +64,13 @@ def _gradients(run: Callable[..., tuple[torch.Tensor, torch.Tensor]], tensors: t
     return [host(out), host(lse)] + [host(leaf.grad) for leaf in leaves]
 
 
-def _assert_all_close(actual: list[torch.Tensor], expected: list[torch.Tensor]) -> None:
-    for value, reference in zip(actual, expected, strict=True):
-        torch.testing.assert_close(value, reference, atol=1e-5, rtol=1e-5)
-
-
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
 def test_plain_attention_matches_cpu_flex_attention(mode: EagerMode) -> None:
     query, key, value, _ = _inputs()
     expected = flex_attention(query, key, value)
     with eager(mode), recorded_fallbacks() as fallbacks:
-        out = host(flex_attention(query.to("tpu"), key.to("tpu"), value.to("tpu")))
-    torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        out = flex_attention(query.to("tpu"), key.to("tpu"), value.to("tpu"))
+    assert_matches_cpu(out, expected, device="tpu")
     assert fallbacks == []
 
 
@@ -86,7 +81,7 @@ def test_causal_mask_and_captured_bias_match_cpu_flex_attention(mode: EagerMode)
     tpu_slopes = slopes.to("tpu")
     with eager(mode), torch.no_grad():
         out, _ = _flex(query.to("tpu"), key.to("tpu"), value.to("tpu"), tpu_slopes, causal=True)
-    torch.testing.assert_close(host(out), expected_out, atol=1e-5, rtol=1e-5)
+    assert_matches_cpu(out, expected_out, device="tpu")
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
@@ -96,7 +91,7 @@ def test_gradients_match_the_same_attention_in_torch_ops(mode: EagerMode, kv_hea
     expected = _gradients(_reference, tensors, "cpu", causal=True)
     with eager(mode), recorded_fallbacks() as fallbacks:
         actual = _gradients(_flex, tensors, "tpu", causal=True)
-    _assert_all_close(actual, expected)
+    assert_matches_cpu(actual, expected)
     assert fallbacks == []
 
 
@@ -108,7 +103,7 @@ def test_compiled_attention_and_gradients_match_the_same_attention_in_torch_ops(
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # a graph op on the host warns
         actual = _gradients(torch.compile(_flex, backend="tpu"), tensors, "tpu", causal)
-    _assert_all_close(actual, expected)
+    assert_matches_cpu(actual, expected)
 
 
 def test_backward_on_the_cpu_is_still_refused_by_torch() -> None:
@@ -132,6 +127,6 @@ def test_mask_mod_reading_a_captured_tensor_and_max_scores_match_torch_ops() -> 
     tpu_query = query.to("tpu")
     with recorded_fallbacks() as fallbacks:
         out, aux = flex_attention(tpu_query, tpu_query, tpu_query, block_mask=block_mask, return_aux=AuxRequest(max_scores=True))
-    torch.testing.assert_close(host(out), expected_out, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(host(aux.max_scores), expected_max, atol=1e-5, rtol=1e-5)
+    assert_matches_cpu(out, expected_out, device="tpu")
+    assert_matches_cpu(aux.max_scores, expected_max, device="tpu")
     assert fallbacks == []

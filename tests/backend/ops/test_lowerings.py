@@ -18,6 +18,7 @@ import torch
 jax = pytest.importorskip("jax")
 jnp = jax.numpy
 
+from backend_helpers import assert_matches_cpu  # noqa: E402
 from tputrace.backend.ops import activation_route, register_all, registry  # noqa: E402
 
 aten = torch.ops.aten
@@ -100,8 +101,7 @@ def check(op: torch._ops.OpOverload, *args: Any, atol: float = 1e-5, outputs: in
         if want is None:
             continue
         assert tuple(got.shape) == tuple(want.shape), f"{op}: shape {tuple(got.shape)} != torch {tuple(want.shape)}"
-        got = got.to(want.dtype)
-        torch.testing.assert_close(got, want, atol=atol, rtol=1e-5, equal_nan=True, msg=lambda m: f"{op}: {m}")
+        assert_matches_cpu(got.to(want.dtype), want, atol=atol, rtol=1e-5, what=f"{op} output")
 
 
 def t(*values: Any, dtype: torch.dtype | None = None) -> torch.Tensor:

@@ -11,7 +11,7 @@ import torch
 from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from backend_helpers import OpNames, eager, host
+from backend_helpers import OpNames, assert_matches_cpu, eager, host
 from tputrace.backend.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
@@ -44,7 +44,7 @@ def test_double_backward_under_math_matches_the_cpu(mode: EagerMode, is_causal: 
     expected = _gradient_penalty_grad("cpu", [SDPBackend.MATH], is_causal)
     with eager(mode):
         got = _gradient_penalty_grad("tpu", [SDPBackend.MATH], is_causal)
-    torch.testing.assert_close(got, expected, atol=1e-4, rtol=1e-4)
+    assert_matches_cpu(got, expected, atol=1e-4, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
@@ -52,7 +52,7 @@ def test_jacfwd_under_math_matches_the_cpu(mode: EagerMode) -> None:
     expected = _jacobian("cpu")
     with eager(mode):
         got = _jacobian("tpu")
-    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert_matches_cpu(got, expected)
 
 
 def _forward_op_names(backends: list[SDPBackend] | None) -> list[str]:
@@ -135,7 +135,7 @@ def _assert_matches_the_cpu(backends: list[SDPBackend], name: str, mode: EagerMo
     if isinstance(expected, str):
         assert got == expected
     else:
-        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+        assert_matches_cpu(got, expected)
 
 
 _NO_KERNEL_CASES = ["dropout", "three_d", "broadcast_batch", "value_head_size", "key_last_stride"]
