@@ -3,8 +3,9 @@ against the target's ICI, many small messages, stragglers, and messages not divi
 
 Bus bandwidth is the recorded `bus_bandwidth` (bytes/s) when present, else computed with the usual
 ring factor for the kind. Waiting (`wait_ns`) is time a rank spent for the last rank to arrive: the
-rank that waits least is the straggler. Whether large parameters are replicated under FSDP/DTensor is
-not recorded in the trace, so it is not judged here.
+rank that waits least is the straggler; on virtual chips sharing one host that cannot be told from the
+host's scheduling, and the finding says so. Shares count calls in flight together once. Collectives
+whose cause is recorded are judged by `tputrace.analysis.sharding`, at the line that decides them.
 """
 
 from __future__ import annotations
@@ -17,6 +18,9 @@ from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.wording import format_bytes, format_ns, plural
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
 
 NAME = "collectives"
 SMALL_MESSAGE_BYTES = 1 << 20
@@ -122,9 +126,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(share, warning=0.15, critical=0.4),
-            title=f"Collectives take {share:.0%} of each step on rank {rank}",
+            title=f"Collectives{' without a recorded cause' if caused else ''} take {share:.0%} of each step on rank {rank}",
             explanation=(
-                f"Rank {rank} spent {format_ns(total_ns)} in collectives. Their bus bandwidth "
+                f"Rank {rank} spent {format_ns(total_ns)} in collectives" + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
+                + ". Their bus bandwidth "
                 f"(median {format_bytes(median_bandwidth)}/s) compares with {context.target.label}'s ICI of "
                 f"{format_bytes(ici)}/s per chip (bidirectional)."
             ),
@@ -189,14 +194,21 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Finding
         title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
         explanation=(
             f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
-            f"arrive; rank {straggler} waited least, so it is usually the late one."
-        ),
-        suggestion=(
+            f"arrive; rank {straggler} waited least, and was last in {consistent:.0%} of the steps"
+            + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
+        )
+        suggestion = (
             f"Look at what rank {straggler} does before its collectives (uneven data loading, extra logging or "
             "evaluation on that rank, uneven shards)."
-        ),
-        cost_total_ns=float(waited),
-        cost_per_step_ns=context.per_step(waited),
+        )
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity=severity,
+        title=title,
+        explanation=explanation,
+        suggestion=suggestion,
+        cost_total_ns=cost,
+        cost_per_step_ns=context.per_step(cost),
         evidence=tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits)),
     )
 

@@ -1,0 +1,392 @@
+"""Sharding: from each collective's recorded cause to the line that decides it and the change that
+removes or shrinks it.
+
+- Activation gathers between tensor-parallel layers: a `ColwiseParallel(output_layouts=Replicate())`
+  all-gathers its output every forward; when the next layer of the plan is column-parallel too, keeping
+  the first's output sharded (`ColwiseParallel()`) and making the next `RowwiseParallel()` replaces two
+  gathers by one all-reduce. Cost: the measured time of the gathers, per steady step.
+- FSDP2 groups that hold a large module not wrapped on its own: its parameters are gathered with the
+  group's (the root's stay unsharded for the whole forward and backward). Cost: that module's share
+  of the group's all-gather and reduce-scatter time.
+- DDP buckets far below the default cap: many latency-bound all-reduces per step, at the `DDP(...)` line.
+  Cost: the calls a larger bucket saves, each at the median bucket's time.
+- Replicated parameters (DDP) that FSDP2 would split: bytes per rank saved, against the target's HBM.
+- Uneven shards: a sharded dim not divisible by its mesh dim (padded all-gathers, uneven memory).
+- Exposed communication per step: collective time during which no program ran on the chip, as distinct
+  from time overlapped with compute.
+
+Estimated times on the target use its ICI bandwidth: bytes x ring factor / ICI (`ici_estimate_ns`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+
+from tputrace.analysis.collectives import bus_factor
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
+from tputrace.store.sharding import CausedCollective, ShardingRecords, read_sharding
+from tputrace.summary import format_bytes, format_ns
+from tputrace.wording import plural
+
+NAME = "sharding"
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+SMALL_BUCKETS_PER_STEP = 4
+UNWRAPPED_SHARE = 0.25
+UNWRAPPED_MIN_BYTES = 1 << 20
+REPLICATED_HBM_SHARE = 0.25
+
+
+def ici_estimate_ns(kind: str, nbytes: float, ranks: int, ici_bandwidth: float) -> float:
+    """A ring collective's time on the target: bytes moved per rank over its ICI bandwidth."""
+    if ici_bandwidth <= 0:
+        return 0.0
+    return nbytes * bus_factor(kind, ranks) / ici_bandwidth * 1e9
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult:
+    result = AnalysisResult(NAME)
+    records = read_sharding(context.trace, context.rank)
+    result.data["meshes"] = [{"id": mesh.id, "shape": mesh.shape, "dim_names": mesh.dim_names} for mesh in records.meshes.values()]
+    result.data["parameters"] = len(records.parameters)
+    result.data["bytes_per_rank"] = sum(parameter.bytes_per_rank or 0 for parameter in records.parameters)
+    by_cause = _time_by_cause(context, records)
+    result.data["by_cause"] = [
+        {"kind": cause.kind, "module": cause.module, "op": cause.op, "phase": cause.phase, "count": count, "dur_ns": dur}
+        for cause_id, (count, dur, _) in sorted(by_cause.items(), key=lambda item: -item[1][1])
+        if (cause := records.causes.get(cause_id)) is not None
+    ]
+    world = max(len(context.trace.distributed_ranks), 1)
+    explained_ns = 0.0
+    explained_ns += _activation_gathers(context, result, records, by_cause, world)
+    explained_ns += _unwrapped_modules(context, result, records, by_cause)
+    explained_ns += _small_buckets(context, result, records, by_cause)
+    _replicated_parameters(context, result, records, world)
+    _uneven_shards(context, result, records)
+    _exposed(context, result, records, explained_ns)
+    return result
+
+
+def _steady(context: AnalysisContext, collective: CausedCollective) -> bool:
+    steps = context.steady_range
+    return steps is None or steps[0] <= collective.step <= steps[1]
+
+
+def _time_by_cause(context: AnalysisContext, records: ShardingRecords) -> dict[int, tuple[int, float, int]]:
+    """Per cause id: calls and summed duration in the steady steps, and bytes per call."""
+    totals: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for collective in records.collectives:
+        if collective.cause_id is None or not _steady(context, collective):
+            continue
+        entry = totals[collective.cause_id]
+        entry[0] += 1
+        entry[1] += collective.dur_ns
+        entry[2] = collective.bytes
+    return {cause_id: (int(count), dur, int(nbytes)) for cause_id, (count, dur, nbytes) in totals.items()}
+
+
+def _per_step(context: AnalysisContext, steady_ns: float) -> dict[str, float | None]:
+    return context.loop_cost(steady_ns, steady_ns)
+
+
+def _location(origin: SourceLocation | None) -> dict[str, object]:
+    return {"file": origin.file, "line": origin.line} if origin is not None else {}
+
+
+def _evidence(text: str, origin: SourceLocation | None, module: str | None = None) -> Evidence:
+    return Evidence(text, file=origin.file if origin else None, line=origin.line if origin else None, module=module,
+                    table="collective_causes")
+
+
+# ----------------------------------------------------------------- tensor-parallel plans
+def _activation_gathers(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
+                        by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
+    """ColwiseParallel layers that gather their output when the plan's next layer is column-parallel too."""
+    styles = _styles_by_module(records.parameters)
+    order = list(styles)
+    explained = 0.0
+    for cause_id, (count, dur_ns, nbytes) in by_cause.items():
+        cause = records.causes.get(cause_id)
+        if cause is None or cause.kind != "redistribute" or cause.phase != "forward" or cause.op != "ColwiseParallel output_layouts":
+            continue
+        if not (cause.src_placements or "").startswith("Shard") or "Replicate" not in (cause.dst_placements or ""):
+            continue
+        module = cause.module or "?"
+        following = order[order.index(module) + 1:] if module in order else []
+        next_module = following[0] if following else None
+        next_style = styles.get(next_module, ("", None))[0] if next_module else ""
+        if not next_style.startswith("ColwiseParallel"):
+            continue
+        next_origin = styles[next_module][1]
+        steps = max(context.steady_count, 1)
+        per_step_ns = dur_ns / steps
+        target_ns = ici_estimate_ns("all_gather", nbytes, world, context.target.ici_bandwidth) * count / steps
+        # the plan change also removes the next layer's backward all-reduce of its (gathered) input's gradient
+        next_backward_ns = sum(dur for other_id, (_, dur, _) in by_cause.items()
+                               if (other := records.causes.get(other_id)) is not None and other.module == next_module and other.phase == "backward")
+        cost = _per_step(context, dur_ns + next_backward_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        share = context.share_of_steps(dur_ns)
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(share, warning=0.02, critical=0.2),
+            title=f"Tensor-parallel plan: {module} all-gathers its output ({cause.global_shape}) for the next column-parallel layer",
+            explanation=(
+                f"The plan entry for {module} is ColwiseParallel with output_layouts=Replicate(): every forward all-gathers "
+                f"its {cause.src_placements} output ({format_bytes(nbytes)} a call, {plural(count, 'call')} in the steady steps, "
+                f"{format_ns(per_step_ns)} a step here; about {format_ns(target_ns)} a step on {context.target.label}'s ICI), and "
+                f"{next_module} then splits its weight by output features again, so its backward all-reduces the input gradient too. "
+                f"A column-parallel layer followed by a row-parallel one needs a single all-reduce."
+            ),
+            suggestion=(
+                f"In the plan, make {module} `ColwiseParallel()` (keep its output sharded on the last dim) and {next_module} "
+                f"`RowwiseParallel()`" + (f" (at {next_origin.short})" if next_origin is not None else "") + "."
+            ),
+            evidence=(
+                _evidence(f"{module}: {cause.src_placements} -> {cause.dst_placements}, {cause.global_shape}", cause.origin, module),
+                _evidence(f"{next_module}: {next_style}", next_origin, next_module),
+            ),
+            module=module,
+            **cost,
+            **_location(cause.origin),
+        ))
+    return explained
+
+
+def _styles_by_module(parameters: list[ParameterPlacementRecord]) -> dict[str, tuple[str, SourceLocation | None]]:
+    """The tensor-parallel style text and plan line of each module, in the model's module order."""
+    styles: dict[str, tuple[str, SourceLocation | None]] = {}
+    for parameter in parameters:
+        if parameter.wrapper in ("tp", "fsdp+tp") and parameter.module and parameter.module not in styles:
+            styles[parameter.module] = (parameter.group or "", parameter.origin)
+    return styles
+
+
+# ----------------------------------------------------------------- FSDP2 wrapping
+def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
+                       by_cause: dict[int, tuple[int, float, int]]) -> float:
+    """FSDP2 groups whose parameters are mostly one submodule that has no fully_shard of its own."""
+    groups: dict[str, list[ParameterPlacementRecord]] = defaultdict(list)
+    for parameter in records.parameters:
+        if parameter.wrapper in ("fsdp", "fsdp+tp") and parameter.group:
+            groups[parameter.group].append(parameter)
+    explained = 0.0
+    for group, parameters in groups.items():
+        group_bytes = sum(parameter.bytes or 0 for parameter in parameters)
+        children: dict[str, int] = defaultdict(int)
+        for parameter in parameters:
+            rest = (parameter.module or "").removeprefix(group + ".") if (parameter.module or "").startswith(group + ".") else ""
+            if rest:
+                children[f"{group}.{rest.split('.')[0]}"] += parameter.bytes or 0
+        if not children:
+            continue
+        child, child_bytes = max(children.items(), key=lambda item: item[1])
+        if child_bytes < UNWRAPPED_MIN_BYTES or child_bytes < UNWRAPPED_SHARE * group_bytes or len(children) + (group_bytes > sum(children.values())) < 2:
+            continue
+        group_ns = sum(dur for cause_id, (_, dur, _) in by_cause.items()
+                       if (cause := records.causes.get(cause_id)) is not None and cause.kind.startswith("fsdp_") and cause.module == group)
+        steady_ns = group_ns * child_bytes / group_bytes if group_bytes else 0.0
+        cost = _per_step(context, steady_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        origin = parameters[0].origin
+        attribute = child.removeprefix(group.split(".")[0] + ".")
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity="warning" if child_bytes >= 0.5 * group_bytes or context.share_of_steps(steady_ns) >= 0.05 else "info",
+            title=f"FSDP2: {child} ({format_bytes(child_bytes)}) has no fully_shard of its own; it is gathered with {group}",
+            explanation=(
+                f"{child} holds {child_bytes / group_bytes:.0%} of the {format_bytes(group_bytes)} that {group}'s fully_shard groups, so its "
+                f"parameters are all-gathered and reduce-scattered with the rest of {group} in one message that cannot overlap with "
+                f"{child}'s own compute, and stay unsharded while any of {group} runs."
+            ),
+            suggestion=f"Call `fully_shard(model.{attribute})` before this `fully_shard(...)`, so that {child} is gathered just before it runs.",
+            evidence=(Evidence(f"{group}: {format_bytes(group_bytes)} in one group; {child}: {format_bytes(child_bytes)}", file=origin.file if origin else None,
+                               line=origin.line if origin else None, module=child, table="parameter_placements"),),
+            module=child,
+            **cost,
+            **_location(origin),
+        ))
+    return explained
+
+
+# ----------------------------------------------------------------- DDP buckets and replication
+def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
+                   by_cause: dict[int, tuple[int, float, int]]) -> float:
+    buckets = [(records.causes[cause_id], count, dur, nbytes) for cause_id, (count, dur, nbytes) in by_cause.items()
+               if cause_id in records.causes and records.causes[cause_id].kind == "ddp_bucket"]
+    if not buckets:
+        return 0.0
+    steps = max(context.steady_count, 1)
+    calls = sum(count for _, count, _, _ in buckets)
+    per_step_calls = calls / steps
+    cap = buckets[0][0].bucket_bytes or 0
+    durations = [collective.dur_ns for collective in records.collectives
+                 if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket" and _steady(context, collective)]
+    gradient_bytes = sum(collective.bytes for collective in records.collectives
+                         if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket"
+                         and _steady(context, collective)) / steps
+    result.data["ddp_buckets_per_step"] = per_step_calls
+    if per_step_calls <= SMALL_BUCKETS_PER_STEP or cap >= DEFAULT_BUCKET_BYTES:
+        return 0.0
+    suggested_mb = 25 if gradient_bytes >= 4 * DEFAULT_BUCKET_BYTES else max(1, math.ceil(gradient_bytes / SMALL_BUCKETS_PER_STEP / 2**20))
+    new_calls = max(1, math.ceil(gradient_bytes / (suggested_mb * 2**20)))
+    median_ns = statistics.median(durations) if durations else 0.0
+    saved_per_step = max(per_step_calls - new_calls, 0) * median_ns
+    cost = _per_step(context, saved_per_step * steps)
+    origin = buckets[0][0].origin
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity=context.severity(context.share_of_steps(saved_per_step * steps), warning=0.02, critical=0.2),
+        title=f"DDP buckets of {format_bytes(cap)}: {per_step_calls:.0f} gradient all-reduces per step",
+        explanation=(
+            f"DDP's bucket cap is {format_bytes(cap)} (bucket_cap_mb={cap / 2**20:.3g}), so the {format_bytes(gradient_bytes)} of gradients "
+            f"go out as {per_step_calls:.0f} messages a step, each paying the collective's fixed latency (median {format_ns(median_ns)} "
+            f"here); on {context.target.label} most of each small message's time is latency, not ICI bandwidth."
+        ),
+        suggestion=(
+            f"Construct DDP with `bucket_cap_mb={suggested_mb}` (about {plural(new_calls, 'bucket')} a step"
+            + ("; the default of 25 keeps early buckets overlapping the backward" if suggested_mb == 25 else "") + ")."
+        ),
+        evidence=(_evidence(f"{plural(calls, 'bucket all-reduce')} in {plural(steps, 'steady step')}, cap {format_bytes(cap)}", origin, buckets[0][0].module),),
+        module=buckets[0][0].module,
+        **cost,
+        **_location(origin),
+    ))
+    return cost["cost_total_ns"] or 0.0
+
+
+def _replicated_parameters(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords, world: int) -> None:
+    replicated = [parameter for parameter in records.parameters if parameter.wrapper == "ddp"]
+    if not replicated or world < 2:
+        return
+    parameter_bytes = sum(parameter.bytes or 0 for parameter in replicated)
+    # parameters and gradients; Adam's two moments would double it again
+    saved = 2 * parameter_bytes * (world - 1) / world
+    hbm = context.target.hbm_bytes
+    share = saved / hbm if hbm else 0.0
+    result.data["replicated_bytes"] = parameter_bytes
+    origin = replicated[0].origin
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity="warning" if share >= REPLICATED_HBM_SHARE else "info",
+        title=f"DDP replicates {format_bytes(parameter_bytes)} of parameters on every rank; FSDP2 would save {format_bytes(saved)} per rank",
+        explanation=(
+            f"Each of the {world} ranks holds every parameter and gradient ({format_bytes(2 * parameter_bytes)}, more with optimizer "
+            f"state); sharding them with fully_shard would keep 1/{world} of each: {share:.1%} of {context.target.label}'s HBM per rank."
+        ),
+        suggestion="Where memory limits the batch or model size, replace `DDP(model)` with `fully_shard` on each block and then the model.",
+        cost_total_ns=0.0,
+        evidence=(Evidence(f"{plural(len(replicated), 'parameter')}, {format_bytes(parameter_bytes)}", file=origin.file if origin else None,
+                           line=origin.line if origin else None, table="parameter_placements"),),
+        **_location(origin),
+    ))
+
+
+def _uneven_shards(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords) -> None:
+    uneven = []
+    for parameter in records.parameters:
+        sizes = records.mesh_dim_sizes(parameter.mesh_id)
+        shape = [int(size) for size in (parameter.global_shape or "").split(",") if size.strip().lstrip("-").isdigit()]
+        for mesh_dim, placement in enumerate((parameter.placements or "").split(",")):
+            if not placement.startswith("Shard(") or mesh_dim >= len(sizes) or not shape:
+                continue
+            dim = int(placement[6:-1])
+            if shape[dim] % sizes[mesh_dim]:
+                uneven.append((parameter, dim, sizes[mesh_dim]))
+    result.data["uneven_shards"] = [{"parameter": parameter.name, "dim": dim, "mesh": size} for parameter, dim, size in uneven]
+    if not uneven:
+        return
+    parameter, dim, size = uneven[0]
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity="info",
+        title=f"Uneven shards: {parameter.name} dim {dim} ({parameter.global_shape}) is not divisible by its mesh dim of {size}",
+        explanation=(
+            f"{plural(len(uneven), 'parameter')} are split unevenly: the last rank's shard is smaller, every all-gather of them is padded, "
+            "and memory per rank differs."
+        ),
+        suggestion=f"Make dim {dim} of {parameter.name} a multiple of {size} (pad the layer's width), or choose a mesh size that divides it.",
+        cost_total_ns=0.0,
+        evidence=tuple(Evidence(f"{p.name}: {p.global_shape}, {p.placements}", file=p.origin.file if p.origin else None,
+                                line=p.origin.line if p.origin else None, table="parameter_placements") for p, _, _ in uneven[:5]),
+        **_location(parameter.origin),
+    ))
+
+
+# ----------------------------------------------------------------- exposed communication
+def _exposed(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords, explained_ns: float) -> None:
+    """Collective time per steady step with no program running on the chip (exposed) and with one (overlapped)."""
+    steady = [collective for collective in records.collectives if _steady(context, collective)]
+    if not steady or not context.steps:
+        return
+    intervals = _union([(c.start_ns, c.start_ns + c.dur_ns) for c in steady])
+    where, params = context.steady_where()
+    busy = _union([(start, start + dur) for start, dur in context.trace.sql(
+        f"SELECT start_ns, dur_ns FROM executions WHERE {where} AND dur_ns IS NOT NULL", params)])
+    communication = sum(end - start for start, end in intervals)
+    overlapped = _overlap(intervals, busy)
+    exposed = communication - overlapped
+    steps = max(context.steady_count, 1)
+    result.data["communication_per_step_ns"] = communication / steps
+    result.data["exposed_per_step_ns"] = exposed / steps
+    result.data["overlapped_per_step_ns"] = overlapped / steps
+    share = context.share_of_steps(exposed)
+    if share < 0.05:
+        return
+    cost = _per_step(context, exposed)
+    unexplained = max((cost["cost_total_ns"] or 0.0) - explained_ns, 0.0)
+    top = _top_cause(records, steady)
+    origin = top.origin if top is not None else None
+    result.findings.append(Finding(
+        analyzer=NAME,
+        severity="info" if unexplained < 0.5 * (cost["cost_total_ns"] or 0.0) else context.severity(share, warning=0.15, critical=0.4),
+        title=f"Communication exposed {format_ns(exposed / steps)} per step ({share:.0%} of a step); {format_ns(overlapped / steps)} overlapped",
+        explanation=(
+            f"Of {format_ns(communication / steps)} of collectives a step (overlapping calls counted once), {format_ns(exposed / steps)} ran "
+            f"while no program ran on the chip, so the step waited for it."
+            + (f" The most time goes to {top.kind} of {top.module or 'the model'}." if top is not None else "")
+        ),
+        suggestion=(
+            "Start communication earlier so that compute hides it (FSDP2 prefetches the next group; DDP buckets fill during the "
+            "backward), and remove the collectives the other sharding findings name."
+        ),
+        cost_total_ns=unexplained,
+        cost_per_step_ns=unexplained / context.step_count if context.step_count else None,
+        **_location(origin),
+    ))
+
+
+def _top_cause(records: ShardingRecords, collectives: list[CausedCollective]) -> CollectiveCauseRecord | None:
+    totals: dict[int, int] = defaultdict(int)
+    for collective in collectives:
+        if collective.cause_id is not None:
+            totals[collective.cause_id] += collective.dur_ns
+    if not totals:
+        return None
+    return records.causes.get(max(totals, key=lambda cause_id: totals[cause_id]))
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlap(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> int:
+    """Total length of the intersection of two unions of intervals (each sorted, disjoint)."""
+    total, index = 0, 0
+    for start, end in first:
+        while index < len(second) and second[index][1] <= start:
+            index += 1
+        probe = index
+        while probe < len(second) and second[probe][0] < end:
+            total += max(0, min(end, second[probe][1]) - max(start, second[probe][0]))
+            probe += 1
+    return total
