@@ -336,25 +336,30 @@ def _exposed(context: AnalysisContext, result: AnalysisResult, records: Sharding
     share = context.share_of_steps(exposed)
     if share < 0.05:
         return
+    # Overlap can hide communication only behind compute: what it saves is at most the chip's busy time.
+    compute = sum(end - start for start, end in busy)
+    result.data["compute_per_step_ns"] = compute / steps
     cost = _per_step(context, exposed)
     unexplained = max((cost["cost_total_ns"] or 0.0) - explained_ns, 0.0)
+    hideable = min(unexplained, (_per_step(context, compute)["cost_total_ns"] or 0.0))
     top = _top_cause(records, steady)
     origin = top.origin if top is not None else None
     result.findings.append(Finding(
         analyzer=NAME,
-        severity="info" if unexplained < 0.5 * (cost["cost_total_ns"] or 0.0) else context.severity(share, warning=0.15, critical=0.4),
+        severity="info" if hideable < 0.5 * (cost["cost_total_ns"] or 0.0) else context.severity(share, warning=0.15, critical=0.4),
         title=f"Communication exposed {format_ns(exposed / steps)} per step ({share:.0%} of a step); {format_ns(overlapped / steps)} overlapped",
         explanation=(
             f"Of {format_ns(communication / steps)} of collectives a step (overlapping calls counted once), {format_ns(exposed / steps)} ran "
-            f"while no program ran on the chip, so the step waited for it."
+            f"while no program ran on the chip, so the step waited for it; the chip computed {format_ns(compute / steps)} a step, "
+            f"which bounds what overlapping can hide."
             + (f" The most time goes to {top.kind} of {top.module or 'the model'}." if top is not None else "")
         ),
         suggestion=(
             "Start communication earlier so that compute hides it (FSDP2 prefetches the next group; DDP buckets fill during the "
             "backward), and remove the collectives the other sharding findings name."
         ),
-        cost_total_ns=unexplained,
-        cost_per_step_ns=unexplained / context.step_count if context.step_count else None,
+        cost_total_ns=hideable,
+        cost_per_step_ns=hideable / context.step_count if context.step_count else None,
         **_location(origin),
     ))
 
