@@ -129,7 +129,7 @@ def test_the_top_finding_of_a_column_column_plan_names_the_plan_entry_and_the_ro
 
 def test_tensor_parallel_causes_and_placements_are_in_the_trace(tensor_parallel: tuple[dict[str, Any], Path]) -> None:
     report, _ = tensor_parallel
-    data = report["results"]["sharding"]["data"]
+    data = report["results"]["sharding"]
     assert data["parameters"] == 4  # expand and project, weight and bias
     causes = {(row["kind"], row["op"], row["phase"]) for row in data["by_cause"]}
     assert ("redistribute", "ColwiseParallel output_layouts", "forward") in causes
@@ -139,7 +139,7 @@ def test_tensor_parallel_causes_and_placements_are_in_the_trace(tensor_parallel:
 def test_no_share_above_a_whole_step(tensor_parallel: tuple[dict[str, Any], Path], data_parallel: tuple[dict[str, Any], Path]) -> None:
     for report, _ in (tensor_parallel, data_parallel):
         assert all(share <= 100 for share in _shares(report)), _shares(report)
-        assert report["results"]["collectives"]["data"]["collective_share_of_step"] <= 1.0
+        assert report["results"]["collectives"]["collective_share_of_step"] <= 1.0
 
 
 def test_tiny_ddp_buckets_are_named_at_the_constructor_with_a_size(data_parallel: tuple[dict[str, Any], Path]) -> None:

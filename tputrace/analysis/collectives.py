@@ -194,7 +194,8 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Finding
         title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
         explanation=(
             f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
-            f"arrive; rank {straggler} waited least, and was last in {consistent:.0%} of the steps"
+            f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more than "
+            "the others outside anything the trace records (host work of its own)"
             + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
         )
         suggestion = (
