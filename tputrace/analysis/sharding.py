@@ -5,8 +5,9 @@ removes or shrinks it.
   all-gathers its output every forward; when the next layer of the plan is column-parallel too, keeping
   the first's output sharded (`ColwiseParallel()`) and making the next `RowwiseParallel()` replaces two
   gathers by one all-reduce. Cost: the measured time of the gathers, per steady step.
-- FSDP2 groups that hold a large module not wrapped on its own: its parameters are gathered with the
-  group's (the root's stay unsharded for the whole forward and backward). Cost: that module's share
+- FSDP2 outer groups (with fully_shard calls inside) that hold a module as large as the inner groups
+  but not wrapped on its own: its parameters are gathered with the outer group's, in one message
+  that cannot overlap its own compute. Cost: that module's share
   of the group's all-gather and reduce-scatter time.
 - DDP buckets far below the default cap: many latency-bound all-reduces per step, at the `DDP(...)` line.
   Cost: the calls a larger bucket saves, each at the median bucket's time.
@@ -24,7 +25,7 @@ import math
 import statistics
 from collections import defaultdict
 
-from tputrace.analysis.collectives import bus_factor
+from tputrace.analysis.collectives import bus_factor, shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
@@ -173,9 +174,15 @@ def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records
     for parameter in records.parameters:
         if parameter.wrapper in ("fsdp", "fsdp+tp") and parameter.group:
             groups[parameter.group].append(parameter)
+    group_bytes_by_path = {group: sum(parameter.bytes or 0 for parameter in parameters) for group, parameters in groups.items()}
     explained = 0.0
     for group, parameters in groups.items():
-        group_bytes = sum(parameter.bytes or 0 for parameter in parameters)
+        # only an outer group (one with fully_shard calls inside it) holds what the calls inside left out
+        inner = [size for path, size in group_bytes_by_path.items() if path.startswith(group + ".")]
+        if not inner:
+            continue
+        inner_median = statistics.median(inner)
+        group_bytes = group_bytes_by_path[group]
         children: dict[str, int] = defaultdict(int)
         for parameter in parameters:
             rest = (parameter.module or "").removeprefix(group + ".") if (parameter.module or "").startswith(group + ".") else ""
@@ -184,7 +191,7 @@ def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records
         if not children:
             continue
         child, child_bytes = max(children.items(), key=lambda item: item[1])
-        if child_bytes < UNWRAPPED_MIN_BYTES or child_bytes < UNWRAPPED_SHARE * group_bytes or len(children) + (group_bytes > sum(children.values())) < 2:
+        if child_bytes < UNWRAPPED_MIN_BYTES or child_bytes < UNWRAPPED_SHARE * group_bytes or child_bytes < 0.5 * inner_median:
             continue
         group_ns = sum(dur for cause_id, (_, dur, _) in by_cause.items()
                        if (cause := records.causes.get(cause_id)) is not None and cause.kind.startswith("fsdp_") and cause.module == group)
@@ -195,10 +202,11 @@ def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records
         attribute = child.removeprefix(group.split(".")[0] + ".")
         result.findings.append(Finding(
             analyzer=NAME,
-            severity="warning" if child_bytes >= 0.5 * group_bytes or context.share_of_steps(steady_ns) >= 0.05 else "info",
+            severity="warning" if child_bytes >= inner_median or context.share_of_steps(steady_ns) >= 0.05 else "info",
             title=f"FSDP2: {child} ({format_bytes(child_bytes)}) has no fully_shard of its own; it is gathered with {group}",
             explanation=(
-                f"{child} holds {child_bytes / group_bytes:.0%} of the {format_bytes(group_bytes)} that {group}'s fully_shard groups, so its "
+                f"{child} holds {child_bytes / group_bytes:.0%} of the {format_bytes(group_bytes)} that {group}'s fully_shard groups "
+                f"(the fully_shard calls inside {group} hold {format_bytes(inner_median)} each, median), so its "
                 f"parameters are all-gathered and reduce-scattered with the rest of {group} in one message that cannot overlap with "
                 f"{child}'s own compute, and stay unsharded while any of {group} runs."
             ),
@@ -344,15 +352,20 @@ def _exposed(context: AnalysisContext, result: AnalysisResult, records: Sharding
     hideable = min(unexplained, (_per_step(context, compute)["cost_total_ns"] or 0.0))
     top = _top_cause(records, steady)
     origin = top.origin if top is not None else None
+    # Virtual chips of one host run their programs and the transport on the same cores: what overlaps there
+    # says little about a TPU's overlap, so the finding is only information.
+    virtual = shared_host(context.trace)
     result.findings.append(Finding(
         analyzer=NAME,
-        severity="info" if hideable < 0.5 * (cost["cost_total_ns"] or 0.0) else context.severity(share, warning=0.15, critical=0.4),
+        severity="info" if virtual or hideable < 0.5 * (cost["cost_total_ns"] or 0.0) else context.severity(share, warning=0.15, critical=0.4),
         title=f"Communication exposed {format_ns(exposed / steps)} per step ({share:.0%} of a step); {format_ns(overlapped / steps)} overlapped",
         explanation=(
             f"Of {format_ns(communication / steps)} of collectives a step (overlapping calls counted once), {format_ns(exposed / steps)} ran "
             f"while no program ran on the chip, so the step waited for it; the chip computed {format_ns(compute / steps)} a step, "
             f"which bounds what overlapping can hide."
             + (f" The most time goes to {top.kind} of {top.module or 'the model'}." if top is not None else "")
+            + (" The ranks are virtual chips of one host, whose programs and transport share its cores, so overlap here "
+               "says little about a TPU's." if virtual else "")
         ),
         suggestion=(
             "Start communication earlier so that compute hides it (FSDP2 prefetches the next group; DDP buckets fill during the "
