@@ -11,7 +11,8 @@ parameter placements are recorded (`placements`).
   module's parameters.
 - FSDP2: `FSDPParamGroup.__init__` keeps the `fully_shard(...)` line; `unshard` and `post_backward` are
   the group's all-gather and reduce-scatter; `_prefetch_unshard` marks prefetches.
-- DDP: its constructor keeps the `DDP(...)` line, its bucket cap and process group (`causes`).
+- DDP: its constructor keeps the `DDP(...)` line, its bucket cap and process group (`causes`); the
+  broadcasts around each forward (rebuilt bucket indices, buffers) are `ddp_forward`.
 - `DeviceMesh.__init__` keeps the line that made the mesh.
 
 Each hook costs an attribute read when nothing records; installed once, with the op handlers.
@@ -315,6 +316,7 @@ def _hook_ddp() -> None:
                                                None, None, None, frame_id)
         with causes.caused_by(cause):
             original(self, module, *args, **kwargs)
+        self._tputrace_frame_id = frame_id
         if not any(parameter.device.type == "tpu" for parameter in module.parameters()):
             return
         group_name = _group_name(self.process_group)
@@ -325,6 +327,24 @@ def _hook_ddp() -> None:
         placements.note_model(self)
 
     DistributedDataParallel.__init__ = __init__  # type: ignore[method-assign]
+    DistributedDataParallel._pre_forward = _ddp_forward_part(DistributedDataParallel._pre_forward)
+    DistributedDataParallel._post_forward = _ddp_forward_part(DistributedDataParallel._post_forward)
+
+
+def _ddp_forward_part(original: Callable[..., Any]) -> Callable[..., Any]:
+    """DDP's work around each forward: the broadcast of rebuilt bucket indices and of buffers."""
+
+    @functools.wraps(original)
+    def run(self: Any, *args: Any, **kwargs: Any) -> Any:
+        recorder = tracing.active_recorder()
+        if recorder is None:
+            return original(self, *args, **kwargs)
+        cause = ("ddp_forward", "forward", recorder.module_names.get(id(self)), None, "DistributedDataParallel.forward", None, None, None, None,
+                 None, None, None, None, getattr(self, "_tputrace_frame_id", None))
+        with causes.caused_by(cause):
+            return original(self, *args, **kwargs)
+
+    return run
 
 
 def _group_name(group: Any) -> str | None:

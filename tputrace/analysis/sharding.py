@@ -1,6 +1,8 @@
 """Sharding: from each collective's recorded cause to the line that decides it and the change that
 removes or shrinks it.
 
+- Redistributions an op's sharding propagation asks for (an operand in placements the op has no
+  strategy for), at the line that runs the op. Cost: their measured time.
 - Activation gathers between tensor-parallel layers: a `ColwiseParallel(output_layouts=Replicate())`
   all-gathers its output every forward; when the next layer of the plan is column-parallel too, keeping
   the first's output sharded (`ColwiseParallel()`) and making the next `RowwiseParallel()` replaces two
@@ -24,6 +26,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
+from dataclasses import dataclass
 
 from tputrace.analysis.collectives import bus_factor, shared_host
 from tputrace.analysis.context import AnalysisContext
@@ -63,6 +66,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     world = max(len(context.trace.distributed_ranks), 1)
     explained_ns = 0.0
     explained_ns += _activation_gathers(context, result, records, by_cause, world)
+    explained_ns += _op_redistributions(context, result, records, world)
     explained_ns += _unwrapped_modules(context, result, records, by_cause)
     explained_ns += _small_buckets(context, result, records, by_cause)
     _replicated_parameters(context, result, records, world)
@@ -105,10 +109,11 @@ def _evidence(text: str, origin: SourceLocation | None, module: str | None = Non
 # ----------------------------------------------------------------- tensor-parallel plans
 def _activation_gathers(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
                         by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
-    """ColwiseParallel layers that gather their output when the plan's next layer is column-parallel too."""
+    """ColwiseParallel layers that gather their output when the plan's next layer is column-parallel too,
+    one finding per plan line (a plan applied in a loop over blocks names every block's module)."""
     styles = _styles_by_module(records.parameters)
     order = list(styles)
-    explained = 0.0
+    by_line: dict[tuple[str, int] | str, list[_Gather]] = defaultdict(list)
     for cause_id, (count, dur_ns, nbytes) in by_cause.items():
         cause = records.causes.get(cause_id)
         if cause is None or cause.kind != "redistribute" or cause.phase != "forward" or cause.op != "ColwiseParallel output_layouts":
@@ -118,41 +123,108 @@ def _activation_gathers(context: AnalysisContext, result: AnalysisResult, record
         module = cause.module or "?"
         following = order[order.index(module) + 1:] if module in order else []
         next_module = following[0] if following else None
-        next_style = styles.get(next_module, ("", None))[0] if next_module else ""
-        if not next_style.startswith("ColwiseParallel"):
+        if next_module is None or not styles[next_module][0].startswith("ColwiseParallel"):
             continue
-        next_origin = styles[next_module][1]
-        steps = max(context.steady_count, 1)
-        per_step_ns = dur_ns / steps
-        target_ns = ici_estimate_ns("all_gather", nbytes, world, context.target.ici_bandwidth) * count / steps
         # the plan change also removes the next layer's backward all-reduce of its (gathered) input's gradient
         next_backward_ns = sum(dur for other_id, (_, dur, _) in by_cause.items()
                                if (other := records.causes.get(other_id)) is not None and other.module == next_module and other.phase == "backward")
-        cost = _per_step(context, dur_ns + next_backward_ns)
+        gather = _Gather(cause, module, count, dur_ns, nbytes, next_module, next_backward_ns)
+        key = (cause.origin.file, cause.origin.line) if cause.origin is not None else module
+        by_line[key].append(gather)
+    explained = 0.0
+    steps = max(context.steady_count, 1)
+    for gathers in by_line.values():
+        first = gathers[0]
+        cause, module, next_module = first.cause, first.module, first.next_module
+        next_style, next_origin = styles[next_module]
+        gather_ns = sum(gather.dur_ns for gather in gathers)
+        calls = sum(gather.count for gather in gathers)
+        gathered_bytes = sum(gather.nbytes * gather.count for gather in gathers)
+        target_ns = ici_estimate_ns("all_gather", gathered_bytes, world, context.target.ici_bandwidth) / steps
+        cost = _per_step(context, gather_ns + sum(gather.next_backward_ns for gather in gathers))
         explained += cost["cost_total_ns"] or 0.0
-        share = context.share_of_steps(dur_ns)
+        modules = [gather.module for gather in gathers]
+        named = module if len(modules) == 1 else f"{module} and {plural(len(modules) - 1, 'other module')}"
         result.findings.append(Finding(
             analyzer=NAME,
-            severity=context.severity(share, warning=0.02, critical=0.2),
-            title=f"Tensor-parallel plan: {module} all-gathers its output ({cause.global_shape}) for the next column-parallel layer",
+            severity=context.severity(context.share_of_steps(gather_ns), warning=0.02, critical=0.2),
+            title=f"Tensor-parallel plan: {named} all-gather their output ({cause.global_shape}) for the next column-parallel layer"
+            if len(modules) > 1 else f"Tensor-parallel plan: {module} all-gathers its output ({cause.global_shape}) for the next column-parallel layer",
             explanation=(
-                f"The plan entry for {module} is ColwiseParallel with output_layouts=Replicate(): every forward all-gathers "
-                f"its {cause.src_placements} output ({format_bytes(nbytes)} a call, {plural(count, 'call')} in the steady steps, "
-                f"{format_ns(per_step_ns)} a step here; about {format_ns(target_ns)} a step on {context.target.label}'s ICI), and "
-                f"{next_module} then splits its weight by output features again, so its backward all-reduces the input gradient too. "
-                f"A column-parallel layer followed by a row-parallel one needs a single all-reduce."
+                f"This plan entry is ColwiseParallel with output_layouts=Replicate(): every forward all-gathers the "
+                f"{cause.src_placements} output ({format_bytes(gathered_bytes / max(calls, 1))} a call, {plural(calls, 'call')} in the "
+                f"steady steps, {format_ns(gather_ns / steps)} a step here; about {format_ns(target_ns)} a step on "
+                f"{context.target.label}'s ICI), and the next layer ({next_module}) splits its weight by output features again, "
+                f"so its backward all-reduces its input's gradient too. A column-parallel layer followed by a row-parallel one "
+                f"needs a single all-reduce each way."
             ),
             suggestion=(
-                f"In the plan, make {module} `ColwiseParallel()` (keep its output sharded on the last dim) and {next_module} "
-                f"`RowwiseParallel()`" + (f" (at {next_origin.short})" if next_origin is not None else "") + "."
+                f"In the plan, make this entry `ColwiseParallel()` (keep the output sharded on its last dim) and the next one "
+                f"({next_module.rsplit('.', 1)[-1]}) `RowwiseParallel()`" + (f" at {next_origin.short}" if next_origin is not None else "") + "."
             ),
-            evidence=(
-                _evidence(f"{module}: {cause.src_placements} -> {cause.dst_placements}, {cause.global_shape}", cause.origin, module),
-                _evidence(f"{next_module}: {next_style}", next_origin, next_module),
-            ),
+            evidence=tuple(
+                _evidence(f"{gather.module}: {gather.cause.src_placements} -> {gather.cause.dst_placements}, {gather.cause.global_shape}, "
+                          f"{plural(gather.count, 'call')}", gather.cause.origin, gather.module) for gather in gathers[:5]
+            ) + (_evidence(f"{next_module}: {next_style}", next_origin, next_module),),
             module=module,
             **cost,
             **_location(cause.origin),
+        ))
+    return explained
+
+
+@dataclass(frozen=True)
+class _Gather:
+    """One module's output all-gathers that a different plan avoids."""
+
+    cause: CollectiveCauseRecord
+    module: str
+    count: int
+    dur_ns: float
+    nbytes: int
+    next_module: str
+    next_backward_ns: float
+
+
+def _op_redistributions(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords, world: int) -> float:
+    """Collectives an op's sharding propagation asked for: the op wanted an operand in other placements.
+    One finding per op, placements and the user line that ran the op."""
+    groups: dict[tuple[str, str, str, int | None], list[CausedCollective]] = defaultdict(list)
+    for collective in records.collectives:
+        cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
+        if cause is None or cause.kind != "redistribute" or not (cause.op or "").startswith("aten.") or not _steady(context, collective):
+            continue
+        groups[(cause.op or "", cause.src_placements or "", cause.dst_placements or "", collective.frame_id)].append(collective)
+    explained = 0.0
+    steps = max(context.steady_count, 1)
+    for (op, src, dst, frame_id), collectives in sorted(groups.items(), key=lambda item: -sum(c.dur_ns for c in item[1])):
+        dur_ns = sum(collective.dur_ns for collective in collectives)
+        share = context.share_of_steps(dur_ns)
+        if share < 0.01:
+            continue
+        cause = records.causes[collectives[0].cause_id]  # type: ignore[index]
+        kind = collectives[0].kind
+        target_ns = sum(ici_estimate_ns(c.kind, c.bytes, world, context.target.ici_bandwidth) for c in collectives) / steps
+        cost = _per_step(context, dur_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        operand = cause.tensor or "an operand"
+        result.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(share, warning=0.05, critical=0.25),
+            title=f"{op} needs {operand} as {dst}, not {src}: a {kind} every call at {context.where(frame_id)}",
+            explanation=(
+                f"DTensor's sharding rule for {op} has no strategy for {operand} ({cause.global_shape}) placed as {src}, so each call "
+                f"first redistributes it to {dst}: {plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step "
+                f"here, about {format_ns(target_ns)} a step on {context.target.label}'s ICI."
+            ),
+            suggestion=(
+                f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
+                f"placements), or redistribute it once outside the loop when it does not change between steps."
+            ),
+            evidence=(_evidence(f"{op}: {src} -> {dst}, {cause.global_shape} ({cause.module or 'no plan module'})", cause.origin, cause.module),),
+            module=cause.module,
+            **cost,
+            **context.location_fields(frame_id),
         ))
     return explained
 
