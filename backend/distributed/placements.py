@@ -5,7 +5,7 @@ line that did it. The first collective after a model was noted records its param
 (`record_pending`), once the recorder knows the module paths (named at the model's first forward): each
 parameter's wrapper, mesh, placements, global and local shape, and bytes in all and on this rank. A
 parameter that a later wrapper takes over again (FSDP2 over a tensor-parallel model) is recorded as
-the last one left it. Meshes get a `device_meshes` row the first time a cause or a parameter names one.
+the last one left it (`fsdp+tp`); FSDP2's parameters are read as sharded even while their module runs. Meshes get a `device_meshes` row the first time a cause or a parameter names one.
 """
 
 from __future__ import annotations
@@ -29,14 +29,21 @@ class _Owner:
 
 
 _mesh_ids: dict[tuple[int, int], tuple[Any, int]] = {}  # (id(recorder), id(mesh)) -> (mesh, mesh_id), the mesh kept alive
+_mesh_ids_by_value: dict[tuple[int, str, str, str], int] = {}
 _owners: dict[int, tuple[Any, _Owner]] = {}  # id(parameter) -> (parameter, owner)
 _models: list[Any] = []  # modules whose parameters are still to be recorded
 _recorded: set[int] = set()  # id(parameter) already recorded
-_local_names: dict[int, tuple[Any, str]] = {}  # id(a DTensor parameter's local tensor) -> (that tensor, parameter path)
+_local_names: dict[int, tuple[Any, str]] = {}
+# FSDP2 swaps a module's parameters for unsharded ones while it runs: its sharded ones, by (id(module), name)
+_sharded: dict[tuple[int, str], Any] = {}
+_styled: set[int] = set()  # id of each module a tensor-parallel style was applied to  # id(a DTensor parameter's local tensor) -> (that tensor, parameter path)
 
 
 def placement_text(placement: Any) -> str:
-    """`Shard(0)`, `Replicate()`, `Partial(sum)`."""
+    """`Shard(0)`, `StridedShard(0, split_factor=2)`, `Replicate()`, `Partial(sum)`."""
+    split_factor = getattr(placement, "split_factor", None)
+    if split_factor is not None:
+        return f"StridedShard({placement.dim}, split_factor={split_factor})"
     if placement.is_shard():
         return f"Shard({placement.dim})"
     if placement.is_replicate():
@@ -63,12 +70,15 @@ def mesh_id(recorder: Any, mesh: Any) -> int | None:
     if known is not None and known[0] is mesh:
         return known[1]
     try:
-        ranks = mesh.mesh.tolist()
+        ranks = json.dumps(mesh.mesh.tolist())
         shape = "x".join(str(size) for size in mesh.mesh.shape)
         names = ",".join(mesh.mesh_dim_names or ())
     except (AttributeError, RuntimeError):
         return None
-    new_id = recorder.device_mesh(shape, names, json.dumps(ranks), getattr(mesh, "_tputrace_frame_id", None))
+    same = (id(recorder), shape, names, ranks)  # equal meshes made apart (FSDP2 makes one per parameter) are one row
+    new_id = _mesh_ids_by_value.get(same)
+    if new_id is None:
+        new_id = _mesh_ids_by_value[same] = recorder.device_mesh(shape, names, ranks, getattr(mesh, "_tputrace_frame_id", None))
     _mesh_ids[key] = (mesh, new_id)
     return new_id
 
@@ -81,10 +91,16 @@ def local_tensor_name(tensor: Any) -> str | None:
 
 def note_owner(parameter: Any, wrapper: str, group_module: Any, origin_frame_id: int | None, style: str | None = None) -> None:
     """`parameter` is now placed by `wrapper` (the last wrapper to take a parameter over owns it)."""
-    previous = _owners.get(id(parameter))
-    if previous is not None and previous[0] is parameter and previous[1].wrapper != wrapper and wrapper == "fsdp" and previous[1].wrapper == "tp":
-        wrapper = "fsdp+tp"
     _owners[id(parameter)] = (parameter, _Owner(wrapper, group_module, origin_frame_id, style))
+
+
+def note_sharded(module: Any, name: str, parameter: Any) -> None:
+    """FSDP2's sharded parameter `name` of `module` (what the module holds between its forward and backward)."""
+    _sharded[(id(module), name)] = parameter
+
+
+def note_styled(module: Any) -> None:
+    _styled.add(id(module))
 
 
 def note_model(module: Any) -> None:
@@ -114,15 +130,17 @@ def _record_model(recorder: Any, model: Any, path: str, names: dict[int, str]) -
     owners = _owners
     for module_name, module in model.named_modules(prefix=path):
         for name, parameter in module.named_parameters(recurse=False):
+            parameter = _sharded.get((id(module), name), parameter)
             if id(parameter) in _recorded:
                 continue
             owned = owners.get(id(parameter))
             owner = owned[1] if owned is not None and owned[0] is parameter else None
-            _record_parameter(recorder, f"{module_name}.{name}", module_name, parameter, owner, names)
+            _record_parameter(recorder, f"{module_name}.{name}", module_name, id(module), parameter, owner, names)
             _recorded.add(id(parameter))
 
 
-def _record_parameter(recorder: Any, name: str, module_name: str, parameter: Any, owner: _Owner | None, names: dict[int, str]) -> None:
+def _record_parameter(recorder: Any, name: str, module_name: str, module_id: int, parameter: Any, owner: _Owner | None,
+                      names: dict[int, str]) -> None:
     local = getattr(parameter, "_local_tensor", None)
     spec = getattr(parameter, "_spec", None)
     element_size = parameter.element_size()
@@ -141,6 +159,8 @@ def _record_parameter(recorder: Any, name: str, module_name: str, parameter: Any
     else:
         wrapper, origin = owner.wrapper, owner.origin_frame_id
         group = owner.style if owner.style is not None else names.get(id(owner.group_module))
+        if wrapper == "fsdp" and module_id in _styled:
+            wrapper = "fsdp+tp"
     recorder.parameter_placement(
         name, module_name, wrapper, group, mesh_row, placements, shape_text(parameter.shape), shape_text(local_shape),
         short_name(parameter.dtype), int(global_bytes), int(per_rank), origin,

@@ -198,6 +198,7 @@ def _applying(original: Callable[..., Any]) -> Callable[..., Any]:
         style_text = repr(self)
         for parameter in module.parameters(recurse=False):
             placements.note_owner(parameter, "tp", module, frame_id, style=style_text)
+        placements.note_styled(module)
         placements.note_model(module)
         return result
 
@@ -246,6 +247,8 @@ def _hook_fsdp() -> None:
         module = self.modules[0] if self.modules else None
         for fsdp_param in self.fsdp_params:
             placements.note_owner(fsdp_param.sharded_param, "fsdp", module, frame_id)
+            info = fsdp_param._module_info
+            placements.note_sharded(info.module, info.param_name, fsdp_param.sharded_param)
         if module is not None:
             placements.note_model(module)
 

@@ -4,9 +4,10 @@ removes or shrinks it.
 - Redistributions an op's sharding propagation asks for (an operand in placements the op has no
   strategy for), at the line that runs the op. Cost: their measured time.
 - Activation gathers between tensor-parallel layers: a `ColwiseParallel(output_layouts=Replicate())`
-  all-gathers its output every forward; when the next layer of the plan is column-parallel too, keeping
-  the first's output sharded (`ColwiseParallel()`) and making the next `RowwiseParallel()` replaces two
-  gathers by one all-reduce. Cost: the measured time of the gathers, per steady step.
+  all-gathers its output every forward; when the plan's next layer of the same parent module is
+  column-parallel too, keeping the first's output sharded (`ColwiseParallel()`) and making the next
+  `RowwiseParallel()` replaces two gathers by one all-reduce. Cost: the measured time of the gathers and
+  of the next layer's backward collectives, per steady step.
 - FSDP2 outer groups (with fully_shard calls inside) that hold a module as large as the inner groups
   but not wrapped on its own: its parameters are gathered with the outer group's, in one message
   that cannot overlap its own compute. Cost: that module's share
@@ -111,7 +112,7 @@ def _activation_gathers(context: AnalysisContext, result: AnalysisResult, record
                         by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
     """ColwiseParallel layers that gather their output when the plan's next layer is column-parallel too,
     one finding per plan line (a plan applied in a loop over blocks names every block's module)."""
-    styles = _styles_by_module(records.parameters)
+    styles = _styles_by_module(records)
     order = list(styles)
     by_line: dict[tuple[str, int] | str, list[_Gather]] = defaultdict(list)
     for cause_id, (count, dur_ns, nbytes) in by_cause.items():
@@ -123,7 +124,9 @@ def _activation_gathers(context: AnalysisContext, result: AnalysisResult, record
         module = cause.module or "?"
         following = order[order.index(module) + 1:] if module in order else []
         next_module = following[0] if following else None
-        if next_module is None or not styles[next_module][0].startswith("ColwiseParallel"):
+        # the next layer of the same parent (an MLP's up and down projections): across parents, a residual
+        # add or a norm between the layers may need the whole activation
+        if next_module is None or next_module.rsplit(".", 1)[0] != module.rsplit(".", 1)[0] or not styles[next_module][0].startswith("ColwiseParallel"):
             continue
         # the plan change also removes the next layer's backward all-reduce of its (gathered) input's gradient
         next_backward_ns = sum(dur for other_id, (_, dur, _) in by_cause.items()
@@ -229,12 +232,25 @@ def _op_redistributions(context: AnalysisContext, result: AnalysisResult, record
     return explained
 
 
-def _styles_by_module(parameters: list[ParameterPlacementRecord]) -> dict[str, tuple[str, SourceLocation | None]]:
-    """The tensor-parallel style text and plan line of each module, in the model's module order."""
+def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLocation | None]]:
+    """The tensor-parallel style and plan line of each module, in the model's module order: from the
+    parameters' placements, or (for parameters FSDP2 took over) from the style named by the module's causes."""
+    from_causes: dict[str, tuple[str, SourceLocation | None]] = {}
+    for cause in records.causes.values():
+        style = (cause.op or "").split(" ", 1)[0]
+        if cause.kind == "redistribute" and cause.module and style.endswith("Parallel"):
+            from_causes.setdefault(cause.module, (style, cause.origin))
     styles: dict[str, tuple[str, SourceLocation | None]] = {}
-    for parameter in parameters:
-        if parameter.wrapper in ("tp", "fsdp+tp") and parameter.module and parameter.module not in styles:
-            styles[parameter.module] = (parameter.group or "", parameter.origin)
+    for parameter in records.parameters:
+        module = parameter.module
+        if not module or module in styles:
+            continue
+        if parameter.wrapper == "tp":
+            styles[module] = (parameter.group or "", parameter.origin)
+        elif module in from_causes:
+            styles[module] = from_causes[module]
+    for module, style in from_causes.items():
+        styles.setdefault(module, style)
     return styles
 
 

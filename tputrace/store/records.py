@@ -1,10 +1,10 @@
 """Typed records: one frozen dataclass per table of the trace, with interned values resolved.
 
-A record's fields follow its table's columns in order, with three renames: a `*_sid` column becomes
-the resolved text without the suffix (`op_sid` -> `op`), `frame_id` becomes `source` (a
-`SourceLocation`) and `origin_frame_id` becomes `origin` (one too), and the `annotations.source` text column
-becomes `origin` (so that `source` is a location everywhere). `runs.argv` is decoded from JSON into a tuple. A test keeps these classes in
-step with `tputrace.schema`.
+A record's fields follow its table's columns in order, with these renames: a `*_sid` column becomes
+the resolved text without the suffix (`op_sid` -> `op`), `frame_id` becomes `source` and
+`origin_frame_id` becomes `origin` (each a `SourceLocation`), and the `annotations.source` text column
+becomes `origin` (so that `source` is a location everywhere). `runs.argv` is decoded from JSON into a
+tuple. A test keeps these classes in step with `tputrace.schema`.
 """
 
 from __future__ import annotations
