@@ -64,11 +64,11 @@ import tputrace.backend  # noqa: F401
 
 dist.init_process_group("tpu")
 torch.manual_seed(0)
-net = nn.Sequential(nn.Linear(96, 96), nn.ReLU(), nn.Linear(96, 96), nn.ReLU(), nn.Linear(96, 96), nn.ReLU(), nn.Linear(96, 4)).to("tpu")
-wrapped = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.01)  # DDP-LINE
+net = nn.Sequential(*[nn.Sequential(nn.Linear(112, 112), nn.Tanh()) for _ in range(7)], nn.Linear(112, 4)).to("tpu")
+wrapped = nn.parallel.DistributedDataParallel(net, bucket_cap_mb=0.04)  # DDP-LINE
 optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.01)
 for _ in range(5):
-    loss = wrapped(torch.randn(12, 96, device="tpu")).square().mean()
+    loss = wrapped(torch.randn(12, 112, device="tpu")).square().mean()
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
