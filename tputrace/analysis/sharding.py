@@ -13,7 +13,8 @@ removes or shrinks it.
   that cannot overlap its own compute. Cost: that module's share
   of the group's all-gather and reduce-scatter time.
 - DDP buckets far below the default cap: many latency-bound all-reduces per step, at the `DDP(...)` line.
-  Cost: the calls a larger bucket saves, each at the median bucket's time.
+  Cost: the buckets' time in the median step (their union), times the share of the calls a larger cap
+  saves, over the loop's steps.
 - Replicated parameters (DDP) that FSDP2 would split: bytes per rank saved, against the target's HBM.
 - Uneven shards: a sharded dim not divisible by its mesh dim (padded all-gathers, uneven memory).
 - Exposed communication per step: collective time during which no program ran on the chip, as distinct
@@ -69,7 +70,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult:
     explained_ns += _activation_gathers(context, result, records, by_cause, world)
     explained_ns += _op_redistributions(context, result, records, world)
     explained_ns += _unwrapped_modules(context, result, records, by_cause)
-    explained_ns += _small_buckets(context, result, records, by_cause)
+    explained_ns += _small_buckets(context, result, records, by_cause, world)
     _replicated_parameters(context, result, records, world)
     _uneven_shards(context, result, records)
     _exposed(context, result, records, explained_ns)
@@ -310,7 +311,7 @@ def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records
 
 # ----------------------------------------------------------------- DDP buckets and replication
 def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
-                   by_cause: dict[int, tuple[int, float, int]]) -> float:
+                   by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
     buckets = [(records.causes[cause_id], count, dur, nbytes) for cause_id, (count, dur, nbytes) in by_cause.items()
                if cause_id in records.causes and records.causes[cause_id].kind == "ddp_bucket"]
     if not buckets:
@@ -319,18 +320,22 @@ def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: Sh
     calls = sum(count for _, count, _, _ in buckets)
     per_step_calls = calls / steps
     cap = buckets[0][0].bucket_bytes or 0
-    durations = [collective.dur_ns for collective in records.collectives
-                 if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket" and _steady(context, collective)]
-    gradient_bytes = sum(collective.bytes for collective in records.collectives
-                         if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket"
-                         and _steady(context, collective)) / steps
+    bucket_calls = [collective for collective in records.collectives
+                    if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket" and _steady(context, collective)]
+    gradient_bytes = sum(collective.bytes for collective in bucket_calls) / steps
+    # buckets are in flight together: their time is the union of their intervals, per step (the median step's:
+    # a step that rebuilt DDP's buckets or compiled is not a typical one)
+    by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for call in bucket_calls:
+        by_step[call.step].append((call.start_ns, call.start_ns + call.dur_ns))
+    bucket_ns = statistics.median(sum(end - start for start, end in _union(spans)) for spans in by_step.values()) if by_step else 0.0
     result.data["ddp_buckets_per_step"] = per_step_calls
     if per_step_calls <= SMALL_BUCKETS_PER_STEP or cap >= DEFAULT_BUCKET_BYTES:
         return 0.0
     suggested_mb = 25 if gradient_bytes >= 4 * DEFAULT_BUCKET_BYTES else max(1, math.ceil(gradient_bytes / SMALL_BUCKETS_PER_STEP / 2**20))
     new_calls = max(1, math.ceil(gradient_bytes / (suggested_mb * 2**20)))
-    median_ns = statistics.median(durations) if durations else 0.0
-    saved_per_step = max(per_step_calls - new_calls, 0) * median_ns
+    # latency-bound messages: the time goes per call, so fewer calls take that share of it
+    saved_per_step = bucket_ns * max(per_step_calls - new_calls, 0) / per_step_calls
     cost = _per_step(context, saved_per_step * steps)
     origin = buckets[0][0].origin
     result.findings.append(Finding(
@@ -339,8 +344,9 @@ def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: Sh
         title=f"DDP buckets of {format_bytes(cap)}: {per_step_calls:.0f} gradient all-reduces per step",
         explanation=(
             f"DDP's bucket cap is {format_bytes(cap)} (bucket_cap_mb={cap / 2**20:.3g}), so the {format_bytes(gradient_bytes)} of gradients "
-            f"go out as {per_step_calls:.0f} messages a step, each paying the collective's fixed latency (median {format_ns(median_ns)} "
-            f"here); on {context.target.label} most of each small message's time is latency, not ICI bandwidth."
+            f"go out as {per_step_calls:.0f} messages a step, each paying the collective's fixed latency ({format_ns(bucket_ns)} a step "
+            f"here, calls in flight together counted once); on {context.target.label} most of each small message's time is latency, "
+            f"not ICI bandwidth ({format_ns(ici_estimate_ns('all_reduce', gradient_bytes, world, context.target.ici_bandwidth))} a step)."
         ),
         suggestion=(
             f"Construct DDP with `bucket_cap_mb={suggested_mb}` (about {plural(new_calls, 'bucket')} a step"
