@@ -62,8 +62,8 @@ class DataParallelModel:
             self.graph_task, self.next_bucket = task, 0
         index = self.next_bucket
         self.next_bucket += 1
-        return ("ddp_bucket", "backward", recorder.module_names.get(id(self.model)), None, None, None, None, None, None, None, index,
-                self.bucket_cap_bytes, None, self.origin_frame_id)
+        return make("ddp_bucket", module=recorder.module_names.get(id(self.model)), bucket_index=index, bucket_bytes=self.bucket_cap_bytes,
+                    origin_frame_id=self.origin_frame_id)
 
 
 # DDP models by the name of their process group.

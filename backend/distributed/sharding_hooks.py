@@ -103,12 +103,12 @@ def _redistribute_cause(recorder: Any, local_tensor: torch.Tensor, current_spec:
     cause = _causes_by_spec.get(key)
     if cause is None:
         meta = current_spec.tensor_meta
-        cause = (
-            "redistribute", phase, _module_path(recorder, use.module if use is not None else None),
-            placements.local_tensor_name(local_tensor), op, placements.mesh_id(recorder, current_spec.mesh),
-            placements.placements_text(current_spec.placements), placements.placements_text(target_spec.placements),
-            placements.shape_text(meta.shape) if meta is not None else None, placements.shape_text(local_tensor.shape),
-            None, None, None, use.origin_frame_id if use is not None else None,
+        cause = causes.make(
+            "redistribute", module=_module_path(recorder, use.module if use is not None else None),
+            tensor=placements.local_tensor_name(local_tensor), op=op, mesh_id=placements.mesh_id(recorder, current_spec.mesh),
+            src=placements.placements_text(current_spec.placements), dst=placements.placements_text(target_spec.placements),
+            global_shape=placements.shape_text(meta.shape) if meta is not None else None, local_shape=placements.shape_text(local_tensor.shape),
+            origin_frame_id=use.origin_frame_id if use is not None else None,
         )
         _causes_by_spec[key] = cause
     return cause
@@ -291,9 +291,10 @@ def _group_cause(recorder: Any, group: Any, kind: str) -> causes.Cause:
         names = [fsdp_param._param_fqn or "" for fsdp_param in group.fsdp_params]
         group_bytes = sum(fsdp_param.sharded_param.numel() * fsdp_param.sharded_param.element_size() for fsdp_param in group.fsdp_params)
         mesh = getattr(group.mesh_info, "mesh", None)
-        cause = (
-            kind, phase, _module_path(recorder, module), _first_names(names), None, placements.mesh_id(recorder, mesh), None, None,
-            None, None, None, int(group_bytes * max(getattr(mesh, "size", lambda: 1)(), 1)), prefetch, getattr(group, "_tputrace_frame_id", None),
+        cause = causes.make(
+            kind, module=_module_path(recorder, module), tensor=_first_names(names), mesh_id=placements.mesh_id(recorder, mesh),
+            bucket_bytes=int(group_bytes * max(getattr(mesh, "size", lambda: 1)(), 1)), prefetch=prefetch,
+            origin_frame_id=getattr(group, "_tputrace_frame_id", None),
         )
         known[key] = cause
         group._tputrace_causes = known
@@ -315,8 +316,7 @@ def _hook_ddp() -> None:
     def __init__(self: DistributedDataParallel, module: torch.nn.Module, *args: Any, **kwargs: Any) -> None:
         frame_id = tracing.user_frame_id()
         recorder = tracing.active_recorder()
-        cause = None if recorder is None else ("ddp_init", "forward", None, None, "DistributedDataParallel", None, None, None, None, None,
-                                               None, None, None, frame_id)
+        cause = None if recorder is None else causes.make("ddp_init", op="DistributedDataParallel", origin_frame_id=frame_id)
         with causes.caused_by(cause):
             original(self, module, *args, **kwargs)
         self._tputrace_frame_id = frame_id
@@ -342,8 +342,8 @@ def _ddp_forward_part(original: Callable[..., Any]) -> Callable[..., Any]:
         recorder = tracing.active_recorder()
         if recorder is None:
             return original(self, *args, **kwargs)
-        cause = ("ddp_forward", "forward", recorder.module_names.get(id(self)), None, "DistributedDataParallel.forward", None, None, None, None,
-                 None, None, None, None, getattr(self, "_tputrace_frame_id", None))
+        cause = causes.make("ddp_forward", module=recorder.module_names.get(id(self)), op="DistributedDataParallel.forward",
+                            origin_frame_id=getattr(self, "_tputrace_frame_id", None))
         with causes.caused_by(cause):
             return original(self, *args, **kwargs)
 
