@@ -15,7 +15,8 @@ parameter placements are recorded (`placements`).
   broadcasts around each forward (rebuilt bucket indices, buffers) are `ddp_forward`.
 - `DeviceMesh.__init__` keeps the line that made the mesh.
 
-Each hook costs an attribute read when nothing records; installed once, with the op handlers.
+Each hook costs an attribute read when nothing records and stays out of torch.compile's graphs; installed
+once, with the op handlers.
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ def install() -> None:
     _hook_parallel_styles()
     _hook_fsdp()
     _hook_ddp()
+
+
+def _compiling() -> bool:
+    """Inside a torch.compile trace: the hooks stay out of the graph (compiled collectives keep their line, not a cause)."""
+    return torch.compiler.is_compiling()
 
 
 def _module_path(recorder: Any, module: Any) -> str | None:
@@ -118,7 +124,7 @@ def _redistributing(original: Callable[..., torch.Tensor], via: str) -> Callable
     @functools.wraps(original)
     def redistribute_local_tensor(local_tensor: torch.Tensor, current_spec: Any, target_spec: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
         recorder = tracing.active_recorder()
-        if recorder is None:
+        if recorder is None or _compiling():
             return original(local_tensor, current_spec, target_spec, *args, **kwargs)
         with causes.caused_by(_redistribute_cause(recorder, local_tensor, current_spec, target_spec, via)):
             return original(local_tensor, current_spec, target_spec, *args, **kwargs)
@@ -138,6 +144,8 @@ def _hook_dtensor() -> None:
 
     @functools.wraps(original_args)
     def redistribute_local_args(op_info: Any, *args: Any, **kwargs: Any) -> Any:
+        if _compiling():
+            return original_args(op_info, *args, **kwargs)
         previous = _stack_state.op
         schema = op_info.schema
         _stack_state.op = str(schema.op) if schema is not None else None
@@ -156,11 +164,15 @@ def _carry_module_to_backward(function: Any) -> None:
     forward, backward = function.forward, function.backward
 
     def carried_forward(ctx: Any, *args: Any, **kwargs: Any) -> Any:
+        if _compiling():
+            return forward(ctx, *args, **kwargs)
         stack = _stack()
         ctx._tputrace_use = stack[-1][0] if stack else None
         return forward(ctx, *args, **kwargs)
 
     def carried_backward(ctx: Any, *grads: Any) -> Any:
+        if _compiling():
+            return backward(ctx, *grads)
         previous = getattr(_stack_state, "backward_use", None)
         _stack_state.backward_use = getattr(ctx, "_tputrace_use", None)
         try:
@@ -176,7 +188,10 @@ def _carry_module_to_backward(function: Any) -> None:
 def _hook_parallel_styles() -> None:
     from torch.distributed.tensor.parallel import style
 
+    original_init = style.ParallelStyle.__init__
+
     def style_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        original_init(self, *args, **kwargs)
         frame_id = tracing.user_frame_id()
         if frame_id is not None:
             self._tputrace_frame_id = frame_id
@@ -209,19 +224,26 @@ def _add_stage_hooks(module: torch.nn.Module, use: _StyleUse) -> None:
     """Hooks around the style's own: its input layouts, the module's forward, its output layouts."""
 
     def entered(module: Any, args: Any) -> None:
-        _stack().append([use, "input_layouts"])
+        if not _compiling():
+            _stack().append([use, "input_layouts"])
 
     def started(module: Any, args: Any) -> None:
+        if _compiling():
+            return
         stack = _stack()
         if stack:
             stack[-1][1] = "forward"
 
     def finishing(module: Any, args: Any, output: Any) -> None:
+        if _compiling():
+            return
         stack = _stack()
         if stack:
             stack[-1][1] = "output_layouts"
 
     def left(module: Any, args: Any, output: Any) -> None:
+        if _compiling():
+            return
         stack = _stack()
         if stack:
             stack.pop()
@@ -258,6 +280,9 @@ def _hook_fsdp() -> None:
     original_prefetch = FSDPParamGroup._prefetch_unshard
 
     def _prefetch_unshard(target: Any, pass_type: str) -> None:
+        if _compiling():
+            original_prefetch(target, pass_type)
+            return
         previous = _stack_state.prefetch
         _stack_state.prefetch = True
         try:
@@ -272,7 +297,7 @@ def _group_collective(original: Callable[..., Any], kind: str) -> Callable[..., 
     @functools.wraps(original)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder = tracing.active_recorder()
-        if recorder is None:
+        if recorder is None or _compiling():
             return original(self, *args, **kwargs)
         with causes.caused_by(_group_cause(recorder, self, kind)):
             return original(self, *args, **kwargs)
@@ -340,7 +365,7 @@ def _ddp_forward_part(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def run(self: Any, *args: Any, **kwargs: Any) -> Any:
         recorder = tracing.active_recorder()
-        if recorder is None:
+        if recorder is None or _compiling():
             return original(self, *args, **kwargs)
         cause = causes.make("ddp_forward", module=recorder.module_names.get(id(self)), op="DistributedDataParallel.forward",
                             origin_frame_id=getattr(self, "_tputrace_frame_id", None))

@@ -459,14 +459,14 @@ def _exposed(context: AnalysisContext, result: AnalysisResult, records: Sharding
             f"which bounds what overlapping can hide."
             + (f" The most time goes to {top.kind} of {top.module or 'the model'}." if top is not None else "")
             + (" The ranks are virtual chips of one host, whose programs and transport share its cores, so overlap here "
-               "says little about a TPU's." if virtual else "")
+               "says little about a TPU's: the finding is information, with no cost." if virtual else "")
         ),
         suggestion=(
             "Start communication earlier so that compute hides it (FSDP2 prefetches the next group; DDP buckets fill during the "
             "backward), and remove the collectives the other sharding findings name."
         ),
-        cost_total_ns=hideable,
-        cost_per_step_ns=hideable / context.step_count if context.step_count else None,
+        cost_total_ns=0.0 if virtual else hideable,
+        cost_per_step_ns=None if virtual or not context.step_count else hideable / context.step_count,
         **_location(origin),
     ))
 
