@@ -64,7 +64,7 @@ def test_calls_in_flight_together_count_once_in_a_steps_share(tmp_path: Path) ->
     trace_path = _write(tmp_path / "overlap.tptrace", buckets=12, bucket_ns=15 * MS, caused=False)
     with open_trace(trace_path) as trace:
         report = analyze(trace)
-    share = report.results["collectives"].data["collective_share_of_step"]
+    share = report.results["collectives"].data.collective_share_of_step
     assert 0.7 <= share <= 0.8  # 15 of 20 ms
     texts = " ".join(f"{finding.title} {finding.explanation}" for finding in report.findings)
     shares = [float(value) for value in re.findall(r"(\d+(?:\.\d+)?)% of (?:each|a) step", texts)]
@@ -105,7 +105,7 @@ def test_a_format_1_trace_opens_analyses_and_merges(tmp_path: Path) -> None:
         assert all(collective.cause_id is None for collective in records.collectives) and len(records.collectives) == 3 * STEPS
         assert all(record.cause_id is None for record in trace.records("collectives"))
         report = analyze(trace)
-    assert report.results["sharding"].data["parameters"] == 0 and report.results["collectives"].data["count"] == 3 * STEPS
+    assert report.results["sharding"].data.parameters == 0 and report.results["collectives"].data.count == 3 * STEPS
     merged = tmp_path / "merged_old.tptrace"
     merge_traces([old, _as_format_1(_write(tmp_path / "old1.tptrace", buckets=3, bucket_ns=MS, rank=1))], merged)
     with open_trace(merged) as trace:

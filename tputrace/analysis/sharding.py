@@ -28,15 +28,15 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from tputrace.analysis.collectives import bus_factor, shared_host
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, Cost, LocationFields
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
 from tputrace.store.sharding import CausedCollective, ShardingRecords, read_sharding
-from tputrace.summary import format_bytes, format_ns
-from tputrace.wording import plural
+from tputrace.wording import format_bytes, format_ns, plural
 
 NAME = "sharding"
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
@@ -53,28 +53,80 @@ def ici_estimate_ns(kind: str, nbytes: float, ranks: int, ici_bandwidth: float) 
     return nbytes * bus_factor(kind, ranks) / ici_bandwidth * 1e9
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult:
-    result = AnalysisResult(NAME)
+@dataclass(frozen=True)
+class MeshRow:
+    id: int
+    shape: str | None
+    dim_names: str | None
+
+
+@dataclass(frozen=True)
+class CauseTime:
+    """The collectives of one recorded cause in the steady steps: calls and summed duration."""
+
+    kind: str | None
+    module: str | None
+    op: str | None
+    phase: str | None
+    count: int
+    dur_ns: float
+
+
+@dataclass(frozen=True)
+class UnevenShard:
+    parameter: str | None
+    dim: int
+    mesh: int
+
+
+@dataclass(frozen=True)
+class ShardingData:
+    """The analysed rank's meshes, parameters (count and bytes held), time by cause, and communication per
+    steady step: in all (calls in flight together once), exposed (no program running) and overlapped."""
+
+    meshes: tuple[MeshRow, ...] = ()
+    parameters: int = 0
+    bytes_per_rank: int = 0
+    by_cause: tuple[CauseTime, ...] = ()
+    ddp_buckets_per_step: float = 0.0
+    replicated_bytes: int = 0
+    uneven_shards: tuple[UnevenShard, ...] = ()
+    communication_per_step_ns: float = 0.0
+    exposed_per_step_ns: float = 0.0
+    overlapped_per_step_ns: float = 0.0
+    compute_per_step_ns: float = 0.0
+
+
+@dataclass
+class _Collected:
+    """What the checks add up while they run: their findings and the data fields they fill."""
+
+    findings: list[Finding] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     records = read_sharding(context.trace, context.rank)
-    result.data["meshes"] = [{"id": mesh.id, "shape": mesh.shape, "dim_names": mesh.dim_names} for mesh in records.meshes.values()]
-    result.data["parameters"] = len(records.parameters)
-    result.data["bytes_per_rank"] = sum(parameter.bytes_per_rank or 0 for parameter in records.parameters)
     by_cause = _time_by_cause(context, records)
-    result.data["by_cause"] = [
-        {"kind": cause.kind, "module": cause.module, "op": cause.op, "phase": cause.phase, "count": count, "dur_ns": dur}
+    out = _Collected()
+    out.data["meshes"] = tuple(MeshRow(mesh.id, mesh.shape, mesh.dim_names) for mesh in records.meshes.values())
+    out.data["parameters"] = len(records.parameters)
+    out.data["bytes_per_rank"] = sum(parameter.bytes_per_rank or 0 for parameter in records.parameters)
+    out.data["by_cause"] = tuple(
+        CauseTime(cause.kind, cause.module, cause.op, cause.phase, count, dur)
         for cause_id, (count, dur, _) in sorted(by_cause.items(), key=lambda item: -item[1][1])
         if (cause := records.causes.get(cause_id)) is not None
-    ]
+    )
     world = max(len(context.trace.distributed_ranks), 1)
     explained_ns = 0.0
-    explained_ns += _activation_gathers(context, result, records, by_cause, world)
-    explained_ns += _op_redistributions(context, result, records, world)
-    explained_ns += _unwrapped_modules(context, result, records, by_cause)
-    explained_ns += _small_buckets(context, result, records, by_cause, world)
-    _replicated_parameters(context, result, records, world)
-    _uneven_shards(context, result, records)
-    _exposed(context, result, records, explained_ns)
-    return result
+    explained_ns += _activation_gathers(context, out, records, by_cause, world)
+    explained_ns += _op_redistributions(context, out, records, world)
+    explained_ns += _unwrapped_modules(context, out, records, by_cause)
+    explained_ns += _small_buckets(context, out, records, by_cause, world)
+    _replicated_parameters(context, out, records, world)
+    _uneven_shards(context, out, records)
+    _exposed(context, out, records, explained_ns)
+    return AnalysisResult(NAME, ShardingData(**out.data), tuple(out.findings))
 
 
 def _steady(context: AnalysisContext, collective: CausedCollective) -> bool:
@@ -95,11 +147,11 @@ def _time_by_cause(context: AnalysisContext, records: ShardingRecords) -> dict[i
     return {cause_id: (int(count), dur, int(nbytes)) for cause_id, (count, dur, nbytes) in totals.items()}
 
 
-def _per_step(context: AnalysisContext, steady_ns: float) -> dict[str, float | None]:
+def _per_step(context: AnalysisContext, steady_ns: float) -> Cost:
     return context.loop_cost(steady_ns, steady_ns)
 
 
-def _location(origin: SourceLocation | None) -> dict[str, object]:
+def _location(origin: SourceLocation | None) -> LocationFields:
     return {"file": origin.file, "line": origin.line} if origin is not None else {}
 
 
@@ -109,7 +161,7 @@ def _evidence(text: str, origin: SourceLocation | None, module: str | None = Non
 
 
 # ----------------------------------------------------------------- tensor-parallel plans
-def _activation_gathers(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
+def _activation_gathers(context: AnalysisContext, out: _Collected, records: ShardingRecords,
                         by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
     """ColwiseParallel layers that gather their output when the plan's next layer is column-parallel too,
     one finding per plan line (a plan applied in a loop over blocks names every block's module)."""
@@ -149,7 +201,7 @@ def _activation_gathers(context: AnalysisContext, result: AnalysisResult, record
         explained += cost["cost_total_ns"] or 0.0
         modules = [gather.module for gather in gathers]
         named = module if len(modules) == 1 else f"{module} and {plural(len(modules) - 1, 'other module')}"
-        result.findings.append(Finding(
+        out.findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(context.share_of_steps(gather_ns), warning=0.02, critical=0.2),
             title=f"Tensor-parallel plan: {named} all-gather their output ({cause.global_shape}) for the next column-parallel layer"
@@ -190,7 +242,7 @@ class _Gather:
     next_backward_ns: float
 
 
-def _op_redistributions(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords, world: int) -> float:
+def _op_redistributions(context: AnalysisContext, out: _Collected, records: ShardingRecords, world: int) -> float:
     """Collectives an op's sharding propagation asked for: the op wanted an operand in other placements.
     One finding per op, placements and the user line that ran the op."""
     groups: dict[tuple[str, str, str, int | None], list[CausedCollective]] = defaultdict(list)
@@ -212,7 +264,7 @@ def _op_redistributions(context: AnalysisContext, result: AnalysisResult, record
         cost = _per_step(context, dur_ns)
         explained += cost["cost_total_ns"] or 0.0
         operand = cause.tensor or "an operand"
-        result.findings.append(Finding(
+        out.findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(share, warning=0.05, critical=0.25),
             title=f"{op} needs {operand} as {dst}, not {src}: a {kind} every call at {context.where(frame_id)}",
@@ -250,13 +302,13 @@ def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLo
             styles[module] = (parameter.group or "", parameter.origin)
         elif module in from_causes:
             styles[module] = from_causes[module]
-    for module, style in from_causes.items():
-        styles.setdefault(module, style)
+    for cause_module, cause_style in from_causes.items():
+        styles.setdefault(cause_module, cause_style)
     return styles
 
 
 # ----------------------------------------------------------------- FSDP2 wrapping
-def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
+def _unwrapped_modules(context: AnalysisContext, out: _Collected, records: ShardingRecords,
                        by_cause: dict[int, tuple[int, float, int]]) -> float:
     """FSDP2 groups whose parameters are mostly one submodule that has no fully_shard of its own."""
     groups: dict[str, list[ParameterPlacementRecord]] = defaultdict(list)
@@ -283,13 +335,13 @@ def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records
         if child_bytes < UNWRAPPED_MIN_BYTES or child_bytes < UNWRAPPED_SHARE * group_bytes or child_bytes < 0.5 * inner_median:
             continue
         group_ns = sum(dur for cause_id, (_, dur, _) in by_cause.items()
-                       if (cause := records.causes.get(cause_id)) is not None and cause.kind.startswith("fsdp_") and cause.module == group)
+                       if (cause := records.causes.get(cause_id)) is not None and (cause.kind or "").startswith("fsdp_") and cause.module == group)
         steady_ns = group_ns * child_bytes / group_bytes if group_bytes else 0.0
         cost = _per_step(context, steady_ns)
         explained += cost["cost_total_ns"] or 0.0
         origin = parameters[0].origin
         attribute = child.removeprefix(group.split(".")[0] + ".")
-        result.findings.append(Finding(
+        out.findings.append(Finding(
             analyzer=NAME,
             severity="warning" if child_bytes >= inner_median or context.share_of_steps(steady_ns) >= 0.05 else "info",
             title=f"FSDP2: {child} ({format_bytes(child_bytes)}) has no fully_shard of its own; it is gathered with {group}",
@@ -310,7 +362,7 @@ def _unwrapped_modules(context: AnalysisContext, result: AnalysisResult, records
 
 
 # ----------------------------------------------------------------- DDP buckets and replication
-def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords,
+def _small_buckets(context: AnalysisContext, out: _Collected, records: ShardingRecords,
                    by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
     buckets = [(records.causes[cause_id], count, dur, nbytes) for cause_id, (count, dur, nbytes) in by_cause.items()
                if cause_id in records.causes and records.causes[cause_id].kind == "ddp_bucket"]
@@ -329,7 +381,7 @@ def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: Sh
     for call in bucket_calls:
         by_step[call.step].append((call.start_ns, call.start_ns + call.dur_ns))
     bucket_ns = statistics.median(sum(end - start for start, end in _union(spans)) for spans in by_step.values()) if by_step else 0.0
-    result.data["ddp_buckets_per_step"] = per_step_calls
+    out.data["ddp_buckets_per_step"] = per_step_calls
     if per_step_calls <= SMALL_BUCKETS_PER_STEP or cap >= DEFAULT_BUCKET_BYTES:
         return 0.0
     suggested_mb = 25 if gradient_bytes >= 4 * DEFAULT_BUCKET_BYTES else max(1, math.ceil(gradient_bytes / SMALL_BUCKETS_PER_STEP / 2**20))
@@ -338,7 +390,7 @@ def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: Sh
     saved_per_step = bucket_ns * max(per_step_calls - new_calls, 0) / per_step_calls
     cost = _per_step(context, saved_per_step * steps)
     origin = buckets[0][0].origin
-    result.findings.append(Finding(
+    out.findings.append(Finding(
         analyzer=NAME,
         severity=context.severity(context.share_of_steps(saved_per_step * steps), warning=0.02, critical=0.2),
         title=f"DDP buckets of {format_bytes(cap)}: {per_step_calls:.0f} gradient all-reduces per step",
@@ -360,7 +412,7 @@ def _small_buckets(context: AnalysisContext, result: AnalysisResult, records: Sh
     return cost["cost_total_ns"] or 0.0
 
 
-def _replicated_parameters(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords, world: int) -> None:
+def _replicated_parameters(context: AnalysisContext, out: _Collected, records: ShardingRecords, world: int) -> None:
     replicated = [parameter for parameter in records.parameters if parameter.wrapper == "ddp"]
     if not replicated or world < 2:
         return
@@ -369,9 +421,9 @@ def _replicated_parameters(context: AnalysisContext, result: AnalysisResult, rec
     saved = 2 * parameter_bytes * (world - 1) / world
     hbm = context.target.hbm_bytes
     share = saved / hbm if hbm else 0.0
-    result.data["replicated_bytes"] = parameter_bytes
+    out.data["replicated_bytes"] = parameter_bytes
     origin = replicated[0].origin
-    result.findings.append(Finding(
+    out.findings.append(Finding(
         analyzer=NAME,
         severity="warning" if share >= REPLICATED_HBM_SHARE else "info",
         title=f"DDP replicates {format_bytes(parameter_bytes)} of parameters on every rank; FSDP2 would save {format_bytes(saved)} per rank",
@@ -387,7 +439,7 @@ def _replicated_parameters(context: AnalysisContext, result: AnalysisResult, rec
     ))
 
 
-def _uneven_shards(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords) -> None:
+def _uneven_shards(context: AnalysisContext, out: _Collected, records: ShardingRecords) -> None:
     uneven = []
     for parameter in records.parameters:
         sizes = records.mesh_dim_sizes(parameter.mesh_id)
@@ -398,11 +450,11 @@ def _uneven_shards(context: AnalysisContext, result: AnalysisResult, records: Sh
             dim = int(placement[6:-1])
             if shape[dim] % sizes[mesh_dim]:
                 uneven.append((parameter, dim, sizes[mesh_dim]))
-    result.data["uneven_shards"] = [{"parameter": parameter.name, "dim": dim, "mesh": size} for parameter, dim, size in uneven]
+    out.data["uneven_shards"] = tuple(UnevenShard(parameter.name, dim, size) for parameter, dim, size in uneven)
     if not uneven:
         return
     parameter, dim, size = uneven[0]
-    result.findings.append(Finding(
+    out.findings.append(Finding(
         analyzer=NAME,
         severity="info",
         title=f"Uneven shards: {parameter.name} dim {dim} ({parameter.global_shape}) is not divisible by its mesh dim of {size}",
@@ -419,7 +471,7 @@ def _uneven_shards(context: AnalysisContext, result: AnalysisResult, records: Sh
 
 
 # ----------------------------------------------------------------- exposed communication
-def _exposed(context: AnalysisContext, result: AnalysisResult, records: ShardingRecords, explained_ns: float) -> None:
+def _exposed(context: AnalysisContext, out: _Collected, records: ShardingRecords, explained_ns: float) -> None:
     """Collective time per steady step with no program running on the chip (exposed) and with one (overlapped)."""
     steady = [collective for collective in records.collectives if _steady(context, collective)]
     if not steady or not context.steps:
@@ -432,15 +484,15 @@ def _exposed(context: AnalysisContext, result: AnalysisResult, records: Sharding
     overlapped = _overlap(intervals, busy)
     exposed = communication - overlapped
     steps = max(context.steady_count, 1)
-    result.data["communication_per_step_ns"] = communication / steps
-    result.data["exposed_per_step_ns"] = exposed / steps
-    result.data["overlapped_per_step_ns"] = overlapped / steps
+    out.data["communication_per_step_ns"] = communication / steps
+    out.data["exposed_per_step_ns"] = exposed / steps
+    out.data["overlapped_per_step_ns"] = overlapped / steps
     share = context.share_of_steps(exposed)
     if share < 0.05:
         return
     # Overlap can hide communication only behind compute: what it saves is at most the chip's busy time.
     compute = sum(end - start for start, end in busy)
-    result.data["compute_per_step_ns"] = compute / steps
+    out.data["compute_per_step_ns"] = compute / steps
     cost = _per_step(context, exposed)
     unexplained = max((cost["cost_total_ns"] or 0.0) - explained_ns, 0.0)
     hideable = min(unexplained, (_per_step(context, compute)["cost_total_ns"] or 0.0))
@@ -449,7 +501,7 @@ def _exposed(context: AnalysisContext, result: AnalysisResult, records: Sharding
     # Virtual chips of one host run their programs and the transport on the same cores: what overlaps there
     # says little about a TPU's overlap, so the finding is only information.
     virtual = shared_host(context.trace)
-    result.findings.append(Finding(
+    out.findings.append(Finding(
         analyzer=NAME,
         severity="info" if virtual or hideable < 0.5 * (cost["cost_total_ns"] or 0.0) else context.severity(share, warning=0.15, critical=0.4),
         title=f"Communication exposed {format_ns(exposed / steps)} per step ({share:.0%} of a step); {format_ns(overlapped / steps)} overlapped",

@@ -40,9 +40,12 @@ def read_sharding(trace: Trace, rank: int) -> ShardingRecords:
     """The sharding records of `rank`, collectives in start order."""
     records = ShardingRecords()
     params = (rank,)
-    records.meshes = {mesh.id: mesh for mesh in trace.records("device_meshes", where="rank = ?", params=params)}
-    records.parameters = list(trace.records("parameter_placements", where="rank = ?", params=params))
-    records.causes = {cause.id: cause for cause in trace.records("collective_causes", where="rank = ?", params=params)}
+    records.meshes = {mesh.id: mesh for mesh in trace.records("device_meshes", where="rank = ?", params=params)
+                      if isinstance(mesh, DeviceMeshRecord)}
+    records.parameters = [parameter for parameter in trace.records("parameter_placements", where="rank = ?", params=params)
+                          if isinstance(parameter, ParameterPlacementRecord)]
+    records.causes = {cause.id: cause for cause in trace.records("collective_causes", where="rank = ?", params=params)
+                      if isinstance(cause, CollectiveCauseRecord)}
     if not trace.has_table("collectives"):
         return records
     has_cause = any(row[1] == "cause_id" for row in trace.sql("PRAGMA table_info(collectives)"))
