@@ -454,7 +454,9 @@ _WAIT_INDEX = COLLECTIVES.column_names.index("wait_ns")
 def _rows(source: _Source, kind: RecordKind) -> Iterable[tuple[tuple[int, int] | None, tuple[Any, ...]]]:
     """A table's rows in insertion order; collectives with their (input, rowid) key for the waits."""
     if kind is COLLECTIVES:
-        for rowid, *row in source.trace.sql(f"SELECT rowid, {', '.join(kind.column_names)} FROM collectives ORDER BY rowid"):
+        stored = {row[1] for row in source.trace.sql("PRAGMA table_info(collectives)")}
+        columns = ", ".join(name if name in stored else f"NULL AS {name}" for name in kind.column_names)
+        for rowid, *row in source.trace.sql(f"SELECT rowid, {columns} FROM collectives ORDER BY rowid"):
             yield (source.index, rowid), tuple(row)
         return
     for row in source.trace.raw_records(kind.table):

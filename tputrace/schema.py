@@ -21,7 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 MAGIC = "tputrace-trace"
-FORMAT_VERSION = 1
+# 2: device_meshes, parameter_placements, collective_causes and collectives.cause_id (a version-1 file reads
+# them as empty and NULL).
+FORMAT_VERSION = 2
 FILE_SUFFIX = ".tptrace"
 # `meta` key naming the on-disk compile cache directory a run used (absent: it used none).
 COMPILE_CACHE_META_KEY = "compile_cache"
@@ -339,8 +341,67 @@ COLLECTIVES = RecordKind(
         _c("algorithm", "TEXT", "algorithm, e.g. ring"),
         _c("bus_bandwidth", "REAL", "bus bandwidth, bytes/s"),
         _STEP,
+        _c("cause_id", "INTEGER", "why the call happened (NULL: the user's own call, or a file from before causes were recorded)", ref="collective_causes"),
     ),
     indexes=(("rank", "start_ns"),),
+)
+
+DEVICE_MESHES = RecordKind(
+    "device_meshes",
+    "The device meshes a run used (DTensor, tensor parallelism, FSDP2), once each per rank.",
+    (
+        _c("id", "INTEGER", "mesh id"),
+        _RANK,
+        _c("shape", "TEXT", "size of each mesh dim, e.g. '2x4'"),
+        _c("dim_names", "TEXT", "comma-separated dim names, e.g. 'dp,tp' (empty where the mesh has none)"),
+        _c("ranks", "TEXT", "JSON: the global ranks, nested as the mesh"),
+        _FRAME,
+    ),
+    primary_key="id",
+)
+
+PARAMETER_PLACEMENTS = RecordKind(
+    "parameter_placements",
+    "Each parameter of a model that DDP, FSDP2 or tensor parallelism handles: how it is placed and what a rank holds, once per run.",
+    (
+        _RANK,
+        _c("name_sid", "INTEGER", "parameter path, e.g. 'Model.layers.0.fc1.weight'", ref="strings"),
+        _c("module_sid", "INTEGER", "path of the module that owns the parameter", ref="strings"),
+        _c("wrapper", "TEXT", "ddp (replicated, gradients all-reduced), fsdp, tp, fsdp+tp, or none (a plain parameter of a sharded model)"),
+        _c("group_sid", "INTEGER", "FSDP2: path of the module whose fully_shard() groups the parameter; tp: the plan entry's style", ref="strings"),
+        _c("mesh_id", "INTEGER", "mesh the placements refer to (NULL for ddp and none)", ref="device_meshes"),
+        _c("placements", "TEXT", "one placement per mesh dim, e.g. 'Shard(0),Replicate()' (Replicate() for ddp and none)"),
+        _c("global_shape", "TEXT", "the whole parameter's shape, e.g. '1024,4096'"),
+        _c("local_shape", "TEXT", "this rank's shard's shape"),
+        _c("dtype", "TEXT", "element type"),
+        _c("bytes", "INTEGER", "bytes of the whole parameter"),
+        _c("bytes_per_rank", "INTEGER", "bytes this rank holds"),
+        _c("origin_frame_id", "INTEGER", "the line that set the placement: the plan entry, fully_shard(...) or DDP(...)", ref="frames"),
+    ),
+)
+
+COLLECTIVE_CAUSES = RecordKind(
+    "collective_causes",
+    "Why collectives happened: one row per distinct cause on a rank, referred to by `collectives.cause_id`.",
+    (
+        _c("id", "INTEGER", "cause id"),
+        _RANK,
+        _c("kind", "TEXT", "redistribute (a DTensor changed placement), fsdp_all_gather, fsdp_reduce_scatter, ddp_bucket, ddp_init or ddp_forward"),
+        _c("phase", "TEXT", "forward or backward"),
+        _c("module_sid", "INTEGER", "module path: the tensor-parallel module, FSDP2 group or DDP model", ref="strings"),
+        _c("tensor_sid", "INTEGER", "the parameter(s) when the redistributed tensor is a parameter; the parameters of an FSDP2 group or DDP bucket (first few)", ref="strings"),
+        _c("op_sid", "INTEGER", "what asked for it: the ATen op whose sharding propagation needed another placement, a style's input/output layout, or redistribute", ref="strings"),
+        _c("mesh_id", "INTEGER", "mesh of the placements", ref="device_meshes"),
+        _c("src_placements", "TEXT", "placements before, one per mesh dim, e.g. 'Shard(1)'"),
+        _c("dst_placements", "TEXT", "placements after"),
+        _c("global_shape", "TEXT", "the DTensor's global shape"),
+        _c("local_shape", "TEXT", "this rank's local shape before the redistribution"),
+        _c("bucket_index", "INTEGER", "DDP: the bucket's index in the backward pass"),
+        _c("bucket_bytes", "INTEGER", "DDP: the bucket cap in bytes (bucket_cap_mb); FSDP2: the group's parameter bytes"),
+        _c("prefetch", "INTEGER", "FSDP2: 1 when the all-gather was a prefetch for a later module"),
+        _c("origin_frame_id", "INTEGER", "the line to edit: the plan entry (the style's construction), fully_shard(...) or DDP(...)", ref="frames"),
+    ),
+    primary_key="id",
 )
 
 GRAPH_BREAKS = RecordKind(
@@ -385,10 +446,13 @@ RECORD_KINDS: tuple[RecordKind, ...] = (
     COLLECTIVES,
     GRAPH_BREAKS,
     SOURCE_FILES,
+    DEVICE_MESHES,
+    PARAMETER_PLACEMENTS,
+    COLLECTIVE_CAUSES,
 )
 RECORD_KINDS_BY_TABLE: dict[str, RecordKind] = {kind.table: kind for kind in RECORD_KINDS}
 EVENT_TABLES: tuple[str, ...] = tuple(
-    kind.table for kind in RECORD_KINDS if kind.table not in ("strings", "frames", "runs", "programs", "source_files")
+    kind.table for kind in RECORD_KINDS if kind.table not in ("strings", "frames", "runs", "programs", "source_files", "device_meshes", "parameter_placements", "collective_causes")
 )
 
 

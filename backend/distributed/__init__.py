@@ -36,8 +36,9 @@ def install_op_handlers() -> None:
     global _handlers_installed
     if _handlers_installed:
         return
-    from tputrace.backend.distributed import fsdp, functional
+    from tputrace.backend.distributed import fsdp, functional, sharding_hooks
 
     functional.register()
     fsdp.register()
+    sharding_hooks.install()
     _handlers_installed = True

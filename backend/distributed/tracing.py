@@ -18,6 +18,7 @@ from typing import Any
 import torch
 
 from tputrace import recorder as recorder_module
+from tputrace.backend.distributed import causes, placements
 from tputrace.backend.dtypes import short_name
 
 _perf_ns = time.perf_counter_ns
@@ -44,7 +45,7 @@ class CollectiveCall:
     """One collective as issued on this rank; `finished()` writes its row. (A plain class with slots:
     one is made per collective while recording, so its cost is on the collective path.)"""
 
-    __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns")
+    __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id")
 
     def __init__(self, recorder: Any, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str) -> None:
         self.recorder = recorder
@@ -58,6 +59,7 @@ class CollectiveCall:
         self.step = recorder.step_index
         self.algorithm = f"{transport}:{ALGORITHMS[kind]}" if kind in ALGORITHMS else transport
         self.start_ns = 0
+        self.cause_id = causes.cause_id(recorder, kind, group)
 
     def arrived(self) -> None:
         """This rank's data is in the transport: the moment the others wait for."""
@@ -67,7 +69,8 @@ class CollectiveCall:
         duration = max(_perf_ns() - self.start_ns, 1)
         bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes else None
         self.recorder.collective(
-            self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, self.algorithm, bandwidth, self.step
+            self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, self.algorithm, bandwidth, self.step,
+            self.cause_id,
         )
 
 
@@ -77,7 +80,21 @@ def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, r
     recorder = recorder_module._active
     if recorder is None or not recorder.enabled:
         return None
+    if placements.has_pending():
+        placements.record_pending(recorder)
     return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport)
+
+
+def active_recorder() -> Any:
+    """The recorder that records now, or None (the sharding hooks' cheap check)."""
+    recorder = recorder_module._active
+    return recorder if recorder is not None and recorder.enabled else None
+
+
+def user_frame_id() -> int | None:
+    """The frame id of the user's line that is running now (None while nothing records)."""
+    recorder = active_recorder()
+    return recorder.frame_id() if recorder is not None else None
 
 
 def message_bytes(tensors: list[torch.Tensor]) -> int:

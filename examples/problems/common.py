@@ -65,3 +65,18 @@ def token_batches(steps: int, batch: int, vocab: int, bucket: int | None, seed: 
             tokens = nn.functional.pad(tokens, (0, -(-length // bucket) * bucket - length), value=0)
         out.append(tokens)
     return out
+
+
+def start_ranks() -> tuple[int, int]:
+    """Join the "tpu" process group (`tputrace run --nproc N` sets the rank variables; run alone, the
+    script is rank 0 of 1) and return (rank, world size)."""
+    import os
+
+    import torch.distributed as dist
+
+    os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+    os.environ.setdefault("MASTER_PORT", "29517")
+    os.environ.setdefault("RANK", "0")
+    os.environ.setdefault("WORLD_SIZE", "1")
+    dist.init_process_group("tpu")
+    return dist.get_rank(), dist.get_world_size()

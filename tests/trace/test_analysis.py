@@ -615,7 +615,7 @@ def test_report_ranks_and_renders(sample_trace_path: Path) -> None:
     assert data["target"]["name"] == DEFAULT_TARGET and data["target"]["is_default"] is True
     assert len(data["findings"]) == len(report.findings)
     assert set(data["results"]) == {"index_errors", "recompiles", "program_cache", "set_up_work", "compile_cache", "graph_breaks", "syncs", "fallbacks",
-                                    "fusion", "padding", "precision", "host_bound", "transfers", "memory", "collectives"}
+                                    "fusion", "padding", "precision", "host_bound", "transfers", "memory", "collectives", "sharding"}
 
 
 def test_report_command(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -20,6 +20,7 @@ from fixtures.make_traces import BROKEN_TRACE_MESSAGES, build_broken_traces
 from tputrace.cli.main import COMMANDS, main
 from tputrace.cli.run import LiveStatus, format_status
 from tputrace.store import TraceWriter
+from tputrace.schema import FORMAT_VERSION
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 CONSOLE_SCRIPT = Path(sys.executable).parent / "tputrace"
@@ -43,7 +44,7 @@ def test_every_command_module_has_the_protocol() -> None:
 def test_info(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["info", str(sample_trace_path)]) == 0
     out = capsys.readouterr().out
-    assert "format   1, created 2026-01-01T00:00:00+00:00 by tputrace 0.1.0" in out
+    assert f"format   {FORMAT_VERSION}, created 2026-01-01T00:00:00+00:00 by tputrace 0.1.0" in out
     assert "rank 1   /home/user/proj/train.py --steps 6" in out
     assert "host tpu-vm-0, pid 4242, tpu, 4 chips, DEFER_AND_FUSE" in out
     for table in ("strings", "ops", "collectives", "graph_breaks"):
@@ -51,7 +52,7 @@ def test_info(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 
     assert main(["info", "--json", str(sample_trace_path)]) == 0
     facts = json.loads(capsys.readouterr().out)
-    assert facts["format_version"] == 1
+    assert facts["format_version"] == FORMAT_VERSION
     assert facts["counts"]["steps"] == 12
     assert [run["rank"] for run in facts["runs"]] == [0, 1]
 

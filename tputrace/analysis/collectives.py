@@ -3,8 +3,10 @@ against the target's ICI, many small messages, stragglers, and messages not divi
 
 Bus bandwidth is the recorded `bus_bandwidth` (bytes/s) when present, else computed with the usual
 ring factor for the kind. Waiting (`wait_ns`) is time a rank spent for the last rank to arrive: the
-rank that waits least is the straggler. Whether large parameters are replicated under FSDP/DTensor is
-not recorded in the trace, so it is not judged here.
+rank that waits least is the straggler; on virtual chips sharing one host that cannot be told from the
+host's scheduling unless the late rank spends the time outside anything recorded, and the finding says
+so. Shares count calls in flight together once. Collectives whose cause is recorded are judged by
+`tputrace.analysis.sharding`, at the line that decides them.
 """
 
 from __future__ import annotations
@@ -12,11 +14,15 @@ from __future__ import annotations
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.wording import format_bytes, format_ns, plural
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
 
 NAME = "collectives"
 SMALL_MESSAGE_BYTES = 1 << 20
@@ -48,6 +54,17 @@ class RankWait:
 
 
 @dataclass(frozen=True)
+class Straggler:
+    """The rank that arrived last: in what share of the steps, whether the ranks shared one host's cores,
+    and how much more of its time than the others' no recorded activity covers (its own host work)."""
+
+    rank: int
+    late_share_of_steps: float
+    shared_host: bool
+    unrecorded_excess_ns: int
+
+
+@dataclass(frozen=True)
 class UnevenCollective:
     """A collective shape whose element count its group size does not divide."""
 
@@ -69,6 +86,7 @@ class CollectivesData:
     small_messages_per_step: float = 0.0
     wait_by_rank: tuple[RankWait, ...] = ()
     not_divisible: tuple[UnevenCollective, ...] = ()
+    straggler: Straggler | None = None
 
 
 def bus_factor(kind: str, ranks: int) -> float:
@@ -102,10 +120,17 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         if not bandwidth and dur_ns:
             bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9)
         rows.append(CollectiveKind(kind, calls, nbytes, dur_ns, wait_ns, bandwidth, small))
-    total_ns = sum(row.dur_ns for row in rows)
     steady_where, steady_params = context.steady_where()
-    (steady_ns,) = trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {steady_where}", steady_params)[0]
-    share = context.share_of_steps(steady_ns)
+    # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
+    # once: the share is the union of the calls' intervals, which never exceeds the steps' time.
+    total_ns = _union_length(_intervals(trace, where, params))
+    share = min(context.share_of_steps(_union_length(_intervals(trace, steady_where, steady_params))), 1.0)
+    caused = _has_causes(trace)
+    finding_share = share
+    if caused:
+        # the sharding analyzer names the cause and the line of the caused calls; this finding counts the rest
+        total_ns = _union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
+        finding_share = min(context.share_of_steps(_union_length(_intervals(trace, f"{steady_where} AND cause_id IS NULL", steady_params))), 1.0)
     top_frame = trace.sql(
         f"SELECT frame_id FROM collectives WHERE {where} GROUP BY frame_id ORDER BY SUM(dur_ns) DESC LIMIT 1", params
     )
@@ -116,15 +141,17 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                  f"bus {format_bytes(row.bus_bandwidth or 0)}/s", table="collectives")
         for row in rows
     )
-    if share >= 0.05:
+    if finding_share >= 0.05 and total_ns:
         bandwidths = [row.bus_bandwidth for row in rows if row.bus_bandwidth]
         median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
         findings.append(Finding(
             analyzer=NAME,
-            severity=context.severity(share, warning=0.15, critical=0.4),
-            title=f"Collectives take {share:.0%} of each step on rank {rank}",
+            severity=context.severity(finding_share, warning=0.15, critical=0.4),
+            title=f"Collectives{' without a recorded cause' if caused else ''} take {finding_share:.0%} of each step on rank {rank}",
             explanation=(
-                f"Rank {rank} spent {format_ns(total_ns)} in collectives. Their bus bandwidth "
+                f"Rank {rank} spent {format_ns(total_ns)} in collectives"
+                + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
+                + ". Their bus bandwidth "
                 f"(median {format_bytes(median_bandwidth)}/s) compares with {context.target.label}'s ICI of "
                 f"{format_bytes(ici)}/s per chip (bidirectional)."
             ),
@@ -139,12 +166,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             **context.location_fields(frame_id),
         ))
     small = sum(row.small_messages for row in rows)
+    if caused:  # DDP buckets and FSDP2 groups are judged, at their constructor line, by the sharding analyzer
+        (small,) = trace.sql(f"SELECT COUNT(*) FROM collectives WHERE {where} AND bytes < ? AND cause_id IS NULL",
+                             tuple(params) + (SMALL_MESSAGE_BYTES,))[0]
     small_per_step = small / max(context.step_count, 1)
     if small_per_step >= MANY_SMALL_PER_STEP:
-        (small_ns,) = trace.sql(
-            f"SELECT COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where} AND bytes < ?",
-            tuple(params) + (SMALL_MESSAGE_BYTES,),
-        )[0]
+        small_where = f"{where} AND bytes < ?" + (" AND cause_id IS NULL" if caused else "")
+        small_ns = _union_length(_intervals(trace, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)))
         findings.append(Finding(
             analyzer=NAME,
             severity="warning" if context.share_of_wall(small_ns) >= 0.05 else "info",
@@ -158,22 +186,82 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             cost_per_step_ns=context.per_step(small_ns),
             evidence=kind_evidence,
         ))
-    wait_by_rank, straggler = _stragglers(context)
+    wait_by_rank, late, straggler = _stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
     findings.extend(finding for finding in (straggler, uneven) if finding is not None)
-    data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible)
+    data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late)
     return AnalysisResult(NAME, data, tuple(findings))
 
 
-def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Finding | None]:
-    """Every rank's waiting, and a finding when the other ranks wait long for one of them."""
+def _intervals(trace: Trace, where: str, params: Sequence[int]) -> list[tuple[int, int]]:
+    return [(start, start + (dur or 0)) for start, dur in trace.sql(f"SELECT start_ns, dur_ns FROM collectives WHERE {where} ORDER BY start_ns", params)]
+
+
+def _union_length(intervals: list[tuple[int, int]]) -> int:
+    """The time covered by at least one interval (sorted by start)."""
+    total, end_so_far = 0, None
+    for start, end in intervals:
+        if end_so_far is None or start > end_so_far:
+            total += end - start
+            end_so_far = end
+        elif end > end_so_far:
+            total += end - end_so_far
+            end_so_far = end
+    return total
+
+
+def _has_causes(trace: Trace) -> bool:
+    """Whether the trace records why collectives happened (format 2 and later)."""
+    return trace.has_table("collective_causes") and trace.count("collective_causes") > 0
+
+
+def shared_host(trace: Trace) -> bool:
+    """Ranks that are virtual chips of one host: their processes share its CPU cores."""
+    runs = [run for run in trace.runs if run.rank in trace.distributed_ranks]
+    return len(runs) > 1 and len({run.host for run in runs}) == 1 and all(run.platform == "cpu" for run in runs)
+
+
+def _late_rank_by_step(trace: Trace) -> dict[int, int]:
+    """Per step, the rank that waited least in its collectives (the last to arrive)."""
+    late: dict[int, int] = {}
+    best: dict[int, int] = {}
+    for step, rank, wait in trace.sql("SELECT step, rank, SUM(wait_ns) FROM collectives WHERE wait_ns IS NOT NULL GROUP BY step, rank"):
+        if step not in best or wait < best[step]:
+            best[step], late[step] = wait, rank
+    return late
+
+
+# Every table whose rows are time a rank spent doing something tputrace sees.
+_ACTIVITY_TABLES = ("ops", "executions", "flushes", "compiles", "syncs", "transfers", "fallbacks", "collectives")
+
+
+def _unrecorded_by_rank(trace: Trace, ranks: list[int]) -> dict[int, int]:
+    """Per rank, the time inside its steps (after the first) covered by no recorded activity."""
+    unrecorded: dict[int, int] = {}
+    for rank in ranks:
+        steps = trace.sql("SELECT start_ns, end_ns FROM steps WHERE rank = ? AND step >= 1 AND source != 'end' ORDER BY start_ns", (rank,))
+        if not steps:
+            continue
+        first, last = steps[0][0], steps[-1][1]
+        intervals: list[tuple[int, int]] = []
+        for table in _ACTIVITY_TABLES:
+            if trace.has_table(table):
+                intervals.extend((start, start + (dur or 0)) for start, dur in trace.sql(
+                    f"SELECT start_ns, dur_ns FROM {table} WHERE rank = ? AND start_ns BETWEEN ? AND ?", (rank, first, last)))
+        covered = _union_length(sorted(intervals))
+        unrecorded[rank] = max(sum(end - start for start, end in steps) - covered, 0)
+    return unrecorded
+
+
+def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggler | None, Finding | None]:
+    """Every rank's waiting, the rank that arrived last, and a finding when the other ranks wait long for it."""
     trace = context.trace
     per_rank = trace.sql(
         "SELECT rank, COALESCE(SUM(wait_ns), 0), COALESCE(SUM(dur_ns), 0) FROM collectives GROUP BY rank ORDER BY rank"
     )
     wait_by_rank = tuple(RankWait(rank, wait, dur) for rank, wait, dur in per_rank)
     if len(per_rank) < 2:
-        return wait_by_rank, None
+        return wait_by_rank, None, None
     waits = {rank: wait for rank, wait, _ in per_rank}
     durations = {rank: dur for rank, _, dur in per_rank}
     straggler = min(waits, key=lambda rank: waits[rank])
@@ -181,15 +269,44 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Finding
     waited = statistics.mean(waits[rank] for rank in others)
     share = waited / statistics.mean(durations[rank] for rank in others) if others else 0.0
     if share < STRAGGLER_WAIT_SHARE:
-        return wait_by_rank, None
-    severity: Severity = "warning" if context.share_of_wall(waited) >= 0.05 else "info"
-    return wait_by_rank, Finding(
+        return wait_by_rank, None, None
+    late_by_step = _late_rank_by_step(trace)
+    consistent = sum(1 for rank in late_by_step.values() if rank == straggler) / len(late_by_step) if late_by_step else 0.0
+    on_shared_host = shared_host(trace)
+    idle = _unrecorded_by_rank(trace, list(waits))
+    excess_idle = int(idle.get(straggler, 0) - statistics.mean(idle.get(rank, 0) for rank in others)) if others else 0
+    # A rank late because of its own host work (data loading, logging, a sleep) spends that time outside anything
+    # recorded; a rank late because it got less of a shared host's cores is slower in what is recorded.
+    own_work = excess_idle >= 0.5 * waited
+    late = Straggler(straggler, consistent, on_shared_host, excess_idle)
+    evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
+    if on_shared_host and not own_work:
+        # Virtual chips of one host take turns on its cores: who arrives last is the host's scheduling as much as the
+        # program's, and nothing in the trace tells the two apart; the wait is not counted as the program's cost.
+        return wait_by_rank, late, Finding(
+            analyzer=NAME,
+            severity="info",
+            title=f"Ranks wait {format_ns(waited)} for each other; on virtual chips sharing one host this cannot be told from skew",
+            explanation=(
+                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank. All ranks ran as "
+                f"virtual chips on one host, sharing its CPU cores, so the waits include the host's scheduling of the ranks' processes; "
+                f"rank {straggler} was last in {consistent:.0%} of the steps."
+            ),
+            suggestion="Judge skew on real chips (one process per chip), or run with fewer ranks than the host has cores.",
+            cost_total_ns=0.0,
+            cost_per_step_ns=context.per_step(0.0),
+            evidence=evidence,
+        )
+    severity: Severity = "warning" if context.share_of_wall(waited) >= 0.05 and consistent >= 0.5 else "info"
+    return wait_by_rank, late, Finding(
         analyzer=NAME,
         severity=severity,
         title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
         explanation=(
             f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
-            f"arrive; rank {straggler} waited least, so it is usually the late one."
+            f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
+            "than the others outside anything the trace records (host work of its own)"
+            + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
         ),
         suggestion=(
             f"Look at what rank {straggler} does before its collectives (uneven data loading, extra logging or "
@@ -197,7 +314,7 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Finding
         ),
         cost_total_ns=float(waited),
         cost_per_step_ns=context.per_step(waited),
-        evidence=tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits)),
+        evidence=evidence,
     )
 
 

@@ -25,6 +25,7 @@ from tputrace.analysis import (
     program_cache,
     recompiles,
     set_up_work,
+    sharding,
     syncs,
     transfers,
 )
@@ -55,6 +56,7 @@ ANALYZERS: dict[str, Analyzer] = {
     transfers.NAME: transfers.analyze,
     memory.NAME: memory.analyze,
     collectives.NAME: collectives.analyze,
+    sharding.NAME: sharding.analyze,
 }
 
 

@@ -1,10 +1,10 @@
 """Typed records: one frozen dataclass per table of the trace, with interned values resolved.
 
-A record's fields follow its table's columns in order, with three renames: a `*_sid` column becomes
-the resolved text without the suffix (`op_sid` -> `op`), `frame_id` becomes `source` (a
-`SourceLocation`), and the `annotations.source` text column becomes `origin` (so that `source` is a
-location everywhere). `runs.argv` is decoded from JSON into a tuple. A test keeps these classes in
-step with `tputrace.schema`.
+A record's fields follow its table's columns in order, with these renames: a `*_sid` column becomes
+the resolved text without the suffix (`op_sid` -> `op`), `frame_id` becomes `source` and
+`origin_frame_id` becomes `origin` (each a `SourceLocation`), and the `annotations.source` text column
+becomes `origin` (so that `source` is a location everywhere). `runs.argv` is decoded from JSON into a
+tuple. A test keeps these classes in step with `tputrace.schema`.
 """
 
 from __future__ import annotations
@@ -271,6 +271,54 @@ class CollectiveRecord:
     algorithm: str | None
     bus_bandwidth: float | None
     step: int | None
+    cause_id: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DeviceMeshRecord:
+    id: int
+    rank: int
+    shape: str | None
+    dim_names: str | None
+    ranks: str | None
+    source: SourceLocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class ParameterPlacementRecord:
+    rank: int
+    name: str | None
+    module: str | None
+    wrapper: str | None
+    group: str | None
+    mesh_id: int | None
+    placements: str | None
+    global_shape: str | None
+    local_shape: str | None
+    dtype: str | None
+    bytes: int | None
+    bytes_per_rank: int | None
+    origin: SourceLocation | None
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveCauseRecord:
+    id: int
+    rank: int
+    kind: str | None
+    phase: str | None
+    module: str | None
+    tensor: str | None
+    op: str | None
+    mesh_id: int | None
+    src_placements: str | None
+    dst_placements: str | None
+    global_shape: str | None
+    local_shape: str | None
+    bucket_index: int | None
+    bucket_bytes: int | None
+    prefetch: int | None
+    origin: SourceLocation | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,6 +357,9 @@ Record = (
     | CollectiveRecord
     | GraphBreakRecord
     | SourceFileRecord
+    | DeviceMeshRecord
+    | ParameterPlacementRecord
+    | CollectiveCauseRecord
 )
 
 RECORD_TYPES: dict[str, type] = {
@@ -330,6 +381,9 @@ RECORD_TYPES: dict[str, type] = {
     "collectives": CollectiveRecord,
     "graph_breaks": GraphBreakRecord,
     "source_files": SourceFileRecord,
+    "device_meshes": DeviceMeshRecord,
+    "parameter_placements": ParameterPlacementRecord,
+    "collective_causes": CollectiveCauseRecord,
 }
 
 
@@ -337,6 +391,8 @@ def field_name(kind: RecordKind, column: Column) -> str:
     """The record field that holds `column` of `kind`, following the renames in the module docstring."""
     if column.name == "frame_id":
         return "source"
+    if column.name == "origin_frame_id":
+        return "origin"
     if kind.table == "annotations" and column.name == "source":
         return "origin"
     if column.ref == "strings" and column.name.endswith("_sid"):

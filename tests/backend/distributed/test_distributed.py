@@ -69,7 +69,7 @@ def _write_rank_trace(
             writer.append("ops", (seq, rank, writer.intern(op), writer.intern("f32[4]"), writer.intern("f32[4]"), 0, seq * MS, 1000, frame, None, 1, program, flush))
         writer.append("steps", (rank, 1, 0, 50 * MS, "optimizer"))
         for kind, group, ranks, start_ns, dur_ns in collectives:
-            writer.append("collectives", (rank, kind, 4096, "f32", writer.intern(group), writer.intern(ranks), frame, start_ns, dur_ns, None, "gloo:ring", 1e9, 1))
+            writer.append("collectives", (rank, kind, 4096, "f32", writer.intern(group), writer.intern(ranks), frame, start_ns, dur_ns, None, "gloo:ring", 1e9, 1, None))
         if finished:
             writer.update_run(end_ns=60 * MS, exit_status=exit_status, error=error)
     return path

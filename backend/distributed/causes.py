@@ -1,0 +1,101 @@
+"""Why a collective happened: the cause the issuing thread is inside of, read when the call is opened.
+
+The hooks in `sharding_hooks` set a cause (a tuple of `collective_causes` values, see `Cause`) on the
+thread around the torch code that issues collectives: a DTensor redistribution, an FSDP2 group's
+all-gather or reduce-scatter, DDP's constructor. `cause_id(recorder, kind, group)` turns the thread's
+cause into a `collective_causes` id when a call is opened; a DDP gradient all-reduce, which DDP's C++
+reducer issues with no Python frame of its own, is told apart by its process group and the backward
+pass it runs in (buckets are reduced in index order in every backward).
+
+Nothing here runs while nothing records: the hooks check `tracing.active_recorder()` first.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+# The values of one `collective_causes` row after `id` and `rank`, in column order:
+# (kind, phase, module, tensor, op, mesh_id, src_placements, dst_placements, global_shape, local_shape,
+#  bucket_index, bucket_bytes, prefetch, origin_frame_id)
+Cause = tuple[Any, ...]
+
+
+class _ThreadState(threading.local):
+    cause: Cause | None = None
+    op: str | None = None  # the op whose sharding propagation is redistributing its arguments
+    prefetch: bool = False  # inside FSDP2's prefetch of a later group
+
+
+state = _ThreadState()
+
+
+def make(kind: str, *, module: str | None = None, tensor: str | None = None, op: str | None = None, mesh_id: int | None = None,
+         src: str | None = None, dst: str | None = None, global_shape: str | None = None, local_shape: str | None = None,
+         bucket_index: int | None = None, bucket_bytes: int | None = None, prefetch: int | None = None,
+         origin_frame_id: int | None = None) -> Cause:
+    """A cause's values; the phase (forward or backward) is the issuing thread's now."""
+    return (kind, phase(), module, tensor, op, mesh_id, src, dst, global_shape, local_shape, bucket_index, bucket_bytes, prefetch, origin_frame_id)
+
+
+def phase() -> str:
+    return "backward" if torch._C._current_graph_task_id() != -1 else "forward"
+
+
+@dataclass
+class DataParallelModel:
+    """One DDP model (the wrapper), its constructor line and bucket cap, and which backward pass its
+    bucket counter belongs to."""
+
+    model: Any
+    origin_frame_id: int | None
+    bucket_cap_bytes: int
+    graph_task: int = -1
+    next_bucket: int = 0
+
+    def bucket_cause(self, recorder: Any) -> Cause:
+        task = torch._C._current_graph_task_id()
+        if task != self.graph_task:
+            self.graph_task, self.next_bucket = task, 0
+        index = self.next_bucket
+        self.next_bucket += 1
+        return make("ddp_bucket", module=recorder.module_names.get(id(self.model)), bucket_index=index, bucket_bytes=self.bucket_cap_bytes,
+                    origin_frame_id=self.origin_frame_id)
+
+
+# DDP models by the name of their process group.
+data_parallel_models: dict[str, DataParallelModel] = {}
+
+
+def cause_id(recorder: Any, kind: str, group: str) -> int | None:
+    """The `collective_causes` id of a call of `kind` on `group` opened now on this thread (None: the user's own)."""
+    cause = state.cause
+    if cause is None:
+        if kind != "all_reduce" or not data_parallel_models:
+            return None
+        model = data_parallel_models.get(group)
+        if model is None or torch._C._current_graph_task_id() == -1:
+            return None
+        cause = model.bucket_cause(recorder)
+    return recorder.collective_cause(cause)
+
+
+class caused_by:  # noqa: N801 - used as a context manager, like contextlib's
+    """Collectives issued inside have `cause` (a plain class: entered on the path of every redistribution)."""
+
+    __slots__ = ("cause", "previous")
+
+    def __init__(self, cause: Cause | None) -> None:
+        self.cause = cause
+        self.previous: Cause | None = None
+
+    def __enter__(self) -> None:
+        self.previous = state.cause
+        if self.cause is not None:
+            state.cause = self.cause
+
+    def __exit__(self, *exc_info: object) -> None:
+        state.cause = self.previous

@@ -1,0 +1,556 @@
+"""Sharding: from each collective's recorded cause to the line that decides it and the change that
+removes or shrinks it.
+
+- Redistributions an op's sharding propagation asks for (an operand in placements the op has no
+  strategy for), at the line that runs the op. Cost: their measured time.
+- Activation gathers between tensor-parallel layers: a `ColwiseParallel(output_layouts=Replicate())`
+  all-gathers its output every forward; when the plan's next layer of the same parent module is
+  column-parallel too, keeping the first's output sharded (`ColwiseParallel()`) and making the next
+  `RowwiseParallel()` replaces two gathers by one all-reduce. Cost: the measured time of the gathers and
+  of the next layer's backward collectives, per steady step.
+- FSDP2 outer groups (with fully_shard calls inside) that hold a module as large as the inner groups
+  but not wrapped on its own: its parameters are gathered with the outer group's, in one message
+  that cannot overlap its own compute. Cost: that module's share
+  of the group's all-gather and reduce-scatter time.
+- DDP buckets far below the default cap: many latency-bound all-reduces per step, at the `DDP(...)` line.
+  Cost: the buckets' time in the median step (their union), times the share of the calls a larger cap
+  saves, over the loop's steps.
+- Replicated parameters (DDP) that FSDP2 would split: bytes per rank saved, against the target's HBM.
+- Uneven shards: a sharded dim not divisible by its mesh dim (padded all-gathers, uneven memory).
+- Exposed communication per step: collective time during which no program ran on the chip, as distinct
+  from time overlapped with compute.
+
+Estimated times on the target use its ICI bandwidth: bytes x ring factor / ICI (`ici_estimate_ns`).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from tputrace.analysis.collectives import bus_factor, shared_host
+from tputrace.analysis.context import AnalysisContext, Cost, LocationFields
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
+from tputrace.store.sharding import CausedCollective, ShardingRecords, read_sharding
+from tputrace.wording import format_bytes, format_ns, plural
+
+NAME = "sharding"
+DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
+SMALL_BUCKETS_PER_STEP = 4
+UNWRAPPED_SHARE = 0.25
+UNWRAPPED_MIN_BYTES = 1 << 20
+REPLICATED_HBM_SHARE = 0.25
+
+
+def ici_estimate_ns(kind: str, nbytes: float, ranks: int, ici_bandwidth: float) -> float:
+    """A ring collective's time on the target: bytes moved per rank over its ICI bandwidth."""
+    if ici_bandwidth <= 0:
+        return 0.0
+    return nbytes * bus_factor(kind, ranks) / ici_bandwidth * 1e9
+
+
+@dataclass(frozen=True)
+class MeshRow:
+    id: int
+    shape: str | None
+    dim_names: str | None
+
+
+@dataclass(frozen=True)
+class CauseTime:
+    """The collectives of one recorded cause in the steady steps: calls and summed duration."""
+
+    kind: str | None
+    module: str | None
+    op: str | None
+    phase: str | None
+    count: int
+    dur_ns: float
+
+
+@dataclass(frozen=True)
+class UnevenShard:
+    parameter: str | None
+    dim: int
+    mesh: int
+
+
+@dataclass(frozen=True)
+class ShardingData:
+    """The analysed rank's meshes, parameters (count and bytes held), time by cause, and communication per
+    steady step: in all (calls in flight together once), exposed (no program running) and overlapped."""
+
+    meshes: tuple[MeshRow, ...] = ()
+    parameters: int = 0
+    bytes_per_rank: int = 0
+    by_cause: tuple[CauseTime, ...] = ()
+    ddp_buckets_per_step: float = 0.0
+    replicated_bytes: int = 0
+    uneven_shards: tuple[UnevenShard, ...] = ()
+    communication_per_step_ns: float = 0.0
+    exposed_per_step_ns: float = 0.0
+    overlapped_per_step_ns: float = 0.0
+    compute_per_step_ns: float = 0.0
+
+
+@dataclass
+class _Collected:
+    """What the checks add up while they run: their findings and the data fields they fill."""
+
+    findings: list[Finding] = field(default_factory=list)
+    data: dict[str, Any] = field(default_factory=dict)
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
+    records = read_sharding(context.trace, context.rank)
+    by_cause = _time_by_cause(context, records)
+    out = _Collected()
+    out.data["meshes"] = tuple(MeshRow(mesh.id, mesh.shape, mesh.dim_names) for mesh in records.meshes.values())
+    out.data["parameters"] = len(records.parameters)
+    out.data["bytes_per_rank"] = sum(parameter.bytes_per_rank or 0 for parameter in records.parameters)
+    out.data["by_cause"] = tuple(
+        CauseTime(cause.kind, cause.module, cause.op, cause.phase, count, dur)
+        for cause_id, (count, dur, _) in sorted(by_cause.items(), key=lambda item: -item[1][1])
+        if (cause := records.causes.get(cause_id)) is not None
+    )
+    world = max(len(context.trace.distributed_ranks), 1)
+    explained_ns = 0.0
+    explained_ns += _activation_gathers(context, out, records, by_cause, world)
+    explained_ns += _op_redistributions(context, out, records, world)
+    explained_ns += _unwrapped_modules(context, out, records, by_cause)
+    explained_ns += _small_buckets(context, out, records, by_cause, world)
+    _replicated_parameters(context, out, records, world)
+    _uneven_shards(context, out, records)
+    _exposed(context, out, records, explained_ns)
+    return AnalysisResult(NAME, ShardingData(**out.data), tuple(out.findings))
+
+
+def _steady(context: AnalysisContext, collective: CausedCollective) -> bool:
+    steps = context.steady_range
+    return steps is None or steps[0] <= collective.step <= steps[1]
+
+
+def _time_by_cause(context: AnalysisContext, records: ShardingRecords) -> dict[int, tuple[int, float, int]]:
+    """Per cause id: calls and summed duration in the steady steps, and bytes per call."""
+    totals: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0])
+    for collective in records.collectives:
+        if collective.cause_id is None or not _steady(context, collective):
+            continue
+        entry = totals[collective.cause_id]
+        entry[0] += 1
+        entry[1] += collective.dur_ns
+        entry[2] = collective.bytes
+    return {cause_id: (int(count), dur, int(nbytes)) for cause_id, (count, dur, nbytes) in totals.items()}
+
+
+def _per_step(context: AnalysisContext, steady_ns: float) -> Cost:
+    return context.loop_cost(steady_ns, steady_ns)
+
+
+def _location(origin: SourceLocation | None) -> LocationFields:
+    return {"file": origin.file, "line": origin.line} if origin is not None else {}
+
+
+def _evidence(text: str, origin: SourceLocation | None, module: str | None = None) -> Evidence:
+    return Evidence(text, file=origin.file if origin else None, line=origin.line if origin else None, module=module,
+                    table="collective_causes")
+
+
+# ----------------------------------------------------------------- tensor-parallel plans
+def _activation_gathers(context: AnalysisContext, out: _Collected, records: ShardingRecords,
+                        by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
+    """ColwiseParallel layers that gather their output when the plan's next layer is column-parallel too,
+    one finding per plan line (a plan applied in a loop over blocks names every block's module)."""
+    styles = _styles_by_module(records)
+    order = list(styles)
+    by_line: dict[tuple[str, int] | str, list[_Gather]] = defaultdict(list)
+    for cause_id, (count, dur_ns, nbytes) in by_cause.items():
+        cause = records.causes.get(cause_id)
+        if cause is None or cause.kind != "redistribute" or cause.phase != "forward" or cause.op != "ColwiseParallel output_layouts":
+            continue
+        if not (cause.src_placements or "").startswith("Shard") or "Replicate" not in (cause.dst_placements or ""):
+            continue
+        module = cause.module or "?"
+        following = order[order.index(module) + 1:] if module in order else []
+        next_module = following[0] if following else None
+        # the next layer of the same parent (an MLP's up and down projections): across parents, a residual
+        # add or a norm between the layers may need the whole activation
+        if next_module is None or next_module.rsplit(".", 1)[0] != module.rsplit(".", 1)[0] or not styles[next_module][0].startswith("ColwiseParallel"):
+            continue
+        # the plan change also removes the next layer's backward all-reduce of its (gathered) input's gradient
+        next_backward_ns = sum(dur for other_id, (_, dur, _) in by_cause.items()
+                               if (other := records.causes.get(other_id)) is not None and other.module == next_module and other.phase == "backward")
+        gather = _Gather(cause, module, count, dur_ns, nbytes, next_module, next_backward_ns)
+        key = (cause.origin.file, cause.origin.line) if cause.origin is not None else module
+        by_line[key].append(gather)
+    explained = 0.0
+    steps = max(context.steady_count, 1)
+    for gathers in by_line.values():
+        first = gathers[0]
+        cause, module, next_module = first.cause, first.module, first.next_module
+        next_style, next_origin = styles[next_module]
+        gather_ns = sum(gather.dur_ns for gather in gathers)
+        calls = sum(gather.count for gather in gathers)
+        gathered_bytes = sum(gather.nbytes * gather.count for gather in gathers)
+        target_ns = ici_estimate_ns("all_gather", gathered_bytes, world, context.target.ici_bandwidth) / steps
+        cost = _per_step(context, gather_ns + sum(gather.next_backward_ns for gather in gathers))
+        explained += cost["cost_total_ns"] or 0.0
+        modules = [gather.module for gather in gathers]
+        named = module if len(modules) == 1 else f"{module} and {plural(len(modules) - 1, 'other module')}"
+        out.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(context.share_of_steps(gather_ns), warning=0.02, critical=0.2),
+            title=f"Tensor-parallel plan: {named} all-gather their output ({cause.global_shape}) for the next column-parallel layer"
+            if len(modules) > 1 else f"Tensor-parallel plan: {module} all-gathers its output ({cause.global_shape}) for the next column-parallel layer",
+            explanation=(
+                f"This plan entry is ColwiseParallel with output_layouts=Replicate(): every forward all-gathers the "
+                f"{cause.src_placements} output ({format_bytes(gathered_bytes / max(calls, 1))} a call, {plural(calls, 'call')} in the "
+                f"steady steps, {format_ns(gather_ns / steps)} a step here; about {format_ns(target_ns)} a step on "
+                f"{context.target.label}'s ICI), and the next layer ({next_module}) splits its weight by output features again, "
+                f"so its backward all-reduces its input's gradient too. A column-parallel layer followed by a row-parallel one "
+                f"needs a single all-reduce each way."
+            ),
+            suggestion=(
+                f"In the plan, make this entry `ColwiseParallel()` (keep the output sharded on its last dim) and the next one "
+                f"({next_module.rsplit('.', 1)[-1]}) `RowwiseParallel()`" + (f" at {next_origin.short}" if next_origin is not None else "") + "."
+            ),
+            evidence=tuple(
+                _evidence(f"{gather.module}: {gather.cause.src_placements} -> {gather.cause.dst_placements}, {gather.cause.global_shape}, "
+                          f"{plural(gather.count, 'call')}", gather.cause.origin, gather.module) for gather in gathers[:5]
+            ) + (_evidence(f"{next_module}: {next_style}", next_origin, next_module),),
+            module=module,
+            **cost,
+            **_location(cause.origin),
+        ))
+    return explained
+
+
+@dataclass(frozen=True)
+class _Gather:
+    """One module's output all-gathers that a different plan avoids."""
+
+    cause: CollectiveCauseRecord
+    module: str
+    count: int
+    dur_ns: float
+    nbytes: int
+    next_module: str
+    next_backward_ns: float
+
+
+def _op_redistributions(context: AnalysisContext, out: _Collected, records: ShardingRecords, world: int) -> float:
+    """Collectives an op's sharding propagation asked for: the op wanted an operand in other placements.
+    One finding per op, placements and the user line that ran the op."""
+    groups: dict[tuple[str, str, str, int | None], list[CausedCollective]] = defaultdict(list)
+    for collective in records.collectives:
+        cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
+        if cause is None or cause.kind != "redistribute" or not (cause.op or "").startswith("aten.") or not _steady(context, collective):
+            continue
+        groups[(cause.op or "", cause.src_placements or "", cause.dst_placements or "", collective.frame_id)].append(collective)
+    explained = 0.0
+    steps = max(context.steady_count, 1)
+    for (op, src, dst, frame_id), collectives in sorted(groups.items(), key=lambda item: -sum(c.dur_ns for c in item[1])):
+        dur_ns = sum(collective.dur_ns for collective in collectives)
+        share = context.share_of_steps(dur_ns)
+        if share < 0.01:
+            continue
+        cause = records.causes[collectives[0].cause_id]  # type: ignore[index]
+        kind = collectives[0].kind
+        target_ns = sum(ici_estimate_ns(c.kind, c.bytes, world, context.target.ici_bandwidth) for c in collectives) / steps
+        cost = _per_step(context, dur_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        operand = cause.tensor or "an operand"
+        out.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(share, warning=0.05, critical=0.25),
+            title=f"{op} needs {operand} as {dst}, not {src}: a {kind} every call at {context.where(frame_id)}",
+            explanation=(
+                f"DTensor's sharding rule for {op} has no strategy for {operand} ({cause.global_shape}) placed as {src}, so each call "
+                f"first redistributes it to {dst}: {plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step "
+                f"here, about {format_ns(target_ns)} a step on {context.target.label}'s ICI."
+            ),
+            suggestion=(
+                f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
+                f"placements), or redistribute it once outside the loop when it does not change between steps."
+            ),
+            evidence=(_evidence(f"{op}: {src} -> {dst}, {cause.global_shape} ({cause.module or 'no plan module'})", cause.origin, cause.module),),
+            module=cause.module,
+            **cost,
+            **context.location_fields(frame_id),
+        ))
+    return explained
+
+
+def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLocation | None]]:
+    """The tensor-parallel style and plan line of each module, in the model's module order: from the
+    parameters' placements, or (for parameters FSDP2 took over) from the style named by the module's causes."""
+    from_causes: dict[str, tuple[str, SourceLocation | None]] = {}
+    for cause in records.causes.values():
+        style = (cause.op or "").split(" ", 1)[0]
+        if cause.kind == "redistribute" and cause.module and style.endswith("Parallel"):
+            from_causes.setdefault(cause.module, (style, cause.origin))
+    styles: dict[str, tuple[str, SourceLocation | None]] = {}
+    for parameter in records.parameters:
+        module = parameter.module
+        if not module or module in styles:
+            continue
+        if parameter.wrapper == "tp":
+            styles[module] = (parameter.group or "", parameter.origin)
+        elif module in from_causes:
+            styles[module] = from_causes[module]
+    for cause_module, cause_style in from_causes.items():
+        styles.setdefault(cause_module, cause_style)
+    return styles
+
+
+# ----------------------------------------------------------------- FSDP2 wrapping
+def _unwrapped_modules(context: AnalysisContext, out: _Collected, records: ShardingRecords,
+                       by_cause: dict[int, tuple[int, float, int]]) -> float:
+    """FSDP2 groups whose parameters are mostly one submodule that has no fully_shard of its own."""
+    groups: dict[str, list[ParameterPlacementRecord]] = defaultdict(list)
+    for parameter in records.parameters:
+        if parameter.wrapper in ("fsdp", "fsdp+tp") and parameter.group:
+            groups[parameter.group].append(parameter)
+    group_bytes_by_path = {group: sum(parameter.bytes or 0 for parameter in parameters) for group, parameters in groups.items()}
+    explained = 0.0
+    for group, parameters in groups.items():
+        # only an outer group (one with fully_shard calls inside it) holds what the calls inside left out
+        inner = [size for path, size in group_bytes_by_path.items() if path.startswith(group + ".")]
+        if not inner:
+            continue
+        inner_median = statistics.median(inner)
+        group_bytes = group_bytes_by_path[group]
+        children: dict[str, int] = defaultdict(int)
+        for parameter in parameters:
+            rest = (parameter.module or "").removeprefix(group + ".") if (parameter.module or "").startswith(group + ".") else ""
+            if rest:
+                children[f"{group}.{rest.split('.')[0]}"] += parameter.bytes or 0
+        if not children:
+            continue
+        child, child_bytes = max(children.items(), key=lambda item: item[1])
+        if child_bytes < UNWRAPPED_MIN_BYTES or child_bytes < UNWRAPPED_SHARE * group_bytes or child_bytes < 0.5 * inner_median:
+            continue
+        group_ns = sum(dur for cause_id, (_, dur, _) in by_cause.items()
+                       if (cause := records.causes.get(cause_id)) is not None and (cause.kind or "").startswith("fsdp_") and cause.module == group)
+        steady_ns = group_ns * child_bytes / group_bytes if group_bytes else 0.0
+        cost = _per_step(context, steady_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        origin = parameters[0].origin
+        attribute = child.removeprefix(group.split(".")[0] + ".")
+        out.findings.append(Finding(
+            analyzer=NAME,
+            severity="warning" if child_bytes >= inner_median or context.share_of_steps(steady_ns) >= 0.05 else "info",
+            title=f"FSDP2: {child} ({format_bytes(child_bytes)}) has no fully_shard of its own; it is gathered with {group}",
+            explanation=(
+                f"{child} holds {child_bytes / group_bytes:.0%} of the {format_bytes(group_bytes)} that {group}'s fully_shard groups "
+                f"(the fully_shard calls inside {group} hold {format_bytes(inner_median)} each, median), so its "
+                f"parameters are all-gathered and reduce-scattered with the rest of {group} in one message that cannot overlap with "
+                f"{child}'s own compute, and stay unsharded while any of {group} runs."
+            ),
+            suggestion=f"Call `fully_shard(model.{attribute})` before this `fully_shard(...)`, so that {child} is gathered just before it runs.",
+            evidence=(Evidence(f"{group}: {format_bytes(group_bytes)} in one group; {child}: {format_bytes(child_bytes)}", file=origin.file if origin else None,
+                               line=origin.line if origin else None, module=child, table="parameter_placements"),),
+            module=child,
+            **cost,
+            **_location(origin),
+        ))
+    return explained
+
+
+# ----------------------------------------------------------------- DDP buckets and replication
+def _small_buckets(context: AnalysisContext, out: _Collected, records: ShardingRecords,
+                   by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
+    buckets = [(records.causes[cause_id], count, dur, nbytes) for cause_id, (count, dur, nbytes) in by_cause.items()
+               if cause_id in records.causes and records.causes[cause_id].kind == "ddp_bucket"]
+    if not buckets:
+        return 0.0
+    steps = max(context.steady_count, 1)
+    calls = sum(count for _, count, _, _ in buckets)
+    per_step_calls = calls / steps
+    cap = buckets[0][0].bucket_bytes or 0
+    bucket_calls = [collective for collective in records.collectives
+                    if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket" and _steady(context, collective)]
+    gradient_bytes = sum(collective.bytes for collective in bucket_calls) / steps
+    # buckets are in flight together: their time is the union of their intervals, per step (the median step's:
+    # a step that rebuilt DDP's buckets or compiled is not a typical one)
+    by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)
+    for call in bucket_calls:
+        by_step[call.step].append((call.start_ns, call.start_ns + call.dur_ns))
+    bucket_ns = statistics.median(sum(end - start for start, end in _union(spans)) for spans in by_step.values()) if by_step else 0.0
+    out.data["ddp_buckets_per_step"] = per_step_calls
+    if per_step_calls <= SMALL_BUCKETS_PER_STEP or cap >= DEFAULT_BUCKET_BYTES:
+        return 0.0
+    suggested_mb = 25 if gradient_bytes >= 4 * DEFAULT_BUCKET_BYTES else max(1, math.ceil(gradient_bytes / SMALL_BUCKETS_PER_STEP / 2**20))
+    new_calls = max(1, math.ceil(gradient_bytes / (suggested_mb * 2**20)))
+    # latency-bound messages: the time goes per call, so fewer calls take that share of it
+    saved_per_step = bucket_ns * max(per_step_calls - new_calls, 0) / per_step_calls
+    cost = _per_step(context, saved_per_step * steps)
+    origin = buckets[0][0].origin
+    out.findings.append(Finding(
+        analyzer=NAME,
+        severity=context.severity(context.share_of_steps(saved_per_step * steps), warning=0.02, critical=0.2),
+        title=f"DDP buckets of {format_bytes(cap)}: {per_step_calls:.0f} gradient all-reduces per step",
+        explanation=(
+            f"DDP's bucket cap is {format_bytes(cap)} (bucket_cap_mb={cap / 2**20:.3g}), so the {format_bytes(gradient_bytes)} of gradients "
+            f"go out as {per_step_calls:.0f} messages a step, each paying the collective's fixed latency ({format_ns(bucket_ns)} a step "
+            f"here, calls in flight together counted once); on {context.target.label} most of each small message's time is latency, "
+            f"not ICI bandwidth ({format_ns(ici_estimate_ns('all_reduce', gradient_bytes, world, context.target.ici_bandwidth))} a step)."
+        ),
+        suggestion=(
+            f"Construct DDP with `bucket_cap_mb={suggested_mb}` (about {plural(new_calls, 'bucket')} a step"
+            + ("; the default of 25 keeps early buckets overlapping the backward" if suggested_mb == 25 else "") + ")."
+        ),
+        evidence=(_evidence(f"{plural(calls, 'bucket all-reduce')} in {plural(steps, 'steady step')}, cap {format_bytes(cap)}", origin, buckets[0][0].module),),
+        module=buckets[0][0].module,
+        **cost,
+        **_location(origin),
+    ))
+    return cost["cost_total_ns"] or 0.0
+
+
+def _replicated_parameters(context: AnalysisContext, out: _Collected, records: ShardingRecords, world: int) -> None:
+    replicated = [parameter for parameter in records.parameters if parameter.wrapper == "ddp"]
+    if not replicated or world < 2:
+        return
+    parameter_bytes = sum(parameter.bytes or 0 for parameter in replicated)
+    # parameters and gradients; Adam's two moments would double it again
+    saved = 2 * parameter_bytes * (world - 1) / world
+    hbm = context.target.hbm_bytes
+    share = saved / hbm if hbm else 0.0
+    out.data["replicated_bytes"] = parameter_bytes
+    origin = replicated[0].origin
+    out.findings.append(Finding(
+        analyzer=NAME,
+        severity="warning" if share >= REPLICATED_HBM_SHARE else "info",
+        title=f"DDP replicates {format_bytes(parameter_bytes)} of parameters on every rank; FSDP2 would save {format_bytes(saved)} per rank",
+        explanation=(
+            f"Each of the {world} ranks holds every parameter and gradient ({format_bytes(2 * parameter_bytes)}, more with optimizer "
+            f"state); sharding them with fully_shard would keep 1/{world} of each: {share:.1%} of {context.target.label}'s HBM per rank."
+        ),
+        suggestion="Where memory limits the batch or model size, replace `DDP(model)` with `fully_shard` on each block and then the model.",
+        cost_total_ns=0.0,
+        evidence=(Evidence(f"{plural(len(replicated), 'parameter')}, {format_bytes(parameter_bytes)}", file=origin.file if origin else None,
+                           line=origin.line if origin else None, table="parameter_placements"),),
+        **_location(origin),
+    ))
+
+
+def _uneven_shards(context: AnalysisContext, out: _Collected, records: ShardingRecords) -> None:
+    uneven = []
+    for parameter in records.parameters:
+        sizes = records.mesh_dim_sizes(parameter.mesh_id)
+        shape = [int(size) for size in (parameter.global_shape or "").split(",") if size.strip().lstrip("-").isdigit()]
+        for mesh_dim, placement in enumerate((parameter.placements or "").split(",")):
+            if not placement.startswith("Shard(") or mesh_dim >= len(sizes) or not shape:
+                continue
+            dim = int(placement[6:-1])
+            if shape[dim] % sizes[mesh_dim]:
+                uneven.append((parameter, dim, sizes[mesh_dim]))
+    out.data["uneven_shards"] = tuple(UnevenShard(parameter.name, dim, size) for parameter, dim, size in uneven)
+    if not uneven:
+        return
+    parameter, dim, size = uneven[0]
+    out.findings.append(Finding(
+        analyzer=NAME,
+        severity="info",
+        title=f"Uneven shards: {parameter.name} dim {dim} ({parameter.global_shape}) is not divisible by its mesh dim of {size}",
+        explanation=(
+            f"{plural(len(uneven), 'parameter')} are split unevenly: the last rank's shard is smaller, every all-gather of them is padded, "
+            "and memory per rank differs."
+        ),
+        suggestion=f"Make dim {dim} of {parameter.name} a multiple of {size} (pad the layer's width), or choose a mesh size that divides it.",
+        cost_total_ns=0.0,
+        evidence=tuple(Evidence(f"{p.name}: {p.global_shape}, {p.placements}", file=p.origin.file if p.origin else None,
+                                line=p.origin.line if p.origin else None, table="parameter_placements") for p, _, _ in uneven[:5]),
+        **_location(parameter.origin),
+    ))
+
+
+# ----------------------------------------------------------------- exposed communication
+def _exposed(context: AnalysisContext, out: _Collected, records: ShardingRecords, explained_ns: float) -> None:
+    """Collective time per steady step with no program running on the chip (exposed) and with one (overlapped)."""
+    steady = [collective for collective in records.collectives if _steady(context, collective)]
+    if not steady or not context.steps:
+        return
+    intervals = _union([(c.start_ns, c.start_ns + c.dur_ns) for c in steady])
+    where, params = context.steady_where()
+    busy = _union([(start, start + dur) for start, dur in context.trace.sql(
+        f"SELECT start_ns, dur_ns FROM executions WHERE {where} AND dur_ns IS NOT NULL", params)])
+    communication = sum(end - start for start, end in intervals)
+    overlapped = _overlap(intervals, busy)
+    exposed = communication - overlapped
+    steps = max(context.steady_count, 1)
+    out.data["communication_per_step_ns"] = communication / steps
+    out.data["exposed_per_step_ns"] = exposed / steps
+    out.data["overlapped_per_step_ns"] = overlapped / steps
+    share = context.share_of_steps(exposed)
+    if share < 0.05:
+        return
+    # Overlap can hide communication only behind compute: what it saves is at most the chip's busy time.
+    compute = sum(end - start for start, end in busy)
+    out.data["compute_per_step_ns"] = compute / steps
+    cost = _per_step(context, exposed)
+    unexplained = max((cost["cost_total_ns"] or 0.0) - explained_ns, 0.0)
+    hideable = min(unexplained, (_per_step(context, compute)["cost_total_ns"] or 0.0))
+    top = _top_cause(records, steady)
+    origin = top.origin if top is not None else None
+    # Virtual chips of one host run their programs and the transport on the same cores: what overlaps there
+    # says little about a TPU's overlap, so the finding is only information.
+    virtual = shared_host(context.trace)
+    out.findings.append(Finding(
+        analyzer=NAME,
+        severity="info" if virtual or hideable < 0.5 * (cost["cost_total_ns"] or 0.0) else context.severity(share, warning=0.15, critical=0.4),
+        title=f"Communication exposed {format_ns(exposed / steps)} per step ({share:.0%} of a step); {format_ns(overlapped / steps)} overlapped",
+        explanation=(
+            f"Of {format_ns(communication / steps)} of collectives a step (overlapping calls counted once), {format_ns(exposed / steps)} ran "
+            f"while no program ran on the chip, so the step waited for it; the chip computed {format_ns(compute / steps)} a step, "
+            f"which bounds what overlapping can hide."
+            + (f" The most time goes to {top.kind} of {top.module or 'the model'}." if top is not None else "")
+            + (" The ranks are virtual chips of one host, whose programs and transport share its cores, so overlap here "
+               "says little about a TPU's: the finding is information, with no cost." if virtual else "")
+        ),
+        suggestion=(
+            "Start communication earlier so that compute hides it (FSDP2 prefetches the next group; DDP buckets fill during the "
+            "backward), and remove the collectives the other sharding findings name."
+        ),
+        cost_total_ns=0.0 if virtual else hideable,
+        cost_per_step_ns=None if virtual or not context.step_count else hideable / context.step_count,
+        **_location(origin),
+    ))
+
+
+def _top_cause(records: ShardingRecords, collectives: list[CausedCollective]) -> CollectiveCauseRecord | None:
+    totals: dict[int, int] = defaultdict(int)
+    for collective in collectives:
+        if collective.cause_id is not None:
+            totals[collective.cause_id] += collective.dur_ns
+    if not totals:
+        return None
+    return records.causes.get(max(totals, key=lambda cause_id: totals[cause_id]))
+
+
+def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
+        else:
+            merged.append((start, end))
+    return merged
+
+
+def _overlap(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> int:
+    """Total length of the intersection of two unions of intervals (each sorted, disjoint)."""
+    total, index = 0, 0
+    for start, end in first:
+        while index < len(second) and second[index][1] <= start:
+            index += 1
+        probe = index
+        while probe < len(second) and second[probe][0] < end:
+            total += max(0, min(end, second[probe][1]) - max(start, second[probe][0]))
+            probe += 1
+    return total
