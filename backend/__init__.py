@@ -34,8 +34,8 @@ from tputrace.backend.tensor import TpuTensor  # noqa: E402
 # enough objects alive to trigger one every few thousand ops, ~200 ms each here without the freeze.
 gc.freeze()
 
-from tputrace import spawn_recording  # noqa: E402
+from tputrace.recording import interface  # noqa: E402
 
-spawn_recording.record_if_started_by_a_recording()  # a process a recorded script started records as its child
+interface.backend_loaded()  # a process a recorded script started records as its child
 
 __all__ = ["EagerMode", "TpuTensor", "eager_mode", "set_eager_mode"]

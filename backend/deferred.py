@@ -35,6 +35,7 @@ from tputrace.backend.dtypes import JAX_TO_TORCH, to_torch
 from tputrace.backend.flush_sites import FlushedGraph, FlushSites
 from tputrace.backend.plans import INTERNAL_PLANS, VIEW_READ, Plan, compile_program
 from tputrace.backend.signatures import InputSpec, key_change, signature_diff
+from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
 
@@ -509,7 +510,7 @@ class DeferredExecutor:
             self._record_fusions(recorder, fused_program)
         return fused_program
 
-    def _structure_change(self, site: Any, step: int, nodes: list, called_names: tuple[str, ...], in_specs: tuple, graph: PendingGraph, recorder: Any,
+    def _structure_change(self, site: Any, step: int, nodes: list, called_names: tuple[str, ...], in_specs: tuple, graph: PendingGraph, recorder: Recording | None,
                           by_length: tuple[str, str] | None) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, with the
         first op that reads a program input whose shape or dtype changed (when both graphs run the same
@@ -548,14 +549,14 @@ class DeferredExecutor:
             return "recompile", _ops_change(nodes, called_names, old, min(len(nodes), len(old_nodes)), graph, recorder)
         return "recompile", f"same {_op_count(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
 
-    def _record_fusions(self, recorder: Any, fused: FusedProgram) -> None:
+    def _record_fusions(self, recorder: Recording, fused: FusedProgram) -> None:
         if fused.program.hlo_text and fused.program_id is not None:
             for fusion in hlo_fusions.parse(fused.program.hlo_text):
                 recorder.fusion(fused.program_id, fusion)
 
-    def _record_flush(self, recorder: Any, graph: PendingGraph, fused: FusedProgram, trigger: str, cache_hit: bool, start: int, launch: int,
+    def _record_flush(self, recorder: Recording, graph: PendingGraph, fused: FusedProgram, trigger: str, cache_hit: bool, start: int, launch: int,
                       results: Sequence[Any], scalars: Sequence[np.ndarray]) -> None:
-        flush_id = recorder.writer.next_id("flushes")
+        flush_id = recorder.next_flush_id()
         # The program's inputs: the arrays it reads and the arrays its Python scalars are packed into.
         input_bytes = sum(getattr(value, "nbytes", 0) for value in graph.inputs) + sum(array.nbytes for array in scalars)
         output_bytes = sum(getattr(value, "nbytes", 0) for value in results)
@@ -612,7 +613,7 @@ def _op_count(nodes: Sequence[tuple[Plan, tuple]]) -> int:
     return sum(1 for plan, _ in nodes if plan.op_name not in INTERNAL_PLANS)
 
 
-def _op_text(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph, recorder: Any, index: int) -> str:
+def _op_text(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph, recorder: Recording | None, index: int) -> str:
     """'op 3 aten.add.Tensor (train.py:9)': the node at `index`, numbered among the graph's ops (view
     reads, which a trace has no op of, not counted: a view read gets the number of the op reading it)."""
     return f"op {_op_count(nodes[:index])} {_called_name_in(graph, nodes, index)}{_location(graph, recorder, index)}"
@@ -632,7 +633,7 @@ def _called_names(nodes: Sequence[tuple[Plan, tuple]], graph: PendingGraph) -> t
     return tuple(_called_name_in(graph, nodes, index) for index in range(len(nodes)))
 
 
-def _location(graph: PendingGraph, recorder: Any, index: int) -> str:
+def _location(graph: PendingGraph, recorder: Recording | None, index: int) -> str:
     """' (file:line)' of the op at node `index` ('' unknown). A view read has no op record of its own: it
     is attributed to the op that reads it."""
     position = bisect.bisect_left(graph.record_nodes, index)
@@ -642,7 +643,7 @@ def _location(graph: PendingGraph, recorder: Any, index: int) -> str:
     return f" ({location})" if location else ""
 
 
-def _ops_change(nodes: Sequence[tuple[Plan, tuple]], called_names: tuple[str, ...], old: FlushedGraph, index: int, graph: PendingGraph, recorder: Any) -> str:
+def _ops_change(nodes: Sequence[tuple[Plan, tuple]], called_names: tuple[str, ...], old: FlushedGraph, index: int, graph: PendingGraph, recorder: Recording | None) -> str:
     """A structure change whose nodes first differ at `index`: the first run of ops the new graph left
     out, added or put in place of others, its common ops with the old graph aligned (set-up work that
     only the first step's graph ran is a run left out at op 0), and how many such runs follow."""

@@ -28,6 +28,7 @@ from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
 from tputrace.backend.executor import Executor, StrictExecutor
+from tputrace.recording.interface import Recording
 from tputrace.backend.plans import (
     STORAGE_ORDER,
     VIEW_READ,
@@ -112,7 +113,7 @@ class Dispatcher:
         self.site_compiles = SiteCompiles()  # an op's new non-tensor arguments at a line as recompiles (`record_compile`)
         self.view_plans: dict[Any, Any] = {}
         self.executor: Executor = StrictExecutor(self)
-        self.recorder: Any = None
+        self.recorder: Recording | None = None
         self.warned_keys: set[str] = set()  # what `_warn_once` has warned about (op names for fallbacks)
         self.worker_errors: list[BaseException] = []
         self.plan_lock = threading.RLock()

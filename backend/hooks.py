@@ -11,6 +11,8 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from tputrace.recording.interface import Recording, active
+
 _removable: list[Any] = []
 _original_record_function: tuple[Any, Any] | None = None
 _installed = False
@@ -112,8 +114,6 @@ def _makes_state(optimizer: Any) -> bool:
 
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    from tputrace import recorder
-
     from tputrace.backend.dispatch import dispatcher
 
     if not _steps_tpu_params(optimizer):
@@ -122,7 +122,9 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if state_created is not None:
         state_created()
     flush_pending("step")
-    recorder.optimizer_stepped()
+    recorder = active()
+    if recorder is not None:
+        recorder.optimizer_stepped()
 
 
 def _steps_tpu_params(optimizer: Any) -> bool:
@@ -139,11 +141,9 @@ def _steps_tpu_params(optimizer: Any) -> bool:
 
 def backward_started() -> None:
     """Ops of the backward pass run on autograd's thread: give them the line that called backward()."""
-    from tputrace import recorder as recorder_module
-
     from tputrace.backend.dispatch import dispatcher
 
-    recorder = recorder_module.active()
+    recorder = active()
     if recorder is not None and recorder.enabled:
         recorder.backward_frame = recorder.frame_id()
         recorder.backward_call_frame = recorder.frame_id(by_call=True)
@@ -161,7 +161,7 @@ def flush_pending(trigger: str) -> None:
         flush(trigger)
 
 
-def attach(recorder: Any) -> None:
+def attach(recorder: Recording) -> None:
     """Connect a recorder: the dispatcher reports to it, module and profiler ranges feed it."""
     from tputrace.backend.dispatch import dispatcher
 
@@ -183,7 +183,7 @@ def detach() -> None:
     _unpatch_record_function()
 
 
-def _module_entered(recorder: Any) -> Any:
+def _module_entered(recorder: Recording) -> Any:
     names = recorder.module_names
 
     def entered(module: torch.nn.Module, args: Any) -> None:
@@ -200,7 +200,7 @@ def _module_entered(recorder: Any) -> Any:
     return entered
 
 
-def _module_left(recorder: Any) -> Any:
+def _module_left(recorder: Recording) -> Any:
     def left(module: torch.nn.Module, args: Any, output: Any) -> None:
         if torch.compiler.is_compiling():
             return
@@ -209,7 +209,7 @@ def _module_left(recorder: Any) -> Any:
     return left
 
 
-def _patch_record_function(recorder: Any) -> None:
+def _patch_record_function(recorder: Recording) -> None:
     global _original_record_function
     record_function = torch.autograd.profiler.record_function
     if _original_record_function is not None:

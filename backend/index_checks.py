@@ -39,6 +39,7 @@ from tputrace.backend.cuts.layout import cut_layout, padded_of
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.plans import INDEX_CHECK, OutSpec, Plan
 from tputrace.backend.tensor import TpuTensor
+from tputrace.recording.interface import Recording
 from tputrace.sourceloc import is_user_file, library_roots
 
 aten = torch.ops.aten
@@ -142,7 +143,7 @@ def forget_plans() -> None:
     _plans.clear()
 
 
-def raise_if_out_of_range(recorder: Any, chip: int | None = None) -> None:
+def raise_if_out_of_range(recorder: Recording | None, chip: int | None = None) -> None:
     """Raise the error of the first out-of-range index that ran on `chip` (every chip if None) since
     the last check, recorded in the trace as an `index_check` annotation at the syncing line; a flag
     whose value is still pending waits for a later sync."""
@@ -170,7 +171,7 @@ def raise_if_out_of_range(recorder: Any, chip: int | None = None) -> None:
             raise RuntimeError(message)
 
 
-def record_host_refusal(recorder: Any, op: Any, refusal: BaseException) -> None:
+def record_host_refusal(recorder: Recording | None, op: Any, refusal: BaseException) -> None:
     """Record an index op that the host refused (DEFER_NEVER_AND_LAUNCH_BLOCKING checks indices on
     host copies, at the op) as an `index_check` annotation at the op's line, naming the op as the
     chip checks' message does; torch's own error is what the script gets."""

@@ -51,7 +51,7 @@ def worker(out_path: str, sizes: list[int], quick: bool) -> None:
     import torch.distributed as dist
 
     import tputrace.backend  # noqa: F401 - registers the tpu device and the "tpu" process group backend
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
     dist.init_process_group("tpu")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -92,7 +92,7 @@ def worker(out_path: str, sizes: list[int], quick: bool) -> None:
 
     overhead = []
     trace_dir = tempfile.mkdtemp(prefix="tputrace-bench-")
-    active = recorder.start(os.path.join(trace_dir, f"rank{rank}.tptrace"), script="bench/collectives.py", argv=[], mode="strict")
+    active = lifecycle.start(os.path.join(trace_dir, f"rank{rank}.tptrace"), script="bench/collectives.py", argv=[], mode="strict")
     try:
         for size in OVERHEAD_SIZES:
             tensor = torch.zeros(size // 4, device="tpu")
@@ -119,7 +119,7 @@ def worker(out_path: str, sizes: list[int], quick: bool) -> None:
             )
     finally:
         active.enabled = True
-        recorder.stop(0)
+        lifecycle.stop(0)
     if rank == 0:
         Path(out_path).write_text(json.dumps({"ranks": world, "rows": rows, "overhead": overhead}))
     dist.destroy_process_group()

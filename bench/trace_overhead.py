@@ -16,7 +16,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 from results import write_section  # noqa: E402
-from tputrace import recorder  # noqa: E402
+from tputrace.recording import lifecycle  # noqa: E402
 
 
 def main() -> None:
@@ -25,8 +25,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     args = parser.parse_args()
     warnings.simplefilter("ignore")
-    recorder.start(None, script="bench", argv=[], mode="defer")
-    recorder.stop(0)
+    lifecycle.start(None, script="bench", argv=[], mode="defer")
+    lifecycle.stop(0)
     import gpt_train
 
     config = gpt_train.GPTConfig()
@@ -48,11 +48,11 @@ def main() -> None:
         for round_index in range(args.rounds + 1):
             for label in ("traced", "untraced"):
                 path = str(Path(folder) / f"{label}-{round_index}.tptrace") if label == "traced" else None
-                recorder.start(path, script="bench", argv=[], mode="defer")
+                lifecycle.start(path, script="bench", argv=[], mode="defer")
                 try:
                     step_ms = run_steps(args.steps)
                 finally:
-                    recorder.stop(0)
+                    lifecycle.stop(0)
                 if round_index > 0:
                     samples[label].append(step_ms)
     traced, untraced = statistics.median(samples["traced"]), statistics.median(samples["untraced"])

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+from tputrace.version import __version__
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -29,16 +29,16 @@ def open(path: str | os.PathLike[str], *, source_roots: Sequence[str | os.PathLi
 
 def step() -> None:
     """Mark a training-step boundary in the running recording."""
-    from tputrace import recorder
+    from tputrace.recording import session
 
-    recorder.step()
+    session.step()
 
 
 def annotate(name: str) -> Any:
     """A context manager (and decorator) that records a named range in the running recording."""
-    from tputrace import recorder
+    from tputrace.recording import session
 
-    return recorder.annotate(name)
+    return session.annotate(name)
 
 
 def __getattr__(name: str) -> Any:

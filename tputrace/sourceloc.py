@@ -4,6 +4,7 @@ launchers (the environment's `bin`), tputrace, torch and jax."""
 from __future__ import annotations
 
 import functools
+import importlib.util
 import itertools
 import os
 import re
@@ -15,6 +16,8 @@ from types import CodeType
 from tputrace.store.columns import line_character_offset
 
 _LIBRARY_MODULES = ("torch", "jax", "jaxlib", "numpy", "transformers")
+# The directory of the tputrace package (its modules' frames are not the user's).
+TPUTRACE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
 @functools.cache
@@ -45,12 +48,9 @@ def library_roots() -> tuple[str, ...]:
     module_files = tuple(
         module.__file__ for name in _LIBRARY_MODULES if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)
     )
-    try:
-        import tputrace.backend as backend_package
-
-        module_files += (backend_package.__file__,)
-    except ImportError:
-        pass
+    backend_spec = importlib.util.find_spec("tputrace.backend")  # where it is installed, without importing it
+    if backend_spec is not None and backend_spec.origin is not None:
+        module_files += (backend_spec.origin,)
     return _library_roots_cached(module_files)
 
 

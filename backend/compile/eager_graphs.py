@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_leaves
 
 from tputrace import sourceloc
 from tputrace.backend.tensor import TpuData
+from tputrace.recording.interface import Recording
 
 
 def data_dependent_cause(gm: torch.fx.GraphModule) -> str | None:
@@ -71,7 +72,7 @@ class EagerGraph:
 class _AtTracedLines(torch.fx.Interpreter):
     """Runs a graph's nodes, each with the recorder's line set to the one the node was traced from."""
 
-    def __init__(self, gm: torch.fx.GraphModule, recorder: Any, locations: dict[torch.fx.Node, tuple[str, int, str] | None]) -> None:
+    def __init__(self, gm: torch.fx.GraphModule, recorder: Recording, locations: dict[torch.fx.Node, tuple[str, int, str] | None]) -> None:
         super().__init__(gm)
         self.recorder = recorder
         self.locations = locations

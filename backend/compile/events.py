@@ -23,6 +23,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tputrace.recording.interface import Recording
+
 _perf_ns = time.perf_counter_ns
 
 
@@ -78,7 +80,7 @@ class DynamoEvents:
         handler.register_end_callback(self._compile_ended)
 
     @staticmethod
-    def recorder() -> Any:
+    def recorder() -> Recording | None:
         """The active recorder when it writes a trace, else None."""
         from tputrace.backend.dispatch import dispatcher
 
@@ -153,7 +155,7 @@ class DynamoEvents:
                     continue  # Dynamo looked at a tputrace callback run from C++ (e.g. the device guard)
                 self._write_frame(recorder, frame, metrics)
 
-    def _write_frame(self, recorder: Any, frame: FrameCompile, metrics: Any) -> None:
+    def _write_frame(self, recorder: Recording, frame: FrameCompile, metrics: Any) -> None:
         total_ns = int((metrics.dynamo_cumulative_compile_time_us or metrics.duration_us or 0) * 1000)
         backend_ns = min(frame.backend_ns, total_ns) if total_ns else frame.backend_ns
         xla_ns = min(frame.xla_ns, backend_ns)
@@ -201,7 +203,7 @@ class DynamoEvents:
             program_id=frame.program_ids[0] if frame.program_ids else None,
         )
 
-    def _record_graph_breaks(self, recorder: Any, compile_id: str) -> None:
+    def _record_graph_breaks(self, recorder: Recording, compile_id: str) -> None:
         import torch._dynamo.utils
 
         reasons = torch._dynamo.utils.graph_break_reasons
@@ -228,12 +230,12 @@ class DynamoEvents:
 
 
 def _is_tputrace_code(filename: str | None) -> bool:
-    import tputrace
     import tputrace.backend
+    from tputrace import sourceloc
 
     if not filename:
         return False
-    roots = (os.path.dirname(tputrace.__file__), os.path.dirname(tputrace.backend.__file__))
+    roots = (sourceloc.TPUTRACE_DIR, os.path.dirname(tputrace.backend.__file__))
     path = os.path.abspath(filename)
     return any(path.startswith(root + os.sep) for root in roots)
 

@@ -29,6 +29,7 @@ from tputrace.backend.compile.settings import CompileSettings
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.plans import Plan, Program, compile_program
 from tputrace.backend.compile_history import CompileHistory
+from tputrace.recording.interface import Recording
 from tputrace.backend.tensor import TpuData, TpuTensor, new_tensor
 
 _perf_ns = time.perf_counter_ns
@@ -115,7 +116,7 @@ class CompiledGraph:
                 recorder.bucket_hit(self.info.name, bucket.describe(), launch, _perf_ns() - launch)
         return self._outputs(entry.layout, results, args, chip, returned_sizes, recorder)
 
-    def _outputs(self, layout: TracedLayout, results: Sequence[Any], args: list, chip: int, returned_sizes: dict[int, int], recorder: Any) -> list:
+    def _outputs(self, layout: TracedLayout, results: Sequence[Any], args: list, chip: int, returned_sizes: dict[int, int], recorder: Recording | None) -> list:
         host_values = self._host_outputs(layout, results, chip, recorder) if any(layout.output_on_host) else {}
         outputs: list[Any] = []
         for index, (slot, dtype, on_host) in enumerate(zip(layout.outputs, layout.output_dtypes, layout.output_on_host)):
@@ -138,7 +139,7 @@ class CompiledGraph:
                 outputs[index] = aliases.replay(_alias_base(alias, args, outputs, results, layout, bases, chip), alias.steps)
         return outputs
 
-    def _host_outputs(self, layout: TracedLayout, results: Sequence[Any], chip: int, recorder: Any) -> dict[int, Any]:
+    def _host_outputs(self, layout: TracedLayout, results: Sequence[Any], chip: int, recorder: Recording | None) -> dict[int, Any]:
         """The outputs torch places on the CPU (e.g. updated step counters), copied back in one go: the
         host waits for the program here, a sync."""
         indices = [slot.index for slot, on_host in zip(layout.outputs, layout.output_on_host) if on_host and slot.kind == "array"]
@@ -233,7 +234,7 @@ class CompiledGraph:
         return tuple(specs)
 
 
-def _note_index_flag(flag: Any, chip: int, recorder: Any) -> None:
+def _note_index_flag(flag: Any, chip: int, recorder: Recording | None) -> None:
     """Hand a program's index-check flag to the chip's (the next sync raises its site's error); with
     launch blocking, raise it at the call, as blocking eager mode raises at the op."""
     from tputrace.backend.dispatch import dispatcher
@@ -243,7 +244,7 @@ def _note_index_flag(flag: Any, chip: int, recorder: Any) -> None:
         index_checks.raise_if_out_of_range(recorder, chip)
 
 
-def _read_inputs(args: Sequence[Any], recorder: Any) -> tuple[list[Any], dict[int, Any], int]:
+def _read_inputs(args: Sequence[Any], recorder: Recording | None) -> tuple[list[Any], dict[int, Any], int]:
     """The arrays of a call's tensor inputs, its other inputs by position, and the chip. CPU tensors
     (e.g. an optimizer's step counters) go in as host arrays: the program's call copies them all."""
     from tputrace.backend.dispatch import dispatcher

@@ -27,7 +27,7 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from tputrace import recorder as recorder_module
+from tputrace.recording.interface import active
 from tputrace import sourceloc
 from tputrace.backend import arg_checks, matmul_precision, rng
 from tputrace.backend.compile import aliases, index_flags, output_layouts
@@ -528,7 +528,7 @@ def _collective(node: torch.fx.Node, args: tuple, kwargs: dict) -> Any:
 
 def _recording_at(location: tuple[str, int, str] | None) -> contextlib.AbstractContextManager[None]:
     """What a host callback records (a collective), at the line its node was traced from."""
-    recorder = recorder_module._active
+    recorder = active()
     if recorder is None or not recorder.enabled:
         return contextlib.nullcontext()
     return recorder.recording_at(location)

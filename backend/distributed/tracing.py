@@ -13,13 +13,12 @@ Message sizes follow the nccl-tests convention: all-gather and reduce-scatter co
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import torch
 
-from tputrace import recorder as recorder_module
 from tputrace.backend.distributed import causes, placements
 from tputrace.backend.dtypes import short_name
+from tputrace.recording.interface import Recording, active
 
 _perf_ns = time.perf_counter_ns
 
@@ -47,7 +46,7 @@ class CollectiveCall:
 
     __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id")
 
-    def __init__(self, recorder: Any, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str) -> None:
+    def __init__(self, recorder: Recording, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str) -> None:
         self.recorder = recorder
         self.kind = kind
         self.nbytes = nbytes
@@ -77,7 +76,7 @@ class CollectiveCall:
 def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, ranks: str, size: int, transport: str) -> CollectiveCall | None:
     """A call to record (its source line and step taken now, on the issuing thread), or None when
     nothing is recording (the cheap path)."""
-    recorder = recorder_module._active
+    recorder = active()
     if recorder is None or not recorder.enabled:
         return None
     if placements.has_pending():
@@ -85,9 +84,9 @@ def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, r
     return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport)
 
 
-def active_recorder() -> Any:
+def active_recorder() -> Recording | None:
     """The recorder that records now, or None (the sharding hooks' cheap check)."""
-    recorder = recorder_module._active
+    recorder = active()
     return recorder if recorder is not None and recorder.enabled else None
 
 

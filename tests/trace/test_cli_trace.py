@@ -322,7 +322,7 @@ def test_the_smallest_counts_are_accepted(sample_trace_path: Path, capsys: pytes
 
 
 class StandInRecorder:
-    """Stands in for tputrace.recorder (start/stop/live_counts) and writes a real, minimal trace."""
+    """Stands in for tputrace.recording.lifecycle (start/stop/live_counts) and writes a real, minimal trace."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[Any, ...]] = []
@@ -349,7 +349,7 @@ class StandInRecorder:
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> StandInRecorder:
     stand_in = StandInRecorder()
-    monkeypatch.setitem(sys.modules, "tputrace.recorder", stand_in)
+    monkeypatch.setitem(sys.modules, "tputrace.recording.lifecycle", stand_in)
     monkeypatch.setenv("TPUTRACE_CHIPS", "97")  # a value no test passes as --chips
     return stand_in
 

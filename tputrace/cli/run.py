@@ -1,11 +1,11 @@
 """`tputrace run script.py [args...]` / `tputrace run -m module [args...]`: record a run.
 
 The target runs as `__main__` (via runpy, with `sys.argv` and `sys.path[0]` set as Python sets them)
-inside `tputrace.recorder.start(...)` / `stop(...)`. `stop` runs however the script ends: normally,
+inside `tputrace.recording.lifecycle.start(...)` / `stop(...)`. `stop` runs however the script ends: normally,
 by an exception, `sys.exit`, Ctrl-C or SIGTERM (turned into `SystemExit(143)`). Afterwards the
 summary of the saved trace goes to stderr. Processes the script forks or starts are recorded as ranks
-of their own (`tputrace.fork_recording`, `tputrace.spawn_recording`: the recording describes itself
-to them in the environment).
+of their own (`tputrace.recording.forking`, `tputrace.recording.spawning`: the recording describes
+itself to them in the environment).
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def run(args: argparse.Namespace) -> int:
     trace_path = None if args.no_trace else Path(output or default_trace_path(target.stem)).resolve()
     if trace_path is not None:
         check_trace_path(trace_path, target, force=args.force)
-    recorder = importlib.import_module("tputrace.recorder")
+    recorder = importlib.import_module("tputrace.recording.lifecycle")
     launcher_pid = os.getpid()
     exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode)
     if os.getpid() != launcher_pid:

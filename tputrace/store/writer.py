@@ -33,7 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from tputrace import __version__
+from tputrace.version import __version__
 from tputrace.schema import (
     FORMAT_VERSION,
     MAGIC,

@@ -253,9 +253,9 @@ def test_shape_buckets_compile_once_per_bucket_and_give_the_same_results(tmp_pat
     model = _Tagger().to("tpu").eval()
     compiled = torch.compile(model, backend="tpu", options={"shape_buckets": [16, 32]})
     trace_path = tmp_path / "buckets.tptrace"
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
-    recorder.start(str(trace_path), script="buckets", argv=[], mode="compile")
+    lifecycle.start(str(trace_path), script="buckets", argv=[], mode="compile")
     try:
         with torch.no_grad():
             for length in (5, 9, 13, 20, 31):
@@ -263,7 +263,7 @@ def test_shape_buckets_compile_once_per_bucket_and_give_the_same_results(tmp_pat
                 torch._dynamo.mark_dynamic(tokens, 1)
                 assert torch.allclose(host(compiled(tokens)), host(model(tokens)), atol=1e-6)
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     with tputrace.open(trace_path) as trace:
         xla = [row for row in trace.records("compiles") if row.kind == "xla"]
         buckets = [json.loads(row.detail)["bucket"] for row in xla]
@@ -279,9 +279,9 @@ def test_bucketing_is_refused_where_padding_would_change_results(tmp_path: Path)
 
     compiled = torch.compile(Pool(), backend="tpu", options={"shape_buckets": 16})
     trace_path = tmp_path / "refused.tptrace"
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
-    recorder.start(str(trace_path), script="refused", argv=[], mode="compile")
+    lifecycle.start(str(trace_path), script="refused", argv=[], mode="compile")
     try:
         for length in (5, 7):
             x = torch.randn(3, length)
@@ -289,7 +289,7 @@ def test_bucketing_is_refused_where_padding_would_change_results(tmp_path: Path)
             torch._dynamo.mark_dynamic(tpu_x, 1)
             assert torch.allclose(host(compiled(tpu_x)), x.softmax(dim=1), atol=1e-6)
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     with tputrace.open(trace_path) as trace:
         (lowered,) = [row for row in trace.records("compiles") if row.kind == "aot"]
         assert "softmax" in json.loads(lowered.detail)["bucket_refusal"]
@@ -303,7 +303,7 @@ def test_graphs_with_value_dependent_shapes_run_op_by_op(tmp_path: Path) -> None
     arithmetic still compiles as one program."""
     from torch._dynamo import config
 
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
     def masked(x: torch.Tensor) -> torch.Tensor:
         kept = x[x > 0]
@@ -319,7 +319,7 @@ def test_graphs_with_value_dependent_shapes_run_op_by_op(tmp_path: Path) -> None
     trace_path = tmp_path / "eager.tptrace"
     torch._dynamo.reset()
     with config.patch(capture_dynamic_output_shape_ops=True, capture_scalar_outputs=True):
-        recorder.start(str(trace_path), script="eager", argv=[], mode="compile")
+        lifecycle.start(str(trace_path), script="eager", argv=[], mode="compile")
         try:
             on_chip = values.to("tpu").requires_grad_()
             loss = torch.compile(masked, backend="tpu", fullgraph=True)(on_chip)
@@ -331,7 +331,7 @@ def test_graphs_with_value_dependent_shapes_run_op_by_op(tmp_path: Path) -> None
             assert host(torch.compile(sized, backend="tpu", fullgraph=True)(counts)).tolist() == [3.0] * 3
             assert host(torch.compile(scaled, backend="tpu", fullgraph=True)(values.to("tpu"))).tolist() == (values * 3).tolist()
         finally:
-            recorder.stop(0)
+            lifecycle.stop(0)
             torch._dynamo.reset()
     with tputrace.open(trace_path) as trace:
         lowered = [json.loads(row.detail) for row in trace.records("compiles") if row.kind == "aot"]

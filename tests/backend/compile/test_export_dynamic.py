@@ -83,7 +83,7 @@ def _frames_and_xla(trace_path: Path) -> tuple[list, list]:
 
 @pytest.mark.parametrize("how", ["dynamic_true", "mark_dynamic"])
 def test_transformer_block_compiles_once_for_a_changing_sequence_length(tmp_path: Path, how: str) -> None:
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
     layer = _encoder_layer()
     model = copy.deepcopy(layer).to("tpu")
@@ -91,7 +91,7 @@ def test_transformer_block_compiles_once_for_a_changing_sequence_length(tmp_path
     compiled = torch.compile(model, backend="tpu", dynamic=True if how == "dynamic_true" else None)
     lengths = (5, 9, 13)
     trace_path = tmp_path / f"{how}.tptrace"
-    recorder.start(str(trace_path), script=how, argv=[], mode="compile")
+    lifecycle.start(str(trace_path), script=how, argv=[], mode="compile")
     try:
         with torch.no_grad():
             for length in lengths:
@@ -101,7 +101,7 @@ def test_transformer_block_compiles_once_for_a_changing_sequence_length(tmp_path
                     torch._dynamo.mark_dynamic(tpu_src, 1)
                 assert torch.allclose(host(compiled(tpu_src)), layer(src), atol=1e-5)
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     frames, xla = _frames_and_xla(trace_path)
     assert [row.reason for row in frames] == ["first"]
     assert [row.reason for row in xla] == ["first", "recompile", "recompile"]
@@ -109,18 +109,18 @@ def test_transformer_block_compiles_once_for_a_changing_sequence_length(tmp_path
 
 
 def test_a_length_that_changes_recompiles_once_then_runs_dynamic(tmp_path: Path) -> None:
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
     torch._dynamo.reset()
     compiled = torch.compile(_Scaled(), backend="tpu")
     trace_path = tmp_path / "automatic.tptrace"
-    recorder.start(str(trace_path), script="automatic", argv=[], mode="compile")
+    lifecycle.start(str(trace_path), script="automatic", argv=[], mode="compile")
     try:
         for rows in (4, 6, 9):
             x = torch.randn(rows, 3)
             assert torch.allclose(host(compiled(x.to("tpu"))), _Scaled()(x), atol=1e-6)
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     frames, _ = _frames_and_xla(trace_path)
     assert [row.reason for row in frames] == ["first", "guard_failure"]
     assert frames[1].diff.endswith("size mismatch at index 0. expected 4, actual 6")
@@ -133,23 +133,23 @@ def test_a_recording_keeps_dynamo_metrics_of_an_earlier_recording_out(tmp_path: 
     was then written twice (once under the wrapper's name)."""
     from torch._higher_order_ops import while_loop
 
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
-    recorder.start(str(tmp_path / "loop.tptrace"), script="loop", argv=[], mode="eager")
+    lifecycle.start(str(tmp_path / "loop.tptrace"), script="loop", argv=[], mode="eager")
     try:
         steps = torch.zeros((), dtype=torch.int64, device="tpu")
         steps, _ = while_loop(lambda i, z: i < 3, lambda i, z: (i + 1, z * 0.5), (steps, torch.ones(4, device="tpu")))
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     torch._dynamo.reset()
     compiled = torch.compile(lambda x: torch.softmax(x * 2, dim=-1), backend="tpu")
     trace_path = tmp_path / "compiled.tptrace"
-    recorder.start(str(trace_path), script="compiled", argv=[], mode="compile")
+    lifecycle.start(str(trace_path), script="compiled", argv=[], mode="compile")
     try:
         x = torch.randn(4, 3)
         assert torch.allclose(host(compiled(x.to("tpu"))), torch.softmax(x * 2, dim=-1), atol=1e-6)
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     frames, _ = _frames_and_xla(trace_path)
     assert [row.reason for row in frames] == ["first"], [row.name for row in frames]
     assert "while_loop" not in frames[0].name

@@ -327,12 +327,12 @@ def test_one_rank_group_runs_and_records_collectives(tmp_path: Path) -> None:
     import torch.distributed._functional_collectives as funcol
     from backend_helpers import eager, host
 
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
     from tputrace.backend.device_module import EagerMode
 
     trace_path = tmp_path / "one.tptrace"
     with eager(EagerMode.DEFER_NEVER):
-        recorder.start(str(trace_path), script="test", argv=[], mode="strict", rank=0, world_size=1)
+        lifecycle.start(str(trace_path), script="test", argv=[], mode="strict", rank=0, world_size=1)
         dist.init_process_group("tpu", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
         try:
             values = torch.arange(6.0, device="tpu")
@@ -351,7 +351,7 @@ def test_one_rank_group_runs_and_records_collectives(tmp_path: Path) -> None:
             assert host(gathered).tolist() == host(values).tolist() == host(halves).tolist()
         finally:
             dist.destroy_process_group()
-            recorder.stop(0)
+            lifecycle.stop(0)
     with tputrace.open(trace_path) as trace:
         rows = list(trace.records("collectives", order_by="start_ns"))
     assert [row.kind for row in rows] == ["all_reduce", "all_reduce", "all_gather", "reduce_scatter", "broadcast", "barrier", "all_reduce"]
@@ -370,7 +370,7 @@ def test_a_compiled_collective_is_recorded_at_its_own_line(tmp_path: Path) -> No
     import torch.distributed as dist
 
     import tputrace.backend  # noqa: F401 - registers the tpu device and compile backend
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
 
     def reduce_twice(values: torch.Tensor) -> torch.Tensor:
         doubled = values * 2
@@ -380,7 +380,7 @@ def test_a_compiled_collective_is_recorded_at_its_own_line(tmp_path: Path) -> No
     collective_line = reduce_twice.__code__.co_firstlineno + 2
     compiled = torch.compile(reduce_twice, backend="tpu")
     trace_path = tmp_path / "compiled.tptrace"
-    recorder.start(str(trace_path), script="test", argv=[], mode="defer", rank=0, world_size=1)
+    lifecycle.start(str(trace_path), script="test", argv=[], mode="defer", rank=0, world_size=1)
     dist.init_process_group("tpu", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
         for _ in range(2):
@@ -388,7 +388,7 @@ def test_a_compiled_collective_is_recorded_at_its_own_line(tmp_path: Path) -> No
         assert result.cpu().tolist() == [1.0, 3.0, 5.0]
     finally:
         dist.destroy_process_group()
-        recorder.stop(0)
+        lifecycle.stop(0)
         torch._dynamo.reset()
     with tputrace.open(trace_path) as trace:
         rows = list(trace.records("collectives", order_by="start_ns"))
@@ -405,12 +405,12 @@ def test_optimizer_steps_over_dtensor_parameters_mark_steps(tmp_path: Path) -> N
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor import Shard, distribute_tensor
 
-    from tputrace import recorder
+    from tputrace.recording import lifecycle
     from tputrace.backend.device_module import EagerMode
 
     trace_path = tmp_path / "dtensor.tptrace"
     with eager(EagerMode.DEFER_AND_FUSE):
-        recorder.start(str(trace_path), script="test", argv=[], mode="defer", rank=0, world_size=1)
+        lifecycle.start(str(trace_path), script="test", argv=[], mode="defer", rank=0, world_size=1)
         dist.init_process_group("tpu", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
         try:
             mesh = DeviceMesh("tpu", [0])
@@ -423,7 +423,7 @@ def test_optimizer_steps_over_dtensor_parameters_mark_steps(tmp_path: Path) -> N
             assert host(weight.to_local()).tolist() == [-2.0] * 4
         finally:
             dist.destroy_process_group()
-            recorder.stop(0)
+            lifecycle.stop(0)
     with tputrace.open(trace_path) as trace:
         assert trace.count("steps", where="source = 'optimizer'") == 3
         assert trace.count("flushes", where="trigger = 'step'") == 3

@@ -19,7 +19,7 @@ import transformers
 
 from backend_helpers import eager, host, recorded_fallbacks
 from tputrace import open as open_trace
-from tputrace import recorder
+from tputrace.recording import lifecycle
 from tputrace.backend.device_module import EagerMode
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed (pip install accelerate)")
@@ -84,12 +84,12 @@ def test_accelerate_training_loop_runs_on_the_chip_like_the_cpu(tmp_path: Path) 
     _, cpu_model, cpu_losses = _train_with_accelerate(cpu=True)
     _reset()
     trace_path = tmp_path / "accelerate.tptrace"
-    recorder.start(str(trace_path), script="accelerate", argv=[], mode="strict")
+    lifecycle.start(str(trace_path), script="accelerate", argv=[], mode="strict")
     try:
         with recorded_fallbacks() as fallbacks:
             accelerator, model, losses = _train_with_accelerate()
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     assert accelerator.device == torch.device("tpu") and fallbacks == []
     assert {parameter.device for parameter in model.parameters()} == {torch.device("tpu", 0)}
     assert losses == pytest.approx(cpu_losses, abs=1e-6)

@@ -19,7 +19,7 @@ from safetensors.torch import load_file, load_model, save_file
 
 import tputrace
 from backend_helpers import host
-from tputrace import recorder
+from tputrace.recording import lifecycle
 from tputrace.backend.chips import ChipError
 
 TPU_NAMES = ("tpu", "tpu:0", torch.device("tpu"), torch.device("tpu", 0))
@@ -85,11 +85,11 @@ def test_moving_a_meta_tensor_is_torchs_error() -> None:
 def test_each_tensor_is_recorded_as_a_host_to_chip_copy(tmp_path: Path) -> None:
     expected = _weights(tmp_path / "weights.safetensors")
     trace_path = tmp_path / "load.tptrace"
-    recorder.start(str(trace_path), script="load", argv=[], mode="strict")
+    lifecycle.start(str(trace_path), script="load", argv=[], mode="strict")
     try:
         load_file(str(tmp_path / "weights.safetensors"), device="tpu")
     finally:
-        recorder.stop(0)
+        lifecycle.stop(0)
     with tputrace.open(trace_path) as trace:
         copies = [(row.direction, row.src_chip, row.dst_chip, row.bytes) for row in trace.records("transfers")]
     want = [("h2d", -1, 0, value.numel() * value.element_size()) for value in expected.values()]
@@ -100,18 +100,18 @@ _SECOND_CHIP = """
 from safetensors import safe_open  # bound before the backend is imported, as in a script or a library
 import torch, tputrace.backend, tputrace
 from safetensors.torch import load_file, load_model, save_file
-from tputrace import recorder
+from tputrace.recording import lifecycle
 
 torch.manual_seed(0)
 weights = {"weight": torch.randn(3, 4), "half": torch.randn(5).to(torch.bfloat16)}
 save_file(weights, "weights.safetensors")
-recorder.start("load.tptrace", script="load", argv=[], mode="strict")
+lifecycle.start("load.tptrace", script="load", argv=[], mode="strict")
 try:
     loaded = load_file("weights.safetensors", device="tpu:1")
     with safe_open("weights.safetensors", framework="pt", device=torch.device("tpu", 1)) as opened:
         opened_weight = opened.get_tensor("weight")
 finally:
-    recorder.stop(0)
+    lifecycle.stop(0)
 print(sorted((name, str(value.device), torch.equal(value.cpu(), weights[name])) for name, value in loaded.items()))
 print(opened_weight.device, torch.equal(opened_weight.cpu(), weights["weight"]))
 with tputrace.open("load.tptrace") as trace:

@@ -1,6 +1,6 @@
 """The exit status of a recorded Python command, written by the process that waits on it.
 
-A command's recording (`tputrace.spawn_recording`) ends at its interpreter's exit, where Python tells
+A command's recording (`tputrace.recording.spawning`) ends at its interpreter's exit, where Python tells
 the exit hooks nothing of the status (`sys.exit(3)`, an uncaught exception). The process that started
 it sees the status when it waits on the command's `subprocess.Popen` (`subprocess.run`, `call`,
 `check_call`, `check_output`, `Popen.wait`, `poll`, `communicate`, a `with Popen(...)` block): then the
@@ -12,7 +12,6 @@ a shell reports it. A command nobody waits on through `subprocess` keeps no stat
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
 import subprocess
 import sys
@@ -21,8 +20,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tputrace import spawn_recording
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin, forks_dir
+from tputrace.recording import lineage
 
 _original_wait: Callable[..., Any] | None = None
 _original_poll: Callable[..., Any] | None = None
@@ -64,16 +63,11 @@ def _record_once(process: subprocess.Popen[Any]) -> None:
     if process.returncode is None or process in _seen:
         return
     _seen.add(process)
-    parent_json = os.environ.get(spawn_recording.PARENT_ENV)
-    if parent_json is None:
+    parent = lineage.inherited()
+    if parent is None or parent.trace is None:
         return
-    root_trace = spawn_recording.ParentRecording.from_json(parent_json).trace
-    if root_trace is None:
-        return
-    from tputrace.fork_recording import claimed_rank
-
-    directory = forks_dir(root_trace)
-    rank = claimed_rank(directory, process.pid) if directory.is_dir() else None
+    directory = forks_dir(parent.trace)
+    rank = lineage.claimed_rank(directory, process.pid) if directory.is_dir() else None
     if rank is None:
         return
     trace_path = directory / f"rank{rank}.tptrace"

@@ -1,9 +1,11 @@
-"""The recorder: turns what the backend does into trace records, tied to time, chip, step, the
-user's source line and the nn.Module path.
+"""The recorder: turns what the backend reports into trace records, tied to time, chip, step, the
+user's source line and the nn.Module path, and writes them through the store's `TraceWriter`.
 
-One recording is active per process at a time (`start` ... `stop`). The backend reports through the
-methods of `Recorder`; `tputrace.step()` and `tputrace.annotate()` reach the active recording here.
-This module imports torch only inside `start`, so the trace reader never pulls it in.
+A `Recorder` is the event sink only: the backend calls its methods through
+`tputrace.recording.interface.Recording`; starting and stopping one (and the processes a recording
+starts) is `tputrace.recording.lifecycle`'s. What only the backend can tell (memory in use, a
+tensor's shape) comes through the `DeviceReadings` it is given, so this module never imports the
+backend, torch or jax.
 """
 
 from __future__ import annotations
@@ -12,37 +14,38 @@ import bisect
 import contextlib
 import json
 import os
-import queue
 import socket
 import sys
 import threading
 import time
-import weakref
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from types import CodeType
-from typing import Any
+from typing import Any, Protocol
 
-from tputrace import __version__, fork_recording, hlo_module, settings, source_digests, sourceloc, spawn_recording
+from tputrace import hlo_module, settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
+from tputrace.recording.executions import ExecutionWatcher
 from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
 _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 
-_active: "Recorder | None" = None
-_explicit_steps_seen = False
-_inherited_parent: str | None = None  # what a root recording found in spawn_recording.PARENT_ENV
-# The eager mode (`EagerMode` value) `start` switched away from, which `stop` switches back to.
-_eager_mode_before_start: str | None = None
 
+class DeviceReadings(Protocol):
+    """What the recorder reads from the device it records."""
 
-def _finished(reference: weakref.ref) -> bool:
-    """Whether a watched output is ready (or gone: freed, donated, or its program failed)."""
-    try:
-        return reference() is None or reference().is_ready()
-    except Exception:  # noqa: BLE001 - a deleted or failed array: its program is over
-        return True
+    def memory_in_use(self) -> Iterable[tuple[int, int, int]]:
+        """(chip, live bytes, peak bytes) of each chip in use."""
+        ...
+
+    def shape_text(self, tensor: Any) -> str:
+        """A tensor's dtype and shape as the trace writes them: `f32[2,3]`."""
+        ...
+
+    def chip_of(self, tensor: Any) -> int:
+        """The chip a tensor is on."""
+        ...
 
 
 class Recorder:
@@ -59,10 +62,12 @@ class Recorder:
         world_size: int = 1,
         fork_root: str | None = None,
         root_rank: int | None = None,
+        device: DeviceReadings,
         forked_from: ForkOrigin | None = None,
         stopped_at_exit: bool = False,
     ) -> None:
         """`stopped_at_exit`: an atexit handler stops this recording, so its writer must not close itself earlier."""
+        self.device = device
         self.path = path
         self.rank = rank
         self.world_size = world_size
@@ -89,6 +94,7 @@ class Recorder:
         self.step_opened_by: str | None = None  # the `steps.source` of the boundary that began this step
         self.ops_at_step_start = 0
         self.recorded_in_step = False  # whether a record (op, flush, sync, copy, ...) fell in this step
+        self.explicit_steps_seen = False  # whether the script marks steps itself (`tputrace.step()`)
         self._step_ends: list[int] = []  # the end of each step, ns since the run's start
         self.ops = 0
         self.compiles = 0
@@ -109,8 +115,7 @@ class Recorder:
         self._traced_lines: dict[int, int] = {}
         self._location_frame_ids: dict[tuple[str, int, str], int] = {}
         self.module_names: dict[int, str] = {}
-        self._executions: queue.SimpleQueue | None = None
-        self._watcher: threading.Thread | None = None
+        self._executions: ExecutionWatcher | None = None
         if self.writer is not None:
             self._append_op = self.writer.appender("ops")
             self.writer.set_run(
@@ -330,6 +335,10 @@ class Recorder:
         self.recorded_in_step = True
         return self.seq
 
+    def next_flush_id(self) -> int:
+        """The id of the DeferAndFuse flush about to be recorded (`flushed`)."""
+        return self.writer.next_id("flushes")
+
     def view_op(self, name: str, base: Any, results: list[Any]) -> None:
         """A view op: no program runs, but it is a dispatched op with a source line."""
         if not self.enabled:
@@ -339,10 +348,11 @@ class Recorder:
         self.seq += 1
         self.ops += 1
         self.recorded_in_step = True
-        inputs = _shape_text(base)
-        outputs = ", ".join(_shape_text(result) for result in results)
+        shape_text = self.device.shape_text
+        inputs = shape_text(base)
+        outputs = ", ".join(shape_text(result) for result in results)
         now = _perf_ns() - self.t0
-        self._append_op((self.seq, self.rank, writer.intern(name), writer.intern(inputs), writer.intern(outputs), base._buf.chip, now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
+        self._append_op((self.seq, self.rank, writer.intern(name), writer.intern(inputs), writer.intern(outputs), self.device.chip_of(base), now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
 
     def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None, program_kind: str = "op") -> int | None:
         """A program was compiled: first compile, or a recompile with what changed."""
@@ -358,25 +368,8 @@ class Recorder:
         if plan.program is not None and plan.program.loaded_from_disk:
             detail = {**(detail or {}), "loaded_from_disk": True}
         end = self.now()
-        writer.append(
-            "compiles",
-            (
-                writer.next_id("compiles"),
-                self.rank,
-                program_id,
-                kind,
-                writer.intern(plan.op_name),
-                writer.intern(plan.inputs_text),
-                plan.chip,
-                end - compile_ns,
-                compile_ns,
-                self.frame_id(by_call=True),
-                self.step_index,
-                reason,
-                writer.intern(diff) if diff else None,
-                json.dumps(detail) if detail else None,
-            ),
-        )
+        writer.append("compiles", (writer.next_id("compiles"), self.rank, program_id, kind, writer.intern(plan.op_name), writer.intern(plan.inputs_text), plan.chip,
+                                   end - compile_ns, compile_ns, self.frame_id(by_call=True), self.step_index, reason, writer.intern(diff) if diff else None, json.dumps(detail) if detail else None))
         if self.compiles == 1 and self.forked_from is not None:
             writer.create_file()
             writer.commit()  # a forked process may end through os._exit: the parent still sees it used the tpu
@@ -406,25 +399,8 @@ class Recorder:
             return
         self.recorded_in_step |= step == self.step_index
         writer = self.writer
-        writer.append(
-            "compiles",
-            (
-                writer.next_id("compiles"),
-                self.rank,
-                program_id,
-                "dynamo_frame",
-                writer.intern(name),
-                writer.intern(signature),
-                -1,
-                start_ns,
-                dur_ns,
-                self._intern_frame(file, line, function),
-                step,
-                reason,
-                writer.intern(diff) if diff else None,
-                json.dumps(detail),
-            ),
-        )
+        writer.append("compiles", (writer.next_id("compiles"), self.rank, program_id, "dynamo_frame", writer.intern(name), writer.intern(signature), -1,
+                                   start_ns, dur_ns, self._intern_frame(file, line, function), step, reason, writer.intern(diff) if diff else None, json.dumps(detail)))
 
     def graph_lowered(self, name: str, signature: str, chip: int, start_ns: int, dur_ns: int, detail: dict) -> None:
         """AOTAutograd handed the backend a graph (`compiles.kind = 'aot'`): forward, backward or
@@ -433,25 +409,8 @@ class Recorder:
             return
         self.recorded_in_step = True
         writer = self.writer
-        writer.append(
-            "compiles",
-            (
-                writer.next_id("compiles"),
-                self.rank,
-                None,
-                "aot",
-                writer.intern(name),
-                writer.intern(signature),
-                chip,
-                start_ns - self.t0,
-                dur_ns,
-                self.frame_id(by_call=True),
-                self.step_index,
-                "first",
-                None,
-                json.dumps(detail),
-            ),
-        )
+        writer.append("compiles", (writer.next_id("compiles"), self.rank, None, "aot", writer.intern(name), writer.intern(signature), chip,
+                                   start_ns - self.t0, dur_ns, self.frame_id(by_call=True), self.step_index, "first", None, json.dumps(detail)))
 
     def graph_break(self, reason: str, file: str | None, line: int | None, function: str | None) -> None:
         """A torch.compile graph break, at the user's line that caused it."""
@@ -485,42 +444,10 @@ class Recorder:
         )
 
     def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None:
-        """A program was launched; a watcher thread records when its results are ready.
-
-        The watcher holds weak references only: a strong one would keep an output array from being
-        donated to the next program (DeferAndFuse donates arrays nothing else holds), and whether it
-        still held one would depend on the watcher's timing, changing the program from step to step."""
+        """A program was launched; `executions` records when its results are ready."""
         if self._executions is None:
-            self._executions = queue.SimpleQueue()
-            self._watcher = threading.Thread(target=self._watch_executions, name="tputrace-executions", daemon=True)
-            self._watcher.start()
-        watched = [weakref.ref(value) for value in results if hasattr(value, "block_until_ready")]
-        self._executions.put((program_id, chip, launch_ns, flush_id, self.step_index, watched))
-
-    def _watch_executions(self) -> None:
-        import jax
-
-        while True:
-            item = self._executions.get()
-            if item is None:
-                return
-            program_id, chip, launch_ns, flush_id, step, watched = item
-            del item
-            if watched:
-                # The outputs of one execution are ready together: polling one suffices. Polling
-                # never holds it across a thread switch (see execution_started).
-                delay = 50e-6
-                while not _finished(watched[0]):
-                    time.sleep(delay)
-                    delay = min(delay * 2, 2e-3)
-            end = _perf_ns()
-            self.writer.append("executions", (self.rank, program_id, chip, launch_ns - self.t0, end - launch_ns, step, flush_id))
-
-    def _stop_watcher(self) -> None:
-        if self._executions is not None:
-            self._executions.put(None)
-            self._watcher.join(timeout=30)
-            self._executions = None
+            self._executions = ExecutionWatcher(self.writer, self.rank, self.t0)
+        self._executions.launched(program_id, chip, launch_ns, flush_id, self.step_index, results)
 
     def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None:
         if not self.enabled:
@@ -607,10 +534,8 @@ class Recorder:
         if not force and now - self._last_memory_sample < _MEMORY_SAMPLE_INTERVAL_NS:
             return
         self._last_memory_sample = now
-        from tputrace.backend import memory
-
-        for chip in memory.chips_in_use():
-            self.writer.append("memory", (self.rank, chip, now - self.t0, memory.live_bytes(chip), memory.peak_bytes(chip)))
+        for chip, live_bytes, peak_bytes in self.device.memory_in_use():
+            self.writer.append("memory", (self.rank, chip, now - self.t0, live_bytes, peak_bytes))
 
     # ----------------------------------------------------------------- steps and annotations
     def step_boundary(self, source: str) -> None:
@@ -626,13 +551,21 @@ class Recorder:
         self.recorded_in_step = False
         self._step_ends.append(end)
 
-    def explicit_step(self, first: bool) -> None:
-        """A `tputrace.step()`. The `first` one right after an optimizer step's boundary, with no op run
-        since, ends no step of its own: that boundary already ended the iteration (a loop calling both
-        would otherwise get an empty extra step and every later step number one too high)."""
+    def explicit_step(self) -> None:
+        """A `tputrace.step()`; from then on optimizer steps do not mark steps. The first one right after
+        an optimizer step's boundary, with no op run since, ends no step of its own: that boundary already
+        ended the iteration (a loop calling both would otherwise get an empty extra step and every later
+        step number one too high)."""
+        first = not self.explicit_steps_seen
+        self.explicit_steps_seen = True
         if first and self.step_opened_by == "optimizer" and self.ops == self.ops_at_step_start:
             return
         self.step_boundary("explicit")
+
+    def optimizer_stepped(self) -> None:
+        """After each optimizer.step(): a step boundary unless the script marks steps itself."""
+        if not self.explicit_steps_seen:
+            self.step_boundary("optimizer")
 
     def step_at(self, time_ns: int) -> int:
         """The step that was running at `time_ns` (ns since the run's start)."""
@@ -645,9 +578,12 @@ class Recorder:
             return
         self.writer.append("annotations", (self.rank, self.writer.intern(name), source, start_ns, dur_ns, frame_id, self.step_at(start_ns)))
 
-    # ----------------------------------------------------------------- lifecycle
+    # ----------------------------------------------------------------- the end
     def finish(self, exit_status: int | None, error: str | None, run_fields: dict[str, Any]) -> None:
-        self._stop_watcher()
+        """Write the last step, a memory sample and the run's end fields (`run_fields`: chips, versions, ...),
+        then close the trace."""
+        if self._executions is not None:
+            self._executions.stop()
         end = self.now()
         if not self.enabled:
             return
@@ -658,230 +594,3 @@ class Recorder:
         self._maybe_sample_memory(force=True)
         self.writer.update_run(end_ns=end, exit_status=exit_status, error=error, **run_fields)
         self.writer.close()
-
-
-def _shape_text(tensor: Any) -> str:
-    from tputrace.backend.dtypes import short_name
-
-    return f"{short_name(tensor.dtype)}[{','.join(str(size) for size in tensor.shape)}]"
-
-
-def active() -> Recorder | None:
-    return _active
-
-
-def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
-    """Load the backend, choose the eager mode (until `stop`), and start recording into `path` (None:
-    record nothing).
-
-    A recording of its own even in a process a recorded one started (a nested `tputrace run`)."""
-    global _inherited_parent, _eager_mode_before_start
-    if _active is not None:
-        raise RuntimeError("a tputrace recording is already running in this process")
-    _inherited_parent = spawn_recording.forget_parent()
-    import tputrace.backend  # noqa: F401 - registers the tpu device
-
-    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
-    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
-    from tputrace.backend.device_module import eager_mode
-
-    previous_mode = eager_mode().value
-    if _set_eager_mode(mode):
-        _eager_mode_before_start = previous_mode
-    if path is not None:
-        fork_recording.clear_stale(path)
-    try:
-        recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size)
-    except BaseException:
-        _restore_eager_mode()
-        raise
-    _begin(recorder)
-    return recorder
-
-
-def start_child(parent: spawn_recording.ParentRecording, start_method: str, *, script: str, argv: list[str]) -> None:
-    """In a process a recorded one started as a fresh interpreter (the backend is loaded): run in the
-    parent's eager mode and record as its child, unless the parent records nothing."""
-    _set_eager_mode(parent.mode)
-    if parent.trace is None:
-        fork_recording.install()  # its own spawn children still get the tpu
-        return
-    recorder = fork_recording.child_recorder(parent, start_method, script=script, argv=argv)
-    _begin(recorder)
-    fork_recording.save_rows_at_os_exit()
-    if start_method == "command":  # no multiprocessing `run` to wrap: its interpreter's exit ends it
-        _stop_at_interpreter_exit()
-
-
-def _stop_at_interpreter_exit() -> None:
-    """End a command's recording when its interpreter exits. The exit status is not known there (the
-    process waiting on the command writes it, `tputrace.command_exits`) except after an uncaught
-    exception, whose traceback is kept: 1, or 130 for a KeyboardInterrupt (SIGINT), as a shell reports it."""
-    import atexit
-    import traceback
-
-    uncaught: list[tuple[int, str]] = []
-    previous_hook = sys.excepthook
-
-    def remember_uncaught(kind: type[BaseException], error: BaseException, trace: Any) -> None:
-        status = 130 if issubclass(kind, KeyboardInterrupt) else 1
-        uncaught.append((status, "".join(traceback.format_exception(kind, error, trace))))
-        previous_hook(kind, error, trace)
-
-    def stop_with_what_was_seen() -> None:
-        exit_status, error = uncaught[-1] if uncaught else (None, None)
-        stop(exit_status, error)
-
-    sys.excepthook = remember_uncaught
-    atexit.register(stop_with_what_was_seen)
-
-
-def _set_eager_mode(mode: str) -> bool:
-    """Switch to the eager mode a `--mode` names; False for one that names none (`compile`)."""
-    from tputrace.backend.device_module import EagerMode, set_eager_mode
-
-    eager = {"defer": EagerMode.DEFER_AND_FUSE, "strict": EagerMode.DEFER_NEVER, "blocking": EagerMode.DEFER_NEVER_AND_LAUNCH_BLOCKING}.get(mode)
-    if eager is None:
-        return False
-    set_eager_mode(eager)
-    return True
-
-
-def _restore_eager_mode() -> None:
-    """Switch back to the eager mode `start` switched away from (none: `start` kept the mode)."""
-    global _eager_mode_before_start
-    if _eager_mode_before_start is None:
-        return
-    from tputrace.backend.device_module import set_eager_mode
-
-    previous, _eager_mode_before_start = _eager_mode_before_start, None
-    set_eager_mode(previous)
-
-
-def _begin(recorder: Recorder) -> None:
-    """Make `recorder` this process's recording and tell the processes it starts about it."""
-    global _active, _explicit_steps_seen
-    from tputrace.backend import hooks
-
-    _active = recorder
-    _explicit_steps_seen = False
-    hooks.attach(recorder)
-    fork_recording.install()
-    spawn_recording.export(recorder)
-
-
-def continue_in_forked_child(recorder: Recorder | None) -> None:
-    """In a process just forked from a recording one: record into `recorder` (None: record nothing)
-    instead of the parent's recording, whose writer this process must never use."""
-    global _active
-    from tputrace.backend import hooks
-
-    hooks.detach()
-    _active = recorder
-    if recorder is not None:
-        hooks.attach(recorder)
-
-
-def stop(exit_status: int | None, error: str | None = None) -> None:
-    """Flush pending work, finish the trace (run end, exit status, error) and close it; then switch back
-    to the eager mode that was active before `start`, so a recording run in-process (`main(["run", ...])`,
-    a benchmark) leaves the tpu ops that follow it running as they ran before it.
-
-    `exit_status` None: not known (a command's recording, stopped at its interpreter's exit)."""
-    global _active
-    recorder = _active
-    if recorder is None:
-        return
-    if recorder.pid != os.getpid():  # inherited through a fork that started no recording: the parent's to finish
-        _active = None
-        return
-    if recorder.forked_from is None:
-        spawn_recording.restore(_inherited_parent)
-    from tputrace.backend import hooks
-
-    try:
-        hooks.flush_pending("exit")
-    except Exception as flush_error:  # noqa: BLE001 - a failing flush must not lose the trace
-        error = error or f"flush at exit failed: {flush_error}"
-    hooks.detach()
-    _active = None
-    try:
-        _finish_trace(recorder, exit_status, error)
-    finally:
-        _restore_eager_mode()
-
-
-def _finish_trace(recorder: Recorder, exit_status: int | None, error: str | None) -> None:
-    """Write the run's end fields and close the trace, then merge in the traces of the processes it started."""
-    from tputrace.backend import chips
-    from tputrace.backend.device_module import eager_mode
-
-    if recorder.forked_from is not None and not (recorder.ops or recorder.compiles):
-        recorder.writer.close()  # a child process that never used the tpu: no file was created
-        return
-    import jax
-    import torch
-
-    try:
-        chip_count, platform = chips.count(), chips.platform()
-    except chips.ChipError:  # TPUTRACE_PLATFORM or TPUTRACE_CHIPS asks for chips this host lacks; the script has raised it
-        chip_count, platform = None, None
-    run_fields = {
-        "chips": chip_count,
-        "platform": platform,
-        "eager_mode": "COMPILE" if recorder.mode == "compile" else eager_mode().value,
-        "torch_version": torch.__version__,
-        "jax_version": jax.__version__,
-        "tputrace_version": __version__,
-    }
-    recorder.finish(exit_status, error, run_fields)
-    if recorder.path is not None and recorder.forked_from is None:
-        fork_recording.merge_forked(recorder.path, recorder.rank)
-
-
-def live_counts() -> dict[str, int]:
-    recorder = _active
-    if recorder is None:
-        return {"steps": 0, "ops": 0, "compiles": 0}
-    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles}
-
-
-def step() -> None:
-    """An explicit step boundary (`tputrace.step()`); from then on optimizer steps do not mark steps."""
-    global _explicit_steps_seen
-    first = not _explicit_steps_seen
-    _explicit_steps_seen = True
-    recorder = _active
-    from tputrace.backend import hooks
-
-    hooks.flush_pending("step")
-    if recorder is not None:
-        recorder.explicit_step(first)
-
-
-def optimizer_stepped() -> None:
-    """Called after each optimizer.step(): a step boundary unless the script marks steps itself."""
-    recorder = _active
-    if recorder is not None and not _explicit_steps_seen:
-        recorder.step_boundary("optimizer")
-
-
-class annotate(contextlib.ContextDecorator):  # noqa: N801 - used like a function: tputrace.annotate("name")
-    """Records a named range: `with tputrace.annotate("data"): ...` or as a decorator."""
-
-    def __init__(self, name: str) -> None:
-        self.name = str(name)
-        self.start = 0
-        self.frame: int | None = None
-
-    def __enter__(self) -> "annotate":
-        recorder = _active
-        if recorder is not None and recorder.enabled:
-            self.start = recorder.now()
-            self.frame = recorder.frame_id()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        recorder = _active
-        if recorder is not None and recorder.enabled:
-            recorder.annotation(self.name, "annotate", self.start, recorder.now() - self.start, self.frame)

@@ -14,28 +14,23 @@ creates its file and commits at its first compile, so such a child is listed if 
 all). A child that never used the tpu (a DataLoader worker that touched only host data, a fork
 followed by exec) creates no file. When the root recording ends it waits for its multiprocessing
 children, merges the child processes' traces into its own and removes the folder. Children started
-as fresh interpreters (spawn, forkserver, Python commands) are `tputrace.spawn_recording`'s.
+as fresh interpreters (spawn, forkserver, Python commands) are `tputrace.recording.spawning`'s.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import sys
 import traceback
 from collections.abc import Callable
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from tputrace import command_exits, spawn_recording
 from tputrace.forks import ForkOrigin, forks_dir
-from tputrace.store.errors import TputraceError
+from tputrace.recording import lineage, session
+from tputrace.recording.lineage import ParentRecording
+from tputrace.recording.readings import BackendReadings
+from tputrace.recording.recorder import Recorder
 
-if TYPE_CHECKING:
-    from tputrace.recorder import Recorder
-    from tputrace.spawn_recording import ParentRecording
-
-_CLAIM_SUFFIX = ".claim"
 _installed = False
 _os_exit: Callable[[int], Any] | None = None  # the real os._exit, once save_rows_at_os_exit replaced it
 
@@ -48,10 +43,8 @@ _after_fork_token = _AfterForkToken()
 
 
 def install() -> None:
-    """Start a recording in each process forked, spawned or started through a forkserver from now on (idempotent)."""
+    """Start a recording in each process forked from now on (idempotent)."""
     global _installed
-    spawn_recording.install()
-    command_exits.install()
     if _installed:
         return
     import multiprocessing.util
@@ -61,60 +54,22 @@ def install() -> None:
     _installed = True
 
 
-def clear_stale(trace_path: str) -> None:
-    """Remove forked processes' traces left next to `trace_path` by an earlier run."""
-    shutil.rmtree(forks_dir(trace_path), ignore_errors=True)
-
-
-def claim_rank(directory: Path, root_rank: int, world_size: int) -> int:
-    """The first rank `root_rank + world_size * k` (k >= 1) no other forked process has claimed.
-
-    The claim file holds this process's pid (`claimed_rank` reads it)."""
-    directory.mkdir(exist_ok=True)
-    multiple = 1
-    while True:
-        rank = root_rank + world_size * multiple
-        try:
-            claim = os.open(directory / f"rank{rank}{_CLAIM_SUFFIX}", os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-        except FileExistsError:
-            multiple += 1
-            continue
-        try:
-            os.write(claim, str(os.getpid()).encode())
-        finally:
-            os.close(claim)
-        return rank
-
-
-def claimed_rank(directory: Path, pid: int) -> int | None:
-    """The rank process `pid` claimed in `directory` (the latest, if its pid was reused), or None."""
-    ranks = []
-    for claim in directory.glob(f"rank*{_CLAIM_SUFFIX}"):
-        try:
-            claimed_by = claim.read_text()
-        except OSError:
-            continue
-        if claimed_by == str(pid):
-            ranks.append(int(claim.name.removeprefix("rank").removesuffix(_CLAIM_SUFFIX)))
-    return max(ranks, default=None)
-
-
 def _start_in_child() -> None:
     """After `os.fork()` in the child: drop the parent's recording and start this process's own."""
-    from tputrace import recorder as recorder_module
     from tputrace.backend import process_sharing
 
-    parent = recorder_module.active()
+    parent = session.current()
     if parent is None or parent.fork_root is None:
         return
     child: Recorder | None = None
     try:
         if not process_sharing.runtime_started():
-            child = child_recorder(spawn_recording.describe(parent), "fork", script=parent.script, argv=parent.argv)
+            child = child_recorder(lineage.describe(parent), "fork", script=parent.script, argv=parent.argv)
+            child.explicit_steps_seen = parent.explicit_steps_seen  # the script goes on as it began
     finally:  # if starting failed (Python prints why), the child records nothing rather than into the parent's trace
-        recorder_module.continue_in_forked_child(child)
+        session.continue_in_forked_child(child)
     if child is not None:
-        spawn_recording.export(child)
+        lineage.export(child)
         save_rows_at_os_exit()
 
 
@@ -122,11 +77,9 @@ def child_recorder(parent: ParentRecording, start_method: str, *, script: str, a
     """A recording for this child process, under the first free rank, next to the root's trace.
 
     A command's recording is stopped by an atexit handler (its writer must not close before it)."""
-    from tputrace.recorder import Recorder
-
     assert parent.trace is not None
     directory = forks_dir(parent.trace)
-    rank = claim_rank(directory, parent.root_rank, parent.world_size)
+    rank = lineage.claim_rank(directory, parent.root_rank, parent.world_size)
     return Recorder(
         str(directory / f"rank{rank}.tptrace"),
         script=script,
@@ -136,6 +89,7 @@ def child_recorder(parent: ParentRecording, start_method: str, *, script: str, a
         world_size=parent.world_size,
         fork_root=parent.trace,
         root_rank=parent.root_rank,
+        device=BackendReadings(),
         forked_from=ForkOrigin(rank=rank, pid=os.getpid(), parent_rank=parent.rank, parent_pid=parent.pid, start_method=start_method),
         stopped_at_exit=start_method == "command",
     )
@@ -160,15 +114,13 @@ def save_rows_at_os_exit() -> None:
 def _exit_after_saving_rows(status: int) -> None:
     import threading
 
-    from tputrace import recorder as recorder_module
-
     real_exit = _os_exit
     assert real_exit is not None
     try:
-        recorder = recorder_module.active()
+        recorder = session.current()
         if recorder is not None and recorder.forked_from is not None and recorder.pid == os.getpid():
             if threading.current_thread() is threading.main_thread():
-                recorder_module.stop(status)
+                session.stop(status)
             elif recorder.writer is not None and (recorder.ops or recorder.compiles):
                 recorder.writer.create_file()
                 recorder.writer.commit()
@@ -201,8 +153,6 @@ def stop_when_bootstrapped_run_ends() -> None:
 
 def _recorded_run(run: Callable[[], Any]) -> Callable[[], None]:
     def run_then_stop() -> None:
-        from tputrace import recorder as recorder_module
-
         exit_status, error = 0, None
         try:
             run()
@@ -213,53 +163,6 @@ def _recorded_run(run: Callable[[], Any]) -> Callable[[], None]:
             exit_status, error = 1, traceback.format_exc()
             raise
         finally:
-            recorder_module.stop(exit_status, error)
+            session.stop(exit_status, error)
 
     return run_then_stop
-
-
-def merge_forked(trace_path: str, rank: int) -> None:
-    """Merge the traces of the processes forked during the recording into `trace_path`, then remove them.
-
-    Waits first for the multiprocessing children that Python would wait for at exit. Traces without
-    ops or compiles (processes that used only host data) are left out. On failure the parent's trace stays as it was and one line says where the others are."""
-    directory = forks_dir(trace_path)
-    if not directory.is_dir():
-        return
-    _join_multiprocessing_children()
-    from tputrace.merge import merge_traces
-
-    forked_paths = [path for path in sorted(directory.glob("rank*.tptrace")) if _worth_merging(path)]
-    if not forked_paths:
-        shutil.rmtree(directory, ignore_errors=True)
-        return
-    merged_path = directory / "merged.tptrace"
-    try:
-        merge_traces([trace_path, *forked_paths], merged_path, expected_ranks=[rank])
-    except TputraceError as error:
-        print(f"tputrace: error: the forked processes' traces were not merged into {trace_path}: {error}; they are in {directory}", file=sys.stderr)
-        return
-    os.replace(merged_path, trace_path)
-    shutil.rmtree(directory, ignore_errors=True)
-
-
-def _worth_merging(path: Path) -> bool:
-    """Whether a forked process's trace holds tpu work (a child that ended through `os._exit` or
-    `exec` without it, such as a subprocess, leaves an empty trace)."""
-    from tputrace.store.reader import open_trace
-
-    try:
-        with open_trace(path) as trace:
-            return trace.count("ops") > 0 or trace.count("compiles") > 0
-    except TputraceError:
-        return False
-
-
-def _join_multiprocessing_children() -> None:
-    """Wait for the non-daemon multiprocessing children, as Python does at exit (after this, otherwise)."""
-    multiprocessing = sys.modules.get("multiprocessing")
-    if multiprocessing is None:
-        return
-    for child in multiprocessing.active_children():
-        if not child.daemon:
-            child.join()

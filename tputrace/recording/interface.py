@@ -1,0 +1,120 @@
+"""The one way the backend reports to the recording: the `Recording` it reports to (the methods and
+attributes the backend uses, nothing else) and `active()`, this process's recording or None.
+
+The backend imports nothing else of `tputrace.recording`; the recording's lifecycle, which loads the
+backend, sets the active recording (`activate`). Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
+
+# Set by a recording process for the processes it starts (see `tputrace.recording.lineage`).
+PARENT_ENV = "TPUTRACE_PARENT_RECORDING"
+
+
+class Recording(Protocol):
+    """What the backend calls on the active recording (`tputrace.recording.recorder.Recorder`).
+
+    Times are `time.perf_counter_ns()` values unless a parameter says otherwise; `frame_id`s come from
+    `frame_id()`; `step` is a step index (`step_index` when the work was issued)."""
+
+    enabled: bool  # False: a recording that writes no trace (`tputrace run --no-trace`)
+    step_index: int
+    start_unix_ns: int
+    module_names: dict[int, str]  # nn.Module paths by id(module), filled by the backend's module hooks
+    backward_frame: int | None  # the line that called backward(), for what autograd's thread records
+    backward_call_frame: int | None
+
+    # -- context of what is recorded
+    def now(self) -> int:
+        """ns since the recording started."""
+        ...
+
+    def frame_id(self, by_call: bool = False) -> int | None: ...
+
+    def frame_text(self, frame_id: int | None) -> str | None: ...
+
+    def recording_at(self, location: tuple[str, int, str] | None) -> AbstractContextManager[None]: ...
+
+    def module_sid(self) -> int | None: ...
+
+    def push_module(self, path: str) -> None: ...
+
+    def pop_module(self) -> None: ...
+
+    def optimizer_stepped(self) -> None: ...
+
+    # -- ops, programs and their execution
+    def next_seq(self) -> int: ...
+
+    def next_flush_id(self) -> int: ...
+
+    def op_ran(self, plan: Any, name: str, start_ns: int, dur_ns: int, flush_id: int | None) -> None: ...
+
+    def ops_flushed(self, op_records: list[tuple], chip: int, program_id: int | None, flush_id: int | None) -> None: ...
+
+    def view_op(self, name: str, base: Any, results: list[Any]) -> None: ...
+
+    def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None,
+                 program_kind: str = "op") -> int | None: ...
+
+    def fusion(self, program_id: int, fusion: Any) -> None: ...
+
+    def flushed(self, flush_id: int, program_id: int | None, trigger: str, n_ops: int, cache_hit: bool, chip: int, start_ns: int,
+                dur_ns: int, input_bytes: int, output_bytes: int) -> None: ...
+
+    def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None: ...
+
+    # -- torch.compile
+    def dynamo_frame_compiled(self, *, name: str, signature: str, file: str, line: int, function: str, start_ns: int, dur_ns: int,
+                              step: int, reason: str, diff: str | None, detail: dict, program_id: int | None) -> None: ...
+
+    def graph_lowered(self, name: str, signature: str, chip: int, start_ns: int, dur_ns: int, detail: dict) -> None: ...
+
+    def graph_break(self, reason: str, file: str | None, line: int | None, function: str | None) -> None: ...
+
+    def bucket_hit(self, graph: str, buckets: str, start_ns: int, dur_ns: int) -> None: ...
+
+    # -- host work, data movement and collectives
+    def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None: ...
+
+    def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None: ...
+
+    def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None: ...
+
+    def collective(self, kind: str, nbytes: int, dtype: str, group: str, ranks: str, frame_id: int | None, start_ns: int,
+                   dur_ns: int, wait_ns: int | None, algorithm: str | None, bus_bandwidth: float | None, step: int) -> None: ...
+
+    def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:
+        """A named range; `start_ns` in ns since the recording started (as `now()`)."""
+        ...
+
+
+_active: Recording | None = None
+
+
+def active() -> Recording | None:
+    """This process's recording, or None when nothing records."""
+    return _active
+
+
+def activate(recording: Recording | None) -> None:
+    """Make `recording` this process's recording (None: nothing records). For the recording's lifecycle."""
+    global _active
+    _active = recording
+
+
+def backend_loaded() -> None:
+    """Called at the end of the backend's import: a process that a recorded one started (it has
+    `PARENT_ENV`) begins recording as its child.
+
+    The lifecycle is found by name, at run time: it imports the backend, so a static import of it here
+    would tie the backend's import to the code that loads the backend."""
+    if PARENT_ENV not in os.environ:
+        return
+    from importlib import import_module
+
+    import_module("tputrace.recording.spawning").record_if_started_by_a_recording()

@@ -1,0 +1,45 @@
+"""Starting and stopping a run's recording: what `tputrace run`, benchmarks and tests call.
+
+`start` loads the backend, chooses the eager mode (until `stop`), and makes a new `Recorder` this
+process's recording; the processes the script forks or starts from then on record as its children
+(`tputrace.recording.forking`, `spawning`, `command_exits`). `stop` ends it however the script ended.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tputrace.recording import lineage, session, spawning
+from tputrace.recording.fork_merge import clear_stale
+from tputrace.recording.readings import BackendReadings
+from tputrace.recording.recorder import Recorder
+from tputrace.recording.session import live_counts, stop
+
+__all__ = ["live_counts", "start", "stop"]
+
+
+def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
+    """Load the backend, choose the eager mode (until `stop`), and start recording into `path` (None:
+    record nothing).
+
+    A recording of its own even in a process a recorded one started (a nested `tputrace run`)."""
+    if session.current() is not None:
+        raise RuntimeError("a tputrace recording is already running in this process")
+    inherited_parent = lineage.forget_parent()
+    import tputrace.backend  # noqa: F401 - registers the tpu device
+
+    rank = int(os.environ.get("RANK", "0")) if rank is None else rank
+    world_size = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    previous_mode = session.eager_mode_name()
+    eager_mode_before = previous_mode if session.switch_eager_mode(mode) else None
+    if path is not None:
+        clear_stale(path)
+    try:
+        recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size, device=BackendReadings())
+    except BaseException:
+        session.restore_eager_mode(eager_mode_before)
+        raise
+    session.begin(recorder, inherited_parent=inherited_parent, eager_mode_before=eager_mode_before)
+    spawning.install()
+    lineage.export(recorder)
+    return recorder
