@@ -23,12 +23,17 @@ from types import FrameType, TracebackType
 from typing import Any, TextIO
 
 from tputrace import settings
+from tputrace.recording.exits import (
+    EXIT_INTERRUPTED,
+    EXIT_SCRIPT_RAISED,
+    sigterm_deferred,
+    sigterm_raises_system_exit,
+    system_exit_status,
+)
 from tputrace.store.errors import TputraceError, TraceWriteError
 from tputrace.wording import plural
 
 MODES = ("defer", "strict", "blocking", "compile")
-EXIT_SCRIPT_RAISED = 1
-EXIT_INTERRUPTED = 130
 STATUS_INTERVAL_S = 0.25
 
 
@@ -200,7 +205,7 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
         mode=mode,
     )
     try:
-        with _sigterm_raises_system_exit(), _script_environment(target, script_args):
+        with sigterm_raises_system_exit(), _script_environment(target, script_args):
             if status_line is not None:
                 status_line.start()
             try:
@@ -210,7 +215,7 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
                     # An absolute `__file__` (and code file names), as `python script.py` gives.
                     runpy.run_path(os.path.abspath(target.name), run_name="__main__")
             except SystemExit as exit_request:
-                exit_status, message = exit_status_of(exit_request.code)
+                exit_status, message = system_exit_status(exit_request.code)
                 if message is not None:
                     _stop(status_line)
                     print(message, file=sys.stderr)
@@ -225,24 +230,15 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
                 error_text = user_traceback(error)
                 sys.stderr.write(error_text)
     except SystemExit as late_exit:  # a SIGTERM while the script's end was handled (a launcher stopping ranks)
-        exit_status = exit_status_of(late_exit.code)[0]
+        exit_status = system_exit_status(late_exit.code)[0]
     finally:
         _stop(status_line)
-        with _sigterm_deferred():
+        with sigterm_deferred():
             try:
                 recorder.stop(exit_status=exit_status, error=error_text)
             except TraceWriteError as write_error:  # a full disk: the script's own status stands
                 print(f"tputrace: warning: the trace is incomplete: {write_error}", file=sys.stderr)
     return exit_status
-
-
-def exit_status_of(code: object) -> tuple[int, str | None]:
-    """The exit status for `SystemExit(code)` and the message Python would print, as Python does it."""
-    if code is None:
-        return 0, None
-    if isinstance(code, int):
-        return int(code), None
-    return EXIT_SCRIPT_RAISED, str(code)
 
 
 def user_traceback(error: BaseException) -> str:
@@ -310,44 +306,6 @@ def _script_environment(target: Target, script_args: list[str]) -> Iterator[None
     finally:
         sys.argv = saved_argv
         sys.path[:] = saved_path
-
-
-@contextmanager
-def _sigterm_raises_system_exit() -> Iterator[None]:
-    """Turn SIGTERM into `SystemExit(143)` so that finally-blocks (and `recorder.stop`) run."""
-    import signal
-
-    def raise_system_exit(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    previous = signal.signal(signal.SIGTERM, raise_system_exit)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-
-
-@contextmanager
-def _sigterm_deferred() -> Iterator[None]:
-    """Hold SIGTERM while the trace is finished (a half-closed trace would need a writable file to
-    open); a SIGTERM that came meanwhile then ends the process with `SystemExit(143)`. A launcher
-    stopping ranks after one failed sends it exactly then; it sends SIGKILL if this takes too long."""
-    import signal
-
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    received: list[int] = []
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    if received:
-        raise SystemExit(128 + received[0])
 
 
 class LiveStatus:

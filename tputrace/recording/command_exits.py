@@ -22,6 +22,7 @@ from typing import Any
 
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin, forks_dir
 from tputrace.recording import lineage
+from tputrace.recording.exits import returncode_status
 
 _original_wait: Callable[..., Any] | None = None
 _original_poll: Callable[..., Any] | None = None
@@ -53,11 +54,6 @@ def _poll_then_record(self: subprocess.Popen[Any]) -> int | None:
     return returncode
 
 
-def exit_status_of(returncode: int) -> int:
-    """A `Popen.returncode` as a shell's exit status: -N (killed by signal N) becomes 128 + N."""
-    return 128 - returncode if returncode < 0 else returncode
-
-
 def _record_once(process: subprocess.Popen[Any]) -> None:
     """Write the exit status of `process` into its trace, if it is a recorded command (once per process)."""
     if process.returncode is None or process in _seen:
@@ -74,7 +70,7 @@ def _record_once(process: subprocess.Popen[Any]) -> None:
     if not trace_path.exists():
         return  # the command never used the tpu: nothing of it is kept
     try:
-        write_command_exit_status(trace_path, rank, exit_status_of(process.returncode))
+        write_command_exit_status(trace_path, rank, returncode_status(process.returncode))
     except sqlite3.Error as error:
         print(f"tputrace: the exit status of process {process.pid} was not written to {trace_path}: {error}", file=sys.stderr)
 

@@ -27,6 +27,7 @@ from typing import Any
 
 from tputrace.forks import ForkOrigin, forks_dir
 from tputrace.recording import lineage, session
+from tputrace.recording.exits import EXIT_SCRIPT_RAISED, system_exit_status
 from tputrace.recording.lineage import ParentRecording
 from tputrace.recording.readings import BackendReadings
 from tputrace.recording.recorder import Recorder
@@ -157,10 +158,10 @@ def _recorded_run(run: Callable[[], Any]) -> Callable[[], None]:
         try:
             run()
         except SystemExit as exit_request:
-            exit_status = exit_request.code if isinstance(exit_request.code, int) else (0 if exit_request.code is None else 1)
+            exit_status = system_exit_status(exit_request.code)[0]
             raise
         except BaseException:
-            exit_status, error = 1, traceback.format_exc()
+            exit_status, error = EXIT_SCRIPT_RAISED, traceback.format_exc()
             raise
         finally:
             session.stop(exit_status, error)

@@ -13,6 +13,7 @@ import sys
 from typing import Any, cast
 
 from tputrace.recording import interface, lineage
+from tputrace.recording.exits import uncaught_status
 from tputrace.recording.fork_merge import merge_forked
 from tputrace.recording.recorder import Recorder
 from tputrace.version import __version__
@@ -149,8 +150,7 @@ def stop_at_interpreter_exit() -> None:
     previous_hook = sys.excepthook
 
     def remember_uncaught(kind: type[BaseException], error: BaseException, trace: Any) -> None:
-        status = 130 if issubclass(kind, KeyboardInterrupt) else 1
-        uncaught.append((status, "".join(traceback.format_exception(kind, error, trace))))
+        uncaught.append((uncaught_status(kind), "".join(traceback.format_exception(kind, error, trace))))
         previous_hook(kind, error, trace)
 
     def stop_with_what_was_seen() -> None:

@@ -1,22 +1,31 @@
 """Aggregates that views need, computed in SQL over a trace and returned as dataclasses.
 
-Every function takes a `Trace` and an optional `rank` (None: all ranks together). `Trace` exposes each
-of them as a method (`trace.op_stats(...)`), which is how views should call them.
+Every function takes a trace (what `TraceQueries` names; `tputrace.store.reader.Trace` is one) and an
+optional `rank` (None: all ranks together). `Trace` exposes each of them as a method
+(`trace.op_stats(...)`), which is how views should call them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from itertools import groupby
-from typing import TYPE_CHECKING, Literal
+from typing import Any, Literal, Protocol
 
 from tputrace.schema import RECORD_KINDS
 from tputrace.store.errors import TputraceError
 from tputrace.store.records import SourceLocation
 
-if TYPE_CHECKING:
-    from tputrace.store.reader import Trace
+
+class TraceQueries(Protocol):
+    """What the aggregates read from a trace."""
+
+    def sql(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]: ...
+
+    def string(self, sid: int | None) -> str | None: ...
+
+    def frame(self, frame_id: int | None) -> SourceLocation | None: ...
+
 
 OpGrouping = Literal["op", "op_shapes", "source", "module"]
 OpOrder = Literal["total", "count", "mean"]
@@ -163,7 +172,7 @@ def _limit_clause(limit: int | None) -> str:
 
 
 def op_stats(
-    trace: Trace,
+    trace: TraceQueries,
     group_by: OpGrouping = "op",
     *,
     limit: int | None = None,
@@ -205,7 +214,7 @@ def op_stats(
     return stats
 
 
-def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
+def step_times(trace: TraceQueries, *, rank: int | None = None) -> list[StepTime]:
     """Every step, in (rank, step) order, with its op, compile and sync counts."""
     where, params = rank_filter(rank)
     ops_per_step = _per_step(trace, "SELECT rank, step, COUNT(*), 0 FROM ops{where} GROUP BY rank, step", where, params)
@@ -241,11 +250,11 @@ def step_times(trace: Trace, *, rank: int | None = None) -> list[StepTime]:
     return steps
 
 
-def _per_step(trace: Trace, query: str, where: str, params: tuple[int, ...]) -> dict[tuple[int, int], tuple[int, int]]:
+def _per_step(trace: TraceQueries, query: str, where: str, params: tuple[int, ...]) -> dict[tuple[int, int], tuple[int, int]]:
     return {(rank, step): (count, total) for rank, step, count, total in trace.sql(query.format(where=where), params)}
 
 
-def time_split(trace: Trace, *, rank: int | None = None) -> TimeSplit:
+def time_split(trace: TraceQueries, *, rank: int | None = None) -> TimeSplit:
     """Total ns per category; `wall_ns` is the run's wall time (the longest rank's, for all ranks).
 
     Compile time is the wall time spent compiling (nested compile records count once); the other
@@ -276,7 +285,7 @@ _COMPILE_GROUP_COLUMNS: dict[str, str] = {"rank": "0", "step": "step"}
 
 
 def compile_wall_ns(
-    trace: Trace, *, rank: int | None = None, condition: str = "1", by: CompileGrouping = "rank"
+    trace: TraceQueries, *, rank: int | None = None, condition: str = "1", by: CompileGrouping = "rank"
 ) -> dict[tuple[int, int], int]:
     """Wall time spent compiling per (rank, 0) or (rank, step): the union
     of the intervals of the `compiles` rows matching the SQL `condition`, so nested or overlapping
@@ -293,12 +302,12 @@ def compile_wall_ns(
     }
 
 
-def compile_total_ns(trace: Trace, *, rank: int | None = None, condition: str = "1") -> int:
+def compile_total_ns(trace: TraceQueries, *, rank: int | None = None, condition: str = "1") -> int:
     """Wall time spent compiling (rows matching `condition`), each rank's instants once, summed over ranks."""
     return sum(compile_wall_ns(trace, rank=rank, condition=condition).values())
 
 
-def wall_ns(trace: Trace, *, rank: int | None = None) -> int:
+def wall_ns(trace: TraceQueries, *, rank: int | None = None) -> int:
     """The run's wall time: the runs' end times, or the last event for a run without an end record."""
     where, params = rank_filter(rank)
     ends = [end_ns for (end_ns,) in trace.sql(f"SELECT end_ns FROM runs{where}", params)]
@@ -325,7 +334,7 @@ def _event_bounds() -> list[tuple[str, str, str]]:
     return bounds
 
 
-def time_range(trace: Trace, *, rank: int | None = None) -> tuple[int, int]:
+def time_range(trace: TraceQueries, *, rank: int | None = None) -> tuple[int, int]:
     """(first event start, last event end) in ns since the run's start; (0, 0) for an empty trace."""
     where, params = rank_filter(rank)
     bounds = _event_bounds()
@@ -354,7 +363,7 @@ OUTERMOST_COMPILE = (
 LOADED_FROM_DISK = "detail LIKE '%\"loaded_from_disk\": true%'"
 
 
-def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
+def compile_stats(trace: TraceQueries, *, rank: int | None = None) -> CompileStats:
     """Compile and recompile counts and wall time (each instant once), and the number of distinct programs."""
     where, params = rank_filter(rank)
     count, recompiles, loaded_from_disk = trace.sql(
@@ -373,7 +382,7 @@ def compile_stats(trace: Trace, *, rank: int | None = None) -> CompileStats:
     )
 
 
-def recompile_groups(trace: Trace, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
+def recompile_groups(trace: TraceQueries, *, limit: int | None = 10, rank: int | None = None) -> list[RecompileGroup]:
     """Recompiles grouped by what was compiled, the reason and the difference; most frequent first."""
     where, params = rank_filter(rank, prefix="AND ")
     rows = trace.sql(
@@ -399,7 +408,7 @@ SYNC_COMPILE_NS = (
 )
 
 
-def sync_stats(trace: Trace, *, limit: int | None = None, rank: int | None = None) -> list[SyncStat]:
+def sync_stats(trace: TraceQueries, *, limit: int | None = None, rank: int | None = None) -> list[SyncStat]:
     """Host syncs grouped by source line and kind; longest total stall first."""
     where, params = rank_filter(rank, prefix="WHERE s.")
     rows = trace.sql(
@@ -414,7 +423,7 @@ def sync_stats(trace: Trace, *, limit: int | None = None, rank: int | None = Non
     ]
 
 
-def fallback_stats(trace: Trace, *, limit: int | None = None, rank: int | None = None) -> list[FallbackStat]:
+def fallback_stats(trace: TraceQueries, *, limit: int | None = None, rank: int | None = None) -> list[FallbackStat]:
     """CPU fallbacks grouped by op; longest total time first."""
     where, params = rank_filter(rank)
     rows = trace.sql(
@@ -428,7 +437,7 @@ def fallback_stats(trace: Trace, *, limit: int | None = None, rank: int | None =
     ]
 
 
-def collective_stats(trace: Trace, *, rank: int | None = None) -> list[CollectiveStat]:
+def collective_stats(trace: TraceQueries, *, rank: int | None = None) -> list[CollectiveStat]:
     """Collectives grouped by kind; longest total time first."""
     where, params = rank_filter(rank)
     rows = trace.sql(

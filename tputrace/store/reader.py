@@ -7,18 +7,15 @@ killed) as of the writer's last commit.
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
-import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tputrace.forks import ForkOrigin, fork_origins
 from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind
-from tputrace.source_digests import SourceDigest
-from tputrace.store import aggregates
+from tputrace.store import aggregates, cells
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
@@ -31,14 +28,10 @@ from tputrace.store.aggregates import (
     SyncStat,
     TimeSplit,
 )
-from tputrace.store.columns import line_character_offset
-from tputrace.store.errors import QueryError, TputraceError
-from tputrace.store.opening import (
-    check_trace_file,
-    connect_read_only,
-    describe_database_error,
-    read_meta,
-)
+from tputrace.store.connection import TraceConnection
+from tputrace.store.errors import TputraceError
+from tputrace.store.interned import InternedValues
+from tputrace.store.opening import check_trace_file, connect_read_only, read_meta
 from tputrace.store.records import (
     RECORD_TYPES,
     AnnotationRecord,
@@ -62,14 +55,10 @@ from tputrace.store.records import (
     SyncRecord,
     TransferRecord,
 )
-from tputrace.store.sources import copy_as_run_saw
-from tputrace.wording import printable
 
 if TYPE_CHECKING:
     import pandas
 
-_FETCH_ROWS = 4096
-_Value = TypeVar("_Value")
 # What `Trace.run` returns for a trace whose writer died before committing a runs row.
 _NO_RUN = RunInfo(
     rank=0,
@@ -116,15 +105,8 @@ class Trace:
         self.meta = meta
         self.source_roots = source_roots
         self.format_version = int(meta["format_version"])
-        self._connection = connection
-        self._lock = threading.RLock()
-        self._strings: dict[int, str] | None = None
-        self._frames: dict[int, SourceLocation] | None = None
-        self._tables: frozenset[str] | None = None
-        self._columns_by_table: dict[str, frozenset[str]] = {}
-        self._seen_digests: dict[str, frozenset[SourceDigest]] | None = None
-        self._column_texts: dict[str, str | None] = {}
-        self._source_copies: dict[str, str | None] = {}
+        self._connection = TraceConnection(path, connection)
+        self._interned = InternedValues(self._connection, source_roots)
 
     # -- the file ---------------------------------------------------------------------------------
 
@@ -134,8 +116,7 @@ class Trace:
         return self.meta.get("created")
 
     def close(self) -> None:
-        with self._lock:
-            self._connection.close()
+        self._connection.close()
 
     def __enter__(self) -> Trace:
         return self
@@ -194,9 +175,7 @@ class Trace:
     def has_table(self, table: str) -> bool:
         """Whether the file has `table`: a file written before a table was added to the format lacks
         it, and reads it as empty."""
-        if self._tables is None:
-            self._tables = frozenset(name for (name,) in self.sql("SELECT name FROM sqlite_master WHERE type = 'table'"))
-        return table in self._tables
+        return self._connection.has_table(table)
 
     def source_files(self, *, rank: int | None = None) -> dict[str, SourceFileRecord]:
         """The user's source files as the run saw them (digest and size), by recorded path; of `rank`
@@ -458,8 +437,8 @@ class Trace:
         frame = pandas.DataFrame.from_records(rows, columns=list(kind.column_names))
         if not resolve:
             return frame
-        strings = self._string_table()
-        frames = self._frame_table()
+        strings = self._interned.string_table()
+        frames = self._interned.frame_table()
         resolved: dict[str, Any] = {}
         for column in kind.columns:
             values = frame[column.name]
@@ -476,22 +455,18 @@ class Trace:
 
     def sql(self, query: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         """Run a read-only SQL query over the trace's tables and return all rows."""
-        with self._lock:
-            try:
-                return self._connection.execute(query, tuple(params)).fetchall()
-            except sqlite3.Error as error:
-                raise self._describe(error) from None
+        return self._connection.sql(query, params)
 
     def sql_batches(self, query: str, params: Sequence[Any] = ()) -> Iterator[list[tuple[Any, ...]]]:
         """Run a read-only SQL query and yield its rows in lists of a few thousand, for readers that
         handle a big table's rows in bulk."""
-        yield from self._fetch_chunks(query, params)
+        yield from self._connection.batches(query, params)
 
     # -- interned values --------------------------------------------------------------------------
 
     def string(self, sid: int | None) -> str | None:
         """The text of string id `sid` (None for None or an unknown id)."""
-        return self._interned(self._string_table, sid, "SELECT text FROM strings WHERE id = ?", _text_column)
+        return self._interned.string(sid)
 
     def string_id(self, text: str) -> int | None:
         """The id of an interned string, or None if the trace does not contain it."""
@@ -502,76 +477,19 @@ class Trace:
         """The source location of frame id `frame_id` (None for None or an unknown id), its columns in
         characters (an older trace's byte columns converted on the run's text, or None where that text
         is not found: docs/trace-format.md, `frames`)."""
-        return self._interned(self._frame_table, frame_id,
-                              f"SELECT file_sid, line, function_sid, {self._frame_columns()} FROM frames WHERE id = ?",
-                              self._location)
-
-    def _interned(self, table: Callable[[], dict[int, _Value]], key: int | None, query: str,
-                  build: Callable[[tuple[Any, ...]], _Value]) -> _Value | None:
-        """The value of an interned id: from its table (read whole at first use), else (written since
-        then by a live writer) its row read by `query` and kept; None for None or an unknown id."""
-        if key is None:
-            return None
-        values = table()
-        value = values.get(key)
-        if value is None:
-            rows = self.sql(query, (key,))
-            if rows:
-                value = values[key] = build(rows[0])
-        return value
-
-    def _location(self, row: tuple[Any, ...]) -> SourceLocation:
-        file_sid, line, function_sid, *columns = row
-        return self._source_location(self.string(file_sid) or "?", _line_number(line), self.string(function_sid) or "?",
-                                     *columns)
+        return self._interned.frame(frame_id)
 
     def unchecked_column_files(self) -> list[str]:
         """The recorded files whose calls' columns could not be checked: the trace stored them as UTF-8
         bytes, and neither the file nor a copy under `source_roots` is the one the run saw, so they read as
         None (`SourceLocation.columns_unchecked`). Empty for a trace that stores characters."""
-        return sorted({location.file for location in self._frame_table().values() if location.columns_unchecked})
-
-    def _source_location(self, file: str, line: int, function: str, col: int | None, end_col: int | None,
-                         end_line: int | None) -> SourceLocation:
-        """A frame's location with character columns: a file whose frames have `col` but no `end_line` stored
-        UTF-8 byte offsets on `line` (a call going on past it without an end), converted here from the line's
-        text: of the copy the run saw where the trace has the file's digest (no columns when there is none),
-        else of the file at its recorded path where it can be read."""
-        if col is not None and "end_line" not in self._stored_columns("frames"):
-            text_file = self._column_text_file(file)
-            if text_file is None:
-                return SourceLocation(file, line, function, columns_unchecked=True)
-            col = line_character_offset(text_file, line, col)
-            if end_col is not None:
-                end_col, end_line = line_character_offset(text_file, line, end_col), line
-        return SourceLocation(file, line, function, col, end_col, end_line)
-
-    def _column_text_file(self, file: str) -> str | None:
-        """The file whose text turns `file`'s byte columns into characters: `file` itself when the trace has no
-        digest of it (as before digests were recorded), else the copy with a recorded digest, or None."""
-        if file not in self._column_texts:
-            self._column_texts[file] = self.source_copy(file) if file in self._source_digests() else file
-        return self._column_texts[file]
+        return self._interned.unchecked_column_files()
 
     def source_copy(self, file: str) -> str | None:
         """The copy of recorded source `file` whose content is the one the run saw: at its recorded path or
         under `source_roots`. None when there is none, or when the trace has no digest of the file, so that
         a trace from elsewhere never quotes a local file that merely shares a path with its own."""
-        if file not in self._source_copies:
-            seen = self._source_digests().get(file)
-            copy = None if seen is None else copy_as_run_saw(file, self.source_roots, seen)
-            self._source_copies[file] = None if copy is None else str(copy)
-        return self._source_copies[file]
-
-    def _source_digests(self) -> dict[str, frozenset[SourceDigest]]:
-        """Every rank's recorded digests of each source file, by recorded path."""
-        if self._seen_digests is None:
-            digests: dict[str, set[SourceDigest]] = {}
-            for record in self.records("source_files"):
-                if record.file is not None:
-                    digests.setdefault(record.file, set()).add(SourceDigest(record.sha256, record.size))
-            self._seen_digests = {file: frozenset(seen) for file, seen in digests.items()}
-        return self._seen_digests
+        return self._interned.source_copy(file)
 
     # -- aggregates (computed in SQL; see tputrace.store.aggregates) ------------------------------
 
@@ -629,7 +547,7 @@ class Trace:
         """The stored rows of one table (all columns, in schema order), batch by batch."""
         if not self.has_table(kind.table):
             return iter(())
-        stored = self._stored_columns(kind.table)
+        stored = self._connection.stored_columns(kind.table)
         selected = (name if name in stored else f"NULL AS {name}" for name in kind.column_names)
         query = f"SELECT {', '.join(selected)} FROM {kind.table}"
         if where:
@@ -637,57 +555,7 @@ class Trace:
         query += f" ORDER BY {order_by or 'rowid'}"
         if limit is not None:
             query += f" LIMIT {int(limit)}"
-        return self._fetch_chunks(query, params)
-
-    def _stored_columns(self, table: str) -> frozenset[str]:
-        """The columns `table` has in this file: a file from an older writer lacks later trailing columns."""
-        stored = self._columns_by_table.get(table)
-        if stored is None:
-            stored = self._columns_by_table[table] = frozenset(row[1] for row in self.sql(f"PRAGMA table_info({table})"))
-        return stored
-
-    def _frame_columns(self) -> str:
-        """`col, end_col, end_line` of `frames`, NULL for those a file from an older writer lacks."""
-        stored = self._stored_columns("frames")
-        return ", ".join(name if name in stored else "NULL" for name in ("col", "end_col", "end_line"))
-
-    def _fetch_chunks(self, query: str, params: Sequence[Any]) -> Iterator[list[tuple[Any, ...]]]:
-        with self._lock:
-            try:
-                cursor = self._connection.execute(query, tuple(params))
-            except sqlite3.Error as error:
-                raise self._describe(error) from None
-        while True:
-            with self._lock:
-                try:
-                    rows = cursor.fetchmany(_FETCH_ROWS)
-                except sqlite3.Error as error:
-                    raise self._describe(error) from None
-            if not rows:
-                return
-            yield rows
-
-    def _describe(self, error: sqlite3.Error) -> TputraceError:
-        if isinstance(error, sqlite3.OperationalError) and not _is_file_problem(error):
-            return QueryError(f"query failed on {self.path}: {error}")
-        return describe_database_error(error, self.path)
-
-    def _string_table(self) -> dict[int, str]:
-        if self._strings is None:
-            self._strings = {sid: printable(text) for sid, text in self.sql("SELECT id, text FROM strings") if isinstance(text, str)}
-        return self._strings
-
-    def _frame_table(self) -> dict[int, SourceLocation]:
-        if self._frames is None:
-            strings = self._string_table()
-            self._frames = {
-                frame_id: self._source_location(strings.get(file_sid) or "?", _line_number(line), strings.get(function_sid) or "?",
-                                                *columns)
-                for frame_id, file_sid, line, function_sid, *columns in self.sql(
-                    f"SELECT id, file_sid, line, function_sid, {self._frame_columns()} FROM frames"
-                )
-            }
-        return self._frames
+        return self._connection.batches(query, params)
 
     def _converters(self, kind: RecordKind) -> list[Callable[[Any], Any]]:
         converters: list[Callable[[Any], Any]] = []
@@ -697,11 +565,11 @@ class Trace:
             elif column.ref == "frames":
                 converters.append(self.frame)
             elif kind.table == "runs" and column.name == "argv":
-                converters.append(_decode_argv)
+                converters.append(cells.decode_argv)
             elif column.kind == "TEXT":
-                converters.append(_text)
+                converters.append(cells.text)
             else:
-                converters.append(_identity)
+                converters.append(cells.identity)
         return converters
 
 
@@ -710,45 +578,3 @@ def _record_kind(table: str) -> RecordKind:
     if kind is None:
         raise TputraceError(f"unknown record kind {table!r}; kinds: {', '.join(RECORD_KINDS_BY_TABLE)}")
     return kind
-
-
-def _is_file_problem(error: sqlite3.Error) -> bool:
-    message = str(error)
-    return any(part in message for part in ("malformed", "not a database", "disk I/O", "unable to open"))
-
-
-def _identity(value: Any) -> Any:
-    return value
-
-
-def _first_column(row: tuple[Any, ...]) -> Any:
-    return row[0]
-
-
-def _text_column(row: tuple[Any, ...]) -> str | None:
-    """A string's text (`_text`); None for a value that is not text (a damaged file's NULL, number or blob), read
-    as an unknown id is, so that every view gets text or None from `string`."""
-    return printable(row[0]) if isinstance(row[0], str) else None
-
-
-def _text(value: Any) -> Any:
-    """A TEXT column's value with its control characters written as escapes (`\\x1b`): a trace is another
-    person's text, and an escape sequence in a name would act on the terminal of whoever views it."""
-    return printable(value) if isinstance(value, str) else value
-
-
-def _line_number(line: Any) -> int:
-    """A frame's line; 0 for a value that is not a whole number (a damaged file's NULL or text)."""
-    return line if isinstance(line, int) else 0
-
-
-def _decode_argv(value: str | None) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    try:
-        decoded = json.loads(value)
-    except ValueError:
-        return (printable(value),)
-    if isinstance(decoded, list):
-        return tuple(printable(str(item)) for item in decoded)
-    return (printable(str(decoded)),)

@@ -1,4 +1,4 @@
-"""TraceWriter: appends records to a trace file from any thread at a cost well under a microsecond.
+"""TraceWriter: appends records to a trace file from any thread, cheaply enough for the dispatch path.
 
 Hot-path calls (`append`, `intern`, `frame`, `next_id`) only touch in-memory queues and dicts. A
 background thread drains the queues every `commit_interval_s` and inserts them in one transaction
@@ -50,7 +50,7 @@ Row = tuple[Any, ...]
 # Tables filled through intern()/frame(); every other table is filled through append().
 _INTERNED_TABLES = ("strings", "frames")
 _SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
-# Rows per INSERT statement for big batches: one 16-row statement is ~20-40% faster than 16 one-row ones.
+# Rows per INSERT statement for big batches: one multi-row statement is faster than as many one-row ones.
 _ROWS_PER_STATEMENT = 16
 # What a malformed row raises (wrong arity, unsupported type, integer over 64 bits).
 _ROW_ERRORS = (sqlite3.Error, ValueError, TypeError, OverflowError)
