@@ -28,7 +28,6 @@ from tputrace.backend.deferred import LazyValue
 from tputrace.backend.dtypes import cast, short_name, to_jax, to_torch
 from tputrace.backend.entries import OpEntry, classify
 from tputrace.backend.executor import Executor, StrictExecutor
-from tputrace.recording.interface import Recording
 from tputrace.backend.plans import (
     STORAGE_ORDER,
     VIEW_READ,
@@ -50,6 +49,7 @@ from tputrace.backend.length_recompiles import LengthRecompiles
 from tputrace.backend.memory_formats import corrected_meta, storage_order
 from tputrace.backend.tensor import Buffer, CountedBuffer, TpuTensor, channels_last_tensor, geometry_of, new_tensor, sync_hint, view_tensor
 from tputrace.backend.views import ViewChain, ViewStep, geometry, storage_as
+from tputrace.recording.interface import Recording
 
 aten = torch.ops.aten
 _VIEW_DTYPE = aten.view.dtype  # bound once: every view op compares its op with it

@@ -39,8 +39,8 @@ from tputrace.backend.cuts.layout import cut_layout, padded_of
 from tputrace.backend.deferred import LazyValue
 from tputrace.backend.plans import INDEX_CHECK, OutSpec, Plan
 from tputrace.backend.tensor import TpuTensor
-from tputrace.recording.interface import Recording
 from tputrace.sourceloc import is_user_file, library_roots
+from tputrace.recording.interface import Recording
 
 aten = torch.ops.aten
 

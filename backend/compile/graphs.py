@@ -29,8 +29,8 @@ from tputrace.backend.compile.settings import CompileSettings
 from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.plans import Plan, Program, compile_program
 from tputrace.backend.compile_history import CompileHistory
-from tputrace.recording.interface import Recording
 from tputrace.backend.tensor import TpuData, TpuTensor, new_tensor
+from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
 

@@ -27,7 +27,6 @@ import torch
 import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-from tputrace.recording.interface import active
 from tputrace import sourceloc
 from tputrace.backend import arg_checks, matmul_precision, rng
 from tputrace.backend.compile import aliases, index_flags, output_layouts
@@ -35,6 +34,7 @@ from tputrace.backend.dtypes import to_jax, to_torch
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
 from tputrace.backend.views import contiguous_strides
+from tputrace.recording.interface import active
 
 aten = torch.ops.aten
 OpOverload = torch._ops.OpOverload

@@ -1,20 +1,20 @@
 """Recording processes forked during a recording (`os.fork`, multiprocessing's fork start method,
-DataLoader workers), as the ranks of `tputrace run --nproc` are recorded: each in a trace of its own,
-merged into the parent's trace when the parent's recording ends.
+DataLoader workers), as the ranks of `tputrace run --nproc` are recorded: each in a trace of its
+own, merged into the parent's trace when the parent's recording ends.
 
 In the child, right after the fork, the parent's recording is dropped (its writer was closed across
 the fork, see `tputrace.store.writer`) and, when the child can use the tpu (the parent had not
-started JAX's runtime), a recording of its own starts in `<trace>.forks/rank<N>.tptrace`. N is the
-first free `rank + world_size * k` (k = 1, 2, ...), so the forked processes of different ranks of an
-`--nproc` run never share a rank number. The child's recording ends as the parent's does when the
-child runs on through the script (`sys.exit`, the script's end), when a multiprocessing process's
-`run` returns or raises, or when the child calls `os._exit` (`save_rows_at_os_exit`). A child
-killed by a signal keeps what its writer committed, without an end record (a forked recording
-creates its file and commits at its first compile, so such a child is listed if it used the tpu at
-all). A child that never used the tpu (a DataLoader worker that touched only host data, a fork
-followed by exec) creates no file. When the root recording ends it waits for its multiprocessing
-children, merges the child processes' traces into its own and removes the folder. Children started
-as fresh interpreters (spawn, forkserver, Python commands) are `tputrace.recording.spawning`'s.
+started JAX's runtime), a recording of its own starts in `<trace>.forks/rank<N>.tptrace`, under the
+first free rank (`tputrace.recording.lineage.claim_rank`). The child's recording ends as the
+parent's does when the child runs on through the script (`sys.exit`, the script's end), when a
+multiprocessing process's `run` returns or raises, or when the child calls `os._exit`
+(`save_rows_at_os_exit`). A child killed by a signal keeps what its writer committed, without an end
+record (a forked recording creates its file and commits at its first compile, so such a child is
+listed if it used the tpu at all). A child that never used the tpu (a DataLoader worker that touched
+only host data, a fork followed by exec) creates no file. When the root recording ends it waits for
+its multiprocessing children, merges the child processes' traces into its own and removes the folder
+(`tputrace.recording.fork_merge`). Children started as fresh interpreters (spawn, forkserver, Python
+commands) are `tputrace.recording.spawning`'s.
 """
 
 from __future__ import annotations
