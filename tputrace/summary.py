@@ -276,7 +276,7 @@ def sections(summary: RunSummary) -> list[Section]:
 
 def exit_text(exit_status: int | None) -> str:
     """How a run that has its end record ended: `exit N`, or that its status was not seen (a Python
-    command nothing waited on through `subprocess`, see `tputrace.command_exits`)."""
+    command nothing waited on through `subprocess`, see `tputrace.recording.command_exits`)."""
     return "ended (exit status not seen)" if exit_status is None else f"exit {exit_status}"
 
 

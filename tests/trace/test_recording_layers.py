@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+REPO_ROOT = Path(__file__).resolve().parents[2]
 PACKAGE_DIRS = {"tputrace.backend": REPO_ROOT / "backend", "tputrace": REPO_ROOT / "tputrace"}
 
 
