@@ -24,7 +24,7 @@ from tputrace.backend import chips, compile_cache, matmul_precision
 from tputrace.backend.dtypes import short_name, to_jax
 from tputrace.backend.memory_formats import storage_order
 from tputrace.backend.signatures import InputSpec, signature_text
-from tputrace.hlo_module import instruction_count
+from tputrace.backend.hlo_module import instruction_count
 
 
 class Slot:

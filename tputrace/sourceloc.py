@@ -20,6 +20,12 @@ _LIBRARY_MODULES = ("torch", "jax", "jaxlib", "numpy", "transformers")
 TPUTRACE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 
+def backend_dir() -> str | None:
+    """The directory `tputrace.backend` is installed in (found without importing it), or None."""
+    spec = importlib.util.find_spec("tputrace.backend")
+    return None if spec is None or spec.origin is None else os.path.dirname(spec.origin)
+
+
 @functools.cache
 def _library_roots_cached(module_files: tuple[str, ...]) -> tuple[str, ...]:
     roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
@@ -48,9 +54,9 @@ def library_roots() -> tuple[str, ...]:
     module_files = tuple(
         module.__file__ for name in _LIBRARY_MODULES if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)
     )
-    backend_spec = importlib.util.find_spec("tputrace.backend")  # where it is installed, without importing it
-    if backend_spec is not None and backend_spec.origin is not None:
-        module_files += (backend_spec.origin,)
+    backend = backend_dir()
+    if backend is not None:
+        module_files += (os.path.join(backend, "__init__.py"),)
     return _library_roots_cached(module_files)
 
 

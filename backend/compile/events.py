@@ -230,12 +230,11 @@ class DynamoEvents:
 
 
 def _is_tputrace_code(filename: str | None) -> bool:
-    import tputrace.backend
     from tputrace import sourceloc
 
     if not filename:
         return False
-    roots = (sourceloc.TPUTRACE_DIR, os.path.dirname(tputrace.backend.__file__))
+    roots = [root for root in (sourceloc.TPUTRACE_DIR, sourceloc.backend_dir()) if root is not None]
     path = os.path.abspath(filename)
     return any(path.startswith(root + os.sep) for root in roots)
 

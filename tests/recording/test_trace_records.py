@@ -14,7 +14,7 @@ import pytest
 
 import tputrace
 from tputrace.cli.main import main
-from tputrace.hlo_module import instruction_count
+from tputrace.backend.hlo_module import instruction_count
 from tputrace.schema import FLUSHES
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "tputrace"

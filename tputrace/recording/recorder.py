@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from types import CodeType
 from typing import Any, Protocol
 
-from tputrace import hlo_module, settings, source_digests, sourceloc
+from tputrace import settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
 from tputrace.schema import COMPILE_CACHE_META_KEY
@@ -262,7 +262,7 @@ class Recorder:
         return ids
 
     def _define_program(self, plan: Any, kind: str, n_ops: int) -> int | None:
-        """A `programs` row for the plan's program (None without one); `hlo_ops` is NULL where no HLO was kept."""
+        """A `programs` row for the plan's program (None without one); `hlo_ops` is NULL where the backend read no HLO."""
         program = plan.program
         if program is None:
             return None
@@ -280,7 +280,7 @@ class Recorder:
                 n_ops,
                 program.flops,
                 program.bytes_accessed,
-                program.hlo_ops if program.hlo_ops is not None else hlo_module.instruction_count(program.hlo_text) if program.hlo_text else None,
+                program.hlo_ops,
             ),
         )
         return program_id
