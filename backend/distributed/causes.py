@@ -18,6 +18,8 @@ from typing import Any
 
 import torch
 
+from tputrace.recording.interface import Recording
+
 # The values of one `collective_causes` row after `id` and `rank`, in column order:
 # (kind, phase, module, tensor, op, mesh_id, src_placements, dst_placements, global_shape, local_shape,
 #  bucket_index, bucket_bytes, prefetch, origin_frame_id)
@@ -56,7 +58,7 @@ class DataParallelModel:
     graph_task: int = -1
     next_bucket: int = 0
 
-    def bucket_cause(self, recorder: Any) -> Cause:
+    def bucket_cause(self, recorder: Recording) -> Cause:
         task = torch._C._current_graph_task_id()
         if task != self.graph_task:
             self.graph_task, self.next_bucket = task, 0
@@ -70,7 +72,7 @@ class DataParallelModel:
 data_parallel_models: dict[str, DataParallelModel] = {}
 
 
-def cause_id(recorder: Any, kind: str, group: str) -> int | None:
+def cause_id(recorder: Recording, kind: str, group: str) -> int | None:
     """The `collective_causes` id of a call of `kind` on `group` opened now on this thread (None: the user's own)."""
     cause = state.cause
     if cause is None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tputrace.backend.dtypes import short_name
+from tputrace.recording.interface import Recording
 
 
 @dataclass
@@ -61,7 +62,7 @@ def shape_text(shape: Any) -> str:
     return ",".join(str(int(size)) for size in shape)
 
 
-def mesh_id(recorder: Any, mesh: Any) -> int | None:
+def mesh_id(recorder: Recording, mesh: Any) -> int | None:
     """The `device_meshes` id of `mesh`, recording it the first time."""
     if mesh is None:
         return None
@@ -113,7 +114,7 @@ def has_pending() -> bool:
     return bool(_models)
 
 
-def record_pending(recorder: Any) -> None:
+def record_pending(recorder: Recording) -> None:
     """Record the parameters of the models noted so far whose module paths the recorder knows."""
     names = recorder.module_names
     waiting = []
@@ -126,7 +127,7 @@ def record_pending(recorder: Any) -> None:
     _models[:] = waiting
 
 
-def _record_model(recorder: Any, model: Any, path: str, names: dict[int, str]) -> None:
+def _record_model(recorder: Recording, model: Any, path: str, names: dict[int, str]) -> None:
     owners = _owners
     for module_name, module in model.named_modules(prefix=path):
         for name, parameter in module.named_parameters(recurse=False):
@@ -139,7 +140,7 @@ def _record_model(recorder: Any, model: Any, path: str, names: dict[int, str]) -
             _recorded.add(id(parameter))
 
 
-def _record_parameter(recorder: Any, name: str, module_name: str, module_id: int, parameter: Any, owner: _Owner | None,
+def _record_parameter(recorder: Recording, name: str, module_name: str, module_id: int, parameter: Any, owner: _Owner | None,
                       names: dict[int, str]) -> None:
     local = getattr(parameter, "_local_tensor", None)
     spec = getattr(parameter, "_spec", None)

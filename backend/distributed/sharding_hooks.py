@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from tputrace.backend.distributed import causes, placements, tracing
+from tputrace.recording.interface import Recording
 
 _installed = False
 
@@ -71,7 +72,7 @@ def _compiling() -> bool:
     return torch.compiler.is_compiling()
 
 
-def _module_path(recorder: Any, module: Any) -> str | None:
+def _module_path(recorder: Recording, module: Any) -> str | None:
     return recorder.module_names.get(id(module)) if module is not None else None
 
 
@@ -98,7 +99,7 @@ def _hook_device_mesh() -> None:
 _causes_by_spec: dict[tuple[Any, ...], causes.Cause] = {}
 
 
-def _redistribute_cause(recorder: Any, local_tensor: torch.Tensor, current_spec: Any, target_spec: Any, via: str) -> causes.Cause:
+def _redistribute_cause(recorder: Recording, local_tensor: torch.Tensor, current_spec: Any, target_spec: Any, via: str) -> causes.Cause:
     stack = _stack()
     use, stage = (stack[-1][0], stack[-1][1]) if stack else (getattr(_stack_state, "backward_use", None), "backward")
     op = _stack_state.op if via == "op" else None
@@ -305,7 +306,7 @@ def _group_collective(original: Callable[..., Any], kind: str) -> Callable[..., 
     return run
 
 
-def _group_cause(recorder: Any, group: Any, kind: str) -> causes.Cause:
+def _group_cause(recorder: Recording, group: Any, kind: str) -> causes.Cause:
     prefetch = int(_stack_state.prefetch) if kind == "fsdp_all_gather" else None
     phase = causes.phase()
     known: dict[tuple[Any, ...], causes.Cause] = getattr(group, "_tputrace_causes", None) or {}

@@ -13,10 +13,8 @@ import pytest
 from product_modules import product_modules
 
 HEAVY = ("torch", "jax", "jaxlib")
-# The recording side imports the backend; the old recorder modules stay here until they move to
-# tputrace.recording.
-RECORDING_SIDE = ("tputrace.backend", "tputrace.recording", "tputrace.recorder", "tputrace.fork_recording",
-                  "tputrace.spawn_recording", "tputrace.command_exits")
+# The recording side imports the backend.
+RECORDING_SIDE = ("tputrace.backend", "tputrace.recording")
 
 
 def trace_side_modules() -> list[str]:
