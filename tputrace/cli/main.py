@@ -29,6 +29,7 @@ COMMANDS: list[str] = [
     "export",
     "tensorboard",
     "merge",
+    "import_",
 ]
 
 EXIT_USAGE_ERROR = 2

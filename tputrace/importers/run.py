@@ -1,0 +1,56 @@
+"""`import_captures`: every capture under some paths, written into one new trace."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from tputrace.importers.sink import ImportSink
+from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
+from tputrace.store.writer import TraceWriter
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    """What an import wrote."""
+
+    output: Path
+    captures: list[Capture]
+    rows: int
+
+    def lines(self) -> list[str]:
+        kinds = ", ".join(f"{capture.format} {capture.path}" for capture in self.captures)
+        return [f"imported {len(self.captures)} capture(s) ({kinds}): {self.rows} rows -> {self.output}"]
+
+
+def import_captures(paths: list[str], output: str | Path) -> ImportResult:
+    """Detect and import every capture under `paths` into a new trace at `output` (one rank per capture)."""
+    captures = find_captures(paths)
+    output = Path(output)
+    partial = output.with_name(output.name + ".partial")
+    partial.unlink(missing_ok=True)
+    try:
+        with TraceWriter(partial, close_at_exit=False) as writer:
+            sink = ImportSink(writer)
+            for capture in captures:
+                _import_one(sink, capture)
+            sink.finish()
+        partial.replace(output)
+    finally:
+        partial.unlink(missing_ok=True)
+    return ImportResult(output, captures, sink.rows)
+
+
+def _import_one(sink: ImportSink, capture: Capture) -> None:
+    if capture.format == XPLANE:
+        from tputrace.importers.xplane import XPlaneImporter
+
+        XPlaneImporter(sink, capture.path).run()
+    elif capture.format == TORCH_TRACE:
+        from tputrace.importers.torch_trace import TorchTraceImporter
+
+        TorchTraceImporter(sink, capture.path).run()
+    elif capture.format == CHROME_JSON:
+        from tputrace.importers.chrome_json import ChromeJsonImporter
+
+        ChromeJsonImporter(sink, capture.path).run()

@@ -1,0 +1,82 @@
+"""Finding the captures under the paths given to `tputrace import`, and telling their formats apart."""
+
+from __future__ import annotations
+
+import gzip
+from dataclasses import dataclass
+from pathlib import Path
+
+from tputrace.store.errors import TputraceError
+
+XPLANE = "xplane"
+TORCH_TRACE = "torch_trace"
+CHROME_JSON = "torch_profiler_json"
+
+_HEAD_BYTES = 512
+
+
+class ImportError_(TputraceError):
+    """A capture that cannot be imported (foreign, truncated or damaged): one line for the user."""
+
+
+@dataclass(frozen=True)
+class Capture:
+    """One capture file and its detected format."""
+
+    path: Path
+    format: str
+
+
+def find_captures(paths: list[str]) -> list[Capture]:
+    """Every capture under `paths` (files, or directories searched recursively), in a stable order.
+
+    A file given by name that is no known format is an error; files in a directory that are not
+    captures (caches, `*.trace.json.gz` beside an `xplane.pb`) are skipped."""
+    captures: list[Capture] = []
+    for text in paths:
+        path = Path(text)
+        if not path.exists():
+            raise ImportError_(f"{path}: no such file or directory")
+        if path.is_dir():
+            found = [Capture(file, fmt) for file in sorted(path.rglob("*")) if file.is_file()
+                     for fmt in [_detect(file, strict=False)] if fmt is not None]
+            if not found:
+                raise ImportError_(f"{path}: holds no xplane.pb, TORCH_TRACE log or torch.profiler JSON")
+            captures += found
+        else:
+            fmt = _detect(path, strict=True)
+            assert fmt is not None
+            captures.append(Capture(path, fmt))
+    return captures
+
+
+def _detect(path: Path, *, strict: bool) -> str | None:
+    name = path.name
+    if name.endswith(".xplane.pb"):
+        return XPLANE
+    head = _head(path)
+    if name.endswith(".log") and head.startswith((b"V", b"I", b"W")) and b"] {" in head:
+        return TORCH_TRACE
+    if name.endswith((".json", ".json.gz")) and b"traceEvents" in head:
+        # XProf writes a `*.trace.json.gz` beside each `xplane.pb`: the same events, read from the latter.
+        if not strict and _in_xplane_folder(path):
+            return None
+        return CHROME_JSON
+    if strict:
+        raise ImportError_(f"{path}: not an xplane.pb, TORCH_TRACE log or torch.profiler JSON trace")
+    return None
+
+
+def _in_xplane_folder(path: Path) -> bool:
+    return any(sibling.name.endswith(".xplane.pb") for sibling in path.parent.iterdir())
+
+
+def _head(path: Path) -> bytes:
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rb") as stream:
+                return stream.read(_HEAD_BYTES)
+        with path.open("rb") as stream:
+            return stream.read(_HEAD_BYTES)
+    except (OSError, EOFError) as error:
+        raise ImportError_(f"{path}: cannot be read: {error}") from None

@@ -1,0 +1,193 @@
+"""Importing a `TORCH_TRACE` structured log (`dedicated_log_torch_trace_*.log`, the files tlparse reads).
+
+Each record is a glog prefix and a JSON envelope on one line, its payload (when `has_payload`) on the
+tab-indented lines after it. Read line by line: payloads are kept only for the records used.
+- `compilation_metrics` -> a `compiles` row (kind `dynamo_frame`, the compiled code object's first line
+  as its frame, `recompile_reason` as the diff) and a `programs` row (kind `compiled`, its graph's ops);
+- `dynamo_graph_break_reason` artifacts -> `graph_breaks` rows at the user frame that broke the graph;
+- TorchTPU's `torchtpu_eager_aten_graph` artifacts -> `compiles` rows of kind `fused` (one per eager
+  flush batch: `cache_hit`, `compile_failed` and `reason` in its detail); cache hits are not compiles
+  and are counted in `meta.imported` only.
+Times come from `compilation_metrics.start_time`; a graph break takes the start of its compile.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tputrace.importers.sink import ImportSink
+from tputrace.importers.sources import TORCH_TRACE, ImportError_
+
+_ENVELOPE = re.compile(r"^[VIWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
+_USER_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
+_BREAK_AT = re.compile(r"Graph break in user code at (.*):(\d+)")
+_REASON_LINE = "Graph Break Reason: "
+
+
+@dataclass
+class _Compile:
+    compile_id: str
+    name: str
+    file: str | None
+    line: int | None
+    start_s: float
+    dur_s: float
+    graph_ops: int | None
+    recompile_reason: str | None
+    kind: str = "dynamo_frame"
+    detail: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _GraphBreak:
+    compile_id: str
+    reason: str
+    file: str | None
+    line: int | None
+    function: str
+
+
+class TorchTraceImporter:
+    """Imports one TORCH_TRACE log (one process) as one rank."""
+
+    def __init__(self, sink: ImportSink, path: Path) -> None:
+        self.sink = sink
+        self.path = path
+        self.rank = sink.new_rank(TORCH_TRACE, str(path))
+        self.compiles: list[_Compile] = []
+        self.breaks: list[_GraphBreak] = []
+        self.eager_cache_hits = 0
+        self.pid: int | None = None
+
+    def run(self) -> None:
+        records = 0
+        with self.path.open("r", encoding="utf-8", errors="replace") as stream:
+            envelope: dict[str, Any] | None = None
+            payload: list[str] = []
+            for number, text in enumerate(stream, 1):
+                if text.startswith("\t"):
+                    if envelope is not None and self._wants_payload(envelope):
+                        payload.append(text[1:].rstrip("\n"))
+                    continue
+                if envelope is not None:
+                    self._record(envelope, payload)
+                envelope, payload = self._envelope(text, number), []
+                records += 1
+                if self.pid is None:
+                    self.pid = _pid(text)
+            if envelope is not None:
+                self._record(envelope, payload)
+        if records == 0:
+            raise ImportError_(f"{self.path} holds no TORCH_TRACE records")
+        self._write()
+
+    def _envelope(self, text: str, number: int) -> dict[str, Any]:
+        match = _ENVELOPE.match(text)
+        if match is None:
+            raise ImportError_(f"{self.path}:{number}: not a TORCH_TRACE record (a glog prefix and a JSON object)")
+        try:
+            value = json.loads(match.group(1))
+        except json.JSONDecodeError as error:
+            raise ImportError_(f"{self.path}:{number}: damaged TORCH_TRACE record ({error.msg})") from None
+        if not isinstance(value, dict):
+            raise ImportError_(f"{self.path}:{number}: damaged TORCH_TRACE record (not a JSON object)")
+        return value
+
+    @staticmethod
+    def _wants_payload(envelope: dict[str, Any]) -> bool:
+        artifact = envelope.get("artifact")
+        return isinstance(artifact, dict) and artifact.get("name") == "dynamo_graph_break_reason"
+
+    def _record(self, envelope: dict[str, Any], payload: list[str]) -> None:
+        compile_id = f"{envelope.get('frame_id')}/{envelope.get('frame_compile_id')}"
+        metrics = envelope.get("compilation_metrics")
+        if isinstance(metrics, dict):
+            self.compiles.append(_Compile(
+                compile_id=str(metrics.get("compile_id") or compile_id),
+                name=str(metrics.get("co_name") or "?"),
+                file=metrics.get("co_filename"),
+                line=metrics.get("co_firstlineno"),
+                start_s=float(metrics.get("start_time") or 0.0),
+                dur_s=float(metrics.get("entire_frame_compile_time_s") or 0.0),
+                graph_ops=metrics.get("graph_op_count"),
+                recompile_reason=metrics.get("recompile_reason"),
+                detail={key: metrics[key] for key in ("guard_count", "fail_type", "fail_reason", "cache_size")
+                        if metrics.get(key) is not None},
+            ))
+            return
+        artifact = envelope.get("artifact")
+        if not isinstance(artifact, dict):
+            return
+        name = artifact.get("name")
+        if name == "dynamo_graph_break_reason":
+            self.breaks.append(_graph_break(compile_id, payload))
+        elif name == "torchtpu_eager_aten_graph":
+            if artifact.get("cache_hit"):
+                self.eager_cache_hits += 1
+                return
+            self.compiles.append(_Compile(
+                compile_id=compile_id, name=str(artifact.get("op_name") or "eager batch"), file=None, line=None,
+                start_s=0.0, dur_s=0.0, graph_ops=None, recompile_reason=artifact.get("reason") or None, kind="fused",
+                detail={"compile_failed": bool(artifact.get("compile_failed")), "reason": artifact.get("reason")},
+            ))
+
+    def _write(self) -> None:
+        writer = self.sink.writer
+        starts = [item.start_s for item in self.compiles if item.start_s > 0]
+        start_s = min(starts) if starts else 0.0
+        end_s = max((item.start_s + item.dur_s for item in self.compiles if item.start_s > 0), default=start_s)
+        writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], pid=self.pid, platform="cpu",
+                       chips=0, start_unix_ns=int(start_s * 1e9), end_ns=int((end_s - start_s) * 1e9))
+        self.sink.note(self.rank, device="none", pid=self.pid, eager_cache_hits=self.eager_cache_hits)
+        start_of: dict[str, int] = {}
+        for item in self.compiles:
+            start_ns = int((item.start_s - start_s) * 1e9) if item.start_s > 0 else 0
+            start_of[item.compile_id] = start_ns
+            frame_id = writer.frame(item.file, int(item.line), item.name) if item.file and item.line else None
+            name_sid = writer.intern(item.name)
+            program_id = writer.next_id("programs")
+            self.sink.append("programs", (program_id, self.rank, "compiled", name_sid, name_sid, None, item.graph_ops,
+                                          None, None, None))
+            reason = "recompile" if item.recompile_reason else "first"
+            diff_sid = writer.intern(item.recompile_reason) if item.recompile_reason else None
+            detail = json.dumps({"compile_id": item.compile_id, **item.detail}, sort_keys=True)
+            self.sink.append("compiles", (writer.next_id("compiles"), self.rank, program_id, item.kind, name_sid, None,
+                                          -1, start_ns, int(item.dur_s * 1e9), frame_id, 0, reason, diff_sid, detail))
+        for item in self.breaks:
+            frame_id = writer.frame(item.file, item.line, item.function) if item.file and item.line else None
+            self.sink.append("graph_breaks", (self.rank, writer.intern(item.reason), frame_id,
+                                              start_of.get(item.compile_id, 0), 0))
+
+
+def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
+    """The reason and user frame of one `dynamo_graph_break_reason` payload."""
+    reason = ""
+    file: str | None = None
+    line: int | None = None
+    function = ""
+    in_user_traceback = False
+    for index, text in enumerate(payload):
+        at = _BREAK_AT.search(text)
+        if at and file is None:
+            file, line = at.group(1), int(at.group(2))
+        if text.startswith(_REASON_LINE) and not reason:
+            rest = [part.strip() for part in payload[index + 1:index + 4] if part.strip()]
+            reason = rest[0] if rest else text[len(_REASON_LINE):]
+        if text.startswith("User code traceback:"):
+            in_user_traceback = True
+        elif in_user_traceback:
+            frame = _USER_FRAME.match(text)
+            if frame:
+                file, line, function = frame.group(1), int(frame.group(2)), frame.group(3)
+            elif not text.startswith(" "):
+                in_user_traceback = False
+    return _GraphBreak(compile_id, reason or "graph break", file, line, function)
+
+
+def _pid(text: str) -> int | None:
+    parts = text.split()
+    return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
