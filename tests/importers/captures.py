@@ -1,0 +1,82 @@
+"""Real captures made by the tools tputrace imports, each in a fresh Python process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+JAX_STEP = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.1 * jax.grad(loss)(w, x)
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    step(w, x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(3):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
+# A graph break (print) on line 5 and a recompile (a 1-d then a 2-d input).
+TORCH_COMPILE = textwrap.dedent("""\
+    import torch
+
+    def f(x):
+        y = torch.sin(x) * 2
+        print("break here")
+        return y.cos() + 1
+
+    g = torch.compile(f, backend="eager")
+    g(torch.ones(4))
+    g(torch.ones(4, 4))
+""")
+
+TORCH_PROFILER = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True, profile_memory=True) as prof:
+        for _ in range(2):
+            model(x).sum().backward()
+    prof.export_chrome_trace(sys.argv[1])
+""")
+
+
+def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
+    subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, env=env, timeout=600)
+
+
+def jax_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of three steps of a jitted training step (XLA:CPU)."""
+    script = folder / "jax_step.py"
+    script.write_text(JAX_STEP)
+    _run(script, str(folder / "logdir"))
+    return folder / "logdir"
+
+
+def torch_trace_capture(folder: Path) -> tuple[Path, Path]:
+    """A `TORCH_TRACE` directory of `TORCH_COMPILE`, and the script."""
+    script = folder / "compiled.py"
+    script.write_text(TORCH_COMPILE)
+    _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "torch_trace")})
+    return folder / "torch_trace", script
+
+
+def torch_profiler_capture(folder: Path) -> Path:
+    """torch.profiler's Chrome JSON of two training steps of a small CPU model."""
+    script = folder / "profiled.py"
+    script.write_text(TORCH_PROFILER)
+    _run(script, str(folder / "profile.json"))
+    return folder / "profile.json"

@@ -1,0 +1,113 @@
+"""`tputrace import` on real captures made here: XProf (jax.profiler), TORCH_TRACE (torch.compile) and
+torch.profiler JSON, with hand-checked counts, and the views run on the imported traces."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import tputrace
+from captures import jax_capture, torch_profiler_capture, torch_trace_capture
+from tputrace.cli.main import main
+
+
+@pytest.fixture(scope="module")
+def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("captures")
+    torch_trace, script = torch_trace_capture(folder)
+    return {"jax": jax_capture(folder), "torch_trace": torch_trace, "script": script,
+            "profiler": torch_profiler_capture(folder)}
+
+
+def _import(tmp_path: Path, *paths: Path) -> tputrace.Trace:
+    output = tmp_path / "imported.tptrace"
+    assert main(["import", *map(str, paths), "-o", str(output)]) == 0
+    return tputrace.open(output)
+
+
+def test_a_jax_profile_imports_its_xla_ops_programs_and_steps(captures: dict[str, Path], tmp_path: Path) -> None:
+    trace = _import(tmp_path, captures["jax"])
+    (source,) = json.loads(trace.meta["imported"])
+    assert source["format"] == "xplane" and source["path"].endswith(".xplane.pb") and source["device"] == "cpu"
+    # XLA:CPU runs the step as four ops (a dot and three fusions), once per step.
+    ops = Counter(op.op for op in trace.records("ops"))
+    assert sum(ops.values()) == 12 and all(count == 3 for count in ops.values()), ops
+    assert sum("fusion" in name for name in ops) == 3
+    (program,) = trace.records("programs")
+    assert program.name == "jit_step" and program.kind == "xla"
+    executions = list(trace.records("executions"))
+    assert len(executions) == 3 and all(row.program_id == program.id for row in executions)
+    assert {row.name for row in trace.records("fusions")} == {name for name in ops if "fusion" in name}
+    steps = list(trace.records("steps"))
+    assert [step.step for step in steps] == [1, 2, 3] and all(step.end_ns > step.start_ns for step in steps)
+    origins = Counter(row.origin for row in trace.records("annotations"))
+    assert origins["python"] > 0 and origins["traceme"] > 0
+
+
+def test_torch_trace_imports_compiles_recompile_reasons_and_graph_breaks(captures: dict[str, Path],
+                                                                         tmp_path: Path) -> None:
+    trace = _import(tmp_path, captures["torch_trace"])
+    compiles = list(trace.records("compiles"))
+    # f and its resume function, each compiled for the 1-d input and again for the 2-d one.
+    assert sorted((row.name, row.reason) for row in compiles) == [
+        ("f", "first"), ("f", "recompile"),
+        ("torch_dynamo_resume_in_f_at_5", "first"), ("torch_dynamo_resume_in_f_at_5", "recompile"),
+    ]
+    diffs = sorted(row.diff for row in compiles if row.diff)
+    assert diffs == ["0/0: tensor 'x' rank mismatch. expected 1, actual 2",
+                     "1/0: tensor 'y' rank mismatch. expected 1, actual 2"]
+    breaks = list(trace.records("graph_breaks"))
+    assert len(breaks) == 2
+    for row in breaks:
+        assert row.reason == "Failed to trace builtin operator"
+        assert (row.source.file, row.source.line, row.source.function) == (str(captures["script"]), 5, "f")
+
+
+def test_a_torch_profiler_json_imports_ops_with_shapes_and_memory(captures: dict[str, Path], tmp_path: Path) -> None:
+    trace = _import(tmp_path, captures["profiler"])
+    ops = list(trace.records("ops"))
+    linears = [op for op in ops if op.op == "aten::linear"]
+    assert len(linears) == 4  # two layers, two steps
+    assert linears[0].inputs == "float[8,16], float[32,16], float[32]"
+    assert sum(op.op == "aten::relu" for op in ops) == 2
+    memory = list(trace.records("memory"))
+    assert memory and max(row.peak_bytes for row in memory) > 0
+    frames = [row.source for row in trace.records("annotations") if row.origin == "python" and row.source]
+    assert any(frame.file == "profiled.py" for frame in frames)
+
+
+def test_captures_of_one_run_combine_into_one_trace(captures: dict[str, Path], tmp_path: Path) -> None:
+    trace = _import(tmp_path, captures["jax"], captures["torch_trace"], captures["profiler"])
+    sources = json.loads(trace.meta["imported"])
+    assert [source["format"] for source in sources] == ["xplane", "torch_trace", "torch_profiler_json"]
+    assert [source["rank"] for source in sources] == [0, 1, 2]
+    assert {row.rank for row in trace.records("compiles")} == {1}
+    assert {row.rank for row in trace.records("executions")} == {0}
+
+
+@pytest.mark.parametrize("command", ["summary", "report", "plot", "export"])
+def test_the_views_run_on_an_imported_trace(captures: dict[str, Path], tmp_path: Path, command: str) -> None:
+    output = tmp_path / "imported.tptrace"
+    assert main(["import", str(captures["jax"]), str(captures["torch_trace"]), "-o", str(output)]) == 0
+    extra = {"plot": ["-o", str(tmp_path / "report.html")],
+             "export": ["--perfetto", str(tmp_path / "out.json.gz")]}.get(command, [])
+    assert main([command, str(output), *extra]) == 0
+
+
+def test_truncated_and_foreign_captures_are_one_line_errors(captures: dict[str, Path], tmp_path: Path,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    xplane = next(captures["jax"].rglob("*.xplane.pb"))
+    truncated = tmp_path / "cut.xplane.pb"
+    truncated.write_bytes(xplane.read_bytes()[: xplane.stat().st_size // 2])
+    cut_json = tmp_path / "cut.json"
+    cut_json.write_text(captures["profiler"].read_text()[:5000])
+    foreign = tmp_path / "notes.txt"
+    foreign.write_text("hello\n")
+    for bad, words in ((truncated, "truncated"), (cut_json, "truncated"), (foreign, "not an xplane.pb")):
+        assert main(["import", str(bad), "-o", str(tmp_path / "out.tptrace")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        assert not (tmp_path / "out.tptrace").exists()
