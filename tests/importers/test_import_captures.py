@@ -111,3 +111,18 @@ def test_truncated_and_foreign_captures_are_one_line_errors(captures: dict[str, 
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
         assert not (tmp_path / "out.tptrace").exists()
+
+
+def test_the_report_says_what_an_import_could_not_analyse(captures: dict[str, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    output = tmp_path / "imported.tptrace"
+    assert main(["import", str(captures["torch_trace"]), "-o", str(output)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(output)]) == 0
+    text = capsys.readouterr().out
+    assert "imported: torch_trace capture" in text and "measured on the capture's device (host)" in text
+    assert "index_errors, compile_cache (needs a tputrace recording)" in text
+    assert "Graph break at compiled.py:5" in text
+    assert main(["report", str(output), "--json"]) == 0
+    skipped = json.loads(capsys.readouterr().out)["imported"]["skipped"]
+    assert "recompiles" not in skipped and "graph_breaks" not in skipped and "syncs" in skipped

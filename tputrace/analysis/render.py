@@ -47,6 +47,8 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     else:
         rank = f"rank {report.rank} of {len(report.ranks)}, " if len(report.ranks) > 1 else ""
     lines.append(Line(f"target: {target.label}{default}"))
+    if report.imported:
+        lines += imported_lines(report)
     if not brief:
         lines.append(Line(f"run: {rank}{steps}, wall {format_ns(report.wall_ns)}"))
         counts = report.counts()
@@ -55,6 +57,22 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
             f"{plural(counts['warning'], 'warning')}, "
             f"{counts['info']} info. Costs are estimates computed from the trace, ranked highest first."
         ))
+    return lines
+
+
+def imported_lines(report: Report) -> list[Line]:
+    """What the header says of an imported rank: its capture, where its times were measured, and the
+    analyzers that could not run on it."""
+    facts = report.imported
+    assert facts is not None
+    lines = [Line(f"imported: {facts.format} capture {facts.path}; times are measured on the capture's device "
+                  f"({facts.device}), not estimated")]
+    by_reason: dict[str, list[str]] = {}
+    for name, why in facts.skipped.items():
+        by_reason.setdefault(why, []).append(name)
+    if by_reason:
+        lines.append(Line("not run on this import: " + "; ".join(f"{', '.join(names)} ({why})"
+                                                                 for why, names in by_reason.items()), style="dim"))
     return lines
 
 

@@ -32,6 +32,7 @@ from tputrace.analysis import (
 from tputrace.analysis.chips import Chip, chip
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
+from tputrace.analysis.imported import ImportFacts, import_facts
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -74,6 +75,7 @@ class Report:
     wall_ns: int
     findings: list[Finding] = field(default_factory=list)
     results: dict[str, AnalysisResult[Any]] = field(default_factory=dict)
+    imported: ImportFacts | None = None
 
     def counts(self) -> dict[str, int]:
         """Findings per severity."""
@@ -103,6 +105,7 @@ class Report:
             "costs_are_estimates": True,
             "findings": [asdict(finding) for finding in self.findings],
             "results": {name: result.plain_data() for name, result in self.results.items()},
+            "imported": self.imported.plain_data() if self.imported else None,
         }
 
 
@@ -114,7 +117,10 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
     context = AnalysisContext.build(trace, target_chip, target is None, rank)
     results: dict[str, AnalysisResult[Any]] = {}
     findings: list[Finding] = []
+    imported = import_facts(trace, context.rank)
     for name, analyzer in (analyzers or ANALYZERS).items():
+        if imported and name in imported.skipped:
+            continue
         result = analyzer(context)
         results[name] = result
         findings.extend(result.findings)
@@ -129,6 +135,7 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
         wall_ns=context.wall_ns,
         findings=rank_findings(findings),
         results=results,
+        imported=imported,
     )
 
 

@@ -142,7 +142,7 @@ class TorchTraceImporter:
         end_s = max((item.start_s + item.dur_s for item in self.compiles if item.start_s > 0), default=start_s)
         writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], pid=self.pid, platform="cpu",
                        chips=0, start_unix_ns=int(start_s * 1e9), end_ns=int((end_s - start_s) * 1e9))
-        self.sink.note(self.rank, device="none", pid=self.pid, eager_cache_hits=self.eager_cache_hits)
+        self.sink.note(self.rank, device="host", pid=self.pid, eager_cache_hits=self.eager_cache_hits)
         start_of: dict[str, int] = {}
         for item in self.compiles:
             start_ns = int((item.start_s - start_s) * 1e9) if item.start_s > 0 else 0

@@ -1,0 +1,70 @@
+"""What a report can say about a rank imported from another tool's capture (`tputrace import`):
+where it came from, the device its times were measured on, and which analyzers cannot run on it.
+
+An analyzer runs on an imported rank only when the capture filled every table it reads; those that
+need what only tputrace's own recording records (its index checks, its compile cache) never run."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+
+from tputrace.store.reader import Trace
+
+IMPORTED_META_KEY = "imported"
+
+# Analyzer name -> tables it needs rows in (None: it needs tputrace's own recording).
+NEEDS: dict[str, tuple[str, ...] | None] = {
+    "index_errors": None,
+    "recompiles": ("compiles",),
+    "program_cache": ("flushes",),
+    "set_up_work": ("flushes",),
+    "compile_cache": None,
+    "graph_breaks": ("compiles",),
+    "syncs": ("syncs",),
+    "fallbacks": ("fallbacks",),
+    "fusion": ("flushes",),
+    "padding": ("flushes",),
+    "precision": ("flushes",),
+    "host_bound": ("steps", "executions"),
+    "transfers": ("transfers",),
+    "memory": ("memory",),
+    "collectives": ("collectives",),
+}
+
+
+@dataclass(frozen=True)
+class ImportFacts:
+    """An imported rank: its capture's format, path and device, and the analyzers that cannot run on it."""
+
+    format: str
+    path: str
+    device: str
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def plain_data(self) -> dict[str, object]:
+        return {"format": self.format, "path": self.path, "device": self.device, "skipped": dict(self.skipped)}
+
+
+def import_facts(trace: Trace, rank: int) -> ImportFacts | None:
+    """The facts of `rank` when the trace was imported (None for a trace tputrace recorded)."""
+    text = trace.meta.get(IMPORTED_META_KEY)
+    if not text:
+        return None
+    try:
+        sources = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    source = next((item for item in sources if isinstance(item, dict) and item.get("rank") == rank), None)
+    if source is None:
+        return None
+    skipped: dict[str, str] = {}
+    for name, tables in NEEDS.items():
+        if tables is None:
+            skipped[name] = "needs a tputrace recording"
+            continue
+        missing = [table for table in tables if not trace.count(table, where="rank = ?", params=(rank,))]
+        if missing:
+            skipped[name] = f"the capture has no {', '.join(missing)}"
+    return ImportFacts(str(source.get("format", "?")), str(source.get("path", "?")), str(source.get("device", "?")),
+                       skipped)
