@@ -148,7 +148,7 @@ PROGRAMS = RecordKind(
     (
         _c("id", "INTEGER", "program id"),
         _RANK,
-        _c("kind", "TEXT", "op, fused or compiled (torch.compile graph)"),
+        _c("kind", "TEXT", "op, fused or compiled (torch.compile graph); in an imported trace also xla (an XLA module) or kernel (a device kernel)"),
         _c("name_sid", "INTEGER", "program name (the op for single-op programs)", ref="strings"),
         _c("structure_sid", "INTEGER", "structure key: equal for programs that differ only in input signature", ref="strings"),
         _c("signature_sid", "INTEGER", "input shapes and dtypes", ref="strings"),
@@ -302,7 +302,7 @@ ANNOTATIONS = RecordKind(
     (
         _RANK,
         _c("name_sid", "INTEGER", "range name", ref="strings"),
-        _c("source", "TEXT", "record_function, annotate, or index_check (an index out of range or invalid values)"),
+        _c("source", "TEXT", "record_function, annotate, or index_check (an index out of range or invalid values); in an imported trace also python (a Python tracer frame) or traceme (a TraceMe range)"),
         _START,
         _DUR,
         _FRAME,
@@ -319,7 +319,7 @@ STEPS = RecordKind(
         _STEP,
         _START,
         _c("end_ns", "INTEGER", "end, ns since the run's start"),
-        _c("source", "TEXT", "optimizer, explicit, or end (written at exit when anything was recorded after the last boundary)"),
+        _c("source", "TEXT", "optimizer, explicit, or end (written at exit when anything was recorded after the last boundary); imported (a step marker of an imported capture)"),
     ),
     indexes=(("rank", "step"),),
 )
