@@ -126,3 +126,23 @@ def test_the_report_says_what_an_import_could_not_analyse(captures: dict[str, Pa
     assert main(["report", str(output), "--json"]) == 0
     skipped = json.loads(capsys.readouterr().out)["imported"]["skipped"]
     assert "recompiles" not in skipped and "graph_breaks" not in skipped and "syncs" in skipped
+
+
+def test_xprof_device_planes_of_two_hosts_import_with_sources_and_costs(sample_trace_path: Path, tmp_path: Path) -> None:
+    # tputrace's own XProf export writes `/device:TPU:n` planes with XLA Modules/Ops lines and the op metadata
+    # stats XProf reads (source, tf_op, flops, bytes_accessed, hlo_category), one file per host.
+    logdir = tmp_path / "tb"
+    assert main(["export", str(sample_trace_path), "--tensorboard", str(logdir)]) == 0
+    trace = _import(tmp_path, logdir)
+    recorded = tputrace.open(sample_trace_path)
+    sources = json.loads(trace.meta["imported"])
+    assert [(source["host"], source["device"]) for source in sources] == [("tpu-vm-0", "tpu"), ("tpu-vm-1", "tpu")]
+    ops = list(trace.records("ops"))
+    assert len(ops) == recorded.count("ops")
+    assert all(op.source is not None and op.source.line > 0 for op in ops)
+    assert all(op.module and ":" in op.module for op in ops)  # tf_op: "scope/op:type"
+    assert trace.count("executions") == recorded.count("executions")
+    programs = list(trace.records("programs"))
+    assert programs and all(program.flops and program.bytes_accessed for program in programs)
+    assert Counter(step.rank for step in trace.records("steps")) == {0: 6, 1: 6}
+    assert trace.count("fusions") > 0

@@ -32,6 +32,12 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "collectives": ("collectives",),
 }
 
+# Analyzers that a format's rows would mislead, with the reason.
+MISLEADS: dict[str, dict[str, str]] = {
+    # The host-bound model reads `ops` as host dispatch; an XProf import's ops are device op times.
+    "xplane": {"host_bound": "its ops are device op times, not host dispatch"},
+}
+
 
 @dataclass(frozen=True)
 class ImportFacts:
@@ -58,13 +64,16 @@ def import_facts(trace: Trace, rank: int) -> ImportFacts | None:
     source = next((item for item in sources if isinstance(item, dict) and item.get("rank") == rank), None)
     if source is None:
         return None
-    skipped: dict[str, str] = {}
+    fmt = str(source.get("format", "?"))
+    skipped: dict[str, str] = dict(MISLEADS.get(fmt, {}))
     for name, tables in NEEDS.items():
+        if name in skipped:
+            continue
         if tables is None:
             skipped[name] = "needs a tputrace recording"
             continue
         missing = [table for table in tables if not trace.count(table, where="rank = ?", params=(rank,))]
         if missing:
             skipped[name] = f"the capture has no {', '.join(missing)}"
-    return ImportFacts(str(source.get("format", "?")), str(source.get("path", "?")), str(source.get("device", "?")),
+    return ImportFacts(fmt, str(source.get("path", "?")), str(source.get("device", "?")),
                        skipped)

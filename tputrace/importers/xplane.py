@@ -111,7 +111,8 @@ class XPlaneImporter:
         device_kind = "cpu"
         chips: set[int] = set()
         starts: list[int] = []
-        markers: list[tuple[int, int]] = []
+        host_markers: list[tuple[int, int]] = []
+        device_markers: dict[int, list[tuple[int, int]]] = {}
         profile_start_unix_ns = None
         for plane_bytes in plane_slices:
             plane = self._parse(plane_class, plane_bytes)
@@ -122,7 +123,12 @@ class XPlaneImporter:
                 device_kind = match.group(1).lower()
                 chips.add(int(match.group(2)))
             starts += [line.timestamp_ns for line in plane.lines if line.events]
-            markers += self._step_markers(plane)
+            if match:
+                device_markers[int(match.group(2))] = self._step_markers(plane)
+            else:
+                host_markers += self._step_markers(plane)
+        # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
+        markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
         self.start_unix_ns = min(starts) if starts else 0
         # Some producers write line times relative to the profile's start (held by the Task Environment plane).
         start_unix_ns = self.start_unix_ns
@@ -297,7 +303,7 @@ class XPlaneImporter:
         program.op_names.add(meta.name)
         program.flops += meta.flops
         program.bytes_accessed += meta.bytes_accessed
-        if "fusion" in meta.name:
+        if "fusion" in meta.name or (meta.category or "").endswith(" fusion"):
             self.sink.append("fusions", (self.rank, program.program_id, self.writer.intern(meta.name),
                                          self.writer.intern(meta.category or "fusion"), None, None))
 
