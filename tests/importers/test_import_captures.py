@@ -77,6 +77,8 @@ def test_a_torch_profiler_json_imports_ops_with_shapes_and_memory(captures: dict
     assert memory and max(row.peak_bytes for row in memory) > 0
     frames = [row.source for row in trace.records("annotations") if row.origin == "python" and row.source]
     assert any(frame.file == "profiled.py" for frame in frames)
+    # The model is an nn.Sequential: every op ran in the script's own code, the `<module>` frame.
+    assert {(op.source.file, op.source.function) for op in ops} == {("profiled.py", "<module>")}
 
 
 def test_captures_of_one_run_combine_into_one_trace(captures: dict[str, Path], tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
 """Importing torch.profiler's Chrome/Kineto JSON (`prof.export_chrome_trace(path)`).
 
 Two streaming passes over `traceEvents`: the first finds the capture's start and its `ProfilerStep#N`
-ranges, the second writes rows. `cpu_op` events -> `ops` (shapes from `Input type`/`Input Dims`);
+ranges, the second writes rows. `cpu_op` events -> `ops` (shapes from `Input type`/`Input Dims`, frame the innermost enclosing user
+`python_function`, kept from the first pass: only the user's frames, not the libraries');
 `kernel`/`gpu_memcpy`/`gpu_memset` events -> `programs` (one per kernel name, kind `kernel`) and
 `executions` on the device (`args.device`); `[memory]` events -> `memory` samples (`Total Allocated`,
 running peak) on `Device Id`; `python_function` events -> `annotations` of origin `python` with their
@@ -10,6 +11,7 @@ frame; `user_annotation` events -> `annotations` of origin `record_function`.
 
 from __future__ import annotations
 
+import bisect
 import re
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,8 @@ from tputrace.importers.sources import CHROME_JSON, ImportError_
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
 _KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
+# User frames looked at, latest-starting first, for the one enclosing an op.
+_FRAME_LOOKBACK = 64
 
 
 class ChromeJsonImporter:
@@ -42,10 +46,13 @@ class ChromeJsonImporter:
         end_us = 0.0
         markers: list[tuple[float, float]] = []
         devices: set[int] = set()
+        user_frames: list[tuple[float, float, Any, str]] = []
         for event in events:
             ts = event.get("ts")
             if not isinstance(ts, (int, float)):
                 continue
+            if event.get("cat") == "python_function" and _is_user_frame(str(event.get("name", ""))):
+                user_frames.append((ts, ts + _number(event.get("dur")), event.get("tid"), str(event["name"])))
             start_us = ts if start_us is None else min(start_us, ts)
             end_us = max(end_us, ts + _number(event.get("dur")))
             if event.get("ph") == "X" and _STEP.match(str(event.get("name", ""))):
@@ -64,6 +71,7 @@ class ChromeJsonImporter:
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], platform=device,
                             chips=len(devices), start_unix_ns=base_ns + int(start_us * 1000),
                             end_ns=self._ns(end_us))
+        self.user_frames = _FrameIndex(user_frames)
         _, events = header_and_events(self.path)
         seq = 0
         for event in events:
@@ -83,9 +91,10 @@ class ChromeJsonImporter:
                 seq += 1
                 args = _args(event)
                 inputs = _shapes(args.get("Input type"), args.get("Input Dims"))
+                frame_name = self.user_frames.innermost(event["ts"], event.get("tid"))
                 self.sink.append("ops", (seq, self.rank, self.writer.intern(name),
                                          self.writer.intern(inputs) if inputs else None, None, -1, start_ns, dur_ns,
-                                         None, None, step, None, None))
+                                         self._frame(frame_name) if frame_name else None, None, step, None, None))
             elif category in _KERNEL_CATEGORIES:
                 self._kernel(name, event, start_ns, dur_ns, step)
             elif category == "python_function":
@@ -120,6 +129,30 @@ class ChromeJsonImporter:
             self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
                                  if match else None)
         return self.frames[name]
+
+
+class _FrameIndex:
+    """The user's Python frames (torch.profiler's `python_function` events outside torch and libraries) by
+    start time, to give a CPU op the innermost one that encloses it on its thread."""
+
+    def __init__(self, frames: list[tuple[float, float, Any, str]]) -> None:
+        self.frames = sorted(frames, key=lambda frame: frame[0])
+        self.starts = [frame[0] for frame in self.frames]
+
+    def innermost(self, ts: float, tid: Any) -> str | None:
+        index = bisect.bisect_right(self.starts, ts)
+        for start, end, frame_tid, name in reversed(self.frames[max(0, index - _FRAME_LOOKBACK):index]):
+            if end >= ts and frame_tid == tid:
+                return name
+        return None
+
+
+def _is_user_frame(name: str) -> bool:
+    match = _PYTHON_FRAME.match(name)
+    if match is None:
+        return False
+    file = match.group(1)
+    return not (file.startswith(("torch/", "<")) or "site-packages" in file or "/lib/python" in file)
 
 
 def _number(value: Any) -> float:
