@@ -130,7 +130,8 @@ def test_the_report_says_what_an_import_could_not_analyse(captures: dict[str, Pa
     assert "recompiles" not in skipped and "graph_breaks" not in skipped and "syncs" in skipped
 
 
-def test_xprof_device_planes_of_two_hosts_import_with_sources_and_costs(sample_trace_path: Path, tmp_path: Path) -> None:
+def test_xprof_device_planes_of_two_hosts_import_with_sources_and_costs(sample_trace_path: Path,
+                                                                         tmp_path: Path) -> None:
     # tputrace's own XProf export writes `/device:TPU:n` planes with XLA Modules/Ops lines and the op metadata
     # stats XProf reads (source, tf_op, flops, bytes_accessed, hlo_category), one file per host.
     logdir = tmp_path / "tb"

@@ -1,7 +1,8 @@
 """Importing torch.profiler's Chrome/Kineto JSON (`prof.export_chrome_trace(path)`).
 
 Two streaming passes over `traceEvents`: the first finds the capture's start and its `ProfilerStep#N`
-ranges, the second writes rows. `cpu_op` events -> `ops` (shapes from `Input type`/`Input Dims`, frame the innermost enclosing user
+ranges, the second writes rows. `cpu_op` events -> `ops` (shapes from `Input type`/`Input Dims`, frame the
+innermost enclosing user
 `python_function`, kept from the first pass: only the user's frames, not the libraries');
 `kernel`/`gpu_memcpy`/`gpu_memset` events -> `programs` (one per kernel name, kind `kernel`) and
 `executions` on the device (`args.device`); `[memory]` events -> `memory` samples (`Total Allocated`,
@@ -18,7 +19,7 @@ from typing import Any
 
 from tputrace.importers.json_events import header_and_events
 from tputrace.importers.sink import ImportSink, StepClock
-from tputrace.importers.sources import CHROME_JSON, ImportError_
+from tputrace.importers.sources import CHROME_JSON, CaptureError
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
@@ -60,7 +61,7 @@ class ChromeJsonImporter:
             if event.get("cat") in _KERNEL_CATEGORIES:
                 devices.add(int(_args(event).get("device", 0) or 0))
         if start_us is None:
-            raise ImportError_(f"{self.path} holds no timed events")
+            raise CaptureError(f"{self.path} holds no timed events")
         self.start_us = start_us
         base_ns = int(header.get("baseTimeNanoseconds") or 0)
         self.steps.starts = sorted(self._ns(start) for start, _ in markers)

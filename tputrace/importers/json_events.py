@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
 
-from tputrace.importers.sources import ImportError_
+from tputrace.importers.sources import CaptureError
 
 _BLOCK = 1 << 20
 _KEY = '"traceEvents"'
@@ -24,7 +24,7 @@ def _open(path: Path) -> IO[str]:
 
 def header_and_events(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
     """The top-level scalar fields before `traceEvents` (e.g. `baseTimeNanoseconds`) and an iterator over
-    its events. A truncated or foreign file raises `ImportError_` (the iterator raises it when it meets
+    its events. A truncated or foreign file raises `CaptureError` (the iterator raises it when it meets
     the damage)."""
     stream = _open(path)
     try:
@@ -36,12 +36,12 @@ def header_and_events(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, An
             buffer += more
     except (OSError, EOFError, UnicodeDecodeError) as error:
         stream.close()
-        raise ImportError_(f"{path} cannot be read ({error})") from None
+        raise CaptureError(f"{path} cannot be read ({error})") from None
     start = buffer.find(_KEY)
     bracket = buffer.find("[", start)
     if start < 0 or bracket < 0:
         stream.close()
-        raise ImportError_(f"{path} is not a Chrome trace (no traceEvents array)")
+        raise CaptureError(f"{path} is not a Chrome trace (no traceEvents array)")
     return _header(buffer[:start]), _events(path, stream, buffer, bracket + 1)
 
 
@@ -83,12 +83,12 @@ def _events(path: Path, stream: IO[str], buffer: str, position: int) -> Iterator
             if position < len(buffer) and buffer[position] == "]":
                 return
             if position >= len(buffer):
-                raise ImportError_(f"{path} is truncated (the traceEvents array never ends)")
+                raise CaptureError(f"{path} is truncated (the traceEvents array never ends)")
             try:
                 event, position = decoder.raw_decode(buffer, position)
             except json.JSONDecodeError:
                 if at_end:
-                    raise ImportError_(f"{path} is truncated or damaged inside traceEvents") from None
+                    raise CaptureError(f"{path} is truncated or damaged inside traceEvents") from None
                 buffer, position = buffer[position:], 0
                 more = stream.read(_BLOCK)
                 at_end = not more
@@ -99,6 +99,6 @@ def _events(path: Path, stream: IO[str], buffer: str, position: int) -> Iterator
             if position > _BLOCK:
                 buffer, position = buffer[position:], 0
     except (OSError, EOFError) as error:
-        raise ImportError_(f"{path} cannot be read ({error})") from None
+        raise CaptureError(f"{path} cannot be read ({error})") from None
     finally:
         stream.close()

@@ -15,7 +15,7 @@ CHROME_JSON = "torch_profiler_json"
 _HEAD_BYTES = 512
 
 
-class ImportError_(TputraceError):
+class CaptureError(TputraceError):
     """A capture that cannot be imported (foreign, truncated or damaged): one line for the user."""
 
 
@@ -36,12 +36,12 @@ def find_captures(paths: list[str]) -> list[Capture]:
     for text in paths:
         path = Path(text)
         if not path.exists():
-            raise ImportError_(f"{path}: no such file or directory")
+            raise CaptureError(f"{path}: no such file or directory")
         if path.is_dir():
             found = [Capture(file, fmt) for file in sorted(path.rglob("*")) if file.is_file()
                      for fmt in [_detect(file, strict=False)] if fmt is not None]
             if not found:
-                raise ImportError_(f"{path}: holds no xplane.pb, TORCH_TRACE log or torch.profiler JSON")
+                raise CaptureError(f"{path}: holds no xplane.pb, TORCH_TRACE log or torch.profiler JSON")
             captures += found
         else:
             fmt = _detect(path, strict=True)
@@ -63,7 +63,7 @@ def _detect(path: Path, *, strict: bool) -> str | None:
             return None
         return CHROME_JSON
     if strict:
-        raise ImportError_(f"{path}: not an xplane.pb, TORCH_TRACE log or torch.profiler JSON trace")
+        raise CaptureError(f"{path}: not an xplane.pb, TORCH_TRACE log or torch.profiler JSON trace")
     return None
 
 
@@ -79,4 +79,4 @@ def _head(path: Path) -> bytes:
         with path.open("rb") as stream:
             return stream.read(_HEAD_BYTES)
     except (OSError, EOFError) as error:
-        raise ImportError_(f"{path}: cannot be read: {error}") from None
+        raise CaptureError(f"{path}: cannot be read: {error}") from None

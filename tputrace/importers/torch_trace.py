@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers.sink import ImportSink
-from tputrace.importers.sources import TORCH_TRACE, ImportError_
+from tputrace.importers.sources import TORCH_TRACE, CaptureError
 
 _ENVELOPE = re.compile(r"^[VIWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
 _USER_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
@@ -82,19 +82,19 @@ class TorchTraceImporter:
             if envelope is not None:
                 self._record(envelope, payload)
         if records == 0:
-            raise ImportError_(f"{self.path} holds no TORCH_TRACE records")
+            raise CaptureError(f"{self.path} holds no TORCH_TRACE records")
         self._write()
 
     def _envelope(self, text: str, number: int) -> dict[str, Any]:
         match = _ENVELOPE.match(text)
         if match is None:
-            raise ImportError_(f"{self.path}:{number}: not a TORCH_TRACE record (a glog prefix and a JSON object)")
+            raise CaptureError(f"{self.path}:{number}: not a TORCH_TRACE record (a glog prefix and a JSON object)")
         try:
             value = json.loads(match.group(1))
         except json.JSONDecodeError as error:
-            raise ImportError_(f"{self.path}:{number}: damaged TORCH_TRACE record ({error.msg})") from None
+            raise CaptureError(f"{self.path}:{number}: damaged TORCH_TRACE record ({error.msg})") from None
         if not isinstance(value, dict):
-            raise ImportError_(f"{self.path}:{number}: damaged TORCH_TRACE record (not a JSON object)")
+            raise CaptureError(f"{self.path}:{number}: damaged TORCH_TRACE record (not a JSON object)")
         return value
 
     @staticmethod

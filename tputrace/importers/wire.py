@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-from tputrace.importers.sources import ImportError_
+from tputrace.importers.sources import CaptureError
 
 _WIRE_VARINT = 0
 _WIRE_FIXED64 = 1
@@ -29,7 +29,7 @@ def _varint(data: memoryview, position: int, end: int) -> tuple[int, int]:
 
 def top_level_fields(data: memoryview, what: str) -> Iterator[tuple[int, memoryview | int]]:
     """`(field number, value)` for each top-level field: a memoryview for length-delimited fields, an int
-    for varints. A truncated or malformed message raises `ImportError_` naming `what`."""
+    for varints. A truncated or malformed message raises `CaptureError` naming `what`."""
     position = 0
     end = len(data)
     while position < end:
@@ -54,4 +54,4 @@ def top_level_fields(data: memoryview, what: str) -> Iterator[tuple[int, memoryv
             else:
                 raise ValueError(f"wire type {wire}")
         except ValueError as error:
-            raise ImportError_(f"{what} is truncated or not an XSpace protobuf ({error})") from None
+            raise CaptureError(f"{what} is truncated or not an XSpace protobuf ({error})") from None

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers.sink import ImportSink, StepClock
-from tputrace.importers.sources import XPLANE, ImportError_
+from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import top_level_fields
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
@@ -85,13 +85,12 @@ class XPlaneImporter:
         self.steps = StepClock()
         self.start_unix_ns = 0
         self.end_ns = 0
-        self.ops = 0
         self.seq = 0
 
     def run(self) -> None:
         with self.path.open("rb") as stream:
             if self.path.stat().st_size == 0:
-                raise ImportError_(f"{self.path} is empty")
+                raise CaptureError(f"{self.path} is empty")
             with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
                 data = memoryview(mapped)
                 try:
@@ -106,7 +105,7 @@ class XPlaneImporter:
         plane_slices = [value for number, value in top_level_fields(data, str(self.path))
                         if number == _XSPACE_PLANES and isinstance(value, memoryview)]
         if not plane_slices:
-            raise ImportError_(f"{self.path} holds no XPlane: not an XProf capture")
+            raise CaptureError(f"{self.path} holds no XPlane: not an XProf capture")
         # First pass: the capture's start and its step markers (both needed before any row is written).
         device_kind = "cpu"
         chips: set[int] = set()
@@ -161,7 +160,7 @@ class XPlaneImporter:
         try:
             plane.ParseFromString(plane_bytes)
         except Exception as error:  # protobuf's DecodeError
-            raise ImportError_(f"{self.path} holds a damaged XPlane ({error})") from None
+            raise CaptureError(f"{self.path} holds a damaged XPlane ({error})") from None
         return plane
 
     # -- planes -------------------------------------------------------------------------------------
@@ -189,7 +188,8 @@ class XPlaneImporter:
                 for event in line.events:
                     program = self._program(plane.event_metadata[event.metadata_id].name)
                     start_ns = base_ns + event.offset_ps // 1000
-                    self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns, start_ns + event.duration_ps // 1000)
+                    end_ns = start_ns + event.duration_ps // 1000
+                    self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns, end_ns)
             elif line.name == "XLA Ops":
                 for event in line.events:
                     meta = op_metas.get(event.metadata_id)
@@ -222,7 +222,8 @@ class XPlaneImporter:
                     key = (event.metadata_id, str(module))
                     meta = op_metas.get(key)
                     if meta is None:
-                        meta = op_metas[key] = self._op_meta(plane, event.metadata_id, decoder, str(module), str(hlo_op))
+                        meta = self._op_meta(plane, event.metadata_id, decoder, str(module), str(hlo_op))
+                        op_metas[key] = meta
                     self._op(meta, run_id, int(chip), start_ns, dur_ns)
                     continue
                 name = plane.event_metadata[event.metadata_id].name
@@ -239,7 +240,8 @@ class XPlaneImporter:
                 name_sid = names.get(event.metadata_id)
                 if name_sid is None:
                     name_sid = names[event.metadata_id] = self.writer.intern(name)
-                append("annotations", (self.rank, name_sid, "traceme", start_ns, dur_ns, None, self.steps.step_at(start_ns)))
+                append("annotations", (self.rank, name_sid, "traceme", start_ns, dur_ns, None,
+                                       self.steps.step_at(start_ns)))
 
     # -- ops and programs ---------------------------------------------------------------------------
 
