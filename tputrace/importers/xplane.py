@@ -204,18 +204,21 @@ class XPlaneImporter:
         module_stat = decoder.ids_named("hlo_module")
         run_stat = decoder.ids_named("run_id")
         chip_stat = decoder.ids_named("device_ordinal")
-        python_frames: dict[int, int | None] = {}
-        names: dict[int, int] = {}
+        # Per event metadata id: (annotation origin, name sid, frame id) of an event that is no XLA op.
+        annotations: dict[int, tuple[str, int, int | None]] = {}
         op_metas: dict[tuple[int, str], _OpMeta] = {}
+        hlo_op_ids = set(hlo_op_stat)
         append = self.sink.append
+        step_at = self.steps.step_at
         for line in plane.lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             for event in line.events:
                 start_ns = base_ns + event.offset_ps // 1000
                 dur_ns = event.duration_ps // 1000
-                stats = {stat.metadata_id: stat for stat in event.stats}
-                hlo_op = next((decoder.value(stats[key]) for key in hlo_op_stat if key in stats), None)
-                if hlo_op is not None:
+                event_stats = event.stats
+                if event_stats and any(stat.metadata_id in hlo_op_ids for stat in event_stats):
+                    stats = {stat.metadata_id: stat for stat in event_stats}
+                    hlo_op = next(decoder.value(stats[key]) for key in hlo_op_stat if key in stats)
                     module = next((decoder.value(stats[key]) for key in module_stat if key in stats), "")
                     run_id = next((decoder.value(stats[key]) for key in run_stat if key in stats), None)
                     chip = next((decoder.value(stats[key]) for key in chip_stat if key in stats), 0)
@@ -226,22 +229,18 @@ class XPlaneImporter:
                         op_metas[key] = meta
                     self._op(meta, run_id, int(chip), start_ns, dur_ns)
                     continue
-                name = plane.event_metadata[event.metadata_id].name
-                if name.startswith("$"):
-                    frame_id = python_frames.get(event.metadata_id, -1)
-                    if frame_id == -1:
-                        frame_id = python_frames[event.metadata_id] = self._python_frame(name)
-                    name_sid = names.get(event.metadata_id)
-                    if name_sid is None:
-                        name_sid = names[event.metadata_id] = self.writer.intern(name[1:])
-                    append("annotations", (self.rank, name_sid, "python", start_ns, dur_ns, frame_id,
-                                           self.steps.step_at(start_ns)))
-                    continue
-                name_sid = names.get(event.metadata_id)
-                if name_sid is None:
-                    name_sid = names[event.metadata_id] = self.writer.intern(name)
-                append("annotations", (self.rank, name_sid, "traceme", start_ns, dur_ns, None,
-                                       self.steps.step_at(start_ns)))
+                annotation = annotations.get(event.metadata_id)
+                if annotation is None:
+                    annotation = annotations[event.metadata_id] = self._annotation(
+                        plane.event_metadata[event.metadata_id].name)
+                origin, name_sid, frame_id = annotation
+                append("annotations", (self.rank, name_sid, origin, start_ns, dur_ns, frame_id, step_at(start_ns)))
+
+    def _annotation(self, name: str) -> tuple[str, int, int | None]:
+        """A host event that is no XLA op: a Python tracer frame (`$file:line function`) or a TraceMe range."""
+        if name.startswith("$"):
+            return "python", self.writer.intern(name[1:]), self._python_frame(name)
+        return "traceme", self.writer.intern(name), None
 
     # -- ops and programs ---------------------------------------------------------------------------
 
