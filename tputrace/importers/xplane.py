@@ -99,7 +99,7 @@ class XPlaneImporter:
                     data.release()
 
     def _run(self, data: memoryview) -> None:
-        from tputrace.viewers.export.xplane_proto import messages
+        from tputrace.xplane_proto import messages
 
         plane_class = messages()["XPlane"]
         plane_slices = [value for number, value in top_level_fields(data, str(self.path))

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 from tputrace.derived.device_runs import scan_rank
 from tputrace.derived.op_cost import TargetChip
 from tputrace.derived.trace_tables import TraceTables
-from tputrace.viewers.export import xplane_proto
+from tputrace import xplane_proto
 from tputrace.viewers.export.hosts import default_run_name, host_names, safe_name
 from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
 from tputrace.viewers.export.xplane_device import DevicePlanes

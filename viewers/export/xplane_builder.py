@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from tputrace.viewers.export import xplane_proto
+from tputrace import xplane_proto
 
 PS_PER_NS = 1000
 

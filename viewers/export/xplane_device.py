@@ -13,7 +13,7 @@ from typing import Any
 from tputrace.derived.device_runs import OpKey, ProgramRun
 from tputrace.derived.op_cost import ATTENTION_MARK, MATMUL_OPS, TIME_ESTIMATE_NOTE, TargetChip, aten_base_name
 from tputrace.derived.trace_tables import TraceTables
-from tputrace.viewers.export import xplane_proto
+from tputrace import xplane_proto
 from tputrace.viewers.export.xplane_builder import PS_PER_NS, Line, PlaneBuilder, Ref
 
 DEVICE_PLANE_PREFIX = "/device:TPU:"

@@ -1,4 +1,5 @@
-"""The XPlane protobuf messages that XProf (TensorBoard's profile plugin) reads, defined here.
+"""The XPlane protobuf messages that XProf (TensorBoard's profile plugin) reads, defined here: the XProf
+export writes them and `tputrace import` reads them.
 
 No package ships an importable `xplane_pb2`, so the messages are described in Python with
 `descriptor_pb2` and turned into classes at first use, in a private descriptor pool (so they never
