@@ -9,8 +9,8 @@ import json
 import queue
 import threading
 from array import array
+from bisect import bisect_left
 from collections.abc import Iterator
-from itertools import islice
 from pathlib import Path
 from typing import IO, Any
 
@@ -122,34 +122,44 @@ class Track:
         return self.tid + (self.lanes[index] * LANE_STRIDE if self.lanes is not None else 0)
 
     def lines(self, heads: list[str], fragment_args: list[str], fragment_tails: list[str]) -> Iterator[list[str]]:
-        """The slices as JSON objects, in lists of a few thousand (`assign_lanes` first), given each
+        """The slices as JSON objects, in lists of `CHUNK_EVENTS` (`assign_lanes` first), given each
         fragment's head, args, and both as the end of a slice without per-slice args (`tails`).
-        Formatted by one template per track over columns, which keeps a million slices fast."""
-        tids = [self.tid + lane * LANE_STRIDE for lane in self.lanes] if self.lanes is not None else None
-        timestamps, durations = _microseconds(self.starts, self.ends)
-        tid = "%d" if tids is not None else str(self.tid)  # one thread: its tid is part of the template
+        Formatted by one template per track over columns, which keeps a million slices fast; the
+        per-slice text is made one list at a time, so memory stays bounded by a list, not a track."""
+        tid = "%d" if self.lanes is not None else str(self.tid)  # one thread: its tid is part of the template
         if self.columns:
-            slice_heads = list(map(heads.__getitem__, self.fragments))
-            columns = [list(map(str, column)) if min(column, default=0) != NULL
-                       else [("null" if value == NULL else str(value)) for value in column] for column in self.values]
             members = ",".join(f'"{name}":%s' for name in self.columns)
             leading = [("," + args) if args else "" for args in fragment_args]
-            args = list(map(leading.__getitem__, self.fragments))
-            for index, extra in self.extras.items():
-                args[index] = "," + extra + args[index]
             template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s,"args":{%s%%s}}' % (self.pid, tid, members)
-            fields: tuple[list[Any], ...] = (timestamps, durations, slice_heads, *columns, args)
         else:
-            tails = list(map(fragment_tails.__getitem__, self.fragments))
-            for index, extra in self.extras.items():
-                fragment = self.fragments[index]
-                shared = fragment_args[fragment]
-                tails[index] = f'{heads[fragment]},"args":{{{extra}{"," + shared if shared else ""}}}}}'
             template = '{"ph":"X","pid":%d,"tid":%s,"ts":%%.3f,"dur":%%.3f,%%s' % (self.pid, tid)
-            fields = (timestamps, durations, tails)
-        rows = zip(tids, *fields) if tids is not None else zip(*fields)
-        while chunk := list(map(template.__mod__, islice(rows, CHUNK_EVENTS))):
-            yield chunk
+        extra_indexes = sorted(self.extras)
+        for first in range(0, len(self.starts), CHUNK_EVENTS):
+            last = min(first + CHUNK_EVENTS, len(self.starts))
+            timestamps, durations = _microseconds(self.starts[first:last], self.ends[first:last])
+            fragments = self.fragments[first:last]
+            extras = [(index - first, self.extras[index])
+                      for index in extra_indexes[bisect_left(extra_indexes, first):bisect_left(extra_indexes, last)]]
+            fields: tuple[list[Any], ...]
+            if self.columns:
+                slice_heads = list(map(heads.__getitem__, fragments))
+                columns = [list(map(str, column)) if min(column, default=0) != NULL
+                           else [("null" if value == NULL else str(value)) for value in column]
+                           for column in (values[first:last] for values in self.values)]
+                args = list(map(leading.__getitem__, fragments))
+                for index, extra in extras:
+                    args[index] = "," + extra + args[index]
+                fields = (timestamps, durations, slice_heads, *columns, args)
+            else:
+                tails = list(map(fragment_tails.__getitem__, fragments))
+                for index, extra in extras:
+                    fragment = fragments[index]
+                    shared = fragment_args[fragment]
+                    tails[index] = f'{heads[fragment]},"args":{{{extra}{"," + shared if shared else ""}}}}}'
+                fields = (timestamps, durations, tails)
+            if self.lanes is not None:
+                fields = ([self.tid + lane * LANE_STRIDE for lane in self.lanes[first:last]], *fields)
+            yield list(map(template.__mod__, zip(*fields)))
 
 
 def _disjoint(starts: array[int], ends: array[int]) -> bool:
