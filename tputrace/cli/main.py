@@ -30,6 +30,7 @@ COMMANDS: list[str] = [
     "tensorboard",
     "merge",
     "import_",
+    "numerics",
 ]
 
 EXIT_USAGE_ERROR = 2

@@ -1,0 +1,166 @@
+"""The first divergent module call and the first non-finite value of a numerics recording, or of two
+recordings of the same script compared call by call; and their text. Never imports torch."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from tputrace.numerics.store import COMPARED, NOT_COMPARED, ModuleCall, NumericsRecording
+from tputrace.numerics.tolerance import digest_difference, tolerance_for
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """A module call whose values leave their reference: by how much, against which tolerance."""
+
+    call: ModuleCall
+    divergence: float
+    tolerance: float
+    max_abs_difference: float | None
+    note: str | None
+
+
+@dataclass(frozen=True)
+class NumericsReport:
+    """What `tputrace numerics` says about a recording (against the CPU) or a pair of recordings."""
+
+    title: str
+    calls: int
+    steps: int
+    compared: int
+    first_divergence: Divergence | None
+    first_nonfinite: ModuleCall | None
+    reference_nonfinite: bool | None
+    not_compared: list[tuple[str, str, int]]
+
+    @property
+    def diverged(self) -> bool:
+        return self.first_divergence is not None or self.first_nonfinite is not None
+
+
+def replay_report(recording: NumericsRecording) -> NumericsReport:
+    """The recording against its CPU replay."""
+    calls = recording.calls
+    divergent = next((call for call in calls if call.diverged), None)
+    nonfinite = next((call for call in calls if call.nonfinite), None)
+    skipped = Counter((call.module, call.reason or "") for call in calls if call.outcome == NOT_COMPARED)
+    return NumericsReport(
+        title=f"{recording.path} against its CPU replay",
+        calls=len(calls),
+        steps=max((call.step for call in calls), default=0),
+        compared=sum(1 for call in calls if call.outcome == COMPARED),
+        first_divergence=None
+        if divergent is None
+        else Divergence(divergent, divergent.divergence or math.inf, divergent.tolerance or 0.0, divergent.max_abs_difference, divergent.reason),
+        first_nonfinite=nonfinite,
+        reference_nonfinite=None if nonfinite is None or not nonfinite.cpu else nonfinite.cpu_nonfinite > 0,
+        not_compared=[(module, reason, count) for (module, reason), count in skipped.items()],
+    )
+
+
+def _keyed(calls: Iterable[ModuleCall]) -> dict[tuple[int, str, str, int], ModuleCall]:
+    """Calls keyed by (step, phase, module, how many calls of that module and phase came before in the step)."""
+    seen: Counter[tuple[int, str, str]] = Counter()
+    keyed = {}
+    for call in calls:
+        base = (call.step, call.phase, call.module)
+        keyed[(*base, seen[base])] = call
+        seen[base] += 1
+    return keyed
+
+
+def compare_report(recording: NumericsRecording, reference: NumericsRecording) -> NumericsReport:
+    """`recording` against `reference` (two recordings of the same script), call by call on their tpu digests."""
+    reference_calls = _keyed(reference.calls)
+    first: Divergence | None = None
+    nonfinite: ModuleCall | None = None
+    reference_nonfinite: bool | None = None
+    missing: Counter[tuple[str, str]] = Counter()
+    compared = 0
+    for key, call in _keyed(recording.calls).items():
+        other = reference_calls.get(key)
+        if other is None:
+            missing[(call.module, "the reference recording has no such call")] += 1
+            continue
+        if nonfinite is None and call.nonfinite:
+            nonfinite, reference_nonfinite = call, other.nonfinite > 0
+        divergence = _digests_divergence(call, other)
+        if divergence is None:
+            missing[(call.module, "its tensors' shapes differ from the reference's")] += 1
+            continue
+        compared += 1
+        if first is None and not divergence.divergence <= divergence.tolerance:
+            first = divergence
+    return NumericsReport(
+        title=f"{recording.path} against {reference.path}",
+        calls=len(recording.calls),
+        steps=max((call.step for call in recording.calls), default=0),
+        compared=compared,
+        first_divergence=first,
+        first_nonfinite=nonfinite,
+        reference_nonfinite=reference_nonfinite,
+        not_compared=[(module, reason, count) for (module, reason), count in missing.items()],
+    )
+
+
+def _digests_divergence(call: ModuleCall, reference: ModuleCall) -> Divergence | None:
+    if set(call.tpu) != set(reference.tpu):
+        return None
+    worst: tuple[float, float, str | None] = (0.0, tolerance_for("float32"), None)
+    for index, digest in call.tpu.items():
+        expected = reference.tpu[index]
+        if digest.shape != expected.shape:
+            return None
+        tolerance = tolerance_for(expected.dtype)
+        if digest.nonfinite != expected.nonfinite:
+            amount = math.inf
+        else:
+            amount = digest_difference(digest.l2_norm, digest.sample, expected.l2_norm, expected.sample)
+        note = f"{digest.dtype} here, {expected.dtype} in the reference" if digest.dtype != expected.dtype else None
+        if amount / tolerance > worst[0] / worst[1]:
+            worst = (amount, tolerance, note)
+    return Divergence(call, worst[0], worst[1], None, worst[2])
+
+
+def _where(call: ModuleCall) -> str:
+    place = f" at {Path(call.path).name}:{call.line}" if call.path else ""
+    return f"{call.module} ({call.module_type}) {call.phase}, step {call.step}{',' if place else ''}{place}"
+
+
+def render(report: NumericsReport) -> str:
+    """The report as text lines."""
+    lines = [
+        f"numerics: {report.title}",
+        f"  {report.calls} module calls (forward and backward) in {report.steps} steps, {report.compared} compared",
+    ]
+    if report.first_divergence is None:
+        lines.append("  no divergence beyond the tolerance")
+    else:
+        found = report.first_divergence
+        lines.append(f"  first divergent module: {_where(found.call)}")
+        detail = f"    relative difference {found.divergence:.3g} (tolerance {found.tolerance:.0e}"
+        detail += f" for {found.call.reference_dtype})" if found.call.reference_dtype else ")"
+        if found.max_abs_difference is not None:
+            detail += f", largest absolute difference {found.max_abs_difference:.3g}"
+        lines.append(detail)
+        if found.note:
+            lines.append(f"    dtype: {found.note}")
+        if found.call.path:
+            lines.append(f"    called from {found.call.path}:{found.call.line}")
+    if report.first_nonfinite is None:
+        lines.append("  no NaN or Inf")
+    else:
+        call = report.first_nonfinite
+        what = "outputs" if call.phase == "forward" else "input gradients"
+        lines.append(f"  first NaN/Inf: {_where(call)}: {call.nonfinite} non-finite values in its {what}")
+        if report.reference_nonfinite is True:
+            lines.append("    the reference gives them too: the model's own arithmetic, not the device")
+        elif report.reference_nonfinite is False:
+            lines.append("    the reference has none there")
+    for module, reason, count in report.not_compared:
+        lines.append(f"  not compared: {module} ({count} calls): {reason}")
+    return "\n".join(lines)

@@ -1,0 +1,307 @@
+"""Module hooks that record per-module digests of outputs and input gradients on `tpu`, and replay each module
+call of the first steps on the CPU from host copies of its inputs and parameters (torch, inside the run).
+
+A step is a call of a top-level module (one called outside any other module) that starts after a backward, or
+that repeats a top-level module of the current step: `model(x)` then `loss_fn(out, y)` then `backward()` is one
+step. The CPU replay runs the module's own code on CPU copies of its parameters and of the inputs it was given on
+the tpu, so each call is judged on its own: a difference does not travel on to the modules after it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import threading
+import warnings
+import weakref
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_map
+
+from tputrace import sourceloc
+from tputrace.numerics.digests import difference, digest, dtype_name
+from tputrace.numerics.store import COMPARED, DIGEST_ONLY, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter
+from tputrace.numerics.tolerance import tolerance_for
+
+RANDOM_REASON = "its output depends on the random stream (dropout or a random mask in train mode), which differs between the tpu and the CPU"
+
+
+@dataclass
+class _CallState:
+    """What a module call's backward needs from its forward."""
+
+    call_id: int
+    step: int
+    module: str
+    module_type: str
+    path: str | None
+    line: int | None
+    host_args: tuple[Any, ...] | None = None
+    host_kwargs: dict[str, Any] | None = None
+    cpu_module: torch.nn.Module | None = None
+    reason: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+class NumericsSession:
+    """Installs the global module hooks (`install`), records into `writer`, and removes them (`remove`)."""
+
+    def __init__(self, writer: NumericsWriter, replay_steps: int, full_modules: frozenset[str], budget_bytes: int) -> None:
+        self._writer = writer
+        self._replay_steps = replay_steps
+        self._full_modules = full_modules
+        self._budget_bytes = budget_bytes
+        self._names: weakref.WeakKeyDictionary[torch.nn.Module, str] = weakref.WeakKeyDictionary()
+        self._stack: list[_CallState] = []
+        self._pending_backward: dict[int, list[_CallState]] = {}
+        self._cpu_copies: dict[int, torch.nn.Module] = {}
+        self._roots_this_step: set[int] = set()
+        self._backward_since_step = False
+        self._step = 0
+        self._call_ids = itertools.count(1)
+        self._event_ids = itertools.count(1)
+        self._local = threading.local()
+        self._handles: list[Any] = []
+        self._warning_filters: list[Any] = []
+
+    def install(self) -> None:
+        from torch.nn.modules import module as module_hooks
+
+        self._warning_filters = list(warnings.filters)
+        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs")
+        self._handles = [
+            module_hooks.register_module_forward_pre_hook(self._guarded(self._before_forward)),
+            module_hooks.register_module_forward_hook(self._guarded(self._after_forward), with_kwargs=True),
+            module_hooks.register_module_full_backward_hook(self._guarded(self._after_backward)),
+        ]
+
+    def remove(self) -> None:
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        warnings.filters[:] = self._warning_filters
+        self._pending_backward.clear()
+        self._cpu_copies.clear()
+
+    def _guarded(self, hook: Callable[..., None]) -> Callable[..., None]:
+        def run_unless_replaying(*arguments: Any) -> None:
+            if getattr(self._local, "replaying", False):
+                return
+            hook(*arguments)
+
+        return run_unless_replaying
+
+    @contextmanager
+    def _replaying(self) -> Iterator[None]:
+        self._local.replaying = True
+        try:
+            yield
+        finally:
+            self._local.replaying = False
+
+    def _replays(self, step: int) -> bool:
+        return step <= self._replay_steps
+
+    def _before_forward(self, module: torch.nn.Module, args: tuple[Any, ...]) -> None:
+        if not self._stack:
+            self._begin_root(module)
+        self._name(module)
+        location = sourceloc.first_user_location(skip=1)
+        state = _CallState(
+            call_id=next(self._call_ids),
+            step=self._step,
+            module=self._names[module],
+            module_type=type(module).__name__,
+            path=location[0] if location else None,
+            line=location[1] if location else None,
+        )
+        if self._replays(self._step):
+            self._keep_inputs(module, args, state)
+        self._stack.append(state)
+
+    def _begin_root(self, module: torch.nn.Module) -> None:
+        if self._step == 0 or self._backward_since_step or id(module) in self._roots_this_step:
+            self._step += 1
+            self._roots_this_step = set()
+            self._backward_since_step = False
+            self._cpu_copies.clear()
+            self._pending_backward.clear()
+        self._roots_this_step.add(id(module))
+
+    def _name(self, module: torch.nn.Module) -> None:
+        if module in self._names:
+            return
+        root = type(module).__name__
+        self._names[module] = root
+        for name, child in module.named_modules():
+            if name and child not in self._names:
+                self._names[child] = f"{root}.{name}"
+
+    def _keep_inputs(self, module: torch.nn.Module, args: tuple[Any, ...], state: _CallState) -> None:
+        tensors = [value for value in tree_flatten(args)[0] if isinstance(value, torch.Tensor)]
+        state_tensors = list(module.parameters()) + list(module.buffers())
+        size = sum(t.numel() * t.element_size() for t in tensors + state_tensors)
+        if size > self._budget_bytes:
+            state.reason = f"its inputs and parameters ({size} bytes) exceed the host-copy budget ({self._budget_bytes} bytes)"
+            return
+        state.host_args = tree_map(_host_copy, args)
+        state.cpu_module = self._cpu_copy(module)
+
+    def _cpu_copy(self, module: torch.nn.Module) -> torch.nn.Module:
+        """A CPU copy of `module` with its parameters and buffers as they are now (one per module per step)."""
+        cached = self._cpu_copies.get(id(module))
+        if cached is not None:
+            return cached
+        memo: dict[int, Any] = {}
+        for parameter in module.parameters():
+            memo[id(parameter)] = torch.nn.Parameter(parameter.detach().cpu().clone(), requires_grad=parameter.requires_grad)
+        for buffer in module.buffers():
+            memo[id(buffer)] = buffer.detach().cpu().clone()
+        with self._replaying():
+            cpu_module = copy.deepcopy(module, memo)
+        self._cpu_copies[id(module)] = cpu_module
+        return cpu_module
+
+    def _after_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+        state = self._stack.pop()
+        if state.cpu_module is not None:
+            state.host_kwargs = tree_map(_host_copy, kwargs)
+        outputs = _floating_tensors(output)
+        call = self._event(state, "forward")
+        replayed = state.cpu_module is not None and not state.reason
+        host_outputs = [t.detach().cpu() for t in outputs] if replayed or state.module in self._full_modules else None
+        call.tpu = {index: digest(t) for index, t in enumerate(host_outputs if host_outputs is not None else outputs)}
+        cpu_outputs: list[torch.Tensor] = []
+        if replayed and host_outputs is not None:
+            cpu_outputs = self._replay_forward(module, state, call, host_outputs)
+        elif state.reason:
+            call.outcome, call.reason = NOT_COMPARED, state.reason
+        if state.module in self._full_modules and host_outputs is not None:
+            self._keep_full(call.event_id, "tpu", host_outputs)
+            self._keep_full(call.event_id, "cpu", cpu_outputs)
+        self._writer.add_call(call)
+        if any(t.requires_grad for t in outputs):
+            self._pending_backward.setdefault(id(module), []).append(state)
+
+    def _event(self, state: _CallState, phase: str) -> ModuleCall:
+        return ModuleCall(
+            event_id=next(self._event_ids),
+            call_id=state.call_id,
+            step=state.step,
+            phase=phase,
+            module=state.module,
+            module_type=state.module_type,
+            path=state.path,
+            line=state.line,
+        )
+
+    def _run_cpu(self, state: _CallState, seed: int, needs_grad: list[bool] | None = None) -> tuple[Any, list[torch.Tensor]]:
+        """Run the CPU copy on fresh copies of the kept inputs; with `needs_grad`, the positional tensor
+        inputs it marks require grad. Returns the output and those inputs."""
+        assert state.cpu_module is not None and state.host_args is not None
+        args = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, state.host_args)
+        grad_inputs: list[torch.Tensor] = []
+        if needs_grad is not None:
+            tensor_positions = [i for i, value in enumerate(args) if isinstance(value, torch.Tensor)]
+            args = list(args)
+            for position, wants in zip(tensor_positions, needs_grad):
+                if wants and args[position].is_floating_point():
+                    args[position] = args[position].requires_grad_(True)
+                    grad_inputs.append(args[position])
+            args = tuple(args)
+        with self._replaying(), torch.random.fork_rng(devices=[]), torch.set_grad_enabled(needs_grad is not None):
+            torch.manual_seed(seed)
+            output = state.cpu_module(*args, **(state.host_kwargs or {}))
+        return output, grad_inputs
+
+    def _replay_forward(self, module: torch.nn.Module, state: _CallState, call: ModuleCall, host_outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+        try:
+            cpu_outputs = [t.detach() for t in _floating_tensors(self._run_cpu(state, seed=0)[0])]
+            if module.training:
+                again = [t.detach() for t in _floating_tensors(self._run_cpu(state, seed=1)[0])]
+                if any(not torch.equal(a, b) for a, b in zip(cpu_outputs, again)):
+                    state.reason = RANDOM_REASON
+                    call.outcome, call.reason = NOT_COMPARED, RANDOM_REASON
+                    return cpu_outputs
+        except Exception as failure:  # noqa: BLE001 - a module the CPU cannot run is reported, not fatal
+            state.reason = f"the CPU replay failed: {type(failure).__name__}: {failure}"
+            call.outcome, call.reason = NOT_COMPARED, state.reason
+            return []
+        call.cpu = {index: digest(t) for index, t in enumerate(cpu_outputs)}
+        _judge(call, host_outputs, cpu_outputs)
+        return cpu_outputs
+
+    def _after_backward(self, module: torch.nn.Module, grad_input: tuple[Any, ...], grad_output: tuple[Any, ...]) -> None:
+        self._backward_since_step = True
+        pending = self._pending_backward.get(id(module))
+        if not pending:
+            return
+        state = pending.pop()
+        gradients = [g for g in grad_input if isinstance(g, torch.Tensor) and g.is_floating_point()]
+        if not gradients:
+            return  # no input of this call takes a gradient: nothing to record
+        call = self._event(state, "backward")
+        replayed = state.cpu_module is not None and not state.reason
+        host_gradients = [g.detach().cpu() for g in gradients] if replayed else None
+        call.tpu = {index: digest(g) for index, g in enumerate(host_gradients if host_gradients is not None else gradients)}
+        if replayed and host_gradients is not None:
+            self._replay_backward(state, call, grad_input, grad_output, host_gradients)
+        elif state.reason:
+            call.outcome, call.reason = NOT_COMPARED, state.reason
+        self._writer.add_call(call)
+
+    def _replay_backward(
+        self, state: _CallState, call: ModuleCall, grad_input: tuple[Any, ...], grad_output: tuple[Any, ...], host_gradients: list[torch.Tensor]
+    ) -> None:
+        needs_grad = [isinstance(g, torch.Tensor) and g.is_floating_point() for g in grad_input]
+        try:
+            with self._replaying(), torch.enable_grad():
+                output, inputs = self._run_cpu(state, seed=0, needs_grad=needs_grad)
+                outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
+                pairs = [(out, g.detach().cpu().to(out.dtype)) for out, g in zip(outputs, grad_output) if isinstance(g, torch.Tensor) and out.requires_grad]
+                if not inputs or not pairs:
+                    call.outcome, call.reason = NOT_COMPARED, "no input of the CPU replay gets a gradient"
+                    return
+                cpu_gradients = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+        except Exception as failure:  # noqa: BLE001 - reported per call
+            call.outcome, call.reason = NOT_COMPARED, f"the CPU replay of the backward failed: {type(failure).__name__}: {failure}"
+            return
+        references = [g if g is not None else torch.zeros_like(i) for g, i in zip(cpu_gradients, inputs)]
+        call.cpu = {index: digest(g) for index, g in enumerate(references)}
+        _judge(call, host_gradients, references)
+
+    def _keep_full(self, event_id: int, side: str, tensors: list[torch.Tensor]) -> None:
+        for index, tensor in enumerate(tensors):
+            data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+            self._writer.add_full_tensor(FullTensor(event_id, index, side, dtype_name(tensor.dtype), tuple(tensor.shape), data))
+
+
+def _host_copy(value: Any) -> Any:
+    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+
+
+def _floating_tensors(value: Any) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(value)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
+
+
+def _judge(call: ModuleCall, tpu_values: list[torch.Tensor], cpu_values: list[torch.Tensor]) -> None:
+    """Fill in `call`'s outcome: the largest relative difference over its tensors against the tolerance of
+    the CPU's dtype (the dtype the module gives without the tpu), and a note when the dtypes differ."""
+    if len(tpu_values) != len(cpu_values):
+        call.outcome, call.reason = NOT_COMPARED, f"{len(tpu_values)} tensors on the tpu, {len(cpu_values)} on the CPU"
+        return
+    call.outcome = COMPARED
+    if not cpu_values:
+        return
+    results = [difference(a, b) for a, b in zip(tpu_values, cpu_values)]
+    worst = max(range(len(results)), key=lambda i: results[i][0] / tolerance_for(dtype_name(cpu_values[i].dtype)))
+    call.divergence, call.max_abs_difference = results[worst]
+    call.reference_dtype = dtype_name(cpu_values[worst].dtype)
+    call.tolerance = tolerance_for(call.reference_dtype)
+    changed = sorted({(dtype_name(a.dtype), dtype_name(b.dtype)) for a, b in zip(tpu_values, cpu_values) if a.dtype != b.dtype})
+    if changed:
+        call.reason = "; ".join(f"{tpu} on the tpu, {cpu} on the CPU" for tpu, cpu in changed)
