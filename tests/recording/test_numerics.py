@@ -1,0 +1,166 @@
+"""`tputrace numerics` on real runs on the tpu device: a planted bfloat16 layer, a NaN from a log of zero in the
+backward, dropout, clean models in strict and DEFER_AND_FUSE, and the comparison of two recordings."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tputrace.cli.main import main
+from tputrace.numerics.findings import compare_report, replay_report
+from tputrace.numerics.recording import RANDOM_REASON
+from tputrace.numerics.store import NumericsRecording, read_recording
+
+MLP_WITH_A_BFLOAT16_BLOCK = """
+import sys
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, width, reduced):
+        super().__init__()
+        self.fc = nn.Linear(width, width)
+        self.reduced = reduced
+
+    def forward(self, x):
+        if self.reduced:
+            with torch.autocast("tpu", dtype=torch.bfloat16):
+                return torch.relu(self.fc(x)).float()  # the planted cast
+        return torch.relu(self.fc(x))
+
+
+class MLP(nn.Module):
+    def __init__(self, reduced):
+        super().__init__()
+        self.first = Block(16, reduced=False)
+        self.second = Block(16, reduced=reduced)
+        self.head = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.head(self.second(self.first(x)))
+
+
+torch.manual_seed(0)
+model = MLP(reduced="--reduced" in sys.argv).to("tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(2):
+    x = torch.randn(8, 16, device="tpu")
+    loss = ((model(x) - 1.0) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+LOG_OF_ZERO_IN_THE_BACKWARD = """
+import torch
+from torch import nn
+
+
+class Entropy(nn.Module):
+    def forward(self, probabilities):
+        terms = torch.where(probabilities > 0, probabilities * torch.log(probabilities), torch.zeros_like(probabilities))
+        return -terms.sum(dim=-1)
+
+
+class Model(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(8, 4)
+        self.entropy = Entropy()
+
+    def forward(self, x):
+        probabilities = torch.relu(self.fc(x))
+        probabilities = probabilities / (probabilities.sum(dim=-1, keepdim=True) + 1e-6)
+        return self.entropy(probabilities)  # the entropy call
+
+
+torch.manual_seed(0)
+model = Model().to("tpu")
+model(torch.randn(16, 8, device="tpu")).mean().backward()
+"""
+
+CLEAN_MLP_WITH_DROPOUT = """
+import torch
+from torch import nn
+
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Dropout(0.5), nn.Linear(32, 1)).to("tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(2):
+    x = torch.randn(8, 16, device="tpu")
+    loss = ((model(x) - 1.0) ** 2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def _record(tmp_path: Path, body: str, name: str, *options: str, script_args: tuple[str, ...] = ()) -> tuple[Path, NumericsRecording]:
+    pytest.importorskip("torch")
+    pytest.importorskip("jax")
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(body))
+    output = tmp_path / f"{name}.tpnum"
+    assert main(["numerics", "-o", str(output), *options, str(script), *script_args]) == 0
+    return script, read_recording(output)
+
+
+def _line_of(script: Path, marker: str) -> int:
+    return next(number for number, text in enumerate(script.read_text().splitlines(), 1) if marker in text)
+
+
+def test_a_planted_bfloat16_layer_is_the_first_divergent_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script, recording = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "bf16", script_args=("--reduced",))
+    report = replay_report(recording)
+    assert report.first_divergence is not None
+    call = report.first_divergence.call
+    assert (call.module, call.module_type, call.phase, call.step) == ("MLP.second.fc", "Linear", "forward", 1)
+    assert (call.path, call.line) == (str(script), _line_of(script, "the planted cast"))
+    assert report.first_divergence.divergence > report.first_divergence.tolerance == 1e-4
+    assert report.first_divergence.note == "bfloat16 on the tpu, float32 on the CPU"
+    assert report.first_nonfinite is None
+    assert f"first divergent module: MLP.second.fc (Linear) forward, step 1, at bf16.py:{call.line}" in capsys.readouterr().out
+
+
+def test_comparing_two_recordings_names_the_layer_the_change_made_bfloat16(tmp_path: Path) -> None:
+    _, reduced = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "reduced", "--steps", "0", script_args=("--reduced",))
+    _, full = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "full", "--steps", "0")
+    assert all(call.outcome == "digest only" for call in reduced.calls)
+    report = compare_report(reduced, full)
+    assert report.first_divergence is not None
+    assert (report.first_divergence.call.module, report.first_divergence.call.phase) == ("MLP.second.fc", "forward")
+    assert report.first_divergence.note == "bfloat16 here, float32 in the reference"
+    assert compare_report(full, full).first_divergence is None
+
+
+def test_a_nan_from_a_log_of_zero_in_the_backward_is_named(tmp_path: Path) -> None:
+    script, recording = _record(tmp_path, LOG_OF_ZERO_IN_THE_BACKWARD, "entropy")
+    report = replay_report(recording)
+    assert report.first_nonfinite is not None
+    call = report.first_nonfinite
+    assert (call.module, call.phase, call.line) == ("Model.entropy", "backward", _line_of(script, "the entropy call"))
+    assert report.reference_nonfinite is True  # the CPU gives the NaN too: the model's arithmetic
+    assert all(earlier.nonfinite == 0 for earlier in recording.calls[: recording.calls.index(call)])
+    assert report.first_divergence is None
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_a_clean_model_does_not_diverge(tmp_path: Path, mode: str) -> None:
+    _, recording = _record(tmp_path, CLEAN_MLP_WITH_DROPOUT, f"clean-{mode}", "--mode", mode)
+    report = replay_report(recording)
+    assert recording.info["mode"] == mode
+    assert report.first_divergence is None and report.first_nonfinite is None
+    assert report.compared >= 8
+    skipped = {module: reason for module, reason, _ in report.not_compared}
+    assert skipped == {"Sequential.2": RANDOM_REASON, "Sequential": RANDOM_REASON}
+
+
+def test_strict_and_defer_recordings_of_one_script_agree(tmp_path: Path) -> None:
+    _, strict = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "strict", "--mode", "strict", "--steps", "0")
+    _, deferred = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "defer", "--mode", "defer", "--steps", "0")
+    report = compare_report(deferred, strict)
+    assert report.compared == len(strict.calls) > 0
+    assert report.first_divergence is None
