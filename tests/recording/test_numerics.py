@@ -11,7 +11,7 @@ import pytest
 from tputrace.cli.main import main
 from tputrace.numerics.findings import compare_report, replay_report
 from tputrace.numerics.recording import RANDOM_REASON
-from tputrace.numerics.store import NumericsRecording, read_recording
+from tputrace.numerics.store import NumericsRecording, read_full_tensors, read_recording
 
 MLP_WITH_A_BFLOAT16_BLOCK = """
 import sys
@@ -113,7 +113,7 @@ def _line_of(script: Path, marker: str) -> int:
 
 
 def test_a_planted_bfloat16_layer_is_the_first_divergent_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script, recording = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "bf16", script_args=("--reduced",))
+    script, recording = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "bf16", "--ops", "--modules", "MLP.second.fc", script_args=("--reduced",))
     report = replay_report(recording)
     assert report.first_divergence is not None
     call = report.first_divergence.call
@@ -122,6 +122,10 @@ def test_a_planted_bfloat16_layer_is_the_first_divergent_module(tmp_path: Path, 
     assert report.first_divergence.divergence > report.first_divergence.tolerance == 1e-4
     assert report.first_divergence.note == "bfloat16 on the tpu, float32 on the CPU"
     assert report.first_nonfinite is None
+    assert report.first_divergent_op is not None and report.first_divergent_op.tpu_dtype == "bfloat16"
+    assert "_to_copy" in report.ops_only_on_tpu  # autocast's casts, which the CPU run does not make
+    full = read_full_tensors(recording.path, [call.event_id])
+    assert {(t.side, t.dtype, t.shape, len(t.data)) for t in full} == {("tpu", "bfloat16", (8, 16), 256), ("cpu", "float32", (8, 16), 512)}
     assert f"first divergent module: MLP.second.fc (Linear) forward, step 1, at bf16.py:{call.line}" in capsys.readouterr().out
 
 

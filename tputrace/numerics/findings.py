@@ -9,7 +9,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from tputrace.numerics.store import COMPARED, NOT_COMPARED, ModuleCall, NumericsRecording
+from tputrace.numerics.store import COMPARED, NOT_COMPARED, ModuleCall, NumericsRecording, OpRow
 from tputrace.numerics.tolerance import digest_difference, tolerance_for
 
 
@@ -36,6 +36,8 @@ class NumericsReport:
     first_nonfinite: ModuleCall | None
     reference_nonfinite: bool | None
     not_compared: list[tuple[str, str, int]]
+    first_divergent_op: OpRow | None = None
+    ops_only_on_tpu: tuple[str, ...] = ()
 
     @property
     def diverged(self) -> bool:
@@ -48,6 +50,7 @@ def replay_report(recording: NumericsRecording) -> NumericsReport:
     divergent = next((call for call in calls if call.diverged), None)
     nonfinite = next((call for call in calls if call.nonfinite), None)
     skipped = Counter((call.module, call.reason or "") for call in calls if call.outcome == NOT_COMPARED)
+    ops = recording.ops.get(divergent.event_id, []) if divergent is not None else []
     return NumericsReport(
         title=f"{recording.path} against its CPU replay",
         calls=len(calls),
@@ -59,6 +62,8 @@ def replay_report(recording: NumericsRecording) -> NumericsReport:
         first_nonfinite=nonfinite,
         reference_nonfinite=None if nonfinite is None or not nonfinite.cpu else nonfinite.cpu_nonfinite > 0,
         not_compared=[(module, reason, count) for (module, reason), count in skipped.items()],
+        first_divergent_op=next((op for op in ops if op.diverged), None),
+        ops_only_on_tpu=tuple(dict.fromkeys(op.op_name for op in ops if op.cpu_dtype is None)),
     )
 
 
@@ -151,6 +156,14 @@ def render(report: NumericsReport) -> str:
             lines.append(f"    dtype: {found.note}")
         if found.call.path:
             lines.append(f"    called from {found.call.path}:{found.call.line}")
+        op = report.first_divergent_op
+        if op is not None:
+            lines.append(
+                f"    first divergent op inside it: #{op.op_index} aten.{op.op_name} ({op.tpu_dtype} on the tpu, {op.cpu_dtype} on the CPU), "
+                f"relative difference {op.divergence:.3g}"
+            )
+        if report.ops_only_on_tpu:
+            lines.append(f"    ops only the tpu run has: {', '.join('aten.' + name for name in report.ops_only_on_tpu)}")
     if report.first_nonfinite is None:
         lines.append("  no NaN or Inf")
     else:

@@ -24,7 +24,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from tputrace import sourceloc
 from tputrace.numerics.digests import difference, digest, dtype_name
-from tputrace.numerics.store import COMPARED, DIGEST_ONLY, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter
+from tputrace.numerics.store import COMPARED, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter, OpRow
 from tputrace.numerics.tolerance import tolerance_for
 
 RANDOM_REASON = "its output depends on the random stream (dropout or a random mask in train mode), which differs between the tpu and the CPU"
@@ -50,8 +50,9 @@ class _CallState:
 class NumericsSession:
     """Installs the global module hooks (`install`), records into `writer`, and removes them (`remove`)."""
 
-    def __init__(self, writer: NumericsWriter, replay_steps: int, full_modules: frozenset[str], budget_bytes: int) -> None:
+    def __init__(self, writer: NumericsWriter, replay_steps: int, full_modules: frozenset[str], budget_bytes: int, ops: bool = False) -> None:
         self._writer = writer
+        self._ops_wanted = ops
         self._replay_steps = replay_steps
         self._full_modules = full_modules
         self._budget_bytes = budget_bytes
@@ -180,6 +181,9 @@ class NumericsSession:
             cpu_outputs = self._replay_forward(module, state, call, host_outputs)
         elif state.reason:
             call.outcome, call.reason = NOT_COMPARED, state.reason
+        if self._ops_wanted and call.diverged:
+            self._ops_wanted = False  # the first divergent call only
+            self._record_ops(module, state, call, outputs)
         if state.module in self._full_modules and host_outputs is not None:
             self._keep_full(call.event_id, "tpu", host_outputs)
             self._keep_full(call.event_id, "cpu", cpu_outputs)
@@ -273,6 +277,24 @@ class NumericsSession:
         references = [g if g is not None else torch.zeros_like(i) for g, i in zip(cpu_gradients, inputs)]
         call.cpu = {index: digest(g) for index, g in enumerate(references)}
         _judge(call, host_gradients, references)
+
+    def _record_ops(self, module: torch.nn.Module, state: _CallState, call: ModuleCall, outputs: list[torch.Tensor]) -> None:
+        """Run the call again on the tpu and on the CPU copy, op by op, and store how each op's output compares."""
+        from tputrace.numerics.ops import compare_ops, op_outputs
+
+        assert state.host_args is not None and state.cpu_module is not None
+        device = outputs[0].device if outputs else torch.device("tpu")
+        tpu_args = tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, state.host_args)
+        tpu_kwargs = tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, state.host_kwargs or {})
+        cpu_args = tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, state.host_args)
+        try:
+            with self._replaying():
+                tpu_ops = op_outputs(lambda: module(*tpu_args, **tpu_kwargs))
+                cpu_ops = op_outputs(lambda: state.cpu_module(*cpu_args, **(state.host_kwargs or {})))
+        except Exception as failure:  # noqa: BLE001 - the call's own comparison stands without its ops
+            warnings.warn(f"tputrace numerics: --ops could not run {state.module} again: {failure}", stacklevel=1)
+            return
+        self._writer.add_ops(call.event_id, [OpRow(o.op_index, o.op_name, o.tpu_dtype, o.cpu_dtype, o.divergence, o.tolerance) for o in compare_ops(tpu_ops, cpu_ops)])
 
     def _keep_full(self, event_id: int, side: str, tensors: list[torch.Tensor]) -> None:
         for index, tensor in enumerate(tensors):

@@ -7,6 +7,7 @@ Tables:
 - `tensor_digests`: the digest of each floating tensor of a row (outputs in the forward, input gradients in the
   backward), on the tpu and, where replayed, on the CPU.
 - `full_tensors`: raw little-endian bytes of the tensors of the modules `--modules` names.
+- `op_digests`: with `--ops`, the ops of the first divergent call, run again on the tpu and on the CPU.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ CREATE TABLE full_tensors (
     shape TEXT NOT NULL,
     data BLOB NOT NULL,
     PRIMARY KEY (event_id, tensor_index, side)
+);
+CREATE TABLE op_digests (
+    event_id INTEGER NOT NULL,
+    op_index INTEGER NOT NULL,
+    op_name TEXT NOT NULL,
+    tpu_dtype TEXT NOT NULL,
+    cpu_dtype TEXT,
+    divergence REAL,
+    tolerance REAL,
+    PRIMARY KEY (event_id, op_index)
 );
 """
 
@@ -125,6 +136,23 @@ class FullTensor:
     data: bytes
 
 
+@dataclass(frozen=True)
+class OpRow:
+    """One op inside a call run again for `--ops`: its output's divergence from the CPU's (None: the CPU run
+    has no such op)."""
+
+    op_index: int
+    op_name: str
+    tpu_dtype: str
+    cpu_dtype: str | None
+    divergence: float | None
+    tolerance: float | None
+
+    @property
+    def diverged(self) -> bool:
+        return self.divergence is not None and self.tolerance is not None and not self.divergence <= self.tolerance
+
+
 class NumericsWriter:
     """Writes a numerics recording; rows are kept until `flush` (called every `batch` calls and by `close`)."""
 
@@ -146,6 +174,13 @@ class NumericsWriter:
 
     def add_full_tensor(self, tensor: FullTensor) -> None:
         self._tensors.append(tensor)
+
+    def add_ops(self, event_id: int, ops: list[OpRow]) -> None:
+        with self._connection:
+            self._connection.executemany(
+                "INSERT INTO op_digests VALUES (?, ?, ?, ?, ?, ?, ?)",
+                [(event_id, o.op_index, o.op_name, o.tpu_dtype, o.cpu_dtype, o.divergence, o.tolerance) for o in ops],
+            )
 
     def flush(self) -> None:
         calls, self._pending = self._pending, []
@@ -194,6 +229,7 @@ class NumericsRecording:
     path: Path
     info: dict[str, str]
     calls: list[ModuleCall]
+    ops: dict[int, list[OpRow]] = field(default_factory=dict)
 
 
 def read_recording(path: Path) -> NumericsRecording:
@@ -217,11 +253,14 @@ def read_recording(path: Path) -> NumericsRecording:
             ):
                 digest = TensorDigest(dtype, tuple(json.loads(shape)), _real(l2_norm), _real(max_abs), nonfinite, _sample_values(sample))
                 (calls[event_id].tpu if side == "tpu" else calls[event_id].cpu)[index] = digest
+            ops: dict[int, list[OpRow]] = {}
+            for event_id, *op in connection.execute("SELECT * FROM op_digests ORDER BY event_id, op_index"):
+                ops.setdefault(event_id, []).append(OpRow(*op))
         finally:
             connection.close()
     except sqlite3.DatabaseError:
         raise TputraceError(f"{path} is not a tputrace numerics recording") from None
-    return NumericsRecording(path, info, list(calls.values()))
+    return NumericsRecording(path, info, list(calls.values()), ops)
 
 
 def _real(value: float | None) -> float:
