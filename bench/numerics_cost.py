@@ -29,7 +29,9 @@ CASES = ("no hooks", "digests only", "digests and CPU replay")
 
 def _model() -> tuple[nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 1)).to("tpu")
+    model = nn.Sequential(
+        nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 1)
+    ).to("tpu")
     return model, torch.optim.SGD(model.parameters(), lr=0.01)
 
 
@@ -49,7 +51,12 @@ def _round(case: str, steps: int, directory: Path) -> float:
     writer: NumericsWriter | None = None
     if case != "no hooks":
         writer = NumericsWriter(directory / "bench.tpnum", {"script": "bench"})
-        session = NumericsSession(writer, replay_steps=10**9 if case == "digests and CPU replay" else 0, full_modules=frozenset(), budget_bytes=2**28)
+        session = NumericsSession(
+            writer,
+            replay_steps=10**9 if case == "digests and CPU replay" else 0,
+            full_modules=frozenset(),
+            budget_bytes=2**28,
+        )
         session.install()
     try:
         _step(model, optimizer, x, y)
@@ -81,7 +88,9 @@ def main() -> None:
     rows = ["| case | ms per step (median) | min-max | × no hooks |", "|---|---|---|---|"]
     for case in CASES:
         median = statistics.median(times[case])
-        rows.append(f"| {case} | {median * 1e3:.2f} | {min(times[case]) * 1e3:.2f}-{max(times[case]) * 1e3:.2f} | {median / baseline:.1f} |")
+        rows.append(
+            f"| {case} | {median * 1e3:.2f} | {min(times[case]) * 1e3:.2f}-{max(times[case]) * 1e3:.2f} | {median / baseline:.1f} |"
+        )
     text = (
         f"A {WIDTH}-wide 3-layer MLP (6 module calls a step: 5 layers and the Sequential), batch {BATCH}, SGD, "
         f"DEFER_AND_FUSE; {args.rounds} rounds of {args.steps} steps per case, interleaved.\n\n" + "\n".join(rows)

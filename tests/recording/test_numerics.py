@@ -98,7 +98,9 @@ for step in range(2):
 """
 
 
-def _record(tmp_path: Path, body: str, name: str, *options: str, script_args: tuple[str, ...] = ()) -> tuple[Path, NumericsRecording]:
+def _record(
+    tmp_path: Path, body: str, name: str, *options: str, script_args: tuple[str, ...] = ()
+) -> tuple[Path, NumericsRecording]:
     pytest.importorskip("torch")
     pytest.importorskip("jax")
     script = tmp_path / f"{name}.py"
@@ -112,8 +114,12 @@ def _line_of(script: Path, marker: str) -> int:
     return next(number for number, text in enumerate(script.read_text().splitlines(), 1) if marker in text)
 
 
-def test_a_planted_bfloat16_layer_is_the_first_divergent_module(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script, recording = _record(tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "bf16", "--ops", "--modules", "MLP.second.fc", script_args=("--reduced",))
+def test_a_planted_bfloat16_layer_is_the_first_divergent_module(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    script, recording = _record(
+        tmp_path, MLP_WITH_A_BFLOAT16_BLOCK, "bf16", "--ops", "--modules", "MLP.second.fc", script_args=("--reduced",)
+    )
     report = replay_report(recording)
     assert report.first_divergence is not None
     call = report.first_divergence.call
@@ -125,8 +131,14 @@ def test_a_planted_bfloat16_layer_is_the_first_divergent_module(tmp_path: Path, 
     assert report.first_divergent_op is not None and report.first_divergent_op.tpu_dtype == "bfloat16"
     assert "_to_copy" in report.ops_only_on_tpu  # autocast's casts, which the CPU run does not make
     full = read_full_tensors(recording.path, [call.event_id])
-    assert {(t.side, t.dtype, t.shape, len(t.data)) for t in full} == {("tpu", "bfloat16", (8, 16), 256), ("cpu", "float32", (8, 16), 512)}
-    assert f"first divergent module: MLP.second.fc (Linear) forward, step 1, at bf16.py:{call.line}" in capsys.readouterr().out
+    assert {(t.side, t.dtype, t.shape, len(t.data)) for t in full} == {
+        ("tpu", "bfloat16", (8, 16), 256),
+        ("cpu", "float32", (8, 16), 512),
+    }
+    assert (
+        f"first divergent module: MLP.second.fc (Linear) forward, step 1, at bf16.py:{call.line}"
+        in capsys.readouterr().out
+    )
 
 
 def test_comparing_two_recordings_names_the_layer_the_change_made_bfloat16(tmp_path: Path) -> None:

@@ -26,7 +26,17 @@ def _write(path: Path, calls: list[ModuleCall]) -> None:
 
 
 def _call(event_id: int, module: str, **fields: object) -> ModuleCall:
-    return ModuleCall(event_id, event_id, 1, str(fields.pop("phase", "forward")), module, "Linear", "/src/train.py", 10 + event_id, **fields)  # type: ignore[arg-type]
+    return ModuleCall(
+        event_id,
+        event_id,
+        1,
+        str(fields.pop("phase", "forward")),
+        module,
+        "Linear",
+        "/src/train.py",
+        10 + event_id,
+        **fields,
+    )  # type: ignore[arg-type]
 
 
 def test_a_recording_round_trips_with_non_finite_samples(tmp_path: Path) -> None:
@@ -42,7 +52,15 @@ def test_a_recording_round_trips_with_non_finite_samples(tmp_path: Path) -> None
 def test_the_first_divergent_call_in_execution_order_is_reported(tmp_path: Path) -> None:
     calls = [
         _call(1, "Net.a", outcome=COMPARED, divergence=1e-6, tolerance=1e-4, reference_dtype="float32"),
-        _call(2, "Net.b", outcome=COMPARED, divergence=3e-3, tolerance=1e-4, reference_dtype="float32", reason="bfloat16 on the tpu, float32 on the CPU"),
+        _call(
+            2,
+            "Net.b",
+            outcome=COMPARED,
+            divergence=3e-3,
+            tolerance=1e-4,
+            reference_dtype="float32",
+            reason="bfloat16 on the tpu, float32 on the CPU",
+        ),
         _call(3, "Net", outcome=COMPARED, divergence=1e-2, tolerance=1e-4, reference_dtype="float32"),
         _call(4, "Net.drop", outcome=NOT_COMPARED, reason="random"),
     ]

@@ -21,7 +21,7 @@ DEFAULT_BUDGET_MB = 256
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
-    parser = subparsers.add_parser(
+    parser: argparse.ArgumentParser = subparsers.add_parser(
         "numerics",
         help="find the first module whose values on the tpu leave the CPU's",
         description="Run a script on the tpu device with module hooks that record digests of every module's outputs "
@@ -30,15 +30,44 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         usage="tputrace numerics [-o PATH] [--mode {defer,strict}] [--steps N] [--modules NAME,...] [--ops] [--budget-mb MB] "
         "script.py [args ...] | tputrace numerics --compare A B",
     )
-    parser.add_argument("-o", "--output", metavar="PATH", help="numerics recording (default: ./tputrace-numerics-<script>-<time>.tpnum)")
-    parser.add_argument("--mode", choices=MODES, default="defer", help="eager mode: defer (DEFER_AND_FUSE, default) or strict")
-    parser.add_argument("--steps", type=int, default=DEFAULT_REPLAY_STEPS, metavar="N", help=f"replay the module calls of the first N steps on the CPU (default {DEFAULT_REPLAY_STEPS}); later steps get digests only")
-    parser.add_argument("--modules", metavar="NAME,...", default="", help="also store the full output tensors of these modules (names as the report prints them)")
-    parser.add_argument("--ops", action="store_true", help="run the first divergent module call again op by op on the tpu and the CPU and report the first divergent op")
-    parser.add_argument("--budget-mb", type=float, default=DEFAULT_BUDGET_MB, metavar="MB", help=f"largest host copy of one call's inputs and parameters for the replay (default {DEFAULT_BUDGET_MB})")
-    parser.add_argument("--compare", nargs=2, metavar=("A", "B"), help="compare numerics recording A against B (the reference) and exit")
+    parser.add_argument(
+        "-o", "--output", metavar="PATH", help="numerics recording (default: ./tputrace-numerics-<script>-<time>.tpnum)"
+    )
+    parser.add_argument(
+        "--mode", choices=MODES, default="defer", help="eager mode: defer (DEFER_AND_FUSE, default) or strict"
+    )
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=DEFAULT_REPLAY_STEPS,
+        metavar="N",
+        help=f"replay the module calls of the first N steps on the CPU (default {DEFAULT_REPLAY_STEPS}); later steps get digests only",
+    )
+    parser.add_argument(
+        "--modules",
+        metavar="NAME,...",
+        default="",
+        help="also store the full output tensors of these modules (names as the report prints them)",
+    )
+    parser.add_argument(
+        "--ops",
+        action="store_true",
+        help="run the first divergent module call again op by op on the tpu and the CPU and report the first divergent op",
+    )
+    parser.add_argument(
+        "--budget-mb",
+        type=float,
+        default=DEFAULT_BUDGET_MB,
+        metavar="MB",
+        help=f"largest host copy of one call's inputs and parameters for the replay (default {DEFAULT_BUDGET_MB})",
+    )
+    parser.add_argument(
+        "--compare", nargs=2, metavar=("A", "B"), help="compare numerics recording A against B (the reference) and exit"
+    )
     parser.add_argument("target", nargs="?", metavar="script.py", help="the script to run")
-    script_args = parser.add_argument("target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script")
+    script_args = parser.add_argument(
+        "target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script"
+    )
     script_args.required = False
     return parser
 
@@ -92,7 +121,9 @@ class _NumericsLifecycle:
     """The recording lifecycle `tputrace.cli.run.execute` drives, with the numerics hooks installed between the
     backend's start (no trace) and its stop."""
 
-    def __init__(self, output: Path, *, replay_steps: int, full_modules: frozenset[str], budget_bytes: int, ops: bool) -> None:
+    def __init__(
+        self, output: Path, *, replay_steps: int, full_modules: frozenset[str], budget_bytes: int, ops: bool
+    ) -> None:
         self._ops = ops
         self._recorder: Any = importlib.import_module("tputrace.recorder")
         self._output = output
@@ -112,7 +143,9 @@ class _NumericsLifecycle:
 
         info = {"script": script, "argv": json.dumps(argv), "mode": mode, "replay_steps": str(self._replay_steps)}
         self._writer = NumericsWriter(self._output, info)
-        self._session = NumericsSession(self._writer, self._replay_steps, self._full_modules, self._budget_bytes, self._ops)
+        self._session = NumericsSession(
+            self._writer, self._replay_steps, self._full_modules, self._budget_bytes, self._ops
+        )
         self._session.install()
 
     def stop(self, exit_status: int | None, error: str | None = None) -> None:

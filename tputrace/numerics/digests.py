@@ -28,7 +28,10 @@ def digest(tensor: torch.Tensor) -> TensorDigest:
     finite = torch.isfinite(wide)
     finite_values = torch.where(finite, wide, torch.zeros((), dtype=wide.dtype, device=wide.device))
     numel = values.numel()
-    parts = [torch.linalg.vector_norm(finite_values).reshape(1), finite_values.abs().amax().reshape(1) if numel else finite_values.new_zeros(1)]
+    parts = [
+        torch.linalg.vector_norm(finite_values).reshape(1),
+        finite_values.abs().amax().reshape(1) if numel else finite_values.new_zeros(1),
+    ]
     parts.append((~finite).sum().to(wide.dtype).reshape(1))
     if numel:
         parts.append(wide[_sample_indices(numel, wide.device)])

@@ -58,7 +58,13 @@ def replay_report(recording: NumericsRecording) -> NumericsReport:
         compared=sum(1 for call in calls if call.outcome == COMPARED),
         first_divergence=None
         if divergent is None
-        else Divergence(divergent, divergent.divergence or math.inf, divergent.tolerance or 0.0, divergent.max_abs_difference, divergent.reason),
+        else Divergence(
+            divergent,
+            divergent.divergence or math.inf,
+            divergent.tolerance or 0.0,
+            divergent.max_abs_difference,
+            divergent.reason,
+        ),
         first_nonfinite=nonfinite,
         reference_nonfinite=None if nonfinite is None or not nonfinite.cpu else nonfinite.cpu_nonfinite > 0,
         not_compared=[(module, reason, count) for (module, reason), count in skipped.items()],
@@ -163,7 +169,9 @@ def render(report: NumericsReport) -> str:
                 f"relative difference {op.divergence:.3g}"
             )
         if report.ops_only_on_tpu:
-            lines.append(f"    ops only the tpu run has: {', '.join('aten.' + name for name in report.ops_only_on_tpu)}")
+            lines.append(
+                f"    ops only the tpu run has: {', '.join('aten.' + name for name in report.ops_only_on_tpu)}"
+            )
     if report.first_nonfinite is None:
         lines.append("  no NaN or Inf")
     else:

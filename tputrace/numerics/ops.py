@@ -35,7 +35,9 @@ class _OpOutputs(TorchDispatchMode):
         super().__init__()
         self.outputs: list[tuple[str, torch.Tensor]] = []
 
-    def __torch_dispatch__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
+    def __torch_dispatch__(
+        self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         result = func(*args, **(kwargs or {}))
         tensors = [t for t in tree_flatten(result)[0] if isinstance(t, torch.Tensor) and t.is_floating_point()]
         if tensors:
@@ -64,6 +66,13 @@ def compare_ops(tpu_ops: list[tuple[str, torch.Tensor]], cpu_ops: list[tuple[str
         cpu_value = cpu_ops[match][1]
         reference_dtype = dtype_name(cpu_value.dtype)
         comparisons.append(
-            OpComparison(index, name, dtype_name(tpu_value.dtype), reference_dtype, difference(tpu_value, cpu_value)[0], tolerance_for(reference_dtype))
+            OpComparison(
+                index,
+                name,
+                dtype_name(tpu_value.dtype),
+                reference_dtype,
+                difference(tpu_value, cpu_value)[0],
+                tolerance_for(reference_dtype),
+            )
         )
     return comparisons

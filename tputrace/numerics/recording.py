@@ -50,7 +50,14 @@ class _CallState:
 class NumericsSession:
     """Installs the global module hooks (`install`), records into `writer`, and removes them (`remove`)."""
 
-    def __init__(self, writer: NumericsWriter, replay_steps: int, full_modules: frozenset[str], budget_bytes: int, ops: bool = False) -> None:
+    def __init__(
+        self,
+        writer: NumericsWriter,
+        replay_steps: int,
+        full_modules: frozenset[str],
+        budget_bytes: int,
+        ops: bool = False,
+    ) -> None:
         self._writer = writer
         self._ops_wanted = ops
         self._replay_steps = replay_steps
@@ -67,13 +74,16 @@ class NumericsSession:
         self._event_ids = itertools.count(1)
         self._local = threading.local()
         self._handles: list[Any] = []
-        self._warning_filters: list[Any] = []
+        self._warnings: warnings.catch_warnings[None] | None = None  # the filters as they were before `install`
 
     def install(self) -> None:
         from torch.nn.modules import module as module_hooks
 
-        self._warning_filters = list(warnings.filters)
-        warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs")
+        self._warnings = warnings.catch_warnings()
+        self._warnings.__enter__()
+        warnings.filterwarnings(
+            "ignore", message="Full backward hook is firing when gradients are computed with respect to module outputs"
+        )
         self._handles = [
             module_hooks.register_module_forward_pre_hook(self._guarded(self._before_forward)),
             module_hooks.register_module_forward_hook(self._guarded(self._after_forward), with_kwargs=True),
@@ -84,7 +94,9 @@ class NumericsSession:
         for handle in self._handles:
             handle.remove()
         self._handles = []
-        warnings.filters[:] = self._warning_filters
+        if self._warnings is not None:
+            self._warnings.__exit__(None, None, None)
+            self._warnings = None
         self._pending_backward.clear()
         self._cpu_copies.clear()
 
@@ -147,7 +159,9 @@ class NumericsSession:
         state_tensors = list(module.parameters()) + list(module.buffers())
         size = sum(t.numel() * t.element_size() for t in tensors + state_tensors)
         if size > self._budget_bytes:
-            state.reason = f"its inputs and parameters ({size} bytes) exceed the host-copy budget ({self._budget_bytes} bytes)"
+            state.reason = (
+                f"its inputs and parameters ({size} bytes) exceed the host-copy budget ({self._budget_bytes} bytes)"
+            )
             return
         state.host_args = tree_map(_host_copy, args)
         state.cpu_module = self._cpu_copy(module)
@@ -159,7 +173,9 @@ class NumericsSession:
             return cached
         memo: dict[int, Any] = {}
         for parameter in module.parameters():
-            memo[id(parameter)] = torch.nn.Parameter(parameter.detach().cpu().clone(), requires_grad=parameter.requires_grad)
+            memo[id(parameter)] = torch.nn.Parameter(
+                parameter.detach().cpu().clone(), requires_grad=parameter.requires_grad
+            )
         for buffer in module.buffers():
             memo[id(buffer)] = buffer.detach().cpu().clone()
         with self._replaying():
@@ -167,7 +183,9 @@ class NumericsSession:
         self._cpu_copies[id(module)] = cpu_module
         return cpu_module
 
-    def _after_forward(self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any) -> None:
+    def _after_forward(
+        self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
+    ) -> None:
         state = self._stack.pop()
         if state.cpu_module is not None:
             state.host_kwargs = tree_map(_host_copy, kwargs)
@@ -203,7 +221,9 @@ class NumericsSession:
             line=state.line,
         )
 
-    def _run_cpu(self, state: _CallState, seed: int, needs_grad: list[bool] | None = None) -> tuple[Any, list[torch.Tensor]]:
+    def _run_cpu(
+        self, state: _CallState, seed: int, needs_grad: list[bool] | None = None
+    ) -> tuple[Any, list[torch.Tensor]]:
         """Run the CPU copy on fresh copies of the kept inputs; with `needs_grad`, the positional tensor
         inputs it marks require grad. Returns the output and those inputs."""
         assert state.cpu_module is not None and state.host_args is not None
@@ -222,7 +242,9 @@ class NumericsSession:
             output = state.cpu_module(*args, **(state.host_kwargs or {}))
         return output, grad_inputs
 
-    def _replay_forward(self, module: torch.nn.Module, state: _CallState, call: ModuleCall, host_outputs: list[torch.Tensor]) -> list[torch.Tensor]:
+    def _replay_forward(
+        self, module: torch.nn.Module, state: _CallState, call: ModuleCall, host_outputs: list[torch.Tensor]
+    ) -> list[torch.Tensor]:
         try:
             cpu_outputs = [t.detach() for t in _floating_tensors(self._run_cpu(state, seed=0)[0])]
             if module.training:
@@ -239,7 +261,9 @@ class NumericsSession:
         _judge(call, host_outputs, cpu_outputs)
         return cpu_outputs
 
-    def _after_backward(self, module: torch.nn.Module, grad_input: tuple[Any, ...], grad_output: tuple[Any, ...]) -> None:
+    def _after_backward(
+        self, module: torch.nn.Module, grad_input: tuple[Any, ...], grad_output: tuple[Any, ...]
+    ) -> None:
         self._backward_since_step = True
         pending = self._pending_backward.get(id(module))
         if not pending:
@@ -251,7 +275,9 @@ class NumericsSession:
         call = self._event(state, "backward")
         replayed = state.cpu_module is not None and not state.reason
         host_gradients = [g.detach().cpu() for g in gradients] if replayed else None
-        call.tpu = {index: digest(g) for index, g in enumerate(host_gradients if host_gradients is not None else gradients)}
+        call.tpu = {
+            index: digest(g) for index, g in enumerate(host_gradients if host_gradients is not None else gradients)
+        }
         if replayed and host_gradients is not None:
             self._replay_backward(state, call, grad_input, grad_output, host_gradients)
         elif state.reason:
@@ -259,30 +285,47 @@ class NumericsSession:
         self._writer.add_call(call)
 
     def _replay_backward(
-        self, state: _CallState, call: ModuleCall, grad_input: tuple[Any, ...], grad_output: tuple[Any, ...], host_gradients: list[torch.Tensor]
+        self,
+        state: _CallState,
+        call: ModuleCall,
+        grad_input: tuple[Any, ...],
+        grad_output: tuple[Any, ...],
+        host_gradients: list[torch.Tensor],
     ) -> None:
         needs_grad = [isinstance(g, torch.Tensor) and g.is_floating_point() for g in grad_input]
         try:
             with self._replaying(), torch.enable_grad():
                 output, inputs = self._run_cpu(state, seed=0, needs_grad=needs_grad)
                 outputs = [t for t in tree_flatten(output)[0] if isinstance(t, torch.Tensor)]
-                pairs = [(out, g.detach().cpu().to(out.dtype)) for out, g in zip(outputs, grad_output) if isinstance(g, torch.Tensor) and out.requires_grad]
+                pairs = [
+                    (out, g.detach().cpu().to(out.dtype))
+                    for out, g in zip(outputs, grad_output)
+                    if isinstance(g, torch.Tensor) and out.requires_grad
+                ]
                 if not inputs or not pairs:
                     call.outcome, call.reason = NOT_COMPARED, "no input of the CPU replay gets a gradient"
                     return
-                cpu_gradients = torch.autograd.grad([o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True)
+                cpu_gradients = torch.autograd.grad(
+                    [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True
+                )
         except Exception as failure:  # noqa: BLE001 - reported per call
-            call.outcome, call.reason = NOT_COMPARED, f"the CPU replay of the backward failed: {type(failure).__name__}: {failure}"
+            call.outcome, call.reason = (
+                NOT_COMPARED,
+                f"the CPU replay of the backward failed: {type(failure).__name__}: {failure}",
+            )
             return
         references = [g if g is not None else torch.zeros_like(i) for g, i in zip(cpu_gradients, inputs)]
         call.cpu = {index: digest(g) for index, g in enumerate(references)}
         _judge(call, host_gradients, references)
 
-    def _record_ops(self, module: torch.nn.Module, state: _CallState, call: ModuleCall, outputs: list[torch.Tensor]) -> None:
+    def _record_ops(
+        self, module: torch.nn.Module, state: _CallState, call: ModuleCall, outputs: list[torch.Tensor]
+    ) -> None:
         """Run the call again on the tpu and on the CPU copy, op by op, and store how each op's output compares."""
         from tputrace.numerics.ops import compare_ops, op_outputs
 
-        assert state.host_args is not None and state.cpu_module is not None
+        cpu_module = state.cpu_module
+        assert state.host_args is not None and cpu_module is not None
         device = outputs[0].device if outputs else torch.device("tpu")
         tpu_args = tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, state.host_args)
         tpu_kwargs = tree_map(lambda v: v.to(device) if isinstance(v, torch.Tensor) else v, state.host_kwargs or {})
@@ -290,16 +333,24 @@ class NumericsSession:
         try:
             with self._replaying():
                 tpu_ops = op_outputs(lambda: module(*tpu_args, **tpu_kwargs))
-                cpu_ops = op_outputs(lambda: state.cpu_module(*cpu_args, **(state.host_kwargs or {})))
+                cpu_ops = op_outputs(lambda: cpu_module(*cpu_args, **(state.host_kwargs or {})))
         except Exception as failure:  # noqa: BLE001 - the call's own comparison stands without its ops
             warnings.warn(f"tputrace numerics: --ops could not run {state.module} again: {failure}", stacklevel=1)
             return
-        self._writer.add_ops(call.event_id, [OpRow(o.op_index, o.op_name, o.tpu_dtype, o.cpu_dtype, o.divergence, o.tolerance) for o in compare_ops(tpu_ops, cpu_ops)])
+        self._writer.add_ops(
+            call.event_id,
+            [
+                OpRow(o.op_index, o.op_name, o.tpu_dtype, o.cpu_dtype, o.divergence, o.tolerance)
+                for o in compare_ops(tpu_ops, cpu_ops)
+            ],
+        )
 
     def _keep_full(self, event_id: int, side: str, tensors: list[torch.Tensor]) -> None:
         for index, tensor in enumerate(tensors):
             data = tensor.detach().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
-            self._writer.add_full_tensor(FullTensor(event_id, index, side, dtype_name(tensor.dtype), tuple(tensor.shape), data))
+            self._writer.add_full_tensor(
+                FullTensor(event_id, index, side, dtype_name(tensor.dtype), tuple(tensor.shape), data)
+            )
 
 
 def _host_copy(value: Any) -> Any:
@@ -324,6 +375,8 @@ def _judge(call: ModuleCall, tpu_values: list[torch.Tensor], cpu_values: list[to
     call.divergence, call.max_abs_difference = results[worst]
     call.reference_dtype = dtype_name(cpu_values[worst].dtype)
     call.tolerance = tolerance_for(call.reference_dtype)
-    changed = sorted({(dtype_name(a.dtype), dtype_name(b.dtype)) for a, b in zip(tpu_values, cpu_values) if a.dtype != b.dtype})
+    changed = sorted(
+        {(dtype_name(a.dtype), dtype_name(b.dtype)) for a, b in zip(tpu_values, cpu_values) if a.dtype != b.dtype}
+    )
     if changed:
         call.reason = "; ".join(f"{tpu} on the tpu, {cpu} on the CPU" for tpu, cpu in changed)

@@ -189,15 +189,39 @@ class NumericsWriter:
             self._connection.executemany(
                 "INSERT INTO module_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (c.event_id, c.call_id, c.step, c.phase, c.module, c.module_type, c.path, c.line, c.outcome, c.reason,
-                     c.divergence, c.max_abs_difference, c.tolerance, c.reference_dtype)
+                    (
+                        c.event_id,
+                        c.call_id,
+                        c.step,
+                        c.phase,
+                        c.module,
+                        c.module_type,
+                        c.path,
+                        c.line,
+                        c.outcome,
+                        c.reason,
+                        c.divergence,
+                        c.max_abs_difference,
+                        c.tolerance,
+                        c.reference_dtype,
+                    )
                     for c in calls
                 ],
             )
             self._connection.executemany(
                 "INSERT INTO tensor_digests VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
-                    (c.event_id, index, side, d.dtype, json.dumps(list(d.shape)), d.l2_norm, d.max_abs, d.nonfinite, _sample_text(d.sample))
+                    (
+                        c.event_id,
+                        index,
+                        side,
+                        d.dtype,
+                        json.dumps(list(d.shape)),
+                        d.l2_norm,
+                        d.max_abs,
+                        d.nonfinite,
+                        _sample_text(d.sample),
+                    )
                     for c in calls
                     for side, digests in (("tpu", c.tpu), ("cpu", c.cpu))
                     for index, d in digests.items()
@@ -245,13 +269,14 @@ def read_recording(path: Path) -> NumericsRecording:
             if int(info.get("version", "0")) > VERSION:
                 raise TputraceError(f"{path} was written by a newer tputrace (numerics format {info['version']})")
             calls = {
-                row[0]: ModuleCall(*row)
-                for row in connection.execute("SELECT * FROM module_calls ORDER BY event_id")
+                row[0]: ModuleCall(*row) for row in connection.execute("SELECT * FROM module_calls ORDER BY event_id")
             }
             for event_id, index, side, dtype, shape, l2_norm, max_abs, nonfinite, sample in connection.execute(
                 "SELECT * FROM tensor_digests"
             ):
-                digest = TensorDigest(dtype, tuple(json.loads(shape)), _real(l2_norm), _real(max_abs), nonfinite, _sample_values(sample))
+                digest = TensorDigest(
+                    dtype, tuple(json.loads(shape)), _real(l2_norm), _real(max_abs), nonfinite, _sample_values(sample)
+                )
                 (calls[event_id].tpu if side == "tpu" else calls[event_id].cpu)[index] = digest
             ops: dict[int, list[OpRow]] = {}
             for event_id, *op in connection.execute("SELECT * FROM op_digests ORDER BY event_id, op_index"):

@@ -34,7 +34,11 @@ def digest_difference(norm: float, sample: list[float], reference_norm: float, r
     norm_difference = relative_difference(abs(norm - reference_norm), reference_norm)
     if len(sample) != len(reference_sample):
         return math.inf
-    pairs = [(value, reference) for value, reference in zip(sample, reference_sample) if math.isfinite(value) and math.isfinite(reference)]
+    pairs = [
+        (value, reference)
+        for value, reference in zip(sample, reference_sample)
+        if math.isfinite(value) and math.isfinite(reference)
+    ]
     if not pairs:
         return norm_difference
     largest = max(abs(reference) for _, reference in pairs)
