@@ -13,8 +13,9 @@ import pytest
 from product_modules import product_modules
 
 HEAVY = ("torch", "jax", "jaxlib")
-# The recording side imports the backend.
-RECORDING_SIDE = ("tputrace.backend", "tputrace.recording")
+# The recording side imports the backend; the numerics hooks and CPU replay run inside the recorded process.
+RECORDING_SIDE = ("tputrace.backend", "tputrace.recording",
+                  "tputrace.numerics.recording", "tputrace.numerics.digests", "tputrace.numerics.ops")
 
 
 def trace_side_modules() -> list[str]:
