@@ -125,7 +125,7 @@ class _NumericsLifecycle:
         self, output: Path, *, replay_steps: int, full_modules: frozenset[str], budget_bytes: int, ops: bool
     ) -> None:
         self._ops = ops
-        self._recorder: Any = importlib.import_module("tputrace.recorder")
+        self._recorder: Any = importlib.import_module("tputrace.recording.lifecycle")
         self._output = output
         self._replay_steps = replay_steps
         self._full_modules = full_modules
