@@ -103,3 +103,21 @@ def test_a_file_that_is_not_a_recording_is_refused(tmp_path: Path) -> None:
         read_recording(other)
     with pytest.raises(TputraceError, match="no such numerics recording"):
         read_recording(tmp_path / "missing.tpnum")
+
+
+def test_the_compare_command_prints_the_first_divergence(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from tputrace.cli.main import main
+
+    reference, changed = [_call(1, "Net.a")], [_call(1, "Net.a")]
+    reference[0].tpu[0] = _digest(4.0, [1.0, 2.0])
+    changed[0].tpu[0] = _digest(4.0, [1.0, 2.5], dtype="bfloat16")
+    _write(tmp_path / "a.tpnum", changed)
+    _write(tmp_path / "b.tpnum", reference)
+    assert main(["numerics", "--compare", str(tmp_path / "a.tpnum"), str(tmp_path / "b.tpnum")]) == 0
+    out = capsys.readouterr().out
+    assert "first divergent module: Net.a (Linear) forward, step 1, at train.py:11" in out
+    assert "dtype: bfloat16 here, float32 in the reference" in out
+    assert main(["numerics"]) == 2
+    assert main(["numerics", "--compare", str(tmp_path / "a.tpnum"), str(tmp_path / "b.tpnum"), "train.py"]) == 2
+    assert main(["numerics", "--compare", str(tmp_path / "a.tpnum"), str(tmp_path / "missing.tpnum")]) == 2
+    assert "no such numerics recording" in capsys.readouterr().err
