@@ -11,6 +11,7 @@ from pathlib import Path
 
 from tputrace.numerics.store import COMPARED, NOT_COMPARED, ModuleCall, NumericsRecording, OpRow
 from tputrace.numerics.tolerance import digest_difference, tolerance_for
+from tputrace.wording import plural
 
 
 @dataclass(frozen=True)
@@ -146,7 +147,7 @@ def render(report: NumericsReport) -> str:
     """The report as text lines."""
     lines = [
         f"numerics: {report.title}",
-        f"  {report.calls} module calls (forward and backward) in {report.steps} steps, {report.compared} compared",
+        f"  {plural(report.calls, 'module call')} (forward and backward) in {plural(report.steps, 'step')}, {report.compared:,} compared",
     ]
     if report.first_divergence is None:
         lines.append("  no divergence beyond the tolerance")
@@ -177,11 +178,11 @@ def render(report: NumericsReport) -> str:
     else:
         call = report.first_nonfinite
         what = "outputs" if call.phase == "forward" else "input gradients"
-        lines.append(f"  first NaN/Inf: {_where(call)}: {call.nonfinite} non-finite values in its {what}")
+        lines.append(f"  first NaN/Inf: {_where(call)}: {plural(call.nonfinite, 'non-finite value')} in its {what}")
         if report.reference_nonfinite is True:
             lines.append("    the reference gives them too: the model's own arithmetic, not the device")
         elif report.reference_nonfinite is False:
             lines.append("    the reference has none there")
     for module, reason, count in report.not_compared:
-        lines.append(f"  not compared: {module} ({count} calls): {reason}")
+        lines.append(f"  not compared: {module} ({plural(count, 'call')}): {reason}")
     return "\n".join(lines)
