@@ -147,7 +147,7 @@ class _TracedFunction:
             out_structure.append(spec)
             return [from_fun(value) for value in flat]
 
-        from tputrace.backend.dispatch import DeviceMismatchError
+        from tputrace.backend.arguments import DeviceMismatchError
 
         try:
             with fake_mode:

@@ -41,9 +41,10 @@ def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(run_backward)
     def run(outputs: Any, *args: Any, **kwargs: Any) -> Any:
-        from tputrace.backend.tensor import TpuTensor, _on_autograd_worker
+        from tputrace.backend.tensor import TpuTensor
+        from tputrace.backend.thread_state import on_autograd_worker
 
-        if _on_autograd_worker() or not any(isinstance(output, TpuTensor) for output in outputs):
+        if on_autograd_worker() or not any(isinstance(output, TpuTensor) for output in outputs):
             return run_backward(outputs, *args, **kwargs)
         backward_started()
         result = run_backward(outputs, *args, **kwargs)

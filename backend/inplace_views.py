@@ -16,7 +16,8 @@ import torch
 from torch.utils._mode_utils import no_dispatch
 
 from tputrace.backend.dtypes import to_torch
-from tputrace.backend.tensor import Buffer, TpuData, TpuTensor
+from tputrace.backend.buffers import Buffer
+from tputrace.backend.tensor import TpuData, TpuTensor
 from tputrace.backend.views import contiguous_strides
 
 aten = torch.ops.aten

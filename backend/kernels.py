@@ -13,7 +13,8 @@ import torch
 from tputrace.backend import chips, device_module, sparse
 from tputrace.backend.dtypes import to_jax
 from tputrace.backend.memory_formats import storage_order
-from tputrace.backend.tensor import CountedBuffer, TpuTensor, channels_last_tensor
+from tputrace.backend.buffers import CountedBuffer
+from tputrace.backend.tensor import TpuTensor, channels_last_tensor
 
 _library: torch.library.Library | None = None
 

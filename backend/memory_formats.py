@@ -115,3 +115,15 @@ def corrected_meta(op: Any, meta_args: tuple, result: Any) -> Any:
         if memory_format is not None and result.dim() == input_meta.dim():
             return result.contiguous(memory_format=memory_format)
     return result
+
+
+def dense_strides(tensor: torch.Tensor) -> tuple[int, ...] | None:
+    """The strides of a dense tensor of this shape in the memory format `tensor` is contiguous in
+    (contiguous first, then channels-last); None if it is contiguous in none."""
+    from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
+
+    if tensor.is_contiguous():
+        return tuple(make_contiguous_strides_for(tensor.shape))
+    if tensor.dim() in (4, 5) and tensor.is_contiguous(memory_format=torch.channels_last if tensor.dim() == 4 else torch.channels_last_3d):
+        return tuple(make_channels_last_strides_for(tensor.shape))
+    return None

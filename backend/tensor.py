@@ -1,10 +1,9 @@
 """The tensor type of the `tpu` device: a torch wrapper subclass whose data is a JAX array.
 
-A `Buffer` is what a storage is elsewhere: one array on one chip, with a version that changes on
-every write. A tensor is either the whole buffer (`view is None`) or a view of it: a chain of ATen
-view ops applied to the buffer's array. A view computes its value from the buffer when the buffer's
-version has moved, and a write through a view is scattered back into the buffer, so views stay views
-as in torch.
+A tensor sees one `Buffer` (`buffers`): the whole buffer (`view is None`) or a view of it, a chain of
+ATen view ops applied to the buffer's array. A view computes its value from the buffer when the
+buffer's version has moved, and a write through a view is scattered back into the buffer, so views
+stay views as in torch.
 """
 
 from __future__ import annotations
@@ -20,161 +19,19 @@ import jax
 import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 
-from tputrace.backend import memory
-from tputrace.backend.entries import written_arguments
+from tputrace.backend.buffers import TORCH_DEVICES, Buffer, CountedBuffer, ReleasedArray, torch_device
 from tputrace.backend.make_fx_tracing import fake_mode_of, fake_of_constant, fake_of_lifted_constant, track_untraced_constants
+from tputrace.backend.memory_formats import dense_strides
+from tputrace.backend.thread_state import SyncKind, on_autograd_worker, on_own_thread
 from tputrace.backend.torchscript import keep_interpreter_error
+from tputrace.backend.traced_resizes import follow_resized_inners
 from tputrace.backend.views import Geometry, ViewChain, geometry, permute_step
 
-_live = memory.live
-_peak = memory.peak
 
-_local = threading.local()
 _MAIN_THREAD = threading.main_thread().ident
 _get_ident = threading.get_ident
 _LIFT_FRESH = torch.ops.aten.lift_fresh.default
 _dispatch_modes = torch._C._len_torch_dispatch_stack  # nonzero while a dispatch mode (make_fx's, a user's) is on
-
-
-_thread_kind = threading.local()
-
-
-def _on_autograd_worker() -> bool:
-    """True on a thread that PyTorch's C++ autograd engine started (Python sees a dummy thread);
-    worked out once per thread."""
-    try:
-        return _thread_kind.autograd_worker
-    except AttributeError:
-        worker = _thread_kind.autograd_worker = isinstance(threading.current_thread(), threading._DummyThread)
-        return worker
-
-
-def _on_own_thread() -> bool:
-    """True on a thread tputrace started (`tputrace-*`: the collectives' completion thread finishes
-    collectives whose peers it waits for, and must not hold the user threads' dispatch lock)."""
-    try:
-        return _thread_kind.own
-    except AttributeError:
-        own = _thread_kind.own = threading.current_thread().name.startswith("tputrace-")
-        return own
-
-
-def sync_hint() -> str | None:
-    """The kind of host sync the user's call is making (set around tolist/numpy/print/bool)."""
-    return getattr(_local, "sync_kind", None)
-
-
-class _SyncKind:
-    """Marks the host syncs inside a block as being of one kind (e.g. 'print')."""
-
-    __slots__ = ("kind", "previous")
-
-    def __init__(self, kind: str) -> None:
-        self.kind = kind
-        self.previous: str | None = None
-
-    def __enter__(self) -> None:
-        self.previous = getattr(_local, "sync_kind", None)
-        if self.previous is None:
-            _local.sync_kind = self.kind
-
-    def __exit__(self, *exc: object) -> None:
-        _local.sync_kind = self.previous
-
-
-class Buffer:
-    """One array on one chip; `version` increases with every write so views know to refresh.
-
-    `nbytes` is what the buffer counts against its chip's memory. A plain `Buffer` counts none: it
-    holds a pending (deferred) value that was never materialized, and needs no finalizer, which every
-    recorded op would pay for. A `CountedBuffer` counts its bytes until it is freed; a buffer becomes
-    one when it starts counting (`count`). `spec` is the array's
-    (shape, torch dtype) as a plan key reads it: given for an op's output, filled in by the first op
-    that reads the buffer otherwise (writes keep a buffer's shape and dtype; a tensor whose geometry
-    changes is pointed at another buffer or view), so a plan lookup reads no tensor metadata.
-    """
-
-    __slots__ = ("array", "version", "chip", "nbytes", "spec", "__weakref__")
-
-    def __init__(self, array: Any, chip: int, spec: tuple | None = None) -> None:
-        self.array = array
-        self.version = 0
-        self.chip = chip
-        self.nbytes = 0
-        self.spec = spec
-
-    def count(self, nbytes: int) -> None:
-        """Count `nbytes` against the chip from now until the buffer is freed (its pending value was
-        computed, or its released array restored)."""
-        self.nbytes = nbytes
-        memory.allocate(self.chip, nbytes)
-        if type(self) is Buffer:
-            self.__class__ = CountedBuffer
-
-    def write(self, array: Any) -> None:
-        self.array = array
-        self.version += 1
-
-    def release(self) -> None:
-        """Drop the array and stop counting its bytes: the storage resized to 0, as FSDP2 does to an
-        unsharded parameter between uses. Views of the buffer stay views; reading one is an error."""
-        if type(self.array) is ReleasedArray:
-            return
-        self.array = ReleasedArray(tuple(self.array.shape), self.array.dtype)
-        _live[self.chip] -= self.nbytes
-        self.nbytes = 0
-        self.version += 1
-
-    def restore(self) -> None:
-        """Give a released buffer a new zero-filled array of its old shape and dtype (storage resized back)."""
-        released = self.array
-        if type(released) is not ReleasedArray:
-            return
-        import jax.numpy as jnp
-
-        from tputrace.backend import chips
-
-        self.array = jnp.zeros(released.shape, released.dtype, device=chips.device(self.chip))
-        self.version += 1
-        self.count(released.nbytes)
-
-
-class CountedBuffer(Buffer):
-    """A buffer that counts its array's bytes against its chip until it is freed."""
-
-    __slots__ = ()
-
-    def __init__(self, array: Any, chip: int, nbytes: int, spec: tuple | None = None) -> None:
-        self.array = array
-        self.version = 0
-        self.chip = chip
-        self.nbytes = nbytes
-        self.spec = spec
-        live = _live[chip] + nbytes
-        _live[chip] = live
-        if live > _peak[chip]:
-            memory.allocate(chip, 0)
-
-    def __del__(self, _live: list[int] = _live) -> None:
-        # `_live` is bound at definition: buffers freed at interpreter exit outlive module globals.
-        _live[self.chip] -= self.nbytes
-
-
-class ReleasedArray:
-    """What a released buffer holds: the shape and dtype to restore, and no data."""
-
-    __slots__ = ("shape", "dtype", "nbytes")
-
-    def __init__(self, shape: tuple[int, ...], dtype: Any) -> None:
-        self.shape = shape
-        self.dtype = dtype
-        count = 1
-        for size in shape:
-            count *= size
-        self.nbytes = count * dtype.itemsize
-
-    def __jax_array__(self) -> Any:
-        raise RuntimeError("this tpu tensor's storage was freed (untyped_storage().resize_(0)); resize it back before using the tensor")
 
 
 class BufferStorage(torch.UntypedStorage):
@@ -266,19 +123,11 @@ def _data_ptr(tensor: Any) -> int:
     return base and base + tensor.storage_offset() * tensor.element_size()
 
 
-_DEVICES: dict[int, torch.device] = {}
 _make_wrapper = torch.Tensor._make_wrapper_subclass
 _STRIDED = torch.strided
 # `_make_wrapper(cls, size, strides, storage_offset, memory_format, dtype, layout, device)` by position:
 # torch parses positional arguments faster than keywords (~0.15 µs of ~0.8 µs per wrapper), and every
 # op output and view makes one.
-
-
-def torch_device(chip: int) -> torch.device:
-    device = _DEVICES.get(chip)
-    if device is None:
-        device = _DEVICES[chip] = torch.device("tpu", chip)
-    return device
 
 
 _TENSOR_DATA = torch._C.TensorBase.data  # torch's own `.data` descriptor, which TpuTensor extends
@@ -344,12 +193,12 @@ class TpuTensor(torch.Tensor):
                 if track_untraced_constants(TpuTensor, args, kwargs or {}):
                     return func(*args, **(kwargs or {}))  # now make_fx's proxy mode traces it
             if _get_ident() != _MAIN_THREAD:
-                if _on_autograd_worker():
+                if on_autograd_worker():
                     if _concurrent:
                         with dispatcher.thread_lock:
                             return dispatcher.dispatch_on_worker(func, args, kwargs or {})
                     return dispatcher.dispatch_on_worker(func, args, kwargs or {})
-                if not _on_own_thread():
+                if not on_own_thread():
                     return _dispatch_from_user_thread(dispatcher, func, args, kwargs or {})
             if _concurrent:
                 with dispatcher.thread_lock:
@@ -440,7 +289,7 @@ class TpuTensor(torch.Tensor):
         return _data_ptr(self)
 
     def _host_copy(self, kind: str) -> torch.Tensor:
-        with _SyncKind(kind):
+        with SyncKind(kind):
             return self.detach().to("cpu")
 
     def __repr__(self, *, tensor_contents: Any = None) -> str:
@@ -465,12 +314,12 @@ class TpuTensor(torch.Tensor):
 
     def __format__(self, format_spec: str) -> str:
         if self.dim() == 0:
-            with _SyncKind("print"):
+            with SyncKind("print"):
                 return self.item().__format__(format_spec)
         return object.__format__(self, format_spec)
 
     def __bool__(self) -> bool:
-        with _SyncKind("bool"):
+        with SyncKind("bool"):
             return super().__bool__()
 
     def tolist(self) -> Any:
@@ -579,7 +428,7 @@ class TpuData(torch.Tensor):
         the plain tensor it traced."""
         if expected_type not in (None, torch.Tensor):
             return None
-        strides = _dense_strides(self)
+        strides = dense_strides(self)
         return self if strides is None or strides == self.stride() else TpuData(self, strides)
 
     def untyped_storage(self) -> BufferStorage:
@@ -593,18 +442,6 @@ class TpuData(torch.Tensor):
     def tensor(self) -> TpuTensor:
         """A TpuTensor over the same buffer and view (an alias of the one this handle came from)."""
         return TpuTensor(self._buf, tuple(self.shape), self.dtype, tuple(self.stride()), self.storage_offset(), view=self._view)
-
-
-def _dense_strides(tensor: torch.Tensor) -> tuple[int, ...] | None:
-    """The strides of a dense tensor of this shape in the memory format `tensor` is contiguous in
-    (contiguous first, then channels-last); None if it is contiguous in none."""
-    from torch._prims_common import make_channels_last_strides_for, make_contiguous_strides_for
-
-    if tensor.is_contiguous():
-        return tuple(make_contiguous_strides_for(tensor.shape))
-    if tensor.dim() in (4, 5) and tensor.is_contiguous(memory_format=torch.channels_last if tensor.dim() == 4 else torch.channels_last_3d):
-        return tuple(make_channels_last_strides_for(tensor.shape))
-    return None
 
 
 _dispatcher: Any = None  # the backend's Dispatcher, looked up on the first op (dispatch.py imports this module)
@@ -709,39 +546,8 @@ def _dispatch_traced(func: Any, args: tuple, kwargs: dict) -> Any:
         return result  # fake tensors and real tpu constants: fake results, as for real CPU constants
     result = return_and_correct_aliasing(func, args, kwargs, tree_map(wrap, result))
     if func._schema.is_mutable:
-        _follow_resized_inners(func, args, kwargs)
+        follow_resized_inners(func, args, kwargs, TpuTensor)
     return result
-
-
-def _follow_resized_inners(func: Any, args: tuple, kwargs: dict) -> None:
-    """A traced TpuTensor the op wrote whose inner tensor it resized (an `out=` tensor of another
-    shape, `resize_`) takes the inner tensor's sizes and strides, as a CPU tensor's fake would: so
-    Dynamo sees the resize, and breaks the graph there as it does on the CPU (instead of guarding
-    on sizes the wrapper no longer agrees with its inner tensor on)."""
-    from torch.fx.experimental.symbolic_shapes import statically_known_true
-    from torch.utils._mode_utils import no_dispatch
-
-    for argument in written_arguments(func):
-        written = args[argument.position] if argument.position < len(args) else kwargs.get(argument.name)
-        for tensor in written if isinstance(written, (list, tuple)) else (written,):
-            if type(tensor) is not TpuTensor or tensor._traced is None:
-                continue
-            inner = tensor._traced
-            outer_geometry = (tensor.dim(), *tensor.shape, *tensor.stride(), tensor.storage_offset())
-            inner_geometry = (inner.dim(), *inner.shape, *inner.stride(), inner.storage_offset())
-            if len(outer_geometry) == len(inner_geometry) and all(statically_known_true(a == b) for a, b in zip(outer_geometry, inner_geometry)):
-                continue
-            # torch's way to change a wrapper's metadata only (as `return_and_correct_aliasing` does
-            # for in-place view ops): a meta kernel, which grows the wrapper's empty storage too.
-            with no_dispatch():
-                meta_in_tls = torch._C._meta_in_tls_dispatch_include()
-                torch._C._set_meta_in_tls_dispatch_include(True)
-                try:
-                    torch.ops.aten.set_.source_Storage_storage_offset(
-                        tensor, torch.Tensor.untyped_storage(tensor), inner.storage_offset(), inner.shape, inner.stride()
-                    )
-                finally:
-                    torch._C._set_meta_in_tls_dispatch_include(meta_in_tls)
 
 
 def is_tpu_tensor(value: object) -> bool:
@@ -764,7 +570,7 @@ def whole_buffer(tensor: TpuTensor) -> TpuTensor:
 
 def view_tensor(buf: Buffer, geom: Geometry, view: ViewChain | None) -> TpuTensor:
     """A tpu tensor seeing `buf` through `view` with geometry `geom` (views and aliases)."""
-    device = _DEVICES.get(geom.chip) or torch_device(geom.chip)
+    device = TORCH_DEVICES.get(geom.chip) or torch_device(geom.chip)
     if geom.dense:
         tensor = _make_wrapper(TpuTensor, geom.shape, None, None, None, geom.dtype, _STRIDED, device)
     else:
@@ -787,7 +593,7 @@ def new_tensor(array: jax.Array | Any, chip: int, spec: tuple[tuple[int, ...], t
     """A fresh (non-view) tpu tensor owning `array`, of `spec` = (shape, dtype), which its buffer
     keeps as its plan-key spec (the dispatcher's hot path)."""
     shape, dtype = spec
-    device = _DEVICES.get(chip) or torch_device(chip)
+    device = TORCH_DEVICES.get(chip) or torch_device(chip)
     tensor = _make_wrapper(TpuTensor, shape, None, None, None, dtype, _STRIDED, device)
     tensor._buf = CountedBuffer(array, chip, nbytes, spec) if nbytes else Buffer(array, chip, spec)
     return tensor

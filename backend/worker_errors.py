@@ -35,14 +35,14 @@ def _dispatcher() -> Any:
 
 def worker_safe(hook: Callable[..., Any]) -> Callable[..., Any]:
     """`hook`, keeping an exception it raises on the autograd worker (it then changes no gradient)."""
-    from tputrace.backend.tensor import _on_autograd_worker
+    from tputrace.backend.thread_state import on_autograd_worker
 
     @functools.wraps(hook)
     def run(*args: Any, **kwargs: Any) -> Any:
         try:
             return hook(*args, **kwargs)
         except BaseException as error:  # noqa: BLE001 - raised on the user's thread by raise_after
-            if not _on_autograd_worker():
+            if not on_autograd_worker():
                 raise
             _dispatcher().worker_errors.append(error)
             return None

@@ -21,7 +21,8 @@ from typing import Any
 import torch
 
 from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.tensor import Buffer, TpuTensor
+from tputrace.backend.buffers import Buffer
+from tputrace.backend.tensor import TpuTensor
 
 # The gradient buffers chunk_cat packed for a reduce-scatter (see `release_reduce_scatter_input`).
 _reduce_scatter_inputs: "weakref.WeakSet[Buffer]" = weakref.WeakSet()

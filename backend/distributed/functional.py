@@ -18,7 +18,8 @@ import torch.distributed._functional_collectives  # noqa: F401 - defines _c10d_f
 from torch.distributed.distributed_c10d import _resolve_process_group
 
 from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.tensor import Buffer, TpuTensor
+from tputrace.backend.buffers import Buffer
+from tputrace.backend.tensor import TpuTensor
 
 ops = torch.ops._c10d_functional
 

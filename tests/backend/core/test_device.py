@@ -11,7 +11,7 @@ import torch
 
 from backend_helpers import host
 from tputrace.backend.chips import ChipError
-from tputrace.backend.dispatch import DeviceMismatchError
+from tputrace.backend.arguments import DeviceMismatchError
 from tputrace.backend.dtypes import UnsupportedDtypeError
 
 
