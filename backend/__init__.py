@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gc
 
-from tputrace.backend import chips
+from tputrace.backend.core import chips
 
 chips.configure()
 
@@ -16,18 +16,18 @@ import jax  # noqa: E402 - XLA flags must be set before JAX initialises
 
 jax.config.update("jax_enable_x64", True)
 
-from tputrace.backend import compile_cache, exit_wait  # noqa: E402
+from tputrace.backend.core import compile_cache, exit_wait  # noqa: E402
 
 exit_wait.register()
 
 compile_cache.enable_from_environment()
 
-from tputrace.backend.registration import register  # noqa: E402
+from tputrace.backend.compat.registration import register  # noqa: E402
 
 register()
 
-from tputrace.backend.device_module import EagerMode, eager_mode, set_eager_mode  # noqa: E402
-from tputrace.backend.tensor import TpuTensor  # noqa: E402
+from tputrace.backend.compat.device_module import EagerMode, eager_mode, set_eager_mode  # noqa: E402
+from tputrace.backend.core.tensor import TpuTensor  # noqa: E402
 
 # What is loaded by now (torch, JAX, the lowerings: ~370k objects) lives as long as the process.
 # Frozen, it is no longer re-scanned by every full collection: DeferAndFuse's pending graphs keep

@@ -21,8 +21,8 @@ import time
 import torch
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
-from tputrace.backend import index_checks
-from tputrace.backend.device_module import EagerMode, set_eager_mode
+from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
+from tputrace.backend.indexing import index_checks
 
 from results import write_section  # type: ignore[import-not-found]
 

@@ -22,7 +22,7 @@ import torch
 from torch._higher_order_ops import while_loop
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
-from tputrace.backend.device_module import EagerMode, set_eager_mode
+from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
 
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"
 

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import tputrace.backend  # noqa: E402,F401 - registers the tpu device
 from results import write_section  # noqa: E402
-from tputrace.backend.device_module import EagerMode, set_eager_mode  # noqa: E402
+from tputrace.backend.compat.device_module import EagerMode, set_eager_mode  # noqa: E402
 
 FOREACH: bool | None = None  # tpu optimizers' and clip_grad_norm_'s path: None lets torch choose, --single-tensor makes it False
 MODES = ("DEFER_AND_FUSE", "DEFER_NEVER", "cpu", "compile", "compile+opt", "inductor")

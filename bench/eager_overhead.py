@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import torch
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
-from tputrace.backend.device_module import EagerMode, set_eager_mode
+from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
 
 from results import write_section  # type: ignore[import-not-found]
 

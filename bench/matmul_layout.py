@@ -27,7 +27,7 @@ import jax.numpy as jnp  # noqa: E402
 
 import tputrace.backend  # noqa: E402,F401 - configures JAX's devices as the backend does
 from results import write_section  # noqa: E402
-from tputrace.backend import chips  # noqa: E402
+from tputrace.backend.core import chips  # noqa: E402
 from tputrace.backend.ops.linalg import mm  # noqa: E402
 
 SECTION = "Matmul layout"

@@ -29,7 +29,7 @@ UNBOUNDED = 10**9
 _CHILD = """
 import gc, json, sys, time
 import torch, tputrace.backend
-from tputrace.backend import program_cache
+from tputrace.backend.core import program_cache
 torch.tpu.set_eager_mode(getattr(torch.tpu.EagerMode, sys.argv[1]))
 
 def usage():

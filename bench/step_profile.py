@@ -39,8 +39,8 @@ import torch  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 import tputrace.backend  # noqa: E402,F401 - registers the tpu device
-from tputrace.backend import deferred  # noqa: E402
-from tputrace.backend.device_module import EagerMode, set_eager_mode  # noqa: E402
+from tputrace.backend.compat.device_module import EagerMode, set_eager_mode  # noqa: E402
+from tputrace.backend.eager import deferred  # noqa: E402
 
 _INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+|\(.*?\)) ([\w\-]+)\((.*)")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%([\w.\-]+)\s*\(.*\)\s*->.*\{\s*$")

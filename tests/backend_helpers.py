@@ -12,7 +12,7 @@ from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
-from tputrace.backend.device_module import EagerMode, eager_mode, set_eager_mode
+from tputrace.backend.compat.device_module import EagerMode, eager_mode, set_eager_mode
 
 _FALLBACK_WARNING = re.compile(r"tputrace: (\S+) runs on the host CPU")
 
@@ -91,7 +91,7 @@ def recorded_fallbacks() -> Iterator[list[str]]:
     lowering fails is named twice), taken from the dispatcher's fallback warning as it is made; the
     dispatcher otherwise warns once per op and process, and caches routes, so no method wrapper
     would see every call."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     names: list[str] = []
     warn_once = dispatcher._warn_once
@@ -112,7 +112,7 @@ def recorded_fallbacks() -> Iterator[list[str]]:
 @contextlib.contextmanager
 def recorded_host_reads() -> Iterator[list[str]]:
     """The sync kinds of the dispatcher's host reads inside the block."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     kinds: list[str] = []
     to_host = dispatcher.to_host

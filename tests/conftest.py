@@ -40,7 +40,7 @@ def _compiled_programs_dropped_after_each_module() -> Iterator[None]:
     """After each test file that used the tpu device, its compiled programs go: one process runs the whole
     suite, and XLA:CPU maps memory regions per program it keeps, up to Linux's per-process cap."""
     yield
-    if "tputrace.backend.executor" in sys.modules:
-        from tputrace.backend.executor import forget_compiled_programs
+    if "tputrace.backend.core.executor" in sys.modules:
+        from tputrace.backend.core.executor import forget_compiled_programs
 
         forget_compiled_programs()

@@ -19,7 +19,7 @@ import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from tputrace.backend import import_hooks
+from tputrace.backend.compat import import_hooks
 from tputrace.backend.compile.settings import CompileSettings
 
 if TYPE_CHECKING:
@@ -73,7 +73,7 @@ def _register_with_dynamo(dynamo: ModuleType) -> None:
 
 # Traced by Dynamo on purpose: the recorder's module hooks do nothing inside a compiled region, and a
 # skipped hook would break the graph at every module call.
-_TRACEABLE_MODULES = ("tputrace.backend.hooks",)
+_TRACEABLE_MODULES = ("tputrace.backend.core.hooks",)
 
 
 def _keep_dynamo_out() -> None:
@@ -89,7 +89,7 @@ def _keep_dynamo_out() -> None:
 
     package = sys.modules["tputrace"]
     backend_package = sys.modules["tputrace.backend"]  # still being imported when Dynamo was imported first
-    # Module by module: the package's directory holds the backend's, and `tputrace.backend.hooks` with it, in
+    # Module by module: the package's directory holds the backend's, and `tputrace.backend.core.hooks` with it, in
     # an installed tree (or a symlinked checkout); only an editable install keeps the backend apart.
     names = [f"tputrace.{module.name}" for module in pkgutil.iter_modules(package.__path__) if module.name != "backend"]
     names += [f"tputrace.backend.{module.name}" for module in pkgutil.iter_modules(backend_package.__path__)]

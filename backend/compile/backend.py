@@ -17,7 +17,7 @@ from tputrace.backend.compile.eager_graphs import EagerGraph, data_dependent_cau
 from tputrace.backend.compile.events import DynamoEvents
 from tputrace.backend.compile.graphs import CompiledGraph, GraphInfo
 from tputrace.backend.compile.settings import CompileSettings
-from tputrace.backend.dtypes import short_name
+from tputrace.backend.core.dtypes import short_name
 
 _perf_ns = time.perf_counter_ns
 

@@ -17,8 +17,8 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tputrace.backend import matmul_precision
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
+from tputrace.backend.core import matmul_precision
 
 ArrayFunction = Callable[..., tuple]
 _ARRAY_TYPES = (jax.Array, jax.core.Tracer)

@@ -17,7 +17,7 @@ from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
 from torch.utils._pytree import tree_leaves
 
 from tputrace import sourceloc
-from tputrace.backend.tensor import TpuData
+from tputrace.backend.core.tensor import TpuData
 from tputrace.recording.interface import Recording
 
 

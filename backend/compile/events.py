@@ -82,7 +82,7 @@ class DynamoEvents:
     @staticmethod
     def recorder() -> Recording | None:
         """The active recorder when it writes a trace, else None."""
-        from tputrace.backend.dispatch import dispatcher
+        from tputrace.backend.core.dispatch import dispatcher
 
         return dispatcher.recorder
 

@@ -22,14 +22,16 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend import hlo_fusions, index_checks, matmul_precision, program_cache, rng, transfers
 from tputrace.backend.compile import aliases, buckets, output_layouts
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
-from tputrace.backend.dtypes import to_jax, to_torch
-from tputrace.backend.plans import Plan, Program, compile_program
-from tputrace.backend.compile_history import CompileHistory
-from tputrace.backend.tensor import TpuData, TpuTensor, new_tensor
+from tputrace.backend.core import matmul_precision, program_cache, rng, transfers
+from tputrace.backend.core.compile_history import CompileHistory
+from tputrace.backend.core.dtypes import to_jax, to_torch
+from tputrace.backend.core.plans import Plan, Program, compile_program
+from tputrace.backend.core.tensor import TpuData, TpuTensor, new_tensor
+from tputrace.backend.eager import hlo_fusions
+from tputrace.backend.indexing import index_checks
 from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
@@ -237,7 +239,7 @@ class CompiledGraph:
 def _note_index_flag(flag: Any, chip: int, recorder: Recording | None) -> None:
     """Hand a program's index-check flag to the chip's (the next sync raises its site's error); with
     launch blocking, raise it at the call, as blocking eager mode raises at the op."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     index_checks.note_flag(chip, flag)
     if getattr(dispatcher.executor, "launch_blocking", False):
@@ -247,7 +249,7 @@ def _note_index_flag(flag: Any, chip: int, recorder: Recording | None) -> None:
 def _read_inputs(args: Sequence[Any], recorder: Recording | None) -> tuple[list[Any], dict[int, Any], int]:
     """The arrays of a call's tensor inputs, its other inputs by position, and the chip. CPU tensors
     (e.g. an optimizer's step counters) go in as host arrays: the program's call copies them all."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     arrays: list[Any] = []
     statics: dict[int, Any] = {}
@@ -274,7 +276,7 @@ def _read_inputs(args: Sequence[Any], recorder: Recording | None) -> tuple[list[
         else:
             statics[index] = value
     if chip == -1:
-        from tputrace.backend import device_module
+        from tputrace.backend.compat import device_module
 
         chip = device_module.current_device()
     if host_bytes and recorder is not None:

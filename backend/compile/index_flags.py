@@ -16,7 +16,7 @@ import torch
 import torch.fx
 
 from tputrace import sourceloc
-from tputrace.backend import index_checks
+from tputrace.backend.indexing import index_checks
 
 
 class CheckedNode(NamedTuple):

@@ -28,12 +28,12 @@ import torch.fx
 from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tputrace import sourceloc
-from tputrace.backend import arg_checks, matmul_precision, rng
 from tputrace.backend.compile import aliases, index_flags, output_layouts
-from tputrace.backend.dtypes import to_jax, to_torch
+from tputrace.backend.core import arg_checks, matmul_precision, rng
+from tputrace.backend.core.dtypes import to_jax, to_torch
+from tputrace.backend.core.views import contiguous_strides
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
 from tputrace.backend.ops.views import strided_positions
-from tputrace.backend.views import contiguous_strides
 from tputrace.recording.interface import active
 
 aten = torch.ops.aten
@@ -276,7 +276,7 @@ def _constant(gm: torch.fx.GraphModule, target: str) -> Any:
 
 def _constant_array(value: torch.Tensor) -> Any:
     if value.device.type == "tpu":
-        from tputrace.backend.dispatch import dispatcher
+        from tputrace.backend.core.dispatch import dispatcher
 
         array = dispatcher.read(value)
         return array if isinstance(array, jax.Array) else dispatcher.executor.concrete(array, "compiled_graph")[0]

@@ -18,9 +18,9 @@ from typing import Any
 import jax.numpy as jnp
 import torch
 
-from tputrace.backend.memory_formats import hinted_layout, storage_order, strides_in_order
-from tputrace.backend.buffers import CountedBuffer
-from tputrace.backend.tensor import TpuTensor, channels_last_tensor
+from tputrace.backend.core.buffers import CountedBuffer
+from tputrace.backend.core.memory_formats import hinted_layout, storage_order, strides_in_order
+from tputrace.backend.core.tensor import TpuTensor, channels_last_tensor
 
 # AOTAutograd's descriptions of the outputs whose strides reach the user: the forward's results,
 # the backward's gradients, and the bases AOTAutograd regenerates output views from.

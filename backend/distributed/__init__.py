@@ -2,7 +2,7 @@
 functional collectives DTensor and FSDP2 use, FSDP2's storage freeing, collective trace rows, and the
 DDP options refused on tpu.
 
-`register()` runs when the backend loads (from `tputrace.backend.registration`) and only registers the
+`register()` runs when the backend loads (from `tputrace.backend.compat.registration`) and only registers the
 c10d backend; the op handlers are installed when the first tpu process group is created, so that
 importing the backend does not import FSDP and DTensor.
 """

@@ -9,7 +9,7 @@ allocator against side streams. So the peak memory of a rank holds the shards, t
 what the model itself allocates.
 
 FSDP2 also frees each unsharded parameter between uses by resizing its storage to 0; that is
-`TpuTensor.untyped_storage()` and `Buffer.release()`/`restore()` in `tputrace.backend.tensor`.
+`TpuTensor.untyped_storage()` and `Buffer.release()`/`restore()` in `tputrace.backend.core.tensor`.
 """
 
 from __future__ import annotations
@@ -20,9 +20,9 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.buffers import Buffer
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.core.buffers import Buffer
+from tputrace.backend.core.dispatch import dispatcher
+from tputrace.backend.core.tensor import TpuTensor
 
 # The gradient buffers chunk_cat packed for a reduce-scatter (see `release_reduce_scatter_input`).
 _reduce_scatter_inputs: "weakref.WeakSet[Buffer]" = weakref.WeakSet()

@@ -17,9 +17,9 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401 - defines _c10d_functional._wrap_tensor_autograd
 from torch.distributed.distributed_c10d import _resolve_process_group
 
-from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.buffers import Buffer
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.core.buffers import Buffer
+from tputrace.backend.core.dispatch import dispatcher
+from tputrace.backend.core.tensor import TpuTensor
 
 ops = torch.ops._c10d_functional
 

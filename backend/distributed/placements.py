@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from tputrace.backend.dtypes import short_name
+from tputrace.backend.core.dtypes import short_name
 from tputrace.recording.interface import Recording
 
 

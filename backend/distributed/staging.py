@@ -17,9 +17,9 @@ from collections.abc import Sequence
 
 import torch
 
-from tputrace.backend import chips, hooks, transfers
-from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.core import chips, hooks, transfers
+from tputrace.backend.core.dispatch import dispatcher
+from tputrace.backend.core.tensor import TpuTensor
 
 
 class StagingError(RuntimeError):

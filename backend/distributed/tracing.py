@@ -16,8 +16,8 @@ import time
 
 import torch
 
+from tputrace.backend.core.dtypes import short_name
 from tputrace.backend.distributed import causes, placements
-from tputrace.backend.dtypes import short_name
 from tputrace.recording.interface import Recording, active
 
 _perf_ns = time.perf_counter_ns

@@ -11,7 +11,7 @@ import torch
 from jax import lax
 from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
-from ..dtypes import to_jax, to_torch
+from tputrace.backend.core.dtypes import to_jax, to_torch
 
 # Full float32 precision, for products outside torch's float32 matmul precision setting (linear algebra,
 # resampling weights, float8 scaled products): XLA's default may use bf16 passes on TPU or TF32 on GPU.

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tputrace.backend import matmul_precision
+from tputrace.backend.core import matmul_precision
 
 from ._util import HALF_DTYPES, opmath
 from .registry import lowers

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tputrace.backend import import_hooks
+from tputrace.backend.compat import import_hooks
 
 from ._util import UnloweredCase, canon_dim, is_float, is_integral
 from .compaction import set_positions

@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from jax import lax
 
-from tputrace.backend import chips, matmul_precision
-from tputrace.backend.dtypes import FLOAT8, to_jax
+from tputrace.backend.core import chips, matmul_precision
+from tputrace.backend.core.dtypes import FLOAT8, to_jax
 
 from ._util import HALF_DTYPES, PRECISION, UnloweredCase, canon_dim, jax_dtype, opmath
 from .reduction import vector_norm

@@ -13,7 +13,7 @@ import jax
 import jax.numpy as jnp
 import torch
 
-from tputrace.backend import matmul_precision
+from tputrace.backend.core import matmul_precision
 
 from ._util import UnloweredCase, canon_dim, opmath, to_float
 from .ordering import computed_after

@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import torch
 from jax import lax
 
-from tputrace.backend import import_hooks
-from tputrace.backend.dtypes import cast
+from tputrace.backend.compat import import_hooks
+from tputrace.backend.core.dtypes import cast
 
 from ._util import jax_dtype
 from .registry import lowers

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from jax import lax
 
-from tputrace.backend.dtypes import to_torch
+from tputrace.backend.core.dtypes import to_torch
 
 from ._util import canon_dim, jax_dtype
 from .registry import lowers

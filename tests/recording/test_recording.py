@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import tputrace
 from backend_helpers import eager
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 from tputrace.cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
@@ -189,7 +189,7 @@ def test_a_run_on_a_platform_this_host_lacks_fails_once_and_finishes_its_trace(t
     assert "before the tpu" in result.stdout
     error_line = "TPUTRACE_PLATFORM=no_such_platform but this JAX has no no_such_platform devices"
     assert result.stderr.count("Traceback") == 1, result.stderr[-3000:]
-    assert any(line.startswith(f"tputrace.backend.chips.ChipError: {error_line}") for line in result.stderr.splitlines())
+    assert any(line.startswith(f"tputrace.backend.core.chips.ChipError: {error_line}") for line in result.stderr.splitlines())
     assert f"tputrace: trace saved to {trace_path}" in result.stderr
     with tputrace.open(trace_path) as trace:
         run = trace.run

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import tputrace
+from tputrace.backend.core.hlo_module import instruction_count
 from tputrace.cli.main import main
-from tputrace.backend.hlo_module import instruction_count
 from tputrace.schema import FLUSHES
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "tputrace"

@@ -57,7 +57,7 @@ def install() -> None:
 
 def _start_in_child() -> None:
     """After `os.fork()` in the child: drop the parent's recording and start this process's own."""
-    from tputrace.backend import process_sharing
+    from tputrace.backend.compat import process_sharing
 
     parent = session.current()
     if parent is None or parent.fork_root is None:

@@ -9,12 +9,12 @@ class BackendReadings:
     """`tputrace.recording.recorder.DeviceReadings` read from the loaded backend."""
 
     def memory_in_use(self) -> list[tuple[int, int, int]]:
-        from tputrace.backend import memory
+        from tputrace.backend.core import memory
 
         return [(chip, memory.live_bytes(chip), memory.peak_bytes(chip)) for chip in memory.chips_in_use()]
 
     def shape_text(self, tensor: Any) -> str:
-        from tputrace.backend.dtypes import short_name
+        from tputrace.backend.core.dtypes import short_name
 
         return f"{short_name(tensor.dtype)}[{','.join(str(size) for size in tensor.shape)}]"
 

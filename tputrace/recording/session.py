@@ -35,7 +35,7 @@ def begin(recorder: Recorder, *, inherited_parent: str | None = None, eager_mode
     """Make `recorder` this process's recording and connect the backend to it. A root recording passes
     what it found in the environment and the eager mode it switched away from, for `stop` to restore."""
     global _inherited_parent, _eager_mode_before_start
-    from tputrace.backend import hooks
+    from tputrace.backend.core import hooks
 
     _inherited_parent = inherited_parent
     _eager_mode_before_start = eager_mode_before
@@ -45,7 +45,7 @@ def begin(recorder: Recorder, *, inherited_parent: str | None = None, eager_mode
 
 def switch_eager_mode(mode: str) -> bool:
     """Switch to the eager mode a `--mode` names; False for one that names none (`compile`)."""
-    from tputrace.backend.device_module import EagerMode, set_eager_mode
+    from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
 
     eager = _EAGER_MODES_BY_OPTION.get(mode)
     if eager is None:
@@ -56,7 +56,7 @@ def switch_eager_mode(mode: str) -> bool:
 
 def eager_mode_name() -> str:
     """The `EagerMode` value in effect."""
-    from tputrace.backend.device_module import eager_mode
+    from tputrace.backend.compat.device_module import eager_mode
 
     return eager_mode().value
 
@@ -65,7 +65,7 @@ def restore_eager_mode(previous: str | None) -> None:
     """Switch back to eager mode `previous` (None: keep the mode)."""
     if previous is None:
         return
-    from tputrace.backend.device_module import set_eager_mode
+    from tputrace.backend.compat.device_module import set_eager_mode
 
     set_eager_mode(previous)
 
@@ -73,7 +73,7 @@ def restore_eager_mode(previous: str | None) -> None:
 def continue_in_forked_child(recorder: Recorder | None) -> None:
     """In a process just forked from a recording one: record into `recorder` (None: record nothing)
     instead of the parent's recording, whose writer this process must never use."""
-    from tputrace.backend import hooks
+    from tputrace.backend.core import hooks
 
     hooks.detach()
     interface.activate(recorder)
@@ -96,7 +96,7 @@ def stop(exit_status: int | None, error: str | None = None) -> None:
         return
     if recorder.forked_from is None:
         lineage.restore(_inherited_parent)
-    from tputrace.backend import hooks
+    from tputrace.backend.core import hooks
 
     try:
         hooks.flush_pending("exit")
@@ -113,7 +113,7 @@ def stop(exit_status: int | None, error: str | None = None) -> None:
 
 def _finish_trace(recorder: Recorder, exit_status: int | None, error: str | None) -> None:
     """Write the run's end fields and close the trace, then merge in the traces of the processes it started."""
-    from tputrace.backend import chips
+    from tputrace.backend.core import chips
 
     if recorder.forked_from is not None and not (recorder.ops or recorder.compiles):
         recorder.writer.close()  # a child process that never used the tpu: no file was created
@@ -172,7 +172,7 @@ def live_counts() -> dict[str, int]:
 def step() -> None:
     """An explicit step boundary (`tputrace.step()`): runs the deferred ops, then ends the step."""
     recorder = current()
-    from tputrace.backend import hooks
+    from tputrace.backend.core import hooks
 
     hooks.flush_pending("step")
     if recorder is not None:

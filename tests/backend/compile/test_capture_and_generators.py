@@ -14,7 +14,7 @@ import torch._dynamo
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
 

@@ -76,7 +76,7 @@ def test_inference_and_training_match_the_cpu() -> None:
 
 
 def test_buffers_randomness_mutations_aliases_and_pending_inputs() -> None:
-    from tputrace.backend.device_module import EagerMode
+    from tputrace.backend.compat.device_module import EagerMode
 
     from backend_helpers import eager
 
@@ -371,7 +371,7 @@ def test_modes_and_options_behave_as_torch_compile_documents() -> None:
 
 
 def test_a_tpu_tensor_flattens_to_a_handle_on_its_buffer() -> None:
-    from tputrace.backend.tensor import TpuData, TpuTensor
+    from tputrace.backend.core.tensor import TpuData, TpuTensor
 
     tensor = torch.arange(6.0).reshape(2, 3).to("tpu")
     view = tensor.t()

@@ -11,7 +11,7 @@ import torch
 import torch._dynamo
 
 from backend_helpers import eager, host, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 
 @pytest.fixture(autouse=True)

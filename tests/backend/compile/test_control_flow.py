@@ -13,7 +13,7 @@ from torch._higher_order_ops import while_loop
 
 import tputrace
 from backend_helpers import assert_matches_cpu, eager, host, recorded_fallbacks, recorded_host_reads
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 from tputrace.cli.main import main
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
@@ -67,7 +67,7 @@ def test_cond_on_a_chip_predicate_matches_cpu_without_reading_it(mode: EagerMode
         outputs = chip_gate(chip_x, chip_bias)
         assert reads == []
         if mode is EagerMode.DEFER_AND_FUSE:
-            from tputrace.backend.dispatch import dispatcher
+            from tputrace.backend.core.dispatch import dispatcher
 
             pending = [plan.op_name for graph in dispatcher.executor.graphs.values() for plan, _ in graph.nodes]
             assert "higher_order.cond" in pending  # one node of the pending graph, which was not cut

@@ -19,8 +19,8 @@ from torch.fx.experimental.proxy_tensor import make_fx
 
 import tputrace
 from backend_helpers import eager, host
-from tputrace.backend import graph_fingerprints
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.integrations import graph_fingerprints
 from tputrace.cli.main import main
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)

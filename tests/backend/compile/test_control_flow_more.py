@@ -12,7 +12,7 @@ import torch
 from torch._higher_order_ops import while_loop
 
 from backend_helpers import eager, host, recorded_host_reads
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 DROP = 0.5

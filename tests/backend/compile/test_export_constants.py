@@ -15,8 +15,8 @@ import torch
 from torch.export import export
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
-from tputrace.backend.tensor import TpuTensor
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core.tensor import TpuTensor
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
 

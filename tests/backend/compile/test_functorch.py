@@ -10,7 +10,7 @@ import torch
 from torch.func import hessian, jacfwd, jvp, linearize, vmap
 
 from backend_helpers import assert_matches_cpu, eager
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
 

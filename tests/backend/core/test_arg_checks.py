@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from backend_helpers import eager, host
-from tputrace.backend import arg_checks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core import arg_checks
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 
@@ -180,7 +180,7 @@ def test_values_are_not_checked_outside_launch_blocking(monkeypatch: pytest.Monk
     """With the index checks off (TPUTRACE_INDEX_CHECKS=0, see test_index_checks), the default modes
     keep XLA's behaviour (no sync, no host fallback per indexing op or device assert); the values in
     range are right."""
-    from tputrace.backend import index_checks
+    from tputrace.backend.indexing import index_checks
 
     monkeypatch.setattr(index_checks, "enabled", False)
     for mode in MODES:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch.utils.checkpoint import checkpoint
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 mode_ids = pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tputrace.backend import import_hooks
+from tputrace.backend.compat import import_hooks
 
 REPO_ROOT = Path(__file__).resolve().parents[3]
 DEFERRED_MODULES = (

@@ -11,8 +11,8 @@ import torch
 
 import tputrace
 from backend_helpers import eager, host
-from tputrace.backend import chips
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core import chips
 from tputrace.cli.main import main
 
 pytestmark = pytest.mark.skipif(chips.platform() != "cpu", reason="the layout rule is XLA:CPU's")

@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from backend_helpers import host
-from tputrace.backend.chips import ChipError
-from tputrace.backend.arguments import DeviceMismatchError
-from tputrace.backend.dtypes import UnsupportedDtypeError
+from tputrace.backend.core.arguments import DeviceMismatchError
+from tputrace.backend.core.chips import ChipError
+from tputrace.backend.core.dtypes import UnsupportedDtypeError
 
 
 def test_nothing_is_registered_before_the_import() -> None:
@@ -166,7 +166,7 @@ def test_assigning_data_shares_the_new_tensor(mode: str) -> None:
 def test_chip_platform_is_chosen_by_environment() -> None:
     code = """
 import torch, tputrace.backend
-from tputrace.backend import chips
+from tputrace.backend.core import chips
 try:
     torch.ones(2, device="tpu")
 except chips.ChipError as error:

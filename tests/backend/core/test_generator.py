@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
-from tputrace.backend.dispatch import dispatcher
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core.dispatch import dispatcher
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
 TORCH_DEFAULT_SEED = 67280421310721

@@ -11,7 +11,7 @@ import torch
 import torch.nn as nn
 
 from backend_helpers import eager, host, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 mode_ids = pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from backend_helpers import assert_matches_cpu, eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 CL = torch.channels_last
 CL3 = torch.channels_last_3d

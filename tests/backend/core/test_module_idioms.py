@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from backend_helpers import host
-from tputrace.backend import process_sharing
+from tputrace.backend.compat import process_sharing
 
 
 def _train_in_child(model: torch.nn.Module, errors: multiprocessing.Queue) -> None:

@@ -17,8 +17,8 @@ import torch
 import tputrace
 from backend_helpers import eager
 from tputrace.analysis import analyze_path
-from tputrace.backend import program_cache
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core import program_cache
 from tputrace.cli.main import main
 
 _MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
@@ -162,7 +162,7 @@ def test_a_compiled_graph_whose_program_was_dropped_compiles_again(small_cache: 
 
 @pytest.mark.parametrize("mode", _MODES, ids=lambda mode: mode.name)
 def test_forgetting_compiled_programs_drops_every_kept_one(mode: EagerMode) -> None:
-    from tputrace.backend.executor import forget_compiled_programs
+    from tputrace.backend.core.executor import forget_compiled_programs
 
     with eager(mode):
         before = _distinct_programs(5001, 3)

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.uint16, torch.uint32, torch.uint64, torch.bool, torch.complex64]
 
@@ -305,7 +305,7 @@ def test_writes_through_dtype_reinterpreting_views(mode: str) -> None:
     """In-place writes through `view_as_real`, `.real`/`.imag`, `view_as_complex` and `view(dtype)`
     reach the buffer as on the CPU (they raised in strict mode and lost values in DeferAndFuse)."""
     from backend_helpers import eager
-    from tputrace.backend.device_module import EagerMode
+    from tputrace.backend.compat.device_module import EagerMode
 
     expected = _writes_through_dtype_views("cpu")
     with eager(EagerMode[mode]):

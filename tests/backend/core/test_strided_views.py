@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
 

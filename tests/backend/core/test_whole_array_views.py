@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core.dispatch import dispatcher
 
 
 def _pending_ops() -> int:

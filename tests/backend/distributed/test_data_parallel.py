@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
-from tputrace.backend.device_module import EagerMode, set_eager_mode
+from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
 
 
 @pytest.fixture(params=["DEFER_NEVER", "DEFER_AND_FUSE"])

@@ -252,7 +252,7 @@ def test_storage_resize_frees_and_restores_a_buffer() -> None:
     import torch
     from backend_helpers import eager, host
 
-    from tputrace.backend.device_module import EagerMode
+    from tputrace.backend.compat.device_module import EagerMode
 
     for mode in (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE):
         with eager(mode):
@@ -285,7 +285,7 @@ def test_sync_batch_norm_ops_over_two_halves_match_batch_norm(dtype: str) -> Non
     import torch.nn.functional as F
     from backend_helpers import eager, host
 
-    from tputrace.backend.device_module import EagerMode
+    from tputrace.backend.compat.device_module import EagerMode
 
     torch.manual_seed(0)
     dtype_ = getattr(torch, dtype)
@@ -328,7 +328,7 @@ def test_one_rank_group_runs_and_records_collectives(tmp_path: Path) -> None:
     from backend_helpers import eager, host
 
     from tputrace.recording import lifecycle
-    from tputrace.backend.device_module import EagerMode
+    from tputrace.backend.compat.device_module import EagerMode
 
     trace_path = tmp_path / "one.tptrace"
     with eager(EagerMode.DEFER_NEVER):
@@ -406,7 +406,7 @@ def test_optimizer_steps_over_dtensor_parameters_mark_steps(tmp_path: Path) -> N
     from torch.distributed.tensor import Shard, distribute_tensor
 
     from tputrace.recording import lifecycle
-    from tputrace.backend.device_module import EagerMode
+    from tputrace.backend.compat.device_module import EagerMode
 
     trace_path = tmp_path / "dtensor.tptrace"
     with eager(EagerMode.DEFER_AND_FUSE):

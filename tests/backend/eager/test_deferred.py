@@ -9,8 +9,8 @@ import torch
 
 import tputrace
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
-from tputrace.backend.dispatch import dispatcher
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core.dispatch import dispatcher
 from tputrace.cli.main import main
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from backend_helpers import eager
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
 
@@ -79,7 +79,7 @@ def test_a_zero_grad_first_step_peaks_lower_fused_than_strict() -> None:
 def test_each_donated_input_holds_the_new_value_of_its_own_buffer() -> None:
     """`b` is read first and `a` written first: JAX pairs donated inputs with outputs in order, so
     without the reordering each input would hold the other buffer's value, and XLA copied both."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     with eager(EagerMode.DEFER_AND_FUSE):
         a = torch.randn(256, 256, device="tpu")

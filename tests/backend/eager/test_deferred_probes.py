@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
-from tputrace.backend.dispatch import dispatcher
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core.dispatch import dispatcher
 
 
 @contextlib.contextmanager
@@ -62,7 +62,7 @@ def test_foreach_outputs_survive_a_size_cap_flush_between_their_writes(size_cap:
 def test_foreach_targets_hold_arrays_after_a_size_cap_flush_between_their_writes() -> None:
     """After a flush between a `_foreach_*_`'s writes, the targets written later hold the flushed
     arrays, not the spent pending values of a graph that already ran (which kept that graph alive)."""
-    from tputrace.backend.deferred import LazyValue
+    from tputrace.backend.eager.deferred import LazyValue
 
     with _deferred_with_size_cap(2):
         table = torch.zeros(2, 3, device="tpu")

@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.deferred import DeferredExecutor
-from tputrace.backend.device_module import EagerMode
-from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.plans import Plan
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core.dispatch import dispatcher
+from tputrace.backend.core.plans import Plan
+from tputrace.backend.eager.deferred import DeferredExecutor
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from backend_helpers import eager, host
 from tputrace.analysis import analyze_path
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 from tputrace.cli.main import main
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
@@ -144,7 +144,7 @@ def test_the_checks_add_no_launch_and_no_recompile() -> None:
 def test_a_loop_of_compiled_calls_folds_flags_in_batches_and_raises_the_first_site(mode: EagerMode) -> None:
     """Forty compiled calls with no sync in between run one combine program per sixteen calls, not one
     per call, and the sync still names the first bad call's op and line, not a later one's."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     embedding_call, select_call = CASES["embedding"][1], CASES["index_select"][1]
     by_embedding = torch.compile(embedding_call, backend="tpu", dynamic=False)

@@ -16,8 +16,8 @@ import torch
 import tputrace
 from backend_helpers import assert_matches_cpu, eager, host, recorded_fallbacks, recorded_host_reads
 from tputrace.analysis import analyze_path
+from tputrace.backend.compat.device_module import EagerMode
 from tputrace.cli.main import main
-from tputrace.backend.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 NAN = float("nan")
@@ -211,7 +211,7 @@ def test_histc_of_data_not_finite_raises_torchs_error_at_the_op_when_blocking() 
 
 def test_a_new_length_compiles_once_and_is_reused() -> None:
     """Two calls whose results have the same length share their programs."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     torch.unique(_t([4, 4, 1], "tpu"))
     plans = len(dispatcher.plans)
@@ -224,8 +224,8 @@ def test_varying_lengths_compile_a_few_programs_and_match_the_cpu() -> None:
     """30 different counts compile programs for a few padded lengths (see `length_buckets`), not one
     per count, and each result is cut to exactly the CPU's (DEFER_NEVER, where each program is a plan
     of its own)."""
-    from tputrace.backend.dispatch import dispatcher
-    from tputrace.backend.length_buckets import padded_length
+    from tputrace.backend.core.dispatch import dispatcher
+    from tputrace.backend.indexing.length_buckets import padded_length
 
     def results(values: torch.Tensor, rows: torch.Tensor, count: int) -> tuple[torch.Tensor, ...]:
         distinct, inverse, counts = torch.unique(values % count, return_inverse=True, return_counts=True)

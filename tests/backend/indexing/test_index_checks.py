@@ -15,8 +15,8 @@ import torch
 import torch.nn.functional as F
 
 from backend_helpers import eager, host
-from tputrace.backend import index_checks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.indexing import index_checks
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 
@@ -166,7 +166,7 @@ def test_one_hot_counting_its_classes_refuses_a_negative_class_at_once(mode: Eag
 
 def test_the_check_fuses_into_the_pending_graph() -> None:
     """DEFER_AND_FUSE: the check is one more node of the pending graph; the op flushes nothing."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     with eager(EagerMode.DEFER_AND_FUSE):
         table = _table("tpu")

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 pytestmark = pytest.mark.filterwarnings("ignore:indexing with dtype torch.uint8 is now deprecated")
 
@@ -130,7 +130,7 @@ def test_an_accepted_write_matches_the_cpu(mode: EagerMode, case: str) -> None:
 @pytest.fixture
 def host_reads(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[str]]:
     """The sync kinds of the dispatcher's host reads inside the test."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     kinds: list[str] = []
     to_host = dispatcher.to_host

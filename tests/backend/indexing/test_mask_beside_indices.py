@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from backend_helpers import eager, host, recorded_fallbacks, recorded_host_reads
-from tputrace.backend.device_module import EagerMode
-from tputrace.backend.mask_beside_indices import result_layout
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.indexing.mask_beside_indices import result_layout
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 _COMPILE_EVENT = "/jax/core/compile/backend_compile_duration"

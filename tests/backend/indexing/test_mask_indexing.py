@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from backend_helpers import eager, host, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 
@@ -73,7 +73,7 @@ def test_a_chip_mask_is_read_only_as_its_count(mode: EagerMode, density: float) 
     """A mask of more than one 32-bit word (37x29, not a multiple of 32): the host reads one number
     per mask (`x[mask]` and `x[mask, idx]` read the first's count once; `masked_select` gets a view
     of the mask, counted on its own), and the values and gradients are the CPU's."""
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.core.dispatch import dispatcher
 
     generator = torch.Generator().manual_seed(7)
     values = torch.randn(37, 29, 3, generator=generator)
@@ -150,8 +150,8 @@ def test_a_mask_counted_again_after_a_write_is_remembered_as_the_newest() -> Non
     not dropped by the masks counted after it (as when its entry kept its old place: the test of a
     mask read only as its count once read it twice, after earlier tests left a dead mask's entry
     under its id)."""
-    from tputrace.backend import mask_counts
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.indexing import mask_counts
+    from tputrace.backend.core.dispatch import dispatcher
 
     values = torch.arange(12.0).to("tpu")
     masks = [(torch.arange(12) % (index + 2) == 0).to("tpu") for index in range(mask_counts._REMEMBERED)]

@@ -19,8 +19,8 @@ import transformers
 
 from backend_helpers import eager, host, recorded_fallbacks
 from tputrace import open as open_trace
+from tputrace.backend.compat.device_module import EagerMode
 from tputrace.recording import lifecycle
-from tputrace.backend.device_module import EagerMode
 
 accelerate = pytest.importorskip("accelerate", reason="accelerate is not installed (pip install accelerate)")
 from accelerate.state import AcceleratorState, GradientState  # noqa: E402

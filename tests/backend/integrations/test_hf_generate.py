@@ -12,7 +12,7 @@ import torch
 import transformers
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 logging.getLogger("transformers").setLevel(logging.ERROR)
 

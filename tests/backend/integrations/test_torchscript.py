@@ -12,7 +12,7 @@ import torch
 
 import tputrace
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 from tputrace.cli.main import main
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)

@@ -19,8 +19,8 @@ from safetensors.torch import load_file, load_model, save_file
 
 import tputrace
 from backend_helpers import host
+from tputrace.backend.core.chips import ChipError
 from tputrace.recording import lifecycle
-from tputrace.backend.chips import ChipError
 
 TPU_NAMES = ("tpu", "tpu:0", torch.device("tpu"), torch.device("tpu", 0))
 

@@ -8,7 +8,7 @@ import torch
 from torch.nn import functional as F
 
 from backend_helpers import OpNames, eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from backend_helpers import eager
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 aten = torch.ops.aten
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)

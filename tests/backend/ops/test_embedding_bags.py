@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 # Bags [1, 2, 4, 5], [], [4, 3, 2, 9], [7, 7]: an empty bag, a repeated row, and row 2 as padding.

@@ -13,7 +13,7 @@ from torch.nn.attention import flex_attention as flex_api
 from torch.nn.attention.flex_attention import AuxRequest, create_block_mask, flex_attention
 
 from backend_helpers import assert_matches_cpu, eager, host, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 HEADS, KV_HEADS, LENGTH, HEAD_DIM = 4, 2, 16, 8

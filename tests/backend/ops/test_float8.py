@@ -9,7 +9,7 @@ import pytest
 import torch
 from backend_helpers import eager, host, recorded_fallbacks
 
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 FLOAT8 = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz)
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)

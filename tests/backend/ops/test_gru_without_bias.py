@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 REPO_ROOT = Path(__file__).resolve().parents[3]
@@ -81,8 +81,8 @@ _FAILING_OPS_ON_THE_WORKER = """
     import sys
     import torch
     import tputrace.backend
-    from tputrace.backend.device_module import EagerMode, set_eager_mode
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
+    from tputrace.backend.core.dispatch import dispatcher
 
     set_eager_mode(EagerMode[sys.argv[1]])
     library = torch.library.Library("tputrace_worker_test", "DEF")

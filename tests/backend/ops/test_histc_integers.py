@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from backend_helpers import eager, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 IDS = [5, 0, 7, 3, 3, 1, 7, 7, 2, 0, 6, 4, 4, 4, 1]

@@ -9,7 +9,7 @@ import torch
 from torch.nn.utils.rnn import pack_sequence, unpack_sequence
 
 from backend_helpers import eager, host, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 mode_ids = pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from backend_helpers import assert_matches_cpu, eager, host, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 DTYPES = (torch.float32, torch.float64)

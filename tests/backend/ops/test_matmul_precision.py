@@ -21,10 +21,10 @@ from backend_helpers import eager, host
 from tputrace.analysis import analyze_path
 from tputrace.analysis.findings import Finding
 from tputrace.analysis.precision import PrecisionData
-from tputrace.backend import matmul_precision
-from tputrace.backend.device_module import EagerMode
-from tputrace.backend.dispatch import dispatcher
-from tputrace.backend.dtypes import to_jax
+from tputrace.backend.compat.device_module import EagerMode
+from tputrace.backend.core import matmul_precision
+from tputrace.backend.core.dispatch import dispatcher
+from tputrace.backend.core.dtypes import to_jax
 from tputrace.cli.main import main
 
 _STABLEHLO = {"highest": "HIGHEST", "high": "HIGH", "medium": "DEFAULT"}

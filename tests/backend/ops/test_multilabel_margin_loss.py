@@ -9,7 +9,7 @@ import torch
 from torch.nn import functional as F
 
 from backend_helpers import eager, host, recorded_fallbacks
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 REDUCTIONS = ("none", "mean", "sum")

@@ -22,8 +22,8 @@ from torch.testing._internal.common_methods_invocations import op_db  # noqa: E4
 try:
     import tputrace.backend  # noqa: F401
     from backend_helpers import assert_matches_cpu, eager
-    from tputrace.backend.device_module import EagerMode
-    from tputrace.backend.dispatch import dispatcher
+    from tputrace.backend.compat.device_module import EagerMode
+    from tputrace.backend.core.dispatch import dispatcher
 
     torch.zeros(1, device="tpu")
     DEVICE_ERROR = None

@@ -13,7 +13,7 @@ import torch
 pytest.importorskip("jax")
 
 from backend_helpers import eager, host  # noqa: E402
-from tputrace.backend.device_module import EagerMode  # noqa: E402
+from tputrace.backend.compat.device_module import EagerMode  # noqa: E402
 
 MODES = [EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE]
 

@@ -12,7 +12,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from backend_helpers import eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 mode_ids = pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)

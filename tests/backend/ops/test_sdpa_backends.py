@@ -12,7 +12,7 @@ from torch.nn import functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from backend_helpers import OpNames, assert_matches_cpu, eager, host
-from tputrace.backend.device_module import EagerMode
+from tputrace.backend.compat.device_module import EagerMode
 
 MODES = (EagerMode.DEFER_NEVER, EagerMode.DEFER_AND_FUSE)
 FLASH_OP = "aten::_scaled_dot_product_flash_attention_for_cpu"

@@ -1,0 +1,2 @@
+"""The core of the `tpu` device: the dispatcher and its jobs, tensors and buffers, plans and executors,
+dtypes, views, chips, memory and random state."""
