@@ -15,6 +15,7 @@ written to it.
 
 from __future__ import annotations
 
+import os
 import warnings
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -92,10 +93,12 @@ def _keep_dynamo_out() -> None:
     # Module by module: the package's directory holds the backend's, and `tputrace.backend.core.hooks` with it, in
     # an installed tree (or a symlinked checkout); only an editable install keeps the backend apart.
     names = [f"tputrace.{module.name}" for module in pkgutil.iter_modules(package.__path__) if module.name != "backend"]
-    names += [f"tputrace.backend.{module.name}" for module in pkgutil.iter_modules(backend_package.__path__)]
     for name in names:
+        torch._dynamo.trace_rules.add(name)
+    # The backend's files one by one (its subpackages hold the traceable modules beside the others).
+    for name, path in _backend_files(os.path.dirname(backend_package.__file__)):
         if name not in _TRACEABLE_MODULES:
-            torch._dynamo.trace_rules.add(name)
+            torch._dynamo.trace_rules.SKIP_DIRS.append(path)
     torch._dynamo.trace_rules.SKIP_DIRS.append(package.__file__)  # `tputrace.step`, `tputrace.annotate`: the file alone
     torch._dynamo.trace_rules._recompile_re()
     skip_all = _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.SKIP)
@@ -103,6 +106,21 @@ def _keep_dynamo_out() -> None:
         if (name == "tputrace" or name.startswith("tputrace.")) and name not in _TRACEABLE_MODULES and module is not None:
             for code in _module_code(module):
                 set_code_exec_strategy(code, skip_all)
+
+
+def _backend_files(root: str) -> list[tuple[str, str]]:
+    """(module name, file) of each module under the backend's folder but its own `__init__.py`, read from
+    the folder (Dynamo may be imported while the backend is: nothing here is imported)."""
+    files = []
+    for directory, _, names in os.walk(root):
+        for file_name in names:
+            if file_name.endswith(".py") and not (directory == root and file_name == "__init__.py"):
+                path = os.path.join(directory, file_name)
+                parts = os.path.relpath(path, root)[: -len(".py")].split(os.sep)
+                if parts[-1] == "__init__":
+                    parts = parts[:-1]
+                files.append((".".join(["tputrace.backend", *parts]), path))
+    return files
 
 
 def _module_code(module: object) -> list:
