@@ -15,7 +15,7 @@ import jax
 import torch
 
 from tputrace.backend.compat import process_sharing
-from tputrace.backend.core import chips, memory, rng
+from tputrace.backend.core import chips, memory, rng, routing
 
 _state = threading.local()
 
@@ -96,8 +96,7 @@ def synchronize(device: Any = None) -> None:
     """Wait until every program launched on the chips has finished; an index out of range since the
     last sync raises here (see `index_checks`)."""
     from tputrace.backend.indexing import index_checks
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     process_sharing.check_not_forked()
     dispatcher.executor.synchronize()
     index_checks.raise_if_out_of_range(dispatcher.recorder)

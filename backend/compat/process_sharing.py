@@ -22,6 +22,8 @@ import os
 from multiprocessing.reduction import ForkingPickler
 from typing import Any, NoReturn
 
+from tputrace.backend.core import routing
+
 FORKED_MESSAGE = (
     "Cannot use tpu in a forked subprocess: the parent's JAX runtime does not survive a fork. "
     "To use tpu with multiprocessing, you must use the 'spawn' start method"
@@ -71,8 +73,7 @@ def _after_fork_in_child() -> None:
     if not runtime_started():
         return
     _forked = True
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     dispatcher.routes.clear()
     dispatcher.dispatch = _refuse_op
     dispatcher.dispatch_on_worker = _refuse_op

@@ -21,8 +21,10 @@ from tputrace.backend.compat import (
     module_moves,
     process_sharing,
 )
+from tputrace.backend.core import dispatch  # noqa: F401 - makes the process's Dispatcher, which `routing.active()` gives
 from tputrace.backend.core import generators, hooks, inplace_views, kernels, op_routes, sparse, worker_errors
 from tputrace.backend.indexing import packed_sequences
+from tputrace.backend.indexing.cuts import routes as cut_routes
 from tputrace.backend.integrations import (
     accelerate_support,
     checkpoints,
@@ -87,6 +89,7 @@ def register() -> None:
     inplace_views.register()
     op_routes.register()
     packed_sequences.register()
+    cut_routes.install()
     attention_route.register()
     activation_route.register()
     autocast.register()

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from tputrace.backend.core import routing
 from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
@@ -82,9 +83,7 @@ class DynamoEvents:
     @staticmethod
     def recorder() -> Recording | None:
         """The active recorder when it writes a trace, else None."""
-        from tputrace.backend.core.dispatch import dispatcher
-
-        return dispatcher.recorder
+        return routing.active().recorder
 
     # ----------------------------------------------------------------- Dynamo callbacks
     def _compile_started(self, args: Any) -> None:

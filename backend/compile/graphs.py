@@ -25,7 +25,7 @@ import torch
 from tputrace.backend.compile import aliases, buckets, output_layouts
 from tputrace.backend.compile.lowering import GraphLowering, TracedLayout
 from tputrace.backend.compile.settings import CompileSettings
-from tputrace.backend.core import matmul_precision, program_cache, rng, transfers
+from tputrace.backend.core import matmul_precision, program_cache, rng, routing, transfers
 from tputrace.backend.core.compile_history import CompileHistory
 from tputrace.backend.core.dtypes import to_jax, to_torch
 from tputrace.backend.core.plans import Plan, Program, compile_program
@@ -239,8 +239,7 @@ class CompiledGraph:
 def _note_index_flag(flag: Any, chip: int, recorder: Recording | None) -> None:
     """Hand a program's index-check flag to the chip's (the next sync raises its site's error); with
     launch blocking, raise it at the call, as blocking eager mode raises at the op."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     index_checks.note_flag(chip, flag)
     if getattr(dispatcher.executor, "launch_blocking", False):
         index_checks.raise_if_out_of_range(recorder, chip)
@@ -249,8 +248,7 @@ def _note_index_flag(flag: Any, chip: int, recorder: Recording | None) -> None:
 def _read_inputs(args: Sequence[Any], recorder: Recording | None) -> tuple[list[Any], dict[int, Any], int]:
     """The arrays of a call's tensor inputs, its other inputs by position, and the chip. CPU tensors
     (e.g. an optimizer's step counters) go in as host arrays: the program's call copies them all."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     arrays: list[Any] = []
     statics: dict[int, Any] = {}
     host_bytes = 0

@@ -29,7 +29,7 @@ from torch._subclasses.fake_tensor import unset_fake_temporarily
 
 from tputrace import sourceloc
 from tputrace.backend.compile import aliases, index_flags, output_layouts
-from tputrace.backend.core import arg_checks, matmul_precision, rng
+from tputrace.backend.core import arg_checks, matmul_precision, rng, routing
 from tputrace.backend.core.dtypes import to_jax, to_torch
 from tputrace.backend.core.views import contiguous_strides
 from tputrace.backend.ops.registry import LOWERINGS, Lowering
@@ -276,8 +276,7 @@ def _constant(gm: torch.fx.GraphModule, target: str) -> Any:
 
 def _constant_array(value: torch.Tensor) -> Any:
     if value.device.type == "tpu":
-        from tputrace.backend.core.dispatch import dispatcher
-
+        dispatcher = routing.active()
         array = dispatcher.read(value)
         return array if isinstance(array, jax.Array) else dispatcher.executor.concrete(array, "compiled_graph")[0]
     host = value.detach().contiguous()
@@ -352,6 +351,9 @@ def _evaluate(node: torch.fx.Node, args: tuple, kwargs: dict, extra: dict, graph
 
 
 _CONTROL_FLOW: dict[Any, Callable[..., Any]] = {}
+# What gives the lowerings of control-flow higher-order ops, by op (`compile.control_flow`, added by
+# `integrations.control_flow.install`): asked on the first such node, as they import torch's HOP modules.
+CONTROL_FLOW_SOURCES: list[Callable[[], dict[Any, Callable[..., Any]]]] = []
 
 
 def _control_flow_lowering(target: Any) -> Callable[..., Any] | None:
@@ -360,9 +362,8 @@ def _control_flow_lowering(target: Any) -> Callable[..., Any] | None:
     if not isinstance(target, torch._ops.HigherOrderOperator):
         return None
     if not _CONTROL_FLOW:
-        from tputrace.backend.compile.control_flow import higher_order_lowerings
-
-        _CONTROL_FLOW.update(higher_order_lowerings())
+        for lowerings in CONTROL_FLOW_SOURCES:
+            _CONTROL_FLOW.update(lowerings())
     return _CONTROL_FLOW.get(target)
 
 

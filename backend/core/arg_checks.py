@@ -36,6 +36,7 @@ import torch
 from torch.utils._pytree import tree_leaves, tree_map_only
 
 from tputrace.backend.core.entries import written_arguments
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing import index_checks
 from tputrace.backend.indexing.mask_counts import COUNT_CHECKS
 
@@ -252,7 +253,7 @@ def _refuse_partial_overlap(target: Any, shared: list[Any]) -> None:
             raise RuntimeError(_PARTIAL_OVERLAP_MESSAGE)
 
 
-def with_value_checks(op: Any, handler: Handler, dispatcher: Any) -> Handler:
+def with_value_checks(op: Any, handler: Handler, dispatcher: DispatcherApi) -> Handler:
     """`handler`, preceded by `op`'s per-call argument check if it has one; for an op whose inputs
     torch's CPU kernel checks by value (indices, probabilities), preceded in
     DEFER_NEVER_AND_LAUNCH_BLOCKING by that check on host copies (see `host_refusal`) and in the

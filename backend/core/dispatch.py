@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from tputrace.backend.compat import device_module
-from tputrace.backend.core import arg_checks, foreach_lists, generators, matmul_precision, rng
+from tputrace.backend.core import arg_checks, foreach_lists, generators, matmul_precision, rng, routing
 from tputrace.backend.core.arguments import UNFLATTENED, ArgumentFlattening, DeviceMismatchError, positional_originals
 from tputrace.backend.core.buffers import Buffer, CountedBuffer
 from tputrace.backend.core.compile_history import CompileHistory, SiteCompiles
@@ -60,7 +60,7 @@ class Dispatcher(ArgumentFlattening, PlanBuilding, ViewOps, Writes, HostTransfer
         self.worker_errors: list[BaseException] = []
         self.plan_lock = threading.RLock()
         self.thread_lock = threading.RLock()  # held by every op once several user threads dispatch (tensor.py)
-        self.special: dict[Any, Callable] = {
+        own_routes: dict[Any, Callable] = {
             aten._to_copy.default: self._to_copy,
             aten.copy_.default: self._copy_,
             aten._local_scalar_dense.default: self._local_scalar_dense,
@@ -72,9 +72,12 @@ class Dispatcher(ArgumentFlattening, PlanBuilding, ViewOps, Writes, HostTransfer
             aten.is_pinned.default: lambda args, kwargs: False,
             aten._has_compatible_shallow_copy_type.default: lambda args, kwargs: type(args[0]) is type(args[1]),
         }
+        for op, handler in own_routes.items():
+            routing.SPECIAL_ROUTES.setdefault(op, handler)
+        self.special = routing.SPECIAL_ROUTES  # the table modules register their routes into
 
     def register_special(self, op: Any, handler: Callable[[tuple, dict], Any]) -> None:
-        """Route an op to `handler(args, kwargs)` (e.g. collectives), replacing any cached route."""
+        """Route an op to `handler(args, kwargs)` (`routing.register_special`), replacing any cached route."""
         self.special[op] = handler
         self.routes.pop(id(op), None)
 
@@ -347,3 +350,4 @@ def _take_generator(generator_arg: tuple[int, str], args: Sequence[Any], kwargs:
 
 
 dispatcher = Dispatcher()
+routing.install(dispatcher)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch._decomp
@@ -220,3 +221,11 @@ def classify(op: OpOverload) -> OpEntry:
     entry.decomposition = _decomposition(op)
     entry.kind = "decompose" if entry.decomposition is not None else "fallback"
     return entry
+
+
+def bound(op: Any, args: tuple, kwargs: dict) -> list[Any]:
+    """The op's arguments in schema order, defaults filled in."""
+    values = list(args)
+    for argument in op._schema.arguments[len(args):]:
+        values.append(kwargs[argument.name] if argument.name in kwargs else argument.default_value)
+    return values

@@ -10,8 +10,9 @@ from typing import Any, Protocol
 
 import jax
 
-from tputrace.backend.core import chips, memory, program_cache
+from tputrace.backend.core import chips, memory, program_cache, routing
 from tputrace.backend.core.plans import Plan, compile_program
+from tputrace.backend.core.routing import DispatcherApi
 
 _perf_ns = time.perf_counter_ns
 _NOTHING_HELD = contextlib.nullcontext()
@@ -57,7 +58,7 @@ class StrictExecutor:
 
     deferred = False
 
-    def __init__(self, dispatcher: Any, launch_blocking: bool = False) -> None:
+    def __init__(self, dispatcher: DispatcherApi, launch_blocking: bool = False) -> None:
         self.dispatcher = dispatcher
         self.launch_blocking = launch_blocking
         self.last_values: Any = None
@@ -134,8 +135,7 @@ def _with_device_scalars(dynamic: Sequence[Any], positions: tuple[int, ...], chi
 
 def switch(mode: str) -> None:
     """Install the executor for an eager mode name (see `torch.tpu.EagerMode`)."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     dispatcher.executor.synchronize()
     executor = _executors.get(mode)
     if executor is None:
@@ -160,8 +160,7 @@ def forget_compiled_programs() -> None:
     compile crashes. The plan and program caches go together: a fused program is keyed by the ids of
     its ops' plans, which a new plan may reuse."""
     from tputrace.backend.indexing import index_checks
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     with dispatcher.thread_lock:
         for executor in (dispatcher.executor, *_executors.values()):
             executor.synchronize()

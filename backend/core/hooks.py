@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+from tputrace.backend.core import routing
 from tputrace.recording.interface import Recording, active
 
 _removable: list[Any] = []
@@ -97,8 +98,7 @@ def _setup_boundary(init: Callable[..., None]) -> Callable[..., None]:
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """A step that will make state for a parameter (an optimizer's first) records that state apart
     (DeferAndFuse), so that the update's program is the one every later step runs."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     creating_state = getattr(dispatcher.executor, "creating_state", None)
     if creating_state is not None and _steps_tpu_params(optimizer) and _makes_state(optimizer):
         creating_state()
@@ -115,8 +115,7 @@ def _makes_state(optimizer: Any) -> bool:
 
 
 def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     if not _steps_tpu_params(optimizer):
         return
     state_created = getattr(dispatcher.executor, "state_created", None)
@@ -142,8 +141,7 @@ def _steps_tpu_params(optimizer: Any) -> bool:
 
 def backward_started() -> None:
     """Ops of the backward pass run on autograd's thread: give them the line that called backward()."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     recorder = active()
     if recorder is not None and recorder.enabled:
         recorder.backward_frame = recorder.frame_id()
@@ -155,8 +153,7 @@ def backward_started() -> None:
 
 def flush_pending(trigger: str) -> None:
     """Run deferred ops now (DeferAndFuse); nothing to do in strict mode."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     flush = getattr(dispatcher.executor, "flush", None)
     if flush is not None:
         flush(trigger)
@@ -164,8 +161,7 @@ def flush_pending(trigger: str) -> None:
 
 def attach(recorder: Recording) -> None:
     """Connect a recorder: the dispatcher reports to it, module and profiler ranges feed it."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     install()
     if not recorder.enabled:
         return
@@ -176,8 +172,7 @@ def attach(recorder: Recording) -> None:
 
 
 def detach() -> None:
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     dispatcher.recorder = None
     while _removable:
         _removable.pop().remove()

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from torch.utils._mode_utils import no_dispatch
 
+from tputrace.backend.core import routing
 from tputrace.backend.core.buffers import Buffer
 from tputrace.backend.core.dtypes import to_torch
 from tputrace.backend.core.tensor import TpuData, TpuTensor
@@ -68,8 +69,7 @@ def become(tensor: TpuTensor, source: TpuTensor) -> TpuTensor:
 
 def _inplace_view(view_op: Any) -> Any:
     def handler(args: tuple, kwargs: dict) -> TpuTensor:
-        from tputrace.backend.core.dispatch import dispatcher
-
+        dispatcher = routing.active()
         return become(args[0], dispatcher.dispatch(view_op, args, kwargs))
 
     return handler
@@ -85,8 +85,7 @@ def _buffer_numel(buf: Buffer) -> int:
 def resize(tensor: TpuTensor, size: Sequence[int]) -> TpuTensor:
     """`resize_`: contiguous strides at the same storage offset; the storage grows if it must (new
     elements are zero, where torch leaves them uninitialised)."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     shape = tuple(int(dim) for dim in size)
     if any(dim < 0 for dim in shape):
         raise RuntimeError(f"Trying to create tensor with negative dimension: {list(shape)}")
@@ -149,13 +148,11 @@ def _detach_(args: tuple, kwargs: dict) -> TpuTensor:
 
 def register() -> None:
     """Route the metadata-mutating ops to these handlers."""
-    from tputrace.backend.core.dispatch import dispatcher
-
     for inplace_op, view_op in _VIEW_OF_INPLACE.items():
-        dispatcher.register_special(inplace_op, _inplace_view(view_op))
-    dispatcher.register_special(aten.resize_.default, _resize)
-    dispatcher.register_special(aten.resize_as_.default, _resize_as)
-    dispatcher.register_special(aten.set_.source_Tensor, _set_source_tensor)
-    dispatcher.register_special(aten.set_.default, _set_empty)
-    dispatcher.register_special(aten.is_set_to.default, _is_set_to)
-    dispatcher.register_special(aten.detach_.default, _detach_)
+        routing.register_special(inplace_op, _inplace_view(view_op))
+    routing.register_special(aten.resize_.default, _resize)
+    routing.register_special(aten.resize_as_.default, _resize_as)
+    routing.register_special(aten.set_.source_Tensor, _set_source_tensor)
+    routing.register_special(aten.set_.default, _set_empty)
+    routing.register_special(aten.is_set_to.default, _is_set_to)
+    routing.register_special(aten.detach_.default, _detach_)

@@ -11,7 +11,7 @@ import numpy as np
 import torch
 
 from tputrace.backend.compat import device_module
-from tputrace.backend.core import chips, sparse
+from tputrace.backend.core import chips, routing, sparse
 from tputrace.backend.core.buffers import CountedBuffer
 from tputrace.backend.core.dtypes import to_jax
 from tputrace.backend.core.memory_formats import storage_order
@@ -59,17 +59,13 @@ def efficient_zero_tensor(size, dtype=None, layout=None, device=None, pin_memory
 
 
 def copy_from(source, destination, non_blocking=False):  # noqa: ANN001, ANN201
-    from tputrace.backend.core.dispatch import dispatcher
-
-    return dispatcher.dispatch(torch.ops.aten.copy_.default, (destination, source), {})
+    return routing.active().dispatch(torch.ops.aten.copy_.default, (destination, source), {})
 
 
 def local_scalar_dense(tensor):  # noqa: ANN001, ANN201
     """`item()` called from torch's C++ with the Python dispatch key excluded, where `__torch_dispatch__`
     does not run: `torch.tensor([a, b])` of 0-dim tpu tensors (torch builds the host tensor that way)."""
-    from tputrace.backend.core.dispatch import dispatcher
-
-    return dispatcher.dispatch(torch.ops.aten._local_scalar_dense.default, (tensor,), {})
+    return routing.active().dispatch(torch.ops.aten._local_scalar_dense.default, (tensor,), {})
 
 
 # Factories that take no tensor: their kernels run the lowering registered with the other ops
@@ -110,8 +106,7 @@ def _device_factory(name: str) -> Any:
     check = arg_checks.value_check(op)
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        from tputrace.backend.core.dispatch import dispatcher
-
+        dispatcher = routing.active()
         if check is not None:
             check(args, kwargs)
         return dispatcher.compute(entry, args, kwargs)

@@ -42,18 +42,14 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core import arg_checks
+from tputrace.backend.core import arg_checks, routing
+from tputrace.backend.core.entries import bound
 from tputrace.backend.core.memory_formats import channels_last_format
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import TpuTensor
-from tputrace.backend.indexing import index_checks
+from tputrace.backend.indexing import index_checks, padded_reads
 
 aten = torch.ops.aten
-
-
-def _dispatcher() -> Any:
-    from tputrace.backend.core.dispatch import dispatcher
-
-    return dispatcher
 
 
 def _eval_saved_stats(result: tuple, input: TpuTensor, training: bool) -> tuple:  # noqa: A002
@@ -96,27 +92,19 @@ def _batch_norm_gather_stats_with_counts(args: tuple, kwargs: dict) -> tuple:
     return global_mean, (variance + eps).rsqrt()
 
 
-def bound(op: Any, args: tuple, kwargs: dict) -> list[Any]:
-    """The op's arguments in schema order, defaults filled in."""
-    values = list(args)
-    for argument in op._schema.arguments[len(args):]:
-        values.append(kwargs[argument.name] if argument.name in kwargs else argument.default_value)
-    return values
-
-
 def _linalg_check_errors(args: tuple, kwargs: dict) -> None:
     info, api_name = args[0], args[1]
     is_matrix = kwargs.get("is_matrix", args[2] if len(args) > 2 else True)
     if info.numel() == 0 or not bool(torch.ops.aten.any.default(torch.ops.aten.ne.Scalar(info, 0))):
         return None
-    host_info = _dispatcher().to_host(info, "item")
+    host_info = routing.active().to_host(info, "item")
     torch.ops.aten._linalg_check_errors.default(host_info, api_name, is_matrix=is_matrix)
     return None
 
 
 def _factor_transpose_when_contiguous(op: Any) -> Any:
     def handler(args: tuple, kwargs: dict) -> Any:
-        dispatcher = _dispatcher()
+        dispatcher = routing.active()
         (matrix,) = bound(op, args, kwargs)
         if matrix.is_contiguous() and not matrix.is_complex():
             matrix = matrix.mT
@@ -142,7 +130,7 @@ def _equal(args: tuple, kwargs: dict) -> bool:
 
 
 def _assert_async(args: tuple, kwargs: dict) -> None:
-    if getattr(_dispatcher().executor, "launch_blocking", False) and not bool(aten.is_nonzero.default(args[0])):
+    if getattr(routing.active().executor, "launch_blocking", False) and not bool(aten.is_nonzero.default(args[0])):
         raise RuntimeError(args[1] if len(args) > 1 else kwargs.get("assert_msg", "Expected Tensor with single nonzero value, but got zero"))
     return None
 
@@ -155,7 +143,7 @@ def _one_hot(tensor: Any, num_classes: int = -1) -> Any:
     try:
         return aten.one_hot.default.decompose(tensor, num_classes)
     except RuntimeError as refusal:  # DEFER_NEVER_AND_LAUNCH_BLOCKING: its asserts checked the classes at the op
-        index_checks.record_host_refusal(_dispatcher().recorder, aten.one_hot.default, refusal)
+        index_checks.record_host_refusal(routing.active().recorder, aten.one_hot.default, refusal)
         raise
 
 
@@ -180,7 +168,7 @@ _LIKE_OPS = frozenset({aten.zeros_like.default, aten.empty_like.default, aten.on
 _PLAIN_KEYWORDS = frozenset({"dtype", "layout", "device", "pin_memory", "memory_format"})
 
 
-def _factory_without_reading(dispatcher: Any, op: Any) -> Any:
+def _factory_without_reading(dispatcher: DispatcherApi, op: Any) -> Any:
     """`op` (a `*_like` or `new_*`) as its factory, which reads no tensor; other calls take the op's
     own route. Both entries are looked up once, here (an OpOverload hashes in Python)."""
     route = dispatcher._route(op)
@@ -206,8 +194,6 @@ def _factory_without_reading(dispatcher: Any, op: Any) -> Any:
 def _plain_call(tensor: TpuTensor, kwargs: dict, like: bool) -> bool:
     """A call whose output is a contiguous strided tensor on the tensor's chip, and, for a like op,
     not of a cut (whose route runs on its padded buffer, compiling no program per count)."""
-    from tputrace.backend.indexing import padded_reads  # it imports this module's `bound`
-
     if not _PLAIN_KEYWORDS.issuperset(kwargs) or kwargs.get("pin_memory") or kwargs.get("layout") not in (None, torch.strided):
         return False
     device = kwargs.get("device")
@@ -233,18 +219,18 @@ def register() -> None:
         _library.impl("ctc_loss.Tensor", _ctc_loss_tensor, "AutogradPrivateUse1")
         _library.impl("one_hot", _one_hot, "AutogradPrivateUse1")
         _library.impl("max_pool1d", _max_pool1d, "AutogradPrivateUse1")
-    dispatcher = _dispatcher()
-    dispatcher.register_special(aten.native_batch_norm.default, _native_batch_norm)
-    dispatcher.register_special(aten._native_batch_norm_legit.default, _legit_default)
-    dispatcher.register_special(aten.batch_norm_gather_stats_with_counts.default, _batch_norm_gather_stats_with_counts)
-    dispatcher.register_special(aten._linalg_check_errors.default, _linalg_check_errors)
-    dispatcher.register_special(aten._assert_async.default, _assert_async)
-    dispatcher.register_special(aten._assert_async.msg, _assert_async)
-    dispatcher.register_special(aten.allclose.default, _allclose)
-    dispatcher.register_special(aten.equal.default, _equal)
-    dispatcher.register_special(aten.record_stream.default, lambda args, kwargs: None)
+    dispatcher = routing.active()
+    routing.register_special(aten.native_batch_norm.default, _native_batch_norm)
+    routing.register_special(aten._native_batch_norm_legit.default, _legit_default)
+    routing.register_special(aten.batch_norm_gather_stats_with_counts.default, _batch_norm_gather_stats_with_counts)
+    routing.register_special(aten._linalg_check_errors.default, _linalg_check_errors)
+    routing.register_special(aten._assert_async.default, _assert_async)
+    routing.register_special(aten._assert_async.msg, _assert_async)
+    routing.register_special(aten.allclose.default, _allclose)
+    routing.register_special(aten.equal.default, _equal)
+    routing.register_special(aten.record_stream.default, lambda args, kwargs: None)
     for op in (aten._linalg_det.default, aten._linalg_slogdet.default):
-        dispatcher.register_special(op, _factor_transpose_when_contiguous(op))
+        routing.register_special(op, _factor_transpose_when_contiguous(op))
     for op in _FACTORY_OF:
         if op not in dispatcher.special:
-            dispatcher.register_special(op, _factory_without_reading(dispatcher, op))
+            routing.register_special(op, _factory_without_reading(dispatcher, op))

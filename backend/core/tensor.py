@@ -13,19 +13,20 @@ import copy
 import functools
 import threading
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import jax
 import torch
 from torch._subclasses.fake_tensor import FakeTensor as _FakeTensor
 
+from tputrace.backend.core import routing
 from tputrace.backend.core.buffers import TORCH_DEVICES, Buffer, CountedBuffer, ReleasedArray, torch_device
 from tputrace.backend.core.memory_formats import dense_strides
-from tputrace.backend.core.thread_state import SyncKind, on_autograd_worker, on_own_thread
+from tputrace.backend.core.thread_state import SyncKind, keep_interpreter_error, on_autograd_worker, on_own_thread
 from tputrace.backend.core.traced_resizes import follow_resized_inners
 from tputrace.backend.core.views import Geometry, ViewChain, geometry, permute_step
 from tputrace.backend.integrations.make_fx_tracing import fake_mode_of, fake_of_constant, fake_of_lifted_constant, track_untraced_constants
-from tputrace.backend.integrations.torchscript import keep_interpreter_error
 
 
 _MAIN_THREAD = threading.main_thread().ident
@@ -130,6 +131,8 @@ _STRIDED = torch.strided
 # op output and view makes one.
 
 
+# cls -> the maker of a tensor's alias of class cls, for `as_subclass` (`integrations.lazy_params.install`).
+SUBCLASS_ALIASES: dict[type, Callable[[Any, type], torch.Tensor]] = {}
 _TENSOR_DATA = torch._C.TensorBase.data  # torch's own `.data` descriptor, which TpuTensor extends
 
 
@@ -269,13 +272,12 @@ class TpuTensor(torch.Tensor):
         self._geom = None
 
     def as_subclass(self, cls: type) -> torch.Tensor:
-        """torch's, and for torch's `UninitializedParameter`/`UninitializedBuffer` (which torch makes
-        with it: `.to("tpu")` of a lazy module's buffer) an alias of their tpu class: torch cannot give
-        a wrapper subclass's Python object another class."""
-        from tputrace.backend.integrations.lazy_params import as_uninitialized, tpu_class_of
-
-        if tpu_class_of(cls) is not None:
-            return as_uninitialized(self, cls)
+        """torch's, and for a class in `SUBCLASS_ALIASES` (torch's `UninitializedParameter`, made so by
+        `.to("tpu")` of a lazy module's buffer) an alias of its tpu class: torch cannot give a wrapper
+        subclass's Python object another class."""
+        make = SUBCLASS_ALIASES.get(cls)
+        if make is not None:
+            return make(self, cls)
         return super().as_subclass(cls)
 
     def untyped_storage(self) -> BufferStorage:
@@ -444,15 +446,13 @@ class TpuData(torch.Tensor):
         return TpuTensor(self._buf, tuple(self.shape), self.dtype, tuple(self.stride()), self.storage_offset(), view=self._view)
 
 
-_dispatcher: Any = None  # the backend's Dispatcher, looked up on the first op (dispatch.py imports this module)
+_dispatcher: routing.DispatcherApi | None = None  # the process's Dispatcher (`routing.active()`), looked up on the first op
 
 
-def _load_dispatcher() -> Any:
+def _load_dispatcher() -> routing.DispatcherApi:
     global _dispatcher
-    from tputrace.backend.core.dispatch import dispatcher
-
-    _dispatcher = dispatcher
-    return dispatcher
+    _dispatcher = routing.active()
+    return _dispatcher
 
 
 _traced_seen = False  # set once torch.compile has traced a TpuTensor; until then eager dispatch skips the check
@@ -462,7 +462,7 @@ _traced_seen = False  # set once torch.compile has traced a TpuTensor; until the
 _concurrent = False
 
 
-def _dispatch_from_user_thread(dispatcher: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+def _dispatch_from_user_thread(dispatcher: routing.DispatcherApi, func: Any, args: tuple, kwargs: dict) -> Any:
     global _concurrent
     _concurrent = True
     with dispatcher.thread_lock:

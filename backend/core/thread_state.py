@@ -1,4 +1,5 @@
-"""Which thread an op is dispatched on, and which kind of host sync a user's call is making.
+"""Which thread an op is dispatched on, which kind of host sync a user's call is making, and whether a
+TorchScript call is running on the thread.
 
 Ops arrive on the main thread, on user threads, on tputrace's own threads and on autograd's C++
 worker threads, which the tensor's dispatch treats apart; a host read inside `tolist`, `print` or
@@ -8,6 +9,8 @@ worker threads, which the tensor's dispatch treats apart; a host read inside `to
 from __future__ import annotations
 
 import threading
+
+import torch
 
 _local = threading.local()
 
@@ -55,3 +58,21 @@ class SyncKind:
 
     def __exit__(self, *exc: object) -> None:
         _local.sync_kind = self.previous
+
+
+class _InterpreterState(threading.local):
+    """The TorchScript calls running on this thread (`integrations.torchscript`): the interpreter drops the
+    message of an exception the device raises, so the dispatcher keeps it here."""
+
+    calls_running = 0
+    dispatch_error: BaseException | None = None
+    saving: dict[int, torch.Tensor] | None = None  # the tensors of the module being saved, by C++ storage
+
+
+interpreter_state = _InterpreterState()
+
+
+def keep_interpreter_error(error: BaseException) -> None:
+    """Keep an exception the device raised while a scripted module or function runs (its message would be lost)."""
+    if interpreter_state.calls_running:
+        interpreter_state.dispatch_error = error

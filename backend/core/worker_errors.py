@@ -24,13 +24,9 @@ import torch.autograd
 import torch.nn.modules.module
 import torch.utils.hooks
 
+from tputrace.backend.core import routing
+
 _installed = False
-
-
-def _dispatcher() -> Any:
-    from tputrace.backend.core.dispatch import dispatcher
-
-    return dispatcher
 
 
 def worker_safe(hook: Callable[..., Any]) -> Callable[..., Any]:
@@ -44,7 +40,7 @@ def worker_safe(hook: Callable[..., Any]) -> Callable[..., Any]:
         except BaseException as error:  # noqa: BLE001 - raised on the user's thread by raise_after
             if not on_autograd_worker():
                 raise
-            _dispatcher().worker_errors.append(error)
+            routing.active().worker_errors.append(error)
             return None
 
     return run
@@ -75,7 +71,7 @@ def _raising_after(run: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(run)
     def call(*args: Any, **kwargs: Any) -> Any:
-        dispatcher = _dispatcher()
+        dispatcher = routing.active()
         dispatcher.raise_worker_errors()
         try:
             result = run(*args, **kwargs)

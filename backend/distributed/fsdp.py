@@ -20,8 +20,8 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.core import routing
 from tputrace.backend.core.buffers import Buffer
-from tputrace.backend.core.dispatch import dispatcher
 from tputrace.backend.core.tensor import TpuTensor
 
 # The gradient buffers chunk_cat packed for a reduce-scatter (see `release_reduce_scatter_input`).
@@ -39,6 +39,7 @@ def write_into(target: torch.Tensor, source: torch.Tensor) -> None:
         and tuple(target.shape) == tuple(source.shape)
         and target._buf.chip == source._buf.chip
     ):
+        dispatcher = routing.active()
         dispatcher.write(target, dispatcher.read(source))
         return
     with torch.no_grad():
@@ -148,4 +149,4 @@ def _handlers() -> dict[Any, Callable[[tuple, dict], Any]]:
 
 def register() -> None:
     for op, handler in _handlers().items():
-        dispatcher.register_special(op, handler)
+        routing.register_special(op, handler)

@@ -17,8 +17,8 @@ import torch.distributed as dist
 import torch.distributed._functional_collectives  # noqa: F401 - defines _c10d_functional._wrap_tensor_autograd
 from torch.distributed.distributed_c10d import _resolve_process_group
 
+from tputrace.backend.core import routing
 from tputrace.backend.core.buffers import Buffer
-from tputrace.backend.core.dispatch import dispatcher
 from tputrace.backend.core.tensor import TpuTensor
 
 ops = torch.ops._c10d_functional
@@ -211,4 +211,4 @@ HANDLERS: dict[Any, Callable[[tuple, dict], Any]] = {
 def register() -> None:
     """Route the functional collectives to these handlers."""
     for op, handler in HANDLERS.items():
-        dispatcher.register_special(op, handler)
+        routing.register_special(op, handler)

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
-from tputrace.backend.core import chips, hooks, transfers
-from tputrace.backend.core.dispatch import dispatcher
+from tputrace.backend.core import chips, hooks, routing, transfers
 from tputrace.backend.core.tensor import TpuTensor
 
 
@@ -59,6 +58,7 @@ class Staging:
     def _read(self, tensor: torch.Tensor) -> tuple[torch.Tensor, bool]:
         """The host value and whether it shares memory with the tensor or its chip array."""
         if isinstance(tensor, TpuTensor):
+            dispatcher = routing.active()
             value, _ = dispatcher.executor.concrete(dispatcher.read(tensor), "collective")
             host = _host_view(value, tensor.dtype)
             if host is not None:
@@ -110,7 +110,7 @@ class Staging:
         for tensor, host in self.writes:
             if isinstance(tensor, TpuTensor):
                 array = transfers.torch_to_array(host.reshape(tuple(tensor.shape)), chips.device(tensor._buf.chip))
-                dispatcher.write(tensor, array)
+                routing.active().write(tensor, array)
             else:
                 with torch.no_grad():
                     tensor.copy_(host.view(tuple(tensor.shape)))

@@ -31,6 +31,7 @@ from jax import dtypes
 from tputrace.backend.core import matmul_precision, memory, program_cache
 from tputrace.backend.core.dtypes import JAX_TO_TORCH, to_torch
 from tputrace.backend.core.plans import VIEW_READ, Plan, compile_program
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.signatures import InputSpec
 from tputrace.backend.eager import graph_changes, hlo_fusions
 from tputrace.backend.eager.flush_sites import FlushSites, FlushedGraph
@@ -131,7 +132,7 @@ class DeferredExecutor:
 
     deferred = True
 
-    def __init__(self, dispatcher: Any, size_cap: int = SIZE_CAP) -> None:
+    def __init__(self, dispatcher: DispatcherApi, size_cap: int = SIZE_CAP) -> None:
         self.dispatcher = dispatcher
         self.size_cap = size_cap
         self.graphs: dict[int, PendingGraph] = {}

@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.entries import OpEntry
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import OpEntry, bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing.cuts.layout import cut
 from tputrace.backend.indexing.length_buckets import padded_length
 from tputrace.backend.indexing.mask_counts import SYNC_KIND, count_set
@@ -44,12 +44,12 @@ def sized_step(op: Any, fn: Callable) -> OpEntry:
     return OpEntry(op, str(op), "lowered", lowering=Lowering(op, fn), shapes_from_lowering=True)
 
 
-def _read(dispatcher: Any, measured: Any) -> Any:
+def _read(dispatcher: DispatcherApi, measured: Any) -> Any:
     """A measured value as Python numbers: the op's one data-dependent sync."""
     return dispatcher.to_host(measured, SYNC_KIND).tolist()
 
 
-def nonzero(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any:
+def nonzero(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> Any:
     """`nonzero`: the chip counts the nonzero elements, then lists them with `nonzero_static`."""
     (self,) = bound(aten.nonzero.default, args, kwargs)
     count = count_set(dispatcher.to_host, self)
@@ -59,7 +59,7 @@ def nonzero(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any:
 _EXTREMES = {op: sized_step(op, sized.extremes) for op in (aten.repeat_interleave.Tensor, aten.bincount.default)}
 
 
-def repeat_interleave(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def repeat_interleave(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`repeat_interleave(repeats)`: the lowered op with `output_size` set to the repeats' sum."""
     op = aten.repeat_interleave.Tensor
     repeats, output_size = bound(op, args, kwargs)
@@ -76,7 +76,7 @@ def repeat_interleave(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any
 _BINCOUNT = sized_step(aten.bincount.default, sized.bincount_sized)
 
 
-def bincount(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def bincount(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`bincount`: the chip finds the largest value (and checks the smallest), then counts into
     max(minlength, largest + 1) bins. An empty input gives int64 zeros, with weights too, as on the CPU."""
     op = aten.bincount.default
@@ -99,7 +99,7 @@ _UNIQUE_MEASURES = {op: sized_step(op, sized.unique_measure) for op in _UNIQUE_O
 _UNIQUE_SIZED = {op: sized_step(op, sized.unique_sized) for op in _UNIQUE_OPS}
 
 
-def _unique(dispatcher: Any, op: Any, self: Any, dim: int | None, sort: bool, return_inverse: bool, return_counts: bool) -> tuple | None:
+def _unique(dispatcher: DispatcherApi, op: Any, self: Any, dim: int | None, sort: bool, return_inverse: bool, return_counts: bool) -> tuple | None:
     """(values, inverse, counts) of any `unique` op: the chip sorts (unless consecutive; with the
     order only for an inverse) and counts the groups, the host reads the count, then the chip
     gathers the groups' values, inverse and counts. None for what the host must refuse (complex values, a bad dim, a zero-size dim not
@@ -125,28 +125,28 @@ def _unique(dispatcher: Any, op: Any, self: Any, dim: int | None, sort: bool, re
     return cut(values, 0 if dim is None else dim, size), inverse, cut(counts, 0, size) if return_counts else counts
 
 
-def unique(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> tuple | None:
+def unique(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> tuple | None:
     """`_unique`: sorted values and, if asked, the inverse."""
     self, _, return_inverse = bound(aten._unique.default, args, kwargs)
     result = _unique(dispatcher, aten._unique.default, self, None, True, return_inverse, False)
     return None if result is None else result[:2]
 
 
-def unique2(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> tuple | None:
+def unique2(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> tuple | None:
     """`_unique2` (`torch.unique` without dim): sorted values, inverse and counts if asked (torch's
     CPU kernel sorts whatever `sorted` says, and so does this)."""
     self, _, return_inverse, return_counts = bound(aten._unique2.default, args, kwargs)
     return _unique(dispatcher, aten._unique2.default, self, None, True, return_inverse, return_counts)
 
 
-def unique_dim(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> tuple | None:
+def unique_dim(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> tuple | None:
     """`torch.unique(x, dim=d)`: sorted distinct slices along `dim`; the inverse and counts always
     come back, as torch's kernel returns them."""
     self, dim, _, _, _ = bound(aten.unique_dim.default, args, kwargs)
     return _unique(dispatcher, aten.unique_dim.default, self, dim, True, True, True)
 
 
-def unique_consecutive(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> tuple | None:
+def unique_consecutive(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> tuple | None:
     """`unique_consecutive`: runs of equal values (slices along `dim`, with the inverse and counts
     always, as torch returns them then)."""
     self, return_inverse, return_counts, dim = bound(aten.unique_consecutive.default, args, kwargs)

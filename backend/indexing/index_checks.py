@@ -34,8 +34,9 @@ import jax.numpy as jnp
 import numpy as np
 import torch
 
-from tputrace.backend.core import chips
+from tputrace.backend.core import chips, routing
 from tputrace.backend.core.plans import INDEX_CHECK, OutSpec, Plan
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import TpuTensor
 from tputrace.backend.eager.deferred import LazyValue
 from tputrace.backend.indexing.cuts.layout import cut_layout, padded_of
@@ -109,7 +110,7 @@ _user_code: dict[Any, bool] = {}
 _lock = threading.Lock()
 
 
-def checker(op: Any, dispatcher: Any) -> Callable[[Sequence[Any], dict], None] | None:
+def checker(op: Any, dispatcher: DispatcherApi) -> Callable[[Sequence[Any], dict], None] | None:
     """The check of `op`'s indices (None if it has none): records the flag's update for a call."""
     rule = rule_of(op)
     if rule is None:
@@ -132,8 +133,7 @@ def rule_of(op: Any) -> Rule | None:
 def check(op_name: str, bounded: Bounded) -> None:
     """Check the indices of an op routed by hand (`one_hot`: see `op_routes`) as `checker`'s checks do,
     in the default eager modes; DEFER_NEVER_AND_LAUNCH_BLOCKING checks them at the op."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     if enabled and not getattr(dispatcher.executor, "launch_blocking", False):
         _record(dispatcher, op_name, bounded)
 
@@ -188,7 +188,7 @@ def record_host_refusal(recorder: Recording | None, op: Any, refusal: BaseExcept
     )
 
 
-def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
+def _record(dispatcher: DispatcherApi, op_name: str, bounded: Bounded) -> None:
     if any(type(tensor) is TpuTensor and tensor._traced is not None for tensor, _ in bounded):
         return  # traced by torch.compile or export: no values to check here (`compile.index_flags` checks the program's)
     if len(bounded) == 1 and type(bounded[0][0]) is TpuTensor and bounded[0][0]._view is None:
@@ -224,7 +224,7 @@ def _record(dispatcher: Any, op_name: str, bounded: Bounded) -> None:
         _fold(dispatcher, site, ranges, chip, [*(value for value, _, _, _ in read), *lengths], specs, cut_dims)
 
 
-def _fold(dispatcher: Any, site: int, ranges: tuple, chip: int, values: list[Any], specs: tuple, cut_dims: tuple[int | None, ...]) -> None:
+def _fold(dispatcher: DispatcherApi, site: int, ranges: tuple, chip: int, values: list[Any], specs: tuple, cut_dims: tuple[int | None, ...]) -> None:
     """Record the program that folds `site` into the chip's flag if a value is out of its range
     (`values`: the checked arrays, then the cut lengths); the caller holds the dispatcher's thread lock."""
     executor = dispatcher.executor
@@ -245,7 +245,7 @@ def _fold(dispatcher: Any, site: int, ranges: tuple, chip: int, values: list[Any
         executor.track(flag)
 
 
-def _checked_values(dispatcher: Any, tensor: Any, index_range: IndexRange | ValueCheck) -> tuple[Any, tuple[int, ...], int | None, int | None]:
+def _checked_values(dispatcher: DispatcherApi, tensor: Any, index_range: IndexRange | ValueCheck) -> tuple[Any, tuple[int, ...], int | None, int | None]:
     """(array, shape, cut dim, length) of a checked index: for a data-dependent result cut from a
     padded buffer (`cuts.layout.cut`), or reshaped from one (`labels.reshape(-1)`), the padded
     counterpart and where its real entries end, so that the check compiles per padded length rather
@@ -296,8 +296,7 @@ def note_flag(chip: int, array: Any) -> None:
     """Fold a flag that a compiled program returned (an int32 site, or 0) into `chip`'s flag: it becomes
     the flag where no check ran since the last read, else it waits in the flag's `later` list, which the
     next read scans on the host; every `_COMBINED` flags, one tiny program keeps the first site."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     with dispatcher.thread_lock:
         flag = _flags.get(chip)
         if flag is None:

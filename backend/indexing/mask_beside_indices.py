@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import TpuTensor
 from tputrace.backend.indexing.cuts.layout import cut
 from tputrace.backend.indexing.data_dependent import sized_step
@@ -67,7 +68,7 @@ def result_layout(self_shape: Sequence[int], indices: Sequence[Any], mask_at: in
     return shape, kept_before + len(broadcast) - 1
 
 
-def select(dispatcher: Any, self: Any, indices: Sequence[Any], mask_at: int) -> Any | None:
+def select(dispatcher: DispatcherApi, self: Any, indices: Sequence[Any], mask_at: int) -> Any | None:
     """`self[indices]` with the mask at `mask_at` and other indices beside it, or None (see the note)."""
     mask = indices[mask_at]
     if mask.dim() == 0 or result_layout(tuple(self.shape), indices, mask_at, 1) is None:
@@ -79,7 +80,7 @@ def select(dispatcher: Any, self: Any, indices: Sequence[Any], mask_at: int) -> 
     return cut(selected, dim, count)
 
 
-def put(dispatcher: Any, op: Any, self: Any, indices: Sequence[Any], values: Any, accumulate: bool, mask_at: int) -> Any | None:
+def put(dispatcher: DispatcherApi, op: Any, self: Any, indices: Sequence[Any], values: Any, accumulate: bool, mask_at: int) -> Any | None:
     """`index_put` (or its in-place forms) with the mask at `mask_at` beside other indices, or None
     when the values, or the indices, follow the count (see the note), or the values' dtype is not
     `self`'s (torch refuses it)."""
@@ -109,7 +110,7 @@ def _broadcasts_along(value_shape: tuple[int, ...], shape: tuple[int, ...], dim:
     return all(size in (1, target) for size, target in zip(reversed(value_shape), reversed(shape)))
 
 
-def _on_chip(dispatcher: Any, self: Any, indices: Sequence[Any]) -> list[Any]:
+def _on_chip(dispatcher: DispatcherApi, self: Any, indices: Sequence[Any]) -> list[Any]:
     """The indices with host tensors copied to `self`'s chip (a 0-dim one too: it indexes, as torch's does)."""
     chip = self._buf.chip
     return [index_tensor if index_tensor is None or isinstance(index_tensor, TpuTensor) else dispatcher.from_host(index_tensor, chip) for index_tensor in indices]

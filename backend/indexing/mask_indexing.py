@@ -28,7 +28,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import TpuTensor
 from tputrace.backend.indexing import mask_beside_indices
 from tputrace.backend.indexing.cuts.layout import cut
@@ -46,7 +47,7 @@ _HOST_MASK_OPS = {aten.masked_scatter.default, aten.masked_scatter_.default}
 _SELECT = sized_step(aten.index.Tensor, sized.mask_select)
 
 
-def index(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def index(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`aten.index.Tensor` with masks, or None if the call has no mask this handles."""
     self = args[0]
     indices = list(args[1] if len(args) > 1 else kwargs["indices"])
@@ -64,7 +65,7 @@ def index(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     return aten.index.Tensor(self, converted)
 
 
-def index_put(dispatcher: Any, args: Sequence[Any], kwargs: dict, op: Any) -> Any | None:
+def index_put(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict, op: Any) -> Any | None:
     """`index_put` (or `index_put_`, `_index_put_impl_`) whose masks come with other indices (one mask
     alone is lowered): the same op with each mask replaced by the positions of its set elements, found
     as `x[mask]` finds them; None if the call has no mask this handles."""
@@ -78,7 +79,7 @@ def index_put(dispatcher: Any, args: Sequence[Any], kwargs: dict, op: Any) -> An
     return op(self, converted, *args[2:], **{name: value for name, value in kwargs.items() if name != "indices"})
 
 
-def masked_select(dispatcher: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def masked_select(dispatcher: DispatcherApi, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`torch.masked_select`: the tensor and the mask broadcast together, then indexed as `x[mask]`
     (None for a 0-dim result or a mask that is not bool, which torch refuses)."""
     self = args[0]
@@ -99,7 +100,7 @@ def _chip_mask_alone(indices: Sequence[Any], mask_dim: int) -> bool:
     return mask.device.type == "tpu" and mask.dim() > 0 and all(index_tensor is None for dim, index_tensor in enumerate(indices) if dim != mask_dim)
 
 
-def _select(dispatcher: Any, self: Any, mask: Any, dim: int) -> Any:
+def _select(dispatcher: DispatcherApi, self: Any, mask: Any, dim: int) -> Any:
     """`self[..., mask, ...]` (`dim` leading dims before the mask) gathered on the chip by one program
     compiled for the count rounded up, then cut to the count."""
     count = count_set(dispatcher.to_host, mask)
@@ -107,7 +108,7 @@ def _select(dispatcher: Any, self: Any, mask: Any, dim: int) -> Any:
     return cut(selected, dim, count)
 
 
-def _without_masks(dispatcher: Any, self: Any, indices: Sequence[Any]) -> list[Any] | None:
+def _without_masks(dispatcher: DispatcherApi, self: Any, indices: Sequence[Any]) -> list[Any] | None:
     """The indices with each mask replaced by one index tensor per dim it covers (None when a
     mask is 0-dim or does not match the dims it covers, and when there is no mask)."""
     converted: list[Any] = []
@@ -127,7 +128,7 @@ def _without_masks(dispatcher: Any, self: Any, indices: Sequence[Any]) -> list[A
     return converted if has_mask else None
 
 
-def _set_positions(dispatcher: Any, mask: Any) -> list[Any]:
+def _set_positions(dispatcher: DispatcherApi, mask: Any) -> list[Any]:
     """One index tensor per dim of `mask`, together the positions of its set elements: found on the
     chip for a chip mask (only its count is read: a data-dependent sync), on the host for a host one."""
     if mask.device.type == "cpu":

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.core import routing
+
 aten = torch.ops.aten
 
 
@@ -29,6 +31,4 @@ def _pack_padded_sequence(args: tuple, kwargs: dict) -> tuple[Any, torch.Tensor]
 
 
 def register() -> None:
-    from tputrace.backend.core.dispatch import dispatcher
-
-    dispatcher.register_special(aten._pack_padded_sequence.default, _pack_padded_sequence)
+    routing.register_special(aten._pack_padded_sequence.default, _pack_padded_sequence)

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.serialization
 
-from tputrace.backend.core import chips
+from tputrace.backend.core import chips, routing
 from tputrace.backend.core.tensor import BufferStorage
 from tputrace.backend.integrations import torchscript
 
@@ -103,7 +103,7 @@ def _restore(storage: torch.UntypedStorage, location: str) -> HostStagedStorage 
 
 def set_from_storage(args: tuple, kwargs: dict) -> Any:
     """`tensor.set_(storage[, offset, size, stride])` on a tpu tensor, for a storage `torch.load` staged."""
-    from tputrace.backend.core.dispatch import dispatcher
+    dispatcher = routing.active()
     from tputrace.backend.core.inplace_views import become
 
     target, storage = args[0], args[1]
@@ -132,9 +132,7 @@ def register() -> None:
     global _registered
     if _registered:
         return
-    from tputrace.backend.core.dispatch import dispatcher
-
     torch.serialization.register_package(_PRIORITY, _tag, _restore)
-    dispatcher.register_special(torch.ops.aten.set_.source_Storage, set_from_storage)
-    dispatcher.register_special(torch.ops.aten.set_.source_Storage_storage_offset, set_from_storage)
+    routing.register_special(torch.ops.aten.set_.source_Storage, set_from_storage)
+    routing.register_special(torch.ops.aten.set_.source_Storage_storage_offset, set_from_storage)
     _registered = True

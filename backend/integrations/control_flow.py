@@ -42,18 +42,21 @@ from torch._subclasses.functional_tensor import FunctionalTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from tputrace.backend.compat import import_hooks
+from tputrace.backend.compile import lowering
 from tputrace.backend.compile.control_flow import (
     Subgraph,
     cond_values,
     counted_while_values,
+    higher_order_lowerings,
     refuse_draws,
     stacked_body_values,
     subgraph_function,
     while_values,
 )
-from tputrace.backend.core import matmul_precision, rng
+from tputrace.backend.core import matmul_precision, rng, routing
 from tputrace.backend.core.dtypes import to_jax
 from tputrace.backend.core.plans import OutSpec, Plan
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import TpuData, TpuTensor, _traced_tensor
 from tputrace.backend.indexing.mask_counts import SYNC_KIND
 from tputrace.backend.integrations import branch_layouts, cond_draws, graph_fingerprints
@@ -191,7 +194,7 @@ class _ChipCall:
     """A call's tpu tensors read as program inputs, on one chip; its numbers (`statics`, None in a
     tensor's place) are constants of the plan."""
 
-    def __init__(self, dispatcher: Any, values: Sequence[Any], op_name: str) -> None:
+    def __init__(self, dispatcher: DispatcherApi, values: Sequence[Any], op_name: str) -> None:
         self.dynamic: list[Any] = []
         self.specs: list[tuple] = []
         self.statics: list[Any] = []
@@ -263,15 +266,13 @@ def _out_specs(fakes: Sequence[torch.Tensor]) -> tuple[OutSpec, ...]:
 
 
 def _run(plan: Plan, call: _ChipCall, start: int) -> list[TpuTensor]:
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     values = dispatcher.executor.run(plan, call.dynamic, plan.op_name, start)
     return [dispatcher._new_output(value, spec, plan.chip) for value, spec in zip(values, plan.out_specs)]
 
 
 def _cond_on_chip(pred: TpuTensor, true_fn: Callable[..., Any], false_fn: Callable[..., Any], operands: Sequence[Any]) -> Any:
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     start = _perf_ns()
     operands = _host_scalars_on_chip([pred, *operands])[1:]
     with dispatcher.thread_lock:
@@ -325,8 +326,7 @@ def _check_same_outputs(true_traced: _TracedFunction, false_traced: _TracedFunct
 
 
 def _while_on_chip(cond_fn: Callable[..., Any], body_fn: Callable[..., Any], carried: Sequence[Any], additional: Sequence[Any]) -> tuple:
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     start = _perf_ns()
     int_positions = [position for position, value in enumerate(carried) if type(value) is int]
     carried = _ints_on_chip(carried, int_positions, WHILE_LOOP_NAME)
@@ -409,8 +409,7 @@ def _stacked_while_loop_rule(cond_fn: Callable[..., Any], body_fn: Callable[...,
     grad): the carried values after every iteration, stacked. XLA needs the number of iterations as
     a size, so the loop runs twice: once counting its iterations (read on the host, one
     data-dependent sync), then as a scan of that many bodies that stacks their outputs."""
-    from tputrace.backend.core.dispatch import dispatcher
-
+    dispatcher = routing.active()
     n_carried = len(carried)
     inputs = _host_scalars_on_chip([*carried, *additional])
     carried = inputs[:n_carried]
@@ -502,6 +501,8 @@ def install() -> None:
     global _installed
     if _installed:
         return
+    if higher_order_lowerings not in lowering.CONTROL_FLOW_SOURCES:
+        lowering.CONTROL_FLOW_SOURCES.append(higher_order_lowerings)
     for hop, rule in _hop_rules():
         hop.py_impl(TpuTensor)(rule)
         hop.py_impl(TpuData)(_on_handles(rule))

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch.nn.parameter import UninitializedBuffer, UninitializedParameter, UninitializedTensorMixin
 
-from tputrace.backend.core.tensor import TpuTensor
+from tputrace.backend.core.tensor import SUBCLASS_ALIASES, TpuTensor
 
 _installed = False
 
@@ -171,6 +171,8 @@ def install() -> None:
     if _installed:
         return
     _install_constructors()
+    for cls in (*_TPU_CLASSES, *_TPU_CLASSES.values()):
+        SUBCLASS_ALIASES[cls] = as_uninitialized
     _installed = True
 
 

@@ -9,7 +9,7 @@ swapped parameter back into the C++ module.
 Errors: the TorchScript interpreter calls the tpu device's `__torch_dispatch__` from C++, and when it
 raises, torch turns the Python exception into a C++ `python_error` without reading its message, so
 the interpreter reports `RuntimeError: ` with nothing after it. While a scripted module or function
-runs, the dispatcher keeps the exception it raised (`keep_interpreter_error`); the call then raises
+runs, the dispatcher keeps the exception it raised (`thread_state.keep_interpreter_error`); the call then raises
 the interpreter's error with that exception's type and message, chained to it.
 
 Loading onto tpu (`map_location="tpu"`, or an archive saved from tpu): torch's TorchScript unpickler
@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -36,23 +35,13 @@ import torch
 import torch.jit
 import torch.jit._serialization
 
+from tputrace.backend.core import routing
+from tputrace.backend.core.inplace_views import become
+from tputrace.backend.core.tensor import TpuTensor
+from tputrace.backend.core.thread_state import interpreter_state as _state
+
 _EMPTY_INTERPRETER_MESSAGE = "RuntimeError: \n"
 _installed = False
-
-
-class _InterpreterState(threading.local):
-    calls_running = 0
-    dispatch_error: BaseException | None = None
-    saving: dict[int, torch.Tensor] | None = None  # the tensors of the module being saved, by C++ storage
-
-
-_state = _InterpreterState()
-
-
-def keep_interpreter_error(error: BaseException) -> None:
-    """Keep an exception the device raised while a scripted module or function runs (its message would be lost)."""
-    if _state.calls_running:
-        _state.dispatch_error = error
 
 
 def _with_dispatch_message(error: RuntimeError, cause: BaseException) -> BaseException:
@@ -107,8 +96,6 @@ def _module_tensors(module: torch.jit.RecursiveScriptModule) -> Iterator[torch.T
 
 @contextlib.contextmanager
 def _saving(module: torch.jit.RecursiveScriptModule) -> Iterator[None]:
-    from tputrace.backend.core.tensor import TpuTensor
-
     tensors = {torch._C.TensorBase.untyped_storage(tensor)._cdata: tensor for tensor in _module_tensors(module) if isinstance(tensor, TpuTensor)}
     _state.saving = tensors
     try:
@@ -138,10 +125,7 @@ def storage_contents(storage: torch.UntypedStorage, dtype: torch.dtype) -> torch
 
 def _attach(tensor: torch.Tensor, copies: dict[int, torch.Tensor]) -> None:
     """Make a tpu tensor the unpickler rebuilt on a chip copy's storage a view of that copy."""
-    from tputrace.backend.core.dispatch import dispatcher
-    from tputrace.backend.core.inplace_views import become
-    from tputrace.backend.core.tensor import TpuTensor
-
+    dispatcher = routing.active()
     if not isinstance(tensor, TpuTensor):
         return
     storage_copy = copies.get(torch._C.TensorBase.untyped_storage(tensor)._cdata)
@@ -156,9 +140,7 @@ def _attach(tensor: torch.Tensor, copies: dict[int, torch.Tensor]) -> None:
 def _loading() -> Iterator[dict[int, torch.Tensor]]:
     """Keep the tpu tensors that `copy_` writes inside the block (the unpickler's chip copies) by C++
     storage, and attach a rebuilt tensor to its copy before torch detaches it (to make a parameter)."""
-    from tputrace.backend.core.dispatch import dispatcher
-    from tputrace.backend.core.tensor import TpuTensor
-
+    dispatcher = routing.active()
     copies: dict[int, torch.Tensor] = {}
     copy, detach = dispatcher.special[torch.ops.aten.copy_.default], dispatcher.special[torch.ops.aten.detach.default]
 
@@ -172,13 +154,13 @@ def _loading() -> Iterator[dict[int, torch.Tensor]]:
         _attach(args[0], copies)
         return detach(args, kwargs)
 
-    dispatcher.register_special(torch.ops.aten.copy_.default, copy_and_keep)
-    dispatcher.register_special(torch.ops.aten.detach.default, attach_and_detach)
+    routing.register_special(torch.ops.aten.copy_.default, copy_and_keep)
+    routing.register_special(torch.ops.aten.detach.default, attach_and_detach)
     try:
         yield copies
     finally:
-        dispatcher.register_special(torch.ops.aten.copy_.default, copy)
-        dispatcher.register_special(torch.ops.aten.detach.default, detach)
+        routing.register_special(torch.ops.aten.copy_.default, copy)
+        routing.register_special(torch.ops.aten.detach.default, detach)
 
 
 def _loading_tpu_tensors(load: Callable[..., Any]) -> Callable[..., Any]:

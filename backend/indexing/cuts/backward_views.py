@@ -12,16 +12,17 @@ from typing import Any
 import torch
 from torch.autograd.graph import _engine_run_backward
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import TpuTensor, whole_buffer
 from tputrace.backend.indexing.cuts.layout import cut, cut_layout, is_cut, padded_of, recent_shapes, without_leading_ones
 
 aten = torch.ops.aten
-_BACKEND_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the backend's package: the frames of the dispatch
+_BACKEND_DIR = os.path.dirname(sys.modules["tputrace.backend"].__file__ or "")  # the backend's package: the frames of the dispatch
 _ENGINE_RUN_BACKWARD = _engine_run_backward.__code__  # where `backward()` and `autograd.grad` enter the engine
 
 
-def expand_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def expand_in_backward(dispatcher: DispatcherApi, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`expand` run by autograd's backward to the shape of a recent cut (up to leading 1s) along a new
     or size-1 dim at its cut dim (the backward of `x[mask].mean()` or `.sum()`:
     `grad.expand(x[mask].shape)`; a tensor of another shape that merely has a cut's length in a dim,
@@ -60,7 +61,7 @@ def expand_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: di
     return cut(aten.expand_copy.default(self, size), dim, length)
 
 
-def squeeze_in_backward(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def squeeze_in_backward(dispatcher: DispatcherApi, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`squeeze(dim)` of a cut run by autograd's backward (the gradient of `weights.unsqueeze(-1)`)
     along a size-1 dim other than the cut's: a copy of the padded buffer squeezed, cut in turn, so
     that the gradient's ops run on the padded buffer. None (a plain view) elsewhere, as for

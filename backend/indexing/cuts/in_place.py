@@ -10,7 +10,8 @@ from typing import Any
 import torch
 
 from tputrace.backend.core.arg_checks import check_write
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import whole_buffer
 from tputrace.backend.indexing.cuts.layout import is_cut, is_cut_or_view_of_one
 from tputrace.backend.indexing.cuts.pointwise import broadcast_on_padded, pointwise_on_padded
@@ -23,7 +24,7 @@ _KEEP_PAST = padded_step(aten.where.self, padded.keep_past, 2)
 _OUT_OF_PLACE = {aten.masked_fill_.Scalar: aten.masked_fill.Scalar, aten.masked_fill_.Tensor: aten.masked_fill.Tensor}
 
 
-def masked_fill_on_cut(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def masked_fill_on_cut(dispatcher: DispatcherApi, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """`masked_fill_` of a cut through a mask cut alike (`cross_entropy` with `label_smoothing` fills
     the ignored rows of its smoothing term) or broadcast along the cut dim (a norm's backward fills
     where the norm is zero): `masked_fill` of the padded buffers, written into the cut's buffer before
@@ -43,7 +44,7 @@ def masked_fill_on_cut(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: di
     return self
 
 
-def in_place_on_cut(dispatcher: Any, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
+def in_place_on_cut(dispatcher: DispatcherApi, op: Any, args: Sequence[Any], kwargs: dict) -> Any | None:
     """A pointwise in-place op on a cut (`pointwise_in_place_ops`): its functional form on the padded
     buffers (`pointwise.pointwise_on_padded`), written into the cut's buffer before the length only;
     None (its plain route, which raises torch's error where there is one) where that form does not run

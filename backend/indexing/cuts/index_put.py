@@ -8,7 +8,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing.cuts.layout import cut_layout, is_cut, padded_of
 from tputrace.backend.indexing.data_dependent import sized_step
 from tputrace.backend.indexing.mask_counts import MASK_DTYPES
@@ -19,7 +20,7 @@ aten = torch.ops.aten
 _MASK_PUT_AFTER_DIMS = sized_step(aten.index_put.default, sized.mask_index_put)
 
 
-def index_put_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def index_put_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`index_put` through one mask of values cut to the mask's count (the backward of `x[mask]`
     scatters its gradient so): the k-th set element takes the k-th row of the padded values, and
     rows past the count are never read. A mask after whole dims (`x[:, mask]`'s gradient, indices

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -28,6 +28,8 @@ _REMEMBERED_SHAPES = 16
 # The shapes of the latest cuts, without leading 1s -> (the cut dim in that shape, the padded length),
 # the latest last; empty until the process's first cut, and never again after it.
 recent_shapes: dict[tuple[int, ...], tuple[int, int]] = {}
+# What runs when the process makes its first cut (`routes.install` adds the routes through cuts).
+FIRST_CUT_CALLBACKS: list[Callable[[], None]] = []
 _OWN_STRIDES_STEPS: dict[int, ViewStep] = {}  # id(a cut's narrow step) -> its copy (steps live as long as the view plans)
 
 
@@ -45,9 +47,8 @@ def cut(padded: Any, dim: int, length: int) -> Any:
             shape = tuple(view.shape)
             view = view_tensor(view._buf, geometry(shape, contiguous_strides(shape), 0, view.dtype, view._buf.chip), _own_strides_root(view._view, dim, length))
         if not recent_shapes:
-            from tputrace.backend.indexing.cuts.routes import route_through_cuts  # the routes cut: they import this module
-
-            route_through_cuts()
+            for first_cut in FIRST_CUT_CALLBACKS:
+                first_cut()
         shape = tuple(view.shape)
         key = without_leading_ones(shape)
         recent_shapes.pop(key, None)

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing.cuts.layout import cut, cut_layout, is_cut_or_view_of_one, padded_of, shared_cut
 from tputrace.backend.indexing.cuts.pointwise import broadcast_on_padded
 from tputrace.backend.indexing.cuts.steps import padded_step
@@ -53,7 +54,7 @@ def _loss_rows(self: Any, target: Any) -> tuple[Any, Any, int] | None:
     return padded_of(self, self_layout), padded_of(target, target_layout), length
 
 
-def nll_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def nll_loss_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`nll_loss_forward` of cut scores and targets: the padded rows get `ignore_index`."""
     self, target, weight, reduction, ignore_index = bound(entry.op, args, kwargs)
     rows = _loss_rows(self, target)
@@ -65,7 +66,7 @@ def nll_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs:
     return (cut(output, 0, length) if reduction == _NO_REDUCTION else output), total_weight
 
 
-def nll_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def nll_loss_backward_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`nll_loss_backward` of cut scores and targets: the padded rows' gradient is zero."""
     grad_output, self, target, weight, reduction, ignore_index, total_weight = bound(entry.op, args, kwargs)
     rows = _loss_rows(self, target)
@@ -82,7 +83,7 @@ def nll_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any]
     return cut(dispatcher.compute(_NLL_LOSS_BACKWARD, inputs, options, record_as or entry.name), 0, length)
 
 
-def mse_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def mse_loss_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`mse_loss` of two cuts alike: the padded entries' difference is zero (a mean divides by the count)."""
     self, target, reduction = bound(entry.op, args, kwargs)
     cuts = _mse_cuts(self, target)
@@ -96,7 +97,7 @@ def mse_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs:
     return dispatcher.compute(_MSE_LOSS, (padded_self, padded_target, length), options, record_as or entry.name)
 
 
-def mse_loss_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def mse_loss_backward_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`mse_loss_backward` of two cuts alike (and of a cut gradient, without reduction)."""
     grad_output, self, target, reduction = bound(entry.op, args, kwargs)
     cuts = _mse_cuts(self, target)
@@ -125,7 +126,7 @@ def _mse_cuts(self: Any, target: Any) -> tuple[Any, Any, Any] | None:
     return shared, padded_of(self, shared), padded_of(target, shared)
 
 
-def entry_by_entry_loss_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def entry_by_entry_loss_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """A loss of cuts computed entry by entry (`ENTRY_BY_ENTRY_LOSSES`), or its backward: without
     reduction, the op on the padded buffers, cut in turn; a sum or mean, over the entries before the
     length only (a mean divides by their count), and the padded entries' gradient is zero. None where

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing.cuts.layout import cut, cut_layout, is_cut_or_view_of_one, padded_of
 from tputrace.backend.indexing.cuts.steps import padded_step
 from tputrace.backend.ops import padded
@@ -30,7 +31,7 @@ _OVER_CUT = {
 }
 
 
-def matmul_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def matmul_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """A matrix product whose operands include a cut (or its reshape or transpose), on the padded
     buffers: with the first operand cut along its rows, or the second along its columns (each row or
     column of the product is its own), or both along the batch (`bmm`), the product is cut in turn;
@@ -75,7 +76,7 @@ def _layout(value: Any) -> Any:
     return cut_layout(value) or False
 
 
-def _on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None, operand: Any, layout: Any, out_dim: int) -> Any:
+def _on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None, operand: Any, layout: Any, out_dim: int) -> Any:
     """`entry`'s op with `operand` replaced by its padded counterpart, cut along `out_dim`."""
     padded_operand = padded_of(operand, layout)
     padded_args = [padded_operand if value is operand else value for value in args]

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing.cuts.layout import cut, cut_layout, is_cut_or_view_of_one, padded_of
 from tputrace.backend.indexing.cuts.steps import padded_step
 from tputrace.backend.ops import padded
@@ -19,7 +20,7 @@ aten = torch.ops.aten
 _LAYER_NORM_BACKWARD = padded_step(aten.native_layer_norm_backward.default, padded.layer_norm_backward_padded, 6)
 
 
-def layer_norm_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def layer_norm_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`native_layer_norm` of a cut over trailing dims after the cut dim: of its padded buffer, the
     output, mean and rstd cut in turn."""
     self, normalized_shape, weight, bias, _ = bound(entry.op, args, kwargs)
@@ -34,7 +35,7 @@ def layer_norm_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwarg
     return cut(output, cut_dim, length), cut(mean, cut_dim, length), cut(rstd, cut_dim, length)
 
 
-def layer_norm_backward_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def layer_norm_backward_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`native_layer_norm_backward` of cuts alike (the gradient, input, mean and rstd): the padded rows
     are zeroed, so that they add nothing to the weight's and bias's gradients
     (`ops.padded.layer_norm_backward_padded`); the input's gradient is cut in turn."""

@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.core.tensor import TpuTensor, whole_buffer
 from tputrace.backend.indexing.cuts.layout import cut, cut_from_end, cut_layout, is_cut, padded_of
 
@@ -17,7 +18,7 @@ aten = torch.ops.aten
 _pointwise: dict[Any, bool] = {}  # op entry -> whether it is a deterministic pointwise op of one output
 
 
-def pointwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def pointwise_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """A pointwise op whose inputs include cuts (or their `unsqueeze`), run on their padded buffers and
     cut to the length; None when it cannot be: an op that is not pointwise (or draws random numbers),
     or inputs that `broadcast_on_padded` refuses."""

@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing.cuts.layout import cut, cut_layout, is_cut, padded_of
 from tputrace.backend.indexing.cuts.steps import padded_step
 from tputrace.backend.ops import padded
@@ -40,7 +41,7 @@ MEANS = {op: padded_step(op, padded.mean_padded, 1) for op in (aten.mean.default
 _FILL_PAST = padded_step(aten.where.self, padded.fill_past, 1)
 
 
-def reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def reduction_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """A sum, `amax`, `amin` or mean of a cut: of its padded buffer with the padding set to the
     identity (a mean: zeroed, the sum divided by the count), where it reduces the cut dim; else of the
     buffer as it is, the result cut in turn. None for an empty cut or a complex one."""
@@ -61,7 +62,7 @@ def reduction_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs
     return _padding_filled(dispatcher, entry, args, kwargs, record_as, layout, dims, keepdim, fill)
 
 
-def vector_norm_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def vector_norm_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`linalg_vector_norm` of a cut (`x[mask].norm()`, `F.normalize(x[mask], dim=-1)`), its padding
     set to zero where it reduces the cut dim (+inf for a negative order, whose terms |x|^ord vanish there)."""
     layout = _reducible_layout(args, kwargs)
@@ -72,7 +73,7 @@ def vector_norm_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwar
     return _padding_filled(dispatcher, entry, args, kwargs, record_as, layout, _reduced_dims(self, reduced), keepdim, fill)
 
 
-def logsumexp_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def logsumexp_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`logsumexp` of a floating cut along given dims, its padding set to -inf where it reduces the cut dim."""
     layout = _reducible_layout(args, kwargs)
     self, reduced, keepdim = bound(entry.op, args, kwargs)
@@ -97,7 +98,7 @@ def _reduced_dims(self: Any, reduced: Sequence[int] | None) -> range | list[int]
 
 
 def _padding_filled(
-    dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None, layout: Any, dims: Sequence[int], keepdim: bool,
+    dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None, layout: Any, dims: Sequence[int], keepdim: bool,
     fill: float | int | bool | None,
 ) -> Any:
     """`entry` of the padded buffer of `args[0]`, its padding set to `fill` where the op reduces the

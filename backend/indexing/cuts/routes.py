@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from tputrace.backend.indexing.cuts import layout
 from tputrace.backend.indexing.cuts.backward_views import expand_in_backward, squeeze_in_backward
 from tputrace.backend.indexing.cuts.in_place import in_place_on_cut, masked_fill_on_cut, pointwise_in_place_ops
 from tputrace.backend.indexing.cuts.index_put import index_put_on_padded
@@ -33,6 +34,8 @@ from tputrace.backend.indexing.cuts.rows import (
     rowwise_on_padded,
     unsafe_view_on_padded,
 )
+from tputrace.backend.core import routing
+from tputrace.backend.core.routing import DispatcherApi
 
 aten = torch.ops.aten
 
@@ -68,7 +71,7 @@ _CUT_ROUTES: dict[Any, CutRoute] = {
 }
 
 
-def on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`entry`'s op on the padded buffers of the cuts among its inputs, its result cut in turn where
     it keeps the cut dim; None when the op needs the exact shape (see the package's note)."""
     route = _ROUTES.get(entry.op)
@@ -81,15 +84,14 @@ def route_through_cuts() -> None:
     """From the process's first cut on, `expand` tries `expand_in_backward` first, `squeeze(dim)`
     `squeeze_in_backward`, `masked_fill_` `masked_fill_on_cut` and the other in-place pointwise ops
     `in_place_on_cut`; until then they take their plain routes, at no cost to processes that never cut."""
-    from tputrace.backend.core.dispatch import dispatcher  # dispatch imports this package
-
+    dispatcher = routing.active()
     cut_routes = {**dict.fromkeys(pointwise_in_place_ops(), in_place_on_cut), **_CUT_ROUTES}
     for op, on_cut in cut_routes.items():
         handler, entry = dispatcher.routes.get(id(op)) or dispatcher._route(op)
-        dispatcher.register_special(op, _first_on_cut(dispatcher, op, on_cut, handler, entry))
+        routing.register_special(op, _first_on_cut(dispatcher, op, on_cut, handler, entry))
 
 
-def _first_on_cut(dispatcher: Any, op: Any, on_cut: CutRoute, handler: Any, entry: Any) -> Callable[[Sequence[Any], dict], Any]:
+def _first_on_cut(dispatcher: DispatcherApi, op: Any, on_cut: CutRoute, handler: Any, entry: Any) -> Callable[[Sequence[Any], dict], Any]:
     """A route of `op` that tries `on_cut` first, then its plain `handler`."""
 
     def route(args: Sequence[Any], kwargs: dict) -> Any:
@@ -97,3 +99,9 @@ def _first_on_cut(dispatcher: Any, op: Any, on_cut: CutRoute, handler: Any, entr
         return handler(entry, args, kwargs) if result is None else result
 
     return route
+
+
+def install() -> None:
+    """Take the routes through cuts from the process's first cut on (`layout.FIRST_CUT_CALLBACKS`)."""
+    if route_through_cuts not in layout.FIRST_CUT_CALLBACKS:
+        layout.FIRST_CUT_CALLBACKS.append(route_through_cuts)

@@ -10,7 +10,8 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.core.op_routes import bound
+from tputrace.backend.core.entries import bound
+from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.indexing.cuts.layout import cut, cut_layout, is_cut, padded_of, reshaped_layout, shared_cut
 from tputrace.backend.indexing.cuts.steps import padded_step
 from tputrace.backend.ops import padded
@@ -25,7 +26,7 @@ PREFIX_OPS = (
 )
 
 
-def rowwise_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def rowwise_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """A softmax, log-softmax or their backward of cuts alike. Along a dim other than the cut's, each
     row of the padded buffers is computed on its own, so the first `length` are the op's on the cuts;
     along the cut dim (a softmax over the selected rows), the padding is left out of the
@@ -60,7 +61,7 @@ _ALONG_CUT = {  # op -> (its program along the cut dim, the name of its last arg
 _FLIP_CUT = padded_step(aten.flip.default, padded.flip_cut_padded, 1)
 
 
-def flip_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def flip_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`flip` of a cut (the backward of its `cumsum`): along other dims, of its padded buffer; along
     the cut dim, the cut's entries reversed to the front (`ops.padded.flip_cut_padded`); cut in turn."""
     self, dims = bound(entry.op, args, kwargs)
@@ -77,7 +78,7 @@ def flip_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dic
     return cut(dispatcher.compute(_FLIP_CUT, (padded_of(self, layout), length), options, record_as or entry.name), cut_dim, length)
 
 
-def new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def new_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`new_zeros` and the like of a cut read only its dtype and device: made from its padded buffer."""
     layout = cut_layout(args[0])
     if layout is None or any(is_cut(value) for value in (*args[1:], *kwargs.values())):
@@ -85,7 +86,7 @@ def new_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict
     return dispatcher.compute(entry, (padded_of(args[0], layout), *args[1:]), kwargs, record_as)
 
 
-def prefix_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def prefix_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """An op of one cut whose first `length` entries along the cut dim depend on the cut's only
     (`zeros_like` and the like; a cumulative sum, product or logcumsumexp, each entry on those
     before it): of its padded buffer, cut in turn."""
@@ -96,7 +97,7 @@ def prefix_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: d
     return cut(dispatcher.compute(entry, (padded_of(args[0], layout), *args[1:]), kwargs, record_as), dim, length)
 
 
-def unsafe_view_on_padded(dispatcher: Any, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
+def unsafe_view_on_padded(dispatcher: DispatcherApi, entry: Any, args: Sequence[Any], kwargs: dict, record_as: str | None) -> Any | None:
     """`_unsafe_view` of a cut (a matmul's output of a 3-D cut, as a linear layer without bias gives):
     its padded counterpart reshaped as `layout.reshaped_layout` says, cut in turn."""
     self, size = bound(entry.op, args, kwargs)
