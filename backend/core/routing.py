@@ -29,6 +29,7 @@ class DispatcherApi(Protocol):
     special: dict[Any, Handler]
     plans: dict[Any, Any]
     length_recompiles: Any
+    worker_errors: list[BaseException]
 
     def dispatch(self, func: Any, args: tuple, kwargs: dict) -> Any: ...
 

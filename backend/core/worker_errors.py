@@ -66,6 +66,11 @@ class WorkerSafeBackwardHook(torch.utils.hooks.BackwardHook):
         return super()._apply_on_tensors(lambda node: fn(_SafeNodeHooks(node)), args)
 
 
+# What reads the failure an error from the engine stands for, else None (`distributed.register` adds the
+# failed collective's).
+FAILURE_READERS: list[Callable[[RuntimeError], BaseException | None]] = []
+
+
 def _raising_after(run: Callable[..., Any]) -> Callable[..., Any]:
     """The autograd engine's entry, raising what the worker kept once it returns."""
 
@@ -76,12 +81,11 @@ def _raising_after(run: Callable[..., Any]) -> Callable[..., Any]:
         try:
             result = run(*args, **kwargs)
         except RuntimeError as error:
-            from tputrace.backend.distributed.process_group import failed_collective
-
-            collective_error = failed_collective(error)
-            if collective_error is None:
-                raise
-            raise collective_error from None  # a peer's failure, as the collective words it
+            for failure_of in FAILURE_READERS:
+                failure = failure_of(error)
+                if failure is not None:
+                    raise failure from None  # e.g. a peer's failure, as the collective words it
+            raise
         dispatcher.raise_worker_errors()
         return result
 

@@ -21,10 +21,13 @@ def register() -> None:
 
     if not dist.is_available():
         return
+    from tputrace.backend.core import worker_errors
     from tputrace.backend.distributed import ddp_options, process_group
 
     process_group.register_backend()
     ddp_options.install()
+    if process_group.failed_collective not in worker_errors.FAILURE_READERS:
+        worker_errors.FAILURE_READERS.append(process_group.failed_collective)
     _registered = True
 
 
