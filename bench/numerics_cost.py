@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import tputrace.backend  # noqa: F401 - registers the tpu device
-from tputrace.backend.device_module import EagerMode, set_eager_mode
+from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
 from tputrace.numerics.recording import NumericsSession
 from tputrace.numerics.store import NumericsWriter
 
