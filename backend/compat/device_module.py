@@ -11,7 +11,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
-import jax
 import torch
 
 from tputrace.backend.compat import process_sharing

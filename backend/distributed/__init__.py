@@ -29,19 +29,3 @@ def register() -> None:
     if process_group.failed_collective not in worker_errors.FAILURE_READERS:
         worker_errors.FAILURE_READERS.append(process_group.failed_collective)
     _registered = True
-
-
-_handlers_installed = False
-
-
-def install_op_handlers() -> None:
-    """Route the functional collectives and FSDP2's ops on tpu tensors to their handlers (once)."""
-    global _handlers_installed
-    if _handlers_installed:
-        return
-    from tputrace.backend.distributed import fsdp, functional, sharding_hooks
-
-    functional.register()
-    fsdp.register()
-    sharding_hooks.install()
-    _handlers_installed = True

@@ -61,6 +61,7 @@ class Quarantine:
             flags = [handoff.released_by_gloo() for handoff in self._held]
             released = [handoff for handoff, done in zip(self._held, flags) if done]
             self._held = [handoff for handoff, done in zip(self._held, flags) if not done]
+        del released  # the last references go here, after the lock is released
 
     def __len__(self) -> int:
         return len(self._held)

@@ -32,7 +32,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from tputrace.backend.distributed import fsdp, premul_sum, tracing
+from tputrace.backend.distributed import fsdp, op_handlers, premul_sum, tracing
 from tputrace.backend.distributed.handoff import Handoff, quarantine
 from tputrace.backend.distributed.staging import Staging
 
@@ -569,9 +569,7 @@ def _completion_loop(pending_calls: queue.SimpleQueue) -> None:
 
 def _create(options: Any, backend_options: Any) -> TpuProcessGroup:
     """c10d's creator for the "tpu" backend (extended API: it tells us the group's global ranks)."""
-    from tputrace.backend.distributed import install_op_handlers
-
-    install_op_handlers()
+    op_handlers.install_op_handlers()
     return TpuProcessGroup(options.store, options.group_rank, options.group_size, options.timeout, list(options.global_ranks_in_group))
 
 
