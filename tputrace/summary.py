@@ -12,12 +12,13 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
+from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
 from tputrace.forks import ForkOrigin, started_by
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
     FallbackStat,
-    OpStat,
     RecompileGroup,
     SyncStat,
     TimeSplit,
@@ -43,7 +44,8 @@ class RunSummary:
     median_step_ns: int | None
     op_count: int
     time_split: TimeSplit
-    top_ops: tuple[OpStat, ...]
+    top_ops: tuple[RankedOp, ...]
+    op_target: str | None
     compiles: CompileStats
     top_recompiles: tuple[RecompileGroup, ...]
     sync_count: int
@@ -95,6 +97,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     later_steps = step_durations[1:] or step_durations
     fallbacks = trace.fallback_stats(rank=chosen_rank)
     syncs = trace.sync_stats(rank=chosen_rank)
+    ranking = rank_ops(trace, chosen_rank, target_chip(DEFAULT_TARGET))
     return RunSummary(
         trace_path=str(trace.path),
         rank=chosen_rank,
@@ -106,7 +109,8 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         median_step_ns=int(statistics.median(later_steps)) if later_steps else None,
         op_count=trace.count("ops", where="rank = ?", params=(chosen_rank,)),
         time_split=trace.time_split(rank=chosen_rank),
-        top_ops=tuple(trace.op_stats("op", limit=top, rank=chosen_rank)),
+        top_ops=ranking.top(top),
+        op_target=ranking.target,
         compiles=trace.compile_stats(rank=chosen_rank),
         top_recompiles=tuple(trace.recompile_groups(limit=min(top, 5), rank=chosen_rank)),
         sync_count=sum(stat.count for stat in syncs),
@@ -188,15 +192,16 @@ def sections(summary: RunSummary) -> list[Section]:
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
-            "top ops by total time",
-            ("op", "calls", "total", "mean", "share"),
+            f"top ops by {HOST_DISPATCH_LABEL} (measured on this host) · {CHIP_SHARE_LABEL} "
+            f"(projected for {summary.op_target or 'the target chip'} by a roofline)",
+            ("op", "calls", "host dispatch", "share", CHIP_SHARE_LABEL),
             tuple(
                 (
-                    stat.label,
-                    f"{stat.count:,}",
-                    format_ns(stat.total_ns),
-                    format_ns(stat.mean_ns),
-                    f"{100 * stat.share:.1f}%",
+                    printable(stat.op),
+                    f"{stat.calls:,}",
+                    format_ns(stat.self_dispatch_ns),
+                    f"{100 * stat.self_dispatch_share:.1f}%",
+                    f"{100 * stat.chip_share:.1f}%" if summary.op_target else "-",
                 )
                 for stat in summary.top_ops
             ),
