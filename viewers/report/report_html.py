@@ -28,6 +28,7 @@ from tputrace.viewers.report.page import (
     note_html,
     section_html,
 )
+from tputrace.wording import format_change
 
 
 @dataclass
@@ -299,12 +300,6 @@ def write_report(
 def _compare_table(data: ComparisonData) -> str:
     before, after = data.before, data.after
 
-    def change(old: float | None, new: float | None) -> str:
-        if not old or new is None:
-            return ""
-        ratio = new / old
-        return f"{ratio:.2f}×"
-
     rows: list[tuple[str, float | None, float | None, str]] = [
         ("wall time", before.wall_ns, after.wall_ns, "ns"),
         ("steps", len(before.step_durations_ns), len(after.step_durations_ns), "count"),
@@ -319,8 +314,8 @@ def _compare_table(data: ComparisonData) -> str:
     for label, old, new, unit in rows:
         show = (lambda value: fmt_ns(value) if value is not None else "–") if unit == "ns" else (
             lambda value: f"{int(value):,}" if value is not None else "–")
-        cells.append([esc(label), esc(show(old)), esc(show(new)), esc(change(old, new))])
-    return html_table(["", "before", "after", "after / before"], cells, numeric=[False, True, True, True], narrow=True)
+        cells.append([esc(label), esc(show(old)), esc(show(new)), esc(format_change(old, new))])
+    return html_table(["", "before", "after", "change"], cells, numeric=[False, True, True, True], narrow=True)
 
 
 def render_comparison(data: ComparisonData, *, plotlyjs: PlotlyJsMode = "inline") -> str:
@@ -336,7 +331,7 @@ def render_comparison(data: ComparisonData, *, plotlyjs: PlotlyJsMode = "inline"
         '<nav><a href="#summary">Summary</a><a href="#steps">Step times</a><a href="#ops">Op time by op</a>'
         '<a href="#compiles">Compiles</a></nav></header>'
     )
-    rank_note = note_html("Rank 0 of each trace. Ratios below 1 mean the after run spent less.")
+    rank_note = note_html("Rank 0 of each trace. The change says how many times less or more the after run spent.")
     body = "".join((
         header,
         "<main>",
