@@ -7,12 +7,12 @@ Both renderers draw the same `Section`s, so they always show the same facts.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
 from tputrace.forks import ForkOrigin, started_by
 from tputrace.store.aggregates import (
@@ -92,9 +92,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     chosen_rank = trace.run.rank if rank is None else rank
     run = next((candidate for candidate in trace.runs if candidate.rank == chosen_rank), trace.run)
     # The loop's steps: the trailing `end` step is the work after the last optimizer step (an evaluation, saving).
-    step_durations = [step.dur_ns for step in trace.step_times(rank=chosen_rank)
-                      if step.dur_ns is not None and step.source != "end"]
-    later_steps = step_durations[1:] or step_durations
+    step_durations = loop_step_durations(trace, chosen_rank)
     fallbacks = trace.fallback_stats(rank=chosen_rank)
     syncs = trace.sync_stats(rank=chosen_rank)
     ranking = rank_ops(trace, chosen_rank, target_chip(DEFAULT_TARGET))
@@ -106,7 +104,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         wall_ns=trace.wall_ns(rank=chosen_rank),
         step_count=len(step_durations),
         first_step_ns=step_durations[0] if step_durations else None,
-        median_step_ns=int(statistics.median(later_steps)) if later_steps else None,
+        median_step_ns=steady_median_ns(step_durations),
         op_count=trace.count("ops", where="rank = ?", params=(chosen_rank,)),
         time_split=trace.time_split(rank=chosen_rank),
         top_ops=ranking.top(top),

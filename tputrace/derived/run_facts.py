@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.derived.steps import loop_step_durations
+
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
 
@@ -32,7 +34,7 @@ class RunFacts:
     world_size: int | None
     versions: str
     wall_ns: int
-    steps: int
+    steps: int  # training-loop steps of `rank` (None: of the first run), as every view counts them
     finished: bool
     exit_status: int | None
     error: str | None
@@ -58,10 +60,7 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         for name, version in (("torch", run.torch_version), ("jax", run.jax_version), ("tputrace", run.tputrace_version))
         if version
     )
-    if rank is None:
-        (steps,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps")[0]
-    else:
-        (steps,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ?", (rank,))[0]
+    steps = len(loop_step_durations(trace, run.rank if rank is None else rank))
     return RunFacts(
         path=str(trace.path),
         size_bytes=size_bytes,
