@@ -84,7 +84,7 @@ def finding_lines(number: int, finding: Finding, *, brief: bool = False) -> list
         where = f" · at {finding.file}:{finding.line}"
     if finding.module:
         where += f" · module {finding.module}"
-    cost = f"cost ≈ {format_ns(finding.cost_total_ns)} in all{per_step} (estimate)" if finding.cost_total_ns else "no cost to this run"
+    cost = f"cost ≈ {format_ns(finding.cost_total_ns)} in all{per_step} ({finding.cost_basis})" if finding.cost_total_ns else "no cost to this run"
     lines.append(Line(f"{cost}{where}", 3, "dim"))
     if not brief:
         lines.append(Line(finding.explanation, 3))

@@ -58,7 +58,8 @@ def _header(data: ReportData) -> str:
         ("platform", f"{run.platform or '?'} · {run.eager_mode or '?'}"),
         ("ranks · chips", f"{len(run.ranks)} · {run.chips if run.chips is not None else '?'}"),
         ("wall time", fmt_ns(run.wall_ns)),
-        ("steps", str(run.steps)),
+        ("steps", f"{run.steps} · median {fmt_ns(run.median_step_ns)} (measured on this host)"
+                  if run.median_step_ns is not None else str(run.steps)),
         ("ended", status),
         ("recorded", f"{counts.get('ops', 0):,} ops · {counts.get('executions', 0):,} program runs · "
                      f"{counts.get('compiles', 0):,} compiles · {counts.get('syncs', 0):,} syncs · "

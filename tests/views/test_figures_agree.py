@@ -1,0 +1,61 @@
+"""The figures a user meets first agree across views on one real recording (examples/gpt_train.py):
+the summary, the report's JSON (as `tputrace report --json` writes it), the TUI's Overview, the HTML report's header."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from tputrace.analysis.render import render_json
+from tputrace.analysis.report import analyze
+from tputrace.store.reader import open_trace
+from tputrace.summary import render_text, summarize
+from tputrace.wording import format_ns
+
+
+@pytest.fixture(scope="module")
+def figures(gpt_train_trace: Path) -> dict[str, object]:
+    from tputrace.tui.overview import step_summary
+    from tputrace.tui.queries.overview import overview
+    from tputrace.viewers.report.data import prepare_report
+    from tputrace.viewers.report.report_html import render_report
+
+    with open_trace(gpt_train_trace) as trace:
+        summary = summarize(trace)
+        tui = overview(trace, summary.rank)
+        html = render_report(prepare_report(trace), plotlyjs="cdn")
+        report = json.loads(render_json(analyze(trace)))
+    return {"summary": summary, "summary_text": render_text(summary), "report": report,
+            "tui": tui, "tui_steps": step_summary(tui.steps).plain, "html": html}
+
+
+def test_step_count_agrees(figures: dict[str, object]) -> None:
+    summary = figures["summary"]
+    steps = summary.step_count
+    assert steps > 0
+    assert figures["report"]["steps"] == steps
+    assert figures["tui"].facts.steps == steps
+    assert re.search(rf"<th>steps</th><td>{steps} ·", figures["html"])
+    assert f" · {steps} steps (" in figures["summary_text"]
+
+
+def test_median_step_agrees(figures: dict[str, object]) -> None:
+    median = figures["summary"].median_step_ns
+    assert median is not None
+    assert figures["report"]["median_step_ns"] == median
+    assert figures["tui"].facts.median_step_ns == median
+    assert f"median {format_ns(median)}" in figures["html"]
+    assert f"median {format_ns(median)}" in figures["summary_text"]
+
+
+def test_compile_and_sync_counts_agree(figures: dict[str, object]) -> None:
+    summary = figures["summary"]
+    tui = figures["tui"]
+    assert tui.compiles.count == summary.compiles.count > 0
+    assert tui.compiles.total_ns == summary.compiles.total_ns
+    assert f"{summary.compiles.count:,} compiles" in figures["html"]
+    assert tui.facts.counts.get("syncs", 0) == summary.sync_count
+    assert f"{summary.sync_count:,} syncs" in figures["html"]
