@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
 from tputrace.forks import ForkOrigin, started_by
@@ -44,6 +45,7 @@ class RunSummary:
     median_step_ns: int | None
     op_count: int
     time_split: TimeSplit
+    projected: ProjectedSteps | None
     top_ops: tuple[RankedOp, ...]
     op_target: str | None
     compiles: CompileStats
@@ -95,7 +97,9 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     step_durations = loop_step_durations(trace, chosen_rank)
     fallbacks = trace.fallback_stats(rank=chosen_rank)
     syncs = trace.sync_stats(rank=chosen_rank)
-    ranking = rank_ops(trace, chosen_rank, target_chip(DEFAULT_TARGET))
+    chip = target_chip(DEFAULT_TARGET)
+    ranking = rank_ops(trace, chosen_rank, chip)
+    projected = projected_steps(trace, chosen_rank, chip)
     return RunSummary(
         trace_path=str(trace.path),
         rank=chosen_rank,
@@ -107,6 +111,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         median_step_ns=steady_median_ns(step_durations),
         op_count=trace.count("ops", where="rank = ?", params=(chosen_rank,)),
         time_split=trace.time_split(rank=chosen_rank),
+        projected=projected if projected.programs_costed else None,
         top_ops=ranking.top(top),
         op_target=ranking.target,
         compiles=trace.compile_stats(rank=chosen_rank),
@@ -174,11 +179,18 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     compiles = summary.compiles
     loaded = f"; {compiles.loaded_from_disk} loaded from the compile cache" if compiles.loaded_from_disk else ""
     totals = f"{plural(summary.op_count, 'op')} · {plural(compiles.count, 'compile')} ({plural(compiles.recompiles, 'recompile')}{loaded})"
-    return [
+    lines = [
         ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
-        ("trace", summary.trace_path),
     ]
+    projected = summary.projected
+    if projected is not None and projected.median_ns is not None and summary.median_step_ns is not None:
+        lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on this host · "
+                              f"{format_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"))
+    if run.platform == "cpu":
+        lines.append(("note", CPU_ONLY_NOTE))
+    lines.append(("trace", summary.trace_path))
+    return lines
 
 
 def sections(summary: RunSummary) -> list[Section]:
@@ -190,8 +202,8 @@ def sections(summary: RunSummary) -> list[Section]:
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
-            f"top ops by {HOST_DISPATCH_LABEL} (measured on this host) · {CHIP_SHARE_LABEL} "
-            f"(projected for {summary.op_target or 'the target chip'} by a roofline)",
+            f"top ops by {HOST_DISPATCH_LABEL}, measured on this host · {CHIP_SHARE_LABEL}, projected for "
+            f"{summary.op_target or 'the target chip'} by a roofline",
             ("op", "calls", "host dispatch", "share", CHIP_SHARE_LABEL),
             tuple(
                 (
