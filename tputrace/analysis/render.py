@@ -40,7 +40,10 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     if not brief:
         lines.append(Line(f"tputrace report: {report.trace_path}", style="bold"))
     steps = (
-        f"{plural(report.step_count, 'step')}, median step {format_ns(report.median_step_ns)}" if report.step_count else "no steps"
+        f"{plural(report.step_count, 'step')}, median step {format_ns(report.median_step_ns)} measured on this host"
+        + (f" ({format_ns(report.projected_median_step_ns)} projected for {target.name})"
+           if report.projected_median_step_ns is not None else "")
+        if report.step_count else "no steps"
     )
     if report.rank not in report.ranks:
         rank = f"rank {report.rank} (a forked process), "

@@ -38,13 +38,16 @@ class ProjectedSteps:
 
 
 def projected_steps(trace: Trace, rank: int, chip: TargetChip) -> ProjectedSteps:
-    """The projected chip time per loop step of `rank` on `chip` (steps as `loop_step_durations` counts them)."""
+    """The projected chip time per loop step of `rank` on `chip` (steps as `loop_step_durations` counts them).
+    A program whose costs are not finite non-negative numbers (a damaged file) counts as not costed."""
     ns_per_flop = 1.0 / chip.peak_flops_per_ns
     ns_per_byte = 1.0 / chip.hbm_bytes_per_ns
     by_step: dict[int, float] = {}
     costed = total = 0
     for step, flops, bytes_accessed, runs in trace.sql(
-        "SELECT e.step, p.flops, p.bytes_accessed, COUNT(*) FROM executions e LEFT JOIN programs p ON p.id = e.program_id "
+        "SELECT e.step, CASE WHEN p.flops BETWEEN 0 AND 1e300 THEN p.flops END, "
+        "CASE WHEN p.bytes_accessed BETWEEN 0 AND 1e300 THEN p.bytes_accessed END, COUNT(*) "
+        "FROM executions e LEFT JOIN programs p ON p.id = e.program_id "
         "WHERE e.rank = ? GROUP BY e.step, e.program_id", (rank,)
     ):
         total += runs
