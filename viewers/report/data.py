@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.context import steady
+from tputrace.analysis.target import target_of
+from tputrace.derived.projection import ProjectedSteps, projected_steps
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.timeline import TimelineData, prepare_timeline
 from tputrace.viewers.report.analysis_data import AnalysisData, prepare_analysis
@@ -49,6 +51,7 @@ class ReportData:
     roofline: RooflineData
     collectives: CollectiveData
     memory: MemoryData
+    projected: ProjectedSteps  # chip time per step projected for the analysis's target
 
 
 def prepare_report(trace: Trace, *, target: str | None = None, analysis: AnalysisData | None = None) -> ReportData:
@@ -66,6 +69,7 @@ def prepare_report(trace: Trace, *, target: str | None = None, analysis: Analysi
         roofline=prepare_roofline(trace, model),
         collectives=prepare_collectives(trace, model),
         memory=prepare_memory(trace, model),
+        projected=projected_steps(trace, trace.run.rank, target_of(model)),
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tputrace.derived.projection import PROJECTION_NOTE
 from tputrace.viewers.report import figures
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
 from tputrace.viewers.report.figure_style import esc, fmt_bytes, fmt_ns, fmt_source
@@ -58,8 +59,7 @@ def _header(data: ReportData) -> str:
         ("platform", f"{run.platform or '?'} · {run.eager_mode or '?'}"),
         ("ranks · chips", f"{len(run.ranks)} · {run.chips if run.chips is not None else '?'}"),
         ("wall time", fmt_ns(run.wall_ns)),
-        ("steps", f"{run.steps} · median {fmt_ns(run.median_step_ns)} (measured on this host)"
-                  if run.median_step_ns is not None else str(run.steps)),
+        ("steps", _steps_text(data)),
         ("ended", status),
         ("recorded", f"{counts.get('ops', 0):,} ops · {counts.get('executions', 0):,} program runs · "
                      f"{counts.get('compiles', 0):,} compiles · {counts.get('syncs', 0):,} syncs · "
@@ -73,6 +73,17 @@ def _header(data: ReportData) -> str:
         f'<header><h1>tputrace report <span class="tp-muted">{esc(_basename(run.script or run.path))}</span></h1>'
         f'<table class="tp-facts">{rows}</table>{error}<nav><a href="#findings">Findings</a>{nav}</nav></header>'
     )
+
+
+def _steps_text(data: ReportData) -> str:
+    """The step count, the median step measured on this host and the one projected for the target."""
+    run, projected = data.run, data.projected
+    if run.median_step_ns is None:
+        return str(run.steps)
+    text = f"{run.steps} · median {fmt_ns(run.median_step_ns)} measured on this host"
+    if projected.median_ns is not None:
+        text += f" · {fmt_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"
+    return text
 
 
 def _basename(path: str) -> str:
