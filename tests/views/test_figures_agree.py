@@ -18,7 +18,7 @@ from tputrace.wording import format_ns
 
 @pytest.fixture(scope="module")
 def figures(gpt_train_trace: Path) -> dict[str, object]:
-    from tputrace.tui.overview import step_summary
+    from tputrace.tui.overview import projection_text, step_summary
     from tputrace.tui.queries.overview import overview
     from tputrace.viewers.report.data import prepare_report
     from tputrace.viewers.report.report_html import render_report
@@ -29,7 +29,8 @@ def figures(gpt_train_trace: Path) -> dict[str, object]:
         html = render_report(prepare_report(trace), plotlyjs="cdn")
         report = json.loads(render_json(analyze(trace)))
     return {"summary": summary, "summary_text": render_text(summary), "report": report,
-            "tui": tui, "tui_steps": step_summary(tui.steps).plain, "html": html}
+            "tui": tui, "tui_steps": step_summary(tui.steps).plain,
+            "tui_projection": projection_text(tui).plain, "html": html}
 
 
 def test_step_count_agrees(figures: dict[str, object]) -> None:
@@ -49,6 +50,17 @@ def test_median_step_agrees(figures: dict[str, object]) -> None:
     assert figures["tui"].facts.median_step_ns == median
     assert f"median {format_ns(median)}" in figures["html"]
     assert f"median {format_ns(median)}" in figures["summary_text"]
+    assert f"median step {format_ns(median)} measured on this host" in figures["tui_projection"]
+
+
+def test_projected_step_agrees(figures: dict[str, object]) -> None:
+    projected = figures["summary"].projected
+    assert projected is not None and projected.median_ns is not None
+    assert figures["report"]["projected_median_step_ns"] == projected.median_ns
+    assert figures["tui"].projected.median_ns == projected.median_ns
+    shown = f"{format_ns(projected.median_ns)} projected for {projected.target}"
+    for view in ("summary_text", "tui_projection", "html"):
+        assert shown in figures[view], view
 
 
 def test_compile_and_sync_counts_agree(figures: dict[str, object]) -> None:

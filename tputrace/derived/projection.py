@@ -57,7 +57,7 @@ def projected_steps(trace: Trace, rank: int, chip: TargetChip) -> ProjectedSteps
         roofline = max((flops or 0.0) * ns_per_flop, (bytes_accessed or 0.0) * ns_per_byte)
         by_step[step] = by_step.get(step, 0.0) + roofline * runs
     loop_steps = [step for (step,) in trace.sql(
-        "SELECT step FROM steps WHERE rank = ? AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end' ORDER BY step",
+        "SELECT step FROM steps WHERE rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end' ORDER BY step",
         (rank,))]
     projected = [int(by_step.get(step, 0.0)) for step in loop_steps]
     return ProjectedSteps(chip.name, {step: by_step.get(step, 0.0) for step in loop_steps},

@@ -23,7 +23,7 @@ def loop_step_durations(trace: Trace, rank: int) -> list[int]:
     step (the work after the last optimizer step: an evaluation, saving). Every view counts steps and
     takes their median from this."""
     return [end - start for start, end in trace.sql(
-        "SELECT start_ns, end_ns FROM steps WHERE rank = ? AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end' "
+        "SELECT start_ns, end_ns FROM steps WHERE rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end' "
         "ORDER BY step", (rank,))]
 
 
