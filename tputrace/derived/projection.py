@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.derived.op_cost import TargetChip
-from tputrace.derived.steps import steady_median_ns
+from tputrace.derived.steps import loop_step_durations, steady_median_ns
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -62,3 +62,18 @@ def projected_steps(trace: Trace, rank: int, chip: TargetChip) -> ProjectedSteps
     projected = [int(by_step.get(step, 0.0)) for step in loop_steps]
     return ProjectedSteps(chip.name, {step: by_step.get(step, 0.0) for step in loop_steps},
                           steady_median_ns(projected), costed, total)
+
+
+def step_metadata(trace: Trace, rank: int, chip: TargetChip) -> dict[str, object]:
+    """The step figures an export carries in its metadata, each saying what it is, as the summary gives them."""
+    durations = loop_step_durations(trace, rank)
+    projected = projected_steps(trace, rank, chip)
+    return {
+        "rank": rank,
+        "steps": len(durations),
+        "median_step_ns": steady_median_ns(durations),
+        "median_step_basis": "measured on this host",
+        "projected_median_step_ns": projected.median_ns,
+        "projected_for": chip.name,
+        "projection": PROJECTION_NOTE,
+    }
