@@ -18,6 +18,7 @@ Conventions shared by every table:
 
 from __future__ import annotations
 
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 
 MAGIC = "tputrace-trace"
@@ -480,6 +481,46 @@ def index_statements() -> list[str]:
     return statements
 
 
+VIEW_SUFFIX = "_v"
+VIEW_TABLES: tuple[str, ...] = tuple(kind.table for kind in RECORD_KINDS if kind.table != "strings")
+
+
+def view_statements(present_columns: Mapping[str, Collection[str]] | None = None) -> list[str]:
+    """DDL for one view per record table but `strings` (`ops_v`, `compiles_v`, ...): its rows with every
+    `*_sid` column as text under the name without `_sid` (`op`, `module`) and every `frame_id` as `file`,
+    `line`, `function`. Idempotent, so it can be run on an older trace: `present_columns` (table -> its
+    columns in that file) leaves out the tables and columns it lacks. Views add no data, so they leave the
+    format version as it is."""
+    statements = []
+    for table in VIEW_TABLES:
+        if present_columns is not None and table not in present_columns:
+            continue
+        kind = RECORD_KINDS_BY_TABLE[table]
+        present = kind.column_names if present_columns is None else present_columns[table]
+        statements.append(_view_statement(kind, present))
+    return statements
+
+
+def _view_statement(kind: RecordKind, present: Collection[str]) -> str:
+    selected: list[str] = []
+    joins: list[str] = []
+    for column in (column for column in kind.columns if column.name in present):
+        selected.append(f"t.{column.name}")
+        if column.ref == "strings" and column.name.endswith("_sid"):
+            alias = f"s_{column.name}"
+            selected.append(f'{alias}.text AS "{column.name.removesuffix("_sid")}"')
+            joins.append(f"LEFT JOIN strings {alias} ON {alias}.id = t.{column.name}")
+        elif column.ref == "frames":
+            selected += ["frame_file.text AS file", "frame.line AS line", "frame_function.text AS function"]
+            joins += [
+                f"LEFT JOIN frames frame ON frame.id = t.{column.name}",
+                "LEFT JOIN strings frame_file ON frame_file.id = frame.file_sid",
+                "LEFT JOIN strings frame_function ON frame_function.id = frame.function_sid",
+            ]
+    return (f"CREATE VIEW IF NOT EXISTS {kind.table}{VIEW_SUFFIX} AS SELECT {', '.join(selected)} "
+            f"FROM {kind.table} t {' '.join(joins)}".rstrip())
+
+
 def create_statements() -> list[str]:
-    """DDL for a new trace file: the meta table, every record table and its indexes."""
-    return table_statements() + index_statements()
+    """DDL for a new trace file: the meta table, every record table, its indexes and the readable views."""
+    return table_statements() + index_statements() + view_statements()

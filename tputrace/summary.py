@@ -7,17 +7,19 @@ Both renderers draw the same `Section`s, so they always show the same facts.
 from __future__ import annotations
 
 import os
-import statistics
 import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
+from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
+from tputrace.derived.steps import loop_step_durations, steady_median_ns
+from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
 from tputrace.forks import ForkOrigin, started_by
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
     FallbackStat,
-    OpStat,
     RecompileGroup,
     SyncStat,
     TimeSplit,
@@ -43,7 +45,9 @@ class RunSummary:
     median_step_ns: int | None
     op_count: int
     time_split: TimeSplit
-    top_ops: tuple[OpStat, ...]
+    projected: ProjectedSteps | None
+    top_ops: tuple[RankedOp, ...]
+    op_target: str | None
     compiles: CompileStats
     top_recompiles: tuple[RecompileGroup, ...]
     sync_count: int
@@ -90,11 +94,12 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     chosen_rank = trace.run.rank if rank is None else rank
     run = next((candidate for candidate in trace.runs if candidate.rank == chosen_rank), trace.run)
     # The loop's steps: the trailing `end` step is the work after the last optimizer step (an evaluation, saving).
-    step_durations = [step.dur_ns for step in trace.step_times(rank=chosen_rank)
-                      if step.dur_ns is not None and step.source != "end"]
-    later_steps = step_durations[1:] or step_durations
+    step_durations = loop_step_durations(trace, chosen_rank)
     fallbacks = trace.fallback_stats(rank=chosen_rank)
     syncs = trace.sync_stats(rank=chosen_rank)
+    chip = target_chip(DEFAULT_TARGET)
+    ranking = rank_ops(trace, chosen_rank, chip)
+    projected = projected_steps(trace, chosen_rank, chip)
     return RunSummary(
         trace_path=str(trace.path),
         rank=chosen_rank,
@@ -103,10 +108,12 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         wall_ns=trace.wall_ns(rank=chosen_rank),
         step_count=len(step_durations),
         first_step_ns=step_durations[0] if step_durations else None,
-        median_step_ns=int(statistics.median(later_steps)) if later_steps else None,
+        median_step_ns=steady_median_ns(step_durations),
         op_count=trace.count("ops", where="rank = ?", params=(chosen_rank,)),
         time_split=trace.time_split(rank=chosen_rank),
-        top_ops=tuple(trace.op_stats("op", limit=top, rank=chosen_rank)),
+        projected=projected if projected.programs_costed else None,
+        top_ops=ranking.top(top),
+        op_target=ranking.target,
         compiles=trace.compile_stats(rank=chosen_rank),
         top_recompiles=tuple(trace.recompile_groups(limit=min(top, 5), rank=chosen_rank)),
         sync_count=sum(stat.count for stat in syncs),
@@ -172,11 +179,18 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     compiles = summary.compiles
     loaded = f"; {compiles.loaded_from_disk} loaded from the compile cache" if compiles.loaded_from_disk else ""
     totals = f"{plural(summary.op_count, 'op')} · {plural(compiles.count, 'compile')} ({plural(compiles.recompiles, 'recompile')}{loaded})"
-    return [
+    lines = [
         ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
-        ("trace", summary.trace_path),
     ]
+    projected = summary.projected
+    if projected is not None and projected.median_ns is not None and summary.median_step_ns is not None:
+        lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on this host · "
+                              f"{format_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"))
+    if run.platform == "cpu":
+        lines.append(("note", CPU_ONLY_NOTE))
+    lines.append(("trace", summary.trace_path))
+    return lines
 
 
 def sections(summary: RunSummary) -> list[Section]:
@@ -188,15 +202,16 @@ def sections(summary: RunSummary) -> list[Section]:
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
-            "top ops by total time",
-            ("op", "calls", "total", "mean", "share"),
+            f"top ops by {HOST_DISPATCH_LABEL}, measured on this host · {CHIP_SHARE_LABEL}, projected for "
+            f"{summary.op_target or 'the target chip'} by a roofline",
+            ("op", "calls", "host dispatch", "share", CHIP_SHARE_LABEL),
             tuple(
                 (
-                    stat.label,
-                    f"{stat.count:,}",
-                    format_ns(stat.total_ns),
-                    format_ns(stat.mean_ns),
-                    f"{100 * stat.share:.1f}%",
+                    printable(stat.op),
+                    f"{stat.calls:,}",
+                    format_ns(stat.self_dispatch_ns),
+                    f"{100 * stat.self_dispatch_share:.1f}%",
+                    f"{100 * stat.chip_share:.1f}%" if summary.op_target else "-",
                 )
                 for stat in summary.top_ops
             ),

@@ -42,6 +42,21 @@ def format_bytes(count: float | None) -> str:
     return f"{int(count)} B"
 
 
+def format_change(before: float | None, after: float | None) -> str:
+    """How `after` compares with `before`: `446× less`, `2.10× more`, `same`; empty when unknown."""
+    if before is None or after is None or before < 0 or after < 0:
+        return ""
+    if before == after:
+        return "same"
+    if after == 0:
+        return "none after"
+    if before == 0:
+        return "new"
+    if after < before:
+        return f"{_three_digits(before / after)}× less"
+    return f"{_three_digits(after / before)}× more"
+
+
 def _three_digits(value: float) -> str:
     if abs(value) >= 100:
         return f"{value:.0f}"

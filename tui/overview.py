@@ -74,7 +74,7 @@ class OverviewView(TraceView):
         self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(loop_steps)))
         bars = [ChartBar(step.dur_ns, step.compiles > 0) for step in loop_steps]
         chart = StepChart(bars, height=6, palette=palette)
-        self.query_one("#overview-chart", Static).update(Group(step_summary(loop_steps), chart))
+        self.query_one("#overview-chart", Static).update(Group(step_summary(loop_steps), projection_text(data), chart))
         self.query_one("#overview-split", Static).update(split_table(data.split, palette.bar))
 
     def _show_findings(self, result: queries.FindingsResult) -> None:
@@ -127,6 +127,18 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
         text.append(last_line)
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
     text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {plural(events, 'event')}", style="dim")
+    return text
+
+
+def projection_text(data: queries.Overview) -> Text:
+    """The median step measured on this host beside the one projected for the target chip."""
+    median, projected = data.facts.median_step_ns, data.projected
+    if median is None or projected.median_ns is None:
+        return Text("")
+    text = Text(f"median step {fmt_ns(median)} measured on this host · {fmt_ns(projected.median_ns)} projected for "
+                f"{projected.target} (roofline of XLA's costs, a lower bound)", style="dim")
+    text.no_wrap = True
+    text.overflow = "ellipsis"
     return text
 
 

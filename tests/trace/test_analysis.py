@@ -162,6 +162,16 @@ def _storm_trace(path: Path) -> Path:
     return trace.close()
 
 
+def test_a_recompile_cost_is_measured_on_this_host_for_every_target(tmp_path: Path) -> None:
+    """XLA:CPU's compile time is what the trace holds: the same whatever the target, and said to be measured."""
+    path = _storm_trace(tmp_path / "storm.tptrace")
+    with open_trace(path) as trace:
+        storms = [findings_of(analyze(trace, target), "recompiles")[0] for target in ("v5e", "v6e")]
+    assert storms[0].cost_total_ns == storms[1].cost_total_ns
+    assert storms[0].cost_basis == "measured on this host"
+    assert "(measured on this host)" in render_text(analyze_path(path))
+
+
 def test_recompile_storm(tmp_path: Path) -> None:
     with open_trace(_storm_trace(tmp_path / "storm.tptrace")) as trace:
         report = analyze(trace)

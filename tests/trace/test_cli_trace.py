@@ -64,7 +64,7 @@ def test_summary(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) ->
     assert "6 steps (first " in out
     for heading in (
         "time split",
-        "top ops by total time",
+        "top ops by host dispatch (excl. flushes/compiles)",
         "recompiles: 2 of 5 compiles",
         "host syncs: 8 stalls",
         "CPU fallbacks: 7 calls",
@@ -95,7 +95,7 @@ def test_summary_on_a_terminal_uses_rich(sample_trace_path: Path) -> None:
     terminal = Terminal()
     with tputrace.open(sample_trace_path) as trace:
         print_summary(summarize(trace), terminal)
-    assert "top ops by total time" in terminal.getvalue()
+    assert "top ops by host dispatch (excl. flushes/compiles)" in terminal.getvalue()
     assert "\x1b[" in terminal.getvalue()
 
 

@@ -292,6 +292,16 @@ def test_comparison_steps_are_the_summarys(tmp_path: Path) -> None:
     assert side.median_step_ns == 30_000_000 and "median step 30.0 ms" in render_text(analyze_path(path))
 
 
+def test_comparison_says_a_speed_up_as_times_less(sample_trace_path: Path, tmp_path: Path) -> None:
+    from tputrace.viewers.report.report_html import render_comparison
+
+    other = build_sample_trace(tmp_path / "fewer.tptrace", steps=3)
+    with tputrace.open(sample_trace_path) as before, tputrace.open(other) as after:
+        page = render_comparison(report_data.prepare_comparison(before, after), plotlyjs="cdn")
+    assert "<th>change</th>" in page.replace(' class="num"', "")
+    assert "2.00× less" in page and "0.00×" not in page
+
+
 # -- the page ------------------------------------------------------------------------------------------
 
 

@@ -29,12 +29,19 @@ class Evidence:
     record_ids: tuple[int, ...] = ()
 
 
+CostBasis = Literal["measured on this host", "projected for the target chip", "estimate"]
+MEASURED_ON_HOST: CostBasis = "measured on this host"
+PROJECTED_FOR_TARGET: CostBasis = "projected for the target chip"
+
+
 @dataclass(frozen=True)
 class Finding:
     """A diagnosis: what is wrong, where, what it costs, and what to change.
 
-    Costs are estimates in nanoseconds computed from the trace (never hard-coded); `cost_per_step_ns`
-    is None when the run has no steps.
+    Costs are in nanoseconds computed from the trace (never hard-coded); `cost_per_step_ns` is None when
+    the run has no steps. `cost_basis` says what the cost is: time measured on the host that recorded
+    the trace (a compile on XLA:CPU, a host stall: the same whatever the target), a projection for the
+    target chip (its peaks and bandwidth applied to the recorded work), or an estimate of another kind.
     """
 
     analyzer: str
@@ -48,6 +55,7 @@ class Finding:
     file: str | None = None
     line: int | None = None
     module: str | None = None
+    cost_basis: CostBasis = "estimate"
 
 
 DataT = TypeVar("DataT", bound="DataclassInstance")

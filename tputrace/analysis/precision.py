@@ -15,7 +15,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.findings import PROJECTED_FOR_TARGET, AnalysisResult, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
 from tputrace.analysis.shapes import Matmul
 from tputrace.wording import format_ns, plural
@@ -129,6 +129,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PrecisionData]:
         ),
         suggestion=_suggestion(at_highest, high_cost),
         cost_total_ns=cost,
+        cost_basis=PROJECTED_FOR_TARGET,
         cost_per_step_ns=context.per_step(cost),
         evidence=evidence,
         module=module,

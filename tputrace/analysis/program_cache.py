@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext, in_list
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.schema import EVICTED_DIFF_PREFIX
 from tputrace.wording import format_ns, plural
 
@@ -83,6 +83,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ProgramCacheData]:
         ),
         cost_total_ns=float(total_ns),
         cost_per_step_ns=context.per_step(total_ns),
+        cost_basis=MEASURED_ON_HOST,
         evidence=tuple(evidence),
         **context.location_fields(top_frame),
     )

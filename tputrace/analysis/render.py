@@ -40,7 +40,10 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     if not brief:
         lines.append(Line(f"tputrace report: {report.trace_path}", style="bold"))
     steps = (
-        f"{plural(report.step_count, 'step')}, median step {format_ns(report.median_step_ns)}" if report.step_count else "no steps"
+        f"{plural(report.step_count, 'step')}, median step {format_ns(report.median_step_ns)} measured on this host"
+        + (f" ({format_ns(report.projected_median_step_ns)} projected for {target.name})"
+           if report.projected_median_step_ns is not None else "")
+        if report.step_count else "no steps"
     )
     if report.rank not in report.ranks:
         rank = f"rank {report.rank} (a forked process), "
@@ -84,7 +87,7 @@ def finding_lines(number: int, finding: Finding, *, brief: bool = False) -> list
         where = f" · at {finding.file}:{finding.line}"
     if finding.module:
         where += f" · module {finding.module}"
-    cost = f"cost ≈ {format_ns(finding.cost_total_ns)} in all{per_step} (estimate)" if finding.cost_total_ns else "no cost to this run"
+    cost = f"cost ≈ {format_ns(finding.cost_total_ns)} in all{per_step} ({finding.cost_basis})" if finding.cost_total_ns else "no cost to this run"
     lines.append(Line(f"{cost}{where}", 3, "dim"))
     if not brief:
         lines.append(Line(finding.explanation, 3))

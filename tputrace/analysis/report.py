@@ -33,6 +33,8 @@ from tputrace.analysis.chips import Chip, chip
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.imported import ImportFacts, import_facts
+from tputrace.analysis.target import target_of
+from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -73,6 +75,7 @@ class Report:
     step_count: int
     median_step_ns: float | None
     wall_ns: int
+    projected_median_step_ns: int | None = None  # chip time per step projected for `target` (tputrace.derived.projection)
     findings: list[Finding] = field(default_factory=list)
     results: dict[str, AnalysisResult[Any]] = field(default_factory=dict)
     imported: ImportFacts | None = None
@@ -101,6 +104,9 @@ class Report:
             "ranks": self.ranks,
             "steps": self.step_count,
             "median_step_ns": self.median_step_ns,
+            "median_step_basis": "measured on this host",
+            "projected_median_step_ns": self.projected_median_step_ns,
+            "projection": PROJECTION_NOTE,
             "wall_ns": self.wall_ns,
             "costs_are_estimates": True,
             "findings": [asdict(finding) for finding in self.findings],
@@ -133,6 +139,7 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
         step_count=context.step_count,
         median_step_ns=context.median_step_ns,
         wall_ns=context.wall_ns,
+        projected_median_step_ns=projected_steps(trace, context.rank, target_of(target_chip)).median_ns,
         findings=rank_findings(findings),
         results=results,
         imported=imported,

@@ -12,7 +12,7 @@ from tputrace.analysis import compile_cache, data_sizes
 from tputrace.analysis.buckets import BucketOption, VaryingDim, bucket_options, propose
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
-from tputrace.analysis.findings import Evidence, Finding, Severity
+from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
 from tputrace.wording import format_ns, plural
 
@@ -73,6 +73,7 @@ def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs
         suggestion=suggestion,
         cost_total_ns=float(compiles.recompile_ns),
         cost_per_step_ns=context.per_step(compiles.recompile_ns),
+        cost_basis=MEASURED_ON_HOST,
         evidence=tuple(evidence),
         module=module,
         **context.location_fields(anchor),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, outside_fallbacks, per_step_text
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, then
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns, plural
 
@@ -151,6 +151,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         explanation=explanation,
         suggestion=suggestion,
         **cost,
+        cost_basis=MEASURED_ON_HOST,
         evidence=evidence,
         module=module,
         **context.location_fields(frame_id),

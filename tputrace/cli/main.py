@@ -31,6 +31,7 @@ COMMANDS: list[str] = [
     "merge",
     "import_",
     "numerics",
+    "sql_views",
 ]
 
 EXIT_USAGE_ERROR = 2

@@ -11,5 +11,6 @@ jax or `tputrace.analysis` (analysis may build on it). Submodules are imported o
 - `timeline`: the whole-run timeline, decimated to an event budget.
 - `op_cost`: the chip cost model (an op's FLOPs and bytes; roofline sharing of a program's time).
 - `trace_tables`, `device_runs`: where each program execution and its ops sit on a chip.
+- `op_ranking`: ops ranked by host dispatch without nested flushes and compiles, with their chip time share.
 - `text`: TEXT columns read in SQL, made printable as the reader makes its own.
 """

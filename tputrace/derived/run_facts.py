@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.derived.steps import loop_step_durations, steady_median_ns
+
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
 
@@ -32,7 +34,8 @@ class RunFacts:
     world_size: int | None
     versions: str
     wall_ns: int
-    steps: int
+    steps: int  # training-loop steps of `rank` (None: of the first run), as every view counts them
+    median_step_ns: int | None  # the median steady step (the first, compiling step left out)
     finished: bool
     exit_status: int | None
     error: str | None
@@ -58,10 +61,7 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         for name, version in (("torch", run.torch_version), ("jax", run.jax_version), ("tputrace", run.tputrace_version))
         if version
     )
-    if rank is None:
-        (steps,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps")[0]
-    else:
-        (steps,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ?", (rank,))[0]
+    step_durations = loop_step_durations(trace, run.rank if rank is None else rank)
     return RunFacts(
         path=str(trace.path),
         size_bytes=size_bytes,
@@ -78,7 +78,8 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         world_size=run.world_size,
         versions=versions,
         wall_ns=trace.wall_ns(rank=rank),
-        steps=steps,
+        steps=len(step_durations),
+        median_step_ns=steady_median_ns(step_durations),
         finished=run.finished,
         exit_status=run.exit_status,
         error=run.error,

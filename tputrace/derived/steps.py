@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,6 +16,21 @@ STEP_CATEGORIES = ("compile", "sync stall", "collective", "compute", "host")
 """The categories a step's time is split into (they overlap), in the order views show them."""
 
 _BREAKDOWN_TABLES = ("ops", "executions", "collectives", "fallbacks")
+
+
+def loop_step_durations(trace: Trace, rank: int) -> list[int]:
+    """The durations of `rank`'s training-loop steps, in order: finished steps, without the trailing `end`
+    step (the work after the last optimizer step: an evaluation, saving). Every view counts steps and
+    takes their median from this."""
+    return [end - start for start, end in trace.sql(
+        "SELECT start_ns, end_ns FROM steps WHERE rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end' "
+        "ORDER BY step", (rank,))]
+
+
+def steady_median_ns(durations: list[int]) -> int | None:
+    """The median step after the first (which compiles), or of the one step there is."""
+    later = durations[1:] or durations
+    return int(statistics.median(later)) if later else None
 
 
 @dataclass(frozen=True)

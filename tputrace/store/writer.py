@@ -42,6 +42,7 @@ from tputrace.schema import (
     RecordKind,
     index_statements,
     table_statements,
+    view_statements,
 )
 from tputrace.store.errors import TraceWriteError
 
@@ -297,7 +298,7 @@ class TraceWriter:
                 "writer": f"tputrace {__version__}",
             }
             connection.execute("BEGIN")
-            for statement in table_statements():
+            for statement in (*table_statements(), *view_statements()):
                 connection.execute(statement)
             connection.executemany("INSERT INTO meta (key, value) VALUES (?, ?)", meta.items())
             connection.execute("COMMIT")

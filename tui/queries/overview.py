@@ -9,6 +9,8 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.projection import ProjectedSteps, projected_steps
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.steps import StepRow, step_rows
 from tputrace.store.aggregates import CompileStats, TimeSplit
@@ -26,10 +28,12 @@ class Overview:
     steps: list[StepRow]
     split: TimeSplit
     compiles: CompileStats
+    projected: ProjectedSteps  # chip time per step projected for the default target
 
 
 def overview(trace: Trace, rank: int) -> Overview:
-    return Overview(run_facts(trace, rank), step_rows(trace, rank), trace.time_split(rank=rank), trace.compile_stats(rank=rank))
+    return Overview(run_facts(trace, rank), step_rows(trace, rank), trace.time_split(rank=rank), trace.compile_stats(rank=rank),
+                    projected_steps(trace, rank, target_chip(DEFAULT_TARGET)))
 
 
 # -- findings ---------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from tputrace.derived.device_runs import OpKey, ProgramRun, is_strict, scan_rank
 from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, TargetChip
+from tputrace.derived.projection import step_metadata
 from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables
 from tputrace.viewers.export.hosts import host_names
 from tputrace.viewers.export.perfetto_tracks import (
@@ -83,6 +84,7 @@ class _Export:
         runs = tables.trace.sql("SELECT rank, start_unix_ns FROM runs")
         self.rank_offsets = {rank: start or 0 for rank, start in runs}
         self.origin_unix_ns = min(self.rank_offsets.values(), default=0)
+        self.step_metadata = step_metadata(tables.trace, tables.trace.run.rank, chip)  # the first run's, as the summary
 
     # -- building blocks --------------------------------------------------------------------------
 
@@ -374,7 +376,8 @@ class _Export:
         lanes = {id(track): track.assign_lanes() for track in tracks}
         stream.write('{"displayTimeUnit":"ns","otherData":')
         stream.write(to_json({"exporter": "tputrace", "time_origin_unix_ns": self.origin_unix_ns,
-                            "target_chip": self.chip.name, "op_times": TIME_ESTIMATE_NOTE}))
+                            "target_chip": self.chip.name, "op_times": TIME_ESTIMATE_NOTE,
+                            "step_times": self.step_metadata}))
         stream.write(',"traceEvents":[\n')
         first = True
 

@@ -13,6 +13,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.context import steady
+from tputrace.analysis.target import target_of
+from tputrace.derived.op_ranking import rank_ops
+from tputrace.derived.projection import ProjectedSteps, projected_steps
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.timeline import TimelineData, prepare_timeline
 from tputrace.viewers.report.analysis_data import AnalysisData, prepare_analysis
@@ -49,6 +52,7 @@ class ReportData:
     roofline: RooflineData
     collectives: CollectiveData
     memory: MemoryData
+    projected: ProjectedSteps  # chip time per step projected for the analysis's target
 
 
 def prepare_report(trace: Trace, *, target: str | None = None, analysis: AnalysisData | None = None) -> ReportData:
@@ -66,6 +70,7 @@ def prepare_report(trace: Trace, *, target: str | None = None, analysis: Analysi
         roofline=prepare_roofline(trace, model),
         collectives=prepare_collectives(trace, model),
         memory=prepare_memory(trace, model),
+        projected=projected_steps(trace, trace.run.rank, target_of(model)),
     )
 
 
@@ -81,7 +86,7 @@ class TraceSummary:
     script: str | None
     wall_ns: int
     step_durations_ns: list[tuple[int, int]]
-    op_total_ns: dict[str, int]
+    op_total_ns: dict[str, int]  # host dispatch without the flushes and compiles inside the calls (op_ranking)
     op_counts: dict[str, int]
     compiles: int
     recompiles: int
@@ -110,12 +115,12 @@ def summarize_for_compare(trace: Trace, label: str, *, rank: int | None = None) 
     timed = [step for step in trace.step_times(rank=chosen) if step.dur_ns is not None]
     loop = [step for step in timed if step.source != "end"] or timed
     steps = [(step.step, step.dur_ns) for step in loop]
-    op_stats = trace.op_stats("op", rank=chosen)
+    ranked_ops = rank_ops(trace, chosen).ops
     stats = trace.compile_stats(rank=chosen)
     per_step = dict(trace.sql("SELECT step, COUNT(*) FROM compiles WHERE rank = ? GROUP BY step ORDER BY step", (chosen,)))
     return TraceSummary(
         label, str(trace.path), trace.run.script, trace.wall_ns(rank=chosen), steps,
-        {stat.label: stat.total_ns for stat in op_stats}, {stat.label: stat.count for stat in op_stats},
+        {op.op: op.self_dispatch_ns for op in ranked_ops}, {op.op: op.calls for op in ranked_ops},
         stats.count, stats.recompiles, stats.total_ns, per_step, trace.time_split(rank=chosen).parts(),
     )
 

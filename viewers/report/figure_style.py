@@ -14,6 +14,7 @@ from typing import Any
 import plotly.graph_objects as go
 
 from tputrace.store.records import SourceLocation
+from tputrace.wording import format_bytes, format_ns
 
 TEMPLATE = "plotly_white"
 FONT = {"family": "system-ui, -apple-system, Segoe UI, Roboto, sans-serif", "size": 12}
@@ -30,25 +31,13 @@ def esc(value: Any) -> str:
 
 
 def fmt_ns(ns: float | None) -> str:
-    """A duration for people: `812 ns`, `3.4 µs`, `12.5 ms`, `1.23 s`."""
-    if ns is None:
-        return "?"
-    value = float(ns)
-    for limit, divisor, unit in ((1e3, 1.0, "ns"), (1e6, 1e3, "µs"), (1e9, 1e6, "ms")):
-        if abs(value) < limit:
-            return f"{value / divisor:.3g} {unit}"
-    return f"{value / 1e9:.3g} s"
+    """A duration for people, worded as in every view (`tputrace.wording.format_ns`); `?` when unknown."""
+    return "?" if ns is None else format_ns(ns)
 
 
 def fmt_bytes(size: float | None) -> str:
-    if size is None:
-        return "?"
-    value = float(size)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(value) < 1000 or unit == "TB":
-            return f"{value:.4g} {unit}" if unit != "B" else f"{int(value)} B"
-        value /= 1000
-    return f"{value:.4g} TB"
+    """A byte count in binary units, worded as in every view (`tputrace.wording.format_bytes`)."""
+    return "?" if size is None else format_bytes(size)
 
 
 def fmt_si(value: float | None, unit: str = "") -> str:

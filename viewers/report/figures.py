@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 import plotly.graph_objects as go
 
+from tputrace.derived.op_ranking import HOST_DISPATCH_LABEL
 from tputrace.derived.steps import STEP_CATEGORIES
 from tputrace.derived.timeline import LaneBins, LaneEvents, TimelineData
 from tputrace.viewers.report.chip_data import CollectiveData, MemoryData, RooflineData, ShapeData
@@ -527,7 +528,7 @@ def plot_compare_steps(data: ComparisonData) -> go.Figure:
 
 
 def plot_compare_ops(data: ComparisonData) -> go.Figure:
-    """Op time by op, the union of each side's most expensive ops."""
+    """Host dispatch (without nested flushes and compiles) by op, the union of each side's most expensive ops."""
     if not data.ops:
         return empty_figure("neither trace has ops")
     figure = go.Figure()
@@ -536,12 +537,13 @@ def plot_compare_ops(data: ComparisonData) -> go.Figure:
         figure.add_trace(go.Bar(
             y=[esc(op) for op in data.ops], x=[value / 1e6 for value in values], orientation="h",
             name=side.label, marker={"color": SIDE_COLORS[side.label]},
-            hovertext=[f"<b>{esc(op)}</b> ({side.label})<br>{fmt_ns(value)} over {side.op_counts.get(op, 0):,} calls"
+            hovertext=[f"<b>{esc(op)}</b> ({side.label})<br>{fmt_ns(value)} {HOST_DISPATCH_LABEL} over "
+                       f"{side.op_counts.get(op, 0):,} calls"
                        for op, value in zip(data.ops, values)],
             hoverinfo="text",
         ))
     figure.update_yaxes(autorange="reversed")
-    figure.update_xaxes(title_text="op time (ms)")
+    figure.update_xaxes(title_text=f"{HOST_DISPATCH_LABEL}, measured on this host (ms)")
     return base_layout(figure, height=120 + 22 * len(data.ops) * 2, barmode="group",
                         margin={"l": 300, "r": 20, "t": 30, "b": 50})
 

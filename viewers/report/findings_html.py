@@ -18,7 +18,7 @@ FINDINGS_SHOWN = 3  # per section; the rest are folded
 
 
 def _cost_estimate(finding: Finding) -> str:
-    return f"≈ {fmt_ns(finding.cost_total_ns)} (estimate)" if finding.cost_total_ns else "no cost to this run"
+    return f"≈ {fmt_ns(finding.cost_total_ns)} ({finding.cost_basis})" if finding.cost_total_ns else "no cost to this run"
 
 
 def _finding_html(finding: Finding) -> str:
@@ -43,7 +43,7 @@ def _finding_html(finding: Finding) -> str:
     return (
         f'<div class="tp-finding tp-{esc(finding.severity)}">'
         f'<div class="tp-finding-head"><span class="tp-badge">{esc(finding.severity)}</span> <b>{esc(finding.title)}</b></div>'
-        f'<div class="tp-cost">{esc(cost)} (estimate){" · " + " · ".join(where) if where else ""}</div>'
+        f'<div class="tp-cost">{esc(cost)} ({esc(finding.cost_basis)}){" · " + " · ".join(where) if where else ""}</div>'
         f'<p class="tp-suggestion"><b>Change:</b> {esc(finding.suggestion)}</p>'
         f"<details><summary>why, and the evidence</summary><p>{esc(finding.explanation)}</p>"
         + (f'<ul class="tp-evidence">{evidence}</ul>' if evidence else "")

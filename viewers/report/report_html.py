@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tputrace.derived.projection import PROJECTION_NOTE
 from tputrace.viewers.report import figures
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
 from tputrace.viewers.report.figure_style import esc, fmt_bytes, fmt_ns, fmt_source
@@ -28,6 +29,7 @@ from tputrace.viewers.report.page import (
     note_html,
     section_html,
 )
+from tputrace.wording import format_change
 
 
 @dataclass
@@ -57,7 +59,7 @@ def _header(data: ReportData) -> str:
         ("platform", f"{run.platform or '?'} · {run.eager_mode or '?'}"),
         ("ranks · chips", f"{len(run.ranks)} · {run.chips if run.chips is not None else '?'}"),
         ("wall time", fmt_ns(run.wall_ns)),
-        ("steps", str(run.steps)),
+        ("steps", _steps_text(data)),
         ("ended", status),
         ("recorded", f"{counts.get('ops', 0):,} ops · {counts.get('executions', 0):,} program runs · "
                      f"{counts.get('compiles', 0):,} compiles · {counts.get('syncs', 0):,} syncs · "
@@ -71,6 +73,17 @@ def _header(data: ReportData) -> str:
         f'<header><h1>tputrace report <span class="tp-muted">{esc(_basename(run.script or run.path))}</span></h1>'
         f'<table class="tp-facts">{rows}</table>{error}<nav><a href="#findings">Findings</a>{nav}</nav></header>'
     )
+
+
+def _steps_text(data: ReportData) -> str:
+    """The step count, the median step measured on this host and the one projected for the target."""
+    run, projected = data.run, data.projected
+    if run.median_step_ns is None:
+        return str(run.steps)
+    text = f"{run.steps} · median {fmt_ns(run.median_step_ns)} measured on this host"
+    if projected.median_ns is not None:
+        text += f" · {fmt_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"
+    return text
 
 
 def _basename(path: str) -> str:
@@ -299,12 +312,6 @@ def write_report(
 def _compare_table(data: ComparisonData) -> str:
     before, after = data.before, data.after
 
-    def change(old: float | None, new: float | None) -> str:
-        if not old or new is None:
-            return ""
-        ratio = new / old
-        return f"{ratio:.2f}×"
-
     rows: list[tuple[str, float | None, float | None, str]] = [
         ("wall time", before.wall_ns, after.wall_ns, "ns"),
         ("steps", len(before.step_durations_ns), len(after.step_durations_ns), "count"),
@@ -319,8 +326,8 @@ def _compare_table(data: ComparisonData) -> str:
     for label, old, new, unit in rows:
         show = (lambda value: fmt_ns(value) if value is not None else "–") if unit == "ns" else (
             lambda value: f"{int(value):,}" if value is not None else "–")
-        cells.append([esc(label), esc(show(old)), esc(show(new)), esc(change(old, new))])
-    return html_table(["", "before", "after", "after / before"], cells, numeric=[False, True, True, True], narrow=True)
+        cells.append([esc(label), esc(show(old)), esc(show(new)), esc(format_change(old, new))])
+    return html_table(["", "before", "after", "change"], cells, numeric=[False, True, True, True], narrow=True)
 
 
 def render_comparison(data: ComparisonData, *, plotlyjs: PlotlyJsMode = "inline") -> str:
@@ -336,7 +343,7 @@ def render_comparison(data: ComparisonData, *, plotlyjs: PlotlyJsMode = "inline"
         '<nav><a href="#summary">Summary</a><a href="#steps">Step times</a><a href="#ops">Op time by op</a>'
         '<a href="#compiles">Compiles</a></nav></header>'
     )
-    rank_note = note_html("Rank 0 of each trace. Ratios below 1 mean the after run spent less.")
+    rank_note = note_html("Rank 0 of each trace. The change says how many times less or more the after run spent.")
     body = "".join((
         header,
         "<main>",
