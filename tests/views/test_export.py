@@ -32,7 +32,7 @@ from tputrace.derived import device_runs
 from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, OpCost, op_cost
 from tputrace.derived.trace_tables import TraceTables
 from tputrace import xplane_proto
-from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
+from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.viewers.export.xplane_device import framework_op
 
 REPO_ROOT = Path(__file__).resolve().parents[2]

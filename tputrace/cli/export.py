@@ -39,7 +39,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from tputrace.store.reader import open_trace
-    from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
+    from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 
     if not args.tensorboard and not args.perfetto:
         raise TputraceError("nothing to export: give --tensorboard LOGDIR and/or --perfetto PATH")

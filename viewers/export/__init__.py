@@ -4,7 +4,7 @@
   TensorBoard's profile plugin (`tputrace export --tensorboard`, `tputrace tensorboard`).
 - `perfetto` (with `perfetto_tracks`): Chrome trace-event JSON for ui.perfetto.dev
   (`tputrace export --perfetto`).
-- `target` and `hosts`: the target chip an export is drawn for, and the exported files' names.
+- `hosts`: the exported files' names (the target chip an export is drawn for is `tputrace.analysis.target`'s).
 
 Both draw the device timeline of `tputrace.derived.device_runs`. Submodules are imported on use.
 """

@@ -40,7 +40,7 @@ from tputrace.viewers.export.perfetto_tracks import (
     microseconds_text,
     to_json,
 )
-from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
+from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace

@@ -24,7 +24,7 @@ from tputrace.derived.op_cost import TargetChip
 from tputrace.derived.trace_tables import TraceTables
 from tputrace import xplane_proto
 from tputrace.viewers.export.hosts import default_run_name, host_names, safe_name
-from tputrace.viewers.export.target import DEFAULT_TARGET, target_chip
+from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.viewers.export.xplane_device import DevicePlanes
 from tputrace.viewers.export.xplane_host import HostPlane
 
