@@ -47,8 +47,10 @@ def _write(path: Path, *, buckets: int, bucket_ns: int, rank: int = 0, caused: b
 
 
 def _as_format_1(path: Path) -> Path:
-    """Rewrite a trace as an older tputrace left it: no sharding tables, no cause column, format 1."""
+    """Rewrite a trace as an older tputrace left it: no SQL views, no sharding tables, no cause column, format 1."""
     connection = sqlite3.connect(path)
+    for (view,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'view'").fetchall():
+        connection.execute(f"DROP VIEW {view}")
     for table in ("device_meshes", "parameter_placements", "collective_causes"):
         connection.execute(f"DROP TABLE {table}")
     connection.execute("DROP INDEX IF EXISTS idx_collectives_rank_start_ns")
