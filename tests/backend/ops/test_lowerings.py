@@ -609,6 +609,32 @@ def test_wide_avg_pool_needs_no_window_copies() -> None:
         assert program.compile().memory_analysis().temp_size_in_bytes < 2**20
 
 
+# Final pools over a whole feature map: (input shape, output shape, forward op, its backward, forward's
+# arguments after the input). The backward takes (grad_output, input, *arguments) for avg_pool2d and
+# (grad_output, input) for the adaptive pool.
+FINAL_POOLS = [
+    ((8, 1280, 7, 7), (8, 1280, 1, 1), aten._adaptive_avg_pool2d.default, aten._adaptive_avg_pool2d_backward.default, ([1, 1],), ()),
+    ((8, 32, 112, 112), (8, 32, 1, 1), aten.avg_pool2d.default, aten.avg_pool2d_backward.default, ([112, 112], [112, 112], [0, 0], False, True, None), ([112, 112], [112, 112], [0, 0], False, True, None)),
+    ((8, 1280, 7, 7), (8, 1280, 1, 1), aten.avg_pool2d.default, aten.avg_pool2d_backward.default, ([7, 7], [], [0, 0], True, False, None), ([7, 7], [7, 7], [0, 0], True, False, None)),
+]
+
+
+@pytest.mark.parametrize("case", FINAL_POOLS, ids=lambda case: f"{case[2].__name__}-" + "x".join(map(str, case[0])))
+def test_final_pool_temporaries_stay_below_a_quarter_of_the_input(case: tuple) -> None:
+    """A pool over the whole map compiles to programs whose temporaries (XLA's memory analysis) stay
+    under a quarter of the input's bytes in both directions: no copy of the windows, nor of the input."""
+    in_shape, out_shape, forward_op, backward_op, forward_args, backward_args = case
+    x, grad = jax.ShapeDtypeStruct(in_shape, jnp.float32), jax.ShapeDtypeStruct(out_shape, jnp.float32)
+    forward, backward = registry.LOWERINGS[forward_op].fn, registry.LOWERINGS[backward_op].fn
+    programs = [jax.jit(lambda x: forward(x, *forward_args)).lower(x), jax.jit(lambda g, x: backward(g, x, *backward_args)).lower(grad, x)]
+    input_bytes = math.prod(in_shape) * 4
+    for program in programs:
+        assert program.compile().memory_analysis().temp_size_in_bytes < input_bytes // 4
+    sample = torch.randn(in_shape[0], 2, *in_shape[2:])
+    check(forward_op, sample, *forward_args, atol=1e-4)
+    check(backward_op, torch.randn(in_shape[0], 2, *out_shape[2:]), sample, *backward_args, atol=1e-4)
+
+
 def test_integer_avg_pool_divides_truncating() -> None:
     x = torch.randint(-50, 50, (2, 3, 5, 4))
     check(aten.avg_pool2d.default, x, [3, 2], [2, 2], [1, 1], True, False)
