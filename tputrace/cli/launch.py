@@ -74,6 +74,8 @@ def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, s
     if args.nproc < 1:
         raise TputraceError(f"--nproc must be at least 1, not {args.nproc}")
     worker_args = ["-m", "tputrace.cli.main", "run", "--no-summary", "--mode", args.mode]
+    if getattr(args, "as_cuda", False):
+        worker_args.append("--as-cuda")
     rank_paths: list[Path] = []
     if merged_path is None:
         worker_args.append("--no-trace")

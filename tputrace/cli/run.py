@@ -42,7 +42,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "run",
         help="run a script on the tpu device and record a trace",
         description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
-        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--force] [--tui] "
+        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--force] [--tui] [--as-cuda] "
         "(script.py | -m module) [args ...]",
     )
     parser.add_argument(
@@ -77,6 +77,12 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
     parser.add_argument("--force", action="store_true", help="write the trace over an existing file that is not a trace")
     parser.add_argument("--tui", action="store_true", help="open the trace in the terminal UI when the run ends")
+    parser.add_argument(
+        "--as-cuda",
+        action="store_true",
+        help="run a script written for CUDA unchanged on tpu: torch.cuda.is_available() is true, and 'cuda' devices, "
+        ".cuda() and torch.cuda's device functions mean tpu (see docs/recording.md for what is mapped)",
+    )
     parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
     script_args = parser.add_argument("target_args", nargs=argparse.REMAINDER, metavar="args", help="arguments for the script")
@@ -132,7 +138,7 @@ def run(args: argparse.Namespace) -> int:
         check_trace_path(trace_path, target, force=args.force)
     recorder = importlib.import_module("tputrace.recording.lifecycle")
     launcher_pid = os.getpid()
-    exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode)
+    exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode, as_cuda=args.as_cuda)
     if os.getpid() != launcher_pid:
         return exit_status  # a process the script forked: the parent reports, with this one merged in
     if trace_path is not None and not args.no_summary:
@@ -192,8 +198,10 @@ def default_trace_path(stem: str) -> Path:
     return Path.cwd() / f"tputrace-{stem}-{time.strftime('%Y%m%d-%H%M%S')}.tptrace"
 
 
-def execute(target: Target, script_args: list[str], recorder: Any, trace_path: Path | None, mode: str) -> int:
-    """Run the target between `recorder.start` and `recorder.stop`; return its exit status."""
+def execute(target: Target, script_args: list[str], recorder: Any, trace_path: Path | None, mode: str,
+            *, as_cuda: bool = False) -> int:
+    """Run the target between `recorder.start` and `recorder.stop` (with CUDA mapped to tpu when
+    `as_cuda`); return its exit status."""
     import runpy
 
     exit_status, error_text = 0, None
@@ -204,6 +212,10 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
         argv=script_args,
         mode=mode,
     )
+    if as_cuda:
+        from tputrace.backend import as_cuda as cuda_mapping
+
+        cuda_mapping.install()
     try:
         with sigterm_raises_system_exit(), _script_environment(target, script_args):
             if status_line is not None:

@@ -1,0 +1,97 @@
+"""`tputrace run --as-cuda`: run a script written for CUDA unchanged on the `tpu` device.
+
+`install()` makes the CUDA spellings a script uses to choose and reach its device mean `tpu`:
+
+- `torch.cuda`'s device functions (`is_available`, `device_count`, `current_device`, `set_device`,
+  `synchronize`, `manual_seed(_all)`, `get_device_name`, `memory_allocated`, `empty_cache`,
+  `is_bf16_supported`) answer for the tpu chips;
+- `Tensor.cuda()` and `Module.cuda()` move to the tpu chip of the same index;
+- a torch function mode rewrites every `device=` keyword and every device argument of `Tensor.to`
+  (`"cuda"`, `"cuda:1"`, `torch.device("cuda")`) to the tpu device of the same index.
+
+Not mapped: a `torch.device("cuda")` object itself (its `.type` stays `"cuda"`, so a script comparing
+`x.device.type == "cuda"` sees `"tpu"` on its tensors), `torch.autocast("cuda")` and
+`torch.cuda.amp`, CUDA streams and events, and CUDA-only kernels and libraries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+from tputrace.backend import device_module
+
+DEVICE_TYPE = "tpu"
+# torch.cuda functions replaced by the tpu device module's function of the same name.
+MAPPED_CUDA_FUNCTIONS = (
+    "is_available",
+    "device_count",
+    "current_device",
+    "set_device",
+    "synchronize",
+    "manual_seed",
+    "manual_seed_all",
+    "get_device_name",
+    "memory_allocated",
+    "empty_cache",
+    "is_bf16_supported",
+)
+
+_mode: CudaToTpuMode | None = None
+
+
+def tpu_device(device: Any) -> Any:
+    """`device` with a CUDA device (a string or `torch.device`) turned into the tpu device of the same
+    index; anything else unchanged."""
+    if isinstance(device, str) and (device == "cuda" or device.startswith("cuda:")):
+        return torch.device(DEVICE_TYPE + device[len("cuda"):])
+    if isinstance(device, torch.device) and device.type == "cuda":
+        return torch.device(DEVICE_TYPE, device.index) if device.index is not None else torch.device(DEVICE_TYPE)
+    return device
+
+
+class CudaToTpuMode(TorchFunctionMode):
+    """Rewrites CUDA devices in `device=` keywords and in `Tensor.to`'s arguments to tpu devices."""
+
+    def __torch_function__(self, func: Callable[..., Any], types: Any, args: tuple[Any, ...] = (),
+                           kwargs: dict[str, Any] | None = None) -> Any:
+        kwargs = dict(kwargs or {})
+        if "device" in kwargs:
+            kwargs["device"] = tpu_device(kwargs["device"])
+        if func is torch.Tensor.to or getattr(func, "__name__", None) == "to":
+            args = tuple(tpu_device(arg) for arg in args)
+        return func(*args, **kwargs)
+
+
+def _tensor_cuda(tensor: torch.Tensor, device: Any = None, non_blocking: bool = False, **kwargs: Any) -> torch.Tensor:
+    return tensor.to(_indexed_tpu(device), non_blocking=non_blocking, **kwargs)
+
+
+def _module_cuda(module: torch.nn.Module, device: Any = None) -> torch.nn.Module:
+    return module.to(_indexed_tpu(device))
+
+
+def _indexed_tpu(device: Any) -> torch.device:
+    if device is None:
+        return torch.device(DEVICE_TYPE)
+    if isinstance(device, int):
+        return torch.device(DEVICE_TYPE, device)
+    mapped = tpu_device(device)
+    return mapped if isinstance(mapped, torch.device) else torch.device(mapped)
+
+
+def install() -> None:
+    """Map CUDA to tpu for the rest of the process (this thread's torch function modes included).
+    Idempotent."""
+    global _mode
+    if _mode is not None:
+        return
+    for name in MAPPED_CUDA_FUNCTIONS:
+        setattr(torch.cuda, name, getattr(device_module, name))
+    torch.Tensor.cuda = _tensor_cuda  # type: ignore[method-assign,assignment]
+    torch.nn.Module.cuda = _module_cuda  # type: ignore[method-assign,assignment]
+    _mode = CudaToTpuMode()
+    _mode.__enter__()
