@@ -152,6 +152,12 @@ class Section:
     lines: tuple[str, ...] = ()
 
 
+NO_DEVICE_OPS_TEXT = (
+    "NO OP RAN ON THE TPU DEVICE: nothing was traced (the script's tensors stayed on the CPU; "
+    "a script written for CUDA runs on tpu with `tputrace run --as-cuda`)"
+)
+
+
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     """(label, text) lines above the sections: what ran, how it ended, where the time went overall."""
     run = summary.run
@@ -190,6 +196,8 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     if run.platform == "cpu":
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
+    if summary.op_count == 0 and compiles.count == 0:
+        lines.insert(0, ("!!", NO_DEVICE_OPS_TEXT))
     return lines
 
 

@@ -15,7 +15,7 @@ from textual.widgets import Static
 from tputrace.analysis.context import steady
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.steps import StepRow
-from tputrace.summary import exit_text
+from tputrace.summary import NO_DEVICE_OPS_TEXT, exit_text
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
 from tputrace.tui.view import TraceView, palette_for
@@ -125,6 +125,8 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
         last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error
         text.append("\nthe script raised: ", style="bold red")
         text.append(last_line)
+    if ops == 0 and facts.counts.get("compiles", 0) == 0:
+        text.append("\n" + NO_DEVICE_OPS_TEXT, style="bold red")
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
     text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {plural(events, 'event')}", style="dim")
     return text

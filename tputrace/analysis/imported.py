@@ -15,6 +15,7 @@ IMPORTED_META_KEY = "imported"
 
 # Analyzer name -> tables it needs rows in (None: it needs tputrace's own recording).
 NEEDS: dict[str, tuple[str, ...] | None] = {
+    "no_device_ops": None,
     "index_errors": None,
     "recompiles": ("compiles",),
     "program_cache": ("flushes",),

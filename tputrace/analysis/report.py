@@ -20,6 +20,7 @@ from tputrace.analysis import (
     host_bound,
     index_errors,
     memory,
+    no_device_ops,
     padding,
     precision,
     program_cache,
@@ -44,6 +45,7 @@ DataT = TypeVar("DataT")
 
 # Every analyzer, by name, in the order their results are listed.
 ANALYZERS: dict[str, Analyzer] = {
+    no_device_ops.NAME: no_device_ops.analyze,
     index_errors.NAME: index_errors.analyze,
     recompiles.NAME: recompiles.analyze,
     program_cache.NAME: program_cache.analyze,
