@@ -345,6 +345,9 @@ class StandInRecorder:
     def live_counts(self) -> dict[str, int]:
         return {"steps": 1, "ops": 2, "compiles": 3}
 
+    def live_compiles(self, after: int) -> tuple[list[str], int]:
+        return [], after
+
 
 @pytest.fixture
 def recorder(monkeypatch: pytest.MonkeyPatch) -> StandInRecorder:
@@ -568,7 +571,22 @@ def test_live_status_redraws_and_erases() -> None:
     status.stop()
     status.stop()
     text = stream.getvalue()
-    assert format_status({"steps": 4, "ops": 12345, "compiles": 6}) == "tputrace: step 4 · 12,345 ops · 6 compiles"
-    assert format_status({"steps": 1, "ops": 1, "compiles": 1}) == "tputrace: step 1 · 1 op · 1 compile"
-    assert "\r\x1b[2Ktputrace: step 4 · 12,345 ops · 6 compiles" in text
+    assert format_status({"steps": 4, "ops": 12345, "compiles": 6}) == "tputrace: step 4 · 12,345 ops · 6 compiles · 0 syncs"
+    assert format_status({"steps": 1, "ops": 1, "compiles": 1, "syncs": 1, "step_ns": 2_500_000}) == (
+        "tputrace: step 1 (last 2.50 ms) · 1 op · 1 compile · 1 sync")
+    assert "\r\x1b[2Ktputrace: step 4 · 12,345 ops · 6 compiles · 0 syncs" in text
     assert text.endswith("\r\x1b[2K")
+
+
+def test_live_status_shows_one_compile_line_for_a_burst() -> None:
+    stream = io.StringIO()
+    compiles = ["compile: aten.mm.default", "recompile (shape changed): aten.mm.default", "compile: aten.add.Tensor"]
+
+    def compiles_after(after: int) -> tuple[list[str], int]:
+        return compiles[after:], len(compiles)
+
+    status = LiveStatus(lambda: {"steps": 1}, stream, compiles_after, interval_s=3600)
+    status.start()
+    status.stop()
+    lines = [line.replace("\x1b[2K", "").strip("\r") for line in stream.getvalue().split("\n")]
+    assert lines == ["tputrace: compile: aten.mm.default (+2 more)", ""]

@@ -31,10 +31,11 @@ from tputrace.recording.exits import (
     system_exit_status,
 )
 from tputrace.store.errors import TputraceError, TraceWriteError
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 MODES = ("defer", "strict", "blocking", "compile")
 STATUS_INTERVAL_S = 0.25
+COMPILE_LINE_INTERVAL_S = 1.0  # at most one live compile line per second; the others are counted in it
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -42,7 +43,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "run",
         help="run a script on the tpu device and record a trace",
         description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
-        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--force] [--tui] [--as-cuda] "
+        usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--force] [--tui] [--as-cuda] [--quiet] [--live] "
         "(script.py | -m module) [args ...]",
     )
     parser.add_argument(
@@ -82,6 +83,14 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         action="store_true",
         help="run a script written for CUDA unchanged on tpu: torch.cuda.is_available() is true, and 'cuda' devices, "
         ".cuda() and torch.cuda's device functions mean tpu (see docs/recording.md for what is mapped)",
+    )
+    parser.add_argument(
+        "--quiet", action="store_true", help="no live output (compile lines and the progress line) while the script runs"
+    )
+    parser.add_argument(
+        "--live",
+        action="store_true",
+        help="live output even when stderr is not a terminal (by default it is shown on a terminal only)",
     )
     parser.add_argument("-m", dest="run_module", action="store_true", help="run a module as a script, like python -m")
     parser.add_argument("target", metavar="script.py | module", help="the script (or, with -m, the module) to run")
@@ -138,7 +147,8 @@ def run(args: argparse.Namespace) -> int:
         check_trace_path(trace_path, target, force=args.force)
     recorder = importlib.import_module("tputrace.recording.lifecycle")
     launcher_pid = os.getpid()
-    exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode, as_cuda=args.as_cuda)
+    live = not args.quiet and (args.live or sys.stderr.isatty())
+    exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode, as_cuda=args.as_cuda, live=live)
     if os.getpid() != launcher_pid:
         return exit_status  # a process the script forked: the parent reports, with this one merged in
     if trace_path is not None and not args.no_summary:
@@ -199,13 +209,15 @@ def default_trace_path(stem: str) -> Path:
 
 
 def execute(target: Target, script_args: list[str], recorder: Any, trace_path: Path | None, mode: str,
-            *, as_cuda: bool = False) -> int:
+            *, as_cuda: bool = False, live: bool | None = None) -> int:
     """Run the target between `recorder.start` and `recorder.stop` (with CUDA mapped to tpu when
-    `as_cuda`); return its exit status."""
+    `as_cuda`; with live output on stderr when `live`, by default when stderr is a terminal); return its
+    exit status."""
     import runpy
 
     exit_status, error_text = 0, None
-    status_line = LiveStatus(recorder.live_counts, sys.stderr) if sys.stderr.isatty() else None
+    show_live = sys.stderr.isatty() if live is None else live
+    status_line = LiveStatus(recorder.live_counts, sys.stderr, recorder.live_compiles) if show_live else None
     recorder.start(
         None if trace_path is None else str(trace_path),
         script=target.description,
@@ -321,16 +333,27 @@ def _script_environment(target: Target, script_args: list[str]) -> Iterator[None
 
 
 class LiveStatus:
-    """A one-line status (steps, ops, compiles) on a terminal, redrawn a few times a second."""
+    """Live output while the script runs: a line per compile with its reason (at most one a second, with
+    the count of those it stands for) above a one-line status (step, last step's time, ops, compiles,
+    syncs) redrawn a few times a second."""
 
     def __init__(
-        self, counts: Callable[[], dict[str, int]], stream: TextIO, interval_s: float = STATUS_INTERVAL_S
+        self,
+        counts: Callable[[], dict[str, int]],
+        stream: TextIO,
+        compiles: Callable[[int], tuple[list[str], int]] | None = None,
+        interval_s: float = STATUS_INTERVAL_S,
     ) -> None:
         self._counts = counts
+        self._compiles = compiles
         self._stream = stream
         self._interval_s = interval_s
         self._stop_event = threading.Event()
         self._thread: threading.Thread | None = None
+        self._compiles_seen = 0
+        self._pending_compile: str | None = None
+        self._pending_more = 0
+        self._last_compile_line = 0.0
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._redraw_loop, name="tputrace-status", daemon=True)
@@ -343,15 +366,42 @@ class LiveStatus:
         self._stop_event.set()
         self._thread.join()
         self._thread = None
-        self._write("\r\x1b[2K")
+        self._collect_compiles()
+        self._write("\r\x1b[2K" + self._compile_line(force=True))
 
     def _redraw_loop(self) -> None:
         while not self._stop_event.wait(self._interval_s):
             try:
+                self._collect_compiles()
                 counts = self._counts()
-            except Exception:  # noqa: BLE001 - the status line must never break the run
+            except Exception:  # noqa: BLE001 - the live output must never break the run
                 continue
-            self._write(f"\r\x1b[2K{format_status(counts)}")
+            self._write(f"\r\x1b[2K{self._compile_line()}{format_status(counts)}")
+
+    def _collect_compiles(self) -> None:
+        """Take the compiles since the last look: the first waits to be shown, the others are counted."""
+        if self._compiles is None:
+            return
+        texts, last = self._compiles(self._compiles_seen)
+        new = last - self._compiles_seen
+        self._compiles_seen = last
+        if new <= 0:
+            return
+        if self._pending_compile is None:
+            self._pending_compile = texts[0] if texts else "compile"
+            self._pending_more += new - 1
+        else:
+            self._pending_more += new
+
+    def _compile_line(self, force: bool = False) -> str:
+        """The waiting compile's line (and a newline) when one may be shown now, else ''."""
+        now = time.monotonic()
+        if self._pending_compile is None or (not force and now - self._last_compile_line < COMPILE_LINE_INTERVAL_S):
+            return ""
+        more = f" (+{self._pending_more} more)" if self._pending_more else ""
+        line = f"tputrace: {self._pending_compile}{more}\n\r\x1b[2K"
+        self._pending_compile, self._pending_more, self._last_compile_line = None, 0, now
+        return line
 
     def _write(self, text: str) -> None:
         try:
@@ -362,9 +412,11 @@ class LiveStatus:
 
 
 def format_status(counts: dict[str, int]) -> str:
+    step_ns = counts.get("step_ns", -1)
+    step_time = f" (last {format_ns(step_ns)})" if step_ns >= 0 else ""
     return (
-        f"tputrace: step {counts.get('steps', 0):,} · {plural(counts.get('ops', 0), 'op')} · "
-        f"{plural(counts.get('compiles', 0), 'compile')}"
+        f"tputrace: step {counts.get('steps', 0):,}{step_time} · {plural(counts.get('ops', 0), 'op')} · "
+        f"{plural(counts.get('compiles', 0), 'compile')} · {plural(counts.get('syncs', 0), 'sync')}"
     )
 
 

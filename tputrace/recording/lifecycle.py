@@ -13,9 +13,9 @@ from tputrace.recording import lineage, session, spawning
 from tputrace.recording.fork_merge import clear_stale
 from tputrace.recording.readings import BackendReadings
 from tputrace.recording.recorder import Recorder
-from tputrace.recording.session import live_counts, stop
+from tputrace.recording.session import live_compiles, live_counts, stop
 
-__all__ = ["live_counts", "start", "stop"]
+__all__ = ["live_compiles", "live_counts", "start", "stop"]
 
 
 def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:

@@ -3,9 +3,8 @@ user's source line and the nn.Module path, and writes them through the store's `
 
 A `Recorder` is the event sink only: the backend calls its methods through
 `tputrace.recording.interface.Recording`; starting and stopping one (and the processes a recording
-starts) is `tputrace.recording.lifecycle`'s. What only the backend can tell (memory in use, a
-tensor's shape) comes through the `DeviceReadings` it is given, so this module never imports the
-backend, torch or jax.
+starts) is `tputrace.recording.lifecycle`'s. What only the backend can tell (memory in use, a tensor's
+shape) comes through the `DeviceReadings` it is given, so it never imports the backend, torch or jax.
 """
 
 from __future__ import annotations
@@ -25,6 +24,7 @@ from typing import Any, Protocol
 from tputrace import settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
+from tputrace.recording.live import LiveNotes
 from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.writer import TraceWriter
 
@@ -98,6 +98,7 @@ class Recorder:
         self._step_ends: list[int] = []  # the end of each step, ns since the run's start
         self.ops = 0
         self.compiles = 0
+        self.live = LiveNotes()
         self.seq = 0
         self._last_memory_sample = 0
         self._library_roots = sourceloc.library_roots()
@@ -357,6 +358,7 @@ class Recorder:
     def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None, program_kind: str = "op") -> int | None:
         """A program was compiled: first compile, or a recompile with what changed."""
         self.compiles += 1
+        self.live.compiled(plan.op_name, reason, diff)
         if not self.enabled:
             return None
         self.recorded_in_step = True
@@ -450,6 +452,7 @@ class Recorder:
         self._executions.launched(program_id, chip, launch_ns, flush_id, self.step_index, results)
 
     def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None:
+        self.live.synced()
         if not self.enabled:
             return
         self.recorded_in_step = True
@@ -544,6 +547,7 @@ class Recorder:
         if self.enabled:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, source))
             self._maybe_sample_memory(force=True)
+        self.live.step_ended(end - self.step_start)
         self.step_index += 1
         self.step_start = end
         self.step_opened_by = source

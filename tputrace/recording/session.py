@@ -162,11 +162,20 @@ def stop_at_interpreter_exit() -> None:
 
 
 def live_counts() -> dict[str, int]:
-    """Steps, ops and compiles recorded so far (for `tputrace run`'s status line)."""
+    """Steps, ops, compiles, syncs and the last step's time in ns (-1: none yet) so far (for `tputrace
+    run`'s status line)."""
     recorder = current()
     if recorder is None:
-        return {"steps": 0, "ops": 0, "compiles": 0}
-    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles}
+        return {"steps": 0, "ops": 0, "compiles": 0, "syncs": 0, "step_ns": -1}
+    live = recorder.live
+    step_ns = -1 if live.last_step_ns is None else live.last_step_ns
+    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles, "syncs": live.sync_count, "step_ns": step_ns}
+
+
+def live_compiles(after: int) -> tuple[list[str], int]:
+    """The compiles (with their reasons) after the `after`-th still kept, and the number of the last one."""
+    recorder = current()
+    return ([], after) if recorder is None else recorder.live.compiles_after(after)
 
 
 def step() -> None:
