@@ -225,9 +225,7 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
         mode=mode,
     )
     if as_cuda:
-        from tputrace.backend import as_cuda as cuda_mapping
-
-        cuda_mapping.install()
+        recorder.map_cuda_to_tpu()
     try:
         with sigterm_raises_system_exit(), _script_environment(target, script_args):
             if status_line is not None:

@@ -15,7 +15,7 @@ from tputrace.recording.readings import BackendReadings
 from tputrace.recording.recorder import Recorder
 from tputrace.recording.session import live_compiles, live_counts, stop
 
-__all__ = ["live_compiles", "live_counts", "start", "stop"]
+__all__ = ["live_compiles", "live_counts", "map_cuda_to_tpu", "start", "stop"]
 
 
 def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
@@ -43,3 +43,10 @@ def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer"
     spawning.install()
     lineage.export(recorder)
     return recorder
+
+
+def map_cuda_to_tpu() -> None:
+    """Make a script written for CUDA run on tpu (`tputrace run --as-cuda`; see `tputrace.backend.as_cuda`)."""
+    from tputrace.backend import as_cuda
+
+    as_cuda.install()
