@@ -46,7 +46,7 @@ def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer"
 
 
 def map_cuda_to_tpu() -> None:
-    """Make a script written for CUDA run on tpu (`tputrace run --as-cuda`; see `tputrace.backend.as_cuda`)."""
-    from tputrace.backend import as_cuda
+    """Make a script written for CUDA run on tpu (`tputrace run --as-cuda`; see `tputrace.backend.compat.as_cuda`)."""
+    from tputrace.backend.compat import as_cuda
 
     as_cuda.install()

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from tputrace.backend import device_module
+from tputrace.backend.compat import device_module
 
 DEVICE_TYPE = "tpu"
 # torch.cuda functions replaced by the tpu device module's function of the same name.
