@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 from types import CodeType
 from typing import Any, Protocol
 
-from tputrace import settings, source_digests, sourceloc
+from tputrace import performance_warnings, settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
 from tputrace.schema import COMPILE_CACHE_META_KEY
@@ -373,6 +373,7 @@ class Recorder:
         if self.compiles == 1 and self.forked_from is not None:
             writer.create_file()
             writer.commit()  # a forked process may end through os._exit: the parent still sees it used the tpu
+        performance_warnings.recompiled(plan.op_name, reason, diff)
         return program_id
 
     # ----------------------------------------------------------------- torch.compile records
@@ -454,12 +455,14 @@ class Recorder:
             return
         self.recorded_in_step = True
         self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
+        performance_warnings.synced(kind, self.step_index)
 
     def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None:
         if not self.enabled:
             return
         self.recorded_in_step = True
         self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
+        performance_warnings.transferred(direction, nbytes, self.step_index)
 
     def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None:
         if not self.enabled:
