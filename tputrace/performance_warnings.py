@@ -47,6 +47,7 @@ USER_SYNC_KINDS = frozenset({"item", "cpu", "numpy", "tolist", "print", "bool", 
 _warned_sites: set[tuple[type[Warning], str, int]] = set()
 _lock = threading.Lock()
 _filters_added = False
+_pending: list[tuple[type[PerformanceWarning], str, str, int]] = []
 
 
 def _add_default_filters() -> None:
@@ -65,7 +66,10 @@ def warn_at_user_line(category: type[PerformanceWarning], message: str, skip: in
     location = first_user_location(skip + 1)
     if location is None:
         return
-    file, line, _function = location
+    _warn_once(category, message, location[0], location[1])
+
+
+def _warn_once(category: type[PerformanceWarning], message: str, file: str, line: int) -> None:
     with _lock:
         key = (category, file, line)
         if key in _warned_sites:
@@ -76,10 +80,21 @@ def warn_at_user_line(category: type[PerformanceWarning], message: str, skip: in
 
 
 def recompiled(name: str, reason: str, diff: str | None) -> None:
-    """The recorder saw a compile; warn when it is a recompile."""
+    """The recorder saw a compile; when it is a recompile, keep its warning for `raise_pending`: the
+    backend compiles inside a handler that would take a warning turned into an error for a failed lowering."""
     if reason == "first":
         return
-    warn_at_user_line(RecompileWarning, f"{name} recompiled ({diff or reason})")
+    location = first_user_location(2)
+    if location is not None:
+        _pending.append((RecompileWarning, f"{name} recompiled ({diff or reason})", location[0], location[1]))
+
+
+def raise_pending() -> None:
+    """Raise the warnings kept while the backend compiled (the recorder calls it once the op ran or a step
+    ended)."""
+    while _pending:
+        category, message, file, line = _pending.pop(0)
+        _warn_once(category, message, file, line)
 
 
 def synced(kind: str, step: int) -> None:

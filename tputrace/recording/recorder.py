@@ -287,6 +287,7 @@ class Recorder:
 
     def op_ran(self, plan: Any, name: str, start_ns: int, dur_ns: int, flush_id: int | None) -> None:
         """An ATen op was dispatched (strict: and launched)."""
+        performance_warnings.raise_pending()
         if not self.enabled:
             self.ops += 1
             return
@@ -446,6 +447,7 @@ class Recorder:
 
     def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None:
         """A program was launched; `executions` records when its results are ready."""
+        performance_warnings.raise_pending()
         if self._executions is None:
             self._executions = ExecutionWatcher(self.writer, self.rank, self.t0)
         self._executions.launched(program_id, chip, launch_ns, flush_id, self.step_index, results)
@@ -543,6 +545,7 @@ class Recorder:
     # ----------------------------------------------------------------- steps and annotations
     def step_boundary(self, source: str) -> None:
         """End the current step (`source`: what marked its end) and begin the next."""
+        performance_warnings.raise_pending()
         end = self.now()
         if self.enabled:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, source))
