@@ -90,8 +90,8 @@ def recompiled(name: str, reason: str, diff: str | None) -> None:
 
 
 def raise_pending() -> None:
-    """Raise the warnings kept while the backend compiled (the recorder calls it once the op ran or a step
-    ended)."""
+    """Raise the warnings kept while the backend compiled (the recorder calls it once an op ran, a step
+    ended, or the host synced or copied)."""
     while _pending:
         category, message, file, line = _pending.pop(0)
         _warn_once(category, message, file, line)
@@ -99,11 +99,13 @@ def raise_pending() -> None:
 
 def synced(kind: str, step: int) -> None:
     """The recorder saw a host sync; warn when user code caused it after the first step boundary."""
+    raise_pending()
     if step >= 1 and kind in USER_SYNC_KINDS:
         warn_at_user_line(HostSyncWarning, f"host sync ({kind}) in step {step}: the host waits for the chips here")
 
 
 def transferred(direction: str, nbytes: int, step: int) -> None:
     """The recorder saw a transfer; warn on a host-to-chip copy after the first step boundary."""
+    raise_pending()
     if step >= 1 and direction.startswith("h2d"):
         warn_at_user_line(TransferWarning, f"host-to-chip copy of {nbytes} bytes in step {step}")

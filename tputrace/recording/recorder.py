@@ -278,9 +278,7 @@ class Recorder:
                 writer.intern(repr(plan.structure_key)),
                 writer.intern(plan.inputs_text),
                 n_ops,
-                program.flops,
-                program.bytes_accessed,
-                program.hlo_ops,
+                program.flops, program.bytes_accessed, program.hlo_ops,
             ),
         )
         return program_id
@@ -447,7 +445,6 @@ class Recorder:
 
     def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None:
         """A program was launched; `executions` records when its results are ready."""
-        performance_warnings.raise_pending()
         if self._executions is None:
             self._executions = ExecutionWatcher(self.writer, self.rank, self.t0)
         self._executions.launched(program_id, chip, launch_ns, flush_id, self.step_index, results)
