@@ -15,6 +15,7 @@ or pytest's `filterwarnings`. Each is raised through `warnings.warn_explicit` at
 
 from __future__ import annotations
 
+import sys
 import threading
 import warnings
 
@@ -59,6 +60,23 @@ def _add_default_filters() -> None:
     _filters_added = True
     for category in HIDDEN_BY_DEFAULT:
         warnings.filterwarnings("ignore", category=category, append=True)
+    _apply_command_line_options()
+
+
+def _apply_command_line_options() -> None:
+    """Apply the `-W` / `PYTHONWARNINGS` options that name these categories: the interpreter reads them
+    before an editable install makes `tputrace` importable, and ignores them ("invalid module name")."""
+    for option in sys.warnoptions:
+        parts = [part.strip() for part in option.split(":")] + [""] * 5
+        action, message, category_name, module, line = parts[:5]
+        category = globals().get(category_name.removeprefix("tputrace.")) if category_name.startswith("tputrace.") else None
+        if not (isinstance(category, type) and issubclass(category, PerformanceWarning)):
+            continue
+        actions = {"error", "ignore", "always", "default", "module", "once"}
+        chosen = next((name for name in actions if name.startswith(action or "default")), None)
+        if chosen is None:
+            continue
+        warnings.filterwarnings(chosen, message, category, module, int(line) if line.isdigit() else 0)  # type: ignore[arg-type]
 
 
 def warn_at_user_line(category: type[PerformanceWarning], message: str, skip: int = 2) -> None:

@@ -122,7 +122,7 @@ def _headline(figures: tuple[FigureChange, ...], recompiles: tuple[RecompileChan
               findings: tuple[FindingChange, ...]) -> str:
     new_recompiles = [change for change in recompiles if change.status == "new"]
     if new_recompiles:
-        first = max(new_recompiles, key=lambda change: change.count)
+        first = new_recompiles[0]  # the earliest: later recompiles are often its consequences
         why = first.recompile.diff or first.recompile.reason or "unknown reason"
         return f"regression: new recompile at {first.recompile.site or 'an unknown line'} ({why})"
     new_findings = [change for change in findings if change.status == "new"]
