@@ -101,7 +101,8 @@ def _check(item: pytest.Item, state: _PluginState, trace_path: Path) -> None:
     limits: dict[str, Any] = {}
     for marker in reversed(list(item.iter_markers("tputrace"))):
         limits.update(marker.kwargs)
-    limits.update(item.stash.get(_BUDGET_KEY, {}))
+    fixture_budget: dict[str, float] = item.stash.get(_BUDGET_KEY, {})
+    limits.update(fixture_budget)
     try:
         budget = budget_from_mapping(limits, item.nodeid)
     except TputraceError as error:

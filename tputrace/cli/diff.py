@@ -42,9 +42,10 @@ def run(args: argparse.Namespace) -> int:
 def _rank(trace: Any, args: argparse.Namespace) -> int | None:
     from tputrace.store.errors import TputraceError
 
-    if args.rank is not None and args.rank not in trace.ranks:
-        raise TputraceError(f"{trace.path} has no rank {args.rank}")
-    return args.rank
+    rank: int | None = args.rank
+    if rank is not None and rank not in trace.ranks:
+        raise TputraceError(f"{trace.path} has no rank {rank}")
+    return rank
 
 
 def _plain(difference: Any) -> dict[str, Any]:

@@ -120,7 +120,7 @@ def run_figures(trace: Trace, rank: int | None = None) -> RunFigures:
     spread = float(statistics.median(abs(value - median) for value in steady)) if steady and median is not None else 0.0
     compile_stats = trace.compile_stats(rank=chosen)
     recompiles = tuple(
-        Recompile(record.name, record.reason, record.diff, record.step, record.dur_ns or 0,
+        Recompile(record.name, record.reason, record.diff, record.step or 0, record.dur_ns or 0,
                   f"{record.source.file}:{record.source.line}" if record.source else None,
                   site_key(trace, record.source, text_cache))
         for record in trace.records("compiles", where="rank = ? AND step >= ? AND reason != 'first'",
