@@ -9,6 +9,13 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from tputrace.performance_warnings import (
+    CpuFallbackWarning,
+    HostSyncWarning,
+    PerformanceWarning,
+    RecompileWarning,
+    TransferWarning,
+)
 from tputrace.version import __version__
 
 if TYPE_CHECKING:
@@ -16,7 +23,19 @@ if TYPE_CHECKING:
 
     from tputrace.store.reader import Trace
 
-__all__ = ["TraceError", "TputraceError", "__version__", "annotate", "open", "step"]
+__all__ = [
+    "CpuFallbackWarning",
+    "HostSyncWarning",
+    "PerformanceWarning",
+    "RecompileWarning",
+    "TraceError",
+    "TputraceError",
+    "TransferWarning",
+    "__version__",
+    "annotate",
+    "open",
+    "step",
+]
 
 
 def open(path: str | os.PathLike[str], *, source_roots: Sequence[str | os.PathLike[str]] = ()) -> Trace:  # noqa: A001 - `tputrace.open` is the public name

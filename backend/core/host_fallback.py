@@ -19,6 +19,7 @@ from tputrace.backend.core.entries import OpEntry
 from tputrace.backend.core.tensor import TpuTensor, geometry_of
 from tputrace.backend.indexing import mask_indexing
 from tputrace.recording.interface import Recording
+from tputrace.performance_warnings import CpuFallbackWarning
 from tputrace.sourceloc import first_user_location
 
 _perf_ns = time.perf_counter_ns
@@ -104,18 +105,19 @@ class CpuFallback:
         return output
 
     def _warn_fallback(self, op_name: str, why: str) -> None:
-        self._warn_once(op_name, f"tputrace: {op_name} runs on the host CPU because {why}; it is counted as a CPU fallback")
+        self._warn_once(op_name, f"tputrace: {op_name} runs on the host CPU because {why}; it is counted as a CPU fallback",
+                        CpuFallbackWarning)
 
-    def _warn_once(self, key: str, message: str) -> None:
+    def _warn_once(self, key: str, message: str, category: type[Warning] = RuntimeWarning) -> None:
         """Warn once per key, at the user's line that led here."""
         if key in self.warned_keys:
             return
         self.warned_keys.add(key)
         location = first_user_location(2)
         if location is None:
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            warnings.warn(message, category, stacklevel=3)
         else:
-            warnings.warn_explicit(message, RuntimeWarning, location[0], location[1])
+            warnings.warn_explicit(message, category, location[0], location[1])
 
 
 def _written_hosts(entry: OpEntry, host_args: Sequence[Any], host_kwargs: dict) -> list[torch.Tensor]:

@@ -37,7 +37,8 @@ LAYERED_PACKAGES = (
     "tputrace.recording",
 )
 TORCH_AND_JAX = ("torch", "jax", "jaxlib")
-BACKEND_MAY_IMPORT = ("tputrace.recording.interface", "tputrace.schema", "tputrace.sourceloc", "tputrace.settings")
+BACKEND_MAY_IMPORT = ("tputrace.recording.interface", "tputrace.schema", "tputrace.sourceloc", "tputrace.settings",
+                      "tputrace.performance_warnings")
 
 
 def within(name: str, *packages: str) -> bool:

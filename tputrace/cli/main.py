@@ -32,6 +32,8 @@ COMMANDS: list[str] = [
     "import_",
     "numerics",
     "sql_views",
+    "diff",
+    "check",
 ]
 
 EXIT_USAGE_ERROR = 2

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 from types import CodeType
 from typing import Any, Protocol
 
-from tputrace import settings, source_digests, sourceloc
+from tputrace import performance_warnings, settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
 from tputrace.recording.live import LiveNotes
@@ -279,15 +279,14 @@ class Recorder:
                 writer.intern(repr(plan.structure_key)),
                 writer.intern(plan.inputs_text),
                 n_ops,
-                program.flops,
-                program.bytes_accessed,
-                program.hlo_ops,
+                program.flops, program.bytes_accessed, program.hlo_ops,
             ),
         )
         return program_id
 
     def op_ran(self, plan: Any, name: str, start_ns: int, dur_ns: int, flush_id: int | None) -> None:
         """An ATen op was dispatched (strict: and launched)."""
+        performance_warnings.raise_pending()
         if not self.enabled:
             self.ops += 1
             return
@@ -375,6 +374,7 @@ class Recorder:
         if self.compiles == 1 and self.forked_from is not None:
             writer.create_file()
             writer.commit()  # a forked process may end through os._exit: the parent still sees it used the tpu
+        performance_warnings.recompiled(plan.op_name, reason, diff)
         return program_id
 
     # ----------------------------------------------------------------- torch.compile records
@@ -457,12 +457,14 @@ class Recorder:
             return
         self.recorded_in_step = True
         self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
+        performance_warnings.synced(kind, self.step_index)
 
     def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None:
         if not self.enabled:
             return
         self.recorded_in_step = True
         self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
+        performance_warnings.transferred(direction, nbytes, self.step_index)
 
     def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None:
         if not self.enabled:
@@ -543,6 +545,7 @@ class Recorder:
     # ----------------------------------------------------------------- steps and annotations
     def step_boundary(self, source: str) -> None:
         """End the current step (`source`: what marked its end) and begin the next."""
+        performance_warnings.raise_pending()
         end = self.now()
         if self.enabled:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, source))

@@ -1,0 +1,124 @@
+"""Performance budgets: limits a run must keep, read from a TOML file or given as keyword arguments (the
+pytest marker's), and the violations of a run's figures against them.
+
+Keys (all optional): `max_recompiles` (compiles after warm-up that are not a program's first),
+`max_syncs_per_step` and `max_transfers_per_step` (per steady step), `max_cpu_fallbacks`,
+`max_compile_seconds`, `max_step_time_ratio` (steady step time over a baseline run's),
+`max_peak_memory_bytes`, `max_exposed_communication_share` (0 to 1).
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+from tputrace.compare.figures import RunFigures
+from tputrace.store.errors import TputraceError
+from tputrace.wording import format_bytes
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib
+
+BUDGET_KEYS: dict[str, type] = {
+    "max_recompiles": int,
+    "max_syncs_per_step": float,
+    "max_transfers_per_step": float,
+    "max_cpu_fallbacks": int,
+    "max_compile_seconds": float,
+    "max_step_time_ratio": float,
+    "max_peak_memory_bytes": int,
+    "max_exposed_communication_share": float,
+}
+
+
+@dataclass(frozen=True)
+class Violation:
+    """One limit a run broke, with the finding behind it and its source line when known."""
+
+    key: str
+    limit: float
+    value: float
+    message: str
+    site: str | None = None
+
+    def describe(self) -> str:
+        where = f" at {self.site}" if self.site else ""
+        return f"{self.key} = {self.limit:g} exceeded: {self.message}{where}"
+
+
+def budget_from_mapping(values: dict[str, Any], origin: str) -> dict[str, float]:
+    """Validated limits from `values`; a `TputraceError` of one line names an unknown key or a bad value."""
+    budget: dict[str, float] = {}
+    for key, value in values.items():
+        if key not in BUDGET_KEYS:
+            raise TputraceError(f"{origin}: unknown budget key {key!r} (known: {', '.join(BUDGET_KEYS)})")
+        kind = BUDGET_KEYS[key]
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
+            raise TputraceError(f"{origin}: {key} must be {'a whole number' if kind is int else 'a number'}, not {value!r}")
+        if value < 0:
+            raise TputraceError(f"{origin}: {key} must not be negative, not {value!r}")
+        budget[key] = value
+    return budget
+
+
+def read_budget(path: str) -> dict[str, float]:
+    """The limits in the TOML file at `path`."""
+    try:
+        with open(path, "rb") as handle:
+            values = tomllib.load(handle)
+    except OSError as error:
+        raise TputraceError(f"cannot read budget {path}: {error.strerror}") from None
+    except tomllib.TOMLDecodeError as error:
+        raise TputraceError(f"{path}: not valid TOML: {error}") from None
+    return budget_from_mapping(values, path)
+
+
+def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigures | None = None) -> list[Violation]:
+    """The limits of `budget` that `figures` break; `max_step_time_ratio` needs `baseline`."""
+    found: list[Violation] = []
+    if "max_recompiles" in budget and len(figures.recompiles_after_warmup) > budget["max_recompiles"]:
+        recompiles = figures.recompiles_after_warmup
+        first = recompiles[0]
+        found.append(Violation("max_recompiles", budget["max_recompiles"], len(recompiles),
+                               f"{len(recompiles)} recompile(s) after warm-up; first of {first.name or 'a program'} in step {first.step}"
+                               f" ({first.diff or first.reason or 'unknown reason'})", first.site))
+    for key, count, what in (("max_syncs_per_step", figures.steady_syncs, "host syncs"),
+                             ("max_transfers_per_step", figures.steady_transfers, "transfers")):
+        if key in budget and figures.per_steady_step(count) > budget[key]:
+            site = _finding_site(figures, "syncs" if what == "host syncs" else "transfers")
+            found.append(Violation(key, budget[key], figures.per_steady_step(count),
+                                   f"{figures.per_steady_step(count):g} {what} per steady step", site))
+    if "max_cpu_fallbacks" in budget and figures.fallbacks > budget["max_cpu_fallbacks"]:
+        found.append(Violation("max_cpu_fallbacks", budget["max_cpu_fallbacks"], figures.fallbacks,
+                               f"{figures.fallbacks} CPU fallback(s)", _finding_site(figures, "fallbacks")))
+    if "max_compile_seconds" in budget and figures.compile_ns / 1e9 > budget["max_compile_seconds"]:
+        found.append(Violation("max_compile_seconds", budget["max_compile_seconds"], figures.compile_ns / 1e9,
+                               f"compiling took {figures.compile_ns / 1e9:.3g} s"))
+    if "max_step_time_ratio" in budget:
+        if baseline is None:
+            raise TputraceError("max_step_time_ratio needs a baseline trace (--baseline)")
+        if figures.median_step_ns and baseline.median_step_ns:
+            ratio = figures.median_step_ns / baseline.median_step_ns
+            if ratio > budget["max_step_time_ratio"]:
+                found.append(Violation("max_step_time_ratio", budget["max_step_time_ratio"], ratio,
+                                       f"steady step time is {ratio:.3g}x the baseline's"))
+    if "max_peak_memory_bytes" in budget and figures.peak_memory_bytes > budget["max_peak_memory_bytes"]:
+        found.append(Violation("max_peak_memory_bytes", budget["max_peak_memory_bytes"], figures.peak_memory_bytes,
+                               f"peak memory {format_bytes(figures.peak_memory_bytes)}"))
+    share_key = "max_exposed_communication_share"
+    if share_key in budget and figures.exposed_communication_share > budget[share_key]:
+        found.append(Violation(share_key, budget[share_key], figures.exposed_communication_share,
+                               f"collectives take {figures.exposed_communication_share:.0%} of the step",
+                               _finding_site(figures, "collectives")))
+    return found
+
+
+def _finding_site(figures: RunFigures, analyzer: str) -> str | None:
+    for item in figures.findings:
+        finding = item.finding
+        if finding.analyzer == analyzer and finding.file is not None:
+            return f"{finding.file}:{finding.line} ({finding.title})"
+    return None
