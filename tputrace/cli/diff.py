@@ -21,9 +21,8 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     import json
-    from dataclasses import asdict
 
-    from tputrace.compare.diff import RunDiff, compare
+    from tputrace.compare.diff import compare
     from tputrace.compare.figures import run_figures
     from tputrace.store.reader import open_trace
 
