@@ -25,6 +25,7 @@ from tputrace import performance_warnings, settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
 from tputrace.recording.live import LiveNotes
+from tputrace.recording.sharding_records import ShardingRecords
 from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.writer import TraceWriter
 
@@ -48,7 +49,7 @@ class DeviceReadings(Protocol):
         ...
 
 
-class Recorder:
+class Recorder(ShardingRecords):
     """One recording: a trace writer plus the context (step, module path, source) of each record."""
 
     def __init__(
@@ -500,39 +501,6 @@ class Recorder:
             (self.rank, kind, nbytes, dtype, writer.intern(group), writer.intern(ranks), frame_id, start_ns - self.t0, dur_ns, wait_ns, algorithm,
              bus_bandwidth, step, cause_id),
         )
-
-    # ----------------------------------------------------------------- sharding: meshes, placements, causes
-    def device_mesh(self, shape: str, dim_names: str, ranks: str, frame_id: int | None) -> int:
-        """A `device_meshes` row; returns its id."""
-        writer = self.writer
-        mesh_id = writer.next_id("device_meshes")
-        writer.append("device_meshes", (mesh_id, self.rank, shape, dim_names, ranks, frame_id))
-        return mesh_id
-
-    def parameter_placement(self, name: str, module: str, wrapper: str, group: str | None, mesh_id: int | None, placements: str,
-                            global_shape: str, local_shape: str, dtype: str, nbytes: int, bytes_per_rank: int, origin_frame_id: int | None) -> None:
-        """A `parameter_placements` row: how one parameter is placed and what this rank holds."""
-        writer = self.writer
-        writer.append("parameter_placements", (
-            self.rank, writer.intern(name), writer.intern(module), wrapper, None if group is None else writer.intern(group), mesh_id, placements,
-            global_shape, local_shape, dtype, nbytes, bytes_per_rank, origin_frame_id,
-        ))
-
-    def collective_cause(self, cause: tuple[Any, ...]) -> int:
-        """The id of a `collective_causes` row with these values (the table's columns after `id` and
-        `rank`, texts for the `*_sid` ones), written the first time the cause is met."""
-        cause_id = self._cause_ids.get(cause)
-        if cause_id is None:
-            writer = self.writer
-            kind, phase, module, tensor, op, *rest = cause
-            cause_id = writer.next_id("collective_causes")
-            intern = writer.intern
-            writer.append("collective_causes", (
-                cause_id, self.rank, kind, phase, None if module is None else intern(module), None if tensor is None else intern(tensor),
-                None if op is None else intern(op), *rest,
-            ))
-            self._cause_ids[cause] = cause_id
-        return cause_id
 
     def _maybe_sample_memory(self, force: bool = False) -> None:
         now = _perf_ns()
