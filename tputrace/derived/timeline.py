@@ -206,7 +206,7 @@ def _lane_bins(trace: Trace, spec: _LaneSpec, bin_ns: int, offset: int) -> LaneB
 
 
 def _resolve_details(trace: Trace, fields: tuple[str, ...], values: Sequence[Any]) -> tuple[Any, ...]:
-    resolved = []
+    resolved: list[Any] = []
     for name, value in zip(fields, values):
         if name == "source":
             resolved.append(trace.frame(value))

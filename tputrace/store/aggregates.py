@@ -310,9 +310,10 @@ def compile_total_ns(trace: TraceQueries, *, rank: int | None = None, condition:
 def wall_ns(trace: TraceQueries, *, rank: int | None = None) -> int:
     """The run's wall time: the runs' end times, or the last event for a run without an end record."""
     where, params = rank_filter(rank)
-    ends = [end_ns for (end_ns,) in trace.sql(f"SELECT end_ns FROM runs{where}", params)]
-    if ends and all(end_ns is not None for end_ns in ends):
-        return max(ends)
+    ends: list[int | None] = [end_ns for (end_ns,) in trace.sql(f"SELECT end_ns FROM runs{where}", params)]
+    finished = [end_ns for end_ns in ends if end_ns is not None]
+    if ends and len(finished) == len(ends):
+        return max(finished)
     return time_range(trace, rank=rank)[1]
 
 

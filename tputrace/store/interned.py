@@ -70,9 +70,10 @@ class InternedValues:
         return self._source_copies[file]
 
     def _interned(self, table: Callable[[], dict[int, _Value]], key: int | None, query: str,
-                  build: Callable[[tuple[Any, ...]], _Value]) -> _Value | None:
+                  build: Callable[[tuple[Any, ...]], _Value | None]) -> _Value | None:
         """The value of an interned id: from its table (read whole at first use), else (written since
-        then by a live writer) its row read by `query` and kept; None for None or an unknown id."""
+        then by a live writer) its row read by `query` and kept; None for None, an unknown id or a row
+        that `build` reads as no value."""
         if key is None:
             return None
         values = table()
@@ -80,7 +81,9 @@ class InternedValues:
         if value is None:
             rows = self._connection.sql(query, (key,))
             if rows:
-                value = values[key] = build(rows[0])
+                value = build(rows[0])
+                if value is not None:
+                    values[key] = value
         return value
 
     def _location(self, row: tuple[Any, ...]) -> SourceLocation:

@@ -170,7 +170,7 @@ class Trace:
         if not self.has_table(kind.table):
             return 0
         query = f"SELECT COUNT(*) FROM {kind.table}" + (f" WHERE {where}" if where else "")
-        return self.sql(query, params)[0][0]
+        return int(self.sql(query, params)[0][0])  # COUNT(*) is always an integer
 
     def has_table(self, table: str) -> bool:
         """Whether the file has `table`: a file written before a table was added to the format lacks

@@ -86,6 +86,8 @@ def _describe(kind: RecordKind, columns: list[Column], row: tuple[Any, ...]) -> 
         if not isinstance(value, types) or isinstance(value, bool):
             noun = "integers" if column.kind == "INTEGER" else "numbers" if column.kind == "REAL" else "text"
             return f"{where} holds {_shown(value)} ({_storage_class(value)}) where the format has {noun}"
+        if not isinstance(value, (int, float)):  # text: the checks below are of numbers
+            continue
         if column.name in _DURATIONS and value < 0:
             return f"{where} holds {value}, a negative duration"
         if column.kind == "REAL" and not math.isfinite(value):

@@ -219,7 +219,7 @@ class TraceWriter:
             self._thread.join()
         self._drain_and_commit()
         with self._db_lock:
-            connection = self._connection
+            connection = self._open_connection
             try:
                 for statement in index_statements():
                     connection.execute(statement)
@@ -241,6 +241,13 @@ class TraceWriter:
     @property
     def closed(self) -> bool:
         return self._closed
+
+    @property
+    def _open_connection(self) -> sqlite3.Connection:
+        """The connection to the trace file; `TraceWriteError` once it is closed (or before the file exists)."""
+        if self._connection is None:
+            raise TraceWriteError(f"the trace {self.path} is not open for writing")
+        return self._connection
 
     # -- fork: the connection is closed across os.fork() and never reaches the child --------------
 
@@ -353,7 +360,7 @@ class TraceWriter:
             connection = self._connection
             if self._disk_full:
                 self.dropped_rows += sum(len(rows) for _, rows in batches) + len(frame_rows) + len(string_rows)
-                self._commit_statements(statements)
+                self._commit_statements(connection, statements)
                 return
             try:
                 if connection.in_transaction:
@@ -362,13 +369,13 @@ class TraceWriter:
                 connection.execute("BEGIN")
                 for table, rows in batches:
                     if rows:
-                        self._insert(table, rows)
+                        self._insert(connection, table, rows)
                 for sql, params in statements:
-                    self._execute_statement(sql, params)
+                    self._execute_statement(connection, sql, params)
                 if frame_rows:
-                    self._insert("frames", frame_rows)
+                    self._insert(connection, "frames", frame_rows)
                 if string_rows:
-                    self._insert("strings", string_rows)
+                    self._insert(connection, "strings", string_rows)
                 connection.execute("COMMIT")
             except sqlite3.Error as error:
                 dropped = sum(len(rows) for _, rows in batches) + len(frame_rows) + len(string_rows)
@@ -381,26 +388,24 @@ class TraceWriter:
                     self._disk_full = True
                     note = ("incomplete", f"rows from {_now_text()} on could not be stored: {error}")
                     statements.append(("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", note))
-                self._commit_statements(statements)
+                self._commit_statements(connection, statements)
 
-    def _commit_statements(self, statements: list[tuple[str, Row]]) -> None:
+    def _commit_statements(self, connection: sqlite3.Connection, statements: list[tuple[str, Row]]) -> None:
         """Commit run updates and meta entries on their own; count them as dropped if that fails too."""
         if not statements:
             return
-        connection = self._connection
         try:
             connection.execute("BEGIN")
             for sql, params in statements:
-                self._execute_statement(sql, params)
+                self._execute_statement(connection, sql, params)
             connection.execute("COMMIT")
         except sqlite3.Error as error:
             self._note_error(f"commit failed: {error}", len(statements))
             if connection.in_transaction:
                 connection.execute("ROLLBACK")
 
-    def _insert(self, table: str, rows: list[Row]) -> None:
+    def _insert(self, connection: sqlite3.Connection, table: str, rows: list[Row]) -> None:
         """Insert a batch; if it fails, insert row by row and drop (and count) the bad rows."""
-        connection = self._connection
         sql = self._insert_sql[table]
         connection.execute("SAVEPOINT batch")
         try:
@@ -420,9 +425,9 @@ class TraceWriter:
                     self._note_error(f"bad {table} row {row!r:.200}: {row_error}", 1)
         connection.execute("RELEASE batch")
 
-    def _execute_statement(self, sql: str, params: Row) -> None:
+    def _execute_statement(self, connection: sqlite3.Connection, sql: str, params: Row) -> None:
         try:
-            self._connection.execute(sql, params)
+            connection.execute(sql, params)
         except _ROW_ERRORS as error:
             self._note_error(f"run update failed: {error}", 1)
 
