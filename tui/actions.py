@@ -42,6 +42,7 @@ VIEW_ORDER: tuple[tuple[str, str], ...] = (
     ("collectives", "Collectives"),
     ("timeline", "Timeline"),
     ("source", "Source"),
+    ("sharding", "Sharding"),
 )
 """Every view: (id, title), in tab order; view N is shown by key N."""
 
@@ -52,6 +53,7 @@ _VIEW_HELP = {
     "compiles": "every compile with its reason and old -> new signature; compiles per call site",
     "fusions": "DeferAndFuse flushes: trigger, size, cache hit, ops inside, XLA's fusions",
     "collectives": "collectives by kind and size; time and waiting per rank",
+    "sharding": "meshes, parameter placements and bytes per rank, collectives by cause, module and line",
     "timeline": "host and chip lanes for a step or window; zoom and pan",
     "source": "the user's files with time, ops, compiles and syncs per line",
 }

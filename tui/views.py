@@ -9,12 +9,13 @@ from tputrace.tui.findings import FindingsView
 from tputrace.tui.fusions import FusionsView
 from tputrace.tui.ops import OpsView
 from tputrace.tui.overview import OverviewView
+from tputrace.tui.sharding import ShardingView
 from tputrace.tui.source import SourceView
 from tputrace.tui.timeline import TimelineView
 
 VIEW_CLASSES: dict[str, type[TraceView]] = {
     view.VIEW_ID: view
-    for view in (OverviewView, FindingsView, OpsView, CompilesView, FusionsView, CollectivesView, TimelineView, SourceView)
+    for view in (OverviewView, FindingsView, OpsView, CompilesView, FusionsView, CollectivesView, ShardingView, TimelineView, SourceView)
 }
 
 __all__ = ["VIEW_CLASSES", "TraceView"]

@@ -371,7 +371,7 @@ def test_formatting() -> None:
 
 def test_action_registry() -> None:
     assert len(ACTIONS_BY_ID) == len(ACTIONS)
-    assert [ACTIONS_BY_ID[f"view.{view_id}"].keys for view_id, _ in VIEW_ORDER] == [str(index) for index in range(1, 9)]
+    assert [ACTIONS_BY_ID[f"view.{view_id}"].keys for view_id, _ in VIEW_ORDER] == [str(index) for index in range(1, 10)]
     assert parse_keymap(["view.ops=o", " app.quit = ctrl+q "]) == {"view.ops": "o", "app.quit": "ctrl+q"}
     with pytest.raises(ValueError, match="no action with id"):
         parse_keymap(["view.nope=x"])
@@ -846,3 +846,46 @@ def test_run_tui_needs_a_terminal(capsys: pytest.CaptureFixture[str], monkeypatc
     open_ui_after_run(SMALL_TRACE)
     err = capsys.readouterr().err.strip().splitlines()
     assert err == [f"tputrace: --tui needs a terminal; open the trace with: tputrace tui {SMALL_TRACE}"]
+
+
+def test_sharding_tables_group_collectives_by_cause(sample_trace_path: Path) -> None:
+    with tputrace.open(sample_trace_path) as trace:
+        tables = queries.sharding_tables(trace, 0)
+        ((gradients,),) = trace.sql("SELECT COUNT(*) FROM collectives WHERE rank = 0 AND kind = 'all_reduce'")
+    assert [(mesh.shape, mesh.dim_names, mesh.ranks) for mesh in tables.meshes] == [("2", "dp", "[0, 1]")]
+    (parameter,) = tables.parameters
+    assert parameter.name == "GPT.embed.weight" and parameter.placements == "Replicate()" and parameter.bytes_per_rank == parameter.bytes > 0
+    by_cause = {group.cause: group for group in tables.causes}
+    assert set(by_cause) == {"ddp_bucket", queries.USER_CALL}
+    bucket = by_cause["ddp_bucket"]
+    assert (bucket.phase, bucket.module, bucket.count) == ("backward", "DistributedDataParallel", gradients)
+    assert bucket.line.endswith("train.py:19") and bucket.total_ns > 0 and not tables.empty
+
+
+def test_sharding_tables_of_a_trace_without_the_tables_are_empty(small: Any) -> None:
+    tables = queries.sharding_tables(small, 0)
+    assert tables.empty and not tables.meshes and not tables.parameters
+    assert {group.cause for group in tables.causes} == {queries.USER_CALL}
+
+
+def test_sharding_view_shows_meshes_parameters_and_causes(sample_trace_path: Path) -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "9")
+        (mesh,) = table_rows(app, "#sharding-meshes")
+        assert mesh[1:] == ["2", "dp", "[0, 1]"]
+        (parameter,) = table_rows(app, "#sharding-parameters")
+        assert parameter[:3] == ["GPT.embed.weight", "ddp", "Replicate()"]
+        causes = table_rows(app, "#sharding-causes")
+        assert [row[0] for row in causes][:1] == ["ddp_bucket"] and causes[0][4] == "6"
+        assert "1 mesh, 1 parameter" in screen_text(app)
+
+    run_app(scenario, session=make_session(sample_trace_path))
+
+
+def test_sharding_view_says_when_a_trace_has_no_records() -> None:
+    async def scenario(pilot: Any) -> None:
+        await press(pilot, "9")
+        assert "no sharding records in this trace" in screen_text(pilot.app)
+
+    run_app(scenario)

@@ -85,6 +85,7 @@ VIEW_KEYS: dict[str, tuple[str, ...]] = {
     "collectives": ("6",),
     "timeline": ("7",),
     "source": ("8",),
+    "sharding": ("9",),
     "help": ("question_mark",),
 }
 

@@ -43,15 +43,16 @@ from tputrace.tui.queries.overview import (
     load_findings,
     overview,
 )
+from tputrace.tui.queries.sharding import USER_CALL, CauseGroup, MeshRow, ParameterRow, ShardingTables, sharding_tables
 from tputrace.tui.queries.source import FileStat, LineStat, resolve_source, source_stats
 from tputrace.tui.queries.timeline import HOST_LANES, LaneBusy, WindowEvent, timeline_lanes, window_events
 
 __all__ = [
-    "GROUP_ORDERS", "HOST_LANES", "MAX_GROUPS", "OP_GROUPINGS", "OP_GROUPING_LABELS", "SEPARATE_ANALYZERS",
-    "CollectiveGroup", "CompileRow", "CompileSite", "FileStat", "FindingsResult", "FlushContents", "FlushOrder",
-    "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "OpGroup", "OpGrouping", "OpInstance", "Overview",
-    "RankCollectives", "TriggerStat", "WindowEvent",
+    "GROUP_ORDERS", "HOST_LANES", "MAX_GROUPS", "OP_GROUPINGS", "OP_GROUPING_LABELS", "SEPARATE_ANALYZERS", "USER_CALL",
+    "CauseGroup", "CollectiveGroup", "CompileRow", "CompileSite", "FileStat", "FindingsResult", "FlushContents", "FlushOrder",
+    "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "MeshRow", "OpGroup", "OpGrouping", "OpInstance", "Overview", "ParameterRow",
+    "RankCollectives", "ShardingTables", "TriggerStat", "WindowEvent",
     "collective_groups", "collective_ranks", "compile_rows", "compile_sites", "filter_groups", "finding_location",
     "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "op_groups", "op_instances",
-    "ops_total_ns", "overview", "resolve_source", "sort_groups", "source_stats", "timeline_lanes", "window_events",
+    "ops_total_ns", "overview", "resolve_source", "sharding_tables", "sort_groups", "source_stats", "timeline_lanes", "window_events",
 ]
