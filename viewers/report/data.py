@@ -30,6 +30,7 @@ from tputrace.viewers.report.chip_data import (
     prepare_shapes,
 )
 from tputrace.viewers.report.compile_data import RecompileData, prepare_recompilations
+from tputrace.viewers.report.sharding_section import ShardingSectionData, prepare_sharding
 from tputrace.viewers.report.time_data import StepData, WhereData, prepare_steps, prepare_where
 
 if TYPE_CHECKING:
@@ -52,6 +53,7 @@ class ReportData:
     roofline: RooflineData
     collectives: CollectiveData
     memory: MemoryData
+    sharding: ShardingSectionData
     projected: ProjectedSteps  # chip time per step projected for the analysis's target
 
 
@@ -70,6 +72,7 @@ def prepare_report(trace: Trace, *, target: str | None = None, analysis: Analysi
         roofline=prepare_roofline(trace, model),
         collectives=prepare_collectives(trace, model),
         memory=prepare_memory(trace, model),
+        sharding=prepare_sharding(trace, analysis),
         projected=projected_steps(trace, trace.run.rank, target_of(model)),
     )
 

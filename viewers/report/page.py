@@ -30,6 +30,7 @@ SECTION_TITLES: dict[str, str] = {
     "roofline": "6 · Roofline",
     "collectives": "7 · Collectives",
     "memory": "8 · Memory",
+    "sharding": "9 · Sharding",
 }
 
 

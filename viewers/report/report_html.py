@@ -29,6 +29,7 @@ from tputrace.viewers.report.page import (
     note_html,
     section_html,
 )
+from tputrace.viewers.report.sharding_section import sharding_content
 from tputrace.wording import format_change
 
 
@@ -269,6 +270,12 @@ def _memory_section(page: Page, data: ReportData) -> str:
     return section_html("memory", page.figure("memory", figures.plot_memory(memory)) + note, findings_aside(data.analysis, "memory"))
 
 
+def _sharding_section(page: Page, data: ReportData) -> str:
+    if not data.sharding.present:
+        return ""
+    return section_html("sharding", sharding_content(page, data.sharding, data.analysis), findings_aside(data.analysis, "sharding"))
+
+
 def render_report(data: ReportData, *, plotlyjs: PlotlyJsMode = "inline") -> str:
     """The report page for prepared data."""
     page = Page()
@@ -284,6 +291,7 @@ def render_report(data: ReportData, *, plotlyjs: PlotlyJsMode = "inline") -> str
         _roofline_section(page, data),
         _collectives_section(page, data),
         _memory_section(page, data),
+        _sharding_section(page, data),
         "</main>",
         '<footer class="tp-muted">Written by tputrace plot. Times are as recorded; estimates are labelled.</footer>',
     ))
