@@ -30,6 +30,7 @@ from tputrace.derived.device_runs import OpKey, ProgramRun, is_strict, scan_rank
 from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, TargetChip
 from tputrace.derived.projection import step_metadata
 from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables
+from tputrace.viewers.export.collective_causes import cause_args, cause_column
 from tputrace.viewers.export.hosts import host_names
 from tputrace.viewers.export.perfetto_tracks import (
     CHUNK_EVENTS,
@@ -352,14 +353,15 @@ class _Export:
             tracks["CPU fallbacks"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
                 ("fallback", op_sid, inputs_sid, frame_id), f"{text(op_sid) or 'op'} (CPU fallback)", "fallback",
                 {"inputs": text(inputs_sid), "source": source(frame_id), "chip": chip_index}), f'"step":{to_json(step)}')
-        for kind, nbytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step in trace.sql(
-            "SELECT kind, bytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step "
-            "FROM collectives WHERE rank = ?", (rank,)
+        causes = cause_args(trace, rank)
+        for kind, nbytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step, cause_id in trace.sql(
+            "SELECT kind, bytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step, "
+            f"{cause_column(trace)} FROM collectives WHERE rank = ?", (rank,)
         ):
             tracks["Collectives"].add(start_ns + offset, start_ns + (dur_ns or 0) + offset, fragment(
-                ("collective", kind, group_sid, ranks_sid, frame_id, dtype, algorithm), kind or "collective", "collective",
+                ("collective", kind, group_sid, ranks_sid, frame_id, dtype, algorithm, cause_id), kind or "collective", "collective",
                 {"group": text(group_sid), "ranks": text(ranks_sid), "source": source(frame_id), "dtype": dtype,
-                 "algorithm": algorithm}),
+                 "algorithm": algorithm, **dict(causes.get(cause_id, ()) if cause_id is not None else ())}),
                 to_json({"bytes": nbytes, "wait_ns": wait_ns, "bus_bandwidth_bytes_per_second": bus_bandwidth, "step": step})[1:-1])
         for reason_sid, frame_id, t_ns, step in trace.sql(
             "SELECT reason_sid, frame_id, t_ns, step FROM graph_breaks WHERE rank = ?", (rank,)

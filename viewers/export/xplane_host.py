@@ -8,6 +8,7 @@ import operator
 from typing import Any
 
 from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, START, OpBatch, TraceTables
+from tputrace.viewers.export.collective_causes import cause_args, cause_column
 from tputrace.viewers.export.xplane_builder import PS_PER_NS, PlaneBuilder, Stats
 
 HOST_PLANE = "/host:CPU"
@@ -117,14 +118,15 @@ class HostPlane:
             add("CPU fallbacks", ("fallback", op_sid, inputs_sid, frame_id), f"{text(op_sid) or 'op'} (CPU fallback)",
                 start_ns, dur_ns, (("aten_op", text(op_sid)), ("inputs", text(inputs_sid)), ("source", source(frame_id))),
                 (("chip", chip_index), ("step", step)))
-        for kind, nbytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step in trace.sql(
-            "SELECT kind, bytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step "
-            "FROM collectives WHERE rank = ?", (rank,)
+        causes = cause_args(trace, rank)
+        for kind, nbytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step, cause_id in trace.sql(
+            "SELECT kind, bytes, dtype, group_sid, ranks_sid, frame_id, start_ns, dur_ns, wait_ns, algorithm, bus_bandwidth, step, "
+            f"{cause_column(trace)} FROM collectives WHERE rank = ?", (rank,)
         ):
-            add("Collectives", ("collective", kind, group_sid, ranks_sid, frame_id, dtype, algorithm), kind or "collective",
+            add("Collectives", ("collective", kind, group_sid, ranks_sid, frame_id, dtype, algorithm, cause_id), kind or "collective",
                 start_ns, dur_ns,
                 (("kind", kind), ("group", text(group_sid)), ("ranks", text(ranks_sid)), ("source", source(frame_id)),
-                 ("dtype", dtype), ("algorithm", algorithm)),
+                 ("dtype", dtype), ("algorithm", algorithm), *(causes.get(cause_id, ()) if cause_id is not None else ())),
                 (("bytes", nbytes), ("wait_ns", wait_ns), ("bus_bandwidth_bytes_per_second", bus_bandwidth), ("step", step)))
         for reason_sid, frame_id, t_ns, step in trace.sql(
             "SELECT reason_sid, frame_id, t_ns, step FROM graph_breaks WHERE rank = ?", (rank,)
