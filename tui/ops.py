@@ -13,6 +13,8 @@ from textual.binding import BindingType
 from textual.reactive import reactive
 from textual.widgets import DataTable, Input
 
+from tputrace.analysis.target import DEFAULT_TARGET
+from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import fmt_count, fmt_ns, fmt_share, right, share_bar
@@ -27,8 +29,11 @@ if TYPE_CHECKING:
 
 INSTANCE_PAGE = 100
 FILTER_DELAY_S = 0.3
-GROUP_COLUMNS = (("count", "count"), ("total", "total"), ("mean", "mean"), ("share", "share"), ("", "bar"))
-INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), ("start", "start"), ("time", "dur"), ("inputs", "inputs"),
+GROUP_COLUMNS = (("count", "count"), ("host dispatch", "total"), ("mean", "mean"), ("share", "share"), ("", "bar"))
+RANKED_COLUMNS = (("calls", "count"), ("host dispatch", "total"), ("mean", "mean"), ("share", "share"), ("chip share", "chip"),
+                  ("", "bar"))
+"""Grouped by op: the status line gives the columns' full labels (`HOST_DISPATCH_LABEL`, `CHIP_SHARE_LABEL`)."""
+INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), ("start", "start"), ("host dispatch", "dur"), ("inputs", "inputs"),
                     ("outputs", "outputs"), ("module", "module"), ("source", "source"))
 
 
@@ -87,13 +92,16 @@ class OpsView(TraceView):
     def _show_groups(self) -> None:
         palette = palette_for(self.app)
         self.sorted_groups = queries.sort_groups(self.groups, self.order)
+        ranked = self.grouping == "op"
         rows: list[Row] = [
             (str(index), (Text(group.label), right(fmt_count(group.count)), right(fmt_ns(group.total_ns)),
-                          right(fmt_ns(group.mean_ns)), right(fmt_share(group.share)), share_bar(group.share, 12, palette.bar)))
+                          right(fmt_ns(group.mean_ns)), right(fmt_share(group.share)),
+                          *((right(fmt_share(group.chip_share or 0.0)),) if ranked else ()), share_bar(group.share, 12, palette.bar)))
             for index, group in enumerate(self.sorted_groups)
         ]
         label = queries.OP_GROUPING_LABELS[self.grouping]
-        self.query_one("#ops-groups", TraceTable).show(rows, columns=((label, "label"), *GROUP_COLUMNS))
+        columns = RANKED_COLUMNS if ranked else GROUP_COLUMNS
+        self.query_one("#ops-groups", TraceTable).show(rows, columns=((label, "label"), *columns))
         self._status()
 
     def restyle(self) -> None:
@@ -124,6 +132,10 @@ class OpsView(TraceView):
                        "Enter: source line · Escape: back", "dim")]
         else:
             parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]
+            if self.grouping == "op":
+                parts += [(f" · {HOST_DISPATCH_LABEL}, measured on this host · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}", "dim")]
+            else:
+                parts += [(" · host dispatch, measured on this host", "dim")]
             if self.text_filter:
                 parts += [(" · filter ", ""), (self.text_filter, "bold")]
             parts += [(f" · {plural(len(self.groups), 'group')}", "")]

@@ -14,12 +14,13 @@ import pytest
 
 import tputrace
 from browser import PageResult, find_chromium, load_page
-from fixtures.make_traces import START_UNIX_NS, build_sample_trace
+from fixtures.make_traces import MS, START_UNIX_NS, build_sample_trace, build_trace_with_a_flush_inside_an_op
 from tputrace.analysis.chips import chip
 from tputrace.cli.main import main
 from tputrace.store import TraceWriter
+from tputrace.derived.op_ranking import rank_ops
 from tputrace.derived.timeline import prepare_timeline
-from tputrace.viewers.report import analysis_data, chip_data, compile_data, data as report_data, report_html, time_data
+from tputrace.viewers.report import analysis_data, chip_data, compile_data, data as report_data, figures, report_html, time_data
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 # Where screenshots go: $TPUTRACE_SCREENSHOT_DIR (e.g. for CI artifacts), else the test's tmp dir.
@@ -184,6 +185,16 @@ def test_where_tree_adds_up(sample_trace_path: Path) -> None:
             assert sum(children) == node.value_ns, node.label
     assert where.leaves_merged > 0 and any(node.label == "(other ops)" for node in nodes.values())
     assert where.source_lines[0].total_ns >= where.source_lines[-1].total_ns
+
+
+def test_where_tree_leaves_out_flushes_and_compiles_inside_op_calls(tmp_path: Path) -> None:
+    with tputrace.open(build_trace_with_a_flush_inside_an_op(tmp_path / "nested.tptrace")) as trace:
+        where = time_data.prepare_where(trace)
+        ranking = rank_ops(trace, 0)
+    leaves = {node.label: node.value_ns for node in where.tree if node.parent}
+    assert leaves == {op.op: op.self_dispatch_ns for op in ranking.ops}
+    assert leaves["aten._foreach_mul_.Scalar"] == 30 * MS and where.tree_total_ns == 70 * MS
+    assert "host dispatch excl. flushes/compiles" in figures.plot_where_treemap(where).data[0].customdata[0]
 
 
 def test_recompilations_show_varying_dims(sample_trace_path: Path) -> None:

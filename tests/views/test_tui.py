@@ -889,3 +889,35 @@ def test_sharding_view_says_when_a_trace_has_no_records() -> None:
         assert "no sharding records in this trace" in screen_text(pilot.app)
 
     run_app(scenario)
+
+
+def test_ops_by_op_rank_as_the_summary_with_labelled_figures(small: Any) -> None:
+    from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+    from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, rank_ops
+
+    ranking = rank_ops(small, 0, target_chip(DEFAULT_TARGET))
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "3")
+        table = app.query_one("#ops-groups")
+        headers = [str(column.label) for column in table.columns.values()]
+        assert headers[1:5] == ["calls", "host dispatch", "mean", "share"] and "chip share" in headers
+        rows = table_rows(app, "#ops-groups")
+        assert [row[0] for row in rows] == [op.op for op in ranking.ops]
+        assert rows[0][2] == fmt_ns(ranking.ops[0].self_dispatch_ns)
+        assert f"{HOST_DISPATCH_LABEL}, measured on this host · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}" in screen_text(app)
+        await press(pilot, "g")
+        assert "host dispatch" in [str(column.label) for column in table.columns.values()]
+
+    run_app(scenario, size=(200, 40))
+
+
+def test_op_groups_by_op_leave_out_flushes_and_compiles_inside_calls(tmp_path: Path) -> None:
+    from fixtures.make_traces import MS, build_trace_with_a_flush_inside_an_op
+
+    with tputrace.open(build_trace_with_a_flush_inside_an_op(tmp_path / "nested.tptrace")) as trace:
+        groups = queries.op_groups(trace, "op", 0)
+        instances = queries.op_instances(trace, "op", groups[1].key, 0)
+    assert [(group.label, group.total_ns) for group in groups] == [("aten.bmm.default", 40 * MS), ("aten._foreach_mul_.Scalar", 30 * MS)]
+    assert [instance.dur_ns for instance in instances] == [750 * MS]

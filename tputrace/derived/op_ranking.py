@@ -92,6 +92,22 @@ def nested_intervals(trace: Trace, rank: int) -> list[tuple[int, int]]:
     )]
 
 
+def nested_ns_by(trace: Trace, columns: str) -> dict[tuple[object, ...], int]:
+    """The time of flushes and compiles that ran inside ops, summed per value of the ops' `columns` (a
+    comma-separated list of `ops` columns), over every rank."""
+    nested: dict[tuple[object, ...], int] = {}
+    for rank in trace.ranks:
+        covered = _Covered(nested_intervals(trace, rank))
+        if not covered.starts:
+            continue
+        for row in trace.sql(f"SELECT {columns}, start_ns, dur_ns FROM ops WHERE rank = ? AND dur_ns > 0 AND start_ns IS NOT NULL", (rank,)):
+            inside = covered.within(row[-2], row[-2] + row[-1])
+            if inside:
+                key = tuple(row[:-2])
+                nested[key] = nested.get(key, 0) + inside
+    return nested
+
+
 def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables | None = None) -> dict[str, float]:
     """Estimated chip ns per op name on `chip` (ops of programs without recorded ops go under
     `PROGRAM_OPS_LABEL`)."""

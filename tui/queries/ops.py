@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.op_ranking import rank_ops
 from tputrace.store.aggregates import rank_filter
 from tputrace.store.records import SourceLocation
 
@@ -36,7 +38,9 @@ def like_pattern(text: str) -> str:
 
 @dataclass(frozen=True)
 class OpGroup:
-    """Ops with one key (op, op and shapes, source line or module): count, time and share."""
+    """Ops with one key (op, op and shapes, source line or module): count, time and share. Grouped by op,
+    the time is host dispatch without the flushes and compiles that ran inside the calls, and
+    `chip_share` the op's share of chip time projected for the default target."""
 
     key: tuple[Any, ...]
     label: str
@@ -45,6 +49,7 @@ class OpGroup:
     mean_ns: float
     share: float
     source: SourceLocation | None = None
+    chip_share: float | None = None
 
 
 _GROUP_COLUMNS: dict[str, tuple[str, ...]] = {
@@ -87,6 +92,8 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, 
     """
     if group_by not in _GROUP_COLUMNS:
         raise ValueError(f"unknown op grouping {group_by!r}")
+    if group_by == "op":
+        return ranked_op_groups(trace, rank, text)
     columns = ", ".join(_GROUP_COLUMNS[group_by])
     where, params = rank_filter(rank)
     if text:
@@ -116,6 +123,20 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, 
             label = str(source) if source else "(no source)"
         groups.append(OpGroup(key, label, count, total_ns, total_ns / count if count else 0.0, total_ns / all_ns if all_ns else 0.0, source))
     return groups
+
+
+def ranked_op_groups(trace: Trace, rank: int, text: str = "") -> list[OpGroup]:
+    """Ops of `rank` grouped by op as the summary ranks them (`tputrace.derived.op_ranking`): host
+    dispatch without nested flushes and compiles, and chip time share on the default target; optionally
+    only ops whose name contains `text` (case-insensitive, literal)."""
+    ranking = rank_ops(trace, rank, target_chip(DEFAULT_TARGET))
+    sids = dict(trace.sql("SELECT text, id FROM strings WHERE id IN (SELECT DISTINCT op_sid FROM ops WHERE rank = ?)", (rank,)))
+    wanted = text.casefold()
+    return [
+        OpGroup((sids.get(op.op),), op.op, op.calls, op.self_dispatch_ns, op.self_dispatch_ns / op.calls if op.calls else 0.0,
+                op.self_dispatch_share, None, op.chip_share)
+        for op in ranking.ops if wanted in op.op.casefold()
+    ]
 
 
 def filter_groups(groups: Sequence[OpGroup], text: str) -> list[OpGroup] | None:

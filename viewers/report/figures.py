@@ -235,7 +235,7 @@ def plot_where_treemap(data: WhereData) -> go.Figure:
         return empty_figure("no ops recorded")
     hover = [
         f"<b>{esc(node.path.replace(chr(0), '.').replace(chr(1), ' → '))}</b><br>{fmt_ns(node.value_ns)}"
-        f" ({100 * node.value_ns / data.tree_total_ns:.1f}% of op time)<br>{node.count:,} ops"
+        f" host dispatch excl. flushes/compiles ({100 * node.value_ns / data.tree_total_ns:.1f}% of ops')<br>{node.count:,} ops"
         if data.tree_total_ns else esc(node.label)
         for node in data.tree
     ]

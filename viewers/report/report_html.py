@@ -143,8 +143,8 @@ def _where_section(page: Page, data: ReportData) -> str:
         + page.figure("time-split", figures.plot_time_split(where))
         + page.figure("where", figures.plot_where_treemap(where))
         + "</div>"
-        + note_html(esc("Left: total time per kind of event against the wall time. Right: op time (as recorded per op) by "
-                    "module path and op; click a box to zoom in, the top bar to zoom out." + merged))
+        + note_html(esc("Left: total time per kind of event against the wall time. Right: ops' host dispatch without the flushes and "
+                    "compiles that ran inside the calls, measured on this host, by module path and op; click a box to zoom in, the top bar to zoom out." + merged))
         + table
     )
     return section_html("where", content, findings_aside(data.analysis, "where"))

@@ -7,6 +7,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tputrace.derived.op_ranking import nested_ns_by
 from tputrace.derived.steps import StepRow, step_rows
 from tputrace.store.aggregates import TimeSplit, compile_total_ns
 from tputrace.store.records import SourceLocation
@@ -66,11 +67,17 @@ class WhereData:
 def prepare_where(trace: Trace, *, leaves: int = TREEMAP_LEAVES, top_lines: int = TOP_SOURCE_LINES) -> WhereData:
     """Time split by category, op time by module path → op, and the source lines that cost most.
 
-    Ops are read in one pass, grouped by module, op and line; the tree, the lines' op time and the
-    dispatch total all come from it (the ops table is nearly all of a big trace)."""
-    op_groups = trace.sql(
-        "SELECT module_sid, op_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM ops GROUP BY module_sid, op_sid, frame_id"
-    )
+    Op time is host dispatch without the flushes and compiles that ran inside the calls, as the summary
+    ranks ops (`tputrace.derived.op_ranking`). Ops are read in one pass, grouped by module, op and line;
+    the tree, the lines' op time and the dispatch total all come from it (the ops table is nearly all of
+    a big trace)."""
+    nested = nested_ns_by(trace, "module_sid, op_sid, frame_id")
+    op_groups = [
+        (module_sid, op_sid, frame_id, count, total - nested.get((module_sid, op_sid, frame_id), 0))
+        for module_sid, op_sid, frame_id, count, total in trace.sql(
+            "SELECT module_sid, op_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM ops GROUP BY module_sid, op_sid, frame_id"
+        )
+    ]
     by_module_op: dict[tuple[Any, Any], list[int]] = defaultdict(lambda: [0, 0])
     by_frame: dict[Any, list[int]] = defaultdict(lambda: [0, 0])
     for module_sid, op_sid, frame_id, count, total in op_groups:
