@@ -24,10 +24,10 @@ class CollectivesView(TraceView):
 
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="collectives-status", classes="status")
-        yield TraceTable(("kind", "kind"), ("size", "bytes"), ("count", "count"), ("time", "total"), ("mean", "mean"),
+        yield TraceTable(("kind", "kind"), ("size", "bytes"), ("count", "count"), ("collective time", "total"), ("mean", "mean"),
                          ("bus bandwidth", "bandwidth"), ("waiting", "wait"), ("wait share", "wait_share"), id="collectives-kinds")
         yield Static(Text("Per rank", style="bold"), classes="heading")
-        yield TraceTable(("rank", "rank"), ("count", "count"), ("time", "total"), ("waiting", "wait"), ("wait share", "wait_share"),
+        yield TraceTable(("rank", "rank"), ("count", "count"), ("collective time", "total"), ("waiting", "wait"), ("wait share", "wait_share"),
                          ("", "bar"), ("bytes", "bytes"), id="collectives-ranks")
 
     def primary(self) -> Widget | None:

@@ -40,12 +40,12 @@ class CompilesView(TraceView):
 
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="compiles-status", classes="status")
-        yield TraceTable(("#", "id"), ("step", "step"), ("start", "start"), ("time", "dur"), ("kind", "kind"),
+        yield TraceTable(("#", "id"), ("step", "step"), ("start", "start"), ("compile time", "dur"), ("kind", "kind"),
                          ("reason", "reason"), ("what", "name"), ("what changed", "diff"), page_size=PAGE, id="compiles-table")
         with VerticalScroll(id="compiles-detail-scroll"):
             yield Static(Text(""), id="compiles-detail")
         yield Static(Text("Per call site", style="bold"), classes="heading")
-        yield TraceTable(("call site", "source"), ("compiles", "count"), ("recompiles", "recompiles"), ("time", "total"),
+        yield TraceTable(("call site", "source"), ("compiles", "count"), ("recompiles", "recompiles"), ("compile time", "total"),
                          ("reasons", "reasons"), id="compiles-sites")
 
     def primary(self) -> Widget | None:

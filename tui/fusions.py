@@ -40,7 +40,7 @@ class FusionsView(TraceView):
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="fusions-status", classes="status")
         yield Static(Text(""), id="fusions-triggers")
-        yield TraceTable(("#", "id"), ("step", "step"), ("start", "start"), ("time", "dur"), ("trigger", "trigger"),
+        yield TraceTable(("#", "id"), ("step", "step"), ("start", "start"), ("flush time", "dur"), ("trigger", "trigger"),
                          ("ops", "ops"), ("cache", "cache"), ("in", "in"), ("out", "out"), ("program", "program"),
                          ("trigger line", "source"), page_size=PAGE, id="fusions-flushes")
         with Horizontal(id="fusions-inside"):
@@ -103,7 +103,7 @@ class FusionsView(TraceView):
         self.say("fusions-status", f"{plural(total, 'flush', 'flushes')} · program cache hits {fmt_count(hits)} of {fmt_count(total)} "
                                    f"({fmt_share(hits / total)}) · sorted by {self.order}", ("  s sort · Enter: trigger line in Source", "dim"))
         table = Table(box=None, padding=(0, 2), show_edge=False, header_style="bold")
-        for column, justify in (("trigger", "left"), ("flushes", "right"), ("time", "right"), ("ops", "right"), ("mean ops", "right"), ("cache hits", "right")):
+        for column, justify in (("trigger", "left"), ("flushes", "right"), ("flush time", "right"), ("ops", "right"), ("mean ops", "right"), ("cache hits", "right")):
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         for stat in triggers:
             table.add_row(Text(stat.trigger), Text(fmt_count(stat.count)), Text(fmt_ns(stat.total_ns)), Text(fmt_count(stat.ops)),

@@ -126,10 +126,10 @@ class SourceView(TraceView):
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="source-body"):
-            yield TraceTable(("file", "file"), ("time", "time"), ("ops", "ops"), id="source-files")
+            yield TraceTable(("file", "file"), ("recorded time", "time"), ("ops", "ops"), id="source-files")
             with Vertical(id="source-main"):
                 yield StatusLine(Text("loading…"), id="source-status", classes="status")
-                yield TraceTable(("time", "time"), ("ops", "ops"), ("compiles", "compiles"), ("syncs", "syncs"), ("line", "line"),
+                yield TraceTable(("recorded time", "time"), ("ops", "ops"), ("compiles", "compiles"), ("syncs", "syncs"), ("line", "line"),
                                  ("", "code"), page_size=300, max_column_width=240, id="source-code")
 
     def primary(self) -> Widget | None:

@@ -88,7 +88,7 @@ class TimelineView(TraceView):
         yield StatusLine(Text("loading…"), id="timeline-status", classes="status")
         yield Lanes(Text(""), id="timeline-lanes")
         yield Static(Text("Longest in the window", style="bold"), classes="heading")
-        yield TraceTable(("lane", "lane"), ("start", "start"), ("time", "dur"), ("what", "label"), ("source", "source"), id="timeline-events")
+        yield TraceTable(("lane", "lane"), ("start", "start"), ("duration", "dur"), ("what", "label"), ("source", "source"), id="timeline-events")
 
     def primary(self) -> Widget | None:
         return self.query_one("#timeline-lanes")

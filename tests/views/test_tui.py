@@ -921,3 +921,19 @@ def test_op_groups_by_op_leave_out_flushes_and_compiles_inside_calls(tmp_path: P
         instances = queries.op_instances(trace, "op", groups[1].key, 0)
     assert [(group.label, group.total_ns) for group in groups] == [("aten.bmm.default", 40 * MS), ("aten._foreach_mul_.Scalar", 30 * MS)]
     assert [instance.dur_ns for instance in instances] == [750 * MS]
+
+
+def test_no_table_has_a_bare_time_column() -> None:
+    from textual.widgets import DataTable
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        labels: set[str] = set()
+        for key in "345678":
+            await press(pilot, key)
+            for table in app.screen.query(DataTable):
+                labels |= {str(column.label) for column in table.columns.values()}
+        assert "time" not in labels
+        assert {"host dispatch", "compile time", "flush time", "collective time", "recorded time", "duration"} <= labels
+
+    run_app(scenario)
