@@ -142,9 +142,25 @@ class TraceTable(DataTable, inherit_bindings=False):
 
     def _add_page(self) -> None:
         page, self._waiting = self._waiting[: self.page_size], self._waiting[self.page_size:]
+        self._widen_for(page)
         for key, cells in page:
             self.add_row(*(literal(cell) for cell in cells), key=key)
         self.loaded += len(page)
+
+    def _widen_for(self, page: Sequence[Row]) -> None:
+        """Widen the columns whose cells in `page` (rows fetched after the widths were set) are wider,
+        so that no number is cut ("1,62" for 1,622)."""
+        columns = list(self.columns.values())
+        widened = False
+        for _, cells in page:
+            for column, cell in zip(columns, cells):
+                needed = min(cell_width(cell), self.max_column_width)
+                if needed > column.width:
+                    column.width = needed
+                    widened = True
+        if widened:
+            self._require_update_dimensions = True
+            self.refresh()
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         # Handled here and still bubbling to the view.

@@ -937,3 +937,23 @@ def test_no_table_has_a_bare_time_column() -> None:
         assert {"host dispatch", "compile time", "flush time", "collective time", "recorded time", "duration"} <= labels
 
     run_app(scenario)
+
+
+def test_rows_added_later_widen_their_columns_instead_of_cutting_numbers() -> None:
+    from rich.text import Text
+
+    from tputrace.tui.render import right
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "3")
+        table = app.query_one("#ops-groups")
+        row = ("0", (Text("aten.mm.default"), right("12"), right("1 ms"), right("1 ms"), right("1%"), Text(""), right("1%")))
+        table.show([row], more=True)
+        table.extend([("1", (Text("aten.add.Tensor"), right("1,622,000"), right("1 ms"), right("1 ms"), right("1%"), Text(""), right("1%")))],
+                     more=False)
+        await settle(pilot)
+        assert table_rows(app, "#ops-groups")[1][1] == "1,622,000"
+        assert any("1,622,000" in line for line in screen_lines(app))
+
+    run_app(scenario)
