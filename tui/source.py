@@ -255,6 +255,7 @@ class SourceView(TraceView):
         candidates = [line for line in hot if (line > current if direction > 0 else line < current)]
         target = (candidates[0] if direction > 0 else candidates[-1]) if candidates else (hot[0] if direction > 0 else hot[-1])
         self._move_to_line(target)
+        self.query_one("#source-code").focus()  # from the file list too: the line it moved to is in sight
 
     def action_open_in_editor(self) -> None:
         line = self.current_line()

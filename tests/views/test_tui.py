@@ -957,3 +957,25 @@ def test_rows_added_later_widen_their_columns_instead_of_cutting_numbers() -> No
         assert any("1,622,000" in line for line in screen_lines(app))
 
     run_app(scenario)
+
+
+def test_next_hot_line_works_from_the_file_list() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "8")
+        source = app.view("source")
+        assert source.current_line() == 35
+        await press(pilot, "f")
+        assert app.focused is app.query_one("#source-files")
+        files_cursor = app.query_one("#source-files").get_component_styles("datatable--cursor")
+        code = app.query_one("#source-code")
+        blurred_cursor = code.get_component_styles("datatable--cursor")
+        assert blurred_cursor.text_style.bold and blurred_cursor.background != files_cursor.background
+        await press(pilot, "n")
+        assert source.current_line() == 36 and app.focused is code
+        focused_cursor = code.get_component_styles("datatable--cursor")
+        assert focused_cursor.text_style.bold and focused_cursor.background.a == 1.0
+        await press(pilot, "N", "N")
+        assert source.current_line() == 33
+
+    run_app(scenario)
