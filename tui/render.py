@@ -124,6 +124,7 @@ class ChartBar:
     marked: bool
 
 
+AXIS_WIDTH = 10
 MAX_CLIPPED_SHARE = 0.75  # a step chart clips compiling steps only if this share of the bars or fewer is clipped
 
 
@@ -167,7 +168,7 @@ class StepChart:
     def lines(self, width: int) -> list[Text]:
         if not self.bars:
             return [Text("no steps recorded", style=self.palette.muted)]
-        axis_width = 10
+        axis_width = AXIS_WIDTH
         plot_width = max(width - axis_width, 1)
         columns = self.columns(plot_width)
         bar_width = max(1, min(plot_width // max(len(columns), 1), 6))
@@ -193,8 +194,21 @@ class StepChart:
         rows.append(marks)
         return rows
 
+    def legend(self, width: int) -> Text | None:
+        """What `↑` means, when bars are clipped at the chart's width."""
+        columns = self.columns(max(width - AXIS_WIDTH, 1))
+        top = self.scale(columns)
+        tallest = max((bar.value for bar in columns), default=0.0)
+        if tallest <= top * 1.001:
+            return None
+        return Text(f"c: the step compiled · ↑: clipped at {fmt_ns(top)}, the slowest step without a compile; "
+                    f"the tallest is {fmt_ns(tallest)} ({tallest / top:.0f}× that)", style=self.palette.muted)
+
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for line in self.lines(options.max_width):
             line.no_wrap = True
             line.overflow = "crop"
             yield line
+        legend = self.legend(options.max_width)
+        if legend is not None:
+            yield legend

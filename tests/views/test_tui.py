@@ -367,6 +367,9 @@ def test_formatting() -> None:
     storm = [ChartBar(1000.0 + step, True) for step in range(12)] + [ChartBar(300.0, False)]
     assert StepChart(storm).scale(storm) == 1011.0  # clipping would leave one bar readable: none is clipped
     assert "↑" in chart.lines(40)[0].plain and chart.lines(40)[-1].plain.count("c") == 1
+    legend = chart.legend(40)
+    assert legend is not None and "↑: clipped at 10 ns, the slowest step without a compile; the tallest is 1.00 µs (100× that)" in legend.plain
+    assert StepChart(storm).legend(40) is None
 
 
 def test_action_registry() -> None:
