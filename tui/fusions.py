@@ -44,7 +44,7 @@ class FusionsView(TraceView):
                          ("ops", "ops"), ("cache", "cache"), ("in", "in"), ("out", "out"), ("program", "program"),
                          ("trigger line", "source"), page_size=PAGE, id="fusions-flushes")
         with Horizontal(id="fusions-inside"):
-            with Vertical():
+            with Vertical(id="fusions-ops-pane"):
                 yield Static(Text("Ops in the flush", style="bold"), id="fusions-ops-title", classes="heading")
                 yield TraceTable(("#", "seq"), ("op", "op"), ("inputs", "inputs"), ("source", "source"), id="fusions-ops")
             with Vertical():

@@ -982,3 +982,16 @@ def test_next_hot_line_works_from_the_file_list() -> None:
         assert source.current_line() == 33
 
     run_app(scenario)
+
+
+def test_fusions_side_tables_are_divided_and_their_scrollbars_thin() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "5")
+        ops_table = app.query_one("#fusions-ops")
+        assert ops_table.show_vertical_scrollbar and ops_table.styles.scrollbar_size_vertical == 1
+        line = next(line for line in screen_lines(app) if "aten.native_layer_norm.default" in line and "fusion." in line)
+        between = line[line.index("aten.native_layer_norm.default") + len("aten.native_layer_norm.default"):line.index("fusion.")]
+        assert "│" in between or "▕" in between or "▏" in between
+
+    run_app(scenario)
