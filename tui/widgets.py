@@ -144,8 +144,17 @@ class TraceTable(DataTable, inherit_bindings=False):
         page, self._waiting = self._waiting[: self.page_size], self._waiting[self.page_size:]
         self._widen_for(page)
         for key, cells in page:
-            self.add_row(*(literal(cell) for cell in cells), key=key)
+            self.add_row(*(self._fitted(literal(cell)) for cell in cells), key=key)
         self.loaded += len(page)
+
+    def _fitted(self, cell: RenderableType) -> RenderableType:
+        """Text wider than the widest column ends in `…` rather than being cut without a sign."""
+        if isinstance(cell, Text) and cell_width(cell) > self.max_column_width:
+            fitted = cell.copy()
+            fitted.no_wrap = True
+            fitted.overflow = "ellipsis"
+            return fitted
+        return cell
 
     def _widen_for(self, page: Sequence[Row]) -> None:
         """Widen the columns whose cells in `page` (rows fetched after the widths were set) are wider,

@@ -995,3 +995,18 @@ def test_fusions_side_tables_are_divided_and_their_scrollbars_thin() -> None:
         assert "│" in between or "▕" in between or "▏" in between
 
     run_app(scenario)
+
+
+def test_long_finding_titles_end_in_an_ellipsis_and_show_whole_in_the_detail() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        result = app.session.findings()
+        await press(pilot, "2")
+        if result.unavailable:
+            return
+        title = result.findings[0].title
+        lines = screen_lines(app)
+        assert any(title[:12] in line and title not in line and "…" in line for line in lines)  # too long for the table at 100 columns
+        assert app.query_one("#findings-detail").content.plain.startswith(title)
+
+    run_app(scenario, size=(100, 40))
