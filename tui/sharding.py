@@ -32,7 +32,7 @@ class ShardingView(TraceView):
                          ("local shape", "local"), ("bytes", "bytes"), ("per rank", "per_rank"), id="sharding-parameters")
         yield Static(Text("Collectives by cause", style="bold"), classes="heading")
         yield TraceTable(("cause", "cause"), ("phase", "phase"), ("module", "module"), ("line", "line"), ("count", "count"),
-                         ("bytes", "bytes"), ("time", "total"), id="sharding-causes")
+                         ("bytes", "bytes"), ("collective time", "total"), id="sharding-causes")
 
     def primary(self) -> Widget | None:
         return self.query_one("#sharding-causes")
