@@ -96,11 +96,11 @@ def recorded_fallbacks() -> Iterator[list[str]]:
     names: list[str] = []
     warn_once = dispatcher._warn_once
 
-    def warn_and_record(key: str, message: str) -> None:
+    def warn_and_record(key: str, message: str, category: type[Warning] = RuntimeWarning) -> None:
         match = _FALLBACK_WARNING.match(message)
         if match:
             names.append(match.group(1))
-        warn_once(key, message)
+        warn_once(key, message, category)
 
     dispatcher._warn_once = warn_and_record
     try:

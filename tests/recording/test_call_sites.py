@@ -272,6 +272,7 @@ def test_a_file_without_frame_columns_reads_them_as_none(tmp_path: Path) -> None
     frame_id = writer.frame("/proj/train.py", 7, "main", 4, 9)
     writer.close()
     with sqlite3.connect(path) as connection:
+        _drop_sql_views(connection)
         connection.execute("ALTER TABLE frames DROP COLUMN end_col")
         connection.execute("ALTER TABLE frames DROP COLUMN col")
     with open_trace(path) as trace:
@@ -297,6 +298,7 @@ def test_a_file_with_byte_columns_reads_them_as_characters(tmp_path: Path) -> No
     writer.append("source_files", (0, writer.intern(str(source)), digest.sha256, digest.size))
     writer.close()
     with sqlite3.connect(path) as connection:
+        _drop_sql_views(connection)
         connection.execute("ALTER TABLE frames DROP COLUMN end_line")
     with open_trace(path) as trace:
         accented_call, opening_call, missing = (trace.frame(frame_id) for frame_id in (accented_id, opening_id, missing_id))
@@ -312,6 +314,12 @@ def test_a_file_with_byte_columns_reads_them_as_characters(tmp_path: Path) -> No
     with open_trace(tmp_path / "merged.tptrace") as merged:
         spans = {(record.line, record.col, record.end_col, record.end_line) for record in merged.records("frames")}
     assert (1, col, col + len("torch.mm(q, [u][0])"), 1) in spans and (2, opening.index("torch.matmul("), None, None) in spans
+
+
+def _drop_sql_views(connection: sqlite3.Connection) -> None:
+    """An older trace has no SQL views, and a view reading a column would block dropping it."""
+    for (view,) in connection.execute("SELECT name FROM sqlite_master WHERE type = 'view'").fetchall():
+        connection.execute(f"DROP VIEW {view}")
 
 
 def _byte_column_trace(strict_trace: tuple[Path, Path], folder: Path) -> tuple[Path, Path]:
@@ -330,6 +338,7 @@ def _byte_column_trace(strict_trace: tuple[Path, Path], folder: Path) -> tuple[P
             byte_end = len(lines[line - 1][:end_col].encode()) if end_line == line else None
             connection.execute("UPDATE frames SET col = ?, end_col = ? WHERE id = ?",
                                (len(lines[line - 1][:col].encode()), byte_end, frame_id))
+        _drop_sql_views(connection)
         connection.execute("ALTER TABLE frames DROP COLUMN end_line")
     connection.close()
     return script_copy, trace_copy

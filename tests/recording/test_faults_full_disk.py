@@ -26,10 +26,10 @@ sys.exit(3)
 
 @pytest.fixture()
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 256 KiB tmpfs: room for the trace's first few thousand ops."""
+    """A 512 KiB tmpfs: room for the trace's schema (tables, indexes, SQL views) and its first few thousand ops."""
     mount_point = tmp_path / "small-disk"
     mount_point.mkdir()
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(mount_point)], capture_output=True)
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount_point)], capture_output=True)
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
     try:

@@ -164,13 +164,15 @@ def _check_steady_run(case: Case, mode: EagerMode, monkeypatch: pytest.MonkeyPat
     programs_per_step: list[int] = []
     with eager(mode):
         executor = dispatcher.executor
-        run = executor.run
+        run = type(executor).run
 
-        def recording_run(plan: Any, *args: Any, **kwargs: Any) -> Any:
+        def recording_run(self: Any, plan: Any, *args: Any, **kwargs: Any) -> Any:
             plans_per_step[-1].add(id(plan))
-            return run(plan, *args, **kwargs)
+            return run(self, plan, *args, **kwargs)
 
-        monkeypatch.setattr(executor, "run", recording_run)
+        # On the class: patched on the instance, monkeypatch's undo would leave the instance a `run` of its own,
+        # which hides every later patch of the class's method.
+        monkeypatch.setattr(type(executor), "run", recording_run)
 
         def after_step() -> None:
             plans_per_step.append(set())
