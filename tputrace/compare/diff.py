@@ -1,5 +1,5 @@
 """The difference between two runs: each figure before and after, recompiles and findings new, fixed or
-changed (matched by source line, see `figures.SiteKey`), and the headline: the most important regression.
+changed (matched by source line, see `sites.SiteKey`), and the headline: the most important regression.
 """
 
 from __future__ import annotations
@@ -7,10 +7,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tputrace.compare.figures import Recompile, RunFigures, SiteFinding
+from tputrace.compare.programs import ProgramChange, program_changes
 from tputrace.wording import format_bytes, format_ns
 
 # A step-time change counts when it exceeds this many times the two runs' combined spread.
 NOISE_SPREADS = 3.0
+# How many lines and modules with the largest change in op time a comparison keeps.
+TOP_OP_CHANGES = 3
+# ... and how large a change must be, as a share of the larger run's total op time, to be kept.
+OP_TIME_SHARE = 0.02
 
 
 @dataclass(frozen=True)
@@ -41,13 +46,32 @@ class FindingChange:
 
 
 @dataclass(frozen=True)
+class OpTimeChange:
+    """Host op time at one source line or in one module, before and after."""
+
+    by: str  # "line" or "module"
+    label: str
+    before_ns: int
+    after_ns: int
+
+
+@dataclass(frozen=True)
 class RunDiff:
     before: RunFigures
     after: RunFigures
     figures: tuple[FigureChange, ...]
     recompiles: tuple[RecompileChange, ...]
     findings: tuple[FindingChange, ...]
+    programs: tuple[ProgramChange, ...]
+    op_time: tuple[OpTimeChange, ...]
     headline: str
+
+    @property
+    def regressed(self) -> bool:
+        return self.headline != NO_REGRESSION
+
+
+NO_REGRESSION = "no regression"
 
 
 def compare(before: RunFigures, after: RunFigures) -> RunDiff:
@@ -55,7 +79,24 @@ def compare(before: RunFigures, after: RunFigures) -> RunDiff:
     figures = _figure_changes(before, after)
     recompiles = _recompile_changes(before, after)
     findings = _finding_changes(before.findings, after.findings)
-    return RunDiff(before, after, figures, recompiles, findings, _headline(figures, recompiles, findings))
+    programs = program_changes(before.program_families, after.program_families)
+    site_labels = {**before.site_labels, **after.site_labels}
+    op_time = (_op_time_changes("line", before.ops_by_site, after.ops_by_site, site_labels)
+               + _op_time_changes("module", before.ops_by_module, after.ops_by_module, {}))
+    return RunDiff(before, after, figures, recompiles, findings, programs, op_time,
+                   _headline(figures, recompiles, findings))
+
+
+def _op_time_changes(by: str, before: dict[str, int], after: dict[str, int],
+                     labels: dict[str, str]) -> tuple[OpTimeChange, ...]:
+    """The keys whose op time changed most (by absolute change, at least `OP_TIME_SHARE` of the larger
+    run's total), largest first, named by `labels` (or themselves)."""
+    floor = OP_TIME_SHARE * max(sum(before.values()), sum(after.values()))
+    changes = [OpTimeChange(by, labels.get(key, key), before.get(key, 0), after.get(key, 0))
+               for key in set(before) | set(after)
+               if abs(before.get(key, 0) - after.get(key, 0)) > floor and not key.startswith("(no ")]
+    changes.sort(key=lambda change: (-abs(change.after_ns - change.before_ns), change.label))
+    return tuple(changes[:TOP_OP_CHANGES])
 
 
 def _figure_changes(before: RunFigures, after: RunFigures) -> tuple[FigureChange, ...]:
@@ -131,4 +172,20 @@ def _headline(figures: tuple[FigureChange, ...], recompiles: tuple[RecompileChan
     worse = [change for change in figures if change.worse]
     if worse:
         return f"regression: {worse[0].name} {worse[0].text}"
-    return "no regression"
+    return NO_REGRESSION
+
+
+def improvements(difference: RunDiff) -> str | None:
+    """One line naming what got better beyond noise (step time first), or None when nothing did."""
+    better = []
+    for change in difference.figures:
+        if change.name == "steady step time":
+            noise = NOISE_SPREADS * (difference.before.step_spread_ns + difference.after.step_spread_ns)
+            if change.before - change.after > noise and change.after > 0:
+                better.append(f"steady step time {change.text.split(' (noise')[0]} ({change.before / change.after:.3g}x faster)")
+        elif change.name in ("recompiles after warm-up", "host syncs", "CPU fallbacks", "transfers") and change.after < change.before:
+            better.append(f"{change.name} {change.text}")
+    fixed = [change for change in difference.findings if change.status == "fixed"]
+    if fixed:
+        better.append(f"{len(fixed)} finding{'s' if len(fixed) > 1 else ''} fixed")
+    return "improved: " + "; ".join(better) if better else None

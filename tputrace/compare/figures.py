@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import re
 import statistics
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -15,22 +16,14 @@ from tputrace.analysis.collectives import CollectivesData
 from tputrace.analysis.findings import Finding
 from tputrace.analysis.memory import MemoryData
 from tputrace.analysis.report import analyze
-from tputrace.store.records import SourceLocation
+from tputrace.compare.programs import ProgramFamily, program_families
+from tputrace.derived.op_ranking import self_dispatch_by_frame_and_module
+from tputrace.compare.sites import SiteKey, line_text, site_id, site_key
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
 
 WARMUP_STEPS = 1
-
-
-@dataclass(frozen=True)
-class SiteKey:
-    """A source site as comparisons match it: file, function and the line's text (its number where the
-    source is not available), so that a site still matches when lines above it moved."""
-
-    file: str
-    function: str
-    text: str
 
 
 @dataclass(frozen=True)
@@ -76,44 +69,22 @@ class RunFigures:
     collectives: int
     peak_memory_bytes: int
     exposed_communication_share: float
-    ops_by_site: dict[str, int]
+    ops_by_site: dict[str, int]  # keyed by `site_id` of the line; `site_labels` names it as file:line
+    site_labels: dict[str, str]
     ops_by_module: dict[str, int]
     findings: tuple[SiteFinding, ...]
+    program_families: dict[tuple[str, ...], ProgramFamily]
 
     def per_steady_step(self, count: int) -> float:
         """`count` divided by the steady steps (by one where the run has none)."""
         return count / max(self.steady_steps, 1)
 
 
-def site_key(trace: Trace, source: SourceLocation | None, text_cache: dict[str, list[str] | None]) -> SiteKey | None:
-    """The comparison key of `source`: its file, function and stripped line text when the run's copy of the
-    file is readable, else its line number."""
-    if source is None:
-        return None
-    return SiteKey(source.file, source.function, _line_text(trace, source.file, source.line, text_cache))
-
-
-def _line_text(trace: Trace, file: str, line: int, text_cache: dict[str, list[str] | None]) -> str:
-    if file not in text_cache:
-        copy = trace.source_copy(file)
-        lines = None
-        if copy is not None:
-            try:
-                with open(copy, encoding="utf-8", errors="replace") as handle:
-                    lines = handle.read().splitlines()
-            except OSError:
-                lines = None
-        text_cache[file] = lines
-    lines = text_cache[file]
-    if lines is not None and 0 < line <= len(lines) and lines[line - 1].strip():
-        return lines[line - 1].strip()
-    return f"line {line}"
-
-
-def run_figures(trace: Trace, rank: int | None = None) -> RunFigures:
-    """The figures of `rank` (default: the trace's first rank) of `trace`."""
+def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collection[str] = ()) -> RunFigures:
+    """The figures of `rank` (default: the trace's first rank) of `trace`. Sites in the files
+    `by_line_number` match by line number, not text: those whose text either compared run cannot read."""
     chosen = trace.run.rank if rank is None else rank
-    text_cache: dict[str, list[str] | None] = {}
+    text_cache: dict[str, list[str] | None] = dict.fromkeys(by_line_number)
     durations = [step.dur_ns for step in trace.step_times(rank=chosen) if step.dur_ns is not None and step.source != "end"]
     steady = durations[WARMUP_STEPS:] or durations
     median = float(statistics.median(steady)) if steady else None
@@ -129,8 +100,7 @@ def run_figures(trace: Trace, rank: int | None = None) -> RunFigures:
     report = analyze(trace, rank=chosen)
     memory = report.data(MemoryData)
     collectives = report.data(CollectivesData)
-    ops_by_site = {stat.label: stat.total_ns for stat in trace.op_stats("source", rank=chosen)}
-    ops_by_module = {stat.label: stat.total_ns for stat in trace.op_stats("module", rank=chosen)}
+    ops_by_site, site_labels, ops_by_module = _op_time(trace, chosen, text_cache)
     findings = tuple(SiteFinding(finding, _finding_key(trace, finding, text_cache)) for finding in report.findings)
     return RunFigures(
         path=str(trace.path),
@@ -152,9 +122,28 @@ def run_figures(trace: Trace, rank: int | None = None) -> RunFigures:
         peak_memory_bytes=max((chip.peak_bytes for chip in memory.chips), default=0) if memory else 0,
         exposed_communication_share=collectives.collective_share_of_step if collectives else 0.0,
         ops_by_site=ops_by_site,
+        site_labels=site_labels,
         ops_by_module=ops_by_module,
         findings=findings,
+        program_families=program_families(trace, chosen, text_cache),
     )
+
+
+def _op_time(trace: Trace, rank: int, text_cache: dict[str, list[str] | None]
+             ) -> tuple[dict[str, int], dict[str, str], dict[str, int]]:
+    """Host dispatch (without nested flushes and compiles) by source line and by module."""
+    if not trace.has_table("ops"):
+        return {}, {}, {}
+    by_frame, by_module = self_dispatch_by_frame_and_module(trace, rank)
+    by_site: dict[str, int] = {}
+    labels: dict[str, str] = {}
+    for frame_id, total in by_frame.items():
+        source = trace.frame(frame_id)
+        key = site_key(trace, source, text_cache)
+        identity = site_id(key) if key else "(no line)"
+        by_site[identity] = by_site.get(identity, 0) + total
+        labels[identity] = f"{source.file}:{source.line}" if source else "(no line)"
+    return by_site, labels, by_module
 
 
 def _count(trace: Trace, table: str, rank: int, from_step: int) -> int:
@@ -165,6 +154,6 @@ def _count(trace: Trace, table: str, rank: int, from_step: int) -> int:
 
 def _finding_key(trace: Trace, finding: Finding, text_cache: dict[str, list[str] | None]) -> tuple[str, str, str]:
     if finding.file is not None and finding.line is not None:
-        return (finding.analyzer, finding.file, _line_text(trace, finding.file, finding.line, text_cache))
+        return (finding.analyzer, finding.file, line_text(trace, finding.file, finding.line, text_cache))
     # No line: match by title with its figures blanked out, so that a finding whose cost changed still matches.
     return (finding.analyzer, finding.module or "", re.sub(r"\d[\d.,]*", "#", finding.title))

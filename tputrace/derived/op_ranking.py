@@ -154,3 +154,22 @@ def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanki
     ]
     ranked.sort(key=lambda op: (-op.self_dispatch_ns, -op.chip_ns, op.op))
     return OpRanking(tuple(ranked), all_self, nested_total, all_chip, chip.name if chip is not None else None)
+
+
+
+def self_dispatch_by_frame_and_module(trace: Trace, rank: int) -> tuple[dict[int | None, int], dict[str, int]]:
+    """Host dispatch without nested flushes and compiles, summed per source frame id and per module path,
+    for `rank`."""
+    covered = _Covered(nested_intervals(trace, rank))
+    by_frame: dict[int | None, int] = {}
+    by_module: dict[int | None, int] = {}
+    for frame_id, module_sid, start, duration in trace.sql(
+            "SELECT frame_id, module_sid, start_ns, dur_ns FROM ops WHERE rank = ? AND dur_ns > 0", (rank,)):
+        own = duration - (covered.within(start, start + duration) if covered.starts and start is not None else 0)
+        by_frame[frame_id] = by_frame.get(frame_id, 0) + own
+        by_module[module_sid] = by_module.get(module_sid, 0) + own
+    modules: dict[str, int] = {}
+    for module_sid, total in by_module.items():
+        label = trace.string(module_sid) or "(no module)"
+        modules[label] = modules.get(label, 0) + total
+    return by_frame, modules
