@@ -43,8 +43,15 @@ VIEW_ORDER: tuple[tuple[str, str], ...] = (
     ("timeline", "Timeline"),
     ("source", "Source"),
     ("sharding", "Sharding"),
+    ("compare", "Compare"),
 )
-"""Every view: (id, title), in tab order; view N is shown by key N."""
+"""Every view: (id, title), in tab order; view N is shown by key N (the tenth by 0)."""
+
+
+def view_key(position: int) -> str:
+    """The key of the view at `position` (1-based) in `VIEW_ORDER`."""
+    return str(position % 10)
+
 
 _VIEW_HELP = {
     "overview": "run facts, step times with compile steps marked, where the time went, top findings",
@@ -56,11 +63,12 @@ _VIEW_HELP = {
     "sharding": "meshes, parameter placements and bytes per rank, collectives by cause, module and line",
     "timeline": "host and chip lanes for a step or window; zoom and pan",
     "source": "the user's files with time, ops, compiles and syncs per line",
+    "compare": "with --compare BASELINE: what changed since the baseline run, as tputrace diff says it",
 }
 
 ACTIONS: tuple[NamedAction, ...] = (
     *(
-        NamedAction(f"view.{view_id}", str(index), f"show_view('{view_id}')", title,
+        NamedAction(f"view.{view_id}", view_key(index), f"show_view('{view_id}')", title,
                     f"Show the {title} view: {_VIEW_HELP[view_id]}", footer=False)
         for index, (view_id, title) in enumerate(VIEW_ORDER, start=1)
     ),

@@ -16,7 +16,8 @@ from textual.binding import BindingType
 from textual.theme import Theme
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
-from tputrace.tui.actions import APP, VIEW_ORDER, bindings
+from tputrace.tui.actions import APP, VIEW_ORDER, bindings, view_key
+from tputrace.tui.compare import NO_BASELINE
 from tputrace.tui.render import display_path
 from tputrace.tui.views import VIEW_CLASSES, TraceView
 from tputrace.tui.view import GoToSource
@@ -103,7 +104,9 @@ class TraceApp(App[None]):
         yield Static(self._title_text(), id="topbar")
         with TabbedContent(id="views", initial=self.initial_view):
             for index, (view_id, title) in enumerate(VIEW_ORDER, start=1):
-                with TabPane(f"{index} {title}", id=view_id):
+                if view_id == "compare" and self.session.baseline_path is None:
+                    continue
+                with TabPane(f"{view_key(index)} {title}", id=view_id):
                     # Other views are mounted when first shown (see `ensure_view`): a quicker first paint.
                     if view_id == self.initial_view:
                         yield VIEW_CLASSES[view_id](self.session)
@@ -157,6 +160,9 @@ class TraceApp(App[None]):
 
     def action_show_view(self, view_id: str) -> None:
         tabs = self.query_one("#views", TabbedContent)
+        if next(iter(self.query(f"#{view_id}").results(TabPane)), None) is None:
+            self.notify(NO_BASELINE if view_id == "compare" else f"no {view_id} view", markup=False)
+            return
         if tabs.active == view_id:
             self._focus_view(view_id)
         else:

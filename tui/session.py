@@ -35,21 +35,24 @@ class Session:
     trace: Trace
     rank: int
     source_roots: tuple[str, ...] = ()
+    baseline_path: Path | None = None  # the run the Compare view compares with (`--compare`)
     _cache: dict[tuple[Any, ...], Any] = field(default_factory=dict, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _idle_readers: list[Trace] = field(default_factory=list, repr=False)
     _readers: list[Trace] = field(default_factory=list, repr=False)
 
     @classmethod
-    def open(cls, trace: Trace, *, rank: int | None = None, source_roots: Sequence[str] = ()) -> Session:
-        """A session on `trace` showing `rank` (default: rank 0 or the first rank)."""
+    def open(cls, trace: Trace, *, rank: int | None = None, source_roots: Sequence[str] = (),
+             baseline_path: Path | None = None) -> Session:
+        """A session on `trace` showing `rank` (default: rank 0 or the first rank), compared with the run at
+        `baseline_path` when given."""
         chosen = default_rank(trace) if rank is None else rank
         roots = [*source_roots]
         run_cwd = trace.run.cwd
         if run_cwd:
             roots.append(run_cwd)
         roots.extend([str(Path(trace.path).resolve().parent), str(Path.cwd())])
-        return cls(trace, chosen, tuple(dict.fromkeys(roots)))
+        return cls(trace, chosen, tuple(dict.fromkeys(roots)), baseline_path)
 
     def check(self) -> None:
         """Read what the first screen needs, so that a damaged file fails here (one `TraceError`)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from tputrace.tui.view import TraceView
 from tputrace.tui.collectives import CollectivesView
+from tputrace.tui.compare import CompareView
 from tputrace.tui.compiles import CompilesView
 from tputrace.tui.findings import FindingsView
 from tputrace.tui.fusions import FusionsView
@@ -15,7 +16,7 @@ from tputrace.tui.timeline import TimelineView
 
 VIEW_CLASSES: dict[str, type[TraceView]] = {
     view.VIEW_ID: view
-    for view in (OverviewView, FindingsView, OpsView, CompilesView, FusionsView, CollectivesView, ShardingView, TimelineView, SourceView)
+    for view in (OverviewView, FindingsView, OpsView, CompilesView, FusionsView, CollectivesView, ShardingView, TimelineView, SourceView, CompareView)
 }
 
 __all__ = ["VIEW_CLASSES", "TraceView"]

@@ -479,3 +479,17 @@ def test_example_reports_render_in_chromium(example: str, tmp_path: Path, reques
     if example == "recompile_storm":
         assert "Recompilation storm" in page.dom  # the finding sits beside the recompilations figure
         assert "saved," in page.dom  # the bucket advisor's proposal, in the table
+
+
+def test_compare_page_leads_with_what_changed_escaped(tmp_path: Path) -> None:
+    fixtures = Path(__file__).resolve().parents[1] / "fixtures"
+    compare = tmp_path / "cmp.html"
+    assert main(["plot", "--compare", str(fixtures / "tui_small.tptrace"), str(fixtures / "tui_markup.tptrace"),
+                 "-o", str(compare)]) == 0
+    text = compare.read_text(encoding="utf-8")
+    changed = text[text.index('<section id="changed"'):text.index('<section id="summary"')]
+    assert "<strong>regression: new recompile at " in changed
+    assert "train[bold].py:7" in changed
+    assert "new</td>" in changed and "fixed</td>" in changed
+    assert "gone</td>" in changed and "program</td>" in changed
+    assert text.index('href="#changed"') < text.index('href="#summary"')

@@ -374,7 +374,7 @@ def test_formatting() -> None:
 
 def test_action_registry() -> None:
     assert len(ACTIONS_BY_ID) == len(ACTIONS)
-    assert [ACTIONS_BY_ID[f"view.{view_id}"].keys for view_id, _ in VIEW_ORDER] == [str(index) for index in range(1, 10)]
+    assert [ACTIONS_BY_ID[f"view.{view_id}"].keys for view_id, _ in VIEW_ORDER] == [str(index % 10) for index in range(1, len(VIEW_ORDER) + 1)]
     assert parse_keymap(["view.ops=o", " app.quit = ctrl+q "]) == {"view.ops": "o", "app.quit": "ctrl+q"}
     with pytest.raises(ValueError, match="no action with id"):
         parse_keymap(["view.nope=x"])
@@ -432,11 +432,35 @@ def test_number_keys_switch_views_and_load_them() -> None:
     async def scenario(pilot: Any) -> None:
         tabs = pilot.app.query_one("#views")
         for index, (view_id, _) in enumerate(VIEW_ORDER, start=1):
-            await press(pilot, str(index))
+            if view_id == "compare":  # only with a baseline run (test_compare_view_...)
+                await press(pilot, str(index % 10))
+                assert tabs.active == VIEW_ORDER[index - 2][0]  # no Compare tab: the view on show stays
+                continue
+            await press(pilot, str(index % 10))
             assert tabs.active == view_id
             assert not pilot.app.view(view_id).pending
 
     run_app(scenario)
+
+
+def test_compare_view_shows_what_changed_since_the_baseline() -> None:
+    from tputrace.tui.session import Session
+
+    session = Session.open(tputrace.open(MARKUP_TRACE), baseline_path=SMALL_TRACE)
+
+    async def scenario(pilot: Any) -> None:
+        await press(pilot, "0")
+        assert pilot.app.query_one("#views").active == "compare"
+        text = screen_text(pilot.app)
+        assert "regression: new recompile at /home/user/[link=https://example.com]proj[/link]/train[bold].py:7" in text
+        events = table_rows(pilot.app, "#compare-events")
+        assert ["new", "recompile"] == events[0][:2] and "train[bold].py:7" in events[0][2]
+        assert any(row[:2] == ["fixed", "finding"] for row in events)
+        assert any(row[:2] == ["gone", "program"] for row in events)
+        figures = {row[0]: row for row in table_rows(pilot.app, "#compare-figures")}
+        assert figures["host syncs"][1] == "8 -> 2"
+
+    run_app(scenario, session=session, size=(160, 50))
 
 
 def test_ops_group_sort_filter_and_drill_down() -> None:

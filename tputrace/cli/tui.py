@@ -10,7 +10,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-VIEWS = ("overview", "findings", "ops", "compiles", "fusions", "collectives", "timeline", "source")
+VIEWS = ("overview", "findings", "ops", "compiles", "fusions", "collectives", "timeline", "source", "sharding", "compare")
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -21,6 +21,8 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     )
     parser.add_argument("trace", help="a .tptrace file")
     parser.add_argument("--rank", type=int, default=None, help="rank to show first (default: rank 0)")
+    parser.add_argument("--compare", metavar="BASELINE", default=None,
+                        help="an earlier run's trace: the Compare view (key 0) shows what changed since it")
     parser.add_argument("--view", choices=VIEWS, default="overview", help="view to open on (default: overview)")
     parser.add_argument("--source-root", action="append", default=[], metavar="DIR",
                         help="where to look for the run's source files if they are not at their recorded paths (repeatable)")
@@ -32,7 +34,8 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    return open_ui(args.trace, rank=args.rank, view=args.view, source_roots=args.source_root, keys=args.keys, theme=args.theme)
+    return open_ui(args.trace, rank=args.rank, view=args.view, source_roots=args.source_root, keys=args.keys, theme=args.theme,
+                   baseline=args.compare)
 
 
 def open_ui(
@@ -43,6 +46,7 @@ def open_ui(
     source_roots: list[str] | None = None,
     keys: list[str] | None = None,
     theme: str | None = None,
+    baseline: str | Path | None = None,
 ) -> int:
     """Check the trace, then run the app until the user quits; return its exit status (1 after an error in
     the app). Errors before the UI raise `TputraceError`."""
@@ -60,7 +64,10 @@ def open_ui(
         if rank is not None and rank not in trace.ranks:
             ranks = ", ".join(str(candidate) for candidate in trace.ranks)
             raise TputraceError(f"{trace_path} has no rank {rank} (ranks: {ranks})")
-        session = Session.open(trace, rank=rank, source_roots=source_roots or [])
+        baseline_path = _checked_baseline(baseline) if baseline is not None else None
+        if view == "compare" and baseline_path is None:
+            raise TputraceError("--view compare needs --compare BASELINE")
+        session = Session.open(trace, rank=rank, source_roots=source_roots or [], baseline_path=baseline_path)
         try:
             session.check()
             from tputrace.tui.app import TraceApp, theme_names
@@ -75,6 +82,15 @@ def open_ui(
     finally:
         trace.close()
     return _exit_status(app.return_code or 0, trace_path)
+
+
+def _checked_baseline(baseline: str | Path) -> Path:
+    """The baseline trace's path, once it opens as a trace (else one `TputraceError`)."""
+    from tputrace.store.reader import open_trace
+
+    path = Path(baseline).resolve()
+    open_trace(path).close()
+    return path
 
 
 def _exit_status(return_code: int, trace_path: str | Path) -> int:

@@ -8,6 +8,7 @@ ranks). One module per view's data; this package is their one surface.
 """
 
 from tputrace.tui.queries.collectives import CollectiveGroup, RankCollectives, collective_groups, collective_ranks
+from tputrace.tui.queries.compare import comparison
 from tputrace.tui.queries.compiles import CompileRow, CompileSite, compile_rows, compile_sites
 from tputrace.tui.queries.flushes import (
     FlushContents,
@@ -48,6 +49,7 @@ from tputrace.tui.queries.source import FileStat, LineStat, resolve_source, sour
 from tputrace.tui.queries.timeline import HOST_LANES, LaneBusy, WindowEvent, timeline_lanes, window_events
 
 __all__ = [
+    "comparison",
     "GROUP_ORDERS", "HOST_LANES", "MAX_GROUPS", "OP_GROUPINGS", "OP_GROUPING_LABELS", "SEPARATE_ANALYZERS", "USER_CALL",
     "CauseGroup", "CollectiveGroup", "CompileRow", "CompileSite", "FileStat", "FindingsResult", "FlushContents", "FlushOrder",
     "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "MeshRow", "OpGroup", "OpGrouping", "OpInstance", "Overview", "ParameterRow",

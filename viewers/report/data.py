@@ -14,6 +14,9 @@ from typing import TYPE_CHECKING
 
 from tputrace.analysis.context import steady
 from tputrace.analysis.target import target_of
+from tputrace.compare.diff import RunDiff, compare
+from tputrace.compare.figures import run_figures
+from tputrace.compare.sites import unreadable_files
 from tputrace.derived.op_ranking import rank_ops
 from tputrace.derived.projection import ProjectedSteps, projected_steps
 from tputrace.derived.run_facts import RunFacts, run_facts
@@ -109,6 +112,7 @@ class ComparisonData:
     before: TraceSummary
     after: TraceSummary
     ops: list[str]
+    difference: RunDiff
 
 
 def summarize_for_compare(trace: Trace, label: str, *, rank: int | None = None) -> TraceSummary:
@@ -138,4 +142,7 @@ def prepare_comparison(before: Trace, after: Trace, *, top_ops: int = COMPARE_TO
             if op not in ranked:
                 ranked.append(op)
     ranked.sort(key=lambda op: -max(first.op_total_ns.get(op, 0), second.op_total_ns.get(op, 0)))
-    return ComparisonData(first, second, ranked)
+    by_number = unreadable_files(before) | unreadable_files(after)
+    difference = compare(run_figures(before, before.ranks[0], by_line_number=by_number),
+                         run_figures(after, after.ranks[0], by_line_number=by_number))
+    return ComparisonData(first, second, ranked, difference)

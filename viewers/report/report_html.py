@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tputrace.derived.projection import PROJECTION_NOTE
 from tputrace.viewers.report import figures
+from tputrace.viewers.report.diff_section import diff_content
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
 from tputrace.viewers.report.figure_style import esc, fmt_bytes, fmt_ns, fmt_source
 from tputrace.viewers.report.findings_html import findings_aside, findings_overview
@@ -348,13 +349,14 @@ def render_comparison(data: ComparisonData, *, plotlyjs: PlotlyJsMode = "inline"
     header = (
         '<header><h1>tputrace comparison</h1>'
         f'<table class="tp-facts">{sides}</table>'
-        '<nav><a href="#summary">Summary</a><a href="#steps">Step times</a><a href="#ops">Op time by op</a>'
+        '<nav><a href="#changed">What changed</a><a href="#summary">Summary</a><a href="#steps">Step times</a><a href="#ops">Op time by op</a>'
         '<a href="#compiles">Compiles</a></nav></header>'
     )
     rank_note = note_html("Rank 0 of each trace. The change says how many times less or more the after run spent.")
     body = "".join((
         header,
         "<main>",
+        f'<section id="changed" class="tp-section"><h2>What changed</h2>{diff_content(data.difference)}</section>',
         f'<section id="summary" class="tp-section"><h2>Summary</h2>{_compare_table(data)}{rank_note}</section>',
         f'<section id="steps" class="tp-section"><h2>Step times</h2>{page.figure("compare-steps", figures.plot_compare_steps(data))}</section>',
         f'<section id="ops" class="tp-section"><h2>Op time by op</h2>{page.figure("compare-ops", figures.plot_compare_ops(data))}'
