@@ -23,6 +23,7 @@ DEFAULT_DIR = ".tputrace"
 SUMMARY_ROWS = 5
 _STATE_KEY = pytest.StashKey["_PluginState"]()
 _BUDGET_KEY = pytest.StashKey[dict[str, float]]()
+_PROPERTY = "tputrace"
 
 
 @dataclass
@@ -34,11 +35,20 @@ class _TestRun:
     violations: int
 
 
-@dataclass
+@dataclass(eq=False)  # registered as a plugin object, which pytest keeps in sets
 class _PluginState:
     directory: Path
     mode: str
     runs: list[_TestRun]
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        """Keep a recorded test's figures from its report (a worker's too, under pytest-xdist)."""
+        if report.when != "call":
+            return
+        for name, value in report.user_properties:
+            if name == _PROPERTY and isinstance(value, dict):
+                self.runs.append(_TestRun(report.nodeid, Path(value["trace"]), int(value["recompiles"]),
+                                          float(value["syncs_per_step"]), int(value["violations"])))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -57,7 +67,9 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     worker = getattr(config, "workerinput", {}).get("workerid")
     base = Path(directory).resolve()
-    config.stash[_STATE_KEY] = _PluginState(base / worker if worker else base, config.getoption("tputrace_mode"), [])
+    state = _PluginState(base / worker if worker else base, config.getoption("tputrace_mode"), [])
+    config.stash[_STATE_KEY] = state
+    config.pluginmanager.register(state, "tputrace-results")
 
 
 @pytest.fixture
@@ -110,8 +122,10 @@ def _check(item: pytest.Item, state: _PluginState, trace_path: Path) -> None:
     with open_trace(trace_path) as trace:
         figures = run_figures(trace)
     broken = violations(figures, budget)
-    state.runs.append(_TestRun(item.nodeid, trace_path, len(figures.recompiles_after_warmup),
-                               figures.per_steady_step(figures.steady_syncs), len(broken)))
+    # Carried on the test's report, so that under pytest-xdist the controller's summary sees every worker's tests.
+    item.user_properties.append((_PROPERTY, {
+        "trace": str(trace_path), "recompiles": len(figures.recompiles_after_warmup),
+        "syncs_per_step": figures.per_steady_step(figures.steady_syncs), "violations": len(broken)}))
     if broken:
         lines = "\n".join(violation.describe() for violation in broken)
         pytest.fail(f"tputrace budget exceeded (trace {trace_path}):\n{lines}", pytrace=False)

@@ -94,3 +94,23 @@ def test_recompile_warning_as_error_stops_at_the_line(tmp_path: Path) -> None:
     assert result.returncode != 0
     assert "RecompileWarning: tputrace: aten.fill.Scalar recompiled (input 0 dim 0: 4 -> 8)" in result.stderr
     assert f'File "{tmp_path / "run.py"}", line 6' in result.stderr
+
+
+def test_marker_under_xdist_records_per_worker_and_fails_the_test(tmp_path: Path) -> None:
+    pytest.importorskip("xdist", reason="pytest-xdist is in the test extra")
+    project = _project(tmp_path, GROWING)
+    (project / "test_other.py").write_text(
+        "import pytest\nimport loop\n\n\n@pytest.mark.tputrace(max_recompiles=0)\n"
+        "def test_stable():\n    loop.train((4, 4, 4))\n"
+    )
+    result = _pytest(project, "-n", "2", "--tputrace=traces", "test_loop.py", "test_other.py")
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "1 failed, 1 passed" in result.stdout
+    assert "max_recompiles = 0 exceeded" in result.stdout
+    assert f"input 0 dim 0: 4 -> 8) at {project / 'loop.py'}:6" in result.stdout
+    summary = result.stdout[result.stdout.index("tputrace ==="):]  # the controller's summary has every worker's tests
+    assert "test_loop.py::test_train: " in summary and "test_other.py::test_stable: " in summary
+    workers = sorted(path.name for path in (project / "traces").iterdir() if path.is_dir())
+    assert workers and all(name.startswith("gw") for name in workers)
+    traces = sorted(path.name for path in (project / "traces").glob("gw*/*.tptrace"))
+    assert len(traces) == 2 and any("test_train" in name for name in traces) and any("test_stable" in name for name in traces)
