@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tputrace.cli.main import main
 from tputrace.numerics.findings import compare_report, replay_report
 from tputrace.numerics.recording import RANDOM_REASON
+from tputrace.numerics.report_findings import numerics_findings
 from tputrace.numerics.store import NumericsRecording, read_full_tensors, read_recording
 
 MLP_WITH_A_BFLOAT16_BLOCK = """
@@ -139,6 +141,44 @@ def test_a_planted_bfloat16_layer_is_the_first_divergent_module(
         f"first divergent module: MLP.second.fc (Linear) forward, step 1, at bf16.py:{call.line}"
         in capsys.readouterr().out
     )
+    # `tputrace report` on the recording leads with the same module and line, and the views show it.
+    assert main(["report", str(recording.path)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[1].startswith("1. [warning] Numerics: MLP.second.fc (Linear) forward, step 1 leaves the CPU's values")
+    assert f"at {script}:{call.line} · module MLP.second.fc" in lines[2]
+    assert any("Compute aten.t in float32, as the CPU does" in line for line in lines)
+    _check_views(tmp_path, recording, call)
+
+
+def _check_views(tmp_path: Path, recording: NumericsRecording, call: Any) -> None:
+    """The HTML page and the TUI of a recording with a divergent call lead with it."""
+    import asyncio
+
+    page = tmp_path / "numerics.html"
+    assert main(["plot", str(recording.path), "-o", str(page)]) == 0
+    text = page.read_text(encoding="utf-8")
+    assert 'id="fig-numerics-divergence"' in text and "Numerics: MLP.second.fc (Linear) forward" in text
+    calls_section = text[text.index('<section id="calls"'):text.index('<section id="ops"')]
+    assert f"{call.path}:{call.line}" in calls_section
+    assert "aten._to_copy" in text[text.index('<section id="ops"'):]
+
+    from tputrace.numerics.findings import replay_report
+    from tputrace.tui.numerics_app import NumericsApp
+
+    async def drive() -> None:
+        app = NumericsApp(recording, replay_report(recording))
+        async with app.run_test(size=(150, 40)) as pilot:
+            await pilot.pause()
+            await pilot.press("d")
+            await pilot.pause()
+            table = app.query_one("#numerics-calls")
+            row = table.get_row_at(table.cursor_row)
+            assert [str(cell) for cell in row[2:4]] == ["forward", "MLP.second.fc"]
+            detail = str(app.query_one("#numerics-detail").render())
+            assert "op #3 aten.t: bfloat16 vs float32" in detail
+            assert "Numerics: MLP.second.fc" in str(app.query_one("#numerics-status").render())
+
+    asyncio.run(drive())
 
 
 def test_comparing_two_recordings_names_the_layer_the_change_made_bfloat16(tmp_path: Path) -> None:
@@ -159,6 +199,9 @@ def test_a_nan_from_a_log_of_zero_in_the_backward_is_named(tmp_path: Path) -> No
     call = report.first_nonfinite
     assert (call.module, call.phase, call.line) == ("Model.entropy", "backward", _line_of(script, "the entropy call"))
     assert report.reference_nonfinite is True  # the CPU gives the NaN too: the model's arithmetic
+    nan_finding = numerics_findings(report)[0]
+    assert nan_finding.title.startswith("NaN/Inf first in Model.entropy (") and nan_finding.title.endswith("as on the CPU")
+    assert (nan_finding.file, nan_finding.line) == (str(script), call.line)
     assert all(earlier.nonfinite == 0 for earlier in recording.calls[: recording.calls.index(call)])
     assert report.first_divergence is None
 
@@ -170,6 +213,7 @@ def test_a_clean_model_does_not_diverge(tmp_path: Path, mode: str) -> None:
     assert recording.info["mode"] == mode
     assert report.first_divergence is None and report.first_nonfinite is None
     assert report.compared >= 8
+    assert [finding.severity for finding in numerics_findings(report)] == ["info", "info"]  # the two not compared
     skipped = {module: reason for module, reason, _ in report.not_compared}
     assert skipped == {"Sequential.2": RANDOM_REASON, "Sequential": RANDOM_REASON}
 

@@ -47,6 +47,14 @@ def run(args: argparse.Namespace) -> int:
         check_output(output, HTML_REPORT, inputs=[before, after], force=args.force, option=_option(args))
         with writing(_option(args), output):
             written = report_html.write_comparison(before, after, output, plotlyjs=args.plotlyjs)
+    elif args.trace and _is_numerics(args.trace):
+        recording = Path(args.trace)
+        output = Path(args.output) if args.output else recording.with_suffix(".html")
+        check_output(output, HTML_REPORT, inputs=[recording], force=args.force, option=_option(args))
+        from tputrace.viewers.report.numerics_page import write_numerics_page
+
+        with writing(_option(args), output):
+            written = write_numerics_page(recording, output, plotlyjs=args.plotlyjs)
     elif args.trace:
         trace_path = Path(args.trace)
         output = Path(args.output) if args.output else trace_path.with_suffix(".html")
@@ -65,3 +73,9 @@ def run(args: argparse.Namespace) -> int:
 def _option(args: argparse.Namespace) -> str:
     """How messages name the output: the option that gave it, or the report's default place."""
     return "-o" if args.output else "the report"
+
+
+def _is_numerics(path: str) -> bool:
+    from tputrace.numerics.store import is_numerics_recording
+
+    return is_numerics_recording(path)

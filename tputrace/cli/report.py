@@ -18,7 +18,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
             "cost on a target TPU."
         ),
     )
-    parser.add_argument("trace", help="a .tptrace file")
+    parser.add_argument("trace", help="a .tptrace file (or a .tpnum numerics recording)")
     parser.add_argument("--target", metavar="CHIP", default=None,
                         help="target TPU: v5e, v5p, v6e or v7 (default: v6e)")
     parser.add_argument("--rank", type=int, default=None, help="rank to analyse (default: rank 0)")
@@ -38,6 +38,10 @@ def run(args: argparse.Namespace) -> int:
 
     if args.target is not None:
         chip(args.target)  # an unknown name is a usage error before the trace is read
+    from tputrace.numerics.store import is_numerics_recording
+
+    if is_numerics_recording(args.trace):
+        return _numerics_report(args)
     with open_trace(args.trace) as trace:
         if args.rank is not None and args.rank not in trace.ranks:
             ranks = ", ".join(str(rank) for rank in trace.ranks)
@@ -47,4 +51,33 @@ def run(args: argparse.Namespace) -> int:
         sys.stdout.write(render_json(report))
     else:
         print_report(report, sys.stdout, top=args.top)
+    return 0
+
+
+def _numerics_report(args: argparse.Namespace) -> int:
+    """`tputrace report X.tpnum`: the numerics recording's findings (first divergent module, first NaN/Inf)."""
+    import json
+    import sys
+    from dataclasses import asdict
+    from pathlib import Path
+
+    from tputrace.analysis.render import finding_lines
+    from tputrace.numerics.findings import replay_report
+    from tputrace.numerics.report_findings import numerics_findings
+    from tputrace.numerics.store import read_recording
+    from tputrace.wording import printable
+
+    report = replay_report(read_recording(Path(args.trace)))
+    findings = numerics_findings(report)[: args.top]
+    if args.json:
+        json.dump({"numerics": str(args.trace), "calls": report.calls, "compared": report.compared,
+                   "findings": [asdict(finding) for finding in findings]}, sys.stdout, indent=2, default=str)
+        sys.stdout.write("\n")
+        return 0
+    print(printable(f"numerics: {report.title}: {report.calls:,} module calls, {report.compared:,} compared"))
+    if not findings:
+        print("no findings: every compared call stays within its tolerance, and no NaN or Inf")
+    for number, finding in enumerate(findings, start=1):
+        for line in finding_lines(number, finding):
+            print(" " * line.indent + printable(line.text))
     return 0

@@ -19,7 +19,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="explore a trace in the terminal: overview, findings, ops, compiles, fusions, collectives, timeline, source",
         description="Explore a trace in a terminal UI. Press ? for the keys, Ctrl+P for the command palette.",
     )
-    parser.add_argument("trace", help="a .tptrace file")
+    parser.add_argument("trace", help="a .tptrace file (or a .tpnum numerics recording)")
     parser.add_argument("--rank", type=int, default=None, help="rank to show first (default: rank 0)")
     parser.add_argument("--compare", metavar="BASELINE", default=None,
                         help="an earlier run's trace: the Compare view (key 0) shows what changed since it")
@@ -34,6 +34,13 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
+    from tputrace.numerics.store import is_numerics_recording
+
+    if is_numerics_recording(args.trace):
+        _require_terminal()
+        from tputrace.tui.numerics_app import open_numerics_ui
+
+        return open_numerics_ui(args.trace)
     return open_ui(args.trace, rank=args.rank, view=args.view, source_roots=args.source_root, keys=args.keys, theme=args.theme,
                    baseline=args.compare)
 

@@ -256,6 +256,25 @@ class NumericsRecording:
     ops: dict[int, list[OpRow]] = field(default_factory=dict)
 
 
+def is_numerics_recording(path: str | Path) -> bool:
+    """Whether `path` is a numerics recording (an SQLite file with the `numerics_info` table), not a trace."""
+    candidate = Path(path)
+    if not candidate.is_file():
+        return False
+    try:
+        with open(candidate, "rb") as handle:
+            if handle.read(16) != b"SQLite format 3\x00":
+                return False
+        connection = sqlite3.connect(f"file:{candidate}?mode=ro", uri=True)
+        try:
+            found = connection.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'numerics_info'").fetchone()
+        finally:
+            connection.close()
+    except (OSError, sqlite3.DatabaseError):
+        return False
+    return found is not None
+
+
 def read_recording(path: Path) -> NumericsRecording:
     """Read a numerics recording; `TputraceError` for a file that is not one."""
     if not path.is_file():

@@ -21,7 +21,7 @@ def _cost_estimate(finding: Finding) -> str:
     return f"≈ {fmt_ns(finding.cost_total_ns)} ({finding.cost_basis})" if finding.cost_total_ns else "no cost to this run"
 
 
-def _finding_html(finding: Finding) -> str:
+def finding_html(finding: Finding) -> str:
     where = []
     if finding.file:
         location = finding.file.replace("\\", "/").rsplit("/", 1)[-1]
@@ -94,11 +94,11 @@ def findings_aside(analysis: AnalysisData, section: str) -> str:
         return f'<h3>Findings</h3><p class="tp-muted">{esc(analysis.note)}.</p>'
     if not findings and not tables:
         return '<h3>Findings</h3><p class="tp-muted">No finding for this part of the run.</p>'
-    shown = "".join(_finding_html(finding) for finding in findings[:FINDINGS_SHOWN])
+    shown = "".join(finding_html(finding) for finding in findings[:FINDINGS_SHOWN])
     rest = findings[FINDINGS_SHOWN:]
     if rest:
         shown += (f"<details><summary>{len(rest)} more findings here</summary>"
-                  + "".join(_finding_html(finding) for finding in rest) + "</details>")
+                  + "".join(finding_html(finding) for finding in rest) + "</details>")
     return f"<h3>Findings ({len(findings)})</h3>" + shown + tables
 
 
