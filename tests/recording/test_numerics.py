@@ -224,3 +224,59 @@ def test_strict_and_defer_recordings_of_one_script_agree(tmp_path: Path) -> None
     report = compare_report(deferred, strict)
     assert report.compared == len(strict.calls) > 0
     assert report.first_divergence is None
+
+
+WRONG_TANH_LOWERING = """
+import jax.numpy as jnp
+import torch
+from torch import nn
+
+import tputrace.backend  # noqa: F401
+from tputrace.backend.ops.registry import LOWERINGS, Lowering
+
+# A test build with one lowering made wrong: tanh off by 1% (nothing else changes).
+tanh = torch.ops.aten.tanh.default
+LOWERINGS[tanh] = Lowering(tanh, lambda x: jnp.tanh(x) * 1.01)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 16)
+        self.act = nn.Tanh()
+        self.fc2 = nn.Linear(16, 1)
+
+    def forward(self, x):
+        hidden = self.act(self.fc1(x))  # the wrongly lowered op
+        return self.fc2(hidden)
+
+
+torch.manual_seed(0)
+model = Net().to("tpu")
+for step in range(2):
+    loss = model(torch.randn(8, 16, device="tpu")).square().mean()
+    loss.backward()
+"""
+
+
+def test_a_wrong_lowering_is_named_with_its_module_line_and_op(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "wrong_tanh.py"
+    script.write_text(textwrap.dedent(WRONG_TANH_LOWERING))
+    output = tmp_path / "wrong.tpnum"
+    # In a process of its own: the patched lowering must not reach other tests' programs.
+    result = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "numerics", "-o", str(output), "--ops",
+                             "--mode", "strict", str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = replay_report(read_recording(output))
+    assert report.first_divergence is not None
+    call = report.first_divergence.call
+    assert (call.module, call.module_type, call.phase, call.step) == ("Net.act", "Tanh", "forward", 1)
+    assert call.line == _line_of(script, "the wrongly lowered op")
+    assert report.first_divergence.note is None  # same dtype on both sides: the values differ, not the precision
+    assert report.first_divergent_op is not None and report.first_divergent_op.op_name == "tanh"
+    finding = numerics_findings(report)[0]
+    assert finding.suggestion.startswith("aten.tanh gives other values than the CPU's in the same dtype")
