@@ -280,3 +280,60 @@ def test_a_wrong_lowering_is_named_with_its_module_line_and_op(tmp_path: Path) -
     assert report.first_divergent_op is not None and report.first_divergent_op.op_name == "tanh"
     finding = numerics_findings(report)[0]
     assert finding.suggestion.startswith("aten.tanh gives other values than the CPU's in the same dtype")
+
+
+WRONG_SUM_LOWERING = """
+import jax.numpy as jnp
+import torch
+from torch import nn
+
+import tputrace.backend  # noqa: F401
+from tputrace.backend.ops.registry import LOWERINGS, Lowering
+
+# A test build with one lowering made wrong: a sum over dims off by 1%. Here only the bias gradients use it.
+total = torch.ops.aten.sum.dim_IntList
+LOWERINGS[total] = Lowering(total, lambda x, dims, keepdim=False, dtype=None: jnp.sum(x, axis=tuple(dims), keepdims=keepdim) * 1.01)
+
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc1 = nn.Linear(16, 16)
+        self.fc2 = nn.Linear(16, 1)
+
+    def forward(self, x):
+        return self.fc2(torch.relu(self.fc1(x)))  # the layers
+
+
+torch.manual_seed(0)
+model = Net().to("tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+for step in range(2):
+    loss = model(torch.randn(8, 16, device="tpu")).square().mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_parameter_gradients_are_compared_when_the_optimizer_steps(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    pytest.importorskip("torch")
+    script = tmp_path / "wrong_sum.py"
+    script.write_text(textwrap.dedent(WRONG_SUM_LOWERING))
+    output = tmp_path / "wrong_sum.tpnum"
+    result = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "numerics", "-o", str(output), "--mode", "strict",
+                             str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    recording = read_recording(output)
+    report = replay_report(recording)
+    assert report.first_divergence is not None
+    call = report.first_divergence.call
+    # Outputs and input gradients match; the bias gradients (a sum over the batch) do not.
+    assert call.phase == "parameters" and call.module in ("Net.fc1", "Net.fc2") and call.step == 1
+    assert not [row for row in recording.calls if row.phase != "parameters" and row.diverged]
+    parameters = [row for row in recording.calls if row.phase == "parameters"]
+    assert {row.module for row in parameters} == {"Net.fc1", "Net.fc2"} and all(row.diverged for row in parameters)
+    assert "parameter gradients" in numerics_findings(report)[0].explanation

@@ -138,6 +138,12 @@ def _digests_divergence(call: ModuleCall, reference: ModuleCall) -> Divergence |
     return Divergence(call, worst[0], worst[1], None, worst[2])
 
 
+def values_of(phase: str) -> str:
+    """What a row of `phase` holds: a forward's outputs, a backward's input gradients, or (`parameters`) the
+    module's own parameter gradients summed over the step."""
+    return {"forward": "outputs", "backward": "input gradients", "parameters": "parameter gradients"}.get(phase, phase)
+
+
 def _where(call: ModuleCall) -> str:
     place = f" at {Path(call.path).name}:{call.line}" if call.path else ""
     return f"{call.module} ({call.module_type}) {call.phase}, step {call.step}{',' if place else ''}{place}"
@@ -147,7 +153,7 @@ def render(report: NumericsReport) -> str:
     """The report as text lines."""
     lines = [
         f"numerics: {report.title}",
-        f"  {plural(report.calls, 'module call')} (forward and backward) in {plural(report.steps, 'step')}, {report.compared:,} compared",
+        f"  {plural(report.calls, 'module call')} (forward, backward and parameter gradients) in {plural(report.steps, 'step')}, {report.compared:,} compared",
     ]
     if report.first_divergence is None:
         lines.append("  no divergence beyond the tolerance")
@@ -177,7 +183,7 @@ def render(report: NumericsReport) -> str:
         lines.append("  no NaN or Inf")
     else:
         call = report.first_nonfinite
-        what = "outputs" if call.phase == "forward" else "input gradients"
+        what = values_of(call.phase)
         lines.append(f"  first NaN/Inf: {_where(call)}: {plural(call.nonfinite, 'non-finite value')} in its {what}")
         if report.reference_nonfinite is True:
             lines.append("    the reference gives them too: the model's own arithmetic, not the device")

@@ -1,5 +1,6 @@
-"""Module hooks that record per-module digests of outputs and input gradients on `tpu`, and replay each module
-call of the first steps on the CPU from host copies of its inputs and parameters (torch, inside the run).
+"""Module hooks that record per-module digests of outputs, input gradients and (when the optimizer steps) parameter
+gradients on `tpu`, and replay each module call of the first steps on the CPU from host copies of its inputs and
+parameters (torch, inside the run).
 
 A step is a call of a top-level module (one called outside any other module) that starts after a backward, or
 that repeats a top-level module of the current step: `model(x)` then `loss_fn(out, y)` then `backward()` is one
@@ -24,9 +25,12 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from tputrace import sourceloc
 from tputrace.numerics.digests import difference, digest, dtype_name
+from tputrace.numerics.parameter_grads import ParameterReferences
 from tputrace.numerics.store import COMPARED, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter, OpRow
 from tputrace.numerics.tolerance import tolerance_for
 
+# The phase of the rows that compare a module's own parameter gradients, summed over a step's calls.
+PARAMETERS = "parameters"
 RANDOM_REASON = "its output depends on the random stream (dropout or a random mask in train mode), which differs between the tpu and the CPU"
 
 
@@ -67,6 +71,7 @@ class NumericsSession:
         self._stack: list[_CallState] = []
         self._pending_backward: dict[int, list[_CallState]] = {}
         self._cpu_copies: dict[int, torch.nn.Module] = {}
+        self._parameters = ParameterReferences()
         self._roots_this_step: set[int] = set()
         self._backward_since_step = False
         self._step = 0
@@ -78,6 +83,7 @@ class NumericsSession:
 
     def install(self) -> None:
         from torch.nn.modules import module as module_hooks
+        from torch.optim import optimizer as optimizer_hooks
 
         self._warnings = warnings.catch_warnings()
         self._warnings.__enter__()
@@ -88,6 +94,7 @@ class NumericsSession:
             module_hooks.register_module_forward_pre_hook(self._guarded(self._before_forward)),
             module_hooks.register_module_forward_hook(self._guarded(self._after_forward), with_kwargs=True),
             module_hooks.register_module_full_backward_hook(self._guarded(self._after_backward)),
+            optimizer_hooks.register_optimizer_step_pre_hook(self._guarded(self._before_optimizer_step)),
         ]
 
     def remove(self) -> None:
@@ -99,6 +106,7 @@ class NumericsSession:
             self._warnings = None
         self._pending_backward.clear()
         self._cpu_copies.clear()
+        self._parameters.clear()
 
     def _guarded(self, hook: Callable[..., None]) -> Callable[..., None]:
         def run_unless_replaying(*arguments: Any) -> None:
@@ -143,6 +151,7 @@ class NumericsSession:
             self._backward_since_step = False
             self._cpu_copies.clear()
             self._pending_backward.clear()
+            self._parameters.clear()
         self._roots_this_step.add(id(module))
 
     def _name(self, module: torch.nn.Module) -> None:
@@ -208,6 +217,8 @@ class NumericsSession:
         self._writer.add_call(call)
         if any(t.requires_grad for t in outputs):
             self._pending_backward.setdefault(id(module), []).append(state)
+            if not replayed:
+                self._parameters.leave_out(module, state.module, state.step, state.call_id, state.path, state.line)
 
     def _event(self, state: _CallState, phase: str) -> ModuleCall:
         return ModuleCall(
@@ -269,30 +280,39 @@ class NumericsSession:
         if not pending:
             return
         state = pending.pop()
+        replayed = state.cpu_module is not None and not state.reason
         gradients = [g for g in grad_input if isinstance(g, torch.Tensor) and g.is_floating_point()]
         if not gradients:
-            return  # no input of this call takes a gradient: nothing to record
+            # No input of this call takes a gradient (the first layer): nothing to record for its inputs, but its
+            # own parameters still get gradients the CPU can check.
+            if replayed:
+                self._replay_backward(module, state, None, grad_input, grad_output, [])
+            return
         call = self._event(state, "backward")
-        replayed = state.cpu_module is not None and not state.reason
         host_gradients = [g.detach().cpu() for g in gradients] if replayed else None
         call.tpu = {
             index: digest(g) for index, g in enumerate(host_gradients if host_gradients is not None else gradients)
         }
         if replayed and host_gradients is not None:
-            self._replay_backward(state, call, grad_input, grad_output, host_gradients)
+            self._replay_backward(module, state, call, grad_input, grad_output, host_gradients)
         elif state.reason:
             call.outcome, call.reason = NOT_COMPARED, state.reason
         self._writer.add_call(call)
 
     def _replay_backward(
         self,
+        module: torch.nn.Module,
         state: _CallState,
-        call: ModuleCall,
+        call: ModuleCall | None,
         grad_input: tuple[Any, ...],
         grad_output: tuple[Any, ...],
         host_gradients: list[torch.Tensor],
     ) -> None:
+        """The CPU's gradients of the call's inputs (judged into `call`, when given) and of the module's own
+        parameters (added to the step's parameter references)."""
+        assert state.cpu_module is not None
         needs_grad = [isinstance(g, torch.Tensor) and g.is_floating_point() for g in grad_input]
+        own = self._parameters.own_parameters(state.cpu_module)
         try:
             with self._replaying(), torch.enable_grad():
                 output, inputs = self._run_cpu(state, seed=0, needs_grad=needs_grad)
@@ -302,21 +322,41 @@ class NumericsSession:
                     for out, g in zip(outputs, grad_output)
                     if isinstance(g, torch.Tensor) and out.requires_grad
                 ]
-                if not inputs or not pairs:
-                    call.outcome, call.reason = NOT_COMPARED, "no input of the CPU replay gets a gradient"
+                if not (inputs or own) or not pairs:
+                    if call is not None:
+                        call.outcome, call.reason = NOT_COMPARED, "no input of the CPU replay gets a gradient"
                     return
                 cpu_gradients = torch.autograd.grad(
-                    [o for o, _ in pairs], inputs, [g for _, g in pairs], allow_unused=True
+                    [o for o, _ in pairs], [*inputs, *own], [g for _, g in pairs], allow_unused=True
                 )
         except Exception as failure:  # noqa: BLE001 - reported per call
-            call.outcome, call.reason = (
-                NOT_COMPARED,
-                f"the CPU replay of the backward failed: {type(failure).__name__}: {failure}",
-            )
+            self._parameters.leave_out(module, state.module, state.step, state.call_id, state.path, state.line)
+            if call is not None:
+                call.outcome, call.reason = (
+                    NOT_COMPARED,
+                    f"the CPU replay of the backward failed: {type(failure).__name__}: {failure}",
+                )
+            return
+        self._parameters.add(module, state.module, state.step, state.call_id, state.path, state.line,
+                             list(cpu_gradients[len(inputs):]))
+        if call is None:
             return
         references = [g if g is not None else torch.zeros_like(i) for g, i in zip(cpu_gradients, inputs)]
         call.cpu = {index: digest(g) for index, g in enumerate(references)}
         _judge(call, host_gradients, references)
+
+    def _before_optimizer_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        """Compare each module's parameter gradients with the CPU's sums over the step's replayed calls, as one
+        `parameters` row per module (before the optimizer reads and changes them)."""
+        for entry, tpu_gradients, cpu_gradients in self._parameters.take():
+            call = ModuleCall(
+                event_id=next(self._event_ids), call_id=entry.call_id, step=entry.step, phase=PARAMETERS,
+                module=entry.module, module_type=entry.module_type, path=entry.path, line=entry.line,
+            )
+            call.tpu = {index: digest(g) for index, g in enumerate(tpu_gradients)}
+            call.cpu = {index: digest(g) for index, g in enumerate(cpu_gradients)}
+            _judge(call, tpu_gradients, cpu_gradients)
+            self._writer.add_call(call)
 
     def _record_ops(
         self, module: torch.nn.Module, state: _CallState, call: ModuleCall, outputs: list[torch.Tensor]

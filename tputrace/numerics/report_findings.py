@@ -9,7 +9,7 @@ the CPU gives too, and modules not compared, are info.
 from __future__ import annotations
 
 from tputrace.analysis.findings import Evidence, Finding
-from tputrace.numerics.findings import NumericsReport
+from tputrace.numerics.findings import NumericsReport, values_of
 from tputrace.numerics.store import ModuleCall
 from tputrace.wording import plural
 
@@ -96,4 +96,4 @@ def _where(call: ModuleCall) -> str:
 
 
 def _values(call: ModuleCall) -> str:
-    return "outputs" if call.phase == "forward" else "input gradients"
+    return values_of(call.phase)
