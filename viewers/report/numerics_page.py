@@ -18,7 +18,7 @@ from tputrace.viewers.report.findings_html import finding_html
 from tputrace.viewers.report.page import Page, PlotlyJsMode, html_table, note_html
 from tputrace.viewers.report.report_html import WrittenReport
 
-PHASE_COLORS = {"forward": "#1f77b4", "backward": "#d62728"}
+PHASE_COLORS = {"forward": "#1f77b4", "backward": "#d62728", "parameters": "#2ca02c"}
 # Calls listed in the table of divergent calls, in execution order.
 MAX_DIVERGENT_ROWS = 30
 
@@ -55,7 +55,7 @@ def render_numerics_page(recording: NumericsRecording, report: NumericsReport, *
         f'{page.figure("numerics-divergence", divergence_figure(recording.calls))}'
         + note_html("Each compared module call's relative difference from its CPU replay from the same inputs, as a "
                     "share of its dtype's tolerance (log scale; above 1 is beyond it), in execution order; "
-                    "forward and backward apart.") + "</section>",
+                    "forward, backward and parameter gradients apart.") + "</section>",
         f'<section id="calls" class="tp-section"><h2>Calls beyond their tolerance</h2>{_divergent_table(recording.calls)}</section>',
         f'<section id="ops" class="tp-section"><h2>Ops of the first divergent call</h2>{_ops_table(recording, report)}</section>',
         "</main>",
