@@ -26,6 +26,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 from tputrace import sourceloc
 from tputrace.numerics.digests import difference, digest, dtype_name
 from tputrace.numerics.parameter_grads import ParameterReferences
+from tputrace.numerics.random_ops import RandomDraw, RandomLog, RandomReplay
 from tputrace.numerics.store import COMPARED, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter, OpRow
 from tputrace.numerics.tolerance import tolerance_for
 
@@ -49,6 +50,8 @@ class _CallState:
     cpu_module: torch.nn.Module | None = None
     reason: str | None = None
     notes: list[str] = field(default_factory=list)
+    random_start: int = 0
+    random_draws: list[RandomDraw] = field(default_factory=list)
 
 
 class NumericsSession:
@@ -72,6 +75,7 @@ class NumericsSession:
         self._pending_backward: dict[int, list[_CallState]] = {}
         self._cpu_copies: dict[int, torch.nn.Module] = {}
         self._parameters = ParameterReferences()
+        self._random_log: RandomLog | None = None
         self._roots_this_step: set[int] = set()
         self._backward_since_step = False
         self._step = 0
@@ -96,8 +100,12 @@ class NumericsSession:
             module_hooks.register_module_full_backward_hook(self._guarded(self._after_backward)),
             optimizer_hooks.register_optimizer_step_pre_hook(self._guarded(self._before_optimizer_step)),
         ]
+        if self._replay_steps > 0:
+            self._random_log = RandomLog(skip=lambda: getattr(self._local, "replaying", False))
+            self._random_log.__enter__()
 
     def remove(self) -> None:
+        self._stop_random_log()
         for handle in self._handles:
             handle.remove()
         self._handles = []
@@ -107,6 +115,15 @@ class NumericsSession:
         self._pending_backward.clear()
         self._cpu_copies.clear()
         self._parameters.clear()
+
+    def _stop_random_log(self) -> None:
+        """Leave the random log's dispatch mode (past the replayed steps it only costs time), if it is the innermost
+        mode; a mode the script entered after it keeps it until then."""
+        from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+        if self._random_log is not None and _get_current_dispatch_mode() is self._random_log:
+            self._random_log.__exit__(None, None, None)
+            self._random_log = None
 
     def _guarded(self, hook: Callable[..., None]) -> Callable[..., None]:
         def run_unless_replaying(*arguments: Any) -> None:
@@ -142,6 +159,8 @@ class NumericsSession:
         )
         if self._replays(self._step):
             self._keep_inputs(module, args, state)
+            if self._random_log is not None:
+                state.random_start = len(self._random_log.draws)
         self._stack.append(state)
 
     def _begin_root(self, module: torch.nn.Module) -> None:
@@ -152,6 +171,8 @@ class NumericsSession:
             self._cpu_copies.clear()
             self._pending_backward.clear()
             self._parameters.clear()
+            if not self._replays(self._step):
+                self._stop_random_log()
         self._roots_this_step.add(id(module))
 
     def _name(self, module: torch.nn.Module) -> None:
@@ -196,6 +217,10 @@ class NumericsSession:
         self, module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any], output: Any
     ) -> None:
         state = self._stack.pop()
+        if self._random_log is not None:
+            state.random_draws = self._random_log.draws[state.random_start:]
+            if not self._stack:
+                self._random_log.draws = []  # every call of this root has its slice
         if state.cpu_module is not None:
             state.host_kwargs = tree_map(_host_copy, kwargs)
         outputs = _floating_tensors(output)
@@ -250,7 +275,11 @@ class NumericsSession:
             args = tuple(args)
         with self._replaying(), torch.random.fork_rng(devices=[]), torch.set_grad_enabled(needs_grad is not None):
             torch.manual_seed(seed)
-            output = state.cpu_module(*args, **(state.host_kwargs or {}))
+            if state.random_draws:
+                with RandomReplay(state.random_draws):
+                    output = state.cpu_module(*args, **(state.host_kwargs or {}))
+            else:
+                output = state.cpu_module(*args, **(state.host_kwargs or {}))
         return output, grad_inputs
 
     def _replay_forward(
