@@ -259,19 +259,24 @@ for step in range(2):
 """
 
 
-def test_a_wrong_lowering_is_named_with_its_module_line_and_op(tmp_path: Path) -> None:
+def _record_apart(tmp_path: Path, body: str, name: str, *options: str) -> tuple[Path, NumericsRecording]:
+    """`_record` in a process of its own: a script that patches a lowering must not reach other tests' programs."""
     import subprocess
     import sys
 
     pytest.importorskip("torch")
-    script = tmp_path / "wrong_tanh.py"
-    script.write_text(textwrap.dedent(WRONG_TANH_LOWERING))
-    output = tmp_path / "wrong.tpnum"
-    # In a process of its own: the patched lowering must not reach other tests' programs.
-    result = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "numerics", "-o", str(output), "--ops",
-                             "--mode", "strict", str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(body))
+    output = tmp_path / f"{name}.tpnum"
+    result = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "numerics", "-o", str(output), *options,
+                             str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    report = replay_report(read_recording(output))
+    return script, read_recording(output)
+
+
+def test_a_wrong_lowering_is_named_with_its_module_line_and_op(tmp_path: Path) -> None:
+    script, recording = _record_apart(tmp_path, WRONG_TANH_LOWERING, "wrong_tanh", "--ops", "--mode", "strict")
+    report = replay_report(recording)
     assert report.first_divergence is not None
     call = report.first_divergence.call
     assert (call.module, call.module_type, call.phase, call.step) == ("Net.act", "Tanh", "forward", 1)
@@ -317,17 +322,7 @@ for step in range(2):
 
 
 def test_parameter_gradients_are_compared_when_the_optimizer_steps(tmp_path: Path) -> None:
-    import subprocess
-    import sys
-
-    pytest.importorskip("torch")
-    script = tmp_path / "wrong_sum.py"
-    script.write_text(textwrap.dedent(WRONG_SUM_LOWERING))
-    output = tmp_path / "wrong_sum.tpnum"
-    result = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "numerics", "-o", str(output), "--mode", "strict",
-                             str(script)], capture_output=True, text=True, timeout=600, cwd=tmp_path)
-    assert result.returncode == 0, result.stdout + result.stderr
-    recording = read_recording(output)
+    _, recording = _record_apart(tmp_path, WRONG_SUM_LOWERING, "wrong_sum", "--mode", "strict")
     report = replay_report(recording)
     assert report.first_divergence is not None
     call = report.first_divergence.call
