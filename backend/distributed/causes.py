@@ -72,7 +72,7 @@ class DataParallelModel:
             logged = self.model._get_ddp_logging_data()
         except (AttributeError, RuntimeError):
             return
-        names = [name for name, parameter in self.model.module.named_parameters() if parameter.requires_grad]
+        names = [name for name, parameter in self.model.named_parameters() if parameter.requires_grad]  # paths under the DDP model
         indices_text = logged.get("rebuilt_per_bucket_param_indices")
         if indices_text:
             self.buckets_rebuilt = True

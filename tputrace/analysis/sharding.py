@@ -37,7 +37,7 @@ from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.sharding_common import (
     NAME, Collected, TimeByCause, evidence, ici_estimate_ns, location, per_step, in_steady_steps, union,
 )
-from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord
+from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
 from tputrace.store.sharding import CausedCollective, ShardingRecords, read_sharding
 from tputrace.wording import format_bytes, format_ns, plural
 
@@ -46,6 +46,7 @@ SMALL_BUCKETS_PER_STEP = 4
 UNWRAPPED_SHARE = 0.25
 UNWRAPPED_MIN_BYTES = 1 << 20
 REPLICATED_HBM_SHARE = 0.25
+MAX_BUCKETS_SHOWN = 6
 
 
 @dataclass(frozen=True)
@@ -233,12 +234,23 @@ def _small_buckets(context: AnalysisContext, out: Collected, records: ShardingRe
             f"Construct DDP with `bucket_cap_mb={suggested_mb}` (about {plural(new_calls, 'bucket')} a step"
             + ("; the default of 25 keeps early buckets overlapping the backward" if suggested_mb == 25 else "") + ")."
         ),
-        evidence=(evidence(f"{plural(calls, 'bucket all-reduce')} in {plural(steps, 'steady step')}, cap {format_bytes(cap)}", origin, buckets[0][0].module),),
+        evidence=(evidence(f"{plural(calls, 'bucket all-reduce')} in {plural(steps, 'steady step')}, cap {format_bytes(cap)}", origin, buckets[0][0].module),)
+        + _bucket_evidence(buckets, origin),
         module=buckets[0][0].module,
         **cost,
         **location(origin),
     ))
     return cost["cost_total_ns"] or 0.0
+
+
+def _bucket_evidence(buckets: list[tuple[CollectiveCauseRecord, int, float, int]], origin: SourceLocation | None) -> tuple[Evidence, ...]:
+    """One line per bucket (in reduction order, the first few): its size and the parameters in it."""
+    by_index: dict[int, tuple[CollectiveCauseRecord, int, int]] = {}  # the cause with the most calls (DDP rebuilds its buckets once)
+    for cause, count, _, nbytes in buckets:
+        if cause.bucket_index is not None and (cause.bucket_index not in by_index or count > by_index[cause.bucket_index][1]):
+            by_index[cause.bucket_index] = (cause, count, nbytes)
+    return tuple(evidence(f"bucket {index}: {format_bytes(nbytes)}" + (f" · {cause.tensor}" if cause.tensor else ""), origin, cause.module)
+                 for index, (cause, _, nbytes) in sorted(by_index.items())[:MAX_BUCKETS_SHOWN])
 
 
 def _replicated_parameters(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int) -> None:

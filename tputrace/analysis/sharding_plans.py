@@ -122,25 +122,83 @@ def op_redistributions(context: AnalysisContext, out: Collected, records: Shardi
         cost = per_step(context, dur_ns)
         explained += cost["cost_total_ns"] or 0.0
         operand = cause.tensor or "an operand"
+        maker = _column_parallel_maker(records, cause.global_shape, src)
+        suggestion = _op_fix(op, operand, src, dst, context.where(frame_id), maker)
         out.findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(share, warning=0.05, critical=0.25),
-            title=f"{op} needs {operand} as {dst}, not {src}: a {kind} every call at {context.where(frame_id)}",
+            title=f"{op} needs {operand} as {dst}, not {src}: {_article(kind)} {kind} every call at {context.where(frame_id)}",
             explanation=(
                 f"DTensor's sharding rule for {op} has no strategy for {operand} ({cause.global_shape}) placed as {src}, so each call "
                 f"first redistributes it to {dst}: {plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step "
                 f"here, about {format_ns(target_ns)} a step on {context.target.label}'s ICI."
             ),
-            suggestion=(
-                f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
-                f"placements), or redistribute it once outside the loop when it does not change between steps."
-            ),
-            evidence=(evidence(f"{op}: {src} -> {dst}, {cause.global_shape} ({cause.module or 'no plan module'})", cause.origin, cause.module),),
+            suggestion=suggestion,
+            evidence=(evidence(f"{op}: {src} -> {dst}, {cause.global_shape} ({cause.module or 'no plan module'})", cause.origin, cause.module),)
+            + ((evidence(f"made by {maker[0]}: ColwiseParallel keeps its output split on the last dim", maker[1], maker[0]),) if maker else ()),
             module=cause.module,
             **cost,
             **context.location_fields(frame_id),
         ))
     return explained
+
+
+# ops that work along one dim (a sharded one must be gathered first), and ops that reshape
+_ALONG_A_DIM = ("softmax", "log_softmax", "layer_norm", "rms_norm", "argmax", "argmin", "cumsum", "sort", "topk", "max.dim", "min.dim")
+_RESHAPES = ("view", "reshape", "flatten", "_unsafe_view", "unflatten")
+_PRODUCTS = ("mm", "addmm", "bmm", "baddbmm", "matmul", "linear")
+
+
+def _article(word: str) -> str:
+    return "an" if word[:1] in "aeiou" else "a"
+
+
+def _sharded_dim(placements: str) -> int | None:
+    for placement in placements.split(","):
+        if placement.startswith("Shard(") and placement.endswith(")") and placement[6:-1].lstrip("-").isdigit():
+            return int(placement[6:-1])
+    return None
+
+
+def _column_parallel_maker(records: ShardingRecords, shape: str | None, src: str) -> tuple[str, SourceLocation | None] | None:
+    """The column-parallel module whose output an operand split on its last dim is (its weight has as many
+    rows as that dim), with its plan line; None when there is none."""
+    sizes = [size for size in (shape or "").split(",") if size]
+    dim = _sharded_dim(src)
+    if not sizes or dim is None or dim not in (-1, len(sizes) - 1):
+        return None
+    for parameter in records.parameters:
+        weight = (parameter.global_shape or "").split(",")
+        if (parameter.wrapper in ("tp", "fsdp+tp") and (parameter.name or "").endswith(".weight") and len(weight) == 2
+                and weight[0] == sizes[-1] and (parameter.group or "").startswith("ColwiseParallel") and parameter.module):
+            return parameter.module, parameter.origin
+    return None
+
+
+def _op_fix(op: str, operand: str, src: str, dst: str, where: str, maker: tuple[str, SourceLocation | None] | None) -> str:
+    """The change that removes an op's redistribution, by the kind of op."""
+    name = op.removeprefix("aten.").rsplit(".", 1)[0].lstrip("_") if op.count(".") > 1 else op.removeprefix("aten.").lstrip("_")
+    dim = _sharded_dim(src)
+    made = ""
+    if maker is not None:
+        entry = maker[0].rsplit(".", 1)[-1]
+        made = (f" It comes out of the plan entry for {entry}" + (f" at {maker[1].short}" if maker[1] is not None else "")
+                + ": ColwiseParallel() splits its output on the last dim.")
+    if dst.startswith("Replicate") and dim is not None and any(name.startswith(kind) or name == kind for kind in _ALONG_A_DIM):
+        return (f"{name} at {where} works along dim {dim}, which {src} splits over the mesh, so every call gathers the whole tensor.{made} "
+                f"Split another dim instead (e.g. the batch or the heads dim: output_layouts=Shard(0) in the plan entry, or "
+                f"redistribute to Shard(0) before the op), or make the entry's output Replicate() once (output_layouts=Replicate()) "
+                f"where later ops need it whole anyway.")
+    if dst.startswith("Replicate") and dim is not None and name in _RESHAPES:
+        return (f"The {name} at {where} merges or splits dim {dim}, which is sharded, so DTensor gathers it first.{made} Reshape so "
+                f"that dim {dim} stays a dim of its own (move it to the front, or merge only unsharded dims), or shard the leading "
+                f"dim of the merge.")
+    if dst.startswith("Replicate") and dim is not None and name in _PRODUCTS:
+        return (f"The other operand's placement does not pair with {operand} as {src} at {where}: split the matching dim of the other "
+                f"operand too (for x @ w with x split on its last dim, w as Shard(0)); the product then comes out Partial and one "
+                f"all-reduce of the output replaces the gather.{made}")
+    return (f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
+            f"placements), or redistribute it once outside the loop when it does not change between steps.{made}")
 
 
 def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLocation | None]]:
