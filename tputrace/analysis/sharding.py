@@ -1,13 +1,10 @@
 """Sharding: from each collective's recorded cause to the line that decides it and the change that
 removes or shrinks it.
 
-- Redistributions an op's sharding propagation asks for (an operand in placements the op has no
-  strategy for), at the line that runs the op. Cost: their measured time.
-- Activation gathers between tensor-parallel layers: a `ColwiseParallel(output_layouts=Replicate())`
-  all-gathers its output every forward; when the plan's next layer of the same parent module is
-  column-parallel too, keeping the first's output sharded (`ColwiseParallel()`) and making the next
-  `RowwiseParallel()` replaces two gathers by one all-reduce. Cost: the measured time of the gathers and
-  of the next layer's backward collectives, per steady step.
+The tensor-parallel plan checks are in `sharding_plans` (activation gathers between column-parallel
+layers, ops that redistribute an operand, round trips, partial sums reduced again, parameters outside
+the plan); this module runs them and checks the rest:
+
 - FSDP2 outer groups (with fully_shard calls inside) that hold a module as large as the inner groups
   but not wrapped on its own: its parameters are gathered with the outer group's, in one message
   that cannot overlap its own compute. Cost: that module's share
