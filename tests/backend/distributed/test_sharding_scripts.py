@@ -88,3 +88,15 @@ def test_a_softmax_over_a_column_parallel_output_names_the_op_and_the_plan_entry
     assert "softmax" in top["title"] and "all_gather" in top["title"]
     assert "plan entry for score" in top["suggestion"] and f"sharded_softmax.py:{_line('sharded_softmax.py', 'PLAN')}" in top["suggestion"]
     assert "Shard(0)" in top["suggestion"]
+
+
+@pytest.mark.parametrize("example", ["ddp_train.py", "fsdp_train.py", "tp_train.py"])
+def test_the_clean_distributed_examples_have_no_sharding_warning(tmp_path: Path, example: str) -> None:
+    trace = tmp_path / f"{example}.tptrace"
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "--nproc", "2", "-o", str(trace), str(ROOT / "examples" / example), "--steps", "6"]
+    completed = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=dict(os.environ, PYTHONWARNINGS="ignore"), timeout=900)
+    assert completed.returncode == 0, completed.stderr[-4000:]
+    report = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "report", "--json", str(trace)], capture_output=True, text=True,
+                            cwd=ROOT, timeout=300)
+    findings = json.loads(report.stdout)["findings"]
+    assert not [finding["title"] for finding in findings if finding["analyzer"] == "sharding" and finding["severity"] != "info"]
