@@ -136,7 +136,8 @@ def main() -> None:
         *fix_rows, "",
         "Before: the timed run; after: one run with `--fixed`. On virtual chips that share the host's cores, collectives are "
         "host work, so the fixes that remove collectives (the plans, the bucket cap) show in the step; the FSDP2 wrap "
-        "changes when parameters are gathered, which overlap on a TPU could hide and here cannot.",
+        "changes when parameters are gathered, which overlap on a TPU could hide and here cannot. A finding's severity "
+        "follows its share of the measured step, so on a loaded host a run can rate a problem info (`none` in the table).",
     ])
     print(body)
     if not args.no_write:
