@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
-from textual.widgets import Static
+from textual.widgets import DataTable, Static
 
 from tputrace.tui import queries
 from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, right
@@ -17,6 +17,9 @@ from tputrace.wording import plural
 if TYPE_CHECKING:
     from textual.app import ComposeResult
     from textual.widget import Widget
+
+
+MAX_DETAIL_LINES = 8
 
 
 class ShardingView(TraceView):
@@ -33,6 +36,19 @@ class ShardingView(TraceView):
         yield Static(Text("Collectives by cause", style="bold"), classes="heading")
         yield TraceTable(("cause", "cause"), ("phase", "phase"), ("module", "module"), ("line", "line"), ("count", "count"),
                          ("bytes", "bytes"), ("collective time", "total"), id="sharding-causes")
+        yield Static(Text(""), id="sharding-cause-detail", classes="detail")
+
+    def _show_detail(self, index: int) -> None:
+        """The highlighted cause group's buckets, placements and tensors, one line each."""
+        tables: queries.ShardingTables | None = self._payload
+        groups = tables.causes if tables is not None else ()
+        details = groups[index].details if index < len(groups) else ()
+        shown = list(details[:MAX_DETAIL_LINES]) + ([f"… and {len(details) - MAX_DETAIL_LINES} more"] if len(details) > MAX_DETAIL_LINES else [])
+        self.query_one("#sharding-cause-detail", Static).update(Text("\n".join(shown)))
+
+    def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
+        if event.data_table.id == "sharding-causes" and event.row_key.value is not None:
+            self._show_detail(int(event.row_key.value))
 
     def primary(self) -> Widget | None:
         return self.query_one("#sharding-causes")
@@ -62,6 +78,7 @@ class ShardingView(TraceView):
                           right(fmt_bytes(group.bytes)), right(fmt_ns(group.total_ns))))
             for index, group in enumerate(tables.causes)
         ])
+        self._show_detail(0)
         if tables.empty:
             self.say("sharding-status", "no sharding records in this trace (no DDP, FSDP or DTensor, or a trace from before they were recorded)")
             return

@@ -25,6 +25,9 @@ from tputrace.recording.interface import Recording
 #  bucket_index, bucket_bytes, prefetch, origin_frame_id)
 Cause = tuple[Any, ...]
 
+REDUCE_AGAIN = "reduce_again"  # a reduction of a partial sum that was reduced already this step
+ROUND_TRIP = "round_trip"  # a split back to the Shard that a gather this step left (no collective of its own)
+
 
 class _ThreadState(threading.local):
     cause: Cause | None = None
@@ -49,14 +52,36 @@ def phase() -> str:
 
 @dataclass
 class DataParallelModel:
-    """One DDP model (the wrapper), its constructor line and bucket cap, and which backward pass its
-    bucket counter belongs to."""
+    """One DDP model (the wrapper), its constructor line and bucket cap, which backward pass its bucket
+    counter belongs to, and the parameter names of each bucket (as `buckets_read` last read them)."""
 
     model: Any
     origin_frame_id: int | None
     bucket_cap_bytes: int
     graph_task: int = -1
     next_bucket: int = 0
+    bucket_parameters: tuple[str, ...] = ()  # per bucket index: its parameter names, comma-separated
+    buckets_rebuilt: bool = False
+
+    def read_buckets(self) -> None:
+        """Read the reducer's bucket assignment, between backward passes (the reducer's lock is free then);
+        once DDP has rebuilt its buckets in gradient order the assignment stays, and is not read again."""
+        if self.buckets_rebuilt:
+            return
+        try:
+            logged = self.model._get_ddp_logging_data()
+        except (AttributeError, RuntimeError):
+            return
+        names = [name for name, parameter in self.model.named_parameters() if parameter.requires_grad]  # paths under the DDP model
+        indices_text = logged.get("rebuilt_per_bucket_param_indices")
+        if indices_text:
+            self.buckets_rebuilt = True
+            buckets = [[int(index) for index in bucket.split()] for bucket in str(indices_text).split(",")]
+        elif len(str(logged.get("bucket_sizes", "")).split(",")) == 1:
+            buckets = [list(range(len(names)))]  # before the rebuild DDP reduces every gradient in one bucket
+        else:
+            return
+        self.bucket_parameters = tuple(first_names([names[index] for index in bucket if index < len(names)]) for bucket in buckets)
 
     def bucket_cause(self, recorder: Recording) -> Cause:
         task = torch._C._current_graph_task_id()
@@ -64,24 +89,33 @@ class DataParallelModel:
             self.graph_task, self.next_bucket = task, 0
         index = self.next_bucket
         self.next_bucket += 1
-        return make("ddp_bucket", module=recorder.module_names.get(id(self.model)), bucket_index=index, bucket_bytes=self.bucket_cap_bytes,
-                    origin_frame_id=self.origin_frame_id)
+        parameters = self.bucket_parameters[index] if index < len(self.bucket_parameters) else None
+        return make("ddp_bucket", module=recorder.module_names.get(id(self.model)), tensor=parameters, bucket_index=index,
+                    bucket_bytes=self.bucket_cap_bytes, origin_frame_id=self.origin_frame_id)
+
+
+def first_names(names: list[str], limit: int = 8) -> str:
+    """The first `limit` names, comma-separated, and how many more."""
+    shown = ", ".join(name for name in names[:limit] if name)
+    return shown + (f", and {len(names) - limit} more" if len(names) > limit else "")
 
 
 # DDP models by the name of their process group.
 data_parallel_models: dict[str, DataParallelModel] = {}
 
 
-def cause_id(recorder: Recording, kind: str, group: str) -> int | None:
-    """The `collective_causes` id of a call of `kind` on `group` opened now on this thread (None: the user's own)."""
+def cause_id(recorder: Recording, kind: str, group: str, reduced_already: bool = False) -> int | None:
+    """The `collective_causes` id of a call of `kind` on `group` opened now on this thread (None: the user's
+    own); `reduced_already`: the call all-reduces what a DTensor reduction produced this step."""
     cause = state.cause
     if cause is None:
-        if kind != "all_reduce" or not data_parallel_models:
+        model = data_parallel_models.get(group) if kind == "all_reduce" and data_parallel_models else None
+        if model is not None and torch._C._current_graph_task_id() != -1:
+            cause = model.bucket_cause(recorder)
+        elif reduced_already:
+            cause = make(REDUCE_AGAIN, op="all_reduce")
+        else:
             return None
-        model = data_parallel_models.get(group)
-        if model is None or torch._C._current_graph_task_id() == -1:
-            return None
-        cause = model.bucket_cause(recorder)
     return recorder.collective_cause(cause)
 
 

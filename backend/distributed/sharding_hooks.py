@@ -8,7 +8,9 @@ parameter placements are recorded (`placements`).
   in over to their backward.
 - Tensor parallelism: `ParallelStyle.__init__` keeps the line that made the style (the plan entry);
   each style's `_apply` adds hooks that tell the module a redistribution belongs to, and notes the
-  module's parameters.
+  module's parameters and the whole module the plan was applied to (its parameters outside the plan
+  are recorded as replicated, `none`).
+- Round trips and partial sums reduced again: `redistributions`, around every redistribution.
 - FSDP2: `FSDPParamGroup.__init__` keeps the `fully_shard(...)` line; `unshard` and `post_backward` are
   the group's all-gather and reduce-scatter; `_prefetch_unshard` marks prefetches.
 - DDP: its constructor keeps the `DDP(...)` line, its bucket cap and process group (`causes`); the
@@ -22,13 +24,14 @@ once, with the op handlers.
 from __future__ import annotations
 
 import functools
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from tputrace.backend.distributed import causes, placements, tracing
+from tputrace.backend.distributed import causes, placements, redistributions, tracing
 from tputrace.recording.interface import Recording
 
 _installed = False
@@ -127,8 +130,12 @@ def _redistributing(original: Callable[..., torch.Tensor], via: str) -> Callable
         recorder = tracing.active_recorder()
         if recorder is None or _compiling():
             return original(local_tensor, current_spec, target_spec, *args, **kwargs)
-        with causes.caused_by(_redistribute_cause(recorder, local_tensor, current_spec, target_spec, via)):
-            return original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        cause = redistributions.before(recorder, local_tensor, current_spec, target_spec,
+                                       _redistribute_cause(recorder, local_tensor, current_spec, target_spec, via))
+        with causes.caused_by(cause):
+            result = original(local_tensor, current_spec, target_spec, *args, **kwargs)
+        redistributions.after(recorder, local_tensor, result, current_spec, target_spec, cause)
+        return result
 
     return redistribute_local_tensor
 
@@ -148,8 +155,9 @@ def _hook_dtensor() -> None:
         if _compiling():
             return original_args(op_info, *args, **kwargs)
         previous = _stack_state.op
-        schema = op_info.schema
-        _stack_state.op = str(schema.op) if schema is not None else None
+        # the dispatcher's cached path leaves op_info.schema unset; the suggested schema names the same op
+        schema = op_info.schema or (args[0] if args else kwargs.get("suggested_input_schema"))
+        _stack_state.op = str(schema.op) if schema is not None and hasattr(schema, "op") else None
         try:
             return original_args(op_info, *args, **kwargs)
         finally:
@@ -204,6 +212,21 @@ def _hook_parallel_styles() -> None:
             style_class._apply = _applying(style_class._apply)
 
 
+def _plan_root() -> Any:
+    """The module the outermost `parallelize_module` call on the stack applies its plan to (None outside one):
+    read from the stack, since the user's script may have bound `parallelize_module` before the hooks."""
+    from torch.distributed.tensor.parallel import api
+
+    code = getattr(api.parallelize_module, "__code__", None)
+    root = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code is code:
+            root = frame.f_locals.get("module")
+        frame = frame.f_back
+    return root if isinstance(root, torch.nn.Module) else None
+
+
 def _applying(original: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(original)
     def _apply(self: Any, module: torch.nn.Module, device_mesh: Any) -> Any:
@@ -216,6 +239,9 @@ def _applying(original: Callable[..., Any]) -> Callable[..., Any]:
             placements.note_owner(parameter, "tp", module, frame_id, style=style_text)
         placements.note_styled(module)
         placements.note_model(module)
+        root = _plan_root()
+        if root is not None:
+            placements.note_model(root)
         return result
 
     return _apply
@@ -327,9 +353,7 @@ def _group_cause(recorder: Recording, group: Any, kind: str) -> causes.Cause:
     return cause
 
 
-def _first_names(names: list[str], limit: int = 8) -> str:
-    shown = ", ".join(name for name in names[:limit] if name)
-    return shown + (f", and {len(names) - limit} more" if len(names) > limit else "")
+_first_names = causes.first_names
 
 
 # ----------------------------------------------------------------- DDP
@@ -371,7 +395,11 @@ def _ddp_forward_part(original: Callable[..., Any]) -> Callable[..., Any]:
         cause = causes.make("ddp_forward", module=recorder.module_names.get(id(self)), op="DistributedDataParallel.forward",
                             origin_frame_id=getattr(self, "_tputrace_frame_id", None))
         with causes.caused_by(cause):
-            return original(self, *args, **kwargs)
+            result = original(self, *args, **kwargs)
+        data_parallel = causes.data_parallel_models.get(_group_name(self.process_group) or "")
+        if data_parallel is not None and data_parallel.model is self:
+            data_parallel.read_buckets()
+        return result
 
     return run
 

@@ -17,7 +17,7 @@ import time
 import torch
 
 from tputrace.backend.core.dtypes import short_name
-from tputrace.backend.distributed import causes, placements
+from tputrace.backend.distributed import causes, placements, redistributions
 from tputrace.recording.interface import Recording, active
 
 _perf_ns = time.perf_counter_ns
@@ -46,7 +46,8 @@ class CollectiveCall:
 
     __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id")
 
-    def __init__(self, recorder: Recording, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str) -> None:
+    def __init__(self, recorder: Recording, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str,
+                 reduced_already: bool = False) -> None:
         self.recorder = recorder
         self.kind = kind
         self.nbytes = nbytes
@@ -58,7 +59,7 @@ class CollectiveCall:
         self.step = recorder.step_index
         self.algorithm = f"{transport}:{ALGORITHMS[kind]}" if kind in ALGORITHMS else transport
         self.start_ns = 0
-        self.cause_id = causes.cause_id(recorder, kind, group)
+        self.cause_id = causes.cause_id(recorder, kind, group, reduced_already)
 
     def arrived(self) -> None:
         """This rank's data is in the transport: the moment the others wait for."""
@@ -81,7 +82,8 @@ def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, r
         return None
     if placements.has_pending():
         placements.record_pending(recorder)
-    return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport)
+    reduced_already = kind == "all_reduce" and len(tensors) == 1 and redistributions.reduces_again(recorder, tensors[0])
+    return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport, reduced_already)
 
 
 def active_recorder() -> Recording | None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 from tputrace.analysis import analyze
 from tputrace.merge import merge_traces
@@ -112,3 +113,83 @@ def test_a_format_1_trace_opens_analyses_and_merges(tmp_path: Path) -> None:
     merge_traces([old, _as_format_1(_write(tmp_path / "old1.tptrace", buckets=3, bucket_ns=MS, rank=1))], merged)
     with open_trace(merged) as trace:
         assert trace.count("collectives") == 2 * 3 * STEPS
+
+
+def _write_tensor_parallel(path: Path, *, round_trip: bool = False, reduce_again: bool = False, head_bytes: int = 0) -> Path:
+    """A 2-rank tensor-parallel run of `STEPS` steps on one mesh: each step gathers a 32x96 Shard(0) tensor
+    (the `redistribute` cause at line 20) and reduces a Partial one at line 24 (`aten.sigmoid`); with
+    `round_trip` a split back at line 22 is recorded, with `reduce_again` line 25 reduces the same partial
+    sums again (`aten.tanh`); `head_bytes` adds a replicated `Net.head` next to the planned `Net.up`."""
+    writer = TraceWriter(path, rank=0, created_unix_ns=1_700_000_000_000_000_000)
+    writer.set_run(world_size=2, script=SCRIPT, argv=[], platform="cpu", host="one-host", eager_mode="DEFER_NEVER",
+                   start_unix_ns=1_700_000_000_000_000_000)
+    mesh = writer.next_id("device_meshes")
+    writer.append("device_meshes", (mesh, 0, "2", "tp", "[0, 1]", None))
+    lines = {number: writer.frame(SCRIPT, number, "<module>") for number in (10, 20, 22, 24, 25)}
+
+    def cause(kind: str, op: str, src: str, dst: str, shape: str, origin: int | None = None) -> int:
+        cause_id = writer.next_id("collective_causes")
+        writer.append("collective_causes", (cause_id, 0, kind, "forward", None, None, writer.intern(op), mesh, src, dst, shape, shape, None,
+                                            None, None, origin))
+        return cause_id
+
+    gather = cause("redistribute", "redistribute", "Shard(0)", "Replicate()", "32,96")
+    reduce = cause("redistribute", "aten.sigmoid.default", "Partial(sum)", "Replicate()", "24,64")
+    again = cause("reduce_again", "aten.tanh.default", "Partial(sum)", "Replicate()", "24,64") if reduce_again else None
+    if round_trip:
+        cause("round_trip", "redistribute", "Replicate()", "Shard(0)", "32,96", lines[22])
+    writer.append("parameter_placements", (0, writer.intern("Net.up.weight"), writer.intern("Net.up"), "tp", writer.intern("ColwiseParallel()"), mesh,
+                                           "Shard(0)", "256,64", "128,64", "f32", 65536, 32768, lines[10]))
+    if head_bytes:
+        writer.append("parameter_placements", (0, writer.intern("Net.head.weight"), writer.intern("Net.head"), "none", None, None, "Replicate()",
+                                               f"{head_bytes // 256},64", f"{head_bytes // 256},64", "f32", head_bytes, head_bytes, None))
+    group, ranks = writer.intern("0"), writer.intern("0,1")
+    for step in range(STEPS):
+        start = step * STEP_NS
+        writer.append("steps", (0, step, start, start + STEP_NS, "optimizer"))
+        writer.append("executions", (0, 1, 0, start, 2 * MS, step, None))
+        calls = [("all_gather", 12288, lines[20], gather), ("all_reduce", 6144, lines[24], reduce)]
+        if again is not None:
+            calls.append(("all_reduce", 6144, lines[25], again))
+        for index, (kind, nbytes, frame, cause_id) in enumerate(calls):
+            writer.append("collectives", (0, kind, nbytes, "f32", group, ranks, frame, start + (3 + 2 * index) * MS, MS, None, "gloo:ring", None,
+                                          step, cause_id))
+    writer.update_run(end_ns=STEPS * STEP_NS, exit_status=0)
+    writer.close()
+    return path
+
+
+def _sharding_findings(path: Path) -> list[Any]:
+    with open_trace(path) as trace:
+        report = analyze(trace)
+    return [finding for finding in report.findings if finding.analyzer == "sharding"]
+
+
+def test_a_gather_split_back_in_the_same_step_is_a_round_trip_at_the_gather_line(tmp_path: Path) -> None:
+    findings = _sharding_findings(_write_tensor_parallel(tmp_path / "trip.tptrace", round_trip=True))
+    trips = [finding for finding in findings if finding.title.startswith("Round trip")]
+    assert len(trips) == 1
+    assert (trips[0].file, trips[0].line) == (SCRIPT, 20) and "train.py:22" in trips[0].suggestion
+    assert trips[0].cost_per_step_ns and trips[0].cost_per_step_ns > 0
+    assert not any(finding.title.startswith("Round trip") for finding in _sharding_findings(_write_tensor_parallel(tmp_path / "no_trip.tptrace")))
+
+
+def test_partial_sums_reduced_twice_are_one_finding_at_the_second_op(tmp_path: Path) -> None:
+    findings = _sharding_findings(_write_tensor_parallel(tmp_path / "again.tptrace", reduce_again=True))
+    again = [finding for finding in findings if "again" in finding.title]
+    assert len(again) == 1 and (again[0].file, again[0].line) == (SCRIPT, 25)
+    assert "train.py:24" in again[0].suggestion  # the first reduction's line
+    assert not any(finding.title.startswith("aten.sigmoid") for finding in findings)
+    # without a second reduction, the first is an op redistribution like any other
+    alone = _sharding_findings(_write_tensor_parallel(tmp_path / "once.tptrace"))
+    assert any(finding.title.startswith("aten.sigmoid") for finding in alone) and not any("again" in finding.title for finding in alone)
+
+
+def test_a_replicated_module_next_to_a_planned_one_is_named_with_its_bytes_per_rank(tmp_path: Path) -> None:
+    findings = _sharding_findings(_write_tensor_parallel(tmp_path / "head.tptrace", head_bytes=256 * 1024))
+    unplanned = [finding for finding in findings if "replicated next to sharded" in finding.title]
+    assert len(unplanned) == 1
+    assert unplanned[0].module == "Net.head" and unplanned[0].severity == "warning" and (unplanned[0].file, unplanned[0].line) == (SCRIPT, 10)
+    assert "256 KiB per rank" in unplanned[0].explanation and "128 KiB per rank" in unplanned[0].explanation
+    small = _sharding_findings(_write_tensor_parallel(tmp_path / "small_head.tptrace", head_bytes=4096))
+    assert [finding.severity for finding in small if "replicated next to sharded" in finding.title] == ["info"]

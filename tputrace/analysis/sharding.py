@@ -1,13 +1,10 @@
 """Sharding: from each collective's recorded cause to the line that decides it and the change that
 removes or shrinks it.
 
-- Redistributions an op's sharding propagation asks for (an operand in placements the op has no
-  strategy for), at the line that runs the op. Cost: their measured time.
-- Activation gathers between tensor-parallel layers: a `ColwiseParallel(output_layouts=Replicate())`
-  all-gathers its output every forward; when the plan's next layer of the same parent module is
-  column-parallel too, keeping the first's output sharded (`ColwiseParallel()`) and making the next
-  `RowwiseParallel()` replaces two gathers by one all-reduce. Cost: the measured time of the gathers and
-  of the next layer's backward collectives, per steady step.
+The tensor-parallel plan checks are in `sharding_plans` (activation gathers between column-parallel
+layers, ops that redistribute an operand, round trips, partial sums reduced again, parameters outside
+the plan); this module runs them and checks the rest:
+
 - FSDP2 outer groups (with fully_shard calls inside) that hold a module as large as the inner groups
   but not wrapped on its own: its parameters are gathered with the outer group's, in one message
   that cannot overlap its own compute. Cost: that module's share
@@ -28,29 +25,25 @@ from __future__ import annotations
 import math
 import statistics
 from collections import defaultdict
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
-from tputrace.analysis.collectives import bus_factor, shared_host
-from tputrace.analysis.context import AnalysisContext, Cost, LocationFields
+from tputrace.analysis import sharding_plans
+from tputrace.analysis.collectives import shared_host
+from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.sharding_common import (
+    NAME, Collected, TimeByCause, evidence, ici_estimate_ns, location, per_step, in_steady_steps, union,
+)
 from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
 from tputrace.store.sharding import CausedCollective, ShardingRecords, read_sharding
 from tputrace.wording import format_bytes, format_ns, plural
 
-NAME = "sharding"
 DEFAULT_BUCKET_BYTES = 25 * 1024 * 1024
 SMALL_BUCKETS_PER_STEP = 4
 UNWRAPPED_SHARE = 0.25
 UNWRAPPED_MIN_BYTES = 1 << 20
 REPLICATED_HBM_SHARE = 0.25
-
-
-def ici_estimate_ns(kind: str, nbytes: float, ranks: int, ici_bandwidth: float) -> float:
-    """A ring collective's time on the target: bytes moved per rank over its ICI bandwidth."""
-    if ici_bandwidth <= 0:
-        return 0.0
-    return nbytes * bus_factor(kind, ranks) / ici_bandwidth * 1e9
+MAX_BUCKETS_SHOWN = 6
 
 
 @dataclass(frozen=True)
@@ -97,18 +90,11 @@ class ShardingData:
     compute_per_step_ns: float = 0.0
 
 
-@dataclass
-class _Collected:
-    """What the checks add up while they run: their findings and the data fields they fill."""
-
-    findings: list[Finding] = field(default_factory=list)
-    data: dict[str, Any] = field(default_factory=dict)
-
 
 def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     records = read_sharding(context.trace, context.rank)
     by_cause = _time_by_cause(context, records)
-    out = _Collected()
+    out = Collected()
     out.data["meshes"] = tuple(MeshRow(mesh.id, mesh.shape, mesh.dim_names) for mesh in records.meshes.values())
     out.data["parameters"] = len(records.parameters)
     out.data["bytes_per_rank"] = sum(parameter.bytes_per_rank or 0 for parameter in records.parameters)
@@ -119,8 +105,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     )
     world = max(len(context.trace.distributed_ranks), 1)
     explained_ns = 0.0
-    explained_ns += _activation_gathers(context, out, records, by_cause, world)
-    explained_ns += _op_redistributions(context, out, records, world)
+    explained_ns += sharding_plans.activation_gathers(context, out, records, by_cause, world)
+    first_reductions = sharding_plans.first_reductions(records)
+    explained_ns += sharding_plans.reduced_again(context, out, records, world, first_reductions)
+    explained_ns += sharding_plans.op_redistributions(context, out, records, world, first_reductions)
+    explained_ns += sharding_plans.round_trips(context, out, records, world)
+    sharding_plans.unplanned_parameters(context, out, records)
     explained_ns += _unwrapped_modules(context, out, records, by_cause)
     explained_ns += _small_buckets(context, out, records, by_cause, world)
     _replicated_parameters(context, out, records, world)
@@ -129,16 +119,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     return AnalysisResult(NAME, ShardingData(**out.data), tuple(out.findings))
 
 
-def _steady(context: AnalysisContext, collective: CausedCollective) -> bool:
-    steps = context.steady_range
-    return steps is None or steps[0] <= collective.step <= steps[1]
-
-
-def _time_by_cause(context: AnalysisContext, records: ShardingRecords) -> dict[int, tuple[int, float, int]]:
+def _time_by_cause(context: AnalysisContext, records: ShardingRecords) -> TimeByCause:
     """Per cause id: calls and summed duration in the steady steps, and bytes per call."""
     totals: dict[int, list[float]] = defaultdict(lambda: [0, 0.0, 0])
     for collective in records.collectives:
-        if collective.cause_id is None or not _steady(context, collective):
+        if collective.cause_id is None or not in_steady_steps(context, collective):
             continue
         entry = totals[collective.cause_id]
         entry[0] += 1
@@ -147,169 +132,11 @@ def _time_by_cause(context: AnalysisContext, records: ShardingRecords) -> dict[i
     return {cause_id: (int(count), dur, int(nbytes)) for cause_id, (count, dur, nbytes) in totals.items()}
 
 
-def _per_step(context: AnalysisContext, steady_ns: float) -> Cost:
-    return context.loop_cost(steady_ns, steady_ns)
-
-
-def _location(origin: SourceLocation | None) -> LocationFields:
-    return {"file": origin.file, "line": origin.line} if origin is not None else {}
-
-
-def _evidence(text: str, origin: SourceLocation | None, module: str | None = None) -> Evidence:
-    return Evidence(text, file=origin.file if origin else None, line=origin.line if origin else None, module=module,
-                    table="collective_causes")
-
-
-# ----------------------------------------------------------------- tensor-parallel plans
-def _activation_gathers(context: AnalysisContext, out: _Collected, records: ShardingRecords,
-                        by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
-    """ColwiseParallel layers that gather their output when the plan's next layer is column-parallel too,
-    one finding per plan line (a plan applied in a loop over blocks names every block's module)."""
-    styles = _styles_by_module(records)
-    order = list(styles)
-    by_line: dict[tuple[str, int] | str, list[_Gather]] = defaultdict(list)
-    for cause_id, (count, dur_ns, nbytes) in by_cause.items():
-        cause = records.causes.get(cause_id)
-        if cause is None or cause.kind != "redistribute" or cause.phase != "forward" or cause.op != "ColwiseParallel output_layouts":
-            continue
-        if not (cause.src_placements or "").startswith("Shard") or "Replicate" not in (cause.dst_placements or ""):
-            continue
-        module = cause.module or "?"
-        following = order[order.index(module) + 1:] if module in order else []
-        next_module = following[0] if following else None
-        # the next layer of the same parent (an MLP's up and down projections): across parents, a residual
-        # add or a norm between the layers may need the whole activation
-        if next_module is None or next_module.rsplit(".", 1)[0] != module.rsplit(".", 1)[0] or not styles[next_module][0].startswith("ColwiseParallel"):
-            continue
-        # the plan change also removes the next layer's backward all-reduce of its (gathered) input's gradient
-        next_backward_ns = sum(dur for other_id, (_, dur, _) in by_cause.items()
-                               if (other := records.causes.get(other_id)) is not None and other.module == next_module and other.phase == "backward")
-        gather = _Gather(cause, module, count, dur_ns, nbytes, next_module, next_backward_ns)
-        key = (cause.origin.file, cause.origin.line) if cause.origin is not None else module
-        by_line[key].append(gather)
-    explained = 0.0
-    steps = max(context.steady_count, 1)
-    for gathers in by_line.values():
-        first = gathers[0]
-        cause, module, next_module = first.cause, first.module, first.next_module
-        next_style, next_origin = styles[next_module]
-        gather_ns = sum(gather.dur_ns for gather in gathers)
-        calls = sum(gather.count for gather in gathers)
-        gathered_bytes = sum(gather.nbytes * gather.count for gather in gathers)
-        target_ns = ici_estimate_ns("all_gather", gathered_bytes, world, context.target.ici_bandwidth) / steps
-        cost = _per_step(context, gather_ns + sum(gather.next_backward_ns for gather in gathers))
-        explained += cost["cost_total_ns"] or 0.0
-        modules = [gather.module for gather in gathers]
-        named = module if len(modules) == 1 else f"{module} and {plural(len(modules) - 1, 'other module')}"
-        out.findings.append(Finding(
-            analyzer=NAME,
-            severity=context.severity(context.share_of_steps(gather_ns), warning=0.02, critical=0.2),
-            title=f"Tensor-parallel plan: {named} all-gather their output ({cause.global_shape}) for the next column-parallel layer"
-            if len(modules) > 1 else f"Tensor-parallel plan: {module} all-gathers its output ({cause.global_shape}) for the next column-parallel layer",
-            explanation=(
-                f"This plan entry is ColwiseParallel with output_layouts=Replicate(): every forward all-gathers the "
-                f"{cause.src_placements} output ({format_bytes(gathered_bytes / max(calls, 1))} a call, {plural(calls, 'call')} in the "
-                f"steady steps, {format_ns(gather_ns / steps)} a step here; about {format_ns(target_ns)} a step on "
-                f"{context.target.label}'s ICI), and the next layer ({next_module}) splits its weight by output features again, "
-                f"so its backward all-reduces its input's gradient too. A column-parallel layer followed by a row-parallel one "
-                f"needs a single all-reduce each way."
-            ),
-            suggestion=(
-                f"In the plan, make this entry `ColwiseParallel()` (keep the output sharded on its last dim) and the next one "
-                f"({next_module.rsplit('.', 1)[-1]}) `RowwiseParallel()`" + (f" at {next_origin.short}" if next_origin is not None else "") + "."
-            ),
-            evidence=tuple(
-                _evidence(f"{gather.module}: {gather.cause.src_placements} -> {gather.cause.dst_placements}, {gather.cause.global_shape}, "
-                          f"{plural(gather.count, 'call')}", gather.cause.origin, gather.module) for gather in gathers[:5]
-            ) + (_evidence(f"{next_module}: {next_style}", next_origin, next_module),),
-            module=module,
-            **cost,
-            **_location(cause.origin),
-        ))
-    return explained
-
-
-@dataclass(frozen=True)
-class _Gather:
-    """One module's output all-gathers that a different plan avoids."""
-
-    cause: CollectiveCauseRecord
-    module: str
-    count: int
-    dur_ns: float
-    nbytes: int
-    next_module: str
-    next_backward_ns: float
-
-
-def _op_redistributions(context: AnalysisContext, out: _Collected, records: ShardingRecords, world: int) -> float:
-    """Collectives an op's sharding propagation asked for: the op wanted an operand in other placements.
-    One finding per op, placements and the user line that ran the op."""
-    groups: dict[tuple[str, str, str, int | None], list[CausedCollective]] = defaultdict(list)
-    for collective in records.collectives:
-        cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
-        if cause is None or cause.kind != "redistribute" or not (cause.op or "").startswith("aten.") or not _steady(context, collective):
-            continue
-        groups[(cause.op or "", cause.src_placements or "", cause.dst_placements or "", collective.frame_id)].append(collective)
-    explained = 0.0
-    steps = max(context.steady_count, 1)
-    for (op, src, dst, frame_id), collectives in sorted(groups.items(), key=lambda item: -sum(c.dur_ns for c in item[1])):
-        dur_ns = sum(collective.dur_ns for collective in collectives)
-        share = context.share_of_steps(dur_ns)
-        if share < 0.01:
-            continue
-        cause = records.causes[collectives[0].cause_id]  # type: ignore[index]
-        kind = collectives[0].kind
-        target_ns = sum(ici_estimate_ns(c.kind, c.bytes, world, context.target.ici_bandwidth) for c in collectives) / steps
-        cost = _per_step(context, dur_ns)
-        explained += cost["cost_total_ns"] or 0.0
-        operand = cause.tensor or "an operand"
-        out.findings.append(Finding(
-            analyzer=NAME,
-            severity=context.severity(share, warning=0.05, critical=0.25),
-            title=f"{op} needs {operand} as {dst}, not {src}: a {kind} every call at {context.where(frame_id)}",
-            explanation=(
-                f"DTensor's sharding rule for {op} has no strategy for {operand} ({cause.global_shape}) placed as {src}, so each call "
-                f"first redistributes it to {dst}: {plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step "
-                f"here, about {format_ns(target_ns)} a step on {context.target.label}'s ICI."
-            ),
-            suggestion=(
-                f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
-                f"placements), or redistribute it once outside the loop when it does not change between steps."
-            ),
-            evidence=(_evidence(f"{op}: {src} -> {dst}, {cause.global_shape} ({cause.module or 'no plan module'})", cause.origin, cause.module),),
-            module=cause.module,
-            **cost,
-            **context.location_fields(frame_id),
-        ))
-    return explained
-
-
-def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLocation | None]]:
-    """The tensor-parallel style and plan line of each module, in the model's module order: from the
-    parameters' placements, or (for parameters FSDP2 took over) from the style named by the module's causes."""
-    from_causes: dict[str, tuple[str, SourceLocation | None]] = {}
-    for cause in records.causes.values():
-        style = (cause.op or "").split(" ", 1)[0]
-        if cause.kind == "redistribute" and cause.module and style.endswith("Parallel"):
-            from_causes.setdefault(cause.module, (style, cause.origin))
-    styles: dict[str, tuple[str, SourceLocation | None]] = {}
-    for parameter in records.parameters:
-        module = parameter.module
-        if not module or module in styles:
-            continue
-        if parameter.wrapper == "tp":
-            styles[module] = (parameter.group or "", parameter.origin)
-        elif module in from_causes:
-            styles[module] = from_causes[module]
-    for cause_module, cause_style in from_causes.items():
-        styles.setdefault(cause_module, cause_style)
-    return styles
 
 
 # ----------------------------------------------------------------- FSDP2 wrapping
-def _unwrapped_modules(context: AnalysisContext, out: _Collected, records: ShardingRecords,
-                       by_cause: dict[int, tuple[int, float, int]]) -> float:
+def _unwrapped_modules(context: AnalysisContext, out: Collected, records: ShardingRecords,
+                       by_cause: TimeByCause) -> float:
     """FSDP2 groups whose parameters are mostly one submodule that has no fully_shard of its own."""
     groups: dict[str, list[ParameterPlacementRecord]] = defaultdict(list)
     for parameter in records.parameters:
@@ -337,7 +164,7 @@ def _unwrapped_modules(context: AnalysisContext, out: _Collected, records: Shard
         group_ns = sum(dur for cause_id, (_, dur, _) in by_cause.items()
                        if (cause := records.causes.get(cause_id)) is not None and (cause.kind or "").startswith("fsdp_") and cause.module == group)
         steady_ns = group_ns * child_bytes / group_bytes if group_bytes else 0.0
-        cost = _per_step(context, steady_ns)
+        cost = per_step(context, steady_ns)
         explained += cost["cost_total_ns"] or 0.0
         origin = parameters[0].origin
         attribute = child.removeprefix(group.split(".")[0] + ".")
@@ -356,14 +183,14 @@ def _unwrapped_modules(context: AnalysisContext, out: _Collected, records: Shard
                                line=origin.line if origin else None, module=child, table="parameter_placements"),),
             module=child,
             **cost,
-            **_location(origin),
+            **location(origin),
         ))
     return explained
 
 
 # ----------------------------------------------------------------- DDP buckets and replication
-def _small_buckets(context: AnalysisContext, out: _Collected, records: ShardingRecords,
-                   by_cause: dict[int, tuple[int, float, int]], world: int) -> float:
+def _small_buckets(context: AnalysisContext, out: Collected, records: ShardingRecords,
+                   by_cause: TimeByCause, world: int) -> float:
     buckets = [(records.causes[cause_id], count, dur, nbytes) for cause_id, (count, dur, nbytes) in by_cause.items()
                if cause_id in records.causes and records.causes[cause_id].kind == "ddp_bucket"]
     if not buckets:
@@ -373,14 +200,14 @@ def _small_buckets(context: AnalysisContext, out: _Collected, records: ShardingR
     per_step_calls = calls / steps
     cap = buckets[0][0].bucket_bytes or 0
     bucket_calls = [collective for collective in records.collectives
-                    if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket" and _steady(context, collective)]
+                    if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket" and in_steady_steps(context, collective)]
     gradient_bytes = sum(collective.bytes for collective in bucket_calls) / steps
     # buckets are in flight together: their time is the union of their intervals, per step (the median step's:
     # a step that rebuilt DDP's buckets or compiled is not a typical one)
     by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for call in bucket_calls:
         by_step[call.step].append((call.start_ns, call.start_ns + call.dur_ns))
-    bucket_ns = statistics.median(sum(end - start for start, end in _union(spans)) for spans in by_step.values()) if by_step else 0.0
+    bucket_ns = statistics.median(sum(end - start for start, end in union(spans)) for spans in by_step.values()) if by_step else 0.0
     out.data["ddp_buckets_per_step"] = per_step_calls
     if per_step_calls <= SMALL_BUCKETS_PER_STEP or cap >= DEFAULT_BUCKET_BYTES:
         return 0.0
@@ -388,7 +215,7 @@ def _small_buckets(context: AnalysisContext, out: _Collected, records: ShardingR
     new_calls = max(1, math.ceil(gradient_bytes / (suggested_mb * 2**20)))
     # latency-bound messages: the time goes per call, so fewer calls take that share of it
     saved_per_step = bucket_ns * max(per_step_calls - new_calls, 0) / per_step_calls
-    cost = _per_step(context, saved_per_step * steps)
+    cost = per_step(context, saved_per_step * steps)
     origin = buckets[0][0].origin
     out.findings.append(Finding(
         analyzer=NAME,
@@ -404,15 +231,26 @@ def _small_buckets(context: AnalysisContext, out: _Collected, records: ShardingR
             f"Construct DDP with `bucket_cap_mb={suggested_mb}` (about {plural(new_calls, 'bucket')} a step"
             + ("; the default of 25 keeps early buckets overlapping the backward" if suggested_mb == 25 else "") + ")."
         ),
-        evidence=(_evidence(f"{plural(calls, 'bucket all-reduce')} in {plural(steps, 'steady step')}, cap {format_bytes(cap)}", origin, buckets[0][0].module),),
+        evidence=(evidence(f"{plural(calls, 'bucket all-reduce')} in {plural(steps, 'steady step')}, cap {format_bytes(cap)}", origin, buckets[0][0].module),)
+        + _bucket_evidence(buckets, origin),
         module=buckets[0][0].module,
         **cost,
-        **_location(origin),
+        **location(origin),
     ))
     return cost["cost_total_ns"] or 0.0
 
 
-def _replicated_parameters(context: AnalysisContext, out: _Collected, records: ShardingRecords, world: int) -> None:
+def _bucket_evidence(buckets: list[tuple[CollectiveCauseRecord, int, float, int]], origin: SourceLocation | None) -> tuple[Evidence, ...]:
+    """One line per bucket (in reduction order, the first few): its size and the parameters in it."""
+    by_index: dict[int, tuple[CollectiveCauseRecord, int, int]] = {}  # the cause with the most calls (DDP rebuilds its buckets once)
+    for cause, count, _, nbytes in buckets:
+        if cause.bucket_index is not None and (cause.bucket_index not in by_index or count > by_index[cause.bucket_index][1]):
+            by_index[cause.bucket_index] = (cause, count, nbytes)
+    return tuple(evidence(f"bucket {index}: {format_bytes(nbytes)}" + (f" · {cause.tensor}" if cause.tensor else ""), origin, cause.module)
+                 for index, (cause, _, nbytes) in sorted(by_index.items())[:MAX_BUCKETS_SHOWN])
+
+
+def _replicated_parameters(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int) -> None:
     replicated = [parameter for parameter in records.parameters if parameter.wrapper == "ddp"]
     if not replicated or world < 2:
         return
@@ -435,11 +273,11 @@ def _replicated_parameters(context: AnalysisContext, out: _Collected, records: S
         cost_total_ns=0.0,
         evidence=(Evidence(f"{plural(len(replicated), 'parameter')}, {format_bytes(parameter_bytes)}", file=origin.file if origin else None,
                            line=origin.line if origin else None, table="parameter_placements"),),
-        **_location(origin),
+        **location(origin),
     ))
 
 
-def _uneven_shards(context: AnalysisContext, out: _Collected, records: ShardingRecords) -> None:
+def _uneven_shards(context: AnalysisContext, out: Collected, records: ShardingRecords) -> None:
     uneven = []
     for parameter in records.parameters:
         sizes = records.mesh_dim_sizes(parameter.mesh_id)
@@ -466,19 +304,19 @@ def _uneven_shards(context: AnalysisContext, out: _Collected, records: ShardingR
         cost_total_ns=0.0,
         evidence=tuple(Evidence(f"{p.name}: {p.global_shape}, {p.placements}", file=p.origin.file if p.origin else None,
                                 line=p.origin.line if p.origin else None, table="parameter_placements") for p, _, _ in uneven[:5]),
-        **_location(parameter.origin),
+        **location(parameter.origin),
     ))
 
 
 # ----------------------------------------------------------------- exposed communication
-def _exposed(context: AnalysisContext, out: _Collected, records: ShardingRecords, explained_ns: float) -> None:
+def _exposed(context: AnalysisContext, out: Collected, records: ShardingRecords, explained_ns: float) -> None:
     """Collective time per steady step with no program running on the chip (exposed) and with one (overlapped)."""
-    steady = [collective for collective in records.collectives if _steady(context, collective)]
+    steady = [collective for collective in records.collectives if in_steady_steps(context, collective)]
     if not steady or not context.steps:
         return
-    intervals = _union([(c.start_ns, c.start_ns + c.dur_ns) for c in steady])
+    intervals = union([(c.start_ns, c.start_ns + c.dur_ns) for c in steady])
     where, params = context.steady_where()
-    busy = _union([(start, start + dur) for start, dur in context.trace.sql(
+    busy = union([(start, start + dur) for start, dur in context.trace.sql(
         f"SELECT start_ns, dur_ns FROM executions WHERE {where} AND dur_ns IS NOT NULL", params)])
     communication = sum(end - start for start, end in intervals)
     overlapped = _overlap(intervals, busy)
@@ -493,9 +331,9 @@ def _exposed(context: AnalysisContext, out: _Collected, records: ShardingRecords
     # Overlap can hide communication only behind compute: what it saves is at most the chip's busy time.
     compute = sum(end - start for start, end in busy)
     out.data["compute_per_step_ns"] = compute / steps
-    cost = _per_step(context, exposed)
+    cost = per_step(context, exposed)
     unexplained = max((cost["cost_total_ns"] or 0.0) - explained_ns, 0.0)
-    hideable = min(unexplained, (_per_step(context, compute)["cost_total_ns"] or 0.0))
+    hideable = min(unexplained, (per_step(context, compute)["cost_total_ns"] or 0.0))
     top = _top_cause(records, steady)
     origin = top.origin if top is not None else None
     # Virtual chips of one host run their programs and the transport on the same cores: what overlaps there
@@ -519,7 +357,7 @@ def _exposed(context: AnalysisContext, out: _Collected, records: ShardingRecords
         ),
         cost_total_ns=0.0 if virtual else hideable,
         cost_per_step_ns=None if virtual or not context.step_count else hideable / context.step_count,
-        **_location(origin),
+        **location(origin),
     ))
 
 
@@ -531,16 +369,6 @@ def _top_cause(records: ShardingRecords, collectives: list[CausedCollective]) ->
     if not totals:
         return None
     return records.causes.get(max(totals, key=lambda cause_id: totals[cause_id]))
-
-
-def _union(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
-    merged: list[tuple[int, int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1] = (merged[-1][0], max(merged[-1][1], end))
-        else:
-            merged.append((start, end))
-    return merged
 
 
 def _overlap(first: list[tuple[int, int]], second: list[tuple[int, int]]) -> int:

@@ -9,10 +9,11 @@ from typing import TYPE_CHECKING
 
 from tputrace.derived.text import shown
 from tputrace.store.sharding import ShardingRecords, read_sharding
+from tputrace.wording import format_bytes
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
-    from tputrace.store.records import SourceLocation
+    from tputrace.store.records import CollectiveCauseRecord, SourceLocation
 
 USER_CALL = "user call"
 """The cause shown for collectives the recorder found no cause for (the user's own call)."""
@@ -49,6 +50,7 @@ class CauseGroup:
     count: int
     bytes: int
     total_ns: int
+    details: tuple[str, ...] = ()  # one line per distinct cause in the group: its bucket or placements and tensors
 
 
 @dataclass(frozen=True)
@@ -95,11 +97,13 @@ def _parameters(records: ShardingRecords) -> tuple[ParameterRow, ...]:
 
 def _cause_groups(trace: Trace, records: ShardingRecords) -> tuple[CauseGroup, ...]:
     totals: dict[tuple[str, str, str, str], list[int]] = defaultdict(lambda: [0, 0, 0])
+    details: dict[tuple[str, str, str, str], dict[str, None]] = defaultdict(dict)
     frames: dict[int, str] = {}
     for collective in records.collectives:
         cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
         if cause is not None:
             key = (_text(cause.kind) or "?", _text(cause.phase), _text(cause.module), location_text(cause.origin))
+            details[key][cause_detail(cause, collective.bytes)] = None
         else:
             if collective.frame_id is not None and collective.frame_id not in frames:
                 frames[collective.frame_id] = location_text(trace.frame(collective.frame_id))
@@ -108,6 +112,24 @@ def _cause_groups(trace: Trace, records: ShardingRecords) -> tuple[CauseGroup, .
         entry[0] += 1
         entry[1] += collective.bytes
         entry[2] += collective.dur_ns
-    groups = [CauseGroup(cause, phase, module, line, count, nbytes, total_ns)
+    groups = [CauseGroup(cause, phase, module, line, count, nbytes, total_ns, tuple(detail for detail in details[(cause, phase, module, line)] if detail))
               for (cause, phase, module, line), (count, nbytes, total_ns) in totals.items()]
     return tuple(sorted(groups, key=lambda group: (-group.total_ns, group.cause, group.module, group.line)))
+
+
+def cause_detail(cause: CollectiveCauseRecord, message_bytes: int) -> str:
+    """One line about a cause: a DDP bucket's index, size and parameters; an FSDP2 group's parameters; a
+    redistribution's placements, shape, op and tensor (control characters escaped)."""
+    tensors = _text(cause.tensor)
+    if cause.kind == "ddp_bucket":
+        size = format_bytes(message_bytes)
+        return f"bucket {cause.bucket_index}: {size}" + (f" · {tensors}" if tensors else "")
+    if (cause.kind or "").startswith("fsdp_"):
+        prefetch = " (prefetch)" if cause.prefetch else ""
+        return f"{_text(cause.kind)}{prefetch}: {tensors}" if tensors else ""
+    if cause.src_placements or cause.dst_placements:
+        text = f"{_text(cause.src_placements)} -> {_text(cause.dst_placements)}, shape {_text(cause.global_shape)}"
+        if cause.op:
+            text += f", {_text(cause.op)}"
+        return text + (f" · {tensors}" if tensors else "")
+    return f"{_text(cause.op)}" if cause.op else ""

@@ -149,6 +149,9 @@ def test_tiny_ddp_buckets_are_named_at_the_constructor_with_a_size(data_parallel
     buckets = findings[0]
     assert Path(buckets["file"]).name == script.name and buckets["line"] == _marked(DATA_PARALLEL, "DDP-LINE")
     assert re.search(r"bucket_cap_mb=\d+", buckets["suggestion"])
+    # each bucket with its size and parameters: the first reduced holds the last layer's gradients
+    listed = [item["text"] for item in buckets["evidence"] if item["text"].startswith("bucket ")]
+    assert listed and listed[0].startswith("bucket 0: ") and "module.7.weight" in listed[0], listed
     communication = [finding for finding in report["findings"] if finding["analyzer"] in ("sharding", "collectives")]
     assert communication[0] is buckets  # the first finding about communication is the one with the fix
 
