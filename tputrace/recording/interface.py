@@ -98,6 +98,12 @@ class Recording(Protocol):
 
     def collective_cause(self, cause: tuple[Any, ...]) -> int: ...
 
+    # -- memory
+    def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
+        """One chip buffer's lifetime: (id, chip, bytes, dtype, shape, kind, frame_id, module_sid, alloc_ns,
+        free_ns, step), times in ns since the recording started (`now()`), free_ns None while it is live."""
+        ...
+
     def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:
         """A named range; `start_ns` in ns since the recording started (as `now()`)."""
         ...

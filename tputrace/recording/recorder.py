@@ -510,6 +510,14 @@ class Recorder(ShardingRecords):
         for chip, live_bytes, peak_bytes in self.device.memory_in_use():
             self.writer.append("memory", (self.rank, chip, now - self.t0, live_bytes, peak_bytes))
 
+    def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
+        """A `buffers` row: the backend's row with the rank, and its shape interned."""
+        if not self.enabled or self.writer.closed:
+            return
+        row_id, chip, nbytes, dtype, shape, kind, frame_id, module_sid, alloc_ns, free_ns, step = row
+        shape_sid = None if shape is None else self.writer.intern(shape)
+        self.writer.append("buffers", (row_id, self.rank, chip, nbytes, dtype, shape_sid, kind, frame_id, module_sid, alloc_ns, free_ns, step))
+
     # ----------------------------------------------------------------- steps and annotations
     def step_boundary(self, source: str) -> None:
         """End the current step (`source`: what marked its end) and begin the next."""
