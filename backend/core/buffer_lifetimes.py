@@ -54,6 +54,12 @@ class BufferTracker:
         module_sid = recording.module_sid()
         return recording.frame_id(), module_sid, module_sid is not None and threading.get_ident() == self.main_thread
 
+    def op_origin(self) -> tuple[int | None, int | None, bool]:
+        """`origin` for an op's output, made right after the op was recorded: the op's line, with no stack walk."""
+        recording = self.recording
+        module_sid = recording.module_sid()
+        return recording.last_frame_id, module_sid, module_sid is not None and threading.get_ident() == self.main_thread
+
     def allocated(self, buffer: Any, nbytes: int, origin: tuple[int | None, int | None, bool] | None = None) -> None:
         frame_id, module_sid, in_forward = origin if origin is not None else self.origin()
         row_id = self.next_id

@@ -35,9 +35,9 @@ class Buffer:
         self.chip = chip
         self.nbytes = 0
         self.spec = spec
-        # The line and module that made a pending value, for the buffer lifetime its flush begins.
+        # The line and module that made a pending value (an op's output), for the lifetime its flush begins.
         tracker = memory.tracker
-        self.origin = None if tracker is None else tracker.origin()
+        self.origin = None if tracker is None else tracker.op_origin() if spec is not None else tracker.origin()
 
     def count(self, nbytes: int) -> None:
         """Count `nbytes` against the chip from now until the buffer is freed (its pending value was
@@ -99,7 +99,8 @@ class CountedBuffer(Buffer):
             memory.allocate(chip, 0)
         tracker = memory.tracker
         if tracker is not None and nbytes:
-            tracker.allocated(self, nbytes)
+            # With a spec the buffer is an op's output, made just after the op was recorded with its line.
+            tracker.allocated(self, nbytes, tracker.op_origin() if spec is not None else None)
 
     def __del__(self, _live: list[int] = _live, _memory: Any = memory) -> None:
         # `_live` and `memory` are bound at definition: buffers freed at interpreter exit outlive module globals.

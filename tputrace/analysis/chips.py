@@ -163,7 +163,7 @@ def chip(name: str | None) -> Chip:
         return CHIPS[DEFAULT_TARGET]
     base, _, size = name.partition(":")
     if size:
-        return replace(chip(base), label=f"{chip(base).label} with {size.strip()} HBM", hbm_bytes=float(_size_bytes(size)))
+        return replace(chip(base), label=f"{chip(base).label} (HBM scaled to {size.strip()})", hbm_bytes=float(_size_bytes(size)))
     key = name.strip().lower().removeprefix("tpu-").removeprefix("tpu ")
     key = _ALIASES.get(key, key)
     found = CHIPS.get(key)

@@ -8,14 +8,15 @@ from dataclasses import dataclass
 
 from tputrace.derived.memory_timeline import BufferLifetime, MemoryPeak, chips_of, first_over, moment
 
-OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "OutOfMemory")
+# XLA's allocator, torch's wording, and numpy's when a tensor's host copy cannot be made.
+OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "OutOfMemory", "MemoryError")
 
 
 @dataclass(frozen=True)
 class OutOfMemory:
-    """Where a run ran out of memory: `cause` is `error` (the run raised one; `live` is what was still live when
-    the recording stopped, the failing frame's tensors included) or `target` (live bytes first went over the
-    target's HBM then); `message` is the error's last line, or the limit."""
+    """Where a run ran out of memory: `cause` is `error` (the run raised one; `live` is what was live at the last
+    allocation before it, when the failing op asked for more) or `target` (live bytes first went over the target's
+    HBM then); `message` is the error's last line, or the limit."""
 
     cause: str
     message: str
@@ -32,8 +33,9 @@ def out_of_memory(buffers: Sequence[BufferLifetime], error: str | None, hbm_byte
         return None
     if is_out_of_memory(error):
         assert error is not None
-        end_ns = max(max(buffer.alloc_ns, buffer.free_ns or 0) for buffer in buffers) + 1
-        moments = [moment(buffers, chip, end_ns) for chip in chips_of(buffers)]
+        # Buffers freed after the last allocation were freed by the failure unwinding the script.
+        last_alloc_ns = max(buffer.alloc_ns for buffer in buffers)
+        moments = [moment(buffers, chip, last_alloc_ns) for chip in chips_of(buffers)]
         fullest = max(moments, key=lambda live: live.bytes)
         last_line = next((line.strip() for line in reversed(error.strip().splitlines()) if line.strip()), error)
         return OutOfMemory("error", last_line, fullest)

@@ -27,6 +27,7 @@ class Recording(Protocol):
     module_names: dict[int, str]  # nn.Module paths by id(module), filled by the backend's module hooks
     backward_frame: int | None  # the line that called backward(), for what autograd's thread records
     backward_call_frame: int | None
+    last_frame_id: int | None  # what `frame_id()` last returned (an op's line, for the buffers its outputs fill)
 
     # -- context of what is recorded
     def now(self) -> int:

@@ -117,6 +117,7 @@ class Recorder(ShardingRecords):
         self._traced_lines: dict[int, int] = {}
         self._location_frame_ids: dict[tuple[str, int, str], int] = {}
         self.module_names: dict[int, str] = {}
+        self.last_frame_id: int | None = None  # what `frame_id` last returned
         self._executions: ExecutionWatcher | None = None
         if self.writer is not None:
             self._append_op = self.writer.appender("ops")
@@ -147,12 +148,17 @@ class Recorder(ShardingRecords):
         """Interned id of the first frame in the user's code (outside torch, tputrace and libraries).
 
         `by_call` tells apart the calls on one line: the frame also has the column span of the calling
-        instruction (compiles use it, so a line with two calls of one op gives two compile sites)."""
+        instruction (compiles use it, so a line with two calls of one op gives two compile sites).
+        The result is kept as `last_frame_id`: an op's output buffer takes its op's line from it."""
+        frame_id = self.last_frame_id = self._user_frame_id(by_call)
+        return frame_id
+
+    def _user_frame_id(self, by_call: bool) -> int | None:
         if self._traced_lines:
             traced = self._traced_lines.get(threading.get_ident())
             if traced is not None:
                 return traced
-        frame = sys._getframe(2)
+        frame = sys._getframe(3)
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
