@@ -7,7 +7,7 @@ when the recording stops are written then, with no free time. What a buffer is c
 sources: the optimizer's parameters, gradients and state, labelled at each optimizer step, and the
 buffer's lifetime (made inside a module's forward and alive when a backward pass began: an activation
 saved for backward). A program's working memory (XLA's temporaries, outputs not yet counted) is one
-zero-length `temporary` row at its launch.
+zero-length `program_temporary` row at a launch that reaches the chip's peak so far.
 """
 
 from __future__ import annotations
@@ -38,6 +38,7 @@ class BufferTracker:
         self.backward_started_ns = -1
         self.main_thread = threading.get_ident()
         self.pid = os.getpid()
+        self._spec_texts: dict[tuple[Any, Any], tuple[str | None, str | None]] = {}  # (shape, dtype) -> their texts
 
     def _now(self) -> int:
         """ns since the recording's start, strictly increasing, so allocations and frees keep their order."""
@@ -105,9 +106,11 @@ class BufferTracker:
     def _write(self, entry: list[Any], free_ns: int | None) -> None:
         row_id, chip, nbytes, shape, dtype, frame_id, module_sid, alloc_ns, step, in_forward, label = entry
         kind = label or self._kind(alloc_ns, free_ns, in_forward)
-        self.recording.buffer_lifetime((row_id, chip, nbytes, None if dtype is None else str(dtype),
-                                        None if shape is None else ",".join(str(size) for size in shape), kind, frame_id,
-                                        module_sid, alloc_ns, free_ns, step))
+        texts = self._spec_texts.get((shape, dtype))
+        if texts is None:
+            texts = self._spec_texts[(shape, dtype)] = (None if dtype is None else str(dtype),
+                                                        None if shape is None else ",".join(str(size) for size in shape))
+        self.recording.buffer_lifetime((row_id, chip, nbytes, texts[0], texts[1], kind, frame_id, module_sid, alloc_ns, free_ns, step))
 
     def _kind(self, alloc_ns: int, free_ns: int | None, in_forward: bool) -> str:
         if not in_forward:

@@ -28,9 +28,11 @@ def running(chip: int, working_bytes: int) -> None:
     """A program runs holding `working_bytes` beyond the live buffers (its temporaries, and outputs
     not yet counted): they count toward the peak, as a device allocator sees them, not as live bytes."""
     value = live[chip] + working_bytes
-    if tracker is not None:
-        tracker.program_ran(chip, working_bytes)
-    if value > peak[chip]:
+    if value >= peak[chip]:
+        # Only a launch that reaches the peak so far is recorded: the run's peak, and the first moment over any
+        # limit, are among them.
+        if tracker is not None:
+            tracker.program_ran(chip, working_bytes)
         peak[chip] = value
         _used.add(chip)
 
