@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from time import perf_counter_ns as _perf_ns
 from typing import Any
 
 from tputrace.recording.interface import Recording
@@ -36,13 +37,14 @@ class BufferTracker:
         self.next_id = 1
         self.last_ns = 0
         self.backward_started_ns = -1
+        self.start_perf_ns = _perf_ns() - recording.now()  # `recording.now()` is perf_counter_ns less this
         self.main_thread = threading.get_ident()
         self.pid = os.getpid()
         self._spec_texts: dict[tuple[Any, Any], tuple[str | None, str | None]] = {}  # (shape, dtype) -> their texts
 
     def _now(self) -> int:
         """ns since the recording's start, strictly increasing, so allocations and frees keep their order."""
-        now = self.recording.now()
+        now = _perf_ns() - self.start_perf_ns
         if now <= self.last_ns:
             now = self.last_ns + 1
         self.last_ns = now
