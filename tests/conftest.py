@@ -44,3 +44,22 @@ def _compiled_programs_dropped_after_each_module() -> Iterator[None]:
         from tputrace.backend.core.executor import forget_compiled_programs
 
         forget_compiled_programs()
+
+
+@pytest.fixture(scope="session")
+def transformer_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """tests/fixtures/transformer_train.py recorded once per session in strict and DeferAndFuse mode by
+    `tputrace run` in a subprocess, by mode ('strict', 'defer'). Read-only."""
+    pytest.importorskip("torch", reason="recording a script needs torch (pip install -e .[backend])")
+    pytest.importorskip("jax", reason="recording a script needs jax (pip install -e .[backend])")
+    folder = tmp_path_factory.mktemp("transformer")
+    traces = {}
+    for mode in ("strict", "defer"):
+        trace_path = traces[mode] = folder / f"transformer-{mode}.tptrace"
+        result = subprocess.run(
+            [sys.executable, "-m", "tputrace.cli.main", "run", "--quiet", "--mode", mode, "-o", str(trace_path),
+             str(REPO_ROOT / "tests" / "fixtures" / "transformer_train.py")],
+            capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+    return traces

@@ -45,7 +45,7 @@ from tputrace.store.records import RunInfo
 from tputrace.store.writer import TraceWriter
 
 # Columns holding times relative to the run's start (shifted by a merge), and plain durations (kept).
-EVENT_TIME_COLUMNS = frozenset({"start_ns", "end_ns", "t_ns"})
+EVENT_TIME_COLUMNS = frozenset({"start_ns", "end_ns", "t_ns", "alloc_ns", "free_ns"})
 DURATION_COLUMNS = frozenset({"dur_ns", "wait_ns"})
 WALL_CLOCK_COLUMNS = frozenset({"start_unix_ns"})
 ALIGNMENTS = ("auto", "wall", "collectives")

@@ -24,7 +24,8 @@ from dataclasses import dataclass
 MAGIC = "tputrace-trace"
 # 2: device_meshes, parameter_placements, collective_causes and collectives.cause_id (a version-1 file reads
 # them as empty and NULL).
-FORMAT_VERSION = 2
+# 3: buffers (each chip buffer's lifetime; an older file reads it as empty).
+FORMAT_VERSION = 3
 FILE_SUFFIX = ".tptrace"
 # `meta` key naming the on-disk compile cache directory a run used (absent: it used none).
 COMPILE_CACHE_META_KEY = "compile_cache"
@@ -297,6 +298,26 @@ MEMORY = RecordKind(
     indexes=(("rank", "t_ns"),),
 )
 
+BUFFERS = RecordKind(
+    "buffers",
+    "Chip buffer lifetimes: one row per buffer from its allocation to its free, and one zero-length row per program launch for the working memory it holds while it runs.",
+    (
+        _c("buffer_id", "INTEGER", "buffer number within the rank (not unique across the ranks of a merged trace)"),
+        _RANK,
+        _CHIP,
+        _c("bytes", "INTEGER", "bytes the buffer counts against its chip (unpadded)"),
+        _c("dtype", "TEXT", "element type, e.g. float32 (NULL for a program's working memory)"),
+        _c("shape_sid", "INTEGER", "comma-separated sizes, e.g. '64,128' (NULL for a program's working memory)", ref="strings"),
+        _c("kind", "TEXT", "parameter, gradient, optimizer_state, activation (made in a module's forward, alive when a backward began), temporary, program_temporary (a program's temporaries and outputs while it runs) or other (live at the end, made outside a forward)"),
+        _FRAME,
+        _c("module_sid", "INTEGER", "nn.Module path whose forward made the buffer", ref="strings"),
+        _c("alloc_ns", "INTEGER", "allocation, ns since the run's start (strictly increasing within a rank)"),
+        _c("free_ns", "INTEGER", "free, ns since the run's start (NULL: live when the recording stopped)"),
+        _STEP,
+    ),
+    indexes=(("rank", "alloc_ns"),),
+)
+
 ANNOTATIONS = RecordKind(
     "annotations",
     "Named ranges from torch.profiler.record_function and tputrace.annotate.",
@@ -442,6 +463,7 @@ RECORD_KINDS: tuple[RecordKind, ...] = (
     TRANSFERS,
     FALLBACKS,
     MEMORY,
+    BUFFERS,
     ANNOTATIONS,
     STEPS,
     COLLECTIVES,

@@ -44,12 +44,18 @@ VIEW_ORDER: tuple[tuple[str, str], ...] = (
     ("source", "Source"),
     ("sharding", "Sharding"),
     ("compare", "Compare"),
+    ("memory", "Memory"),
 )
-"""Every view: (id, title), in tab order; view N is shown by key N (the tenth by 0)."""
+"""Every view: (id, title), in tab order; view N is shown by key N (the tenth by 0), a view past the tenth by its
+letter in `LETTER_KEYS`."""
+
+LETTER_KEYS = {"memory": "M"}
 
 
 def view_key(position: int) -> str:
     """The key of the view at `position` (1-based) in `VIEW_ORDER`."""
+    if position > 10:
+        return LETTER_KEYS[VIEW_ORDER[position - 1][0]]
     return str(position % 10)
 
 
@@ -64,6 +70,7 @@ _VIEW_HELP = {
     "timeline": "host and chip lanes for a step or window; zoom and pan",
     "source": "the user's files with time, ops, compiles and syncs per line",
     "compare": "with --compare BASELINE: what changed since the baseline run, as tputrace diff says it",
+    "memory": "live bytes over time; at the peak, bytes by kind, module and line; lines whose buffers outlive their step",
 }
 
 ACTIONS: tuple[NamedAction, ...] = (

@@ -27,7 +27,7 @@ class Buffer:
     changes is pointed at another buffer or view), so a plan lookup reads no tensor metadata.
     """
 
-    __slots__ = ("array", "version", "chip", "nbytes", "spec", "__weakref__")
+    __slots__ = ("array", "version", "chip", "nbytes", "spec", "origin", "__weakref__")
 
     def __init__(self, array: Any, chip: int, spec: tuple | None = None) -> None:
         self.array = array
@@ -35,6 +35,9 @@ class Buffer:
         self.chip = chip
         self.nbytes = 0
         self.spec = spec
+        # The line and module that made a pending value (an op's output), for the lifetime its flush begins.
+        tracker = memory.tracker
+        self.origin = None if tracker is None else tracker.op_origin() if spec is not None else tracker.origin()
 
     def count(self, nbytes: int) -> None:
         """Count `nbytes` against the chip from now until the buffer is freed (its pending value was
@@ -43,6 +46,9 @@ class Buffer:
         memory.allocate(self.chip, nbytes)
         if type(self) is Buffer:
             self.__class__ = CountedBuffer
+        tracker = memory.tracker
+        if tracker is not None:
+            tracker.allocated(self, nbytes, self.origin)
 
     def write(self, array: Any) -> None:
         self.array = array
@@ -57,6 +63,9 @@ class Buffer:
         _live[self.chip] -= self.nbytes
         self.nbytes = 0
         self.version += 1
+        tracker = memory.tracker
+        if tracker is not None:
+            tracker.freed(self)
 
     def restore(self) -> None:
         """Give a released buffer a new zero-filled array of its old shape and dtype (storage resized back)."""
@@ -83,14 +92,22 @@ class CountedBuffer(Buffer):
         self.chip = chip
         self.nbytes = nbytes
         self.spec = spec
+        self.origin = None
         live = _live[chip] + nbytes
         _live[chip] = live
         if live > _peak[chip]:
             memory.allocate(chip, 0)
+        tracker = memory.tracker
+        if tracker is not None and nbytes:
+            # With a spec the buffer is an op's output, made just after the op was recorded with its line.
+            tracker.allocated(self, nbytes, tracker.op_origin() if spec is not None else None)
 
-    def __del__(self, _live: list[int] = _live) -> None:
-        # `_live` is bound at definition: buffers freed at interpreter exit outlive module globals.
+    def __del__(self, _live: list[int] = _live, _memory: Any = memory) -> None:
+        # `_live` and `memory` are bound at definition: buffers freed at interpreter exit outlive module globals.
         _live[self.chip] -= self.nbytes
+        tracker = _memory.tracker
+        if tracker is not None and self.nbytes:
+            tracker.freed(self)
 
 
 class ReleasedArray:

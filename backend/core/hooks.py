@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from tputrace.backend.core import routing
+from tputrace.backend.core import buffer_lifetimes, memory, routing
 from tputrace.recording.interface import Recording, active
 
 _removable: list[Any] = []
@@ -122,6 +122,8 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if state_created is not None:
         state_created()
     flush_pending("step")
+    if memory.tracker is not None:
+        buffer_lifetimes.label_optimizer(memory.tracker, optimizer)
     recorder = active()
     if recorder is not None:
         recorder.optimizer_stepped()
@@ -146,6 +148,8 @@ def backward_started() -> None:
     if recorder is not None and recorder.enabled:
         recorder.backward_frame = recorder.frame_id()
         recorder.backward_call_frame = recorder.frame_id(by_call=True)
+    if memory.tracker is not None:
+        memory.tracker.backward_started()
     mark_backward = getattr(dispatcher.executor, "mark_backward", None)
     if mark_backward is not None:
         mark_backward()
@@ -166,6 +170,7 @@ def attach(recorder: Recording) -> None:
     if not recorder.enabled:
         return
     dispatcher.recorder = recorder
+    memory.tracker = buffer_lifetimes.BufferTracker(recorder)
     _removable.append(torch.nn.modules.module.register_module_forward_pre_hook(_module_entered(recorder)))
     _removable.append(torch.nn.modules.module.register_module_forward_hook(_module_left(recorder), always_call=True))
     _patch_record_function(recorder)
@@ -174,6 +179,9 @@ def attach(recorder: Recording) -> None:
 def detach() -> None:
     dispatcher = routing.active()
     dispatcher.recorder = None
+    tracker, memory.tracker = memory.tracker, None
+    if tracker is not None:
+        tracker.stop()
     while _removable:
         _removable.pop().remove()
     _unpatch_record_function()

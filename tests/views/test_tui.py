@@ -34,7 +34,7 @@ from tputrace.cli.main import main
 from tputrace.derived.steps import step_rows
 from tputrace.tui import queries
 from tputrace.tui.queries import timeline as timeline_queries
-from tputrace.tui.actions import ACTIONS, ACTIONS_BY_ID, VIEW_ORDER, parse_keymap
+from tputrace.tui.actions import ACTIONS, ACTIONS_BY_ID, LETTER_KEYS, VIEW_ORDER, parse_keymap, view_key
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, shade_row, share_bar
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -374,7 +374,8 @@ def test_formatting() -> None:
 
 def test_action_registry() -> None:
     assert len(ACTIONS_BY_ID) == len(ACTIONS)
-    assert [ACTIONS_BY_ID[f"view.{view_id}"].keys for view_id, _ in VIEW_ORDER] == [str(index % 10) for index in range(1, len(VIEW_ORDER) + 1)]
+    assert [ACTIONS_BY_ID[f"view.{view_id}"].keys for view_id, _ in VIEW_ORDER] == [
+        str(index % 10) if index <= 10 else LETTER_KEYS[VIEW_ORDER[index - 1][0]] for index in range(1, len(VIEW_ORDER) + 1)]
     assert parse_keymap(["view.ops=o", " app.quit = ctrl+q "]) == {"view.ops": "o", "app.quit": "ctrl+q"}
     with pytest.raises(ValueError, match="no action with id"):
         parse_keymap(["view.nope=x"])
@@ -433,10 +434,10 @@ def test_number_keys_switch_views_and_load_them() -> None:
         tabs = pilot.app.query_one("#views")
         for index, (view_id, _) in enumerate(VIEW_ORDER, start=1):
             if view_id == "compare":  # only with a baseline run (test_compare_view_...)
-                await press(pilot, str(index % 10))
+                await press(pilot, view_key(index))
                 assert tabs.active == VIEW_ORDER[index - 2][0]  # no Compare tab: the view on show stays
                 continue
-            await press(pilot, str(index % 10))
+            await press(pilot, view_key(index))
             assert tabs.active == view_id
             assert not pilot.app.view(view_id).pending
 
@@ -1034,3 +1035,36 @@ def test_long_finding_titles_end_in_an_ellipsis_and_show_whole_in_the_detail() -
         assert app.query_one("#findings-detail").content.plain.startswith(title)
 
     run_app(scenario, size=(100, 40))
+
+
+def test_memory_tables_break_the_peak_down_by_kind_module_and_line(sample_trace_path: Path) -> None:
+    with tputrace.open(sample_trace_path) as trace:
+        tables = queries.memory_tables(trace, 0)
+        ((measured,),) = trace.sql("SELECT MAX(peak_bytes) FROM memory WHERE rank = 0 AND chip = 0")
+    peak = tables.peak
+    assert peak is not None and peak.bytes == measured == sum(part.bytes for part in peak.parts)
+    assert dict(peak.by_kind)["parameter"] == 40_000_000
+    assert any(part.module == "GPT.head" and part.where.startswith("train.py:30") for part in peak.parts)
+    assert max(tables.live_columns) == peak.bytes
+    (surviving,) = tables.surviving
+    assert (surviving.module, surviving.line, surviving.bytes_per_step) == ("GPT.head", 30, 2_000_000)
+
+
+def test_memory_view_shows_the_peak_and_surviving_lines(sample_trace_path: Path) -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "M")
+        parts = table_rows(app, "#memory-parts")
+        assert parts[0][:4] == [fmt_bytes(40_000_000), "parameter", "GPT", "train.py:18"]
+        assert table_rows(app, "#memory-surviving")[0][2:] == ["other", "GPT.head", "train.py:30"]
+        assert "tpu:0 peaked at" in screen_text(app)
+
+    run_app(scenario, session=make_session(sample_trace_path))
+
+
+def test_memory_view_says_when_a_trace_has_no_buffer_lifetimes() -> None:
+    async def scenario(pilot: Any) -> None:
+        await press(pilot, "M")
+        assert "no buffer lifetimes in this trace" in screen_text(pilot.app)
+
+    run_app(scenario)

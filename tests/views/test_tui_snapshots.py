@@ -86,6 +86,7 @@ VIEW_KEYS: dict[str, tuple[str, ...]] = {
     "timeline": ("7",),
     "source": ("8",),
     "sharding": ("9",),
+    "memory": ("M",),
     "help": ("question_mark",),
 }
 

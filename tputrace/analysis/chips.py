@@ -33,7 +33,8 @@ Not published, so estimated here and labelled as such wherever used:
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import re
+from dataclasses import dataclass, field, replace
 
 from tputrace.store.errors import TputraceError
 
@@ -150,16 +151,32 @@ DEFAULT_TARGET = "v6e"
 _ALIASES = {"tpu7x": "v7", "ironwood": "v7", "trillium": "v6e", "v6": "v6e", "v5litepod": "v5e", "v5lite": "v5e"}
 
 
+_SIZE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
 def chip(name: str | None) -> Chip:
-    """The chip called `name` (case-insensitive; e.g. v6e, TPU7x); the default target for None."""
+    """The chip called `name` (case-insensitive; e.g. v6e, TPU7x); the default target for None.
+
+    `NAME:SIZE` (e.g. `v5e:24MiB`) is that chip with `SIZE` of HBM: a chip scaled down to what a small
+    run would fill, so whether it fits (and what would fit it) can be tried on a small model."""
     if name is None:
         return CHIPS[DEFAULT_TARGET]
+    base, _, size = name.partition(":")
+    if size:
+        return replace(chip(base), label=f"{chip(base).label} (HBM scaled to {size.strip()})", hbm_bytes=float(_size_bytes(size)))
     key = name.strip().lower().removeprefix("tpu-").removeprefix("tpu ")
     key = _ALIASES.get(key, key)
     found = CHIPS.get(key)
     if found is None:
         raise TputraceError(f"unknown target chip {name!r}; choose one of: {', '.join(CHIPS)}")
     return found
+
+
+def _size_bytes(text: str) -> int:
+    match = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-z]*)\s*", text.lower())
+    if match is None or match.group(2) not in _SIZE_UNITS:
+        raise TputraceError(f"unreadable HBM size {text!r} in a target; write it as e.g. 24MiB, 2GB or 16GiB")
+    return int(float(match.group(1)) * _SIZE_UNITS[match.group(2)])
 
 
 def round_up(value: int, multiple: int) -> int:

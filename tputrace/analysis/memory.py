@@ -1,9 +1,11 @@
-"""Memory: peak live bytes per chip against the target's HBM, growth across steps, and the largest
-tensors by module.
+"""Memory: peak live bytes per chip against the target's HBM, growth across steps, and what holds memory at
+the peak.
 
-The trace samples live and peak bytes per chip; it does not record each buffer's lifetime, so the
-"largest tensors" are the largest outputs each module produced (candidates for what fills memory at
-the peak, not a measured breakdown).
+Where the trace has buffer lifetimes (`buffers`, format 3) the peak is broken down by kind, module and line
+(`memory_peak`), fitted to the target with padding and the changes that would fit it (`memory_fit`), surviving
+lines explain growth (`memory_growth`), and an out-of-memory failure leads with its live set (`memory_oom`).
+Without them (an older trace) the "largest tensors" are the largest outputs each module produced: candidates
+for what fills memory at the peak, not a measured breakdown.
 """
 
 from __future__ import annotations
@@ -12,7 +14,13 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.memory_findings import buffer_findings
+from tputrace.analysis.memory_fit import MemoryFit, fit
+from tputrace.analysis.memory_growth import SurvivingLine, step_ends, surviving_lines
+from tputrace.analysis.memory_oom import out_of_memory
+from tputrace.analysis.memory_peak import PeakBreakdown, breakdown
 from tputrace.analysis.shapes import tensors
+from tputrace.derived.memory_timeline import buffer_lifetimes, chips_of, peak_of
 from tputrace.wording import format_bytes
 
 NAME = "memory"
@@ -41,10 +49,23 @@ class LargestTensor:
 
 
 @dataclass(frozen=True)
+class OutOfMemoryData:
+    """The live set where the run ran out of memory: `cause` error (the run raised it) or target (first over its HBM)."""
+
+    cause: str
+    message: str
+    live: PeakBreakdown
+
+
+@dataclass(frozen=True)
 class MemoryData:
     chips: tuple[ChipMemory, ...] = ()
     largest_tensors_by_module: tuple[LargestTensor, ...] = ()
     live_bytes_growth_per_step: float | None = None  # None unless live bytes grew every steady step
+    peaks: tuple[PeakBreakdown, ...] = ()  # per chip, from buffer lifetimes (none in an older trace)
+    fits: tuple[MemoryFit, ...] = ()  # per chip, against the target
+    surviving_lines: tuple[SurvivingLine, ...] = ()
+    out_of_memory: OutOfMemoryData | None = None
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
@@ -58,6 +79,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
     )
     chip_memory = tuple(ChipMemory(chip, peak, live, peak / hbm) for chip, peak, live in chips)
     largest = _largest_by_module(context)
+    measured = {chip: peak for chip, peak, _ in chips}
+    lifetimes = _from_buffers(context, measured)
+    if lifetimes is not None:
+        peaks, fits, lines, oom = lifetimes
+        growth = _growth(context)
+        data = MemoryData(chip_memory, tuple(largest), growth[0] if growth else None, peaks, fits, lines, oom)
+        oom_error = (oom.message, oom.live) if oom is not None and oom.cause == "error" else None
+        return AnalysisResult(NAME, data, buffer_findings(context, peaks, fits, lines, oom_error, growth))
     module_evidence = tuple(
         Evidence(f"{row.module}: largest output {row.tensor} ({format_bytes(row.bytes)})", module=row.module,
                  table="ops")
@@ -112,6 +141,30 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
                 evidence=module_evidence,
             ))
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
+        tuple[PeakBreakdown, ...], tuple[MemoryFit, ...], tuple[SurvivingLine, ...], OutOfMemoryData | None] | None:
+    """Peak breakdowns, fits, surviving lines and the out-of-memory moment from buffer lifetimes; None without them."""
+    trace = context.trace
+    buffers = buffer_lifetimes(trace, context.rank)
+    if not buffers:
+        return None
+    peaks, fits = [], []
+    for chip in chips_of(buffers):
+        peak = peak_of(buffers, chip)
+        if peak is None:
+            continue
+        chip_breakdown = breakdown(trace, context.rank, peak, measured.get(chip, peak.bytes))
+        peaks.append(chip_breakdown)
+        fits.append(fit(chip_breakdown, peak.live, context.target))
+    lines = surviving_lines(trace, buffers, step_ends(trace, context.rank))
+    run = next((run for run in trace.runs if run.rank == context.rank), None)
+    oom = out_of_memory(buffers, run.error if run is not None else None, int(context.target.hbm_bytes))
+    oom_data = None
+    if oom is not None:
+        oom_data = OutOfMemoryData(oom.cause, oom.message, breakdown(trace, context.rank, oom.live, measured.get(oom.live.chip, oom.live.bytes)))
+    return tuple(peaks), tuple(fits), lines, oom_data
 
 
 def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[LargestTensor]:

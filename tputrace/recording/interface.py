@@ -27,6 +27,7 @@ class Recording(Protocol):
     module_names: dict[int, str]  # nn.Module paths by id(module), filled by the backend's module hooks
     backward_frame: int | None  # the line that called backward(), for what autograd's thread records
     backward_call_frame: int | None
+    last_frame_id: int | None  # what `frame_id()` last returned (an op's line, for the buffers its outputs fill)
 
     # -- context of what is recorded
     def now(self) -> int:
@@ -97,6 +98,12 @@ class Recording(Protocol):
                             origin_frame_id: int | None) -> None: ...
 
     def collective_cause(self, cause: tuple[Any, ...]) -> int: ...
+
+    # -- memory
+    def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
+        """One chip buffer's lifetime: (id, chip, bytes, dtype, shape, kind, frame_id, module_sid, alloc_ns,
+        free_ns, step), times in ns since the recording started (`now()`), free_ns None while it is live."""
+        ...
 
     def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:
         """A named range; `start_ns` in ns since the recording started (as `now()`)."""

@@ -117,6 +117,7 @@ class Recorder(ShardingRecords):
         self._traced_lines: dict[int, int] = {}
         self._location_frame_ids: dict[tuple[str, int, str], int] = {}
         self.module_names: dict[int, str] = {}
+        self.last_frame_id: int | None = None  # what `frame_id` last returned
         self._executions: ExecutionWatcher | None = None
         if self.writer is not None:
             self._append_op = self.writer.appender("ops")
@@ -147,12 +148,17 @@ class Recorder(ShardingRecords):
         """Interned id of the first frame in the user's code (outside torch, tputrace and libraries).
 
         `by_call` tells apart the calls on one line: the frame also has the column span of the calling
-        instruction (compiles use it, so a line with two calls of one op gives two compile sites)."""
+        instruction (compiles use it, so a line with two calls of one op gives two compile sites).
+        The result is kept as `last_frame_id`: an op's output buffer takes its op's line from it."""
+        frame_id = self.last_frame_id = self._user_frame_id(by_call)
+        return frame_id
+
+    def _user_frame_id(self, by_call: bool) -> int | None:
         if self._traced_lines:
             traced = self._traced_lines.get(threading.get_ident())
             if traced is not None:
                 return traced
-        frame = sys._getframe(2)
+        frame = sys._getframe(3)
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
@@ -509,6 +515,14 @@ class Recorder(ShardingRecords):
         self._last_memory_sample = now
         for chip, live_bytes, peak_bytes in self.device.memory_in_use():
             self.writer.append("memory", (self.rank, chip, now - self.t0, live_bytes, peak_bytes))
+
+    def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
+        """A `buffers` row: the backend's row with the rank, and its shape interned."""
+        if not self.enabled or self.writer.closed:
+            return
+        row_id, chip, nbytes, dtype, shape, kind, frame_id, module_sid, alloc_ns, free_ns, step = row
+        shape_sid = None if shape is None else self.writer.intern(shape)
+        self.writer.append("buffers", (row_id, self.rank, chip, nbytes, dtype, shape_sid, kind, frame_id, module_sid, alloc_ns, free_ns, step))
 
     # ----------------------------------------------------------------- steps and annotations
     def step_boundary(self, source: str) -> None:

@@ -44,6 +44,7 @@ from tputrace.store.records import (
     FusionRecord,
     GraphBreakRecord,
     MemorySample,
+    BufferRecord,
     OpRecord,
     ProgramRecord,
     Record,
@@ -322,6 +323,16 @@ class Trace:
         order_by: str | None = ...,
         limit: int | None = ...,
     ) -> Iterator[MemorySample]: ...
+    @overload
+    def records(
+        self,
+        table: Literal["buffers"],
+        *,
+        where: str | None = ...,
+        params: Sequence[Any] = ...,
+        order_by: str | None = ...,
+        limit: int | None = ...,
+    ) -> Iterator[BufferRecord]: ...
     @overload
     def records(
         self,

@@ -233,6 +233,22 @@ class MemorySample:
 
 
 @dataclass(frozen=True, slots=True)
+class BufferRecord:
+    buffer_id: int
+    rank: int
+    chip: int | None
+    bytes: int | None
+    dtype: str | None
+    shape: str | None
+    kind: str | None
+    source: SourceLocation | None
+    module: str | None
+    alloc_ns: int
+    free_ns: int | None
+    step: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class AnnotationRecord:
     rank: int
     name: str | None
@@ -352,6 +368,7 @@ Record = (
     | TransferRecord
     | FallbackRecord
     | MemorySample
+    | BufferRecord
     | AnnotationRecord
     | StepRecord
     | CollectiveRecord
@@ -376,6 +393,7 @@ RECORD_TYPES: dict[str, type] = {
     "transfers": TransferRecord,
     "fallbacks": FallbackRecord,
     "memory": MemorySample,
+    "buffers": BufferRecord,
     "annotations": AnnotationRecord,
     "steps": StepRecord,
     "collectives": CollectiveRecord,

@@ -36,6 +36,7 @@ from tputrace.tui.queries.ops import (
     ops_total_ns,
     sort_groups,
 )
+from tputrace.tui.queries.memory import MemoryTables, memory_tables
 from tputrace.tui.queries.overview import (
     SEPARATE_ANALYZERS,
     FindingsResult,
@@ -52,9 +53,9 @@ __all__ = [
     "comparison",
     "GROUP_ORDERS", "HOST_LANES", "MAX_GROUPS", "OP_GROUPINGS", "OP_GROUPING_LABELS", "SEPARATE_ANALYZERS", "USER_CALL",
     "CauseGroup", "CollectiveGroup", "CompileRow", "CompileSite", "FileStat", "FindingsResult", "FlushContents", "FlushOrder",
-    "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "MeshRow", "OpGroup", "OpGrouping", "OpInstance", "Overview", "ParameterRow",
+    "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "MemoryTables", "MeshRow", "OpGroup", "OpGrouping", "OpInstance", "Overview", "ParameterRow",
     "RankCollectives", "ShardingTables", "TriggerStat", "WindowEvent",
     "collective_groups", "collective_ranks", "compile_rows", "compile_sites", "filter_groups", "finding_location",
-    "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "op_groups", "op_instances",
+    "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "memory_tables", "op_groups", "op_instances",
     "ops_total_ns", "overview", "resolve_source", "sharding_tables", "sort_groups", "source_stats", "timeline_lanes", "window_events",
 ]

@@ -33,6 +33,7 @@ from tputrace.viewers.report.chip_data import (
     prepare_shapes,
 )
 from tputrace.viewers.report.compile_data import RecompileData, prepare_recompilations
+from tputrace.viewers.report.memory_section import MemoryBreakdownData, prepare_memory_breakdown
 from tputrace.viewers.report.sharding_section import ShardingSectionData, prepare_sharding
 from tputrace.viewers.report.time_data import StepData, WhereData, prepare_steps, prepare_where
 
@@ -58,6 +59,7 @@ class ReportData:
     memory: MemoryData
     sharding: ShardingSectionData
     projected: ProjectedSteps  # chip time per step projected for the analysis's target
+    memory_breakdown: MemoryBreakdownData = MemoryBreakdownData(present=False)  # from buffer lifetimes
 
 
 def prepare_report(trace: Trace, *, target: str | None = None, analysis: AnalysisData | None = None) -> ReportData:
@@ -77,6 +79,7 @@ def prepare_report(trace: Trace, *, target: str | None = None, analysis: Analysi
         memory=prepare_memory(trace, model),
         sharding=prepare_sharding(trace, analysis),
         projected=projected_steps(trace, trace.run.rank, target_of(model)),
+        memory_breakdown=prepare_memory_breakdown(trace, analysis),
     )
 
 

@@ -30,6 +30,7 @@ from tputrace.viewers.report.page import (
     note_html,
     section_html,
 )
+from tputrace.viewers.report.memory_section import memory_breakdown_content
 from tputrace.viewers.report.sharding_section import sharding_content
 from tputrace.wording import format_change
 
@@ -268,7 +269,8 @@ def _memory_section(page: Page, data: ReportData) -> str:
         "at the first sample that saw it (the peak itself may fall between samples)." + share
         + (" Long series keep the lowest and highest sample of each time bin." if decimated else "")
     ))
-    return section_html("memory", page.figure("memory", figures.plot_memory(memory)) + note, findings_aside(data.analysis, "memory"))
+    content = page.figure("memory", figures.plot_memory(memory)) + note + memory_breakdown_content(page, data.memory_breakdown)
+    return section_html("memory", content, findings_aside(data.analysis, "memory"))
 
 
 def _sharding_section(page: Page, data: ReportData) -> str:

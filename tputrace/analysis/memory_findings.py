@@ -1,0 +1,158 @@
+"""The memory analyzer's findings where the trace has buffer lifetimes: an out-of-memory failure's live set,
+the peak against the target with what holds it and the changes that would fit it, and lines that keep
+buffers across steps."""
+
+from __future__ import annotations
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import Evidence, Finding
+from tputrace.analysis.memory_fit import MemoryFit
+from tputrace.analysis.memory_growth import SurvivingLine
+from tputrace.analysis.memory_peak import PeakBreakdown, PeakPart
+from tputrace.wording import format_bytes
+
+NAME = "memory"
+WARNING_HBM_SHARE = 0.85
+GROWTH_MIN_BYTES_PER_STEP = 1 << 20
+GROWTH_MIN_SHARE = 0.2
+EVIDENCE_PARTS = 6
+
+
+def buffer_findings(context: AnalysisContext, peaks: tuple[PeakBreakdown, ...], fits: tuple[MemoryFit, ...],
+                    lines: tuple[SurvivingLine, ...], oom_error: tuple[str, PeakBreakdown] | None,
+                    growth: tuple[float, int, int] | None) -> tuple[Finding, ...]:
+    """Findings from buffer lifetimes; `oom_error` is the error's message and the live set when the run failed."""
+    findings: list[Finding] = []
+    if oom_error is not None:
+        findings.append(_oom_finding(context, *oom_error))
+    for peak, chip_fit in zip(peaks, fits):
+        finding = _fit_finding(context, peak, chip_fit)
+        if finding is not None:
+            findings.append(finding)
+    finding = _growth_finding(lines, growth)
+    if finding is not None:
+        findings.append(finding)
+    return tuple(findings)
+
+
+def part_evidence(parts: tuple[PeakPart, ...], limit: int = EVIDENCE_PARTS) -> tuple[Evidence, ...]:
+    return tuple(
+        Evidence(f"{format_bytes(part.bytes)} {part.kind.replace('_', ' ')}"
+                 f"{' (estimated share of a fused program)' if part.estimated else ''}: {part.where}",
+                 file=part.file, line=part.line, module=part.module, table="buffers")
+        for part in parts[:limit]
+    )
+
+
+def describe_peak(peak: PeakBreakdown, moment: str = "At the peak") -> str:
+    """One paragraph: what was live at the peak (or another `moment`) by kind, the modules and lines holding most,
+    and what is unattributed."""
+    kinds = ", ".join(f"{kind.replace('_', ' ')} {format_bytes(nbytes)}" for kind, nbytes in peak.by_kind)
+    modules = ", ".join(f"{module} {format_bytes(nbytes)}" for module, nbytes in peak.by_module[:4])
+    text = (f"{moment} (step {peak.step}) {format_bytes(peak.bytes)} was live: {kinds}. Modules holding most: {modules}. "
+            f"The largest part: {format_bytes(peak.parts[0].bytes)} of {peak.parts[0].kind.replace('_', ' ')} made at "
+            f"{peak.parts[0].where}." if peak.parts else f"{moment} (step {peak.step}) {format_bytes(peak.bytes)} was live.")
+    if peak.unattributed_bytes:
+        text += f" {format_bytes(peak.unattributed_bytes)} was made outside the script's own lines (no user line)."
+    if abs(peak.coverage - 1) > 0.05:
+        text += (f" The buffers sum to {peak.coverage:.0%} of the measured peak ({format_bytes(peak.measured_peak_bytes)}): "
+                 "some memory was allocated before recording began or outside the tracked buffers.")
+    return text
+
+
+def _oom_finding(context: AnalysisContext, message: str, live: PeakBreakdown) -> Finding:
+    top = live.parts[0] if live.parts else None
+    return Finding(
+        analyzer=NAME,
+        severity="critical",
+        title=f"The run ran out of memory on tpu:{live.chip}" + (f": most held by {top.where}" if top else ""),
+        explanation=f"It failed with `{message}`. {describe_peak(live, 'When it failed')}",
+        suggestion=_oom_suggestion(live),
+        cost_total_ns=float(context.wall_ns),
+        cost_per_step_ns=context.per_step(context.wall_ns),
+        evidence=part_evidence(live.parts),
+        file=top.file if top else None,
+        line=top.line if top else None,
+        module=top.module if top else None,
+        cost_basis="measured on this host",
+    )
+
+
+def _oom_suggestion(live: PeakBreakdown) -> str:
+    kinds = dict(live.by_kind)
+    if kinds.get("parameter", 0) + kinds.get("gradient", 0) + kinds.get("optimizer_state", 0) < live.bytes / 2:
+        return ("Most of it is activations and temporaries: a smaller batch with gradient accumulation, activation "
+                "checkpointing on the largest blocks, or bfloat16 activations. `tputrace report --target CHIP` estimates each.")
+    return ("Most of it is parameters, gradients and optimizer state: shard them (FSDP, fully_shard) or keep them in "
+            "bfloat16. `tputrace report --target CHIP` estimates each.")
+
+
+def _fit_finding(context: AnalysisContext, peak: PeakBreakdown, chip_fit: MemoryFit) -> Finding | None:
+    share = chip_fit.padded_peak_bytes / chip_fit.hbm_bytes if chip_fit.hbm_bytes else 0.0
+    if share < WARNING_HBM_SHARE:
+        return None
+    top = peak.parts[0] if peak.parts else None
+    padding = chip_fit.padded_peak_bytes - chip_fit.peak_bytes
+    padded = f" ({format_bytes(chip_fit.padded_peak_bytes)} padded to its tiles)" if padding > 0 else ""
+    if chip_fit.fits:
+        title = (f"Peak memory on tpu:{peak.chip} is {format_bytes(chip_fit.peak_bytes)}{padded}, {share:.0%} of "
+                 f"{chip_fit.target}'s {format_bytes(chip_fit.hbm_bytes)} HBM")
+    else:
+        title = (f"tpu:{peak.chip}'s peak of {format_bytes(chip_fit.peak_bytes)}{padded} would not fit the "
+                 f"{format_bytes(chip_fit.hbm_bytes)} HBM of {chip_fit.target}: {format_bytes(chip_fit.over_bytes)} over")
+    fitting = [change for change in chip_fit.changes if change.fits]
+    listed = fitting or list(chip_fit.changes[:3])
+    changes = "; ".join(f"{change.description}: peak about {format_bytes(change.peak_bytes)}"
+                        f"{'' if change.fits else ' (still over)'}" for change in listed)
+    suggestion = (f"Changes that fit it, each estimated: {changes}." if fitting else
+                  f"No single change estimated here fits it; the closest: {changes}." if listed else
+                  "Reduce the peak: a smaller batch with accumulation, activation checkpointing, bfloat16 or FSDP.")
+    return Finding(
+        analyzer=NAME,
+        severity="critical" if not chip_fit.fits else "warning",
+        title=title,
+        explanation=describe_peak(peak),
+        suggestion=suggestion,
+        # A run that does not fit loses all of its time; one near the limit costs nothing measurable yet.
+        cost_total_ns=float(context.wall_ns) if not chip_fit.fits else 0.0,
+        cost_per_step_ns=context.per_step(context.wall_ns) if not chip_fit.fits else None,
+        evidence=part_evidence(peak.parts),
+        file=top.file if top else None,
+        line=top.line if top else None,
+        module=top.module if top else None,
+    )
+
+
+def _growth_finding(lines: tuple[SurvivingLine, ...], growth: tuple[float, int, int] | None) -> Finding | None:
+    if growth is not None:
+        per_step, first, last = growth
+        if per_step < GROWTH_MIN_BYTES_PER_STEP or last < first * (1 + GROWTH_MIN_SHARE):
+            return None
+        explanation = (f"Live bytes at the end of each steady step rose from {format_bytes(first)} to {format_bytes(last)}: "
+                       "something keeps tensors from every step alive.")
+    else:
+        kept = sum(line.bytes_per_step for line in lines if line.steps >= 3)
+        if kept < GROWTH_MIN_BYTES_PER_STEP:
+            return None
+        per_step = kept
+        explanation = "Buffers made in one step are still live steps later, step after step."
+    if lines:
+        explanation += " Lines whose buffers outlive their step: " + "; ".join(
+            f"{(line.file or '?').rsplit('/', 1)[-1]}:{line.line} ({format_bytes(line.bytes_per_step)} a step, {line.steps} steps)"
+            for line in lines[:3]) + "."
+    top = lines[0] if lines else None
+    return Finding(
+        analyzer=NAME,
+        severity="warning",
+        title=f"Live memory grows by {format_bytes(per_step)} every step" + (f": buffers made at {(top.file or '?').rsplit('/', 1)[-1]}:{top.line} survive" if top else ""),
+        explanation=explanation,
+        suggestion=("Look for tensors kept across steps: losses or outputs appended to a list without `.detach()` (or "
+                    "`.item()`), growing caches, or state created inside the loop."),
+        cost_total_ns=0.0,
+        cost_per_step_ns=None,
+        evidence=tuple(Evidence(f"{format_bytes(line.bytes_per_step)} a step of {line.kind} survives", file=line.file, line=line.line,
+                                module=line.module, table="buffers") for line in lines[:EVIDENCE_PARTS]),
+        file=top.file if top else None,
+        line=top.line if top else None,
+        module=top.module if top else None,
+    )
