@@ -55,14 +55,7 @@ class CompareView(TraceView):
             (str(index), (Text(change.name), Text(change.text), Text("worse", style="bold") if change.worse else Text("")))
             for index, change in enumerate(difference.figures)
         ])
-        rows: list[tuple[str, str, str | None, str]] = [
-            (change.status, "recompile", change.recompile.site,
-             f"{change.recompile.name or '?'} x{change.count}: {change.recompile.diff or change.recompile.reason or ''}")
-            for change in difference.recompiles
-        ]
-        rows += [(change.status, "finding", change.site, change.title) for change in difference.findings]
-        rows += [(change.status, "program", change.family.site, f"{change.family.label}: {change.detail}")
-                 for change in difference.programs]
+        rows = difference.events()
         self._sites = [site for _, _, site, _ in rows]
         self.query_one("#compare-events", TraceTable).show([
             (str(index), (Text(status), Text(what), Text(site or "–"), Text(detail)))

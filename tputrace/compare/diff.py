@@ -70,6 +70,18 @@ class RunDiff:
     def regressed(self) -> bool:
         return self.headline != NO_REGRESSION
 
+    def events(self) -> list[tuple[str, str, str | None, str]]:
+        """Recompiles, findings and programs new, fixed or changed, as (status, what, file:line, detail) rows."""
+        rows: list[tuple[str, str, str | None, str]] = [
+            (change.status, "recompile", change.recompile.site,
+             f"{change.recompile.name or '?'} x{change.count}: {change.recompile.diff or change.recompile.reason or ''}")
+            for change in self.recompiles
+        ]
+        rows += [(change.status, "finding", change.site, change.title) for change in self.findings]
+        rows += [(change.status, "program", change.family.site, f"{change.family.label}: {change.detail}")
+                 for change in self.programs]
+        return rows
+
 
 NO_REGRESSION = "no regression"
 

@@ -18,12 +18,7 @@ def diff_content(difference: RunDiff) -> str:
         ["", "before → after", ""],
         [[esc(change.name), esc(change.text), "worse" if change.worse else ""] for change in difference.figures],
         narrow=True))
-    events = [[esc(change.status), "recompile", esc(change.recompile.site or "?"),
-               esc(f"{change.recompile.name or '?'} x{change.count}: {change.recompile.diff or change.recompile.reason or ''}")]
-              for change in difference.recompiles]
-    events += [[esc(change.status), "finding", esc(change.site or "–"), esc(change.title)] for change in difference.findings]
-    events += [[esc(change.status), "program", esc(change.family.site or change.family.label), esc(change.detail)]
-               for change in difference.programs]
+    events = [[esc(status), esc(what), esc(site or "–"), esc(detail)] for status, what, site, detail in difference.events()]
     if events:
         parts.append(html_table(["", "what", "where", "detail"], events))
     else:
