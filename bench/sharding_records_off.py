@@ -6,9 +6,7 @@ repeated reductions): the baseline that bench/sharding_records.py measures the r
 
 from __future__ import annotations
 
-import runpy
-import sys
-from pathlib import Path
+from script_runner import run_named_script
 
 
 def main() -> None:
@@ -18,10 +16,7 @@ def main() -> None:
     causes.cause_id = lambda *args, **kwargs: None  # type: ignore[assignment]
     placements.has_pending = lambda: False  # type: ignore[assignment]
     redistributions.reduces_again = lambda *args, **kwargs: False  # type: ignore[assignment]
-    script = Path(sys.argv[1]).resolve()
-    sys.argv = [str(script), *sys.argv[2:]]
-    sys.path[0] = str(script.parent)
-    runpy.run_path(str(script), run_name="__main__")
+    run_named_script()
 
 
 if __name__ == "__main__":

@@ -12,12 +12,12 @@ import atexit
 import functools
 import json
 import os
-import runpy
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from script_runner import run_named_script
 
 _by_step: dict[int, list[int]] = {}  # step index -> [nanoseconds in the hooks, calls]
 
@@ -58,10 +58,7 @@ def main() -> None:
         setattr(causes.caused_by, name, _timed(getattr(causes.caused_by, name)))
     causes.DataParallelModel.read_buckets = _timed(causes.DataParallelModel.read_buckets)  # type: ignore[method-assign]
     atexit.register(_write)
-    script = Path(sys.argv[1]).resolve()
-    sys.argv = [str(script), *sys.argv[2:]]
-    sys.path[0] = str(script.parent)
-    runpy.run_path(str(script), run_name="__main__")
+    run_named_script()
 
 
 if __name__ == "__main__":
