@@ -251,6 +251,9 @@ def test_xprof_tools_show_the_gpt_trace_ops_steps_and_lines(gpt_train_trace: Pat
     # The loop's steps: the `end` step, where the losses are read after the loop, is not a training step.
     assert len(_table(overview, "stepnum")["rows"]) == loop_steps < steps
     assert _table(overview, "host_id")["p"]["device_type"] == "TPU v6 lite"  # the default target, v6e
+    # No hardware counters were read: XProf says so rather than showing 0.0% MXU and HBM utilization.
+    analysis = json.dumps(overview)
+    assert '"mxu_utilization_percent": "unknown"' in analysis and '"hbm_utilization_percent": "unknown"' in analysis
 
     framework = _tool(r2t, files, "framework_op_stats")
     operations = {row["c"][3]["v"] for row in framework[0]["rows"]}

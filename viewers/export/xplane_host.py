@@ -12,6 +12,10 @@ from tputrace.viewers.export.collective_causes import cause_args, cause_column
 from tputrace.viewers.export.xplane_builder import PS_PER_NS, PlaneBuilder, Stats
 
 HOST_PLANE = "/host:CPU"
+# XProf's overview takes MXU and HBM utilization from hardware counters, read as these host-plane stats. A trace
+# holds no counter readings (XLA:CPU has none; the backend does not read a TPU's), so the export says they are
+# unknown (a negative value) instead of leaving XProf to show 0.0%.
+UNMEASURED_COUNTERS: Stats = (("matrix_unit_utilization_percent", -1.0), ("hbm_utilization_percent", -1.0))
 _DUR_OF = operator.itemgetter(DUR)
 
 
@@ -24,6 +28,7 @@ class HostPlane:
     def __init__(self, space: Any, tables: TraceTables, plane_id: int) -> None:
         self.tables = tables
         self.builder = PlaneBuilder(space.planes.add(), plane_id, HOST_PLANE)
+        self.builder.add_stats(self.builder.plane.stats, UNMEASURED_COUNTERS)
         self.lines = {name: self.builder.add_line(name) for name in self.LINE_NAMES}
         self.dispatch = self.lines["Python dispatch"]
         self._dispatch_metadata: dict[tuple[Any, ...], int] = {}
