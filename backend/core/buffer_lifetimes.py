@@ -41,6 +41,7 @@ class BufferTracker:
         self.main_thread = threading.get_ident()
         self.pid = os.getpid()
         self._spec_texts: dict[tuple[Any, Any], tuple[str | None, str | None]] = {}  # (shape, dtype) -> their texts
+        self.parameter_modules: dict[int, str] = {}  # id(parameter) -> the path of the module that owns it
 
     def _now(self) -> int:
         """ns since the recording's start, strictly increasing, so allocations and frees keep their order."""
@@ -90,11 +91,21 @@ class BufferTracker:
     def backward_started(self) -> None:
         self.backward_started_ns = self._now()
 
-    def label(self, buffer: Any, kind: str) -> None:
-        """Say what a live buffer is (from the optimizer's parameters, gradients and state)."""
+    def label(self, buffer: Any, kind: str, module_path: str | None = None) -> None:
+        """Say what a live buffer is (from the optimizer's parameters, gradients and state) and, when it was
+        made outside any module's forward, which module it belongs to (a parameter's owner)."""
         entry = self.open.get(id(buffer))
         if entry is not None:
             entry[10] = kind
+            if entry[6] is None and module_path is not None:
+                entry[6] = self.recording.intern(module_path)
+
+    def modules_seen(self, root: Any, root_path: str) -> None:
+        """Note the owner of each parameter of a module tree whose forward ran for the first time."""
+        owners = self.parameter_modules
+        for path, module in root.named_modules(prefix=root_path):
+            for parameter in module.parameters(recurse=False):
+                owners.setdefault(id(parameter), path)
 
     def stop(self) -> None:
         """Write the buffers still live, with no free time (not in a forked child: the parent's recording is its own)."""
@@ -125,18 +136,20 @@ class BufferTracker:
 def label_optimizer(tracker: BufferTracker, optimizer: Any) -> None:
     """Label the parameters, gradients and optimizer state an optimizer steps (DTensors by their local shard)."""
     state = optimizer.state
+    owners = tracker.parameter_modules
     for group in optimizer.param_groups:
         for param in group["params"]:
-            _label_tensor(tracker, param, PARAMETER)
-            _label_tensor(tracker, param.grad, GRADIENT)
+            owner = owners.get(id(param))
+            _label_tensor(tracker, param, PARAMETER, owner)
+            _label_tensor(tracker, param.grad, GRADIENT, owner)
             for value in state.get(param, {}).values():
-                _label_tensor(tracker, value, OPTIMIZER_STATE)
+                _label_tensor(tracker, value, OPTIMIZER_STATE, owner)
 
 
-def _label_tensor(tracker: BufferTracker, tensor: Any, kind: str) -> None:
+def _label_tensor(tracker: BufferTracker, tensor: Any, kind: str, owner: str | None) -> None:
     if tensor is None:
         return
     local = getattr(tensor, "_local_tensor", None)
     buffer = getattr(local if local is not None else tensor, "_buf", None)
     if buffer is not None:
-        tracker.label(buffer, kind)
+        tracker.label(buffer, kind, owner)

@@ -198,6 +198,8 @@ def _module_entered(recorder: Recording) -> Any:
             root = type(module).__name__
             for name, submodule in module.named_modules(prefix=root):
                 names.setdefault(id(submodule), name)
+            if memory.tracker is not None:
+                memory.tracker.modules_seen(module, root)
             path = names[id(module)]
         recorder.push_module(path)
 

@@ -50,3 +50,14 @@ def test_strict_activations_are_made_in_forward_and_freed_in_backward(transforme
     assert activations
     assert all(record.module is not None and record.free_ns is not None for record in activations)
     assert {"TinyTransformer.blocks.0.mlp.1", "TinyTransformer.blocks.1.attn"} <= {record.module for record in activations}
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_parameters_gradients_and_optimizer_state_belong_to_their_module(transformer_traces: dict[str, Path], mode: str) -> None:
+    owners: dict[tuple[str, str], set[str | None]] = {}
+    with tputrace.open(transformer_traces[mode]) as trace:
+        for record in trace.records("buffers", where="kind IN ('parameter', 'gradient', 'optimizer_state')"):
+            owners.setdefault((record.kind, record.shape), set()).add(record.module)
+    for kind in ("parameter", "gradient", "optimizer_state"):
+        assert {"TinyTransformer.embed", "TinyTransformer.head"} <= owners[(kind, "256,64")], kind  # embedding and head weights
+    assert all(None not in modules for modules in owners.values())

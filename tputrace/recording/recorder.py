@@ -242,6 +242,9 @@ class Recorder(ShardingRecords):
     def _is_user_file(self, filename: str) -> bool:
         return sourceloc.is_user_file(filename, self._library_roots)
 
+    def intern(self, text: str) -> int:
+        return self.writer.intern(text)
+
     def module_sid(self) -> int | None:
         stack = getattr(self._local, "modules", None)
         if not stack:
