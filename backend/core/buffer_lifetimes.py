@@ -101,11 +101,13 @@ class BufferTracker:
                 entry[6] = self.recording.intern(module_path)
 
     def modules_seen(self, root: Any, root_path: str) -> None:
-        """Note the owner of each parameter of a module tree whose forward ran for the first time."""
+        """Note the owner of each parameter of a module tree whose forward ran for the first time, and label the
+        parameters' buffers (a run with no optimizer has them too)."""
         owners = self.parameter_modules
         for path, module in root.named_modules(prefix=root_path):
             for parameter in module.parameters(recurse=False):
                 owners.setdefault(id(parameter), path)
+                _label_tensor(self, parameter, PARAMETER, owners[id(parameter)])
 
     def stop(self) -> None:
         """Write the buffers still live, with no free time (not in a forked child: the parent's recording is its own)."""

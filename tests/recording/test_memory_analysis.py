@@ -80,7 +80,8 @@ def test_an_out_of_memory_failure_leads_the_report_with_its_live_set(tmp_path: P
     result = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "run", "--mode", "strict", "-o", str(trace_path), str(script)],
                             capture_output=True, text=True, timeout=600)
     assert result.returncode != 0
-    assert "ran out of memory on tpu:0: most held by too_big.py:2" in result.stderr
+    assert "ran out of memory on tpu:0 at too_big.py:3; most held by too_big.py:2" in result.stderr
     oom = _memory(trace_path).out_of_memory
     assert oom is not None and oom.cause == "error"
+    assert (oom.file, oom.line) == (str(script), 3)
     assert oom.live.bytes >= 4 * 256 * 256 * 4

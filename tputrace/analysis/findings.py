@@ -87,6 +87,20 @@ def plain(value: Any) -> Any:
     return value
 
 
+REFERENCE_STEPS = 100
+"""The run length findings are ranked for: a cost paid every step outweighs a one-time cost of the same size
+in a traced run of a few steps, as it does in the training run the trace stands for."""
+
+
+def ranking_cost_ns(finding: Finding) -> float:
+    """What `finding` costs over a run of `REFERENCE_STEPS` steps: a cost paid every step
+    (`cost_per_step_ns` set) over that many steps, a one-time cost as it was measured; never less than the
+    cost measured in the traced run."""
+    if finding.cost_per_step_ns is None:
+        return finding.cost_total_ns
+    return max(finding.cost_total_ns, finding.cost_per_step_ns * REFERENCE_STEPS)
+
+
 def rank(findings: Iterable[Finding]) -> list[Finding]:
-    """Highest estimated cost first; severity breaks ties."""
-    return sorted(findings, key=lambda finding: (-finding.cost_total_ns, SEVERITY_ORDER[finding.severity], finding.title))
+    """Highest cost over a run of `REFERENCE_STEPS` steps first; severity breaks ties."""
+    return sorted(findings, key=lambda finding: (-ranking_cost_ns(finding), SEVERITY_ORDER[finding.severity], finding.title))

@@ -17,7 +17,7 @@ from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.memory_findings import buffer_findings
 from tputrace.analysis.memory_fit import MemoryFit, fit
 from tputrace.analysis.memory_growth import SurvivingLine, step_ends, surviving_lines
-from tputrace.analysis.memory_oom import out_of_memory
+from tputrace.analysis.memory_oom import OutOfMemoryData, out_of_memory
 from tputrace.analysis.memory_peak import PeakBreakdown, breakdown
 from tputrace.analysis.shapes import tensors
 from tputrace.derived.memory_timeline import buffer_lifetimes, chips_of, peak_of
@@ -49,15 +49,6 @@ class LargestTensor:
 
 
 @dataclass(frozen=True)
-class OutOfMemoryData:
-    """The live set where the run ran out of memory: `cause` error (the run raised it) or target (first over its HBM)."""
-
-    cause: str
-    message: str
-    live: PeakBreakdown
-
-
-@dataclass(frozen=True)
 class MemoryData:
     chips: tuple[ChipMemory, ...] = ()
     largest_tensors_by_module: tuple[LargestTensor, ...] = ()
@@ -85,7 +76,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
         peaks, fits, lines, oom = lifetimes
         growth = _growth(context)
         data = MemoryData(chip_memory, tuple(largest), growth[0] if growth else None, peaks, fits, lines, oom)
-        oom_error = (oom.message, oom.live) if oom is not None and oom.cause == "error" else None
+        oom_error = oom if oom is not None and oom.cause == "error" else None
         return AnalysisResult(NAME, data, buffer_findings(context, peaks, fits, lines, oom_error, growth))
     module_evidence = tuple(
         Evidence(f"{row.module}: largest output {row.tensor} ({format_bytes(row.bytes)})", module=row.module,
@@ -160,10 +151,12 @@ def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
         fits.append(fit(chip_breakdown, peak.live, context.target))
     lines = surviving_lines(trace, buffers, step_ends(trace, context.rank))
     run = next((run for run in trace.runs if run.rank == context.rank), None)
-    oom = out_of_memory(buffers, run.error if run is not None else None, int(context.target.hbm_bytes))
+    oom = out_of_memory(buffers, run.error if run is not None else None, int(context.target.hbm_bytes),
+                        run.script if run is not None else None)
     oom_data = None
     if oom is not None:
-        oom_data = OutOfMemoryData(oom.cause, oom.message, breakdown(trace, context.rank, oom.live, measured.get(oom.live.chip, oom.live.bytes)))
+        oom_data = OutOfMemoryData(oom.cause, oom.message, breakdown(trace, context.rank, oom.live, measured.get(oom.live.chip, oom.live.bytes)),
+                                   oom.file, oom.line)
     return tuple(peaks), tuple(fits), lines, oom_data
 
 

@@ -4,10 +4,13 @@ buffers across steps."""
 
 from __future__ import annotations
 
+import os
+
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Evidence, Finding
 from tputrace.analysis.memory_fit import MemoryFit
 from tputrace.analysis.memory_growth import SurvivingLine
+from tputrace.analysis.memory_oom import OutOfMemoryData
 from tputrace.analysis.memory_peak import PeakBreakdown, PeakPart
 from tputrace.wording import format_bytes
 
@@ -19,12 +22,12 @@ EVIDENCE_PARTS = 6
 
 
 def buffer_findings(context: AnalysisContext, peaks: tuple[PeakBreakdown, ...], fits: tuple[MemoryFit, ...],
-                    lines: tuple[SurvivingLine, ...], oom_error: tuple[str, PeakBreakdown] | None,
+                    lines: tuple[SurvivingLine, ...], oom_error: OutOfMemoryData | None,
                     growth: tuple[float, int, int] | None) -> tuple[Finding, ...]:
-    """Findings from buffer lifetimes; `oom_error` is the error's message and the live set when the run failed."""
+    """Findings from buffer lifetimes; `oom_error` is the out-of-memory error the run failed with and the live set then."""
     findings: list[Finding] = []
     if oom_error is not None:
-        findings.append(_oom_finding(context, *oom_error))
+        findings.append(_oom_finding(context, oom_error))
     for peak, chip_fit in zip(peaks, fits):
         finding = _fit_finding(context, peak, chip_fit)
         if finding is not None:
@@ -60,19 +63,26 @@ def describe_peak(peak: PeakBreakdown, moment: str = "At the peak") -> str:
     return text
 
 
-def _oom_finding(context: AnalysisContext, message: str, live: PeakBreakdown) -> Finding:
+def _oom_finding(context: AnalysisContext, oom: OutOfMemoryData) -> Finding:
+    live = oom.live
     top = live.parts[0] if live.parts else None
+    failed_at = f"{os.path.basename(oom.file)}:{oom.line}" if oom.file and oom.line else None
+    held = f"most held by {top.where}" if top else ""
+    title = f"The run ran out of memory on tpu:{live.chip}" + (f" at {failed_at}" if failed_at else "")
+    title += (f"; {held}" if failed_at else f": {held}") if held else ""
+    failed_evidence = (Evidence(f"the allocation that failed: {failed_at}", file=oom.file, line=oom.line),) if failed_at else ()
     return Finding(
         analyzer=NAME,
         severity="critical",
-        title=f"The run ran out of memory on tpu:{live.chip}" + (f": most held by {top.where}" if top else ""),
-        explanation=f"It failed with `{message}`. {describe_peak(live, 'When it failed')}",
+        title=title,
+        explanation=f"It failed with `{oom.message}`" + (f" at {failed_at}" if failed_at else "")
+        + f". {describe_peak(live, 'When it failed')}",
         suggestion=_oom_suggestion(live),
         cost_total_ns=float(context.wall_ns),
         cost_per_step_ns=context.per_step(context.wall_ns),
-        evidence=part_evidence(live.parts),
-        file=top.file if top else None,
-        line=top.line if top else None,
+        evidence=failed_evidence + part_evidence(live.parts),
+        file=oom.file if failed_at else top.file if top else None,
+        line=oom.line if failed_at else top.line if top else None,
         module=top.module if top else None,
         cost_basis="measured on this host",
     )
