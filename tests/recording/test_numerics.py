@@ -205,6 +205,37 @@ def test_a_nan_from_a_log_of_zero_in_the_backward_is_named(tmp_path: Path) -> No
     assert report.first_divergence is None
 
 
+NAN_PARAMETERS_AFTER_A_PADDED_ROW = """
+import torch
+from torch import nn
+
+
+class RowNorm(nn.Module):
+    def forward(self, x):
+        return x / (x.pow(2).sum(-1, keepdim=True).sqrt() + 1e-6)  # sqrt(0) of a padded row: a NaN gradient
+
+
+model = nn.Sequential(nn.Linear(16, 16, bias=False), RowNorm(), nn.Linear(16, 4)).to("tpu")
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(3):
+    x = torch.randn(8, 16, device="tpu")
+    x[6:] = 0
+    loss = model(x).pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
+def test_modules_fed_nan_parameters_are_compared_not_called_random(tmp_path: Path) -> None:
+    _, recording = _record(tmp_path, NAN_PARAMETERS_AFTER_A_PADDED_ROW, "nan_parameters")
+    report = replay_report(recording)
+    assert report.first_nonfinite is not None and report.first_nonfinite.module == "Sequential.1"
+    assert report.first_nonfinite.phase == "backward" and report.first_nonfinite.step == 1
+    assert not [call for call in recording.calls if call.reason and "random stream" in call.reason]
+    assert report.first_divergence is None
+
+
 @pytest.mark.parametrize("mode", ["strict", "defer"])
 def test_a_clean_model_does_not_diverge(tmp_path: Path, mode: str) -> None:
     _, recording = _record(tmp_path, CLEAN_MLP_WITH_DROPOUT, f"clean-{mode}", "--mode", mode)
