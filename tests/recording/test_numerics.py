@@ -227,6 +227,36 @@ for step in range(3):
 """
 
 
+EXPLICIT_BFLOAT16_CAST = """
+import torch
+from torch import nn
+
+
+class Fast(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(32, 32)
+
+    def forward(self, x):
+        return torch.tanh(self.fc(x).to(torch.bfloat16)).float()
+
+
+model = nn.Sequential(nn.Linear(32, 32), nn.Tanh(), Fast(), nn.Linear(32, 4)).to("tpu")
+for step in range(2):
+    model(torch.randn(16, 32, device="tpu")).pow(2).mean().backward()  # the model call
+"""
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer"])
+def test_an_explicit_bfloat16_cast_diverges_from_the_full_precision_reference(tmp_path: Path, mode: str) -> None:
+    script, recording = _record(tmp_path, EXPLICIT_BFLOAT16_CAST, f"cast-{mode}", "--mode", mode)
+    first = replay_report(recording).first_divergence
+    assert first is not None
+    call = first.call
+    assert (call.module, call.phase, call.line) == ("Sequential.2", "forward", _line_of(script, "the model call"))
+    assert first.divergence > first.tolerance == 1e-4
+
+
 def test_modules_fed_nan_parameters_are_compared_not_called_random(tmp_path: Path) -> None:
     _, recording = _record(tmp_path, NAN_PARAMETERS_AFTER_A_PADDED_ROW, "nan_parameters")
     report = replay_report(recording)

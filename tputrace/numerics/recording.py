@@ -25,6 +25,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from tputrace import sourceloc
 from tputrace.numerics.digests import difference, digest, dtype_name
+from tputrace.numerics.full_precision import FullPrecision
 from tputrace.numerics.parameter_grads import ParameterReferences
 from tputrace.numerics.random_ops import RandomDraw, RandomLog, RandomReplay
 from tputrace.numerics.store import COMPARED, NOT_COMPARED, FullTensor, ModuleCall, NumericsWriter, OpRow
@@ -273,7 +274,7 @@ class NumericsSession:
                     args[position] = args[position].requires_grad_(True)
                     grad_inputs.append(args[position])
             args = tuple(args)
-        with self._replaying(), torch.random.fork_rng(devices=[]), torch.set_grad_enabled(needs_grad is not None):
+        with self._replaying(), torch.random.fork_rng(devices=[]), torch.set_grad_enabled(needs_grad is not None), FullPrecision():
             torch.manual_seed(seed)
             if state.random_draws:
                 with RandomReplay(state.random_draws):
