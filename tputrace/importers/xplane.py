@@ -81,6 +81,7 @@ class _OpMeta:
     """What an XLA op's event metadata says, read once per metadata id."""
 
     name: str
+    name_sid: int
     category: str | None
     flops: float
     bytes_accessed: float
@@ -295,9 +296,15 @@ class XPlaneImporter:
                         end_ps = offset_ps + duration_ps
                     start_ns = base_ns + offset_ps // 1000
                     stats = event.stats
-                    if stats and any(stat.metadata_id in hlo_op_ids for stat in stats):
-                        self._host_op(plane, decoder, event, start_ns, duration_ps // 1000)
-                        continue
+                    if stats:
+                        for stat in stats:
+                            if stat.metadata_id in hlo_op_ids:
+                                break
+                        else:
+                            stats = None
+                        if stats:
+                            self._host_op(plane, decoder, event, start_ns, duration_ps // 1000)
+                            continue
                     annotation = annotations.get(event.metadata_id)
                     if annotation is None:
                         annotation = annotations[event.metadata_id] = self._annotation(
@@ -310,7 +317,11 @@ class XPlaneImporter:
     def _host_op(self, plane: Any, decoder: _StatDecoder, event: Any, start_ns: int, dur_ns: int) -> None:
         """An XLA op run on a host thread (XLA:CPU): its op, module, run and device from the event's stats."""
         wanted = self.host_op_stats
-        values = {wanted[stat.metadata_id]: decoder.value(stat) for stat in event.stats if stat.metadata_id in wanted}
+        values = {}
+        for stat in event.stats:
+            name = wanted.get(stat.metadata_id)
+            if name is not None:
+                values[name] = decoder.value(stat)
         module = str(values.get("hlo_module", ""))
         key = (event.metadata_id, module)
         meta = self.host_op_metas.get(key)
@@ -352,6 +363,7 @@ class XPlaneImporter:
         program = self._program(program_name) if program_name else None
         return _OpMeta(
             name=name,
+            name_sid=self.writer.intern(name),
             category=str(stats["hlo_category"]) if "hlo_category" in stats else None,
             flops=float(stats.get("flops", 0) or 0),
             bytes_accessed=float(stats.get("bytes_accessed", 0) or 0),
@@ -364,7 +376,7 @@ class XPlaneImporter:
         self.seq += 1
         step = self.steps.step_at(start_ns)
         program = meta.program
-        self.sink.append("ops", (self.seq, self.rank, self.writer.intern(meta.name), None, None, chip, start_ns, dur_ns,
+        self.sink.append("ops", (self.seq, self.rank, meta.name_sid, None, None, chip, start_ns, dur_ns,
                                  meta.frame_id, meta.tf_op_sid, step, program.program_id if program else None, None))
         if meta.category in _COLLECTIVE_CATEGORIES:
             self.sink.append("collectives", (self.rank, _COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed),
