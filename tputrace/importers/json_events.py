@@ -40,10 +40,11 @@ def read_header(path: Path) -> dict[str, Any]:
     return _header(buffer[:start])
 
 
-def event_texts(path: Path, block: int = _BLOCK) -> Iterator[str]:
+def event_texts(path: Path, block: int | None = None) -> Iterator[str]:
     """The raw text of the `traceEvents` array in blocks, each but the last ending just after a `}` that is
     followed by a comma (so, in a well-formed file, after an event). The last block holds the array's end
     and whatever follows it."""
+    block = block or _BLOCK
     stream, buffer, start = _open_array(path)
     buffer = buffer[buffer.find("[", start) + 1:]
     try:
@@ -71,9 +72,10 @@ def event_texts(path: Path, block: int = _BLOCK) -> Iterator[str]:
         stream.close()
 
 
-def event_lists(path: Path, block: int = _BLOCK) -> Iterator[list[Any]]:
+def event_lists(path: Path, block: int | None = None) -> Iterator[list[Any]]:
     """The events of the `traceEvents` array, a block's worth per list (elements that are not objects
     included: callers skip them). A truncated or damaged array raises `CaptureError`."""
+    block = block or _BLOCK
     pending = ""
     for text in event_texts(path, block):
         text = pending + text
