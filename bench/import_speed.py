@@ -5,10 +5,11 @@ Captures are real, made here, then scaled: `jax.profiler.trace` of some steps of
 (XProf `xplane.pb`, XLA:CPU) and torch.profiler's Chrome JSON of some training steps of a small CPU model;
 each capture's events are repeated, shifted by the capture's span each time, until it holds the wanted
 number of events (ProfilerStep numbers keep counting). Each import runs in a fresh process; its CPU time
-is that process's user + system time (the writer's thread included), its peak RSS its `ru_maxrss` (the
-interpreter and tputrace included).
+is that process's user + system time (the writer's thread included), its peak RSS its `VmHWM` (the
+interpreter and tputrace included; Linux only).
 
-Run: `python bench/import_speed.py [--events 100000 1000000]`; writes its section of bench/RESULTS.md.
+Run: `python bench/import_speed.py [--events 100000 1000000] [--more-xprof-events 10000000]`; writes its
+section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -63,8 +64,10 @@ IMPORT = textwrap.dedent("""
 
     result = import_captures([sys.argv[1]], sys.argv[2])
     usage = resource.getrusage(resource.RUSAGE_SELF)
+    # VmHWM: this process's own peak (ru_maxrss would carry over the parent's peak across exec on Linux).
+    status = open("/proc/self/status").read().split("VmHWM:")[1].split()
     print(json.dumps({"rows": result.rows, "cpu_s": usage.ru_utime + usage.ru_stime,
-                      "peak_mib": usage.ru_maxrss / 1024}))
+                      "peak_mib": int(status[0]) / 1024}))
 """)
 # The interpreter and tputrace's imports alone, subtracted from each import's CPU time.
 STARTUP = "import resource, json, tputrace.importers.run; u = resource.getrusage(resource.RUSAGE_SELF); " \
@@ -143,6 +146,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--events", type=int, nargs="+", default=[100_000, 1_000_000],
                         help="capture sizes in events")
+    parser.add_argument("--more-xprof-events", type=int, nargs="*", default=[],
+                        help="further sizes for the XProf capture only (a JSON capture of 10^7 events is ~4 GB)")
     args = parser.parse_args()
     rows = []
     startup_s = min(_run_json(STARTUP) for _ in range(3))
@@ -154,7 +159,7 @@ def main() -> None:
         for fmt, seed, scale, name in (
                 ("XProf xplane.pb (jax.profiler)", seed_xplane, scale_xplane, "host.xplane.pb"),
                 ("torch.profiler JSON", folder / "seed.json", scale_chrome_json, "profile.json")):
-            for wanted in args.events:
+            for wanted in args.events + (args.more_xprof_events if scale is scale_xplane else []):
                 capture = folder / f"{wanted}-{name}"
                 events = scale(seed, capture, wanted)
                 measured = _run_json(IMPORT, str(capture), str(folder / "out.tptrace"))
