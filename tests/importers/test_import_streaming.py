@@ -15,8 +15,11 @@ import tputrace
 from captures import jax_compile_capture
 from tputrace.cli.main import main
 from tputrace.importers import json_events, wire
+from tputrace.importers.chrome_json import ChromeJsonImporter
 from tputrace.importers.json_events import event_lists
+from tputrace.importers.sink import ImportSink
 from tputrace.importers.wire import XSpaceFile
+from tputrace.store.writer import TraceWriter
 from tputrace.xplane_proto import encode_varint, messages
 
 
@@ -134,3 +137,20 @@ def test_xla_compiles_in_an_xprof_capture_are_imported(tmp_path: Path) -> None:
     assert program.name == "jit_step"
     # The compiled program is the one executed: its ops point at it.
     assert {op.program_id for op in trace.records("ops") if op.op == "dot"} == {program.id}
+
+
+def test_the_raw_text_scan_finds_what_decoding_finds(captures: dict[str, Path], tmp_path: Path) -> None:
+    document = json.loads(captures["profiler"].read_text())
+    stamps = [event["ts"] for event in document["traceEvents"] if "ts" in event]
+    first, span = min(stamps), max(stamps) - min(stamps)
+    document["traceEvents"] += [{"ph": "X", "cat": "user_annotation", "name": f"ProfilerStep#{step}", "pid": 1,
+                                 "tid": 1, "ts": first + span * step / 4, "dur": span / 4, "args": {}}
+                                for step in range(4)]
+    path = tmp_path / "steps.json"
+    path.write_text(json.dumps(document, indent=2))
+    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), path)
+    start_us, markers, frames = importer._scan_text()
+    decoded_start_us, decoded_markers, decoded_frames = importer._scan_events()
+    assert (start_us, sorted(markers), sorted(frames)) == (decoded_start_us, sorted(decoded_markers),
+                                                           sorted(decoded_frames))
+    assert start_us == first and len(markers) == 4 and frames
