@@ -1,22 +1,28 @@
-"""Import throughput and memory of `tputrace import`: events per second and peak RSS, per format, at two
-capture sizes (so that one can see whether memory grows with the capture).
+"""Import throughput and memory of `tputrace import`: capture events per CPU second and peak RSS, per format,
+at capture sizes ten times apart (so that one sees whether memory grows with the capture).
 
-Captures are real, made here: `jax.profiler.trace` of N steps of a jitted function (XProf `xplane.pb`)
-and torch.profiler's Chrome JSON of N training steps of a small CPU model. Each import runs in a fresh
-process; its peak RSS is that process's `ru_maxrss` (the interpreter and tputrace included).
+Captures are real, made here, then scaled: `jax.profiler.trace` of some steps of a jitted training step
+(XProf `xplane.pb`, XLA:CPU) and torch.profiler's Chrome JSON of some training steps of a small CPU model;
+each capture's events are repeated, shifted by the capture's span each time, until it holds the wanted
+number of events (ProfilerStep numbers keep counting). Each import runs in a fresh process; its CPU time
+is that process's user + system time (the writer's thread included), its peak RSS its `VmHWM` (the
+interpreter and tputrace included; Linux only).
 
-Run: `python bench/import_speed.py [--steps N]`; writes its section of bench/RESULTS.md.
+Run: `python bench/import_speed.py [--events 100000 1000000] [--more-xprof-events 10000000]`; writes its
+section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import textwrap
 from pathlib import Path
+from typing import Any
 
 from results import write_section
 
@@ -44,23 +50,33 @@ TORCH_CAPTURE = textwrap.dedent("""
 
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     x = torch.randn(8, 16)
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True,
+                 profile_memory=True) as prof:
         for _ in range(int(sys.argv[2])):
             model(x).sum().backward()
     prof.export_chrome_trace(sys.argv[1])
 """)
 
+# Run in a fresh process: the import, then its CPU time and peak RSS.
 IMPORT = textwrap.dedent("""
-    import json, resource, sys, time
-    import tputrace
+    import json, resource, sys
     from tputrace.importers.run import import_captures
 
-    started = time.perf_counter()
     result = import_captures([sys.argv[1]], sys.argv[2])
-    seconds = time.perf_counter() - started
-    peak_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"rows": result.rows, "seconds": seconds, "peak_mib": peak_mib}))
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    # VmHWM: this process's own peak (ru_maxrss would carry over the parent's peak across exec on Linux).
+    status = open("/proc/self/status").read().split("VmHWM:")[1].split()
+    print(json.dumps({"rows": result.rows, "cpu_s": usage.ru_utime + usage.ru_stime,
+                      "peak_mib": int(status[0]) / 1024}))
 """)
+# The interpreter and tputrace's imports alone, subtracted from each import's CPU time.
+STARTUP = "import resource, json, tputrace.importers.run; u = resource.getrusage(resource.RUSAGE_SELF); " \
+          "print(json.dumps(u.ru_utime + u.ru_stime))"
+
+SEED_STEPS = 20
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 
 def _capture(script: str, target: Path, steps: int, folder: Path) -> None:
@@ -69,36 +85,97 @@ def _capture(script: str, target: Path, steps: int, folder: Path) -> None:
     subprocess.run([sys.executable, str(path), str(target), str(steps)], check=True, capture_output=True)
 
 
-def _import(capture: Path, output: Path) -> dict[str, float]:
-    done = subprocess.run([sys.executable, "-c", IMPORT, str(capture), str(output)], check=True,
-                          capture_output=True, text=True)
+def scale_chrome_json(seed: Path, target: Path, events: int) -> int:
+    """Write `target`: the seed's events repeated (shifted by its span) up to `events` timed events."""
+    document = json.loads(seed.read_text())
+    header = {key: value for key, value in document.items() if key != "traceEvents"}
+    untimed = [event for event in document["traceEvents"] if event.get("ph") == "M"]
+    timed = [event for event in document["traceEvents"] if event.get("ph") != "M"]
+    start = min(event["ts"] for event in timed)
+    span = max(event["ts"] + event.get("dur", 0) for event in timed) - start + 1
+    steps = sum(str(event.get("name", "")).startswith("ProfilerStep#") for event in timed)
+    written = 0
+    with target.open("w") as stream:
+        stream.write(json.dumps(header, indent=2)[:-2] + ',\n  "traceEvents": [\n')
+        parts = [json.dumps(event, indent=2) for event in untimed]
+        repeat = 0
+        while written < events:
+            for event in timed[: events - written]:
+                copy = dict(event, ts=event["ts"] + repeat * span)
+                name = str(copy.get("name", ""))
+                if name.startswith("ProfilerStep#"):
+                    copy["name"] = f"ProfilerStep#{int(name[13:]) + repeat * steps}"
+                parts.append(json.dumps(copy, indent=2))
+                written += 1
+            stream.write(",\n".join(parts))
+            parts = [""]
+            repeat += 1
+        stream.write("\n]}\n")
+    return written + len(untimed)
+
+
+def scale_xplane(seed: Path, target: Path, events: int) -> int:
+    """Write `target`: every line's events repeated (shifted by the capture's span) up to `events` events."""
+    from tputrace.xplane_proto import messages
+
+    space = messages()["XSpace"]()
+    space.ParseFromString(seed.read_bytes())
+    lines = [line for plane in space.planes for line in plane.lines if line.events]
+    total = sum(len(line.events) for line in lines)
+    ends = [line.timestamp_ns * 1000 + event.offset_ps + event.duration_ps for line in lines for event in line.events]
+    starts = [line.timestamp_ns * 1000 + event.offset_ps for line in lines for event in line.events]
+    span_ps = max(ends) - min(starts) + 1
+    repeats = -(-events // total)
+    for line in lines:
+        originals = [(event.SerializeToString(), event.offset_ps) for event in line.events]
+        for repeat in range(1, repeats):
+            for data, offset in originals:
+                copy = line.events.add()
+                copy.ParseFromString(data)
+                copy.offset_ps = offset + repeat * span_ps
+    target.write_bytes(space.SerializeToString())
+    return total * repeats
+
+
+def _run_json(code: str, *args: str) -> Any:
+    done = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True, env=ENV)
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2000, help="steps in the larger captures (the smaller: a tenth)")
+    parser.add_argument("--events", type=int, nargs="+", default=[100_000, 1_000_000],
+                        help="capture sizes in events")
+    parser.add_argument("--more-xprof-events", type=int, nargs="*", default=[],
+                        help="further sizes for the XProf capture only (a JSON capture of 10^7 events is ~4 GB)")
     args = parser.parse_args()
     rows = []
+    startup_s = min(_run_json(STARTUP) for _ in range(3))
     with tempfile.TemporaryDirectory() as temp:
         folder = Path(temp)
-        for fmt, script, name in (("XProf xplane.pb (jax.profiler)", JAX_CAPTURE, "logdir"),
-                                  ("torch.profiler JSON", TORCH_CAPTURE, "profile.json")):
-            for steps in (args.steps // 10, args.steps):
-                capture = folder / f"{steps}-{name}"
-                _capture(script, capture, steps, folder)
-                size = sum(file.stat().st_size for file in ([capture] if capture.is_file() else capture.rglob("*")))
-                measured = _import(capture, folder / f"{steps}-{name}.tptrace")
-                rate = measured["rows"] / measured["seconds"]
-                rows.append(f"| {fmt} | {steps} | {size / 2**20:.1f} MiB | {measured['rows']:,} | "
-                            f"{measured['seconds']:.2f} s | {rate:,.0f} | {measured['peak_mib']:.0f} MiB |")
+        _capture(JAX_CAPTURE, folder / "seed-logdir", SEED_STEPS, folder)
+        _capture(TORCH_CAPTURE, folder / "seed.json", SEED_STEPS, folder)
+        seed_xplane = next((folder / "seed-logdir").rglob("*.xplane.pb"))
+        for fmt, seed, scale, name in (
+                ("XProf xplane.pb (jax.profiler)", seed_xplane, scale_xplane, "host.xplane.pb"),
+                ("torch.profiler JSON", folder / "seed.json", scale_chrome_json, "profile.json")):
+            for wanted in args.events + (args.more_xprof_events if scale is scale_xplane else []):
+                capture = folder / f"{wanted}-{name}"
+                events = scale(seed, capture, wanted)
+                measured = _run_json(IMPORT, str(capture), str(folder / "out.tptrace"))
+                cpu_s = measured["cpu_s"] - startup_s
+                rows.append(f"| {fmt} | {events:,} | {capture.stat().st_size / 2**20:,.0f} MiB | "
+                            f"{measured['rows']:,} | {cpu_s:.2f} s | {events / cpu_s:,.0f} | "
+                            f"{measured['peak_mib']:.0f} MiB |")
                 print(rows[-1], flush=True)
+                capture.unlink()
     body = "\n".join([
-        "Rows written per second by `tputrace import` (one row per imported event), and the import process's peak",
-        "RSS, for captures of a tenth and all of `--steps` steps. Memory that stays put as the capture grows is",
-        "what streaming buys; XProf files are parsed one plane at a time, so a capture's largest plane bounds it.",
+        "Capture events imported per CPU second by `tputrace import` (the process's user + system time, its",
+        f"{startup_s:.2f} s of interpreter and module start-up taken off), and the import process's peak RSS.",
+        "Captures are real ones of a few steps, their events repeated up to the size shown. Memory that stays",
+        "put as the capture grows tenfold is what streaming buys.",
         "",
-        "| format | steps | capture | rows | import time | rows/s | peak RSS |",
+        "| format | events | capture | rows written | CPU time | events/s | peak RSS |",
         "|---|---|---|---|---|---|---|",
         *rows,
     ])

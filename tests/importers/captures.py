@@ -27,6 +27,20 @@ JAX_STEP = textwrap.dedent("""
         w.block_until_ready()
 """)
 
+# Two programs compiled inside the trace, one of them twice (a second input shape).
+JAX_COMPILE = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+
+    with jax.profiler.trace(sys.argv[1]):
+        @jax.jit
+        def step(w, x):
+            return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+        w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+        step(w, x).block_until_ready()
+        step(w, x[:4]).block_until_ready()
+""")
+
 # A graph break (print) on line 5 and a recompile (a 1-d then a 2-d input).
 TORCH_COMPILE = textwrap.dedent("""\
     import torch
@@ -64,6 +78,14 @@ def jax_capture(folder: Path) -> Path:
     script.write_text(JAX_STEP)
     _run(script, str(folder / "logdir"))
     return folder / "logdir"
+
+
+def jax_compile_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir in which `step` is compiled twice (two input shapes)."""
+    script = folder / "jax_compile.py"
+    script.write_text(JAX_COMPILE)
+    _run(script, str(folder / "compile_logdir"))
+    return folder / "compile_logdir"
 
 
 def torch_trace_capture(folder: Path) -> tuple[Path, Path]:

@@ -10,16 +10,7 @@ from pathlib import Path
 import pytest
 
 import tputrace
-from captures import jax_capture, torch_profiler_capture, torch_trace_capture
 from tputrace.cli.main import main
-
-
-@pytest.fixture(scope="module")
-def captures(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
-    folder = tmp_path_factory.mktemp("captures")
-    torch_trace, script = torch_trace_capture(folder)
-    return {"jax": jax_capture(folder), "torch_trace": torch_trace, "script": script,
-            "profiler": torch_profiler_capture(folder)}
 
 
 def _import(tmp_path: Path, *paths: Path) -> tputrace.Trace:

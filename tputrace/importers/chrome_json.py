@@ -1,31 +1,40 @@
 """Importing torch.profiler's Chrome/Kineto JSON (`prof.export_chrome_trace(path)`).
 
-Two streaming passes over `traceEvents`: the first finds the capture's start and its `ProfilerStep#N`
-ranges, the second writes rows. `cpu_op` events -> `ops` (shapes from `Input type`/`Input Dims`, frame the
-innermost enclosing user
-`python_function`, kept from the first pass: only the user's frames, not the libraries');
-`kernel`/`gpu_memcpy`/`gpu_memset` events -> `programs` (one per kernel name, kind `kernel`) and
-`executions` on the device (`args.device`); `[memory]` events -> `memory` samples (`Total Allocated`,
-running peak) on `Device Id`; `python_function` events -> `annotations` of origin `python` with their
-frame; `user_annotation` events -> `annotations` of origin `record_function`.
+Two streaming passes over `traceEvents`. The first scans the raw text with regular expressions (no JSON
+decoding): the capture's start (the earliest `ts`), its `ProfilerStep#N` ranges and the user's Python
+frames (only those events are decoded); where the text does not have the expected shape it decodes the
+events instead. The second decodes the events a block at a time and writes rows. `cpu_op` events ->
+`ops` (shapes from `Input type`/`Input Dims`, frame the innermost enclosing user `python_function`: only
+the user's frames, not the libraries'); `kernel`/`gpu_memcpy`/`gpu_memset` events -> `programs` (one per
+kernel name, kind `kernel`) and `executions` on the device (`args.device`); `[memory]` events -> `memory`
+samples (`Total Allocated`, running peak) on `Device Id`; `python_function` events -> `annotations` of
+origin `python` with their frame; `user_annotation` events -> `annotations` of origin `record_function`.
 """
 
 from __future__ import annotations
 
 import bisect
+import json
 import re
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers.json_events import header_and_events
+from tputrace.importers.json_events import event_lists, event_texts, read_header
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
-_KERNEL_CATEGORIES = ("kernel", "gpu_memcpy", "gpu_memset")
-# User frames looked at, latest-starting first, for the one enclosing an op.
-_FRAME_LOOKBACK = 64
+_KERNEL_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+# The first pass's patterns over raw text; each match is checked against a count of its key.
+_TS_TEXT = re.compile(r'"ts"\s*:\s*(-?\d[\d.eE+-]*)')
+_STEP_TEXT = re.compile(r'"name"\s*:\s*"ProfilerStep#\d+"')
+_PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_NUMBER = (int, float)
+
+
+class _Irregular(Exception):
+    """Raw text the first pass's patterns do not fit: the pass decodes the events instead."""
 
 
 class ChromeJsonImporter:
@@ -42,24 +51,11 @@ class ChromeJsonImporter:
         self.peak_bytes: dict[int, int] = {}
 
     def run(self) -> None:
-        header, events = header_and_events(self.path)
-        start_us: float | None = None
-        end_us = 0.0
-        markers: list[tuple[float, float]] = []
-        devices: set[int] = set()
-        user_frames: list[tuple[float, float, Any, str]] = []
-        for event in events:
-            ts = event.get("ts")
-            if not isinstance(ts, (int, float)):
-                continue
-            if event.get("cat") == "python_function" and _is_user_frame(str(event.get("name", ""))):
-                user_frames.append((ts, ts + _number(event.get("dur")), event.get("tid"), str(event["name"])))
-            start_us = ts if start_us is None else min(start_us, ts)
-            end_us = max(end_us, ts + _number(event.get("dur")))
-            if event.get("ph") == "X" and _STEP.match(str(event.get("name", ""))):
-                markers.append((ts, ts + _number(event.get("dur"))))
-            if event.get("cat") in _KERNEL_CATEGORIES:
-                devices.add(int(_args(event).get("device", 0) or 0))
+        header = read_header(self.path)
+        try:
+            start_us, markers, user_frames = self._scan_text()
+        except _Irregular:
+            start_us, markers, user_frames = self._scan_events()
         if start_us is None:
             raise CaptureError(f"{self.path} holds no timed events")
         self.start_us = start_us
@@ -67,48 +63,131 @@ class ChromeJsonImporter:
         self.steps.starts = sorted(self._ns(start) for start, _ in markers)
         for index, (start, end) in enumerate(sorted(markers)):
             self.sink.append("steps", (self.rank, index + 1, self._ns(start), self._ns(end), "imported"))
+        self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], platform="cpu", chips=0,
+                            start_unix_ns=base_ns + int(start_us * 1000))
+        self.user_frames = _FrameIndex(user_frames)
+        end_us, devices = self._rows()
         device = "gpu" if devices else "cpu"
         self.sink.note(self.rank, device=device)
-        self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], platform=device,
-                            chips=len(devices), start_unix_ns=base_ns + int(start_us * 1000),
-                            end_ns=self._ns(end_us))
-        self.user_frames = _FrameIndex(user_frames)
-        _, events = header_and_events(self.path)
+        self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=self._ns(end_us))
+
+    # -- first pass: start, steps and user frames -------------------------------------------------
+
+    def _scan_text(self) -> tuple[float | None, list[tuple[float, float]], list[tuple[float, float, Any, str]]]:
+        """The first pass over raw text; `_Irregular` where an event does not have the expected shape."""
+        start_us: float | None = None
+        markers: list[tuple[float, float]] = []
+        user_frames: list[tuple[float, float, Any, str]] = []
+        for text in event_texts(self.path):
+            stamps = _TS_TEXT.findall(text)
+            if len(stamps) != text.count('"ts"'):
+                raise _Irregular
+            if stamps:
+                earliest = min(map(float, stamps))
+                start_us = earliest if start_us is None else min(start_us, earliest)
+            if "ProfilerStep#" in text:
+                for match in _STEP_TEXT.finditer(text):
+                    event = _event_around(text, match)
+                    if event.get("ph") == "X":
+                        markers.append((event["ts"], event["ts"] + _number(event.get("dur"))))
+            python_events = 0
+            for match in _PYTHON_TEXT.finditer(text):
+                python_events += 1
+                name = match.group(1)
+                if "\\" in name:
+                    name = json.loads(f'"{name}"')
+                if _is_user_frame(name):
+                    event = _event_around(text, match)
+                    if event.get("name") != name or event.get("cat") != "python_function":
+                        raise _Irregular
+                    user_frames.append((event["ts"], event["ts"] + _number(event.get("dur")), event.get("tid"), name))
+            if python_events != text.count('"python_function"'):
+                raise _Irregular
+        return start_us, markers, user_frames
+
+    def _scan_events(self) -> tuple[float | None, list[tuple[float, float]], list[tuple[float, float, Any, str]]]:
+        """The first pass over decoded events (for text the patterns do not fit)."""
+        start_us: float | None = None
+        markers: list[tuple[float, float]] = []
+        user_frames: list[tuple[float, float, Any, str]] = []
+        for events in event_lists(self.path):
+            for event in events:
+                if not isinstance(event, dict):
+                    continue
+                ts = event.get("ts")
+                if not isinstance(ts, _NUMBER):
+                    continue
+                start_us = ts if start_us is None else min(start_us, ts)
+                name = str(event.get("name", ""))
+                if event.get("cat") == "python_function" and _is_user_frame(name):
+                    user_frames.append((ts, ts + _number(event.get("dur")), event.get("tid"), name))
+                if event.get("ph") == "X" and _STEP.match(name):
+                    markers.append((ts, ts + _number(event.get("dur"))))
+        return start_us, markers, user_frames
+
+    # -- second pass: rows ----------------------------------------------------------------------
+
+    def _rows(self) -> tuple[float, set[int]]:
+        """Write every event's row; the capture's end (us) and the devices its kernels ran on."""
+        rank = self.rank
+        start_us = self.start_us
+        intern = self.writer.intern
+        step_starts = self.steps.starts
+        innermost = self.user_frames.innermost
+        frame_of = self._frame
+        shapes_of = _Shapes()
+        end_us = start_us
+        devices: set[int] = set()
         seq = 0
-        for event in events:
-            if not isinstance(event.get("ts"), (int, float)):
-                continue
-            name = str(event.get("name", ""))
-            start_ns = self._ns(event["ts"])
-            if name == "[memory]":
-                self._memory(_args(event), start_ns)
-                continue
-            if event.get("ph") != "X":
-                continue
-            category = event.get("cat")
-            dur_ns = int(_number(event.get("dur")) * 1000)
-            step = self.steps.step_at(start_ns)
-            if category == "cpu_op":
-                seq += 1
-                args = _args(event)
-                inputs = _shapes(args.get("Input type"), args.get("Input Dims"))
-                frame_name = self.user_frames.innermost(event["ts"], event.get("tid"))
-                self.sink.append("ops", (seq, self.rank, self.writer.intern(name),
-                                         self.writer.intern(inputs) if inputs else None, None, -1, start_ns, dur_ns,
-                                         self._frame(frame_name) if frame_name else None, None, step, None, None))
-            elif category in _KERNEL_CATEGORIES:
-                self._kernel(name, event, start_ns, dur_ns, step)
-            elif category == "python_function":
-                self.sink.append("annotations", (self.rank, self.writer.intern(name), "python", start_ns, dur_ns,
-                                                 self._frame(name), step))
-            elif category == "user_annotation" and not _STEP.match(name):
-                self.sink.append("annotations", (self.rank, self.writer.intern(name), "record_function", start_ns,
-                                                 dur_ns, None, step))
+        extend = self.sink.extend
+        for events in event_lists(self.path):
+            ops: list[tuple[Any, ...]] = []
+            annotations: list[tuple[Any, ...]] = []
+            for event in events:
+                if event.__class__ is not dict:
+                    continue
+                ts = event.get("ts")
+                if ts.__class__ is not float and not isinstance(ts, _NUMBER):
+                    continue
+                dur = event.get("dur", 0)
+                if dur.__class__ is not float and not isinstance(dur, _NUMBER):
+                    dur = 0.0
+                if ts + dur > end_us:
+                    end_us = ts + dur
+                name = event.get("name", "")
+                if name.__class__ is not str:
+                    name = str(name)
+                start_ns = int(round((ts - start_us) * 1000))
+                if name == "[memory]":
+                    self._memory(_args(event), start_ns)
+                    continue
+                if event.get("ph") != "X":
+                    continue
+                category = event.get("cat")
+                dur_ns = int(dur * 1000)
+                step = bisect.bisect_right(step_starts, start_ns)
+                if category == "cpu_op":
+                    seq += 1
+                    args = event.get("args")
+                    inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
+                    frame_name = innermost(ts, event.get("tid"))
+                    ops.append((seq, rank, intern(name), intern(inputs) if inputs else None, None, -1, start_ns, dur_ns,
+                                frame_of(frame_name) if frame_name else None, None, step, None, None))
+                elif category == "python_function":
+                    annotations.append((rank, intern(name), "python", start_ns, dur_ns, frame_of(name), step))
+                elif category == "user_annotation":
+                    if not _STEP.match(name):
+                        annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
+                elif category in _KERNEL_CATEGORIES:
+                    devices.add(self._kernel(name, event, start_ns, dur_ns, step))
+            extend("ops", ops)
+            extend("annotations", annotations)
+        return end_us, devices
 
     def _ns(self, ts_us: float) -> int:
         return int(round((ts_us - self.start_us) * 1000))
 
-    def _kernel(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> None:
+    def _kernel(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> int:
         program_id = self.kernel_programs.get(name)
         if program_id is None:
             program_id = self.kernel_programs[name] = self.writer.next_id("programs")
@@ -117,6 +196,7 @@ class ChromeJsonImporter:
                                           None, None))
         chip = int(_args(event).get("device", 0) or 0)
         self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
+        return chip
 
     def _memory(self, args: dict[str, Any], t_ns: int) -> None:
         chip = int(args.get("Device Id", -1) if args.get("Device Id") is not None else -1)
@@ -125,27 +205,94 @@ class ChromeJsonImporter:
         self.sink.append("memory", (self.rank, chip, t_ns, live, peak))
 
     def _frame(self, name: str) -> int | None:
-        if name not in self.frames:
+        frame_id = self.frames.get(name, -1)
+        if frame_id == -1:
             match = _PYTHON_FRAME.match(name)
-            self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
-                                 if match else None)
-        return self.frames[name]
+            frame_id = self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
+                                            if match else None)
+        return frame_id
+
+
+def _event_around(text: str, match: re.Match[str]) -> dict[str, Any]:
+    """The event whose top-level key `match` found (the object starting at the nearest `{` before it)."""
+    start = text.rfind("{", 0, match.start())
+    try:
+        event, end = json.JSONDecoder().raw_decode(text, start)
+    except (json.JSONDecodeError, ValueError):
+        raise _Irregular from None
+    if start < 0 or end < match.end() or not isinstance(event, dict) or not isinstance(event.get("ts"), _NUMBER):
+        raise _Irregular
+    return event
 
 
 class _FrameIndex:
     """The user's Python frames (torch.profiler's `python_function` events outside torch and libraries) by
-    start time, to give a CPU op the innermost one that encloses it on its thread."""
+    thread and start time, to give a CPU op the innermost one that encloses it on its thread: the latest
+    frame started at or before the op, else the nearest of its callers (the frames still open when it
+    started) that has not ended by then."""
 
     def __init__(self, frames: list[tuple[float, float, Any, str]]) -> None:
-        self.frames = sorted(frames, key=lambda frame: frame[0])
-        self.starts = [frame[0] for frame in self.frames]
+        by_thread: dict[Any, list[tuple[float, float, str]]] = {}
+        for start, end, tid, name in sorted(frames, key=lambda frame: (frame[0], -frame[1])):
+            by_thread.setdefault(tid, []).append((start, end, name))
+        self.starts = {tid: [frame[0] for frame in thread] for tid, thread in by_thread.items()}
+        self.ends = {tid: [frame[1] for frame in thread] for tid, thread in by_thread.items()}
+        self.names = {tid: [frame[2] for frame in thread] for tid, thread in by_thread.items()}
+        self.callers = {tid: _callers(thread) for tid, thread in by_thread.items()}
 
     def innermost(self, ts: float, tid: Any) -> str | None:
-        index = bisect.bisect_right(self.starts, ts)
-        for start, end, frame_tid, name in reversed(self.frames[max(0, index - _FRAME_LOOKBACK):index]):
-            if end >= ts and frame_tid == tid:
-                return name
-        return None
+        starts = self.starts.get(tid)
+        if starts is None:
+            return None
+        position = bisect.bisect_right(starts, ts) - 1
+        ends = self.ends[tid]
+        callers = self.callers[tid]
+        while position >= 0 and ends[position] < ts:
+            position = callers[position]
+        return self.names[tid][position] if position >= 0 else None
+
+
+def _callers(frames: list[tuple[float, float, str]]) -> list[int]:
+    """For each frame (by start), the position of the latest-started frame still open when it started, or -1."""
+    callers = []
+    open_frames: list[int] = []
+    for position, (start, _, _) in enumerate(frames):
+        while open_frames and frames[open_frames[-1]][1] < start:
+            open_frames.pop()
+        callers.append(open_frames[-1] if open_frames else -1)
+        open_frames.append(position)
+    return callers
+
+
+class _Shapes:
+    """`float[8,16], float[32]` from torch.profiler's parallel `Input type` and `Input Dims` lists, remembered
+    per distinct pair of lists."""
+
+    def __init__(self) -> None:
+        self.known: dict[Any, str] = {}
+
+    def __call__(self, types: Any, dims: Any) -> str:
+        if types.__class__ is not list or dims.__class__ is not list:
+            return ""
+        try:
+            key: Any = (tuple(types), tuple(map(tuple, dims)), tuple(map(type, dims)))
+            text = self.known.get(key)
+        except TypeError:  # unhashable or scalar entries
+            key = f"{types!r}{dims!r}"
+            text = self.known.get(key)
+        if text is None:
+            text = self.known[key] = _shapes(types, dims)
+        return text
+
+
+def _shapes(types: list[Any], dims: list[Any]) -> str:
+    parts = []
+    for kind, shape in zip(types, dims):
+        if isinstance(shape, list) and shape:
+            parts.append(f"{kind}[{','.join(str(size) for size in shape)}]")
+        elif kind:
+            parts.append(str(kind))
+    return ", ".join(parts)
 
 
 def _is_user_frame(name: str) -> bool:
@@ -157,22 +304,9 @@ def _is_user_frame(name: str) -> bool:
 
 
 def _number(value: Any) -> float:
-    return float(value) if isinstance(value, (int, float)) else 0.0
+    return float(value) if isinstance(value, _NUMBER) else 0.0
 
 
 def _args(event: dict[str, Any]) -> dict[str, Any]:
     args = event.get("args")
     return args if isinstance(args, dict) else {}
-
-
-def _shapes(types: Any, dims: Any) -> str:
-    """`float[8,16], float[32]` from torch.profiler's parallel `Input type` and `Input Dims` lists."""
-    if not isinstance(types, list) or not isinstance(dims, list):
-        return ""
-    parts = []
-    for kind, shape in zip(types, dims):
-        if isinstance(shape, list) and shape:
-            parts.append(f"{kind}[{','.join(str(size) for size in shape)}]")
-        elif kind:
-            parts.append(str(kind))
-    return ", ".join(parts)

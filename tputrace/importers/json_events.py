@@ -1,8 +1,16 @@
-"""Streaming the `traceEvents` array of a Chrome trace-event JSON file one event at a time, so that
-memory stays bounded by one read block however long the array is (plain or gzip-compressed)."""
+"""Streaming the `traceEvents` array of a Chrome trace-event JSON file (plain or gzip-compressed) in blocks
+of about a megabyte, so that memory stays bounded by one block however long the array is.
+
+`event_texts` yields the array's raw text cut after an event's closing `}` (for cheap scans with regular
+expressions); `event_lists` decodes each block with one `json.loads` call, with the garbage collector
+paused (decoding makes many small containers and no reference cycles). A cut that falls inside an event
+(a `},` within a nested value) makes that block's decode fail; the block is then decoded event by event
+and the incomplete rest waits for the next block.
+"""
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 from collections.abc import Iterator
@@ -14,6 +22,9 @@ from tputrace.importers.sources import CaptureError
 _BLOCK = 1 << 20
 _KEY = '"traceEvents"'
 _HEADER_LIMIT = 1 << 22  # the array must start within the first 4 MiB
+_SEPARATORS = " \t\r\n,"
+# Undecodable text carried over this many blocks: the array is damaged, not waiting for its next block.
+_DAMAGED_AFTER = 4
 
 
 def _open(path: Path) -> IO[str]:
@@ -22,10 +33,102 @@ def _open(path: Path) -> IO[str]:
     return path.open("r", encoding="utf-8", errors="replace")
 
 
-def header_and_events(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, Any]]]:
-    """The top-level scalar fields before `traceEvents` (e.g. `baseTimeNanoseconds`) and an iterator over
-    its events. A truncated or foreign file raises `CaptureError` (the iterator raises it when it meets
-    the damage)."""
+def read_header(path: Path) -> dict[str, Any]:
+    """The top-level scalar fields before `traceEvents` (e.g. `baseTimeNanoseconds`)."""
+    stream, buffer, start = _open_array(path)
+    stream.close()
+    return _header(buffer[:start])
+
+
+def event_texts(path: Path, block: int | None = None) -> Iterator[str]:
+    """The raw text of the `traceEvents` array in blocks, each but the last ending just after a `}` that is
+    followed by a comma (so, in a well-formed file, after an event). The last block holds the array's end
+    and whatever follows it."""
+    block = block or _BLOCK
+    stream, buffer, start = _open_array(path)
+    buffer = buffer[buffer.find("[", start) + 1:]
+    try:
+        at_end = False
+        while True:
+            if len(buffer) < block and not at_end:
+                more = stream.read(block)
+                at_end = not more
+                buffer += more
+                continue
+            if at_end:
+                yield buffer
+                return
+            cut = buffer.rfind("},")
+            if cut < 0:  # one event longer than a block: read on
+                more = stream.read(block)
+                at_end = not more
+                buffer += more
+                continue
+            yield buffer[:cut + 1]
+            buffer = buffer[cut + 1:]
+    except (OSError, EOFError) as error:
+        raise CaptureError(f"{path} cannot be read ({error})") from None
+    finally:
+        stream.close()
+
+
+def event_lists(path: Path, block: int | None = None) -> Iterator[list[Any]]:
+    """The events of the `traceEvents` array, a block's worth per list (elements that are not objects
+    included: callers skip them). A truncated or damaged array raises `CaptureError`."""
+    block = block or _BLOCK
+    pending = ""
+    for text in event_texts(path, block):
+        text = pending + text
+        pending = ""
+        position = _skip_separators(text, 0)
+        if position < len(text) and text[position] == "]":
+            return
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            events = json.loads(f"[{text[position:]}]")
+            ended = False
+        except json.JSONDecodeError:
+            events, position, ended = _decode_one_by_one(text, position)
+        else:
+            position = len(text)
+        finally:
+            if collecting:
+                gc.enable()
+        yield events
+        if ended:
+            return
+        pending = text[position:]
+        if len(pending) > _DAMAGED_AFTER * block:
+            raise CaptureError(f"{path} is damaged inside traceEvents (no event decodes)")
+    raise CaptureError(f"{path} is truncated or damaged inside traceEvents (the array never ends)")
+
+
+def _decode_one_by_one(text: str, position: int) -> tuple[list[Any], int, bool]:
+    """Events decoded from `position` on until the array's end (True) or an incomplete event (False)."""
+    decode = json.JSONDecoder().raw_decode
+    events = []
+    while True:
+        position = _skip_separators(text, position)
+        if position >= len(text):
+            return events, position, False
+        if text[position] == "]":
+            return events, position, True
+        try:
+            event, position = decode(text, position)
+        except json.JSONDecodeError:
+            return events, position, False
+        events.append(event)
+
+
+def _skip_separators(text: str, position: int) -> int:
+    while position < len(text) and text[position] in _SEPARATORS:
+        position += 1
+    return position
+
+
+def _open_array(path: Path) -> tuple[IO[str], str, int]:
+    """The open stream, the text read so far and where `"traceEvents"` starts in it."""
     stream = _open(path)
     try:
         buffer = stream.read(_BLOCK)
@@ -38,11 +141,10 @@ def header_and_events(path: Path) -> tuple[dict[str, Any], Iterator[dict[str, An
         stream.close()
         raise CaptureError(f"{path} cannot be read ({error})") from None
     start = buffer.find(_KEY)
-    bracket = buffer.find("[", start)
-    if start < 0 or bracket < 0:
+    if start < 0 or buffer.find("[", start) < 0:
         stream.close()
         raise CaptureError(f"{path} is not a Chrome trace (no traceEvents array)")
-    return _header(buffer[:start]), _events(path, stream, buffer, bracket + 1)
+    return stream, buffer, start
 
 
 def _header(text: str) -> dict[str, Any]:
@@ -54,51 +156,7 @@ def _header(text: str) -> dict[str, Any]:
             continue
         colon = text.find(":", at)
         try:
-            header[key], _ = json.JSONDecoder().raw_decode(text, colon + 1 + _spaces(text, colon + 1))
+            header[key], _ = json.JSONDecoder().raw_decode(text, _skip_separators(text, colon + 1))
         except json.JSONDecodeError:
             continue
     return header
-
-
-def _spaces(text: str, position: int) -> int:
-    count = 0
-    while position + count < len(text) and text[position + count] in " \t\r\n":
-        count += 1
-    return count
-
-
-def _events(path: Path, stream: IO[str], buffer: str, position: int) -> Iterator[dict[str, Any]]:
-    decoder = json.JSONDecoder()
-    at_end = False
-    try:
-        while True:
-            while position < len(buffer) and buffer[position] in " \t\r\n,":
-                position += 1
-            if position >= len(buffer) - 1 and not at_end:
-                buffer, position = buffer[position:], 0
-                more = stream.read(_BLOCK)
-                at_end = not more
-                buffer += more
-                continue
-            if position < len(buffer) and buffer[position] == "]":
-                return
-            if position >= len(buffer):
-                raise CaptureError(f"{path} is truncated (the traceEvents array never ends)")
-            try:
-                event, position = decoder.raw_decode(buffer, position)
-            except json.JSONDecodeError:
-                if at_end:
-                    raise CaptureError(f"{path} is truncated or damaged inside traceEvents") from None
-                buffer, position = buffer[position:], 0
-                more = stream.read(_BLOCK)
-                at_end = not more
-                buffer += more
-                continue
-            if isinstance(event, dict):
-                yield event
-            if position > _BLOCK:
-                buffer, position = buffer[position:], 0
-    except (OSError, EOFError) as error:
-        raise CaptureError(f"{path} cannot be read ({error})") from None
-    finally:
-        stream.close()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from pathlib import Path
 
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
 from tputrace.store.writer import TraceWriter
+
+_WRITER_INTERVAL_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -29,14 +32,22 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
     output = Path(output)
     partial = output.with_name(output.name + ".partial")
     partial.unlink(missing_ok=True)
+    # The collector is paused while importing: rows and decoded events are many small containers and make no
+    # reference cycles, so its passes over them would find nothing to free.
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        with TraceWriter(partial, close_at_exit=False) as writer:
+        # Bulk mode (no fsync, journal in memory): the file is only renamed into place once complete, and the
+        # importer commits every so many rows itself, so the writer's own thread has nothing to do.
+        with TraceWriter(partial, close_at_exit=False, bulk=True, commit_interval_s=_WRITER_INTERVAL_S) as writer:
             sink = ImportSink(writer)
             for capture in captures:
                 _import_one(sink, capture)
             sink.finish()
         partial.replace(output)
     finally:
+        if collecting:
+            gc.enable()
         partial.unlink(missing_ok=True)
     return ImportResult(output, captures, sink.rows)
 

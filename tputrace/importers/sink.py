@@ -53,6 +53,15 @@ class ImportSink:
             self._since_commit = 0
             self.writer.commit()
 
+    def extend(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        """Append many rows at once (the importers' fast path: one call per block of events)."""
+        self.writer.extend(table, rows)
+        self._since_commit += len(rows)
+        if self._since_commit >= _ROWS_PER_COMMIT:
+            self.rows += self._since_commit
+            self._since_commit = 0
+            self.writer.commit()
+
     def finish(self) -> None:
         """Write the provenance and commit what is left."""
         self.rows += self._since_commit

@@ -10,15 +10,16 @@ and TraceMe ranges become `annotations` with origin `python` or `traceme`.
 
 from __future__ import annotations
 
-import mmap
 import re
+from bisect import bisect_right
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
-from tputrace.importers.wire import top_level_fields
+from tputrace.importers.wire import LineHead, XSpaceFile
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
@@ -27,7 +28,14 @@ _COLLECTIVE_CATEGORIES = {
     "all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
     "all-to-all": "all_to_all", "collective-permute": "send",
 }
-_XSPACE_PLANES = 1
+# Compile ranges: JAX's (one per compiled program, host Python thread); the PjRt client's, used when there
+# are none of JAX's (e.g. `PjRtCpuClient::Compile`); and the backend compiler's, whose `name` stat names the
+# program (e.g. `CpuCompiler::RunBackend`).
+_COMPILE_EVENTS = frozenset(("backend_compile_and_load",))
+_CLIENT_COMPILE = re.compile(r"^PjRt\w*Client::Compile$")
+_BACKEND_EVENT = "::RunBackend"
+# The stats of an XLA op event on a host thread that the import reads.
+_HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
 # Line times below this (2001 in Unix ns) are relative to the profile's start, not to the epoch.
 _UNIX_NS_FLOOR = 10**18
 
@@ -59,11 +67,21 @@ class _Run:
     end_ns: int
 
 
+@dataclass
+class _Compiles:
+    """Compile ranges met in the first pass (Unix ns): JAX's, the PjRt client's, and named backend ones."""
+
+    compiles: list[tuple[int, int]] = field(default_factory=list)
+    client_compiles: list[tuple[int, int]] = field(default_factory=list)
+    named: list[tuple[int, int, str]] = field(default_factory=list)
+
+
 @dataclass(frozen=True)
 class _OpMeta:
     """What an XLA op's event metadata says, read once per metadata id."""
 
     name: str
+    name_sid: int
     category: str | None
     flops: float
     bytes_accessed: float
@@ -86,46 +104,45 @@ class XPlaneImporter:
         self.start_unix_ns = 0
         self.end_ns = 0
         self.seq = 0
+        self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
+        self.host_op_stats: dict[int, str] = {}
 
     def run(self) -> None:
-        with self.path.open("rb") as stream:
-            if self.path.stat().st_size == 0:
-                raise CaptureError(f"{self.path} is empty")
-            with mmap.mmap(stream.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-                data = memoryview(mapped)
-                try:
-                    self._run(data)
-                finally:
-                    data.release()
-
-    def _run(self, data: memoryview) -> None:
         from tputrace.xplane_proto import messages
 
-        plane_class = messages()["XPlane"]
-        plane_slices = [value for number, value in top_level_fields(data, str(self.path))
-                        if number == _XSPACE_PLANES and isinstance(value, memoryview)]
-        if not plane_slices:
-            raise CaptureError(f"{self.path} holds no XPlane: not an XProf capture")
-        # First pass: the capture's start and its step markers (both needed before any row is written).
+        if self.path.stat().st_size == 0:
+            raise CaptureError(f"{self.path} is empty")
+        classes = messages()
+        self.plane_class, self.line_class = classes["XPlane"], classes["XLine"]
+        with XSpaceFile(self.path) as space:
+            self._run(space)
+
+    def _planes(self, space: XSpaceFile) -> Iterator[tuple[Any, list[LineHead]]]:
+        for span in space.planes():
+            plane, line_spans = space.plane(span, self.plane_class)
+            yield plane, [space.line_head(line) for line in line_spans]
+
+    def _run(self, space: XSpaceFile) -> None:
+        # First pass: the capture's start, its step markers and compiles (needed before any row is written).
         device_kind = "cpu"
         chips: set[int] = set()
         starts: list[int] = []
         host_markers: list[tuple[int, int]] = []
         device_markers: dict[int, list[tuple[int, int]]] = {}
+        compiles = _Compiles()
         profile_start_unix_ns = None
-        for plane_bytes in plane_slices:
-            plane = self._parse(plane_class, plane_bytes)
+        for plane, lines in self._planes(space):
             if plane.name == "Task Environment":
                 profile_start_unix_ns = _plane_stat(plane, "profile_start_time")
             match = _DEVICE_PLANE.match(plane.name)
             if match:
                 device_kind = match.group(1).lower()
                 chips.add(int(match.group(2)))
-            starts += [line.timestamp_ns for line in plane.lines if line.events]
+            starts += [line.timestamp_ns for line in lines if line.has_events]
             if match:
-                device_markers[int(match.group(2))] = self._step_markers(plane)
+                device_markers[int(match.group(2))] = self._device_markers(space, lines)
             else:
-                host_markers += self._step_markers(plane)
+                host_markers += self._host_scan(space, plane, lines, compiles)
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
         self.start_unix_ns = min(starts) if starts else 0
@@ -141,100 +158,177 @@ class XPlaneImporter:
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], cwd=None,
                             host=self.sink.sources[self.rank]["host"], chips=max(len(chips), 1),
                             platform=device_kind, start_unix_ns=start_unix_ns)
+        self._compiles(compiles)
         # Second pass: the rows.
-        for plane_bytes in plane_slices:
-            plane = self._parse(plane_class, plane_bytes)
+        for plane, lines in self._planes(space):
             match = _DEVICE_PLANE.match(plane.name)
             if match:
-                self._device_plane(plane, int(match.group(2)))
+                self._device_plane(space, plane, lines, int(match.group(2)))
             elif plane.name.startswith("/host:") and plane.name != "/host:metadata":
-                self._host_plane(plane)
-            self.end_ns = max([self.end_ns] + [line.timestamp_ns - self.start_unix_ns
-                                               + max((event.offset_ps + event.duration_ps for event in line.events),
-                                                     default=0) // 1000 for line in plane.lines])
+                self._host_plane(space, plane, lines)
+            else:
+                for line in lines:
+                    self._line_end(line, max((event.offset_ps + event.duration_ps for events
+                                              in space.events(line, self.line_class) for event in events), default=0))
         self._finish_programs()
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns)
 
-    def _parse(self, plane_class: type, plane_bytes: memoryview) -> Any:
-        plane = plane_class()
-        try:
-            plane.ParseFromString(plane_bytes)
-        except Exception as error:  # protobuf's DecodeError
-            raise CaptureError(f"{self.path} holds a damaged XPlane ({error})") from None
-        return plane
+    def _line_end(self, line: LineHead, end_ps: int) -> None:
+        self.end_ns = max(self.end_ns, line.timestamp_ns - self.start_unix_ns + end_ps // 1000)
 
-    # -- planes -------------------------------------------------------------------------------------
+    # -- first pass ---------------------------------------------------------------------------------
 
-    def _step_markers(self, plane: Any) -> list[tuple[int, int]]:
-        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-        step_ids = {key for key, name in stat_names.items() if name == "step_num"}
+    def _device_markers(self, space: XSpaceFile, lines: list[LineHead]) -> list[tuple[int, int]]:
+        """A chip's step markers: the events of its `Steps` line."""
         markers = []
-        is_device = bool(_DEVICE_PLANE.match(plane.name))
-        for line in plane.lines:
-            if is_device and line.name != "Steps":
+        for line in lines:
+            if line.name != "Steps":
                 continue
-            for event in line.events:
-                if is_device or any(stat.metadata_id in step_ids for stat in event.stats):
+            for events in space.events(line, self.line_class):
+                for event in events:
                     start = line.timestamp_ns + event.offset_ps // 1000
                     markers.append((start, start + event.duration_ps // 1000))
         return markers
 
-    def _device_plane(self, plane: Any, chip: int) -> None:
+    def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead],
+                   compiles: _Compiles) -> list[tuple[int, int]]:
+        """A host plane's step markers (events with a `step_num` stat), and its compile events."""
+        stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        step_ids = {key for key, name in stat_names.items() if name == "step_num"}
+        name_ids = {key for key, name in stat_names.items() if name == "name"}
+        compile_ids = {key for key, meta in plane.event_metadata.items() if meta.name in _COMPILE_EVENTS}
+        client_compile_ids = {key for key, meta in plane.event_metadata.items() if _CLIENT_COMPILE.match(meta.name)}
+        backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(_BACKEND_EVENT)}
+        watched = compile_ids | client_compile_ids | backend_ids
+        markers = []
+        for line in lines:
+            base_ns = line.timestamp_ns
+            for events in space.events(line, self.line_class):
+                for event in events:
+                    metadata_id = event.metadata_id
+                    if metadata_id in watched:
+                        start = base_ns + event.offset_ps // 1000
+                        span = (start, start + event.duration_ps // 1000)
+                        if metadata_id in compile_ids:
+                            compiles.compiles.append(span)
+                        elif metadata_id in client_compile_ids:
+                            compiles.client_compiles.append(span)
+                        else:
+                            names = [stat.str_value or stat_names.get(stat.ref_value, "")
+                                     for stat in event.stats if stat.metadata_id in name_ids]
+                            if names and names[0]:
+                                compiles.named.append((*span, names[0]))
+                    stats = event.stats
+                    if stats and step_ids:
+                        for stat in stats:
+                            if stat.metadata_id in step_ids:
+                                start = base_ns + event.offset_ps // 1000
+                                markers.append((start, start + event.duration_ps // 1000))
+                                break
+        return markers
+
+    def _compiles(self, compiles: _Compiles) -> None:
+        """`compiles` rows: JAX's `backend_compile_and_load` ranges, else the PjRt client's compile ranges; a
+        compile's program is the one its backend compiler (an event with a `name` stat) built meanwhile."""
+        spans = sorted(compiles.compiles or compiles.client_compiles)
+        named = sorted(compiles.named)
+        seen: set[str] = set()
+        for start, end in spans:
+            name = next((name for named_start, named_end, name in named
+                         if start <= named_start and named_end <= end), None)
+            program = self._program(name) if name else None
+            start_ns = start - self.start_unix_ns
+            label = name or "XLA compile"
+            reason = "recompile" if label in seen else "first"
+            seen.add(label)
+            self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
+                                          program.program_id if program else None, "xla", self.writer.intern(label),
+                                          None, -1, start_ns, end - start, None, self.steps.step_at(start_ns), reason,
+                                          None, None))
+
+    # -- second pass --------------------------------------------------------------------------------
+
+    def _device_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead], chip: int) -> None:
         decoder = _StatDecoder(plane)
         op_metas: dict[int, _OpMeta] = {}
-        for line in plane.lines:
+        event_metadata = plane.event_metadata
+        for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
-            if line.name == "XLA Modules":
-                for event in line.events:
-                    program = self._program(plane.event_metadata[event.metadata_id].name)
-                    start_ns = base_ns + event.offset_ps // 1000
-                    end_ns = start_ns + event.duration_ps // 1000
-                    self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns, end_ns)
-            elif line.name == "XLA Ops":
-                for event in line.events:
-                    meta = op_metas.get(event.metadata_id)
-                    if meta is None:
-                        meta = op_metas[event.metadata_id] = self._op_meta(plane, event.metadata_id, decoder, None)
-                    start_ns = base_ns + event.offset_ps // 1000
-                    self._op(meta, None, chip, start_ns, event.duration_ps // 1000)
+            end_ps = 0
+            for events in space.events(line, self.line_class):
+                for event in events:
+                    offset_ps = event.offset_ps
+                    duration_ps = event.duration_ps
+                    if offset_ps + duration_ps > end_ps:
+                        end_ps = offset_ps + duration_ps
+                    if line.name == "XLA Modules":
+                        program = self._program(event_metadata[event.metadata_id].name)
+                        start_ns = base_ns + offset_ps // 1000
+                        self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns,
+                                                                 start_ns + duration_ps // 1000)
+                    elif line.name == "XLA Ops":
+                        meta = op_metas.get(event.metadata_id)
+                        if meta is None:
+                            meta = op_metas[event.metadata_id] = self._op_meta(plane, event.metadata_id, decoder, None)
+                        self._op(meta, None, chip, base_ns + offset_ps // 1000, duration_ps // 1000)
+            self._line_end(line, end_ps)
 
-    def _host_plane(self, plane: Any) -> None:
+    def _host_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> None:
         decoder = _StatDecoder(plane)
-        hlo_op_stat = decoder.ids_named("hlo_op")
-        module_stat = decoder.ids_named("hlo_module")
-        run_stat = decoder.ids_named("run_id")
-        chip_stat = decoder.ids_named("device_ordinal")
+        hlo_op_ids = set(decoder.ids_named("hlo_op"))
+        self.host_op_metas = {}  # metadata ids are the plane's own
+        self.host_op_stats = {key: name for name in _HOST_OP_STATS for key in decoder.ids_named(name)}
         # Per event metadata id: (annotation origin, name sid, frame id) of an event that is no XLA op.
         annotations: dict[int, tuple[str, int, int | None]] = {}
-        op_metas: dict[tuple[int, str], _OpMeta] = {}
-        hlo_op_ids = set(hlo_op_stat)
-        append = self.sink.append
-        step_at = self.steps.step_at
-        for line in plane.lines:
+        rank = self.rank
+        step_starts = self.steps.starts
+        extend = self.sink.extend
+        event_metadata = plane.event_metadata
+        for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
-            for event in line.events:
-                start_ns = base_ns + event.offset_ps // 1000
-                dur_ns = event.duration_ps // 1000
-                event_stats = event.stats
-                if event_stats and any(stat.metadata_id in hlo_op_ids for stat in event_stats):
-                    stats = {stat.metadata_id: stat for stat in event_stats}
-                    hlo_op = next(decoder.value(stats[key]) for key in hlo_op_stat if key in stats)
-                    module = next((decoder.value(stats[key]) for key in module_stat if key in stats), "")
-                    run_id = next((decoder.value(stats[key]) for key in run_stat if key in stats), None)
-                    chip = next((decoder.value(stats[key]) for key in chip_stat if key in stats), 0)
-                    key = (event.metadata_id, str(module))
-                    meta = op_metas.get(key)
-                    if meta is None:
-                        meta = self._op_meta(plane, event.metadata_id, decoder, str(module), str(hlo_op))
-                        op_metas[key] = meta
-                    self._op(meta, run_id, int(chip), start_ns, dur_ns)
-                    continue
-                annotation = annotations.get(event.metadata_id)
-                if annotation is None:
-                    annotation = annotations[event.metadata_id] = self._annotation(
-                        plane.event_metadata[event.metadata_id].name)
-                origin, name_sid, frame_id = annotation
-                append("annotations", (self.rank, name_sid, origin, start_ns, dur_ns, frame_id, step_at(start_ns)))
+            end_ps = 0
+            for events in space.events(line, self.line_class):
+                rows = []
+                for event in events:
+                    offset_ps = event.offset_ps
+                    duration_ps = event.duration_ps
+                    if offset_ps + duration_ps > end_ps:
+                        end_ps = offset_ps + duration_ps
+                    start_ns = base_ns + offset_ps // 1000
+                    stats = event.stats
+                    if stats:
+                        for stat in stats:
+                            if stat.metadata_id in hlo_op_ids:
+                                break
+                        else:
+                            stats = None
+                        if stats:
+                            self._host_op(plane, decoder, event, start_ns, duration_ps // 1000)
+                            continue
+                    annotation = annotations.get(event.metadata_id)
+                    if annotation is None:
+                        annotation = annotations[event.metadata_id] = self._annotation(
+                            event_metadata[event.metadata_id].name)
+                    rows.append((rank, annotation[1], annotation[0], start_ns, duration_ps // 1000, annotation[2],
+                                 bisect_right(step_starts, start_ns)))
+                extend("annotations", rows)
+            self._line_end(line, end_ps)
+
+    def _host_op(self, plane: Any, decoder: _StatDecoder, event: Any, start_ns: int, dur_ns: int) -> None:
+        """An XLA op run on a host thread (XLA:CPU): its op, module, run and device from the event's stats."""
+        wanted = self.host_op_stats
+        values = {}
+        for stat in event.stats:
+            name = wanted.get(stat.metadata_id)
+            if name is not None:
+                values[name] = decoder.value(stat)
+        module = str(values.get("hlo_module", ""))
+        key = (event.metadata_id, module)
+        meta = self.host_op_metas.get(key)
+        if meta is None:
+            meta = self.host_op_metas[key] = self._op_meta(plane, event.metadata_id, decoder, module,
+                                                           str(values["hlo_op"]))
+        self._op(meta, values.get("run_id"), int(values.get("device_ordinal", 0) or 0), start_ns, dur_ns)
 
     def _annotation(self, name: str) -> tuple[str, int, int | None]:
         """A host event that is no XLA op: a Python tracer frame (`$file:line function`) or a TraceMe range."""
@@ -269,6 +363,7 @@ class XPlaneImporter:
         program = self._program(program_name) if program_name else None
         return _OpMeta(
             name=name,
+            name_sid=self.writer.intern(name),
             category=str(stats["hlo_category"]) if "hlo_category" in stats else None,
             flops=float(stats.get("flops", 0) or 0),
             bytes_accessed=float(stats.get("bytes_accessed", 0) or 0),
@@ -281,7 +376,7 @@ class XPlaneImporter:
         self.seq += 1
         step = self.steps.step_at(start_ns)
         program = meta.program
-        self.sink.append("ops", (self.seq, self.rank, self.writer.intern(meta.name), None, None, chip, start_ns, dur_ns,
+        self.sink.append("ops", (self.seq, self.rank, meta.name_sid, None, None, chip, start_ns, dur_ns,
                                  meta.frame_id, meta.tf_op_sid, step, program.program_id if program else None, None))
         if meta.category in _COLLECTIVE_CATEGORIES:
             self.sink.append("collectives", (self.rank, _COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed),

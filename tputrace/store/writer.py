@@ -76,10 +76,13 @@ class TraceWriter:
         created_unix_ns: int | None = None,
         create_file: bool = True,
         close_at_exit: bool = True,
+        bulk: bool = False,
     ) -> None:
         """`create_file=False` keeps rows in memory until `create_file()` is called (a recording
         that may never record anything worth a file); `close()` before that writes nothing.
-        `close_at_exit=False`: the owner closes it at interpreter exit (after rows of its own), not atexit."""
+        `close_at_exit=False`: the owner closes it at interpreter exit (after rows of its own), not atexit.
+        `bulk=True` (a file that is discarded unless finished, e.g. an import's): no fsync and the rollback
+        journal in memory, so a crash or power loss may leave the file damaged."""
         self.path = Path(path)
         self.rank = rank
         self.commit_interval_s = commit_interval_s
@@ -89,6 +92,7 @@ class TraceWriter:
         self._disk_full = False  # once a commit failed for want of space, rows are dropped and only run facts are written
         self._closed = False
         self.closes_at_exit = close_at_exit
+        self._bulk = bulk
 
         self._row_queues: dict[str, deque[Row]] = {
             kind.table: deque() for kind in RECORD_KINDS if kind.table not in _INTERNED_TABLES
@@ -134,6 +138,10 @@ class TraceWriter:
     def append(self, table: str, row: Row) -> None:
         """Queue one row of `table` (values in the table's column order)."""
         self._row_queues[table].append(row)
+
+    def extend(self, table: str, rows: list[Row]) -> None:
+        """Queue many rows of `table` at once."""
+        self._row_queues[table].extend(rows)
 
     def appender(self, table: str) -> Callable[[Row], None]:
         """The fastest way to append to one table: a bound `append(row)` for `table`."""
@@ -272,7 +280,7 @@ class TraceWriter:
             return
         self._closed_for_fork = False
         try:
-            self._connection = _connect(self.path)
+            self._connection = _connect(self.path, bulk=self._bulk)
         except sqlite3.Error as error:
             self._note_error(f"reopening the trace after a fork failed: {error}", 0)
         finally:
@@ -294,7 +302,7 @@ class TraceWriter:
             if stale.is_file():
                 stale.unlink()
         try:
-            connection = _connect(self.path)
+            connection = _connect(self.path, bulk=self._bulk)
             created_ns = time.time_ns() if created_unix_ns is None else created_unix_ns
             created = datetime.fromtimestamp(created_ns / 1e9, tz=timezone.utc)
             meta = {
@@ -461,11 +469,12 @@ def _warn(text: str) -> None:
         pass
 
 
-def _connect(path: Path) -> sqlite3.Connection:
-    """The writer's connection: autocommit (the writer opens its own transactions), WAL, any thread."""
+def _connect(path: Path, *, bulk: bool = False) -> sqlite3.Connection:
+    """The writer's connection: autocommit (the writer opens its own transactions), WAL (bulk: the journal
+    in memory, no fsync), any thread."""
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=NORMAL")
+    connection.execute("PRAGMA journal_mode=MEMORY" if bulk else "PRAGMA journal_mode=WAL")
+    connection.execute("PRAGMA synchronous=OFF" if bulk else "PRAGMA synchronous=NORMAL")
     connection.execute("PRAGMA wal_autocheckpoint=10000")
     return connection
 
