@@ -22,6 +22,7 @@ class Recording(Protocol):
     `frame_id()`; `step` is a step index (`step_index` when the work was issued)."""
 
     enabled: bool  # False: a recording that writes no trace (`tputrace run --no-trace`)
+    window_open: bool  # False: outside the recording window (`recording_window`): ops are not recorded now
     step_index: int
     start_unix_ns: int
     module_names: dict[int, str]  # nn.Module paths by id(module), filled by the backend's module hooks

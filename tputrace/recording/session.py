@@ -188,8 +188,16 @@ def step() -> None:
         recorder.explicit_step()
 
 
+def window_from_code(start: bool) -> None:
+    """`tputrace.start()` (`start`) or `tputrace.stop()`: open or close a `tputrace run --from-code` window."""
+    recorder = current()
+    if recorder is not None and recorder.pid == os.getpid():
+        recorder.window_from_code(start)
+
+
 class annotate(contextlib.ContextDecorator):  # noqa: N801 - used like a function: tputrace.annotate("name")
-    """Records a named range: `with tputrace.annotate("data"): ...` or as a decorator."""
+    """Records a named range: `with tputrace.annotate("data"): ...` or as a decorator (one that begins or ends
+    outside the recording window is not recorded)."""
 
     def __init__(self, name: str) -> None:
         self.name = str(name)
@@ -198,12 +206,13 @@ class annotate(contextlib.ContextDecorator):  # noqa: N801 - used like a functio
 
     def __enter__(self) -> annotate:
         recorder = current()
-        if recorder is not None and recorder.enabled:
+        self.start = 0
+        if recorder is not None and recorder.window_open:
             self.start = recorder.now()
             self.frame = recorder.frame_id()
         return self
 
     def __exit__(self, *exc: object) -> None:
         recorder = current()
-        if recorder is not None and recorder.enabled:
+        if recorder is not None and recorder.enabled and self.start:
             recorder.annotation(self.name, "annotate", self.start, recorder.now() - self.start, self.frame)
