@@ -49,6 +49,10 @@ class Recording(Protocol):
 
     def optimizer_stepped(self) -> None: ...
 
+    def keeps_lifetime(self, alloc_ns: int) -> bool:
+        """Whether a buffer made at `alloc_ns` (as `now()`) and freed now lived while the recording window was open."""
+        ...
+
     # -- ops, programs and their execution
     def next_seq(self) -> int: ...
 

@@ -54,8 +54,7 @@ class Recorder(ShardingRecords):
         stopped_at_exit: bool = False,
         window: WindowSpec | None = None,
     ) -> None:
-        """`stopped_at_exit`: an atexit handler stops this recording, so its writer must not close itself earlier.
-        `window`: the steps to keep (`tputrace.recording.recording_window`; None: all)."""
+        """`stopped_at_exit`: an atexit handler stops this recording, so its writer must not close itself earlier; `window`: the steps to keep."""
         self.device = device
         self.path = path
         self.rank = rank
@@ -78,6 +77,7 @@ class Recorder(ShardingRecords):
         )
         self.enabled = self.writer is not None
         self.window = WindowState(window)
+        self.keeps_lifetime = self.window.keeps_lifetime  # whether a buffer made at `alloc_ns`, freed now, lived in the window
         self.window_open = self.enabled and self.window.open  # False: events are not recorded now
         self.token = object()
         self.step_index = 0
@@ -517,7 +517,7 @@ class Recorder(ShardingRecords):
 
     def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
         """A `buffers` row: the backend's row with the rank, and its shape interned."""
-        if not self.enabled or self.writer.closed or not self.window.keeps_lifetime(row[8]):
+        if not self.enabled or self.writer.closed or not self.keeps_lifetime(row[8]):
             return
         row_id, chip, nbytes, dtype, shape, kind, frame_id, module_sid, alloc_ns, free_ns, step = row
         shape_sid = None if shape is None else self.writer.intern(shape)
