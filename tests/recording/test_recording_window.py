@@ -183,3 +183,10 @@ def test_start_and_stop_do_nothing_outside_a_recording() -> None:
         tputrace.stop()
         with tputrace.record():
             pass
+
+
+def test_the_progress_line_says_when_the_window_is_closed() -> None:
+    from tputrace.cli.run import format_status
+
+    assert format_status({"steps": 3, "ops": 10, "recording": 0}).endswith(" · outside the recording window")
+    assert "window" not in format_status({"steps": 3, "ops": 10, "recording": 1})

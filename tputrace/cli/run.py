@@ -435,9 +435,10 @@ class LiveStatus:
 def format_status(counts: dict[str, int]) -> str:
     step_ns = counts.get("step_ns", -1)
     step_time = f" (last {format_ns(step_ns)})" if step_ns >= 0 else ""
+    outside = " · outside the recording window" if counts.get("recording", 1) == 0 else ""
     return (
         f"tputrace: step {counts.get('steps', 0):,}{step_time} · {plural(counts.get('ops', 0), 'op')} · "
-        f"{plural(counts.get('compiles', 0), 'compile')} · {plural(counts.get('syncs', 0), 'sync')}"
+        f"{plural(counts.get('compiles', 0), 'compile')} · {plural(counts.get('syncs', 0), 'sync')}{outside}"
     )
 
 

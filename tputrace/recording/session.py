@@ -162,14 +162,15 @@ def stop_at_interpreter_exit() -> None:
 
 
 def live_counts() -> dict[str, int]:
-    """Steps, ops, compiles, syncs and the last step's time in ns (-1: none yet) so far (for `tputrace
-    run`'s status line)."""
+    """Steps, ops recorded, compiles, syncs, the last step's time in ns (-1: none yet) so far, and whether it
+    records now (`recording` 0: outside the recording window) (for `tputrace run`'s status line)."""
     recorder = current()
     if recorder is None:
-        return {"steps": 0, "ops": 0, "compiles": 0, "syncs": 0, "step_ns": -1}
+        return {"steps": 0, "ops": 0, "compiles": 0, "syncs": 0, "step_ns": -1, "recording": 1}
     live = recorder.live
     step_ns = -1 if live.last_step_ns is None else live.last_step_ns
-    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles, "syncs": live.sync_count, "step_ns": step_ns}
+    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles, "syncs": live.sync_count, "step_ns": step_ns,
+            "recording": int(recorder.window_open or not recorder.enabled)}
 
 
 def live_compiles(after: int) -> tuple[list[str], int]:
