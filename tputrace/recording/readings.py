@@ -1,26 +1,8 @@
-"""What the recorder reads from the device (`DeviceReadings`: memory in use and tensor shapes) and the
-backend's readings of it (`BackendReadings`)."""
+"""The backend's readings for the recorder (`tputrace.recording.interface.DeviceReadings`): memory in use and tensor shapes."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from typing import Any, Protocol
-
-
-class DeviceReadings(Protocol):
-    """What the recorder reads from the device it records."""
-
-    def memory_in_use(self) -> Iterable[tuple[int, int, int]]:
-        """(chip, live bytes, peak bytes) of each chip in use."""
-        ...
-
-    def shape_text(self, tensor: Any) -> str:
-        """A tensor's dtype and shape as the trace writes them: `f32[2,3]`."""
-        ...
-
-    def chip_of(self, tensor: Any) -> int:
-        """The chip a tensor is on."""
-        ...
+from typing import Any
 
 
 class BackendReadings:

@@ -24,8 +24,8 @@ from typing import Any
 from tputrace import performance_warnings, settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
+from tputrace.recording.interface import DeviceReadings
 from tputrace.recording.live import LiveNotes
-from tputrace.recording.readings import DeviceReadings
 from tputrace.recording.sharding_records import ShardingRecords
 from tputrace.recording.recording_window import WindowSpec, WindowState
 from tputrace.schema import COMPILE_CACHE_META_KEY, RECORDING_WINDOW_META_KEY
