@@ -190,3 +190,14 @@ def test_the_progress_line_says_when_the_window_is_closed() -> None:
 
     assert format_status({"steps": 3, "ops": 10, "recording": 0}).endswith(" · outside the recording window")
     assert "window" not in format_status({"steps": 3, "ops": 10, "recording": 1})
+
+
+def test_each_rank_records_the_window_and_the_merged_trace_says_so(script: Path, tmp_path: Path) -> None:
+    trace_path = tmp_path / "ranks.tptrace"
+    assert main(["run", "--quiet", "--no-summary", "--nproc", "2", "--steps", "1", "-o", str(trace_path), str(script)]) == 0
+    with tputrace.open(trace_path) as trace:
+        steps_by_rank = trace.sql("SELECT rank, step FROM steps ORDER BY rank, step")
+        op_steps = {row[0] for row in trace.sql("SELECT DISTINCT step FROM ops")}
+        window = recording_window(trace)
+    assert steps_by_rank == [(0, 0), (1, 0)] and op_steps == {0}
+    assert window is not None and window.spec == "--steps 1" and window.recorded_steps == ((0, 0),)
