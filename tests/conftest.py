@@ -35,6 +35,22 @@ def gpt_train_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trace_path
 
 
+@pytest.fixture(scope="session")
+def gpt_train_windowed_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/gpt_train.py --steps 6 recorded with `tputrace run --schedule wait=1,warmup=1,active=3` (steps
+    2-4 kept), once per session in a subprocess. Read-only."""
+    pytest.importorskip("torch", reason="recording an example needs torch (pip install -e .[backend])")
+    pytest.importorskip("jax", reason="recording an example needs jax (pip install -e .[backend])")
+    trace_path = tmp_path_factory.mktemp("gpt_train_windowed") / "gpt_train_windowed.tptrace"
+    result = subprocess.run(
+        [sys.executable, "-m", "tputrace.cli.main", "run", "--schedule", "wait=1,warmup=1,active=3", "-o", str(trace_path),
+         str(REPO_ROOT / "examples" / "gpt_train.py"), "--steps", "6"],
+        capture_output=True, text=True, timeout=900, cwd=REPO_ROOT,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return trace_path
+
+
 @pytest.fixture(scope="module", autouse=True)
 def _compiled_programs_dropped_after_each_module() -> Iterator[None]:
     """After each test file that used the tpu device, its compiled programs go: one process runs the whole

@@ -6,6 +6,7 @@ cheap and never imports torch or jax; everything below is imported on first use.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +35,10 @@ __all__ = [
     "__version__",
     "annotate",
     "open",
+    "record",
+    "start",
     "step",
+    "stop",
 ]
 
 
@@ -51,6 +55,37 @@ def step() -> None:
     from tputrace.recording import session
 
     session.step()
+
+
+def start() -> None:
+    """Start recording, under `tputrace run --from-code` (elsewhere: nothing happens)."""
+    _window_from_code(True)
+
+
+def stop() -> None:
+    """Stop recording, under `tputrace run --from-code` (elsewhere: nothing happens); the script runs on."""
+    _window_from_code(False)
+
+
+class record(contextlib.ContextDecorator):  # noqa: N801 - used like a function: `with tputrace.record():`
+    """Record what runs inside (`start()` on entry, `stop()` on exit), under `tputrace run --from-code`."""
+
+    def __enter__(self) -> record:
+        start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        stop()
+
+
+def _window_from_code(start: bool) -> None:
+    """Outside a recording this reads one attribute: the recording modules are imported only by a recording."""
+    from tputrace.recording import interface
+
+    if interface.active() is not None:
+        from tputrace.recording import session
+
+        session.window_from_code(start)
 
 
 def annotate(name: str) -> Any:

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.forks import FORKS_META_KEY, ForkOrigin, fork_origins, forks_meta, started_by
-from tputrace.schema import COLLECTIVES, RECORD_KINDS, RUNS, RecordKind
+from tputrace.schema import COLLECTIVES, RECORD_KINDS, RECORDING_WINDOW_META_KEY, RUNS, RecordKind
 from tputrace.store.errors import TputraceError
 from tputrace.store.reader import Trace, open_trace
 from tputrace.store.records import RunInfo
@@ -368,6 +368,9 @@ def _merge(sources: list[_Source], output: Path, expected_ranks: Iterable[int] |
         merge_meta = {"merge": json.dumps(result.meta()), "merged_from": json.dumps([str(source.trace.path) for source in sources])}
         if forks:
             merge_meta[FORKS_META_KEY] = forks_meta(forks)
+        windows = [source.trace.meta[RECORDING_WINDOW_META_KEY] for source in sources if RECORDING_WINDOW_META_KEY in source.trace.meta]
+        if windows:  # the ranks of one `tputrace run --nproc` share a window: the first rank's says which steps it kept
+            merge_meta[RECORDING_WINDOW_META_KEY] = windows[0]
         _write_meta(partial, merge_meta)
         partial.replace(output)
     finally:

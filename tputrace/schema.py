@@ -29,6 +29,8 @@ FORMAT_VERSION = 3
 FILE_SUFFIX = ".tptrace"
 # `meta` key naming the on-disk compile cache directory a run used (absent: it used none).
 COMPILE_CACHE_META_KEY = "compile_cache"
+# `meta` key of a run that kept only some steps (`tputrace run --steps/--schedule/--from-code`); absent: all.
+RECORDING_WINDOW_META_KEY = "recording_window"
 # How a `compiles.diff` starts when nothing changed but the backend had dropped the program to bound its cache.
 EVICTED_DIFF_PREFIX = "same signature: its program was dropped from the program cache"
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
@@ -58,6 +59,7 @@ class RunSummary:
     top_fallbacks: tuple[FallbackStat, ...]
     collectives: tuple[CollectiveStat, ...]
     forked: tuple[ForkedProcess, ...] = ()
+    recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
 
 
 @dataclass(frozen=True)
@@ -124,6 +126,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         top_fallbacks=tuple(fallbacks[:top]),
         collectives=tuple(trace.collective_stats(rank=chosen_rank)),
         forked=forked_processes(trace),
+        recording_window=recording_window(trace),
     )
 
 
@@ -189,6 +192,9 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
     ]
+    window = summary.recording_window
+    if window is not None:
+        lines.append(("window", window.text))
     projected = summary.projected
     if projected is not None and projected.median_ns is not None and summary.median_step_ns is not None:
         lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on this host · "
@@ -196,7 +202,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     if run.platform == "cpu":
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
-    if summary.op_count == 0 and compiles.count == 0:
+    if summary.op_count == 0 and compiles.count == 0 and (window is None or window.recorded_steps):
         lines.insert(0, ("!!", NO_DEVICE_OPS_TEXT))
     return lines
 

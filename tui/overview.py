@@ -125,7 +125,10 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
         last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error
         text.append("\nthe script raised: ", style="bold red")
         text.append(last_line)
-    if ops == 0 and facts.counts.get("compiles", 0) == 0:
+    window = facts.recording_window
+    if window is not None:
+        text.append("\n" + window.text, style="bold")
+    if ops == 0 and facts.counts.get("compiles", 0) == 0 and (window is None or window.recorded_steps):
         text.append("\n" + NO_DEVICE_OPS_TEXT, style="bold red")
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
     text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {plural(events, 'event')}", style="dim")

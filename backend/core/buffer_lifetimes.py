@@ -74,12 +74,12 @@ class BufferTracker:
 
     def freed(self, buffer: Any) -> None:
         entry = self.open.pop(id(buffer), None)
-        if entry is not None:
+        if entry is not None and (self.recording.window_open or self.recording.keeps_lifetime(entry[7])):
             self._write(entry, self._now())
 
     def program_ran(self, chip: int, working_bytes: int) -> None:
         """A program holds `working_bytes` while it runs: one zero-length row at its launch."""
-        if working_bytes <= 0:
+        if working_bytes <= 0 or not self.recording.window_open:
             return
         frame_id, module_sid, _ = self.origin()
         now = self._now()

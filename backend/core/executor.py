@@ -84,7 +84,7 @@ class StrictExecutor:
         if self.launch_blocking:
             jax.block_until_ready(values)
         recorder = self.dispatcher.recorder
-        if recorder is not None and record_name is not None:
+        if recorder is not None and record_name is not None and recorder.window_open:
             begin = start_ns if start_ns is not None else _perf_ns()
             recorder.op_ran(plan, record_name, begin, _perf_ns() - begin, None)
         return values

@@ -208,7 +208,7 @@ class DeferredExecutor:
         finally:
             lock.release()
         recorder = self.dispatcher.recorder
-        if recorder is not None and record_name is not None:
+        if recorder is not None and record_name is not None and recorder.window_open:
             begin = start_ns if start_ns is not None else _perf_ns()
             graph.op_records.append(
                 (recorder.next_seq(), record_name, plan, begin, _perf_ns() - begin, recorder.frame_id(), recorder.module_sid(), recorder.step_index)

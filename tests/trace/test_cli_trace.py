@@ -328,7 +328,7 @@ class StandInRecorder:
         self.calls: list[tuple[Any, ...]] = []
         self.writer: TraceWriter | None = None
 
-    def start(self, path: str | None, *, script: str, argv: list[str], mode: str) -> StandInRecorder:
+    def start(self, path: str | None, *, script: str, argv: list[str], mode: str, window: Any = None) -> StandInRecorder:
         self.calls.append(("start", path, script, argv, mode, os.environ.get("TPUTRACE_CHIPS")))
         if path is not None:
             self.writer = TraceWriter(path)

@@ -1,5 +1,5 @@
 """Within the recording side: the event sink (the interface the backend reports through, the recorder and its
-execution watcher, live notes and sharding records) never imports the backend, torch, jax or the lifecycle that
+execution watcher, live notes, sharding records and recording window) never imports the backend, torch, jax or the lifecycle that
 loads them; only the lifecycle does. Read from the source, every import counted (`tests/trace/test_architecture.py` holds the layers)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from product_modules import imports_of, product_modules
 
 EVENT_SINK = ("tputrace.recording.interface", "tputrace.recording.recorder", "tputrace.recording.executions",
-              "tputrace.recording.live", "tputrace.recording.sharding_records")
+              "tputrace.recording.live", "tputrace.recording.sharding_records", "tputrace.recording.recording_window")
 
 
 def _within(name: str, *packages: str) -> bool:

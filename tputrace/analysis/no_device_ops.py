@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.derived.recording_window import recording_window
 from tputrace.wording import format_ns
 
 NAME = "no_device_ops"
@@ -30,7 +31,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[NoDeviceOpsData]:
     trace = context.trace
     where, params = "rank = ?", (context.rank,)
     device_ops = trace.count("ops", where=where, params=params) + trace.count("compiles", where=where, params=params)
-    if device_ops:
+    window = recording_window(trace)
+    if device_ops or (window is not None and not window.recorded_steps):  # a window that never opened recorded nothing
         return AnalysisResult(NAME, NoDeviceOpsData(device_ops))
     script = trace.run.script
     lines = _device_lines(script, trace.source_copy(script)) if script else ()

@@ -54,6 +54,8 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
         lines += imported_lines(report)
     if not brief:
         lines.append(Line(f"run: {rank}{steps}, wall {format_ns(report.wall_ns)}"))
+        if report.recording_window is not None:
+            lines.append(Line(f"window: {report.recording_window.text}"))
         counts = report.counts()
         lines.append(Line(
             f"{plural(len(report.findings), 'finding')}: {counts['critical']} critical, "

@@ -36,6 +36,7 @@ from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_fin
 from tputrace.analysis.imported import ImportFacts, import_facts
 from tputrace.analysis.target import target_of
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
+from tputrace.derived.recording_window import RecordingWindow, recording_window
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -81,6 +82,7 @@ class Report:
     findings: list[Finding] = field(default_factory=list)
     results: dict[str, AnalysisResult[Any]] = field(default_factory=dict)
     imported: ImportFacts | None = None
+    recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
 
     def counts(self) -> dict[str, int]:
         """Findings per severity."""
@@ -114,6 +116,7 @@ class Report:
             "findings": [asdict(finding) for finding in self.findings],
             "results": {name: result.plain_data() for name, result in self.results.items()},
             "imported": self.imported.plain_data() if self.imported else None,
+            "recording_window": self.recording_window.plain_data() if self.recording_window else None,
         }
 
 
@@ -145,6 +148,7 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
         findings=rank_findings(findings),
         results=results,
         imported=imported,
+        recording_window=recording_window(trace),
     )
 
 

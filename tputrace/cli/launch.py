@@ -32,6 +32,7 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tputrace.recording.recording_window import spec_of_options
 from tputrace.store.errors import TputraceError
 
 RANK_SHUTDOWN_TIMEOUT_S = 10
@@ -76,6 +77,8 @@ def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, s
     worker_args = ["-m", "tputrace.cli.main", "run", "--no-summary", "--mode", args.mode]
     if getattr(args, "as_cuda", False):
         worker_args.append("--as-cuda")
+    window = spec_of_options(getattr(args, "steps", None), getattr(args, "schedule", None), getattr(args, "from_code", False))
+    worker_args += window.arguments if window is not None else []
     rank_paths: list[Path] = []
     if merged_path is None:
         worker_args.append("--no-trace")

@@ -23,6 +23,7 @@ from types import FrameType, TracebackType
 from typing import Any, TextIO
 
 from tputrace import settings
+from tputrace.recording.recording_window import WindowSpec, WindowSpecError, spec_of_options
 from tputrace.recording.exits import (
     EXIT_INTERRUPTED,
     EXIT_SCRIPT_RAISED,
@@ -44,7 +45,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         help="run a script on the tpu device and record a trace",
         description="Run a Python script (or module) on the tpu device, record a trace, and summarise it.",
         usage="tputrace run [-o PATH] [--chips N] [--nproc N] [--mode {defer,strict,blocking,compile}] [--compile-cache DIR] [--no-trace] [--force] [--tui] [--as-cuda] [--quiet] [--live] "
-        "(script.py | -m module) [args ...]",
+        "[--steps N | --schedule wait=W,warmup=U,active=A[,repeat=R][,skip_first=S] | --from-code] (script.py | -m module) [args ...]",
     )
     parser.add_argument(
         "-o",
@@ -76,6 +77,17 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "(sets TPUTRACE_COMPILE_CACHE; the trace marks each program loaded so)",
     )
     parser.add_argument("--no-trace", action="store_true", help="run on the tpu backend but record nothing")
+    window = parser.add_mutually_exclusive_group()
+    window.add_argument("--steps", type=int, metavar="N", help="record the first N steps only; the script runs on unrecorded")
+    window.add_argument(
+        "--schedule",
+        metavar="wait=W,warmup=U,active=A[,repeat=R][,skip_first=S]",
+        help="record the steps torch.profiler.schedule would: skip S steps, then cycles of W steps not recorded, U run but "
+        "not kept and A recorded; R cycles (0, the default: no end)",
+    )
+    window.add_argument(
+        "--from-code", action="store_true", help="record only between the script's tputrace.start() and tputrace.stop() (or inside `with tputrace.record():`)"
+    )
     parser.add_argument("--force", action="store_true", help="write the trace over an existing file that is not a trace")
     parser.add_argument("--tui", action="store_true", help="open the trace in the terminal UI when the run ends")
     parser.add_argument(
@@ -132,6 +144,7 @@ def run(args: argparse.Namespace) -> int:
         settings.check()
     except settings.SettingError as error:
         raise TputraceError(str(error)) from None
+    window = recording_window_spec(args)
     if args.nproc is None:
         from tputrace.cli.launch import stop_with_the_launcher
 
@@ -148,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
     recorder = importlib.import_module("tputrace.recording.lifecycle")
     launcher_pid = os.getpid()
     live = not args.quiet and (args.live or sys.stderr.isatty())
-    exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode, as_cuda=args.as_cuda, live=live)
+    exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode, as_cuda=args.as_cuda, live=live, window=window)
     if os.getpid() != launcher_pid:
         return exit_status  # a process the script forked: the parent reports, with this one merged in
     if trace_path is not None and not args.no_summary:
@@ -158,6 +171,15 @@ def run(args: argparse.Namespace) -> int:
 
             open_ui_after_run(trace_path)
     return exit_status
+
+
+def recording_window_spec(args: argparse.Namespace) -> WindowSpec | None:
+    """The window `--steps`, `--schedule` or `--from-code` asks for (None: record every step); raises
+    `TputraceError` for a value that names none."""
+    try:
+        return spec_of_options(getattr(args, "steps", None), getattr(args, "schedule", None), getattr(args, "from_code", False))
+    except WindowSpecError as error:
+        raise TputraceError(str(error)) from None
 
 
 def check_target(target: Target) -> None:
@@ -209,10 +231,10 @@ def default_trace_path(stem: str) -> Path:
 
 
 def execute(target: Target, script_args: list[str], recorder: Any, trace_path: Path | None, mode: str,
-            *, as_cuda: bool = False, live: bool | None = None) -> int:
+            *, as_cuda: bool = False, live: bool | None = None, window: WindowSpec | None = None) -> int:
     """Run the target between `recorder.start` and `recorder.stop` (with CUDA mapped to tpu when
-    `as_cuda`; with live output on stderr when `live`, by default when stderr is a terminal); return its
-    exit status."""
+    `as_cuda`; with live output on stderr when `live`, by default when stderr is a terminal; recording
+    only the steps `window` keeps); return its exit status."""
     import runpy
 
     exit_status, error_text = 0, None
@@ -223,6 +245,7 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
         script=target.description,
         argv=script_args,
         mode=mode,
+        window=window,
     )
     if as_cuda:
         recorder.map_cuda_to_tpu()
@@ -412,9 +435,10 @@ class LiveStatus:
 def format_status(counts: dict[str, int]) -> str:
     step_ns = counts.get("step_ns", -1)
     step_time = f" (last {format_ns(step_ns)})" if step_ns >= 0 else ""
+    outside = " · outside the recording window" if counts.get("recording", 1) == 0 else ""
     return (
         f"tputrace: step {counts.get('steps', 0):,}{step_time} · {plural(counts.get('ops', 0), 'op')} · "
-        f"{plural(counts.get('compiles', 0), 'compile')} · {plural(counts.get('syncs', 0), 'sync')}"
+        f"{plural(counts.get('compiles', 0), 'compile')} · {plural(counts.get('syncs', 0), 'sync')}{outside}"
     )
 
 

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ class RunFacts:
     exit_status: int | None
     error: str | None
     counts: dict[str, int]
+    recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
 
 
 def default_rank(trace: Trace) -> int:
@@ -84,6 +86,7 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         exit_status=run.exit_status,
         error=run.error,
         counts=trace.counts(),
+        recording_window=recording_window(trace),
     )
 
 

@@ -1,5 +1,6 @@
 """The one way the backend reports to the recording: the `Recording` it reports to (the methods and
-attributes the backend uses, nothing else) and `active()`, this process's recording or None.
+attributes the backend uses, nothing else) and `active()`, this process's recording or None; and
+`DeviceReadings`, what the recorder reads from the device (the lifecycle gives it the backend's).
 
 The backend imports nothing else of `tputrace.recording`; the recording's lifecycle, which loads the
 backend, sets the active recording (`activate`). Standard library only.
@@ -8,6 +9,7 @@ backend, sets the active recording (`activate`). Standard library only.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -22,6 +24,7 @@ class Recording(Protocol):
     `frame_id()`; `step` is a step index (`step_index` when the work was issued)."""
 
     enabled: bool  # False: a recording that writes no trace (`tputrace run --no-trace`)
+    window_open: bool  # False: outside the recording window (`recording_window`): ops are not recorded now
     step_index: int
     start_unix_ns: int
     module_names: dict[int, str]  # nn.Module paths by id(module), filled by the backend's module hooks
@@ -51,6 +54,10 @@ class Recording(Protocol):
     def pop_module(self) -> None: ...
 
     def optimizer_stepped(self) -> None: ...
+
+    def keeps_lifetime(self, alloc_ns: int) -> bool:
+        """Whether a buffer made at `alloc_ns` (as `now()`) and freed now lived while the recording window was open."""
+        ...
 
     # -- ops, programs and their execution
     def next_seq(self) -> int: ...
@@ -111,6 +118,22 @@ class Recording(Protocol):
 
     def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:
         """A named range; `start_ns` in ns since the recording started (as `now()`)."""
+        ...
+
+
+class DeviceReadings(Protocol):
+    """What the recorder reads from the device it records."""
+
+    def memory_in_use(self) -> Iterable[tuple[int, int, int]]:
+        """(chip, live bytes, peak bytes) of each chip in use."""
+        ...
+
+    def shape_text(self, tensor: Any) -> str:
+        """A tensor's dtype and shape as the trace writes them: `f32[2,3]`."""
+        ...
+
+    def chip_of(self, tensor: Any) -> int:
+        """The chip a tensor is on."""
         ...
 
 

@@ -13,14 +13,16 @@ from tputrace.recording import lineage, session, spawning
 from tputrace.recording.fork_merge import clear_stale
 from tputrace.recording.readings import BackendReadings
 from tputrace.recording.recorder import Recorder
+from tputrace.recording.recording_window import WindowSpec
 from tputrace.recording.session import live_compiles, live_counts, stop
 
 __all__ = ["live_compiles", "live_counts", "map_cuda_to_tpu", "start", "stop"]
 
 
-def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None) -> Recorder:
+def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer", rank: int | None = None, world_size: int | None = None,
+          window: WindowSpec | None = None) -> Recorder:
     """Load the backend, choose the eager mode (until `stop`), and start recording into `path` (None:
-    record nothing).
+    record nothing), only the steps `window` keeps (None: all).
 
     A recording of its own even in a process a recorded one started (a nested `tputrace run`)."""
     if session.current() is not None:
@@ -35,7 +37,8 @@ def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer"
     if path is not None:
         clear_stale(path)
     try:
-        recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size, device=BackendReadings())
+        recorder = Recorder(path, script=script, argv=argv, mode=mode, rank=rank, world_size=world_size, device=BackendReadings(),
+                            window=window)
     except BaseException:
         session.restore_eager_mode(eager_mode_before)
         raise

@@ -1,4 +1,4 @@
-"""The backend's readings for the recorder (`DeviceReadings`): memory in use and tensor shapes."""
+"""The backend's readings for the recorder (`tputrace.recording.interface.DeviceReadings`): memory in use and tensor shapes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from typing import Any
 
 
 class BackendReadings:
-    """`tputrace.recording.recorder.DeviceReadings` read from the loaded backend."""
+    """`DeviceReadings` read from the loaded backend."""
 
     def memory_in_use(self) -> list[tuple[int, int, int]]:
         from tputrace.backend.core import memory

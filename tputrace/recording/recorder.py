@@ -17,36 +17,22 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from types import CodeType
-from typing import Any, Protocol
+from typing import Any
 
 from tputrace import performance_warnings, settings, source_digests, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
+from tputrace.recording.interface import DeviceReadings
 from tputrace.recording.live import LiveNotes
 from tputrace.recording.sharding_records import ShardingRecords
-from tputrace.schema import COMPILE_CACHE_META_KEY
+from tputrace.recording.recording_window import WindowSpec, WindowState
+from tputrace.schema import COMPILE_CACHE_META_KEY, RECORDING_WINDOW_META_KEY
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
 _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
-
-
-class DeviceReadings(Protocol):
-    """What the recorder reads from the device it records."""
-
-    def memory_in_use(self) -> Iterable[tuple[int, int, int]]:
-        """(chip, live bytes, peak bytes) of each chip in use."""
-        ...
-
-    def shape_text(self, tensor: Any) -> str:
-        """A tensor's dtype and shape as the trace writes them: `f32[2,3]`."""
-        ...
-
-    def chip_of(self, tensor: Any) -> int:
-        """The chip a tensor is on."""
-        ...
 
 
 class Recorder(ShardingRecords):
@@ -66,8 +52,9 @@ class Recorder(ShardingRecords):
         device: DeviceReadings,
         forked_from: ForkOrigin | None = None,
         stopped_at_exit: bool = False,
+        window: WindowSpec | None = None,
     ) -> None:
-        """`stopped_at_exit`: an atexit handler stops this recording, so its writer must not close itself earlier."""
+        """`stopped_at_exit`: an atexit handler stops this recording, so its writer must not close itself earlier; `window`: the steps to keep."""
         self.device = device
         self.path = path
         self.rank = rank
@@ -89,6 +76,9 @@ class Recorder(ShardingRecords):
             else None
         )
         self.enabled = self.writer is not None
+        self.window = WindowState(window)
+        self.keeps_lifetime = self.window.keeps_lifetime  # whether a buffer made at `alloc_ns`, freed now, lived in the window
+        self.window_open = self.enabled and self.window.open  # False: events are not recorded now
         self.token = object()
         self.step_index = 0
         self.step_start = 0
@@ -119,6 +109,7 @@ class Recorder(ShardingRecords):
         self.module_names: dict[int, str] = {}
         self.last_frame_id: int | None = None  # what `frame_id` last returned
         self._executions: ExecutionWatcher | None = None
+        self._kept_flush: int | None = None  # the last flush written (its execution is written with it)
         if self.writer is not None:
             self._append_op = self.writer.appender("ops")
             self.writer.set_run(
@@ -136,6 +127,8 @@ class Recorder(ShardingRecords):
             compile_cache_directory = settings.compile_cache_path()
             if compile_cache_directory is not None:
                 self.writer.set_meta(COMPILE_CACHE_META_KEY, compile_cache_directory)
+            if window is not None:
+                self.writer.set_meta(RECORDING_WINDOW_META_KEY, self.window.meta_json())
 
     # ----------------------------------------------------------------- context
     def now(self) -> int:
@@ -297,8 +290,7 @@ class Recorder(ShardingRecords):
     def op_ran(self, plan: Any, name: str, start_ns: int, dur_ns: int, flush_id: int | None) -> None:
         """An ATen op was dispatched (strict: and launched)."""
         performance_warnings.raise_pending()
-        if not self.enabled:
-            self.ops += 1
+        if not self.window_open:
             return
         inputs_sid, outputs_sid, program_id, _ = self._plan_ids(plan)
         self.seq += 1
@@ -351,8 +343,7 @@ class Recorder(ShardingRecords):
 
     def view_op(self, name: str, base: Any, results: list[Any]) -> None:
         """A view op: no program runs, but it is a dispatched op with a source line."""
-        if not self.enabled:
-            self.ops += 1
+        if not self.window_open:
             return
         writer = self.writer
         self.seq += 1
@@ -370,11 +361,13 @@ class Recorder(ShardingRecords):
         self.live.compiled(plan.op_name, reason, diff)
         if not self.enabled:
             return None
-        self.recorded_in_step = True
         writer = self.writer
-        program_id = self._define_program(plan, program_kind, n_ops)
+        program_id = self._define_program(plan, program_kind, n_ops)  # defined even outside the window: later flushes run it
         if kind == "op":
             plan.trace_ids[self.token] = (writer.intern(plan.inputs_text), writer.intern(plan.outputs_text), program_id, writer.intern(plan.op_name))
+        if not self.window_open:
+            return program_id
+        self.recorded_in_step = True
         compile_ns = plan.program.compile_ns if plan.program is not None else 0
         if plan.program is not None and plan.program.loaded_from_disk:
             detail = {**(detail or {}), "loaded_from_disk": True}
@@ -407,7 +400,7 @@ class Recorder(ShardingRecords):
         """A Dynamo frame compile (`compiles.kind = 'dynamo_frame'`): the frame's source location, a
         first compile or a recompile with its guard failure, and the Dynamo/AOT/XLA time split."""
         self.compiles += 1
-        if not self.enabled:
+        if not self.window_open:
             return
         self.recorded_in_step |= step == self.step_index
         writer = self.writer
@@ -417,7 +410,7 @@ class Recorder(ShardingRecords):
     def graph_lowered(self, name: str, signature: str, chip: int, start_ns: int, dur_ns: int, detail: dict) -> None:
         """AOTAutograd handed the backend a graph (`compiles.kind = 'aot'`): forward, backward or
         inference, with its op count; the time is the backend's lowering of it."""
-        if not self.enabled:
+        if not self.window_open:
             return
         self.recorded_in_step = True
         writer = self.writer
@@ -426,7 +419,7 @@ class Recorder(ShardingRecords):
 
     def graph_break(self, reason: str, file: str | None, line: int | None, function: str | None) -> None:
         """A torch.compile graph break, at the user's line that caused it."""
-        if not self.enabled:
+        if not self.window_open:
             return
         self.recorded_in_step = True
         writer = self.writer
@@ -435,7 +428,7 @@ class Recorder(ShardingRecords):
 
     def bucket_hit(self, graph: str, buckets: str, start_ns: int, dur_ns: int) -> None:
         """A compiled graph ran padded to a shape bucket (an annotation with source 'bucket')."""
-        if not self.enabled:
+        if not self.window_open:
             return
         self.writer.append("annotations", (self.rank, self.writer.intern(f"bucket {buckets} ({graph})"), "bucket", start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
 
@@ -448,7 +441,11 @@ class Recorder(ShardingRecords):
         )
 
     def flushed(self, flush_id: int, program_id: int | None, trigger: str, n_ops: int, cache_hit: bool, chip: int, start_ns: int, dur_ns: int, input_bytes: int, output_bytes: int) -> None:
-        """A DeferAndFuse flush: which ops ran as one program, why now, and whether it was cached."""
+        """A DeferAndFuse flush: which ops ran as one program, why now, and whether it was cached. Outside
+        the window, one whose ops were dispatched while it was open (`n_ops`) is still written, with them."""
+        if not self.window_open and n_ops == 0:
+            return
+        self._kept_flush = flush_id
         self.recorded_in_step = True
         self.writer.append(
             "flushes",
@@ -457,27 +454,29 @@ class Recorder(ShardingRecords):
 
     def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None:
         """A program was launched; `executions` records when its results are ready."""
+        if not self.window_open and (flush_id is None or flush_id != self._kept_flush):
+            return
         if self._executions is None:
             self._executions = ExecutionWatcher(self.writer, self.rank, self.t0)
         self._executions.launched(program_id, chip, launch_ns, flush_id, self.step_index, results)
 
     def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None:
         self.live.synced()
-        if not self.enabled:
+        if not self.window_open:
             return
         self.recorded_in_step = True
         self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
         performance_warnings.synced(kind, self.step_index)
 
     def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None:
-        if not self.enabled:
+        if not self.window_open:
             return
         self.recorded_in_step = True
         self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
         performance_warnings.transferred(direction, nbytes, self.step_index)
 
     def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None:
-        if not self.enabled:
+        if not self.window_open:
             return
         self.recorded_in_step = True
         writer = self.writer
@@ -501,7 +500,7 @@ class Recorder(ShardingRecords):
     ) -> None:
         """A collective finished (called from any thread). `start_ns` is a perf_counter time: when this
         rank's data entered the transport; `frame_id`, `step` and `cause_id` are those of the issuing call."""
-        if not self.enabled:
+        if not self.window_open:
             return
         self.recorded_in_step |= step == self.step_index
         writer = self.writer
@@ -521,7 +520,7 @@ class Recorder(ShardingRecords):
 
     def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
         """A `buffers` row: the backend's row with the rank, and its shape interned."""
-        if not self.enabled or self.writer.closed:
+        if not self.enabled or self.writer.closed or not self.keeps_lifetime(row[8]):
             return
         row_id, chip, nbytes, dtype, shape, kind, frame_id, module_sid, alloc_ns, free_ns, step = row
         shape_sid = None if shape is None else self.writer.intern(shape)
@@ -532,7 +531,7 @@ class Recorder(ShardingRecords):
         """End the current step (`source`: what marked its end) and begin the next."""
         performance_warnings.raise_pending()
         end = self.now()
-        if self.enabled:
+        if self.enabled and self.window.step_kept:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, source))
             self._maybe_sample_memory(force=True)
         self.live.step_ended(end - self.step_start)
@@ -542,6 +541,19 @@ class Recorder(ShardingRecords):
         self.ops_at_step_start = self.ops
         self.recorded_in_step = False
         self._step_ends.append(end)
+        self._window_moved(self.window.step_began(self.step_index, end))
+
+    def window_from_code(self, start: bool) -> None:
+        """`tputrace.start()` (`start`) or `tputrace.stop()`: a `--from-code` window opens or closes (any other
+        window ignores it); ops dispatched before a stop are written when they run."""
+        self._window_moved(self.window.started_from_code() if start else self.window.stopped_from_code(self.now(), self.recorded_in_step))
+
+    def _window_moved(self, open_now: bool) -> None:
+        """Record now or not; a window that closes writes the steps it kept so far to `meta`."""
+        was_open, self.window_open = self.window_open, self.enabled and open_now
+        if was_open and not self.window_open:
+            self._maybe_sample_memory(force=True)
+            self.writer.set_meta(RECORDING_WINDOW_META_KEY, self.window.meta_json())
 
     def explicit_step(self) -> None:
         """A `tputrace.step()`; from then on optimizer steps do not mark steps. The first one right after
@@ -566,7 +578,7 @@ class Recorder(ShardingRecords):
 
     def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:
         """A named range, in the step it began in (an `Optimizer.step` range ends after the boundary it marks)."""
-        if not self.enabled:
+        if not self.window_open:
             return
         self.writer.append("annotations", (self.rank, self.writer.intern(name), source, start_ns, dur_ns, frame_id, self.step_at(start_ns)))
 
@@ -583,6 +595,9 @@ class Recorder(ShardingRecords):
             self.writer.create_file()
         if self.recorded_in_step:
             self.writer.append("steps", (self.rank, self.step_index, self.step_start, end, "end"))
-        self._maybe_sample_memory(force=True)
+        if self.window.finished(self.step_index, self.recorded_in_step):
+            self.writer.set_meta(RECORDING_WINDOW_META_KEY, self.window.meta_json())
+        if self.window_open:
+            self._maybe_sample_memory(force=True)
         self.writer.update_run(end_ns=end, exit_status=exit_status, error=error, **run_fields)
         self.writer.close()

@@ -162,14 +162,15 @@ def stop_at_interpreter_exit() -> None:
 
 
 def live_counts() -> dict[str, int]:
-    """Steps, ops, compiles, syncs and the last step's time in ns (-1: none yet) so far (for `tputrace
-    run`'s status line)."""
+    """Steps, ops recorded, compiles, syncs, the last step's time in ns (-1: none yet) so far, and whether it
+    records now (`recording` 0: outside the recording window) (for `tputrace run`'s status line)."""
     recorder = current()
     if recorder is None:
-        return {"steps": 0, "ops": 0, "compiles": 0, "syncs": 0, "step_ns": -1}
+        return {"steps": 0, "ops": 0, "compiles": 0, "syncs": 0, "step_ns": -1, "recording": 1}
     live = recorder.live
     step_ns = -1 if live.last_step_ns is None else live.last_step_ns
-    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles, "syncs": live.sync_count, "step_ns": step_ns}
+    return {"steps": recorder.step_index, "ops": recorder.ops, "compiles": recorder.compiles, "syncs": live.sync_count, "step_ns": step_ns,
+            "recording": int(recorder.window_open or not recorder.enabled)}
 
 
 def live_compiles(after: int) -> tuple[list[str], int]:
@@ -188,8 +189,16 @@ def step() -> None:
         recorder.explicit_step()
 
 
+def window_from_code(start: bool) -> None:
+    """`tputrace.start()` (`start`) or `tputrace.stop()`: open or close a `tputrace run --from-code` window."""
+    recorder = current()
+    if recorder is not None and recorder.pid == os.getpid():
+        recorder.window_from_code(start)
+
+
 class annotate(contextlib.ContextDecorator):  # noqa: N801 - used like a function: tputrace.annotate("name")
-    """Records a named range: `with tputrace.annotate("data"): ...` or as a decorator."""
+    """Records a named range: `with tputrace.annotate("data"): ...` or as a decorator (one that begins or ends
+    outside the recording window is not recorded)."""
 
     def __init__(self, name: str) -> None:
         self.name = str(name)
@@ -198,12 +207,13 @@ class annotate(contextlib.ContextDecorator):  # noqa: N801 - used like a functio
 
     def __enter__(self) -> annotate:
         recorder = current()
-        if recorder is not None and recorder.enabled:
+        self.start = 0
+        if recorder is not None and recorder.window_open:
             self.start = recorder.now()
             self.frame = recorder.frame_id()
         return self
 
     def __exit__(self, *exc: object) -> None:
         recorder = current()
-        if recorder is not None and recorder.enabled:
+        if recorder is not None and recorder.enabled and self.start:
             recorder.annotation(self.name, "annotate", self.start, recorder.now() - self.start, self.frame)

@@ -63,6 +63,7 @@ def _header(data: ReportData) -> str:
         ("ranks · chips", f"{len(run.ranks)} · {run.chips if run.chips is not None else '?'}"),
         ("wall time", fmt_ns(run.wall_ns)),
         ("steps", _steps_text(data)),
+        *((("window", run.recording_window.text),) if run.recording_window is not None else ()),
         ("ended", status),
         ("recorded", f"{counts.get('ops', 0):,} ops · {counts.get('executions', 0):,} program runs · "
                      f"{counts.get('compiles', 0):,} compiles · {counts.get('syncs', 0):,} syncs · "
