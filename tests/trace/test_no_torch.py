@@ -16,7 +16,7 @@ HEAVY = ("torch", "jax", "jaxlib")
 # The recording side imports the backend; the numerics hooks and CPU replay run inside the recorded process.
 RECORDING_SIDE = ("tputrace.backend", "tputrace.recording",
                   "tputrace.numerics.recording", "tputrace.numerics.digests", "tputrace.numerics.ops", "tputrace.numerics.parameter_grads",
-                  "tputrace.numerics.random_ops")
+                  "tputrace.numerics.random_ops", "tputrace.numerics.full_precision")
 
 
 def trace_side_modules() -> list[str]:

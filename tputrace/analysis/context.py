@@ -131,7 +131,7 @@ class AnalysisContext:
     @property
     def median_step_ns(self) -> float | None:
         durations = [step.dur_ns for step in self.steady_steps if step.dur_ns is not None]
-        return float(statistics.median(durations)) if durations else None
+        return float(int(statistics.median(durations))) if durations else None  # whole ns, as every view shows it
 
     @property
     def steady_ns(self) -> int:

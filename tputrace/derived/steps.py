@@ -28,8 +28,9 @@ def loop_step_durations(trace: Trace, rank: int) -> list[int]:
 
 
 def steady_median_ns(durations: list[int]) -> int | None:
-    """The median step after the first (which compiles), or of the one step there is."""
-    later = durations[1:] or durations
+    """The median of the steady steps: those after the first (which compiles), or all of them when there are fewer
+    than three; in whole ns. The report's median step (`analysis.context.steady`) is the same figure."""
+    later = durations[1:] if len(durations) >= 3 else durations
     return int(statistics.median(later)) if later else None
 
 

@@ -224,9 +224,7 @@ class Recorder(ShardingRecords):
         return self.writer.frame(file, line, function, col, end_col, end_line)
 
     def frame_text(self, frame_id: int | None) -> str | None:
-        """'file.py:LINE' for an interned frame id (recorded in this session)."""
-        if frame_id is None:
-            return None
+        """'file.py:LINE' for an interned frame id (recorded in this session); None for None."""
         for (code, line), known_id in self._frame_ids.items():
             if known_id == frame_id:
                 return f"{os.path.basename(code.co_filename)}:{line}"
@@ -240,9 +238,7 @@ class Recorder(ShardingRecords):
 
     def module_sid(self) -> int | None:
         stack = getattr(self._local, "modules", None)
-        if not stack:
-            return None
-        return stack[-1]
+        return stack[-1] if stack else None
 
     def push_module(self, path: str) -> None:
         stack = getattr(self._local, "modules", None)
