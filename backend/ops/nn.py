@@ -130,8 +130,10 @@ def nll_loss_backward(grad_output: Array, self: Array, target: Array, weight: Ar
         grads = jnp.broadcast_to(grad_output / total_weight, safe.shape)
     else:
         grads = jnp.broadcast_to(grad_output, safe.shape)
-    rows = jnp.arange(safe.shape[0])
-    grad_scores = jnp.zeros(scores.shape, scores.dtype).at[rows, safe].set(-weights * grads)
+    # Each row's target class picked by comparing with an iota, not scattered: XLA fuses the compare
+    # into the loop that writes the gradient.
+    is_target = jax.lax.broadcasted_iota(safe.dtype, scores.shape, 1) == safe[:, None]
+    grad_scores = jnp.where(is_target, (-weights * grads).astype(scores.dtype)[:, None], jnp.zeros((), scores.dtype))
     if self.ndim == 1:
         return grad_scores.reshape(self.shape)
     moved_shape = (self.shape[0],) + self.shape[2:] + (self.shape[1],)

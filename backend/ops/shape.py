@@ -2,7 +2,10 @@
 scatters through views (`slice_scatter`, ...) and the backward ops of views.
 
 A scatter through a view is computed by applying the view's own lowering to an array of flat
-positions, then writing the source into those positions; one mechanism covers every view.
+positions, then writing the source into those positions; one mechanism covers every view. Slices and
+selects, whose views are strided boxes, are written with a pad instead (and a mask of the box where
+the base is kept): XLA:CPU compiles a pad into the loop that consumes it, and a scatter into a
+kernel of its own plus the index arithmetic that feeds it.
 """
 
 from __future__ import annotations
@@ -131,14 +134,48 @@ def write_through_view(base: Array, src: Array, view_fn: Callable[[Array], Array
     return flat.reshape(base.shape)
 
 
+def _padded_into_slice(src: Array, shape: Sequence[int], axis: int, start: int, step: int) -> Array:
+    """`src` placed at `start::step` along `axis` of an array of `shape`, zeros elsewhere: a pad,
+    whose interior padding leaves the `step - 1` gaps between the slice's elements."""
+    count = src.shape[axis]
+    config = [(0, 0, 0)] * len(shape)
+    if count:
+        config[axis] = (start, shape[axis] - start - (count - 1) * step - 1, step - 1)
+    else:
+        config[axis] = (shape[axis], 0, 0)
+    return lax.pad(src, jnp.zeros((), src.dtype), config)
+
+
+def _slice_box(shape: Sequence[int], dim: int, start: int | None, end: int | None, step: int) -> tuple[int, int, int]:
+    """The axis, first index and element count of the slice `start:end:step` along `dim` of `shape`."""
+    if step <= 0:
+        raise ValueError("slice step must be positive")
+    axis = canon_dim(dim, len(shape))
+    first, stop = views.slice_bounds(shape[axis], start, end)
+    return axis, first, -(-(stop - first) // step)
+
+
+def _write_into_slice(self: Array, src: Array, axis: int, start: int, step: int) -> Array:
+    """`self` with `src` written at `start::step` along `axis` (src already has the slice's shape)."""
+    values = _padded_into_slice(src.astype(self.dtype), self.shape, axis, start, step)
+    inside = _padded_into_slice(jnp.ones(src.shape, jnp.bool_), self.shape, axis, start, step)
+    return jnp.where(inside, values, self)
+
+
 @lowers(aten.slice_scatter.default)
 def slice_scatter(self: Array, src: Array, dim: int = 0, start: int | None = None, end: int | None = None, step: int = 1) -> Array:
-    return write_through_view(self, src, lambda x: views.slice_(x, dim, start, end, step))
+    axis, first, count = _slice_box(self.shape, dim, start, end, step)
+    box = list(self.shape)
+    box[axis] = count
+    return _write_into_slice(self, jnp.broadcast_to(src, box), axis, first, step)
 
 
 @lowers(aten.select_scatter.default)
 def select_scatter(self: Array, src: Array, dim: int, index: int) -> Array:
-    return write_through_view(self, src, lambda x: views.select(x, dim, index))
+    axis = canon_dim(dim, self.ndim)
+    views.select(self, dim, index)  # torch's index check
+    row = jnp.expand_dims(jnp.broadcast_to(src, self.shape[:axis] + self.shape[axis + 1:]), axis)
+    return _write_into_slice(self, row, axis, index % self.shape[axis], 1)
 
 
 @lowers(aten.diagonal_scatter.default)
@@ -153,14 +190,18 @@ def as_strided_scatter(self: Array, src: Array, size: Sequence[int], stride: Seq
 
 @lowers(aten.select_backward.default)
 def select_backward(grad_output: Array, input_sizes: Sequence[int], dim: int, index: int) -> Array:
-    zeros = jnp.zeros(tuple(input_sizes), grad_output.dtype)
-    return write_through_view(zeros, grad_output, lambda x: views.select(x, dim, index))
+    shape = tuple(input_sizes)
+    axis = canon_dim(dim, len(shape))
+    if not -shape[axis] <= index < shape[axis]:
+        raise IndexError(f"select(): index {index} out of range for tensor of size {list(shape)} at dimension {dim}")
+    return _padded_into_slice(jnp.expand_dims(grad_output, axis), shape, axis, index % shape[axis], 1)
 
 
 @lowers(aten.slice_backward.default)
 def slice_backward(grad_output: Array, input_sizes: Sequence[int], dim: int, start: int, end: int, step: int) -> Array:
-    zeros = jnp.zeros(tuple(input_sizes), grad_output.dtype)
-    return write_through_view(zeros, grad_output, lambda x: views.slice_(x, dim, start, end, step))
+    shape = tuple(input_sizes)
+    axis, first, _ = _slice_box(shape, dim, start, end, step)
+    return _padded_into_slice(grad_output, shape, axis, first, step)
 
 
 @lowers(aten.diagonal_backward.default)

@@ -1,0 +1,243 @@
+"""XLA:CPU compile time of the fused programs of three small training scripts, this checkout's lowerings against
+another checkout's (`--base-python`), side by side.
+
+    python bench/compile_speed.py --base-python /work/main/.venv/bin/python [--rounds 3] [--models classifier gpt cnn]
+
+Each round starts one worker process per side, in alternating order: the worker imports the backend its
+Python finds (the base Python's own checkout, or this one), runs each model's first steps in DEFER_AND_FUSE,
+keeping every fused program's function and inputs, then traces, lowers and compiles each program again from
+scratch, one at a time, timing each with process CPU time (XLA's compile threads included) and wall time. It
+also gives the wall and CPU time from the worker's start to the end of each model's first step. Programs are
+paired by model and compile order. The models: a one-layer `nn.TransformerEncoderLayer` text classifier with
+a padding mask and dropout (AdamW), `examples/gpt_train.py`'s GPT (6 layers, width 256, AdamW, clipping) and
+`examples/cnn_train.py`'s ResNet (SGD with momentum).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+EXAMPLES = BENCH.parent / "examples"
+MODELS = ("classifier", "gpt", "cnn")
+STEPS = 3
+WORKER_START = time.perf_counter()
+WORKER_START_CPU = time.process_time()
+
+
+def _classifier_steps(steps: int) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class TextClassifier(nn.Module):
+        def __init__(self, vocab: int = 1000, width: int = 128, classes: int = 4) -> None:
+            super().__init__()
+            self.embedding = nn.Embedding(vocab, width, padding_idx=0)
+            self.encoder = nn.TransformerEncoderLayer(width, 4, 256, dropout=0.1, batch_first=True)
+            self.head = nn.Linear(width, classes)
+
+        def forward(self, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+            hidden = self.encoder(self.embedding(tokens), src_key_padding_mask=padding)
+            kept = (~padding).unsqueeze(-1).float()
+            return self.head((hidden * kept).sum(1) / kept.sum(1))
+
+    torch.manual_seed(0)
+    model = TextClassifier().to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(steps):
+        tokens, lengths = torch.randint(1, 1000, (8, 32)), torch.randint(8, 33, (8,))
+        padding = torch.arange(32)[None] >= lengths[:, None]
+        tokens, labels = tokens.masked_fill(padding, 0).to("tpu"), torch.randint(0, 4, (8,)).to("tpu")
+        loss = F.cross_entropy(model(tokens, padding.to("tpu")), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        _first_step_done("classifier", step)
+
+
+def _gpt_steps(steps: int) -> None:
+    import gpt_train
+    import torch
+
+    config = gpt_train.GPTConfig()
+    torch.manual_seed(0)
+    model = gpt_train.GPT(config).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, weight_decay=0.1)
+    for step, (tokens, targets) in enumerate(gpt_train.synthetic_batches(config, 4, steps)):
+        gpt_train.train_step(model, model, optimizer, tokens.to("tpu"), targets.to("tpu")).item()
+        _first_step_done("gpt", step)
+
+
+def _cnn_steps(steps: int) -> None:
+    import cnn_train
+    import torch
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = cnn_train.SmallResNet().to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    for step, (images, labels) in enumerate(cnn_train.synthetic_batches(steps)):
+        loss = F.cross_entropy(model(images.to("tpu")), labels.to("tpu"))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        _first_step_done("cnn", step)
+
+
+RUNNERS: dict[str, Callable[[int], None]] = {"classifier": _classifier_steps, "gpt": _gpt_steps, "cnn": _cnn_steps}
+_first_steps: dict[str, tuple[float, float]] = {}
+
+
+def _first_step_done(model: str, step: int) -> None:
+    if step == 0:
+        _first_steps[model] = (time.perf_counter() - WORKER_START, time.process_time() - WORKER_START_CPU)
+
+
+def _capture(model: str) -> list[tuple[str, Callable[..., Any], list[Any]]]:
+    """Run `model`'s first steps; each fused program compiled, in order: its name, function and inputs."""
+    import numpy as np
+    from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
+    from tputrace.backend.eager import deferred
+
+    captured: list[tuple[str, Callable[..., Any], list[Any]]] = []
+    compile_program = deferred.compile_program
+
+    def capturing(fn: Callable[..., Any], dynamic: Sequence[Any], chip: int, name: str, **options: Any) -> Any:
+        captured.append((name, fn, [np.asarray(value) if hasattr(value, "shape") else value for value in dynamic]))
+        return compile_program(fn, dynamic, chip, name, **options)
+
+    deferred.compile_program = capturing
+    set_eager_mode(EagerMode.DEFER_AND_FUSE)
+    try:
+        RUNNERS[model](STEPS)
+    finally:
+        deferred.compile_program = compile_program
+    return captured
+
+
+def _compile_times(fn: Callable[..., Any], inputs: list[Any]) -> dict[str, float]:
+    """Trace, lower and compile `fn` afresh (a new function object, so no JAX cache answers)."""
+    import warnings
+
+    import jax
+
+    def fresh(*args: Any) -> Any:
+        return fn(*args)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cpu, wall = time.process_time(), time.perf_counter()
+        lowered = jax.jit(fresh).lower(*inputs)
+        lower_cpu = time.process_time() - cpu
+        compiled = lowered.compile()
+        compile_cpu, compile_wall = time.process_time() - cpu - lower_cpu, time.perf_counter() - wall
+    text = compiled.as_text()
+    entry = text[text.index("\nENTRY"):]
+    return {"lower_cpu": lower_cpu, "compile_cpu": compile_cpu, "wall": compile_wall,
+            "hlo_lines": sum(1 for line in entry.splitlines() if " = " in line), "kernels": entry.count(" fusion(")}
+
+
+def worker(models: Sequence[str]) -> None:
+    """One side of a round: capture each model's programs, compile each again, print one JSON line."""
+    sys.path.insert(0, str(EXAMPLES))
+    import tputrace.backend  # noqa: F401 - registers the tpu device
+
+    programs = []
+    for model in models:
+        for order, (name, fn, inputs) in enumerate(_capture(model)):
+            programs.append({"model": model, "order": order, "name": name, **_compile_times(fn, inputs)})
+    first_steps = {model: {"wall": wall, "cpu": cpu} for model, (wall, cpu) in _first_steps.items()}
+    print("RESULT " + json.dumps({"programs": programs, "first_steps": first_steps}), flush=True)
+
+
+def _run_worker(python: str, models: Sequence[str]) -> dict[str, Any]:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    env.pop("PYTHONPATH", None)
+    result = subprocess.run([python, str(Path(__file__).resolve()), "--worker", *models], capture_output=True, text=True, env=env, cwd="/", check=False)
+    lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
+    if result.returncode != 0 or not lines:
+        raise SystemExit(f"worker {python} failed ({result.returncode}): {result.stderr.strip().splitlines()[-1:] or ''}")
+    return json.loads(lines[-1][len("RESULT "):])
+
+
+def _median(rounds: list[dict[str, Any]], pick: Callable[[dict[str, Any]], float]) -> float:
+    return statistics.median(pick(sample) for sample in rounds)
+
+
+def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
+    sides: dict[str, list[dict[str, Any]]] = {"base": [], "new": []}
+    pythons = {"base": base_python, "new": sys.executable}
+    for index in range(rounds):
+        for side in (("base", "new") if index % 2 == 0 else ("new", "base")):
+            sides[side].append(_run_worker(pythons[side], models))
+            print(f"round {index + 1}/{rounds}: {side} done", file=sys.stderr, flush=True)
+    lines = [
+        "Per fused program (medians over rounds; CPU = process CPU time of trace+lower and of XLA's compile, all "
+        "threads; HLO = instructions of the optimized entry computation, kernels = its fusions):",
+        "",
+        "| model | program (base / new) | HLO base | HLO new | kernels base | kernels new | lower CPU base s | lower CPU new s | compile CPU base s | compile CPU new s | new / base |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    keyed = {side: [{(p["model"], p["order"]): p for p in sample["programs"]} for sample in samples] for side, samples in sides.items()}
+    totals = {"base": 0.0, "new": 0.0}
+    for key in sorted(keyed["base"][0], key=lambda k: (models.index(k[0]), k[1])):
+        if key not in keyed["new"][0]:
+            continue
+        base = [sample[key] for sample in keyed["base"]]
+        new = [sample[key] for sample in keyed["new"]]
+        compile_base, compile_new = statistics.median(p["compile_cpu"] for p in base), statistics.median(p["compile_cpu"] for p in new)
+        totals["base"] += compile_base
+        totals["new"] += compile_new
+        lines.append(
+            f"| {key[0]} | {base[0]['name']} / {new[0]['name']} | {base[0]['hlo_lines']} | {new[0]['hlo_lines']} | {base[0]['kernels']} | "
+            f"{new[0]['kernels']} | {statistics.median(p['lower_cpu'] for p in base):.2f} | {statistics.median(p['lower_cpu'] for p in new):.2f} | "
+            f"{compile_base:.2f} | {compile_new:.2f} | {compile_new / compile_base:.2f} |"
+        )
+    lines += ["", f"All programs' compile CPU: base {totals['base']:.2f} s, new {totals['new']:.2f} s ({totals['new'] / totals['base']:.2f}x).", "",
+              "From the worker's start (imports included) to the end of each model's first step, run first to third in one process:", "",
+              "| model | wall base s | wall new s | CPU base s | CPU new s |", "|---|---|---|---|---|"]
+    for model in models:
+        lines.append(
+            f"| {model} | {_median(sides['base'], lambda s: s['first_steps'][model]['wall']):.1f} | {_median(sides['new'], lambda s: s['first_steps'][model]['wall']):.1f} | "
+            f"{_median(sides['base'], lambda s: s['first_steps'][model]['cpu']):.1f} | {_median(sides['new'], lambda s: s['first_steps'][model]['cpu']):.1f} |"
+        )
+    lines += ["", f"{rounds} rounds; base: `{base_python}`, new: this checkout."]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--base-python", required="--worker" not in sys.argv, help="the Python whose checkout is the base (its own editable install)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--worker", nargs="+", choices=MODELS, help=argparse.SUPPRESS)
+    parser.add_argument("--no-write", action="store_true", help="print the table without writing bench/RESULTS.md")
+    args = parser.parse_args()
+    if args.worker:
+        worker(args.worker)
+        return
+    if not Path(args.base_python).exists():
+        parser.exit(2, f"compile_speed: no Python at {args.base_python}\n")
+    body = compare(args.base_python, args.models, args.rounds)
+    print(body)
+    if not args.no_write:
+        sys.path.insert(0, str(BENCH))
+        from results import write_section
+
+        write_section("XLA:CPU compile time of fused programs", body)
+
+
+if __name__ == "__main__":
+    main()
