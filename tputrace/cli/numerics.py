@@ -136,8 +136,8 @@ class _NumericsLifecycle:
     def live_counts(self) -> Any:
         return self._recorder.live_counts()
 
-    def start(self, path: str | None, *, script: str, argv: list[str], mode: str) -> None:
-        self._recorder.start(path, script=script, argv=argv, mode=mode)
+    def start(self, path: str | None, *, script: str, argv: list[str], mode: str, window: Any = None) -> None:
+        self._recorder.start(path, script=script, argv=argv, mode=mode, window=window)
         from tputrace.numerics.recording import NumericsSession
         from tputrace.numerics.store import NumericsWriter
 
