@@ -17,7 +17,7 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Hashable, Iterable, Iterator
 from types import CodeType
 from typing import Any, Protocol
 
@@ -30,6 +30,7 @@ from tputrace.schema import COMPILE_CACHE_META_KEY
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
+_thread_id = threading.get_ident
 _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 
 
@@ -103,12 +104,20 @@ class Recorder(ShardingRecords):
         self.seq = 0
         self._last_memory_sample = 0
         self._library_roots = sourceloc.library_roots()
-        self._user_code: dict[Any, bool] = {}
-        self._frame_ids: dict[tuple[Any, int], int] = {}  # (code, line) -> frame id
+        # Keyed by id(code) with the code object kept beside the value and compared by identity: hashing a
+        # code object hashes its bytecode and constants, and this runs for every frame of every op's stack.
+        self._user_code: dict[int, tuple[CodeType, bool]] = {}  # id(code) -> (code, whether it is the user's)
+        # The frame ids of call sites: (id(code), instruction offset) -> (code, frame id), of the whole line
+        # and of the one call (`by_call`). A call site's line, and so its frame, never changes.
+        self._line_frame_ids: dict[tuple[int, int], tuple[CodeType, int]] = {}
+        self._call_frame_ids: dict[tuple[int, int], tuple[CodeType, int]] = {}
+        self._frame_texts: dict[int, str] = {}  # line frame id -> 'file.py:LINE'
+        self._view_sites: dict[Hashable, tuple[int, int, int, int]] = {}  # view op site -> (name, inputs, outputs sids, chip)
         self._cause_ids: dict[tuple[Any, ...], int] = {}  # collective cause values -> collective_causes id
-        self._call_frame_ids: dict[tuple[CodeType, int], int] = {}  # (code, instruction offset) -> frame id
         self._digested_files: set[str] = set()
-        self._local = threading.local()
+        # The module paths (string ids) each thread is inside, by thread id: a dict read is cheaper than a
+        # `threading.local` attribute, most of all where a thread has none (autograd's, the optimizer's ops).
+        self._module_stacks: dict[int, list[int]] = {}
         self.main_thread = threading.get_ident()
         # The line that called backward() and that call on it, for what autograd's thread records.
         self.backward_frame: int | None = None
@@ -162,30 +171,33 @@ class Recorder(ShardingRecords):
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
-            try:
-                is_user = user_code.get(code)
-                if is_user is None:
-                    is_user = user_code[code] = self._is_user_file(code.co_filename)
-            except TypeError:  # code Dynamo rewrote can hold a dict among its constants: it does not hash
-                if self._is_user_file(code.co_filename):
-                    return self._intern_frame(code.co_filename, frame.f_lineno, code.co_name)
-                frame = frame.f_back
-                continue
-            if is_user:
-                line = frame.f_lineno
-                if line == code.co_firstlineno:  # maybe an instruction torch.compile added
-                    line = sourceloc.dynamo_line(code, frame.f_lasti, line)
-                if by_call:
-                    return self._call_frame_id(code, frame.f_lasti, line)
-                key = (code, line)
-                frame_id = self._frame_ids.get(key)
-                if frame_id is None:
-                    frame_id = self._frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name)
-                return frame_id
+            known = user_code.get(id(code))
+            if known is None or known[0] is not code:
+                known = user_code[id(code)] = (code, self._is_user_file(code.co_filename))
+            if known[1]:
+                key = (id(code), frame.f_lasti)
+                sites = self._call_frame_ids if by_call else self._line_frame_ids
+                site = sites.get(key)
+                if site is None or site[0] is not code:
+                    site = sites[key] = (code, self._site_frame_id(code, frame.f_lasti, frame.f_lineno, by_call))
+                return site[1]
             frame = frame.f_back
         if threading.get_ident() != self.main_thread:
             return self.backward_call_frame if by_call else self.backward_frame
         return None
+
+    def _site_frame_id(self, code: CodeType, lasti: int, line: int, by_call: bool) -> int:
+        """The frame id of the call at instruction `lasti` of `code` (on `line`): its line, or with `by_call`
+        also the calling instruction's column span (compiles use it, so a line with two calls of one op
+        gives two compile sites). Computed once per call site (`_user_frame_id` keeps it)."""
+        if line == code.co_firstlineno:  # maybe an instruction torch.compile added
+            line = sourceloc.dynamo_line(code, lasti, line)
+        if by_call:
+            col, end_line, end_col = sourceloc.call_columns(code, lasti, line)
+            return self._intern_frame(code.co_filename, line, code.co_name, col, end_col, end_line)
+        frame_id = self._intern_frame(code.co_filename, line, code.co_name)
+        self._frame_texts[frame_id] = f"{os.path.basename(code.co_filename)}:{line}"
+        return frame_id
 
     @contextlib.contextmanager
     def recording_at(self, location: tuple[str, int, str] | None) -> Iterator[None]:
@@ -208,14 +220,6 @@ class Recorder(ShardingRecords):
             else:
                 self._traced_lines[thread] = previous
 
-    def _call_frame_id(self, code: CodeType, lasti: int, line: int) -> int:
-        key = (code, lasti)
-        frame_id = self._call_frame_ids.get(key)
-        if frame_id is None:
-            col, end_line, end_col = sourceloc.call_columns(code, lasti, line)
-            frame_id = self._call_frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name, col, end_col, end_line)
-        return frame_id
-
     def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None,
                       end_line: int | None = None) -> int:
         """The frame id of a user source location (of one call starting on its line with `col`, `end_col` and
@@ -234,28 +238,25 @@ class Recorder(ShardingRecords):
         """'file.py:LINE' for an interned frame id (recorded in this session)."""
         if frame_id is None:
             return None
-        for (code, line), known_id in self._frame_ids.items():
-            if known_id == frame_id:
-                return f"{os.path.basename(code.co_filename)}:{line}"
-        return None
+        return self._frame_texts.get(frame_id)
 
     def _is_user_file(self, filename: str) -> bool:
         return sourceloc.is_user_file(filename, self._library_roots)
 
     def module_sid(self) -> int | None:
-        stack = getattr(self._local, "modules", None)
+        stack = self._module_stacks.get(_thread_id())
         if not stack:
             return None
         return stack[-1]
 
     def push_module(self, path: str) -> None:
-        stack = getattr(self._local, "modules", None)
+        stack = self._module_stacks.get(_thread_id())
         if stack is None:
-            stack = self._local.modules = []
+            stack = self._module_stacks[_thread_id()] = []
         stack.append(self.writer.intern(path))
 
     def pop_module(self) -> None:
-        stack = getattr(self._local, "modules", None)
+        stack = self._module_stacks.get(_thread_id())
         if stack:
             stack.pop()
 
@@ -346,20 +347,27 @@ class Recorder(ShardingRecords):
         """The id of the DeferAndFuse flush about to be recorded (`flushed`)."""
         return self.writer.next_id("flushes")
 
-    def view_op(self, name: str, base: Any, results: list[Any]) -> None:
-        """A view op: no program runs, but it is a dispatched op with a source line."""
+    def view_op(self, name: str, base: Any, results: list[Any], site: Hashable | None = None) -> None:
+        """A view op: no program runs, but it is a dispatched op with a source line. `site`: a key that
+        fixes the op, its input's and its outputs' dtypes and shapes and the chip (the backend's view plan
+        key), so their texts are read and interned once per key."""
         if not self.enabled:
             self.ops += 1
             return
-        writer = self.writer
         self.seq += 1
         self.ops += 1
         self.recorded_in_step = True
-        shape_text = self.device.shape_text
-        inputs = shape_text(base)
-        outputs = ", ".join(shape_text(result) for result in results)
+        described = self._view_sites.get(site) if site is not None else None
+        if described is None:
+            writer = self.writer
+            shape_text = self.device.shape_text
+            outputs = ", ".join(shape_text(result) for result in results)
+            described = (writer.intern(name), writer.intern(shape_text(base)), writer.intern(outputs), self.device.chip_of(base))
+            if site is not None:
+                self._view_sites[site] = described
+        name_sid, inputs_sid, outputs_sid, chip = described
         now = _perf_ns() - self.t0
-        self._append_op((self.seq, self.rank, writer.intern(name), writer.intern(inputs), writer.intern(outputs), self.device.chip_of(base), now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
+        self._append_op((self.seq, self.rank, name_sid, inputs_sid, outputs_sid, chip, now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
 
     def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None, program_kind: str = "op") -> int | None:
         """A program was compiled: first compile, or a recompile with what changed."""
