@@ -68,8 +68,11 @@ class BufferTracker:
         frame_id, module_sid, in_forward = origin if origin is not None else self.origin()
         row_id = self.next_id
         self.next_id = row_id + 1
-        array = buffer.array  # its shape and dtype only: holding the array would keep its memory alive
-        self.open[id(buffer)] = [row_id, buffer.chip, nbytes, getattr(array, "shape", None), getattr(array, "dtype", None), frame_id,
+        # Its shape and dtype only: holding the array would keep its memory alive. A JAX array's are read from
+        # its `aval`, which its `shape` and `dtype` properties return them from (two Python calls saved).
+        array = buffer.array
+        described = getattr(array, "aval", array)
+        self.open[id(buffer)] = [row_id, buffer.chip, nbytes, getattr(described, "shape", None), getattr(described, "dtype", None), frame_id,
                                  module_sid, self._now(), self.recording.step_index, in_forward, None]
 
     def freed(self, buffer: Any) -> None:
@@ -151,7 +154,8 @@ def label_optimizer(tracker: BufferTracker, optimizer: Any) -> None:
 def _label_tensor(tracker: BufferTracker, tensor: Any, kind: str, owner: str | None) -> None:
     if tensor is None:
         return
-    local = getattr(tensor, "_local_tensor", None)
-    buffer = getattr(local if local is not None else tensor, "_buf", None)
+    buffer = getattr(tensor, "_buf", None)
+    if buffer is None:  # a DTensor: its local shard's buffer
+        buffer = getattr(getattr(tensor, "_local_tensor", None), "_buf", None)
     if buffer is not None:
         tracker.label(buffer, kind, owner)

@@ -119,7 +119,7 @@ class ViewOps:
                 for step, root, out_geom in cached
             ]
         if self.recorder is not None:
-            self.recorder.view_op(entry.name, base, results)
+            self.recorder.view_op(entry.name, base, results, key)
         if len(results) == 1 and not isinstance(cached, list):
             return results[0]
         return results

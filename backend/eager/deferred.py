@@ -109,6 +109,7 @@ class FusedProgram:
     donate: tuple[int, ...]
     n_outputs: int
     program_id: int | None = None
+    sizes: tuple[int, int] | None = None  # (input bytes, output bytes) of one call, once recorded
     # The node plans, held so that their ids, which the program's cache key is made of, stay theirs
     # while the program is cached (a freed plan's id could be reused by a new plan).
     plans: tuple = ()
@@ -527,9 +528,14 @@ class DeferredExecutor:
     def _record_flush(self, recorder: Recording, graph: PendingGraph, fused: FusedProgram, trigger: str, cache_hit: bool, start: int, launch: int,
                       results: Sequence[Any], scalars: Sequence[np.ndarray]) -> None:
         flush_id = recorder.next_flush_id()
-        # The program's inputs: the arrays it reads and the arrays its Python scalars are packed into.
-        input_bytes = sum(getattr(value, "nbytes", 0) for value in graph.inputs) + sum(array.nbytes for array in scalars)
-        output_bytes = sum(getattr(value, "nbytes", 0) for value in results)
+        sizes = fused.sizes
+        if sizes is None:
+            # The program's inputs: the arrays it reads and the arrays its Python scalars are packed into. Every
+            # call of one program has the same input and output shapes, so they are read on its first call only
+            # (a JAX array's `nbytes` is a Python property, and a flush can read hundreds of arrays).
+            sizes = fused.sizes = (sum(getattr(value, "nbytes", 0) for value in graph.inputs) + sum(array.nbytes for array in scalars),
+                                   sum(getattr(value, "nbytes", 0) for value in results))
+        input_bytes, output_bytes = sizes
         recorder.flushed(flush_id, fused.program_id, trigger, len(graph.op_records), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)

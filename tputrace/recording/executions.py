@@ -43,7 +43,8 @@ class ExecutionWatcher:
             self._executions = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._watch, args=(self._executions,), name="tputrace-executions", daemon=True)
             self._thread.start()
-        watched = [weakref.ref(value) for value in results if hasattr(value, "block_until_ready")]
+        # The outputs of one execution are ready together: the watcher polls the first array only.
+        watched = next(([weakref.ref(value)] for value in results if hasattr(value, "block_until_ready")), [])
         self._executions.put((program_id, chip, launch_ns, flush_id, step, watched))
 
     def _watch(self, executions: queue.SimpleQueue[_Execution | None]) -> None:

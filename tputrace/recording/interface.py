@@ -9,7 +9,7 @@ backend, sets the active recording (`activate`). Standard library only.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Hashable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -68,7 +68,7 @@ class Recording(Protocol):
 
     def ops_flushed(self, op_records: list[tuple], chip: int, program_id: int | None, flush_id: int | None) -> None: ...
 
-    def view_op(self, name: str, base: Any, results: list[Any]) -> None: ...
+    def view_op(self, name: str, base: Any, results: list[Any], site: Hashable | None = None) -> None: ...
 
     def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None,
                  program_kind: str = "op") -> int | None: ...

@@ -10,32 +10,32 @@ shape) comes through the `DeviceReadings` it is given, so it never imports the b
 from __future__ import annotations
 
 import bisect
-import contextlib
 import json
 import os
 import socket
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Hashable
 from types import CodeType
 from typing import Any
 
-from tputrace import performance_warnings, settings, source_digests, sourceloc
+from tputrace import performance_warnings, settings, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
 from tputrace.recording.executions import ExecutionWatcher
 from tputrace.recording.interface import DeviceReadings
 from tputrace.recording.live import LiveNotes
 from tputrace.recording.sharding_records import ShardingRecords
+from tputrace.recording.user_frames import UserFrames
 from tputrace.recording.recording_window import WindowSpec, WindowState
 from tputrace.schema import COMPILE_CACHE_META_KEY, RECORDING_WINDOW_META_KEY
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
+_thread_id = threading.get_ident
 _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
 
 
-class Recorder(ShardingRecords):
+class Recorder(ShardingRecords, UserFrames):
     """One recording: a trace writer plus the context (step, module path, source) of each record."""
 
     def __init__(
@@ -93,12 +93,20 @@ class Recorder(ShardingRecords):
         self.seq = 0
         self._last_memory_sample = 0
         self._library_roots = sourceloc.library_roots()
-        self._user_code: dict[Any, bool] = {}
-        self._frame_ids: dict[tuple[Any, int], int] = {}  # (code, line) -> frame id
+        # Keyed by id(code) with the code object kept beside the value and compared by identity: hashing a
+        # code object hashes its bytecode and constants, and this runs for every frame of every op's stack.
+        self._user_code: dict[int, tuple[CodeType, bool]] = {}  # id(code) -> (code, whether it is the user's)
+        # The frame ids of call sites: (id(code), instruction offset) -> (code, frame id), of the whole line
+        # and of the one call (`by_call`). A call site's line, and so its frame, never changes.
+        self._line_frame_ids: dict[tuple[int, int], tuple[CodeType, int]] = {}
+        self._call_frame_ids: dict[tuple[int, int], tuple[CodeType, int]] = {}
+        self._frame_texts: dict[int, str] = {}  # line frame id -> 'file.py:LINE'
+        self._view_sites: dict[Hashable, tuple[int, int, int, int]] = {}  # view op site -> (name, inputs, outputs sids, chip)
         self._cause_ids: dict[tuple[Any, ...], int] = {}  # collective cause values -> collective_causes id
-        self._call_frame_ids: dict[tuple[CodeType, int], int] = {}  # (code, instruction offset) -> frame id
         self._digested_files: set[str] = set()
-        self._local = threading.local()
+        # The module paths (string ids) each thread is inside, by thread id: a dict read is cheaper than a
+        # `threading.local` attribute, most of all where a thread has none (autograd's, the optimizer's ops).
+        self._module_stacks: dict[int, list[int]] = {}
         self.main_thread = threading.get_ident()
         # The line that called backward() and that call on it, for what autograd's thread records.
         self.backward_frame: int | None = None
@@ -137,117 +145,21 @@ class Recorder(ShardingRecords):
     def rel(self, perf_ns: int) -> int:
         return perf_ns - self.t0
 
-    def frame_id(self, by_call: bool = False) -> int | None:
-        """Interned id of the first frame in the user's code (outside torch, tputrace and libraries).
-
-        `by_call` tells apart the calls on one line: the frame also has the column span of the calling
-        instruction (compiles use it, so a line with two calls of one op gives two compile sites).
-        The result is kept as `last_frame_id`: an op's output buffer takes its op's line from it."""
-        frame_id = self.last_frame_id = self._user_frame_id(by_call)
-        return frame_id
-
-    def _user_frame_id(self, by_call: bool) -> int | None:
-        if self._traced_lines:
-            traced = self._traced_lines.get(threading.get_ident())
-            if traced is not None:
-                return traced
-        frame = sys._getframe(3)
-        user_code = self._user_code
-        while frame is not None:
-            code = frame.f_code
-            try:
-                is_user = user_code.get(code)
-                if is_user is None:
-                    is_user = user_code[code] = self._is_user_file(code.co_filename)
-            except TypeError:  # code Dynamo rewrote can hold a dict among its constants: it does not hash
-                if self._is_user_file(code.co_filename):
-                    return self._intern_frame(code.co_filename, frame.f_lineno, code.co_name)
-                frame = frame.f_back
-                continue
-            if is_user:
-                line = frame.f_lineno
-                if line == code.co_firstlineno:  # maybe an instruction torch.compile added
-                    line = sourceloc.dynamo_line(code, frame.f_lasti, line)
-                if by_call:
-                    return self._call_frame_id(code, frame.f_lasti, line)
-                key = (code, line)
-                frame_id = self._frame_ids.get(key)
-                if frame_id is None:
-                    frame_id = self._frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name)
-                return frame_id
-            frame = frame.f_back
-        if threading.get_ident() != self.main_thread:
-            return self.backward_call_frame if by_call else self.backward_frame
-        return None
-
-    @contextlib.contextmanager
-    def recording_at(self, location: tuple[str, int, str] | None) -> Iterator[None]:
-        """Record what this thread does inside at `location` (file, line, function): the line a graph's node
-        was traced from, for code that runs a traced graph (whose stack holds only the compiled call)."""
-        if location is None:
-            yield
-            return
-        frame_id = self._location_frame_ids.get(location)
-        if frame_id is None:  # interned once: a graph run op by op enters here for each node of each call
-            frame_id = self._location_frame_ids[location] = self._intern_frame(*location)
-        thread = threading.get_ident()
-        previous = self._traced_lines.get(thread)
-        self._traced_lines[thread] = frame_id
-        try:
-            yield
-        finally:
-            if previous is None:
-                del self._traced_lines[thread]
-            else:
-                self._traced_lines[thread] = previous
-
-    def _call_frame_id(self, code: CodeType, lasti: int, line: int) -> int:
-        key = (code, lasti)
-        frame_id = self._call_frame_ids.get(key)
-        if frame_id is None:
-            col, end_line, end_col = sourceloc.call_columns(code, lasti, line)
-            frame_id = self._call_frame_ids[key] = self._intern_frame(code.co_filename, line, code.co_name, col, end_col, end_line)
-        return frame_id
-
-    def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None,
-                      end_line: int | None = None) -> int:
-        """The frame id of a user source location (of one call starting on its line with `col`, `end_col` and
-        `end_line`); the first location in a file also records the file's digest (`source_files`), as the run saw it.
-        A relative path (code compiled from one) is stored absolute, against the current directory."""
-        if not file.startswith("<"):
-            file = os.path.abspath(file)
-        if file not in self._digested_files:
-            self._digested_files.add(file)
-            digest = source_digests.digest_file(file)
-            if digest is not None:
-                self.writer.append("source_files", (self.rank, self.writer.intern(file), digest.sha256, digest.size))
-        return self.writer.frame(file, line, function, col, end_col, end_line)
-
-    def frame_text(self, frame_id: int | None) -> str | None:
-        """'file.py:LINE' for an interned frame id (recorded in this session); None for None."""
-        for (code, line), known_id in self._frame_ids.items():
-            if known_id == frame_id:
-                return f"{os.path.basename(code.co_filename)}:{line}"
-        return None
-
-    def _is_user_file(self, filename: str) -> bool:
-        return sourceloc.is_user_file(filename, self._library_roots)
-
     def intern(self, text: str) -> int:
         return self.writer.intern(text)
 
     def module_sid(self) -> int | None:
-        stack = getattr(self._local, "modules", None)
+        stack = self._module_stacks.get(_thread_id())
         return stack[-1] if stack else None
 
     def push_module(self, path: str) -> None:
-        stack = getattr(self._local, "modules", None)
+        stack = self._module_stacks.get(_thread_id())
         if stack is None:
-            stack = self._local.modules = []
+            stack = self._module_stacks[_thread_id()] = []
         stack.append(self.writer.intern(path))
 
     def pop_module(self) -> None:
-        stack = getattr(self._local, "modules", None)
+        stack = self._module_stacks.get(_thread_id())
         if stack:
             stack.pop()
 
@@ -337,19 +249,26 @@ class Recorder(ShardingRecords):
         """The id of the DeferAndFuse flush about to be recorded (`flushed`)."""
         return self.writer.next_id("flushes")
 
-    def view_op(self, name: str, base: Any, results: list[Any]) -> None:
-        """A view op: no program runs, but it is a dispatched op with a source line."""
+    def view_op(self, name: str, base: Any, results: list[Any], site: Hashable | None = None) -> None:
+        """A view op: no program runs, but it is a dispatched op with a source line. `site`: a key that
+        fixes the op, its input's and its outputs' dtypes and shapes and the chip (the backend's view plan
+        key), so their texts are read and interned once per key."""
         if not self.window_open:
             return
-        writer = self.writer
         self.seq += 1
         self.ops += 1
         self.recorded_in_step = True
-        shape_text = self.device.shape_text
-        inputs = shape_text(base)
-        outputs = ", ".join(shape_text(result) for result in results)
+        described = self._view_sites.get(site) if site is not None else None
+        if described is None:
+            writer = self.writer
+            shape_text = self.device.shape_text
+            outputs = ", ".join(shape_text(result) for result in results)
+            described = (writer.intern(name), writer.intern(shape_text(base)), writer.intern(outputs), self.device.chip_of(base))
+            if site is not None:
+                self._view_sites[site] = described
+        name_sid, inputs_sid, outputs_sid, chip = described
         now = _perf_ns() - self.t0
-        self._append_op((self.seq, self.rank, writer.intern(name), writer.intern(inputs), writer.intern(outputs), self.device.chip_of(base), now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
+        self._append_op((self.seq, self.rank, name_sid, inputs_sid, outputs_sid, chip, now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
 
     def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None, program_kind: str = "op") -> int | None:
         """A program was compiled: first compile, or a recompile with what changed."""

@@ -1,0 +1,122 @@
+"""The user's source line of each record: the first frame of the user's code on the stack, interned once per call
+site, with the file's digest the first time a file is seen. A mixin of the `Recorder`, which sets the attributes it
+reads in its `__init__`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import threading
+from collections.abc import Iterator
+from types import CodeType
+
+from tputrace import source_digests, sourceloc
+from tputrace.store.writer import TraceWriter
+
+
+class UserFrames:
+    """Source lines of records: `frame_id()` and what it needs."""
+
+    writer: TraceWriter
+    rank: int
+    main_thread: int
+    last_frame_id: int | None
+    backward_frame: int | None
+    backward_call_frame: int | None
+    _library_roots: tuple[str, ...]
+    _traced_lines: dict[int, int]
+    _user_code: dict[int, tuple[CodeType, bool]]
+    _call_frame_ids: dict[tuple[int, int], tuple[CodeType, int]]
+    _line_frame_ids: dict[tuple[int, int], tuple[CodeType, int]]
+    _frame_texts: dict[int, str]
+    _location_frame_ids: dict[tuple[str, int, str], int]
+    _digested_files: set[str]
+
+    def frame_id(self, by_call: bool = False) -> int | None:
+        """Interned id of the first frame in the user's code (outside torch, tputrace and libraries).
+
+        `by_call` tells apart the calls on one line: the frame also has the column span of the calling
+        instruction (compiles use it, so a line with two calls of one op gives two compile sites).
+        The result is kept as `last_frame_id`: an op's output buffer takes its op's line from it."""
+        frame_id = self.last_frame_id = self._user_frame_id(by_call)
+        return frame_id
+
+    def _user_frame_id(self, by_call: bool) -> int | None:
+        if self._traced_lines:
+            traced = self._traced_lines.get(threading.get_ident())
+            if traced is not None:
+                return traced
+        frame = sys._getframe(3)
+        user_code = self._user_code
+        while frame is not None:
+            code = frame.f_code
+            known = user_code.get(id(code))
+            if known is None or known[0] is not code:
+                known = user_code[id(code)] = (code, self._is_user_file(code.co_filename))
+            if known[1]:
+                key = (id(code), frame.f_lasti)
+                sites = self._call_frame_ids if by_call else self._line_frame_ids
+                site = sites.get(key)
+                if site is None or site[0] is not code:
+                    site = sites[key] = (code, self._site_frame_id(code, frame.f_lasti, frame.f_lineno, by_call))
+                return site[1]
+            frame = frame.f_back
+        if threading.get_ident() != self.main_thread:
+            return self.backward_call_frame if by_call else self.backward_frame
+        return None
+
+    def _site_frame_id(self, code: CodeType, lasti: int, line: int, by_call: bool) -> int:
+        """The frame id of the call at instruction `lasti` of `code` (on `line`): its line, or with `by_call`
+        also the calling instruction's column span (compiles use it, so a line with two calls of one op
+        gives two compile sites). Computed once per call site (`_user_frame_id` keeps it)."""
+        if line == code.co_firstlineno:  # maybe an instruction torch.compile added
+            line = sourceloc.dynamo_line(code, lasti, line)
+        if by_call:
+            col, end_line, end_col = sourceloc.call_columns(code, lasti, line)
+            return self._intern_frame(code.co_filename, line, code.co_name, col, end_col, end_line)
+        frame_id = self._intern_frame(code.co_filename, line, code.co_name)
+        self._frame_texts[frame_id] = f"{os.path.basename(code.co_filename)}:{line}"
+        return frame_id
+
+    @contextlib.contextmanager
+    def recording_at(self, location: tuple[str, int, str] | None) -> Iterator[None]:
+        """Record what this thread does inside at `location` (file, line, function): the line a graph's node
+        was traced from, for code that runs a traced graph (whose stack holds only the compiled call)."""
+        if location is None:
+            yield
+            return
+        frame_id = self._location_frame_ids.get(location)
+        if frame_id is None:  # interned once: a graph run op by op enters here for each node of each call
+            frame_id = self._location_frame_ids[location] = self._intern_frame(*location)
+        thread = threading.get_ident()
+        previous = self._traced_lines.get(thread)
+        self._traced_lines[thread] = frame_id
+        try:
+            yield
+        finally:
+            if previous is None:
+                del self._traced_lines[thread]
+            else:
+                self._traced_lines[thread] = previous
+
+    def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None,
+                      end_line: int | None = None) -> int:
+        """The frame id of a user source location (of one call starting on its line with `col`, `end_col` and
+        `end_line`); the first location in a file also records the file's digest (`source_files`), as the run saw it.
+        A relative path (code compiled from one) is stored absolute, against the current directory."""
+        if not file.startswith("<"):
+            file = os.path.abspath(file)
+        if file not in self._digested_files:
+            self._digested_files.add(file)
+            digest = source_digests.digest_file(file)
+            if digest is not None:
+                self.writer.append("source_files", (self.rank, self.writer.intern(file), digest.sha256, digest.size))
+        return self.writer.frame(file, line, function, col, end_col, end_line)
+
+    def frame_text(self, frame_id: int | None) -> str | None:
+        """'file.py:LINE' for an interned frame id (recorded in this session); None for None."""
+        return None if frame_id is None else self._frame_texts.get(frame_id)
+
+    def _is_user_file(self, filename: str) -> bool:
+        return sourceloc.is_user_file(filename, self._library_roots)
