@@ -170,12 +170,15 @@ class _Export:
             dispatch.fragments.extend(fragments)  # type: ignore[arg-type]
             dispatch.values[0].extend(map(_SEQ_OF, rows))
 
-        runs: list[tuple[ProgramRun, Track, int]] = []
+        # Per run, what its flow arrow starts from (strict: its op's seq; else its flush id), its track
+        # and its slice: the run's own op lists are dropped once drawn, which bounds memory by the tracks.
+        runs: list[tuple[int | None, Track, int]] = []
 
         def on_run(run: ProgramRun) -> None:
             # Programs follow each other on a chip and their ops nest inside them (see `_add_run`).
             programs = self.track(chip_pid(run.chip), CHIP_PROGRAMS_TID, "XLA programs", nested=True)
-            runs.append((run, programs, self._add_run(run, programs, offset)))
+            origin = (run.op_seqs[0] if run.op_seqs else None) if strict else run.flush_id
+            runs.append((origin, programs, self._add_run(run, programs, offset)))
 
         def restart() -> None:
             for track in [dispatch, *(self.track(pid, CHIP_PROGRAMS_TID, "XLA programs", nested=True) for pid in chip_pids.values())]:
@@ -185,13 +188,13 @@ class _Export:
 
         scan_rank(tables, rank, self.chip, on_run, on_ops, restart)
         flush_index = self._add_host_records(rank, host_pid, host_tracks, offset)
-        for run, programs, run_index in runs:
+        for origin, programs, run_index in runs:
             if strict:
-                source_index = dispatch_index.get(run.op_seqs[0]) if run.op_seqs else None
+                source_index = dispatch_index.get(origin) if origin is not None else None
                 if source_index is not None:
                     self.flows.append((dispatch, source_index, programs, run_index))
-            elif run.flush_id is not None and run.flush_id in flush_index:
-                self.flows.append((host_tracks["Flushes"], flush_index[run.flush_id], programs, run_index))
+            elif origin is not None and origin in flush_index:
+                self.flows.append((host_tracks["Flushes"], flush_index[origin], programs, run_index))
         for step, start_ns, end_ns in trace.sql("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", (rank,)):
             if end_ns is None:
                 continue
