@@ -29,7 +29,7 @@ from typing import IO, TYPE_CHECKING, Any
 from tputrace.derived.device_runs import OpKey, ProgramRun, is_strict, scan_rank
 from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, TargetChip
 from tputrace.derived.projection import step_metadata
-from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables
+from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables, remember
 from tputrace.viewers.export.collective_causes import cause_args, cause_column
 from tputrace.viewers.export.hosts import host_names
 from tputrace.viewers.export.perfetto_tracks import (
@@ -236,7 +236,7 @@ class _Export:
                     fragment = self._op_fragment(OpKey._make(key), flops, read + write, run.estimated)
                 fragments.append(fragment)
             if run.layout is not None:
-                self._layout_fragments[run.layout] = fragments
+                remember(self._layout_fragments, run.layout, fragments)
         # Ops follow each other: each ends where the next begins, the last where the program ends.
         begins = [int(op_start + 0.5) + offset for op_start in run.op_starts_ns]
         if begins:
