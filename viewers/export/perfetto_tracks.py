@@ -225,7 +225,7 @@ class BackgroundWriter:
 
 
 
-SPILL_LINES = 200_000  # a `TextTrack` keeps this many slices as text in memory before moving them to a file
+SPILL_LINES = 20_000  # a `TextTrack` keeps this many slices as text in memory before moving them to a file
 
 
 def slice_json(pid: int, tid: int, start_ns: int, end_ns: int, tail: str) -> str:
