@@ -3,6 +3,7 @@ fusions, and the positions of the columns of a raw `ops` row."""
 
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -46,6 +47,17 @@ DISPATCH_KEY = operator.itemgetter(OP, INPUTS, OUTPUTS, FRAME, MODULE)
 _OP_SIGNATURE = operator.itemgetter(OP, INPUTS, OUTPUTS, MODULE, FRAME)
 _COST_KEY = operator.itemgetter(OP, INPUTS, OUTPUTS)
 OpBatch = list[OpRow]
+# Run layouts kept for reuse: a trace whose flushes repeat reuses a few; one whose every flush differs
+# would otherwise hold one per flush, as much memory as its ops.
+MAX_CACHED_LAYOUTS = 2048
+
+
+def remember(cache: dict[Any, Any], key: Any, value: Any, limit: int = MAX_CACHED_LAYOUTS) -> Any:
+    """Store `value` under `key` in `cache`, dropping the oldest entry once `limit` are held; returns `value`."""
+    if len(cache) >= limit:
+        del cache[next(iter(cache))]
+    cache[key] = value
+    return value
 
 
 class TraceTables:
@@ -77,6 +89,7 @@ class TraceTables:
         self._fusion_of_op: dict[tuple[int, str], FusionInfo | None] = {}
         self._costs: dict[tuple[int | None, int | None, int | None], OpCost] = {}
         self._layouts: dict[tuple[Any, ...], RunLayout] = {}
+        self._layout_ids = itertools.count()
 
     def text(self, sid: int | None) -> str | None:
         return None if sid is None else self.strings.get(sid)
@@ -117,7 +130,7 @@ class TraceTables:
             cost = self.cost
             op_keys = [(program_id, position, *op, None) for position, op in enumerate(signature)]
             costs = [cost(*key) for key in map(_COST_KEY, rows)]
-            layout = self._layouts[cache_key] = self._make_layout(program_id, op_keys, chip, costs)
+            layout = remember(self._layouts, cache_key, self._make_layout(program_id, op_keys, chip, costs))
         return layout
 
     def fusions_layout(self, chip: TargetChip, program_id: int) -> RunLayout:
@@ -132,10 +145,10 @@ class TraceTables:
             if not fusions:
                 op_keys = [(program_id, 0, None, None, None, None, None, -1)]
                 costs = [OpCost(1.0, 0.0, 0.0)]
-            layout = self._layouts[cache_key] = self._make_layout(program_id, op_keys, chip, costs)
+            layout = remember(self._layouts, cache_key, self._make_layout(program_id, op_keys, chip, costs))
         return layout
 
     def _make_layout(self, program_id: int, op_keys: list[tuple[Any, ...]], chip: TargetChip, costs: list[OpCost]) -> RunLayout:
         program = self.programs.get(program_id)
-        return make_layout(len(self._layouts), op_keys, program.flops if program is not None else None,
+        return make_layout(next(self._layout_ids), op_keys, program.flops if program is not None else None,
                            program.bytes_accessed if program is not None else None, chip, costs)

@@ -222,6 +222,7 @@ class Recorder(ShardingRecords, UserFrames):
             )
         )
         if self.seq & 255 == 0:
+            self.writer.relieve()
             self._maybe_sample_memory()
 
     def ops_flushed(self, op_records: list[tuple], chip: int, program_id: int | None, flush_id: int | None) -> None:
@@ -238,6 +239,7 @@ class Recorder(ShardingRecords, UserFrames):
         for seq, name, plan, start_ns, dur_ns, frame_id, module_sid, step in op_records:
             ids = plan.trace_ids.get(token) or self._plan_ids(plan)
             append((seq, rank, intern(name), ids[0], ids[1], chip, start_ns - t0, dur_ns, frame_id, module_sid, step, program_id, flush_id))
+        self.writer.relieve()
 
     def next_seq(self) -> int:
         self.seq += 1

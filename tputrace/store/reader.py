@@ -31,6 +31,7 @@ from tputrace.store.aggregates import (
 from tputrace.store.connection import TraceConnection
 from tputrace.store.errors import TputraceError
 from tputrace.store.interned import InternedValues
+from tputrace.store.indexing import DEFERRED_META_KEY, build_deferred_indexes
 from tputrace.store.opening import check_trace_file, connect_read_only, read_meta
 from tputrace.store.records import (
     RECORD_TYPES,
@@ -94,6 +95,8 @@ def open_trace(path: str | os.PathLike[str], *, source_roots: Sequence[str | os.
     except BaseException:
         connection.close()
         raise
+    if DEFERRED_META_KEY in meta and build_deferred_indexes(trace_path, meta):
+        meta.pop(DEFERRED_META_KEY)
     return Trace(trace_path, connection, meta, tuple(str(root) for root in source_roots))
 
 

@@ -6,9 +6,15 @@ background thread drains the queues every `commit_interval_s` and inserts them i
 or so. Within a transaction strings and frames are drained after the rows that reference them, so a
 committed row never references an uncommitted string or frame.
 
+Backpressure. Each table's queue holds at most `max_queued_rows` rows: `append` (and `relieve`, which
+callers of `appender` call after each batch) commits in the caller's thread when a queue is full, so a
+producer faster than the disk waits instead of growing memory, and a stop request finds little queued.
+
 The file is in WAL mode while the writer runs. Indexes are built on `close()` (cheaper than keeping
-them up to date on every insert, and they come out packed); `close()` then checkpoints and leaves
-the trace as a single file. A trace from a killed run has no indexes, which only makes queries slower.
+them up to date on every insert, and they come out packed), within `index_budget_s`: those not built
+by then are named in `meta.indexes_deferred` and built by the first reader that can write the file
+(`tputrace.store.indexing`). `close()` then checkpoints and leaves the trace as a single file. A trace
+from a killed run has no indexes, which only makes queries slower.
 
 Fork. An SQLite connection must never be used, or even closed, in a forked child: its in-process
 lock state is a copy of the parent's, and closing it can checkpoint and delete the parent's WAL. So
@@ -45,12 +51,17 @@ from tputrace.schema import (
     view_statements,
 )
 from tputrace.store.errors import TraceWriteError
+from tputrace.store.indexing import build_indexes
 
 Row = tuple[Any, ...]
 
 # Tables filled through intern()/frame(); every other table is filled through append().
 _INTERNED_TABLES = ("strings", "frames")
 _SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
+# Rows a table's queue holds before the appending thread commits them itself (see `relieve`).
+MAX_QUEUED_ROWS = 50_000
+# Seconds `close()` spends building indexes; the rest are left to the first reader that can write the file.
+INDEX_BUDGET_S = 1.0
 # Rows per INSERT statement for big batches: one multi-row statement is faster than as many one-row ones.
 _ROWS_PER_STATEMENT = 16
 # What a malformed row raises (wrong arity, unsupported type, integer over 64 bits).
@@ -77,15 +88,21 @@ class TraceWriter:
         create_file: bool = True,
         close_at_exit: bool = True,
         bulk: bool = False,
+        max_queued_rows: int = MAX_QUEUED_ROWS,
+        index_budget_s: float = INDEX_BUDGET_S,
     ) -> None:
         """`create_file=False` keeps rows in memory until `create_file()` is called (a recording
         that may never record anything worth a file); `close()` before that writes nothing.
         `close_at_exit=False`: the owner closes it at interpreter exit (after rows of its own), not atexit.
         `bulk=True` (a file that is discarded unless finished, e.g. an import's): no fsync and the rollback
-        journal in memory, so a crash or power loss may leave the file damaged."""
+        journal in memory, so a crash or power loss may leave the file damaged.
+        `max_queued_rows`: rows per table queue before appending commits (see `relieve`);
+        `index_budget_s`: seconds `close()` may spend on indexes."""
         self.path = Path(path)
         self.rank = rank
         self.commit_interval_s = commit_interval_s
+        self.max_queued_rows = max_queued_rows
+        self.index_budget_s = index_budget_s
         self.dropped_rows = 0
         self._first_error: str | None = None
         self._reported_dropped = 0
@@ -136,16 +153,34 @@ class TraceWriter:
     # -- hot path -------------------------------------------------------------------------------
 
     def append(self, table: str, row: Row) -> None:
-        """Queue one row of `table` (values in the table's column order)."""
-        self._row_queues[table].append(row)
+        """Queue one row of `table` (values in the table's column order); commits first if the queue is full."""
+        row_queue = self._row_queues[table]
+        row_queue.append(row)
+        if len(row_queue) >= self.max_queued_rows:
+            self._drain_and_commit()
 
     def extend(self, table: str, rows: list[Row]) -> None:
-        """Queue many rows of `table` at once."""
-        self._row_queues[table].extend(rows)
+        """Queue many rows of `table` at once; commits first if the queue is then full."""
+        row_queue = self._row_queues[table]
+        row_queue.extend(rows)
+        if len(row_queue) >= self.max_queued_rows:
+            self._drain_and_commit()
 
     def appender(self, table: str) -> Callable[[Row], None]:
-        """The fastest way to append to one table: a bound `append(row)` for `table`."""
+        """The fastest way to append to one table: a bound `append(row)` for `table`, without the
+        queue bound's check; the caller calls `relieve()` after each batch (or every few hundred rows)."""
         return self._row_queues[table].append
+
+    def queued(self, table: str) -> int:
+        """Rows of `table` appended and not yet committed."""
+        return len(self._row_queues[table])
+
+    def relieve(self) -> None:
+        """Commit in the caller's thread if a queue holds `max_queued_rows` rows or more (backpressure
+        for `appender`'s callers: a producer faster than the disk waits here)."""
+        limit = self.max_queued_rows
+        if any(len(row_queue) >= limit for row_queue in self._row_queues.values()):
+            self._drain_and_commit()
 
     def intern(self, text: str) -> int:
         """The string id of `text`, adding it to the `strings` table the first time."""
@@ -211,7 +246,7 @@ class TraceWriter:
             self._drain_and_commit()
 
     def close(self) -> None:
-        """Commit everything, build indexes and leave the trace as one file. Idempotent.
+        """Commit everything, build indexes (within `index_budget_s`) and leave the trace as one file. Idempotent.
 
         Rows appended after `close()` are ignored.
         """
@@ -229,8 +264,7 @@ class TraceWriter:
         with self._db_lock:
             connection = self._open_connection
             try:
-                for statement in index_statements():
-                    connection.execute(statement)
+                build_indexes(connection, index_statements(), self.index_budget_s)
                 connection.execute("PRAGMA wal_checkpoint(TRUNCATE)")
                 connection.execute("PRAGMA journal_mode=DELETE")
             except sqlite3.Error as error:

@@ -19,6 +19,7 @@ imports torch or jax; strings from the trace are written as JSON data.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -29,16 +30,19 @@ from typing import IO, TYPE_CHECKING, Any
 from tputrace.derived.device_runs import OpKey, ProgramRun, is_strict, scan_rank
 from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, TargetChip
 from tputrace.derived.projection import step_metadata
-from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables
+from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables, remember
 from tputrace.viewers.export.collective_causes import cause_args, cause_column
 from tputrace.viewers.export.hosts import host_names
 from tputrace.viewers.export.perfetto_tracks import (
     CHUNK_EVENTS,
     LANE_STRIDE,
+    SPILL_LINES,
     BackgroundWriter,
+    TextTrack,
     Track,
     int_json,
     microseconds_text,
+    slice_json,
     to_json,
 )
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
@@ -51,6 +55,7 @@ HOST_THREADS = ("Steps", "Annotations", "Python dispatch", "Flushes", "XLA compi
 CHIP_STEPS_TID, CHIP_PROGRAMS_TID = 1, 2  # a chip's threads: Steps, and programs with their ops nested
 _PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for chips
 _FLOW_NAME = "runs on chip"
+_MAX_CACHED_OPS = 65_536  # descriptions of distinct ops kept for reuse (see `_op_tail`)
 _START_OF, _DUR_OF, _SEQ_OF = operator.itemgetter(START), operator.itemgetter(DUR), operator.itemgetter(SEQ)
 
 
@@ -68,20 +73,22 @@ class PerfettoExport:
 class _Export:
     """Builds the events of one trace: tracks of slices, instants, counters, flows and the names."""
 
-    def __init__(self, tables: TraceTables, chip: TargetChip) -> None:
+    def __init__(self, tables: TraceTables, chip: TargetChip, spill_lines: int = SPILL_LINES) -> None:
         self.tables = tables
         self.chip = chip
-        self.tracks: dict[tuple[int, int], Track] = {}
+        self.spill_lines = spill_lines
+        self.tracks: dict[tuple[int, int], Track | TextTrack] = {}
         self.fragments: list[tuple[str, str]] = []
         self._fragment_ids: dict[Any, int] = {}
         self.instants: list[str] = []
         self.counters: list[str] = []
-        self.flows: list[tuple[Track, int, Track, int]] = []
+        # A flow: its source slice (track, index) and its target's pid, tid and time.
+        self.flows: list[tuple[Track, int, tuple[int, int, int]]] = []
         self.process_names: dict[int, tuple[str, int]] = {}
         self._json_by_sid: dict[int, str] = {}
         self._json_by_frame: dict[int, str] = {}
         self._op_parts: dict[tuple[Any, ...], tuple[str, str, str]] = {}  # see `_op_fragment`
-        self._layout_fragments: dict[int, list[int]] = {}  # a run layout's op fragments (see `ProgramRun.layout`)
+        self._layout_tails: dict[int, list[str]] = {}  # a run layout's op slices' JSON tails (see `ProgramRun.layout`)
         runs = tables.trace.sql("SELECT rank, start_unix_ns FROM runs")
         self.rank_offsets = {rank: start or 0 for rank, start in runs}
         self.origin_unix_ns = min(self.rank_offsets.values(), default=0)
@@ -98,11 +105,27 @@ class _Export:
             self.fragments.append((f'"name":{to_json(name)},"cat":"{category}"', members))
         return fragment_id
 
-    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), *, nested: bool = False) -> Track:
+    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = ()) -> Track:
         track = self.tracks.get((pid, tid))
         if track is None:
-            track = self.tracks[(pid, tid)] = Track(pid, tid, name, columns, nested=nested)
+            track = self.tracks[(pid, tid)] = Track(pid, tid, name, columns)
+        assert isinstance(track, Track)
         return track
+
+    def programs_track(self, pid: int) -> TextTrack:
+        """A chip's `XLA programs` thread: programs follow each other and their ops nest inside them."""
+        track = self.tracks.get((pid, CHIP_PROGRAMS_TID))
+        if track is None:
+            track = self.tracks[(pid, CHIP_PROGRAMS_TID)] = TextTrack(pid, CHIP_PROGRAMS_TID, "XLA programs", self.spill_lines)
+        assert isinstance(track, TextTrack)
+        return track
+
+    def tail(self, fragment: int, extra: str = "") -> str:
+        """A slice's name, category and args as JSON, from its fragment and its own args (`extra`)."""
+        head, shared = self.fragments[fragment]
+        if extra:
+            return f'{head},"args":{{{extra}{"," + shared if shared else ""}}}}}'
+        return f'{head},"args":{{{shared}}}}}'
 
     def instant(self, pid: int, tid: int, ts_ns: int, name: str, category: str, args: dict[str, Any]) -> None:
         members = to_json({key: value for key, value in args.items() if value is not None})
@@ -170,28 +193,31 @@ class _Export:
             dispatch.fragments.extend(fragments)  # type: ignore[arg-type]
             dispatch.values[0].extend(map(_SEQ_OF, rows))
 
-        runs: list[tuple[ProgramRun, Track, int]] = []
+        # Per run, what its flow arrow starts from (strict: its op's seq; else its flush id) and where it
+        # ends: the run itself is written as text when it comes (see `_add_run`).
+        runs: list[tuple[int | None, tuple[int, int, int]]] = []
 
         def on_run(run: ProgramRun) -> None:
-            # Programs follow each other on a chip and their ops nest inside them (see `_add_run`).
-            programs = self.track(chip_pid(run.chip), CHIP_PROGRAMS_TID, "XLA programs", nested=True)
-            runs.append((run, programs, self._add_run(run, programs, offset)))
+            programs = self.programs_track(chip_pid(run.chip))
+            origin = (run.op_seqs[0] if run.op_seqs else None) if strict else run.flush_id
+            runs.append((origin, self._add_run(run, programs, offset)))
 
         def restart() -> None:
-            for track in [dispatch, *(self.track(pid, CHIP_PROGRAMS_TID, "XLA programs", nested=True) for pid in chip_pids.values())]:
-                track.clear()
+            dispatch.clear()
+            for pid in chip_pids.values():
+                self.programs_track(pid).clear()
             runs.clear()
             dispatch_index.clear()
 
         scan_rank(tables, rank, self.chip, on_run, on_ops, restart)
         flush_index = self._add_host_records(rank, host_pid, host_tracks, offset)
-        for run, programs, run_index in runs:
+        for origin, target in runs:
             if strict:
-                source_index = dispatch_index.get(run.op_seqs[0]) if run.op_seqs else None
+                source_index = dispatch_index.get(origin) if origin is not None else None
                 if source_index is not None:
-                    self.flows.append((dispatch, source_index, programs, run_index))
-            elif run.flush_id is not None and run.flush_id in flush_index:
-                self.flows.append((host_tracks["Flushes"], flush_index[run.flush_id], programs, run_index))
+                    self.flows.append((dispatch, source_index, target))
+            elif origin is not None and origin in flush_index:
+                self.flows.append((host_tracks["Flushes"], flush_index[origin], target))
         for step, start_ns, end_ns in trace.sql("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", (rank,)):
             if end_ns is None:
                 continue
@@ -204,7 +230,8 @@ class _Export:
             self.counter(chip_pid(chip_index if chip_index is not None else 0), t_ns + offset, "HBM bytes",
                          {"live": live or 0, "peak": peak or 0})
 
-    def _add_run(self, run: ProgramRun, programs: Track, offset: int) -> int:
+    def _add_run(self, run: ProgramRun, programs: TextTrack, offset: int) -> tuple[int, int, int]:
+        """Write a run and its ops on `programs`; returns the run's slice as a flow's target (pid, tid, time)."""
         tables = self.tables
         program = tables.programs.get(run.program_id)
         fragment = self.fragment(("program", run.program_id), f"{tables.program_name(run.program_id)} ({run.program_id})", "program", {
@@ -221,51 +248,45 @@ class _Export:
         end = start + run.dur_ns
         extra = (f'"flush_id":{int_json(run.flush_id)},"step":{int_json(run.step)},'
                  f'"queued_behind_previous_ns":{int_json(run.queued_ns or None)}')
-        run_index = programs.add(start, end, fragment, extra)
+        pid, tid = programs.pid, programs.tid
+        lines = [slice_json(pid, tid, start, end, self.tail(fragment, extra))]
         # Op bounds in whole ns, inside the program's: the ops nest in it on the same thread.
-        fragments = self._layout_fragments.get(run.layout) if run.layout is not None else None
-        if fragments is None:
-            fragment_ids = self._fragment_ids
-            fragments = []
-            for key, flops, read, write in zip(run.op_keys, run.op_flops, run.op_read_bytes, run.op_write_bytes):
-                fragment = fragment_ids.get(key)
-                if fragment is None:
-                    fragment = self._op_fragment(OpKey._make(key), flops, read + write, run.estimated)
-                fragments.append(fragment)
+        tails = self._layout_tails.get(run.layout) if run.layout is not None else None
+        if tails is None:
+            tails = [self._op_tail(OpKey._make(key), flops, read + write, run.estimated)
+                     for key, flops, read, write in zip(run.op_keys, run.op_flops, run.op_read_bytes, run.op_write_bytes)]
             if run.layout is not None:
-                self._layout_fragments[run.layout] = fragments
+                remember(self._layout_tails, run.layout, tails)
         # Ops follow each other: each ends where the next begins, the last where the program ends.
         begins = [int(op_start + 0.5) + offset for op_start in run.op_starts_ns]
         if begins:
             begins[0] = start
-            programs.starts.extend(begins)
-            programs.ends.extend(begins[1:])
-            programs.ends.append(end)
-            programs.fragments.extend(fragments)
-        return run_index
+            lines += map(slice_json, itertools.repeat(pid), itertools.repeat(tid), begins, [*begins[1:], end], tails)
+        programs.add_lines(lines)
+        return pid, tid, (start + max(end, start)) // 2
 
-    def _op_fragment(self, key: OpKey, flops: float, bytes_accessed: float, estimated: bool) -> int:
+    def _op_tail(self, key: OpKey, flops: float, bytes_accessed: float, estimated: bool) -> str:
+        """An op slice's name, category and args as JSON (see `tail`)."""
         tables = self.tables
         if key.fusion is not None:
             fusions = tables.fusions.get(key.program_id, [])
             fusion = fusions[key.fusion] if 0 <= key.fusion < len(fusions) else None
             name = fusion.name if fusion else tables.program_name(key.program_id)
-            return self.fragment(tuple(key), name, "xla op", {
+            return self.tail(self.fragment(tuple(key), name, "xla op", {
                 "fusion_kind": fusion.kind if fusion else None,
                 "hlo_ops": fusion.hlo_ops if fusion else None,
                 "aten_ops": ", ".join(fusion.aten_ops) if fusion else None,
                 "flops": round(flops), "bytes_accessed": round(bytes_accessed), "time": "estimated",
-            })
+            }))
         # One per distinct op of a program (a million-op trace can have a hundred thousand): all but
         # the FLOPs and bytes is the same for every position of the op in the program, made once.
         described = (key.program_id, key.op_sid, key.inputs_sid, key.outputs_sid, key.module_sid, key.frame_id, estimated)
         parts = self._op_parts.get(described)
         if parts is None:
-            parts = self._op_parts[described] = self._describe_op(key, estimated)
+            parts = remember(self._op_parts, described, self._describe_op(key, estimated), _MAX_CACHED_OPS)
         head, before, after = parts
-        fragment_id = self._fragment_ids[tuple(key)] = len(self.fragments)
-        self.fragments.append((head, f'{before}"flops":{round(flops)},"bytes_accessed":{round(bytes_accessed)}{after}'))
-        return fragment_id
+        return f'{head},"args":{{{before}"flops":{round(flops)},"bytes_accessed":{round(bytes_accessed)}{after}}}}}'
+
 
     def _describe_op(self, key: OpKey, estimated: bool) -> tuple[str, str, str]:
         """An ATen op's slice head, and its args before and after its FLOPs and bytes (as JSON text)."""
@@ -418,22 +439,23 @@ class _Export:
     def _flow_events(self) -> Iterator[str]:
         """Flow v1 arrows: `s` inside the source slice, `f` (bound to its enclosing slice) inside the
         target, both at the slice's middle so that neither sits on another slice's edge."""
-        for flow_id, (source, source_index, target, target_index) in enumerate(self.flows, start=1):
+        for flow_id, (source, source_index, (target_pid, target_tid, target_ts)) in enumerate(self.flows, start=1):
             source_ts = (source.starts[source_index] + source.ends[source_index]) // 2
-            target_ts = (target.starts[target_index] + target.ends[target_index]) // 2
             yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source.tid_of(source_index)},'
                    f'"ts":{microseconds_text(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
-            yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target.pid},"tid":{target.tid_of(target_index)},'
+            yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target_pid},"tid":{target_tid},'
                    f'"ts":{microseconds_text(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
 
 
-def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 1) -> PerfettoExport:
+def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 1,
+                    spill_lines: int = SPILL_LINES) -> PerfettoExport:
     """Write the trace as Chrome trace-event JSON to `path` (gzipped when it ends in `.gz`; level 1
     by default: trace-event JSON is large and repetitive, and compresses nearly as well at level 1 as
-    at zlib's default level, in less time)."""
+    at zlib's default level, in less time). A chip's programs and ops past `spill_lines` slices wait
+    in a temporary file, not in memory."""
     out = Path(path)
     tables = TraceTables(trace)
-    export = _Export(tables, target_chip(target))
+    export = _Export(tables, target_chip(target), spill_lines)
     hosts = dict(trace.sql("SELECT rank, host FROM runs"))
     for rank in host_names(trace):
         export.add_rank(rank, hosts.get(rank) or "?")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import gzip
 import json
 import queue
+import tempfile
 import threading
 from array import array
 from bisect import bisect_left
@@ -222,3 +223,68 @@ class BackgroundWriter:
         if self._error is not None and exc_info[0] is None:
             raise self._error
 
+
+
+SPILL_LINES = 20_000  # a `TextTrack` keeps this many slices as text in memory before moving them to a file
+
+
+def slice_json(pid: int, tid: int, start_ns: int, end_ns: int, tail: str) -> str:
+    """One slice as `Track.lines` writes it: `tail` is its name, category and args, as JSON members and the
+    closing brace."""
+    end_ns = end_ns if end_ns > start_ns else start_ns
+    return '{"ph":"X","pid":%d,"tid":%d,"ts":%.3f,"dur":%.3f,%s' % (pid, tid, start_ns / 1000, (end_ns - start_ns) / 1000, tail)
+
+
+class TextTrack:
+    """The slices of one thread whose slices nest as they come (a chip's programs with their ops): they
+    need no lanes, so each is formatted as it is added, and past `spill_lines` the text moves to a
+    temporary file, which bounds the memory a track takes whatever the trace's size."""
+
+    def __init__(self, pid: int, tid: int, name: str, spill_lines: int = SPILL_LINES) -> None:
+        self.pid, self.tid, self.name = pid, tid, name
+        self.spill_lines = spill_lines
+        self._buffer: list[str] = []
+        self._file: IO[str] | None = None
+        self._count = 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    def add_lines(self, lines: list[str]) -> None:
+        self._buffer.extend(lines)
+        self._count += len(lines)
+        if len(self._buffer) >= self.spill_lines:
+            if self._file is None:
+                self._file = tempfile.TemporaryFile("w+", encoding="utf-8", newline="\n")
+            self._file.write("".join(line + "\n" for line in self._buffer))
+            self._buffer.clear()
+
+    def clear(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+        self._buffer.clear()
+        self._count = 0
+
+    def assign_lanes(self) -> int:
+        return 1
+
+    def tid_of(self, index: int) -> int:
+        return self.tid
+
+    def lines(self, *_: object) -> Iterator[list[str]]:
+        """The slices' JSON objects in order, in lists of at most `CHUNK_EVENTS`; the file goes after."""
+        if self._file is not None:
+            self._file.seek(0)
+            chunk: list[str] = []
+            for line in self._file:
+                chunk.append(line[:-1])
+                if len(chunk) >= CHUNK_EVENTS:
+                    yield chunk
+                    chunk = []
+            if chunk:
+                yield chunk
+            self._file.close()
+            self._file = None
+        for first in range(0, len(self._buffer), CHUNK_EVENTS):
+            yield self._buffer[first:first + CHUNK_EVENTS]

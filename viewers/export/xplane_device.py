@@ -12,7 +12,7 @@ from typing import Any
 
 from tputrace.derived.device_runs import OpKey, ProgramRun
 from tputrace.derived.op_cost import ATTENTION_MARK, MATMUL_OPS, TIME_ESTIMATE_NOTE, TargetChip, aten_base_name
-from tputrace.derived.trace_tables import TraceTables
+from tputrace.derived.trace_tables import TraceTables, remember
 from tputrace import xplane_proto
 from tputrace.viewers.export.xplane_builder import PS_PER_NS, Line, PlaneBuilder, Ref
 
@@ -138,7 +138,7 @@ class DevicePlanes:
                     if metadata_ids[index] is None:
                         metadata_ids[index] = _add_op_metadata(builder, self.tables, run, index)
             if run.layout is not None:
-                self._layout_metadata[layout_key] = metadata_ids
+                remember(self._layout_metadata, layout_key, metadata_ids)
         ops.metadata_ids.extend(metadata_ids)
         ops.offsets_ps.extend([int(start * PS_PER_NS + 0.5) for start in run.op_starts_ns])
         ops.durations_ps.extend([int(duration * PS_PER_NS + 0.5) for duration in run.op_durs_ns])
