@@ -9,7 +9,8 @@ import pytest
 from product_modules import imports_of, product_modules
 
 EVENT_SINK = ("tputrace.recording.interface", "tputrace.recording.recorder", "tputrace.recording.executions",
-              "tputrace.recording.live", "tputrace.recording.sharding_records", "tputrace.recording.recording_window")
+              "tputrace.recording.live", "tputrace.recording.sharding_records", "tputrace.recording.recording_window",
+              "tputrace.recording.user_frames")
 
 
 def _within(name: str, *packages: str) -> bool:
