@@ -27,6 +27,7 @@ from tputrace.recording.recording_window import WindowSpec, WindowSpecError, spe
 from tputrace.recording.exits import (
     EXIT_INTERRUPTED,
     EXIT_SCRIPT_RAISED,
+    EXIT_TERMINATED,
     sigterm_deferred,
     sigterm_raises_system_exit,
     system_exit_status,
@@ -164,7 +165,11 @@ def run(args: argparse.Namespace) -> int:
     exit_status = execute(target, list(args.target_args), recorder, trace_path, args.mode, as_cuda=args.as_cuda, live=live, window=window)
     if os.getpid() != launcher_pid:
         return exit_status  # a process the script forked: the parent reports, with this one merged in
-    if trace_path is not None and not args.no_summary:
+    if trace_path is not None and exit_status == EXIT_TERMINATED:
+        # A stop request: the trace is finished; the summary's analysis of a long run would outlast a grace period.
+        print(f"tputrace: stopped by SIGTERM; trace saved to {trace_path} (`tputrace summary` and `tputrace report` read it)",
+              file=sys.stderr)
+    elif trace_path is not None and not args.no_summary:
         report(trace_path)
         if getattr(args, "tui", False):
             from tputrace.cli.tui import open_ui_after_run

@@ -11,6 +11,7 @@ from types import FrameType
 
 EXIT_SCRIPT_RAISED = 1
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
+EXIT_TERMINATED = 128 + signal.SIGTERM
 
 
 def system_exit_status(code: object) -> tuple[int, str | None]:
