@@ -194,9 +194,7 @@ class Recorder(ShardingRecords):
         if location is None:
             yield
             return
-        frame_id = self._location_frame_ids.get(location)
-        if frame_id is None:  # interned once: a graph run op by op enters here for each node of each call
-            frame_id = self._location_frame_ids[location] = self._intern_frame(*location)
+        frame_id = self._location_frame_id(location)
         thread = threading.get_ident()
         previous = self._traced_lines.get(thread)
         self._traced_lines[thread] = frame_id
@@ -207,6 +205,14 @@ class Recorder(ShardingRecords):
                 del self._traced_lines[thread]
             else:
                 self._traced_lines[thread] = previous
+
+    def _location_frame_id(self, location: tuple[str, int, str]) -> int:
+        """The frame id of a (file, line, function), interned once: a graph run op by op asks for each node of
+        each call, a transfer for the line that made each batch."""
+        frame_id = self._location_frame_ids.get(location)
+        if frame_id is None:
+            frame_id = self._location_frame_ids[location] = self._intern_frame(*location)
+        return frame_id
 
     def _call_frame_id(self, code: CodeType, lasti: int, line: int) -> int:
         key = (code, lasti)
@@ -466,11 +472,14 @@ class Recorder(ShardingRecords):
         self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
         performance_warnings.synced(kind, self.step_index)
 
-    def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None:
+    def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int,
+                    origin: tuple[str, int, str] | None = None) -> None:
         if not self.enabled:
             return
         self.recorded_in_step = True
-        self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
+        origin_frame_id = None if origin is None else self._location_frame_id(origin)
+        self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(),
+                                         self.step_index, origin_frame_id))
         performance_warnings.transferred(direction, nbytes, self.step_index)
 
     def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None:

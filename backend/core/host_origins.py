@@ -1,0 +1,109 @@
+"""Where a host tensor was made: the user's line that built a batch before it was copied to the chip.
+
+While a run records, the host functions that typically make a batch (`torch.tensor`, `stack`, `cat`,
+`zeros`, `full`, `randint`, `pad_sequence`, `F.pad`, `Tensor.new_*`, ...) are wrapped: a plain CPU
+tensor they return is remembered with the first frame outside torch, tputrace and libraries (a
+`collate_fn` padding each batch to its longest item, a tokenizer-like pad). When such a tensor is copied
+to `tpu`, the transfer records that line as its origin, and the recompile analysis names it as the line
+that chose a changing shape. Only the wrapped functions pay (no mode over every torch call);
+`TPUTRACE_HOST_ORIGINS=0` turns it off. The tensors are kept by id with a weak reference, never changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
+
+import torch
+import torch.nn.functional
+import torch.nn.utils.rnn
+
+from tputrace import settings, sourceloc
+
+Location = tuple[str, int, str]  # file, line, function
+
+# (owner, attribute) of each wrapped maker: module functions and Tensor methods that build a batch on the host.
+_TORCH_MAKERS = (
+    "tensor", "as_tensor", "from_numpy", "stack", "cat", "concat", "concatenate", "hstack", "vstack",
+    "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
+    "arange", "randint", "rand", "randn", "randperm", "where", "masked_select", "nonzero",
+)
+_TENSOR_MAKERS = ("new_tensor", "new_zeros", "new_ones", "new_full", "new_empty")
+_MAKERS: tuple[tuple[Any, str], ...] = (
+    *((torch, name) for name in _TORCH_MAKERS),
+    *((torch.Tensor, name) for name in _TENSOR_MAKERS),
+    (torch.nn.functional, "pad"),
+    (torch.nn.utils.rnn, "pad_sequence"),
+)
+
+_origins: dict[int, tuple[weakref.ref, Location]] = {}  # id(tensor) -> (a weak reference to it, its origin)
+_user_code: dict[CodeType, bool] = {}
+_roots: tuple[str, ...] = ()
+_originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, the function it held)
+_is_compiling = torch.compiler.is_compiling
+
+
+def install() -> None:
+    """Wrap the makers (once; nothing when `TPUTRACE_HOST_ORIGINS=0`)."""
+    global _roots
+    if _originals or not settings.host_origins_enabled():
+        return
+    _roots = sourceloc.library_roots()
+    for owner, name in _MAKERS:
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+        _originals.append((owner, name, original))
+        setattr(owner, name, _remembering(original))
+
+
+def uninstall() -> None:
+    """Put the makers back and forget the origins."""
+    while _originals:
+        owner, name, original = _originals.pop()
+        setattr(owner, name, original)
+    _origins.clear()
+
+
+def origin_of(tensor: Any) -> Location | None:
+    """The line that made `tensor` on the host, when a wrapped maker did."""
+    entry = _origins.get(id(tensor))
+    if entry is None or entry[0]() is not tensor:
+        return None
+    return entry[1]
+
+
+def _remembering(maker: Callable[..., Any]) -> Callable[..., Any]:
+    @functools.wraps(maker)
+    def make(*args: Any, **kwargs: Any) -> Any:
+        result = maker(*args, **kwargs)
+        if type(result) is torch.Tensor and not _is_compiling() and result.is_cpu:
+            _remember(result)
+        return result
+
+    return make
+
+
+def _remember(tensor: torch.Tensor) -> None:
+    frame = sys._getframe(2)
+    user_code = _user_code
+    while frame is not None:
+        code = frame.f_code
+        is_user = user_code.get(code)
+        if is_user is None:
+            is_user = user_code[code] = sourceloc.is_user_file(code.co_filename, _roots)
+        if is_user:
+            key = id(tensor)
+            _origins[key] = (weakref.ref(tensor, functools.partial(_forget, key)), (code.co_filename, frame.f_lineno, code.co_name))
+            return
+        frame = frame.f_back
+
+
+def _forget(key: int, reference: weakref.ref) -> None:
+    entry = _origins.get(key)
+    if entry is not None and entry[0] is reference:
+        del _origins[key]
