@@ -19,7 +19,8 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import data_sizes, host_inputs, program_cache
+from tputrace.analysis import chip_shapes, data_sizes, host_inputs, program_cache
+from tputrace.analysis.chip_shapes import ChipShapeStorm
 from tputrace.analysis.buckets import BucketOption, bucket_options, propose, varying_dims
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import SizeOrigin
@@ -119,6 +120,7 @@ class RecompileData:
     data_size_storms: tuple[DataSizeStorm, ...] = ()
     sites: tuple[CompileSite, ...] = ()
     storms: tuple[StormData, ...] = ()
+    chip_shape_storms: tuple[ChipShapeStorm, ...] = ()  # lengths made by an op on the chip (see `chip_shapes`)
 
 
 @dataclass(frozen=True)
@@ -184,6 +186,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             findings.append(padding_finding(context, padding.storm, padding.options, padding.best))
     size_storms: list[DataSizeStorm] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, not_evicted(evicted), evicted)
+    explained = in_storms | {compile.compile_id for own in length_recompiles.values() for compile in own}
     for key, grouped in by_origin.items():
         origin = grouped[0].origin
         assert origin is not None
@@ -198,10 +201,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         finding, size_storm = data_size_finding(context, origin, [], own)
         findings.append(finding)
         size_storms.append(size_storm)
+    chip_shape_storms = []
+    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted):
+        findings.append(finding)
+        chip_shape_storms.append(chip_shape)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
+        chip_shape_storms=tuple(chip_shape_storms),
     )
     return AnalysisResult(NAME, data, tuple(findings))
 
