@@ -87,3 +87,15 @@ def test_bucket_options_leave_out_what_pads_more_than_double() -> None:
     options = bucket_options(VaryingDim(((0, 0),), tuple(sizes)), [_Weight()] * len(sizes), 100 * MS, 10 * MS)
     assert {option.rule: option.buckets for option in options} == {"multiple of 8": (8,), "power of two": (4, 8)}
     assert bucket_options(VaryingDim(((0, 0),), (1, 2)), [_Weight()] * 2, 100 * MS, 10 * MS) == []
+
+
+def test_source_view_counts_the_compiles_a_line_caused(tmp_path: Path) -> None:
+    """The Source view's "caused" column: the storm's 6 compiles on the line that made the batch, while the compiles
+    column keeps them on the line that triggered them."""
+    from tputrace.tui.queries import caused_compiles, source_stats
+
+    trace = _batch_storm(tmp_path / "caused.tptrace", origin_line=12)
+    with open_trace(trace.close()) as opened:
+        files = {stat.file: stat for stat in source_stats(opened, 0, None, caused_compiles(opened, 0))}
+    assert files[DATA_FILE].lines[12].caused == 6 and files[DATA_FILE].lines[12].compiles == 0
+    assert files[SCRIPT].lines[41].compiles == 6 and files[SCRIPT].lines[41].caused == 0

@@ -108,6 +108,16 @@ class StormData:
 
 
 @dataclass(frozen=True)
+class CausedCompiles:
+    """The compiles a storm finding puts on one line: the line that made the changing shape (or, not knowing it,
+    where the shape enters), as the Source view's "caused" column shows them."""
+
+    file: str
+    line: int
+    compiles: int
+
+
+@dataclass(frozen=True)
 class RecompileData:
     """The rank's compiles and recompiles, the costliest sites, and the storms grouped three ways: per site
     (`storms`), per batch copied from the host, and per data-dependent size."""
@@ -121,6 +131,7 @@ class RecompileData:
     sites: tuple[CompileSite, ...] = ()
     storms: tuple[StormData, ...] = ()
     chip_shape_storms: tuple[ChipShapeStorm, ...] = ()  # lengths made by an op on the chip (see `chip_shapes`)
+    caused: tuple[CausedCompiles, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,12 +181,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         else:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
     findings: list[Finding] = []
+    caused: list[tuple[Finding, int]] = []  # each finding, and the compiles it explains
     host_input_storms: list[HostInputStorm] = []
     by_copy_line = _by_copy_line(context, [padding.storm for padding in padding_storms])
     for copy_frame, copied_batch in by_copy_line.items():
         finding, host_input = host_input_finding(context, copy_frame, copied_batch.batch, copied_batch.storms,
                                                  copied_batch.made_at)
         findings.append(finding)
+        caused.append((finding, host_input.compiles))
         host_input_storms.append(host_input)
         for storm in copied_batch.storms:  # one bucketing of the batch serves every program it reaches
             storm_data[id(storm)] = dataclasses.replace(storm_data[id(storm)], copied_at=host_input.where,
@@ -184,6 +197,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     for padding in padding_storms:
         if id(padding.storm) not in copied:
             findings.append(padding_finding(context, padding.storm, padding.options, padding.best))
+            caused.append((findings[-1], padding.storm.count))
     size_storms: list[DataSizeStorm] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, not_evicted(evicted), evicted)
     explained = in_storms | {compile.compile_id for own in length_recompiles.values() for compile in own}
@@ -192,6 +206,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         assert origin is not None
         finding, size_storm = data_size_finding(context, origin, grouped, length_recompiles.pop(key, []))
         findings.append(finding)
+        caused.append((finding, size_storm.compiles))
         size_storms.append(size_storm)
     for (family, frame_id), own in length_recompiles.items():
         if len(own) < MIN_COMPILES or len({compile.diff for compile in own}) < data_sizes.MIN_MATCHED_SIZES:
@@ -200,16 +215,20 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
                             data_sizes.lengths_at(context, family, frame_id))
         finding, size_storm = data_size_finding(context, origin, [], own)
         findings.append(finding)
+        caused.append((finding, size_storm.compiles))
         size_storms.append(size_storm)
     chip_shape_storms = []
     for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted):
         findings.append(finding)
+        caused.append((finding, chip_shape.recompiles))
         chip_shape_storms.append(chip_shape)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
         chip_shape_storms=tuple(chip_shape_storms),
+        caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
+                     if finding.file is not None and finding.line is not None),
     )
     return AnalysisResult(NAME, data, tuple(findings))
 
