@@ -19,8 +19,8 @@ from types import CodeType
 from typing import Any
 
 import torch
-import torch.nn.functional
-import torch.nn.utils.rnn
+import torch.jit._builtins
+import torch.utils._device
 
 from tputrace import settings, sourceloc
 
@@ -36,8 +36,9 @@ _TENSOR_MAKERS = ("new_tensor", "new_zeros", "new_ones", "new_full", "new_empty"
 _MAKERS: tuple[tuple[Any, str], ...] = (
     *((torch, name) for name in _TORCH_MAKERS),
     *((torch.Tensor, name) for name in _TENSOR_MAKERS),
-    (torch.nn.functional, "pad"),
-    (torch.nn.utils.rnn, "pad_sequence"),
+    # `F.pad` and `pad_sequence` call these at call time; TorchScript compiles the Python functions themselves.
+    (torch._C._nn, "pad"),
+    (torch._C._nn, "pad_sequence"),
 )
 
 _origins: dict[int, tuple[weakref.ref, Location]] = {}  # id(tensor) -> (a weak reference to it, its origin)
@@ -53,12 +54,19 @@ def install() -> None:
     if _originals or not settings.host_origins_enabled():
         return
     _roots = sourceloc.library_roots()
+    # `with torch.device(...)` knows the factories by identity, from a set built once: built now, it holds the
+    # functions themselves, which the wrappers call (built while wrapped, it would hold the wrappers).
+    torch.utils._device._device_constructors()
     for owner, name in _MAKERS:
         original = getattr(owner, name, None)
         if original is None:
             continue
         _originals.append((owner, name, original))
-        setattr(owner, name, _remembering(original))
+        wrapper = _remembering(original)
+        builtin = torch.jit._builtins._find_builtin(original)
+        if builtin is not None:  # TorchScript compiles a call of the wrapper as the op it wraps
+            torch.jit._builtins._register_builtin(wrapper, builtin)
+        setattr(owner, name, wrapper)
 
 
 def uninstall() -> None:
@@ -81,7 +89,7 @@ def _remembering(maker: Callable[..., Any]) -> Callable[..., Any]:
     @functools.wraps(maker)
     def make(*args: Any, **kwargs: Any) -> Any:
         result = maker(*args, **kwargs)
-        if type(result) is torch.Tensor and not _is_compiling() and result.is_cpu:
+        if not _is_compiling() and type(result) is torch.Tensor and result.is_cpu:
             _remember(result)
         return result
 

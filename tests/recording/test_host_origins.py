@@ -65,3 +65,22 @@ def test_a_bad_host_origins_value_is_one_line(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv(settings.HOST_ORIGINS, "yes")
     with pytest.raises(settings.SettingError, match=r"TPUTRACE_HOST_ORIGINS='yes' must be 0 \(off\) or 1"):
         settings.check()
+
+
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    return torch.nn.functional.pad(torch.stack([x, x]), (0, 2)) + torch.zeros(2, 5)
+
+
+def test_watched_makers_work_where_torch_knows_them_by_identity(tmp_path: Path) -> None:
+    """TorchScript compiles a call of a watched maker as its op; `with torch.device("tpu")` still places factories."""
+    lifecycle.start(str(tmp_path / "identity.tptrace"), script="test_host_origins", argv=[], mode="defer")
+    try:
+        scripted = torch.jit.script(_padded)(torch.ones(3))
+        with torch.device("tpu"):
+            placed = torch.nn.Linear(4, 2).weight.device.type, torch.zeros(3).device.type
+        padded = torch.nn.utils.rnn.pad_sequence([torch.ones(1), torch.ones(3)])
+    finally:
+        lifecycle.stop(0)
+    assert scripted.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0]] * 2
+    assert placed == ("tpu", "tpu")
+    assert padded.shape == (3, 2)
