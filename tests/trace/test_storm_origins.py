@@ -11,6 +11,7 @@ from test_analysis import MS, SCRIPT, HandTrace, findings_of
 
 from tputrace.analysis import analyze
 from tputrace.analysis.buckets import MAX_OPTION_PADDING, VaryingDim, bucket_options
+from tputrace.cli.main import main
 from tputrace.store.reader import open_trace
 
 LENGTHS = [37, 45, 64, 70, 100, 128]
@@ -48,6 +49,9 @@ def test_finding_is_at_the_line_that_made_the_batch(tmp_path: Path) -> None:
     (data,) = report.results["recompiles"].data.host_input_storms
     assert (data.made_at, data.where) == ("data.py:12", "train.py:30")
     assert {site.made_at for site in report.results["recompiles"].data.storms} == {"data.py:12"}
+    page = tmp_path / "made.html"
+    assert main(["plot", str(trace.path), "-o", str(page), "--plotlyjs", "cdn"]) == 0
+    assert "for the batches made at data.py:12 (copied at train.py:30)" in page.read_text()
 
 
 def test_without_origins_the_finding_stays_at_the_copy(tmp_path: Path) -> None:
