@@ -30,7 +30,7 @@ Location = tuple[str, int, str]  # file, line, function
 _TORCH_MAKERS = (
     "tensor", "as_tensor", "from_numpy", "stack", "cat", "concat", "concatenate", "hstack", "vstack",
     "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
-    "arange", "randint", "rand", "randn", "randperm", "where", "masked_select", "nonzero",
+    "randint", "rand", "randn", "randperm", "where", "masked_select", "nonzero",
 )
 _TENSOR_MAKERS = ("new_tensor", "new_zeros", "new_ones", "new_full", "new_empty")
 _MAKERS: tuple[tuple[Any, str], ...] = (
