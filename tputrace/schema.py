@@ -24,7 +24,8 @@ from dataclasses import dataclass
 MAGIC = "tputrace-trace"
 # 2: device_meshes, parameter_placements, collective_causes and collectives.cause_id (a version-1 file reads
 # them as empty and NULL).
-# 3: buffers (each chip buffer's lifetime; an older file reads it as empty).
+# 3: buffers (each chip buffer's lifetime; an older file reads it as empty) and transfers.origin_frame_id (the line
+# that made a batch copied to a chip; an older file reads it as NULL).
 FORMAT_VERSION = 3
 FILE_SUFFIX = ".tptrace"
 # `meta` key naming the on-disk compile cache directory a run used (absent: it used none).
@@ -267,6 +268,8 @@ TRANSFERS = RecordKind(
         _DUR,
         _FRAME,
         _STEP,
+        _c("origin_frame_id", "INTEGER", "h2d: the user's line that made the host tensor copied (a collate_fn's pad, torch.tensor, "
+           "torch.stack, ...), when a function tputrace watches made it", ref="frames"),
     ),
     indexes=(("rank", "start_ns"),),
 )
@@ -535,14 +538,23 @@ def _view_statement(kind: RecordKind, present: Collection[str]) -> str:
             selected.append(f'{alias}.text AS "{column.name.removesuffix("_sid")}"')
             joins.append(f"LEFT JOIN strings {alias} ON {alias}.id = t.{column.name}")
         elif column.ref == "frames":
-            selected += ["frame_file.text AS file", "frame.line AS line", "frame_function.text AS function"]
+            prefix = location_prefix(column.name, present)
+            alias = f"{prefix}frame"
+            selected += [f"{alias}_file.text AS {prefix}file", f"{alias}.line AS {prefix}line",
+                         f"{alias}_function.text AS {prefix}function"]
             joins += [
-                f"LEFT JOIN frames frame ON frame.id = t.{column.name}",
-                "LEFT JOIN strings frame_file ON frame_file.id = frame.file_sid",
-                "LEFT JOIN strings frame_function ON frame_function.id = frame.function_sid",
+                f"LEFT JOIN frames {alias} ON {alias}.id = t.{column.name}",
+                f"LEFT JOIN strings {alias}_file ON {alias}_file.id = {alias}.file_sid",
+                f"LEFT JOIN strings {alias}_function ON {alias}_function.id = {alias}.function_sid",
             ]
     return (f"CREATE VIEW IF NOT EXISTS {kind.table}{VIEW_SUFFIX} AS SELECT {', '.join(selected)} "
             f"FROM {kind.table} t {' '.join(joins)}".rstrip())
+
+
+def location_prefix(column: str, columns: Collection[str]) -> str:
+    """What a view or a frame puts before `file`, `line` and `function` for frame column `column` of a table with
+    `columns`: nothing, but for a second frame column beside `frame_id` (`transfers.origin_frame_id`: `origin_`)."""
+    return column.removesuffix("frame_id") if column != "frame_id" and "frame_id" in columns else ""
 
 
 def create_statements() -> list[str]:

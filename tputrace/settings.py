@@ -9,6 +9,7 @@ CHIPS = ("TPUTRACE_CHIPS", 1, "the number of chips")
 MAX_PROGRAMS = ("TPUTRACE_MAX_PROGRAMS", 4096, "how many compiled programs to keep")
 COUNTS = (CHIPS, MAX_PROGRAMS)
 COMPILE_CACHE = "TPUTRACE_COMPILE_CACHE"
+HOST_ORIGINS = "TPUTRACE_HOST_ORIGINS"  # 0: do not record the line that made each batch copied to the chip
 
 
 class SettingError(ValueError):
@@ -52,8 +53,18 @@ def compile_cache_directory(error: type[Exception] = SettingError) -> str | None
     return path
 
 
+def host_origins_enabled(error: type[Exception] = SettingError) -> bool:
+    """Whether the recording notes the line that made each host tensor copied to the chip (`TPUTRACE_HOST_ORIGINS`:
+    1, the default, or 0); `error` for another value."""
+    raw = os.environ.get(HOST_ORIGINS, "1").strip()
+    if raw not in ("0", "1"):
+        raise error(f"{HOST_ORIGINS}={raw!r} must be 0 (off) or 1 (on, the default)")
+    return raw == "1"
+
+
 def check() -> None:
     """Raise `SettingError` for the first setting whose value is not usable."""
     for setting in COUNTS:
         positive_int(setting)
     compile_cache_directory()
+    host_origins_enabled()

@@ -141,7 +141,8 @@ class Session:
         def compute(trace: Trace) -> list[queries.FileStat]:
             ops_by_source = self.op_groups(rank, "source")
             uncapped = len(ops_by_source) < queries.MAX_GROUPS
-            return queries.source_stats(trace, rank, ops_by_source if uncapped else None)
+            return queries.source_stats(trace, rank, ops_by_source if uncapped else None,
+                                        queries.caused_compiles(trace, rank))
 
         return self.shared(("source", rank), compute)
 

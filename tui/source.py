@@ -129,7 +129,8 @@ class SourceView(TraceView):
             yield TraceTable(("file", "file"), ("recorded time", "time"), ("ops", "ops"), id="source-files")
             with Vertical(id="source-main"):
                 yield StatusLine(Text("loading…"), id="source-status", classes="status")
-                yield TraceTable(("recorded time", "time"), ("ops", "ops"), ("compiles", "compiles"), ("syncs", "syncs"), ("line", "line"),
+                yield TraceTable(("recorded time", "time"), ("ops", "ops"), ("compiles", "compiles"), ("caused", "caused"),
+                                 ("syncs", "syncs"), ("line", "line"),
                                  ("", "code"), page_size=300, max_column_width=240, id="source-code")
 
     def primary(self) -> Widget | None:
@@ -276,12 +277,15 @@ class SourceView(TraceView):
             self.notify(f"cannot run {command[0]}: {error.strerror or error}", markup=False, severity="error")
 
 
-def gutter_cells(stat: queries.LineStat | None) -> tuple[Text, Text, Text, Text]:
+def gutter_cells(stat: queries.LineStat | None) -> tuple[Text, Text, Text, Text, Text]:
+    """Time, ops, compiles triggered at the line, compiles it caused (a recompile storm's line that made the changing
+    shape), syncs."""
     if stat is None:
-        return Text(""), Text(""), Text(""), Text("")
+        return Text(""), Text(""), Text(""), Text(""), Text("")
     return (
         right(fmt_ns(stat.time_ns) if stat.time_ns else "", "bold"),
         right(fmt_count(stat.ops) if stat.ops else ""),
         right(fmt_count(stat.compiles) if stat.compiles else "", "bold"),
+        right(fmt_count(stat.caused) if stat.caused else "", "bold"),
         right(fmt_count(stat.syncs) if stat.syncs else "", "bold"),
     )

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
-from tputrace.backend.core import buffer_lifetimes, memory, routing
+from tputrace.backend.core import buffer_lifetimes, host_origins, memory, routing
 from tputrace.recording.interface import Recording, active
 
 _removable: list[Any] = []
@@ -171,6 +171,7 @@ def attach(recorder: Recording) -> None:
         return
     dispatcher.recorder = recorder
     memory.tracker = buffer_lifetimes.BufferTracker(recorder)
+    host_origins.install()
     _removable.append(torch.nn.modules.module.register_module_forward_pre_hook(_module_entered(recorder)))
     _removable.append(torch.nn.modules.module.register_module_forward_hook(_module_left(recorder), always_call=True))
     _patch_record_function(recorder)
@@ -182,6 +183,7 @@ def detach() -> None:
     tracker, memory.tracker = memory.tracker, None
     if tracker is not None:
         tracker.stop()
+    host_origins.uninstall()
     while _removable:
         _removable.pop().remove()
     _unpatch_record_function()

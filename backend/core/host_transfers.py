@@ -12,7 +12,7 @@ from typing import Any
 import jax
 import torch
 
-from tputrace.backend.core import arg_checks, chips, sparse, transfers
+from tputrace.backend.core import arg_checks, chips, host_origins, sparse, transfers
 from tputrace.backend.core.buffers import CountedBuffer
 from tputrace.backend.core.dtypes import cast, to_jax
 from tputrace.backend.core.executor import Executor
@@ -63,7 +63,7 @@ class HostTransfers:
             return target
         if not isinstance(source, TpuTensor):
             host = source.detach().to(target.dtype).expand(target.shape).contiguous()
-            self.write(target, self.to_chip(host, target._buf.chip))
+            self.write(target, self.to_chip(host, target._buf.chip, made_as=source))
             return target
         arg_checks.check_write(target, (source,), aten.copy_.default)
         if source._buf.chip != target._buf.chip:
@@ -97,11 +97,13 @@ class HostTransfers:
             self.recorder.transferred("d2h", nbytes, tensor._buf.chip, -1, stall_end, end - stall_end)
         return host
 
-    def to_chip(self, host: torch.Tensor, chip: int) -> Any:
+    def to_chip(self, host: torch.Tensor, chip: int, made_as: torch.Tensor | None = None) -> Any:
+        """A chip array holding `host`; `made_as` is the user's tensor that `host` copies (its origin is recorded)."""
         start = _perf_ns()
         array = transfers.torch_to_array(host, chips.device(chip))
         if self.recorder is not None:
-            self.recorder.transferred("h2d", host.numel() * host.element_size(), -1, chip, start, _perf_ns() - start)
+            origin = host_origins.origin_of(host if made_as is None else made_as)
+            self.recorder.transferred("h2d", host.numel() * host.element_size(), -1, chip, start, _perf_ns() - start, origin)
         if self.executor.deferred:
             self.executor.arrived(array)
         return array
@@ -120,16 +122,17 @@ class HostTransfers:
     def from_host(self, host: torch.Tensor, chip: int) -> TpuTensor:
         """A new tpu tensor holding a copy of a CPU tensor (a sparse one densified: see `sparse`); a
         channels-last one stays channels-last."""
+        made_as = host
         if host.layout != torch.strided:
             sparse.warn_dense(host.layout)
             host = host.to_dense()
         order = storage_order(tuple(host.shape), tuple(host.stride())) if host.dim() in (4, 5) else None
         if order is not None:
             stored = host.detach().permute(order)  # contiguous: the host tensor's own storage order
-            buf = CountedBuffer(self.to_chip(stored, chip), chip, host.numel() * host.element_size())
+            buf = CountedBuffer(self.to_chip(stored, chip, made_as), chip, host.numel() * host.element_size())
             return channels_last_tensor(buf, tuple(host.shape), tuple(host.stride()), host.dtype, order)
         host = host.detach().contiguous()
-        array = self.to_chip(host, chip)
+        array = self.to_chip(host, chip, made_as)
         return TpuTensor(CountedBuffer(array, chip, host.numel() * host.element_size()), tuple(host.shape), host.dtype)
 
 

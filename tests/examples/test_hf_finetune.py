@@ -62,15 +62,17 @@ def test_losses_match_the_cpu(traced: tuple[Report, list[float]]) -> None:
     assert tpu_losses == pytest.approx(cpu_losses, abs=5e-3)
 
 
-def test_the_padding_storm_is_the_top_finding_at_the_batch_copy(traced: tuple[Report, list[float]]) -> None:
-    """One finding names the copying line; it sits where the shape enters the programs, the model call
-    that the recompiles' diffs name (its first op taking the batch)."""
+def test_the_padding_storm_is_the_top_finding_at_the_collate_line(traced: tuple[Report, list[float]]) -> None:
+    """One finding sits at the line that made the batch on the host, in the collate_fn (the line to change); the
+    copying line is evidence."""
     report = traced[0]
     top = report.findings[0]
     copy_line = line_in("finetune", "value.to(device) for name, value in batch.items()")
-    model_line = line_in("finetune", "loss = model(**batch).loss")
-    assert top.analyzer == "recompiles" and (top.file, top.line) == (str(SCRIPT), model_line), top.title
-    assert f"batches copied to the chip at hf_finetune.py:{copy_line}" in top.title
+    made_line = line_in("pad_to_longest", "input_ids = torch.full(")
+    assert top.analyzer == "recompiles" and (top.file, top.line) == (str(SCRIPT), made_line), top.title
+    assert f"batches made at hf_finetune.py:{made_line} in pad_to_longest() change shape" in top.title
+    assert f"(copied to the chip at hf_finetune.py:{copy_line})" in top.suggestion
+    assert (str(SCRIPT), copy_line) in {(evidence.file, evidence.line) for evidence in top.evidence}
     assert "pad_to_multiple_of" in top.suggestion
     lengths = sorted({batch["input_ids"].shape[1] for batch in example().make_train_loader(STEPS)})
     storm = next(data for data in report.results["recompiles"].data.host_input_storms

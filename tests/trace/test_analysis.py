@@ -82,8 +82,9 @@ class HandTrace:
     def sync(self, kind: str, step: int, dur_ns: int, frame: int, offset_ns: int = 5 * MS, pending_ops: int = 3) -> None:
         self.writer.append("syncs", (0, kind, frame, 0, self.t(step, offset_ns), dur_ns, pending_ops, step))
 
-    def transfer(self, step: int, nbytes: int, dur_ns: int, frame: int, offset_ns: int = 6 * MS, direction: str = "h2d") -> None:
-        self.writer.append("transfers", (0, direction, nbytes, -1, 0, self.t(step, offset_ns), dur_ns, frame, step))
+    def transfer(self, step: int, nbytes: int, dur_ns: int, frame: int, offset_ns: int = 6 * MS, direction: str = "h2d",
+                 origin: int | None = None) -> None:
+        self.writer.append("transfers", (0, direction, nbytes, -1, 0, self.t(step, offset_ns), dur_ns, frame, step, origin))
 
     def fallback(self, op: str, inputs: str, step: int, dur_ns: int, frame: int, offset_ns: int = 8 * MS) -> None:
         w = self.writer

@@ -19,7 +19,7 @@ import pytest
 
 import tputrace
 from fixtures.make_traces import BROKEN_TRACE_MESSAGES, SAMPLE_RANKS, SAMPLE_STEPS, build_broken_traces
-from tputrace.schema import FORMAT_VERSION, RECORD_KINDS, RECORD_KINDS_BY_TABLE, RecordKind
+from tputrace.schema import FORMAT_VERSION, RECORD_KINDS, RECORD_KINDS_BY_TABLE, RecordKind, location_prefix
 from tputrace.store import QueryError, Trace, TraceError, TraceWriteError, TraceWriter
 from tputrace.store.records import RECORD_TYPES, SourceLocation, field_name
 
@@ -75,7 +75,8 @@ def test_round_trip_every_event_table(tmp_path: Path, kind: RecordKind) -> None:
             if column.ref == "strings":
                 assert frame[column.name.removesuffix("_sid")][0] == value
             elif column.ref == "frames":
-                assert (frame["file"][0], frame["line"][0], frame["function"][0]) == (
+                prefix = location_prefix(column.name, kind.column_names)
+                assert (frame[f"{prefix}file"][0], frame[f"{prefix}line"][0], frame[f"{prefix}function"][0]) == (
                     value.file,
                     value.line,
                     value.function,

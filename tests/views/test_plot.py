@@ -66,7 +66,7 @@ def _hostile_trace(path: Path) -> Path:
             writer.append("executions", (0, program, 0, clock + 60_000, 20_000, step, None))
             writer.append("syncs", (0, HOSTILE_TEXT, frame, 0, clock + 60_000, 30_000, 5, step))
             writer.append("fallbacks", (0, op, shapes, 0, clock + 100_000, 7_000, frame, step))
-            writer.append("transfers", (0, "h2d", 4096, -1, 0, clock + 110_000, 1_000, frame, step))
+            writer.append("transfers", (0, "h2d", 4096, -1, 0, clock + 110_000, 1_000, frame, step, None))
             writer.append("annotations", (0, text, "annotate", start, 100_000, frame, step))
             writer.append("memory", (0, 0, clock + 120_000, 1_000_000 * step, 2_000_000))
             writer.append("graph_breaks", (0, text, frame, clock, step))

@@ -615,9 +615,9 @@ def test_source_view_shows_code_with_a_gutter_and_opens_the_editor(tmp_path: Pat
         files = table_rows(app, "#source-files")
         assert files[0][0] == "train.py" and files[1][0] == "model.py"
         code = table_rows(app, "#source-code")
-        line_35 = next(row for row in code if row[4] == "35")
-        assert line_35[5].strip() == "losses.append(loss.item())"
-        assert line_35[2] == "2" and line_35[3] == "6"  # compiles, syncs
+        line_35 = next(row for row in code if row[5] == "35")
+        assert line_35[6].strip() == "losses.append(loss.item())"
+        assert line_35[2] == "2" and line_35[3] == "" and line_35[4] == "6"  # compiles, caused (no storm), syncs
         source = app.view("source")
         assert source.current_line() == 35  # the hottest line
         await press(pilot, "n")
@@ -639,7 +639,7 @@ def test_source_view_without_the_file_lists_active_lines() -> None:
         app = pilot.app
         await press(pilot, "8")
         assert "not found on this machine" in screen_text(app)
-        lines = [row[4] for row in table_rows(app, "#source-code")]
+        lines = [row[5] for row in table_rows(app, "#source-code")]
         assert lines == ["18", "20", "26", "27", "28", "30", "32", "33", "35", "36", "40", "44"]
 
     with tputrace.open(SMALL_TRACE) as trace:

@@ -13,6 +13,7 @@ from tputrace.analysis.shapes import TensorSpec, parse_specs
 
 BUCKET_MULTIPLES = (8, 16, 32, 64, 128, 256, 512)
 MAX_PROPOSED_PADDING = 0.25  # the proposal keeps padding FLOPs under this share when any option does
+MAX_OPTION_PADDING = 1.0  # an option that more than doubles the FLOPs is not offered (512s for sizes near 100)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,8 @@ def varying_dims(signatures: list[str]) -> list[VaryingDim]:
 def bucket_options(dim: VaryingDim, weights: Sequence[CompileWeight], mean_compile_ns: float,
                    exec_ns: float) -> list[BucketOption]:
     """Bucketings of `dim` (`weights`: one per compile, in its values' order) that need fewer compiles,
-    cheapest (compiles + padding, estimated) first.
+    cheapest (compiles + padding, estimated) first; those that make no sense for the sizes seen are left out
+    (see `sensible`).
 
     Padding FLOPs assume a program's FLOPs grow linearly with the dim (attention grows faster, so this
     is a lower bound); the padding's time is that share of the measured execution time of the site.
@@ -112,7 +114,20 @@ def bucket_options(dim: VaryingDim, weights: Sequence[CompileWeight], mean_compi
         cost = len(buckets) * mean_compile_ns + share * exec_ns
         options[buckets] = BucketOption(rule, buckets, len(buckets), len(distinct) - len(buckets),
                                         added if have_flops else 0.0, share, cost)
-    return sorted(options.values(), key=lambda option: (option.estimated_cost_ns, option.compiles))
+    return sorted(sensible(list(options.values())), key=lambda option: (option.estimated_cost_ns, option.compiles))
+
+
+def sensible(options: list[BucketOption]) -> list[BucketOption]:
+    """The options worth offering: none that more than doubles the FLOPs (`MAX_OPTION_PADDING`), and none that
+    another beats on both counts (as few compiles or fewer, as little padding or less: a multiple of 256 when a
+    multiple of 128 already makes one bucket)."""
+    kept = [option for option in options if option.padding_share_estimate <= MAX_OPTION_PADDING]
+    return [option for option in kept if not any(_dominates(other, option) for other in kept)]
+
+
+def _dominates(better: BucketOption, option: BucketOption) -> bool:
+    return (better.compiles <= option.compiles and better.padding_share_estimate <= option.padding_share_estimate
+            and (better.compiles, better.padding_share_estimate) != (option.compiles, option.padding_share_estimate))
 
 
 def propose(options: list[BucketOption], current_cost_ns: float) -> BucketOption | None:

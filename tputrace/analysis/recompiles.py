@@ -19,7 +19,8 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import data_sizes, host_inputs, program_cache
+from tputrace.analysis import chip_shapes, data_sizes, host_inputs, program_cache
+from tputrace.analysis.chip_shapes import ChipShapeStorm
 from tputrace.analysis.buckets import BucketOption, bucket_options, propose, varying_dims
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import SizeOrigin
@@ -86,7 +87,8 @@ class StormDim:
 @dataclass(frozen=True)
 class StormData:
     """One call site's storm. `proposed` is None for a size the data chose (no padding fixes it); for a batch
-    copied from the host (`copied_at`, the copying line) it is the batch's bucketing."""
+    copied from the host (`copied_at`, the copying line; `made_at`, the line that made it) it is the batch's
+    bucketing."""
 
     kind: str
     name: str
@@ -102,6 +104,17 @@ class StormData:
     bucket_options: tuple[BucketOption, ...]
     proposed: BucketOption | None
     copied_at: str | None = None
+    made_at: str | None = None  # the host line that made the copied batch (the line to change)
+
+
+@dataclass(frozen=True)
+class CausedCompiles:
+    """The compiles a storm finding puts on one line: the line that made the changing shape (or, not knowing it,
+    where the shape enters), as the Source view's "caused" column shows them."""
+
+    file: str
+    line: int
+    compiles: int
 
 
 @dataclass(frozen=True)
@@ -117,6 +130,8 @@ class RecompileData:
     data_size_storms: tuple[DataSizeStorm, ...] = ()
     sites: tuple[CompileSite, ...] = ()
     storms: tuple[StormData, ...] = ()
+    chip_shape_storms: tuple[ChipShapeStorm, ...] = ()  # lengths made by an op on the chip (see `chip_shapes`)
+    caused: tuple[CausedCompiles, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -166,26 +181,32 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         else:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
     findings: list[Finding] = []
+    caused: list[tuple[Finding, int]] = []  # each finding, and the compiles it explains
     host_input_storms: list[HostInputStorm] = []
     by_copy_line = _by_copy_line(context, [padding.storm for padding in padding_storms])
-    for copy_frame, (batch, grouped) in by_copy_line.items():
-        finding, host_input = host_input_finding(context, copy_frame, batch, grouped)
+    for copy_frame, copied_batch in by_copy_line.items():
+        finding, host_input = host_input_finding(context, copy_frame, copied_batch.batch, copied_batch.storms,
+                                                 copied_batch.made_at)
         findings.append(finding)
+        caused.append((finding, host_input.compiles))
         host_input_storms.append(host_input)
-        for storm in grouped:  # one bucketing of the batch serves every program it reaches
+        for storm in copied_batch.storms:  # one bucketing of the batch serves every program it reaches
             storm_data[id(storm)] = dataclasses.replace(storm_data[id(storm)], copied_at=host_input.where,
-                                                        proposed=host_input.proposed)
-    copied = {id(storm) for _, grouped in by_copy_line.values() for storm in grouped}
+                                                        made_at=host_input.made_at, proposed=host_input.proposed)
+    copied = {id(storm) for copied_batch in by_copy_line.values() for storm in copied_batch.storms}
     for padding in padding_storms:
         if id(padding.storm) not in copied:
             findings.append(padding_finding(context, padding.storm, padding.options, padding.best))
+            caused.append((findings[-1], padding.storm.count))
     size_storms: list[DataSizeStorm] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, not_evicted(evicted), evicted)
+    explained = in_storms | {compile.compile_id for own in length_recompiles.values() for compile in own}
     for key, grouped in by_origin.items():
         origin = grouped[0].origin
         assert origin is not None
         finding, size_storm = data_size_finding(context, origin, grouped, length_recompiles.pop(key, []))
         findings.append(finding)
+        caused.append((finding, size_storm.compiles))
         size_storms.append(size_storm)
     for (family, frame_id), own in length_recompiles.items():
         if len(own) < MIN_COMPILES or len({compile.diff for compile in own}) < data_sizes.MIN_MATCHED_SIZES:
@@ -194,11 +215,20 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
                             data_sizes.lengths_at(context, family, frame_id))
         finding, size_storm = data_size_finding(context, origin, [], own)
         findings.append(finding)
+        caused.append((finding, size_storm.compiles))
         size_storms.append(size_storm)
+    chip_shape_storms = []
+    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted):
+        findings.append(finding)
+        caused.append((finding, chip_shape.recompiles))
+        chip_shape_storms.append(chip_shape)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
+        chip_shape_storms=tuple(chip_shape_storms),
+        caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
+                     if finding.file is not None and finding.line is not None),
     )
     return AnalysisResult(NAME, data, tuple(findings))
 
@@ -226,14 +256,26 @@ def _bucketing(context: AnalysisContext, storm: Storm) -> tuple[list[BucketOptio
     return options, propose(options, len(storm.main.distinct) * mean_compile_ns)
 
 
-def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, tuple[Storm, list[Storm]]]:
+@dataclass(frozen=True)
+class _CopiedBatch:
+    """The storms of one batch copied at one line: the storm whose dim is the batch's own, all of them, and the line
+    that made the batch on the host (None when the trace does not say)."""
+
+    batch: Storm
+    storms: list[Storm]
+    made_at: int | None
+
+
+def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, _CopiedBatch]:
     """The storms whose changing size is that of a batch copied from the host, by the copying line: first those
     with a varying input of a copy's bytes, then those whose sizes, step by step, are the matched storms'. With
     each line, the storm whose matched input had the most dims (then the most compiles): its changing dim is the
-    batch's own, where the others' may be a flattened view's (batch times length)."""
+    batch's own, where the others' may be a flattened view's (batch times length); and the line that made the
+    matched copies on the host."""
     by_line: dict[int, list[Storm]] = {}
     known: dict[int, set[tuple[int, int]]] = {}
     batch_storm: dict[int, tuple[int, int, Storm]] = {}
+    copies: dict[int, set[tuple[int, int]]] = {}
     unmatched = []
     for storm in storms:
         steps = [row.step for row in storm.rows]
@@ -243,13 +285,17 @@ def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, tu
         if matched is None:
             unmatched.append(storm)
             continue
-        frame_id, dims = matched
+        frame_id = matched.frame_id
         by_line.setdefault(frame_id, []).append(storm)
         known.setdefault(frame_id, set()).update(zip(steps, storm.main.values))
-        if frame_id not in batch_storm or (dims, storm.count) > batch_storm[frame_id][:2]:
-            batch_storm[frame_id] = (dims, storm.count, storm)
+        copies.setdefault(frame_id, set()).update(matched.copies)
+        if frame_id not in batch_storm or (matched.dims, storm.count) > batch_storm[frame_id][:2]:
+            batch_storm[frame_id] = (matched.dims, storm.count, storm)
     for storm in unmatched:
         copy_frame = host_inputs.line_of_sizes(known, [row.step for row in storm.rows], storm.main.values)
         if copy_frame is not None:
             by_line[copy_frame].append(storm)
-    return {frame_id: (batch_storm[frame_id][2], grouped) for frame_id, grouped in by_line.items()}
+    return {
+        frame_id: _CopiedBatch(batch_storm[frame_id][2], grouped, host_inputs.origin_line(context, frame_id, copies[frame_id]))
+        for frame_id, grouped in by_line.items()
+    }

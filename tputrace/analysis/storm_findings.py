@@ -34,7 +34,8 @@ class StormCompiles:
 @dataclass(frozen=True)
 class HostInputStorm:
     """The storms of one batch copied from the host: the copying line, the programs it reached, the sizes it
-    took and the bucketing proposed for them (None when none beats compiling every size)."""
+    took and the bucketing proposed for them (None when none beats compiling every size); `made_at` is the line
+    that made the batch on the host, when the trace says (the line to change)."""
 
     where: str
     programs: tuple[str, ...]
@@ -42,6 +43,7 @@ class HostInputStorm:
     recompile_ns: int
     sizes: tuple[int, ...]
     proposed: BucketOption | None
+    made_at: str | None = None
 
 
 @dataclass(frozen=True)
@@ -120,13 +122,16 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     )
 
 
-def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
-                       storms: list[Storm]) -> tuple[Finding, HostInputStorm]:
+def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, storms: list[Storm],
+                       made_at: int | None = None) -> tuple[Finding, HostInputStorm]:
     """One finding (and its data) for the storms of one batch copied from the host at `copy_frame`: every program
     it reaches compiled once per size it took. One bucketing of the batch's changing dim (`batch`'s main dim,
-    and the storms whose sizes are its own step by step) serves them all."""
+    and the storms whose sizes are its own step by step) serves them all. With `made_at`, the line that made the
+    batch on the host, the finding is at that line (the one to change); else where the shape enters the program."""
     storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
     copy_where = context.where(copy_frame)
+    made = _made_text(context, made_at)
+    batches = f"the batches made at {made} (copied to the chip at {copy_where})" if made else f"the batches copied at {copy_where}"
     rows = [row for storm in storms for row in storm.rows]
     batch_pairs = set(zip((row.step for row in batch.rows), batch.main.values))
     own_dim = [storm for storm in storms
@@ -143,31 +148,42 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
     best = propose(options, len(sizes) * per_size_ns)
     names = list(dict.fromkeys(storm.name for storm in storms))
     entry = shape_entry(context, [row.diff for row in rows])
-    evidence = [context.evidence_at(
+    evidence = [] if made_at is None else [context.evidence_at(
+        f"the batches copied at {copy_where} were made at {made} on the host (each copy's origin line)", made_at,
+        table="transfers",
+    )]
+    evidence.append(context.evidence_at(
         f"host-to-chip copies at {copy_where} have the bytes of the programs' changing inputs in the steps that compiled",
         copy_frame, table="transfers",
-    )]
+    ))
     evidence.extend(_program_evidence(context, storms))
     evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
     evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
     if best is not None:
         times = "once" if best.compiles == 1 else plural(best.compiles, "time")
         suggestion = (
-            f"Pad the batches copied at {copy_where} to a few fixed sizes, e.g. {values_text(list(best.buckets))} "
+            f"Pad {batches} to a few fixed sizes, e.g. {values_text(list(best.buckets))} "
             f"({best.rule}): {plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles "
             f"{times}, for about {best.padding_share_estimate:.1%} more FLOPs (estimate). Pad in the data "
             f"pipeline (in the collate_fn, round the batch's longest length up to its bucket; Hugging Face's collators "
             f"and tokenizers take `pad_to_multiple_of`) and mask the padding in attention and the loss."
         )
     else:
-        suggestion = (f"Give the batches copied at {copy_where} a fixed size (pad every batch to {sizes[-1]}) so each "
+        suggestion = (f"Give {batches} a fixed size (pad every batch to {sizes[-1]}) so each "
                       "program compiles once.")
-    anchor = entry.frame_id if entry is not None and entry.frame_id is not None else copy_frame
+    if made_at is not None:
+        anchor = made_at
+    else:
+        anchor = entry.frame_id if entry is not None and entry.frame_id is not None else copy_frame
+    cause = (f"the batches made at {made} change shape" if made
+             else f"the batches copied to the chip at {copy_where} change shape")
     finding = storm_finding(
-        context, compiles, programs=_programs(names), cause=f"the batches copied to the chip at {copy_where} change shape",
+        context, compiles, programs=_programs(names), cause=cause,
         sizes=len(sizes),
         explanation=(
-            f"The data copied from the host at {copy_where} came in {len(sizes)} sizes ({values_text(sizes)}), and "
+            (f"The batches made at {made} and copied to the chip at {copy_where}" if made
+             else f"The data copied from the host at {copy_where}")
+            + f" came in {len(sizes)} sizes ({values_text(sizes)}), and "
             f"every program that takes it compiled once per size: {_listed_programs(storms)}"
             + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "") + ". "
         ),
@@ -176,9 +192,19 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm,
             "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
             "XLA program."
         ),
-        suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+        suggestion=suggestion, evidence=evidence, module=entry.module if entry and made_at is None else None,
+        anchor=anchor,
     )
-    return finding, HostInputStorm(copy_where, tuple(names), compiles.count, compiles.recompile_ns, tuple(sizes), best)
+    return finding, HostInputStorm(copy_where, tuple(names), compiles.count, compiles.recompile_ns, tuple(sizes), best,
+                                   context.where(made_at) if made_at is not None else None)
+
+
+def _made_text(context: AnalysisContext, frame_id: int | None) -> str | None:
+    """'data.py:12 in collate()' for the line that made a batch; None when unknown."""
+    location = context.location(frame_id)
+    if location is None:
+        return None
+    return f"{location.short} in {location.function}()" if location.function.isidentifier() else location.short
 
 
 def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list[Storm],

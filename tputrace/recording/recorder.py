@@ -385,11 +385,14 @@ class Recorder(ShardingRecords, UserFrames):
         self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
         performance_warnings.synced(kind, self.step_index)
 
-    def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int) -> None:
+    def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int,
+                    origin: tuple[str, int, str] | None = None) -> None:
         if not self.window_open:
             return
         self.recorded_in_step = True
-        self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(), self.step_index))
+        origin_frame_id = None if origin is None else self._location_frame_id(origin)
+        self.writer.append("transfers", (self.rank, direction, nbytes, src_chip, dst_chip, start_ns - self.t0, dur_ns, self.frame_id(),
+                                         self.step_index, origin_frame_id))
         performance_warnings.transferred(direction, nbytes, self.step_index)
 
     def fell_back(self, op: str, inputs: str, chip: int, start_ns: int, dur_ns: int) -> None:

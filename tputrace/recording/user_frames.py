@@ -86,9 +86,7 @@ class UserFrames:
         if location is None:
             yield
             return
-        frame_id = self._location_frame_ids.get(location)
-        if frame_id is None:  # interned once: a graph run op by op enters here for each node of each call
-            frame_id = self._location_frame_ids[location] = self._intern_frame(*location)
+        frame_id = self._location_frame_id(location)
         thread = threading.get_ident()
         previous = self._traced_lines.get(thread)
         self._traced_lines[thread] = frame_id
@@ -99,6 +97,14 @@ class UserFrames:
                 del self._traced_lines[thread]
             else:
                 self._traced_lines[thread] = previous
+
+    def _location_frame_id(self, location: tuple[str, int, str]) -> int:
+        """The frame id of a (file, line, function), interned once: a graph run op by op asks for each node of
+        each call, a transfer for the line that made each batch."""
+        frame_id = self._location_frame_ids.get(location)
+        if frame_id is None:
+            frame_id = self._location_frame_ids[location] = self._intern_frame(*location)
+        return frame_id
 
     def _intern_frame(self, file: str, line: int, function: str, col: int | None = None, end_col: int | None = None,
                       end_line: int | None = None) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, overload
 
 from tputrace.forks import ForkOrigin, fork_origins
-from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind
+from tputrace.schema import RECORD_KINDS_BY_TABLE, RecordKind, location_prefix
 from tputrace.store import aggregates, cells
 from tputrace.store.aggregates import (
     CollectiveStat,
@@ -443,7 +443,7 @@ class Trace:
     ) -> pandas.DataFrame:
         """`table` as a pandas DataFrame. With `resolve`, `*_sid` columns become text columns named
         without the suffix (`op`, `inputs`, `module`, ...) and `frame_id` becomes `file`, `line`,
-        `function`."""
+        `function` (`origin_frame_id` beside it: `origin_file`, ...)."""
         import pandas
 
         kind = _record_kind(table)
@@ -460,9 +460,10 @@ class Trace:
                 resolved[column.name.removesuffix("_sid")] = values.map(strings)
             elif column.ref == "frames":
                 locations = values.map(frames)
-                resolved["file"] = locations.map(lambda location: location.file, na_action="ignore")
-                resolved["line"] = locations.map(lambda location: location.line, na_action="ignore")
-                resolved["function"] = locations.map(lambda location: location.function, na_action="ignore")
+                prefix = location_prefix(column.name, kind.column_names)
+                resolved[f"{prefix}file"] = locations.map(lambda location: location.file, na_action="ignore")
+                resolved[f"{prefix}line"] = locations.map(lambda location: location.line, na_action="ignore")
+                resolved[f"{prefix}function"] = locations.map(lambda location: location.function, na_action="ignore")
             else:
                 resolved[column.name] = values
         return pandas.DataFrame(resolved)

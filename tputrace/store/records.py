@@ -209,6 +209,7 @@ class TransferRecord:
     dur_ns: int | None
     source: SourceLocation | None
     step: int | None
+    origin: SourceLocation | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -46,7 +46,7 @@ from tputrace.tui.queries.overview import (
     overview,
 )
 from tputrace.tui.queries.sharding import USER_CALL, CauseGroup, MeshRow, ParameterRow, ShardingTables, sharding_tables
-from tputrace.tui.queries.source import FileStat, LineStat, resolve_source, source_stats
+from tputrace.tui.queries.source import FileStat, LineStat, caused_compiles, resolve_source, source_stats
 from tputrace.tui.queries.timeline import HOST_LANES, LaneBusy, WindowEvent, timeline_lanes, window_events
 
 __all__ = [
@@ -57,5 +57,5 @@ __all__ = [
     "RankCollectives", "ShardingTables", "TriggerStat", "WindowEvent",
     "collective_groups", "collective_ranks", "compile_rows", "compile_sites", "filter_groups", "finding_location",
     "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "memory_tables", "op_groups", "op_instances",
-    "ops_total_ns", "overview", "resolve_source", "sharding_tables", "sort_groups", "source_stats", "timeline_lanes", "window_events",
+    "caused_compiles", "ops_total_ns", "overview", "resolve_source", "sharding_tables", "sort_groups", "source_stats", "timeline_lanes", "window_events",
 ]

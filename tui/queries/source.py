@@ -24,6 +24,7 @@ class LineStat:
     time_ns: int = 0
     ops: int = 0
     compiles: int = 0
+    caused: int = 0  # compiles a recompile storm finding puts on this line (where the changing shape is made)
     syncs: int = 0
     fallbacks: int = 0
     transfers: int = 0
@@ -49,11 +50,13 @@ class FileStat:
 _LINE_TABLES = ("ops", "compiles", "syncs", "fallbacks", "transfers", "collectives")
 
 
-def source_stats(trace: Trace, rank: int, ops_by_source: Sequence[OpGroup] | None = None) -> list[FileStat]:
+def source_stats(trace: Trace, rank: int, ops_by_source: Sequence[OpGroup] | None = None,
+                 caused: Sequence[tuple[str, int, int]] = ()) -> list[FileStat]:
     """Every file in the trace with per-line time and counts for `rank`; most time first.
 
     `ops_by_source`: the ops already grouped by source line (`op_groups(trace, "source", rank)`,
-    uncapped), so that the ops, by far the biggest table, are not scanned again.
+    uncapped), so that the ops, by far the biggest table, are not scanned again. `caused`: (file, line,
+    compiles) that the recompile findings put on a line (`caused_compiles`).
     """
     tables = _LINE_TABLES if ops_by_source is None else tuple(table for table in _LINE_TABLES if table != "ops")
     parts = []
@@ -75,9 +78,25 @@ def source_stats(trace: Trace, rank: int, ops_by_source: Sequence[OpGroup] | Non
         line = file_stat.lines.setdefault(location.line, LineStat())
         line.time_ns += total_ns
         setattr(line, table, getattr(line, table) + count)
+    for file, line_number, compiles in caused:
+        file_stat = files.setdefault(file, FileStat(file))
+        file_stat.lines.setdefault(line_number, LineStat()).caused += compiles
     for location_file in _all_frame_files(trace):
         files.setdefault(location_file, FileStat(location_file))
     return sorted(files.values(), key=lambda file_stat: (-file_stat.time_ns, file_stat.file))
+
+
+def caused_compiles(trace: Trace, rank: int) -> list[tuple[str, int, int]]:
+    """(file, line, compiles) for each recompile storm finding of `rank`: the line that made the changing shape (or,
+    not knowing it, where the shape enters) and the compiles it explains; none when the analysis cannot run."""
+    try:
+        from tputrace.analysis import ANALYZERS, analyze
+
+        report = analyze(trace, rank=rank, analyzers={"recompiles": ANALYZERS["recompiles"]})
+        data = report.results["recompiles"].data
+    except Exception:  # noqa: BLE001 - the analysis is another layer: the Source view shows what it has without it
+        return []
+    return [(caused.file, caused.line, caused.compiles) for caused in data.caused]
 
 
 def _all_frame_files(trace: Trace) -> list[str]:

@@ -52,6 +52,7 @@ class VaryingDim:
     proposal: dict[str, Any] | None = None
     size_from: str | None = None
     copied_at: str | None = None  # the line copying the batch whose size this is: the proposal is the batch's
+    made_at: str | None = None  # the host line that made that batch (the line to change)
 
 
 @dataclass
@@ -126,7 +127,7 @@ def _storm_dims(storms: tuple[StormData, ...]) -> list[VaryingDim]:
             rows.append(VaryingDim(
                 storm.call or storm.where, storm.name, dim.label, list(dim.values), storm.compiles,
                 plain(storm.proposed) if storm.proposed is not None else None,
-                _size_from(storm.size_from), storm.copied_at,
+                _size_from(storm.size_from), storm.copied_at, storm.made_at,
             ))
     return rows
 

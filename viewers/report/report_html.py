@@ -20,6 +20,7 @@ from tputrace.viewers.report import figures
 from tputrace.viewers.report.diff_section import diff_content
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
 from tputrace.viewers.report.figure_style import esc, fmt_bytes, fmt_ns, fmt_source
+from tputrace.viewers.report.compile_data import VaryingDim
 from tputrace.viewers.report.findings_html import findings_aside, findings_overview
 from tputrace.viewers.report.page import (
     MAX_TABLE_ROWS,
@@ -164,11 +165,11 @@ def _recompile_section(page: Page, data: ReportData) -> str:
             advice = (f"{proposal.get('rule', '?')}: {buckets} → {proposal.get('compiles', '?')} compiles "
                       f"({proposal.get('compiles_saved', '?')} saved"
                       + (f", ≈{100 * share:.1f}% padding FLOPs, estimate" if isinstance(share, (int, float)) else "") + ")"
-                      + (f", for the batches copied at {item.copied_at}" if item.copied_at else ""))
+                      + (f", for the batches {_batches(item)}" if item.copied_at else ""))
         elif item.size_from:
             advice = f"– (none: the size is {item.size_from}, which no padding fixes)"
         elif item.copied_at:
-            advice = f"one fixed size for the batches copied at {item.copied_at}"
+            advice = f"one fixed size for the batches {_batches(item)}"
         elif recompilations.advisor_ran:
             advice = "– (not a recompilation storm)"
         else:
@@ -390,3 +391,7 @@ def summary_line(side: TraceSummary) -> str:
     median = fmt_ns(side.median_step_ns) if side.median_step_ns is not None else "–"
     return f"{side.label}: {side.path}: wall {fmt_ns(side.wall_ns)}, median step {median}, {side.compiles} compiles"
 
+
+def _batches(item: VaryingDim) -> str:
+    """'made at data.py:12 (copied at train.py:30)', or 'copied at train.py:30' when the making line is unknown."""
+    return f"made at {item.made_at} (copied at {item.copied_at})" if item.made_at else f"copied at {item.copied_at}"

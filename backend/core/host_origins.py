@@ -1,0 +1,125 @@
+"""Where a host tensor was made: the user's line that built a batch before it was copied to the chip.
+
+While a run records, the host functions that typically make a batch (`torch.tensor`, `stack`, `cat`,
+`zeros`, `full`, `randint`, `pad_sequence`, `F.pad`, `Tensor.new_*`, ...) are wrapped: a plain CPU
+tensor they return is remembered with the first frame outside torch, tputrace and libraries (a
+`collate_fn` padding each batch to its longest item, a tokenizer-like pad). When such a tensor is copied
+to `tpu`, the transfer records that line as its origin, and the recompile analysis names it as the line
+that chose a changing shape. Only the wrapped functions pay (no mode over every torch call);
+`TPUTRACE_HOST_ORIGINS=0` turns it off. The tensors are kept by id with a weak reference, never changed.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+import weakref
+from collections.abc import Callable
+from types import CodeType
+from typing import Any
+
+import torch
+import torch.jit._builtins
+import torch.utils._device
+
+from tputrace import settings, sourceloc
+
+Location = tuple[str, int, str]  # file, line, function
+
+# (owner, attribute) of each wrapped maker: module functions and Tensor methods that build a batch on the host.
+_TORCH_MAKERS = (
+    "tensor", "as_tensor", "from_numpy", "stack", "cat", "concat", "concatenate", "hstack", "vstack",
+    "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
+    "randint", "rand", "randn", "randperm", "where", "masked_select", "nonzero",
+)
+_TENSOR_MAKERS = ("new_tensor", "new_zeros", "new_ones", "new_full", "new_empty")
+_MAKERS: tuple[tuple[Any, str], ...] = (
+    *((torch, name) for name in _TORCH_MAKERS),
+    *((torch.Tensor, name) for name in _TENSOR_MAKERS),
+    # `F.pad` and `pad_sequence` call these at call time; TorchScript compiles the Python functions themselves.
+    (torch._C._nn, "pad"),
+    (torch._C._nn, "pad_sequence"),
+)
+
+_origins: dict[int, tuple[weakref.ref, Location]] = {}  # id(tensor) -> (a weak reference to it, its origin)
+_user_code: dict[CodeType, bool] = {}
+_roots: tuple[str, ...] = ()
+_originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, the function it held)
+_is_compiling = torch.compiler.is_compiling
+
+
+def install() -> None:
+    """Wrap the makers (once; nothing when `TPUTRACE_HOST_ORIGINS=0`)."""
+    global _roots
+    if _originals or not settings.host_origins_enabled():
+        return
+    _roots = sourceloc.library_roots()
+    # `with torch.device(...)` knows the factories by identity, from a set built once: built now, it holds the
+    # functions themselves, which the wrappers call (built while wrapped, it would hold the wrappers).
+    torch.utils._device._device_constructors()
+    for owner, name in _MAKERS:
+        original = getattr(owner, name, None)
+        if original is None:
+            continue
+        _originals.append((owner, name, original))
+        wrapper = _remembering(original)
+        builtin = torch.jit._builtins._find_builtin(original)
+        if builtin is not None:  # TorchScript compiles a call of the wrapper as the op it wraps
+            torch.jit._builtins._register_builtin(wrapper, builtin)
+        setattr(owner, name, wrapper)
+
+
+def uninstall() -> None:
+    """Put the makers back and forget the origins."""
+    while _originals:
+        owner, name, original = _originals.pop()
+        setattr(owner, name, original)
+    _origins.clear()
+
+
+def origin_of(tensor: Any) -> Location | None:
+    """The line that made `tensor` on the host, when a wrapped maker did."""
+    entry = _origins.get(id(tensor))
+    if entry is None or entry[0]() is not tensor:
+        return None
+    return entry[1]
+
+
+# The wrapper's code has a file name of its own: Dynamo skips the backend's files, and a torch.compile'd function
+# that calls a watched maker must trace through the wrapper to the maker (a decorator saying so costs µs per call).
+_WRAPPER_SOURCE = """
+def make(*args, **kwargs):
+    result = maker(*args, **kwargs)
+    if not is_compiling() and type(result) is tensor_type and result.is_cpu:
+        remember(result)
+    return result
+"""
+_WRAPPER_CODE = compile(_WRAPPER_SOURCE, "<tputrace host origins>", "exec")
+
+
+def _remembering(maker: Callable[..., Any]) -> Callable[..., Any]:
+    namespace: dict[str, Any] = {"maker": maker, "is_compiling": _is_compiling, "tensor_type": torch.Tensor,
+                                 "remember": _remember}
+    exec(_WRAPPER_CODE, namespace)  # noqa: S102 - our own constant source, compiled once
+    return functools.wraps(maker)(namespace["make"])
+
+
+def _remember(tensor: torch.Tensor) -> None:
+    frame = sys._getframe(2)
+    user_code = _user_code
+    while frame is not None:
+        code = frame.f_code
+        is_user = user_code.get(code)
+        if is_user is None:
+            is_user = user_code[code] = sourceloc.is_user_file(code.co_filename, _roots)
+        if is_user:
+            key = id(tensor)
+            _origins[key] = (weakref.ref(tensor, functools.partial(_forget, key)), (code.co_filename, frame.f_lineno, code.co_name))
+            return
+        frame = frame.f_back
+
+
+def _forget(key: int, reference: weakref.ref) -> None:
+    entry = _origins.get(key)
+    if entry is not None and entry[0] is reference:
+        del _origins[key]

@@ -1,0 +1,107 @@
+"""Recompilation storms on real runs name the line where the varying shape is made: a collate function padding
+each batch to its longest item, a tokenizer-like pad to the longest text, and a slice of varying length made on
+the chip. Each script is written here, run under `tputrace run` in a subprocess, and its trace analysed."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_problems import record
+
+from tputrace.analysis import Report
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+MARKER = "# the varying shape"
+
+COLLATE = '''
+    import torch
+    from torch import nn
+    from torch.nn.utils.rnn import pad_sequence
+    from torch.utils.data import DataLoader
+
+    torch.manual_seed(0)
+    lengths = [23, 31, 47, 52, 64, 70, 85, 99]
+    items = [torch.randint(1, 100, (length,)) for length in lengths for _ in range(4)]
+
+    def collate(batch):
+        return pad_sequence(batch, batch_first=True)  {marker}
+
+    model = nn.Sequential(nn.Embedding(100, 16), nn.Linear(16, 2)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for tokens in DataLoader(items, batch_size=4, collate_fn=collate):
+        loss = model(tokens.to("tpu")).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+TOKENIZER = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    texts = [["word"] * length for length in (12, 19, 27, 33, 41, 56)]
+
+    def encode(batch, vocab):
+        ids = [[vocab.setdefault(word, len(vocab) + 1) for word in text] for text in batch]
+        longest = max(len(row) for row in ids)
+        return torch.tensor([row + [0] * (longest - len(row)) for row in ids])  {marker}
+
+    vocab = {{}}
+    model = nn.Sequential(nn.Embedding(64, 16), nn.Linear(16, 2)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for text in texts:
+        tokens = encode([text, text[: len(text) // 2]], vocab).to("tpu")
+        loss = model(tokens).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+CHIP_SLICE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(64, 16), nn.Linear(16, 4)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    tokens = torch.randint(1, 64, (8, 128)).to("tpu")
+    for length in (40, 57, 71, 88, 93, 104):
+        window = tokens[:, :length]  {marker}
+        loss = model(window).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+
+def _run(tmp_path: Path, name: str, source: str) -> tuple[Report, Path, int]:
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source.format(marker=MARKER)))
+    line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if MARKER in text)
+    return record(script, tmp_path / f"{name}.tptrace", []), script, line
+
+
+@pytest.mark.parametrize("name,source", [("collate", COLLATE), ("tokenizer", TOKENIZER)])
+def test_storm_is_at_the_host_line_that_made_the_batch(tmp_path: Path, name: str, source: str) -> None:
+    report, script, line = _run(tmp_path, name, source)
+    storm = next(finding for finding in report.findings if finding.analyzer == "recompiles")
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert f"the batches made at {script.name}:{line}" in storm.title
+    # where the shape enters the model stays as evidence
+    assert any("enters the program as arg 1 dim 1 of aten.embedding" in evidence.text for evidence in storm.evidence)
+
+
+def test_storm_is_at_the_chip_op_that_made_the_length(tmp_path: Path) -> None:
+    report, script, line = _run(tmp_path, "chip_slice", CHIP_SLICE)
+    storm = next(finding for finding in report.findings if finding.analyzer == "recompiles")
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert f"aten.slice.Tensor at {script.name}:{line} changes end" in storm.title
+    (data,) = report.results["recompiles"].data.chip_shape_storms
+    assert data.lengths == (40, 57, 71, 88, 93, 104)

@@ -1,0 +1,144 @@
+"""Shapes made on the chip: a program compiled again and again because an op on the chip (a slice
+`x[:, :n]`, a `narrow`, an `arange(n)`) took another length each step, with the same input shapes.
+
+The recompiles' diffs name the op and its line (`op 0 view (train.py:10): view aten.slice.Tensor: end 71 -> 88`;
+in strict mode the op's own program compiles at its line). Such recompiles that no input-shape storm and no
+data-dependent size explains are grouped by that line: it is where the varying length is made, and the line to
+change (give the op a few fixed lengths, and mask).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tputrace.analysis.buckets import VaryingDim, bucket_options, propose
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import Evidence, Finding
+from tputrace.analysis.storm_findings import StormCompiles, storm_finding, values_text
+from tputrace.wording import plural
+
+MIN_RECOMPILES = 2
+MIN_LENGTHS = 3
+_DIFF_OP = re.compile(r"op \d+ (?P<op>\S+) \((?P<file>[^()]+?):(?P<line>\d+)\): (?P<change>.*)")
+_CHANGE = re.compile(r"(?P<what>end|start|size|length|non-tensor arguments) \(?(?P<before>-?\d+)\)? -> \(?(?P<after>-?\d+)")
+
+
+@dataclass(frozen=True)
+class ChipShapeStorm:
+    """The recompiles of one op's line on the chip whose length changed: the op, its line, the lengths it took."""
+
+    op: str
+    what: str
+    where: str
+    programs: tuple[str, ...]
+    recompiles: int
+    recompile_ns: int
+    lengths: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class _Recompile:
+    compile_id: int
+    name: str
+    dur_ns: int
+    step: int
+    op: str
+    what: str
+    before: int
+    after: int
+
+
+@dataclass(frozen=True)
+class _Weight:
+    runs: int = 1
+    flops: float = 0.0
+
+
+def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
+             evicted: list[int]) -> list[tuple[Finding, ChipShapeStorm]]:
+    """One finding per op line on the chip whose changing length recompiled a program (`leave_out`: compile ids
+    another finding explains)."""
+    by_line: dict[int | None, list[_Recompile]] = {}
+    trace = context.trace
+    rows = trace.sql(
+        "SELECT id, name_sid, COALESCE(dur_ns, 0), diff_sid, COALESCE(step, 0), frame_id FROM compiles "
+        f"WHERE rank = ? AND reason = 'recompile' AND diff_sid IS NOT NULL AND {not_evicted} ORDER BY start_ns",
+        (context.rank, *evicted),
+    )
+    for compile_id, name_sid, dur_ns, diff_sid, step, frame_id in rows:
+        if compile_id in leave_out:
+            continue
+        diff = trace.string(diff_sid) or ""
+        named = _DIFF_OP.match(diff)
+        change_text = named.group("change") if named else diff
+        change = _CHANGE.search(change_text)
+        if change is None or "structure change" in diff:
+            continue
+        name = trace.string(name_sid) or "?"
+        if named is not None:
+            frame_id = context.frame_at_line(named.group("file"), int(named.group("line")))
+        op = named.group("op") if named is not None else name
+        view = re.match(r"view (\S+):", change_text)
+        by_line.setdefault(frame_id, []).append(_Recompile(
+            compile_id, name, dur_ns, step, view.group(1) if view else op, change.group("what"),
+            int(change.group("before")), int(change.group("after")),
+        ))
+    found = []
+    for frame_id, recompiles in _at_view_lines(context, by_line).items():
+        lengths = sorted({recompiles[0].before} | {recompile.after for recompile in recompiles})
+        if frame_id is None or len(recompiles) < MIN_RECOMPILES or len(lengths) < MIN_LENGTHS:
+            continue
+        found.append(_finding(context, frame_id, recompiles, lengths))
+    return found
+
+
+def _at_view_lines(context: AnalysisContext, by_line: dict[int | None, list[_Recompile]]) -> dict[int | None, list[_Recompile]]:
+    """A view's diff names the line of the op that read it; the view was made at its own line, which the ops table
+    has: the line whose rows of that view op had the most output shapes in the steps that recompiled."""
+    moved: dict[int | None, list[_Recompile]] = {}
+    for frame_id, recompiles in by_line.items():
+        op_sid = context.trace.string_id(recompiles[0].op)
+        steps = sorted({recompile.step for recompile in recompiles})
+        rows = [] if op_sid is None else context.trace.sql(
+            f"SELECT frame_id, COUNT(DISTINCT outputs_sid) FROM ops WHERE rank = ? AND op_sid = ? AND step IN "
+            f"({', '.join('?' for _ in steps)}) AND frame_id IS NOT NULL GROUP BY frame_id ORDER BY 2 DESC LIMIT 1",
+            (context.rank, op_sid, *steps),
+        )
+        line = rows[0][0] if rows and rows[0][1] >= MIN_LENGTHS - 1 else frame_id
+        moved.setdefault(line, []).extend(recompiles)
+    return moved
+
+
+def _finding(context: AnalysisContext, frame_id: int, recompiles: list[_Recompile],
+             lengths: list[int]) -> tuple[Finding, ChipShapeStorm]:
+    where = context.where(frame_id)
+    op, what = recompiles[0].op, recompiles[0].what
+    names = list(dict.fromkeys(recompile.name for recompile in recompiles))
+    total_ns = sum(recompile.dur_ns for recompile in recompiles)
+    compiles = StormCompiles(len(recompiles), total_ns, total_ns, sorted({recompile.step for recompile in recompiles}),
+                             [recompile.compile_id for recompile in recompiles])
+    values = tuple(recompile.after for recompile in recompiles)
+    options = bucket_options(VaryingDim(((0, 0),), values), [_Weight()] * len(values), total_ns / len(values), 0.0)
+    best = propose(options, len(lengths) * total_ns / len(values))
+    evidence = [context.evidence_at(
+        f"{op} at {where} took {what} {values_text(lengths)}: {plural(len(recompiles), 'recompile')} of "
+        f"{', '.join(names[:3])} with the same input shapes", frame_id, table="compiles",
+    )]
+    evidence.extend(Evidence(f"buckets ({option.rule}) {values_text(list(option.buckets))}: "
+                             f"{plural(option.compiles, 'compile')} ({option.compiles_saved} saved)") for option in options[:5])
+    fix = (f"round the length up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}), and mask "
+           "what the padding adds" if best is not None else f"use one fixed length ({lengths[-1]}) and mask what it adds")
+    finding = storm_finding(
+        context, compiles, programs=names[0] if len(names) == 1 else f"{len(names)} programs",
+        cause=f"{op} at {where} changes {what}", sizes=len(lengths),
+        explanation=(
+            f"The changing shape is made on the chip: {op} at {where} took {len(lengths)} values of {what} "
+            f"({values_text(lengths)}), and the program that holds it compiled again for each, with the same input "
+            "shapes. "
+        ),
+        then=". Padding the data pipeline's batches does not help: the length is chosen on the chip.",
+        suggestion=f"At {where}: {fix}. Then the program compiles once per bucket.",
+        evidence=evidence, module=None, anchor=frame_id,
+    )
+    return finding, ChipShapeStorm(op, what, where, tuple(names), len(recompiles), total_ns, tuple(lengths))
