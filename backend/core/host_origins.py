@@ -15,7 +15,6 @@ import functools
 import sys
 import weakref
 from collections.abc import Callable
-from types import CodeType
 from typing import Any
 
 import torch
@@ -42,7 +41,7 @@ _MAKERS: tuple[tuple[Any, str], ...] = (
 )
 
 _origins: dict[int, tuple[weakref.ref, Location]] = {}  # id(tensor) -> (a weak reference to it, its origin)
-_user_code: dict[CodeType, bool] = {}
+_user_file: dict[str, bool] = {}  # file name -> whether it is the user's (code objects may not hash)
 _roots: tuple[str, ...] = ()
 _originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, the function it held)
 _is_compiling = torch.compiler.is_compiling
@@ -106,12 +105,12 @@ def _remembering(maker: Callable[..., Any]) -> Callable[..., Any]:
 
 def _remember(tensor: torch.Tensor) -> None:
     frame = sys._getframe(2)
-    user_code = _user_code
+    user_file = _user_file
     while frame is not None:
         code = frame.f_code
-        is_user = user_code.get(code)
+        is_user = user_file.get(code.co_filename)
         if is_user is None:
-            is_user = user_code[code] = sourceloc.is_user_file(code.co_filename, _roots)
+            is_user = user_file[code.co_filename] = sourceloc.is_user_file(code.co_filename, _roots)
         if is_user:
             key = id(tensor)
             _origins[key] = (weakref.ref(tensor, functools.partial(_forget, key)), (code.co_filename, frame.f_lineno, code.co_name))

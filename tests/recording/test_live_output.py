@@ -13,11 +13,16 @@ import pytest
 
 CONSOLE_SCRIPT = Path(sys.executable).parent / "tputrace"
 
+# The pause lets the live output show the first compiles before the recompiles (it prints at most one
+# compile line a second, counting the others).
 RECOMPILING = """
+import time
 import torch
 model = torch.nn.Linear(8, 4).to("tpu")
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for batch in (16, 16, 24, 24):
+for step, batch in enumerate((16, 16, 24, 24)):
+    if step == 2:
+        time.sleep(1.5)
     loss = model(torch.randn(batch, 8, device="tpu")).sum()
     loss.backward()
     optimizer.step()

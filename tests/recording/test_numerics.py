@@ -444,3 +444,19 @@ def test_a_module_that_draws_random_numbers_is_replayed_with_the_tpu_draws(tmp_p
     assert call.line == _line_of(script, "the head's call")
     # bfloat16's rounding (a relative difference of ~1e-3), not another dropout mask (one of order 1).
     assert 1e-4 < report.first_divergence.divergence < 0.05
+
+
+def test_the_cpu_reference_multiplies_at_the_highest_precision_whatever_the_script_set() -> None:
+    torch = pytest.importorskip("torch")
+    from tputrace.numerics.full_precision import FullPrecision
+
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("medium")
+    try:
+        with FullPrecision():
+            assert torch.get_float32_matmul_precision() == "highest"
+            x = torch.ones(2, 2)
+            assert x.to(torch.bfloat16) is x
+        assert torch.get_float32_matmul_precision() == "medium"
+    finally:
+        torch.set_float32_matmul_precision(previous)

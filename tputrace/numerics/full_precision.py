@@ -28,7 +28,28 @@ def _target_dtype(func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> t
 
 class FullPrecision(TorchFunctionMode):
     """While active, `Tensor.to(bfloat16|float16)`, `.type(...)`, `.bfloat16()` and `.half()` of a float32/float64
-    tensor return the tensor unchanged; every other call runs as written."""
+    tensor return the tensor unchanged, and float32 matrix products run at torch's "highest" precision (a script's
+    `set_float32_matmul_precision("medium")` would have the CPU multiply in bfloat16 where it can); every other
+    call runs as written."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._previous_setting: str | None = None
+
+    def __enter__(self) -> FullPrecision:
+        try:
+            self._previous_setting = torch.get_float32_matmul_precision()
+        except RuntimeError:  # the per-backend API was mixed with the legacy one: torch gives no single answer
+            self._previous_setting = None
+        if self._previous_setting is not None and self._previous_setting != "highest":
+            torch.set_float32_matmul_precision("highest")
+        super().__enter__()
+        return self
+
+    def __exit__(self, *exc_info: Any) -> None:
+        super().__exit__(*exc_info)
+        if self._previous_setting is not None and self._previous_setting != "highest":
+            torch.set_float32_matmul_precision(self._previous_setting)
 
     def __torch_function__(self, func: Any, types: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None) -> Any:
         kwargs = kwargs or {}

@@ -187,11 +187,15 @@ def precision_traces(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path
     """One recorded run of a compute-bound float32 product per setting (DeferAndFuse: measured chip time)."""
     folder = tmp_path_factory.mktemp("precision")
     traces = {}
-    for setting in ("highest", "high", "medium"):
-        script = folder / f"{setting}.py"
-        script.write_text(textwrap.dedent(_TRAINING.format(setting=setting)))
-        traces[setting] = folder / f"{setting}.tptrace"
-        assert main(["run", "--mode", "defer", "-o", str(traces[setting]), str(script)]) == 0
+    previous = matmul_precision.setting()  # the scripts run in this process and set it
+    try:
+        for setting in ("highest", "high", "medium"):
+            script = folder / f"{setting}.py"
+            script.write_text(textwrap.dedent(_TRAINING.format(setting=setting)))
+            traces[setting] = folder / f"{setting}.tptrace"
+            assert main(["run", "--mode", "defer", "-o", str(traces[setting]), str(script)]) == 0
+    finally:
+        torch.set_float32_matmul_precision(previous)
     return traces
 
 
