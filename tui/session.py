@@ -114,9 +114,13 @@ class Session:
         return self.shared(("findings", chosen), lambda trace: queries.load_findings(trace, chosen, reader=self.reader))
 
     def op_groups(self, rank: int, grouping: queries.OpGrouping, text: str = "") -> list[queries.OpGroup]:
-        """Ops of `rank` grouped by `grouping`, aggregated once per grouping; a filter narrows those
-        groups without another scan (unless they were capped)."""
-        groups = self.shared(("op_groups", rank, grouping), lambda trace: queries.op_groups(trace, grouping, rank))
+        """Ops of `rank` grouped by `grouping`, aggregated once (by op; and by the other groupings together);
+        a filter narrows those groups without another scan (unless they were capped)."""
+        if grouping == "op":
+            groups = self.shared(("op_groups", rank, grouping), lambda trace: queries.op_groups(trace, grouping, rank))
+        else:  # the other groupings come from one read of the ops' columns
+            others = [other for other in queries.OP_GROUPINGS if other != "op"]
+            groups = self.shared(("op_groups", rank, "others"), lambda trace: queries.op_groups_by(trace, others, rank))[grouping]
         if not text:
             return groups
         matching = queries.filter_groups(groups, text)

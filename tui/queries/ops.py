@@ -1,6 +1,8 @@
 """Ops for the TUI: ops grouped by op, op and shapes, source line or module, and one page of the ops in
-a group. Full-table aggregates over `ops` read it `NOT INDEXED`: a scan beats walking the `op_sid`
-index and looking up every row."""
+a group. Groups of all ops are summed over the ops' columns (`tputrace.derived.op_columns`): a sort
+of every row in SQLite's `GROUP BY` costs more than reading the columns and counting with numpy.
+Filtered aggregates read `ops` in SQL, `NOT INDEXED`: a scan beats walking the `op_sid` index and
+looking up every row."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+import numpy as np
+
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.op_columns import NULL_VALUE, dense_codes, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_ranking import rank_ops
 from tputrace.store.aggregates import rank_filter
 from tputrace.store.records import SourceLocation
@@ -28,6 +33,8 @@ GroupOrder = Literal["total", "count", "mean"]
 GROUP_ORDERS: tuple[GroupOrder, ...] = ("total", "count", "mean")
 MAX_GROUPS = 50_000
 """At most this many aggregated rows are fetched for one grouping (a pathological trace could have more)."""
+PACKED_LIMIT = 2**62
+"""Two string ids are read as one number when it stays below this."""
 
 
 def like_pattern(text: str) -> str:
@@ -94,6 +101,9 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, 
         raise ValueError(f"unknown op grouping {group_by!r}")
     if group_by == "op":
         return ranked_op_groups(trace, rank, text)
+    rows_by = None if text else _summed_groups(trace, [group_by], rank)
+    if rows_by is not None:
+        return _groups(trace, group_by, rank, rows_by[group_by], all_ns)
     columns = ", ".join(_GROUP_COLUMNS[group_by])
     where, params = rank_filter(rank)
     if text:
@@ -106,6 +116,61 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, 
         f"GROUP BY {columns} ORDER BY total_ns DESC LIMIT {MAX_GROUPS}",
         params,
     )
+    return _groups(trace, group_by, rank, rows, all_ns)
+
+
+def op_groups_by(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> dict[OpGrouping, list[OpGroup]]:
+    """`op_groups` for each of `groupings` (all ops, no filter), from one read of the ops' columns."""
+    unranked = [grouping for grouping in groupings if grouping != "op"]
+    rows_by = _summed_groups(trace, unranked, rank) if unranked else {}
+    groups: dict[OpGrouping, list[OpGroup]] = {}
+    for grouping in groupings:
+        rows = rows_by.get(grouping) if rows_by is not None else None
+        groups[grouping] = op_groups(trace, grouping, rank) if rows is None else _groups(trace, grouping, rank, rows, None)
+    return groups
+
+
+def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> dict[OpGrouping, list[tuple[Any, ...]]] | None:
+    """`op_groups`' rows (key columns, count, total ns) per grouping, biggest total first, at most
+    `MAX_GROUPS`, summed over the ops' columns; None where they cannot be read as integers."""
+    (high_sid,), = trace.sql("SELECT MAX(id) FROM strings")
+    width = (high_sid or 0) + 2  # string ids below width - 1, and width - 1 for NULL
+    packed = width * width < PACKED_LIMIT
+    expressions = {"dur": "dur_ns"}
+    for column in {column for grouping in groupings for column in _GROUP_COLUMNS[grouping]}:
+        expressions[column] = column
+    if packed and "inputs_sid" in expressions:
+        del expressions["op_sid"], expressions["inputs_sid"]
+        expressions["op_inputs"] = f"COALESCE(op_sid, {width - 1}) * {width} + COALESCE(inputs_sid, {width - 1})"
+    columns = read_op_columns(trace, rank, expressions)
+    if columns is None:
+        return None
+    if "op_inputs" in columns:
+        op_inputs = columns.pop("op_inputs")
+        for column, values in (("op_sid", op_inputs // width), ("inputs_sid", op_inputs % width)):
+            columns[column] = np.where(values == width - 1, NULL_VALUE, values)
+    durations = columns["dur"]
+    durations = np.where(durations == NULL_VALUE, 0, durations)
+    codes = {column: dense_codes(values)[1] for column, values in columns.items() if column != "dur"}
+    rows_by: dict[OpGrouping, list[tuple[Any, ...]]] = {}
+    for grouping in groupings:
+        key_columns = _GROUP_COLUMNS[grouping]
+        group_of = codes[key_columns[0]]
+        for column in key_columns[1:]:
+            group_of = pair_codes(group_of, codes[column])
+        size = int(group_of.max()) + 1 if len(group_of) else 0
+        first_of_group = np.zeros(size, dtype=np.int64)
+        first_of_group[group_of] = np.arange(len(group_of))  # any op of a group stands for its key
+        counts = np.bincount(group_of, minlength=size)
+        totals = sums_by(group_of, durations, size)
+        order = np.lexsort((np.arange(size), -totals))[:MAX_GROUPS]
+        keys = [[None if value == NULL_VALUE else value for value in columns[column][first_of_group[order]].tolist()]
+                for column in key_columns]
+        rows_by[grouping] = [(*key, count, total) for *key, count, total in zip(*keys, counts[order].tolist(), totals[order].tolist())]
+    return rows_by
+
+
+def _groups(trace: Trace, group_by: OpGrouping, rank: int, rows: Sequence[tuple[Any, ...]], all_ns: int | None) -> list[OpGroup]:
     if all_ns is None:  # unfiltered and uncapped groups add up to all ops: no second scan
         all_ns = sum(row[-1] for row in rows) if len(rows) < MAX_GROUPS else ops_total_ns(trace, rank)
     groups = []
@@ -130,13 +195,28 @@ def ranked_op_groups(trace: Trace, rank: int, text: str = "") -> list[OpGroup]:
     dispatch without nested flushes and compiles, and chip time share on the default target; optionally
     only ops whose name contains `text` (case-insensitive, literal)."""
     ranking = rank_ops(trace, rank, target_chip(DEFAULT_TARGET))
-    sids = dict(trace.sql("SELECT text, id FROM strings WHERE id IN (SELECT DISTINCT op_sid FROM ops WHERE rank = ?)", (rank,)))
+    sids = _op_sids(trace, rank, [op.op for op in ranking.ops])
     wanted = text.casefold()
     return [
         OpGroup((sids.get(op.op),), op.op, op.calls, op.self_dispatch_ns, op.self_dispatch_ns / op.calls if op.calls else 0.0,
                 op.self_dispatch_share, None, op.chip_share)
         for op in ranking.ops if wanted in op.op.casefold()
     ]
+
+
+def _op_sids(trace: Trace, rank: int, names: Sequence[str]) -> dict[str, int]:
+    """The string id of each op name (of those ids, the one `rank`'s ops use where a name was interned twice)."""
+    ids_by_name: dict[str, list[int]] = {}
+    for start in range(0, len(names), 500):
+        chunk = names[start:start + 500]
+        for sid, name in trace.sql(f"SELECT id, text FROM strings WHERE text IN ({', '.join('?' * len(chunk))}) ORDER BY id", chunk):
+            ids_by_name.setdefault(name, []).append(sid)
+    sids = {}
+    for name, ids in ids_by_name.items():
+        used = [sid for sid in ids if len(ids) == 1 or trace.sql("SELECT 1 FROM ops WHERE op_sid = ? AND rank = ? LIMIT 1", (sid, rank))]
+        if used:
+            sids[name] = used[-1]
+    return sids
 
 
 def filter_groups(groups: Sequence[OpGroup], text: str) -> list[OpGroup] | None:
