@@ -88,14 +88,12 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
 
 
 def _merged(intervals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    merged: list[list[int]] = []
-    for start, end in sorted(intervals):
-        if merged and start <= merged[-1][1]:
-            merged[-1][1] = max(merged[-1][1], end)
-        else:
-            merged.append([start, end])
-    starts = np.array([start for start, _ in merged], dtype=np.int64)
-    ends = np.array([end for _, end in merged], dtype=np.int64)
+    """The union of `intervals` as sorted disjoint (starts, ends), and the covered ns before each (`_Covered`)."""
+    pairs = np.array(sorted(intervals), dtype=np.int64).reshape(-1, 2)
+    starts, ends = pairs[:, 0], np.maximum.accumulate(pairs[:, 1])
+    first = np.flatnonzero(np.concatenate([[True], starts[1:] > ends[:-1]]))
+    last = np.concatenate([first[1:] - 1, [len(starts) - 1]])
+    starts, ends = starts[first], ends[last]
     before = np.concatenate([[0], np.cumsum(ends - starts)]).astype(np.int64)
     return starts, ends, before
 
@@ -109,11 +107,13 @@ def _inside(start: np.ndarray, dur: np.ndarray, nested: list[tuple[int, int]]) -
     has_start = start != NULL_VALUE
     finish = start + dur
     first = np.searchsorted(starts, start, side="right")
-    last = np.searchsorted(starts, finish, side="right")
-    # Only a call that spans an interval's start, or starts inside an interval, can be covered.
-    candidates = np.flatnonzero(has_start & ((first != last) | ((first > 0) & (start < ends[np.maximum(first - 1, 0)]))))
+    # Only a call that reaches the next interval's start, or starts inside an interval, can be covered.
+    next_start = np.append(starts, np.iinfo(np.int64).max)[first]
+    candidates = np.flatnonzero(has_start & ((next_start <= finish) | ((first > 0) & (start < ends[np.maximum(first - 1, 0)]))))
     if len(candidates):
-        inside[candidates] = (_upto(starts, ends, before, finish[candidates], last[candidates])
+        ends_at = finish[candidates]
+        last = np.searchsorted(starts, ends_at, side="right")
+        inside[candidates] = (_upto(starts, ends, before, ends_at, last)
                               - _upto(starts, ends, before, start[candidates], first[candidates]))
     return inside
 
@@ -196,16 +196,19 @@ def _fused_chip_ns(trace: Trace, rank: int, chip: TargetChip, tables: TraceTable
     first_of_cost[cost_of_op] = np.arange(len(cost_of_op))  # any op of a cost key stands for it
     costs = [tables.cost(*(None if part == width - 1 else part for part in (value // (width * width), value // width % width, value % width)))
              for value in op_keys[first_of_cost].tolist()]
+    ns_per_byte = 1.0 / chip.hbm_bytes_per_ns
     cost_flops = np.array([cost.flops for cost in costs])
     cost_read = np.array([cost.read_bytes for cost in costs])
     cost_write = np.array([cost.write_bytes for cost in costs])
     cost_ns_per_flop = np.array([1.0 / chip.fp32_peak_flops_per_ns if cost.wide_floats else 1.0 / chip.peak_flops_per_ns for cost in costs])
-    flops_each, read_each, write_each = cost_flops[cost_of_op], cost_read[cost_of_op], cost_write[cost_of_op]
+    # Per cost key, the roofline's two sides before the run's scaling (compute ns per FLOP share, memory ns per byte share).
+    cost_compute_ns = cost_flops * cost_ns_per_flop
+    cost_memory_ns = (cost_read + cost_write) * ns_per_byte
     flush_count = len(flush_ids)
     ops_in_flush = np.bincount(flush_of_op, minlength=flush_count)
-    flops_estimate = np.bincount(flush_of_op, weights=flops_each, minlength=flush_count)
-    bytes_estimate = (np.bincount(flush_of_op, weights=read_each, minlength=flush_count)
-                      + np.bincount(flush_of_op, weights=write_each, minlength=flush_count))
+    flops_estimate = np.bincount(flush_of_op, weights=cost_flops[cost_of_op], minlength=flush_count)
+    bytes_estimate = (np.bincount(flush_of_op, weights=cost_read[cost_of_op], minlength=flush_count)
+                      + np.bincount(flush_of_op, weights=cost_write[cost_of_op], minlength=flush_count))
     # The runs: usually one per flush; a flush run on several chips has its ops once per run.
     run_flush = np.array([position for position, _, _ in with_ops], dtype=np.int64)
     if len(run_flush) == flush_count and (run_flush == np.arange(flush_count)).all():
@@ -215,7 +218,7 @@ def _fused_chip_ns(trace: Trace, rank: int, chip: TargetChip, tables: TraceTable
         run_lengths = ops_in_flush[run_flush]
         run_of = np.repeat(np.arange(len(run_flush)), run_lengths)
         op_rows = first_op[run_flush][run_of] + np.arange(len(run_of)) - np.repeat(np.cumsum(run_lengths) - run_lengths, run_lengths)
-        flops_each, read_each, write_each = flops_each[op_rows], read_each[op_rows], write_each[op_rows]
+    run_costs = cost_of_op if op_rows is None else cost_of_op[op_rows]
     programs = [tables.programs.get(program_id) for _, program_id, _ in with_ops]
     run_flops_estimate, run_bytes_estimate = flops_estimate[run_flush], bytes_estimate[run_flush]
     program_flops = np.array([program.flops if program is not None and program.flops is not None else np.nan for program in programs])
@@ -225,19 +228,16 @@ def _fused_chip_ns(trace: Trace, rank: int, chip: TargetChip, tables: TraceTable
     program_bytes = np.where(np.isnan(program_bytes), run_bytes_estimate, program_bytes)
     run_ops = ops_in_flush[run_flush].astype(np.float64)
     run_held = np.array([held for _, _, held in with_ops], dtype=np.float64)
-    ns_per_flop = cost_ns_per_flop[cost_of_op] if op_rows is None else cost_ns_per_flop[cost_of_op][op_rows]
-    # Runs whose ops have no estimate divide by zero here: `make_layout`'s even split replaces their values.
+    # `make_layout`: a run's ops share its program's FLOPs and bytes by their estimates, or evenly where
+    # the estimates are zero (a division by zero here, replaced below).
     with np.errstate(divide="ignore", invalid="ignore"):
-        flops = flops_each * (program_flops / run_flops_estimate)[run_of]
-        bytes_scale = (program_bytes / run_bytes_estimate)[run_of]
-        read, write = read_each * bytes_scale, write_each * bytes_scale
+        compute_ns = cost_compute_ns[run_costs] * (program_flops / run_flops_estimate)[run_of]
+        memory_ns = cost_memory_ns[run_costs] * (program_bytes / run_bytes_estimate)[run_of]
         unestimated = np.flatnonzero((run_flops_estimate == 0)[run_of])
-        flops[unestimated] = (program_flops / run_ops)[run_of[unestimated]]
+        compute_ns[unestimated] = (program_flops / run_ops)[run_of[unestimated]] * cost_ns_per_flop[run_costs[unestimated]]
         unestimated = np.flatnonzero((run_bytes_estimate == 0)[run_of])
-        read[unestimated] = write[unestimated] = (program_bytes / run_ops / 2)[run_of[unestimated]]
-        compute_ns = flops * ns_per_flop
-        memory_ns = (read + write) * (1.0 / chip.hbm_bytes_per_ns)
-        roofline = np.where(compute_ns > memory_ns, compute_ns, memory_ns)
+        memory_ns[unestimated] = (program_bytes / run_ops)[run_of[unestimated]] * ns_per_byte
+        roofline = np.maximum(compute_ns, memory_ns)
         total = np.bincount(run_of, weights=roofline, minlength=len(run_flush))
         durations = roofline * (run_held / total)[run_of]
         untimed = np.flatnonzero((total == 0)[run_of])

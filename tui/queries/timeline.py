@@ -100,7 +100,10 @@ def op_times(trace: Trace, rank: int) -> OpTimes | None:
 def _dispatch_buckets(times: OpTimes, start_ns: int, end_ns: int, bucket_ns: int) -> list[tuple[int, int, int]]:
     """The dispatch lane's (bucket, busy ns, count) rows, as the SQL of `timeline_lanes` groups them."""
     inside = times.overlapping(start_ns, end_ns)
-    starts, finishes = times.starts_ns[inside], times.starts_ns[inside] + times.durs_ns[inside]
+    if len(inside) == len(times.starts_ns):  # the whole run: no copies
+        starts, finishes = times.starts_ns, times.starts_ns + times.durs_ns
+    else:
+        starts, finishes = times.starts_ns[inside], times.starts_ns[inside] + times.durs_ns[inside]
     begins = np.maximum(starts, start_ns)
     buckets = (begins - start_ns) // bucket_ns
     if not len(buckets):
@@ -180,7 +183,11 @@ def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit:
     for lane, (select, label_kind) in queries.items():
         if lane == "dispatch" and times is not None:
             inside = times.overlapping(start_ns, end_ns)
-            longest = inside[np.lexsort((times.starts_ns[inside], -times.durs_ns[inside]))[:int(limit)]]
+            durations = times.durs_ns[inside]
+            if 0 < limit < len(inside):  # the ops at least as long as the limit-th longest, then those in order
+                kept = durations >= np.partition(durations, len(durations) - int(limit))[len(durations) - int(limit)]
+                inside, durations = inside[kept], durations[kept]
+            longest = inside[np.lexsort((times.starts_ns[inside], -durations))[:int(limit)]]
             rowids = times.rowids[longest].tolist()
             rows = trace.sql(f"SELECT start_ns, dur_ns, op_sid, frame_id FROM ops WHERE rowid IN ({', '.join('?' * len(rowids))})", rowids)
         else:
