@@ -138,7 +138,7 @@ class TimelineView(TraceView):
         session, rank, columns = self.session, self.session.rank, self._columns
 
         def fetch(trace: Trace) -> tuple[Window, list[queries.LaneBusy], list[queries.WindowEvent]]:
-            times = session.shared(("op_times", rank), lambda trace: queries.op_times(trace, rank))  # read once, for every window
+            times = session.op_times(rank)  # read once, for every window
             return (window, queries.timeline_lanes(trace, rank, window.start_ns, window.end_ns, columns, times),
                     queries.window_events(trace, rank, window.start_ns, window.end_ns, times=times))
 

@@ -65,7 +65,10 @@ def test_figures_over_columns_are_the_row_by_row_figures(trace_path: Path) -> No
         for rank in trace.ranks:
             _assert_same_ranking(rank_ops(trace, rank, chip), rank_ops_by_rows(trace, rank, chip))
             _assert_same_ranking(rank_ops(trace, rank), rank_ops_by_rows(trace, rank))
+            read = queries.ops_read(trace, rank)
+            assert read.by_op == queries.op_groups(trace, "op", rank)
             grouped = queries.op_groups_by(trace, ["op_shapes", "source", "module"], rank)
+            assert read.by_op_shapes == grouped["op_shapes"]
             for grouping, groups in grouped.items():
                 expected = _sql_groups(trace, grouping, rank)
                 assert sorted(groups, key=lambda group: (group.label, str(group.key))) == sorted(
@@ -77,7 +80,9 @@ def test_timeline_windows_from_the_ops_times_are_the_sql_windows(trace_path: Pat
     with open_trace(trace_path) as trace:
         for rank in trace.ranks:
             times = queries.op_times(trace, rank)
-            assert times is not None
+            kept = queries.ops_read(trace, rank).times  # what the Ops view's read keeps for the Timeline
+            assert times is not None and kept is not None
+            assert (kept.starts_ns == times.starts_ns).all() and (kept.durs_ns == times.durs_ns).all()
             wall = trace.wall_ns(rank=rank)
             windows = [(0, max(wall, 1_000)), (wall // 3, wall // 3 + wall // 7 + 1), (0, 1_000)]
             windows += [(step.start_ns, step.end_ns) for step in step_rows(trace, rank)[:4] if step.end_ns is not None]

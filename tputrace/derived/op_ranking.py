@@ -20,6 +20,7 @@ from tputrace.derived.op_cost import TargetChip
 from tputrace.derived.trace_tables import OpBatch, TraceTables
 
 if TYPE_CHECKING:
+    from tputrace.derived.op_ranking_columns import RankingColumns
     from tputrace.store.reader import Trace
 
 HOST_DISPATCH_LABEL = "host dispatch (excl. flushes/compiles)"
@@ -126,13 +127,13 @@ def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTabl
     return chip_ns
 
 
-def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanking:
+def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None, columns: RankingColumns | None = None) -> OpRanking:
     """The ops of `rank` ranked by host dispatch without nested flushes and compiles, with their chip
-    time share on `chip` when given. Computed over columns (`op_ranking_columns`); row by row
-    (`rank_ops_by_rows`) where the columns cannot be read as integers."""
+    time share on `chip` when given. Computed over columns (`op_ranking_columns`; `columns` when the
+    caller read them already); row by row (`rank_ops_by_rows`) where the columns cannot be read as integers."""
     from tputrace.derived.op_ranking_columns import op_sums
 
-    sums = op_sums(trace, rank, nested_intervals(trace, rank), chip, TraceTables, PROGRAM_OPS_LABEL)
+    sums = op_sums(trace, rank, nested_intervals(trace, rank), chip, TraceTables, PROGRAM_OPS_LABEL, columns)
     if sums is None:
         return rank_ops_by_rows(trace, rank, chip)
     calls: dict[str, int] = {}

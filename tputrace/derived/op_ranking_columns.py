@@ -37,28 +37,58 @@ class OpSums:
     chip_ns: dict[str, float]
 
 
-def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: TargetChip | None,
-            tables_for: type[TraceTables] | None, program_ops_label: str) -> OpSums | None:
-    """The figures `rank_ops` ranks by, or None where the columns cannot be read as integers or the
-    string ids do not pack (the caller then reads the rows one by one)."""
+@dataclass(frozen=True)
+class RankingColumns:
+    """What `op_sums` reads of a rank's ops, in file order: (op, inputs, outputs) string ids packed in
+    one number (`width` per id, `width - 1` for NULL), start (NULL as `NULL_VALUE`), duration (NULL as
+    0), and, for chip time, the flush (DeferAndFuse) or chip (strict mode) of ops that ran in a program.
+    Views that need the same columns (the Ops view's groups by op and shapes, the Timeline's dispatch
+    lane) can take them from here instead of reading them again."""
+
+    width: int
+    strict: bool
+    chip: bool
+    columns: dict[str, np.ndarray]
+
+    def ids(self, packed: np.ndarray, position: int) -> np.ndarray:
+        """The string ids at `position` (0: op, 1: inputs, 2: outputs) of packed keys, NULL as `NULL_VALUE`."""
+        ids = packed // self.width ** (2 - position) % self.width
+        return np.where(ids == self.width - 1, NULL_VALUE, ids)
+
+
+def read_ranking_columns(trace: Trace, rank: int, chip: bool) -> RankingColumns | None:
+    """The columns `op_sums` needs (with those for chip time when `chip`), or None where they cannot be
+    read as integers or the string ids do not pack."""
     (low_sid, high_sid), = trace.sql("SELECT MIN(id), MAX(id) FROM strings")
     width = (high_sid if high_sid is not None else 0) + 2  # string ids 0..width-2, and width-1 for NULL
     if (low_sid is not None and low_sid < 0) or width**3 >= PACKED_KEY_LIMIT:
         return None
     null_sid = width - 1
-    strict = chip is not None and is_strict(trace, rank)
+    strict = chip and is_strict(trace, rank)
     expressions = {
         "key": f"(COALESCE(op_sid, {null_sid}) * {width} + COALESCE(inputs_sid, {null_sid})) * {width} + COALESCE(outputs_sid, {null_sid})",
         "start": "start_ns",
         "dur": "COALESCE(dur_ns, 0)",
     }
-    if chip is not None and strict:
+    if chip and strict:
         expressions["chip"] = "CASE WHEN program_id IS NULL THEN NULL ELSE chip END"
-    elif chip is not None:
+    elif chip:
         expressions["flush"] = "CASE WHEN program_id IS NULL THEN NULL ELSE flush_id END"
     columns = read_op_columns(trace, rank, expressions)
-    if columns is None:
+    return None if columns is None else RankingColumns(width, strict, chip, columns)
+
+
+def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: TargetChip | None,
+            tables_for: type[TraceTables] | None, program_ops_label: str, read: RankingColumns | None = None) -> OpSums | None:
+    """The figures `rank_ops` ranks by (from `read` when given, else read here), or None where the
+    columns cannot be read as integers or the string ids do not pack (the caller then reads the rows
+    one by one)."""
+    if read is None or (chip is not None and not read.chip):
+        read = read_ranking_columns(trace, rank, chip is not None)
+    if read is None:
         return None
+    width, strict, columns = read.width, read.strict, read.columns
+    null_sid = width - 1
     key, start, dur = columns["key"], columns["start"], columns["dur"]
     op_sid = key // (width * width)
     # Host dispatch, and the part of it inside flushes and compiles (`_Covered.within`, over arrays).

@@ -34,6 +34,8 @@ from tputrace.tui.queries.ops import (
     op_groups,
     op_groups_by,
     op_instances,
+    ops_read,
+    OpsRead,
     ops_total_ns,
     sort_groups,
 )
@@ -57,6 +59,6 @@ __all__ = [
     "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "MemoryTables", "MeshRow", "OpGroup", "OpGrouping", "OpInstance", "OpTimes", "Overview", "ParameterRow",
     "RankCollectives", "ShardingTables", "TriggerStat", "WindowEvent",
     "collective_groups", "collective_ranks", "compile_rows", "compile_sites", "filter_groups", "finding_location",
-    "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "memory_tables", "op_groups", "op_groups_by", "op_instances", "op_times",
+    "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "memory_tables", "op_groups", "op_groups_by", "op_instances", "op_times", "ops_read", "OpsRead",
     "caused_compiles", "ops_total_ns", "overview", "resolve_source", "sharding_tables", "sort_groups", "source_stats", "timeline_lanes", "window_events",
 ]

@@ -15,8 +15,10 @@ import numpy as np
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.derived.op_columns import NULL_VALUE, dense_codes, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_ranking import rank_ops
+from tputrace.derived.op_ranking_columns import RankingColumns, read_ranking_columns
 from tputrace.store.aggregates import rank_filter
 from tputrace.store.records import SourceLocation
+from tputrace.tui.queries.timeline import OpTimes, times_from_columns
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -149,9 +151,14 @@ def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> 
         op_inputs = columns.pop("op_inputs")
         for column, values in (("op_sid", op_inputs // width), ("inputs_sid", op_inputs % width)):
             columns[column] = np.where(values == width - 1, NULL_VALUE, values)
-    durations = columns["dur"]
-    durations = np.where(durations == NULL_VALUE, 0, durations)
-    codes = {column: dense_codes(values)[1] for column, values in columns.items() if column != "dur"}
+    durations = columns.pop("dur")
+    return _group_rows(columns, groupings, np.where(durations == NULL_VALUE, 0, durations))
+
+
+def _group_rows(columns: dict[str, np.ndarray], groupings: Sequence[OpGrouping], durations: np.ndarray) -> dict[OpGrouping, list[tuple[Any, ...]]]:
+    """Per grouping, the rows SQL's `GROUP BY` of its key columns would give: key values (NULL as None),
+    count and total ns, biggest total first (ties: first seen), at most `MAX_GROUPS`."""
+    codes = {column: dense_codes(values)[1] for column, values in columns.items()}
     rows_by: dict[OpGrouping, list[tuple[Any, ...]]] = {}
     for grouping in groupings:
         key_columns = _GROUP_COLUMNS[grouping]
@@ -168,6 +175,28 @@ def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> 
                 for column in key_columns]
         rows_by[grouping] = [(*key, count, total) for *key, count, total in zip(*keys, counts[order].tolist(), totals[order].tolist())]
     return rows_by
+
+
+@dataclass(frozen=True)
+class OpsRead:
+    """What one read of a rank's ops' columns gives: the groups by op (ranked) and by op and input shapes,
+    and the ops' times for the Timeline (None where the columns could not be read)."""
+
+    by_op: list[OpGroup]
+    by_op_shapes: list[OpGroup]
+    times: OpTimes | None
+
+
+def ops_read(trace: Trace, rank: int) -> OpsRead:
+    """The Ops view's first two groupings and the Timeline's op times from one read of the ops' columns
+    (`tputrace.derived.op_ranking_columns.read_ranking_columns`)."""
+    read = read_ranking_columns(trace, rank, chip=True)
+    by_op = ranked_op_groups(trace, rank, columns=read)
+    if read is None:
+        return OpsRead(by_op, op_groups(trace, "op_shapes", rank), None)
+    key, dur = read.columns["key"], read.columns["dur"]
+    rows = _group_rows({"op_sid": read.ids(key, 0), "inputs_sid": read.ids(key, 1)}, ["op_shapes"], dur)["op_shapes"]
+    return OpsRead(by_op, _groups(trace, "op_shapes", rank, rows, None), times_from_columns(trace, rank, read.columns["start"], dur))
 
 
 def _groups(trace: Trace, group_by: OpGrouping, rank: int, rows: Sequence[tuple[Any, ...]], all_ns: int | None) -> list[OpGroup]:
@@ -190,11 +219,11 @@ def _groups(trace: Trace, group_by: OpGrouping, rank: int, rows: Sequence[tuple[
     return groups
 
 
-def ranked_op_groups(trace: Trace, rank: int, text: str = "") -> list[OpGroup]:
+def ranked_op_groups(trace: Trace, rank: int, text: str = "", *, columns: RankingColumns | None = None) -> list[OpGroup]:
     """Ops of `rank` grouped by op as the summary ranks them (`tputrace.derived.op_ranking`): host
     dispatch without nested flushes and compiles, and chip time share on the default target; optionally
-    only ops whose name contains `text` (case-insensitive, literal)."""
-    ranking = rank_ops(trace, rank, target_chip(DEFAULT_TARGET))
+    only ops whose name contains `text` (case-insensitive, literal). `columns`: the ops' columns, when read already."""
+    ranking = rank_ops(trace, rank, target_chip(DEFAULT_TARGET), columns)
     sids = _op_sids(trace, rank, [op.op for op in ranking.ops])
     wanted = text.casefold()
     return [

@@ -65,36 +65,41 @@ def _bucket_busy(rows: Iterable[tuple[int, int, int]], columns: int, bucket_ns: 
 
 @dataclass(frozen=True)
 class OpTimes:
-    """Every op of a rank with a start: its rowid, start and duration (NULL as 0), in file order."""
+    """Every op of a rank with a start: its start and duration (NULL as 0), in file order, and its rowid
+    (`rowids`, or, where those are the rowids `first_rowid`, `first_rowid + 1`, ... without gaps, None)."""
 
-    rowids: np.ndarray
     starts_ns: np.ndarray
     durs_ns: np.ndarray
+    rowids: np.ndarray | None = None
+    first_rowid: int = 0
 
     def overlapping(self, start_ns: int, end_ns: int) -> np.ndarray:
         """Indexes of the ops that overlap [start_ns, end_ns] as the SQL lanes count it (start before the
         end, finish at or after the start)."""
         return np.flatnonzero((self.starts_ns < end_ns) & (self.starts_ns + self.durs_ns >= start_ns))
 
+    def rowids_of(self, indexes: np.ndarray) -> list[int]:
+        return (self.rowids[indexes] if self.rowids is not None else indexes + self.first_rowid).tolist()
+
 
 def op_times(trace: Trace, rank: int) -> OpTimes | None:
     """The ops' times for `timeline_lanes` and `window_events` (None where the columns are not all integers:
     those then scan the table)."""
     columns = read_op_columns(trace, rank, {"start": "start_ns", "dur": "COALESCE(dur_ns, 0)"})
-    if columns is None:
-        return None
+    return None if columns is None else times_from_columns(trace, rank, columns["start"], columns["dur"])
+
+
+def times_from_columns(trace: Trace, rank: int, starts_ns: np.ndarray, durs_ns: np.ndarray) -> OpTimes | None:
+    """`OpTimes` from the rank's start (NULL as `NULL_VALUE`) and duration (NULL as 0) columns, read in file order."""
     (low,), = trace.sql("SELECT MIN(rowid) FROM ops")
     (high,), = trace.sql("SELECT MAX(rowid) FROM ops")
-    count = len(columns["start"])
-    if count and count == high - low + 1:  # every row is the rank's, rowids without gaps: no need to read them
-        rowids = np.arange(low, high + 1, dtype=np.int64)
-    else:
-        read = read_op_columns(trace, rank, {"rowid": "rowid"})
-        if read is None:
-            return None
-        rowids = read["rowid"]
-    timed = columns["start"] != NULL_VALUE
-    return OpTimes(rowids[timed], columns["start"][timed], columns["dur"][timed])
+    timed = starts_ns != NULL_VALUE
+    if len(starts_ns) and len(starts_ns) == high - low + 1 and timed.all():  # every row the rank's, no gaps
+        return OpTimes(starts_ns, durs_ns, None, low)
+    read = read_op_columns(trace, rank, {"rowid": "rowid"})
+    if read is None:
+        return None
+    return OpTimes(starts_ns[timed], durs_ns[timed], read["rowid"][timed])
 
 
 def _dispatch_buckets(times: OpTimes, start_ns: int, end_ns: int, bucket_ns: int) -> list[tuple[int, int, int]]:
@@ -188,7 +193,7 @@ def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit:
                 kept = durations >= np.partition(durations, len(durations) - int(limit))[len(durations) - int(limit)]
                 inside, durations = inside[kept], durations[kept]
             longest = inside[np.lexsort((times.starts_ns[inside], -durations))[:int(limit)]]
-            rowids = times.rowids[longest].tolist()
+            rowids = times.rowids_of(longest)
             rows = trace.sql(f"SELECT start_ns, dur_ns, op_sid, frame_id FROM ops WHERE rowid IN ({', '.join('?' * len(rowids))})", rowids)
         else:
             rows = trace.sql(
