@@ -110,3 +110,21 @@ def test_ops_with_values_that_are_not_integers_are_read_row_by_row(tmp_path: Pat
         ranking = rank_ops(trace, 0, target_chip(DEFAULT_TARGET))
         assert ranking == rank_ops_by_rows(trace, 0, target_chip(DEFAULT_TARGET))
         assert sum(op.dispatch_ns for op in ranking.ops) % 1 == 0.5
+
+
+def test_ops_with_dangling_string_ids_are_read_row_by_row(tmp_path: Path) -> None:
+    import shutil
+    import sqlite3
+
+    path = tmp_path / "dangling.tptrace"
+    shutil.copy(FIXTURES / "tui_small.tptrace", path)
+    connection = sqlite3.connect(path)
+    connection.execute("UPDATE ops SET inputs_sid = (SELECT MAX(id) + 5 FROM strings) WHERE rowid = (SELECT MIN(rowid) FROM ops)")
+    connection.commit()
+    connection.close()
+    chip = target_chip(DEFAULT_TARGET)
+    with open_trace(path) as trace:
+        rank = trace.sql("SELECT rank FROM ops WHERE rowid = (SELECT MIN(rowid) FROM ops)")[0][0]
+        assert rank_ops(trace, rank, chip) == rank_ops_by_rows(trace, rank, chip)
+        assert sorted(queries.op_groups(trace, "op_shapes", rank), key=lambda group: (group.label, str(group.key))) == sorted(
+            _sql_groups(trace, "op_shapes", rank), key=lambda group: (group.label, str(group.key)))

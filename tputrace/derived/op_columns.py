@@ -12,7 +12,7 @@ import os
 import sqlite3
 import threading
 import warnings
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -133,3 +133,14 @@ def dense_codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def pair_codes(first: np.ndarray, second: np.ndarray) -> np.ndarray:
     """One dense code per distinct (first, second) pair of two arrays of dense codes."""
     return dense_codes(first * (int(second.max()) + 1 if len(second) else 1) + second)[1]
+
+
+def packed_ids_sql(columns: Sequence[str], width: int) -> str:
+    """SQL packing the ids in `columns` (string or frame ids) into one number, `width` per id and
+    `width - 1` for NULL (`packed // width ** k % width` unpacks); NULL (read as `NULL_VALUE`) where an id
+    is outside 0..width-2 (a dangling id in a damaged file), which callers take as columns they cannot read."""
+    in_range = " AND ".join(f"({column} IS NULL OR {column} BETWEEN 0 AND {width - 2})" for column in columns)
+    packed = f"COALESCE({columns[0]}, {width - 1})"
+    for column in columns[1:]:
+        packed = f"({packed}) * {width} + COALESCE({column}, {width - 1})"
+    return f"CASE WHEN {in_range} THEN {packed} END"

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from tputrace.derived.device_runs import is_strict
-from tputrace.derived.op_columns import NULL_VALUE, dense_codes, pair_codes, read_op_columns, sums_by
+from tputrace.derived.op_columns import NULL_VALUE, dense_codes, packed_ids_sql, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_cost import TargetChip
 
 if TYPE_CHECKING:
@@ -59,14 +59,13 @@ class RankingColumns:
 def read_ranking_columns(trace: Trace, rank: int, chip: bool) -> RankingColumns | None:
     """The columns `op_sums` needs (with those for chip time when `chip`), or None where they cannot be
     read as integers or the string ids do not pack."""
-    (low_sid, high_sid), = trace.sql("SELECT MIN(id), MAX(id) FROM strings")
+    (high_sid,), = trace.sql("SELECT MAX(id) FROM strings")
     width = (high_sid if high_sid is not None else 0) + 2  # string ids 0..width-2, and width-1 for NULL
-    if (low_sid is not None and low_sid < 0) or width**3 >= PACKED_KEY_LIMIT:
+    if width**3 >= PACKED_KEY_LIMIT:
         return None
-    null_sid = width - 1
     strict = chip and is_strict(trace, rank)
     expressions = {
-        "key": f"(COALESCE(op_sid, {null_sid}) * {width} + COALESCE(inputs_sid, {null_sid})) * {width} + COALESCE(outputs_sid, {null_sid})",
+        "key": packed_ids_sql(("op_sid", "inputs_sid", "outputs_sid"), width),
         "start": "start_ns",
         "dur": "COALESCE(dur_ns, 0)",
     }
@@ -75,7 +74,9 @@ def read_ranking_columns(trace: Trace, rank: int, chip: bool) -> RankingColumns 
     elif chip:
         expressions["flush"] = "CASE WHEN program_id IS NULL THEN NULL ELSE flush_id END"
     columns = read_op_columns(trace, rank, expressions)
-    return None if columns is None else RankingColumns(width, strict, chip, columns)
+    if columns is None or (columns["key"] == NULL_VALUE).any():
+        return None
+    return RankingColumns(width, strict, chip, columns)
 
 
 def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: TargetChip | None,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
-from tputrace.derived.op_columns import NULL_VALUE, dense_codes, pair_codes, read_op_columns, sums_by
+from tputrace.derived.op_columns import NULL_VALUE, dense_codes, packed_ids_sql, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_ranking import rank_ops
 from tputrace.derived.op_ranking_columns import RankingColumns, read_ranking_columns
 from tputrace.store.aggregates import rank_filter
@@ -143,9 +143,9 @@ def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> 
         expressions[column] = column
     if packed and "inputs_sid" in expressions:
         del expressions["op_sid"], expressions["inputs_sid"]
-        expressions["op_inputs"] = f"COALESCE(op_sid, {width - 1}) * {width} + COALESCE(inputs_sid, {width - 1})"
+        expressions["op_inputs"] = packed_ids_sql(("op_sid", "inputs_sid"), width)
     columns = read_op_columns(trace, rank, expressions)
-    if columns is None:
+    if columns is None or ("op_inputs" in columns and (columns["op_inputs"] == NULL_VALUE).any()):
         return None
     if "op_inputs" in columns:
         op_inputs = columns.pop("op_inputs")
