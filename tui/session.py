@@ -123,7 +123,10 @@ class Session:
             groups = self._ops_read(rank).by_op_shapes
         else:  # the other groupings come from one read of their columns
             others = [other for other in queries.OP_GROUPINGS if other not in ("op", "op_shapes")]
-            groups = self.shared(("op_groups", rank, "others"), lambda trace: queries.op_groups_by(trace, others, rank))[grouping]
+            with self._lock:
+                read_started = ("ops_read", rank) in self._cache
+            durations = self._ops_read(rank).durs_ns if read_started else None  # the durations that read has
+            groups = self.shared(("op_groups", rank, "others"), lambda trace: queries.op_groups_by(trace, others, rank, durations))[grouping]
         if not text:
             return groups
         matching = queries.filter_groups(groups, text)

@@ -69,6 +69,8 @@ def test_figures_over_columns_are_the_row_by_row_figures(trace_path: Path) -> No
             assert read.by_op == queries.op_groups(trace, "op", rank)
             grouped = queries.op_groups_by(trace, ["op_shapes", "source", "module"], rank)
             assert read.by_op_shapes == grouped["op_shapes"]
+            with_durations = queries.op_groups_by(trace, ["source", "module"], rank, read.durs_ns)
+            assert with_durations == {grouping: grouped[grouping] for grouping in ("source", "module")}
             for grouping, groups in grouped.items():
                 expected = _sql_groups(trace, grouping, rank)
                 assert sorted(groups, key=lambda group: (group.label, str(group.key))) == sorted(

@@ -121,10 +121,12 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, 
     return _groups(trace, group_by, rank, rows, all_ns)
 
 
-def op_groups_by(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> dict[OpGrouping, list[OpGroup]]:
-    """`op_groups` for each of `groupings` (all ops, no filter), from one read of the ops' columns."""
+def op_groups_by(trace: Trace, groupings: Sequence[OpGrouping], rank: int,
+                 durations: np.ndarray | None = None) -> dict[OpGrouping, list[OpGroup]]:
+    """`op_groups` for each of `groupings` (all ops, no filter), from one read of the ops' columns.
+    `durations`: the rank's op durations in file order (NULL as 0), when read already (`OpsRead.durs_ns`)."""
     unranked = [grouping for grouping in groupings if grouping != "op"]
-    rows_by = _summed_groups(trace, unranked, rank) if unranked else {}
+    rows_by = _summed_groups(trace, unranked, rank, durations) if unranked else {}
     groups: dict[OpGrouping, list[OpGroup]] = {}
     for grouping in groupings:
         rows = rows_by.get(grouping) if rows_by is not None else None
@@ -132,27 +134,35 @@ def op_groups_by(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> di
     return groups
 
 
-def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int) -> dict[OpGrouping, list[tuple[Any, ...]]] | None:
+def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int,
+                   durations: np.ndarray | None = None) -> dict[OpGrouping, list[tuple[Any, ...]]] | None:
     """`op_groups`' rows (key columns, count, total ns) per grouping, biggest total first, at most
-    `MAX_GROUPS`, summed over the ops' columns; None where they cannot be read as integers."""
+    `MAX_GROUPS`, summed over the ops' columns; None where they cannot be read as integers. The key
+    columns (string and frame ids) are read packed, as many in one number as fit."""
     (high_sid,), = trace.sql("SELECT MAX(id) FROM strings")
-    width = (high_sid or 0) + 2  # string ids below width - 1, and width - 1 for NULL
-    packed = width * width < PACKED_LIMIT
-    expressions = {"dur": "dur_ns"}
-    for column in {column for grouping in groupings for column in _GROUP_COLUMNS[grouping]}:
-        expressions[column] = column
-    if packed and "inputs_sid" in expressions:
-        del expressions["op_sid"], expressions["inputs_sid"]
-        expressions["op_inputs"] = packed_ids_sql(("op_sid", "inputs_sid"), width)
-    columns = read_op_columns(trace, rank, expressions)
-    if columns is None or ("op_inputs" in columns and (columns["op_inputs"] == NULL_VALUE).any()):
+    (high_frame,), = trace.sql("SELECT MAX(id) FROM frames")
+    width = max(high_sid or 0, high_frame or 0) + 2  # ids below width - 1, and width - 1 for NULL
+    key_columns = list(dict.fromkeys(column for grouping in groupings for column in _GROUP_COLUMNS[grouping]))
+    per_pack = 1
+    while per_pack < len(key_columns) and width ** (per_pack + 1) < PACKED_LIMIT:
+        per_pack += 1
+    packs = [key_columns[start:start + per_pack] for start in range(0, len(key_columns), per_pack)]
+    expressions = {f"pack{index}": packed_ids_sql(pack, width) for index, pack in enumerate(packs)}
+    if durations is None:
+        expressions["dur"] = "COALESCE(dur_ns, 0)"
+    read = read_op_columns(trace, rank, expressions)
+    if read is None or any((read[f"pack{index}"] == NULL_VALUE).any() for index in range(len(packs))):
         return None
-    if "op_inputs" in columns:
-        op_inputs = columns.pop("op_inputs")
-        for column, values in (("op_sid", op_inputs // width), ("inputs_sid", op_inputs % width)):
-            columns[column] = np.where(values == width - 1, NULL_VALUE, values)
-    durations = columns.pop("dur")
-    return _group_rows(columns, groupings, np.where(durations == NULL_VALUE, 0, durations))
+    if durations is None:
+        durations = read["dur"]
+    elif len(durations) != len(read["pack0"]):
+        return None
+    columns: dict[str, np.ndarray] = {}
+    for index, pack in enumerate(packs):
+        for position, column in enumerate(pack):
+            ids = read[f"pack{index}"] // width ** (len(pack) - 1 - position) % width
+            columns[column] = np.where(ids == width - 1, NULL_VALUE, ids)
+    return _group_rows(columns, groupings, durations)
 
 
 def _group_rows(columns: dict[str, np.ndarray], groupings: Sequence[OpGrouping], durations: np.ndarray) -> dict[OpGrouping, list[tuple[Any, ...]]]:
@@ -185,6 +195,7 @@ class OpsRead:
     by_op: list[OpGroup]
     by_op_shapes: list[OpGroup]
     times: OpTimes | None
+    durs_ns: np.ndarray | None = None  # every op's duration (NULL as 0), in file order: `op_groups_by` needs no second read
 
 
 def ops_read(trace: Trace, rank: int) -> OpsRead:
@@ -196,7 +207,7 @@ def ops_read(trace: Trace, rank: int) -> OpsRead:
         return OpsRead(by_op, op_groups(trace, "op_shapes", rank), None)
     key, dur = read.columns["key"], read.columns["dur"]
     rows = _group_rows({"op_sid": read.ids(key, 0), "inputs_sid": read.ids(key, 1)}, ["op_shapes"], dur)["op_shapes"]
-    return OpsRead(by_op, _groups(trace, "op_shapes", rank, rows, None), times_from_columns(trace, rank, read.columns["start"], dur))
+    return OpsRead(by_op, _groups(trace, "op_shapes", rank, rows, None), times_from_columns(trace, rank, read.columns["start"], dur), dur)
 
 
 def _groups(trace: Trace, group_by: OpGrouping, rank: int, rows: Sequence[tuple[Any, ...]], all_ns: int | None) -> list[OpGroup]:
