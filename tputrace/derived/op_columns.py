@@ -1,5 +1,8 @@
 """Columns of a rank's `ops` rows as numpy arrays, in file order, read inside SQLite.
 
+numpy is not a core dependency: `op_ranking` imports this only where numpy is installed (with the
+views), and ranks row by row without it.
+
 Fetching a million rows as Python tuples costs seconds; `group_concat` builds a column's text in
 SQLite's C code and numpy parses it, several times faster, so that views can aggregate millions of
 ops with array operations (`bincount`, `searchsorted`) instead of a Python loop per row. The rows
@@ -82,7 +85,8 @@ def _read_in_parallel(path: Path, query: str, rank: int, firsts: list[int], work
             connection = local.connection = connect_read_only(path)
             with lock:
                 connections.append(connection)
-        return connection.execute(query, (first, first + SLICE_ROWS, rank)).fetchone()
+        row: tuple[Any, ...] = connection.execute(query, (first, first + SLICE_ROWS, rank)).fetchone()
+        return row
 
     try:
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tputrace-columns") as pool:

@@ -130,9 +130,12 @@ def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTabl
 def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None, columns: RankingColumns | None = None) -> OpRanking:
     """The ops of `rank` ranked by host dispatch without nested flushes and compiles, with their chip
     time share on `chip` when given. Computed over columns (`op_ranking_columns`; `columns` when the
-    caller read them already); row by row (`rank_ops_by_rows`) where the columns cannot be read as integers."""
-    from tputrace.derived.op_ranking_columns import op_sums
-
+    caller read them already); row by row (`rank_ops_by_rows`) where numpy is not installed or the
+    columns cannot be read as integers."""
+    try:
+        from tputrace.derived.op_ranking_columns import op_sums
+    except ImportError:  # numpy is installed with the views, not with the core
+        return rank_ops_by_rows(trace, rank, chip)
     sums = op_sums(trace, rank, nested_intervals(trace, rank), chip, TraceTables, PROGRAM_OPS_LABEL, columns)
     if sums is None:
         return rank_ops_by_rows(trace, rank, chip)

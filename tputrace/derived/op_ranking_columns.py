@@ -107,11 +107,12 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
             return (tables.text(sid) if sid != null_sid else program_ops_label) or "?"
 
         if strict:
-            chip_ns = _strict_chip_ns(op_sid, start, dur, columns["chip"], name_of)
+            by_name = _strict_chip_ns(op_sid, start, dur, columns["chip"], name_of)
         else:
-            chip_ns = _fused_chip_ns(trace, rank, chip, tables, key, columns["flush"], width, (sids, op_index), name_of, program_ops_label)
-        if chip_ns is None:
+            by_name = _fused_chip_ns(trace, rank, chip, tables, key, columns["flush"], width, (sids, op_index), name_of, program_ops_label)
+        if by_name is None:
             return None
+        chip_ns = by_name
     return OpSums(
         dict(zip(sid_of, calls.tolist())), dict(zip(sid_of, dispatch.tolist())), dict(zip(sid_of, own.tolist())),
         int(inside.sum()), chip_ns,
