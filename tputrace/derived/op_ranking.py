@@ -136,7 +136,7 @@ def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None, columns: R
         from tputrace.derived.op_ranking_columns import op_sums
     except ImportError:  # numpy is installed with the views, not with the core
         return rank_ops_by_rows(trace, rank, chip)
-    sums = op_sums(trace, rank, nested_intervals(trace, rank), chip, TraceTables, PROGRAM_OPS_LABEL, columns)
+    sums = op_sums(trace, rank, nested_intervals(trace, rank), chip, columns)
     if sums is None:
         return rank_ops_by_rows(trace, rank, chip)
     calls: dict[str, int] = {}

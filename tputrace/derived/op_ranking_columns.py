@@ -16,9 +16,10 @@ import numpy as np
 from tputrace.derived.device_runs import is_strict
 from tputrace.derived.op_columns import NULL_VALUE, dense_codes, packed_ids_sql, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_cost import TargetChip
+from tputrace.derived.op_ranking import PROGRAM_OPS_LABEL
+from tputrace.derived.trace_tables import TraceTables
 
 if TYPE_CHECKING:
-    from tputrace.derived.trace_tables import TraceTables
     from tputrace.store.reader import Trace
 
 PACKED_KEY_LIMIT = 2**62
@@ -80,7 +81,7 @@ def read_ranking_columns(trace: Trace, rank: int, chip: bool) -> RankingColumns 
 
 
 def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: TargetChip | None,
-            tables_for: type[TraceTables] | None, program_ops_label: str, read: RankingColumns | None = None) -> OpSums | None:
+            read: RankingColumns | None = None) -> OpSums | None:
     """The figures `rank_ops` ranks by (from `read` when given, else read here), or None where the
     columns cannot be read as integers or the string ids do not pack (the caller then reads the rows
     one by one)."""
@@ -100,16 +101,16 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
     own = sums_by(op_index, dur - inside, len(sids))
     sid_of = [None if sid == null_sid else sid for sid in sids.tolist()]
     chip_ns: dict[str, float] = {}
-    if chip is not None and tables_for is not None:
-        tables = tables_for(trace)
+    if chip is not None:
+        tables = TraceTables(trace)
 
         def name_of(sid: int) -> str:
-            return (tables.text(sid) if sid != null_sid else program_ops_label) or "?"
+            return (tables.text(sid) if sid != null_sid else PROGRAM_OPS_LABEL) or "?"
 
         if strict:
             by_name = _strict_chip_ns(op_sid, start, dur, columns["chip"], name_of)
         else:
-            by_name = _fused_chip_ns(trace, rank, chip, tables, key, columns["flush"], width, (sids, op_index), name_of, program_ops_label)
+            by_name = _fused_chip_ns(trace, rank, chip, tables, key, columns["flush"], width, (sids, op_index), name_of)
         if by_name is None:
             return None
         chip_ns = by_name
@@ -190,8 +191,7 @@ def _strict_chip_ns(op_sid: np.ndarray, start: np.ndarray, dur: np.ndarray, chip
 
 
 def _fused_chip_ns(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables, key: np.ndarray, flush: np.ndarray,
-                   width: int, op_codes_of: tuple[np.ndarray, np.ndarray], name_of: object,
-                   program_ops_label: str) -> dict[str, float] | None:
+                   width: int, op_codes_of: tuple[np.ndarray, np.ndarray], name_of: object) -> dict[str, float] | None:
     """DeferAndFuse: each execution's measured time shared out among its flush's ops by their roofline
     times (`device_runs._run_with_ops`, `op_cost.make_layout`); executions of a flush without recorded
     ops by their program's fusions (`device_runs._run_with_fusions`)."""
@@ -214,7 +214,7 @@ def _fused_chip_ns(trace: Trace, rank: int, chip: TargetChip, tables: TraceTable
             with_ops.append((position, program_id, held))
             continue
         layout = tables.fusions_layout(chip, program_id)
-        chip_ns[program_ops_label] = chip_ns.get(program_ops_label, 0.0) + float(sum(_durations(held, layout.roofline_ns, layout.total_ns)))
+        chip_ns[PROGRAM_OPS_LABEL] = chip_ns.get(PROGRAM_OPS_LABEL, 0.0) + float(sum(_durations(held, layout.roofline_ns, layout.total_ns)))
     if not with_ops:
         return chip_ns
     # Each op's cost from its shapes, once per distinct (op, inputs, outputs); the ops of each flush together.
