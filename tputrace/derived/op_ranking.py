@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from tputrace.derived.device_runs import ProgramRun, scan_rank
+from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, ProgramRun, scan_rank
 from tputrace.derived.op_cost import TargetChip
 from tputrace.derived.trace_tables import OpBatch, TraceTables
 
@@ -25,7 +25,6 @@ if TYPE_CHECKING:
 
 HOST_DISPATCH_LABEL = "host dispatch (excl. flushes/compiles)"
 CHIP_SHARE_LABEL = "chip time share"
-PROGRAM_OPS_LABEL = "(programs without recorded ops)"
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,7 @@
 """Ops for the TUI: ops grouped by op, op and shapes, source line or module, and one page of the ops in
 a group. Groups of all ops are summed over the ops' columns (`tputrace.derived.op_columns`): a sort
-of every row in SQLite's `GROUP BY` costs more than reading the columns and counting with numpy.
+of every row in SQLite's `GROUP BY` costs more than reading the columns and counting with numpy
+(imported on first use, not before the first paint).
 Filtered aggregates read `ops` in SQL, `NOT INDEXED`: a scan beats walking the `op_sid` index and
 looking up every row."""
 
@@ -10,17 +11,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
-from tputrace.derived.op_columns import NULL_VALUE, dense_codes, packed_ids_sql, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_ranking import rank_ops
-from tputrace.derived.op_ranking_columns import RankingColumns, read_ranking_columns
 from tputrace.store.aggregates import rank_filter
 from tputrace.store.records import SourceLocation
 from tputrace.tui.queries.timeline import OpTimes, times_from_columns
 
 if TYPE_CHECKING:
+    import numpy as np
+
+    from tputrace.derived.op_ranking_columns import RankingColumns
     from tputrace.store.reader import Trace
 
 OpGrouping = Literal["op", "op_shapes", "source", "module"]
@@ -139,6 +139,10 @@ def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int,
     """`op_groups`' rows (key columns, count, total ns) per grouping, biggest total first, at most
     `MAX_GROUPS`, summed over the ops' columns; None where they cannot be read as integers. The key
     columns (string and frame ids) are read packed, as many in one number as fit."""
+    import numpy as np
+
+    from tputrace.derived.op_columns import NULL_VALUE, packed_ids_sql, read_op_columns
+
     (high_sid,), = trace.sql("SELECT MAX(id) FROM strings")
     (high_frame,), = trace.sql("SELECT MAX(id) FROM frames")
     width = max(high_sid or 0, high_frame or 0) + 2  # ids below width - 1, and width - 1 for NULL
@@ -168,6 +172,10 @@ def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int,
 def _group_rows(columns: dict[str, np.ndarray], groupings: Sequence[OpGrouping], durations: np.ndarray) -> dict[OpGrouping, list[tuple[Any, ...]]]:
     """Per grouping, the rows SQL's `GROUP BY` of its key columns would give: key values (NULL as None),
     count and total ns, biggest total first (ties: first seen), at most `MAX_GROUPS`."""
+    import numpy as np
+
+    from tputrace.derived.op_columns import NULL_VALUE, dense_codes, pair_codes, sums_by
+
     codes = {column: dense_codes(values)[1] for column, values in columns.items()}
     rows_by: dict[OpGrouping, list[tuple[Any, ...]]] = {}
     for grouping in groupings:
@@ -201,6 +209,8 @@ class OpsRead:
 def ops_read(trace: Trace, rank: int) -> OpsRead:
     """The Ops view's first two groupings and the Timeline's op times from one read of the ops' columns
     (`tputrace.derived.op_ranking_columns.read_ranking_columns`)."""
+    from tputrace.derived.op_ranking_columns import read_ranking_columns
+
     read = read_ranking_columns(trace, rank, chip=True)
     by_op = ranked_op_groups(trace, rank, columns=read)
     if read is None:

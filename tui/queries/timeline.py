@@ -1,7 +1,7 @@
 """The timeline for the TUI: how busy each lane is in each column of a window, bucketed to the lanes'
 width, and the longest events in the window.
 
-Lanes of indexed tables are bucketed in SQL. The ops have no time index (it would cost too much of a
+Lanes of indexed tables are bucketed in SQL. numpy is imported on first use, not before the first paint. The ops have no time index (it would cost too much of a
 trace's size), so the dispatch lane reads every op's start and duration once (`op_times`, kept by the
 caller for the next windows) and buckets a window's ops with numpy: a window then costs a few passes
 over arrays instead of a scan of the table.
@@ -13,14 +13,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-import numpy as np
-
 from tputrace.derived.lanes import LANE_TABLES, Lane
-from tputrace.derived.op_columns import NULL_VALUE, read_op_columns, sums_by
 from tputrace.derived.text import shown
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from tputrace.store.reader import Trace
 
 HOST_LANES: tuple[tuple[str, str], ...] = (
@@ -76,6 +75,8 @@ class OpTimes:
     def overlapping(self, start_ns: int, end_ns: int) -> np.ndarray:
         """Indexes of the ops that overlap [start_ns, end_ns] as the SQL lanes count it (start before the
         end, finish at or after the start)."""
+        import numpy as np
+
         return np.flatnonzero((self.starts_ns < end_ns) & (self.starts_ns + self.durs_ns >= start_ns))
 
     def rowids_of(self, indexes: np.ndarray) -> list[int]:
@@ -85,12 +86,16 @@ class OpTimes:
 def op_times(trace: Trace, rank: int) -> OpTimes | None:
     """The ops' times for `timeline_lanes` and `window_events` (None where the columns are not all integers:
     those then scan the table)."""
+    from tputrace.derived.op_columns import read_op_columns
+
     columns = read_op_columns(trace, rank, {"start": "start_ns", "dur": "COALESCE(dur_ns, 0)"})
     return None if columns is None else times_from_columns(trace, rank, columns["start"], columns["dur"])
 
 
 def times_from_columns(trace: Trace, rank: int, starts_ns: np.ndarray, durs_ns: np.ndarray) -> OpTimes | None:
     """`OpTimes` from the rank's start (NULL as `NULL_VALUE`) and duration (NULL as 0) columns, read in file order."""
+    from tputrace.derived.op_columns import NULL_VALUE, read_op_columns
+
     (low,), = trace.sql("SELECT MIN(rowid) FROM ops")
     (high,), = trace.sql("SELECT MAX(rowid) FROM ops")
     timed = starts_ns != NULL_VALUE
@@ -104,6 +109,10 @@ def times_from_columns(trace: Trace, rank: int, starts_ns: np.ndarray, durs_ns: 
 
 def _dispatch_buckets(times: OpTimes, start_ns: int, end_ns: int, bucket_ns: int) -> list[tuple[int, int, int]]:
     """The dispatch lane's (bucket, busy ns, count) rows, as the SQL of `timeline_lanes` groups them."""
+    import numpy as np
+
+    from tputrace.derived.op_columns import sums_by
+
     inside = times.overlapping(start_ns, end_ns)
     if len(inside) == len(times.starts_ns):  # the whole run: no copies
         starts, finishes = times.starts_ns, times.starts_ns + times.durs_ns
@@ -187,6 +196,8 @@ def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit:
     events = []
     for lane, (select, label_kind) in queries.items():
         if lane == "dispatch" and times is not None:
+            import numpy as np
+
             inside = times.overlapping(start_ns, end_ns)
             durations = times.durs_ns[inside]
             if 0 < limit < len(inside):  # the ops at least as long as the limit-th longest, then those in order
