@@ -27,12 +27,41 @@ Row = tuple[str, Sequence[RenderableType | str]]
 WIDTH_SAMPLE_ROWS = 5000
 """Column widths are measured over at most this many rows."""
 
+MIN_TEXT_WIDTH = 8
+"""A text column narrowed to fit the table's width keeps at least this many cells (and its label's width)."""
+
 
 def cell_width(cell: Any) -> int:
     """The width in cells of a table cell's first line."""
     if isinstance(cell, Text):
         return max((cell_len(line) for line in cell.plain.splitlines()), default=0)
     return cell_len(str(cell)) if cell is not None else 0
+
+
+def is_text_cell(cell: Any) -> bool:
+    """Whether a cell is left-aligned text, which may end in `…` when its column is narrowed (numbers are
+    right-aligned, and never narrowed)."""
+    return isinstance(cell, str) or (isinstance(cell, Text) and cell.justify != "right")
+
+
+def fitted_widths(natural: Sequence[int], minimums: Sequence[int], narrowable: Sequence[bool], budget: int) -> list[int]:
+    """Column widths within `budget` cells: the narrowable columns are capped at one width (the widest
+    cut first, none below its minimum); the others keep their natural width."""
+    widths = list(natural)
+    if sum(widths) <= budget or not any(narrowable):
+        return widths
+
+    def total(cap: int) -> int:
+        return sum(max(min(width, cap), low) if narrow else width for width, low, narrow in zip(natural, minimums, narrowable))
+
+    low_cap, high_cap = 0, max(width for width, narrow in zip(natural, narrowable) if narrow)
+    while low_cap < high_cap:  # the largest cap that fits (or the smallest, when none does)
+        middle = (low_cap + high_cap + 1) // 2
+        if total(middle) <= budget:
+            low_cap = middle
+        else:
+            high_cap = middle - 1
+    return [max(min(width, low_cap), low) if narrow else width for width, low, narrow in zip(natural, minimums, narrowable)]
 
 
 def literal(value: Any) -> RenderableType:
@@ -43,7 +72,13 @@ def literal(value: Any) -> RenderableType:
 
 
 class TraceTable(DataTable, inherit_bindings=False):
-    """A row-cursor table that shows rows a page at a time.
+    """A row-cursor table that shows rows a page at a time, as wide as the space it has.
+
+    Columns are as wide as their label and widest cell. When they are wider together than the table,
+    its text columns are narrowed, the widest first, and their cells end in `…` (the detail panes and
+    the Source view show them whole); numbers and bars are never narrowed, so that no number is cut
+    and no horizontal scrollbar appears mid-view. `fit_width=False` keeps natural widths and scrolls
+    (the Source view's code).
 
     `show(rows, more=...)` replaces the rows; the first page is added at once and the next page when
     the cursor nears the end. When the rows given are exhausted and `more` was True, the table posts
@@ -75,9 +110,13 @@ class TraceTable(DataTable, inherit_bindings=False):
         def control(self) -> TraceTable:
             return self.table
 
-    def __init__(self, *columns: str | tuple[str, str], page_size: int = 100, max_column_width: int = 80, **kwargs: Any) -> None:
+    def __init__(self, *columns: str | tuple[str, str], page_size: int = 100, max_column_width: int = 80, fit_width: bool = True,
+                 **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.max_column_width = max_column_width
+        self.fit_width = fit_width
+        self._natural_widths: list[int] = []
+        self._narrowable: list[bool] = []
         self._column_specs = columns
         self.page_size = page_size
         self._waiting: list[Row] = []
@@ -90,19 +129,54 @@ class TraceTable(DataTable, inherit_bindings=False):
         self._add_columns([])
 
     def _add_columns(self, rows: Sequence[Row]) -> None:
-        """(Re)create the columns, each as wide as its label and widest cell among `rows`.
+        """(Re)create the columns, each as wide as its label and widest cell among `rows`, then fit them.
 
         Widths are set here rather than measured by DataTable when idle: that measurement does
         not invalidate rows already rendered, which could leave cells cropped to the label's width.
         """
         widths = [0] * len(self._column_specs)
+        texts = [True] * len(self._column_specs)
         for _, cells in rows[:WIDTH_SAMPLE_ROWS]:
             for index, cell in enumerate(cells[: len(widths)]):
                 widths[index] = max(widths[index], cell_width(cell))
+                texts[index] = texts[index] and is_text_cell(cell)
+        self._natural_widths, self._narrowable = [], []
         for index, spec in enumerate(self._column_specs):
             label, key = spec if isinstance(spec, tuple) else (spec, spec)
-            width = min(max(widths[index], len(label)), self.max_column_width)
+            width = min(max(widths[index], cell_len(label)), self.max_column_width)
+            self._natural_widths.append(width)
+            self._narrowable.append(texts[index] and key != "bar")
             self.add_column(Text(label), key=key, width=width)
+        self._fit_columns()
+
+    def _fit_columns(self) -> None:
+        """Narrow the text columns so that the columns fit the table's width (or widen them back)."""
+        if not self.fit_width or not self._natural_widths or len(self.columns) != len(self._natural_widths):
+            return
+        available = self.scrollable_content_region.width
+        if available <= 0:
+            return
+        if not self.show_vertical_scrollbar and self.row_count + self.header_height > self.scrollable_content_region.height:
+            available -= self.styles.scrollbar_size_vertical  # the scrollbar the rows will need
+        labels = [cell_len(str(column.label)) for column in self.columns.values()]
+        minimums = [min(natural, max(label, MIN_TEXT_WIDTH)) for natural, label in zip(self._natural_widths, labels)]
+        padding = 2 * self.cell_padding * len(self._natural_widths)
+        widths = fitted_widths(self._natural_widths, minimums, self._narrowable, available - padding)
+        self._set_widths(widths)
+        # Fitted, the table needs no horizontal scrollbar; saying so also makes Textual look at its scrollbars again
+        # (it does not when only the columns' width changes).
+        self.styles.overflow_x = "hidden" if sum(widths) + padding <= available else "auto"
+
+    def _set_widths(self, widths: Sequence[int]) -> None:
+        columns = list(self.columns.values())
+        if [column.width for column in columns] == list(widths):
+            return
+        for column, width in zip(columns, widths):
+            column.width = width
+        # DataTable has no public way to resize a column: drop its rendered cells and let it measure again.
+        self._clear_caches()
+        self._require_update_dimensions = True
+        self.refresh()
 
     def show(self, rows: Sequence[Row], *, more: bool = False, columns: Sequence[str | tuple[str, str]] | None = None) -> None:
         """Replace the rows (and the columns, if given); `more` says the view can fetch rows past these."""
@@ -148,8 +222,8 @@ class TraceTable(DataTable, inherit_bindings=False):
         self.loaded += len(page)
 
     def _fitted(self, cell: RenderableType) -> RenderableType:
-        """Text wider than the widest column ends in `…` rather than being cut without a sign."""
-        if isinstance(cell, Text) and cell_width(cell) > self.max_column_width:
+        """Text ends in `…` where its column is too narrow for it, rather than being cut without a sign."""
+        if isinstance(cell, Text) and cell.justify != "right" and (not cell.no_wrap or cell.overflow != "ellipsis"):
             fitted = cell.copy()
             fitted.no_wrap = True
             fitted.overflow = "ellipsis"
@@ -159,17 +233,21 @@ class TraceTable(DataTable, inherit_bindings=False):
     def _widen_for(self, page: Sequence[Row]) -> None:
         """Widen the columns whose cells in `page` (rows fetched after the widths were set) are wider,
         so that no number is cut ("1,62" for 1,622)."""
-        columns = list(self.columns.values())
         widened = False
         for _, cells in page:
-            for column, cell in zip(columns, cells):
+            for index, cell in enumerate(cells[: len(self._natural_widths)]):
                 needed = min(cell_width(cell), self.max_column_width)
-                if needed > column.width:
-                    column.width = needed
+                if needed > self._natural_widths[index]:
+                    self._natural_widths[index] = needed
+                    widened = True
+                if self._narrowable[index] and not is_text_cell(cell):
+                    self._narrowable[index] = False
                     widened = True
         if widened:
-            self._require_update_dimensions = True
-            self.refresh()
+            if self.fit_width:
+                self._fit_columns()
+            else:
+                self._set_widths(self._natural_widths)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         # Handled here and still bubbling to the view.
@@ -196,6 +274,7 @@ class TraceTable(DataTable, inherit_bindings=False):
         self.scroll_to(y=max(row - self.scrollable_content_region.height // 2, 0), animate=False, immediate=True)
 
     def on_resize(self) -> None:
+        self._fit_columns()
         if self._centred_row is not None:
             self.call_after_refresh(self._scroll_to_centre)
 
