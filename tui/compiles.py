@@ -41,7 +41,8 @@ class CompilesView(TraceView):
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="compiles-status", classes="status")
         yield TraceTable(("#", "id"), ("step", "step"), (START_LABEL, "start"), ("compile time", "dur"), ("kind", "kind"),
-                         ("reason", "reason"), ("what", "name"), ("what changed", "diff"), page_size=PAGE, id="compiles-table")
+                         ("reason", "reason"), ("what", "name"), ("what changed", "diff"), page_size=PAGE,
+                         optional=("start", "kind"), id="compiles-table")
         with VerticalScroll(id="compiles-detail-scroll"):
             yield Static(Text(""), id="compiles-detail")
         yield Static(Text("Per call site", style="bold"), classes="heading")

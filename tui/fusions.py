@@ -48,7 +48,7 @@ class FusionsView(TraceView):
         yield Static(Text(""), id="fusions-triggers")
         yield TraceTable(("#", "id"), ("step", "step"), (START_LABEL, "start"), (FLUSH_TIME_LABEL, "dur"), ("trigger", "trigger"),
                          ("ops", "ops"), ("cache", "cache"), ("in", "in"), ("out", "out"), ("program", "program"),
-                         ("line", "source"), page_size=PAGE, id="fusions-flushes")
+                         ("line", "source"), page_size=PAGE, optional=("out", "in", "start"), id="fusions-flushes")
         with Horizontal(id="fusions-inside"):
             with Vertical(id="fusions-ops-pane"):
                 yield Static(Text("Ops in the flush", style="bold"), id="fusions-ops-title", classes="heading")

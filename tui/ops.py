@@ -59,8 +59,8 @@ class OpsView(TraceView):
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="ops-status", classes="status")
         yield Input(placeholder="filter (literal text; Enter keeps it, Escape clears it)", id="ops-filter")
-        yield TraceTable(("op", "label"), *GROUP_COLUMNS, id="ops-groups")
-        yield TraceTable(*INSTANCE_COLUMNS, page_size=INSTANCE_PAGE, id="ops-instances")
+        yield TraceTable(("op", "label"), *GROUP_COLUMNS, optional=("bar", "mean"), id="ops-groups")
+        yield TraceTable(*INSTANCE_COLUMNS, page_size=INSTANCE_PAGE, optional=("outputs", "module", "start"), id="ops-instances")
 
     def primary(self) -> Widget | None:
         return self.query_one("#ops-instances" if self.drilled else "#ops-groups")

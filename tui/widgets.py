@@ -77,8 +77,9 @@ class TraceTable(DataTable, inherit_bindings=False):
     Columns are as wide as their label and widest cell. When they are wider together than the table,
     its text columns are narrowed, the widest first, and their cells end in `…` (the detail panes and
     the Source view show them whole); numbers and bars are never narrowed, so that no number is cut
-    and no horizontal scrollbar appears mid-view. `fit_width=False` keeps natural widths and scrolls
-    (the Source view's code).
+    and no horizontal scrollbar appears mid-view. Where even that is too wide, the `optional` columns
+    (keys, the first given first) are left out until the rest fit. `fit_width=False` keeps natural widths
+    and scrolls (the Source view's code).
 
     `show(rows, more=...)` replaces the rows; the first page is added at once and the next page when
     the cursor nears the end. When the rows given are exhausted and `more` was True, the table posts
@@ -111,12 +112,17 @@ class TraceTable(DataTable, inherit_bindings=False):
             return self.table
 
     def __init__(self, *columns: str | tuple[str, str], page_size: int = 100, max_column_width: int = 80, fit_width: bool = True,
-                 **kwargs: Any) -> None:
+                 optional: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.max_column_width = max_column_width
         self.fit_width = fit_width
+        self.optional = tuple(optional)
+        # Per column given (shown or not): its natural width, whether it may be narrowed, its minimum width.
         self._natural_widths: list[int] = []
         self._narrowable: list[bool] = []
+        self._minimums: list[int] = []
+        self._shown: list[int] = []  # the indices of the columns on show
+        self._all_rows: list[Row] = []  # every row given (added or waiting), to add again when columns are left out
         self._column_specs = columns
         self.page_size = page_size
         self._waiting: list[Row] = []
@@ -140,32 +146,73 @@ class TraceTable(DataTable, inherit_bindings=False):
             for index, cell in enumerate(cells[: len(widths)]):
                 widths[index] = max(widths[index], cell_width(cell))
                 texts[index] = texts[index] and is_text_cell(cell)
-        self._natural_widths, self._narrowable = [], []
+        self._natural_widths, self._narrowable, self._minimums = [], [], []
         for index, spec in enumerate(self._column_specs):
             label, key = spec if isinstance(spec, tuple) else (spec, spec)
             width = min(max(widths[index], cell_len(label)), self.max_column_width)
             self._natural_widths.append(width)
             self._narrowable.append(texts[index] and key != "bar")
-            self.add_column(Text(label), key=key, width=width)
+            self._minimums.append(min(width, max(cell_len(label), MIN_TEXT_WIDTH)) if self._narrowable[-1] else width)
+        self._shown = self._columns_to_show()
+        for index in self._shown:
+            spec = self._column_specs[index]
+            label, key = spec if isinstance(spec, tuple) else (spec, spec)
+            self.add_column(Text(label), key=key, width=self._natural_widths[index])
         self._fit_columns()
 
-    def _fit_columns(self) -> None:
-        """Narrow the text columns so that the columns fit the table's width (or widen them back)."""
-        if not self.fit_width or not self._natural_widths or len(self.columns) != len(self._natural_widths):
-            return
+    def _available_width(self) -> int:
+        """The cells the columns may take (0 before the table is laid out)."""
         available = self.scrollable_content_region.width
+        if available > 0 and not self.show_vertical_scrollbar and self.row_count + self.header_height > self.scrollable_content_region.height:
+            available -= self.styles.scrollbar_size_vertical  # the scrollbar the rows will need
+        return available
+
+    def _columns_to_show(self) -> list[int]:
+        """Every column, less the optional ones (in their order) while the rest cannot fit at their minimum widths."""
+        shown = list(range(len(self._column_specs)))
+        available = self._available_width()
+        if not self.fit_width or not self.optional or available <= 0:
+            return shown
+        keys = [spec[1] if isinstance(spec, tuple) else spec for spec in self._column_specs]
+        for key in self.optional:
+            if sum(self._minimums[index] + 2 * self.cell_padding for index in shown) <= available:
+                break
+            if key in keys:
+                shown.remove(keys.index(key))
+        return shown
+
+    def _fit_columns(self) -> None:
+        """Narrow the text columns so that the columns fit the table's width (or widen them back), leaving out
+        optional columns (or bringing them back) first when needed."""
+        if not self.fit_width or len(self.columns) != len(self._shown):
+            return
+        available = self._available_width()
         if available <= 0:
             return
-        if not self.show_vertical_scrollbar and self.row_count + self.header_height > self.scrollable_content_region.height:
-            available -= self.styles.scrollbar_size_vertical  # the scrollbar the rows will need
-        labels = [cell_len(str(column.label)) for column in self.columns.values()]
-        minimums = [min(natural, max(label, MIN_TEXT_WIDTH)) for natural, label in zip(self._natural_widths, labels)]
-        padding = 2 * self.cell_padding * len(self._natural_widths)
-        widths = fitted_widths(self._natural_widths, minimums, self._narrowable, available - padding)
+        if self._columns_to_show() != self._shown:
+            self._rebuild()
+            return
+        natural = [self._natural_widths[index] for index in self._shown]
+        padding = 2 * self.cell_padding * len(self._shown)
+        widths = fitted_widths(natural, [self._minimums[index] for index in self._shown],
+                               [self._narrowable[index] for index in self._shown], available - padding)
         self._set_widths(widths)
         # Fitted, the table needs no horizontal scrollbar; saying so also makes Textual look at its scrollbars again
         # (it does not when only the columns' width changes).
         self.styles.overflow_x = "hidden" if sum(widths) + padding <= available else "auto"
+
+    def _rebuild(self) -> None:
+        """Recreate the columns (another set of them fits now) and add again the rows already added."""
+        cursor_row, added = self.cursor_row, self._all_rows[: self.loaded]
+        self.clear(columns=True)
+        self._add_columns(self._all_rows)
+        for key, cells in added:
+            self.add_row(*self._shown_cells(cells), key=key)
+        if added:
+            self.move_cursor(row=min(cursor_row, len(added) - 1), animate=False)
+
+    def _shown_cells(self, cells: Sequence[RenderableType | str]) -> list[RenderableType]:
+        return [self._fitted(literal(cells[index])) if index < len(cells) else Text("") for index in self._shown]
 
     def _set_widths(self, widths: Sequence[int]) -> None:
         columns = list(self.columns.values())
@@ -183,6 +230,7 @@ class TraceTable(DataTable, inherit_bindings=False):
         self.clear(columns=True)
         if columns is not None:
             self._column_specs = tuple(columns)
+        self._all_rows = list(rows)
         self._add_columns(rows)
         self.loaded = 0
         self._waiting = list(rows)
@@ -192,6 +240,7 @@ class TraceTable(DataTable, inherit_bindings=False):
 
     def extend(self, rows: Sequence[Row], *, more: bool) -> None:
         """Add rows fetched after a `NeedMore`."""
+        self._all_rows.extend(rows)
         self._waiting.extend(rows)
         self._more = more
         self._requested = False
@@ -218,7 +267,7 @@ class TraceTable(DataTable, inherit_bindings=False):
         page, self._waiting = self._waiting[: self.page_size], self._waiting[self.page_size:]
         self._widen_for(page)
         for key, cells in page:
-            self.add_row(*(self._fitted(literal(cell)) for cell in cells), key=key)
+            self.add_row(*self._shown_cells(cells), key=key)
         self.loaded += len(page)
 
     def _fitted(self, cell: RenderableType) -> RenderableType:
@@ -244,10 +293,13 @@ class TraceTable(DataTable, inherit_bindings=False):
                     self._narrowable[index] = False
                     widened = True
         if widened:
+            for index, narrowable in enumerate(self._narrowable):
+                if not narrowable:
+                    self._minimums[index] = self._natural_widths[index]
             if self.fit_width:
                 self._fit_columns()
             else:
-                self._set_widths(self._natural_widths)
+                self._set_widths([self._natural_widths[index] for index in self._shown])
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         # Handled here and still bubbling to the view.

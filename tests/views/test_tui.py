@@ -1047,8 +1047,7 @@ def test_fusions_side_tables_are_divided_when_wide_and_stacked_below_with_no_scr
         view = app.view("fusions")
         assert view.has_class("-stacked")
         for table in view.query("TraceTable"):
-            if width >= 100:
-                assert not table.show_horizontal_scrollbar, table.id  # the columns fit: no scrollbar across the view
+            assert not table.show_horizontal_scrollbar, table.id  # the columns fit: no scrollbar across the view
             if table.show_vertical_scrollbar:
                 assert table.region.right == width, table.id  # at the screen's edge, not mid-view
         ops_title = app.query_one("#fusions-ops-title")
@@ -1128,7 +1127,7 @@ def test_no_number_is_cut_and_tables_fit_at_100_and_80_columns() -> None:
                             assert len(cell.plain) <= column.width, (table.id, str(column.label), cell.plain)
                 for column in columns:
                     assert len(str(column.label)) <= column.width, (table.id, str(column.label))  # no header is cut
-                if table.fit_width and app.size.width >= 100:  # at 80, a few tables have more numbers than fit
+                if table.fit_width:
                     total = sum(column.get_render_width(table) for column in columns)
                     assert total <= table.scrollable_content_region.width, (table.id, total)
                     assert not table.show_horizontal_scrollbar, table.id
@@ -1175,3 +1174,21 @@ def test_the_step_chart_names_its_clipped_steps() -> None:
         assert "c: the step compiled" in text
 
     run_app(scenario, size=(100, 40))
+
+
+def test_narrow_tables_leave_out_optional_columns_and_bring_them_back_when_wider() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "5")
+        table = app.query_one("#fusions-flushes")
+        keys = [str(key.value) for key in table.columns]
+        assert "in" not in keys and "out" not in keys and {"dur", "ops", "trigger"} <= set(keys)  # the host time, ops and trigger stay
+        await press(pilot, "down", "down")
+        flush = app.view("fusions").flushes[2]
+        await pilot.resize_terminal(150, 36)
+        await settle(pilot)
+        assert {"in", "out", "start"} <= {str(key.value) for key in table.columns}
+        assert table.cursor_row == 2 and rows_by_key(app, "#fusions-flushes")[2]["in"] == fmt_bytes(flush.input_bytes)
+        assert table.row_count == len(app.view("fusions").flushes)
+
+    run_app(scenario, size=(80, 36))
