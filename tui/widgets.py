@@ -163,7 +163,8 @@ class TraceTable(DataTable, inherit_bindings=False):
     def _available_width(self) -> int:
         """The cells the columns may take (0 before the table is laid out)."""
         available = self.scrollable_content_region.width
-        if available > 0 and not self.show_vertical_scrollbar and self.row_count + self.header_height > self.scrollable_content_region.height:
+        rows = max(self.row_count, len(self._all_rows))  # the rows given, also while they are being added again
+        if available > 0 and not self.show_vertical_scrollbar and rows + self.header_height > self.scrollable_content_region.height:
             available -= self.styles.scrollbar_size_vertical  # the scrollbar the rows will need
         return available
 
