@@ -25,6 +25,7 @@ from rich.text import Span, Text
 from textual.app import SuspendNotSupported
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from tputrace.source_digests import SourceDigest, digest_bytes
@@ -133,6 +134,7 @@ class SourceView(TraceView):
         self.file: queries.FileStat | None = None
         self.source: SourceText | None = None
         self.row_lines: list[int] = []
+        self._plain_row: tuple[int, Text] | None = None  # the cursor row and its highlighted code, while it shows plain code
         self._target: tuple[str, int] | None = None
 
     def compose(self) -> ComposeResult:
@@ -203,6 +205,7 @@ class SourceView(TraceView):
         if self.file is None or source.recorded != self.file.file:
             return
         self.source = source
+        self._plain_row = None  # the rows are replaced
         stats = self.file.lines
         if source.lines:
             self.row_lines = list(range(1, len(source.lines) + 1))
@@ -255,6 +258,26 @@ class SourceView(TraceView):
             stat = self.files[int(event.row_key.value)]
             if stat is not self.file:
                 self._open_file(stat)
+        elif event.data_table.id == "source-code":
+            self._plain_cursor_line(event.cursor_row)
+
+    def _plain_cursor_line(self, row: int) -> None:
+        """Draw the cursor row's code in the cursor's own colours: a token coloured like the highlight (the
+        terminal theme's magenta `not` on its magenta cursor) would vanish into it. The row left gets its
+        syntax colours back."""
+        table = self.query_one("#source-code", TraceTable)
+        column = table.get_column_index("code")
+        if self._plain_row is not None:
+            index, highlighted = self._plain_row
+            self._plain_row = None
+            if index < table.row_count:
+                table.update_cell_at(Coordinate(index, column), highlighted)
+        if not 0 <= row < table.row_count:
+            return
+        code = table.get_cell_at(Coordinate(row, column))
+        if isinstance(code, Text) and (code.spans or code.style):
+            self._plain_row = (row, code)
+            table.update_cell_at(Coordinate(row, column), Text(code.plain, no_wrap=True, overflow="ellipsis"))
 
     def action_focus_files(self) -> None:
         self.query_one("#source-files").focus()

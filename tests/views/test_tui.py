@@ -1192,3 +1192,26 @@ def test_narrow_tables_leave_out_optional_columns_and_bring_them_back_when_wider
         assert table.row_count == len(app.view("fusions").flushes)
 
     run_app(scenario, size=(80, 36))
+
+
+def test_the_source_cursor_row_drops_its_syntax_colours_so_no_token_vanishes_into_the_highlight() -> None:
+    from textual.coordinate import Coordinate
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "8")
+        table = app.query_one("#source-code")
+        column = table.get_column_index("code")
+        source = app.view("source")
+        coloured = next(index for index, line in enumerate(source.row_lines) if line == 40)  # print('argmax', ...): coloured tokens
+        before = table.get_cell_at(Coordinate(coloured, column))
+        assert before.spans
+        table.move_cursor(row=coloured, animate=False)
+        await settle(pilot)
+        on_cursor = table.get_cell_at(Coordinate(coloured, column))
+        assert on_cursor.plain == before.plain and not on_cursor.spans and not on_cursor.style
+        table.move_cursor(row=coloured + 1, animate=False)
+        await settle(pilot)
+        assert table.get_cell_at(Coordinate(coloured, column)).spans == before.spans  # colours back once the cursor leaves
+
+    run_app(scenario)
