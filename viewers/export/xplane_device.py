@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from tputrace.derived.device_runs import OpKey, ProgramRun
 from tputrace.derived.op_cost import ATTENTION_MARK, MATMUL_OPS, TIME_ESTIMATE_NOTE, TargetChip, aten_base_name
@@ -80,13 +81,13 @@ def _count(value: float | None) -> int | None:
 class DevicePlanes:
     """The `/device:TPU:<n>` planes of one rank: Steps, XLA Modules and XLA Ops lines per chip."""
 
-    def __init__(self, space: Any, tables: TraceTables, chips: Sequence[int], chip: TargetChip) -> None:
+    def __init__(self, tables: TraceTables, chips: Sequence[int], chip: TargetChip, spill_folder: Path) -> None:
         self.tables = tables
         self.builders: dict[int, PlaneBuilder] = {}
         self.lines: dict[int, tuple[Line, Line, Line]] = {}
         self._layout_metadata: dict[tuple[int, int], list[int]] = {}  # (chip, layout) -> its ops' metadata ids
         for chip_index in chips:
-            builder = self.builders[chip_index] = PlaneBuilder(space.planes.add(), chip_index, f"{DEVICE_PLANE_PREFIX}{chip_index}")
+            builder = self.builders[chip_index] = PlaneBuilder(chip_index, f"{DEVICE_PLANE_PREFIX}{chip_index}", spill_folder)
             builder.add_stats(builder.plane.stats, (
                 ("device_type_string", chip.device_type),
                 ("peak_teraflops_per_second", chip.peak_teraflops_per_second),
@@ -139,9 +140,8 @@ class DevicePlanes:
                         metadata_ids[index] = _add_op_metadata(builder, self.tables, run, index)
             if run.layout is not None:
                 remember(self._layout_metadata, layout_key, metadata_ids)
-        ops.metadata_ids.extend(metadata_ids)
-        ops.offsets_ps.extend([int(start * PS_PER_NS + 0.5) for start in run.op_starts_ns])
-        ops.durations_ps.extend([int(duration * PS_PER_NS + 0.5) for duration in run.op_durs_ns])
+        ops.extend(metadata_ids, [int(start * PS_PER_NS + 0.5) for start in run.op_starts_ns],
+                   [int(duration * PS_PER_NS + 0.5) for duration in run.op_durs_ns])
 
     def add_steps(self, steps: Iterable[tuple[int, int, int | None]]) -> None:
         for step, start_ns, end_ns in steps:
@@ -152,8 +152,9 @@ class DevicePlanes:
                 self.lines[chip_index][0].add(metadata_id, start_ns * PS_PER_NS, max(end_ns - start_ns, 0) * PS_PER_NS,
                                               (("group_id", step), ("step_num", step)))
 
-    def serialize(self, timestamp_ns: int) -> list[list[bytes]]:
-        return [builder.serialize(timestamp_ns, keep_empty_lines=True) for builder in self.builders.values()]
+    def write(self, file: BinaryIO, timestamp_ns: int) -> None:
+        for builder in self.builders.values():
+            builder.write(file, timestamp_ns, keep_empty_lines=True)
 
 
 def _add_op_metadata(builder: PlaneBuilder, tables: TraceTables, run: ProgramRun, index: int) -> int:
