@@ -15,7 +15,7 @@ import pytest
 
 import tputrace
 from tputrace import xplane_proto
-from tputrace.viewers.export import xplane_builder, xplane_line
+from tputrace.viewers.export import xplane_builder, xplane_device, xplane_line
 from tputrace.viewers.export.xplane import export_tensorboard
 from tputrace.viewers.export.xplane_line import Line, Ref
 
@@ -49,11 +49,14 @@ def _export(trace_name: str, folder: Path) -> dict[str, bytes]:
 @pytest.fixture(params=["default", "tiny"])
 def chunks(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """`tiny` chunks make every line spill, merge many sorted chunks, and drop spilled events when
-    interleaved flushes restart the scan; event metadata go to their file a few at a time."""
+    interleaved flushes restart the scan; event metadata go to their file a few at a time, and the
+    caches of encoded stats and op descriptions start again every few entries."""
     if request.param == "tiny":
         monkeypatch.setattr(xplane_line, "CHUNK_EVENTS", 5)
         monkeypatch.setattr(xplane_line, "MERGE_EVENTS", 7)
         monkeypatch.setattr(xplane_builder, "METADATA_BUFFER_BYTES", 100)
+        monkeypatch.setattr(xplane_builder, "MAX_CACHED_STATS", 3)
+        monkeypatch.setattr(xplane_device, "MAX_CACHED_DESCRIPTIONS", 2)
     return str(request.param)
 
 

@@ -19,6 +19,7 @@ __all__ = ["PS_PER_NS", "Line", "PlaneBuilder", "Ref", "Stats"]
 
 PS_PER_NS = 1000
 METADATA_BUFFER_BYTES = 1 << 20
+MAX_CACHED_STATS = 1 << 14
 
 
 class PlaneBuilder:
@@ -39,7 +40,8 @@ class PlaneBuilder:
         self._event_metadata_path = spill_folder / f"plane{plane_id}.metadata"
         self._event_metadata_size = 0
         # Encoded stats of metadata: the `metadata_id` field of each stat name, and whole stats whose
-        # value (a string, mostly) many metadata repeat.
+        # value (a string, mostly) many metadata repeat, up to `MAX_CACHED_STATS` of them (then the
+        # cache starts again: a trace whose ops seldom repeat would otherwise hold a few per op).
         self._stat_heads: dict[str, bytes] = {}
         self._encoded_stats: dict[tuple[str, type, Any], bytes] = {}
         # An op's name and encoded stats besides its costs (see `xplane_device`), by what identifies it.
@@ -116,6 +118,8 @@ class PlaneBuilder:
             if stat_bytes is None:
                 stat_bytes = xplane_proto.encode_stat(self.stat_id(stat), value, self.stat_id(value.text) if kind is Ref else None)
                 if kind is str or kind is Ref or kind is bool:
+                    if len(cache) >= MAX_CACHED_STATS:
+                        cache.clear()
                     cache[cache_key] = stat_bytes
             encoded.append(stat_bytes)
         return encoded

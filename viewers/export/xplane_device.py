@@ -18,6 +18,7 @@ from tputrace import xplane_proto
 from tputrace.viewers.export.xplane_builder import PS_PER_NS, Line, PlaneBuilder, Ref
 
 DEVICE_PLANE_PREFIX = "/device:TPU:"
+MAX_CACHED_DESCRIPTIONS = 2048
 
 _DATA_FORMATTING_OPS = frozenset({
     "view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "slice", "select", "squeeze",
@@ -184,11 +185,13 @@ def _add_op_metadata(builder: PlaneBuilder, tables: TraceTables, run: ProgramRun
         ))
     cost_stats = builder.encode_stats(costs)
     # What an op's metadata says besides its costs is the same at every position of the op in the
-    # program (and in every program with the same ops): encoded once per plane.
+    # program (and in every program with the same ops): encoded once per plane while it is among the
+    # last `MAX_CACHED_DESCRIPTIONS` made (encoding it again gives the same bytes).
     described = (key.program_id, key.op_sid, key.inputs_sid, key.outputs_sid, key.module_sid, key.frame_id, run.estimated)
     description = builder.op_descriptions.get(described)
     if description is None:
-        description = builder.op_descriptions[described] = _describe_op(builder, tables, key, run.estimated)
+        description = remember(builder.op_descriptions, described, _describe_op(builder, tables, key, run.estimated),
+                               MAX_CACHED_DESCRIPTIONS)
     op_name, described_stats = description
     name = f"{op_name}.{key.position}" if run.estimated else op_name
     return builder.add_encoded_metadata(tuple(key), name, cost_stats + described_stats)
