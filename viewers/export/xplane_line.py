@@ -21,8 +21,8 @@ import os
 import struct
 from array import array
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from tputrace import xplane_proto
@@ -260,8 +260,9 @@ def _sorted_rows(first_arrival: int, metadata_ids: array[int], offsets: array[in
     if numpy is None:
         order = sorted(range(len(offsets)), key=lambda index: (offsets[index], -durations[index]))
         rows = array("q", bytes(len(order) * _RUN_COLUMNS * _ITEM))
-        for column, values in enumerate((offsets, [-duration for duration in durations], range(first_arrival, first_arrival + len(order)),
-                                          metadata_ids, durations, stats_positions)):
+        columns = (offsets, [-duration for duration in durations], range(first_arrival, first_arrival + len(order)),
+                   metadata_ids, durations, stats_positions)
+        for column, values in enumerate(columns):
             rows[column::_RUN_COLUMNS] = array("q", [values[index] for index in order])
         return rows.tobytes()
     starts, lengths = numpy.frombuffer(offsets, dtype=numpy.int64), numpy.frombuffer(durations, dtype=numpy.int64)
