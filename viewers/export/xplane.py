@@ -14,7 +14,8 @@ imports torch or jax; strings from the trace are only ever data.
 
 A file is written in bounded memory: while the trace is read, each line's events and each plane's
 event metadata wait in a spill folder next to the output (`xplane_line`, `xplane_builder`), which is
-removed once the file is written; only interned metadata (ids by key, stat names) stay in memory.
+removed once the file is written; only interned metadata (ids by key, stat names) and capped caches
+stay in memory.
 """
 
 from __future__ import annotations
