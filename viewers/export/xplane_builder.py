@@ -144,13 +144,12 @@ class PlaneBuilder:
 
     def write(self, file: BinaryIO, timestamp_ns: int, *, keep_empty_lines: bool) -> None:
         """Write the plane as an `XSpace.planes` field: its message, its event metadata, then each line
-        as a `lines` field. Stats that only events carry get their ids as the lines are encoded, after
-        the message is, so they are not among its stat metadata."""
-        head = self.plane.SerializeToString()
+        as a `lines` field. The lines are encoded first: stats that only events carry get their ids
+        then, and the message's stat metadata must name them."""
         self._spill_event_metadata()
-        size = len(head) + self._event_metadata_size
         lines: list[tuple[bytes, Path]] = []
         try:
+            lines_size = 0
             line_id = 0
             for line in self.lines:
                 if len(line) or keep_empty_lines:
@@ -158,7 +157,9 @@ class PlaneBuilder:
                     header, events_path = line.write(self, line_id, timestamp_ns)
                     lines.append((header, events_path))
                     line_size = len(header) + events_path.stat().st_size
-                    size += len(xplane_proto.length_delimited(xplane_proto.XPLANE_LINES_FIELD, line_size)) + line_size
+                    lines_size += len(xplane_proto.length_delimited(xplane_proto.XPLANE_LINES_FIELD, line_size)) + line_size
+            head = self.plane.SerializeToString()
+            size = len(head) + self._event_metadata_size + lines_size
             file.write(xplane_proto.length_delimited(xplane_proto.XSPACE_PLANES_FIELD, size))
             file.write(head)
             if self._event_metadata_size:
