@@ -68,7 +68,7 @@ _VIEW_HELP = {
     "collectives": "collectives by kind and size; time and waiting per rank",
     "sharding": "meshes, parameter placements and bytes per rank, collectives by cause, module and line",
     "timeline": "host and chip lanes for a step or window; zoom and pan",
-    "source": "the user's files with time, ops, compiles and syncs per line",
+    "source": "the user's files with host time (dispatch, compiles, sync stalls, copies), ops, compiles and syncs per line",
     "compare": "with --compare BASELINE: what changed since the baseline run, as tputrace diff says it",
     "memory": "live bytes over time; at the peak, bytes by kind, module and line; lines whose buffers outlive their step",
 }

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, ClassVar
 from rich.text import Text
 from textual.app import App
 from textual.binding import BindingType
+from textual.content import Content
 from textual.theme import Theme
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
@@ -83,6 +84,12 @@ def theme_names() -> list[str]:
     return sorted({TERMINAL_THEME.name, *BUILTIN_THEMES})
 
 
+def tab_label(key: str, title: str) -> Content:
+    """A view's tab: its key in bold and underlined against its title (`1Overview`, as htop labels its keys),
+    so that every tab fits a 100-column terminal."""
+    return Content.assemble((key, "bold underline"), title)
+
+
 class TraceApp(App[None]):
     """`tputrace tui`: the views of one trace."""
 
@@ -106,7 +113,7 @@ class TraceApp(App[None]):
             for index, (view_id, title) in enumerate(VIEW_ORDER, start=1):
                 if view_id == "compare" and self.session.baseline_path is None:
                     continue
-                with TabPane(f"{view_key(index)} {title}", id=view_id):
+                with TabPane(tab_label(view_key(index), title), id=view_id):
                     # Other views are mounted when first shown (see `ensure_view`): a quicker first paint.
                     if view_id == self.initial_view:
                         yield VIEW_CLASSES[view_id](self.session)

@@ -24,8 +24,9 @@ class CollectivesView(TraceView):
 
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="collectives-status", classes="status")
-        yield TraceTable(("kind", "kind"), ("size", "bytes"), ("count", "count"), ("collective time", "total"), ("mean", "mean"),
-                         ("bus bandwidth", "bandwidth"), ("waiting", "wait"), ("wait share", "wait_share"), id="collectives-kinds")
+        yield TraceTable(("kind", "kind"), ("size", "bytes"), ("count", "count"), ("collective time", "total"), ("mean collective", "mean"),
+                         ("bus bandwidth", "bandwidth"), ("waiting", "wait"), ("wait share", "wait_share"),
+                         optional=("mean", "bandwidth"), id="collectives-kinds")
         yield Static(Text("Per rank", style="bold"), classes="heading")
         yield TraceTable(("rank", "rank"), ("count", "count"), ("collective time", "total"), ("waiting", "wait"), ("wait share", "wait_share"),
                          ("", "bar"), ("bytes", "bytes"), id="collectives-ranks")

@@ -13,7 +13,7 @@ from textual.widgets import DataTable, Static
 
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
-from tputrace.tui.render import fmt_count, fmt_ns, right
+from tputrace.tui.render import START_LABEL, fmt_count, fmt_ns, right, source_text
 from tputrace.tui.view import GoToSource, TraceView
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
 from tputrace.wording import plural
@@ -40,8 +40,9 @@ class CompilesView(TraceView):
 
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="compiles-status", classes="status")
-        yield TraceTable(("#", "id"), ("step", "step"), ("start", "start"), ("compile time", "dur"), ("kind", "kind"),
-                         ("reason", "reason"), ("what", "name"), ("what changed", "diff"), page_size=PAGE, id="compiles-table")
+        yield TraceTable(("#", "id"), ("step", "step"), (START_LABEL, "start"), ("compile time", "dur"), ("kind", "kind"),
+                         ("reason", "reason"), ("what", "name"), ("what changed", "diff"), page_size=PAGE,
+                         optional=("start", "kind"), id="compiles-table")
         with VerticalScroll(id="compiles-detail-scroll"):
             yield Static(Text(""), id="compiles-detail")
         yield Static(Text("Per call site", style="bold"), classes="heading")
@@ -87,7 +88,7 @@ class CompilesView(TraceView):
 
     def _show_status(self, stats: CompileStats) -> None:
         self.say("compiles-status",
-                 f"{plural(stats.count, 'compile')}, {fmt_ns(stats.total_ns)} · {plural(stats.recompiles, 'recompile')}, "
+                 f"{plural(stats.count, 'compile')}, {fmt_ns(stats.total_ns)} compile time · {plural(stats.recompiles, 'recompile')}, "
                  f"{fmt_ns(stats.recompile_ns)} · {plural(stats.programs, 'program')}",
                  ("  Enter: call site in Source · Tab: per call site", "dim"))
 
@@ -126,7 +127,7 @@ def site_text(site: queries.CompileSite) -> str:
     """`train.py:42 (step)`, and the call on the line (`· col 15 (q @ w)`) when several calls on it compiled."""
     if site.source is None:
         return "(no source)"
-    return str(site.source) if site.call is None else f"{site.source} · {site.call}"
+    return source_text(site.source) if site.call is None else f"{source_text(site.source)} · {site.call}"
 
 
 def change_text(row: queries.CompileRow) -> str:

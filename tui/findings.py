@@ -26,7 +26,6 @@ if TYPE_CHECKING:
 
     from tputrace.analysis.findings import Finding
 
-MIN_TITLE_WIDTH = 12
 
 class FindingsView(TraceView):
     VIEW_ID = "findings"
@@ -65,31 +64,13 @@ class FindingsView(TraceView):
         self.say("findings-status", f"{len(self.findings)} findings, most costly first · Enter shows the line in Source")
         table.show([
             (str(index), (right(str(index + 1)), Text(finding.severity, style=severity_style(finding.severity)),
-                          right(fmt_ns(finding.cost_total_ns)), right(fmt_ns(finding.cost_per_step_ns)), Text(finding.title, no_wrap=True, overflow="ellipsis")))
+                          right(fmt_ns(finding.cost_total_ns)), right(fmt_ns(finding.cost_per_step_ns)), Text(finding.title)))
             for index, finding in enumerate(self.findings)
         ])
-        self.call_after_refresh(self._fit_titles)
         if not self.findings:
             self.query_one("#findings-detail", Static).update(Text("The analysis found nothing to fix."))
         else:
             self._show_detail(0)
-
-    def _fit_titles(self) -> None:
-        """Titles take the width the table has left and end in `…` past it (the detail pane beside the
-        table gives the whole title)."""
-        table = self.query_one("#findings-table", TraceTable)
-        columns = list(table.columns.values())
-        if not columns or table.scrollable_content_region.width <= 0:
-            return
-        others = sum(column.get_render_width(table) for column in columns[:-1])
-        fitted = max(MIN_TITLE_WIDTH, table.scrollable_content_region.width - others - 2 * table.cell_padding)
-        if columns[-1].width != fitted:
-            columns[-1].width = fitted
-            table._require_update_dimensions = True
-            table.refresh_column(len(columns) - 1)
-
-    def on_resize(self) -> None:
-        self.call_after_refresh(self._fit_titles)
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         if event.row_key.value is not None and self.findings:

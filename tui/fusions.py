@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.table import Table
 from rich.text import Text
+from textual import events
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
@@ -14,7 +15,7 @@ from textual.widgets import DataTable, Static
 
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
-from tputrace.tui.render import fmt_bytes, fmt_count, fmt_ns, fmt_share, right
+from tputrace.tui.render import START_LABEL, fmt_bytes, fmt_count, fmt_ns, fmt_share, right
 from tputrace.tui.view import GoToSource, TraceView
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
 from tputrace.wording import plural
@@ -24,6 +25,11 @@ if TYPE_CHECKING:
     from textual.widget import Widget
 
 PAGE = 100
+FLUSH_TIME_LABEL = "host time"
+"""A flush's time: the host's, from the flush's start to its program's launch (tracing, and compiling on a cache miss)."""
+SIDE_BY_SIDE_WIDTH = 140
+"""From this width on, the flush's ops and its program's fusions are side by side; narrower, one above the other
+(side by side, each would be too narrow, and the left one's scrollbar would sit mid-view)."""
 
 
 class FusionsView(TraceView):
@@ -40,9 +46,9 @@ class FusionsView(TraceView):
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="fusions-status", classes="status")
         yield Static(Text(""), id="fusions-triggers")
-        yield TraceTable(("#", "id"), ("step", "step"), ("start", "start"), ("flush time", "dur"), ("trigger", "trigger"),
+        yield TraceTable(("#", "id"), ("step", "step"), (START_LABEL, "start"), (FLUSH_TIME_LABEL, "dur"), ("trigger", "trigger"),
                          ("ops", "ops"), ("cache", "cache"), ("in", "in"), ("out", "out"), ("program", "program"),
-                         ("trigger line", "source"), page_size=PAGE, id="fusions-flushes")
+                         ("line", "source"), page_size=PAGE, optional=("out", "in", "start"), id="fusions-flushes")
         with Horizontal(id="fusions-inside"):
             with Vertical(id="fusions-ops-pane"):
                 yield Static(Text("Ops in the flush", style="bold"), id="fusions-ops-title", classes="heading")
@@ -53,6 +59,9 @@ class FusionsView(TraceView):
 
     def primary(self) -> Widget | None:
         return self.query_one("#fusions-flushes")
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.set_class(event.size.width < SIDE_BY_SIDE_WIDTH, "-stacked")
 
     def load(self) -> None:
         rank, order = self.session.rank, self.order
@@ -101,9 +110,10 @@ class FusionsView(TraceView):
             self.query_one("#fusions-triggers", Static).update(Text(""))
             return
         self.say("fusions-status", f"{plural(total, 'flush', 'flushes')} · program cache hits {fmt_count(hits)} of {fmt_count(total)} "
-                                   f"({fmt_share(hits / total)}) · sorted by {self.order}", ("  s sort · Enter: trigger line in Source", "dim"))
+                                   f"({fmt_share(hits / total)}) · {FLUSH_TIME_LABEL}: from a flush's start to its program's launch · sorted by {self.order}",
+                 ("  s sort · Enter: the trigger's line in Source", "dim"))
         table = Table(box=None, padding=(0, 2), show_edge=False, header_style="bold")
-        for column, justify in (("trigger", "left"), ("flushes", "right"), ("flush time", "right"), ("ops", "right"), ("mean ops", "right"), ("cache hits", "right")):
+        for column, justify in (("trigger", "left"), ("flushes", "right"), (FLUSH_TIME_LABEL, "right"), ("ops", "right"), ("mean ops", "right"), ("cache hits", "right")):
             table.add_column(column, justify=justify)  # type: ignore[arg-type]
         for stat in triggers:
             table.add_row(Text(stat.trigger), Text(fmt_count(stat.count)), Text(fmt_ns(stat.total_ns)), Text(fmt_count(stat.ops)),

@@ -17,7 +17,7 @@ from tputrace.analysis.target import DEFAULT_TARGET
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
-from tputrace.tui.render import fmt_count, fmt_ns, fmt_share, right, share_bar
+from tputrace.tui.render import START_LABEL, fmt_count, fmt_ns, fmt_share, right, share_bar, source_text
 from tputrace.tui.view import GoToSource, TraceView, palette_for
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
 from tputrace.wording import plural
@@ -28,12 +28,13 @@ if TYPE_CHECKING:
     from textual.widget import Widget
 
 INSTANCE_PAGE = 100
+BAR_WIDTH = 8
 FILTER_DELAY_S = 0.3
-GROUP_COLUMNS = (("count", "count"), ("host dispatch", "total"), ("mean", "mean"), ("share", "share"), ("", "bar"))
-RANKED_COLUMNS = (("calls", "count"), ("host dispatch", "total"), ("mean", "mean"), ("share", "share"), ("chip share", "chip"),
-                  ("", "bar"))
+GROUP_COLUMNS = (("count", "count"), ("host dispatch", "total"), ("mean dispatch", "mean"), ("share", "share"), ("", "bar"))
+RANKED_COLUMNS = (("calls", "count"), ("host dispatch", "total"), ("mean dispatch", "mean"), ("share", "share"),
+                  (CHIP_SHARE_LABEL, "chip"), ("", "bar"))
 """Grouped by op: the status line gives the columns' full labels (`HOST_DISPATCH_LABEL`, `CHIP_SHARE_LABEL`)."""
-INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), ("start", "start"), ("host dispatch", "dur"), ("inputs", "inputs"),
+INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), (START_LABEL, "start"), ("host dispatch", "dur"), ("inputs", "inputs"),
                     ("outputs", "outputs"), ("module", "module"), ("source", "source"))
 
 
@@ -58,8 +59,8 @@ class OpsView(TraceView):
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="ops-status", classes="status")
         yield Input(placeholder="filter (literal text; Enter keeps it, Escape clears it)", id="ops-filter")
-        yield TraceTable(("op", "label"), *GROUP_COLUMNS, id="ops-groups")
-        yield TraceTable(*INSTANCE_COLUMNS, page_size=INSTANCE_PAGE, id="ops-instances")
+        yield TraceTable(("op", "label"), *GROUP_COLUMNS, optional=("bar", "mean"), id="ops-groups")
+        yield TraceTable(*INSTANCE_COLUMNS, page_size=INSTANCE_PAGE, optional=("outputs", "module", "start"), id="ops-instances")
 
     def primary(self) -> Widget | None:
         return self.query_one("#ops-instances" if self.drilled else "#ops-groups")
@@ -96,7 +97,7 @@ class OpsView(TraceView):
         rows: list[Row] = [
             (str(index), (Text(group.label), right(fmt_count(group.count)), right(fmt_ns(group.total_ns)),
                           right(fmt_ns(group.mean_ns)), right(fmt_share(group.share)),
-                          *((right(fmt_share(group.chip_share or 0.0)),) if ranked else ()), share_bar(group.share, 12, palette.bar)))
+                          *((right(fmt_share(group.chip_share or 0.0)),) if ranked else ()), share_bar(group.share, BAR_WIDTH, palette.bar)))
             for index, group in enumerate(self.sorted_groups)
         ]
         label = queries.OP_GROUPING_LABELS[self.grouping]
@@ -112,7 +113,7 @@ class OpsView(TraceView):
         table = self.query_one("#ops-instances", TraceTable)
         rows: list[Row] = [
             (str(offset + index), (right(str(op.seq)), right(str(op.step)), right(fmt_ns(op.start_ns)), right(fmt_ns(op.dur_ns)),
-                                   Text(op.inputs), Text(op.outputs), Text(op.module or ""), Text(str(op.source) if op.source else "")))
+                                   Text(op.inputs), Text(op.outputs), Text(op.module or ""), Text(source_text(op.source) if op.source else "")))
             for index, op in enumerate(instances)
         ]
         more = len(instances) == INSTANCE_PAGE
@@ -128,7 +129,7 @@ class OpsView(TraceView):
         parts: list[str | tuple[str, str]] = []
         if self.drilled and self.group is not None:
             parts += [("instances of ", "dim"), (self.group.label, "bold"),
-                      (f" · {plural(self.group.count, 'op')}, {fmt_ns(self.group.total_ns)} · longest first · "
+                      (f" · {plural(self.group.count, 'op')}, {fmt_ns(self.group.total_ns)} host dispatch · longest first · "
                        "Enter: source line · Escape: back", "dim")]
         else:
             parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]

@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from textual.widget import Widget
 
 TOP_FINDINGS = 5
+STEP_CHART_TITLE = "Step time: the wall time of each step of the loop, measured on this host"
 
 
 class OverviewView(TraceView):
@@ -37,7 +38,7 @@ class OverviewView(TraceView):
         facts = run_facts(self.session.trace, self.session.rank)
         with VerticalScroll(id="overview-scroll"):
             yield Static(facts_text(facts), id="overview-facts", classes="section")
-            yield Static(Text("Step time", style="bold"), classes="heading")
+            yield Static(Text(STEP_CHART_TITLE, style="bold"), classes="heading")
             yield Static(Text("loading…"), id="overview-chart", classes="section")
             yield Static(Text("Where the time went", style="bold"), classes="heading")
             yield Static(Text("loading…"), id="overview-split", classes="section")
@@ -72,7 +73,7 @@ class OverviewView(TraceView):
         palette = palette_for(self.app)
         loop_steps = [step for step in data.steps if step.in_loop]  # as the report counts them (the timeline has all)
         self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(loop_steps)))
-        bars = [ChartBar(step.dur_ns, step.compiles > 0) for step in loop_steps]
+        bars = [ChartBar(step.dur_ns, step.compiles > 0, f"step {step.step}") for step in loop_steps]
         chart = StepChart(bars, height=6, palette=palette)
         self.query_one("#overview-chart", Static).update(Group(step_summary(loop_steps), projection_text(data), chart))
         self.query_one("#overview-split", Static).update(split_table(data.split, palette.bar))
@@ -140,11 +141,8 @@ def projection_text(data: queries.Overview) -> Text:
     median, projected = data.facts.median_step_ns, data.projected
     if median is None or projected.median_ns is None:
         return Text("")
-    text = Text(f"median step {fmt_ns(median)} measured on this host · {fmt_ns(projected.median_ns)} projected for "
+    return Text(f"median step {fmt_ns(median)} measured on this host · chip time {fmt_ns(projected.median_ns)} projected for "
                 f"{projected.target} (roofline of XLA's costs, a lower bound)", style="dim")
-    text.no_wrap = True
-    text.overflow = "ellipsis"
-    return text
 
 
 def step_summary(steps: list[StepRow]) -> Text:
@@ -155,11 +153,8 @@ def step_summary(steps: list[StepRow]) -> Text:
         step.dur_ns for step in steps if step.end_ns is not None]
     slowest = max(steps, key=lambda step: step.dur_ns)
     compiled = sum(1 for step in steps if step.compiles)
-    text = Text(f"{plural(len(steps), 'step')} · median {fmt_ns(statistics.median(durations))} · slowest: step {slowest.step} "
+    return Text(f"{plural(len(steps), 'step')} · median {fmt_ns(statistics.median(durations))} · slowest: step {slowest.step} "
                 f"({fmt_ns(slowest.dur_ns)}{', compiled' if slowest.compiles else ''}) · {plural(compiled, 'step')} compiled (c)")
-    text.no_wrap = True
-    text.overflow = "ellipsis"
-    return text
 
 
 def split_table(split: Any, bar_style: str) -> Table:

@@ -10,9 +10,16 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from rich.console import Console, ConsoleOptions, RenderResult
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from tputrace.store.records import SourceLocation
+
+START_LABEL = "start (wall)"
+"""Every table's column of when an event began: wall time since the run started."""
 
 SHADES = " ░▒▓█"
 BLOCKS = " ▁▂▃▄▅▆▇█"
@@ -36,6 +43,12 @@ def display_path(path: str | os.PathLike[str]) -> str:
         return str(resolved.relative_to(Path.cwd().resolve()))
     except (ValueError, OSError):
         return str(path)
+
+
+def source_text(location: SourceLocation) -> str:
+    """`file:line (function)` with the file as `display_path` shows it (relative to the current directory
+    when inside it), so that a table's narrowed column keeps the file's name rather than its root."""
+    return f"{display_path(location.file)}:{location.line} ({location.function})"
 
 
 def fmt_ns(ns: float | None) -> str:
@@ -118,13 +131,17 @@ def shade_row(busy: Sequence[float], style: str = "") -> Text:
 
 @dataclass(frozen=True)
 class ChartBar:
-    """One bar of the step chart: a value and whether it is marked (a step that compiled)."""
+    """One bar of the step chart: a value, whether it is marked (a step that compiled) and what it is
+    (`step 3`, for the legend of clipped bars)."""
 
     value: float
     marked: bool
+    label: str = ""
 
 
 AXIS_WIDTH = 10
+CLIPPED = "▲"
+MAX_LISTED_CLIPPED = 3  # the legend names this many clipped bars, the tallest first
 MAX_CLIPPED_SHARE = 0.75  # a step chart clips compiling steps only if this share of the bars or fewer is clipped
 
 
@@ -133,8 +150,9 @@ class StepChart:
     maximum of several steps per column when there are more steps than columns.
 
     Marked bars (steps that compiled) are drawn in the palette's compile style with a `c` below;
-    when they dwarf the other steps they are clipped (`↑`) so that steady steps stay readable, unless
+    when they dwarf the other steps they are clipped (`▲`) so that steady steps stay readable, unless
     that would clip nearly every bar (a recompilation storm: the compiling steps are the ones to read).
+    The legend names the clipped steps and their values.
     """
 
     def __init__(self, bars: Sequence[ChartBar], *, height: int = 6, palette: Palette = Palette()) -> None:
@@ -156,7 +174,7 @@ class StepChart:
     @staticmethod
     def scale(columns: Sequence[ChartBar]) -> float:
         """The value at the top of the chart: the tallest bar, unless marked (compiling) bars dwarf the
-        rest; then the tallest unmarked bar, and taller bars are clipped and drawn with `↑`, as long as
+        rest; then the tallest unmarked bar, and taller bars are clipped and drawn with `▲`, as long as
         more than `MAX_CLIPPED_SHARE` of the bars would not be."""
         tallest = max((bar.value for bar in columns), default=0.0)
         unmarked = max((bar.value for bar in columns if not bar.marked), default=0.0)
@@ -183,7 +201,7 @@ class StepChart:
                 eighths = round(bar.value / top * self.height * 8)
                 char = BLOCKS[max(0, min(eighths - (level - 1) * 8, 8))]
                 if level == self.height and bar.value > top * 1.001:
-                    char = "↑"
+                    char = CLIPPED
                 row.append(char * (bar_width - gap) + " " * gap, style=self.palette.compile if bar.marked else self.palette.bar)
             rows.append(row)
         marks = Text()
@@ -195,14 +213,18 @@ class StepChart:
         return rows
 
     def legend(self, width: int) -> Text | None:
-        """What `↑` means, when bars are clipped at the chart's width."""
+        """What `c` and `▲` mean: which steps compiled, and which bars are clipped at the chart's top (the
+        tallest few by name, with their values)."""
         columns = self.columns(max(width - AXIS_WIDTH, 1))
         top = self.scale(columns)
-        tallest = max((bar.value for bar in columns), default=0.0)
-        if tallest <= top * 1.001:
-            return None
-        return Text(f"c: the step compiled · ↑: clipped at {fmt_ns(top)}, the slowest step without a compile; "
-                    f"the tallest is {fmt_ns(tallest)} ({tallest / top:.0f}× that)", style=self.palette.muted)
+        clipped = sorted((bar for bar in self.bars if bar.value > top * 1.001), key=lambda bar: -bar.value)
+        parts = ["c: the step compiled"] if any(bar.marked for bar in self.bars) else []
+        if clipped:
+            named = [f"{bar.label or 'a step'} took {fmt_ns(bar.value)}{' (compiled)' if bar.marked else ''}"
+                     for bar in clipped[:MAX_LISTED_CLIPPED]]
+            more = f" and {len(clipped) - MAX_LISTED_CLIPPED} more" if len(clipped) > MAX_LISTED_CLIPPED else ""
+            parts.insert(0, f"{CLIPPED} clipped at {fmt_ns(top)}, the slowest step without a compile: {', '.join(named)}{more}")
+        return Text(" · ".join(parts), style=self.palette.muted) if parts else None
 
     def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
         for line in self.lines(options.max_width):

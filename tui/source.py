@@ -1,5 +1,6 @@
 """Source: the user's files that appear in the trace, syntax highlighted, with a per-line gutter of
-time, ops, compiles and syncs. `o` opens the current line in `$EDITOR`.
+host time, ops, compiles and syncs (a count column that is empty for the whole file is left out, so
+that the code keeps the width). `o` opens the current line in `$EDITOR`.
 
 A recorded file is looked for at its recorded path, then under the source roots (the run's working
 directory, the trace's directory, the current directory and any `--source-root`), preferring a copy
@@ -13,6 +14,7 @@ from __future__ import annotations
 import os
 import shlex
 import subprocess
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -23,6 +25,7 @@ from rich.text import Span, Text
 from textual.app import SuspendNotSupported
 from textual.binding import BindingType
 from textual.containers import Horizontal, Vertical
+from textual.coordinate import Coordinate
 from textual.widgets import DataTable
 
 from tputrace.source_digests import SourceDigest, digest_bytes
@@ -31,12 +34,21 @@ from tputrace.tui.actions import bindings
 from tputrace.tui.render import display_path, fmt_count, fmt_ns, right
 from tputrace.tui.view import TraceView
 from tputrace.tui.widgets import Row, StatusLine, TraceTable
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from textual.app import ComposeResult
     from textual.widget import Widget
 
 MAX_SOURCE_BYTES = 4 * 1024 * 1024
+
+HOST_TIME_LABEL = "host time"
+"""What the gutter's time is: the host's time at the line (dispatching its ops, compiling, sync stalls, copies,
+fallbacks and collectives), measured on this host."""
+GUTTER_COLUMNS: tuple[tuple[str, str], ...] = (
+    (HOST_TIME_LABEL, "time"), ("ops", "ops"), ("compiles", "compiles"), ("caused", "caused"), ("syncs", "syncs"),
+)
+"""The gutter's columns before the line number: (label, key); the key names the `LineStat` count (time: `time_ns`)."""
 
 
 @dataclass(frozen=True)
@@ -122,16 +134,16 @@ class SourceView(TraceView):
         self.file: queries.FileStat | None = None
         self.source: SourceText | None = None
         self.row_lines: list[int] = []
+        self._plain_row: tuple[int, Text] | None = None  # the cursor row and its highlighted code, while it shows plain code
         self._target: tuple[str, int] | None = None
 
     def compose(self) -> ComposeResult:
         with Horizontal(id="source-body"):
-            yield TraceTable(("file", "file"), ("recorded time", "time"), ("ops", "ops"), id="source-files")
+            yield TraceTable(("file", "file"), (HOST_TIME_LABEL, "time"), id="source-files")
             with Vertical(id="source-main"):
                 yield StatusLine(Text("loading…"), id="source-status", classes="status")
-                yield TraceTable(("recorded time", "time"), ("ops", "ops"), ("compiles", "compiles"), ("caused", "caused"),
-                                 ("syncs", "syncs"), ("line", "line"),
-                                 ("", "code"), page_size=300, max_column_width=240, id="source-code")
+                yield TraceTable(*GUTTER_COLUMNS, ("line", "line"), ("", "code"), page_size=300, max_column_width=240,
+                                 fit_width=False, id="source-code")
 
     def primary(self) -> Widget | None:
         return self.query_one("#source-code")
@@ -144,8 +156,7 @@ class SourceView(TraceView):
         if slot == "main":
             self.files = payload
             self.query_one("#source-files", TraceTable).show([
-                (str(index), (Text(os.path.basename(stat.file) or stat.file), right(fmt_ns(stat.time_ns) if stat.time_ns else ""),
-                              right(fmt_count(stat.ops) if stat.ops else "")))
+                (str(index), (Text(os.path.basename(stat.file) or stat.file), right(fmt_ns(stat.time_ns) if stat.time_ns else "")))
                 for index, stat in enumerate(self.files)
             ])
             if not self.files:
@@ -172,7 +183,7 @@ class SourceView(TraceView):
         if match is None:
             match = queries.FileStat(file)
             self.files.append(match)
-            self.query_one("#source-files", TraceTable).extend([(str(len(self.files) - 1), (Text(os.path.basename(file)), "", ""))], more=False)
+            self.query_one("#source-files", TraceTable).extend([(str(len(self.files) - 1), (Text(os.path.basename(file)), right("")))], more=False)
         files_table = self.query_one("#source-files", TraceTable)
         files_table.move_cursor(row=self.files.index(match), animate=False)
         if self.file is match and self.source is not None:
@@ -194,6 +205,7 @@ class SourceView(TraceView):
         if self.file is None or source.recorded != self.file.file:
             return
         self.source = source
+        self._plain_row = None  # the rows are replaced
         stats = self.file.lines
         if source.lines:
             self.row_lines = list(range(1, len(source.lines) + 1))
@@ -201,17 +213,19 @@ class SourceView(TraceView):
         else:
             self.row_lines = sorted(stats)
             code = {}
+        columns = gutter_columns(stats.values())
         rows: list[Row] = []
         for index, number in enumerate(self.row_lines):
             stat = stats.get(number)
-            rows.append((str(index), (*gutter_cells(stat), right(str(number), "dim"), code.get(number, Text("")))))
-        self.query_one("#source-code", TraceTable).show(rows)
+            rows.append((str(index), (*gutter_cells(stat, columns), right(str(number), "dim"), code.get(number, Text("")))))
+        self.query_one("#source-code", TraceTable).show(rows, columns=(*columns, ("line", "line"), ("", "code")))
         status: list[str | tuple[str, str]] = [(display_path(source.path) if source.path else source.recorded, "bold")]
         if source.problem:
             status += [(f" · {source.problem}", "bold red")]
         if source.changed:
             status += [(" · changed since the run was recorded: lines may not match", "bold yellow")]
-        status += [(f" · {len(stats)} lines with activity · n/N next/previous · o open in $EDITOR", "dim")]
+        ops = sum(stat.ops for stat in stats.values())
+        status += [(f" · {plural(len(stats), 'line')} with activity, {plural(ops, 'op')} · n/N next/previous · o open in $EDITOR", "dim")]
         self.say("source-status", *status)
         target_line = None
         if self._target is not None and same_file(source.recorded, self._target[0]):
@@ -244,6 +258,26 @@ class SourceView(TraceView):
             stat = self.files[int(event.row_key.value)]
             if stat is not self.file:
                 self._open_file(stat)
+        elif event.data_table.id == "source-code":
+            self._plain_cursor_line(event.cursor_row)
+
+    def _plain_cursor_line(self, row: int) -> None:
+        """Draw the cursor row's code in the cursor's own colours: a token coloured like the highlight (the
+        terminal theme's magenta `not` on its magenta cursor) would vanish into it. The row left gets its
+        syntax colours back."""
+        table = self.query_one("#source-code", TraceTable)
+        column = table.get_column_index("code")
+        if self._plain_row is not None:
+            index, highlighted = self._plain_row
+            self._plain_row = None
+            if index < table.row_count:
+                table.update_cell_at(Coordinate(index, column), highlighted)
+        if not 0 <= row < table.row_count:
+            return
+        code = table.get_cell_at(Coordinate(row, column))
+        if isinstance(code, Text) and (code.spans or code.style):
+            self._plain_row = (row, code)
+            table.update_cell_at(Coordinate(row, column), Text(code.plain, no_wrap=True, overflow="ellipsis"))
 
     def action_focus_files(self) -> None:
         self.query_one("#source-files").focus()
@@ -277,15 +311,22 @@ class SourceView(TraceView):
             self.notify(f"cannot run {command[0]}: {error.strerror or error}", markup=False, severity="error")
 
 
-def gutter_cells(stat: queries.LineStat | None) -> tuple[Text, Text, Text, Text, Text]:
-    """Time, ops, compiles triggered at the line, compiles it caused (a recompile storm's line that made the changing
-    shape), syncs."""
+def gutter_columns(stats: Iterable[queries.LineStat]) -> tuple[tuple[str, str], ...]:
+    """The gutter's columns for a file's line stats: host time, and each count that some line has."""
+    counted = list(stats)
+    return tuple((label, key) for label, key in GUTTER_COLUMNS if key == "time" or any(getattr(stat, key) for stat in counted))
+
+
+def gutter_cells(stat: queries.LineStat | None, columns: Sequence[tuple[str, str]] = GUTTER_COLUMNS) -> tuple[Text, ...]:
+    """A line's cells for `columns`: host time, ops, compiles triggered at the line, compiles it caused (a recompile
+    storm's line that made the changing shape), syncs."""
     if stat is None:
-        return Text(""), Text(""), Text(""), Text(""), Text("")
-    return (
-        right(fmt_ns(stat.time_ns) if stat.time_ns else "", "bold"),
-        right(fmt_count(stat.ops) if stat.ops else ""),
-        right(fmt_count(stat.compiles) if stat.compiles else "", "bold"),
-        right(fmt_count(stat.caused) if stat.caused else "", "bold"),
-        right(fmt_count(stat.syncs) if stat.syncs else "", "bold"),
-    )
+        return tuple(Text("") for _ in columns)
+    cells = []
+    for _, key in columns:
+        if key == "time":
+            cells.append(right(fmt_ns(stat.time_ns) if stat.time_ns else "", "bold"))
+        else:
+            count = getattr(stat, key)
+            cells.append(right(fmt_count(count) if count else "", "" if key == "ops" else "bold"))
+    return tuple(cells)

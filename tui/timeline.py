@@ -18,7 +18,7 @@ from textual.widgets import DataTable, Static
 from tputrace.derived.steps import StepRow
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
-from tputrace.tui.render import Palette, fmt_ns, right, shade_row
+from tputrace.tui.render import START_LABEL, Palette, fmt_ns, right, shade_row, source_text
 from tputrace.tui.view import GoToSource, TraceView, palette_for
 from tputrace.tui.widgets import StatusLine, TraceTable
 
@@ -31,6 +31,9 @@ if TYPE_CHECKING:
 LABEL_WIDTH = 22
 """Columns for a lane's label and event count: "dispatch (1,000,000)", "tpu:0 exec (19,200)"."""
 MIN_SPAN_NS = 1_000
+EVENT_KINDS = {"dispatch": "host dispatch", "compile": "compile", "syncs": "sync stall", "transfers": "transfer",
+               "fallbacks": "fallback", "collectives": "collective", "exec": "program execution"}
+"""Which time a longest event's duration is, by its lane, in the summary's words for the time split."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +93,7 @@ class TimelineView(TraceView):
         yield StatusLine(Text("loading…"), id="timeline-status", classes="status")
         yield Lanes(Text(""), id="timeline-lanes")
         yield Static(Text("Longest in the window", style="bold"), classes="heading")
-        yield TraceTable(("lane", "lane"), ("start", "start"), ("duration", "dur"), ("what", "label"), ("source", "source"), id="timeline-events")
+        yield TraceTable(("kind", "lane"), (START_LABEL, "start"), ("duration", "dur"), ("what", "label"), ("source", "source"), id="timeline-events")
 
     def primary(self) -> Widget | None:
         return self.query_one("#timeline-lanes")
@@ -113,8 +116,8 @@ class TimelineView(TraceView):
             self.events = list(events_in_window)
             self._render_lanes()
             self.query_one("#timeline-events", TraceTable).show([
-                (str(index), (Text(event.lane), right(fmt_ns(event.start_ns)), right(fmt_ns(event.dur_ns)), Text(event.label),
-                              Text(str(event.source) if event.source else "")))
+                (str(index), (Text(EVENT_KINDS.get(event.lane, event.lane)), right(fmt_ns(event.start_ns)), right(fmt_ns(event.dur_ns)), Text(event.label),
+                              Text(source_text(event.source) if event.source else "")))
                 for index, event in enumerate(events_in_window)
             ])
 
@@ -162,7 +165,7 @@ class TimelineView(TraceView):
             return
         where = f"step {self.steps[window.step].step}" if window.step is not None else "window"
         self.say("timeline-status", (where, "bold"),
-                 f" · {fmt_ns(window.start_ns)} – {fmt_ns(window.end_ns)} ({fmt_ns(window.span_ns)}) of {fmt_ns(self.wall_ns)} · rank {self.session.rank}",
+                 f" · {fmt_ns(window.start_ns)} – {fmt_ns(window.end_ns)} ({fmt_ns(window.span_ns)}) of {fmt_ns(self.wall_ns)} wall · rank {self.session.rank}",
                  ("  [ ] step · + - zoom · ← → pan · w whole run", "dim"))
 
     def on_resize(self, event: events.Resize) -> None:

@@ -27,12 +27,41 @@ Row = tuple[str, Sequence[RenderableType | str]]
 WIDTH_SAMPLE_ROWS = 5000
 """Column widths are measured over at most this many rows."""
 
+MIN_TEXT_WIDTH = 8
+"""A text column narrowed to fit the table's width keeps at least this many cells (and its label's width)."""
+
 
 def cell_width(cell: Any) -> int:
     """The width in cells of a table cell's first line."""
     if isinstance(cell, Text):
         return max((cell_len(line) for line in cell.plain.splitlines()), default=0)
     return cell_len(str(cell)) if cell is not None else 0
+
+
+def is_text_cell(cell: Any) -> bool:
+    """Whether a cell is left-aligned text, which may end in `…` when its column is narrowed (numbers are
+    right-aligned, and never narrowed)."""
+    return isinstance(cell, str) or (isinstance(cell, Text) and cell.justify != "right")
+
+
+def fitted_widths(natural: Sequence[int], minimums: Sequence[int], narrowable: Sequence[bool], budget: int) -> list[int]:
+    """Column widths within `budget` cells: the narrowable columns are capped at one width (the widest
+    cut first, none below its minimum); the others keep their natural width."""
+    widths = list(natural)
+    if sum(widths) <= budget or not any(narrowable):
+        return widths
+
+    def total(cap: int) -> int:
+        return sum(max(min(width, cap), low) if narrow else width for width, low, narrow in zip(natural, minimums, narrowable))
+
+    low_cap, high_cap = 0, max(width for width, narrow in zip(natural, narrowable) if narrow)
+    while low_cap < high_cap:  # the largest cap that fits (or the smallest, when none does)
+        middle = (low_cap + high_cap + 1) // 2
+        if total(middle) <= budget:
+            low_cap = middle
+        else:
+            high_cap = middle - 1
+    return [max(min(width, low_cap), low) if narrow else width for width, low, narrow in zip(natural, minimums, narrowable)]
 
 
 def literal(value: Any) -> RenderableType:
@@ -43,7 +72,14 @@ def literal(value: Any) -> RenderableType:
 
 
 class TraceTable(DataTable, inherit_bindings=False):
-    """A row-cursor table that shows rows a page at a time.
+    """A row-cursor table that shows rows a page at a time, as wide as the space it has.
+
+    Columns are as wide as their label and widest cell. When they are wider together than the table,
+    its text columns are narrowed, the widest first, and their cells end in `…` (the detail panes and
+    the Source view show them whole); numbers and bars are never narrowed, so that no number is cut
+    and no horizontal scrollbar appears mid-view. Where even that is too wide, the `optional` columns
+    (keys, the first given first) are left out until the rest fit. `fit_width=False` keeps natural widths
+    and scrolls (the Source view's code).
 
     `show(rows, more=...)` replaces the rows; the first page is added at once and the next page when
     the cursor nears the end. When the rows given are exhausted and `more` was True, the table posts
@@ -75,9 +111,18 @@ class TraceTable(DataTable, inherit_bindings=False):
         def control(self) -> TraceTable:
             return self.table
 
-    def __init__(self, *columns: str | tuple[str, str], page_size: int = 100, max_column_width: int = 80, **kwargs: Any) -> None:
+    def __init__(self, *columns: str | tuple[str, str], page_size: int = 100, max_column_width: int = 80, fit_width: bool = True,
+                 optional: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(cursor_type="row", zebra_stripes=True, **kwargs)
         self.max_column_width = max_column_width
+        self.fit_width = fit_width
+        self.optional = tuple(optional)
+        # Per column given (shown or not): its natural width, whether it may be narrowed, its minimum width.
+        self._natural_widths: list[int] = []
+        self._narrowable: list[bool] = []
+        self._minimums: list[int] = []
+        self._shown: list[int] = []  # the indices of the columns on show
+        self._all_rows: list[Row] = []  # every row given (added or waiting), to add again when columns are left out
         self._column_specs = columns
         self.page_size = page_size
         self._waiting: list[Row] = []
@@ -90,25 +135,103 @@ class TraceTable(DataTable, inherit_bindings=False):
         self._add_columns([])
 
     def _add_columns(self, rows: Sequence[Row]) -> None:
-        """(Re)create the columns, each as wide as its label and widest cell among `rows`.
+        """(Re)create the columns, each as wide as its label and widest cell among `rows`, then fit them.
 
         Widths are set here rather than measured by DataTable when idle: that measurement does
         not invalidate rows already rendered, which could leave cells cropped to the label's width.
         """
         widths = [0] * len(self._column_specs)
+        texts = [True] * len(self._column_specs)
         for _, cells in rows[:WIDTH_SAMPLE_ROWS]:
             for index, cell in enumerate(cells[: len(widths)]):
                 widths[index] = max(widths[index], cell_width(cell))
+                texts[index] = texts[index] and is_text_cell(cell)
+        self._natural_widths, self._narrowable, self._minimums = [], [], []
         for index, spec in enumerate(self._column_specs):
             label, key = spec if isinstance(spec, tuple) else (spec, spec)
-            width = min(max(widths[index], len(label)), self.max_column_width)
-            self.add_column(Text(label), key=key, width=width)
+            width = min(max(widths[index], cell_len(label)), self.max_column_width)
+            self._natural_widths.append(width)
+            self._narrowable.append(texts[index] and key != "bar")
+            self._minimums.append(min(width, max(cell_len(label), MIN_TEXT_WIDTH)) if self._narrowable[-1] else width)
+        self._shown = self._columns_to_show()
+        for index in self._shown:
+            spec = self._column_specs[index]
+            label, key = spec if isinstance(spec, tuple) else (spec, spec)
+            self.add_column(Text(label), key=key, width=self._natural_widths[index])
+        self._fit_columns()
+
+    def _available_width(self) -> int:
+        """The cells the columns may take (0 before the table is laid out)."""
+        available = self.scrollable_content_region.width
+        rows = max(self.row_count, len(self._all_rows))  # the rows given, also while they are being added again
+        if available > 0 and not self.show_vertical_scrollbar and rows + self.header_height > self.scrollable_content_region.height:
+            available -= self.styles.scrollbar_size_vertical  # the scrollbar the rows will need
+        return available
+
+    def _columns_to_show(self) -> list[int]:
+        """Every column, less the optional ones (in their order) while the rest cannot fit at their minimum widths."""
+        shown = list(range(len(self._column_specs)))
+        available = self._available_width()
+        if not self.fit_width or not self.optional or available <= 0:
+            return shown
+        keys = [spec[1] if isinstance(spec, tuple) else spec for spec in self._column_specs]
+        for key in self.optional:
+            if sum(self._minimums[index] + 2 * self.cell_padding for index in shown) <= available:
+                break
+            if key in keys:
+                shown.remove(keys.index(key))
+        return shown
+
+    def _fit_columns(self) -> None:
+        """Narrow the text columns so that the columns fit the table's width (or widen them back), leaving out
+        optional columns (or bringing them back) first when needed."""
+        if not self.fit_width or len(self.columns) != len(self._shown):
+            return
+        available = self._available_width()
+        if available <= 0:
+            return
+        if self._columns_to_show() != self._shown:
+            self._rebuild()
+            return
+        natural = [self._natural_widths[index] for index in self._shown]
+        padding = 2 * self.cell_padding * len(self._shown)
+        widths = fitted_widths(natural, [self._minimums[index] for index in self._shown],
+                               [self._narrowable[index] for index in self._shown], available - padding)
+        self._set_widths(widths)
+        # Fitted, the table needs no horizontal scrollbar; saying so also makes Textual look at its scrollbars again
+        # (it does not when only the columns' width changes).
+        self.styles.overflow_x = "hidden" if sum(widths) + padding <= available else "auto"
+
+    def _rebuild(self) -> None:
+        """Recreate the columns (another set of them fits now) and add again the rows already added."""
+        cursor_row, added = self.cursor_row, self._all_rows[: self.loaded]
+        self.clear(columns=True)
+        self._add_columns(self._all_rows)
+        for key, cells in added:
+            self.add_row(*self._shown_cells(cells), key=key)
+        if added:
+            self.move_cursor(row=min(cursor_row, len(added) - 1), animate=False)
+
+    def _shown_cells(self, cells: Sequence[RenderableType | str]) -> list[RenderableType]:
+        return [self._fitted(literal(cells[index])) if index < len(cells) else Text("") for index in self._shown]
+
+    def _set_widths(self, widths: Sequence[int]) -> None:
+        columns = list(self.columns.values())
+        if [column.width for column in columns] == list(widths):
+            return
+        for column, width in zip(columns, widths):
+            column.width = width
+        # DataTable has no public way to resize a column: drop its rendered cells and let it measure again.
+        self._clear_caches()
+        self._require_update_dimensions = True
+        self.refresh()
 
     def show(self, rows: Sequence[Row], *, more: bool = False, columns: Sequence[str | tuple[str, str]] | None = None) -> None:
         """Replace the rows (and the columns, if given); `more` says the view can fetch rows past these."""
         self.clear(columns=True)
         if columns is not None:
             self._column_specs = tuple(columns)
+        self._all_rows = list(rows)
         self._add_columns(rows)
         self.loaded = 0
         self._waiting = list(rows)
@@ -118,6 +241,7 @@ class TraceTable(DataTable, inherit_bindings=False):
 
     def extend(self, rows: Sequence[Row], *, more: bool) -> None:
         """Add rows fetched after a `NeedMore`."""
+        self._all_rows.extend(rows)
         self._waiting.extend(rows)
         self._more = more
         self._requested = False
@@ -144,12 +268,12 @@ class TraceTable(DataTable, inherit_bindings=False):
         page, self._waiting = self._waiting[: self.page_size], self._waiting[self.page_size:]
         self._widen_for(page)
         for key, cells in page:
-            self.add_row(*(self._fitted(literal(cell)) for cell in cells), key=key)
+            self.add_row(*self._shown_cells(cells), key=key)
         self.loaded += len(page)
 
     def _fitted(self, cell: RenderableType) -> RenderableType:
-        """Text wider than the widest column ends in `…` rather than being cut without a sign."""
-        if isinstance(cell, Text) and cell_width(cell) > self.max_column_width:
+        """Text ends in `…` where its column is too narrow for it, rather than being cut without a sign."""
+        if isinstance(cell, Text) and cell.justify != "right" and (not cell.no_wrap or cell.overflow != "ellipsis"):
             fitted = cell.copy()
             fitted.no_wrap = True
             fitted.overflow = "ellipsis"
@@ -159,17 +283,24 @@ class TraceTable(DataTable, inherit_bindings=False):
     def _widen_for(self, page: Sequence[Row]) -> None:
         """Widen the columns whose cells in `page` (rows fetched after the widths were set) are wider,
         so that no number is cut ("1,62" for 1,622)."""
-        columns = list(self.columns.values())
         widened = False
         for _, cells in page:
-            for column, cell in zip(columns, cells):
+            for index, cell in enumerate(cells[: len(self._natural_widths)]):
                 needed = min(cell_width(cell), self.max_column_width)
-                if needed > column.width:
-                    column.width = needed
+                if needed > self._natural_widths[index]:
+                    self._natural_widths[index] = needed
+                    widened = True
+                if self._narrowable[index] and not is_text_cell(cell):
+                    self._narrowable[index] = False
                     widened = True
         if widened:
-            self._require_update_dimensions = True
-            self.refresh()
+            for index, narrowable in enumerate(self._narrowable):
+                if not narrowable:
+                    self._minimums[index] = self._natural_widths[index]
+            if self.fit_width:
+                self._fit_columns()
+            else:
+                self._set_widths([self._natural_widths[index] for index in self._shown])
 
     def on_data_table_row_highlighted(self, event: DataTable.RowHighlighted) -> None:
         # Handled here and still bubbling to the view.
@@ -196,6 +327,7 @@ class TraceTable(DataTable, inherit_bindings=False):
         self.scroll_to(y=max(row - self.scrollable_content_region.height // 2, 0), animate=False, immediate=True)
 
     def on_resize(self) -> None:
+        self._fit_columns()
         if self._centred_row is not None:
             self.call_after_refresh(self._scroll_to_centre)
 

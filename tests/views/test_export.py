@@ -157,6 +157,22 @@ def test_two_rank_export_writes_one_host_file_per_rank_with_device_and_host_plan
     }
 
 
+def test_every_stat_names_its_plane_stat_metadata(sample_logdir: Path) -> None:
+    """Stats that only events carry (a transfer's bytes, a flush's id) are named too, or XProf shows them nameless."""
+    run_dir = sample_logdir / "plugins" / "profile" / "sample"
+    for path in run_dir.glob("*.xplane.pb"):
+        for plane in _xspace(path).planes:
+            named = set(plane.stat_metadata)
+            used = {stat.metadata_id for stat in plane.stats}
+            used |= {stat.metadata_id for metadata in plane.event_metadata.values() for stat in metadata.stats}
+            used |= {stat.metadata_id for line in plane.lines for event in line.events for stat in event.stats}
+            assert used <= named, (path.name, plane.name, sorted(used - named))
+            if plane.name == "/host:CPU":
+                lines = {line.name: line for line in plane.lines}
+                assert "bytes" in _stats(plane, lines["Transfers"].events[0].stats)
+                assert "flush_id" in _stats(plane, lines["Flushes"].events[0].stats)
+
+
 def test_op_metadata_carries_category_framework_op_source_and_costs(sample_logdir: Path, sample_trace: Path) -> None:
     from xprof.protobuf import op_metrics_pb2  # the real message, to check our hand-written encoding
 

@@ -59,6 +59,13 @@ def screen_lines(app: Any) -> list[str]:
     return ["".join(text for _, text in sorted(parts)) for _, parts in sorted(rows.items())]
 
 
+def rows_by_key(app: Any, selector: str) -> list[dict[str, str]]:
+    """A table's rows as {column key: cell text} (for tables whose columns depend on the data)."""
+    table = app.screen.query_one(selector)
+    keys = [str(key.value) for key in table.columns]
+    return [dict(zip(keys, row)) for row in table_rows(app, selector)]
+
+
 def screen_text(app: Any) -> str:
     return "\n".join(screen_lines(app))
 
@@ -362,14 +369,21 @@ def test_formatting() -> None:
     assert fmt_bytes(3 * 1024 * 1024) == "3.00 MiB"
     assert share_bar(0.5, 4).plain == "██  "
     assert shade_row([0.0, 0.01, 0.5, 1.0]).plain == " ░▒█"
-    chart = StepChart([ChartBar(1000.0, True), ChartBar(10.0, False), ChartBar(9.0, False)], height=3)
+    chart = StepChart([ChartBar(1000.0, True, "step 0"), ChartBar(10.0, False, "step 1"), ChartBar(9.0, False, "step 2")], height=3)
     assert chart.scale(chart.bars) == 10.0  # the compiling step would flatten the others: it is clipped
     storm = [ChartBar(1000.0 + step, True) for step in range(12)] + [ChartBar(300.0, False)]
     assert StepChart(storm).scale(storm) == 1011.0  # clipping would leave one bar readable: none is clipped
-    assert "↑" in chart.lines(40)[0].plain and chart.lines(40)[-1].plain.count("c") == 1
+    assert "▲" in chart.lines(40)[0].plain and chart.lines(40)[-1].plain.count("c") == 1
     legend = chart.legend(40)
-    assert legend is not None and "↑: clipped at 10 ns, the slowest step without a compile; the tallest is 1.00 µs (100× that)" in legend.plain
-    assert StepChart(storm).legend(40) is None
+    assert legend is not None
+    assert legend.plain == "▲ clipped at 10 ns, the slowest step without a compile: step 0 took 1.00 µs (compiled) · c: the step compiled"
+    many = StepChart([ChartBar(1000.0 + step, True, f"step {step}") for step in range(5)] + [ChartBar(10.0, False, f"step {step}") for step in range(5, 40)])
+    many_legend = many.legend(80)
+    assert many_legend is not None and many_legend.plain.startswith(
+        "▲ clipped at 10 ns, the slowest step without a compile: step 4 took 1.00 µs (compiled), step 3 took 1.00 µs (compiled), "
+        "step 2 took 1.00 µs (compiled) and 2 more")
+    storm_legend = StepChart(storm).legend(40)
+    assert storm_legend is not None and storm_legend.plain == "c: the step compiled"  # nothing clipped
 
 
 def test_action_registry() -> None:
@@ -614,10 +628,11 @@ def test_source_view_shows_code_with_a_gutter_and_opens_the_editor(tmp_path: Pat
         await press(pilot, "8")
         files = table_rows(app, "#source-files")
         assert files[0][0] == "train.py" and files[1][0] == "model.py"
-        code = table_rows(app, "#source-code")
-        line_35 = next(row for row in code if row[5] == "35")
-        assert line_35[6].strip() == "losses.append(loss.item())"
-        assert line_35[2] == "2" and line_35[3] == "" and line_35[4] == "6"  # compiles, caused (no storm), syncs
+        code = rows_by_key(app, "#source-code")
+        line_35 = next(row for row in code if row["line"] == "35")
+        assert line_35["code"].strip() == "losses.append(loss.item())"
+        assert line_35["compiles"] == "2" and line_35["syncs"] == "6"
+        assert "caused" not in line_35  # no recompile storm: the empty column is left out
         source = app.view("source")
         assert source.current_line() == 35  # the hottest line
         await press(pilot, "n")
@@ -639,7 +654,7 @@ def test_source_view_without_the_file_lists_active_lines() -> None:
         app = pilot.app
         await press(pilot, "8")
         assert "not found on this machine" in screen_text(app)
-        lines = [row[5] for row in table_rows(app, "#source-code")]
+        lines = [row["line"] for row in rows_by_key(app, "#source-code")]
         assert lines == ["18", "20", "26", "27", "28", "30", "32", "33", "35", "36", "40", "44"]
 
     with tputrace.open(SMALL_TRACE) as trace:
@@ -930,7 +945,7 @@ def test_ops_by_op_rank_as_the_summary_with_labelled_figures(small: Any) -> None
         await press(pilot, "3")
         table = app.query_one("#ops-groups")
         headers = [str(column.label) for column in table.columns.values()]
-        assert headers[1:5] == ["calls", "host dispatch", "mean", "share"] and "chip share" in headers
+        assert headers[1:5] == ["calls", "host dispatch", "mean dispatch", "share"] and CHIP_SHARE_LABEL in headers
         rows = table_rows(app, "#ops-groups")
         assert [row[0] for row in rows] == [op.op for op in ranking.ops]
         assert rows[0][2] == fmt_ns(ranking.ops[0].self_dispatch_ns)
@@ -961,8 +976,12 @@ def test_no_table_has_a_bare_time_column() -> None:
             await press(pilot, key)
             for table in app.screen.query(DataTable):
                 labels |= {str(column.label) for column in table.columns.values()}
-        assert "time" not in labels
-        assert {"host dispatch", "compile time", "flush time", "collective time", "recorded time", "duration"} <= labels
+        assert not labels & {"time", "start", "mean", "recorded time"}  # each says which time it is
+        assert {"host dispatch", "mean dispatch", "compile time", "collective time", "mean collective", "host time",
+                "start (wall)", "duration"} <= labels
+        await press(pilot, "7")
+        kinds = {row[0] for row in table_rows(app, "#timeline-events")}
+        assert kinds and kinds <= {"host dispatch", "compile", "sync stall", "transfer", "fallback", "collective", "program execution"}
 
     run_app(scenario)
 
@@ -1009,17 +1028,34 @@ def test_next_hot_line_works_from_the_file_list() -> None:
     run_app(scenario)
 
 
-def test_fusions_side_tables_are_divided_and_their_scrollbars_thin() -> None:
-    async def scenario(pilot: Any) -> None:
+def test_fusions_side_tables_are_divided_when_wide_and_stacked_below_with_no_scrollbar_mid_view() -> None:
+    async def wide(pilot: Any) -> None:
         app = pilot.app
         await press(pilot, "5")
         ops_table = app.query_one("#fusions-ops")
         assert ops_table.show_vertical_scrollbar and ops_table.styles.scrollbar_size_vertical == 1
-        line = next(line for line in screen_lines(app) if "aten.native_layer_norm.default" in line and "fusion." in line)
-        between = line[line.index("aten.native_layer_norm.default") + len("aten.native_layer_norm.default"):line.index("fusion.")]
+        line = next(line for line in screen_lines(app) if "aten.embedding.default" in line and "fusion." in line)
+        between = line[line.index("aten.embedding.default") + len("aten.embedding.default"):line.index("fusion.")]
         assert "│" in between or "▕" in between or "▏" in between
 
-    run_app(scenario)
+    run_app(wide, size=(150, 40))
+
+    async def narrow(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "5")
+        width = app.size.width
+        view = app.view("fusions")
+        assert view.has_class("-stacked")
+        for table in view.query("TraceTable"):
+            assert not table.show_horizontal_scrollbar, table.id  # the columns fit: no scrollbar across the view
+            if table.show_vertical_scrollbar:
+                assert table.region.right == width, table.id  # at the screen's edge, not mid-view
+        ops_title = app.query_one("#fusions-ops-title")
+        assert ops_title.region.y > app.query_one("#fusions-flushes").region.bottom - 1
+        assert app.query_one("#fusions-xla").region.y > app.query_one("#fusions-ops").region.y
+
+    for size in ((100, 40), (80, 40)):
+        run_app(narrow, size=size)
 
 
 def test_long_finding_titles_end_in_an_ellipsis_and_show_whole_in_the_detail() -> None:
@@ -1066,5 +1102,116 @@ def test_memory_view_says_when_a_trace_has_no_buffer_lifetimes() -> None:
     async def scenario(pilot: Any) -> None:
         await press(pilot, "M")
         assert "no buffer lifetimes in this trace" in screen_text(pilot.app)
+
+    run_app(scenario)
+
+
+NARROW_SIZES = ((100, 36), (80, 36))
+"""The widths a new user's terminal often has: every view must read there."""
+
+
+def test_no_number_is_cut_and_tables_fit_at_100_and_80_columns() -> None:
+    from tputrace.tui.widgets import TraceTable
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        for key in ("2", "3", "4", "5", "6", "7", "8", "9", "M"):
+            await press(pilot, key)
+            for table in app.screen.query(TraceTable):
+                if not table.display or not table.row_count or not table.is_on_screen:
+                    continue
+                columns = list(table.columns.values())
+                for index in range(table.row_count):
+                    for column, cell in zip(columns, table.get_row_at(index)):
+                        if getattr(cell, "justify", None) == "right":  # a number: shown whole
+                            assert len(cell.plain) <= column.width, (table.id, str(column.label), cell.plain)
+                for column in columns:
+                    assert len(str(column.label)) <= column.width, (table.id, str(column.label))  # no header is cut
+                if table.fit_width:
+                    total = sum(column.get_render_width(table) for column in columns)
+                    assert total <= table.scrollable_content_region.width, (table.id, total)
+                    assert not table.show_horizontal_scrollbar, table.id
+        await press(pilot, "8")
+        files = app.query_one("#source-files")
+        (first_time, *_), = [[row[1]] for row in table_rows(app, "#source-files")[:1]]
+        assert first_time == fmt_ns(app.view("source").files[0].time_ns)
+        assert any(first_time in line for line in screen_lines(app))  # "1.15 s", never "1.1"
+        assert files.region.width <= 34
+
+    for size in NARROW_SIZES:
+        run_app(scenario, size=size)
+
+
+def test_tabs_and_overview_headings_fit_at_100_columns() -> None:
+    from textual.widgets import Tab
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        width = app.size.width
+        tabs = list(app.query(Tab))
+        assert len(tabs) == len(VIEW_ORDER) - 1  # no Compare tab without --compare
+        assert all(0 <= tab.region.x and tab.region.right <= width for tab in tabs)  # every tab whole, none scrolled off
+        tab_line = next(line for line in screen_lines(app) if "1Overview" in line)
+        assert all(f"{view_key(index)}{title}" in tab_line for index, (view_id, title) in enumerate(VIEW_ORDER, start=1) if view_id != "compare")
+        chart_text = app.query_one("#overview-chart").render()
+        assert "…" not in str(chart_text)  # the step summary and the projection wrap rather than end in an ellipsis
+        text = screen_text(app)
+        assert "Step time: the wall time of each step of the loop, measured on this host" in text
+        assert "(roofline of" in text and "a lower bound)" in text.replace("\n", " ")
+
+    run_app(scenario, size=(100, 40))
+
+
+def test_the_step_chart_names_its_clipped_steps() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        steps = [step for step in step_rows(app.session.trace, 0) if step.in_loop]
+        steady = [step.dur_ns for step in steps if not step.compiles]
+        clipped = sorted((step for step in steps if step.dur_ns > max(steady) * 1.001), key=lambda step: -step.dur_ns)
+        assert clipped  # the fixture's compiling steps dwarf the others
+        text = " ".join(screen_lines(app))
+        assert f"▲ clipped at {fmt_ns(max(steady))}, the slowest step without a compile: step {clipped[0].step} took {fmt_ns(clipped[0].dur_ns)}" in text
+        assert "c: the step compiled" in text
+
+    run_app(scenario, size=(100, 40))
+
+
+def test_narrow_tables_leave_out_optional_columns_and_bring_them_back_when_wider() -> None:
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "5")
+        table = app.query_one("#fusions-flushes")
+        keys = [str(key.value) for key in table.columns]
+        assert "in" not in keys and "out" not in keys and {"dur", "ops", "trigger"} <= set(keys)  # the host time, ops and trigger stay
+        await press(pilot, "down", "down")
+        flush = app.view("fusions").flushes[2]
+        await pilot.resize_terminal(150, 36)
+        await settle(pilot)
+        assert {"in", "out", "start"} <= {str(key.value) for key in table.columns}
+        assert table.cursor_row == 2 and rows_by_key(app, "#fusions-flushes")[2]["in"] == fmt_bytes(flush.input_bytes)
+        assert table.row_count == len(app.view("fusions").flushes)
+
+    run_app(scenario, size=(80, 36))
+
+
+def test_the_source_cursor_row_drops_its_syntax_colours_so_no_token_vanishes_into_the_highlight() -> None:
+    from textual.coordinate import Coordinate
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        await press(pilot, "8")
+        table = app.query_one("#source-code")
+        column = table.get_column_index("code")
+        source = app.view("source")
+        coloured = next(index for index, line in enumerate(source.row_lines) if line == 40)  # print('argmax', ...): coloured tokens
+        before = table.get_cell_at(Coordinate(coloured, column))
+        assert before.spans
+        table.move_cursor(row=coloured, animate=False)
+        await settle(pilot)
+        on_cursor = table.get_cell_at(Coordinate(coloured, column))
+        assert on_cursor.plain == before.plain and not on_cursor.spans and not on_cursor.style
+        table.move_cursor(row=coloured + 1, animate=False)
+        await settle(pilot)
+        assert table.get_cell_at(Coordinate(coloured, column)).spans == before.spans  # colours back once the cursor leaves
 
     run_app(scenario)

@@ -11,13 +11,19 @@ described in `shared/notes/xprof-format.md`. Each file holds one `XSpace` with:
 
 The device timeline, and what in it is an estimate, is `tputrace.derived.device_runs`. Nothing here
 imports torch or jax; strings from the trace are only ever data.
+
+A file is written in bounded memory: while the trace is read, each line's events and each plane's
+event metadata wait in a spill folder next to the output (`xplane_line`, `xplane_builder`), which is
+removed once the file is written; only interned metadata (ids by key, stat names) and capped caches
+stay in memory.
 """
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, BinaryIO
 
 from tputrace.derived.device_runs import scan_rank
 from tputrace.derived.op_cost import TargetChip
@@ -43,12 +49,10 @@ class RankExport:
     host_events: int
 
 
-def build_xspace(tables: TraceTables, rank: int, chip: TargetChip, host: str) -> tuple[list[bytes], int, int]:
-    """The serialized XSpace of one rank (in pieces, to be written in order), and its device and host
-    event counts."""
+def write_xspace(file: BinaryIO, tables: TraceTables, rank: int, chip: TargetChip, host: str, spill_folder: Path) -> tuple[int, int]:
+    """Write the XSpace of one rank to `file`, keeping its lines' events in `spill_folder` until then;
+    returns its device and host event counts."""
     trace = tables.trace
-    space = xplane_proto.messages()["XSpace"]()
-    space.hostnames.append(host)
     run_rows = trace.sql("SELECT start_unix_ns, chips FROM runs WHERE rank = ?", (rank,))
     start_unix_ns = run_rows[0][0] if run_rows and run_rows[0][0] is not None else 0
     chip_count = run_rows[0][1] if run_rows and run_rows[0][1] else 0
@@ -57,8 +61,8 @@ def build_xspace(tables: TraceTables, rank: int, chip: TargetChip, host: str) ->
         (rank, rank),
     )
     chips = sorted(set(range(chip_count)) | {max(row[0], 0) for row in used if row[0] is not None}) or [0]
-    device = DevicePlanes(space, tables, chips, chip)
-    host_plane = HostPlane(space, tables, max(chips) + 1)
+    device = DevicePlanes(tables, chips, chip, spill_folder)
+    host_plane = HostPlane(tables, max(chips) + 1, spill_folder)
 
     def restart() -> None:
         device.clear()
@@ -73,14 +77,12 @@ def build_xspace(tables: TraceTables, rank: int, chip: TargetChip, host: str) ->
     ))
     host_plane.add_records(rank)
     device_events, host_events = device.event_count, host_plane.event_count
-    planes = [*device.serialize(start_unix_ns), host_plane.serialize(start_unix_ns)]
-    # The planes were added to `space` only to create them; they are written from their pieces.
-    del space.planes[:]
-    pieces = [space.SerializeToString()]
-    for plane_pieces in planes:
-        pieces.append(xplane_proto.length_delimited(xplane_proto.XSPACE_PLANES_FIELD, sum(map(len, plane_pieces))))
-        pieces.extend(plane_pieces)
-    return pieces, device_events, host_events
+    # XSpace{planes = 1, hostnames = 4}: the host name first, as a message with only it serializes, then
+    # each plane as a `planes` field.
+    file.write(xplane_proto.messages()["XSpace"](hostnames=[host]).SerializeToString())
+    device.write(file, start_unix_ns)
+    host_plane.write(file, start_unix_ns)
+    return device_events, host_events
 
 
 # -- files ------------------------------------------------------------------------------------------
@@ -95,12 +97,12 @@ def export_tensorboard(trace: Trace, logdir: str | Path, *, run: str | None = No
     try:
         tables = TraceTables(trace)
         for rank, host in host_names(trace).items():
-            pieces, device_events, host_events = build_xspace(tables, rank, chip, host)
             path = run_dir / f"{host}.xplane.pb"
             temporary = path.with_name(path.name + ".partial")
             try:
-                with temporary.open("wb") as file:
-                    file.writelines(pieces)
+                # The lines' events wait next to the output (where there is room for it) until written.
+                with tempfile.TemporaryDirectory(prefix=f".{host}.spill-", dir=run_dir) as spill, temporary.open("wb") as file:
+                    device_events, host_events = write_xspace(file, tables, rank, chip, host, Path(spill))
                 temporary.replace(path)
             finally:
                 temporary.unlink(missing_ok=True)

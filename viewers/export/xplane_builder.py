@@ -1,45 +1,47 @@
 """Building XPlane protobuf bytes: a plane's interned metadata and stats, and its lines of events.
 
-Lines hold their events as arrays and are written field by field (`xplane_proto`'s encoders), which is
-what a million events cost least as; the plane message itself goes through the protobuf classes.
+A plane's name, stats and stat metadata are a protobuf message (small); its event metadata are encoded
+as they are made (`xplane_proto`'s encoders). Its lines keep their events in files (`xplane_line`),
+and `write` copies them into the output after the plane's other fields, field by field, so that a
+plane of millions of events takes bounded memory.
 """
 
 from __future__ import annotations
 
-from array import array
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+import shutil
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from tputrace import xplane_proto
+from tputrace.viewers.export.xplane_line import Line, Ref, Stats
+
+__all__ = ["PS_PER_NS", "Line", "PlaneBuilder", "Ref", "Stats"]
 
 PS_PER_NS = 1000
-
-
-@dataclass(frozen=True, slots=True)
-class Ref:
-    """A string stat stored once in the plane's stat metadata and referred to by id (`ref_value`):
-    for a long string that many events or metadata repeat."""
-
-    text: str
-
-
-Stats = Sequence[tuple[str, Any]]
+METADATA_BUFFER_BYTES = 1 << 20
+MAX_CACHED_STATS = 1 << 14
 
 
 class PlaneBuilder:
-    """One XPlane: its name, plane stats and metadata (interned: stats by name, events by key) live in
-    a protobuf message; its lines are `Line`s, written after it by `serialize`."""
+    """One XPlane: its name, plane stats and stat metadata (interned by name) live in a protobuf
+    message, its event metadata (interned by key) are encoded, and its lines are `Line`s with files
+    in `spill_folder`, written after the rest by `write`."""
 
-    def __init__(self, plane: Any, plane_id: int, name: str) -> None:
-        self.plane = plane
+    def __init__(self, plane_id: int, name: str, spill_folder: Path) -> None:
+        self.plane = plane = xplane_proto.messages()["XPlane"]()
+        self._spill_folder = spill_folder
         plane.id = plane_id
         plane.name = name
         self._stat_ids: dict[str, int] = {}
         self._event_ids: dict[Any, int] = {}
-        self._event_metadata: list[bytes] = []  # encoded map entries, written after the plane message
+        # Encoded event metadata (map entries), written after the plane message: they wait in a file,
+        # `METADATA_BUFFER_BYTES` at a time, since a trace whose ops seldom repeat has nearly one per op.
+        self._event_metadata = bytearray()
+        self._event_metadata_path = spill_folder / f"plane{plane_id}.metadata"
+        self._event_metadata_size = 0
         # Encoded stats of metadata: the `metadata_id` field of each stat name, and whole stats whose
-        # value (a string, mostly) many metadata repeat.
+        # value (a string, mostly) many metadata repeat, up to `MAX_CACHED_STATS` of them (then the
+        # cache starts again: a trace whose ops seldom repeat would otherwise hold a few per op).
         self._stat_heads: dict[str, bytes] = {}
         self._encoded_stats: dict[tuple[str, type, Any], bytes] = {}
         # An op's name and encoded stats besides its costs (see `xplane_device`), by what identifies it.
@@ -94,7 +96,9 @@ class PlaneBuilder:
     def add_encoded_metadata(self, key: Any, name: str, encoded_stats: list[bytes]) -> int:
         """The id of new event metadata for `key` (not added before), with stats from `encode_stats`."""
         metadata_id = self._event_ids[key] = len(self._event_ids) + 1
-        self._event_metadata.append(xplane_proto.encode_event_metadata_entry(metadata_id, name, encoded_stats))
+        self._event_metadata += xplane_proto.encode_event_metadata_entry(metadata_id, name, encoded_stats)
+        if len(self._event_metadata) >= METADATA_BUFFER_BYTES:
+            self._spill_event_metadata()
         return metadata_id
 
     def encode_stats(self, stats: Stats) -> list[bytes]:
@@ -114,6 +118,8 @@ class PlaneBuilder:
             if stat_bytes is None:
                 stat_bytes = xplane_proto.encode_stat(self.stat_id(stat), value, self.stat_id(value.text) if kind is Ref else None)
                 if kind is str or kind is Ref or kind is bool:
+                    if len(cache) >= MAX_CACHED_STATS:
+                        cache.clear()
                     cache[cache_key] = stat_bytes
             encoded.append(stat_bytes)
         return encoded
@@ -125,103 +131,47 @@ class PlaneBuilder:
             head = self._stat_heads[name] = b"\x08" + xplane_proto.encode_varint(self.stat_id(name))
         return head
 
+    def _spill_event_metadata(self) -> None:
+        with self._event_metadata_path.open("ab") as file:
+            file.write(self._event_metadata)
+        self._event_metadata_size += len(self._event_metadata)
+        self._event_metadata = bytearray()
+
     def add_line(self, name: str) -> Line:
-        line = Line(name)
+        line = Line(name, self._spill_folder / f"plane{self.plane.id}-line{len(self.lines)}")
         self.lines.append(line)
         return line
 
-    def serialize(self, timestamp_ns: int, *, keep_empty_lines: bool) -> list[bytes]:
-        """The plane's bytes, in pieces: its message, then each line as a `lines` field."""
-        pieces = [self.plane.SerializeToString(), *self._event_metadata]
-        line_id = 0
-        for line in self.lines:
-            if len(line) or keep_empty_lines:
-                line_id += 1
-                line_pieces = line.serialize(self, line_id, timestamp_ns)
-                pieces.append(xplane_proto.length_delimited(xplane_proto.XPLANE_LINES_FIELD, sum(map(len, line_pieces))))
-                pieces.extend(line_pieces)
-        return pieces
-
-
-class Line:
-    """One XLine's events, gathered in any order and written sorted by start: XProf walks each line in
-    time order (to nest ops in programs and programs in steps) and gets them wrong when it is not.
-    Times are ps from the line's timestamp; events may carry stats."""
-
-    __slots__ = ("name", "metadata_ids", "offsets_ps", "durations_ps", "stats")
-
-    def __init__(self, name: str) -> None:
-        self.name = name
-        self.clear()
-
-    def clear(self) -> None:
-        self.metadata_ids = array("q")
-        self.offsets_ps = array("q")
-        self.durations_ps = array("q")
-        self.stats: dict[int, Stats] = {}
-
-    def __len__(self) -> int:
-        return len(self.offsets_ps)
-
-    def add(self, metadata_id: int, offset_ps: int, duration_ps: int, stats: Stats | None = None) -> None:
-        if stats:
-            self.stats[len(self.offsets_ps)] = stats
-        self.metadata_ids.append(metadata_id)
-        self.offsets_ps.append(offset_ps)
-        self.durations_ps.append(duration_ps if duration_ps > 0 else 0)
-
-    def _order(self) -> Sequence[int] | None:
-        """The event indexes sorted by start (longer first among equal starts, so that an enclosing
-        event precedes what it encloses), or None when the events already are in start order."""
-        offsets, durations = self.offsets_ps, self.durations_ps
+    def write(self, file: BinaryIO, timestamp_ns: int, *, keep_empty_lines: bool) -> None:
+        """Write the plane as an `XSpace.planes` field: its message, its event metadata, then each line
+        as a `lines` field. The lines are encoded first: stats that only events carry get their ids
+        then, and the message's stat metadata must name them."""
+        self._spill_event_metadata()
+        lines: list[tuple[bytes, Path]] = []
         try:
-            import numpy
-        except ImportError:
-            if all(map(int.__le__, offsets[:-1], offsets[1:])):
-                return None
-            return sorted(range(len(offsets)), key=lambda index: (offsets[index], -durations[index]))
-        starts = numpy.frombuffer(offsets, dtype=numpy.int64)
-        if len(starts) < 2 or bool((starts[1:] >= starts[:-1]).all()):
-            return None
-        return numpy.lexsort((-numpy.frombuffer(durations, dtype=numpy.int64), starts)).tolist()
-
-    def serialize(self, builder: PlaneBuilder, line_id: int, timestamp_ns: int) -> list[bytes]:
-        """The line's bytes, in pieces: its header fields, then its events (in start order)."""
-        messages = xplane_proto.messages()
-        offsets, durations, metadata_ids = self.offsets_ps, self.durations_ps, self.metadata_ids
-        header = messages["XLine"](id=line_id, display_id=line_id, name=self.name, timestamp_ns=timestamp_ns,
-                                   duration_ps=_line_end_ps(offsets, durations))
-        order = self._order()
-        if not self.stats:
-            if order is not None:
-                metadata_ids = array("q", (metadata_ids[index] for index in order))
-                offsets = array("q", (offsets[index] for index in order))
-                durations = array("q", (durations[index] for index in order))
-            encoded = xplane_proto.encode_events(metadata_ids, offsets, durations)
-            if encoded is not None:
-                return [header.SerializeToString(), encoded]
-        # XEvent{metadata_id = 1, offset_ps = 2, duration_ps = 3, stats = 4}, written field by field.
-        varint, stats = xplane_proto.encode_varint, self.stats
-        pieces = [header.SerializeToString()]
-        for index in order if order is not None else range(len(offsets)):
-            duration = durations[index]
-            event = b"\x08" + varint(metadata_ids[index]) + b"\x10" + varint(offsets[index])
-            if duration:
-                event += b"\x18" + varint(duration)
-            event_stats = stats.get(index)
-            if event_stats:
-                event += b"".join([b"\x22" + varint(len(stat)) + stat for stat in builder.encode_stats(event_stats)])
-            pieces.append(b"\x22" + varint(len(event)) + event)
-        return pieces
-
-
-def _line_end_ps(offsets: array[int], durations: array[int]) -> int:
-    """When a line's last event ends (0 for none)."""
-    if not offsets:
-        return 0
-    try:
-        import numpy
-    except ImportError:
-        return max(map(int.__add__, offsets, durations))
-    return int((numpy.frombuffer(offsets, dtype=numpy.int64) + numpy.frombuffer(durations, dtype=numpy.int64)).max())
-
+            lines_size = 0
+            line_id = 0
+            for line in self.lines:
+                if len(line) or keep_empty_lines:
+                    line_id += 1
+                    header, events_path = line.write(self, line_id, timestamp_ns)
+                    lines.append((header, events_path))
+                    line_size = len(header) + events_path.stat().st_size
+                    lines_size += len(xplane_proto.length_delimited(xplane_proto.XPLANE_LINES_FIELD, line_size)) + line_size
+            head = self.plane.SerializeToString()
+            size = len(head) + self._event_metadata_size + lines_size
+            file.write(xplane_proto.length_delimited(xplane_proto.XSPACE_PLANES_FIELD, size))
+            file.write(head)
+            if self._event_metadata_size:
+                with self._event_metadata_path.open("rb") as metadata:
+                    shutil.copyfileobj(metadata, file, 1 << 20)
+            for header, events_path in lines:
+                line_size = len(header) + events_path.stat().st_size
+                file.write(xplane_proto.length_delimited(xplane_proto.XPLANE_LINES_FIELD, line_size))
+                file.write(header)
+                with events_path.open("rb") as events:
+                    shutil.copyfileobj(events, file, 1 << 20)
+                events_path.unlink()
+        finally:
+            for _, events_path in lines:
+                events_path.unlink(missing_ok=True)

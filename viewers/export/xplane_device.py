@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from tputrace.derived.device_runs import OpKey, ProgramRun
 from tputrace.derived.op_cost import ATTENTION_MARK, MATMUL_OPS, TIME_ESTIMATE_NOTE, TargetChip, aten_base_name
@@ -17,6 +18,7 @@ from tputrace import xplane_proto
 from tputrace.viewers.export.xplane_builder import PS_PER_NS, Line, PlaneBuilder, Ref
 
 DEVICE_PLANE_PREFIX = "/device:TPU:"
+MAX_CACHED_DESCRIPTIONS = 2048
 
 _DATA_FORMATTING_OPS = frozenset({
     "view", "_unsafe_view", "reshape", "transpose", "t", "permute", "expand", "slice", "select", "squeeze",
@@ -80,13 +82,13 @@ def _count(value: float | None) -> int | None:
 class DevicePlanes:
     """The `/device:TPU:<n>` planes of one rank: Steps, XLA Modules and XLA Ops lines per chip."""
 
-    def __init__(self, space: Any, tables: TraceTables, chips: Sequence[int], chip: TargetChip) -> None:
+    def __init__(self, tables: TraceTables, chips: Sequence[int], chip: TargetChip, spill_folder: Path) -> None:
         self.tables = tables
         self.builders: dict[int, PlaneBuilder] = {}
         self.lines: dict[int, tuple[Line, Line, Line]] = {}
         self._layout_metadata: dict[tuple[int, int], list[int]] = {}  # (chip, layout) -> its ops' metadata ids
         for chip_index in chips:
-            builder = self.builders[chip_index] = PlaneBuilder(space.planes.add(), chip_index, f"{DEVICE_PLANE_PREFIX}{chip_index}")
+            builder = self.builders[chip_index] = PlaneBuilder(chip_index, f"{DEVICE_PLANE_PREFIX}{chip_index}", spill_folder)
             builder.add_stats(builder.plane.stats, (
                 ("device_type_string", chip.device_type),
                 ("peak_teraflops_per_second", chip.peak_teraflops_per_second),
@@ -139,9 +141,8 @@ class DevicePlanes:
                         metadata_ids[index] = _add_op_metadata(builder, self.tables, run, index)
             if run.layout is not None:
                 remember(self._layout_metadata, layout_key, metadata_ids)
-        ops.metadata_ids.extend(metadata_ids)
-        ops.offsets_ps.extend([int(start * PS_PER_NS + 0.5) for start in run.op_starts_ns])
-        ops.durations_ps.extend([int(duration * PS_PER_NS + 0.5) for duration in run.op_durs_ns])
+        ops.extend(metadata_ids, [int(start * PS_PER_NS + 0.5) for start in run.op_starts_ns],
+                   [int(duration * PS_PER_NS + 0.5) for duration in run.op_durs_ns])
 
     def add_steps(self, steps: Iterable[tuple[int, int, int | None]]) -> None:
         for step, start_ns, end_ns in steps:
@@ -152,8 +153,9 @@ class DevicePlanes:
                 self.lines[chip_index][0].add(metadata_id, start_ns * PS_PER_NS, max(end_ns - start_ns, 0) * PS_PER_NS,
                                               (("group_id", step), ("step_num", step)))
 
-    def serialize(self, timestamp_ns: int) -> list[list[bytes]]:
-        return [builder.serialize(timestamp_ns, keep_empty_lines=True) for builder in self.builders.values()]
+    def write(self, file: BinaryIO, timestamp_ns: int) -> None:
+        for builder in self.builders.values():
+            builder.write(file, timestamp_ns, keep_empty_lines=True)
 
 
 def _add_op_metadata(builder: PlaneBuilder, tables: TraceTables, run: ProgramRun, index: int) -> int:
@@ -183,11 +185,13 @@ def _add_op_metadata(builder: PlaneBuilder, tables: TraceTables, run: ProgramRun
         ))
     cost_stats = builder.encode_stats(costs)
     # What an op's metadata says besides its costs is the same at every position of the op in the
-    # program (and in every program with the same ops): encoded once per plane.
+    # program (and in every program with the same ops): encoded once per plane while it is among the
+    # last `MAX_CACHED_DESCRIPTIONS` made (encoding it again gives the same bytes).
     described = (key.program_id, key.op_sid, key.inputs_sid, key.outputs_sid, key.module_sid, key.frame_id, run.estimated)
     description = builder.op_descriptions.get(described)
     if description is None:
-        description = builder.op_descriptions[described] = _describe_op(builder, tables, key, run.estimated)
+        description = remember(builder.op_descriptions, described, _describe_op(builder, tables, key, run.estimated),
+                               MAX_CACHED_DESCRIPTIONS)
     op_name, described_stats = description
     name = f"{op_name}.{key.position}" if run.estimated else op_name
     return builder.add_encoded_metadata(tuple(key), name, cost_stats + described_stats)

@@ -5,7 +5,8 @@ annotated ranges, graph breaks)."""
 from __future__ import annotations
 
 import operator
-from typing import Any
+from pathlib import Path
+from typing import Any, BinaryIO
 
 from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, START, OpBatch, TraceTables
 from tputrace.viewers.export.collective_causes import cause_args, cause_column
@@ -25,9 +26,9 @@ class HostPlane:
     LINE_NAMES = ("Steps", "Annotations", "Python dispatch", "Flushes", "XLA Compile", "Syncs", "Transfers",
                   "CPU fallbacks", "Collectives", "Graph breaks")
 
-    def __init__(self, space: Any, tables: TraceTables, plane_id: int) -> None:
+    def __init__(self, tables: TraceTables, plane_id: int, spill_folder: Path) -> None:
         self.tables = tables
-        self.builder = PlaneBuilder(space.planes.add(), plane_id, HOST_PLANE)
+        self.builder = PlaneBuilder(plane_id, HOST_PLANE, spill_folder)
         self.builder.add_stats(self.builder.plane.stats, UNMEASURED_COUNTERS)
         self.lines = {name: self.builder.add_line(name) for name in self.LINE_NAMES}
         self.dispatch = self.lines["Python dispatch"]
@@ -46,10 +47,8 @@ class HostPlane:
             for index, metadata_id in enumerate(metadata_ids):
                 if metadata_id is None:
                     metadata_ids[index] = self._dispatch_metadata_id(keys[index])
-        dispatch = self.dispatch
-        dispatch.metadata_ids.extend(metadata_ids)  # type: ignore[arg-type]
-        dispatch.offsets_ps.extend([row[START] * PS_PER_NS for row in rows])
-        dispatch.durations_ps.extend([dur * PS_PER_NS if dur and dur > 0 else 0 for dur in map(_DUR_OF, rows)])
+        self.dispatch.extend(metadata_ids, [row[START] * PS_PER_NS for row in rows],
+                             [dur * PS_PER_NS if dur and dur > 0 else 0 for dur in map(_DUR_OF, rows)])
 
     def _dispatch_metadata_id(self, key: tuple[Any, ...]) -> int:
         metadata_id = self._dispatch_metadata.get(key)
@@ -139,6 +138,6 @@ class HostPlane:
             add("Graph breaks", ("graph break", reason_sid, frame_id), "graph break", t_ns, 0,
                 (("reason", text(reason_sid)), ("source", source(frame_id))), (("step", step),))
 
-    def serialize(self, timestamp_ns: int) -> list[bytes]:
-        return self.builder.serialize(timestamp_ns, keep_empty_lines=False)
+    def write(self, file: BinaryIO, timestamp_ns: int) -> None:
+        self.builder.write(file, timestamp_ns, keep_empty_lines=False)
 
