@@ -114,9 +114,19 @@ class Session:
         return self.shared(("findings", chosen), lambda trace: queries.load_findings(trace, chosen, reader=self.reader))
 
     def op_groups(self, rank: int, grouping: queries.OpGrouping, text: str = "") -> list[queries.OpGroup]:
-        """Ops of `rank` grouped by `grouping`, aggregated once per grouping; a filter narrows those
-        groups without another scan (unless they were capped)."""
-        groups = self.shared(("op_groups", rank, grouping), lambda trace: queries.op_groups(trace, grouping, rank))
+        """Ops of `rank` grouped by `grouping`, aggregated once (by op and by op and shapes from one read of the
+        ops' columns, the others from another); a filter narrows those groups without another scan (unless
+        they were capped)."""
+        if grouping == "op":
+            groups = self._ops_read(rank).by_op
+        elif grouping == "op_shapes":
+            groups = self._ops_read(rank).by_op_shapes
+        else:  # the other groupings come from one read of their columns
+            others = [other for other in queries.OP_GROUPINGS if other not in ("op", "op_shapes")]
+            with self._lock:
+                read_started = ("ops_read", rank) in self._cache
+            durations = self._ops_read(rank).durs_ns if read_started else None  # the durations that read has
+            groups = self.shared(("op_groups", rank, "others"), lambda trace: queries.op_groups_by(trace, others, rank, durations))[grouping]
         if not text:
             return groups
         matching = queries.filter_groups(groups, text)
@@ -125,6 +135,18 @@ class Session:
         all_ns = self.ops_total_ns(rank)
         with self.reader() as trace:
             return queries.op_groups(trace, grouping, rank, text, all_ns=all_ns)
+
+    def _ops_read(self, rank: int) -> queries.OpsRead:
+        return self.shared(("ops_read", rank), lambda trace: queries.ops_read(trace, rank))
+
+    def op_times(self, rank: int) -> queries.OpTimes | None:
+        """The ops' times the Timeline buckets: those the Ops view's read kept when it has run or is
+        running (one read of the ops serves both), else read alone (two columns instead of four)."""
+        with self._lock:
+            read_started = ("ops_read", rank) in self._cache
+        if read_started:
+            return self._ops_read(rank).times
+        return self.shared(("op_times", rank), lambda trace: queries.op_times(trace, rank))
 
     def steps(self) -> list[StepRow]:
         rank = self.rank

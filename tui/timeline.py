@@ -1,8 +1,8 @@
 """Timeline: host lanes (dispatch, compile, syncs, transfers, fallbacks, collectives) and one lane per
 chip for a step or window; zoom and pan with keys. Below, the longest events in the window.
 
-Lanes are bucketed in SQL to the lanes' width, so a window over a million ops costs one grouped
-scan per lane, not a million rows.
+Lanes are bucketed to the lanes' width; the ops' times are read once and kept (`queries.op_times`), so
+a window over millions of ops costs passes over arrays, not a scan of the table.
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from tputrace.tui.widgets import StatusLine, TraceTable
 if TYPE_CHECKING:
     from textual.app import ComposeResult
     from textual.widget import Widget
+
+    from tputrace.store.reader import Trace
 
 LABEL_WIDTH = 22
 """Columns for a lane's label and event count: "dispatch (1,000,000)", "tpu:0 exec (19,200)"."""
@@ -136,9 +138,14 @@ class TimelineView(TraceView):
     def show_window(self, window: Window) -> None:
         self.window = window
         self._columns = self._lane_columns()
-        rank, columns = self.session.rank, self._columns
-        self.request("window", lambda trace: (window, queries.timeline_lanes(trace, rank, window.start_ns, window.end_ns, columns),
-                                              queries.window_events(trace, rank, window.start_ns, window.end_ns)))
+        session, rank, columns = self.session, self.session.rank, self._columns
+
+        def fetch(trace: Trace) -> tuple[Window, list[queries.LaneBusy], list[queries.WindowEvent]]:
+            times = session.op_times(rank)  # read once, for every window
+            return (window, queries.timeline_lanes(trace, rank, window.start_ns, window.end_ns, columns, times),
+                    queries.window_events(trace, rank, window.start_ns, window.end_ns, times=times))
+
+        self.request("window", fetch)
         self._show_status()
 
     def _lane_columns(self) -> int:

@@ -24,6 +24,8 @@ from tputrace.derived.trace_tables import CHIP, DUR, FLUSH, FRAME, INPUTS, MODUL
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
 
+PROGRAM_OPS_LABEL = "(programs without recorded ops)"
+"""What op rankings call the chip time of programs that ran without recorded ops (their XLA fusions)."""
 _FLUSH_OF = operator.itemgetter(FLUSH)
 _SEQ_OF = operator.itemgetter(SEQ)
 

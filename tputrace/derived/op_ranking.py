@@ -15,16 +15,16 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from tputrace.derived.device_runs import ProgramRun, scan_rank
+from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, ProgramRun, scan_rank
 from tputrace.derived.op_cost import TargetChip
 from tputrace.derived.trace_tables import OpBatch, TraceTables
 
 if TYPE_CHECKING:
+    from tputrace.derived.op_ranking_columns import RankingColumns
     from tputrace.store.reader import Trace
 
 HOST_DISPATCH_LABEL = "host dispatch (excl. flushes/compiles)"
 CHIP_SHARE_LABEL = "chip time share"
-PROGRAM_OPS_LABEL = "(programs without recorded ops)"
 
 
 @dataclass(frozen=True)
@@ -126,11 +126,33 @@ def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTabl
     return chip_ns
 
 
-def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanking:
+def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None, columns: RankingColumns | None = None) -> OpRanking:
     """The ops of `rank` ranked by host dispatch without nested flushes and compiles, with their chip
-    time share on `chip` when given."""
+    time share on `chip` when given. Computed over columns (`op_ranking_columns`; `columns` when the
+    caller read them already); row by row (`rank_ops_by_rows`) where numpy is not installed or the
+    columns cannot be read as integers."""
+    try:
+        from tputrace.derived.op_ranking_columns import op_sums
+    except ImportError:  # numpy is installed with the views, not with the core
+        return rank_ops_by_rows(trace, rank, chip)
+    sums = op_sums(trace, rank, nested_intervals(trace, rank), chip, columns)
+    if sums is None:
+        return rank_ops_by_rows(trace, rank, chip)
+    calls: dict[str, int] = {}
+    dispatch: dict[str, int] = {}
+    self_dispatch: dict[str, int] = {}
+    for sid, count in sums.calls.items():
+        name = (trace.string(sid) if sid is not None else None) or "?"
+        calls[name] = calls.get(name, 0) + count
+        dispatch[name] = dispatch.get(name, 0) + sums.dispatch_ns[sid]
+        self_dispatch[name] = self_dispatch.get(name, 0) + sums.self_dispatch_ns[sid]
+    return _ranking(calls, dispatch, self_dispatch, sums.nested_ns, sums.chip_ns, chip)
+
+
+def rank_ops_by_rows(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanking:
+    """`rank_ops`, reading the ops one row at a time (what the columns' figures are checked against)."""
     covered = _Covered(nested_intervals(trace, rank))
-    names = dict(trace.sql("SELECT id, text FROM strings WHERE id IN (SELECT DISTINCT op_sid FROM ops WHERE rank = ?)", (rank,)))
+    names = dict(trace.sql("SELECT id, text FROM strings WHERE id IN (SELECT DISTINCT op_sid FROM ops NOT INDEXED WHERE rank = ?)", (rank,)))
     calls: dict[str, int] = {}
     dispatch: dict[str, int] = {}
     self_dispatch: dict[str, int] = {}
@@ -144,6 +166,11 @@ def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanki
         dispatch[name] = dispatch.get(name, 0) + duration
         self_dispatch[name] = self_dispatch.get(name, 0) + duration - nested
     chip_ns = chip_time_by_op(trace, rank, chip) if chip is not None else {}
+    return _ranking(calls, dispatch, self_dispatch, nested_total, chip_ns, chip)
+
+
+def _ranking(calls: dict[str, int], dispatch: dict[str, int], self_dispatch: dict[str, int], nested_total: int,
+             chip_ns: dict[str, float], chip: TargetChip | None) -> OpRanking:
     all_self = sum(self_dispatch.values())
     all_chip = sum(chip_ns.values())
     ranked = [
@@ -154,7 +181,6 @@ def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanki
     ]
     ranked.sort(key=lambda op: (-op.self_dispatch_ns, -op.chip_ns, op.op))
     return OpRanking(tuple(ranked), all_self, nested_total, all_chip, chip.name if chip is not None else None)
-
 
 
 def self_dispatch_by_frame_and_module(trace: Trace, rank: int) -> tuple[dict[int | None, int], dict[str, int]]:

@@ -32,7 +32,10 @@ from tputrace.tui.queries.ops import (
     filter_groups,
     like_pattern,
     op_groups,
+    op_groups_by,
     op_instances,
+    ops_read,
+    OpsRead,
     ops_total_ns,
     sort_groups,
 )
@@ -47,15 +50,15 @@ from tputrace.tui.queries.overview import (
 )
 from tputrace.tui.queries.sharding import USER_CALL, CauseGroup, MeshRow, ParameterRow, ShardingTables, sharding_tables
 from tputrace.tui.queries.source import FileStat, LineStat, caused_compiles, resolve_source, source_stats
-from tputrace.tui.queries.timeline import HOST_LANES, LaneBusy, WindowEvent, timeline_lanes, window_events
+from tputrace.tui.queries.timeline import HOST_LANES, LaneBusy, OpTimes, WindowEvent, op_times, timeline_lanes, window_events
 
 __all__ = [
     "comparison",
     "GROUP_ORDERS", "HOST_LANES", "MAX_GROUPS", "OP_GROUPINGS", "OP_GROUPING_LABELS", "SEPARATE_ANALYZERS", "USER_CALL",
     "CauseGroup", "CollectiveGroup", "CompileRow", "CompileSite", "FileStat", "FindingsResult", "FlushContents", "FlushOrder",
-    "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "MemoryTables", "MeshRow", "OpGroup", "OpGrouping", "OpInstance", "Overview", "ParameterRow",
+    "FlushRow", "FusionRow", "GroupOrder", "LaneBusy", "LineStat", "MemoryTables", "MeshRow", "OpGroup", "OpGrouping", "OpInstance", "OpTimes", "Overview", "ParameterRow",
     "RankCollectives", "ShardingTables", "TriggerStat", "WindowEvent",
     "collective_groups", "collective_ranks", "compile_rows", "compile_sites", "filter_groups", "finding_location",
-    "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "memory_tables", "op_groups", "op_instances",
+    "flush_contents", "flush_rows", "flush_triggers", "like_pattern", "load_findings", "memory_tables", "op_groups", "op_groups_by", "op_instances", "op_times", "ops_read", "OpsRead",
     "caused_compiles", "ops_total_ns", "overview", "resolve_source", "sharding_tables", "sort_groups", "source_stats", "timeline_lanes", "window_events",
 ]

@@ -1,6 +1,11 @@
-"""The timeline for the TUI: how busy each lane is in each column of a window, bucketed in SQL to the
-lanes' width (a window over a million ops costs one grouped scan per lane), and the longest events in
-the window."""
+"""The timeline for the TUI: how busy each lane is in each column of a window, bucketed to the lanes'
+width, and the longest events in the window.
+
+Lanes of indexed tables are bucketed in SQL. numpy is imported on first use, not before the first paint. The ops have no time index (it would cost too much of a
+trace's size), so the dispatch lane reads every op's start and duration once (`op_times`, kept by the
+caller for the next windows) and buckets a window's ops with numpy: a window then costs a few passes
+over arrays instead of a scan of the table.
+"""
 
 from __future__ import annotations
 
@@ -13,6 +18,8 @@ from tputrace.derived.text import shown
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
+    import numpy as np
+
     from tputrace.store.reader import Trace
 
 HOST_LANES: tuple[tuple[str, str], ...] = (
@@ -55,9 +62,78 @@ def _bucket_busy(rows: Iterable[tuple[int, int, int]], columns: int, bucket_ns: 
     return tuple(value / bucket_ns for value in busy), events
 
 
-def timeline_lanes(trace: Trace, rank: int, start_ns: int, end_ns: int, columns: int) -> list[LaneBusy]:
+@dataclass(frozen=True)
+class OpTimes:
+    """Every op of a rank with a start: its start and duration (NULL as 0), in file order, and its rowid
+    (`rowids`, or, where those are the rowids `first_rowid`, `first_rowid + 1`, ... without gaps, None)."""
+
+    starts_ns: np.ndarray
+    durs_ns: np.ndarray
+    rowids: np.ndarray | None = None
+    first_rowid: int = 0
+
+    def overlapping(self, start_ns: int, end_ns: int) -> np.ndarray:
+        """Indexes of the ops that overlap [start_ns, end_ns] as the SQL lanes count it (start before the
+        end, finish at or after the start)."""
+        import numpy as np
+
+        return np.flatnonzero((self.starts_ns < end_ns) & (self.starts_ns + self.durs_ns >= start_ns))
+
+    def rowids_of(self, indexes: np.ndarray) -> list[int]:
+        return (self.rowids[indexes] if self.rowids is not None else indexes + self.first_rowid).tolist()
+
+
+def op_times(trace: Trace, rank: int) -> OpTimes | None:
+    """The ops' times for `timeline_lanes` and `window_events` (None where the columns are not all integers:
+    those then scan the table)."""
+    from tputrace.derived.op_columns import read_op_columns
+
+    columns = read_op_columns(trace, rank, {"start": "start_ns", "dur": "COALESCE(dur_ns, 0)"})
+    return None if columns is None else times_from_columns(trace, rank, columns["start"], columns["dur"])
+
+
+def times_from_columns(trace: Trace, rank: int, starts_ns: np.ndarray, durs_ns: np.ndarray) -> OpTimes | None:
+    """`OpTimes` from the rank's start (NULL as `NULL_VALUE`) and duration (NULL as 0) columns, read in file order."""
+    from tputrace.derived.op_columns import NULL_VALUE, read_op_columns
+
+    (low,), = trace.sql("SELECT MIN(rowid) FROM ops")
+    (high,), = trace.sql("SELECT MAX(rowid) FROM ops")
+    timed = starts_ns != NULL_VALUE
+    if len(starts_ns) and len(starts_ns) == high - low + 1 and timed.all():  # every row the rank's, no gaps
+        return OpTimes(starts_ns, durs_ns, None, low)
+    read = read_op_columns(trace, rank, {"rowid": "rowid"})
+    if read is None:
+        return None
+    return OpTimes(starts_ns[timed], durs_ns[timed], read["rowid"][timed])
+
+
+def _dispatch_buckets(times: OpTimes, start_ns: int, end_ns: int, bucket_ns: int) -> list[tuple[int, int, int]]:
+    """The dispatch lane's (bucket, busy ns, count) rows, as the SQL of `timeline_lanes` groups them."""
+    import numpy as np
+
+    from tputrace.derived.op_columns import sums_by
+
+    inside = times.overlapping(start_ns, end_ns)
+    if len(inside) == len(times.starts_ns):  # the whole run: no copies
+        starts, finishes = times.starts_ns, times.starts_ns + times.durs_ns
+    else:
+        starts, finishes = times.starts_ns[inside], times.starts_ns[inside] + times.durs_ns[inside]
+    begins = np.maximum(starts, start_ns)
+    buckets = (begins - start_ns) // bucket_ns
+    if not len(buckets):
+        return []
+    size = int(buckets.max()) + 1
+    busy = sums_by(buckets, np.minimum(finishes, end_ns) - begins, size)
+    counts = np.bincount(buckets, minlength=size)
+    present = np.flatnonzero(counts)
+    return list(zip(present.tolist(), busy[present].tolist(), counts[present].tolist()))
+
+
+def timeline_lanes(trace: Trace, rank: int, start_ns: int, end_ns: int, columns: int,
+                   times: OpTimes | None = None) -> list[LaneBusy]:
     """Host lanes (dispatch, compile, syncs, transfers, fallbacks, collectives) and one lane per chip
-    (program executions) for the window [start_ns, end_ns), `columns` wide."""
+    (program executions) for the window [start_ns, end_ns), `columns` wide; the dispatch lane from
+    `times` when given."""
     columns = max(int(columns), 1)
     span = max(int(end_ns) - int(start_ns), 1)
     bucket_ns = max(-(-span // columns), 1)
@@ -68,6 +144,10 @@ def timeline_lanes(trace: Trace, rank: int, start_ns: int, end_ns: int, columns:
     for name, kind in HOST_LANES:
         table = LANE_TABLES[kind]
         hint = " NOT INDEXED" if table == "ops" else ""
+        if table == "ops" and times is not None:
+            busy, events = _bucket_busy(_dispatch_buckets(times, int(start_ns), int(end_ns), bucket_ns), columns, bucket_ns)
+            lanes.append(LaneBusy(Lane(name, kind, rank, None, events), busy))
+            continue
         rows = trace.sql(
             f"SELECT {bucket} AS b, SUM({clip}), COUNT(*) FROM {table}{hint} WHERE rank = ? AND start_ns < ? "
             "AND start_ns + COALESCE(dur_ns, 0) >= ? GROUP BY b",
@@ -100,8 +180,10 @@ class WindowEvent:
     source: SourceLocation | None
 
 
-def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit: int = 12) -> list[WindowEvent]:
-    """The `limit` longest events overlapping the window, across the timeline's tables."""
+def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit: int = 12,
+                  times: OpTimes | None = None) -> list[WindowEvent]:
+    """The `limit` longest events overlapping the window, across the timeline's tables; the ops' from
+    `times` when given."""
     queries = {
         "dispatch": ("SELECT start_ns, dur_ns, op_sid, frame_id FROM ops NOT INDEXED", "string"),
         "compile": ("SELECT start_ns, dur_ns, name_sid, frame_id FROM compiles", "string"),
@@ -113,11 +195,23 @@ def window_events(trace: Trace, rank: int, start_ns: int, end_ns: int, *, limit:
     }
     events = []
     for lane, (select, label_kind) in queries.items():
-        for event_start, dur_ns, label, frame_id in trace.sql(
-            f"{select} WHERE rank = ? AND start_ns < ? AND start_ns + COALESCE(dur_ns, 0) >= ? "
-            "ORDER BY dur_ns DESC LIMIT ?",
-            (rank, end_ns, start_ns, int(limit)),
-        ):
+        if lane == "dispatch" and times is not None:
+            import numpy as np
+
+            inside = times.overlapping(start_ns, end_ns)
+            durations = times.durs_ns[inside]
+            if 0 < limit < len(inside):  # the ops at least as long as the limit-th longest, then those in order
+                kept = durations >= np.partition(durations, len(durations) - int(limit))[len(durations) - int(limit)]
+                inside, durations = inside[kept], durations[kept]
+            longest = inside[np.lexsort((times.starts_ns[inside], -durations))[:int(limit)]]
+            rowids = times.rowids_of(longest)
+            rows = trace.sql(f"SELECT start_ns, dur_ns, op_sid, frame_id FROM ops WHERE rowid IN ({', '.join('?' * len(rowids))})", rowids)
+        else:
+            rows = trace.sql(
+                f"{select} WHERE rank = ? AND start_ns < ? AND start_ns + COALESCE(dur_ns, 0) >= ? ORDER BY dur_ns DESC LIMIT ?",
+                (rank, end_ns, start_ns, int(limit)),
+            )
+        for event_start, dur_ns, label, frame_id in rows:
             text = trace.string(label) if label_kind == "string" else shown(label)
             events.append(WindowEvent(lane, event_start, dur_ns or 0, str(text) if text is not None else "?", trace.frame(frame_id)))
     events.sort(key=lambda event: (-event.dur_ns, event.start_ns))

@@ -23,12 +23,9 @@ from array import array
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import Any, BinaryIO, Protocol
 
 from tputrace import xplane_proto
-
-if TYPE_CHECKING:
-    from tputrace.viewers.export.xplane_builder import PlaneBuilder
 
 # Events a line holds in memory before it appends them to its file (32 bytes each), and events read
 # back at a time when it is encoded (a merge shares them among the sorted chunks).
@@ -54,6 +51,12 @@ class Ref:
 
 
 Stats = Sequence[tuple[str, Any]]
+
+
+class StatEncoder(Protocol):
+    """What a line needs of its plane (`xplane_builder.PlaneBuilder`): its stats encoded as XStat messages."""
+
+    def encode_stats(self, stats: Stats) -> list[bytes]: ...
 
 
 class Line:
@@ -140,7 +143,7 @@ class Line:
 
     # -- writing ----------------------------------------------------------------------------------
 
-    def write(self, builder: PlaneBuilder, line_id: int, timestamp_ns: int) -> tuple[bytes, Path]:
+    def write(self, builder: StatEncoder, line_id: int, timestamp_ns: int) -> tuple[bytes, Path]:
         """The line's header (an `XLine` message without events) and a file with its events encoded
         in start order; the line is left empty.
 
@@ -210,7 +213,7 @@ class Line:
             os.close(fd)
             runs_path.unlink(missing_ok=True)
 
-    def _encode_each(self, builder: PlaneBuilder, stats_fd: int | None, metadata_ids: array[int], offsets: array[int],
+    def _encode_each(self, builder: StatEncoder, stats_fd: int | None, metadata_ids: array[int], offsets: array[int],
                      durations: array[int], stats_positions: array[int]) -> bytes:
         varint, names = xplane_proto.encode_varint, list(self._stat_names)
         pieces = []
