@@ -108,12 +108,14 @@ def test_damaged_captures_are_one_line_errors(captures: dict[str, Path], tmp_pat
     xplane = _xplane(captures).read_bytes()
     profile = captures["profiler"].read_text()
     middle = len(profile) // 2
+    between = profile.index("},", middle) + 2
     cases = {
         # cut inside a plane's lines (the top level then runs past the end of the file)
         "cut.xplane.pb": (xplane[: len(xplane) * 9 // 10], "truncated"),
         "json.xplane.pb": (profile.encode()[:4000], "not an XSpace protobuf"),
         "cut.json": (profile[:middle].encode(), "truncated"),
-        "garbled.json": ((profile[:middle] + "#not json#" + profile[middle:]).encode(), "damaged"),
+        # between two events (inside a string the text would still be JSON)
+        "garbled.json": ((profile[:between] + "#not json#" + profile[between:]).encode(), "damaged"),
         "cut-after-an-event.json": (profile[: profile.index("},", middle) + 1].encode(), "truncated"),
         "notes.txt": (b"hello\n", "not an xplane.pb"),
     }
