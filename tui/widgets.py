@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from rich.cells import cell_len
 from rich.console import RenderableType
 from rich.text import Text
+from textual import events
 from textual.binding import Binding, BindingType
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 from textual.containers import Vertical
@@ -23,6 +25,12 @@ if TYPE_CHECKING:
 Row = tuple[str, Sequence[RenderableType | str]]
 """A table row: its key and its cells. String cells are shown literally (never parsed as markup)."""
 
+
+HELP_MIN_DESCRIPTION = 24
+"""The help screen's descriptions wrap to at least this many cells; below it the action title column drops."""
+
+HELP_SCROLLBAR_CELLS = 2
+"""Cells the help table leaves for its vertical scrollbar."""
 
 WIDTH_SAMPLE_ROWS = 5000
 """Column widths are measured over at most this many rows."""
@@ -363,16 +371,47 @@ class HelpScreen(ModalScreen[None]):
             )
 
     def on_mount(self) -> None:
+        self.fill(self.app.size.width)
+        self.call_after_refresh(self.fit_to_table)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.call_after_refresh(self.fit_to_table)
+
+    def fit_to_table(self) -> None:
+        width = self.query_one("#help-table", DataTable).size.width
+        if width:
+            self.fill(width)
+
+    def fill(self, width: int) -> None:
+        """List the actions, wrapping each one's description to the width left by the other columns.
+
+        Where even that leaves too little room, the action's title (which its id repeats) is dropped."""
         table = self.query_one("#help-table", DataTable)
-        table.add_column(Text("view"), key="scope")
-        table.add_column(Text("keys"), key="keys")
-        table.add_column(Text("action"), key="title")
-        table.add_column(Text("id (for --keys)"), key="id")
-        table.add_column(Text("what it does"), key="help")
         titles = dict(VIEW_ORDER)
-        for action in ACTIONS:
-            scope = "everywhere" if action.scope == APP else titles.get(action.scope, action.scope)
-            table.add_row(Text(scope), Text(self.keys_for(action)), Text(action.title), Text(action.id), Text(action.help), key=action.id)
+        rows = [
+            ("everywhere" if action.scope == APP else titles.get(action.scope, action.scope), self.keys_for(action),
+             action.title, action.id, action.help, action.id)
+            for action in ACTIONS
+        ]
+        labels = ["view", "keys", "action", "id (for --keys)"]
+        widths = [max(cell_len(label), *(cell_len(row[column]) for row in rows)) for column, label in enumerate(labels)]
+        padding = 2 * table.cell_padding
+        room = width - HELP_SCROLLBAR_CELLS - sum(widths) - padding * (len(labels) + 1)
+        keep = [0, 1, 2, 3]
+        if room < HELP_MIN_DESCRIPTION:
+            keep.remove(2)
+            room += widths[2] + padding
+        description_width = max(room, HELP_MIN_DESCRIPTION)
+        cursor = table.cursor_row
+        table.clear(columns=True)
+        for column in keep:
+            table.add_column(Text(labels[column]), key=("scope", "keys", "title", "id")[column])
+        table.add_column(Text("what it does"), key="help")
+        for row in rows:
+            wrapped = "\n".join(textwrap.wrap(row[4], description_width)) or row[4]
+            table.add_row(*(Text(row[column]) for column in keep), Text(wrapped), key=row[5], height=None)
+        if table.row_count:
+            table.move_cursor(row=min(cursor, table.row_count - 1))
 
     def keys_for(self, action: NamedAction) -> str:
         keymap: dict[str, str] = getattr(self.app, "user_keymap", {})
