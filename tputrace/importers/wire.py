@@ -59,6 +59,16 @@ class Span:
     end: int
 
 
+@dataclass(frozen=True)
+class EventRun:
+    """Consecutive events of a line: the wire bytes of their `events` fields, and where each event's
+    message starts and ends in them."""
+
+    data: bytes
+    starts: list[int]
+    ends: list[int]
+
+
 @dataclass
 class LineHead:
     """A line's name and timestamp, and where its fields lie."""
@@ -178,6 +188,11 @@ class XSpaceFile:
 
     def events(self, line: LineHead, line_class: type) -> Iterator[Any]:
         """A line's events, a window's worth at a time (each an `XLine`'s repeated `events`)."""
+        for run in self.event_runs(line):
+            yield _parse_line(line_class, run.data, self.path).events
+
+    def event_runs(self, line: LineHead) -> Iterator[EventRun]:
+        """A line's events, a window's worth at a time, as wire bytes with where each event lies."""
         if not line.has_events:
             return
         seen_events = False
@@ -195,14 +210,22 @@ class XSpaceFile:
                 window_end = len(window)
                 offset = 0
                 run_start = run_end = -1
+                starts: list[int] = []
+                ends: list[int] = []
                 while offset < window_end:
                     if window[offset] == event_key:
                         size = window[offset + 1] if offset + 1 < window_end else 0x80
-                        field_end = offset + 2 + size if size < 0x80 else _field_end(window, offset + 1)
+                        if size < 0x80:
+                            body = offset + 2
+                        else:
+                            size, body = _length(window, offset + 1)
+                        field_end = body + size
                         if field_end > window_end:
                             break
                         if run_start < 0:
                             run_start = offset
+                        starts.append(body - run_start)
+                        ends.append(field_end - run_start)
                         run_end = offset = field_end
                         seen_events = True
                         continue
@@ -220,7 +243,7 @@ class XSpaceFile:
                         break
                     offset = field_end
                 if run_start >= 0:
-                    yield _parse_line(line_class, window[run_start:run_end], self.path).events
+                    yield EventRun(window[run_start:run_end], starts, ends)
                     position += run_end
                 elif offset == 0:
                     raise _Damaged("a field runs past the end of its line" if window_end == end - position
@@ -231,13 +254,12 @@ class XSpaceFile:
             raise self._error(error) from None
 
 
-def _field_end(window: bytes, offset: int) -> int:
-    """End of a length-delimited field whose length varint starts at `offset` (past the window if cut)."""
+def _length(window: bytes, offset: int) -> tuple[int, int]:
+    """A length varint at `offset` and where its payload starts (a payload past the window if it is cut)."""
     try:
-        size, offset = _varint(window, offset)
+        return _varint(window, offset)
     except _Damaged:
-        return len(window) + 1
-    return offset + size
+        return 1, len(window)
 
 
 def _skip(window: bytes, offset: int, wire: int) -> int:

@@ -11,15 +11,18 @@ and TraceMe ranges become `annotations` with origin `python` or `traceme`.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
+from tputrace.importers.xevents import EventColumns, decode_run
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
@@ -113,7 +116,7 @@ class XPlaneImporter:
         if self.path.stat().st_size == 0:
             raise CaptureError(f"{self.path} is empty")
         classes = messages()
-        self.plane_class, self.line_class = classes["XPlane"], classes["XLine"]
+        self.plane_class, self.line_class, self.event_class = classes["XPlane"], classes["XLine"], classes["XEvent"]
         with XSpaceFile(self.path) as space:
             self._run(space)
 
@@ -121,6 +124,11 @@ class XPlaneImporter:
         for span in space.planes():
             plane, line_spans = space.plane(span, self.plane_class)
             yield plane, [space.line_head(line) for line in line_spans]
+
+    def _columns(self, space: XSpaceFile, line: LineHead) -> Iterator[EventColumns]:
+        """A line's events, a window's worth of them at a time, as columns."""
+        for run in space.event_runs(line):
+            yield decode_run(run, self.line_class, self.event_class)
 
     def _run(self, space: XSpaceFile) -> None:
         # First pass: the capture's start, its step markers and compiles (needed before any row is written).
@@ -168,8 +176,7 @@ class XPlaneImporter:
                 self._host_plane(space, plane, lines)
             else:
                 for line in lines:
-                    self._line_end(line, max((event.offset_ps + event.duration_ps for events
-                                              in space.events(line, self.line_class) for event in events), default=0))
+                    self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)), default=0))
         self._finish_programs()
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns)
 
@@ -184,10 +191,10 @@ class XPlaneImporter:
         for line in lines:
             if line.name != "Steps":
                 continue
-            for events in space.events(line, self.line_class):
-                for event in events:
-                    start = line.timestamp_ns + event.offset_ps // 1000
-                    markers.append((start, start + event.duration_ps // 1000))
+            for columns in self._columns(space, line):
+                starts = (line.timestamp_ns + columns.offset_ps // 1000).tolist()
+                ends = (columns.duration_ps // 1000).tolist()
+                markers += [(start, start + duration) for start, duration in zip(starts, ends)]
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead],
@@ -199,32 +206,28 @@ class XPlaneImporter:
         compile_ids = {key for key, meta in plane.event_metadata.items() if meta.name in _COMPILE_EVENTS}
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if _CLIENT_COMPILE.match(meta.name)}
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(_BACKEND_EVENT)}
-        watched = compile_ids | client_compile_ids | backend_ids
+        watched = list(compile_ids | client_compile_ids | backend_ids)
         markers = []
         for line in lines:
             base_ns = line.timestamp_ns
-            for events in space.events(line, self.line_class):
-                for event in events:
-                    metadata_id = event.metadata_id
-                    if metadata_id in watched:
-                        start = base_ns + event.offset_ps // 1000
-                        span = (start, start + event.duration_ps // 1000)
-                        if metadata_id in compile_ids:
-                            compiles.compiles.append(span)
-                        elif metadata_id in client_compile_ids:
-                            compiles.client_compiles.append(span)
-                        else:
-                            names = [stat.str_value or stat_names.get(stat.ref_value, "")
-                                     for stat in event.stats if stat.metadata_id in name_ids]
-                            if names and names[0]:
-                                compiles.named.append((*span, names[0]))
-                    stats = event.stats
-                    if stats and step_ids:
-                        for stat in stats:
-                            if stat.metadata_id in step_ids:
-                                start = base_ns + event.offset_ps // 1000
-                                markers.append((start, start + event.duration_ps // 1000))
-                                break
+            for columns in self._columns(space, line):
+                for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
+                    metadata_id = int(columns.metadata_id[index])
+                    start = base_ns + int(columns.offset_ps[index]) // 1000
+                    span = (start, start + int(columns.duration_ps[index]) // 1000)
+                    if metadata_id in compile_ids:
+                        compiles.compiles.append(span)
+                    elif metadata_id in client_compile_ids:
+                        compiles.client_compiles.append(span)
+                    else:
+                        names = [stat.str_value or stat_names.get(stat.ref_value, "")
+                                 for stat in columns.message(index).stats if stat.metadata_id in name_ids]
+                        if names and names[0]:
+                            compiles.named.append((*span, names[0]))
+                marked = columns.with_stat(step_ids)
+                starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
+                durations = (columns.duration_ps[marked] // 1000).tolist()
+                markers += [(start, start + duration) for start, duration in zip(starts, durations)]
         return markers
 
     def _compiles(self, compiles: _Compiles) -> None:
@@ -280,39 +283,42 @@ class XPlaneImporter:
         self.host_op_stats = {key: name for name in _HOST_OP_STATS for key in decoder.ids_named(name)}
         # Per event metadata id: (annotation origin, name sid, frame id) of an event that is no XLA op.
         annotations: dict[int, tuple[str, int, int | None]] = {}
-        rank = self.rank
-        step_starts = self.steps.starts
-        extend = self.sink.extend
-        event_metadata = plane.event_metadata
+        step_starts = np.array(self.steps.starts, dtype=np.int64)
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
-            for events in space.events(line, self.line_class):
-                rows = []
-                for event in events:
-                    offset_ps = event.offset_ps
-                    duration_ps = event.duration_ps
-                    if offset_ps + duration_ps > end_ps:
-                        end_ps = offset_ps + duration_ps
-                    start_ns = base_ns + offset_ps // 1000
-                    stats = event.stats
-                    if stats:
-                        for stat in stats:
-                            if stat.metadata_id in hlo_op_ids:
-                                break
-                        else:
-                            stats = None
-                        if stats:
-                            self._host_op(plane, decoder, event, start_ns, duration_ps // 1000)
-                            continue
-                    annotation = annotations.get(event.metadata_id)
-                    if annotation is None:
-                        annotation = annotations[event.metadata_id] = self._annotation(
-                            event_metadata[event.metadata_id].name)
-                    rows.append((rank, annotation[1], annotation[0], start_ns, duration_ps // 1000, annotation[2],
-                                 bisect_right(step_starts, start_ns)))
-                extend("annotations", rows)
+            for columns in self._columns(space, line):
+                end_ps = max(end_ps, _end_ps(columns))
+                op_events = columns.with_stat(hlo_op_ids)
+                starts = base_ns + columns.offset_ps // 1000
+                durations = columns.duration_ps // 1000
+                for index in op_events.tolist():
+                    self._host_op(plane, decoder, columns.message(index), int(starts[index]), int(durations[index]))
+                others = np.ones(len(columns), dtype=bool)
+                others[op_events] = False
+                self._annotation_rows(plane, annotations, columns.metadata_id[others], starts[others],
+                                      durations[others], step_starts)
             self._line_end(line, end_ps)
+
+    def _annotation_rows(self, plane: Any, annotations: dict[int, tuple[str, int, int | None]],
+                         metadata_ids: np.ndarray, starts: np.ndarray, durations: np.ndarray,
+                         step_starts: np.ndarray) -> None:
+        """`annotations` rows of host events that are no XLA op, built a column at a time."""
+        if not len(metadata_ids):
+            return
+        distinct, positions = np.unique(metadata_ids, return_inverse=True)
+        found = []
+        for metadata_id in distinct.tolist():
+            annotation = annotations.get(metadata_id)
+            if annotation is None:
+                annotation = annotations[metadata_id] = self._annotation(plane.event_metadata[metadata_id].name)
+            found.append(annotation)
+        origins, name_sids, frame_ids = zip(*found)
+        at = positions.tolist()
+        steps = np.searchsorted(step_starts, starts, side="right")
+        self.sink.extend("annotations", list(zip(
+            repeat(self.rank), map(name_sids.__getitem__, at), map(origins.__getitem__, at), starts.tolist(),
+            durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
 
     def _host_op(self, plane: Any, decoder: _StatDecoder, event: Any, start_ns: int, dur_ns: int) -> None:
         """An XLA op run on a host thread (XLA:CPU): its op, module, run and device from the event's stats."""
@@ -419,6 +425,11 @@ class XPlaneImporter:
         for run in sorted(self.runs.values(), key=lambda run: run.start_ns):
             self.sink.append("executions", (self.rank, run.program.program_id, run.chip, run.start_ns,
                                             run.end_ns - run.start_ns, self.steps.step_at(run.start_ns), None))
+
+
+def _end_ps(columns: EventColumns) -> int:
+    """The latest end (ps after the line's start) of some events, 0 for none."""
+    return max(int((columns.offset_ps + columns.duration_ps).max()), 0) if len(columns) else 0
 
 
 class _StatDecoder:
