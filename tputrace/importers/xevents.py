@@ -3,9 +3,10 @@
 Reading each event's fields through the protobuf classes costs a Python object per event and per field;
 here each field is read for every event of a run with a few array operations. An `XEvent` is decoded
 as it is serialized (fields in number order): `metadata_id` (1), `offset_ps` (2) and `duration_ps` (3),
-absent when zero, then its `stats` (4), of which only each stat's `metadata_id` is read. A run that does
-not have that shape is read through the protobuf classes instead, into the same columns. The few events
-whose stat values matter are parsed one by one (`EventColumns.message`).
+absent when zero, then its `stats` (4): each stat's `metadata_id`, and the integer values (`int64_value`,
+`uint64_value`, `ref_value`) of the stats asked for. A run that does not have that shape is read through
+the protobuf classes instead, into the same columns; so are the events whose stats hold other values
+(`EventColumns.message`).
 """
 
 from __future__ import annotations
@@ -22,19 +23,27 @@ _OFFSET_PS = 0x10
 _DURATION_PS = 0x18
 _STATS = 0x22
 _NUM_OCCURRENCES = 0x28
+# An XStat's value fields read here (their keys): the other kinds (double, string, bytes) are not.
+UINT64_VALUE = 0x18
+INT64_VALUE = 0x20
+REF_VALUE = 0x38
+_INTEGER_VALUES = (UINT64_VALUE, INT64_VALUE, REF_VALUE)
 _PADDING = bytes(16)  # a varint cut at a run's end stops at a zero byte, past the event it was read for
 
 
 @dataclass
 class EventColumns:
     """Per event: `metadata_id`, `offset_ps`, `duration_ps` (int64); per stat: the event it belongs to
-    (`stat_event`, an index) and its `stat_id` (its metadata id)."""
+    (`stat_event`, an index), its `stat_id` (its metadata id), and where its value lies in the run."""
 
     metadata_id: np.ndarray
     offset_ps: np.ndarray
     duration_ps: np.ndarray
     stat_event: np.ndarray
     stat_id: np.ndarray
+    stat_value_at: np.ndarray | None
+    stat_end: np.ndarray | None
+    _data: np.ndarray | None
     _run: EventRun | None
     _messages: Any
     _event_class: type
@@ -47,6 +56,22 @@ class EventColumns:
         if not stat_ids:
             return np.zeros(0, dtype=np.int64)
         return np.unique(self.stat_event[np.isin(self.stat_id, list(stat_ids))])
+
+    def stat_values(self, stat_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+        """The stats whose metadata id is in `stat_ids`, in each event's order: their events, ids, value kinds
+        (`INT64_VALUE`, `UINT64_VALUE` or `REF_VALUE`) and values (int64; a `uint64` above 2^63 wraps). None
+        where one holds a value of another kind (read those through `message`)."""
+        if self._data is None or self.stat_value_at is None or self.stat_end is None:
+            return None
+        chosen = np.flatnonzero(np.isin(self.stat_id, stat_ids))
+        at, end = self.stat_value_at[chosen], self.stat_end[chosen]
+        kinds = self._data[at]
+        if ((at >= end) | ~np.isin(kinds, _INTEGER_VALUES)).any():
+            return None
+        decoded = _varints(self._data, at + 1)
+        if decoded is None or (decoded[1] != end).any():
+            return None
+        return self.stat_event[chosen], self.stat_id[chosen], kinds, decoded[0].view(np.int64)
 
     def message(self, index: int) -> Any:
         """Event `index` as an `XEvent` message (for reading its stat values)."""
@@ -90,16 +115,19 @@ def _decode_wire(run: EventRun, event_class: type) -> EventColumns | None:
     stats = _stat_ids(data, with_stats, position[with_stats], end[with_stats])
     if stats is None:
         return None
-    return EventColumns(*values, *stats, _run=run, _messages=None, _event_class=event_class)
+    return EventColumns(*values, *stats, _data=data, _run=run, _messages=None, _event_class=event_class)
 
 
 def _stat_ids(data: np.ndarray, events: np.ndarray, position: np.ndarray,
-              end: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
-    """For every stat of `events` (whose stats start at `position`): its event and metadata id; walked one
-    stat of every event at a time. None where a stat runs past its event or a field other than
-    `num_occurrences` follows the stats."""
+              end: np.ndarray) -> tuple[np.ndarray, ...] | None:
+    """For every stat of `events` (whose stats start at `position`): its event, metadata id, and where its
+    value starts and the stat ends; walked one stat of every event at a time, so that each event's stats
+    come in its order. None where a stat runs past its event or a field other than `num_occurrences`
+    follows the stats."""
     stat_events: list[np.ndarray] = []
     stat_ids: list[np.ndarray] = []
+    value_starts: list[np.ndarray] = []
+    stat_ends: list[np.ndarray] = []
     while len(events):
         decoded = _varints(data, position + 1)
         if decoded is None:
@@ -109,14 +137,17 @@ def _stat_ids(data: np.ndarray, events: np.ndarray, position: np.ndarray,
         if ((stat_end > end) | (stat_end < body)).any():
             return None
         stat_id = np.zeros(len(events), dtype=np.uint64)
+        value_start = body.copy()
         keyed = np.flatnonzero((body < stat_end) & (data[body] == _METADATA_ID))
         if len(keyed):
             decoded = _varints(data, body[keyed] + 1)
             if decoded is None or (decoded[1] > stat_end[keyed]).any():
                 return None
-            stat_id[keyed] = decoded[0]
+            stat_id[keyed], value_start[keyed] = decoded
         stat_events.append(events)
         stat_ids.append(stat_id.view(np.int64))
+        value_starts.append(value_start)
+        stat_ends.append(stat_end)
         inside = stat_end < end
         following = data[stat_end]
         if (inside & (following != _STATS) & (following != _NUM_OCCURRENCES)).any():
@@ -124,8 +155,9 @@ def _stat_ids(data: np.ndarray, events: np.ndarray, position: np.ndarray,
         more = np.flatnonzero(inside & (following == _STATS))
         events, position, end = events[more], stat_end[more], end[more]
     if not stat_events:
-        return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
-    return np.concatenate(stat_events), np.concatenate(stat_ids)
+        return tuple(np.zeros(0, dtype=np.int64) for _ in range(4))
+    order = np.argsort(np.concatenate(stat_events), kind="stable")
+    return tuple(np.concatenate(parts)[order] for parts in (stat_events, stat_ids, value_starts, stat_ends))
 
 
 def _varints(data: np.ndarray, start: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
@@ -157,5 +189,5 @@ def _decode_messages(events: Any, event_class: type) -> EventColumns:
         duration_ps=np.array([event.duration_ps for event in events], dtype=np.int64),
         stat_event=np.array(stat_event, dtype=np.int64),
         stat_id=np.array(stat_id, dtype=np.int64),
-        _run=None, _messages=events, _event_class=event_class,
+        stat_value_at=None, stat_end=None, _data=None, _run=None, _messages=events, _event_class=event_class,
     )
