@@ -61,12 +61,12 @@ class Span:
 
 @dataclass(frozen=True)
 class EventRun:
-    """Consecutive events of a line: the wire bytes of their `events` fields, and where each event's
-    message starts and ends in them."""
+    """Consecutive events of a line: the bytes read, where each event's `events` field starts in them, and
+    where the last one ends. The fields are well-formed: each one's length is within the bytes read."""
 
     data: bytes
-    starts: list[int]
-    ends: list[int]
+    fields: list[int]
+    end: int
 
 
 @dataclass
@@ -189,14 +189,13 @@ class XSpaceFile:
     def events(self, line: LineHead, line_class: type) -> Iterator[Any]:
         """A line's events, a window's worth at a time (each an `XLine`'s repeated `events`)."""
         for run in self.event_runs(line):
-            yield _parse_line(line_class, run.data, self.path).events
+            yield _parse_line(line_class, run.data[run.fields[0]:run.end], self.path).events
 
     def event_runs(self, line: LineHead) -> Iterator[EventRun]:
         """A line's events, a window's worth at a time, as wire bytes with where each event lies."""
         if not line.has_events:
             return
         seen_events = False
-        run_start = run_end = -1
         stream = self.stream
         event_key = _EVENT_KEY
         position = line.span.start
@@ -209,27 +208,20 @@ class XSpaceFile:
                     raise _Damaged("a line runs past the end of the file")
                 window_end = len(window)
                 offset = 0
-                run_start = run_end = -1
-                starts: list[int] = []
-                ends: list[int] = []
+                fields: list[int] = []
+                add_field = fields.append
                 while offset < window_end:
                     if window[offset] == event_key:
-                        size = window[offset + 1] if offset + 1 < window_end else 0x80
-                        if size < 0x80:
-                            body = offset + 2
-                        else:
-                            size, body = _length(window, offset + 1)
-                        field_end = body + size
-                        if field_end > window_end:
-                            break
-                        if run_start < 0:
-                            run_start = offset
-                        starts.append(body - run_start)
-                        ends.append(field_end - run_start)
-                        run_end = offset = field_end
-                        seen_events = True
-                        continue
-                    if run_start >= 0:
+                        # The events that follow one another, up to another field or the window's end.
+                        while True:
+                            size = window[offset + 1] if offset + 1 < window_end else 0x80
+                            field_end = offset + 2 + size if size < 0x80 else _field_end(window, offset + 1)
+                            if field_end > window_end:
+                                break
+                            add_field(offset)
+                            offset = field_end
+                            if offset == window_end or window[offset] != event_key:
+                                break
                         break
                     key, after_key = _varint(window, offset)
                     field, wire = key >> 3, key & 7
@@ -242,9 +234,10 @@ class XSpaceFile:
                             raise _Damaged("a field runs past the end of its line")
                         break
                     offset = field_end
-                if run_start >= 0:
-                    yield EventRun(window[run_start:run_end], starts, ends)
-                    position += run_end
+                if fields:
+                    seen_events = True
+                    yield EventRun(window, fields, offset)
+                    position += offset
                 elif offset == 0:
                     raise _Damaged("a field runs past the end of its line" if window_end == end - position
                                    else "a field longer than the read window")
@@ -254,12 +247,13 @@ class XSpaceFile:
             raise self._error(error) from None
 
 
-def _length(window: bytes, offset: int) -> tuple[int, int]:
-    """A length varint at `offset` and where its payload starts (a payload past the window if it is cut)."""
+def _field_end(window: bytes, offset: int) -> int:
+    """End of a length-delimited field whose length varint starts at `offset` (past the window if cut)."""
     try:
-        return _varint(window, offset)
+        size, offset = _varint(window, offset)
     except _Damaged:
-        return 1, len(window)
+        return len(window) + 1
+    return offset + size
 
 
 def _skip(window: bytes, offset: int, wire: int) -> int:

@@ -44,7 +44,7 @@ class EventColumns:
     stat_value_at: np.ndarray | None
     stat_end: np.ndarray | None
     _data: np.ndarray | None
-    _run: EventRun | None
+    _bounds: tuple[np.ndarray, np.ndarray] | None
     _messages: Any
     _event_class: type
 
@@ -75,10 +75,10 @@ class EventColumns:
 
     def message(self, index: int) -> Any:
         """Event `index` as an `XEvent` message (for reading its stat values)."""
-        if self._run is None:
+        if self._data is None or self._bounds is None:
             return self._messages[index]
-        run = self._run
-        return self._event_class.FromString(run.data[run.starts[index]:run.ends[index]])
+        starts, ends = self._bounds
+        return self._event_class.FromString(self._data[int(starts[index]):int(ends[index])].tobytes())
 
 
 def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColumns:
@@ -87,14 +87,18 @@ def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColum
     if columns is not None:
         return columns
     line = line_class()
-    line.ParseFromString(run.data)
+    line.ParseFromString(run.data[run.fields[0]:run.end])
     return _decode_messages(line.events, event_class)
 
 
 def _decode_wire(run: EventRun, event_class: type) -> EventColumns | None:
     data = np.frombuffer(run.data + _PADDING, dtype=np.uint8)
-    position = np.array(run.starts, dtype=np.int64)
-    end = np.array(run.ends, dtype=np.int64)
+    lengths = _varints(data, np.array(run.fields, dtype=np.int64) + 1)
+    if lengths is None:
+        return None
+    position = lengths[1]
+    end = position + lengths[0].view(np.int64)
+    bounds = (position.copy(), end)
     values = []
     for key in (_METADATA_ID, _OFFSET_PS, _DURATION_PS):
         present = np.flatnonzero((position < end) & (data[position] == key))
@@ -115,7 +119,7 @@ def _decode_wire(run: EventRun, event_class: type) -> EventColumns | None:
     stats = _stat_ids(data, with_stats, position[with_stats], end[with_stats])
     if stats is None:
         return None
-    return EventColumns(*values, *stats, _data=data, _run=run, _messages=None, _event_class=event_class)
+    return EventColumns(*values, *stats, _data=data, _bounds=bounds, _messages=None, _event_class=event_class)
 
 
 def _stat_ids(data: np.ndarray, events: np.ndarray, position: np.ndarray,
@@ -189,5 +193,5 @@ def _decode_messages(events: Any, event_class: type) -> EventColumns:
         duration_ps=np.array([event.duration_ps for event in events], dtype=np.int64),
         stat_event=np.array(stat_event, dtype=np.int64),
         stat_id=np.array(stat_id, dtype=np.int64),
-        stat_value_at=None, stat_end=None, _data=None, _run=None, _messages=events, _event_class=event_class,
+        stat_value_at=None, stat_end=None, _data=None, _bounds=None, _messages=events, _event_class=event_class,
     )
