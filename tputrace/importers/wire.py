@@ -4,8 +4,10 @@ however big the file, its planes or their lines are.
 The file is read with plain reads (a memory map would count every page read toward the process's
 resident size). The top level and each plane's fields are walked with a hand-written varint reader: a
 plane's lines are skipped over, its other fields (name, metadata maps, stats) parsed with the generated
-message classes as one `XPlane` without lines. A line's events are walked one field at a time and each
-run of consecutive events, up to a window's worth, parsed as one `XLine` holding only those events.
+message classes as one `XPlane` without lines. A line's events are walked one field at a time, and each
+run of consecutive events, up to a window's worth, is handed on as the window's bytes with where each
+event's field starts (`event_runs`, decoded into columns by `xevents`) or parsed as one `XLine` holding
+only those events (`events`).
 Messages are assumed to be written in field-number order (as every protobuf serializer does): a line's
 name and timestamp before its events; a line that has them after its events is an error.
 """
