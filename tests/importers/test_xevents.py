@@ -6,12 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from test_import_streaming import _dump, _import, _xplane
 from tputrace.importers import xevents
 from tputrace.importers.wire import XSpaceFile
 from tputrace.importers.xevents import EventColumns, decode_run
+from tputrace.importers.xplane import _stat_numbers, _StatDecoder
 from tputrace.xplane_proto import encode_varint, messages
 
 CLASSES = messages()
@@ -118,3 +120,14 @@ def test_an_import_through_protobuf_alone_is_the_same_trace(captures: dict[str, 
         monkeypatch.setattr(EventColumns, "stat_values", lambda self, stat_ids: None)
     assert _dump(_import(captures["jax"], tmp_path / "protobuf.tptrace")) == usual
     assert len(usual["ops"]) > 0 and len(usual["annotations"]) > 0
+
+
+def test_stat_values_of_mixed_kinds_convert_as_protobuf_values_do() -> None:
+    plane = CLASSES["XPlane"]()
+    plane.stat_metadata[7].name = "jit_step"
+    decoder = _StatDecoder(plane)
+    kinds = np.array([xevents.REF_VALUE, xevents.UINT64_VALUE, xevents.INT64_VALUE, xevents.REF_VALUE], dtype=np.uint8)
+    numbers = np.array([7, -1, -1, 8], dtype=np.int64)
+    assert _stat_numbers(decoder, kinds, numbers) == ["jit_step", 2**64 - 1, -1, ""]
+    assert _stat_numbers(decoder, kinds[[0, 3]], numbers[[0, 3]]) == ["jit_step", ""]
+    assert _stat_numbers(decoder, kinds[[2]], numbers[[2]]) == [-1]

@@ -22,7 +22,7 @@ import numpy as np
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
-from tputrace.importers.xevents import REF_VALUE, UINT64_VALUE, EventColumns, decode_run
+from tputrace.importers.xevents import INT64_VALUE, REF_VALUE, UINT64_VALUE, EventColumns, decode_run
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
@@ -364,10 +364,9 @@ class XPlaneImporter:
             at = positions[chosen]
             if len(np.unique(at)) != len(at):
                 return None
-            column: list[Any] = [_ABSENT] * len(events)
-            for position, kind, number in zip(at.tolist(), kinds[chosen].tolist(), numbers[chosen].tolist()):
-                column[position] = _stat_number(decoder, kind, number)
-            values[name] = column
+            column = np.full(len(events), _ABSENT, dtype=object)
+            column[at] = np.array(_stat_numbers(decoder, kinds[chosen], numbers[chosen]), dtype=object)
+            values[name] = column.tolist()
         return values
 
     def _annotation(self, name: str) -> tuple[str, int, int | None]:
@@ -486,11 +485,15 @@ class XPlaneImporter:
                                             run.end_ns - run.start_ns, self.steps.step_at(run.start_ns), None))
 
 
-def _stat_number(decoder: _StatDecoder, kind: int, number: int) -> Any:
-    """A stat's value from its integer: a reference's string, an unsigned or signed integer."""
-    if kind == REF_VALUE:
-        return decoder.name(number)
-    return number % (1 << 64) if kind == UINT64_VALUE else number
+def _stat_numbers(decoder: _StatDecoder, kinds: np.ndarray, numbers: np.ndarray) -> list[Any]:
+    """Stats' values from their integers: a reference's string, an unsigned or signed integer."""
+    values = numbers.tolist()
+    if (kinds == REF_VALUE).all():
+        return decoder.names(values)
+    if (kinds == INT64_VALUE).all():
+        return values
+    return [decoder.name(number) if kind == REF_VALUE else number % (1 << 64) if kind == UINT64_VALUE else number
+            for kind, number in zip(kinds.tolist(), values)]
 
 
 def _end_ps(columns: EventColumns) -> int:
@@ -506,6 +509,9 @@ class _StatDecoder:
 
     def name(self, metadata_id: int) -> str:
         return self._names.get(metadata_id, "")
+
+    def names(self, metadata_ids: list[int]) -> list[str]:
+        return list(map(self._names.get, metadata_ids, repeat("")))
 
     def ids_named(self, name: str) -> list[int]:
         return [key for key, value in self._names.items() if value == name]
