@@ -8,6 +8,10 @@ number of events (ProfilerStep numbers keep counting). Each import runs in a fre
 is that process's user + system time (the writer's thread included), its peak RSS its `VmHWM` (the
 interpreter and tputrace included; Linux only).
 
+Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process: reading
+the file's events (the walk that finds each event's bytes, then that and the decoding into columns), the
+import with the rows built but not inserted (the writer's inserts skipped), and the whole import.
+
 Run: `python bench/import_speed.py [--events 100000 1000000] [--more-xprof-events 10000000]`; writes its
 section of bench/RESULTS.md.
 """
@@ -69,6 +73,39 @@ IMPORT = textwrap.dedent("""
     print(json.dumps({"rows": result.rows, "cpu_s": usage.ru_utime + usage.ru_stime,
                       "peak_mib": int(status[0]) / 1024}))
 """)
+# Run in a fresh process: CPU time of one pass over an xplane.pb's events, walking only or decoding too.
+READ_EVENTS = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from tputrace.importers.wire import XSpaceFile
+    from tputrace.importers.xevents import decode_run
+    from tputrace.xplane_proto import messages
+
+    classes = messages()
+    with XSpaceFile(Path(sys.argv[1])) as space:
+        lines = [space.line_head(line) for span in space.planes()
+                 for line in space.plane(span, classes["XPlane"])[1]]
+        start = time.process_time()
+        events = sum(len(run.fields) for line in lines for run in space.event_runs(line))
+        walk_s = time.process_time() - start
+        start = time.process_time()
+        for line in lines:
+            for run in space.event_runs(line):
+                decode_run(run, classes["XLine"], classes["XEvent"])
+        print(json.dumps({"events": events, "walk_s": walk_s, "read_s": time.process_time() - start}))
+""")
+# Run in a fresh process: the import with its rows built and queued, but not inserted into SQLite.
+IMPORT_WITHOUT_INSERTS = textwrap.dedent("""
+    import json, resource, sys
+    from tputrace.store.writer import TraceWriter
+    TraceWriter._insert = lambda self, connection, table, rows: None
+    from tputrace.importers.run import import_captures
+
+    import_captures([sys.argv[1]], sys.argv[2])
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps(usage.ru_utime + usage.ru_stime))
+""")
+STAGE_EVENTS = 1_000_000
 # The interpreter and tputrace's imports alone, subtracted from each import's CPU time.
 STARTUP = "import resource, json, tputrace.importers.run; u = resource.getrusage(resource.RUSAGE_SELF); " \
           "print(json.dumps(u.ru_utime + u.ru_stime))"
@@ -137,6 +174,24 @@ def scale_xplane(seed: Path, target: Path, events: int) -> int:
     return total * repeats
 
 
+def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s: float) -> list[str]:
+    """Table rows: the CPU time per event of each stage of importing `capture` (whose import took `import_s`)."""
+    read = _run_json(READ_EVENTS, str(capture))
+    built_s = _run_json(IMPORT_WITHOUT_INSERTS, str(capture), str(output)) - startup_s
+    walk_us = read["walk_s"] / read["events"] * 1e6
+    decode_us = (read["read_s"] - read["walk_s"]) / read["events"] * 1e6
+    built_us = built_s / events * 1e6
+    total_us = import_s / events * 1e6
+    parts = [
+        ("finding each event's bytes (the line walk), 2 passes", 2 * walk_us),
+        ("decoding the events into columns, 2 passes", 2 * decode_us),
+        ("the rest of building rows (metadata, steps, XLA ops, queueing)", built_us - 2 * (walk_us + decode_us)),
+        ("SQLite: inserting the rows, building the indexes", total_us - built_us),
+    ]
+    return [f"| {name} | {us:.2f} | {us / total_us:.0%} |" for name, us in parts] + \
+        [f"| the whole import | {total_us:.2f} | 100% |"]
+
+
 def _run_json(code: str, *args: str) -> Any:
     done = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True, env=ENV)
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -150,6 +205,7 @@ def main() -> None:
                         help="further sizes for the XProf capture only (a JSON capture of 10^7 events is ~4 GB)")
     args = parser.parse_args()
     rows = []
+    stages: list[str] = []
     startup_s = min(_run_json(STARTUP) for _ in range(3))
     with tempfile.TemporaryDirectory() as temp:
         folder = Path(temp)
@@ -168,6 +224,8 @@ def main() -> None:
                             f"{measured['rows']:,} | {cpu_s:.2f} s | {events / cpu_s:,.0f} | "
                             f"{measured['peak_mib']:.0f} MiB |")
                 print(rows[-1], flush=True)
+                if scale is scale_xplane and wanted == STAGE_EVENTS:
+                    stages = _stages(capture, folder / "out.tptrace", events, cpu_s, startup_s)
                 capture.unlink()
     body = "\n".join([
         "Capture events imported per CPU second by `tputrace import` (the process's user + system time, its",
@@ -178,6 +236,15 @@ def main() -> None:
         "| format | events | capture | rows written | CPU time | events/s | peak RSS |",
         "|---|---|---|---|---|---|---|",
         *rows,
+        *([
+            "",
+            f"Where an XProf event's CPU time goes ({STAGE_EVENTS:,} events; µs per event; the walk and the",
+            "decoding run once per pass, and the import makes two: the first for the step markers and compiles):",
+            "",
+            "| stage | µs per event | share |",
+            "|---|---|---|",
+            *stages,
+        ] if stages else []),
     ])
     write_section(SECTION, body)
 

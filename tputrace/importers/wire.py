@@ -4,8 +4,10 @@ however big the file, its planes or their lines are.
 The file is read with plain reads (a memory map would count every page read toward the process's
 resident size). The top level and each plane's fields are walked with a hand-written varint reader: a
 plane's lines are skipped over, its other fields (name, metadata maps, stats) parsed with the generated
-message classes as one `XPlane` without lines. A line's events are walked one field at a time and each
-run of consecutive events, up to a window's worth, parsed as one `XLine` holding only those events.
+message classes as one `XPlane` without lines. A line's events are walked one field at a time, and each
+run of consecutive events, up to a window's worth, is handed on as the window's bytes with where each
+event's field starts (`event_runs`, decoded into columns by `xevents`) or parsed as one `XLine` holding
+only those events (`events`).
 Messages are assumed to be written in field-number order (as every protobuf serializer does): a line's
 name and timestamp before its events; a line that has them after its events is an error.
 """
@@ -56,6 +58,16 @@ class Span:
     """Where a length-delimited field's payload lies in the file."""
 
     start: int
+    end: int
+
+
+@dataclass(frozen=True)
+class EventRun:
+    """Consecutive events of a line: the bytes read, where each event's `events` field starts in them, and
+    where the last one ends. The fields are well-formed: each one's length is within the bytes read."""
+
+    data: bytes
+    fields: list[int]
     end: int
 
 
@@ -178,10 +190,14 @@ class XSpaceFile:
 
     def events(self, line: LineHead, line_class: type) -> Iterator[Any]:
         """A line's events, a window's worth at a time (each an `XLine`'s repeated `events`)."""
+        for run in self.event_runs(line):
+            yield _parse_line(line_class, run.data[run.fields[0]:run.end], self.path).events
+
+    def event_runs(self, line: LineHead) -> Iterator[EventRun]:
+        """A line's events, a window's worth at a time, as wire bytes with where each event lies."""
         if not line.has_events:
             return
         seen_events = False
-        run_start = run_end = -1
         stream = self.stream
         event_key = _EVENT_KEY
         position = line.span.start
@@ -194,19 +210,20 @@ class XSpaceFile:
                     raise _Damaged("a line runs past the end of the file")
                 window_end = len(window)
                 offset = 0
-                run_start = run_end = -1
+                fields: list[int] = []
+                add_field = fields.append
                 while offset < window_end:
                     if window[offset] == event_key:
-                        size = window[offset + 1] if offset + 1 < window_end else 0x80
-                        field_end = offset + 2 + size if size < 0x80 else _field_end(window, offset + 1)
-                        if field_end > window_end:
-                            break
-                        if run_start < 0:
-                            run_start = offset
-                        run_end = offset = field_end
-                        seen_events = True
-                        continue
-                    if run_start >= 0:
+                        # The events that follow one another, up to another field or the window's end.
+                        while True:
+                            size = window[offset + 1] if offset + 1 < window_end else 0x80
+                            field_end = offset + 2 + size if size < 0x80 else _field_end(window, offset + 1)
+                            if field_end > window_end:
+                                break
+                            add_field(offset)
+                            offset = field_end
+                            if offset == window_end or window[offset] != event_key:
+                                break
                         break
                     key, after_key = _varint(window, offset)
                     field, wire = key >> 3, key & 7
@@ -219,9 +236,10 @@ class XSpaceFile:
                             raise _Damaged("a field runs past the end of its line")
                         break
                     offset = field_end
-                if run_start >= 0:
-                    yield _parse_line(line_class, window[run_start:run_end], self.path).events
-                    position += run_end
+                if fields:
+                    seen_events = True
+                    yield EventRun(window, fields, offset)
+                    position += offset
                 elif offset == 0:
                     raise _Damaged("a field runs past the end of its line" if window_end == end - position
                                    else "a field longer than the read window")

@@ -11,15 +11,18 @@ and TraceMe ranges become `annotations` with origin `python` or `traceme`.
 from __future__ import annotations
 
 import re
-from bisect import bisect_right
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from itertools import repeat
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
+from tputrace.importers.xevents import INT64_VALUE, REF_VALUE, UINT64_VALUE, EventColumns, decode_run
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
@@ -36,6 +39,8 @@ _CLIENT_COMPILE = re.compile(r"^PjRt\w*Client::Compile$")
 _BACKEND_EVENT = "::RunBackend"
 # The stats of an XLA op event on a host thread that the import reads.
 _HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
+# A stat an event does not carry.
+_ABSENT = object()
 # Line times below this (2001 in Unix ns) are relative to the profile's start, not to the epoch.
 _UNIX_NS_FLOOR = 10**18
 
@@ -76,9 +81,10 @@ class _Compiles:
     named: list[tuple[int, int, str]] = field(default_factory=list)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class _OpMeta:
-    """What an XLA op's event metadata says, read once per metadata id."""
+    """What an XLA op's event metadata says, read once per metadata id (one object per op: compared and hashed
+    by identity)."""
 
     name: str
     name_sid: int
@@ -113,7 +119,7 @@ class XPlaneImporter:
         if self.path.stat().st_size == 0:
             raise CaptureError(f"{self.path} is empty")
         classes = messages()
-        self.plane_class, self.line_class = classes["XPlane"], classes["XLine"]
+        self.plane_class, self.line_class, self.event_class = classes["XPlane"], classes["XLine"], classes["XEvent"]
         with XSpaceFile(self.path) as space:
             self._run(space)
 
@@ -121,6 +127,11 @@ class XPlaneImporter:
         for span in space.planes():
             plane, line_spans = space.plane(span, self.plane_class)
             yield plane, [space.line_head(line) for line in line_spans]
+
+    def _columns(self, space: XSpaceFile, line: LineHead) -> Iterator[EventColumns]:
+        """A line's events, a window's worth of them at a time, as columns."""
+        for run in space.event_runs(line):
+            yield decode_run(run, self.line_class, self.event_class)
 
     def _run(self, space: XSpaceFile) -> None:
         # First pass: the capture's start, its step markers and compiles (needed before any row is written).
@@ -168,8 +179,7 @@ class XPlaneImporter:
                 self._host_plane(space, plane, lines)
             else:
                 for line in lines:
-                    self._line_end(line, max((event.offset_ps + event.duration_ps for events
-                                              in space.events(line, self.line_class) for event in events), default=0))
+                    self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)), default=0))
         self._finish_programs()
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns)
 
@@ -184,10 +194,10 @@ class XPlaneImporter:
         for line in lines:
             if line.name != "Steps":
                 continue
-            for events in space.events(line, self.line_class):
-                for event in events:
-                    start = line.timestamp_ns + event.offset_ps // 1000
-                    markers.append((start, start + event.duration_ps // 1000))
+            for columns in self._columns(space, line):
+                starts = (line.timestamp_ns + columns.offset_ps // 1000).tolist()
+                ends = (columns.duration_ps // 1000).tolist()
+                markers += [(start, start + duration) for start, duration in zip(starts, ends)]
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead],
@@ -199,32 +209,28 @@ class XPlaneImporter:
         compile_ids = {key for key, meta in plane.event_metadata.items() if meta.name in _COMPILE_EVENTS}
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if _CLIENT_COMPILE.match(meta.name)}
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(_BACKEND_EVENT)}
-        watched = compile_ids | client_compile_ids | backend_ids
+        watched = list(compile_ids | client_compile_ids | backend_ids)
         markers = []
         for line in lines:
             base_ns = line.timestamp_ns
-            for events in space.events(line, self.line_class):
-                for event in events:
-                    metadata_id = event.metadata_id
-                    if metadata_id in watched:
-                        start = base_ns + event.offset_ps // 1000
-                        span = (start, start + event.duration_ps // 1000)
-                        if metadata_id in compile_ids:
-                            compiles.compiles.append(span)
-                        elif metadata_id in client_compile_ids:
-                            compiles.client_compiles.append(span)
-                        else:
-                            names = [stat.str_value or stat_names.get(stat.ref_value, "")
-                                     for stat in event.stats if stat.metadata_id in name_ids]
-                            if names and names[0]:
-                                compiles.named.append((*span, names[0]))
-                    stats = event.stats
-                    if stats and step_ids:
-                        for stat in stats:
-                            if stat.metadata_id in step_ids:
-                                start = base_ns + event.offset_ps // 1000
-                                markers.append((start, start + event.duration_ps // 1000))
-                                break
+            for columns in self._columns(space, line):
+                for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
+                    metadata_id = int(columns.metadata_id[index])
+                    start = base_ns + int(columns.offset_ps[index]) // 1000
+                    span = (start, start + int(columns.duration_ps[index]) // 1000)
+                    if metadata_id in compile_ids:
+                        compiles.compiles.append(span)
+                    elif metadata_id in client_compile_ids:
+                        compiles.client_compiles.append(span)
+                    else:
+                        names = [stat.str_value or stat_names.get(stat.ref_value, "")
+                                 for stat in columns.message(index).stats if stat.metadata_id in name_ids]
+                        if names and names[0]:
+                            compiles.named.append((*span, names[0]))
+                marked = columns.with_stat(step_ids)
+                starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
+                durations = (columns.duration_ps[marked] // 1000).tolist()
+                markers += [(start, start + duration) for start, duration in zip(starts, durations)]
         return markers
 
     def _compiles(self, compiles: _Compiles) -> None:
@@ -255,22 +261,23 @@ class XPlaneImporter:
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
-            for events in space.events(line, self.line_class):
-                for event in events:
-                    offset_ps = event.offset_ps
-                    duration_ps = event.duration_ps
-                    if offset_ps + duration_ps > end_ps:
-                        end_ps = offset_ps + duration_ps
-                    if line.name == "XLA Modules":
-                        program = self._program(event_metadata[event.metadata_id].name)
-                        start_ns = base_ns + offset_ps // 1000
-                        self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns,
-                                                                 start_ns + duration_ps // 1000)
-                    elif line.name == "XLA Ops":
-                        meta = op_metas.get(event.metadata_id)
+            for columns in self._columns(space, line):
+                end_ps = max(end_ps, _end_ps(columns))
+                starts = base_ns + columns.offset_ps // 1000
+                durations = columns.duration_ps // 1000
+                if line.name == "XLA Modules":
+                    for metadata_id, start_ns, dur_ns in zip(columns.metadata_id.tolist(), starts.tolist(),
+                                                             durations.tolist()):
+                        program = self._program(event_metadata[metadata_id].name)
+                        self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns, start_ns + dur_ns)
+                elif line.name == "XLA Ops":
+                    metas = []
+                    for metadata_id in columns.metadata_id.tolist():
+                        meta = op_metas.get(metadata_id)
                         if meta is None:
-                            meta = op_metas[event.metadata_id] = self._op_meta(plane, event.metadata_id, decoder, None)
-                        self._op(meta, None, chip, base_ns + offset_ps // 1000, duration_ps // 1000)
+                            meta = op_metas[metadata_id] = self._op_meta(plane, metadata_id, decoder, None)
+                        metas.append(meta)
+                    self._ops(metas, [None] * len(metas), [chip] * len(metas), starts, durations)
             self._line_end(line, end_ps)
 
     def _host_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> None:
@@ -280,55 +287,87 @@ class XPlaneImporter:
         self.host_op_stats = {key: name for name in _HOST_OP_STATS for key in decoder.ids_named(name)}
         # Per event metadata id: (annotation origin, name sid, frame id) of an event that is no XLA op.
         annotations: dict[int, tuple[str, int, int | None]] = {}
-        rank = self.rank
-        step_starts = self.steps.starts
-        extend = self.sink.extend
-        event_metadata = plane.event_metadata
+        step_starts = np.array(self.steps.starts, dtype=np.int64)
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
-            for events in space.events(line, self.line_class):
-                rows = []
-                for event in events:
-                    offset_ps = event.offset_ps
-                    duration_ps = event.duration_ps
-                    if offset_ps + duration_ps > end_ps:
-                        end_ps = offset_ps + duration_ps
-                    start_ns = base_ns + offset_ps // 1000
-                    stats = event.stats
-                    if stats:
-                        for stat in stats:
-                            if stat.metadata_id in hlo_op_ids:
-                                break
-                        else:
-                            stats = None
-                        if stats:
-                            self._host_op(plane, decoder, event, start_ns, duration_ps // 1000)
-                            continue
-                    annotation = annotations.get(event.metadata_id)
-                    if annotation is None:
-                        annotation = annotations[event.metadata_id] = self._annotation(
-                            event_metadata[event.metadata_id].name)
-                    rows.append((rank, annotation[1], annotation[0], start_ns, duration_ps // 1000, annotation[2],
-                                 bisect_right(step_starts, start_ns)))
-                extend("annotations", rows)
+            for columns in self._columns(space, line):
+                end_ps = max(end_ps, _end_ps(columns))
+                op_events = columns.with_stat(hlo_op_ids)
+                starts = base_ns + columns.offset_ps // 1000
+                durations = columns.duration_ps // 1000
+                if len(op_events):
+                    self._host_ops(plane, decoder, columns, op_events, starts[op_events], durations[op_events])
+                others = np.ones(len(columns), dtype=bool)
+                others[op_events] = False
+                self._annotation_rows(plane, annotations, columns.metadata_id[others], starts[others],
+                                      durations[others], step_starts)
             self._line_end(line, end_ps)
 
-    def _host_op(self, plane: Any, decoder: _StatDecoder, event: Any, start_ns: int, dur_ns: int) -> None:
-        """An XLA op run on a host thread (XLA:CPU): its op, module, run and device from the event's stats."""
-        wanted = self.host_op_stats
-        values = {}
-        for stat in event.stats:
-            name = wanted.get(stat.metadata_id)
-            if name is not None:
-                values[name] = decoder.value(stat)
-        module = str(values.get("hlo_module", ""))
-        key = (event.metadata_id, module)
-        meta = self.host_op_metas.get(key)
-        if meta is None:
-            meta = self.host_op_metas[key] = self._op_meta(plane, event.metadata_id, decoder, module,
-                                                           str(values["hlo_op"]))
-        self._op(meta, values.get("run_id"), int(values.get("device_ordinal", 0) or 0), start_ns, dur_ns)
+    def _annotation_rows(self, plane: Any, annotations: dict[int, tuple[str, int, int | None]],
+                         metadata_ids: np.ndarray, starts: np.ndarray, durations: np.ndarray,
+                         step_starts: np.ndarray) -> None:
+        """`annotations` rows of host events that are no XLA op, built a column at a time."""
+        if not len(metadata_ids):
+            return
+        distinct, positions = np.unique(metadata_ids, return_inverse=True)
+        found = []
+        for metadata_id in distinct.tolist():
+            annotation = annotations.get(metadata_id)
+            if annotation is None:
+                annotation = annotations[metadata_id] = self._annotation(plane.event_metadata[metadata_id].name)
+            found.append(annotation)
+        origins, name_sids, frame_ids = zip(*found)
+        at = positions.tolist()
+        steps = np.searchsorted(step_starts, starts, side="right")
+        self.sink.extend("annotations", list(zip(
+            repeat(self.rank), map(name_sids.__getitem__, at), map(origins.__getitem__, at), starts.tolist(),
+            durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
+
+    def _host_ops(self, plane: Any, decoder: _StatDecoder, columns: EventColumns, events: np.ndarray,
+                  starts: np.ndarray, durations: np.ndarray) -> None:
+        """XLA ops run on a host thread (XLA:CPU): op, module, run and device from each event's stats."""
+        values = self._host_op_values(decoder, columns, events)
+        if values is None:  # a stat of another kind: read each event's stats through its message
+            values = {name: [_ABSENT] * len(events) for name in _HOST_OP_STATS}
+            for position, index in enumerate(events.tolist()):
+                for stat in columns.message(index).stats:
+                    name = self.host_op_stats.get(stat.metadata_id)
+                    if name is not None:
+                        values[name][position] = decoder.value(stat)
+        modules = ["" if module is _ABSENT else str(module) for module in values["hlo_module"]]
+        metas = []
+        for metadata_id, module, op_name in zip(columns.metadata_id[events].tolist(), modules, values["hlo_op"]):
+            meta = self.host_op_metas.get((metadata_id, module))
+            if meta is None:
+                meta = self.host_op_metas[(metadata_id, module)] = self._op_meta(plane, metadata_id, decoder, module,
+                                                                                 str(op_name))
+            metas.append(meta)
+        chips = [0 if chip is _ABSENT else int(chip or 0) for chip in values["device_ordinal"]]
+        run_ids = [None if run_id is _ABSENT else run_id for run_id in values["run_id"]]
+        self._ops(metas, run_ids, chips, starts, durations)
+
+    def _host_op_values(self, decoder: _StatDecoder, columns: EventColumns,
+                        events: np.ndarray) -> dict[str, list[Any]] | None:
+        """Per stat name of `_HOST_OP_STATS`, its value in each of `events` (`_ABSENT` where none); None where a
+        stat is no integer or reference, or an event holds one twice."""
+        table = columns.stat_values(list(self.host_op_stats))
+        if table is None:
+            return None
+        stat_events, stat_ids, kinds, numbers = table
+        kept = np.isin(stat_events, events)
+        stat_events, stat_ids, kinds, numbers = stat_events[kept], stat_ids[kept], kinds[kept], numbers[kept]
+        positions = np.searchsorted(events, stat_events)
+        values: dict[str, list[Any]] = {}
+        for name in _HOST_OP_STATS:
+            chosen = np.isin(stat_ids, decoder.ids_named(name))
+            at = positions[chosen]
+            if len(np.unique(at)) != len(at):
+                return None
+            column = np.full(len(events), _ABSENT, dtype=object)
+            column[at] = np.array(_stat_numbers(decoder, kinds[chosen], numbers[chosen]), dtype=object)
+            values[name] = column.tolist()
+        return values
 
     def _annotation(self, name: str) -> tuple[str, int, int | None]:
         """A host event that is no XLA op: a Python tracer frame (`$file:line function`) or a TraceMe range."""
@@ -372,24 +411,49 @@ class XPlaneImporter:
             program=program,
         )
 
-    def _op(self, meta: _OpMeta, run_id: Any, chip: int, start_ns: int, dur_ns: int) -> None:
-        self.seq += 1
-        step = self.steps.step_at(start_ns)
+    def _ops(self, metas: list[_OpMeta], run_ids: list[Any], chips: list[int], starts: np.ndarray,
+             durations: np.ndarray) -> None:
+        """`ops` (and `collectives`) rows of some XLA op events, and what they tell of their programs' runs,
+        op counts, costs and fusions."""
+        steps = np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right").tolist()
+        starts_ns, durations_ns = starts.tolist(), durations.tolist()
+        first_seq = self.seq + 1
+        self.seq += len(metas)
+        rank = self.rank
+        self.sink.extend("ops", [
+            (seq, rank, meta.name_sid, None, None, chip, start_ns, dur_ns, meta.frame_id, meta.tf_op_sid, step,
+             meta.program.program_id if meta.program else None, None)
+            for seq, meta, chip, start_ns, dur_ns, step in zip(
+                range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)])
+        self.sink.extend("collectives", [
+            (rank, _COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed), None, None, None, meta.frame_id,
+             start_ns, dur_ns, None, None, None, step)
+            for meta, start_ns, dur_ns, step in zip(metas, starts_ns, durations_ns, steps)
+            if meta.category in _COLLECTIVE_CATEGORIES])
+        # An op's effect on its program depends only on (op, chip, run): each such triple's first event, with
+        # the earliest start and latest end of its events, has them all.
+        spans: dict[tuple[_OpMeta, int, Any], list[int]] = {}
+        for key, start_ns, dur_ns in zip(zip(metas, chips, run_ids), starts_ns, durations_ns):
+            span = spans.get(key)
+            if span is None:
+                spans[key] = [start_ns, start_ns + dur_ns]
+            else:
+                span[0] = min(span[0], start_ns)
+                span[1] = max(span[1], start_ns + dur_ns)
+        for (meta, chip, run_id), (start_ns, end_ns) in spans.items():
+            self._program_op(meta, chip, run_id, start_ns, end_ns)
+
+    def _program_op(self, meta: _OpMeta, chip: int, run_id: Any, start_ns: int, end_ns: int) -> None:
         program = meta.program
-        self.sink.append("ops", (self.seq, self.rank, meta.name_sid, None, None, chip, start_ns, dur_ns,
-                                 meta.frame_id, meta.tf_op_sid, step, program.program_id if program else None, None))
-        if meta.category in _COLLECTIVE_CATEGORIES:
-            self.sink.append("collectives", (self.rank, _COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed),
-                                             None, None, None, meta.frame_id, start_ns, dur_ns, None, None, None, step))
         if program is None:
             return
         if run_id is not None:
             run = self.runs.get((chip, run_id))
             if run is None:
-                self.runs[(chip, run_id)] = _Run(program, chip, start_ns, start_ns + dur_ns)
+                self.runs[(chip, run_id)] = _Run(program, chip, start_ns, end_ns)
             else:
                 run.start_ns = min(run.start_ns, start_ns)
-                run.end_ns = max(run.end_ns, start_ns + dur_ns)
+                run.end_ns = max(run.end_ns, end_ns)
             if program.first_run is None:
                 program.first_run = (chip, run_id)
             if program.first_run != (chip, run_id):
@@ -421,6 +485,22 @@ class XPlaneImporter:
                                             run.end_ns - run.start_ns, self.steps.step_at(run.start_ns), None))
 
 
+def _stat_numbers(decoder: _StatDecoder, kinds: np.ndarray, numbers: np.ndarray) -> list[Any]:
+    """Stats' values from their integers: a reference's string, an unsigned or signed integer."""
+    values = numbers.tolist()
+    if (kinds == REF_VALUE).all():
+        return decoder.names(values)
+    if (kinds == INT64_VALUE).all():
+        return values
+    return [decoder.name(number) if kind == REF_VALUE else number % (1 << 64) if kind == UINT64_VALUE else number
+            for kind, number in zip(kinds.tolist(), values)]
+
+
+def _end_ps(columns: EventColumns) -> int:
+    """The latest end (ps after the line's start) of some events, 0 for none."""
+    return max(int((columns.offset_ps + columns.duration_ps).max()), 0) if len(columns) else 0
+
+
 class _StatDecoder:
     """Stat names and values of one plane (a `ref_value` resolves to the interned string it points at)."""
 
@@ -429,6 +509,9 @@ class _StatDecoder:
 
     def name(self, metadata_id: int) -> str:
         return self._names.get(metadata_id, "")
+
+    def names(self, metadata_ids: list[int]) -> list[str]:
+        return list(map(self._names.get, metadata_ids, repeat("")))
 
     def ids_named(self, name: str) -> list[int]:
         return [key for key, value in self._names.items() if value == name]
