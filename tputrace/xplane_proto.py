@@ -262,6 +262,24 @@ def encode_varint(value: int) -> bytes:
     return out + _SMALL_VARINTS[value]
 
 
+class WireError(ValueError):
+    """Bytes that are not well-formed protobuf wire data (a cut varint, a field past its end, ...)."""
+
+
+def decode_varint(data: bytes | memoryview, position: int) -> tuple[int, int]:
+    """The varint at `position` of `data` and the position after it; `WireError` where `data` ends inside it."""
+    value = shift = 0
+    while True:
+        if position >= len(data) or shift > 63:
+            raise WireError("truncated varint")
+        byte = data[position]
+        position += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, position
+        shift += 7
+
+
 def length_delimited(field_number: int, payload_size: int) -> bytes:
     """The tag and length that precede a length-delimited field (an embedded message) of `payload_size` bytes."""
     return encode_varint(field_number << 3 | _WIRE_LENGTH) + encode_varint(payload_size)

@@ -120,7 +120,7 @@ def test_event_stats_survive_their_file() -> None:
     stats = [("text", "a\udcff\n\"b"), ("none", None), ("count", 7), ("big", 1 << 64), ("negative", -3), ("flag", True),
              ("ratio", 0.25), ("raw", b"\x00\xff"), ("note", Ref("shared text")), ("other", 2.5j)]
     packed = xplane_line._pack_stats(names, stats)
-    size, start = xplane_line._decode_varint(packed, 0)
+    size, start = xplane_proto.decode_varint(packed, 0)
     assert start + size == len(packed)
     unpacked = xplane_line._unpack_stats(list(names), memoryview(packed)[start:])
     assert unpacked == [(name, str(value) if name == "other" else value) for name, value in stats if value is not None]

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from tputrace.importers.sources import CaptureError
+from tputrace.xplane_proto import WireError, decode_varint, encode_varint
 
 _WIRE_VARINT = 0
 _WIRE_FIXED64 = 1
@@ -33,24 +34,6 @@ _XLINE_TIMESTAMP = 3
 _XLINE_EVENTS = 4
 _EVENT_KEY = (_XLINE_EVENTS << 3) | _WIRE_LENGTH
 _FIELD_HEAD = 20  # a key and a length varint fit in this many bytes
-
-
-class _Damaged(ValueError):
-    """A malformed or truncated message."""
-
-
-def _varint(data: bytes, position: int) -> tuple[int, int]:
-    value = 0
-    shift = 0
-    while True:
-        if position >= len(data) or shift > 63:
-            raise _Damaged("truncated varint")
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
 
 
 @dataclass(frozen=True)
@@ -109,7 +92,7 @@ class XSpaceFile:
         self.stream.seek(start)
         data = self.stream.read(end - start)
         if len(data) != end - start:
-            raise self._error(_Damaged("a field runs past the end of the file"))
+            raise self._error(WireError("a field runs past the end of the file"))
         return data
 
     def _fields(self, span: Span) -> Iterator[tuple[int, int, int, int]]:
@@ -125,27 +108,27 @@ class XSpaceFile:
                     self._window = self.stream.read(min(_WINDOW, span.end - position))
                     self._window_at = position
                     offset = 0
-                key, offset = _varint(self._window, offset)
+                key, offset = decode_varint(self._window, offset)
                 field, wire = key >> 3, key & 7
                 if field == 0:
-                    raise _Damaged("field number 0")
+                    raise WireError("field number 0")
                 if wire == _WIRE_VARINT:
-                    value, offset = _varint(self._window, offset)
+                    value, offset = decode_varint(self._window, offset)
                     position = self._window_at + offset
                     yield field, wire, position, value
                     continue
                 if wire == _WIRE_LENGTH:
-                    size, offset = _varint(self._window, offset)
+                    size, offset = decode_varint(self._window, offset)
                 elif wire in (_WIRE_FIXED64, _WIRE_FIXED32):
                     size = 8 if wire == _WIRE_FIXED64 else 4
                 else:
-                    raise _Damaged(f"wire type {wire}")
+                    raise WireError(f"wire type {wire}")
                 start = self._window_at + offset
                 position = start + size
                 if position > span.end:
-                    raise _Damaged("a field runs past the end of its message")
+                    raise WireError("a field runs past the end of its message")
                 yield field, wire, start, position
-        except _Damaged as error:
+        except WireError as error:
             raise self._error(error) from None
 
     def planes(self) -> list[Span]:
@@ -164,10 +147,10 @@ class XSpaceFile:
             if field == _XPLANE_LINES and wire == _WIRE_LENGTH:
                 lines.append(Span(start, end))
             elif wire == _WIRE_VARINT:
-                rest += _key(field, wire) + _encode_varint(end)
+                rest += _key(field, wire) + encode_varint(end)
             else:
                 data = self._bytes(start, end)
-                rest += _key(field, wire) + (_encode_varint(len(data)) if wire == _WIRE_LENGTH else b"") + data
+                rest += _key(field, wire) + (encode_varint(len(data)) if wire == _WIRE_LENGTH else b"") + data
         plane = plane_class()
         try:
             plane.ParseFromString(bytes(rest))
@@ -207,7 +190,7 @@ class XSpaceFile:
                 stream.seek(position)
                 window = stream.read(min(_WINDOW, end - position))
                 if len(window) < min(_WINDOW, end - position):
-                    raise _Damaged("a line runs past the end of the file")
+                    raise WireError("a line runs past the end of the file")
                 window_end = len(window)
                 offset = 0
                 fields: list[int] = []
@@ -225,7 +208,7 @@ class XSpaceFile:
                             if offset == window_end or window[offset] != event_key:
                                 break
                         break
-                    key, after_key = _varint(window, offset)
+                    key, after_key = decode_varint(window, offset)
                     field, wire = key >> 3, key & 7
                     if seen_events and field in (_XLINE_NAME, _XLINE_TIMESTAMP):
                         raise CaptureError(f"{self.path}: an XLine has its name or timestamp after its events "
@@ -233,7 +216,7 @@ class XSpaceFile:
                     field_end = _skip(window, after_key, wire)
                     if field_end > window_end:
                         if window_end == end - position:
-                            raise _Damaged("a field runs past the end of its line")
+                            raise WireError("a field runs past the end of its line")
                         break
                     offset = field_end
                 if fields:
@@ -241,19 +224,19 @@ class XSpaceFile:
                     yield EventRun(window, fields, offset)
                     position += offset
                 elif offset == 0:
-                    raise _Damaged("a field runs past the end of its line" if window_end == end - position
+                    raise WireError("a field runs past the end of its line" if window_end == end - position
                                    else "a field longer than the read window")
                 else:
                     position += offset
-        except _Damaged as error:
+        except WireError as error:
             raise self._error(error) from None
 
 
 def _field_end(window: bytes, offset: int) -> int:
     """End of a length-delimited field whose length varint starts at `offset` (past the window if cut)."""
     try:
-        size, offset = _varint(window, offset)
-    except _Damaged:
+        size, offset = decode_varint(window, offset)
+    except WireError:
         return len(window) + 1
     return offset + size
 
@@ -262,17 +245,17 @@ def _skip(window: bytes, offset: int, wire: int) -> int:
     """End of a field's value that starts at `offset` (past the window if it is cut)."""
     try:
         if wire == _WIRE_VARINT:
-            return _varint(window, offset)[1]
+            return decode_varint(window, offset)[1]
         if wire == _WIRE_LENGTH:
-            size, offset = _varint(window, offset)
+            size, offset = decode_varint(window, offset)
             return offset + size
-    except _Damaged:
+    except WireError:
         return len(window) + 1
     if wire == _WIRE_FIXED64:
         return offset + 8
     if wire == _WIRE_FIXED32:
         return offset + 4
-    raise _Damaged(f"wire type {wire}")
+    raise WireError(f"wire type {wire}")
 
 
 def _parse_line(line_class: type, data: bytes, path: Path) -> Any:
@@ -285,16 +268,4 @@ def _parse_line(line_class: type, data: bytes, path: Path) -> Any:
 
 
 def _key(field: int, wire: int) -> bytes:
-    return _encode_varint((field << 3) | wire)
-
-
-def _encode_varint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        if value:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return encode_varint((field << 3) | wire)

@@ -363,17 +363,17 @@ def _pack_stats(names: dict[str, int], stats: Stats) -> bytes:
 def _read_packed(fd: int, position: int) -> memoryview:
     """The packed stats at `position` of a stats file (without their length)."""
     data = os.pread(fd, 4096, position)
-    size, start = _decode_varint(data, 0)
+    size, start = xplane_proto.decode_varint(data, 0)
     if start + size > len(data):
         data = os.pread(fd, start + size, position)
     return memoryview(data)[start:start + size]
 
 
 def _unpack_stats(names: list[str], packed: memoryview) -> list[tuple[str, Any]]:
-    count, position = _decode_varint(packed, 0)
+    count, position = xplane_proto.decode_varint(packed, 0)
     stats: list[tuple[str, Any]] = []
     for _ in range(count):
-        index, position = _decode_varint(packed, position)
+        index, position = xplane_proto.decode_varint(packed, position)
         kind = packed[position]
         position += 1
         value: Any
@@ -384,7 +384,7 @@ def _unpack_stats(names: list[str], packed: memoryview) -> list[tuple[str, Any]]
             value = _DOUBLE.unpack_from(packed, position)[0]
             position += _DOUBLE.size
         else:
-            size, position = _decode_varint(packed, position)
+            size, position = xplane_proto.decode_varint(packed, position)
             data = bytes(packed[position:position + size])
             position += size
             if kind == _INT:
@@ -396,14 +396,3 @@ def _unpack_stats(names: list[str], packed: memoryview) -> list[tuple[str, Any]]
                 value = Ref(text) if kind == _REF else text
         stats.append((names[index], value))
     return stats
-
-
-def _decode_varint(data: bytes | memoryview, position: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[position]
-        position += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, position
-        shift += 7
