@@ -105,10 +105,11 @@ class _Export:
             self.fragments.append((f'"name":{to_json(name)},"cat":"{category}"', members))
         return fragment_id
 
-    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = ()) -> Track:
+    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), spill: bool = False) -> Track:
+        """A thread's track; `spill`: one that grows with the ops, whose columns move to a file as it grows."""
         track = self.tracks.get((pid, tid))
         if track is None:
-            track = self.tracks[(pid, tid)] = Track(pid, tid, name, columns)
+            track = self.tracks[(pid, tid)] = Track(pid, tid, name, columns, spill_slices=self.spill_lines if spill else None)
         assert isinstance(track, Track)
         return track
 
@@ -143,7 +144,7 @@ class _Export:
         host_pid = rank * _PIDS_PER_RANK + 1
         self.process_names[host_pid] = (f"rank {rank} · host {host}", host_pid)
         host_tracks = {
-            name: self.track(host_pid, index + 1, name, ("seq",) if name == "Python dispatch" else ())
+            name: self.track(host_pid, index + 1, name, *((("seq",), True) if name == "Python dispatch" else ((), False)))
             for index, name in enumerate(HOST_THREADS)
         }
         chip_pids: dict[int, int] = {}
@@ -183,15 +184,17 @@ class _Export:
                         if fragments[index] is None:
                             fragments[index] = new_dispatch_fragment(key)
             if strict:
-                first = len(dispatch.starts)
+                first = len(dispatch)
                 for index, row in enumerate(rows):
                     if row[PROGRAM] is not None:
                         dispatch_index[row[SEQ]] = first + index
+                        dispatch.watched.add(first + index)
             starts = [start + offset for start in map(_START_OF, rows)]
             dispatch.starts.extend(starts)
             dispatch.ends.extend([start + (dur or 0) for start, dur in zip(starts, map(_DUR_OF, rows))])
             dispatch.fragments.extend(fragments)  # type: ignore[arg-type]
             dispatch.values[0].extend(map(_SEQ_OF, rows))
+            dispatch.settle()
 
         # Per run, what its flow arrow starts from (strict: its op's seq; else its flush id) and where it
         # ends: the run itself is written as text when it comes (see `_add_run`).
@@ -440,8 +443,8 @@ class _Export:
         """Flow v1 arrows: `s` inside the source slice, `f` (bound to its enclosing slice) inside the
         target, both at the slice's middle so that neither sits on another slice's edge."""
         for flow_id, (source, source_index, (target_pid, target_tid, target_ts)) in enumerate(self.flows, start=1):
-            source_ts = (source.starts[source_index] + source.ends[source_index]) // 2
-            yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source.tid_of(source_index)},'
+            source_tid, source_ts = source.flow_point(source_index)
+            yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source_tid},'
                    f'"ts":{microseconds_text(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
             yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target_pid},"tid":{target_tid},'
                    f'"ts":{microseconds_text(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
