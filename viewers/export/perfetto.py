@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -36,6 +37,7 @@ from tputrace.viewers.export.hosts import host_names
 from tputrace.viewers.export.perfetto_tracks import (
     CHUNK_EVENTS,
     LANE_STRIDE,
+    NULL,
     SPILL_LINES,
     BackgroundWriter,
     TextTrack,
@@ -57,6 +59,25 @@ _PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for ch
 _FLOW_NAME = "runs on chip"
 _MAX_CACHED_OPS = 65_536  # descriptions of distinct ops kept for reuse (see `_op_tail`)
 _START_OF, _DUR_OF, _SEQ_OF = operator.itemgetter(START), operator.itemgetter(DUR), operator.itemgetter(SEQ)
+
+
+class _Flows:
+    """Flow arrows from slices of one track: each source slice's index, and its target's pid, tid and
+    time, as columns (a trace has a flow per program execution)."""
+
+    def __init__(self, source: Track) -> None:
+        self.source = source
+        self.indexes, self.pids, self.tids, self.times = array("q"), array("q"), array("q"), array("q")
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+    def add(self, index: int, target: tuple[int, int, int]) -> None:
+        self.indexes.append(index)
+        pid, tid, time = target
+        self.pids.append(pid)
+        self.tids.append(tid)
+        self.times.append(time)
 
 
 @dataclass(frozen=True)
@@ -82,8 +103,7 @@ class _Export:
         self._fragment_ids: dict[Any, int] = {}
         self.instants: list[str] = []
         self.counters: list[str] = []
-        # A flow: its source slice (track, index) and its target's pid, tid and time.
-        self.flows: list[tuple[Track, int, tuple[int, int, int]]] = []
+        self.flows: list[_Flows] = []
         self.process_names: dict[int, tuple[str, int]] = {}
         self._json_by_sid: dict[int, str] = {}
         self._json_by_frame: dict[int, str] = {}
@@ -197,30 +217,33 @@ class _Export:
             dispatch.settle()
 
         # Per run, what its flow arrow starts from (strict: its op's seq; else its flush id) and where it
-        # ends: the run itself is written as text when it comes (see `_add_run`).
-        runs: list[tuple[int | None, tuple[int, int, int]]] = []
+        # ends (`runs` holds its pid, tid and time): the run itself is written as text when it comes (see `_add_run`).
+        origins = array("q")
+        runs = _Flows(dispatch)
 
         def on_run(run: ProgramRun) -> None:
             programs = self.programs_track(chip_pid(run.chip))
             origin = (run.op_seqs[0] if run.op_seqs else None) if strict else run.flush_id
-            runs.append((origin, self._add_run(run, programs, offset)))
+            origins.append(NULL if origin is None else origin)
+            runs.add(-1, self._add_run(run, programs, offset))
 
         def restart() -> None:
             dispatch.clear()
             for pid in chip_pids.values():
                 self.programs_track(pid).clear()
-            runs.clear()
+            for column in (origins, runs.indexes, runs.pids, runs.tids, runs.times):
+                del column[:]
             dispatch_index.clear()
 
         scan_rank(tables, rank, self.chip, on_run, on_ops, restart)
         flush_index = self._add_host_records(rank, host_pid, host_tracks, offset)
-        for origin, target in runs:
-            if strict:
-                source_index = dispatch_index.get(origin) if origin is not None else None
-                if source_index is not None:
-                    self.flows.append((dispatch, source_index, target))
-            elif origin is not None and origin in flush_index:
-                self.flows.append((host_tracks["Flushes"], flush_index[origin], target))
+        flows = _Flows(dispatch if strict else host_tracks["Flushes"])
+        source_indexes = dispatch_index if strict else flush_index
+        for origin, pid, tid, time in zip(origins, runs.pids, runs.tids, runs.times):
+            source_index = source_indexes.get(origin) if origin != NULL else None
+            if source_index is not None:
+                flows.add(source_index, (pid, tid, time))
+        self.flows.append(flows)
         for step, start_ns, end_ns in trace.sql("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", (rank,)):
             if end_ns is None:
                 continue
@@ -426,7 +449,7 @@ class _Export:
         flows = self._flow_events()
         emit(iter(lambda: list(islice(flows, CHUNK_EVENTS)), []))
         stream.write("\n]}\n")
-        return slices, len(self.flows)
+        return slices, sum(map(len, self.flows))
 
     def _name_events(self, tracks: list[Track], lanes: dict[int, int]) -> Iterator[str]:
         for pid, (name, sort_index) in sorted(self.process_names.items()):
@@ -442,12 +465,16 @@ class _Export:
     def _flow_events(self) -> Iterator[str]:
         """Flow v1 arrows: `s` inside the source slice, `f` (bound to its enclosing slice) inside the
         target, both at the slice's middle so that neither sits on another slice's edge."""
-        for flow_id, (source, source_index, (target_pid, target_tid, target_ts)) in enumerate(self.flows, start=1):
-            source_tid, source_ts = source.flow_point(source_index)
-            yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source_tid},'
-                   f'"ts":{microseconds_text(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
-            yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target_pid},"tid":{target_tid},'
-                   f'"ts":{microseconds_text(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+        flow_id = 0
+        for flows in self.flows:
+            source = flows.source
+            for source_index, target_pid, target_tid, target_ts in zip(flows.indexes, flows.pids, flows.tids, flows.times):
+                flow_id += 1
+                source_tid, source_ts = source.flow_point(source_index)
+                yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source_tid},'
+                       f'"ts":{microseconds_text(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+                yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target_pid},"tid":{target_tid},'
+                       f'"ts":{microseconds_text(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
 
 
 def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 1,

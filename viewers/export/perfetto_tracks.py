@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import IO, Any
 
 LANE_STRIDE = 100  # tid of lane k of a thread: base tid + k * LANE_STRIDE
-CHUNK_EVENTS = 20_000
+CHUNK_EVENTS = 5_000
 NULL = -(1 << 63)  # a missing value in an int column
 
 
