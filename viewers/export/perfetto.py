@@ -57,7 +57,7 @@ HOST_THREADS = ("Steps", "Annotations", "Python dispatch", "Flushes", "XLA compi
 CHIP_STEPS_TID, CHIP_PROGRAMS_TID = 1, 2  # a chip's threads: Steps, and programs with their ops nested
 _PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for chips
 _FLOW_NAME = "runs on chip"
-_MAX_CACHED_OPS = 65_536  # descriptions of distinct ops kept for reuse (see `_op_tail`)
+_MAX_CACHED_OPS = 16_384  # descriptions of distinct ops kept for reuse (see `_op_tail`; run layouts are cached too)
 _START_OF, _DUR_OF, _SEQ_OF = operator.itemgetter(START), operator.itemgetter(DUR), operator.itemgetter(SEQ)
 
 
