@@ -217,21 +217,23 @@ class _Export:
             dispatch.settle()
 
         # Per run, what its flow arrow starts from (strict: its op's seq; else its flush id) and where it
-        # ends (`runs` holds its pid, tid and time): the run itself is written as text when it comes (see `_add_run`).
+        # ends (its slice's pid, tid and time, in `targets`): the run itself is written as text when it comes
+        # (see `_add_run`).
         origins = array("q")
-        runs = _Flows(dispatch)
+        targets = (array("q"), array("q"), array("q"))
 
         def on_run(run: ProgramRun) -> None:
             programs = self.programs_track(chip_pid(run.chip))
             origin = (run.op_seqs[0] if run.op_seqs else None) if strict else run.flush_id
             origins.append(NULL if origin is None else origin)
-            runs.add(-1, self._add_run(run, programs, offset))
+            for column, value in zip(targets, self._add_run(run, programs, offset)):
+                column.append(value)
 
         def restart() -> None:
             dispatch.clear()
             for pid in chip_pids.values():
                 self.programs_track(pid).clear()
-            for column in (origins, runs.indexes, runs.pids, runs.tids, runs.times):
+            for column in (origins, *targets):
                 del column[:]
             dispatch_index.clear()
 
@@ -239,7 +241,7 @@ class _Export:
         flush_index = self._add_host_records(rank, host_pid, host_tracks, offset)
         flows = _Flows(dispatch if strict else host_tracks["Flushes"])
         source_indexes = dispatch_index if strict else flush_index
-        for origin, pid, tid, time in zip(origins, runs.pids, runs.tids, runs.times):
+        for origin, pid, tid, time in zip(origins, *targets):
             source_index = source_indexes.get(origin) if origin != NULL else None
             if source_index is not None:
                 flows.add(source_index, (pid, tid, time))
