@@ -62,3 +62,54 @@ def test_overlapping_slices_keep_their_lanes_across_chunks() -> None:
     assert [event["ts"] for event in events] == [index for index in range(count)]
     assert events[CHUNK]["args"] == {"extra": CHUNK, "module": "m"}
     assert all(event["args"] == {"module": "m"} for index, event in enumerate(events) if index != CHUNK)
+
+
+def _fill(track: Track, bounds: list[tuple[int, int]]) -> Track:
+    for index, (start, end) in enumerate(bounds):
+        track.add(start, end, index % 2, f'"extra":{index}' if index % 4 == 0 else "", (index,))
+    return track
+
+
+def _overlapping(count: int) -> list[tuple[int, int]]:
+    """Slices in start order, some nested, some overlapping the next partly: several lanes."""
+    return [(index * 1000, index * 1000 + (2500 if index % 3 == 0 else 1200 if index % 3 == 1 else 300))
+            for index in range(count)]
+
+
+@pytest.mark.parametrize("spill_slices", [1, 3, CHUNK + 1])
+def test_spilled_track_writes_what_the_in_memory_one_does(spill_slices: int) -> None:
+    bounds = _overlapping(4 * CHUNK + 5)
+    in_memory = _fill(Track(1, 3, "Python dispatch", ("seq",)), bounds)
+    spilled = Track(1, 3, "Python dispatch", ("seq",), spill_slices=spill_slices)
+    spilled.watched.update({0, 5, len(bounds) - 1})  # flow sources: what they need outlives the spill
+    _fill(spilled, bounds)
+    assert spilled.base > 0 and len(spilled.starts) < len(bounds) and len(spilled) == len(bounds)
+
+    lanes = in_memory.assign_lanes()
+    assert lanes > 1 and spilled.assign_lanes() == lanes
+    points = [spilled.flow_point(index) for index in (5, len(bounds) - 1)]
+    assert points == [in_memory.flow_point(index) for index in (5, len(bounds) - 1)]
+    written = [line for chunk in spilled.lines(*_fragments()) for line in chunk]
+    assert written == [line for chunk in in_memory.lines(*_fragments()) for line in chunk]
+    assert len({json.loads(line)["tid"] for line in written}) == lanes
+
+
+def test_spilled_track_out_of_start_order_comes_back_to_memory_and_is_sorted() -> None:
+    bounds = _overlapping(3 * CHUNK)
+    bounds[2 * CHUNK] = (500, 700)  # starts before slices spilled already
+    in_memory = _fill(Track(1, 6, "Syncs", ("seq",)), bounds)
+    spilled = _fill(Track(1, 6, "Syncs", ("seq",), spill_slices=4), bounds)
+    assert not spilled.ordered and spilled.base == 0 and len(spilled.starts) == len(bounds)
+
+    assert spilled.assign_lanes() == in_memory.assign_lanes()
+    written = [line for chunk in spilled.lines(*_fragments()) for line in chunk]
+    assert written == [line for chunk in in_memory.lines(*_fragments()) for line in chunk]
+    events = [json.loads(line) for line in written]
+    assert sorted(event["args"]["seq"] for event in events) == list(range(len(bounds)))
+    by_lane: dict[int, list[tuple[float, float]]] = {}
+    for event in sorted(events, key=lambda event: (event["ts"], -event["dur"])):
+        stack = by_lane.setdefault(event["tid"], [])
+        while stack and stack[-1][1] <= event["ts"]:
+            stack.pop()
+        assert not stack or event["ts"] + event["dur"] <= stack[-1][1]  # nests in what is open on its lane
+        stack.append((event["ts"], event["ts"] + event["dur"]))

@@ -13,6 +13,8 @@ Both exports (XProf and Perfetto) draw this model; nothing here imports torch or
 from __future__ import annotations
 
 import operator
+from array import array
+from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate, groupby
@@ -28,6 +30,7 @@ PROGRAM_OPS_LABEL = "(programs without recorded ops)"
 """What op rankings call the chip time of programs that ran without recorded ops (their XLA fusions)."""
 _FLUSH_OF = operator.itemgetter(FLUSH)
 _SEQ_OF = operator.itemgetter(SEQ)
+_NULL = -(1 << 63)  # a missing value in an int column
 
 
 class OpKey(NamedTuple):
@@ -128,16 +131,10 @@ def device_runs(tables: TraceTables, rank: int, chip: TargetChip, *, on_ops: Cal
     if is_strict(trace, rank):
         yield from _strict_runs(tables, _op_batches(trace, rank, strict=True), on_ops)
         return
-    executions_by_flush: dict[int, list[tuple[Any, ...]]] = {}
-    unflushed: list[tuple[Any, ...]] = []
-    for execution in _serialized(trace.sql(
+    executions = _Executions(_serialized(row for rows in trace.sql_batches(
         "SELECT chip, program_id, start_ns, dur_ns, step, flush_id FROM executions WHERE rank = ? ORDER BY chip, start_ns, rowid",
         (rank,),
-    )):
-        if execution[5] is None:
-            unflushed.append(execution)
-        else:
-            executions_by_flush.setdefault(execution[5], []).append(execution)
+    ) for row in rows))
     batches = _op_batches(trace, rank, in_flushes=sorted_by_flush)
     closed: set[int] = set()
     group: OpBatch = []
@@ -152,16 +149,65 @@ def device_runs(tables: TraceTables, rank: int, chip: TargetChip, *, on_ops: Cal
                 continue
             if group_flush is not None:
                 closed.add(group_flush)
-                for execution in executions_by_flush.pop(group_flush, ()):
+                for execution in executions.take(group_flush):
                     yield _run_with_ops(tables, chip, execution, group)
             if flush_id in closed:
                 raise FlushesInterleaved(f"the ops of flush {flush_id} are not contiguous in {trace.path}")
             group, group_flush = list(flush_rows), flush_id
     if group_flush is not None:
-        for execution in executions_by_flush.pop(group_flush, ()):
+        for execution in executions.take(group_flush):
             yield _run_with_ops(tables, chip, execution, group)
-    for execution in [*unflushed, *(execution for executions in executions_by_flush.values() for execution in executions)]:
+    for execution in executions.left():
         yield _run_with_fusions(tables, chip, execution)
+
+
+class _Executions:
+    """A rank's executions as `_serialized` gives them, kept as int columns (a trace can have one per
+    fifty ops) and found by flush: `take` gives a flush's once, `left` those no flush took."""
+
+    def __init__(self, rows: Iterable[tuple[Any, ...]]) -> None:
+        self._columns = [array("q") for _ in range(7)]
+        self._rows: list[tuple[Any, ...]] = []  # all of them instead, when a value is not an int
+        for row in rows:
+            if not self._rows and all(type(value) is int for value in row if value is not None):
+                for column, value in zip(self._columns, row):
+                    column.append(_NULL if value is None else value)
+            else:
+                if not self._rows:
+                    self._rows = list(map(self._row, range(len(self._columns[0]))))
+                    self._columns = [array("q") for _ in range(7)]
+                self._rows.append(row)
+        flushes = [_NULL if row[5] is None else row[5] for row in self._rows] if self._rows else self._columns[5]
+        self._by_flush = array("q", sorted(range(len(flushes)), key=flushes.__getitem__))
+        self._flushes = array("q", [flushes[index] for index in self._by_flush])
+        self._taken = bytearray(len(flushes))  # per position in flush order: its flush's executions were given
+
+    def _row(self, index: int) -> tuple[Any, ...]:
+        if self._rows:
+            return self._rows[index]
+        return tuple(None if column[index] == _NULL else column[index] for column in self._columns)
+
+    def take(self, flush_id: int) -> list[tuple[Any, ...]]:
+        """The executions of `flush_id` in chip order, the first time it is asked for; none after."""
+        first = bisect_left(self._flushes, flush_id)
+        if first == len(self._flushes) or self._flushes[first] != flush_id or self._taken[first]:
+            return []
+        self._taken[first] = 1
+        last = bisect_right(self._flushes, flush_id)
+        return [self._row(index) for index in self._by_flush[first:last]]
+
+    def left(self) -> Iterator[tuple[Any, ...]]:
+        """The executions without a flush, then those of flushes not taken, each flush's together,
+        flushes in the order of their first execution."""
+        count = len(self._by_flush)
+        for index in range(count):
+            execution = self._row(index)
+            if execution[5] is None:
+                yield execution
+        for index in range(count):
+            execution = self._row(index)
+            if execution[5] is not None:
+                yield from self.take(execution[5])
 
 
 def _op_batches(trace: Trace, rank: int, *, strict: bool = False, in_flushes: bool = False) -> Iterator[OpBatch]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import operator
+from array import array
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import islice
@@ -36,6 +37,7 @@ from tputrace.viewers.export.hosts import host_names
 from tputrace.viewers.export.perfetto_tracks import (
     CHUNK_EVENTS,
     LANE_STRIDE,
+    NULL,
     SPILL_LINES,
     BackgroundWriter,
     TextTrack,
@@ -55,8 +57,27 @@ HOST_THREADS = ("Steps", "Annotations", "Python dispatch", "Flushes", "XLA compi
 CHIP_STEPS_TID, CHIP_PROGRAMS_TID = 1, 2  # a chip's threads: Steps, and programs with their ops nested
 _PIDS_PER_RANK = 1000  # pid = rank * 1000 + 1 for the host, + 100 + chip for chips
 _FLOW_NAME = "runs on chip"
-_MAX_CACHED_OPS = 65_536  # descriptions of distinct ops kept for reuse (see `_op_tail`)
+_MAX_CACHED_OPS = 16_384  # descriptions of distinct ops kept for reuse (see `_op_tail`; run layouts are cached too)
 _START_OF, _DUR_OF, _SEQ_OF = operator.itemgetter(START), operator.itemgetter(DUR), operator.itemgetter(SEQ)
+
+
+class _Flows:
+    """Flow arrows from slices of one track: each source slice's index, and its target's pid, tid and
+    time, as columns (a trace has a flow per program execution)."""
+
+    def __init__(self, source: Track) -> None:
+        self.source = source
+        self.indexes, self.pids, self.tids, self.times = array("q"), array("q"), array("q"), array("q")
+
+    def __len__(self) -> int:
+        return len(self.indexes)
+
+    def add(self, index: int, target: tuple[int, int, int]) -> None:
+        self.indexes.append(index)
+        pid, tid, time = target
+        self.pids.append(pid)
+        self.tids.append(tid)
+        self.times.append(time)
 
 
 @dataclass(frozen=True)
@@ -82,8 +103,7 @@ class _Export:
         self._fragment_ids: dict[Any, int] = {}
         self.instants: list[str] = []
         self.counters: list[str] = []
-        # A flow: its source slice (track, index) and its target's pid, tid and time.
-        self.flows: list[tuple[Track, int, tuple[int, int, int]]] = []
+        self.flows: list[_Flows] = []
         self.process_names: dict[int, tuple[str, int]] = {}
         self._json_by_sid: dict[int, str] = {}
         self._json_by_frame: dict[int, str] = {}
@@ -105,10 +125,11 @@ class _Export:
             self.fragments.append((f'"name":{to_json(name)},"cat":"{category}"', members))
         return fragment_id
 
-    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = ()) -> Track:
+    def track(self, pid: int, tid: int, name: str, columns: tuple[str, ...] = (), spill: bool = False) -> Track:
+        """A thread's track; `spill`: one that grows with the ops, whose columns move to a file as it grows."""
         track = self.tracks.get((pid, tid))
         if track is None:
-            track = self.tracks[(pid, tid)] = Track(pid, tid, name, columns)
+            track = self.tracks[(pid, tid)] = Track(pid, tid, name, columns, spill_slices=self.spill_lines if spill else None)
         assert isinstance(track, Track)
         return track
 
@@ -143,7 +164,7 @@ class _Export:
         host_pid = rank * _PIDS_PER_RANK + 1
         self.process_names[host_pid] = (f"rank {rank} · host {host}", host_pid)
         host_tracks = {
-            name: self.track(host_pid, index + 1, name, ("seq",) if name == "Python dispatch" else ())
+            name: self.track(host_pid, index + 1, name, *((("seq",), True) if name == "Python dispatch" else ((), False)))
             for index, name in enumerate(HOST_THREADS)
         }
         chip_pids: dict[int, int] = {}
@@ -183,41 +204,48 @@ class _Export:
                         if fragments[index] is None:
                             fragments[index] = new_dispatch_fragment(key)
             if strict:
-                first = len(dispatch.starts)
+                first = len(dispatch)
                 for index, row in enumerate(rows):
                     if row[PROGRAM] is not None:
                         dispatch_index[row[SEQ]] = first + index
+                        dispatch.watched.add(first + index)
             starts = [start + offset for start in map(_START_OF, rows)]
             dispatch.starts.extend(starts)
             dispatch.ends.extend([start + (dur or 0) for start, dur in zip(starts, map(_DUR_OF, rows))])
             dispatch.fragments.extend(fragments)  # type: ignore[arg-type]
             dispatch.values[0].extend(map(_SEQ_OF, rows))
+            dispatch.settle()
 
         # Per run, what its flow arrow starts from (strict: its op's seq; else its flush id) and where it
-        # ends: the run itself is written as text when it comes (see `_add_run`).
-        runs: list[tuple[int | None, tuple[int, int, int]]] = []
+        # ends (its slice's pid, tid and time, in `targets`): the run itself is written as text when it comes
+        # (see `_add_run`).
+        origins = array("q")
+        targets = (array("q"), array("q"), array("q"))
 
         def on_run(run: ProgramRun) -> None:
             programs = self.programs_track(chip_pid(run.chip))
             origin = (run.op_seqs[0] if run.op_seqs else None) if strict else run.flush_id
-            runs.append((origin, self._add_run(run, programs, offset)))
+            origins.append(NULL if origin is None else origin)
+            for column, value in zip(targets, self._add_run(run, programs, offset)):
+                column.append(value)
 
         def restart() -> None:
             dispatch.clear()
             for pid in chip_pids.values():
                 self.programs_track(pid).clear()
-            runs.clear()
+            for column in (origins, *targets):
+                del column[:]
             dispatch_index.clear()
 
         scan_rank(tables, rank, self.chip, on_run, on_ops, restart)
         flush_index = self._add_host_records(rank, host_pid, host_tracks, offset)
-        for origin, target in runs:
-            if strict:
-                source_index = dispatch_index.get(origin) if origin is not None else None
-                if source_index is not None:
-                    self.flows.append((dispatch, source_index, target))
-            elif origin is not None and origin in flush_index:
-                self.flows.append((host_tracks["Flushes"], flush_index[origin], target))
+        flows = _Flows(dispatch if strict else host_tracks["Flushes"])
+        source_indexes = dispatch_index if strict else flush_index
+        for origin, pid, tid, time in zip(origins, *targets):
+            source_index = source_indexes.get(origin) if origin != NULL else None
+            if source_index is not None:
+                flows.add(source_index, (pid, tid, time))
+        self.flows.append(flows)
         for step, start_ns, end_ns in trace.sql("SELECT step, start_ns, end_ns FROM steps WHERE rank = ? ORDER BY step", (rank,)):
             if end_ns is None:
                 continue
@@ -423,7 +451,7 @@ class _Export:
         flows = self._flow_events()
         emit(iter(lambda: list(islice(flows, CHUNK_EVENTS)), []))
         stream.write("\n]}\n")
-        return slices, len(self.flows)
+        return slices, sum(map(len, self.flows))
 
     def _name_events(self, tracks: list[Track], lanes: dict[int, int]) -> Iterator[str]:
         for pid, (name, sort_index) in sorted(self.process_names.items()):
@@ -439,12 +467,16 @@ class _Export:
     def _flow_events(self) -> Iterator[str]:
         """Flow v1 arrows: `s` inside the source slice, `f` (bound to its enclosing slice) inside the
         target, both at the slice's middle so that neither sits on another slice's edge."""
-        for flow_id, (source, source_index, (target_pid, target_tid, target_ts)) in enumerate(self.flows, start=1):
-            source_ts = (source.starts[source_index] + source.ends[source_index]) // 2
-            yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source.tid_of(source_index)},'
-                   f'"ts":{microseconds_text(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
-            yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target_pid},"tid":{target_tid},'
-                   f'"ts":{microseconds_text(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+        flow_id = 0
+        for flows in self.flows:
+            source = flows.source
+            for source_index, target_pid, target_tid, target_ts in zip(flows.indexes, flows.pids, flows.tids, flows.times):
+                flow_id += 1
+                source_tid, source_ts = source.flow_point(source_index)
+                yield (f'{{"ph":"s","id":{flow_id},"pid":{source.pid},"tid":{source_tid},'
+                       f'"ts":{microseconds_text(source_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
+                yield (f'{{"ph":"f","bp":"e","id":{flow_id},"pid":{target_pid},"tid":{target_tid},'
+                       f'"ts":{microseconds_text(target_ts)},"name":"{_FLOW_NAME}","cat":"flow"}}')
 
 
 def export_perfetto(trace: Trace, path: str | Path, *, target: str = DEFAULT_TARGET, compresslevel: int = 1,
