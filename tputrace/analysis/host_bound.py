@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.analysis.op_facts import dispatch_by_step
 from tputrace.wording import format_ns
 
 NAME = "host_bound"
@@ -49,9 +50,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
     trace = context.trace
     if not context.steps:
         return AnalysisResult(NAME, HostBoundData())
-    where, params = context.steady_where()
-    dispatch = {step: (ns, ops) for step, ns, ops in trace.sql(
-        f"SELECT step, COALESCE(SUM(dur_ns), 0), COUNT(*) FROM ops WHERE {where} GROUP BY step", params)}
+    steady = context.steady_range
+    dispatch = dispatch_by_step(context, *steady) if steady is not None else {}
     executed = context.busy_by_step(steady=True)
     peak, bandwidth = context.target.peak_bf16_flops, context.target.hbm_bandwidth
     e_where, e_params = context.steady_where("e")

@@ -19,6 +19,7 @@ from tputrace.analysis.memory_fit import MemoryFit, fit
 from tputrace.analysis.memory_growth import SurvivingLine, step_ends, surviving_lines
 from tputrace.analysis.memory_oom import OutOfMemoryData, out_of_memory
 from tputrace.analysis.memory_peak import PeakBreakdown, breakdown
+from tputrace.analysis.op_facts import module_outputs
 from tputrace.analysis.shapes import tensors
 from tputrace.derived.memory_timeline import buffer_lifetimes, chips_of, peak_of
 from tputrace.wording import format_bytes
@@ -164,9 +165,7 @@ def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[Larges
     """The largest output tensor each module produced, largest first."""
     trace = context.trace
     best: dict[str, tuple[int, str]] = {}
-    for module_sid, outputs_sid in trace.sql(
-        "SELECT DISTINCT module_sid, outputs_sid FROM ops WHERE rank = ? AND module_sid IS NOT NULL", (context.rank,)
-    ):
+    for module_sid, outputs_sid in module_outputs(context):
         module = trace.string(module_sid) or "?"
         for spec in tensors(trace.string(outputs_sid)):
             if spec.nbytes > best.get(module, (0, ""))[0]:

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.op_facts import op_count
 from tputrace.derived.recording_window import recording_window
 from tputrace.wording import format_ns
 
@@ -30,7 +31,7 @@ class NoDeviceOpsData:
 def analyze(context: AnalysisContext) -> AnalysisResult[NoDeviceOpsData]:
     trace = context.trace
     where, params = "rank = ?", (context.rank,)
-    device_ops = trace.count("ops", where=where, params=params) + trace.count("compiles", where=where, params=params)
+    device_ops = op_count(context) + trace.count("compiles", where=where, params=params)
     window = recording_window(trace)
     if device_ops or (window is not None and not window.recorded_steps):  # a window that never opened recorded nothing
         return AnalysisResult(NAME, NoDeviceOpsData(device_ops))

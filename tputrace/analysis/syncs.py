@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, outside_fallbacks, per_step_text
-from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, then
+from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns, plural
@@ -73,7 +73,6 @@ class SyncsData:
 
 def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     trace = context.trace
-    findings: list[Finding] = []
     where, params = context.loop_line_where("s")
     steady_where, steady_params = context.steady_where("s")
     excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
@@ -94,6 +93,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     }
     steady_count = max(context.steady_count, 1)
     lines: list[SyncLine] = []
+    costly: list[tuple[int | None, str, int, int, int, int, float | None, int, int, Cost]] = []
     for frame_id, kind, count, stall_ns, pending_ops, steps_with in rows:
         steady_syncs, steady_stall = steady.get((frame_id, kind), (0, 0))
         per_step = steady_syncs / steady_count if context.steps else None
@@ -106,9 +106,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         cost = context.loop_cost(steady_stall, stall_ns)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
-        findings.append(
-            _finding(context, frame_id, kind, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall, cost)
-        )
+        costly.append((frame_id, kind, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall, cost))
+    modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
+    findings = [_finding(context, *line) for line in costly]
     data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
 

@@ -47,10 +47,11 @@ class FindingsResult:
     unavailable: str | None = None
 
 
-SEPARATE_ANALYZERS: tuple[str, ...] = ("memory",)
+SEPARATE_ANALYZERS: tuple[str, ...] = ("syncs", "fusion")
 """Analyzers run on a connection of their own, beside the others (`load_findings` with a reader
-factory): the memory analyzer scans every op's outputs, the longest of the analyzers' scans, so it
-overlaps the rest on a second core."""
+factory): the others read the ops' columns once (`tputrace.analysis.op_facts`), and these two scan the
+ops for the modules of their lines' host reads (`sync_modules`, shared between them), so the scans
+overlap the read on a second core."""
 
 
 def load_findings(trace: Trace, rank: int | None = None, *,
