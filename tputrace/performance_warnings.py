@@ -48,7 +48,7 @@ USER_SYNC_KINDS = frozenset({"item", "cpu", "numpy", "tolist", "print", "bool", 
 _warned_sites: set[tuple[type[Warning], str, int]] = set()
 _lock = threading.Lock()
 _filters_added = False
-_pending: list[tuple[type[PerformanceWarning], str, str, int]] = []
+pending: list[tuple[type[PerformanceWarning], str, str, int]] = []
 
 
 def _add_default_filters() -> None:
@@ -104,14 +104,14 @@ def recompiled(name: str, reason: str, diff: str | None) -> None:
         return
     location = first_user_location(2)
     if location is not None:
-        _pending.append((RecompileWarning, f"{name} recompiled ({diff or reason})", location[0], location[1]))
+        pending.append((RecompileWarning, f"{name} recompiled ({diff or reason})", location[0], location[1]))
 
 
 def raise_pending() -> None:
     """Raise the warnings kept while the backend compiled (the recorder calls it once an op ran, a step
     ended, or the host synced or copied)."""
-    while _pending:
-        category, message, file, line = _pending.pop(0)
+    while pending:
+        category, message, file, line = pending.pop(0)
         _warn_once(category, message, file, line)
 
 

@@ -33,14 +33,17 @@ class BufferTracker:
 
     def __init__(self, recording: Recording) -> None:
         self.recording = recording
-        self.open: dict[int, list[Any]] = {}  # id(buffer) -> [row id, chip, bytes, shape, dtype, frame, module, alloc, step, in forward, label]
+        # id(buffer) -> [row id, chip, bytes, shape, dtype, frame, module, alloc, step, in forward, label]
+        self.open: dict[int, list[Any]] = {}
         self.next_id = 1
         self.last_ns = 0
         self.backward_started_ns = -1
         self.start_perf_ns = _perf_ns() - recording.now()  # `recording.now()` is perf_counter_ns less this
         self.main_thread = threading.get_ident()
         self.pid = os.getpid()
-        self._spec_texts: dict[tuple[Any, Any], tuple[str | None, str | None]] = {}  # (shape, dtype) -> their texts
+        self.rank = recording.rank
+        self._append_row = recording.buffer_rows()
+        self._spec_texts: dict[tuple[Any, Any], tuple[str | None, int | None]] = {}  # (shape, dtype) -> dtype text, shape sid
         self.parameter_modules: dict[int, str] = {}  # id(parameter) -> the path of the module that owns it
 
     def _now(self) -> int:
@@ -66,19 +69,48 @@ class BufferTracker:
 
     def allocated(self, buffer: Any, nbytes: int, origin: tuple[int | None, int | None, bool] | None = None) -> None:
         frame_id, module_sid, in_forward = origin if origin is not None else self.origin()
+        self._open(buffer, nbytes, frame_id, module_sid, in_forward)
+
+    def op_output_allocated(self, buffer: Any, nbytes: int) -> None:
+        """`allocated` for an op's output, made right after the op was recorded: the op's line (no stack walk)."""
+        recording = self.recording
+        module_sid = recording.module_sid()
+        self._open(buffer, nbytes, recording.last_frame_id, module_sid, module_sid is not None and threading.get_ident() == self.main_thread)
+
+    def _open(self, buffer: Any, nbytes: int, frame_id: int | None, module_sid: int | None, in_forward: bool) -> None:
         row_id = self.next_id
         self.next_id = row_id + 1
         # Its shape and dtype only: holding the array would keep its memory alive. A JAX array's are read from
         # its `aval`, which its `shape` and `dtype` properties return them from (two Python calls saved).
         array = buffer.array
         described = getattr(array, "aval", array)
+        now = _perf_ns() - self.start_perf_ns
+        if now <= self.last_ns:
+            now = self.last_ns + 1
+        self.last_ns = now
         self.open[id(buffer)] = [row_id, buffer.chip, nbytes, getattr(described, "shape", None), getattr(described, "dtype", None), frame_id,
-                                 module_sid, self._now(), self.recording.step_index, in_forward, None]
+                                 module_sid, now, self.recording.step_index, in_forward, None]
 
     def freed(self, buffer: Any) -> None:
+        """A buffer was freed: its row, when it lived while the recording window was open (the hot path of
+        every recorded op's temporary output, so `_write` and `_now` are inlined)."""
         entry = self.open.pop(id(buffer), None)
-        if entry is not None and (self.recording.window_open or self.recording.keeps_lifetime(entry[7])):
-            self._write(entry, self._now())
+        if entry is None:
+            return
+        recording = self.recording
+        row_id, chip, nbytes, shape, dtype, frame_id, module_sid, alloc_ns, step, in_forward, label = entry
+        if not (recording.window_open or recording.keeps_lifetime(alloc_ns)):
+            return
+        free_ns = _perf_ns() - self.start_perf_ns
+        if free_ns <= self.last_ns:
+            free_ns = self.last_ns + 1
+        self.last_ns = free_ns
+        texts = self._spec_texts.get((shape, dtype))
+        if texts is None:
+            texts = self._spec(shape, dtype)
+        if label is None:
+            label = ACTIVATION if in_forward and self.backward_started_ns > alloc_ns else TEMPORARY
+        self._append_row((row_id, self.rank, chip, nbytes, texts[0], texts[1], label, frame_id, module_sid, alloc_ns, free_ns, step))
 
     def program_ran(self, chip: int, working_bytes: int) -> None:
         """A program holds `working_bytes` while it runs: one zero-length row at its launch."""
@@ -88,8 +120,8 @@ class BufferTracker:
         now = self._now()
         row_id = self.next_id
         self.next_id = row_id + 1
-        self.recording.buffer_lifetime((row_id, chip, working_bytes, None, None, PROGRAM_TEMPORARY, frame_id, module_sid, now, now,
-                                        self.recording.step_index))
+        self._append_row((row_id, self.rank, chip, working_bytes, None, None, PROGRAM_TEMPORARY, frame_id, module_sid, now, now,
+                          self.recording.step_index))
 
     def backward_started(self) -> None:
         self.backward_started_ns = self._now()
@@ -118,24 +150,21 @@ class BufferTracker:
         self.open.clear()
         if os.getpid() != self.pid:
             return
+        keeps_lifetime = self.recording.keeps_lifetime
         for entry in entries:
-            self._write(entry, None)
+            row_id, chip, nbytes, shape, dtype, frame_id, module_sid, alloc_ns, step, in_forward, label = entry
+            if keeps_lifetime(alloc_ns):
+                texts = self._spec(shape, dtype)
+                kind = label or (ACTIVATION if in_forward and self.backward_started_ns > alloc_ns else OTHER)
+                self._append_row((row_id, self.rank, chip, nbytes, texts[0], texts[1], kind, frame_id, module_sid, alloc_ns, None, step))
 
-    def _write(self, entry: list[Any], free_ns: int | None) -> None:
-        row_id, chip, nbytes, shape, dtype, frame_id, module_sid, alloc_ns, step, in_forward, label = entry
-        kind = label or self._kind(alloc_ns, free_ns, in_forward)
+    def _spec(self, shape: Any, dtype: Any) -> tuple[str | None, int | None]:
+        """The `dtype` text and `shape_sid` of a (shape, dtype), made once per pair."""
         texts = self._spec_texts.get((shape, dtype))
         if texts is None:
             texts = self._spec_texts[(shape, dtype)] = (None if dtype is None else str(dtype),
-                                                        None if shape is None else ",".join(str(size) for size in shape))
-        self.recording.buffer_lifetime((row_id, chip, nbytes, texts[0], texts[1], kind, frame_id, module_sid, alloc_ns, free_ns, step))
-
-    def _kind(self, alloc_ns: int, free_ns: int | None, in_forward: bool) -> str:
-        if not in_forward:
-            return TEMPORARY if free_ns is not None else OTHER
-        if self.backward_started_ns > alloc_ns:
-            return ACTIVATION
-        return TEMPORARY if free_ns is not None else OTHER
+                                                        None if shape is None else self.recording.intern(",".join(str(size) for size in shape)))
+        return texts
 
 
 def label_optimizer(tracker: BufferTracker, optimizer: Any) -> None:

@@ -100,7 +100,10 @@ class CountedBuffer(Buffer):
         tracker = memory.tracker
         if tracker is not None and nbytes:
             # With a spec the buffer is an op's output, made just after the op was recorded with its line.
-            tracker.allocated(self, nbytes, tracker.op_origin() if spec is not None else None)
+            if spec is not None:
+                tracker.op_output_allocated(self, nbytes)
+            else:
+                tracker.allocated(self, nbytes)
 
     def __del__(self, _live: list[int] = _live, _memory: Any = memory) -> None:
         # `_live` and `memory` are bound at definition: buffers freed at interpreter exit outlive module globals.

@@ -210,10 +210,7 @@ class DeferredExecutor:
             lock.release()
         recorder = self.dispatcher.recorder
         if recorder is not None and record_name is not None and recorder.window_open:
-            begin = start_ns if start_ns is not None else _perf_ns()
-            graph.op_records.append(
-                (recorder.next_seq(), record_name, plan, begin, _perf_ns() - begin, recorder.frame_id(), recorder.module_sid(), recorder.step_index)
-            )
+            recorder.op_deferred(graph.op_records, record_name, plan, start_ns if start_ns is not None else _perf_ns())
             graph.record_nodes.append(node)
         return outputs
 

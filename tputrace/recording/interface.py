@@ -9,7 +9,7 @@ backend, sets the active recording (`activate`). Standard library only.
 from __future__ import annotations
 
 import os
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
@@ -23,6 +23,7 @@ class Recording(Protocol):
     Times are `time.perf_counter_ns()` values unless a parameter says otherwise; `frame_id`s come from
     `frame_id()`; `step` is a step index (`step_index` when the work was issued)."""
 
+    rank: int
     enabled: bool  # False: a recording that writes no trace (`tputrace run --no-trace`)
     window_open: bool  # False: outside the recording window (`recording_window`): ops are not recorded now
     step_index: int
@@ -60,11 +61,13 @@ class Recording(Protocol):
         ...
 
     # -- ops, programs and their execution
-    def next_seq(self) -> int: ...
-
     def next_flush_id(self) -> int: ...
 
     def op_ran(self, plan: Any, name: str, start_ns: int, dur_ns: int, flush_id: int | None) -> None: ...
+
+    def op_deferred(self, op_records: list[tuple], name: str, plan: Any, start_ns: int) -> None:
+        """A deferred op was dispatched: its record joins `op_records`, given to `ops_flushed` by its flush."""
+        ...
 
     def ops_flushed(self, op_records: list[tuple], chip: int, program_id: int | None, flush_id: int | None) -> None: ...
 
@@ -114,9 +117,11 @@ class Recording(Protocol):
     def collective_cause(self, cause: tuple[Any, ...]) -> int: ...
 
     # -- memory
-    def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
-        """One chip buffer's lifetime: (id, chip, bytes, dtype, shape, kind, frame_id, module_sid, alloc_ns,
-        free_ns, step), times in ns since the recording started (`now()`), free_ns None while it is live."""
+    def buffer_rows(self) -> Callable[[tuple[Any, ...]], None]:
+        """What appends `buffers` rows: each one chip buffer's lifetime, in the table's column order (id, rank,
+        chip, bytes, dtype, shape sid, kind, frame_id, module_sid, alloc_ns, free_ns, step), times in ns since
+        the recording started (`now()`), free_ns None while it is live. The caller writes only buffers that
+        lived while the recording window was open (`window_open`, `keeps_lifetime`)."""
         ...
 
     def annotation(self, name: str, source: str, start_ns: int, dur_ns: int, frame_id: int | None) -> None:

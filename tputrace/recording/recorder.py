@@ -15,7 +15,7 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from types import CodeType
 from typing import Any
 
@@ -33,6 +33,7 @@ from tputrace.store.writer import TraceWriter
 _perf_ns = time.perf_counter_ns
 _thread_id = threading.get_ident
 _MEMORY_SAMPLE_INTERVAL_NS = 2_000_000
+_pending_warnings = performance_warnings.pending  # checked before calling `raise_pending` (the list is only mutated)
 
 
 class Recorder(ShardingRecords, UserFrames):
@@ -93,13 +94,14 @@ class Recorder(ShardingRecords, UserFrames):
         self.seq = 0
         self._last_memory_sample = 0
         self._library_roots = sourceloc.library_roots()
-        # Keyed by id(code) with the code object kept beside the value and compared by identity: hashing a
-        # code object hashes its bytecode and constants, and this runs for every frame of every op's stack.
-        self._user_code: dict[int, tuple[CodeType, bool]] = {}  # id(code) -> (code, whether it is the user's)
-        # The frame ids of call sites: (id(code), instruction offset) -> (code, frame id), of the whole line
-        # and of the one call (`by_call`). A call site's line, and so its frame, never changes.
-        self._line_frame_ids: dict[tuple[int, int], tuple[CodeType, int]] = {}
-        self._call_frame_ids: dict[tuple[int, int], tuple[CodeType, int]] = {}
+        # Keyed by id(code), the code objects kept alive in `_seen_code` so that an id never changes hands: hashing
+        # a code object hashes its bytecode and constants, and this runs for every frame of every op's stack.
+        self._user_code: dict[int, bool] = {}  # id(code) -> whether it is the user's
+        self._seen_code: list[CodeType] = []
+        # The frame ids of call sites: (id(code), instruction offset) -> frame id, of the whole line and of the
+        # one call (`by_call`). A call site's line, and so its frame, never changes.
+        self._line_frame_ids: dict[tuple[int, int], int] = {}
+        self._call_frame_ids: dict[tuple[int, int], int] = {}
         self._frame_texts: dict[int, str] = {}  # line frame id -> 'file.py:LINE'
         self._view_sites: dict[Hashable, tuple[int, int, int, int]] = {}  # view op site -> (name, inputs, outputs sids, chip)
         self._cause_ids: dict[tuple[Any, ...], int] = {}  # collective cause values -> collective_causes id
@@ -196,39 +198,41 @@ class Recorder(ShardingRecords, UserFrames):
         return program_id
 
     def op_ran(self, plan: Any, name: str, start_ns: int, dur_ns: int, flush_id: int | None) -> None:
-        """An ATen op was dispatched (strict: and launched)."""
-        performance_warnings.raise_pending()
+        """An ATen op was dispatched (strict: and launched). The hot path of every recorded op: what it
+        calls is inlined, and its strings are interned once per plan."""
+        if _pending_warnings:
+            performance_warnings.raise_pending()
         if not self.window_open:
             return
-        inputs_sid, outputs_sid, program_id, _ = self._plan_ids(plan)
-        self.seq += 1
+        ids = plan.trace_ids.get(self.token) or self._plan_ids(plan)
+        seq = self.seq = self.seq + 1
         self.ops += 1
         self.recorded_in_step = True
-        self._append_op(
-            (
-                self.seq,
-                self.rank,
-                self.writer.intern(name),
-                inputs_sid,
-                outputs_sid,
-                plan.chip,
-                start_ns - self.t0,
-                dur_ns,
-                self.frame_id(),
-                self.module_sid(),
-                self.step_index,
-                program_id,
-                flush_id,
-            )
-        )
-        if self.seq & 255 == 0:
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2)
+        stacks = self._module_stacks
+        stack = stacks.get(_thread_id()) if stacks else None
+        self._append_op((seq, self.rank, ids[3] if name == plan.op_name else self.writer.intern(name), ids[0], ids[1], plan.chip,
+                         start_ns - self.t0, dur_ns, frame_id, stack[-1] if stack else None, self.step_index, ids[2], flush_id))
+        if seq & 255 == 0:
             self.writer.relieve()
             self._maybe_sample_memory()
+
+    def op_deferred(self, op_records: list[tuple], name: str, plan: Any, start_ns: int) -> None:
+        """A DeferAndFuse op was dispatched: its record joins `op_records` (its graph's), written by
+        `ops_flushed` once the flush runs it. `start_ns` is a perf_counter time."""
+        dur_ns = _perf_ns() - start_ns
+        seq = self.seq = self.seq + 1
+        self.ops += 1
+        self.recorded_in_step = True
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2)
+        stacks = self._module_stacks
+        stack = stacks.get(_thread_id()) if stacks else None
+        op_records.append((seq, name, plan, start_ns, dur_ns, frame_id, stack[-1] if stack else None, self.step_index))
 
     def ops_flushed(self, op_records: list[tuple], chip: int, program_id: int | None, flush_id: int | None) -> None:
         """The ops of a DeferAndFuse flush, written once the flush (and so their program) is known.
 
-        Each record is (seq, name, plan, start_ns, dur_ns, frame_id, module_sid, step)."""
+        Each record is (seq, name, plan, start_ns, dur_ns, frame_id, module_sid, step) (`op_deferred`)."""
         if not self.enabled:
             return
         append = self._append_op
@@ -238,14 +242,9 @@ class Recorder(ShardingRecords, UserFrames):
         t0 = self.t0
         for seq, name, plan, start_ns, dur_ns, frame_id, module_sid, step in op_records:
             ids = plan.trace_ids.get(token) or self._plan_ids(plan)
-            append((seq, rank, intern(name), ids[0], ids[1], chip, start_ns - t0, dur_ns, frame_id, module_sid, step, program_id, flush_id))
+            append((seq, rank, ids[3] if name == plan.op_name else intern(name), ids[0], ids[1], chip, start_ns - t0, dur_ns, frame_id, module_sid,
+                    step, program_id, flush_id))
         self.writer.relieve()
-
-    def next_seq(self) -> int:
-        self.seq += 1
-        self.ops += 1
-        self.recorded_in_step = True
-        return self.seq
 
     def next_flush_id(self) -> int:
         """The id of the DeferAndFuse flush about to be recorded (`flushed`)."""
@@ -438,13 +437,9 @@ class Recorder(ShardingRecords, UserFrames):
         for chip, live_bytes, peak_bytes in self.device.memory_in_use():
             self.writer.append("memory", (self.rank, chip, now - self.t0, live_bytes, peak_bytes))
 
-    def buffer_lifetime(self, row: tuple[Any, ...]) -> None:
-        """A `buffers` row: the backend's row with the rank, and its shape interned."""
-        if not self.enabled or self.writer.closed or not self.keeps_lifetime(row[8]):
-            return
-        row_id, chip, nbytes, dtype, shape, kind, frame_id, module_sid, alloc_ns, free_ns, step = row
-        shape_sid = None if shape is None else self.writer.intern(shape)
-        self.writer.append("buffers", (row_id, self.rank, chip, nbytes, dtype, shape_sid, kind, frame_id, module_sid, alloc_ns, free_ns, step))
+    def buffer_rows(self) -> Callable[[tuple[Any, ...]], None]:
+        """The `buffers` table's appender (the buffer tracker writes a row per buffer freed: one per strict op)."""
+        return self.writer.appender("buffers")
 
     # ----------------------------------------------------------------- steps and annotations
     def step_boundary(self, source: str) -> None:

@@ -26,9 +26,10 @@ class UserFrames:
     backward_call_frame: int | None
     _library_roots: tuple[str, ...]
     _traced_lines: dict[int, int]
-    _user_code: dict[int, tuple[CodeType, bool]]
-    _call_frame_ids: dict[tuple[int, int], tuple[CodeType, int]]
-    _line_frame_ids: dict[tuple[int, int], tuple[CodeType, int]]
+    _user_code: dict[int, bool]
+    _seen_code: list[CodeType]
+    _call_frame_ids: dict[tuple[int, int], int]
+    _line_frame_ids: dict[tuple[int, int], int]
     _frame_texts: dict[int, str]
     _location_frame_ids: dict[tuple[str, int, str], int]
     _digested_files: set[str]
@@ -42,25 +43,27 @@ class UserFrames:
         frame_id = self.last_frame_id = self._user_frame_id(by_call)
         return frame_id
 
-    def _user_frame_id(self, by_call: bool) -> int | None:
+    def _user_frame_id(self, by_call: bool, depth: int = 3) -> int | None:
+        """The walk behind `frame_id`, from `depth` frames above this one (3: `frame_id`'s caller's caller)."""
         if self._traced_lines:
             traced = self._traced_lines.get(threading.get_ident())
             if traced is not None:
                 return traced
-        frame = sys._getframe(3)
+        frame = sys._getframe(depth)
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
-            known = user_code.get(id(code))
-            if known is None or known[0] is not code:
-                known = user_code[id(code)] = (code, self._is_user_file(code.co_filename))
-            if known[1]:
-                key = (id(code), frame.f_lasti)
+            is_user = user_code.get(id(code))
+            if is_user is None:
+                self._seen_code.append(code)  # kept alive, so its id is never another code object's
+                is_user = user_code[id(code)] = self._is_user_file(code.co_filename)
+            if is_user:
+                lasti = frame.f_lasti
                 sites = self._call_frame_ids if by_call else self._line_frame_ids
-                site = sites.get(key)
-                if site is None or site[0] is not code:
-                    site = sites[key] = (code, self._site_frame_id(code, frame.f_lasti, frame.f_lineno, by_call))
-                return site[1]
+                frame_id = sites.get((id(code), lasti))
+                if frame_id is None:
+                    frame_id = sites[(id(code), lasti)] = self._site_frame_id(code, lasti, frame.f_lineno, by_call)
+                return frame_id
             frame = frame.f_back
         if threading.get_ident() != self.main_thread:
             return self.backward_call_frame if by_call else self.backward_frame
