@@ -54,6 +54,8 @@ def expand_in_backward(dispatcher: DispatcherApi, op: Any, args: Sequence[Any], 
     if recent is None:
         return None
     dim, padded_length = recent[0] + len(size) - len(key), recent[1]
+    if not 0 <= dim < len(size):  # a cut of length 1 among leading 1s: its shape is any tensor's of 1s
+        return None
     length = size[dim]
     if length <= 1 or (dim >= leading and self.shape[dim - leading] != 1):
         return None

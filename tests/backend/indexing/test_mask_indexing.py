@@ -205,6 +205,24 @@ def test_a_backward_expand_to_a_cut_length_elsewhere_keeps_torchs_layout(mode: E
         torch.testing.assert_close(host(got.view(-1)), expected.view(-1))
 
 
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.name)
+def test_a_one_element_selection_leaves_later_backwards_of_scalars_alone(mode: EagerMode) -> None:
+    """`x[mask]` of one value is a cut whose shape, (1,), is all leading 1s: a later backward's expand of a
+    0-d gradient (`loss.sum()` of a scalar loss) is not taken for that cut, and gives torch's gradient."""
+    values = torch.arange(5.0)
+
+    def gradient(device: str) -> torch.Tensor:
+        scores = torch.linspace(-1, 1, 6, device=device).reshape(2, 3).requires_grad_()
+        loss = torch.nn.functional.cross_entropy(scores, torch.tensor([0, 2], device=device))
+        (loss * 3).sum().backward()
+        return scores.grad
+
+    expected = gradient("cpu")
+    with eager(mode):
+        assert host(values.to("tpu")[(values == 2).to("tpu")]).tolist() == [2.0]
+        torch.testing.assert_close(host(gradient("tpu")), expected)
+
+
 # Each case: a selection of columns, `x[:, mask]` (a chip mask: a cut of a padded buffer) -> what is read of it.
 COLUMN_READS: dict[str, Callable[[torch.Tensor], torch.Tensor]] = {
     "strides": lambda z: torch.tensor([*z.stride(), z.storage_offset(), z.is_contiguous()]),
