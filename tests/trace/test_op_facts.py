@@ -11,29 +11,17 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.make_traces import build_large_trace
+from fixtures.named_traces import FIXTURES, RECORDED, named_trace
 from tputrace.analysis import op_facts, op_facts_columns, sync_modules
 from tputrace.analysis.chips import chip
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.report import analyze
 from tputrace.store.reader import Trace, open_trace
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-RECORDED = ("gpt_train_trace", "gpt_train_windowed_trace", "transformer-strict", "transformer-defer")
-
 
 @pytest.fixture(params=[*RECORDED, "tui_small", "tui_markup", "sample", "large"])
 def trace_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    name = request.param
-    if name.startswith("transformer-"):
-        return request.getfixturevalue("transformer_traces")[name.removeprefix("transformer-")]
-    if name in RECORDED:
-        return request.getfixturevalue(name)
-    if name.startswith("tui_"):
-        return FIXTURES / f"{name}.tptrace"
-    if name == "sample":
-        return request.getfixturevalue("sample_trace_path")
-    return build_large_trace(tmp_path / "large.tptrace", 30_000)
+    return named_trace(request, tmp_path, request.param)
 
 
 @pytest.fixture(autouse=True)

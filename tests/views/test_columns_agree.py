@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.make_traces import build_large_trace, build_trace_with_a_flush_inside_an_op
+from fixtures.named_traces import FIXTURES, RECORDED, named_trace
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.derived.op_ranking import OpRanking, rank_ops, rank_ops_by_rows
 from tputrace.derived.steps import step_rows
@@ -19,24 +19,10 @@ from tputrace.store.reader import Trace, open_trace
 from tputrace.tui import queries
 from tputrace.tui.queries.ops import _GROUP_COLUMNS, MAX_GROUPS, _groups
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-RECORDED = ("gpt_train_trace", "gpt_train_windowed_trace", "transformer-strict", "transformer-defer")
-
 
 @pytest.fixture(params=[*RECORDED, "tui_small", "tui_markup", "sample", "flush_inside_op", "large"])
 def trace_path(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
-    name = request.param
-    if name.startswith("transformer-"):
-        return request.getfixturevalue("transformer_traces")[name.removeprefix("transformer-")]
-    if name in RECORDED:
-        return request.getfixturevalue(name)
-    if name.startswith("tui_"):
-        return FIXTURES / f"{name}.tptrace"
-    if name == "sample":
-        return request.getfixturevalue("sample_trace_path")
-    if name == "flush_inside_op":
-        return build_trace_with_a_flush_inside_an_op(tmp_path / "nested.tptrace")
-    return build_large_trace(tmp_path / "large.tptrace", 30_000)
+    return named_trace(request, tmp_path, request.param)
 
 
 def _assert_same_ranking(columns: OpRanking, rows: OpRanking) -> None:
