@@ -40,18 +40,19 @@ class OpFacts:
 def op_facts(context: AnalysisContext) -> OpFacts | None:
     """The rank's `OpFacts` read over columns (once per analysis); None in a small trace, without numpy
     or where the columns cannot be read: callers then query SQL."""
-    if CACHE_KEY not in context.cache and not _many_ops(context):
-        context.cache[CACHE_KEY] = None
     if CACHE_KEY not in context.cache:
-        try:
-            from tputrace.analysis.op_facts_columns import read_op_facts
-        except ImportError:  # numpy is installed with the views, not with the core
-            context.cache[CACHE_KEY] = None
-        else:
-            read = read_op_facts(context.trace, context.rank)
-            context.cache[CACHE_KEY] = OpFacts(*read) if read is not None else None
+        context.cache[CACHE_KEY] = _read_over_columns(context) if _many_ops(context) else None
     facts = context.cache[CACHE_KEY]
     return facts if isinstance(facts, OpFacts) else None
+
+
+def _read_over_columns(context: AnalysisContext) -> OpFacts | None:
+    try:
+        from tputrace.analysis.op_facts_columns import read_op_facts
+    except ImportError:  # numpy is installed with the views, not with the core
+        return None
+    read = read_op_facts(context.trace, context.rank)
+    return OpFacts(*read) if read is not None else None
 
 
 def _many_ops(context: AnalysisContext) -> bool:

@@ -46,10 +46,10 @@ def _by_step(steps: np.ndarray, durations: np.ndarray) -> StepFacts:
     if (steps == NULL_VALUE).any():
         with_step = steps != NULL_VALUE
         steps, durations = steps[with_step], durations[with_step]
-    values, codes = _codes(steps)
+    values, codes = dense_codes(steps)
     counts = np.bincount(codes, minlength=len(values))
     totals = sums_by(codes, durations, len(values))
-    return {int(step): (int(count), int(total)) for step, count, total in zip(values, counts, totals) if count}
+    return {int(step): (int(count), int(total)) for step, count, total in zip(values, counts, totals)}
 
 
 def _module_outputs(pairs: np.ndarray, width: int) -> PairFacts:
@@ -65,13 +65,3 @@ def _module_outputs(pairs: np.ndarray, width: int) -> PairFacts:
         distinct.append((module, None if outputs == width - 1 else outputs))
     return tuple(distinct)
 
-
-def _codes(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(every value from the lowest to the highest, each value's index in them) when that range is not
-    bigger than `values` (steps), else `dense_codes`: indexes into a range need no pass to find the values."""
-    if not len(values):
-        return values[:0], np.zeros(0, dtype=np.int64)
-    low, high = int(values.min()), int(values.max())
-    if high - low >= len(values):
-        return dense_codes(values)
-    return np.arange(low, high + 1, dtype=np.int64), values - low
