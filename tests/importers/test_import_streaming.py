@@ -15,7 +15,7 @@ import tputrace
 from captures import jax_compile_capture
 from tputrace.cli.main import main
 from tputrace.importers import json_events, wire
-from tputrace.importers.chrome_json import ChromeJsonImporter
+from tputrace.importers.chrome_json import ChromeJsonImporter, _is_user_frame
 from tputrace.importers.json_events import event_lists
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.wire import XSpaceFile
@@ -156,3 +156,22 @@ def test_the_raw_text_scan_finds_what_decoding_finds(captures: dict[str, Path], 
     assert (start_us, sorted(markers), sorted(frames)) == (decoded_start_us, sorted(decoded_markers),
                                                            sorted(decoded_frames))
     assert start_us == first and len(markers) == 4 and frames
+
+
+def test_user_frames_whose_names_are_escaped_in_the_text_are_found_as_decoding_finds_them(
+        captures: dict[str, Path], tmp_path: Path) -> None:
+    document = json.loads(captures["profiler"].read_text())
+    renamed = 0
+    for event in document["traceEvents"]:
+        name = str(event.get("name", ""))
+        if event.get("cat") == "python_function" and _is_user_frame(name):
+            event["name"] = name + "_é"  # written as `\u00e9`: the scan decodes it once per distinct name
+            renamed += 1
+    assert renamed > 3
+    path = tmp_path / "escaped.json"
+    path.write_text(json.dumps(document, indent=2, ensure_ascii=True))
+    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), path)
+    start_us, markers, frames = importer._scan_text()
+    decoded_start_us, decoded_markers, decoded_frames = importer._scan_events()
+    assert (start_us, markers, sorted(frames)) == (decoded_start_us, decoded_markers, sorted(decoded_frames))
+    assert '\\u00e9' in path.read_text() and len(frames) == renamed and all(name.endswith("_é") for *_, name in frames)

@@ -78,6 +78,7 @@ class ChromeJsonImporter:
         start_us: float | None = None
         markers: list[tuple[float, float]] = []
         user_frames: list[tuple[float, float, Any, str]] = []
+        user_names: dict[str, str | None] = {}  # a name's raw text -> the name, if it is a user frame's
         for text in event_texts(self.path):
             stamps = _TS_TEXT.findall(text)
             if len(stamps) != text.count('"ts"'):
@@ -93,10 +94,11 @@ class ChromeJsonImporter:
             python_events = 0
             for match in _PYTHON_TEXT.finditer(text):
                 python_events += 1
-                name = match.group(1)
-                if "\\" in name:
-                    name = json.loads(f'"{name}"')
-                if _is_user_frame(name):
+                raw = match.group(1)
+                name = user_names.get(raw, "")
+                if name == "":
+                    name = user_names[raw] = _user_frame_name(raw)
+                if name is not None:
                     event = _event_around(text, match)
                     if event.get("name") != name or event.get("cat") != "python_function":
                         raise _Irregular
@@ -293,6 +295,12 @@ def _shapes(types: list[Any], dims: list[Any]) -> str:
         elif kind:
             parts.append(str(kind))
     return ", ".join(parts)
+
+
+def _user_frame_name(raw: str) -> str | None:
+    """The name whose JSON string text is `raw`, if it names a user frame; None otherwise."""
+    name = json.loads(f'"{raw}"') if "\\" in raw else raw
+    return name if _is_user_frame(name) else None
 
 
 def _is_user_frame(name: str) -> bool:
