@@ -195,8 +195,10 @@ EXECUTIONS = RecordKind(
         _RANK,
         _c("program_id", "INTEGER", "program executed", ref="programs"),
         _CHIP,
-        _START,
-        _DUR,
+        _c("start_ns", "INTEGER", "launch, ns since the run's start"),
+        _c("dur_ns", "INTEGER", "from the launch to the outputs seen ready, ns: it includes waiting behind programs launched "
+           "before on the chip and, for a run on this backend, the lag of the watcher that polls for it (every 50 µs at first, "
+           "backing off to every 2 ms, and its wait for Python's interpreter lock)"),
         _STEP,
         _c("flush_id", "INTEGER", "flush that ran it (DeferAndFuse)", ref="flushes"),
     ),

@@ -49,6 +49,12 @@ VIEW_ORDER: tuple[tuple[str, str], ...] = (
 """Every view: (id, title), in tab order; view N is shown by key N (the tenth by 0), a view past the tenth by its
 letter in `LETTER_KEYS`."""
 
+SHORT_TITLES = {
+    "overview": "Over", "findings": "Find", "ops": "Ops", "compiles": "Comp", "fusions": "Fuse", "collectives": "Coll",
+    "timeline": "Time", "source": "Src", "sharding": "Shard", "compare": "Cmp", "memory": "Mem",
+}
+"""Each view's tab title where the whole titles do not fit the terminal's width (80 columns)."""
+
 LETTER_KEYS = {"memory": "M"}
 
 

@@ -11,13 +11,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar
 
 from rich.text import Text
+from textual import events
 from textual.app import App
 from textual.binding import BindingType
 from textual.content import Content
 from textual.theme import Theme
 from textual.widgets import Footer, Static, TabbedContent, TabPane
 
-from tputrace.tui.actions import APP, VIEW_ORDER, bindings, view_key
+from tputrace.tui.actions import APP, SHORT_TITLES, VIEW_ORDER, bindings, view_key
 from tputrace.tui.compare import NO_BASELINE
 from tputrace.tui.render import display_path
 from tputrace.tui.views import VIEW_CLASSES, TraceView
@@ -90,6 +91,15 @@ def tab_label(key: str, title: str) -> Content:
     return Content.assemble((key, "bold underline"), title)
 
 
+TAB_GAP = 1
+"""Columns between two tabs (`#views Tab`'s left padding in theme.tcss)."""
+
+
+def tabs_width(titles: list[tuple[str, str]]) -> int:
+    """Columns the tab bar needs for these (key, title) labels."""
+    return sum(TAB_GAP + len(key) + len(title) for key, title in titles)
+
+
 class TraceApp(App[None]):
     """`tputrace tui`: the views of one trace."""
 
@@ -122,6 +132,20 @@ class TraceApp(App[None]):
     def on_mount(self) -> None:
         if self.user_keymap:
             self.set_keymap(self.user_keymap)
+        self._fit_tab_labels(self.size.width)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self._fit_tab_labels(event.size.width)
+
+    def _fit_tab_labels(self, width: int) -> None:
+        """Whole titles where they fit the width, else the short ones (`SHORT_TITLES`), so that every tab shows
+        without scrolling the tab bar."""
+        shown = [(index, view_id, title) for index, (view_id, title) in enumerate(VIEW_ORDER, start=1)
+                 if next(iter(self.query(f"#{view_id}").results(TabPane)), None) is not None]
+        short = tabs_width([(view_key(index), title) for index, _, title in shown]) > width
+        tabs = self.query_one("#views", TabbedContent)
+        for index, view_id, title in shown:
+            tabs.get_tab(view_id).label = tab_label(view_key(index), SHORT_TITLES[view_id] if short else title)
 
     def _title_text(self) -> Text:
         trace = self.session.trace

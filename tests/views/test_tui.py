@@ -1106,6 +1106,34 @@ def test_memory_view_says_when_a_trace_has_no_buffer_lifetimes() -> None:
     run_app(scenario)
 
 
+def test_every_tab_shows_without_scrolling_the_tab_bar_at_80_columns_and_whole_titles_when_they_fit() -> None:
+    from textual.widgets import Tabs
+
+    from tputrace.tui.actions import SHORT_TITLES, VIEW_ORDER
+
+    def labels(app: Any) -> list[str]:
+        return [tab.label_text for tab in app.query_one("#views").query_one(Tabs).query("Tab")]
+
+    async def scenario(pilot: Any) -> None:
+        app = pilot.app
+        width = app.size.width
+        tabs = list(app.query_one("#views").query_one(Tabs).query("Tab"))
+        assert all(0 <= tab.region.x and tab.region.right <= width for tab in tabs)  # every tab whole on screen
+        shown = labels(app)
+        whole = [title for view_id, title in VIEW_ORDER if view_id != "compare"]
+        if width >= 100:
+            assert [label[1:] for label in shown] == whole
+        else:
+            assert [label[1:] for label in shown] == [SHORT_TITLES[view_id] for view_id, _ in VIEW_ORDER if view_id != "compare"]
+        assert shown[0].startswith("1") and shown[-1].startswith("M")
+        await pilot.resize_terminal(120, 36)
+        await settle(pilot)
+        assert [label[1:] for label in labels(app)] == whole
+
+    for size in ((100, 36), (80, 36)):
+        run_app(scenario, size=size)
+
+
 NARROW_SIZES = ((100, 36), (80, 36))
 """The widths a new user's terminal often has: every view must read there."""
 
