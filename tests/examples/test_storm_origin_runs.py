@@ -1,6 +1,6 @@
 """Recompilation storms on real runs name the line where the varying shape is made: a collate function padding
-each batch to its longest item, a tokenizer-like pad to the longest text, and a slice of varying length made on
-the chip. Each script is written here, run under `tputrace run` in a subprocess, and its trace analysed."""
+each batch to its longest item, a tokenizer-like pad to the longest text, a slice of varying length made on
+the chip, and a batch made on the chip at a new size each step that reaches every program of a compiled model. Each script is written here, run under `tputrace run` in a subprocess, and its trace analysed."""
 
 from __future__ import annotations
 
@@ -81,6 +81,36 @@ CHIP_SLICE = '''
 '''
 
 
+CHIP_BATCH = '''
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(32, 64)
+            self.b = nn.Linear(64, 8)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            if h.sum() > 0:  # a graph break: the model runs as two graphs
+                h = h * 2
+            return self.b(h)
+
+    torch.manual_seed(0)
+    net = Net().to("tpu")
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    compiled = torch.compile(net, backend="tpu")
+    for step in range(6):
+        x = torch.randn(16 + step, 32, device="tpu")  {marker}
+        loss = compiled(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    print(loss.item())
+'''
+
+
 def _run(tmp_path: Path, name: str, source: str) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -105,3 +135,17 @@ def test_storm_is_at_the_chip_op_that_made_the_length(tmp_path: Path) -> None:
     assert f"aten.slice.Tensor at {script.name}:{line} changes end" in storm.title
     (data,) = report.results["recompiles"].data.chip_shape_storms
     assert data.lengths == (40, 57, 71, 88, 93, 104)
+
+
+def test_one_size_made_on_the_chip_is_one_storm_over_every_program_it_reaches(tmp_path: Path) -> None:
+    report, script, line = _run(tmp_path, "chip_batch", CHIP_BATCH)
+    storms = [finding for finding in report.findings if finding.analyzer == "recompiles" and "storm" in finding.title]
+    assert len(storms) == 1, [finding.title for finding in storms]
+    (storm,) = storms
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert f"as the shape entering at {script.name}:{line} changes (6 sizes)" in storm.title
+    programs = report.results["recompiles"].data.storms
+    assert len(programs) >= 4  # the eager programs and both graphs' forward and backward
+    assert all(program.proposed == programs[0].proposed for program in programs)
+    assert "16, 17, 18, 19, 20, 21" in storm.explanation
+    assert "aten.normal_.default at" in storm.explanation

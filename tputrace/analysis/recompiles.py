@@ -10,7 +10,9 @@ A storm whose changing size is the length of a data-dependent result (`x[mask]`,
 see `data_sizes`) gets no padding advice: the data pipeline does not choose that size. Such storms
 are one finding per op and line that made the size, with a fixed-shape rewrite as the fix. Storms
 whose size is that of a batch copied from the host (see `host_inputs`) are one finding per copying
-line, with one bucketing for all the programs the batch reaches. The findings are `storm_findings`'.
+line, with one bucketing for all the programs the batch reaches; the other storms of one size that changes
+step by step (a tensor made on the chip with a size the script chose) are one finding at the line where that
+shape first enters a program. The findings are `storm_findings`'.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tputrace.analysis.storm_findings import (
     data_size_finding,
     host_input_finding,
     padding_finding,
+    shared_size_finding,
 )
 from tputrace.analysis.storms import NAME, Storm, compile_rows, not_evicted, storm_at
 
@@ -194,10 +197,18 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             storm_data[id(storm)] = dataclasses.replace(storm_data[id(storm)], copied_at=host_input.where,
                                                         made_at=host_input.made_at, proposed=host_input.proposed)
     copied = {id(storm) for copied_batch in by_copy_line.values() for storm in copied_batch.storms}
-    for padding in padding_storms:
-        if id(padding.storm) not in copied:
+    for group in _by_shared_size([padding for padding in padding_storms if id(padding.storm) not in copied]):
+        if len(group) == 1:
+            padding = group[0]
             findings.append(padding_finding(context, padding.storm, padding.options, padding.best))
             caused.append((findings[-1], padding.storm.count))
+            continue
+        storms = [padding.storm for padding in group]
+        finding, proposed = shared_size_finding(context, _first_entered(context, storms), storms)
+        findings.append(finding)
+        caused.append((finding, sum(storm.count for storm in storms)))
+        for storm in storms:  # one bucketing of the size serves every program it reaches
+            storm_data[id(storm)] = dataclasses.replace(storm_data[id(storm)], proposed=proposed)
     size_storms: list[DataSizeStorm] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, not_evicted(evicted), evicted)
     explained = in_storms | {compile.compile_id for own in length_recompiles.values() for compile in own}
@@ -254,6 +265,41 @@ def _bucketing(context: AnalysisContext, storm: Storm) -> tuple[list[BucketOptio
     mean_compile_ns = storm.total_ns / storm.count
     options = bucket_options(storm.main, storm.rows, mean_compile_ns, context.busy_of_programs(storm.program_ids))
     return options, propose(options, len(storm.main.distinct) * mean_compile_ns)
+
+
+def _by_shared_size(storms: list[_PaddingStorm]) -> list[list[_PaddingStorm]]:
+    """The storms in groups of one changing size, in the order their first compiles ran: a storm joins the group
+    whose (step, size) pairs explain its own (`host_inputs.line_of_sizes`), so the programs that one size reaches,
+    step by step, are one finding."""
+    groups: list[list[_PaddingStorm]] = []
+    known: dict[int, set[tuple[int, int]]] = {}  # a group's index -> the (step, size) pairs its storms compiled for
+    for padding in sorted(storms, key=lambda padding: padding.storm.rows[0].compile_id):
+        storm = padding.storm
+        steps = [row.step for row in storm.rows]
+        index = host_inputs.line_of_sizes(known, steps, storm.main.values)
+        if index is None:
+            index = len(groups)
+            groups.append([])
+            known[index] = set()
+        groups[index].append(padding)
+        known[index].update(zip(steps, storm.main.values))
+    return groups
+
+
+def _first_entered(context: AnalysisContext, storms: list[Storm]) -> Storm:
+    """The storm whose changing shape enters a program first in the run: the earliest op (by dispatch order) of those
+    the storms' diffs name, at its line; the storm that compiled first when no diff names one."""
+    first: tuple[int, Storm] | None = None
+    for storm in storms:
+        entry = storm.entry
+        op_sid = None if entry is None or entry.frame_id is None else context.trace.string_id(entry.op)
+        if entry is None or op_sid is None:
+            continue
+        (seq,), = context.trace.sql("SELECT MIN(seq) FROM ops WHERE rank = ? AND op_sid = ? AND frame_id = ?",
+                                    (context.rank, op_sid, entry.frame_id))
+        if seq is not None and (first is None or seq < first[0]):
+            first = (int(seq), storm)
+    return first[1] if first is not None else min(storms, key=lambda storm: storm.rows[0].compile_id)
 
 
 @dataclass(frozen=True)

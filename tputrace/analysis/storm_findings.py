@@ -1,6 +1,8 @@
 """The findings of recompilation storms, on one skeleton (`storm_finding`): a storm whose size comes from
 the script's inputs (pad them to buckets), the storms of one batch copied from the host (one bucketing
-for every program it reaches), and the storms of one data-dependent size (compute on a fixed shape).
+for every program it reaches), the storms of one size that changes step by step otherwise (a tensor made
+on the chip with a size the script chose: one bucketing too), and the storms of one data-dependent size
+(compute on a fixed shape).
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     if best is not None:
         suggestion = (
             f"Pad {dim_name} up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
-            f"{best.compiles} compiles instead of {len(main.distinct)} ({best.compiles_saved} saved) for about "
+            f"{plural(best.compiles, 'compile')} instead of {len(main.distinct)} ({best.compiles_saved} saved) for about "
             f"{best.padding_share_estimate:.1%} more FLOPs (estimate). Pad in the data pipeline (a collate_fn that "
             f"pads each batch to its bucket) and mask the padding in the loss."
         )
@@ -132,22 +134,10 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     copy_where = context.where(copy_frame)
     made = _made_text(context, made_at)
     batches = f"the batches made at {made} (copied to the chip at {copy_where})" if made else f"the batches copied at {copy_where}"
-    rows = [row for storm in storms for row in storm.rows]
-    batch_pairs = set(zip((row.step for row in batch.rows), batch.main.values))
-    own_dim = [storm for storm in storms
-               if set(zip((row.step for row in storm.rows), storm.main.values)) <= batch_pairs]
-    values = tuple(value for storm in own_dim for value in storm.main.values)
-    sizes = sorted(set(values))
-    compiles = StormCompiles(len(rows), sum(storm.total_ns for storm in storms), sum(storm.recompile_ns for storm in storms),
-                             sorted({row.step for row in rows}), [row.compile_id for row in rows])
-    per_size_ns = sum(storm.total_ns / storm.count for storm in storms)  # every program compiled once
-    own_rows = [row for storm in own_dim for row in storm.rows]
-    program_ids = [row.program_id for row in own_rows if row.program_id is not None]
-    options = bucket_options(VaryingDim(batch.main.positions, values), own_rows, per_size_ns,
-                             context.busy_of_programs(program_ids))
-    best = propose(options, len(sizes) * per_size_ns)
+    shared = _shared_size(context, batch, storms)
+    compiles, sizes, options, best = shared.compiles, shared.sizes, shared.options, shared.best
     names = list(dict.fromkeys(storm.name for storm in storms))
-    entry = shape_entry(context, [row.diff for row in rows])
+    entry = shape_entry(context, [row.diff for storm in storms for row in storm.rows])
     evidence = [] if made_at is None else [context.evidence_at(
         f"the batches copied at {copy_where} were made at {made} on the host (each copy's origin line)", made_at,
         table="transfers",
@@ -197,6 +187,73 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     )
     return finding, HostInputStorm(copy_where, tuple(names), compiles.count, compiles.recompile_ns, tuple(sizes), best,
                                    context.where(made_at) if made_at is not None else None)
+
+
+def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Storm]) -> tuple[Finding, BucketOption | None]:
+    """One finding for the storms of one size that changed step by step and that no copy from the host brought
+    (a tensor made on the chip with a size the script chose, a slice the script sized): every program it reaches
+    compiled once per value. `first` is the storm where the changing shape enters the run first: the finding is
+    at that line, with one bucketing of the size (of the storm that saw the most of its values) for every program
+    (also returned)."""
+    storms = sorted(storms, key=lambda storm: -storm.recompile_ns)
+    widest = max(storms, key=lambda storm: (len(storm.main.distinct), storm.count))  # the size's values seen most whole
+    shared = _shared_size(context, widest, storms)
+    sizes, best, entry = shared.sizes, shared.best, first.entry
+    anchor = entry.frame_id if entry is not None and entry.frame_id is not None else first.frame_id
+    where = context.where(anchor)
+    names = list(dict.fromkeys(storm.name for storm in storms))
+    evidence = _program_evidence(context, storms)
+    evidence.extend(_entry_evidence(context, entry, "the changing shape first enters a program as"))
+    evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
+    if best is not None:
+        times = "once" if best.compiles == 1 else plural(best.compiles, "time")
+        suggestion = (
+            f"Give the shape made at {where} a few fixed sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
+            f"{plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles {times}, for about "
+            f"{best.padding_share_estimate:.1%} more FLOPs (estimate). Pad to the bucket where the size is chosen and mask "
+            f"the padding in the loss."
+        )
+    else:
+        suggestion = f"Give the shape made at {where} a fixed size (pad it to {sizes[-1]}) so each program compiles once."
+    finding = storm_finding(
+        context, shared.compiles, programs=_programs(names), cause=f"the shape entering at {where} changes",
+        sizes=len(sizes),
+        explanation=(
+            f"One size changed step by step through {len(sizes)} values ({values_text(sizes)}), and every program it "
+            f"reached compiled once per value: {_listed_programs(storms)}"
+            + (f"; it first enters a program as {entry.describe(context)}" if entry else "") + ". "
+        ),
+        then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+    )
+    return finding, best
+
+
+@dataclass(frozen=True)
+class _SharedSize:
+    """The compiles of the storms of one changing size, the sizes it took, and its bucketings."""
+
+    compiles: StormCompiles
+    sizes: list[int]
+    options: list[BucketOption]
+    best: BucketOption | None
+
+
+def _shared_size(context: AnalysisContext, lead: Storm, storms: list[Storm]) -> _SharedSize:
+    """The storms' compiles, and one bucketing of `lead`'s main dim for them all: the sizes are those of the storms
+    whose (step, size) pairs are `lead`'s own (another storm's dim may be a flattened view, batch times length), and
+    a size costs one compile of every program."""
+    rows = [row for storm in storms for row in storm.rows]
+    lead_pairs = set(zip((row.step for row in lead.rows), lead.main.values))
+    own_dim = [storm for storm in storms if set(zip((row.step for row in storm.rows), storm.main.values)) <= lead_pairs]
+    values = tuple(value for storm in own_dim for value in storm.main.values)
+    sizes = sorted(set(values))
+    compiles = StormCompiles(len(rows), sum(storm.total_ns for storm in storms), sum(storm.recompile_ns for storm in storms),
+                             sorted({row.step for row in rows}), [row.compile_id for row in rows])
+    per_size_ns = sum(storm.total_ns / storm.count for storm in storms)  # every program compiled once
+    own_rows = [row for storm in own_dim for row in storm.rows]
+    program_ids = [row.program_id for row in own_rows if row.program_id is not None]
+    options = bucket_options(VaryingDim(lead.main.positions, values), own_rows, per_size_ns, context.busy_of_programs(program_ids))
+    return _SharedSize(compiles, sizes, options, propose(options, len(sizes) * per_size_ns))
 
 
 def _made_text(context: AnalysisContext, frame_id: int | None) -> str | None:
