@@ -111,6 +111,23 @@ CHIP_BATCH = '''
 '''
 
 
+GREEDY = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 50)).to("tpu")
+    tokens = torch.randint(1, 50, (1, 4)).to("tpu")
+    with torch.no_grad():
+        for _ in range(8):
+            logits = model(tokens)[:, -1]
+            tokens = torch.cat([tokens, logits.argmax(-1, keepdim=True)], dim=1)  {marker}
+            if (tokens[:, -1] == 0).all():  # an end-of-sequence check per token, as generate makes
+                break
+    print(tokens.shape)
+'''
+
+
 def _run(tmp_path: Path, name: str, source: str) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -149,3 +166,12 @@ def test_one_size_made_on_the_chip_is_one_storm_over_every_program_it_reaches(tm
     assert all(program.proposed == programs[0].proposed for program in programs)
     assert "16, 17, 18, 19, 20, 21" in storm.explanation
     assert "aten.normal_.default at" in storm.explanation
+
+
+def test_a_sequence_grown_by_one_token_per_call_is_told_to_keep_one_size(tmp_path: Path) -> None:
+    report, script, line = _run(tmp_path, "greedy", GREEDY)
+    storm = next(finding for finding in report.findings if finding.analyzer == "recompiles")
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "grows by 1 at each compile" in storm.title
+    assert "Allocate it once at its largest size" in storm.suggestion and "collate_fn" not in storm.suggestion
+    assert f"extend a tensor with `torch.cat` at {script.name}:{line}" in storm.explanation

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis import compile_cache, data_sizes
 from tputrace.analysis.buckets import BucketOption, VaryingDim, bucket_options, propose
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
@@ -20,6 +20,8 @@ from tputrace.wording import format_ns, plural
 
 MAX_LISTED_PROGRAMS = 6  # programs named in a finding for the storms of one batch or one data-dependent size
 MAX_LISTED_OPTIONS = 5  # bucketings listed as evidence
+MIN_GROWING_COMPILES = 4  # compiles of a size growing by one amount each time, to call it a growing tensor
+_CAT_OPS = ("aten.cat.default", "aten.cat.out")
 
 
 @dataclass(frozen=True)
@@ -102,7 +104,17 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
         f"triggered at {site}", frame_id, table="compiles",
     ))
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
-    if best is not None:
+    growth = growth_step(main.values)
+    if growth is not None:
+        suggestion = (
+            f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
+            f"at each call (a KV cache in autoregressive decoding, a `torch.cat` onto a growing result). Allocate it "
+            f"once at its largest size ({main.distinct[-1]} here, or the loop's limit) and write into it (slice "
+            f"assignment, `index_copy_`), masking the part not filled yet, so the program keeps one shape; Hugging "
+            f"Face's `generate` does this with a static KV cache (`cache_implementation=\"static\"`) for the models "
+            f"that support one."
+        )
+    elif best is not None:
         suggestion = (
             f"Pad {dim_name} up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
             f"{plural(best.compiles, 'compile')} instead of {len(main.distinct)} ({best.compiles_saved} saved) for about "
@@ -112,16 +124,47 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     else:
         suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
+    grown_at = None if growth is None else _concatenated_at(context, storm.program_ids)
+    if grown_at is not None:
+        anchor = grown_at
     where = site if context.location(anchor) == context.location(frame_id) else context.where(anchor)
+    changes = "changes" if growth is None else f"grows by {growth} at each compile"
     return storm_finding(
-        context, compiles, programs=storm.name, cause=f"the shape entering at {where} changes", sizes=len(main.distinct),
+        context, compiles, programs=storm.name, cause=f"the shape entering at {where} {changes}", sizes=len(main.distinct),
         explanation=(
             f"The {storm.kind} program {storm.name} (flushed at {site}) was compiled {storm.count} times because its "
             f"input shapes kept changing: {main.label} took {len(main.distinct)} values ({values_text(main.distinct)})"
-            + (f"; the shape enters the program as {entry.describe(context)}" if entry else "") + ". "
+            + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
+            + (f"; the programs extend a tensor with `torch.cat` at {context.where(grown_at)}" if grown_at is not None else "")
+            + ". "
         ),
         then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
     )
+
+
+def _concatenated_at(context: AnalysisContext, program_ids: list[int]) -> int | None:
+    """The line of the programs' most frequent `aten.cat` (what extends a growing tensor); None when they have none."""
+    cat_sids = [sid for sid in (context.trace.string_id(name) for name in _CAT_OPS) if sid is not None]
+    if not cat_sids or not program_ids:
+        return None
+    rows = context.trace.sql(
+        f"SELECT frame_id FROM ops WHERE rank = ? AND op_sid IN {in_list(cat_sids)} AND program_id IN {in_list(program_ids)} "
+        "AND frame_id IS NOT NULL GROUP BY frame_id ORDER BY COUNT(*) DESC LIMIT 1",
+        (context.rank, *cat_sids, *program_ids),
+    )
+    return int(rows[0][0]) if rows else None
+
+
+def growth_step(values: Sequence[int]) -> int | None:
+    """The amount a size grew by from each compile to the next, when it grew by the same amount every time over at
+    least `MIN_GROWING_COMPILES` compiles (a tensor extended at each call); None otherwise."""
+    if len(values) < MIN_GROWING_COMPILES:
+        return None
+    steps = {after - before for before, after in zip(values, values[1:])}
+    if len(steps) != 1:
+        return None
+    (step,) = steps
+    return step if step > 0 else None
 
 
 def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, storms: list[Storm],
