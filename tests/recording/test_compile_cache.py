@@ -120,8 +120,8 @@ def test_the_report_counts_loads_and_suggests_the_cache_only_to_a_run_without_it
 
     report, stats, _ = reports["loading"]
     assert not report.results["compile_cache"].findings and stats.loaded_from_disk == stats.count
-    storms = [finding for finding in report.results["recompiles"].findings if "aten.mm" in finding.title]
-    (storm,) = storms
-    (storm_data,) = [data for data in report.results["recompiles"].data.storms if data.name == storm.title.split()[2]]
-    compiles = storm_data.compiles
+    # The batch's one changing size drives every op's storm: one finding covers their compiles.
+    (storm,) = [finding for finding in report.results["recompiles"].findings if "aten.mm" in finding.explanation]
+    compiles = int(storm.title.split(" compiled ")[1].split()[0])
+    assert compiles >= sum(data.compiles for data in report.results["recompiles"].data.storms if data.name == "aten.mm.default")
     assert f"all {compiles} were loads from the compile cache (--compile-cache)" in storm.explanation

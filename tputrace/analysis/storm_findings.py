@@ -104,7 +104,7 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
         f"triggered at {site}", frame_id, table="compiles",
     ))
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
-    growth = growth_step(main.values)
+    growth = growth_step(main.values) if len(storm.steps) <= storm.count / 2 else None  # within steps, not from step to step
     if growth is not None:
         suggestion = (
             f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
@@ -157,7 +157,8 @@ def _concatenated_at(context: AnalysisContext, program_ids: list[int]) -> int | 
 
 def growth_step(values: Sequence[int]) -> int | None:
     """The amount a size grew by from each compile to the next, when it grew by the same amount every time over at
-    least `MIN_GROWING_COMPILES` compiles (a tensor extended at each call); None otherwise."""
+    least `MIN_GROWING_COMPILES` compiles; None otherwise. With several compiles in a step, a tensor extended at
+    each call (a size that a loop sets step by step grows the same way, once a step)."""
     if len(values) < MIN_GROWING_COMPILES:
         return None
     steps = {after - before for before, after in zip(values, values[1:])}
