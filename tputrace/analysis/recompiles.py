@@ -269,14 +269,16 @@ def _bucketing(context: AnalysisContext, storm: Storm) -> tuple[list[BucketOptio
 
 def _by_shared_size(storms: list[_PaddingStorm]) -> list[list[_PaddingStorm]]:
     """The storms in groups of one changing size, in the order their first compiles ran: a storm joins the group
-    whose (step, size) pairs explain its own (`host_inputs.line_of_sizes`), so the programs that one size reaches,
-    step by step, are one finding."""
+    whose (step, size) pairs explain its own (`host_inputs.line_of_sizes`), or explain them a step earlier (ops
+    after a step boundary in the same loop iteration), so the programs that one size reaches are one finding."""
     groups: list[list[_PaddingStorm]] = []
     known: dict[int, set[tuple[int, int]]] = {}  # a group's index -> the (step, size) pairs its storms compiled for
     for padding in sorted(storms, key=lambda padding: padding.storm.rows[0].compile_id):
         storm = padding.storm
         steps = [row.step for row in storm.rows]
         index = host_inputs.line_of_sizes(known, steps, storm.main.values)
+        if index is None:
+            index = host_inputs.line_of_sizes(known, [step - 1 for step in steps], storm.main.values)
         if index is None:
             index = len(groups)
             groups.append([])

@@ -245,7 +245,6 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     sizes, best, entry = shared.sizes, shared.best, first.entry
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else first.frame_id
     where = context.where(anchor)
-    names = list(dict.fromkeys(storm.name for storm in storms))
     evidence = _program_evidence(context, storms)
     evidence.extend(_entry_evidence(context, entry, "the changing shape first enters a program as"))
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
@@ -260,7 +259,7 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     else:
         suggestion = f"Give the shape made at {where} a fixed size (pad it to {sizes[-1]}) so each program compiles once."
     finding = storm_finding(
-        context, shared.compiles, programs=_programs(names), cause=f"the shape entering at {where} changes",
+        context, shared.compiles, programs=f"{len(storms)} programs", cause=f"the shape entering at {where} changes",
         sizes=len(sizes),
         explanation=(
             f"One size changed step by step through {len(sizes)} values ({values_text(sizes)}), and every program it "
