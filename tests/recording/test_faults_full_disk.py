@@ -13,12 +13,16 @@ import pytest
 
 import tputrace
 
+# The loop pauses now and then, as a training loop's data loading does, so that the writer's thread commits in
+# batches on a busy host too (a batch that does not fit is lost whole, as SQLite's transaction is).
 SCRIPT = r'''
-import sys, torch
+import sys, time, torch
 import tputrace.backend  # noqa: F401
 x = torch.ones(4, device="tpu")
-for _ in range(20_000):
+for index in range(20_000):
     x = x + 1
+    if index % 1000 == 0:
+        time.sleep(0.05)
 print("the loop is done", file=sys.stderr, flush=True)
 sys.exit(3)
 '''

@@ -178,7 +178,9 @@ def _headline(figures: tuple[FigureChange, ...], recompiles: tuple[RecompileChan
         first = new_recompiles[0]  # the earliest: later recompiles are often its consequences
         why = first.recompile.diff or first.recompile.reason or "unknown reason"
         return f"regression: new recompile at {first.recompile.site or 'an unknown line'} ({why})"
-    new_findings = [change for change in findings if change.status == "new"]
+    # A new finding that costs this run nothing (the compile cache's suggestion, which comes and goes with the
+    # compile's share of a run) is listed, but is no regression.
+    new_findings = [change for change in findings if change.status == "new" and change.after_ns > 0]
     if new_findings:
         return f"regression: new finding at {new_findings[0].site or 'no line'}: {new_findings[0].title}"
     worse = [change for change in figures if change.worse]
