@@ -104,7 +104,7 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
         f"triggered at {site}", frame_id, table="compiles",
     ))
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
-    growth = growth_step(main.values) if len(storm.steps) <= storm.count / 2 else None  # within steps, not from step to step
+    growth = growth_step(main.values, len(storm.steps))
     if growth is not None:
         suggestion = (
             f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
@@ -155,17 +155,17 @@ def _concatenated_at(context: AnalysisContext, program_ids: list[int]) -> int | 
     return int(rows[0][0]) if rows else None
 
 
-def growth_step(values: Sequence[int]) -> int | None:
+def growth_step(values: Sequence[int], steps: int) -> int | None:
     """The amount a size grew by from each compile to the next, when it grew by the same amount every time over at
-    least `MIN_GROWING_COMPILES` compiles; None otherwise. With several compiles in a step, a tensor extended at
-    each call (a size that a loop sets step by step grows the same way, once a step)."""
-    if len(values) < MIN_GROWING_COMPILES:
+    least `MIN_GROWING_COMPILES` compiles in at most half as many `steps` (several compiles a step: a tensor extended
+    at each call; a size that a loop sets step by step grows the same way, once a step); None otherwise."""
+    if len(values) < MIN_GROWING_COMPILES or steps > len(values) / 2:
         return None
-    steps = {after - before for before, after in zip(values, values[1:])}
-    if len(steps) != 1:
+    increments = {after - before for before, after in zip(values, values[1:])}
+    if len(increments) != 1:
         return None
-    (step,) = steps
-    return step if step > 0 else None
+    (increment,) = increments
+    return increment if increment > 0 else None
 
 
 def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, storms: list[Storm],
@@ -194,11 +194,8 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
     evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
     if best is not None:
-        times = "once" if best.compiles == 1 else plural(best.compiles, "time")
         suggestion = (
-            f"Pad {batches} to a few fixed sizes, e.g. {values_text(list(best.buckets))} "
-            f"({best.rule}): {plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles "
-            f"{times}, for about {best.padding_share_estimate:.1%} more FLOPs (estimate). Pad in the data "
+            f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. Pad in the data "
             f"pipeline (in the collate_fn, round the batch's longest length up to its bucket; Hugging Face's collators "
             f"and tokenizers take `pad_to_multiple_of`) and mask the padding in attention and the loss."
         )
@@ -249,12 +246,9 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     evidence.extend(_entry_evidence(context, entry, "the changing shape first enters a program as"))
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
     if best is not None:
-        times = "once" if best.compiles == 1 else plural(best.compiles, "time")
         suggestion = (
-            f"Give the shape made at {where} a few fixed sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
-            f"{plural(best.compiles, 'size')} instead of {len(sizes)}, so each program compiles {times}, for about "
-            f"{best.padding_share_estimate:.1%} more FLOPs (estimate). Pad to the bucket where the size is chosen and mask "
-            f"the padding in the loss."
+            f"Give the shape made at {where} a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. Pad to the "
+            f"bucket where the size is chosen and mask the padding in the loss."
         )
     else:
         suggestion = f"Give the shape made at {where} a fixed size (pad it to {sizes[-1]}) so each program compiles once."
@@ -297,6 +291,14 @@ def _shared_size(context: AnalysisContext, lead: Storm, storms: list[Storm]) -> 
     program_ids = [row.program_id for row in own_rows if row.program_id is not None]
     options = bucket_options(VaryingDim(lead.main.positions, values), own_rows, per_size_ns, context.busy_of_programs(program_ids))
     return _SharedSize(compiles, sizes, options, propose(options, len(sizes) * per_size_ns))
+
+
+def _shared_bucketing_text(best: BucketOption, sizes: int) -> str:
+    """'e.g. 32, 64 (multiple of 32): 2 sizes instead of 5, so each program compiles 2 times, for about 12.0% more
+    FLOPs (estimate)': a bucketing of one size shared by every program it reaches."""
+    times = "once" if best.compiles == 1 else plural(best.compiles, "time")
+    return (f"e.g. {values_text(list(best.buckets))} ({best.rule}): {plural(best.compiles, 'size')} instead of {sizes}, "
+            f"so each program compiles {times}, for about {best.padding_share_estimate:.1%} more FLOPs (estimate)")
 
 
 def _made_text(context: AnalysisContext, frame_id: int | None) -> str | None:
