@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import tputrace
+from tputrace.store import TraceWriteError, TraceWriter
 
 # The loop pauses now and then, as a training loop's data loading does, so that the writer's thread commits in
 # batches on a busy host too (a batch that does not fit is lost whole, as SQLite's transaction is).
@@ -60,3 +61,23 @@ def test_a_full_disk_is_said_at_once_and_the_trace_says_it_is_incomplete(tmp_pat
     assert run.finished and run.exit_status == 3
     assert "could not be stored: database or disk is full" in incomplete
     assert 0 < ops < 20_000
+
+
+def test_a_batch_too_big_for_the_disk_keeps_the_part_that_fits(small_disk: Path) -> None:
+    """A writer that gathered more rows than the disk holds (its thread starved on a busy host) stores as many as fit,
+    in order, instead of losing the whole batch with its failed transaction."""
+    path = small_disk / "starved.tptrace"
+    writer = TraceWriter(path, commit_interval_s=3600, max_queued_rows=1_000_000)
+    n_rows = 40_000
+    writer.extend("steps", [(0, step, step * 10, step * 10 + 5, "explicit") for step in range(n_rows)])
+    with pytest.raises(TraceWriteError, match="rows could not be stored"):
+        writer.flush()
+    dropped = writer.dropped_rows
+    writer.close()
+    with tputrace.open(path) as trace:
+        steps = [record.step for record in trace.records("steps")]
+        incomplete = trace.meta.get("incomplete", "")
+    assert 0 < len(steps) < n_rows
+    assert steps == list(range(len(steps)))
+    assert dropped == n_rows - len(steps)
+    assert "could not be stored: database or disk is full" in incomplete

@@ -26,6 +26,7 @@ appended to it are ignored.
 from __future__ import annotations
 
 import atexit
+import functools
 import itertools
 import json
 import os
@@ -34,7 +35,7 @@ import threading
 import time
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from tputrace.schema import (
     table_statements,
     view_statements,
 )
+from tputrace.store.disk_room import RESERVE_SUFFIX, is_disk_full, make_reserve, release_reserve, store_in_parts
 from tputrace.store.errors import TraceWriteError
 from tputrace.store.indexing import build_indexes
 
@@ -57,7 +59,7 @@ Row = tuple[Any, ...]
 
 # Tables filled through intern()/frame(); every other table is filled through append().
 _INTERNED_TABLES = ("strings", "frames")
-_SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal")
+_SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal", RESERVE_SUFFIX)
 # Rows a table's queue holds before the appending thread commits them itself (see `relieve`).
 MAX_QUEUED_ROWS = 50_000
 # Seconds `close()` spends building indexes; the rest are left to the first reader that can write the file.
@@ -272,6 +274,7 @@ class TraceWriter:
             finally:
                 connection.close()
                 self._connection = None
+                release_reserve(self.path)
         self._raise_if_dropped()
 
     def __enter__(self) -> TraceWriter:
@@ -353,6 +356,8 @@ class TraceWriter:
             connection.execute("COMMIT")
         except sqlite3.Error as error:
             raise TraceWriteError(f"cannot create trace {self.path}: {error}") from None
+        if not self._bulk:
+            make_reserve(self.path)
         return connection
 
     def _intern_new(self, text: str) -> int:
@@ -420,17 +425,36 @@ class TraceWriter:
                     self._insert(connection, "strings", string_rows)
                 connection.execute("COMMIT")
             except sqlite3.Error as error:
-                dropped = sum(len(rows) for _, rows in batches) + len(frame_rows) + len(string_rows)
-                self._note_error(f"commit failed: {error}", dropped)
                 if connection.in_transaction:
                     connection.execute("ROLLBACK")
-                if _is_disk_full(error):
-                    # The space the failed commit took in the WAL is free again: enough for the run's
-                    # facts (its end record, at close) and the note that the trace is incomplete.
+                total = sum(len(rows) for _, rows in batches) + len(frame_rows) + len(string_rows)
+                if not is_disk_full(error):
+                    self._note_error(f"commit failed: {error}", total)
+                else:
+                    references = [("strings", string_rows), ("frames", frame_rows)]
+                    stored = store_in_parts(functools.partial(self._commit_part, connection), batches, references)
+                    self._note_error(f"commit failed: {error}", total - stored)
+                    # The reserve given back is room for the run's facts (its end record, at close) and
+                    # the note that the trace is incomplete.
+                    release_reserve(self.path)
                     self._disk_full = True
                     note = ("incomplete", f"rows from {_now_text()} on could not be stored: {error}")
                     statements.append(("INSERT OR REPLACE INTO meta (key, value) VALUES (?, ?)", note))
                 self._commit_statements(connection, statements)
+
+    def _commit_part(self, connection: sqlite3.Connection, parts: Sequence[tuple[str, list[Row]]]) -> bool:
+        """Commit some tables' rows in one transaction; False (rolled back) if that failed."""
+        try:
+            connection.execute("BEGIN")
+            for table, rows in parts:
+                if rows:
+                    self._insert(connection, table, rows)
+            connection.execute("COMMIT")
+            return True
+        except sqlite3.Error:
+            if connection.in_transaction:
+                connection.execute("ROLLBACK")
+            return False
 
     def _commit_statements(self, connection: sqlite3.Connection, statements: list[tuple[str, Row]]) -> None:
         """Commit run updates and meta entries on their own; count them as dropped if that fails too."""
@@ -458,12 +482,16 @@ class TraceWriter:
                 flatten = itertools.chain.from_iterable
                 connection.executemany(self._multi_insert_sql[table], (tuple(flatten(group)) for group in groups))
             connection.executemany(sql, rows[whole:])
-        except _ROW_ERRORS:
+        except _ROW_ERRORS as error:
+            if isinstance(error, sqlite3.Error) and is_disk_full(error):
+                raise  # no row is bad: the transaction fails, and the caller stores what fits
             connection.execute("ROLLBACK TO batch")
             for row in rows:
                 try:
                     connection.execute(sql, row)
                 except _ROW_ERRORS as row_error:
+                    if isinstance(row_error, sqlite3.Error) and is_disk_full(row_error):
+                        raise
                     self._note_error(f"bad {table} row {row!r:.200}: {row_error}", 1)
         connection.execute("RELEASE batch")
 
@@ -486,10 +514,6 @@ class TraceWriter:
             raise TraceWriteError(
                 f"{self.dropped_rows} rows could not be stored in {self.path}; first error: {self._first_error}"
             )
-
-
-def _is_disk_full(error: sqlite3.Error) -> bool:
-    return getattr(error, "sqlite_errorcode", None) == sqlite3.SQLITE_FULL or "disk is full" in str(error)
 
 
 def _now_text() -> str:
