@@ -16,7 +16,7 @@ from tputrace.wording import format_bytes
 
 NAME = "memory"
 WARNING_HBM_SHARE = 0.85
-GROWTH_MIN_BYTES_PER_STEP = 1 << 20
+GROWTH_MIN_BYTES_PER_STEP = 64 << 10
 GROWTH_MIN_SHARE = 0.2
 EVIDENCE_PARTS = 6
 
