@@ -3,6 +3,7 @@ lacks, travel as their bit patterns)."""
 
 from __future__ import annotations
 
+import functools
 import warnings
 from typing import Any
 
@@ -24,15 +25,14 @@ def torch_to_array(host: torch.Tensor, device: jax.Device) -> jax.Array:
         raise NotImplementedError("Cannot copy out of meta tensor; no data!")  # torch's words, which Module.to extends
     to_jax(host.dtype)  # a dtype the chip cannot hold is a one-line error naming the ones it can
     # A private copy: XLA:CPU adopts an aligned host buffer (torch's are) without copying, even with
-    # may_alias=False, so a later in-place change to the host tensor would show on the chip. The copy
-    # is torch's, not NumPy's: `numpy()` marks a tensor's storage as not resizable, which the caller's
-    # tensor must stay.
-    private = host.detach().clone(memory_format=torch.contiguous_format)
-    pattern = _BIT_PATTERNS.get(private.dtype)
+    # may_alias=False, so a later in-place change to the host tensor would show on the chip.
+    source = host.detach().resolve_conj().resolve_neg()
+    pattern = _BIT_PATTERNS.get(source.dtype)
     if pattern is not None:
-        data = private.view(pattern[0]).numpy().view(to_jax(private.dtype))
-    else:
-        data = private.numpy()
+        source = source.view(pattern[0])
+    data = _private_copy(source)
+    if pattern is not None:
+        data = data.view(to_jax(host.dtype))
     return jax.device_put(data, device)
 
 
@@ -51,10 +51,34 @@ def array_to_torch(array: Any, dtype: torch.dtype, leading: tuple[int, int] | No
     return _owned_copy(data)
 
 
+def _private_copy(source: torch.Tensor) -> np.ndarray:
+    """A C-contiguous NumPy copy of a CPU tensor's data, made by NumPy in this thread through a DLPack view.
+
+    Not torch's `clone`: torch spreads a copy over its intra-op threads, which wait for cores that the
+    chip's programs hold on XLA:CPU (a 256 KiB copy took milliseconds). Not `numpy()` either: it marks
+    the tensor's storage as not resizable, which the caller's tensor must stay."""
+    try:
+        view = np.from_dlpack(source)
+    except (BufferError, TypeError, RuntimeError):  # a layout or dtype DLPack cannot carry
+        return source.clone(memory_format=torch.contiguous_format).numpy()
+    return np.array(view, copy=True, order="C")
+
+
+@functools.cache
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty((0,), dtype)).dtype
+
+
 def _owned_copy(data: np.ndarray) -> torch.Tensor:
     """A copy of `data` in storage of torch's own, resizable as a CPU tensor's is (a tensor over a
-    NumPy array's memory is not)."""
+    NumPy array's memory is not), written by NumPy in this thread (see `_private_copy`)."""
+    target = torch.empty(data.shape, dtype=_torch_dtype(data.dtype))
+    try:
+        np.copyto(np.from_dlpack(target), data, casting="no")
+        return target
+    except (BufferError, TypeError, RuntimeError, ValueError):
+        pass
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # the chip's read-only buffer, only read here
         source = torch.from_numpy(data)
-    return torch.empty(source.shape, dtype=source.dtype).copy_(source)
+    return target.copy_(source)

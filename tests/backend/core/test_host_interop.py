@@ -116,3 +116,36 @@ def test_a_chip_tensor_copied_to_the_host_can_be_resized(mode: EagerMode, dtype:
     assert copied.flatten()[:6].tolist() == list(range(6))
     torch.mul(torch.ones(3, 3, dtype=dtype), 2, out=grown.resize_(0))
     assert grown.tolist() == [[2] * 3] * 3
+
+
+def _host_layouts() -> dict[str, torch.Tensor]:
+    values = torch.arange(24, dtype=torch.float32).reshape(2, 3, 4) / 7
+    return {
+        "transposed": values[0].t(),
+        "permuted": values.permute(2, 0, 1),
+        "strided": torch.arange(20.0)[::3],
+        "expanded": torch.arange(4.0).reshape(1, 4).expand(3, 4),
+        "0-d": torch.tensor(2.5),
+        "empty": torch.ones(0, 3),
+        "conjugate": (torch.arange(4.0) + 1j).conj(),
+        "negative view": torch.arange(4.0)._neg_view(),
+        "bool": torch.tensor([True, False, True]),
+        "int8": torch.tensor([-3, 0, 5], dtype=torch.int8),
+        "bfloat16 transposed": values[1].t().bfloat16(),
+        "float8": torch.tensor([0.5, -2.0]).to(torch.float8_e4m3fn),
+    }
+
+
+@pytest.mark.parametrize("name", list(_host_layouts()))
+def test_host_tensors_of_every_layout_reach_the_chip_whole_and_private(name: str) -> None:
+    """A host copy is private and holds the values as the host tensor reads them (strides, conjugate and negative
+    bits, the types NumPy lacks), and the host tensor changed later does not change it."""
+    source = _host_layouts()[name]
+    expected = source.resolve_conj().resolve_neg().clone()
+    on_chip = source.to("tpu")
+    if source.numel() and not source.is_conj() and not source.is_neg() and source.dtype != torch.float8_e4m3fn:
+        source.zero_()
+    copied = host(on_chip)
+    assert copied.dtype == expected.dtype and copied.shape == expected.shape and copied.is_contiguous()
+    assert torch.equal(copied.view(torch.uint8) if copied.dtype == torch.float8_e4m3fn else copied,
+                       expected.contiguous().view(torch.uint8) if expected.dtype == torch.float8_e4m3fn else expected)
