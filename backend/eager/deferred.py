@@ -396,7 +396,7 @@ class DeferredExecutor:
         # No warning filter here: JAX warns of unusable donated buffers when it lowers, in `compile_program`.
         inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
         scalars = graph.packed_scalars()
-        results = fused.program.executable(*inputs, *scalars)
+        *results, done = fused.program.executable(*inputs, *scalars)
         memory.running(graph.chip, fused.program.temp_bytes + fused.program.output_bytes)
         for value, result in zip(outputs.values(), results):
             value.concrete = result
@@ -406,10 +406,10 @@ class DeferredExecutor:
                 buffer.array = value.concrete
                 if buffer.nbytes == 0:
                     buffer.count(value.nbytes)
-        self.last_outputs = list(results)
+        self.last_outputs = results
         recorder = self.dispatcher.recorder
         if recorder is not None and recorder.enabled:
-            self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results, scalars)
+            self._record_flush(recorder, graph, fused, trigger, cache_hit, start, launch, results, scalars, done)
         # A value still held from this graph (a view's cached read) must not keep its inputs alive: the
         # next flush would see a donated array as shared and copy it.
         graph.inputs = []
@@ -478,7 +478,9 @@ class DeferredExecutor:
                     for ref in refs
                 ]
                 values.append(plan.fn(*args))
-            return tuple(values[node][index] for node, index in output_refs)
+            # Last, a byte that no tensor holds: ready when the program has run, whatever becomes of the other
+            # outputs (the next program may take them as donated inputs before this one ran).
+            return (*[values[node][index] for node, index in output_refs], jax.numpy.zeros((), np.int8))
 
         n_ops = graph_changes.op_count(nodes)
         name = f"fused_{n_ops}_ops"
@@ -523,7 +525,7 @@ class DeferredExecutor:
                 recorder.fusion(fused.program_id, fusion)
 
     def _record_flush(self, recorder: Recording, graph: PendingGraph, fused: FusedProgram, trigger: str, cache_hit: bool, start: int, launch: int,
-                      results: Sequence[Any], scalars: Sequence[np.ndarray]) -> None:
+                      results: Sequence[Any], scalars: Sequence[np.ndarray], done: Any) -> None:
         flush_id = recorder.next_flush_id()
         sizes = fused.sizes
         if sizes is None:
@@ -535,7 +537,7 @@ class DeferredExecutor:
         input_bytes, output_bytes = sizes
         recorder.flushed(flush_id, fused.program_id, trigger, len(graph.op_records), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
-        recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results)
+        recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results, done=done)
 
 
 _ARRAY_TYPES: set[type] = set()

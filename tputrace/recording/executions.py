@@ -12,22 +12,39 @@ from typing import Any
 from tputrace.store.writer import TraceWriter
 
 _perf_ns = time.perf_counter_ns
-_Execution = tuple[int | None, int, int, int | None, int, list[weakref.ref]]
+# Outputs of an execution the watcher keeps weak references to.
+_WATCHED_OUTPUTS = 4
+# An array the watcher alone holds, or weak references to some of the outputs.
+_Watched = Any | list[weakref.ref]
+_Execution = tuple[int | None, int, int, int | None, int, _Watched]
 
 
-def _finished(reference: weakref.ref) -> bool:
-    """Whether a watched output is ready (or gone: freed, donated, or its program failed)."""
-    try:
-        return reference() is None or reference().is_ready()
-    except Exception:  # noqa: BLE001 - a deleted or failed array: its program is over
-        return True
+def _finished(watched: _Watched) -> bool:
+    """Whether a watched execution's outputs are ready (they are ready together): its `done` array, or one of the
+    outputs still alive. An output freed, or deleted by a later program that it was donated to, says nothing, as the
+    donation can come before the program that makes it has run; with all of them gone the program is taken as over."""
+    if not isinstance(watched, list):
+        try:
+            return bool(watched.is_ready())
+        except Exception:  # noqa: BLE001 - a failed program's output: it is over
+            return True
+    for reference in watched:
+        try:
+            value = reference()
+            if value is None or value.is_deleted():
+                continue
+            return bool(value.is_ready())
+        except Exception:  # noqa: BLE001 - a failed program's output: it is over
+            return True
+    return True
 
 
 class ExecutionWatcher:
     """Writes one `executions` row per launched program of one rank; its thread starts at the first launch.
 
-    The watcher holds weak references only: a strong one would keep an output array from being
-    donated to the next program (DeferAndFuse donates arrays nothing else holds), and whether it
+    The watcher holds an output of the program's own that nothing else reads where the program has one (a
+    DeferAndFuse flush's `done`), else weak references to a few outputs: a strong one would keep an output array
+    from being donated to the next program (DeferAndFuse donates arrays nothing else holds), and whether it
     still held one would depend on the watcher's timing, changing the program from step to step."""
 
     def __init__(self, writer: TraceWriter, rank: int, t0: int) -> None:
@@ -37,14 +54,20 @@ class ExecutionWatcher:
         self._executions: queue.SimpleQueue[_Execution | None] | None = None
         self._thread: threading.Thread | None = None
 
-    def launched(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, step: int, results: Any) -> None:
-        """A program was launched at `launch_ns` (a perf_counter time) with `results` (its output arrays)."""
+    def launched(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, step: int, results: Any,
+                 done: Any = None) -> None:
+        """A program was launched at `launch_ns` (a perf_counter time) with `results` (its output arrays) and `done`
+        (None, or an output that only the watcher holds)."""
         if self._executions is None:
             self._executions = queue.SimpleQueue()
             self._thread = threading.Thread(target=self._watch, args=(self._executions,), name="tputrace-executions", daemon=True)
             self._thread.start()
-        # The outputs of one execution are ready together: the watcher polls the first array only.
-        watched = next(([weakref.ref(value)] for value in results if hasattr(value, "block_until_ready")), [])
+        watched: _Watched = done
+        if done is None:
+            # The watcher polls the first output still alive (see `_finished`), among a few spread over the outputs.
+            arrays = [value for value in results if hasattr(value, "block_until_ready")]
+            step_size = max(1, len(arrays) // _WATCHED_OUTPUTS)
+            watched = [weakref.ref(value) for value in arrays[::step_size][:_WATCHED_OUTPUTS]]
         self._executions.put((program_id, chip, launch_ns, flush_id, step, watched))
 
     def _watch(self, executions: queue.SimpleQueue[_Execution | None]) -> None:
@@ -54,13 +77,13 @@ class ExecutionWatcher:
                 return
             program_id, chip, launch_ns, flush_id, step, watched = item
             del item
-            if watched:
-                # The outputs of one execution are ready together: polling one suffices. Polling
-                # never holds it across a thread switch (see the class's docstring).
+            if watched is not None and not (isinstance(watched, list) and not watched):
+                # The outputs of one execution are ready together: polling one suffices.
                 delay = 50e-6
-                while not _finished(watched[0]):
+                while not _finished(watched):
                     time.sleep(delay)
                     delay = min(delay * 2, 2e-3)
+            del watched
             end = _perf_ns()
             self._writer.append("executions", (self._rank, program_id, chip, launch_ns - self._t0, end - launch_ns, step, flush_id))
 

@@ -81,7 +81,8 @@ class Recording(Protocol):
     def flushed(self, flush_id: int, program_id: int | None, trigger: str, n_ops: int, cache_hit: bool, chip: int, start_ns: int,
                 dur_ns: int, input_bytes: int, output_bytes: int) -> None: ...
 
-    def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None: ...
+    def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any,
+                          done: Any = None) -> None: ...
 
     # -- torch.compile
     def dynamo_frame_compiled(self, *, name: str, signature: str, file: str, line: int, function: str, start_ns: int, dur_ns: int,

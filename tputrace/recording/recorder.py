@@ -368,13 +368,15 @@ class Recorder(ShardingRecords, UserFrames):
             (flush_id, self.rank, program_id, trigger, self.frame_id(), n_ops, int(cache_hit), chip, start_ns - self.t0, dur_ns, input_bytes, output_bytes, self.step_index),
         )
 
-    def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any) -> None:
-        """A program was launched; `executions` records when its results are ready."""
+    def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any,
+                          done: Any = None) -> None:
+        """A program was launched; `executions` records when its results are ready (when `done`, an output that only
+        the recording holds, is ready, if the program has one)."""
         if not self.window_open and (flush_id is None or flush_id != self._kept_flush):
             return
         if self._executions is None:
             self._executions = ExecutionWatcher(self.writer, self.rank, self.t0)
-        self._executions.launched(program_id, chip, launch_ns, flush_id, self.step_index, results)
+        self._executions.launched(program_id, chip, launch_ns, flush_id, self.step_index, results, done)
 
     def synced(self, kind: str, chip: int, start_ns: int, dur_ns: int, pending_ops: int) -> None:
         self.live.synced()
