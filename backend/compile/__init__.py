@@ -88,6 +88,8 @@ def _keep_dynamo_out() -> None:
     import torch._dynamo.trace_rules
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
+    from tputrace.backend.core import host_origins
+
     package = sys.modules["tputrace"]
     backend_package = sys.modules["tputrace.backend"]  # still being imported when Dynamo was imported first
     # Module by module: the package's directory holds the backend's, and `tputrace.backend.core.hooks` with it, in
@@ -106,6 +108,10 @@ def _keep_dynamo_out() -> None:
         if (name == "tputrace" or name.startswith("tputrace.")) and name not in _TRACEABLE_MODULES and module is not None:
             for code in _module_code(module):
                 set_code_exec_strategy(code, skip_all)
+    # The host makers' wrapper (`host_origins`) is traced through when compiled code calls a maker, but is never a
+    # frame of its own to compile: one called in a graph break's eager code (autograd's `ones_like` for a compiled
+    # function's `loss.backward()`) would be a graph break at the wrapper.
+    set_code_exec_strategy(host_origins.wrapper_code(), _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
 
 
 def _backend_files(root: str) -> list[tuple[str, str]]:

@@ -97,7 +97,10 @@ def _setup_boundary(init: Callable[..., None]) -> Callable[..., None]:
 
 def _before_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     """A step that will make state for a parameter (an optimizer's first) records that state apart
-    (DeferAndFuse), so that the update's program is the one every later step runs."""
+    (DeferAndFuse), so that the update's program is the one every later step runs. Nothing inside a compiled
+    region (`torch.compile(optimizer.step)`): the update is one graph there, and tracing this hook would break it."""
+    if torch.compiler.is_compiling():
+        return
     dispatcher = routing.active()
     creating_state = getattr(dispatcher.executor, "creating_state", None)
     if creating_state is not None and _steps_tpu_params(optimizer) and _makes_state(optimizer):

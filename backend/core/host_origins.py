@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import sys
+import types
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -94,6 +95,11 @@ def make(*args, **kwargs):
     return result
 """
 _WRAPPER_CODE = compile(_WRAPPER_SOURCE, "<tputrace host origins>", "exec")
+
+
+def wrapper_code() -> types.CodeType:
+    """The code of every maker's wrapper (one code object, made once)."""
+    return next(const for const in _WRAPPER_CODE.co_consts if isinstance(const, types.CodeType))
 
 
 def _remembering(maker: Callable[..., Any]) -> Callable[..., Any]:

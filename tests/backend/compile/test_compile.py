@@ -382,3 +382,34 @@ def test_a_tpu_tensor_flattens_to_a_handle_on_its_buffer() -> None:
     assert type(alias) is TpuTensor and host(alias).tolist() == host(view).tolist()
     tensor.add_(1)  # writes through the shared buffer reach the alias
     assert host(alias).tolist() == [[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]
+
+
+def test_a_compiled_train_step_breaks_only_where_torch_does(tmp_path: Path) -> None:
+    """A compiled function holding the whole step (forward, `loss.backward()`, `optimizer.step()`) breaks its graph at
+    the backward, which Dynamo does not trace, and wherever torch itself breaks, never inside the backend: neither in
+    the wrapper that remembers where a host tensor was made (autograd's `ones_like` runs in the break's eager code)
+    nor in the optimizer's step hooks."""
+    script = tmp_path / "whole_step.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        model = nn.Sequential(nn.Linear(16, 32), nn.GELU(), nn.Linear(32, 4)).to("tpu")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+        @torch.compile(backend="tpu")
+        def train_step(x, y):
+            loss = nn.functional.cross_entropy(model(x), y)
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss
+
+        for step in range(3):
+            loss = train_step(torch.randn(8, 16).to("tpu"), torch.randint(0, 4, (8,)).to("tpu"))
+        print(loss.item())
+    '''))
+    with tputrace.open(_run(tmp_path, script)) as trace:
+        places = {(Path(row.source.file).name, row.reason.split(" - ")[0]) for row in trace.records("graph_breaks")}
+    assert ("whole_step.py", "Unsupported Tensor.backward() call") in places
+    assert all(not name.startswith("<") and name not in ("hooks.py", "host_origins.py") for name, _ in places), places
