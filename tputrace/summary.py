@@ -159,6 +159,7 @@ NO_DEVICE_OPS_TEXT = (
     "NO OP RAN ON THE TPU DEVICE: nothing was traced (the script's tensors stayed on the CPU; "
     "a script written for CUDA runs on tpu with `tputrace run --as-cuda`)"
 )
+NO_DEVICE_OPS_BEFORE_ERROR_TEXT = "NO OP RAN ON THE TPU DEVICE: the script raised before any op reached it, so nothing was traced"
 
 
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
@@ -203,7 +204,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
     if summary.op_count == 0 and compiles.count == 0 and (window is None or window.recorded_steps):
-        lines.insert(0, ("!!", NO_DEVICE_OPS_TEXT))
+        lines.insert(0, ("!!", NO_DEVICE_OPS_BEFORE_ERROR_TEXT if run.error else NO_DEVICE_OPS_TEXT))
     return lines
 
 

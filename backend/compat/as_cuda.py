@@ -5,17 +5,22 @@
 - `torch.cuda`'s device functions (`is_available`, `device_count`, `current_device`, `set_device`,
   `synchronize`, `manual_seed(_all)`, `get_device_name`, `memory_allocated`, `empty_cache`,
   `is_bf16_supported`) answer for the tpu chips;
+- `torch.cuda`'s streams and events (`Stream`, `Event`, `current_stream`, `stream`, ...), peak and reserved
+  memory, device properties and generator state: the tpu device module's, where work runs in one queue per
+  chip and recording an event waits for the chip;
+- `torch.autocast("cuda")` and `torch.cuda.amp.autocast` autocast on tpu, in float16 unless given a dtype,
+  as on CUDA;
 - `Tensor.cuda()` and `Module.cuda()` move to the tpu chip of the same index;
 - a torch function mode rewrites every `device=` keyword and every device argument of `Tensor.to`
   (`"cuda"`, `"cuda:1"`, `torch.device("cuda")`) to the tpu device of the same index.
 
 Not mapped: a `torch.device("cuda")` object itself (its `.type` stays `"cuda"`, so a script comparing
-`x.device.type == "cuda"` sees `"tpu"` on its tensors), `torch.autocast("cuda")` and
-`torch.cuda.amp`, CUDA streams and events, and CUDA-only kernels and libraries.
+`x.device.type == "cuda"` sees `"tpu"` on its tensors), and CUDA-only kernels and libraries.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -38,6 +43,29 @@ MAPPED_CUDA_FUNCTIONS = (
     "memory_allocated",
     "empty_cache",
     "is_bf16_supported",
+    "is_initialized",
+    "device",
+    "seed",
+    "seed_all",
+    "initial_seed",
+    "get_rng_state",
+    "set_rng_state",
+    "get_rng_state_all",
+    "set_rng_state_all",
+    "get_device_properties",
+    "max_memory_allocated",
+    "reset_peak_memory_stats",
+    "memory_reserved",
+    "max_memory_reserved",
+    "reset_max_memory_allocated",
+    "mem_get_info",
+    "memory_stats",
+    "Event",
+    "Stream",
+    "current_stream",
+    "default_stream",
+    "stream",
+    "set_stream",
 )
 
 _mode: CudaToTpuMode | None = None
@@ -83,6 +111,20 @@ def _indexed_tpu(device: Any) -> torch.device:
     return mapped if isinstance(mapped, torch.device) else torch.device(mapped)
 
 
+def _autocast_on_tpu(init: Callable[..., None]) -> Callable[..., None]:
+    """`torch.autocast`'s constructor with the `cuda` device type made `tpu`, in the dtype CUDA's autocast
+    defaults to (float16) unless one is given (`torch.cuda.amp.autocast` passes its own through it too)."""
+
+    @functools.wraps(init)
+    def make(self: Any, device_type: str, dtype: torch.dtype | None = None, enabled: bool = True,
+             cache_enabled: bool | None = None) -> None:
+        if device_type == "cuda":
+            device_type, dtype = DEVICE_TYPE, torch.float16 if dtype is None else dtype
+        init(self, device_type, dtype, enabled, cache_enabled)
+
+    return make
+
+
 def install() -> None:
     """Map CUDA to tpu for the rest of the process (this thread's torch function modes included).
     Idempotent."""
@@ -93,5 +135,7 @@ def install() -> None:
         setattr(torch.cuda, name, getattr(device_module, name))
     torch.Tensor.cuda = _tensor_cuda  # type: ignore[method-assign,assignment]
     torch.nn.Module.cuda = _module_cuda  # type: ignore[method-assign,assignment]
+    autocast_class = torch.amp.autocast_mode.autocast
+    autocast_class.__init__ = _autocast_on_tpu(autocast_class.__init__)  # type: ignore[method-assign]
     _mode = CudaToTpuMode()
     _mode.__enter__()

@@ -44,15 +44,27 @@ def analyze(context: AnalysisContext) -> AnalysisResult[NoDeviceOpsData]:
         *(Evidence(f"device named at line {line}: {text}", file=file, line=line) for file, line, text in lines),
     ]
     first = lines[0] if lines else None
+    error = trace.run.error
+    if error:
+        # The script failed before it reached the device: the failure, not the device choice, is what to fix first.
+        title = "The script raised before any op ran on the tpu device: nothing in this run was traced"
+        explanation = (f"The run ended with {error} before any op reached the `tpu` device, so its ops, compiles and "
+                       "syncs are not in the trace and no other finding can be made.")
+        suggestion = ("Fix the error (its traceback is in the run's output) and run the script again; if the script "
+                      "chooses its device the CUDA way, run it with `tputrace run --as-cuda` or choose `\"tpu\"`.")
+    else:
+        title = "No op ran on the tpu device: nothing in this run was traced"
+        explanation = ("tputrace records what runs on the `tpu` device. This run's tensors stayed on the CPU, so its "
+                       "ops, compiles and syncs are not in the trace and no other finding can be made.")
+        suggestion = ("Run the script unchanged with `tputrace run --as-cuda` (CUDA devices, `.cuda()` and "
+                      "`torch.cuda.is_available()` then mean tpu), or choose the device `\"tpu\"` where the script "
+                      "chooses its device.")
     finding = Finding(
         analyzer=NAME,
         severity="critical",
-        title="No op ran on the tpu device: nothing in this run was traced",
-        explanation="tputrace records what runs on the `tpu` device. This run's tensors stayed on the CPU, so its "
-                    "ops, compiles and syncs are not in the trace and no other finding can be made.",
-        suggestion="Run the script unchanged with `tputrace run --as-cuda` (CUDA devices, `.cuda()` and "
-                   "`torch.cuda.is_available()` then mean tpu), or choose the device `\"tpu\"` where the script "
-                   "chooses its device.",
+        title=title,
+        explanation=explanation,
+        suggestion=suggestion,
         cost_total_ns=float(context.wall_ns),
         evidence=tuple(evidence),
         file=first[0] if first else None,
