@@ -55,6 +55,38 @@ TORCH_COMPILE = textwrap.dedent("""\
     g(torch.ones(4, 4))
 """)
 
+# A data-dependent branch (a break whose reason is on the "Graph Break Reason" line) in a function compiled for
+# two sizes; a guard on a global that recompiles `h` until the recompile limit (3) is hit; an explicit
+# `graph_break()` and a `tolist()` break (reasons on the line after the reason's preamble).
+TORCH_GUARDS = textwrap.dedent("""\
+    import torch, torch._dynamo
+    torch._dynamo.config.cache_size_limit = 3
+
+    def f(x):
+        if x.sum() > 0:
+            x = x + 1
+        return x.relu()
+
+    g = torch.compile(f, backend="eager")
+    g(torch.ones(4))
+    g(torch.ones(5))
+    SCALE = 1
+    def h(x):
+        return x * SCALE
+
+    hc = torch.compile(h, backend="eager")
+    for SCALE in (1, 2, 3, 4, 5):
+        hc(torch.ones(3))
+
+    @torch.compile(backend="eager")
+    def outer(x):
+        y = torch.sin(x)
+        torch._dynamo.graph_break()
+        return y.tolist()
+
+    outer(torch.ones(2))
+""")
+
 TORCH_PROFILER = textwrap.dedent("""
     import sys, torch
     from torch.profiler import ProfilerActivity, profile
@@ -94,6 +126,14 @@ def torch_trace_capture(folder: Path) -> tuple[Path, Path]:
     script.write_text(TORCH_COMPILE)
     _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "torch_trace")})
     return folder / "torch_trace", script
+
+
+def torch_guards_capture(folder: Path) -> tuple[Path, Path]:
+    """A `TORCH_TRACE` directory of `TORCH_GUARDS`, and the script."""
+    script = folder / "guards.py"
+    script.write_text(TORCH_GUARDS)
+    _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "guards_trace")})
+    return folder / "guards_trace", script
 
 
 def torch_profiler_capture(folder: Path) -> Path:

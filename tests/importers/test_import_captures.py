@@ -97,9 +97,12 @@ def test_truncated_and_foreign_captures_are_one_line_errors(captures: dict[str, 
     truncated.write_bytes(xplane.read_bytes()[: xplane.stat().st_size // 2])
     cut_json = tmp_path / "cut.json"
     cut_json.write_text(captures["profiler"].read_text()[:5000])
+    log = next(captures["torch_trace"].glob("*.log")).read_text()
+    cut_log = tmp_path / "cut.log"
+    cut_log.write_text(log[: log.index("\nV", len(log) // 2) + 40])  # ends inside a record's line
     foreign = tmp_path / "notes.txt"
     foreign.write_text("hello\n")
-    for bad, words in ((truncated, "truncated"), (cut_json, "truncated"), (foreign, "not an xplane.pb")):
+    for bad, words in ((truncated, "truncated"), (cut_json, "truncated"), (cut_log, "truncated"), (foreign, "not an xplane.pb")):
         assert main(["import", str(bad), "-o", str(tmp_path / "out.tptrace")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
@@ -140,3 +143,22 @@ def test_xprof_device_planes_of_two_hosts_import_with_sources_and_costs(sample_t
     assert programs and all(program.flops and program.bytes_accessed for program in programs)
     assert Counter(step.rank for step in trace.records("steps")) == {0: 6, 1: 6}
     assert trace.count("fusions") > 0
+
+
+def test_torch_trace_guard_recompiles_the_recompile_limit_and_break_reasons(tmp_path: Path) -> None:
+    from captures import torch_guards_capture
+
+    folder, script = torch_guards_capture(tmp_path)
+    trace = _import(tmp_path, folder)
+    compiles = [(row.name, row.reason, row.diff, row.source.line if row.source else None)
+                for row in trace.records("compiles")]
+    h = [row for row in compiles if row[0] == "h"]
+    # Compiled for SCALE 1, 2 and 3; the fourth attempt hits the limit and still names h and its line.
+    assert [row[1] for row in h] == ["first", "recompile", "recompile", "recompile"] and {row[3] for row in h} == {13}
+    assert h[1][2] == f"2/0: G['SCALE'] == 1 (return x * SCALE at {script}:14 in h)"
+    (limited,) = [json.loads(row.detail) for row in trace.records("compiles") if "fail_reason" in (row.detail or "")]
+    assert limited["fail_reason"] == "Dynamo recompile limit exceeded"
+    assert ("f", "recompile", "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5", 4) in compiles
+    breaks = sorted((row.reason, row.source.line) for row in trace.records("graph_breaks"))
+    assert breaks == [("Call to `torch._dynamo.graph_break()`", 23), ("Data-dependent branching", 5),
+                      ("Data-dependent branching", 5), ("Tensor.tolist() with non-integer tensor", 24)]
