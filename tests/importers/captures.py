@@ -99,6 +99,22 @@ TORCH_PROFILER = textwrap.dedent("""
     prof.export_chrome_trace(sys.argv[1])
 """)
 
+# A model compiled inside the profile (aot_eager: Dynamo and AOTAutograd, no Inductor), recompiled for a
+# second batch size; its ops nest (`aten::linear` holds `aten::addmm`).
+TORCH_PROFILED_COMPILE = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for size in (8, 7, 6):
+            compiled(x[:size]).sum().backward()
+            model(x).sum().backward()
+    prof.export_chrome_trace(sys.argv[1])
+""")
+
 
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, env=env, timeout=600)
@@ -134,6 +150,14 @@ def torch_guards_capture(folder: Path) -> tuple[Path, Path]:
     script.write_text(TORCH_GUARDS)
     _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "guards_trace")})
     return folder / "guards_trace", script
+
+
+def torch_profiled_compile_capture(folder: Path) -> Path:
+    """torch.profiler's Chrome JSON of `TORCH_PROFILED_COMPILE`."""
+    script = folder / "profiled_compile.py"
+    script.write_text(TORCH_PROFILED_COMPILE)
+    _run(script, str(folder / "compiled_profile.json"))
+    return folder / "compiled_profile.json"
 
 
 def torch_profiler_capture(folder: Path) -> Path:

@@ -162,3 +162,41 @@ def test_torch_trace_guard_recompiles_the_recompile_limit_and_break_reasons(tmp_
     breaks = sorted((row.reason, row.source.line) for row in trace.records("graph_breaks"))
     assert breaks == [("Call to `torch._dynamo.graph_break()`", 23), ("Data-dependent branching", 5),
                       ("Data-dependent branching", 5), ("Tensor.tolist() with non-integer tensor", 24)]
+
+
+def _covered_us(intervals: list[tuple[float, float]]) -> float:
+    """The time covered by some intervals (us)."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
+
+
+def test_torch_profiler_nested_ops_take_self_time_and_compiles_are_compiles(tmp_path: Path) -> None:
+    from captures import torch_profiled_compile_capture
+
+    capture = torch_profiled_compile_capture(tmp_path)
+    trace = _import(tmp_path, capture)
+    compiles = sorted(trace.records("compiles"), key=lambda row: row.start_ns)
+    assert [(row.name, row.kind, row.reason) for row in compiles if row.kind == "dynamo_frame"] == [
+        ("compiled frame 0", "dynamo_frame", "first"), ("compiled frame 0", "dynamo_frame", "recompile")]
+    assert [json.loads(row.detail)["compile_id"] for row in compiles if row.kind == "dynamo_frame"] == ["0/0", "0/1"]
+    assert {row.kind for row in compiles} <= {"dynamo_frame", "aot"}
+    ops = list(trace.records("ops"))
+    # What torch.compile ran while compiling (its phases, ops on fake tensors) is compile time, not ops.
+    for row in compiles:
+        assert not [op for op in ops if row.start_ns <= op.start_ns < row.start_ns + row.dur_ns], row.name
+    assert not any("dynamo_timed" in op.op or op.op in ("entire_frame_compile", "backend_compile") for op in ops)
+    # Each op's time is its own (self) time: the ops' times add up to the time the thread spent in an op.
+    events = json.loads(capture.read_text())["traceEvents"]
+    ranges = [(event["ts"], event["ts"] + event["dur"]) for event in events
+              if event.get("cat") == "cpu_op" and event["name"] in ("entire_frame_compile", "entire_backward_compile")]
+    in_ops = [(event["ts"], event["ts"] + event["dur"]) for event in events if event.get("cat") == "cpu_op"
+              and not any(start <= event["ts"] < end for start, end in ranges)]
+    in_op_us = _covered_us(in_ops + ranges) - _covered_us(ranges)
+    assert abs(sum(op.dur_ns for op in ops) / 1000 - in_op_us) < 0.002 * len(ops) + 1
+    linear = sum(op.dur_ns for op in ops if op.op == "aten::linear")
+    addmm = sum(op.dur_ns for op in ops if op.op == "aten::addmm")
+    assert 0 < linear < addmm  # linear's own time leaves out the addmm inside it

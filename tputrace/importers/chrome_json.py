@@ -26,6 +26,10 @@ from tputrace.importers.sources import CHROME_JSON, CaptureError
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
 _KERNEL_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+# torch.compile's ranges (dynamo_timed): a frame's compile, and AOTAutograd's backward compile.
+_COMPILE_EVENTS = frozenset(("entire_frame_compile", "entire_backward_compile"))
+# The annotation inside each such range that names its compile: `entire_frame_compile_data: ..., compile_id=0/1`.
+_COMPILE_DATA = re.compile(r"^entire_(?:frame|backward)_compile_data: .*\bcompile_id=([\w/\[\]-]+)")
 # The first pass's patterns over raw text; each match is checked against a count of its key.
 _TS_TEXT = re.compile(r'"ts"\s*:\s*(-?\d[\d.eE+-]*)')
 _STEP_TEXT = re.compile(r'"name"\s*:\s*"ProfilerStep#\d+"')
@@ -142,6 +146,7 @@ class ChromeJsonImporter:
         devices: set[int] = set()
         seq = 0
         extend = self.sink.extend
+        nesting = _Nesting(self._compile)
         for events in event_lists(self.path):
             ops: list[tuple[Any, ...]] = []
             annotations: list[tuple[Any, ...]] = []
@@ -169,22 +174,55 @@ class ChromeJsonImporter:
                 dur_ns = int(dur * 1000)
                 step = bisect.bisect_right(step_starts, start_ns)
                 if category == "cpu_op":
+                    tid = event.get("tid")
+                    stack = nesting.open_on(tid, ts, ops)
+                    if name in _COMPILE_EVENTS or (stack and stack[-1].in_compile):
+                        # torch.compile's own work (its phases, and the ops it runs on fake tensors) is the compile's
+                        # time, not the program's ops.
+                        frame_name = innermost(ts, tid) if name in _COMPILE_EVENTS else None
+                        nesting.push(tid, _Open(ts + dur, ts, None, in_compile=True, compile_event=(
+                            name, start_ns, dur_ns, step, frame_of(frame_name) if frame_name else None)
+                            if name in _COMPILE_EVENTS else None))
+                        continue
                     seq += 1
                     args = event.get("args")
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
-                    frame_name = innermost(ts, event.get("tid"))
-                    ops.append((seq, rank, intern(name), intern(inputs) if inputs else None, None, -1, start_ns, dur_ns,
-                                frame_of(frame_name) if frame_name else None, None, step, None, None))
+                    frame_name = innermost(ts, tid)
+                    nesting.push(tid, _Open(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
+                                                           None, -1, start_ns, dur_ns,
+                                                           frame_of(frame_name) if frame_name else None, None, step,
+                                                           None, None]))
                 elif category == "python_function":
                     annotations.append((rank, intern(name), "python", start_ns, dur_ns, frame_of(name), step))
                 elif category == "user_annotation":
+                    compile_id = _COMPILE_DATA.match(name)
+                    if compile_id:
+                        nesting.name_compile(event.get("tid"), compile_id.group(1))
                     if not _STEP.match(name):
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
                     devices.add(self._kernel(name, event, start_ns, dur_ns, step))
             extend("ops", ops)
             extend("annotations", annotations)
+        ops = []
+        nesting.close_all(ops)
+        extend("ops", ops)
         return end_us, devices
+
+    def _compile(self, event: tuple[str, int, int, int, int | None], compile_id: str | None) -> None:
+        """A `compiles` row (and its `programs` row) for one torch.compile range seen by the profiler."""
+        name, start_ns, dur_ns, step, frame_id = event
+        kind = "aot" if name == "entire_backward_compile" else "dynamo_frame"
+        frame, _, attempt = (compile_id or "").partition("/")
+        label = f"{'backward of ' if kind == 'aot' else ''}compiled frame {frame}" if compile_id else name
+        label_sid = self.writer.intern(label)
+        program_id = self.writer.next_id("programs")
+        self.sink.append("programs", (program_id, self.rank, "compiled", label_sid, label_sid, None, None, None, None,
+                                      None))
+        reason = "recompile" if attempt.split("_")[0] not in ("", "0") else "first"
+        detail = json.dumps({"compile_id": compile_id, "event": name} if compile_id else {"event": name})
+        self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank, program_id, kind, label_sid, None,
+                                      -1, start_ns, dur_ns, frame_id, step, reason, None, detail))
 
     def _ns(self, ts_us: float) -> int:
         return int(round((ts_us - self.start_us) * 1000))
@@ -213,6 +251,73 @@ class ChromeJsonImporter:
             frame_id = self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
                                             if match else None)
         return frame_id
+
+
+class _Open:
+    """A CPU op (or torch.compile range) still open on its thread: its end, start and row, and the time of its
+    direct children, which its own (self) time leaves out."""
+
+    __slots__ = ("end_us", "start_us", "row", "child_us", "in_compile", "compile_event", "compile_id")
+
+    def __init__(self, end_us: float, start_us: float, row: list[Any] | None, *, in_compile: bool = False,
+                 compile_event: tuple[str, int, int, int, int | None] | None = None) -> None:
+        self.end_us = end_us
+        self.start_us = start_us
+        self.row = row
+        self.child_us = 0.0
+        self.in_compile = in_compile
+        self.compile_event = compile_event
+        self.compile_id: str | None = None
+
+
+class _Nesting:
+    """The CPU ops open on each thread. torch.profiler nests ops (`aten::linear` holds `aten::addmm`); each
+    becomes an `ops` row with its self time, so that the rows of a thread do not overlap and their sum is the
+    time the thread spent in ops. Events of a thread come in start order; one that does not is taken as
+    top-level. torch.compile ranges call `on_compile` when they close."""
+
+    def __init__(self, on_compile: Any) -> None:
+        self.stacks: dict[Any, list[_Open]] = {}
+        self.last_start: dict[Any, float] = {}
+        self.on_compile = on_compile
+
+    def open_on(self, tid: Any, ts: float, rows: list[tuple[Any, ...]]) -> list[_Open]:
+        """The ops still open on `tid` at `ts` (closing, into `rows`, those that ended before it)."""
+        stack = self.stacks.setdefault(tid, [])
+        if ts < self.last_start.get(tid, ts):
+            while stack:
+                self._close(stack, rows)
+        self.last_start[tid] = ts
+        while stack and stack[-1].end_us <= ts:
+            self._close(stack, rows)
+        return stack
+
+    def push(self, tid: Any, item: _Open) -> None:
+        stack = self.stacks[tid]
+        if stack:
+            parent = stack[-1]
+            parent.child_us += min(item.end_us, parent.end_us) - item.start_us
+        stack.append(item)
+
+    def name_compile(self, tid: Any, compile_id: str) -> None:
+        """Give the innermost open torch.compile range of `tid` its compile id (from its `…_data` annotation)."""
+        for item in reversed(self.stacks.get(tid, [])):
+            if item.compile_event is not None:
+                item.compile_id = item.compile_id or compile_id
+                return
+
+    def close_all(self, rows: list[tuple[Any, ...]]) -> None:
+        for stack in self.stacks.values():
+            while stack:
+                self._close(stack, rows)
+
+    def _close(self, stack: list[_Open], rows: list[tuple[Any, ...]]) -> None:
+        item = stack.pop()
+        if item.row is not None:
+            item.row[7] = max(0, item.row[7] - int(round(item.child_us * 1000)))
+            rows.append(tuple(item.row))
+        elif item.compile_event is not None:
+            self.on_compile(item.compile_event, item.compile_id)
 
 
 def _event_around(text: str, match: re.Match[str]) -> dict[str, Any]:
