@@ -115,6 +115,25 @@ TORCH_PROFILED_COMPILE = textwrap.dedent("""
     prof.export_chrome_trace(sys.argv[1])
 """)
 
+# A profiling schedule of two windows of two steps each (steps 2, 3 and 6, 7 of 9), gzipped: the handler
+# writes one file per window.
+TORCH_SCHEDULE = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1], use_gzip=True), record_shapes=True) as prof:
+        for _ in range(9):
+            with record_function("forward_backward"):
+                model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+""")
+
 
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, env=env, timeout=600)
@@ -158,6 +177,14 @@ def torch_profiled_compile_capture(folder: Path) -> Path:
     script.write_text(TORCH_PROFILED_COMPILE)
     _run(script, str(folder / "compiled_profile.json"))
     return folder / "compiled_profile.json"
+
+
+def torch_schedule_capture(folder: Path) -> Path:
+    """The `tensorboard_trace_handler` directory of `TORCH_SCHEDULE` (two `*.pt.trace.json.gz` files)."""
+    script = folder / "scheduled.py"
+    script.write_text(TORCH_SCHEDULE)
+    _run(script, str(folder / "tb"))
+    return folder / "tb"
 
 
 def torch_profiler_capture(folder: Path) -> Path:

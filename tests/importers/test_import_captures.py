@@ -200,3 +200,24 @@ def test_torch_profiler_nested_ops_take_self_time_and_compiles_are_compiles(tmp_
     linear = sum(op.dur_ns for op in ops if op.op == "aten::linear")
     addmm = sum(op.dur_ns for op in ops if op.op == "aten::addmm")
     assert 0 < linear < addmm  # linear's own time leaves out the addmm inside it
+
+
+def test_the_windows_of_a_profiling_schedule_are_one_rank(captures: dict[str, Path], tmp_path: Path) -> None:
+    from captures import torch_schedule_capture
+
+    folder = torch_schedule_capture(tmp_path)
+    windows = sorted(folder.glob("*.pt.trace.json.gz"))
+    assert len(windows) == 2
+    trace = _import(tmp_path, folder, captures["profiler"])
+    sources = json.loads(trace.meta["imported"])
+    assert [(source["rank"], len(source.get("windows", []))) for source in sources] == [(0, 2), (1, 0)]
+    steps = [step for step in trace.records("steps") if step.rank == 0]
+    assert [step.step for step in steps] == [1, 2, 3, 4]
+    assert all(a.end_ns <= b.start_ns for a, b in zip(steps, steps[1:]))
+    # Steps 3 and 4 of 9 were not recorded: the second window starts well after the first ends.
+    assert steps[2].start_ns - steps[1].end_ns > steps[1].end_ns - steps[1].start_ns
+    ops = [op for op in trace.records("ops") if op.rank == 0]
+    assert len({op.seq for op in ops}) == len(ops)
+    per_step = Counter(op.step for op in ops)
+    assert set(per_step) == {1, 2, 3, 4} and len(set(per_step.values())) == 1, per_step
+    assert Counter(row.name for row in trace.records("annotations") if row.rank == 0)["forward_backward"] == 4

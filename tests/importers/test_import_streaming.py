@@ -150,7 +150,7 @@ def test_the_raw_text_scan_finds_what_decoding_finds(captures: dict[str, Path], 
                                 for step in range(4)]
     path = tmp_path / "steps.json"
     path.write_text(json.dumps(document, indent=2))
-    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), path)
+    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), [path])
     start_us, markers, frames = importer._scan_text()
     decoded_start_us, decoded_markers, decoded_frames = importer._scan_events()
     assert (start_us, sorted(markers), sorted(frames)) == (decoded_start_us, sorted(decoded_markers),
@@ -170,7 +170,7 @@ def test_user_frames_whose_names_are_escaped_in_the_text_are_found_as_decoding_f
     assert renamed > 3
     path = tmp_path / "escaped.json"
     path.write_text(json.dumps(document, indent=2, ensure_ascii=True))
-    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), path)
+    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), [path])
     start_us, markers, frames = importer._scan_text()
     decoded_start_us, decoded_markers, decoded_frames = importer._scan_events()
     assert (start_us, markers, sorted(frames)) == (decoded_start_us, decoded_markers, sorted(decoded_frames))

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers.json_events import event_lists, event_texts, read_header
+from tputrace.importers.json_events import event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
 
@@ -35,6 +35,8 @@ _TS_TEXT = re.compile(r'"ts"\s*:\s*(-?\d[\d.eE+-]*)')
 _STEP_TEXT = re.compile(r'"name"\s*:\s*"ProfilerStep#\d+"')
 _PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _NUMBER = (int, float)
+_HOST_TEXT = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_PID_TEXT = re.compile(r'"pid"\s*:\s*(\d+)')
 
 
 class _Irregular(Exception):
@@ -42,38 +44,58 @@ class _Irregular(Exception):
 
 
 class ChromeJsonImporter:
-    """Imports one torch.profiler JSON file as one rank."""
+    """Imports the torch.profiler JSON files of one process (one file, or the several windows of a
+    profiling schedule) as one rank."""
 
-    def __init__(self, sink: ImportSink, path: Path) -> None:
+    def __init__(self, sink: ImportSink, paths: list[Path]) -> None:
         self.sink = sink
-        self.path = path
+        self.paths = paths
+        self.path = paths[0]
         self.writer = sink.writer
-        self.rank = sink.new_rank(CHROME_JSON, str(path))
+        facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
+        self.rank = sink.new_rank(CHROME_JSON, str(paths[0]), **facts)
         self.steps = StepClock()
         self.kernel_programs: dict[str, int] = {}
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
+        self.seq = 0
 
     def run(self) -> None:
-        header = read_header(self.path)
-        try:
-            start_us, markers, user_frames = self._scan_text()
-        except _Irregular:
-            start_us, markers, user_frames = self._scan_events()
-        if start_us is None:
-            raise CaptureError(f"{self.path} holds no timed events")
-        self.start_us = start_us
-        base_ns = int(header.get("baseTimeNanoseconds") or 0)
-        self.steps.starts = sorted(self._ns(start) for start, _ in markers)
-        for index, (start, end) in enumerate(sorted(markers)):
-            self.sink.append("steps", (self.rank, index + 1, self._ns(start), self._ns(end), "imported"))
-        self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], platform="cpu", chips=0,
-                            start_unix_ns=base_ns + int(start_us * 1000))
-        self.user_frames = _FrameIndex(user_frames)
-        end_us, devices = self._rows()
+        # First pass over every file: its start on the Unix clock, its steps and user frames.
+        windows = []
+        for path in self.paths:
+            self.path = path
+            header = read_header(path)
+            try:
+                start_us, markers, user_frames = self._scan_text()
+            except _Irregular:
+                start_us, markers, user_frames = self._scan_events()
+            if start_us is None:
+                raise CaptureError(f"{path} holds no timed events")
+            base_ns = int(header.get("baseTimeNanoseconds") or 0)
+            windows.append((path, base_ns, start_us, markers, user_frames))
+        start_unix_ns = min(base_ns + int(start_us * 1000) for _, base_ns, start_us, _, _ in windows)
+        # Each file's `ts` (us since its `baseTimeNanoseconds`) at the rank's start.
+        origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, _, _, _ in windows]
+        spans = sorted((int(round((start - origin) * 1000)), int(round((end - origin) * 1000)))
+                       for (_, _, _, markers, _), origin in zip(windows, origins) for start, end in markers)
+        self.steps.starts = [start for start, _ in spans]
+        for index, (start_ns, end_ns) in enumerate(spans):
+            self.sink.append("steps", (self.rank, index + 1, start_ns, end_ns, "imported"))
+        self.writer.set_run(rank=self.rank, world_size=1, script=str(self.paths[0]), argv=[], platform="cpu",
+                            chips=0, start_unix_ns=start_unix_ns)
+        end_ns = 0
+        devices: set[int] = set()
+        for (path, _, _, _, user_frames), origin in zip(windows, origins):
+            self.path = path
+            self.start_us = origin
+            self.user_frames = _FrameIndex(user_frames)
+            end_us, window_devices = self._rows()
+            end_ns = max(end_ns, self._ns(end_us))
+            devices |= window_devices
         device = "gpu" if devices else "cpu"
         self.sink.note(self.rank, device=device)
-        self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=self._ns(end_us))
+        self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
 
     # -- first pass: start, steps and user frames -------------------------------------------------
 
@@ -144,7 +166,7 @@ class ChromeJsonImporter:
         shapes_of = _Shapes()
         end_us = start_us
         devices: set[int] = set()
-        seq = 0
+        seq = self.seq
         extend = self.sink.extend
         nesting = _Nesting(self._compile)
         for events in event_lists(self.path):
@@ -207,6 +229,7 @@ class ChromeJsonImporter:
         ops = []
         nesting.close_all(ops)
         extend("ops", ops)
+        self.seq = seq
         return end_us, devices
 
     def _compile(self, event: tuple[str, int, int, int, int | None], compile_id: str | None) -> None:
@@ -318,6 +341,17 @@ class _Nesting:
             rows.append(tuple(item.row))
         elif item.compile_event is not None:
             self.on_compile(item.compile_event, item.compile_id)
+
+
+def process_key(path: Path) -> tuple[str, str]:
+    """Which process a torch.profiler file comes from: its `host_name` and the `pid` of its first event (from
+    the file's first block), or the file itself where they are not there."""
+    head = read_head(path)
+    host = _HOST_TEXT.search(head)
+    pid = _PID_TEXT.search(head)
+    if pid is None:
+        return str(path), ""
+    return (host.group(1) if host else ""), pid.group(1)
 
 
 def _event_around(text: str, match: re.Match[str]) -> dict[str, Any]:

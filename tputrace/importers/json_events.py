@@ -33,6 +33,13 @@ def _open(path: Path) -> IO[str]:
     return path.open("r", encoding="utf-8", errors="replace")
 
 
+def read_head(path: Path) -> str:
+    """The first block of the file's text."""
+    stream, buffer, _ = _open_array(path)
+    stream.close()
+    return buffer
+
+
 def read_header(path: Path) -> dict[str, Any]:
     """The top-level scalar fields before `traceEvents` (e.g. `baseTimeNanoseconds`)."""
     stream, buffer, start = _open_array(path)

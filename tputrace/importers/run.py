@@ -5,6 +5,7 @@ from __future__ import annotations
 import gc
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
@@ -41,8 +42,8 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
         # importer commits every so many rows itself, so the writer's own thread has nothing to do.
         with TraceWriter(partial, close_at_exit=False, bulk=True, commit_interval_s=_WRITER_INTERVAL_S) as writer:
             sink = ImportSink(writer)
-            for capture in captures:
-                _import_one(sink, capture)
+            for group in _by_process(captures):
+                _import_one(sink, group)
             sink.finish()
         partial.replace(output)
     finally:
@@ -52,7 +53,20 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
     return ImportResult(output, captures, sink.rows)
 
 
-def _import_one(sink: ImportSink, capture: Capture) -> None:
+def _by_process(captures: list[Capture]) -> list[list[Capture]]:
+    """The captures to import as one rank each: one file, or the torch.profiler files of one process (the
+    windows of a profiling schedule, which `tensorboard_trace_handler` writes a file each), in time order."""
+    from tputrace.importers.chrome_json import process_key
+
+    groups: dict[Any, list[Capture]] = {}
+    for capture in captures:
+        key = ("profiler", *process_key(capture.path)) if capture.format == CHROME_JSON else ("file", capture.path)
+        groups.setdefault(key, []).append(capture)
+    return list(groups.values())
+
+
+def _import_one(sink: ImportSink, group: list[Capture]) -> None:
+    capture = group[0]
     if capture.format == XPLANE:
         from tputrace.importers.xplane import XPlaneImporter
 
@@ -64,4 +78,4 @@ def _import_one(sink: ImportSink, capture: Capture) -> None:
     elif capture.format == CHROME_JSON:
         from tputrace.importers.chrome_json import ChromeJsonImporter
 
-        ChromeJsonImporter(sink, capture.path).run()
+        ChromeJsonImporter(sink, [item.path for item in group]).run()
