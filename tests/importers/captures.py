@@ -41,6 +41,27 @@ JAX_COMPILE = textwrap.dedent("""
         step(w, x[:4]).block_until_ready()
 """)
 
+# A shard_map over 4 virtual XLA:CPU devices with a psum and an all_gather, run 3 times.
+JAX_COLLECTIVES = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("d",))
+
+    @jax.jit
+    def f(x):
+        def shard(x):
+            total = jax.lax.psum(jnp.sum(x), "d")
+            return (jnp.sum(jax.lax.all_gather(x, "d")) + total)[None]
+        return jax.shard_map(shard, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+    x = jnp.ones((8, 16))
+    f(x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for _ in range(3):
+            f(x).block_until_ready()
+""")
+
 # A graph break (print) on line 5 and a recompile (a 1-d then a 2-d input).
 TORCH_COMPILE = textwrap.dedent("""\
     import torch
@@ -153,6 +174,15 @@ def jax_compile_capture(folder: Path) -> Path:
     script.write_text(JAX_COMPILE)
     _run(script, str(folder / "compile_logdir"))
     return folder / "compile_logdir"
+
+
+def jax_collectives_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_COLLECTIVES` on 4 virtual devices."""
+    script = folder / "jax_collectives.py"
+    script.write_text(JAX_COLLECTIVES)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    _run(script, str(folder / "collectives_logdir"), env=env)
+    return folder / "collectives_logdir"
 
 
 def torch_trace_capture(folder: Path) -> tuple[Path, Path]:

@@ -221,3 +221,17 @@ def test_the_windows_of_a_profiling_schedule_are_one_rank(captures: dict[str, Pa
     per_step = Counter(op.step for op in ops)
     assert set(per_step) == {1, 2, 3, 4} and len(set(per_step.values())) == 1, per_step
     assert Counter(row.name for row in trace.records("annotations") if row.rank == 0)["forward_backward"] == 4
+
+
+def test_xla_cpu_collectives_over_four_virtual_devices(tmp_path: Path) -> None:
+    from captures import jax_collectives_capture
+
+    trace = _import(tmp_path, jax_collectives_capture(tmp_path))
+    (run,) = trace.runs
+    assert run.chips == 4  # XLA:CPU's devices have no planes; their ops name them
+    (program,) = [row for row in trace.records("programs") if row.name == "jit_f"]
+    assert {row.chip for row in trace.records("executions") if row.program_id == program.id} == {0, 1, 2, 3}
+    # The ops carry no hlo_category on XLA:CPU: their names (psum, all_gather) say they are collectives.
+    collectives = Counter((row.kind, row.step) for row in trace.records("collectives"))
+    assert collectives == {("all_reduce", 0): 12, ("all_gather", 0): 12}  # 3 calls on 4 devices
+    assert main(["report", str(tmp_path / "imported.tptrace")]) == 0

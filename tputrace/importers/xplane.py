@@ -31,6 +31,14 @@ _COLLECTIVE_CATEGORIES = {
     "all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
     "all-to-all": "all_to_all", "collective-permute": "send",
 }
+# A collective's HLO name where its op carries no `hlo_category` (XLA:CPU's host-thread ops): XLA's opcode
+# (`all-reduce.3`) or JAX's primitive (`psum.3`, `psum_invariant.7`, `all_gather.2`, `ppermute`), with an
+# asynchronous pair's `-start` (its `-done` only waits, and is left out).
+_COLLECTIVE_NAME = re.compile(
+    r"^(?:(?P<all_reduce>all[-_]reduce|psum(?:_invariant)?|pmax|pmin)|(?P<reduce_scatter>reduce[-_]scatter|"
+    r"psum_scatter)|(?P<all_gather>all[-_]gather)|(?P<all_to_all>all[-_]to[-_]all)|"
+    r"(?P<send>collective[-_]permute|ppermute))(?:[-_]start)?(?:\.\d+)*$")
+_CATEGORY_OF_KIND = {kind: category for category, kind in _COLLECTIVE_CATEGORIES.items()}
 # Compile ranges: JAX's (one per compiled program, host Python thread); the PjRt client's, used when there
 # are none of JAX's (e.g. `PjRtCpuClient::Compile`); and the backend compiler's, whose `name` stat names the
 # program (e.g. `CpuCompiler::RunBackend`).
@@ -43,6 +51,12 @@ _HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
 _ABSENT = object()
 # Line times below this (2001 in Unix ns) are relative to the profile's start, not to the epoch.
 _UNIX_NS_FLOOR = 10**18
+
+
+def _collective_category(name: str) -> str | None:
+    """The `hlo_category` of a collective op known by its name only (None for other ops)."""
+    match = _COLLECTIVE_NAME.match(name)
+    return _CATEGORY_OF_KIND[next(kind for kind, text in match.groupdict().items() if text)] if match else None
 
 
 def _plane_stat(plane: Any, name: str) -> Any:
@@ -112,6 +126,8 @@ class XPlaneImporter:
         self.seq = 0
         self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
         self.host_op_stats: dict[int, str] = {}
+        self.host_chips: set[int] = set()  # the device ordinals of XLA ops run on host threads
+        self.chips = 1
 
     def run(self) -> None:
         from tputrace.xplane_proto import messages
@@ -157,6 +173,7 @@ class XPlaneImporter:
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
         self.start_unix_ns = min(starts) if starts else 0
+        self.chips = max(len(chips), 1)
         # Some producers write line times relative to the profile's start (held by the Task Environment plane).
         start_unix_ns = self.start_unix_ns
         if start_unix_ns < _UNIX_NS_FLOOR and isinstance(profile_start_unix_ns, int):
@@ -167,7 +184,7 @@ class XPlaneImporter:
             self.sink.append("steps", (self.rank, index + 1, start_ns, end_ns, "imported"))
         self.sink.note(self.rank, device=device_kind)
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], cwd=None,
-                            host=self.sink.sources[self.rank]["host"], chips=max(len(chips), 1),
+                            host=self.sink.sources[self.rank]["host"], chips=self.chips,
                             platform=device_kind, start_unix_ns=start_unix_ns)
         self._compiles(compiles)
         # Second pass: the rows.
@@ -181,7 +198,9 @@ class XPlaneImporter:
                 for line in lines:
                     self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)), default=0))
         self._finish_programs()
-        self.writer.update_run(rank=self.rank, end_ns=self.end_ns)
+        # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
+        chips = max(self.chips, max(self.host_chips, default=0) + 1)
+        self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
 
     def _line_end(self, line: LineHead, end_ps: int) -> None:
         self.end_ns = max(self.end_ns, line.timestamp_ns - self.start_unix_ns + end_ps // 1000)
@@ -344,6 +363,7 @@ class XPlaneImporter:
                                                                                  str(op_name))
             metas.append(meta)
         chips = [0 if chip is _ABSENT else int(chip or 0) for chip in values["device_ordinal"]]
+        self.host_chips.update(chips)
         run_ids = [None if run_id is _ABSENT else run_id for run_id in values["run_id"]]
         self._ops(metas, run_ids, chips, starts, durations)
 
@@ -403,7 +423,7 @@ class XPlaneImporter:
         return _OpMeta(
             name=name,
             name_sid=self.writer.intern(name),
-            category=str(stats["hlo_category"]) if "hlo_category" in stats else None,
+            category=str(stats["hlo_category"]) if "hlo_category" in stats else _collective_category(name),
             flops=float(stats.get("flops", 0) or 0),
             bytes_accessed=float(stats.get("bytes_accessed", 0) or 0),
             frame_id=frame_id,
@@ -427,7 +447,7 @@ class XPlaneImporter:
                 range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)])
         self.sink.extend("collectives", [
             (rank, _COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed), None, None, None, meta.frame_id,
-             start_ns, dur_ns, None, None, None, step)
+             start_ns, dur_ns, None, None, None, step, None)
             for meta, start_ns, dur_ns, step in zip(metas, starts_ns, durations_ns, steps)
             if meta.category in _COLLECTIVE_CATEGORIES])
         # An op's effect on its program depends only on (op, chip, run): each such triple's first event, with
