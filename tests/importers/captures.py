@@ -78,7 +78,8 @@ TORCH_COMPILE = textwrap.dedent("""\
 
 # A data-dependent branch (a break whose reason is on the "Graph Break Reason" line) in a function compiled for
 # two sizes; a guard on a global that recompiles `h` until the recompile limit (3) is hit; an explicit
-# `graph_break()` and a `tolist()` break (reasons on the line after the reason's preamble).
+# `graph_break()` and a `tolist()` break (reasons on the line after the reason's preamble); a compiled module,
+# whose code object is torch's wrapper, called on line 29.
 TORCH_GUARDS = textwrap.dedent("""\
     import torch, torch._dynamo
     torch._dynamo.config.cache_size_limit = 3
@@ -106,6 +107,9 @@ TORCH_GUARDS = textwrap.dedent("""\
         return y.tolist()
 
     outer(torch.ones(2))
+
+    module = torch.compile(torch.nn.Linear(4, 2), backend="eager")
+    module(torch.ones(3, 4))
 """)
 
 TORCH_PROFILER = textwrap.dedent("""

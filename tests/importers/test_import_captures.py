@@ -159,6 +159,8 @@ def test_torch_trace_guard_recompiles_the_recompile_limit_and_break_reasons(tmp_
     (limited,) = [json.loads(row.detail) for row in trace.records("compiles") if "fail_reason" in (row.detail or "")]
     assert limited["fail_reason"] == "Dynamo recompile limit exceeded"
     assert ("f", "recompile", "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5", 4) in compiles
+    (module,) = [row for row in trace.records("compiles") if row.source and row.source.line == 29]
+    assert (module.source.file, module.source.function) == (str(script), "<module>")
     breaks = sorted((row.reason, row.source.line) for row in trace.records("graph_breaks"))
     assert breaks == [("Call to `torch._dynamo.graph_break()`", 23), ("Data-dependent branching", 5),
                       ("Data-dependent branching", 5), ("Tensor.tolist() with non-integer tensor", 24)]

@@ -44,6 +44,7 @@ class _Compile:
     recompile_reason: str | None
     kind: str = "dynamo_frame"
     detail: dict[str, Any] = field(default_factory=dict)
+    frame_function: str | None = None  # the frame's function where it is not the compiled code's own
 
 
 @dataclass
@@ -68,6 +69,7 @@ class TorchTraceImporter:
         self.pid: int | None = None
         self.paths: dict[int, str] = {}  # the log's interned file names (`{"str": [path, index]}`)
         self.frame_code: dict[str, tuple[str, str | None, int | None]] = {}  # frame id -> its code's name, file, line
+        self.caller: dict[str, tuple[str, str, int]] = {}  # compile id -> the innermost user frame of its stack
 
     def run(self) -> None:
         records = 0
@@ -118,7 +120,7 @@ class TorchTraceImporter:
             return
         start = envelope.get("dynamo_start")
         if isinstance(start, dict):
-            self._dynamo_start(str(envelope.get("frame_id")), start)
+            self._dynamo_start(str(envelope.get("frame_id")), compile_id, start)
             return
         metrics = envelope.get("compilation_metrics")
         if isinstance(metrics, dict):
@@ -159,16 +161,25 @@ class TorchTraceImporter:
                 detail={"compile_failed": bool(artifact.get("compile_failed")), "reason": artifact.get("reason")},
             ))
 
-    def _dynamo_start(self, frame: str, start: dict[str, Any]) -> None:
-        """The code object a compile starts on: the last entry of `dynamo_start`'s stack."""
+    def _dynamo_start(self, frame: str, compile_id: str, start: dict[str, Any]) -> None:
+        """The code object a compile starts on (the last entry of `dynamo_start`'s stack), and the innermost frame
+        of the user's code on that stack."""
         stack = start.get("stack")
-        if frame in self.frame_code or not isinstance(stack, list) or not stack or not isinstance(stack[-1], dict):
+        if not isinstance(stack, list) or not stack:
             return
-        entry = stack[-1]
-        filename = entry.get("filename")
-        file = self.paths.get(filename) if isinstance(filename, int) else filename if isinstance(filename, str) else None
-        line = entry.get("line")
-        self.frame_code[frame] = (str(entry.get("name") or "?"), file, line if isinstance(line, int) else None)
+        entries = []
+        for entry in stack:
+            if not isinstance(entry, dict):
+                return
+            filename = entry.get("filename")
+            file = self.paths.get(filename) if isinstance(filename, int) else filename if isinstance(filename, str) \
+                else None
+            line = entry.get("line")
+            entries.append((str(entry.get("name") or "?"), file, line if isinstance(line, int) else None))
+        self.frame_code.setdefault(frame, entries[-1])
+        user = [(name, file, line) for name, file, line in entries if file and line and not _is_library(file)]
+        if user:
+            self.caller[compile_id] = user[-1]
 
     def _write(self) -> None:
         writer = self.sink.writer
@@ -177,6 +188,11 @@ class TorchTraceImporter:
             # the one its frame's other compiles name.
             if item.name == "?" and _frame_of(item.compile_id) in self.frame_code:
                 item.name, item.file, item.line = self.frame_code[_frame_of(item.compile_id)]
+            # A compiled nn.Module's code object is torch's own wrapper: its place is the user's line that
+            # called the module.
+            caller = self.caller.get(item.compile_id)
+            if item.file and _is_library(item.file) and caller:
+                item.frame_function, item.file, item.line = caller
         starts = [item.start_s for item in self.compiles if item.start_s > 0]
         start_s = min(starts) if starts else 0.0
         end_s = max((item.start_s + item.dur_s for item in self.compiles if item.start_s > 0), default=start_s)
@@ -187,7 +203,8 @@ class TorchTraceImporter:
         for item in self.compiles:
             start_ns = int((item.start_s - start_s) * 1e9) if item.start_s > 0 else 0
             start_of[item.compile_id] = start_ns
-            frame_id = writer.frame(item.file, int(item.line), item.name) if item.file and item.line else None
+            frame_id = (writer.frame(item.file, int(item.line), item.frame_function or item.name)
+                        if item.file and item.line else None)
             name_sid = writer.intern(item.name)
             program_id = writer.next_id("programs")
             self.sink.append("programs", (program_id, self.rank, "compiled", name_sid, name_sid, None, item.graph_ops,
@@ -250,6 +267,11 @@ def _recompile_diff(reason: str) -> str:
     if not guards:
         return reason.strip()
     return "\n".join(f"{guard} ({source})" if source else guard for guard, source in guards)
+
+
+def _is_library(file: str) -> bool:
+    """Whether a file is an installed library's (torch's among them), not the user's code."""
+    return any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
 
 
 def _frame_of(compile_id: str) -> str:
