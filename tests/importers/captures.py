@@ -62,6 +62,28 @@ JAX_COLLECTIVES = textwrap.dedent("""
             f(x).block_until_ready()
 """)
 
+# A jitted step with a lax.scan and a while_loop: XLA:CPU runs each as a `while` op whose events hold the
+# loop body's ops; two steps annotated.
+JAX_LOOPS = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+
+    @jax.jit
+    def step(w, x):
+        def body(carry, xi):
+            return carry + jnp.tanh(xi @ w), None
+        carry, _ = jax.lax.scan(body, jnp.zeros((4, 16)), x)
+        _, carry = jax.lax.while_loop(lambda v: v[0] < 3, lambda v: (v[0] + 1, v[1] * 0.5), (0, carry))
+        return w - 0.01 * jnp.mean(carry)
+
+    w, x = jnp.ones((16, 16)), jnp.ones((6, 4, 16))
+    step(w, x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(2):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
 # A graph break (print) on line 5 and a recompile (a 1-d then a 2-d input).
 TORCH_COMPILE = textwrap.dedent("""\
     import torch
@@ -187,6 +209,14 @@ def jax_collectives_capture(folder: Path) -> Path:
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     _run(script, str(folder / "collectives_logdir"), env=env)
     return folder / "collectives_logdir"
+
+
+def jax_loops_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_LOOPS`."""
+    script = folder / "jax_loops.py"
+    script.write_text(JAX_LOOPS)
+    _run(script, str(folder / "loops_logdir"))
+    return folder / "loops_logdir"
 
 
 def torch_trace_capture(folder: Path) -> tuple[Path, Path]:

@@ -53,6 +53,52 @@ _ABSENT = object()
 _UNIX_NS_FLOOR = 10**18
 
 
+class _Nesting:
+    """The XLA ops still open on one line. Control flow nests ops (a `while` holds its body's ops, a `call` its
+    callee's): each op's row gets its self time, its duration less that of the ops directly inside it, so that
+    a line's rows add up to its busy time. Rows wait here until an op that starts after their end shows them
+    closed, across windows; a window without nesting is settled a column at a time."""
+
+    _DUR = 7  # the `ops` row's dur_ns
+
+    def __init__(self) -> None:
+        self.open: list[list[Any]] = []  # [end_ns, row, children's ns]
+
+    def settle(self, rows: list[tuple[Any, ...]], starts: np.ndarray, ends: np.ndarray) -> list[tuple[Any, ...]]:
+        """The rows of a window's ops (in start order) that are closed; the others wait."""
+        if not rows:
+            return []
+        closed: list[tuple[Any, ...]] = []
+        flat = bool(np.all(starts[1:] >= np.maximum.accumulate(ends)[:-1]))
+        if flat and (not self.open or int(starts[0]) >= max(item[0] for item in self.open)):
+            while self.open:
+                self._close(closed)
+            closed += rows[:-1]
+            self.open.append([int(ends[-1]), rows[-1], 0])
+            return closed
+        for row, start, end in zip(rows, starts.tolist(), ends.tolist()):
+            while self.open and self.open[-1][0] <= start:
+                self._close(closed)
+            if self.open:
+                parent = self.open[-1]
+                parent[2] += max(0, min(end, parent[0]) - start)
+            self.open.append([end, row, 0])
+        return closed
+
+    def flush(self) -> list[tuple[Any, ...]]:
+        """The rows still waiting, at the line's end."""
+        closed: list[tuple[Any, ...]] = []
+        while self.open:
+            self._close(closed)
+        return closed
+
+    def _close(self, closed: list[tuple[Any, ...]]) -> None:
+        _, row, children_ns = self.open.pop()
+        if children_ns:
+            row = (*row[:self._DUR], max(0, row[self._DUR] - children_ns), *row[self._DUR + 1:])
+        closed.append(row)
+
+
 def _collective_category(name: str) -> str | None:
     """The `hlo_category` of a collective op known by its name only (None for other ops)."""
     match = _COLLECTIVE_NAME.match(name)
@@ -280,6 +326,7 @@ class XPlaneImporter:
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
+            nesting = _Nesting()
             for columns in self._columns(space, line):
                 end_ps = max(end_ps, _end_ps(columns))
                 starts = base_ns + columns.offset_ps // 1000
@@ -296,7 +343,8 @@ class XPlaneImporter:
                         if meta is None:
                             meta = op_metas[metadata_id] = self._op_meta(plane, metadata_id, decoder, None)
                         metas.append(meta)
-                    self._ops(metas, [None] * len(metas), [chip] * len(metas), starts, durations)
+                    self._ops(metas, [None] * len(metas), [chip] * len(metas), starts, durations, nesting)
+            self.sink.extend("ops", nesting.flush())
             self._line_end(line, end_ps)
 
     def _host_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> None:
@@ -310,17 +358,20 @@ class XPlaneImporter:
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
+            nesting = _Nesting()
             for columns in self._columns(space, line):
                 end_ps = max(end_ps, _end_ps(columns))
                 op_events = columns.with_stat(hlo_op_ids)
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
                 if len(op_events):
-                    self._host_ops(plane, decoder, columns, op_events, starts[op_events], durations[op_events])
+                    self._host_ops(plane, decoder, columns, op_events, starts[op_events], durations[op_events],
+                                   nesting)
                 others = np.ones(len(columns), dtype=bool)
                 others[op_events] = False
                 self._annotation_rows(plane, annotations, columns.metadata_id[others], starts[others],
                                       durations[others], step_starts)
+            self.sink.extend("ops", nesting.flush())
             self._line_end(line, end_ps)
 
     def _annotation_rows(self, plane: Any, annotations: dict[int, tuple[str, int, int | None]],
@@ -344,7 +395,7 @@ class XPlaneImporter:
             durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
 
     def _host_ops(self, plane: Any, decoder: _StatDecoder, columns: EventColumns, events: np.ndarray,
-                  starts: np.ndarray, durations: np.ndarray) -> None:
+                  starts: np.ndarray, durations: np.ndarray, nesting: _Nesting) -> None:
         """XLA ops run on a host thread (XLA:CPU): op, module, run and device from each event's stats."""
         values = self._host_op_values(decoder, columns, events)
         if values is None:  # a stat of another kind: read each event's stats through its message
@@ -365,7 +416,7 @@ class XPlaneImporter:
         chips = [0 if chip is _ABSENT else int(chip or 0) for chip in values["device_ordinal"]]
         self.host_chips.update(chips)
         run_ids = [None if run_id is _ABSENT else run_id for run_id in values["run_id"]]
-        self._ops(metas, run_ids, chips, starts, durations)
+        self._ops(metas, run_ids, chips, starts, durations, nesting)
 
     def _host_op_values(self, decoder: _StatDecoder, columns: EventColumns,
                         events: np.ndarray) -> dict[str, list[Any]] | None:
@@ -432,7 +483,7 @@ class XPlaneImporter:
         )
 
     def _ops(self, metas: list[_OpMeta], run_ids: list[Any], chips: list[int], starts: np.ndarray,
-             durations: np.ndarray) -> None:
+             durations: np.ndarray, nesting: _Nesting) -> None:
         """`ops` (and `collectives`) rows of some XLA op events, and what they tell of their programs' runs,
         op counts, costs and fusions."""
         steps = np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right").tolist()
@@ -440,11 +491,12 @@ class XPlaneImporter:
         first_seq = self.seq + 1
         self.seq += len(metas)
         rank = self.rank
-        self.sink.extend("ops", [
+        self.sink.extend("ops", nesting.settle([
             (seq, rank, meta.name_sid, None, None, chip, start_ns, dur_ns, meta.frame_id, meta.tf_op_sid, step,
              meta.program.program_id if meta.program else None, None)
             for seq, meta, chip, start_ns, dur_ns, step in zip(
-                range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)])
+                range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)], starts,
+            starts + durations))
         self.sink.extend("collectives", [
             (rank, _COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed), None, None, None, meta.frame_id,
              start_ns, dur_ns, None, None, None, step, None)
