@@ -100,9 +100,10 @@ def test_truncated_and_foreign_captures_are_one_line_errors(captures: dict[str, 
     log = next(captures["torch_trace"].glob("*.log")).read_text()
     cut_log = tmp_path / "cut.log"
     cut_log.write_text(log[: log.index("\nV", len(log) // 2) + 40])  # ends inside a record's line
+    xprof_json = next(captures["jax"].rglob("*.trace.json.gz"))  # XProf's Chrome JSON beside its xplane.pb
     foreign = tmp_path / "notes.txt"
     foreign.write_text("hello\n")
-    for bad, words in ((truncated, "truncated"), (cut_json, "truncated"), (cut_log, "truncated"), (foreign, "not an xplane.pb")):
+    for bad, words in ((truncated, "truncated"), (cut_json, "truncated"), (cut_log, "truncated"), (xprof_json, "no torch.profiler events"), (foreign, "not an xplane.pb")):
         assert main(["import", str(bad), "-o", str(tmp_path / "out.tptrace")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err

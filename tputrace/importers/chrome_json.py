@@ -90,7 +90,10 @@ class ChromeJsonImporter:
             self.path = path
             self.start_us = origin
             self.user_frames = _FrameIndex(user_frames)
+            appended = self.sink.appended
             end_us, window_devices = self._rows()
+            if self.sink.appended == appended:
+                raise CaptureError(_no_profiler_events(path))
             end_ns = max(end_ns, self._ns(end_us))
             devices |= window_devices
         device = "gpu" if devices else "cpu"
@@ -341,6 +344,13 @@ class _Nesting:
             rows.append(tuple(item.row))
         elif item.compile_event is not None:
             self.on_compile(item.compile_event, item.compile_id)
+
+
+def _no_profiler_events(path: Path) -> str:
+    """The error for a Chrome trace without torch.profiler's events (e.g. XProf's `*.trace.json.gz`)."""
+    beside = sorted(path.parent.glob("*.xplane.pb"))
+    hint = f"; import {beside[0]} beside it, which holds the same events" if beside else ""
+    return f"{path} holds no torch.profiler events (cpu_op, python_function, user_annotation, kernel, [memory]){hint}"
 
 
 def process_key(path: Path) -> tuple[str, str]:
