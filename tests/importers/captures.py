@@ -84,6 +84,26 @@ JAX_LOOPS = textwrap.dedent("""
         w.block_until_ready()
 """)
 
+# Two `jax.profiler.trace` sessions of one process, a second apart (each writes its own session folder),
+# three annotated steps each.
+JAX_TWO_SESSIONS = textwrap.dedent("""
+    import sys, time, jax, jax.numpy as jnp
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    step(w, x).block_until_ready()
+    for session in range(2):
+        with jax.profiler.trace(sys.argv[1]):
+            for i in range(3):
+                with jax.profiler.StepTraceAnnotation("train", step_num=10 * session + i):
+                    w = step(w, x)
+            w.block_until_ready()
+        time.sleep(1.1)
+""")
+
 # A graph break (print) on line 5 and a recompile (a 1-d then a 2-d input).
 TORCH_COMPILE = textwrap.dedent("""\
     import torch
@@ -217,6 +237,14 @@ def jax_loops_capture(folder: Path) -> Path:
     script.write_text(JAX_LOOPS)
     _run(script, str(folder / "loops_logdir"))
     return folder / "loops_logdir"
+
+
+def jax_two_sessions_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_TWO_SESSIONS` (two `vm.xplane.pb`, one per session folder)."""
+    script = folder / "jax_two_sessions.py"
+    script.write_text(JAX_TWO_SESSIONS)
+    _run(script, str(folder / "sessions_logdir"))
+    return folder / "sessions_logdir"
 
 
 def torch_trace_capture(folder: Path) -> tuple[Path, Path]:

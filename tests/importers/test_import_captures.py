@@ -238,3 +238,19 @@ def test_xla_cpu_collectives_over_four_virtual_devices(tmp_path: Path) -> None:
     collectives = Counter((row.kind, row.step) for row in trace.records("collectives"))
     assert collectives == {("all_reduce", 0): 12, ("all_gather", 0): 12}  # 3 calls on 4 devices
     assert main(["report", str(tmp_path / "imported.tptrace")]) == 0
+
+
+def test_two_xprof_sessions_of_one_process_are_one_rank(captures: dict[str, Path], tmp_path: Path) -> None:
+    from captures import jax_two_sessions_capture
+
+    logdir = jax_two_sessions_capture(tmp_path)
+    assert len(list(logdir.rglob("*.xplane.pb"))) == 2
+    trace = _import(tmp_path, logdir, captures["jax"])  # the other capture is another process: its own rank
+    sources = json.loads(trace.meta["imported"])
+    assert [(source["rank"], len(source.get("windows", []))) for source in sources] == [(0, 2), (1, 0)]
+    steps = [step for step in trace.records("steps") if step.rank == 0]
+    assert [step.step for step in steps] == [1, 2, 3, 4, 5, 6]
+    assert steps[3].start_ns - steps[2].end_ns > 1_000_000_000  # the sleep between the sessions
+    assert sum(row.rank == 0 for row in trace.records("executions")) == 6
+    ops = [op for op in trace.records("ops") if op.rank == 0]
+    assert len(ops) == 24 and len({op.seq for op in ops}) == 24  # four ops a step

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,13 +55,22 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
 
 
 def _by_process(captures: list[Capture]) -> list[list[Capture]]:
-    """The captures to import as one rank each: one file, or the torch.profiler files of one process (the
-    windows of a profiling schedule, which `tensorboard_trace_handler` writes a file each), in time order."""
-    from tputrace.importers.chrome_json import process_key
+    """The captures to import as one rank each: one file, or the files of one process: its torch.profiler files
+    (the windows of a profiling schedule, which `tensorboard_trace_handler` writes a file each), or its XProf
+    files (one per `jax.profiler.trace` session)."""
+    from tputrace.importers import chrome_json, xplane
 
+    # Only XProf files that share a host name can be sessions of one process (reading the key costs a pass over
+    # the planes' metadata).
+    hosts = Counter(capture.path.name for capture in captures if capture.format == XPLANE)
     groups: dict[Any, list[Capture]] = {}
     for capture in captures:
-        key = ("profiler", *process_key(capture.path)) if capture.format == CHROME_JSON else ("file", capture.path)
+        if capture.format == CHROME_JSON:
+            key: tuple[Any, ...] = ("profiler", *chrome_json.process_key(capture.path))
+        elif capture.format == XPLANE and hosts[capture.path.name] > 1:
+            key = ("xplane", *xplane.process_key(capture.path))
+        else:
+            key = ("file", capture.path)
         groups.setdefault(key, []).append(capture)
     return list(groups.values())
 
@@ -70,7 +80,7 @@ def _import_one(sink: ImportSink, group: list[Capture]) -> None:
     if capture.format == XPLANE:
         from tputrace.importers.xplane import XPlaneImporter
 
-        XPlaneImporter(sink, capture.path).run()
+        XPlaneImporter(sink, [item.path for item in group]).run()
     elif capture.format == TORCH_TRACE:
         from tputrace.importers.torch_trace import TorchTraceImporter
 
