@@ -1,11 +1,11 @@
 """Importing an XProf `XSpace` (`<host>.xplane.pb` from jax.profiler, TorchTPU or PyTorch/XLA).
 
-Mapping (docs/importing.md has the full table): one rank per file, or per process for several sessions; XLA ops (device planes' `XLA Ops`
-lines, or host-thread events with an `hlo_op` stat on XLA:CPU) become `ops` rows with their program,
-`source` frame and `tf_op` path; XLA modules become `programs` and `executions` (FLOPs and bytes summed
-from the ops' metadata stats); fusions become `fusions` rows; step markers (host events with a
-`step_num` stat, or a device `Steps` line) become `steps`; Python tracer frames (`$file:line function`)
-and TraceMe ranges become `annotations` with origin `python` or `traceme`.
+Mapping (docs/importing.md has the full table): one rank per file, or per process for several sessions;
+XLA ops (device planes' `XLA Ops` lines, or host-thread events with an `hlo_op` stat on XLA:CPU) become
+`ops` rows with their program, `source` frame and `tf_op` path; XLA modules become `programs` and
+`executions` (FLOPs and bytes summed from the ops' metadata stats); fusions become `fusions` rows; step
+markers (host events with a `step_num` stat, or a device `Steps` line) become `steps`; Python tracer frames
+(`$file:line function`) and TraceMe ranges become `annotations` with origin `python` or `traceme`.
 """
 
 from __future__ import annotations
