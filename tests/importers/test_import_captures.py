@@ -254,3 +254,15 @@ def test_two_xprof_sessions_of_one_process_are_one_rank(captures: dict[str, Path
     assert sum(row.rank == 0 for row in trace.records("executions")) == 6
     ops = [op for op in trace.records("ops") if op.rank == 0]
     assert len(ops) == 24 and len({op.seq for op in ops}) == 24  # four ops a step
+
+
+def test_captures_in_a_directory_are_ranks_in_the_numeric_order_of_their_names(captures: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    log = next(captures["torch_trace"].glob("*.log")).read_text()
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (10, 2, 0, 1):
+        (folder / f"dedicated_log_torch_trace_rank_{rank}_abc.log").write_text(log)
+    trace = _import(tmp_path, folder)
+    paths = [Path(source["path"]).name for source in json.loads(trace.meta["imported"])]
+    assert paths == [f"dedicated_log_torch_trace_rank_{rank}_abc.log" for rank in (0, 1, 2, 10)]

@@ -67,6 +67,7 @@ class TorchTraceImporter:
         self.breaks: list[_GraphBreak] = []
         self.eager_cache_hits = 0
         self.pid: int | None = None
+        self.process_rank: int | None = None  # the process's rank in torch.distributed, where it had one
         self.paths: dict[int, str] = {}  # the log's interned file names (`{"str": [path, index]}`)
         self.frame_code: dict[str, tuple[str, str | None, int | None]] = {}  # frame id -> its code's name, file, line
         self.caller: dict[str, tuple[str, str, int]] = {}  # compile id -> the innermost user frame of its stack
@@ -87,6 +88,8 @@ class TorchTraceImporter:
                 records += 1
                 if self.pid is None:
                     self.pid = _pid(text)
+                if self.process_rank is None and isinstance(envelope.get("rank"), int):
+                    self.process_rank = envelope["rank"]
             if envelope is not None:
                 self._record(envelope, payload)
         if records == 0:
@@ -199,6 +202,8 @@ class TorchTraceImporter:
         writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], pid=self.pid, platform="cpu",
                        chips=0, start_unix_ns=int(start_s * 1e9), end_ns=int((end_s - start_s) * 1e9))
         self.sink.note(self.rank, device="host", pid=self.pid, eager_cache_hits=self.eager_cache_hits)
+        if self.process_rank is not None:
+            self.sink.note(self.rank, distributed_rank=self.process_rank)
         start_of: dict[str, int] = {}
         for item in self.compiles:
             start_ns = int((item.start_s - start_s) * 1e9) if item.start_s > 0 else 0
