@@ -121,7 +121,8 @@ TORCH_COMPILE = textwrap.dedent("""\
 # A data-dependent branch (a break whose reason is on the "Graph Break Reason" line) in a function compiled for
 # two sizes; a guard on a global that recompiles `h` until the recompile limit (3) is hit; an explicit
 # `graph_break()` and a `tolist()` break (reasons on the line after the reason's preamble); a compiled module,
-# whose code object is torch's wrapper, called on line 29.
+# whose code object is torch's wrapper, called on line 29; a print in a loop (line 34), where Dynamo gives up
+# on the whole function.
 TORCH_GUARDS = textwrap.dedent("""\
     import torch, torch._dynamo
     torch._dynamo.config.cache_size_limit = 3
@@ -152,6 +153,14 @@ TORCH_GUARDS = textwrap.dedent("""\
 
     module = torch.compile(torch.nn.Linear(4, 2), backend="eager")
     module(torch.ones(3, 4))
+
+    def skipped(x):
+        for i in range(2):
+            x = x + i
+            print(i)
+        return x
+
+    torch.compile(skipped, backend="eager")(torch.ones(2))
 """)
 
 TORCH_PROFILER = textwrap.dedent("""

@@ -26,8 +26,9 @@ _ENVELOPE = re.compile(r"^[VIWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
 _USER_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
 _BREAK_AT = re.compile(r"Graph break in user code at (.*):(\d+)")
 _REASON_LINE = "Graph Break Reason: "
-# The preamble some breaks put before their reason ("... when attempting to trace CALL: a function call, ...:").
-_REASON_PREAMBLE = "Encountered graph break when attempting to trace"
+# A preamble that says Dynamo gave up on the whole function (it runs eagerly, no graph), and what the reason says.
+_SKIPPED = "Skipping the function and falling back to eager"
+_SKIPPED_NOTE = "; the function runs eagerly"
 # One failed guard of a `recompile_reason`: `0/1: <guard>  # <source line>  # <short path>:<line> in <fn>`.
 _GUARD_COMMENT = re.compile(r"^(\d+/\d+: .*?)\s+#\s*(.*?)\s+#\s*\S+:\d+ in \S+\s*$")
 
@@ -238,10 +239,14 @@ def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
             file, line = at.group(1), int(at.group(2))
         if text.startswith(_REASON_LINE) and not reason:
             reason = text[len(_REASON_LINE):].strip()
-            if not reason or reason.startswith(_REASON_PREAMBLE):
-                # The reason proper is the next line that is not blank.
+            if not reason or reason.endswith(":"):
+                # A preamble ("Encountered graph break when attempting to trace CALL: ...:", "Failed to handle
+                # graph break gracefully. Skipping the function ...:"): the reason proper is the next line.
                 rest = [part.strip() for part in payload[index + 1:index + 4] if part.strip()]
+                skipped = _SKIPPED in reason
                 reason = rest[0] if rest else reason
+                if skipped:
+                    reason += _SKIPPED_NOTE
         if text.startswith("User code traceback:"):
             in_user_traceback = True
         elif in_user_traceback:
