@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -210,6 +211,26 @@ TORCH_SCHEDULE = textwrap.dedent("""
             prof.step()
 """)
 
+# Two gloo ranks, three all_reduces of 1000 floats each, profiled with shapes; one JSON per rank.
+TORCH_GLOO = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.profiler import ProfilerActivity, profile
+
+    def run(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        x = torch.ones(1000)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(3):
+                dist.all_reduce(x)
+        prof.export_chrome_trace(f"{out}/rank{rank}.json")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        os.makedirs(sys.argv[1], exist_ok=True)
+        mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+""")
+
 
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, env=env, timeout=600)
@@ -286,6 +307,17 @@ def torch_schedule_capture(folder: Path) -> Path:
     script.write_text(TORCH_SCHEDULE)
     _run(script, str(folder / "tb"))
     return folder / "tb"
+
+
+def torch_gloo_capture(folder: Path) -> Path:
+    """The folder of `TORCH_GLOO`'s two torch.profiler JSON files, one per rank."""
+    script = folder / "gloo.py"
+    script.write_text(TORCH_GLOO)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _run(script, str(folder / "gloo"), str(port))
+    return folder / "gloo"
 
 
 def torch_profiler_capture(folder: Path) -> Path:

@@ -269,3 +269,14 @@ def test_captures_in_a_directory_are_ranks_in_the_numeric_order_of_their_names(c
     trace = _import(tmp_path, folder)
     paths = [Path(source["path"]).name for source in json.loads(trace.meta["imported"])]
     assert paths == [f"dedicated_log_torch_trace_rank_{rank}_abc.log" for rank in (0, 1, 2, 10)]
+
+
+def test_process_group_collectives_in_torch_profiler_captures(tmp_path: Path) -> None:
+    from captures import torch_gloo_capture
+
+    trace = _import(tmp_path, torch_gloo_capture(tmp_path))
+    sources = json.loads(trace.meta["imported"])
+    assert [(source["rank"], source["distributed_rank"]) for source in sources] == [(0, 0), (1, 1)]
+    collectives = Counter((row.rank, row.kind, row.bytes, row.dtype) for row in trace.records("collectives"))
+    assert collectives == {(0, "all_reduce", 4000, "float"): 3, (1, "all_reduce", 4000, "float"): 3}
+    assert all(row.dur_ns > 0 for row in trace.records("collectives"))

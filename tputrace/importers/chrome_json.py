@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,19 @@ _TS_TEXT = re.compile(r'"ts"\s*:\s*(-?\d[\d.eE+-]*)')
 _STEP_TEXT = re.compile(r'"name"\s*:\s*"ProfilerStep#\d+"')
 _PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _NUMBER = (int, float)
+# A process group's collective as torch.profiler records it on the backend's thread: `gloo:all_reduce`.
+_COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)$")
+_COLLECTIVE_KINDS = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "gather": "all_gather", "reducescatter": "reduce_scatter",
+    "scatter": "reduce_scatter", "broadcast": "broadcast", "alltoall": "all_to_all", "send": "send", "recv": "recv",
+    "recvanysource": "recv", "barrier": "barrier",
+}
+# Bytes per element of torch.profiler's `Input type` names.
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4, "long int": 8, "short int": 2,
+    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
+    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+}
 _HOST_TEXT = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _PID_TEXT = re.compile(r'"pid"\s*:\s*(\d+)')
 
@@ -74,6 +88,9 @@ class ChromeJsonImporter:
                 raise CaptureError(f"{path} holds no timed events")
             base_ns = int(header.get("baseTimeNanoseconds") or 0)
             windows.append((path, base_ns, start_us, markers, user_frames))
+            distributed = header.get("distributedInfo")
+            if isinstance(distributed, dict) and isinstance(distributed.get("rank"), int):
+                self.sink.note(self.rank, distributed_rank=distributed["rank"])
         start_unix_ns = min(base_ns + int(start_us * 1000) for _, base_ns, start_us, _, _ in windows)
         # Each file's `ts` (us since its `baseTimeNanoseconds`) at the rank's start.
         origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, _, _, _ in windows]
@@ -220,6 +237,9 @@ class ChromeJsonImporter:
                 elif category == "python_function":
                     annotations.append((rank, intern(name), "python", start_ns, dur_ns, frame_of(name), step))
                 elif category == "user_annotation":
+                    collective = _COLLECTIVE.match(name)
+                    if collective and _collective_kind(collective.group(2)):
+                        self._collective(collective.group(2), event, start_ns, dur_ns, step)
                     compile_id = _COMPILE_DATA.match(name)
                     if compile_id:
                         nesting.name_compile(event.get("tid"), compile_id.group(1))
@@ -263,6 +283,22 @@ class ChromeJsonImporter:
         chip = int(_args(event).get("device", 0) or 0)
         self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
         return chip
+
+    def _collective(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> None:
+        """A `collectives` row of a process group's collective (`gloo:all_reduce`, `nccl:all_gather`...), its
+        bytes from the tensors' `Input Dims` and `Input type` (recorded with `record_shapes`; 0 without)."""
+        args = _args(event)
+        types, dims = args.get("Input type"), args.get("Input Dims")
+        nbytes = 0
+        dtype = None
+        if isinstance(types, list) and isinstance(dims, list):
+            for kind, shape in zip(types, dims):
+                size = _DTYPE_BYTES.get(str(kind))
+                if size and isinstance(shape, list) and all(isinstance(value, int) for value in shape):
+                    nbytes += size * math.prod(shape)
+                    dtype = dtype or str(kind)
+        self.sink.append("collectives", (self.rank, _collective_kind(name), nbytes, dtype, None, None, None, start_ns,
+                                         dur_ns, None, None, None, step, None))
 
     def _memory(self, args: dict[str, Any], t_ns: int) -> None:
         chip = int(args.get("Device Id", -1) if args.get("Device Id") is not None else -1)
@@ -344,6 +380,14 @@ class _Nesting:
             rows.append(tuple(item.row))
         elif item.compile_event is not None:
             self.on_compile(item.compile_event, item.compile_id)
+
+
+def _collective_kind(name: str) -> str | None:
+    """`collectives.kind` of a process group's collective (`all_reduce`, `_allgather_base`, `alltoall_base`)."""
+    text = name.lower().lstrip("_")
+    for suffix in ("_base", "_into_tensor", "_coalesced", "_tensor"):
+        text = text.removesuffix(suffix)
+    return _COLLECTIVE_KINDS.get(text.replace("_", ""))
 
 
 def _no_profiler_events(path: Path) -> str:
