@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -41,6 +42,69 @@ JAX_COMPILE = textwrap.dedent("""
         step(w, x[:4]).block_until_ready()
 """)
 
+# A shard_map over 4 virtual XLA:CPU devices with a psum and an all_gather, run 3 times.
+JAX_COLLECTIVES = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("d",))
+
+    @jax.jit
+    def f(x):
+        def shard(x):
+            total = jax.lax.psum(jnp.sum(x), "d")
+            return (jnp.sum(jax.lax.all_gather(x, "d")) + total)[None]
+        return jax.shard_map(shard, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+    x = jnp.ones((8, 16))
+    f(x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for _ in range(3):
+            f(x).block_until_ready()
+""")
+
+# A jitted step with a lax.scan and a while_loop: XLA:CPU runs each as a `while` op whose events hold the
+# loop body's ops; two steps annotated.
+JAX_LOOPS = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+
+    @jax.jit
+    def step(w, x):
+        def body(carry, xi):
+            return carry + jnp.tanh(xi @ w), None
+        carry, _ = jax.lax.scan(body, jnp.zeros((4, 16)), x)
+        _, carry = jax.lax.while_loop(lambda v: v[0] < 3, lambda v: (v[0] + 1, v[1] * 0.5), (0, carry))
+        return w - 0.01 * jnp.mean(carry)
+
+    w, x = jnp.ones((16, 16)), jnp.ones((6, 4, 16))
+    step(w, x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(2):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
+# Two `jax.profiler.trace` sessions of one process, a second apart (each writes its own session folder),
+# three annotated steps each.
+JAX_TWO_SESSIONS = textwrap.dedent("""
+    import sys, time, jax, jax.numpy as jnp
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    step(w, x).block_until_ready()
+    for session in range(2):
+        with jax.profiler.trace(sys.argv[1]):
+            for i in range(3):
+                with jax.profiler.StepTraceAnnotation("train", step_num=10 * session + i):
+                    w = step(w, x)
+            w.block_until_ready()
+        time.sleep(1.1)
+""")
+
 # A graph break (print) on line 5 and a recompile (a 1-d then a 2-d input).
 TORCH_COMPILE = textwrap.dedent("""\
     import torch
@@ -55,6 +119,51 @@ TORCH_COMPILE = textwrap.dedent("""\
     g(torch.ones(4, 4))
 """)
 
+# A data-dependent branch (a break whose reason is on the "Graph Break Reason" line) in a function compiled for
+# two sizes; a guard on a global that recompiles `h` until the recompile limit (3) is hit; an explicit
+# `graph_break()` and a `tolist()` break (reasons on the line after the reason's preamble); a compiled module,
+# whose code object is torch's wrapper, called on line 29; a print in a loop (line 34), where Dynamo gives up
+# on the whole function.
+TORCH_GUARDS = textwrap.dedent("""\
+    import torch, torch._dynamo
+    torch._dynamo.config.cache_size_limit = 3
+
+    def f(x):
+        if x.sum() > 0:
+            x = x + 1
+        return x.relu()
+
+    g = torch.compile(f, backend="eager")
+    g(torch.ones(4))
+    g(torch.ones(5))
+    SCALE = 1
+    def h(x):
+        return x * SCALE
+
+    hc = torch.compile(h, backend="eager")
+    for SCALE in (1, 2, 3, 4, 5):
+        hc(torch.ones(3))
+
+    @torch.compile(backend="eager")
+    def outer(x):
+        y = torch.sin(x)
+        torch._dynamo.graph_break()
+        return y.tolist()
+
+    outer(torch.ones(2))
+
+    module = torch.compile(torch.nn.Linear(4, 2), backend="eager")
+    module(torch.ones(3, 4))
+
+    def skipped(x):
+        for i in range(2):
+            x = x + i
+            print(i)
+        return x
+
+    torch.compile(skipped, backend="eager")(torch.ones(2))
+""")
+
 TORCH_PROFILER = textwrap.dedent("""
     import sys, torch
     from torch.profiler import ProfilerActivity, profile
@@ -65,6 +174,61 @@ TORCH_PROFILER = textwrap.dedent("""
         for _ in range(2):
             model(x).sum().backward()
     prof.export_chrome_trace(sys.argv[1])
+""")
+
+# A model compiled inside the profile (aot_eager: Dynamo and AOTAutograd, no Inductor), recompiled for a
+# second batch size; its ops nest (`aten::linear` holds `aten::addmm`).
+TORCH_PROFILED_COMPILE = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    compiled = torch.compile(model, backend="aot_eager")
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for size in (8, 7, 6):
+            compiled(x[:size]).sum().backward()
+            model(x).sum().backward()
+    prof.export_chrome_trace(sys.argv[1])
+""")
+
+# A profiling schedule of two windows of two steps each (steps 2, 3 and 6, 7 of 9), gzipped: the handler
+# writes one file per window.
+TORCH_SCHEDULE = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, record_function, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=2, repeat=2),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1], use_gzip=True), record_shapes=True) as prof:
+        for _ in range(9):
+            with record_function("forward_backward"):
+                model(x).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            prof.step()
+""")
+
+# Two gloo ranks, three all_reduces of 1000 floats each, profiled with shapes; one JSON per rank.
+TORCH_GLOO = textwrap.dedent("""
+    import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.profiler import ProfilerActivity, profile
+
+    def run(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        x = torch.ones(1000)
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for _ in range(3):
+                dist.all_reduce(x)
+        prof.export_chrome_trace(f"{out}/rank{rank}.json")
+        dist.destroy_process_group()
+
+    if __name__ == "__main__":
+        os.makedirs(sys.argv[1], exist_ok=True)
+        mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
 """)
 
 
@@ -88,12 +252,72 @@ def jax_compile_capture(folder: Path) -> Path:
     return folder / "compile_logdir"
 
 
+def jax_collectives_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_COLLECTIVES` on 4 virtual devices."""
+    script = folder / "jax_collectives.py"
+    script.write_text(JAX_COLLECTIVES)
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    _run(script, str(folder / "collectives_logdir"), env=env)
+    return folder / "collectives_logdir"
+
+
+def jax_loops_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_LOOPS`."""
+    script = folder / "jax_loops.py"
+    script.write_text(JAX_LOOPS)
+    _run(script, str(folder / "loops_logdir"))
+    return folder / "loops_logdir"
+
+
+def jax_two_sessions_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_TWO_SESSIONS` (two `vm.xplane.pb`, one per session folder)."""
+    script = folder / "jax_two_sessions.py"
+    script.write_text(JAX_TWO_SESSIONS)
+    _run(script, str(folder / "sessions_logdir"))
+    return folder / "sessions_logdir"
+
+
 def torch_trace_capture(folder: Path) -> tuple[Path, Path]:
     """A `TORCH_TRACE` directory of `TORCH_COMPILE`, and the script."""
     script = folder / "compiled.py"
     script.write_text(TORCH_COMPILE)
     _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "torch_trace")})
     return folder / "torch_trace", script
+
+
+def torch_guards_capture(folder: Path) -> tuple[Path, Path]:
+    """A `TORCH_TRACE` directory of `TORCH_GUARDS`, and the script."""
+    script = folder / "guards.py"
+    script.write_text(TORCH_GUARDS)
+    _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "guards_trace")})
+    return folder / "guards_trace", script
+
+
+def torch_profiled_compile_capture(folder: Path) -> Path:
+    """torch.profiler's Chrome JSON of `TORCH_PROFILED_COMPILE`."""
+    script = folder / "profiled_compile.py"
+    script.write_text(TORCH_PROFILED_COMPILE)
+    _run(script, str(folder / "compiled_profile.json"))
+    return folder / "compiled_profile.json"
+
+
+def torch_schedule_capture(folder: Path) -> Path:
+    """The `tensorboard_trace_handler` directory of `TORCH_SCHEDULE` (two `*.pt.trace.json.gz` files)."""
+    script = folder / "scheduled.py"
+    script.write_text(TORCH_SCHEDULE)
+    _run(script, str(folder / "tb"))
+    return folder / "tb"
+
+
+def torch_gloo_capture(folder: Path) -> Path:
+    """The folder of `TORCH_GLOO`'s two torch.profiler JSON files, one per rank."""
+    script = folder / "gloo.py"
+    script.write_text(TORCH_GLOO)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    _run(script, str(folder / "gloo"), str(port))
+    return folder / "gloo"
 
 
 def torch_profiler_capture(folder: Path) -> Path:

@@ -97,9 +97,13 @@ def test_truncated_and_foreign_captures_are_one_line_errors(captures: dict[str, 
     truncated.write_bytes(xplane.read_bytes()[: xplane.stat().st_size // 2])
     cut_json = tmp_path / "cut.json"
     cut_json.write_text(captures["profiler"].read_text()[:5000])
+    log = next(captures["torch_trace"].glob("*.log")).read_text()
+    cut_log = tmp_path / "cut.log"
+    cut_log.write_text(log[: log.index("\nV", len(log) // 2) + 40])  # ends inside a record's line
+    xprof_json = next(captures["jax"].rglob("*.trace.json.gz"))  # XProf's Chrome JSON beside its xplane.pb
     foreign = tmp_path / "notes.txt"
     foreign.write_text("hello\n")
-    for bad, words in ((truncated, "truncated"), (cut_json, "truncated"), (foreign, "not an xplane.pb")):
+    for bad, words in ((truncated, "truncated"), (cut_json, "truncated"), (cut_log, "truncated"), (xprof_json, "no torch.profiler events"), (foreign, "not an xplane.pb")):
         assert main(["import", str(bad), "-o", str(tmp_path / "out.tptrace")]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and words in err[0], err
@@ -140,3 +144,139 @@ def test_xprof_device_planes_of_two_hosts_import_with_sources_and_costs(sample_t
     assert programs and all(program.flops and program.bytes_accessed for program in programs)
     assert Counter(step.rank for step in trace.records("steps")) == {0: 6, 1: 6}
     assert trace.count("fusions") > 0
+
+
+def test_torch_trace_guard_recompiles_the_recompile_limit_and_break_reasons(tmp_path: Path) -> None:
+    from captures import torch_guards_capture
+
+    folder, script = torch_guards_capture(tmp_path)
+    trace = _import(tmp_path, folder)
+    compiles = [(row.name, row.reason, row.diff, row.source.line if row.source else None)
+                for row in trace.records("compiles")]
+    h = [row for row in compiles if row[0] == "h"]
+    # Compiled for SCALE 1, 2 and 3; the fourth attempt hits the limit and still names h and its line.
+    assert [row[1] for row in h] == ["first", "recompile", "recompile", "recompile"] and {row[3] for row in h} == {13}
+    assert h[1][2] == f"2/0: G['SCALE'] == 1 (return x * SCALE at {script}:14 in h)"
+    failed = {row.name: json.loads(row.detail)["fail_reason"] for row in trace.records("compiles")
+              if "fail_reason" in (row.detail or "")}
+    assert failed == {"h": "Dynamo recompile limit exceeded", "skipped": "Failed to trace builtin operator"}
+    assert ("f", "recompile", "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5", 4) in compiles
+    (module,) = [row for row in trace.records("compiles") if row.source and row.source.line == 29]
+    assert (module.source.file, module.source.function) == (str(script), "<module>")
+    breaks = sorted((row.reason, row.source.line) for row in trace.records("graph_breaks"))
+    assert breaks == [("Call to `torch._dynamo.graph_break()`", 23), ("Data-dependent branching", 5),
+                      ("Data-dependent branching", 5),
+                      ("Failed to trace builtin operator; the function runs eagerly", 34),
+                      ("Tensor.tolist() with non-integer tensor", 24)]
+
+
+def _covered_us(intervals: list[tuple[float, float]]) -> float:
+    """The time covered by some intervals (us)."""
+    covered, reach = 0.0, float("-inf")
+    for start, end in sorted(intervals):
+        if end > reach:
+            covered += end - max(start, reach)
+            reach = end
+    return covered
+
+
+def test_torch_profiler_nested_ops_take_self_time_and_compiles_are_compiles(tmp_path: Path) -> None:
+    from captures import torch_profiled_compile_capture
+
+    capture = torch_profiled_compile_capture(tmp_path)
+    trace = _import(tmp_path, capture)
+    compiles = sorted(trace.records("compiles"), key=lambda row: row.start_ns)
+    assert [(row.name, row.kind, row.reason) for row in compiles if row.kind == "dynamo_frame"] == [
+        ("compiled frame 0", "dynamo_frame", "first"), ("compiled frame 0", "dynamo_frame", "recompile")]
+    assert [json.loads(row.detail)["compile_id"] for row in compiles if row.kind == "dynamo_frame"] == ["0/0", "0/1"]
+    assert {row.kind for row in compiles} <= {"dynamo_frame", "aot"}
+    ops = list(trace.records("ops"))
+    # What torch.compile ran while compiling (its phases, ops on fake tensors) is compile time, not ops.
+    for row in compiles:
+        assert not [op for op in ops if row.start_ns <= op.start_ns < row.start_ns + row.dur_ns], row.name
+    assert not any("dynamo_timed" in op.op or op.op in ("entire_frame_compile", "backend_compile") for op in ops)
+    # Each op's time is its own (self) time: the ops' times add up to the time the thread spent in an op.
+    events = json.loads(capture.read_text())["traceEvents"]
+    ranges = [(event["ts"], event["ts"] + event["dur"]) for event in events
+              if event.get("cat") == "cpu_op" and event["name"] in ("entire_frame_compile", "entire_backward_compile")]
+    in_ops = [(event["ts"], event["ts"] + event["dur"]) for event in events if event.get("cat") == "cpu_op"
+              and not any(start <= event["ts"] < end for start, end in ranges)]
+    in_op_us = _covered_us(in_ops + ranges) - _covered_us(ranges)
+    assert abs(sum(op.dur_ns for op in ops) / 1000 - in_op_us) < 0.002 * len(ops) + 1
+    linear = sum(op.dur_ns for op in ops if op.op == "aten::linear")
+    addmm = sum(op.dur_ns for op in ops if op.op == "aten::addmm")
+    assert 0 < linear < addmm  # linear's own time leaves out the addmm inside it
+
+
+def test_the_windows_of_a_profiling_schedule_are_one_rank(captures: dict[str, Path], tmp_path: Path) -> None:
+    from captures import torch_schedule_capture
+
+    folder = torch_schedule_capture(tmp_path)
+    windows = sorted(folder.glob("*.pt.trace.json.gz"))
+    assert len(windows) == 2
+    trace = _import(tmp_path, folder, captures["profiler"])
+    sources = json.loads(trace.meta["imported"])
+    assert [(source["rank"], len(source.get("windows", []))) for source in sources] == [(0, 2), (1, 0)]
+    steps = [step for step in trace.records("steps") if step.rank == 0]
+    assert [step.step for step in steps] == [1, 2, 3, 4]
+    assert all(a.end_ns <= b.start_ns for a, b in zip(steps, steps[1:]))
+    # Steps 3 and 4 of 9 were not recorded: the second window starts well after the first ends.
+    assert steps[2].start_ns - steps[1].end_ns > steps[1].end_ns - steps[1].start_ns
+    ops = [op for op in trace.records("ops") if op.rank == 0]
+    assert len({op.seq for op in ops}) == len(ops)
+    per_step = Counter(op.step for op in ops)
+    assert set(per_step) == {1, 2, 3, 4} and len(set(per_step.values())) == 1, per_step
+    assert Counter(row.name for row in trace.records("annotations") if row.rank == 0)["forward_backward"] == 4
+
+
+def test_xla_cpu_collectives_over_four_virtual_devices(tmp_path: Path) -> None:
+    from captures import jax_collectives_capture
+
+    trace = _import(tmp_path, jax_collectives_capture(tmp_path))
+    (run,) = trace.runs
+    assert run.chips == 4  # XLA:CPU's devices have no planes; their ops name them
+    (program,) = [row for row in trace.records("programs") if row.name == "jit_f"]
+    assert {row.chip for row in trace.records("executions") if row.program_id == program.id} == {0, 1, 2, 3}
+    # The ops carry no hlo_category on XLA:CPU: their names (psum, all_gather) say they are collectives.
+    collectives = Counter((row.kind, row.step) for row in trace.records("collectives"))
+    assert collectives == {("all_reduce", 0): 12, ("all_gather", 0): 12}  # 3 calls on 4 devices
+    assert main(["report", str(tmp_path / "imported.tptrace")]) == 0
+
+
+def test_two_xprof_sessions_of_one_process_are_one_rank(captures: dict[str, Path], tmp_path: Path) -> None:
+    from captures import jax_two_sessions_capture
+
+    logdir = jax_two_sessions_capture(tmp_path)
+    assert len(list(logdir.rglob("*.xplane.pb"))) == 2
+    trace = _import(tmp_path, logdir, captures["jax"])  # the other capture is another process: its own rank
+    sources = json.loads(trace.meta["imported"])
+    assert [(source["rank"], len(source.get("windows", []))) for source in sources] == [(0, 2), (1, 0)]
+    steps = [step for step in trace.records("steps") if step.rank == 0]
+    assert [step.step for step in steps] == [1, 2, 3, 4, 5, 6]
+    assert steps[3].start_ns - steps[2].end_ns > 1_000_000_000  # the sleep between the sessions
+    assert sum(row.rank == 0 for row in trace.records("executions")) == 6
+    ops = [op for op in trace.records("ops") if op.rank == 0]
+    assert len(ops) == 24 and len({op.seq for op in ops}) == 24  # four ops a step
+
+
+def test_captures_in_a_directory_are_ranks_in_the_numeric_order_of_their_names(captures: dict[str, Path],
+                                                                              tmp_path: Path) -> None:
+    log = next(captures["torch_trace"].glob("*.log")).read_text()
+    folder = tmp_path / "ranks"
+    folder.mkdir()
+    for rank in (10, 2, 0, 1):
+        (folder / f"dedicated_log_torch_trace_rank_{rank}_abc.log").write_text(log)
+    trace = _import(tmp_path, folder)
+    paths = [Path(source["path"]).name for source in json.loads(trace.meta["imported"])]
+    assert paths == [f"dedicated_log_torch_trace_rank_{rank}_abc.log" for rank in (0, 1, 2, 10)]
+
+
+def test_process_group_collectives_in_torch_profiler_captures(tmp_path: Path) -> None:
+    from captures import torch_gloo_capture
+
+    trace = _import(tmp_path, torch_gloo_capture(tmp_path))
+    sources = json.loads(trace.meta["imported"])
+    assert [(source["rank"], source["distributed_rank"]) for source in sources] == [(0, 0), (1, 1)]
+    collectives = Counter((row.rank, row.kind, row.bytes, row.dtype) for row in trace.records("collectives"))
+    assert collectives == {(0, "all_reduce", 4000, "float"): 3, (1, "all_reduce", 4000, "float"): 3}
+    assert all(row.dur_ns > 0 for row in trace.records("collectives"))

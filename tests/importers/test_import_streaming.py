@@ -150,7 +150,7 @@ def test_the_raw_text_scan_finds_what_decoding_finds(captures: dict[str, Path], 
                                 for step in range(4)]
     path = tmp_path / "steps.json"
     path.write_text(json.dumps(document, indent=2))
-    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), path)
+    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), [path])
     start_us, markers, frames = importer._scan_text()
     decoded_start_us, decoded_markers, decoded_frames = importer._scan_events()
     assert (start_us, sorted(markers), sorted(frames)) == (decoded_start_us, sorted(decoded_markers),
@@ -170,8 +170,28 @@ def test_user_frames_whose_names_are_escaped_in_the_text_are_found_as_decoding_f
     assert renamed > 3
     path = tmp_path / "escaped.json"
     path.write_text(json.dumps(document, indent=2, ensure_ascii=True))
-    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), path)
+    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), [path])
     start_us, markers, frames = importer._scan_text()
     decoded_start_us, decoded_markers, decoded_frames = importer._scan_events()
     assert (start_us, markers, sorted(frames)) == (decoded_start_us, decoded_markers, sorted(decoded_frames))
     assert '\\u00e9' in path.read_text() and len(frames) == renamed and all(name.endswith("_é") for *_, name in frames)
+
+
+def test_ops_nested_in_xla_loops_take_self_time_however_the_line_is_windowed(tmp_path: Path,
+                                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    from captures import jax_loops_capture
+
+    logdir = jax_loops_capture(tmp_path)
+    trace = tputrace.open(_import(logdir, tmp_path / "usual.tptrace"))
+    ops = list(trace.records("ops"))
+    loops = [op for op in ops if op.op.startswith("while")]
+    assert len(loops) == 2  # the scan (XLA folds the short while_loop), in each of 2 steps
+    for execution in trace.records("executions"):
+        inside = [op for op in ops if op.chip == execution.chip
+                  and execution.start_ns <= op.start_ns < execution.start_ns + execution.dur_ns]
+        # Self times do not overlap: they fit in the program's run (the loop's time is not its body's again).
+        assert any(op.op.startswith("while") for op in inside)
+        assert sum(op.dur_ns for op in inside) <= execution.dur_ns
+    usual = _dump(tmp_path / "usual.tptrace")
+    monkeypatch.setattr(wire, "_WINDOW", 512)
+    assert _dump(_import(logdir, tmp_path / "tiny.tptrace")) == usual

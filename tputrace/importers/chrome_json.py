@@ -15,22 +15,42 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers.json_events import event_lists, event_texts, read_header
+from tputrace.importers.json_events import event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
 _KERNEL_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+# torch.compile's ranges (dynamo_timed): a frame's compile, and AOTAutograd's backward compile.
+_COMPILE_EVENTS = frozenset(("entire_frame_compile", "entire_backward_compile"))
+# The annotation inside each such range that names its compile: `entire_frame_compile_data: ..., compile_id=0/1`.
+_COMPILE_DATA = re.compile(r"^entire_(?:frame|backward)_compile_data: .*\bcompile_id=([\w/\[\]-]+)")
 # The first pass's patterns over raw text; each match is checked against a count of its key.
 _TS_TEXT = re.compile(r'"ts"\s*:\s*(-?\d[\d.eE+-]*)')
 _STEP_TEXT = re.compile(r'"name"\s*:\s*"ProfilerStep#\d+"')
 _PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _NUMBER = (int, float)
+# A process group's collective as torch.profiler records it on the backend's thread: `gloo:all_reduce`.
+_COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)$")
+_COLLECTIVE_KINDS = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "gather": "all_gather", "reducescatter": "reduce_scatter",
+    "scatter": "reduce_scatter", "broadcast": "broadcast", "alltoall": "all_to_all", "send": "send", "recv": "recv",
+    "recvanysource": "recv", "barrier": "barrier",
+}
+# Bytes per element of torch.profiler's `Input type` names.
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4, "long int": 8, "short int": 2,
+    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
+    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+}
+_HOST_TEXT = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_PID_TEXT = re.compile(r'"pid"\s*:\s*(\d+)')
 
 
 class _Irregular(Exception):
@@ -38,38 +58,64 @@ class _Irregular(Exception):
 
 
 class ChromeJsonImporter:
-    """Imports one torch.profiler JSON file as one rank."""
+    """Imports the torch.profiler JSON files of one process (one file, or the several windows of a
+    profiling schedule) as one rank."""
 
-    def __init__(self, sink: ImportSink, path: Path) -> None:
+    def __init__(self, sink: ImportSink, paths: list[Path]) -> None:
         self.sink = sink
-        self.path = path
+        self.paths = paths
+        self.path = paths[0]
         self.writer = sink.writer
-        self.rank = sink.new_rank(CHROME_JSON, str(path))
+        facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
+        self.rank = sink.new_rank(CHROME_JSON, str(paths[0]), **facts)
         self.steps = StepClock()
         self.kernel_programs: dict[str, int] = {}
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
+        self.seq = 0
 
     def run(self) -> None:
-        header = read_header(self.path)
-        try:
-            start_us, markers, user_frames = self._scan_text()
-        except _Irregular:
-            start_us, markers, user_frames = self._scan_events()
-        if start_us is None:
-            raise CaptureError(f"{self.path} holds no timed events")
-        self.start_us = start_us
-        base_ns = int(header.get("baseTimeNanoseconds") or 0)
-        self.steps.starts = sorted(self._ns(start) for start, _ in markers)
-        for index, (start, end) in enumerate(sorted(markers)):
-            self.sink.append("steps", (self.rank, index + 1, self._ns(start), self._ns(end), "imported"))
-        self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], platform="cpu", chips=0,
-                            start_unix_ns=base_ns + int(start_us * 1000))
-        self.user_frames = _FrameIndex(user_frames)
-        end_us, devices = self._rows()
+        # First pass over every file: its start on the Unix clock, its steps and user frames.
+        windows = []
+        for path in self.paths:
+            self.path = path
+            header = read_header(path)
+            try:
+                start_us, markers, user_frames = self._scan_text()
+            except _Irregular:
+                start_us, markers, user_frames = self._scan_events()
+            if start_us is None:
+                raise CaptureError(f"{path} holds no timed events")
+            base_ns = int(header.get("baseTimeNanoseconds") or 0)
+            windows.append((path, base_ns, start_us, markers, user_frames))
+            distributed = header.get("distributedInfo")
+            if isinstance(distributed, dict) and isinstance(distributed.get("rank"), int):
+                self.sink.note(self.rank, distributed_rank=distributed["rank"])
+        start_unix_ns = min(base_ns + int(start_us * 1000) for _, base_ns, start_us, _, _ in windows)
+        # Each file's `ts` (us since its `baseTimeNanoseconds`) at the rank's start.
+        origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, _, _, _ in windows]
+        spans = sorted((int(round((start - origin) * 1000)), int(round((end - origin) * 1000)))
+                       for (_, _, _, markers, _), origin in zip(windows, origins) for start, end in markers)
+        self.steps.starts = [start for start, _ in spans]
+        for index, (start_ns, end_ns) in enumerate(spans):
+            self.sink.append("steps", (self.rank, index + 1, start_ns, end_ns, "imported"))
+        self.writer.set_run(rank=self.rank, world_size=1, script=str(self.paths[0]), argv=[], platform="cpu",
+                            chips=0, start_unix_ns=start_unix_ns)
+        end_ns = 0
+        devices: set[int] = set()
+        for (path, _, _, _, user_frames), origin in zip(windows, origins):
+            self.path = path
+            self.start_us = origin
+            self.user_frames = _FrameIndex(user_frames)
+            appended = self.sink.appended
+            end_us, window_devices = self._rows()
+            if self.sink.appended == appended:
+                raise CaptureError(_no_profiler_events(path))
+            end_ns = max(end_ns, self._ns(end_us))
+            devices |= window_devices
         device = "gpu" if devices else "cpu"
         self.sink.note(self.rank, device=device)
-        self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=self._ns(end_us))
+        self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
 
     # -- first pass: start, steps and user frames -------------------------------------------------
 
@@ -140,8 +186,9 @@ class ChromeJsonImporter:
         shapes_of = _Shapes()
         end_us = start_us
         devices: set[int] = set()
-        seq = 0
+        seq = self.seq
         extend = self.sink.extend
+        nesting = _Nesting(self._compile)
         for events in event_lists(self.path):
             ops: list[tuple[Any, ...]] = []
             annotations: list[tuple[Any, ...]] = []
@@ -169,22 +216,59 @@ class ChromeJsonImporter:
                 dur_ns = int(dur * 1000)
                 step = bisect.bisect_right(step_starts, start_ns)
                 if category == "cpu_op":
+                    tid = event.get("tid")
+                    stack = nesting.open_on(tid, ts, ops)
+                    if name in _COMPILE_EVENTS or (stack and stack[-1].in_compile):
+                        # torch.compile's own work (its phases, and the ops it runs on fake tensors) is the compile's
+                        # time, not the program's ops.
+                        frame_name = innermost(ts, tid) if name in _COMPILE_EVENTS else None
+                        nesting.push(tid, _Open(ts + dur, ts, None, in_compile=True, compile_event=(
+                            name, start_ns, dur_ns, step, frame_of(frame_name) if frame_name else None)
+                            if name in _COMPILE_EVENTS else None))
+                        continue
                     seq += 1
                     args = event.get("args")
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
-                    frame_name = innermost(ts, event.get("tid"))
-                    ops.append((seq, rank, intern(name), intern(inputs) if inputs else None, None, -1, start_ns, dur_ns,
-                                frame_of(frame_name) if frame_name else None, None, step, None, None))
+                    frame_name = innermost(ts, tid)
+                    nesting.push(tid, _Open(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
+                                                           None, -1, start_ns, dur_ns,
+                                                           frame_of(frame_name) if frame_name else None, None, step,
+                                                           None, None]))
                 elif category == "python_function":
                     annotations.append((rank, intern(name), "python", start_ns, dur_ns, frame_of(name), step))
                 elif category == "user_annotation":
+                    collective = _COLLECTIVE.match(name)
+                    if collective and _collective_kind(collective.group(2)):
+                        self._collective(collective.group(2), event, start_ns, dur_ns, step)
+                    compile_id = _COMPILE_DATA.match(name)
+                    if compile_id:
+                        nesting.name_compile(event.get("tid"), compile_id.group(1))
                     if not _STEP.match(name):
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
                     devices.add(self._kernel(name, event, start_ns, dur_ns, step))
             extend("ops", ops)
             extend("annotations", annotations)
+        ops = []
+        nesting.close_all(ops)
+        extend("ops", ops)
+        self.seq = seq
         return end_us, devices
+
+    def _compile(self, event: tuple[str, int, int, int, int | None], compile_id: str | None) -> None:
+        """A `compiles` row (and its `programs` row) for one torch.compile range seen by the profiler."""
+        name, start_ns, dur_ns, step, frame_id = event
+        kind = "aot" if name == "entire_backward_compile" else "dynamo_frame"
+        frame, _, attempt = (compile_id or "").partition("/")
+        label = f"{'backward of ' if kind == 'aot' else ''}compiled frame {frame}" if compile_id else name
+        label_sid = self.writer.intern(label)
+        program_id = self.writer.next_id("programs")
+        self.sink.append("programs", (program_id, self.rank, "compiled", label_sid, label_sid, None, None, None, None,
+                                      None))
+        reason = "recompile" if attempt.split("_")[0] not in ("", "0") else "first"
+        detail = json.dumps({"compile_id": compile_id, "event": name} if compile_id else {"event": name})
+        self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank, program_id, kind, label_sid, None,
+                                      -1, start_ns, dur_ns, frame_id, step, reason, None, detail))
 
     def _ns(self, ts_us: float) -> int:
         return int(round((ts_us - self.start_us) * 1000))
@@ -200,6 +284,22 @@ class ChromeJsonImporter:
         self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
         return chip
 
+    def _collective(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> None:
+        """A `collectives` row of a process group's collective (`gloo:all_reduce`, `nccl:all_gather`...), its
+        bytes from the tensors' `Input Dims` and `Input type` (recorded with `record_shapes`; 0 without)."""
+        args = _args(event)
+        types, dims = args.get("Input type"), args.get("Input Dims")
+        nbytes = 0
+        dtype = None
+        if isinstance(types, list) and isinstance(dims, list):
+            for kind, shape in zip(types, dims):
+                size = _DTYPE_BYTES.get(str(kind))
+                if size and isinstance(shape, list) and all(isinstance(value, int) for value in shape):
+                    nbytes += size * math.prod(shape)
+                    dtype = dtype or str(kind)
+        self.sink.append("collectives", (self.rank, _collective_kind(name), nbytes, dtype, None, None, None, start_ns,
+                                         dur_ns, None, None, None, step, None))
+
     def _memory(self, args: dict[str, Any], t_ns: int) -> None:
         chip = int(args.get("Device Id", -1) if args.get("Device Id") is not None else -1)
         live = int(_number(args.get("Total Allocated")))
@@ -213,6 +313,99 @@ class ChromeJsonImporter:
             frame_id = self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
                                             if match else None)
         return frame_id
+
+
+class _Open:
+    """A CPU op (or torch.compile range) still open on its thread: its end, start and row, and the time of its
+    direct children, which its own (self) time leaves out."""
+
+    __slots__ = ("end_us", "start_us", "row", "child_us", "in_compile", "compile_event", "compile_id")
+
+    def __init__(self, end_us: float, start_us: float, row: list[Any] | None, *, in_compile: bool = False,
+                 compile_event: tuple[str, int, int, int, int | None] | None = None) -> None:
+        self.end_us = end_us
+        self.start_us = start_us
+        self.row = row
+        self.child_us = 0.0
+        self.in_compile = in_compile
+        self.compile_event = compile_event
+        self.compile_id: str | None = None
+
+
+class _Nesting:
+    """The CPU ops open on each thread. torch.profiler nests ops (`aten::linear` holds `aten::addmm`); each
+    becomes an `ops` row with its self time, so that the rows of a thread do not overlap and their sum is the
+    time the thread spent in ops. Events of a thread come in start order; one that does not is taken as
+    top-level. torch.compile ranges call `on_compile` when they close."""
+
+    def __init__(self, on_compile: Any) -> None:
+        self.stacks: dict[Any, list[_Open]] = {}
+        self.last_start: dict[Any, float] = {}
+        self.on_compile = on_compile
+
+    def open_on(self, tid: Any, ts: float, rows: list[tuple[Any, ...]]) -> list[_Open]:
+        """The ops still open on `tid` at `ts` (closing, into `rows`, those that ended before it)."""
+        stack = self.stacks.setdefault(tid, [])
+        if ts < self.last_start.get(tid, ts):
+            while stack:
+                self._close(stack, rows)
+        self.last_start[tid] = ts
+        while stack and stack[-1].end_us <= ts:
+            self._close(stack, rows)
+        return stack
+
+    def push(self, tid: Any, item: _Open) -> None:
+        stack = self.stacks[tid]
+        if stack:
+            parent = stack[-1]
+            parent.child_us += min(item.end_us, parent.end_us) - item.start_us
+        stack.append(item)
+
+    def name_compile(self, tid: Any, compile_id: str) -> None:
+        """Give the innermost open torch.compile range of `tid` its compile id (from its `…_data` annotation)."""
+        for item in reversed(self.stacks.get(tid, [])):
+            if item.compile_event is not None:
+                item.compile_id = item.compile_id or compile_id
+                return
+
+    def close_all(self, rows: list[tuple[Any, ...]]) -> None:
+        for stack in self.stacks.values():
+            while stack:
+                self._close(stack, rows)
+
+    def _close(self, stack: list[_Open], rows: list[tuple[Any, ...]]) -> None:
+        item = stack.pop()
+        if item.row is not None:
+            item.row[7] = max(0, item.row[7] - int(round(item.child_us * 1000)))
+            rows.append(tuple(item.row))
+        elif item.compile_event is not None:
+            self.on_compile(item.compile_event, item.compile_id)
+
+
+def _collective_kind(name: str) -> str | None:
+    """`collectives.kind` of a process group's collective (`all_reduce`, `_allgather_base`, `alltoall_base`)."""
+    text = name.lower().lstrip("_")
+    for suffix in ("_base", "_into_tensor", "_coalesced", "_tensor"):
+        text = text.removesuffix(suffix)
+    return _COLLECTIVE_KINDS.get(text.replace("_", ""))
+
+
+def _no_profiler_events(path: Path) -> str:
+    """The error for a Chrome trace without torch.profiler's events (e.g. XProf's `*.trace.json.gz`)."""
+    beside = sorted(path.parent.glob("*.xplane.pb"))
+    hint = f"; import {beside[0]} beside it, which holds the same events" if beside else ""
+    return f"{path} holds no torch.profiler events (cpu_op, python_function, user_annotation, kernel, [memory]){hint}"
+
+
+def process_key(path: Path) -> tuple[str, str]:
+    """Which process a torch.profiler file comes from: its `host_name` and the `pid` of its first event (from
+    the file's first block), or the file itself where they are not there."""
+    head = read_head(path)
+    host = _HOST_TEXT.search(head)
+    pid = _PID_TEXT.search(head)
+    if pid is None:
+        return str(path), ""
+    return (host.group(1) if host else ""), pid.group(1)
 
 
 def _event_around(text: str, match: re.Match[str]) -> dict[str, Any]:

@@ -33,8 +33,15 @@ def _open(path: Path) -> IO[str]:
     return path.open("r", encoding="utf-8", errors="replace")
 
 
+def read_head(path: Path) -> str:
+    """The first block of the file's text."""
+    stream, buffer, _ = _open_array(path)
+    stream.close()
+    return buffer
+
+
 def read_header(path: Path) -> dict[str, Any]:
-    """The top-level scalar fields before `traceEvents` (e.g. `baseTimeNanoseconds`)."""
+    """Some top-level fields before `traceEvents`: `baseTimeNanoseconds`, `distributedInfo`..."""
     stream, buffer, start = _open_array(path)
     stream.close()
     return _header(buffer[:start])
@@ -148,9 +155,9 @@ def _open_array(path: Path) -> tuple[IO[str], str, int]:
 
 
 def _header(text: str) -> dict[str, Any]:
-    """Scalar `"key": value` pairs of the JSON text before the events (the part that parses)."""
+    """Some `"key": value` pairs of the JSON text before the events (the part that parses)."""
     header: dict[str, Any] = {}
-    for key in ("baseTimeNanoseconds", "displayTimeUnit", "schemaVersion"):
+    for key in ("baseTimeNanoseconds", "displayTimeUnit", "schemaVersion", "distributedInfo"):
         at = text.find(f'"{key}"')
         if at < 0:
             continue

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gc
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
@@ -41,8 +43,8 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
         # importer commits every so many rows itself, so the writer's own thread has nothing to do.
         with TraceWriter(partial, close_at_exit=False, bulk=True, commit_interval_s=_WRITER_INTERVAL_S) as writer:
             sink = ImportSink(writer)
-            for capture in captures:
-                _import_one(sink, capture)
+            for group in _by_process(captures):
+                _import_one(sink, group)
             sink.finish()
         partial.replace(output)
     finally:
@@ -52,11 +54,33 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
     return ImportResult(output, captures, sink.rows)
 
 
-def _import_one(sink: ImportSink, capture: Capture) -> None:
+def _by_process(captures: list[Capture]) -> list[list[Capture]]:
+    """The captures to import as one rank each: one file, or the files of one process: its torch.profiler files
+    (the windows of a profiling schedule, which `tensorboard_trace_handler` writes a file each), or its XProf
+    files (one per `jax.profiler.trace` session)."""
+    from tputrace.importers import chrome_json, xplane
+
+    # Only XProf files that share a host name can be sessions of one process (reading the key costs a pass over
+    # the planes' metadata).
+    hosts = Counter(capture.path.name for capture in captures if capture.format == XPLANE)
+    groups: dict[Any, list[Capture]] = {}
+    for capture in captures:
+        if capture.format == CHROME_JSON:
+            key: tuple[Any, ...] = ("profiler", *chrome_json.process_key(capture.path))
+        elif capture.format == XPLANE and hosts[capture.path.name] > 1:
+            key = ("xplane", *xplane.process_key(capture.path))
+        else:
+            key = ("file", capture.path)
+        groups.setdefault(key, []).append(capture)
+    return list(groups.values())
+
+
+def _import_one(sink: ImportSink, group: list[Capture]) -> None:
+    capture = group[0]
     if capture.format == XPLANE:
         from tputrace.importers.xplane import XPlaneImporter
 
-        XPlaneImporter(sink, capture.path).run()
+        XPlaneImporter(sink, [item.path for item in group]).run()
     elif capture.format == TORCH_TRACE:
         from tputrace.importers.torch_trace import TorchTraceImporter
 
@@ -64,4 +88,4 @@ def _import_one(sink: ImportSink, capture: Capture) -> None:
     elif capture.format == CHROME_JSON:
         from tputrace.importers.chrome_json import ChromeJsonImporter
 
-        ChromeJsonImporter(sink, capture.path).run()
+        ChromeJsonImporter(sink, [item.path for item in group]).run()

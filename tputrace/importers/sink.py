@@ -35,6 +35,11 @@ class ImportSink:
         self.rows = 0
         self._since_commit = 0
 
+    @property
+    def appended(self) -> int:
+        """Rows appended so far, committed or not."""
+        return self.rows + self._since_commit
+
     def new_rank(self, fmt: str, path: str, **facts: Any) -> int:
         """The rank for one more capture, with its provenance entry."""
         rank = len(self.sources)

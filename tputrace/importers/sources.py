@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import gzip
+import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tputrace.store.errors import TputraceError
 
@@ -38,7 +40,7 @@ def find_captures(paths: list[str]) -> list[Capture]:
         if not path.exists():
             raise CaptureError(f"{path}: no such file or directory")
         if path.is_dir():
-            found = [Capture(file, fmt) for file in sorted(path.rglob("*")) if file.is_file()
+            found = [Capture(file, fmt) for file in sorted(path.rglob("*"), key=_natural) if file.is_file()
                      for fmt in [_detect(file, strict=False)] if fmt is not None]
             if not found:
                 raise CaptureError(f"{path}: holds no xplane.pb, TORCH_TRACE log or torch.profiler JSON")
@@ -48,6 +50,11 @@ def find_captures(paths: list[str]) -> list[Capture]:
             assert fmt is not None
             captures.append(Capture(path, fmt))
     return captures
+
+
+def _natural(path: Path) -> list[Any]:
+    """A sort key that orders numbers in names by value (`rank_2` before `rank_10`, `host-9` before `host-10`)."""
+    return [(0, int(part), "") if part.isdigit() else (1, 0, part) for part in re.split(r"(\d+)", str(path))]
 
 
 def _detect(path: Path, *, strict: bool) -> str | None:

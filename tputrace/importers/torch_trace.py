@@ -26,6 +26,11 @@ _ENVELOPE = re.compile(r"^[VIWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
 _USER_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
 _BREAK_AT = re.compile(r"Graph break in user code at (.*):(\d+)")
 _REASON_LINE = "Graph Break Reason: "
+# A preamble that says Dynamo gave up on the whole function (it runs eagerly, no graph), and what the reason says.
+_SKIPPED = "Skipping the function and falling back to eager"
+_SKIPPED_NOTE = "; the function runs eagerly"
+# One failed guard of a `recompile_reason`: `0/1: <guard>  # <source line>  # <short path>:<line> in <fn>`.
+_GUARD_COMMENT = re.compile(r"^(\d+/\d+: .*?)\s+#\s*(.*?)\s+#\s*\S+:\d+ in \S+\s*$")
 
 
 @dataclass
@@ -40,6 +45,7 @@ class _Compile:
     recompile_reason: str | None
     kind: str = "dynamo_frame"
     detail: dict[str, Any] = field(default_factory=dict)
+    frame_function: str | None = None  # the frame's function where it is not the compiled code's own
 
 
 @dataclass
@@ -62,6 +68,10 @@ class TorchTraceImporter:
         self.breaks: list[_GraphBreak] = []
         self.eager_cache_hits = 0
         self.pid: int | None = None
+        self.process_rank: int | None = None  # the process's rank in torch.distributed, where it had one
+        self.paths: dict[int, str] = {}  # the log's interned file names (`{"str": [path, index]}`)
+        self.frame_code: dict[str, tuple[str, str | None, int | None]] = {}  # frame id -> its code's name, file, line
+        self.caller: dict[str, tuple[str, str, int]] = {}  # compile id -> the innermost user frame of its stack
 
     def run(self) -> None:
         records = 0
@@ -79,6 +89,8 @@ class TorchTraceImporter:
                 records += 1
                 if self.pid is None:
                     self.pid = _pid(text)
+                if self.process_rank is None and isinstance(envelope.get("rank"), int):
+                    self.process_rank = envelope["rank"]
             if envelope is not None:
                 self._record(envelope, payload)
         if records == 0:
@@ -87,6 +99,8 @@ class TorchTraceImporter:
 
     def _envelope(self, text: str, number: int) -> dict[str, Any]:
         match = _ENVELOPE.match(text)
+        if match is None and not text.endswith("\n"):
+            raise CaptureError(f"{self.path}:{number}: truncated (its last record is cut off)")
         if match is None:
             raise CaptureError(f"{self.path}:{number}: not a TORCH_TRACE record (a glog prefix and a JSON object)")
         try:
@@ -104,8 +118,22 @@ class TorchTraceImporter:
 
     def _record(self, envelope: dict[str, Any], payload: list[str]) -> None:
         compile_id = f"{envelope.get('frame_id')}/{envelope.get('frame_compile_id')}"
+        interned = envelope.get("str")
+        if isinstance(interned, list) and len(interned) == 2 and isinstance(interned[1], int):
+            self.paths[interned[1]] = str(interned[0])
+            return
+        start = envelope.get("dynamo_start")
+        if isinstance(start, dict):
+            self._dynamo_start(str(envelope.get("frame_id")), compile_id, start)
+            return
         metrics = envelope.get("compilation_metrics")
         if isinstance(metrics, dict):
+            detail = {key: metrics[key] for key in ("guard_count", "fail_type", "cache_size")
+                      if metrics.get(key) is not None}
+            if metrics.get("fail_reason"):
+                # Its first line says what failed ("Dynamo recompile limit exceeded"); the rest is hints.
+                detail["fail_reason"] = str(metrics["fail_reason"]).strip().splitlines()[0]
+            reason = metrics.get("recompile_reason")
             self.compiles.append(_Compile(
                 compile_id=str(metrics.get("compile_id") or compile_id),
                 name=str(metrics.get("co_name") or "?"),
@@ -114,10 +142,12 @@ class TorchTraceImporter:
                 start_s=float(metrics.get("start_time") or 0.0),
                 dur_s=float(metrics.get("entire_frame_compile_time_s") or 0.0),
                 graph_ops=metrics.get("graph_op_count"),
-                recompile_reason=metrics.get("recompile_reason"),
-                detail={key: metrics[key] for key in ("guard_count", "fail_type", "fail_reason", "cache_size")
-                        if metrics.get(key) is not None},
+                recompile_reason=_recompile_diff(reason) if isinstance(reason, str) and reason else None,
+                detail=detail,
             ))
+            if metrics.get("co_name"):
+                self.frame_code[_frame_of(self.compiles[-1].compile_id)] = (
+                    str(metrics["co_name"]), metrics.get("co_filename"), metrics.get("co_firstlineno"))
             return
         artifact = envelope.get("artifact")
         if not isinstance(artifact, dict):
@@ -135,19 +165,52 @@ class TorchTraceImporter:
                 detail={"compile_failed": bool(artifact.get("compile_failed")), "reason": artifact.get("reason")},
             ))
 
+    def _dynamo_start(self, frame: str, compile_id: str, start: dict[str, Any]) -> None:
+        """The code object a compile starts on (the last entry of `dynamo_start`'s stack), and the innermost frame
+        of the user's code on that stack."""
+        stack = start.get("stack")
+        if not isinstance(stack, list) or not stack:
+            return
+        entries = []
+        for entry in stack:
+            if not isinstance(entry, dict):
+                return
+            filename = entry.get("filename")
+            file = self.paths.get(filename) if isinstance(filename, int) else filename if isinstance(filename, str) \
+                else None
+            line = entry.get("line")
+            entries.append((str(entry.get("name") or "?"), file, line if isinstance(line, int) else None))
+        self.frame_code.setdefault(frame, entries[-1])
+        user = [(name, file, line) for name, file, line in entries if file and line and not _is_library(file)]
+        if user:
+            self.caller[compile_id] = user[-1]
+
     def _write(self) -> None:
         writer = self.sink.writer
+        for item in self.compiles:
+            # A compile that failed before tracing (e.g. the recompile limit was hit) names no code object: it is
+            # the one its frame's other compiles name.
+            if item.name == "?" and _frame_of(item.compile_id) in self.frame_code:
+                item.name, item.file, item.line = self.frame_code[_frame_of(item.compile_id)]
+            # A compiled nn.Module's code object is torch's own wrapper: its place is the user's line that
+            # called the module.
+            caller = self.caller.get(item.compile_id)
+            if item.file and _is_library(item.file) and caller:
+                item.frame_function, item.file, item.line = caller
         starts = [item.start_s for item in self.compiles if item.start_s > 0]
         start_s = min(starts) if starts else 0.0
         end_s = max((item.start_s + item.dur_s for item in self.compiles if item.start_s > 0), default=start_s)
         writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], pid=self.pid, platform="cpu",
                        chips=0, start_unix_ns=int(start_s * 1e9), end_ns=int((end_s - start_s) * 1e9))
         self.sink.note(self.rank, device="host", pid=self.pid, eager_cache_hits=self.eager_cache_hits)
+        if self.process_rank is not None:
+            self.sink.note(self.rank, distributed_rank=self.process_rank)
         start_of: dict[str, int] = {}
         for item in self.compiles:
             start_ns = int((item.start_s - start_s) * 1e9) if item.start_s > 0 else 0
             start_of[item.compile_id] = start_ns
-            frame_id = writer.frame(item.file, int(item.line), item.name) if item.file and item.line else None
+            frame_id = (writer.frame(item.file, int(item.line), item.frame_function or item.name)
+                        if item.file and item.line else None)
             name_sid = writer.intern(item.name)
             program_id = writer.next_id("programs")
             self.sink.append("programs", (program_id, self.rank, "compiled", name_sid, name_sid, None, item.graph_ops,
@@ -175,8 +238,15 @@ def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
         if at and file is None:
             file, line = at.group(1), int(at.group(2))
         if text.startswith(_REASON_LINE) and not reason:
-            rest = [part.strip() for part in payload[index + 1:index + 4] if part.strip()]
-            reason = rest[0] if rest else text[len(_REASON_LINE):]
+            reason = text[len(_REASON_LINE):].strip()
+            if not reason or reason.endswith(":"):
+                # A preamble ("Encountered graph break when attempting to trace CALL: ...:", "Failed to handle
+                # graph break gracefully. Skipping the function ...:"): the reason proper is the next line.
+                rest = [part.strip() for part in payload[index + 1:index + 4] if part.strip()]
+                skipped = _SKIPPED in reason
+                reason = rest[0] if rest else reason
+                if skipped:
+                    reason += _SKIPPED_NOTE
         if text.startswith("User code traceback:"):
             in_user_traceback = True
         elif in_user_traceback:
@@ -186,6 +256,37 @@ def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
             elif not text.startswith(" "):
                 in_user_traceback = False
     return _GraphBreak(compile_id, reason or "graph break", file, line, function)
+
+
+def _recompile_diff(reason: str) -> str:
+    """A `recompile_reason` as one line per failed guard: the guard, then the source line and place it guards
+    (from the guard's comment and the "User stack trace" after it, whose path is not shortened)."""
+    guards: list[list[str]] = []
+    lines = reason.splitlines()
+    for index, text in enumerate(lines):
+        match = _GUARD_COMMENT.match(text)
+        if match:
+            guards.append([match.group(1), match.group(2)])
+        elif re.match(r"^\d+/\d+: ", text):
+            guards.append([text.strip(), ""])
+        elif guards and text.strip() == "User stack trace:":
+            frames = [_USER_FRAME.match(line) for line in lines[index + 1:]]
+            place = next((frame for frame in reversed(frames) if frame), None)
+            if place and guards[-1][1]:
+                guards[-1][1] += f" at {place.group(1)}:{place.group(2)} in {place.group(3)}"
+    if not guards:
+        return reason.strip()
+    return "\n".join(f"{guard} ({source})" if source else guard for guard, source in guards)
+
+
+def _is_library(file: str) -> bool:
+    """Whether a file is an installed library's (torch's among them), not the user's code."""
+    return any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
+
+
+def _frame_of(compile_id: str) -> str:
+    """The frame of a compile id (`2/3` -> `2`, ignoring a restart's `_N` suffix)."""
+    return compile_id.split("/", 1)[0].lstrip("[")
 
 
 def _pid(text: str) -> int | None:

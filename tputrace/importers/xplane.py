@@ -1,17 +1,19 @@
 """Importing an XProf `XSpace` (`<host>.xplane.pb` from jax.profiler, TorchTPU or PyTorch/XLA).
 
-Mapping (docs/importing.md has the full table): one rank per file; XLA ops (device planes' `XLA Ops`
-lines, or host-thread events with an `hlo_op` stat on XLA:CPU) become `ops` rows with their program,
-`source` frame and `tf_op` path; XLA modules become `programs` and `executions` (FLOPs and bytes summed
-from the ops' metadata stats); fusions become `fusions` rows; step markers (host events with a
-`step_num` stat, or a device `Steps` line) become `steps`; Python tracer frames (`$file:line function`)
-and TraceMe ranges become `annotations` with origin `python` or `traceme`.
+Mapping (docs/importing.md has the full table): one rank per file, or per process for several sessions;
+XLA ops (device planes' `XLA Ops` lines, or host-thread events with an `hlo_op` stat on XLA:CPU) become
+`ops` rows with their program, `source` frame and `tf_op` path; XLA modules become `programs` and
+`executions` (FLOPs and bytes summed from the ops' metadata stats); fusions become `fusions` rows; step
+markers (host events with a `step_num` stat, or a device `Steps` line) become `steps`; Python tracer frames
+(`$file:line function`) and TraceMe ranges become `annotations` with origin `python` or `traceme`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterator
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
@@ -22,15 +24,12 @@ import numpy as np
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
+from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
 from tputrace.importers.xevents import INT64_VALUE, REF_VALUE, UINT64_VALUE, EventColumns, decode_run
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
-_COLLECTIVE_CATEGORIES = {
-    "all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
-    "all-to-all": "all_to_all", "collective-permute": "send",
-}
 # Compile ranges: JAX's (one per compiled program, host Python thread); the PjRt client's, used when there
 # are none of JAX's (e.g. `PjRtCpuClient::Compile`); and the backend compiler's, whose `name` stat names the
 # program (e.g. `CpuCompiler::RunBackend`).
@@ -43,6 +42,33 @@ _HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
 _ABSENT = object()
 # Line times below this (2001 in Unix ns) are relative to the profile's start, not to the epoch.
 _UNIX_NS_FLOOR = 10**18
+
+
+def _host(path: Path) -> str:
+    return path.name.removesuffix(".xplane.pb")
+
+
+def process_key(path: Path) -> tuple[str, ...]:
+    """Which host and process an `xplane.pb` comes from (its name and the `process_id` stat of its host planes),
+    for one whose line times can be put on the Unix clock; the path itself otherwise (nothing to share a rank
+    with)."""
+    from tputrace.xplane_proto import messages
+
+    plane_class = messages()["XPlane"]
+    process_id = profile_start = None
+    relative = False
+    with XSpaceFile(path) as space:
+        for span in space.planes():
+            plane, line_spans = space.plane(span, plane_class)
+            if plane.name.startswith("/host:") and process_id is None:
+                process_id = _plane_stat(plane, "process_id")
+            if plane.name == "Task Environment":
+                profile_start = _plane_stat(plane, "profile_start_time")
+            relative = relative or any(head.has_events and head.timestamp_ns < _UNIX_NS_FLOOR
+                                       for head in map(space.line_head, line_spans))
+    if process_id is None or (relative and not isinstance(profile_start, int)):
+        return (str(path),)
+    return _host(path), str(process_id)
 
 
 def _plane_stat(plane: Any, name: str) -> Any:
@@ -97,13 +123,16 @@ class _OpMeta:
 
 
 class XPlaneImporter:
-    """Imports one `xplane.pb` as one rank."""
+    """Imports the `xplane.pb` of one host and process as one rank: one file, or the files of several
+    profiling sessions of the process (`jax.profiler.trace` called more than once)."""
 
-    def __init__(self, sink: ImportSink, path: Path) -> None:
+    def __init__(self, sink: ImportSink, paths: list[Path]) -> None:
         self.sink = sink
-        self.path = path
+        self.paths = paths
+        self.path = paths[0]
         self.writer = sink.writer
-        self.rank = sink.new_rank(XPLANE, str(path), host=path.name.removesuffix(".xplane.pb"))
+        facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
+        self.rank = sink.new_rank(XPLANE, str(paths[0]), host=_host(paths[0]), **facts)
         self.programs: dict[str, _Program] = {}
         self.runs: dict[tuple[int, int], _Run] = {}
         self.steps = StepClock()
@@ -112,28 +141,37 @@ class XPlaneImporter:
         self.seq = 0
         self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
         self.host_op_stats: dict[int, str] = {}
+        self.host_chips: set[int] = set()  # the device ordinals of XLA ops run on host threads
+        self.offset_ns = 0  # what puts the line times of the file being read on the Unix clock
+        self.offsets: dict[Path, int] = {}
+        self.chips = 1
 
     def run(self) -> None:
         from tputrace.xplane_proto import messages
 
-        if self.path.stat().st_size == 0:
-            raise CaptureError(f"{self.path} is empty")
+        for path in self.paths:
+            if path.stat().st_size == 0:
+                raise CaptureError(f"{path} is empty")
         classes = messages()
         self.plane_class, self.line_class, self.event_class = classes["XPlane"], classes["XLine"], classes["XEvent"]
-        with XSpaceFile(self.path) as space:
-            self._run(space)
+        with ExitStack() as files:
+            self._run([files.enter_context(XSpaceFile(path)) for path in self.paths])
 
     def _planes(self, space: XSpaceFile) -> Iterator[tuple[Any, list[LineHead]]]:
+        """Each plane and its lines' heads, their times moved by `offset_ns` (onto the Unix clock)."""
         for span in space.planes():
             plane, line_spans = space.plane(span, self.plane_class)
-            yield plane, [space.line_head(line) for line in line_spans]
+            heads = [space.line_head(line) for line in line_spans]
+            if self.offset_ns:
+                heads = [dataclasses.replace(head, timestamp_ns=head.timestamp_ns + self.offset_ns) for head in heads]
+            yield plane, heads
 
     def _columns(self, space: XSpaceFile, line: LineHead) -> Iterator[EventColumns]:
         """A line's events, a window's worth of them at a time, as columns."""
         for run in space.event_runs(line):
             yield decode_run(run, self.line_class, self.event_class)
 
-    def _run(self, space: XSpaceFile) -> None:
+    def _run(self, spaces: list[XSpaceFile]) -> None:
         # First pass: the capture's start, its step markers and compiles (needed before any row is written).
         device_kind = "cpu"
         chips: set[int] = set()
@@ -141,47 +179,69 @@ class XPlaneImporter:
         host_markers: list[tuple[int, int]] = []
         device_markers: dict[int, list[tuple[int, int]]] = {}
         compiles = _Compiles()
-        profile_start_unix_ns = None
-        for plane, lines in self._planes(space):
-            if plane.name == "Task Environment":
-                profile_start_unix_ns = _plane_stat(plane, "profile_start_time")
-            match = _DEVICE_PLANE.match(plane.name)
-            if match:
-                device_kind = match.group(1).lower()
-                chips.add(int(match.group(2)))
-            starts += [line.timestamp_ns for line in lines if line.has_events]
-            if match:
-                device_markers[int(match.group(2))] = self._device_markers(space, lines)
-            else:
-                host_markers += self._host_scan(space, plane, lines, compiles)
+        for space in spaces:
+            self.offset_ns = 0
+            file_starts: list[int] = []
+            file_host_markers: list[tuple[int, int]] = []
+            file_device_markers: dict[int, list[tuple[int, int]]] = {}
+            file_compiles = _Compiles()
+            profile_start_unix_ns = None
+            for plane, lines in self._planes(space):
+                if plane.name == "Task Environment":
+                    profile_start_unix_ns = _plane_stat(plane, "profile_start_time")
+                match = _DEVICE_PLANE.match(plane.name)
+                if match:
+                    device_kind = match.group(1).lower()
+                    chips.add(int(match.group(2)))
+                file_starts += [line.timestamp_ns for line in lines if line.has_events]
+                if match:
+                    file_device_markers[int(match.group(2))] = self._device_markers(space, lines)
+                else:
+                    file_host_markers += self._host_scan(space, plane, lines, file_compiles)
+            # Some producers (JAX among them) write line times relative to the profile's start, which the Task
+            # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
+            offset = (profile_start_unix_ns if file_starts and min(file_starts) < _UNIX_NS_FLOOR
+                      and isinstance(profile_start_unix_ns, int) else 0)
+            self.offsets[space.path] = offset
+            starts += [start + offset for start in file_starts]
+            host_markers += [(start + offset, end + offset) for start, end in file_host_markers]
+            for chip, chip_markers in file_device_markers.items():
+                device_markers.setdefault(chip, []).extend((start + offset, end + offset)
+                                                           for start, end in chip_markers)
+            compiles.compiles += [(start + offset, end + offset) for start, end in file_compiles.compiles]
+            compiles.client_compiles += [(start + offset, end + offset) for start, end in file_compiles.client_compiles]
+            compiles.named += [(start + offset, end + offset, name) for start, end, name in file_compiles.named]
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
         self.start_unix_ns = min(starts) if starts else 0
-        # Some producers write line times relative to the profile's start (held by the Task Environment plane).
+        self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
-        if start_unix_ns < _UNIX_NS_FLOOR and isinstance(profile_start_unix_ns, int):
-            start_unix_ns += profile_start_unix_ns
         self.steps.starts = sorted(start - self.start_unix_ns for start, _ in markers)
         ends = sorted(end - self.start_unix_ns for _, end in markers)
         for index, (start_ns, end_ns) in enumerate(zip(self.steps.starts, ends)):
             self.sink.append("steps", (self.rank, index + 1, start_ns, end_ns, "imported"))
         self.sink.note(self.rank, device=device_kind)
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], cwd=None,
-                            host=self.sink.sources[self.rank]["host"], chips=max(len(chips), 1),
+                            host=self.sink.sources[self.rank]["host"], chips=self.chips,
                             platform=device_kind, start_unix_ns=start_unix_ns)
         self._compiles(compiles)
         # Second pass: the rows.
-        for plane, lines in self._planes(space):
-            match = _DEVICE_PLANE.match(plane.name)
-            if match:
-                self._device_plane(space, plane, lines, int(match.group(2)))
-            elif plane.name.startswith("/host:") and plane.name != "/host:metadata":
-                self._host_plane(space, plane, lines)
-            else:
-                for line in lines:
-                    self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)), default=0))
+        for space in spaces:
+            self.offset_ns = self.offsets[space.path]
+            for plane, lines in self._planes(space):
+                match = _DEVICE_PLANE.match(plane.name)
+                if match:
+                    self._device_plane(space, plane, lines, int(match.group(2)))
+                elif plane.name.startswith("/host:") and plane.name != "/host:metadata":
+                    self._host_plane(space, plane, lines)
+                else:
+                    for line in lines:
+                        self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)),
+                                                 default=0))
         self._finish_programs()
-        self.writer.update_run(rank=self.rank, end_ns=self.end_ns)
+        # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
+        chips = max(self.chips, max(self.host_chips, default=0) + 1)
+        self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
 
     def _line_end(self, line: LineHead, end_ps: int) -> None:
         self.end_ns = max(self.end_ns, line.timestamp_ns - self.start_unix_ns + end_ps // 1000)
@@ -238,7 +298,7 @@ class XPlaneImporter:
         compile's program is the one its backend compiler (an event with a `name` stat) built meanwhile."""
         spans = sorted(compiles.compiles or compiles.client_compiles)
         named = sorted(compiles.named)
-        seen: set[str] = set()
+        seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
         for start, end in spans:
             name = next((name for named_start, named_end, name in named
                          if start <= named_start and named_end <= end), None)
@@ -261,6 +321,7 @@ class XPlaneImporter:
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
+            nesting = LineNesting()
             for columns in self._columns(space, line):
                 end_ps = max(end_ps, _end_ps(columns))
                 starts = base_ns + columns.offset_ps // 1000
@@ -277,7 +338,8 @@ class XPlaneImporter:
                         if meta is None:
                             meta = op_metas[metadata_id] = self._op_meta(plane, metadata_id, decoder, None)
                         metas.append(meta)
-                    self._ops(metas, [None] * len(metas), [chip] * len(metas), starts, durations)
+                    self._ops(metas, [None] * len(metas), [chip] * len(metas), starts, durations, nesting)
+            self.sink.extend("ops", nesting.flush())
             self._line_end(line, end_ps)
 
     def _host_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> None:
@@ -291,17 +353,20 @@ class XPlaneImporter:
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
+            nesting = LineNesting()
             for columns in self._columns(space, line):
                 end_ps = max(end_ps, _end_ps(columns))
                 op_events = columns.with_stat(hlo_op_ids)
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
                 if len(op_events):
-                    self._host_ops(plane, decoder, columns, op_events, starts[op_events], durations[op_events])
+                    self._host_ops(plane, decoder, columns, op_events, starts[op_events], durations[op_events],
+                                   nesting)
                 others = np.ones(len(columns), dtype=bool)
                 others[op_events] = False
                 self._annotation_rows(plane, annotations, columns.metadata_id[others], starts[others],
                                       durations[others], step_starts)
+            self.sink.extend("ops", nesting.flush())
             self._line_end(line, end_ps)
 
     def _annotation_rows(self, plane: Any, annotations: dict[int, tuple[str, int, int | None]],
@@ -325,7 +390,7 @@ class XPlaneImporter:
             durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
 
     def _host_ops(self, plane: Any, decoder: _StatDecoder, columns: EventColumns, events: np.ndarray,
-                  starts: np.ndarray, durations: np.ndarray) -> None:
+                  starts: np.ndarray, durations: np.ndarray, nesting: LineNesting) -> None:
         """XLA ops run on a host thread (XLA:CPU): op, module, run and device from each event's stats."""
         values = self._host_op_values(decoder, columns, events)
         if values is None:  # a stat of another kind: read each event's stats through its message
@@ -344,8 +409,9 @@ class XPlaneImporter:
                                                                                  str(op_name))
             metas.append(meta)
         chips = [0 if chip is _ABSENT else int(chip or 0) for chip in values["device_ordinal"]]
+        self.host_chips.update(chips)
         run_ids = [None if run_id is _ABSENT else run_id for run_id in values["run_id"]]
-        self._ops(metas, run_ids, chips, starts, durations)
+        self._ops(metas, run_ids, chips, starts, durations, nesting)
 
     def _host_op_values(self, decoder: _StatDecoder, columns: EventColumns,
                         events: np.ndarray) -> dict[str, list[Any]] | None:
@@ -403,7 +469,7 @@ class XPlaneImporter:
         return _OpMeta(
             name=name,
             name_sid=self.writer.intern(name),
-            category=str(stats["hlo_category"]) if "hlo_category" in stats else None,
+            category=str(stats["hlo_category"]) if "hlo_category" in stats else collective_category(name),
             flops=float(stats.get("flops", 0) or 0),
             bytes_accessed=float(stats.get("bytes_accessed", 0) or 0),
             frame_id=frame_id,
@@ -412,7 +478,7 @@ class XPlaneImporter:
         )
 
     def _ops(self, metas: list[_OpMeta], run_ids: list[Any], chips: list[int], starts: np.ndarray,
-             durations: np.ndarray) -> None:
+             durations: np.ndarray, nesting: LineNesting) -> None:
         """`ops` (and `collectives`) rows of some XLA op events, and what they tell of their programs' runs,
         op counts, costs and fusions."""
         steps = np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right").tolist()
@@ -420,16 +486,17 @@ class XPlaneImporter:
         first_seq = self.seq + 1
         self.seq += len(metas)
         rank = self.rank
-        self.sink.extend("ops", [
+        self.sink.extend("ops", nesting.settle([
             (seq, rank, meta.name_sid, None, None, chip, start_ns, dur_ns, meta.frame_id, meta.tf_op_sid, step,
              meta.program.program_id if meta.program else None, None)
             for seq, meta, chip, start_ns, dur_ns, step in zip(
-                range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)])
+                range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)], starts,
+            starts + durations))
         self.sink.extend("collectives", [
-            (rank, _COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed), None, None, None, meta.frame_id,
-             start_ns, dur_ns, None, None, None, step)
+            (rank, COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed), None, None, None, meta.frame_id,
+             start_ns, dur_ns, None, None, None, step, None)
             for meta, start_ns, dur_ns, step in zip(metas, starts_ns, durations_ns, steps)
-            if meta.category in _COLLECTIVE_CATEGORIES])
+            if meta.category in COLLECTIVE_CATEGORIES])
         # An op's effect on its program depends only on (op, chip, run): each such triple's first event, with
         # the earliest start and latest end of its events, has them all.
         spans: dict[tuple[_OpMeta, int, Any], list[int]] = {}
