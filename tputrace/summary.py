@@ -60,6 +60,7 @@ class RunSummary:
     collectives: tuple[CollectiveStat, ...]
     forked: tuple[ForkedProcess, ...] = ()
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
+    imported: bool = False  # written by `tputrace import` from another tool's capture
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         collectives=tuple(trace.collective_stats(rank=chosen_rank)),
         forked=forked_processes(trace),
         recording_window=recording_window(trace),
+        imported=bool(trace.meta.get("imported")),
     )
 
 
@@ -203,7 +205,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     if run.platform == "cpu":
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
-    if summary.op_count == 0 and compiles.count == 0 and (window is None or window.recorded_steps):
+    if summary.op_count == 0 and compiles.count == 0 and not summary.imported and (window is None or window.recorded_steps):
         lines.insert(0, ("!!", NO_DEVICE_OPS_BEFORE_ERROR_TEXT if run.error else NO_DEVICE_OPS_TEXT))
     return lines
 

@@ -129,7 +129,7 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
     window = facts.recording_window
     if window is not None:
         text.append("\n" + window.text, style="bold")
-    if ops == 0 and facts.counts.get("compiles", 0) == 0 and (window is None or window.recorded_steps):
+    if ops == 0 and facts.counts.get("compiles", 0) == 0 and not facts.imported and (window is None or window.recorded_steps):
         text.append("\n" + (NO_DEVICE_OPS_BEFORE_ERROR_TEXT if facts.error else NO_DEVICE_OPS_TEXT), style="bold red")
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
     text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {plural(events, 'event')}", style="dim")

@@ -280,3 +280,23 @@ def test_process_group_collectives_in_torch_profiler_captures(tmp_path: Path) ->
     collectives = Counter((row.rank, row.kind, row.bytes, row.dtype) for row in trace.records("collectives"))
     assert collectives == {(0, "all_reduce", 4000, "float"): 3, (1, "all_reduce", 4000, "float"): 3}
     assert all(row.dur_ns > 0 for row in trace.records("collectives"))
+
+
+def test_an_import_without_ops_or_compiles_is_not_told_to_use_the_tpu_device(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    """A capture with nothing but annotations (a profiled region that ran no op) imports, and its summary does not
+    say that the script's tensors stayed off the tpu device: the run was never on it."""
+    from tputrace.summary import NO_DEVICE_OPS_BEFORE_ERROR_TEXT, NO_DEVICE_OPS_TEXT
+
+    torch = pytest.importorskip("torch")
+    capture = tmp_path / "no_ops.json"
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as profiler:
+        with torch.profiler.record_function("idle region"):
+            pass
+    profiler.export_chrome_trace(str(capture))
+    with _import(tmp_path, capture) as trace:
+        assert trace.count("ops") == 0 and trace.count("compiles") == 0
+    capsys.readouterr()
+    assert main(["summary", str(tmp_path / "imported.tptrace")]) == 0
+    out = capsys.readouterr().out
+    assert NO_DEVICE_OPS_TEXT not in out and NO_DEVICE_OPS_BEFORE_ERROR_TEXT not in out

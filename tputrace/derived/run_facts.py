@@ -42,6 +42,7 @@ class RunFacts:
     error: str | None
     counts: dict[str, int]
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
+    imported: bool = False  # written by `tputrace import` from another tool's capture
 
 
 def default_rank(trace: Trace) -> int:
@@ -87,6 +88,7 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         error=run.error,
         counts=trace.counts(),
         recording_window=recording_window(trace),
+        imported=bool(trace.meta.get("imported")),
     )
 
 
