@@ -197,10 +197,10 @@ EXECUTIONS = RecordKind(
         _CHIP,
         _c("start_ns", "INTEGER", "launch, ns since the run's start"),
         _c("dur_ns", "INTEGER", "from the launch to the outputs seen ready, ns: it includes waiting behind programs launched "
-           "before on the chip and, for a run on this backend, the lag of the watcher that polls for it (every 50 µs at first, "
-           "backing off to every 2 ms, and its wait for Python's interpreter lock; a DeferAndFuse program's extra one-byte output, "
-           "which only the watcher holds, is what it polls, as the program's own outputs may be donated to the next program "
-           "before it has run)"),
+           "before on the chip and, for a run on this backend, the lag of the watcher that sees it: it waits, without polling, "
+           "on a DeferAndFuse program's extra one-byte output, which only it holds (the program's own outputs may be donated "
+           "to the next program before it has run), and polls a compiled graph's outputs (every 50 µs at first, backing off "
+           "to every 2 ms); either way it then waits for Python's interpreter lock"),
         _STEP,
         _c("flush_id", "INTEGER", "flush that ran it (DeferAndFuse)", ref="flushes"),
     ),

@@ -224,6 +224,7 @@ TORCH_GLOO = textwrap.dedent("""
             for _ in range(3):
                 dist.all_reduce(x)
         prof.export_chrome_trace(f"{out}/rank{rank}.json")
+        dist.barrier()  # a rank that left first would close its connection under the other's last collective
         dist.destroy_process_group()
 
     if __name__ == "__main__":
@@ -233,7 +234,8 @@ TORCH_GLOO = textwrap.dedent("""
 
 
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
-    subprocess.run([sys.executable, str(script), *args], check=True, capture_output=True, env=env, timeout=600)
+    result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, f"{script.name} exited with {result.returncode}: {result.stderr[-3000:]}"
 
 
 def jax_capture(folder: Path) -> Path:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
@@ -77,12 +78,16 @@ class ExecutionWatcher:
                 return
             program_id, chip, launch_ns, flush_id, step, watched = item
             del item
-            if watched is not None and not (isinstance(watched, list) and not watched):
+            if isinstance(watched, list):
                 # The outputs of one execution are ready together: polling one suffices.
                 delay = 50e-6
-                while not _finished(watched):
+                while watched and not _finished(watched):
                     time.sleep(delay)
                     delay = min(delay * 2, 2e-3)
+            elif watched is not None:
+                # An array only the watcher holds: wait for it without the interpreter lock, woken once when ready.
+                with contextlib.suppress(Exception):  # a failed program: it is over
+                    watched.block_until_ready()
             del watched
             end = _perf_ns()
             self._writer.append("executions", (self._rank, program_id, chip, launch_ns - self._t0, end - launch_ns, step, flush_id))
