@@ -106,7 +106,8 @@ print("dtypes", model(x).dtype, kept.dtype)
 
 def test_as_cuda_maps_amp_events_and_streams(tmp_path: Path) -> None:
     """The CUDA AMP recipe (`torch.autocast("cuda")`, `GradScaler`) and event timing run unchanged: autocast works on
-    tpu in float16 as on CUDA unless given a dtype, and events and streams are the tpu device's."""
+    tpu in float16 as on CUDA unless given a dtype, and events and streams are the tpu device's. The GradScaler's
+    overflow check, a host read every step, is told to go with bfloat16."""
     pytest.importorskip("torch")
     script = tmp_path / "amp.py"
     script.write_text(AMP_AND_EVENTS)
@@ -120,6 +121,10 @@ def test_as_cuda_maps_amp_events_and_streams(tmp_path: Path) -> None:
                                   "WHERE op.text LIKE 'aten.addmm%' AND out.text LIKE 'f16%'")[0][0]
         assert half_products >= 6
         assert trace.count("steps") >= 3
+    scaler_line = AMP_AND_EVENTS.splitlines().index("    scaler.step(optimizer)") + 1
+    scaler_syncs = [finding for finding in analyze_path(trace_path).findings
+                    if finding.analyzer == "syncs" and finding.line == scaler_line]
+    assert scaler_syncs and "drop the GradScaler" in scaler_syncs[0].suggestion
 
 
 def test_a_script_that_raises_before_the_device_is_told_so(tmp_path: Path) -> None:

@@ -49,6 +49,17 @@ SUGGESTIONS: dict[str, str] = {
 }
 
 
+# `torch.amp.GradScaler.step` reads on the host whether the unscaled gradients overflowed (`found_inf.item()`) before
+# it steps the optimizer: a sync at the line of `scaler.step(optimizer)`, where the unscale and the update's ops run.
+LOSS_SCALER_OP = "aten._amp_foreach_non_finite_check_and_unscale_%"
+LOSS_SCALER_SUGGESTION = (
+    "This is `GradScaler.step` checking on the host whether the gradients overflowed before it steps the optimizer, "
+    "a wait every step. Loss scaling exists for float16; TPUs train in bfloat16, which has float32's range and needs "
+    "none: autocast with `dtype=torch.bfloat16` and drop the GradScaler (`loss.backward()`, `optimizer.step()`), so "
+    "the host queues the next step while the chip works."
+)
+
+
 @dataclass(frozen=True)
 class SyncLine:
     """The host syncs of one kind at one line in the loop; per-step figures are the steady steps' (None
@@ -136,6 +147,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         f"no more work meanwhile."
     )
     suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
+    if kind == "item" and _steps_a_loss_scaler(context, frame_id):
+        suggestion = LOSS_SCALER_SUGGESTION
     module = module_of_read(context, frame_id, kind)
     if module is not None:
         explanation += inside_module(module)
@@ -156,3 +169,18 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         module=module,
         **context.location_fields(frame_id),
     )
+
+
+def _steps_a_loss_scaler(context: AnalysisContext, frame_id: int | None) -> bool:
+    """Whether a line reading a value is a GradScaler's step: the run unscales gradients for loss scaling, and the
+    line ran that unscale or the optimizer's foreach or fused update (inside `scaler.step(optimizer)`)."""
+    trace = context.trace
+    if frame_id is None or not trace.sql("SELECT 1 FROM strings WHERE text LIKE ? LIMIT 1", (LOSS_SCALER_OP,)):
+        return False
+    rows = trace.sql(
+        "SELECT 1 FROM ops o JOIN strings n ON n.id = o.op_sid JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? "
+        "WHERE o.rank = ? AND f.file_sid = sf.file_sid AND f.line = sf.line "
+        "AND (n.text LIKE ? OR n.text LIKE 'aten._foreach_%' OR n.text LIKE 'aten._fused_%') LIMIT 1",
+        (frame_id, context.rank, LOSS_SCALER_OP),
+    )
+    return bool(rows)
