@@ -43,7 +43,7 @@ class CpuFallbackWarning(PerformanceWarning):
 
 
 HIDDEN_BY_DEFAULT: tuple[type[PerformanceWarning], ...] = (RecompileWarning, HostSyncWarning, TransferWarning)
-USER_SYNC_KINDS = frozenset({"item", "cpu", "numpy", "tolist", "print", "bool", "data_dependent"})
+USER_SYNC_KINDS = frozenset({"item", "cpu", "numpy", "tolist", "print", "bool", "data_dependent", "host_outputs"})
 
 _warned_sites: set[tuple[type[Warning], str, int]] = set()
 _lock = threading.Lock()

@@ -149,7 +149,7 @@ class CompiledGraph:
         values = jax.device_get([results[index] for index in indices])
         end = _perf_ns()
         if recorder is not None:
-            recorder.synced("cpu", chip, start, end - start, 0)
+            recorder.synced("host_outputs", chip, start, end - start, 0)
             recorder.transferred("d2h", sum(value.nbytes for value in values), chip, -1, start, end - start)
         return dict(zip(indices, values))
 

@@ -46,6 +46,10 @@ SUGGESTIONS: dict[str, str] = {
     "tolist": "`.tolist()` copies to the host and waits; do it every N steps or after the loop.",
     "numpy": "`.numpy()` copies to the host and waits; do it every N steps or after the loop.",
     "cpu": "`.cpu()` / `.to('cpu')` copies to the host and waits; keep the value on the chip or move it less often.",
+    "host_outputs": "A torch.compile graph returns values that torch keeps on the CPU, copied back after every call, so "
+                    "the host waits for the chip. Most often they are an optimizer's step counts in a compiled "
+                    "`optimizer.step()`: make the optimizer `capturable=True` (Adam, AdamW, ...), which keeps them on "
+                    "the chip; otherwise keep such state on the chip.",
 }
 
 

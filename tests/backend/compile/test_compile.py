@@ -413,3 +413,37 @@ def test_a_compiled_train_step_breaks_only_where_torch_does(tmp_path: Path) -> N
         places = {(Path(row.source.file).name, row.reason.split(" - ")[0]) for row in trace.records("graph_breaks")}
     assert ("whole_step.py", "Unsupported Tensor.backward() call") in places
     assert all(not name.startswith("<") and name not in ("hooks.py", "host_origins.py") for name, _ in places), places
+
+
+def test_a_compiled_optimizer_step_with_host_step_counts_is_told_to_be_capturable(tmp_path: Path) -> None:
+    """A compiled `optimizer.step()` of an AdamW that keeps its step counts on the CPU copies them back after each
+    call (a sync of kind `host_outputs` at the call); a `capturable=True` one keeps them on the chip and does not."""
+    from tputrace.analysis import analyze_path
+
+    script = tmp_path / "compiled_steps.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        models = [nn.Linear(16, 4).to("tpu"), nn.Linear(16, 4).to("tpu")]
+        on_host = torch.optim.AdamW(models[0].parameters(), lr=1e-3)
+        on_chip = torch.optim.AdamW(models[1].parameters(), lr=1e-3, capturable=True)
+        step_on_host = torch.compile(on_host.step, backend="tpu")
+        step_on_chip = torch.compile(on_chip.step, backend="tpu")
+        for step in range(4):
+            for model in models:
+                model(torch.randn(8, 16, device="tpu")).sum().backward()
+            step_on_host()  # host step counts
+            step_on_chip()  # chip step counts
+            on_host.zero_grad()
+            on_chip.zero_grad()
+    '''))
+    lines = script.read_text().splitlines()
+    host_line = next(number for number, text in enumerate(lines, 1) if "# host step counts" in text)
+    trace_path = _run(tmp_path, script)
+    with tputrace.open(trace_path) as trace:
+        kinds = {(Path(row.source.file).name, row.source.line, row.kind) for row in trace.records("syncs")}
+    assert ("compiled_steps.py", host_line, "host_outputs") in kinds
+    assert not [kind for kind in kinds if kind[2] == "host_outputs" and kind[1] != host_line]
+    findings = [finding for finding in analyze_path(trace_path).findings if finding.analyzer == "syncs" and finding.line == host_line]
+    assert findings and "capturable=True" in findings[0].suggestion
