@@ -25,7 +25,8 @@ MAGIC = "tputrace-trace"
 # 2: device_meshes, parameter_placements, collective_causes and collectives.cause_id (a version-1 file reads
 # them as empty and NULL).
 # 3: buffers (each chip buffer's lifetime; an older file reads it as empty) and transfers.origin_frame_id (the line
-# that made a batch copied to a chip; an older file reads it as NULL).
+# that made a batch copied to a chip; an older file reads it as NULL); syncs.library_frame_id is a trailing column of
+# it (an older file reads it as NULL).
 FORMAT_VERSION = 3
 FILE_SUFFIX = ".tptrace"
 # `meta` key naming the on-disk compile cache directory a run used (absent: it used none).
@@ -255,6 +256,9 @@ SYNCS = RecordKind(
         _c("dur_ns", "INTEGER", "stall: time the host waited"),
         _c("pending_ops", "INTEGER", "pending ops the sync forced to run (counted as `flushes.n_ops`)"),
         _STEP,
+        _c("library_frame_id", "INTEGER", "where the user's line called into a library (not torch) that read the value: the "
+           "innermost line of that library on the stack (a Trainer's check of each step's loss), NULL when the user's "
+           "code read it", ref="frames"),
     ),
     indexes=(("rank", "start_ns"),),
 )

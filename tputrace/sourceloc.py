@@ -66,6 +66,29 @@ def is_user_file(filename: str, roots: tuple[str, ...]) -> bool:
     return not os.path.abspath(filename).startswith(roots)
 
 
+# Packages whose frames are never a library's that the user called: torch (its own code runs every op), the
+# numerics libraries under the backend, and tputrace.
+_FRAMEWORK_MODULES = ("torch", "jax", "jaxlib", "numpy")
+
+
+@functools.cache
+def is_third_party_library(filename: str) -> bool:
+    """Whether `filename` is an installed package's (site-packages) other than torch, jax and numpy, and not tputrace's:
+    a library the user's code calls into, such as Transformers' Trainer."""
+    path = os.path.abspath(filename)
+    if filename.startswith("<") or path.startswith(TPUTRACE_DIR + os.sep):
+        return False
+    installed = {sysconfig.get_paths()[name].rstrip("/") + "/" for name in ("purelib", "platlib")}
+    if not path.startswith(tuple(installed)):
+        return False
+    frameworks = tuple(
+        os.path.dirname(os.path.abspath(module.__file__)) + os.sep
+        for name in _FRAMEWORK_MODULES if (module := sys.modules.get(name)) is not None and getattr(module, "__file__", None)
+    )
+    backend = backend_dir()
+    return not path.startswith(frameworks + ((backend + os.sep,) if backend else ()))
+
+
 def first_user_location(skip: int = 1) -> tuple[str, int, str] | None:
     """(file, line, function) of the innermost frame in the user's code, or None."""
     roots = library_roots()

@@ -80,7 +80,7 @@ class HandTrace:
         return flush_id
 
     def sync(self, kind: str, step: int, dur_ns: int, frame: int, offset_ns: int = 5 * MS, pending_ops: int = 3) -> None:
-        self.writer.append("syncs", (0, kind, frame, 0, self.t(step, offset_ns), dur_ns, pending_ops, step))
+        self.writer.append("syncs", (0, kind, frame, 0, self.t(step, offset_ns), dur_ns, pending_ops, step, None))
 
     def transfer(self, step: int, nbytes: int, dur_ns: int, frame: int, offset_ns: int = 6 * MS, direction: str = "h2d",
                  origin: int | None = None) -> None:

@@ -135,7 +135,7 @@ def _trace_with_escapes(path: Path) -> Path:
         frame = writer.frame(f"/w/train{ESCAPES}.py", 3, f"main{ESCAPES}")
         writer.append("ops", (0, 0, writer.intern(f"aten.add{ESCAPES}"), writer.intern("f32[8]"), writer.intern("f32[8]"), 0, 0,
                               1000, frame, None, 0, None, None))
-        writer.append("syncs", (0, "item", frame, 0, 100, 500, 0, 0))
+        writer.append("syncs", (0, "item", frame, 0, 100, 500, 0, 0, None))
         writer.update_run(end_ns=2000, exit_status=1, error=f"ValueError: bad{ESCAPES}")
     return path
 

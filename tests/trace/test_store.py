@@ -420,7 +420,7 @@ def test_control_characters_read_as_escapes(tmp_path: Path) -> None:
     with TraceWriter(path) as writer:
         writer.set_run(world_size=1, script=f"/w/t{escapes}.py", argv=[f"--x{escapes}"], host=f"h{escapes}")
         frame = writer.frame(f"/w/t{escapes}.py", 3, f"main{escapes}")
-        writer.append("syncs", (0, f"item{escapes}", frame, 0, 0, 10, 0, 0))
+        writer.append("syncs", (0, f"item{escapes}", frame, 0, 0, 10, 0, 0, None))
         writer.update_run(end_ns=20, exit_status=1, error=f"Traceback\n\tValueError: x{escapes}")
         op_sid = writer.intern(f"aten.add{escapes}")
     shown = "\\x1b]0;retitled\\x07\\x1b[2J\\x9b"

@@ -64,7 +64,7 @@ def _hostile_trace(path: Path) -> Path:
             writer.append("compiles", (compile_id, 0, program, "fused", text, shapes, 0, clock, 50_000, frame, step,
                                        "recompile" if step == 2 else "first", text, json.dumps({"x": HOSTILE_TEXT})))
             writer.append("executions", (0, program, 0, clock + 60_000, 20_000, step, None))
-            writer.append("syncs", (0, HOSTILE_TEXT, frame, 0, clock + 60_000, 30_000, 5, step))
+            writer.append("syncs", (0, HOSTILE_TEXT, frame, 0, clock + 60_000, 30_000, 5, step, None))
             writer.append("fallbacks", (0, op, shapes, 0, clock + 100_000, 7_000, frame, step))
             writer.append("transfers", (0, "h2d", 4096, -1, 0, clock + 110_000, 1_000, frame, step, None))
             writer.append("annotations", (0, text, "annotate", start, 100_000, frame, step))

@@ -56,6 +56,16 @@ SUGGESTIONS: dict[str, str] = {
 # `torch.amp.GradScaler.step` reads on the host whether the unscaled gradients overflowed (`found_inf.item()`) before
 # it steps the optimizer: a sync at the line of `scaler.step(optimizer)`, where the unscale and the update's ops run.
 LOSS_SCALER_OP = "aten._amp_foreach_non_finite_check_and_unscale_%"
+# (a library file's path ending, sync kind) -> what to change, for reads that a library makes where its user can
+# turn them off.
+LIBRARY_SUGGESTIONS: tuple[tuple[str, str, str], ...] = (
+    ("transformers/trainer.py", "bool",
+     "Transformers' Trainer checks each step's loss for NaN and inf on the host (`logging_nan_inf_filter`, on by "
+     "default), a wait every step: set `TrainingArguments(logging_nan_inf_filter=False)`."),
+    ("transformers/trainer.py", "item",
+     "Transformers' Trainer reads the loss (and the gradient norm) on the host when it logs, every `logging_steps` "
+     "steps: log less often (a larger `logging_steps`)."),
+)
 LOSS_SCALER_SUGGESTION = (
     "This is `GradScaler.step` checking on the host whether the gradients overflowed before it steps the optimizer, "
     "a wait every step. Loss scaling exists for float16; TPUs train in bfloat16, which has float32's range and needs "
@@ -71,6 +81,7 @@ class SyncLine:
 
     where: str
     kind: str
+    library: str | None  # where a library the line called made the read (`trainer.py:1956 in _run_epoch`), if one did
     count: int
     stall_ns: int
     pending_ops: int
@@ -92,45 +103,49 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     steady_where, steady_params = context.steady_where("s")
     excluded = ", ".join(f"'{kind}'" for kind in EXCLUDED_KINDS)
     own = f"s.kind NOT IN ({excluded}) AND {outside_fallbacks('s')} AND NOT {AT_A_GRAPH_BREAK}"
+    # Reads a library made for the line (a Trainer's) are grouped by where in the library (a file before the column: NULL).
+    library = "s.library_frame_id" if trace.has_column("syncs", "library_frame_id") else "NULL"
     rows = trace.sql(
-        f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0), COALESCE(SUM(s.pending_ops), 0), "
-        f"COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND {own} GROUP BY s.frame_id, s.kind "
-        f"HAVING {context.loop_line_having('s')} ORDER BY 4 DESC",
+        f"SELECT s.frame_id, s.kind, {library}, COUNT(*), COALESCE(SUM({STALL}), 0), COALESCE(SUM(s.pending_ops), 0), "
+        f"COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND {own} GROUP BY s.frame_id, s.kind, {library} "
+        f"HAVING {context.loop_line_having('s')} ORDER BY 5 DESC",
         params,
     )
     steady = {
-        (frame_id, kind): (count, stall_ns)
-        for frame_id, kind, count, stall_ns in trace.sql(
-            f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0) FROM syncs s "
-            f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind",
+        (frame_id, kind, library_frame_id): (count, stall_ns)
+        for frame_id, kind, library_frame_id, count, stall_ns in trace.sql(
+            f"SELECT s.frame_id, s.kind, {library}, COUNT(*), COALESCE(SUM({STALL}), 0) FROM syncs s "
+            f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind, {library}",
             steady_params,
         )
     }
     steady_count = max(context.steady_count, 1)
     lines: list[SyncLine] = []
-    costly: list[tuple[int | None, str, int, int, int, int, float | None, int, int, Cost]] = []
-    for frame_id, kind, count, stall_ns, pending_ops, steps_with in rows:
-        steady_syncs, steady_stall = steady.get((frame_id, kind), (0, 0))
+    costly: list[tuple[int | None, str, int | None, int, int, int, int, float | None, int, int, Cost]] = []
+    for frame_id, kind, library_frame_id, count, stall_ns, pending_ops, steps_with in rows:
+        steady_syncs, steady_stall = steady.get((frame_id, kind, library_frame_id), (0, 0))
         per_step = steady_syncs / steady_count if context.steps else None
         lines.append(SyncLine(
-            context.where(frame_id), kind, count, stall_ns, pending_ops, steps_with, per_step,
-            steady_stall / steady_count if context.steps else None,
+            context.where(frame_id), kind, _library_where(context, library_frame_id), count, stall_ns, pending_ops, steps_with,
+            per_step, steady_stall / steady_count if context.steps else None,
         ))
         if stall_ns <= 0:
             continue
         cost = context.loop_cost(steady_stall, stall_ns)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
-        costly.append((frame_id, kind, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall, cost))
+        costly.append((frame_id, kind, library_frame_id, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall,
+                       cost))
     modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
     findings = [_finding(context, *line) for line in costly]
     data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
 
 
-def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: int, stall_ns: int, pending_ops: int,
-             steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
+def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
+             pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
     where = context.where(frame_id)
+    library = _library_where(context, library_frame_id)
     share = context.share_of_steps(steady_stall)
     severity = context.severity(share)
     if severity == "info" and per_step is not None and per_step >= 1 and share >= 0.02:
@@ -140,7 +155,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
     every_step = per_step is not None and per_step >= 0.99
     stalled = (f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
                else f"{format_ns(stall_ns)} stalled")
-    title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}): {stalled}"
+    inside = f", in {library}" if library else ""
+    title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}{inside}): {stalled}"
     pending = pending_ops / count
     waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
                  else "is for programs already queued on the chip")
@@ -150,15 +166,22 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait {waits_for}, and the host queues "
         f"no more work meanwhile."
     )
+    if library:
+        explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
     if kind == "item" and _steps_a_loss_scaler(context, frame_id):
         suggestion = LOSS_SCALER_SUGGESTION
+    elif library_frame_id is not None:
+        suggestion = _library_suggestion(context, library_frame_id, kind) or (
+            f"The read is the library's ({library}): look for its setting that turns the read off or makes it less "
+            "often, or call it less often. " + suggestion)
     module = module_of_read(context, frame_id, kind)
     if module is not None:
         explanation += inside_module(module)
         suggestion = change_in_module(module, where) + then(suggestion)
     evidence = (
         context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
+        *((context.evidence_at(f"read inside the library at {library}", library_frame_id, table="syncs"),) if library else ()),
         Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),
     )
     return Finding(
@@ -188,3 +211,18 @@ def _steps_a_loss_scaler(context: AnalysisContext, frame_id: int | None) -> bool
         (frame_id, context.rank, LOSS_SCALER_OP),
     )
     return bool(rows)
+
+
+def _library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:
+    """`trainer.py:1956 in _run_epoch` for a library's frame; None without one."""
+    location = context.location(library_frame_id) if library_frame_id is not None else None
+    if location is None:
+        return None
+    return f"{location.short} in {location.function}" if location.function else location.short
+
+
+def _library_suggestion(context: AnalysisContext, library_frame_id: int, kind: str) -> str | None:
+    """What to change for a read a known library makes (`LIBRARY_SUGGESTIONS`), or None."""
+    location = context.location(library_frame_id)
+    path = (location.file or "").replace("\\", "/") if location is not None else ""
+    return next((text for ending, read, text in LIBRARY_SUGGESTIONS if read == kind and path.endswith(ending)), None)

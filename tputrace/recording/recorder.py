@@ -383,7 +383,8 @@ class Recorder(ShardingRecords, UserFrames):
         if not self.window_open:
             return
         self.recorded_in_step = True
-        self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index))
+        self.writer.append("syncs", (self.rank, kind, self.frame_id(), chip, start_ns - self.t0, dur_ns, pending_ops, self.step_index,
+                                     self.library_frame_id()))
         performance_warnings.synced(kind, self.step_index)
 
     def transferred(self, direction: str, nbytes: int, src_chip: int, dst_chip: int, start_ns: int, dur_ns: int,

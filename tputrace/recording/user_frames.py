@@ -69,6 +69,25 @@ class UserFrames:
             return self.backward_call_frame if by_call else self.backward_frame
         return None
 
+    def library_frame_id(self) -> int | None:
+        """Where the user's code called into a library (not torch, not tputrace) that is doing the work now: the
+        innermost frame of such a library below the first user frame (a Trainer's training loop reading a loss);
+        None when no library frame lies between. Walked only for rare records (syncs), not per op."""
+        frame = sys._getframe(2)
+        innermost: tuple[str, int, str] | None = None
+        while frame is not None:
+            code = frame.f_code
+            is_user = self._user_code.get(id(code))
+            if is_user is None:
+                self._seen_code.append(code)
+                is_user = self._user_code[id(code)] = self._is_user_file(code.co_filename)
+            if is_user:
+                break
+            if innermost is None and sourceloc.is_third_party_library(code.co_filename):
+                innermost = (code.co_filename, frame.f_lineno, code.co_name)
+            frame = frame.f_back
+        return None if innermost is None else self._location_frame_id(innermost)
+
     def _site_frame_id(self, code: CodeType, lasti: int, line: int, by_call: bool) -> int:
         """The frame id of the call at instruction `lasti` of `code` (on `line`): its line, or with `by_call`
         also the calling instruction's column span (compiles use it, so a line with two calls of one op

@@ -181,6 +181,11 @@ class Trace:
         it, and reads it as empty."""
         return self._connection.has_table(table)
 
+    def has_column(self, table: str, column: str) -> bool:
+        """Whether the file's `table` has `column`: a file from an older writer lacks later trailing columns,
+        which `records` reads as None (raw `sql` must leave them out)."""
+        return column in self._connection.stored_columns(table)
+
     def source_files(self, *, rank: int | None = None) -> dict[str, SourceFileRecord]:
         """The user's source files as the run saw them (digest and size), by recorded path; of `rank`
         when given, else of every rank (the lowest rank's where ranks differ)."""

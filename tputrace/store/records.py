@@ -2,7 +2,7 @@
 
 A record's fields follow its table's columns in order, with these renames: a `*_sid` column becomes
 the resolved text without the suffix (`op_sid` -> `op`), `frame_id` becomes `source` and
-`origin_frame_id` becomes `origin` (each a `SourceLocation`), and the `annotations.source` text column
+`origin_frame_id` becomes `origin` and `library_frame_id` `library` (each a `SourceLocation`), and the `annotations.source` text column
 becomes `origin` (so that `source` is a location everywhere). `runs.argv` is decoded from JSON into a
 tuple. A test keeps these classes in step with `tputrace.schema`.
 """
@@ -196,6 +196,7 @@ class SyncRecord:
     dur_ns: int | None
     pending_ops: int | None
     step: int | None
+    library: SourceLocation | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -410,8 +411,8 @@ def field_name(kind: RecordKind, column: Column) -> str:
     """The record field that holds `column` of `kind`, following the renames in the module docstring."""
     if column.name == "frame_id":
         return "source"
-    if column.name == "origin_frame_id":
-        return "origin"
+    if column.ref == "frames" and column.name.endswith("_frame_id"):
+        return column.name[: -len("_frame_id")]  # `origin_frame_id`: `origin`
     if kind.table == "annotations" and column.name == "source":
         return "origin"
     if column.ref == "strings" and column.name.endswith("_sid"):
