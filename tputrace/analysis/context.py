@@ -89,6 +89,14 @@ class AnalysisContext:
         return steady(self.loop_steps)
 
     @property
+    def warm_up_in_steady(self) -> int | None:
+        """The warm-up step's number when the steady steps include it (a loop of two steps), else None. Its
+        one-time work (the set-up before the loop, each op's first dispatch) belongs to no later step, so a
+        judgement of what every step does leaves it out where a later step exists."""
+        loop = self.loop_steps
+        return loop[0].step if len(loop) >= 2 and self.steady_steps[0] is loop[0] else None
+
+    @property
     def steady_range(self) -> tuple[int, int] | None:
         """(first, last) step number of the steady steps, or None without steps."""
         steady = self.steady_steps
@@ -229,9 +237,9 @@ class AnalysisContext:
         location = self.location(frame_id)
         return location.short if location is not None else "an unknown line"
 
-    def frame_at_line(self, file: str, line: int) -> int | None:
-        """A recorded frame at `line` of the file a recompile's diff names (`train.py`, its folder left
-        out): the line's own frame, which ops have, before a call's."""
+    def frames_at_line(self, file: str, line: int) -> list[int]:
+        """The recorded frames at `line` of the file a recompile's diff names (`train.py`, its folder left
+        out, or its path), by id."""
         name = os.path.basename(file)
         pattern = "%/" + name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self.trace.sql(
@@ -239,8 +247,14 @@ class AnalysisContext:
             "ORDER BY f.id",
             (line, file, pattern),
         )
-        line_frames = [row[0] for row in rows if (location := self.trace.frame(row[0])) is not None and location.col is None]
-        return line_frames[0] if line_frames else rows[0][0] if rows else None
+        return [row[0] for row in rows]
+
+    def frame_at_line(self, file: str, line: int) -> int | None:
+        """A recorded frame at `line` of the file a recompile's diff names: the line's own frame, which ops
+        have, before a call's."""
+        frames = self.frames_at_line(file, line)
+        line_frames = [frame_id for frame_id in frames if (location := self.trace.frame(frame_id)) is not None and location.col is None]
+        return line_frames[0] if line_frames else frames[0] if frames else None
 
     def location_fields(self, frame_id: int | None) -> LocationFields:
         """`file` and `line` keyword arguments of a `Finding` for a frame id (none when unknown)."""
