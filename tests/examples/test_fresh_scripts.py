@@ -38,6 +38,42 @@ GRAD_ACCUMULATION = '''
     print(running)
 '''
 
+CLIPPED_LOSS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(300, 300), nn.GELU(), nn.Linear(300, 100)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    x, y = torch.randn(100, 300).to("tpu"), torch.randn(100, 100).to("tpu")
+    for step in range(6):
+        loss = nn.functional.mse_loss(model(x), y)
+        if loss > 10.0:  {marker}
+            loss = loss * 0.1
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+CTC = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(40, 64), nn.ReLU(), nn.Linear(64, 12)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    ctc = nn.CTCLoss(blank=0)
+    feats, targets = torch.randn(50, 4, 40).to("tpu"), torch.randint(1, 12, (4, 10)).to("tpu")
+    lengths, target_lengths = torch.full((4,), 50), torch.full((4,), 10)
+    for step in range(5):
+        loss = ctc(model(feats).log_softmax(-1), targets, lengths, target_lengths)  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
 LOGGED_ONCE = '''
     import torch
     from torch import nn
@@ -95,11 +131,34 @@ def test_an_item_per_micro_batch_is_the_loops_finding_in_a_two_step_accumulation
     report, script, line = _run(tmp_path, "grad_accumulation", GRAD_ACCUMULATION)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs"]
     assert (sync.file, sync.line) == (str(script), line), sync.title
-    assert "4 times per step" in sync.evidence[0].text
+    assert sync.title.startswith(f"Host sync 4 times per step at {script.name}:{line} (item)"), sync.title
     analyzers = {finding.analyzer for finding in report.findings}
     assert "host_bound" not in analyzers and "recompiles" not in analyzers
     model_line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "model = " in text)
     assert not [f for f in report.findings if f.analyzer == "transfers" and f.line == model_line]
+
+
+def test_a_python_if_on_the_loss_is_a_sync_whose_stall_each_is_the_titles(tmp_path: Path) -> None:
+    """One bool sync a step: the evidence's stall per sync is the steady steps' like the title's per-step
+    stall, not an average with the warm-up step's first, slower runs; the 300-wide layers are padding."""
+    report, script, line = _run(tmp_path, "clipped_loss", CLIPPED_LOSS)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.title.startswith(f"Host sync every step at {script.name}:{line} (bool): "), sync.title
+    per_step = sync.title.rsplit(": ", 1)[1].removesuffix(" stalled per step")
+    assert f"1 time per step, {per_step} stall each in the steady steps" in sync.evidence[0].text, sync.evidence[0].text
+    assert any(finding.analyzer == "padding" and "dim 300" in finding.title for finding in report.findings)
+
+
+def test_a_loss_with_no_lowering_is_one_fallback_finding_with_its_backward(tmp_path: Path) -> None:
+    """CTC's forward and backward both run on the host: one finding at the loss's line, costing both (the
+    backward's line is `loss.backward()`, where nothing can be changed), with the steady steps' time per call."""
+    report, script, line = _run(tmp_path, "ctc", CTC)
+    (fallback,) = [finding for finding in report.findings if finding.analyzer == "fallbacks"]
+    assert (fallback.file, fallback.line) == (str(script), line), fallback.title
+    assert fallback.title.startswith(f"CPU fallback: aten._ctc_loss.default runs on the host at {script.name}:{line}")
+    assert "aten._ctc_loss_backward.default" in fallback.evidence[1].text and fallback.evidence[1].line == line + 2
+    assert "each including transfers in the steady steps" in fallback.explanation
+    assert fallback is report.findings[0]
 
 
 def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_path: Path) -> None:

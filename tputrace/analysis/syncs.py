@@ -122,7 +122,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         severity = "warning"
     steady_count = max(context.steady_count, 1)
     rate = per_step_text(steady_syncs, steady_count, "time") if per_step is not None else plural(count, "time")
-    every_step = per_step is not None and per_step >= 0.99
+    every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
     stalled = (f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
                else f"{format_ns(stall_ns)} stalled")
     title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}): {stalled}"
@@ -140,8 +140,13 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
     if module is not None:
         explanation += inside_module(module)
         suggestion = change_in_module(module, where) + then(suggestion)
+    each = f"{format_ns(stall_ns / count)} stall each"
+    if context.steps and steady_syncs and steady_syncs < count:
+        # the title's rate is the steady steps'; the warm-up step's first runs of each program wait longer
+        each = (f"{format_ns(steady_stall / steady_syncs)} stall each in the steady steps "
+                f"({format_ns(stall_ns / count)} on average with the warm-up step)")
     evidence = (
-        context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
+        context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {each}", frame_id, table="syncs"),
         Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),
     )
     return Finding(
