@@ -74,6 +74,32 @@ CTC = '''
     print(loss.item())
 '''
 
+GUARDED_BLOCK = '''
+    import torch
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self, width):
+            super().__init__()
+            self.fc, self.norm = nn.Linear(width, width), nn.LayerNorm(width)
+
+        def forward(self, x):
+            h = self.fc(x)
+            if h.abs().max() > 1e3:  {marker}
+                h = h.clamp(-1e3, 1e3)
+            return self.norm(h + x)
+
+    torch.manual_seed(0)
+    model = nn.Sequential(Block(64), nn.Linear(64, 3)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(5):
+        loss = nn.functional.cross_entropy(model(torch.randn(16, 64, device="tpu")), torch.arange(16, device="tpu") % 3)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
 LOGGED_ONCE = '''
     import torch
     from torch import nn
@@ -159,6 +185,15 @@ def test_a_loss_with_no_lowering_is_one_fallback_finding_with_its_backward(tmp_p
     assert "aten._ctc_loss_backward.default" in fallback.evidence[1].text and fallback.evidence[1].line == line + 2
     assert "each including transfers in the steady steps" in fallback.explanation
     assert fallback is report.findings[0]
+
+
+def test_a_read_in_a_modules_forward_is_said_to_be_at_its_line(tmp_path: Path) -> None:
+    """The `if` is in the user's own forward: the suggestion says the read is at that line, not that the
+    line may only call a library module holding it."""
+    report, script, line = _run(tmp_path, "guarded_block", GUARDED_BLOCK)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.module == "Sequential.0"
+    assert sync.suggestion.startswith(f"The read is in the forward of Sequential.0, at {script.name}:{line}: `if tensor:`"), sync.suggestion
 
 
 def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_path: Path) -> None:

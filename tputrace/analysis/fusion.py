@@ -108,7 +108,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     where_top = context.where(top_frame)
     hint = SUGGESTIONS.get(top_trigger, "move the host read after the step")
     module = module_of_read(context, top_frame, top_trigger)
-    change = f"{change_in_module(module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
+    change = f"{change_in_module(context, top_frame, module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
     finding = Finding(
         analyzer=NAME,
         severity=severity,

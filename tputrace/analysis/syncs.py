@@ -139,7 +139,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
     module = module_of_read(context, frame_id, kind)
     if module is not None:
         explanation += inside_module(module)
-        suggestion = change_in_module(module, where) + then(suggestion)
+        suggestion = change_in_module(context, frame_id, module, where) + then(suggestion)
     each = f"{format_ns(stall_ns / count)} stall each"
     if context.steps and steady_syncs and steady_syncs < count:
         # the title's rate is the steady steps'; the warm-up step's first runs of each program wait longer
