@@ -4,6 +4,7 @@ no finding blames work that the loop does every step on set-up or on the warm-up
 
 from __future__ import annotations
 
+import re
 import textwrap
 from pathlib import Path
 
@@ -97,6 +98,25 @@ GUARDED_BLOCK = '''
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+    print(loss.item())
+'''
+
+GRAD_SCALER = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.GELU(), nn.Linear(256, 128)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("tpu")
+    x = torch.randn(32, 128, device="tpu")
+    for step in range(5):
+        with torch.autocast("tpu", dtype=torch.float16):
+            loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)  {marker}
+        scaler.update()
     print(loss.item())
 '''
 
@@ -194,6 +214,20 @@ def test_a_read_in_a_modules_forward_is_said_to_be_at_its_line(tmp_path: Path) -
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert sync.module == "Sequential.0"
     assert sync.suggestion.startswith(f"The read is in the forward of Sequential.0, at {script.name}:{line}: `if tensor:`"), sync.suggestion
+
+
+def test_a_grad_scaler_read_is_named_and_bfloat16_suggested(tmp_path: Path) -> None:
+    """GradScaler.step reads its overflow flag every step inside the call: the finding names that read and
+    suggests bfloat16 autocast without a scaler, not the loss-logging advice for a `.item()` at the line. Its
+    share is of a median step, which the second step's recompile (AdamW's and the scaler's first updates)
+    does not dilute as it would the steady steps' sum."""
+    report, script, line = _run(tmp_path, "grad_scaler", GRAD_SCALER)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "`torch.amp.GradScaler.step` reading whether the float16 gradients overflowed" in sync.explanation
+    assert sync.suggestion.startswith("On a TPU, autocast to `torch.bfloat16`"), sync.suggestion
+    share = re.search(r"\((\d+)% of a median steady step\)", sync.explanation)
+    assert share is not None and report.median_step_ns, sync.explanation
+    assert abs(int(share[1]) - 100 * sync.cost_per_step_ns / report.median_step_ns) <= 1
 
 
 def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_path: Path) -> None:

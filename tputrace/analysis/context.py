@@ -200,9 +200,13 @@ class AnalysisContext:
     # -- severity ---------------------------------------------------------------------------------
 
     def share_of_steps(self, steady_cost_ns: float) -> float:
-        """A cost incurred in the steady steps as a share of their time (of the wall time without steps)."""
-        denominator = self.steady_ns if self.steps else self.wall_ns
-        return steady_cost_ns / denominator if denominator else 0.0
+        """A cost incurred in the steady steps, per steady step, as a share of the median steady step (of the
+        wall time without steps). The median, not the steady steps' sum: one steady step that compiled (a
+        second-step recompile) would make a cost paid every step look small."""
+        if not self.steps:
+            return steady_cost_ns / self.wall_ns if self.wall_ns else 0.0
+        median = self.median_step_ns
+        return steady_cost_ns / max(self.steady_count, 1) / median if median else 0.0
 
     def share_of_step(self, total_ns: float) -> float:
         """A cost summed over the loop's steps, per step, as a share of the median steady step."""
@@ -213,8 +217,8 @@ class AnalysisContext:
         return per_step / median
 
     def share_text(self, share: float) -> str:
-        """`12% of the steady steps' time` (`of the run` for a run without steps)."""
-        return f"{share:.0%} of the steady steps' time" if self.steps else f"{share:.0%} of the run"
+        """`12% of a median steady step` (`of the run` for a run without steps)."""
+        return f"{share:.0%} of a median steady step" if self.steps else f"{share:.0%} of the run"
 
     def share_of_wall(self, cost_ns: float) -> float:
         return cost_ns / self.wall_ns if self.wall_ns else 0.0

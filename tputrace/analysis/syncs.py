@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, outside_fallbacks, per_step_text
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_step_text
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
@@ -46,6 +46,18 @@ SUGGESTIONS: dict[str, str] = {
     "tolist": "`.tolist()` copies to the host and waits; do it every N steps or after the loop.",
     "numpy": "`.numpy()` copies to the host and waits; do it every N steps or after the loop.",
     "cpu": "`.cpu()` / `.to('cpu')` copies to the host and waits; keep the value on the chip or move it less often.",
+}
+
+# Reads a library makes inside the call at a line, known by an op the call runs there: what the read is,
+# and the change that removes it.
+LIBRARY_READS: dict[str, tuple[str, str]] = {
+    "aten._amp_foreach_non_finite_check_and_unscale_": (
+        "`torch.amp.GradScaler.step` reading whether the float16 gradients overflowed (`found_inf`) to decide "
+        "whether to skip the optimizer step",
+        "On a TPU, autocast to `torch.bfloat16` instead of `torch.float16`: bfloat16 has float32's range and needs "
+        "no loss scaling, so drop the GradScaler (`loss.backward()` and `optimizer.step()` directly) and its read "
+        "every step with it.",
+    ),
 }
 
 
@@ -137,7 +149,11 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
     )
     suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
     module = module_of_read(context, frame_id, kind)
-    if module is not None:
+    library_read = _library_read(context, frame_id)
+    if library_read is not None:
+        explanation += f" The read is {library_read[0]}, inside the call at {where}."
+        suggestion = library_read[1]
+    elif module is not None:
         explanation += inside_module(module)
         suggestion = change_in_module(context, frame_id, module, where) + then(suggestion)
     each = f"{format_ns(stall_ns / count)} stall each"
@@ -161,3 +177,24 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: i
         module=module,
         **context.location_fields(frame_id),
     )
+
+
+def _library_read(context: AnalysisContext, frame_id: int | None) -> tuple[str, str] | None:
+    """What a library read at `frame_id`'s line is and how to remove it, when the line ran an op of `LIBRARY_READS`
+    in the loop (any call on the line: ops and syncs may record its columns differently). The op names come
+    from the (small) strings table, so the ops are read through their op_sid index, and only in runs that
+    have such an op."""
+    if frame_id is None:
+        return None
+    where, params = context.loop_where("o")
+    for op_prefix, read in LIBRARY_READS.items():
+        op_sids = [sid for (sid,) in context.trace.sql(
+            "SELECT id FROM strings WHERE text = ? OR substr(text, 1, ?) = ?", (op_prefix, len(op_prefix) + 1, op_prefix + "."),
+        )]
+        if op_sids and context.trace.sql(
+            f"SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE {where} "
+            f"AND o.op_sid IN {in_list(op_sids)} AND f.file_sid = sf.file_sid AND f.line = sf.line LIMIT 1",
+            (frame_id, *params, *op_sids),
+        ):
+            return read
+    return None
