@@ -219,15 +219,14 @@ def test_a_read_in_a_modules_forward_is_said_to_be_at_its_line(tmp_path: Path) -
 def test_a_grad_scaler_read_is_named_and_bfloat16_suggested(tmp_path: Path) -> None:
     """GradScaler.step reads its overflow flag every step inside the call: the finding names that read and
     suggests bfloat16 autocast without a scaler, not the loss-logging advice for a `.item()` at the line. Its
-    share is of a median step, which the second step's recompile (AdamW's and the scaler's first updates)
-    does not dilute as it would the steady steps' sum."""
+    share is of the steady steps' time less their compiles, which the second step's recompile (AdamW's and
+    the scaler's first updates) would dilute."""
     report, script, line = _run(tmp_path, "grad_scaler", GRAD_SCALER)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert "`torch.amp.GradScaler.step` reading whether the float16 gradients overflowed" in sync.explanation
     assert sync.suggestion.startswith("On a TPU, autocast to `torch.bfloat16`"), sync.suggestion
-    share = re.search(r"\((\d+)% of a median steady step\)", sync.explanation)
-    assert share is not None and report.median_step_ns, sync.explanation
-    assert abs(int(share[1]) - 100 * sync.cost_per_step_ns / report.median_step_ns) <= 1
+    share = re.search(r"\((\d+)% of the steady steps' time\)", sync.explanation)
+    assert share is not None and int(share[1]) >= 10, sync.explanation  # about 30%; 2% with the recompile counted
 
 
 def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_path: Path) -> None:

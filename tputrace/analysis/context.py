@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
+from tputrace.store.aggregates import OUTERMOST_COMPILE
 from tputrace.store.records import SourceLocation, StepRecord
 from tputrace.wording import plural
 
@@ -200,13 +201,29 @@ class AnalysisContext:
     # -- severity ---------------------------------------------------------------------------------
 
     def share_of_steps(self, steady_cost_ns: float) -> float:
-        """A cost incurred in the steady steps, per steady step, as a share of the median steady step (of the
-        wall time without steps). The median, not the steady steps' sum: one steady step that compiled (a
-        second-step recompile) would make a cost paid every step look small."""
+        """A cost incurred in the steady steps as a share of their time less their compiles (of the wall time
+        without steps). One steady step that compiled (a second-step recompile) would otherwise make a cost
+        paid every step look small; costs leave compiles out too (a sync's stall less the compiles in it)."""
         if not self.steps:
             return steady_cost_ns / self.wall_ns if self.wall_ns else 0.0
-        median = self.median_step_ns
-        return steady_cost_ns / max(self.steady_count, 1) / median if median else 0.0
+        denominator = self.steady_ns - self.steady_compile_ns
+        if denominator <= 0:
+            denominator = self.steady_ns
+        return steady_cost_ns / denominator if denominator else 0.0
+
+    @property
+    def steady_compile_ns(self) -> int:
+        """The compile time in the steady steps (outermost compiles: a Dynamo frame's holds its XLA compiles)."""
+        cached = self.cache.get("steady_compile_ns")
+        if isinstance(cached, int):
+            return cached
+        where, params = self.steady_where("c")
+        ((total,),) = self.trace.sql(
+            f"SELECT COALESCE(SUM(c.dur_ns), 0) FROM compiles c WHERE {where} AND {OUTERMOST_COMPILE}", params,
+        )
+        compile_ns = int(total)
+        self.cache["steady_compile_ns"] = compile_ns
+        return compile_ns
 
     def share_of_step(self, total_ns: float) -> float:
         """A cost summed over the loop's steps, per step, as a share of the median steady step."""
@@ -217,8 +234,8 @@ class AnalysisContext:
         return per_step / median
 
     def share_text(self, share: float) -> str:
-        """`12% of a median steady step` (`of the run` for a run without steps)."""
-        return f"{share:.0%} of a median steady step" if self.steps else f"{share:.0%} of the run"
+        """`12% of the steady steps' time` (less their compiles; `of the run` for a run without steps)."""
+        return f"{share:.0%} of the steady steps' time" if self.steps else f"{share:.0%} of the run"
 
     def share_of_wall(self, cost_ns: float) -> float:
         return cost_ns / self.wall_ns if self.wall_ns else 0.0
