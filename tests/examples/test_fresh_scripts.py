@@ -231,11 +231,13 @@ def test_a_grad_scaler_read_is_named_and_bfloat16_suggested(tmp_path: Path) -> N
 
 def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_path: Path) -> None:
     """A sync in the second step runs that step's new batch as a graph of its own, so the step's graph
-    compiles without it; the batch's line runs every step, so it is not set-up left pending before the loop."""
+    compiles without it; the batch's line runs every step, so it is not set-up left pending before the loop.
+    The read, made once, is not said to recur every 4 steps."""
     report, script, line = _run(tmp_path, "logged_once", LOGGED_ONCE)
     assert not [finding for finding in report.findings if finding.analyzer == "set_up_work"], report.findings[0].title
     top = report.findings[0]
     assert (top.analyzer, top.file, top.line) == ("syncs", str(script), line), top.title
+    assert top.title.startswith(f"Host sync 1 time in 4 steps at {script.name}:{line}"), top.title  # one read has no period
 
 
 def test_ddp_second_forward_is_not_set_up_work(tmp_path: Path) -> None:

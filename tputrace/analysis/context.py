@@ -322,14 +322,15 @@ def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tup
 
 
 def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None) -> str:
-    """`count` things over `steps` steps as a rate: `2 copies per step`, `1 copy every 2 steps`,
-    `3 copies every 2 steps`, or `3 copies in 40 steps` when no small fraction says it exactly."""
+    """`count` things over `steps` steps as a rate: `2 copies per step`, `2 copies every 3 steps`, or
+    `3 copies in 40 steps` when no small fraction says it exactly; one thing is `1 copy in 4 steps`, since a
+    single event (a read in one step, `if step == 1:`) shows no period."""
     if steps <= 0:
         return plural(count, noun, nouns)
     rate = Fraction(count, steps)
     if rate.denominator == 1:
         return f"{plural(rate.numerator, noun, nouns)} per step"
-    if rate.denominator <= MAX_RATE_DENOMINATOR:
+    if rate.denominator <= MAX_RATE_DENOMINATOR and count > 1:
         return f"{plural(rate.numerator, noun, nouns)} every {rate.denominator} steps"
     return f"{plural(count, noun, nouns)} in {plural(steps, 'step')}"
 
