@@ -120,6 +120,40 @@ GRAD_SCALER = '''
     print(loss.item())
 '''
 
+CUDA_TIMING = '''
+    import time
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 256), nn.ReLU(), nn.Linear(256, 128)).cuda()
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(5):
+        start = time.perf_counter()
+        x = torch.randn(64, 128, device="cuda")
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        torch.cuda.synchronize()  {marker}
+        print(f"step {{step}}: {{(time.perf_counter() - start) * 1e3:.1f}} ms")
+'''
+
+SET_UP_THEN_TWO_STEPS = '''
+    import torch
+    from torch import nn
+
+    model = nn.Linear(32, 8).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32, device="tpu")
+    torch.tpu.synchronize()  {marker}
+    for step in range(2):
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
 LOGGED_ONCE = '''
     import torch
     from torch import nn
@@ -227,6 +261,22 @@ def test_a_grad_scaler_read_is_named_and_bfloat16_suggested(tmp_path: Path) -> N
     assert sync.suggestion.startswith("On a TPU, autocast to `torch.bfloat16`"), sync.suggestion
     share = re.search(r"\((\d+)% of the steady steps' time\)", sync.explanation)
     assert share is not None and int(share[1]) >= 10, sync.explanation  # about 30%; 2% with the recompile counted
+
+
+def test_a_synchronize_per_step_for_timing_is_a_sync_at_its_line(tmp_path: Path) -> None:
+    """A CUDA script timing its steps calls `torch.cuda.synchronize()` every step; under `--as-cuda` that
+    waits for the chip like a read, so it is recorded and reported as a host sync at its line."""
+    report, script, line = _run(tmp_path, "cuda_timing", CUDA_TIMING, ("--as-cuda",))
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.title.startswith(f"Host sync every step at {script.name}:{line} (synchronize)"), sync.title
+    assert "`tputrace run` records each step's time" in sync.suggestion
+
+
+def test_a_synchronize_before_a_two_step_loop_is_set_up(tmp_path: Path) -> None:
+    """The synchronize that the set-up-work finding suggests runs before the loop, in the warm-up step,
+    which a loop of two steps counts as steady: it is not a sync in the loop."""
+    report, _, _ = _run(tmp_path, "set_up_then_two_steps", SET_UP_THEN_TWO_STEPS)
+    assert not [finding.title for finding in report.findings if finding.analyzer == "syncs"]
 
 
 def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_path: Path) -> None:

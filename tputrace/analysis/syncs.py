@@ -46,6 +46,9 @@ SUGGESTIONS: dict[str, str] = {
     "tolist": "`.tolist()` copies to the host and waits; do it every N steps or after the loop.",
     "numpy": "`.numpy()` copies to the host and waits; do it every N steps or after the loop.",
     "cpu": "`.cpu()` / `.to('cpu')` copies to the host and waits; keep the value on the chip or move it less often.",
+    "synchronize": "`torch.tpu.synchronize()` (`torch.cuda.synchronize()` under `--as-cuda`) waits for every program "
+                   "launched, and the host queues nothing meanwhile: a GPU script's step timing needs it, a traced run "
+                   "does not (`tputrace run` records each step's time). Remove it from the loop, or call it every N steps.",
 }
 
 # Reads a library makes inside the call at a line, known by an op the call runs there: what the read is,
@@ -95,14 +98,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         f"HAVING {context.loop_line_having('s')} ORDER BY 4 DESC",
         params,
     )
-    steady = {
-        (frame_id, kind): (count, stall_ns)
-        for frame_id, kind, count, stall_ns in trace.sql(
-            f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0) FROM syncs s "
-            f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind",
-            steady_params,
-        )
-    }
+    steady_rows = trace.sql(
+        f"SELECT s.frame_id, s.kind, COUNT(*), COALESCE(SUM({STALL}), 0), MAX(s.step) FROM syncs s "
+        f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind",
+        steady_params,
+    )
+    steady = {(frame_id, kind): (count, stall_ns) for frame_id, kind, count, stall_ns, _ in steady_rows}
+    # synced in the warm-up step only of a loop of two steps (where it counts as steady): set-up, not the loop
+    set_up = {(frame_id, kind) for frame_id, kind, _, _, last_step in steady_rows if last_step == context.warm_up_in_steady}
     steady_count = max(context.steady_count, 1)
     lines: list[SyncLine] = []
     costly: list[tuple[int | None, str, int, int, int, int, float | None, int, int, Cost]] = []
@@ -113,7 +116,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
             context.where(frame_id), kind, count, stall_ns, pending_ops, steps_with, per_step,
             steady_stall / steady_count if context.steps else None,
         ))
-        if stall_ns <= 0:
+        if stall_ns <= 0 or (frame_id, kind) in set_up:
             continue
         cost = context.loop_cost(steady_stall, stall_ns)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
