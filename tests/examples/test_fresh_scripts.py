@@ -154,6 +154,32 @@ SET_UP_THEN_TWO_STEPS = '''
         optimizer.step()
 '''
 
+PRINTED_SHAPE = '''
+    import torch
+    from torch import nn
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 128), nn.Linear(128, 16)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            print("hidden", h.shape)  {marker}
+            return self.b(h)
+
+    torch.manual_seed(0)
+    net = Net().to("tpu")
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
+    compiled = torch.compile(net, backend="tpu")
+    x = torch.randn(32, 64, device="tpu")
+    for step in range(4):
+        loss = compiled(x).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+'''
+
 LOGGED_ONCE = '''
     import torch
     from torch import nn
@@ -277,6 +303,15 @@ def test_a_synchronize_before_a_two_step_loop_is_set_up(tmp_path: Path) -> None:
     which a loop of two steps counts as steady: it is not a sync in the loop."""
     report, _, _ = _run(tmp_path, "set_up_then_two_steps", SET_UP_THEN_TWO_STEPS)
     assert not [finding.title for finding in report.findings if finding.analyzer == "syncs"]
+
+
+def test_a_graph_break_without_a_sync_costs_its_compiles_once(tmp_path: Path) -> None:
+    """A print of a shape breaks the compiled graph but reads no value: the finding costs the resumed
+    graph's compiles, once, with no per-step figure (not `0 ns per step`)."""
+    report, script, line = _run(tmp_path, "printed_shape", PRINTED_SHAPE)
+    (graph_break,) = [finding for finding in report.findings if finding.analyzer == "graph_breaks"]
+    assert (graph_break.file, graph_break.line) == (str(script), line), graph_break.title
+    assert graph_break.cost_total_ns > 0 and graph_break.cost_per_step_ns is None
 
 
 def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_path: Path) -> None:
