@@ -201,11 +201,17 @@ class AnalysisContext:
     # -- severity ---------------------------------------------------------------------------------
 
     def share_of_steps(self, steady_cost_ns: float) -> float:
-        """A cost incurred in the steady steps as a share of their time less their compiles (of the wall time
-        without steps). One steady step that compiled (a second-step recompile) would otherwise make a cost
-        paid every step look small; costs leave compiles out too (a sync's stall less the compiles in it)."""
+        """A cost incurred in the steady steps as a share of their time (of the wall time without steps)."""
+        denominator = self.steady_ns if self.steps else self.wall_ns
+        return steady_cost_ns / denominator if denominator else 0.0
+
+    def share_of_steps_less_compiles(self, steady_cost_ns: float) -> float:
+        """`share_of_steps` for a cost that leaves compiles out (a sync's stall less the compiles in it): a share
+        of the steady steps' time less their compiles, so that one steady step that compiled (a second-step
+        recompile) does not make a cost paid every step look small. Costs that can overlap a compile (a
+        collective's interval) keep `share_of_steps`, whose share never passes 100%."""
         if not self.steps:
-            return steady_cost_ns / self.wall_ns if self.wall_ns else 0.0
+            return self.share_of_steps(steady_cost_ns)
         denominator = self.steady_ns - self.steady_compile_ns
         if denominator <= 0:
             denominator = self.steady_ns
@@ -234,7 +240,7 @@ class AnalysisContext:
         return per_step / median
 
     def share_text(self, share: float) -> str:
-        """`12% of the steady steps' time` (less their compiles; `of the run` for a run without steps)."""
+        """`12% of the steady steps' time` (`of the run` for a run without steps)."""
         return f"{share:.0%} of the steady steps' time" if self.steps else f"{share:.0%} of the run"
 
     def share_of_wall(self, cost_ns: float) -> float:

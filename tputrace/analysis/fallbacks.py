@@ -131,7 +131,7 @@ def _finding(context: AnalysisContext, line: _Line, backwards: list[_Line]) -> F
     steady_count = max(context.steady_count, 1)
     per_step = line.steady_calls / steady_count if context.steps else None
     steady_ns = line.steady_ns + sum(backward.steady_ns for backward in backwards)
-    share = context.share_of_steps(steady_ns)
+    share = context.share_of_steps_less_compiles(steady_ns)
     severity = context.severity(share)
     if severity == "info" and per_step and share >= 0.01:
         severity = "warning"

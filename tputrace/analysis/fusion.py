@@ -94,7 +94,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     cost_ns, flush_ns, stall_ns = _cost(context, frame_ids, excluded, steady=False)
     steady_cost = _cost(context, frame_ids, excluded, steady=True)[0]
     top_trigger, top_frame, top_count, _ = cuts[0]
-    share = context.share_of_steps(steady_cost)
+    share = context.share_of_steps_less_compiles(steady_cost)
     severity = context.severity(share)
     if severity == "info" and cuts_per_step >= 2 * MIN_CUTS_PER_STEP:
         severity = "warning"

@@ -131,7 +131,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, count: int, stall_ns: int, pending_ops: int,
              steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
     where = context.where(frame_id)
-    share = context.share_of_steps(steady_stall)
+    share = context.share_of_steps_less_compiles(steady_stall)
     severity = context.severity(share)
     if severity == "info" and per_step is not None and per_step >= 1 and share >= 0.02:
         severity = "warning"

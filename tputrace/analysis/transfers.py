@@ -77,7 +77,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue
         rate = per_step_text(count, steady_count, "copy", "copies")
-        share = context.share_of_steps(dur_ns)
+        share = context.share_of_steps_less_compiles(dur_ns)
         severity = context.severity(share)
         where = context.where(frame_id)
         every_step = steps_with >= steady_count
