@@ -249,7 +249,7 @@ SYNCS = RecordKind(
     "Host syncs: the host waited for a value from a chip.",
     (
         _RANK,
-        _c("kind", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent; host_outputs (a torch.compile graph's outputs that torch keeps on the CPU, such as a non-capturable optimizer's step counts, copied back after each call); fallback and transfer (inside a CPU fallback or a copy between chips); value_check (tputrace checking arguments on the host)"),
+        _c("kind", "TEXT", "item, cpu, numpy, tolist, print, bool, data_dependent; synchronize (the script's `torch.tpu.synchronize()`, or `torch.cuda.synchronize()` under `--as-cuda`); host_outputs (a torch.compile graph's outputs that torch keeps on the CPU, such as a non-capturable optimizer's step counts, copied back after each call); fallback and transfer (inside a CPU fallback or a copy between chips); value_check (tputrace checking arguments on the host)"),
         _FRAME,
         _CHIP,
         _START,

@@ -7,6 +7,7 @@ import contextlib
 import enum
 import os
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -93,7 +94,18 @@ class device:  # noqa: N801 - torch's name
 
 def synchronize(device: Any = None) -> None:
     """Wait until every program launched on the chips has finished; an index out of range since the
-    last sync raises here (see `index_checks`)."""
+    last sync raises here (see `index_checks`). The wait is recorded as a host sync of kind
+    `synchronize` (the script asked for it: `torch.tpu.synchronize()`, or `torch.cuda.synchronize()`
+    under `--as-cuda`); events and streams wait without one (libraries use them)."""
+    recorder = routing.active().recorder
+    start = time.perf_counter_ns()
+    _wait_for_chips()
+    if recorder is not None:
+        recorder.synced("synchronize", chip_index(device), start, time.perf_counter_ns() - start, 0)
+
+
+def _wait_for_chips() -> None:
+    """Wait until every program launched on the chips has finished (see `synchronize`)."""
     from tputrace.backend.indexing import index_checks
     dispatcher = routing.active()
     process_sharing.check_not_forked()
@@ -225,19 +237,17 @@ class Event:
         self.recorded_at: float | None = None
 
     def record(self, stream: "Stream | None" = None) -> None:
-        import time
-
-        synchronize()
+        _wait_for_chips()
         self.recorded_at = time.perf_counter()
 
     def query(self) -> bool:
         return True
 
     def synchronize(self) -> None:
-        synchronize()
+        _wait_for_chips()
 
     def wait(self, stream: "Stream | None" = None) -> None:
-        synchronize()
+        _wait_for_chips()
 
     def elapsed_time(self, end_event: "Event") -> float:
         if self.recorded_at is None or end_event.recorded_at is None:
@@ -256,7 +266,7 @@ class Stream(torch.Stream):
         """Made by `__new__`."""
 
     def synchronize(self) -> None:
-        synchronize()
+        _wait_for_chips()
 
     def query(self) -> bool:
         return True

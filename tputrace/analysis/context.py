@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
+from tputrace.store.aggregates import OUTERMOST_COMPILE
 from tputrace.store.records import SourceLocation, StepRecord
 from tputrace.wording import plural
 
@@ -87,6 +88,14 @@ class AnalysisContext:
     def steady_steps(self) -> list[StepRecord]:
         """Loop steps after the first (warm-up) one; all loop steps when there are fewer than three."""
         return steady(self.loop_steps)
+
+    @property
+    def warm_up_in_steady(self) -> int | None:
+        """The warm-up step's number when the steady steps include it (a loop of two steps), else None. Its
+        one-time work (the set-up before the loop, each op's first dispatch) belongs to no later step, so a
+        judgement of what every step does leaves it out where a later step exists."""
+        loop = self.loop_steps
+        return loop[0].step if len(loop) >= 2 and self.steady_steps[0] is loop[0] else None
 
     @property
     def steady_range(self) -> tuple[int, int] | None:
@@ -196,6 +205,32 @@ class AnalysisContext:
         denominator = self.steady_ns if self.steps else self.wall_ns
         return steady_cost_ns / denominator if denominator else 0.0
 
+    def share_of_steps_less_compiles(self, steady_cost_ns: float) -> float:
+        """`share_of_steps` for a cost that leaves compiles out (a sync's stall less the compiles in it): a share
+        of the steady steps' time less their compiles, so that one steady step that compiled (a second-step
+        recompile) does not make a cost paid every step look small. Costs that can overlap a compile (a
+        collective's interval) keep `share_of_steps`, whose share never passes 100%."""
+        if not self.steps:
+            return self.share_of_steps(steady_cost_ns)
+        denominator = self.steady_ns - self.steady_compile_ns
+        if denominator <= 0:
+            denominator = self.steady_ns
+        return steady_cost_ns / denominator if denominator else 0.0
+
+    @property
+    def steady_compile_ns(self) -> int:
+        """The compile time in the steady steps (outermost compiles: a Dynamo frame's holds its XLA compiles)."""
+        cached = self.cache.get("steady_compile_ns")
+        if isinstance(cached, int):
+            return cached
+        where, params = self.steady_where("c")
+        ((total,),) = self.trace.sql(
+            f"SELECT COALESCE(SUM(c.dur_ns), 0) FROM compiles c WHERE {where} AND {OUTERMOST_COMPILE}", params,
+        )
+        compile_ns = int(total)
+        self.cache["steady_compile_ns"] = compile_ns
+        return compile_ns
+
     def share_of_step(self, total_ns: float) -> float:
         """A cost summed over the loop's steps, per step, as a share of the median steady step."""
         median = self.median_step_ns
@@ -229,9 +264,9 @@ class AnalysisContext:
         location = self.location(frame_id)
         return location.short if location is not None else "an unknown line"
 
-    def frame_at_line(self, file: str, line: int) -> int | None:
-        """A recorded frame at `line` of the file a recompile's diff names (`train.py`, its folder left
-        out): the line's own frame, which ops have, before a call's."""
+    def frames_at_line(self, file: str, line: int) -> list[int]:
+        """The recorded frames at `line` of the file a recompile's diff names (`train.py`, its folder left
+        out, or its path), by id."""
         name = os.path.basename(file)
         pattern = "%/" + name.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self.trace.sql(
@@ -239,8 +274,14 @@ class AnalysisContext:
             "ORDER BY f.id",
             (line, file, pattern),
         )
-        line_frames = [row[0] for row in rows if (location := self.trace.frame(row[0])) is not None and location.col is None]
-        return line_frames[0] if line_frames else rows[0][0] if rows else None
+        return [row[0] for row in rows]
+
+    def frame_at_line(self, file: str, line: int) -> int | None:
+        """A recorded frame at `line` of the file a recompile's diff names: the line's own frame, which ops
+        have, before a call's."""
+        frames = self.frames_at_line(file, line)
+        line_frames = [frame_id for frame_id in frames if (location := self.trace.frame(frame_id)) is not None and location.col is None]
+        return line_frames[0] if line_frames else frames[0] if frames else None
 
     def location_fields(self, frame_id: int | None) -> LocationFields:
         """`file` and `line` keyword arguments of a `Finding` for a frame id (none when unknown)."""
@@ -287,14 +328,15 @@ def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tup
 
 
 def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None) -> str:
-    """`count` things over `steps` steps as a rate: `2 copies per step`, `1 copy every 2 steps`,
-    `3 copies every 2 steps`, or `3 copies in 40 steps` when no small fraction says it exactly."""
+    """`count` things over `steps` steps as a rate: `2 copies per step`, `2 copies every 3 steps`, or
+    `3 copies in 40 steps` when no small fraction says it exactly; one thing is `1 copy in 4 steps`, since a
+    single event (a read in one step, `if step == 1:`) shows no period."""
     if steps <= 0:
         return plural(count, noun, nouns)
     rate = Fraction(count, steps)
     if rate.denominator == 1:
         return f"{plural(rate.numerator, noun, nouns)} per step"
-    if rate.denominator <= MAX_RATE_DENOMINATOR:
+    if rate.denominator <= MAX_RATE_DENOMINATOR and count > 1:
         return f"{plural(rate.numerator, noun, nouns)} every {rate.denominator} steps"
     return f"{plural(count, noun, nouns)} in {plural(steps, 'step')}"
 

@@ -94,7 +94,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     cost_ns, flush_ns, stall_ns = _cost(context, frame_ids, excluded, steady=False)
     steady_cost = _cost(context, frame_ids, excluded, steady=True)[0]
     top_trigger, top_frame, top_count, _ = cuts[0]
-    share = context.share_of_steps(steady_cost)
+    share = context.share_of_steps_less_compiles(steady_cost)
     severity = context.severity(share)
     if severity == "info" and cuts_per_step >= 2 * MIN_CUTS_PER_STEP:
         severity = "warning"
@@ -108,7 +108,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     where_top = context.where(top_frame)
     hint = SUGGESTIONS.get(top_trigger, "move the host read after the step")
     module = module_of_read(context, top_frame, top_trigger)
-    change = f"{change_in_module(module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
+    change = f"{change_in_module(context, top_frame, module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
     finding = Finding(
         analyzer=NAME,
         severity=severity,

@@ -89,9 +89,9 @@ def _finding(context: AnalysisContext, file_sid: int, line: int,
                       syncs.stall_ns, syncs.steady_syncs, syncs.steady_stall_ns)
     cost: Cost = context.loop_cost(syncs.steady_stall_ns, syncs.stall_ns)
     if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
-        cost = {"cost_total_ns": 0.0, "cost_per_step_ns": 0.0 if context.steps else None}
+        cost = {"cost_total_ns": 0.0, "cost_per_step_ns": None}  # the resumed graphs' compiles only: a one-time cost
     cost["cost_total_ns"] += compile_ns  # the extra graphs' compiles, once
-    share = context.share_of_steps(syncs.steady_stall_ns)
+    share = context.share_of_steps_less_compiles(syncs.steady_stall_ns)
     severity: Severity = "warning" if syncs.steady_syncs else "info"
     if context.severity(share) == "critical":
         severity = "critical"

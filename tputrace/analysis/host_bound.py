@@ -1,6 +1,7 @@
 """Host-bound steps: the host spends longer dispatching a step's ops than the chip spends running them.
 
-Per steady step: dispatch time (the ops' recorded host time) against the chip's busy time (the union
+Per steady step (the warm-up step left out even where a loop of two steps counts it steady: its
+dispatch includes each op's first call): dispatch time (the ops' recorded host time) against the chip's busy time (the union
 of the executions recorded in DeferAndFuse mode, see `AnalysisContext.busy_by_step`). Without executions (strict mode) the chip time is the
 target's roofline time of the programs run, from XLA's FLOPs and bytes (an estimate). The data also
 holds that roofline estimate for every trace, to show what the step's work would take on the target.
@@ -70,6 +71,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         ))
     steps = []
     for step in context.steady_steps:
+        if step.step == context.warm_up_in_steady:
+            continue  # its dispatch includes each op's first call
         step_dispatch_ns, step_ops = dispatch.get(step.step, (0, 0))
         step_chip_ns = executed.get(step.step, 0) if measured else roofline.get(step.step, 0.0)
         steps.append(HostStep(step.step, step.dur_ns, step_dispatch_ns, step_ops, step_chip_ns,
@@ -86,7 +89,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         return AnalysisResult(NAME, data)
     gap_ns = dispatch_ns - chip_ns
     cost = gap_ns * context.step_count
-    step_ns = context.median_step_ns or 0.0
+    durations = [step.dur_ns for step in steps if step.dur_ns is not None]
+    step_ns = float(statistics.median(durations)) if durations else 0.0
     idle_share = 1.0 - chip_ns / step_ns if step_ns else 0.0
     ratio = dispatch_ns / chip_ns if chip_ns else float("inf")
     severity: Severity = "warning" if ratio >= WARNING_RATIO and idle_share >= WARNING_IDLE_SHARE else "info"

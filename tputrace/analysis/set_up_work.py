@@ -3,8 +3,10 @@
 graph, so that graph is never seen again and the second step compiles its own.
 
 Such a recompile is a fused one in step 1 whose diff says that ops were left out at op 0 (see
-`docs/trace-format.md`, compiles): the ops and the line that made them are in the diff. One finding
-per set-up line, costed at the compiles it caused.
+`docs/trace-format.md`, compiles): the ops and the line that made them are in the diff. A line that
+also records ops in a later step is the loop's own work, which something in step 1 flushed apart from
+the step's graph (a collective DDP makes once in its second forward), not set-up: it is left out. One
+finding per set-up line, costed at the compiles it caused.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.wording import format_ns, plural
 
@@ -48,7 +50,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SetUpWorkData]:
         diff = trace.string(diff_sid) or ""
         match = _LEFT_OUT_FIRST.match(diff)
         where = _LOCATION.search(match["ops"]) if match else None
-        if match is None or where is None:
+        if match is None or where is None or _runs_after_first_step(context, where["file"], int(where["line"])):
             continue
         by_line.setdefault((where["file"], int(where["line"])), []).append(
             (trace.string(name_sid) or "?", frame_id, dur_ns, match["ops"], diff)
@@ -59,6 +61,16 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SetUpWorkData]:
         for (file_name, line), recompiles in by_line.items()
     )
     return AnalysisResult(NAME, SetUpWorkData(lines), findings)
+
+
+def _runs_after_first_step(context: AnalysisContext, file_name: str, line: int) -> bool:
+    """Whether ops were recorded at `file_name:line` (as a recompile's diff names it) in a step after the first."""
+    frames = context.frames_at_line(file_name, line)
+    rows = context.trace.sql(
+        f"SELECT 1 FROM ops WHERE rank = ? AND step >= 1 AND frame_id IN {in_list(frames)} LIMIT 1",
+        (context.rank, *frames),
+    ) if frames else []
+    return bool(rows)
 
 
 def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: list[tuple[str, int | None, int, str, str]]) -> Finding:

@@ -86,8 +86,13 @@ def inside_module(module: str) -> str:
     return f" The read was made inside {module} (the module that ran the line's last op before it)."
 
 
-def change_in_module(module: str, where: str) -> str:
-    """A suggestion's opening for a read made inside `module`: the `if` may be in its code, not at `where`."""
+def change_in_module(context: AnalysisContext, frame_id: int | None, module: str, where: str) -> str:
+    """A suggestion's opening for a read made inside `module`: the `if` may be in its code, not at `where`.
+    A line in a `forward` (the user's own module, since a trace's line is the first frame in the user's
+    code) is the module's code itself, so the read is there."""
+    location = context.location(frame_id)
+    if location is not None and location.function == "forward":
+        return f"The read is in the forward of {module}, at {where}: "
     return (f"If {where} only calls {module}, the read is in that module's own code (a library's, when it is not "
             f"yours): change it there, or use the library's option that avoids reading the value on the host. "
             f"Where the read is yours: ")

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, outside_fallbacks, per_step_text
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_step_text
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
@@ -50,12 +50,24 @@ SUGGESTIONS: dict[str, str] = {
                     "the host waits for the chip. Most often they are an optimizer's step counts in a compiled "
                     "`optimizer.step()`: make the optimizer `capturable=True` (Adam, AdamW, ...), which keeps them on "
                     "the chip; otherwise keep such state on the chip.",
+    "synchronize": "`torch.tpu.synchronize()` (`torch.cuda.synchronize()` under `--as-cuda`) waits for every program "
+                   "launched, and the host queues nothing meanwhile: a GPU script's step timing needs it, a traced run "
+                   "does not (`tputrace run` records each step's time). Remove it from the loop, or call it every N steps.",
+}
+
+# Reads a library makes inside the call at a line, known by an op the call runs there: what the read is,
+# and the change that removes it.
+LIBRARY_READS: dict[str, tuple[str, str]] = {
+    "aten._amp_foreach_non_finite_check_and_unscale_": (
+        "`torch.amp.GradScaler.step` reading whether the float16 gradients overflowed (`found_inf`) to decide "
+        "whether to skip the optimizer step",
+        "On a TPU, autocast to `torch.bfloat16` instead of `torch.float16`: bfloat16 has float32's range and needs "
+        "no loss scaling, so drop the GradScaler (`loss.backward()` and `optimizer.step()` directly) and its read "
+        "every step with it.",
+    ),
 }
 
 
-# `torch.amp.GradScaler.step` reads on the host whether the unscaled gradients overflowed (`found_inf.item()`) before
-# it steps the optimizer: a sync at the line of `scaler.step(optimizer)`, where the unscale and the update's ops run.
-LOSS_SCALER_OP = "aten._amp_foreach_non_finite_check_and_unscale_%"
 # (a library file's path ending, sync kind) -> what to change, for reads that a library makes where its user can
 # turn them off.
 LIBRARY_SUGGESTIONS: tuple[tuple[str, str, str], ...] = (
@@ -65,12 +77,6 @@ LIBRARY_SUGGESTIONS: tuple[tuple[str, str, str], ...] = (
     ("transformers/trainer.py", "item",
      "Transformers' Trainer reads the loss (and the gradient norm) on the host when it logs, every `logging_steps` "
      "steps: log less often (a larger `logging_steps`)."),
-)
-LOSS_SCALER_SUGGESTION = (
-    "This is `GradScaler.step` checking on the host whether the gradients overflowed before it steps the optimizer, "
-    "a wait every step. Loss scaling exists for float16; TPUs train in bfloat16, which has float32's range and needs "
-    "none: autocast with `dtype=torch.bfloat16` and drop the GradScaler (`loss.backward()`, `optimizer.step()`), so "
-    "the host queues the next step while the chip works."
 )
 
 
@@ -111,14 +117,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         f"HAVING {context.loop_line_having('s')} ORDER BY 5 DESC",
         params,
     )
-    steady = {
-        (frame_id, kind, library_frame_id): (count, stall_ns)
-        for frame_id, kind, library_frame_id, count, stall_ns in trace.sql(
-            f"SELECT s.frame_id, s.kind, {library}, COUNT(*), COALESCE(SUM({STALL}), 0) FROM syncs s "
-            f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind, {library}",
-            steady_params,
-        )
-    }
+    steady_rows = trace.sql(
+        f"SELECT s.frame_id, s.kind, {library}, COUNT(*), COALESCE(SUM({STALL}), 0), MAX(s.step) FROM syncs s "
+        f"WHERE {steady_where} AND {own} GROUP BY s.frame_id, s.kind, {library}",
+        steady_params,
+    )
+    steady = {(frame_id, kind, library_frame_id): (count, stall_ns) for frame_id, kind, library_frame_id, count, stall_ns, _ in steady_rows}
+    # synced in the warm-up step only of a loop of two steps (where it counts as steady): set-up, not the loop
+    set_up = {(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, _, _, last_step in steady_rows
+              if last_step == context.warm_up_in_steady}
     steady_count = max(context.steady_count, 1)
     lines: list[SyncLine] = []
     costly: list[tuple[int | None, str, int | None, int, int, int, int, float | None, int, int, Cost]] = []
@@ -129,7 +136,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
             context.where(frame_id), kind, _library_where(context, library_frame_id), count, stall_ns, pending_ops, steps_with,
             per_step, steady_stall / steady_count if context.steps else None,
         ))
-        if stall_ns <= 0:
+        if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
             continue
         cost = context.loop_cost(steady_stall, stall_ns)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
@@ -146,13 +153,13 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
              pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
     where = context.where(frame_id)
     library = _library_where(context, library_frame_id)
-    share = context.share_of_steps(steady_stall)
+    share = context.share_of_steps_less_compiles(steady_stall)
     severity = context.severity(share)
     if severity == "info" and per_step is not None and per_step >= 1 and share >= 0.02:
         severity = "warning"
     steady_count = max(context.steady_count, 1)
     rate = per_step_text(steady_syncs, steady_count, "time") if per_step is not None else plural(count, "time")
-    every_step = per_step is not None and per_step >= 0.99
+    every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
     stalled = (f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
                else f"{format_ns(stall_ns)} stalled")
     inside = f", in {library}" if library else ""
@@ -169,18 +176,25 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     if library:
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
-    if kind == "item" and _steps_a_loss_scaler(context, frame_id):
-        suggestion = LOSS_SCALER_SUGGESTION
+    module = module_of_read(context, frame_id, kind)
+    library_read = _library_read(context, frame_id)
+    if library_read is not None:
+        explanation += f" The read is {library_read[0]}, inside the call at {where}."
+        suggestion = library_read[1]
     elif library_frame_id is not None:
         suggestion = _library_suggestion(context, library_frame_id, kind) or (
             f"The read is the library's ({library}): look for its setting that turns the read off or makes it less "
             "often, or call it less often. " + suggestion)
-    module = module_of_read(context, frame_id, kind)
-    if module is not None:
+    elif module is not None:
         explanation += inside_module(module)
-        suggestion = change_in_module(module, where) + then(suggestion)
+        suggestion = change_in_module(context, frame_id, module, where) + then(suggestion)
+    each = f"{format_ns(stall_ns / count)} stall each"
+    if context.steps and steady_syncs and steady_syncs < count:
+        # the title's rate is the steady steps'; the warm-up step's first runs of each program wait longer
+        each = (f"{format_ns(steady_stall / steady_syncs)} stall each in the steady steps "
+                f"({format_ns(stall_ns / count)} on average with the warm-up step)")
     evidence = (
-        context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {format_ns(stall_ns / count)} stall each", frame_id, table="syncs"),
+        context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {each}", frame_id, table="syncs"),
         *((context.evidence_at(f"read inside the library at {library}", library_frame_id, table="syncs"),) if library else ()),
         Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),
     )
@@ -198,21 +212,6 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     )
 
 
-def _steps_a_loss_scaler(context: AnalysisContext, frame_id: int | None) -> bool:
-    """Whether a line reading a value is a GradScaler's step: the run unscales gradients for loss scaling, and the
-    line ran that unscale or the optimizer's foreach or fused update (inside `scaler.step(optimizer)`)."""
-    trace = context.trace
-    if frame_id is None or not trace.sql("SELECT 1 FROM strings WHERE text LIKE ? LIMIT 1", (LOSS_SCALER_OP,)):
-        return False
-    rows = trace.sql(
-        "SELECT 1 FROM ops o JOIN strings n ON n.id = o.op_sid JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? "
-        "WHERE o.rank = ? AND f.file_sid = sf.file_sid AND f.line = sf.line "
-        "AND (n.text LIKE ? OR n.text LIKE 'aten._foreach_%' OR n.text LIKE 'aten._fused_%') LIMIT 1",
-        (frame_id, context.rank, LOSS_SCALER_OP),
-    )
-    return bool(rows)
-
-
 def _library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:
     """`trainer.py:1956 in _run_epoch` for a library's frame; None without one."""
     location = context.location(library_frame_id) if library_frame_id is not None else None
@@ -226,3 +225,24 @@ def _library_suggestion(context: AnalysisContext, library_frame_id: int, kind: s
     location = context.location(library_frame_id)
     path = (location.file or "").replace("\\", "/") if location is not None else ""
     return next((text for ending, read, text in LIBRARY_SUGGESTIONS if read == kind and path.endswith(ending)), None)
+
+
+def _library_read(context: AnalysisContext, frame_id: int | None) -> tuple[str, str] | None:
+    """What a library read at `frame_id`'s line is and how to remove it, when the line ran an op of `LIBRARY_READS`
+    in the loop (any call on the line: ops and syncs may record its columns differently). The op names come
+    from the (small) strings table, so the ops are read through their op_sid index, and only in runs that
+    have such an op."""
+    if frame_id is None:
+        return None
+    where, params = context.loop_where("o")
+    for op_prefix, read in LIBRARY_READS.items():
+        op_sids = [sid for (sid,) in context.trace.sql(
+            "SELECT id FROM strings WHERE text = ? OR substr(text, 1, ?) = ?", (op_prefix, len(op_prefix) + 1, op_prefix + "."),
+        )]
+        if op_sids and context.trace.sql(
+            f"SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE {where} "
+            f"AND o.op_sid IN {in_list(op_sids)} AND f.file_sid = sf.file_sid AND f.line = sf.line LIMIT 1",
+            (frame_id, *params, *op_sids),
+        ):
+            return read
+    return None

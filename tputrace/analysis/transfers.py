@@ -2,7 +2,8 @@
 
 Copies made inside a CPU fallback (its inputs going out and its results coming back) belong to the
 fallback and are left out. A line that uploads the same number of bytes every step is likely a
-constant built on the host each step (a mask, a position table, a scalar tensor).
+constant built on the host each step (a mask, a position table, a scalar tensor). A line that copied
+only in the warm-up step of a loop of two steps (where it counts as steady) is set-up, not the loop.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     loop_where, loop_params = context.loop_where("t")
     steady_rows = trace.sql(
         "SELECT t.frame_id, COUNT(*), COALESCE(SUM(t.bytes), 0), COALESCE(SUM(t.dur_ns), 0), COUNT(DISTINCT t.step), "
-        f"MIN(t.bytes), MAX(t.bytes) FROM transfers t WHERE {steady_where} "
+        f"MIN(t.bytes), MAX(t.bytes), MAX(t.step) FROM transfers t WHERE {steady_where} "
         f"AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} GROUP BY t.frame_id ORDER BY 4 DESC",
         steady_params,
     )
@@ -62,7 +63,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     }
     steady_count = max(context.steady_count, 1)
     lines: list[TransferLine] = []
-    for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes in steady_rows:
+    warm_up = context.warm_up_in_steady
+    for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes, last_step in steady_rows:
+        if last_step == warm_up:
+            continue  # copied before the loop's second step only: set-up (a model's `.to`), not the loop
         total_count, total_bytes, total_ns = loop_totals.get(frame_id, (count, nbytes, dur_ns))
         per_step_bytes = nbytes / steady_count
         per_step_count = count / steady_count
@@ -73,7 +77,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue
         rate = per_step_text(count, steady_count, "copy", "copies")
-        share = context.share_of_steps(dur_ns)
+        share = context.share_of_steps_less_compiles(dur_ns)
         severity = context.severity(share)
         where = context.where(frame_id)
         every_step = steps_with >= steady_count
