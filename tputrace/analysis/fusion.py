@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.syncs import library_suggestion, library_where
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns
@@ -109,6 +110,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     hint = SUGGESTIONS.get(top_trigger, "move the host read after the step")
     module = module_of_read(context, top_frame, top_trigger)
     change = f"{change_in_module(context, top_frame, module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
+    libraries = _library_reads(context, top_frame, top_trigger)
+    if libraries:
+        # The reads are a library's that the line calls (a Trainer's loop): its lines and its setting, not the user's `if`.
+        inside = ", ".join(library_where(context, frame_id) or "?" for frame_id in libraries[:3])
+        known = library_suggestion(context, libraries[0], top_trigger)
+        change = (f"At {where_top} the reads are made inside a library, at {inside}: "
+                  + (known.rstrip(".") if known else "look for its setting that turns them off or makes them less often")
+                  + ("; the syncs findings take each of its lines in turn" if len(libraries) > 1 else ""))
     finding = Finding(
         analyzer=NAME,
         severity=severity,
@@ -152,3 +161,20 @@ def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, *, stea
             tuple(sync_params) + tuple(frame_ids),
         )[0]
     return float(flush_ns + stall_ns), float(flush_ns), float(stall_ns)
+
+
+def _library_reads(context: AnalysisContext, frame_id: int | None, kind: str) -> list[int]:
+    """The library lines (`syncs.library_frame_id`) that made most of the steady steps' reads of `kind` at `frame_id`'s
+    line, most reads first; empty when the user's code made most of them (or the trace predates the column)."""
+    if frame_id is None or not context.trace.has_column("syncs", "library_frame_id"):
+        return []
+    where, params = context.steady_where("s")
+    rows = context.trace.sql(
+        f"SELECT s.library_frame_id, COUNT(*) FROM syncs s WHERE {where} AND s.frame_id = ? AND s.kind = ? "
+        "GROUP BY s.library_frame_id ORDER BY 2 DESC",
+        (*params, frame_id, kind),
+    )
+    in_libraries = sum(count for library, count in rows if library is not None)
+    if in_libraries * 2 <= sum(count for _, count in rows):
+        return []
+    return [library for library, _ in rows if library is not None]

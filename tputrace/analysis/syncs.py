@@ -133,7 +133,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         steady_syncs, steady_stall = steady.get((frame_id, kind, library_frame_id), (0, 0))
         per_step = steady_syncs / steady_count if context.steps else None
         lines.append(SyncLine(
-            context.where(frame_id), kind, _library_where(context, library_frame_id), count, stall_ns, pending_ops, steps_with,
+            context.where(frame_id), kind, library_where(context, library_frame_id), count, stall_ns, pending_ops, steps_with,
             per_step, steady_stall / steady_count if context.steps else None,
         ))
         if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
@@ -152,7 +152,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
              pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
     where = context.where(frame_id)
-    library = _library_where(context, library_frame_id)
+    library = library_where(context, library_frame_id)
     share = context.share_of_steps_less_compiles(steady_stall)
     severity = context.severity(share)
     if severity == "info" and per_step is not None and per_step >= 1 and share >= 0.02:
@@ -182,7 +182,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The read is {library_read[0]}, inside the call at {where}."
         suggestion = library_read[1]
     elif library_frame_id is not None:
-        suggestion = _library_suggestion(context, library_frame_id, kind) or (
+        suggestion = library_suggestion(context, library_frame_id, kind) or (
             f"The read is the library's ({library}): look for its setting that turns the read off or makes it less "
             "often, or call it less often. " + suggestion)
     elif module is not None:
@@ -212,7 +212,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     )
 
 
-def _library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:
+def library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:
     """`trainer.py:1956 in _run_epoch` for a library's frame; None without one."""
     location = context.location(library_frame_id) if library_frame_id is not None else None
     if location is None:
@@ -220,7 +220,7 @@ def _library_where(context: AnalysisContext, library_frame_id: int | None) -> st
     return f"{location.short} in {location.function}" if location.function else location.short
 
 
-def _library_suggestion(context: AnalysisContext, library_frame_id: int, kind: str) -> str | None:
+def library_suggestion(context: AnalysisContext, library_frame_id: int, kind: str) -> str | None:
     """What to change for a read a known library makes (`LIBRARY_SUGGESTIONS`), or None."""
     location = context.location(library_frame_id)
     path = (location.file or "").replace("\\", "/") if location is not None else ""
