@@ -300,3 +300,38 @@ def test_an_import_without_ops_or_compiles_is_not_told_to_use_the_tpu_device(tmp
     assert main(["summary", str(tmp_path / "imported.tptrace")]) == 0
     out = capsys.readouterr().out
     assert NO_DEVICE_OPS_TEXT not in out and NO_DEVICE_OPS_BEFORE_ERROR_TEXT not in out
+
+
+GUARD_STORM = '''
+import torch
+
+@torch.compile(backend="aot_eager", dynamic=False)
+def scaled_sum(x, n):  # the compiled function
+    return (x * n).sum()
+
+for size in (8, 12, 16, 20, 24, 28):
+    scaled_sum(torch.randn(size), 2)
+for scale in range(3, 6):
+    scaled_sum(torch.randn(8), scale)
+'''
+
+
+def test_torch_trace_recompiles_are_a_finding_by_what_changed(tmp_path: Path) -> None:
+    """A TORCH_TRACE log has no input signatures, so the shape storm analysis cannot run on it; Dynamo's recompile
+    reasons say what changed, and a function recompiled again and again is one finding that counts them."""
+    import os
+
+    from captures import _run
+
+    from tputrace.analysis import analyze_path
+
+    script = tmp_path / "guard_storm.py"
+    script.write_text(GUARD_STORM)
+    _run(script, env={**os.environ, "TORCH_TRACE": str(tmp_path / "logs")})
+    _import(tmp_path, tmp_path / "logs").close()
+    report = analyze_path(tmp_path / "imported.tptrace")
+    (finding,) = [finding for finding in report.findings if finding.analyzer == "guard_recompiles"]
+    def_line = GUARD_STORM.splitlines().index("def scaled_sum(x, n):  # the compiled function") + 1
+    assert finding.file == str(script) and finding.line in (def_line - 1, def_line)
+    assert "the size of x, dim 0 (5 recompiles)" in finding.title and "the value of n (3 recompiles)" in finding.title
+    assert "mark_dynamic" in finding.suggestion and "pass it as a tensor" in finding.suggestion

@@ -18,6 +18,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "no_device_ops": None,
     "index_errors": None,
     "recompiles": ("compiles",),
+    "guard_recompiles": ("compiles",),
     "program_cache": ("flushes",),
     "set_up_work": ("flushes",),
     "compile_cache": None,

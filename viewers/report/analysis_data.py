@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 # else by words in the analyzer's name (first match wins), else "where".
 ANALYZER_SECTIONS: dict[str, str] = {
     "recompiles": "recompilations",
+    "guard_recompiles": "recompilations",
     "program_cache": "recompilations",
     "set_up_work": "recompilations",
     "compile_cache": "recompilations",
