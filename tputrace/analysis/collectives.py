@@ -109,17 +109,17 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     rank = context.rank
     where, params = context.loop_where()
     kinds = trace.sql(
-        "SELECT kind, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(wait_ns), 0), "
-        f"AVG(bus_bandwidth), SUM(bytes < ?) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
+        "SELECT kind, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(wait_ns), 0), "
+        f"AVG(bus_bandwidth), COALESCE(SUM(bytes < ?), 0) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
         (SMALL_MESSAGE_BYTES,) + tuple(params),
     )
     world = max(len(trace.distributed_ranks), 1)
     rows = []
     for kind, calls, nbytes, dur_ns, wait_ns, recorded_bandwidth, small in kinds:
         bandwidth = recorded_bandwidth
-        if not bandwidth and dur_ns:
+        if not bandwidth and dur_ns and nbytes is not None:  # an imported capture may not know the bytes
             bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9)
-        rows.append(CollectiveKind(kind, calls, nbytes, dur_ns, wait_ns, bandwidth, small))
+        rows.append(CollectiveKind(kind, calls, nbytes or 0, dur_ns, wait_ns, bandwidth, small))
     steady_where, steady_params = context.steady_where()
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
     # once: the share is the union of the calls' intervals, which never exceeds the steps' time.

@@ -286,16 +286,16 @@ class ChromeJsonImporter:
 
     def _collective(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> None:
         """A `collectives` row of a process group's collective (`gloo:all_reduce`, `nccl:all_gather`...), its
-        bytes from the tensors' `Input Dims` and `Input type` (recorded with `record_shapes`; 0 without)."""
+        bytes from the tensors' `Input Dims` and `Input type` (recorded with `record_shapes`; unknown, NULL, without)."""
         args = _args(event)
         types, dims = args.get("Input type"), args.get("Input Dims")
-        nbytes = 0
+        nbytes: int | None = None
         dtype = None
         if isinstance(types, list) and isinstance(dims, list):
             for kind, shape in zip(types, dims):
                 size = _DTYPE_BYTES.get(str(kind))
                 if size and isinstance(shape, list) and all(isinstance(value, int) for value in shape):
-                    nbytes += size * math.prod(shape)
+                    nbytes = (nbytes or 0) + size * math.prod(shape)
                     dtype = dtype or str(kind)
         self.sink.append("collectives", (self.rank, _collective_kind(name), nbytes, dtype, None, None, None, start_ns,
                                          dur_ns, None, None, None, step, None))

@@ -493,7 +493,7 @@ class XPlaneImporter:
                 range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)], starts,
             starts + durations))
         self.sink.extend("collectives", [
-            (rank, COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed), None, None, None, meta.frame_id,
+            (rank, COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed) or None, None, None, None, meta.frame_id,
              start_ns, dur_ns, None, None, None, step, None)
             for meta, start_ns, dur_ns, step in zip(metas, starts_ns, durations_ns, steps)
             if meta.category in COLLECTIVE_CATEGORIES])
