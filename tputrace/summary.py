@@ -164,6 +164,15 @@ NO_DEVICE_OPS_TEXT = (
 NO_DEVICE_OPS_BEFORE_ERROR_TEXT = "NO OP RAN ON THE TPU DEVICE: the script raised before any op reached it, so nothing was traced"
 
 
+def no_device_ops_text(op_count: int, compile_count: int, *, imported: bool, error: str | None,
+                       window: RecordingWindow | None) -> str | None:
+    """The banner every view leads with when no op reached the tpu device, or None: not for an import (its run was
+    never on the device) nor for a recording window that never opened; a run that raised first says so."""
+    if op_count or compile_count or imported or (window is not None and not window.recorded_steps):
+        return None
+    return NO_DEVICE_OPS_BEFORE_ERROR_TEXT if error else NO_DEVICE_OPS_TEXT
+
+
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     """(label, text) lines above the sections: what ran, how it ended, where the time went overall."""
     run = summary.run
@@ -205,8 +214,9 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     if run.platform == "cpu":
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
-    if summary.op_count == 0 and compiles.count == 0 and not summary.imported and (window is None or window.recorded_steps):
-        lines.insert(0, ("!!", NO_DEVICE_OPS_BEFORE_ERROR_TEXT if run.error else NO_DEVICE_OPS_TEXT))
+    banner = no_device_ops_text(summary.op_count, compiles.count, imported=summary.imported, error=run.error, window=window)
+    if banner is not None:
+        lines.insert(0, ("!!", banner))
     return lines
 
 

@@ -15,7 +15,7 @@ from textual.widgets import Static
 from tputrace.analysis.context import steady
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.steps import StepRow
-from tputrace.summary import NO_DEVICE_OPS_BEFORE_ERROR_TEXT, NO_DEVICE_OPS_TEXT, exit_text
+from tputrace.summary import exit_text, no_device_ops_text
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
 from tputrace.tui.view import TraceView, palette_for
@@ -129,8 +129,9 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
     window = facts.recording_window
     if window is not None:
         text.append("\n" + window.text, style="bold")
-    if ops == 0 and facts.counts.get("compiles", 0) == 0 and not facts.imported and (window is None or window.recorded_steps):
-        text.append("\n" + (NO_DEVICE_OPS_BEFORE_ERROR_TEXT if facts.error else NO_DEVICE_OPS_TEXT), style="bold red")
+    banner = no_device_ops_text(ops, facts.counts.get("compiles", 0), imported=facts.imported, error=facts.error, window=window)
+    if banner is not None:
+        text.append("\n" + banner, style="bold red")
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
     text.append(f"\n{os.path.basename(facts.path)} · {fmt_bytes(facts.size_bytes)} · {plural(events, 'event')}", style="dim")
     return text
