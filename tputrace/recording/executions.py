@@ -20,16 +20,11 @@ _Watched = Any | list[weakref.ref]
 _Execution = tuple[int | None, int, int, int | None, int, _Watched]
 
 
-def _finished(watched: _Watched) -> bool:
-    """Whether a watched execution's outputs are ready (they are ready together): its `done` array, or one of the
-    outputs still alive. An output freed, or deleted by a later program that it was donated to, says nothing, as the
-    donation can come before the program that makes it has run; with all of them gone the program is taken as over."""
-    if not isinstance(watched, list):
-        try:
-            return bool(watched.is_ready())
-        except Exception:  # noqa: BLE001 - a failed program's output: it is over
-            return True
-    for reference in watched:
+def _finished(references: list[weakref.ref]) -> bool:
+    """Whether a watched execution's outputs are ready (they are ready together): one of them still alive is. An
+    output freed, or deleted by a later program that it was donated to, says nothing, as the donation can come
+    before the program that makes it has run; with all of them gone the program is taken as over."""
+    for reference in references:
         try:
             value = reference()
             if value is None or value.is_deleted():
