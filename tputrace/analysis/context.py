@@ -17,7 +17,7 @@ from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
 from tputrace.store.aggregates import OUTERMOST_COMPILE
 from tputrace.store.records import SourceLocation, StepRecord
-from tputrace.wording import plural
+from tputrace.wording import format_ns, plural
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -325,6 +325,15 @@ def _step_condition(rank: int, steps: tuple[int, int] | None, alias: str) -> tup
     if steps is None:
         return f"{prefix}rank = ?", (rank,)
     return f"{prefix}rank = ? AND {prefix}step BETWEEN ? AND ?", (rank, steps[0], steps[1])
+
+
+def per_call_text(context: AnalysisContext, total_ns: float, count: int, steady_ns: float, steady_count: int, each: str) -> str:
+    """A cost per call (`2.1 ms stall each`, `each` being `stall each`): the steady steps' beside the loop's average
+    when the warm-up step also made calls, whose first runs cost more, since a title's rate is the steady steps'."""
+    if context.steps and steady_count and steady_count < count:
+        return (f"{format_ns(steady_ns / steady_count)} {each} in the steady steps "
+                f"({format_ns(total_ns / count)} on average with the warm-up step)")
+    return f"{format_ns(total_ns / count)} {each}"
 
 
 def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tputrace.analysis.context import AnalysisContext, Cost
+from tputrace.analysis.context import AnalysisContext, Cost, per_call_text
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.wording import format_ns, plural
 
@@ -138,11 +138,7 @@ def _finding(context: AnalysisContext, line: _Line, backwards: list[_Line]) -> F
     location = context.where(frame_id)
     hint = _hint(op)
     cost = context.loop_cost(steady_ns, total_ns + sum(backward.total_ns for backward in backwards))
-    each = f"{format_ns(total_ns / count)} each including transfers"
-    if context.steps and line.steady_calls and line.steady_calls < count:
-        # the title's rate is the steady steps'; the warm-up step's first call also compiles and warms the host kernel
-        each = (f"{format_ns(line.steady_ns / line.steady_calls)} each including transfers in the steady steps "
-                f"({format_ns(total_ns / count)} on average with the warm-up step)")
+    each = per_call_text(context, total_ns, count, line.steady_ns, line.steady_calls, "each including transfers")
     explanation = (
         f"{op} has no lowering on the tpu device, so each call at {location} copies its inputs to the host "
         f"(waiting for the chip), runs on the CPU and copies the result back: {plural(count, 'call')} in "

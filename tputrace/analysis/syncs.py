@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_step_text
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
@@ -188,11 +188,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     elif module is not None:
         explanation += inside_module(module)
         suggestion = change_in_module(context, frame_id, module, where) + then(suggestion)
-    each = f"{format_ns(stall_ns / count)} stall each"
-    if context.steps and steady_syncs and steady_syncs < count:
-        # the title's rate is the steady steps'; the warm-up step's first runs of each program wait longer
-        each = (f"{format_ns(steady_stall / steady_syncs)} stall each in the steady steps "
-                f"({format_ns(stall_ns / count)} on average with the warm-up step)")
+    each = per_call_text(context, stall_ns, count, steady_stall, steady_syncs, "stall each")
     evidence = (
         context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {each}", frame_id, table="syncs"),
         *((context.evidence_at(f"read inside the library at {library}", library_frame_id, table="syncs"),) if library else ()),
