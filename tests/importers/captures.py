@@ -238,93 +238,76 @@ def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     assert result.returncode == 0, f"{script.name} exited with {result.returncode}: {result.stderr[-3000:]}"
 
 
+def _capture(folder: Path, script_name: str, source: str, output: str, *args: str, env: dict[str, str] | None = None) -> Path:
+    """Run `source` as `folder/script_name` with the capture's path (`folder/output`) and `args`; that path."""
+    script = folder / script_name
+    script.write_text(source)
+    _run(script, str(folder / output), *args, env=env)
+    return folder / output
+
+
+def _torch_trace(folder: Path, script_name: str, source: str, output: str) -> tuple[Path, Path]:
+    """Run `source` as `folder/script_name` with `TORCH_TRACE=folder/output`; that directory, and the script."""
+    script = folder / script_name
+    script.write_text(source)
+    _run(script, env={**os.environ, "TORCH_TRACE": str(folder / output)})
+    return folder / output, script
+
+
 def jax_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of three steps of a jitted training step (XLA:CPU)."""
-    script = folder / "jax_step.py"
-    script.write_text(JAX_STEP)
-    _run(script, str(folder / "logdir"))
-    return folder / "logdir"
+    return _capture(folder, "jax_step.py", JAX_STEP, "logdir")
 
 
 def jax_compile_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir in which `step` is compiled twice (two input shapes)."""
-    script = folder / "jax_compile.py"
-    script.write_text(JAX_COMPILE)
-    _run(script, str(folder / "compile_logdir"))
-    return folder / "compile_logdir"
+    return _capture(folder, "jax_compile.py", JAX_COMPILE, "compile_logdir")
 
 
 def jax_collectives_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_COLLECTIVES` on 4 virtual devices."""
-    script = folder / "jax_collectives.py"
-    script.write_text(JAX_COLLECTIVES)
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
-    _run(script, str(folder / "collectives_logdir"), env=env)
-    return folder / "collectives_logdir"
+    return _capture(folder, "jax_collectives.py", JAX_COLLECTIVES, "collectives_logdir", env=env)
 
 
 def jax_loops_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_LOOPS`."""
-    script = folder / "jax_loops.py"
-    script.write_text(JAX_LOOPS)
-    _run(script, str(folder / "loops_logdir"))
-    return folder / "loops_logdir"
+    return _capture(folder, "jax_loops.py", JAX_LOOPS, "loops_logdir")
 
 
 def jax_two_sessions_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_TWO_SESSIONS` (two `vm.xplane.pb`, one per session folder)."""
-    script = folder / "jax_two_sessions.py"
-    script.write_text(JAX_TWO_SESSIONS)
-    _run(script, str(folder / "sessions_logdir"))
-    return folder / "sessions_logdir"
+    return _capture(folder, "jax_two_sessions.py", JAX_TWO_SESSIONS, "sessions_logdir")
 
 
 def torch_trace_capture(folder: Path) -> tuple[Path, Path]:
     """A `TORCH_TRACE` directory of `TORCH_COMPILE`, and the script."""
-    script = folder / "compiled.py"
-    script.write_text(TORCH_COMPILE)
-    _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "torch_trace")})
-    return folder / "torch_trace", script
+    return _torch_trace(folder, "compiled.py", TORCH_COMPILE, "torch_trace")
 
 
 def torch_guards_capture(folder: Path) -> tuple[Path, Path]:
     """A `TORCH_TRACE` directory of `TORCH_GUARDS`, and the script."""
-    script = folder / "guards.py"
-    script.write_text(TORCH_GUARDS)
-    _run(script, env={**os.environ, "TORCH_TRACE": str(folder / "guards_trace")})
-    return folder / "guards_trace", script
+    return _torch_trace(folder, "guards.py", TORCH_GUARDS, "guards_trace")
 
 
 def torch_profiled_compile_capture(folder: Path) -> Path:
     """torch.profiler's Chrome JSON of `TORCH_PROFILED_COMPILE`."""
-    script = folder / "profiled_compile.py"
-    script.write_text(TORCH_PROFILED_COMPILE)
-    _run(script, str(folder / "compiled_profile.json"))
-    return folder / "compiled_profile.json"
+    return _capture(folder, "profiled_compile.py", TORCH_PROFILED_COMPILE, "compiled_profile.json")
 
 
 def torch_schedule_capture(folder: Path) -> Path:
     """The `tensorboard_trace_handler` directory of `TORCH_SCHEDULE` (two `*.pt.trace.json.gz` files)."""
-    script = folder / "scheduled.py"
-    script.write_text(TORCH_SCHEDULE)
-    _run(script, str(folder / "tb"))
-    return folder / "tb"
+    return _capture(folder, "scheduled.py", TORCH_SCHEDULE, "tb")
 
 
 def torch_gloo_capture(folder: Path) -> Path:
     """The folder of `TORCH_GLOO`'s two torch.profiler JSON files, one per rank."""
-    script = folder / "gloo.py"
-    script.write_text(TORCH_GLOO)
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    _run(script, str(folder / "gloo"), str(port))
-    return folder / "gloo"
+    return _capture(folder, "gloo.py", TORCH_GLOO, "gloo", str(port))
 
 
 def torch_profiler_capture(folder: Path) -> Path:
     """torch.profiler's Chrome JSON of two training steps of a small CPU model."""
-    script = folder / "profiled.py"
-    script.write_text(TORCH_PROFILER)
-    _run(script, str(folder / "profile.json"))
-    return folder / "profile.json"
+    return _capture(folder, "profiled.py", TORCH_PROFILER, "profile.json")

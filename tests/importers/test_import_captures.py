@@ -324,16 +324,12 @@ for scale in range(3, 6):
 def test_torch_trace_recompiles_are_a_finding_by_what_changed(tmp_path: Path) -> None:
     """A TORCH_TRACE log has no input signatures, so the shape storm analysis cannot run on it; Dynamo's recompile
     reasons say what changed, and a function recompiled again and again is one finding that counts them."""
-    import os
-
-    from captures import _run
+    from captures import _torch_trace
 
     from tputrace.analysis import analyze_path
 
-    script = tmp_path / "guard_storm.py"
-    script.write_text(GUARD_STORM)
-    _run(script, env={**os.environ, "TORCH_TRACE": str(tmp_path / "logs")})
-    _import(tmp_path, tmp_path / "logs").close()
+    logs, script = _torch_trace(tmp_path, "guard_storm.py", GUARD_STORM, "logs")
+    _import(tmp_path, logs).close()
     report = analyze_path(tmp_path / "imported.tptrace")
     (finding,) = [finding for finding in report.findings if finding.analyzer == "guard_recompiles"]
     def_line = GUARD_STORM.splitlines().index("def scaled_sum(x, n):  # the compiled function") + 1
