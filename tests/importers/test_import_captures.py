@@ -168,6 +168,14 @@ def test_torch_trace_guard_recompiles_the_recompile_limit_and_break_reasons(tmp_
                       ("Data-dependent branching", 5),
                       ("Failed to trace builtin operator; the function runs eagerly", 34),
                       ("Tensor.tolist() with non-integer tensor", 24)]
+    # What each function runs as is read from its compiles: `f` and its resumed frame each compiled a graph; the
+    # frame resumed after `graph_break()` in `outer` has no ops; Dynamo gave up on `skipped`, which runs eagerly.
+    from tputrace.analysis import analyze_path
+
+    titles = {finding.line: finding.title.split(": ", 1)[1] for finding in analyze_path(tmp_path / "imported.tptrace").findings
+              if finding.analyzer == "graph_breaks"}
+    assert titles == {5: "f() runs as 2 graphs", 23: "outer() runs as 1 graph", 24: "outer() runs as 1 graph",
+                      34: "Dynamo skipped skipped(), which runs eagerly (no graph)"}
 
 
 def _covered_us(intervals: list[tuple[float, float]]) -> float:

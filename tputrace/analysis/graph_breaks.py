@@ -6,11 +6,16 @@ call. What it costs is what the trace shows at its line: the host syncs there (a
 that broke the graph reads the value on every call), and the frames Dynamo compiled to resume after
 it (`torch_dynamo_resume_in_<function>_at_<line>`), each an extra graph to compile and launch. The
 syncs at a break's line are this analyzer's, not the syncs analyzer's.
+
+What the function runs as is read from its compiles (the one the break was recorded in, the function's
+and its resumed frames'): the number of its code objects that compiled a graph with ops, or, where none
+did and Dynamo failed on the frame, that it runs eagerly.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -27,6 +32,7 @@ SUGGESTION = (
     "branch on it outside the compiled function (every N steps), or use a traceable op; "
     "`torch._dynamo.explain(fn)(*args)` lists every break."
 )
+_RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 
 
 @dataclass(frozen=True)
@@ -59,6 +65,16 @@ class GraphBreak:
 
 
 @dataclass(frozen=True)
+class Outcome:
+    """What the function that broke runs as: its name, the graphs of its code objects, and whether Dynamo failed
+    on it without any graph (it runs eagerly)."""
+
+    function: str
+    graphs: int
+    eager: bool
+
+
+@dataclass(frozen=True)
 class GraphBreaksData:
     breaks: tuple[GraphBreak, ...] = ()
 
@@ -66,19 +82,22 @@ class GraphBreaksData:
 def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
     trace, rank = context.trace, context.rank
     rows = trace.sql(
-        "SELECT f.file_sid, f.line, MIN(g.frame_id), g.reason_sid, COUNT(*) FROM graph_breaks g "
+        "SELECT f.file_sid, f.line, MIN(g.frame_id), g.reason_sid, COUNT(*), MAX(g.t_ns) FROM graph_breaks g "
         "JOIN frames f ON f.id = g.frame_id WHERE g.rank = ? GROUP BY f.file_sid, f.line, g.reason_sid",
         (rank,),
     )
     breaks_by_line: dict[tuple[int, int], list[tuple[int, str, int]]] = defaultdict(list)
-    for file_sid, line, frame_id, reason_sid, count in rows:
+    last_t: dict[tuple[int, int], int] = {}
+    for file_sid, line, frame_id, reason_sid, count, t_ns in rows:
         breaks_by_line[(file_sid, line)].append((frame_id, trace.string(reason_sid) or "graph break", count))
-    found = [_finding(context, file_sid, line, breaks) for (file_sid, line), breaks in breaks_by_line.items()]
+        last_t[(file_sid, line)] = max(last_t.get((file_sid, line), t_ns), t_ns)
+    found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)]))
+             for (file_sid, line), breaks in breaks_by_line.items()]
     return AnalysisResult(NAME, GraphBreaksData(tuple(data for _, data in found)), tuple(finding for finding, _ in found))
 
 
-def _finding(context: AnalysisContext, file_sid: int, line: int,
-             breaks: list[tuple[int, str, int]]) -> tuple[Finding, GraphBreak]:
+def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tuple[int, str, int]],
+             outcome: Outcome | None) -> tuple[Finding, GraphBreak]:
     frame_id = breaks[0][0]
     where = context.where(frame_id)
     count = sum(times for _, _, times in breaks)
@@ -96,15 +115,23 @@ def _finding(context: AnalysisContext, file_sid: int, line: int,
     if context.severity(share) == "critical":
         severity = "critical"
     what = _what_broke(reasons[0])
-    title = f"Graph break at {where} ({what}): the compiled function runs as {plural(graphs + 1, 'graph')}"
+    title = f"Graph break at {where} ({what}): {_runs_as(outcome, graphs)}"
     if syncs.steady_syncs and context.steps:
         title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
     explanation = (
         f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
-        f"{reasons[0].rstrip('.')}. Dynamo compiled the code before it as one graph, runs the line in Python on every call, "
-        f"and compiled the rest as {plural(graphs, 'more graph')} ({plural(compiles, 'compile')}, "
-        f"{format_ns(compile_ns)}, counted in the cost: an estimate, as one graph would compile some of it too)."
+        f"{reasons[0].rstrip('.')}. "
     )
+    if outcome is not None and outcome.eager:
+        explanation += (
+            f"Dynamo could not go on after it and gave up on {outcome.function}(): every call of it runs eagerly, op by "
+            "op, with no graph."
+        )
+    else:
+        explanation += "The line runs in Python on every call; " + (
+            f"Dynamo compiled the code after it {plural(compiles, 'time')} ({plural(graphs, 'graph')} with ops; "
+            f"{format_ns(compile_ns)} of compiling, counted in the cost: an estimate, as one graph would compile some "
+            "of it too)." if compiles else "Dynamo compiled no graph after it.")
     if syncs.syncs:
         explanation += (
             f" At that line the host waited for the chip {plural(syncs.syncs, 'time')} "
@@ -136,6 +163,66 @@ def _finding(context: AnalysisContext, file_sid: int, line: int,
     return finding, data
 
 
+def _runs_as(outcome: Outcome | None, resumed_graphs: int) -> str:
+    """What the function that broke runs as, for the title."""
+    if outcome is None:
+        return f"the compiled function runs as {plural(resumed_graphs + 1, 'graph')}"
+    if outcome.eager:
+        return f"Dynamo skipped {outcome.function}(), which runs eagerly (no graph)"
+    if outcome.graphs == 0:
+        return f"{outcome.function}() runs in Python (no graph with ops)"
+    return f"{outcome.function}() runs as {plural(outcome.graphs, 'graph')}"
+
+
+def _code_name(name: str | None, detail: dict[str, object]) -> str:
+    """The code object a Dynamo frame compile compiled (`torch_dynamo_resume_in_f_at_5`, `f`)."""
+    code = detail.get("dynamo_frame")
+    return code if isinstance(code, str) else (name or "?").rpartition(".")[2]
+
+
+def _function_of(code: str) -> str:
+    """The user's function a code object is part of: a resumed frame's function, or the code itself."""
+    while (match := _RESUMED.match(code)) is not None:
+        code = match.group(1)
+    return code
+
+
+def _graph_ops(program_ops: int | None, detail: dict[str, object]) -> int | None:
+    """The ops in the graph a Dynamo frame compile produced, where the trace says."""
+    ops = detail.get("n_ops", program_ops)
+    return ops if isinstance(ops, int) else program_ops
+
+
+def _outcome(context: AnalysisContext, t_ns: int) -> Outcome | None:
+    """What the function whose compile recorded a break at `t_ns` runs as: the graphs of its code objects (the
+    function's own and its resumed frames') that have ops; eager where none has and the break's compile failed.
+    None where no Dynamo frame compile spans the break."""
+    rows = [(start, end, file_sid, name, ops, _detail(detail)) for start, end, file_sid, name, ops, detail in context.trace.sql(
+        "SELECT c.start_ns, c.start_ns + COALESCE(c.dur_ns, 0), f.file_sid, s.text, p.n_ops, c.detail FROM compiles c "
+        "LEFT JOIN frames f ON f.id = c.frame_id LEFT JOIN strings s ON s.id = c.name_sid "
+        "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns",
+        (context.rank,),
+    )]
+    spanning = [row for row in rows if row[0] <= t_ns <= row[1]]
+    if not spanning:
+        return None
+    _, _, file_sid, name, ops, detail = spanning[-1]
+    function = _function_of(_code_name(name, detail))
+    with_graph = {_code_name(other, other_detail) for _, _, other_file, other, other_ops, other_detail in rows
+                  if other_file == file_sid and _function_of(_code_name(other, other_detail)) == function
+                  and (_graph_ops(other_ops, other_detail) or 0) > 0}
+    failed = bool(detail.get("fail_type") or detail.get("failed"))
+    return Outcome(function, len(with_graph), eager=failed and not with_graph)
+
+
+def _detail(text: str | None) -> dict[str, object]:
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
 def _what_broke(reason: str) -> str:
     """A short name for what broke the graph: the builtin or function Dynamo names in backquotes, if any."""
     parts = reason.split("`")
@@ -165,19 +252,32 @@ def _syncs(context: AnalysisContext, file_sid: int, line: int) -> LineSyncs:
 
 def _resumed_frames(context: AnalysisContext, file_sid: int, line: int) -> tuple[int, int, int]:
     """(graphs, compiles, wall ns) of the Dynamo frames compiled to resume after the break at the line;
-    their nested AOTAutograd and XLA compiles count each instant once."""
+    their nested AOTAutograd and XLA compiles count each instant once. A frame whose graph has no ops (the
+    rest of the function is Python) is a compile but no graph."""
     trace = context.trace
     frames = trace.sql(
-        "SELECT c.start_ns, c.start_ns + COALESCE(c.dur_ns, 0), c.detail FROM compiles c JOIN frames f ON f.id = c.frame_id "
-        "JOIN strings fn ON fn.id = f.function_sid WHERE c.rank = ? AND c.kind = 'dynamo_frame' AND f.file_sid = ? "
+        "SELECT c.start_ns, c.start_ns + COALESCE(c.dur_ns, 0), c.detail, p.n_ops, fn.text FROM compiles c "
+        "JOIN frames f ON f.id = c.frame_id JOIN strings fn ON fn.id = f.function_sid "
+        "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' AND f.file_sid = ? "
         "AND f.line = ? AND fn.text LIKE ?",
         (context.rank, file_sid, line, RESUME_PREFIX + "%"),
     )
     graph_ids: set[int] = set()
-    for _, _, detail in frames:
-        try:
-            graph_ids.update(json.loads(detail or "{}").get("graph_ids", []))
-        except (ValueError, AttributeError):
-            continue
-    graphs = len(graph_ids) or (1 if frames else 0)
-    return graphs, len(frames), merged_ns((start, end) for start, end, _ in frames)
+    known_ops = False
+    with_ops: set[str] = set()
+    for _, _, detail, program_ops, function in frames:
+        parsed = _detail(detail)
+        ids = parsed.get("graph_ids")
+        if isinstance(ids, list):
+            graph_ids.update(ids)
+        ops = _graph_ops(program_ops, parsed)
+        known_ops = known_ops or ops is not None
+        if ops:
+            with_ops.add(function)
+    if graph_ids:
+        graphs = len(graph_ids)
+    elif known_ops:
+        graphs = len(with_ops)
+    else:
+        graphs = 1 if frames else 0
+    return graphs, len(frames), merged_ns((start, end) for start, end, *_ in frames)
