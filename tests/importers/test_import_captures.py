@@ -33,7 +33,8 @@ def test_a_jax_profile_imports_its_xla_ops_programs_and_steps(captures: dict[str
     assert len(executions) == 3 and all(row.program_id == program.id for row in executions)
     assert {row.name for row in trace.records("fusions")} == {name for name in ops if "fusion" in name}
     steps = list(trace.records("steps"))
-    assert [step.step for step in steps] == [1, 2, 3] and all(step.end_ns > step.start_ns for step in steps)
+    # The capture's own step numbers (`StepTraceAnnotation(step_num=i)`, 0..2).
+    assert [step.step for step in steps] == [0, 1, 2] and all(step.end_ns > step.start_ns for step in steps)
     origins = Counter(row.origin for row in trace.records("annotations"))
     assert origins["python"] > 0 and origins["traceme"] > 0
 
@@ -226,14 +227,14 @@ def test_the_windows_of_a_profiling_schedule_are_one_rank(captures: dict[str, Pa
     sources = json.loads(trace.meta["imported"])
     assert [(source["rank"], len(source.get("windows", []))) for source in sources] == [(0, 2), (1, 0)]
     steps = [step for step in trace.records("steps") if step.rank == 0]
-    assert [step.step for step in steps] == [1, 2, 3, 4]
+    assert [step.step for step in steps] == [2, 3, 6, 7]  # ProfilerStep#2, #3, #6, #7: the capture's numbers
     assert all(a.end_ns <= b.start_ns for a, b in zip(steps, steps[1:]))
     # Steps 3 and 4 of 9 were not recorded: the second window starts well after the first ends.
     assert steps[2].start_ns - steps[1].end_ns > steps[1].end_ns - steps[1].start_ns
     ops = [op for op in trace.records("ops") if op.rank == 0]
     assert len({op.seq for op in ops}) == len(ops)
     per_step = Counter(op.step for op in ops)
-    assert set(per_step) == {1, 2, 3, 4} and len(set(per_step.values())) == 1, per_step
+    assert set(per_step) == {2, 3, 6, 7} and len(set(per_step.values())) == 1, per_step
     assert Counter(row.name for row in trace.records("annotations") if row.rank == 0)["forward_backward"] == 4
 
 
@@ -265,7 +266,7 @@ def test_two_xprof_sessions_of_one_process_are_one_rank(captures: dict[str, Path
     sources = json.loads(trace.meta["imported"])
     assert [(source["rank"], len(source.get("windows", []))) for source in sources] == [(0, 2), (1, 0)]
     steps = [step for step in trace.records("steps") if step.rank == 0]
-    assert [step.step for step in steps] == [1, 2, 3, 4, 5, 6]
+    assert [step.step for step in steps] == [0, 1, 2, 10, 11, 12]  # their `step_num`s
     assert steps[3].start_ns - steps[2].end_ns > 1_000_000_000  # the sleep between the sessions
     assert sum(row.rank == 0 for row in trace.records("executions")) == 6
     ops = [op for op in trace.records("ops") if op.rank == 0]

@@ -94,11 +94,10 @@ class ChromeJsonImporter:
         start_unix_ns = min(base_ns + int(start_us * 1000) for _, base_ns, start_us, _, _ in windows)
         # Each file's `ts` (us since its `baseTimeNanoseconds`) at the rank's start.
         origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, _, _, _ in windows]
-        spans = sorted((int(round((start - origin) * 1000)), int(round((end - origin) * 1000)))
-                       for (_, _, _, markers, _), origin in zip(windows, origins) for start, end in markers)
-        self.steps.starts = [start for start, _ in spans]
-        for index, (start_ns, end_ns) in enumerate(spans):
-            self.sink.append("steps", (self.rank, index + 1, start_ns, end_ns, "imported"))
+        spans = [(int(round((start - origin) * 1000)), int(round((end - origin) * 1000)), number)
+                 for (_, _, _, markers, _), origin in zip(windows, origins) for start, end, number in markers]
+        for number, start_ns, end_ns in self.steps.place(spans):
+            self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.paths[0]), argv=[], platform="cpu",
                             chips=0, start_unix_ns=start_unix_ns)
         end_ns = 0
@@ -119,10 +118,10 @@ class ChromeJsonImporter:
 
     # -- first pass: start, steps and user frames -------------------------------------------------
 
-    def _scan_text(self) -> tuple[float | None, list[tuple[float, float]], list[tuple[float, float, Any, str]]]:
+    def _scan_text(self) -> tuple[float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
         """The first pass over raw text; `_Irregular` where an event does not have the expected shape."""
         start_us: float | None = None
-        markers: list[tuple[float, float]] = []
+        markers: list[tuple[float, float, int | None]] = []
         user_frames: list[tuple[float, float, Any, str]] = []
         user_names: dict[str, str | None] = {}  # a name's raw text -> the name, if it is a user frame's
         for text in event_texts(self.path):
@@ -136,7 +135,7 @@ class ChromeJsonImporter:
                 for match in _STEP_TEXT.finditer(text):
                     event = _event_around(text, match)
                     if event.get("ph") == "X":
-                        markers.append((event["ts"], event["ts"] + _number(event.get("dur"))))
+                        markers.append((event["ts"], event["ts"] + _number(event.get("dur")), _step_number(event)))
             python_events = 0
             for match in _PYTHON_TEXT.finditer(text):
                 python_events += 1
@@ -153,10 +152,10 @@ class ChromeJsonImporter:
                 raise _Irregular
         return start_us, markers, user_frames
 
-    def _scan_events(self) -> tuple[float | None, list[tuple[float, float]], list[tuple[float, float, Any, str]]]:
+    def _scan_events(self) -> tuple[float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
         """The first pass over decoded events (for text the patterns do not fit)."""
         start_us: float | None = None
-        markers: list[tuple[float, float]] = []
+        markers: list[tuple[float, float, int | None]] = []
         user_frames: list[tuple[float, float, Any, str]] = []
         for events in event_lists(self.path):
             for event in events:
@@ -170,7 +169,7 @@ class ChromeJsonImporter:
                 if event.get("cat") == "python_function" and _is_user_frame(name):
                     user_frames.append((ts, ts + _number(event.get("dur")), event.get("tid"), name))
                 if event.get("ph") == "X" and _STEP.match(name):
-                    markers.append((ts, ts + _number(event.get("dur"))))
+                    markers.append((ts, ts + _number(event.get("dur")), _step_number(event)))
         return start_us, markers, user_frames
 
     # -- second pass: rows ----------------------------------------------------------------------
@@ -180,7 +179,7 @@ class ChromeJsonImporter:
         rank = self.rank
         start_us = self.start_us
         intern = self.writer.intern
-        step_starts = self.steps.starts
+        step_starts, step_labels = self.steps.starts, self.steps.labels
         innermost = self.user_frames.innermost
         frame_of = self._frame
         shapes_of = _Shapes()
@@ -214,7 +213,7 @@ class ChromeJsonImporter:
                     continue
                 category = event.get("cat")
                 dur_ns = int(dur * 1000)
-                step = bisect.bisect_right(step_starts, start_ns)
+                step = step_labels[bisect.bisect_right(step_starts, start_ns)]
                 if category == "cpu_op":
                     tid = event.get("tid")
                     stack = nesting.open_on(tid, ts, ops)
@@ -502,6 +501,12 @@ def _is_user_frame(name: str) -> bool:
         return False
     file = match.group(1)
     return not (file.startswith(("torch/", "<")) or "site-packages" in file or "/lib/python" in file)
+
+
+def _step_number(event: dict[str, Any]) -> int | None:
+    """N of a `ProfilerStep#N` event."""
+    match = _STEP.match(str(event.get("name", "")))
+    return int(match.group(1)) if match else None
 
 
 def _number(value: Any) -> float:

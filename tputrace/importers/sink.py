@@ -17,13 +17,27 @@ _ROWS_PER_COMMIT = 50_000
 
 @dataclass
 class StepClock:
-    """Step boundaries of one rank (ns since its start), to give every row its step."""
+    """Step boundaries of one rank (ns since its start) and their numbers, to give every row its step."""
 
     starts: list[int] = field(default_factory=list)
+    labels: list[int] = field(default_factory=lambda: [0])  # the step after 0, 1, 2.. boundaries
+
+    def place(self, markers: list[tuple[int, int, int | None]]) -> list[tuple[int, int, int]]:
+        """Set the boundaries from step markers (start, end, the capture's step number or None); the steps as
+        (number, start, end) in time order. The capture's numbers are kept when every marker has one and they
+        increase in time; else the steps are numbered 1... Rows before the first step are in step 0, or one
+        below the first step's number where that is 0 or less."""
+        ordered = sorted(markers, key=lambda marker: (marker[0], marker[1]))
+        numbers = [number for _, _, number in ordered if number is not None]
+        if len(numbers) != len(ordered) or any(a >= b for a, b in zip(numbers, numbers[1:])):
+            numbers = list(range(1, len(ordered) + 1))
+        self.starts = [start for start, _, _ in ordered]
+        self.labels = [min(0, numbers[0] - 1) if numbers else 0, *numbers]
+        return [(number, start, end) for number, (start, end, _) in zip(numbers, ordered)]
 
     def step_at(self, t_ns: int) -> int:
-        """The step whose boundary is the latest at or before `t_ns` (0 before the first one)."""
-        return bisect.bisect_right(self.starts, t_ns)
+        """The step whose boundary is the latest at or before `t_ns` (the `before` label before the first one)."""
+        return self.labels[bisect.bisect_right(self.starts, t_ns)]
 
 
 class ImportSink:

@@ -81,6 +81,17 @@ class EventColumns:
         return self._event_class.FromString(self._data[int(starts[index]):int(ends[index])].tobytes())
 
 
+def int_stat(columns: EventColumns, index: int, stat_ids: set[int]) -> int | None:
+    """The integer value of event `index`'s first stat whose metadata id is in `stat_ids` (a step marker's
+    `step_num`), where it has one."""
+    for stat in columns.message(index).stats:
+        if stat.metadata_id in stat_ids:
+            kind = stat.WhichOneof("value")
+            if kind in ("int64_value", "uint64_value"):
+                return int(getattr(stat, kind))
+    return None
+
+
 def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColumns:
     """The columns of a run's events (through the protobuf classes where the bytes are not as expected)."""
     columns = _decode_wire(run, event_class)

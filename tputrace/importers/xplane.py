@@ -25,7 +25,7 @@ from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
-from tputrace.importers.xevents import INT64_VALUE, REF_VALUE, UINT64_VALUE, EventColumns, decode_run
+from tputrace.importers.xevents import INT64_VALUE, REF_VALUE, UINT64_VALUE, EventColumns, decode_run, int_stat
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
@@ -176,14 +176,14 @@ class XPlaneImporter:
         device_kind = "cpu"
         chips: set[int] = set()
         starts: list[int] = []
-        host_markers: list[tuple[int, int]] = []
-        device_markers: dict[int, list[tuple[int, int]]] = {}
+        host_markers: list[tuple[int, int, int | None]] = []
+        device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
         compiles = _Compiles()
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
-            file_host_markers: list[tuple[int, int]] = []
-            file_device_markers: dict[int, list[tuple[int, int]]] = {}
+            file_host_markers: list[tuple[int, int, int | None]] = []
+            file_device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
             file_compiles = _Compiles()
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
@@ -195,7 +195,7 @@ class XPlaneImporter:
                     chips.add(int(match.group(2)))
                 file_starts += [line.timestamp_ns for line in lines if line.has_events]
                 if match:
-                    file_device_markers[int(match.group(2))] = self._device_markers(space, lines)
+                    file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines)
                 else:
                     file_host_markers += self._host_scan(space, plane, lines, file_compiles)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
@@ -204,10 +204,10 @@ class XPlaneImporter:
                       and isinstance(profile_start_unix_ns, int) else 0)
             self.offsets[space.path] = offset
             starts += [start + offset for start in file_starts]
-            host_markers += [(start + offset, end + offset) for start, end in file_host_markers]
+            host_markers += [(start + offset, end + offset, number) for start, end, number in file_host_markers]
             for chip, chip_markers in file_device_markers.items():
-                device_markers.setdefault(chip, []).extend((start + offset, end + offset)
-                                                           for start, end in chip_markers)
+                device_markers.setdefault(chip, []).extend((start + offset, end + offset, number)
+                                                           for start, end, number in chip_markers)
             compiles.compiles += [(start + offset, end + offset) for start, end in file_compiles.compiles]
             compiles.client_compiles += [(start + offset, end + offset) for start, end in file_compiles.client_compiles]
             compiles.named += [(start + offset, end + offset, name) for start, end, name in file_compiles.named]
@@ -216,10 +216,9 @@ class XPlaneImporter:
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
-        self.steps.starts = sorted(start - self.start_unix_ns for start, _ in markers)
-        ends = sorted(end - self.start_unix_ns for _, end in markers)
-        for index, (start_ns, end_ns) in enumerate(zip(self.steps.starts, ends)):
-            self.sink.append("steps", (self.rank, index + 1, start_ns, end_ns, "imported"))
+        steps = self.steps.place([(start - start_unix_ns, end - start_unix_ns, number) for start, end, number in markers])
+        for number, start_ns, end_ns in steps:
+            self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
         self.sink.note(self.rank, device=device_kind)
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], cwd=None,
                             host=self.sink.sources[self.rank]["host"], chips=self.chips,
@@ -243,13 +242,20 @@ class XPlaneImporter:
         chips = max(self.chips, max(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
 
+    def _steps_at(self, starts: np.ndarray) -> np.ndarray:
+        """The step of each of some times (ns since the rank's start)."""
+        labels = np.array(self.steps.labels, dtype=np.int64)
+        return labels[np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right")]
+
     def _line_end(self, line: LineHead, end_ps: int) -> None:
         self.end_ns = max(self.end_ns, line.timestamp_ns - self.start_unix_ns + end_ps // 1000)
 
     # -- first pass ---------------------------------------------------------------------------------
 
-    def _device_markers(self, space: XSpaceFile, lines: list[LineHead]) -> list[tuple[int, int]]:
-        """A chip's step markers: the events of its `Steps` line."""
+    def _device_markers(self, space: XSpaceFile, plane: Any,
+                        lines: list[LineHead]) -> list[tuple[int, int, int | None]]:
+        """A chip's step markers: the events of its `Steps` line, with their `step_num` stat where they have one."""
+        step_ids = {key for key, meta in plane.stat_metadata.items() if meta.name == "step_num"}
         markers = []
         for line in lines:
             if line.name != "Steps":
@@ -257,12 +263,13 @@ class XPlaneImporter:
             for columns in self._columns(space, line):
                 starts = (line.timestamp_ns + columns.offset_ps // 1000).tolist()
                 ends = (columns.duration_ps // 1000).tolist()
-                markers += [(start, start + duration) for start, duration in zip(starts, ends)]
+                markers += [(start, start + duration, int_stat(columns, index, step_ids))
+                            for index, (start, duration) in enumerate(zip(starts, ends))]
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead],
-                   compiles: _Compiles) -> list[tuple[int, int]]:
-        """A host plane's step markers (events with a `step_num` stat), and its compile events."""
+                   compiles: _Compiles) -> list[tuple[int, int, int | None]]:
+        """A host plane's step markers (events with a `step_num` stat, and its value), and its compile events."""
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         step_ids = {key for key, name in stat_names.items() if name == "step_num"}
         name_ids = {key for key, name in stat_names.items() if name == "name"}
@@ -290,7 +297,9 @@ class XPlaneImporter:
                 marked = columns.with_stat(step_ids)
                 starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
                 durations = (columns.duration_ps[marked] // 1000).tolist()
-                markers += [(start, start + duration) for start, duration in zip(starts, durations)]
+                numbers = [int_stat(columns, index, step_ids) for index in marked.tolist()]
+                markers += [(start, start + duration, number)
+                            for start, duration, number in zip(starts, durations, numbers)]
         return markers
 
     def _compiles(self, compiles: _Compiles) -> None:
@@ -349,7 +358,6 @@ class XPlaneImporter:
         self.host_op_stats = {key: name for name in _HOST_OP_STATS for key in decoder.ids_named(name)}
         # Per event metadata id: (annotation origin, name sid, frame id) of an event that is no XLA op.
         annotations: dict[int, tuple[str, int, int | None]] = {}
-        step_starts = np.array(self.steps.starts, dtype=np.int64)
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
@@ -365,13 +373,12 @@ class XPlaneImporter:
                 others = np.ones(len(columns), dtype=bool)
                 others[op_events] = False
                 self._annotation_rows(plane, annotations, columns.metadata_id[others], starts[others],
-                                      durations[others], step_starts)
+                                      durations[others])
             self.sink.extend("ops", nesting.flush())
             self._line_end(line, end_ps)
 
     def _annotation_rows(self, plane: Any, annotations: dict[int, tuple[str, int, int | None]],
-                         metadata_ids: np.ndarray, starts: np.ndarray, durations: np.ndarray,
-                         step_starts: np.ndarray) -> None:
+                         metadata_ids: np.ndarray, starts: np.ndarray, durations: np.ndarray) -> None:
         """`annotations` rows of host events that are no XLA op, built a column at a time."""
         if not len(metadata_ids):
             return
@@ -384,7 +391,7 @@ class XPlaneImporter:
             found.append(annotation)
         origins, name_sids, frame_ids = zip(*found)
         at = positions.tolist()
-        steps = np.searchsorted(step_starts, starts, side="right")
+        steps = self._steps_at(starts)
         self.sink.extend("annotations", list(zip(
             repeat(self.rank), map(name_sids.__getitem__, at), map(origins.__getitem__, at), starts.tolist(),
             durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
@@ -481,7 +488,7 @@ class XPlaneImporter:
              durations: np.ndarray, nesting: LineNesting) -> None:
         """`ops` (and `collectives`) rows of some XLA op events, and what they tell of their programs' runs,
         op counts, costs and fusions."""
-        steps = np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right").tolist()
+        steps = self._steps_at(starts).tolist()
         starts_ns, durations_ns = starts.tolist(), durations.tolist()
         first_seq = self.seq + 1
         self.seq += len(metas)
@@ -590,3 +597,4 @@ class _StatDecoder:
         if kind == "ref_value":
             return self._names.get(stat.ref_value, "")
         return getattr(stat, kind)
+
