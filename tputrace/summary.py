@@ -11,6 +11,7 @@ import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TextIO
 
+from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
@@ -61,6 +62,12 @@ class RunSummary:
     forked: tuple[ForkedProcess, ...] = ()
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
     imported: bool = False  # written by `tputrace import` from another tool's capture
+    imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
+
+    @property
+    def measured_on(self) -> str:
+        """Where the trace's times were measured: this host, or an imported capture's device."""
+        return f"the capture's {self.imported_device}" if self.imported_device else "this host"
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     chip = target_chip(DEFAULT_TARGET)
     ranking = rank_ops(trace, chosen_rank, chip)
     projected = projected_steps(trace, chosen_rank, chip)
+    facts = import_facts(trace, chosen_rank)
     return RunSummary(
         trace_path=str(trace.path),
         rank=chosen_rank,
@@ -116,7 +124,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         time_split=trace.time_split(rank=chosen_rank),
         projected=projected if projected.programs_costed else None,
         top_ops=ranking.top(top),
-        op_target=ranking.target,
+        op_target=ranking.target if projected.programs_costed or facts is None else None,
         compiles=trace.compile_stats(rank=chosen_rank),
         top_recompiles=tuple(trace.recompile_groups(limit=min(top, 5), rank=chosen_rank)),
         sync_count=sum(stat.count for stat in syncs),
@@ -129,6 +137,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         forked=forked_processes(trace),
         recording_window=recording_window(trace),
         imported=bool(trace.meta.get("imported")),
+        imported_device=facts.device if facts is not None else None,
     )
 
 
@@ -209,15 +218,26 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         lines.append(("window", window.text))
     projected = summary.projected
     if projected is not None and projected.median_ns is not None and summary.median_step_ns is not None:
-        lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on this host · "
+        lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on {summary.measured_on} · "
                               f"{format_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"))
-    if run.platform == "cpu":
+    if summary.imported_device is not None:
+        lines.append(("note", _imported_note(summary.imported_device, projected is not None)))
+    elif run.platform == "cpu":
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
     banner = no_device_ops_text(summary.op_count, compiles.count, imported=summary.imported, error=run.error, window=window)
     if banner is not None:
         lines.insert(0, ("!!", banner))
     return lines
+
+
+def _imported_note(device: str, projected: bool) -> str:
+    """What an imported rank's times are: measured on the capture's device; a TPU's projected only from XLA's costs."""
+    if device == "tpu":
+        return "the times are the capture's, measured on its TPU"
+    return (f"the times are the capture's, measured on its {device}, not a TPU's; "
+            + ("chip time on a TPU is projected from its programs' XLA costs" if projected
+               else "it has no XLA costs, so no TPU time is projected from it"))
 
 
 def sections(summary: RunSummary) -> list[Section]:
@@ -229,8 +249,8 @@ def sections(summary: RunSummary) -> list[Section]:
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
-            f"top ops by {HOST_DISPATCH_LABEL}, measured on this host · {CHIP_SHARE_LABEL}, projected for "
-            f"{summary.op_target or 'the target chip'} by a roofline",
+            f"top ops by {HOST_DISPATCH_LABEL}, measured on {summary.measured_on}"
+            + (f" · {CHIP_SHARE_LABEL}, projected for {summary.op_target} by a roofline" if summary.op_target else ""),
             ("op", "calls", "host dispatch", "share", CHIP_SHARE_LABEL),
             tuple(
                 (

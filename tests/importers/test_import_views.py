@@ -60,3 +60,34 @@ def test_step_numbers_are_the_captures_in_every_view(tmp_path: Path, capsys: pyt
     assert json.loads(capsys.readouterr().out)["steps"] == 4
     assert main(["summary", str(output)]) == 0 and "4 steps" in capsys.readouterr().out
     assert main(["diff", str(output), str(output)]) == 0 and "no regression" in capsys.readouterr().out.lower()
+
+
+def test_a_cpu_capture_projects_no_tpu_time_from_nothing(captures: dict[str, Path], tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """XLA:CPU's XProf capture has no XLA costs: the report, the summary and the TUI say its times were measured on
+    the capture's CPU and project no TPU time (they said '0 ns projected for v6e')."""
+    output = _import(tmp_path, captures["jax"])
+    capsys.readouterr()
+    assert main(["report", str(output)]) == 0
+    report = capsys.readouterr().out
+    assert "measured on the capture's cpu" in report and "projected" not in report
+    assert main(["report", str(output), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["projected_median_step_ns"] is None
+    assert main(["summary", str(output)]) == 0
+    summary = capsys.readouterr().out
+    assert "measured on its cpu, not a TPU's; it has no XLA costs, so no TPU time is projected" in summary
+    assert "XLA:CPU" not in summary and "projected for" not in summary
+    assert "projected for" not in _overview_text(output)
+
+
+def test_gloo_collectives_are_not_compared_with_a_tpus_ici(tmp_path: Path) -> None:
+    """Two gloo ranks on this host's CPU: the collectives finding says their bandwidth is the capture's own, measured
+    on its CPU, with no TPU ICI beside it; without steps it is a share of the run, not 'of each step'."""
+    from captures import torch_gloo_capture
+
+    from tputrace.analysis import analyze_path
+
+    output = _import(tmp_path, torch_gloo_capture(tmp_path))
+    (finding,) = [finding for finding in analyze_path(output).findings if finding.analyzer == "collectives"]
+    assert "ICI of" not in finding.explanation and "measured on the capture's cpu" in finding.explanation
+    assert finding.title.endswith("of the run on rank 0")

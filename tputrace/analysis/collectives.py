@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.analysis.imported import import_facts
 from tputrace.wording import format_bytes, format_ns, plural
 
 if TYPE_CHECKING:
@@ -136,6 +137,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     )
     frame_id = top_frame[0][0] if top_frame else None
     ici = context.target.ici_bandwidth
+    facts = import_facts(trace, rank)
+    foreign_device = facts.device if facts is not None and facts.device != "tpu" else None
     kind_evidence = tuple(
         Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_bytes(row.bytes)}, {format_ns(row.dur_ns)}, "
                  f"bus {format_bytes(row.bus_bandwidth or 0)}/s", table="collectives")
@@ -147,13 +150,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(finding_share, warning=0.15, critical=0.4),
-            title=f"Collectives{' without a recorded cause' if caused else ''} take {finding_share:.0%} of each step on rank {rank}",
+            title=(f"Collectives{' without a recorded cause' if caused else ''} take {finding_share:.0%} of "
+                   f"{'each step' if context.steps else 'the run'} on rank {rank}"),
             explanation=(
                 f"Rank {rank} spent {format_ns(total_ns)} in collectives"
                 + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
-                + ". Their bus bandwidth "
-                f"(median {format_bytes(median_bandwidth)}/s) compares with {context.target.label}'s ICI of "
-                f"{format_bytes(ici)}/s per chip (bidirectional)."
+                + ". " + _bandwidth_text(median_bandwidth, bandwidths, foreign_device, context.target.label, ici)
             ),
             suggestion=(
                 "Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
@@ -191,6 +193,18 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     findings.extend(finding for finding in (straggler, uneven) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late)
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _bandwidth_text(median: float, bandwidths: list[float], device: str | None, target: str, ici: float) -> str:
+    """What the collectives' bus bandwidth says: beside the target's ICI for a TPU run; for a capture made on
+    another device (a CPU's gloo, a GPU's NCCL), that it is that device's link, measured there."""
+    if device is None:
+        return (f"Their bus bandwidth (median {format_bytes(median)}/s) compares with {target}'s ICI of "
+                f"{format_bytes(ici)}/s per chip (bidirectional).")
+    if not bandwidths:
+        return f"Their times were measured on the capture's {device}; it has no bytes to give their bandwidth."
+    return (f"Their times and bus bandwidth (median {format_bytes(median)}/s) were measured on the capture's {device} "
+            "and its interconnect, not a TPU's ICI: they say how this run spent its time, not what a TPU's would.")
 
 
 def _intervals(trace: Trace, where: str, params: Sequence[int]) -> list[tuple[int, int]]:

@@ -28,7 +28,8 @@ CPU_ONLY_NOTE = ("a CPU-only run (XLA:CPU) tells which lines sync, recompile, co
 @dataclass(frozen=True)
 class ProjectedSteps:
     """Per training step of a rank: the projected chip time on `target` (ns), and their median over the
-    steady steps; `programs_costed` and `programs_run` say how many executions had XLA's costs."""
+    steady steps (None where no execution had XLA's costs: nothing to project from); `programs_costed` and
+    `programs_run` say how many executions had XLA's costs."""
 
     target: str
     by_step: dict[int, float]
@@ -61,7 +62,7 @@ def projected_steps(trace: Trace, rank: int, chip: TargetChip) -> ProjectedSteps
         (rank,))]
     projected = [int(by_step.get(step, 0.0)) for step in loop_steps]
     return ProjectedSteps(chip.name, {step: by_step.get(step, 0.0) for step in loop_steps},
-                          steady_median_ns(projected), costed, total)
+                          steady_median_ns(projected) if costed else None, costed, total)
 
 
 def step_metadata(trace: Trace, rank: int, chip: TargetChip) -> dict[str, object]:
