@@ -105,6 +105,39 @@ JAX_TWO_SESSIONS = textwrap.dedent("""
         time.sleep(1.1)
 """)
 
+# A jitted data-parallel training step (batch sharded over 4 virtual XLA:CPU devices, weights replicated, so XLA
+# all-reduces the gradients) with `jax.named_scope`s, steps numbered 5 to 8. XLA:CPU runs each step's ops after the
+# host has launched all four: the host's launch event of each run (its `run_id`) says which step it belongs to.
+JAX_SHARDED = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("data",))
+
+    def loss(w, x, y):
+        with jax.named_scope("forward"):
+            out = jnp.tanh(x @ w["w1"]) @ w["w2"]
+        with jax.named_scope("loss"):
+            return jnp.mean((out - y) ** 2)
+
+    @jax.jit
+    def step(w, x, y):
+        with jax.named_scope("backward"):
+            grads = jax.grad(loss)(w, x, y)
+        with jax.named_scope("update"):
+            return jax.tree.map(lambda p, g: p - 0.1 * g, w, grads)
+
+    w = jax.device_put({"w1": jnp.ones((16, 32)), "w2": jnp.ones((32, 4))}, NamedSharding(mesh, P()))
+    x = jax.device_put(jnp.ones((64, 16)), NamedSharding(mesh, P("data")))
+    y = jax.device_put(jnp.zeros((64, 4)), NamedSharding(mesh, P("data")))
+    jax.block_until_ready(step(w, x, y))
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(5, 9):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x, y)
+        jax.block_until_ready(w)
+""")
+
 # A graph break (print) on line 5 and a recompile (a 1-d then a 2-d input).
 TORCH_COMPILE = textwrap.dedent("""\
     import torch
@@ -268,6 +301,12 @@ def jax_collectives_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_COLLECTIVES` on 4 virtual devices."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     return _capture(folder, "jax_collectives.py", JAX_COLLECTIVES, "collectives_logdir", env=env)
+
+
+def jax_sharded_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_SHARDED` on 4 virtual devices."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    return _capture(folder, "jax_sharded.py", JAX_SHARDED, "sharded_logdir", env=env)
 
 
 def jax_loops_capture(folder: Path) -> Path:

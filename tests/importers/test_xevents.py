@@ -13,7 +13,7 @@ from test_import_streaming import _dump, _import, _xplane
 from tputrace.importers import xevents
 from tputrace.importers.wire import XSpaceFile
 from tputrace.importers.xevents import EventColumns, decode_run
-from tputrace.importers.xplane import _stat_numbers, _StatDecoder
+from tputrace.importers.xstats import StatDecoder, stat_numbers
 from tputrace.xplane_proto import encode_varint, messages
 
 CLASSES = messages()
@@ -125,9 +125,9 @@ def test_an_import_through_protobuf_alone_is_the_same_trace(captures: dict[str, 
 def test_stat_values_of_mixed_kinds_convert_as_protobuf_values_do() -> None:
     plane = CLASSES["XPlane"]()
     plane.stat_metadata[7].name = "jit_step"
-    decoder = _StatDecoder(plane)
+    decoder = StatDecoder(plane)
     kinds = np.array([xevents.REF_VALUE, xevents.UINT64_VALUE, xevents.INT64_VALUE, xevents.REF_VALUE], dtype=np.uint8)
     numbers = np.array([7, -1, -1, 8], dtype=np.int64)
-    assert _stat_numbers(decoder, kinds, numbers) == ["jit_step", 2**64 - 1, -1, ""]
-    assert _stat_numbers(decoder, kinds[[0, 3]], numbers[[0, 3]]) == ["jit_step", ""]
-    assert _stat_numbers(decoder, kinds[[2]], numbers[[2]]) == [-1]
+    assert stat_numbers(decoder, kinds, numbers) == ["jit_step", 2**64 - 1, -1, ""]
+    assert stat_numbers(decoder, kinds[[0, 3]], numbers[[0, 3]]) == ["jit_step", ""]
+    assert stat_numbers(decoder, kinds[[2]], numbers[[2]]) == [-1]

@@ -25,7 +25,8 @@ from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
-from tputrace.importers.xevents import INT64_VALUE, REF_VALUE, UINT64_VALUE, EventColumns, decode_run, int_stat
+from tputrace.importers.xevents import EventColumns, decode_run, int_stat
+from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
@@ -38,6 +39,8 @@ _CLIENT_COMPILE = re.compile(r"^PjRt\w*Client::Compile$")
 _BACKEND_EVENT = "::RunBackend"
 # The stats of an XLA op event on a host thread that the import reads.
 _HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
+# Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
+_U64 = 1 << 64
 # A stat an event does not carry.
 _ABSENT = object()
 # Line times below this (2001 in Unix ns) are relative to the profile's start, not to the epoch.
@@ -61,23 +64,14 @@ def process_key(path: Path) -> tuple[str, ...]:
         for span in space.planes():
             plane, line_spans = space.plane(span, plane_class)
             if plane.name.startswith("/host:") and process_id is None:
-                process_id = _plane_stat(plane, "process_id")
+                process_id = plane_stat(plane, "process_id")
             if plane.name == "Task Environment":
-                profile_start = _plane_stat(plane, "profile_start_time")
+                profile_start = plane_stat(plane, "profile_start_time")
             relative = relative or any(head.has_events and head.timestamp_ns < _UNIX_NS_FLOOR
                                        for head in map(space.line_head, line_spans))
     if process_id is None or (relative and not isinstance(profile_start, int)):
         return (str(path),)
     return _host(path), str(process_id)
-
-
-def _plane_stat(plane: Any, name: str) -> Any:
-    names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-    for stat in plane.stats:
-        if names.get(stat.metadata_id) == name:
-            kind = stat.WhichOneof("value")
-            return getattr(stat, kind) if kind else None
-    return None
 
 
 @dataclass
@@ -96,6 +90,7 @@ class _Run:
     chip: int
     start_ns: int
     end_ns: int
+    run_id: Any = None  # the producer's run id, where the capture has one
 
 
 @dataclass
@@ -145,6 +140,7 @@ class XPlaneImporter:
         self.offset_ns = 0  # what puts the line times of the file being read on the Unix clock
         self.offsets: dict[Path, int] = {}
         self.chips = 1
+        self.launches: dict[int, int] = {}  # run id -> when the host launched the run (ns since the rank's start)
 
     def run(self) -> None:
         from tputrace.xplane_proto import messages
@@ -179,16 +175,18 @@ class XPlaneImporter:
         host_markers: list[tuple[int, int, int | None]] = []
         device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
         compiles = _Compiles()
+        launches: dict[int, int] = {}
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
             file_host_markers: list[tuple[int, int, int | None]] = []
             file_device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
             file_compiles = _Compiles()
+            file_launches: dict[int, int] = {}
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
                 if plane.name == "Task Environment":
-                    profile_start_unix_ns = _plane_stat(plane, "profile_start_time")
+                    profile_start_unix_ns = plane_stat(plane, "profile_start_time")
                 match = _DEVICE_PLANE.match(plane.name)
                 if match:
                     device_kind = match.group(1).lower()
@@ -197,7 +195,7 @@ class XPlaneImporter:
                 if match:
                     file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines)
                 else:
-                    file_host_markers += self._host_scan(space, plane, lines, file_compiles)
+                    file_host_markers += self._host_scan(space, plane, lines, file_compiles, file_launches)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
             offset = (profile_start_unix_ns if file_starts and min(file_starts) < _UNIX_NS_FLOOR
@@ -208,6 +206,8 @@ class XPlaneImporter:
             for chip, chip_markers in file_device_markers.items():
                 device_markers.setdefault(chip, []).extend((start + offset, end + offset, number)
                                                            for start, end, number in chip_markers)
+            for run_id, start in file_launches.items():
+                launches[run_id] = min(launches.get(run_id, start + offset), start + offset)
             compiles.compiles += [(start + offset, end + offset) for start, end in file_compiles.compiles]
             compiles.client_compiles += [(start + offset, end + offset) for start, end in file_compiles.client_compiles]
             compiles.named += [(start + offset, end + offset, name) for start, end, name in file_compiles.named]
@@ -216,6 +216,7 @@ class XPlaneImporter:
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
+        self.launches = {run_id: start - start_unix_ns for run_id, start in launches.items()}
         steps = self.steps.place([(start - start_unix_ns, end - start_unix_ns, number) for start, end, number in markers])
         for number, start_ns, end_ns in steps:
             self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
@@ -242,8 +243,13 @@ class XPlaneImporter:
         chips = max(self.chips, max(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
 
-    def _steps_at(self, starts: np.ndarray) -> np.ndarray:
-        """The step of each of some times (ns since the rank's start)."""
+    def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
+        """The step of each of some times (ns since the rank's start); of an XLA op's run (`run_ids`), the step in
+        which the host launched it, as the op may run after that step's marker ends (asynchronous dispatch)."""
+        if run_ids is not None and self.launches:
+            launches = self.launches
+            starts = np.array([start if run_id is None else launches.get(run_id % _U64, start)
+                               for start, run_id in zip(starts.tolist(), run_ids)], dtype=np.int64)
         labels = np.array(self.steps.labels, dtype=np.int64)
         return labels[np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right")]
 
@@ -267,11 +273,14 @@ class XPlaneImporter:
                             for index, (start, duration) in enumerate(zip(starts, ends))]
         return markers
 
-    def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead],
-                   compiles: _Compiles) -> list[tuple[int, int, int | None]]:
-        """A host plane's step markers (events with a `step_num` stat, and its value), and its compile events."""
+    def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: _Compiles,
+                   launches: dict[int, int]) -> list[tuple[int, int, int | None]]:
+        """A host plane's step markers (events with a `step_num` stat, and its value), its compile events, and the
+        earliest event of each program run (`run_id`) that is no XLA op: when the host launched it."""
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         step_ids = {key for key, name in stat_names.items() if name == "step_num"}
+        run_ids = {key for key, name in stat_names.items() if name == "run_id"}
+        hlo_op_ids = {key for key, name in stat_names.items() if name == "hlo_op"}
         name_ids = {key for key, name in stat_names.items() if name == "name"}
         compile_ids = {key for key, meta in plane.event_metadata.items() if meta.name in _COMPILE_EVENTS}
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if _CLIENT_COMPILE.match(meta.name)}
@@ -294,6 +303,12 @@ class XPlaneImporter:
                                  for stat in columns.message(index).stats if stat.metadata_id in name_ids]
                         if names and names[0]:
                             compiles.named.append((*span, names[0]))
+                launched = np.setdiff1d(columns.with_stat(run_ids), columns.with_stat(hlo_op_ids))
+                for index in launched.tolist():
+                    run_id = int_stat(columns, index, run_ids)
+                    if run_id is not None:
+                        start = base_ns + int(columns.offset_ps[index]) // 1000
+                        launches[run_id % _U64] = min(launches.get(run_id % _U64, start), start)
                 marked = columns.with_stat(step_ids)
                 starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
                 durations = (columns.duration_ps[marked] // 1000).tolist()
@@ -324,7 +339,7 @@ class XPlaneImporter:
     # -- second pass --------------------------------------------------------------------------------
 
     def _device_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead], chip: int) -> None:
-        decoder = _StatDecoder(plane)
+        decoder = StatDecoder(plane)
         op_metas: dict[int, _OpMeta] = {}
         event_metadata = plane.event_metadata
         for line in lines:
@@ -352,7 +367,7 @@ class XPlaneImporter:
             self._line_end(line, end_ps)
 
     def _host_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> None:
-        decoder = _StatDecoder(plane)
+        decoder = StatDecoder(plane)
         hlo_op_ids = set(decoder.ids_named("hlo_op"))
         self.host_op_metas = {}  # metadata ids are the plane's own
         self.host_op_stats = {key: name for name in _HOST_OP_STATS for key in decoder.ids_named(name)}
@@ -396,7 +411,7 @@ class XPlaneImporter:
             repeat(self.rank), map(name_sids.__getitem__, at), map(origins.__getitem__, at), starts.tolist(),
             durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
 
-    def _host_ops(self, plane: Any, decoder: _StatDecoder, columns: EventColumns, events: np.ndarray,
+    def _host_ops(self, plane: Any, decoder: StatDecoder, columns: EventColumns, events: np.ndarray,
                   starts: np.ndarray, durations: np.ndarray, nesting: LineNesting) -> None:
         """XLA ops run on a host thread (XLA:CPU): op, module, run and device from each event's stats."""
         values = self._host_op_values(decoder, columns, events)
@@ -420,7 +435,7 @@ class XPlaneImporter:
         run_ids = [None if run_id is _ABSENT else run_id for run_id in values["run_id"]]
         self._ops(metas, run_ids, chips, starts, durations, nesting)
 
-    def _host_op_values(self, decoder: _StatDecoder, columns: EventColumns,
+    def _host_op_values(self, decoder: StatDecoder, columns: EventColumns,
                         events: np.ndarray) -> dict[str, list[Any]] | None:
         """Per stat name of `_HOST_OP_STATS`, its value in each of `events` (`_ABSENT` where none); None where a
         stat is no integer or reference, or an event holds one twice."""
@@ -438,7 +453,7 @@ class XPlaneImporter:
             if len(np.unique(at)) != len(at):
                 return None
             column = np.full(len(events), _ABSENT, dtype=object)
-            column[at] = np.array(_stat_numbers(decoder, kinds[chosen], numbers[chosen]), dtype=object)
+            column[at] = np.array(stat_numbers(decoder, kinds[chosen], numbers[chosen]), dtype=object)
             values[name] = column.tolist()
         return values
 
@@ -456,7 +471,7 @@ class XPlaneImporter:
             program = self.programs[module_name] = _Program(self.writer.next_id("programs"), module_name)
         return program
 
-    def _op_meta(self, plane: Any, metadata_id: int, decoder: _StatDecoder, module: str | None,
+    def _op_meta(self, plane: Any, metadata_id: int, decoder: StatDecoder, module: str | None,
                  op_name: str | None = None) -> _OpMeta:
         metadata = plane.event_metadata[metadata_id]
         stats = {decoder.name(stat.metadata_id): decoder.value(stat) for stat in metadata.stats}
@@ -488,7 +503,7 @@ class XPlaneImporter:
              durations: np.ndarray, nesting: LineNesting) -> None:
         """`ops` (and `collectives`) rows of some XLA op events, and what they tell of their programs' runs,
         op counts, costs and fusions."""
-        steps = self._steps_at(starts).tolist()
+        steps = self._steps_at(starts, run_ids).tolist()
         starts_ns, durations_ns = starts.tolist(), durations.tolist()
         first_seq = self.seq + 1
         self.seq += len(metas)
@@ -524,7 +539,7 @@ class XPlaneImporter:
         if run_id is not None:
             run = self.runs.get((chip, run_id))
             if run is None:
-                self.runs[(chip, run_id)] = _Run(program, chip, start_ns, end_ns)
+                self.runs[(chip, run_id)] = _Run(program, chip, start_ns, end_ns, run_id)
             else:
                 run.start_ns = min(run.start_ns, start_ns)
                 run.end_ns = max(run.end_ns, end_ns)
@@ -555,46 +570,11 @@ class XPlaneImporter:
                                           None, len(program.op_names), program.flops or None,
                                           program.bytes_accessed or None, len(program.op_names) or None))
         for run in sorted(self.runs.values(), key=lambda run: run.start_ns):
+            launched = run.start_ns if run.run_id is None else self.launches.get(run.run_id % _U64, run.start_ns)
             self.sink.append("executions", (self.rank, run.program.program_id, run.chip, run.start_ns,
-                                            run.end_ns - run.start_ns, self.steps.step_at(run.start_ns), None))
-
-
-def _stat_numbers(decoder: _StatDecoder, kinds: np.ndarray, numbers: np.ndarray) -> list[Any]:
-    """Stats' values from their integers: a reference's string, an unsigned or signed integer."""
-    values = numbers.tolist()
-    if (kinds == REF_VALUE).all():
-        return decoder.names(values)
-    if (kinds == INT64_VALUE).all():
-        return values
-    return [decoder.name(number) if kind == REF_VALUE else number % (1 << 64) if kind == UINT64_VALUE else number
-            for kind, number in zip(kinds.tolist(), values)]
+                                            run.end_ns - run.start_ns, self.steps.step_at(launched), None))
 
 
 def _end_ps(columns: EventColumns) -> int:
     """The latest end (ps after the line's start) of some events, 0 for none."""
     return max(int((columns.offset_ps + columns.duration_ps).max()), 0) if len(columns) else 0
-
-
-class _StatDecoder:
-    """Stat names and values of one plane (a `ref_value` resolves to the interned string it points at)."""
-
-    def __init__(self, plane: Any) -> None:
-        self._names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-
-    def name(self, metadata_id: int) -> str:
-        return self._names.get(metadata_id, "")
-
-    def names(self, metadata_ids: list[int]) -> list[str]:
-        return list(map(self._names.get, metadata_ids, repeat("")))
-
-    def ids_named(self, name: str) -> list[int]:
-        return [key for key, value in self._names.items() if value == name]
-
-    def value(self, stat: Any) -> Any:
-        kind = stat.WhichOneof("value")
-        if kind is None:
-            return None
-        if kind == "ref_value":
-            return self._names.get(stat.ref_value, "")
-        return getattr(stat, kind)
-

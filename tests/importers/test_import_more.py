@@ -1,0 +1,30 @@
+"""More captures, imported and read as a user would: a sharded JAX training step, a fully optioned torch.profiler
+loop, torch.compile with dynamic shapes and several breaks, and a folder holding several formats of one run."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import tputrace
+from tputrace.cli.main import main
+
+
+def _import(tmp_path: Path, *paths: Path, name: str = "imported.tptrace") -> Path:
+    output = tmp_path / name
+    assert main(["import", *map(str, paths), "-o", str(output)]) == 0
+    return output
+
+
+def test_a_sharded_jax_steps_ops_are_in_the_step_that_launched_them(tmp_path: Path) -> None:
+    """Dispatch is asynchronous: XLA:CPU runs a step's ops after later steps' markers have ended. Each op, collective
+    and execution is in the step whose host event launched its run (they were all in the last step)."""
+    from captures import jax_sharded_capture
+
+    output = _import(tmp_path, jax_sharded_capture(tmp_path))
+    with tputrace.open(output) as trace:
+        assert [step.step for step in trace.records("steps")] == [5, 6, 7, 8]
+        per_step = Counter(op.step for op in trace.records("ops"))
+        assert set(per_step) == {5, 6, 7, 8} and len(set(per_step.values())) == 1, per_step
+        assert Counter(row.step for row in trace.records("executions")) == {5: 4, 6: 4, 7: 4, 8: 4}
+        assert Counter(row.step for row in trace.records("collectives")) == {5: 4, 6: 4, 7: 4, 8: 4}
