@@ -197,6 +197,36 @@ TORCH_GUARDS = textwrap.dedent("""\
     torch.compile(skipped, backend="eager")(torch.ones(2))
 """)
 
+# torch.compile with automatic dynamic shapes (`dynamic=None`: four sizes, one recompile that makes the size
+# dynamic), two prints in one function (lines 5 and 7: three graphs), and a compiled optimizer step, where torch's
+# optimizer breaks the graph in its own code (called on line 19).
+TORCH_DYNAMIC = textwrap.dedent("""\
+    import torch
+
+    def f(x, n):
+        y = torch.sin(x) * n
+        print("first")
+        y = y.cos()
+        print("second")
+        return y.sum()
+
+    g = torch.compile(f, backend="eager", dynamic=None)
+    for size in (4, 5, 6, 7):
+        g(torch.ones(size), 2)
+
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    @torch.compile(backend="eager")
+    def opt_step():
+        opt.step()
+
+    for _ in range(3):
+        model(torch.randn(2, 8)).sum().backward()
+        opt_step()
+        opt.zero_grad()
+""")
+
 TORCH_PROFILER = textwrap.dedent("""
     import sys, torch
     from torch.profiler import ProfilerActivity, profile
@@ -327,6 +357,11 @@ def torch_trace_capture(folder: Path) -> tuple[Path, Path]:
 def torch_guards_capture(folder: Path) -> tuple[Path, Path]:
     """A `TORCH_TRACE` directory of `TORCH_GUARDS`, and the script."""
     return _torch_trace(folder, "guards.py", TORCH_GUARDS, "guards_trace")
+
+
+def torch_dynamic_capture(folder: Path) -> tuple[Path, Path]:
+    """A `TORCH_TRACE` directory of `TORCH_DYNAMIC`, and the script."""
+    return _torch_trace(folder, "dynamic.py", TORCH_DYNAMIC, "dynamic_trace")
 
 
 def torch_profiled_compile_capture(folder: Path) -> Path:

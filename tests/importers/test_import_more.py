@@ -28,3 +28,22 @@ def test_a_sharded_jax_steps_ops_are_in_the_step_that_launched_them(tmp_path: Pa
         assert set(per_step) == {5, 6, 7, 8} and len(set(per_step.values())) == 1, per_step
         assert Counter(row.step for row in trace.records("executions")) == {5: 4, 6: 4, 7: 4, 8: 4}
         assert Counter(row.step for row in trace.records("collectives")) == {5: 4, 6: 4, 7: 4, 8: 4}
+
+
+def test_dynamic_shapes_several_breaks_and_a_compiled_optimizer_step(tmp_path: Path) -> None:
+    """Automatic dynamic shapes recompile once for four sizes; two prints in one function make it three graphs, said
+    at each break; the graph break inside torch's optimizer is reported at the user's `opt.step()` line and names
+    where in torch it broke."""
+    from captures import torch_dynamic_capture
+
+    from tputrace.analysis import analyze_path
+
+    folder, script = torch_dynamic_capture(tmp_path)
+    output = _import(tmp_path, folder)
+    with tputrace.open(output) as trace:
+        f = [(row.reason, row.diff) for row in trace.records("compiles") if row.name == "f"]
+    assert f == [("first", None), ("recompile", "0/0: tensor 'x' size mismatch at index 0. expected 4, actual 5")]
+    findings = {finding.line: finding for finding in analyze_path(output).findings if finding.analyzer == "graph_breaks"}
+    assert {line: finding.title.split(": ", 1)[1] for line, finding in findings.items()} == {
+        5: "f() runs as 3 graphs", 7: "f() runs as 3 graphs", 19: "opt_step() runs in Python (no graph with ops)"}
+    assert findings[19].file == str(script) and "(in optimizer.py:" in findings[19].explanation

@@ -91,7 +91,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
     for file_sid, line, frame_id, reason_sid, count, t_ns in rows:
         breaks_by_line[(file_sid, line)].append((frame_id, trace.string(reason_sid) or "graph break", count))
         last_t[(file_sid, line)] = max(last_t.get((file_sid, line), t_ns), t_ns)
-    found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)]))
+    found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)], breaks[0][0]))
              for (file_sid, line), breaks in breaks_by_line.items()]
     return AnalysisResult(NAME, GraphBreaksData(tuple(data for _, data in found)), tuple(finding for finding, _ in found))
 
@@ -193,10 +193,11 @@ def _graph_ops(program_ops: int | None, detail: dict[str, object]) -> int | None
     return ops if isinstance(ops, int) else program_ops
 
 
-def _outcome(context: AnalysisContext, t_ns: int) -> Outcome | None:
-    """What the function whose compile recorded a break at `t_ns` runs as: the graphs of its code objects (the
-    function's own and its resumed frames') that have ops; eager where none has and the break's compile failed.
-    None where no Dynamo frame compile spans the break."""
+def _outcome(context: AnalysisContext, t_ns: int, frame_id: int) -> Outcome | None:
+    """What the function that broke runs as: the graphs of its code objects (the function's own and its resumed
+    frames') that have ops; eager where none has and the break's compile failed. The function is the one the break's
+    line is in where Dynamo compiled it (a break inside a library's code called from it is counted at the user's
+    line), else the one whose compile recorded the break at `t_ns`. None where no Dynamo frame compile spans it."""
     rows = [(start, end, file_sid, name, ops, _detail(detail)) for start, end, file_sid, name, ops, detail in context.trace.sql(
         "SELECT c.start_ns, c.start_ns + COALESCE(c.dur_ns, 0), f.file_sid, s.text, p.n_ops, c.detail FROM compiles c "
         "LEFT JOIN frames f ON f.id = c.frame_id LEFT JOIN strings s ON s.id = c.name_sid "
@@ -208,11 +209,23 @@ def _outcome(context: AnalysisContext, t_ns: int) -> Outcome | None:
         return None
     _, _, file_sid, name, ops, detail = spanning[-1]
     function = _function_of(_code_name(name, detail))
+    location = context.location(frame_id)
+    if location is not None and location.function != function:
+        location_file = _file_sid(context, location.file)
+        if any(other_file == location_file and _function_of(_code_name(other, other_detail)) == location.function
+               for _, _, other_file, other, _, other_detail in rows):
+            function, file_sid = location.function, location_file
     with_graph = {_code_name(other, other_detail) for _, _, other_file, other, other_ops, other_detail in rows
                   if other_file == file_sid and _function_of(_code_name(other, other_detail)) == function
                   and (_graph_ops(other_ops, other_detail) or 0) > 0}
     failed = bool(detail.get("fail_type") or detail.get("failed"))
     return Outcome(function, len(with_graph), eager=failed and not with_graph)
+
+
+def _file_sid(context: AnalysisContext, file: str) -> int | None:
+    """The string id of a file name, where the trace has it."""
+    rows = context.trace.sql("SELECT id FROM strings WHERE text = ? LIMIT 1", (file,))
+    return int(rows[0][0]) if rows else None
 
 
 def _detail(text: str | None) -> dict[str, object]:

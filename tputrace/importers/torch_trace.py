@@ -227,11 +227,13 @@ class TorchTraceImporter:
 
 
 def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
-    """The reason and user frame of one `dynamo_graph_break_reason` payload."""
+    """The reason and user frame of one `dynamo_graph_break_reason` payload: the innermost frame of the user's code
+    in its traceback; where the break is in a library's code (torch's optimizer), the reason names that place."""
     reason = ""
     file: str | None = None
     line: int | None = None
     function = ""
+    frames: list[tuple[str, int, str]] = []
     in_user_traceback = False
     for index, text in enumerate(payload):
         at = _BREAK_AT.search(text)
@@ -252,10 +254,17 @@ def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
         elif in_user_traceback:
             frame = _USER_FRAME.match(text)
             if frame:
-                file, line, function = frame.group(1), int(frame.group(2)), frame.group(3)
+                frames.append((frame.group(1), int(frame.group(2)), frame.group(3)))
             elif not text.startswith(" "):
                 in_user_traceback = False
-    return _GraphBreak(compile_id, reason or "graph break", file, line, function)
+    reason = reason or "graph break"
+    if frames:
+        file, line, function = frames[-1]
+        users = [frame for frame in frames if not _is_library(frame[0])]
+        if users and users[-1] != frames[-1]:
+            reason += f" (in {Path(file).name}:{line}, {function})"
+            file, line, function = users[-1]
+    return _GraphBreak(compile_id, reason, file, line, function)
 
 
 def _recompile_diff(reason: str) -> str:
