@@ -274,6 +274,25 @@ TORCH_SCHEDULE = textwrap.dedent("""
             prof.step()
 """)
 
+# One process, two captures of it in one folder: torch.profiler windows (a schedule of 4 active steps that repeats,
+# so stopping after them leaves a last window holding only the step marker the next cycle opened) and TORCH_TRACE
+# (a compiled model, recompiled for a third batch size).
+TORCH_PROFILE_AND_TRACE = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend="aot_eager")
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=4), record_shapes=True,
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for size in (8, 8, 6, 8):
+            compiled(torch.randn(size, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+""")
+
 # Two gloo ranks, three all_reduces of 1000 floats each, profiled with shapes; one JSON per rank.
 TORCH_GLOO = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
@@ -288,7 +307,9 @@ TORCH_GLOO = textwrap.dedent("""
                 dist.all_reduce(x)
         prof.export_chrome_trace(f"{out}/rank{rank}.json")
         dist.barrier()  # a rank that left first would close its connection under the other's last collective
-        dist.destroy_process_group()
+        # Both files are written: leave without tearing gloo down, whose threads a busy host can still have running
+        # when they are destroyed (the process then aborts: "terminate called without an active exception").
+        os._exit(0)
 
     if __name__ == "__main__":
         os.makedirs(sys.argv[1], exist_ok=True)
@@ -380,6 +401,14 @@ def torch_gloo_capture(folder: Path) -> Path:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return _capture(folder, "gloo.py", TORCH_GLOO, "gloo", str(port))
+
+
+def torch_profile_and_trace_capture(folder: Path) -> Path:
+    """A folder holding `TORCH_PROFILE_AND_TRACE`'s torch.profiler windows (`tb/`) and its TORCH_TRACE log."""
+    run = folder / "run"
+    env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace")}
+    _capture(folder, "profile_and_trace.py", TORCH_PROFILE_AND_TRACE, "run/tb", env=env)
+    return run
 
 
 def torch_profiler_capture(folder: Path) -> Path:

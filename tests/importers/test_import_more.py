@@ -3,8 +3,11 @@ loop, torch.compile with dynamic shapes and several breaks, and a folder holding
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 import tputrace
 from tputrace.cli.main import main
@@ -47,3 +50,22 @@ def test_dynamic_shapes_several_breaks_and_a_compiled_optimizer_step(tmp_path: P
     assert {line: finding.title.split(": ", 1)[1] for line, finding in findings.items()} == {
         5: "f() runs as 3 graphs", 7: "f() runs as 3 graphs", 19: "opt_step() runs in Python (no graph with ops)"}
     assert findings[19].file == str(script) and "(in optimizer.py:" in findings[19].explanation
+
+
+def test_a_folder_holding_a_profile_and_a_torch_trace_log_of_one_run(tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The profiler's last window holds only the step marker that the schedule's next cycle opened (the import
+    stopped there with 'holds no torch.profiler events'): it imports, and that step, which ran nothing, is the
+    trailing `end` step, not a step of the loop."""
+    from captures import torch_profile_and_trace_capture
+
+    output = _import(tmp_path, torch_profile_and_trace_capture(tmp_path))
+    with tputrace.open(output) as trace:
+        sources = json.loads(trace.meta["imported"])
+        assert [(source["format"], len(source.get("windows", []))) for source in sources] == [
+            ("torch_profiler_json", 2), ("torch_trace", 0)]
+        assert [(step.step, step.source) for step in trace.records("steps")] == [
+            (0, "imported"), (1, "imported"), (2, "imported"), (3, "imported"), (4, "end")]
+        assert [row.reason for row in trace.records("compiles") if row.rank == 1] == ["first", "recompile"]
+    capsys.readouterr()
+    assert main(["summary", str(output)]) == 0 and " 4 steps (" in capsys.readouterr().out

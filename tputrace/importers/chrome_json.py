@@ -96,22 +96,28 @@ class ChromeJsonImporter:
         origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, _, _, _ in windows]
         spans = [(int(round((start - origin) * 1000)), int(round((end - origin) * 1000)), number)
                  for (_, _, _, markers, _), origin in zip(windows, origins) for start, end, number in markers]
-        for number, start_ns, end_ns in self.steps.place(spans):
-            self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
+        steps = self.steps.place(spans)
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.paths[0]), argv=[], platform="cpu",
                             chips=0, start_unix_ns=start_unix_ns)
         end_ns = 0
         devices: set[int] = set()
-        for (path, _, _, _, user_frames), origin in zip(windows, origins):
+        trailing: set[int] = set()  # the starts of steps in windows that hold nothing else
+        for (path, _, _, markers, user_frames), origin in zip(windows, origins):
             self.path = path
             self.start_us = origin
             self.user_frames = _FrameIndex(user_frames)
             appended = self.sink.appended
             end_us, window_devices = self._rows()
-            if self.sink.appended == appended:
+            # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended).
+            if self.sink.appended == appended and not markers:
                 raise CaptureError(_no_profiler_events(path))
+            if self.sink.appended == appended:
+                trailing.update(int(round((start - origin) * 1000)) for start, _, _ in markers)
             end_ns = max(end_ns, self._ns(end_us))
             devices |= window_devices
+        # Such a step (opened by the loop's last `prof.step()`, closed when profiling stopped) is no step of the loop.
+        for number, start_ns, end_ns in steps:
+            self.sink.append("steps", (self.rank, number, start_ns, end_ns, "end" if start_ns in trailing else "imported"))
         device = "gpu" if devices else "cpu"
         self.sink.note(self.rank, device=device)
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
