@@ -69,3 +69,34 @@ def test_a_folder_holding_a_profile_and_a_torch_trace_log_of_one_run(tmp_path: P
         assert [row.reason for row in trace.records("compiles") if row.rank == 1] == ["first", "recompile"]
     capsys.readouterr()
     assert main(["summary", str(output)]) == 0 and " 4 steps (" in capsys.readouterr().out
+
+
+def test_a_capture_named_twice_is_imported_once(captures: dict[str, Path], tmp_path: Path) -> None:
+    """The profile given by name and again within its folder is one capture (it was imported twice into one rank,
+    doubling every op)."""
+    profile = captures["profiler"]
+    output = _import(tmp_path, profile, profile, profile.parent / ".." / profile.parent.name / profile.name)
+    with tputrace.open(output) as trace:
+        sources = json.loads(trace.meta["imported"])
+        assert [source["path"] for source in sources] == [str(profile)] and "windows" not in sources[0]
+        assert sum(op.op == "aten::linear" for op in trace.records("ops")) == 4  # two layers, two steps
+
+
+def test_bad_input_is_a_one_line_error(captures: dict[str, Path], tmp_path: Path,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty folder, an empty xplane.pb, a cut gzip and a JSON without events: one line on stderr, exit 2,
+    nothing written."""
+    import gzip
+
+    folder = tmp_path / "empty"
+    folder.mkdir()
+    (tmp_path / "empty.xplane.pb").write_bytes(b"")
+    packed = gzip.compress(captures["profiler"].read_bytes())
+    (tmp_path / "cut.json.gz").write_bytes(packed[: len(packed) // 2])
+    (tmp_path / "none.json").write_text('{"traceEvents": []}')
+    for name, words in (("empty", "holds no xplane.pb"), ("empty.xplane.pb", "is empty"),
+                        ("cut.json.gz", "cannot be read"), ("none.json", "holds no timed events")):
+        assert main(["import", str(tmp_path / name), "-o", str(tmp_path / "out.tptrace")]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+        assert not (tmp_path / "out.tptrace").exists()

@@ -49,7 +49,11 @@ def find_captures(paths: list[str]) -> list[Capture]:
             fmt = _detect(path, strict=True)
             assert fmt is not None
             captures.append(Capture(path, fmt))
-    return captures
+    # A file named twice (by name and in its directory, or twice by name) is one capture, imported once.
+    unique: dict[Path, Capture] = {}
+    for capture in captures:
+        unique.setdefault(capture.path.resolve(), capture)
+    return list(unique.values())
 
 
 def _natural(path: Path) -> list[Any]:
