@@ -19,7 +19,7 @@ def _import(tmp_path: Path, *paths: Path, name: str = "imported.tptrace") -> Pat
     return output
 
 
-def test_a_sharded_jax_steps_ops_are_in_the_step_that_launched_them(tmp_path: Path) -> None:
+def test_a_sharded_jax_steps_ops_are_in_their_launch_step_with_their_line_and_scope(tmp_path: Path) -> None:
     """Dispatch is asynchronous: XLA:CPU runs a step's ops after later steps' markers have ended. Each op, collective
     and execution is in the step whose host event launched its run (they were all in the last step)."""
     from captures import jax_sharded_capture
@@ -31,6 +31,19 @@ def test_a_sharded_jax_steps_ops_are_in_the_step_that_launched_them(tmp_path: Pa
         assert set(per_step) == {5, 6, 7, 8} and len(set(per_step.values())) == 1, per_step
         assert Counter(row.step for row in trace.records("executions")) == {5: 4, 6: 4, 7: 4, 8: 4}
         assert Counter(row.step for row in trace.records("collectives")) == {5: 4, 6: 4, 7: 4, 8: 4}
+
+    # XLA:CPU's op events name no source or scope: their HLO instructions' metadata (in `/host:metadata`) does.
+    from captures import JAX_SHARDED
+
+    script_lines = JAX_SHARDED.splitlines()
+    update_line = next(index for index, text in enumerate(script_lines, 1) if "p - 0.1 * g" in text)
+    loss_lines = {index for index, text in enumerate(script_lines, 1) if "out = jnp.tanh" in text}
+    with tputrace.open(output) as trace:
+        ops = list(trace.records("ops"))
+    assert all(op.module and op.module.startswith("jit(step)/") for op in ops)
+    assert {op.source.line for op in ops if op.module.startswith("jit(step)/update/")} == {update_line}
+    assert {op.source.line for op in ops if "/backward/jvp(forward)/tanh" in op.module} == loss_lines
+    assert all(op.source.file.endswith("jax_sharded.py") for op in ops if op.source)
 
 
 def test_dynamic_shapes_several_breaks_and_a_compiled_optimizer_step(tmp_path: Path) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
@@ -140,6 +141,7 @@ class XPlaneImporter:
         self.offset_ns = 0  # what puts the line times of the file being read on the Unix clock
         self.offsets: dict[Path, int] = {}
         self.chips = 1
+        self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
         self.launches: dict[int, int] = {}  # run id -> when the host launched the run (ns since the rank's start)
 
     def run(self) -> None:
@@ -187,6 +189,8 @@ class XPlaneImporter:
             for plane, lines in self._planes(space):
                 if plane.name == "Task Environment":
                     profile_start_unix_ns = plane_stat(plane, "profile_start_time")
+                if plane.name == "/host:metadata":
+                    self._read_hlo(plane)
                 match = _DEVICE_PLANE.match(plane.name)
                 if match:
                     device_kind = match.group(1).lower()
@@ -242,6 +246,15 @@ class XPlaneImporter:
         # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
         chips = max(self.chips, max(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
+
+    def _read_hlo(self, plane: Any) -> None:
+        """The instructions' sources of each program's HLO proto (the first of a module name)."""
+        names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+        for metadata in plane.event_metadata.values():
+            for stat in metadata.stats:
+                if names.get(stat.metadata_id) == "Hlo Proto" and stat.WhichOneof("value") == "bytes_value":
+                    module, sources = hlo_sources(stat.bytes_value)
+                    self.hlo.setdefault(module, sources)
 
     def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
         """The step of each of some times (ns since the rank's start); of an XLA op's run (`run_ids`), the step in
@@ -483,6 +496,10 @@ class XPlaneImporter:
             if match:
                 frame_id = self.writer.frame(match.group(1), int(match.group(2)), "")
         tf_op = stats.get("tf_op")
+        origin = self.hlo.get(module or "", {}).get(name)  # XLA:CPU's ops: their HLO instruction's metadata
+        if origin is not None and frame_id is None and origin.file and origin.line:
+            frame_id = self.writer.frame(origin.file, origin.line, origin.function)
+        tf_op = tf_op or (origin.op_name if origin is not None else None)
         program_name = module
         if program_name is None and "program_id" in stats:
             program_name = next((p.name for p in self.programs.values()

@@ -1,0 +1,173 @@
+"""Where each XLA instruction came from, read from the HLO protos an XProf capture keeps in `/host:metadata`.
+
+JAX writes the optimized `HloProto` of every program it ran into the plane's event metadata (stat `Hlo Proto`).
+Each instruction's `OpMetadata` holds its `op_name` (the `jax.named_scope`s and primitive:
+`jit(step)/backward/dot_general`) and its source: a `stack_frame_id` into the module's stack frame index (the
+innermost frame of the call stack that traced it), or `source_file` and `source_line`. XLA:CPU's op events carry
+neither (a TPU's carry `source` and `tf_op` stats): this is where their line and scope come from.
+
+The protos are read at the wire level (varints and length-delimited fields) for the few fields used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+# Field numbers (xla/service/hlo.proto, xla/xla_data.proto).
+_HLO_MODULE = 1  # HloProto.hlo_module
+_MODULE_NAME, _MODULE_COMPUTATIONS, _MODULE_FRAMES = 1, 3, 17  # HloModuleProto
+_COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
+_INSTRUCTION_NAME, _INSTRUCTION_METADATA = 1, 7  # HloInstructionProto
+_OP_NAME, _SOURCE_FILE, _SOURCE_LINE, _STACK_FRAME = 2, 3, 4, 15  # OpMetadata
+_FILE_NAMES, _FUNCTION_NAMES, _FILE_LOCATIONS, _STACK_FRAMES = 1, 2, 3, 4  # StackFrameIndexProto
+_LOCATION_FILE, _LOCATION_FUNCTION, _LOCATION_LINE = 1, 2, 3  # FileLocation (ids are 1-based)
+_FRAME_LOCATION, _FRAME_PARENT = 1, 2  # StackFrame (ids are 1-based, 0: none)
+
+
+@dataclass(frozen=True)
+class InstructionSource:
+    """An instruction's `op_name` and the user's line that traced it (file, line, function), where known."""
+
+    op_name: str | None
+    file: str | None
+    line: int | None
+    function: str
+
+
+def hlo_sources(data: bytes) -> tuple[str, dict[str, InstructionSource]]:
+    """The module name of a serialized `HloProto` and, per instruction name, its source; empty where the bytes are
+    not one (a damaged proto names nothing rather than failing the import)."""
+    try:
+        module = next((value for field, value in _fields(data) if field == _HLO_MODULE and isinstance(value, bytes)),
+                      b"")
+        return _module_sources(module)
+    except (IndexError, ValueError, UnicodeDecodeError):
+        return "", {}
+
+
+def _module_sources(module: bytes) -> tuple[str, dict[str, InstructionSource]]:
+    name = ""
+    computations: list[bytes] = []
+    frames: bytes = b""
+    for field, value in _fields(module):
+        if field == _MODULE_NAME and isinstance(value, bytes):
+            name = value.decode()
+        elif field == _MODULE_COMPUTATIONS and isinstance(value, bytes):
+            computations.append(value)
+        elif field == _MODULE_FRAMES and isinstance(value, bytes):
+            frames = value
+    stack = _StackFrames(frames)
+    sources: dict[str, InstructionSource] = {}
+    for computation in computations:
+        for field, instruction in _fields(computation):
+            if field != _COMPUTATION_INSTRUCTIONS or not isinstance(instruction, bytes):
+                continue
+            parts = dict(_fields(instruction))
+            metadata = parts.get(_INSTRUCTION_METADATA)
+            instruction_name = parts.get(_INSTRUCTION_NAME)
+            if isinstance(instruction_name, bytes) and isinstance(metadata, bytes):
+                sources[instruction_name.decode()] = _source(metadata, stack)
+    return name, sources
+
+
+def _source(metadata: bytes, stack: _StackFrames) -> InstructionSource:
+    fields = dict(_fields(metadata))
+    op_name = fields.get(_OP_NAME)
+    frame_id = fields.get(_STACK_FRAME)
+    place = stack.user_frame(frame_id) if isinstance(frame_id, int) and frame_id > 0 else None
+    if place is None:
+        file, line = fields.get(_SOURCE_FILE), fields.get(_SOURCE_LINE)
+        if isinstance(file, bytes) and file and isinstance(line, int) and line > 0:
+            place = (file.decode(), line, "")
+    op_text = op_name.decode() if isinstance(op_name, bytes) and op_name else None
+    if place is None:
+        return InstructionSource(op_text, None, None, "")
+    return InstructionSource(op_text, *place)
+
+
+class _StackFrames:
+    """A module's stack frame index: a frame id's innermost frame in the user's code (not a library's)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.files: list[str] = []
+        self.functions: list[str] = []
+        self.locations: list[tuple[int, int, int]] = []
+        self.frames: list[tuple[int, int]] = []
+        for field, value in _fields(data):
+            if not isinstance(value, bytes):
+                continue
+            if field == _FILE_NAMES:
+                self.files.append(value.decode())
+            elif field == _FUNCTION_NAMES:
+                self.functions.append(value.decode())
+            elif field == _FILE_LOCATIONS:
+                parts = dict(_fields(value))
+                self.locations.append((_int(parts.get(_LOCATION_FILE)), _int(parts.get(_LOCATION_FUNCTION)),
+                                       _int(parts.get(_LOCATION_LINE))))
+            elif field == _STACK_FRAMES:
+                parts = dict(_fields(value))
+                self.frames.append((_int(parts.get(_FRAME_LOCATION)), _int(parts.get(_FRAME_PARENT))))
+
+    def user_frame(self, frame_id: int) -> tuple[str, int, str] | None:
+        innermost = None
+        seen = 0
+        while 0 < frame_id <= len(self.frames) and seen < len(self.frames):
+            location_id, frame_id = self.frames[frame_id - 1]
+            seen += 1
+            if not 0 < location_id <= len(self.locations):
+                continue
+            file_id, function_id, line = self.locations[location_id - 1]
+            if not 0 < file_id <= len(self.files) or line <= 0:
+                continue
+            file = self.files[file_id - 1]
+            function = self.functions[function_id - 1] if 0 < function_id <= len(self.functions) else ""
+            innermost = innermost or (file, line, function)
+            if not _is_library(file):
+                return file, line, function
+        return innermost
+
+
+def _is_library(file: str) -> bool:
+    return any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
+
+
+def _int(value: int | bytes | None) -> int:
+    return value if isinstance(value, int) else 0
+
+
+def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
+    """A message's fields: (number, value), a varint's value or a length-delimited field's bytes (fixed-width
+    fields are skipped). Raises IndexError or ValueError on bytes that are not a message."""
+    offset, end = 0, len(data)
+    while offset < end:
+        key, offset = _varint(data, offset)
+        field, wire = key >> 3, key & 7
+        if wire == 0:
+            value, offset = _varint(data, offset)
+            yield field, value
+        elif wire == 2:
+            length, offset = _varint(data, offset)
+            if offset + length > end:
+                raise ValueError("field runs past its message")
+            yield field, data[offset:offset + length]
+            offset += length
+        elif wire == 1:
+            offset += 8
+        elif wire == 5:
+            offset += 4
+        else:
+            raise ValueError(f"wire type {wire}")
+
+
+def _varint(data: bytes, offset: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[offset]
+        offset += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, offset
+        shift += 7
+        if shift > 63:
+            raise ValueError("varint too long")
