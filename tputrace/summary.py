@@ -63,6 +63,7 @@ class RunSummary:
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
     imported: bool = False  # written by `tputrace import` from another tool's capture
     imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
+    collectives_without_bytes: frozenset[str] = frozenset()  # kinds whose bytes the (imported) capture does not have
 
     @property
     def measured_on(self) -> str:
@@ -138,6 +139,8 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         recording_window=recording_window(trace),
         imported=bool(trace.meta.get("imported")),
         imported_device=facts.device if facts is not None else None,
+        collectives_without_bytes=frozenset(kind for (kind,) in trace.sql(
+            "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
     )
 
 
@@ -322,7 +325,7 @@ def sections(summary: RunSummary) -> list[Section]:
                     (
                         stat.kind or "?",
                         f"{stat.count}",
-                        format_bytes(stat.bytes),
+                        "unknown" if stat.kind in summary.collectives_without_bytes else format_bytes(stat.bytes),
                         format_ns(stat.total_ns),
                         format_ns(stat.wait_ns),
                     )

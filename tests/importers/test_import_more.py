@@ -45,6 +45,18 @@ def test_a_sharded_jax_steps_ops_are_in_their_launch_step_with_their_line_and_sc
     assert {op.source.line for op in ops if "/backward/jvp(forward)/tanh" in op.module} == loss_lines
     assert all(op.source.file.endswith("jax_sharded.py") for op in ops if op.source)
 
+    # The capture has no bytes for its all-reduces: unknown, not "0 B" and "bus 0 B/s".
+    from tputrace.analysis import analyze_path
+    from tputrace.summary import sections, summarize
+
+    with tputrace.open(output) as trace:
+        (section,) = [section for section in sections(summarize(trace)) if section.title == "collectives"]
+    assert [row[2] for row in section.rows] == ["unknown"]
+    (finding,) = [finding for finding in analyze_path(output).findings if finding.analyzer == "collectives"]
+    (evidence,) = finding.evidence
+    assert evidence.text.startswith("all_reduce: 16 calls, ") and evidence.text.endswith(", bytes unknown")
+    assert "0 B" not in evidence.text
+
 
 def test_dynamic_shapes_several_breaks_and_a_compiled_optimizer_step(tmp_path: Path) -> None:
     """Automatic dynamic shapes recompile once for four sizes; two prints in one function make it three graphs, said

@@ -43,6 +43,7 @@ class CollectiveKind:
     wait_ns: int
     bus_bandwidth: float | None
     small_messages: int
+    bytes_known: bool = True  # False where the capture has no bytes for them (an import: XLA:CPU, no record_shapes)
 
 
 @dataclass(frozen=True)
@@ -120,7 +121,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         bandwidth = recorded_bandwidth
         if not bandwidth and dur_ns and nbytes is not None:  # an imported capture may not know the bytes
             bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9)
-        rows.append(CollectiveKind(kind, calls, nbytes or 0, dur_ns, wait_ns, bandwidth, small))
+        rows.append(CollectiveKind(kind, calls, nbytes or 0, dur_ns, wait_ns, bandwidth, small, nbytes is not None))
     steady_where, steady_params = context.steady_where()
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
     # once: the share is the union of the calls' intervals, which never exceeds the steps' time.
@@ -140,8 +141,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     facts = import_facts(trace, rank)
     foreign_device = facts.device if facts is not None and facts.device != "tpu" else None
     kind_evidence = tuple(
-        Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_bytes(row.bytes)}, {format_ns(row.dur_ns)}, "
-                 f"bus {format_bytes(row.bus_bandwidth or 0)}/s", table="collectives")
+        Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_ns(row.dur_ns)}, "
+                 + (f"{format_bytes(row.bytes)}, bus {format_bytes(row.bus_bandwidth or 0)}/s" if row.bytes_known
+                    else "bytes unknown"), table="collectives")
         for row in rows
     )
     if finding_share >= 0.05 and total_ns:
