@@ -64,6 +64,7 @@ class RunSummary:
     imported: bool = False  # written by `tputrace import` from another tool's capture
     imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
     collectives_without_bytes: frozenset[str] = frozenset()  # kinds whose bytes the (imported) capture does not have
+    device_ops: bool = False  # the ops are XLA ops' device times (an XProf import), not host dispatch
 
     @property
     def measured_on(self) -> str:
@@ -139,6 +140,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         recording_window=recording_window(trace),
         imported=bool(trace.meta.get("imported")),
         imported_device=facts.device if facts is not None else None,
+        device_ops=facts is not None and facts.format == "xplane",
         collectives_without_bytes=frozenset(kind for (kind,) in trace.sql(
             "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
     )
@@ -234,6 +236,10 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     return lines
 
 
+# What an XProf import's ops are: XLA ops' self times on the device (each op's time less the ops nested in it).
+DEVICE_OPS_LABEL = "device op time"
+
+
 def _imported_note(device: str, projected: bool) -> str:
     """What an imported rank's times are: measured on the capture's device; a TPU's projected only from XLA's costs."""
     if device == "tpu":
@@ -246,15 +252,17 @@ def _imported_note(device: str, projected: bool) -> str:
 def sections(summary: RunSummary) -> list[Section]:
     """The summary's tables, skipping those with nothing to show."""
     wall = summary.wall_ns
-    split_rows = tuple((label, format_ns(ns), _percent(ns, wall)) for label, ns in summary.time_split.parts() if ns)
+    op_label = DEVICE_OPS_LABEL if summary.device_ops else "host dispatch"
+    split_rows = tuple((op_label if label == "host dispatch" else label, format_ns(ns), _percent(ns, wall))
+                       for label, ns in summary.time_split.parts() if ns)
     result = [
         Section(
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
-            f"top ops by {HOST_DISPATCH_LABEL}, measured on {summary.measured_on}"
+            f"top ops by {DEVICE_OPS_LABEL if summary.device_ops else HOST_DISPATCH_LABEL}, measured on {summary.measured_on}"
             + (f" · {CHIP_SHARE_LABEL}, projected for {summary.op_target} by a roofline" if summary.op_target else ""),
-            ("op", "calls", "host dispatch", "share", CHIP_SHARE_LABEL),
+            ("op", "calls", op_label, "share", CHIP_SHARE_LABEL),
             tuple(
                 (
                     printable(stat.op),

@@ -50,8 +50,13 @@ def test_a_sharded_jax_steps_ops_are_in_their_launch_step_with_their_line_and_sc
     from tputrace.summary import sections, summarize
 
     with tputrace.open(output) as trace:
-        (section,) = [section for section in sections(summarize(trace)) if section.title == "collectives"]
+        shown = sections(summarize(trace))
+    (section,) = [section for section in shown if section.title == "collectives"]
     assert [row[2] for row in section.rows] == ["unknown"]
+    # Its ops are XLA ops' device times, not host dispatch: the summary says so.
+    assert not [section for section in shown if "host dispatch" in section.title + repr(section.rows + (section.columns,))]
+    assert [section.columns[2] for section in shown if section.title.startswith("top ops by device op time")] == [
+        "device op time"]
     (finding,) = [finding for finding in analyze_path(output).findings if finding.analyzer == "collectives"]
     (evidence,) = finding.evidence
     assert evidence.text.startswith("all_reduce: 16 calls, ") and evidence.text.endswith(", bytes unknown")
