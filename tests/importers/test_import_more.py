@@ -84,21 +84,30 @@ def test_dynamic_shapes_several_breaks_and_a_compiled_optimizer_step(tmp_path: P
 
 def test_a_folder_holding_a_profile_and_a_torch_trace_log_of_one_run(tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
-    """The profiler's last window holds only the step marker that the schedule's next cycle opened (the import
-    stopped there with 'holds no torch.profiler events'): it imports, and that step, which ran nothing, is the
-    trailing `end` step, not a step of the loop."""
-    from captures import torch_profile_and_trace_capture
+    """The profile's windows and the TORCH_TRACE log of one process are one rank: the log's compiles (with the
+    recompile's reason and line) on the profile's clock and steps, beside the profile's backward compile, instead of
+    a second rank (the report said 'rank 0 of 2') and the profile's nameless 'compiled frame 0' rows. The profiler's
+    last window holds only the step marker that the schedule's next cycle opened (the import stopped there with
+    'holds no torch.profiler events'): it imports, and that step, which ran nothing, is the trailing `end` step."""
+    from captures import TORCH_PROFILE_AND_TRACE, torch_profile_and_trace_capture
 
-    output = _import(tmp_path, torch_profile_and_trace_capture(tmp_path))
+    run = torch_profile_and_trace_capture(tmp_path)
+    output = _import(tmp_path, run)
     with tputrace.open(output) as trace:
-        sources = json.loads(trace.meta["imported"])
-        assert [(source["format"], len(source.get("windows", []))) for source in sources] == [
-            ("torch_profiler_json", 2), ("torch_trace", 0)]
+        (source,) = json.loads(trace.meta["imported"])
+        assert source["format"] == "torch_profiler_json" and len(source["windows"]) == 2
+        assert Path(source["torch_trace"]).parent == run / "torch_trace"
         assert [(step.step, step.source) for step in trace.records("steps")] == [
             (0, "imported"), (1, "imported"), (2, "imported"), (3, "imported"), (4, "end")]
-        assert [row.reason for row in trace.records("compiles") if row.rank == 1] == ["first", "recompile"]
+        compiles = sorted(trace.records("compiles"), key=lambda row: row.start_ns)
+    assert [(row.kind, row.reason, row.step) for row in compiles] == [
+        ("dynamo_frame", "first", 0), ("aot", "first", 0), ("dynamo_frame", "recompile", 2)]
+    call_line = next(index for index, text in enumerate(TORCH_PROFILE_AND_TRACE.splitlines(), 1) if "compiled(" in text)
+    assert compiles[2].source.line == call_line and "expected 8, actual 6" in (compiles[2].diff or "")
     capsys.readouterr()
-    assert main(["summary", str(output)]) == 0 and " 4 steps (" in capsys.readouterr().out
+    assert main(["summary", str(output)]) == 0
+    out = capsys.readouterr().out
+    assert " 4 steps (" in out and "rank 0 of" not in out
 
 
 def test_a_capture_named_twice_is_imported_once(captures: dict[str, Path], tmp_path: Path) -> None:

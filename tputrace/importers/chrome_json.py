@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers.json_events import event_lists, event_texts, read_head, read_header
-from tputrace.importers.sink import ImportSink, StepClock
+from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
@@ -61,9 +61,11 @@ class ChromeJsonImporter:
     """Imports the torch.profiler JSON files of one process (one file, or the several windows of a
     profiling schedule) as one rank."""
 
-    def __init__(self, sink: ImportSink, paths: list[Path]) -> None:
+    def __init__(self, sink: ImportSink, paths: list[Path], *, compiles_elsewhere: bool = False) -> None:
         self.sink = sink
         self.paths = paths
+        self.compiles_elsewhere = compiles_elsewhere  # the process's TORCH_TRACE log writes its frames' compiles
+        self.start_unix_ns = 0
         self.path = paths[0]
         self.writer = sink.writer
         facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
@@ -91,7 +93,7 @@ class ChromeJsonImporter:
             distributed = header.get("distributedInfo")
             if isinstance(distributed, dict) and isinstance(distributed.get("rank"), int):
                 self.sink.note(self.rank, distributed_rank=distributed["rank"])
-        start_unix_ns = min(base_ns + int(start_us * 1000) for _, base_ns, start_us, _, _ in windows)
+        start_unix_ns = self.start_unix_ns = min(base_ns + int(start_us * 1000) for _, base_ns, start_us, _, _ in windows)
         # Each file's `ts` (us since its `baseTimeNanoseconds`) at the rank's start.
         origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, _, _, _ in windows]
         spans = [(int(round((start - origin) * 1000)), int(round((end - origin) * 1000)), number)
@@ -263,6 +265,8 @@ class ChromeJsonImporter:
     def _compile(self, event: tuple[str, int, int, int, int | None], compile_id: str | None) -> None:
         """A `compiles` row (and its `programs` row) for one torch.compile range seen by the profiler."""
         name, start_ns, dur_ns, step, frame_id = event
+        if self.compiles_elsewhere and name != "entire_backward_compile":
+            return  # the TORCH_TRACE log's compile of the frame (it has no backward compiles)
         kind = "aot" if name == "entire_backward_compile" else "dynamo_frame"
         frame, _, attempt = (compile_id or "").partition("/")
         label = f"{'backward of ' if kind == 'aot' else ''}compiled frame {frame}" if compile_id else name
@@ -274,6 +278,10 @@ class ChromeJsonImporter:
         detail = json.dumps({"compile_id": compile_id, "event": name} if compile_id else {"event": name})
         self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank, program_id, kind, label_sid, None,
                                       -1, start_ns, dur_ns, frame_id, step, reason, None, detail))
+
+    def clock(self) -> RankClock:
+        """The rank, start and steps, for another capture of the process to write into."""
+        return RankClock(self.rank, self.start_unix_ns, self.steps)
 
     def _ns(self, ts_us: float) -> int:
         return int(round((ts_us - self.start_us) * 1000))

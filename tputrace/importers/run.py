@@ -56,9 +56,10 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
 
 def _by_process(captures: list[Capture]) -> list[list[Capture]]:
     """The captures to import as one rank each: one file, or the files of one process: its torch.profiler files
-    (the windows of a profiling schedule, which `tensorboard_trace_handler` writes a file each), or its XProf
-    files (one per `jax.profiler.trace` session)."""
-    from tputrace.importers import chrome_json, xplane
+    (the windows of a profiling schedule, which `tensorboard_trace_handler` writes a file each), with its
+    TORCH_TRACE log where one has the same process id (the log's compiles, graph breaks and recompile reasons join
+    the profile's ops and steps), or its XProf files (one per `jax.profiler.trace` session)."""
+    from tputrace.importers import chrome_json, torch_trace, xplane
 
     # Only XProf files that share a host name can be sessions of one process (reading the key costs a pass over
     # the planes' metadata).
@@ -72,6 +73,14 @@ def _by_process(captures: list[Capture]) -> list[list[Capture]]:
         else:
             key = ("file", capture.path)
         groups.setdefault(key, []).append(capture)
+    profiles: dict[str, list[Any]] = {}
+    for key in groups:
+        if key[0] == "profiler" and key[2]:
+            profiles.setdefault(key[2], []).append(key)
+    for key in [key for key in groups if key[0] == "file" and groups[key][0].format == TORCH_TRACE]:
+        matches = profiles.get(str(torch_trace.log_pid(key[1])), [])
+        if len(matches) == 1:
+            groups[matches[0]] += groups.pop(key)
     return list(groups.values())
 
 
@@ -87,5 +96,11 @@ def _import_one(sink: ImportSink, group: list[Capture]) -> None:
         TorchTraceImporter(sink, capture.path).run()
     elif capture.format == CHROME_JSON:
         from tputrace.importers.chrome_json import ChromeJsonImporter
+        from tputrace.importers.torch_trace import TorchTraceImporter
 
-        ChromeJsonImporter(sink, [item.path for item in group]).run()
+        logs = [item.path for item in group if item.format == TORCH_TRACE]
+        profile = ChromeJsonImporter(sink, [item.path for item in group if item.format == CHROME_JSON],
+                                     compiles_elsewhere=bool(logs))
+        profile.run()
+        for log in logs:
+            TorchTraceImporter(sink, log, into=profile.clock()).run()

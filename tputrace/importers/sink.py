@@ -40,6 +40,15 @@ class StepClock:
         return self.labels[bisect.bisect_right(self.starts, t_ns)]
 
 
+@dataclass(frozen=True)
+class RankClock:
+    """A rank another capture of its process writes into: its number, start (Unix ns) and steps."""
+
+    rank: int
+    start_unix_ns: int
+    steps: StepClock
+
+
 class ImportSink:
     """Wraps the writer: counts rows, commits every so often, and records where each rank came from."""
 

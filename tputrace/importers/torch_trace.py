@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers.sink import ImportSink
+from tputrace.importers.sink import ImportSink, RankClock
 from tputrace.importers.sources import TORCH_TRACE, CaptureError
 
 _ENVELOPE = re.compile(r"^[VIWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
@@ -58,12 +58,14 @@ class _GraphBreak:
 
 
 class TorchTraceImporter:
-    """Imports one TORCH_TRACE log (one process) as one rank."""
+    """Imports one TORCH_TRACE log (one process) as one rank, or into the rank of a torch.profiler capture of the
+    same process (`into`: its compiles then go on that rank's clock and steps)."""
 
-    def __init__(self, sink: ImportSink, path: Path) -> None:
+    def __init__(self, sink: ImportSink, path: Path, *, into: RankClock | None = None) -> None:
         self.sink = sink
         self.path = path
-        self.rank = sink.new_rank(TORCH_TRACE, str(path))
+        self.into = into
+        self.rank = sink.new_rank(TORCH_TRACE, str(path)) if into is None else into.rank
         self.compiles: list[_Compile] = []
         self.breaks: list[_GraphBreak] = []
         self.eager_cache_hits = 0
@@ -200,9 +202,14 @@ class TorchTraceImporter:
         starts = [item.start_s for item in self.compiles if item.start_s > 0]
         start_s = min(starts) if starts else 0.0
         end_s = max((item.start_s + item.dur_s for item in self.compiles if item.start_s > 0), default=start_s)
-        writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], pid=self.pid, platform="cpu",
-                       chips=0, start_unix_ns=int(start_s * 1e9), end_ns=int((end_s - start_s) * 1e9))
-        self.sink.note(self.rank, device="host", pid=self.pid, eager_cache_hits=self.eager_cache_hits)
+        if self.into is None:
+            writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], pid=self.pid,
+                           platform="cpu", chips=0, start_unix_ns=int(start_s * 1e9), end_ns=int((end_s - start_s) * 1e9))
+            self.sink.note(self.rank, device="host", pid=self.pid, eager_cache_hits=self.eager_cache_hits)
+        else:
+            start_s = self.into.start_unix_ns / 1e9
+            self.sink.note(self.rank, torch_trace=str(self.path), eager_cache_hits=self.eager_cache_hits)
+        steps = self.into.steps if self.into is not None else None
         if self.process_rank is not None:
             self.sink.note(self.rank, distributed_rank=self.process_rank)
         start_of: dict[str, int] = {}
@@ -219,11 +226,13 @@ class TorchTraceImporter:
             diff_sid = writer.intern(item.recompile_reason) if item.recompile_reason else None
             detail = json.dumps({"compile_id": item.compile_id, **item.detail}, sort_keys=True)
             self.sink.append("compiles", (writer.next_id("compiles"), self.rank, program_id, item.kind, name_sid, None,
-                                          -1, start_ns, int(item.dur_s * 1e9), frame_id, 0, reason, diff_sid, detail))
+                                          -1, start_ns, int(item.dur_s * 1e9), frame_id,
+                                          steps.step_at(start_ns) if steps else 0, reason, diff_sid, detail))
         for item in self.breaks:
             frame_id = writer.frame(item.file, item.line, item.function) if item.file and item.line else None
-            self.sink.append("graph_breaks", (self.rank, writer.intern(item.reason), frame_id,
-                                              start_of.get(item.compile_id, 0), 0))
+            t_ns = start_of.get(item.compile_id, 0)
+            self.sink.append("graph_breaks", (self.rank, writer.intern(item.reason), frame_id, t_ns,
+                                              steps.step_at(t_ns) if steps else 0))
 
 
 def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
@@ -296,6 +305,12 @@ def _is_library(file: str) -> bool:
 def _frame_of(compile_id: str) -> str:
     """The frame of a compile id (`2/3` -> `2`, ignoring a restart's `_N` suffix)."""
     return compile_id.split("/", 1)[0].lstrip("[")
+
+
+def log_pid(path: Path) -> int | None:
+    """The process id in the glog prefix of a TORCH_TRACE log's first line."""
+    with path.open("r", encoding="utf-8", errors="replace") as stream:
+        return _pid(stream.readline())
 
 
 def _pid(text: str) -> int | None:
