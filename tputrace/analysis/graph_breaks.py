@@ -207,7 +207,7 @@ def _outcome(context: AnalysisContext, t_ns: int, frame_id: int) -> Outcome | No
     spanning = [row for row in rows if row[0] <= t_ns <= row[1]]
     if not spanning:
         return None
-    _, _, file_sid, name, ops, detail = spanning[-1]
+    _, _, file_sid, name, _, detail = spanning[-1]
     function = _function_of(_code_name(name, detail))
     location = context.location(frame_id)
     if location is not None and location.function != function:
@@ -229,6 +229,7 @@ def _file_sid(context: AnalysisContext, file: str) -> int | None:
 
 
 def _detail(text: str | None) -> dict[str, object]:
+    """A compile's `detail` JSON object (empty where it is none)."""
     try:
         value = json.loads(text or "{}")
     except ValueError:
