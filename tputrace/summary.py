@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TextIO
 
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.imported_sources import measured_on
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
@@ -69,7 +70,7 @@ class RunSummary:
     @property
     def measured_on(self) -> str:
         """Where the trace's times were measured: this host, or an imported capture's device."""
-        return f"the capture's {self.imported_device}" if self.imported_device else "this host"
+        return measured_on(self.imported_device)
 
 
 @dataclass(frozen=True)

@@ -134,9 +134,9 @@ class OpsView(TraceView):
         else:
             parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]
             if self.grouping == "op":
-                parts += [(f" · {HOST_DISPATCH_LABEL}, measured on this host · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}", "dim")]
+                parts += [(f" · {HOST_DISPATCH_LABEL}, measured on {self.session.measured_on} · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}", "dim")]
             else:
-                parts += [(" · host dispatch, measured on this host", "dim")]
+                parts += [(f" · host dispatch, measured on {self.session.measured_on}", "dim")]
             if self.text_filter:
                 parts += [(" · filter ", ""), (self.text_filter, "bold")]
             parts += [(f" · {plural(len(self.groups), 'group')}", "")]

@@ -26,7 +26,11 @@ if TYPE_CHECKING:
     from textual.widget import Widget
 
 TOP_FINDINGS = 5
-STEP_CHART_TITLE = "Step time: the wall time of each step of the loop, measured on this host"
+
+
+def step_chart_title(measured_on: str) -> str:
+    """The step chart's heading, naming where the steps' wall times were measured."""
+    return f"Step time: the wall time of each step of the loop, measured on {measured_on}"
 
 
 class OverviewView(TraceView):
@@ -38,7 +42,7 @@ class OverviewView(TraceView):
         facts = run_facts(self.session.trace, self.session.rank)
         with VerticalScroll(id="overview-scroll"):
             yield Static(facts_text(facts), id="overview-facts", classes="section")
-            yield Static(Text(STEP_CHART_TITLE, style="bold"), classes="heading")
+            yield Static(Text(step_chart_title(facts.measured_on), style="bold"), classes="heading")
             yield Static(Text("loading…"), id="overview-chart", classes="section")
             yield Static(Text("Where the time went", style="bold"), classes="heading")
             yield Static(Text("loading…"), id="overview-split", classes="section")
@@ -138,11 +142,11 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
 
 
 def projection_text(data: queries.Overview) -> Text:
-    """The median step measured on this host beside the one projected for the target chip."""
+    """The median step as measured beside the one projected for the target chip."""
     median, projected = data.facts.median_step_ns, data.projected
     if median is None or projected.median_ns is None:
         return Text("")
-    return Text(f"median step {fmt_ns(median)} measured on this host · chip time {fmt_ns(projected.median_ns)} projected for "
+    return Text(f"median step {fmt_ns(median)} measured on {data.facts.measured_on} · chip time {fmt_ns(projected.median_ns)} projected for "
                 f"{projected.target} (roofline of XLA's costs, a lower bound)", style="dim")
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from tputrace.derived.imported_sources import imported_device, measured_on
 from tputrace.derived.run_facts import default_rank, run_facts
 from tputrace.derived.steps import StepRow, step_rows
 from tputrace.source_digests import SourceDigest
@@ -53,6 +54,11 @@ class Session:
             roots.append(run_cwd)
         roots.extend([str(Path(trace.path).resolve().parent), str(Path.cwd())])
         return cls(trace, chosen, tuple(dict.fromkeys(roots)), baseline_path)
+
+    @property
+    def measured_on(self) -> str:
+        """Where the shown rank's times were measured: this host, or an imported capture's device."""
+        return measured_on(imported_device(self.trace, self.rank))
 
     def check(self) -> None:
         """Read what the first screen needs, so that a damaged file fails here (one `TraceError`)

@@ -65,7 +65,7 @@ def test_step_numbers_are_the_captures_in_every_view(tmp_path: Path, capsys: pyt
 def test_a_cpu_capture_projects_no_tpu_time_from_nothing(captures: dict[str, Path], tmp_path: Path,
                                                          capsys: pytest.CaptureFixture[str]) -> None:
     """XLA:CPU's XProf capture has no XLA costs: the report, the summary and the TUI say its times were measured on
-    the capture's CPU and project no TPU time (they said '0 ns projected for v6e')."""
+    the capture's CPU, not on this host, and project no TPU time (they said '0 ns projected for v6e')."""
     output = _import(tmp_path, captures["jax"])
     capsys.readouterr()
     assert main(["report", str(output)]) == 0
@@ -77,7 +77,9 @@ def test_a_cpu_capture_projects_no_tpu_time_from_nothing(captures: dict[str, Pat
     summary = capsys.readouterr().out
     assert "measured on its cpu, not a TPU's; it has no XLA costs, so no TPU time is projected" in summary
     assert "XLA:CPU" not in summary and "projected for" not in summary
-    assert "projected for" not in _overview_text(output)
+    overview = _overview_text(output)
+    assert "projected for" not in overview
+    assert "measured on the capture's cpu" in overview and "this host" not in overview
 
 
 def test_gloo_collectives_are_not_compared_with_a_tpus_ici(tmp_path: Path) -> None:

@@ -6,12 +6,10 @@ need what only tputrace's own recording records (its index checks, its compile c
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 
+from tputrace.derived.imported_sources import imported_source
 from tputrace.store.reader import Trace
-
-IMPORTED_META_KEY = "imported"
 
 # Analyzer name -> tables it needs rows in (None: it needs tputrace's own recording).
 NEEDS: dict[str, tuple[str, ...] | None] = {
@@ -56,14 +54,7 @@ class ImportFacts:
 
 def import_facts(trace: Trace, rank: int) -> ImportFacts | None:
     """The facts of `rank` when the trace was imported (None for a trace tputrace recorded)."""
-    text = trace.meta.get(IMPORTED_META_KEY)
-    if not text:
-        return None
-    try:
-        sources = json.loads(text)
-    except json.JSONDecodeError:
-        return None
-    source = next((item for item in sources if isinstance(item, dict) and item.get("rank") == rank), None)
+    source = imported_source(trace, rank)
     if source is None:
         return None
     fmt = str(source.get("format", "?"))

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.findings import Finding
+from tputrace.derived.imported_sources import measured_on
 from tputrace.wording import format_ns, plural, printable
 
 if TYPE_CHECKING:
@@ -39,9 +40,9 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     lines = []
     if not brief:
         lines.append(Line(f"tputrace report: {report.trace_path}", style="bold"))
-    measured_on = f"the capture's {report.imported.device}" if report.imported else "this host"
     steps = (
-        f"{plural(report.step_count, 'step')}, median step {format_ns(report.median_step_ns)} measured on {measured_on}"
+        f"{plural(report.step_count, 'step')}, median step {format_ns(report.median_step_ns)} measured on "
+        f"{measured_on(report.imported.device if report.imported else None)}"
         + (f" ({format_ns(report.projected_median_step_ns)} projected for {target.name})"
            if report.projected_median_step_ns is not None else "")
         if report.step_count else "no steps"

@@ -6,6 +6,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.derived.imported_sources import imported_device, measured_on
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 
@@ -43,6 +44,12 @@ class RunFacts:
     counts: dict[str, int]
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
     imported: bool = False  # written by `tputrace import` from another tool's capture
+    imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
+
+    @property
+    def measured_on(self) -> str:
+        """Where the run's times were measured: this host, or an imported capture's device."""
+        return measured_on(self.imported_device)
 
 
 def default_rank(trace: Trace) -> int:
@@ -89,6 +96,7 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         counts=trace.counts(),
         recording_window=recording_window(trace),
         imported=bool(trace.meta.get("imported")),
+        imported_device=imported_device(trace, rank),
     )
 
 

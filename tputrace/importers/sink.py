@@ -8,9 +8,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from tputrace.derived.imported_sources import IMPORTED_META_KEY
 from tputrace.store.writer import TraceWriter
-
-IMPORTED_META_KEY = "imported"
 # Rows appended between commits: keeps the writer's queues, and so memory, bounded however big the capture.
 _ROWS_PER_COMMIT = 50_000
 
