@@ -226,6 +226,43 @@ DDP = '''
 '''
 
 
+POLICY_GRADIENT = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).to("tpu")
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    for episode in range(4):
+        state, log_probs = torch.randn(8, device="tpu"), []
+        for t in range(6):
+            dist = torch.distributions.Categorical(logits=policy(state))  {marker}
+            action = dist.sample()
+            log_probs.append(dist.log_prob(action))
+            state = state * 0.9 + 0.1 * torch.randn_like(state)
+        loss = -torch.stack(log_probs).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+CAUSAL_ENCODER = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    encoder, head = nn.TransformerEncoder(layer, 1).to("tpu"), nn.Linear(64, 8).to("tpu")
+    optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.01)
+    mask = nn.Transformer.generate_square_subsequent_mask(16, device="tpu")
+    x = torch.randn(4, 16, 64, device="tpu")
+    for step in range(5):
+        loss = head(encoder(x, mask=mask)).pow(2).mean()  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -339,3 +376,25 @@ def test_ddp_second_forward_is_not_set_up_work(tmp_path: Path) -> None:
     report, script, line = _run(tmp_path, "ddp", DDP, ("--nproc", "2"))
     assert not [finding for finding in report.findings if finding.analyzer == "set_up_work"], report.findings[0].title
     assert any(f.analyzer == "syncs" and (f.file, f.line) == (str(script), line) for f in report.findings)
+
+
+def test_a_distributions_argument_check_is_named_with_its_switch(tmp_path: Path) -> None:
+    """`torch.distributions` checks its arguments with a bool read (`validate_args`, on by default) in each
+    distribution made and each `log_prob`: the sync and the fragmented-fusion findings name that check and its
+    switch, not an `if` at the user's line, which has none."""
+    report, script, line = _run(tmp_path, "policy_gradient", POLICY_GRADIENT)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "`torch.distributions` checking a distribution's parameters" in sync.explanation, sync.explanation
+    assert "set_default_validate_args(False)" in sync.suggestion and "torch.where" not in sync.suggestion
+    (fusion,) = [finding for finding in report.findings if finding.analyzer == "fusion"]
+    assert fusion.line in (line, line + 2), fusion.title
+    assert "set_default_validate_args(False)" in fusion.suggestion, fusion.suggestion
+
+
+def test_an_encoders_causal_mask_check_is_named_with_its_switch(tmp_path: Path) -> None:
+    """`nn.TransformerEncoder` compares a mask given without `is_causal` with a causal one on the host every
+    call: the finding names that comparison and `is_causal=True`, not an `if` in the user's line."""
+    report, script, line = _run(tmp_path, "causal_encoder", CAUSAL_ENCODER)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "`_detect_is_causal_mask`" in sync.explanation, sync.explanation
+    assert sync.suggestion.startswith("Tell the encoder what the mask is"), sync.suggestion
