@@ -263,6 +263,21 @@ CAUSAL_ENCODER = '''
         optimizer.step()
 '''
 
+FLATTENED_ROWS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        x = torch.randn(10, 32, 256, device="tpu")  {marker}
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -398,3 +413,15 @@ def test_an_encoders_causal_mask_check_is_named_with_its_switch(tmp_path: Path) 
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert "`_detect_is_causal_mask`" in sync.explanation, sync.explanation
     assert sync.suggestion.startswith("Tell the encoder what the mask is"), sync.suggestion
+
+
+def test_a_batch_times_length_contracted_in_the_weight_gradients_is_not_a_model_dim(tmp_path: Path) -> None:
+    """A (10, 32, 256) batch is 320 rows for each linear layer, which the weights' gradients contract over: the
+    padding finding calls 320 the layers' input rows and changes the batch, not a model dim of 320 (there is none),
+    and it points at a layer taking those rows."""
+    report, _, _ = _run(tmp_path, "flattened_rows", FLATTENED_ROWS)
+    (padding,) = [finding for finding in report.findings if finding.analyzer == "padding"]
+    assert padding.title.startswith("Tile padding: input rows 320 is off the MXU"), padding.title
+    assert padding.suggestion.startswith("320 is the number of rows Sequential.0 takes"), padding.suggestion
+    assert "choose a batch (and length) that make 256 (or 512) rows" in padding.suggestion
+    assert padding.module == "Sequential.0"
