@@ -278,6 +278,25 @@ FLATTENED_ROWS = '''
         optimizer.step()
 '''
 
+TABLE_MADE_ONCE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 256, device="tpu")
+    torch.tpu.synchronize()
+    for step in range(10):
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step == 5:
+            print("loss", loss.item())  {marker}
+            table = torch.randn(512, 512).to("tpu")
+'''
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -425,3 +444,9 @@ def test_a_batch_times_length_contracted_in_the_weight_gradients_is_not_a_model_
     assert padding.suggestion.startswith("320 is the number of rows Sequential.0 takes"), padding.suggestion
     assert "choose a batch (and length) that make 256 (or 512) rows" in padding.suggestion
     assert padding.module == "Sequential.0"
+
+
+def test_a_table_made_once_in_the_loop_is_no_memory_growth(tmp_path: Path) -> None:
+    """A 1 MiB table made in one step and kept raises the live bytes once: that is no growth 'every step'."""
+    report, _, _ = _run(tmp_path, "table_made_once", TABLE_MADE_ONCE)
+    assert not [finding.title for finding in report.findings if finding.analyzer == "memory"]
