@@ -450,3 +450,14 @@ def test_a_table_made_once_in_the_loop_is_no_memory_growth(tmp_path: Path) -> No
     """A 1 MiB table made in one step and kept raises the live bytes once: that is no growth 'every step'."""
     report, _, _ = _run(tmp_path, "table_made_once", TABLE_MADE_ONCE)
     assert not [finding.title for finding in report.findings if finding.analyzer == "memory"]
+
+
+def test_a_copy_and_a_read_made_in_one_step_are_costed_once(tmp_path: Path) -> None:
+    """A table copied to the chip and a loss read in one step of ten: each costs its time once, with no per-step
+    figure that a run of many steps would multiply, and the copy is not said to recur every step."""
+    report, script, line = _run(tmp_path, "table_made_once", TABLE_MADE_ONCE)
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers"]
+    assert copy.title.startswith(f"Host-to-chip copy in one step at {script.name}:{line + 1}: 1.00 MiB"), copy.title
+    assert copy.cost_per_step_ns is None and "every step" not in copy.suggestion.replace("not every step", "")
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.cost_per_step_ns is None and "stalled in one step" in sync.title, sync.title

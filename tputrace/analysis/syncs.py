@@ -153,7 +153,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         ))
         if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
             continue
-        cost = context.loop_cost(steady_stall, stall_ns)
+        cost = context.line_cost(steady_stall, stall_ns, steps_with)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
         costly.append((frame_id, kind, library_frame_id, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall,
@@ -175,7 +175,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     steady_count = max(context.steady_count, 1)
     rate = per_step_text(steady_syncs, steady_count, "time") if per_step is not None else plural(count, "time")
     every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
-    stalled = (f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
+    stalled = (f"{format_ns(stall_ns)} stalled in one step" if context.once_in_loop(steps_with)
+               else f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
                else f"{format_ns(stall_ns)} stalled")
     inside = f", in {library}" if library else ""
     title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}{inside}): {stalled}"
