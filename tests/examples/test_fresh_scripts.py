@@ -297,6 +297,29 @@ TABLE_MADE_ONCE = '''
             table = torch.randn(512, 512).to("tpu")
 '''
 
+RANDOM_TEACHER_FORCING = '''
+    import random
+    import torch
+    from torch import nn
+
+    random.seed(0)
+    torch.manual_seed(0)
+    cell, out = nn.GRUCell(16, 16).to("tpu"), nn.Linear(16, 16).to("tpu")
+    optimizer = torch.optim.SGD([*cell.parameters(), *out.parameters()], lr=0.01)
+    for step in range(5):
+        h, x = torch.zeros(4, 16, device="tpu"), torch.randn(4, 16, device="tpu")
+        for t in range(5):
+            h = cell(x, h)
+            if random.random() < 0.5:  {marker}
+                x = out(h)
+            else:
+                x = torch.tanh(h)
+        loss = h.pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -461,3 +484,16 @@ def test_a_copy_and_a_read_made_in_one_step_are_costed_once(tmp_path: Path) -> N
     assert copy.cost_per_step_ns is None and "every step" not in copy.suggestion.replace("not every step", "")
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert sync.cost_per_step_ns is None and "stalled in one step" in sync.title, sync.title
+
+
+def test_a_random_choice_per_time_step_is_a_structure_change_every_step(tmp_path: Path) -> None:
+    """A Python `random` choice between two ops at each time step makes each step's graph another program, compiled
+    again every step with no shape changed: one recompiles finding at a line of the loop body, costing those
+    recompiles, that says to choose on the chip."""
+    report, script, line = _run(tmp_path, "random_teacher_forcing", RANDOM_TEACHER_FORCING)
+    (changes,) = [finding for finding in report.findings if finding.title.startswith("The step's ops change")]
+    assert changes.analyzer == "recompiles" and changes.line in range(line - 1, line + 4), (changes.line, changes.title)
+    assert "torch.where" in changes.suggestion and changes.cost_per_step_ns is not None
+    data = report.results["recompiles"].data
+    (storm,) = data.structure_storms
+    assert storm.recompiles >= 2 and changes.cost_total_ns == storm.recompile_ns
