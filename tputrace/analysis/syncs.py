@@ -92,6 +92,11 @@ LIBRARY_SUGGESTIONS: tuple[tuple[str, str, str], ...] = (
     ("transformers/trainer.py", "item",
      "Transformers' Trainer reads the loss (and the gradient norm) on the host when it logs, every `logging_steps` "
      "steps: log less often (a larger `logging_steps`)."),
+    ("transformers/masking_utils.py", "bool",
+     "Transformers' SDPA mask (`_ignore_causal_mask_sdpa`) reads on the host whether the `attention_mask` masks any "
+     "token, to skip building the causal mask, a wait at every forward of a model given an `attention_mask`: load the "
+     "model with `attn_implementation=\"eager\"`, whose mask is always built and never read, or pass no "
+     "`attention_mask` for batches without padding."),
 )
 
 
