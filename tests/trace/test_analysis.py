@@ -620,7 +620,7 @@ def test_report_ranks_and_renders(sample_trace_path: Path) -> None:
     report = analyze_path(sample_trace_path)
     costs = [ranking_cost_ns(finding) for finding in report.findings]
     assert costs == sorted(costs, reverse=True)
-    once = [finding for finding in report.findings if "stalled in one step" in finding.title]
+    once = [finding for finding in report.findings if finding.title.startswith("Host sync in one step at")]
     assert once and all(finding.cost_per_step_ns is None for finding in once)  # a print in one step is no per-step cost
     text = render_text(report)
     assert f"target: {CHIPS[DEFAULT_TARGET].label} (the default" in text

@@ -47,8 +47,8 @@ class _Recompile:
 
 def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
              evicted: list[int]) -> list[tuple[Finding, StructureStorm]]:
-    """One finding per call site whose programs compiled again in two steady steps or more because the step's ops
-    changed (`leave_out`: compile ids another finding explains)."""
+    """One finding per call site whose programs compiled again in two steady steps or more, the last in the later
+    half of them, because the step's ops changed (`leave_out`: compile ids another finding explains)."""
     steady = context.steady_range
     if not context.steps or steady is None:
         return []
@@ -68,8 +68,10 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
             compile_id, trace.string(name_sid) or "?", dur_ns, step, diff,
             None if position is None else (position.group("file"), int(position.group("line"))),
         ))
+    middle = (steady[0] + steady[1]) / 2
     return [_finding(context, frame_id, recompiles) for frame_id, recompiles in by_site.items()
-            if len(recompiles) >= MIN_RECOMPILES and len({recompile.step for recompile in recompiles}) >= MIN_RECOMPILES]
+            if len({recompile.step for recompile in recompiles}) >= MIN_RECOMPILES
+            and recompiles[-1].step >= middle]  # still compiling in the later steps: variants that settle are no storm
 
 
 def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recompile]) -> tuple[Finding, StructureStorm]:

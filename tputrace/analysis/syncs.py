@@ -158,7 +158,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         ))
         if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
             continue
-        cost = context.line_cost(steady_stall, stall_ns, steps_with)
+        cost = context.line_cost(steady_stall, stall_ns, steps_with, steady_syncs)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
         costly.append((frame_id, kind, library_frame_id, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall,
@@ -180,11 +180,12 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     steady_count = max(context.steady_count, 1)
     rate = per_step_text(steady_syncs, steady_count, "time") if per_step is not None else plural(count, "time")
     every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
-    stalled = (f"{format_ns(stall_ns)} stalled in one step" if context.once_in_loop(steps_with)
-               else f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
-               else f"{format_ns(stall_ns)} stalled")
+    once = context.once_in_loop(steps_with, steady_syncs)
+    stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
+               else f"{format_ns(steady_stall / steady_count)} stalled per step")
     inside = f", in {library}" if library else ""
-    title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}{inside}): {stalled}"
+    how_often = "in one step" if once else "every step" if every_step else rate
+    title = f"Host sync {how_often} at {where} ({kind}{inside}): {stalled}"
     pending = pending_ops / count
     waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
                  else "is for programs already queued on the chip")

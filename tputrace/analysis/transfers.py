@@ -74,8 +74,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         constant_size = min_bytes == max_bytes
         lines.append(TransferLine(context.where(frame_id), per_step_count, per_step_bytes, dur_ns / steady_count,
                                   steps_with, constant_size, total_bytes, total_ns))
-        cost = context.line_cost(dur_ns, total_ns, loop_steps)
-        once = context.once_in_loop(loop_steps)
+        cost = context.line_cost(dur_ns, total_ns, loop_steps, count)
+        once = context.once_in_loop(loop_steps, count)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue
         rate = per_step_text(count, steady_count, "copy", "copies")
