@@ -226,6 +226,115 @@ DDP = '''
 '''
 
 
+POLICY_GRADIENT = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    policy = nn.Sequential(nn.Linear(8, 32), nn.Tanh(), nn.Linear(32, 4)).to("tpu")
+    optimizer = torch.optim.Adam(policy.parameters(), lr=3e-3)
+    for episode in range(4):
+        state, log_probs = torch.randn(8, device="tpu"), []
+        for t in range(6):
+            dist = torch.distributions.Categorical(logits=policy(state))  {marker}
+            action = dist.sample()
+            log_probs.append(dist.log_prob(action))
+            state = state * 0.9 + 0.1 * torch.randn_like(state)
+        loss = -torch.stack(log_probs).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+CAUSAL_ENCODER = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(64, 4, 128, batch_first=True)
+    encoder, head = nn.TransformerEncoder(layer, 1).to("tpu"), nn.Linear(64, 8).to("tpu")
+    optimizer = torch.optim.SGD([*encoder.parameters(), *head.parameters()], lr=0.01)
+    mask = nn.Transformer.generate_square_subsequent_mask(16, device="tpu")
+    x = torch.randn(4, 16, 64, device="tpu")
+    for step in range(5):
+        loss = head(encoder(x, mask=mask)).pow(2).mean()  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+FLATTENED_ROWS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 1024), nn.GELU(), nn.Linear(1024, 256)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        x = torch.randn(10, 32, 256, device="tpu")  {marker}
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+TABLE_MADE_ONCE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 256)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 256, device="tpu")
+    torch.tpu.synchronize()
+    for step in range(10):
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step == 5:
+            print("loss", loss.item())  {marker}
+            table = torch.randn(512, 512).to("tpu")
+'''
+
+RANDOM_TEACHER_FORCING = '''
+    import random
+    import torch
+    from torch import nn
+
+    random.seed(0)
+    torch.manual_seed(0)
+    cell, out = nn.GRUCell(16, 16).to("tpu"), nn.Linear(16, 16).to("tpu")
+    optimizer = torch.optim.SGD([*cell.parameters(), *out.parameters()], lr=0.01)
+    for step in range(5):
+        h, x = torch.zeros(4, 16, device="tpu"), torch.randn(4, 16, device="tpu")
+        for t in range(5):
+            h = cell(x, h)
+            if random.random() < 0.5:  {marker}
+                x = out(h)
+            else:
+                x = torch.tanh(h)
+        loss = h.pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
+READ_BEFORE_THE_LOOP = '''
+    import torch
+    from torch import nn
+
+    model = nn.Linear(32, 8).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(16, 32, device="tpu")
+    print("initial output", model(x).sum().item())  {marker}
+    for step in range(5):
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+'''
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -330,7 +439,7 @@ def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_pat
     assert not [finding for finding in report.findings if finding.analyzer == "set_up_work"], report.findings[0].title
     top = report.findings[0]
     assert (top.analyzer, top.file, top.line) == ("syncs", str(script), line), top.title
-    assert top.title.startswith(f"Host sync 1 time in 4 steps at {script.name}:{line}"), top.title  # one read has no period
+    assert top.title.startswith(f"Host sync in one step at {script.name}:{line}"), top.title  # one read has no period
 
 
 def test_ddp_second_forward_is_not_set_up_work(tmp_path: Path) -> None:
@@ -339,3 +448,74 @@ def test_ddp_second_forward_is_not_set_up_work(tmp_path: Path) -> None:
     report, script, line = _run(tmp_path, "ddp", DDP, ("--nproc", "2"))
     assert not [finding for finding in report.findings if finding.analyzer == "set_up_work"], report.findings[0].title
     assert any(f.analyzer == "syncs" and (f.file, f.line) == (str(script), line) for f in report.findings)
+
+
+def test_a_distributions_argument_check_is_named_with_its_switch(tmp_path: Path) -> None:
+    """`torch.distributions` checks its arguments with a bool read (`validate_args`, on by default) in each
+    distribution made and each `log_prob`: the sync and the fragmented-fusion findings name that check and its
+    switch, not an `if` at the user's line, which has none."""
+    report, script, line = _run(tmp_path, "policy_gradient", POLICY_GRADIENT)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "`torch.distributions` checking a distribution's parameters" in sync.explanation, sync.explanation
+    assert "set_default_validate_args(False)" in sync.suggestion and "torch.where" not in sync.suggestion
+    (fusion,) = [finding for finding in report.findings if finding.analyzer == "fusion"]
+    assert fusion.line in (line, line + 2), fusion.title
+    assert "set_default_validate_args(False)" in fusion.suggestion, fusion.suggestion
+
+
+def test_an_encoders_causal_mask_check_is_named_with_its_switch(tmp_path: Path) -> None:
+    """`nn.TransformerEncoder` compares a mask given without `is_causal` with a causal one on the host every
+    call: the finding names that comparison and `is_causal=True`, not an `if` in the user's line."""
+    report, script, line = _run(tmp_path, "causal_encoder", CAUSAL_ENCODER)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "`_detect_is_causal_mask`" in sync.explanation, sync.explanation
+    assert sync.suggestion.startswith("Tell the encoder what the mask is"), sync.suggestion
+
+
+def test_a_batch_times_length_contracted_in_the_weight_gradients_is_not_a_model_dim(tmp_path: Path) -> None:
+    """A (10, 32, 256) batch is 320 rows for each linear layer, which the weights' gradients contract over: the
+    padding finding calls 320 the layers' input rows and changes the batch, not a model dim of 320 (there is none),
+    and it points at a layer taking those rows."""
+    report, _, _ = _run(tmp_path, "flattened_rows", FLATTENED_ROWS)
+    (padding,) = [finding for finding in report.findings if finding.analyzer == "padding"]
+    assert padding.title.startswith("Tile padding: input rows 320 is off the MXU"), padding.title
+    assert padding.suggestion.startswith("320 is the number of rows Sequential.0 takes"), padding.suggestion
+    assert "choose a batch (and length) that make 256 (or 512) rows" in padding.suggestion
+    assert padding.module == "Sequential.0"
+
+
+def test_a_table_made_once_in_the_loop_is_no_memory_growth(tmp_path: Path) -> None:
+    """A 1 MiB table made in one step and kept raises the live bytes once: that is no growth 'every step'."""
+    report, _, _ = _run(tmp_path, "table_made_once", TABLE_MADE_ONCE)
+    assert not [finding.title for finding in report.findings if finding.analyzer == "memory"]
+
+
+def test_a_copy_and_a_read_made_in_one_step_are_costed_once(tmp_path: Path) -> None:
+    """A table copied to the chip and a loss read in one step of ten: each costs its time once, with no per-step
+    figure that a run of many steps would multiply, and the copy is not said to recur every step."""
+    report, script, line = _run(tmp_path, "table_made_once", TABLE_MADE_ONCE)
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers"]
+    assert copy.title.startswith(f"Host-to-chip copy in one step at {script.name}:{line + 1}: 1.00 MiB"), copy.title
+    assert copy.cost_per_step_ns is None and "every step" not in copy.suggestion.replace("not every step", "")
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.cost_per_step_ns is None and sync.title.startswith(f"Host sync in one step at {script.name}:{line}")
+
+
+def test_a_random_choice_per_time_step_is_a_structure_change_every_step(tmp_path: Path) -> None:
+    """A Python `random` choice between two ops at each time step makes each step's graph another program, compiled
+    again every step with no shape changed: one recompiles finding at a line of the loop body, costing those
+    recompiles, that says to choose on the chip."""
+    report, script, line = _run(tmp_path, "random_teacher_forcing", RANDOM_TEACHER_FORCING)
+    (changes,) = [finding for finding in report.findings if finding.title.startswith("The step's ops change")]
+    assert changes.analyzer == "recompiles" and changes.line in range(line - 1, line + 4), (changes.line, changes.title)
+    assert "torch.where" in changes.suggestion and changes.cost_per_step_ns is not None
+    data = report.results["recompiles"].data
+    (storm,) = data.structure_storms
+    assert storm.recompiles >= 2 and changes.cost_total_ns == storm.recompile_ns
+
+
+def test_a_read_before_the_loop_is_set_up_not_a_one_off(tmp_path: Path) -> None:
+    """A value read before the loop falls in the warm-up step: it is set-up, which no sync finding lists, not a one-off
+    read of the loop costed once."""
+    report, _, line = _run(tmp_path, "read_before_the_loop", READ_BEFORE_THE_LOOP)
+    assert not [finding.title for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]

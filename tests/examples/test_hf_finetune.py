@@ -87,4 +87,5 @@ def test_the_item_read_and_the_mask_read_inside_the_model(traced: tuple[Report, 
     model_call = syncs[line_in("finetune", "loss = model(**batch).loss")]
     assert "(bool, in masking_utils.py:" in model_call.title  # the read is Transformers' mask check, named at its line
     assert model_call.module is not None and model_call.module.startswith("GPT2LMHeadModel")
-    assert "The read is the library's (masking_utils.py:" in model_call.suggestion
+    assert model_call.suggestion.startswith("Transformers' SDPA mask (`_ignore_causal_mask_sdpa`) reads on the host")
+    assert 'attn_implementation="eager"' in model_call.suggestion

@@ -15,6 +15,7 @@ import pytest
 
 from tputrace.analysis import DEFAULT_TARGET, analyze, analyze_path, print_top_findings
 from tputrace.analysis.chips import CHIPS, FP32_PASSES, chip
+from tputrace.analysis.findings import ranking_cost_ns
 from tputrace.analysis.render import render_json, render_text
 from tputrace.summary import render_text as render_summary
 from tputrace.summary import summarize
@@ -617,8 +618,10 @@ def test_no_collectives_no_findings(tmp_path: Path) -> None:
 
 def test_report_ranks_and_renders(sample_trace_path: Path) -> None:
     report = analyze_path(sample_trace_path)
-    costs = [finding.cost_total_ns for finding in report.findings]
+    costs = [ranking_cost_ns(finding) for finding in report.findings]
     assert costs == sorted(costs, reverse=True)
+    once = [finding for finding in report.findings if finding.title.startswith("Host sync in one step at")]
+    assert once and all(finding.cost_per_step_ns is None for finding in once)  # a print in one step is no per-step cost
     text = render_text(report)
     assert f"target: {CHIPS[DEFAULT_TARGET].label} (the default" in text
     assert "estimate" in text

@@ -159,6 +159,19 @@ class AnalysisContext:
             return {"cost_total_ns": float(per_step * self.step_count), "cost_per_step_ns": float(per_step)}
         return {"cost_total_ns": float(total_ns), "cost_per_step_ns": self.per_step(total_ns)}
 
+    def once_in_loop(self, loop_steps_with: int, steady_with: int) -> bool:
+        """Whether work that ran in `loop_steps_with` of the loop's steps, `steady_with` times in the steady steps,
+        is a one-off: one steady step of a loop of three or more (a table made on a condition, a value logged once),
+        which recurs in no other step. Work of the warm-up step only is set-up, which no per-line finding costs."""
+        return loop_steps_with == 1 and steady_with > 0 and self.step_count >= 3
+
+    def line_cost(self, steady_ns: float, total_ns: float, loop_steps_with: int, steady_with: int) -> Cost:
+        """`loop_cost` for a line's work in the loop; a one-off's (`once_in_loop`) is its time, once, with no per-step
+        figure, so that it is not ranked as if it recurred every step."""
+        if self.once_in_loop(loop_steps_with, steady_with):
+            return {"cost_total_ns": float(total_ns), "cost_per_step_ns": None}
+        return self.loop_cost(steady_ns, total_ns)
+
     def per_step(self, total_ns: float) -> float | None:
         """A run total spread over the loop's steps; None for a run without steps."""
         return total_ns / self.step_count if self.step_count else None

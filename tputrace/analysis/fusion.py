@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
-from tputrace.analysis.syncs import library_suggestion, library_where
-from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read
+from tputrace.analysis.syncs import known_library_read, library_suggestion, library_where
+from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, then
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns
 
@@ -111,7 +111,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     module = module_of_read(context, top_frame, top_trigger)
     change = f"{change_in_module(context, top_frame, module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
     libraries = _library_reads(context, top_frame, top_trigger)
-    if libraries:
+    known_read = known_library_read(context, top_frame, top_trigger)
+    if known_read is not None:
+        # A read torch's own code makes inside the call (a distribution's argument checks): its switch, not an `if`.
+        change = f"At {where_top} the reads are {known_read[0]}: {then(known_read[1]).rstrip('.')}"
+    elif libraries:
         # The reads are a library's that the line calls (a Trainer's loop): its lines and its setting, not the user's `if`.
         inside = ", ".join(library_where(context, frame_id) or "?" for frame_id in libraries[:3])
         known = library_suggestion(context, libraries[0], top_trigger)

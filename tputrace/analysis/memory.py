@@ -175,7 +175,8 @@ def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[Larges
 
 
 def _growth(context: AnalysisContext) -> tuple[float, int, int] | None:
-    """(bytes per step, first, last) of live bytes at the end of the steady steps, per chip 0's samples."""
+    """(bytes per step, first, last) of live bytes at the end of the steady steps, per chip 0's samples, when they
+    never fell and rose in at least half of the steps (and two)."""
     steady = context.steady_steps
     if len(steady) < 3:
         return None
@@ -193,6 +194,7 @@ def _growth(context: AnalysisContext) -> tuple[float, int, int] | None:
     if len(samples) < 3:
         return None
     increasing = all(later >= earlier for earlier, later in zip(samples, samples[1:]))
-    if not increasing:
+    rises = sum(later > earlier for earlier, later in zip(samples, samples[1:]))
+    if not increasing or rises < max(2, (len(samples) - 1) / 2):  # one jump (a table made once) is no growth
         return None
     return (samples[-1] - samples[0]) / (len(samples) - 1), samples[0], samples[-1]

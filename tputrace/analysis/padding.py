@@ -142,11 +142,27 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PaddingData]:
         wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0,
         "measured, attributed by FLOP share" if times.measured else "target roofline estimate",
     )
-    findings = (_finding(context, size, alignment[size], entries) for size, entries in by_size.items())
+    input_rows = _input_rows(groups)
+    findings = (_finding(context, size, alignment[size], entries, input_rows.get(size)) for size, entries in by_size.items())
     return AnalysisResult(NAME, data, tuple(finding for finding in findings if finding is not None))
 
 
-def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]]) -> Finding | None:
+def _input_rows(groups: list[MatmulGroup]) -> dict[int, MatmulGroup]:
+    """The sizes that are only ever the rows (m) of a module's products, never their features (k or n), each with
+    the module's costliest such product: the rows of the layers' inputs, the batch (times the sequence length of an
+    input flattened to rows), which the data chooses, not the model. A weight's gradient contracts over them."""
+    forward = [group for group in groups if group.module is not None]
+    features = {size for group in forward for product in group.products for size in (product.k, product.n)}
+    rows: dict[int, MatmulGroup] = {}
+    for group in sorted(forward, key=lambda group: -group.flops):
+        for product in group.products:
+            if product.m not in features:
+                rows.setdefault(product.m, group)
+    return rows
+
+
+def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]],
+             rows_of: MatmulGroup | None) -> Finding | None:
     cost = sum(cost for _, cost, _ in entries)
     share = context.share_of_step(cost)
     groups = {id(group): (group, wasted) for group, _, wasted in entries}
@@ -157,7 +173,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
         return None
     # The line to point at: the forward call (it has a module) with the largest cost.
     ordered = sorted(entries, key=lambda entry: (entry[0].module is None, -entry[1]))
-    anchor = ordered[0][0]
+    anchor = ordered[0][0] if rows_of is None else rows_of
     up, down = aligned_sizes(size, align)
     nearest = up if down is None or up - size <= size - down else down
     other = down if nearest == up else up
@@ -179,7 +195,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
         analyzer=NAME,
         severity=context.severity(share, warning=0.02),
         title=(
-            f"Tile padding: dim {size} is off {what} of {context.target.label} ({align}); "
+            f"Tile padding: {'input rows' if rows_of else 'dim'} {size} is off {what} of {context.target.label} ({align}); "
             f"{flop_share:.1%} of its matmul FLOPs are padding"
         ),
         explanation=(
@@ -189,14 +205,22 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
             f"estimated {format_ns(cost)} of chip time ({share:.1%} of a step; roofline estimate applied to the "
             f"measured chip time)."
         ),
-        suggestion=(
-            f"Use {nearest}{alternative} instead of {size} for this dim"
-            f"{' in ' + anchor.module if anchor.module else ''}: a multiple of {align} fills the "
-            f"{'MXU' if align == context.target.mxu else 'tiles'} with no padding."
-        ),
+        suggestion=_suggestion(size, align, nearest, alternative, anchor, rows_of is not None, context.target.mxu),
         cost_total_ns=cost,
         cost_per_step_ns=context.per_step(cost),
         evidence=tuple(evidence),
         module=anchor.module,
         **context.location_fields(anchor.frame_id),
     )
+
+
+def _suggestion(size: int, align: int, nearest: int, alternative: str, anchor: MatmulGroup, input_rows: bool,
+                mxu: int) -> str:
+    """What to change: the dim in the model, or for the layers' input rows, the batch that makes them."""
+    fills = f"a multiple of {align} fills the {'MXU' if align == mxu else 'tiles'} with no padding"
+    if input_rows:
+        return (f"{size} is the number of rows {anchor.module} takes ({anchor.op}({anchor.inputs})): the batch size, "
+                f"times the sequence length when the input is flattened to rows. The weights' gradients contract "
+                f"over it, so the model's dims cannot fix it: choose a batch (and length) that make {nearest}"
+                f"{alternative} rows ({fills}).")
+    return f"Use {nearest}{alternative} instead of {size} for this dim{' in ' + anchor.module if anchor.module else ''}: {fills}."

@@ -21,7 +21,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import chip_shapes, data_sizes, host_inputs, program_cache
+from tputrace.analysis import chip_shapes, data_sizes, host_inputs, program_cache, structure_changes
 from tputrace.analysis.chip_shapes import ChipShapeStorm
 from tputrace.analysis.buckets import BucketOption, bucket_options, propose, varying_dims
 from tputrace.analysis.context import AnalysisContext
@@ -36,6 +36,7 @@ from tputrace.analysis.storm_findings import (
     shared_size_finding,
 )
 from tputrace.analysis.storms import NAME, Storm, compile_rows, not_evicted, storm_at
+from tputrace.analysis.structure_changes import StructureStorm
 
 __all__ = ["NAME", "RecompileData", "analyze"]
 
@@ -134,6 +135,7 @@ class RecompileData:
     sites: tuple[CompileSite, ...] = ()
     storms: tuple[StormData, ...] = ()
     chip_shape_storms: tuple[ChipShapeStorm, ...] = ()  # lengths made by an op on the chip (see `chip_shapes`)
+    structure_storms: tuple[StructureStorm, ...] = ()  # ops that change from step to step (see `structure_changes`)
     caused: tuple[CausedCompiles, ...] = ()
 
 
@@ -233,11 +235,16 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         findings.append(finding)
         caused.append((finding, chip_shape.recompiles))
         chip_shape_storms.append(chip_shape)
+    structure_storms = []
+    for finding, structure in structure_changes.findings(context, explained, not_evicted(evicted), evicted):
+        findings.append(finding)
+        caused.append((finding, structure.recompiles))
+        structure_storms.append(structure)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
-        chip_shape_storms=tuple(chip_shape_storms),
+        chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )

@@ -55,15 +55,30 @@ SUGGESTIONS: dict[str, str] = {
                    "does not (`tputrace run` records each step's time). Remove it from the loop, or call it every N steps.",
 }
 
-# Reads a library makes inside the call at a line, known by an op the call runs there: what the read is,
-# and the change that removes it.
-LIBRARY_READS: dict[str, tuple[str, str]] = {
-    "aten._amp_foreach_non_finite_check_and_unscale_": (
+# Reads a library makes inside the call at a line, known by the ops the call runs there (all of them) and the
+# sync's kind: what the read is, and the change that removes it.
+LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
+    (("aten._amp_foreach_non_finite_check_and_unscale_",), "item"): (
         "`torch.amp.GradScaler.step` reading whether the float16 gradients overflowed (`found_inf`) to decide "
         "whether to skip the optimizer step",
         "On a TPU, autocast to `torch.bfloat16` instead of `torch.float16`: bfloat16 has float32's range and needs "
         "no loss scaling, so drop the GradScaler (`loss.backward()` and `optimizer.step()` directly) and its read "
         "every step with it.",
+    ),
+    (("aten._is_all_true",), "bool"): (
+        "`torch.distributions` checking a distribution's parameters, or the value given to `log_prob`, against "
+        "their constraints (`validate_args`, on by default: `if not torch._is_all_true(valid)`), or a "
+        "`torch._check_tensor_all`",
+        "Turn the distributions' checks off in the loop once a run has passed them: "
+        "`torch.distributions.Distribution.set_default_validate_args(False)` before the loop, or "
+        "`validate_args=False` for each distribution made in it (a `torch._check_tensor_all` of your own: check "
+        "every N steps).",
+    ),
+    (("aten.triu", "aten.eq.Tensor", "aten.all"), "bool"): (
+        "`nn.TransformerEncoder` (or `nn.TransformerDecoder`) comparing the attention mask passed to it with a "
+        "causal mask of its size to decide `is_causal` (`_detect_is_causal_mask`: `bool((mask == causal).all())`)",
+        "Tell the encoder what the mask is, so it compares nothing: `encoder(x, mask=mask, is_causal=True)` for a "
+        "causal mask (`is_causal=False` for another).",
     ),
 }
 
@@ -77,6 +92,11 @@ LIBRARY_SUGGESTIONS: tuple[tuple[str, str, str], ...] = (
     ("transformers/trainer.py", "item",
      "Transformers' Trainer reads the loss (and the gradient norm) on the host when it logs, every `logging_steps` "
      "steps: log less often (a larger `logging_steps`)."),
+    ("transformers/masking_utils.py", "bool",
+     "Transformers' SDPA mask (`_ignore_causal_mask_sdpa`) reads on the host whether the `attention_mask` masks any "
+     "token, to skip building the causal mask, a wait at every forward of a model given an `attention_mask`: load the "
+     "model with `attn_implementation=\"eager\"`, whose mask is always built and never read, or pass no "
+     "`attention_mask` for batches without padding."),
 )
 
 
@@ -138,7 +158,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         ))
         if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
             continue
-        cost = context.loop_cost(steady_stall, stall_ns)
+        cost = context.line_cost(steady_stall, stall_ns, steps_with, steady_syncs)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
         costly.append((frame_id, kind, library_frame_id, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall,
@@ -160,10 +180,12 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     steady_count = max(context.steady_count, 1)
     rate = per_step_text(steady_syncs, steady_count, "time") if per_step is not None else plural(count, "time")
     every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
-    stalled = (f"{format_ns(steady_stall / steady_count)} stalled per step" if context.steps
-               else f"{format_ns(stall_ns)} stalled")
+    once = context.once_in_loop(steps_with, steady_syncs)
+    stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
+               else f"{format_ns(steady_stall / steady_count)} stalled per step")
     inside = f", in {library}" if library else ""
-    title = f"Host sync {'every step' if every_step else rate} at {where} ({kind}{inside}): {stalled}"
+    how_often = "in one step" if once else "every step" if every_step else rate
+    title = f"Host sync {how_often} at {where} ({kind}{inside}): {stalled}"
     pending = pending_ops / count
     waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
                  else "is for programs already queued on the chip")
@@ -177,7 +199,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
     module = module_of_read(context, frame_id, kind)
-    library_read = _library_read(context, frame_id)
+    library_read = known_library_read(context, frame_id, kind)
     if library_read is not None:
         explanation += f" The read is {library_read[0]}, inside the call at {where}."
         suggestion = library_read[1]
@@ -223,22 +245,27 @@ def library_suggestion(context: AnalysisContext, library_frame_id: int, kind: st
     return next((text for ending, read, text in LIBRARY_SUGGESTIONS if read == kind and path.endswith(ending)), None)
 
 
-def _library_read(context: AnalysisContext, frame_id: int | None) -> tuple[str, str] | None:
-    """What a library read at `frame_id`'s line is and how to remove it, when the line ran an op of `LIBRARY_READS`
-    in the loop (any call on the line: ops and syncs may record its columns differently). The op names come
-    from the (small) strings table, so the ops are read through their op_sid index, and only in runs that
-    have such an op."""
+def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tuple[str, str] | None:
+    """What a `kind` library read at `frame_id`'s line is and how to remove it, when the line ran the ops of an entry of
+    `LIBRARY_READS` in the loop (any call on the line: ops and syncs may record its columns differently)."""
     if frame_id is None:
         return None
     where, params = context.loop_where("o")
-    for op_prefix, read in LIBRARY_READS.items():
-        op_sids = [sid for (sid,) in context.trace.sql(
-            "SELECT id FROM strings WHERE text = ? OR substr(text, 1, ?) = ?", (op_prefix, len(op_prefix) + 1, op_prefix + "."),
-        )]
-        if op_sids and context.trace.sql(
-            f"SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE {where} "
-            f"AND o.op_sid IN {in_list(op_sids)} AND f.file_sid = sf.file_sid AND f.line = sf.line LIMIT 1",
-            (frame_id, *params, *op_sids),
-        ):
+    for (op_prefixes, read_kind), read in LIBRARY_READS.items():
+        if read_kind == kind and all(_ran_at_line(context, frame_id, prefix, where, params) for prefix in op_prefixes):
             return read
     return None
+
+
+def _ran_at_line(context: AnalysisContext, frame_id: int, op_prefix: str, where: str, params: tuple[int, ...]) -> bool:
+    """Whether an op named `op_prefix` (or an overload of it) ran at `frame_id`'s line where `where` holds. The op
+    names come from the (small) strings table, so the ops are read through their op_sid index, and only in runs
+    that have such an op."""
+    op_sids = [sid for (sid,) in context.trace.sql(
+        "SELECT id FROM strings WHERE text = ? OR substr(text, 1, ?) = ?", (op_prefix, len(op_prefix) + 1, op_prefix + "."),
+    )]
+    return bool(op_sids) and bool(context.trace.sql(
+        f"SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE {where} "
+        f"AND o.op_sid IN {in_list(op_sids)} AND f.file_sid = sf.file_sid AND f.line = sf.line LIMIT 1",
+        (frame_id, *params, *op_sids),
+    ))

@@ -53,9 +53,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         steady_params,
     )
     loop_totals = {
-        frame_id: (count, nbytes, dur_ns)
-        for frame_id, count, nbytes, dur_ns in trace.sql(
-            "SELECT t.frame_id, COUNT(*), COALESCE(SUM(t.bytes), 0), COALESCE(SUM(t.dur_ns), 0) FROM transfers t "
+        frame_id: (count, nbytes, dur_ns, loop_steps)
+        for frame_id, count, nbytes, dur_ns, loop_steps in trace.sql(
+            "SELECT t.frame_id, COUNT(*), COALESCE(SUM(t.bytes), 0), COALESCE(SUM(t.dur_ns), 0), COUNT(DISTINCT t.step) "
+            "FROM transfers t "
             f"WHERE {loop_where} AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} "
             "GROUP BY t.frame_id",
             loop_params,
@@ -67,13 +68,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes, last_step in steady_rows:
         if last_step == warm_up:
             continue  # copied before the loop's second step only: set-up (a model's `.to`), not the loop
-        total_count, total_bytes, total_ns = loop_totals.get(frame_id, (count, nbytes, dur_ns))
+        total_count, total_bytes, total_ns, loop_steps = loop_totals.get(frame_id, (count, nbytes, dur_ns, steps_with))
         per_step_bytes = nbytes / steady_count
         per_step_count = count / steady_count
         constant_size = min_bytes == max_bytes
         lines.append(TransferLine(context.where(frame_id), per_step_count, per_step_bytes, dur_ns / steady_count,
                                   steps_with, constant_size, total_bytes, total_ns))
-        cost = context.loop_cost(dur_ns, total_ns)
+        cost = context.line_cost(dur_ns, total_ns, loop_steps, count)
+        once = context.once_in_loop(loop_steps, count)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue
         rate = per_step_text(count, steady_count, "copy", "copies")
@@ -92,6 +94,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 f"builds its key/value cache this way on every forward unless `use_cache=False`, which training "
                 f"does not need)."
             )
+        elif once:
+            suggestion = (
+                "It was copied in one step only, so it costs its time once, not every step: if it is a value the "
+                "loop makes on a condition (a table, a mask), make it on the chip (`device=...`) or before the loop."
+            )
         elif constant_size:
             suggestion = (
                 f"If it is a constant (a mask, a table, a `torch.tensor(...)`), build it on the chip once, before "
@@ -108,11 +115,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
             analyzer=NAME,
             severity=severity,
             title=(
-                f"Host-to-chip copies in the loop at {where}: {format_bytes(per_step_bytes)} per step, {rate}"
+                f"Host-to-chip copy in one step at {where}: {format_bytes(total_bytes)}" if once
+                else f"Host-to-chip copies in the loop at {where}: {format_bytes(per_step_bytes)} per step, {rate}"
             ),
             explanation=(
                 f"{where} copied {format_bytes(total_bytes)} from the host to the chip in {plural(total_count, 'copy', 'copies')} "
-                f"({'every step' if every_step else f'in {steps_with} of {steady_count} steady steps'}; {what}), "
+                f"({'every step' if every_step else f'in {steps_with} of {steady_count} steady steps'}"
+                f"{'' if once else '; ' + what}), "
                 f"taking {format_ns(total_ns)} ({context.share_text(share)})."
             ),
             suggestion=suggestion,
