@@ -1,4 +1,4 @@
-"""Which code is the user's: frames outside the standard library, site-packages, console-script
+"""Which code is the user's: frames outside the standard library, installed packages, console-script
 launchers (the environment's `bin`), tputrace, torch and jax."""
 
 from __future__ import annotations
@@ -26,9 +26,23 @@ def backend_dir() -> str | None:
     return None if spec is None or spec.origin is None else os.path.dirname(spec.origin)
 
 
+_INSTALL_DIR_NAMES = ("site-packages", "dist-packages")
+
+
+@functools.cache
+def installed_package_dirs() -> tuple[str, ...]:
+    """Where installed packages live, each ending in a separator: this environment's site-packages, and every
+    site-packages or dist-packages directory on `sys.path` (a base environment's, the user's, one added by a `.pth`
+    file or `PYTHONPATH`)."""
+    directories = {sysconfig.get_paths()[name] for name in ("purelib", "platlib")}
+    directories.update(entry for entry in sys.path if os.path.basename(entry.rstrip(os.sep)) in _INSTALL_DIR_NAMES)
+    return tuple(sorted(os.path.abspath(directory).rstrip(os.sep) + os.sep for directory in directories if directory))
+
+
 @functools.cache
 def _library_roots_cached(module_files: tuple[str, ...]) -> tuple[str, ...]:
-    roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots = {sysconfig.get_paths()[name] for name in ("stdlib", "platstdlib")}
+    roots.update(installed_package_dirs())
     roots.update(_launcher_dirs())
     package_dir = Path(__file__).resolve().parent
     roots.add(str(package_dir))
@@ -73,13 +87,12 @@ _FRAMEWORK_MODULES = ("torch", "jax", "jaxlib", "numpy")
 
 @functools.cache
 def is_third_party_library(filename: str) -> bool:
-    """Whether `filename` is an installed package's (site-packages) other than torch, jax and numpy, and not tputrace's:
+    """Whether `filename` is an installed package's (`installed_package_dirs`) other than torch, jax and numpy, and not tputrace's:
     a library the user's code calls into, such as Transformers' Trainer."""
     path = os.path.abspath(filename)
     if filename.startswith("<") or path.startswith(TPUTRACE_DIR + os.sep):
         return False
-    installed = {sysconfig.get_paths()[name].rstrip("/") + "/" for name in ("purelib", "platlib")}
-    if not path.startswith(tuple(installed)):
+    if not path.startswith(installed_package_dirs()):
         return False
     frameworks = tuple(
         os.path.dirname(os.path.abspath(module.__file__)) + os.sep

@@ -4,13 +4,16 @@ Trainer's line that reads the value, and says which Trainer setting turns the re
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 from test_problems import record
 
-pytest.importorskip("transformers", reason="the Trainer scenario needs transformers (pip install -e .[test])")
+from tputrace.analysis import analyze_path
 
 SCRIPT = '''
     import torch
@@ -33,6 +36,7 @@ SCRIPT = '''
 
 
 def test_a_trainers_loss_check_is_located_in_the_trainer_with_its_setting(tmp_path: Path) -> None:
+    pytest.importorskip("transformers", reason="the Trainer scenario needs transformers (pip install -e .[test])")
     script = tmp_path / "trainer_run.py"
     script.write_text(textwrap.dedent(SCRIPT.format(output=tmp_path / "out")))
     call_line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "# the call" in text)
@@ -47,3 +51,47 @@ def test_a_trainers_loss_check_is_located_in_the_trainer_with_its_setting(tmp_pa
     fusion = [finding for finding in report.findings if finding.analyzer == "fusion"]
     if fusion:  # the cuts at the call are the library's reads: the fusion finding says so rather than `torch.where`
         assert "reads are made inside a library" in fusion[0].suggestion and "torch.where" not in fusion[0].suggestion
+
+
+LIBRARY = '''
+    import torch
+
+
+    def all_finite(loss: torch.Tensor) -> bool:
+        return bool(torch.isfinite(loss).all())  # the read
+'''
+
+LIBRARY_USER = '''
+    import torch
+    from tinychecks import all_finite
+
+    model = torch.nn.Linear(16, 4).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        loss = model(torch.randn(8, 16, device="tpu")).pow(2).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        if not all_finite(loss):  # the call
+            break
+'''
+
+
+def test_a_package_on_pythonpath_site_packages_is_a_library(tmp_path: Path) -> None:
+    """A package found in a site-packages directory that is not this environment's (a base environment's, one a
+    `.pth` file or PYTHONPATH adds) is a library: its read is grouped at the user's call, naming the library's line."""
+    packages = tmp_path / "other-env" / "lib" / "site-packages"
+    (packages / "tinychecks").mkdir(parents=True)
+    (packages / "tinychecks" / "__init__.py").write_text(textwrap.dedent(LIBRARY))
+    script = tmp_path / "loop.py"
+    script.write_text(textwrap.dedent(LIBRARY_USER))
+    call_line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "# the call" in text)
+    trace = tmp_path / "loop.tptrace"
+    environment = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(packages), os.environ.get("PYTHONPATH"))))}
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace), str(script)]
+    completed = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=600)
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    reads = [finding for finding in analyze_path(trace).findings if finding.analyzer == "syncs"]
+    assert reads and reads[0].line == call_line and reads[0].file is not None and reads[0].file.endswith("loop.py"), [
+        (finding.title, finding.file, finding.line) for finding in reads]
+    assert "in __init__.py:" in reads[0].title, reads[0].title

@@ -90,6 +90,8 @@ def test_gloo_collectives_are_not_compared_with_a_tpus_ici(tmp_path: Path) -> No
     from tputrace.analysis import analyze_path
 
     output = _import(tmp_path, torch_gloo_capture(tmp_path))
-    (finding,) = [finding for finding in analyze_path(output).findings if finding.analyzer == "collectives"]
-    assert "ICI of" not in finding.explanation and "measured on the capture's cpu" in finding.explanation
-    assert finding.title.endswith("of the run on rank 0")
+    findings = [finding for finding in analyze_path(output).findings if finding.analyzer == "collectives"]
+    assert not any("ICI of" in finding.explanation for finding in findings), findings
+    # On a busy host one rank can also wait on the other long enough for a straggler finding beside this one.
+    (share,) = [finding for finding in findings if finding.title.endswith("of the run on rank 0")]
+    assert "measured on the capture's cpu" in share.explanation
