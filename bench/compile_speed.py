@@ -9,8 +9,9 @@ keeping every fused program's function and inputs, then traces, lowers and compi
 scratch, one at a time, timing each with process CPU time (XLA's compile threads included) and wall time. It
 also gives the wall and CPU time from the worker's start to the end of each model's first step. Programs are
 paired by model and compile order. The models: a one-layer `nn.TransformerEncoderLayer` text classifier with
-a padding mask and dropout (AdamW), `examples/gpt_train.py`'s GPT (6 layers, width 256, AdamW, clipping) and
-`examples/cnn_train.py`'s ResNet (SGD with momentum).
+a padding mask and dropout (AdamW), `examples/gpt_train.py`'s GPT (6 layers, width 256, AdamW, clipping),
+`examples/cnn_train.py`'s ResNet (SGD with momentum) and a sequence tagger (an embedding, a two-layer
+bidirectional `nn.LSTM` of width 128 over 20 tokens and a linear head, Adam).
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 EXAMPLES = BENCH.parent / "examples"
-MODELS = ("classifier", "gpt", "cnn")
+MODELS = ("classifier", "gpt", "cnn", "tagger")
 STEPS = 3
 WORKER_START = time.perf_counter()
 WORKER_START_CPU = time.process_time()
@@ -96,7 +97,37 @@ def _cnn_steps(steps: int) -> None:
         _first_step_done("cnn", step)
 
 
-RUNNERS: dict[str, Callable[[int], None]] = {"classifier": _classifier_steps, "gpt": _gpt_steps, "cnn": _cnn_steps}
+def _tagger_steps(steps: int) -> None:
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    class Tagger(nn.Module):
+        def __init__(self, vocab: int = 1000, width: int = 128, tags: int = 17) -> None:
+            super().__init__()
+            self.embed = nn.Embedding(vocab, 64)
+            self.lstm = nn.LSTM(64, width, num_layers=2, batch_first=True, bidirectional=True)
+            self.head = nn.Linear(2 * width, tags)
+
+        def forward(self, tokens: torch.Tensor) -> torch.Tensor:
+            return self.head(self.lstm(self.embed(tokens))[0])
+
+    torch.manual_seed(0)
+    model = Tagger().to("tpu")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(steps):
+        tokens, tags = torch.randint(0, 1000, (16, 20)).to("tpu"), torch.randint(0, 17, (16, 20)).to("tpu")
+        loss = F.cross_entropy(model(tokens).flatten(0, 1), tags.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        loss.item()
+        _first_step_done("tagger", step)
+
+
+RUNNERS: dict[str, Callable[[int], None]] = {
+    "classifier": _classifier_steps, "gpt": _gpt_steps, "cnn": _cnn_steps, "tagger": _tagger_steps,
+}
 _first_steps: dict[str, tuple[float, float]] = {}
 
 

@@ -43,7 +43,7 @@ from tputrace.backend.integrations import (
     torchscript,
 )
 from tputrace.backend.compile import register as register_dynamo_backend
-from tputrace.backend.ops import activation_route, attention_route, register_all
+from tputrace.backend.ops import activation_route, attention_route, register_all, rnn_route
 
 BACKEND_NAME = "tpu"
 _registered = False
@@ -92,6 +92,7 @@ def register() -> None:
     cut_routes.install()
     attention_route.register()
     activation_route.register()
+    rnn_route.register()
     autocast.register()
     hooks.install()
     worker_errors.install()

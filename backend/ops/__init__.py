@@ -19,6 +19,7 @@ FAMILIES = (
     "random",
     "activations",
     "nn",
+    "recurrent",
     "normalization",
     "conv",
     "pooling",
