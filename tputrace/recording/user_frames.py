@@ -14,6 +14,9 @@ from types import CodeType
 from tputrace import source_digests, sourceloc
 from tputrace.store.writer import TraceWriter
 
+_getframe = sys._getframe
+_thread_id = threading.get_ident
+
 
 class UserFrames:
     """Source lines of records: `frame_id()` and what it needs."""
@@ -46,17 +49,14 @@ class UserFrames:
     def _user_frame_id(self, by_call: bool, depth: int = 3) -> int | None:
         """The walk behind `frame_id`, from `depth` frames above this one (3: `frame_id`'s caller's caller)."""
         if self._traced_lines:
-            traced = self._traced_lines.get(threading.get_ident())
+            traced = self._traced_lines.get(_thread_id())
             if traced is not None:
                 return traced
-        frame = sys._getframe(depth)
+        frame = _getframe(depth)
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
             is_user = user_code.get(id(code))
-            if is_user is None:
-                self._seen_code.append(code)  # kept alive, so its id is never another code object's
-                is_user = user_code[id(code)] = self._is_user_file(code.co_filename)
             if is_user:
                 lasti = frame.f_lasti
                 sites = self._call_frame_ids if by_call else self._line_frame_ids
@@ -64,8 +64,12 @@ class UserFrames:
                 if frame_id is None:
                     frame_id = sites[(id(code), lasti)] = self._site_frame_id(code, lasti, frame.f_lineno, by_call)
                 return frame_id
+            if is_user is None:
+                self._seen_code.append(code)  # kept alive, so its id is never another code object's
+                user_code[id(code)] = self._is_user_file(code.co_filename)
+                continue  # looked at again, now known
             frame = frame.f_back
-        if threading.get_ident() != self.main_thread:
+        if _thread_id() != self.main_thread:
             return self.backward_call_frame if by_call else self.backward_frame
         return None
 
