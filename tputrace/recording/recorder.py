@@ -25,7 +25,7 @@ from tputrace.recording.executions import ExecutionWatcher
 from tputrace.recording.interface import DeviceReadings
 from tputrace.recording.live import LiveNotes
 from tputrace.recording.sharding_records import ShardingRecords
-from tputrace.recording.user_frames import UserFrames
+from tputrace.recording.user_frames import OP_DEFERRED, OP_RAN, VIEW_OP, UserFrames
 from tputrace.recording.recording_window import WindowSpec, WindowState
 from tputrace.schema import COMPILE_CACHE_META_KEY, RECORDING_WINDOW_META_KEY
 from tputrace.store.writer import TraceWriter
@@ -118,6 +118,8 @@ class Recorder(ShardingRecords, UserFrames):
         self._location_frame_ids: dict[tuple[str, int, str], int] = {}
         self.module_names: dict[int, str] = {}
         self.last_frame_id: int | None = None  # what `frame_id` last returned
+        self._dispatch_entry: CodeType | None = None  # the backend's dispatch entry (`dispatches_through`)
+        self._entry_depths: list[int] = []
         self._executions: ExecutionWatcher | None = None
         self._kept_flush: int | None = None  # the last flush written (its execution is written with it)
         if self.writer is not None:
@@ -208,7 +210,7 @@ class Recorder(ShardingRecords, UserFrames):
         seq = self.seq = self.seq + 1
         self.ops += 1
         self.recorded_in_step = True
-        frame_id = self.last_frame_id = self._user_frame_id(False, 2)
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2, OP_RAN)
         stacks = self._module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         self._append_op((seq, self.rank, ids[3] if name == plan.op_name else self.writer.intern(name), ids[0], ids[1], plan.chip,
@@ -224,7 +226,7 @@ class Recorder(ShardingRecords, UserFrames):
         seq = self.seq = self.seq + 1
         self.ops += 1
         self.recorded_in_step = True
-        frame_id = self.last_frame_id = self._user_frame_id(False, 2)
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2, OP_DEFERRED)
         stacks = self._module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         op_records.append((seq, name, plan, start_ns, dur_ns, frame_id, stack[-1] if stack else None, self.step_index))
@@ -263,7 +265,7 @@ class Recorder(ShardingRecords, UserFrames):
         described = self._view_sites.get(site) if site is not None else None
         if described is None:
             described = self._view_described(name, base, results, site)
-        frame_id = self.last_frame_id = self._user_frame_id(False, 2)
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2, VIEW_OP)
         stacks = self._module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         self._append_op((seq, self.rank, described[0], described[1], described[2], described[3], _perf_ns() - self.t0, 0, frame_id,
