@@ -8,14 +8,19 @@ round by round. A window runs one step that is not timed (a new recording's firs
 strings and source lines), then enough steps to last `--window-s`, and ends with the chip synced and the
 trace writer's rows committed, so the writer thread's work is inside the window. The overhead of a case is
 the median over its pairs of traced / untraced: wall time, process CPU time (every thread: the writer's,
-XLA's) and the main thread's CPU time. A second table times one recorded op in isolation (`x + x` on an
-8x8 tensor). Writes both tables to bench/RESULTS.md; `--pairs` trades time for precision.
+XLA's) and the main thread's CPU time. A second table splits the CPU a traced step adds by thread (where
+Linux's per-thread run times can be read): the main thread, autograd's (the backward's ops), the recording's
+own threads (the trace writer's inserts, the execution watcher) and the rest (XLA's). A third times one
+recorded op in isolation (`x + x` on an 8x8 tensor). Writes the tables to bench/RESULTS.md; `--pairs` trades
+time for precision.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import threading
 import tempfile
 import time
 import warnings
@@ -39,6 +44,7 @@ CASES: dict[str, tuple[str, str | None, str]] = {
     "tpu torch.compile": ("tpu", "tpu", "defer"),
 }
 ISOLATED_OPS = 2000
+THREAD_GROUPS = ("main", "autograd", "recording", "other")
 
 
 @dataclass
@@ -47,6 +53,7 @@ class Window:
     process_ms: float
     main_ms: float
     ops: float  # ops recorded per step (0 untraced)
+    threads: dict[str, float] = field(default_factory=dict)  # CPU ms per step by thread group (empty: not readable)
 
 
 @dataclass
@@ -67,6 +74,40 @@ def _sync(loss: torch.Tensor, device: str) -> None:
         torch.tpu.synchronize()
 
 
+def thread_cpu_ns() -> dict[int, tuple[str, int]]:
+    """Each thread's CPU time so far and its group (`THREAD_GROUPS`), by Linux thread id, from the kernel's
+    per-thread run times; empty where they cannot be read."""
+    main = threading.main_thread().native_id
+    recording = {thread.native_id for thread in threading.enumerate() if thread.name.startswith("tputrace-")}
+    try:
+        tasks = os.listdir("/proc/self/task")
+    except OSError:
+        return {}
+    threads: dict[int, tuple[str, int]] = {}
+    for task in tasks:
+        try:
+            run_ns = int(Path(f"/proc/self/task/{task}/schedstat").read_text().split()[0])
+            name = Path(f"/proc/self/task/{task}/comm").read_text().strip()
+        except (OSError, ValueError, IndexError):
+            continue  # a thread that ended meanwhile, or no schedstat
+        tid = int(task)
+        threads[tid] = ("main" if tid == main else "recording" if tid in recording else "autograd" if name.startswith("pt_autograd") else "other", run_ns)
+    return threads if main in threads else {}
+
+
+def _per_step(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]], steps: int, commit_ns: int) -> dict[str, float]:
+    """CPU ms per step by group between two readings (a thread started meanwhile counts from 0); `commit_ns`,
+    the main thread's time in the window's last commit of the trace's rows, counts as the recording threads'."""
+    if not before or not after:
+        return {}
+    totals = dict.fromkeys(THREAD_GROUPS, 0)
+    for tid, (group, run_ns) in after.items():
+        totals[group] += run_ns - before.get(tid, (group, 0))[1]
+    totals["main"] -= commit_ns
+    totals["recording"] += commit_ns
+    return {group: total / steps / 1e6 for group, total in totals.items()}
+
+
 def run_window(case: Case, folder: Path, traced: bool, label: str) -> Window:
     """One measurement window of `case.steps` steps inside a recording of its own."""
     path = str(folder / f"{label}.tptrace") if traced else None
@@ -74,15 +115,19 @@ def run_window(case: Case, folder: Path, traced: bool, label: str) -> Window:
     try:
         _sync(case.step(0), case.device)
         ops_before = recorder.ops
+        threads = thread_cpu_ns()
         wall, process, main = time.perf_counter(), time.process_time(), time.thread_time()
         for index in range(case.steps):
             loss = case.step(index + 1)
         _sync(loss, case.device)
+        commit_ns = time.thread_time_ns()
         if recorder.writer is not None:
             recorder.writer.flush()
+        commit_ns = time.thread_time_ns() - commit_ns
         steps = case.steps
         window = Window((time.perf_counter() - wall) / steps * 1e3, (time.process_time() - process) / steps * 1e3,
-                        (time.thread_time() - main) / steps * 1e3, (recorder.ops - ops_before) / steps if traced else 0.0)
+                        (time.thread_time() - main) / steps * 1e3, (recorder.ops - ops_before) / steps if traced else 0.0,
+                        _per_step(threads, thread_cpu_ns(), steps, commit_ns))
     finally:
         lifecycle.stop(0)
     if path is not None:
@@ -129,6 +174,19 @@ def step_table(cases: list[Case]) -> str:
             f"| {_percent(_ratio(case, lambda w: w.main_ms))} | {per_op} |"
         )
     return "\n".join(rows)
+
+
+def thread_table(cases: list[Case]) -> str:
+    """The CPU ms a traced step adds, by thread group: the median over pairs of traced - untraced."""
+    rows = ["| model | case | untraced CPU ms/step | added: main | autograd | recording threads | other (XLA) |", "|---|---|---|---|---|---|---|"]
+    for case in cases:
+        pairs = [(traced.threads, untraced.threads) for traced, untraced in zip(case.traced, case.untraced) if traced.threads and untraced.threads]
+        if not pairs:
+            continue
+        untraced_total = statistics.median(sum(untraced.values()) for _, untraced in pairs)
+        added = [f"{statistics.median(traced[group] - untraced[group] for traced, untraced in pairs):+.2f}" for group in THREAD_GROUPS]
+        rows.append(f"| {workloads.describe(case.model)} | {case.name} | {untraced_total:.1f} | " + " | ".join(added) + " |")
+    return "\n".join(rows) if len(rows) > 2 else ""
 
 
 def isolated_op_table(pairs: int) -> str:
@@ -180,8 +238,12 @@ def main() -> None:
                     (case.traced if traced else case.untraced).append(window)
             print(f"pair {pair + 1}/{args.pairs} done", flush=True)
     steps = step_table(cases)
+    threads = thread_table(cases)
     isolated = isolated_op_table(args.pairs)
-    print(steps, "\n\n" + isolated)
+    by_thread = ("\n\nThe CPU a traced step adds, by thread (ms per step, median over pairs of traced - untraced): the main thread, "
+                 "autograd's (the backward's ops and their records), the recording's threads (the trace writer's inserts, the "
+                 "execution watcher) and the rest (XLA's).\n\n" + threads) if threads else ""
+    print(steps, by_thread, "\n\n" + isolated)
     if args.no_write:
         return
     write_section(
@@ -189,7 +251,7 @@ def main() -> None:
         f"{args.pairs} interleaved traced/untraced pairs per case, windows of about {args.window_s} s, each ending with the chip synced and "
         "the trace's rows committed. Overhead: the median over pairs of traced / untraced (lowest…highest pair in parentheses); "
         "recording µs/op: the process CPU a step gains, over the ops it records. Targets: ≤ 3% on small steps, ≤ 1% on large ones, "
-        "≤ 1 µs recorded per op.\n\n" + steps + f"\n\nOne recorded op in isolation: `x + x` on an 8x8 tensor, {ISOLATED_OPS} per window, "
+        "≤ 1 µs recorded per op.\n\n" + steps + by_thread + f"\n\nOne recorded op in isolation: `x + x` on an 8x8 tensor, {ISOLATED_OPS} per window, "
         f"{args.pairs} pairs.\n\n" + isolated,
     )
 

@@ -172,7 +172,10 @@ def attach(recorder: Recording) -> None:
     install()
     if not recorder.enabled:
         return
+    from tputrace.backend.core.tensor import TpuTensor
+
     dispatcher.recorder = recorder
+    recorder.dispatches_through(TpuTensor.__dict__["__torch_dispatch__"].__func__.__code__)
     memory.tracker = buffer_lifetimes.BufferTracker(recorder)
     host_origins.install()
     _removable.append(torch.nn.modules.module.register_module_forward_pre_hook(_module_entered(recorder)))

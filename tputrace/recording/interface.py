@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Hashable, Iterable
 from contextlib import AbstractContextManager
+from types import CodeType
 from typing import Any, Protocol
 
 # Set by a recording process for the processes it starts (see `tputrace.recording.lineage`).
@@ -41,6 +42,10 @@ class Recording(Protocol):
     def frame_id(self, by_call: bool = False) -> int | None: ...
 
     def frame_text(self, frame_id: int | None) -> str | None: ...
+
+    def dispatches_through(self, entry: CodeType) -> None:
+        """The code of the backend's dispatch entry: the frames below it are never the user's."""
+        ...
 
     def recording_at(self, location: tuple[str, int, str] | None) -> AbstractContextManager[None]: ...
 

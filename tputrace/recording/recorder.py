@@ -25,7 +25,7 @@ from tputrace.recording.executions import ExecutionWatcher
 from tputrace.recording.interface import DeviceReadings
 from tputrace.recording.live import LiveNotes
 from tputrace.recording.sharding_records import ShardingRecords
-from tputrace.recording.user_frames import UserFrames
+from tputrace.recording.user_frames import OP_DEFERRED, OP_RAN, VIEW_OP, UserFrames
 from tputrace.recording.recording_window import WindowSpec, WindowState
 from tputrace.schema import COMPILE_CACHE_META_KEY, RECORDING_WINDOW_META_KEY
 from tputrace.store.writer import TraceWriter
@@ -118,6 +118,8 @@ class Recorder(ShardingRecords, UserFrames):
         self._location_frame_ids: dict[tuple[str, int, str], int] = {}
         self.module_names: dict[int, str] = {}
         self.last_frame_id: int | None = None  # what `frame_id` last returned
+        self._dispatch_entry: CodeType | None = None  # the backend's dispatch entry (`dispatches_through`)
+        self._entry_depths: list[int] = []
         self._executions: ExecutionWatcher | None = None
         self._kept_flush: int | None = None  # the last flush written (its execution is written with it)
         if self.writer is not None:
@@ -208,7 +210,7 @@ class Recorder(ShardingRecords, UserFrames):
         seq = self.seq = self.seq + 1
         self.ops += 1
         self.recorded_in_step = True
-        frame_id = self.last_frame_id = self._user_frame_id(False, 2)
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2, OP_RAN)
         stacks = self._module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         self._append_op((seq, self.rank, ids[3] if name == plan.op_name else self.writer.intern(name), ids[0], ids[1], plan.chip,
@@ -224,7 +226,7 @@ class Recorder(ShardingRecords, UserFrames):
         seq = self.seq = self.seq + 1
         self.ops += 1
         self.recorded_in_step = True
-        frame_id = self.last_frame_id = self._user_frame_id(False, 2)
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2, OP_DEFERRED)
         stacks = self._module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         op_records.append((seq, name, plan, start_ns, dur_ns, frame_id, stack[-1] if stack else None, self.step_index))
@@ -253,23 +255,31 @@ class Recorder(ShardingRecords, UserFrames):
     def view_op(self, name: str, base: Any, results: list[Any], site: Hashable | None = None) -> None:
         """A view op: no program runs, but it is a dispatched op with a source line. `site`: a key that
         fixes the op, its input's and its outputs' dtypes and shapes and the chip (the backend's view plan
-        key), so their texts are read and interned once per key."""
+        key), so their texts are read and interned once per key. About half of a training step's records
+        (the backward's included), so what `frame_id` and `module_sid` do is inlined, as in `op_deferred`."""
         if not self.window_open:
             return
-        self.seq += 1
+        seq = self.seq = self.seq + 1
         self.ops += 1
         self.recorded_in_step = True
         described = self._view_sites.get(site) if site is not None else None
         if described is None:
-            writer = self.writer
-            shape_text = self.device.shape_text
-            outputs = ", ".join(shape_text(result) for result in results)
-            described = (writer.intern(name), writer.intern(shape_text(base)), writer.intern(outputs), self.device.chip_of(base))
-            if site is not None:
-                self._view_sites[site] = described
-        name_sid, inputs_sid, outputs_sid, chip = described
-        now = _perf_ns() - self.t0
-        self._append_op((self.seq, self.rank, name_sid, inputs_sid, outputs_sid, chip, now, 0, self.frame_id(), self.module_sid(), self.step_index, None, None))
+            described = self._view_described(name, base, results, site)
+        frame_id = self.last_frame_id = self._user_frame_id(False, 2, VIEW_OP)
+        stacks = self._module_stacks
+        stack = stacks.get(_thread_id()) if stacks else None
+        self._append_op((seq, self.rank, described[0], described[1], described[2], described[3], _perf_ns() - self.t0, 0, frame_id,
+                         stack[-1] if stack else None, self.step_index, None, None))
+
+    def _view_described(self, name: str, base: Any, results: list[Any], site: Hashable | None) -> tuple[int, int, int, int]:
+        """A view op's (name, inputs, outputs string ids, chip), kept by `site` when it has one."""
+        writer = self.writer
+        shape_text = self.device.shape_text
+        outputs = ", ".join(shape_text(result) for result in results)
+        described = (writer.intern(name), writer.intern(shape_text(base)), writer.intern(outputs), self.device.chip_of(base))
+        if site is not None:
+            self._view_sites[site] = described
+        return described
 
     def compiled(self, plan: Any, kind: str, reason: str, diff: str | None, *, n_ops: int = 1, detail: dict | None = None, program_kind: str = "op") -> int | None:
         """A program was compiled: first compile, or a recompile with what changed."""

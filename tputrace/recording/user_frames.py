@@ -14,6 +14,13 @@ from types import CodeType
 from tputrace import source_digests, sourceloc
 from tputrace.store.writer import TraceWriter
 
+_getframe = sys._getframe
+_thread_id = threading.get_ident
+# The callers of `_user_frame_id` that start from the backend's dispatch: each keeps where the dispatch entry
+# lay below it, on the main thread and on others (autograd's stack has a frame more).
+OP_RAN, OP_DEFERRED, VIEW_OP = 1, 2, 3
+_SITES = 4
+
 
 class UserFrames:
     """Source lines of records: `frame_id()` and what it needs."""
@@ -33,6 +40,14 @@ class UserFrames:
     _frame_texts: dict[int, str]
     _location_frame_ids: dict[tuple[str, int, str], int]
     _digested_files: set[str]
+    _dispatch_entry: CodeType | None
+    _entry_depths: list[int]
+
+    def dispatches_through(self, entry: CodeType) -> None:
+        """The code of the backend's dispatch entry (its `__torch_dispatch__`): every frame between it and an op's
+        or view's record is the backend's own, so those records' line lookups start above it."""
+        self._dispatch_entry = entry
+        self._entry_depths = [0] * (2 * _SITES)
 
     def frame_id(self, by_call: bool = False) -> int | None:
         """Interned id of the first frame in the user's code (outside torch, tputrace and libraries).
@@ -43,20 +58,38 @@ class UserFrames:
         frame_id = self.last_frame_id = self._user_frame_id(by_call)
         return frame_id
 
-    def _user_frame_id(self, by_call: bool, depth: int = 3) -> int | None:
-        """The walk behind `frame_id`, from `depth` frames above this one (3: `frame_id`'s caller's caller)."""
+    def _user_frame_id(self, by_call: bool, depth: int = 3, site: int = 0) -> int | None:
+        """The walk behind `frame_id`, from `depth` frames above this one (3: `frame_id`'s caller's caller).
+
+        A `site` (`OP_RAN`, `OP_DEFERRED`, `VIEW_OP`) starts where that caller last found the dispatch entry, when
+        the entry is there: Python makes a frame object for each frame a walk passes, and the dispatch's frames
+        are new for every op. Elsewhere the walk goes from `depth` and notes where it passes the entry."""
         if self._traced_lines:
-            traced = self._traced_lines.get(threading.get_ident())
+            traced = self._traced_lines.get(_thread_id())
             if traced is not None:
                 return traced
-        frame = sys._getframe(depth)
+        entry = self._dispatch_entry
+        learning = 0
+        if site and entry is not None:
+            if _thread_id() != self.main_thread:
+                site += _SITES
+            guess = self._entry_depths[site]
+            try:
+                above = _getframe(guess) if guess else None
+            except ValueError:  # a shallower stack than the last one
+                above = None
+            if above is not None and above.f_code is entry:
+                frame = above.f_back
+            else:
+                frame = _getframe(depth)
+                learning = site
+        else:
+            frame = _getframe(depth)
+        walked = depth
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
             is_user = user_code.get(id(code))
-            if is_user is None:
-                self._seen_code.append(code)  # kept alive, so its id is never another code object's
-                is_user = user_code[id(code)] = self._is_user_file(code.co_filename)
             if is_user:
                 lasti = frame.f_lasti
                 sites = self._call_frame_ids if by_call else self._line_frame_ids
@@ -64,8 +97,16 @@ class UserFrames:
                 if frame_id is None:
                     frame_id = sites[(id(code), lasti)] = self._site_frame_id(code, lasti, frame.f_lineno, by_call)
                 return frame_id
+            if is_user is None:
+                self._seen_code.append(code)  # kept alive, so its id is never another code object's
+                user_code[id(code)] = self._is_user_file(code.co_filename)
+                continue  # looked at again, now known
+            if learning and code is entry:
+                self._entry_depths[learning] = walked
+                learning = 0
             frame = frame.f_back
-        if threading.get_ident() != self.main_thread:
+            walked += 1
+        if _thread_id() != self.main_thread:
             return self.backward_call_frame if by_call else self.backward_frame
         return None
 

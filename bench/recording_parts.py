@@ -1,0 +1,162 @@
+"""What each part of recording costs a training step: the step traced with one part of the recording left out
+at a time, interleaved with the step traced whole and not traced (`--no-trace`), in one process.
+
+The parts: the op and view records (the rows of `ops`: each record's line lookup, module path and row, and the
+row's insert), only their line lookups, only the trace writer's inserts (every table's), the buffer lifetimes
+(`buffers` rows and the optimizer's labels), the module hooks (module paths), the host origins (the wrapped
+tensor makers) and the execution watcher (`executions` rows). A part is left out by replacing the recorder's or
+the backend's entry point to it with nothing for that window only, so a window without a part is not a
+recording anyone gets: it says what the part costs, not what a trace without it would hold.
+
+Each window runs one step that is not timed, then `--steps` steps, and ends with the trace's rows committed.
+Per configuration: process and main-thread CPU time per step, and the overhead over untraced, each the median
+over rounds of the ratio within a round. Writes its table to bench/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import tputrace.backend  # noqa: F401 - registers the tpu device
+import workloads
+from results import write_section
+from tputrace.backend.core import hooks, host_origins, memory
+from tputrace.recording import lifecycle
+from tputrace.recording.recorder import Recorder
+
+
+def _nothing(*args: Any, **kwargs: Any) -> None:
+    return None
+
+
+def _without_records(recorder: Recorder) -> None:
+    recorder.op_deferred = _nothing  # type: ignore[method-assign]
+    recorder.op_ran = _nothing  # type: ignore[method-assign]
+    recorder.view_op = _nothing  # type: ignore[method-assign]
+
+
+def _without_lines(recorder: Recorder) -> None:
+    recorder._user_frame_id = _nothing  # type: ignore[method-assign]
+
+
+def _without_inserts(recorder: Recorder) -> None:
+    assert recorder.writer is not None
+    recorder.writer._insert = _nothing  # type: ignore[method-assign]
+
+
+def _without_buffers(recorder: Recorder) -> None:
+    memory.tracker = None
+
+
+def _without_module_hooks(recorder: Recorder) -> None:
+    while hooks._removable:
+        hooks._removable.pop().remove()
+
+
+def _without_host_origins(recorder: Recorder) -> None:
+    host_origins.uninstall()
+
+
+def _without_execution_watcher(recorder: Recorder) -> None:
+    recorder.execution_started = _nothing  # type: ignore[method-assign]
+
+
+# configuration -> what it leaves out of a traced window (None: untraced)
+CONFIGURATIONS: dict[str, Callable[[Recorder], None] | None] = {
+    "untraced": None,
+    "traced": _nothing,
+    "without op and view records": _without_records,
+    "without their line lookups": _without_lines,
+    "without the writer's inserts": _without_inserts,
+    "without buffer lifetimes": _without_buffers,
+    "without module hooks": _without_module_hooks,
+    "without host origins": _without_host_origins,
+    "without the execution watcher": _without_execution_watcher,
+}
+
+
+def run_window(step: workloads.Step, mode: str, configuration: str, steps: int, folder: Path) -> tuple[float, float, float]:
+    """(process CPU ms, main-thread CPU ms, records) per step of one window."""
+    leave_out = CONFIGURATIONS[configuration]
+    recorder = lifecycle.start(None if leave_out is None else str(folder / "parts.tptrace"), script="bench", argv=[], mode=mode)
+    try:
+        if leave_out is not None:
+            leave_out(recorder)
+        step(0).item()
+        ops = recorder.ops
+        process, main = time.process_time(), time.thread_time()
+        for index in range(steps):
+            loss = step(index + 1)
+        loss.item()
+        if recorder.writer is not None:
+            recorder.writer.flush()
+        return ((time.process_time() - process) / steps * 1e3, (time.thread_time() - main) / steps * 1e3,
+                (recorder.ops - ops) / steps)
+    finally:
+        lifecycle.stop(0)
+
+
+def measure(model: str, mode: str, rounds: int, steps: int) -> str:
+    """The table of one model and mode: every configuration per round, the order reversed every other round."""
+    step = workloads.build(model, "tpu", None)
+    names = list(CONFIGURATIONS)
+    samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        for name in names:
+            run_window(step, mode, name, 2, folder)  # compiles, and each part's first use
+        for round_index in range(rounds):
+            for name in names if round_index % 2 == 0 else names[::-1]:
+                samples[name].append(run_window(step, mode, name, steps, folder))
+    untraced, traced = samples["untraced"], samples["traced"]
+    added = statistics.median(full[0] - base[0] for full, base in zip(traced, untraced))
+    rows = [
+        f"{workloads.describe(model)}, {mode}: {statistics.median(sample[2] for sample in traced):.0f} records a step, "
+        f"{rounds} rounds of {steps} steps.\n",
+        "| configuration | process CPU ms/step | over untraced | main-thread CPU ms/step | over untraced | share of what recording adds |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in names:
+        runs = samples[name]
+        over = [statistics.median((run[part] / base[part] - 1) * 100 for run, base in zip(runs, untraced)) for part in (0, 1)]
+        saved = statistics.median(full[0] - run[0] for full, run in zip(traced, runs))
+        share = "" if name in ("untraced", "traced") or added <= 0 else f"{saved / added * 100:.0f}%"
+        rows.append(f"| {name} | {statistics.median(run[0] for run in runs):.2f} | {over[0]:+.1f}% | "
+                    f"{statistics.median(run[1] for run in runs):.2f} | {over[1]:+.1f}% | {share} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="small_lm", choices=workloads.MODELS)
+    parser.add_argument("--modes", nargs="+", default=["defer", "strict"], choices=["defer", "strict"])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--steps", type=int, default=60)
+    parser.add_argument("--no-write", action="store_true", help="print the tables without writing bench/RESULTS.md")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    tables = [measure(args.model, mode, args.rounds, args.steps) for mode in args.modes]
+    text = "\n\n".join(tables)
+    print(text)
+    if args.no_write:
+        return
+    write_section(
+        "Recording's parts: what each costs a step (bench/recording_parts.py)",
+        "The step traced whole, traced with one part of the recording left out, and untraced, interleaved; a part's share "
+        "is the process CPU a step saves without it over what recording adds (parts overlap: the records' share includes "
+        "their line lookups and their rows' inserts).\n\n" + text,
+    )
+
+
+if __name__ == "__main__":
+    torch.manual_seed(0)
+    main()
