@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 import torch
 from torch._ops import OpOverload
 
+from tputrace.backend.core import routing
+
 from .rnn_ops import MODE_GRU, MODE_LSTM, MODE_RNN_RELU, MODE_RNN_TANH
 
 aten = torch.ops.aten
@@ -95,13 +97,27 @@ def _single_state(mode: int, overload: OpOverload) -> Callable[..., tuple[torch.
     return kernel
 
 
+def _routed(kernel: Callable[..., tuple[torch.Tensor, ...]]) -> routing.Handler:
+    """The kernel as the dispatcher's route, for calls that reach it below autograd (`torch.inference_mode`)."""
+
+    def route(args: tuple, kwargs: dict) -> tuple[torch.Tensor, ...]:
+        return kernel(*args, **kwargs)
+
+    return route
+
+
 def register() -> None:
-    """Register the kernels once."""
+    """Register the kernels once: for autograd's key, and as routes where autograd is off (inference mode)."""
     global _library
     if _library is not None:
         return
     _library = torch.library.Library("aten", "IMPL")
-    _library.impl("lstm.input", lstm, "AutogradPrivateUse1")
-    _library.impl("gru.input", _single_state(MODE_GRU, aten.gru.input), "AutogradPrivateUse1")
-    _library.impl("rnn_tanh.input", _single_state(MODE_RNN_TANH, aten.rnn_tanh.input), "AutogradPrivateUse1")
-    _library.impl("rnn_relu.input", _single_state(MODE_RNN_RELU, aten.rnn_relu.input), "AutogradPrivateUse1")
+    kernels: dict[OpOverload, Callable[..., tuple[torch.Tensor, ...]]] = {
+        aten.lstm.input: lstm,
+        aten.gru.input: _single_state(MODE_GRU, aten.gru.input),
+        aten.rnn_tanh.input: _single_state(MODE_RNN_TANH, aten.rnn_tanh.input),
+        aten.rnn_relu.input: _single_state(MODE_RNN_RELU, aten.rnn_relu.input),
+    }
+    for overload, kernel in kernels.items():
+        _library.impl(overload.name().split("::", 1)[1], kernel, "AutogradPrivateUse1")
+        routing.register_special(overload, _routed(kernel))

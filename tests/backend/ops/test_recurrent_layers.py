@@ -1,6 +1,6 @@
 """`nn.LSTM`, `nn.GRU` and `nn.RNN` run on tpu as one `tputrace::rnn_layer` per layer and direction, a scan XLA
 compiles once: outputs, states and every gradient match the CPU's in both eager modes, double backward and
-autocast included, and a recorded run holds the layer ops instead of a cell per time step."""
+autocast included, and a recorded run holds the layer ops instead of a cell per time step, in inference mode too."""
 
 from __future__ import annotations
 
@@ -107,10 +107,13 @@ SCRIPT = '''
         model(tokens)[0].square().mean().backward()
         optimizer.step()
         optimizer.zero_grad()
+    with torch.inference_mode():
+        model(tokens)[0].sum().item()
 '''
 
 
 def test_a_recorded_lstm_runs_one_op_per_layer_and_direction(tmp_path: Path) -> None:
+    """In training and under `torch.inference_mode` (where the call reaches the device below autograd)."""
     script = tmp_path / "lstm_loop.py"
     script.write_text(textwrap.dedent(SCRIPT))
     trace = tmp_path / "lstm.tptrace"
@@ -119,6 +122,6 @@ def test_a_recorded_lstm_runs_one_op_per_layer_and_direction(tmp_path: Path) -> 
     assert completed.returncode == 0, completed.stderr[-3000:]
     with tputrace.open(trace) as recorded:
         counts = dict(recorded.sql("SELECT s.text, COUNT(*) FROM ops JOIN strings s ON s.id = ops.op_sid GROUP BY s.text"))
-    assert counts.get("tputrace.rnn_layer.default") == 3 * 2, counts
+    assert counts.get("tputrace.rnn_layer.default") == 4 * 2, counts  # three training steps and one inference
     assert counts.get("tputrace.rnn_layer_backward.default") == 3 * 2, counts
     assert not any("lstm_cell" in name for name in counts), counts
