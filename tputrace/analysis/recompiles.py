@@ -21,11 +21,13 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import chip_shapes, data_sizes, host_inputs, program_cache, structure_changes
+from tputrace.analysis import chip_shapes, data_sizes, ddp_rebuild, dynamic_sizes, host_inputs, program_cache, structure_changes
 from tputrace.analysis.chip_shapes import ChipShapeStorm
 from tputrace.analysis.buckets import BucketOption, bucket_options, propose, varying_dims
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import SizeOrigin
+from tputrace.analysis.ddp_rebuild import DdpRebuild
+from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
     DataSizeStorm,
@@ -137,6 +139,8 @@ class RecompileData:
     chip_shape_storms: tuple[ChipShapeStorm, ...] = ()  # lengths made by an op on the chip (see `chip_shapes`)
     structure_storms: tuple[StructureStorm, ...] = ()  # ops that change from step to step (see `structure_changes`)
     caused: tuple[CausedCompiles, ...] = ()
+    dynamic_sizes: tuple[DynamicSizeRecompiles, ...] = ()  # torch.compile size guards that failed (see `dynamic_sizes`)
+    ddp_rebuilds: tuple[DdpRebuild, ...] = ()  # DDP's one bucket rebuild (see `ddp_rebuild`)
 
 
 @dataclass(frozen=True)
@@ -240,11 +244,23 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         findings.append(finding)
         caused.append((finding, structure.recompiles))
         structure_storms.append(structure)
+    dynamic = []
+    for finding, dynamic_size, compile_ids in dynamic_sizes.findings(context, explained):
+        findings.append(finding)
+        caused.append((finding, dynamic_size.recompiles))
+        dynamic.append(dynamic_size)
+        explained |= compile_ids
+    rebuilds = []
+    for finding, rebuild, compile_ids in ddp_rebuild.findings(context, explained):
+        findings.append(finding)
+        caused.append((finding, rebuild.recompiles))
+        rebuilds.append(rebuild)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
-        chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms),
+        chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
+        ddp_rebuilds=tuple(rebuilds),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )
