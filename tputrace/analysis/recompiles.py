@@ -218,9 +218,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     size_storms: list[DataSizeStorm] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, not_evicted(evicted), evicted)
     explained = in_storms | {compile.compile_id for own in length_recompiles.values() for compile in own}
+    data_lengths: list[set[int]] = []  # each data-dependent size's recorded lengths
     for key, grouped in by_origin.items():
         origin = grouped[0].origin
         assert origin is not None
+        data_lengths.append(set(origin.lengths))
         finding, size_storm = data_size_finding(context, origin, grouped, length_recompiles.pop(key, []))
         findings.append(finding)
         caused.append((finding, size_storm.compiles))
@@ -230,12 +232,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             continue
         origin = SizeOrigin(family, frame_id, data_sizes.module_at(context, family, frame_id), len(own),
                             data_sizes.lengths_at(context, family, frame_id))
+        data_lengths.append(set(origin.lengths))
         finding, size_storm = data_size_finding(context, origin, [], own)
         findings.append(finding)
         caused.append((finding, size_storm.compiles))
         size_storms.append(size_storm)
     chip_shape_storms = []
-    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted):
+    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted, data_lengths):
         findings.append(finding)
         caused.append((finding, chip_shape.recompiles))
         chip_shape_storms.append(chip_shape)

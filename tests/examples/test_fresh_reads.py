@@ -1,0 +1,103 @@
+"""Scripts whose reads and data-dependent sizes were reported twice or at the wrong module, run under `tputrace run`
+in a subprocess: a mask's count is one storm, also where the backward expands a gradient to it, and a read inside
+a library module called from a parent's forward is not said to be in that module's forward."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_problems import record
+
+from tputrace.analysis import Report
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+MARKER = "# the planted line"
+
+MASKED_BAG = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class BagModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(1000, 64, padding_idx=0)
+            self.proj = nn.Linear(64, 2)
+
+        def forward(self, ids):
+            tokens = self.emb(ids)[ids != 0]  {marker}
+            return self.proj(tokens).mean(0)
+
+
+    model = BagModel().to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        ids = torch.randint(0, 1000, (16, 24))
+        ids[:, torch.randint(5, 24, ()).item():] = 0
+        loss = (model(ids.to("tpu")) - torch.tensor([1.0, -1.0], device="tpu")).pow(2).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+ADAPTIVE_SOFTMAX = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = nn.Linear(32, 64)
+            self.loss = nn.AdaptiveLogSoftmaxWithLoss(64, 100, cutoffs=[10, 50])
+
+        def forward(self, x, y):
+            return self.loss(torch.relu(self.body(x)), y).loss  {marker}
+
+
+    model = Net().to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        x, y = torch.randn(16, 32, device="tpu"), torch.randint(0, 100, (16,), device="tpu")
+        loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+
+def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source.format(marker=MARKER)))
+    line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if MARKER in text)
+    return record(script, tmp_path / f"{name}.tptrace", [], run_options), script, line
+
+
+def test_a_mask_count_in_strict_mode_is_one_storm(tmp_path: Path) -> None:
+    """In strict mode the backward expands the masked mean's gradient to the mask's count, in a program of its own
+    that compiles per count: that is the mask's storm, not a second finding for the expand's lengths."""
+    report, script, line = _run(tmp_path, "masked_bag", MASKED_BAG, ("--mode", "strict"))
+    data = report.results["recompiles"].data
+    assert data.data_size_storms and not data.chip_shape_storms, data.chip_shape_storms
+    storms = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert [(finding.file, finding.line) for finding in storms] == [(str(script), line)], [f.title for f in storms]
+
+
+def test_a_read_in_a_library_module_called_from_a_parents_forward(tmp_path: Path) -> None:
+    """`AdaptiveLogSoftmaxWithLoss` reads the targets' counts on the host; the line that calls it is the parent's
+    forward, which also runs another module: the read is in the called module's code, not in its forward at the
+    line."""
+    report, script, line = _run(tmp_path, "adaptive_softmax", ADAPTIVE_SOFTMAX)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.module == "Net.loss", sync.module
+    assert sync.suggestion.startswith(f"If {script.name}:{line} only calls Net.loss"), sync.suggestion
+    assert "forward of Net.loss" not in sync.suggestion
