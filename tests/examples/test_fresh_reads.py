@@ -1,4 +1,4 @@
-"""Scripts whose reads and data-dependent sizes were reported twice or at the wrong module, run under `tputrace run`
+"""Scripts whose reads and data-dependent sizes were reported twice, at the wrong line or at the wrong module, run under `tputrace run`
 in a subprocess: a mask's count is one storm, also where the backward expands a gradient to it, and a read inside
 a library module called from a parent's forward is not said to be in that module's forward."""
 
@@ -75,6 +75,34 @@ ADAPTIVE_SOFTMAX = '''
 '''
 
 
+SELF_LOOPS_DROPPED = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    N, E = 200, 800
+
+
+    def propagate(h, src, dst):
+        msg = h[src]
+        return torch.zeros_like(h).index_add_(0, dst, msg)
+
+
+    lin = nn.Linear(32, 4).to("tpu")
+    optimizer = torch.optim.Adam(lin.parameters(), lr=1e-2)
+    x, labels = torch.randn(N, 32, device="tpu"), torch.randint(0, 4, (N,), device="tpu")
+    for step in range(6):
+        src, dst = torch.randint(0, N, (E,), device="tpu"), torch.randint(0, N, (E,), device="tpu")
+        keep = src != dst
+        src, dst = src[keep], dst[keep]  {marker}
+        loss = nn.functional.cross_entropy(propagate(lin(x), src, dst), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -90,6 +118,18 @@ def test_a_mask_count_in_strict_mode_is_one_storm(tmp_path: Path) -> None:
     assert data.data_size_storms and not data.chip_shape_storms, data.chip_shape_storms
     storms = [finding for finding in report.findings if finding.analyzer == "recompiles"]
     assert [(finding.file, finding.line) for finding in storms] == [(str(script), line)], [f.title for f in storms]
+
+
+def test_a_mask_count_sliced_from_its_padded_result_is_the_masks_storm(tmp_path: Path) -> None:
+    """DeferAndFuse keeps `src[keep]` at its padded length and slices it to the count; the graph that reads the slice
+    at another line compiles per count with the same input shapes. The storm is the mask's count at the line that
+    made it, not a slice length chosen at the reading line."""
+    report, script, line = _run(tmp_path, "self_loops_dropped", SELF_LOOPS_DROPPED)
+    data = report.results["recompiles"].data
+    assert not data.chip_shape_storms, data.chip_shape_storms
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "the count of a boolean mask" in storm.title, storm.title
 
 
 def test_a_read_in_a_library_module_called_from_a_parents_forward(tmp_path: Path) -> None:
