@@ -103,6 +103,24 @@ SELF_LOOPS_DROPPED = '''
 '''
 
 
+LOGGED_EVERY_OTHER_STEP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(6):
+        x = torch.randn(16, 64, device="tpu")
+        loss = (model(x) - x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 2 == 0:
+            print(step, loss.item())  {marker}
+'''
+
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -141,3 +159,11 @@ def test_a_read_in_a_library_module_called_from_a_parents_forward(tmp_path: Path
     assert sync.module == "Net.loss", sync.module
     assert sync.suggestion.startswith(f"If {script.name}:{line} only calls Net.loss"), sync.suggestion
     assert "forward of Net.loss" not in sync.suggestion
+
+
+def test_a_read_every_other_step_says_its_period(tmp_path: Path) -> None:
+    """A loss printed when `step % 2 == 0` syncs in steps 1, 3 and 5 of the steady steps 1-5: once every 2 steps,
+    not "3 times every 5 steps"."""
+    report, script, line = _run(tmp_path, "logged_every_other_step", LOGGED_EVERY_OTHER_STEP)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.title.startswith(f"Host sync 1 time every 2 steps at {script.name}:{line} (item)"), sync.title
