@@ -121,6 +121,41 @@ LOGGED_EVERY_OTHER_STEP = '''
 '''
 
 
+TOP_1_EXPERTS = '''
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+
+
+    class MoE(nn.Module):
+        def __init__(self, d=16, experts=2):
+            super().__init__()
+            self.gate = nn.Linear(d, experts)
+            self.experts = nn.ModuleList(nn.Linear(d, d) for _ in range(experts))
+
+        def forward(self, x):
+            weights, chosen = torch.topk(F.softmax(self.gate(x), -1), 1, dim=-1)
+            out = torch.zeros_like(x)
+            for e, expert in enumerate(self.experts):
+                rows, slot = torch.where(chosen == e)  {marker}
+                out.index_add_(0, rows, expert(x[rows]) * weights[rows, slot, None])
+            return out
+
+
+    model = MoE().to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        x = torch.randn(64, 16, device="tpu")
+        loss = model(x).pow(2).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -136,6 +171,17 @@ def test_a_mask_count_in_strict_mode_is_one_storm(tmp_path: Path) -> None:
     assert data.data_size_storms and not data.chip_shape_storms, data.chip_shape_storms
     storms = [finding for finding in report.findings if finding.analyzer == "recompiles"]
     assert [(finding.file, finding.line) for finding in storms] == [(str(script), line)], [f.title for f in storms]
+
+
+def test_expert_rows_sliced_to_their_exact_count_are_the_routings_storm(tmp_path: Path) -> None:
+    """Top-1 routing gathers each expert's rows with `torch.where(chosen == e)`, recorded at its padded length; in
+    strict mode the rows' view is sliced to the exact count, which compiles per count: that is the routing's storm
+    (lengths one the padded form of the other), not a second finding for the view's lengths."""
+    report, script, line = _run(tmp_path, "top_1_experts", TOP_1_EXPERTS, ("--mode", "strict"))
+    data = report.results["recompiles"].data
+    assert data.data_size_storms and not data.chip_shape_storms, data.chip_shape_storms
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
 
 
 def test_a_mask_count_sliced_from_its_padded_result_is_the_masks_storm(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.buckets import VaryingDim, bucket_options, propose
 from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.data_sizes import explains
 from tputrace.analysis.findings import Evidence, Finding
 from tputrace.analysis.storm_findings import StormCompiles, storm_finding, values_text
 from tputrace.wording import plural
@@ -60,8 +61,8 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
              data_lengths: Sequence[set[int]] = ()) -> list[tuple[Finding, ChipShapeStorm]]:
     """One finding per op line on the chip whose changing length recompiled a program (`leave_out`: compile ids
     another finding explains), but for lengths that are all a data-dependent size's (`data_lengths`, each size's
-    recorded lengths: an op that takes the count of a mask, such as the backward's expand of a masked mean's
-    gradient, is that size's storm, which its own finding names)."""
+    recorded lengths, exactly or one the padded form of the other: an op that takes the count of a mask, such as the
+    backward's expand of a masked mean's gradient, is that size's storm, which its own finding names)."""
     by_line: dict[int | None, list[_Recompile]] = {}
     trace = context.trace
     rows = trace.sql(
@@ -92,7 +93,8 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
         lengths = sorted({recompiles[0].before} | {recompile.after for recompile in recompiles})
         if frame_id is None or len(recompiles) < MIN_RECOMPILES or len(lengths) < MIN_LENGTHS:
             continue
-        if any(set(lengths) <= known for known in data_lengths):
+        if any(all(any(explains(length, known_length) for known_length in known) for length in lengths)
+               for known in data_lengths):
             continue
         found.append(_finding(context, frame_id, recompiles, lengths))
     return found

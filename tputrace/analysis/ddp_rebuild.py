@@ -5,7 +5,8 @@ buckets in the order the gradients became ready (its forward syncs and broadcast
 backward writes the gradients into the new buckets at other offsets. The trace shows the rebuild as a `ddp_bucket`
 cause of the same bucket index with another parameter list. The programs that ran around it compile again (the step
 flushed apart by the rebuild's sync, bucket views at new offsets), once: a cost DDP has in every run, which no
-change to the script removes. One finding, at the `DDP(...)` line, accounts for these recompiles.
+change to the script removes. One finding, at the `DDP(...)` line, accounts for these recompiles; it costs nothing
+(a cost is what a change would save), so it ranks below the findings a change can act on.
 """
 
 from __future__ import annotations
@@ -76,18 +77,19 @@ def findings(context: AnalysisContext, leave_out: set[int]) -> list[tuple[Findin
     finding = Finding(
         analyzer=NAME,
         severity="info",
-        title=(f"DDP rebuilt its gradient buckets after the first backward: {plural(record.recompiles, 'recompile')} "
-               f"paid once, in step{'s' if len(record.steps) > 1 else ''} {steps}"),
+        title=(f"DDP rebuilt its gradient buckets after the first backward: {plural(record.recompiles, 'recompile')}, "
+               f"{format_ns(record.recompile_ns)}, paid once in step{'s' if len(record.steps) > 1 else ''} {steps}"),
         explanation=(
             f"After the first backward, DDP (made at {record.where}) rebuilds its buckets in the order the gradients "
             f"became ready: its next forward syncs to agree on the order, and the next backward writes the gradients "
             f"into {plural(record.buckets, 'bucket')} at new offsets. The programs around it compiled again, "
             f"{plural(record.recompiles, 'recompile')} and {format_ns(record.recompile_ns)} in all, once: the later "
-            f"steps reuse them. Every DDP run pays this; it does not grow with the run's length."
+            f"steps reuse them. Every DDP run pays this, and it does not grow with the run's length: no change to the script "
+            f"removes it, so the finding costs nothing."
         ),
         suggestion=("Nothing in the script causes it. A compile cache (`tputrace run --compile-cache DIR`) loads these "
                     "programs in a later run instead of compiling them."),
-        cost_total_ns=float(record.recompile_ns),
+        cost_total_ns=0.0,
         cost_per_step_ns=None,
         cost_basis=MEASURED_ON_HOST,
         evidence=evidence,
