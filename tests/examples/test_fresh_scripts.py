@@ -489,6 +489,7 @@ def test_a_compiled_models_batch_alternating_two_sizes_is_explained_at_its_call(
     data = report.results["recompiles"].data
     (record,) = data.dynamic_sizes
     assert record.recompiles == data.recompiles and record.sizes == (16, 12), (record, data.recompiles)
+    assert record.recompile_ns == data.recompile_ns  # the batch flushed while Dynamo traced is in the guard's time
 
 
 def test_a_distributions_argument_check_is_named_with_its_switch(tmp_path: Path) -> None:

@@ -49,6 +49,7 @@ class _Compile:
     kind: str
     name: str
     step: int
+    start_ns: int
     dur_ns: int
     diff: str
     detail: dict[str, object]
@@ -82,7 +83,7 @@ def findings(context: AnalysisContext, leave_out: set[int]) -> list[tuple[Findin
         record = DynamicSizeRecompiles(
             function=guard.name, where=context.where(call), tensor=size["name"], dim=int(size["dim"]),
             sizes=tuple(sorted(sizes, reverse=True)), recompiles=len(explained),
-            recompile_ns=sum(row.dur_ns for row in explained), steps=tuple(sorted({row.step for row in explained})),
+            recompile_ns=_outermost_ns(explained), steps=tuple(sorted({row.step for row in explained})),
             again_ns=again_ns,
         )
         out.append((_finding(context, call, record, expected, actual, explained), record,
@@ -94,21 +95,29 @@ def findings(context: AnalysisContext, leave_out: set[int]) -> list[tuple[Findin
 def _compiles(context: AnalysisContext) -> list[_Compile]:
     trace = context.trace
     rows = trace.sql(
-        "SELECT c.id, c.kind, n.text, c.step, COALESCE(c.dur_ns, 0), d.text, c.detail, c.frame_id FROM compiles c "
+        "SELECT c.id, c.kind, n.text, c.step, COALESCE(c.start_ns, 0), COALESCE(c.dur_ns, 0), d.text, c.detail, c.frame_id FROM compiles c "
         "LEFT JOIN strings n ON n.id = c.name_sid LEFT JOIN strings d ON d.id = c.diff_sid "
         "WHERE c.rank = ? AND c.signature_sid IS NOT NULL AND c.reason IN ('first', 'recompile', 'guard_failure') "
         "ORDER BY c.start_ns",
         (context.rank,),
     )
     out = []
-    for compile_id, kind, name, step, dur_ns, diff, detail, frame_id in rows:
+    for compile_id, kind, name, step, start_ns, dur_ns, diff, detail, frame_id in rows:
         try:
             parsed = json.loads(detail) if detail else {}
         except ValueError:
             parsed = {}
-        out.append(_Compile(compile_id, kind or "", name or "?", -1 if step is None else step, dur_ns, diff or "",
+        out.append(_Compile(compile_id, kind or "", name or "?", -1 if step is None else step, start_ns, dur_ns, diff or "",
                             parsed if isinstance(parsed, dict) else {}, frame_id))
     return out
+
+
+def _outermost_ns(rows: list[_Compile]) -> int:
+    """The compile time of `rows` without those inside another's interval (an eager batch flushed while Dynamo traced
+    the call is in the guard failure's time)."""
+    return sum(row.dur_ns for row in rows if not any(
+        other is not row and other.start_ns <= row.start_ns and row.start_ns + row.dur_ns <= other.start_ns + other.dur_ns
+        for other in rows))
 
 
 def _only_sizes(diff: str, sizes: set[int]) -> bool:
