@@ -156,6 +156,38 @@ TOP_1_EXPERTS = '''
 '''
 
 
+FRAMES_MASKED_BY_LENGTH = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class KWS(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv1d(8, 16, 5, stride=2, padding=2)
+            self.head = nn.Linear(16, 4)
+
+        def forward(self, feats, lengths):
+            h = torch.relu(self.conv(feats))
+            mask = torch.arange(h.shape[-1], device=h.device)[None] < (lengths[:, None] + 1) // 2
+            return self.head((h * mask[:, None]).sum(-1) / mask.sum(-1, keepdim=True))
+
+
+    model = KWS().to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for step in range(6):
+        frames = 40 + 8 * step
+        feats, lengths = torch.randn(4, 8, frames), torch.randint(frames // 2, frames + 1, (4,))  {marker}
+        loss = nn.functional.cross_entropy(model(feats.to("tpu"), lengths.to("tpu")), torch.randint(0, 4, (4,), device="tpu"))
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -180,6 +212,17 @@ def test_expert_rows_sliced_to_their_exact_count_are_the_routings_storm(tmp_path
     report, script, line = _run(tmp_path, "top_1_experts", TOP_1_EXPERTS, ("--mode", "strict"))
     data = report.results["recompiles"].data
     assert data.data_size_storms and not data.chip_shape_storms, data.chip_shape_storms
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+
+
+def test_an_arange_of_a_host_batchs_length_is_the_batchs_storm(tmp_path: Path) -> None:
+    """`torch.arange(h.shape[-1])` over a convolution of a batch whose frame count changes takes that count (halved
+    by the stride) as its argument; in strict mode it compiles per count. That is the batch's storm, which padding the
+    batch fixes, not a length "chosen on the chip" that padding cannot help."""
+    report, script, line = _run(tmp_path, "frames_masked_by_length", FRAMES_MASKED_BY_LENGTH, ("--mode", "strict"))
+    data = report.results["recompiles"].data
+    assert data.host_input_storms and not data.chip_shape_storms, data.chip_shape_storms
     (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
     assert (storm.file, storm.line) == (str(script), line), storm.title
 

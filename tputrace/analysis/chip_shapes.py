@@ -58,11 +58,14 @@ class _Weight:
 
 
 def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, evicted: list[int],
-             data_lengths: Sequence[set[int]] = ()) -> list[tuple[Finding, ChipShapeStorm]]:
+             data_lengths: Sequence[set[int]] = (), storm_sizes: Sequence[set[int]] = ()) -> list[tuple[Finding, ChipShapeStorm]]:
     """One finding per op line on the chip whose changing length recompiled a program (`leave_out`: compile ids
     another finding explains), but for lengths that are all a data-dependent size's (`data_lengths`, each size's
     recorded lengths, exactly or one the padded form of the other: an op that takes the count of a mask, such as the
-    backward's expand of a masked mean's gradient, is that size's storm, which its own finding names)."""
+    backward's expand of a masked mean's gradient, is that size's storm, which its own finding names), and for
+    lengths that are all the values of an input-shape storm's dim (`storm_sizes`: `torch.arange(h.shape[-1])` of a
+    batch whose length changes takes the batch's size, which padding the batch fixes; that storm's finding names
+    it)."""
     by_line: dict[int | None, list[_Recompile]] = {}
     trace = context.trace
     rows = trace.sql(
@@ -95,6 +98,8 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
             continue
         if any(all(any(explains(length, known_length) for known_length in known) for length in lengths)
                for known in data_lengths):
+            continue
+        if any(set(lengths) <= sizes for sizes in storm_sizes):
             continue
         found.append(_finding(context, frame_id, recompiles, lengths))
     return found

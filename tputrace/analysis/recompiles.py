@@ -238,7 +238,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         caused.append((finding, size_storm.compiles))
         size_storms.append(size_storm)
     chip_shape_storms = []
-    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted, data_lengths):
+    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted, data_lengths,
+                                                       [set(dim.values) for padding in padding_storms for dim in padding.storm.dims]):
         findings.append(finding)
         caused.append((finding, chip_shape.recompiles))
         chip_shape_storms.append(chip_shape)
