@@ -335,6 +335,25 @@ READ_BEFORE_THE_LOOP = '''
         optimizer.step()
 '''
 
+ALTERNATING_COMPILED_BATCH = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        batch = 16 if step % 2 == 0 else 12
+        x = torch.randn(batch, 32, device="tpu")
+        loss = compiled(x).pow(2).mean()  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+
 def _run(tmp_path: Path, name: str, source: str, run_options: tuple[str, ...] = ()) -> tuple[Report, Path, int]:
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
@@ -444,10 +463,33 @@ def test_a_loop_line_flushed_apart_in_the_second_step_is_not_set_up_work(tmp_pat
 
 def test_ddp_second_forward_is_not_set_up_work(tmp_path: Path) -> None:
     """DDP's second forward makes a collective of its own, which flushes the batch made on the chip at the
-    loop's top apart from the step's graph; the report blames no set-up line for the recompile."""
+    loop's top apart from the step's graph; the report blames no set-up line for the recompile. Those recompiles,
+    and the bucket views' new offsets after DDP rebuilds its buckets, are one finding at the `DDP(...)` line that
+    says they are paid once."""
     report, script, line = _run(tmp_path, "ddp", DDP, ("--nproc", "2"))
     assert not [finding for finding in report.findings if finding.analyzer == "set_up_work"], report.findings[0].title
     assert any(f.analyzer == "syncs" and (f.file, f.line) == (str(script), line) for f in report.findings)
+    (rebuild,) = [finding for finding in report.findings if finding.title.startswith("DDP rebuilt its gradient buckets")]
+    ddp_line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "DDP(" in text)
+    assert (rebuild.analyzer, rebuild.line, rebuild.cost_total_ns) == ("recompiles", ddp_line, 0.0), rebuild.title
+    data = report.results["recompiles"].data
+    assert data.ddp_rebuilds[0].recompiles == data.recompiles, (data.ddp_rebuilds, data.recompiles)
+
+
+def test_a_compiled_models_batch_alternating_two_sizes_is_explained_at_its_call(tmp_path: Path) -> None:
+    """A compiled model called with batches of 16 and 12 fails Dynamo's size guard once, is traced again with a
+    dynamic batch, and the tpu backend compiles the dynamic graph and the eager programs around it per size: one
+    finding at the call explains every recompile, once, and names the ways to give the function one size."""
+    report, script, line = _run(tmp_path, "alternating_compiled_batch", ALTERNATING_COMPILED_BATCH)
+    (dynamic,) = [finding for finding in report.findings if finding.title.startswith("torch.compile traced")]
+    assert (dynamic.analyzer, dynamic.file, dynamic.line) == ("recompiles", str(script), line), dynamic.title
+    assert "dim 0 changed (16 -> 12)" in dynamic.title and dynamic.cost_per_step_ns is None
+    assert "drop_last=True" in dynamic.suggestion and "dynamic=False" in dynamic.suggestion
+    assert "mark_dynamic(x, 0)" in dynamic.suggestion
+    data = report.results["recompiles"].data
+    (record,) = data.dynamic_sizes
+    assert record.recompiles == data.recompiles and record.sizes == (16, 12), (record, data.recompiles)
+    assert record.recompile_ns == data.recompile_ns  # the batch flushed while Dynamo traced is in the guard's time
 
 
 def test_a_distributions_argument_check_is_named_with_its_switch(tmp_path: Path) -> None:

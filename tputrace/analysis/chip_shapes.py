@@ -10,10 +10,12 @@ change (give the op a few fixed lengths, and mask).
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tputrace.analysis.buckets import VaryingDim, bucket_options, propose
 from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.data_sizes import explains
 from tputrace.analysis.findings import Evidence, Finding
 from tputrace.analysis.storm_findings import StormCompiles, storm_finding, values_text
 from tputrace.wording import plural
@@ -55,10 +57,15 @@ class _Weight:
     flops: float = 0.0
 
 
-def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
-             evicted: list[int]) -> list[tuple[Finding, ChipShapeStorm]]:
+def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, evicted: list[int],
+             data_lengths: Sequence[set[int]] = (), storm_sizes: Sequence[set[int]] = ()) -> list[tuple[Finding, ChipShapeStorm]]:
     """One finding per op line on the chip whose changing length recompiled a program (`leave_out`: compile ids
-    another finding explains)."""
+    another finding explains), but for lengths that are all a data-dependent size's (`data_lengths`, each size's
+    recorded lengths, exactly or one the padded form of the other: an op that takes the count of a mask, such as the
+    backward's expand of a masked mean's gradient, is that size's storm, which its own finding names), and for
+    lengths that are all the values of an input-shape storm's dim (`storm_sizes`: `torch.arange(h.shape[-1])` of a
+    batch whose length changes takes the batch's size, which padding the batch fixes; that storm's finding names
+    it)."""
     by_line: dict[int | None, list[_Recompile]] = {}
     trace = context.trace
     rows = trace.sql(
@@ -88,6 +95,11 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
     for frame_id, recompiles in _at_view_lines(context, by_line).items():
         lengths = sorted({recompiles[0].before} | {recompile.after for recompile in recompiles})
         if frame_id is None or len(recompiles) < MIN_RECOMPILES or len(lengths) < MIN_LENGTHS:
+            continue
+        if any(all(any(explains(length, known_length) for known_length in known) for length in lengths)
+               for known in data_lengths):
+            continue
+        if any(set(lengths) <= sizes for sizes in storm_sizes):
             continue
         found.append(_finding(context, frame_id, recompiles, lengths))
     return found
@@ -129,9 +141,11 @@ def _finding(context: AnalysisContext, frame_id: int, recompiles: list[_Recompil
                              f"{plural(option.compiles, 'compile')} ({option.compiles_saved} saved)") for option in options[:5])
     fix = (f"round the length up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}), and mask "
            "what the padding adds" if best is not None else f"use one fixed length ({lengths[-1]}) and mask what it adds")
+    own_program = names == [op]  # strict mode: the op's own program, named as the op
     finding = storm_finding(
-        context, compiles, programs=names[0] if len(names) == 1 else f"{len(names)} programs",
-        cause=f"{op} at {where} changes {what}", sizes=len(lengths),
+        context, compiles,
+        programs=f"{op} at {where}" if own_program else names[0] if len(names) == 1 else f"{len(names)} programs",
+        cause=f"its {what} {'change' if what.endswith('s') else 'changes'}" if own_program else f"{op} at {where} changes {what}", sizes=len(lengths),
         explanation=(
             f"The changing shape is made on the chip: {op} at {where} took {len(lengths)} values of {what} "
             f"({values_text(lengths)}), and the program that holds it compiled again for each, with the same input "

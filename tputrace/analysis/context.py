@@ -349,18 +349,38 @@ def per_call_text(context: AnalysisContext, total_ns: float, count: int, steady_
     return f"{format_ns(total_ns / count)} {each}"
 
 
-def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None) -> str:
+def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None,
+                  every: tuple[int, int] | None = None) -> str:
     """`count` things over `steps` steps as a rate: `2 copies per step`, `2 copies every 3 steps`, or
     `3 copies in 40 steps` when no small fraction says it exactly; one thing is `1 copy in 4 steps`, since a
-    single event (a read in one step, `if step == 1:`) shows no period."""
+    single event (a read in one step, `if step == 1:`) shows no period. With `every` (n, p), the things came n at a
+    time in every p-th step (`step_period`): `1 copy every 2 steps`."""
     if steps <= 0:
         return plural(count, noun, nouns)
+    if every is not None:
+        return f"{plural(every[0], noun, nouns)} every {every[1]} steps"
     rate = Fraction(count, steps)
     if rate.denominator == 1:
         return f"{plural(rate.numerator, noun, nouns)} per step"
     if rate.denominator <= MAX_RATE_DENOMINATOR and count > 1:
         return f"{plural(rate.numerator, noun, nouns)} every {rate.denominator} steps"
     return f"{plural(count, noun, nouns)} in {plural(steps, 'step')}"
+
+
+def step_period(counts: dict[int, int], first: int, last: int) -> tuple[int, int] | None:
+    """(n, p) for events that came n at a time in every p-th step of `first`..`last` (steps 1, 3, 5 of 1..5: p = 2),
+    from the count per step that had some; None when they are not evenly spaced, come every step, or p exceeds
+    `MAX_RATE_DENOMINATOR`."""
+    steps = sorted(counts)
+    if len(steps) < 2 or len(set(counts.values())) != 1:
+        return None
+    gaps = {later - earlier for earlier, later in zip(steps, steps[1:])}
+    if len(gaps) != 1:
+        return None
+    (period,) = gaps
+    if not 2 <= period <= MAX_RATE_DENOMINATOR or steps[0] - first >= period or last - steps[-1] >= period:
+        return None
+    return counts[steps[0]], period
 
 
 def in_list(values: Iterable[object]) -> str:

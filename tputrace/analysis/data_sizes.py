@@ -65,6 +65,7 @@ MIN_MATCHED_SIZES = 2  # ... covering at least this many distinct sizes
 # A recompile's diff when only a data-dependent length changed (the signature did not): `size 16 -> 20`,
 # `output_size 8 -> 12`, `view aten.slice.Tensor: end 37 -> 41`, a fused program's `non-tensor arguments 32 -> 20`.
 _LENGTH_DIFF = re.compile(r"(?:^|[\s:])(?:size|output_size|end|non-tensor arguments) \(?\d")
+_SLICE_END = re.compile(r"view aten\.slice\.Tensor: end \d+ -> (?P<after>\d+)")
 # A fused program's diff names the first op whose arguments changed and its line.
 _DIFF_OP = re.compile(r"op \d+ (?P<op>\S+) \((?P<where>[^()]+)\): ")
 
@@ -229,6 +230,7 @@ def length_recompiles_by_origin(context: AnalysisContext, leave_out: set[int], n
         (context.rank, *evicted),
     )
     found: dict[tuple[str, int | None], list[LengthRecompile]] = {}
+    slice_frames = _slice_frames(context, [frame_id for frame_id in results_by_frame if frame_id is not None])
     for compile_id, name_sid, dur_ns, diff_sid, step, frame_id in rows:
         diff = trace.string(diff_sid) or ""
         if compile_id in leave_out or not _LENGTH_DIFF.search(diff):
@@ -237,6 +239,8 @@ def length_recompiles_by_origin(context: AnalysisContext, leave_out: set[int], n
         origin_frame: int | None
         if named is not None:
             origin_frame = frames_by_where.get(named.group("where"), -1)
+            if origin_frame not in results_by_frame:
+                origin_frame = _sliced_result_frame(context, diff, step, slice_frames)
         else:
             origin_frame = frame_id if frame_id is None else frames_by_line.get(context.location(frame_id), frame_id)
         if origin_frame not in results_by_frame:
@@ -248,6 +252,31 @@ def length_recompiles_by_origin(context: AnalysisContext, leave_out: set[int], n
         recompile = LengthRecompile(compile_id, trace.string(name_sid) or "?", dur_ns, diff, step)
         found.setdefault((family, origin_frame), []).append(recompile)
     return found
+
+
+def _slice_frames(context: AnalysisContext, frames: list[int]) -> set[int]:
+    """The data-dependent results' lines that also sliced a result (DeferAndFuse keeps `x[mask]` at its padded
+    length and slices it to the count, a view that a later line reads)."""
+    slice_sid = context.trace.string_id("aten.slice.Tensor")
+    if slice_sid is None or not frames:
+        return set()
+    return {frame_id for (frame_id,) in context.trace.sql(
+        f"SELECT DISTINCT frame_id FROM ops WHERE rank = ? AND op_sid = ? AND frame_id IN ({', '.join('?' for _ in frames)})",
+        (context.rank, slice_sid, *frames),
+    )}
+
+
+def _sliced_result_frame(context: AnalysisContext, diff: str, step: int, slice_frames: set[int]) -> int:
+    """For a diff of a slice's end read at a line without a data-dependent op (`op 5 view (gnn.py:14): view
+    aten.slice.Tensor: end 795 -> 796`), the line of the data-dependent result of that step, sliced where it was
+    made, whose recorded length the new end could be the count of; -1 when there is none."""
+    end = _SLICE_END.search(diff)
+    if end is None:
+        return -1
+    after = int(end.group("after"))
+    frames = {result.frame_id for result in data_sizes(context).get(step, [])
+              if result.frame_id in slice_frames and after <= result.length and explains(after, result.length)}
+    return next(iter(frames)) if len(frames) == 1 else -1
 
 
 def lengths_at(context: AnalysisContext, family: str, frame_id: int | None) -> tuple[int, ...]:

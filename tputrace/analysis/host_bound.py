@@ -3,8 +3,10 @@
 Per steady step (the warm-up step left out even where a loop of two steps counts it steady: its
 dispatch includes each op's first call): dispatch time (the ops' recorded host time) against the chip's busy time (the union
 of the executions recorded in DeferAndFuse mode, see `AnalysisContext.busy_by_step`). Without executions (strict mode) the chip time is the
-target's roofline time of the programs run, from XLA's FLOPs and bytes (an estimate). The data also
-holds that roofline estimate for every trace, to show what the step's work would take on the target.
+target's roofline time of the programs run, from XLA's FLOPs and bytes (an estimate), and an op's dispatch is at
+most its op's median time (see `strict_times`: the rest of a call's recorded time is the chip running its program or
+waiting for earlier ones). The data also holds that roofline estimate for every trace, to show what the step's work
+would take on the target.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.op_facts import dispatch_by_step
+from tputrace.analysis.strict_times import strict_steps
 from tputrace.wording import format_ns
 
 NAME = "host_bound"
@@ -32,6 +35,7 @@ class HostStep:
     ops: int
     chip_ns: float
     roofline_estimate_ns: float
+    waited_ns: int = 0  # strict mode: the ops' recorded time that was the chip's work, not dispatch
 
 
 @dataclass(frozen=True)
@@ -62,6 +66,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         (peak, bandwidth) + tuple(e_params),
     ))
     measured = bool(executed)
+    strict = strict_steps(context) if not measured else {}
     if not measured:
         o_where, o_params = context.steady_where("o")
         roofline = dict(trace.sql(
@@ -74,9 +79,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         if step.step == context.warm_up_in_steady:
             continue  # its dispatch includes each op's first call
         step_dispatch_ns, step_ops = dispatch.get(step.step, (0, 0))
+        step_waited_ns = 0
+        if step.step in strict:
+            step_dispatch_ns, step_waited_ns = strict[step.step].dispatch_ns, strict[step.step].chip_ns
         step_chip_ns = executed.get(step.step, 0) if measured else roofline.get(step.step, 0.0)
         steps.append(HostStep(step.step, step.dur_ns, step_dispatch_ns, step_ops, step_chip_ns,
-                              roofline.get(step.step, 0.0)))
+                              roofline.get(step.step, 0.0), step_waited_ns))
     chip_time = "measured executions" if measured else "target roofline estimate"
     if not steps:
         return AnalysisResult(NAME, HostBoundData(chip_time=chip_time))
@@ -84,6 +92,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
     chip_ns = statistics.median(step.chip_ns for step in steps)
     ops = statistics.median(step.ops for step in steps)
     roofline_ns = statistics.median(step.roofline_estimate_ns for step in steps)
+    waited_ns = statistics.median(step.waited_ns for step in steps)
     data = HostBoundData(tuple(steps), chip_time, dispatch_ns, chip_ns, ops, roofline_ns)
     if dispatch_ns <= chip_ns or not ops:
         return AnalysisResult(NAME, data)
@@ -121,6 +130,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
                      table="ops"),
             Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
                      table="programs"),
-        ),
+        ) + ((Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their programs "
+                       f"or waiting for earlier ones, not dispatch (each op counts at most its op's median time)",
+                       table="ops"),) if waited_ns else ()),
     )
     return AnalysisResult(NAME, data, (finding,))

@@ -10,7 +10,8 @@ fullest of them.
 Chip time of a group is attributed from measured program executions by FLOP share (the group's
 FLOPs over the FLOPs of every program executed, from XLA's cost analysis, or over all matmul FLOPs
 when that is larger), where the chip time is the chip's busy time (`AnalysisContext.busy_by_step`). Without executions (strict
-mode) or FLOP counts, it is the target chip's roofline time for the group (an estimate).
+mode), the chip time is the chip's work inside the ops' recorded times (`strict_times`) and the FLOPs are those of the
+ops' programs; without either, it is the target chip's roofline time for the group (an estimate).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext, in_list
+from tputrace.analysis.strict_times import strict_steps
 from tputrace.analysis.shapes import Matmul, matmuls_of, op_family
 
 
@@ -47,6 +49,7 @@ class ChipTime:
     execution_ns: float
     execution_flops: float
     matmul_flops: float = 0.0
+    inferred: bool = False  # strict mode: the chip's work inside the ops' recorded times, not executions
 
     @property
     def measured(self) -> bool:
@@ -120,6 +123,17 @@ def chip_time(context: AnalysisContext) -> ChipTime:
     )[0]
     busy_ns = sum(context.busy_by_step().values())
     matmul_flops = sum(group.flops for group in matmul_groups(context))
+    strict = strict_steps(context)
+    if strict:
+        o_where, o_params = context.loop_where("o")
+        (op_flops,) = context.trace.sql(
+            f"SELECT COALESCE(SUM(p.flops), 0) FROM ops o JOIN programs p ON p.id = o.program_id WHERE {o_where}",
+            o_params,
+        )[0]
+        waited_ns = sum(step.chip_ns for step in strict.values())
+        result = ChipTime(float(waited_ns), float(op_flops), matmul_flops, inferred=True)
+        context.cache["chip_time"] = result
+        return result
     result = ChipTime(float(busy_ns), float(execution_flops), matmul_flops)
     context.cache["chip_time"] = result
     return result

@@ -140,7 +140,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PaddingData]:
     data = PaddingData(
         tuple(sorted(rows, key=lambda row: -row.cost_ns)[:100]),
         wasted_flops / (total_flops + wasted_flops) if total_flops else 0.0,
-        "measured, attributed by FLOP share" if times.measured else "target roofline estimate",
+        ("the chip's work inside strict mode's op times, attributed by FLOP share" if times.inferred
+         else "measured, attributed by FLOP share") if times.measured else "target roofline estimate",
     )
     input_rows = _input_rows(groups)
     findings = (_finding(context, size, alignment[size], entries, input_rows.get(size)) for size, entries in by_size.items())
@@ -165,6 +166,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
              rows_of: MatmulGroup | None) -> Finding | None:
     cost = sum(cost for _, cost, _ in entries)
     share = context.share_of_step(cost)
+    basis = ("chip's work inside strict mode's op times" if chip_time(context).inferred else "measured chip time")
     groups = {id(group): (group, wasted) for group, _, wasted in entries}
     dim_flops = sum(group.flops for group, _ in groups.values())
     dim_wasted = sum(wasted for _, wasted in groups.values())
@@ -203,7 +205,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
             f"{', in ' + ', '.join(modules[:4]) if modules else ''}) are padded to {up} on the target, a multiple "
             f"of {align}: {flop_share:.1%} of their FLOPs are padding. On {context.target.label} that costs an "
             f"estimated {format_ns(cost)} of chip time ({share:.1%} of a step; roofline estimate applied to the "
-            f"measured chip time)."
+            f"{basis})."
         ),
         suggestion=_suggestion(size, align, nearest, alternative, anchor, rows_of is not None, context.target.mxu),
         cost_total_ns=cost,

@@ -21,11 +21,13 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import chip_shapes, data_sizes, host_inputs, program_cache, structure_changes
+from tputrace.analysis import chip_shapes, data_sizes, ddp_rebuild, dynamic_sizes, host_inputs, program_cache, structure_changes
 from tputrace.analysis.chip_shapes import ChipShapeStorm
 from tputrace.analysis.buckets import BucketOption, bucket_options, propose, varying_dims
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import SizeOrigin
+from tputrace.analysis.ddp_rebuild import DdpRebuild
+from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
     DataSizeStorm,
@@ -137,6 +139,8 @@ class RecompileData:
     chip_shape_storms: tuple[ChipShapeStorm, ...] = ()  # lengths made by an op on the chip (see `chip_shapes`)
     structure_storms: tuple[StructureStorm, ...] = ()  # ops that change from step to step (see `structure_changes`)
     caused: tuple[CausedCompiles, ...] = ()
+    dynamic_sizes: tuple[DynamicSizeRecompiles, ...] = ()  # torch.compile size guards that failed (see `dynamic_sizes`)
+    ddp_rebuilds: tuple[DdpRebuild, ...] = ()  # DDP's one bucket rebuild (see `ddp_rebuild`)
 
 
 @dataclass(frozen=True)
@@ -214,9 +218,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     size_storms: list[DataSizeStorm] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, not_evicted(evicted), evicted)
     explained = in_storms | {compile.compile_id for own in length_recompiles.values() for compile in own}
+    data_lengths: list[set[int]] = []  # each data-dependent size's recorded lengths
     for key, grouped in by_origin.items():
         origin = grouped[0].origin
         assert origin is not None
+        data_lengths.append(set(origin.lengths))
         finding, size_storm = data_size_finding(context, origin, grouped, length_recompiles.pop(key, []))
         findings.append(finding)
         caused.append((finding, size_storm.compiles))
@@ -226,12 +232,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             continue
         origin = SizeOrigin(family, frame_id, data_sizes.module_at(context, family, frame_id), len(own),
                             data_sizes.lengths_at(context, family, frame_id))
+        data_lengths.append(set(origin.lengths))
         finding, size_storm = data_size_finding(context, origin, [], own)
         findings.append(finding)
         caused.append((finding, size_storm.compiles))
         size_storms.append(size_storm)
     chip_shape_storms = []
-    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted):
+    for finding, chip_shape in chip_shapes.findings(context, explained, not_evicted(evicted), evicted, data_lengths,
+                                                       [set(dim.values) for padding in padding_storms for dim in padding.storm.dims]):
         findings.append(finding)
         caused.append((finding, chip_shape.recompiles))
         chip_shape_storms.append(chip_shape)
@@ -240,11 +248,23 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         findings.append(finding)
         caused.append((finding, structure.recompiles))
         structure_storms.append(structure)
+    dynamic = []
+    for finding, dynamic_size, compile_ids in dynamic_sizes.findings(context, explained):
+        findings.append(finding)
+        caused.append((finding, dynamic_size.recompiles))
+        dynamic.append(dynamic_size)
+        explained |= compile_ids
+    rebuilds = []
+    for finding, rebuild, compile_ids in ddp_rebuild.findings(context, explained):
+        findings.append(finding)
+        caused.append((finding, rebuild.recompiles))
+        rebuilds.append(rebuild)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
-        chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms),
+        chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
+        ddp_rebuilds=tuple(rebuilds),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )

@@ -89,13 +89,24 @@ def inside_module(module: str) -> str:
 def change_in_module(context: AnalysisContext, frame_id: int | None, module: str, where: str) -> str:
     """A suggestion's opening for a read made inside `module`: the `if` may be in its code, not at `where`.
     A line in a `forward` (the user's own module, since a trace's line is the first frame in the user's
-    code) is the module's code itself, so the read is there."""
+    code) is the module's code itself, so the read is there, unless the line's ops also ran outside `module`: then
+    the line is a parent's forward calling `module`."""
     location = context.location(frame_id)
-    if location is not None and location.function == "forward":
+    if location is not None and location.function == "forward" and not _calls_a_child(context, frame_id, module):
         return f"The read is in the forward of {module}, at {where}: "
     return (f"If {where} only calls {module}, the read is in that module's own code (a library's, when it is not "
             f"yours): change it there, or use the library's option that avoids reading the value on the host. "
             f"Where the read is yours: ")
+
+
+def _calls_a_child(context: AnalysisContext, frame_id: int | None, module: str) -> bool:
+    """Whether the line's ops ran in `module` and in modules outside it (`self.head(self.body(x))`, the read in
+    `body`): the line is then in the forward of a module above `module`, which it calls."""
+    modules = [context.trace.string(module_sid) or "" for (module_sid,) in context.trace.sql(
+        "SELECT DISTINCT module_sid FROM ops WHERE rank = ? AND frame_id = ? AND module_sid IS NOT NULL",
+        (context.rank, frame_id),
+    )]
+    return any(other != module and not other.startswith(module + ".") for other in modules)
 
 
 def then(text: str) -> str:

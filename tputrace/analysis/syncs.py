@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.store.aggregates import SYNC_COMPILE_NS
@@ -178,7 +178,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     if severity == "info" and per_step is not None and per_step >= 1 and share >= 0.02:
         severity = "warning"
     steady_count = max(context.steady_count, 1)
-    rate = per_step_text(steady_syncs, steady_count, "time") if per_step is not None else plural(count, "time")
+    every = _period(context, frame_id, kind, library_frame_id) if per_step is not None else None
+    rate = per_step_text(steady_syncs, steady_count, "time", every=every) if per_step is not None else plural(count, "time")
     every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
     once = context.once_in_loop(steps_with, steady_syncs)
     stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
@@ -269,3 +270,17 @@ def _ran_at_line(context: AnalysisContext, frame_id: int, op_prefix: str, where:
         f"AND o.op_sid IN {in_list(op_sids)} AND f.file_sid = sf.file_sid AND f.line = sf.line LIMIT 1",
         (frame_id, *params, *op_sids),
     ))
+
+
+def _period(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None) -> tuple[int, int] | None:
+    """(n, p) when the line's syncs of `kind` came n at a time in every p-th steady step (`if step % 2 == 0:`)."""
+    steady = context.steady_range
+    if steady is None:
+        return None
+    library = "library_frame_id IS ?" if context.trace.has_column("syncs", "library_frame_id") else "? IS NULL"
+    counts = dict(context.trace.sql(
+        f"SELECT step, COUNT(*) FROM syncs WHERE rank = ? AND frame_id IS ? AND kind = ? AND {library} "
+        "AND step BETWEEN ? AND ? GROUP BY step",
+        (context.rank, frame_id, kind, library_frame_id, *steady),
+    ))
+    return step_period(counts, *steady)
