@@ -44,7 +44,7 @@ _MAKERS: tuple[tuple[Any, str], ...] = (
 _origins: dict[int, tuple[weakref.ref, Location]] = {}  # id(tensor) -> (a weak reference to it, its origin)
 _user_file: dict[str, bool] = {}  # file name -> whether it is the user's (code objects may not hash)
 _roots: tuple[str, ...] = ()
-_originals: list[tuple[Any, str, Any]] = []  # (owner, attribute, the function it held)
+_originals: list[tuple[Any, str, Any, Any]] = []  # (owner, attribute, the function it held, its wrapper)
 _is_compiling = torch.compiler.is_compiling
 
 
@@ -61,8 +61,8 @@ def install() -> None:
         original = getattr(owner, name, None)
         if original is None:
             continue
-        _originals.append((owner, name, original))
         wrapper = _remembering(original)
+        _originals.append((owner, name, original, wrapper))
         builtin = torch.jit._builtins._find_builtin(original)
         if builtin is not None:  # TorchScript compiles a call of the wrapper as the op it wraps
             torch.jit._builtins._register_builtin(wrapper, builtin)
@@ -71,9 +71,14 @@ def install() -> None:
 
 def uninstall() -> None:
     """Put the makers back and forget the origins."""
+    table = torch.jit._builtins._builtin_table
     while _originals:
-        owner, name, original = _originals.pop()
+        owner, name, original, wrapper = _originals.pop()
         setattr(owner, name, original)
+        if table is not None:
+            # TorchScript knows builtins by id: once the wrapper is freed, a new function could take its id
+            # and compile as the op the wrapper stood for.
+            table.pop(id(wrapper), None)
     _origins.clear()
 
 

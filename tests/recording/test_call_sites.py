@@ -107,10 +107,13 @@ def test_each_call_on_the_line_is_its_own_storm_with_its_own_dims(strict_trace: 
         assert list(dim.values) == values
     # One size, made at the `q` and `k` lines, drives every call's storm: one finding, at the line where it first
     # enters a program, lists the calls that recompiled most.
-    (storm,) = [finding for finding in report.results["recompiles"].findings if "calls.py:11" in finding.explanation]
+    # Which calls it lists depends on their compile times, which the host's load changes.
     q_line = _line("    q = torch.ones(n, 16, device=\"tpu\")")
-    assert f"as the shape entering at calls.py:{q_line} changes (6 sizes)" in storm.title
+    (storm,) = [finding for finding in report.results["recompiles"].findings
+                if f"as the shape entering at calls.py:{q_line} changes (6 sizes)" in finding.title]
     assert sum(call in storm.explanation for call in expected) >= 3
+    # The sum after the loop's last step compiled too, in no step of the loop.
+    assert "compiles happened in 6 of 6 steps" in storm.explanation
 
 
 def test_columns_count_characters_after_non_ascii_text(strict_trace: tuple[Path, Path]) -> None:

@@ -84,3 +84,25 @@ def test_watched_makers_work_where_torch_knows_them_by_identity(tmp_path: Path) 
     assert scripted.tolist() == [[1.0, 1.0, 1.0, 0.0, 0.0]] * 2
     assert placed == ("tpu", "tpu")
     assert padded.shape == (3, 2)
+
+
+def test_torchscript_forgets_the_wrappers_when_they_are_removed() -> None:
+    """TorchScript compiles a call of a wrapped maker as the op it wraps, knowing the wrapper by its id. Once the
+    wrappers are removed, no id of theirs may stay in that table: a function made later at a freed wrapper's
+    address would compile as `aten::pad_sequence` or `aten::zeros` (torch's jvp decompositions failed so)."""
+    from torch.jit import _builtins
+
+    from tputrace.backend.core import host_origins
+
+    was_installed = bool(host_origins._originals)
+    host_origins.install()
+    wrappers = [torch.zeros, torch._C._nn.pad_sequence]
+    if not all(hasattr(wrapper, "__wrapped__") for wrapper in wrappers):
+        pytest.skip("host origins are off (TPUTRACE_HOST_ORIGINS=0)")
+    assert all(_builtins._find_builtin(wrapper) is not None for wrapper in wrappers)
+    host_origins.uninstall()
+    try:
+        assert [wrapper.__name__ for wrapper in wrappers if _builtins._find_builtin(wrapper) is not None] == []
+    finally:
+        if was_installed:
+            host_origins.install()

@@ -73,7 +73,7 @@ def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs
     sizes), costed at its recompiles. The explanation is `explanation`, what the compiles cost, then `then`."""
     return Finding(
         analyzer=NAME,
-        severity=_severity(context, compiles.recompile_ns, len(compiles.steps)),
+        severity=_severity(context, compiles.recompile_ns, _loop_steps_compiling(context, compiles)),
         title=f"Recompilation storm: {programs} compiled {compiles.count} times as {cause} ({sizes} sizes)",
         explanation=f"{explanation}{_compile_cost_text(context, compiles)}{then}",
         suggestion=suggestion,
@@ -384,6 +384,11 @@ def values_text(values: list[int], limit: int = 12) -> str:
     return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
 
 
+def _loop_steps_compiling(context: AnalysisContext, compiles: StormCompiles) -> int:
+    """How many of the loop's steps compiled (the work after the loop's last step is no step of it)."""
+    return len({step.step for step in context.loop_steps} & set(compiles.steps))
+
+
 def _severity(context: AnalysisContext, recompile_ns: float, steps_compiling: int) -> Severity:
     severity = context.severity(context.share_of_wall(recompile_ns))
     if steps_compiling >= max(3, context.step_count // 2) and severity == "info":
@@ -398,7 +403,7 @@ def _compile_cost_text(context: AnalysisContext, compiles: StormCompiles) -> str
     text = (f"Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
             f"({context.share_of_wall(recompile_ns):.0%} of the run)")
     if context.step_count:
-        text += f"; compiles happened in {len(compiles.steps)} of {context.step_count} steps"
+        text += f"; compiles happened in {_loop_steps_compiling(context, compiles)} of {context.step_count} steps"
     loads, load_ns = compile_cache.loads_among(context, compiles.compile_ids)
     if loads == len(compiles.compile_ids):
         text += f"; all {loads} were loads from the compile cache (--compile-cache), not compiles"
