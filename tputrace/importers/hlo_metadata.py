@@ -14,6 +14,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from tputrace.xplane_proto import decode_varint
+
 # Field numbers (xla/service/hlo.proto, xla/xla_data.proto).
 _HLO_MODULE = 1  # HloProto.hlo_module
 _MODULE_NAME, _MODULE_COMPUTATIONS, _MODULE_FRAMES = 1, 3, 17  # HloModuleProto
@@ -141,13 +143,13 @@ def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
     fields are skipped). Raises IndexError or ValueError on bytes that are not a message."""
     offset, end = 0, len(data)
     while offset < end:
-        key, offset = _varint(data, offset)
+        key, offset = decode_varint(data, offset)
         field, wire = key >> 3, key & 7
         if wire == 0:
-            value, offset = _varint(data, offset)
+            value, offset = decode_varint(data, offset)
             yield field, value
         elif wire == 2:
-            length, offset = _varint(data, offset)
+            length, offset = decode_varint(data, offset)
             if offset + length > end:
                 raise ValueError("field runs past its message")
             yield field, data[offset:offset + length]
@@ -159,15 +161,3 @@ def _fields(data: bytes) -> Iterator[tuple[int, int | bytes]]:
         else:
             raise ValueError(f"wire type {wire}")
 
-
-def _varint(data: bytes, offset: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[offset]
-        offset += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, offset
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
