@@ -527,6 +527,27 @@ def test_host_bound_steps(tmp_path: Path) -> None:
     assert data.median_roofline_estimate_ns == pytest.approx(1e6 / CHIPS["v6e"].hbm_bandwidth * 1e9)
 
 
+def test_host_bound_leaves_out_steps_launched_while_the_chip_was_behind(tmp_path: Path) -> None:
+    """Steps 1-3 launch their programs while step 0's still runs, and all end together when the watcher gets the
+    interpreter lock: their busy time reads tiny, but the host was ahead of the chip, so they are no evidence. The
+    one step measured apart ran the chip longer than its dispatch: no finding."""
+    trace = HandTrace(tmp_path / "behind.tptrace", steps=5, step_ns=12 * MS)
+    line = trace.frame(30)
+    program = trace.program("fused_100_ops", "f32[8,8]", flops=1e6, bytes_accessed=1e6)
+    durations = {0: 40 * MS, 1: 30 * MS + 50_000, 2: 18 * MS + 100_000, 3: 6 * MS + 150_000, 4: 11 * MS}
+    for step in range(5):
+        for index in range(100):
+            trace.op("aten.add.Tensor", "f32[8,8], f32[8,8]", step, dur_ns=100_000, frame=line, program_id=program)
+        trace.execution(program, step, durations[step])
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    assert findings_of(report, "host_bound") == []
+    data = report.results["host_bound"].data
+    assert data.behind_steps == 3
+    assert [step.step for step in data.steps if step.chip_behind] == [1, 2, 3]
+    assert data.median_chip_ns == 11 * MS
+
+
 # -- transfers in the loop ------------------------------------------------------------------------------------
 
 

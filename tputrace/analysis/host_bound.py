@@ -7,6 +7,11 @@ target's roofline time of the programs run, from XLA's FLOPs and bytes (an estim
 most its op's median time (see `strict_times`: the rest of a call's recorded time is the chip running its program or
 waiting for earlier ones). The data also holds that roofline estimate for every trace, to show what the step's work
 would take on the target.
+
+A step whose first program was launched while the chip still ran the previous steps' programs found the host ahead
+of the chip: it is no evidence of a host-bound step, and its busy time is not measured (the watcher sees a queue of
+programs end together when it gets the interpreter lock, so the earlier step's execution holds the later ones' time).
+Such steps are left out of the medians; where every steady step is, nothing is reported.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ class HostStep:
     chip_ns: float
     roofline_estimate_ns: float
     waited_ns: int = 0  # strict mode: the ops' recorded time that was the chip's work, not dispatch
+    chip_behind: bool = False  # its first program was launched before the chip had run the earlier steps' programs
 
 
 @dataclass(frozen=True)
@@ -49,6 +55,16 @@ class HostBoundData:
     median_chip_ns: float | None = None
     median_ops: float | None = None
     median_roofline_estimate_ns: float | None = None
+    behind_steps: int = 0  # steady steps left out of the medians: the chip was behind the host when they began
+
+
+# Per step of the rank: whether its first execution was launched before every earlier execution on its chip ended.
+_BEHIND_SQL = (
+    "SELECT step, MAX(earlier_end > start_ns) FROM (SELECT step, start_ns, ROW_NUMBER() OVER (PARTITION BY chip, step "
+    "ORDER BY start_ns) AS position, MAX(start_ns + dur_ns) OVER (PARTITION BY chip ORDER BY start_ns ROWS BETWEEN "
+    "UNBOUNDED PRECEDING AND 1 PRECEDING) AS earlier_end FROM executions WHERE rank = ? AND dur_ns IS NOT NULL) "
+    "WHERE position = 1 AND earlier_end IS NOT NULL GROUP BY step"
+)
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
@@ -66,6 +82,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         (peak, bandwidth) + tuple(e_params),
     ))
     measured = bool(executed)
+    behind = {step for step, late in trace.sql(_BEHIND_SQL, (context.rank,)) if late} if measured else set()
     strict = strict_steps(context) if not measured else {}
     if not measured:
         o_where, o_params = context.steady_where("o")
@@ -84,16 +101,18 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
             step_dispatch_ns, step_waited_ns = strict[step.step].dispatch_ns, strict[step.step].chip_ns
         step_chip_ns = executed.get(step.step, 0) if measured else roofline.get(step.step, 0.0)
         steps.append(HostStep(step.step, step.dur_ns, step_dispatch_ns, step_ops, step_chip_ns,
-                              roofline.get(step.step, 0.0), step_waited_ns))
+                              roofline.get(step.step, 0.0), step_waited_ns, step.step in behind))
     chip_time = "measured executions" if measured else "target roofline estimate"
+    behind_steps = sum(step.chip_behind for step in steps)
+    all_steps, steps = tuple(steps), [step for step in steps if not step.chip_behind]
     if not steps:
-        return AnalysisResult(NAME, HostBoundData(chip_time=chip_time))
+        return AnalysisResult(NAME, HostBoundData(all_steps, chip_time, behind_steps=behind_steps))
     dispatch_ns = statistics.median(step.dispatch_ns for step in steps)
     chip_ns = statistics.median(step.chip_ns for step in steps)
     ops = statistics.median(step.ops for step in steps)
     roofline_ns = statistics.median(step.roofline_estimate_ns for step in steps)
     waited_ns = statistics.median(step.waited_ns for step in steps)
-    data = HostBoundData(tuple(steps), chip_time, dispatch_ns, chip_ns, ops, roofline_ns)
+    data = HostBoundData(all_steps, chip_time, dispatch_ns, chip_ns, ops, roofline_ns, behind_steps)
     if dispatch_ns <= chip_ns or not ops:
         return AnalysisResult(NAME, data)
     gap_ns = dispatch_ns - chip_ns
