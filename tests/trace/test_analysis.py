@@ -526,6 +526,22 @@ def test_host_bound_steps(tmp_path: Path) -> None:
     assert data.median_dispatch_ns == 10 * MS and data.median_chip_ns == 2 * MS
     assert data.median_roofline_estimate_ns == pytest.approx(1e6 / CHIPS["v6e"].hbm_bandwidth * 1e9)
 
+    assert "On TPU v6e" in finding.explanation and "roofline estimate" in finding.evidence[1].text
+
+
+def test_host_bound_without_xla_costs_projects_nothing(tmp_path: Path) -> None:
+    """Programs without XLA's FLOPs and bytes (an import of a GPU's kernels): no '0 ns on the target' projection."""
+    trace = HandTrace(tmp_path / "gpu.tptrace", steps=5, step_ns=12 * MS)
+    line = trace.frame(30)
+    program = trace.program("ampere_sgemm", "f32[8,8]", flops=0, bytes_accessed=0)
+    for step in range(5):
+        for index in range(100):
+            trace.op("aten.add.Tensor", "f32[8,8], f32[8,8]", step, dur_ns=100_000, frame=line, program_id=program)
+        trace.execution(program, step, 2 * MS)
+    with open_trace(trace.close()) as opened:
+        (finding,) = findings_of(analyze(opened), "host_bound")
+    assert "roofline" not in finding.explanation and "0 ns" not in finding.explanation, finding.explanation
+    assert [evidence.text for evidence in finding.evidence] == ["median step 12.0 ms: dispatch 10.0 ms, chip 2.00 ms"]
 
 def test_host_bound_leaves_out_steps_launched_while_the_chip_was_behind(tmp_path: Path) -> None:
     """Steps 1-3 launch their programs while step 0's still runs, and all end together when the watcher gets the

@@ -123,6 +123,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
     ratio = dispatch_ns / chip_ns if chip_ns else float("inf")
     severity: Severity = "warning" if ratio >= WARNING_RATIO and idle_share >= WARNING_IDLE_SHARE else "info"
     chip_label = "ran" if measured else "would run (target roofline estimate)"
+    evidence = [Evidence(f"median step {format_ns(step_ns)}: dispatch {format_ns(dispatch_ns)}, chip {format_ns(chip_ns)}",
+                         table="ops")]
+    if roofline_ns > 0:
+        evidence.append(Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
+                                 table="programs"))
+    if waited_ns:
+        evidence.append(Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their "
+                                 "programs or waiting for earlier ones, not dispatch (each op counts at most its op's "
+                                 "median time)", table="ops"))
     finding = Finding(
         analyzer=NAME,
         severity=severity,
@@ -133,9 +142,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         explanation=(
             f"In a median steady step the host spent {format_ns(dispatch_ns)} dispatching {ops:.0f} ops "
             f"({format_ns(dispatch_ns / ops)} each) while the chip {chip_label} programs for {format_ns(chip_ns)}: "
-            f"the chip is idle about {idle_share:.0%} of the step waiting for Python. On {context.target.label} "
-            f"the step's programs would take about {format_ns(roofline_ns)} (roofline estimate from XLA's FLOPs "
-            f"and bytes), so the host would dominate even more."
+            f"the chip is idle about {idle_share:.0%} of the step waiting for Python.{_on_target(context, roofline_ns, chip_ns) if measured else ''}"
         ),
         suggestion=(
             "Give the chip more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
@@ -144,13 +151,16 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         ),
         cost_total_ns=float(cost),
         cost_per_step_ns=float(gap_ns),
-        evidence=(
-            Evidence(f"median step {format_ns(step_ns)}: dispatch {format_ns(dispatch_ns)}, chip {format_ns(chip_ns)}",
-                     table="ops"),
-            Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
-                     table="programs"),
-        ) + ((Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their programs "
-                       f"or waiting for earlier ones, not dispatch (each op counts at most its op's median time)",
-                       table="ops"),) if waited_ns else ()),
+        evidence=tuple(evidence),
     )
     return AnalysisResult(NAME, data, (finding,))
+
+
+def _on_target(context: AnalysisContext, roofline_ns: float, chip_ns: float) -> str:
+    """What the step's programs would take on the target, beside the measured chip time, where the trace has XLA's
+    costs for them (an import of another device's capture has none)."""
+    if roofline_ns <= 0:
+        return ""
+    outcome = "so the host would dominate even more" if roofline_ns < chip_ns else "so the chip's share would grow"
+    return (f" On {context.target.label} the step's programs would take about {format_ns(roofline_ns)} (roofline "
+            f"estimate from XLA's FLOPs and bytes), {outcome}.")
