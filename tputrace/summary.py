@@ -6,6 +6,7 @@ Both renderers draw the same `Section`s, so they always show the same facts.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass
@@ -66,6 +67,9 @@ class RunSummary:
     imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
     collectives_without_bytes: frozenset[str] = frozenset()  # kinds whose bytes the (imported) capture does not have
     device_ops: bool = False  # the ops are XLA ops' device times (an XProf import), not host dispatch
+    # An imported log's compiles by their own ids (tlparse's `0/1`), longest first, and the compiles that failed.
+    top_compiles: tuple[CompileEntry, ...] = ()
+    compile_failures: tuple[CompileEntry, ...] = ()
 
     @property
     def measured_on(self) -> str:
@@ -102,6 +106,47 @@ def forked_processes(trace: Trace) -> tuple[ForkedProcess, ...]:
     return tuple(forked)
 
 
+@dataclass(frozen=True)
+class CompileEntry:
+    """One compile as an imported log names it: its id, what it compiled, where, how long, and what it notes."""
+
+    compile_id: str
+    name: str
+    source: SourceLocation | None
+    dur_ns: int
+    notes: str
+    failure: str | None = None  # what failed (`BackendCompilerFailed: ...`), for a compile that did
+
+
+def compile_entries(trace: Trace, rank: int) -> list[CompileEntry]:
+    """The compiles of `rank` whose capture gave them ids (a `TORCH_TRACE` log's, torch.profiler's), in time order,
+    each with its notes: a recompile, a failure and its reason, a compile cache hit, a restart."""
+    entries = []
+    for name_sid, frame_id, dur_ns, reason, text in trace.sql(
+        "SELECT name_sid, frame_id, dur_ns, reason, detail FROM compiles WHERE rank = ? AND detail LIKE '%\"compile_id\"%' "
+        "ORDER BY start_ns, id", (rank,)):
+        try:
+            detail = json.loads(text or "{}")
+        except ValueError:
+            continue
+        if not isinstance(detail, dict):
+            continue
+        notes = ["recompile"] if reason == "recompile" else []
+        failure = None
+        if detail.get("fail_type") or detail.get("compile_failed"):
+            failure = ": ".join(str(part) for part in (detail.get("fail_type"), detail.get("fail_reason")) if part)
+            notes.append(f"failed ({failure or '?'})")
+        cache = detail.get("cache")
+        if isinstance(cache, dict):
+            notes += [f"{'FX graph' if kind == 'fx_graph' else 'AOTAutograd'} cache {outcome}"
+                      for kind, outcome in sorted(cache.items(), reverse=True)]
+        if detail.get("attempt"):
+            notes.append(f"attempt {detail['attempt']}")
+        entries.append(CompileEntry(str(detail["compile_id"]) or "-", trace.string(name_sid) or "?",
+                                    trace.frame(frame_id), int(dur_ns or 0), ", ".join(notes), failure))
+    return entries
+
+
 def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSummary:
     """The summary of `rank` (default: rank 0, or the first rank) of `trace`."""
     chosen_rank = trace.run.rank if rank is None else rank
@@ -114,6 +159,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     ranking = rank_ops(trace, chosen_rank, chip)
     projected = projected_steps(trace, chosen_rank, chip)
     facts = import_facts(trace, chosen_rank)
+    entries = compile_entries(trace, chosen_rank) if trace.meta.get("imported") else []
     return RunSummary(
         trace_path=str(trace.path),
         rank=chosen_rank,
@@ -144,6 +190,8 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         device_ops=facts is not None and facts.format == "xplane",
         collectives_without_bytes=frozenset(kind for (kind,) in trace.sql(
             "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
+        top_compiles=tuple(sorted(entries, key=lambda entry: -entry.dur_ns)[:top]),
+        compile_failures=tuple(entry for entry in entries if entry.failure is not None),
     )
 
 
@@ -292,6 +340,24 @@ def sections(summary: RunSummary) -> list[Section]:
                 f"recompiles: {compiles.recompiles} of {plural(compiles.count, 'compile')}, "
                 f"{format_ns(compiles.recompile_ns)} of {format_ns(compiles.total_ns)}",
                 lines=tuple(recompile_lines),
+            )
+        )
+    if summary.top_compiles:
+        result.append(
+            Section(
+                f"compiles by id, longest first ({len(summary.top_compiles)} of {compiles.count})",
+                ("id", "compiled", "at", "time", "notes"),
+                tuple((entry.compile_id, printable(entry.name), _where(entry.source), format_ns(entry.dur_ns),
+                       entry.notes or "-") for entry in summary.top_compiles),
+                (False, False, False, True, False),
+            )
+        )
+    if summary.compile_failures:
+        result.append(
+            Section(
+                f"compile failures: {len(summary.compile_failures)}",
+                lines=tuple(f"{entry.compile_id} {printable(entry.name)} at {_where(entry.source)}: {entry.failure or '?'}"
+                            for entry in summary.compile_failures),
             )
         )
     if summary.top_syncs:

@@ -345,3 +345,9 @@ def test_torch_trace_recompiles_are_a_finding_by_what_changed(tmp_path: Path) ->
     assert finding.file == str(script) and finding.line in (def_line - 1, def_line)
     assert "the size of x, dim 0 (5 recompiles)" in finding.title and "the value of n (3 recompiles)" in finding.title
     assert "mark_dynamic" in finding.suggestion and "pass it as a tensor" in finding.suggestion
+    # Its cost was measured on the machine the log was made on, which the report names as the capture's.
+    from tputrace.analysis.render import report_lines
+
+    costs = [line.text for line in report_lines(report) if line.text.startswith("cost ≈")]
+    assert any(text.endswith(f"(measured on the capture's host) · at {script}:{finding.line}") for text in costs), costs
+    assert not any("measured on this host" in text for text in costs), costs

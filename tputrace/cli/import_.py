@@ -33,6 +33,8 @@ def run(args: argparse.Namespace) -> int:
     check_output(Path(args.output), TRACE, inputs=[Path(path) for path in args.paths], force=args.force)
     with writing("-o", args.output):
         result = import_captures(args.paths, args.output)
+    for warning in result.warnings:
+        print(f"tputrace: warning: {warning}", file=sys.stderr)
     for line in result.lines():
         print(line, file=sys.stdout)
     return 0

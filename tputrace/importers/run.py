@@ -22,6 +22,7 @@ class ImportResult:
     output: Path
     captures: list[Capture]
     rows: int
+    warnings: tuple[str, ...] = ()  # one line each, for stderr
 
     def lines(self) -> list[str]:
         kinds = ", ".join(f"{capture.format} {capture.path}" for capture in self.captures)
@@ -51,7 +52,7 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
         if collecting:
             gc.enable()
         partial.unlink(missing_ok=True)
-    return ImportResult(output, captures, sink.rows)
+    return ImportResult(output, captures, sink.rows, tuple(sink.warnings))
 
 
 def _by_process(captures: list[Capture]) -> list[list[Capture]]:

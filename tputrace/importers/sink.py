@@ -55,6 +55,7 @@ class ImportSink:
         self.writer = writer
         self.sources: list[dict[str, Any]] = []
         self.rows = 0
+        self.warnings: list[str] = []  # what the user should know of the import (lines skipped), one line each
         self._since_commit = 0
 
     @property
@@ -71,6 +72,10 @@ class ImportSink:
     def note(self, rank: int, **facts: Any) -> None:
         """Add facts to a rank's provenance entry (e.g. the device the capture was made on)."""
         self.sources[rank].update(facts)
+
+    def warn(self, message: str) -> None:
+        """Say something about a capture once, after the import (e.g. how many damaged lines were skipped)."""
+        self.warnings.append(message)
 
     def append(self, table: str, row: tuple[Any, ...]) -> None:
         self.writer.append(table, row)

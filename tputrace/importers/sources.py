@@ -15,6 +15,9 @@ TORCH_TRACE = "torch_trace"
 CHROME_JSON = "torch_profiler_json"
 
 _HEAD_BYTES = 512
+# A TORCH_TRACE record's glog prefix (`V1206 15:24:45.403000 1667746 torch/_dynamo/utils.py:1045] {`), whatever the
+# file's name (`.log`, `.txt`), on one of its first lines.
+_TORCH_TRACE_HEAD = re.compile(rb"(?m)^[VIWEF]\d{4} \d\d:\d\d:\d\d(\.\d+)? +\d+ [^\]\n]*\] \{")
 
 
 class CaptureError(TputraceError):
@@ -66,13 +69,15 @@ def _detect(path: Path, *, strict: bool) -> str | None:
     if name.endswith(".xplane.pb"):
         return XPLANE
     head = _head(path)
-    if name.endswith(".log") and head.startswith((b"V", b"I", b"W")) and b"] {" in head:
+    if _TORCH_TRACE_HEAD.search(head):
         return TORCH_TRACE
     if name.endswith((".json", ".json.gz")) and b"traceEvents" in head:
         # XProf writes a `*.trace.json.gz` beside each `xplane.pb`: the same events, read from the latter.
         if not strict and _in_xplane_folder(path):
             return None
         return CHROME_JSON
+    if strict and not head:
+        raise CaptureError(f"{path} is empty")
     if strict:
         raise CaptureError(f"{path}: not an xplane.pb, TORCH_TRACE log or torch.profiler JSON trace")
     return None

@@ -3,12 +3,16 @@
 Each record is a glog prefix and a JSON envelope on one line, its payload (when `has_payload`) on the
 tab-indented lines after it. Read line by line: payloads are kept only for the records used.
 - `compilation_metrics` -> a `compiles` row (kind `dynamo_frame`, the compiled code object's first line
-  as its frame, `recompile_reason` as the diff) and a `programs` row (kind `compiled`, its graph's ops);
-- `dynamo_graph_break_reason` artifacts -> `graph_breaks` rows at the user frame that broke the graph;
+  as its frame, `recompile_reason` or the `recompile_reasons` artifact as the diff, the FX graph and
+  AOTAutograd cache outcomes in its detail) and a `programs` row (kind `compiled`, its graph's ops);
+- `dynamo_graph_break_reason` artifacts -> `graph_breaks` rows at the user frame that broke the graph (a log
+  without them: a break at the line each resume function `torch_dynamo_resume_in_<fn>_at_<line>` names);
 - TorchTPU's `torchtpu_eager_aten_graph` artifacts -> `compiles` rows of kind `fused` (one per eager
   flush batch: `cache_hit`, `compile_failed` and `reason` in its detail); cache hits are not compiles
   and are counted in `meta.imported` only.
-Times come from `compilation_metrics.start_time`; a graph break takes the start of its compile.
+A compile's time is its metrics' `start_time_us`/`duration_us` (`start_time`/`entire_frame_compile_time_s`),
+else its `dynamo` chromium event's, else the glog times of its `dynamo_start` and metrics records. A graph
+break takes the start of its compile. A line that is not a record is skipped, counted, and warned about once.
 """
 
 from __future__ import annotations
@@ -21,16 +25,20 @@ from typing import Any
 
 from tputrace.importers.sink import ImportSink, RankClock
 from tputrace.importers.sources import TORCH_TRACE, CaptureError
+from tputrace.importers.torch_trace_text import (
+    ENVELOPE,
+    GraphBreak,
+    first_sentence,
+    glog_seconds,
+    graph_break,
+    is_library,
+    recompile_diff,
+    resumed_break,
+)
 
-_ENVELOPE = re.compile(r"^[VIWEF]\d{4} [\d:.]+ +\d+ [^\]]*\] (\{.*\})\s*$")
-_USER_FRAME = re.compile(r'^\s*File "(.*)", line (\d+), in (.*)$')
-_BREAK_AT = re.compile(r"Graph break in user code at (.*):(\d+)")
-_REASON_LINE = "Graph Break Reason: "
-# A preamble that says Dynamo gave up on the whole function (it runs eagerly, no graph), and what the reason says.
-_SKIPPED = "Skipping the function and falling back to eager"
-_SKIPPED_NOTE = "; the function runs eagerly"
-# One failed guard of a `recompile_reason`: `0/1: <guard>  # <source line>  # <short path>:<line> in <fn>`.
-_GUARD_COMMENT = re.compile(r"^(\d+/\d+: .*?)\s+#\s*(.*?)\s+#\s*\S+:\d+ in \S+\s*$")
+_CACHE_ARTIFACT = re.compile(r"^(fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
+# Records whose payload is read: graph breaks, recompile reasons (a JSON list), chromium events (`dynamo` spans).
+_PAYLOAD_ARTIFACTS = ("dynamo_graph_break_reason", "recompile_reasons")
 
 
 @dataclass
@@ -39,22 +47,17 @@ class _Compile:
     name: str
     file: str | None
     line: int | None
-    start_s: float
-    dur_s: float
+    start_s: float | None  # Unix seconds, where the metrics say
+    dur_s: float | None
     graph_ops: int | None
     recompile_reason: str | None
     kind: str = "dynamo_frame"
     detail: dict[str, Any] = field(default_factory=dict)
     frame_function: str | None = None  # the frame's function where it is not the compiled code's own
-
-
-@dataclass
-class _GraphBreak:
-    compile_id: str
-    reason: str
-    file: str | None
-    line: int | None
-    function: str
+    span: list[float | None] = field(default_factory=lambda: [None, None])  # its `dynamo` chromium event (Unix s)
+    clock: tuple[float | None, float | None] = (None, None)  # glog times of its dynamo_start and metrics records
+    caller: tuple[str, str | None, int | None] | None = None  # the innermost user frame of its dynamo_start stack
+    restart_reasons: list[str] = field(default_factory=list)
 
 
 class TorchTraceImporter:
@@ -67,128 +70,250 @@ class TorchTraceImporter:
         self.into = into
         self.rank = sink.new_rank(TORCH_TRACE, str(path)) if into is None else into.rank
         self.compiles: list[_Compile] = []
-        self.breaks: list[_GraphBreak] = []
+        self.breaks: list[GraphBreak] = []
         self.eager_cache_hits = 0
         self.pid: int | None = None
         self.process_rank: int | None = None  # the process's rank in torch.distributed, where it had one
         self.paths: dict[int, str] = {}  # the log's interned file names (`{"str": [path, index]}`)
         self.frame_code: dict[str, tuple[str, str | None, int | None]] = {}  # frame id -> its code's name, file, line
-        self.caller: dict[str, tuple[str, str, int]] = {}  # compile id -> the innermost user frame of its stack
+        self.caller: dict[str, tuple[str, str | None, int | None]] = {}  # compile id -> the innermost user frame
+        # of its dynamo_start stack, until its metrics
+        self.skipped_lines = 0
+        self.first_skipped: int | None = None
+        self.clock = 0.0  # the glog time of the record being read
+        self.clock_offset: float | None = None  # Unix time less glog time, from the first record that has both
+        self.started: dict[str, float] = {}  # compile id -> glog time of its latest dynamo_start
+        self.begun: dict[str, float] = {}  # compile id -> Unix time its latest `dynamo` chromium span began
+        self.caches: dict[str, dict[str, list[str]]] = {}  # compile id -> cache -> outcomes, until its metrics
+        self.reasons: dict[str, str] = {}  # compile id -> its `recompile_reasons` artifact, until its metrics
 
     def run(self) -> None:
         records = 0
         with self.path.open("r", encoding="utf-8", errors="replace") as stream:
             envelope: dict[str, Any] | None = None
+            clock = 0.0
             payload: list[str] = []
             for number, text in enumerate(stream, 1):
-                if text.startswith("\t"):
+                if text.startswith("\t") or not text.strip():
                     if envelope is not None and self._wants_payload(envelope):
-                        payload.append(text[1:].rstrip("\n"))
+                        payload.append(text[1:].rstrip("\n") if text.startswith("\t") else "")
                     continue
                 if envelope is not None:
+                    self.clock = clock
                     self._record(envelope, payload)
-                envelope, payload = self._envelope(text, number), []
+                envelope, payload = None, []
+                parsed = self._envelope(text, number)
+                if parsed is None:
+                    self.skipped_lines += 1
+                    self.first_skipped = self.first_skipped or number
+                    continue
+                envelope, clock = parsed
                 records += 1
                 if self.pid is None:
                     self.pid = _pid(text)
                 if self.process_rank is None and isinstance(envelope.get("rank"), int):
                     self.process_rank = envelope["rank"]
             if envelope is not None:
+                self.clock = clock
                 self._record(envelope, payload)
         if records == 0:
-            raise CaptureError(f"{self.path} holds no TORCH_TRACE records")
+            raise CaptureError(f"{self.path}: not a TORCH_TRACE log (no line is a glog prefix and a JSON object)"
+                               if self.skipped_lines else f"{self.path} holds no TORCH_TRACE records")
+        if self.skipped_lines:
+            self.sink.warn(f"{self.path}: skipped {self.skipped_lines} line(s) that are not TORCH_TRACE records "
+                           f"(the first at line {self.first_skipped})")
         self._write()
 
-    def _envelope(self, text: str, number: int) -> dict[str, Any]:
-        match = _ENVELOPE.match(text)
+    def _envelope(self, text: str, number: int) -> tuple[dict[str, Any], float] | None:
+        """A record line's envelope and glog time; None for a line that is not a record (or a damaged one)."""
+        match = ENVELOPE.match(text)
         if match is None and not text.endswith("\n"):
             raise CaptureError(f"{self.path}:{number}: truncated (its last record is cut off)")
         if match is None:
-            raise CaptureError(f"{self.path}:{number}: not a TORCH_TRACE record (a glog prefix and a JSON object)")
+            return None
         try:
-            value = json.loads(match.group(1))
-        except json.JSONDecodeError as error:
-            raise CaptureError(f"{self.path}:{number}: damaged TORCH_TRACE record ({error.msg})") from None
-        if not isinstance(value, dict):
-            raise CaptureError(f"{self.path}:{number}: damaged TORCH_TRACE record (not a JSON object)")
-        return value
+            value = json.loads(match.group(7))
+        except json.JSONDecodeError:
+            return None
+        return (value, glog_seconds(match)) if isinstance(value, dict) else None
 
     @staticmethod
     def _wants_payload(envelope: dict[str, Any]) -> bool:
+        if "chromium_event" in envelope:
+            return True
         artifact = envelope.get("artifact")
-        return isinstance(artifact, dict) and artifact.get("name") == "dynamo_graph_break_reason"
+        return isinstance(artifact, dict) and artifact.get("name") in _PAYLOAD_ARTIFACTS
 
     def _record(self, envelope: dict[str, Any], payload: list[str]) -> None:
-        compile_id = f"{envelope.get('frame_id')}/{envelope.get('frame_compile_id')}"
+        compile_id = _compile_id(envelope)
         interned = envelope.get("str")
         if isinstance(interned, list) and len(interned) == 2 and isinstance(interned[1], int):
             self.paths[interned[1]] = str(interned[0])
             return
+        if "chromium_event" in envelope:
+            self._chromium_event(payload)
+            return
         start = envelope.get("dynamo_start")
         if isinstance(start, dict):
-            self._dynamo_start(str(envelope.get("frame_id")), compile_id, start)
+            self.started[compile_id] = self.clock
+            self._dynamo_start(_frame_of(compile_id), compile_id, start)
             return
         metrics = envelope.get("compilation_metrics")
         if isinstance(metrics, dict):
-            detail = {key: metrics[key] for key in ("guard_count", "fail_type", "cache_size")
-                      if metrics.get(key) is not None}
-            if metrics.get("fail_reason"):
-                # Its first line says what failed ("Dynamo recompile limit exceeded"); the rest is hints.
-                detail["fail_reason"] = str(metrics["fail_reason"]).strip().splitlines()[0]
-            reason = metrics.get("recompile_reason")
-            self.compiles.append(_Compile(
-                compile_id=str(metrics.get("compile_id") or compile_id),
-                name=str(metrics.get("co_name") or "?"),
-                file=metrics.get("co_filename"),
-                line=metrics.get("co_firstlineno"),
-                start_s=float(metrics.get("start_time") or 0.0),
-                dur_s=float(metrics.get("entire_frame_compile_time_s") or 0.0),
-                graph_ops=metrics.get("graph_op_count"),
-                recompile_reason=_recompile_diff(reason) if isinstance(reason, str) and reason else None,
-                detail=detail,
-            ))
-            if metrics.get("co_name"):
-                self.frame_code[_frame_of(self.compiles[-1].compile_id)] = (
-                    str(metrics["co_name"]), metrics.get("co_filename"), metrics.get("co_firstlineno"))
+            self._metrics(envelope, compile_id, metrics)
             return
         artifact = envelope.get("artifact")
         if not isinstance(artifact, dict):
             return
-        name = artifact.get("name")
-        if name == "dynamo_graph_break_reason":
-            self.breaks.append(_graph_break(compile_id, payload))
+        name = str(artifact.get("name"))
+        cache = _CACHE_ARTIFACT.match(name)
+        if cache:
+            self.caches.setdefault(compile_id, {}).setdefault(cache.group(1), []).append(cache.group(2))
+        elif name == "recompile_reasons":
+            self.reasons[compile_id] = _reason_list(payload)
+        elif name == "dynamo_graph_break_reason":
+            self.breaks.append(graph_break(compile_id, payload))
         elif name == "torchtpu_eager_aten_graph":
             if artifact.get("cache_hit"):
                 self.eager_cache_hits += 1
                 return
             self.compiles.append(_Compile(
                 compile_id=compile_id, name=str(artifact.get("op_name") or "eager batch"), file=None, line=None,
-                start_s=0.0, dur_s=0.0, graph_ops=None, recompile_reason=artifact.get("reason") or None, kind="fused",
-                detail={"compile_failed": bool(artifact.get("compile_failed")), "reason": artifact.get("reason")},
+                start_s=None, dur_s=0.0, graph_ops=None, recompile_reason=artifact.get("reason") or None,
+                kind="fused", detail={"compile_failed": bool(artifact.get("compile_failed")),
+                                      "reason": artifact.get("reason")},
             ))
+
+    def _metrics(self, envelope: dict[str, Any], compile_id: str, metrics: dict[str, Any]) -> None:
+        """One `compilation_metrics` record: a Dynamo frame compile."""
+        if envelope.get("frame_id") is None and metrics.get("compile_id"):
+            compile_id = str(metrics["compile_id"])
+        detail: dict[str, Any] = {key: metrics[key] for key in ("guard_count", "fail_type", "cache_size")
+                                  if metrics.get(key) is not None}
+        if metrics.get("fail_reason"):
+            # What failed ("Dynamo recompile limit exceeded", "backend='x' raised: RuntimeError: ..."); the rest
+            # is a traceback or hints.
+            detail["fail_reason"] = first_sentence(str(metrics["fail_reason"]))
+        if metrics.get("fail_user_frame_filename") and metrics.get("fail_user_frame_lineno"):
+            detail["fail_at"] = f"{metrics['fail_user_frame_filename']}:{metrics['fail_user_frame_lineno']}"
+        if isinstance(envelope.get("attempt"), int) and envelope["attempt"] > 0:
+            detail["attempt"] = envelope["attempt"]
+        restarts = [first_sentence(str(reason)).strip("'\"") for reason in metrics.get("restart_reasons") or []]
+        if restarts:
+            detail["restart_reasons"] = restarts
+        caches = self.caches.pop(compile_id, {})
+        if caches:
+            detail["cache"] = {cache: ", ".join(dict.fromkeys(outcomes)) for cache, outcomes in caches.items()}
+            outcomes = [outcome for values in caches.values() for outcome in values]
+            if "hit" in outcomes and "miss" not in outcomes:
+                detail["loaded_from_disk"] = True
+        reason = metrics.get("recompile_reason") or self.reasons.pop(compile_id, None)
+        start_s, dur_s = _metrics_times(metrics)
+        if self.clock_offset is None and start_s is not None and dur_s is not None:
+            self.clock_offset = start_s + dur_s - self.clock  # the metrics are written as the compile ends
+        item = _Compile(
+            compile_id=compile_id,
+            name=str(metrics.get("co_name") or "?"),
+            file=metrics.get("co_filename"),
+            line=metrics.get("co_firstlineno"),
+            start_s=start_s,
+            dur_s=dur_s,
+            graph_ops=metrics.get("graph_op_count"),
+            recompile_reason=recompile_diff(reason) if isinstance(reason, str) and reason else None,
+            detail=detail,
+            span=[self.begun.pop(compile_id, None), None],
+            clock=(self.started.pop(compile_id, None), self.clock),
+            restart_reasons=restarts,
+            caller=self.caller.pop(compile_id, None),
+        )
+        if not metrics.get("co_name") and envelope.get("frame_id") is None:
+            # A compile outside Dynamo (AOTInductor's `aoti_compile_and_package`): named by the call the user's
+            # code made, at that line.
+            entries = self._stack(envelope.get("stack"))
+            user = _innermost_user(entries)
+            if user is not None:
+                item.kind, item.caller = "aot", entries[user]
+                item.name = entries[user + 1][0] if user + 1 < len(entries) else "compile"
+        self.compiles.append(item)
+        if metrics.get("co_name"):
+            self.frame_code[_frame_of(compile_id)] = (
+                str(metrics["co_name"]), metrics.get("co_filename"), metrics.get("co_firstlineno"))
+
+    def _chromium_event(self, payload: list[str]) -> None:
+        """A `dynamo` chromium event: where a compile's metrics have no times, its span gives them."""
+        if not any('"dynamo"' in line for line in payload[:4]):
+            return
+        try:
+            event = json.loads("\n".join(payload))
+        except json.JSONDecodeError:
+            return
+        if not isinstance(event, dict) or not isinstance(event.get("ts"), (int, float)):
+            return
+        ts = float(event["ts"]) / 1e6
+        if self.clock_offset is None:
+            self.clock_offset = ts - self.clock
+        if event.get("name") != "dynamo":
+            return
+        args = event.get("args")
+        compile_id = str(args.get("compile_id")) if isinstance(args, dict) else "None"
+        phase = event.get("ph")
+        if phase in ("B", "X"):
+            self.begun[compile_id] = ts
+        if phase in ("E", "X"):
+            end = ts + float(event.get("dur") or 0.0) / 1e6 if phase == "X" else ts
+            for item in reversed(self.compiles):
+                if item.compile_id == compile_id and item.span[1] is None:
+                    item.span[1] = end
+                    break
+            else:
+                if phase == "X":  # its metrics come after it
+                    self.begun[compile_id] = ts
 
     def _dynamo_start(self, frame: str, compile_id: str, start: dict[str, Any]) -> None:
         """The code object a compile starts on (the last entry of `dynamo_start`'s stack), and the innermost frame
-        of the user's code on that stack."""
-        stack = start.get("stack")
-        if not isinstance(stack, list) or not stack:
+        of the user's code on that stack (kept for the compile's metrics, as ids repeat after `dynamo.reset()`)."""
+        entries = self._stack(start.get("stack"))
+        if not entries:
             return
+        self.frame_code.setdefault(frame, entries[-1])
+        user = _innermost_user(entries)
+        if user is not None:
+            self.caller[compile_id] = entries[user]
+
+    def _stack(self, stack: Any) -> list[tuple[str, str | None, int | None]]:
+        """A record's stack as (function, file, line), outermost first; file names interned by `str` records."""
+        if not isinstance(stack, list):
+            return []
         entries = []
         for entry in stack:
             if not isinstance(entry, dict):
-                return
+                return []
             filename = entry.get("filename")
             file = self.paths.get(filename) if isinstance(filename, int) else filename if isinstance(filename, str) \
                 else None
             line = entry.get("line")
             entries.append((str(entry.get("name") or "?"), file, line if isinstance(line, int) else None))
-        self.frame_code.setdefault(frame, entries[-1])
-        user = [(name, file, line) for name, file, line in entries if file and line and not _is_library(file)]
-        if user:
-            self.caller[compile_id] = user[-1]
+        return entries
+
+    def _times(self, item: _Compile) -> tuple[float | None, float]:
+        """A compile's start (Unix s, or the glog clock where the log has no Unix time at all) and duration."""
+        begin, end = item.span
+        started, ended = item.clock
+        offset = self.clock_offset or 0.0
+        start = item.start_s
+        if start is None:
+            start = begin if begin is not None else started + offset if started is not None else None
+        dur = item.dur_s
+        if dur is None:
+            if begin is not None and end is not None:
+                dur = end - begin
+            elif started is not None and ended is not None:
+                dur = ended - started
+        return start, max(dur or 0.0, 0.0)
 
     def _write(self) -> None:
         writer = self.sink.writer
+        timed: list[tuple[_Compile, float | None, float]] = []
         for item in self.compiles:
             # A compile that failed before tracing (e.g. the recompile limit was hit) names no code object: it is
             # the one its frame's other compiles name.
@@ -196,12 +321,12 @@ class TorchTraceImporter:
                 item.name, item.file, item.line = self.frame_code[_frame_of(item.compile_id)]
             # A compiled nn.Module's code object is torch's own wrapper: its place is the user's line that
             # called the module.
-            caller = self.caller.get(item.compile_id)
-            if item.file and _is_library(item.file) and caller:
-                item.frame_function, item.file, item.line = caller
-        starts = [item.start_s for item in self.compiles if item.start_s > 0]
+            if item.caller and (not item.file or is_library(item.file)):
+                item.frame_function, item.file, item.line = item.caller
+            timed.append((item, *self._times(item)))
+        starts = [start for _, start, _ in timed if start is not None]
         start_s = min(starts) if starts else 0.0
-        end_s = max((item.start_s + item.dur_s for item in self.compiles if item.start_s > 0), default=start_s)
+        end_s = max((start + dur for _, start, dur in timed if start is not None), default=start_s)
         if self.into is None:
             writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], pid=self.pid,
                            platform="cpu", chips=0, start_unix_ns=int(start_s * 1e9), end_ns=int((end_s - start_s) * 1e9))
@@ -209,12 +334,17 @@ class TorchTraceImporter:
         else:
             start_s = self.into.start_unix_ns / 1e9
             self.sink.note(self.rank, torch_trace=str(self.path), eager_cache_hits=self.eager_cache_hits)
+        if self.skipped_lines:
+            self.sink.note(self.rank, skipped_lines=self.skipped_lines)
         steps = self.into.steps if self.into is not None else None
-        if self.process_rank is not None:
-            self.sink.note(self.rank, distributed_rank=self.process_rank)
+        # torch names a distributed process's log `dedicated_log_torch_trace_rank_N_*.log`; its records carry `rank`.
+        named = re.search(r"_rank_(\d+)", self.path.name)
+        distributed_rank = int(named.group(1)) if named else self.process_rank
+        if distributed_rank is not None:
+            self.sink.note(self.rank, distributed_rank=distributed_rank)
         start_of: dict[str, int] = {}
-        for item in self.compiles:
-            start_ns = int((item.start_s - start_s) * 1e9) if item.start_s > 0 else 0
+        for item, start, dur in timed:
+            start_ns = int((start - start_s) * 1e9) if start is not None else 0
             start_of[item.compile_id] = start_ns
             frame_id = (writer.frame(item.file, int(item.line), item.frame_function or item.name)
                         if item.file and item.line else None)
@@ -226,85 +356,76 @@ class TorchTraceImporter:
             diff_sid = writer.intern(item.recompile_reason) if item.recompile_reason else None
             detail = json.dumps({"compile_id": item.compile_id, **item.detail}, sort_keys=True)
             self.sink.append("compiles", (writer.next_id("compiles"), self.rank, program_id, item.kind, name_sid, None,
-                                          -1, start_ns, int(item.dur_s * 1e9), frame_id,
+                                          -1, start_ns, int(dur * 1e9), frame_id,
                                           steps.step_at(start_ns) if steps else 0, reason, diff_sid, detail))
-        for item in self.breaks:
-            frame_id = writer.frame(item.file, item.line, item.function) if item.file and item.line else None
-            t_ns = start_of.get(item.compile_id, 0)
-            self.sink.append("graph_breaks", (self.rank, writer.intern(item.reason), frame_id, t_ns,
+        for brk in self.breaks or self._resumed_breaks():
+            frame_id = writer.frame(brk.file, brk.line, brk.function) if brk.file and brk.line else None
+            t_ns = start_of.get(brk.compile_id, 0)
+            self.sink.append("graph_breaks", (self.rank, writer.intern(brk.reason), frame_id, t_ns,
                                               steps.step_at(t_ns) if steps else 0))
 
-
-def _graph_break(compile_id: str, payload: list[str]) -> _GraphBreak:
-    """The reason and user frame of one `dynamo_graph_break_reason` payload: the innermost frame of the user's code
-    in its traceback; where the break is in a library's code (torch's optimizer), the reason names that place."""
-    reason = ""
-    file: str | None = None
-    line: int | None = None
-    function = ""
-    frames: list[tuple[str, int, str]] = []
-    in_user_traceback = False
-    for index, text in enumerate(payload):
-        at = _BREAK_AT.search(text)
-        if at and file is None:
-            file, line = at.group(1), int(at.group(2))
-        if text.startswith(_REASON_LINE) and not reason:
-            reason = text[len(_REASON_LINE):].strip()
-            if not reason or reason.endswith(":"):
-                # A preamble ("Encountered graph break when attempting to trace CALL: ...:", "Failed to handle
-                # graph break gracefully. Skipping the function ...:"): the reason proper is the next line.
-                rest = [part.strip() for part in payload[index + 1:index + 4] if part.strip()]
-                skipped = _SKIPPED in reason
-                reason = rest[0] if rest else reason
-                if skipped:
-                    reason += _SKIPPED_NOTE
-        if text.startswith("User code traceback:"):
-            in_user_traceback = True
-        elif in_user_traceback:
-            frame = _USER_FRAME.match(text)
-            if frame:
-                frames.append((frame.group(1), int(frame.group(2)), frame.group(3)))
-            elif not text.startswith(" "):
-                in_user_traceback = False
-    reason = reason or "graph break"
-    if frames:
-        file, line, function = frames[-1]
-        users = [frame for frame in frames if not _is_library(frame[0])]
-        if users and users[-1] != frames[-1]:
-            reason += f" (in {Path(file).name}:{line}, {function})"
-            file, line, function = users[-1]
-    return _GraphBreak(compile_id, reason, file, line, function)
+    def _resumed_breaks(self) -> list[GraphBreak]:
+        """For a log that writes no `dynamo_graph_break_reason` (torch before 2.5): a break at the line each resume
+        function names, its reason the restart reason of the function's compile that broke, where it has one."""
+        breaks = []
+        for index, item in enumerate(self.compiles):
+            found = resumed_break(item.compile_id, item.name, item.file)
+            if found is None:
+                continue
+            # The compile that broke: the latest before it of the function or of a frame resumed in it.
+            resumed = f"torch_dynamo_resume_in_{found.function}_at_"
+            broken = [other for other in self.compiles[:index]
+                      if other.name == found.function or other.name.startswith(resumed)]
+            if broken and broken[-1].restart_reasons:
+                found.reason = broken[-1].restart_reasons[0]
+            breaks.append(found)
+        return breaks
 
 
-def _recompile_diff(reason: str) -> str:
-    """A `recompile_reason` as one line per failed guard: the guard, then the source line and place it guards
-    (from the guard's comment and the "User stack trace" after it, whose path is not shortened)."""
-    guards: list[list[str]] = []
-    lines = reason.splitlines()
-    for index, text in enumerate(lines):
-        match = _GUARD_COMMENT.match(text)
-        if match:
-            guards.append([match.group(1), match.group(2)])
-        elif re.match(r"^\d+/\d+: ", text):
-            guards.append([text.strip(), ""])
-        elif guards and text.strip() == "User stack trace:":
-            frames = [_USER_FRAME.match(line) for line in lines[index + 1:]]
-            place = next((frame for frame in reversed(frames) if frame), None)
-            if place and guards[-1][1]:
-                guards[-1][1] += f" at {place.group(1)}:{place.group(2)} in {place.group(3)}"
-    if not guards:
-        return reason.strip()
-    return "\n".join(f"{guard} ({source})" if source else guard for guard, source in guards)
+def _compile_id(envelope: dict[str, Any]) -> str:
+    """The id tlparse shows a record's compile by: `frame/compile`, after `!N/` for compiled autograd's graph N;
+    empty for a record of no Dynamo frame."""
+    if envelope.get("frame_id") is None:
+        return ""
+    compile_id = f"{envelope.get('frame_id')}/{envelope.get('frame_compile_id')}"
+    autograd = envelope.get("compiled_autograd_id")
+    return f"!{autograd}/{compile_id}" if autograd is not None else compile_id
 
 
-def _is_library(file: str) -> bool:
-    """Whether a file is an installed library's (torch's among them), not the user's code."""
-    return any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
+def _innermost_user(entries: list[tuple[str, str | None, int | None]]) -> int | None:
+    """The index of the innermost frame of the user's code on a stack (None: none is the user's)."""
+    users = [index for index, (_, file, line) in enumerate(entries) if file and line and not is_library(file)]
+    return users[-1] if users else None
+
+
+def _metrics_times(metrics: dict[str, Any]) -> tuple[float | None, float | None]:
+    """A compile's start (Unix s) and duration from its metrics, where they have them."""
+    start = metrics.get("start_time_us")
+    start_s = start / 1e6 if isinstance(start, (int, float)) else metrics.get("start_time")
+    end = metrics.get("end_time_us")
+    if not isinstance(metrics.get("duration_us"), (int, float)) and isinstance(start, (int, float)) and isinstance(end, (int, float)):
+        return start / 1e6, (end - start) / 1e6
+    for key, scale in (("duration_us", 1e-6), ("entire_frame_compile_time_s", 1.0),
+                       ("dynamo_cumulative_compile_time_us", 1e-6)):
+        if isinstance(metrics.get(key), (int, float)):
+            return (float(start_s) if isinstance(start_s, (int, float)) else None), float(metrics[key]) * scale
+    return (float(start_s) if isinstance(start_s, (int, float)) else None), None
+
+
+def _reason_list(payload: list[str]) -> str:
+    """A `recompile_reasons` artifact's failed guards (a JSON list of strings), one a line."""
+    try:
+        value = json.loads("\n".join(payload))
+    except json.JSONDecodeError:
+        return "\n".join(payload)
+    return "\n".join(str(item) for item in value) if isinstance(value, list) else str(value)
 
 
 def _frame_of(compile_id: str) -> str:
-    """The frame of a compile id (`2/3` -> `2`, ignoring a restart's `_N` suffix)."""
-    return compile_id.split("/", 1)[0].lstrip("[")
+    """The frame of a compile id (`2/3` -> `2`, ignoring a restart's `_N` suffix; `!0/2/3` -> `!0/2`, a frame of
+    compiled autograd's graph 0)."""
+    parts = compile_id.lstrip("[").split("/")
+    return "/".join(parts[:2]) if parts[0].startswith("!") else parts[0]
 
 
 def log_pid(path: Path) -> int | None:
