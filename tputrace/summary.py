@@ -331,7 +331,7 @@ def sections(summary: RunSummary) -> list[Section]:
         for group in summary.top_recompiles:
             recompile_lines.append(
                 f"{group.count}× {group.name or '?'} ({group.reason or '?'}), {format_ns(group.total_ns)}, "
-                f"first in step {group.first_step} at {_where(group.source)}"
+                f"first {f'in step {group.first_step} ' if summary.step_count else ''}at {_where(group.source)}"
             )
             if group.diff:
                 recompile_lines.append(f"   changed: {group.diff}")

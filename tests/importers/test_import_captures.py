@@ -351,3 +351,6 @@ def test_torch_trace_recompiles_are_a_finding_by_what_changed(tmp_path: Path) ->
     costs = [line.text for line in report_lines(report) if line.text.startswith("cost ≈")]
     assert any(text.endswith(f"(measured on the capture's host) · at {script}:{finding.line}") for text in costs), costs
     assert not any("measured on this host" in text for text in costs), costs
+    plain = report.to_dict()
+    assert plain["median_step_basis"] == "measured on the capture's host"
+    assert {item["cost_basis"] for item in plain["findings"]} == {"measured on the capture's host"}

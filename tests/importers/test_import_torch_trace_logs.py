@@ -304,3 +304,12 @@ def test_a_directory_of_rank_logs_is_one_trace_with_each_rank(tmp_path: Path,
     assert sorted({row.rank for row in trace.records("compiles")}) == [0, 1, 2]
     text = _summary(tmp_path / "imported.tptrace", capsys, "--rank", "1")
     assert "rank 1 of 3" in text and "3 compiles" in text
+
+
+def test_recompiles_of_a_log_without_steps_are_placed_at_their_line_only(captures: dict[str, Path], tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """A TORCH_TRACE log has no steps: its summary's recompiles say where they first happened, not "in step 0"."""
+    _import(tmp_path, _log(captures))
+    text = _summary(tmp_path / "imported.tptrace", capsys)
+    recompiles = text[text.index("recompiles:"):].split("\n\n")[0]
+    assert ", first at " in recompiles and "in step" not in recompiles, recompiles

@@ -33,9 +33,10 @@ from tputrace.analysis import (
 )
 from tputrace.analysis.chips import Chip, chip
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
+from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.imported import ImportFacts, import_facts
 from tputrace.analysis.target import target_of
+from tputrace.derived.imported_sources import measured_on
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 
@@ -102,7 +103,9 @@ class Report:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        """Plain data for JSON: the target's figures, the run's steps, ranked findings, analyzer data."""
+        """Plain data for JSON: the target's figures, the run's steps, ranked findings, analyzer data. An imported
+        capture's measured times say which device measured them."""
+        basis = f"measured on {measured_on(self.imported.device if self.imported else None)}"
         return {
             "trace": self.trace_path,
             "target": {**self.target.describe(), "is_default": self.target_is_default},
@@ -110,12 +113,13 @@ class Report:
             "ranks": self.ranks,
             "steps": self.step_count,
             "median_step_ns": self.median_step_ns,
-            "median_step_basis": "measured on this host",
+            "median_step_basis": basis,
             "projected_median_step_ns": self.projected_median_step_ns,
             "projection": PROJECTION_NOTE,
             "wall_ns": self.wall_ns,
             "costs_are_estimates": True,
-            "findings": [asdict(finding) for finding in self.findings],
+            "findings": [{**asdict(finding), "cost_basis": basis if finding.cost_basis == MEASURED_ON_HOST else finding.cost_basis}
+                         for finding in self.findings],
             "results": {name: result.plain_data() for name, result in self.results.items()},
             "imported": self.imported.plain_data() if self.imported else None,
             "recording_window": self.recording_window.plain_data() if self.recording_window else None,
