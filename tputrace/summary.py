@@ -227,7 +227,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on {summary.measured_on} · "
                               f"{format_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"))
     if summary.imported_device is not None:
-        lines.append(("note", _imported_note(summary.imported_device, projected is not None)))
+        lines.append(("note", _imported_note(summary.imported_device, projected is not None, summary.device_ops)))
     elif run.platform == "cpu":
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
@@ -241,13 +241,20 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
 DEVICE_OPS_LABEL = "device op time"
 
 
-def _imported_note(device: str, projected: bool) -> str:
+def _imported_note(device: str, projected: bool, device_ops: bool = False) -> str:
     """What an imported rank's times are: measured on the capture's device; a TPU's projected only from XLA's costs."""
     if device == "tpu":
         return "the times are the capture's, measured on its TPU"
-    return (f"the times are the capture's, measured on its {device}, not a TPU's; "
+    where = f"its {device}" if device_ops or not _host_ops_beside(device) else f"its host (ops) and its {device} (kernels)"
+    return (f"the times are the capture's, measured on {where}, not a TPU's; "
             + ("chip time on a TPU is projected from its programs' XLA costs" if projected
                else "it has no XLA costs, so no TPU time is projected from it"))
+
+
+def _host_ops_beside(device: str | None) -> bool:
+    """Whether an imported rank's ops are host dispatch timed on the host beside the device its kernels ran on (a
+    GPU's torch.profiler capture), not on the device itself."""
+    return device not in (None, "cpu", "host", "tpu")
 
 
 def sections(summary: RunSummary) -> list[Section]:
@@ -261,7 +268,9 @@ def sections(summary: RunSummary) -> list[Section]:
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
-            f"top ops by {DEVICE_OPS_LABEL if summary.device_ops else HOST_DISPATCH_LABEL}, measured on {summary.measured_on}"
+            f"top ops by {DEVICE_OPS_LABEL if summary.device_ops else HOST_DISPATCH_LABEL}, measured on "
+            + (measured_on("host") if _host_ops_beside(summary.imported_device) and not summary.device_ops
+               else summary.measured_on)
             + (f" · {CHIP_SHARE_LABEL}, projected for {summary.op_target} by a roofline" if summary.op_target else ""),
             ("op", "calls", op_label, "share", CHIP_SHARE_LABEL),
             tuple(

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.analysis.imported import import_facts
 from tputrace.analysis.op_facts import dispatch_by_step
 from tputrace.analysis.strict_times import strict_steps
 from tputrace.wording import format_ns
@@ -104,6 +105,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
     ratio = dispatch_ns / chip_ns if chip_ns else float("inf")
     severity: Severity = "warning" if ratio >= WARNING_RATIO and idle_share >= WARNING_IDLE_SHARE else "info"
     chip_label = "ran" if measured else "would run (target roofline estimate)"
+    # A capture without XLA's costs (a GPU's or a CPU's torch.profiler trace) projects no time for the target.
+    projection = (f" On {context.target.label} the step's programs would take about {format_ns(roofline_ns)} (roofline "
+                  "estimate from XLA's FLOPs and bytes), so the host would dominate even more." if roofline_ns > 0 else "")
+    facts = import_facts(trace, context.rank)
+    compile_text = ("`torch.compile(model)` (on a GPU, `mode=\"reduce-overhead\"` also replays the step as CUDA graphs)"
+                    if facts is not None and facts.device not in ("tpu", "host") else
+                    "`torch.compile(model, backend=\"tpu\")`")
     finding = Finding(
         analyzer=NAME,
         severity=severity,
@@ -114,13 +122,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         explanation=(
             f"In a median steady step the host spent {format_ns(dispatch_ns)} dispatching {ops:.0f} ops "
             f"({format_ns(dispatch_ns / ops)} each) while the chip {chip_label} programs for {format_ns(chip_ns)}: "
-            f"the chip is idle about {idle_share:.0%} of the step waiting for Python. On {context.target.label} "
-            f"the step's programs would take about {format_ns(roofline_ns)} (roofline estimate from XLA's FLOPs "
-            f"and bytes), so the host would dominate even more."
+            f"the chip is idle about {idle_share:.0%} of the step waiting for Python.{projection}"
         ),
         suggestion=(
             "Give the chip more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
-            "`foreach`/fused optimizers), or compile the step with `torch.compile(model, backend=\"tpu\")` so Python "
+            f"`foreach`/fused optimizers), or compile the step with {compile_text} so Python "
             "dispatches one graph instead of each op."
         ),
         cost_total_ns=float(cost),
@@ -128,9 +134,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         evidence=(
             Evidence(f"median step {format_ns(step_ns)}: dispatch {format_ns(dispatch_ns)}, chip {format_ns(chip_ns)}",
                      table="ops"),
-            Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
-                     table="programs"),
-        ) + ((Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their programs "
+        ) + ((Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
+                       table="programs"),) if roofline_ns > 0 else ()) + ((Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their programs "
                        f"or waiting for earlier ones, not dispatch (each op counts at most its op's median time)",
                        table="ops"),) if waited_ns else ()),
     )

@@ -15,6 +15,9 @@ TORCH_TRACE = "torch_trace"
 CHROME_JSON = "torch_profiler_json"
 
 _HEAD_BYTES = 512
+# Top-level keys a torch.profiler trace starts with: Kineto writes its header (`schemaVersion`, `deviceProperties`,
+# `distributedInfo` with a process group's every rank, ...) before `traceEvents`, which may come kilobytes later.
+_PROFILER_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"')
 
 
 class CaptureError(TputraceError):
@@ -68,11 +71,15 @@ def _detect(path: Path, *, strict: bool) -> str | None:
     head = _head(path)
     if name.endswith(".log") and head.startswith((b"V", b"I", b"W")) and b"] {" in head:
         return TORCH_TRACE
-    if name.endswith((".json", ".json.gz")) and b"traceEvents" in head:
+    json_object = name.endswith((".json", ".json.gz")) and head.lstrip().startswith(b"{")
+    if json_object and any(key in head for key in _PROFILER_KEYS):
         # XProf writes a `*.trace.json.gz` beside each `xplane.pb`: the same events, read from the latter.
         if not strict and _in_xplane_folder(path):
             return None
         return CHROME_JSON
+    if json_object and b'"nodes"' in head and b'"schema"' in head and strict:
+        raise CaptureError(f"{path}: a PyTorch execution trace (ExecutionTraceObserver), not a torch.profiler trace; "
+                           "import the torch.profiler trace recorded with it")
     if strict:
         raise CaptureError(f"{path}: not an xplane.pb, TORCH_TRACE log or torch.profiler JSON trace")
     return None
