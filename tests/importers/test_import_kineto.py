@@ -68,6 +68,10 @@ def _gpu_events(first_step: int = 5, steps: int = 2, *, runtime: str = "cuda") -
             _x("cuda_runtime", stream_sync, s + 816, 74.0, correlation=correlation + 4),
             _x("cuda_runtime", device_sync, s + 950, 40.0, correlation=correlation + 5),
         ]
+        if index == 0:  # launched at the end of the step, run during the next: CUDA's Kineto writes the kernel first
+            late = [_x("cuda_runtime", launch, s + 1990, 5.0, correlation=999),
+                    _x("kernel", "late_kernel", s + 2010, 30.0, pid=0, tid=7, device=0, stream=7, correlation=999)]
+            device += late[::-1] if runtime == "cuda" else late
     cpu.append(_x("cpu_op", "aten::zeros", T0 + steps * 2000.0 + 100, 100.0))  # after the last step: the capture ends later
     return metadata + cpu + device
 
@@ -144,8 +148,8 @@ def test_foreign_json_and_an_execution_trace_are_one_line_errors(tmp_path: Path,
 
 
 def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Kernels and copies are executions on the GPU with their measured times, in their step (the capture's end is its
-    last event's, not its last step's); the all-reduce is one
+    """Kernels and copies are executions on the GPU with their measured times, in the step that launched them (the
+    capture's end is its last event's, not its last step's); the all-reduce is one
     collective per call, timed by its NCCL kernel, with its bytes from the element count and dtype (not a second
     row from NCCL's `nccl:all_reduce` enqueue range); the stream sync inside `.item()` and the device synchronize are
     host syncs at the user's line; the rank is `distributedInfo`'s."""
@@ -168,7 +172,9 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
     assert [(row.step, row.dur_ns, row.chip) for row in sgemm] == [(5, 40_000, 0), (6, 40_000, 0)]
     assert Counter(programs[row.program_id].split("(ncclDev")[0] for row in executions) == {
         "ampere_sgemm_64x32_sliced1x4_nn": 2, "ncclDevKernel_AllReduce_Sum_f32_RING_LL": 2,
-        "Memcpy DtoH (Device -> Pageable)": 2}
+        "Memcpy DtoH (Device -> Pageable)": 2, "late_kernel": 1}
+    assert [(row.step, row.start_ns) for row in executions if programs[row.program_id] == "late_kernel"] == [
+        (5, 2_010_000)]
     assert [(row.kind, row.bytes, row.dtype, row.dur_ns, row.step) for row in collectives] == [
         ("all_reduce", 4 << 20, "float", 500_000, 5), ("all_reduce", 4 << 20, "float", 500_000, 6)]
     assert collectives[0].bus_bandwidth == pytest.approx((4 << 20) * 2 * 7 / 8 / 500e-6)
@@ -196,7 +202,8 @@ def test_amd_and_mtia_captures_use_their_own_names(tmp_path: Path) -> None:
                   "amd.tptrace")
     with tputrace.open(amd) as trace:
         assert Counter(sync.kind for sync in trace.records("syncs")) == {"item": 2, "synchronize": 2}
-        assert json.loads(trace.meta["imported"])[0]["device"] == "gpu" and trace.count("executions") == 6
+        assert json.loads(trace.meta["imported"])[0]["device"] == "gpu" and trace.count("executions") == 7
+        assert [row.step for row in trace.records("executions") if row.start_ns == 2_010_000] == [5]
     events = [
         _x("cpu_op", "aten::linear", T0, 100.0),
         _x("mtia_runtime", "runFunction - job_prep_and_submit_for_execution", T0 + 10, 20.0, correlation=1),

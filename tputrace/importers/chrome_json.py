@@ -120,6 +120,7 @@ class ChromeJsonImporter:
         devices: set[int] = set()
         trailing: set[int] = set()  # the starts of steps in windows that hold nothing else
         self.device_kinds: set[str] = set()
+        self.runtime = False  # the capture has a device runtime's calls
         for (path, _, _, markers, user_frames, offset_us, comms_source), origin in zip(windows, origins):
             self.path = path
             self.start_us = origin
@@ -139,7 +140,8 @@ class ChromeJsonImporter:
         for number, step_start_ns, step_end_ns in steps:
             self.sink.append("steps", (self.rank, number, step_start_ns, step_end_ns,
                                        "end" if step_start_ns in trailing else "imported"))
-        device = (min(self.device_kinds) if self.device_kinds else "gpu") if devices else "cpu"
+        # A GPU's runtime calls without kernels (CUPTI's range profiler replaces them) are still a GPU's capture.
+        device = (min(self.device_kinds) if self.device_kinds else "gpu") if devices or self.runtime else "cpu"
         self.sink.note(self.rank, device=device)
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
 
@@ -253,6 +255,7 @@ class ChromeJsonImporter:
         nesting = Nesting(self._compile)
         categories = kineto.CATEGORIES
         sync_op_kinds = kineto.SYNC_OP_KINDS
+        launches = kineto.LaunchSteps(self._kernel_rows)
         comms = self.comms
         for events in event_lists(self.path, parse_float=self.parse_float):
             ops: list[tuple[Any, ...]] = []
@@ -322,12 +325,19 @@ class ChromeJsonImporter:
                     if not _STEP.match(name):
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
-                    devices.add(self._kernel(name, event, start_ns, dur_ns, step))
-                elif category == "cuda_runtime" and name in kineto.SYNC_CALLS:
-                    tid = event.get("tid")
-                    self._sync(self._sync_kind(tid, ts, ts + dur), start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
+                    devices.add(self._kernel(name, event, start_ns, dur_ns, step, launches))
+                elif category == "cuda_runtime":
+                    self.runtime = True
+                    args = event.get("args")
+                    if args.__class__ is dict and "correlation" in args:
+                        launches.launch(args["correlation"], step)
+                    if name in kineto.SYNC_CALLS:
+                        tid = event.get("tid")
+                        self._sync(self._sync_kind(tid, ts, ts + dur), start_ns, dur_ns, step,
+                                   frame_of(innermost(ts, tid) or ""))
             extend("ops", ops)
             extend("annotations", annotations)
+        launches.finish()
         ops = []
         nesting.close_all(ops)
         extend("ops", ops)
@@ -358,7 +368,10 @@ class ChromeJsonImporter:
     def _ns(self, ts_us: float) -> int:
         return int(round((ts_us - self.start_us) * 1000))
 
-    def _kernel(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> int:
+    def _kernel(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int,
+                launches: kineto.LaunchSteps) -> int:
+        """A kernel's (or a device copy's) `programs` row; its execution (and collective) rows in the step of its
+        launch (see `kineto.LaunchSteps`). The device it ran on."""
         program_id = self.kernel_programs.get(name)
         if program_id is None:
             program_id = self.kernel_programs[name] = self.writer.next_id("programs")
@@ -367,10 +380,14 @@ class ChromeJsonImporter:
                                           None, None))
         args = _args(event)
         chip = int(args.get("device", 0) or 0)
+        launches.kernel(args.get("correlation"), (program_id, chip, args, start_ns, dur_ns), step)
+        return chip
+
+    def _kernel_rows(self, kernel: tuple[int, int, dict[str, Any], int, int], step: int) -> None:
+        program_id, chip, args, start_ns, dur_ns = kernel
         self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
         if self.comms == "kernel" and kineto.COLLECTIVE_ARG in args:
             self._comms(args, start_ns, dur_ns, step, None)
-        return chip
 
     def _comms(self, args: dict[str, Any], start_ns: int, dur_ns: int, step: int, frame_id: int | None) -> None:
         """A `collectives` row from the args Kineto gives an NCCL kernel or a `record_param_comms` op."""

@@ -18,7 +18,7 @@ CATEGORIES = {
     "mtia_ccp_events": "kernel", "mtia_runtime": "cuda_runtime",
 }
 # Categories whose device ops ran on a device other than a GPU: category -> the device's name.
-DEVICE_OF_CATEGORY = {"mtia_ccp_events": "mtia"}
+DEVICE_OF_CATEGORY = {"mtia_ccp_events": "mtia", "mtia_runtime": "mtia"}
 
 # Runtime calls that block the host until the device has done the work before them (CUDA runtime and driver, HIP, MTIA).
 SYNC_CALLS = frozenset((
@@ -74,8 +74,9 @@ def bus_bandwidth(kind: str, nbytes: int | None, dur_ns: int, group_size: int | 
     return nbytes * factor / (dur_ns / 1e9)
 
 
-# A timestamp written with more digits than a double holds: Kineto's nanosecond `ts` in microseconds
-# (`1712195495519689.047`), whose last digits a float loses (its step there is 0.25 µs).
+# A timestamp written with more digits than a double holds: Kineto's nanosecond `ts` in microseconds since the
+# Unix epoch (`1712195495519689.047`), whose last digits a float loses (its step there is 0.25 µs). Times on a
+# monotonic clock (`4458676524648.797`, 13 digits) lose under 2 ns and are read as floats.
 _EXACT_TS = re.compile(r'"ts"\s*:\s*(\d{13,})\.(\d+)')
 
 
@@ -83,7 +84,7 @@ def exact_offset(head: str) -> int | None:
     """The whole microseconds to subtract from every timestamp of a file whose first `ts` (in `head`) has more
     digits than a float keeps, so that they keep their nanoseconds; None for a file whose times a float holds."""
     match = _EXACT_TS.search(head)
-    if match is None or len(match.group(1)) + min(len(match.group(2)), 3) < 16:
+    if match is None or len(match.group(1)) < 14:  # below 10^13 µs a float's step is under 2 ns
         return None
     # About a second before that `ts`: the file's times stay small, and none of its events' lands on 0, the time of
     # metadata events, which a start must skip.
@@ -106,3 +107,49 @@ def exact_floats(offset_us: int) -> Callable[[str], float]:
 
 def exact_or_float(offset_us: int | None) -> Callable[[str], float]:
     return float if offset_us is None else exact_floats(offset_us)
+
+
+_WAITING_KEPT = 1 << 16
+
+
+class LaunchSteps:
+    """Puts each kernel in the step of the runtime call that launched it (`cudaLaunchKernel`, `hipLaunchKernel`,
+    matched by their `correlation`), not the step during which the device ran it: the GPU runs a step's work
+    while the host goes on to the next. Kineto writes a kernel next to its launch (CUDA: just before it; ROCm: a
+    few dozen events after), so only the unmatched of each are kept, the latest 2^16; a kernel whose launch is not
+    found is in the step during which it ran."""
+
+    def __init__(self, emit: Callable[[Any, int], None]) -> None:
+        self.emit = emit  # writes a kernel's rows in a step
+        self.launches: dict[Any, int] = {}  # correlation -> the launch's step, for kernels still to come
+        self.waiting: dict[Any, tuple[Any, int]] = {}  # correlation -> (kernel, the step it ran in)
+
+    def kernel(self, correlation: Any, kernel: Any, step: int) -> None:
+        if correlation is None:
+            self.emit(kernel, step)
+            return
+        launched = self.launches.pop(correlation, None)
+        if launched is not None:
+            self.emit(kernel, launched)
+            return
+        self.waiting[correlation] = (kernel, step)
+        if len(self.waiting) > _WAITING_KEPT:
+            for key in list(self.waiting)[:_WAITING_KEPT // 2]:
+                self.emit(*self.waiting.pop(key))
+
+    def launch(self, correlation: Any, step: int) -> None:
+        waiting = self.waiting.pop(correlation, None)
+        if waiting is not None:
+            self.emit(waiting[0], step)
+            return
+        self.launches[correlation] = step
+        if len(self.launches) > _WAITING_KEPT:
+            for key in list(self.launches)[:_WAITING_KEPT // 2]:
+                del self.launches[key]
+
+    def finish(self) -> None:
+        """Write the kernels whose launch never came, in the step they ran in."""
+        for kernel, step in self.waiting.values():
+            self.emit(kernel, step)
+        self.waiting.clear()
+        self.launches.clear()
