@@ -192,6 +192,11 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
     report = capsys.readouterr().out
     assert "measured on the capture's gpu" in report and "measured on this host" not in report
     assert "roofline" not in report and 'backend="tpu"' not in report and "torch.tpu" not in report
+    assert main(["report", str(output), "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["median_step_basis"] == "measured on the capture's gpu"
+    assert "measured on the capture's gpu" in {finding["cost_basis"] for finding in data["findings"]}
+    assert "measured on this host" not in json.dumps(data)
 
 
 def test_amd_and_mtia_captures_use_their_own_names(tmp_path: Path) -> None:

@@ -33,9 +33,10 @@ from tputrace.analysis import (
 )
 from tputrace.analysis.chips import Chip, chip
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
+from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.imported import ImportFacts, import_facts
 from tputrace.analysis.target import target_of
+from tputrace.derived.imported_sources import measured_on
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 
@@ -101,6 +102,13 @@ class Report:
                 return result.data
         return None
 
+    def _finding_data(self, finding: Finding) -> dict[str, Any]:
+        """A finding as plain data; an imported capture's measured costs say on which device they were measured."""
+        data = asdict(finding)
+        if self.imported is not None and finding.cost_basis == MEASURED_ON_HOST:
+            data["cost_basis"] = f"measured on {measured_on(self.imported.device)}"
+        return data
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON: the target's figures, the run's steps, ranked findings, analyzer data."""
         return {
@@ -110,12 +118,12 @@ class Report:
             "ranks": self.ranks,
             "steps": self.step_count,
             "median_step_ns": self.median_step_ns,
-            "median_step_basis": "measured on this host",
+            "median_step_basis": f"measured on {measured_on(self.imported.device if self.imported else None)}",
             "projected_median_step_ns": self.projected_median_step_ns,
             "projection": PROJECTION_NOTE,
             "wall_ns": self.wall_ns,
             "costs_are_estimates": True,
-            "findings": [asdict(finding) for finding in self.findings],
+            "findings": [self._finding_data(finding) for finding in self.findings],
             "results": {name: result.plain_data() for name, result in self.results.items()},
             "imported": self.imported.plain_data() if self.imported else None,
             "recording_window": self.recording_window.plain_data() if self.recording_window else None,
