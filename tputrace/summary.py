@@ -9,11 +9,11 @@ from __future__ import annotations
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
-from tputrace.derived.imported_sources import measured_on
+from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
@@ -66,6 +66,7 @@ class RunSummary:
     imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
     collectives_without_bytes: frozenset[str] = frozenset()  # kinds whose bytes the (imported) capture does not have
     device_ops: bool = False  # the ops are XLA ops' device times (an XProf import), not host dispatch
+    captured_on: str | None = None  # an imported capture's device name and torch.distributed rank
 
     @property
     def measured_on(self) -> str:
@@ -142,6 +143,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         imported=bool(trace.meta.get("imported")),
         imported_device=facts.device if facts is not None else None,
         device_ops=facts is not None and facts.format == "xplane",
+        captured_on=_captured_on(imported_source(trace, chosen_rank) if facts is not None else None),
         collectives_without_bytes=frozenset(kind for (kind,) in trace.sql(
             "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
     )
@@ -188,6 +190,17 @@ def no_device_ops_text(op_count: int, compile_count: int, *, imported: bool, err
     return NO_DEVICE_OPS_BEFORE_ERROR_TEXT if error else NO_DEVICE_OPS_TEXT
 
 
+def _captured_on(source: dict[str, Any] | None) -> str | None:
+    """What an imported capture says of its process: its device's name and its torch.distributed rank
+    (`NVIDIA A100-SXM4-80GB, distributed rank 3 of 8`)."""
+    if not source:
+        return None
+    rank, world = source.get("distributed_rank"), source.get("distributed_world_size")
+    parts = [str(source["device_name"]) if source.get("device_name") else None,
+             (f"distributed rank {rank}" + (f" of {world}" if world is not None else "")) if rank is not None else None]
+    return ", ".join(part for part in parts if part) or None
+
+
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     """(label, text) lines above the sections: what ran, how it ended, where the time went overall."""
     run = summary.run
@@ -216,7 +229,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     loaded = f"; {compiles.loaded_from_disk} loaded from the compile cache" if compiles.loaded_from_disk else ""
     totals = f"{plural(summary.op_count, 'op')} · {plural(compiles.count, 'compile')} ({plural(compiles.recompiles, 'recompile')}{loaded})"
     lines = [
-        ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
+        ("run", " · ".join(part for part in (command, ranks, machine, summary.captured_on, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
     ]
     window = summary.recording_window

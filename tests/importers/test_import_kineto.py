@@ -188,10 +188,12 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
     summary = capsys.readouterr().out
     assert "measured on its host (ops) and its gpu (kernels), not a TPU's" in summary and "projected for" not in summary
     assert "top ops by host dispatch (excl. flushes/compiles), measured on the capture's host" in summary
+    assert "gpu, 1 chip · NVIDIA A100-SXM4-80GB, distributed rank 3 of 8 ·" in summary.splitlines()[0]
     assert main(["report", str(output)]) == 0
     report = capsys.readouterr().out
     assert "measured on the capture's gpu" in report and "measured on this host" not in report
     assert "roofline" not in report and 'backend="tpu"' not in report and "torch.tpu" not in report
+    assert "Host sync" in report and "pending op" not in report
     assert main(["report", str(output), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["median_step_basis"] == "measured on the capture's gpu"

@@ -224,7 +224,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     evidence = (
         context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {each}", frame_id, table="syncs"),
         *((context.evidence_at(f"read inside the library at {library}", library_frame_id, table="syncs"),) if library else ()),
-        Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),
+        # An imported capture does not say what a sync forced to run.
+        *((Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),)
+          if facts is None else ()),
     )
     return Finding(
         analyzer=NAME,
