@@ -59,6 +59,7 @@ def _gpu_events(first_step: int = 5, steps: int = 2, *, runtime: str = "cuda") -
                correlation=correlation),
             {"ph": "s", "id": correlation, "pid": 100, "tid": 100, "ts": s + 20, "cat": "ac2g", "name": "ac2g"},
             {"ph": "f", "id": correlation, "pid": 0, "tid": 7, "ts": s + 30, "cat": "ac2g", "name": "ac2g", "bp": "e"},
+            _x("cuda_runtime", launch, s + 103, 5.0, correlation=correlation + 1),
             _x("kernel", "ncclDevKernel_AllReduce_Sum_f32_RING_LL(ncclDevComm*, unsigned long, ncclWork*)", s + 200,
                NCCL_US, pid=0, tid=20, device=0, stream=20, correlation=correlation + 1, **COMMS),
             _x("gpu_user_annotation", "nccl:all_reduce", s + 199, NCCL_US + 2, pid=0, tid=20),
@@ -152,7 +153,7 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
     capture's end is its last event's, not its last step's); the all-reduce is one
     collective per call, timed by its NCCL kernel, with its bytes from the element count and dtype (not a second
     row from NCCL's `nccl:all_reduce` enqueue range); the stream sync inside `.item()` and the device synchronize are
-    host syncs at the user's line; the rank is `distributedInfo`'s."""
+    host syncs at the user's line (as is the collective, at its kernel's launch); the rank is `distributedInfo`'s."""
     output = _import(tmp_path, _write(tmp_path / "rank3.pt.trace.json.gz", _kineto_document(_gpu_events())))
     with tputrace.open(output) as trace:
         executions = list(trace.records("executions"))
@@ -178,6 +179,7 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
     assert [(row.kind, row.bytes, row.dtype, row.dur_ns, row.step) for row in collectives] == [
         ("all_reduce", 4 << 20, "float", 500_000, 5), ("all_reduce", 4 << 20, "float", 500_000, 6)]
     assert collectives[0].bus_bandwidth == pytest.approx((4 << 20) * 2 * 7 / 8 / 500e-6)
+    assert {(Path(row.source.file).name, row.source.line) for row in collectives if row.source} == {("train.py", 10)}
     assert Counter((sync.kind, sync.dur_ns, sync.step) for sync in syncs) == {
         ("item", 74_000, 5): 1, ("synchronize", 40_000, 5): 1, ("item", 74_000, 6): 1, ("synchronize", 40_000, 6): 1}
     assert {(Path(sync.source.file).name, sync.source.line) for sync in syncs if sync.source} == {("train.py", 10)}

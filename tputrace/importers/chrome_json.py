@@ -5,10 +5,13 @@ decoding): the capture's start (the earliest `ts`), its `ProfilerStep#N` ranges 
 frames (only those events are decoded); where the text does not have the expected shape it decodes the
 events instead. The second decodes the events a block at a time and writes rows. `cpu_op` events ->
 `ops` (shapes from `Input type`/`Input Dims`, frame the innermost enclosing user `python_function`: only
-the user's frames, not the libraries'); `kernel`/`gpu_memcpy`/`gpu_memset` events -> `programs` (one per
-kernel name, kind `kernel`) and `executions` on the device (`args.device`); `[memory]` events -> `memory`
-samples (`Total Allocated`, running peak) on `Device Id`; `python_function` events -> `annotations` of
-origin `python` with their frame; `user_annotation` events -> `annotations` of origin `record_function`.
+the user's frames, not the libraries'); `kernel`/`gpu_memcpy`/`gpu_memset` events (and other devices' and
+older Kineto's names for them, see `kineto`) -> `programs` (one per kernel name, kind `kernel`) and
+`executions` on the device (`args.device`) in their launch's step; NCCL kernels and `record_param_comms`
+ops whose args name a collective -> `collectives`; runtime calls that block the host -> `syncs`;
+`[memory]` events -> `memory` samples (`Total Allocated`, running peak) on `Device Id`; `python_function`
+events -> `annotations` of origin `python` with their frame; `user_annotation` events -> `annotations` of
+origin `record_function`.
 """
 
 from __future__ import annotations
@@ -330,7 +333,7 @@ class ChromeJsonImporter:
                     self.runtime = True
                     args = event.get("args")
                     if args.__class__ is dict and "correlation" in args:
-                        launches.launch(args["correlation"], step)
+                        launches.launch(args["correlation"], step, (ts, event.get("tid")))
                     if name in kineto.SYNC_CALLS:
                         tid = event.get("tid")
                         self._sync(self._sync_kind(tid, ts, ts + dur), start_ns, dur_ns, step,
@@ -383,11 +386,14 @@ class ChromeJsonImporter:
         launches.kernel(args.get("correlation"), (program_id, chip, args, start_ns, dur_ns), step)
         return chip
 
-    def _kernel_rows(self, kernel: tuple[int, int, dict[str, Any], int, int], step: int) -> None:
+    def _kernel_rows(self, kernel: tuple[int, int, dict[str, Any], int, int], step: int,
+                     launched_at: tuple[float, Any] | None) -> None:
+        """A kernel's `executions` row, and an NCCL kernel's `collectives` row at the user's frame around its launch."""
         program_id, chip, args, start_ns, dur_ns = kernel
         self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
         if self.comms == "kernel" and kineto.COLLECTIVE_ARG in args:
-            self._comms(args, start_ns, dur_ns, step, None)
+            frame_name = self.user_frames.innermost(*launched_at) if launched_at is not None else None
+            self._comms(args, start_ns, dur_ns, step, self._frame(frame_name) if frame_name else None)
 
     def _comms(self, args: dict[str, Any], start_ns: int, dur_ns: int, step: int, frame_id: int | None) -> None:
         """A `collectives` row from the args Kineto gives an NCCL kernel or a `record_param_comms` op."""

@@ -115,34 +115,35 @@ _WAITING_KEPT = 1 << 16
 class LaunchSteps:
     """Puts each kernel in the step of the runtime call that launched it (`cudaLaunchKernel`, `hipLaunchKernel`,
     matched by their `correlation`), not the step during which the device ran it: the GPU runs a step's work
-    while the host goes on to the next. Kineto writes a kernel next to its launch (CUDA: just before it; ROCm: a
-    few dozen events after), so only the unmatched of each are kept, the latest 2^16; a kernel whose launch is not
-    found is in the step during which it ran."""
+    while the host goes on to the next; and gives it where the launch was made (its time and thread, for the user's
+    frame around it). Kineto writes a kernel next to its launch (CUDA: just before it; ROCm: a few dozen events
+    after), so only the unmatched of each are kept, the latest 2^16; a kernel whose launch is not found is in the
+    step during which it ran."""
 
-    def __init__(self, emit: Callable[[Any, int], None]) -> None:
-        self.emit = emit  # writes a kernel's rows in a step
-        self.launches: dict[Any, int] = {}  # correlation -> the launch's step, for kernels still to come
+    def __init__(self, emit: Callable[[Any, int, Any], None]) -> None:
+        self.emit = emit  # writes a kernel's rows in a step, with where it was launched (None: not known)
+        self.launches: dict[Any, tuple[int, Any]] = {}  # correlation -> the launch's step and place
         self.waiting: dict[Any, tuple[Any, int]] = {}  # correlation -> (kernel, the step it ran in)
 
     def kernel(self, correlation: Any, kernel: Any, step: int) -> None:
         if correlation is None:
-            self.emit(kernel, step)
+            self.emit(kernel, step, None)
             return
         launched = self.launches.pop(correlation, None)
         if launched is not None:
-            self.emit(kernel, launched)
+            self.emit(kernel, *launched)
             return
         self.waiting[correlation] = (kernel, step)
         if len(self.waiting) > _WAITING_KEPT:
             for key in list(self.waiting)[:_WAITING_KEPT // 2]:
-                self.emit(*self.waiting.pop(key))
+                self.emit(*self.waiting.pop(key), None)
 
-    def launch(self, correlation: Any, step: int) -> None:
+    def launch(self, correlation: Any, step: int, where: Any) -> None:
         waiting = self.waiting.pop(correlation, None)
         if waiting is not None:
-            self.emit(waiting[0], step)
+            self.emit(waiting[0], step, where)
             return
-        self.launches[correlation] = step
+        self.launches[correlation] = (step, where)
         if len(self.launches) > _WAITING_KEPT:
             for key in list(self.launches)[:_WAITING_KEPT // 2]:
                 del self.launches[key]
@@ -150,6 +151,6 @@ class LaunchSteps:
     def finish(self) -> None:
         """Write the kernels whose launch never came, in the step they ran in."""
         for kernel, step in self.waiting.values():
-            self.emit(kernel, step)
+            self.emit(kernel, step, None)
         self.waiting.clear()
         self.launches.clear()
