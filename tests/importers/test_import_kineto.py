@@ -261,3 +261,22 @@ def test_older_kinetos_category_names(tmp_path: Path) -> None:
         assert [sync.kind for sync in trace.records("syncs")] == ["synchronize"]
         source = json.loads(trace.meta["imported"])[0]
     assert (source["device"], source["distributed_rank"]) == ("gpu", 1)
+
+
+def test_the_raw_text_scan_reads_a_kineto_file_as_decoding_does(tmp_path: Path) -> None:
+    """The first pass's scan of raw text and its fallback that decodes every event agree on a GPU capture: its start
+    (not the metadata's ts 0), steps, user frames, the header fields after the events and where its collectives
+    are described."""
+    from tputrace.importers.chrome_json import ChromeJsonImporter
+    from tputrace.importers.sink import ImportSink
+    from tputrace.store.writer import TraceWriter
+
+    path = _write(tmp_path / "rank3.json", _kineto_document(_gpu_events()))
+    importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), [path])
+    scanned: tuple[dict[str, Any], set[str]] = ({}, set())
+    decoded: tuple[dict[str, Any], set[str]] = ({}, set())
+    text_pass = importer._scan_text(*scanned)
+    event_pass = importer._scan_events(*decoded)
+    assert text_pass == event_pass and text_pass[0] == T0 and len(text_pass[1]) == 2 and text_pass[2]
+    assert scanned == decoded
+    assert scanned[0]["baseTimeNanoseconds"] == BASE_NS and scanned[1] == {"kernel", "param"}

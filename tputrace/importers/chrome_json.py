@@ -188,7 +188,10 @@ class ChromeJsonImporter:
                 if earliest is not None:
                     start_us = earliest if start_us is None else min(start_us, earliest)
             if '"Collective name"' in text:
-                comms.add("kernel" if kineto.COLLECTIVE_KERNEL_TEXT.search(text) else "param")
+                if kineto.COLLECTIVE_KERNEL_TEXT.search(text):
+                    comms.add("kernel")
+                if kineto.COLLECTIVE_OP_TEXT.search(text):
+                    comms.add("param")
             if _BACKEND_TEXT.search(text):
                 comms.add("backend")
             if "ProfilerStep#" in text:
@@ -230,7 +233,7 @@ class ChromeJsonImporter:
                 if ts != 0:
                     start_us = ts if start_us is None else min(start_us, ts)
                 name = str(event.get("name", ""))
-                if kineto.COLLECTIVE_ARG in _args(event):
+                if kineto.COLLECTIVE_ARG in _args(event) and (event.get("cat") == "kernel" or name == "record_param_comms"):
                     comms.add("kernel" if event.get("cat") == "kernel" else "param")
                 if _COLLECTIVE.match(name) and not name.startswith("nccl:"):
                     comms.add("backend")

@@ -43,6 +43,8 @@ _COMMS_DTYPE_BYTES = {
 }
 # The first pass's test for NCCL kernels that carry their collective in their args (Kineto 2023 on).
 COLLECTIVE_KERNEL_TEXT = re.compile(r'"cat"\s*:\s*"kernel"[^}]*"Collective name"')
+# ... and `record_param_comms` ops that do.
+COLLECTIVE_OP_TEXT = re.compile(r'"name"\s*:\s*"record_param_comms"[^}]*"Collective name"')
 COLLECTIVE_ARG = "Collective name"
 
 
