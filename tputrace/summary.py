@@ -10,11 +10,11 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
-from tputrace.derived.imported_sources import measured_on
+from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
@@ -70,6 +70,7 @@ class RunSummary:
     # An imported log's compiles by their own ids (tlparse's `0/1`), longest first, and the compiles that failed.
     top_compiles: tuple[CompileEntry, ...] = ()
     compile_failures: tuple[CompileEntry, ...] = ()
+    captured_on: str | None = None  # an imported capture's device name and torch.distributed rank
 
     @property
     def measured_on(self) -> str:
@@ -188,6 +189,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         imported=bool(trace.meta.get("imported")),
         imported_device=facts.device if facts is not None else None,
         device_ops=facts is not None and facts.format == "xplane",
+        captured_on=_captured_on(imported_source(trace, chosen_rank) if facts is not None else None),
         collectives_without_bytes=frozenset(kind for (kind,) in trace.sql(
             "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
         top_compiles=tuple(sorted(entries, key=lambda entry: -entry.dur_ns)[:top]),
@@ -236,6 +238,17 @@ def no_device_ops_text(op_count: int, compile_count: int, *, imported: bool, err
     return NO_DEVICE_OPS_BEFORE_ERROR_TEXT if error else NO_DEVICE_OPS_TEXT
 
 
+def _captured_on(source: dict[str, Any] | None) -> str | None:
+    """What an imported capture says of its process: its device's name and its torch.distributed rank
+    (`NVIDIA A100-SXM4-80GB, distributed rank 3 of 8`)."""
+    if not source:
+        return None
+    rank, world = source.get("distributed_rank"), source.get("distributed_world_size")
+    parts = [str(source["device_name"]) if source.get("device_name") else None,
+             (f"distributed rank {rank}" + (f" of {world}" if world is not None else "")) if rank is not None else None]
+    return ", ".join(part for part in parts if part) or None
+
+
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     """(label, text) lines above the sections: what ran, how it ended, where the time went overall."""
     run = summary.run
@@ -264,7 +277,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     loaded = f"; {compiles.loaded_from_disk} loaded from the compile cache" if compiles.loaded_from_disk else ""
     totals = f"{plural(summary.op_count, 'op')} · {plural(compiles.count, 'compile')} ({plural(compiles.recompiles, 'recompile')}{loaded})"
     lines = [
-        ("run", " · ".join(part for part in (command, ranks, machine, ending) if part)),
+        ("run", " · ".join(part for part in (command, ranks, machine, summary.captured_on, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
     ]
     window = summary.recording_window
@@ -275,7 +288,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on {summary.measured_on} · "
                               f"{format_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"))
     if summary.imported_device is not None:
-        lines.append(("note", _imported_note(summary.imported_device, projected is not None)))
+        lines.append(("note", _imported_note(summary.imported_device, projected is not None, summary.device_ops)))
     elif run.platform == "cpu":
         lines.append(("note", CPU_ONLY_NOTE))
     lines.append(("trace", summary.trace_path))
@@ -289,13 +302,20 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
 DEVICE_OPS_LABEL = "device op time"
 
 
-def _imported_note(device: str, projected: bool) -> str:
+def _imported_note(device: str, projected: bool, device_ops: bool = False) -> str:
     """What an imported rank's times are: measured on the capture's device; a TPU's projected only from XLA's costs."""
     if device == "tpu":
         return "the times are the capture's, measured on its TPU"
-    return (f"the times are the capture's, measured on its {device}, not a TPU's; "
+    where = f"its {device}" if device_ops or not _host_ops_beside(device) else f"its host (ops) and its {device} (kernels)"
+    return (f"the times are the capture's, measured on {where}, not a TPU's; "
             + ("chip time on a TPU is projected from its programs' XLA costs" if projected
                else "it has no XLA costs, so no TPU time is projected from it"))
+
+
+def _host_ops_beside(device: str | None) -> bool:
+    """Whether an imported rank's ops are host dispatch timed on the host beside the device its kernels ran on (a
+    GPU's torch.profiler capture), not on the device itself."""
+    return device not in (None, "cpu", "host", "tpu")
 
 
 def sections(summary: RunSummary) -> list[Section]:
@@ -309,7 +329,9 @@ def sections(summary: RunSummary) -> list[Section]:
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
-            f"top ops by {DEVICE_OPS_LABEL if summary.device_ops else HOST_DISPATCH_LABEL}, measured on {summary.measured_on}"
+            f"top ops by {DEVICE_OPS_LABEL if summary.device_ops else HOST_DISPATCH_LABEL}, measured on "
+            + (measured_on("host") if _host_ops_beside(summary.imported_device) and not summary.device_ops
+               else summary.measured_on)
             + (f" · {CHIP_SHARE_LABEL}, projected for {summary.op_target} by a roofline" if summary.op_target else ""),
             ("op", "calls", op_label, "share", CHIP_SHARE_LABEL),
             tuple(

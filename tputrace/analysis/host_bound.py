@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.analysis.imported import import_facts
 from tputrace.analysis.op_facts import dispatch_by_step
 from tputrace.analysis.strict_times import strict_steps
 from tputrace.wording import format_ns
@@ -132,6 +133,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         evidence.append(Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their "
                                  "programs or waiting for earlier ones, not dispatch (each op counts at most its op's "
                                  "median time)", table="ops"))
+    facts = import_facts(trace, context.rank)
+    device = facts.device if facts is not None else "tpu"
+    compile_text = ("`torch.compile(model, backend=\"tpu\")`" if device in ("tpu", "host") else
+                    "`torch.compile(model)` (on a GPU, `mode=\"reduce-overhead\"` also replays the step as CUDA graphs)"
+                    if device == "gpu" else "`torch.compile(model)`")
     finding = Finding(
         analyzer=NAME,
         severity=severity,
@@ -146,7 +152,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         ),
         suggestion=(
             "Give the chip more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
-            "`foreach`/fused optimizers), or compile the step with `torch.compile(model, backend=\"tpu\")` so Python "
+            f"`foreach`/fused optimizers), or compile the step with {compile_text} so Python "
             "dispatches one graph instead of each op."
         ),
         cost_total_ns=float(cost),

@@ -84,7 +84,7 @@ def imported_lines(report: Report) -> list[Line]:
 
 
 def finding_lines(number: int, finding: Finding, *, brief: bool = False, device: str | None = None) -> list[Line]:
-    """A finding's lines; `device` is the device an imported capture's times were measured on (its costs say so)."""
+    """A finding's lines; `device` is where an imported capture's times were measured (None: this host)."""
     lines = [Line(f"{number}. [{finding.severity}] {finding.title}", style=SEVERITY_STYLES[finding.severity])]
     per_step = f", {format_ns(finding.cost_per_step_ns)} per step" if finding.cost_per_step_ns is not None else ""
     where = ""
@@ -92,7 +92,7 @@ def finding_lines(number: int, finding: Finding, *, brief: bool = False, device:
         where = f" · at {finding.file}:{finding.line}"
     if finding.module:
         where += f" · module {finding.module}"
-    basis = f"measured on {measured_on(device)}" if device and finding.cost_basis == MEASURED_ON_HOST else finding.cost_basis
+    basis = f"measured on {measured_on(device)}" if finding.cost_basis == MEASURED_ON_HOST else finding.cost_basis
     cost = f"cost ≈ {format_ns(finding.cost_total_ns)} in all{per_step} ({basis})" if finding.cost_total_ns else "no cost to this run"
     lines.append(Line(f"{cost}{where}", 3, "dim"))
     if not brief:
@@ -115,8 +115,7 @@ def report_lines(report: Report, *, top: int | None = None, brief: bool = False)
     for number, finding in enumerate(findings, 1):
         if not brief:
             lines.append(Line(""))
-        lines.extend(finding_lines(number, finding, brief=brief,
-                                   device=report.imported.device if report.imported else None))
+        lines.extend(finding_lines(number, finding, brief=brief, device=report.imported.device if report.imported else None))
     if top is not None and len(report.findings) > top and not brief:
         lines.append(Line(""))
         lines.append(Line(f"... {len(report.findings) - top} more findings (use --top to show more)", style="dim"))

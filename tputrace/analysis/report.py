@@ -102,10 +102,16 @@ class Report:
                 return result.data
         return None
 
+    def _finding_data(self, finding: Finding) -> dict[str, Any]:
+        """A finding as plain data; an imported capture's measured costs say on which device they were measured."""
+        data = asdict(finding)
+        if self.imported is not None and finding.cost_basis == MEASURED_ON_HOST:
+            data["cost_basis"] = f"measured on {measured_on(self.imported.device)}"
+        return data
+
     def to_dict(self) -> dict[str, Any]:
         """Plain data for JSON: the target's figures, the run's steps, ranked findings, analyzer data. An imported
         capture's measured times say which device measured them."""
-        basis = f"measured on {measured_on(self.imported.device if self.imported else None)}"
         return {
             "trace": self.trace_path,
             "target": {**self.target.describe(), "is_default": self.target_is_default},
@@ -113,13 +119,12 @@ class Report:
             "ranks": self.ranks,
             "steps": self.step_count,
             "median_step_ns": self.median_step_ns,
-            "median_step_basis": basis,
+            "median_step_basis": f"measured on {measured_on(self.imported.device if self.imported else None)}",
             "projected_median_step_ns": self.projected_median_step_ns,
             "projection": PROJECTION_NOTE,
             "wall_ns": self.wall_ns,
             "costs_are_estimates": True,
-            "findings": [{**asdict(finding), "cost_basis": basis if finding.cost_basis == MEASURED_ON_HOST else finding.cost_basis}
-                         for finding in self.findings],
+            "findings": [self._finding_data(finding) for finding in self.findings],
             "results": {name: result.plain_data() for name, result in self.results.items()},
             "imported": self.imported.plain_data() if self.imported else None,
             "recording_window": self.recording_window.plain_data() if self.recording_window else None,

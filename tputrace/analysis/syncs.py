@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
+from tputrace.analysis.imported import import_facts
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns, plural
 
@@ -54,6 +55,11 @@ SUGGESTIONS: dict[str, str] = {
                    "launched, and the host queues nothing meanwhile: a GPU script's step timing needs it, a traced run "
                    "does not (`tputrace run` records each step's time). Remove it from the loop, or call it every N steps.",
 }
+# A capture's waits for its own device (a GPU's `cudaStreamSynchronize`, `cudaDeviceSynchronize`, a blocking copy).
+DEVICE_SYNCHRONIZE = ("The host waited for the {device} to finish the work queued on it (`torch.cuda.synchronize()`, "
+                      "`event.synchronize()`, a blocking copy or a library's stream synchronize), and queued nothing "
+                      "meanwhile: remove the wait from the loop, call it every N steps, or copy with "
+                      "`non_blocking=True` into pinned memory.")
 
 # Reads a library makes inside the call at a line, known by the ops the call runs there (all of them) and the
 # sync's kind: what the read is, and the change that removes it.
@@ -199,6 +205,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     if library:
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
+    facts = import_facts(context.trace, context.rank)
+    if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):
+        suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
     module = module_of_read(context, frame_id, kind)
     library_read = known_library_read(context, frame_id, kind)
     if library_read is not None:
@@ -215,7 +224,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     evidence = (
         context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {each}", frame_id, table="syncs"),
         *((context.evidence_at(f"read inside the library at {library}", library_frame_id, table="syncs"),) if library else ()),
-        Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),
+        # An imported capture does not say what a sync forced to run.
+        *((Evidence(f"{plural(pending_ops, 'pending op')} forced to run by these syncs", table="syncs"),)
+          if facts is None else ()),
     )
     return Finding(
         analyzer=NAME,

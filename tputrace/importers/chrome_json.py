@@ -5,10 +5,13 @@ decoding): the capture's start (the earliest `ts`), its `ProfilerStep#N` ranges 
 frames (only those events are decoded); where the text does not have the expected shape it decodes the
 events instead. The second decodes the events a block at a time and writes rows. `cpu_op` events ->
 `ops` (shapes from `Input type`/`Input Dims`, frame the innermost enclosing user `python_function`: only
-the user's frames, not the libraries'); `kernel`/`gpu_memcpy`/`gpu_memset` events -> `programs` (one per
-kernel name, kind `kernel`) and `executions` on the device (`args.device`); `[memory]` events -> `memory`
-samples (`Total Allocated`, running peak) on `Device Id`; `python_function` events -> `annotations` of
-origin `python` with their frame; `user_annotation` events -> `annotations` of origin `record_function`.
+the user's frames, not the libraries'); `kernel`/`gpu_memcpy`/`gpu_memset` events (and other devices' and
+older Kineto's names for them, see `kineto`) -> `programs` (one per kernel name, kind `kernel`) and
+`executions` on the device (`args.device`) in their launch's step; NCCL kernels and `record_param_comms`
+ops whose args name a collective -> `collectives`; runtime calls that block the host -> `syncs`;
+`[memory]` events -> `memory` samples (`Total Allocated`, running peak) on `Device Id`; `python_function`
+events -> `annotations` of origin `python` with their frame; `user_annotation` events -> `annotations` of
+origin `record_function`.
 """
 
 from __future__ import annotations
@@ -20,7 +23,9 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers.json_events import event_lists, event_texts, read_head, read_header
+from tputrace.importers import kineto
+from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, Shapes
+from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
 
@@ -51,6 +56,9 @@ _DTYPE_BYTES = {
 }
 _HOST_TEXT = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _PID_TEXT = re.compile(r'"pid"\s*:\s*(\d+)')
+_SYNC_OPS_KEPT = 1 << 17
+# A process group's collective recorded on a backend's own thread (gloo's: its time is the collective's).
+_BACKEND_TEXT = re.compile(r'"name"\s*:\s*"(?:gloo|mpi|ucc|xccl|hccl):')
 
 
 class _Irregular(Exception):
@@ -75,6 +83,10 @@ class ChromeJsonImporter:
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
         self.seq = 0
+        self.parse_float: Any = float  # reads a window's floats (its nanosecond timestamps exactly, see `kineto`)
+        self.comms = "annotation"  # where a window's collectives come from (see `_comms_source`)
+        # The CPU ops a sync may happen in (`aten::copy_`, `aten::_local_scalar_dense`), by thread: starts, (end, kind).
+        self.sync_ops: dict[Any, tuple[list[float], list[tuple[float, str]]]] = {}
 
     def run(self) -> None:
         # First pass over every file: its start on the Unix clock, its steps and user frames.
@@ -82,32 +94,42 @@ class ChromeJsonImporter:
         for path in self.paths:
             self.path = path
             header = read_header(path)
+            # `ts` written with nanosecond digits: read less a whole number of microseconds, so that a float keeps them.
+            offset_us = kineto.exact_offset(read_head(path))
+            self.parse_float = kineto.exact_or_float(offset_us)
+            trailer: dict[str, Any] = {}
+            comms: set[str] = set()
             try:
-                start_us, markers, user_frames = self._scan_text()
+                start_us, markers, user_frames = self._scan_text(trailer, comms)
             except _Irregular:
-                start_us, markers, user_frames = self._scan_events()
+                comms.clear()
+                start_us, markers, user_frames = self._scan_events(trailer, comms)
             if start_us is None:
                 raise CaptureError(f"{path} holds no timed events")
-            base_ns = int(header.get("baseTimeNanoseconds") or 0)
-            windows.append((path, base_ns, start_us, markers, user_frames))
-            distributed = header.get("distributedInfo")
-            if isinstance(distributed, dict) and isinstance(distributed.get("rank"), int):
-                self.sink.note(self.rank, distributed_rank=distributed["rank"])
-        start_unix_ns = self.start_unix_ns = min(base_ns + int(start_us * 1000) for _, base_ns, start_us, _, _ in windows)
-        # Each file's `ts` (us since its `baseTimeNanoseconds`) at the rank's start.
-        origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, _, _, _ in windows]
+            header = {**trailer, **header}  # Kineto writes some fields (`baseTimeNanoseconds`) after the events
+            base_ns = int(header.get("baseTimeNanoseconds") or 0) + (offset_us or 0) * 1000
+            windows.append((path, base_ns, start_us, markers, user_frames, offset_us, _comms_source(comms)))
+            self._note_header(header)
+        start_unix_ns = self.start_unix_ns = min(base_ns + int(round(start_us * 1000))
+                                                 for _, base_ns, start_us, *_ in windows)
+        # Each file's `ts` (us since its `baseTimeNanoseconds`, less its offset) at the rank's start.
+        origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, *_ in windows]
         spans = [(int(round((start - origin) * 1000)), int(round((end - origin) * 1000)), number)
-                 for (_, _, _, markers, _), origin in zip(windows, origins) for start, end, number in markers]
+                 for (_, _, _, markers, *_), origin in zip(windows, origins) for start, end, number in markers]
         steps = self.steps.place(spans)
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.paths[0]), argv=[], platform="cpu",
                             chips=0, start_unix_ns=start_unix_ns)
         end_ns = 0
         devices: set[int] = set()
         trailing: set[int] = set()  # the starts of steps in windows that hold nothing else
-        for (path, _, _, markers, user_frames), origin in zip(windows, origins):
+        self.device_kinds: set[str] = set()
+        self.runtime = False  # the capture has a device runtime's calls
+        for (path, _, _, markers, user_frames, offset_us, comms_source), origin in zip(windows, origins):
             self.path = path
             self.start_us = origin
-            self.user_frames = _FrameIndex(user_frames)
+            self.parse_float = kineto.exact_or_float(offset_us)
+            self.comms = comms_source
+            self.user_frames = FrameIndex(user_frames)
             appended = self.sink.appended
             end_us, window_devices = self._rows()
             # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended).
@@ -118,30 +140,63 @@ class ChromeJsonImporter:
             end_ns = max(end_ns, self._ns(end_us))
             devices |= window_devices
         # Such a step (opened by the loop's last `prof.step()`, closed when profiling stopped) is no step of the loop.
-        for number, start_ns, end_ns in steps:
-            self.sink.append("steps", (self.rank, number, start_ns, end_ns, "end" if start_ns in trailing else "imported"))
-        device = "gpu" if devices else "cpu"
+        for number, step_start_ns, step_end_ns in steps:
+            self.sink.append("steps", (self.rank, number, step_start_ns, step_end_ns,
+                                       "end" if step_start_ns in trailing else "imported"))
+        # A GPU's runtime calls without kernels (CUPTI's range profiler replaces them) are still a GPU's capture.
+        device = (min(self.device_kinds) if self.device_kinds else "gpu") if devices or self.runtime else "cpu"
         self.sink.note(self.rank, device=device)
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
 
+    def _note_header(self, header: dict[str, Any]) -> None:
+        """The rank's process facts from Kineto's header: its torch.distributed rank and world size
+        (`distributedInfo`), and the name of its device (`deviceProperties`)."""
+        distributed = header.get("distributedInfo")
+        if isinstance(distributed, dict):
+            for key, fact in (("rank", "distributed_rank"), ("world_size", "distributed_world_size")):
+                if isinstance(distributed.get(key), int):
+                    self.sink.note(self.rank, **{fact: distributed[key]})
+        devices = header.get("deviceProperties")
+        names = sorted({str(item["name"]) for item in devices if isinstance(item, dict) and item.get("name")}) \
+            if isinstance(devices, list) else []
+        if names:
+            self.sink.note(self.rank, device_name=", ".join(names))
+
     # -- first pass: start, steps and user frames -------------------------------------------------
 
-    def _scan_text(self) -> tuple[float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
-        """The first pass over raw text; `_Irregular` where an event does not have the expected shape."""
+    def _scan_text(self, trailer: dict[str, Any] | None = None, comms: set[str] | None = None) -> tuple[
+            float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
+        """The first pass over raw text; `_Irregular` where an event does not have the expected shape. `trailer`
+        gets the header fields after the events, `comms` what describes the collectives (see `_comms_source`)."""
+        trailer = {} if trailer is None else trailer
+        comms = set() if comms is None else comms
         start_us: float | None = None
         markers: list[tuple[float, float, int | None]] = []
         user_frames: list[tuple[float, float, Any, str]] = []
         user_names: dict[str, str | None] = {}  # a name's raw text -> the name, if it is a user frame's
+        parse_float = self.parse_float
+        decode = json.JSONDecoder(parse_float=parse_float).raw_decode
+        text = ""
         for text in event_texts(self.path):
             stamps = _TS_TEXT.findall(text)
             if len(stamps) != text.count('"ts"'):
                 raise _Irregular
             if stamps:
-                earliest = min(map(float, stamps))
-                start_us = earliest if start_us is None else min(start_us, earliest)
+                earliest = min(map(parse_float, stamps))
+                if earliest == 0:  # metadata events (`process_name`) at 0 on a clock that is not the events'
+                    earliest = min((value for value in map(parse_float, stamps) if value != 0), default=None)
+                if earliest is not None:
+                    start_us = earliest if start_us is None else min(start_us, earliest)
+            if '"Collective name"' in text:
+                if kineto.COLLECTIVE_KERNEL_TEXT.search(text):
+                    comms.add("kernel")
+                if kineto.COLLECTIVE_OP_TEXT.search(text):
+                    comms.add("param")
+            if _BACKEND_TEXT.search(text):
+                comms.add("backend")
             if "ProfilerStep#" in text:
                 for match in _STEP_TEXT.finditer(text):
-                    event = _event_around(text, match)
+                    event = _event_around(text, match, decode)
                     if event.get("ph") == "X":
                         markers.append((event["ts"], event["ts"] + _number(event.get("dur")), _step_number(event)))
             python_events = 0
@@ -152,28 +207,36 @@ class ChromeJsonImporter:
                 if name == "":
                     name = user_names[raw] = _user_frame_name(raw)
                 if name is not None:
-                    event = _event_around(text, match)
+                    event = _event_around(text, match, decode)
                     if event.get("name") != name or event.get("cat") != "python_function":
                         raise _Irregular
                     user_frames.append((event["ts"], event["ts"] + _number(event.get("dur")), event.get("tid"), name))
             if python_events != text.count('"python_function"'):
                 raise _Irregular
+        trailer.update(array_trailer(text))
         return start_us, markers, user_frames
 
-    def _scan_events(self) -> tuple[float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
+    def _scan_events(self, trailer: dict[str, Any] | None = None, comms: set[str] | None = None) -> tuple[
+            float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
         """The first pass over decoded events (for text the patterns do not fit)."""
+        comms = set() if comms is None else comms
         start_us: float | None = None
         markers: list[tuple[float, float, int | None]] = []
         user_frames: list[tuple[float, float, Any, str]] = []
-        for events in event_lists(self.path):
+        for events in event_lists(self.path, parse_float=self.parse_float, trailer=trailer):
             for event in events:
                 if not isinstance(event, dict):
                     continue
                 ts = event.get("ts")
                 if not isinstance(ts, _NUMBER):
                     continue
-                start_us = ts if start_us is None else min(start_us, ts)
+                if ts != 0:
+                    start_us = ts if start_us is None else min(start_us, ts)
                 name = str(event.get("name", ""))
+                if kineto.COLLECTIVE_ARG in _args(event) and (event.get("cat") == "kernel" or name == "record_param_comms"):
+                    comms.add("kernel" if event.get("cat") == "kernel" else "param")
+                if _COLLECTIVE.match(name) and not name.startswith("nccl:"):
+                    comms.add("backend")
                 if event.get("cat") == "python_function" and _is_user_frame(name):
                     user_frames.append((ts, ts + _number(event.get("dur")), event.get("tid"), name))
                 if event.get("ph") == "X" and _STEP.match(name):
@@ -190,13 +253,17 @@ class ChromeJsonImporter:
         step_starts, step_labels = self.steps.starts, self.steps.labels
         innermost = self.user_frames.innermost
         frame_of = self._frame
-        shapes_of = _Shapes()
+        shapes_of = Shapes()
         end_us = start_us
         devices: set[int] = set()
         seq = self.seq
         extend = self.sink.extend
-        nesting = _Nesting(self._compile)
-        for events in event_lists(self.path):
+        nesting = Nesting(self._compile)
+        categories = kineto.CATEGORIES
+        sync_op_kinds = kineto.SYNC_OP_KINDS
+        launches = kineto.LaunchSteps(self._kernel_rows)
+        comms = self.comms
+        for events in event_lists(self.path, parse_float=self.parse_float):
             ops: list[tuple[Any, ...]] = []
             annotations: list[tuple[Any, ...]] = []
             for event in events:
@@ -220,6 +287,12 @@ class ChromeJsonImporter:
                 if event.get("ph") != "X":
                     continue
                 category = event.get("cat")
+                if category.__class__ is not str:
+                    category = None
+                elif category in categories:  # older Kineto's names, other devices' names
+                    if category in kineto.DEVICE_OF_CATEGORY:
+                        self.device_kinds.add(kineto.DEVICE_OF_CATEGORY[category])
+                    category = categories[category]
                 dur_ns = int(dur * 1000)
                 step = step_labels[bisect.bisect_right(step_starts, start_ns)]
                 if category == "cpu_op":
@@ -229,15 +302,19 @@ class ChromeJsonImporter:
                         # torch.compile's own work (its phases, and the ops it runs on fake tensors) is the compile's
                         # time, not the program's ops.
                         frame_name = innermost(ts, tid) if name in _COMPILE_EVENTS else None
-                        nesting.push(tid, _Open(ts + dur, ts, None, in_compile=True, compile_event=(
+                        nesting.push(tid, OpenOp(ts + dur, ts, None, in_compile=True, compile_event=(
                             name, start_ns, dur_ns, step, frame_of(frame_name) if frame_name else None)
                             if name in _COMPILE_EVENTS else None))
                         continue
                     seq += 1
                     args = event.get("args")
+                    if name in sync_op_kinds:
+                        self._sync_op(tid, ts, ts + dur, sync_op_kinds[name])
+                    elif name == "record_param_comms" and comms == "param" and args.__class__ is dict:
+                        self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
                     frame_name = innermost(ts, tid)
-                    nesting.push(tid, _Open(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
+                    nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
                                                            None, -1, start_ns, dur_ns,
                                                            frame_of(frame_name) if frame_name else None, None, step,
                                                            None, None]))
@@ -245,7 +322,8 @@ class ChromeJsonImporter:
                     annotations.append((rank, intern(name), "python", start_ns, dur_ns, frame_of(name), step))
                 elif category == "user_annotation":
                     collective = _COLLECTIVE.match(name)
-                    if collective and _collective_kind(collective.group(2)):
+                    if collective and _collective_kind(collective.group(2)) and (
+                            comms == "annotation" or (comms == "kernel" and collective.group(1) != "nccl")):
                         self._collective(collective.group(2), event, start_ns, dur_ns, step)
                     compile_id = _COMPILE_DATA.match(name)
                     if compile_id:
@@ -253,9 +331,19 @@ class ChromeJsonImporter:
                     if not _STEP.match(name):
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
-                    devices.add(self._kernel(name, event, start_ns, dur_ns, step))
+                    devices.add(self._kernel(name, event, start_ns, dur_ns, step, launches))
+                elif category == "cuda_runtime":
+                    self.runtime = True
+                    args = event.get("args")
+                    if args.__class__ is dict and "correlation" in args:
+                        launches.launch(args["correlation"], step, (ts, event.get("tid")))
+                    if name in kineto.SYNC_CALLS:
+                        tid = event.get("tid")
+                        self._sync(self._sync_kind(tid, ts, ts + dur), start_ns, dur_ns, step,
+                                   frame_of(innermost(ts, tid) or ""))
             extend("ops", ops)
             extend("annotations", annotations)
+        launches.finish()
         ops = []
         nesting.close_all(ops)
         extend("ops", ops)
@@ -286,16 +374,63 @@ class ChromeJsonImporter:
     def _ns(self, ts_us: float) -> int:
         return int(round((ts_us - self.start_us) * 1000))
 
-    def _kernel(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> int:
+    def _kernel(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int,
+                launches: kineto.LaunchSteps) -> int:
+        """A kernel's (or a device copy's) `programs` row; its execution (and collective) rows in the step of its
+        launch (see `kineto.LaunchSteps`). The device it ran on."""
         program_id = self.kernel_programs.get(name)
         if program_id is None:
             program_id = self.kernel_programs[name] = self.writer.next_id("programs")
             name_sid = self.writer.intern(name)
             self.sink.append("programs", (program_id, self.rank, "kernel", name_sid, name_sid, None, None, None,
                                           None, None))
-        chip = int(_args(event).get("device", 0) or 0)
-        self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
+        args = _args(event)
+        chip = int(args.get("device", 0) or 0)
+        launches.kernel(args.get("correlation"), (program_id, chip, args, start_ns, dur_ns), step)
         return chip
+
+    def _kernel_rows(self, kernel: tuple[int, int, dict[str, Any], int, int], step: int,
+                     launched_at: tuple[float, Any] | None) -> None:
+        """A kernel's `executions` row, and an NCCL kernel's `collectives` row at the user's frame around its launch."""
+        program_id, chip, args, start_ns, dur_ns = kernel
+        self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
+        if self.comms == "kernel" and kineto.COLLECTIVE_ARG in args:
+            frame_name = self.user_frames.innermost(*launched_at) if launched_at is not None else None
+            self._comms(args, start_ns, dur_ns, step, self._frame(frame_name) if frame_name else None)
+
+    def _comms(self, args: dict[str, Any], start_ns: int, dur_ns: int, step: int, frame_id: int | None) -> None:
+        """A `collectives` row from the args Kineto gives an NCCL kernel or a `record_param_comms` op."""
+        name, nbytes, dtype, group, ranks, group_size = kineto.comms_facts(args)
+        kind = _collective_kind(name)
+        if kind is None:
+            return
+        intern = self.writer.intern
+        self.sink.append("collectives", (self.rank, kind, nbytes, dtype, intern(group) if group else None,
+                                         intern(ranks) if ranks else None, frame_id, start_ns, dur_ns, None, None,
+                                         kineto.bus_bandwidth(kind, nbytes, dur_ns, group_size), step, None))
+
+    def _sync_op(self, tid: Any, start_us: float, end_us: float, kind: str) -> None:
+        """Remember a CPU op a sync may happen in. Kineto writes the runtime calls after the ops (and the ids
+        linking them differ between its versions), so each thread's such ops are kept, the latest 2^17."""
+        starts, rest = self.sync_ops.setdefault(tid, ([], []))
+        if len(starts) >= _SYNC_OPS_KEPT:
+            del starts[:_SYNC_OPS_KEPT // 2], rest[:_SYNC_OPS_KEPT // 2]
+        starts.append(start_us)
+        rest.append((end_us, kind))
+
+    def _sync_kind(self, tid: Any, start_us: float, end_us: float) -> str:
+        """`syncs.kind` of a runtime call that blocked the host: that of the innermost CPU op around it on its thread
+        (`aten::_local_scalar_dense`: `item`), else `synchronize`."""
+        starts, rest = self.sync_ops.get(tid, ((), ()))
+        position = bisect.bisect_right(starts, start_us)  # type: ignore[arg-type]
+        for index in range(position - 1, max(position - 8, 0) - 1, -1):
+            if rest[index][0] >= end_us:
+                return rest[index][1]
+        return "synchronize"
+
+    def _sync(self, kind: str, start_ns: int, dur_ns: int, step: int, frame_id: int | None) -> None:
+        """A `syncs` row of a runtime call that blocked the host (`cudaStreamSynchronize`, a blocking memcpy)."""
+        self.sink.append("syncs", (self.rank, kind, frame_id, 0, start_ns, dur_ns, None, step, None))
 
     def _collective(self, name: str, event: dict[str, Any], start_ns: int, dur_ns: int, step: int) -> None:
         """A `collectives` row of a process group's collective (`gloo:all_reduce`, `nccl:all_gather`...), its
@@ -328,79 +463,22 @@ class ChromeJsonImporter:
         return frame_id
 
 
-class _Open:
-    """A CPU op (or torch.compile range) still open on its thread: its end, start and row, and the time of its
-    direct children, which its own (self) time leaves out."""
-
-    __slots__ = ("end_us", "start_us", "row", "child_us", "in_compile", "compile_event", "compile_id")
-
-    def __init__(self, end_us: float, start_us: float, row: list[Any] | None, *, in_compile: bool = False,
-                 compile_event: tuple[str, int, int, int, int | None] | None = None) -> None:
-        self.end_us = end_us
-        self.start_us = start_us
-        self.row = row
-        self.child_us = 0.0
-        self.in_compile = in_compile
-        self.compile_event = compile_event
-        self.compile_id: str | None = None
-
-
-class _Nesting:
-    """The CPU ops open on each thread. torch.profiler nests ops (`aten::linear` holds `aten::addmm`); each
-    becomes an `ops` row with its self time, so that the rows of a thread do not overlap and their sum is the
-    time the thread spent in ops. Events of a thread come in start order; one that does not is taken as
-    top-level. torch.compile ranges call `on_compile` when they close."""
-
-    def __init__(self, on_compile: Any) -> None:
-        self.stacks: dict[Any, list[_Open]] = {}
-        self.last_start: dict[Any, float] = {}
-        self.on_compile = on_compile
-
-    def open_on(self, tid: Any, ts: float, rows: list[tuple[Any, ...]]) -> list[_Open]:
-        """The ops still open on `tid` at `ts` (closing, into `rows`, those that ended before it)."""
-        stack = self.stacks.setdefault(tid, [])
-        if ts < self.last_start.get(tid, ts):
-            while stack:
-                self._close(stack, rows)
-        self.last_start[tid] = ts
-        while stack and stack[-1].end_us <= ts:
-            self._close(stack, rows)
-        return stack
-
-    def push(self, tid: Any, item: _Open) -> None:
-        stack = self.stacks[tid]
-        if stack:
-            parent = stack[-1]
-            parent.child_us += min(item.end_us, parent.end_us) - item.start_us
-        stack.append(item)
-
-    def name_compile(self, tid: Any, compile_id: str) -> None:
-        """Give the innermost open torch.compile range of `tid` its compile id (from its `…_data` annotation)."""
-        for item in reversed(self.stacks.get(tid, [])):
-            if item.compile_event is not None:
-                item.compile_id = item.compile_id or compile_id
-                return
-
-    def close_all(self, rows: list[tuple[Any, ...]]) -> None:
-        for stack in self.stacks.values():
-            while stack:
-                self._close(stack, rows)
-
-    def _close(self, stack: list[_Open], rows: list[tuple[Any, ...]]) -> None:
-        item = stack.pop()
-        if item.row is not None:
-            item.row[7] = max(0, item.row[7] - int(round(item.child_us * 1000)))
-            rows.append(tuple(item.row))
-        elif item.compile_event is not None:
-            self.on_compile(item.compile_event, item.compile_id)
-
-
 def _collective_kind(name: str) -> str | None:
     """`collectives.kind` of a process group's collective (`all_reduce`, `_allgather_base`, `alltoall_base`)."""
     text = name.lower().lstrip("_")
     for suffix in ("_base", "_into_tensor", "_coalesced", "_tensor"):
         text = text.removesuffix(suffix)
     return _COLLECTIVE_KINDS.get(text.replace("_", ""))
+
+
+def _comms_source(found: set[str]) -> str:
+    """Where a file's collectives come from: `kernel`, NCCL kernels whose args name their collective (device times);
+    else `param`, `record_param_comms` ops with those args, when no backend records them on its own thread (gloo's
+    `gloo:all_reduce`, whose time is the collective's); else `annotation`, the backends' `<backend>:<collective>`
+    ranges. `nccl:` ranges are only NCCL's enqueueing, read only where nothing else describes its collectives."""
+    if "kernel" in found:
+        return "kernel"
+    return "param" if "param" in found and "backend" not in found else "annotation"
 
 
 def _no_profiler_events(path: Path) -> str:
@@ -421,86 +499,17 @@ def process_key(path: Path) -> tuple[str, str]:
     return (host.group(1) if host else ""), pid.group(1)
 
 
-def _event_around(text: str, match: re.Match[str]) -> dict[str, Any]:
-    """The event whose top-level key `match` found (the object starting at the nearest `{` before it)."""
+def _event_around(text: str, match: re.Match[str], decode: Any) -> dict[str, Any]:
+    """The event whose top-level key `match` found (the object starting at the nearest `{` before it), decoded by
+    `decode` (a `JSONDecoder`'s `raw_decode`)."""
     start = text.rfind("{", 0, match.start())
     try:
-        event, end = json.JSONDecoder().raw_decode(text, start)
+        event, end = decode(text, start)
     except (json.JSONDecodeError, ValueError):
         raise _Irregular from None
     if start < 0 or end < match.end() or not isinstance(event, dict) or not isinstance(event.get("ts"), _NUMBER):
         raise _Irregular
     return event
-
-
-class _FrameIndex:
-    """The user's Python frames (torch.profiler's `python_function` events outside torch and libraries) by
-    thread and start time, to give a CPU op the innermost one that encloses it on its thread: the latest
-    frame started at or before the op, else the nearest of its callers (the frames still open when it
-    started) that has not ended by then."""
-
-    def __init__(self, frames: list[tuple[float, float, Any, str]]) -> None:
-        by_thread: dict[Any, list[tuple[float, float, str]]] = {}
-        for start, end, tid, name in sorted(frames, key=lambda frame: (frame[0], -frame[1])):
-            by_thread.setdefault(tid, []).append((start, end, name))
-        self.starts = {tid: [frame[0] for frame in thread] for tid, thread in by_thread.items()}
-        self.ends = {tid: [frame[1] for frame in thread] for tid, thread in by_thread.items()}
-        self.names = {tid: [frame[2] for frame in thread] for tid, thread in by_thread.items()}
-        self.callers = {tid: _callers(thread) for tid, thread in by_thread.items()}
-
-    def innermost(self, ts: float, tid: Any) -> str | None:
-        starts = self.starts.get(tid)
-        if starts is None:
-            return None
-        position = bisect.bisect_right(starts, ts) - 1
-        ends = self.ends[tid]
-        callers = self.callers[tid]
-        while position >= 0 and ends[position] < ts:
-            position = callers[position]
-        return self.names[tid][position] if position >= 0 else None
-
-
-def _callers(frames: list[tuple[float, float, str]]) -> list[int]:
-    """For each frame (by start), the position of the latest-started frame still open when it started, or -1."""
-    callers = []
-    open_frames: list[int] = []
-    for position, (start, _, _) in enumerate(frames):
-        while open_frames and frames[open_frames[-1]][1] < start:
-            open_frames.pop()
-        callers.append(open_frames[-1] if open_frames else -1)
-        open_frames.append(position)
-    return callers
-
-
-class _Shapes:
-    """`float[8,16], float[32]` from torch.profiler's parallel `Input type` and `Input Dims` lists, remembered
-    per distinct pair of lists."""
-
-    def __init__(self) -> None:
-        self.known: dict[Any, str] = {}
-
-    def __call__(self, types: Any, dims: Any) -> str:
-        if types.__class__ is not list or dims.__class__ is not list:
-            return ""
-        try:
-            key: Any = (tuple(types), tuple(map(tuple, dims)), tuple(map(type, dims)))
-            text = self.known.get(key)
-        except TypeError:  # unhashable or scalar entries
-            key = f"{types!r}{dims!r}"
-            text = self.known.get(key)
-        if text is None:
-            text = self.known[key] = _shapes(types, dims)
-        return text
-
-
-def _shapes(types: list[Any], dims: list[Any]) -> str:
-    parts = []
-    for kind, shape in zip(types, dims):
-        if isinstance(shape, list) and shape:
-            parts.append(f"{kind}[{','.join(str(size) for size in shape)}]")
-        elif kind:
-            parts.append(str(kind))
-    return ", ".join(parts)
 
 
 def _user_frame_name(raw: str) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import gc
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -79,9 +79,18 @@ def event_texts(path: Path, block: int | None = None) -> Iterator[str]:
         stream.close()
 
 
-def event_lists(path: Path, block: int | None = None) -> Iterator[list[Any]]:
+def array_trailer(text: str) -> dict[str, Any]:
+    """Header fields written after the `traceEvents` array (Kineto writes `baseTimeNanoseconds` there), read from
+    the array's last block (`event_texts`'s last)."""
+    _, position, ended = _decode_one_by_one(text, 0, None)
+    return _header(text[position + 1:]) if ended else {}
+
+
+def event_lists(path: Path, block: int | None = None, parse_float: Callable[[str], float] | None = None,
+                trailer: dict[str, Any] | None = None) -> Iterator[list[Any]]:
     """The events of the `traceEvents` array, a block's worth per list (elements that are not objects
-    included: callers skip them). A truncated or damaged array raises `CaptureError`."""
+    included: callers skip them), their floats read by `parse_float` (`float` when None); `trailer` gets the
+    header fields after the array. A truncated or damaged array raises `CaptureError`."""
     block = block or _BLOCK
     pending = ""
     for text in event_texts(path, block):
@@ -93,10 +102,10 @@ def event_lists(path: Path, block: int | None = None) -> Iterator[list[Any]]:
         collecting = gc.isenabled()
         gc.disable()
         try:
-            events = json.loads(f"[{text[position:]}]")
+            events = json.loads(f"[{text[position:]}]", parse_float=parse_float)
             ended = False
         except json.JSONDecodeError:
-            events, position, ended = _decode_one_by_one(text, position)
+            events, position, ended = _decode_one_by_one(text, position, parse_float)
         else:
             position = len(text)
         finally:
@@ -104,6 +113,8 @@ def event_lists(path: Path, block: int | None = None) -> Iterator[list[Any]]:
                 gc.enable()
         yield events
         if ended:
+            if trailer is not None:
+                trailer.update(_header(text[position + 1:]))
             return
         pending = text[position:]
         if len(pending) > _DAMAGED_AFTER * block:
@@ -111,9 +122,10 @@ def event_lists(path: Path, block: int | None = None) -> Iterator[list[Any]]:
     raise CaptureError(f"{path} is truncated or damaged inside traceEvents (the array never ends)")
 
 
-def _decode_one_by_one(text: str, position: int) -> tuple[list[Any], int, bool]:
+def _decode_one_by_one(text: str, position: int,
+                       parse_float: Callable[[str], float] | None) -> tuple[list[Any], int, bool]:
     """Events decoded from `position` on until the array's end (True) or an incomplete event (False)."""
-    decode = json.JSONDecoder().raw_decode
+    decode = json.JSONDecoder(parse_float=parse_float).raw_decode
     events = []
     while True:
         position = _skip_separators(text, position)
@@ -157,7 +169,7 @@ def _open_array(path: Path) -> tuple[IO[str], str, int]:
 def _header(text: str) -> dict[str, Any]:
     """Some `"key": value` pairs of the JSON text before the events (the part that parses)."""
     header: dict[str, Any] = {}
-    for key in ("baseTimeNanoseconds", "displayTimeUnit", "schemaVersion", "distributedInfo"):
+    for key in ("baseTimeNanoseconds", "displayTimeUnit", "schemaVersion", "distributedInfo", "deviceProperties"):
         at = text.find(f'"{key}"')
         if at < 0:
             continue

@@ -18,6 +18,9 @@ _HEAD_BYTES = 512
 # A TORCH_TRACE record's glog prefix (`V1206 15:24:45.403000 1667746 torch/_dynamo/utils.py:1045] {`), whatever the
 # file's name (`.log`, `.txt`), on one of its first lines.
 _TORCH_TRACE_HEAD = re.compile(rb"(?m)^[VIWEF]\d{4} \d\d:\d\d:\d\d(\.\d+)? +\d+ [^\]\n]*\] \{")
+# Top-level keys a torch.profiler trace starts with: Kineto writes its header (`schemaVersion`, `deviceProperties`,
+# `distributedInfo` with a process group's every rank, ...) before `traceEvents`, which may come kilobytes later.
+_PROFILER_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"deviceProperties"', b'"distributedInfo"')
 
 
 class CaptureError(TputraceError):
@@ -71,13 +74,17 @@ def _detect(path: Path, *, strict: bool) -> str | None:
     head = _head(path)
     if _TORCH_TRACE_HEAD.search(head):
         return TORCH_TRACE
-    if name.endswith((".json", ".json.gz")) and b"traceEvents" in head:
+    json_object = name.endswith((".json", ".json.gz")) and head.lstrip().startswith(b"{")
+    if json_object and any(key in head for key in _PROFILER_KEYS):
         # XProf writes a `*.trace.json.gz` beside each `xplane.pb`: the same events, read from the latter.
         if not strict and _in_xplane_folder(path):
             return None
         return CHROME_JSON
     if strict and not head:
         raise CaptureError(f"{path} is empty")
+    if json_object and b'"nodes"' in head and b'"schema"' in head and strict:
+        raise CaptureError(f"{path}: a PyTorch execution trace (ExecutionTraceObserver), not a torch.profiler trace; "
+                           "import the torch.profiler trace recorded with it")
     if strict:
         raise CaptureError(f"{path}: not an xplane.pb, TORCH_TRACE log or torch.profiler JSON trace")
     return None

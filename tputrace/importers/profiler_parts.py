@@ -1,0 +1,145 @@
+"""The parts of a torch.profiler trace's rows that need more than one event: the CPU ops open on each thread (an
+op's self time is its duration less its children's), the user's Python frames around an op, and input shapes
+from the parallel `Input type` and `Input Dims` lists."""
+
+from __future__ import annotations
+
+import bisect
+from typing import Any
+
+
+class OpenOp:
+    """A CPU op (or torch.compile range) still open on its thread: its end, start and row, and the time of its
+    direct children, which its own (self) time leaves out."""
+
+    __slots__ = ("end_us", "start_us", "row", "child_us", "in_compile", "compile_event", "compile_id")
+
+    def __init__(self, end_us: float, start_us: float, row: list[Any] | None, *, in_compile: bool = False,
+                 compile_event: tuple[str, int, int, int, int | None] | None = None) -> None:
+        self.end_us = end_us
+        self.start_us = start_us
+        self.row = row
+        self.child_us = 0.0
+        self.in_compile = in_compile
+        self.compile_event = compile_event
+        self.compile_id: str | None = None
+
+
+class Nesting:
+    """The CPU ops open on each thread. torch.profiler nests ops (`aten::linear` holds `aten::addmm`); each
+    becomes an `ops` row with its self time, so that the rows of a thread do not overlap and their sum is the
+    time the thread spent in ops. Events of a thread come in start order; one that does not is taken as
+    top-level. torch.compile ranges call `on_compile` when they close."""
+
+    def __init__(self, on_compile: Any) -> None:
+        self.stacks: dict[Any, list[OpenOp]] = {}
+        self.last_start: dict[Any, float] = {}
+        self.on_compile = on_compile
+
+    def open_on(self, tid: Any, ts: float, rows: list[tuple[Any, ...]]) -> list[OpenOp]:
+        """The ops still open on `tid` at `ts` (closing, into `rows`, those that ended before it)."""
+        stack = self.stacks.setdefault(tid, [])
+        if ts < self.last_start.get(tid, ts):
+            while stack:
+                self._close(stack, rows)
+        self.last_start[tid] = ts
+        while stack and stack[-1].end_us <= ts:
+            self._close(stack, rows)
+        return stack
+
+    def push(self, tid: Any, item: OpenOp) -> None:
+        stack = self.stacks[tid]
+        if stack:
+            parent = stack[-1]
+            parent.child_us += min(item.end_us, parent.end_us) - item.start_us
+        stack.append(item)
+
+    def name_compile(self, tid: Any, compile_id: str) -> None:
+        """Give the innermost open torch.compile range of `tid` its compile id (from its `…_data` annotation)."""
+        for item in reversed(self.stacks.get(tid, [])):
+            if item.compile_event is not None:
+                item.compile_id = item.compile_id or compile_id
+                return
+
+    def close_all(self, rows: list[tuple[Any, ...]]) -> None:
+        for stack in self.stacks.values():
+            while stack:
+                self._close(stack, rows)
+
+    def _close(self, stack: list[OpenOp], rows: list[tuple[Any, ...]]) -> None:
+        item = stack.pop()
+        if item.row is not None:
+            item.row[7] = max(0, item.row[7] - int(round(item.child_us * 1000)))
+            rows.append(tuple(item.row))
+        elif item.compile_event is not None:
+            self.on_compile(item.compile_event, item.compile_id)
+
+
+class FrameIndex:
+    """The user's Python frames (torch.profiler's `python_function` events outside torch and libraries) by
+    thread and start time, to give a CPU op the innermost one that encloses it on its thread: the latest
+    frame started at or before the op, else the nearest of its callers (the frames still open when it
+    started) that has not ended by then."""
+
+    def __init__(self, frames: list[tuple[float, float, Any, str]]) -> None:
+        by_thread: dict[Any, list[tuple[float, float, str]]] = {}
+        for start, end, tid, name in sorted(frames, key=lambda frame: (frame[0], -frame[1])):
+            by_thread.setdefault(tid, []).append((start, end, name))
+        self.starts = {tid: [frame[0] for frame in thread] for tid, thread in by_thread.items()}
+        self.ends = {tid: [frame[1] for frame in thread] for tid, thread in by_thread.items()}
+        self.names = {tid: [frame[2] for frame in thread] for tid, thread in by_thread.items()}
+        self.callers = {tid: _callers(thread) for tid, thread in by_thread.items()}
+
+    def innermost(self, ts: float, tid: Any) -> str | None:
+        starts = self.starts.get(tid)
+        if starts is None:
+            return None
+        position = bisect.bisect_right(starts, ts) - 1
+        ends = self.ends[tid]
+        callers = self.callers[tid]
+        while position >= 0 and ends[position] < ts:
+            position = callers[position]
+        return self.names[tid][position] if position >= 0 else None
+
+
+def _callers(frames: list[tuple[float, float, str]]) -> list[int]:
+    """For each frame (by start), the position of the latest-started frame still open when it started, or -1."""
+    callers = []
+    open_frames: list[int] = []
+    for position, (start, _, _) in enumerate(frames):
+        while open_frames and frames[open_frames[-1]][1] < start:
+            open_frames.pop()
+        callers.append(open_frames[-1] if open_frames else -1)
+        open_frames.append(position)
+    return callers
+
+
+class Shapes:
+    """`float[8,16], float[32]` from torch.profiler's parallel `Input type` and `Input Dims` lists, remembered
+    per distinct pair of lists."""
+
+    def __init__(self) -> None:
+        self.known: dict[Any, str] = {}
+
+    def __call__(self, types: Any, dims: Any) -> str:
+        if types.__class__ is not list or dims.__class__ is not list:
+            return ""
+        try:
+            key: Any = (tuple(types), tuple(map(tuple, dims)), tuple(map(type, dims)))
+            text = self.known.get(key)
+        except TypeError:  # unhashable or scalar entries
+            key = f"{types!r}{dims!r}"
+            text = self.known.get(key)
+        if text is None:
+            text = self.known[key] = _shapes(types, dims)
+        return text
+
+
+def _shapes(types: list[Any], dims: list[Any]) -> str:
+    parts = []
+    for kind, shape in zip(types, dims):
+        if isinstance(shape, list) and shape:
+            parts.append(f"{kind}[{','.join(str(size) for size in shape)}]")
+        elif kind:
+            parts.append(str(kind))
+    return ", ".join(parts)
