@@ -196,6 +196,9 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
     assert "measured on the capture's gpu" in report and "measured on this host" not in report
     assert "roofline" not in report and 'backend="tpu"' not in report and "torch.tpu" not in report
     assert "Host sync" in report and "pending op" not in report
+    assert "target: none (the capture has no XLA costs, so nothing is projected for a TPU)" in report.splitlines()
+    assert main(["export", str(output), "--perfetto", str(tmp_path / "gpu.json.gz")]) == 0
+    assert capsys.readouterr().err.splitlines()[-1] == "tputrace: the times are the capture's, measured on its gpu"
     assert main(["report", str(output), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert data["median_step_basis"] == "measured on the capture's gpu"

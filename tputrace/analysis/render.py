@@ -51,7 +51,10 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
         rank = f"rank {report.rank} (a forked process), "
     else:
         rank = f"rank {report.rank} of {len(report.ranks)}, " if len(report.ranks) > 1 else ""
-    lines.append(Line(f"target: {target.label}{default}"))
+    if report.imported and report.imported.device != "tpu" and not report.programs_costed:
+        lines.append(Line("target: none (the capture has no XLA costs, so nothing is projected for a TPU)"))
+    else:
+        lines.append(Line(f"target: {target.label}{default}"))
     if report.imported:
         lines += imported_lines(report)
     if not brief:

@@ -82,6 +82,7 @@ class Report:
     median_step_ns: float | None
     wall_ns: int
     projected_median_step_ns: int | None = None  # chip time per step projected for `target` (tputrace.derived.projection)
+    programs_costed: int = 0  # program runs with XLA's costs, which projections for the target are made from
     findings: list[Finding] = field(default_factory=list)
     results: dict[str, AnalysisResult[Any]] = field(default_factory=dict)
     imported: ImportFacts | None = None
@@ -146,6 +147,7 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
         result = analyzer(context)
         results[name] = result
         findings.extend(result.findings)
+    projected = projected_steps(trace, context.rank, target_of(target_chip))
     return Report(
         trace_path=str(trace.path),
         target=target_chip,
@@ -155,7 +157,8 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
         step_count=context.step_count,
         median_step_ns=context.median_step_ns,
         wall_ns=context.wall_ns,
-        projected_median_step_ns=projected_steps(trace, context.rank, target_of(target_chip)).median_ns,
+        projected_median_step_ns=projected.median_ns,
+        programs_costed=projected.programs_costed,
         findings=rank_findings(findings),
         results=results,
         imported=imported,

@@ -40,6 +40,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from tputrace.store.reader import open_trace
     from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+    from tputrace.derived.imported_sources import imported_device
 
     if not args.tensorboard and not args.perfetto:
         raise TputraceError("nothing to export: give --tensorboard LOGDIR and/or --perfetto PATH")
@@ -57,8 +58,12 @@ def run(args: argparse.Namespace) -> int:
         if args.perfetto:
             with writing("--perfetto", args.perfetto):
                 export_perfetto(trace, Path(args.perfetto), chip.name)
-    print(f"tputrace: target chip {chip.device_type} ({chip.name}); op times inside programs are estimates",
-          file=sys.stderr)
+        device = imported_device(trace, None)
+    if device is None:
+        print(f"tputrace: target chip {chip.device_type} ({chip.name}); op times inside programs are estimates",
+              file=sys.stderr)
+    else:
+        print(f"tputrace: the times are the capture's, measured on its {device}", file=sys.stderr)
     return 0
 
 
