@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.derived.imported_sources import imported_source, measured_on
+from tputrace.derived.kernels import KernelStat, top_kernels
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
@@ -70,6 +71,7 @@ class RunSummary:
     # An imported log's compiles by their own ids (tlparse's `0/1`), longest first, and the compiles that failed.
     top_compiles: tuple[CompileEntry, ...] = ()
     compile_failures: tuple[CompileEntry, ...] = ()
+    top_kernels: tuple[KernelStat, ...] = ()  # an imported GPU capture's kernels, by device time
     captured_on: str | None = None  # an imported capture's device name and torch.distributed rank
 
     @property
@@ -194,6 +196,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
             "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
         top_compiles=tuple(sorted(entries, key=lambda entry: -entry.dur_ns)[:top]),
         compile_failures=tuple(entry for entry in entries if entry.failure is not None),
+        top_kernels=top_kernels(trace, chosen_rank, top) if facts is not None else (),
     )
 
 
@@ -347,6 +350,16 @@ def sections(summary: RunSummary) -> list[Section]:
             (False, True, True, True, True),
         ),
     ]
+    if summary.top_kernels:
+        result.append(
+            Section(
+                f"top kernels by device time, measured on {summary.measured_on}",
+                ("kernel", "calls", "device time", "share"),
+                tuple((printable(stat.name), f"{stat.calls:,}", format_ns(stat.total_ns), f"{100 * stat.share:.1f}%")
+                      for stat in summary.top_kernels),
+                (False, True, True, True),
+            )
+        )
     compiles = summary.compiles
     if summary.top_recompiles:
         recompile_lines: list[str] = []

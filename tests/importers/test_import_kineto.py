@@ -191,12 +191,15 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
     assert "measured on its host (ops) and its gpu (kernels), not a TPU's" in summary and "projected for" not in summary
     assert "top ops by host dispatch (excl. flushes/compiles), measured on the capture's host" in summary
     assert "gpu, 1 chip · NVIDIA A100-SXM4-80GB, distributed rank 3 of 8 ·" in summary.splitlines()[0]
+    kernels = summary[summary.index("top kernels by device time, measured on the capture's gpu\n"):].split("\n\n")[0]
+    sgemm = next(line for line in kernels.splitlines() if line.strip().startswith("ampere_sgemm_64x32_sliced1x4_nn"))
+    assert sgemm.split()[1:4] == ["2", "80.0", "µs"], kernels
     assert main(["report", str(output)]) == 0
     report = capsys.readouterr().out
     assert "measured on the capture's gpu" in report and "measured on this host" not in report
     assert "roofline" not in report and 'backend="tpu"' not in report and "torch.tpu" not in report
     assert "Host sync" in report and "pending op" not in report
-    assert "target: none (the capture has no XLA costs, so nothing is projected for a TPU)" in report.splitlines()
+    assert "target: none (the capture has no XLA costs to estimate a TPU's time from)" in report.splitlines()
     assert main(["export", str(output), "--perfetto", str(tmp_path / "gpu.json.gz")]) == 0
     assert capsys.readouterr().err.splitlines()[-1] == "tputrace: the times are the capture's, measured on its gpu"
     assert main(["report", str(output), "--json"]) == 0

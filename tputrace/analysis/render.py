@@ -52,7 +52,7 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     else:
         rank = f"rank {report.rank} of {len(report.ranks)}, " if len(report.ranks) > 1 else ""
     if report.imported and report.imported.device != "tpu" and not report.programs_costed:
-        lines.append(Line("target: none (the capture has no XLA costs, so nothing is projected for a TPU)"))
+        lines.append(Line("target: none (the capture has no XLA costs to estimate a TPU's time from)"))
     else:
         lines.append(Line(f"target: {target.label}{default}"))
     if report.imported:
