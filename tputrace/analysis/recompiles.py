@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis import chip_shapes, data_sizes, ddp_rebuild, dynamic_sizes, host_inputs, program_cache, structure_changes
 from tputrace.analysis.chip_shapes import ChipShapeStorm
-from tputrace.analysis.buckets import BucketOption, bucket_options, propose, varying_dims
+from tputrace.analysis.buckets import BucketOption, bucket_options, propose, signature_layout, varying_dims
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import SizeOrigin
 from tputrace.analysis.ddp_rebuild import DdpRebuild
@@ -37,7 +37,7 @@ from tputrace.analysis.storm_findings import (
     padding_finding,
     shared_size_finding,
 )
-from tputrace.analysis.storms import NAME, Storm, compile_rows, not_evicted, storm_at
+from tputrace.analysis.storms import NAME, CompileRow, Storm, compile_rows, not_evicted, storm_at
 from tputrace.analysis.structure_changes import StructureStorm
 
 __all__ = ["NAME", "RecompileData", "analyze"]
@@ -176,7 +176,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             continue
         if first_steady is not None and steady_compiles < MIN_STEADY_COMPILES:
             continue
-        rows = compile_rows(context, kind, name_sid, frame_id, evicted)
+        rows = _main_layout(compile_rows(context, kind, name_sid, frame_id, evicted))
+        if len(rows) < MIN_COMPILES or len({row.signature for row in rows}) < MIN_COMPILES:
+            continue
         dims = varying_dims([row.signature for row in rows])
         if not dims:
             continue
@@ -286,6 +288,16 @@ def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOpti
         bucket_options=tuple(options),
         proposed=best if origin is None else None,  # no padding fixes a data-chosen size
     )
+
+
+def _main_layout(rows: list[CompileRow]) -> list[CompileRow]:
+    """The site's compiles of its most frequent input layout (dtypes and ranks): a site whose one compile took other
+    inputs (a decoding loop's first token, flushed with the prompt's forward, before the cache it then grows) storms
+    in the others."""
+    by_layout: dict[tuple, list[CompileRow]] = {}
+    for row in rows:
+        by_layout.setdefault(signature_layout(row.signature), []).append(row)
+    return max(by_layout.values(), key=len)
 
 
 def _bucketing(context: AnalysisContext, storm: Storm) -> tuple[list[BucketOption], BucketOption | None]:

@@ -75,7 +75,7 @@ def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs
         analyzer=NAME,
         severity=_severity(context, compiles.recompile_ns, _loop_steps_compiling(context, compiles)),
         title=f"Recompilation storm: {programs} compiled {compiles.count} times as {cause} ({sizes} sizes)",
-        explanation=f"{explanation}{_compile_cost_text(context, compiles)}{then}",
+        explanation=f"{explanation}{_dynamic_graphs_text(context, compiles.compile_ids)}{_compile_cost_text(context, compiles)}{then}",
         suggestion=suggestion,
         cost_total_ns=float(compiles.recompile_ns),
         cost_per_step_ns=context.per_step(compiles.recompile_ns),
@@ -84,6 +84,27 @@ def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs
         module=module,
         **context.location_fields(anchor),
     )
+
+
+def _dynamic_graphs_text(context: AnalysisContext, compile_ids: Sequence[int]) -> str:
+    """A sentence naming the storm's XLA programs whose torch.compile graph has symbolic sizes (`mark_dynamic`,
+    `dynamic=True`): the graph is traced once, but XLA compiles one program per concrete size. '' when none has."""
+    if not compile_ids:
+        return ""
+    names = [name for (name,) in context.trace.sql(
+        f"SELECT DISTINCT s.text FROM compiles c JOIN strings s ON s.id = c.name_sid WHERE c.id IN {in_list(compile_ids)} "
+        "AND c.kind = 'xla' AND EXISTS (SELECT 1 FROM compiles a JOIN strings sig ON sig.id = a.signature_sid "
+        "WHERE a.rank = c.rank AND a.kind = 'aot' AND a.name_sid = c.name_sid AND (sig.text LIKE '%SymInt%' "
+        "OR sig.text LIKE '%[s%' OR sig.text LIKE '%,s%'))", tuple(compile_ids),
+    )]
+    if not names:
+        return ""
+    names = sorted(names)
+    graphs = names[0] if len(names) == 1 else ", ".join(names[:-1][:3]) + (" and " if len(names) <= 4 else ", ... and ") + names[-1]
+    one = len(names) == 1
+    return (f"{graphs} {'is a graph' if one else 'are graphs'} with dynamic sizes (`mark_dynamic` or `dynamic=True`): "
+            f"Dynamo traced {'it' if one else 'them'} once, but the tpu backend compiles one XLA program per concrete "
+            "size, so marking the dim dynamic does not save these compiles. ")
 
 
 def padding_finding(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> Finding:
@@ -106,14 +127,7 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
     growth = growth_step(main.values, len(storm.steps))
     if growth is not None:
-        suggestion = (
-            f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
-            f"at each call (a KV cache in autoregressive decoding, a `torch.cat` onto a growing result). Allocate it "
-            f"once at its largest size ({main.distinct[-1]} here, or the loop's limit) and write into it (slice "
-            f"assignment, `index_copy_`), masking the part not filled yet, so the program keeps one shape; Hugging "
-            f"Face's `generate` does this with a static KV cache (`cache_implementation=\"static\"`) for the models "
-            f"that support one."
-        )
+        suggestion = _growing_suggestion(dim_name, growth, main.distinct[-1])
     elif best is not None:
         suggestion = (
             f"Pad {dim_name} up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
@@ -139,6 +153,17 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
             + ". "
         ),
         then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+    )
+
+
+def _growing_suggestion(dim_name: str, growth: int, largest: int) -> str:
+    return (
+        f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
+        f"at each call (a KV cache in autoregressive decoding, a `torch.cat` onto a growing result). Allocate it "
+        f"once at its largest size ({largest} here, or the loop's limit) and write into it (slice "
+        f"assignment, `index_copy_`), masking the part not filled yet, so the program keeps one shape; Hugging "
+        f"Face's `generate` does this with a static KV cache (`cache_implementation=\"static\"`) for the models "
+        f"that support one."
     )
 
 
@@ -241,11 +266,18 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     shared = _shared_size(context, widest, storms)
     sizes, best, entry = shared.sizes, shared.best, first.entry
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else first.frame_id
+    growth = growth_step(widest.main.values, len(widest.steps))
+    grown_at = None if growth is None else _concatenated_at(
+        context, [program_id for storm in storms for program_id in storm.program_ids])
+    if grown_at is not None:
+        anchor = grown_at
     where = context.where(anchor)
     evidence = _program_evidence(context, storms)
     evidence.extend(_entry_evidence(context, entry, "the changing shape first enters a program as"))
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
-    if best is not None:
+    if growth is not None:
+        suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1])
+    elif best is not None:
         suggestion = (
             f"Give the shape made at {where} a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. Pad to the "
             f"bucket where the size is chosen and mask the padding in the loss."
@@ -253,12 +285,15 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     else:
         suggestion = f"Give the shape made at {where} a fixed size (pad it to {sizes[-1]}) so each program compiles once."
     finding = storm_finding(
-        context, shared.compiles, programs=f"{len(storms)} programs", cause=f"the shape entering at {where} changes",
+        context, shared.compiles, programs=f"{len(storms)} programs",
+        cause=f"the shape entering at {where} " + ("changes" if growth is None else f"grows by {growth} at each compile"),
         sizes=len(sizes),
         explanation=(
             f"One size changed step by step through {len(sizes)} values ({values_text(sizes)}), and every program it "
             f"reached compiled once per value: {_listed_programs(storms)}"
-            + (f"; it first enters a program as {entry.describe(context)}" if entry else "") + ". "
+            + (f"; it first enters a program as {entry.describe(context)}" if entry else "")
+            + (f"; the programs extend a tensor with `torch.cat` at {context.where(grown_at)}" if grown_at is not None else "")
+            + ". "
         ),
         then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
     )

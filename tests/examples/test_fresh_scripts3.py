@@ -1,0 +1,173 @@
+"""Scripts of kinds the other fresh-script tests leave out, each with a problem planted at a known line, run under
+`tputrace run` in a subprocess: a decoding loop that grows its KV cache with `torch.cat` (a loop that marks no step),
+`clip_grad_norm_(..., error_if_nonfinite=True)`, a metric moved to the CPU after `optimizer.step()`, and a
+torch.compile'd function whose batch dim is marked dynamic while the script picks the batch size."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_fresh_scripts import _run
+
+import tputrace
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+KV_CAT_DECODE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    D, H, V = 32, 2, 50
+
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, D)
+            self.qkv = nn.Linear(D, 3 * D)
+            self.out = nn.Linear(D, D)
+            self.head = nn.Linear(D, V)
+
+        def forward(self, ids, cache=None):
+            b, t = ids.shape
+            q, k, v = self.qkv(self.emb(ids)).view(b, t, 3, H, D // H).permute(2, 0, 3, 1, 4)
+            if cache is not None:
+                k = torch.cat([cache[0], k], dim=2)  {marker}
+                v = torch.cat([cache[1], v], dim=2)
+            att = torch.nn.functional.scaled_dot_product_attention(q, k, v)
+            return self.head(self.out(att.transpose(1, 2).reshape(b, t, D))), (k, v)
+
+
+    model = LM().to("tpu").eval()
+    prompt = torch.randint(0, V, (1, 6), device="tpu")
+    with torch.no_grad():
+        logits, cache = model(prompt)
+        out = []
+        for i in range(9):
+            tok = logits[:, -1].argmax(-1, keepdim=True)
+            if tok.item() == V:
+                break
+            out.append(tok)
+            logits, cache = model(tok, cache)
+    print(torch.cat(out, 1).cpu())
+'''
+
+CLIP_NONFINITE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 64), nn.GELU(), nn.Linear(64, 8)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 64).to("tpu"), torch.randint(0, 8, (32,)).to("tpu")
+    for step in range(5):
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0, error_if_nonfinite=True)  {marker}
+        optimizer.step()
+        optimizer.zero_grad()
+    print(loss.item())
+'''
+
+METRIC_AFTER_STEP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 32, device="tpu"), torch.randint(0, 5, (64,), device="tpu")
+    history = []
+    for step in range(6):
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        history.append((logits.argmax(-1) == y).float().mean().cpu())  {marker}
+        history.append(logits.argmax(-1).max().cpu())
+        history.append(logits.argmin(-1).max().cpu())
+    print(history[-1])
+'''
+
+DYNAMIC_COMPILED = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to("tpu")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+    @torch.compile(backend="tpu")
+    def train_loss(x, y):
+        loss = nn.functional.mse_loss(model(x).squeeze(-1), y)
+        print("traced")
+        return loss
+
+
+    for step in range(6):
+        n = 16 + 4 * (step % 3)
+        x = torch.randn(n, 32, device="tpu")  {marker}
+        y = torch.randn(n, device="tpu")
+        torch._dynamo.mark_dynamic(x, 0)
+        torch._dynamo.mark_dynamic(y, 0)
+        loss = train_loss(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
+
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_a_kv_cache_grown_by_cat_in_a_decoding_loop_is_a_growing_storm(tmp_path: Path, mode: str) -> None:
+    """A decoding loop marks no step. In DeferAndFuse each token's graph is the same ops on a cache one longer, which
+    the first graph's other inputs (the prompt's) must not hide: a recompile, and a storm at the `torch.cat` that grows
+    by one. In strict mode a weight copied by `.to("tpu")` that has the bytes of the one-token query is no batch copied
+    from the host. The stopping check's read gets a decoding loop's advice, not a training loop's."""
+    report, script, line = _run(tmp_path, f"kv_cat_{mode}", KV_CAT_DECODE, ("--mode", mode))
+    storms = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert len(storms) == 1, [finding.title for finding in storms]
+    (storm,) = storms
+    assert "grows by 1 at each compile" in storm.title, storm.title
+    assert storm.file == str(script) and storm.line in (line, line + 1), (storm.line, line)
+    assert "static KV cache" in storm.suggestion and "copied" not in storm.title
+    with tputrace.open(tmp_path / f"kv_cat_{mode}.tptrace") as trace:
+        ((recompiles,),) = trace.sql("SELECT COUNT(*) FROM compiles WHERE reason = 'recompile'")
+    assert recompiles >= 6, recompiles  # of 8 graphs of one layout
+    (stop,) = [finding for finding in report.findings if finding.analyzer == "syncs" and "(item)" in finding.title]
+    assert "loss.detach()" not in stop.suggestion and "stopping check" in stop.suggestion, stop.suggestion
+
+
+def test_clip_grad_norm_error_if_nonfinite_is_named_with_its_switch(tmp_path: Path) -> None:
+    """`error_if_nonfinite=True` reads the total norm's finiteness on the host every step: the finding names that
+    read and its switch, not the `if tensor:` advice for a user's own condition."""
+    report, script, line = _run(tmp_path, "clip_nonfinite", CLIP_NONFINITE)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "error_if_nonfinite=True" in sync.explanation, sync.explanation
+    assert sync.suggestion.startswith("Drop `error_if_nonfinite=True`"), sync.suggestion
+
+
+def test_a_metric_moved_to_the_cpu_after_the_step_is_not_told_to_move_after_the_step(tmp_path: Path) -> None:
+    """The reads already follow `optimizer.step()`; each makes a program of its own: the fusion finding says to
+    compute the metric before the step and read it every N steps, not to move it after the step."""
+    report, script, line = _run(tmp_path, "metric_after_step", METRIC_AFTER_STEP)
+    (fusion,) = [finding for finding in report.findings if finding.analyzer == "fusion"]
+    assert "every N steps" in fusion.suggestion and "before `optimizer.step()`" in fusion.suggestion, fusion.suggestion
+    assert "after the step, not between layers" not in fusion.suggestion
+
+
+def test_a_dynamic_compiled_graph_fed_a_size_the_script_picks_is_one_storm_at_the_making_line(tmp_path: Path) -> None:
+    """The script picks the batch size: the compiled graph's programs (marked dynamic, compiled per size by XLA) and
+    the batch's own eager program (which first compiled that size at another line) are one storm at the line making
+    the batch, not at the `print` inside the compiled function where the graph runs; it says marking the dim
+    dynamic saves no XLA compiles."""
+    report, script, line = _run(tmp_path, "dynamic_compiled", DYNAMIC_COMPILED)
+    storms = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert len(storms) == 1, [finding.title for finding in storms]
+    (storm,) = storms
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "one XLA program per concrete size" in storm.explanation, storm.explanation
