@@ -1,7 +1,8 @@
 """Scripts of kinds the other fresh-script tests leave out, each with a problem planted at a known line, run under
 `tputrace run` in a subprocess: a decoding loop that grows its KV cache with `torch.cat` (a loop that marks no step),
-`clip_grad_norm_(..., error_if_nonfinite=True)`, a metric moved to the CPU after `optimizer.step()`, and a
-torch.compile'd function whose batch dim is marked dynamic while the script picks the batch size."""
+`clip_grad_norm_(..., error_if_nonfinite=True)`, a metric moved to the CPU after `optimizer.step()`, a
+torch.compile'd function whose batch dim is marked dynamic while the script picks the batch size, and one that
+branches on an `.item()`."""
 
 from __future__ import annotations
 
@@ -121,6 +122,32 @@ DYNAMIC_COMPILED = '''
     print(loss.item())
 '''
 
+COMPILED_BRANCH = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 4)).to("tpu")
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+    x, y = torch.randn(32, 32, device="tpu"), torch.randint(0, 4, (32,), device="tpu")
+
+
+    @torch.compile(backend="tpu")
+    def step_loss(x, y):
+        loss = nn.functional.cross_entropy(model(x), y)
+        if loss.item() > 5.0:  {marker}
+            loss = loss * 0.5
+        return loss
+
+
+    for step in range(5):
+        loss = step_loss(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
 
 @pytest.mark.parametrize("mode", ["defer", "strict"])
 def test_a_kv_cache_grown_by_cat_in_a_decoding_loop_is_a_growing_storm(tmp_path: Path, mode: str) -> None:
@@ -171,3 +198,13 @@ def test_a_dynamic_compiled_graph_fed_a_size_the_script_picks_is_one_storm_at_th
     (storm,) = storms
     assert (storm.file, storm.line) == (str(script), line), storm.title
     assert "one XLA program per concrete size" in storm.explanation, storm.explanation
+
+
+def test_a_branch_on_an_item_inside_a_compiled_function_is_told_to_use_where(tmp_path: Path) -> None:
+    """The `.item()` that breaks the graph picks a branch: the suggestion is `torch.where` inside the compiled
+    function, not the loss-logging advice to accumulate `loss.detach()`."""
+    report, script, line = _run(tmp_path, "compiled_branch", COMPILED_BRANCH)
+    (graph_break,) = [finding for finding in report.findings if finding.analyzer == "graph_breaks"]
+    assert (graph_break.file, graph_break.line) == (str(script), line), graph_break.title
+    assert graph_break.suggestion.startswith(f"The value picks a branch at {script.name}:{line}"), graph_break.suggestion
+    assert "loss.detach()" not in graph_break.suggestion
