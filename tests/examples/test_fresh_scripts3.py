@@ -55,6 +55,24 @@ KV_CAT_DECODE = '''
     print(torch.cat(out, 1).cpu())
 '''
 
+REENCODED_DECODE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    V, D = 40, 32
+    model = nn.ModuleDict(dict(emb=nn.Embedding(V, D), body=nn.Linear(D, D), head=nn.Linear(D, V))).to("tpu").eval()
+    ids = torch.randint(1, V, (2, 4), device="tpu")
+    with torch.no_grad():
+        while ids.shape[1] < 12:
+            h = torch.tanh(model["body"](model["emb"](ids))).cumsum(1)
+            nxt = model["head"](h[:, -1]).argmax(-1, keepdim=True)
+            ids = torch.cat([ids, nxt], dim=1)  {marker}
+            if (nxt == 0).all():
+                break
+    print(ids.cpu())
+'''
+
 CLIP_NONFINITE = '''
     import torch
     from torch import nn
@@ -167,6 +185,18 @@ def test_a_kv_cache_grown_by_cat_in_a_decoding_loop_is_a_growing_storm(tmp_path:
     assert recompiles >= 6, recompiles  # of 8 graphs of one layout
     (stop,) = [finding for finding in report.findings if finding.analyzer == "syncs" and "(item)" in finding.title]
     assert "loss.detach()" not in stop.suggestion and "stopping check" in stop.suggestion, stop.suggestion
+
+
+def test_a_sequence_grown_by_cat_and_encoded_again_is_a_storm_at_the_cat_outside_the_embedding(tmp_path: Path) -> None:
+    """Without a cache the whole sequence is encoded again at each token: the storm is at the `torch.cat` that grows it,
+    a line outside the embedding module that first takes the shape, and the `if` that stops the loop gets a decoding
+    loop's advice."""
+    report, script, line = _run(tmp_path, "reencoded", REENCODED_DECODE)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line, storm.module) == (str(script), line, None), (storm.title, storm.module)
+    assert f"the tensor `torch.cat` extends at {script.name}:{line}" in storm.suggestion, storm.suggestion
+    (stop,) = [finding for finding in report.findings if finding.analyzer == "syncs" and "(bool)" in finding.title]
+    assert "stopping check" in stop.suggestion and "every N steps" not in stop.suggestion, stop.suggestion
 
 
 def test_clip_grad_norm_error_if_nonfinite_is_named_with_its_switch(tmp_path: Path) -> None:

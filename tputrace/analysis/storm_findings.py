@@ -126,8 +126,10 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     ))
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
     growth = growth_step(main.values, len(storm.steps))
+    grown_at = None if growth is None else _concatenated_at(context, storm.program_ids)
     if growth is not None:
-        suggestion = _growing_suggestion(dim_name, growth, main.distinct[-1])
+        grown = dim_name if grown_at is None else f"{dim_name} (the tensor `torch.cat` extends at {context.where(grown_at)})"
+        suggestion = _growing_suggestion(grown, growth, main.distinct[-1])
     elif best is not None:
         suggestion = (
             f"Pad {dim_name} up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
@@ -138,9 +140,9 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     else:
         suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
-    grown_at = None if growth is None else _concatenated_at(context, storm.program_ids)
+    module = entry.module if entry else None
     if grown_at is not None:
-        anchor = grown_at
+        anchor, module = grown_at, None  # the cat's line, outside the module that first takes the shape
     where = site if context.location(anchor) == context.location(frame_id) else context.where(anchor)
     changes = "changes" if growth is None else f"grows by {growth} at each compile"
     return storm_finding(
@@ -152,7 +154,7 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
             + (f"; the programs extend a tensor with `torch.cat` at {context.where(grown_at)}" if grown_at is not None else "")
             + ". "
         ),
-        then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+        then=".", suggestion=suggestion, evidence=evidence, module=module, anchor=anchor,
     )
 
 

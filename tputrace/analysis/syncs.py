@@ -97,6 +97,10 @@ NO_STEP_SUGGESTIONS: dict[str, str] = {
             "after the loop; for a stopping check (`if token.item() == eos`), check every N iterations (the iterations "
             "past the stop are cheap next to a wait each), or keep a `done` mask on the chip and run a fixed number of "
             "iterations.",
+    "bool": "`if tensor:` (or `while`, `assert`) on a chip value waits for the chip at every iteration. For a stopping "
+            "check (`if (next_token == eos).all(): break`), check every N iterations (the iterations past the stop are "
+            "cheap next to a wait each), or keep a `done` mask on the chip and run a fixed number of iterations; for "
+            "another decision, make it on the chip with `torch.where`.",
 }
 
 # (a library file's path ending, sync kind) -> what to change, for reads that a library makes where its user can
