@@ -37,7 +37,7 @@ from tputrace.analysis.storm_findings import (
     padding_finding,
     shared_size_finding,
 )
-from tputrace.analysis.storms import NAME, CompileRow, Storm, compile_rows, not_evicted, storm_at
+from tputrace.analysis.storms import NAME, CompileRow, Storm, compile_rows, compiles_in_later_half, not_evicted, storm_at
 from tputrace.analysis.structure_changes import StructureStorm
 
 __all__ = ["NAME", "RecompileData", "analyze"]
@@ -182,6 +182,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         dims = varying_dims([row.signature for row in rows])
         if not dims:
             continue
+        if not context.steps and compiles_in_later_half(context, frame_id, rows) < MIN_STEADY_COMPILES:
+            continue  # a run without steps: shapes compiled in the first iterations, then reused, are no storm
         shares_line = calls_per_line[(kind, name_sid, context.location(frame_id))] > 1
         storm = storm_at(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims, shares_line)
         options, best = _bucketing(context, storm)
