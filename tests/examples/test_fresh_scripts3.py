@@ -176,6 +176,22 @@ DYNAMIC_COMPILED = '''
     print(loss.item())
 '''
 
+CHIP_MADE_BATCH = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 2)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step, n in enumerate([16, 20, 24, 18, 26, 22, 30]):
+        x = torch.randn(n, 16, device="tpu")  {marker}
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
 COMPILED_BRANCH = '''
     import torch
     from torch import nn
@@ -281,3 +297,13 @@ def test_a_branch_on_an_item_inside_a_compiled_function_is_told_to_use_where(tmp
     assert (graph_break.file, graph_break.line) == (str(script), line), graph_break.title
     assert graph_break.suggestion.startswith(f"The value picks a branch at {script.name}:{line}"), graph_break.suggestion
     assert "loss.detach()" not in graph_break.suggestion
+
+
+def test_a_batch_made_on_the_chip_at_a_changing_size_is_not_told_to_pad_in_a_collate_fn(tmp_path: Path) -> None:
+    """The size is the script's `torch.randn(n, ...)` on the chip: the storm says to pick that tensor's size from a
+    few buckets where the script chooses it, not to pad in a data pipeline it does not have."""
+    report, script, line = _run(tmp_path, "chip_made_batch", CHIP_MADE_BATCH)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert storm.suggestion.startswith(f"Give the tensor made on the chip at {script.name}:{line}"), storm.suggestion
+    assert "collate_fn" not in storm.suggestion

@@ -22,6 +22,10 @@ MAX_LISTED_PROGRAMS = 6  # programs named in a finding for the storms of one bat
 MAX_LISTED_OPTIONS = 5  # bucketings listed as evidence
 MIN_GROWING_COMPILES = 4  # compiles of a size growing by one amount each time, to call it a growing tensor
 _CAT_OPS = ("aten.cat.default", "aten.cat.out")
+# Ops that make a tensor on the chip at a size the script gives them (`torch.randn(n, d, device="tpu")`): no data
+# pipeline chose that size.
+_FACTORY_OPS = ("aten.normal_.", "aten.uniform_.", "aten.random_.", "aten.randn.", "aten.rand.", "aten.randint.",
+                "aten.zeros.", "aten.ones.", "aten.full.", "aten.empty.", "aten.arange.", "aten.randperm.")
 
 
 @dataclass(frozen=True)
@@ -131,11 +135,16 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
         grown = dim_name if grown_at is None else f"{dim_name} (the tensor `torch.cat` extends at {context.where(grown_at)})"
         suggestion = _growing_suggestion(grown, growth, main.distinct[-1])
     elif best is not None:
+        made_on_chip = entry is not None and entry.op.startswith(_FACTORY_OPS)
+        bucketing = (f"e.g. {values_text(list(best.buckets))} ({best.rule}): {plural(best.compiles, 'compile')} instead of "
+                     f"{len(main.distinct)} ({best.compiles_saved} saved) for about {best.padding_share_estimate:.1%} more "
+                     "FLOPs (estimate)")
         suggestion = (
-            f"Pad {dim_name} up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
-            f"{plural(best.compiles, 'compile')} instead of {len(main.distinct)} ({best.compiles_saved} saved) for about "
-            f"{best.padding_share_estimate:.1%} more FLOPs (estimate). Pad in the data pipeline (a collate_fn that "
-            f"pads each batch to its bucket) and mask the padding in the loss."
+            f"Give the tensor made on the chip at {context.where(entry.frame_id)} ({entry.op}) a few fixed sizes, "
+            f"{bucketing}: pick its size from the buckets where the script chooses it, and mask the padding in the loss."
+            if made_on_chip and entry is not None else
+            f"Pad {dim_name} up to a few bucket sizes, {bucketing}. Pad in the data pipeline (a collate_fn that pads "
+            "each batch to its bucket) and mask the padding in the loss."
         )
     else:
         suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
