@@ -192,6 +192,25 @@ CHIP_MADE_BATCH = '''
     print(loss.item())
 '''
 
+PACKED_LSTM = '''
+    import torch
+    from torch import nn
+    from torch.nn.utils.rnn import pack_padded_sequence
+
+    torch.manual_seed(0)
+    emb, lstm, head = nn.Embedding(50, 8).to("tpu"), nn.LSTM(8, 8, batch_first=True).to("tpu"), nn.Linear(8, 2).to("tpu")
+    optimizer = torch.optim.SGD([*emb.parameters(), *lstm.parameters(), *head.parameters()], lr=0.1)
+    for lengths in ([3, 2, 4, 2], [5, 3, 2, 2], [2, 2, 3, 2], [6, 4, 3, 5], [4, 4, 2, 3]):
+        ids, y = torch.randint(1, 50, (4, 6)).to("tpu"), torch.randint(0, 2, (4,)).to("tpu")
+        packed = pack_padded_sequence(emb(ids), torch.tensor(lengths), batch_first=True, enforce_sorted=False)  {marker}
+        _, (h, _) = lstm(packed)
+        loss = nn.functional.cross_entropy(head(h[-1]), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
 COMPILED_BRANCH = '''
     import torch
     from torch import nn
@@ -307,3 +326,14 @@ def test_a_batch_made_on_the_chip_at_a_changing_size_is_not_told_to_pad_in_a_col
     assert (storm.file, storm.line) == (str(script), line), storm.title
     assert storm.suggestion.startswith(f"Give the tensor made on the chip at {script.name}:{line}"), storm.suggestion
     assert "collate_fn" not in storm.suggestion
+
+
+def test_a_packed_sequence_whose_lengths_change_the_graph_is_one_storm_at_the_packing(tmp_path: Path) -> None:
+    """Packing unrolls the LSTM over each batch's lengths: every step's graph has another op count and so another
+    name, which no storm by program name finds. The recompiles' diffs name the packed length entering at the
+    packing line: one storm there, told to pad instead of packing."""
+    report, script, line = _run(tmp_path, "packed_lstm", PACKED_LSTM)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "programs of different op counts" in storm.title, storm.title
+    assert storm.suggestion.startswith(f"`pack_padded_sequence` at {script.name}:{line}"), storm.suggestion
