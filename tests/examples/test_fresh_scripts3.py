@@ -250,6 +250,7 @@ def test_a_kv_cache_grown_by_cat_in_a_decoding_loop_is_a_growing_storm(tmp_path:
     (storm,) = storms
     assert "grows by 1 at each compile" in storm.title, storm.title
     assert storm.file == str(script) and storm.line in (line, line + 1), (storm.line, line)
+    assert storm.module is None, storm.module  # the cat's line, not the attention's module
     assert "static KV cache" in storm.suggestion and "copied" not in storm.title
     with tputrace.open(tmp_path / f"kv_cat_{mode}.tptrace") as trace:
         ((recompiles,),) = trace.sql("SELECT COUNT(*) FROM compiles WHERE reason = 'recompile'")

@@ -306,7 +306,8 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
             + (f"; the programs extend a tensor with `torch.cat` at {context.where(grown_at)}" if grown_at is not None else "")
             + ". "
         ),
-        then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+        then=".", suggestion=suggestion, evidence=evidence, anchor=anchor,
+        module=entry.module if entry and grown_at is None else None,  # no module at the cat's line
     )
     return finding, best
 
