@@ -1,8 +1,9 @@
-"""Scripts of kinds the other fresh-script tests leave out, each with a problem planted at a known line, run under
-`tputrace run` in a subprocess: a decoding loop that grows its KV cache with `torch.cat` (a loop that marks no step),
-`clip_grad_norm_(..., error_if_nonfinite=True)`, a metric moved to the CPU after `optimizer.step()`, a
-torch.compile'd function whose batch dim is marked dynamic while the script picks the batch size, and one that
-branches on an `.item()`."""
+"""Scripts of kinds the other fresh-script tests leave out, each with a problem planted at a known line (or none),
+run under `tputrace run` in a subprocess: decoding loops that mark no step (a KV cache grown with `torch.cat`, a
+sequence encoded again at each token, a preallocated cache that should read clean), `clip_grad_norm_(...,
+error_if_nonfinite=True)`, a metric moved to the CPU after `optimizer.step()`, torch.compile'd functions (a batch dim
+marked dynamic while the script picks the batch size, a branch on an `.item()`), a batch made on the chip at a
+changing size, and an LSTM over packed sequences."""
 
 from __future__ import annotations
 
