@@ -193,6 +193,22 @@ CHIP_MADE_BATCH = '''
     print(loss.item())
 '''
 
+DATA_AFTER_OPTIMIZER = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 32), nn.ReLU(), nn.Linear(32, 4)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(16, 32, device="tpu"), torch.randint(0, 4, (16,), device="tpu")  {marker}
+    for step in range(4):
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
 PACKED_LSTM = '''
     import torch
     from torch import nn
@@ -339,3 +355,12 @@ def test_a_packed_sequence_whose_lengths_change_the_graph_is_one_storm_at_the_pa
     assert (storm.file, storm.line) == (str(script), line), storm.title
     assert "programs of different op counts" in storm.title, storm.title
     assert storm.suggestion.startswith(f"`pack_padded_sequence` at {script.name}:{line}"), storm.suggestion
+
+
+def test_set_up_work_of_several_ops_reads_as_one_piece_of_work(tmp_path: Path) -> None:
+    """Two tensors made after the optimizer ran in the first step's graph: the finding at their line names them as
+    the set-up work, not as "2 ops ... was"."""
+    report, script, line = _run(tmp_path, "data_after_optimizer", DATA_AFTER_OPTIMIZER)
+    (set_up,) = [finding for finding in report.findings if finding.analyzer == "set_up_work"]
+    assert (set_up.file, set_up.line) == (str(script), line), set_up.title
+    assert set_up.explanation.startswith("The set-up work (2 ops, "), set_up.explanation
