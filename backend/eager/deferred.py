@@ -513,8 +513,8 @@ class DeferredExecutor:
                           by_length: tuple[str, str] | None) -> tuple[str, str | None]:
         """A new graph flushed where an earlier step flushed a different one: a recompile, explained by
         `graph_changes.structure_change`. A site's graphs in its first step are first compiles, but for new
-        data-dependent lengths."""
-        old = self.flush_sites.counterpart(site, step, nodes)
+        data-dependent lengths and the same ops on inputs of new sizes (a loop that marks no step)."""
+        old = self.flush_sites.counterpart(site, step, nodes) or self.flush_sites.same_program(site, step, nodes, in_specs)
         if old is None:
             return by_length or ("first", None)
         return graph_changes.structure_change(old, nodes, called_names, in_specs, graph, recorder, by_length)

@@ -4,7 +4,8 @@ fused graph is compared against to say why it recompiled.
 A site may flush several graphs in one step (two host reads on one line, two micro-batches before one
 backward), so a site keeps every graph of the last step it flushed in and of the step before that. A
 new graph is compared with the earlier step's graph that runs the same ops in the same order, else
-with the one that shares the longest run of leading ops.
+with the one that shares the longest run of leading ops. A site that flushed no graph in an earlier step (a loop
+that marks no step) compares a new graph with its own step's graph of the same ops, wiring and input ranks.
 """
 
 from __future__ import annotations
@@ -52,6 +53,27 @@ class FlushSites:
             return None
         names = [plan.op_name for plan, _ in nodes]
         return max(candidates, key=lambda old: _likeness(names, old.nodes))
+
+    def same_program(self, site: Hashable, step: int, nodes: Sequence[tuple[Any, tuple]], in_specs: tuple) -> FlushedGraph | None:
+        """The latest graph `site` flushed in `step` itself that runs the same ops on the same wiring, with inputs of the
+        same dtypes and ranks: the same program at other sizes (a decoding loop that marks no step, its cache one
+        token longer at each read). None when there is none: other graphs of one step are not recompiles of each other."""
+        for old in reversed(self._sites.current(site, step)):
+            if _same_wiring(nodes, old.nodes) and _layout(in_specs) == _layout(old.in_specs):
+                return old
+        return None
+
+
+def _same_wiring(nodes: Sequence[tuple[Any, tuple]], old: Nodes) -> bool:
+    """Whether two graphs run the same ops, in order, each reading the same inputs and earlier results."""
+    return len(nodes) == len(old) and all(
+        plan.op_name == old_plan.op_name and refs == old_refs for (plan, refs), (old_plan, old_refs) in zip(nodes, old))
+
+
+def _layout(in_specs: tuple) -> tuple:
+    """Each input's rank, dtype and placement (a tensor's spec is (shape, dtype, ...); a non-tensor's is kept whole)."""
+    return tuple((len(spec[0]), *spec[1:]) if isinstance(spec, tuple) and spec and isinstance(spec[0], tuple) else spec
+                 for spec in in_specs)
 
 
 def _likeness(names: Sequence[str], old: Nodes) -> tuple[bool, int, int]:

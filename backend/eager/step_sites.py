@@ -43,3 +43,8 @@ class StepSites(Generic[Item]):
         if steps is None:
             return []
         return steps.earlier if steps.step == step else steps.items
+
+    def current(self, site: Hashable, step: int) -> list[Item]:
+        """The items `site` produced in `step` so far (empty: none)."""
+        steps = self._sites.get(site)
+        return steps.items if steps is not None and steps.step == step else []

@@ -58,6 +58,12 @@ class BucketOption:
     estimated_cost_ns: float
 
 
+def signature_layout(signature: str) -> tuple[tuple[str, int] | None, ...]:
+    """A signature's inputs without their sizes: each tensor's dtype and rank, None for a non-tensor. Signatures of
+    one layout are one program at different shapes (see `varying_dims`)."""
+    return tuple(None if spec is None else (spec.dtype, len(spec.shape)) for spec in parse_specs(signature))
+
+
 def varying_dims(signatures: list[str]) -> list[VaryingDim]:
     """The dims that differ across signatures of the same inputs (same count, dtypes and ranks).
 

@@ -29,11 +29,17 @@ MIN_CUTS_PER_STEP = 3.0
 
 SUGGESTIONS: dict[str, str] = {
     "bool": "replace Python control flow on tensor values (`if x.any():`) with `torch.where`, or check once per step",
-    "item": "read values with `.item()` once per step at most, after `optimizer.step()`",
-    "print": "print once per step (or every N steps), after `optimizer.step()`",
-    "tolist": "call `.tolist()` after the step, not between layers",
-    "numpy": "call `.numpy()` after the step, not between layers",
-    "cpu": "move tensors to the CPU after the step, not between layers",
+    "item": "read values with `.item()` every N steps, not between layers or every step, and compute what you read "
+            "before `optimizer.step()`: then it runs in the step's program, not in one of its own after it",
+    "print": "print every N steps, not between layers or every step, values computed before `optimizer.step()`: then "
+             "they run in the step's program, not in one of their own after it",
+    "tolist": "call `.tolist()` every N steps, not between layers or every step, on values computed before "
+              "`optimizer.step()`: then they run in the step's program, not in one of their own after it",
+    "numpy": "call `.numpy()` every N steps, not between layers or every step, on values computed before "
+             "`optimizer.step()`: then they run in the step's program, not in one of their own after it",
+    "cpu": "move values to the CPU every N steps, not between layers or every step, and compute them before "
+           "`optimizer.step()` (a metric kept on the chip, summed there): then they run in the step's program, not in "
+           "one of their own after it",
     "data_dependent": "use fixed-shape ops instead of value-dependent shapes (nonzero, masked_select, unique, bincount)",
     "size_cap": "the pending graph hit the size cap; this is rare and usually fine",
     "value_check": "tputrace checked an op's arguments on the host, once per new input signature; nothing to change",

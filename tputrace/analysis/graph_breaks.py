@@ -15,6 +15,7 @@ did and Dynamo failed on the frame, that it runs eagerly.
 from __future__ import annotations
 
 import json
+import linecache
 import re
 from collections import defaultdict
 from dataclasses import dataclass
@@ -139,7 +140,13 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         )
     suggestion = SUGGESTION
     kind_advice = [SUGGESTIONS[kind] for kind in syncs.kinds if kind in SUGGESTIONS]
-    if kind_advice:
+    if _is_branch(context, frame_id) and {"item", "bool"} & set(syncs.kinds):
+        suggestion = (
+            f"The value picks a branch at {where}: compute both sides on the chip and choose with "
+            "`torch.where(condition, a, b)` inside the compiled function, so it stays one graph and nothing is read "
+            "on the host. " + SUGGESTION
+        )
+    elif kind_advice:
         suggestion += " " + kind_advice[0]
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {reason}", break_frame, table="graph_breaks")
                 for break_frame, reason, times in breaks]
@@ -295,3 +302,12 @@ def _resumed_frames(context: AnalysisContext, file_sid: int, line: int) -> tuple
     else:
         graphs = 1 if frames else 0
     return graphs, len(frames), merged_ns((start, end) for start, end, *_ in frames)
+
+
+def _is_branch(context: AnalysisContext, frame_id: int | None) -> bool:
+    """Whether the run's copy of the line (`Trace.source_copy`) is an `if`, `elif` or `while` (False without one)."""
+    location = context.location(frame_id)
+    copy = None if location is None else context.trace.source_copy(location.file)
+    if location is None or copy is None:
+        return False
+    return linecache.getline(copy, location.line).lstrip().startswith(("if ", "elif ", "while "))

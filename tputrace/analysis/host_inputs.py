@@ -4,7 +4,8 @@ A storm whose changing dim is the shape of data copied from the host (a `collate
 batch to its own longest sequence is the usual cause) is fixed in the data pipeline, and the line that
 copies the batch is where it enters the chip. The transfers table records every host-to-chip copy
 with its bytes, step and line: a compile is explained by a copy made in its own step with exactly the
-bytes of one of its varying inputs. One batch reaches several programs (the forward's, the backward's,
+bytes of one of its varying inputs, from a line whose matched copies came in several sizes (a copy of one size,
+such as a weight that happens to have an input's bytes, explains no changing size). One batch reaches several programs (the forward's, the backward's,
 a mask's); a program whose varying inputs are all made on the chip (a `bool` mask of the batch) is
 matched by its sizes instead: the sizes, step by step, of the programs already matched to a copy line.
 The line to change is where the batch was made: the copies' `origin_frame_id`, recorded when a watched host
@@ -77,6 +78,9 @@ def copy_line(context: AnalysisContext, signatures: Sequence[str], steps: Sequen
         for frame_id in frames:
             votes[frame_id] += 1
             matched_sizes.setdefault(frame_id, set()).add(size)
+    for frame_id, pairs in matched_copies.items():  # a copy of one size explains no changing size
+        if len({size for _, size in pairs}) < MIN_MATCHED_SIZES:
+            del votes[frame_id]
     best = _best(votes, matched_sizes, len(signatures))
     return None if best is None else CopyMatch(best, dims[best], frozenset(matched_copies[best]))
 
@@ -112,14 +116,22 @@ def _has_origins(context: AnalysisContext) -> bool:
 
 def line_of_sizes(known: dict[int, set[tuple[int, int]]], steps: Sequence[int], sizes: Sequence[int]) -> int | None:
     """The copy line (a key of `known`, whose (step, size) pairs its matched programs compiled for) that explains
-    the same share of these compiles' (step, size) pairs; None when none does."""
+    the same share of these compiles' (step, size) pairs; None when none does. A pair is explained by the same pair,
+    or by a size the line's programs had compiled for in an earlier step (they ran it from their cache then, where a
+    program that first saw it later compiled), so long as `MIN_MATCHED_SIZES` sizes match step for step."""
     votes: Counter[int] = Counter()
     matched_sizes: dict[int, set[int]] = {}
+    exact: Counter[int] = Counter()
     for step, size in zip(steps, sizes):
         for frame_id, pairs in known.items():
             if (step, size) in pairs:
-                votes[frame_id] += 1
-                matched_sizes.setdefault(frame_id, set()).add(size)
+                exact[frame_id] += 1
+            elif not any(seen == size and earlier < step for earlier, seen in pairs):
+                continue
+            votes[frame_id] += 1
+            matched_sizes.setdefault(frame_id, set()).add(size)
+    for frame_id in [frame_id for frame_id in votes if exact[frame_id] < MIN_MATCHED_SIZES]:
+        del votes[frame_id]
     return _best(votes, matched_sizes, len(sizes))
 
 

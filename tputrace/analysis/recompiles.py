@@ -21,13 +21,14 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import chip_shapes, data_sizes, ddp_rebuild, dynamic_sizes, host_inputs, program_cache, structure_changes
+from tputrace.analysis import chip_shapes, data_sizes, ddp_rebuild, dynamic_sizes, entry_storms, host_inputs, program_cache, structure_changes
 from tputrace.analysis.chip_shapes import ChipShapeStorm
-from tputrace.analysis.buckets import BucketOption, bucket_options, propose, varying_dims
+from tputrace.analysis.buckets import BucketOption, bucket_options, propose, signature_layout, varying_dims
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import SizeOrigin
 from tputrace.analysis.ddp_rebuild import DdpRebuild
 from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
+from tputrace.analysis.entry_storms import EntryStorm
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
     DataSizeStorm,
@@ -37,7 +38,7 @@ from tputrace.analysis.storm_findings import (
     padding_finding,
     shared_size_finding,
 )
-from tputrace.analysis.storms import NAME, Storm, compile_rows, not_evicted, storm_at
+from tputrace.analysis.storms import NAME, CompileRow, Storm, compile_rows, compiles_in_later_half, not_evicted, storm_at
 from tputrace.analysis.structure_changes import StructureStorm
 
 __all__ = ["NAME", "RecompileData", "analyze"]
@@ -141,6 +142,7 @@ class RecompileData:
     caused: tuple[CausedCompiles, ...] = ()
     dynamic_sizes: tuple[DynamicSizeRecompiles, ...] = ()  # torch.compile size guards that failed (see `dynamic_sizes`)
     ddp_rebuilds: tuple[DdpRebuild, ...] = ()  # DDP's one bucket rebuild (see `ddp_rebuild`)
+    entry_storms: tuple[EntryStorm, ...] = ()  # a size that changes the graph's ops too (see `entry_storms`)
 
 
 @dataclass(frozen=True)
@@ -176,10 +178,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             continue
         if first_steady is not None and steady_compiles < MIN_STEADY_COMPILES:
             continue
-        rows = compile_rows(context, kind, name_sid, frame_id, evicted)
+        rows = _main_layout(compile_rows(context, kind, name_sid, frame_id, evicted))
+        if len(rows) < MIN_COMPILES or len({row.signature for row in rows}) < MIN_COMPILES:
+            continue
         dims = varying_dims([row.signature for row in rows])
         if not dims:
             continue
+        if not context.steps and compiles_in_later_half(context, frame_id, rows) < MIN_STEADY_COMPILES:
+            continue  # a run without steps: shapes compiled in the first iterations, then reused, are no storm
         shares_line = calls_per_line[(kind, name_sid, context.location(frame_id))] > 1
         storm = storm_at(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims, shares_line)
         options, best = _bucketing(context, storm)
@@ -259,12 +265,19 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         findings.append(finding)
         caused.append((finding, rebuild.recompiles))
         rebuilds.append(rebuild)
+        explained |= compile_ids
+    entries = []
+    for finding, entry_storm, compile_ids in entry_storms.findings(context, explained, not_evicted(evicted), evicted):
+        findings.append(finding)
+        caused.append((finding, entry_storm.recompiles))
+        entries.append(entry_storm)
+        explained |= compile_ids
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
         chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
-        ddp_rebuilds=tuple(rebuilds),
+        ddp_rebuilds=tuple(rebuilds), entry_storms=tuple(entries),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )
@@ -286,6 +299,16 @@ def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOpti
         bucket_options=tuple(options),
         proposed=best if origin is None else None,  # no padding fixes a data-chosen size
     )
+
+
+def _main_layout(rows: list[CompileRow]) -> list[CompileRow]:
+    """The site's compiles of its most frequent input layout (dtypes and ranks): a site whose one compile took other
+    inputs (a decoding loop's first token, flushed with the prompt's forward, before the cache it then grows) storms
+    in the others."""
+    by_layout: dict[tuple, list[CompileRow]] = {}
+    for row in rows:
+        by_layout.setdefault(signature_layout(row.signature), []).append(row)
+    return max(by_layout.values(), key=len)
 
 
 def _bucketing(context: AnalysisContext, storm: Storm) -> tuple[list[BucketOption], BucketOption | None]:

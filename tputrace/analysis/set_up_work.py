@@ -89,7 +89,8 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
         severity=context.severity(share),
         title=f"Set-up work at {file_name}:{line} ran in the first step's graph: {plural(len(recompiles), 'program')} compiled again in step 1",
         explanation=(
-            f"{ops} was still pending on the chip when the first step began, so DeferAndFuse ran it inside that "
+            f"The set-up work ({ops}) was still pending on the chip when the first step began, so DeferAndFuse ran it "
+            "inside that "
             f"step's graph (flushed at {', '.join(first_graphs)}). The second step's graph, without it, is another "
             f"program ({programs}), compiled again: {format_ns(total_ns)} of compiling ({share:.0%} of the run). "
             "Later steps run the second step's program; the first step's ran once."

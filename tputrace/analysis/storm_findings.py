@@ -22,6 +22,10 @@ MAX_LISTED_PROGRAMS = 6  # programs named in a finding for the storms of one bat
 MAX_LISTED_OPTIONS = 5  # bucketings listed as evidence
 MIN_GROWING_COMPILES = 4  # compiles of a size growing by one amount each time, to call it a growing tensor
 _CAT_OPS = ("aten.cat.default", "aten.cat.out")
+# Ops that make a tensor on the chip at a size the script gives them (`torch.randn(n, d, device="tpu")`): no data
+# pipeline chose that size.
+_FACTORY_OPS = ("aten.normal_.", "aten.uniform_.", "aten.random_.", "aten.randn.", "aten.rand.", "aten.randint.",
+                "aten.zeros.", "aten.ones.", "aten.full.", "aten.empty.", "aten.arange.", "aten.randperm.")
 
 
 @dataclass(frozen=True)
@@ -75,7 +79,7 @@ def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs
         analyzer=NAME,
         severity=_severity(context, compiles.recompile_ns, _loop_steps_compiling(context, compiles)),
         title=f"Recompilation storm: {programs} compiled {compiles.count} times as {cause} ({sizes} sizes)",
-        explanation=f"{explanation}{_compile_cost_text(context, compiles)}{then}",
+        explanation=f"{explanation}{_dynamic_graphs_text(context, compiles.compile_ids)}{_compile_cost_text(context, compiles)}{then}",
         suggestion=suggestion,
         cost_total_ns=float(compiles.recompile_ns),
         cost_per_step_ns=context.per_step(compiles.recompile_ns),
@@ -84,6 +88,27 @@ def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs
         module=module,
         **context.location_fields(anchor),
     )
+
+
+def _dynamic_graphs_text(context: AnalysisContext, compile_ids: Sequence[int]) -> str:
+    """A sentence naming the storm's XLA programs whose torch.compile graph has symbolic sizes (`mark_dynamic`,
+    `dynamic=True`): the graph is traced once, but XLA compiles one program per concrete size. '' when none has."""
+    if not compile_ids:
+        return ""
+    names = [name for (name,) in context.trace.sql(
+        f"SELECT DISTINCT s.text FROM compiles c JOIN strings s ON s.id = c.name_sid WHERE c.id IN {in_list(compile_ids)} "
+        "AND c.kind = 'xla' AND EXISTS (SELECT 1 FROM compiles a JOIN strings sig ON sig.id = a.signature_sid "
+        "WHERE a.rank = c.rank AND a.kind = 'aot' AND a.name_sid = c.name_sid AND (sig.text LIKE '%SymInt%' "
+        "OR sig.text LIKE '%[s%' OR sig.text LIKE '%,s%'))", tuple(compile_ids),
+    )]
+    if not names:
+        return ""
+    names = sorted(names)
+    graphs = names[0] if len(names) == 1 else ", ".join(names[:-1][:3]) + (" and " if len(names) <= 4 else ", ... and ") + names[-1]
+    one = len(names) == 1
+    return (f"{graphs} {'is a graph' if one else 'are graphs'} with dynamic sizes (`mark_dynamic` or `dynamic=True`): "
+            f"Dynamo traced {'it' if one else 'them'} once, but the tpu backend compiles one XLA program per concrete "
+            "size, so marking the dim dynamic does not save these compiles. ")
 
 
 def padding_finding(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> Finding:
@@ -105,28 +130,28 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     ))
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
     growth = growth_step(main.values, len(storm.steps))
+    grown_at = None if growth is None else _concatenated_at(context, storm.program_ids)
     if growth is not None:
-        suggestion = (
-            f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
-            f"at each call (a KV cache in autoregressive decoding, a `torch.cat` onto a growing result). Allocate it "
-            f"once at its largest size ({main.distinct[-1]} here, or the loop's limit) and write into it (slice "
-            f"assignment, `index_copy_`), masking the part not filled yet, so the program keeps one shape; Hugging "
-            f"Face's `generate` does this with a static KV cache (`cache_implementation=\"static\"`) for the models "
-            f"that support one."
-        )
+        grown = dim_name if grown_at is None else f"{dim_name} (the tensor `torch.cat` extends at {context.where(grown_at)})"
+        suggestion = _growing_suggestion(grown, growth, main.distinct[-1])
     elif best is not None:
+        made_on_chip = entry is not None and entry.op.startswith(_FACTORY_OPS)
+        bucketing = (f"e.g. {values_text(list(best.buckets))} ({best.rule}): {plural(best.compiles, 'compile')} instead of "
+                     f"{len(main.distinct)} ({best.compiles_saved} saved) for about {best.padding_share_estimate:.1%} more "
+                     "FLOPs (estimate)")
         suggestion = (
-            f"Pad {dim_name} up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}): "
-            f"{plural(best.compiles, 'compile')} instead of {len(main.distinct)} ({best.compiles_saved} saved) for about "
-            f"{best.padding_share_estimate:.1%} more FLOPs (estimate). Pad in the data pipeline (a collate_fn that "
-            f"pads each batch to its bucket) and mask the padding in the loss."
+            f"Give the tensor made on the chip at {context.where(entry.frame_id)} ({entry.op}) a few fixed sizes, "
+            f"{bucketing}: pick its size from the buckets where the script chooses it, and mask the padding in the loss."
+            if made_on_chip and entry is not None else
+            f"Pad {dim_name} up to a few bucket sizes, {bucketing}. Pad in the data pipeline (a collate_fn that pads "
+            "each batch to its bucket) and mask the padding in the loss."
         )
     else:
         suggestion = f"Give {dim_name} a fixed size (pad every batch to {main.distinct[-1]}) so the program compiles once."
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else frame_id
-    grown_at = None if growth is None else _concatenated_at(context, storm.program_ids)
+    module = entry.module if entry else None
     if grown_at is not None:
-        anchor = grown_at
+        anchor, module = grown_at, None  # the cat's line, outside the module that first takes the shape
     where = site if context.location(anchor) == context.location(frame_id) else context.where(anchor)
     changes = "changes" if growth is None else f"grows by {growth} at each compile"
     return storm_finding(
@@ -138,7 +163,18 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
             + (f"; the programs extend a tensor with `torch.cat` at {context.where(grown_at)}" if grown_at is not None else "")
             + ". "
         ),
-        then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+        then=".", suggestion=suggestion, evidence=evidence, module=module, anchor=anchor,
+    )
+
+
+def _growing_suggestion(dim_name: str, growth: int, largest: int) -> str:
+    return (
+        f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
+        f"at each call (a KV cache in autoregressive decoding, a `torch.cat` onto a growing result). Allocate it "
+        f"once at its largest size ({largest} here, or the loop's limit) and write into it (slice "
+        f"assignment, `index_copy_`), masking the part not filled yet, so the program keeps one shape; Hugging "
+        f"Face's `generate` does this with a static KV cache (`cache_implementation=\"static\"`) for the models "
+        f"that support one."
     )
 
 
@@ -241,11 +277,18 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     shared = _shared_size(context, widest, storms)
     sizes, best, entry = shared.sizes, shared.best, first.entry
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else first.frame_id
+    growth = growth_step(widest.main.values, len(widest.steps))
+    grown_at = None if growth is None else _concatenated_at(
+        context, [program_id for storm in storms for program_id in storm.program_ids])
+    if grown_at is not None:
+        anchor = grown_at
     where = context.where(anchor)
     evidence = _program_evidence(context, storms)
     evidence.extend(_entry_evidence(context, entry, "the changing shape first enters a program as"))
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
-    if best is not None:
+    if growth is not None:
+        suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1])
+    elif best is not None:
         suggestion = (
             f"Give the shape made at {where} a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. Pad to the "
             f"bucket where the size is chosen and mask the padding in the loss."
@@ -253,14 +296,18 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     else:
         suggestion = f"Give the shape made at {where} a fixed size (pad it to {sizes[-1]}) so each program compiles once."
     finding = storm_finding(
-        context, shared.compiles, programs=f"{len(storms)} programs", cause=f"the shape entering at {where} changes",
+        context, shared.compiles, programs=f"{len(storms)} programs",
+        cause=f"the shape entering at {where} " + ("changes" if growth is None else f"grows by {growth} at each compile"),
         sizes=len(sizes),
         explanation=(
             f"One size changed step by step through {len(sizes)} values ({values_text(sizes)}), and every program it "
             f"reached compiled once per value: {_listed_programs(storms)}"
-            + (f"; it first enters a program as {entry.describe(context)}" if entry else "") + ". "
+            + (f"; it first enters a program as {entry.describe(context)}" if entry else "")
+            + (f"; the programs extend a tensor with `torch.cat` at {context.where(grown_at)}" if grown_at is not None else "")
+            + ". "
         ),
-        then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+        then=".", suggestion=suggestion, evidence=evidence, anchor=anchor,
+        module=entry.module if entry and grown_at is None else None,  # no module at the cat's line
     )
     return finding, best
 

@@ -117,6 +117,28 @@ def compile_rows(context: AnalysisContext, kind: str, name_sid: int, frame_id: i
     ]
 
 
+def compiles_in_later_half(context: AnalysisContext, frame_id: int | None, rows: list[CompileRow]) -> int:
+    """How many of a site's compiles came after the middle op of those its line ran, by dispatch order (all of them
+    when the line ran no op: a flush's line). In a run without steps this tells a size that keeps changing (a cache
+    one token longer at each call, compiling to the end) from programs of a few shapes compiled in the loop's first
+    iterations and reused after them (the views of several tensors at one line in strict mode)."""
+    if frame_id is None:
+        return len(rows)
+    trace = context.trace
+    starts = [start_ns for (start_ns,) in trace.sql(
+        "SELECT o.start_ns FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? "
+        "WHERE o.rank = ? AND f.file_sid = sf.file_sid AND f.line = sf.line ORDER BY o.seq",
+        (frame_id, context.rank),
+    )]  # the line's ops, whatever call on it (ops and compiles may record its columns differently)
+    if not starts:
+        return len(rows)
+    compile_ids = [row.compile_id for row in rows]
+    ((later,),) = trace.sql(
+        f"SELECT COUNT(*) FROM compiles WHERE id IN {in_list(compile_ids)} AND start_ns > ?",
+        (*compile_ids, starts[len(starts) // 2]))
+    return int(later)
+
+
 def program_runs(context: AnalysisContext, program_ids: list[int]) -> dict[int, int]:
     """How often each program ran: executions, else ops computed by it (strict mode), else 1."""
     if not program_ids:

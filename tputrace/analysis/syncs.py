@@ -80,6 +80,13 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
         "`validate_args=False` for each distribution made in it (a `torch._check_tensor_all` of your own: check "
         "every N steps).",
     ),
+    (("aten._foreach_norm", "aten.isnan", "aten.isinf", "aten.logical_or"), "bool"): (
+        "`torch.nn.utils.clip_grad_norm_(..., error_if_nonfinite=True)` reading whether the total gradient norm is "
+        "NaN or infinite, to raise",
+        "Drop `error_if_nonfinite=True` (the default is False): the clipping itself runs on the chip without a read. "
+        "To catch a non-finite norm, keep the norm `clip_grad_norm_` returns and check `torch.isfinite(norm)` every N "
+        "steps.",
+    ),
     (("aten.triu", "aten.eq.Tensor", "aten.all"), "bool"): (
         "`nn.TransformerEncoder` (or `nn.TransformerDecoder`) comparing the attention mask passed to it with a "
         "causal mask of its size to decide `is_causal` (`_detect_is_causal_mask`: `bool((mask == causal).all())`)",
@@ -88,6 +95,19 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
     ),
 }
 
+
+# A run without steps (no optimizer step, no `tputrace.step()`) is an inference or decoding loop: no loss to accumulate.
+NO_STEP_SUGGESTIONS: dict[str, str] = {
+    "item": "Keep the value on the chip: a read every iteration makes the host wait for each iteration's program "
+            "before it queues the next. Sum a metric or count on the chip (`correct += (pred == y).sum()`) and read it "
+            "after the loop; for a stopping check (`if token.item() == eos`), check every N iterations (the iterations "
+            "past the stop are cheap next to a wait each), or keep a `done` mask on the chip and run a fixed number of "
+            "iterations.",
+    "bool": "`if tensor:` (or `while`, `assert`) on a chip value waits for the chip at every iteration. For a stopping "
+            "check (`if (next_token == eos).all(): break`), check every N iterations (the iterations past the stop are "
+            "cheap next to a wait each), or keep a `done` mask on the chip and run a fixed number of iterations; for "
+            "another decision, make it on the chip with `torch.where`.",
+}
 
 # (a library file's path ending, sync kind) -> what to change, for reads that a library makes where its user can
 # turn them off.
@@ -204,7 +224,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     )
     if library:
         explanation += f" The value is read inside a library that {where} calls, at {library}."
-    suggestion = SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N steps.")
+    suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
+        kind, "Move the host read out of the loop, or do it every N steps.")
     facts = import_facts(context.trace, context.rank)
     if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
