@@ -65,9 +65,11 @@ class CollectiveCall:
         """This rank's data is in the transport: the moment the others wait for."""
         self.start_ns = _perf_ns()
 
-    def finished(self) -> None:
+    def finished(self, failed: bool = False) -> None:
+        """Write the row: when the result is back, or when the call failed (a peer gone, a timeout), so that the
+        trace keeps the call a rank was waiting in; a failed call has no bus bandwidth."""
         duration = max(_perf_ns() - self.start_ns, 1)
-        bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes else None
+        bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes and not failed else None
         self.recorder.collective(
             self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, self.algorithm, bandwidth, self.step,
             self.cause_id,

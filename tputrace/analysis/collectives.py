@@ -1,5 +1,6 @@
 """Collectives (when the trace has them): how much of a step they take, the bus bandwidth reached
-against the target's ICI, many small messages, stragglers, and messages not divisible by the group.
+against the target's ICI, many small messages, stragglers, messages not divisible by the group, and ranks
+that issue a group's collectives out of step (`collective_order`).
 
 Bus bandwidth is the recorded `bus_bandwidth` (bytes/s) when present, else computed with the usual
 ring factor for the kind. Waiting (`wait_ns`) is time a rank spent for the last rank to arrive: the
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
+from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.imported import import_facts
@@ -89,6 +91,7 @@ class CollectivesData:
     wait_by_rank: tuple[RankWait, ...] = ()
     not_divisible: tuple[UnevenCollective, ...] = ()
     straggler: Straggler | None = None
+    out_of_step: OutOfStep | None = None  # the first collective the ranks of a group issued out of step
 
 
 def bus_factor(kind: str, ranks: int) -> float:
@@ -192,8 +195,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         ))
     wait_by_rank, late, straggler = _stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
-    findings.extend(finding for finding in (straggler, uneven) if finding is not None)
-    data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late)
+    order, order_finding = out_of_step(context)
+    findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
+    data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
 
 

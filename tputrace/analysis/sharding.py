@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tputrace.analysis import sharding_plans
+from tputrace.analysis import sharding_ddp, sharding_plans
 from tputrace.analysis.collectives import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -110,8 +110,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     explained_ns += sharding_plans.reduced_again(context, out, records, world, first_reductions)
     explained_ns += sharding_plans.op_redistributions(context, out, records, world, first_reductions)
     explained_ns += sharding_plans.round_trips(context, out, records, world)
+    explained_ns += sharding_plans.explicit_gathers(context, out, records, world)
     sharding_plans.unplanned_parameters(context, out, records)
     explained_ns += _unwrapped_modules(context, out, records, by_cause)
+    explained_ns += sharding_ddp.accumulation_without_no_sync(context, out, records, world)
     explained_ns += _small_buckets(context, out, records, by_cause, world)
     _replicated_parameters(context, out, records, world)
     _uneven_shards(context, out, records)

@@ -1,0 +1,189 @@
+"""Distributed scripts unlike the examples, each with a problem planted at a marked line, run on two virtual
+chips under `tputrace run --nproc 2`: the report names the problem at that line with its fix, a variant without
+the problem gets no such finding, and a run that fails keeps what every rank recorded."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+import tputrace
+from tputrace.analysis import Report, analyze
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+ROOT = Path(__file__).resolve().parents[2]
+MARKER = "# the planted line"
+
+HEADER = '''
+    import sys
+    import torch
+    import torch.distributed as dist
+    import tputrace.backend  # noqa: F401
+    from torch import nn
+    CLEAN = "--clean" in sys.argv
+    dist.init_process_group("tpu")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+'''
+
+ACCUMULATION = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("tpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(5):
+        for micro in range(4):
+            x = torch.randn(8, 32, generator=generator).to("tpu")
+            y = torch.randint(0, 4, (8,), generator=generator).to("tpu")
+            if CLEAN and micro < 3:
+                with model.no_sync():
+                    nn.functional.cross_entropy(model(x), y).backward()
+            else:
+                nn.functional.cross_entropy(model(x), y).backward()  {marker}
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+'''
+
+# A row-parallel product left Partial: square() reduces it in the forward and its gradient again in the backward
+# (--clean reduces it once, right after the product). After the loop, a Shard(0) -> Shard(1) redistribution.
+ROW_PARALLEL = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (world,))
+    first = nn.Parameter(distribute_tensor(torch.randn(32, 64, device="tpu") / 8, mesh, [Shard(1)]))
+    second = nn.Parameter(distribute_tensor(torch.randn(64, 32, device="tpu") / 8, mesh, [Shard(0)]))
+    optimizer = torch.optim.SGD([first, second], lr=0.01)
+    for step in range(5):
+        x = DTensor.from_local(torch.randn(16, 32, device="tpu"), mesh, [Replicate()], run_check=False)
+        out = torch.relu(x @ first) @ second
+        if CLEAN:
+            out = out.redistribute(mesh, [Replicate()])
+        loss = out.square().mean()  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    moved = distribute_tensor(torch.arange(4.0 * world * 6 * world).reshape(4 * world, 6 * world).to("tpu"), mesh, [Shard(0)])
+    local = moved.redistribute(mesh, [Shard(1)]).to_local().cpu()
+    assert torch.equal(local, torch.arange(4.0 * world * 6 * world).reshape(4 * world, 6 * world).chunk(world, dim=1)[rank])
+    dist.destroy_process_group()
+'''
+
+FULL_TENSOR = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (world,))
+    first = nn.Parameter(distribute_tensor(torch.randn(32, 256, device="tpu") / 8, mesh, [Shard(1)]))
+    second = nn.Parameter(distribute_tensor(torch.randn(256, 32, device="tpu") / 16, mesh, [Shard(0)]))
+    optimizer = torch.optim.SGD([first, second], lr=0.01)
+    for step in range(5):
+        x = DTensor.from_local(torch.randn(32, 32, device="tpu"), mesh, [Replicate()], run_check=False)
+        hidden = torch.relu(x @ first)
+        if CLEAN:
+            out = (hidden @ second).redistribute(mesh, [Replicate()])
+        else:
+            out = hidden.full_tensor() @ second.full_tensor()  {marker}
+        loss = out.square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
+OUT_OF_STEP = HEADER + '''
+    total = torch.ones(256, device="tpu")
+    for step in range(4):
+        value = total * (step + 1)
+        if not (rank == 1 and step == 2):
+            dist.all_reduce(value)  {marker}
+        dist.all_reduce(total)
+        print(rank, step, value.sum().item())
+    dist.destroy_process_group()
+'''
+
+
+def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
+    """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source.format(marker=MARKER)))
+    line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if MARKER in text)
+    trace = tmp_path / f"{name}{'-'.join(args)}.tptrace"
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "--nproc", "2", "-o", str(trace), str(script), *args]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                               env=dict(os.environ, PYTHONWARNINGS="ignore"), start_new_session=True)
+    try:
+        _, stderr = process.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        _, stderr = process.communicate()
+        pytest.fail(f"{name} did not finish:\n{stderr[-4000:]}")
+    assert (process.returncode == 0) == expect_ok, stderr[-4000:]
+    return script, trace, line
+
+
+def _report(trace: Path) -> Report:
+    with tputrace.open(trace) as opened:
+        return analyze(opened)
+
+
+def test_gradient_accumulation_without_no_sync_is_named_at_the_backward_line(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "accumulate", ACCUMULATION)
+    found = [finding for finding in _report(trace).findings if "no_sync" in finding.title]
+    assert len(found) == 1, [finding.title for finding in _report(trace).findings]
+    finding = found[0]
+    assert finding.file is not None and Path(finding.file).name == script.name and finding.line == line
+    assert "4 times per optimizer step" in finding.title and "model.no_sync()" in (finding.suggestion or "")
+    assert finding.cost_per_step_ns and finding.cost_per_step_ns > 0
+    _, clean_trace, _ = _run(tmp_path, "accumulate", ACCUMULATION, "--clean")
+    assert not [finding.title for finding in _report(clean_trace).findings if "no_sync" in finding.title]
+
+
+def test_a_partial_sum_reduced_again_by_a_gradient_is_named_at_the_forward_line(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "row_parallel", ROW_PARALLEL)
+    report = _report(trace)
+    again = [finding for finding in report.findings if "again in the backward" in finding.title]
+    assert len(again) == 1, [finding.title for finding in report.findings]
+    assert again[0].file is not None and Path(again[0].file).name == script.name and again[0].line == line
+    assert "redistribute(mesh, [Replicate()])" in (again[0].suggestion or "")
+    # every sharding finding has a line (a DTensor loss's backward gets the backward() call's line)
+    assert all(finding.line is not None for finding in report.findings if finding.analyzer == "sharding" and "exposed" not in finding.title)
+    # DTensor's Shard(0) -> Shard(1) runs as an all_to_all on the chips, not as a CPU fallback
+    assert not [finding.title for finding in report.findings if "shard_dim_alltoall" in finding.title]
+    with tputrace.open(trace) as opened:
+        assert opened.sql("SELECT COUNT(*) FROM collectives WHERE kind = 'all_to_all'")[0][0] > 0
+        assert opened.sql("SELECT COUNT(*) FROM collectives WHERE frame_id IS NULL")[0][0] == 0
+        assert not opened.sql("SELECT s.text FROM fallbacks f JOIN strings s ON s.id = f.op_sid WHERE s.text LIKE '%shard_dim_alltoall%'")
+    _, clean_trace, _ = _run(tmp_path, "row_parallel", ROW_PARALLEL, "--clean")
+    clean = _report(clean_trace)
+    assert not [finding.title for finding in clean.findings if finding.analyzer == "sharding" and finding.severity != "info"]
+
+
+def test_full_tensor_in_the_loop_is_named_at_its_line(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "full_tensor", FULL_TENSOR)
+    report = _report(trace)
+    gathers = [finding for finding in report.findings if finding.title.startswith("full_tensor() or redistribute()")]
+    assert gathers and all(finding.line == line and Path(finding.file or "").name == script.name for finding in gathers), \
+        [(finding.title, finding.line) for finding in report.findings]
+    assert {"Shard(0)", "Shard(1)"} <= {placement for finding in gathers for placement in ("Shard(0)", "Shard(1)") if placement in finding.title}
+    _, clean_trace, _ = _run(tmp_path, "full_tensor", FULL_TENSOR, "--clean")
+    assert not [finding.title for finding in _report(clean_trace).findings if finding.title.startswith("full_tensor()")]
+
+
+def test_a_collective_one_rank_skips_is_named_and_the_failed_call_is_kept(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "out_of_step", OUT_OF_STEP, expect_ok=False)
+    with tputrace.open(trace) as opened:
+        calls = dict(opened.sql("SELECT rank, COUNT(*) FROM collectives GROUP BY rank"))
+        report = analyze(opened)
+    # rank 0 issued 8 all-reduces, the last one failing when rank 1 (7 calls) had left: both are in the trace
+    assert calls == {0: 8, 1: 7}, calls
+    order = [finding for finding in report.findings if finding.title.startswith("Ranks issue collectives out of step")]
+    assert len(order) == 1 and order[0].severity == "critical", [finding.title for finding in report.findings]
+    assert order[0].file is not None and Path(order[0].file).name == script.name and order[0].line == line
+    assert f"{script.name}:{line + 1}" in order[0].title

@@ -1,0 +1,131 @@
+"""Collectives issued out of step: ranks of one group whose k-th calls are not the same call.
+
+A process group pairs its members' collectives by order, not by line: when one rank skips a collective
+(a rank-dependent branch, an early `continue`) every later call of that rank is paired with the next
+call of the others. Calls of the same size then silently combine different tensors, and the run hangs
+or fails at the end, where one rank waits for a call the other never issues. The merged trace holds
+every rank's calls: the first position where the members' calls differ in kind, in size (for kinds
+whose size every member shares) or in line (for a rooted kind, whose root may call from a line of its
+own, only when the members also issued different numbers of calls on the group) is named, with each
+rank's line. Point-to-point calls and groups some member did not record
+are left out; a rank that died simply stops (its calls so far agree), and is not out of step.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import Evidence, Finding
+from tputrace.store.records import SourceLocation
+from tputrace.wording import format_bytes, plural
+
+POINT_TO_POINT = ("send", "recv")
+SAME_SIZE_KINDS = ("all_reduce", "broadcast", "reduce", "barrier")  # every member passes a tensor of one size
+ROOTED_KINDS = ("broadcast", "reduce", "scatter", "gather")  # the root often calls from a line of its own
+
+
+@dataclass(frozen=True)
+class OutOfStep:
+    """The first call of a group whose members disagree: its position (1-based) and each rank's call there."""
+
+    group: str
+    position: int
+    calls: tuple[tuple[int, str, int, str], ...]  # (rank, kind, bytes, line) per member; line "-" when it issued none
+    counts: tuple[tuple[int, int], ...]  # (rank, calls on the group)
+
+
+@dataclass(frozen=True)
+class _Call:
+    kind: str
+    nbytes: int
+    where: SourceLocation | None
+
+
+def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | None]:
+    """The first group whose members' collectives diverge, and a critical finding at the first rank's line there."""
+    trace = context.trace
+    if len(trace.distributed_ranks) < 2:
+        return None, None
+    rows = trace.sql("SELECT rank, kind, bytes, group_sid, ranks_sid, frame_id FROM collectives ORDER BY rank, start_ns")
+    by_group: dict[tuple[int | None, int | None], dict[int, list[_Call]]] = defaultdict(lambda: defaultdict(list))
+    for rank, kind, nbytes, group_sid, ranks_sid, frame_id in rows:
+        if kind in POINT_TO_POINT:
+            continue
+        by_group[(group_sid, ranks_sid)][rank].append(_Call(kind, nbytes or 0, trace.frame(frame_id)))
+    for (group_sid, ranks_sid), per_rank in by_group.items():
+        members = _members(trace.string(ranks_sid)) or sorted(per_rank)
+        if len(members) < 2 or any(member not in per_rank for member in members):
+            continue
+        sequences = [per_rank[member] for member in members]
+        counts = [len(sequence) for sequence in sequences]
+        position = _divergence(sequences, uneven=len(set(counts)) > 1)
+        if position is None:
+            continue
+        calls = tuple(
+            (member, sequence[position].kind, sequence[position].nbytes, _short(sequence[position].where)) if position < len(sequence)
+            else (member, "-", 0, "-")
+            for member, sequence in zip(members, sequences, strict=True)
+        )
+        name = trace.string(group_sid)
+        found = OutOfStep(f"process group {name}" if name else "the default group", position + 1, calls, tuple(zip(members, counts, strict=True)))
+        return found, _finding(context, found, sequences[0][position].where if position < len(sequences[0]) else None)
+    return None, None
+
+
+def _divergence(sequences: list[list[_Call]], uneven: bool) -> int | None:
+    """The first position where the members' calls differ; for a rooted kind, lines count only when the members'
+    call counts differ too (the root may issue the same broadcast from a line of its own, in step)."""
+    for position, calls in enumerate(zip(*sequences, strict=False)):
+        kinds = {call.kind for call in calls}
+        if len(kinds) > 1:
+            return position
+        if calls[0].kind in SAME_SIZE_KINDS and len({call.nbytes for call in calls}) > 1:
+            return position
+        if (uneven or calls[0].kind not in ROOTED_KINDS) and len({(call.where.file, call.where.line) if call.where else None for call in calls}) > 1:
+            return position
+    return None
+
+
+def _finding(context: AnalysisContext, found: OutOfStep, where: SourceLocation | None) -> Finding:
+    first = found.calls[0]
+    others = [call for call in found.calls[1:] if call[1:] != first[1:]] or list(found.calls[1:])
+    differs = "; ".join(f"rank {rank}: {kind} of {format_bytes(nbytes)} at {line}" if kind != "-" else f"rank {rank}: no call"
+                        for rank, kind, nbytes, line in others)
+    counts = ", ".join(f"rank {rank} {plural(count, 'call')}" for rank, count in found.counts)
+    uneven = len({count for _, count in found.counts}) > 1
+    return Finding(
+        analyzer="collectives",
+        severity="critical",
+        title=(f"Ranks issue collectives out of step: call {found.position} on {found.group} is {first[1]} at {first[3]} on rank {first[0]}, "
+               f"but {differs}"),
+        explanation=(
+            "A process group pairs its members' collectives by their order, not by their line: from this call on, each rank's "
+            "collective is paired with a different one of the others'. Calls of the same size silently combine different tensors; "
+            "calls of different sizes or kinds fail or hang"
+            + (f", and the ranks issued different numbers of calls on the group ({counts}), so one rank waited for a call the "
+               "other never issued." if uneven else f" ({counts}).")
+        ),
+        suggestion=(
+            f"Make every rank issue the same collectives in the same order: the call at {first[3]} (or the one at "
+            f"{others[0][3] if others and others[0][3] != '-' else 'the other rank'}) sits in a branch that not every rank takes. Issue it on "
+            "every rank (a rank with nothing to contribute passes zeros), or move it out of the rank-dependent branch."
+        ),
+        evidence=tuple(
+            Evidence(f"rank {rank}: call {found.position} is {kind} ({format_bytes(nbytes)}) at {line}" if kind != "-" else f"rank {rank}: no call {found.position}",
+                     table="collectives")
+            for rank, kind, nbytes, line in found.calls
+        ),
+        cost_total_ns=float(context.wall_ns),
+        file=where.file if where is not None else None,
+        line=where.line if where is not None else None,
+    )
+
+
+def _short(where: SourceLocation | None) -> str:
+    return where.short if where is not None else "an unknown line"
+
+
+def _members(ranks_text: str | None) -> list[int]:
+    return [int(part) for part in (ranks_text or "").split(",") if part.strip().lstrip("-").isdigit()]
