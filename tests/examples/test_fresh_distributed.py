@@ -108,6 +108,19 @@ OUT_OF_STEP = HEADER + '''
     dist.destroy_process_group()
 '''
 
+UNEVEN_INPUTS = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(nn.Linear(16, 4).to("tpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = [torch.randn(8, 16) for _ in range(4 - rank)]
+    for batch in batches:
+        loss = model(batch.to("tpu")).square().mean()
+        optimizer.zero_grad()
+        loss.backward()  {marker}
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
@@ -141,6 +154,9 @@ def test_gradient_accumulation_without_no_sync_is_named_at_the_backward_line(tmp
     assert finding.file is not None and Path(finding.file).name == script.name and finding.line == line
     assert "4 times per optimizer step" in finding.title and "model.no_sync()" in (finding.suggestion or "")
     assert finding.cost_per_step_ns and finding.cost_per_step_ns > 0
+    # each bucket all-reduce ends the fused program: the fusion finding says so, and does not ask to move a host read
+    cut = [finding for finding in _report(trace).findings if finding.title.startswith("Fragmented fusion") and "by collective" in finding.title]
+    assert cut and all("host read" not in finding.suggestion and "no_sync()" in finding.suggestion for finding in cut)
     _, clean_trace, _ = _run(tmp_path, "accumulate", ACCUMULATION, "--clean")
     assert not [finding.title for finding in _report(clean_trace).findings if "no_sync" in finding.title]
 
@@ -187,3 +203,12 @@ def test_a_collective_one_rank_skips_is_named_and_the_failed_call_is_kept(tmp_pa
     assert len(order) == 1 and order[0].severity == "critical", [finding.title for finding in report.findings]
     assert order[0].file is not None and Path(order[0].file).name == script.name and order[0].line == line
     assert f"{script.name}:{line + 1}" in order[0].title
+
+
+def test_a_rank_with_fewer_batches_is_named_as_uneven_inputs(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "uneven", UNEVEN_INPUTS, expect_ok=False)
+    report = _report(trace)
+    uneven = [finding for finding in report.findings if finding.title.startswith("Uneven inputs")]
+    assert len(uneven) == 1 and uneven[0].severity == "critical", [finding.title for finding in report.findings]
+    assert uneven[0].file is not None and Path(uneven[0].file).name == script.name and uneven[0].line == line
+    assert "rank 1 finished" in uneven[0].title and "model.join()" in uneven[0].suggestion

@@ -34,6 +34,7 @@ class OutOfStep:
     position: int
     calls: tuple[tuple[int, str, int, str], ...]  # (rank, kind, bytes, line) per member; line "-" when it issued none
     counts: tuple[tuple[int, int], ...]  # (rank, calls on the group)
+    left_early: bool = False  # the calls agree, but a rank that ended normally stopped calling before the others
 
 
 @dataclass(frozen=True)
@@ -62,15 +63,21 @@ def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | N
         counts = [len(sequence) for sequence in sequences]
         position = _divergence(sequences, uneven=len(set(counts)) > 1)
         if position is None:
-            continue
+            left = _left_early(context, members, counts)
+            if left is None:
+                continue
+            position = min(counts)
+
         calls = tuple(
             (member, sequence[position].kind, sequence[position].nbytes, _short(sequence[position].where)) if position < len(sequence)
             else (member, "-", 0, "-")
             for member, sequence in zip(members, sequences, strict=True)
         )
         name = trace.string(group_sid)
-        found = OutOfStep(f"process group {name}" if name else "the default group", position + 1, calls, tuple(zip(members, counts, strict=True)))
-        return found, _finding(context, found, sequences[0][position].where if position < len(sequences[0]) else None)
+        found = OutOfStep(f"process group {name}" if name else "the default group", position + 1, calls, tuple(zip(members, counts, strict=True)),
+                          left is not None if position == min(counts) else False)
+        where = next((sequence[position].where for sequence in sequences if position < len(sequence)), None)
+        return found, (_left_finding(context, found, where) if found.left_early else _finding(context, found, where))
     return None, None
 
 
@@ -86,6 +93,51 @@ def _divergence(sequences: list[list[_Call]], uneven: bool) -> int | None:
         if (uneven or calls[0].kind not in ROOTED_KINDS) and len({(call.where.file, call.where.line) if call.where else None for call in calls}) > 1:
             return position
     return None
+
+
+def _left_early(context: AnalysisContext, members: list[int], counts: list[int]) -> list[int] | None:
+    """The members that issued fewer calls and ended normally (exit status 0, no error) while a member with more
+    calls failed or died: uneven inputs, one rank done with its loop while another waits in one more collective."""
+    if len(set(counts)) < 2:
+        return None
+    runs = {run.rank: run for run in context.trace.runs}
+    fewest = min(counts)
+    short = [member for member, count in zip(members, counts, strict=True) if count == fewest]
+    longer = [member for member, count in zip(members, counts, strict=True) if count > fewest]
+    ended = all(member in runs and runs[member].exit_status == 0 and not runs[member].error for member in short)
+    stuck = any(member not in runs or runs[member].exit_status != 0 or runs[member].error for member in longer)
+    return short if ended and stuck else None
+
+
+def _left_finding(context: AnalysisContext, found: OutOfStep, where: SourceLocation | None) -> Finding:
+    fewest = min(count for _, count in found.counts)
+    short = [rank for rank, count in found.counts if count == fewest]
+    waiting = [(rank, kind, line) for rank, kind, _, line in found.calls if kind != "-"]
+    rank, kind, line = waiting[0]
+    counts = ", ".join(f"rank {member} {plural(count, 'call')}" for member, count in found.counts)
+    return Finding(
+        analyzer="collectives",
+        severity="critical",
+        title=(f"Uneven inputs: rank{'s' if len(short) > 1 else ''} {', '.join(map(str, short))} finished after {plural(fewest, 'collective')} "
+               f"on {found.group}, while rank {rank} went on to call {kind} at {line}"),
+        explanation=(
+            f"Every call the ranks shared agrees, but they issued different numbers of them ({counts}): the ranks that ran out of work "
+            f"ended normally and left the group, so the next collective of the others had no partner and failed or waited for the "
+            f"group's timeout. The ranks ran different numbers of iterations (more batches on some ranks, or a loop that ends on a "
+            f"rank's own condition)."
+        ),
+        suggestion=(
+            "Give every rank the same number of iterations: a DistributedSampler with drop_last=True (or truncating to the smallest "
+            "rank's count, agreed with one all_reduce(MIN) before the loop), or DDP's `with model.join():` around the loop, whose "
+            "finished ranks shadow the others' all-reduces."
+        ),
+        evidence=tuple(
+            Evidence(f"rank {member}: {plural(count, 'call')} on {found.group}", table="collectives") for member, count in found.counts
+        ),
+        cost_total_ns=float(context.wall_ns),
+        file=where.file if where is not None else None,
+        line=where.line if where is not None else None,
+    )
 
 
 def _finding(context: AnalysisContext, found: OutOfStep, where: SourceLocation | None) -> Finding:
