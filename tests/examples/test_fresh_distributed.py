@@ -121,6 +121,25 @@ UNEVEN_INPUTS = HEADER + '''
     dist.destroy_process_group()
 '''
 
+RANK_ONLY_WORK = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    net = nn.Sequential(nn.Linear(256, 1024), nn.ReLU(), nn.Linear(1024, 256)).to("tpu")
+    model = DistributedDataParallel(net)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    held_out = torch.randn(2048, 256, device="tpu")
+    for step in range(8):
+        if rank == 0:
+            with torch.no_grad():
+                for _ in range(8):
+                    score = net(held_out).square().mean()  {marker}
+                print(step, score.item())
+        loss = model(torch.randn(64, 256, device="tpu")).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
@@ -212,3 +231,12 @@ def test_a_rank_with_fewer_batches_is_named_as_uneven_inputs(tmp_path: Path) -> 
     assert len(uneven) == 1 and uneven[0].severity == "critical", [finding.title for finding in report.findings]
     assert uneven[0].file is not None and Path(uneven[0].file).name == script.name and uneven[0].line == line
     assert "rank 1 finished" in uneven[0].title and "model.join()" in uneven[0].suggestion
+
+
+def test_a_rank_that_runs_extra_ops_every_step_is_the_straggler_at_that_line(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "rank_only", RANK_ONLY_WORK)
+    report = _report(trace)
+    late = [finding for finding in report.findings if finding.title.startswith("Straggler: rank 0 runs work")]
+    assert len(late) == 1, [finding.title for finding in report.findings]
+    assert late[0].file is not None and Path(late[0].file).name == script.name and late[0].line == line
+    assert late[0].cost_total_ns > 0

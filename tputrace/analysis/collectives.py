@@ -13,6 +13,7 @@ so. Shares count calls in flight together once. Collectives whose cause is recor
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +23,7 @@ from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.imported import import_facts
+from tputrace.store.records import SourceLocation
 from tputrace.wording import format_bytes, format_ns, plural
 
 if TYPE_CHECKING:
@@ -300,6 +302,31 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     own_work = excess_idle >= 0.5 * waited
     late = Straggler(straggler, consistent, on_shared_host, excess_idle)
     evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
+    extra = _lines_only_on(trace, straggler, others) if consistent >= 0.5 else []
+    if extra:
+        # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
+        # own, which the trace can tell from the host's scheduling
+        where = ", ".join(location.short for location, _ in extra[:3])
+        return wait_by_rank, late, Finding(
+            analyzer=NAME,
+            severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
+            title=f"Straggler: rank {straggler} runs work the other ranks do not, at {where}; they wait {format_ns(waited)} for it",
+            explanation=(
+                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
+                f"{straggler} was last in {consistent:.0%} of the steps, and in the steps it ran ops at {plural(len(extra), 'line')} that no "
+                f"other rank ran, so every collective after them waits for it."
+            ),
+            suggestion=(
+                f"Take the rank-dependent work at {where} out of the steps (run it every N steps, or after the loop), or spread it over "
+                f"every rank; a value only rank {straggler} reports can stay on the chip and be read once at the end."
+            ),
+            cost_total_ns=float(waited),
+            cost_per_step_ns=context.per_step(waited),
+            evidence=tuple(Evidence(f"rank {straggler} only: {plural(calls, 'op call')} in the steps", file=location.file, line=location.line,
+                                    table="ops") for location, calls in extra[:5]) + evidence,
+            file=extra[0][0].file,
+            line=extra[0][0].line,
+        )
     if on_shared_host and not own_work:
         # Virtual chips of one host take turns on its cores: who arrives last is the host's scheduling as much as the
         # program's, and nothing in the trace tells the two apart; the wait is not counted as the program's cost.
@@ -336,6 +363,22 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         cost_per_step_ns=context.per_step(waited),
         evidence=evidence,
     )
+
+
+def _lines_only_on(trace: Trace, rank: int, others: list[int]) -> list[tuple[SourceLocation, int]]:
+    """The lines at which `rank` ran ops in at least half its steps after the first, and no other rank ran any, with
+    the op calls there, most first."""
+    by_line: dict[SourceLocation, dict[int, tuple[int, int]]] = defaultdict(dict)
+    for op_rank, frame_id, calls, steps in trace.sql(
+            "SELECT rank, frame_id, COUNT(*), COUNT(DISTINCT step) FROM ops WHERE step >= 1 AND frame_id IS NOT NULL GROUP BY rank, frame_id"):
+        location = trace.frame(frame_id)
+        if location is not None:
+            before = by_line[location].get(op_rank, (0, 0))
+            by_line[location][op_rank] = (before[0] + calls, max(before[1], steps))
+    (step_count,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ? AND step >= 1 AND source != 'end'", (rank,))[0]
+    lines = [(location, ranks[rank][0]) for location, ranks in by_line.items()
+             if rank in ranks and ranks[rank][1] * 2 >= max(step_count, 1) and not any(other in ranks for other in others)]
+    return sorted(lines, key=lambda item: -item[1])
 
 
 def _divisibility(context: AnalysisContext, where: str,
