@@ -140,6 +140,21 @@ RANK_ONLY_WORK = HEADER + '''
     dist.destroy_process_group()
 '''
 
+BARRIERS = HEADER + '''
+    model = nn.Linear(64, 64).to("tpu")  # each rank trains its own model; the barriers are the only collectives
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(6):
+        loss = model(torch.randn(16, 64, device="tpu")).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        dist.barrier()  {marker}
+        if rank == 0:
+            print(step)
+        dist.barrier()
+    dist.destroy_process_group()
+'''
+
 
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
@@ -240,3 +255,13 @@ def test_a_rank_that_runs_extra_ops_every_step_is_the_straggler_at_that_line(tmp
     assert len(late) == 1, [finding.title for finding in report.findings]
     assert late[0].file is not None and Path(late[0].file).name == script.name and late[0].line == line
     assert late[0].cost_total_ns > 0
+
+
+def test_barriers_every_step_are_listed_by_line_with_their_own_fix(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "barriers", BARRIERS)
+    report = _report(trace)
+    shares = [finding for finding in report.findings if finding.title.startswith("Collectives take")]
+    assert len(shares) == 1, [finding.title for finding in report.findings]
+    assert shares[0].suggestion.startswith(f"Remove the barrier at {script.name}:"), shares[0].suggestion
+    by_line = {evidence.line: evidence.text for evidence in shares[0].evidence if evidence.line is not None}
+    assert by_line.get(line, "").startswith("barrier, 1 call a step"), by_line

@@ -151,6 +151,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                     else "bytes unknown"), table="collectives")
         for row in rows
     )
+    line_evidence = _line_evidence(context, steady_where, steady_params, caused)
     if finding_share >= 0.05 and total_ns:
         bandwidths = [row.bus_bandwidth for row in rows if row.bus_bandwidth]
         median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
@@ -164,14 +165,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                 + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
                 + ". " + _bandwidth_text(median_bandwidth, bandwidths, foreign_device, context.target.label, ici)
             ),
-            suggestion=(
+            suggestion=_line_fix(context, f"{steady_where}{' AND cause_id IS NULL' if caused else ''}", steady_params, "SUM(dur_ns) DESC") or (
                 "Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
                 "communicate in bfloat16, or reduce how often gradients are synchronised (gradient accumulation "
                 "with `no_sync`)."
             ),
             cost_total_ns=float(total_ns),
             cost_per_step_ns=context.per_step(total_ns),
-            evidence=kind_evidence,
+            evidence=line_evidence + kind_evidence,
             **context.location_fields(frame_id),
         ))
     small = sum(row.small_messages for row in rows)
@@ -185,15 +186,16 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         findings.append(Finding(
             analyzer=NAME,
             severity="warning" if context.share_of_wall(small_ns) >= 0.05 else "info",
-            title=f"Many small collectives: {small_per_step:.0f} messages under {format_bytes(SMALL_MESSAGE_BYTES)} per step",
+            title=(f"Many small collectives: {small_per_step:.0f} messages under {format_bytes(SMALL_MESSAGE_BYTES)} per step" if context.steps
+                   else f"Many small collectives: {small} messages under {format_bytes(SMALL_MESSAGE_BYTES)} in the run"),
             explanation=(
                 f"{small} collectives moved less than {format_bytes(SMALL_MESSAGE_BYTES)} each, taking "
                 f"{format_ns(small_ns)}; small messages are dominated by latency, not bandwidth."
             ),
-            suggestion="Bucket them: a larger DDP `bucket_cap_mb`, or flatten small tensors into one before reducing.",
+            suggestion=_small_fix(context, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)),
             cost_total_ns=float(small_ns),
             cost_per_step_ns=context.per_step(small_ns),
-            evidence=kind_evidence,
+            evidence=line_evidence + kind_evidence,
         ))
     wait_by_rank, late, straggler = _stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
@@ -201,6 +203,48 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: str = "COUNT(*) DESC, SUM(dur_ns) DESC") -> str | None:
+    """What removes the calls of the top line (by `by`) when its kind has a fix of its own: a barrier, a broadcast, sends."""
+    rows = context.trace.sql(f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY {by} LIMIT 1", tuple(params))
+    if not rows or rows[0][0] not in ("barrier", "broadcast", "send", "recv"):
+        return None
+    return _small_fix(context, where, params, rows[0])
+
+
+def _small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: tuple[str, int | None] | None = None) -> str:
+    """What removes most of the small messages, by the kind of the line that sends the most of them."""
+    rows = [top] if top is not None else context.trace.sql(
+        f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY COUNT(*) DESC, SUM(dur_ns) DESC LIMIT 1", tuple(params))
+    kind, frame_id = rows[0] if rows else (None, None)
+    at = context.where(frame_id)
+    if kind == "barrier":
+        return (f"Remove the barrier at {at} from the loop: the collectives after it already wait for every rank, and a barrier "
+                "only adds a round trip (keep one before timing or checkpointing, outside the steps).")
+    if kind == "broadcast":
+        return (f"Broadcast less at {at}: values that stay equal on every rank (parameters after an all-reduced update) need it "
+                "once, before the loop; the rest can go as one flattened tensor (torch.cat, then split) rather than one call each.")
+    if kind in ("send", "recv"):
+        return (f"Send fewer, larger messages at {at}: one per micro-batch of activations at most, started with isend/irecv so "
+                "that they overlap the next micro-batch's compute.")
+    return (f"Bucket them (the most calls are at {at}): a larger DDP `bucket_cap_mb`, or flatten small tensors into one before "
+            "reducing (torch.cat, one all_reduce, then split).")
+
+
+def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, limit: int = 4) -> tuple[Evidence, ...]:
+    """The steady steps' collectives by kind and line (those without a recorded cause when the trace records causes),
+    most time first: calls and bytes per step, so that a call made once per tensor (a loop of broadcasts) shows."""
+    steps = max(context.steady_count, 1) if context.steps else 1
+    rows = context.trace.sql(
+        f"SELECT kind, frame_id, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where}"
+        + (" AND cause_id IS NULL" if caused else "") + " GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
+    per = " a step" if context.steps else ""
+    return tuple(
+        context.evidence_at(f"{kind}, {calls / steps:.3g} call{'' if calls == steps else 's'}{per}: {format_bytes(nbytes / steps)}{per}, {format_ns(dur_ns / steps)}{per}",
+                            frame_id, table="collectives")
+        for kind, frame_id, calls, nbytes, dur_ns in rows
+    )
 
 
 def _bandwidth_text(median: float, bandwidths: list[float], device: str | None, target: str, ici: float) -> str:
@@ -286,14 +330,20 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         return wait_by_rank, None, None
     waits = {rank: wait for rank, wait, _ in per_rank}
     durations = {rank: dur for rank, _, dur in per_rank}
-    straggler = min(waits, key=lambda rank: waits[rank])
+    late_by_step = _late_rank_by_step(trace)
+    last_share = {rank: sum(1 for late in late_by_step.values() if late == rank) / len(late_by_step) for rank in waits} if late_by_step else {}
+    # the rank last in most steps that runs ops no other rank runs is the straggler, whatever a few long waits of a
+    # shared host's scheduling add to the totals; else the rank that waited least
+    mostly_last = max(last_share, key=lambda rank: last_share[rank]) if last_share else None
+    extra = (_lines_only_on(trace, mostly_last, [rank for rank in waits if rank != mostly_last])
+             if mostly_last is not None and last_share[mostly_last] >= 0.5 else [])
+    straggler = mostly_last if extra and mostly_last is not None else min(waits, key=lambda rank: waits[rank])
     others = [rank for rank in waits if rank != straggler]
     waited = statistics.mean(waits[rank] for rank in others)
     share = waited / statistics.mean(durations[rank] for rank in others) if others else 0.0
     if share < STRAGGLER_WAIT_SHARE:
         return wait_by_rank, None, None
-    late_by_step = _late_rank_by_step(trace)
-    consistent = sum(1 for rank in late_by_step.values() if rank == straggler) / len(late_by_step) if late_by_step else 0.0
+    consistent = last_share.get(straggler, 0.0)
     on_shared_host = shared_host(trace)
     idle = _unrecorded_by_rank(trace, list(waits))
     excess_idle = int(idle.get(straggler, 0) - statistics.mean(idle.get(rank, 0) for rank in others)) if others else 0
@@ -302,7 +352,6 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     own_work = excess_idle >= 0.5 * waited
     late = Straggler(straggler, consistent, on_shared_host, excess_idle)
     evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
-    extra = _lines_only_on(trace, straggler, others) if consistent >= 0.5 else []
     if extra:
         # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
         # own, which the trace can tell from the host's scheduling
