@@ -155,6 +155,23 @@ BARRIERS = HEADER + '''
     dist.destroy_process_group()
 '''
 
+REPLICATED_WEIGHT = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (world,))
+    first = nn.Parameter(distribute_tensor(torch.randn(64, 256, device="tpu") / 8, mesh, [Replicate()]))  # meant: Shard(1)
+    second = nn.Parameter(distribute_tensor(torch.randn(256, 64, device="tpu") / 16, mesh, [Shard(0)]))
+    optimizer = torch.optim.SGD([first, second], lr=0.01)
+    for step in range(5):
+        x = DTensor.from_local(torch.randn(32, 64, device="tpu"), mesh, [Replicate()], run_check=False)
+        out = (torch.relu(x @ first) @ second).redistribute(mesh, [Replicate()])
+        loss = out.square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()  {marker}
+    dist.destroy_process_group()
+'''
+
 
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
@@ -265,3 +282,12 @@ def test_barriers_every_step_are_listed_by_line_with_their_own_fix(tmp_path: Pat
     assert shares[0].suggestion.startswith(f"Remove the barrier at {script.name}:"), shares[0].suggestion
     by_line = {evidence.line: evidence.text for evidence in shares[0].evidence if evidence.line is not None}
     assert by_line.get(line, "").startswith("barrier, 1 call a step"), by_line
+
+
+def test_a_parameter_placed_unlike_its_gradient_is_named_at_the_optimizer_step(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "replicated_weight", REPLICATED_WEIGHT)
+    report = _report(trace)
+    moves = [finding for finding in report.findings if finding.title.startswith("The optimizer step moves a (64,256) gradient from Shard(1)")]
+    assert len(moves) == 1, [finding.title for finding in report.findings]
+    assert moves[0].file is not None and Path(moves[0].file).name == script.name and moves[0].line == line
+    assert "Distribute that parameter as Shard(1)" in moves[0].suggestion

@@ -140,7 +140,9 @@ def op_redistributions(context: AnalysisContext, out: Collected, records: Shardi
         out.findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(share, warning=0.05, critical=0.25),
-            title=f"{op} needs {operand} as {dst}, not {src}: {_article(kind)} {kind} every call at {context.where(frame_id)}",
+            title=(f"The optimizer step moves a ({cause.global_shape}) gradient from {src} to its parameter's {dst}: {_article(kind)} {kind} "
+                   f"every step at {context.where(frame_id)}" if op.removeprefix("aten.").lstrip("_").startswith(_OPTIMIZER_OPS)
+                   else f"{op} needs {operand} as {dst}, not {src}: {_article(kind)} {kind} every call at {context.where(frame_id)}"),
             explanation=(
                 f"DTensor's sharding rule for {op} has no strategy for {operand} ({cause.global_shape}) placed as {src}, so each call "
                 f"first redistributes it to {dst}: {plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step "
@@ -210,8 +212,17 @@ def _op_fix(op: str, operand: str, src: str, dst: str, where: str, maker: tuple[
         return (f"The other operand's placement does not pair with {operand} as {src} at {where}: split the matching dim of the other "
                 f"operand too (for x @ w with x split on its last dim, w as Shard(0)); the product then comes out Partial and one "
                 f"all-reduce of the output replaces the gather.{made}")
+    if name.startswith(_OPTIMIZER_OPS):
+        return (f"The optimizer step at {where} updates a parameter placed as {dst} with a gradient that the backward leaves as {src}, "
+                f"so every step moves the gradient to {dst}. Distribute that parameter as {src}, the placement its gradient comes out in "
+                f"(distribute_tensor's placements, or its plan entry), so that parameter and gradient agree and the update needs no "
+                f"collective; a parameter left Replicate() where the layers around it are split is also held whole on every rank.")
     return (f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
             f"placements), or redistribute it once outside the loop when it does not change between steps.{made}")
+
+
+# optimizer updates, which read a parameter and its gradient in the parameter's placement
+_OPTIMIZER_OPS = ("foreach_", "fused_adam", "fused_sgd", "fused_adagrad")
 
 
 def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLocation | None]]:
