@@ -172,6 +172,30 @@ REPLICATED_WEIGHT = HEADER + '''
     dist.destroy_process_group()
 '''
 
+VOCABULARY_HEAD = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, loss_parallel, parallelize_module
+    mesh = init_device_mesh("tpu", (world,))
+    model = nn.Sequential(nn.Embedding(1024, 64), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 1024)).to("tpu")
+    head = ColwiseParallel(use_local_output=False) if CLEAN else ColwiseParallel(output_layouts=Replicate())  {marker}
+    parallelize_module(model, mesh, {{"3": head}})
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(5):
+        tokens = torch.randint(0, 1024, (8, 16), device="tpu")
+        logits = model(tokens).flatten(0, 1)
+        if CLEAN:
+            with loss_parallel():
+                loss = nn.functional.cross_entropy(logits, tokens.flatten())
+                loss.backward()
+        else:
+            loss = nn.functional.cross_entropy(logits, tokens.flatten())
+            loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+    dist.destroy_process_group()
+'''
+
 
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
@@ -291,3 +315,14 @@ def test_a_parameter_placed_unlike_its_gradient_is_named_at_the_optimizer_step(t
     assert len(moves) == 1, [finding.title for finding in report.findings]
     assert moves[0].file is not None and Path(moves[0].file).name == script.name and moves[0].line == line
     assert "Distribute that parameter as Shard(1)" in moves[0].suggestion
+
+
+def test_a_vocabulary_head_that_gathers_its_logits_is_named_at_its_plan_entry(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "head", VOCABULARY_HEAD)
+    report = _report(trace)
+    gathers = [finding for finding in report.findings if "all-gathers its whole output" in finding.title]
+    assert len(gathers) == 1, [finding.title for finding in report.findings]
+    assert gathers[0].file is not None and Path(gathers[0].file).name == script.name and gathers[0].line == line
+    assert "loss_parallel()" in gathers[0].suggestion
+    _, clean_trace, _ = _run(tmp_path, "head", VOCABULARY_HEAD, "--clean")
+    assert not [finding.title for finding in _report(clean_trace).findings if "all-gathers its whole output" in finding.title]

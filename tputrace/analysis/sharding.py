@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tputrace.analysis import sharding_ddp, sharding_plans
+from tputrace.analysis import sharding_ddp, sharding_outputs, sharding_plans
 from tputrace.analysis.collectives import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -106,6 +106,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     world = max(len(context.trace.distributed_ranks), 1)
     explained_ns = 0.0
     explained_ns += sharding_plans.activation_gathers(context, out, records, by_cause, world)
+    explained_ns += sharding_outputs.output_gathers(context, out, records, by_cause, world)
     first_reductions = sharding_plans.first_reductions(records)
     explained_ns += sharding_plans.reduced_again(context, out, records, world, first_reductions)
     explained_ns += sharding_plans.op_redistributions(context, out, records, world, first_reductions)
