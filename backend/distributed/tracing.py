@@ -47,7 +47,7 @@ class CollectiveCall:
     __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id")
 
     def __init__(self, recorder: Recording, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str,
-                 reduced_already: bool = False) -> None:
+                 reduced_already: bool = False, tensors: list[torch.Tensor] | None = None) -> None:
         self.recorder = recorder
         self.kind = kind
         self.nbytes = nbytes
@@ -58,6 +58,8 @@ class CollectiveCall:
         self.frame_id = recorder.frame_id()
         self.step = recorder.step_index
         self.algorithm = f"{transport}:{ALGORITHMS[kind]}" if kind in ALGORITHMS else transport
+        if kind == "all_gather" and tensors is not None and len(tensors) == 1 and nbytes != message_bytes(tensors) * size:
+            self.algorithm = f"{transport}:uneven"  # pieces of different sizes, as the ranks chose them
         self.start_ns = 0
         self.cause_id = causes.cause_id(recorder, kind, group, reduced_already)
 
@@ -85,7 +87,8 @@ def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, r
     if placements.has_pending():
         placements.record_pending(recorder)
     reduced_already = kind == "all_reduce" and len(tensors) == 1 and redistributions.reduces_again(recorder, tensors[0])
-    return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport, reduced_already)
+    return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport, reduced_already,
+                          tensors)
 
 
 def active_recorder() -> Recording | None:

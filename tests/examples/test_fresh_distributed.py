@@ -196,6 +196,20 @@ VOCABULARY_HEAD = HEADER + '''
     dist.destroy_process_group()
 '''
 
+UNEVEN_GATHER = HEADER + '''
+    weight = torch.randn(64, device="tpu", requires_grad=True)
+    optimizer = torch.optim.SGD([weight], lr=0.1)
+    for step in range(4):
+        local = torch.randn(10 + 5 * rank, device="tpu")
+        pieces = [torch.empty(10 + 5 * other, device="tpu") for other in range(world)]
+        dist.all_gather(pieces, local)  {marker}
+        loss = (weight * torch.cat(pieces).sum()).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
@@ -326,3 +340,11 @@ def test_a_vocabulary_head_that_gathers_its_logits_is_named_at_its_plan_entry(tm
     assert "loss_parallel()" in gathers[0].suggestion
     _, clean_trace, _ = _run(tmp_path, "head", VOCABULARY_HEAD, "--clean")
     assert not [finding.title for finding in _report(clean_trace).findings if "all-gathers its whole output" in finding.title]
+
+
+def test_an_all_gather_of_pieces_the_ranks_sized_apart_is_not_called_indivisible(tmp_path: Path) -> None:
+    _, trace, line = _run(tmp_path, "uneven_gather", UNEVEN_GATHER)
+    with tputrace.open(trace) as opened:
+        assert opened.sql("SELECT DISTINCT algorithm FROM collectives WHERE kind = 'all_gather'") == [("gloo:uneven",)]
+        report = analyze(opened)
+    assert not [finding.title for finding in report.findings if "not divisible" in finding.title]

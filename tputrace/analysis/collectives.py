@@ -432,11 +432,13 @@ def _lines_only_on(trace: Trace, rank: int, others: list[int]) -> list[tuple[Sou
 
 def _divisibility(context: AnalysisContext, where: str,
                   params: Sequence[int]) -> tuple[tuple[UnevenCollective, ...], Finding | None]:
-    """Messages whose element count is not a multiple of the group size need padding to shard."""
+    """Messages whose element count is not a multiple of the group size need padding to shard; an all-gather of pieces
+    the ranks chose of different sizes (`algorithm` `...:uneven`) is left out."""
     trace = context.trace
     rows = trace.sql(
         f"SELECT kind, bytes, dtype, ranks_sid, frame_id, COUNT(*) FROM collectives WHERE {where} "
-        "AND kind IN ('all_gather', 'reduce_scatter', 'all_to_all') GROUP BY kind, bytes, dtype, ranks_sid, frame_id",
+        "AND kind IN ('all_gather', 'reduce_scatter', 'all_to_all') AND COALESCE(algorithm, '') NOT LIKE '%:uneven' "
+        "GROUP BY kind, bytes, dtype, ranks_sid, frame_id",
         params,
     )
     uneven = []
