@@ -21,6 +21,8 @@ from tputrace.backend.distributed import causes, placements, redistributions
 from tputrace.recording.interface import Recording, active
 
 _perf_ns = time.perf_counter_ns
+COMMIT_SOON_NS = 20_000_000
+_last_commit_request_ns = 0
 
 def bus_factor(kind: str, ranks: int) -> float:
     """Bytes each rank moves per byte of message (nccl-tests' bus bandwidth factors)."""
@@ -64,8 +66,14 @@ class CollectiveCall:
         self.cause_id = causes.cause_id(recorder, kind, group, reduced_already)
 
     def arrived(self) -> None:
-        """This rank's data is in the transport: the moment the others wait for."""
-        self.start_ns = _perf_ns()
+        """This rank's data is in the transport: the moment the others wait for. The rows recorded so far are
+        committed soon (at most every `COMMIT_SOON_NS`): a peer's mismatched call can make gloo abort this process
+        in the wait (`EnforceNotMet`, SIGABRT), and a trace keeps only what was committed."""
+        global _last_commit_request_ns
+        self.start_ns = now = _perf_ns()
+        if now - _last_commit_request_ns >= COMMIT_SOON_NS:
+            _last_commit_request_ns = now
+            self.recorder.commit_soon()
 
     def finished(self, failed: bool = False) -> None:
         """Write the row: when the result is back, or when the call failed (a peer gone, a timeout), so that the
