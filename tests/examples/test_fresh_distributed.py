@@ -35,7 +35,8 @@ HEADER = '''
 
 ACCUMULATION = HEADER + '''
     from torch.nn.parallel import DistributedDataParallel
-    model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("tpu"))
+    cap = 0.001 if "--small-buckets" in sys.argv else 25  # 1 KB: a bucket or two per layer
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("tpu"), bucket_cap_mb=cap)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     generator = torch.Generator().manual_seed(rank)
     for step in range(5):
@@ -248,6 +249,14 @@ def test_gradient_accumulation_without_no_sync_is_named_at_the_backward_line(tmp
     assert cut and all("host read" not in finding.suggestion and "no_sync()" in finding.suggestion for finding in cut)
     _, clean_trace, _ = _run(tmp_path, "accumulate", ACCUMULATION, "--clean")
     assert not [finding.title for finding in _report(clean_trace).findings if "no_sync" in finding.title]
+
+
+def test_buckets_are_counted_per_backward_pass_when_gradients_accumulate_without_no_sync(tmp_path: Path) -> None:
+    _, trace, _ = _run(tmp_path, "accumulate", ACCUMULATION, "--small-buckets")
+    report = _report(trace)
+    assert [finding for finding in report.findings if "no_sync" in finding.title], [finding.title for finding in report.findings]
+    # a few buckets a backward pass, each reduced 4 times a step: the accumulation's finding, not small buckets
+    assert not [finding.title for finding in report.findings if finding.title.startswith("DDP buckets of")]
 
 
 def test_a_partial_sum_reduced_again_by_a_gradient_is_named_at_the_forward_line(tmp_path: Path) -> None:

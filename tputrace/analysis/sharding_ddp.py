@@ -20,6 +20,28 @@ from tputrace.store.sharding import CausedCollective, ShardingRecords
 from tputrace.wording import format_bytes, format_ns, plural
 
 
+def backward_passes(records: ShardingRecords, calls: list[CausedCollective]) -> float:
+    """How many times a step all-reduced each bucket (the median over the steps of the most-reduced bucket's count,
+    calls of one bucket in flight together counted once): one per backward pass, so more than one means gradient
+    accumulation without `no_sync`."""
+    by_bucket: dict[int, dict[int | None, list[CausedCollective]]] = defaultdict(lambda: defaultdict(list))
+    for call in calls:
+        by_bucket[call.step][records.causes[call.cause_id].bucket_index].append(call)  # type: ignore[index]
+    if not by_bucket:
+        return 1.0
+    return float(statistics.median(max(_apart(bucket_calls) for bucket_calls in buckets.values()) for buckets in by_bucket.values()))
+
+
+def _apart(calls: list[CausedCollective]) -> int:
+    """The calls' count, those that started before the previous one ended counted as one."""
+    count, end = 0, -1
+    for call in sorted(calls, key=lambda call: call.start_ns):
+        if call.start_ns >= end:
+            count += 1
+        end = max(end, call.start_ns + call.dur_ns)
+    return count
+
+
 def accumulation_without_no_sync(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int) -> float:
     """DDP models whose buckets are reduced several times per steady step; one finding per model."""
     by_model: dict[tuple[str | None, SourceLocation | None], list[CausedCollective]] = defaultdict(list)
@@ -30,14 +52,7 @@ def accumulation_without_no_sync(context: AnalysisContext, out: Collected, recor
     explained = 0.0
     steps = max(context.steady_count, 1)
     for (module, origin), calls in by_model.items():
-        per_step_calls: dict[int, list[CausedCollective]] = defaultdict(list)
-        for call in calls:
-            per_step_calls[call.step].append(call)
-        # how many times each bucket went out in a step: one per backward pass
-        passes = statistics.median(
-            max(Counter(records.causes[call.cause_id].bucket_index for call in step_calls).values())  # type: ignore[index]
-            for step_calls in per_step_calls.values()
-        )
+        passes = backward_passes(records, calls)
         if passes < 2:
             continue
         buckets = len({records.causes[call.cause_id].bucket_index for call in calls})  # type: ignore[index]
