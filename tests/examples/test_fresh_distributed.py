@@ -211,6 +211,22 @@ UNEVEN_GATHER = HEADER + '''
     dist.destroy_process_group()
 '''
 
+STALLED_RANK = '''
+    import datetime
+    import time
+    import torch
+    import torch.distributed as dist
+    import tputrace.backend  # noqa: F401
+    dist.init_process_group("tpu", timeout=datetime.timedelta(seconds=4))
+    rank = dist.get_rank()
+    total = torch.ones(64, device="tpu")
+    for step in range(3):
+        if rank == 0 and step == 2:
+            time.sleep(15)  # host work on one rank only
+        dist.all_reduce(total)  {marker}
+    dist.destroy_process_group()
+'''
+
 
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
@@ -357,3 +373,12 @@ def test_an_all_gather_of_pieces_the_ranks_sized_apart_is_not_called_indivisible
         assert opened.sql("SELECT DISTINCT algorithm FROM collectives WHERE kind = 'all_gather'") == [("gloo:uneven",)]
         report = analyze(opened)
     assert not [finding.title for finding in report.findings if "not divisible" in finding.title]
+
+
+def test_a_rank_timing_out_for_a_stalled_peer_names_the_peer_and_its_last_line(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "stalled", STALLED_RANK, expect_ok=False)
+    report = _report(trace)
+    timed_out = [finding for finding in report.findings if finding.title.startswith("Rank 1 timed out in all_reduce")]
+    assert len(timed_out) == 1 and timed_out[0].severity == "critical", [finding.title for finding in report.findings]
+    assert timed_out[0].file is not None and Path(timed_out[0].file).name == script.name and timed_out[0].line == line
+    assert "waiting for rank 0" in timed_out[0].title and f"{script.name}:{line}" in timed_out[0].explanation

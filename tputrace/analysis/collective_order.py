@@ -65,6 +65,9 @@ def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | N
         if position is None:
             left = _left_early(context, members, counts)
             if left is None:
+                waited = _waited_out(context, members, counts, sequences)
+                if waited is not None:
+                    return None, waited
                 continue
             position = min(counts)
 
@@ -107,6 +110,59 @@ def _left_early(context: AnalysisContext, members: list[int], counts: list[int])
     ended = all(member in runs and runs[member].exit_status == 0 and not runs[member].error for member in short)
     stuck = any(member not in runs or runs[member].exit_status != 0 or runs[member].error for member in longer)
     return short if ended and stuck else None
+
+
+def _waited_out(context: AnalysisContext, members: list[int], counts: list[int], sequences: list[list[_Call]]) -> Finding | None:
+    """A rank whose collective timed out (its error says so) while the members with fewer calls never issued it and did
+    not end on their own: they were busy with work the trace does not record (a host loop, a sleep, a deadlock)."""
+    if len(set(counts)) < 2:
+        return None
+    runs = {run.rank: run for run in context.trace.runs}
+    fewest = min(counts)
+    waiting = [(member, sequence) for member, count, sequence in zip(members, counts, sequences, strict=True)
+               if count > fewest and "timed out" in (runs[member].error or "").lower() if member in runs]
+    late = [member for member, count in zip(members, counts, strict=True) if count == fewest]
+    if not waiting or any(member in runs and runs[member].exit_status == 0 and not runs[member].error for member in late):
+        return None
+    rank, sequence = waiting[0]
+    call = sequence[fewest]
+    last = _last_seen(context, late[0])
+    where = _short(call.where)
+    return Finding(
+        analyzer="collectives",
+        severity="critical",
+        title=(f"Rank {rank} timed out in {call.kind} at {where} waiting for rank{'s' if len(late) > 1 else ''} "
+               f"{', '.join(map(str, late))}, which never issued it"),
+        explanation=(
+            f"Every call the ranks shared agrees; rank {rank}'s next one waited past the group's timeout, because rank "
+            f"{late[0]} never reached it" + (f": its last recorded work was at {last[0]}, {last[1]:.1f} s before its run ended, and "
+                                              "nothing it did after that is recorded (host work, a sleep, a wait on something other "
+                                              "than a collective)." if last is not None else ".")
+        ),
+        suggestion=(
+            f"Look at what rank {late[0]} does after {last[0] if last is not None else 'its last collective'}: work only some ranks do "
+            "(evaluation, checkpointing, logging) belongs outside the steps or on every rank, and a long one needs a larger "
+            "`timeout` in init_process_group."
+        ),
+        evidence=tuple(Evidence(f"rank {member}: {plural(count, 'call')}", table="collectives") for member, count in zip(members, counts, strict=True)),
+        cost_total_ns=float(context.wall_ns),
+        file=call.where.file if call.where is not None else None,
+        line=call.where.line if call.where is not None else None,
+    )
+
+
+def _last_seen(context: AnalysisContext, rank: int) -> tuple[str, float] | None:
+    """A rank's last recorded op or collective: its line, and the seconds from it to the rank's end."""
+    trace = context.trace
+    run = next((run for run in trace.runs if run.rank == rank), None)
+    rows = trace.sql(
+        "SELECT frame_id, end_ns FROM (SELECT frame_id, start_ns + COALESCE(dur_ns, 0) AS end_ns FROM ops WHERE rank = ? AND frame_id IS NOT NULL "
+        "UNION ALL SELECT frame_id, start_ns + COALESCE(dur_ns, 0) FROM collectives WHERE rank = ? AND frame_id IS NOT NULL) ORDER BY end_ns DESC LIMIT 1",
+        (rank, rank))
+    if not rows or run is None or run.end_ns is None:
+        return None
+    location = trace.frame(rows[0][0])
+    return (_short(location), max(run.end_ns - rows[0][1], 0) / 1e9) if location is not None else None
 
 
 def _left_finding(context: AnalysisContext, found: OutOfStep, where: SourceLocation | None) -> Finding:
