@@ -416,15 +416,22 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
 
 def _lines_only_on(trace: Trace, rank: int, others: list[int]) -> list[tuple[SourceLocation, int]]:
     """The lines at which `rank` ran ops in at least half its steps after the first, and no other rank ran any, with
-    the op calls there, most first."""
+    the op calls there, most first; only the steps every rank recorded whole count (before the last step any rank
+    recorded: a rank killed early keeps fewer, its last one in part)."""
     by_line: dict[SourceLocation, dict[int, tuple[int, int]]] = defaultdict(dict)
+    last_steps = dict(trace.sql("SELECT rank, MAX(step) FROM ops GROUP BY rank"))
+    if any(member not in last_steps for member in (rank, *others)):
+        return []
+    last = min(last_steps[member] for member in (rank, *others))
     for op_rank, frame_id, calls, steps in trace.sql(
-            "SELECT rank, frame_id, COUNT(*), COUNT(DISTINCT step) FROM ops WHERE step >= 1 AND frame_id IS NOT NULL GROUP BY rank, frame_id"):
+            "SELECT rank, frame_id, COUNT(*), COUNT(DISTINCT step) FROM ops WHERE step >= 1 AND step < ? AND frame_id IS NOT NULL "
+            "GROUP BY rank, frame_id", (last,)):
         location = trace.frame(frame_id)
         if location is not None:
             before = by_line[location].get(op_rank, (0, 0))
             by_line[location][op_rank] = (before[0] + calls, max(before[1], steps))
-    (step_count,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ? AND step >= 1 AND source != 'end'", (rank,))[0]
+    (step_count,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ? AND step >= 1 AND step < ? AND source != 'end'",
+                              (rank, last))[0]
     lines = [(location, ranks[rank][0]) for location, ranks in by_line.items()
              if rank in ranks and ranks[rank][1] * 2 >= max(step_count, 1) and not any(other in ranks for other in others)]
     return sorted(lines, key=lambda item: -item[1])
