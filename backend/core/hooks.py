@@ -36,7 +36,7 @@ def install() -> None:
 
 def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
     """The engine call behind `Tensor.backward`, `torch.autograd.backward` and `torch.autograd.grad`,
-    as a step boundary when it starts from tpu tensors: the backward's ops get the caller's line and
+    as a step boundary when it starts from tpu tensors (or DTensors of them): the backward's ops get the caller's line and
     start a fence (`backward_started`), and its end flushes. A backward that an autograd node runs
     inside another one (reentrant checkpointing) is part of the outer pass."""
 
@@ -45,7 +45,7 @@ def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
         from tputrace.backend.core.tensor import TpuTensor
         from tputrace.backend.core.thread_state import on_autograd_worker
 
-        if on_autograd_worker() or not any(isinstance(output, TpuTensor) for output in outputs):
+        if on_autograd_worker() or not any(_on_tpu(output, TpuTensor) for output in outputs):
             return run_backward(outputs, *args, **kwargs)
         backward_started()
         result = run_backward(outputs, *args, **kwargs)
@@ -53,6 +53,11 @@ def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
         return result
 
     return run
+
+
+def _on_tpu(tensor: Any, tpu_tensor: type) -> bool:
+    """A tpu tensor, or a DTensor whose local shard is one (a tensor-parallel loss)."""
+    return isinstance(tensor, tpu_tensor) or isinstance(getattr(tensor, "_local_tensor", None), tpu_tensor)
 
 
 def _bound_constructors(optimizer_class: type) -> None:
@@ -139,7 +144,7 @@ def _steps_tpu_params(optimizer: Any) -> bool:
 
     for group in optimizer.param_groups:
         for param in group["params"]:
-            if isinstance(param, TpuTensor) or isinstance(getattr(param, "_local_tensor", None), TpuTensor):
+            if _on_tpu(param, TpuTensor):
                 return True
     return False
 

@@ -93,12 +93,14 @@ class TpuProcessGroup(dist.ProcessGroup):
         issued = issue(handoff)
         host_works = issued if isinstance(issued, list) else [issued]
 
-        def finish() -> list[torch.Tensor]:
-            staging.write_back()
+        def finish(failed: bool = False) -> list[torch.Tensor]:
+            """Write the results back and record the call; a failed call (a peer gone, a timeout) is recorded too."""
+            if not failed:
+                staging.write_back()
             if call is not None:
                 if pending.source_rank is not None:  # a receive from any source: now its sender is known
                     call.ranks = self._pair(pending.source_rank, self.rank())
-                call.finished()
+                call.finished(failed)
             return result
 
         pending = _Pending(staging.kind, host_works, finish, handoff, staging.kind == "recv")
@@ -116,10 +118,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._launch(staging, call, lambda give: self._host.allreduce([give(flat)], host_options), tensors)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
-        options = dist.AllreduceOptions()
-        if opts is not None:
-            options.reduceOp = opts.reduceOp
-        return self.allreduce(tensors, options)
+        return self.allreduce(tensors, opts)  # all_reduce reads only the options' reduceOp
 
     # ----------------------------------------------------------------- all-gather
     def allgather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:
@@ -441,10 +440,10 @@ class _Pending:
 
     __slots__ = ("kind", "host_works", "finish", "handoff", "result", "receives", "source_rank", "_claim")
 
-    def __init__(self, kind: str, host_works: list[dist.Work], finish: Callable[[], list[torch.Tensor]], handoff: Handoff, receives: bool = False) -> None:
+    def __init__(self, kind: str, host_works: list[dist.Work], finish: Callable[..., list[torch.Tensor]], handoff: Handoff, receives: bool = False) -> None:
         self.kind = kind
         self.host_works = host_works
-        self.finish: Callable[[], list[torch.Tensor]] | None = finish
+        self.finish: Callable[..., list[torch.Tensor]] | None = finish
         self.handoff: Handoff | None = handoff
         self.result: torch.futures.Future = _ClaimingFuture(self)
         self.receives = receives  # a recv: the transport's work knows which rank sent the data
@@ -461,6 +460,8 @@ class _Pending:
                 self.source_rank = self.host_works[0]._source_rank()
             value = self.finish()  # type: ignore[misc] - set until claimed, and claimed once
         except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
+            if self.finish is not None:
+                self.finish(True)
             self.result.set_exception(_FailedCollective(f"{self.kind} on the tpu process group failed: {_transport_message(error)}"))
             return
         finally:

@@ -7,12 +7,13 @@
   a second time, or an all-reduce issued on a tensor that a DTensor reduction produced: the repeated
   collective gets a `reduce_again` cause.
 
-Tensors are held weakly and forgotten at each step boundary.
+Tensors are held weakly and forgotten at each step boundary. The state is the process's, not a thread's:
+the backward runs on autograd's thread and reduces the Partial tensors the forward saved again (a
+`square()` of a row-parallel output reduces it in the forward and once more in its gradient).
 """
 
 from __future__ import annotations
 
-import threading
 import weakref
 from typing import Any
 
@@ -24,7 +25,7 @@ from tputrace.recording.interface import Recording
 GATHER, SPLIT, REDUCE, OTHER = "gather", "split", "reduce", "other"
 
 
-class _StepState(threading.local):
+class _StepState:
     step: int = -1
     recorder: Any = None
     # (id(mesh), global shape, source placements, target placements, phase) of the gathers so far

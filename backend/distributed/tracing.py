@@ -21,6 +21,8 @@ from tputrace.backend.distributed import causes, placements, redistributions
 from tputrace.recording.interface import Recording, active
 
 _perf_ns = time.perf_counter_ns
+COMMIT_SOON_NS = 20_000_000
+_last_commit_request_ns = 0
 
 def bus_factor(kind: str, ranks: int) -> float:
     """Bytes each rank moves per byte of message (nccl-tests' bus bandwidth factors)."""
@@ -47,7 +49,7 @@ class CollectiveCall:
     __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id")
 
     def __init__(self, recorder: Recording, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str,
-                 reduced_already: bool = False) -> None:
+                 reduced_already: bool = False, tensors: list[torch.Tensor] | None = None) -> None:
         self.recorder = recorder
         self.kind = kind
         self.nbytes = nbytes
@@ -58,16 +60,26 @@ class CollectiveCall:
         self.frame_id = recorder.frame_id()
         self.step = recorder.step_index
         self.algorithm = f"{transport}:{ALGORITHMS[kind]}" if kind in ALGORITHMS else transport
+        if kind == "all_gather" and tensors is not None and len(tensors) == 1 and nbytes != message_bytes(tensors) * size:
+            self.algorithm = f"{transport}:uneven"  # pieces of different sizes, as the ranks chose them
         self.start_ns = 0
         self.cause_id = causes.cause_id(recorder, kind, group, reduced_already)
 
     def arrived(self) -> None:
-        """This rank's data is in the transport: the moment the others wait for."""
-        self.start_ns = _perf_ns()
+        """This rank's data is in the transport: the moment the others wait for. The rows recorded so far are
+        committed soon (at most every `COMMIT_SOON_NS`): a peer's mismatched call can make gloo abort this process
+        in the wait (`EnforceNotMet`, SIGABRT), and a trace keeps only what was committed."""
+        global _last_commit_request_ns
+        self.start_ns = now = _perf_ns()
+        if now - _last_commit_request_ns >= COMMIT_SOON_NS:
+            _last_commit_request_ns = now
+            self.recorder.commit_soon()
 
-    def finished(self) -> None:
+    def finished(self, failed: bool = False) -> None:
+        """Write the row: when the result is back, or when the call failed (a peer gone, a timeout), so that the
+        trace keeps the call a rank was waiting in; a failed call has no bus bandwidth."""
         duration = max(_perf_ns() - self.start_ns, 1)
-        bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes else None
+        bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes and not failed else None
         self.recorder.collective(
             self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, self.algorithm, bandwidth, self.step,
             self.cause_id,
@@ -83,7 +95,8 @@ def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, r
     if placements.has_pending():
         placements.record_pending(recorder)
     reduced_already = kind == "all_reduce" and len(tensors) == 1 and redistributions.reduces_again(recorder, tensors[0])
-    return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport, reduced_already)
+    return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport, reduced_already,
+                          tensors)
 
 
 def active_recorder() -> Recording | None:

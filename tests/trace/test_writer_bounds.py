@@ -116,3 +116,27 @@ def test_an_unknown_index_name_in_the_file_is_never_built(tmp_path: Path) -> Non
     with tputrace.open(path) as trace:
         assert trace.count("ops") == 3000
     assert _indexes_in(path) == ["idx_ops_op_sid"]
+
+
+def test_commit_soon_commits_before_the_interval_ends_and_close_does_not_wait_for_it(tmp_path: Path) -> None:
+    import time
+
+    path = tmp_path / "soon.tptrace"
+    writer = TraceWriter(path, commit_interval_s=3600)
+    op_sid = writer.intern("aten.add.Tensor")
+    for seq in range(1, 11):
+        writer.append("ops", _op(seq, op_sid))
+    writer.commit_soon()  # what a rank asks for as it starts waiting in a collective
+    deadline = time.monotonic() + 10
+    committed = 0
+    while time.monotonic() < deadline and committed < 10:
+        time.sleep(0.01)
+        connection = sqlite3.connect(path)
+        try:
+            committed = connection.execute("SELECT COUNT(*) FROM ops").fetchone()[0]
+        finally:
+            connection.close()
+    assert committed == 10
+    started = time.monotonic()
+    writer.close()
+    assert time.monotonic() - started < 30  # the commit thread wakes for the close, not after its hour

@@ -1,5 +1,6 @@
 """Collectives (when the trace has them): how much of a step they take, the bus bandwidth reached
-against the target's ICI, many small messages, stragglers, and messages not divisible by the group.
+against the target's ICI, many small messages, stragglers, messages not divisible by the group, and ranks
+that issue a group's collectives out of step (`collective_order`).
 
 Bus bandwidth is the recorded `bus_bandwidth` (bytes/s) when present, else computed with the usual
 ring factor for the kind. Waiting (`wait_ns`) is time a rank spent for the last rank to arrive: the
@@ -12,14 +13,17 @@ so. Shares count calls in flight together once. Collectives whose cause is recor
 from __future__ import annotations
 
 import statistics
+from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
+from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.imported import import_facts
+from tputrace.store.records import SourceLocation
 from tputrace.wording import format_bytes, format_ns, plural
 
 if TYPE_CHECKING:
@@ -89,6 +93,7 @@ class CollectivesData:
     wait_by_rank: tuple[RankWait, ...] = ()
     not_divisible: tuple[UnevenCollective, ...] = ()
     straggler: Straggler | None = None
+    out_of_step: OutOfStep | None = None  # the first collective the ranks of a group issued out of step
 
 
 def bus_factor(kind: str, ranks: int) -> float:
@@ -146,6 +151,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                     else "bytes unknown"), table="collectives")
         for row in rows
     )
+    line_evidence = _line_evidence(context, steady_where, steady_params, caused)
     if finding_share >= 0.05 and total_ns:
         bandwidths = [row.bus_bandwidth for row in rows if row.bus_bandwidth]
         median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
@@ -159,14 +165,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                 + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
                 + ". " + _bandwidth_text(median_bandwidth, bandwidths, foreign_device, context.target.label, ici)
             ),
-            suggestion=(
+            suggestion=_line_fix(context, f"{steady_where}{' AND cause_id IS NULL' if caused else ''}", steady_params, "SUM(dur_ns) DESC") or (
                 "Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
                 "communicate in bfloat16, or reduce how often gradients are synchronised (gradient accumulation "
                 "with `no_sync`)."
             ),
             cost_total_ns=float(total_ns),
             cost_per_step_ns=context.per_step(total_ns),
-            evidence=kind_evidence,
+            evidence=line_evidence + kind_evidence,
             **context.location_fields(frame_id),
         ))
     small = sum(row.small_messages for row in rows)
@@ -180,21 +186,65 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         findings.append(Finding(
             analyzer=NAME,
             severity="warning" if context.share_of_wall(small_ns) >= 0.05 else "info",
-            title=f"Many small collectives: {small_per_step:.0f} messages under {format_bytes(SMALL_MESSAGE_BYTES)} per step",
+            title=(f"Many small collectives: {small_per_step:.0f} messages under {format_bytes(SMALL_MESSAGE_BYTES)} per step" if context.steps
+                   else f"Many small collectives: {small} messages under {format_bytes(SMALL_MESSAGE_BYTES)} in the run"),
             explanation=(
                 f"{small} collectives moved less than {format_bytes(SMALL_MESSAGE_BYTES)} each, taking "
                 f"{format_ns(small_ns)}; small messages are dominated by latency, not bandwidth."
             ),
-            suggestion="Bucket them: a larger DDP `bucket_cap_mb`, or flatten small tensors into one before reducing.",
+            suggestion=_small_fix(context, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)),
             cost_total_ns=float(small_ns),
             cost_per_step_ns=context.per_step(small_ns),
-            evidence=kind_evidence,
+            evidence=line_evidence + kind_evidence,
         ))
     wait_by_rank, late, straggler = _stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
-    findings.extend(finding for finding in (straggler, uneven) if finding is not None)
-    data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late)
+    order, order_finding = out_of_step(context)
+    findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
+    data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: str = "COUNT(*) DESC, SUM(dur_ns) DESC") -> str | None:
+    """What removes the calls of the top line (by `by`) when its kind has a fix of its own: a barrier, a broadcast, sends."""
+    rows = context.trace.sql(f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY {by} LIMIT 1", tuple(params))
+    if not rows or rows[0][0] not in ("barrier", "broadcast", "send", "recv"):
+        return None
+    return _small_fix(context, where, params, rows[0])
+
+
+def _small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: tuple[str, int | None] | None = None) -> str:
+    """What removes most of the small messages, by the kind of the line that sends the most of them."""
+    rows = [top] if top is not None else context.trace.sql(
+        f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY COUNT(*) DESC, SUM(dur_ns) DESC LIMIT 1", tuple(params))
+    kind, frame_id = rows[0] if rows else (None, None)
+    at = context.where(frame_id)
+    if kind == "barrier":
+        return (f"Remove the barrier at {at} from the loop: the collectives after it already wait for every rank, and a barrier "
+                "only adds a round trip (keep one before timing or checkpointing, outside the steps).")
+    if kind == "broadcast":
+        return (f"Broadcast less at {at}: values that stay equal on every rank (parameters after an all-reduced update) need it "
+                "once, before the loop; the rest can go as one flattened tensor (torch.cat, then split) rather than one call each.")
+    if kind in ("send", "recv"):
+        return (f"Send fewer, larger messages at {at}: one per micro-batch of activations at most, started with isend/irecv so "
+                "that they overlap the next micro-batch's compute.")
+    return (f"Bucket them (the most calls are at {at}): a larger DDP `bucket_cap_mb`, or flatten small tensors into one before "
+            "reducing (torch.cat, one all_reduce, then split).")
+
+
+def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, limit: int = 4) -> tuple[Evidence, ...]:
+    """The steady steps' collectives by kind and line (those without a recorded cause when the trace records causes),
+    most time first: calls and bytes per step, so that a call made once per tensor (a loop of broadcasts) shows."""
+    steps = max(context.steady_count, 1) if context.steps else 1
+    rows = context.trace.sql(
+        f"SELECT kind, frame_id, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where}"
+        + (" AND cause_id IS NULL" if caused else "") + " GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
+    per = " a step" if context.steps else ""
+    return tuple(
+        context.evidence_at(f"{kind}, {calls / steps:.3g} call{'' if calls == steps else 's'}{per}: {format_bytes(nbytes / steps)}{per}, {format_ns(dur_ns / steps)}{per}",
+                            frame_id, table="collectives")
+        for kind, frame_id, calls, nbytes, dur_ns in rows
+    )
 
 
 def _bandwidth_text(median: float, bandwidths: list[float], device: str | None, target: str, ici: float) -> str:
@@ -280,14 +330,20 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         return wait_by_rank, None, None
     waits = {rank: wait for rank, wait, _ in per_rank}
     durations = {rank: dur for rank, _, dur in per_rank}
-    straggler = min(waits, key=lambda rank: waits[rank])
+    late_by_step = _late_rank_by_step(trace)
+    last_share = {rank: sum(1 for late in late_by_step.values() if late == rank) / len(late_by_step) for rank in waits} if late_by_step else {}
+    # the rank last in most steps that runs ops no other rank runs is the straggler, whatever a few long waits of a
+    # shared host's scheduling add to the totals; else the rank that waited least
+    mostly_last = max(last_share, key=lambda rank: last_share[rank]) if last_share else None
+    extra = (_lines_only_on(trace, mostly_last, [rank for rank in waits if rank != mostly_last])
+             if mostly_last is not None and last_share[mostly_last] >= 0.5 else [])
+    straggler = mostly_last if extra and mostly_last is not None else min(waits, key=lambda rank: waits[rank])
     others = [rank for rank in waits if rank != straggler]
     waited = statistics.mean(waits[rank] for rank in others)
     share = waited / statistics.mean(durations[rank] for rank in others) if others else 0.0
     if share < STRAGGLER_WAIT_SHARE:
         return wait_by_rank, None, None
-    late_by_step = _late_rank_by_step(trace)
-    consistent = sum(1 for rank in late_by_step.values() if rank == straggler) / len(late_by_step) if late_by_step else 0.0
+    consistent = last_share.get(straggler, 0.0)
     on_shared_host = shared_host(trace)
     idle = _unrecorded_by_rank(trace, list(waits))
     excess_idle = int(idle.get(straggler, 0) - statistics.mean(idle.get(rank, 0) for rank in others)) if others else 0
@@ -296,6 +352,30 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     own_work = excess_idle >= 0.5 * waited
     late = Straggler(straggler, consistent, on_shared_host, excess_idle)
     evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
+    if extra:
+        # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
+        # own, which the trace can tell from the host's scheduling
+        where = ", ".join(location.short for location, _ in extra[:3])
+        return wait_by_rank, late, Finding(
+            analyzer=NAME,
+            severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
+            title=f"Straggler: rank {straggler} runs work the other ranks do not, at {where}; they wait {format_ns(waited)} for it",
+            explanation=(
+                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
+                f"{straggler} was last in {consistent:.0%} of the steps, and in the steps it ran ops at {plural(len(extra), 'line')} that no "
+                f"other rank ran, so every collective after them waits for it."
+            ),
+            suggestion=(
+                f"Take the rank-dependent work at {where} out of the steps (run it every N steps, or after the loop), or spread it over "
+                f"every rank; a value only rank {straggler} reports can stay on the chip and be read once at the end."
+            ),
+            cost_total_ns=float(waited),
+            cost_per_step_ns=context.per_step(waited),
+            evidence=tuple(Evidence(f"rank {straggler} only: {plural(calls, 'op call')} in the steps", file=location.file, line=location.line,
+                                    table="ops") for location, calls in extra[:5]) + evidence,
+            file=extra[0][0].file,
+            line=extra[0][0].line,
+        )
     if on_shared_host and not own_work:
         # Virtual chips of one host take turns on its cores: who arrives last is the host's scheduling as much as the
         # program's, and nothing in the trace tells the two apart; the wait is not counted as the program's cost.
@@ -334,13 +414,38 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     )
 
 
+def _lines_only_on(trace: Trace, rank: int, others: list[int]) -> list[tuple[SourceLocation, int]]:
+    """The lines at which `rank` ran ops in at least half its steps after the first, and no other rank ran any, with
+    the op calls there, most first; only the steps every rank recorded whole count (before the last step any rank
+    recorded: a rank killed early keeps fewer, its last one in part)."""
+    by_line: dict[SourceLocation, dict[int, tuple[int, int]]] = defaultdict(dict)
+    last_steps = dict(trace.sql("SELECT rank, MAX(step) FROM ops GROUP BY rank"))
+    if any(member not in last_steps for member in (rank, *others)):
+        return []
+    last = min(last_steps[member] for member in (rank, *others))
+    for op_rank, frame_id, calls, steps in trace.sql(
+            "SELECT rank, frame_id, COUNT(*), COUNT(DISTINCT step) FROM ops WHERE step >= 1 AND step < ? AND frame_id IS NOT NULL "
+            "GROUP BY rank, frame_id", (last,)):
+        location = trace.frame(frame_id)
+        if location is not None:
+            before = by_line[location].get(op_rank, (0, 0))
+            by_line[location][op_rank] = (before[0] + calls, max(before[1], steps))
+    (step_count,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ? AND step >= 1 AND step < ? AND source != 'end'",
+                              (rank, last))[0]
+    lines = [(location, ranks[rank][0]) for location, ranks in by_line.items()
+             if rank in ranks and ranks[rank][1] * 2 >= max(step_count, 1) and not any(other in ranks for other in others)]
+    return sorted(lines, key=lambda item: -item[1])
+
+
 def _divisibility(context: AnalysisContext, where: str,
                   params: Sequence[int]) -> tuple[tuple[UnevenCollective, ...], Finding | None]:
-    """Messages whose element count is not a multiple of the group size need padding to shard."""
+    """Messages whose element count is not a multiple of the group size need padding to shard; an all-gather of pieces
+    the ranks chose of different sizes (`algorithm` `...:uneven`) is left out."""
     trace = context.trace
     rows = trace.sql(
         f"SELECT kind, bytes, dtype, ranks_sid, frame_id, COUNT(*) FROM collectives WHERE {where} "
-        "AND kind IN ('all_gather', 'reduce_scatter', 'all_to_all') GROUP BY kind, bytes, dtype, ranks_sid, frame_id",
+        "AND kind IN ('all_gather', 'reduce_scatter', 'all_to_all') AND COALESCE(algorithm, '') NOT LIKE '%:uneven' "
+        "GROUP BY kind, bytes, dtype, ranks_sid, frame_id",
         params,
     )
     uneven = []

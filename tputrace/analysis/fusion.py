@@ -44,6 +44,8 @@ SUGGESTIONS: dict[str, str] = {
     "size_cap": "the pending graph hit the size cap; this is rare and usually fine",
     "value_check": "tputrace checked an op's arguments on the host, once per new input signature; nothing to change",
     "transfer": "keep tensors on one chip within a step",
+    "collective": ("each collective ends the pending fused program, whose results it sends: issue fewer a step (one flattened "
+                   "all-reduce rather than one per tensor, larger DDP buckets, `no_sync()` while accumulating gradients)"),
     "compiled_graph": "eager ops that feed a torch.compile graph run first as a program of their own; move them into the compiled function",
 }
 

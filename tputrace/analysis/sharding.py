@@ -27,7 +27,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tputrace.analysis import sharding_plans
+from tputrace.analysis import sharding_ddp, sharding_outputs, sharding_plans
 from tputrace.analysis.collectives import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -106,12 +106,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     world = max(len(context.trace.distributed_ranks), 1)
     explained_ns = 0.0
     explained_ns += sharding_plans.activation_gathers(context, out, records, by_cause, world)
+    explained_ns += sharding_outputs.output_gathers(context, out, records, by_cause, world)
     first_reductions = sharding_plans.first_reductions(records)
     explained_ns += sharding_plans.reduced_again(context, out, records, world, first_reductions)
     explained_ns += sharding_plans.op_redistributions(context, out, records, world, first_reductions)
     explained_ns += sharding_plans.round_trips(context, out, records, world)
+    explained_ns += sharding_plans.explicit_gathers(context, out, records, world)
     sharding_plans.unplanned_parameters(context, out, records)
     explained_ns += _unwrapped_modules(context, out, records, by_cause)
+    explained_ns += sharding_ddp.accumulation_without_no_sync(context, out, records, world)
     explained_ns += _small_buckets(context, out, records, by_cause, world)
     _replicated_parameters(context, out, records, world)
     _uneven_shards(context, out, records)
@@ -201,13 +204,16 @@ def _small_buckets(context: AnalysisContext, out: Collected, records: ShardingRe
     cap = buckets[0][0].bucket_bytes or 0
     bucket_calls = [collective for collective in records.collectives
                     if collective.cause_id in records.causes and records.causes[collective.cause_id].kind == "ddp_bucket" and in_steady_steps(context, collective)]
-    gradient_bytes = sum(collective.bytes for collective in bucket_calls) / steps
+    # with gradient accumulation without no_sync every backward reduces every bucket: count one backward's buckets
+    passes = sharding_ddp.backward_passes(records, bucket_calls)
+    per_step_calls /= passes
+    gradient_bytes = sum(collective.bytes for collective in bucket_calls) / steps / passes
     # buckets are in flight together: their time is the union of their intervals, per step (the median step's:
     # a step that rebuilt DDP's buckets or compiled is not a typical one)
     by_step: dict[int, list[tuple[int, int]]] = defaultdict(list)
     for call in bucket_calls:
         by_step[call.step].append((call.start_ns, call.start_ns + call.dur_ns))
-    bucket_ns = statistics.median(sum(end - start for start, end in union(spans)) for spans in by_step.values()) if by_step else 0.0
+    bucket_ns = statistics.median(sum(end - start for start, end in union(spans)) for spans in by_step.values()) / passes if by_step else 0.0
     out.data["ddp_buckets_per_step"] = per_step_calls
     if per_step_calls <= SMALL_BUCKETS_PER_STEP or cap >= DEFAULT_BUCKET_BYTES:
         return 0.0
@@ -217,18 +223,19 @@ def _small_buckets(context: AnalysisContext, out: Collected, records: ShardingRe
     saved_per_step = bucket_ns * max(per_step_calls - new_calls, 0) / per_step_calls
     cost = per_step(context, saved_per_step * steps)
     origin = buckets[0][0].origin
+    unit = "step" if passes == 1 else "backward pass"
     out.findings.append(Finding(
         analyzer=NAME,
         severity=context.severity(context.share_of_steps(saved_per_step * steps), warning=0.02, critical=0.2),
-        title=f"DDP buckets of {format_bytes(cap)}: {per_step_calls:.0f} gradient all-reduces per step",
+        title=f"DDP buckets of {format_bytes(cap)}: {per_step_calls:.0f} gradient all-reduces per {unit}",
         explanation=(
             f"DDP's bucket cap is {format_bytes(cap)} (bucket_cap_mb={cap / 2**20:.3g}), so the {format_bytes(gradient_bytes)} of gradients "
-            f"go out as {per_step_calls:.0f} messages a step, each paying the collective's fixed latency ({format_ns(bucket_ns)} a step "
+            f"go out as {per_step_calls:.0f} messages a {unit}, each paying the collective's fixed latency ({format_ns(bucket_ns)} a {unit} "
             f"here, calls in flight together counted once); on {context.target.label} most of each small message's time is latency, "
-            f"not ICI bandwidth ({format_ns(ici_estimate_ns('all_reduce', gradient_bytes, world, context.target.ici_bandwidth))} a step)."
+            f"not ICI bandwidth ({format_ns(ici_estimate_ns('all_reduce', gradient_bytes, world, context.target.ici_bandwidth))} a {unit})."
         ),
         suggestion=(
-            f"Construct DDP with `bucket_cap_mb={suggested_mb}` (about {plural(new_calls, 'bucket')} a step"
+            f"Construct DDP with `bucket_cap_mb={suggested_mb}` (about {plural(new_calls, 'bucket')} a {unit}"
             + ("; the default of 25 keeps early buckets overlapping the backward" if suggested_mb == 25 else "") + ")."
         ),
         evidence=(evidence(f"{plural(calls, 'bucket all-reduce')} in {plural(steps, 'steady step')}, cap {format_bytes(cap)}", origin, buckets[0][0].module),)

@@ -140,7 +140,9 @@ def op_redistributions(context: AnalysisContext, out: Collected, records: Shardi
         out.findings.append(Finding(
             analyzer=NAME,
             severity=context.severity(share, warning=0.05, critical=0.25),
-            title=f"{op} needs {operand} as {dst}, not {src}: {_article(kind)} {kind} every call at {context.where(frame_id)}",
+            title=(f"The optimizer step moves a ({cause.global_shape}) gradient from {src} to its parameter's {dst}: {_article(kind)} {kind} "
+                   f"every step at {context.where(frame_id)}" if op.removeprefix("aten.").lstrip("_").startswith(_OPTIMIZER_OPS)
+                   else f"{op} needs {operand} as {dst}, not {src}: {_article(kind)} {kind} every call at {context.where(frame_id)}"),
             explanation=(
                 f"DTensor's sharding rule for {op} has no strategy for {operand} ({cause.global_shape}) placed as {src}, so each call "
                 f"first redistributes it to {dst}: {plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step "
@@ -210,8 +212,17 @@ def _op_fix(op: str, operand: str, src: str, dst: str, where: str, maker: tuple[
         return (f"The other operand's placement does not pair with {operand} as {src} at {where}: split the matching dim of the other "
                 f"operand too (for x @ w with x split on its last dim, w as Shard(0)); the product then comes out Partial and one "
                 f"all-reduce of the output replaces the gather.{made}")
+    if name.startswith(_OPTIMIZER_OPS):
+        return (f"The optimizer step at {where} updates a parameter placed as {dst} with a gradient that the backward leaves as {src}, "
+                f"so every step moves the gradient to {dst}. Distribute that parameter as {src}, the placement its gradient comes out in "
+                f"(distribute_tensor's placements, or its plan entry), so that parameter and gradient agree and the update needs no "
+                f"collective; a parameter left Replicate() where the layers around it are split is also held whole on every rank.")
     return (f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
             f"placements), or redistribute it once outside the loop when it does not change between steps.{made}")
+
+
+# optimizer updates, which read a parameter and its gradient in the parameter's placement
+_OPTIMIZER_OPS = ("foreach_", "fused_adam", "fused_sgd", "fused_adagrad")
 
 
 def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLocation | None]]:
@@ -237,14 +248,10 @@ def _styles_by_module(records: ShardingRecords) -> dict[str, tuple[str, SourceLo
 
 
 # ----------------------------------------------------------------- round trips and repeated reductions
-def round_trips(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int) -> float:
-    """Gathers from a Shard to Replicate that the same step splits back to the same Shard (a `round_trip`
-    cause, recorded at the split): one finding per tensor shape and placements, at the gather's line.
-    Cost: the measured time of those gathers (forward and the backward's mirror), per steady step."""
+def _round_trip_gathers(records: ShardingRecords) -> dict[int, CollectiveCauseRecord]:
+    """Gather cause id -> the round trip (a later split back to the same Shard) it starts."""
     trips = [cause for cause in records.causes.values() if cause.kind == "round_trip"]
-    if not trips:
-        return 0.0
-    gathers: dict[int, CollectiveCauseRecord] = {}  # gather cause id -> the round trip it starts
+    gathers: dict[int, CollectiveCauseRecord] = {}
     for cause_id, cause in records.causes.items():
         if cause.kind != "redistribute":
             continue
@@ -253,6 +260,68 @@ def round_trips(context: AnalysisContext, out: Collected, records: ShardingRecor
                     trip.mesh_id, trip.global_shape, trip.phase, trip.dst_placements, trip.src_placements):
                 gathers[cause_id] = trip
                 break
+    return gathers
+
+
+def explicit_gathers(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int) -> float:
+    """Gathers the script asks for itself in the loop (`full_tensor()`, `redistribute(mesh, [Replicate()])` of a
+    Shard), that no round trip explains: one finding per line and placements. Cost: their measured time."""
+    trips = _round_trip_gathers(records)
+    groups: dict[tuple[str, str, int | None], list[CausedCollective]] = defaultdict(list)
+    for collective in records.collectives:
+        cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
+        if (cause is None or cause.kind != "redistribute" or cause.op != "redistribute" or collective.cause_id in trips
+                or not in_steady_steps(context, collective)):
+            continue
+        src, dst = cause.src_placements or "", cause.dst_placements or ""
+        if "Shard" not in src or "Replicate" not in dst or "Partial" in src:
+            continue
+        groups[(src, dst, collective.frame_id)].append(collective)
+    explained = 0.0
+    steps = max(context.steady_count, 1)
+    for (src, dst, frame_id), collectives in sorted(groups.items(), key=lambda item: -sum(c.dur_ns for c in item[1])):
+        dur_ns = sum(collective.dur_ns for collective in collectives)
+        share = context.share_of_steps(dur_ns)
+        if share < 0.01:
+            continue
+        cause = records.causes[collectives[0].cause_id]  # type: ignore[index]
+        shapes = sorted({records.causes[c.cause_id].global_shape or "?" for c in collectives})  # type: ignore[index]
+        where = context.where(frame_id)
+        target_ns = sum(ici_estimate_ns(c.kind, c.bytes, world, context.target.ici_bandwidth) for c in collectives) / steps
+        cost = per_step(context, dur_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        per_call = sum(c.bytes for c in collectives) / len(collectives)
+        out.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(share, warning=0.05, critical=0.25),
+            title=(f"full_tensor() or redistribute() at {where} gathers {'a (' + shapes[0] + ')' if len(shapes) == 1 else plural(len(shapes), 'shape')} "
+                   f"DTensor from {src} to {dst}: {_article(collectives[0].kind)} {collectives[0].kind} every step"),
+            explanation=(
+                f"The script asks for the whole tensor at {where}: each call all-gathers the shards ({format_bytes(per_call)} a call, "
+                f"{plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step here, about "
+                f"{format_ns(target_ns)} a step on {context.target.label}'s ICI), and every rank then holds and computes on all of it."
+            ),
+            suggestion=(
+                f"Compute on the DTensor instead of gathering it at {where}: ops whose operands' placements pair (x split on its last dim "
+                f"@ w as Shard(0)) give a Partial result, reduced once; gather only what must be whole (the loss, a logged value), and a "
+                f"value that does not change between steps (a weight read whole) once, before the loop."
+            ),
+            evidence=tuple(evidence(f"{src} -> {dst}, {shape}", cause.origin, cause.module) for shape in shapes[:3]),
+            module=cause.module,
+            **cost,
+            **context.location_fields(frame_id),
+        ))
+    return explained
+
+
+def round_trips(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int) -> float:
+    """Gathers from a Shard to Replicate that the same step splits back to the same Shard (a `round_trip`
+    cause, recorded at the split): one finding per tensor shape and placements, at the gather's line.
+    Cost: the measured time of those gathers (forward and the backward's mirror), per steady step."""
+    trips = [cause for cause in records.causes.values() if cause.kind == "round_trip"]
+    if not trips:
+        return 0.0
+    gathers = _round_trip_gathers(records)
     groups: dict[tuple[int | None, str | None, str | None, str | None], list[CausedCollective]] = defaultdict(list)
     for collective in records.collectives:
         started = gathers.get(collective.cause_id) if collective.cause_id is not None else None
@@ -302,11 +371,13 @@ def round_trips(context: AnalysisContext, out: Collected, records: ShardingRecor
 
 def first_reductions(records: ShardingRecords) -> frozenset[int]:
     """The causes of the first reduction of partial sums that a later op reduced again: an op's reduction of
-    the same mesh, shape and placements in the same phase as a `reduce_again` cause."""
+    the same mesh, shape and placements as a `reduce_again` cause, in the same phase or, for a reduction
+    again in the backward (an op's gradient reading the Partial tensor the forward saved), in the forward."""
     again = {(cause.mesh_id, cause.global_shape, cause.src_placements, cause.dst_placements, cause.phase)
              for cause in records.causes.values() if cause.kind == "reduce_again" and cause.src_placements}
     return frozenset(cause_id for cause_id, cause in records.causes.items() if cause.kind == "redistribute"
-                     and (cause.mesh_id, cause.global_shape, cause.src_placements, cause.dst_placements, cause.phase) in again)
+                     and any((cause.mesh_id, cause.global_shape, cause.src_placements, cause.dst_placements, phase) in again
+                             for phase in ((cause.phase, "backward") if cause.phase == "forward" else (cause.phase,))))
 
 
 def reduced_again(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int, first: frozenset[int] = frozenset()) -> float:
@@ -333,7 +404,19 @@ def reduced_again(context: AnalysisContext, out: Collected, records: ShardingRec
         where = context.where(frame_id)
         measured = (f"{plural(len(collectives), 'call')} in the steady steps, {format_ns(dur_ns / steps)} a step here, about "
                     f"{format_ns(target_ns)} a step on {context.target.label}'s ICI")
-        if cause.op == "all_reduce":
+        forward_first = [frame for frame in first_lines if frame != frame_id]
+        if cause.phase == "backward" and cause.op != "all_reduce" and forward_first:
+            # the gradient of a forward op reduces the Partial tensor it saved: the fix is at the forward's line
+            earlier = context.where(forward_first[0])
+            op = cause.op or "an op"
+            title = f"A ({cause.global_shape}) partial sum is reduced at {earlier} and again in the backward by {op}'s gradient"
+            explanation = (f"The tensor is Partial (each rank holds a partial sum). The forward reduces it where an op needs it whole "
+                           f"({cause.src_placements} -> {cause.dst_placements}), and the backward of {op}, which saved the Partial tensor, "
+                           f"reduces it once more ({measured} for the backward's reductions, at the backward() call {where}).")
+            suggestion = (f"Reduce it once, right after the op that made it, before {earlier}: `value = value.redistribute(mesh, [Replicate()])` "
+                          f"(or the plan entry's output_layouts=Replicate()); the ops and their gradients then read the reduced tensor.")
+            frame_id = forward_first[0]
+        elif cause.op == "all_reduce":
             title = f"all_reduce at {where} sums a tensor that the tensor-parallel plan already reduced"
             explanation = (f"The tensor is the output of a Partial -> Replicate reduction earlier in the step (a RowwiseParallel "
                            f"output or a DTensor's full_tensor()), so it already holds the sum over the mesh; this all-reduce "

@@ -361,11 +361,16 @@ def _exception_line(error: str, limit: int = 160) -> str:
 
 
 def _failing_line(error: str) -> str | None:
-    """Where a formatted traceback failed: its deepest frame outside installed libraries, as `file:line`."""
+    """Where a formatted traceback failed: its deepest frame outside installed libraries and tputrace (the backend's
+    collective that raised, its backward hook), as `file:line`."""
+    from tputrace.sourceloc import TPUTRACE_DIR, backend_dir
+
     frames = re.findall(r'^\s*File "([^"]+)", line (\d+)', error, flags=re.MULTILINE)
     if not frames:
         return None
-    own = [frame for frame in frames if not any(mark in frame[0] for mark in _LIBRARY_PATH_MARKS)]
+    own_dirs = tuple(os.path.abspath(directory) + os.sep for directory in (TPUTRACE_DIR, backend_dir()) if directory)
+    own = [frame for frame in frames
+           if not any(mark in frame[0] for mark in _LIBRARY_PATH_MARKS) and not os.path.abspath(frame[0]).startswith(own_dirs)]
     file, line = (own or frames)[-1]
     return f"{os.path.basename(file)}:{line}"
 

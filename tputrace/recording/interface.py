@@ -122,6 +122,8 @@ class Recording(Protocol):
 
     def collective_cause(self, cause: tuple[Any, ...]) -> int: ...
 
+    def commit_soon(self) -> None: ...
+
     # -- memory
     def buffer_rows(self) -> Callable[[tuple[Any, ...]], None]:
         """What appends `buffers` rows: each one chip buffer's lifetime, in the table's column order (id, rank,

@@ -442,6 +442,11 @@ class Recorder(ShardingRecords, UserFrames):
              bus_bandwidth, step, cause_id),
         )
 
+    def commit_soon(self) -> None:
+        """Have the writer commit what is queued now, from its own thread (before a wait a peer's failure could end)."""
+        if self.writer is not None:
+            self.writer.commit_soon()
+
     def _maybe_sample_memory(self, force: bool = False) -> None:
         now = _perf_ns()
         if not force and now - self._last_memory_sample < _MEMORY_SAMPLE_INTERVAL_NS:

@@ -135,6 +135,7 @@ class TraceWriter:
         self._db_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._stop_event = threading.Event()
+        self._wake = threading.Event()  # set by `commit_soon` (and by `close`) to commit before the interval ends
         self._thread: threading.Thread | None = None
         if create_file:
             self.create_file()
@@ -260,6 +261,7 @@ class TraceWriter:
                 return
         atexit.unregister(self.close)
         self._stop_event.set()
+        self._wake.set()
         if self._thread is not threading.current_thread():
             self._thread.join()
         self._drain_and_commit()
@@ -391,8 +393,18 @@ class TraceWriter:
             values["argv"] = json.dumps(list(values["argv"]))
         return values
 
+    def commit_soon(self) -> None:
+        """Have the commit thread commit now rather than at the end of its interval (cheap: it sets an event). A rank
+        about to wait in a collective asks for it: a peer issuing a mismatched call can make the transport abort the
+        process in that wait, and what was committed by then is what its trace keeps."""
+        self._wake.set()
+
     def _commit_loop(self) -> None:
-        while not self._stop_event.wait(self.commit_interval_s):
+        while True:
+            self._wake.wait(self.commit_interval_s)
+            self._wake.clear()
+            if self._stop_event.is_set():
+                return
             self._drain_and_commit()
 
     def _drain_and_commit(self) -> None:

@@ -1,0 +1,89 @@
+"""Sharding checks of DDP's gradient all-reduces that are not about bucket sizes.
+
+- Gradient accumulation without `no_sync`: a DDP model whose buckets are all-reduced more than once per
+  optimizer step (several backward passes per step, each synchronising every gradient). Only the last
+  micro-batch's reduction is needed; `no_sync()` around the others keeps their gradients local, summed
+  into `.grad`. At the line that called backward(), with the `DDP(...)` line as evidence. Cost: the bucket
+  all-reduces of every backward but the last of each step, measured, per steady step.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter, defaultdict
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import Finding
+from tputrace.analysis.sharding_common import NAME, Collected, evidence, ici_estimate_ns, in_steady_steps, per_step
+from tputrace.store.records import SourceLocation
+from tputrace.store.sharding import CausedCollective, ShardingRecords
+from tputrace.wording import format_bytes, format_ns, plural
+
+
+def backward_passes(records: ShardingRecords, calls: list[CausedCollective]) -> float:
+    """How many times a step all-reduced each bucket (the median over the steps of the most-reduced bucket's count,
+    calls of one bucket in flight together counted once): one per backward pass, so more than one means gradient
+    accumulation without `no_sync`."""
+    by_bucket: dict[int, dict[int | None, list[CausedCollective]]] = defaultdict(lambda: defaultdict(list))
+    for call in calls:
+        by_bucket[call.step][records.causes[call.cause_id].bucket_index].append(call)  # type: ignore[index]
+    if not by_bucket:
+        return 1.0
+    return float(statistics.median(max(_apart(bucket_calls) for bucket_calls in buckets.values()) for buckets in by_bucket.values()))
+
+
+def _apart(calls: list[CausedCollective]) -> int:
+    """The calls' count, those that started before the previous one ended counted as one."""
+    count, end = 0, -1
+    for call in sorted(calls, key=lambda call: call.start_ns):
+        if call.start_ns >= end:
+            count += 1
+        end = max(end, call.start_ns + call.dur_ns)
+    return count
+
+
+def accumulation_without_no_sync(context: AnalysisContext, out: Collected, records: ShardingRecords, world: int) -> float:
+    """DDP models whose buckets are reduced several times per steady step; one finding per model."""
+    by_model: dict[tuple[str | None, SourceLocation | None], list[CausedCollective]] = defaultdict(list)
+    for collective in records.collectives:
+        cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
+        if cause is not None and cause.kind == "ddp_bucket" and in_steady_steps(context, collective):
+            by_model[(cause.module, cause.origin)].append(collective)
+    explained = 0.0
+    steps = max(context.steady_count, 1)
+    for (module, origin), calls in by_model.items():
+        passes = backward_passes(records, calls)
+        if passes < 2:
+            continue
+        buckets = len({records.causes[call.cause_id].bucket_index for call in calls})  # type: ignore[index]
+        dur_ns = sum(call.dur_ns for call in calls)
+        saved_ns = dur_ns * (passes - 1) / passes
+        gradient_bytes = sum(call.bytes for call in calls) / steps / passes
+        target_ns = ici_estimate_ns("all_reduce", gradient_bytes, world, context.target.ici_bandwidth) * (passes - 1)
+        cost = per_step(context, saved_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        lines = Counter(call.frame_id for call in calls if call.frame_id is not None)
+        frame_id = lines.most_common(1)[0][0] if lines else None
+        where = context.where(frame_id) if frame_id is not None else (origin.short if origin is not None else "the backward")
+        out.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(context.share_of_steps(saved_ns), warning=0.05, critical=0.25),
+            title=f"DDP all-reduces the gradients {passes:.0f} times per optimizer step: gradient accumulation without no_sync() at {where}",
+            explanation=(
+                f"Each steady step ran {passes:.0f} backward passes of the DDP model made at {origin.short if origin else 'its DDP(...) line'}, "
+                f"and every one of them all-reduced all its gradients ({plural(buckets, 'bucket')}, {format_bytes(gradient_bytes)} a pass). "
+                f"The optimizer reads the gradients once, after the last micro-batch: the earlier {passes - 1:.0f} reductions a step are "
+                f"wasted ({format_ns(saved_ns / steps)} a step here, about {format_ns(target_ns)} a step on {context.target.label}'s ICI)."
+            ),
+            suggestion=(
+                f"Run the forward and backward of every micro-batch but the last inside `with model.no_sync():`, where model is the "
+                f"DistributedDataParallel made at {origin.short if origin else 'its DDP(...) line'} (the gradients add up locally in .grad), "
+                f"and the last one outside it, so that DDP all-reduces once per optimizer step."
+            ),
+            evidence=(evidence(f"{plural(len(calls), 'bucket all-reduce')} in {plural(steps, 'steady step')}: "
+                               f"{plural(buckets, 'bucket')} x {passes:.0f} backward passes a step", origin, module),),
+            module=module,
+            **cost,
+            **context.location_fields(frame_id),
+        ))
+    return explained
