@@ -228,6 +228,42 @@ STALLED_RANK = '''
 '''
 
 
+# Every block and the side branch have a fully_shard group of their own: groups of three sizes, each gathered and
+# reduced every step. Nothing is wrong.
+FSDP_GROUPS = HEADER + '''
+    from torch.distributed.fsdp import fully_shard
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(128, 128), nn.Linear(128, 128)
+        def forward(self, x):
+            return x + self.b(torch.relu(self.a(x)))
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList([Block() for _ in range(3)])
+            self.side = nn.Sequential(nn.Linear(128, 1024), nn.ReLU(), nn.Linear(1024, 128))
+            self.head = nn.Linear(128, 8)
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return self.head(x + self.side(x))
+    model = Model().to("tpu")
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model.side)
+    fully_shard(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(5):
+        x = torch.randn(16, 128, generator=generator).to("tpu")
+        loss = model(x).square().mean()  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
     """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
     script = tmp_path / f"{name}.py"
@@ -382,3 +418,16 @@ def test_a_rank_timing_out_for_a_stalled_peer_names_the_peer_and_its_last_line(t
     assert len(timed_out) == 1 and timed_out[0].severity == "critical", [finding.title for finding in report.findings]
     assert timed_out[0].file is not None and Path(timed_out[0].file).name == script.name and timed_out[0].line == line
     assert "waiting for rank 0" in timed_out[0].title and f"{script.name}:{line}" in timed_out[0].explanation
+
+
+def test_fsdp_groups_of_several_sizes_are_no_storm_and_their_collective_cuts_no_warning(tmp_path: Path) -> None:
+    """FSDP2 groups of three sizes: the copy-out slices take each group's length in the first step and reuse them
+    (one compile per group, not a length that changes), and the collectives that cut each step's programs are the
+    sharding's own: no recompile storm, and no warning for the cuts."""
+    _, trace, _ = _run(tmp_path, "fsdp_groups", FSDP_GROUPS)
+    report = _report(trace)
+    titles = [finding.title for finding in report.findings]
+    assert not [title for title in titles if title.startswith("Recompilation storm")], titles
+    cuts = [finding for finding in report.findings if finding.title.startswith("Fragmented fusion")]
+    assert all(finding.severity == "info" for finding in cuts), [(finding.severity, finding.title) for finding in cuts]
+    assert not [finding for finding in report.findings if finding.severity != "info"], titles

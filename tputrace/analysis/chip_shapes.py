@@ -92,9 +92,14 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
             int(change.group("before")), int(change.group("after")),
         ))
     found = []
+    # With three steps or more, lengths all taken in the warm-up step and reused after it are a fixed set (FSDP's
+    # groups of different sizes, each layer's own length), each compiled once, not a length that changes.
+    first_steady = context.steady_range[0] if context.steady_range and context.step_count >= 3 else None
     for frame_id, recompiles in _at_view_lines(context, by_line).items():
         lengths = sorted({recompiles[0].before} | {recompile.after for recompile in recompiles})
         if frame_id is None or len(recompiles) < MIN_RECOMPILES or len(lengths) < MIN_LENGTHS:
+            continue
+        if first_steady is not None and all(recompile.step < first_steady for recompile in recompiles):
             continue
         if any(all(any(explains(length, known_length) for known_length in known) for length in lengths)
                for known in data_lengths):
