@@ -337,7 +337,7 @@ ANNOTATIONS = RecordKind(
     (
         _RANK,
         _c("name_sid", "INTEGER", "range name", ref="strings"),
-        _c("source", "TEXT", "record_function, annotate, or index_check (an index out of range or invalid values); in an imported trace also python (a Python tracer frame) or traceme (a TraceMe range)"),
+        _c("source", "TEXT", "record_function, annotate, index_check (an index out of range or invalid values), or recompile_limit (Dynamo's warning that a torch.compile'd function hit its recompile limit, at the line calling it); in an imported trace also python (a Python tracer frame) or traceme (a TraceMe range)"),
         _START,
         _DUR,
         _FRAME,

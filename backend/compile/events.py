@@ -17,6 +17,7 @@ took, so that a frame compile's time splits into Dynamo / AOT / XLA.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -74,6 +75,7 @@ class DynamoEvents:
 
         handler.clear = clear_then_register
         self._register(handler)
+        logging.getLogger("torch._dynamo.convert_frame").addHandler(_RecompileLimitLog(self.recorder))
         self._installed = True
 
     def _register(self, handler: Any) -> None:
@@ -266,3 +268,26 @@ def _split_reason(reason: str | None) -> tuple[str | None, str | None]:
 
 
 events = DynamoEvents()
+
+
+_LIMIT_HIT = "torch._dynamo hit config."
+
+
+class _RecompileLimitLog(logging.Handler):
+    """Dynamo's warning that a function hit its recompile limit (`torch._dynamo hit config.recompile_limit (8)`,
+    the function, the last guard failure): no callback reports it, and the function runs uncompiled from then on."""
+
+    def __init__(self, recorder: Any) -> None:
+        super().__init__(logging.WARNING)
+        self._recorder = recorder
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            text = record.getMessage()
+        except Exception:  # noqa: BLE001 - a record whose arguments do not format: not Dynamo's warning
+            return
+        if not text.startswith(_LIMIT_HIT):
+            return
+        recorder = self._recorder()
+        if recorder is not None:
+            recorder.recompile_limit_hit("\n".join(text.splitlines()[:3]))

@@ -364,3 +364,34 @@ def test_set_up_work_of_several_ops_reads_as_one_piece_of_work(tmp_path: Path) -
     (set_up,) = [finding for finding in report.findings if finding.analyzer == "set_up_work"]
     assert (set_up.file, set_up.line) == (str(script), line), set_up.title
     assert set_up.explanation.startswith("The set-up work (2 ops, "), set_up.explanation
+
+
+RECOMPILE_LIMIT = '''
+    import torch
+    import torch._dynamo
+    from torch import nn
+
+    torch._dynamo.config.recompile_limit = 2
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model, backend="tpu")
+    for step in range(6):
+        x = torch.randn(*([2] * min(step, 3)), 8, 16).to("tpu")  # another rank each of the first steps
+        loss = compiled(x).pow(2).mean()  {marker}
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+'''
+
+
+def test_a_function_past_dynamos_recompile_limit_is_named_at_its_call(tmp_path: Path) -> None:
+    """Inputs of a new rank fail the compiled graphs' guards until Dynamo's recompile_limit (2 here) stops
+    compiling the model: only a log warning says so, and the model runs uncompiled from then on. The finding names
+    the calling line, the limit and the last guard failure."""
+    report, script, line = _run(tmp_path, "recompile_limit", RECOMPILE_LIMIT)
+    (finding,) = [finding for finding in report.findings if finding.analyzer == "recompile_limit"]
+    assert (finding.file, finding.line) == (str(script), line), finding.title
+    assert finding.title.startswith(f"torch.compile stopped compiling the call at {script.name}:{line}: Dynamo hit "
+                                    "its recompile_limit (2) in step "), finding.title
+    assert "rank mismatch" in finding.explanation and finding.severity == "warning"
+    assert "mark_dynamic" in finding.suggestion and finding.cost_total_ns > 0

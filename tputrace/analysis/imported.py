@@ -17,6 +17,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "index_errors": None,
     "recompiles": ("compiles",),
     "guard_recompiles": ("compiles",),
+    "recompile_limit": None,
     "program_cache": ("flushes",),
     "set_up_work": ("flushes",),
     "compile_cache": None,

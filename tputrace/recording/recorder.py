@@ -352,6 +352,15 @@ class Recorder(ShardingRecords, UserFrames):
         frame = self._intern_frame(file, line or 0, function or "") if file else None
         writer.append("graph_breaks", (self.rank, writer.intern(reason), frame, self.now(), self.step_index))
 
+    def recompile_limit_hit(self, text: str) -> None:
+        """Dynamo stopped compiling a function at its recompile limit (`text`: its warning): an annotation with
+        source `recompile_limit`, at the user's line that called the function."""
+        if not self.window_open:
+            return
+        self.recorded_in_step = True
+        self.writer.append("annotations", (self.rank, self.writer.intern(text), "recompile_limit", self.now(), 0, self.frame_id(),
+                                           self.step_index))
+
     def bucket_hit(self, graph: str, buckets: str, start_ns: int, dur_ns: int) -> None:
         """A compiled graph ran padded to a shape bucket (an annotation with source 'bucket')."""
         if not self.window_open:

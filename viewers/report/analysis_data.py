@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 ANALYZER_SECTIONS: dict[str, str] = {
     "recompiles": "recompilations",
     "guard_recompiles": "recompilations",
+    "recompile_limit": "recompilations",
     "program_cache": "recompilations",
     "set_up_work": "recompilations",
     "compile_cache": "recompilations",
