@@ -256,3 +256,6 @@ def test_a_read_every_other_step_says_its_period(tmp_path: Path) -> None:
     report, script, line = _run(tmp_path, "logged_every_other_step", LOGGED_EVERY_OTHER_STEP)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert sync.title.startswith(f"Host sync 1 time every 2 steps at {script.name}:{line} (item)"), sync.title
+    # the script already reads every other step: the fix is to read less often, not "every N steps"
+    assert sync.suggestion.startswith("The line already reads every 2 steps"), sync.suggestion
+    assert "every 8 steps" in sync.suggestion and "every N steps" not in sync.suggestion

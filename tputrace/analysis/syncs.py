@@ -55,6 +55,11 @@ SUGGESTIONS: dict[str, str] = {
                    "launched, and the host queues nothing meanwhile: a GPU script's step timing needs it, a traced run "
                    "does not (`tputrace run` records each step's time). Remove it from the loop, or call it every N steps.",
 }
+# Reads the line already makes every few steps (an evaluation or a log under `if step % N == 0`).
+PERIODIC = ("The line already reads every {every} steps, and each read still waits for the chip to finish the work "
+            "queued before it: read less often (every {less_often} steps) or after the loop; for a logged loss, add "
+            "`loss.detach()` into a tensor on the chip each step and read the sum when you log.")
+_PERIODIC_KINDS = frozenset({"item", "print", "tolist", "numpy", "cpu"})
 # A capture's waits for its own device (a GPU's `cudaStreamSynchronize`, `cudaDeviceSynchronize`, a blocking copy).
 DEVICE_SYNCHRONIZE = ("The host waited for the {device} to finish the work queued on it (`torch.cuda.synchronize()`, "
                       "`event.synchronize()`, a blocking copy or a library's stream synchronize), and queued nothing "
@@ -226,6 +231,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
+    if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once:
+        suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
     facts = import_facts(context.trace, context.rank)
     if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
