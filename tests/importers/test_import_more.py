@@ -58,9 +58,10 @@ def test_a_sharded_jax_steps_ops_are_in_their_launch_step_with_their_line_and_sc
     assert [section.columns[2] for section in shown if section.title.startswith("top ops by device op time")] == [
         "device op time"]
     (finding,) = [finding for finding in analyze_path(output).findings if finding.analyzer == "collectives"]
-    (evidence,) = finding.evidence
-    assert evidence.text.startswith("all_reduce: 16 calls, ") and evidence.text.endswith(", bytes unknown")
-    assert "0 B" not in evidence.text
+    by_line, by_kind = finding.evidence
+    assert by_kind.text.startswith("all_reduce: 16 calls, ") and by_kind.text.endswith(", bytes unknown")
+    assert by_line.text.startswith("all_reduce, 4 calls a step: bytes unknown, ")
+    assert not [evidence.text for evidence in finding.evidence if "0 B" in evidence.text]
 
 
 def test_dynamic_shapes_several_breaks_and_a_compiled_optimizer_step(tmp_path: Path) -> None:

@@ -237,11 +237,12 @@ def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], 
     most time first: calls and bytes per step, so that a call made once per tensor (a loop of broadcasts) shows."""
     steps = max(context.steady_count, 1) if context.steps else 1
     rows = context.trace.sql(
-        f"SELECT kind, frame_id, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where}"
+        f"SELECT kind, frame_id, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where}"
         + (" AND cause_id IS NULL" if caused else "") + " GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
     per = " a step" if context.steps else ""
     return tuple(
-        context.evidence_at(f"{kind}, {calls / steps:.3g} call{'' if calls == steps else 's'}{per}: {format_bytes(nbytes / steps)}{per}, {format_ns(dur_ns / steps)}{per}",
+        context.evidence_at(f"{kind}, {calls / steps:.3g} call{'' if calls == steps else 's'}{per}: "
+                            f"{'bytes unknown' if nbytes is None else format_bytes(nbytes / steps) + per}, {format_ns(dur_ns / steps)}{per}",
                             frame_id, table="collectives")
         for kind, frame_id, calls, nbytes, dur_ns in rows
     )
