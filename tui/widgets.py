@@ -359,6 +359,8 @@ class HelpScreen(ModalScreen[None]):
 
     BINDINGS: ClassVar[list[BindingType]] = [Binding("escape,question_mark,q", "dismiss", "Close", id="help.close")]
 
+    _filled_width = 0
+
     def compose(self) -> ComposeResult:
         with Vertical(id="help-dialog"):
             yield Static(Text("Keys", style="bold"), id="help-title")
@@ -379,7 +381,7 @@ class HelpScreen(ModalScreen[None]):
 
     def fit_to_table(self) -> None:
         width = self.query_one("#help-table", DataTable).size.width
-        if width:
+        if width and width != self._filled_width:
             self.fill(width)
 
     def fill(self, width: int) -> None:
@@ -412,6 +414,10 @@ class HelpScreen(ModalScreen[None]):
             table.add_row(*(Text(row[column]) for column in keep), Text(wrapped), key=row[5], height=None)
         if table.row_count:
             table.move_cursor(row=min(cursor, table.row_count - 1))
+        self._filled_width = width
+        # The header's cells are drawn at the columns' widths when the table is next laid out: ask for it now, or a
+        # refill on a loaded host can leave the header at the labels' widths above wider rows.
+        table.refresh(layout=True)
 
     def keys_for(self, action: NamedAction) -> str:
         keymap: dict[str, str] = getattr(self.app, "user_keymap", {})
