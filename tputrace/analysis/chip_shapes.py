@@ -94,7 +94,7 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
     found = []
     # With three steps or more, lengths all taken in the warm-up step and reused after it are a fixed set (FSDP's
     # groups of different sizes, each layer's own length), each compiled once, not a length that changes.
-    first_steady = context.steady_range[0] if context.steady_range and context.step_count >= 3 else None
+    first_steady = context.first_steady_after_warm_up
     for frame_id, recompiles in _at_view_lines(context, by_line).items():
         lengths = sorted({recompiles[0].before} | {recompile.after for recompile in recompiles})
         if frame_id is None or len(recompiles) < MIN_RECOMPILES or len(lengths) < MIN_LENGTHS:

@@ -22,7 +22,7 @@ from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
-from tputrace.analysis.imported import import_facts
+from tputrace.analysis.imported import context_import_facts
 from tputrace.store.records import SourceLocation
 from tputrace.wording import format_bytes, format_ns, plural
 
@@ -143,7 +143,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     )
     frame_id = top_frame[0][0] if top_frame else None
     ici = context.target.ici_bandwidth
-    facts = import_facts(trace, rank)
+    facts = context_import_facts(context)
     foreign_device = facts.device if facts is not None and facts.device != "tpu" else None
     kind_evidence = tuple(
         Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_ns(row.dur_ns)}, "

@@ -106,6 +106,13 @@ class AnalysisContext:
         return steady[0].step, steady[-1].step
 
     @property
+    def first_steady_after_warm_up(self) -> int | None:
+        """The first steady step of a loop of three steps or more, after which a compile is not the warm-up's; None
+        in shorter runs, where every step's compiles count."""
+        steady = self.steady_range
+        return steady[0] if steady and self.step_count >= 3 else None
+
+    @property
     def loop_range(self) -> tuple[int, int] | None:
         """(first, last) step number of the loop steps, or None without steps."""
         loop = self.loop_steps

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
-from tputrace.analysis.imported import import_facts
+from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.op_facts import dispatch_by_step
 from tputrace.analysis.strict_times import strict_steps
 from tputrace.wording import format_ns
@@ -133,7 +133,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         evidence.append(Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their "
                                  "programs or waiting for earlier ones, not dispatch (each op counts at most its op's "
                                  "median time)", table="ops"))
-    facts = import_facts(trace, context.rank)
+    facts = context_import_facts(context)
     device = facts.device if facts is not None else "tpu"
     compile_text = ("`torch.compile(model, backend=\"tpu\")`" if device in ("tpu", "host") else
                     "`torch.compile(model)` (on a GPU, `mode=\"reduce-overhead\"` also replays the step as CUDA graphs)"

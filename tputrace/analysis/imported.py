@@ -7,9 +7,13 @@ need what only tputrace's own recording records (its index checks, its compile c
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tputrace.derived.imported_sources import imported_source
 from tputrace.store.reader import Trace
+
+if TYPE_CHECKING:
+    from tputrace.analysis.context import AnalysisContext
 
 # Analyzer name -> tables it needs rows in (None: it needs tputrace's own recording).
 NEEDS: dict[str, tuple[str, ...] | None] = {
@@ -51,6 +55,14 @@ class ImportFacts:
 
     def plain_data(self) -> dict[str, object]:
         return {"format": self.format, "path": self.path, "device": self.device, "skipped": dict(self.skipped)}
+
+
+def context_import_facts(context: AnalysisContext) -> ImportFacts | None:
+    """`import_facts` of the context's rank, read once per analysis (analyzers ask for it per finding)."""
+    if "import_facts" not in context.cache:
+        context.cache["import_facts"] = import_facts(context.trace, context.rank)
+    facts = context.cache["import_facts"]
+    return facts if isinstance(facts, ImportFacts) else None
 
 
 def import_facts(trace: Trace, rank: int) -> ImportFacts | None:

@@ -157,7 +157,7 @@ class _PaddingStorm:
 def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     trace, rank = context.trace, context.rank
     stats = trace.compile_stats(rank=rank)
-    first_steady = context.steady_range[0] if context.steady_range and context.step_count >= 3 else None
+    first_steady = context.first_steady_after_warm_up
     evicted = program_cache.evicted_diff_ids(context)  # no shape changed: see the program_cache analyzer
     sites = trace.sql(
         "SELECT kind, name_sid, frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0), COUNT(DISTINCT signature_sid), "

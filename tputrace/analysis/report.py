@@ -35,7 +35,7 @@ from tputrace.analysis import (
 from tputrace.analysis.chips import Chip, chip
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding, rank as rank_findings
-from tputrace.analysis.imported import ImportFacts, import_facts
+from tputrace.analysis.imported import ImportFacts, context_import_facts
 from tputrace.analysis.target import target_of
 from tputrace.derived.imported_sources import measured_on
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
@@ -142,7 +142,7 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
     context = AnalysisContext.build(trace, target_chip, target is None, rank)
     results: dict[str, AnalysisResult[Any]] = {}
     findings: list[Finding] = []
-    imported = import_facts(trace, context.rank)
+    imported = context_import_facts(context)
     for name, analyzer in (analyzers or ANALYZERS).items():
         if imported and name in imported.skipped:
             continue

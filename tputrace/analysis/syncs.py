@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
-from tputrace.analysis.imported import import_facts
+from tputrace.analysis.imported import context_import_facts
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns, plural
 
@@ -233,7 +233,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         kind, "Move the host read out of the loop, or do it every N steps.")
     if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
-    facts = import_facts(context.trace, context.rank)
+    facts = context_import_facts(context)
     if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
     module = module_of_read(context, frame_id, kind)
