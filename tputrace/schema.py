@@ -26,7 +26,8 @@ MAGIC = "tputrace-trace"
 # them as empty and NULL).
 # 3: buffers (each chip buffer's lifetime; an older file reads it as empty) and transfers.origin_frame_id (the line
 # that made a batch copied to a chip; an older file reads it as NULL); syncs.library_frame_id is a trailing column of
-# it (an older file reads it as NULL).
+# it (an older file reads it as NULL); so is kernel_launches (an imported GPU capture's kernels tied to the CPU ops that
+# launched them; an older file reads it as empty).
 FORMAT_VERSION = 3
 FILE_SUFFIX = ".tptrace"
 # `meta` key naming the on-disk compile cache directory a run used (absent: it used none).
@@ -462,6 +463,21 @@ SOURCE_FILES = RecordKind(
     ),
 )
 
+KERNEL_LAUNCHES = RecordKind(
+    "kernel_launches",
+    "An imported GPU capture's device kernels (and copies) tied to the CPU op that launched them: one row per kernel "
+    "whose launch (the runtime call of the same correlation id) ran inside a CPU op on its thread.",
+    (
+        _RANK,
+        _c("op_seq", "INTEGER", "the launching op: the innermost CPU op around the launch on its thread (its `ops.seq`)"),
+        _c("program_id", "INTEGER", "the kernel", ref="programs"),
+        _CHIP,
+        _c("start_ns", "INTEGER", "the kernel's start on the device, ns since the run's start"),
+        _c("dur_ns", "INTEGER", "the kernel's time on the device, ns"),
+    ),
+    indexes=(("rank", "op_seq"),),
+)
+
 RECORD_KINDS: tuple[RecordKind, ...] = (
     STRINGS,
     FRAMES,
@@ -485,6 +501,7 @@ RECORD_KINDS: tuple[RecordKind, ...] = (
     DEVICE_MESHES,
     PARAMETER_PLACEMENTS,
     COLLECTIVE_CAUSES,
+    KERNEL_LAUNCHES,
 )
 RECORD_KINDS_BY_TABLE: dict[str, RecordKind] = {kind.table: kind for kind in RECORD_KINDS}
 EVENT_TABLES: tuple[str, ...] = tuple(

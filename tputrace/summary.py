@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 import os
 import sys
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.derived.imported_sources import imported_source, measured_on
+from tputrace.derived.kernel_launches import kernel_ns_by_line, kernel_ns_by_op
 from tputrace.derived.kernels import KernelStat, top_kernels
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
@@ -73,6 +75,9 @@ class RunSummary:
     compile_failures: tuple[CompileEntry, ...] = ()
     top_kernels: tuple[KernelStat, ...] = ()  # an imported GPU capture's kernels, by device time
     captured_on: str | None = None  # an imported capture's device name and torch.distributed rank
+    # An imported GPU capture's device time of the kernels each op (by name) and each line's ops launched.
+    op_kernel_ns: dict[str, int] = dataclasses.field(default_factory=dict)
+    kernel_lines: tuple[tuple[SourceLocation, int], ...] = ()
 
     @property
     def measured_on(self) -> str:
@@ -197,6 +202,8 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         top_compiles=tuple(sorted(entries, key=lambda entry: -entry.dur_ns)[:top]),
         compile_failures=tuple(entry for entry in entries if entry.failure is not None),
         top_kernels=top_kernels(trace, chosen_rank, top) if facts is not None else (),
+        op_kernel_ns=kernel_ns_by_op(trace, chosen_rank) if facts is not None else {},
+        kernel_lines=tuple(kernel_ns_by_line(trace, chosen_rank, top)) if facts is not None else (),
     )
 
 
@@ -327,6 +334,8 @@ def sections(summary: RunSummary) -> list[Section]:
     op_label = DEVICE_OPS_LABEL if summary.device_ops else "host dispatch"
     split_rows = tuple((op_label if label == "host dispatch" else label, format_ns(ns), _percent(ns, wall))
                        for label, ns in summary.time_split.parts() if ns)
+    kernel_ns = summary.op_kernel_ns
+    device_label = f"{summary.imported_device or 'device'} time of its kernels"
     result = [
         Section(
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
@@ -335,15 +344,17 @@ def sections(summary: RunSummary) -> list[Section]:
             f"top ops by {DEVICE_OPS_LABEL if summary.device_ops else HOST_DISPATCH_LABEL}, measured on "
             + (measured_on("host") if _host_ops_beside(summary.imported_device) and not summary.device_ops
                else summary.measured_on)
-            + (f" · {CHIP_SHARE_LABEL}, projected for {summary.op_target} by a roofline" if summary.op_target else ""),
-            ("op", "calls", op_label, "share", CHIP_SHARE_LABEL),
+            + (f" · {CHIP_SHARE_LABEL}, projected for {summary.op_target} by a roofline" if summary.op_target else "")
+            + (f" · {device_label}, measured on {summary.measured_on}" if kernel_ns else ""),
+            ("op", "calls", op_label, "share", device_label if kernel_ns else CHIP_SHARE_LABEL),
             tuple(
                 (
                     printable(stat.op),
                     f"{stat.calls:,}",
                     format_ns(stat.self_dispatch_ns),
                     f"{100 * stat.self_dispatch_share:.1f}%",
-                    f"{100 * stat.chip_share:.1f}%" if summary.op_target else "-",
+                    f"{100 * stat.chip_share:.1f}%" if summary.op_target
+                    else format_ns(kernel_ns[stat.op]) if stat.op in kernel_ns else "-",
                 )
                 for stat in summary.top_ops
             ),
@@ -360,6 +371,7 @@ def sections(summary: RunSummary) -> list[Section]:
                 (False, True, True, True),
             )
         )
+    result += _kernel_launch_sections(summary)
     compiles = summary.compiles
     if summary.top_recompiles:
         recompile_lines: list[str] = []
@@ -447,6 +459,23 @@ def sections(summary: RunSummary) -> list[Section]:
     if summary.forked:
         result.append(Section(f"forked processes: {len(summary.forked)}", lines=tuple(_forked_line(process) for process in summary.forked)))
     return [section for section in result if section.rows or section.lines]
+
+
+def _kernel_launch_sections(summary: RunSummary) -> list[Section]:
+    """An imported GPU capture's ops and lines by the device time of the kernels they launched."""
+    if not summary.op_kernel_ns:
+        return []
+    all_ns = sum(summary.op_kernel_ns.values())
+    ranked = sorted(summary.op_kernel_ns.items(), key=lambda item: -item[1])[:len(summary.top_ops) or 10]
+    device = summary.imported_device or "device"
+    result = [Section(f"top ops by the {device} time of the kernels they launched, measured on {summary.measured_on}",
+                      ("op", "kernel time", "share"),
+                      tuple((printable(op), format_ns(ns), _percent(ns, all_ns)) for op, ns in ranked), (False, True, True))]
+    if summary.kernel_lines:
+        result.append(Section("top lines by the kernel time their ops launched", ("where", "kernel time", "share"),
+                              tuple((_where(source), format_ns(ns), _percent(ns, all_ns)) for source, ns in summary.kernel_lines),
+                              (False, True, True)))
+    return result
 
 
 def exit_text(exit_status: int | None) -> str:

@@ -310,7 +310,8 @@ def test_sample_trace_contents(sample_trace_path: Path) -> None:
     with tputrace.open(sample_trace_path) as trace:
         assert trace.ranks == list(range(SAMPLE_RANKS))
         counts = trace.counts()
-        assert all(counts[table] > 0 for table in RECORD_KINDS_BY_TABLE), counts
+        # `kernel_launches` is filled only by an imported GPU capture (tests/importers/test_import_kernel_launches.py).
+        assert all(counts[table] > 0 for table in RECORD_KINDS_BY_TABLE if table != "kernel_launches"), counts
         assert counts["steps"] == SAMPLE_RANKS * SAMPLE_STEPS
         assert {record.rank for record in trace.records("collectives")} == {0, 1}
         first_op = next(trace.records("ops"))

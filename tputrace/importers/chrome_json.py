@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers import kineto
-from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, Shapes
+from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpSpans, Shapes
 from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
@@ -262,6 +262,7 @@ class ChromeJsonImporter:
         categories = kineto.CATEGORIES
         sync_op_kinds = kineto.SYNC_OP_KINDS
         launches = kineto.LaunchSteps(self._kernel_rows)
+        op_spans = OpSpans()  # each thread's CPU ops, for the op around a kernel's launch
         comms = self.comms
         for events in event_lists(self.path, parse_float=self.parse_float):
             ops: list[tuple[Any, ...]] = []
@@ -313,6 +314,7 @@ class ChromeJsonImporter:
                     elif name == "record_param_comms" and comms == "param" and args.__class__ is dict:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
+                    op_spans.add(tid, ts, ts + dur, seq)
                     frame_name = innermost(ts, tid)
                     nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
                                                            None, -1, start_ns, dur_ns,
@@ -336,7 +338,8 @@ class ChromeJsonImporter:
                     self.runtime = True
                     args = event.get("args")
                     if args.__class__ is dict and "correlation" in args:
-                        launches.launch(args["correlation"], step, (ts, event.get("tid")))
+                        tid = event.get("tid")
+                        launches.launch(args["correlation"], step, (ts, tid, op_spans.innermost(tid, ts, ts + dur)))
                     if name in kineto.SYNC_CALLS:
                         tid = event.get("tid")
                         self._sync(self._sync_kind(tid, ts, ts + dur), start_ns, dur_ns, step,
@@ -344,6 +347,7 @@ class ChromeJsonImporter:
             extend("ops", ops)
             extend("annotations", annotations)
         launches.finish()
+        op_spans.clear()
         ops = []
         nesting.close_all(ops)
         extend("ops", ops)
@@ -390,12 +394,16 @@ class ChromeJsonImporter:
         return chip
 
     def _kernel_rows(self, kernel: tuple[int, int, dict[str, Any], int, int], step: int,
-                     launched_at: tuple[float, Any] | None) -> None:
-        """A kernel's `executions` row, and an NCCL kernel's `collectives` row at the user's frame around its launch."""
+                     launched_at: tuple[float, Any, int | None] | None) -> None:
+        """A kernel's `executions` row; its `kernel_launches` row where its launch (its time, thread and the CPU op
+        around it) is known to have run in an op; an NCCL kernel's `collectives` row at the user's frame around its
+        launch."""
         program_id, chip, args, start_ns, dur_ns = kernel
         self.sink.append("executions", (self.rank, program_id, chip, start_ns, dur_ns, step, None))
+        if launched_at is not None and launched_at[2] is not None:
+            self.sink.append("kernel_launches", (self.rank, launched_at[2], program_id, chip, start_ns, dur_ns))
         if self.comms == "kernel" and kineto.COLLECTIVE_ARG in args:
-            frame_name = self.user_frames.innermost(*launched_at) if launched_at is not None else None
+            frame_name = self.user_frames.innermost(launched_at[0], launched_at[1]) if launched_at is not None else None
             self._comms(args, start_ns, dur_ns, step, self._frame(frame_name) if frame_name else None)
 
     def _comms(self, args: dict[str, Any], start_ns: int, dur_ns: int, step: int, frame_id: int | None) -> None:

@@ -5,6 +5,7 @@ from the parallel `Input type` and `Input Dims` lists."""
 from __future__ import annotations
 
 import bisect
+from array import array
 from typing import Any
 
 
@@ -143,3 +144,49 @@ def _shapes(types: list[Any], dims: list[Any]) -> str:
         elif kind:
             parts.append(str(kind))
     return ", ".join(parts)
+
+
+class OpSpans:
+    """The CPU ops of each thread as (start, end, seq), to find the op that launched a kernel: the innermost op
+    around its runtime call (`cudaLaunchKernel`) on the call's thread. Kineto writes the runtime calls after the
+    ops, so every op's span is kept (in arrays, 32 bytes an op) until its file's events are read; an op that does
+    not start at or after the one before it on its thread (not in start order) is left out."""
+
+    def __init__(self) -> None:
+        self.starts: dict[Any, array[float]] = {}
+        self.ends: dict[Any, array[float]] = {}
+        self.seqs: dict[Any, array[int]] = {}
+        self.callers: dict[Any, array[int]] = {}  # the position of the op each op ran inside, or -1
+        self.open: dict[Any, list[int]] = {}  # positions of the ops still open at the latest start
+
+    def add(self, tid: Any, start_us: float, end_us: float, seq: int) -> None:
+        starts = self.starts.get(tid)
+        if starts is None:
+            starts = self.starts[tid] = array("d")
+            self.ends[tid], self.seqs[tid], self.callers[tid] = array("d"), array("q"), array("q")
+            self.open[tid] = []
+        elif start_us < starts[-1]:
+            return
+        ends, open_ops = self.ends[tid], self.open[tid]
+        while open_ops and ends[open_ops[-1]] < start_us:
+            open_ops.pop()
+        self.callers[tid].append(open_ops[-1] if open_ops else -1)
+        open_ops.append(len(starts))
+        starts.append(start_us)
+        ends.append(end_us)
+        self.seqs[tid].append(seq)
+
+    def innermost(self, tid: Any, start_us: float, end_us: float) -> int | None:
+        """The seq of the innermost op of `tid` that holds [start_us, end_us], or None."""
+        starts = self.starts.get(tid)
+        if starts is None:
+            return None
+        ends, callers = self.ends[tid], self.callers[tid]
+        position = bisect.bisect_right(starts, start_us) - 1
+        while position >= 0 and ends[position] < end_us:
+            position = callers[position]
+        return self.seqs[tid][position] if position >= 0 else None
+
+    def clear(self) -> None:
+        for table in (self.starts, self.ends, self.seqs, self.callers, self.open):
+            table.clear()

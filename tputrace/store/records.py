@@ -320,6 +320,16 @@ class ParameterPlacementRecord:
 
 
 @dataclass(frozen=True, slots=True)
+class KernelLaunchRecord:
+    rank: int
+    op_seq: int | None
+    program_id: int | None
+    chip: int | None
+    start_ns: int
+    dur_ns: int | None
+
+
+@dataclass(frozen=True, slots=True)
 class CollectiveCauseRecord:
     id: int
     rank: int
@@ -379,6 +389,7 @@ Record = (
     | DeviceMeshRecord
     | ParameterPlacementRecord
     | CollectiveCauseRecord
+    | KernelLaunchRecord
 )
 
 RECORD_TYPES: dict[str, type] = {
@@ -404,6 +415,7 @@ RECORD_TYPES: dict[str, type] = {
     "device_meshes": DeviceMeshRecord,
     "parameter_placements": ParameterPlacementRecord,
     "collective_causes": CollectiveCauseRecord,
+    "kernel_launches": KernelLaunchRecord,
 }
 
 
