@@ -18,11 +18,13 @@ from tputrace.analysis.target import DEFAULT_TARGET, target_chip
 from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.kernel_launches import kernel_ns_by_line, kernel_ns_by_op
 from tputrace.derived.kernels import KernelStat, top_kernels
+from tputrace.derived.rank_lines import RankLine, rank_lines
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
 from tputrace.forks import ForkOrigin, started_by
+from tputrace.summary_ranks import rank_table
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
@@ -78,6 +80,7 @@ class RunSummary:
     # An imported GPU capture's device time of the kernels each op (by name) and each line's ops launched.
     op_kernel_ns: dict[str, int] = dataclasses.field(default_factory=dict)
     kernel_lines: tuple[tuple[SourceLocation, int], ...] = ()
+    rank_lines: tuple[RankLine, ...] = ()  # a line per rank, for a trace of several
 
     @property
     def measured_on(self) -> str:
@@ -180,7 +183,8 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         op_count=trace.count("ops", where="rank = ?", params=(chosen_rank,)),
         time_split=trace.time_split(rank=chosen_rank),
         projected=projected if projected.programs_costed else None,
-        top_ops=ranking.top(top),
+        # An import's kernels are programs without ops: no row of 0 calls for them.
+        top_ops=tuple(op for op in ranking.top(top) if op.calls or facts is None or (ranking.target is not None and projected.programs_costed)),
         op_target=ranking.target if projected.programs_costed or facts is None else None,
         compiles=trace.compile_stats(rank=chosen_rank),
         top_recompiles=tuple(trace.recompile_groups(limit=min(top, 5), rank=chosen_rank)),
@@ -204,6 +208,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         top_kernels=top_kernels(trace, chosen_rank, top) if facts is not None else (),
         op_kernel_ns=kernel_ns_by_op(trace, chosen_rank) if facts is not None else {},
         kernel_lines=tuple(kernel_ns_by_line(trace, chosen_rank, top)) if facts is not None else (),
+        rank_lines=rank_lines(trace),
     )
 
 
@@ -336,7 +341,8 @@ def sections(summary: RunSummary) -> list[Section]:
                        for label, ns in summary.time_split.parts() if ns)
     kernel_ns = summary.op_kernel_ns
     device_label = f"{summary.imported_device or 'device'} time of its kernels"
-    result = [
+    result = [Section(*rank_table(summary.rank_lines, summary.rank))] if summary.rank_lines else []
+    result += [
         Section(
             "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
         ),

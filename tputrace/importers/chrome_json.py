@@ -496,15 +496,18 @@ def _no_profiler_events(path: Path) -> str:
     return f"{path} holds no torch.profiler events (cpu_op, python_function, user_annotation, kernel, [memory]){hint}"
 
 
-def process_key(path: Path) -> tuple[str, str]:
-    """Which process a torch.profiler file comes from: its `host_name` and the `pid` of its first event (from
-    the file's first block), or the file itself where they are not there."""
+def process_key(path: Path) -> tuple[str, str, str]:
+    """Which process a torch.profiler file comes from: its `host_name`, the `pid` of its first event (from
+    the file's first block) and the torch.distributed rank of a Kineto header before the events (ranks on different
+    hosts, each in its container, can have one pid), or the file itself where there is no pid."""
     head = read_head(path)
     host = _HOST_TEXT.search(head)
     pid = _PID_TEXT.search(head)
     if pid is None:
-        return str(path), ""
-    return (host.group(1) if host else ""), pid.group(1)
+        return str(path), "", ""
+    distributed = read_header(path).get("distributedInfo")
+    rank = distributed.get("rank") if isinstance(distributed, dict) else None
+    return (host.group(1) if host else ""), pid.group(1), "" if rank is None else str(rank)
 
 
 def _event_around(text: str, match: re.Match[str], decode: Any) -> dict[str, Any]:
