@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.imported import import_facts
-from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.analysis.target import DEFAULT_TARGET, capture_chip, target_chip, target_of
 from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.kernel_launches import kernel_ns_by_line, kernel_ns_by_op
 from tputrace.derived.kernels import KernelStat, top_kernels
@@ -24,7 +24,8 @@ from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, Projecte
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
 from tputrace.forks import ForkOrigin, started_by
-from tputrace.summary_ranks import rank_table
+from tputrace.summary_tables import Section, kernel_launch_sections, rank_section
+from tputrace.summary_tables import percent as _percent, where as _where
 from tputrace.store.aggregates import (
     CollectiveStat,
     CompileStats,
@@ -166,7 +167,8 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     step_durations = loop_step_durations(trace, chosen_rank)
     fallbacks = trace.fallback_stats(rank=chosen_rank)
     syncs = trace.sync_stats(rank=chosen_rank)
-    chip = target_chip(DEFAULT_TARGET)
+    captured = capture_chip(trace, chosen_rank)  # an imported TPU capture's own chip
+    chip = target_of(captured) if captured is not None else target_chip(DEFAULT_TARGET)
     ranking = rank_ops(trace, chosen_rank, chip)
     projected = projected_steps(trace, chosen_rank, chip)
     facts = import_facts(trace, chosen_rank)
@@ -185,7 +187,8 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         projected=projected if projected.programs_costed else None,
         # An import's kernels are programs without ops: no row of 0 calls for them.
         top_ops=tuple(op for op in ranking.top(top) if op.calls or facts is None or (ranking.target is not None and projected.programs_costed)),
-        op_target=ranking.target if projected.programs_costed or facts is None else None,
+        # A TPU capture's device op times are its chip's: no projection beside them.
+        op_target=ranking.target if facts is None or (projected.programs_costed and facts.device != "tpu") else None,
         compiles=trace.compile_stats(rank=chosen_rank),
         top_recompiles=tuple(trace.recompile_groups(limit=min(top, 5), rank=chosen_rank)),
         sync_count=sum(stat.count for stat in syncs),
@@ -215,26 +218,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
 # -- units ----------------------------------------------------------------------------------------
 
 
-def _percent(part: float, whole: float) -> str:
-    return f"{100 * part / whole:.1f}%" if whole else "-"
-
-
-def _where(source: SourceLocation | None) -> str:
-    return source.short if source else "?"
-
-
 # -- sections -------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Section:
-    """A titled table (`numeric` marks right-aligned columns), or titled lines when it has no columns."""
-
-    title: str
-    columns: tuple[str, ...] = ()
-    rows: tuple[tuple[str, ...], ...] = ()
-    numeric: tuple[bool, ...] = ()
-    lines: tuple[str, ...] = ()
 
 
 NO_DEVICE_OPS_TEXT = (
@@ -337,14 +321,19 @@ def sections(summary: RunSummary) -> list[Section]:
     """The summary's tables, skipping those with nothing to show."""
     wall = summary.wall_ns
     op_label = DEVICE_OPS_LABEL if summary.device_ops else "host dispatch"
-    split_rows = tuple((op_label if label == "host dispatch" else label, format_ns(ns), _percent(ns, wall))
+    # An XProf import's programs, ops and collectives are each chip's: a share of the wall of all its chips.
+    chips = (summary.run.chips or 1) if summary.device_ops else 1
+    per_chip = ("program execution", "host dispatch", "collectives") if chips > 1 else ()
+    split_rows = tuple((op_label if label == "host dispatch" else label, format_ns(ns),
+                        _percent(ns, wall * chips if label in per_chip else wall))
                        for label, ns in summary.time_split.parts() if ns)
+    split_title = "% of wall; categories overlap" + (f"; the chips' as % of wall × {chips} chips" if per_chip else "")
     kernel_ns = summary.op_kernel_ns
     device_label = f"{summary.imported_device or 'device'} time of its kernels"
-    result = [Section(*rank_table(summary.rank_lines, summary.rank))] if summary.rank_lines else []
+    result = [rank_section(summary.rank_lines, summary.rank)] if summary.rank_lines else []
     result += [
         Section(
-            "time split (% of wall; categories overlap)", ("category", "time", "share"), split_rows, (False, True, True)
+            f"time split ({split_title})", ("category", "time", "share"), split_rows, (False, True, True)
         ),
         Section(
             f"top ops by {DEVICE_OPS_LABEL if summary.device_ops else HOST_DISPATCH_LABEL}, measured on "
@@ -367,6 +356,10 @@ def sections(summary: RunSummary) -> list[Section]:
             (False, True, True, True, True),
         ),
     ]
+    if not (summary.op_target or kernel_ns or not summary.imported):  # an import's ops with nothing beside them
+        ops = result[-1]
+        result[-1] = dataclasses.replace(ops, columns=ops.columns[:-1], rows=tuple(row[:-1] for row in ops.rows),
+                                         numeric=ops.numeric[:-1])
     if summary.top_kernels:
         result.append(
             Section(
@@ -377,7 +370,8 @@ def sections(summary: RunSummary) -> list[Section]:
                 (False, True, True, True),
             )
         )
-    result += _kernel_launch_sections(summary)
+    result += kernel_launch_sections(summary.op_kernel_ns, summary.kernel_lines, summary.imported_device,
+                                     summary.measured_on, len(summary.top_ops) or 10)
     compiles = summary.compiles
     if summary.top_recompiles:
         recompile_lines: list[str] = []
@@ -465,23 +459,6 @@ def sections(summary: RunSummary) -> list[Section]:
     if summary.forked:
         result.append(Section(f"forked processes: {len(summary.forked)}", lines=tuple(_forked_line(process) for process in summary.forked)))
     return [section for section in result if section.rows or section.lines]
-
-
-def _kernel_launch_sections(summary: RunSummary) -> list[Section]:
-    """An imported GPU capture's ops and lines by the device time of the kernels they launched."""
-    if not summary.op_kernel_ns:
-        return []
-    all_ns = sum(summary.op_kernel_ns.values())
-    ranked = sorted(summary.op_kernel_ns.items(), key=lambda item: -item[1])[:len(summary.top_ops) or 10]
-    device = summary.imported_device or "device"
-    result = [Section(f"top ops by the {device} time of the kernels they launched, measured on {summary.measured_on}",
-                      ("op", "kernel time", "share"),
-                      tuple((printable(op), format_ns(ns), _percent(ns, all_ns)) for op, ns in ranked), (False, True, True))]
-    if summary.kernel_lines:
-        result.append(Section("top lines by the kernel time their ops launched", ("where", "kernel time", "share"),
-                              tuple((_where(source), format_ns(ns), _percent(ns, all_ns)) for source, ns in summary.kernel_lines),
-                              (False, True, True)))
-    return result
 
 
 def exit_text(exit_status: int | None) -> str:

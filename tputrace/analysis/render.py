@@ -34,8 +34,11 @@ class Line:
 
 def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
     target = report.target
+    choose = f"choose another with --target {'|'.join(_target_names())}"
     default = (
-        f" (the default; choose another with --target {'|'.join(_target_names())})" if report.target_is_default else ""
+        f" (the default; {choose})" if report.target_is_default
+        else f" (the capture's chip, {printable(report.target_from_capture)}; {choose})" if report.target_from_capture
+        else ""
     )
     lines = []
     if not brief:

@@ -36,8 +36,8 @@ from tputrace.analysis.chips import Chip, chip
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.imported import ImportFacts, context_import_facts
-from tputrace.analysis.target import target_of
-from tputrace.derived.imported_sources import measured_on
+from tputrace.analysis.target import capture_chip, target_of
+from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 
@@ -89,6 +89,7 @@ class Report:
     results: dict[str, AnalysisResult[Any]] = field(default_factory=dict)
     imported: ImportFacts | None = None
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
+    target_from_capture: str | None = None  # the device type of the imported TPU capture the target was taken from
 
     def counts(self) -> dict[str, int]:
         """Findings per severity."""
@@ -117,7 +118,8 @@ class Report:
         capture's measured times say which device measured them."""
         return {
             "trace": self.trace_path,
-            "target": {**self.target.describe(), "is_default": self.target_is_default},
+            "target": {**self.target.describe(), "is_default": self.target_is_default,
+                       **({"from_capture": self.target_from_capture} if self.target_from_capture else {})},
             "rank": self.rank,
             "ranks": self.ranks,
             "steps": self.step_count,
@@ -138,8 +140,9 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
             analyzers: dict[str, Analyzer] | None = None) -> Report:
     """Run the analyzers over `trace` for `target` (a name such as "v6e", a `Chip`, or None for
     `DEFAULT_TARGET`) and `rank` (default: the first rank); findings ranked by estimated cost."""
-    target_chip = target if isinstance(target, Chip) else chip(target)
-    context = AnalysisContext.build(trace, target_chip, target is None, rank)
+    captured = capture_chip(trace, rank) if target is None else None  # an imported TPU capture's own chip
+    target_chip = captured or (target if isinstance(target, Chip) else chip(target))
+    context = AnalysisContext.build(trace, target_chip, target is None and captured is None, rank)
     results: dict[str, AnalysisResult[Any]] = {}
     findings: list[Finding] = []
     imported = context_import_facts(context)
@@ -153,7 +156,8 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
     return Report(
         trace_path=str(trace.path),
         target=target_chip,
-        target_is_default=target is None,
+        target_is_default=target is None and captured is None,
+        target_from_capture=str((imported_source(trace, context.rank) or {}).get("device_name")) if captured else None,
         rank=context.rank,
         ranks=list(trace.distributed_ranks),
         step_count=context.step_count,

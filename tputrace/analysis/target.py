@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from tputrace.analysis.chips import DEFAULT_TARGET, Chip, chip as chip_model
+from tputrace.derived.imported_sources import imported_source
 from tputrace.derived.op_cost import TargetChip
 
-__all__ = ["DEFAULT_TARGET", "target_chip", "target_of"]
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+__all__ = ["DEFAULT_TARGET", "capture_chip", "target_chip", "target_of"]
 
 # JAX's device_kind for each generation, which XProf shows as the device type.
 _DEVICE_KINDS = {"v5e": "TPU v5 lite", "v5p": "TPU v5", "v6e": "TPU v6 lite", "v7": "TPU7x"}
@@ -29,3 +35,15 @@ def target_of(model: Chip) -> TargetChip:
     )
 
 
+
+
+def capture_chip(trace: Trace, rank: int | None) -> Chip | None:
+    """The chip an imported TPU capture was measured on, from its device planes' type (`TPU v6 Lite`: v6e), so that
+    its report and summary are for that chip unless another is asked for; None for a recording, another device or
+    a type no chip model has."""
+    source = imported_source(trace, rank)
+    if source is None or source.get("device") != "tpu" or not source.get("device_name"):
+        return None
+    kinds = {kind.lower(): name for name, kind in _DEVICE_KINDS.items()}
+    names = {kinds.get(part.strip().lower()) for part in str(source["device_name"]).split(",")}
+    return chip_model(names.pop()) if len(names) == 1 and None not in names else None

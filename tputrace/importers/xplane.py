@@ -173,6 +173,7 @@ class XPlaneImporter:
         # First pass: the capture's start, its step markers and compiles (needed before any row is written).
         device_kind = "cpu"
         chips: set[int] = set()
+        device_types: set[str] = set()  # the device planes' `device_type_string` ("TPU v6 Lite"), "" for none
         starts: list[int] = []
         host_markers: list[tuple[int, int, int | None]] = []
         device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
@@ -195,6 +196,7 @@ class XPlaneImporter:
                 if match:
                     device_kind = match.group(1).lower()
                     chips.add(int(match.group(2)))
+                    device_types.add(str(plane_stat(plane, "device_type_string") or ""))
                 file_starts += [line.timestamp_ns for line in lines if line.has_events]
                 if match:
                     file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines)
@@ -224,7 +226,8 @@ class XPlaneImporter:
         steps = self.steps.place([(start - start_unix_ns, end - start_unix_ns, number) for start, end, number in markers])
         for number, start_ns, end_ns in steps:
             self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
-        self.sink.note(self.rank, device=device_kind)
+        device_types.discard("")
+        self.sink.note(self.rank, device=device_kind, **({"device_name": ", ".join(sorted(device_types))} if device_types else {}))
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.path), argv=[], cwd=None,
                             host=self.sink.sources[self.rank]["host"], chips=self.chips,
                             platform=device_kind, start_unix_ns=start_unix_ns)

@@ -1,0 +1,71 @@
+"""The summary's `Section` (a titled table or lines), and the tables only some traces have: a line per rank for a
+trace of several (`tputrace.derived.rank_lines`), so that the slow rank, the idle one or the one waiting in
+collectives shows without a summary per `--rank`; and an imported GPU capture's ops and lines by the kernel time they
+launched (`tputrace.derived.kernel_launches`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tputrace.derived.rank_lines import RankLine
+from tputrace.store.records import SourceLocation
+from tputrace.wording import format_ns, printable
+
+
+@dataclass(frozen=True)
+class Section:
+    """A titled table (`numeric` marks right-aligned columns), or titled lines when it has no columns."""
+
+    title: str
+    columns: tuple[str, ...] = ()
+    rows: tuple[tuple[str, ...], ...] = ()
+    numeric: tuple[bool, ...] = ()
+    lines: tuple[str, ...] = ()
+
+
+def percent(part: float, whole: float) -> str:
+    return f"{100 * part / whole:.1f}%" if whole else "-"
+
+
+def where(source: SourceLocation | None) -> str:
+    return source.short if source else "?"
+
+
+def rank_section(lines: tuple[RankLine, ...], shown_rank: int) -> Section:
+    """The ranks' table; its title says whose the other tables are."""
+    medians = [line.median_step_ns for line in lines if line.median_step_ns]
+    fastest = min(medians) if medians else None
+    rows = tuple(
+        (
+            f"{line.rank}{' *' if line.rank == shown_rank else ''}",
+            printable(line.label),
+            format_ns(line.wall_ns),
+            f"{line.steps}",
+            format_ns(line.median_step_ns) if line.median_step_ns else "-",
+            f"+{100 * (line.median_step_ns / fastest - 1):.1f}%" if line.median_step_ns and fastest else "-",
+            percent(line.busy_ns, line.wall_ns) if line.busy_ns else "-",
+            format_ns(line.collective_ns) if line.collective_ns else "-",
+            f"{line.top_collective} {format_ns(line.top_collective_ns)}" if line.top_collective else "-",
+        )
+        for line in lines
+    )
+    return Section(f"ranks: {len(lines)} (* the rank the other tables show; `tputrace summary --rank N` for another)",
+                   ("rank", "", "wall", "steps", "median step", "vs fastest", "device busy", "collectives",
+                    "top collective"), rows, (False, False, True, True, True, True, True, True, False))
+
+
+def kernel_launch_sections(op_kernel_ns: dict[str, int], kernel_lines: tuple[tuple[SourceLocation, int], ...],
+                           device: str | None, measured_on: str, limit: int) -> list[Section]:
+    """An imported GPU capture's ops and lines by the device time of the kernels they launched."""
+    if not op_kernel_ns:
+        return []
+    all_ns = sum(op_kernel_ns.values())
+    ranked = sorted(op_kernel_ns.items(), key=lambda item: -item[1])[:limit]
+    result = [Section(f"top ops by the {device or 'device'} time of the kernels they launched, measured on {measured_on}",
+                      ("op", "kernel time", "share"),
+                      tuple((printable(op), format_ns(ns), percent(ns, all_ns)) for op, ns in ranked), (False, True, True))]
+    if kernel_lines:
+        result.append(Section("top lines by the kernel time their ops launched", ("where", "kernel time", "share"),
+                              tuple((where(source), format_ns(ns), percent(ns, all_ns)) for source, ns in kernel_lines),
+                              (False, True, True)))
+    return result
