@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from tputrace.derived.rank_lines import RankLine
 from tputrace.store.records import SourceLocation
-from tputrace.wording import format_ns, printable
+from tputrace.wording import format_ns, plural, printable
 
 
 @dataclass(frozen=True)
@@ -32,26 +32,33 @@ def where(source: SourceLocation | None) -> str:
 
 
 def rank_section(lines: tuple[RankLine, ...], shown_rank: int) -> Section:
-    """The ranks' table; its title says whose the other tables are."""
+    """The ranks' table; its title says whose the other tables are. A column no rank has anything in (the steps of
+    `TORCH_TRACE` logs, the collectives of one process's captures) is left out."""
     medians = [line.median_step_ns for line in lines if line.median_step_ns]
     fastest = min(medians) if medians else None
-    rows = tuple(
+    columns = ("rank", "", "wall", "steps", "median step", "vs fastest", "compiles", "compiling", "device busy",
+               "collectives", "top collective")
+    rows = [
         (
             f"{line.rank}{' *' if line.rank == shown_rank else ''}",
             printable(line.label),
             format_ns(line.wall_ns),
-            f"{line.steps}",
+            f"{line.steps}" if line.steps else "-",
             format_ns(line.median_step_ns) if line.median_step_ns else "-",
             f"+{100 * (line.median_step_ns / fastest - 1):.1f}%" if line.median_step_ns and fastest else "-",
+            (f"{line.compiles}" + (f" ({plural(line.recompiles, 'recompile')})" if line.recompiles else "")) if line.compiles else "-",
+            format_ns(line.compile_ns) if line.compile_ns else "-",
             percent(line.busy_ns, line.wall_ns) if line.busy_ns else "-",
             format_ns(line.collective_ns) if line.collective_ns else "-",
             f"{line.top_collective} {format_ns(line.top_collective_ns)}" if line.top_collective else "-",
         )
         for line in lines
-    )
+    ]
+    kept = [index for index in range(len(columns)) if index < 3 or any(row[index] != "-" for row in rows)]
+    numeric = (False, False, True, True, True, True, True, True, True, True, False)
     return Section(f"ranks: {len(lines)} (* the rank the other tables show; `tputrace summary --rank N` for another)",
-                   ("rank", "", "wall", "steps", "median step", "vs fastest", "device busy", "collectives",
-                    "top collective"), rows, (False, False, True, True, True, True, True, True, False))
+                   tuple(columns[index] for index in kept), tuple(tuple(row[index] for index in kept) for row in rows),
+                   tuple(numeric[index] for index in kept))
 
 
 def kernel_launch_sections(op_kernel_ns: dict[str, int], kernel_lines: tuple[tuple[SourceLocation, int], ...],

@@ -67,3 +67,35 @@ def test_a_summary_of_several_ranks_has_a_line_per_rank(tmp_path: Path, capsys: 
     capsys.readouterr()
     assert main(["summary", str(single)]) == 0
     assert "ranks:" not in capsys.readouterr().out
+
+
+def _log(path: Path, rank: int, compiles: list[tuple[float, float, str | None]]) -> Path:
+    """A `TORCH_TRACE` log of one rank, as torch writes it: a `compilation_metrics` record per compile of `step` in
+    `train.py` (start, seconds, recompile reason)."""
+    lines = []
+    for index, (start, seconds, reason) in enumerate(compiles):
+        metrics = {"compile_id": f"0/{index}", "co_name": "step", "co_filename": "/job/train.py", "co_firstlineno": 7,
+                   "cache_size": index, "guard_count": 10, "graph_op_count": 4, "start_time": start,
+                   "entire_frame_compile_time_s": seconds, "recompile_reason": reason}
+        record = {"compilation_metrics": metrics, "rank": rank, "frame_id": 0, "frame_compile_id": index, "attempt": 0}
+        lines.append(f"V0815 08:48:{38 + index:02d}.452000 4242 torch/_dynamo/utils.py:1938] {json.dumps(record)}")
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def test_the_ranks_of_torch_trace_logs_show_their_compiles(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Logs have no steps, ops or collectives: their ranks' lines show what they have, compiles (rank 1 recompiled
+    `step` twice, for 3 s of compiling), and leave the empty columns out."""
+    folder = tmp_path / "logs"
+    folder.mkdir()
+    _log(folder / "dedicated_log_torch_trace_rank_0_ab12.log", 0, [(1_755_272_918.0, 1.0, None)])
+    _log(folder / "dedicated_log_torch_trace_rank_1_cd34.log", 1,
+         [(1_755_272_918.0, 1.0, None), (1_755_272_920.0, 1.0, "x.size()[0] == 8"),
+          (1_755_272_922.0, 1.0, "x.size()[0] == 9")])
+    output = tmp_path / "logs.tptrace"
+    assert main(["import", str(folder), "-o", str(output)]) == 0
+    capsys.readouterr()
+    assert main(["summary", str(output)]) == 0
+    table = capsys.readouterr().out.split("ranks: 2 ")[1].split("\n\n")[0].splitlines()
+    assert table[1].split() == ["rank", "wall", "compiles", "compiling"], table
+    assert table[3].split()[1:] == ["distributed", "rank", "1", "5.00", "s", "3", "(2", "recompiles)", "3.00", "s"], table

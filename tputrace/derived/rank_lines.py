@@ -17,14 +17,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RankLine:
-    """One rank: what names it (an import's capture file or host, its torch.distributed rank), its wall time and
-    loop steps, the time its devices ran anything (the union of its executions), and its longest collective kind."""
+    """One rank: what names it (an import's torch.distributed rank, else its host), its wall time and loop steps,
+    its compiles (how many, how many recompiled, their wall time), the time its devices ran anything (the union of its
+    executions), and its collectives' time and longest kind."""
 
     rank: int
     label: str
     wall_ns: int
     steps: int
     median_step_ns: int | None
+    compiles: int
+    recompiles: int
+    compile_ns: int
     busy_ns: int
     collective_ns: int
     top_collective: str | None
@@ -47,9 +51,10 @@ def rank_lines(trace: Trace) -> tuple[RankLine, ...]:
             "SELECT kind, COALESCE(SUM(dur_ns), 0) AS total FROM collectives WHERE rank = ? GROUP BY kind "
             "ORDER BY total DESC", (rank,))
         top_kind, top_ns = collectives[0] if collectives else (None, 0)
+        compiles = trace.compile_stats(rank=rank)
         lines.append(RankLine(rank, _label(trace, rank, hosts.get(rank)), trace.wall_ns(rank=rank), len(durations),
-                              steady_median_ns(durations), busy, sum(int(total) for _, total in collectives),
-                              top_kind, int(top_ns)))
+                              steady_median_ns(durations), compiles.count, compiles.recompiles, compiles.total_ns,
+                              busy, sum(int(total) for _, total in collectives), top_kind, int(top_ns)))
     return tuple(lines)
 
 
