@@ -1,6 +1,7 @@
 """XProf captures made on real TPUs (`/device:TPU:n` planes with `XLA Modules` and `XLA Ops` lines, as libtpu writes
 them): the device type the planes name (`TPU v6 Lite`) is the capture's chip, which the run line names and the report
-and summary are drawn for, and each chip's program and op time is a share of the time of all its chips."""
+and summary are drawn for, and each chip's program and op time is a share of the time of all its chips. Older JAX's compiles (`backend_compile`,
+with libtpu's `TfrtTpuCompiler::Compile` inside) are compiles."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+import tputrace
 from tputrace.cli.main import main
 from tputrace.xplane_proto import messages
 
@@ -51,6 +53,15 @@ def _tpu_capture(path: Path, device_type: str, chips: int = 4) -> Path:
             executed = modules.events.add(metadata_id=1, offset_ps=run * MS_PS, duration_ps=MS_PS)
             executed.stats.add(metadata_id=stat_ids["run_id"], int64_value=run + 1)
             ops.events.add(metadata_id=2, offset_ps=run * MS_PS + MS_PS // 10, duration_ps=8 * MS_PS // 10)
+    host = space.planes.add(id=100, name="/host:CPU")
+    for number, name in enumerate(("PjitFunction(step)", "backend_compile", "TfrtTpuCompiler::Compile"), start=1):
+        host.event_metadata[number].id = number
+        host.event_metadata[number].name = name
+    main_thread = host.lines.add(id=7, name="main/7", timestamp_ns=START_NS)
+    for start_ms in (0, 4):  # two compiles of 3 ms, each in its jitted call
+        main_thread.events.add(metadata_id=1, offset_ps=start_ms * MS_PS, duration_ps=MS_PS * 35 // 10)
+        main_thread.events.add(metadata_id=2, offset_ps=start_ms * MS_PS + MS_PS // 10, duration_ps=3 * MS_PS)
+        main_thread.events.add(metadata_id=3, offset_ps=start_ms * MS_PS + MS_PS // 5, duration_ps=MS_PS * 28 // 10)
     path.write_bytes(space.SerializeToString())
     return path
 
@@ -64,6 +75,10 @@ def test_a_tpu_capture_is_read_for_its_own_chip(tmp_path: Path, device_type: str
     assert main(["summary", str(output)]) == 0
     summary = capsys.readouterr().out
     assert summary.splitlines()[0].startswith(f"run    t1v-n-0.xplane.pb · tpu, 4 chips · {device_type} ·")
+    assert "· 2 compiles (1 recompile)" in summary.splitlines()[1]
+    with tputrace.open(output) as trace:  # named for the jitted call around them, as JAX names its XLA module
+        assert [(row.name, row.reason, row.dur_ns) for row in trace.records("compiles")] == [
+            ("jit_step", "first", 3_000_000), ("jit_step", "recompile", 3_000_000)]
     split = summary[summary.index("time split ("):].split("\n\n")[0]
     assert split.splitlines()[0] == "time split (% of wall; categories overlap; the chips' as % of wall × 4 chips)"
     shares = {line.split()[0]: line.split()[-1] for line in split.splitlines()[2:]}

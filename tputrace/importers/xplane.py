@@ -25,6 +25,14 @@ from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
+from tputrace.importers.xla_compiles import (
+    BACKEND_EVENT,
+    CLIENT_COMPILE,
+    COMPILE_EVENTS,
+    JITTED_CALL,
+    UNNAMED,
+    CompileSpans,
+)
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
 from tputrace.importers.xevents import EventColumns, decode_run, int_stat
 from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
@@ -32,12 +40,6 @@ from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
-# Compile ranges: JAX's (one per compiled program, host Python thread); the PjRt client's, used when there
-# are none of JAX's (e.g. `PjRtCpuClient::Compile`); and the backend compiler's, whose `name` stat names the
-# program (e.g. `CpuCompiler::RunBackend`).
-_COMPILE_EVENTS = frozenset(("backend_compile_and_load",))
-_CLIENT_COMPILE = re.compile(r"^PjRt\w*Client::Compile$")
-_BACKEND_EVENT = "::RunBackend"
 # The stats of an XLA op event on a host thread that the import reads.
 _HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
 # Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
@@ -92,15 +94,6 @@ class _Run:
     start_ns: int
     end_ns: int
     run_id: Any = None  # the producer's run id, where the capture has one
-
-
-@dataclass
-class _Compiles:
-    """Compile ranges met in the first pass (Unix ns): JAX's, the PjRt client's, and named backend ones."""
-
-    compiles: list[tuple[int, int]] = field(default_factory=list)
-    client_compiles: list[tuple[int, int]] = field(default_factory=list)
-    named: list[tuple[int, int, str]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, eq=False)
@@ -177,14 +170,14 @@ class XPlaneImporter:
         starts: list[int] = []
         host_markers: list[tuple[int, int, int | None]] = []
         device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
-        compiles = _Compiles()
+        compiles = CompileSpans()
         launches: dict[int, int] = {}
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
             file_host_markers: list[tuple[int, int, int | None]] = []
             file_device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
-            file_compiles = _Compiles()
+            file_compiles = CompileSpans()
             file_launches: dict[int, int] = {}
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
@@ -214,9 +207,7 @@ class XPlaneImporter:
                                                            for start, end, number in chip_markers)
             for run_id, start in file_launches.items():
                 launches[run_id] = min(launches.get(run_id, start + offset), start + offset)
-            compiles.compiles += [(start + offset, end + offset) for start, end in file_compiles.compiles]
-            compiles.client_compiles += [(start + offset, end + offset) for start, end in file_compiles.client_compiles]
-            compiles.named += [(start + offset, end + offset, name) for start, end, name in file_compiles.named]
+            compiles.extend(file_compiles, offset)
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
         self.start_unix_ns = min(starts) if starts else 0
@@ -289,7 +280,7 @@ class XPlaneImporter:
                             for index, (start, duration) in enumerate(zip(starts, ends))]
         return markers
 
-    def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: _Compiles,
+    def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: CompileSpans,
                    launches: dict[int, int]) -> list[tuple[int, int, int | None]]:
         """A host plane's step markers (events with a `step_num` stat, and its value), its compile events, and the
         earliest event of each program run (`run_id`) that is no XLA op: when the host launched it."""
@@ -298,10 +289,11 @@ class XPlaneImporter:
         run_ids = {key for key, name in stat_names.items() if name == "run_id"}
         hlo_op_ids = {key for key, name in stat_names.items() if name == "hlo_op"}
         name_ids = {key for key, name in stat_names.items() if name == "name"}
-        compile_ids = {key for key, meta in plane.event_metadata.items() if meta.name in _COMPILE_EVENTS}
-        client_compile_ids = {key for key, meta in plane.event_metadata.items() if _CLIENT_COMPILE.match(meta.name)}
-        backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(_BACKEND_EVENT)}
-        watched = list(compile_ids | client_compile_ids | backend_ids)
+        compile_ids = {key for key, meta in plane.event_metadata.items() if meta.name in COMPILE_EVENTS}
+        client_compile_ids = {key for key, meta in plane.event_metadata.items() if CLIENT_COMPILE.match(meta.name)}
+        backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(BACKEND_EVENT)}
+        calls = {key: match.group(1) for key, meta in plane.event_metadata.items() if (match := JITTED_CALL.match(meta.name))}
+        watched = list(compile_ids | client_compile_ids | backend_ids | calls.keys())
         markers = []
         for line in lines:
             base_ns = line.timestamp_ns
@@ -314,6 +306,8 @@ class XPlaneImporter:
                         compiles.compiles.append(span)
                     elif metadata_id in client_compile_ids:
                         compiles.client_compiles.append(span)
+                    elif metadata_id in calls:
+                        compiles.calls.append((*span, calls[metadata_id]))
                     else:
                         names = [stat.str_value or stat_names.get(stat.ref_value, "")
                                  for stat in columns.message(index).stats if stat.metadata_id in name_ids]
@@ -333,19 +327,14 @@ class XPlaneImporter:
                             for start, duration, number in zip(starts, durations, numbers)]
         return markers
 
-    def _compiles(self, compiles: _Compiles) -> None:
-        """`compiles` rows: JAX's `backend_compile_and_load` ranges, else the PjRt client's compile ranges; a
-        compile's program is the one its backend compiler (an event with a `name` stat) built meanwhile."""
-        spans = sorted(compiles.compiles or compiles.client_compiles)
-        named = sorted(compiles.named)
+    def _compiles(self, compiles: CompileSpans) -> None:
+        """`compiles` rows (`xla_compiles`); a compile's program is the one its backend compiler (an event with a `name`
+        stat) built meanwhile. A compile of a label seen before is a recompile, unless it has no name at all."""
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
-        for start, end in spans:
-            name = next((name for named_start, named_end, name in named
-                         if start <= named_start and named_end <= end), None)
+        for start, end, name, label in compiles.named_compiles():
             program = self._program(name) if name else None
             start_ns = start - self.start_unix_ns
-            label = name or "XLA compile"
-            reason = "recompile" if label in seen else "first"
+            reason = "recompile" if label in seen and label != UNNAMED else "first"
             seen.add(label)
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
