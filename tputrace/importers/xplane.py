@@ -33,6 +33,7 @@ from tputrace.importers.xla_compiles import (
     UNNAMED,
     CompileSpans,
 )
+from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
 from tputrace.importers.xevents import EventColumns, decode_run, int_stat
 from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
@@ -40,8 +41,6 @@ from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
-# The stats of an XLA op event on a host thread that the import reads.
-_HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
 # Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
 _U64 = 1 << 64
 # A stat an event does not carry.
@@ -111,7 +110,7 @@ class _OpMeta:
     program: _Program | None
 
 
-class XPlaneImporter:
+class XPlaneImporter(StreamLines):
     """Imports the `xplane.pb` of one host and process as one rank: one file, or the files of several
     profiling sessions of the process (`jax.profiler.trace` called more than once)."""
 
@@ -131,6 +130,8 @@ class XPlaneImporter:
         self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
         self.host_op_stats: dict[int, str] = {}
         self.host_chips: set[int] = set()  # the device ordinals of XLA ops run on host threads
+        self.stream_kernels: dict[str, int] = {}  # a GPU's kernels that are no XLA op: name -> program id
+        self.stream_plane: Any = None
         self.offset_ns = 0  # what puts the line times of the file being read on the Unix clock
         self.offsets: dict[Path, int] = {}
         self.chips = 1
@@ -368,6 +369,8 @@ class XPlaneImporter:
                             meta = op_metas[metadata_id] = self._op_meta(plane, metadata_id, decoder, None)
                         metas.append(meta)
                     self._ops(metas, [None] * len(metas), [chip] * len(metas), starts, durations, nesting)
+                elif line.name.startswith("Stream #"):
+                    self._stream_events(plane, lines, decoder, columns, starts, durations, chip, nesting)
             self.sink.extend("ops", nesting.flush())
             self._line_end(line, end_ps)
 
@@ -375,7 +378,7 @@ class XPlaneImporter:
         decoder = StatDecoder(plane)
         hlo_op_ids = set(decoder.ids_named("hlo_op"))
         self.host_op_metas = {}  # metadata ids are the plane's own
-        self.host_op_stats = {key: name for name in _HOST_OP_STATS for key in decoder.ids_named(name)}
+        self.host_op_stats = {key: name for name in HOST_OP_STATS for key in decoder.ids_named(name)}
         # Per event metadata id: (annotation origin, name sid, frame id) of an event that is no XLA op.
         annotations: dict[int, tuple[str, int, int | None]] = {}
         for line in lines:
@@ -417,11 +420,12 @@ class XPlaneImporter:
             durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
 
     def _host_ops(self, plane: Any, decoder: StatDecoder, columns: EventColumns, events: np.ndarray,
-                  starts: np.ndarray, durations: np.ndarray, nesting: LineNesting) -> None:
-        """XLA ops run on a host thread (XLA:CPU): op, module, run and device from each event's stats."""
+                  starts: np.ndarray, durations: np.ndarray, nesting: LineNesting, chip: int | None = None) -> None:
+        """XLA ops run on a host thread (XLA:CPU), or a GPU's kernels of them (on `chip`): op, module, run and device
+        from each event's stats."""
         values = self._host_op_values(decoder, columns, events)
         if values is None:  # a stat of another kind: read each event's stats through its message
-            values = {name: [_ABSENT] * len(events) for name in _HOST_OP_STATS}
+            values = {name: [_ABSENT] * len(events) for name in HOST_OP_STATS}
             for position, index in enumerate(events.tolist()):
                 for stat in columns.message(index).stats:
                     name = self.host_op_stats.get(stat.metadata_id)
@@ -435,14 +439,15 @@ class XPlaneImporter:
                 meta = self.host_op_metas[(metadata_id, module)] = self._op_meta(plane, metadata_id, decoder, module,
                                                                                  str(op_name))
             metas.append(meta)
-        chips = [0 if chip is _ABSENT else int(chip or 0) for chip in values["device_ordinal"]]
+        chips = [chip if chip is not None else 0 if ordinal is _ABSENT else int(ordinal or 0)
+                 for ordinal in values["device_ordinal"]]
         self.host_chips.update(chips)
         run_ids = [None if run_id is _ABSENT else run_id for run_id in values["run_id"]]
         self._ops(metas, run_ids, chips, starts, durations, nesting)
 
     def _host_op_values(self, decoder: StatDecoder, columns: EventColumns,
                         events: np.ndarray) -> dict[str, list[Any]] | None:
-        """Per stat name of `_HOST_OP_STATS`, its value in each of `events` (`_ABSENT` where none); None where a
+        """Per stat name of `HOST_OP_STATS`, its value in each of `events` (`_ABSENT` where none); None where a
         stat is no integer or reference, or an event holds one twice."""
         table = columns.stat_values(list(self.host_op_stats))
         if table is None:
@@ -452,7 +457,7 @@ class XPlaneImporter:
         stat_events, stat_ids, kinds, numbers = stat_events[kept], stat_ids[kept], kinds[kept], numbers[kept]
         positions = np.searchsorted(events, stat_events)
         values: dict[str, list[Any]] = {}
-        for name in _HOST_OP_STATS:
+        for name in HOST_OP_STATS:
             chosen = np.isin(stat_ids, decoder.ids_named(name))
             at = positions[chosen]
             if len(np.unique(at)) != len(at):
