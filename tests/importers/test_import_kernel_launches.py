@@ -85,3 +85,29 @@ def test_kernels_are_tied_to_the_innermost_op_around_their_launch(tmp_path: Path
     lines = summary[summary.index("top lines by the kernel time their ops launched"):].split("\n\n")[0]
     assert [line.split()[:3] for line in lines.splitlines()[2:]] == [["train.py:12", "600", "µs"],
                                                                      ["train.py:13", "40.0", "µs"]]
+
+
+def test_a_host_bound_gpu_capture_says_its_gpu_runs_kernels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Four steps of 1 ms in which the host dispatches 20 small ops (45 us each) whose kernels run 5 us each: the
+    host-bound finding says the gpu ran kernels for 100 us and is idle, not that a chip ran programs."""
+    events: list[dict[str, Any]] = []
+    device: list[dict[str, Any]] = []
+    for step in range(4):
+        s = T0 + step * 1000.0
+        events.append(_x("user_annotation", f"ProfilerStep#{step}", s, 1000.0))
+        for index in range(20):
+            at, correlation = s + 10 + 48 * index, 100 * step + index
+            events.append(_x("cpu_op", "aten::add", at, 45.0))
+            device += [_x("kernel", "add_kernel", at + 20, 5.0, pid=0, tid=7, device=0, correlation=correlation),
+                       _x("cuda_runtime", "cudaLaunchKernel", at + 5, 4.0, correlation=correlation)]
+    capture = tmp_path / "small_ops.pt.trace.json.gz"
+    capture.write_bytes(gzip.compress(json.dumps({"schemaVersion": 1, "traceEvents": events + device,
+                                                  "baseTimeNanoseconds": 1_711_964_646_000_000_000}).encode()))
+    output = tmp_path / "small.tptrace"
+    assert main(["import", str(capture), "-o", str(output)]) == 0
+    capsys.readouterr()
+    assert main(["report", str(output)]) == 0
+    report = capsys.readouterr().out
+    title = next(line for line in report.splitlines() if "Host-bound steps" in line)
+    assert title.endswith("dispatching 20 ops takes 900 µs per step, the gpu ran 100 µs"), title
+    assert "while the gpu ran kernels for 100 µs: the gpu is idle" in report and "chip" not in report.split("Host-bound")[1]

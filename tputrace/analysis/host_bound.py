@@ -124,17 +124,19 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
     ratio = dispatch_ns / chip_ns if chip_ns else float("inf")
     severity: Severity = "warning" if ratio >= WARNING_RATIO and idle_share >= WARNING_IDLE_SHARE else "info"
     chip_label = "ran" if measured else "would run (target roofline estimate)"
-    evidence = [Evidence(f"median step {format_ns(step_ns)}: dispatch {format_ns(dispatch_ns)}, chip {format_ns(chip_ns)}",
+    facts = context_import_facts(context)
+    device = facts.device if facts is not None else "tpu"
+    # An imported GPU (or MTIA) capture's device runs kernels; a TPU's (or this backend's) chip runs programs.
+    chip, programs = (device, "kernels") if device in ("gpu", "mtia") else ("chip", "programs")
+    evidence = [Evidence(f"median step {format_ns(step_ns)}: dispatch {format_ns(dispatch_ns)}, {chip} {format_ns(chip_ns)}",
                          table="ops")]
     if roofline_ns > 0:
         evidence.append(Evidence(f"roofline estimate on {context.target.label}: {format_ns(roofline_ns)} per step",
                                  table="programs"))
     if waited_ns:
-        evidence.append(Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the chip running their "
-                                 "programs or waiting for earlier ones, not dispatch (each op counts at most its op's "
+        evidence.append(Evidence(f"{format_ns(waited_ns)} per step of the ops' recorded time was the {chip} running their "
+                                 f"{programs} or waiting for earlier ones, not dispatch (each op counts at most its op's "
                                  "median time)", table="ops"))
-    facts = context_import_facts(context)
-    device = facts.device if facts is not None else "tpu"
     compile_text = ("`torch.compile(model, backend=\"tpu\")`" if device in ("tpu", "host") else
                     "`torch.compile(model)` (on a GPU, `mode=\"reduce-overhead\"` also replays the step as CUDA graphs)"
                     if device == "gpu" else "`torch.compile(model)`")
@@ -143,15 +145,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
         severity=severity,
         title=(
             f"Host-bound steps: dispatching {ops:.0f} ops takes {format_ns(dispatch_ns)} per step, "
-            f"the chip {chip_label} {format_ns(chip_ns)}"
+            f"the {chip} {chip_label} {format_ns(chip_ns)}"
         ),
         explanation=(
             f"In a median steady step the host spent {format_ns(dispatch_ns)} dispatching {ops:.0f} ops "
-            f"({format_ns(dispatch_ns / ops)} each) while the chip {chip_label} programs for {format_ns(chip_ns)}: "
-            f"the chip is idle about {idle_share:.0%} of the step waiting for Python.{_on_target(context, roofline_ns, chip_ns) if measured else ''}"
+            f"({format_ns(dispatch_ns / ops)} each) while the {chip} {chip_label} {programs} for {format_ns(chip_ns)}: "
+            f"the {chip} is idle about {idle_share:.0%} of the step waiting for Python.{_on_target(context, roofline_ns, chip_ns) if measured else ''}"
         ),
         suggestion=(
-            "Give the chip more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
+            f"Give the {chip} more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
             f"`foreach`/fused optimizers), or compile the step with {compile_text} so Python "
             "dispatches one graph instead of each op."
         ),
