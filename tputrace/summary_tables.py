@@ -72,7 +72,9 @@ def kernel_launch_sections(op_kernel_ns: dict[str, int], kernel_lines: tuple[tup
                       ("op", "kernel time", "share"),
                       tuple((printable(op), format_ns(ns), percent(ns, all_ns)) for op, ns in ranked), (False, True, True))]
     if kernel_lines:
-        result.append(Section("top lines by the kernel time their ops launched", ("where", "kernel time", "share"),
-                              tuple((where(source), format_ns(ns), percent(ns, all_ns)) for source, ns in kernel_lines),
-                              (False, True, True)))
+        # torch.profiler's frames are functions: a function's `def` line (`<module>`: the line running when profiling
+        # began), not the line inside it that made the call.
+        result.append(Section("top user functions by the kernel time their ops launched", ("function", "kernel time", "share"),
+                              tuple((f"{printable(source.function or '?')} ({where(source)})", format_ns(ns), percent(ns, all_ns))
+                                    for source, ns in kernel_lines), (False, True, True)))
     return result

@@ -22,8 +22,9 @@ def _x(cat: str, name: str, ts: float, dur: float, *, tid: int = 100, pid: int =
 
 
 def _capture(path: Path, launch: str, kernel_first: bool) -> Path:
-    """Two steps of `train.py`'s loop (with_stack frames): `model(x)` at line 12 runs `aten::linear`, which holds
-    `aten::addmm` (its GEMM kernel, 300 us) and, after it, a view; `torch.relu` at line 13 launches a 20 us kernel;
+    """Two steps of `train.py`'s loop (with_stack frames, each a function's `def` line): `forward` (line 12) runs
+    `aten::linear`, which holds `aten::addmm` (its GEMM kernel, 300 us) and, after it, a view; `act` (line 30) runs
+    `torch.relu`, which launches a 20 us kernel;
     an optimizer's fill is launched outside any op (no op to tie it to). Kineto's order: the CPU ops, then the runtime
     calls and kernels (CUDA writes a kernel before its launch, ROCm after)."""
     cpu: list[dict[str, Any]] = []
@@ -34,12 +35,12 @@ def _capture(path: Path, launch: str, kernel_first: bool) -> Path:
         cpu += [
             _x("user_annotation", f"ProfilerStep#{index}", s, 1000.0),
             _x("python_function", "train.py(9): <module>", s, 1000.0),
-            _x("python_function", "train.py(12): <module>", s + 1, 400.0),
+            _x("python_function", "train.py(12): forward", s + 1, 400.0),
             _x("cpu_op", "aten::linear", s + 10, 100.0),
             _x("cpu_op", "aten::t", s + 12, 5.0),
             _x("cpu_op", "aten::addmm", s + 20, 60.0),
             _x("cpu_op", "aten::view", s + 85, 5.0),
-            _x("python_function", "train.py(13): <module>", s + 500, 100.0),
+            _x("python_function", "train.py(30): act", s + 500, 100.0),
             _x("cpu_op", "aten::relu", s + 510, 40.0),
         ]
         pairs = [
@@ -82,9 +83,9 @@ def test_kernels_are_tied_to_the_innermost_op_around_their_launch(tmp_path: Path
     addmm = next(line for line in table.splitlines() if line.strip().startswith("aten::addmm"))
     assert addmm.split()[-2:] == ["600", "µs"], table
     assert next(line for line in table.splitlines() if line.strip().startswith("aten::linear")).split()[-1] == "-"
-    lines = summary[summary.index("top lines by the kernel time their ops launched"):].split("\n\n")[0]
-    assert [line.split()[:3] for line in lines.splitlines()[2:]] == [["train.py:12", "600", "µs"],
-                                                                     ["train.py:13", "40.0", "µs"]]
+    lines = summary[summary.index("top user functions by the kernel time their ops launched"):].split("\n\n")[0]
+    assert [line.split()[:4] for line in lines.splitlines()[2:]] == [["forward", "(train.py:12)", "600", "µs"],
+                                                                     ["act", "(train.py:30)", "40.0", "µs"]]
 
 
 def test_a_host_bound_gpu_capture_says_its_gpu_runs_kernels(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
