@@ -6,10 +6,10 @@ Both renderers draw the same `Section`s, so they always show the same facts.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
-import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TextIO
 
@@ -215,9 +215,6 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     )
 
 
-# -- units ----------------------------------------------------------------------------------------
-
-
 # -- sections -------------------------------------------------------------------------------------
 
 
@@ -356,7 +353,7 @@ def sections(summary: RunSummary) -> list[Section]:
             (False, True, True, True, True),
         ),
     ]
-    if not (summary.op_target or kernel_ns or not summary.imported):  # an import's ops with nothing beside them
+    if summary.imported and not summary.op_target and not kernel_ns:  # an import's ops with nothing beside them
         ops = result[-1]
         result[-1] = dataclasses.replace(ops, columns=ops.columns[:-1], rows=tuple(row[:-1] for row in ops.rows),
                                          numeric=ops.numeric[:-1])
