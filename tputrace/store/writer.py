@@ -66,6 +66,8 @@ MAX_QUEUED_ROWS = 50_000
 INDEX_BUDGET_S = 1.0
 # Rows per INSERT statement for big batches: one multi-row statement is faster than as many one-row ones.
 _ROWS_PER_STATEMENT = 16
+# Empty: its `get` maps `None` to `None`, a C callable as `None`'s adapter (see `_bind_none_cheaply`).
+_NONE_TO_NULL: dict[None, None] = {}
 # What a malformed row raises (wrong arity, unsupported type, integer over 64 bits).
 _ROW_ERRORS = (sqlite3.Error, ValueError, TypeError, OverflowError)
 
@@ -542,11 +544,22 @@ def _warn(text: str) -> None:
 def _connect(path: Path, *, bulk: bool = False) -> sqlite3.Connection:
     """The writer's connection: autocommit (the writer opens its own transactions), WAL (bulk: the journal
     in memory, no fsync), any thread."""
+    _bind_none_cheaply()
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     connection.execute("PRAGMA journal_mode=MEMORY" if bulk else "PRAGMA journal_mode=WAL")
     connection.execute("PRAGMA synchronous=OFF" if bulk else "PRAGMA synchronous=NORMAL")
     connection.execute("PRAGMA wal_autocheckpoint=10000")
     return connection
+
+
+def _bind_none_cheaply() -> None:
+    """Give `None` an adapter (to `None`, so it is still stored as NULL), unless it has one already. `sqlite3`
+    binds only exact ints, floats and strings directly; any other value, `None` included, goes through its
+    adaptation lookup, which without an adapter fails two attribute lookups per value (their exceptions made
+    and cleared), and rows are mostly NULLs. A C callable keeps the call itself cheap."""
+    key = (type(None), sqlite3.PrepareProtocol)
+    if key not in sqlite3.adapters:
+        sqlite3.register_adapter(type(None), _NONE_TO_NULL.get)
 
 
 def _register_fork_hooks() -> None:
