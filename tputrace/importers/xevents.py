@@ -92,6 +92,29 @@ def int_stat(columns: EventColumns, index: int, stat_ids: set[int]) -> int | Non
     return None
 
 
+def int_stats(columns: EventColumns, events: np.ndarray, stat_ids: set[int]) -> list[int | None]:
+    """`int_stat` of each of `events` (ascending indices), read from the columns where every stat of those ids
+    holds an integer or reference, else event by event."""
+    if not stat_ids:
+        return [None] * len(events)
+    table = columns.stat_values(list(stat_ids)) if len(events) else None
+    if table is None:
+        return [int_stat(columns, index, stat_ids) for index in events.tolist()]
+    stat_events, _, kinds, numbers = table
+    # Each event's first such stat that holds an integer (they come in each event's order); None without one.
+    integers = kinds != REF_VALUE
+    stat_events, kinds, numbers = stat_events[integers], kinds[integers], numbers[integers]
+    firsts, first_at = np.unique(stat_events, return_index=True)
+    values: list[int | None] = [None] * len(events)
+    positions = np.searchsorted(events, firsts)
+    inside = positions < len(events)
+    inside[inside] = events[positions[inside]] == firsts[inside]
+    for position, kind, number in zip(positions[inside].tolist(), kinds[first_at[inside]].tolist(),
+                                      numbers[first_at[inside]].tolist()):
+        values[position] = number % (1 << 64) if kind == UINT64_VALUE else number
+    return values
+
+
 def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColumns:
     """The columns of a run's events (through the protobuf classes where the bytes are not as expected)."""
     columns = _decode_wire(run, event_class)

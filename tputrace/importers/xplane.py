@@ -26,7 +26,7 @@ from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
-from tputrace.importers.xevents import EventColumns, decode_run, int_stat
+from tputrace.importers.xevents import EventColumns, decode_run, int_stats
 from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
@@ -282,8 +282,8 @@ class XPlaneImporter:
             for columns in self._columns(space, line):
                 starts = (line.timestamp_ns + columns.offset_ps // 1000).tolist()
                 ends = (columns.duration_ps // 1000).tolist()
-                markers += [(start, start + duration, int_stat(columns, index, step_ids))
-                            for index, (start, duration) in enumerate(zip(starts, ends))]
+                numbers = int_stats(columns, np.arange(len(columns)), step_ids)
+                markers += [(start, start + duration, number) for start, duration, number in zip(starts, ends, numbers)]
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: _Compiles,
@@ -317,15 +317,14 @@ class XPlaneImporter:
                         if names and names[0]:
                             compiles.named.append((*span, names[0]))
                 launched = np.setdiff1d(columns.with_stat(run_ids), columns.with_stat(hlo_op_ids))
-                for index in launched.tolist():
-                    run_id = int_stat(columns, index, run_ids)
+                for index, run_id in zip(launched.tolist(), int_stats(columns, launched, run_ids)):
                     if run_id is not None:
                         start = base_ns + int(columns.offset_ps[index]) // 1000
                         launches[run_id % _U64] = min(launches.get(run_id % _U64, start), start)
                 marked = columns.with_stat(step_ids)
                 starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
                 durations = (columns.duration_ps[marked] // 1000).tolist()
-                numbers = [int_stat(columns, index, step_ids) for index in marked.tolist()]
+                numbers = int_stats(columns, marked, step_ids)
                 markers += [(start, start + duration, number)
                             for start, duration, number in zip(starts, durations, numbers)]
         return markers
