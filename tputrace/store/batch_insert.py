@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import itertools
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from operator import itemgetter
 from typing import Any
 
@@ -40,17 +40,16 @@ class BatchInserter:
         """Insert `rows` (each in the table's column order). Raises what `executemany` raises for a bad row (the
         caller then inserts row by row), and `sqlite3.ProgrammingError` for a row of the wrong length."""
         nulls = self.null_columns(rows)
-        if nulls:
-            kept = [index for index in range(len(self.column_names)) if index not in nulls]
-            rows = list(map(itemgetter(*kept), rows))
+        kept = [index for index in range(len(self.column_names)) if index not in nulls]
+        # Each row's bound values, made as the statements need them (not a copy of the batch).
+        values: Iterator[Any] = map(itemgetter(*kept), rows) if nulls else iter(rows)
         one_row_sql, many_rows_sql = self._sql(nulls)
         whole = len(rows) - len(rows) % ROWS_PER_STATEMENT
         if whole:
-            row_iterator = iter(rows)
-            groups = zip(*[row_iterator] * ROWS_PER_STATEMENT)
+            groups = zip(*[itertools.islice(values, whole)] * ROWS_PER_STATEMENT)
             flatten = itertools.chain.from_iterable
             connection.executemany(many_rows_sql, (tuple(flatten(group)) for group in groups))
-        connection.executemany(one_row_sql, rows[whole:])
+        connection.executemany(one_row_sql, values)  # the rows after the last whole statement
 
     def null_columns(self, rows: Sequence[Sequence[Any]]) -> tuple[int, ...]:
         """The columns that are None in every row; none where the rows are too few to gain, or not all of the
