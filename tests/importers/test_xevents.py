@@ -149,3 +149,7 @@ def test_int_stats_read_from_the_columns_are_what_each_event_message_says(tmp_pa
         some = np.array([0, 3, 4])
         assert xevents.int_stats(columns, some, stat_ids) == [expected[index] for index in some.tolist()]
     assert xevents.int_stats(columns, every, {1, 2}) == [-5, None, 2**64 - 1, 8, 6]
+    for stat_ids in ({1}, {2}, {1, 2}, {3, 4}, {5}):
+        carrying = [index for index in range(len(columns))
+                    if any(stat.metadata_id in stat_ids for stat in columns.message(index).stats)]
+        assert columns.with_stat(stat_ids).tolist() == carrying

@@ -34,7 +34,8 @@ _PADDING = bytes(16)  # a varint cut at a run's end stops at a zero byte, past t
 @dataclass
 class EventColumns:
     """Per event: `metadata_id`, `offset_ps`, `duration_ps` (int64); per stat: the event it belongs to
-    (`stat_event`, an index), its `stat_id` (its metadata id), and where its value lies in the run."""
+    (`stat_event`, an index, ascending: each event's stats in its order), its `stat_id` (its metadata id), and
+    where its value lies in the run."""
 
     metadata_id: np.ndarray
     offset_ps: np.ndarray
@@ -55,7 +56,9 @@ class EventColumns:
         """Indices of the events that carry a stat whose metadata id is in `stat_ids` (ascending)."""
         if not stat_ids:
             return np.zeros(0, dtype=np.int64)
-        return np.unique(self.stat_event[np.isin(self.stat_id, list(stat_ids))])
+        events = self.stat_event[np.isin(self.stat_id, list(stat_ids))]
+        # `stat_event` ascends, so an event's stats are adjacent: its first one marks it.
+        return events[np.concatenate(([True], events[1:] != events[:-1]))] if len(events) else events
 
     def stat_values(self, stat_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """The stats whose metadata id is in `stat_ids`, in each event's order: their events, ids, value kinds

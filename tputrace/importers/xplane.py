@@ -132,6 +132,7 @@ class XPlaneImporter:
         self.programs: dict[str, _Program] = {}
         self.runs: dict[tuple[int, int], _Run] = {}
         self.steps = StepClock()
+        self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
         self.end_ns = 0
         self.seq = 0
@@ -222,6 +223,8 @@ class XPlaneImporter:
         start_unix_ns = self.start_unix_ns
         self.launches = {run_id: start - start_unix_ns for run_id, start in launches.items()}
         steps = self.steps.place([(start - start_unix_ns, end - start_unix_ns, number) for start, end, number in markers])
+        self.step_starts = np.array(self.steps.starts, dtype=np.int64)
+        self.step_labels = np.array(self.steps.labels, dtype=np.int64)
         for number, start_ns, end_ns in steps:
             self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
         self.sink.note(self.rank, device=device_kind)
@@ -263,8 +266,7 @@ class XPlaneImporter:
             launches = self.launches
             starts = np.array([start if run_id is None else launches.get(run_id % _U64, start)
                                for start, run_id in zip(starts.tolist(), run_ids)], dtype=np.int64)
-        labels = np.array(self.steps.labels, dtype=np.int64)
-        return labels[np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right")]
+        return self.step_labels[np.searchsorted(self.step_starts, starts, side="right")]
 
     def _line_end(self, line: LineHead, end_ps: int) -> None:
         self.end_ns = max(self.end_ns, line.timestamp_ns - self.start_unix_ns + end_ps // 1000)
