@@ -1,6 +1,6 @@
 """Inserting a batch of rows of one table through `sqlite3` with as little binding as the rows allow.
 
-Most of a row's insert cost is `sqlite3` binding its values, and `None` the dearest of them: only exact ints,
+Much of a row's insert cost is `sqlite3` binding its values, and `None` the dearest of them: only exact ints,
 floats and strings are bound directly, any other value goes through an adaptation lookup, which without an
 adapter fails two attribute lookups (their exceptions made and cleared) before binding NULL. So
 - a column that is NULL in every row of the batch is written as `NULL` in the statement, not bound;
