@@ -5,24 +5,30 @@ Captures are real, made here, then scaled: `jax.profiler.trace` of some steps of
 (XProf `xplane.pb`, XLA:CPU) and torch.profiler's Chrome JSON of some training steps of a small CPU model;
 each capture's events are repeated, shifted by the capture's span each time, until it holds the wanted
 number of events (ProfilerStep numbers keep counting). Each import runs in a fresh process; its CPU time
-is that process's user + system time (the writer's thread included), its peak RSS its `VmHWM` (the
-interpreter and tputrace included; Linux only).
+is that process's user + system time (the writer's thread included), its wall time the import call's, its
+peak RSS its `VmHWM` (the interpreter and tputrace included; Linux only). Each is the median of
+`--repeats` imports (other work on the host makes single runs noisy). With `--baseline REF`, the code of
+that git ref (exported to a temporary folder) imports the same captures in the same run, for a before and
+after.
 
 Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process: reading
 the file's events (the walk that finds each event's bytes, then that and the decoding into columns), the
 import with the rows built but not inserted (the writer's inserts skipped), and the whole import.
 
-Run: `python bench/import_speed.py [--events 100000 1000000] [--more-xprof-events 10000000]`; writes its
-section of bench/RESULTS.md.
+Run: `python bench/import_speed.py [--events 100000 1000000] [--more-xprof-events 10000000] [--repeats 3]
+[--baseline main]`; writes its section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import os
+import statistics
 import subprocess
 import sys
+import tarfile
 import tempfile
 import textwrap
 from pathlib import Path
@@ -63,14 +69,16 @@ TORCH_CAPTURE = textwrap.dedent("""
 
 # Run in a fresh process: the import, then its CPU time and peak RSS.
 IMPORT = textwrap.dedent("""
-    import json, resource, sys
+    import json, resource, sys, time
     from tputrace.importers.run import import_captures
 
+    started = time.perf_counter()
     result = import_captures([sys.argv[1]], sys.argv[2])
+    wall_s = time.perf_counter() - started
     usage = resource.getrusage(resource.RUSAGE_SELF)
     # VmHWM: this process's own peak (ru_maxrss would carry over the parent's peak across exec on Linux).
     status = open("/proc/self/status").read().split("VmHWM:")[1].split()
-    print(json.dumps({"rows": result.rows, "cpu_s": usage.ru_utime + usage.ru_stime,
+    print(json.dumps({"rows": result.rows, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall_s,
                       "peak_mib": int(status[0]) / 1024}))
 """)
 # Run in a fresh process: CPU time of one pass over an xplane.pb's events, walking only or decoding too.
@@ -192,9 +200,35 @@ def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s
         [f"| the whole import | {total_us:.2f} | 100% |"]
 
 
-def _run_json(code: str, *args: str) -> Any:
-    done = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True, env=ENV)
+def _run_json(code: str, *args: str, root: Path = ROOT) -> Any:
+    environment = {**ENV, "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True,
+                          env=environment, cwd=root)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _export(ref: str, folder: Path) -> Path:
+    """The `tputrace` package of git ref `ref`, written under `folder` (the root to import it from)."""
+    archive = subprocess.run(["git", "archive", "--format=tar", ref, "tputrace"], check=True, capture_output=True,
+                             cwd=ROOT).stdout
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(folder, filter="data")
+    return folder
+
+
+def _imports(capture: Path, output: Path, repeats: int, startup_s: float, root: Path) -> dict[str, float]:
+    """The median CPU time (start-up taken off), wall time and peak RSS of `repeats` imports of `capture`."""
+    runs = [_run_json(IMPORT, str(capture), str(output), root=root) for _ in range(repeats)]
+    return {"rows": runs[0]["rows"], "cpu_s": statistics.median(run["cpu_s"] for run in runs) - startup_s,
+            "wall_s": statistics.median(run["wall_s"] for run in runs),
+            "peak_mib": statistics.median(run["peak_mib"] for run in runs)}
+
+
+def _row(fmt: str, events: int, capture: Path, measured: dict[str, float], code: str) -> str:
+    cpu_s, wall_s = measured["cpu_s"], measured["wall_s"]
+    return (f"| {fmt} | {code} | {events:,} | {capture.stat().st_size / 2**20:,.0f} MiB | {measured['rows']:,} | "
+            f"{cpu_s:.2f} s | {cpu_s / events * 1e6:.2f} | {events / cpu_s:,.0f} | {wall_s:.2f} s | "
+            f"{events / wall_s:,.0f} | {measured['peak_mib']:.0f} MiB |")
 
 
 def main() -> None:
@@ -203,12 +237,18 @@ def main() -> None:
                         help="capture sizes in events")
     parser.add_argument("--more-xprof-events", type=int, nargs="*", default=[],
                         help="further sizes for the XProf capture only (a JSON capture of 10^7 events is ~4 GB)")
+    parser.add_argument("--repeats", type=int, default=3, help="imports per capture and code (medians are shown)")
+    parser.add_argument("--baseline", help="git ref whose importer also imports each capture (before and after)")
     args = parser.parse_args()
     rows = []
     stages: list[str] = []
     startup_s = min(_run_json(STARTUP) for _ in range(3))
     with tempfile.TemporaryDirectory() as temp:
         folder = Path(temp)
+        codes = [("this tree", ROOT)]
+        if args.baseline:
+            baseline = _export(args.baseline, folder / "baseline")
+            codes.insert(0, (f"`{args.baseline}`", baseline))
         _capture(JAX_CAPTURE, folder / "seed-logdir", SEED_STEPS, folder)
         _capture(TORCH_CAPTURE, folder / "seed.json", SEED_STEPS, folder)
         seed_xplane = next((folder / "seed-logdir").rglob("*.xplane.pb"))
@@ -218,23 +258,24 @@ def main() -> None:
             for wanted in args.events + (args.more_xprof_events if scale is scale_xplane else []):
                 capture = folder / f"{wanted}-{name}"
                 events = scale(seed, capture, wanted)
-                measured = _run_json(IMPORT, str(capture), str(folder / "out.tptrace"))
-                cpu_s = measured["cpu_s"] - startup_s
-                rows.append(f"| {fmt} | {events:,} | {capture.stat().st_size / 2**20:,.0f} MiB | "
-                            f"{measured['rows']:,} | {cpu_s:.2f} s | {events / cpu_s:,.0f} | "
-                            f"{measured['peak_mib']:.0f} MiB |")
-                print(rows[-1], flush=True)
+                for code, root in codes:
+                    measured = _imports(capture, folder / "out.tptrace", args.repeats, startup_s, root)
+                    rows.append(_row(fmt, events, capture, measured, code))
+                    print(rows[-1], flush=True)
                 if scale is scale_xplane and wanted == STAGE_EVENTS:
-                    stages = _stages(capture, folder / "out.tptrace", events, cpu_s, startup_s)
+                    stages = _stages(capture, folder / "out.tptrace", events, measured["cpu_s"], startup_s)
                 capture.unlink()
     body = "\n".join([
         "Capture events imported per CPU second by `tputrace import` (the process's user + system time, its",
-        f"{startup_s:.2f} s of interpreter and module start-up taken off), and the import process's peak RSS.",
-        "Captures are real ones of a few steps, their events repeated up to the size shown. Memory that stays",
-        "put as the capture grows tenfold is what streaming buys.",
+        f"{startup_s:.2f} s of interpreter and module start-up taken off) and per wall second, and the import",
+        f"process's peak RSS; each the median of {args.repeats} imports. Captures are real ones of a few steps,",
+        "their events repeated up to the size shown. Memory that stays put as the capture grows tenfold is what",
+        "streaming buys." + (f" The `{args.baseline}` rows are that ref's importer on the same captures, in the same"
+                             " run." if args.baseline else ""),
         "",
-        "| format | events | capture | rows written | CPU time | events/s | peak RSS |",
-        "|---|---|---|---|---|---|---|",
+        "| format | code | events | capture | rows written | CPU time | CPU µs/event | events/CPU s | wall time "
+        "| events/wall s | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         *([
             "",

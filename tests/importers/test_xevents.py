@@ -131,3 +131,25 @@ def test_stat_values_of_mixed_kinds_convert_as_protobuf_values_do() -> None:
     assert stat_numbers(decoder, kinds, numbers) == ["jit_step", 2**64 - 1, -1, ""]
     assert stat_numbers(decoder, kinds[[0, 3]], numbers[[0, 3]]) == ["jit_step", ""]
     assert stat_numbers(decoder, kinds[[2]], numbers[[2]]) == [-1]
+
+
+def test_int_stats_read_from_the_columns_are_what_each_event_message_says(tmp_path: Path) -> None:
+    events = [
+        {"metadata_id": 1, "stats": [{"metadata_id": 1, "int64_value": -5}, {"metadata_id": 2, "int64_value": 4}]},
+        {"metadata_id": 1},  # no stat
+        {"metadata_id": 2, "stats": [{"metadata_id": 2, "uint64_value": 2**64 - 1}]},
+        {"metadata_id": 3, "stats": [{"metadata_id": 3, "ref_value": 7}, {"metadata_id": 1, "int64_value": 8}]},
+        {"metadata_id": 4, "stats": [{"metadata_id": 4, "int64_value": 2**40}, {"metadata_id": 1, "uint64_value": 6}]},
+    ]
+    (columns,) = _runs(_space_file(tmp_path / "ints.xplane.pb", events))
+    every = np.arange(len(columns))
+    for stat_ids in ({1}, {2}, {1, 2}, {3}, {1, 3}, {4}, {5}, set()):
+        expected = [xevents.int_stat(columns, index, stat_ids) for index in range(len(columns))]
+        assert xevents.int_stats(columns, every, stat_ids) == expected
+        some = np.array([0, 3, 4])
+        assert xevents.int_stats(columns, some, stat_ids) == [expected[index] for index in some.tolist()]
+    assert xevents.int_stats(columns, every, {1, 2}) == [-5, None, 2**64 - 1, 8, 6]
+    for stat_ids in ({1}, {2}, {1, 2}, {3, 4}, {5}):
+        carrying = [index for index in range(len(columns))
+                    if any(stat.metadata_id in stat_ids for stat in columns.message(index).stats)]
+        assert columns.with_stat(stat_ids).tolist() == carrying

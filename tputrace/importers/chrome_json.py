@@ -37,9 +37,10 @@ _COMPILE_EVENTS = frozenset(("entire_frame_compile", "entire_backward_compile"))
 # The annotation inside each such range that names its compile: `entire_frame_compile_data: ..., compile_id=0/1`.
 _COMPILE_DATA = re.compile(r"^entire_(?:frame|backward)_compile_data: .*\bcompile_id=([\w/\[\]-]+)")
 # The first pass's patterns over raw text; each match is checked against a count of its key.
-_TS_TEXT = re.compile(r'"ts"\s*:\s*(-?\d[\d.eE+-]*)')
+# Every `"ts"` key; its number ('' where none follows it: text of another shape).
+_TS_TEXT = re.compile(r'"ts"(?:\s*:\s*(-?\d[\d.eE+-]*))?')
 _STEP_TEXT = re.compile(r'"name"\s*:\s*"ProfilerStep#\d+"')
-_PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"((?:[^"\\]|\\.)*)"')
+_PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"')
 _NUMBER = (int, float)
 # A process group's collective as torch.profiler records it on the backend's thread: `gloo:all_reduce`.
 _COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)$")
@@ -179,7 +180,7 @@ class ChromeJsonImporter:
         text = ""
         for text in event_texts(self.path):
             stamps = _TS_TEXT.findall(text)
-            if len(stamps) != text.count('"ts"'):
+            if "" in stamps:
                 raise _Irregular
             if stamps:
                 earliest = min(map(parse_float, stamps))

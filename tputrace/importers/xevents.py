@@ -34,7 +34,8 @@ _PADDING = bytes(16)  # a varint cut at a run's end stops at a zero byte, past t
 @dataclass
 class EventColumns:
     """Per event: `metadata_id`, `offset_ps`, `duration_ps` (int64); per stat: the event it belongs to
-    (`stat_event`, an index), its `stat_id` (its metadata id), and where its value lies in the run."""
+    (`stat_event`, an index, ascending: each event's stats in its order), its `stat_id` (its metadata id), and
+    where its value lies in the run."""
 
     metadata_id: np.ndarray
     offset_ps: np.ndarray
@@ -55,7 +56,9 @@ class EventColumns:
         """Indices of the events that carry a stat whose metadata id is in `stat_ids` (ascending)."""
         if not stat_ids:
             return np.zeros(0, dtype=np.int64)
-        return np.unique(self.stat_event[np.isin(self.stat_id, list(stat_ids))])
+        events = self.stat_event[np.isin(self.stat_id, list(stat_ids))]
+        # `stat_event` ascends, so an event's stats are adjacent: its first one marks it.
+        return events[np.concatenate(([True], events[1:] != events[:-1]))] if len(events) else events
 
     def stat_values(self, stat_ids: list[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
         """The stats whose metadata id is in `stat_ids`, in each event's order: their events, ids, value kinds
@@ -90,6 +93,29 @@ def int_stat(columns: EventColumns, index: int, stat_ids: set[int]) -> int | Non
             if kind in ("int64_value", "uint64_value"):
                 return int(getattr(stat, kind))
     return None
+
+
+def int_stats(columns: EventColumns, events: np.ndarray, stat_ids: set[int]) -> list[int | None]:
+    """`int_stat` of each of `events` (ascending indices), read from the columns where every stat of those ids
+    holds an integer or reference, else event by event."""
+    if not stat_ids:
+        return [None] * len(events)
+    table = columns.stat_values(list(stat_ids)) if len(events) else None
+    if table is None:
+        return [int_stat(columns, index, stat_ids) for index in events.tolist()]
+    stat_events, _, kinds, numbers = table
+    # Each event's first such stat that holds an integer (they come in each event's order); None without one.
+    integers = kinds != REF_VALUE
+    stat_events, kinds, numbers = stat_events[integers], kinds[integers], numbers[integers]
+    firsts, first_at = np.unique(stat_events, return_index=True)
+    values: list[int | None] = [None] * len(events)
+    positions = np.searchsorted(events, firsts)
+    inside = positions < len(events)
+    inside[inside] = events[positions[inside]] == firsts[inside]
+    for position, kind, number in zip(positions[inside].tolist(), kinds[first_at[inside]].tolist(),
+                                      numbers[first_at[inside]].tolist()):
+        values[position] = number % (1 << 64) if kind == UINT64_VALUE else number
+    return values
 
 
 def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColumns:

@@ -35,7 +35,7 @@ from tputrace.importers.xla_compiles import (
 )
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
-from tputrace.importers.xevents import EventColumns, decode_run, int_stat
+from tputrace.importers.xevents import EventColumns, decode_run, int_stats
 from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
@@ -124,6 +124,7 @@ class XPlaneImporter(StreamLines):
         self.programs: dict[str, _Program] = {}
         self.runs: dict[tuple[int, int], _Run] = {}
         self.steps = StepClock()
+        self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
         self.end_ns = 0
         self.seq = 0
@@ -216,6 +217,8 @@ class XPlaneImporter(StreamLines):
         start_unix_ns = self.start_unix_ns
         self.launches = {run_id: start - start_unix_ns for run_id, start in launches.items()}
         steps = self.steps.place([(start - start_unix_ns, end - start_unix_ns, number) for start, end, number in markers])
+        self.step_starts = np.array(self.steps.starts, dtype=np.int64)
+        self.step_labels = np.array(self.steps.labels, dtype=np.int64)
         for number, start_ns, end_ns in steps:
             self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
         device_types.discard("")
@@ -258,8 +261,7 @@ class XPlaneImporter(StreamLines):
             launches = self.launches
             starts = np.array([start if run_id is None else launches.get(run_id % _U64, start)
                                for start, run_id in zip(starts.tolist(), run_ids)], dtype=np.int64)
-        labels = np.array(self.steps.labels, dtype=np.int64)
-        return labels[np.searchsorted(np.array(self.steps.starts, dtype=np.int64), starts, side="right")]
+        return self.step_labels[np.searchsorted(self.step_starts, starts, side="right")]
 
     def _line_end(self, line: LineHead, end_ps: int) -> None:
         self.end_ns = max(self.end_ns, line.timestamp_ns - self.start_unix_ns + end_ps // 1000)
@@ -277,8 +279,8 @@ class XPlaneImporter(StreamLines):
             for columns in self._columns(space, line):
                 starts = (line.timestamp_ns + columns.offset_ps // 1000).tolist()
                 ends = (columns.duration_ps // 1000).tolist()
-                markers += [(start, start + duration, int_stat(columns, index, step_ids))
-                            for index, (start, duration) in enumerate(zip(starts, ends))]
+                numbers = int_stats(columns, np.arange(len(columns)), step_ids)
+                markers += [(start, start + duration, number) for start, duration, number in zip(starts, ends, numbers)]
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: CompileSpans,
@@ -315,15 +317,14 @@ class XPlaneImporter(StreamLines):
                         if names and names[0]:
                             compiles.named.append((*span, names[0]))
                 launched = np.setdiff1d(columns.with_stat(run_ids), columns.with_stat(hlo_op_ids))
-                for index in launched.tolist():
-                    run_id = int_stat(columns, index, run_ids)
+                for index, run_id in zip(launched.tolist(), int_stats(columns, launched, run_ids)):
                     if run_id is not None:
                         start = base_ns + int(columns.offset_ps[index]) // 1000
                         launches[run_id % _U64] = min(launches.get(run_id % _U64, start), start)
                 marked = columns.with_stat(step_ids)
                 starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
                 durations = (columns.duration_ps[marked] // 1000).tolist()
-                numbers = [int_stat(columns, index, step_ids) for index in marked.tolist()]
+                numbers = int_stats(columns, marked, step_ids)
                 markers += [(start, start + duration, number)
                             for start, duration, number in zip(starts, durations, numbers)]
         return markers

@@ -46,11 +46,11 @@ from tputrace.schema import (
     MAGIC,
     RECORD_KINDS,
     RUNS,
-    RecordKind,
     index_statements,
     table_statements,
     view_statements,
 )
+from tputrace.store.batch_insert import BatchInserter, bind_none_cheaply
 from tputrace.store.disk_room import RESERVE_SUFFIX, is_disk_full, make_reserve, release_reserve, store_in_parts
 from tputrace.store.errors import TraceWriteError
 from tputrace.store.indexing import build_indexes
@@ -64,8 +64,6 @@ _SIDECAR_SUFFIXES = ("-wal", "-shm", "-journal", RESERVE_SUFFIX)
 MAX_QUEUED_ROWS = 50_000
 # Seconds `close()` spends building indexes; the rest are left to the first reader that can write the file.
 INDEX_BUDGET_S = 1.0
-# Rows per INSERT statement for big batches: one multi-row statement is faster than as many one-row ones.
-_ROWS_PER_STATEMENT = 16
 # What a malformed row raises (wrong arity, unsupported type, integer over 64 bits).
 _ROW_ERRORS = (sqlite3.Error, ValueError, TypeError, OverflowError)
 
@@ -117,7 +115,7 @@ class TraceWriter:
             kind.table: deque() for kind in RECORD_KINDS if kind.table not in _INTERNED_TABLES
         }
         self._insert_sql = {kind.table: kind.insert_sql() for kind in RECORD_KINDS}
-        self._multi_insert_sql = {kind.table: _multi_row_insert_sql(kind) for kind in RECORD_KINDS}
+        self._inserters = {kind.table: BatchInserter(kind.table, kind.column_names) for kind in RECORD_KINDS}
         self._statements: deque[tuple[str, Row]] = deque()
         self._string_rows: deque[Row] = deque()
         self._frame_rows: deque[Row] = deque()
@@ -487,13 +485,7 @@ class TraceWriter:
         sql = self._insert_sql[table]
         connection.execute("SAVEPOINT batch")
         try:
-            whole = len(rows) - len(rows) % _ROWS_PER_STATEMENT
-            if whole:
-                row_iterator = iter(rows)
-                groups = zip(*[row_iterator] * _ROWS_PER_STATEMENT)
-                flatten = itertools.chain.from_iterable
-                connection.executemany(self._multi_insert_sql[table], (tuple(flatten(group)) for group in groups))
-            connection.executemany(sql, rows[whole:])
+            self._inserters[table].insert(connection, rows)
         except _ROW_ERRORS as error:
             if isinstance(error, sqlite3.Error) and is_disk_full(error):
                 raise  # no row is bad: the transaction fails, and the caller stores what fits
@@ -542,6 +534,7 @@ def _warn(text: str) -> None:
 def _connect(path: Path, *, bulk: bool = False) -> sqlite3.Connection:
     """The writer's connection: autocommit (the writer opens its own transactions), WAL (bulk: the journal
     in memory, no fsync), any thread."""
+    bind_none_cheaply()
     connection = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     connection.execute("PRAGMA journal_mode=MEMORY" if bulk else "PRAGMA journal_mode=WAL")
     connection.execute("PRAGMA synchronous=OFF" if bulk else "PRAGMA synchronous=NORMAL")
@@ -579,9 +572,3 @@ def _take(queue: deque[Any]) -> list[Any]:
     """Pop the rows queued so far; rows appended meanwhile by other threads stay for next time."""
     popleft = queue.popleft
     return [popleft() for _ in range(len(queue))]
-
-
-def _multi_row_insert_sql(kind: RecordKind) -> str:
-    row_placeholders = f"({', '.join('?' for _ in kind.columns)})"
-    rows_placeholders = ", ".join(row_placeholders for _ in range(_ROWS_PER_STATEMENT))
-    return f"INSERT INTO {kind.table} ({', '.join(kind.column_names)}) VALUES {rows_placeholders}"
