@@ -406,18 +406,18 @@ class HelpScreen(ModalScreen[None]):
         description_width = max(room, HELP_MIN_DESCRIPTION)
         cursor = table.cursor_row
         table.clear(columns=True)
+        wrapped_help = ["\n".join(textwrap.wrap(row[4], description_width)) or row[4] for row in rows]
+        # Each column is added at its final width, so no cell (the header's above all) is ever drawn at another one:
+        # a width the table grew to as rows came in could leave the header at the labels' widths on a loaded host.
         for column in keep:
-            table.add_column(Text(labels[column]), key=("scope", "keys", "title", "id")[column])
-        table.add_column(Text("what it does"), key="help")
-        for row in rows:
-            wrapped = "\n".join(textwrap.wrap(row[4], description_width)) or row[4]
+            table.add_column(Text(labels[column]), width=widths[column], key=("scope", "keys", "title", "id")[column])
+        help_width = max([cell_len("what it does"), *(cell_len(line) for text in wrapped_help for line in text.split("\n"))])
+        table.add_column(Text("what it does"), width=help_width, key="help")
+        for row, wrapped in zip(rows, wrapped_help):
             table.add_row(*(Text(row[column]) for column in keep), Text(wrapped), key=row[5], height=None)
         if table.row_count:
             table.move_cursor(row=min(cursor, table.row_count - 1))
         self._filled_width = width
-        # The header's cells are drawn at the columns' widths when the table is next laid out: ask for it now, or a
-        # refill on a loaded host can leave the header at the labels' widths above wider rows.
-        table.refresh(layout=True)
 
     def keys_for(self, action: NamedAction) -> str:
         keymap: dict[str, str] = getattr(self.app, "user_keymap", {})
