@@ -399,7 +399,7 @@ def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list
     flushes = plural(cuts, "data_dependent flush", "data_dependent flushes")
     if cuts:
         evidence.append(context.evidence_at(
-            f"{flushes} at {where} (the fragmented-fusion finding counts their cost, not these compiles)",
+            f"{flushes} at {where} (the line's host-sync findings count their cost, not these compiles)",
             origin.frame_id, table="flushes",
         ))
     fix = data_sizes.FIXES.get(origin.what, "use an op with a fixed output shape")
@@ -415,8 +415,8 @@ def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list
         ),
         then=(
             ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
-            + (f" The same line also cuts the pending graph ({flushes}); the fragmented-fusion finding counts that "
-               "cost, these compiles are counted here only." if cuts else "")
+            + (f" The same line also cuts the pending graph and waits for the chip ({flushes}); the line's host-sync "
+               "findings count that cost, these compiles are counted here only." if cuts else "")
         ),
         suggestion=f"At {where}: {fix}. Then every step has the same shapes: one compile, and no data-dependent sync.",
         evidence=evidence, module=origin.module, anchor=origin.frame_id,

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
@@ -216,7 +217,10 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
                else f"{format_ns(steady_stall / steady_count)} stalled per step")
     inside = f", in {library}" if library else ""
-    how_often = "in one step" if once else "every step" if every_step else rate
+    cycle = optimizer_cycle(context)
+    per_iteration = every is not None and len(cycle) == every[1] and not once  # every iteration of a loop of k steps
+    how_often = ("in one step" if once else "every step" if every_step else
+                 f"{plural(every[0], 'time')} per loop iteration" if per_iteration and every is not None else rate)
     title = f"Host sync {how_often} at {where} ({kind}{inside}): {stalled}"
     pending = pending_ops / count
     waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
@@ -227,11 +231,14 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait {waits_for}, and the host queues "
         f"no more work meanwhile."
     )
+    if per_iteration:
+        explanation += (f" The loop steps {len(cycle)} optimizers in turn ({', '.join(cycle)}), so each of its iterations "
+                        f"is {len(cycle)} steps: the line reads in every iteration.")
     if library:
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
-    if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once:
+    if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
     facts = context_import_facts(context)
     if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):

@@ -1,0 +1,204 @@
+"""Scripts of kinds the other fresh-script tests leave out, each with a problem planted at a known line (or none),
+run under `tputrace run` in a subprocess: a Llama-style decoding step under torch.compile called with the position
+as a Python int, `torch.unique` feeding an embedding, a GAN stepping two optimizers in turn, a CLIP-style loss whose
+label tensor is made before the loop, and clean scripts (gradient checkpointing, autocast to bfloat16) that must
+read clean."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_fresh_scripts import _run
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+COMPILED_DECODE_INT_POSITION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    D, H, V, MAXLEN = 32, 4, 64, 32
+    HD = D // H
+
+
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, D)
+            self.qkv = nn.Linear(D, 3 * D, bias=False)
+            self.head = nn.Linear(D, V, bias=False)
+
+        def forward(self, tok, kc, vc, pos: int):
+            q, k, v = self.qkv(self.emb(tok)).view(1, 1, 3, H, HD).unbind(2)
+            kc[:, pos] = k[:, 0]
+            vc[:, pos] = v[:, 0]
+            att = nn.functional.scaled_dot_product_attention(
+                q.transpose(1, 2), kc[:, : pos + 1].transpose(1, 2), vc[:, : pos + 1].transpose(1, 2))
+            return self.head(att.transpose(1, 2).reshape(1, 1, D))
+
+
+    block = Block().to("tpu").eval()
+    decode = torch.compile(block)
+    kc = torch.zeros(1, MAXLEN, H, HD, device="tpu")
+    vc = torch.zeros(1, MAXLEN, H, HD, device="tpu")
+    tok = torch.tensor([[1]], device="tpu")
+    out = []
+    with torch.no_grad():
+        for pos in range(10):
+            tok = decode(tok, kc, vc, pos).argmax(-1)  {marker}
+            out.append(tok)
+    print(torch.cat(out, 1).cpu())
+'''
+
+UNIQUE_EMBEDDING = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    E, D = 200, 16
+    table = nn.Embedding(E, D).to("tpu")
+    opt = torch.optim.SGD(table.parameters(), lr=0.1)
+    for step in range(6):
+        ids = torch.randint(0, E, (64,), device="tpu")
+        uniq = torch.unique(ids)  {marker}
+        vecs = table(uniq)
+        loss = -(vecs @ vecs.T).topk(4, dim=-1).values.mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+GAN = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    Z = 16
+    G = nn.Sequential(nn.Linear(Z, 64), nn.LeakyReLU(0.2), nn.Linear(64, 32), nn.Tanh()).to("tpu")
+    D = nn.Sequential(nn.Linear(32, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1)).to("tpu")
+    opt_g = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    bce = nn.BCEWithLogitsLoss()
+    real = torch.randn(32, 32).to("tpu")
+    ones, zeros = torch.ones(32, 1, device="tpu"), torch.zeros(32, 1, device="tpu")
+    history = []
+    for step in range(6):
+        fake = G(torch.randn(32, Z, device="tpu"))
+        d_loss = bce(D(real), ones) + bce(D(fake.detach()), zeros)
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        g_loss = bce(D(fake), ones)
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+        history.append((d_loss.item(), g_loss.item()))  {marker}
+    print(history[-1])
+'''
+
+CLIP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    img_enc = nn.Sequential(nn.Linear(48, 64), nn.GELU(), nn.Linear(64, 32)).to("tpu")
+    txt_emb = nn.EmbeddingBag(100, 32, mode="mean").to("tpu")
+    logit_scale = nn.Parameter(torch.tensor(2.659, device="tpu"))
+    opt = torch.optim.AdamW(list(img_enc.parameters()) + list(txt_emb.parameters()) + [logit_scale], lr=1e-3)
+    images = torch.randn(16, 48).to("tpu")
+    tokens = torch.randint(0, 100, (16, 8)).to("tpu")
+    labels = torch.arange(16, device="tpu")  {marker}
+    for step in range(6):
+        i = nn.functional.normalize(img_enc(images), dim=-1)
+        t = nn.functional.normalize(txt_emb(tokens), dim=-1)
+        logits = logit_scale.exp().clamp(max=100) * i @ t.T
+        loss = (nn.functional.cross_entropy(logits, labels) + nn.functional.cross_entropy(logits.T, labels)) / 2
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+CHECKPOINTED = '''
+    import torch
+    from torch import nn
+    from torch.utils.checkpoint import checkpoint
+
+    torch.manual_seed(0)
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = nn.ModuleList(nn.Sequential(nn.Linear(64, 128), nn.GELU(), nn.Linear(128, 64)) for _ in range(3))
+            self.head = nn.Linear(64, 10)
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = x + checkpoint(block, x, use_reentrant=False)
+            return self.head(x)
+
+
+    model = Net().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x, y = torch.randn(32, 64).to("tpu"), torch.randint(0, 10, (32,)).to("tpu")
+    for step in range(6):
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)  {marker}
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_compiled_step_called_with_an_int_position_is_one_finding_at_the_call(tmp_path: Path) -> None:
+    """Dynamo specialises the decoding step on `pos` and traces it again at each token until its recompile limit:
+    one finding at the calling line, costing those recompiles and their graphs' compiles (most of the run), naming
+    the value and the limit, with a tensor position as the fix; the limit's own finding is left out."""
+    report, script, line = _run(tmp_path, "compiled_int_position", COMPILED_DECODE_INT_POSITION)
+    (guards,) = [finding for finding in report.findings if finding.analyzer == "guard_recompiles"]
+    assert (guards.file, guards.line) == (str(script), line), guards.title
+    assert "for each value of `pos`" in guards.title and "recompile_limit" in guards.title, guards.title
+    assert guards.severity == "critical" and report.findings[0] is guards, [f.title for f in report.findings]
+    assert "as a tensor" in guards.suggestion, guards.suggestion
+    assert not [finding for finding in report.findings if finding.analyzer == "recompile_limit"]
+
+
+def test_unique_ids_read_by_an_embedding_are_the_uniques_storm(tmp_path: Path) -> None:
+    """The fused program takes `torch.unique`'s result at its padded length and slices it to the count at the
+    embedding's line (`op 1 view (...): non-tensor arguments 56 -> 52`): that recompile is the unique's too, so the
+    storm is found, at the unique's line, with a fixed-shape rewrite."""
+    report, script, line = _run(tmp_path, "unique_embedding", UNIQUE_EMBEDDING)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "the number of unique values" in storm.title and "one_hot" in storm.suggestion, storm.title
+    assert "fragmented-fusion finding" not in storm.explanation  # the run has none: its syncs are the sync finding's
+
+
+def test_a_read_each_iteration_of_a_loop_stepping_two_optimizers_is_per_iteration(tmp_path: Path) -> None:
+    """A GAN steps its discriminator's and its generator's optimizers in turn: each loop iteration is two steps, and
+    a loss read every iteration reads as such, with the per-step advice, not as a read 'every 2 steps' told to read
+    less often."""
+    report, script, line = _run(tmp_path, "gan", GAN)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert f"Host sync 2 times per loop iteration at {script.name}:{line} (item)" in sync.title, sync.title
+    assert "2 optimizers in turn" in sync.explanation, sync.explanation
+    assert "already reads every" not in sync.suggestion and "loss.detach()" in sync.suggestion, sync.suggestion
+
+
+def test_set_up_work_compiled_again_once_is_no_critical_finding(tmp_path: Path) -> None:
+    """A label tensor made before the loop runs in the first step's graph: the second step compiles once more, a
+    large share of a six-step run but paid once, so a warning, not critical."""
+    report, script, line = _run(tmp_path, "clip", CLIP)
+    (set_up,) = [finding for finding in report.findings if finding.analyzer == "set_up_work"]
+    assert (set_up.file, set_up.line) == (str(script), line), set_up.title
+    assert set_up.severity == "warning", set_up.severity
+
+
+def test_gradient_checkpointing_under_bfloat16_autocast_reads_clean(tmp_path: Path) -> None:
+    """Recomputed blocks in the backward and autocast to bfloat16: no finding but the compile cache's note."""
+    report, script, line = _run(tmp_path, "checkpointed", CHECKPOINTED)
+    assert [finding.analyzer for finding in report.findings] == ["compile_cache"], [f.title for f in report.findings]
