@@ -153,6 +153,49 @@ CHECKPOINTED = '''
     print(loss.item())
 '''
 
+NOISE_FROM_THE_HOST = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.SiLU(), nn.Conv2d(16, 1, 3, padding=1)).to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    alphas_bar = torch.cumprod(1 - torch.linspace(1e-4, 0.02, 100), 0).to("tpu")
+    data = torch.randn(8, 1, 16, 16).to("tpu")
+    for step in range(6):
+        t = torch.randint(0, 100, (8,), device="tpu")
+        noise = torch.randn(8, 1, 16, 16).to("tpu")  {marker}
+        a = alphas_bar[t][:, None, None, None]
+        loss = nn.functional.mse_loss(model(a.sqrt() * data + (1 - a).sqrt() * noise), noise)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+EVALUATION_EVERY_FEW_STEPS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x, y = torch.randn(64, 32).to("tpu"), torch.randint(0, 16, (64,)).to("tpu")
+    xv, yv = torch.randn(64, 32).to("tpu"), torch.randint(0, 16, (64,)).to("tpu")
+    history = []
+    for step in range(12):
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 3 == 0:
+            with torch.no_grad():
+                acc = (model(xv).argmax(-1) == yv).float().mean().item()  {marker}
+                val_loss = nn.functional.cross_entropy(model(xv), yv).item()
+            history.append((acc, val_loss))
+    print(history)
+'''
+
 
 def test_a_compiled_step_called_with_an_int_position_is_one_finding_at_the_call(tmp_path: Path) -> None:
     """Dynamo specialises the decoding step on `pos` and traces it again at each token until its recompile limit:
@@ -202,3 +245,22 @@ def test_gradient_checkpointing_under_bfloat16_autocast_reads_clean(tmp_path: Pa
     """Recomputed blocks in the backward and autocast to bfloat16: no finding but the compile cache's note."""
     report, script, line = _run(tmp_path, "checkpointed", CHECKPOINTED)
     assert [finding.analyzer for finding in report.findings] == ["compile_cache"], [f.title for f in report.findings]
+
+
+def test_noise_drawn_on_the_host_and_copied_is_told_to_be_drawn_on_the_chip(tmp_path: Path) -> None:
+    """A diffusion step's noise drawn with `torch.randn(...)` on the host and moved each step: the copy's finding
+    names the host draw and its fix (draw it on the chip), not a constant's or an input batch's."""
+    report, script, line = _run(tmp_path, "noise_from_the_host", NOISE_FROM_THE_HOST)
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
+    assert "random numbers drawn on the host by `torch.randn`" in copy.explanation, copy.explanation
+    assert "`torch.randn(..., device=x.device)`" in copy.suggestion and "input batch" not in copy.suggestion, copy.suggestion
+
+
+def test_metrics_read_one_after_another_in_the_same_steps_are_told_to_be_read_together(tmp_path: Path) -> None:
+    """An evaluation every 3 steps reads an accuracy and a loss, each with `.item()`: both lines' findings say the
+    other line reads in the same steps and that one read of both stacked waits once."""
+    report, script, line = _run(tmp_path, "evaluation_every_few_steps", EVALUATION_EVERY_FEW_STEPS)
+    syncs = {finding.line: finding for finding in report.findings if finding.analyzer == "syncs"}
+    assert set(syncs) == {line, line + 1}, [finding.title for finding in syncs.values()]
+    assert f"reads in the same steps as {script.name}:{line + 1}" in syncs[line].suggestion, syncs[line].suggestion
+    assert "one wait instead of 2" in syncs[line + 1].suggestion, syncs[line + 1].suggestion

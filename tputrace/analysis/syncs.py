@@ -196,13 +196,38 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         costly.append((frame_id, kind, library_frame_id, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall,
                        cost))
     modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
-    findings = [_finding(context, *line) for line in costly]
+    together = _read_together(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
+    findings = [_finding(context, *line, read_with=together.get(line[:3], ())) for line in costly]
     data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
 
 
+def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, int | None]]) -> dict[tuple[int | None, str, int | None], tuple[str, ...]]:
+    """For each of the script's own reads of a value (`.item()`, `.tolist()`, ...), the other such lines that read as
+    often in exactly the same loop steps (an evaluation's metrics, a loss and an accuracy logged together): each
+    waits for the chip in turn, where one read of them all stacked would wait once."""
+    reads = [key for key in keys if key[1] in _PERIODIC_KINDS and key[2] is None and key[0] is not None]
+    if len(reads) < 2 or not context.steps:
+        return {}
+    where, params = context.loop_where("s")
+    by_steps: dict[frozenset[tuple[int, int]], list[tuple[int | None, str, int | None]]] = {}
+    for key in reads:
+        steps = frozenset(context.trace.sql(
+            f"SELECT s.step, COUNT(*) FROM syncs s WHERE {where} AND s.frame_id = ? AND s.kind = ? GROUP BY s.step",
+            (*params, key[0], key[1])))
+        if len(steps) >= 2:
+            by_steps.setdefault(steps, []).append(key)
+    together: dict[tuple[int | None, str, int | None], tuple[str, ...]] = {}
+    for group in by_steps.values():
+        lines = sorted({context.where(frame_id) for frame_id, *_ in group})
+        for key in group if len(lines) >= 2 else ():
+            together[key] = tuple(line for line in lines if line != context.where(key[0]))
+    return together
+
+
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
-             pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
+             pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost, *,
+             read_with: tuple[str, ...] = ()) -> Finding:
     where = context.where(frame_id)
     library = library_where(context, library_frame_id)
     share = context.share_of_steps_less_compiles(steady_stall)
@@ -240,6 +265,10 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         kind, "Move the host read out of the loop, or do it every N steps.")
     if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
+    if read_with:
+        suggestion += (f" {where} reads in the same steps as {', '.join(read_with)}, each waiting for the chip in turn: "
+                       "compute those values first and read them in one go (`torch.stack([a, b]).tolist()`), one wait "
+                       f"instead of {len(read_with) + 1}.")
     facts = context_import_facts(context)
     if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
