@@ -196,6 +196,61 @@ EVALUATION_EVERY_FEW_STEPS = '''
     print(history)
 '''
 
+PLATEAU_ON_THE_LOSS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 1)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    lr_scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(opt, patience=2)
+    x, y = torch.randn(128, 32).to("tpu"), torch.randn(128, 1).to("tpu")
+    for step in range(8):
+        loss = nn.functional.mse_loss(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        lr_scheduler.step(loss)  {marker}
+    print(loss.item())
+'''
+
+LOSSES_WRITTEN_AT_THE_STEP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 32)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    x = torch.randn(64, 32).to("tpu")
+    losses = torch.zeros(8, device="tpu")
+    for step in range(8):
+        loss = (model(x) - x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        losses[step] = loss.detach()  {marker}
+        opt.step()
+    print(losses.cpu())
+'''
+
+SAMPLED_DECODE_READ_AT_THE_END = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    V, D, LENGTH = 50, 32, 8
+    emb, cell, head = nn.Embedding(V, D).to("tpu"), nn.GRUCell(D, D).to("tpu"), nn.Linear(D, V).to("tpu")
+    h = torch.zeros(4, D, device="tpu")
+    tok = torch.zeros(4, dtype=torch.long, device="tpu")
+    tokens = []
+    with torch.no_grad():
+        for i in range(LENGTH):
+            h = cell(emb(tok), h)
+            top = (head(h) / 0.8).topk(10, dim=-1)
+            tok = top.indices.gather(1, torch.multinomial(torch.softmax(top.values, -1), 1)).squeeze(1)
+            tokens.append(tok)
+    print(torch.stack(tokens, 1).cpu())  {marker}
+'''
+
 
 def test_a_compiled_step_called_with_an_int_position_is_one_finding_at_the_call(tmp_path: Path) -> None:
     """Dynamo specialises the decoding step on `pos` and traces it again at each token until its recompile limit:
@@ -264,3 +319,30 @@ def test_metrics_read_one_after_another_in_the_same_steps_are_told_to_be_read_to
     assert set(syncs) == {line, line + 1}, [finding.title for finding in syncs.values()]
     assert f"reads in the same steps as {script.name}:{line + 1}" in syncs[line].suggestion, syncs[line].suggestion
     assert "one wait instead of 2" in syncs[line + 1].suggestion, syncs[line + 1].suggestion
+
+
+def test_a_plateau_scheduler_stepped_with_the_loss_is_named_as_the_read(tmp_path: Path) -> None:
+    """`ReduceLROnPlateau.step(loss)` reads the loss with `float()` inside torch: the finding says so and suggests
+    stepping it less often with a metric worth the read, not the `.item()` advice for a read the script makes."""
+    report, script, line = _run(tmp_path, "plateau_on_the_loss", PLATEAU_ON_THE_LOSS)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "`ReduceLROnPlateau.step(metric)`" in sync.explanation, sync.explanation
+    assert sync.suggestion.startswith("Step the plateau scheduler less often"), sync.suggestion
+
+
+def test_a_tensor_written_at_the_step_number_is_a_storm_with_a_chip_position_as_the_fix(tmp_path: Path) -> None:
+    """`losses[step] = loss.detach()` bakes the step number into the program, so it compiles again every step with
+    the same input shapes: a storm (the view's index changes), recorded where the write is flushed (the planted line
+    or the next), whose fix is a position kept on the chip (`index_copy_`), not bucketing."""
+    report, script, line = _run(tmp_path, "losses_written_at_the_step", LOSSES_WRITTEN_AT_THE_STEP)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert storm.file == str(script) and storm.line in (line, line + 1), (storm.line, storm.title)
+    assert "as a Python int indexing a tensor changes" in storm.title and storm.severity == "critical", storm.title
+    assert "index_copy_" in storm.suggestion and report.findings[0] is storm, storm.suggestion
+
+
+def test_a_decoding_loop_reading_its_tokens_once_at_the_end_has_no_sync_finding(tmp_path: Path) -> None:
+    """A run without steps that reads its result once, after the loop, as its last work: that wait is the result
+    itself, with nothing to save, so no host-sync finding."""
+    report, script, line = _run(tmp_path, "sampled_decode", SAMPLED_DECODE_READ_AT_THE_END)
+    assert not [finding.title for finding in report.findings if finding.analyzer == "syncs"]

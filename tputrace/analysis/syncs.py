@@ -12,8 +12,11 @@ the wait, which the compiles analyzer counts.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
+from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
@@ -44,7 +47,8 @@ SUGGESTIONS: dict[str, str] = {
             "with `torch.where`, or check it every N steps.",
     "data_dependent": "An op whose output shape depends on values (nonzero, masked_select, unique, bincount, "
                       "repeat_interleave, boolean indexing) waits for the chip to learn its size; use a fixed-shape "
-                      "form (`torch.where`, multiplying by a mask, `minlength`/`output_size` known in advance).",
+                      "form (`torch.where(condition, x, y)`, multiplying by a mask, `minlength`/`output_size` known "
+                      "in advance); `torch.where(condition)` with one argument is `nonzero`, and waits too.",
     "tolist": "`.tolist()` copies to the host and waits; do it every N steps or after the loop.",
     "numpy": "`.numpy()` copies to the host and waits; do it every N steps or after the loop.",
     "cpu": "`.cpu()` / `.to('cpu')` copies to the host and waits; keep the value on the chip or move it less often.",
@@ -102,6 +106,15 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
 }
 
 
+# A scheduler stepped with a value (`scheduler.step(loss)`): ReduceLROnPlateau reads it with `float(metrics)`.
+_SCHEDULER_STEP = re.compile(r"\b\w*(?:sched|plateau|lr_)\w*\.step\(\s*[^)\s]", re.IGNORECASE)
+PLATEAU_READ = (
+    "`ReduceLROnPlateau.step(metric)` reading the metric on the host (`float(metrics)`) to compare it with the best "
+    "so far",
+    "Step the plateau scheduler less often, with a metric worth its read: once per epoch or every N steps, with a "
+    "validation loss or a mean of the training losses kept on the chip (`running += loss.detach()`), not each step's "
+    "loss; or use a schedule that reads nothing (`CosineAnnealingLR`, `OneCycleLR`).",
+)
 # A run without steps (no optimizer step, no `tputrace.step()`) is an inference or decoding loop: no loss to accumulate.
 NO_STEP_SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: a read every iteration makes the host wait for each iteration's program "
@@ -190,6 +203,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         ))
         if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
             continue
+        if not context.steps and count == 1 and _reads_the_end(context, frame_id):
+            continue  # a run without steps reading its result once at its end (`print(out.cpu())`): nothing to save
         cost = context.line_cost(steady_stall, stall_ns, steps_with, steady_syncs)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
@@ -200,6 +215,19 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     findings = [_finding(context, *line, read_with=together.get(line[:3], ())) for line in costly]
     data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _reads_the_end(context: AnalysisContext, frame_id: int | None) -> bool:
+    """Whether the line's one read is the run's last: no op of another line was dispatched after it."""
+    if frame_id is None:
+        return False
+    rows = context.trace.sql(
+        "SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE o.rank = ? "
+        "AND o.start_ns > (SELECT MIN(start_ns) FROM syncs WHERE rank = ? AND frame_id = ?) "
+        "AND NOT (f.file_sid = sf.file_sid AND f.line = sf.line) LIMIT 1",
+        (frame_id, context.rank, context.rank, frame_id),
+    )
+    return not rows
 
 
 def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, int | None]]) -> dict[tuple[int | None, str, int | None], tuple[str, ...]]:
@@ -330,6 +358,8 @@ def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str
     for (op_prefixes, read_kind), read in LIBRARY_READS.items():
         if read_kind == kind and all(_ran_at_line(context, frame_id, prefix, where, params) for prefix in op_prefixes):
             return read
+    if kind == "item" and _SCHEDULER_STEP.search(line_text(context.location(frame_id), context.trace) or ""):
+        return PLATEAU_READ
     return None
 
 
