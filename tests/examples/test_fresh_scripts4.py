@@ -341,8 +341,12 @@ def test_a_tensor_written_at_the_step_number_is_a_storm_with_a_chip_position_as_
     assert "index_copy_" in storm.suggestion and report.findings[0] is storm, storm.suggestion
 
 
-def test_a_decoding_loop_reading_its_tokens_once_at_the_end_has_no_sync_finding(tmp_path: Path) -> None:
+def test_a_decoding_loop_reading_its_tokens_once_at_the_end_is_an_unrolled_loop_not_a_sync(tmp_path: Path) -> None:
     """A run without steps that reads its result once, after the loop, as its last work: that wait is the result
-    itself, with nothing to save, so no host-sync finding."""
+    itself, with nothing to save, so no host-sync finding. The loop read nothing, so its 8 iterations ran as one
+    program: that is the finding, at the loop's lines, with a step mark per iteration as the fix."""
     report, script, line = _run(tmp_path, "sampled_decode", SAMPLED_DECODE_READ_AT_THE_END)
     assert not [finding.title for finding in report.findings if finding.analyzer == "syncs"]
+    (unrolled,) = [finding for finding in report.findings if finding.analyzer == "fusion"]
+    assert unrolled.title.startswith(f"A loop ran unrolled: 8 iterations of {script.name}:{line - 4}-{line - 2}"), unrolled.title
+    assert f"read at {script.name}:{line}" in unrolled.title and "`tputrace.step()`" in unrolled.suggestion
