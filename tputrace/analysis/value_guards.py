@@ -88,10 +88,11 @@ def _storm(context: AnalysisContext, frame_id: int | None, name: str, failures: 
     intervals = sorted([(start_ns, start_ns + dur_ns) for _, start_ns, dur_ns in failures]
                        + [(start_ns, start_ns + dur_ns) for _, start_ns, dur_ns in graphs if start_ns >= first_start])
     call_frame_id, limit = _limit_hit(context, defined_at)
-    if call_frame_id is None:
-        call_frame_id = next((graph_frame for graph_frame, *_ in graphs if graph_frame is not None and (
-            (graph_location := context.location(graph_frame)) is not None and graph_location.line != (location.line if location else None))),
-            frame_id)
+    if call_frame_id is None:  # the first graph compiled at a line other than the function's own: its call
+        defined_line = location.line if location is not None else None
+        calls = [graph_frame for graph_frame, *_ in graphs
+                 if (graph_location := context.location(graph_frame)) is not None and graph_location.line != defined_line]
+        call_frame_id = calls[0] if calls else frame_id
     guard = _VALUE_GUARD.match(failures[-1][0])
     read = _READ_AT.search(failures[-1][0])
     return ValueGuardStorm(name, defined_at, context.where(frame_id), guard["name"] if guard else "?", read["code"] if read else None, len(failures),
