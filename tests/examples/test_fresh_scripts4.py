@@ -251,6 +251,40 @@ SAMPLED_DECODE_READ_AT_THE_END = '''
     print(torch.stack(tokens, 1).cpu())  {marker}
 '''
 
+GRAPH_EDGES_PER_BATCH = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    N, D = 64, 32
+
+
+    class GCN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin1 = nn.Linear(D, D)
+            self.lin2 = nn.Linear(D, 4)
+
+        def forward(self, x, src, dst):
+            h = self.lin1(x)
+            agg = torch.zeros_like(h).index_add_(0, dst, h[src])
+            deg = torch.zeros(x.shape[0], device=x.device).index_add_(0, dst, torch.ones_like(dst, dtype=h.dtype))
+            return self.lin2(torch.relu(agg / deg.clamp(min=1)[:, None]))
+
+
+    model = GCN().to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    x, y = torch.randn(N, D, device="tpu"), torch.randint(0, 4, (N,), device="tpu")
+    torch.tpu.synchronize()
+    for step in range(6):
+        edges = torch.randint(0, N, (2, int(torch.randint(100, 200, ()).item()))).to("tpu")  {marker}
+        loss = nn.functional.cross_entropy(model(x, edges[0], edges[1]), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
 
 def test_a_compiled_step_called_with_an_int_position_is_one_finding_at_the_call(tmp_path: Path) -> None:
     """Dynamo specialises the decoding step on `pos` and traces it again at each token until its recompile limit:
@@ -350,3 +384,13 @@ def test_a_decoding_loop_reading_its_tokens_once_at_the_end_is_an_unrolled_loop_
     (unrolled,) = [finding for finding in report.findings if finding.analyzer == "fusion"]
     assert unrolled.title.startswith(f"A loop ran unrolled: 8 iterations of {script.name}:{line - 4}-{line - 2}"), unrolled.title
     assert f"read at {script.name}:{line}" in unrolled.title and "`tputrace.step()`" in unrolled.suggestion
+
+
+def test_edge_lists_of_changing_length_are_told_to_pad_with_a_dummy_node(tmp_path: Path) -> None:
+    """A graph network's edge list, copied at a new length each batch, scatters with `index_add_`: the storm at the
+    copying line says to pad it with indices of a dummy row, not to mask padding in attention and the loss."""
+    report, script, line = _run(tmp_path, "graph_edges", GRAPH_EDGES_PER_BATCH)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "dummy row" in storm.suggestion and "attention" not in storm.suggestion, storm.suggestion
+    assert "collate_fn" not in storm.explanation, storm.explanation
