@@ -1,8 +1,10 @@
 """Scripts of kinds the other fresh-script tests leave out, each with a problem planted at a known line (or none),
 run under `tputrace run` in a subprocess: a Llama-style decoding step under torch.compile called with the position
 as a Python int, `torch.unique` feeding an embedding, a GAN stepping two optimizers in turn, a CLIP-style loss whose
-label tensor is made before the loop, and clean scripts (gradient checkpointing, autocast to bfloat16) that must
-read clean."""
+label tensor is made before the loop, diffusion noise drawn on the host, an evaluation every few steps reading two
+metrics, `ReduceLROnPlateau` stepped with the loss, losses written into a chip tensor at the step number, a sampling
+loop that reads its tokens only at the end, a graph network's edge lists of changing length, and a clean script
+(gradient checkpointing under bfloat16 autocast) that must read clean."""
 
 from __future__ import annotations
 
