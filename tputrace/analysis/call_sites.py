@@ -48,6 +48,15 @@ def call_text(location: SourceLocation, copies: SourceCopies) -> str | None:
     return text
 
 
+def line_text(location: SourceLocation | None, copies: SourceCopies) -> str | None:
+    """The source line `location` is on, without its comment, from the run's copy of the file; None without one."""
+    copy = None if location is None else copies.source_copy(location.file)
+    if location is None or copy is None:
+        return None
+    text = linecache.getline(copy, location.line).rstrip("\r\n")
+    return _without_comments([text])[0].strip() or None
+
+
 def call_label(location: SourceLocation, copies: SourceCopies) -> str:
     """`train.py:42:col 15 (q @ k.transpose(-1, -2))`; without the run's copy of the file `train.py:42:col 15`,
     without a column `train.py:42`."""

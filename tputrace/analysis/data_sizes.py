@@ -65,7 +65,10 @@ MIN_MATCHED_SIZES = 2  # ... covering at least this many distinct sizes
 # A recompile's diff when only a data-dependent length changed (the signature did not): `size 16 -> 20`,
 # `output_size 8 -> 12`, `view aten.slice.Tensor: end 37 -> 41`, a fused program's `non-tensor arguments 32 -> 20`.
 _LENGTH_DIFF = re.compile(r"(?:^|[\s:])(?:size|output_size|end|non-tensor arguments) \(?\d")
-_SLICE_END = re.compile(r"view aten\.slice\.Tensor: end \d+ -> (?P<after>\d+)")
+# A slice's new end read at another line: the slice's own diff, or a fused program's view whose one argument changed
+# (`op 1 view (train.py:11): non-tensor arguments 56 -> 52`: `table(torch.unique(ids))` at the unique's new count).
+_SLICE_END = re.compile(r"view aten\.slice\.Tensor: end \d+ -> (?P<after>\d+)"
+                        r"|^op \d+ view \([^()]+\): non-tensor arguments \d+ -> (?P<view_after>\d+)$")
 # A fused program's diff names the first op whose arguments changed and its line.
 _DIFF_OP = re.compile(r"op \d+ (?P<op>\S+) \((?P<where>[^()]+)\): ")
 
@@ -268,12 +271,12 @@ def _slice_frames(context: AnalysisContext, frames: list[int]) -> set[int]:
 
 def _sliced_result_frame(context: AnalysisContext, diff: str, step: int, slice_frames: set[int]) -> int:
     """For a diff of a slice's end read at a line without a data-dependent op (`op 5 view (gnn.py:14): view
-    aten.slice.Tensor: end 795 -> 796`), the line of the data-dependent result of that step, sliced where it was
+    aten.slice.Tensor: end 795 -> 796`, `op 1 view (gnn.py:14): non-tensor arguments 56 -> 52`), the line of the data-dependent result of that step, sliced where it was
     made, whose recorded length the new end could be the count of; -1 when there is none."""
     end = _SLICE_END.search(diff)
     if end is None:
         return -1
-    after = int(end.group("after"))
+    after = int(end.group("after") or end.group("view_after"))
     frames = {result.frame_id for result in data_sizes(context).get(step, [])
               if result.frame_id in slice_frames and after <= result.length and explains(after, result.length)}
     return next(iter(frames)) if len(frames) == 1 else -1

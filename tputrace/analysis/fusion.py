@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from tputrace.analysis import unrolled_loops
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.syncs import known_library_read, library_suggestion, library_where
@@ -98,7 +99,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     ]
     data = FusionData(programs_per_step, ops_per_program, by_trigger, cuts_per_step, tuple(lines[:50]))
     if not context.steps or cuts_per_step < MIN_CUTS_PER_STEP:
-        return AnalysisResult(NAME, data)
+        return AnalysisResult(NAME, data, tuple(unrolled_loops.findings(context)))
     frame_ids = sorted({frame_id for _, frame_id, _, _ in cuts if frame_id is not None})
     cost_ns, flush_ns, stall_ns = _cost(context, frame_ids, excluded, steady=False)
     steady_cost = _cost(context, frame_ids, excluded, steady=True)[0]

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tputrace.analysis import value_guards
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.wording import format_ns
@@ -48,8 +49,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileLimitData]:
     findings: list[Finding] = []
     for text, frame_id, start_ns, step in rows:
         match = _WARNING.search(text or "")
-        if match is None:
-            continue
+        if match is None or (match["file"] and value_guards.limit_hit_explained(context, f"{match['file']}:{match['line']}")):
+            continue  # no limit named, or a value-guard storm's finding tells it
         (uncompiled_ns,) = context.trace.sql(
             "SELECT COALESCE(SUM(dur_ns), 0) FROM ops WHERE rank = ? AND frame_id IS ? AND start_ns > ?",
             (context.rank, frame_id, start_ns))[0]

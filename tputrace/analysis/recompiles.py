@@ -21,7 +21,17 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import chip_shapes, data_sizes, ddp_rebuild, dynamic_sizes, entry_storms, host_inputs, program_cache, structure_changes
+from tputrace.analysis import (
+    chip_shapes,
+    data_sizes,
+    ddp_rebuild,
+    dynamic_sizes,
+    entry_storms,
+    host_inputs,
+    index_storms,
+    program_cache,
+    structure_changes,
+)
 from tputrace.analysis.chip_shapes import ChipShapeStorm
 from tputrace.analysis.buckets import BucketOption, bucket_options, propose, signature_layout, varying_dims
 from tputrace.analysis.context import AnalysisContext
@@ -29,6 +39,7 @@ from tputrace.analysis.data_sizes import SizeOrigin
 from tputrace.analysis.ddp_rebuild import DdpRebuild
 from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
 from tputrace.analysis.entry_storms import EntryStorm
+from tputrace.analysis.index_storms import IndexStorm
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
     DataSizeStorm,
@@ -143,6 +154,7 @@ class RecompileData:
     dynamic_sizes: tuple[DynamicSizeRecompiles, ...] = ()  # torch.compile size guards that failed (see `dynamic_sizes`)
     ddp_rebuilds: tuple[DdpRebuild, ...] = ()  # DDP's one bucket rebuild (see `ddp_rebuild`)
     entry_storms: tuple[EntryStorm, ...] = ()  # a size that changes the graph's ops too (see `entry_storms`)
+    index_storms: tuple[IndexStorm, ...] = ()  # a view's Python-int position that changes (see `index_storms`)
 
 
 @dataclass(frozen=True)
@@ -272,12 +284,18 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         caused.append((finding, entry_storm.recompiles))
         entries.append(entry_storm)
         explained |= compile_ids
+    positions = []
+    for finding, index_storm, compile_ids in index_storms.findings(context, explained, not_evicted(evicted), evicted):
+        findings.append(finding)
+        caused.append((finding, index_storm.recompiles))
+        positions.append(index_storm)
+        explained |= compile_ids
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
         chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
-        ddp_rebuilds=tuple(rebuilds), entry_storms=tuple(entries),
+        ddp_rebuilds=tuple(rebuilds), entry_storms=tuple(entries), index_storms=tuple(positions),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )

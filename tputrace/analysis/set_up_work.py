@@ -86,7 +86,8 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
     set_up_frame = context.frame_at_line(file_name, line)
     return Finding(
         analyzer=NAME,
-        severity=context.severity(share),
+        # Paid once: its share of a short traced run says little of a long one's, so it is never critical.
+        severity="info" if context.severity(share) == "info" else "warning",
         title=f"Set-up work at {file_name}:{line} ran in the first step's graph: {plural(len(recompiles), 'program')} compiled again in step 1",
         explanation=(
             f"The set-up work ({ops}) was still pending on the chip when the first step began, so DeferAndFuse ran it "

@@ -204,6 +204,26 @@ def growth_step(values: Sequence[int], steps: int) -> int | None:
     return increment if increment > 0 else None
 
 
+_SCATTERS = ("aten.index_add", "aten.index_add_", "aten.scatter", "aten.scatter_", "aten.scatter_add", "aten.scatter_add_",
+             "aten.scatter_reduce", "aten.scatter_reduce_")  # not `index_put_`: `x[mask] = 0` is one too
+
+
+def _scatters_at(context: AnalysisContext, frame_id: int | None) -> bool:
+    """Whether the loop ran a scatter (`index_add_`, `scatter_reduce`) at `frame_id`'s line."""
+    if frame_id is None:
+        return False
+    op_sids = [sid for (sid, text) in context.trace.sql(
+        "SELECT id, text FROM strings WHERE text LIKE 'aten.index_add%' OR text LIKE 'aten.scatter%'")
+        if text.rsplit(".", 1)[0] in _SCATTERS]
+    if not op_sids:
+        return False
+    where, params = context.loop_where("o")
+    return bool(context.trace.sql(
+        f"SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE {where} "
+        f"AND o.op_sid IN {in_list(op_sids)} AND f.file_sid = sf.file_sid AND f.line = sf.line LIMIT 1",
+        (frame_id, *params, *op_sids)))
+
+
 def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, storms: list[Storm],
                        made_at: int | None = None) -> tuple[Finding, HostInputStorm]:
     """One finding (and its data) for the storms of one batch copied from the host at `copy_frame`: every program
@@ -229,7 +249,15 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     evidence.extend(_program_evidence(context, storms))
     evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
     evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
-    if best is not None:
+    index_lists = entry is not None and _scatters_at(context, entry.frame_id)
+    if best is not None and index_lists:
+        suggestion = (
+            f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. They are index lists "
+            f"(the line they enter at, {context.where(entry.frame_id) if entry else copy_where}, scatters with them, as a graph "
+            "network's edge list): pad them with indices of a dummy row (one extra node, dropped after) or with "
+            "zero weights, so the padding adds nothing to the real rows."
+        )
+    elif best is not None:
         suggestion = (
             f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. Pad in the data "
             f"pipeline (in the collate_fn, round the batch's longest length up to its bucket; Hugging Face's collators "
@@ -255,6 +283,8 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
             + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "") + ". "
         ),
         then=(
+            ". Index lists of a size that changes from batch to batch (a graph's edges, sampled neighbours) are no "
+            "problem on a GPU; on a TPU each size is a new XLA program." if index_lists else
             ". The usual cause is a collate_fn (or a tokenizer's `padding=True`) that pads each batch to its own "
             "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
             "XLA program."
@@ -399,7 +429,7 @@ def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list
     flushes = plural(cuts, "data_dependent flush", "data_dependent flushes")
     if cuts:
         evidence.append(context.evidence_at(
-            f"{flushes} at {where} (the fragmented-fusion finding counts their cost, not these compiles)",
+            f"{flushes} at {where} (the line's host-sync findings count their cost, not these compiles)",
             origin.frame_id, table="flushes",
         ))
     fix = data_sizes.FIXES.get(origin.what, "use an op with a fixed output shape")
@@ -415,8 +445,8 @@ def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list
         ),
         then=(
             ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."
-            + (f" The same line also cuts the pending graph ({flushes}); the fragmented-fusion finding counts that "
-               "cost, these compiles are counted here only." if cuts else "")
+            + (f" The same line also cuts the pending graph and waits for the chip ({flushes}); the line's host-sync "
+               "findings count that cost, these compiles are counted here only." if cuts else "")
         ),
         suggestion=f"At {where}: {fix}. Then every step has the same shapes: one compile, and no data-dependent sync.",
         evidence=evidence, module=origin.module, anchor=origin.frame_id,

@@ -12,8 +12,12 @@ the wait, which the compiles analyzer counts.
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
+from tputrace.analysis.call_sites import line_text
+from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
@@ -43,7 +47,8 @@ SUGGESTIONS: dict[str, str] = {
             "with `torch.where`, or check it every N steps.",
     "data_dependent": "An op whose output shape depends on values (nonzero, masked_select, unique, bincount, "
                       "repeat_interleave, boolean indexing) waits for the chip to learn its size; use a fixed-shape "
-                      "form (`torch.where`, multiplying by a mask, `minlength`/`output_size` known in advance).",
+                      "form (`torch.where(condition, x, y)`, multiplying by a mask, `minlength`/`output_size` known "
+                      "in advance); `torch.where(condition)` with one argument is `nonzero`, and waits too.",
     "tolist": "`.tolist()` copies to the host and waits; do it every N steps or after the loop.",
     "numpy": "`.numpy()` copies to the host and waits; do it every N steps or after the loop.",
     "cpu": "`.cpu()` / `.to('cpu')` copies to the host and waits; keep the value on the chip or move it less often.",
@@ -101,6 +106,15 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
 }
 
 
+# A scheduler stepped with a value (`scheduler.step(loss)`): ReduceLROnPlateau reads it with `float(metrics)`.
+_SCHEDULER_STEP = re.compile(r"\b\w*(?:sched|plateau|lr_)\w*\.step\(\s*[^)\s]", re.IGNORECASE)
+PLATEAU_READ = (
+    "`ReduceLROnPlateau.step(metric)` reading the metric on the host (`float(metrics)`) to compare it with the best "
+    "so far",
+    "Step the plateau scheduler less often, with a metric worth its read: once per epoch or every N steps, with a "
+    "validation loss or a mean of the training losses kept on the chip (`running += loss.detach()`), not each step's "
+    "loss; or use a schedule that reads nothing (`CosineAnnealingLR`, `OneCycleLR`).",
+)
 # A run without steps (no optimizer step, no `tputrace.step()`) is an inference or decoding loop: no loss to accumulate.
 NO_STEP_SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: a read every iteration makes the host wait for each iteration's program "
@@ -189,19 +203,59 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         ))
         if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
             continue
+        if not context.steps and count == 1 and _reads_the_end(context, frame_id):
+            continue  # a run without steps reading its result once at its end (`print(out.cpu())`): nothing to save
         cost = context.line_cost(steady_stall, stall_ns, steps_with, steady_syncs)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue  # e.g. syncs of the warm-up step only, whose stall was its compiles: nothing to save per step
         costly.append((frame_id, kind, library_frame_id, count, stall_ns, pending_ops, steps_with, per_step, steady_syncs, steady_stall,
                        cost))
     modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
-    findings = [_finding(context, *line) for line in costly]
+    together = _read_together(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
+    findings = [_finding(context, *line, read_with=together.get(line[:3], ())) for line in costly]
     data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
 
 
+def _reads_the_end(context: AnalysisContext, frame_id: int | None) -> bool:
+    """Whether the line's one read is the run's last: no op of another line was dispatched after it."""
+    if frame_id is None:
+        return False
+    rows = context.trace.sql(
+        "SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE o.rank = ? "
+        "AND o.start_ns > (SELECT MIN(start_ns) FROM syncs WHERE rank = ? AND frame_id = ?) "
+        "AND NOT (f.file_sid = sf.file_sid AND f.line = sf.line) LIMIT 1",
+        (frame_id, context.rank, context.rank, frame_id),
+    )
+    return not rows
+
+
+def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, int | None]]) -> dict[tuple[int | None, str, int | None], tuple[str, ...]]:
+    """For each of the script's own reads of a value (`.item()`, `.tolist()`, ...), the other such lines that read as
+    often in exactly the same loop steps (an evaluation's metrics, a loss and an accuracy logged together): each
+    waits for the chip in turn, where one read of them all stacked would wait once."""
+    reads = [key for key in keys if key[1] in _PERIODIC_KINDS and key[2] is None and key[0] is not None]
+    if len(reads) < 2 or not context.steps:
+        return {}
+    where, params = context.loop_where("s")
+    by_steps: dict[frozenset[tuple[int, int]], list[tuple[int | None, str, int | None]]] = {}
+    for key in reads:
+        steps = frozenset(context.trace.sql(
+            f"SELECT s.step, COUNT(*) FROM syncs s WHERE {where} AND s.frame_id = ? AND s.kind = ? GROUP BY s.step",
+            (*params, key[0], key[1])))
+        if len(steps) >= 2:
+            by_steps.setdefault(steps, []).append(key)
+    together: dict[tuple[int | None, str, int | None], tuple[str, ...]] = {}
+    for group in by_steps.values():
+        lines = sorted({context.where(frame_id) for frame_id, *_ in group})
+        for key in group if len(lines) >= 2 else ():
+            together[key] = tuple(line for line in lines if line != context.where(key[0]))
+    return together
+
+
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
-             pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost) -> Finding:
+             pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost, *,
+             read_with: tuple[str, ...] = ()) -> Finding:
     where = context.where(frame_id)
     library = library_where(context, library_frame_id)
     share = context.share_of_steps_less_compiles(steady_stall)
@@ -216,7 +270,10 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
                else f"{format_ns(steady_stall / steady_count)} stalled per step")
     inside = f", in {library}" if library else ""
-    how_often = "in one step" if once else "every step" if every_step else rate
+    cycle = optimizer_cycle(context)
+    per_iteration = every is not None and len(cycle) == every[1] and not once  # every iteration of a loop of k steps
+    how_often = ("in one step" if once else "every step" if every_step else
+                 f"{plural(every[0], 'time')} per loop iteration" if per_iteration and every is not None else rate)
     title = f"Host sync {how_often} at {where} ({kind}{inside}): {stalled}"
     pending = pending_ops / count
     waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
@@ -227,12 +284,19 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         f"{format_ns(stall_ns)} in all ({context.share_text(share)}). Each wait {waits_for}, and the host queues "
         f"no more work meanwhile."
     )
+    if per_iteration:
+        explanation += (f" The loop steps {len(cycle)} optimizers in turn ({', '.join(cycle)}), so each of its iterations "
+                        f"is {len(cycle)} steps: the line reads in every iteration.")
     if library:
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
-    if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once:
+    if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
+    if read_with:
+        suggestion += (f" {where} reads in the same steps as {', '.join(read_with)}, each waiting for the chip in turn: "
+                       "compute those values first and read them in one go (`torch.stack([a, b]).tolist()`), one wait "
+                       f"instead of {len(read_with) + 1}.")
     facts = context_import_facts(context)
     if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
@@ -294,6 +358,8 @@ def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str
     for (op_prefixes, read_kind), read in LIBRARY_READS.items():
         if read_kind == kind and all(_ran_at_line(context, frame_id, prefix, where, params) for prefix in op_prefixes):
             return read
+    if kind == "item" and _SCHEDULER_STEP.search(line_text(context.location(frame_id), context.trace) or ""):
+        return PLATEAU_READ
     return None
 
 

@@ -8,8 +8,10 @@ only in the warm-up step of a loop of two steps (where it counts as steady) is s
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
+from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.wording import format_bytes, format_ns, plural
@@ -17,6 +19,15 @@ from tputrace.wording import format_bytes, format_ns, plural
 NAME = "transfers"
 
 _OUTSIDE_FALLBACKS = outside_fallbacks("t")
+# A host random draw on a copying line: `torch.randn(8, 16).to("tpu")`, `torch.randint(0, T, (8,)).cuda()`.
+_HOST_DRAW = re.compile(r"\b(?P<draw>torch\.(?:randn|rand|randint|randperm|normal|bernoulli|poisson))\((?P<arguments>[^()]*(?:\([^()]*\)[^()]*)*)\)")
+_LIKE_DRAWS = ("torch.randn", "torch.rand")
+
+
+def host_random_draw(text: str | None) -> str | None:
+    """`torch.randn` when the line draws random numbers on the host (a draw without `device=`), else None."""
+    draw = _HOST_DRAW.search(text or "")
+    return draw["draw"] if draw is not None and "device" not in draw["arguments"] else None
 
 
 @dataclass(frozen=True)
@@ -83,8 +94,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         severity = context.severity(share)
         where = context.where(frame_id)
         every_step = steps_with >= steady_count
-        what = ("the same size every time: a constant built on the host, or the input batch" if constant_size
-                else "varying sizes")
+        draw = host_random_draw(line_text(context.location(frame_id), context.trace))
+        what = ("the same size every time: " + (f"random numbers drawn on the host by `{draw}`" if draw else
+                                                "a constant built on the host, or the input batch")
+                if constant_size else "varying sizes")
         if max_bytes == 0:
             what = ("every copy empty: tensors of no elements made from host data, e.g. `torch.tensor([], "
                     "device=...)`; each moves nothing and still costs a transfer")
@@ -98,6 +111,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
             suggestion = (
                 "It was copied in one step only, so it costs its time once, not every step: if it is a value the "
                 "loop makes on a condition (a table, a mask), make it on the chip (`device=...`) or before the loop."
+            )
+        elif draw is not None:
+            suggestion = (
+                f"The line draws random numbers on the host (`{draw}(...)`) and copies them to the chip every step: "
+                f"draw them on the chip instead (`{draw}(..., device=x.device)`"
+                + (f", or `{draw}_like(x)` shaped like a tensor x already there" if draw in _LIKE_DRAWS else "")
+                + "), so nothing is copied and the step's program makes them."
             )
         elif constant_size:
             suggestion = (

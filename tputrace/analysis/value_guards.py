@@ -1,0 +1,150 @@
+"""A torch.compile'd function traced again for each value of a Python argument, in a recorded run.
+
+Dynamo specialises a graph on the Python ints and floats it reads (`kc[:, pos] = k`, `x[:, : pos + 1]`): a call with
+another value fails the guard `pos == 3`, and Dynamo traces the function again (a `dynamo_frame` compile with reason
+`guard_failure` whose diff is that guard), and the backend compiles the new graph. A decoding step called with the
+position as an `int` does this at every token, until Dynamo's recompile limit stops compiling it. Size guards are
+`dynamic_sizes`'; imported logs' recompiles are `guard_recompiles`'. One finding per function with at least
+`MIN_GUARD_FAILURES` value-guard failures, at the line calling it, costing the failures and the compiles of the
+graphs they traced.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
+from tputrace.store.aggregates import merged_ns
+from tputrace.wording import format_ns, plural
+
+ANALYZER = "guard_recompiles"
+MIN_GUARD_FAILURES = 3
+# `pos == 1  # kc[:, pos] = k[:, 0]  # llama.py:31 in forward (...)`: the guard, then the line that read the value.
+_VALUE_GUARD = re.compile(r"^(?:\d+/\d+: )?(?P<name>[A-Za-z_][\w.\[\]'\"]*) == (?P<value>[^\s#]+)")
+_SIZE_GUARD = re.compile(r"(?:size|stride) mismatch")
+_READ_AT = re.compile(r"#\s*(?P<code>.+?)\s+#\s")
+_LIMIT_HIT = re.compile(r"hit config\.(?P<limit>\w+) \((?P<value>\d+)\)\n\s*function: '[^']*' \((?P<where>.*:\d+)\)")
+
+
+@dataclass(frozen=True)
+class ValueGuardStorm:
+    """One compiled function traced again per value of a Python argument: the value's name, the line reading it,
+    the failures, their compiles' wall time, the call's frame and the Dynamo limit the calls hit, if any."""
+
+    function: str
+    defined_at: str  # path:line of the function, as Dynamo's warnings name it
+    defined_where: str  # file.py:line
+    value: str
+    read_by: str | None  # the source line that read the value, as the guard quotes it
+    failures: int
+    compile_ns: int
+    call_frame_id: int | None
+    limit: str | None  # `recompile_limit (8)` when Dynamo stopped compiling the function
+
+
+def storms(context: AnalysisContext) -> list[ValueGuardStorm]:
+    """The rank's value-guard storms (cached on the context: the recompile limit's analyzer asks too)."""
+    cached = context.cache.get("value_guard_storms")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    trace = context.trace
+    by_function: dict[tuple[int | None, str], list[tuple[str, int, int]]] = {}
+    for frame_id, name, diff, start_ns, dur_ns in trace.sql(
+        "SELECT c.frame_id, n.text, d.text, c.start_ns, COALESCE(c.dur_ns, 0) FROM compiles c "
+        "LEFT JOIN strings n ON n.id = c.name_sid LEFT JOIN strings d ON d.id = c.diff_sid "
+        "WHERE c.rank = ? AND c.kind = 'dynamo_frame' AND c.reason = 'guard_failure' ORDER BY c.start_ns",
+        (context.rank,),
+    ):
+        first_guard = (diff or "").split("\n", 1)[0]
+        if _VALUE_GUARD.match(first_guard) and not _SIZE_GUARD.search(first_guard):
+            by_function.setdefault((frame_id, name or "?"), []).append((first_guard, start_ns, dur_ns))
+    found = [_storm(context, frame_id, name, failures) for (frame_id, name), failures in by_function.items()
+             if len(failures) >= MIN_GUARD_FAILURES]
+    context.cache["value_guard_storms"] = found
+    return found
+
+
+def findings(context: AnalysisContext) -> list[Finding]:
+    return [_finding(context, storm) for storm in storms(context)]
+
+
+def limit_hit_explained(context: AnalysisContext, function_at: str) -> bool:
+    """Whether a value-guard storm's finding already tells that the function defined at `function_at`
+    (`/path/train.py:26`, as Dynamo's warning names it) hit the recompile limit."""
+    return any(storm.limit is not None and storm.defined_at == function_at for storm in storms(context))
+
+
+def _storm(context: AnalysisContext, frame_id: int | None, name: str, failures: list[tuple[str, int, int]]) -> ValueGuardStorm:
+    location = context.location(frame_id)
+    defined_at = f"{location.file}:{location.line}" if location is not None else "?"
+    first_start = failures[0][1]
+    graphs = context.trace.sql(
+        "SELECT c.frame_id, c.start_ns, COALESCE(c.dur_ns, 0) FROM compiles c JOIN strings n ON n.id = c.name_sid "
+        "WHERE c.rank = ? AND c.kind IN ('aot', 'xla') AND substr(n.text, 1, ?) = ? ORDER BY c.start_ns",
+        (context.rank, len(name) + 7, f"{name} graph "),
+    )
+    intervals = sorted([(start_ns, start_ns + dur_ns) for _, start_ns, dur_ns in failures]
+                       + [(start_ns, start_ns + dur_ns) for _, start_ns, dur_ns in graphs if start_ns >= first_start])
+    call_frame_id, limit = _limit_hit(context, defined_at)
+    if call_frame_id is None:  # the first graph compiled at a line other than the function's own: its call
+        defined_line = location.line if location is not None else None
+        calls = [graph_frame for graph_frame, *_ in graphs
+                 if (graph_location := context.location(graph_frame)) is not None and graph_location.line != defined_line]
+        call_frame_id = calls[0] if calls else frame_id
+    guard = _VALUE_GUARD.match(failures[-1][0])
+    read = _READ_AT.search(failures[-1][0])
+    return ValueGuardStorm(name, defined_at, context.where(frame_id), guard["name"] if guard else "?", read["code"] if read else None, len(failures),
+                           merged_ns(intervals), call_frame_id, limit)
+
+
+def _limit_hit(context: AnalysisContext, defined_at: str) -> tuple[int | None, str | None]:
+    """The frame of the call at which the function defined at `defined_at` hit a Dynamo limit, and the limit."""
+    for text, frame_id in context.trace.sql(
+        "SELECT s.text, a.frame_id FROM annotations a JOIN strings s ON s.id = a.name_sid "
+        "WHERE a.rank = ? AND a.source = 'recompile_limit' ORDER BY a.start_ns", (context.rank,),
+    ):
+        hit = _LIMIT_HIT.search(text or "")
+        if hit is not None and hit["where"] == defined_at:
+            return frame_id, f"{hit['limit']} ({hit['value']})"
+    return None, None
+
+
+def _finding(context: AnalysisContext, storm: ValueGuardStorm) -> Finding:
+    where = context.where(storm.call_frame_id)
+    share = context.share_of_wall(storm.compile_ns)
+    read_by = f" (`{storm.read_by}` reads it)" if storm.read_by else ""
+    limit = f", then hit Dynamo's {storm.limit.split(' ', 1)[0]}" if storm.limit else ""
+    explanation = (
+        f"torch.compile specialised {storm.function} on the Python value `{storm.value}`{read_by}: each call with "
+        f"another value failed the guard `{storm.value} == ...`, and Dynamo traced the function again and the backend "
+        f"compiled the new graph: {plural(storm.failures, 'guard failure')}, {format_ns(storm.compile_ns)} of "
+        f"compiling with the graphs' compiles ({share:.0%} of the run)."
+    )
+    if storm.limit:
+        explanation += (f" Then Dynamo reached `torch._dynamo.config.{storm.limit.split(' ', 1)[0]}` "
+                        f"({storm.limit.split(' ', 1)[1].strip('()')}): later calls with a new value run uncompiled, "
+                        "their ops dispatched one by one.")
+    return Finding(
+        analyzer=ANALYZER,
+        severity=context.severity(share),
+        title=(f"torch.compile traced {storm.function} again for each value of `{storm.value}` at {where}: "
+               f"{plural(storm.failures, 'recompile')}{limit}"),
+        explanation=explanation,
+        suggestion=(
+            f"Pass `{storm.value}` to the compiled function as a tensor (`torch.tensor([{storm.value}], device=...)`) and "
+            "use it in tensor ops (`index_copy_` into a preallocated cache, a mask over its full length) instead of "
+            "Python indexing and slicing, so one graph serves every value; a value that takes only a few settings may "
+            "stay a Python value."
+        ),
+        cost_total_ns=float(storm.compile_ns),
+        cost_per_step_ns=context.per_step(storm.compile_ns),
+        cost_basis=MEASURED_ON_HOST,
+        evidence=(
+            Evidence(f"{plural(storm.failures, 'value guard failure')} of {storm.function} (defined at "
+                     f"{storm.defined_where}), each tracing it again", table="compiles"),
+            *((Evidence(f"Dynamo's {storm.limit} hit at {where}", table="annotations"),) if storm.limit else ()),
+        ),
+        **context.location_fields(storm.call_frame_id),
+    )
