@@ -12,10 +12,9 @@ A trace tputrace recorded has no device op times (its ops are host dispatch): no
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from dataclasses import replace
 from typing import Any
-
-import numpy as np
 
 from tputrace.analysis.context import MIN_LISTED_COST_NS, WARNING_SHARE, AnalysisContext
 from tputrace.analysis.data_movement_text import idle_finding, movement_finding
@@ -50,16 +49,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[DataMovementData]:
             for row in _rows(context, *source)]
     if not rows:
         return AnalysisResult(NAME, DataMovementData())
-    chips = np.array([row[1] for row in rows], dtype=np.int64)
-    starts = np.array([row[2] for row in rows], dtype=np.int64)
-    ends = starts + np.array([row[3] or 0 for row in rows], dtype=np.int64)
-    moving = np.array([row[8] for row in rows], dtype=bool)
-    devices = max(trace.run.chips or 0, len(np.unique(chips)))
-    busy_ns = sum(_union_length(starts[chips == chip], ends[chips == chip]) for chip in np.unique(chips).tolist())
+    by_chip: dict[int, list[tuple[int, int]]] = {}
+    for row in rows:
+        by_chip.setdefault(row[1], []).append((row[2], row[2] + (row[3] or 0)))
+    devices = max(trace.run.chips or 0, len(by_chip))
+    busy_ns = sum(end - start for intervals in by_chip.values() for start, end in _merged(intervals))
     idle_ns = max(0, context.wall_ns * devices - busy_ns)
-    waits = _waits(chips, starts, ends, moving)
-    arrays = [_with_line(context, array) for array in _merge_pairs(_arrays(context, [row for row in rows if row[8]],
-                                                                        waits[moving]))]
+    moving = [row for row in rows if row[8]]
+    arrays = [_with_line(context, array) for array in _merge_pairs(_arrays(context, moving, _waits(rows, moving)))]
     arrays.sort(key=lambda array: -array.waiting_ns)
     waiting_ns = sum(array.waiting_ns for array in arrays)
     data = DataMovementData(devices, context.wall_ns, busy_ns, waiting_ns, idle_ns, tuple(arrays[:MAX_ARRAYS]))
@@ -82,51 +79,57 @@ def _rows(context: AnalysisContext, names_sql: str, rows_sql: str) -> list[tuple
     return [(*row, row[0] in moving_sids) for row in trace.sql(rows_sql, (rank,))]
 
 
-def _merged(starts: np.ndarray, ends: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The union of some intervals as disjoint intervals, in time order."""
-    if not len(starts):
-        return starts, ends
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
-    reach = np.maximum.accumulate(ends)
-    new = np.ones(len(starts), dtype=bool)
-    new[1:] = starts[1:] > reach[:-1]
-    group = np.cumsum(new) - 1
-    merged_ends = np.zeros(int(group[-1]) + 1, dtype=np.int64)
-    np.maximum.at(merged_ends, group, ends)
-    return starts[new], merged_ends
+def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    """The union of some (start, end) intervals as disjoint intervals, in time order."""
+    merged: list[tuple[int, int]] = []
+    for start, end in sorted(intervals):
+        if merged and start <= merged[-1][1]:
+            if end > merged[-1][1]:
+                merged[-1] = (merged[-1][0], end)
+        else:
+            merged.append((start, end))
+    return merged
 
 
-def _union_length(starts: np.ndarray, ends: np.ndarray) -> int:
-    merged_starts, merged_ends = _merged(starts, ends)
-    return int((merged_ends - merged_starts).sum())
-
-
-def _waits(chips: np.ndarray, starts: np.ndarray, ends: np.ndarray, moving: np.ndarray) -> np.ndarray:
-    """Per row, the part of a data-moving row's time no computing row overlapped on its chip (0 for the others)."""
-    waits = np.zeros(len(chips), dtype=np.int64)
-    for chip in np.unique(chips[moving]).tolist():
-        on_chip = chips == chip
-        compute_starts, compute_ends = _merged(starts[on_chip & ~moving], ends[on_chip & ~moving])
-        covered = np.concatenate(([0], np.cumsum(compute_ends - compute_starts)))
-
-        def covered_until(times: np.ndarray) -> np.ndarray:
-            index = np.searchsorted(compute_starts, times, side="right") - 1
-            inside = np.clip(times - compute_starts[np.maximum(index, 0)], 0,
-                             (compute_ends - compute_starts)[np.maximum(index, 0)]) if len(compute_starts) else 0
-            return np.where(index >= 0, covered[np.maximum(index, 0)] + inside, 0)
-
-        chosen = on_chip & moving
-        overlap = covered_until(ends[chosen]) - covered_until(starts[chosen])
-        waits[chosen] = np.maximum(ends[chosen] - starts[chosen] - overlap, 0)
+def _waits(rows: list[tuple[Any, ...]], moving: list[tuple[Any, ...]]) -> list[int]:
+    """Per data-moving row, the part of its time no computing row (of `rows`) overlapped on its chip."""
+    compute: dict[int, list[tuple[int, int]]] = {}
+    for row in rows:
+        if not row[8]:
+            compute.setdefault(row[1], []).append((row[2], row[2] + (row[3] or 0)))
+    covers = {chip: _Cover(_merged(intervals)) for chip, intervals in compute.items()}
+    waits = []
+    for row in moving:
+        start, end = row[2], row[2] + (row[3] or 0)
+        cover = covers.get(row[1])
+        overlap = cover.until(end) - cover.until(start) if cover is not None else 0
+        waits.append(max(end - start - overlap, 0))
     return waits
 
 
-def _arrays(context: AnalysisContext, rows: list[tuple[Any, ...]], waits: np.ndarray) -> list[MovedArray]:
+class _Cover:
+    """Disjoint intervals in time order, and how much of the time before any moment they cover."""
+
+    def __init__(self, intervals: list[tuple[int, int]]) -> None:
+        self.intervals = intervals
+        self.starts = [start for start, _ in intervals]
+        self.before = [0]
+        for start, end in intervals:
+            self.before.append(self.before[-1] + end - start)
+
+    def until(self, time: int) -> int:
+        index = bisect_right(self.starts, time) - 1
+        if index < 0:
+            return 0
+        start, end = self.intervals[index]
+        return self.before[index] + min(time, end) - start
+
+
+def _arrays(context: AnalysisContext, rows: list[tuple[Any, ...]], waits: list[int]) -> list[MovedArray]:
     """The data-moving rows grouped by op (or kernel) name and program."""
     trace = context.trace
     groups: dict[tuple[int, int | None], list[tuple[tuple[Any, ...], int]]] = {}
-    for row, wait in zip(rows, waits.tolist()):
+    for row, wait in zip(rows, waits):
         groups.setdefault((row[0], row[6]), []).append((row, wait))
     arrays = []
     for (name_sid, program_id), members in groups.items():
