@@ -126,19 +126,20 @@ def _x(cat: str, name: str, ts: float, dur: float, *, pid: int = 100, tid: int =
     return {"ph": "X", "cat": cat, "name": name, "pid": pid, "tid": tid, "ts": ts, "dur": dur, "args": args}
 
 
-def _kineto(path: Path, memcpy_us: float, *, on_copy_stream: bool = False) -> Path:
-    """One GPU, 4 profiler steps of 1 ms: a 100 us kernel and a pageable host-to-device memcpy of `memcpy_us` after
-    it (or, `on_copy_stream`, beside it on another stream)."""
+def _kineto(path: Path, memcpy_us: float, *, on_copy_stream: bool = False, steps: bool = True) -> Path:
+    """One GPU, 4 profiler steps of 1 ms (no step markers without `steps`): a 100 us kernel and a pageable
+    host-to-device memcpy of `memcpy_us` (none for 0) after it (or, `on_copy_stream`, beside it on another stream)."""
     t0 = 1_000_000.0
     events: list[dict[str, Any]] = []
     for step in range(4):
         s = t0 + step * 1000.0
         events += [
-            _x("user_annotation", f"ProfilerStep#{step}", s, 1000.0),
+            *([_x("user_annotation", f"ProfilerStep#{step}", s, 1000.0)] if steps else []),
             _x("cpu_op", "aten::mm", s + 10, 50.0),
             _x("kernel", "ampere_sgemm_128x64_nn", s + 100, 100.0, pid=0, tid=7, device=0, stream=7),
-            _x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", s + (100 if on_copy_stream else 210), memcpy_us,
-               pid=0, tid=9 if on_copy_stream else 7, device=0, stream=9 if on_copy_stream else 7),
+            *([_x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", s + (100 if on_copy_stream else 210), memcpy_us,
+                  pid=0, tid=9 if on_copy_stream else 7, device=0, stream=9 if on_copy_stream else 7)]
+              if memcpy_us else []),
         ]
     document = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
                 "traceEvents": events, "baseTimeNanoseconds": 1_700_000_000_000_000_000}
@@ -160,3 +161,15 @@ def test_a_memcpy_beside_kernels_is_no_wait(tmp_path: Path) -> None:
     report = analyze_path(_import(tmp_path, _kineto(tmp_path / "trace.json", 80.0, on_copy_stream=True)))
     assert not [finding for finding in report.findings if finding.analyzer == "data_movement"], report.findings
     assert report.results["data_movement"].plain_data()["waiting_ns"] == 0
+
+
+def test_a_gpu_idle_most_of_a_capture_without_steps(tmp_path: Path) -> None:
+    """Without steps (no `host_bound` judgement) and without copies, a GPU busy 100 us of each ms is idle."""
+    report = analyze_path(_import(tmp_path, _kineto(tmp_path / "trace.json", 0.0, steps=False)))
+    (finding,) = [finding for finding in report.findings if finding.analyzer == "data_movement"]
+    assert finding.severity == "info"
+    assert finding.title.startswith("The GPU sat idle for 8"), finding.title
+    assert "(400 µs busy per GPU in " in finding.title
+    (tmp_path / "steps").mkdir()
+    with_steps = analyze_path(_import(tmp_path / "steps", _kineto(tmp_path / "steps.json", 0.0)))
+    assert not [finding for finding in with_steps.findings if finding.analyzer == "data_movement"]

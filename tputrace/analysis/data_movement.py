@@ -5,8 +5,9 @@ An imported capture's device ops and kernels that move data (`moved_arrays`: XLA
 `Memcpy HtoD`/`DtoH` runs) are grouped by the op that waits, and each is counted only for the part of its time
 no compute op or kernel ran on the same device: a copy overlapped with compute costs nothing. The waits'
 share of the devices' busy time makes the finding. The data also holds how long the devices sat idle (the capture's
-wall time on every device less their busy time); a capture without steps whose devices sat idle most of the time,
-and moved no data worth a finding, gets an info finding saying so (with steps, `host_bound` judges that).
+wall time on every device less their busy time) and the compile time in the capture, which explains idle time; a
+capture of accelerators (TPU, GPU, MTIA) without steps whose devices sat idle most of the time outside compiles, and
+moved no data worth a finding, gets an info finding saying so (with steps, `host_bound` judges that).
 A trace tputrace recorded has no device op times (its ops are host dispatch): nothing is reported on it.
 """
 
@@ -25,6 +26,7 @@ from tputrace.analysis.moved_arrays import DataMovementData, MovedArray, is_move
 NAME = "data_movement"
 IDLE_SHARE = 0.5  # devices idle this share of the capture (wall time × devices) or more, with nothing else to say
 MAX_ARRAYS = 8
+ACCELERATORS = ("tpu", "gpu", "mtia")  # a CPU capture's device is the host itself: its idle time is the host's work
 
 __all__ = ["NAME", "DataMovementData", "MovedArray", "analyze"]
 
@@ -55,18 +57,23 @@ def analyze(context: AnalysisContext) -> AnalysisResult[DataMovementData]:
     devices = max(trace.run.chips or 0, len(by_chip))
     busy_ns = sum(end - start for intervals in by_chip.values() for start, end in _merged(intervals))
     idle_ns = max(0, context.wall_ns * devices - busy_ns)
+    compile_ns = sum(end - start for start, end in _merged(
+        [(start, start + (dur or 0)) for start, dur in trace.sql("SELECT start_ns, dur_ns FROM compiles WHERE rank = ?",
+                                                                (context.rank,))]))
     moving = [row for row in rows if row[8]]
     arrays = [_with_line(context, array) for array in _merge_pairs(_arrays(context, moving, _waits(rows, moving)))]
     arrays.sort(key=lambda array: -array.waiting_ns)
     waiting_ns = sum(array.waiting_ns for array in arrays)
-    data = DataMovementData(devices, context.wall_ns, busy_ns, waiting_ns, idle_ns, tuple(arrays[:MAX_ARRAYS]))
+    data = DataMovementData(devices, context.wall_ns, busy_ns, waiting_ns, idle_ns, compile_ns,
+                            tuple(arrays[:MAX_ARRAYS]))
     findings: list[Finding] = []
     share = waiting_ns / busy_ns if busy_ns else 0.0
     if share >= WARNING_SHARE and waiting_ns >= MIN_LISTED_COST_NS:
         # Severity: the wait on each device as a share of the capture's wall time (a mostly idle GPU's copies cost less).
         wall_share = waiting_ns / (context.wall_ns * devices) if context.wall_ns and devices else share
         findings.append(movement_finding(context, facts.device, data, arrays, context.severity(wall_share)))
-    elif not context.steps and devices and busy_ns and idle_ns / (context.wall_ns * devices) >= IDLE_SHARE:
+    elif (not context.steps and facts.device in ACCELERATORS and busy_ns
+          and (idle_ns - compile_ns * devices) / (context.wall_ns * devices) >= IDLE_SHARE):
         findings.append(idle_finding(context, facts.device, data))
     return AnalysisResult(NAME, data, tuple(replace(finding, analyzer=NAME, cost_basis=MEASURED_ON_HOST)
                                             for finding in findings))

@@ -49,20 +49,25 @@ def movement_finding(context: AnalysisContext, device: str, data: DataMovementDa
 def idle_finding(context: AnalysisContext, device: str, data: DataMovementData) -> Finding:
     """Devices that sat idle most of a capture without steps."""
     capacity = data.wall_ns * data.devices
+    idle_ns = max(data.idle_ns - data.compile_ns * data.devices, 0)  # compiles explain the rest
     unit = unit_name(device)
+    subject = f"The {unit}s" if data.devices > 1 else f"The {unit}"
     return Finding(
         analyzer="data_movement",
         severity="info",
-        title=(f"The {unit}s sat idle for {data.idle_ns / capacity:.0%} of the capture "
-               f"({format_ns(data.busy_ns / data.devices)} busy per {unit} in {format_ns(data.wall_ns)})"),
-        explanation=(f"Over the capture's {format_ns(data.wall_ns)} on {plural(data.devices, unit)}, their ops and kernels "
-                     f"ran for {format_ns(data.busy_ns)} in all, and waited for no data movement worth a finding: "
+        title=(f"{subject} sat idle for {idle_ns / capacity:.0%} of the capture"
+               + (" outside compiles" if data.compile_ns else "")
+               + f" ({format_ns(data.busy_ns / data.devices)} busy per {unit} in {format_ns(data.wall_ns)})"),
+        explanation=(f"Over the capture's {format_ns(data.wall_ns)} on {plural(data.devices, unit)}, the ops and kernels "
+                     f"ran for {format_ns(data.busy_ns)} in all"
+                     + (f" (and compiles took {format_ns(data.compile_ns)})" if data.compile_ns else "")
+                     + ", and they waited for no data movement worth a finding: "
                      "the devices were waiting for the host to give them work, or the capture spans time outside the "
                      "work (start-up, a pause)."),
         suggestion=("Capture a window of the steady loop (mark steps, e.g. `jax.profiler.StepTraceAnnotation` or "
                     "torch.profiler's `schedule`, so the report can judge each step), and look at the host's timeline in "
                     "that window for what keeps the devices waiting: input loading, host syncs, Python between steps."),
-        cost_total_ns=float(data.idle_ns / data.devices),
+        cost_total_ns=float(idle_ns / data.devices),
     )
 
 

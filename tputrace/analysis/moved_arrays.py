@@ -67,6 +67,7 @@ class DataMovementData:
     busy_ns: int = 0  # every device's busy time (the union of its ops' or kernels' times), summed
     waiting_ns: int = 0
     idle_ns: int = 0
+    compile_ns: int = 0  # the union of the capture's compiles, during which the devices wait for their programs
     arrays: tuple[MovedArray, ...] = ()
 
 
