@@ -91,8 +91,8 @@ def test_chips_waiting_for_host_offload_copies_are_the_first_finding(tmp_path: P
     finding = report.findings[0]
     assert finding.analyzer == "data_movement"
     # Per chip 5 runs × (6 + 2) ms of waits in 5 × 9 ms of device op time (the 1 ms add is the only compute).
-    assert finding.title == ("The chips wait for copies between host memory and device memory: 89% of their device "
-                             "op time (40.0 ms per chip)")
+    assert finding.title == ("The chips wait for copies between host memory and HBM: 89% of their device op time "
+                             "(40.0 ms per chip)")
     assert finding.cost_total_ns == pytest.approx(40e6)
     assert finding.severity == "critical"  # 40 ms of each chip's 50 ms capture
     texts = [evidence.text for evidence in finding.evidence]
@@ -109,7 +109,7 @@ def test_chips_waiting_for_host_offload_copies_are_the_first_finding(tmp_path: P
     assert (data["waiting_ns"], data["busy_ns"]) == (80_000_020, 90_000_020)
     assert main(["report", str(trace)]) == 0
     out = capsys.readouterr().out
-    assert "1. [critical] The chips wait for copies between host memory and device memory" in out
+    assert "1. [critical] The chips wait for copies between host memory and HBM" in out
     assert "(measured on the capture's tpu)" in out
 
 
@@ -173,3 +173,31 @@ def test_a_gpu_idle_most_of_a_capture_without_steps(tmp_path: Path) -> None:
     (tmp_path / "steps").mkdir()
     with_steps = analyze_path(_import(tmp_path / "steps", _kineto(tmp_path / "steps.json", 0.0)))
     assert not [finding for finding in with_steps.findings if finding.analyzer == "data_movement"]
+
+
+def test_a_tensorflow_gpu_capture_waiting_for_its_memcpy_stream(tmp_path: Path) -> None:
+    """An XProf GPU plane (as TensorFlow writes one): a compute stream's kernel of 100 us in each ms, and a
+    `MemcpyH2D` on the copy stream of 300 us after it; a copy started with the kernel waits only for the part of its
+    time no kernel ran."""
+    def capture(path: Path, copy_offset_us: int) -> Path:
+        space = CLASSES["XSpace"]()
+        plane = space.planes.add(id=1, name="/device:GPU:0")
+        for number, name in enumerate(("volta_sgemm_128x64_nn", "MemcpyH2D"), start=1):
+            plane.event_metadata[number].id = number
+            plane.event_metadata[number].name = name
+        compute = plane.lines.add(id=1, name="Stream #13(Compute)", timestamp_ns=START_NS)
+        copies = plane.lines.add(id=2, name="Stream #63(MemcpyH2D)", timestamp_ns=START_NS)
+        for step in range(4):
+            compute.events.add(metadata_id=1, offset_ps=step * MS_PS, duration_ps=MS_PS // 10)
+            copies.events.add(metadata_id=2, offset_ps=step * MS_PS + copy_offset_us * 10**6,
+                              duration_ps=3 * MS_PS // 10)
+        path.write_bytes(space.SerializeToString())
+        return path
+
+    report = analyze_path(_import(tmp_path, capture(tmp_path / "gpu.xplane.pb", 100)))
+    (finding,) = [finding for finding in report.findings if finding.analyzer == "data_movement"]
+    assert finding.title == "The GPU waits for copies between host memory and device memory: 75% of its busy time"
+    assert finding.evidence[0].text.startswith("MemcpyH2D: memcpy host to device; 4 runs on 1 GPU, waited 1.20 ms")
+    (tmp_path / "beside").mkdir()
+    beside = analyze_path(_import(tmp_path / "beside", capture(tmp_path / "beside.xplane.pb", 0)))
+    assert beside.results["data_movement"].plain_data()["waiting_ns"] == 800_000  # 200 us of each copy's 300

@@ -20,7 +20,8 @@ def movement_finding(context: AnalysisContext, device: str, data: DataMovementDa
     kinds = sorted({array.kind for array in arrays})
     directions = sorted({array.direction for array in arrays if array.waiting_ns}, key=lambda direction: -sum(
         array.waiting_ns for array in arrays if array.direction == direction))
-    what = ("copies between host memory and device memory" if host_ns * 2 >= data.waiting_ns else
+    memory = "HBM" if device == "tpu" else "device memory"
+    what = (f"copies between host memory and {memory}" if host_ns * 2 >= data.waiting_ns else
             f"data movement ({', '.join(directions)})")
     time_name = "device op time" if device == "tpu" else "busy time"
     unit = unit_name(device)
