@@ -157,12 +157,13 @@ def _merge_pairs(arrays: list[MovedArray]) -> list[MovedArray]:
     """Each `copy-done` with its `copy-start` (their waits summed under the done, which names the start): the array
     is the start's operand, whose line (an op's frame in the same program) is where it was made."""
     by_name = {(array.op, array.program): array for array in arrays}
+    started = {(array.made_by, array.program) for array in arrays if array.kind == "async copy"
+               and array.op.startswith("copy-done")}  # the copy-starts that a copy-done names
     merged = []
     for array in arrays:
-        start = by_name.get((array.made_by or "", array.program)) if array.kind == "async copy" else None
-        if array.op.startswith("copy-start") and any(other.made_by == array.op and other.program == array.program
-                                                     and other.op != array.op for other in arrays):
+        if array.op.startswith("copy-start") and (array.op, array.program) in started:
             continue
+        start = by_name.get((array.made_by or "", array.program)) if array.op.startswith("copy-done") else None
         if start is not None and start.op.startswith("copy-start"):
             array = replace(array, made_by=start.made_by, device_ns=array.device_ns + start.device_ns,
                             waiting_ns=array.waiting_ns + start.waiting_ns)
@@ -174,8 +175,9 @@ def _with_line(context: AnalysisContext, array: MovedArray) -> MovedArray:
     """`array` with the line of the op that made what it moves (an op of its program with a frame), where it has none."""
     if array.frame_id is not None or not array.made_by:
         return array
+    name_sid = context.trace.string_id(array.made_by)
     found = context.trace.sql(
-        "SELECT o.frame_id FROM ops o JOIN strings s ON s.id = o.op_sid JOIN programs p ON p.id = o.program_id "
-        "JOIN strings n ON n.id = p.name_sid WHERE o.rank = ? AND s.text = ? AND n.text = ? AND o.frame_id IS NOT NULL "
-        "LIMIT 1", (context.rank, array.made_by, array.program))
+        "SELECT o.frame_id FROM ops o JOIN programs p ON p.id = o.program_id JOIN strings n ON n.id = p.name_sid "
+        "WHERE o.op_sid = ? AND o.rank = ? AND n.text = ? AND o.frame_id IS NOT NULL LIMIT 1",
+        (name_sid, context.rank, array.program)) if name_sid is not None else []
     return replace(array, frame_id=found[0][0]) if found else array

@@ -8,6 +8,7 @@ from tputrace.analysis.moved_arrays import DEVICE_TO_HOST, HOST_TO_DEVICE, DataM
 from tputrace.wording import format_bytes, format_ns, plural
 
 MAX_EVIDENCE = 5
+MIN_EVIDENCE_SHARE = 0.01  # an op with a smaller share of the waits is not listed
 
 
 def movement_finding(context: AnalysisContext, device: str, data: DataMovementData, arrays: list[MovedArray],
@@ -42,7 +43,8 @@ def movement_finding(context: AnalysisContext, device: str, data: DataMovementDa
         suggestion=_advice(arrays, host, device),
         cost_total_ns=float(per_device),
         cost_per_step_ns=context.per_step(per_device),
-        evidence=tuple(_evidence(context, array, data, unit) for array in arrays[:MAX_EVIDENCE]),
+        evidence=tuple(_evidence(context, array, data, unit) for array in
+                       [array for array in arrays if array.waiting_ns >= data.waiting_ns * MIN_EVIDENCE_SHARE][:MAX_EVIDENCE]),
         **context.location_fields(located.frame_id if located else None),
     )
 
