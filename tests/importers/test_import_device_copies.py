@@ -34,6 +34,20 @@ OPS = (
 )
 
 
+def _field(number: int, payload: bytes) -> bytes:
+    """A length-delimited protobuf field (payloads here are under 128 bytes: a one-byte length)."""
+    assert len(payload) < 128
+    return bytes([number << 3 | 2, len(payload)]) + payload
+
+
+def _hlo_proto() -> bytes:
+    """`jit_f`'s HloProto as JAX writes it to `/host:metadata`: its parameter's `OpMetadata.op_name` is the argument's
+    name (`ws[0]`), the add's its scope."""
+    instructions = [_field(2, _field(1, name.encode()) + _field(7, _field(2, op_name.encode())))
+                    for name, op_name in (("param", "ws[0]"), ("add_fusion", "jit(f)/jit(main)/add"))]
+    return _field(1, _field(1, b"jit_f") + _field(3, b"".join(instructions)))
+
+
 def _offload_capture(path: Path, *, copies: bool = True, overlapped: bool = False) -> Path:
     """Two v6e chips, 5 runs of `jit_f` each: per run (10 ms) a copy of a host parameter into HBM whose `copy-done`
     waits 6 ms, an add of 1 ms (at offload.py:29), and its result's copy out, waiting 2 ms. `overlapped`: the copies
@@ -74,6 +88,10 @@ def _offload_capture(path: Path, *, copies: bool = True, overlapped: bool = Fals
             for metadata_id, duration in ((2, 1000), (3, wait_in), (4, add_ps), (5, 1000), (6, wait_out)):
                 ops.events.add(metadata_id=metadata_id, offset_ps=offset, duration_ps=duration)
                 offset += duration
+    metadata = space.planes.add(id=50, name="/host:metadata")
+    metadata.stat_metadata[1].id, metadata.stat_metadata[1].name = 1, "Hlo Proto"
+    metadata.event_metadata[1].id, metadata.event_metadata[1].name = 1, "jit_f(77)"
+    metadata.event_metadata[1].stats.add(metadata_id=1, bytes_value=_hlo_proto())
     path.write_bytes(space.SerializeToString())
     return path
 
@@ -97,9 +115,9 @@ def test_chips_waiting_for_host_offload_copies_are_the_first_finding(tmp_path: P
     assert finding.severity == "critical"  # 40 ms of each chip's 50 ms capture
     texts = [evidence.text for evidence in finding.evidence]
     assert texts[0].startswith("copy-done in jit_f(77): async copy host to device f32[5,1024,1024,256] (5.00 GiB), "
-                               "parameter param; 10 runs on 2 chips, waited 60.0 ms"), texts
+                               "parameter param (ws[0]); 10 runs on 2 chips, waited 60.0 ms"), texts
     assert texts[1].startswith("copy-done.1 in jit_f(77): async copy device to host f32[5,1024,1024,256] (5.00 GiB), "
-                               "the result of add_fusion; 10 runs on 2 chips, waited 20.0 ms"), texts
+                               "the result of add_fusion (jit(f)/jit(main)/add); 10 runs on 2 chips, waited 20.0 ms"), texts
     assert (finding.evidence[1].file, finding.evidence[1].line) == ("offload.py", 29)
     assert (finding.file, finding.line) == ("offload.py", 29)
     assert 'memory_kind="device"' in finding.suggestion and "overlaps compute" in finding.suggestion

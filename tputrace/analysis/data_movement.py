@@ -32,12 +32,13 @@ __all__ = ["NAME", "DataMovementData", "MovedArray", "analyze"]
 
 
 # A source of device activity: the names of its rows, and its rows (name sid, chip, start, duration, operands sid,
-# output sid, program id, frame id).
+# output sid, program id, frame id, module sid: JAX's name of what a copy copies).
 _OPS = ("SELECT op_sid FROM ops WHERE rank = ? AND chip >= 0 GROUP BY op_sid",
-        "SELECT op_sid, chip, start_ns, dur_ns, inputs_sid, outputs_sid, program_id, frame_id FROM ops "
+        "SELECT op_sid, chip, start_ns, dur_ns, inputs_sid, outputs_sid, program_id, frame_id, module_sid FROM ops "
         "WHERE rank = ? AND chip >= 0")
+_MOVING = 9  # the column `_rows` adds: whether the row moves data
 _KERNELS = ("SELECT name_sid FROM programs WHERE rank = ? AND kind = 'kernel' GROUP BY name_sid",
-            "SELECT p.name_sid, e.chip, e.start_ns, e.dur_ns, NULL, NULL, NULL, NULL FROM executions e "
+            "SELECT p.name_sid, e.chip, e.start_ns, e.dur_ns, NULL, NULL, NULL, NULL, NULL FROM executions e "
             "JOIN programs p ON p.id = e.program_id WHERE e.rank = ? AND p.kind = 'kernel'")
 
 
@@ -60,7 +61,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[DataMovementData]:
     compile_ns = sum(end - start for start, end in _merged(
         [(start, start + (dur or 0)) for start, dur in trace.sql("SELECT start_ns, dur_ns FROM compiles WHERE rank = ?",
                                                                 (context.rank,))]))
-    moving = [row for row in rows if row[8]]
+    moving = [row for row in rows if row[_MOVING]]
     arrays = [_with_line(context, array) for array in _merge_pairs(_arrays(context, moving, _waits(rows, moving)))]
     arrays.sort(key=lambda array: -array.waiting_ns)
     waiting_ns = sum(array.waiting_ns for array in arrays)
@@ -102,7 +103,7 @@ def _waits(rows: list[tuple[Any, ...]], moving: list[tuple[Any, ...]]) -> list[i
     """Per data-moving row, the part of its time no computing row (of `rows`) overlapped on its chip."""
     compute: dict[int, list[tuple[int, int]]] = {}
     for row in rows:
-        if not row[8]:
+        if not row[_MOVING]:
             compute.setdefault(row[1], []).append((row[2], row[2] + (row[3] or 0)))
     covers = {chip: _Cover(_merged(intervals)) for chip, intervals in compute.items()}
     waits = []
@@ -147,7 +148,8 @@ def _arrays(context: AnalysisContext, rows: list[tuple[Any, ...]], waits: list[i
                             (program_id,)) if program_id is not None else []
         made_by = moved.operand or moved.start_op
         arrays.append(MovedArray(
-            name, moved.kind, moved.direction, moved.shape, moved.bytes, made_by, program[0][0] if program else None,
+            name, moved.kind, moved.direction, moved.shape, moved.bytes, made_by, trace.string(first[8]),
+            program[0][0] if program else None,
             next((row[7] for row, _ in members if row[7] is not None), None), len(members),
             len({row[1] for row, _ in members}), sum(row[3] or 0 for row, _ in members), sum(wait for _, wait in members)))
     return arrays
@@ -165,7 +167,8 @@ def _merge_pairs(arrays: list[MovedArray]) -> list[MovedArray]:
             continue
         start = by_name.get((array.made_by or "", array.program)) if array.op.startswith("copy-done") else None
         if start is not None and start.op.startswith("copy-start"):
-            array = replace(array, made_by=start.made_by, device_ns=array.device_ns + start.device_ns,
+            array = replace(array, made_by=start.made_by, made_by_name=start.made_by_name,
+                            device_ns=array.device_ns + start.device_ns,
                             waiting_ns=array.waiting_ns + start.waiting_ns)
         merged.append(array)
     return merged

@@ -99,6 +99,7 @@ def _evidence(context: AnalysisContext, array: MovedArray, data: DataMovementDat
     made = ""
     if array.made_by:
         made = f", the result of {array.made_by}" if not array.made_by.startswith("param") else f", parameter {array.made_by}"
+        made += f" ({array.made_by_name})" if array.made_by_name else ""
     program = f" in {array.program}" if array.program else ""
     share = array.waiting_ns / data.waiting_ns if data.waiting_ns else 0.0
     text = (f"{array.op}{program}: {array.kind} {array.direction}{size}{made}; "

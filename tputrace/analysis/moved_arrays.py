@@ -52,6 +52,7 @@ class MovedArray:
     shape: str | None
     bytes: int | None
     made_by: str | None  # the instruction whose result a copy moves (`param.1`, `broadcast_add_fusion.2`)
+    made_by_name: str | None  # JAX's name of it, from its HLO metadata (`ws[1]`, `jit(f)/add`)
     program: str | None
     frame_id: int | None
     calls: int

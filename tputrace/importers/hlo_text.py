@@ -18,6 +18,7 @@ MOVEMENT_OPCODES = frozenset((
 ))
 _NAME = re.compile(r"^%?[\w.-]+ = ")
 _OPCODE = re.compile(r"^ ([a-z][a-z-]*)\(")
+_LAST_OPERAND = re.compile(r"%([\w.-]+)\s*$")
 
 
 def opcode_of(name: str) -> str:
@@ -41,6 +42,12 @@ def movement_shapes(hlo_text: str, category: str | None, name: str) -> tuple[str
     operands_start = output_end + opcode.end()
     operands_end = _balanced_end(rest[operands_start - 1:]) + operands_start - 1
     return rest[operands_start:operands_end - 1], rest[:output_end]
+
+
+def operand_name(operands: str) -> str | None:
+    """The instruction that a data-moving op's operands end with (`f32[8]{0} %param.1` -> `param.1`), if any."""
+    found = _LAST_OPERAND.search(operands)
+    return found.group(1) if found else None
 
 
 def _balanced_end(text: str) -> int:

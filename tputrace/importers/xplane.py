@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
-from tputrace.importers.hlo_text import movement_shapes
+from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
@@ -505,6 +505,8 @@ class XPlaneImporter(StreamLines):
                                  if p.name.endswith(f"({stats['program_id']})")), f"program({stats['program_id']})")
         program = self._program(program_name) if program_name else None
         shapes = movement_shapes(metadata.name, stats.get("hlo_category"), name)
+        copied = self.hlo.get(re.sub(r"\(\d+\)$", "", program_name or ""), {}).get(operand_name(shapes[0]) or "") if shapes else None
+        tf_op = tf_op or (copied.op_name if copied is not None else None)  # a copy's: JAX's name of what it copies
         return _OpMeta(
             name=name,
             name_sid=self.writer.intern(name),
