@@ -33,6 +33,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "precision": ("flushes",),
     "host_bound": ("steps", "executions"),
     "transfers": ("transfers",),
+    "data_movement": ("executions",),
     "memory": ("memory",),
     "collectives": ("collectives",),
 }

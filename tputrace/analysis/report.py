@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from tputrace.analysis import (
     collectives,
     compile_cache,
+    data_movement,
     fallbacks,
     fusion,
     graph_breaks,
@@ -65,6 +66,7 @@ ANALYZERS: dict[str, Analyzer] = {
     precision.NAME: precision.analyze,
     host_bound.NAME: host_bound.analyze,
     transfers.NAME: transfers.analyze,
+    data_movement.NAME: data_movement.analyze,
     memory.NAME: memory.analyze,
     collectives.NAME: collectives.analyze,
     sharding.NAME: sharding.analyze,

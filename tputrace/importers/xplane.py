@@ -22,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
+from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
@@ -108,6 +109,7 @@ class _OpMeta:
     frame_id: int | None
     tf_op_sid: int | None
     program: _Program | None
+    shape_sids: tuple[int | None, int | None] = (None, None)  # a data-moving op's operands and output (`hlo_text`)
 
 
 class XPlaneImporter(StreamLines):
@@ -503,6 +505,9 @@ class XPlaneImporter(StreamLines):
             program_name = next((p.name for p in self.programs.values()
                                  if p.name.endswith(f"({stats['program_id']})")), f"program({stats['program_id']})")
         program = self._program(program_name) if program_name else None
+        shapes = movement_shapes(metadata.name, stats.get("hlo_category"), name)
+        copied = self.hlo.get(re.sub(r"\(\d+\)$", "", program_name or ""), {}).get(operand_name(shapes[0]) or "") if shapes else None
+        tf_op = tf_op or (copied.op_name if copied is not None else None)  # a copy's: JAX's name of what it copies
         return _OpMeta(
             name=name,
             name_sid=self.writer.intern(name),
@@ -512,6 +517,7 @@ class XPlaneImporter(StreamLines):
             frame_id=frame_id,
             tf_op_sid=self.writer.intern(str(tf_op)) if tf_op else None,
             program=program,
+            shape_sids=(self.writer.intern(shapes[0]), self.writer.intern(shapes[1])) if shapes else (None, None),
         )
 
     def _ops(self, metas: list[_OpMeta], run_ids: list[Any], chips: list[int], starts: np.ndarray,
@@ -524,7 +530,7 @@ class XPlaneImporter(StreamLines):
         self.seq += len(metas)
         rank = self.rank
         self.sink.extend("ops", nesting.settle([
-            (seq, rank, meta.name_sid, None, None, chip, start_ns, dur_ns, meta.frame_id, meta.tf_op_sid, step,
+            (seq, rank, meta.name_sid, *meta.shape_sids, chip, start_ns, dur_ns, meta.frame_id, meta.tf_op_sid, step,
              meta.program.program_id if meta.program else None, None)
             for seq, meta, chip, start_ns, dur_ns, step in zip(
                 range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)], starts,

@@ -28,12 +28,14 @@ ANALYZER_SECTIONS: dict[str, str] = {
     "fallbacks": "timeline",
     "fusion": "timeline",
     "transfers": "timeline",
+    "data_movement": "timeline",
     "index_errors": "timeline",
     "padding": "shapes",
     "precision": "shapes",
     "host_bound": "steps",
     "memory": "memory",
     "collectives": "collectives",
+    "sharding": "collectives",
 }
 SECTION_KEYWORDS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("recompilations", ("recompil", "compile", "bucket", "graph_break")),
