@@ -30,6 +30,7 @@ from tputrace.store.aggregates import (
     TimeSplit,
 )
 from tputrace.store.records import RunInfo, SourceLocation
+from tputrace.store.replays import ReplayStats, replay_stats
 from tputrace.wording import format_bytes, format_ns, plural, printable
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class RunSummary:
     compile_failures: tuple[CompileEntry, ...] = ()
     top_kernels: tuple[KernelStat, ...] = ()  # an imported GPU capture's kernels, by device time
     captured_on: str | None = None  # an imported capture's device name and torch.distributed rank
+    replay: ReplayStats | None = None  # DeferAndFuse's step replay over the flushes (None: not recorded)
 
     @property
     def measured_on(self) -> str:
@@ -197,6 +199,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         top_compiles=tuple(sorted(entries, key=lambda entry: -entry.dur_ns)[:top]),
         compile_failures=tuple(entry for entry in entries if entry.failure is not None),
         top_kernels=top_kernels(trace, chosen_rank, top) if facts is not None else (),
+        replay=replay_stats(trace, rank=chosen_rank),
     )
 
 
@@ -286,6 +289,8 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     window = summary.recording_window
     if window is not None:
         lines.append(("window", window.text))
+    if summary.replay is not None:
+        lines.append(("replay", summary.replay.text))
     projected = summary.projected
     if projected is not None and projected.median_ns is not None and summary.median_step_ns is not None:
         lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on {summary.measured_on} · "

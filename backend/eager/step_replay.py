@@ -3,7 +3,7 @@ previous step is recorded against that graph's template and runs its program wit
 
 Each flushed graph leaves a `Template`: its ops (plan and argument references), the program it ran and
 what keyed that program (outputs kept, inputs donated, where the backward began, input specs). Templates
-form a chain per chip, each pointing to the template of the graph flushed after it last time, so a loop's
+form a chain per chip (`Chains`), each leading to the template of the graph flushed after it last time, so a loop's
 graphs find their counterparts without knowing where its steps begin. While a graph follows its
 candidate, each op is checked against the template's op at its position (`replay_op`): the same plan
 object (so the same op, constants and input specs, as plans are keyed by them) reading the same kinds of
@@ -23,6 +23,7 @@ from typing import Any
 
 from tputrace import settings
 from tputrace.backend.core.plans import Plan
+from tputrace.backend.core.signatures import signature_diff
 
 # `deferred`'s PendingGraph and FusedProgram, which import this module.
 PendingGraph = Any
@@ -44,7 +45,7 @@ def enabled() -> bool:
 class Template:
     """A flushed graph as the next occurrence of it is checked against, and the program it ran."""
 
-    __slots__ = ("nodes", "n_nodes", "key", "program", "output_refs", "donate", "backward_from", "in_specs", "next")
+    __slots__ = ("nodes", "n_nodes", "key", "program", "output_refs", "donate", "backward_from", "in_specs", "__weakref__")
 
     def __init__(self, nodes: Sequence[tuple[Plan, tuple]], key: Any, program: FusedProgram) -> None:
         structure, in_specs = key
@@ -56,27 +57,25 @@ class Template:
         self.donate: tuple[int, ...] = structure[2]
         self.backward_from: int | None = structure[3]
         self.in_specs: tuple = in_specs
-        self.next: Template | None = None
 
 
 class Chains:
-    """Per chip, the template of the graph flushed last: the next graph follows its `next`."""
+    """Per chip, the template of the graph flushed last, and for each template the one flushed after it last
+    time: the next graph on a chip follows that one. Templates live as long as their programs (weak keys)."""
 
     def __init__(self) -> None:
         self.last: dict[int, Template] = {}
+        self.following: weakref.WeakKeyDictionary[Template, Template] = weakref.WeakKeyDictionary()
 
     def candidate(self, chip: int) -> Template | None:
         last = self.last.get(chip)
-        return None if last is None else last.next
+        return None if last is None else self.following.get(last)
 
     def flushed(self, chip: int, template: Template) -> None:
         last = self.last.get(chip)
         if last is not None:
-            last.next = template
+            self.following[last] = template
         self.last[chip] = template
-
-    def clear(self) -> None:
-        self.last.clear()
 
 
 def replay_op(graph: PendingGraph, template: Template, plan: Plan, dynamic: Sequence[Any], lazy_type: type) -> bool:
@@ -165,15 +164,12 @@ def _plan_difference(node: int, expected: Plan, plan: Plan) -> str:
     if expected.op_name != plan.op_name:
         return f"op {node}: {plan.op_name} where the previous occurrence had {expected.op_name}"
     if expected.in_specs != plan.in_specs:
-        return f"op {node} ({plan.op_name}): inputs {_specs_text(plan)} where the previous occurrence had {_specs_text(expected)}"
+        try:
+            change = signature_diff(expected.in_specs, plan.in_specs)
+        except Exception:  # noqa: BLE001 - specs this text cannot show: say that they differ
+            change = "their shapes or dtypes differ"
+        return f"op {node} ({plan.op_name}): other inputs, {change}"
     return f"op {node} ({plan.op_name}): other constant arguments (a baked value or option changed)"
-
-
-def _specs_text(plan: Plan) -> str:
-    try:
-        return plan.inputs_text()
-    except Exception:  # noqa: BLE001 - a spec this text cannot show: the raw specs say as much
-        return repr(plan.in_specs)
 
 
 def _argument_difference(node: int, plan: Plan, position: int, ref: tuple, value: Any, graph: PendingGraph, lazy_type: type) -> str:
