@@ -96,15 +96,23 @@ def replay_op(graph: PendingGraph, template: Template, plan: Plan, dynamic: Sequ
     input_refs = graph.input_refs
     n_inputs = first_new = len(inputs)
     added_scalars: list[list] | None = None
-    for argument, ref in zip(dynamic, expected[1]):
-        value = argument
-        kind = ref[0]
-        if type(value) is lazy_type:
-            if value.concrete is None:
-                if kind == 1 and value.graph is graph and value.node == ref[1] and value.index == ref[2]:
+    refs = expected[1]
+    if len(refs) != len(dynamic):
+        graph.replay_break = f"op {node} ({plan.op_name}): {len(dynamic)} arguments, previously {len(refs)}"
+        return False
+    position = -1
+    for argument in dynamic:  # no `zip`: making one costs more than most ops' checks
+        position += 1
+        ref = refs[position]
+        if type(argument) is lazy_type:
+            if argument.concrete is None:
+                if ref[0] == 1 and argument.graph is graph and argument.node == ref[1] and argument.index == ref[2]:
                     continue
                 break
-            value = value.concrete
+            value = argument.concrete
+        else:
+            value = argument
+        kind = ref[0]
         if kind == 0:
             index = ref[1]
             if index < n_inputs:
@@ -133,8 +141,7 @@ def replay_op(graph: PendingGraph, template: Template, plan: Plan, dynamic: Sequ
     del inputs[first_new:]
     for bucket in added_scalars or ():
         bucket.pop()
-    position = next(index for index, value in enumerate(dynamic) if value is argument)
-    graph.replay_break = _argument_difference(node, plan, position, expected[1][position], argument, graph, lazy_type)
+    graph.replay_break = _argument_difference(node, plan, position, ref, argument, graph, lazy_type)
     return False
 
 

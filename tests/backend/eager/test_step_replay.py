@@ -166,3 +166,26 @@ def test_replay_off_by_environment_and_a_trace_without_the_columns(tmp_path: Pat
         assert replay_stats(trace) is None and "wall" in render_text(summarize(trace))
     bad = subprocess.run(command, env={**os.environ, "TPUTRACE_STEP_REPLAY": "yes"}, capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "TPUTRACE_STEP_REPLAY='yes' must be 0 (off) or 1 (on, the default)" in bad.stderr
+
+
+def test_an_argument_of_another_kind_breaks_replay_at_that_argument() -> None:
+    """The same ops on the same shapes, but an op reads an earlier op's output where the previous occurrence read an
+    array from outside the graph (and back): replay breaks at that argument, and the values are the ones recorded."""
+    base, other = torch.arange(6.0).reshape(2, 3), torch.full((2, 3), 2.0)
+    with replay_switched(True), eager(EagerMode.DEFER_AND_FUSE):
+        executor = dispatcher.executor
+        chip_base, chip_other = base.to("tpu"), other.to("tpu")
+        executor.flush("explicit")
+        results, states = [], []
+        for step in range(6):
+            shifted = chip_base + 1
+            product = shifted * (shifted if step == 3 else chip_other)
+            graph = executor.graphs[0]
+            states.append((graph.replay, graph.replay_break))
+            results.append(product.sum().item())
+    assert states[2] == ("held", None)
+    assert states[3] == ("broke", "op 1 (aten.mul.Tensor) argument 1: op 0's output 0 where the previous occurrence read input array 1")
+    assert states[4] == ("none", None)  # no graph followed step 3's before
+    # Step 4's graph was followed by step 3's last time: step 5 follows that one, and reads an array where it read an output.
+    assert states[5] == ("broke", "op 1 (aten.mul.Tensor) argument 1: a new input array where the previous occurrence read op 0's output 0")
+    assert results == [((base + 1) * ((base + 1) if step == 3 else other)).sum().item() for step in range(6)]
