@@ -6,7 +6,7 @@ from pair to pair, and all cases are interleaved round by round, so load from ot
 a pair alike. A window measures wall time, the process's CPU time and the main thread's CPU time per step; the gain
 is the median over pairs of off / on. A second, instrumented pass per model times the executor itself in CPU time of
 the thread that calls it: its recording per op (`DeferredExecutor.run`, while replay holds: the check against the template) and its flushes per
-step (cache key or template check, donation, launch, filling in the outputs), with the timers' own cost in both.
+step (cache key or template check, donation, launch, filling in the outputs), less what the timers themselves cost.
 Writes the table to bench/RESULTS.md.
 """
 
@@ -118,6 +118,26 @@ def executor_times(case: Case, steps: int) -> ExecutorTimes:
     return times
 
 
+def timer_cost_ns(calls: int = 20_000) -> float:
+    """What the timers of `executor_times` add to each call's figure: the CPU time they read around a call that does
+    nothing. Subtracted from the executor's figures."""
+    totals = [0]
+
+    def nothing() -> None:
+        return None
+
+    def timed() -> None:
+        start = _cpu_ns()
+        try:
+            return nothing()
+        finally:
+            totals[0] += _cpu_ns() - start
+
+    for _ in range(calls):
+        timed()
+    return totals[0] / calls
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=6, help="interleaved rounds (pairs of replay on and off) per model")
@@ -158,8 +178,8 @@ def main() -> None:
             f"({os.cpu_count()} CPUs, shared with other work while measured). ms/step and CPU: medians over windows; "
             "`off / on`: the median over rounds of the replay-off window's figure over the replay-on window's (above 1: "
             "replay is faster). Recording µs/op and flush ms/step are CPU time of the calling thread, from a separate pass "
-            "with timers around the executor's `run` and `flush_graph` (their cost included): the executor's own work, not "
-            "the dispatch around it.\n\n"
+            "with timers around the executor's `run` and `flush_graph`, less the timers' own cost (measured beside): the "
+            "executor's own work, not the dispatch around it.\n\n"
             f"{table}",
         )
 
@@ -184,8 +204,9 @@ def _table(cases: list[Case], models: list[str], steps: dict[str, int]) -> str:
             recording = flushes = "-"
             if mode.startswith("DEFER_AND_FUSE"):
                 times = executor_times(case, steps[model])
-                recording = f"{times.run_ns / max(times.ops, 1) / 1e3:.2f}"
-                flushes = f"{times.flush_ns / steps[model] / 1e6:.2f}"
+                overhead = timer_cost_ns()
+                recording = f"{(times.run_ns / max(times.ops, 1) - overhead) / 1e3:.2f}"
+                flushes = f"{(times.flush_ns - overhead * times.flushes) / steps[model] / 1e6:.2f}"
             rows.append(
                 f"| {workloads.describe(model)} | {mode} | {wall:.2f} | {statistics.median(case.main_ms):.2f} | "
                 f"{statistics.median(case.process_ms):.2f} | {recording} | {flushes} | {wall / cpu:.2f}x the time | {strict / wall:.2f}x faster |"

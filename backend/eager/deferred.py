@@ -3,7 +3,9 @@
 A flush happens when the host needs a value (item, cpu, numpy, tolist, print, bool, data-dependent
 shapes), before a CPU fallback or a collective, at a size cap, and at step boundaries (end of
 backward, optimizer.step, tputrace.step). Programs are cached by graph structure plus input
-signature, so a steady-state step traces and compiles nothing.
+signature, so a steady-state step traces and compiles nothing. A graph that repeats the one flushed at the
+same point of the loop before is checked op by op against it and runs its program without its key being
+built (`step_replay`).
 
 The pending graph holds the concrete arrays it reads and weak references to the buffers it will
 write; a buffer that dies before the flush is not an output, and XLA drops its computation. Arrays
@@ -32,7 +34,7 @@ from tputrace.backend.core.plans import VIEW_READ, Plan, compile_program
 from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.eager import graph_changes, hlo_fusions, step_replay
 from tputrace.backend.eager.flush_sites import FlushSites, FlushedGraph
-from tputrace.backend.eager.program_parts import SCALAR_DTYPES, fence, input_specs, saved_values, unpack
+from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, fence, input_specs, saved_values, unpack
 from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
@@ -40,7 +42,7 @@ _perf_ns = time.perf_counter_ns
 SIZE_CAP = 10_000
 # Python scalars are not program inputs one by one (each would be its own host-to-chip transfer):
 # a flush packs them into one array per kind (`program_parts`).
-_SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
+_SCALAR_KINDS = SCALAR_KINDS
 _GRAPH_ONLY_REFS = 3
 # Ops whose result reads only its inputs' shapes and dtypes (a functional `zero_`/`fill_` overwrites
 # its input): an optimizer's first step makes its state with them (see `DeferredExecutor.creating_state`).

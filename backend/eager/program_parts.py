@@ -16,6 +16,7 @@ from tputrace.backend.core.signatures import InputSpec
 
 # A flush packs a graph's Python scalars into one array per kind (float, int, bool, complex), and the program
 # unpacks them as the weakly typed scalars jax.jit would have made of them.
+SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
 SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
 SCALAR_WEAK = (True, True, False, True)
 

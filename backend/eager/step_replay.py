@@ -12,7 +12,7 @@ same kind). The template's node is then reused as is. At the flush, the outputs 
 (which depend on which tensors are still alive), the backward's start and the input specs are compared
 with the template's; when all match, the cached program runs without its cache key being built and
 hashed. Any difference ends the replay for the rest of the graph, which is recorded and keyed as
-without replay: results never depend on it. Why a replay ended is kept (`Replay.reason`) for the trace.
+without replay: results never depend on it. Why a replay ended is kept (`PendingGraph.replay_break`) for the trace.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from typing import Any
 from tputrace import settings
 from tputrace.backend.core.plans import Plan
 from tputrace.backend.core.signatures import signature_diff
+from tputrace.backend.eager.program_parts import SCALAR_KINDS as _SCALAR_KINDS
 
 # `deferred`'s PendingGraph and FusedProgram, which import this module.
 PendingGraph = Any
@@ -33,7 +34,6 @@ HELD = "held"
 BROKE = "broke"
 NONE = "none"  # no template to follow: the first graph at its point of the loop
 
-_SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
 _SCALAR_NAMES = ("a float", "an int", "a bool", "a complex")
 
 
@@ -45,13 +45,12 @@ def enabled() -> bool:
 class Template:
     """A flushed graph as the next occurrence of it is checked against, and the program it ran."""
 
-    __slots__ = ("nodes", "n_nodes", "key", "program", "output_refs", "donate", "backward_from", "in_specs", "__weakref__")
+    __slots__ = ("nodes", "n_nodes", "program", "output_refs", "donate", "backward_from", "in_specs", "__weakref__")
 
     def __init__(self, nodes: Sequence[tuple[Plan, tuple]], key: Any, program: FusedProgram) -> None:
         structure, in_specs = key
         self.nodes = tuple(nodes)
         self.n_nodes = len(self.nodes)
-        self.key = key
         self.program = weakref.ref(program)  # dropped with the program when the program cache evicts it
         self.output_refs: tuple = structure[1]
         self.donate: tuple[int, ...] = structure[2]
