@@ -57,6 +57,8 @@ class RecordKind:
     columns: tuple[Column, ...]
     indexes: tuple[tuple[str, ...], ...] = ()
     primary_key: str | None = None
+    # Trailing columns a writer may leave out of a row (stored NULL): added after writers of the table existed.
+    optional_trailing: int = 0
 
     @property
     def column_names(self) -> tuple[str, ...]:
@@ -240,9 +242,12 @@ FLUSHES = RecordKind(
         _c("input_bytes", "INTEGER", "bytes of the program's inputs"),
         _c("output_bytes", "INTEGER", "bytes of the program's outputs"),
         _STEP,
+        _c("replay", "TEXT", "step replay (`TPUTRACE_STEP_REPLAY`): held (the graph repeated the one flushed at this point of the loop last time, checked op by op, and ran its program without building its cache key), broke (it differed: `replay_break` says where), none (no earlier graph to follow here); NULL where replay is off, for an optimizer's new state, or in a file written before this column"),
+        _c("replay_break_sid", "INTEGER", "why the replay broke: the first op (its index among the graph's nodes, view reads counted, and its name) or part of the program's key that differed, and how", ref="strings"),
     ),
     indexes=(("rank", "start_ns"),),
     primary_key="id",
+    optional_trailing=2,
 )
 
 SYNCS = RecordKind(

@@ -10,6 +10,7 @@ MAX_PROGRAMS = ("TPUTRACE_MAX_PROGRAMS", 4096, "how many compiled programs to ke
 COUNTS = (CHIPS, MAX_PROGRAMS)
 COMPILE_CACHE = "TPUTRACE_COMPILE_CACHE"
 HOST_ORIGINS = "TPUTRACE_HOST_ORIGINS"  # 0: do not record the line that made each batch copied to the chip
+STEP_REPLAY = "TPUTRACE_STEP_REPLAY"  # 0: DeferAndFuse records every graph op by op, never replaying a repeated one
 
 
 class SettingError(ValueError):
@@ -62,9 +63,19 @@ def host_origins_enabled(error: type[Exception] = SettingError) -> bool:
     return raw == "1"
 
 
+def step_replay_enabled(error: type[Exception] = SettingError) -> bool:
+    """Whether DeferAndFuse replays a graph that repeats the previous occurrence's (`TPUTRACE_STEP_REPLAY`: 1, the
+    default, or 0); `error` for another value."""
+    raw = os.environ.get(STEP_REPLAY, "1").strip()
+    if raw not in ("0", "1"):
+        raise error(f"{STEP_REPLAY}={raw!r} must be 0 (off) or 1 (on, the default)")
+    return raw == "1"
+
+
 def check() -> None:
     """Raise `SettingError` for the first setting whose value is not usable."""
     for setting in COUNTS:
         positive_int(setting)
     compile_cache_directory()
     host_origins_enabled()
+    step_replay_enabled()

@@ -35,6 +35,7 @@ from tputrace.store.aggregates import (
     TimeSplit,
 )
 from tputrace.store.records import RunInfo, SourceLocation
+from tputrace.store.replays import ReplayStats, replay_stats
 from tputrace.wording import format_bytes, format_ns, plural, printable
 
 if TYPE_CHECKING:
@@ -82,6 +83,7 @@ class RunSummary:
     op_kernel_ns: dict[str, int] = dataclasses.field(default_factory=dict)
     kernel_lines: tuple[tuple[SourceLocation, int], ...] = ()
     rank_lines: tuple[RankLine, ...] = ()  # a line per rank, for a trace of several
+    replay: ReplayStats | None = None  # DeferAndFuse's step replay over the flushes (None: not recorded)
 
     @property
     def measured_on(self) -> str:
@@ -212,6 +214,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         op_kernel_ns=kernel_ns_by_op(trace, chosen_rank) if facts is not None else {},
         kernel_lines=tuple(kernel_ns_by_line(trace, chosen_rank, top)) if facts is not None else (),
         rank_lines=rank_lines(trace),
+        replay=replay_stats(trace, rank=chosen_rank),
     )
 
 
@@ -279,6 +282,8 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     window = summary.recording_window
     if window is not None:
         lines.append(("window", window.text))
+    if summary.replay is not None:
+        lines.append(("replay", summary.replay.text))
     projected = summary.projected
     if projected is not None and projected.median_ns is not None and summary.median_step_ns is not None:
         lines.append(("chip", f"median step {format_ns(summary.median_step_ns)} measured on {summary.measured_on} · "

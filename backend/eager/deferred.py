@@ -3,7 +3,9 @@
 A flush happens when the host needs a value (item, cpu, numpy, tolist, print, bool, data-dependent
 shapes), before a CPU fallback or a collective, at a size cap, and at step boundaries (end of
 backward, optimizer.step, tputrace.step). Programs are cached by graph structure plus input
-signature, so a steady-state step traces and compiles nothing.
+signature, so a steady-state step traces and compiles nothing. A graph that repeats the one flushed at the
+same point of the loop before is checked op by op against it and runs its program without its key being
+built (`step_replay`).
 
 The pending graph holds the concrete arrays it reads and weak references to the buffers it will
 write; a buffer that dies before the flush is not an output, and XLA drops its computation. Arrays
@@ -26,26 +28,21 @@ from typing import Any
 
 import jax
 import numpy as np
-from jax import dtypes
 
 from tputrace.backend.core import matmul_precision, memory, program_cache
-from tputrace.backend.core.dtypes import JAX_TO_TORCH, to_torch
 from tputrace.backend.core.plans import VIEW_READ, Plan, compile_program
 from tputrace.backend.core.routing import DispatcherApi
-from tputrace.backend.core.signatures import InputSpec
-from tputrace.backend.eager import graph_changes, hlo_fusions
+from tputrace.backend.eager import graph_changes, hlo_fusions, step_replay
 from tputrace.backend.eager.flush_sites import FlushSites, FlushedGraph
+from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, fence, input_specs, saved_values, unpack
 from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
 
 SIZE_CAP = 10_000
 # Python scalars are not program inputs one by one (each would be its own host-to-chip transfer):
-# a flush packs them into one array per kind, and the program unpacks them as the weakly typed
-# scalars jax.jit would have made of them.
-_SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
-_SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
-_SCALAR_WEAK = (True, True, False, True)
+# a flush packs them into one array per kind (`program_parts`).
+_SCALAR_KINDS = SCALAR_KINDS
 _GRAPH_ONLY_REFS = 3
 # Ops whose result reads only its inputs' shapes and dtypes (a functional `zero_`/`fill_` overwrites
 # its input): an optimizer's first step makes its state with them (see `DeferredExecutor.creating_state`).
@@ -94,10 +91,13 @@ class PendingGraph:
     scalars: tuple[list, ...] = field(default_factory=lambda: ([], [], [], []))
     backward_from: int | None = None  # the first node a backward pass recorded (see `mark_backward`)
     flushed: bool = False
+    template: Any = None  # the `step_replay.Template` the graph follows op by op, until an op differs
+    replay: str | None = None  # `step_replay`'s HELD, BROKE or NONE; None: not replayed (replay off, optimizer state)
+    replay_break: str | None = None  # why the replay broke
 
     def packed_scalars(self) -> list[np.ndarray]:
         """The Python scalars the graph reads, one array per kind (float, int, bool, complex)."""
-        return [np.array(values, dtype=dtype) for values, dtype in zip(self.scalars, _SCALAR_DTYPES)]
+        return [np.array(values, dtype=dtype) for values, dtype in zip(self.scalars, SCALAR_DTYPES)]
 
 
 @dataclass
@@ -110,22 +110,10 @@ class FusedProgram:
     n_outputs: int
     program_id: int | None = None
     sizes: tuple[int, int] | None = None  # (input bytes, output bytes) of one call, once recorded
+    template: Any = None  # its `step_replay.Template`, made at its first flush with replay on
     # The node plans, held so that their ids, which the program's cache key is made of, stay theirs
     # while the program is cached (a freed plan's id could be reused by a new plan).
     plans: tuple = ()
-
-
-def _input_specs(inputs: Sequence[Any], _torch_dtypes: dict = JAX_TO_TORCH) -> tuple[InputSpec, ...]:
-    """Each program input's spec, (shape, torch dtype) or (type name,), as every flush's cache key holds
-    it: an array's torch dtype is one dict lookup of its own dtype (`to_torch` makes a JAX dtype of it first).
-    A JAX array's shape and dtype are read from its `aval`, which its `shape` and `dtype` properties
-    return them from (two Python calls per input of a flush saved)."""
-    return tuple([
-        (tuple(aval.shape), _torch_dtypes.get(aval.dtype) or to_torch(aval.dtype)) if (aval := getattr(value, "aval", None)) is not None
-        else (type(value).__name__,) if (shape := getattr(value, "shape", None)) is None
-        else (tuple(shape), _torch_dtypes.get(value.dtype) or to_torch(value.dtype))
-        for value in inputs
-    ])
 
 
 class DeferredExecutor:
@@ -149,6 +137,7 @@ class DeferredExecutor:
         # and the arrays copied from the host meanwhile, by id (new values too).
         self.state_graphs: dict[int, PendingGraph] | None = None
         self.arrived_for_state: dict[int, Any] = {}
+        self.replay_chains = step_replay.Chains() if step_replay.enabled() else None
 
     # ----------------------------------------------------------------- Executor protocol
     def prepare(self, plan: Plan, dynamic: Sequence[Any]) -> None:
@@ -164,39 +153,21 @@ class DeferredExecutor:
             if graph is None:
                 graph = self.graphs.get(plan.chip)
                 if graph is None:
-                    graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
+                    graph = self.graphs[plan.chip] = self._new_graph(plan.chip)
                 elif len(graph.nodes) >= self.size_cap and plan.op_name != VIEW_READ:
                     # Not at a view read: its value goes to an op not recorded yet. This op's pending
                     # inputs become outputs, as a view's value is in no buffer.
                     pending = [value for value in dynamic if type(value) is LazyValue and value.graph is graph]
                     self.flush_graph(graph, "size_cap", extra=pending)
-                    graph = self.graphs[plan.chip] = PendingGraph(plan.chip)
-            input_refs = graph.input_refs
-            refs = []
-            for value in dynamic:
-                if type(value) is LazyValue:
-                    if value.concrete is None:
-                        if value.graph is graph:
-                            refs.append((1, value.node, value.index))
-                            continue
-                        value = self._concrete_value(value, "transfer")
-                    else:
-                        value = value.concrete
-                ref = input_refs.get(id(value))  # an array the graph reads already (a scalar is never one)
-                if ref is None:
-                    kind = _SCALAR_KINDS.get(type(value))
-                    if kind is not None:
-                        scalars = graph.scalars[kind]
-                        refs.append((2, kind, len(scalars)))
-                        scalars.append(value)
-                        continue
-                    inputs = graph.inputs
-                    ref = input_refs[id(value)] = (0, len(inputs))
-                    inputs.append(value)
-                refs.append(ref)
-            nodes = graph.nodes
-            node = len(nodes)
-            nodes.append((plan, tuple(refs)))
+                    graph = self.graphs[plan.chip] = self._new_graph(plan.chip)
+            template = graph.template
+            if template is not None and step_replay.replay_op(graph, template, plan, dynamic, LazyValue):
+                node = len(graph.nodes) - 1
+            else:
+                if template is not None:
+                    graph.template = None
+                    graph.replay = step_replay.BROKE
+                node = self._record_node(graph, plan, dynamic)
             specs = plan.out_specs
             if len(specs) == 1:
                 spec = specs[0]
@@ -213,6 +184,43 @@ class DeferredExecutor:
             recorder.op_deferred(graph.op_records, record_name, plan, start_ns if start_ns is not None else _perf_ns())
             graph.record_nodes.append(node)
         return outputs
+
+    def _new_graph(self, chip: int) -> PendingGraph:
+        """An empty graph for `chip`, following the template of the graph flushed after its last one there."""
+        graph = PendingGraph(chip)
+        if self.replay_chains is not None:
+            graph.template = self.replay_chains.candidate(chip)
+            graph.replay = step_replay.NONE if graph.template is None else step_replay.HELD
+        return graph
+
+    def _record_node(self, graph: PendingGraph, plan: Plan, dynamic: Sequence[Any]) -> int:
+        """Add an op to the graph (its inputs, scalars and references to earlier ops' outputs); its node."""
+        input_refs = graph.input_refs
+        refs = []
+        for value in dynamic:
+            if type(value) is LazyValue:
+                if value.concrete is None:
+                    if value.graph is graph:
+                        refs.append((1, value.node, value.index))
+                        continue
+                    value = self._concrete_value(value, "transfer")
+                else:
+                    value = value.concrete
+            ref = input_refs.get(id(value))  # an array the graph reads already (a scalar is never one)
+            if ref is None:
+                kind = _SCALAR_KINDS.get(type(value))
+                if kind is not None:
+                    scalars = graph.scalars[kind]
+                    refs.append((2, kind, len(scalars)))
+                    scalars.append(value)
+                    continue
+                inputs = graph.inputs
+                ref = input_refs[id(value)] = (0, len(inputs))
+                inputs.append(value)
+            refs.append(ref)
+        nodes = graph.nodes
+        nodes.append((plan, tuple(refs)))
+        return len(nodes) - 1
 
     @staticmethod
     def own(buffer: Any, _ref: Any = weakref.ref) -> None:
@@ -339,7 +347,7 @@ class DeferredExecutor:
 
     def mark_backward(self) -> None:
         """A backward pass starts: what it reads of the ops recorded before it becomes a fence in the
-        program (`_saved_values`), so XLA keeps what autograd saved and no more."""
+        program (`program_parts.saved_values`), so XLA keeps what autograd saved and no more."""
         with self.lock:
             if self.state_graphs is not None:
                 self.state_created()
@@ -383,15 +391,16 @@ class DeferredExecutor:
                     outputs[value.node, value.index] = value
         donate, outputs = self._donation(graph, outputs)
         output_refs = tuple(outputs)
-        structure = (tuple([(id(plan), refs) for plan, refs in graph.nodes]), output_refs, donate, graph.backward_from)
-        in_specs = _input_specs(graph.inputs)
-        key = (structure, in_specs)
-        fused = self.programs.get(key)
+        in_specs = input_specs(graph.inputs)
+        template = graph.template
+        fused = None if template is None else step_replay.reused_program(graph, template, output_refs, donate, in_specs)
         cache_hit = fused is not None
         if fused is None:
-            fused = self._compile(graph, output_refs, donate, in_specs, structure, trigger, program_cache.take_evicted(self, key))
-            self.programs[key] = fused
-            program_cache.keep_item(self, "programs", key, fused)
+            if template is not None:
+                graph.replay = step_replay.BROKE
+            fused, cache_hit = self._program(graph, output_refs, donate, in_specs, trigger)
+        if graph.replay is not None:
+            self._chain(graph, fused)
         launch = _perf_ns()
         # No warning filter here: JAX warns of unusable donated buffers when it lowers, in `compile_program`.
         inputs = self._launch_inputs(graph, fused.donate) if fused.donate else graph.inputs
@@ -415,6 +424,29 @@ class DeferredExecutor:
         graph.inputs = []
         graph.input_refs = {}
         graph.owners = []
+
+    def _program(self, graph: PendingGraph, output_refs: tuple, donate: tuple[int, ...], in_specs: tuple, trigger: str) -> tuple[FusedProgram, bool]:
+        """The graph's program, from the cache (keyed by the graph's structure and input specs) or compiled;
+        also whether it came from the cache."""
+        structure = (tuple([(id(plan), refs) for plan, refs in graph.nodes]), output_refs, donate, graph.backward_from)
+        key = (structure, in_specs)
+        fused = self.programs.get(key)
+        if fused is not None:
+            if fused.template is None and self.replay_chains is not None:
+                fused.template = step_replay.Template(graph.nodes, key, fused)
+            return fused, True
+        fused = self._compile(graph, output_refs, donate, in_specs, structure, trigger, program_cache.take_evicted(self, key))
+        self.programs[key] = fused
+        program_cache.keep_item(self, "programs", key, fused)
+        if self.replay_chains is not None:
+            fused.template = step_replay.Template(graph.nodes, key, fused)
+        return fused, False
+
+    def _chain(self, graph: PendingGraph, fused: FusedProgram) -> None:
+        """The graph that follows this one on its chip is checked against the template of its successor last time."""
+        graph.template = None
+        if self.replay_chains is not None and fused.template is not None:
+            self.replay_chains.flushed(graph.chip, fused.template)
 
     @staticmethod
     def _donation(graph: PendingGraph, outputs: dict[tuple[int, int], LazyValue]) -> tuple[tuple[int, ...], dict[tuple[int, int], LazyValue]]:
@@ -465,16 +497,16 @@ class DeferredExecutor:
 
         n_arrays = len(graph.inputs)
         fence_at = graph.backward_from
-        saved = _saved_values(nodes, fence_at) if fence_at is not None else ()
+        saved = saved_values(nodes, fence_at) if fence_at is not None else ()
 
         def fused(*inputs: Any) -> tuple:
             packed = inputs[n_arrays:]
             values: list[tuple] = []
             for position, (plan, refs) in enumerate(nodes):
                 if position == fence_at and saved:
-                    _fence(values, saved)
+                    fence(values, saved)
                 args = [
-                    inputs[ref[1]] if ref[0] == 0 else values[ref[1]][ref[2]] if ref[0] == 1 else _unpack(packed, ref[1], ref[2])
+                    inputs[ref[1]] if ref[0] == 0 else values[ref[1]][ref[2]] if ref[0] == 1 else unpack(packed, ref[1], ref[2])
                     for ref in refs
                 ]
                 values.append(plan.fn(*args))
@@ -535,7 +567,8 @@ class DeferredExecutor:
             sizes = fused.sizes = (sum(getattr(value, "nbytes", 0) for value in graph.inputs) + sum(array.nbytes for array in scalars),
                                    sum(getattr(value, "nbytes", 0) for value in results))
         input_bytes, output_bytes = sizes
-        recorder.flushed(flush_id, fused.program_id, trigger, len(graph.op_records), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes)
+        recorder.flushed(flush_id, fused.program_id, trigger, len(graph.op_records), cache_hit, graph.chip, start, _perf_ns() - start, input_bytes, output_bytes,
+                         graph.replay, graph.replay_break)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results, done=done)
 
@@ -552,32 +585,3 @@ def _is_jax_array(value: Any) -> bool:
         _ARRAY_TYPES.add(kind)
         return True
     return False
-
-
-def _saved_values(nodes: Sequence[tuple[Plan, tuple]], backward_from: int) -> tuple[tuple[int, int], ...]:
-    """The values of ops recorded before a backward pass that its ops read: autograd's saved tensors."""
-    return tuple(sorted({(ref[1], ref[2]) for _, refs in nodes[backward_from:] for ref in refs if ref[0] == 1 and ref[1] < backward_from}))
-
-
-def _fence(values: list[tuple], saved: Sequence[tuple[int, int]]) -> None:
-    """Pass the saved values through one optimization barrier. Without it XLA merges the backward's
-    recomputations with the forward's intermediates (gelu's backward recomputes the forward's erfc)
-    and keeps those intermediates alive from the forward to the backward, beyond what autograd saved."""
-    fenced = jax.lax.optimization_barrier([values[node][index] for node, index in saved])
-    for (node, index), value in zip(saved, fenced):
-        outputs = list(values[node])
-        outputs[index] = value
-        values[node] = tuple(outputs)
-
-
-def _unpack(packed: Sequence[Any], kind: int, position: int) -> Any:
-    """One packed scalar, typed as jax.jit types a Python scalar argument (weak, except bool).
-
-    No public function makes a weakly typed value from a strongly typed one: `lax.convert_element_type`
-    always gives a strong type. jax.lax exports the primitive, whose `weak_type` parameter does it; the
-    programs are the ones jax's private `_convert_element_type` gave (same StableHLO, same compiles).
-    """
-    value = packed[kind][position]
-    if not _SCALAR_WEAK[kind]:
-        return value
-    return jax.lax.convert_element_type_p.bind(value, new_dtype=_SCALAR_DTYPES[kind], weak_type=True, sharding=None)

@@ -4,7 +4,7 @@ A backward op that recomputes a forward intermediate (attention's probabilities,
 normalised input) reads only values the forward already has. In one fused forward+backward program
 (DeferAndFuse) XLA is then free to merge it with the forward's own copy, or to schedule it during the
 forward, and either way keeps the result alive until the backward: memory eager autograd never holds.
-XLA's optimisation barrier (see `deferred._fence`) is removed before its late CSE pass and its scheduler,
+XLA's optimisation barrier (see `program_parts.fence`) is removed before its late CSE pass and its scheduler,
 so it cannot prevent this; a data dependency on the gradient can.
 """
 

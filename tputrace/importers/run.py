@@ -60,7 +60,7 @@ def _by_process(captures: list[Capture]) -> list[list[Capture]]:
     (the windows of a profiling schedule, which `tensorboard_trace_handler` writes a file each), with its
     TORCH_TRACE log where one has the same process id (the log's compiles, graph breaks and recompile reasons join
     the profile's ops and steps), or its XProf files (one per `jax.profiler.trace` session)."""
-    from tputrace.importers import chrome_json, torch_trace, xplane
+    from tputrace.importers import chrome_json, torch_trace, xplane_processes
 
     # Only XProf files that share a host name can be sessions of one process (reading the key costs a pass over
     # the planes' metadata).
@@ -70,7 +70,7 @@ def _by_process(captures: list[Capture]) -> list[list[Capture]]:
         if capture.format == CHROME_JSON:
             key: tuple[Any, ...] = ("profiler", *chrome_json.process_key(capture.path))
         elif capture.format == XPLANE and hosts[capture.path.name] > 1:
-            key = ("xplane", *xplane.process_key(capture.path))
+            key = ("xplane", *xplane_processes.process_key(capture.path))
         else:
             key = ("file", capture.path)
         groups.setdefault(key, []).append(capture)

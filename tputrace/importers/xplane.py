@@ -34,6 +34,7 @@ from tputrace.importers.xla_compiles import (
     UNNAMED,
     CompileSpans,
 )
+from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
 from tputrace.importers.xevents import EventColumns, decode_run, int_stats
@@ -46,35 +47,6 @@ _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
 _U64 = 1 << 64
 # A stat an event does not carry.
 _ABSENT = object()
-# Line times below this (2001 in Unix ns) are relative to the profile's start, not to the epoch.
-_UNIX_NS_FLOOR = 10**18
-
-
-def _host(path: Path) -> str:
-    return path.name.removesuffix(".xplane.pb")
-
-
-def process_key(path: Path) -> tuple[str, ...]:
-    """Which host and process an `xplane.pb` comes from (its name and the `process_id` stat of its host planes),
-    for one whose line times can be put on the Unix clock; the path itself otherwise (nothing to share a rank
-    with)."""
-    from tputrace.xplane_proto import messages
-
-    plane_class = messages()["XPlane"]
-    process_id = profile_start = None
-    relative = False
-    with XSpaceFile(path) as space:
-        for span in space.planes():
-            plane, line_spans = space.plane(span, plane_class)
-            if plane.name.startswith("/host:") and process_id is None:
-                process_id = plane_stat(plane, "process_id")
-            if plane.name == "Task Environment":
-                profile_start = plane_stat(plane, "profile_start_time")
-            relative = relative or any(head.has_events and head.timestamp_ns < _UNIX_NS_FLOOR
-                                       for head in map(space.line_head, line_spans))
-    if process_id is None or (relative and not isinstance(profile_start, int)):
-        return (str(path),)
-    return _host(path), str(process_id)
 
 
 @dataclass
@@ -122,7 +94,7 @@ class XPlaneImporter(StreamLines):
         self.path = paths[0]
         self.writer = sink.writer
         facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
-        self.rank = sink.new_rank(XPLANE, str(paths[0]), host=_host(paths[0]), **facts)
+        self.rank = sink.new_rank(XPLANE, str(paths[0]), host=capture_host(paths[0]), **facts)
         self.programs: dict[str, _Program] = {}
         self.runs: dict[tuple[int, int], _Run] = {}
         self.steps = StepClock()
@@ -201,7 +173,7 @@ class XPlaneImporter(StreamLines):
                     file_host_markers += self._host_scan(space, plane, lines, file_compiles, file_launches)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
-            offset = (profile_start_unix_ns if file_starts and min(file_starts) < _UNIX_NS_FLOOR
+            offset = (profile_start_unix_ns if file_starts and min(file_starts) < UNIX_NS_FLOOR
                       and isinstance(profile_start_unix_ns, int) else 0)
             self.offsets[space.path] = offset
             starts += [start + offset for start in file_starts]

@@ -375,16 +375,19 @@ class Recorder(ShardingRecords, UserFrames):
             (self.rank, program_id, writer.intern(fusion.name), writer.intern(fusion.kind), writer.intern(",".join(fusion.hlo_ops)), writer.intern(",".join(fusion.aten_ops))),
         )
 
-    def flushed(self, flush_id: int, program_id: int | None, trigger: str, n_ops: int, cache_hit: bool, chip: int, start_ns: int, dur_ns: int, input_bytes: int, output_bytes: int) -> None:
-        """A DeferAndFuse flush: which ops ran as one program, why now, and whether it was cached. Outside
-        the window, one whose ops were dispatched while it was open (`n_ops`) is still written, with them."""
+    def flushed(self, flush_id: int, program_id: int | None, trigger: str, n_ops: int, cache_hit: bool, chip: int, start_ns: int, dur_ns: int, input_bytes: int, output_bytes: int,
+                replay: str | None = None, replay_break: str | None = None) -> None:
+        """A DeferAndFuse flush: which ops ran as one program, why now, whether it was cached, and whether it replayed
+        the previous occurrence's graph (`step_replay`: held, broke with `replay_break` saying why, or none to follow).
+        Outside the window, one whose ops were dispatched while it was open (`n_ops`) is still written, with them."""
         if not self.window_open and n_ops == 0:
             return
         self._kept_flush = flush_id
         self.recorded_in_step = True
         self.writer.append(
             "flushes",
-            (flush_id, self.rank, program_id, trigger, self.frame_id(), n_ops, int(cache_hit), chip, start_ns - self.t0, dur_ns, input_bytes, output_bytes, self.step_index),
+            (flush_id, self.rank, program_id, trigger, self.frame_id(), n_ops, int(cache_hit), chip, start_ns - self.t0, dur_ns, input_bytes, output_bytes, self.step_index,
+             replay, None if replay_break is None else self.writer.intern(replay_break)),
         )
 
     def execution_started(self, program_id: int | None, chip: int, launch_ns: int, flush_id: int | None, results: Any,

@@ -184,6 +184,8 @@ class FlushRecord:
     input_bytes: int | None
     output_bytes: int | None
     step: int | None
+    replay: str | None = None
+    replay_break: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

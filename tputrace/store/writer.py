@@ -45,6 +45,7 @@ from tputrace.schema import (
     FORMAT_VERSION,
     MAGIC,
     RECORD_KINDS,
+    RECORD_KINDS_BY_TABLE,
     RUNS,
     index_statements,
     table_statements,
@@ -490,7 +491,11 @@ class TraceWriter:
             if isinstance(error, sqlite3.Error) and is_disk_full(error):
                 raise  # no row is bad: the transaction fails, and the caller stores what fits
             connection.execute("ROLLBACK TO batch")
+            kind = RECORD_KINDS_BY_TABLE[table]
+            width = len(kind.columns)
             for row in rows:
+                if width - kind.optional_trailing <= len(row) < width:
+                    row = (*row, *(None,) * (width - len(row)))  # a row without the table's later trailing columns
                 try:
                     connection.execute(sql, row)
                 except _ROW_ERRORS as row_error:
