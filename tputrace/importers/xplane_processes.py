@@ -12,6 +12,7 @@ UNIX_NS_FLOOR = 10**18
 
 
 def capture_host(path: Path) -> str:
+    """The host a capture names: its file name without `.xplane.pb`."""
     return path.name.removesuffix(".xplane.pb")
 
 
