@@ -1,9 +1,11 @@
 """Scripts whose diagnoses read wrong before: BERT-style fine-tuning with each batch padded to its own longest
 sequence (in strict mode its views and matmuls compile per length at dims that are multiples and squares of it),
-and two batches whose lengths change independently (two storms, not one)."""
+two batches whose lengths change independently (two storms, not one), and a validation loop after training that
+keeps each score with its graph (and the same loop, clean, under `torch.no_grad()`)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -116,6 +118,73 @@ TWO_LENGTHS = '''
     print(loss.item())
 '''
 
+VALIDATION_KEEPING_SCORES = '''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(256, 1024)
+            self.b = nn.Linear(1024, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return self.b(h)
+
+
+    torch.manual_seed(0)
+    model = Net().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    y = torch.randint(0, 10, (64,), device="tpu")
+    for step in range(3):
+        loss = nn.functional.cross_entropy(model(torch.randn(64, 256, device="tpu")), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    scores = []
+    for batch in range(8):
+        out = model(torch.randn(64, 256, device="tpu"))
+        score = out.softmax(-1).max(-1).values.mean()  {marker}
+        scores.append(score)
+    print(sum(s.item() for s in scores))
+'''
+
+VALIDATION_UNDER_NO_GRAD = '''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(256, 1024)
+            self.b = nn.Linear(1024, 10)
+
+        def forward(self, x):
+            h = torch.relu(self.a(x))
+            return self.b(h)
+
+
+    torch.manual_seed(0)
+    model = Net().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    y = torch.randint(0, 10, (64,), device="tpu")
+    for step in range(3):
+        loss = nn.functional.cross_entropy(model(torch.randn(64, 256, device="tpu")), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    scores = []
+    with torch.no_grad():
+        for batch in range(8):
+            out = model(torch.randn(64, 256, device="tpu"))
+            score = out.softmax(-1).max(-1).values.mean()  {marker}
+            scores.append(score)
+    print(sum(s.item() for s in scores))
+'''
+
 
 @pytest.mark.parametrize("mode", ["defer", "strict"])
 def test_a_batch_padded_to_its_longest_sequence_is_one_storm_in_either_mode(tmp_path: Path, mode: str) -> None:
@@ -138,3 +207,25 @@ def test_two_lengths_that_change_independently_stay_two_storms(tmp_path: Path) -
     copies = {finding.line for finding in storms if "as the batches" in finding.title}
     assert copies == {line, line + 1}, [storm.title for storm in storms]
     assert len(storms) <= 3, [storm.title for storm in storms]
+
+
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_a_validation_loop_keeping_each_score_with_its_graph_is_growth_at_the_kept_values_line(tmp_path: Path, mode: str) -> None:
+    """After the last training step, a loop without `no_grad` appends each score: the graph's activations (made in
+    the model's forward) pile up iteration after iteration, with no step to measure growth by. The finding is at the
+    line that made the kept value, the last of the piling lines each iteration, not at the activations' line, and
+    tells to keep it detached and to evaluate under `no_grad`."""
+    report, script, line = _run(tmp_path, f"validation_{mode}", VALIDATION_KEEPING_SCORES,
+                                ("--mode", "strict") if mode == "strict" else ())
+    (growth,) = [finding for finding in report.findings if finding.analyzer == "memory"]
+    assert (growth.file, growth.line) == (str(script), line), growth.title
+    assert growth.title.startswith("Live memory grows by ") and "every iteration of a loop without steps" in growth.title
+    piled = re.search(r"loop's last step, (\d+) iterations' buffers were live at once", growth.explanation)
+    assert piled is not None and int(piled[1]) >= 8, growth.explanation
+    assert "`.detach()`" in growth.suggestion and "`torch.no_grad()`" in growth.suggestion
+
+
+def test_a_validation_loop_under_no_grad_has_no_growth(tmp_path: Path) -> None:
+    """The same loop under `torch.no_grad()` keeps only its 4-byte scores: no memory finding."""
+    report, _, _ = _run(tmp_path, "validation_no_grad", VALIDATION_UNDER_NO_GRAD)
+    assert not [finding.title for finding in report.findings if finding.analyzer == "memory"]
