@@ -17,6 +17,7 @@ from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.memory_findings import buffer_findings
 from tputrace.analysis.memory_fit import MemoryFit, fit
 from tputrace.analysis.memory_growth import SurvivingLine, step_ends, surviving_lines
+from tputrace.analysis.memory_loops import PilingLine, piling_lines
 from tputrace.analysis.memory_oom import OutOfMemoryData, out_of_memory
 from tputrace.analysis.memory_peak import PeakBreakdown, breakdown
 from tputrace.analysis.op_facts import module_outputs
@@ -58,6 +59,7 @@ class MemoryData:
     fits: tuple[MemoryFit, ...] = ()  # per chip, against the target
     surviving_lines: tuple[SurvivingLine, ...] = ()
     out_of_memory: OutOfMemoryData | None = None
+    piling_lines: tuple[PilingLine, ...] = ()  # outside the loop's steps (see `memory_loops`)
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
@@ -74,11 +76,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
     measured = {chip: peak for chip, peak, _ in chips}
     lifetimes = _from_buffers(context, measured)
     if lifetimes is not None:
-        peaks, fits, lines, oom = lifetimes
+        peaks, fits, lines, oom, piling = lifetimes
         growth = _growth(context)
-        data = MemoryData(chip_memory, tuple(largest), growth[0] if growth else None, peaks, fits, lines, oom)
+        data = MemoryData(chip_memory, tuple(largest), growth[0] if growth else None, peaks, fits, lines, oom, piling)
         oom_error = oom if oom is not None and oom.cause == "error" else None
-        return AnalysisResult(NAME, data, buffer_findings(context, peaks, fits, lines, oom_error, growth))
+        return AnalysisResult(NAME, data, buffer_findings(context, peaks, fits, lines, oom_error, growth, piling))
     module_evidence = tuple(
         Evidence(f"{row.module}: largest output {row.tensor} ({format_bytes(row.bytes)})", module=row.module,
                  table="ops")
@@ -136,8 +138,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
 
 
 def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
-        tuple[PeakBreakdown, ...], tuple[MemoryFit, ...], tuple[SurvivingLine, ...], OutOfMemoryData | None] | None:
-    """Peak breakdowns, fits, surviving lines and the out-of-memory moment from buffer lifetimes; None without them."""
+        tuple[PeakBreakdown, ...], tuple[MemoryFit, ...], tuple[SurvivingLine, ...], OutOfMemoryData | None,
+        tuple[PilingLine, ...]] | None:
+    """Peak breakdowns, fits, surviving lines, the out-of-memory moment and the lines piling up buffers outside the
+    loop's steps, from buffer lifetimes; None without them."""
     trace = context.trace
     buffers = buffer_lifetimes(trace, context.rank)
     if not buffers:
@@ -158,7 +162,8 @@ def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
     if oom is not None:
         oom_data = OutOfMemoryData(oom.cause, oom.message, breakdown(trace, context.rank, oom.live, measured.get(oom.live.chip, oom.live.bytes)),
                                    oom.file, oom.line)
-    return tuple(peaks), tuple(fits), lines, oom_data
+    piling = piling_lines(trace, context.rank, buffers, {step.step for step in context.loop_steps})
+    return tuple(peaks), tuple(fits), lines, oom_data, piling
 
 
 def _largest_by_module(context: AnalysisContext, limit: int = 10) -> list[LargestTensor]:

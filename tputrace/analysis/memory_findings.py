@@ -10,6 +10,7 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Evidence, Finding
 from tputrace.analysis.memory_fit import MemoryFit
 from tputrace.analysis.memory_growth import SurvivingLine
+from tputrace.analysis.memory_loops import PilingLine, kept_value_line, same_loop
 from tputrace.analysis.memory_oom import OutOfMemoryData
 from tputrace.analysis.memory_peak import PeakBreakdown, PeakPart
 from tputrace.wording import format_bytes
@@ -23,7 +24,7 @@ EVIDENCE_PARTS = 6
 
 def buffer_findings(context: AnalysisContext, peaks: tuple[PeakBreakdown, ...], fits: tuple[MemoryFit, ...],
                     lines: tuple[SurvivingLine, ...], oom_error: OutOfMemoryData | None,
-                    growth: tuple[float, int, int] | None) -> tuple[Finding, ...]:
+                    growth: tuple[float, int, int] | None, piling: tuple[PilingLine, ...] = ()) -> tuple[Finding, ...]:
     """Findings from buffer lifetimes; `oom_error` is the out-of-memory error the run failed with and the live set then."""
     findings: list[Finding] = []
     if oom_error is not None:
@@ -35,7 +36,50 @@ def buffer_findings(context: AnalysisContext, peaks: tuple[PeakBreakdown, ...], 
     finding = _growth_finding(lines, growth)
     if finding is not None:
         findings.append(finding)
+    finding = _piling_finding(context, piling)
+    if finding is not None:
+        findings.append(finding)
     return tuple(findings)
+
+
+def _piling_finding(context: AnalysisContext, piling: tuple[PilingLine, ...]) -> Finding | None:
+    """Live memory rising across the iterations of a loop without steps (a validation loop after training), at the
+    line of the value each iteration keeps (made last of those piling up), with the lines whose buffers it keeps."""
+    if not piling:
+        return None
+    kept = kept_value_line(piling)
+    together = same_loop(piling)
+    per_iteration = sum(line.bytes_per_iteration for line in together)
+    if per_iteration < GROWTH_MIN_BYTES_PER_STEP:
+        return None
+    where = _short(kept)
+    after = "after the training loop's last step" if context.step_count else "in a run without steps"
+    held = "; ".join(f"{_short(line)} ({format_bytes(line.bytes_per_iteration)} an iteration)" for line in together[:4])
+    return Finding(
+        analyzer=NAME,
+        severity="warning",
+        title=(f"Live memory grows by {format_bytes(per_iteration)} every iteration of a loop without steps: the value "
+               f"made at {where} is kept with what it holds"),
+        explanation=(f"In a loop {after}, {together[0].iterations} iterations' buffers were live at once, "
+                     f"{format_bytes(sum(line.peak_bytes for line in together))} in all: {held}. The value made at "
+                     f"{where} is the last of them each iteration: something keeps it, and a value computed with "
+                     "autograd on keeps its graph's activations alive with it."),
+        suggestion=(f"Keep what the loop needs of the value made at {where} without its graph: append `.detach()` "
+                    "(or read `.item()` once after the loop) instead of the tensor, and run an evaluation loop under "
+                    "`torch.no_grad()` (or `torch.inference_mode()`) so no graph is built."),
+        cost_total_ns=0.0,
+        cost_per_step_ns=None,
+        evidence=tuple(Evidence(f"{format_bytes(line.bytes_per_iteration)} an iteration piles up, {line.iterations} "
+                                "iterations live at once", file=line.file, line=line.line, module=line.module,
+                                table="buffers") for line in together[:EVIDENCE_PARTS]),
+        file=kept.file,
+        line=kept.line,
+        module=kept.module,
+    )
+
+
+def _short(line: PilingLine) -> str:
+    return f"{(line.file or '?').rsplit('/', 1)[-1]}:{line.line}"
 
 
 def part_evidence(parts: tuple[PeakPart, ...], limit: int = EVIDENCE_PARTS) -> tuple[Evidence, ...]:

@@ -29,6 +29,7 @@ from tputrace.analysis import (
     entry_storms,
     host_inputs,
     index_storms,
+    length_functions,
     program_cache,
     structure_changes,
 )
@@ -353,7 +354,24 @@ def _by_shared_size(storms: list[_PaddingStorm]) -> list[list[_PaddingStorm]]:
             known[index] = set()
         groups[index].append(padding)
         known[index].update(zip(steps, storm.main.values))
-    return groups
+    return _joined_by_length(groups, known)
+
+
+def _joined_by_length(groups: list[list[_PaddingStorm]], known: dict[int, set[tuple[int, int]]]) -> list[list[_PaddingStorm]]:
+    """The groups, with each group whose compiles a function of another group's length explains (a multiple of it,
+    its square: a flattened view, attention scores) joined to that group."""
+    joined = True
+    while joined:
+        joined = False
+        for index in [index for index in known if groups[index]]:
+            others = {other: pairs for other, pairs in known.items() if other != index and groups[other]}
+            rows = [row for padding in groups[index] for row in padding.storm.rows]
+            target = length_functions.group_of_length(others, rows)
+            if target is not None:
+                groups[target].extend(groups[index])
+                groups[index] = []
+                joined = True
+    return [group for group in groups if group]
 
 
 def _first_entered(context: AnalysisContext, storms: list[Storm]) -> Storm:
@@ -409,6 +427,8 @@ def _by_copy_line(context: AnalysisContext, storms: list[Storm]) -> dict[int, _C
             batch_storm[frame_id] = (matched.dims, storm.count, storm)
     for storm in unmatched:
         copy_frame = host_inputs.line_of_sizes(known, [row.step for row in storm.rows], storm.main.values)
+        if copy_frame is None:
+            copy_frame = length_functions.group_of_length(known, storm.rows)
         if copy_frame is not None:
             by_line[copy_frame].append(storm)
     return {
