@@ -333,9 +333,12 @@ def test_set_up_work_compiled_again_once_is_no_critical_finding(tmp_path: Path) 
 
 
 def test_gradient_checkpointing_under_bfloat16_autocast_reads_clean(tmp_path: Path) -> None:
-    """Recomputed blocks in the backward and autocast to bfloat16: no finding but the compile cache's note."""
+    """Recomputed blocks in the backward and autocast to bfloat16: no finding but the compile cache's note. (A
+    host-bound finding may come or not: it weighs the host's measured dispatch against the chip's measured time,
+    which on a model this small are close and move with the host's load.)"""
     report, script, line = _run(tmp_path, "checkpointed", CHECKPOINTED)
-    assert [finding.analyzer for finding in report.findings] == ["compile_cache"], [f.title for f in report.findings]
+    analyzers = [finding.analyzer for finding in report.findings if finding.analyzer != "host_bound"]
+    assert analyzers == ["compile_cache"], [f.title for f in report.findings]
 
 
 def test_noise_drawn_on_the_host_and_copied_is_told_to_be_drawn_on_the_chip(tmp_path: Path) -> None:
