@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Protocol, TypeVar
 
 from tputrace.analysis import (
     chip_shapes,
@@ -267,30 +269,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         findings.append(finding)
         caused.append((finding, structure.recompiles))
         structure_storms.append(structure)
-    dynamic = []
-    for finding, dynamic_size, compile_ids in dynamic_sizes.findings(context, explained):
-        findings.append(finding)
-        caused.append((finding, dynamic_size.recompiles))
-        dynamic.append(dynamic_size)
-        explained |= compile_ids
-    rebuilds = []
-    for finding, rebuild, compile_ids in ddp_rebuild.findings(context, explained):
-        findings.append(finding)
-        caused.append((finding, rebuild.recompiles))
-        rebuilds.append(rebuild)
-        explained |= compile_ids
-    entries = []
-    for finding, entry_storm, compile_ids in entry_storms.findings(context, explained, not_evicted(evicted), evicted):
-        findings.append(finding)
-        caused.append((finding, entry_storm.recompiles))
-        entries.append(entry_storm)
-        explained |= compile_ids
-    positions = []
-    for finding, index_storm, compile_ids in index_storms.findings(context, explained, not_evicted(evicted), evicted):
-        findings.append(finding)
-        caused.append((finding, index_storm.recompiles))
-        positions.append(index_storm)
-        explained |= compile_ids
+    dynamic = _take(dynamic_sizes.findings(context, explained), findings, caused, explained)
+    rebuilds = _take(ddp_rebuild.findings(context, explained), findings, caused, explained)
+    entries = _take(entry_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
+    positions = _take(index_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
@@ -302,6 +284,27 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     )
     return AnalysisResult(NAME, data, tuple(findings))
 
+
+
+class _Recompiling(Protocol):
+    @property
+    def recompiles(self) -> int: ...
+
+
+_StormT = TypeVar("_StormT", bound=_Recompiling)
+
+
+def _take(found: Iterable[tuple[Finding, _StormT, set[int]]], findings: list[Finding], caused: list[tuple[Finding, int]],
+          explained: set[int]) -> list[_StormT]:
+    """Add each found storm's finding, with the recompiles it explains, and mark its compiles explained for the
+    analyzers after it; the storms, in order."""
+    storms = []
+    for finding, storm, compile_ids in found:
+        findings.append(finding)
+        caused.append((finding, storm.recompiles))
+        storms.append(storm)
+        explained |= compile_ids
+    return storms
 
 def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> StormData:
     entry, origin = storm.entry, storm.origin
