@@ -2,7 +2,9 @@
 at a time, interleaved with the step traced whole and not traced (`--no-trace`), in one process.
 
 The parts: the op and view records (the rows of `ops`: each record's line lookup, module path and row, and the
-row's insert), only their line lookups, only the trace writer's inserts (every table's), the buffer lifetimes
+row's insert), only their line lookups, only the trace writer's inserts (every table's), only the `ops` rows of the
+flushes that replayed their template (DEFER_AND_FUSE: made and inserted; what a compact record of them could save
+at most), the buffer lifetimes
 (`buffers` rows and the optimizer's labels), the module hooks (module paths), the host origins (the wrapped
 tensor makers) and the execution watcher (`executions` rows). A part is left out by replacing the recorder's or
 the backend's entry point to it with nothing for that window only, so a window without a part is not a
@@ -53,6 +55,24 @@ def _without_inserts(recorder: Recorder) -> None:
     recorder.writer._insert = _nothing  # type: ignore[method-assign]
 
 
+def _without_replayed_rows(recorder: Recorder) -> None:
+    """No `ops` rows (made or inserted) for the flushes that replayed their template: the most that recording those
+    flushes' ops compactly could save of the rows' part."""
+    flushed, ops_flushed = recorder.flushed, recorder.ops_flushed
+    replayed = [False]
+
+    def flushed_noting_replay(*args: Any, **kwargs: Any) -> None:
+        replayed[0] = (args[10] if len(args) > 10 else kwargs.get("replay")) == "held"
+        flushed(*args, **kwargs)
+
+    def ops_flushed_unless_replayed(*args: Any) -> None:
+        if not replayed[0]:
+            ops_flushed(*args)
+
+    recorder.flushed = flushed_noting_replay  # type: ignore[method-assign]
+    recorder.ops_flushed = ops_flushed_unless_replayed  # type: ignore[method-assign]
+
+
 def _without_buffers(recorder: Recorder) -> None:
     memory.tracker = None
 
@@ -77,11 +97,13 @@ CONFIGURATIONS: dict[str, Callable[[Recorder], None] | None] = {
     "without op and view records": _without_records,
     "without their line lookups": _without_lines,
     "without the writer's inserts": _without_inserts,
+    "without replayed flushes' op rows": _without_replayed_rows,
     "without buffer lifetimes": _without_buffers,
     "without module hooks": _without_module_hooks,
     "without host origins": _without_host_origins,
     "without the execution watcher": _without_execution_watcher,
 }
+DEFER_ONLY = ("without replayed flushes' op rows",)  # strict mode has no flushes
 
 
 def run_window(step: workloads.Step, mode: str, configuration: str, steps: int, folder: Path) -> tuple[float, float, float]:
@@ -108,7 +130,7 @@ def run_window(step: workloads.Step, mode: str, configuration: str, steps: int, 
 def measure(model: str, mode: str, rounds: int, steps: int) -> str:
     """The table of one model and mode: every configuration per round, the order reversed every other round."""
     step = workloads.build(model, "tpu", None)
-    names = list(CONFIGURATIONS)
+    names = [name for name in CONFIGURATIONS if mode == "defer" or name not in DEFER_ONLY]
     samples: dict[str, list[tuple[float, float, float]]] = {name: [] for name in names}
     with tempfile.TemporaryDirectory() as directory:
         folder = Path(directory)
