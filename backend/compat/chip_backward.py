@@ -39,11 +39,11 @@ def _on_calling_thread(run_backward: Callable[..., Any]) -> Callable[..., Any]:
 
 def install() -> None:
     """In a process of several chips, wrap the engine's entry in `torch.autograd.graph` and the
-    name `torch.autograd` imported (idempotent)."""
+    name `torch.autograd` imported, which the backward boundary (`hooks.install`, installed first)
+    already wraps and so keeps (idempotent)."""
     global _installed
     if _installed or chips.requested_chip_count() < 2:
         return
-    wrapped = _on_calling_thread(autograd_graph._engine_run_backward)
-    autograd_graph._engine_run_backward = wrapped
-    torch.autograd._engine_run_backward = wrapped
+    autograd_graph._engine_run_backward = _on_calling_thread(autograd_graph._engine_run_backward)
+    torch.autograd._engine_run_backward = _on_calling_thread(torch.autograd._engine_run_backward)
     _installed = True

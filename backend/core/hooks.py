@@ -18,6 +18,7 @@ _removable: list[Any] = []
 _original_record_function: tuple[Any, Any] | None = None
 _installed = False
 _constructors = threading.local()  # `depth`: optimizer constructors running on this thread
+_passes = threading.local()  # `running`: a backward pass runs on this thread (one on the calling thread: several chips)
 
 
 def install() -> None:
@@ -38,17 +39,22 @@ def _backward_boundary(run_backward: Callable[..., Any]) -> Callable[..., Any]:
     """The engine call behind `Tensor.backward`, `torch.autograd.backward` and `torch.autograd.grad`,
     as a step boundary when it starts from tpu tensors (or DTensors of them): the backward's ops get the caller's line and
     start a fence (`backward_started`), and its end flushes. A backward that an autograd node runs
-    inside another one (reentrant checkpointing) is part of the outer pass."""
+    inside another one (reentrant checkpointing), on autograd's worker or on the calling thread, is
+    part of the outer pass."""
 
     @functools.wraps(run_backward)
     def run(outputs: Any, *args: Any, **kwargs: Any) -> Any:
         from tputrace.backend.core.tensor import TpuTensor
         from tputrace.backend.core.thread_state import on_autograd_worker
 
-        if on_autograd_worker() or not any(_on_tpu(output, TpuTensor) for output in outputs):
+        if on_autograd_worker() or getattr(_passes, "running", False) or not any(_on_tpu(output, TpuTensor) for output in outputs):
             return run_backward(outputs, *args, **kwargs)
         backward_started()
-        result = run_backward(outputs, *args, **kwargs)
+        _passes.running = True
+        try:
+            result = run_backward(outputs, *args, **kwargs)
+        finally:
+            _passes.running = False
         flush_pending("backward_end")
         return result
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +93,49 @@ def test_a_model_split_over_two_chips_trains_as_on_the_cpu(eager_mode: str) -> N
 @pytest.mark.parametrize("eager_mode", ["DEFER_NEVER", "DEFER_AND_FUSE"])
 def test_data_parallel_trains_on_two_chips_as_on_the_cpu(eager_mode: str) -> None:
     _run_on_two_chips(_DATA_PARALLEL, eager_mode)
+
+
+
+_CHECKPOINTED_STEPS = """
+import torch, tputrace.backend
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)
+block, head = nn.Sequential(nn.Linear(8, 16), nn.GELU()).to("tpu"), nn.Linear(16, 3).to("tpu")
+optimizer = torch.optim.SGD([*block.parameters(), *head.parameters()], lr=0.1)
+for step in range(3):
+    hidden = checkpoint(block, torch.randn(5, 8, device="tpu", requires_grad=True), use_reentrant=True)
+    loss = head(hidden).sum()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    tputrace.step()
+"""
+
+
+def _ops_and_flushes(tmp_path: Path, chips: int) -> tuple[list[tuple], list[tuple]]:
+    from tputrace.store.reader import open_trace
+
+    script, trace_path = tmp_path / "train.py", tmp_path / f"run{chips}.tptrace"
+    script.write_text(_CHECKPOINTED_STEPS)
+    result = subprocess.run(
+        [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)],
+        capture_output=True, text=True, env={**os.environ, "TPUTRACE_CHIPS": str(chips)},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    trace = open_trace(trace_path)
+    ops = trace.sql(
+        "SELECT o.step, s.text, f.line FROM ops o JOIN strings s ON s.id = o.op_sid LEFT JOIN frames f ON f.id = o.frame_id ORDER BY o.seq"
+    )
+    return ops, trace.sql("SELECT trigger, n_ops FROM flushes ORDER BY id")
+
+
+def test_a_backward_on_two_chips_is_a_step_boundary_with_its_line(tmp_path: Path) -> None:
+    """On several chips the backward runs on the calling thread: it still ends in its own flush (a reentrant
+    checkpoint's inner backward does not end it early) and its ops take the line that called backward(),
+    as on one chip, where it runs on autograd's worker."""
+    ops, flushes = _ops_and_flushes(tmp_path, 2)
+    backward_line = _CHECKPOINTED_STEPS.splitlines().index("    loss.backward()") + 1
+    assert ("aten.gelu_backward.default", backward_line) in {(op, line) for _, op, line in ops}
+    assert [trigger for trigger, _ in flushes].count("backward_end") == 3
+    assert (ops, flushes) == _ops_and_flushes(tmp_path, 1)
