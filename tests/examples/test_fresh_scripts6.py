@@ -106,3 +106,62 @@ def test_a_mixture_of_experts_in_strict_mode_is_one_storm_at_the_forwards_mask(t
     report, script, line = _run(tmp_path, "moe_strict", MIXTURE_OF_EXPERTS, ("--mode", "strict"))
     storms = [finding for finding in report.findings if "count of a boolean mask" in finding.title]
     assert [(storm.file, storm.line) for storm in storms] == [(str(script), line)], [storm.title for storm in storms]
+
+
+TRUNCATED_BPTT = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    V, D, B, T = 50, 16, 4, 8
+
+
+    class LM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, D)
+            self.rnn = nn.LSTM(D, D, batch_first=True)
+            self.out = nn.Linear(D, V)
+
+        def forward(self, x, state):
+            h, state = self.rnn(self.emb(x), state)
+            return self.out(h), state
+
+
+    model = LM().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    stream = torch.randint(0, V, (B, T * 6 + 1), device="tpu")
+    torch.tpu.synchronize()
+    state = None
+    for i in range(6):
+        {window}
+        if state is not None:
+            state = tuple(s.detach() for s in state)
+        logits, state = model(x, state)
+        loss = nn.functional.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+SLICED_WINDOW = "x, y = stream[:, i * T:(i + 1) * T], stream[:, i * T + 1:(i + 1) * T + 1]  {marker}"
+SELECTED_WINDOW = ("positions = torch.arange(T, device=\"tpu\") + i * T\n"
+                   "        x, y = stream.index_select(1, positions), stream.index_select(1, positions + 1)  {marker}")
+
+
+def test_a_window_sliced_at_a_moving_start_is_told_to_select_it_at_positions_on_the_chip(tmp_path: Path) -> None:
+    """Truncated BPTT slices the next window of a token stream each step: its length stays, its start moves, and
+    the start is part of the program, so the step's graph compiles per window. Bucketing a length cannot help; the
+    fix is `index_select` at positions made on the chip, whose start is a program input."""
+    report, _, _ = _run(tmp_path, "sliced_window", TRUNCATED_BPTT.replace("{window}", SLICED_WINDOW))
+    storms = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert storms and "changes start" in storms[0].title, [storm.title for storm in storms]
+    assert "`index_select`" in storms[0].suggestion and "bucket" not in storms[0].suggestion, storms[0].suggestion
+    assert storms[0].suggestion.endswith("Then the program compiles once.")
+
+
+def test_a_window_selected_at_positions_on_the_chip_compiles_once(tmp_path: Path) -> None:
+    """The same loop taking each window with `index_select` at `arange(T) + i * T`, as the finding suggests: no
+    recompilation storm."""
+    report, _, _ = _run(tmp_path, "selected_window", TRUNCATED_BPTT.replace("{window}", SELECTED_WINDOW))
+    assert not [finding.title for finding in report.findings if finding.title.startswith("Recompilation storm")]
