@@ -190,3 +190,49 @@ def test_a_head_padded_at_its_number_of_classes_is_no_padding_finding(tmp_path: 
     not the model, so no other size would do (and padding it by hand pads as XLA does). No finding tells to use 8."""
     report, _, _ = _run(tmp_path, "ten_classes", TEN_CLASSES)
     assert not [finding.title for finding in report.findings if finding.analyzer == "padding"]
+
+
+LENGTHS_READ_IN_THE_FORWARD = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Pool(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(16, 16)
+            self.head = nn.Linear(16, 3)
+
+        def forward(self, x, lengths):
+            h = self.proj(x)
+            pooled = []
+            for row, n in enumerate(lengths.tolist()):  {marker}
+                pooled.append(h[row, :n].mean(0))
+            return self.head(torch.stack(pooled))
+
+
+    model = Pool().to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(5):
+        x = torch.randn(4, 24, 16, device="tpu")
+        lengths = torch.randint(4, 24, (4,), device="tpu")
+        y = torch.randint(0, 3, (4,), device="tpu")
+        loss = nn.functional.cross_entropy(model(x, lengths), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_slices_to_lengths_read_with_tolist_are_told_to_mask_with_the_lengths_on_the_chip(tmp_path: Path) -> None:
+    """The forward reads each row's length with `.tolist()` and slices the row to it: the graph compiles per set of
+    lengths. Bucketing the lengths would still compile per combination of rows; the storm names the read's line and
+    tells to keep the lengths on the chip and mask."""
+    report, script, line = _run(tmp_path, "lengths_read", LENGTHS_READ_IN_THE_FORWARD)
+    storms = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert storms and storms[0].line == line + 1, [storm.title for storm in storms]
+    assert f"read from the chip at {script.name}:{line} (`.tolist()`)" in storms[0].suggestion, storms[0].suggestion
+    assert "bucket" not in storms[0].suggestion
