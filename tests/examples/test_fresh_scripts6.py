@@ -227,11 +227,13 @@ LENGTHS_READ_IN_THE_FORWARD = '''
 '''
 
 
-def test_slices_to_lengths_read_with_tolist_are_told_to_mask_with_the_lengths_on_the_chip(tmp_path: Path) -> None:
-    """The forward reads each row's length with `.tolist()` and slices the row to it: the graph compiles per set of
-    lengths. Bucketing the lengths would still compile per combination of rows; the storm names the read's line and
-    tells to keep the lengths on the chip and mask."""
-    report, script, line = _run(tmp_path, "lengths_read", LENGTHS_READ_IN_THE_FORWARD)
+@pytest.mark.parametrize("mode", ["defer", "strict"])
+def test_slices_to_lengths_read_with_tolist_are_told_to_mask_with_the_lengths_on_the_chip(tmp_path: Path, mode: str) -> None:
+    """The forward reads each row's length with `.tolist()` and slices the row to it: the graph (in strict mode, each
+    op after the slice) compiles per length. Bucketing the lengths would still compile per combination of rows; the
+    storm names the read's line and tells to keep the lengths on the chip and mask."""
+    report, script, line = _run(tmp_path, f"lengths_read_{mode}", LENGTHS_READ_IN_THE_FORWARD,
+                                ("--mode", "strict") if mode == "strict" else ())
     storms = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
     assert storms and storms[0].line == line + 1, [storm.title for storm in storms]
     assert f"read from the chip at {script.name}:{line} (`.tolist()`)" in storms[0].suggestion, storms[0].suggestion

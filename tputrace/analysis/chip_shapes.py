@@ -18,6 +18,7 @@ from tputrace.analysis.buckets import VaryingDim, bucket_options, propose
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import explains
 from tputrace.analysis.findings import Evidence, Finding
+from tputrace.analysis.host_reads import host_read_before, masking_fix
 from tputrace.analysis.storm_findings import StormCompiles, storm_finding, values_text
 from tputrace.wording import plural
 
@@ -112,27 +113,6 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
     return found
 
 
-_HOST_READS = ("tolist", "item")
-
-
-def _host_read_before(context: AnalysisContext, frame_id: int, steps: set[int]) -> tuple[str, str] | None:
-    """A read of chip values into Python numbers (`.tolist()`, `.item()`) in the same function as the op, at or
-    before its line, in every step that recompiled: where a length the op took came from (its line and kind)."""
-    location = context.location(frame_id)
-    if location is None or not steps:
-        return None
-    rows = context.trace.sql(
-        f"SELECT frame_id, kind, COUNT(DISTINCT step) FROM syncs_v WHERE rank = ? AND file = ? AND function = ? AND line <= ? "
-        f"AND kind IN ({', '.join('?' for _ in _HOST_READS)}) AND step IN ({', '.join('?' for _ in steps)}) "
-        "GROUP BY frame_id, kind ORDER BY 3 DESC, line DESC LIMIT 1",
-        (context.rank, location.file, location.function, location.line, *_HOST_READS, *sorted(steps)),
-    )
-    if not rows or rows[0][2] < len(steps):
-        return None
-    read_frame, kind = rows[0][0], rows[0][1]
-    return context.where(read_frame), f"`.{kind}()`"
-
-
 def _window_moves(change_text: str) -> bool:
     """Whether a slice's diff (`start 20 -> 40, end 40 -> 60`) says its start moved and its length stayed."""
     changes = {match.group("what"): int(match.group("after")) - int(match.group("before")) for match in _CHANGE.finditer(change_text)}
@@ -176,13 +156,10 @@ def _finding(context: AnalysisContext, frame_id: int, recompiles: list[_Recompil
     evidence.extend(Evidence(f"buckets ({option.rule}) {values_text(list(option.buckets))}: "
                              f"{plural(option.compiles, 'compile')} ({option.compiles_saved} saved)") for option in options[:5])
     moves = what == "start" and sum(recompile.moves for recompile in recompiles) * 2 > len(recompiles)
-    read = None if moves else _host_read_before(context, frame_id, {recompile.step for recompile in recompiles})
+    read = None if moves else host_read_before(context, frame_id, {recompile.step for recompile in recompiles})
     if read is not None:
-        read_where, read_kind = read
         evidence = evidence[:1]
-        fix = (f"the length is a number read from the chip at {read_where} ({read_kind}): keep it on the chip and mask "
-               "instead of slicing to it, e.g. `mask = torch.arange(size, device=x.device) < lengths[:, None]` and "
-               "reduce with the mask (`(x * mask[..., None]).sum(1) / lengths[:, None]`), which needs no read either")
+        fix = masking_fix(*read)
     elif moves:
         evidence = evidence[:1]
         fix = ("the window keeps its length and only its start moves, and a slice's start is part of its program: take "
