@@ -10,6 +10,7 @@ change (give the op a few fixed lengths, and mask).
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from tputrace.analysis.buckets import VaryingDim, bucket_options, propose
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.data_sizes import explains
 from tputrace.analysis.findings import Evidence, Finding
+from tputrace.analysis.host_reads import host_read_before, masking_fix
 from tputrace.analysis.storm_findings import StormCompiles, storm_finding, values_text
 from tputrace.wording import plural
 
@@ -49,6 +51,7 @@ class _Recompile:
     what: str
     before: int
     after: int
+    moves: bool  # only where the window starts changed (`x[:, i:i + n]`), not its length
 
 
 @dataclass(frozen=True)
@@ -89,7 +92,7 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
         view = re.match(r"view (\S+):", change_text)
         by_line.setdefault(frame_id, []).append(_Recompile(
             compile_id, name, dur_ns, step, view.group(1) if view else op, change.group("what"),
-            int(change.group("before")), int(change.group("after")),
+            int(change.group("before")), int(change.group("after")), _window_moves(change_text),
         ))
     found = []
     # With three steps or more, lengths all taken in the warm-up step and reused after it are a fixed set (FSDP's
@@ -108,6 +111,12 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
             continue
         found.append(_finding(context, frame_id, recompiles, lengths))
     return found
+
+
+def _window_moves(change_text: str) -> bool:
+    """Whether a slice's diff (`start 20 -> 40, end 40 -> 60`) says its start moved and its length stayed."""
+    changes = {match.group("what"): int(match.group("after")) - int(match.group("before")) for match in _CHANGE.finditer(change_text)}
+    return "start" in changes and changes.get("end", changes["start"]) == changes["start"]
 
 
 def _at_view_lines(context: AnalysisContext, by_line: dict[int | None, list[_Recompile]]) -> dict[int | None, list[_Recompile]]:
@@ -130,7 +139,9 @@ def _at_view_lines(context: AnalysisContext, by_line: dict[int | None, list[_Rec
 def _finding(context: AnalysisContext, frame_id: int, recompiles: list[_Recompile],
              lengths: list[int]) -> tuple[Finding, ChipShapeStorm]:
     where = context.where(frame_id)
-    op, what = recompiles[0].op, recompiles[0].what
+    # The most common op and change: a slice from 0 reads as the view's arguments in its first diff.
+    op = Counter(recompile.op for recompile in recompiles).most_common(1)[0][0]
+    what = Counter(recompile.what for recompile in recompiles).most_common(1)[0][0]
     names = list(dict.fromkeys(recompile.name for recompile in recompiles))
     total_ns = sum(recompile.dur_ns for recompile in recompiles)
     compiles = StormCompiles(len(recompiles), total_ns, total_ns, sorted({recompile.step for recompile in recompiles}),
@@ -144,20 +155,32 @@ def _finding(context: AnalysisContext, frame_id: int, recompiles: list[_Recompil
     )]
     evidence.extend(Evidence(f"buckets ({option.rule}) {values_text(list(option.buckets))}: "
                              f"{plural(option.compiles, 'compile')} ({option.compiles_saved} saved)") for option in options[:5])
-    fix = (f"round the length up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}), and mask "
-           "what the padding adds" if best is not None else f"use one fixed length ({lengths[-1]}) and mask what it adds")
+    moves = what == "start" and sum(recompile.moves for recompile in recompiles) * 2 > len(recompiles)
+    read = None if moves else host_read_before(context, frame_id, {recompile.step for recompile in recompiles})
+    if read is not None:
+        evidence = evidence[:1]
+        fix = masking_fix(*read)
+    elif moves:
+        evidence = evidence[:1]
+        fix = ("the window keeps its length and only its start moves, and a slice's start is part of its program: take "
+               "the window with `index_select` at positions made on the chip, `x.index_select(dim, "
+               "torch.arange(length, device=x.device) + start)` (a Python number added to a tensor is an input of the "
+               "program, not part of it), instead of slicing at a new start (where the view read here is made)")
+    else:
+        fix = (f"round the length up to a few bucket sizes, e.g. {values_text(list(best.buckets))} ({best.rule}), and "
+               "mask what the padding adds" if best is not None else f"use one fixed length ({lengths[-1]}) and mask what it adds")
     own_program = names == [op]  # strict mode: the op's own program, named as the op
     finding = storm_finding(
         context, compiles,
         programs=f"{op} at {where}" if own_program else names[0] if len(names) == 1 else f"{len(names)} programs",
         cause=f"its {what} {'change' if what.endswith('s') else 'changes'}" if own_program else f"{op} at {where} changes {what}", sizes=len(lengths),
         explanation=(
-            f"The changing shape is made on the chip: {op} at {where} took {len(lengths)} values of {what} "
+            f"The changing {'slice' if moves else 'shape'} is made on the chip: {op} at {where} took {len(lengths)} values of {what} "
             f"({values_text(lengths)}), and the program that holds it compiled again for each, with the same input "
             "shapes. "
         ),
-        then=". Padding the data pipeline's batches does not help: the length is chosen on the chip.",
-        suggestion=f"At {where}: {fix}. Then the program compiles once per bucket.",
+        then=f". Padding the data pipeline's batches does not help: the {'start' if moves else 'length'} is chosen on the chip.",
+        suggestion=f"At {where}: {fix}. Then the program compiles {'once per bucket' if read is None and not moves else 'once'}.",
         evidence=evidence, module=None, anchor=frame_id,
     )
     return finding, ChipShapeStorm(op, what, where, tuple(names), len(recompiles), total_ns, tuple(lengths))

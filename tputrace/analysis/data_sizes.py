@@ -190,12 +190,33 @@ def size_origin(context: AnalysisContext, sizes: tuple[int, ...], steps: list[in
         for key in {(result.family, result.frame_id) for result in found}:
             votes[key] += 1
             matched_sizes.setdefault(key, set()).add(size)
-    if not votes:
+    explaining = [(key, matched) for key, matched in votes.items()
+                  if matched >= MIN_MATCHED_SHARE * len(sizes) and len(matched_sizes[key]) >= MIN_MATCHED_SIZES]
+    if not explaining:
         return None
-    key, matched = votes.most_common(1)[0]
-    if matched < MIN_MATCHED_SHARE * len(sizes) or len(matched_sizes[key]) < MIN_MATCHED_SIZES:
-        return None
+    # Autograd replays a forward's `x[mask]` in the backward (`grad[mask]`) at the same lengths: the forward's line
+    # is where the length is chosen, so it goes before the backward's line at as many votes.
+    autograd = autograd_frames(context)
+    key, matched = max(explaining, key=lambda item: (item[1], item[0][1] not in autograd))
     return SizeOrigin(key[0], key[1], modules.get(key), matched, tuple(sorted(lengths[key])))
+
+
+def autograd_frames(context: AnalysisContext) -> set[int]:
+    """The frames at which backward ops (`aten.*_backward*`) were recorded: the lines that run autograd
+    (`loss.backward()`), where a data-dependent op is the replay of a forward's (cached on the context)."""
+    cached = context.cache.get("autograd_frames")
+    if cached is not None:
+        return cached  # type: ignore[return-value]
+    trace = context.trace
+    backward_sids = [sid for (sid,) in trace.sql("SELECT id FROM strings WHERE text LIKE 'aten.%backward%'")]
+    frames: set[int] = set()
+    if backward_sids:
+        frames = {frame_id for (frame_id,) in trace.sql(
+            f"SELECT DISTINCT frame_id FROM ops WHERE rank = ? AND frame_id IS NOT NULL AND op_sid IN ({', '.join('?' for _ in backward_sids)})",
+            (context.rank, *backward_sids),
+        )}
+    context.cache["autograd_frames"] = frames
+    return frames
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from tputrace.analysis.chips import DTYPE_BYTES, Chip, round_up
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
-from tputrace.analysis.shapes import Matmul
+from tputrace.analysis.shapes import Matmul, parse_specs
 from tputrace.wording import format_ns, plural
 
 NAME = "padding"
@@ -144,8 +144,30 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PaddingData]:
          else "measured, attributed by FLOP share") if times.measured else "target roofline estimate",
     )
     input_rows = _input_rows(groups)
-    findings = (_finding(context, size, alignment[size], entries, input_rows.get(size)) for size, entries in by_size.items())
+    classes = _class_counts(context)
+    findings = (_finding(context, size, alignment[size], entries, input_rows.get(size))
+                for size, entries in by_size.items() if size not in classes)
     return AnalysisResult(NAME, data, tuple(finding for finding in findings if finding is not None))
+
+
+def _class_counts(context: AnalysisContext) -> set[int]:
+    """The number of classes of each classification loss (the class dim of `nll_loss`'s or `multi_margin_loss`'s
+    input): the labels set it, not the model, so a head's products padded at it have no other size to take."""
+    loss_sids = [sid for (sid,) in context.trace.sql(
+        "SELECT id FROM strings WHERE text LIKE 'aten.nll\\_loss%' ESCAPE '\\' OR text LIKE 'aten.multi\\_margin\\_loss%' ESCAPE '\\'"
+    )]
+    if not loss_sids:
+        return set()
+    classes: set[int] = set()
+    for (inputs_sid,) in context.trace.sql(
+        f"SELECT DISTINCT inputs_sid FROM ops WHERE rank = ? AND op_sid IN ({', '.join('?' for _ in loss_sids)})",
+        (context.rank, *loss_sids),
+    ):
+        specs = [spec for spec in parse_specs(context.trace.string(inputs_sid)) if spec is not None and spec.shape]
+        scores = next((spec for spec in specs if spec.dtype.startswith(("f", "bf"))), None)
+        if scores is not None and len(scores.shape) >= 2:
+            classes.add(scores.shape[1])
+    return classes
 
 
 def _input_rows(groups: list[MatmulGroup]) -> dict[int, MatmulGroup]:

@@ -30,6 +30,7 @@ from tputrace.analysis import (
     recompiles,
     set_up_work,
     sharding,
+    step_tail,
     syncs,
     transfers,
 )
@@ -57,6 +58,7 @@ ANALYZERS: dict[str, Analyzer] = {
     recompile_limit.NAME: recompile_limit.analyze,
     program_cache.NAME: program_cache.analyze,
     set_up_work.NAME: set_up_work.analyze,
+    step_tail.NAME: step_tail.analyze,
     compile_cache.NAME: compile_cache.analyze,
     graph_breaks.NAME: graph_breaks.analyze,
     syncs.NAME: syncs.analyze,

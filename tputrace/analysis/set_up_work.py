@@ -21,7 +21,7 @@ from tputrace.wording import format_ns, plural
 NAME = "set_up_work"
 # "structure change at op 0 (train.py:30): aten.zero_.default (train.py:26) left out (21 ops -> 20 ops)"
 _LEFT_OUT_FIRST = re.compile(r"^structure change at op 0(?: \([^()]*\))?: (?P<ops>.+?) left out(?:;| \()")
-_LOCATION = re.compile(r"\((?P<file>[^()]+):(?P<line>\d+)\)")
+LOCATION = re.compile(r"\((?P<file>[^()]+):(?P<line>\d+)\)")
 
 
 @dataclass(frozen=True)
@@ -49,8 +49,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SetUpWorkData]:
     for _, name_sid, frame_id, dur_ns, diff_sid in rows:
         diff = trace.string(diff_sid) or ""
         match = _LEFT_OUT_FIRST.match(diff)
-        where = _LOCATION.search(match["ops"]) if match else None
-        if match is None or where is None or _runs_after_first_step(context, where["file"], int(where["line"])):
+        where = LOCATION.search(match["ops"]) if match else None
+        if match is None or where is None or runs_after_first_step(context, where["file"], int(where["line"])):
             continue
         by_line.setdefault((where["file"], int(where["line"])), []).append(
             (trace.string(name_sid) or "?", frame_id, dur_ns, match["ops"], diff)
@@ -63,7 +63,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SetUpWorkData]:
     return AnalysisResult(NAME, SetUpWorkData(lines), findings)
 
 
-def _runs_after_first_step(context: AnalysisContext, file_name: str, line: int) -> bool:
+def runs_after_first_step(context: AnalysisContext, file_name: str, line: int) -> bool:
     """Whether ops were recorded at `file_name:line` (as a recompile's diff names it) in a step after the first."""
     frames = context.frames_at_line(file_name, line)
     rows = context.trace.sql(

@@ -15,6 +15,7 @@ from tputrace.analysis.buckets import BucketOption, VaryingDim, bucket_options, 
 from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
+from tputrace.analysis.host_reads import host_read_before, masking_fix
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
 from tputrace.wording import format_ns, plural
 
@@ -316,8 +317,11 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     evidence = _program_evidence(context, storms)
     evidence.extend(_entry_evidence(context, entry, "the changing shape first enters a program as"))
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
+    read = None if growth is not None else host_read_before(context, anchor, set(shared.compiles.steps))
     if growth is not None:
         suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1])
+    elif read is not None:
+        suggestion = f"At {where}: {masking_fix(*read)}. Then each program compiles once."
     elif best is not None:
         suggestion = (
             f"Give the shape made at {where} a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. Pad to the "
