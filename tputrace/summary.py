@@ -264,7 +264,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     if not run.finished:
         ending = "no end record (still running, or killed)"
     elif run.error and run.exit_status is not None:
-        ending = f"exit {run.exit_status}, raised {run.error.strip().splitlines()[-1]}"
+        ending = f"exit {run.exit_status}, raised {raised_line(run.error)}"
     else:
         ending = exit_text(run.exit_status)
     steps = f"{summary.step_count} steps"
@@ -461,6 +461,19 @@ def sections(summary: RunSummary) -> list[Section]:
     if summary.forked:
         result.append(Section(f"forked processes: {len(summary.forked)}", lines=tuple(_forked_line(process) for process in summary.forked)))
     return [section for section in result if section.rows or section.lines]
+
+
+def raised_line(error: str) -> str:
+    """The exception's own line (`ValueError: ...`) of a formatted traceback: the first unindented line
+    after its last traceback's frames, not the text some exceptions add after it (Dynamo's `from user
+    code:` frames and its `TORCHDYNAMO_VERBOSE` hint); the last line of a text that is no traceback."""
+    lines = error.strip().splitlines()
+    starts = [index for index, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
+    if starts:
+        for line in lines[starts[-1] + 1:]:
+            if line.strip() and not line[0].isspace():
+                return line
+    return lines[-1] if lines else ""
 
 
 def exit_text(exit_status: int | None) -> str:

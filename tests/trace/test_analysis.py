@@ -729,3 +729,14 @@ def test_merged_ns_counts_each_instant_once() -> None:
 
     assert merged_ns([]) == 0
     assert merged_ns([(0, 10), (2, 5), (5, 12), (20, 25), (25, 30)]) == 22
+
+
+def test_every_analyzer_has_its_report_section_and_its_import_needs() -> None:
+    """A new analyzer gets the HTML report's section by name (the keyword fallback put a recompile
+    finding under "steps") and says what an import must hold for it to run."""
+    from tputrace.analysis.imported import NEEDS
+    from tputrace.analysis.report import ANALYZERS
+    from tputrace.viewers.report.analysis_data import ANALYZER_SECTIONS
+
+    assert [name for name in ANALYZERS if name not in ANALYZER_SECTIONS] == []
+    assert [name for name in ANALYZERS if name not in NEEDS] == []

@@ -458,6 +458,27 @@ def test_run_script_that_raises(tmp_path: Path, recorder: StandInRecorder, capsy
     assert "raised ValueError: boom" in err
 
 
+def test_summary_names_the_exception_line_of_an_error_with_text_after_it(tmp_path: Path) -> None:
+    """Dynamo's errors end with their user frames and a `TORCHDYNAMO_VERBOSE` hint after the exception's
+    line; the run line names the exception, not the hint."""
+    script = _script(
+        tmp_path,
+        """
+        class Unsupported(Exception):
+            pass
+        raise Unsupported("Data-dependent branching\\n\\nfrom user code:\\n   File \\"train.py\\", line 5, in f\\n    if x.sum() > 0:\\n\\nSet TORCHDYNAMO_VERBOSE=1 for the internal stack trace")
+    """,
+    )
+    trace_path = tmp_path / "t.tptrace"
+    run = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace_path), str(script)], capture_output=True, text=True)
+    assert run.returncode == 1, run.stderr[-2000:]
+    summary = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "summary", str(trace_path)], capture_output=True, text=True)
+    info = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "info", str(trace_path)], capture_output=True, text=True)
+    for output in (summary.stdout, info.stdout):
+        assert "raised Unsupported: Data-dependent branching" in output, output
+        assert "TORCHDYNAMO_VERBOSE" not in output
+
+
 # A launcher stopping the other ranks after one died sends SIGTERM while a rank is still formatting the
 # error its collective raised: the run then recorded exit status 0.
 SIGTERM_WHILE_REPORTING_AN_ERROR = (

@@ -24,6 +24,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "recompile_limit": None,
     "program_cache": ("flushes",),
     "set_up_work": ("flushes",),
+    "step_tail": ("flushes",),
     "compile_cache": None,
     "graph_breaks": ("compiles",),
     "syncs": ("syncs",),
@@ -36,6 +37,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "data_movement": ("executions",),
     "memory": ("memory",),
     "collectives": ("collectives",),
+    "sharding": ("collectives",),
 }
 
 # Analyzers that a format's rows would mislead, with the reason.

@@ -25,7 +25,7 @@ def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from tputrace.store.reader import open_trace
-    from tputrace.summary import exit_text, format_bytes, format_ns
+    from tputrace.summary import exit_text, format_bytes, format_ns, raised_line
 
     with open_trace(args.trace) as trace:
         file_size = trace.path.stat().st_size
@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         else:
             ending = f"wall {format_ns(run_info.end_ns)}, {exit_text(run_info.exit_status)}"
             if run_info.error:
-                ending += f", raised {run_info.error.strip().splitlines()[-1]}"
+                ending += f", raised {raised_line(run_info.error)}"
         lines.append((f"rank {run_info.rank}", command))
         lines.extend(("", detail) for detail in (machine, versions, ending) if detail)
     lines.append(("records", ""))

@@ -18,12 +18,15 @@ if TYPE_CHECKING:
 # Which report section shows an analyzer's findings: by name for the analyzers of tputrace.analysis,
 # else by words in the analyzer's name (first match wins), else "where".
 ANALYZER_SECTIONS: dict[str, str] = {
+    "no_device_ops": "where",
     "recompiles": "recompilations",
     "guard_recompiles": "recompilations",
     "recompile_limit": "recompilations",
     "program_cache": "recompilations",
     "set_up_work": "recompilations",
+    "step_tail": "recompilations",
     "compile_cache": "recompilations",
+    "graph_breaks": "recompilations",
     "syncs": "timeline",
     "fallbacks": "timeline",
     "fusion": "timeline",
