@@ -2,6 +2,7 @@
 another checkout's (`--base-python`), side by side.
 
     python bench/compile_speed.py --base-python /work/main/.venv/bin/python [--rounds 3] [--models classifier gpt cnn]
+    python bench/compile_speed.py --options default= split1=xla_cpu_parallel_codegen_split_count=1 [--rounds 3]
 
 Each round starts one worker process per side, in alternating order: the worker imports the backend its
 Python finds (the base Python's own checkout, or this one), runs each model's first steps in DEFER_AND_FUSE,
@@ -12,6 +13,12 @@ paired by model and compile order. The models: a one-layer `nn.TransformerEncode
 a padding mask and dropout (AdamW), `examples/gpt_train.py`'s GPT (6 layers, width 256, AdamW, clipping),
 `examples/cnn_train.py`'s ResNet (SGD with momentum) and a sequence tagger (an embedding, a two-layer
 bidirectional `nn.LSTM` of width 128 over 20 tokens and a linear head, Adam).
+
+With `--options NAME=OPTION=VALUE,...` it compares XLA compile options on this checkout instead: each round's
+worker captures the programs once, then compiles each program under every option set in turn (the order
+alternating from program to program), passing the options to that compile only (`Lowered.compile`), and
+times the compile (process CPU and wall) and the compiled program's run (the median wall time of a call on
+inputs already on the chip), so that an option's compile saving and its run-time cost are read side by side.
 """
 
 from __future__ import annotations
@@ -180,6 +187,113 @@ def _compile_times(fn: Callable[..., Any], inputs: list[Any]) -> dict[str, float
             "hlo_lines": sum(1 for line in entry.splitlines() if " = " in line), "kernels": entry.count(" fusion(")}
 
 
+def _call_seconds(compiled: Any, inputs: list[Any], calls: int = 15) -> float:
+    """The median wall time of one call of `compiled` on inputs already on the chip."""
+    import jax
+
+    arguments = [jax.device_put(value) if hasattr(value, "shape") else value for value in inputs]
+    jax.block_until_ready(compiled(*arguments))
+    durations = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*arguments))
+        durations.append(time.perf_counter() - start)
+    return statistics.median(durations)
+
+
+def _option_times(fn: Callable[..., Any], inputs: list[Any], option_sets: dict[str, dict[str, bool | int | str]], reverse: bool) -> dict[str, dict[str, float]]:
+    """Lower `fn` once and compile it under each option set: compile CPU and wall, kernels, and a call's time."""
+    import warnings
+
+    import jax
+
+    def fresh(*args: Any) -> Any:
+        return fn(*args)
+
+    times = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lowered = jax.jit(fresh).lower(*inputs)
+        for name in (reversed(list(option_sets)) if reverse else list(option_sets)):
+            cpu, wall = time.process_time(), time.perf_counter()
+            compiled = lowered.compile(option_sets[name] or None)
+            compile_cpu, compile_wall = time.process_time() - cpu, time.perf_counter() - wall
+            text = compiled.as_text()
+            times[name] = {"compile_cpu": compile_cpu, "wall": compile_wall, "kernels": text[text.index("\nENTRY"):].count(" fusion("),
+                           "run": _call_seconds(compiled, inputs)}
+    return times
+
+
+def options_worker(models: Sequence[str], option_sets: dict[str, dict[str, bool | int | str]]) -> None:
+    """One round of `--options`: capture each model's programs, compile each under every option set, print one JSON line."""
+    sys.path.insert(0, str(EXAMPLES))
+    import tputrace.backend  # noqa: F401 - registers the tpu device
+
+    programs = []
+    for model in models:
+        for order, (name, fn, inputs) in enumerate(_capture(model)):
+            programs.append({"model": model, "order": order, "name": name, "options": _option_times(fn, inputs, option_sets, reverse=len(programs) % 2 == 1)})
+    print("RESULT " + json.dumps({"programs": programs}), flush=True)
+
+
+def parse_option_sets(specs: Sequence[str]) -> dict[str, dict[str, bool | int | str]]:
+    """`NAME=OPTION=VALUE,OPTION=VALUE` (or `NAME=` for XLA's defaults) -> {NAME: {OPTION: VALUE}}."""
+    option_sets: dict[str, dict[str, bool | int | str]] = {}
+    for spec in specs:
+        name, _, options = spec.partition("=")
+        if not name:
+            raise ValueError(f"option set {spec!r} has no name (NAME=OPTION=VALUE,...)")
+        pairs = [option.partition("=") for option in options.split(",") if option]
+        if any(not value for _, _, value in pairs):
+            raise ValueError(f"option set {spec!r}: each option needs a value (OPTION=VALUE)")
+        option_sets[name] = {option.removeprefix("--"): _option_value(value) for option, _, value in pairs}
+    return option_sets
+
+
+def _option_value(text: str) -> bool | int | str:
+    """An option's value as XLA takes it: a bool, an int, or the text (an enum's name)."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def compare_options(option_sets: dict[str, dict[str, bool | int | str]], models: Sequence[str], rounds: int) -> str:
+    samples = []
+    for index in range(rounds):
+        samples.append(_run_worker(sys.executable, models, ["--options", *(f"{name}=" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()) for name, options in option_sets.items())]))
+        print(f"round {index + 1}/{rounds} done", file=sys.stderr, flush=True)
+    names = list(option_sets)
+    reference = names[0]
+    lines = [
+        "XLA compile options, each passed to one compile of the same lowered program (medians over rounds; compile CPU = "
+        "process CPU of XLA's compile, all threads; run = median wall time of one call; kernels = fusions of the optimized "
+        f"entry computation; ratios against `{reference}`):", "",
+        "| option set | options |", "|---|---|",
+        *(f"| {name} | {', '.join(f'`{k}={v}`' for k, v in option_sets[name].items()) or 'XLA defaults'} |" for name in names), "",
+        "| model | program | option set | kernels | compile CPU s | compile wall s | run ms | compile CPU / ref | run / ref |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    totals = {name: [0.0, 0.0] for name in names}
+    for key in [(p["model"], p["order"]) for p in samples[0]["programs"]]:
+        per_round = [next(p for p in sample["programs"] if (p["model"], p["order"]) == key) for sample in samples]
+        medians = {name: {field: statistics.median(p["options"][name][field] for p in per_round) for field in ("compile_cpu", "wall", "run", "kernels")}
+                   for name in names}
+        for name in names:
+            median = medians[name]
+            totals[name][0] += median["compile_cpu"]
+            totals[name][1] += median["wall"]
+            lines.append(
+                f"| {key[0]} | {per_round[0]['name']} | {name} | {median['kernels']:.0f} | {median['compile_cpu']:.2f} | {median['wall']:.2f} | "
+                f"{median['run'] * 1e3:.2f} | {median['compile_cpu'] / medians[reference]['compile_cpu']:.2f} | {median['run'] / medians[reference]['run']:.2f} |"
+            )
+    lines += ["", "All programs' compile: " + "; ".join(f"{name} {cpu:.2f} s CPU, {wall:.2f} s wall" for name, (cpu, wall) in totals.items()) + ".",
+              "", f"{rounds} rounds, each one worker process; the option sets' order alternates from program to program."]
+    return "\n".join(lines)
+
+
 def worker(models: Sequence[str]) -> None:
     """One side of a round: capture each model's programs, compile each again, print one JSON line."""
     sys.path.insert(0, str(EXAMPLES))
@@ -193,10 +307,10 @@ def worker(models: Sequence[str]) -> None:
     print("RESULT " + json.dumps({"programs": programs, "first_steps": first_steps}), flush=True)
 
 
-def _run_worker(python: str, models: Sequence[str]) -> dict[str, Any]:
+def _run_worker(python: str, models: Sequence[str], extra: Sequence[str] = ()) -> dict[str, Any]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
-    result = subprocess.run([python, str(Path(__file__).resolve()), "--worker", *models], capture_output=True, text=True, env=env, cwd="/", check=False)
+    result = subprocess.run([python, str(Path(__file__).resolve()), "--worker", *models, *extra], capture_output=True, text=True, env=env, cwd="/", check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not lines:
         raise SystemExit(f"worker {python} failed ({result.returncode}): {result.stderr.strip().splitlines()[-1:] or ''}")
@@ -250,24 +364,38 @@ def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-python", required="--worker" not in sys.argv, help="the Python whose checkout is the base (its own editable install)")
+    parser.add_argument("--base-python", help="the Python whose checkout is the base (its own editable install)")
+    parser.add_argument("--options", nargs="+", metavar="NAME=OPTION=VALUE,...",
+                        help="compare XLA compile option sets on this checkout instead (the first is the reference; NAME= for XLA's defaults)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--worker", nargs="+", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true", help="print the table without writing bench/RESULTS.md")
     args = parser.parse_args()
+    try:
+        option_sets = parse_option_sets(args.options or ())
+    except ValueError as error:
+        parser.exit(2, f"compile_speed: {error}\n")
     if args.worker:
-        worker(args.worker)
+        if option_sets:
+            options_worker(args.worker, option_sets)
+        else:
+            worker(args.worker)
         return
-    if not Path(args.base_python).exists():
+    if option_sets:
+        body, title = compare_options(option_sets, args.models, args.rounds), "XLA:CPU compile options"
+    elif args.base_python is None:
+        parser.exit(2, "compile_speed: give --base-python (compare two checkouts) or --options (compare XLA options)\n")
+    elif not Path(args.base_python).exists():
         parser.exit(2, f"compile_speed: no Python at {args.base_python}\n")
-    body = compare(args.base_python, args.models, args.rounds)
+    else:
+        body, title = compare(args.base_python, args.models, args.rounds), "XLA:CPU compile time of fused programs"
     print(body)
     if not args.no_write:
         sys.path.insert(0, str(BENCH))
         from results import write_section
 
-        write_section("XLA:CPU compile time of fused programs", body)
+        write_section(title, body)
 
 
 if __name__ == "__main__":
