@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -136,11 +137,15 @@ RUNNERS: dict[str, Callable[[int], None]] = {
     "classifier": _classifier_steps, "gpt": _gpt_steps, "cnn": _cnn_steps, "tagger": _tagger_steps,
 }
 _first_steps: dict[str, tuple[float, float]] = {}
+# Per model, the process CPU its first step spent making programs: (tracing and lowering, XLA's compile).
+_first_step_programs: dict[str, list[float]] = {}
+_program_cpu = [0.0, 0.0]
 
 
 def _first_step_done(model: str, step: int) -> None:
     if step == 0:
         _first_steps[model] = (time.perf_counter() - WORKER_START, time.process_time() - WORKER_START_CPU)
+        _first_step_programs[model] = list(_program_cpu)
 
 
 def _capture(model: str) -> list[tuple[str, Callable[..., Any], list[Any]]]:
@@ -149,19 +154,35 @@ def _capture(model: str) -> list[tuple[str, Callable[..., Any], list[Any]]]:
     from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
     from tputrace.backend.eager import deferred
 
+    from tputrace.backend.core import compile_cache
+
     captured: list[tuple[str, Callable[..., Any], list[Any]]] = []
-    compile_program = deferred.compile_program
+    compile_program, compile_lowered = deferred.compile_program, compile_cache.compile_lowered
 
     def capturing(fn: Callable[..., Any], dynamic: Sequence[Any], chip: int, name: str, **options: Any) -> Any:
         captured.append((name, fn, [np.asarray(value) if hasattr(value, "shape") else value for value in dynamic]))
-        return compile_program(fn, dynamic, chip, name, **options)
+        start = time.process_time()
+        try:
+            return compile_program(fn, dynamic, chip, name, **options)
+        finally:
+            _program_cpu[0] += time.process_time() - start
 
-    deferred.compile_program = capturing
+    def timed_compile(lowered: Any) -> Any:
+        start = time.process_time()
+        try:
+            return compile_lowered(lowered)
+        finally:
+            spent = time.process_time() - start
+            _program_cpu[0] -= spent
+            _program_cpu[1] += spent
+
+    deferred.compile_program, compile_cache.compile_lowered = capturing, timed_compile
+    _program_cpu[:] = [0.0, 0.0]
     set_eager_mode(EagerMode.DEFER_AND_FUSE)
     try:
         RUNNERS[model](STEPS)
     finally:
-        deferred.compile_program = compile_program
+        deferred.compile_program, compile_cache.compile_lowered = compile_program, compile_lowered
     return captured
 
 
@@ -303,7 +324,8 @@ def worker(models: Sequence[str]) -> None:
     for model in models:
         for order, (name, fn, inputs) in enumerate(_capture(model)):
             programs.append({"model": model, "order": order, "name": name, **_compile_times(fn, inputs)})
-    first_steps = {model: {"wall": wall, "cpu": cpu} for model, (wall, cpu) in _first_steps.items()}
+    first_steps = {model: {"wall": wall, "cpu": cpu, "lower_cpu": _first_step_programs[model][0], "compile_cpu": _first_step_programs[model][1]}
+                   for model, (wall, cpu) in _first_steps.items()}
     print("RESULT " + json.dumps({"programs": programs, "first_steps": first_steps}), flush=True)
 
 
@@ -315,10 +337,6 @@ def _run_worker(python: str, models: Sequence[str], extra: Sequence[str] = ()) -
     if result.returncode != 0 or not lines:
         raise SystemExit(f"worker {python} failed ({result.returncode}): {result.stderr.strip().splitlines()[-1:] or ''}")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def _median(rounds: list[dict[str, Any]], pick: Callable[[dict[str, Any]], float]) -> float:
-    return statistics.median(pick(sample) for sample in rounds)
 
 
 def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
@@ -351,13 +369,14 @@ def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
             f"{compile_base:.2f} | {compile_new:.2f} | {compile_new / compile_base:.2f} |"
         )
     lines += ["", f"All programs' compile CPU: base {totals['base']:.2f} s, new {totals['new']:.2f} s ({totals['new'] / totals['base']:.2f}x).", "",
-              "From the worker's start (imports included) to the end of each model's first step, run first to third in one process:", "",
-              "| model | wall base s | wall new s | CPU base s | CPU new s |", "|---|---|---|---|---|"]
+              "From the worker's start (imports included) to the end of each model's first step, run first to third in one process; "
+              "of its CPU, what making its programs took (tracing and lowering with JAX, then XLA's compile):", "",
+              "| model | wall base s | wall new s | CPU base s | CPU new s | trace+lower CPU base s | trace+lower CPU new s | XLA compile CPU base s | XLA compile CPU new s |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
-        lines.append(
-            f"| {model} | {_median(sides['base'], lambda s: s['first_steps'][model]['wall']):.1f} | {_median(sides['new'], lambda s: s['first_steps'][model]['wall']):.1f} | "
-            f"{_median(sides['base'], lambda s: s['first_steps'][model]['cpu']):.1f} | {_median(sides['new'], lambda s: s['first_steps'][model]['cpu']):.1f} |"
-        )
+        cells = [statistics.median(sample["first_steps"][model].get(field, math.nan) for sample in sides[side])
+                 for field in ("wall", "cpu", "lower_cpu", "compile_cpu") for side in ("base", "new")]
+        lines.append(f"| {model} | " + " | ".join(f"{cell:.1f}" if field < 2 else f"{cell:.2f}" for field, cell in zip((0, 0, 1, 1, 2, 2, 3, 3), cells)) + " |")
     lines += ["", f"{rounds} rounds; base: `{base_python}`, new: this checkout."]
     return "\n".join(lines)
 
