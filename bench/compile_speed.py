@@ -261,9 +261,9 @@ def parse_option_sets(specs: Sequence[str]) -> dict[str, dict[str, bool | int | 
     """`NAME=OPTION=VALUE,OPTION=VALUE` (or `NAME=` for XLA's defaults) -> {NAME: {OPTION: VALUE}}."""
     option_sets: dict[str, dict[str, bool | int | str]] = {}
     for spec in specs:
-        name, _, options = spec.partition("=")
-        if not name:
-            raise ValueError(f"option set {spec!r} has no name (NAME=OPTION=VALUE,...)")
+        name, equals, options = spec.partition("=")
+        if not name or not equals:
+            raise ValueError(f"option set {spec!r} is not NAME=OPTION=VALUE,... (or NAME= for XLA's defaults)")
         pairs = [option.partition("=") for option in options.split(",") if option]
         if any(not value for _, _, value in pairs):
             raise ValueError(f"option set {spec!r}: each option needs a value (OPTION=VALUE)")
