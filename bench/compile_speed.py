@@ -2,6 +2,7 @@
 another checkout's (`--base-python`), side by side.
 
     python bench/compile_speed.py --base-python /work/main/.venv/bin/python [--rounds 3] [--models classifier gpt cnn]
+    python bench/compile_speed.py --options default= split1=xla_cpu_parallel_codegen_split_count=1 [--rounds 3]
 
 Each round starts one worker process per side, in alternating order: the worker imports the backend its
 Python finds (the base Python's own checkout, or this one), runs each model's first steps in DEFER_AND_FUSE,
@@ -12,12 +13,19 @@ paired by model and compile order. The models: a one-layer `nn.TransformerEncode
 a padding mask and dropout (AdamW), `examples/gpt_train.py`'s GPT (6 layers, width 256, AdamW, clipping),
 `examples/cnn_train.py`'s ResNet (SGD with momentum) and a sequence tagger (an embedding, a two-layer
 bidirectional `nn.LSTM` of width 128 over 20 tokens and a linear head, Adam).
+
+With `--options NAME=OPTION=VALUE,...` it compares XLA compile options on this checkout instead: each round's
+worker captures the programs once, then compiles each program under every option set in turn (the order
+alternating from program to program), passing the options to that compile only (`Lowered.compile`), and
+times the compile (process CPU and wall) and the compiled program's run (the median wall time of a call on
+inputs already on the chip), so that an option's compile saving and its run-time cost are read side by side.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
@@ -129,11 +137,15 @@ RUNNERS: dict[str, Callable[[int], None]] = {
     "classifier": _classifier_steps, "gpt": _gpt_steps, "cnn": _cnn_steps, "tagger": _tagger_steps,
 }
 _first_steps: dict[str, tuple[float, float]] = {}
+# Per model, the process CPU its first step spent making programs: (tracing and lowering, XLA's compile).
+_first_step_programs: dict[str, list[float]] = {}
+_program_cpu = [0.0, 0.0]
 
 
 def _first_step_done(model: str, step: int) -> None:
     if step == 0:
         _first_steps[model] = (time.perf_counter() - WORKER_START, time.process_time() - WORKER_START_CPU)
+        _first_step_programs[model] = list(_program_cpu)
 
 
 def _capture(model: str) -> list[tuple[str, Callable[..., Any], list[Any]]]:
@@ -142,19 +154,35 @@ def _capture(model: str) -> list[tuple[str, Callable[..., Any], list[Any]]]:
     from tputrace.backend.compat.device_module import EagerMode, set_eager_mode
     from tputrace.backend.eager import deferred
 
+    from tputrace.backend.core import compile_cache
+
     captured: list[tuple[str, Callable[..., Any], list[Any]]] = []
-    compile_program = deferred.compile_program
+    compile_program, compile_lowered = deferred.compile_program, compile_cache.compile_lowered
 
     def capturing(fn: Callable[..., Any], dynamic: Sequence[Any], chip: int, name: str, **options: Any) -> Any:
         captured.append((name, fn, [np.asarray(value) if hasattr(value, "shape") else value for value in dynamic]))
-        return compile_program(fn, dynamic, chip, name, **options)
+        start = time.process_time()
+        try:
+            return compile_program(fn, dynamic, chip, name, **options)
+        finally:
+            _program_cpu[0] += time.process_time() - start
 
-    deferred.compile_program = capturing
+    def timed_compile(lowered: Any) -> Any:
+        start = time.process_time()
+        try:
+            return compile_lowered(lowered)
+        finally:
+            spent = time.process_time() - start
+            _program_cpu[0] -= spent
+            _program_cpu[1] += spent
+
+    deferred.compile_program, compile_cache.compile_lowered = capturing, timed_compile
+    _program_cpu[:] = [0.0, 0.0]
     set_eager_mode(EagerMode.DEFER_AND_FUSE)
     try:
         RUNNERS[model](STEPS)
     finally:
-        deferred.compile_program = compile_program
+        deferred.compile_program, compile_cache.compile_lowered = compile_program, compile_lowered
     return captured
 
 
@@ -180,6 +208,113 @@ def _compile_times(fn: Callable[..., Any], inputs: list[Any]) -> dict[str, float
             "hlo_lines": sum(1 for line in entry.splitlines() if " = " in line), "kernels": entry.count(" fusion(")}
 
 
+def _call_seconds(compiled: Any, inputs: list[Any], calls: int = 15) -> float:
+    """The median wall time of one call of `compiled` on inputs already on the chip."""
+    import jax
+
+    arguments = [jax.device_put(value) if hasattr(value, "shape") else value for value in inputs]
+    jax.block_until_ready(compiled(*arguments))
+    durations = []
+    for _ in range(calls):
+        start = time.perf_counter()
+        jax.block_until_ready(compiled(*arguments))
+        durations.append(time.perf_counter() - start)
+    return statistics.median(durations)
+
+
+def _option_times(fn: Callable[..., Any], inputs: list[Any], option_sets: dict[str, dict[str, bool | int | str]], reverse: bool) -> dict[str, dict[str, float]]:
+    """Lower `fn` once and compile it under each option set: compile CPU and wall, kernels, and a call's time."""
+    import warnings
+
+    import jax
+
+    def fresh(*args: Any) -> Any:
+        return fn(*args)
+
+    times = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        lowered = jax.jit(fresh).lower(*inputs)
+        for name in (reversed(list(option_sets)) if reverse else list(option_sets)):
+            cpu, wall = time.process_time(), time.perf_counter()
+            compiled = lowered.compile(option_sets[name] or None)
+            compile_cpu, compile_wall = time.process_time() - cpu, time.perf_counter() - wall
+            text = compiled.as_text()
+            times[name] = {"compile_cpu": compile_cpu, "wall": compile_wall, "kernels": text[text.index("\nENTRY"):].count(" fusion("),
+                           "run": _call_seconds(compiled, inputs)}
+    return times
+
+
+def options_worker(models: Sequence[str], option_sets: dict[str, dict[str, bool | int | str]]) -> None:
+    """One round of `--options`: capture each model's programs, compile each under every option set, print one JSON line."""
+    sys.path.insert(0, str(EXAMPLES))
+    import tputrace.backend  # noqa: F401 - registers the tpu device
+
+    programs = []
+    for model in models:
+        for order, (name, fn, inputs) in enumerate(_capture(model)):
+            programs.append({"model": model, "order": order, "name": name, "options": _option_times(fn, inputs, option_sets, reverse=len(programs) % 2 == 1)})
+    print("RESULT " + json.dumps({"programs": programs}), flush=True)
+
+
+def parse_option_sets(specs: Sequence[str]) -> dict[str, dict[str, bool | int | str]]:
+    """`NAME=OPTION=VALUE,OPTION=VALUE` (or `NAME=` for XLA's defaults) -> {NAME: {OPTION: VALUE}}."""
+    option_sets: dict[str, dict[str, bool | int | str]] = {}
+    for spec in specs:
+        name, equals, options = spec.partition("=")
+        if not name or not equals:
+            raise ValueError(f"option set {spec!r} is not NAME=OPTION=VALUE,... (or NAME= for XLA's defaults)")
+        pairs = [option.partition("=") for option in options.split(",") if option]
+        if any(not value for _, _, value in pairs):
+            raise ValueError(f"option set {spec!r}: each option needs a value (OPTION=VALUE)")
+        option_sets[name] = {option.removeprefix("--"): _option_value(value) for option, _, value in pairs}
+    return option_sets
+
+
+def _option_value(text: str) -> bool | int | str:
+    """An option's value as XLA takes it: a bool, an int, or the text (an enum's name)."""
+    if text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    try:
+        return int(text)
+    except ValueError:
+        return text
+
+
+def compare_options(option_sets: dict[str, dict[str, bool | int | str]], models: Sequence[str], rounds: int) -> str:
+    samples = []
+    for index in range(rounds):
+        samples.append(_run_worker(sys.executable, models, ["--options", *(f"{name}=" + ",".join(f"{k}={str(v).lower() if isinstance(v, bool) else v}" for k, v in options.items()) for name, options in option_sets.items())]))
+        print(f"round {index + 1}/{rounds} done", file=sys.stderr, flush=True)
+    names = list(option_sets)
+    reference = names[0]
+    lines = [
+        "XLA compile options, each passed to one compile of the same lowered program (medians over rounds; compile CPU = "
+        "process CPU of XLA's compile, all threads; run = median wall time of one call; kernels = fusions of the optimized "
+        f"entry computation; ratios against `{reference}`):", "",
+        "| option set | options |", "|---|---|",
+        *(f"| {name} | {', '.join(f'`{k}={v}`' for k, v in option_sets[name].items()) or 'XLA defaults'} |" for name in names), "",
+        "| model | program | option set | kernels | compile CPU s | compile wall s | run ms | compile CPU / ref | run / ref |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    totals = {name: [0.0, 0.0] for name in names}
+    for key in [(p["model"], p["order"]) for p in samples[0]["programs"]]:
+        per_round = [next(p for p in sample["programs"] if (p["model"], p["order"]) == key) for sample in samples]
+        medians = {name: {field: statistics.median(p["options"][name][field] for p in per_round) for field in ("compile_cpu", "wall", "run", "kernels")}
+                   for name in names}
+        for name in names:
+            median = medians[name]
+            totals[name][0] += median["compile_cpu"]
+            totals[name][1] += median["wall"]
+            lines.append(
+                f"| {key[0]} | {per_round[0]['name']} | {name} | {median['kernels']:.0f} | {median['compile_cpu']:.2f} | {median['wall']:.2f} | "
+                f"{median['run'] * 1e3:.2f} | {median['compile_cpu'] / medians[reference]['compile_cpu']:.2f} | {median['run'] / medians[reference]['run']:.2f} |"
+            )
+    lines += ["", "All programs' compile: " + "; ".join(f"{name} {cpu:.2f} s CPU, {wall:.2f} s wall" for name, (cpu, wall) in totals.items()) + ".",
+              "", f"{rounds} rounds, each one worker process; the option sets' order alternates from program to program."]
+    return "\n".join(lines)
+
+
 def worker(models: Sequence[str]) -> None:
     """One side of a round: capture each model's programs, compile each again, print one JSON line."""
     sys.path.insert(0, str(EXAMPLES))
@@ -189,22 +324,19 @@ def worker(models: Sequence[str]) -> None:
     for model in models:
         for order, (name, fn, inputs) in enumerate(_capture(model)):
             programs.append({"model": model, "order": order, "name": name, **_compile_times(fn, inputs)})
-    first_steps = {model: {"wall": wall, "cpu": cpu} for model, (wall, cpu) in _first_steps.items()}
+    first_steps = {model: {"wall": wall, "cpu": cpu, "lower_cpu": _first_step_programs[model][0], "compile_cpu": _first_step_programs[model][1]}
+                   for model, (wall, cpu) in _first_steps.items()}
     print("RESULT " + json.dumps({"programs": programs, "first_steps": first_steps}), flush=True)
 
 
-def _run_worker(python: str, models: Sequence[str]) -> dict[str, Any]:
+def _run_worker(python: str, models: Sequence[str], extra: Sequence[str] = ()) -> dict[str, Any]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
-    result = subprocess.run([python, str(Path(__file__).resolve()), "--worker", *models], capture_output=True, text=True, env=env, cwd="/", check=False)
+    result = subprocess.run([python, str(Path(__file__).resolve()), "--worker", *models, *extra], capture_output=True, text=True, env=env, cwd="/", check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not lines:
         raise SystemExit(f"worker {python} failed ({result.returncode}): {result.stderr.strip().splitlines()[-1:] or ''}")
     return json.loads(lines[-1][len("RESULT "):])
-
-
-def _median(rounds: list[dict[str, Any]], pick: Callable[[dict[str, Any]], float]) -> float:
-    return statistics.median(pick(sample) for sample in rounds)
 
 
 def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
@@ -237,37 +369,52 @@ def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
             f"{compile_base:.2f} | {compile_new:.2f} | {compile_new / compile_base:.2f} |"
         )
     lines += ["", f"All programs' compile CPU: base {totals['base']:.2f} s, new {totals['new']:.2f} s ({totals['new'] / totals['base']:.2f}x).", "",
-              "From the worker's start (imports included) to the end of each model's first step, run first to third in one process:", "",
-              "| model | wall base s | wall new s | CPU base s | CPU new s |", "|---|---|---|---|---|"]
+              "From the worker's start (imports included) to the end of each model's first step, run first to third in one process; "
+              "of its CPU, what making its programs took (tracing and lowering with JAX, then XLA's compile):", "",
+              "| model | wall base s | wall new s | CPU base s | CPU new s | trace+lower CPU base s | trace+lower CPU new s | XLA compile CPU base s | XLA compile CPU new s |",
+              "|---|---|---|---|---|---|---|---|---|"]
     for model in models:
-        lines.append(
-            f"| {model} | {_median(sides['base'], lambda s: s['first_steps'][model]['wall']):.1f} | {_median(sides['new'], lambda s: s['first_steps'][model]['wall']):.1f} | "
-            f"{_median(sides['base'], lambda s: s['first_steps'][model]['cpu']):.1f} | {_median(sides['new'], lambda s: s['first_steps'][model]['cpu']):.1f} |"
-        )
+        cells = [statistics.median(sample["first_steps"][model].get(field, math.nan) for sample in sides[side])
+                 for field in ("wall", "cpu", "lower_cpu", "compile_cpu") for side in ("base", "new")]
+        lines.append(f"| {model} | " + " | ".join(f"{cell:.1f}" if field < 2 else f"{cell:.2f}" for field, cell in zip((0, 0, 1, 1, 2, 2, 3, 3), cells)) + " |")
     lines += ["", f"{rounds} rounds; base: `{base_python}`, new: this checkout."]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--base-python", required="--worker" not in sys.argv, help="the Python whose checkout is the base (its own editable install)")
+    parser.add_argument("--base-python", help="the Python whose checkout is the base (its own editable install)")
+    parser.add_argument("--options", nargs="+", metavar="NAME=OPTION=VALUE,...",
+                        help="compare XLA compile option sets on this checkout instead (the first is the reference; NAME= for XLA's defaults)")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--worker", nargs="+", choices=MODELS, help=argparse.SUPPRESS)
     parser.add_argument("--no-write", action="store_true", help="print the table without writing bench/RESULTS.md")
     args = parser.parse_args()
+    try:
+        option_sets = parse_option_sets(args.options or ())
+    except ValueError as error:
+        parser.exit(2, f"compile_speed: {error}\n")
     if args.worker:
-        worker(args.worker)
+        if option_sets:
+            options_worker(args.worker, option_sets)
+        else:
+            worker(args.worker)
         return
-    if not Path(args.base_python).exists():
+    if option_sets:
+        body, title = compare_options(option_sets, args.models, args.rounds), "XLA:CPU compile options"
+    elif args.base_python is None:
+        parser.exit(2, "compile_speed: give --base-python (compare two checkouts) or --options (compare XLA options)\n")
+    elif not Path(args.base_python).exists():
         parser.exit(2, f"compile_speed: no Python at {args.base_python}\n")
-    body = compare(args.base_python, args.models, args.rounds)
+    else:
+        body, title = compare(args.base_python, args.models, args.rounds), "XLA:CPU compile time of fused programs"
     print(body)
     if not args.no_write:
         sys.path.insert(0, str(BENCH))
         from results import write_section
 
-        write_section("XLA:CPU compile time of fused programs", body)
+        write_section(title, body)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import torch
 
 from . import comparison, linalg, pointwise, reduction
-from ._util import jax_dtype
+from ._util import concrete_number, jax_dtype, to_float
 from .registry import lowers
 
 aten = torch.ops.aten
@@ -99,5 +99,27 @@ def _powsum(self: Array, ord: object = 2, dtype: torch.dtype | None = None) -> A
     return jnp.sum(magnitude**ord)
 
 
-_register("_foreach_norm", _norm, ("Scalar",))
+@lowers(aten._foreach_norm.Scalar)
+def foreach_norm(tensors: Sequence[Array], ord: object = 2, dtype: torch.dtype | None = None) -> list[Array]:  # noqa: A002
+    """Each tensor's norm. The 2-norms' square roots are taken once per dtype, over the stacked sums of
+    squares: XLA:CPU does not fuse a reduction into the elementwise op that reads its result, so a square
+    root per tensor would be a kernel per tensor (a gradient clip's program compiled one per parameter).
+    Each element's value is the one its own square root gives."""
+    if concrete_number(ord) != 2:
+        return [_norm(tensor, ord, dtype) for tensor in tensors]
+    sums = []
+    for tensor in tensors:
+        magnitude = jnp.abs(tensor.astype(jax_dtype(dtype)) if dtype is not None else to_float(tensor))
+        sums.append(jnp.sum(magnitude * magnitude))
+    norms: list[Array] = list(sums)
+    by_dtype: dict[jnp.dtype, list[int]] = {}
+    for index, total in enumerate(sums):
+        by_dtype.setdefault(total.dtype, []).append(index)
+    for indices in by_dtype.values():
+        roots = jnp.sqrt(jnp.stack([sums[index] for index in indices]))
+        for position, index in enumerate(indices):
+            norms[index] = roots[position]
+    return norms
+
+
 _register("_foreach_powsum", _powsum, ("Scalar",))

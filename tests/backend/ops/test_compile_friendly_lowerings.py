@@ -1,6 +1,6 @@
 """Lowerings written for XLA:CPU's compile time: random draws from Philox (XLA's RngBitGenerator) instead of
 threefry, slice and select backward (and scatters through them) as pads, `nll_loss_backward` as a compare with an
-iota instead of a scatter. Each must still match torch on the CPU, gradients included, in both eager modes; and
+iota instead of a scatter, `_foreach_norm`'s square roots over the stacked sums. Each must still match torch on the CPU, gradients included, in both eager modes; and
 the programs they lower to must hold none of the slow forms."""
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ jnp = jax.numpy
 from backend_helpers import assert_matches_cpu, eager, host  # noqa: E402
 from tputrace.backend.compat.device_module import EagerMode  # noqa: E402
 from tputrace.backend.core import rng  # noqa: E402
+from tputrace.backend.ops import foreach as foreach_ops  # noqa: E402
 from tputrace.backend.ops import nn as nn_ops  # noqa: E402
 from tputrace.backend.ops import random as random_ops  # noqa: E402
 from tputrace.backend.ops import shape as shape_ops  # noqa: E402
@@ -171,3 +172,27 @@ def test_slice_select_and_nll_backward_programs_hold_no_scatter() -> None:
     ]
     for text in texts:
         assert "scatter" not in text
+
+
+@pytest.mark.parametrize("mode", MODES, ids=lambda mode: mode.value)
+def test_foreach_norm_matches_cpu_per_tensor(mode: EagerMode) -> None:
+    """Each tensor's norm, whatever its dtype, order or size (an empty one included), equals the norm taken alone:
+    the shared square root changes no bits."""
+    generator = torch.Generator().manual_seed(4)
+    tensors = [torch.randn(5, 3, generator=generator), torch.randn(7, generator=generator).double(), torch.zeros(0),
+               torch.randn(4, 4, generator=generator).bfloat16(), torch.randn((), generator=generator), torch.randn(64, 32, generator=generator)]
+    with eager(mode):
+        on_chip = [tensor.to("tpu") for tensor in tensors]
+        for order in (2, 1, 3.0):
+            together = [host(norm) for norm in torch._foreach_norm(on_chip, order)]
+            alone = [host(torch._foreach_norm([tensor], order)[0]) for tensor in on_chip]
+            assert [norm.dtype for norm in together] == [tensor.dtype for tensor in tensors]
+            assert all(torch.equal(a, b) for a, b in zip(together, alone))
+            assert_matches_cpu(together, list(torch._foreach_norm(tensors, order)))
+
+
+def test_foreach_two_norm_takes_one_square_root_per_dtype() -> None:
+    """A square root per tensor is a kernel per tensor on XLA:CPU; the lowering takes one per dtype."""
+    arrays = [jnp.ones((16, 8), jnp.float32), jnp.ones((8,), jnp.float32), jnp.ones((4, 4), jnp.float64), jnp.ones((3,), jnp.float32)]
+    text = _lowered_text(lambda *xs: foreach_ops.foreach_norm(list(xs), 2), *arrays)
+    assert text.count("stablehlo.sqrt") == 2
