@@ -387,12 +387,10 @@ class XPlaneImporter(StreamLines):
             if annotation is None:
                 annotation = annotations[metadata_id] = self._annotation(plane.event_metadata[metadata_id].name)
             found.append(annotation)
-        origins, name_sids, frame_ids = zip(*found)
-        at = positions.tolist()
+        origins, name_sids, frame_ids = (np.array(column, dtype=object)[positions].tolist() for column in zip(*found))
         steps = self._steps_at(starts)
         self.sink.extend("annotations", list(zip(
-            repeat(self.rank), map(name_sids.__getitem__, at), map(origins.__getitem__, at), starts.tolist(),
-            durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
+            repeat(self.rank), name_sids, origins, starts.tolist(), durations.tolist(), frame_ids, steps.tolist())))
 
     def _host_ops(self, plane: Any, decoder: StatDecoder, columns: EventColumns, events: np.ndarray,
                   starts: np.ndarray, durations: np.ndarray, nesting: LineNesting, chip: int | None = None) -> None:
