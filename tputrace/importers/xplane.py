@@ -184,6 +184,7 @@ class XPlaneImporter(StreamLines):
             for run_id, start in file_launches.items():
                 launches[run_id] = min(launches.get(run_id, start + offset), start + offset)
             compiles.extend(file_compiles, offset)
+            del file_host_markers, file_device_markers, file_compiles, file_launches  # copied above: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
         self.start_unix_ns = min(starts) if starts else 0
@@ -201,6 +202,7 @@ class XPlaneImporter(StreamLines):
                             host=self.sink.sources[self.rank]["host"], chips=self.chips,
                             platform=device_kind, start_unix_ns=start_unix_ns)
         self._compiles(compiles)
+        del markers, host_markers, device_markers, compiles, launches  # kept in `self.steps` and `self.launches`
         # Second pass: the rows.
         for space in spaces:
             self.offset_ns = self.offsets[space.path]
