@@ -295,7 +295,8 @@ def main() -> None:
         "streaming buys." + (f" The `{args.baseline}` rows are that ref's importer on the same captures, in the same"
                              " run." if args.baseline else ""),
         "Waiting for a CPU: the time the import's main thread was ready to run while the host's cores ran other",
-        "work (from `/proc/.../schedstat`); the wall time less it is what an idle host would take, about.",
+        "work (from `/proc/.../schedstat`). The wall time less it is a rough figure for an idle host: the writer",
+        "thread's waits for a core are not taken off (the main thread may be waiting on that thread meanwhile).",
         "",
         "| format | code | events | capture | rows written | CPU time | CPU µs/event | events/CPU s | wall time "
         "| waiting for a CPU | events/wall s | events/wall s less waiting | peak RSS |",
