@@ -6,14 +6,16 @@ Captures are real, made here, then scaled: `jax.profiler.trace` of some steps of
 each capture's events are repeated, shifted by the capture's span each time, until it holds the wanted
 number of events (ProfilerStep numbers keep counting). Each import runs in a fresh process; its CPU time
 is that process's user + system time (the writer's thread included), its wall time the import call's, its
-peak RSS its `VmHWM` (the interpreter and tputrace included; Linux only). Each is the median of
+peak RSS its `VmHWM` (the interpreter and tputrace included; Linux only), and the time its main thread
+waited for a CPU the run-queue delay of `/proc/self/task/<id>/schedstat`. Each is the median of
 `--repeats` imports (other work on the host makes single runs noisy). With `--baseline REF`, the code of
 that git ref (exported to a temporary folder) imports the same captures in the same run, for a before and
 after.
 
 Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process: reading
 the file's events (the walk that finds each event's bytes, then that and the decoding into columns), the
-import with the rows built but not inserted (the writer's inserts skipped), and the whole import.
+import with the rows built but not inserted (the writer's inserts skipped), the import without the indexes
+built at its end, and the whole import.
 
 Run: `python bench/import_speed.py [--events 100000 1000000] [--more-xprof-events 10000000] [--repeats 3]
 [--baseline main]`; writes its section of bench/RESULTS.md.
@@ -67,19 +69,23 @@ TORCH_CAPTURE = textwrap.dedent("""
     prof.export_chrome_trace(sys.argv[1])
 """)
 
-# Run in a fresh process: the import, then its CPU time and peak RSS.
+# Run in a fresh process: the import, then its CPU time, peak RSS, and how long its main thread waited for a CPU.
 IMPORT = textwrap.dedent("""
-    import json, resource, sys, time
+    import json, resource, sys, threading, time
     from tputrace.importers.run import import_captures
 
-    started = time.perf_counter()
+    def waited_s():  # the main thread's time runnable but not running (/proc/.../schedstat's second field)
+        with open(f"/proc/self/task/{threading.get_native_id()}/schedstat") as stat:
+            return int(stat.read().split()[1]) / 1e9
+
+    started, waited = time.perf_counter(), waited_s()
     result = import_captures([sys.argv[1]], sys.argv[2])
-    wall_s = time.perf_counter() - started
+    wall_s, waited = time.perf_counter() - started, waited_s() - waited
     usage = resource.getrusage(resource.RUSAGE_SELF)
     # VmHWM: this process's own peak (ru_maxrss would carry over the parent's peak across exec on Linux).
     status = open("/proc/self/status").read().split("VmHWM:")[1].split()
     print(json.dumps({"rows": result.rows, "cpu_s": usage.ru_utime + usage.ru_stime, "wall_s": wall_s,
-                      "peak_mib": int(status[0]) / 1024}))
+                      "waited_s": waited, "peak_mib": int(status[0]) / 1024}))
 """)
 # Run in a fresh process: CPU time of one pass over an xplane.pb's events, walking only or decoding too.
 READ_EVENTS = textwrap.dedent("""
@@ -107,6 +113,17 @@ IMPORT_WITHOUT_INSERTS = textwrap.dedent("""
     import json, resource, sys
     from tputrace.store.writer import TraceWriter
     TraceWriter._insert = lambda self, connection, table, rows: None
+    from tputrace.importers.run import import_captures
+
+    import_captures([sys.argv[1]], sys.argv[2])
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    print(json.dumps(usage.ru_utime + usage.ru_stime))
+""")
+# Run in a fresh process: the import without building the indexes at its end.
+IMPORT_WITHOUT_INDEXES = textwrap.dedent("""
+    import json, resource, sys
+    import tputrace.store.writer
+    tputrace.store.writer.build_indexes = lambda connection, statements, budget_s: []
     from tputrace.importers.run import import_captures
 
     import_captures([sys.argv[1]], sys.argv[2])
@@ -186,15 +203,18 @@ def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s
     """Table rows: the CPU time per event of each stage of importing `capture` (whose import took `import_s`)."""
     read = _run_json(READ_EVENTS, str(capture))
     built_s = _run_json(IMPORT_WITHOUT_INSERTS, str(capture), str(output)) - startup_s
+    unindexed_s = _run_json(IMPORT_WITHOUT_INDEXES, str(capture), str(output)) - startup_s
     walk_us = read["walk_s"] / read["events"] * 1e6
     decode_us = (read["read_s"] - read["walk_s"]) / read["events"] * 1e6
     built_us = built_s / events * 1e6
+    unindexed_us = unindexed_s / events * 1e6
     total_us = import_s / events * 1e6
     parts = [
         ("finding each event's bytes (the line walk), 2 passes", 2 * walk_us),
         ("decoding the events into columns, 2 passes", 2 * decode_us),
         ("the rest of building rows (metadata, steps, XLA ops, queueing)", built_us - 2 * (walk_us + decode_us)),
-        ("SQLite: inserting the rows, building the indexes", total_us - built_us),
+        ("SQLite: inserting the rows (in the writer's thread)", unindexed_us - built_us),
+        ("SQLite: building the indexes at the end", total_us - unindexed_us),
     ]
     return [f"| {name} | {us:.2f} | {us / total_us:.0%} |" for name, us in parts] + \
         [f"| the whole import | {total_us:.2f} | 100% |"]
@@ -221,6 +241,7 @@ def _imports(capture: Path, output: Path, repeats: int, startup_s: float, root: 
     runs = [_run_json(IMPORT, str(capture), str(output), root=root) for _ in range(repeats)]
     return {"rows": runs[0]["rows"], "cpu_s": statistics.median(run["cpu_s"] for run in runs) - startup_s,
             "wall_s": statistics.median(run["wall_s"] for run in runs),
+            "waited_s": statistics.median(run.get("waited_s", 0.0) for run in runs),
             "peak_mib": statistics.median(run["peak_mib"] for run in runs)}
 
 
@@ -228,7 +249,8 @@ def _row(fmt: str, events: int, capture: Path, measured: dict[str, float], code:
     cpu_s, wall_s = measured["cpu_s"], measured["wall_s"]
     return (f"| {fmt} | {code} | {events:,} | {capture.stat().st_size / 2**20:,.0f} MiB | {measured['rows']:,} | "
             f"{cpu_s:.2f} s | {cpu_s / events * 1e6:.2f} | {events / cpu_s:,.0f} | {wall_s:.2f} s | "
-            f"{events / wall_s:,.0f} | {measured['peak_mib']:.0f} MiB |")
+            f"{measured['waited_s']:.2f} s | {events / wall_s:,.0f} | {events / (wall_s - measured['waited_s']):,.0f} | "
+            f"{measured['peak_mib']:.0f} MiB |")
 
 
 def main() -> None:
@@ -272,10 +294,13 @@ def main() -> None:
         "their events repeated up to the size shown. Memory that stays put as the capture grows tenfold is what",
         "streaming buys." + (f" The `{args.baseline}` rows are that ref's importer on the same captures, in the same"
                              " run." if args.baseline else ""),
+        "Waiting for a CPU: the time the import's main thread was ready to run while the host's cores ran other",
+        "work (from `/proc/.../schedstat`). The wall time less it is a rough figure for an idle host: the writer",
+        "thread's waits for a core are not taken off (the main thread may be waiting on that thread meanwhile).",
         "",
         "| format | code | events | capture | rows written | CPU time | CPU µs/event | events/CPU s | wall time "
-        "| events/wall s | peak RSS |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| waiting for a CPU | events/wall s | events/wall s less waiting | peak RSS |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
         *rows,
         *([
             "",

@@ -14,7 +14,7 @@ import pytest
 import tputrace
 from captures import jax_compile_capture
 from tputrace.cli.main import main
-from tputrace.importers import json_events, wire
+from tputrace.importers import json_events, sink, wire
 from tputrace.importers.chrome_json import ChromeJsonImporter, _is_user_frame
 from tputrace.importers.json_events import event_lists
 from tputrace.importers.sink import ImportSink
@@ -98,6 +98,7 @@ def test_an_import_read_in_tiny_pieces_is_the_same_trace(captures: dict[str, Pat
     usual = _dump(_import(captures[capture], tmp_path / "usual.tptrace"))
     monkeypatch.setattr(json_events, "_BLOCK", 211)
     monkeypatch.setattr(wire, "_WINDOW", 2048)
+    monkeypatch.setattr(sink, "_ROWS_PER_COMMIT", 7)  # the writer's thread commits while the importer reads on
     tiny = _dump(_import(captures[capture], tmp_path / "tiny.tptrace"))
     assert tiny == usual
     assert len(usual["ops"]) > 0 and len(usual["annotations"]) > 0

@@ -40,8 +40,8 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
     collecting = gc.isenabled()
     gc.disable()
     try:
-        # Bulk mode (no fsync, journal in memory): the file is only renamed into place once complete, and the
-        # importer commits every so many rows itself, so the writer's own thread has nothing to do.
+        # Bulk mode (no fsync, journal in memory): the file is only renamed into place once complete. The writer's
+        # thread commits when the sink wakes it (every so many rows), not on a timer.
         with TraceWriter(partial, close_at_exit=False, bulk=True, commit_interval_s=_WRITER_INTERVAL_S) as writer:
             sink = ImportSink(writer)
             for group in _by_process(captures):

@@ -10,8 +10,10 @@ from typing import Any
 
 from tputrace.derived.imported_sources import IMPORTED_META_KEY
 from tputrace.store.writer import TraceWriter
-# Rows appended between commits: keeps the writer's queues, and so memory, bounded however big the capture.
-_ROWS_PER_COMMIT = 50_000
+# Rows appended between two wakings of the writer's thread, which inserts them while the importer reads on (its
+# `sqlite3` calls let go of the GIL while SQLite works); a queue that still fills up to the writer's bound is
+# committed by the importer itself, so memory stays bounded however big the capture.
+_ROWS_PER_COMMIT = 20_000
 
 
 @dataclass
@@ -49,7 +51,8 @@ class RankClock:
 
 
 class ImportSink:
-    """Wraps the writer: counts rows, commits every so often, and records where each rank came from."""
+    """Wraps the writer: counts rows, has the writer's thread commit every so often, and records where each rank
+    came from."""
 
     def __init__(self, writer: TraceWriter) -> None:
         self.writer = writer
@@ -83,7 +86,7 @@ class ImportSink:
         if self._since_commit >= _ROWS_PER_COMMIT:
             self.rows += self._since_commit
             self._since_commit = 0
-            self.writer.commit()
+            self.writer.commit_soon()
 
     def extend(self, table: str, rows: list[tuple[Any, ...]]) -> None:
         """Append many rows at once (the importers' fast path: one call per block of events)."""
@@ -92,7 +95,7 @@ class ImportSink:
         if self._since_commit >= _ROWS_PER_COMMIT:
             self.rows += self._since_commit
             self._since_commit = 0
-            self.writer.commit()
+            self.writer.commit_soon()
 
     def finish(self) -> None:
         """Write the provenance and commit what is left."""

@@ -184,6 +184,7 @@ class XPlaneImporter(StreamLines):
             for run_id, start in file_launches.items():
                 launches[run_id] = min(launches.get(run_id, start + offset), start + offset)
             compiles.extend(file_compiles, offset)
+            del file_host_markers, file_device_markers, file_compiles, file_launches  # copied above: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
         self.start_unix_ns = min(starts) if starts else 0
@@ -201,6 +202,7 @@ class XPlaneImporter(StreamLines):
                             host=self.sink.sources[self.rank]["host"], chips=self.chips,
                             platform=device_kind, start_unix_ns=start_unix_ns)
         self._compiles(compiles)
+        del markers, host_markers, device_markers, compiles, launches  # kept in `self.steps` and `self.launches`
         # Second pass: the rows.
         for space in spaces:
             self.offset_ns = self.offsets[space.path]
@@ -387,12 +389,10 @@ class XPlaneImporter(StreamLines):
             if annotation is None:
                 annotation = annotations[metadata_id] = self._annotation(plane.event_metadata[metadata_id].name)
             found.append(annotation)
-        origins, name_sids, frame_ids = zip(*found)
-        at = positions.tolist()
+        origins, name_sids, frame_ids = (np.array(column, dtype=object)[positions].tolist() for column in zip(*found))
         steps = self._steps_at(starts)
         self.sink.extend("annotations", list(zip(
-            repeat(self.rank), map(name_sids.__getitem__, at), map(origins.__getitem__, at), starts.tolist(),
-            durations.tolist(), map(frame_ids.__getitem__, at), steps.tolist())))
+            repeat(self.rank), name_sids, origins, starts.tolist(), durations.tolist(), frame_ids, steps.tolist())))
 
     def _host_ops(self, plane: Any, decoder: StatDecoder, columns: EventColumns, events: np.ndarray,
                   starts: np.ndarray, durations: np.ndarray, nesting: LineNesting, chip: int | None = None) -> None:

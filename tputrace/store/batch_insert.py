@@ -39,13 +39,18 @@ class BatchInserter:
     def insert(self, connection: sqlite3.Connection, rows: Sequence[Sequence[Any]]) -> None:
         """Insert `rows` (each in the table's column order). Raises what `executemany` raises for a bad row (the
         caller then inserts row by row), and `sqlite3.ProgrammingError` for a row of the wrong length."""
-        nulls = self.null_columns(rows)
+        full_width = len(rows) >= ROWS_PER_STATEMENT and set(map(len, rows)) == {len(self.column_names)}
+        nulls = self._nulls_of_full_rows(rows) if full_width else ()
         kept = [index for index in range(len(self.column_names)) if index not in nulls]
         # Each row's bound values, made as the statements need them (not a copy of the batch).
         values: Iterator[Any] = map(itemgetter(*kept), rows) if nulls else iter(rows)
         one_row_sql, many_rows_sql = self._sql(nulls)
         whole = len(rows) - len(rows) % ROWS_PER_STATEMENT
-        if whole:
+        if whole and full_width:
+            # Every row as wide as the table: a statement's values are the next so many of the rows' values in a row.
+            flat = itertools.chain.from_iterable(itertools.islice(values, whole))
+            connection.executemany(many_rows_sql, zip(*[flat] * (ROWS_PER_STATEMENT * len(kept))))
+        elif whole:
             groups = zip(*[itertools.islice(values, whole)] * ROWS_PER_STATEMENT)
             flatten = itertools.chain.from_iterable
             connection.executemany(many_rows_sql, (tuple(flatten(group)) for group in groups))
@@ -54,9 +59,13 @@ class BatchInserter:
     def null_columns(self, rows: Sequence[Sequence[Any]]) -> tuple[int, ...]:
         """The columns that are None in every row; none where the rows are too few to gain, or not all of the
         table's width (they are then bound as they are, and the bad ones fail)."""
-        width = len(self.column_names)
-        if len(rows) < ROWS_PER_STATEMENT or set(map(len, rows)) != {width}:
+        if len(rows) < ROWS_PER_STATEMENT or set(map(len, rows)) != {len(self.column_names)}:
             return ()
+        return self._nulls_of_full_rows(rows)
+
+    def _nulls_of_full_rows(self, rows: Sequence[Sequence[Any]]) -> tuple[int, ...]:
+        """`null_columns` of rows known to be enough and all of the table's width."""
+        width = len(self.column_names)
         every_none = (None,) * len(rows)
         nulls = tuple(index for index, value in enumerate(rows[0])
                       if value is None and tuple(map(itemgetter(index), rows)) == every_none)
