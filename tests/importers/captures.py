@@ -85,6 +85,32 @@ JAX_LOOPS = textwrap.dedent("""
         w.block_until_ready()
 """)
 
+# A jitted step (its weights donated) that prints with `jax.debug.print` (line 11) and computes on the host with a
+# `jax.pure_callback` (line 12); three annotated steps.
+JAX_CALLBACKS = textwrap.dedent("""\
+    import sys, time, functools, numpy as np, jax, jax.numpy as jnp
+
+    def on_host(y):
+        time.sleep(0.002)
+        return np.asarray(y) * 2.0
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def step(w, x):
+        y = jnp.tanh(x @ w)
+        jax.debug.print("loss {l}", l=jnp.sum(y))
+        z = jax.pure_callback(on_host, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+        return w - 0.01 * (x.T @ z)
+
+    w, x = jnp.ones((32, 32)), jnp.ones((16, 32))
+    w = step(w, x)
+    w.block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(3):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
 # Two `jax.profiler.trace` sessions of one process, a second apart (each writes its own session folder),
 # three annotated steps each.
 JAX_TWO_SESSIONS = textwrap.dedent("""
@@ -363,6 +389,11 @@ def jax_sharded_capture(folder: Path) -> Path:
 def jax_loops_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_LOOPS`."""
     return _capture(folder, "jax_loops.py", JAX_LOOPS, "loops_logdir")
+
+
+def jax_callbacks_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_CALLBACKS`."""
+    return _capture(folder, "jax_callbacks.py", JAX_CALLBACKS, "callbacks_logdir")
 
 
 def jax_two_sessions_capture(folder: Path) -> Path:

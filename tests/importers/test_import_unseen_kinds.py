@@ -1,0 +1,48 @@
+"""Captures of kinds the other importer tests do not make, imported and read as a user would: JAX host callbacks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tputrace.analysis import analyze_path
+from tputrace.cli.main import main
+
+
+def _import(tmp_path: Path, *paths: Path) -> Path:
+    output = tmp_path / "imported.tptrace"
+    assert main(["import", *map(str, paths), "-o", str(output)]) == 0
+    return output
+
+
+def test_a_jitted_step_waiting_for_host_callbacks_is_a_finding_at_their_lines(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`jax.debug.print` and `jax.pure_callback` stop the program while the host runs Python: nearly all of the
+    device's time here (the callback sleeps 2 ms a call), which the report names first, at the callbacks' lines."""
+    from captures import JAX_CALLBACKS, jax_callbacks_capture
+
+    lines = JAX_CALLBACKS.splitlines()
+    print_line = next(index for index, text in enumerate(lines, 1) if "jax.debug.print" in text)
+    callback_line = next(index for index, text in enumerate(lines, 1) if "jax.pure_callback" in text)
+    output = _import(tmp_path, jax_callbacks_capture(tmp_path))
+    report = analyze_path(output)
+    finding = report.findings[0]
+    assert finding.analyzer == "data_movement" and finding.severity == "critical"
+    assert finding.title.startswith("The device waits for host callbacks (pure_callback, debug_print): ")
+    assert (Path(finding.file).name, finding.line) == ("jax_callbacks.py", callback_line)
+    assert [(evidence.text.split(" ")[1], evidence.line) for evidence in finding.evidence] == [
+        ("(pure_callback)", callback_line), ("(debug_print)", print_line)]
+    assert "3 runs on 1 device" in finding.evidence[0].text
+    assert finding.cost_total_ns >= 3 * 2e6  # three calls of a 2 ms sleep
+    assert "jax.debug.print" in finding.suggestion and "pure_callback" in finding.suggestion
+    data = report.results["data_movement"].plain_data()
+    assert data["callback_ns"] == pytest.approx(finding.cost_total_ns)
+    assert main(["report", str(output)]) == 0
+    assert "1. [critical] The device waits for host callbacks" in capsys.readouterr().out
+
+
+def test_a_jax_step_without_callbacks_has_no_callback_finding(captures: dict[str, Path], tmp_path: Path) -> None:
+    report = analyze_path(_import(tmp_path, captures["jax"]))
+    assert report.results["data_movement"].plain_data()["callback_ns"] == 0
+    assert not [finding for finding in report.findings if "callback" in finding.title]
