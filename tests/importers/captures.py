@@ -343,6 +343,34 @@ TORCH_GLOO = textwrap.dedent("""
 """)
 
 
+# Two DDP ranks over gloo, profiled with shapes and stacks (one JSON per rank); rank 1 sleeps 30 ms before each of its
+# three steps (line 14), so rank 0 waits for it in every gradient all-reduce.
+TORCH_DDP = textwrap.dedent("""\
+    import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile
+
+    def run(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+        x = torch.randn(8, 16)
+        model(x).sum().backward()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+            for _ in range(3):
+                if rank == 1:
+                    time.sleep(0.03)
+                model(x).sum().backward()
+        prof.export_chrome_trace(f"{out}/rank{rank}.json")
+        dist.barrier()
+        os._exit(0)  # as TORCH_GLOO: gloo's threads are not torn down under a busy host
+
+    if __name__ == "__main__":
+        os.makedirs(sys.argv[1], exist_ok=True)
+        mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+""")
+
+
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, f"{script.name} exited with {result.returncode}: {result.stderr[-3000:]}"
@@ -432,6 +460,14 @@ def torch_gloo_capture(folder: Path) -> Path:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return _capture(folder, "gloo.py", TORCH_GLOO, "gloo", str(port))
+
+
+def torch_ddp_capture(folder: Path) -> Path:
+    """The folder of `TORCH_DDP`'s two torch.profiler JSON files, one per rank."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return _capture(folder, "ddp.py", TORCH_DDP, "ddp", str(port))
 
 
 def torch_profile_and_trace_capture(folder: Path) -> Path:

@@ -345,7 +345,10 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     if share < STRAGGLER_WAIT_SHARE:
         return wait_by_rank, None, None
     consistent = last_share.get(straggler, 0.0)
-    on_shared_host = shared_host(trace)
+    imported = context_import_facts(context) is not None
+    # An import's ranks share a host only where their captures name the same one (a recording's ranks name theirs).
+    hosts = {run.host for run in trace.runs if run.rank in waits}
+    on_shared_host = shared_host(trace) and (not imported or "" not in hosts and None not in hosts)
     idle = _unrecorded_by_rank(trace, list(waits))
     excess_idle = int(idle.get(straggler, 0) - statistics.mean(idle.get(rank, 0) for rank in others)) if others else 0
     # A rank late because of its own host work (data loading, logging, a sleep) spends that time outside anything
@@ -383,13 +386,17 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         return wait_by_rank, late, Finding(
             analyzer=NAME,
             severity="info",
-            title=f"Ranks wait {format_ns(waited)} for each other; on virtual chips sharing one host this cannot be told from skew",
+            title=(f"Ranks wait {format_ns(waited)} for each other; on "
+                   + ("one host's shared CPU cores" if imported else "virtual chips sharing one host") + " this cannot be told from skew"),
             explanation=(
-                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank. All ranks ran as "
-                f"virtual chips on one host, sharing its CPU cores, so the waits include the host's scheduling of the ranks' processes; "
+                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank. All ranks ran "
+                + (f"on one host ({next(iter(hosts))}), " if imported else "as virtual chips on one host, ")
+                + f"sharing its CPU cores, so the waits include the host's scheduling of the ranks' processes; "
                 f"rank {straggler} was last in {consistent:.0%} of the steps."
             ),
-            suggestion="Judge skew on real chips (one process per chip), or run with fewer ranks than the host has cores.",
+            suggestion=("Judge skew on a capture whose ranks have cores of their own (a host each, or fewer ranks than the "
+                        "host has cores)." if imported else
+                        "Judge skew on real chips (one process per chip), or run with fewer ranks than the host has cores."),
             cost_total_ns=0.0,
             cost_per_step_ns=context.per_step(0.0),
             evidence=evidence,
@@ -401,9 +408,12 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
         explanation=(
             f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
-            f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
-            "than the others outside anything the trace records (host work of its own)"
-            + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
+            + (f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
+               "than the others outside anything the trace records (host work of its own)"
+               + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
+               if context.steps else
+               f"arrive; rank {straggler} waited least, so it is the late one (the capture marks no steps, so the time each rank "
+               "spent outside what it records is not measured).")
         ),
         suggestion=(
             f"Look at what rank {straggler} does before its collectives (uneven data loading, extra logging or "
