@@ -371,6 +371,38 @@ TORCH_DDP = textwrap.dedent("""\
 """)
 
 
+# A training loop (in `train`) fed by a DataLoader whose 2 workers take 4 ms a sample (32 ms a batch of 8, one
+# batch every 16 ms from the two) while a step computes in well under that; 3 profiled steps.
+TORCH_LOADER = textwrap.dedent("""\
+    import sys, time, torch
+    from torch.utils.data import DataLoader, Dataset
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, index):
+            time.sleep(0.004)
+            return torch.randn(16), torch.randn(4)
+
+    def train(out):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(Slow(), batch_size=8, num_workers=2)
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                     on_trace_ready=tensorboard_trace_handler(out), with_stack=True) as prof:
+            for x, y in loader:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+
+    if __name__ == "__main__":
+        train(sys.argv[1])
+""")
+
+
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, f"{script.name} exited with {result.returncode}: {result.stderr[-3000:]}"
@@ -468,6 +500,11 @@ def torch_ddp_capture(folder: Path) -> Path:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return _capture(folder, "ddp.py", TORCH_DDP, "ddp", str(port))
+
+
+def torch_loader_capture(folder: Path) -> Path:
+    """The `tensorboard_trace_handler` folder of `TORCH_LOADER` (one window of 3 steps)."""
+    return _capture(folder, "loader.py", TORCH_LOADER, "loader_tb")
 
 
 def torch_profile_and_trace_capture(folder: Path) -> Path:

@@ -67,3 +67,39 @@ def test_ranks_of_a_ddp_run_wait_for_the_rank_that_arrives_late(tmp_path: Path) 
     # The capture marks no steps: the finding claims no step shares and no measure of unrecorded time.
     assert "virtual chips" not in finding.title + finding.explanation and "of the steps" not in finding.explanation
     assert "the capture marks no steps" in finding.explanation
+
+
+@pytest.fixture(scope="module")
+def loader_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from captures import torch_loader_capture
+
+    folder = tmp_path_factory.mktemp("loader")
+    return _import(folder, torch_loader_capture(folder))
+
+
+def test_a_loop_waiting_for_its_dataloaders_workers_is_a_finding_at_the_loop(loader_trace: Path) -> None:
+    from captures import TORCH_LOADER
+
+    lines = TORCH_LOADER.splitlines()
+    # torch.profiler names a function already running when profiling began by the line it was at (`prof.step()`).
+    loop = range(next(index for index, text in enumerate(lines, 1) if "for x, y in loader" in text),
+                 next(index for index, text in enumerate(lines, 1) if "prof.step()" in text) + 1)
+    report = analyze_path(loader_trace)
+    finding = report.findings[0]
+    assert finding.analyzer == "input_wait" and finding.severity == "critical", report.findings
+    assert finding.title.startswith("The loop waits for its DataLoader: "), finding.title
+    assert Path(finding.file or "").name == "loader.py" and finding.line in loop, (finding.file, finding.line)
+    assert "_MultiProcessingDataLoaderIter" in finding.explanation and "num_workers" in finding.suggestion
+    data = report.results["input_wait"].plain_data()
+    assert data["steps"] == 2 and data["calls"] == 2  # the steady steps: the window's 3 less its first
+    assert data["wait_ns"] >= 0.5 * data["span_ns"]  # a batch every 16 ms against a step of about 1 ms
+
+
+def test_ops_run_inside_the_standard_library_are_at_the_users_line(loader_trace: Path) -> None:
+    """torch.profiler names the standard library's files like a script's (`multiprocessing/queues.py`): the ops a
+    DataLoader's queue runs in the main process are the user's loop's, not at a line of the standard library."""
+    import tputrace
+
+    with tputrace.open(loader_trace) as trace:
+        files = {op.source.file for op in trace.records("ops") if op.source}
+    assert files == {"loader.py"}, files

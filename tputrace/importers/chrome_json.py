@@ -20,6 +20,7 @@ import bisect
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ from tputrace.importers.sources import CHROME_JSON, CaptureError
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
 _KERNEL_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+# torch.profiler names a frame's file relative to the `sys.path` entry holding it: the standard library's files come
+# as `threading.py`, `multiprocessing/queues.py`, like a script's. Its modules are not the user's code, except names a
+# script or a folder of tests is often given.
+_STANDARD_LIBRARY = frozenset(sys.stdlib_module_names) - {"test", "tests", "profile", "trace", "code", "this", "main"}
 # torch.compile's ranges (dynamo_timed): a frame's compile, and AOTAutograd's backward compile.
 _COMPILE_EVENTS = frozenset(("entire_frame_compile", "entire_backward_compile"))
 # The annotation inside each such range that names its compile: `entire_frame_compile_data: ..., compile_id=0/1`.
@@ -530,11 +535,18 @@ def _user_frame_name(raw: str) -> str | None:
     return name if _is_user_frame(name) else None
 
 
+def is_user_frame(name: str) -> bool:
+    """Whether a `python_function` event's name (`file.py(LINE): function`) is a frame of the user's code."""
+    return _is_user_frame(name)
+
+
 def _is_user_frame(name: str) -> bool:
     match = _PYTHON_FRAME.match(name)
     if match is None:
         return False
     file = match.group(1)
+    if file.split("/", 1)[0].removesuffix(".py") in _STANDARD_LIBRARY:
+        return False
     return not (file.startswith(("torch/", "<")) or "site-packages" in file or "/lib/python" in file)
 
 
