@@ -22,6 +22,7 @@ from tputrace.analysis.data_movement_text import idle_finding, movement_finding,
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding
 from tputrace.analysis.host_callbacks import callback_finding, host_callbacks, is_callback
 from tputrace.analysis.imported import context_import_facts
+from tputrace.derived.imported_sources import imported_source
 from tputrace.analysis.moved_arrays import DataMovementData, MovedArray, is_movement, movement
 
 NAME = "data_movement"
@@ -154,6 +155,7 @@ def _arrays(context: AnalysisContext, rows: list[tuple[Any, ...]], waits: list[i
     groups: dict[tuple[int, int | None], list[tuple[tuple[Any, ...], int]]] = {}
     for row, wait in zip(rows, waits):
         groups.setdefault((row[0], row[6]), []).append((row, wait))
+    copied = _copy_bytes(context)
     arrays = []
     for (name_sid, program_id), members in groups.items():
         first = members[0][0]
@@ -161,7 +163,7 @@ def _arrays(context: AnalysisContext, rows: list[tuple[Any, ...]], waits: list[i
         moved = movement(name, trace.string(first[4]), trace.string(first[5]))
         made_by = moved.operand or moved.start_op
         arrays.append(MovedArray(
-            name, moved.kind, moved.direction, moved.shape, moved.bytes, made_by, trace.string(first[8]),
+            name, moved.kind, moved.direction, moved.shape, moved.bytes or copied.get(name), made_by, trace.string(first[8]),
             _program_name(context, program_id),
             next((row[7] for row, _ in members if row[7] is not None), None), len(members),
             len({row[1] for row, _ in members}), sum(row[3] or 0 for row, _ in members), sum(wait for _, wait in members)))
@@ -207,3 +209,14 @@ def _program_name(context: AnalysisContext, program_id: int | None) -> str | Non
 
 def _time_name(device: str) -> str:
     return "device op time" if device == "tpu" else "busy time"
+
+
+def _copy_bytes(context: AnalysisContext) -> dict[str, int]:
+    """Each GPU memcpy's bytes a run (the mean of its runs), from the sizes the import counted (`copy_bytes` in
+    `meta.imported`: Kineto gives each `Memcpy` its `bytes`)."""
+    counted = (imported_source(context.trace, context.rank) or {}).get("copy_bytes")
+    if not isinstance(counted, dict):
+        return {}
+    return {str(name): round(item["bytes"] / item["runs"]) for name, item in counted.items()
+            if isinstance(item, dict) and isinstance(item.get("runs"), int) and item["runs"] > 0
+            and isinstance(item.get("bytes"), int)}

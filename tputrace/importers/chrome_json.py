@@ -86,6 +86,7 @@ class ChromeJsonImporter:
         self.rank = sink.new_rank(CHROME_JSON, str(paths[0]), **facts)
         self.steps = StepClock()
         self.kernel_programs: dict[str, int] = {}
+        self.copy_bytes: dict[str, list[int]] = {}  # a memcpy's name -> [runs with bytes, their bytes]
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
         self.seq = 0
@@ -152,6 +153,9 @@ class ChromeJsonImporter:
         # A GPU's runtime calls without kernels (CUPTI's range profiler replaces them) are still a GPU's capture.
         device = (min(self.device_kinds) if self.device_kinds else "gpu") if devices or self.runtime else "cpu"
         self.sink.note(self.rank, device=device)
+        if self.copy_bytes:
+            self.sink.note(self.rank, copy_bytes={name: {"runs": runs, "bytes": moved}
+                                                  for name, (runs, moved) in sorted(self.copy_bytes.items())})
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
 
     def _note_header(self, header: dict[str, Any]) -> None:
@@ -396,6 +400,11 @@ class ChromeJsonImporter:
                                           None, None))
         args = _args(event)
         chip = int(args.get("device", 0) or 0)
+        moved = args.get("bytes")
+        if isinstance(moved, int) and moved >= 0 and name.startswith("Memcpy"):
+            counts = self.copy_bytes.setdefault(name, [0, 0])
+            counts[0] += 1
+            counts[1] += moved
         launches.kernel(args.get("correlation"), (program_id, chip, args, start_ns, dur_ns), step)
         return chip
 
