@@ -403,6 +403,22 @@ TORCH_LOADER = textwrap.dedent("""\
 """)
 
 
+# A compiled model whose first call (its compile) is in a profiling schedule's `wait` step, outside the profile's
+# window of 2 steps; the process's TORCH_TRACE log has the compile.
+TORCH_COMPILE_BEFORE_WINDOW = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    compiled = torch.compile(model, backend="aot_eager")
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=0, active=2, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for _ in range(3):
+            compiled(torch.randn(8, 16)).sum().backward()
+            prof.step()
+""")
+
+
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, f"{script.name} exited with {result.returncode}: {result.stderr[-3000:]}"
@@ -505,6 +521,14 @@ def torch_ddp_capture(folder: Path) -> Path:
 def torch_loader_capture(folder: Path) -> Path:
     """The `tensorboard_trace_handler` folder of `TORCH_LOADER` (one window of 3 steps)."""
     return _capture(folder, "loader.py", TORCH_LOADER, "loader_tb")
+
+
+def torch_compile_before_window_capture(folder: Path) -> Path:
+    """A folder holding `TORCH_COMPILE_BEFORE_WINDOW`'s torch.profiler window (`tb/`) and its TORCH_TRACE log."""
+    run = folder / "early"
+    env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace")}
+    _capture(folder, "compile_before_window.py", TORCH_COMPILE_BEFORE_WINDOW, "early/tb", env=env)
+    return run
 
 
 def torch_profile_and_trace_capture(folder: Path) -> Path:

@@ -103,3 +103,21 @@ def test_ops_run_inside_the_standard_library_are_at_the_users_line(loader_trace:
     with tputrace.open(loader_trace) as trace:
         files = {op.source.file for op in trace.records("ops") if op.source}
     assert files == {"loader.py"}, files
+
+
+def test_a_compile_before_the_profiles_window_is_no_share_of_its_wall(tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """The TORCH_TRACE log of a profiled process has the compile made in the schedule's `wait` step, before the
+    profile's window: it stays in the trace's compiles, and the time split (a share of the window's wall) leaves
+    it out rather than counting it as more than the whole window."""
+    import tputrace
+    from captures import torch_compile_before_window_capture
+
+    output = _import(tmp_path, torch_compile_before_window_capture(tmp_path))
+    with tputrace.open(output) as trace:
+        compiles = [(row.start_ns, row.dur_ns) for row in trace.records("compiles")]
+        split = trace.time_split(rank=0)
+    assert compiles and all(start + dur <= 0 for start, dur in compiles), compiles  # all before the window
+    assert split.compile_ns == 0 and split.wall_ns > 0
+    assert main(["summary", str(output)]) == 0
+    assert "\n  compile " not in capsys.readouterr().out
