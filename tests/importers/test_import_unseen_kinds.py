@@ -121,3 +121,6 @@ def test_a_compile_before_the_profiles_window_is_no_share_of_its_wall(tmp_path: 
     assert split.compile_ns == 0 and split.wall_ns > 0
     assert main(["summary", str(output)]) == 0
     assert "\n  compile " not in capsys.readouterr().out
+    # The XProf export, whose lines start at the window's start, shows what of a compile lies inside it.
+    assert main(["export", str(output), "--tensorboard", str(tmp_path / "tb_export")]) == 0
+    assert list((tmp_path / "tb_export").rglob("*.xplane.pb"))
