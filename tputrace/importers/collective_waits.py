@@ -24,8 +24,10 @@ def fill_waits(path: Path) -> int:
     try:
         found = connection.execute("SELECT value FROM meta WHERE key = ?", (IMPORTED_META_KEY,)).fetchone()
         sources = json.loads(found[0]) if found else []
+        # Only the ranks with collectives: a TORCH_TRACE log imported as a rank of its own names its process's rank too.
+        calling = {rank for (rank,) in connection.execute("SELECT DISTINCT rank FROM collectives")}
         distributed = {int(source["rank"]): int(source["distributed_rank"]) for source in sources
-                       if isinstance(source.get("distributed_rank"), int)}
+                       if isinstance(source.get("distributed_rank"), int) and source.get("rank") in calling}
         if len(distributed) < 2 or len(set(distributed.values())) != len(distributed):
             return 0
         world = sorted(distributed.values())
