@@ -124,3 +124,17 @@ def test_a_compile_before_the_profiles_window_is_no_share_of_its_wall(tmp_path: 
     # The XProf export, whose lines start at the window's start, shows what of a compile lies inside it.
     assert main(["export", str(output), "--tensorboard", str(tmp_path / "tb_export")]) == 0
     assert list((tmp_path / "tb_export").rglob("*.xplane.pb"))
+
+
+def test_one_ranks_capture_gives_bus_bandwidth_from_the_world_size_it_names(tmp_path: Path) -> None:
+    """One gloo rank's file imported alone (the trace holds one rank of a run of two): the capture's
+    `distributedInfo.world_size` gives the all-reduces' bus bandwidth (2(n-1)/n of the bytes), not 0 B/s."""
+    from captures import torch_gloo_capture
+
+    rank0 = torch_gloo_capture(tmp_path) / "rank0.json"
+    report = analyze_path(_import(tmp_path, rank0))
+    (row,) = report.results["collectives"].plain_data()["kinds"]
+    assert row["kind"] == "all_reduce" and row["bytes"] == 3 * 4000
+    assert row["bus_bandwidth"] == pytest.approx(row["bytes"] * 1.0 / (row["dur_ns"] / 1e9))
+    texts = [evidence.text for finding in report.findings for evidence in finding.evidence]
+    assert not [text for text in texts if "bus 0 B/s" in text], texts
