@@ -1,4 +1,6 @@
-"""Captures of kinds the other importer tests do not make, imported and read as a user would: JAX host callbacks."""
+"""Captures of kinds the other importer tests do not make, imported and read as a user would: JAX host callbacks,
+a DDP run over gloo (a file per rank), a loop fed by a DataLoader's workers, a compile made before a profiling
+schedule's window (with the process's TORCH_TRACE log), and one rank's file of a distributed run imported alone."""
 
 from __future__ import annotations
 
