@@ -69,6 +69,7 @@ def test_ranks_of_a_ddp_run_wait_for_the_rank_that_arrives_late(tmp_path: Path) 
     # The capture marks no steps: the finding claims no step shares and no measure of unrecorded time.
     assert "virtual chips" not in finding.title + finding.explanation and "of the steps" not in finding.explanation
     assert "the capture marks no steps" in finding.explanation
+    assert all(waiting != "unknown" for *_, waiting in _collectives_rows(output))
 
 
 @pytest.fixture(scope="module")
@@ -134,9 +135,22 @@ def test_one_ranks_capture_gives_bus_bandwidth_from_the_world_size_it_names(tmp_
     from captures import torch_gloo_capture
 
     rank0 = torch_gloo_capture(tmp_path) / "rank0.json"
-    report = analyze_path(_import(tmp_path, rank0))
+    output = _import(tmp_path, rank0)
+    report = analyze_path(output)
     (row,) = report.results["collectives"].plain_data()["kinds"]
     assert row["kind"] == "all_reduce" and row["bytes"] == 3 * 4000
     assert row["bus_bandwidth"] == pytest.approx(row["bytes"] * 1.0 / (row["dur_ns"] / 1e9))
     texts = [evidence.text for finding in report.findings for evidence in finding.evidence]
     assert not [text for text in texts if "bus 0 B/s" in text], texts
+    # Without the other rank's capture its waits are not measured: the summary says unknown, not 0 ns.
+    assert _collectives_rows(output) == [("all_reduce", "3", "11.7 KiB", "unknown")]
+
+
+def _collectives_rows(output: Path) -> list[tuple[str, ...]]:
+    """The summary's collectives table: kind, count, bytes, waiting."""
+    import tputrace
+    from tputrace.summary import sections, summarize
+
+    with tputrace.open(output) as trace:
+        (section,) = [section for section in sections(summarize(trace)) if section.title == "collectives"]
+    return [(row[0], row[1], row[2], row[4]) for row in section.rows]
