@@ -73,6 +73,7 @@ class RunSummary:
     imported: bool = False  # written by `tputrace import` from another tool's capture
     imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
     collectives_without_bytes: frozenset[str] = frozenset()  # kinds whose bytes the (imported) capture does not have
+    collectives_without_waits: frozenset[str] = frozenset()  # kinds of an imported rank whose waits nothing measured
     device_ops: bool = False  # the ops are XLA ops' device times (an XProf import), not host dispatch
     # An imported log's compiles by their own ids (tlparse's `0/1`), longest first, and the compiles that failed.
     top_compiles: tuple[CompileEntry, ...] = ()
@@ -208,6 +209,10 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         captured_on=_captured_on(imported_source(trace, chosen_rank) if facts is not None else None),
         collectives_without_bytes=frozenset(kind for (kind,) in trace.sql(
             "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
+        # An import fills waits only where it has every member's capture (`tputrace.importers.collective_waits`).
+        collectives_without_waits=frozenset(kind for (kind,) in trace.sql(
+            "SELECT kind FROM collectives WHERE rank = ? GROUP BY kind HAVING COUNT(wait_ns) = 0", (chosen_rank,)))
+        if facts is not None else frozenset(),
         top_compiles=tuple(sorted(entries, key=lambda entry: -entry.dur_ns)[:top]),
         compile_failures=tuple(entry for entry in entries if entry.failure is not None),
         top_kernels=top_kernels(trace, chosen_rank, top) if facts is not None else (),
@@ -451,7 +456,7 @@ def sections(summary: RunSummary) -> list[Section]:
                         f"{stat.count}",
                         "unknown" if stat.kind in summary.collectives_without_bytes else format_bytes(stat.bytes),
                         format_ns(stat.total_ns),
-                        format_ns(stat.wait_ns),
+                        "unknown" if stat.kind in summary.collectives_without_waits else format_ns(stat.wait_ns),
                     )
                     for stat in summary.collectives
                 ),

@@ -85,6 +85,32 @@ JAX_LOOPS = textwrap.dedent("""
         w.block_until_ready()
 """)
 
+# A jitted step (its weights donated) that prints with `jax.debug.print` (line 11) and computes on the host with a
+# `jax.pure_callback` (line 12); three annotated steps.
+JAX_CALLBACKS = textwrap.dedent("""\
+    import sys, time, functools, numpy as np, jax, jax.numpy as jnp
+
+    def on_host(y):
+        time.sleep(0.002)
+        return np.asarray(y) * 2.0
+
+    @functools.partial(jax.jit, donate_argnums=(0,))
+    def step(w, x):
+        y = jnp.tanh(x @ w)
+        jax.debug.print("loss {l}", l=jnp.sum(y))
+        z = jax.pure_callback(on_host, jax.ShapeDtypeStruct(y.shape, y.dtype), y)
+        return w - 0.01 * (x.T @ z)
+
+    w, x = jnp.ones((32, 32)), jnp.ones((16, 32))
+    w = step(w, x)
+    w.block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(3):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
 # Two `jax.profiler.trace` sessions of one process, a second apart (each writes its own session folder),
 # three annotated steps each.
 JAX_TWO_SESSIONS = textwrap.dedent("""
@@ -317,6 +343,82 @@ TORCH_GLOO = textwrap.dedent("""
 """)
 
 
+# Two DDP ranks over gloo, profiled with shapes and stacks (one JSON per rank); rank 1 sleeps 30 ms before each of its
+# three steps (line 14), so rank 0 waits for it in every gradient all-reduce.
+TORCH_DDP = textwrap.dedent("""\
+    import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile
+
+    def run(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+        x = torch.randn(8, 16)
+        model(x).sum().backward()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
+            for _ in range(3):
+                if rank == 1:
+                    time.sleep(0.03)
+                model(x).sum().backward()
+        prof.export_chrome_trace(f"{out}/rank{rank}.json")
+        dist.barrier()
+        os._exit(0)  # as TORCH_GLOO: gloo's threads are not torn down under a busy host
+
+    if __name__ == "__main__":
+        os.makedirs(sys.argv[1], exist_ok=True)
+        mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+""")
+
+
+# A training loop (in `train`) fed by a DataLoader whose 2 workers take 4 ms a sample (32 ms a batch of 8, one
+# batch every 16 ms from the two) while a step computes in well under that; 3 profiled steps.
+TORCH_LOADER = textwrap.dedent("""\
+    import sys, time, torch
+    from torch.utils.data import DataLoader, Dataset
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    class Slow(Dataset):
+        def __len__(self):
+            return 64
+
+        def __getitem__(self, index):
+            time.sleep(0.004)
+            return torch.randn(16), torch.randn(4)
+
+    def train(out):
+        model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        loader = DataLoader(Slow(), batch_size=8, num_workers=2)
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
+                     on_trace_ready=tensorboard_trace_handler(out), with_stack=True) as prof:
+            for x, y in loader:
+                torch.nn.functional.mse_loss(model(x), y).backward()
+                opt.step()
+                opt.zero_grad()
+                prof.step()
+
+    if __name__ == "__main__":
+        train(sys.argv[1])
+""")
+
+
+# A compiled model whose first call (its compile) is in a profiling schedule's `wait` step, outside the profile's
+# window of 2 steps; the process's TORCH_TRACE log has the compile.
+TORCH_COMPILE_BEFORE_WINDOW = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    compiled = torch.compile(model, backend="aot_eager")
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=0, active=2, repeat=1),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for _ in range(3):
+            compiled(torch.randn(8, 16)).sum().backward()
+            prof.step()
+""")
+
+
 def _run(script: Path, *args: str, env: dict[str, str] | None = None) -> None:
     result = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, f"{script.name} exited with {result.returncode}: {result.stderr[-3000:]}"
@@ -365,6 +467,11 @@ def jax_loops_capture(folder: Path) -> Path:
     return _capture(folder, "jax_loops.py", JAX_LOOPS, "loops_logdir")
 
 
+def jax_callbacks_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_CALLBACKS`."""
+    return _capture(folder, "jax_callbacks.py", JAX_CALLBACKS, "callbacks_logdir")
+
+
 def jax_two_sessions_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_TWO_SESSIONS` (two `vm.xplane.pb`, one per session folder)."""
     return _capture(folder, "jax_two_sessions.py", JAX_TWO_SESSIONS, "sessions_logdir")
@@ -401,6 +508,27 @@ def torch_gloo_capture(folder: Path) -> Path:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return _capture(folder, "gloo.py", TORCH_GLOO, "gloo", str(port))
+
+
+def torch_ddp_capture(folder: Path) -> Path:
+    """The folder of `TORCH_DDP`'s two torch.profiler JSON files, one per rank."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return _capture(folder, "ddp.py", TORCH_DDP, "ddp", str(port))
+
+
+def torch_loader_capture(folder: Path) -> Path:
+    """The `tensorboard_trace_handler` folder of `TORCH_LOADER` (one window of 3 steps)."""
+    return _capture(folder, "loader.py", TORCH_LOADER, "loader_tb")
+
+
+def torch_compile_before_window_capture(folder: Path) -> Path:
+    """A folder holding `TORCH_COMPILE_BEFORE_WINDOW`'s torch.profiler window (`tb/`) and its TORCH_TRACE log."""
+    run = folder / "early"
+    env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace")}
+    _capture(folder, "compile_before_window.py", TORCH_COMPILE_BEFORE_WINDOW, "early/tb", env=env)
+    return run
 
 
 def torch_profile_and_trace_capture(folder: Path) -> Path:

@@ -146,7 +146,7 @@ def _x(cat: str, name: str, ts: float, dur: float, *, pid: int = 100, tid: int =
 
 def _kineto(path: Path, memcpy_us: float, *, on_copy_stream: bool = False, steps: bool = True) -> Path:
     """One GPU, 4 profiler steps of 1 ms (no step markers without `steps`): a 100 us kernel and a pageable
-    host-to-device memcpy of `memcpy_us` (none for 0) after it (or, `on_copy_stream`, beside it on another stream)."""
+    host-to-device memcpy of `memcpy_us` (none for 0; 1, 2, 3 and 4 MB) after it (or, `on_copy_stream`, beside it on another stream)."""
     t0 = 1_000_000.0
     events: list[dict[str, Any]] = []
     for step in range(4):
@@ -156,7 +156,8 @@ def _kineto(path: Path, memcpy_us: float, *, on_copy_stream: bool = False, steps
             _x("cpu_op", "aten::mm", s + 10, 50.0),
             _x("kernel", "ampere_sgemm_128x64_nn", s + 100, 100.0, pid=0, tid=7, device=0, stream=7),
             *([_x("gpu_memcpy", "Memcpy HtoD (Pageable -> Device)", s + (100 if on_copy_stream else 210), memcpy_us,
-                  pid=0, tid=9 if on_copy_stream else 7, device=0, stream=9 if on_copy_stream else 7)]
+                  pid=0, tid=9 if on_copy_stream else 7, device=0, stream=9 if on_copy_stream else 7,
+                  bytes=(step + 1) * 1_000_000)]
               if memcpy_us else []),
         ]
     document = {"schemaVersion": 1, "deviceProperties": [{"id": 0, "name": "NVIDIA A100-SXM4-80GB"}],
@@ -169,8 +170,10 @@ def test_a_gpu_waiting_for_memcpy_runs(tmp_path: Path) -> None:
     report = analyze_path(_import(tmp_path, _kineto(tmp_path / "trace.json", 300.0)))
     (finding,) = [finding for finding in report.findings if finding.analyzer == "data_movement"]
     assert finding.title == "The GPU waits for copies between host memory and device memory: 75% of its busy time"
-    assert finding.evidence[0].text.startswith("Memcpy HtoD (Pageable -> Device): memcpy host to device; 4 runs on "
-                                               "1 GPU, waited 1.20 ms")
+    # Kineto gives each copy its bytes (1, 2, 3, 4 MB here): the finding says what the copies moved.
+    assert finding.evidence[0].text.startswith("Memcpy HtoD (Pageable -> Device): memcpy host to device, 2.38 MiB a run "
+                                               "on average; 4 runs on 1 GPU, waited 1.20 ms"), finding.evidence[0].text
+    assert "1 op moved data (host to device), 9.54 MiB in 4 copies." in finding.explanation, finding.explanation
     assert "pin_memory()" in finding.suggestion and "non_blocking=True" in finding.suggestion
     assert finding.cost_per_step_ns == pytest.approx(300_000)
 

@@ -168,7 +168,7 @@ def test_user_frames_whose_names_are_escaped_in_the_text_are_found_as_decoding_f
         if event.get("cat") == "python_function" and _is_user_frame(name):
             event["name"] = name + "_é"  # written as `\u00e9`: the scan decodes it once per distinct name
             renamed += 1
-    assert renamed > 3
+    assert renamed >= 1  # the script's `<module>` (the standard library's frames are not the user's)
     path = tmp_path / "escaped.json"
     path.write_text(json.dumps(document, indent=2, ensure_ascii=True))
     importer = ChromeJsonImporter(ImportSink(TraceWriter(tmp_path / "unused.tptrace", create_file=False)), [path])

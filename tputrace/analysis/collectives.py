@@ -23,6 +23,7 @@ from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.imported import context_import_facts
+from tputrace.derived.imported_sources import imported_source
 from tputrace.store.records import SourceLocation
 from tputrace.wording import format_bytes, format_ns, plural
 
@@ -120,12 +121,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         f"AVG(bus_bandwidth), COALESCE(SUM(bytes < ?), 0) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
         (SMALL_MESSAGE_BYTES,) + tuple(params),
     )
-    world = max(len(trace.distributed_ranks), 1)
+    # An imported rank's capture names the run's size (`distributedInfo.world_size`) where the trace holds fewer ranks.
+    world = max(len(trace.distributed_ranks), _imported_world_size(context), 1)
     rows = []
     for kind, calls, nbytes, dur_ns, wait_ns, recorded_bandwidth, small in kinds:
         bandwidth = recorded_bandwidth
         if not bandwidth and dur_ns and nbytes is not None:  # an imported capture may not know the bytes
-            bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9)
+            # unknown, not 0 B/s, where the group's size is (one rank's capture that names no world size)
+            bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9) if world > 1 else None
         rows.append(CollectiveKind(kind, calls, nbytes or 0, dur_ns, wait_ns, bandwidth, small, nbytes is not None))
     steady_where, steady_params = context.steady_where()
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
@@ -147,8 +150,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     foreign_device = facts.device if facts is not None and facts.device != "tpu" else None
     kind_evidence = tuple(
         Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_ns(row.dur_ns)}, "
-                 + (f"{format_bytes(row.bytes)}, bus {format_bytes(row.bus_bandwidth or 0)}/s" if row.bytes_known
-                    else "bytes unknown"), table="collectives")
+                 + (f"{format_bytes(row.bytes)}, bus "
+                    + (f"{format_bytes(row.bus_bandwidth)}/s" if row.bus_bandwidth is not None else "unknown")
+                    if row.bytes_known else "bytes unknown"), table="collectives")
         for row in rows
     )
     line_evidence = _line_evidence(context, steady_where, steady_params, caused)
@@ -255,7 +259,7 @@ def _bandwidth_text(median: float, bandwidths: list[float], device: str | None, 
         return (f"Their bus bandwidth (median {format_bytes(median)}/s) compares with {target}'s ICI of "
                 f"{format_bytes(ici)}/s per chip (bidirectional).")
     if not bandwidths:
-        return f"Their times were measured on the capture's {device}; it has no bytes to give their bandwidth."
+        return f"Their times were measured on the capture's {device}; it has no bytes and group sizes to give their bandwidth."
     return (f"Their times and bus bandwidth (median {format_bytes(median)}/s) were measured on the capture's {device} "
             "and its interconnect, not a TPU's ICI: they say how this run spent its time, not what a TPU's would.")
 
@@ -345,7 +349,10 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     if share < STRAGGLER_WAIT_SHARE:
         return wait_by_rank, None, None
     consistent = last_share.get(straggler, 0.0)
-    on_shared_host = shared_host(trace)
+    imported = context_import_facts(context) is not None
+    # An import's ranks share a host only where their captures name the same one (a recording's ranks name theirs).
+    hosts = {run.host for run in trace.runs if run.rank in waits}
+    on_shared_host = shared_host(trace) and (not imported or "" not in hosts and None not in hosts)
     idle = _unrecorded_by_rank(trace, list(waits))
     excess_idle = int(idle.get(straggler, 0) - statistics.mean(idle.get(rank, 0) for rank in others)) if others else 0
     # A rank late because of its own host work (data loading, logging, a sleep) spends that time outside anything
@@ -383,13 +390,17 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         return wait_by_rank, late, Finding(
             analyzer=NAME,
             severity="info",
-            title=f"Ranks wait {format_ns(waited)} for each other; on virtual chips sharing one host this cannot be told from skew",
+            title=(f"Ranks wait {format_ns(waited)} for each other; on "
+                   + ("one host's shared CPU cores" if imported else "virtual chips sharing one host") + " this cannot be told from skew"),
             explanation=(
-                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank. All ranks ran as "
-                f"virtual chips on one host, sharing its CPU cores, so the waits include the host's scheduling of the ranks' processes; "
+                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank. All ranks ran "
+                + (f"on one host ({next(iter(hosts))}), " if imported else "as virtual chips on one host, ")
+                + f"sharing its CPU cores, so the waits include the host's scheduling of the ranks' processes; "
                 f"rank {straggler} was last in {consistent:.0%} of the steps."
             ),
-            suggestion="Judge skew on real chips (one process per chip), or run with fewer ranks than the host has cores.",
+            suggestion=("Judge skew on a capture whose ranks have cores of their own (a host each, or fewer ranks than the "
+                        "host has cores)." if imported else
+                        "Judge skew on real chips (one process per chip), or run with fewer ranks than the host has cores."),
             cost_total_ns=0.0,
             cost_per_step_ns=context.per_step(0.0),
             evidence=evidence,
@@ -401,9 +412,12 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
         explanation=(
             f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
-            f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
-            "than the others outside anything the trace records (host work of its own)"
-            + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
+            + (f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
+               "than the others outside anything the trace records (host work of its own)"
+               + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
+               if context.steps else
+               f"arrive; rank {straggler} waited least, so it is the late one (the capture marks no steps, so the time each rank "
+               "spent outside what it records is not measured).")
         ),
         suggestion=(
             f"Look at what rank {straggler} does before its collectives (uneven data loading, extra logging or "
@@ -479,3 +493,11 @@ def _divisibility(context: AnalysisContext, where: str,
         ),
         **context.location_fields(frame_id),
     )
+
+
+def _imported_world_size(context: AnalysisContext) -> int:
+    """The world size an imported rank's capture names (0 where none)."""
+    if context_import_facts(context) is None:
+        return 0
+    size = (imported_source(context.trace, context.rank) or {}).get("distributed_world_size")
+    return size if isinstance(size, int) else 0

@@ -18,9 +18,11 @@ from dataclasses import replace
 from typing import Any
 
 from tputrace.analysis.context import MIN_LISTED_COST_NS, WARNING_SHARE, AnalysisContext
-from tputrace.analysis.data_movement_text import idle_finding, movement_finding
+from tputrace.analysis.data_movement_text import idle_finding, movement_finding, unit_name
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding
+from tputrace.analysis.host_callbacks import callback_finding, host_callbacks, is_callback
 from tputrace.analysis.imported import context_import_facts
+from tputrace.derived.imported_sources import imported_source
 from tputrace.analysis.moved_arrays import DataMovementData, MovedArray, is_movement, movement
 
 NAME = "data_movement"
@@ -36,7 +38,7 @@ __all__ = ["NAME", "DataMovementData", "MovedArray", "analyze"]
 _OPS = ("SELECT op_sid FROM ops WHERE rank = ? AND chip >= 0 GROUP BY op_sid",
         "SELECT op_sid, chip, start_ns, dur_ns, inputs_sid, outputs_sid, program_id, frame_id, module_sid FROM ops "
         "WHERE rank = ? AND chip >= 0")
-_MOVING = 9  # the column `_rows` adds: whether the row moves data
+_MOVING, _CALLBACK = 9, 10  # the columns `_rows` adds: whether the row moves data, whether it is a host callback
 _KERNELS = ("SELECT name_sid FROM programs WHERE rank = ? AND kind = 'kernel' GROUP BY name_sid",
             "SELECT p.name_sid, e.chip, e.start_ns, e.dur_ns, NULL, NULL, NULL, NULL, NULL FROM executions e "
             "JOIN programs p ON p.id = e.program_id WHERE e.rank = ? AND p.kind = 'kernel'")
@@ -63,17 +65,24 @@ def analyze(context: AnalysisContext) -> AnalysisResult[DataMovementData]:
                                                                 (context.rank,))]))
     moving = [row for row in rows if row[_MOVING]]
     arrays = [_with_line(context, array) for array in _merge_pairs(_arrays(context, moving, _waits(rows, moving)))]
+    called = [row for row in rows if row[_CALLBACK]]
+    callbacks = host_callbacks(context, called, _waits(rows, called), lambda program_id: _program_name(context, program_id))
     arrays.sort(key=lambda array: -array.waiting_ns)
     waiting_ns = sum(array.waiting_ns for array in arrays)
+    callback_ns = sum(callback.waiting_ns for callback in callbacks)
     data = DataMovementData(devices, context.wall_ns, busy_ns, waiting_ns, idle_ns, compile_ns,
-                            tuple(arrays[:MAX_ARRAYS]))
+                            tuple(arrays[:MAX_ARRAYS]), callback_ns, tuple(callbacks[:MAX_ARRAYS]))
     findings: list[Finding] = []
+    if busy_ns and callback_ns / busy_ns >= WARNING_SHARE and callback_ns >= MIN_LISTED_COST_NS:
+        wall_share = callback_ns / (context.wall_ns * devices) if context.wall_ns and devices else 1.0
+        findings.append(callback_finding(context, unit_name(facts.device), _time_name(facts.device), devices, busy_ns,
+                                         context.wall_ns, callbacks, context.severity(wall_share)))
     share = waiting_ns / busy_ns if busy_ns else 0.0
     if share >= WARNING_SHARE and waiting_ns >= MIN_LISTED_COST_NS:
         # Severity: the wait on each device as a share of the capture's wall time (a mostly idle GPU's copies cost less).
         wall_share = waiting_ns / (context.wall_ns * devices) if context.wall_ns and devices else share
         findings.append(movement_finding(context, facts.device, data, arrays, context.severity(wall_share)))
-    elif (not context.steps and facts.device in ACCELERATORS and busy_ns
+    elif (not findings and not context.steps and facts.device in ACCELERATORS and busy_ns
           and (idle_ns - compile_ns * devices) / (context.wall_ns * devices) >= IDLE_SHARE):
         findings.append(idle_finding(context, facts.device, data))
     return AnalysisResult(NAME, data, tuple(replace(finding, analyzer=NAME, cost_basis=MEASURED_ON_HOST)
@@ -84,7 +93,14 @@ def _rows(context: AnalysisContext, names_sql: str, rows_sql: str) -> list[tuple
     """A source's rows, each with whether it moves data."""
     trace, rank = context.trace, context.rank
     moving_sids = {sid for (sid,) in trace.sql(names_sql, (rank,)) if is_movement(trace.string(sid) or "")}
-    return [(*row, row[0] in moving_sids) for row in trace.sql(rows_sql, (rank,))]
+    callback: dict[tuple[int, int | None], bool] = {}
+    rows = []
+    for row in trace.sql(rows_sql, (rank,)):
+        key = (row[0], row[8])
+        if key not in callback:
+            callback[key] = row[0] not in moving_sids and is_callback(trace.string(row[0]) or "", trace.string(row[8]))
+        rows.append((*row, row[0] in moving_sids, callback[key]))
+    return rows
 
 
 def _merged(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -103,7 +119,7 @@ def _waits(rows: list[tuple[Any, ...]], moving: list[tuple[Any, ...]]) -> list[i
     """Per data-moving row, the part of its time no computing row (of `rows`) overlapped on its chip."""
     compute: dict[int, list[tuple[int, int]]] = {}
     for row in rows:
-        if not row[_MOVING]:
+        if not row[_MOVING] and not row[_CALLBACK]:
             compute.setdefault(row[1], []).append((row[2], row[2] + (row[3] or 0)))
     covers = {chip: _Cover(_merged(intervals)) for chip, intervals in compute.items()}
     waits = []
@@ -139,17 +155,16 @@ def _arrays(context: AnalysisContext, rows: list[tuple[Any, ...]], waits: list[i
     groups: dict[tuple[int, int | None], list[tuple[tuple[Any, ...], int]]] = {}
     for row, wait in zip(rows, waits):
         groups.setdefault((row[0], row[6]), []).append((row, wait))
+    copied = _copy_bytes(context)
     arrays = []
     for (name_sid, program_id), members in groups.items():
         first = members[0][0]
         name = trace.string(name_sid) or "?"
         moved = movement(name, trace.string(first[4]), trace.string(first[5]))
-        program = trace.sql("SELECT s.text FROM programs p JOIN strings s ON s.id = p.name_sid WHERE p.id = ?",
-                            (program_id,)) if program_id is not None else []
         made_by = moved.operand or moved.start_op
         arrays.append(MovedArray(
-            name, moved.kind, moved.direction, moved.shape, moved.bytes, made_by, trace.string(first[8]),
-            program[0][0] if program else None,
+            name, moved.kind, moved.direction, moved.shape, moved.bytes or copied.get(name), made_by, trace.string(first[8]),
+            _program_name(context, program_id),
             next((row[7] for row, _ in members if row[7] is not None), None), len(members),
             len({row[1] for row, _ in members}), sum(row[3] or 0 for row, _ in members), sum(wait for _, wait in members)))
     return arrays
@@ -184,3 +199,24 @@ def _with_line(context: AnalysisContext, array: MovedArray) -> MovedArray:
         "WHERE o.op_sid = ? AND o.rank = ? AND n.text = ? AND o.frame_id IS NOT NULL LIMIT 1",
         (name_sid, context.rank, array.program)) if name_sid is not None else []
     return replace(array, frame_id=found[0][0]) if found else array
+
+
+def _program_name(context: AnalysisContext, program_id: int | None) -> str | None:
+    found = context.trace.sql("SELECT s.text FROM programs p JOIN strings s ON s.id = p.name_sid WHERE p.id = ?",
+                              (program_id,)) if program_id is not None else []
+    return str(found[0][0]) if found else None
+
+
+def _time_name(device: str) -> str:
+    return "device op time" if device == "tpu" else "busy time"
+
+
+def _copy_bytes(context: AnalysisContext) -> dict[str, int]:
+    """Each GPU memcpy's bytes a run (the mean of its runs), from the sizes the import counted (`copy_bytes` in
+    `meta.imported`: Kineto gives each `Memcpy` its `bytes`)."""
+    counted = (imported_source(context.trace, context.rank) or {}).get("copy_bytes")
+    if not isinstance(counted, dict):
+        return {}
+    return {str(name): round(item["bytes"] / item["runs"]) for name, item in counted.items()
+            if isinstance(item, dict) and isinstance(item.get("runs"), int) and item["runs"] > 0
+            and isinstance(item.get("bytes"), int)}

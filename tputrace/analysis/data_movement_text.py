@@ -95,7 +95,8 @@ def _moved_text(arrays: list[MovedArray]) -> str:
 
 
 def _evidence(context: AnalysisContext, array: MovedArray, data: DataMovementData, unit: str) -> Evidence:
-    size = f" {array.shape} ({format_bytes(array.bytes)})" if array.shape and array.bytes else ""
+    size = (f" {array.shape} ({format_bytes(array.bytes)})" if array.shape and array.bytes else
+            f", {format_bytes(array.bytes)} a run" + (" on average" if array.calls > 1 else "") if array.bytes else "")
     made = ""
     if array.made_by:
         made = f", the result of {array.made_by}" if not array.made_by.startswith("param") else f", parameter {array.made_by}"

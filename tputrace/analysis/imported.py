@@ -33,6 +33,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "padding": ("flushes",),
     "precision": ("flushes",),
     "host_bound": ("steps", "executions"),
+    "input_wait": ("annotations",),
     "transfers": ("transfers",),
     "data_movement": ("executions",),
     "memory": ("memory",),

@@ -12,8 +12,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from tputrace.importers.hlo_text import MOVEMENT_OPCODES, opcode_of
+
+if TYPE_CHECKING:
+    from tputrace.analysis.host_callbacks import HostCallback
 
 HOST_MEMORY_SPACE = 5
 HOST_TO_DEVICE, DEVICE_TO_HOST, DEVICE_TO_DEVICE = "host to device", "device to host", "device to device"
@@ -70,6 +74,8 @@ class DataMovementData:
     idle_ns: int = 0
     compile_ns: int = 0  # the union of the capture's compiles, during which the devices wait for their programs
     arrays: tuple[MovedArray, ...] = ()
+    callback_ns: int = 0  # the devices' waits for host callbacks (`tputrace.analysis.host_callbacks`)
+    callbacks: tuple[HostCallback, ...] = ()  # the callbacks (`HostCallback`), most waited first
 
 
 def is_movement(name: str) -> bool:

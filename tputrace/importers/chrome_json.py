@@ -20,6 +20,7 @@ import bisect
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +33,10 @@ from tputrace.importers.sources import CHROME_JSON, CaptureError
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
 _KERNEL_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
+# torch.profiler names a frame's file relative to the `sys.path` entry holding it: the standard library's files come
+# as `threading.py`, `multiprocessing/queues.py`, like a script's. Its modules are not the user's code, except names a
+# script or a folder of tests is often given.
+_STANDARD_LIBRARY = frozenset(sys.stdlib_module_names) - {"test", "tests", "profile", "trace", "code", "this", "main"}
 # torch.compile's ranges (dynamo_timed): a frame's compile, and AOTAutograd's backward compile.
 _COMPILE_EVENTS = frozenset(("entire_frame_compile", "entire_backward_compile"))
 # The annotation inside each such range that names its compile: `entire_frame_compile_data: ..., compile_id=0/1`.
@@ -81,6 +86,7 @@ class ChromeJsonImporter:
         self.rank = sink.new_rank(CHROME_JSON, str(paths[0]), **facts)
         self.steps = StepClock()
         self.kernel_programs: dict[str, int] = {}
+        self.copy_bytes: dict[str, list[int]] = {}  # a memcpy's name -> [runs with bytes, their bytes]
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
         self.seq = 0
@@ -147,6 +153,9 @@ class ChromeJsonImporter:
         # A GPU's runtime calls without kernels (CUPTI's range profiler replaces them) are still a GPU's capture.
         device = (min(self.device_kinds) if self.device_kinds else "gpu") if devices or self.runtime else "cpu"
         self.sink.note(self.rank, device=device)
+        if self.copy_bytes:
+            self.sink.note(self.rank, copy_bytes={name: {"runs": runs, "bytes": moved}
+                                                  for name, (runs, moved) in sorted(self.copy_bytes.items())})
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
 
     def _note_header(self, header: dict[str, Any]) -> None:
@@ -391,6 +400,11 @@ class ChromeJsonImporter:
                                           None, None))
         args = _args(event)
         chip = int(args.get("device", 0) or 0)
+        moved = args.get("bytes")
+        if isinstance(moved, int) and moved >= 0 and name.startswith("Memcpy"):
+            counts = self.copy_bytes.setdefault(name, [0, 0])
+            counts[0] += 1
+            counts[1] += moved
         launches.kernel(args.get("correlation"), (program_id, chip, args, start_ns, dur_ns), step)
         return chip
 
@@ -530,11 +544,18 @@ def _user_frame_name(raw: str) -> str | None:
     return name if _is_user_frame(name) else None
 
 
+def is_user_frame(name: str) -> bool:
+    """Whether a `python_function` event's name (`file.py(LINE): function`) is a frame of the user's code."""
+    return _is_user_frame(name)
+
+
 def _is_user_frame(name: str) -> bool:
     match = _PYTHON_FRAME.match(name)
     if match is None:
         return False
     file = match.group(1)
+    if file.split("/", 1)[0].removesuffix(".py") in _STANDARD_LIBRARY:
+        return False
     return not (file.startswith(("torch/", "<")) or "site-packages" in file or "/lib/python" in file)
 
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tputrace.importers.collective_waits import fill_waits
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
 from tputrace.store.writer import TraceWriter
@@ -47,6 +48,8 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
             for group in _by_process(captures):
                 _import_one(sink, group)
             sink.finish()
+        if len(sink.sources) > 1:
+            fill_waits(partial)
         partial.replace(output)
     finally:
         if collecting:

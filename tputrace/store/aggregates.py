@@ -263,7 +263,10 @@ def time_split(trace: TraceQueries, *, rank: int | None = None) -> TimeSplit:
     tables = ("executions", "ops", "syncs", "transfers", "fallbacks", "collectives")
     sums = ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table}{where})" for table in tables)
     totals = trace.sql(f"SELECT {sums}", params * len(tables))[0]
-    return TimeSplit(wall_ns(trace, rank=rank), compile_total_ns(trace, rank=rank), *totals)
+    wall = wall_ns(trace, rank=rank)
+    # A share of the wall: an imported profile's compiles from its process's TORCH_TRACE log can lie before the
+    # profile's window (a compile in a profiling schedule's warm-up step); only their time inside it counts.
+    return TimeSplit(wall, compile_total_ns(trace, rank=rank, within=(0, wall)), *totals)
 
 
 def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:
@@ -302,9 +305,17 @@ def compile_wall_ns(
     }
 
 
-def compile_total_ns(trace: TraceQueries, *, rank: int | None = None, condition: str = "1") -> int:
-    """Wall time spent compiling (rows matching `condition`), each rank's instants once, summed over ranks."""
-    return sum(compile_wall_ns(trace, rank=rank, condition=condition).values())
+def compile_total_ns(trace: TraceQueries, *, rank: int | None = None, condition: str = "1",
+                     within: tuple[int, int] | None = None) -> int:
+    """Wall time spent compiling (rows matching `condition`), each rank's instants once, summed over ranks; with
+    `within` (start, end), only the time inside it."""
+    if within is None:
+        return sum(compile_wall_ns(trace, rank=rank, condition=condition).values())
+    where, params = rank_filter(rank, prefix="AND ")
+    rows = trace.sql(f"SELECT rank, MAX(start_ns, ?), MIN(start_ns + COALESCE(dur_ns, 0), ?) FROM compiles "
+                     f"WHERE ({condition}){where} ORDER BY rank, 2", (*within, *params))
+    return sum(merged_ns((start_ns, end_ns) for _, start_ns, end_ns in group if end_ns > start_ns)
+               for _, group in groupby(rows, key=lambda row: row[0]))
 
 
 def wall_ns(trace: TraceQueries, *, rank: int | None = None) -> int:

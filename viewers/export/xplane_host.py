@@ -66,6 +66,12 @@ class HostPlane:
 
     def add(self, line: str, key: Any, name: str, start_ns: int, dur_ns: int | None,
             metadata_stats: Stats = (), event_stats: Stats | None = None) -> None:
+        if start_ns < 0:
+            # An XLine's events start at or after the line (the run's start); an imported profile's compiles from its
+            # process's TORCH_TRACE log can precede the profile's window: their part inside it is shown.
+            if start_ns + (dur_ns or 0) <= 0:
+                return
+            start_ns, dur_ns = 0, start_ns + (dur_ns or 0)
         metadata_id = self.builder.add_event_metadata(key, name, metadata_stats)
         self.lines[line].add(metadata_id, start_ns * PS_PER_NS, (dur_ns or 0) * PS_PER_NS, event_stats)
 

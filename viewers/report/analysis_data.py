@@ -36,6 +36,7 @@ ANALYZER_SECTIONS: dict[str, str] = {
     "padding": "shapes",
     "precision": "shapes",
     "host_bound": "steps",
+    "input_wait": "steps",
     "memory": "memory",
     "collectives": "collectives",
     "sharding": "collectives",
