@@ -63,6 +63,33 @@ JAX_COLLECTIVES = textwrap.dedent("""
             f(x).block_until_ready()
 """)
 
+# A ring of `jax.lax.ppermute` hops in a `shard_map` (4 MiB a device a hop, little compute between hops) over 4
+# virtual devices: XLA's collective-permutes take much of each of the 3 annotated steps.
+JAX_PPERMUTE_RING = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("d",))
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+
+    @jax.jit
+    def f(x):
+        def shard(x):
+            acc = x
+            for _ in range(8):
+                x = jax.lax.ppermute(x, "d", ring)
+                acc = acc + x
+            return acc
+        return jax.shard_map(shard, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+    x = jnp.ones((4096, 1024))
+    f(x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(3):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                x = f(x).block_until_ready()
+""")
+
 # A jitted step with a lax.scan and a while_loop: XLA:CPU runs each as a `while` op whose events hold the
 # loop body's ops; two steps annotated.
 JAX_LOOPS = textwrap.dedent("""
@@ -454,6 +481,12 @@ def jax_collectives_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_COLLECTIVES` on 4 virtual devices."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
     return _capture(folder, "jax_collectives.py", JAX_COLLECTIVES, "collectives_logdir", env=env)
+
+
+def jax_ppermute_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_PPERMUTE_RING` on 4 virtual devices."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    return _capture(folder, "jax_ring.py", JAX_PPERMUTE_RING, "ring_logdir", env=env)
 
 
 def jax_sharded_capture(folder: Path) -> Path:
