@@ -210,6 +210,15 @@ TORCH_COMPILE = textwrap.dedent("""\
 # `graph_break()` and a `tolist()` break (reasons on the line after the reason's preamble); a compiled module,
 # whose code object is torch's wrapper, called on line 29; a print in a loop (line 34), where Dynamo gives up
 # on the whole function.
+# A torch.nn module torch's own code defines, compiled whole: Dynamo compiles it through torch's wrapper `inner`.
+TORCH_COMPILED_SEQUENTIAL = textwrap.dedent("""\
+    import torch
+
+    net = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+    for _ in range(2):
+        out = net(torch.ones(4, 8))
+""")
+
 TORCH_GUARDS = textwrap.dedent("""\
     import torch, torch._dynamo
     torch._dynamo.config.cache_size_limit = 3
@@ -513,6 +522,11 @@ def jax_two_sessions_capture(folder: Path) -> Path:
 def torch_trace_capture(folder: Path) -> tuple[Path, Path]:
     """A `TORCH_TRACE` directory of `TORCH_COMPILE`, and the script."""
     return _torch_trace(folder, "compiled.py", TORCH_COMPILE, "torch_trace")
+
+
+def torch_sequential_capture(folder: Path) -> tuple[Path, Path]:
+    """The TORCH_TRACE dir of `TORCH_COMPILED_SEQUENTIAL`, and the script."""
+    return _torch_trace(folder, "sequential.py", TORCH_COMPILED_SEQUENTIAL, "sequential_trace")
 
 
 def torch_guards_capture(folder: Path) -> tuple[Path, Path]:
