@@ -356,6 +356,27 @@ TORCH_PROFILE_AND_TRACE = textwrap.dedent("""
 """)
 
 # Two gloo ranks, three all_reduces of 1000 floats each, profiled with shapes; one JSON per rank.
+# An Inductor torch.compile loop profiled step by step, with its TORCH_TRACE log: 8 batches of 32, then a last batch
+# of 5, for which Dynamo compiles the model again (its size guard fails) in the last step.
+TORCH_LAST_BATCH = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model)
+    data = torch.randn(8 * 32 + 5, 64)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=9),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for batch in data.split(32):
+            loss = compiled(batch).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+""")
+
 TORCH_GLOO = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
     from torch.profiler import ProfilerActivity, profile
@@ -547,6 +568,16 @@ def torch_profiled_compile_capture(folder: Path) -> Path:
 def torch_schedule_capture(folder: Path) -> Path:
     """The `tensorboard_trace_handler` directory of `TORCH_SCHEDULE` (two `*.pt.trace.json.gz` files)."""
     return _capture(folder, "scheduled.py", TORCH_SCHEDULE, "tb")
+
+
+def torch_last_batch_capture(folder: Path) -> Path:
+    """A folder holding `TORCH_LAST_BATCH`'s torch.profiler window (`tb/`) and its TORCH_TRACE log; Inductor's caches
+    are off, so the recompile compiles as a first run of the script would."""
+    run = folder / "run"
+    env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+           "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+    _capture(folder, "last_batch.py", TORCH_LAST_BATCH, "run/tb", env=env)
+    return run
 
 
 def torch_gloo_capture(folder: Path) -> Path:

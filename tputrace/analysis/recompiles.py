@@ -31,6 +31,7 @@ from tputrace.analysis import (
     entry_storms,
     host_inputs,
     index_storms,
+    late_recompiles,
     length_functions,
     program_cache,
     structure_changes,
@@ -43,6 +44,7 @@ from tputrace.analysis.ddp_rebuild import DdpRebuild
 from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
 from tputrace.analysis.entry_storms import EntryStorm
 from tputrace.analysis.index_storms import IndexStorm
+from tputrace.analysis.late_recompiles import LateRecompile
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
     DataSizeStorm,
@@ -158,6 +160,7 @@ class RecompileData:
     ddp_rebuilds: tuple[DdpRebuild, ...] = ()  # DDP's one bucket rebuild (see `ddp_rebuild`)
     entry_storms: tuple[EntryStorm, ...] = ()  # a size that changes the graph's ops too (see `entry_storms`)
     index_storms: tuple[IndexStorm, ...] = ()  # a view's Python-int position that changes (see `index_storms`)
+    late_recompiles: tuple[LateRecompile, ...] = ()  # one steady step's costly recompiles (see `late_recompiles`)
 
 
 @dataclass(frozen=True)
@@ -273,12 +276,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     rebuilds = _take(ddp_rebuild.findings(context, explained), findings, caused, explained)
     entries = _take(entry_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
     positions = _take(index_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
+    lates = _take(late_recompiles.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
         chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
         ddp_rebuilds=tuple(rebuilds), entry_storms=tuple(entries), index_storms=tuple(positions),
+        late_recompiles=tuple(lates),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )
