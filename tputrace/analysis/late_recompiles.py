@@ -15,6 +15,7 @@ bucketed pipeline compiles each bucket once, by design.
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 
 from tputrace.analysis import guard_recompiles
@@ -79,8 +80,7 @@ def findings(context: AnalysisContext, explained: set[int], not_evicted: str,
         return []  # another finding names the step's recompiles, and so the change (a storm's last size)
     # A step that compiled programs for the first time ran work the loop had not run before (an evaluation pass on
     # held-out data, a checkpoint): its recompiles are part of that one-time work.
-    if context.trace.sql("SELECT 1 FROM compiles WHERE rank = ? AND reason = 'first' AND step = ? LIMIT 1",
-                         (context.rank, last)):
+    if last in _new_work_steps(context, last, last):
         return []
     rows = [row for row in rows if not row.diff.startswith(_STRUCTURE)]  # other ops, not other inputs
     dim, before, after = _size_change(rows)
@@ -93,13 +93,40 @@ def findings(context: AnalysisContext, explained: set[int], not_evicted: str,
     return [(_finding(context, late, rows, frame_id), late, {row.compile_id for row in rows})]
 
 
+def last_batch_compiles(context: AnalysisContext, not_evicted: str, evicted: list[int]) -> set[int]:
+    """The recompiles of the loop's last step when they are its only recompiles after warm-up (but for those of steps
+    that ran new work) and one says dim 0 of an input shrank (a remainder batch): the storms leave them out, since per-op programs of other layers' shapes
+    compiled in the warm-up step would otherwise read as sizes of one storm (strict mode)."""
+    first_steady, loop = context.first_steady_after_warm_up, context.loop_range
+    if first_steady is None or loop is None:
+        return set()
+    rows = [_Row(*row) for row in context.trace.sql(
+        "SELECT c.id, c.step, c.kind, COALESCE(n.text, '?'), COALESCE(d.text, ''), c.start_ns, COALESCE(c.dur_ns, 0), "
+        "c.frame_id FROM compiles c LEFT JOIN strings n ON n.id = c.name_sid LEFT JOIN strings d ON d.id = c.diff_sid "
+        f"WHERE c.rank = ? AND c.reason IN ('recompile', 'guard_failure') AND c.step BETWEEN ? AND ? AND {not_evicted}",
+        (context.rank, first_steady, loop[1], *evicted))]
+    new_work = _new_work_steps(context, first_steady, loop[1])
+    if loop[1] in new_work or any(row.step != loop[1] for row in rows if row.step not in new_work):
+        return set()
+    dim, before, after = _size_change(rows)
+    return {row.compile_id for row in rows} if dim == 0 and 0 < after < before else set()
+
+
+def _new_work_steps(context: AnalysisContext, first: int, last: int) -> set[int]:
+    """The steps from `first` to `last` that compiled a program for the first time: work the loop had not run before
+    (an evaluation pass on held-out data, a checkpoint), whose recompiles are part of that one-time work."""
+    return {step for (step,) in context.trace.sql(
+        "SELECT DISTINCT step FROM compiles WHERE rank = ? AND reason = 'first' AND step BETWEEN ? AND ?",
+        (context.rank, first, last))}
+
+
 def _entered_at(context: AnalysisContext, rows: list[_Row]) -> int | None:
-    """Where the change entered: the line the costliest recompile's diff names (the op that first took the new
-    input, `op 0 aten.addmm.default (train.py:8): arg 1 dim 0: 32 -> 5`), else where that program was compiled."""
-    top = max(rows, key=lambda row: row.dur_ns)
-    named = LOCATION.search(top.diff)
+    """Where the batch entered: the line the step's first recompile's diff names (the op that first took it,
+    `op 0 aten.addmm.default (train.py:8): arg 1 dim 0: 32 -> 5`), else where that first recompile was compiled."""
+    first = min(rows, key=lambda row: row.start_ns)
+    named = LOCATION.search(first.diff)
     frame_id = context.frame_at_line(named["file"], int(named["line"])) if named is not None else None
-    return frame_id if frame_id is not None else top.frame_id
+    return frame_id if frame_id is not None else first.frame_id
 
 
 def _guard_storms(context: AnalysisContext) -> set[tuple[int | None, str]]:
@@ -124,14 +151,18 @@ def _union_ns(rows: list[_Row]) -> int:
 
 
 def _size_change(rows: list[_Row]) -> tuple[int, int, int]:
-    """The first size a recompile's diff says changed: (dim, before, after); (0, 0, 0) where none did."""
+    """The size the recompiles' diffs most often say changed, (dim, before, after), a change of dim 0 first (each diff
+    compares with the program's latest compile, which for a few programs may be another pass's, such as an
+    evaluation's); (0, 0, 0) where none did."""
+    changes: Counter[tuple[int, int, int]] = Counter()
     for row in rows:
         match = _SIZE_CHANGE.search(row.diff)
         if match is not None:
-            if match["dim"] is not None:
-                return int(match["dim"]), int(match["before"]), int(match["after"])
-            return int(match["index"]), int(match["expected"]), int(match["actual"])
-    return 0, 0, 0
+            changes[(int(match["dim"]), int(match["before"]), int(match["after"])) if match["dim"] is not None else
+                    (int(match["index"]), int(match["expected"]), int(match["actual"]))] += 1
+    if not changes:
+        return 0, 0, 0
+    return max(changes, key=lambda change: (change[0] == 0, changes[change]))
 
 
 def _finding(context: AnalysisContext, late: LateRecompile, rows: list[_Row], frame_id: int | None) -> Finding:

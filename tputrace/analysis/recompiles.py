@@ -188,6 +188,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     by_origin: dict[tuple[str, int | None], list[Storm]] = {}
     in_storms: set[int] = set()  # compile ids
     padding_storms: list[_PaddingStorm] = []
+    last_batch = late_recompiles.last_batch_compiles(context, not_evicted(evicted), evicted)
     calls_per_line = Counter((kind, name_sid, context.location(frame_id)) for kind, name_sid, frame_id, *_ in sites)
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append(CompileSite(kind, trace.string(name_sid), context.where(frame_id), count, total_ns, signatures,
@@ -197,6 +198,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         if first_steady is not None and steady_compiles < MIN_STEADY_COMPILES:
             continue
         rows = _main_layout(compile_rows(context, kind, name_sid, frame_id, evicted))
+        if last_batch and first_steady is not None and \
+                steady_compiles - sum(row.compile_id in last_batch for row in rows) < MIN_STEADY_COMPILES:
+            continue  # only the last, smaller batch compiled again (see `late_recompiles`)
         if len(rows) < MIN_COMPILES or len({row.signature for row in rows}) < MIN_COMPILES:
             continue
         dims = varying_dims([row.signature for row in rows])
