@@ -63,6 +63,33 @@ JAX_COLLECTIVES = textwrap.dedent("""
             f(x).block_until_ready()
 """)
 
+# A ring of `jax.lax.ppermute` hops in a `shard_map` (4 MiB a device a hop, little compute between hops) over 4
+# virtual devices: XLA's collective-permutes take much of each of the 3 annotated steps.
+JAX_PPERMUTE_RING = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    from jax.sharding import Mesh, PartitionSpec as P
+
+    mesh = Mesh(jax.devices(), ("d",))
+    ring = [(i, (i + 1) % 4) for i in range(4)]
+
+    @jax.jit
+    def f(x):
+        def shard(x):
+            acc = x
+            for _ in range(8):
+                x = jax.lax.ppermute(x, "d", ring)
+                acc = acc + x
+            return acc
+        return jax.shard_map(shard, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
+
+    x = jnp.ones((4096, 1024))
+    f(x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(3):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                x = f(x).block_until_ready()
+""")
+
 # A jitted step with a lax.scan and a while_loop: XLA:CPU runs each as a `while` op whose events hold the
 # loop body's ops; two steps annotated.
 JAX_LOOPS = textwrap.dedent("""
@@ -183,6 +210,15 @@ TORCH_COMPILE = textwrap.dedent("""\
 # `graph_break()` and a `tolist()` break (reasons on the line after the reason's preamble); a compiled module,
 # whose code object is torch's wrapper, called on line 29; a print in a loop (line 34), where Dynamo gives up
 # on the whole function.
+# A torch.nn module torch's own code defines, compiled whole: Dynamo compiles it through torch's wrapper `inner`.
+TORCH_COMPILED_SEQUENTIAL = textwrap.dedent("""\
+    import torch
+
+    net = torch.compile(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()))
+    for _ in range(2):
+        out = net(torch.ones(4, 8))
+""")
+
 TORCH_GUARDS = textwrap.dedent("""\
     import torch, torch._dynamo
     torch._dynamo.config.cache_size_limit = 3
@@ -320,6 +356,27 @@ TORCH_PROFILE_AND_TRACE = textwrap.dedent("""
 """)
 
 # Two gloo ranks, three all_reduces of 1000 floats each, profiled with shapes; one JSON per rank.
+# An Inductor torch.compile loop profiled step by step, with its TORCH_TRACE log: 8 batches of 32, then a last batch
+# of 5, for which Dynamo compiles the model again (its size guard fails) in the last step.
+TORCH_LAST_BATCH = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    compiled = torch.compile(model)
+    data = torch.randn(8 * 32 + 5, 64)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=9),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for batch in data.split(32):
+            loss = compiled(batch).square().mean()
+            loss.backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+""")
+
 TORCH_GLOO = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
     from torch.profiler import ProfilerActivity, profile
@@ -456,6 +513,12 @@ def jax_collectives_capture(folder: Path) -> Path:
     return _capture(folder, "jax_collectives.py", JAX_COLLECTIVES, "collectives_logdir", env=env)
 
 
+def jax_ppermute_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_PPERMUTE_RING` on 4 virtual devices."""
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
+    return _capture(folder, "jax_ring.py", JAX_PPERMUTE_RING, "ring_logdir", env=env)
+
+
 def jax_sharded_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_SHARDED` on 4 virtual devices."""
     env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=4", "JAX_PLATFORMS": "cpu"}
@@ -482,6 +545,11 @@ def torch_trace_capture(folder: Path) -> tuple[Path, Path]:
     return _torch_trace(folder, "compiled.py", TORCH_COMPILE, "torch_trace")
 
 
+def torch_sequential_capture(folder: Path) -> tuple[Path, Path]:
+    """The TORCH_TRACE dir of `TORCH_COMPILED_SEQUENTIAL`, and the script."""
+    return _torch_trace(folder, "sequential.py", TORCH_COMPILED_SEQUENTIAL, "sequential_trace")
+
+
 def torch_guards_capture(folder: Path) -> tuple[Path, Path]:
     """A `TORCH_TRACE` directory of `TORCH_GUARDS`, and the script."""
     return _torch_trace(folder, "guards.py", TORCH_GUARDS, "guards_trace")
@@ -500,6 +568,16 @@ def torch_profiled_compile_capture(folder: Path) -> Path:
 def torch_schedule_capture(folder: Path) -> Path:
     """The `tensorboard_trace_handler` directory of `TORCH_SCHEDULE` (two `*.pt.trace.json.gz` files)."""
     return _capture(folder, "scheduled.py", TORCH_SCHEDULE, "tb")
+
+
+def torch_last_batch_capture(folder: Path) -> Path:
+    """A folder holding `TORCH_LAST_BATCH`'s torch.profiler window (`tb/`) and its TORCH_TRACE log; Inductor's caches
+    are off, so the recompile compiles as a first run of the script would."""
+    run = folder / "run"
+    env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace"), "TORCHINDUCTOR_FX_GRAPH_CACHE": "0",
+           "TORCHINDUCTOR_AUTOGRAD_CACHE": "0"}
+    _capture(folder, "last_batch.py", TORCH_LAST_BATCH, "run/tb", env=env)
+    return run
 
 
 def torch_gloo_capture(folder: Path) -> Path:

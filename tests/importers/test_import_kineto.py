@@ -163,9 +163,12 @@ def test_a_gpu_captures_kernels_collectives_and_syncs(tmp_path: Path, capsys: py
         source = json.loads(trace.meta["imported"])[0]
         start_unix_ns = trace.run.start_unix_ns
         ops = Counter(op.op for op in trace.records("ops"))
-        steps = [step.step for step in trace.step_times(rank=0)]
+        steps = [(step.step, step.source) for step in trace.step_times(rank=0)]
         end_ns = trace.run.end_ns
-    assert steps == [5, 6] and ops == {"aten::mm": 2, "record_param_comms": 2, "aten::item": 2,
+        zeros_step = [op.step for op in trace.records("ops") if op.op == "aten::zeros"]
+    # The op after the last step is in no step of the loop: an `end` step holds it.
+    assert steps == [(5, "imported"), (6, "imported"), (7, "end")] and zeros_step == [7]
+    assert ops == {"aten::mm": 2, "record_param_comms": 2, "aten::item": 2,
                                        "aten::_local_scalar_dense": 2, "aten::zeros": 1}
     assert end_ns == 4_200_000
     assert start_unix_ns == BASE_NS + int(T0 * 1000)  # the events' clock, not the metadata's ts 0

@@ -238,9 +238,10 @@ def _line(glog: str, pid: int, envelope: dict[str, Any], payload: str | None = N
     return text + (f"\t{payload}\n" if payload is not None else "")
 
 
-def _built_log(pid: int, rank: int | None) -> str:
+def _built_log(pid: int, rank: int | None, loc: bool = True) -> str:
     """A small log in the format's structure: a module compiled through torch's wrapper in a source checkout of
-    torch, a compiled autograd graph's frame, and an AOTInductor compile that no Dynamo frame made."""
+    torch (its caller's line's text in the stack's `loc` unless not `loc`, as in older logs), a compiled autograd
+    graph's frame, and an AOTInductor compile that no Dynamo frame made."""
     start = 1_765_000_000_000_000  # µs
     ids = {"frame_id": 0, "frame_compile_id": 0, "attempt": 0, **({"rank": rank} if rank is not None else {})}
     autograd = {**ids, "compiled_autograd_id": 1, "frame_id": 2}
@@ -249,7 +250,8 @@ def _built_log(pid: int, rank: int | None) -> str:
     lines = [_line("10:00:00.000000", pid, {"str": [file, index]}) for index, file in enumerate(files)]
     lines += [
         _line("10:00:00.100000", pid, {"dynamo_start": {"stack": [
-            {"line": 30, "name": "<module>", "filename": 1}, {"line": 12, "name": "step", "filename": 1},
+            {"line": 30, "name": "<module>", "filename": 1},
+            {"line": 12, "name": "step", "filename": 1, **({"loc": "h = self.encoder(torch.relu(x))"} if loc else {})},
             {"line": 66, "name": "inner", "filename": 0}]}, **ids}),
         _line("10:00:00.600000", pid, {"compilation_metrics": {
             "co_name": "inner", "co_filename": files[0], "co_firstlineno": 66, "start_time_us": start,
@@ -277,8 +279,8 @@ def test_compiles_through_torch_source_checkouts_compiled_autograd_and_aotinduct
     compiles = [(json.loads(row.detail)["compile_id"], row.kind, row.name, row.source.line, row.source.function,
                  row.start_ns, row.dur_ns) for row in trace.records("compiles")]
     assert compiles == [
-        # torch's wrapper `inner`, in a checkout of torch's source: at the user's line that called the module.
-        ("0/0", "dynamo_frame", "inner", 12, "step", 0, 500_000_000),
+        # torch's wrapper `inner`, in a checkout of torch's source: named by what the user's line called, at that line.
+        ("0/0", "dynamo_frame", "self.encoder", 12, "step", 0, 500_000_000),
         ("!1/2/0", "dynamo_frame", "backward_hook", 20, "backward_hook", 1_000_000_000, 250_000_000),
         # AOTInductor: named by the call the user's code made, at that line.
         ("", "aot", "aoti_compile_and_package", 40, "main", 2_000_000_000, 2_000_000_000),
@@ -286,6 +288,26 @@ def test_compiles_through_torch_source_checkouts_compiled_autograd_and_aotinduct
     text = _summary(tmp_path / "imported.tptrace", capsys)
     assert re.search(r"-\s+aoti_compile_and_package\s+train\.py:40\s+2\.00 s", text), text
     assert re.search(r"!1/2/0\s+backward_hook\s+train\.py:20\s+250 ms", text), text
+
+
+def test_a_module_compiled_through_torchs_wrapper_is_named_by_the_users_call(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """`torch.compile(nn.Sequential(...))`: Dynamo compiles torch's wrapper `inner`; the compile is named by what the
+    user's line calls (`net`), at that line. A log whose stack has no line text names the calling function."""
+    from captures import TORCH_COMPILED_SEQUENTIAL, torch_sequential_capture
+
+    call_line = next(index for index, text in enumerate(TORCH_COMPILED_SEQUENTIAL.splitlines(), 1) if "net(" in text)
+    log_dir, _ = torch_sequential_capture(tmp_path)
+    trace = _import(tmp_path, log_dir)
+    assert [(row.name, Path(row.source.file).name, row.source.line) for row in trace.records("compiles")] == [
+        ("net", "sequential.py", call_line)]
+    text = _summary(tmp_path / "imported.tptrace", capsys)
+    assert re.search(rf"0/0\s+net\s+sequential\.py:{call_line}\s", text), text
+    assert "inner" not in text
+    older = tmp_path / "older.log"
+    older.write_text(_built_log(4242, rank=None, loc=False))
+    assert [row.name for row in _import(tmp_path, older, name="older.tptrace").records("compiles")][0] == \
+        "compiled call in step"
 
 
 def test_a_directory_of_rank_logs_is_one_trace_with_each_rank(tmp_path: Path,

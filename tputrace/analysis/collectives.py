@@ -210,9 +210,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
 
 
 def _line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: str = "COUNT(*) DESC, SUM(dur_ns) DESC") -> str | None:
-    """What removes the calls of the top line (by `by`) when its kind has a fix of its own: a barrier, a broadcast, sends."""
+    """What removes the calls of the top line (by `by`) when its kind has a fix of its own: a barrier, a broadcast, sends,
+    XLA's collective permutes."""
     rows = context.trace.sql(f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY {by} LIMIT 1", tuple(params))
-    if not rows or rows[0][0] not in ("barrier", "broadcast", "send", "recv"):
+    if not rows or rows[0][0] not in ("barrier", "broadcast", "send", "recv", "collective_permute"):
         return None
     return _small_fix(context, where, params, rows[0])
 
@@ -232,6 +233,10 @@ def _small_fix(context: AnalysisContext, where: str, params: Sequence[int], top:
     if kind in ("send", "recv"):
         return (f"Send fewer, larger messages at {at}: one per micro-batch of activations at most, started with isend/irecv so "
                 "that they overlap the next micro-batch's compute.")
+    if kind == "collective_permute":  # XLA's (JAX's `ppermute`), not torch's point-to-point calls
+        return (f"Permute fewer, larger blocks at {at}: in a `shard_map` ring (`jax.lax.ppermute` of each hop), concatenate "
+                "the arrays a hop passes into one, and start the next hop's ppermute before computing on the block in hand, "
+                "so that XLA's asynchronous collective-permute runs under that compute.")
     return (f"Bucket them (the most calls are at {at}): a larger DDP `bucket_cap_mb`, or flatten small tensors into one before "
             "reducing (torch.cat, one all_reduce, then split).")
 

@@ -31,6 +31,7 @@ from tputrace.analysis import (
     entry_storms,
     host_inputs,
     index_storms,
+    late_recompiles,
     length_functions,
     program_cache,
     structure_changes,
@@ -43,6 +44,7 @@ from tputrace.analysis.ddp_rebuild import DdpRebuild
 from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
 from tputrace.analysis.entry_storms import EntryStorm
 from tputrace.analysis.index_storms import IndexStorm
+from tputrace.analysis.late_recompiles import LateRecompile
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
     DataSizeStorm,
@@ -158,6 +160,7 @@ class RecompileData:
     ddp_rebuilds: tuple[DdpRebuild, ...] = ()  # DDP's one bucket rebuild (see `ddp_rebuild`)
     entry_storms: tuple[EntryStorm, ...] = ()  # a size that changes the graph's ops too (see `entry_storms`)
     index_storms: tuple[IndexStorm, ...] = ()  # a view's Python-int position that changes (see `index_storms`)
+    late_recompiles: tuple[LateRecompile, ...] = ()  # one steady step's costly recompiles (see `late_recompiles`)
 
 
 @dataclass(frozen=True)
@@ -185,6 +188,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     by_origin: dict[tuple[str, int | None], list[Storm]] = {}
     in_storms: set[int] = set()  # compile ids
     padding_storms: list[_PaddingStorm] = []
+    last_batch = late_recompiles.last_batch_compiles(context, not_evicted(evicted), evicted)
     calls_per_line = Counter((kind, name_sid, context.location(frame_id)) for kind, name_sid, frame_id, *_ in sites)
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
         site_rows.append(CompileSite(kind, trace.string(name_sid), context.where(frame_id), count, total_ns, signatures,
@@ -194,6 +198,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         if first_steady is not None and steady_compiles < MIN_STEADY_COMPILES:
             continue
         rows = _main_layout(compile_rows(context, kind, name_sid, frame_id, evicted))
+        if last_batch and first_steady is not None and \
+                steady_compiles - sum(row.compile_id in last_batch for row in rows) < MIN_STEADY_COMPILES:
+            continue  # only the last, smaller batch compiled again (see `late_recompiles`)
         if len(rows) < MIN_COMPILES or len({row.signature for row in rows}) < MIN_COMPILES:
             continue
         dims = varying_dims([row.signature for row in rows])
@@ -273,12 +280,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     rebuilds = _take(ddp_rebuild.findings(context, explained), findings, caused, explained)
     entries = _take(entry_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
     positions = _take(index_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
+    lates = _take(late_recompiles.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
         chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
         ddp_rebuilds=tuple(rebuilds), entry_storms=tuple(entries), index_storms=tuple(positions),
+        late_recompiles=tuple(lates),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )

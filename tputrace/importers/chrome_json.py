@@ -90,6 +90,7 @@ class ChromeJsonImporter:
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
         self.seq = 0
+        self.latest_start_ns = -1  # the latest start of a timed event's row, to know whether any ran after the steps
         self.parse_float: Any = float  # reads a window's floats (its nanosecond timestamps exactly, see `kineto`)
         self.comms = "annotation"  # where a window's collectives come from (see `_comms_source`)
         # The CPU ops a sync may happen in (`aten::copy_`, `aten::_local_scalar_dense`), by thread: starts, (end, kind).
@@ -123,7 +124,7 @@ class ChromeJsonImporter:
         origins = [(start_unix_ns - base_ns) / 1000 for _, base_ns, *_ in windows]
         spans = [(int(round((start - origin) * 1000)), int(round((end - origin) * 1000)), number)
                  for (_, _, _, markers, *_), origin in zip(windows, origins) for start, end, number in markers]
-        steps = self.steps.place(spans)
+        steps = self.steps.place(spans, close_last=True)
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.paths[0]), argv=[], platform="cpu",
                             chips=0, start_unix_ns=start_unix_ns)
         end_ns = 0
@@ -150,6 +151,11 @@ class ChromeJsonImporter:
         for number, step_start_ns, step_end_ns in steps:
             self.sink.append("steps", (self.rank, number, step_start_ns, step_end_ns,
                                        "end" if step_start_ns in trailing else "imported"))
+        # What ran after the last step closed (a collective the loop's last step left running, the profiler's
+        # own stop) is no step of the loop: an `end` step holds it, as a recording's work after the loop.
+        after = self.steps.after_last
+        if after is not None and self.latest_start_ns >= after[1]:
+            self.sink.append("steps", (self.rank, after[0], after[1], end_ns, "end"))
         # A GPU's runtime calls without kernels (CUPTI's range profiler replaces them) are still a GPU's capture.
         device = (min(self.device_kinds) if self.device_kinds else "gpu") if devices or self.runtime else "cpu"
         self.sink.note(self.rank, device=device)
@@ -265,6 +271,7 @@ class ChromeJsonImporter:
         frame_of = self._frame
         shapes_of = Shapes()
         end_us = start_us
+        latest_start_ns = self.latest_start_ns
         devices: set[int] = set()
         seq = self.seq
         extend = self.sink.extend
@@ -306,6 +313,8 @@ class ChromeJsonImporter:
                     category = categories[category]
                 dur_ns = int(dur * 1000)
                 step = step_labels[bisect.bisect_right(step_starts, start_ns)]
+                if start_ns > latest_start_ns:
+                    latest_start_ns = start_ns
                 if category == "cpu_op":
                     tid = event.get("tid")
                     stack = nesting.open_on(tid, ts, ops)
@@ -362,6 +371,7 @@ class ChromeJsonImporter:
         nesting.close_all(ops)
         extend("ops", ops)
         self.seq = seq
+        self.latest_start_ns = latest_start_ns
         return end_us, devices
 
     def _compile(self, event: tuple[str, int, int, int, int | None], compile_id: str | None) -> None:

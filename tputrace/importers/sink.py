@@ -22,18 +22,24 @@ class StepClock:
 
     starts: list[int] = field(default_factory=list)
     labels: list[int] = field(default_factory=lambda: [0])  # the step after 0, 1, 2.. boundaries
+    after_last: tuple[int, int] | None = None  # (number, start) of the span after the last step, where closed
 
-    def place(self, markers: list[tuple[int, int, int | None]]) -> list[tuple[int, int, int]]:
+    def place(self, markers: list[tuple[int, int, int | None]], close_last: bool = False) -> list[tuple[int, int, int]]:
         """Set the boundaries from step markers (start, end, the capture's step number or None); the steps as
         (number, start, end) in time order. The capture's numbers are kept when every marker has one and they
         increase in time; else the steps are numbered 1... Rows before the first step are in step 0, or one
-        below the first step's number where that is 0 or less."""
+        below the first step's number where that is 0 or less. With `close_last`, rows after the last step's
+        end are in the step after it (`after_last`), which is no step of the loop."""
         ordered = sorted(markers, key=lambda marker: (marker[0], marker[1]))
         numbers = [number for _, _, number in ordered if number is not None]
         if len(numbers) != len(ordered) or any(a >= b for a, b in zip(numbers, numbers[1:])):
             numbers = list(range(1, len(ordered) + 1))
         self.starts = [start for start, _, _ in ordered]
         self.labels = [min(0, numbers[0] - 1) if numbers else 0, *numbers]
+        if close_last and ordered:
+            self.after_last = (numbers[-1] + 1, max(end for _, end, _ in ordered))
+            self.starts.append(self.after_last[1])
+            self.labels.append(self.after_last[0])
         return [(number, start, end) for number, (start, end, _) in zip(numbers, ordered)]
 
     def step_at(self, t_ns: int) -> int:

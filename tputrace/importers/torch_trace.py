@@ -37,6 +37,10 @@ from tputrace.importers.torch_trace_text import (
 )
 
 _CACHE_ARTIFACT = re.compile(r"^(fx_graph|aotautograd)_cache_(hit|miss|bypass)$")
+# torch's wrapper around a compiled callable that Dynamo would skip (`torch.compile(nn.Sequential(...))`): the
+# compile's code object is `inner` in `torch/_dynamo/external_utils.py`, not the user's.
+_WRAPPER, _WRAPPER_FILE = "inner", "external_utils.py"
+_CALL = re.compile(r"([A-Za-z_][\w.]*)\s*\(")
 # Records whose payload is read: graph breaks, recompile reasons (a JSON list), chromium events (`dynamo` spans).
 _PAYLOAD_ARTIFACTS = ("dynamo_graph_break_reason", "recompile_reasons")
 
@@ -57,6 +61,7 @@ class _Compile:
     span: list[float | None] = field(default_factory=lambda: [None, None])  # its `dynamo` chromium event (Unix s)
     clock: tuple[float | None, float | None] = (None, None)  # glog times of its dynamo_start and metrics records
     caller: tuple[str, str | None, int | None] | None = None  # the innermost user frame of its dynamo_start stack
+    called: str | None = None  # what the caller's line calls (`net` in `out = net(x)`), where the stack gives its text
     restart_reasons: list[str] = field(default_factory=list)
 
 
@@ -78,6 +83,7 @@ class TorchTraceImporter:
         self.frame_code: dict[str, tuple[str, str | None, int | None]] = {}  # frame id -> its code's name, file, line
         self.caller: dict[str, tuple[str, str | None, int | None]] = {}  # compile id -> the innermost user frame
         # of its dynamo_start stack, until its metrics
+        self.called: dict[str, str] = {}  # compile id -> what that frame's line calls, until its metrics
         self.skipped_lines = 0
         self.first_skipped: int | None = None
         self.clock = 0.0  # the glog time of the record being read
@@ -225,6 +231,7 @@ class TorchTraceImporter:
             clock=(self.started.pop(compile_id, None), self.clock),
             restart_reasons=restarts,
             caller=self.caller.pop(compile_id, None),
+            called=self.called.pop(compile_id, None),
         )
         if not metrics.get("co_name") and envelope.get("frame_id") is None:
             # A compile outside Dynamo (AOTInductor's `aoti_compile_and_package`): named by the call the user's
@@ -279,6 +286,9 @@ class TorchTraceImporter:
         user = _innermost_user(entries)
         if user is not None:
             self.caller[compile_id] = entries[user]
+            called = _called(start["stack"][user].get("loc"))
+            if called:
+                self.called[compile_id] = called
 
     def _stack(self, stack: Any) -> list[tuple[str, str | None, int | None]]:
         """A record's stack as (function, file, line), outermost first; file names interned by `str` records."""
@@ -322,6 +332,9 @@ class TorchTraceImporter:
             # A compiled nn.Module's code object is torch's own wrapper: its place is the user's line that
             # called the module.
             if item.caller and (not item.file or is_library(item.file)):
+                if item.name == _WRAPPER and (item.file or "").endswith(_WRAPPER_FILE):
+                    # named by what the user's line called (`net` of `out = net(x)`), not torch's wrapper
+                    item.name = item.called or f"compiled call in {item.caller[0]}"
                 item.frame_function, item.file, item.line = item.caller
             timed.append((item, *self._times(item)))
         starts = [start for _, start, _ in timed if start is not None]
@@ -390,6 +403,14 @@ def _compile_id(envelope: dict[str, Any]) -> str:
     compile_id = f"{envelope.get('frame_id')}/{envelope.get('frame_compile_id')}"
     autograd = envelope.get("compiled_autograd_id")
     return f"!{autograd}/{compile_id}" if autograd is not None else compile_id
+
+
+def _called(loc: Any) -> str | None:
+    """The callable a line of source calls (`net` in `out = net(x)`, `self.encoder` in `h = self.encoder(x)`): the
+    first name called that is not torch's own (`torch.ones(4)` in the arguments)."""
+    if not isinstance(loc, str):
+        return None
+    return next((name for name in _CALL.findall(loc) if name != "torch" and not name.startswith("torch.")), None)
 
 
 def _innermost_user(entries: list[tuple[str, str | None, int | None]]) -> int | None:

@@ -11,7 +11,7 @@ import numpy as np
 # `hlo_category` -> `collectives.kind`.
 COLLECTIVE_CATEGORIES = {
     "all-reduce": "all_reduce", "all-gather": "all_gather", "reduce-scatter": "reduce_scatter",
-    "all-to-all": "all_to_all", "collective-permute": "send",
+    "all-to-all": "all_to_all", "collective-permute": "collective_permute",
 }
 _CATEGORY_OF_KIND = {kind: category for category, kind in COLLECTIVE_CATEGORIES.items()}
 # A collective's HLO name where its op carries no `hlo_category` (XLA:CPU's host-thread ops): XLA's opcode
@@ -20,7 +20,7 @@ _CATEGORY_OF_KIND = {kind: category for category, kind in COLLECTIVE_CATEGORIES.
 _COLLECTIVE_NAME = re.compile(
     r"^(?:(?P<all_reduce>all[-_]reduce|psum(?:_invariant)?|pmax|pmin)|(?P<reduce_scatter>reduce[-_]scatter|"
     r"psum_scatter)|(?P<all_gather>all[-_]gather)|(?P<all_to_all>all[-_]to[-_]all)|"
-    r"(?P<send>collective[-_]permute|ppermute))(?:[-_]start)?(?:\.\d+)*$")
+    r"(?P<collective_permute>collective[-_]permute|ppermute))(?:[-_]start)?(?:\.\d+)*$")
 
 
 def collective_category(name: str) -> str | None:
