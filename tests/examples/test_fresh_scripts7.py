@@ -1,12 +1,18 @@
 """Scripts that failed or read wrong before: a recommender whose `nn.Embedding(sparse=True)` trains with
-`SparseAdam` (it raised: the tpu device holds the sparse gradient dense, which SparseAdam refused)."""
+`SparseAdam` (it raised: the tpu device holds the sparse gradient dense, which SparseAdam refused); a loss compiled
+with `fullgraph=True` that branches on its value (Dynamo raised, and the report had no finding)."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
-from test_fresh_scripts import _run
+from test_fresh_scripts import MARKER, _run
+
+from tputrace.analysis import Report, analyze_path
 
 pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
 
@@ -53,3 +59,106 @@ def test_a_sparse_embedding_trained_with_sparse_adam_runs_and_is_told_to_be_dens
     assert (sparse.file, sparse.line, sparse.module) == (str(script), line, "Recommender.items"), sparse.title
     assert "f32[1000,32]" in sparse.title and sparse.severity == "info"
     assert "`sparse=False`" in sparse.suggestion and "`SparseAdam`" in sparse.suggestion
+
+
+FULLGRAPH_BRANCH = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+    @torch.compile(fullgraph=True, backend="tpu")
+    def train_loss(x, y):
+        loss = nn.functional.mse_loss(model(x), y)
+        {branch}
+        return loss
+
+
+    for step in range(4):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randn(16, 1, device="tpu")
+        loss = train_loss(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+BRANCH_ON_THE_VALUE = "if loss > 1.0:  {marker}\n            loss = loss.clamp(max=1.0)"
+BRANCHLESS = "loss = torch.where(loss > 1.0, loss.clamp(max=1.0), loss)  {marker}"
+
+
+def _run_raising(tmp_path: Path, name: str, source: str) -> tuple[Report, Path, int]:
+    """`tputrace run` of a script that raises: it exits 1, and its trace keeps what ran and the exception."""
+    script = tmp_path / f"{name}.py"
+    script.write_text(textwrap.dedent(source.format(marker=MARKER)))
+    line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if MARKER in text)
+    trace = tmp_path / f"{name}.tptrace"
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace), str(script)]
+    completed = subprocess.run(command, capture_output=True, text=True, timeout=900)
+    assert completed.returncode == 1, completed.stderr[-3000:]
+    return analyze_path(trace), script, line
+
+
+def test_a_fullgraph_function_branching_on_a_value_is_the_raised_lines_finding(tmp_path: Path) -> None:
+    """Dynamo raises on the `if` (a graph break, an error under `fullgraph=True`) and the run stops: the report's
+    one finding is critical, at the `if` Dynamo names (not the call's line), with Dynamo's reason, and tells to
+    choose with `torch.where` or `torch.cond`, or to drop `fullgraph=True`."""
+    report, script, line = _run_raising(tmp_path, "fullgraph_branch", FULLGRAPH_BRANCH.replace("{branch}", BRANCH_ON_THE_VALUE))
+    (raised,) = [finding for finding in report.findings if finding.severity == "critical"]
+    assert (raised.file, raised.line) == (str(script), line), raised.title
+    assert raised.title.startswith(f"torch.compile(fullgraph=True) raised at {script.name}:{line}: Data-dependent branching")
+    assert "`torch.where(condition, a, b)`" in raised.suggestion and "`torch.cond(" in raised.suggestion
+    assert "`fullgraph=False`" in raised.suggestion
+    assert report.findings[0] is raised
+
+
+def test_the_same_function_choosing_with_where_compiles_and_has_no_error_finding(tmp_path: Path) -> None:
+    """The branch written as `torch.where`, as the finding tells: the script runs, and no finding says it raised."""
+    report, _, _ = _run(tmp_path, "fullgraph_where", FULLGRAPH_BRANCH.replace("{branch}", BRANCHLESS))
+    assert not [finding.title for finding in report.findings if "raised" in finding.title or finding.severity == "critical"]
+
+
+def _compile_error_text(function: object, *args: object) -> str:
+    """The formatted exception of compiling `function` with `fullgraph=True` (real Dynamo, on the CPU)."""
+    import traceback
+
+    import torch
+
+    torch._dynamo.reset()
+    try:
+        torch.compile(function, fullgraph=True, backend="eager")(*args)
+    except Exception:  # noqa: BLE001 - the text is what is tested
+        return traceback.format_exc()
+    raise AssertionError("compiling did not raise")
+
+
+def _prints(x: object) -> object:
+    print("loss", x.sum())  # type: ignore[attr-defined]
+    return x
+
+
+def _wrong_shapes(x: object) -> object:
+    import torch
+
+    return x @ torch.ones(3, 3)  # type: ignore[operator]
+
+
+def test_dynamos_other_errors_are_read_with_their_own_fix() -> None:
+    """A print under `fullgraph=True` is a graph break whose fix is to print outside; a shape error found on fake
+    tensors is no graph break (dropping fullgraph would not help): each at the user's line, not torch's."""
+    import torch
+
+    from tputrace.analysis.compile_errors import _suggestion, parse_compile_error
+
+    printed = parse_compile_error(_compile_error_text(_prints, torch.randn(4, 2)))
+    assert printed is not None and printed.graph_break and printed.user_line is not None
+    assert (printed.user_line.file, printed.user_line.function) == (__file__, "_prints")
+    assert "out of the compiled function" in _suggestion(printed, "here")
+    shapes = parse_compile_error(_compile_error_text(_wrong_shapes, torch.randn(4, 2)))
+    assert shapes is not None and not shapes.graph_break and shapes.kind.endswith("TorchRuntimeError")
+    assert shapes.user_line is not None and shapes.user_line.function == "_wrong_shapes"
+    assert "fake tensors" in _suggestion(shapes, "here") and "fullgraph" not in _suggestion(shapes, "here")
+    assert parse_compile_error("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: no") is None
