@@ -1,6 +1,8 @@
 """Scripts that failed or read wrong before: a recommender whose `nn.Embedding(sparse=True)` trains with
 `SparseAdam` (it raised: the tpu device holds the sparse gradient dense, which SparseAdam refused); a loss compiled
-with `fullgraph=True` that branches on its value (Dynamo raised, and the report had no finding)."""
+with `fullgraph=True` that branches on its value (Dynamo raised, and the report had no finding); a mixture of
+experts in strict mode (the backward's views and products at `loss.backward()`, sized by the forward's mask counts,
+were a second storm advising bucketing)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 from test_fresh_scripts import MARKER, _run
+from test_fresh_scripts6 import MIXTURE_OF_EXPERTS
 
 from tputrace.analysis import Report, analyze_path
 
@@ -162,3 +165,14 @@ def test_dynamos_other_errors_are_read_with_their_own_fix() -> None:
     assert shapes.user_line is not None and shapes.user_line.function == "_wrong_shapes"
     assert "fake tensors" in _suggestion(shapes, "here") and "fullgraph" not in _suggestion(shapes, "here")
     assert parse_compile_error("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: no") is None
+
+
+def test_a_mixture_of_experts_backward_sized_by_the_mask_counts_is_in_the_masks_storm(tmp_path: Path) -> None:
+    """Strict mode compiles `loss.backward()`'s views and matrix products once per expert's token count as well:
+    their sizes are the counts the forward's `x[rows]` chose, step for step, so they are programs of that one storm
+    at the mask's line, and no storm at the backward's line tells to bucket them."""
+    report, script, line = _run(tmp_path, "moe_backward_strict", MIXTURE_OF_EXPERTS, ("--mode", "strict"))
+    storms = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert [(storm.file, storm.line) for storm in storms] == [(str(script), line)], [storm.title for storm in storms]
+    assert "count of a boolean mask" in storms[0].title
+    assert any(evidence.text.startswith("view: ") for evidence in storms[0].evidence), [e.text for e in storms[0].evidence]
