@@ -2,7 +2,8 @@
 `SparseAdam` (it raised: the tpu device holds the sparse gradient dense, which SparseAdam refused); a loss compiled
 with `fullgraph=True` that branches on its value (Dynamo raised, and the report had no finding); a mixture of
 experts in strict mode (the backward's views and products at `loss.backward()`, sized by the forward's mask counts,
-were a second storm advising bucketing)."""
+were a second storm advising bucketing); a GradScaler under bfloat16 autocast that unscales before clipping (its read
+at `scaler.step` was told to accumulate the loss)."""
 
 from __future__ import annotations
 
@@ -176,3 +177,39 @@ def test_a_mixture_of_experts_backward_sized_by_the_mask_counts_is_in_the_masks_
     assert [(storm.file, storm.line) for storm in storms] == [(str(script), line)], [storm.title for storm in storms]
     assert "count of a boolean mask" in storms[0].title
     assert any(evidence.text.startswith("view: ") for evidence in storms[0].evidence), [e.text for e in storms[0].evidence]
+
+
+UNSCALED_BEFORE_CLIPPING = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 10)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    scaler = torch.amp.GradScaler("tpu")
+    for step in range(5):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randint(0, 10, (16,), device="tpu")
+        with torch.autocast("tpu", dtype=torch.bfloat16):
+            loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)
+        nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        scaler.step(opt)  {marker}
+        scaler.update()
+    print(loss.item())
+'''
+
+
+def test_a_grad_scalers_read_after_an_explicit_unscale_is_named_and_told_needless_with_bfloat16(tmp_path: Path) -> None:
+    """With `scaler.unscale_(opt)` before clipping, the inf check runs at the unscale's line and `scaler.step(opt)`
+    only reads it: the read at the step's line is still GradScaler's, and, the autocast being bfloat16 already, the
+    fix is to drop the scaler (not to accumulate a loss); the scaler's `update()`, pending into the next step's graph,
+    is told the same."""
+    report, script, line = _run(tmp_path, "unscaled_before_clipping", UNSCALED_BEFORE_CLIPPING)
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "`torch.amp.GradScaler.step` reading whether the scaled gradients overflowed" in read.explanation
+    assert read.suggestion.startswith("The script autocasts to `torch.bfloat16` already"), read.suggestion
+    tails = [finding for finding in report.findings if finding.analyzer == "step_tail"]
+    assert tails and all("`GradScaler.update()`" in tail.suggestion for tail in tails), [tail.title for tail in tails]
