@@ -3,7 +3,8 @@
 A fallback's recorded duration includes copying its inputs to the host (a sync) and its outputs
 back, so it is the whole cost of the op leaving the chip. A backward op that falls back with its
 forward (`aten._ctc_loss_backward` after `aten._ctc_loss`) is part of the forward's finding, at the
-forward's line: replacing the forward removes both.
+forward's line: replacing the forward removes both. A sparse gradient the device held dense
+(`nn.Embedding(sparse=True)`) is an info finding of its own (`sparse_gradients`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext, Cost, per_call_text
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.sparse_gradients import sparse_gradient_findings
 from tputrace.wording import format_ns, plural
 
 NAME = "fallbacks"
@@ -100,6 +102,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FallbacksData]:
         for line in lines if id(line) not in backwards
     ]
     findings.sort(key=lambda finding: -finding.cost_total_ns)
+    findings += sparse_gradient_findings(context, NAME)
     data = FallbacksData(tuple(items[:50]), sum(item.total_ns for item in items), sum(item.count for item in items))
     return AnalysisResult(NAME, data, tuple(findings))
 

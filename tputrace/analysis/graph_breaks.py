@@ -10,6 +10,9 @@ syncs at a break's line are this analyzer's, not the syncs analyzer's.
 What the function runs as is read from its compiles (the one the break was recorded in, the function's
 and its resumed frames'): the number of its code objects that compiled a graph with ops, or, where none
 did and Dynamo failed on the frame, that it runs eagerly.
+
+A run that stopped on one of Dynamo's errors (a graph break under `fullgraph=True`) is a finding too
+(`compile_errors`), read from the run's exception.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass
 
+from tputrace.analysis.compile_errors import compile_error_findings
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
 from tputrace.analysis.syncs import STALL, SUGGESTIONS
@@ -94,7 +98,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
         last_t[(file_sid, line)] = max(last_t.get((file_sid, line), t_ns), t_ns)
     found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)], breaks[0][0]))
              for (file_sid, line), breaks in breaks_by_line.items()]
-    return AnalysisResult(NAME, GraphBreaksData(tuple(data for _, data in found)), tuple(finding for finding, _ in found))
+    findings = [finding for finding, _ in found] + compile_error_findings(context, NAME)
+    return AnalysisResult(NAME, GraphBreaksData(tuple(data for _, data in found)), tuple(findings))
 
 
 def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tuple[int, str, int]],

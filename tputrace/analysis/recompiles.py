@@ -217,6 +217,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             padding_storms.append(_PaddingStorm(storm, options, best))
         else:
             by_origin.setdefault((storm.origin.family, storm.origin.frame_id), []).append(storm)
+    padding_storms = _joined_to_data_sizes(context, by_origin, padding_storms, storm_data)
     findings: list[Finding] = []
     caused: list[tuple[Finding, int]] = []  # each finding, and the compiles it explains
     host_input_storms: list[HostInputStorm] = []
@@ -314,6 +315,31 @@ def _take(found: Iterable[tuple[Finding, _StormT, set[int]]], findings: list[Fin
         storms.append(storm)
         explained |= compile_ids
     return storms
+
+def _joined_to_data_sizes(context: AnalysisContext, by_origin: dict[tuple[str, int | None], list[Storm]],
+                          padding_storms: list[_PaddingStorm], storm_data: dict[int, StormData]) -> list[_PaddingStorm]:
+    """The storms of no traced origin left once each whose compiles a data-dependent size's storms explain step for
+    step (`host_inputs.line_of_sizes`) joins that size's storms: in strict mode `loss.backward()`'s views and matrix
+    products take the counts the forward's `x[mask]` chose, and no bucketing there fixes them, the fixed shape at the
+    mask's line does."""
+    origins = list(by_origin)
+    known = {index: {(row.step, value) for storm in by_origin[key] for row, value in zip(storm.rows, storm.main.values)}
+             for index, key in enumerate(origins)}
+    left = []
+    for padding in padding_storms:
+        storm = padding.storm
+        index = host_inputs.line_of_sizes(known, [row.step for row in storm.rows], storm.main.values) if known else None
+        if index is None:
+            left.append(padding)
+            continue
+        grouped = by_origin[origins[index]]
+        grouped.append(storm)
+        origin = grouped[0].origin
+        assert origin is not None
+        storm_data[id(storm)] = dataclasses.replace(storm_data[id(storm)], proposed=None, size_from=SizeSource(
+            origin.family, origin.what, context.where(origin.frame_id), origin.module, tuple(origin.lengths)))
+    return left
+
 
 def _storm_data(context: AnalysisContext, storm: Storm, options: list[BucketOption], best: BucketOption | None) -> StormData:
     entry, origin = storm.entry, storm.origin

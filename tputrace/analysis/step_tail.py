@@ -37,6 +37,11 @@ class StepTailData:
     tail_lines: tuple[TailLine, ...] = ()
 
 
+# The tail's work is `GradScaler.update()` (its `_amp_update_scale_`).
+SCALER_UPDATE = (" This work is `GradScaler.update()`: a TPU autocasts to `torch.bfloat16`, which needs no loss scaling, "
+                 "so dropping the GradScaler removes it, and the scaler's read in its `step`, with it.")
+
+
 def analyze(context: AnalysisContext) -> AnalysisResult[StepTailData]:
     trace, rank = context.trace, context.rank
     rows = trace.sql(
@@ -95,6 +100,7 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
             "pending work as a program of its own without waiting for the chip (and marks the step there), so every "
             "step's graphs are the first step's and compile once. Work that does not need the updated weights (a "
             "metric of this step's outputs) can instead move before `optimizer.step()`, into the step's graph."
+            + (SCALER_UPDATE if "aten._amp_update_scale_" in ops else "")
         ),
         cost_total_ns=float(total_ns),
         cost_per_step_ns=None,

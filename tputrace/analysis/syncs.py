@@ -71,10 +71,18 @@ DEVICE_SYNCHRONIZE = ("The host waited for the {device} to finish the work queue
                       "meanwhile: remove the wait from the loop, call it every N steps, or copy with "
                       "`non_blocking=True` into pinned memory.")
 
+# GradScaler's check of the gradients for inf, which its `step` reads (`unscale_` runs it, at its own line when the
+# script unscales before clipping).
+UNSCALE_OPS = ("aten._amp_foreach_non_finite_check_and_unscale_",)
+SCALER_WITH_BFLOAT16 = (
+    "The script autocasts to `torch.bfloat16` already, which has float32's range and needs no loss scaling: drop the "
+    "GradScaler (`loss.backward()`, any clipping and `optimizer.step()` directly, with no `scale`, `unscale_` or "
+    "`update`) and its read every step with it."
+)
 # Reads a library makes inside the call at a line, known by the ops the call runs there (all of them) and the
 # sync's kind: what the read is, and the change that removes it.
 LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
-    (("aten._amp_foreach_non_finite_check_and_unscale_",), "item"): (
+    (UNSCALE_OPS, "item"): (
         "`torch.amp.GradScaler.step` reading whether the float16 gradients overflowed (`found_inf`) to decide "
         "whether to skip the optimizer step",
         "On a TPU, autocast to `torch.bfloat16` instead of `torch.float16`: bfloat16 has float32's range and needs "
@@ -108,6 +116,8 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
 
 # A scheduler stepped with a value (`scheduler.step(loss)`): ReduceLROnPlateau reads it with `float(metrics)`.
 _SCHEDULER_STEP = re.compile(r"\b\w*(?:sched|plateau|lr_)\w*\.step\(\s*[^)\s]", re.IGNORECASE)
+# A step given an optimizer (`scaler.step(optimizer)`).
+_STEP_OF_AN_OPTIMIZER = re.compile(r"\.step\(\s*[A-Za-z_][\w.]*\s*\)")
 PLATEAU_READ = (
     "`ReduceLROnPlateau.step(metric)` reading the metric on the host (`float(metrics)`) to compare it with the best "
     "so far",
@@ -357,10 +367,35 @@ def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str
     where, params = context.loop_where("o")
     for (op_prefixes, read_kind), read in LIBRARY_READS.items():
         if read_kind == kind and all(_ran_at_line(context, frame_id, prefix, where, params) for prefix in op_prefixes):
-            return read
-    if kind == "item" and _SCHEDULER_STEP.search(line_text(context.location(frame_id), context.trace) or ""):
+            return _scaler_read(context) if op_prefixes == UNSCALE_OPS else read
+    text = line_text(context.location(frame_id), context.trace) or ""
+    if kind == "item" and _SCHEDULER_STEP.search(text):
         return PLATEAU_READ
+    if kind == "item" and _STEP_OF_AN_OPTIMIZER.search(text) and _ran_in_loop(context, UNSCALE_OPS[0], where, params):
+        return _scaler_read(context)  # `scaler.step(opt)` after `scaler.unscale_(opt)` at another line
     return None
+
+
+def _scaler_read(context: AnalysisContext) -> tuple[str, str]:
+    """GradScaler's read, and its fix: for a run that autocasts to bfloat16 already (its ops have bfloat16 tensors and
+    no float16 ones), that the scaler is needless there."""
+    what, fix = LIBRARY_READS[(UNSCALE_OPS, "item")]
+    shapes = context.trace.sql(
+        "SELECT EXISTS(SELECT 1 FROM strings WHERE text LIKE '%bf16[%'), "
+        "EXISTS(SELECT 1 FROM strings WHERE text LIKE 'f16[%' OR text LIKE '% f16[%' OR text LIKE '%(f16[%')",
+    )
+    bfloat16, float16 = shapes[0] if shapes else (0, 0)
+    return (what.replace("float16", "scaled"), SCALER_WITH_BFLOAT16) if bfloat16 and not float16 else (what, fix)
+
+
+def _ran_in_loop(context: AnalysisContext, op_prefix: str, where: str, params: tuple[int, ...]) -> bool:
+    """Whether an op named `op_prefix` (or an overload of it) ran in the loop, at any line."""
+    op_sids = [sid for (sid,) in context.trace.sql(
+        "SELECT id FROM strings WHERE text = ? OR substr(text, 1, ?) = ?", (op_prefix, len(op_prefix) + 1, op_prefix + "."),
+    )]
+    return bool(op_sids) and bool(context.trace.sql(
+        f"SELECT 1 FROM ops o WHERE {where} AND o.op_sid IN {in_list(op_sids)} LIMIT 1", (*params, *op_sids),
+    ))
 
 
 def _ran_at_line(context: AnalysisContext, frame_id: int, op_prefix: str, where: str, params: tuple[int, ...]) -> bool:

@@ -1,0 +1,165 @@
+"""A run that torch.compile stopped: the script raised one of Dynamo's errors (`torch._dynamo.exc.*`), most often a
+graph break in a function compiled with `fullgraph=True`, which Dynamo raises instead of breaking the graph. The
+trace keeps the run's formatted exception; Dynamo's text names what it could not trace (its reason, explanation and
+hints) and the user's line (`from user code:`), and the traceback names the line that called the compiled function.
+One critical finding, at the line Dynamo names, costing the run (it stopped there), with the change that lets the
+function compile. Part of the `graph_breaks` analyzer's findings."""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.findings import Evidence, Finding
+
+DYNAMO_ERRORS = ("torch._dynamo.exc.", "torch._inductor.exc.")
+_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
+_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}", f"{os.sep}lib{os.sep}python")
+
+
+@dataclass(frozen=True)
+class SourceLine:
+    file: str
+    line: int
+    function: str
+    code: str | None = None
+
+    @property
+    def short(self) -> str:
+        return f"{os.path.basename(self.file)}:{self.line}"
+
+
+@dataclass(frozen=True)
+class CompileError:
+    """What the trace's exception text says of a Dynamo error."""
+
+    kind: str  # the exception's class, `torch._dynamo.exc.Unsupported`
+    reason: str  # the message's first line, `Data-dependent branching`
+    explanation: str | None
+    hints: tuple[str, ...]
+    user_line: SourceLine | None  # the line Dynamo could not trace
+    call_line: SourceLine | None  # the script's line that called the compiled function
+
+    @property
+    def graph_break(self) -> bool:
+        """A graph break raised as an error (fullgraph=True), rather than a failure of the traced code."""
+        return self.kind.endswith(".Unsupported")
+
+
+def parse_compile_error(error: str | None) -> CompileError | None:
+    """The Dynamo error of a run's formatted exception; None for any other exception (or none)."""
+    lines = (error or "").splitlines()
+    starts = [index for index, text in enumerate(lines) if text.startswith("Traceback (most recent call last)")]
+    if not starts:
+        return None
+    frames: list[SourceLine] = []
+    index = starts[-1] + 1
+    while index < len(lines) and (not lines[index].strip() or lines[index][0].isspace()):
+        match = _FRAME.match(lines[index])
+        if match:
+            frames.append(SourceLine(match["file"], int(match["line"]), match["function"].strip()))
+        index += 1
+    if index >= len(lines) or not lines[index].startswith(DYNAMO_ERRORS):
+        return None
+    kind, _, reason = lines[index].partition(": ")
+    rest = lines[index + 1:]
+    explanation = next((text.strip().removeprefix("Explanation:").strip() for text in rest
+                        if text.strip().startswith("Explanation:")), None)
+    hints = tuple(text.strip().removeprefix("Hint:").strip() for text in rest if text.strip().startswith("Hint:"))
+    return CompileError(kind, reason.strip(), explanation, hints, _user_line(rest), _innermost_own(frames))
+
+
+def _user_line(rest: list[str]) -> SourceLine | None:
+    """The line Dynamo names after `from user code:`: the innermost outside libraries (else the innermost)."""
+    if "from user code:" not in (text.strip() for text in rest):
+        return None
+    start = [text.strip() for text in rest].index("from user code:")
+    frames: list[SourceLine] = []
+    for offset, text in enumerate(rest[start + 1:], start + 1):
+        match = _FRAME.match(text)
+        if match:
+            code = rest[offset + 1].strip() if offset + 1 < len(rest) else None
+            frames.append(SourceLine(match["file"], int(match["line"]), match["function"].strip(), code or None))
+        elif text.strip() and not text[0].isspace():
+            break
+    return _innermost_own(frames)
+
+
+def _innermost_own(frames: list[SourceLine]) -> SourceLine | None:
+    own = [frame for frame in frames if not frame.file.startswith("<") and not any(part in frame.file for part in _LIBRARY_PARTS)]
+    chosen = own or frames
+    return chosen[-1] if chosen else None
+
+
+def compile_error_findings(context: AnalysisContext, analyzer: str) -> list[Finding]:
+    """The critical finding of a run that raised a Dynamo error (none otherwise)."""
+    run = next((run for run in context.trace.runs if run.rank == context.rank), None)
+    parsed = parse_compile_error(run.error if run is not None else None)
+    if parsed is None:
+        return []
+    at = parsed.user_line or parsed.call_line
+    where = at.short if at is not None else "an unknown line"
+    code = f" (`{at.code}`)" if at is not None and at.code else ""
+    if parsed.graph_break:
+        title = f"torch.compile(fullgraph=True) raised at {where}: {parsed.reason}; the run stopped"
+        explanation = (
+            f"Dynamo could not trace {where}{code}: {(parsed.explanation or parsed.reason).rstrip('.')}. Without "
+            "`fullgraph=True` it would break the graph there and run the line in Python; with it (or with graph breaks "
+            "made errors) it raises instead, and the run stopped there."
+        )
+    else:
+        title = f"torch.compile failed at {where}: {parsed.reason}; the run stopped"
+        explanation = (
+            f"Dynamo raised {parsed.kind.rpartition('.')[2]} while compiling {where}{code}: "
+            f"{(parsed.explanation or parsed.reason).rstrip('.')}. The run stopped there."
+        )
+    evidence = [Evidence(f"{parsed.kind}: {parsed.reason}", file=at.file if at else None, line=at.line if at else None)]
+    if parsed.call_line is not None and parsed.call_line != at:
+        evidence.append(Evidence("the call of the compiled function that raised",
+                                 file=parsed.call_line.file, line=parsed.call_line.line))
+    evidence += [Evidence(f"Dynamo's hint: {hint}") for hint in parsed.hints[:3]]
+    return [Finding(
+        analyzer=analyzer,
+        severity="critical",
+        title=title,
+        explanation=explanation,
+        suggestion=_suggestion(parsed, where),
+        cost_total_ns=float(context.wall_ns),
+        evidence=tuple(evidence),
+        file=at.file if at else None,
+        line=at.line if at else None,
+    )]
+
+
+def _suggestion(parsed: CompileError, where: str) -> str:
+    text = f"{parsed.reason} {parsed.explanation or ''}".lower()
+    without_fullgraph = (
+        " Or compile it with `fullgraph=False`: Dynamo then breaks the graph at the line, which runs in Python on every "
+        "call (a host read of the value each time, which a traced run reports)."
+    ) if parsed.graph_break else ""
+    if "data-dependent branching" in text or "jump with tensorvariable" in text:
+        return (f"Make the branch at {where} a tensor op inside the compiled function: compute both sides and choose "
+                "with `torch.where(condition, a, b)` (or `torch.clamp`/`torch.minimum` for a bound), or use "
+                "`torch.cond(condition, true_fn, false_fn, operands)` when a side is costly; the function then "
+                "compiles as one graph and nothing is read on the host." + without_fullgraph)
+    if "item()" in text or "tolist()" in text or "capture_scalar_outputs" in text:
+        return (f"Keep the value at {where} a tensor: return it and read it outside the compiled function (every N "
+                "steps), or set `torch._dynamo.config.capture_scalar_outputs = True` to trace the read into the "
+                "graph." + without_fullgraph)
+    if "dynamic shape operator" in text or "data-dependent output shape" in text or "capture_dynamic_output_shape_ops" in text:
+        return (f"The op at {where} has an output whose shape depends on the values: keep the shape fixed "
+                "(`torch.where(mask, x, 0)` for `x[mask]`), or set `torch._dynamo.config.capture_dynamic_output_shape_ops "
+                "= True`." + without_fullgraph)
+    if "`print`" in text or "logging" in text:
+        return (f"Move the print or log at {where} out of the compiled function: return the value and print it "
+                "outside (every N steps)." + without_fullgraph)
+    if "fake tensor" in text:
+        return (f"The line at {where} fails on the shapes and dtypes it is given (Dynamo ran it on fake tensors): run "
+                "the function without torch.compile (`torch.compiler.set_stance(\"force_eager\")`) to see the op's own "
+                "error, and fix the shapes.")
+    hint = f" Dynamo's hint: {parsed.hints[0].rstrip('.')}." if parsed.hints else ""
+    if parsed.graph_break:
+        return f"Change the line at {where} to something Dynamo can trace.{hint}{without_fullgraph}"
+    return f"Fix the line at {where}.{hint} `TORCHDYNAMO_VERBOSE=1` shows Dynamo's own stack."
