@@ -23,7 +23,7 @@ import numpy as np
 
 from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
 from tputrace.importers.hlo_text import movement_shapes, operand_name
-from tputrace.importers.sink import ImportSink, StepClock
+from tputrace.importers.sink import ImportSink, StepClock, StepMarkers
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_compiles import (
@@ -32,6 +32,7 @@ from tputrace.importers.xla_compiles import (
     COMPILE_EVENTS,
     JITTED_CALL,
     UNNAMED,
+    CallLine,
     CompileSpans,
 )
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
@@ -144,15 +145,15 @@ class XPlaneImporter(StreamLines):
         chips: set[int] = set()
         device_types: set[str] = set()  # the device planes' `device_type_string` ("TPU v6 Lite"), "" for none
         starts: list[int] = []
-        host_markers: list[tuple[int, int, int | None]] = []
-        device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
+        host_markers = StepMarkers()
+        device_markers: dict[int, StepMarkers] = {}
         compiles = CompileSpans()
         launches: dict[int, int] = {}
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
-            file_host_markers: list[tuple[int, int, int | None]] = []
-            file_device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
+            file_host_markers = StepMarkers()
+            file_device_markers: dict[int, StepMarkers] = {}
             file_compiles = CompileSpans()
             file_launches: dict[int, int] = {}
             profile_start_unix_ns = None
@@ -170,30 +171,29 @@ class XPlaneImporter(StreamLines):
                 if match:
                     file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines)
                 else:
-                    file_host_markers += self._host_scan(space, plane, lines, file_compiles, file_launches)
+                    self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
             offset = (profile_start_unix_ns if file_starts and min(file_starts) < UNIX_NS_FLOOR
                       and isinstance(profile_start_unix_ns, int) else 0)
             self.offsets[space.path] = offset
             starts += [start + offset for start in file_starts]
-            host_markers += [(start + offset, end + offset, number) for start, end, number in file_host_markers]
+            host_markers.extend(file_host_markers, offset)
             for chip, chip_markers in file_device_markers.items():
-                device_markers.setdefault(chip, []).extend((start + offset, end + offset, number)
-                                                           for start, end, number in chip_markers)
+                device_markers.setdefault(chip, StepMarkers()).extend(chip_markers, offset)
             for run_id, start in file_launches.items():
                 launches[run_id] = min(launches.get(run_id, start + offset), start + offset)
             compiles.extend(file_compiles, offset)
             del file_host_markers, file_device_markers, file_compiles, file_launches  # copied above: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
-        markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
+        markers = host_markers or (device_markers[min(device_markers)] if device_markers else StepMarkers())
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
         self.launches = {run_id: start - start_unix_ns for run_id, start in launches.items()}
-        steps = self.steps.place([(start - start_unix_ns, end - start_unix_ns, number) for start, end, number in markers])
-        self.step_starts = np.array(self.steps.starts, dtype=np.int64)
-        self.step_labels = np.array(self.steps.labels, dtype=np.int64)
+        steps = self.steps.place_markers(markers, -start_unix_ns)
+        self.step_starts = np.asarray(self.steps.starts, dtype=np.int64)
+        self.step_labels = np.asarray(self.steps.labels, dtype=np.int64)
         for number, start_ns, end_ns in steps:
             self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
         device_types.discard("")
@@ -244,11 +244,10 @@ class XPlaneImporter(StreamLines):
 
     # -- first pass ---------------------------------------------------------------------------------
 
-    def _device_markers(self, space: XSpaceFile, plane: Any,
-                        lines: list[LineHead]) -> list[tuple[int, int, int | None]]:
+    def _device_markers(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> StepMarkers:
         """A chip's step markers: the events of its `Steps` line, with their `step_num` stat where they have one."""
         step_ids = {key for key, meta in plane.stat_metadata.items() if meta.name == "step_num"}
-        markers = []
+        markers = StepMarkers()
         for line in lines:
             if line.name != "Steps":
                 continue
@@ -256,13 +255,15 @@ class XPlaneImporter(StreamLines):
                 starts = (line.timestamp_ns + columns.offset_ps // 1000).tolist()
                 ends = (columns.duration_ps // 1000).tolist()
                 numbers = int_stats(columns, np.arange(len(columns)), step_ids)
-                markers += [(start, start + duration, number) for start, duration, number in zip(starts, ends, numbers)]
+                for start, duration, number in zip(starts, ends, numbers):
+                    markers.add(start, start + duration, number)
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: CompileSpans,
-                   launches: dict[int, int]) -> list[tuple[int, int, int | None]]:
-        """A host plane's step markers (events with a `step_num` stat, and its value), its compile events, and the
-        earliest event of each program run (`run_id`) that is no XLA op: when the host launched it."""
+                   launches: dict[int, int], markers: StepMarkers) -> None:
+        """A host plane's step markers (events with a `step_num` stat, and its value), its compile events and lines
+        with jitted calls, and the earliest event of each program run (`run_id`) that is no XLA op: when the host
+        launched it."""
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         step_ids = {key for key, name in stat_names.items() if name == "step_num"}
         run_ids = {key for key, name in stat_names.items() if name == "run_id"}
@@ -272,11 +273,12 @@ class XPlaneImporter(StreamLines):
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if CLIENT_COMPILE.match(meta.name)}
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(BACKEND_EVENT)}
         calls = {key: match.group(1) for key, meta in plane.event_metadata.items() if (match := JITTED_CALL.match(meta.name))}
-        watched = list(compile_ids | client_compile_ids | backend_ids | calls.keys())
-        markers = []
+        watched = list(compile_ids | client_compile_ids | backend_ids)
         for line in lines:
             base_ns = line.timestamp_ns
+            has_calls = False
             for columns in self._columns(space, line):
+                has_calls = has_calls or bool(calls and np.isin(columns.metadata_id, list(calls)).any())
                 for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
                     metadata_id = int(columns.metadata_id[index])
                     start = base_ns + int(columns.offset_ps[index]) // 1000
@@ -285,8 +287,6 @@ class XPlaneImporter(StreamLines):
                         compiles.compiles.append(span)
                     elif metadata_id in client_compile_ids:
                         compiles.client_compiles.append(span)
-                    elif metadata_id in calls:
-                        compiles.calls.append((*span, calls[metadata_id]))
                     else:
                         names = [stat.str_value or stat_names.get(stat.ref_value, "")
                                  for stat in columns.message(index).stats if stat.metadata_id in name_ids]
@@ -300,15 +300,17 @@ class XPlaneImporter(StreamLines):
                 marked = columns.with_stat(step_ids)
                 starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
                 durations = (columns.duration_ps[marked] // 1000).tolist()
-                numbers = int_stats(columns, marked, step_ids)
-                markers += [(start, start + duration, number)
-                            for start, duration, number in zip(starts, durations, numbers)]
-        return markers
+                for start, duration, number in zip(starts, durations, int_stats(columns, marked, step_ids)):
+                    markers.add(start, start + duration, number)
+            if has_calls:
+                compiles.call_lines.append(CallLine(space, line, calls))
 
     def _compiles(self, compiles: CompileSpans) -> None:
         """`compiles` rows (`xla_compiles`); a compile's program is the one its backend compiler (an event with a `name`
         stat) built meanwhile. A compile of a label seen before is a recompile, unless it has no name at all."""
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
+        compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
+                            for columns in self._columns(call_line.space, call_line.line))
         for start, end, name, label in compiles.named_compiles():
             program = self._program(name) if name else None
             start_ns = start - self.start_unix_ns
