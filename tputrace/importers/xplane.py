@@ -23,7 +23,8 @@ import numpy as np
 
 from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
 from tputrace.importers.hlo_text import movement_shapes, operand_name
-from tputrace.importers.sink import ImportSink, StepClock, StepMarkers
+from tputrace.importers.sink import ImportSink, StepClock
+from tputrace.importers.step_markers import StepMarkers, place_markers
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_compiles import (
@@ -191,7 +192,7 @@ class XPlaneImporter(StreamLines):
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
         self.launches = {run_id: start - start_unix_ns for run_id, start in launches.items()}
-        steps = self.steps.place_markers(markers, -start_unix_ns)
+        steps = place_markers(self.steps, markers, -start_unix_ns)
         self.step_starts = np.asarray(self.steps.starts, dtype=np.int64)
         self.step_labels = np.asarray(self.steps.labels, dtype=np.int64)
         for number, start_ns, end_ns in steps:
