@@ -4,7 +4,7 @@ at capture sizes ten times apart (so that one sees whether memory grows with the
 Captures are real, made here, then scaled: `jax.profiler.trace` of some steps of a jitted training step
 (XProf `xplane.pb`, XLA:CPU) and torch.profiler's Chrome JSON of some training steps of a small CPU model;
 each capture's events are repeated, shifted by the capture's span each time, until it holds the wanted
-number of events (ProfilerStep numbers keep counting). Each import runs in a fresh process; its CPU time
+number of events (ProfilerStep numbers keep counting, XLA program runs get run ids of their own). Each import runs in a fresh process; its CPU time
 is that process's user + system time (the writer's thread included), its wall time the import call's, its
 peak RSS its `VmHWM` (the interpreter and tputrace included; Linux only), and the time its main thread
 waited for a CPU the run-queue delay of `/proc/self/task/<id>/schedstat`. Each is the median of
@@ -177,7 +177,8 @@ def scale_chrome_json(seed: Path, target: Path, events: int) -> int:
 
 
 def scale_xplane(seed: Path, target: Path, events: int) -> int:
-    """Write `target`: every line's events repeated (shifted by the capture's span) up to `events` events."""
+    """Write `target`: every line's events repeated (shifted by the capture's span) up to `events` events; each repeat's
+    program runs get run ids of their own (as a longer capture's runs have)."""
     from tputrace.xplane_proto import messages
 
     space = messages()["XSpace"]()
@@ -187,14 +188,24 @@ def scale_xplane(seed: Path, target: Path, events: int) -> int:
     ends = [line.timestamp_ns * 1000 + event.offset_ps + event.duration_ps for line in lines for event in line.events]
     starts = [line.timestamp_ns * 1000 + event.offset_ps for line in lines for event in line.events]
     span_ps = max(ends) - min(starts) + 1
+    run_stats = [{key for key, meta in plane.stat_metadata.items() if meta.name == "run_id"} for plane in space.planes]
+    run_span = 1 + max((getattr(stat, stat.WhichOneof("value")) for plane, ids in zip(space.planes, run_stats)
+                        for line in plane.lines for event in line.events for stat in event.stats
+                        if stat.metadata_id in ids and stat.WhichOneof("value") in ("int64_value", "uint64_value")),
+                       default=0)
     repeats = -(-events // total)
-    for line in lines:
-        originals = [(event.SerializeToString(), event.offset_ps) for event in line.events]
-        for repeat in range(1, repeats):
-            for data, offset in originals:
-                copy = line.events.add()
-                copy.ParseFromString(data)
-                copy.offset_ps = offset + repeat * span_ps
+    for plane, ids in zip(space.planes, run_stats):
+        for line in plane.lines:
+            originals = [(event.SerializeToString(), event.offset_ps) for event in line.events]
+            for repeat in range(1, repeats):
+                for data, offset in originals:
+                    copy = line.events.add()
+                    copy.ParseFromString(data)
+                    copy.offset_ps = offset + repeat * span_ps
+                    for stat in copy.stats:
+                        kind = stat.WhichOneof("value")
+                        if stat.metadata_id in ids and kind in ("int64_value", "uint64_value"):
+                            setattr(stat, kind, getattr(stat, kind) + repeat * run_span)
     target.write_bytes(space.SerializeToString())
     return total * repeats
 

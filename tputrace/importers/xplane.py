@@ -37,6 +37,7 @@ from tputrace.importers.xla_compiles import (
     CompileSpans,
 )
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
+from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
 from tputrace.importers.xevents import EventColumns, decode_run, int_stats
@@ -45,8 +46,6 @@ from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
-# Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
-_U64 = 1 << 64
 # A stat an event does not carry.
 _ABSENT = object()
 
@@ -59,15 +58,6 @@ class _Program:
     bytes_accessed: float = 0.0
     first_run: Any = None
     op_names: set[str] = field(default_factory=set)
-
-
-@dataclass
-class _Run:
-    program: _Program
-    chip: int
-    start_ns: int
-    end_ns: int
-    run_id: Any = None  # the producer's run id, where the capture has one
 
 
 @dataclass(frozen=True, eq=False)
@@ -98,7 +88,7 @@ class XPlaneImporter(StreamLines):
         facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
         self.rank = sink.new_rank(XPLANE, str(paths[0]), host=capture_host(paths[0]), **facts)
         self.programs: dict[str, _Program] = {}
-        self.runs: dict[tuple[int, int], _Run] = {}
+        self.runs = RunSpans()
         self.steps = StepClock()
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
@@ -113,7 +103,8 @@ class XPlaneImporter(StreamLines):
         self.offsets: dict[Path, int] = {}
         self.chips = 1
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
-        self.launches: dict[int, int] = {}  # run id -> when the host launched the run (ns since the rank's start)
+        # Run ids (ascending) and when the host launched each run (ns since the rank's start).
+        self.launch_ids, self.launch_starts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
     def run(self) -> None:
         from tputrace.xplane_proto import messages
@@ -149,14 +140,14 @@ class XPlaneImporter(StreamLines):
         host_markers = StepMarkers()
         device_markers: dict[int, StepMarkers] = {}
         compiles = CompileSpans()
-        launches: dict[int, int] = {}
+        launches = LaunchTimes()
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
             file_host_markers = StepMarkers()
             file_device_markers: dict[int, StepMarkers] = {}
             file_compiles = CompileSpans()
-            file_launches: dict[int, int] = {}
+            file_launches = LaunchTimes()
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
                 if plane.name == "Task Environment":
@@ -182,8 +173,7 @@ class XPlaneImporter(StreamLines):
             host_markers.extend(file_host_markers, offset)
             for chip, chip_markers in file_device_markers.items():
                 device_markers.setdefault(chip, StepMarkers()).extend(chip_markers, offset)
-            for run_id, start in file_launches.items():
-                launches[run_id] = min(launches.get(run_id, start + offset), start + offset)
+            launches.extend(file_launches, offset)
             compiles.extend(file_compiles, offset)
             del file_host_markers, file_device_markers, file_compiles, file_launches  # copied above: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
@@ -191,7 +181,7 @@ class XPlaneImporter(StreamLines):
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
-        self.launches = {run_id: start - start_unix_ns for run_id, start in launches.items()}
+        self.launch_ids, self.launch_starts = launches.sorted(-start_unix_ns)
         steps = place_markers(self.steps, markers, -start_unix_ns)
         self.step_starts = np.asarray(self.steps.starts, dtype=np.int64)
         self.step_labels = np.asarray(self.steps.labels, dtype=np.int64)
@@ -203,7 +193,7 @@ class XPlaneImporter(StreamLines):
                             host=self.sink.sources[self.rank]["host"], chips=self.chips,
                             platform=device_kind, start_unix_ns=start_unix_ns)
         self._compiles(compiles)
-        del markers, host_markers, device_markers, compiles, launches  # kept in `self.steps` and `self.launches`
+        del markers, host_markers, device_markers, compiles, launches  # kept in `self.steps` and `self.launch_*`
         # Second pass: the rows.
         for space in spaces:
             self.offset_ns = self.offsets[space.path]
@@ -234,10 +224,8 @@ class XPlaneImporter(StreamLines):
     def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
         """The step of each of some times (ns since the rank's start); of an XLA op's run (`run_ids`), the step in
         which the host launched it, as the op may run after that step's marker ends (asynchronous dispatch)."""
-        if run_ids is not None and self.launches:
-            launches = self.launches
-            starts = np.array([start if run_id is None else launches.get(run_id % _U64, start)
-                               for start, run_id in zip(starts.tolist(), run_ids)], dtype=np.int64)
+        if run_ids is not None and len(self.launch_ids):
+            starts = launched_at(self.launch_ids, self.launch_starts, run_ids, starts)
         return self.step_labels[np.searchsorted(self.step_starts, starts, side="right")]
 
     def _line_end(self, line: LineHead, end_ps: int) -> None:
@@ -261,7 +249,7 @@ class XPlaneImporter(StreamLines):
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: CompileSpans,
-                   launches: dict[int, int], markers: StepMarkers) -> None:
+                   launches: LaunchTimes, markers: StepMarkers) -> None:
         """A host plane's step markers (events with a `step_num` stat, and its value), its compile events and lines
         with jitted calls, and the earliest event of each program run (`run_id`) that is no XLA op: when the host
         launched it."""
@@ -297,7 +285,7 @@ class XPlaneImporter(StreamLines):
                 for index, run_id in zip(launched.tolist(), int_stats(columns, launched, run_ids)):
                     if run_id is not None:
                         start = base_ns + int(columns.offset_ps[index]) // 1000
-                        launches[run_id % _U64] = min(launches.get(run_id % _U64, start), start)
+                        launches.add(run_id, start)
                 marked = columns.with_stat(step_ids)
                 starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
                 durations = (columns.duration_ps[marked] // 1000).tolist()
@@ -340,7 +328,7 @@ class XPlaneImporter(StreamLines):
                     for metadata_id, start_ns, dur_ns in zip(columns.metadata_id.tolist(), starts.tolist(),
                                                              durations.tolist()):
                         program = self._program(event_metadata[metadata_id].name)
-                        self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns, start_ns + dur_ns)
+                        self.runs.add(chip, None, program.program_id, start_ns, start_ns + dur_ns)
                 elif line.name == "XLA Ops":
                     metas = []
                     for metadata_id in columns.metadata_id.tolist():
@@ -533,12 +521,7 @@ class XPlaneImporter(StreamLines):
         if program is None:
             return
         if run_id is not None:
-            run = self.runs.get((chip, run_id))
-            if run is None:
-                self.runs[(chip, run_id)] = _Run(program, chip, start_ns, end_ns, run_id)
-            else:
-                run.start_ns = min(run.start_ns, start_ns)
-                run.end_ns = max(run.end_ns, end_ns)
+            self.runs.add(chip, run_id, program.program_id, start_ns, end_ns)
             if program.first_run is None:
                 program.first_run = (chip, run_id)
             if program.first_run != (chip, run_id):
@@ -565,10 +548,10 @@ class XPlaneImporter(StreamLines):
             self.sink.append("programs", (program.program_id, self.rank, "xla", name_sid, self.writer.intern(structure),
                                           None, len(program.op_names), program.flops or None,
                                           program.bytes_accessed or None, len(program.op_names) or None))
-        for run in sorted(self.runs.values(), key=lambda run: run.start_ns):
-            launched = run.start_ns if run.run_id is None else self.launches.get(run.run_id % _U64, run.start_ns)
-            self.sink.append("executions", (self.rank, run.program.program_id, run.chip, run.start_ns,
-                                            run.end_ns - run.start_ns, self.steps.step_at(launched), None))
+        for program_ids, chips, run_ids, starts, ends in self.runs.blocks_in_start_order():
+            steps = self._steps_at(starts, run_ids).tolist()
+            self.sink.extend("executions", list(zip(repeat(self.rank), program_ids, chips, starts.tolist(),
+                                                    (ends - starts).tolist(), steps, repeat(None))))
 
 
 def _end_ps(columns: EventColumns) -> int:
