@@ -10,7 +10,7 @@ peak RSS its `VmHWM` (the interpreter and tputrace included; Linux only), and th
 waited for a CPU the run-queue delay of `/proc/self/task/<id>/schedstat`. Each is the median of
 `--repeats` imports (other work on the host makes single runs noisy). With `--baseline REF`, the code of
 that git ref (exported to a temporary folder) imports the same captures in the same run, for a before and
-after.
+after, and the tables the two write are compared row by row.
 
 Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process: reading
 the file's events (the walk that finds each event's bytes, then that and the decoding into columns), the
@@ -231,6 +231,29 @@ def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s
         [f"| the whole import | {total_us:.2f} | 100% |"]
 
 
+def same_tables(first: Path, second: Path) -> bool:
+    """Whether two traces hold the same rows in the same order in every table but `meta` (which holds when each was
+    made)."""
+    import sqlite3
+
+    connections = [sqlite3.connect(path) for path in (first, second)]
+    try:
+        tables = [[name for (name,) in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta' ORDER BY name")]
+            for connection in connections]
+        if tables[0] != tables[1]:
+            return False
+        for table in tables[0]:
+            counts = [connection.execute(f"SELECT count(*) FROM {table}").fetchone() for connection in connections]
+            rows = [connection.execute(f"SELECT * FROM {table} ORDER BY rowid") for connection in connections]
+            if counts[0] != counts[1] or any(left != right for left, right in zip(*rows)):
+                return False
+        return True
+    finally:
+        for connection in connections:
+            connection.close()
+
+
 def _run_json(code: str, *args: str, root: Path = ROOT) -> Any:
     environment = {**ENV, "PYTHONPATH": str(root)}
     done = subprocess.run([sys.executable, "-c", code, *args], check=True, capture_output=True, text=True,
@@ -275,6 +298,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     stages: list[str] = []
+    differing: list[str] = []  # the captures whose tables the baseline's import and this tree's write differently
     startup_s = min(_run_json(STARTUP) for _ in range(3))
     with tempfile.TemporaryDirectory() as temp:
         folder = Path(temp)
@@ -291,12 +315,16 @@ def main() -> None:
             for wanted in args.events + (args.more_xprof_events if scale is scale_xplane else []):
                 capture = folder / f"{wanted}-{name}"
                 events = scale(seed, capture, wanted)
-                for code, root in codes:
-                    measured = _imports(capture, folder / "out.tptrace", args.repeats, startup_s, root)
+                outputs = []
+                for index, (code, root) in enumerate(codes):
+                    outputs.append(folder / f"out-{index}.tptrace")
+                    measured = _imports(capture, outputs[-1], args.repeats, startup_s, root)
                     rows.append(_row(fmt, events, capture, measured, code))
                     print(rows[-1], flush=True)
+                if len(outputs) > 1 and not same_tables(*outputs):
+                    differing.append(f"{fmt}, {events:,} events")
                 if scale is scale_xplane and wanted == STAGE_EVENTS:
-                    stages = _stages(capture, folder / "out.tptrace", events, measured["cpu_s"], startup_s)
+                    stages = _stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
                 capture.unlink()
     body = "\n".join([
         "Capture events imported per CPU second by `tputrace import` (the process's user + system time, its",
@@ -304,7 +332,9 @@ def main() -> None:
         f"process's peak RSS; each the median of {args.repeats} imports. Captures are real ones of a few steps,",
         "their events repeated up to the size shown. Memory that stays put as the capture grows tenfold is what",
         "streaming buys." + (f" The `{args.baseline}` rows are that ref's importer on the same captures, in the same"
-                             " run." if args.baseline else ""),
+                             " run; the tables the two write (every row, in order; `meta` aside) are "
+                             + (f"not the same for: {'; '.join(differing)}." if differing else "the same for every capture.")
+                             if args.baseline else ""),
         "Waiting for a CPU: the time the import's main thread was ready to run while the host's cores ran other",
         "work (from `/proc/.../schedstat`). The wall time less it is a rough figure for an idle host: the writer",
         "thread's waits for a core are not taken off (the main thread may be waiting on that thread meanwhile).",
