@@ -231,9 +231,9 @@ def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s
         [f"| the whole import | {total_us:.2f} | 100% |"]
 
 
-def same_tables(first: Path, second: Path) -> bool:
-    """Whether two traces hold the same rows in the same order in every table but `meta` (which holds when each was
-    made)."""
+def differing_table(first: Path, second: Path) -> str | None:
+    """The first table (by name) in which two traces do not hold the same rows in the same order, None where none
+    does; `meta` (which holds when each was made) is left out."""
     import sqlite3
 
     connections = [sqlite3.connect(path) for path in (first, second)]
@@ -242,13 +242,13 @@ def same_tables(first: Path, second: Path) -> bool:
             "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta' ORDER BY name")]
             for connection in connections]
         if tables[0] != tables[1]:
-            return False
+            return "sqlite_master"
         for table in tables[0]:
             counts = [connection.execute(f"SELECT count(*) FROM {table}").fetchone() for connection in connections]
             rows = [connection.execute(f"SELECT * FROM {table} ORDER BY rowid") for connection in connections]
             if counts[0] != counts[1] or any(left != right for left, right in zip(*rows)):
-                return False
-        return True
+                return table
+        return None
     finally:
         for connection in connections:
             connection.close()
@@ -321,8 +321,9 @@ def main() -> None:
                     measured = _imports(capture, outputs[-1], args.repeats, startup_s, root)
                     rows.append(_row(fmt, events, capture, measured, code))
                     print(rows[-1], flush=True)
-                if len(outputs) > 1 and not same_tables(*outputs):
-                    differing.append(f"{fmt}, {events:,} events")
+                table = differing_table(*outputs) if len(outputs) > 1 else None
+                if table:
+                    differing.append(f"{fmt}, {events:,} events (`{table}`)")
                 if scale is scale_xplane and wanted == STAGE_EVENTS:
                     stages = _stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
                 capture.unlink()
