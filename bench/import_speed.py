@@ -4,13 +4,13 @@ at capture sizes ten times apart (so that one sees whether memory grows with the
 Captures are real, made here, then scaled: `jax.profiler.trace` of some steps of a jitted training step
 (XProf `xplane.pb`, XLA:CPU) and torch.profiler's Chrome JSON of some training steps of a small CPU model;
 each capture's events are repeated, shifted by the capture's span each time, until it holds the wanted
-number of events (ProfilerStep numbers keep counting). Each import runs in a fresh process; its CPU time
+number of events (ProfilerStep numbers keep counting, XLA program runs get run ids of their own). Each import runs in a fresh process; its CPU time
 is that process's user + system time (the writer's thread included), its wall time the import call's, its
 peak RSS its `VmHWM` (the interpreter and tputrace included; Linux only), and the time its main thread
 waited for a CPU the run-queue delay of `/proc/self/task/<id>/schedstat`. Each is the median of
 `--repeats` imports (other work on the host makes single runs noisy). With `--baseline REF`, the code of
 that git ref (exported to a temporary folder) imports the same captures in the same run, for a before and
-after.
+after, and the tables the two write are compared row by row.
 
 Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process: reading
 the file's events (the walk that finds each event's bytes, then that and the decoding into columns), the
@@ -177,7 +177,8 @@ def scale_chrome_json(seed: Path, target: Path, events: int) -> int:
 
 
 def scale_xplane(seed: Path, target: Path, events: int) -> int:
-    """Write `target`: every line's events repeated (shifted by the capture's span) up to `events` events."""
+    """Write `target`: every line's events repeated (shifted by the capture's span) up to `events` events; each repeat's
+    program runs get run ids of their own (as a longer capture's runs have)."""
     from tputrace.xplane_proto import messages
 
     space = messages()["XSpace"]()
@@ -187,14 +188,24 @@ def scale_xplane(seed: Path, target: Path, events: int) -> int:
     ends = [line.timestamp_ns * 1000 + event.offset_ps + event.duration_ps for line in lines for event in line.events]
     starts = [line.timestamp_ns * 1000 + event.offset_ps for line in lines for event in line.events]
     span_ps = max(ends) - min(starts) + 1
+    run_stats = [{key for key, meta in plane.stat_metadata.items() if meta.name == "run_id"} for plane in space.planes]
+    run_span = 1 + max((getattr(stat, stat.WhichOneof("value")) for plane, ids in zip(space.planes, run_stats)
+                        for line in plane.lines for event in line.events for stat in event.stats
+                        if stat.metadata_id in ids and stat.WhichOneof("value") in ("int64_value", "uint64_value")),
+                       default=0)
     repeats = -(-events // total)
-    for line in lines:
-        originals = [(event.SerializeToString(), event.offset_ps) for event in line.events]
-        for repeat in range(1, repeats):
-            for data, offset in originals:
-                copy = line.events.add()
-                copy.ParseFromString(data)
-                copy.offset_ps = offset + repeat * span_ps
+    for plane, ids in zip(space.planes, run_stats):
+        for line in plane.lines:
+            originals = [(event.SerializeToString(), event.offset_ps) for event in line.events]
+            for repeat in range(1, repeats):
+                for data, offset in originals:
+                    copy = line.events.add()
+                    copy.ParseFromString(data)
+                    copy.offset_ps = offset + repeat * span_ps
+                    for stat in copy.stats:
+                        kind = stat.WhichOneof("value")
+                        if stat.metadata_id in ids and kind in ("int64_value", "uint64_value"):
+                            setattr(stat, kind, getattr(stat, kind) + repeat * run_span)
     target.write_bytes(space.SerializeToString())
     return total * repeats
 
@@ -218,6 +229,29 @@ def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s
     ]
     return [f"| {name} | {us:.2f} | {us / total_us:.0%} |" for name, us in parts] + \
         [f"| the whole import | {total_us:.2f} | 100% |"]
+
+
+def differing_table(first: Path, second: Path) -> str | None:
+    """The first table (by name) in which two traces do not hold the same rows in the same order, None where none
+    does; `meta` (which holds when each was made) is left out."""
+    import sqlite3
+
+    connections = [sqlite3.connect(path) for path in (first, second)]
+    try:
+        tables = [[name for (name,) in connection.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name != 'meta' ORDER BY name")]
+            for connection in connections]
+        if tables[0] != tables[1]:
+            return "sqlite_master"
+        for table in tables[0]:
+            counts = [connection.execute(f"SELECT count(*) FROM {table}").fetchone() for connection in connections]
+            rows = [connection.execute(f"SELECT * FROM {table} ORDER BY rowid") for connection in connections]
+            if counts[0] != counts[1] or any(left != right for left, right in zip(*rows)):
+                return table
+        return None
+    finally:
+        for connection in connections:
+            connection.close()
 
 
 def _run_json(code: str, *args: str, root: Path = ROOT) -> Any:
@@ -264,6 +298,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     stages: list[str] = []
+    differing: list[str] = []  # the captures whose tables the baseline's import and this tree's write differently
     startup_s = min(_run_json(STARTUP) for _ in range(3))
     with tempfile.TemporaryDirectory() as temp:
         folder = Path(temp)
@@ -280,12 +315,17 @@ def main() -> None:
             for wanted in args.events + (args.more_xprof_events if scale is scale_xplane else []):
                 capture = folder / f"{wanted}-{name}"
                 events = scale(seed, capture, wanted)
-                for code, root in codes:
-                    measured = _imports(capture, folder / "out.tptrace", args.repeats, startup_s, root)
+                outputs = []
+                for index, (code, root) in enumerate(codes):
+                    outputs.append(folder / f"out-{index}.tptrace")
+                    measured = _imports(capture, outputs[-1], args.repeats, startup_s, root)
                     rows.append(_row(fmt, events, capture, measured, code))
                     print(rows[-1], flush=True)
+                table = differing_table(*outputs) if len(outputs) > 1 else None
+                if table:
+                    differing.append(f"{fmt}, {events:,} events (`{table}`)")
                 if scale is scale_xplane and wanted == STAGE_EVENTS:
-                    stages = _stages(capture, folder / "out.tptrace", events, measured["cpu_s"], startup_s)
+                    stages = _stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
                 capture.unlink()
     body = "\n".join([
         "Capture events imported per CPU second by `tputrace import` (the process's user + system time, its",
@@ -293,7 +333,9 @@ def main() -> None:
         f"process's peak RSS; each the median of {args.repeats} imports. Captures are real ones of a few steps,",
         "their events repeated up to the size shown. Memory that stays put as the capture grows tenfold is what",
         "streaming buys." + (f" The `{args.baseline}` rows are that ref's importer on the same captures, in the same"
-                             " run." if args.baseline else ""),
+                             " run; the tables the two write (every row, in order; `meta` aside) are "
+                             + (f"not the same for: {'; '.join(differing)}." if differing else "the same for every capture.")
+                             if args.baseline else ""),
         "Waiting for a CPU: the time the import's main thread was ready to run while the host's cores ran other",
         "work (from `/proc/.../schedstat`). The wall time less it is a rough figure for an idle host: the writer",
         "thread's waits for a core are not taken off (the main thread may be waiting on that thread meanwhile).",

@@ -95,6 +95,7 @@ class ChromeJsonImporter:
         self.comms = "annotation"  # where a window's collectives come from (see `_comms_source`)
         # The CPU ops a sync may happen in (`aten::copy_`, `aten::_local_scalar_dense`), by thread: starts, (end, kind).
         self.sync_ops: dict[Any, tuple[list[float], list[tuple[float, str]]]] = {}
+        self.launching: set[Path] = set()  # the files with runtime calls that launch (a `correlation` arg)
 
     def run(self) -> None:
         # First pass over every file: its start on the Unix clock, its steps and user frames.
@@ -203,6 +204,8 @@ class ChromeJsonImporter:
                     earliest = min((value for value in map(parse_float, stamps) if value != 0), default=None)
                 if earliest is not None:
                     start_us = earliest if start_us is None else min(start_us, earliest)
+            if self.path not in self.launching and '"correlation"' in text:
+                self.launching.add(self.path)
             if '"Collective name"' in text:
                 if kineto.COLLECTIVE_KERNEL_TEXT.search(text):
                     comms.add("kernel")
@@ -249,6 +252,8 @@ class ChromeJsonImporter:
                 if ts != 0:
                     start_us = ts if start_us is None else min(start_us, ts)
                 name = str(event.get("name", ""))
+                if "correlation" in _args(event):
+                    self.launching.add(self.path)
                 if kineto.COLLECTIVE_ARG in _args(event) and (event.get("cat") == "kernel" or name == "record_param_comms"):
                     comms.add("kernel" if event.get("cat") == "kernel" else "param")
                 if _COLLECTIVE.match(name) and not name.startswith("nccl:"):
@@ -280,6 +285,8 @@ class ChromeJsonImporter:
         sync_op_kinds = kineto.SYNC_OP_KINDS
         launches = kineto.LaunchSteps(self._kernel_rows)
         op_spans = OpSpans()  # each thread's CPU ops, for the op around a kernel's launch
+        # Kept only for a file with launches: 32 bytes an op, however many ops the file holds.
+        add_span = op_spans.add if self.path in self.launching else _ignore
         comms = self.comms
         for events in event_lists(self.path, parse_float=self.parse_float):
             ops: list[tuple[Any, ...]] = []
@@ -333,7 +340,7 @@ class ChromeJsonImporter:
                     elif name == "record_param_comms" and comms == "param" and args.__class__ is dict:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
-                    op_spans.add(tid, ts, ts + dur, seq)
+                    add_span(tid, ts, ts + dur, seq)
                     frame_name = innermost(ts, tid)
                     nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
                                                            None, -1, start_ns, dur_ns,
@@ -494,6 +501,10 @@ class ChromeJsonImporter:
             frame_id = self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
                                             if match else None)
         return frame_id
+
+
+def _ignore(*_: Any) -> None:
+    pass
 
 
 def _collective_kind(name: str) -> str | None:

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import bisect
 import json
-from dataclasses import dataclass, field
+from array import array
+from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tputrace.derived.imported_sources import IMPORTED_META_KEY
@@ -16,13 +18,14 @@ from tputrace.store.writer import TraceWriter
 _ROWS_PER_COMMIT = 20_000
 
 
-@dataclass
 class StepClock:
-    """Step boundaries of one rank (ns since its start) and their numbers, to give every row its step."""
+    """Step boundaries of one rank (ns since its start) and their numbers, to give every row its step (compact
+    columns where the numbers fit in int64)."""
 
-    starts: list[int] = field(default_factory=list)
-    labels: list[int] = field(default_factory=lambda: [0])  # the step after 0, 1, 2.. boundaries
-    after_last: tuple[int, int] | None = None  # (number, start) of the span after the last step, where closed
+    def __init__(self) -> None:
+        self.starts: Sequence[int] = array("q")
+        self.labels: Sequence[int] = array("q", [0])  # the step after 0, 1, 2.. boundaries
+        self.after_last: tuple[int, int] | None = None  # (number, start) of the span after the last step, where closed
 
     def place(self, markers: list[tuple[int, int, int | None]], close_last: bool = False) -> list[tuple[int, int, int]]:
         """Set the boundaries from step markers (start, end, the capture's step number or None); the steps as
@@ -34,13 +37,20 @@ class StepClock:
         numbers = [number for _, _, number in ordered if number is not None]
         if len(numbers) != len(ordered) or any(a >= b for a, b in zip(numbers, numbers[1:])):
             numbers = list(range(1, len(ordered) + 1))
-        self.starts = [start for start, _, _ in ordered]
-        self.labels = [min(0, numbers[0] - 1) if numbers else 0, *numbers]
+        starts = [start for start, _, _ in ordered]
+        labels = [min(0, numbers[0] - 1) if numbers else 0, *numbers]
         if close_last and ordered:
             self.after_last = (numbers[-1] + 1, max(end for _, end, _ in ordered))
-            self.starts.append(self.after_last[1])
-            self.labels.append(self.after_last[0])
+            starts.append(self.after_last[1])
+            labels.append(self.after_last[0])
+        self._set(starts, labels)
         return [(number, start, end) for number, (start, end, _) in zip(numbers, ordered)]
+
+    def _set(self, starts: list[int], labels: list[int]) -> None:
+        try:
+            self.starts, self.labels = array("q", starts), array("q", labels)
+        except OverflowError:  # a capture's step number beyond int64
+            self.starts, self.labels = starts, labels
 
     def step_at(self, t_ns: int) -> int:
         """The step whose boundary is the latest at or before `t_ns` (the `before` label before the first one)."""

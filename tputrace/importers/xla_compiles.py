@@ -7,7 +7,13 @@ its XLA module), else `XLA compile`."""
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from tputrace.importers.xevents import EventColumns
 
 COMPILE_EVENTS = frozenset(("backend_compile_and_load", "backend_compile"))
 CLIENT_COMPILE = re.compile(r"^PjRt\w*Client::Compile$")
@@ -17,14 +23,27 @@ JITTED_CALL = re.compile(r"^PjitFunction\((.+)\)$")
 UNNAMED = "XLA compile"
 
 
+@dataclass(frozen=True)
+class CallLine:
+    """A host line with jitted calls (its `line` head as read, `offset` ns from the Unix clock), and the name of each
+    jitted call's event metadata id."""
+
+    space: Any
+    line: Any
+    names: dict[int, str]
+    offset: int = 0
+
+
 @dataclass
 class CompileSpans:
-    """Compile ranges met in the first pass (Unix ns): JAX's, the PjRt client's, named backend ones, and JAX's jitted
-    calls (the program's name)."""
+    """Compile ranges met in the first pass (Unix ns): JAX's, the PjRt client's and named backend ones; the lines with
+    JAX's jitted calls (the program's name), whose calls are read again only for compiles the backend left unnamed
+    (a long capture makes a call per step); and those calls (`keep_calls`)."""
 
     compiles: list[tuple[int, int]] = field(default_factory=list)
     client_compiles: list[tuple[int, int]] = field(default_factory=list)
     named: list[tuple[int, int, str]] = field(default_factory=list)
+    call_lines: list[CallLine] = field(default_factory=list)
     calls: list[tuple[int, int, str]] = field(default_factory=list)
 
     def extend(self, other: CompileSpans, offset: int) -> None:
@@ -32,7 +51,29 @@ class CompileSpans:
         self.compiles += [(start + offset, end + offset) for start, end in other.compiles]
         self.client_compiles += [(start + offset, end + offset) for start, end in other.client_compiles]
         self.named += [(start + offset, end + offset, name) for start, end, name in other.named]
+        self.call_lines += [replace(line, offset=line.offset + offset) for line in other.call_lines]
         self.calls += [(start + offset, end + offset, name) for start, end, name in other.calls]
+
+    def unnamed(self) -> list[tuple[int, int]]:
+        """The compiles that hold no named backend range."""
+        return [(start, end) for start, end in self.compiles or self.client_compiles
+                if not any(start <= named_start and named_end <= end for named_start, named_end, _ in self.named)]
+
+    def keep_calls(self, read: Iterable[tuple[CallLine, EventColumns]]) -> None:
+        """Keep the jitted calls around an unnamed compile, from the call lines' events (`read`: each line's windows)."""
+        unnamed = self.unnamed()
+        if not unnamed:
+            return
+        for call_line, columns in read:
+            chosen = np.flatnonzero(np.isin(columns.metadata_id, list(call_line.names)))
+            starts = call_line.line.timestamp_ns + columns.offset_ps[chosen] // 1000
+            ends = starts + columns.duration_ps[chosen] // 1000
+            around = np.zeros(len(chosen), dtype=bool)
+            for start, end in unnamed:
+                around |= (starts + call_line.offset <= start) & (end <= ends + call_line.offset)
+            self.calls += [(start + call_line.offset, end + call_line.offset, call_line.names[metadata_id])
+                           for start, end, metadata_id in zip(starts[around].tolist(), ends[around].tolist(),
+                                                              columns.metadata_id[chosen][around].tolist())]
 
     def named_compiles(self) -> list[tuple[int, int, str | None, str]]:
         """Each compile as (start, end, the backend's name for its program or None, its label), in time order."""

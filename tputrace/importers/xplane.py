@@ -24,6 +24,7 @@ import numpy as np
 from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
+from tputrace.importers.step_markers import StepMarkers, place_markers
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_compiles import (
@@ -32,9 +33,11 @@ from tputrace.importers.xla_compiles import (
     COMPILE_EVENTS,
     JITTED_CALL,
     UNNAMED,
+    CallLine,
     CompileSpans,
 )
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
+from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
 from tputrace.importers.xevents import EventColumns, decode_run, int_stats
@@ -43,8 +46,6 @@ from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
-# Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
-_U64 = 1 << 64
 # A stat an event does not carry.
 _ABSENT = object()
 
@@ -57,15 +58,6 @@ class _Program:
     bytes_accessed: float = 0.0
     first_run: Any = None
     op_names: set[str] = field(default_factory=set)
-
-
-@dataclass
-class _Run:
-    program: _Program
-    chip: int
-    start_ns: int
-    end_ns: int
-    run_id: Any = None  # the producer's run id, where the capture has one
 
 
 @dataclass(frozen=True, eq=False)
@@ -96,7 +88,7 @@ class XPlaneImporter(StreamLines):
         facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
         self.rank = sink.new_rank(XPLANE, str(paths[0]), host=capture_host(paths[0]), **facts)
         self.programs: dict[str, _Program] = {}
-        self.runs: dict[tuple[int, int], _Run] = {}
+        self.runs = RunSpans()
         self.steps = StepClock()
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
@@ -111,7 +103,8 @@ class XPlaneImporter(StreamLines):
         self.offsets: dict[Path, int] = {}
         self.chips = 1
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
-        self.launches: dict[int, int] = {}  # run id -> when the host launched the run (ns since the rank's start)
+        # Run ids (ascending) and when the host launched each run (ns since the rank's start).
+        self.launch_ids, self.launch_starts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
     def run(self) -> None:
         from tputrace.xplane_proto import messages
@@ -144,17 +137,17 @@ class XPlaneImporter(StreamLines):
         chips: set[int] = set()
         device_types: set[str] = set()  # the device planes' `device_type_string` ("TPU v6 Lite"), "" for none
         starts: list[int] = []
-        host_markers: list[tuple[int, int, int | None]] = []
-        device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
+        host_markers = StepMarkers()
+        device_markers: dict[int, StepMarkers] = {}
         compiles = CompileSpans()
-        launches: dict[int, int] = {}
+        launches = LaunchTimes()
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
-            file_host_markers: list[tuple[int, int, int | None]] = []
-            file_device_markers: dict[int, list[tuple[int, int, int | None]]] = {}
+            file_host_markers = StepMarkers()
+            file_device_markers: dict[int, StepMarkers] = {}
             file_compiles = CompileSpans()
-            file_launches: dict[int, int] = {}
+            file_launches = LaunchTimes()
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
                 if plane.name == "Task Environment":
@@ -170,30 +163,28 @@ class XPlaneImporter(StreamLines):
                 if match:
                     file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines)
                 else:
-                    file_host_markers += self._host_scan(space, plane, lines, file_compiles, file_launches)
+                    self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
             offset = (profile_start_unix_ns if file_starts and min(file_starts) < UNIX_NS_FLOOR
                       and isinstance(profile_start_unix_ns, int) else 0)
             self.offsets[space.path] = offset
             starts += [start + offset for start in file_starts]
-            host_markers += [(start + offset, end + offset, number) for start, end, number in file_host_markers]
+            host_markers.extend(file_host_markers, offset)
             for chip, chip_markers in file_device_markers.items():
-                device_markers.setdefault(chip, []).extend((start + offset, end + offset, number)
-                                                           for start, end, number in chip_markers)
-            for run_id, start in file_launches.items():
-                launches[run_id] = min(launches.get(run_id, start + offset), start + offset)
+                device_markers.setdefault(chip, StepMarkers()).extend(chip_markers, offset)
+            launches.extend(file_launches, offset)
             compiles.extend(file_compiles, offset)
             del file_host_markers, file_device_markers, file_compiles, file_launches  # copied above: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
-        markers = host_markers or (device_markers[min(device_markers)] if device_markers else [])
+        markers = host_markers or (device_markers[min(device_markers)] if device_markers else StepMarkers())
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
-        self.launches = {run_id: start - start_unix_ns for run_id, start in launches.items()}
-        steps = self.steps.place([(start - start_unix_ns, end - start_unix_ns, number) for start, end, number in markers])
-        self.step_starts = np.array(self.steps.starts, dtype=np.int64)
-        self.step_labels = np.array(self.steps.labels, dtype=np.int64)
+        self.launch_ids, self.launch_starts = launches.sorted(-start_unix_ns)
+        steps = place_markers(self.steps, markers, -start_unix_ns)
+        self.step_starts = np.asarray(self.steps.starts, dtype=np.int64)
+        self.step_labels = np.asarray(self.steps.labels, dtype=np.int64)
         for number, start_ns, end_ns in steps:
             self.sink.append("steps", (self.rank, number, start_ns, end_ns, "imported"))
         device_types.discard("")
@@ -202,7 +193,7 @@ class XPlaneImporter(StreamLines):
                             host=self.sink.sources[self.rank]["host"], chips=self.chips,
                             platform=device_kind, start_unix_ns=start_unix_ns)
         self._compiles(compiles)
-        del markers, host_markers, device_markers, compiles, launches  # kept in `self.steps` and `self.launches`
+        del markers, host_markers, device_markers, compiles, launches  # kept in `self.steps` and `self.launch_*`
         # Second pass: the rows.
         for space in spaces:
             self.offset_ns = self.offsets[space.path]
@@ -233,10 +224,8 @@ class XPlaneImporter(StreamLines):
     def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
         """The step of each of some times (ns since the rank's start); of an XLA op's run (`run_ids`), the step in
         which the host launched it, as the op may run after that step's marker ends (asynchronous dispatch)."""
-        if run_ids is not None and self.launches:
-            launches = self.launches
-            starts = np.array([start if run_id is None else launches.get(run_id % _U64, start)
-                               for start, run_id in zip(starts.tolist(), run_ids)], dtype=np.int64)
+        if run_ids is not None and len(self.launch_ids):
+            starts = launched_at(self.launch_ids, self.launch_starts, run_ids, starts)
         return self.step_labels[np.searchsorted(self.step_starts, starts, side="right")]
 
     def _line_end(self, line: LineHead, end_ps: int) -> None:
@@ -244,11 +233,10 @@ class XPlaneImporter(StreamLines):
 
     # -- first pass ---------------------------------------------------------------------------------
 
-    def _device_markers(self, space: XSpaceFile, plane: Any,
-                        lines: list[LineHead]) -> list[tuple[int, int, int | None]]:
+    def _device_markers(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> StepMarkers:
         """A chip's step markers: the events of its `Steps` line, with their `step_num` stat where they have one."""
         step_ids = {key for key, meta in plane.stat_metadata.items() if meta.name == "step_num"}
-        markers = []
+        markers = StepMarkers()
         for line in lines:
             if line.name != "Steps":
                 continue
@@ -256,13 +244,15 @@ class XPlaneImporter(StreamLines):
                 starts = (line.timestamp_ns + columns.offset_ps // 1000).tolist()
                 ends = (columns.duration_ps // 1000).tolist()
                 numbers = int_stats(columns, np.arange(len(columns)), step_ids)
-                markers += [(start, start + duration, number) for start, duration, number in zip(starts, ends, numbers)]
+                for start, duration, number in zip(starts, ends, numbers):
+                    markers.add(start, start + duration, number)
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: CompileSpans,
-                   launches: dict[int, int]) -> list[tuple[int, int, int | None]]:
-        """A host plane's step markers (events with a `step_num` stat, and its value), its compile events, and the
-        earliest event of each program run (`run_id`) that is no XLA op: when the host launched it."""
+                   launches: LaunchTimes, markers: StepMarkers) -> None:
+        """A host plane's step markers (events with a `step_num` stat, and its value), its compile events and lines
+        with jitted calls, and the earliest event of each program run (`run_id`) that is no XLA op: when the host
+        launched it."""
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         step_ids = {key for key, name in stat_names.items() if name == "step_num"}
         run_ids = {key for key, name in stat_names.items() if name == "run_id"}
@@ -272,11 +262,12 @@ class XPlaneImporter(StreamLines):
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if CLIENT_COMPILE.match(meta.name)}
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(BACKEND_EVENT)}
         calls = {key: match.group(1) for key, meta in plane.event_metadata.items() if (match := JITTED_CALL.match(meta.name))}
-        watched = list(compile_ids | client_compile_ids | backend_ids | calls.keys())
-        markers = []
+        watched = list(compile_ids | client_compile_ids | backend_ids)
         for line in lines:
             base_ns = line.timestamp_ns
+            has_calls = False
             for columns in self._columns(space, line):
+                has_calls = has_calls or bool(calls and np.isin(columns.metadata_id, list(calls)).any())
                 for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
                     metadata_id = int(columns.metadata_id[index])
                     start = base_ns + int(columns.offset_ps[index]) // 1000
@@ -285,8 +276,6 @@ class XPlaneImporter(StreamLines):
                         compiles.compiles.append(span)
                     elif metadata_id in client_compile_ids:
                         compiles.client_compiles.append(span)
-                    elif metadata_id in calls:
-                        compiles.calls.append((*span, calls[metadata_id]))
                     else:
                         names = [stat.str_value or stat_names.get(stat.ref_value, "")
                                  for stat in columns.message(index).stats if stat.metadata_id in name_ids]
@@ -296,19 +285,21 @@ class XPlaneImporter(StreamLines):
                 for index, run_id in zip(launched.tolist(), int_stats(columns, launched, run_ids)):
                     if run_id is not None:
                         start = base_ns + int(columns.offset_ps[index]) // 1000
-                        launches[run_id % _U64] = min(launches.get(run_id % _U64, start), start)
+                        launches.add(run_id, start)
                 marked = columns.with_stat(step_ids)
                 starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
                 durations = (columns.duration_ps[marked] // 1000).tolist()
-                numbers = int_stats(columns, marked, step_ids)
-                markers += [(start, start + duration, number)
-                            for start, duration, number in zip(starts, durations, numbers)]
-        return markers
+                for start, duration, number in zip(starts, durations, int_stats(columns, marked, step_ids)):
+                    markers.add(start, start + duration, number)
+            if has_calls:
+                compiles.call_lines.append(CallLine(space, line, calls))
 
     def _compiles(self, compiles: CompileSpans) -> None:
         """`compiles` rows (`xla_compiles`); a compile's program is the one its backend compiler (an event with a `name`
         stat) built meanwhile. A compile of a label seen before is a recompile, unless it has no name at all."""
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
+        compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
+                            for columns in self._columns(call_line.space, call_line.line))
         for start, end, name, label in compiles.named_compiles():
             program = self._program(name) if name else None
             start_ns = start - self.start_unix_ns
@@ -337,7 +328,7 @@ class XPlaneImporter(StreamLines):
                     for metadata_id, start_ns, dur_ns in zip(columns.metadata_id.tolist(), starts.tolist(),
                                                              durations.tolist()):
                         program = self._program(event_metadata[metadata_id].name)
-                        self.runs[(chip, len(self.runs))] = _Run(program, chip, start_ns, start_ns + dur_ns)
+                        self.runs.add(chip, None, program.program_id, start_ns, start_ns + dur_ns)
                 elif line.name == "XLA Ops":
                     metas = []
                     for metadata_id in columns.metadata_id.tolist():
@@ -530,12 +521,7 @@ class XPlaneImporter(StreamLines):
         if program is None:
             return
         if run_id is not None:
-            run = self.runs.get((chip, run_id))
-            if run is None:
-                self.runs[(chip, run_id)] = _Run(program, chip, start_ns, end_ns, run_id)
-            else:
-                run.start_ns = min(run.start_ns, start_ns)
-                run.end_ns = max(run.end_ns, end_ns)
+            self.runs.add(chip, run_id, program.program_id, start_ns, end_ns)
             if program.first_run is None:
                 program.first_run = (chip, run_id)
             if program.first_run != (chip, run_id):
@@ -562,10 +548,10 @@ class XPlaneImporter(StreamLines):
             self.sink.append("programs", (program.program_id, self.rank, "xla", name_sid, self.writer.intern(structure),
                                           None, len(program.op_names), program.flops or None,
                                           program.bytes_accessed or None, len(program.op_names) or None))
-        for run in sorted(self.runs.values(), key=lambda run: run.start_ns):
-            launched = run.start_ns if run.run_id is None else self.launches.get(run.run_id % _U64, run.start_ns)
-            self.sink.append("executions", (self.rank, run.program.program_id, run.chip, run.start_ns,
-                                            run.end_ns - run.start_ns, self.steps.step_at(launched), None))
+        for program_ids, chips, run_ids, starts, ends in self.runs.blocks_in_start_order():
+            steps = self._steps_at(starts, run_ids).tolist()
+            self.sink.extend("executions", list(zip(repeat(self.rank), program_ids, chips, starts.tolist(),
+                                                    (ends - starts).tolist(), steps, repeat(None))))
 
 
 def _end_ps(columns: EventColumns) -> int:

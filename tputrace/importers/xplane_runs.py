@@ -1,0 +1,130 @@
+"""An XProf capture's program runs and when the host launched each, in compact columns: a long capture runs a program
+per step, hundreds of thousands of runs, which as Python objects would take hundreds of bytes each.
+
+Records are appended as the events are read (one per run and window of events) and merged now and then into one per
+run, so that memory follows the number of runs at about 40 bytes each."""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+# Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
+U64 = 1 << 64
+_MERGE_FLOOR = 1 << 16
+
+
+class LaunchTimes:
+    """When the host launched each run (its earliest event with the run's `run_id` that is no XLA op)."""
+
+    def __init__(self) -> None:
+        self.run_ids = array("Q")
+        self.starts = array("q")
+        self._merged = 0
+
+    def __len__(self) -> int:
+        return len(self.run_ids)
+
+    def add(self, run_id: int, start: int) -> None:
+        self.run_ids.append(run_id % U64)
+        self.starts.append(start)
+        if len(self.run_ids) >= 2 * self._merged + _MERGE_FLOOR:
+            self._merge()
+
+    def extend(self, other: LaunchTimes, offset: int) -> None:
+        """Add `other`'s launches, moved by `offset` ns."""
+        self.run_ids += other.run_ids
+        self.starts.frombytes((np.asarray(other.starts, dtype=np.int64) + offset).tobytes())
+        self._merge()
+
+    def sorted(self, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """The run ids (ascending, uint64) and each one's launch (moved by `offset` ns)."""
+        self._merge()
+        return np.asarray(self.run_ids, dtype=np.uint64).copy(), np.asarray(self.starts, dtype=np.int64) + offset
+
+    def _merge(self) -> None:
+        run_ids = np.asarray(self.run_ids, dtype=np.uint64)
+        starts = np.asarray(self.starts, dtype=np.int64)
+        order = np.lexsort((starts, run_ids))
+        run_ids, starts = run_ids[order], starts[order]
+        first = np.concatenate(([True], run_ids[1:] != run_ids[:-1])) if len(run_ids) else np.ones(0, dtype=bool)
+        merged_ids, merged_starts = run_ids[first].tobytes(), starts[first].tobytes()
+        del run_ids, starts  # views of the arrays, which cannot change size while viewed
+        self.run_ids, self.starts = array("Q", merged_ids), array("q", merged_starts)
+        self._merged = len(self.run_ids)
+
+
+def launched_at(run_ids: np.ndarray, launches: np.ndarray, ids: list[Any], times: np.ndarray) -> np.ndarray:
+    """Per event: its run's launch where its run id (`ids`, None for none) has one, else its own time (`times`)."""
+    wanted = np.array([0 if run_id is None else run_id % U64 for run_id in ids], dtype=np.uint64)
+    if not len(run_ids) or not len(wanted):
+        return times
+    positions = np.minimum(np.searchsorted(run_ids, wanted), len(run_ids) - 1)
+    found = (run_ids[positions] == wanted) & np.array([run_id is not None for run_id in ids], dtype=bool)
+    return np.where(found, launches[positions], times)
+
+
+class RunSpans:
+    """Each program run: its chip, run id (where the capture has one), program, earliest start and latest end (ns); a
+    run without an id is a run of its own."""
+
+    def __init__(self) -> None:
+        self.chips = array("q")
+        self.run_ids = array("Q")
+        self.keyed = bytearray()  # 1 where the run has an id
+        self.programs = array("q")
+        self.starts = array("q")
+        self.ends = array("q")
+        self._merged = 0
+
+    def add(self, chip: int, run_id: int | None, program_id: int, start_ns: int, end_ns: int) -> None:
+        self.chips.append(chip)
+        self.run_ids.append(0 if run_id is None else run_id % U64)
+        self.keyed.append(run_id is not None)
+        self.programs.append(program_id)
+        self.starts.append(start_ns)
+        self.ends.append(end_ns)
+        if len(self.chips) >= 2 * self._merged + _MERGE_FLOOR:
+            self._merge()
+
+    def blocks_in_start_order(self) -> Iterator[tuple[list[int], list[int], list[int | None], np.ndarray, np.ndarray]]:
+        """The runs by start (runs that start together: in the order first met), a block at a time: their program ids,
+        chips, run ids (None for none), starts and ends."""
+        self._merge()
+        columns = [np.asarray(column) for column in (self.programs, self.chips, self.run_ids, self.starts, self.ends)]
+        keyed = np.frombuffer(self.keyed, dtype=np.uint8).astype(bool) if len(self.keyed) else np.ones(0, dtype=bool)
+        order = np.argsort(columns[3], kind="stable")
+        for at in range(0, len(order), _MERGE_FLOOR):
+            chosen = order[at:at + _MERGE_FLOOR]
+            run_ids = [run_id if has_id else None for run_id, has_id in zip(columns[2][chosen].tolist(),
+                                                                             keyed[chosen].tolist())]
+            yield columns[0][chosen].tolist(), columns[1][chosen].tolist(), run_ids, columns[3][chosen], columns[4][chosen]
+
+    def _merge(self) -> None:
+        """One record per run: the first one's program, the earliest start and latest end; runs in the order first met."""
+        count = len(self.chips)
+        chips, run_ids, programs, starts, ends = (np.asarray(column) for column in (
+            self.chips, self.run_ids, self.programs, self.starts, self.ends))
+        keyed = np.frombuffer(self.keyed, dtype=np.uint8).astype(bool) if count else np.ones(0, dtype=bool)
+        positions = np.arange(count, dtype=np.int64)
+        own = np.where(keyed, 0, positions + 1)  # a run without an id is a group of its own
+        order = np.lexsort((positions, own, run_ids, chips))
+        if count:
+            changes = (np.diff(chips[order]) != 0) | (np.diff(run_ids[order]) != 0) | (np.diff(own[order]) != 0)
+            bounds = np.flatnonzero(np.concatenate(([True], changes)))
+        else:
+            bounds = np.zeros(0, dtype=np.int64)
+        firsts = order[bounds]  # each run's first record (positions ascend within a run)
+        merged = [chips[firsts], run_ids[firsts], keyed[firsts], programs[firsts],
+                  np.minimum.reduceat(starts[order], bounds) if count else starts,
+                  np.maximum.reduceat(ends[order], bounds) if count else ends]
+        by_first = np.argsort(firsts, kind="stable")
+        data = [column[by_first].tobytes() for column in merged]
+        del chips, run_ids, programs, starts, ends, merged  # views of the arrays, which cannot change size while viewed
+        self.chips, self.run_ids, self.programs = array("q", data[0]), array("Q", data[1]), array("q", data[3])
+        self.keyed = bytearray(data[2])
+        self.starts, self.ends = array("q", data[4]), array("q", data[5])
+        self._merged = len(self.chips)
