@@ -35,7 +35,8 @@ EXPECTED: dict[str, tuple[str, list[str]]] = {
     "fp32_matmul": ("precision", ["--steps", "4"]),
     "graph_break": ("graph_breaks", ["--steps", "6"]),
 }
-CLEAN = {"quickstart": ["--steps", "4"], "gpt_train": ["--steps", "3"], "cnn_train": ["--steps", "3"]}
+# Enough steady steps that one copy or dispatch slowed by a loaded host does not make a share of the steps.
+CLEAN = {"quickstart": ["--steps", "4"], "gpt_train": ["--steps", "5"], "cnn_train": ["--steps", "3"]}
 
 
 def record(script: Path, trace: Path, args: list[str], run_options: tuple[str, ...] = ()) -> Report:
