@@ -12,10 +12,11 @@ finding per set-up line, costed at the compiles it caused.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext, in_list
-from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.wording import format_ns, plural
 
 NAME = "set_up_work"
@@ -38,23 +39,48 @@ class SetUpWorkData:
     set_up_lines: tuple[SetUpLine, ...] = ()
 
 
-def analyze(context: AnalysisContext) -> AnalysisResult[SetUpWorkData]:
-    trace, rank = context.trace, context.rank
+# One recompile of step 1: its program's name, the frame that flushed it, its compile ns, the ops and the diff.
+StepOneRecompile = tuple[str, int | None, int, str, str]
+
+
+def step_one_recompiles_by_line(
+    context: AnalysisContext, located: Callable[[str], tuple[str, int, str] | None]
+) -> dict[tuple[str, int], list[StepOneRecompile]]:
+    """Step 1's fused recompiles with a diff, by the (file, line) `located` reads from each diff, with the ops text
+    it gives; a diff it gives None is left out."""
+    trace = context.trace
     rows = trace.sql(
-        "SELECT id, name_sid, frame_id, COALESCE(dur_ns, 0), diff_sid FROM compiles "
+        "SELECT name_sid, frame_id, COALESCE(dur_ns, 0), diff_sid FROM compiles "
         "WHERE rank = ? AND kind = 'fused' AND reason = 'recompile' AND step = 1 AND diff_sid IS NOT NULL ORDER BY start_ns",
-        (rank,),
+        (context.rank,),
     )
-    by_line: dict[tuple[str, int], list[tuple[str, int | None, int, str, str]]] = {}
-    for _, name_sid, frame_id, dur_ns, diff_sid in rows:
+    by_line: dict[tuple[str, int], list[StepOneRecompile]] = {}
+    for name_sid, frame_id, dur_ns, diff_sid in rows:
         diff = trace.string(diff_sid) or ""
+        found = located(diff)
+        if found is not None:
+            file_name, line, ops = found
+            by_line.setdefault((file_name, line), []).append((trace.string(name_sid) or "?", frame_id, dur_ns, ops, diff))
+    return by_line
+
+
+def step_one_evidence(context: AnalysisContext, recompiles: list[StepOneRecompile]) -> tuple[Evidence, ...]:
+    """Each recompile's program, compile time and diff, at the frame that flushed it."""
+    return tuple(
+        context.evidence_at(f"{name}: compiled again in step 1, {format_ns(dur_ns)}: {diff}", frame_id, table="compiles")
+        for name, frame_id, dur_ns, _, diff in recompiles
+    )
+
+
+def analyze(context: AnalysisContext) -> AnalysisResult[SetUpWorkData]:
+    def located(diff: str) -> tuple[str, int, str] | None:
         match = _LEFT_OUT_FIRST.match(diff)
         where = LOCATION.search(match["ops"]) if match else None
         if match is None or where is None or runs_after_first_step(context, where["file"], int(where["line"])):
-            continue
-        by_line.setdefault((where["file"], int(where["line"])), []).append(
-            (trace.string(name_sid) or "?", frame_id, dur_ns, match["ops"], diff)
-        )
+            return None
+        return where["file"], int(where["line"]), match["ops"]
+
+    by_line = step_one_recompiles_by_line(context, located)
     findings = tuple(_finding(context, file_name, line, recompiles) for (file_name, line), recompiles in by_line.items())
     lines = tuple(
         SetUpLine(f"{file_name}:{line}", len(recompiles), sum(row[2] for row in recompiles))
@@ -73,16 +99,13 @@ def runs_after_first_step(context: AnalysisContext, file_name: str, line: int) -
     return bool(rows)
 
 
-def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: list[tuple[str, int | None, int, str, str]]) -> Finding:
+def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: list[StepOneRecompile]) -> Finding:
     total_ns = sum(dur_ns for _, _, dur_ns, _, _ in recompiles)
     share = context.share_of_wall(total_ns)
     ops = recompiles[0][3]
     programs = ", ".join(sorted({name for name, *_ in recompiles}))
     first_graphs = sorted({context.where(frame_id) for _, frame_id, *_ in recompiles})
-    evidence = tuple(
-        context.evidence_at(f"{name}: compiled again in step 1, {format_ns(dur_ns)}: {diff}", frame_id, table="compiles")
-        for name, frame_id, dur_ns, _, diff in recompiles
-    )
+    evidence = step_one_evidence(context, recompiles)
     set_up_frame = context.frame_at_line(file_name, line)
     return Finding(
         analyzer=NAME,

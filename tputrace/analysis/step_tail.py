@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
-from tputrace.analysis.set_up_work import LOCATION, runs_after_first_step
+from tputrace.analysis.set_up_work import LOCATION, StepOneRecompile, runs_after_first_step, step_one_evidence, step_one_recompiles_by_line
 from tputrace.wording import format_ns, plural
 
 NAME = "step_tail"
@@ -43,24 +43,16 @@ SCALER_UPDATE = (" This work is `GradScaler.update()`: a TPU autocasts to `torch
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult[StepTailData]:
-    trace, rank = context.trace, context.rank
-    rows = trace.sql(
-        "SELECT name_sid, frame_id, COALESCE(dur_ns, 0), diff_sid FROM compiles "
-        "WHERE rank = ? AND kind = 'fused' AND reason = 'recompile' AND step = 1 AND diff_sid IS NOT NULL ORDER BY start_ns",
-        (rank,),
-    )
-    by_line: dict[tuple[str, int], list[tuple[str, int | None, int, str, str]]] = {}
-    for name_sid, frame_id, dur_ns, diff_sid in rows:
-        diff = trace.string(diff_sid) or ""
+    def located(diff: str) -> tuple[str, int, str] | None:
         match = _ADDED_FIRST.match(diff)
         if match is None:
-            continue
+            return None
         where = LOCATION.search(match["ops"]) or LOCATION.search(f"({match['run'] or ''})")
         if where is None or not runs_after_first_step(context, where["file"], int(where["line"])):
-            continue
-        by_line.setdefault((where["file"], int(where["line"])), []).append(
-            (trace.string(name_sid) or "?", frame_id, dur_ns, LOCATION.sub("", match["ops"]).strip(), diff)
-        )
+            return None
+        return where["file"], int(where["line"]), LOCATION.sub("", match["ops"]).strip()
+
+    by_line = step_one_recompiles_by_line(context, located)
     findings = tuple(_finding(context, file_name, line, recompiles) for (file_name, line), recompiles in by_line.items())
     lines = tuple(
         TailLine(f"{file_name}:{line}", len(recompiles), sum(row[2] for row in recompiles))
@@ -69,16 +61,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[StepTailData]:
     return AnalysisResult(NAME, StepTailData(lines), findings)
 
 
-def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: list[tuple[str, int | None, int, str, str]]) -> Finding:
+def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: list[StepOneRecompile]) -> Finding:
     total_ns = sum(dur_ns for _, _, dur_ns, _, _ in recompiles)
     share = context.share_of_wall(total_ns)
     ops = recompiles[0][3]
     programs = ", ".join(sorted({name for name, *_ in recompiles}))
     graphs = sorted({context.where(frame_id) for _, frame_id, *_ in recompiles})
-    evidence = tuple(
-        context.evidence_at(f"{name}: compiled again in step 1, {format_ns(dur_ns)}: {diff}", frame_id, table="compiles")
-        for name, frame_id, dur_ns, _, diff in recompiles
-    )
+    evidence = step_one_evidence(context, recompiles)
     tail_frame = context.frame_at_line(file_name, line)
     return Finding(
         analyzer=NAME,
