@@ -328,9 +328,11 @@ def sections(summary: RunSummary) -> list[Section]:
     """The summary's tables, skipping those with nothing to show."""
     wall = summary.wall_ns
     op_label = DEVICE_OPS_LABEL if summary.device_ops else "host dispatch"
-    # An XProf import's programs, ops and collectives are each chip's: a share of the wall of all its chips.
-    chips = (summary.run.chips or 1) if summary.device_ops else 1
-    per_chip = ("program execution", "host dispatch", "collectives") if chips > 1 else ()
+    # Program execution is each chip's time with a program in flight, and an XProf import's ops and collectives are
+    # each chip's too: a share of the wall of all the chips.
+    chips = summary.run.chips or 1
+    per_chip = (("program execution", "host dispatch", "collectives") if summary.device_ops
+                else ("program execution",)) if chips > 1 else ()
     split_rows = tuple((op_label if label == "host dispatch" else label, format_ns(ns),
                         _percent(ns, wall * chips if label in per_chip else wall))
                        for label, ns in summary.time_split.parts() if ns)

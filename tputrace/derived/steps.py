@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.derived.text import shown
-from tputrace.store.aggregates import compile_wall_ns, rank_filter
+from tputrace.store.aggregates import compile_wall_ns, execution_busy_ns, rank_filter
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -99,6 +99,9 @@ def step_rows(trace: Trace, rank: int | None = None, *, breakdown: bool = False)
         }
         for table in tables
     }
+    if breakdown:  # a chip's queued programs overlap in time: each instant it had one in flight counts once
+        per_step["executions"] = {key: (per_step["executions"].get(key, (0, 0))[0], busy_ns)
+                                  for key, busy_ns in execution_busy_ns(trace, rank=rank, by="step").items()}
     compile_ns_per_step = compile_wall_ns(trace, rank=rank, by="step")
     rows = []
     for step_rank, step, start_ns, end_ns, source in trace.sql(

@@ -260,13 +260,35 @@ def time_split(trace: TraceQueries, *, rank: int | None = None) -> TimeSplit:
     Compile time is the wall time spent compiling (nested compile records count once); the other
     categories are sums of their records' durations."""
     where, params = rank_filter(rank)
-    tables = ("executions", "ops", "syncs", "transfers", "fallbacks", "collectives")
+    tables = ("ops", "syncs", "transfers", "fallbacks", "collectives")
     sums = ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table}{where})" for table in tables)
     totals = trace.sql(f"SELECT {sums}", params * len(tables))[0]
     wall = wall_ns(trace, rank=rank)
+    execution_ns = sum(execution_busy_ns(trace, rank=rank).values())
     # A share of the wall: an imported profile's compiles from its process's TORCH_TRACE log can lie before the
     # profile's window (a compile in a profiling schedule's warm-up step); only their time inside it counts.
-    return TimeSplit(wall, compile_total_ns(trace, rank=rank, within=(0, wall)), *totals)
+    return TimeSplit(wall, compile_total_ns(trace, rank=rank, within=(0, wall)), execution_ns, *totals)
+
+
+def execution_busy_ns(trace: TraceQueries, *, rank: int | None = None, by: CompileGrouping = "rank"
+                      ) -> dict[tuple[int, int], int]:
+    """Time each chip had a program in flight, summed over the chips of each (rank, 0) or (rank, step).
+
+    An `executions` row lasts from its launch until its outputs were seen ready, so a program launched while
+    others ran on its chip includes its wait behind them: summing the rows would count a queue of programs
+    several times over. The union of each chip's rows counts each instant once."""
+    where, params = rank_filter(rank, prefix="AND ")
+    rows = trace.sql(
+        f"SELECT rank, {_COMPILE_GROUP_COLUMNS[by]} AS group_key, COALESCE(chip, 0), start_ns, start_ns + dur_ns "
+        f"FROM executions WHERE dur_ns IS NOT NULL AND start_ns IS NOT NULL{where} "
+        "ORDER BY rank, group_key, 3, start_ns",
+        params,
+    )
+    busy: dict[tuple[int, int], int] = {}
+    for (row_rank, group_key, _), chip_rows in groupby(rows, key=lambda row: (row[0], row[1], row[2])):
+        key = (row_rank, group_key)
+        busy[key] = busy.get(key, 0) + merged_ns((start_ns, end_ns) for *_, start_ns, end_ns in chip_rows)
+    return busy
 
 
 def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:
