@@ -29,3 +29,12 @@ def test_queued_programs_count_once_per_chip(tmp_path: Path) -> None:
         assert trace.time_split(rank=0).execution_ns == 30 * MS + 10 * MS
         per_step = {row.step: row.execution_ns for row in step_rows(trace, 0, breakdown=True)}
         assert per_step == {1: 20 * MS + 10 * MS, 2: 28 * MS}
+
+
+def test_timeline_chip_lanes_count_queued_programs_once(tmp_path: Path) -> None:
+    from tui.queries.timeline import timeline_lanes
+
+    with tputrace.open(_queued_programs_trace(tmp_path / "t.tptrace")) as trace:
+        lanes = {lane.lane.name: lane for lane in timeline_lanes(trace, 0, 0, 40 * MS, 4)}
+        assert [round(share, 6) for share in lanes["tpu:0 exec"].busy] == [1.0, 1.0, 1.0, 0.0]
+        assert [round(share, 6) for share in lanes["tpu:1 exec"].busy] == [0.5, 0.5, 0.0, 0.0]

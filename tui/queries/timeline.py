@@ -129,6 +129,32 @@ def _dispatch_buckets(times: OpTimes, start_ns: int, end_ns: int, bucket_ns: int
     return list(zip(present.tolist(), busy[present].tolist(), counts[present].tolist()))
 
 
+def _execution_buckets(trace: Trace, rank: int, start_ns: int, end_ns: int, bucket_ns: int
+                       ) -> dict[int, list[tuple[int, int, int]]]:
+    """Each chip's (bucket, busy ns, count) rows for the window. An execution lasts from its launch to its outputs
+    ready, so one queued behind others on its chip overlaps them: each row counts only from where the chip's
+    earlier rows end, so that the lane's time is the chip's time with a program in flight, each piece in the bucket
+    it fell in."""
+    chip_rows: dict[int, list[tuple[int, int, int]]] = {}
+    busy_until: dict[int, int] = {}
+    for chip, run_start_ns, run_end_ns in trace.sql(
+        "SELECT chip, start_ns, start_ns + COALESCE(dur_ns, 0) FROM executions WHERE rank = ? AND start_ns < ? "
+        "AND start_ns + COALESCE(dur_ns, 0) >= ? ORDER BY chip, start_ns",
+        (rank, end_ns, start_ns),
+    ):
+        begin_ns = max(run_start_ns, busy_until.get(chip, run_start_ns), start_ns)
+        busy_until[chip] = max(busy_until.get(chip, run_end_ns), run_end_ns)
+        rows = chip_rows.setdefault(chip, [])
+        rows.append(((begin_ns - start_ns) // bucket_ns, 0, 1))
+        finish_ns = min(run_end_ns, end_ns)
+        while begin_ns < finish_ns:  # split at the buckets' edges, so that the time falls where it was spent
+            bucket_index = (begin_ns - start_ns) // bucket_ns
+            piece_end_ns = min(finish_ns, start_ns + (bucket_index + 1) * bucket_ns)
+            rows.append((bucket_index, piece_end_ns - begin_ns, 0))
+            begin_ns = piece_end_ns
+    return chip_rows
+
+
 def timeline_lanes(trace: Trace, rank: int, start_ns: int, end_ns: int, columns: int,
                    times: OpTimes | None = None) -> list[LaneBusy]:
     """Host lanes (dispatch, compile, syncs, transfers, fallbacks, collectives) and one lane per chip
@@ -155,13 +181,7 @@ def timeline_lanes(trace: Trace, rank: int, start_ns: int, end_ns: int, columns:
         )
         busy, events = _bucket_busy(rows, columns, bucket_ns)
         lanes.append(LaneBusy(Lane(name, kind, rank, None, events), busy))
-    chip_rows: dict[int, list[tuple[int, int, int]]] = {}
-    for chip, bucket_index, busy_ns, count in trace.sql(
-        f"SELECT chip, {bucket} AS b, SUM({clip}), COUNT(*) FROM executions WHERE rank = ? AND start_ns < ? "
-        "AND start_ns + COALESCE(dur_ns, 0) >= ? GROUP BY chip, b",
-        params,
-    ):
-        chip_rows.setdefault(chip, []).append((bucket_index, busy_ns, count))
+    chip_rows = _execution_buckets(trace, rank, int(start_ns), int(end_ns), bucket_ns)
     chips = [chip for (chip,) in trace.sql("SELECT DISTINCT chip FROM executions WHERE rank = ? ORDER BY chip", (rank,))]
     for chip in chips:
         busy, events = _bucket_busy(chip_rows.get(chip, []), columns, bucket_ns)
