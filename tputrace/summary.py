@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, capture_chip, target_chip, target_of
+from tputrace.derived.chip_pace import ChipPace, chip_pace
 from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.kernel_launches import kernel_ns_by_line, kernel_ns_by_op
 from tputrace.derived.kernels import KernelStat, top_kernels
@@ -85,6 +86,7 @@ class RunSummary:
     kernel_lines: tuple[tuple[SourceLocation, int], ...] = ()
     rank_lines: tuple[RankLine, ...] = ()  # a line per rank, for a trace of several
     replay: ReplayStats | None = None  # DeferAndFuse's step replay over the flushes (None: not recorded)
+    chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
 
     @property
     def measured_on(self) -> str:
@@ -220,6 +222,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         kernel_lines=tuple(kernel_ns_by_line(trace, chosen_rank, top)) if facts is not None else (),
         rank_lines=rank_lines(trace),
         replay=replay_stats(trace, rank=chosen_rank),
+        chip_pace=chip_pace(trace, chosen_rank),
     )
 
 
@@ -284,6 +287,8 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
         ("run", " · ".join(part for part in (command, ranks, machine, summary.captured_on, ending) if part)),
         ("wall", f"{format_ns(summary.wall_ns)} · {steps} · {totals}"),
     ]
+    if summary.chip_pace is not None:
+        lines.append(("pace", summary.chip_pace.text))
     window = summary.recording_window
     if window is not None:
         lines.append(("window", window.text))

@@ -40,6 +40,7 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.imported import ImportFacts, context_import_facts
 from tputrace.analysis.target import capture_chip, target_of
+from tputrace.derived.chip_pace import ChipPace, chip_pace
 from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
 from tputrace.derived.recording_window import RecordingWindow, recording_window
@@ -96,6 +97,7 @@ class Report:
     imported: ImportFacts | None = None
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
     target_from_capture: str | None = None  # the device type of the imported TPU capture the target was taken from
+    chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
 
     def counts(self) -> dict[str, int]:
         """Findings per severity."""
@@ -139,6 +141,7 @@ class Report:
             "results": {name: result.plain_data() for name, result in self.results.items()},
             "imported": self.imported.plain_data() if self.imported else None,
             "recording_window": self.recording_window.plain_data() if self.recording_window else None,
+            "chip_pace": asdict(self.chip_pace) if self.chip_pace else None,
         }
 
 
@@ -175,6 +178,7 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
         results=results,
         imported=imported,
         recording_window=recording_window(trace),
+        chip_pace=chip_pace(trace, context.rank),
     )
 
 

@@ -1,0 +1,52 @@
+"""A loop that reads nothing back each step lets the host queue steps ahead of the chip: the summary and the report
+tell the chip's pace beside the host's median step; a loop that reads its loss each step has no such line."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_problems import record
+
+import tputrace
+from tputrace.summary import summarize
+
+CHIP_BOUND = textwrap.dedent("""\
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(768, 768) for _ in range(4)]).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    batch = torch.randn(1024, 768).to("tpu")
+    losses = []
+    for _ in range(8):
+        loss = model(batch).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.detach()){read}
+    print(sum(loss.item() for loss in losses))
+""")
+
+
+@pytest.mark.parametrize("read_each_step", [False, True])
+def test_chip_pace_is_told_where_the_host_ran_ahead(tmp_path: Path, read_each_step: bool) -> None:
+    script = tmp_path / "chip_bound.py"
+    script.write_text(CHIP_BOUND.format(read="\n    print(loss.item())" if read_each_step else ""))
+    report = record(script, tmp_path / "run.tptrace", [])
+    with tputrace.open(tmp_path / "run.tptrace") as trace:
+        summary = summarize(trace)
+    if read_each_step:
+        assert report.chip_pace is None and summary.chip_pace is None
+        return
+    pace = report.chip_pace
+    assert pace is not None and summary.chip_pace == pace
+    assert pace.host_median_step_ns == summary.median_step_ns and pace.mean_step_ns >= 1.2 * pace.host_median_step_ns
+    assert pace.steps_ahead >= 2
+    # The loop's time is the chip's: the first step and the chip's steady steps make up the loop's end.
+    with tputrace.open(tmp_path / "run.tptrace") as trace:
+        (first_start, last_end, last_step), = trace.sql(
+            "SELECT MIN(start_ns), MAX(end_ns), MAX(step) FROM steps WHERE COALESCE(source, '') != 'end'")
+        (ready_ns,), = trace.sql("SELECT MAX(start_ns + dur_ns) FROM executions WHERE step = ?", (last_step,))
+    assert summary.first_step_ns + 7 * pace.mean_step_ns == pytest.approx(max(ready_ns, last_end) - first_start, rel=0.01)

@@ -1,0 +1,66 @@
+"""The chip's pace: how often the chip finished a loop step, where the host ran ahead of it.
+
+A step's record spans the host's loop iteration. A loop that reads nothing back from the chip each step (losses kept
+on the chip and read after the loop) lets the host queue step after step while the chip works through them, so the
+host's steps are shorter than the chip's: the chip's pace, not the host's, sets how long the loop takes. A step is
+finished on the chip when its host iteration has ended and the last program it launched is ready; the time between
+one step's finish and the next is the chip's step time. The watcher that sees programs ready can see several end
+together (it waits for the interpreter lock), so the chip's figure is the steady steps' mean (the time from the first
+step's finish to the last's, over the steps between), which such batching does not move.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from tputrace.derived.steps import steady_median_ns
+
+if TYPE_CHECKING:
+    from tputrace.store.reader import Trace
+
+PACE_SHOWN_RATIO = 1.2
+"""The chip's median step is told beside the host's when it is at least this many times as long."""
+
+
+@dataclass(frozen=True)
+class ChipPace:
+    """The chip's mean time per steady loop step, the host's median, and how many steps the host ran ahead at most."""
+
+    mean_step_ns: int
+    host_median_step_ns: int
+    steps_ahead: int
+
+    @property
+    def text(self) -> str:
+        from tputrace.wording import format_ns, plural
+
+        return (f"the chip finished a step every {format_ns(self.mean_step_ns)} on average, the host's loop every "
+                f"{format_ns(self.host_median_step_ns)}: the host ran up to {plural(self.steps_ahead, 'step')} ahead, "
+                "so the chip's pace sets the loop's time")
+
+
+def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
+    """The chip's pace over `rank`'s loop steps, when it is markedly slower than the host's; else None (no
+    executions recorded, fewer than two loop steps, or the host waited for the chip each step)."""
+    steps = trace.sql(
+        "SELECT s.start_ns, s.end_ns, (SELECT MAX(e.start_ns + e.dur_ns) FROM executions e "
+        "WHERE e.rank = s.rank AND e.step = s.step AND e.dur_ns IS NOT NULL) FROM steps s "
+        "WHERE s.rank = ? AND s.start_ns IS NOT NULL AND s.end_ns IS NOT NULL AND COALESCE(s.source, '') != 'end' "
+        "ORDER BY s.step", (rank,))
+    if len(steps) < 2 or all(ready_ns is None for *_, ready_ns in steps):
+        return None
+    host_ends = [end_ns for _, end_ns, _ in steps]
+    finishes: list[int] = []
+    for _, end_ns, ready_ns in steps:
+        finish_ns = max(end_ns, ready_ns or end_ns, finishes[-1] if finishes else end_ns)
+        finishes.append(finish_ns)
+    host_median = steady_median_ns([end_ns - start_ns for start_ns, end_ns, _ in steps])
+    # The steady steps, as the medians take them: after the first, or all of them in a loop of two.
+    since_ns = finishes[0] if len(finishes) >= 3 else steps[0][0]
+    chip_mean = (finishes[-1] - since_ns) // (len(finishes) - 1 if len(finishes) >= 3 else len(finishes))
+    if not host_median or chip_mean < host_median * PACE_SHOWN_RATIO:
+        return None
+    ahead = max(bisect_left(host_ends, finish_ns) - index - 1 for index, finish_ns in enumerate(finishes))
+    return ChipPace(chip_mean, host_median, max(ahead, 1))
