@@ -142,12 +142,16 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
 
 
 def projection_text(data: queries.Overview) -> Text:
-    """The median step as measured beside the one projected for the target chip."""
-    median, projected = data.facts.median_step_ns, data.projected
-    if median is None or projected.median_ns is None:
-        return Text("")
-    return Text(f"median step {fmt_ns(median)} measured on {data.facts.measured_on} · chip time {fmt_ns(projected.median_ns)} projected for "
-                f"{projected.target} (roofline of XLA's costs, a lower bound)", style="dim")
+    """The median step as measured beside the one projected for the target chip, and the chip's pace where the host
+    ran ahead of it."""
+    median, projected, pace = data.facts.median_step_ns, data.projected, data.facts.chip_pace
+    text = Text("")
+    if median is not None and projected.median_ns is not None:
+        text.append(f"median step {fmt_ns(median)} measured on {data.facts.measured_on} · chip time {fmt_ns(projected.median_ns)} "
+                    f"projected for {projected.target} (roofline of XLA's costs, a lower bound)", style="dim")
+    if pace is not None:
+        text.append(("\n" if text.plain else "") + f"pace: {pace.text}", style="bold")
+    return text
 
 
 def step_summary(steps: list[StepRow]) -> Text:

@@ -10,6 +10,7 @@ import pytest
 from test_problems import record
 
 import tputrace
+from tputrace.derived.run_facts import run_facts
 from tputrace.summary import summarize
 
 CHIP_BOUND = textwrap.dedent("""\
@@ -37,11 +38,12 @@ def test_chip_pace_is_told_where_the_host_ran_ahead(tmp_path: Path, read_each_st
     report = record(script, tmp_path / "run.tptrace", [])
     with tputrace.open(tmp_path / "run.tptrace") as trace:
         summary = summarize(trace)
+        facts = run_facts(trace, 0)  # the TUI's overview and the HTML report's facts
     if read_each_step:
-        assert report.chip_pace is None and summary.chip_pace is None
+        assert report.chip_pace is None and summary.chip_pace is None and facts.chip_pace is None
         return
     pace = report.chip_pace
-    assert pace is not None and summary.chip_pace == pace
+    assert pace is not None and summary.chip_pace == pace == facts.chip_pace
     assert pace.host_median_step_ns == summary.median_step_ns and pace.mean_step_ns >= 1.2 * pace.host_median_step_ns
     assert pace.steps_ahead >= 2
     # The loop's time is the chip's: the first step and the chip's steady steps make up the loop's end.

@@ -44,11 +44,11 @@ class ChipPace:
 def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
     """The chip's pace over `rank`'s loop steps, when it is markedly slower than the host's; else None (no
     executions recorded, fewer than two loop steps, or the host waited for the chip each step)."""
-    steps = trace.sql(
-        "SELECT s.start_ns, s.end_ns, (SELECT MAX(e.start_ns + e.dur_ns) FROM executions e "
-        "WHERE e.rank = s.rank AND e.step = s.step AND e.dur_ns IS NOT NULL) FROM steps s "
-        "WHERE s.rank = ? AND s.start_ns IS NOT NULL AND s.end_ns IS NOT NULL AND COALESCE(s.source, '') != 'end' "
-        "ORDER BY s.step", (rank,))
+    ready_by_step = dict(trace.sql(
+        "SELECT step, MAX(start_ns + dur_ns) FROM executions WHERE rank = ? AND dur_ns IS NOT NULL GROUP BY step", (rank,)))
+    steps = [(start_ns, end_ns, ready_by_step.get(step)) for step, start_ns, end_ns in trace.sql(
+        "SELECT step, start_ns, end_ns FROM steps WHERE rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL "
+        "AND COALESCE(source, '') != 'end' ORDER BY step", (rank,))]
     if len(steps) < 2 or all(ready_ns is None for *_, ready_ns in steps):
         return None
     host_ends = [end_ns for _, end_ns, _ in steps]

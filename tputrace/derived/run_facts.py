@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from tputrace.derived.imported_sources import imported_device, measured_on
 from tputrace.derived.recording_window import RecordingWindow, recording_window
+from tputrace.derived.chip_pace import ChipPace, chip_pace
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ class RunFacts:
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
     imported: bool = False  # written by `tputrace import` from another tool's capture
     imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
+    chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
 
     @property
     def measured_on(self) -> str:
@@ -97,6 +99,7 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         recording_window=recording_window(trace),
         imported=bool(trace.meta.get("imported")),
         imported_device=imported_device(trace, rank),
+        chip_pace=chip_pace(trace, run.rank if rank is None else rank),
     )
 
 

@@ -88,6 +88,8 @@ def _steps_text(data: ReportData) -> str:
     text = f"{run.steps} · median {fmt_ns(run.median_step_ns)} measured on this host"
     if projected.median_ns is not None:
         text += f" · {fmt_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"
+    if run.chip_pace is not None:
+        text += f" · {run.chip_pace.text}"
     return text
 
 
