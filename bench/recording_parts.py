@@ -5,14 +5,16 @@ The parts: the op and view records (the rows of `ops`: each record's line lookup
 row's insert), only their line lookups, only the trace writer's inserts (every table's), only the `ops` rows of the
 flushes that replayed their template (DEFER_AND_FUSE: made and inserted; what a compact record of them could save
 at most), the buffer lifetimes
-(`buffers` rows and the optimizer's labels), the module hooks (module paths), the host origins (the wrapped
-tensor makers) and the execution watcher (`executions` rows). A part is left out by replacing the recorder's or
+(`buffers` rows and the optimizer's labels), the module paths (the wrapped `nn.Module.__call__`), the host origins (the wrapped
+tensor makers) and the execution watcher (`executions` rows); and, last, the writer committing every row at the window's end
+rather than every 0.25 s beside the steps (no part left out: whether an insert costs more beside them). A part is left out by replacing the recorder's or
 the backend's entry point to it with nothing for that window only, so a window without a part is not a
 recording anyone gets: it says what the part costs, not what a trace without it would hold.
 
 Each window runs one step that is not timed, then `--steps` steps, and ends with the trace's rows committed.
 Per configuration: process and main-thread CPU time per step, and the overhead over untraced, each the median
-over rounds of the ratio within a round. Writes its table to bench/RESULTS.md.
+over rounds of the ratio within a round. A last table times one module call untraced, traced, and with global
+forward hooks keeping the module stack instead of the wrapped call. Writes its tables to bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -77,13 +79,19 @@ def _without_buffers(recorder: Recorder) -> None:
     memory.tracker = None
 
 
-def _without_module_hooks(recorder: Recorder) -> None:
-    while hooks._removable:
-        hooks._removable.pop().remove()
+def _without_module_paths(recorder: Recorder) -> None:
+    hooks.unwrap_module_calls()
 
 
 def _without_host_origins(recorder: Recorder) -> None:
     host_origins.uninstall()
+
+
+def _committed_at_the_end(recorder: Recorder) -> None:
+    """Every row kept in memory until the window's last commit (after its steps) instead of committed every
+    0.25 s by the writer's thread while the steps run: whether an insert costs more beside the steps."""
+    assert recorder.writer is not None
+    recorder.writer.commit_interval_s = 1e9
 
 
 def _without_execution_watcher(recorder: Recorder) -> None:
@@ -99,9 +107,10 @@ CONFIGURATIONS: dict[str, Callable[[Recorder], None] | None] = {
     "without the writer's inserts": _without_inserts,
     "without replayed flushes' op rows": _without_replayed_rows,
     "without buffer lifetimes": _without_buffers,
-    "without module hooks": _without_module_hooks,
+    "without module paths": _without_module_paths,
     "without host origins": _without_host_origins,
     "without the execution watcher": _without_execution_watcher,
+    "rows committed at the window's end": _committed_at_the_end,
 }
 DEFER_ONLY = ("without replayed flushes' op rows",)  # strict mode has no flushes
 
@@ -157,6 +166,50 @@ def measure(model: str, mode: str, rounds: int, steps: int) -> str:
     return "\n".join(rows)
 
 
+MODULE_CALLS = 100_000
+
+
+def module_call_table(rounds: int) -> str:
+    """Main-thread CPU per call of a module doing nothing (`nn.Identity` on a host tensor): untraced, traced (the
+    wrapped `nn.Module.__call__` that keeps module paths), and with a pair of global forward hooks doing the same
+    bookkeeping (torch's hooked call path), in interleaved windows."""
+    module, tensor = torch.nn.Identity(), torch.ones(1)
+
+    def per_call() -> float:
+        start = time.thread_time_ns()
+        for _ in range(MODULE_CALLS):
+            module(tensor)
+        return (time.thread_time_ns() - start) / MODULE_CALLS / 1e3
+
+    def with_global_hooks(recorder: Recorder) -> float:
+        hooks.unwrap_module_calls()
+        stack = recorder.module_stack()
+        entered = torch.nn.modules.module.register_module_forward_pre_hook(lambda mod, args: stack.append(0))
+        left = torch.nn.modules.module.register_module_forward_hook(lambda mod, args, output: stack.pop(), always_call=True)
+        try:
+            return per_call()
+        finally:
+            entered.remove()
+            left.remove()
+
+    samples: dict[str, list[float]] = {"untraced": [], "traced (wrapped call)": [], "global forward hooks instead": []}
+    with tempfile.TemporaryDirectory() as directory:
+        for round_index in range(rounds):
+            names = list(samples) if round_index % 2 == 0 else list(samples)[::-1]
+            for name in names:
+                recorder = lifecycle.start(None if name == "untraced" else str(Path(directory) / "calls.tptrace"), script="bench", argv=[], mode="defer")
+                try:
+                    samples[name].append(with_global_hooks(recorder) if name == "global forward hooks instead" else per_call())
+                finally:
+                    lifecycle.stop(0)
+    base = statistics.median(samples["untraced"])
+    rows = ["| configuration | µs per module call (main-thread CPU) | added |", "|---|---|---|"]
+    for name, values in samples.items():
+        median = statistics.median(values)
+        rows.append(f"| {name} | {median:.2f} | {median - base:+.2f} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="small_lm", choices=workloads.MODELS)
@@ -167,6 +220,7 @@ def main() -> None:
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     tables = [measure(args.model, mode, args.rounds, args.steps) for mode in args.modes]
+    tables.append(f"One module call ({MODULE_CALLS} calls a window, {args.rounds} rounds):\n\n" + module_call_table(args.rounds))
     text = "\n\n".join(tables)
     print(text)
     if args.no_write:

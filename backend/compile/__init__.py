@@ -52,8 +52,8 @@ def register() -> None:
 
     inductor_route.install(_call_backend)
     import_hooks.when_imported("torch._dynamo", _register_with_dynamo)
-    # While a trace is recorded, tputrace's global module hooks (module paths for eager ops) make torch
-    # warn at every call of a compiled module; inside compiled regions those hooks do nothing.
+    # While numerics are recorded, tputrace's global module hooks make torch warn at every call of a compiled
+    # module; inside compiled regions those hooks do nothing.
     warnings.filterwarnings("ignore", message=r"Using `torch.compile\(module\)` when there are global hooks")
     _registered = True
 
@@ -72,8 +72,8 @@ def _register_with_dynamo(dynamo: ModuleType) -> None:
     compiler.events.install()
 
 
-# Traced by Dynamo on purpose: the recorder's module hooks do nothing inside a compiled region, and a
-# skipped hook would break the graph at every module call.
+# Traced by Dynamo on purpose: the wrapped `nn.Module.__call__` (module paths) does nothing inside a compiled region,
+# and a skipped wrapper would break the graph at every module call.
 _TRACEABLE_MODULES = ("tputrace.backend.core.hooks",)
 
 
@@ -88,7 +88,7 @@ def _keep_dynamo_out() -> None:
     import torch._dynamo.trace_rules
     from torch._C._dynamo.eval_frame import _FrameAction, _FrameExecStrategy, set_code_exec_strategy
 
-    from tputrace.backend.core import host_origins
+    from tputrace.backend.core import hooks, host_origins
 
     package = sys.modules["tputrace"]
     backend_package = sys.modules["tputrace.backend"]  # still being imported when Dynamo was imported first
@@ -112,6 +112,8 @@ def _keep_dynamo_out() -> None:
     # frame of its own to compile: one called in a graph break's eager code (autograd's `ones_like` for a compiled
     # function's `loss.backward()`) would be a graph break at the wrapper.
     set_code_exec_strategy(host_origins.wrapper_code(), _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
+    # So is the wrapped `nn.Module.__call__` (module paths): `torch.compile(module)` calls it as its top frame.
+    set_code_exec_strategy(hooks.module_call_code(), _FrameExecStrategy(_FrameAction.SKIP, _FrameAction.DEFAULT))
 
 
 def _backend_files(root: str) -> list[tuple[str, str]]:

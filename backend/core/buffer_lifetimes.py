@@ -26,6 +26,8 @@ ACTIVATION = "activation"
 TEMPORARY = "temporary"
 PROGRAM_TEMPORARY = "program_temporary"
 OTHER = "other"
+# Types of optimizer state values seen to hold no chip buffer (no `_buf`, no `_local_tensor`): host tensors, numbers.
+_BUFFERLESS_TYPES: set[type] = set()
 
 
 class BufferTracker:
@@ -168,16 +170,24 @@ class BufferTracker:
 
 
 def label_optimizer(tracker: BufferTracker, optimizer: Any) -> None:
-    """Label the parameters, gradients and optimizer state an optimizer steps (DTensors by their local shard)."""
+    """Label the parameters, gradients and optimizer state an optimizer steps (DTensors by their local shard). Each
+    optimizer step's hot path: the lookups of `label` are inlined, and a tensor type that holds no buffer (the host
+    tensor of Adam's `step`) is skipped by type, not by failing two attribute lookups per tensor."""
     state = optimizer.state
     owners = tracker.parameter_modules
     for group in optimizer.param_groups:
         for param in group["params"]:
             owner = owners.get(id(param))
             _label_tensor(tracker, param, PARAMETER, owner)
-            _label_tensor(tracker, param.grad, GRADIENT, owner)
-            for value in state.get(param, {}).values():
-                _label_tensor(tracker, value, OPTIMIZER_STATE, owner)
+            grad = param.grad
+            if grad is not None:
+                _label_tensor(tracker, grad, GRADIENT, owner)
+            param_state = state.get(param)
+            if param_state:
+                for value in param_state.values():
+                    if type(value) not in _BUFFERLESS_TYPES:
+                        _label_tensor(tracker, value, OPTIMIZER_STATE, owner)
+
 
 
 def _label_tensor(tracker: BufferTracker, tensor: Any, kind: str, owner: str | None) -> None:
@@ -185,6 +195,14 @@ def _label_tensor(tracker: BufferTracker, tensor: Any, kind: str, owner: str | N
         return
     buffer = getattr(tensor, "_buf", None)
     if buffer is None:  # a DTensor: its local shard's buffer
-        buffer = getattr(getattr(tensor, "_local_tensor", None), "_buf", None)
+        local = getattr(tensor, "_local_tensor", None)
+        if local is None:
+            _BUFFERLESS_TYPES.add(type(tensor))
+            return
+        buffer = getattr(local, "_buf", None)
     if buffer is not None:
-        tracker.label(buffer, kind, owner)
+        entry = tracker.open.get(id(buffer))
+        if entry is not None:
+            entry[10] = kind
+            if entry[6] is None and owner is not None:
+                entry[6] = tracker.recording.intern(owner)

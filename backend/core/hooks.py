@@ -1,11 +1,12 @@
 """Where the backend meets the user's training loop: step boundaries (optimizer.step), module paths
-(forward hooks), profiler ranges (record_function), and the recorder that receives them."""
+(`nn.Module.__call__`), profiler ranges (record_function), and the recorder that receives them."""
 
 from __future__ import annotations
 
 import functools
 import threading
 from collections.abc import Callable
+from types import CodeType
 from typing import Any
 
 import torch
@@ -14,7 +15,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook, register_op
 from tputrace.backend.core import buffer_lifetimes, host_origins, memory, routing
 from tputrace.recording.interface import Recording, active
 
-_removable: list[Any] = []
+_original_module_call: Callable[..., Any] | None = None  # `nn.Module.__call__` while a recording wraps it
 _original_record_function: tuple[Any, Any] | None = None
 _installed = False
 _constructors = threading.local()  # `depth`: optimizer constructors running on this thread
@@ -189,8 +190,7 @@ def attach(recorder: Recording) -> None:
     recorder.dispatches_through(TpuTensor.__dict__["__torch_dispatch__"].__func__.__code__)
     memory.tracker = buffer_lifetimes.BufferTracker(recorder)
     host_origins.install()
-    _removable.append(torch.nn.modules.module.register_module_forward_pre_hook(_module_entered(recorder)))
-    _removable.append(torch.nn.modules.module.register_module_forward_hook(_module_left(recorder), always_call=True))
+    wrap_module_calls(recorder)
     _patch_record_function(recorder)
 
 
@@ -201,37 +201,70 @@ def detach() -> None:
     if tracker is not None:
         tracker.stop()
     host_origins.uninstall()
-    while _removable:
-        _removable.pop().remove()
+    unwrap_module_calls()
     _unpatch_record_function()
 
 
-def _module_entered(recorder: Recording) -> Any:
+def wrap_module_calls(recorder: Recording) -> None:
+    """Give each op the path of the modules whose forward it runs in: `nn.Module.__call__` pushes the module's path
+    (its string id, made once per module) on the thread's module stack around the call. Global forward hooks would
+    do it too, but they send every module call through torch's hooked call path, several times dearer."""
+    global _original_module_call
+    if _original_module_call is not None:
+        return
+    call = _original_module_call = torch.nn.Module.__call__
+    torch.nn.Module.__call__ = _module_call(recorder, call)  # type: ignore[method-assign]
+
+
+def _module_call(recorder: Recording, call: Callable[..., Any]) -> Callable[..., Any]:
+    """`call` (`nn.Module.__call__`) with the module's path on the thread's module stack while it runs."""
     names = recorder.module_names
+    path_sids: dict[int, int] = {}  # id(module) -> the string id of its path
+    module_stack = recorder.module_stack
+    is_compiling = torch.compiler.is_compiling
 
-    def entered(module: torch.nn.Module, args: Any) -> None:
-        if torch.compiler.is_compiling():
-            return  # inside a torch.compile'd region: nothing to trace into the graph
-        path = names.get(id(module))
-        if path is None:
-            root = type(module).__name__
-            for name, submodule in module.named_modules(prefix=root):
-                names.setdefault(id(submodule), name)
-            if memory.tracker is not None:
-                memory.tracker.modules_seen(module, root)
-            path = names[id(module)]
-        recorder.push_module(path)
+    def module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
+        if is_compiling():
+            return call(module, *args, **kwargs)  # inside a torch.compile'd region: nothing to trace into the graph
+        path_sid = path_sids.get(id(module))
+        if path_sid is None:
+            path_sid = path_sids[id(module)] = recorder.intern(_module_path(module, names))
+        stack = module_stack()
+        stack.append(path_sid)
+        try:
+            return call(module, *args, **kwargs)
+        finally:
+            stack.pop()
 
-    return entered
+    return module_call
 
 
-def _module_left(recorder: Recording) -> Any:
-    def left(module: torch.nn.Module, args: Any, output: Any) -> None:
-        if torch.compiler.is_compiling():
-            return
-        recorder.pop_module()
+def module_call_code() -> CodeType:
+    """The code of the wrapped `nn.Module.__call__` (one code object): Dynamo compiles no frame of it (a compiled
+    module's call starts there) but traces through it and what it calls."""
+    return next(const for const in _module_call.__code__.co_consts if isinstance(const, CodeType))
 
-    return left
+
+def unwrap_module_calls() -> None:
+    """Give `nn.Module.__call__` back (`wrap_module_calls`)."""
+    global _original_module_call
+    if _original_module_call is not None:
+        torch.nn.Module.__call__ = _original_module_call  # type: ignore[method-assign]
+        _original_module_call = None
+
+
+def _module_path(module: torch.nn.Module, names: dict[int, str]) -> str:
+    """The module's path from the root whose call first reached it (its class name, then attribute names); a root's
+    parameters are noted for the buffer lifetimes."""
+    path = names.get(id(module))
+    if path is None:
+        root = type(module).__name__
+        for name, submodule in module.named_modules(prefix=root):
+            names.setdefault(id(submodule), name)
+        if memory.tracker is not None:
+            memory.tracker.modules_seen(module, root)
+        path = names[id(module)]
+    return path
 
 
 def _patch_record_function(recorder: Recording) -> None:

@@ -29,7 +29,7 @@ class Recording(Protocol):
     window_open: bool  # False: outside the recording window (`recording_window`): ops are not recorded now
     step_index: int
     start_unix_ns: int
-    module_names: dict[int, str]  # nn.Module paths by id(module), filled by the backend's module hooks
+    module_names: dict[int, str]  # nn.Module paths by id(module), filled as the backend sees modules called
     backward_frame: int | None  # the line that called backward(), for what autograd's thread records
     backward_call_frame: int | None
     last_frame_id: int | None  # what `frame_id()` last returned (an op's line, for the buffers its outputs fill)
@@ -55,9 +55,9 @@ class Recording(Protocol):
         """The id of `text` in the trace's string table."""
         ...
 
-    def push_module(self, path: str) -> None: ...
-
-    def pop_module(self) -> None: ...
+    def module_stack(self) -> list[int]:
+        """This thread's module stack: the string ids of the paths of the modules whose forward it runs, innermost last."""
+        ...
 
     def optimizer_stepped(self) -> None: ...
 

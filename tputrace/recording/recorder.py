@@ -156,16 +156,12 @@ class Recorder(ShardingRecords, UserFrames):
         stack = self._module_stacks.get(_thread_id())
         return stack[-1] if stack else None
 
-    def push_module(self, path: str) -> None:
+    def module_stack(self) -> list[int]:
+        """This thread's module stack (path string ids, innermost last), which the backend pushes and pops."""
         stack = self._module_stacks.get(_thread_id())
         if stack is None:
             stack = self._module_stacks[_thread_id()] = []
-        stack.append(self.writer.intern(path))
-
-    def pop_module(self) -> None:
-        stack = self._module_stacks.get(_thread_id())
-        if stack:
-            stack.pop()
+        return stack
 
     # ----------------------------------------------------------------- records from the backend
     def _plan_ids(self, plan: Any) -> tuple[int, int, int, int]:
