@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers import kineto
-from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpSpans, Shapes
+from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpSpans, Shapes, call_stack_frame
 from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
@@ -341,7 +341,8 @@ class ChromeJsonImporter:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
                     add_span(tid, ts, ts + dur, seq)
-                    frame_name = innermost(ts, tid)
+                    frame_name = (args.__class__ is dict and call_stack_frame(args.get("Call stack"), _is_user_frame)
+                                  or innermost(ts, tid))
                     nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
                                                            None, -1, start_ns, dur_ns,
                                                            frame_of(frame_name) if frame_name else None, None, step,
