@@ -34,7 +34,9 @@ def test_a_jax_profile_imports_its_xla_ops_programs_and_steps(captures: dict[str
     assert {row.name for row in trace.records("fusions")} == {name for name in ops if "fusion" in name}
     steps = list(trace.records("steps"))
     # The capture's own step numbers (`StepTraceAnnotation(step_num=i)`, 0..2).
-    assert [step.step for step in steps] == [0, 1, 2] and all(step.end_ns > step.start_ns for step in steps)
+    assert [step.step for step in steps] == [0, 1, 2, 3] and all(step.end_ns > step.start_ns for step in steps)
+    # After the last marker's end: the profiler's stop, in an `end` step that is no step of the loop.
+    assert [step.source for step in steps] == ["imported"] * 3 + ["end"]
     origins = Counter(row.origin for row in trace.records("annotations"))
     assert origins["python"] > 0 and origins["traceme"] > 0
 
@@ -266,7 +268,8 @@ def test_two_xprof_sessions_of_one_process_are_one_rank(captures: dict[str, Path
     sources = json.loads(trace.meta["imported"])
     assert [(source["rank"], len(source.get("windows", []))) for source in sources] == [(0, 2), (1, 0)]
     steps = [step for step in trace.records("steps") if step.rank == 0]
-    assert [step.step for step in steps] == [0, 1, 2, 10, 11, 12]  # their `step_num`s
+    assert [step.step for step in steps if step.source == "imported"] == [0, 1, 2, 10, 11, 12]  # their `step_num`s
+    assert [step.step for step in steps if step.source == "end"] == [13]  # the second session's stop
     assert steps[3].start_ns - steps[2].end_ns > 1_000_000_000  # the sleep between the sessions
     assert sum(row.rank == 0 for row in trace.records("executions")) == 6
     ops = [op for op in trace.records("ops") if op.rank == 0]

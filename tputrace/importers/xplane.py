@@ -24,7 +24,7 @@ import numpy as np
 from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
-from tputrace.importers.step_markers import StepMarkers, place_markers
+from tputrace.importers.step_markers import ProgramRuns, StepMarkers, place_markers
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_compiles import (
@@ -93,6 +93,7 @@ class XPlaneImporter(StreamLines):
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
         self.end_ns = 0
+        self.latest_start_ns = -1  # the latest start of an event that is a row (ns since the rank's start)
         self.seq = 0
         self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
         self.host_op_stats: dict[int, str] = {}
@@ -141,6 +142,7 @@ class XPlaneImporter(StreamLines):
         device_markers: dict[int, StepMarkers] = {}
         compiles = CompileSpans()
         launches = LaunchTimes()
+        program_runs = ProgramRuns()
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
@@ -148,6 +150,7 @@ class XPlaneImporter(StreamLines):
             file_device_markers: dict[int, StepMarkers] = {}
             file_compiles = CompileSpans()
             file_launches = LaunchTimes()
+            file_runs = ProgramRuns()
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
                 if plane.name == "Task Environment":
@@ -161,7 +164,7 @@ class XPlaneImporter(StreamLines):
                     device_types.add(str(plane_stat(plane, "device_type_string") or ""))
                 file_starts += [line.timestamp_ns for line in lines if line.has_events]
                 if match:
-                    file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines)
+                    file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines, file_runs)
                 else:
                     self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
@@ -175,14 +178,21 @@ class XPlaneImporter(StreamLines):
                 device_markers.setdefault(chip, StepMarkers()).extend(chip_markers, offset)
             launches.extend(file_launches, offset)
             compiles.extend(file_compiles, offset)
-            del file_host_markers, file_device_markers, file_compiles, file_launches  # copied above: memory
+            program_runs.extend(file_runs, offset)
+            del file_host_markers, file_device_markers, file_compiles, file_launches, file_runs  # copied: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else StepMarkers())
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
         self.launch_ids, self.launch_starts = launches.sorted(-start_unix_ns)
-        steps = place_markers(self.steps, markers, -start_unix_ns)
+        # The last step ends where its marker does, or later where a chip's `Steps` line or a program run launched
+        # by then ends: what starts after that (an evaluation after the loop, the profiler's stop) is in an `end` step.
+        close_at = max((end for chip_markers in (markers, *device_markers.values())
+                        if (end := chip_markers.last_end()) is not None), default=None)
+        if close_at is not None:
+            close_at = program_runs.end_of_runs_by(close_at)
+        steps = place_markers(self.steps, markers, -start_unix_ns, close_at)
         self.step_starts = np.asarray(self.steps.starts, dtype=np.int64)
         self.step_labels = np.asarray(self.steps.labels, dtype=np.int64)
         for number, start_ns, end_ns in steps:
@@ -208,6 +218,9 @@ class XPlaneImporter(StreamLines):
                         self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)),
                                                  default=0))
         self._finish_programs()
+        after = self.steps.after_last
+        if after is not None and self.latest_start_ns >= after[1]:
+            self.sink.append("steps", (self.rank, after[0], after[1], max(self.end_ns, after[1]), "end"))
         # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
         chips = max(self.chips, max(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
@@ -233,11 +246,16 @@ class XPlaneImporter(StreamLines):
 
     # -- first pass ---------------------------------------------------------------------------------
 
-    def _device_markers(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> StepMarkers:
-        """A chip's step markers: the events of its `Steps` line, with their `step_num` stat where they have one."""
+    def _device_markers(self, space: XSpaceFile, plane: Any, lines: list[LineHead], runs: ProgramRuns) -> StepMarkers:
+        """A chip's step markers: the events of its `Steps` line, with their `step_num` stat where they have one; and
+        the spans of its program runs (`XLA Modules`) into `runs`."""
         step_ids = {key for key, meta in plane.stat_metadata.items() if meta.name == "step_num"}
         markers = StepMarkers()
         for line in lines:
+            if line.name == "XLA Modules":
+                for columns in self._columns(space, line):
+                    starts = line.timestamp_ns + columns.offset_ps // 1000
+                    runs.add(starts, starts + columns.duration_ps // 1000)
             if line.name != "Steps":
                 continue
             for columns in self._columns(space, line):
@@ -324,6 +342,8 @@ class XPlaneImporter(StreamLines):
                 end_ps = max(end_ps, _end_ps(columns))
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
+                if len(starts) and (line.name in ("XLA Modules", "XLA Ops") or line.name.startswith("Stream #")):
+                    self.latest_start_ns = max(self.latest_start_ns, int(starts.max()))
                 if line.name == "XLA Modules":
                     for metadata_id, start_ns, dur_ns in zip(columns.metadata_id.tolist(), starts.tolist(),
                                                              durations.tolist()):
@@ -358,6 +378,8 @@ class XPlaneImporter(StreamLines):
                 op_events = columns.with_stat(hlo_op_ids)
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
+                if len(starts):
+                    self.latest_start_ns = max(self.latest_start_ns, int(starts.max()))
                 if len(op_events):
                     self._host_ops(plane, decoder, columns, op_events, starts[op_events], durations[op_events],
                                    nesting)
