@@ -36,6 +36,8 @@ from tputrace.importers.xla_compiles import (
     CallLine,
     CompileSpans,
 )
+from tputrace.importers.xplane_lines import ASYNC_OPS_LINE, COUNTERS_LINE, MODULE_LINES, OP_LINES, SPARSECORE_PLANE
+from tputrace.importers.xplane_lines import Counters, async_annotations
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
 from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
@@ -93,6 +95,7 @@ class XPlaneImporter(StreamLines):
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
         self.end_ns = 0
+        self.counters = Counters()  # the `_counters_` lines' samples
         self.latest_start_ns = -1  # the latest start of an event that is a row (ns since the rank's start)
         self.seq = 0
         self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
@@ -209,8 +212,10 @@ class XPlaneImporter(StreamLines):
             self.offset_ns = self.offsets[space.path]
             for plane, lines in self._planes(space):
                 match = _DEVICE_PLANE.match(plane.name)
-                if match:
-                    self._device_plane(space, plane, lines, int(match.group(2)))
+                sparsecore = SPARSECORE_PLANE.match(plane.name)
+                if match or sparsecore:
+                    chip = int(match.group(2)) if match else int(sparsecore.group(1)) if sparsecore else 0
+                    self._device_plane(space, plane, lines, chip, sparsecore=match is None)
                 elif plane.name.startswith("/host:") and plane.name != "/host:metadata":
                     self._host_plane(space, plane, lines)
                 else:
@@ -218,6 +223,8 @@ class XPlaneImporter(StreamLines):
                         self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)),
                                                  default=0))
         self._finish_programs()
+        if self.counters.series:
+            self.sink.note(self.rank, counters=self.counters.as_dict())
         after = self.steps.after_last
         if after is not None and self.latest_start_ns >= after[1]:
             self.sink.append("steps", (self.rank, after[0], after[1], max(self.end_ns, after[1]), "end"))
@@ -330,7 +337,9 @@ class XPlaneImporter(StreamLines):
 
     # -- second pass --------------------------------------------------------------------------------
 
-    def _device_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead], chip: int) -> None:
+    def _device_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead], chip: int,
+                      sparsecore: bool = False) -> None:
+        """A chip's rows; of one of its SparseCores (`sparsecore`), only its ops, on the chip's number."""
         decoder = StatDecoder(plane)
         op_metas: dict[int, _OpMeta] = {}
         event_metadata = plane.event_metadata
@@ -342,14 +351,19 @@ class XPlaneImporter(StreamLines):
                 end_ps = max(end_ps, _end_ps(columns))
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
-                if len(starts) and (line.name in ("XLA Modules", "XLA Ops") or line.name.startswith("Stream #")):
+                if len(starts) and (line.name in MODULE_LINES | OP_LINES or line.name.startswith("Stream #")):
                     self.latest_start_ns = max(self.latest_start_ns, int(starts.max()))
-                if line.name == "XLA Modules":
+                if line.name == COUNTERS_LINE:
+                    self.counters.read(plane, decoder, columns, line.timestamp_ns * 1000)
+                elif line.name == ASYNC_OPS_LINE:
+                    self.sink.extend("annotations", async_annotations(self.rank, self.writer.intern, plane, columns,
+                                                                      starts, durations, self._steps_at(starts)))
+                elif line.name in MODULE_LINES and not sparsecore:
                     for metadata_id, start_ns, dur_ns in zip(columns.metadata_id.tolist(), starts.tolist(),
                                                              durations.tolist()):
                         program = self._program(event_metadata[metadata_id].name)
                         self.runs.add(chip, None, program.program_id, start_ns, start_ns + dur_ns)
-                elif line.name == "XLA Ops":
+                elif line.name in OP_LINES:
                     metas = []
                     for metadata_id in columns.metadata_id.tolist():
                         meta = op_metas.get(metadata_id)
@@ -375,6 +389,9 @@ class XPlaneImporter(StreamLines):
             nesting = LineNesting()
             for columns in self._columns(space, line):
                 end_ps = max(end_ps, _end_ps(columns))
+                if line.name == COUNTERS_LINE:  # samples, not spans of the host's work
+                    self.counters.read(plane, decoder, columns, line.timestamp_ns * 1000)
+                    continue
                 op_events = columns.with_stat(hlo_op_ids)
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
