@@ -86,6 +86,7 @@ class ChromeJsonImporter:
         self.rank = sink.new_rank(CHROME_JSON, str(paths[0]), **facts)
         self.steps = StepClock()
         self.kernel_programs: dict[str, int] = {}
+        self.ranges = kineto.ProfilerRanges()
         self.copy_bytes: dict[str, list[int]] = {}  # a memcpy's name -> [runs with bytes, their bytes]
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
@@ -164,6 +165,7 @@ class ChromeJsonImporter:
             self.sink.note(self.rank, copy_bytes={name: {"runs": runs, "bytes": moved}
                                                   for name, (runs, moved) in sorted(self.copy_bytes.items())})
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
+        kineto.write_ranges(self.sink, self.rank, self.ranges, self.kernel_programs, self.paths[0])
 
     def _note_header(self, header: dict[str, Any]) -> None:
         """The rank's process facts from Kineto's header: its torch.distributed rank and world size
@@ -361,6 +363,8 @@ class ChromeJsonImporter:
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
                     devices.add(self._kernel(name, event, start_ns, dur_ns, step, launches))
+                elif category == kineto.PROFILER_RANGE:
+                    self.ranges.add(name, event.get("args"))
                 elif category == "cuda_runtime":
                     self.runtime = True
                     args = event.get("args")
