@@ -143,7 +143,7 @@ class ChromeJsonImporter:
             appended = self.sink.appended
             end_us, window_devices = self._rows()
             # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended).
-            if self.sink.appended == appended and not markers:
+            if self.sink.appended == appended and not markers and not kineto.empty_window(self.sink, path):
                 raise CaptureError(_no_profiler_events(path))
             if self.sink.appended == appended:
                 trailing.update(int(round((start - origin) * 1000)) for start, _, _ in markers)

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from tputrace.importers.json_events import read_header
 
 # Category -> the category the importer reads it as: older Kineto's capitalised names, and other devices' names.
 CATEGORIES = {
@@ -222,3 +225,13 @@ def write_ranges(sink: Any, rank: int, ranges: ProfilerRanges, kernel_programs: 
     sink.note(rank, profiler_ranges=ranges.facts())
     sink.warn(f"{path}: {ranges.ranges} CUPTI range-profiler ranges ({PROFILER_RANGE}): each kernel was replayed to "
               "read its counters, so the CPU ops' times include the replays, and the kernels' own times were not recorded")
+
+
+def empty_window(sink: Any, path: Path) -> bool:
+    """Whether a file without any torch.profiler event is torch.profiler's own (Kineto's header before its events:
+    `schemaVersion`), a profiling window in which nothing ran, which imports as such with a warning; a Chrome trace of
+    another tool is not."""
+    if "schemaVersion" not in read_header(path):
+        return False
+    sink.warn(f"{path}: torch.profiler recorded no events in this window (nothing ran while it profiled)")
+    return True
