@@ -38,7 +38,7 @@ def _event_metadata(plane: Any, key: int, name: str, display_name: str = "", **s
 def _capture(path: Path) -> Path:
     """One TPU v6e chip running `jit_step` twice (a fusion, then a host-offload copy's `copy-start` and `copy-done`,
     the copy 3 ms in flight), its SparseCore running a gather in each run, an HBM counter sampled three times, and the
-    host's steps and a counter of its own."""
+    host's steps and a counter of its own; the SparseCore's plane has its own steps line."""
     space = CLASSES["XSpace"]()
     chip = space.planes.add(id=1, name="/device:TPU:0")
     stat_ids = _named_stats(chip)
@@ -62,6 +62,8 @@ def _capture(path: Path) -> Path:
     _event_metadata(sparse, 2, "%gather.3 = f32[64,8] gather(...)", "gather.3", hlo_category="gather", program_id=7)
     sparse_modules = sparse.lines.add(id=1, name="Sparse Core Modules", timestamp_ns=START_NS)
     sparse_ops = sparse.lines.add(id=2, name="Sparse Core Ops", timestamp_ns=START_NS)
+    _event_metadata(sparse, 3, "SparseCore step")
+    sparse_steps = sparse.lines.add(id=3, name="Sparse Core Steps", timestamp_ns=START_NS)
     for run in range(2):
         at = run * 10 * MS_PS
         modules.events.add(metadata_id=1, offset_ps=at, duration_ps=5 * MS_PS).stats.add(
@@ -73,6 +75,8 @@ def _capture(path: Path) -> Path:
             metadata_id=stat_ids["hlo_op"], str_value="copy-done.1")
         sparse_modules.events.add(metadata_id=1, offset_ps=at, duration_ps=2 * MS_PS)
         sparse_ops.events.add(metadata_id=2, offset_ps=at + MS_PS // 2, duration_ps=MS_PS)
+        sparse_steps.events.add(metadata_id=3, offset_ps=at + MS_PS // 2, duration_ps=MS_PS).stats.add(
+            metadata_id=stat_ids["step_num"], uint64_value=100 + run)
     for sample, used in enumerate((1 << 30, 3 << 30, 2 << 30)):
         counters.events.add(metadata_id=6, offset_ps=sample * 8 * MS_PS).stats.add(
             metadata_id=stat_ids["value"], uint64_value=used)
@@ -101,6 +105,8 @@ def test_sparsecore_ops_async_spans_and_counters_are_read(tmp_path: Path) -> Non
         assert [name for name, _, _ in ops] == ["fusion.1", "gather.3", "copy-start.1", "copy-done.1"] * 2
         assert {(chip, step) for _, chip, step in ops} == {(0, 0), (0, 1)}
         assert trace.sql("SELECT chips FROM runs") == [(1,)]
+        # The host's steps: the SparseCore's own `Sparse Core Steps` (its step numbers) are not the loop's.
+        assert trace.sql("SELECT step, source FROM steps ORDER BY step") == [(0, "imported"), (1, "imported")]
         assert trace.count("executions") == 2  # the SparseCore's module spans are the same runs
         assert trace.sql("SELECT s.text, a.start_ns, a.dur_ns, a.step FROM annotations a JOIN strings s "
                          "ON s.id = a.name_sid WHERE a.source = 'xla_async' ORDER BY a.start_ns") == [

@@ -168,7 +168,7 @@ class XPlaneImporter(StreamLines):
                 file_starts += [line.timestamp_ns for line in lines if line.has_events]
                 if match:
                     file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines, file_runs)
-                else:
+                elif not SPARSECORE_PLANE.match(plane.name):  # a SparseCore's `Sparse Core Steps` are no host's
                     self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
