@@ -26,7 +26,9 @@ def test_a_sharded_jax_steps_ops_are_in_their_launch_step_with_their_line_and_sc
 
     output = _import(tmp_path, jax_sharded_capture(tmp_path))
     with tputrace.open(output) as trace:
-        assert [step.step for step in trace.records("steps")] == [5, 6, 7, 8]
+        # After the loop, the profiler's stop: an `end` step, no step of the loop.
+        assert [(step.step, step.source) for step in trace.records("steps")] == [
+            (5, "imported"), (6, "imported"), (7, "imported"), (8, "imported"), (9, "end")]
         per_step = Counter(op.step for op in trace.records("ops"))
         assert set(per_step) == {5, 6, 7, 8} and len(set(per_step.values())) == 1, per_step
         assert Counter(row.step for row in trace.records("executions")) == {5: 4, 6: 4, 7: 4, 8: 4}

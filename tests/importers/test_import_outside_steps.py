@@ -1,11 +1,14 @@
-"""Work a torch.profiler capture holds outside its steps: what ran after the last `ProfilerStep` closed (a
-collective the step left running on gloo's thread while profiling went on, as on-demand Kineto captures hold) is
-no step's, and every per-step share reads only what ran in the steps."""
+"""Work a capture holds outside its steps: what ran after the last `ProfilerStep` closed (a collective the step left
+running on gloo's thread while profiling went on, as on-demand Kineto captures hold), or after XProf's last step marker
+(and the device work launched by then) ended, is no step's, and every per-step share reads only what ran in the
+steps."""
 
 from __future__ import annotations
 
 import gzip
 import json
+import textwrap
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +83,50 @@ def test_a_jax_ppermute_ring_is_collective_permutes_with_advice_for_jax(tmp_path
     assert (Path(finding.file).name, finding.line) == ("jax_ring.py", ppermute_line)
     assert "ppermute" in finding.suggestion and "shard_map" in finding.suggestion
     assert "isend" not in finding.suggestion and "DDP" not in finding.suggestion
+
+
+JAX_EVALUATE_AFTER_LOOP = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+    @jax.jit
+    def evaluate(w):
+        return jnp.linalg.norm(w)
+
+    w, x = jnp.ones((64, 64)), jnp.ones((32, 64))
+    step(w, x).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(3):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+                w.block_until_ready()
+        evaluate(w).block_until_ready()
+""")
+
+
+def test_a_jax_evaluation_after_the_last_step_is_in_no_step_of_the_loop(tmp_path: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """An XProf capture's work after the last step marker (an evaluation, its compile, the profiler's stop) is in an
+    `end` step, as a recording's work after the loop: the last step's ops are those of the others."""
+    from captures import _capture
+
+    logdir = _capture(tmp_path, "evaluate_after_loop.py", JAX_EVALUATE_AFTER_LOOP, "logdir")
+    output = tmp_path / "imported.tptrace"
+    assert main(["import", str(logdir), "-o", str(output)]) == 0
+    with tputrace.open(output) as trace:
+        steps = trace.sql("SELECT step, start_ns, end_ns, source FROM steps ORDER BY step")
+        assert [(step, source) for step, _, _, source in steps] == [
+            (0, "imported"), (1, "imported"), (2, "imported"), (3, "end")]
+        assert steps[3][1] >= steps[2][2]
+        ops = trace.sql("SELECT o.step, m.text FROM ops o JOIN strings m ON m.id = o.module_sid")
+        per_step = Counter(step for step, module in ops if module.startswith("jit(step)"))
+        assert per_step == {0: per_step[0], 1: per_step[0], 2: per_step[0]}
+        assert {step for step, module in ops if module.startswith("jit(evaluate)")} == {3}
+        assert trace.sql("SELECT c.step FROM compiles c JOIN strings n ON n.id = c.name_sid "
+                         "WHERE n.text = 'jit_evaluate'") == [(3,)]
+    capsys.readouterr()
+    assert main(["summary", str(output)]) == 0
+    assert " 3 steps " in capsys.readouterr().out

@@ -169,11 +169,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                 + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
                 + ". " + _bandwidth_text(median_bandwidth, bandwidths, foreign_device, context.target.label, ici)
             ),
-            suggestion=_line_fix(context, f"{steady_where}{' AND cause_id IS NULL' if caused else ''}", steady_params, "SUM(dur_ns) DESC") or (
-                "Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
-                "communicate in bfloat16, or reduce how often gradients are synchronised (gradient accumulation "
-                "with `no_sync`)."
-            ),
+            suggestion=_line_fix(context, f"{steady_where}{' AND cause_id IS NULL' if caused else ''}", steady_params,
+                                 "SUM(dur_ns) DESC") or _overlap_fix(context),
             cost_total_ns=float(total_ns),
             cost_per_step_ns=context.per_step(total_ns),
             evidence=line_evidence + kind_evidence,
@@ -216,6 +213,18 @@ def _line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: s
     if not rows or rows[0][0] not in ("barrier", "broadcast", "send", "recv", "collective_permute"):
         return None
     return _small_fix(context, where, params, rows[0])
+
+
+def _overlap_fix(context: AnalysisContext) -> str:
+    """The general fix for collectives' share: in torch's terms, or JAX's for an XProf capture (XLA's collectives)."""
+    facts = context_import_facts(context)
+    if facts is not None and facts.format == "xplane":
+        return ("Reduce less often or less data: accumulate gradients over micro-batches (a `jax.lax.scan`) before one "
+                "`psum`/`pmean`, cast them to bfloat16 before reducing, or shard parameters and optimizer state "
+                "(`jax.sharding`) so that XLA reduce-scatters them and overlaps the collectives with the backward pass.")
+    return ("Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
+            "communicate in bfloat16, or reduce how often gradients are synchronised (gradient accumulation "
+            "with `no_sync`).")
 
 
 def _small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: tuple[str, int | None] | None = None) -> str:

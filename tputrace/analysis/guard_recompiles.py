@@ -34,6 +34,7 @@ class GuardRecompiles:
     recompiles: int
     compile_ns: int
     changes: tuple[tuple[str, int], ...]
+    hit_limit: bool = False  # a compile failed on Dynamo's recompile limit (a TORCH_TRACE log's `fail_reason`)
 
 
 @dataclass(frozen=True)
@@ -44,25 +45,39 @@ class GuardRecompilesData:
 def analyze(context: AnalysisContext) -> AnalysisResult[GuardRecompilesData]:
     trace = context.trace
     rows = trace.sql(
-        "SELECT c.frame_id, n.text, d.text, c.dur_ns FROM compiles c LEFT JOIN strings n ON n.id = c.name_sid "
+        "SELECT c.frame_id, n.text, d.text, c.dur_ns, json_extract(c.detail, '$.limit') FROM compiles c "
+        "LEFT JOIN strings n ON n.id = c.name_sid "
         "LEFT JOIN strings d ON d.id = c.diff_sid WHERE c.rank = ? AND c.kind = 'dynamo_frame' AND c.reason = 'recompile' "
         "AND c.signature_sid IS NULL ORDER BY c.start_ns",
         (context.rank,),
     )
     by_function: dict[tuple[int | None, str], list[tuple[str, int]]] = {}
-    for frame_id, name, diff, dur_ns in rows:
+    limited: set[tuple[int | None, str]] = set()  # functions with a compile that failed on Dynamo's limit
+    for frame_id, name, diff, dur_ns, limit in rows:
         by_function.setdefault((frame_id, name or "?"), []).append((diff or "", dur_ns or 0))
+        if limit:
+            limited.add((frame_id, name or "?"))
     functions: list[GuardRecompiles] = []
     findings: list[Finding] = []
     for (frame_id, name), recompiles in by_function.items():
         changes = Counter(_change(diff) for diff, _ in recompiles)
         compile_ns = sum(dur_ns for _, dur_ns in recompiles)
-        record = GuardRecompiles(context.where(frame_id), name, len(recompiles), compile_ns, tuple(changes.most_common()))
+        record = GuardRecompiles(context.where(frame_id), name, len(recompiles), compile_ns, tuple(changes.most_common()),
+                                 (frame_id, name) in limited)
         functions.append(record)
         if len(recompiles) >= MIN_RECOMPILES:
             findings.append(_finding(context, frame_id, record))
     findings.extend(value_guards.findings(context))  # a recorded run's: its compiles carry signatures
     return AnalysisResult(NAME, GuardRecompilesData(tuple(functions)), tuple(findings))
+
+
+def explains_limit(context: AnalysisContext, frame_id: int | None) -> bool:
+    """Whether this analyzer's finding on a function's recompiles (of an import, where they carry no signatures) tells
+    that the function defined at `frame_id` hit the recompile limit."""
+    (count,) = context.trace.sql(
+        "SELECT COUNT(*) FROM compiles WHERE rank = ? AND kind = 'dynamo_frame' AND reason = 'recompile' "
+        "AND signature_sid IS NULL AND frame_id IS ?", (context.rank, frame_id))[0]
+    return int(count) >= MIN_RECOMPILES
 
 
 def _change(diff: str) -> str:
@@ -87,7 +102,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, record: GuardRecomp
                       "(`torch._dynamo.mark_dynamic(tensor, dim)` or `torch.compile(..., dynamic=True)`)")
     if any(change.startswith("the value of") for change, _ in record.changes):
         advice.append("for a Python value the graph was specialised on, pass it as a tensor, or keep it constant")
-    if any(change.startswith("the recompile limit") for change, _ in record.changes):
+    if record.hit_limit or any(change.startswith("the recompile limit") for change, _ in record.changes):
         advice.append("the function hit Dynamo's recompile limit and then ran uncompiled, so its later calls are slow too")
     suggestion = ("Make the compiled function's inputs stable: " + "; ".join(advice) + "."
                   if advice else "Make the guarded inputs stable between calls (the guards are listed).")

@@ -21,7 +21,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "index_errors": None,
     "recompiles": ("compiles",),
     "guard_recompiles": ("compiles",),
-    "recompile_limit": None,
+    "recompile_limit": ("annotations",),  # Dynamo's limit warning: a recording's, or a TORCH_TRACE log's failed compile
     "program_cache": ("flushes",),
     "set_up_work": ("flushes",),
     "step_tail": ("flushes",),

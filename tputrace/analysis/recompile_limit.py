@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis import value_guards
+from tputrace.analysis import guard_recompiles, value_guards
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.wording import format_ns
@@ -51,6 +51,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileLimitData]:
         match = _WARNING.search(text or "")
         if match is None or (match["file"] and value_guards.limit_hit_explained(context, f"{match['file']}:{match['line']}")):
             continue  # no limit named, or a value-guard storm's finding tells it
+        if guard_recompiles.explains_limit(context, frame_id):
+            continue  # an import's recompiles finding on the function tells it
         (uncompiled_ns,) = context.trace.sql(
             "SELECT COALESCE(SUM(dur_ns), 0) FROM ops WHERE rank = ? AND frame_id IS ? AND start_ns > ?",
             (context.rank, frame_id, start_ns))[0]
@@ -72,7 +74,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, hit: LimitHit) -> F
             f"Dynamo compiled the function called at {hit.where} {hit.value} times{reason} and then reached "
             f"`torch._dynamo.config.{hit.limit}`: every later call whose inputs fail the compiled graphs' guards runs "
             f"uncompiled, its ops dispatched one by one, and each new input shape compiles those ops' programs again. "
-            f"The ops dispatched from that line after the limit took {format_ns(hit.uncompiled_ns)} of host time."
+            + (f"The ops dispatched from that line after the limit took {format_ns(hit.uncompiled_ns)} of host time."
+               if _has_ops(context) else "The capture has no ops to time the uncompiled calls by.")
         ),
         suggestion=(
             "Give the compiled function stable inputs: pad the changing dim to a few fixed sizes, or mark it dynamic "
@@ -85,3 +88,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, hit: LimitHit) -> F
         evidence=(Evidence(f"{hit.limit} = {hit.value}, hit by {hit.function}", table="annotations"),),
         **context.location_fields(frame_id),
     )
+
+
+def _has_ops(context: AnalysisContext) -> bool:
+    """Whether the rank recorded ops (a `TORCH_TRACE` log's import has none)."""
+    return bool(context.trace.sql("SELECT 1 FROM ops WHERE rank = ? LIMIT 1", (context.rank,)))

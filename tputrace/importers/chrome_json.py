@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers import kineto
-from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpSpans, Shapes
+from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpSpans, Shapes, call_stack_frame
 from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
@@ -86,6 +86,7 @@ class ChromeJsonImporter:
         self.rank = sink.new_rank(CHROME_JSON, str(paths[0]), **facts)
         self.steps = StepClock()
         self.kernel_programs: dict[str, int] = {}
+        self.ranges = kineto.ProfilerRanges()
         self.copy_bytes: dict[str, list[int]] = {}  # a memcpy's name -> [runs with bytes, their bytes]
         self.frames: dict[str, int | None] = {}
         self.peak_bytes: dict[int, int] = {}
@@ -142,7 +143,7 @@ class ChromeJsonImporter:
             appended = self.sink.appended
             end_us, window_devices = self._rows()
             # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended).
-            if self.sink.appended == appended and not markers:
+            if self.sink.appended == appended and not markers and not kineto.empty_window(self.sink, path):
                 raise CaptureError(_no_profiler_events(path))
             if self.sink.appended == appended:
                 trailing.update(int(round((start - origin) * 1000)) for start, _, _ in markers)
@@ -164,6 +165,7 @@ class ChromeJsonImporter:
             self.sink.note(self.rank, copy_bytes={name: {"runs": runs, "bytes": moved}
                                                   for name, (runs, moved) in sorted(self.copy_bytes.items())})
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
+        kineto.write_ranges(self.sink, self.rank, self.ranges, self.kernel_programs, self.paths[0])
 
     def _note_header(self, header: dict[str, Any]) -> None:
         """The rank's process facts from Kineto's header: its torch.distributed rank and world size
@@ -341,7 +343,8 @@ class ChromeJsonImporter:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
                     add_span(tid, ts, ts + dur, seq)
-                    frame_name = innermost(ts, tid)
+                    frame_name = (args.__class__ is dict and call_stack_frame(args.get("Call stack"), _is_user_frame)
+                                  or innermost(ts, tid))
                     nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
                                                            None, -1, start_ns, dur_ns,
                                                            frame_of(frame_name) if frame_name else None, None, step,
@@ -360,6 +363,8 @@ class ChromeJsonImporter:
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
                     devices.add(self._kernel(name, event, start_ns, dur_ns, step, launches))
+                elif category == kineto.PROFILER_RANGE:
+                    self.ranges.add(name, event.get("args"))
                 elif category == "cuda_runtime":
                     self.runtime = True
                     args = event.get("args")

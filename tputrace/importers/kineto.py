@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
+
+from tputrace.importers.json_events import read_header
 
 # Category -> the category the importer reads it as: older Kineto's capitalised names, and other devices' names.
 CATEGORIES = {
@@ -156,3 +159,79 @@ class LaunchSteps:
             self.emit(kernel, step, None)
         self.waiting.clear()
         self.launches.clear()
+
+
+# CUPTI's range profiler (torch.profiler's `experimental_config` with `profiler_metrics`): a `cuda_profiler_range`
+# event per kernel, its args the kernel's counters; the profiler replays each kernel to read them, so the range's time
+# is the replay's, not the kernel's, and the CPU ops around the launches hold the replays.
+PROFILER_RANGE = "cuda_profiler_range"
+# Per-thread instruction counts of floating-point adds, multiplies and fused multiply-adds (double, single, half):
+# a kernel's FLOPs are the adds and multiplies plus twice the FMAs.
+_FLOP_COUNTER = re.compile(r"^smsp__sass_thread_inst_executed_op_[dfh](add|mul|fma)_pred_on\.sum$")
+_UNNAMED_KERNEL = "__missing__"  # a range whose kernel's name CUPTI did not give
+
+
+class ProfilerRanges:
+    """The `cuda_profiler_range` events of a capture: per kernel name, its ranges and FLOPs (where the counters
+    hold them), and the counters read."""
+
+    def __init__(self) -> None:
+        self.ranges = 0
+        self.kernels: dict[str, list[float]] = {}  # name -> [ranges, FLOPs over them]
+        self.counted: set[str] = set()  # kernels whose ranges hold FLOP counters
+        self.metrics: set[str] = set()
+
+    def add(self, name: str, args: Any) -> None:
+        self.ranges += 1
+        if name == _UNNAMED_KERNEL:
+            return
+        entry = self.kernels.setdefault(name, [0, 0.0])
+        entry[0] += 1
+        if not isinstance(args, dict):
+            return
+        for key, value in args.items():
+            counter = _FLOP_COUNTER.match(key)
+            if counter is not None and isinstance(value, (int, float)):
+                entry[1] += value * (2 if counter.group(1) == "fma" else 1)
+                self.counted.add(name)
+            self.metrics.add(key)
+
+    def program_rows(self, rank: int, kernel_programs: dict[str, int], next_id: Callable[[], int],
+                     intern: Callable[[str], int]) -> list[tuple[Any, ...]]:
+        """`programs` rows (kind `kernel`, `flops` a run's mean FLOPs) of the kernels no kernel event named."""
+        rows = []
+        for name, (runs, flops) in sorted(self.kernels.items()):
+            if name in kernel_programs:
+                continue
+            program_id = kernel_programs[name] = next_id()
+            name_sid = intern(name)
+            rows.append((program_id, rank, "kernel", name_sid, name_sid, None, None,
+                         flops / runs if name in self.counted else None, None, None))
+        return rows
+
+    def facts(self) -> dict[str, Any]:
+        """`meta.imported`'s `profiler_ranges`: how many ranges and kernels, and the counters read."""
+        return {"ranges": self.ranges, "kernels": len(self.kernels),
+                "metrics": sorted(metric for metric in self.metrics if metric != "Ev Idx")}
+
+
+def write_ranges(sink: Any, rank: int, ranges: ProfilerRanges, kernel_programs: dict[str, int], path: Any) -> None:
+    """A capture's profiler ranges: their kernels' `programs` rows, `profiler_ranges` in `meta.imported`, and a warning
+    that its CPU ops' times hold the profiler's replays of the kernels."""
+    if not ranges.ranges:
+        return
+    sink.extend("programs", ranges.program_rows(rank, kernel_programs, lambda: sink.writer.next_id("programs"),
+                                                sink.writer.intern))
+    sink.note(rank, profiler_ranges=ranges.facts())
+    sink.warn(f"{path}: {ranges.ranges} CUPTI range-profiler ranges ({PROFILER_RANGE}): each kernel was replayed to "
+              "read its counters, so the CPU ops' times include the replays, and the kernels' own times were not recorded")
+
+
+def empty_window(sink: Any, path: Path) -> bool:
+    """Whether a file without any torch.profiler event is torch.profiler's own (Kineto's header before its events:
+    `schemaVersion`), a profiling window in which nothing ran, which imports as such with a warning; a Chrome trace of
+    another tool is not."""
+    if "schemaVersion" not in read_header(path):
+        return False
+    sink.warn(f"{path}: torch.profiler recorded no events in this window (nothing ran while it profiled)")
+    return True

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import bisect
 from array import array
+from collections.abc import Callable
 from typing import Any
 
 
@@ -101,6 +102,15 @@ class FrameIndex:
         while position >= 0 and ends[position] < ts:
             position = callers[position]
         return self.names[tid][position] if position >= 0 else None
+
+
+def call_stack_frame(stack: Any, is_user: Callable[[str], bool]) -> str | None:
+    """The innermost user frame of an op's `Call stack` arg (torch.profiler's `with_stack` before its Python tracer, and
+    TorchScript's stacks: `/path/train.py(12): step;/path/train.py(30): <module>`, innermost first), whose line is
+    where the frame was (the call's line), not its function's first; None where it holds none."""
+    if stack.__class__ is not str or not stack:
+        return None
+    return next((frame for frame in stack.split(";") if is_user(frame)), None)
 
 
 def _callers(frames: list[tuple[float, float, str]]) -> list[int]:

@@ -45,16 +45,50 @@ class StepMarkers:
         self.numbered += other.numbered
         self.wide += [(start + offset, end + offset, number) for start, end, number in other.wide]
 
+    def last_end(self) -> int | None:
+        """The latest end of the markers (ns), None for none."""
+        return max((*self.ends, *(end for _, end, _ in self.wide)), default=None)
+
     def tuples(self) -> list[tuple[int, int, int | None]]:
         """The markers as (start, end, number) tuples."""
         return [*zip(self.starts, self.ends, (number if numbered else None
                                                for number, numbered in zip(self.numbers, self.numbered))), *self.wide]
 
 
-def place_markers(clock: StepClock, markers: StepMarkers, offset: int = 0) -> Iterator[tuple[int, int, int]]:
-    """`StepClock.place` of markers in columns, moved by `offset` ns; the steps are made a block at a time."""
+class ProgramRuns:
+    """The spans (ns) of the chips' program runs (their `XLA Modules` events), 16 bytes a run: a chip runs a step's
+    programs after the host's marker of the step has ended (asynchronous dispatch), so the last step's device work
+    ends later than its marker."""
+
+    def __init__(self) -> None:
+        self.starts = array("q")
+        self.ends = array("q")
+
+    def add(self, starts: np.ndarray, ends: np.ndarray) -> None:
+        self.starts.frombytes(starts.astype(np.int64).tobytes())
+        self.ends.frombytes(ends.astype(np.int64).tobytes())
+
+    def extend(self, other: ProgramRuns, offset: int = 0) -> None:
+        """Add `other`'s runs, moved by `offset` ns."""
+        self.add(np.asarray(other.starts, dtype=np.int64) + offset, np.asarray(other.ends, dtype=np.int64) + offset)
+
+    def end_of_runs_by(self, t_ns: int) -> int:
+        """The latest end of the runs that started at or before `t_ns`, or `t_ns` where none ends later."""
+        starts = np.asarray(self.starts, dtype=np.int64)
+        ends = np.asarray(self.ends, dtype=np.int64)[starts <= t_ns]
+        return max(t_ns, int(ends.max())) if len(ends) else t_ns
+
+
+def place_markers(clock: StepClock, markers: StepMarkers, offset: int = 0,
+                  close_at: int | None = None) -> Iterator[tuple[int, int, int]]:
+    """`StepClock.place` of markers in columns, moved by `offset` ns; the steps are made a block at a time. With
+    `close_at` (ns, before the offset; at or after the last marker's start), rows from then on are in the step after
+    the last (`clock.after_last`), which is no step of the loop."""
     if markers.wide:
-        return iter(clock.place([(start + offset, end + offset, number) for start, end, number in markers.tuples()]))
+        steps = clock.place([(start + offset, end + offset, number) for start, end, number in markers.tuples()])
+        if close_at is not None and steps:
+            _close(clock, steps[-1][0] + 1, close_at + offset)
+        return iter(steps)
     starts = np.asarray(markers.starts, dtype=np.int64) + offset
     ends = np.asarray(markers.ends, dtype=np.int64) + offset
     order = np.lexsort((ends, starts))  # stable, as `place`'s sort
@@ -66,7 +100,16 @@ def place_markers(clock: StepClock, markers: StepMarkers, offset: int = 0) -> It
     labels = array("q", [min(0, int(numbers[0]) - 1) if len(numbers) else 0])
     labels.frombytes(numbers.tobytes())
     clock.starts, clock.labels = array("q", starts.tobytes()), labels
+    if close_at is not None and len(numbers):
+        _close(clock, int(numbers[-1]) + 1, close_at + offset)
     return _blocks(numbers, starts, ends)
+
+
+def _close(clock: StepClock, number: int, start: int) -> None:
+    """Open the span after the last step (number, start ns) on `clock`."""
+    clock.after_last = (number, start)
+    starts, labels = list(clock.starts), list(clock.labels)
+    clock._set([*starts, start], [*labels, number])
 
 
 def _blocks(numbers: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> Iterator[tuple[int, int, int]]:

@@ -32,6 +32,8 @@ from tputrace.importers.torch_trace_text import (
     glog_seconds,
     graph_break,
     is_library,
+    limit_hit,
+    limit_warning,
     recompile_diff,
     resumed_break,
 )
@@ -200,6 +202,9 @@ class TorchTraceImporter:
             # What failed ("Dynamo recompile limit exceeded", "backend='x' raised: RuntimeError: ..."); the rest
             # is a traceback or hints.
             detail["fail_reason"] = first_sentence(str(metrics["fail_reason"]))
+            limit = limit_hit(str(metrics["fail_reason"]))
+            if limit is not None:
+                detail["limit"], detail["limit_value"] = limit
         if metrics.get("fail_user_frame_filename") and metrics.get("fail_user_frame_lineno"):
             detail["fail_at"] = f"{metrics['fail_user_frame_filename']}:{metrics['fail_user_frame_lineno']}"
         if isinstance(envelope.get("attempt"), int) and envelope["attempt"] > 0:
@@ -368,9 +373,15 @@ class TorchTraceImporter:
             reason = "recompile" if item.recompile_reason else "first"
             diff_sid = writer.intern(item.recompile_reason) if item.recompile_reason else None
             detail = json.dumps({"compile_id": item.compile_id, **item.detail}, sort_keys=True)
+            step = steps.step_at(start_ns) if steps else 0
             self.sink.append("compiles", (writer.next_id("compiles"), self.rank, program_id, item.kind, name_sid, None,
-                                          -1, start_ns, int(dur * 1e9), frame_id,
-                                          steps.step_at(start_ns) if steps else 0, reason, diff_sid, detail))
+                                          -1, start_ns, int(dur * 1e9), frame_id, step, reason, diff_sid, detail))
+            if "limit" in item.detail:  # Dynamo compiles the function no more: later calls run uncompiled
+                warning = limit_warning(item.detail["limit"], item.detail.get("limit_value"), item.name,
+                                        f"{item.file}:{item.line}" if item.file and item.line else None,
+                                        item.recompile_reason)
+                self.sink.append("annotations", (self.rank, writer.intern(warning), "recompile_limit", start_ns, 0,
+                                                 frame_id, step))
         for brk in self.breaks or self._resumed_breaks():
             frame_id = writer.frame(brk.file, brk.line, brk.function) if brk.file and brk.line else None
             t_ns = start_of.get(brk.compile_id, 0)

@@ -133,3 +133,32 @@ def is_library(file: str) -> bool:
     """Whether a file is an installed library's or torch's own (installed or a source checkout), not the user's."""
     return (any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
             or _TORCH_SOURCE.search(file) is not None)
+
+
+# Dynamo's failure when a function reached its compile limit (torch 2.5 on): "Dynamo recompile limit exceeded ...
+# (currently set to 8) ... Limit type: recompile_limit"; older torch names `cache_size_limit`.
+_LIMIT_TYPE = re.compile(r"Limit type: (\w+)")
+_LIMIT_VALUE = re.compile(r"\(currently set to (\d+)\)")
+_LIMIT_HIT = re.compile(r"recompile limit|cache size limit|cache_size_limit|recompile_limit")
+
+
+def limit_hit(fail_reason: str) -> tuple[str, int | None] | None:
+    """The limit a compile's `fail_reason` says Dynamo reached (`recompile_limit`, its value where it says), else
+    None."""
+    if not _LIMIT_HIT.search(fail_reason):
+        return None
+    limit_type = _LIMIT_TYPE.search(fail_reason)
+    value = _LIMIT_VALUE.search(fail_reason)
+    name = limit_type.group(1) if limit_type else "cache_size_limit" if "cache_size_limit" in fail_reason \
+        else "recompile_limit"
+    return name, int(value.group(1)) if value else None
+
+
+def limit_warning(limit: str, value: int | None, function: str, where: str | None, last_reason: str | None) -> str:
+    """The warning Dynamo logs on reaching a limit, as a recording keeps it (what `recompile_limit` reads)."""
+    text = f"torch._dynamo hit config.{limit} ({value if value is not None else '?'})"
+    if where:
+        text += f"\n   function: '{function}' ({where})"
+    if last_reason:
+        text += f"\n   last reason: {last_reason.splitlines()[0]}"
+    return text

@@ -24,7 +24,7 @@ import numpy as np
 from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
-from tputrace.importers.step_markers import StepMarkers, place_markers
+from tputrace.importers.step_markers import ProgramRuns, StepMarkers, place_markers
 from tputrace.importers.sources import XPLANE, CaptureError
 from tputrace.importers.wire import LineHead, XSpaceFile
 from tputrace.importers.xla_compiles import (
@@ -36,6 +36,8 @@ from tputrace.importers.xla_compiles import (
     CallLine,
     CompileSpans,
 )
+from tputrace.importers.xplane_lines import ASYNC_OPS_LINE, COUNTERS_LINE, MODULE_LINES, OP_LINES, SPARSECORE_PLANE
+from tputrace.importers.xplane_lines import Counters, async_annotations
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
 from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
@@ -93,6 +95,8 @@ class XPlaneImporter(StreamLines):
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
         self.end_ns = 0
+        self.counters = Counters()  # the `_counters_` lines' samples
+        self.latest_start_ns = -1  # the latest start of an event that is a row (ns since the rank's start)
         self.seq = 0
         self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
         self.host_op_stats: dict[int, str] = {}
@@ -141,6 +145,7 @@ class XPlaneImporter(StreamLines):
         device_markers: dict[int, StepMarkers] = {}
         compiles = CompileSpans()
         launches = LaunchTimes()
+        program_runs = ProgramRuns()
         for space in spaces:
             self.offset_ns = 0
             file_starts: list[int] = []
@@ -148,6 +153,7 @@ class XPlaneImporter(StreamLines):
             file_device_markers: dict[int, StepMarkers] = {}
             file_compiles = CompileSpans()
             file_launches = LaunchTimes()
+            file_runs = ProgramRuns()
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
                 if plane.name == "Task Environment":
@@ -161,8 +167,8 @@ class XPlaneImporter(StreamLines):
                     device_types.add(str(plane_stat(plane, "device_type_string") or ""))
                 file_starts += [line.timestamp_ns for line in lines if line.has_events]
                 if match:
-                    file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines)
-                else:
+                    file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines, file_runs)
+                elif not SPARSECORE_PLANE.match(plane.name):  # a SparseCore's `Sparse Core Steps` are no host's
                     self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
@@ -175,14 +181,21 @@ class XPlaneImporter(StreamLines):
                 device_markers.setdefault(chip, StepMarkers()).extend(chip_markers, offset)
             launches.extend(file_launches, offset)
             compiles.extend(file_compiles, offset)
-            del file_host_markers, file_device_markers, file_compiles, file_launches  # copied above: memory
+            program_runs.extend(file_runs, offset)
+            del file_host_markers, file_device_markers, file_compiles, file_launches, file_runs  # copied: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else StepMarkers())
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
         self.launch_ids, self.launch_starts = launches.sorted(-start_unix_ns)
-        steps = place_markers(self.steps, markers, -start_unix_ns)
+        # The last step ends where its marker does, or later where a chip's `Steps` line or a program run launched
+        # by then ends: what starts after that (an evaluation after the loop, the profiler's stop) is in an `end` step.
+        close_at = max((end for chip_markers in (markers, *device_markers.values())
+                        if (end := chip_markers.last_end()) is not None), default=None)
+        if close_at is not None:
+            close_at = program_runs.end_of_runs_by(close_at)
+        steps = place_markers(self.steps, markers, -start_unix_ns, close_at)
         self.step_starts = np.asarray(self.steps.starts, dtype=np.int64)
         self.step_labels = np.asarray(self.steps.labels, dtype=np.int64)
         for number, start_ns, end_ns in steps:
@@ -199,8 +212,10 @@ class XPlaneImporter(StreamLines):
             self.offset_ns = self.offsets[space.path]
             for plane, lines in self._planes(space):
                 match = _DEVICE_PLANE.match(plane.name)
-                if match:
-                    self._device_plane(space, plane, lines, int(match.group(2)))
+                sparsecore = SPARSECORE_PLANE.match(plane.name)
+                if match or sparsecore:
+                    chip = int(match.group(2)) if match else int(sparsecore.group(1)) if sparsecore else 0
+                    self._device_plane(space, plane, lines, chip, sparsecore=match is None)
                 elif plane.name.startswith("/host:") and plane.name != "/host:metadata":
                     self._host_plane(space, plane, lines)
                 else:
@@ -208,6 +223,11 @@ class XPlaneImporter(StreamLines):
                         self._line_end(line, max((_end_ps(columns) for columns in self._columns(space, line)),
                                                  default=0))
         self._finish_programs()
+        if self.counters.series:
+            self.sink.note(self.rank, counters=self.counters.as_dict())
+        after = self.steps.after_last
+        if after is not None and self.latest_start_ns >= after[1]:
+            self.sink.append("steps", (self.rank, after[0], after[1], max(self.end_ns, after[1]), "end"))
         # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
         chips = max(self.chips, max(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
@@ -233,11 +253,16 @@ class XPlaneImporter(StreamLines):
 
     # -- first pass ---------------------------------------------------------------------------------
 
-    def _device_markers(self, space: XSpaceFile, plane: Any, lines: list[LineHead]) -> StepMarkers:
-        """A chip's step markers: the events of its `Steps` line, with their `step_num` stat where they have one."""
+    def _device_markers(self, space: XSpaceFile, plane: Any, lines: list[LineHead], runs: ProgramRuns) -> StepMarkers:
+        """A chip's step markers: the events of its `Steps` line, with their `step_num` stat where they have one; and
+        the spans of its program runs (`XLA Modules`) into `runs`."""
         step_ids = {key for key, meta in plane.stat_metadata.items() if meta.name == "step_num"}
         markers = StepMarkers()
         for line in lines:
+            if line.name == "XLA Modules":
+                for columns in self._columns(space, line):
+                    starts = line.timestamp_ns + columns.offset_ps // 1000
+                    runs.add(starts, starts + columns.duration_ps // 1000)
             if line.name != "Steps":
                 continue
             for columns in self._columns(space, line):
@@ -312,7 +337,9 @@ class XPlaneImporter(StreamLines):
 
     # -- second pass --------------------------------------------------------------------------------
 
-    def _device_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead], chip: int) -> None:
+    def _device_plane(self, space: XSpaceFile, plane: Any, lines: list[LineHead], chip: int,
+                      sparsecore: bool = False) -> None:
+        """A chip's rows; of one of its SparseCores (`sparsecore`), only its ops, on the chip's number."""
         decoder = StatDecoder(plane)
         op_metas: dict[int, _OpMeta] = {}
         event_metadata = plane.event_metadata
@@ -324,12 +351,19 @@ class XPlaneImporter(StreamLines):
                 end_ps = max(end_ps, _end_ps(columns))
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
-                if line.name == "XLA Modules":
+                if len(starts) and (line.name in MODULE_LINES | OP_LINES or line.name.startswith("Stream #")):
+                    self.latest_start_ns = max(self.latest_start_ns, int(starts.max()))
+                if line.name == COUNTERS_LINE:
+                    self.counters.read(plane, decoder, columns, line.timestamp_ns * 1000)
+                elif line.name == ASYNC_OPS_LINE:
+                    self.sink.extend("annotations", async_annotations(self.rank, self.writer.intern, plane, columns,
+                                                                      starts, durations, self._steps_at(starts)))
+                elif line.name in MODULE_LINES and not sparsecore:
                     for metadata_id, start_ns, dur_ns in zip(columns.metadata_id.tolist(), starts.tolist(),
                                                              durations.tolist()):
                         program = self._program(event_metadata[metadata_id].name)
                         self.runs.add(chip, None, program.program_id, start_ns, start_ns + dur_ns)
-                elif line.name == "XLA Ops":
+                elif line.name in OP_LINES:
                     metas = []
                     for metadata_id in columns.metadata_id.tolist():
                         meta = op_metas.get(metadata_id)
@@ -355,9 +389,14 @@ class XPlaneImporter(StreamLines):
             nesting = LineNesting()
             for columns in self._columns(space, line):
                 end_ps = max(end_ps, _end_ps(columns))
+                if line.name == COUNTERS_LINE:  # samples, not spans of the host's work
+                    self.counters.read(plane, decoder, columns, line.timestamp_ns * 1000)
+                    continue
                 op_events = columns.with_stat(hlo_op_ids)
                 starts = base_ns + columns.offset_ps // 1000
                 durations = columns.duration_ps // 1000
+                if len(starts):
+                    self.latest_start_ns = max(self.latest_start_ns, int(starts.max()))
                 if len(op_events):
                     self._host_ops(plane, decoder, columns, op_events, starts[op_events], durations[op_events],
                                    nesting)
