@@ -12,6 +12,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tputrace.backend.core import buffer_lifetimes, host_origins, memory, routing
+from tputrace.backend.core.iteration_ends import IterationEnds
 from tputrace.recording.interface import Recording, active
 
 _removable: list[Any] = []
@@ -19,6 +20,7 @@ _original_record_function: tuple[Any, Any] | None = None
 _installed = False
 _constructors = threading.local()  # `depth`: optimizer constructors running on this thread
 _passes = threading.local()  # `running`: a backward pass runs on this thread (one on the calling thread: several chips)
+_iteration_ends = IterationEnds()
 
 
 def install() -> None:
@@ -100,6 +102,7 @@ def _setup_boundary(init: Callable[..., None]) -> Callable[..., None]:
         finally:
             _constructors.depth = depth
         if depth == 0 and _steps_tpu_params(optimizer):
+            _iteration_ends.optimizer_made(optimizer)
             flush_pending("optimizer_init")
 
     run._tputrace_setup_boundary = True  # type: ignore[attr-defined]
@@ -139,7 +142,7 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if memory.tracker is not None:
         buffer_lifetimes.label_optimizer(memory.tracker, optimizer)
     recorder = active()
-    if recorder is not None:
+    if recorder is not None and _iteration_ends.ends_iteration(optimizer):
         recorder.optimizer_stepped()
 
 

@@ -275,7 +275,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     steady_count = max(context.steady_count, 1)
     every = _period(context, frame_id, kind, library_frame_id) if per_step is not None else None
     rate = per_step_text(steady_syncs, steady_count, "time", every=every) if per_step is not None else plural(count, "time")
-    every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
+    # More a step reads as its rate (`4 times per step`), and n at a time every p steps as that period.
+    every_step = per_step is not None and every is None and 0.99 <= per_step < 1.5
     once = context.once_in_loop(steps_with, steady_syncs)
     stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
                else f"{format_ns(steady_stall / steady_count)} stalled per step")

@@ -1,0 +1,48 @@
+"""Scripts that read wrong before: a GAN stepping its discriminator's and generator's optimizers in each iteration
+(two steps an iteration, and a loss logged every other iteration read `every step`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_fresh_scripts import _run
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+GAN_LOGGED_EVERY_OTHER_ITERATION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    Z = 16
+    G = nn.Sequential(nn.Linear(Z, 64), nn.LeakyReLU(0.2), nn.Linear(64, 32), nn.Tanh()).to("tpu")
+    D = nn.Sequential(nn.Linear(32, 64), nn.LeakyReLU(0.2), nn.Linear(64, 1)).to("tpu")
+    opt_g = torch.optim.Adam(G.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    opt_d = torch.optim.Adam(D.parameters(), lr=2e-4, betas=(0.5, 0.999))
+    bce = nn.BCEWithLogitsLoss()
+    real = torch.randn(32, 32).to("tpu")
+    for step in range(6):
+        ones, zeros = torch.ones(32, 1, device="tpu"), torch.zeros(32, 1, device="tpu")
+        fake = G(torch.randn(32, Z, device="tpu"))
+        d_loss = bce(D(real), ones) + bce(D(fake.detach()), zeros)
+        opt_d.zero_grad()
+        d_loss.backward()
+        opt_d.step()
+        g_loss = bce(D(fake), ones)
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()
+        if step % 2 == 0:
+            print(d_loss.item(), g_loss.item())  {marker}
+'''
+
+
+def test_a_gan_stepping_two_optimizers_is_one_step_per_iteration(tmp_path: Path) -> None:
+    """Six iterations, each stepping the discriminator's and the generator's optimizer, are six steps, and the two
+    losses read every other iteration are `2 times every 2 steps`, told to read less often (not `every step`)."""
+    report, script, line = _run(tmp_path, "gan_every_other", GAN_LOGGED_EVERY_OTHER_ITERATION)
+    assert report.step_count == 6
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert f"Host sync 2 times every 2 steps at {script.name}:{line} (item)" in sync.title, sync.title
+    assert "read less often (every 8 steps)" in sync.suggestion, sync.suggestion
