@@ -198,6 +198,9 @@ def attach(recorder: Recording) -> None:
 
 
 def detach() -> None:
+    from tputrace.backend.compile.events import events
+
+    events.drain()  # frame compiles no later compile wrote: one that raised, and the script caught
     dispatcher = routing.active()
     dispatcher.recorder = None
     tracker, memory.tracker = memory.tracker, None

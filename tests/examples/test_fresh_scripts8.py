@@ -1,5 +1,6 @@
 """Scripts that read wrong before: a GAN stepping its discriminator's and generator's optimizers in each iteration
-(two steps an iteration, and a loss logged every other iteration read `every step`)."""
+(two steps an iteration, and a loss logged every other iteration read `every step`); a `torch.compile(fullgraph=True)`
+whose error the script catches to fall back to the uncompiled function (no finding said it never compiled)."""
 
 from __future__ import annotations
 
@@ -46,3 +47,50 @@ def test_a_gan_stepping_two_optimizers_is_one_step_per_iteration(tmp_path: Path)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert f"Host sync 2 times every 2 steps at {script.name}:{line} (item)" in sync.title, sync.title
     assert "read less often (every 8 steps)" in sync.suggestion, sync.suggestion
+
+
+CAUGHT_FULLGRAPH_ERROR = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+
+    def train_loss(x, y):
+        loss = nn.functional.mse_loss(model(x), y)
+        if loss > 1.0:  {marker}
+            loss = loss.clamp(max=1.0)
+        return loss
+
+
+    try:
+        step_loss = torch.compile(train_loss, fullgraph=True, backend="tpu")
+        step_loss(torch.randn(16, 32, device="tpu"), torch.randn(16, 1, device="tpu"))
+    except Exception as error:
+        print("compiling failed, running eagerly:", type(error).__name__)
+        step_loss = train_loss
+
+    for step in range(4):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randn(16, 1, device="tpu")
+        loss = step_loss(x, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_fullgraph_error_the_script_catches_is_still_named_at_its_line(tmp_path: Path) -> None:
+    """The script falls back to the uncompiled function when compiling raises: the run ends well, and a warning at
+    the `if` Dynamo names says it raised, that the script went on uncompiled, and how to make it compile."""
+    report, script, line = _run(tmp_path, "caught_fullgraph", CAUGHT_FULLGRAPH_ERROR)
+    (raised,) = [finding for finding in report.findings if "raised at" in finding.title]
+    assert (raised.file, raised.line, raised.severity) == (str(script), line, "warning"), raised.title
+    assert raised.title == (f"torch.compile(fullgraph=True) raised at {script.name}:{line}: Data-dependent branching; "
+                            "the script caught it and ran the function uncompiled")
+    assert "`torch.where(condition, a, b)`" in raised.suggestion
+    assert any(evidence.text == "the call of the compiled function that raised" and evidence.line == line + 7
+               for evidence in raised.evidence), [evidence.text for evidence in raised.evidence]
