@@ -1,13 +1,16 @@
 """Scripts that read wrong before: a GAN stepping its discriminator's and generator's optimizers in each iteration
 (two steps an iteration, and a loss logged every other iteration read `every step`); a `torch.compile(fullgraph=True)`
-whose error the script catches to fall back to the uncompiled function (no finding said it never compiled)."""
+whose error the script catches to fall back to the uncompiled function (no finding said it never compiled); a
+mixture of experts selecting each expert's tokens by a mask (its storm was told to weight a masked loss)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
+from test_fresh_reads import MASKED_BAG
 from test_fresh_scripts import _run
+from test_fresh_scripts6 import MIXTURE_OF_EXPERTS
 
 pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
 
@@ -94,3 +97,21 @@ def test_a_fullgraph_error_the_script_catches_is_still_named_at_its_line(tmp_pat
     assert "`torch.where(condition, a, b)`" in raised.suggestion
     assert any(evidence.text == "the call of the compiled function that raised" and evidence.line == line + 7
                for evidence in raised.evidence), [evidence.text for evidence in raised.evidence]
+
+
+def test_a_mixture_of_experts_storm_is_told_to_route_with_a_fixed_capacity(tmp_path: Path) -> None:
+    """The counts of `x[rows]` are how many tokens the top-k gate sent to each expert: the storm at that line says so
+    and tells a fixed capacity per expert (or every expert on every token, weighted), not a masked loss."""
+    report, script, line = _run(tmp_path, "moe_routing", MIXTURE_OF_EXPERTS, ("--mode", "strict"))
+    (storm,) = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "how many tokens a routing chose for each expert" in storm.explanation
+    assert storm.suggestion.startswith(f"At {script.name}:{line}: route with a fixed capacity per expert"), storm.suggestion
+    assert "reduction=" not in storm.suggestion
+
+
+def test_a_masked_mean_storm_keeps_the_mask_weighting_fix(tmp_path: Path) -> None:
+    """A mask selecting the valid positions of a bag, with no choice made by a top-k, is no routing."""
+    report, script, line = _run(tmp_path, "masked_bag_fix", MASKED_BAG, ("--mode", "strict"))
+    (storm,) = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert "weight by the mask" in storm.suggestion and "capacity" not in storm.suggestion, storm.suggestion
