@@ -1,7 +1,9 @@
 """Scripts that read wrong before: a GAN stepping its discriminator's and generator's optimizers in each iteration
 (two steps an iteration, and a loss logged every other iteration read `every step`); a `torch.compile(fullgraph=True)`
 whose error the script catches to fall back to the uncompiled function (no finding said it never compiled); a
-mixture of experts selecting each expert's tokens by a mask (its storm was told to weight a masked loss)."""
+mixture of experts selecting each expert's tokens by a mask (its storm was told to weight a masked loss); an
+early-stopping loop reading its validation loss once per epoch (told to read less often and to sum a logged loss on
+the chip, a warning)."""
 
 from __future__ import annotations
 
@@ -115,3 +117,57 @@ def test_a_masked_mean_storm_keeps_the_mask_weighting_fix(tmp_path: Path) -> Non
     report, script, line = _run(tmp_path, "masked_bag_fix", MASKED_BAG, ("--mode", "strict"))
     (storm,) = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
     assert "weight by the mask" in storm.suggestion and "capacity" not in storm.suggestion, storm.suggestion
+
+
+EARLY_STOPPING = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train = [(torch.randn(16, 32), torch.randn(16, 1)) for _ in range(4)]
+    val = [(torch.randn(16, 32), torch.randn(16, 1)) for _ in range(2)]
+    best, patience = float("inf"), 0
+    for epoch in range(3):
+        model.train()
+        for x, y in train:
+            x, y = x.to("tpu"), y.to("tpu")
+            loss = nn.functional.mse_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        with torch.no_grad():
+            {validation}
+        if val_loss < best:
+            best, patience = val_loss, 0
+        else:
+            patience += 1
+            if patience >= 2:
+                break
+    print(best)
+'''
+READ_ONCE = ("total = sum(nn.functional.mse_loss(model(x.to(\"tpu\")), y.to(\"tpu\")) for x, y in val)\n"
+             "            val_loss = total.item() / len(val)  {marker}")
+READ_PER_BATCH = ("val_loss = 0.0\n"
+                  "            for x, y in val:\n"
+                  "                val_loss += nn.functional.mse_loss(model(x.to(\"tpu\")), y.to(\"tpu\")).item() / len(val)  {marker}")
+
+
+def test_a_validation_loss_read_once_per_epoch_is_the_evaluations_own_wait(tmp_path: Path) -> None:
+    """The read ends the evaluation it waits for (the model's forward ran for it), once per epoch: an info finding
+    that says so, not advice to read less often or to sum a logged loss."""
+    report, script, line = _run(tmp_path, "early_stopping", EARLY_STOPPING.replace("{validation}", READ_ONCE))
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert read.severity == "info", read.title
+    assert read.suggestion.startswith(f"The read at {script.name}:{line} ends an evaluation the loop runs every 4 steps"), read.suggestion
+    assert "`Sequential`" in read.suggestion and "loss.detach()" not in read.suggestion
+
+
+def test_validation_losses_read_per_batch_are_told_to_be_summed_on_the_chip(tmp_path: Path) -> None:
+    """Two reads per evaluation, one per validation batch: told to add them on the chip and read once."""
+    report, script, line = _run(tmp_path, "early_stopping_per_batch", EARLY_STOPPING.replace("{validation}", READ_PER_BATCH))
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "2 times every 4 steps" in read.title, read.title
+    assert "`total += loss`" in read.suggestion and "instead of 2" in read.suggestion, read.suggestion

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from tputrace.analysis.call_sites import line_text
+from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
@@ -302,7 +303,13 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
-    if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
+    steady = context.steady_range
+    evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
+                 if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
+    if evaluated and every is not None:
+        suggestion = evaluation_suggestion(where, every, evaluated)
+        severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
+    elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
     if read_with:
         suggestion += (f" {where} reads in the same steps as {', '.join(read_with)}, each waiting for the chip in turn: "
