@@ -3,7 +3,8 @@
 whose error the script catches to fall back to the uncompiled function (no finding said it never compiled); a
 mixture of experts selecting each expert's tokens by a mask (its storm was told to weight a masked loss); an
 early-stopping loop reading its validation loss once per epoch (told to read less often and to sum a logged loss on
-the chip, a warning)."""
+the chip, a warning); an accuracy counted on the chip after `optimizer.step()` into a counter made before the loop
+(the second step's recompile had no finding: its diff swaps the set-up for the tail)."""
 
 from __future__ import annotations
 
@@ -171,3 +172,36 @@ def test_validation_losses_read_per_batch_are_told_to_be_summed_on_the_chip(tmp_
     (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert "2 times every 4 steps" in read.title, read.title
     assert "`total += loss`" in read.suggestion and "instead of 2" in read.suggestion, read.suggestion
+
+
+ACCURACY_ON_THE_CHIP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    correct = torch.zeros((), device="tpu", dtype=torch.long)
+    seen = 0
+    for step in range(6):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randint(0, 10, (16,), device="tpu")
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        correct += (logits.argmax(-1) == y).sum()  {marker}
+        seen += 16
+    print(correct.item() / seen)
+'''
+
+
+def test_a_metric_after_the_step_into_a_counter_made_before_the_loop_is_the_tails_finding(tmp_path: Path) -> None:
+    """The first step's graph begins with the counter's `zero_`, the second with the metric's ops: the recompile is
+    the step tail's, at the metric's line, telling also to run the set-up before the loop."""
+    report, script, line = _run(tmp_path, "accuracy_on_chip", ACCURACY_ON_THE_CHIP)
+    (tail,) = [finding for finding in report.findings if finding.analyzer == "step_tail"]
+    assert (tail.file, tail.line) == (str(script), line), tail.title
+    assert f"made before the loop at {script.name}:{line - 10} (aten.zero_.default)" in tail.explanation, tail.explanation
+    assert f"Run the set-up at {script.name}:{line - 10} before the loop too" in tail.suggestion, tail.suggestion
