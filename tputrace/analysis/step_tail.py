@@ -52,7 +52,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[StepTailData]:
         if match is None:
             match = _REPLACED_FIRST.match(diff)
             set_up = LOCATION.search(match["before"]) if match else None
-            if set_up is None or runs_after_first_step(context, set_up["file"], int(set_up["line"])):
+            if match is None or set_up is None or runs_after_first_step(context, set_up["file"], int(set_up["line"])):
                 return None
         where = LOCATION.search(match["ops"]) or LOCATION.search(f"({match['run'] or ''})")
         if where is None or not runs_after_first_step(context, where["file"], int(where["line"])):
