@@ -4,7 +4,8 @@ whose error the script catches to fall back to the uncompiled function (no findi
 mixture of experts selecting each expert's tokens by a mask (its storm was told to weight a masked loss); an
 early-stopping loop reading its validation loss once per epoch (told to read less often and to sum a logged loss on
 the chip, a warning); an accuracy counted on the chip after `optimizer.step()` into a counter made before the loop
-(the second step's recompile had no finding: its diff swaps the set-up for the tail)."""
+(the second step's recompile had no finding: its diff swaps the set-up for the tail); a clipped gradient norm read
+into a list each step (told to accumulate `loss.detach()`)."""
 
 from __future__ import annotations
 
@@ -205,3 +206,32 @@ def test_a_metric_after_the_step_into_a_counter_made_before_the_loop_is_the_tail
     assert (tail.file, tail.line) == (str(script), line), tail.title
     assert f"made before the loop at {script.name}:{line - 10} (aten.zero_.default)" in tail.explanation, tail.explanation
     assert f"Run the set-up at {script.name}:{line - 10} before the loop too" in tail.suggestion, tail.suggestion
+
+
+GRADIENT_NORMS_KEPT = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    norms = []
+    for step in range(6):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randint(0, 10, (16,), device="tpu")
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norms.append(norm.item())  {marker}
+        opt.step()
+    print(max(norms))
+'''
+
+
+def test_a_gradient_norm_read_into_a_list_each_step_is_told_to_keep_it_on_the_chip(tmp_path: Path) -> None:
+    """The value read is the norm, kept in a list: the fix names it and stacks the kept values after the loop."""
+    report, script, line = _run(tmp_path, "gradient_norms", GRADIENT_NORMS_KEPT)
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert read.suggestion.startswith("Keep the value on the chip: append `norm.detach()` in place of `norm.item()`"), read.suggestion
+    assert "loss.detach()" not in read.suggestion

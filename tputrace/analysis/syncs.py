@@ -303,6 +303,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
+    if kind == "item" and context.steps:
+        suggestion = _item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
     steady = context.steady_range
     evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
                  if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
@@ -382,6 +384,24 @@ def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str
     if kind == "item" and _STEP_OF_AN_OPTIMIZER.search(text) and _ran_in_loop(context, UNSCALE_OPS[0], where, params):
         return _scaler_read(context)  # `scaler.step(opt)` after `scaler.unscale_(opt)` at another line
     return None
+
+
+_ITEM_READ = re.compile(r"(?<![\w.])(?P<value>[A-Za-z_][\w.]*)\.item\(\)")
+KEPT_READS = ("Keep the value on the chip: append `{value}.detach()` in place of `{value}.item()` and read the list "
+              "once after the loop (`torch.stack(values).tolist()`), or every N steps, so the host can queue the next "
+              "step while the chip works.")
+
+
+def _item_suggestion(text: str, suggestion: str) -> str:
+    """The per-step `.item()` fix for the value the line reads (its run's copy): a read appended to a list is kept on
+    the chip and stacked after the loop; another value than a loss (a gradient norm) is named in place of `loss`."""
+    values = {match["value"] for match in _ITEM_READ.finditer(text)}
+    if len(values) != 1:
+        return suggestion
+    (value,) = values
+    if ".append(" in text or ".extend(" in text:
+        return KEPT_READS.format(value=value)
+    return suggestion.replace("`loss.detach()`", f"`{value}.detach()`")
 
 
 def _scaler_read(context: AnalysisContext) -> tuple[str, str]:
