@@ -5,7 +5,8 @@ mixture of experts selecting each expert's tokens by a mask (its storm was told 
 early-stopping loop reading its validation loss once per epoch (told to read less often and to sum a logged loss on
 the chip, a warning); an accuracy counted on the chip after `optimizer.step()` into a counter made before the loop
 (the second step's recompile had no finding: its diff swaps the set-up for the tail); a clipped gradient norm read
-into a list each step (told to accumulate `loss.detach()`)."""
+into a list each step (told to accumulate `loss.detach()`); a dropout mask drawn with `torch.bernoulli` on the host
+(told to pass `device=` to a draw that takes none)."""
 
 from __future__ import annotations
 
@@ -235,3 +236,29 @@ def test_a_gradient_norm_read_into_a_list_each_step_is_told_to_keep_it_on_the_ch
     (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert read.suggestion.startswith("Keep the value on the chip: append `norm.detach()` in place of `norm.item()`"), read.suggestion
     assert "loss.detach()" not in read.suggestion
+
+
+HOST_BERNOULLI_MASK = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    l1, l2 = nn.Linear(32, 64).to("tpu"), nn.Linear(64, 1).to("tpu")
+    opt = torch.optim.SGD([*l1.parameters(), *l2.parameters()], lr=0.01)
+    for step in range(6):
+        h = torch.relu(l1(torch.randn(16, 32, device="tpu")))
+        keep = torch.bernoulli(torch.full(h.shape, 0.8)).to("tpu")  {marker}
+        loss = l2(h * keep / 0.8).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_mask_drawn_by_bernoulli_on_the_host_is_told_to_draw_from_a_chip_tensor(tmp_path: Path) -> None:
+    """`torch.bernoulli` takes no `device=`: the fix is to make its probabilities on the chip, or `rand_like < p`."""
+    report, script, line = _run(tmp_path, "bernoulli_mask", HOST_BERNOULLI_MASK)
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
+    assert "`torch.bernoulli` draws where its input is" in copy.suggestion, copy.suggestion
+    assert "`torch.rand_like(x) < p`" in copy.suggestion and "bernoulli(..., device=" not in copy.suggestion
