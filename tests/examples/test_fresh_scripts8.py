@@ -6,7 +6,8 @@ early-stopping loop reading its validation loss once per epoch (told to read les
 the chip, a warning); an accuracy counted on the chip after `optimizer.step()` into a counter made before the loop
 (the second step's recompile had no finding: its diff swaps the set-up for the tail); a clipped gradient norm read
 into a list each step (told to accumulate `loss.detach()`); a dropout mask drawn with `torch.bernoulli` on the host
-(told to pass `device=` to a draw that takes none)."""
+(told to pass `device=` to a draw that takes none); predictions copied to the host into a list each step (told to
+stack two reads per step)."""
 
 from __future__ import annotations
 
@@ -262,3 +263,36 @@ def test_a_mask_drawn_by_bernoulli_on_the_host_is_told_to_draw_from_a_chip_tenso
     (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
     assert "`torch.bernoulli` draws where its input is" in copy.suggestion, copy.suggestion
     assert "`torch.rand_like(x) < p`" in copy.suggestion and "bernoulli(..., device=" not in copy.suggestion
+
+
+PREDICTIONS_COLLECTED = '''
+    import numpy as np
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    preds, labels = [], []
+    for step in range(6):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randint(0, 10, (16,), device="tpu")
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        preds.append(logits.argmax(-1).cpu().numpy())  {marker}
+        labels.append(y.cpu().numpy())
+    print((np.concatenate(preds) == np.concatenate(labels)).mean())
+'''
+
+
+def test_predictions_copied_into_a_list_each_step_are_told_to_be_copied_once_after_the_loop(tmp_path: Path) -> None:
+    """Both lines copy to the host every step to append: keep the tensors and copy the lists once after the loop."""
+    report, script, line = _run(tmp_path, "predictions", PREDICTIONS_COLLECTED)
+    reads = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line in (line, line + 1)]
+    assert len(reads) == 2, [finding.title for finding in report.findings]
+    for read in reads:
+        assert read.suggestion.startswith("Keep the values on the chip while the loop runs"), read.suggestion
+        assert "`torch.cat(values).cpu()`" in read.suggestion and "torch.stack([a, b])" not in read.suggestion

@@ -305,6 +305,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         kind, "Move the host read out of the loop, or do it every N steps.")
     if kind == "item" and context.steps:
         suggestion = _item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
+    elif kind in _COPIES_OUT and context.steps and _APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
+        suggestion = KEPT_COPIES
     steady = context.steady_range
     evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
                  if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
@@ -313,7 +315,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
-    if read_with:
+    if read_with and not suggestion.startswith(("Keep the values on the chip while", "Keep the value on the chip: append")):
         suggestion += (f" {where} reads in the same steps as {', '.join(read_with)}, each waiting for the chip in turn: "
                        "compute those values first and read them in one go (`torch.stack([a, b]).tolist()`), one wait "
                        f"instead of {len(read_with) + 1}.")
@@ -392,6 +394,13 @@ KEPT_READS = ("Keep the value on the chip: append `{value}.detach()` in place of
               "step while the chip works.")
 
 
+_COPIES_OUT = frozenset({"cpu", "numpy", "tolist"})
+_APPENDS = re.compile(r"\.(?:append|extend)\(")
+KEPT_COPIES = ("Keep the values on the chip while the loop runs: append the tensors themselves (detached, without "
+               "`.cpu()`/`.numpy()`/`.tolist()`) and copy the list to the host once after the loop "
+               "(`torch.cat(values).cpu()`), or every N steps, so the host can queue the next step while the chip works.")
+
+
 def _item_suggestion(text: str, suggestion: str) -> str:
     """The per-step `.item()` fix for the value the line reads (its run's copy): a read appended to a list is kept on
     the chip and stacked after the loop; another value than a loss (a gradient norm) is named in place of `loss`."""
@@ -399,7 +408,7 @@ def _item_suggestion(text: str, suggestion: str) -> str:
     if len(values) != 1:
         return suggestion
     (value,) = values
-    if ".append(" in text or ".extend(" in text:
+    if _APPENDS.search(text):
         return KEPT_READS.format(value=value)
     return suggestion.replace("`loss.detach()`", f"`{value}.detach()`")
 
