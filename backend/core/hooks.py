@@ -184,6 +184,7 @@ def attach(recorder: Recording) -> None:
     """Connect a recorder: the dispatcher reports to it, module and profiler ranges feed it."""
     dispatcher = routing.active()
     install()
+    _iteration_ends.reset()
     if not recorder.enabled:
         return
     from tputrace.backend.core.tensor import TpuTensor

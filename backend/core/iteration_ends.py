@@ -22,6 +22,11 @@ class IterationEnds:
         self._previous: weakref.WeakSet[Any] | None = None
         self._since_end: weakref.WeakSet[Any] = weakref.WeakSet()
 
+    def reset(self) -> None:
+        """A recording starts: what earlier runs in this process made and stepped counts no more (an optimizer made
+        before it is learnt from the steps alone)."""
+        self._made, self._previous, self._since_end = weakref.WeakSet(), None, weakref.WeakSet()
+
     def optimizer_made(self, optimizer: Any) -> None:
         """An optimizer that updates tpu tensors was constructed."""
         self._made.add(optimizer)
