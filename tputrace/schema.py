@@ -354,7 +354,7 @@ ANNOTATIONS = RecordKind(
 
 STEPS = RecordKind(
     "steps",
-    "Training steps, from tputrace.step() or each optimizer.step() (once a script calls tputrace.step(), only its calls mark steps).",
+    "Training steps, from tputrace.step() or optimizer.step(), once per loop iteration that steps several optimizers (once a script calls tputrace.step(), only its calls mark steps).",
     (
         _RANK,
         _STEP,

@@ -38,6 +38,7 @@ class FrameCompile:
     wall_start_ns: int
     step: int
     call_site: str | None
+    call_frame_id: int | None = None  # the line that called the compiled function
     location: tuple[str, str, int] | None = None  # (qualified name, file, first line) of the user code
     inputs: str = ""
     graph_ids: list[int] = field(default_factory=list)
@@ -97,9 +98,10 @@ class DynamoEvents:
         if recorder is None:
             return
         self.drain()
-        call_site = recorder.frame_text(recorder.frame_id())
+        call_frame_id = recorder.frame_id()
+        call_site = recorder.frame_text(call_frame_id)
         with self.lock:
-            self.pending[args.compile_id] = FrameCompile(args.compile_id, time.time_ns(), recorder.step_index, call_site)
+            self.pending[args.compile_id] = FrameCompile(args.compile_id, time.time_ns(), recorder.step_index, call_site, call_frame_id)
 
     def _compile_ended(self, args: Any) -> None:
         from torch._dynamo.callback import CallbackTrigger
@@ -180,6 +182,7 @@ class DynamoEvents:
             detail["failed_cache_entry"] = failed_entry
         if metrics.fail_type:
             detail["failed"] = f"{metrics.fail_type}: {(metrics.fail_reason or '').splitlines()[0] if metrics.fail_reason else ''}"
+            detail["failure"] = _failure(metrics, frame.call_frame_id)
         if frame.location is not None:
             name, file, line = frame.location
             function = name.rpartition(".")[2]
@@ -228,6 +231,22 @@ class DynamoEvents:
                     recorder.graph_break(text, None, None, None)
                 else:
                     recorder.graph_break(text, user_frame.filename, user_frame.lineno or 0, user_frame.name)
+
+
+_FAILURE_TEXT_CHARS = 4000
+
+
+def _failure(metrics: Any, call_frame_id: int | None) -> dict[str, Any]:
+    """What a frame compile that raised says of its error, for a script that catches it (an uncaught one is also the
+    run's error): the exception's class, its message (reason, explanation, hints), the user line Dynamo could not
+    trace and the line that called the compiled function."""
+    return {
+        "kind": metrics.fail_type,
+        "text": (metrics.fail_reason or "")[:_FAILURE_TEXT_CHARS],
+        "file": metrics.fail_user_frame_filename,
+        "line": metrics.fail_user_frame_lineno,
+        "call_frame_id": call_frame_id,
+    }
 
 
 def _is_tputrace_code(filename: str | None) -> bool:

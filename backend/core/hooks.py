@@ -13,6 +13,7 @@ import torch
 from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from tputrace.backend.core import buffer_lifetimes, host_origins, memory, routing
+from tputrace.backend.core.iteration_ends import IterationEnds
 from tputrace.recording.interface import Recording, active
 
 _original_module_call: Callable[..., Any] | None = None  # `nn.Module.__call__` while a recording wraps it
@@ -20,6 +21,7 @@ _original_record_function: tuple[Any, Any] | None = None
 _installed = False
 _constructors = threading.local()  # `depth`: optimizer constructors running on this thread
 _passes = threading.local()  # `running`: a backward pass runs on this thread (one on the calling thread: several chips)
+_iteration_ends = IterationEnds()
 
 
 def install() -> None:
@@ -101,6 +103,7 @@ def _setup_boundary(init: Callable[..., None]) -> Callable[..., None]:
         finally:
             _constructors.depth = depth
         if depth == 0 and _steps_tpu_params(optimizer):
+            _iteration_ends.optimizer_made(optimizer)
             flush_pending("optimizer_init")
 
     run._tputrace_setup_boundary = True  # type: ignore[attr-defined]
@@ -140,7 +143,7 @@ def _after_optimizer_step(optimizer: Any, args: Any, kwargs: Any) -> None:
     if memory.tracker is not None:
         buffer_lifetimes.label_optimizer(memory.tracker, optimizer)
     recorder = active()
-    if recorder is not None:
+    if recorder is not None and _iteration_ends.ends_iteration(optimizer):
         recorder.optimizer_stepped()
 
 
@@ -182,6 +185,7 @@ def attach(recorder: Recording) -> None:
     """Connect a recorder: the dispatcher reports to it, module and profiler ranges feed it."""
     dispatcher = routing.active()
     install()
+    _iteration_ends.reset()
     if not recorder.enabled:
         return
     from tputrace.backend.core.tensor import TpuTensor
@@ -195,6 +199,9 @@ def attach(recorder: Recording) -> None:
 
 
 def detach() -> None:
+    from tputrace.backend.compile.events import events
+
+    events.drain()  # frame compiles no later compile wrote: one that raised, and the script caught
     dispatcher = routing.active()
     dispatcher.recorder = None
     tracker, memory.tracker = memory.tracker, None

@@ -212,13 +212,16 @@ def test_two_lengths_that_change_independently_stay_two_storms(tmp_path: Path) -
 @pytest.mark.parametrize("mode", ["defer", "strict"])
 def test_a_validation_loop_keeping_each_score_with_its_graph_is_growth_at_the_kept_values_line(tmp_path: Path, mode: str) -> None:
     """After the last training step, a loop without `no_grad` appends each score: the graph's activations (made in
-    the model's forward) pile up iteration after iteration, with no step to measure growth by. The finding is at the
-    line that made the kept value, the last of the piling lines each iteration, not at the activations' line, and
-    tells to keep it detached and to evaluate under `no_grad`."""
+    the model's forward) pile up iteration after iteration, with no step to measure growth by. The finding names the
+    line that made the kept value, the last of the piling lines each iteration, not the activations' line, and is at
+    the line that keeps it (`scores.append(score)`, which runs no op), telling to keep it detached and to evaluate
+    under `no_grad`."""
     report, script, line = _run(tmp_path, f"validation_{mode}", VALIDATION_KEEPING_SCORES,
                                 ("--mode", "strict") if mode == "strict" else ())
     (growth,) = [finding for finding in report.findings if finding.analyzer == "memory"]
-    assert (growth.file, growth.line) == (str(script), line), growth.title
+    assert (growth.file, growth.line) == (str(script), line + 1), growth.title
+    assert f"made at {script.name}:{line} is kept at {script.name}:{line + 1} " in growth.title, growth.title
+    assert growth.suggestion.startswith(f"At {script.name}:{line + 1}, keep"), growth.suggestion
     assert growth.title.startswith("Live memory grows by ") and "every iteration of a loop without steps" in growth.title
     piled = re.search(r"loop's last step, (\d+) iterations' buffers were live at once", growth.explanation)
     assert piled is not None and int(piled[1]) >= 8, growth.explanation

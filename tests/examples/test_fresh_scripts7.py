@@ -117,6 +117,7 @@ def test_a_fullgraph_function_branching_on_a_value_is_the_raised_lines_finding(t
     assert "`torch.where(condition, a, b)`" in raised.suggestion and "`torch.cond(" in raised.suggestion
     assert "`fullgraph=False`" in raised.suggestion
     assert report.findings[0] is raised
+    assert [finding for finding in report.findings if "raised at" in finding.title] == [raised]  # not again as caught
 
 
 def test_the_same_function_choosing_with_where_compiles_and_has_no_error_finding(tmp_path: Path) -> None:

@@ -1,12 +1,17 @@
-"""A run that torch.compile stopped: the script raised one of Dynamo's errors (`torch._dynamo.exc.*`), most often a
-graph break in a function compiled with `fullgraph=True`, which Dynamo raises instead of breaking the graph. The
-trace keeps the run's formatted exception; Dynamo's text names what it could not trace (its reason, explanation and
-hints) and the user's line (`from user code:`), and the traceback names the line that called the compiled function.
-One critical finding, at the line Dynamo names, costing the run (it stopped there), with the change that lets the
-function compile. Part of the `graph_breaks` analyzer's findings."""
+"""Dynamo's errors (`torch._dynamo.exc.*`), most often a graph break in a function compiled with `fullgraph=True`,
+which Dynamo raises instead of breaking the graph.
+
+A run that such an error stopped: the trace keeps the run's formatted exception; Dynamo's text names what it could
+not trace (its reason, explanation and hints) and the user's line (`from user code:`), and the traceback names the
+line that called the compiled function. One critical finding, at the line Dynamo names, costing the run (it stopped
+there), with the change that lets the function compile. A script that catches the error (a `try`/`except` falling
+back to the uncompiled function) goes on: the frame compile that raised keeps the error (`detail.failure`), and one
+warning at the line Dynamo names says the function never compiled, with the same change. Part of the `graph_breaks`
+analyzer's findings."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
@@ -94,43 +99,93 @@ def _innermost_own(frames: list[SourceLine]) -> SourceLine | None:
 
 
 def compile_error_findings(context: AnalysisContext, analyzer: str) -> list[Finding]:
-    """The critical finding of a run that raised a Dynamo error (none otherwise)."""
+    """The critical finding of a run that raised a Dynamo error, and a warning per Dynamo error the script caught."""
     run = next((run for run in context.trace.runs if run.rank == context.rank), None)
     parsed = parse_compile_error(run.error if run is not None else None)
-    if parsed is None:
+    findings = [] if parsed is None else [_finding(context, analyzer, parsed, caught=False, cost_ns=context.wall_ns)]
+    raised = {_key(parsed)} if parsed is not None else set()
+    for caught, dur_ns in caught_compile_errors(context):
+        if _key(caught) not in raised:
+            raised.add(_key(caught))
+            findings.append(_finding(context, analyzer, caught, caught=True, cost_ns=dur_ns))
+    return findings
+
+
+def _key(parsed: CompileError | None) -> tuple[str, str, int, str]:
+    at = None if parsed is None else parsed.user_line or parsed.call_line
+    return (os.path.basename(at.file) if at else "", "" if parsed is None else parsed.reason, at.line if at else 0,
+            "" if parsed is None else parsed.kind.rpartition(".")[2])
+
+
+def caught_compile_errors(context: AnalysisContext) -> list[tuple[CompileError, int]]:
+    """The Dynamo errors of the run's frame compiles that raised (`detail.failure`), with the time each compile took,
+    in the order they ran; an error the script did not catch is also the run's."""
+    if not context.trace.has_table("compiles"):
         return []
+    errors: list[tuple[CompileError, int]] = []
+    for detail_text, dur_ns in context.trace.sql(
+        "SELECT detail, dur_ns FROM compiles WHERE rank = ? AND kind = 'dynamo_frame' AND detail LIKE '%\"failure\"%' "
+        "ORDER BY start_ns", (context.rank,),
+    ):
+        try:
+            failure = json.loads(detail_text or "{}").get("failure")
+        except (ValueError, AttributeError):
+            continue
+        if isinstance(failure, dict):
+            errors.append((_recorded_error(context, failure), int(dur_ns or 0)))
+    return errors
+
+
+def _recorded_error(context: AnalysisContext, failure: dict[str, object]) -> CompileError:
+    """A recorded failure (`kind`, `text`, `file`, `line`, `call_frame_id`) read as the exception's text would be."""
+    kind = str(failure.get("kind") or "Error")
+    kind = kind if "." in kind else f"torch._dynamo.exc.{kind}"
+    text = str(failure.get("text") or "").splitlines()
+    explanation = next((line.strip().removeprefix("Explanation:").strip() for line in text if line.strip().startswith("Explanation:")), None)
+    hints = tuple(line.strip().removeprefix("Hint:").strip() for line in text if line.strip().startswith("Hint:"))
+    file, line = failure.get("file"), failure.get("line")
+    user_line = SourceLine(file, line, "") if isinstance(file, str) and isinstance(line, int) and line > 0 else None
+    call_frame_id = failure.get("call_frame_id")
+    call = context.location(call_frame_id) if isinstance(call_frame_id, int) else None
+    call_line = SourceLine(call.file, call.line, call.function or "") if call is not None else None
+    return CompileError(kind, text[0].strip() if text else kind, explanation, hints, user_line, call_line)
+
+
+def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, caught: bool, cost_ns: int) -> Finding:
     at = parsed.user_line or parsed.call_line
     where = at.short if at is not None else "an unknown line"
     code = f" (`{at.code}`)" if at is not None and at.code else ""
+    what = (parsed.explanation or parsed.reason).rstrip(".")
+    went_on = ("; the script caught it and ran the function uncompiled" if caught else "; the run stopped")
     if parsed.graph_break:
-        title = f"torch.compile(fullgraph=True) raised at {where}: {parsed.reason}; the run stopped"
+        title = f"torch.compile(fullgraph=True) raised at {where}: {parsed.reason}{went_on}"
         explanation = (
-            f"Dynamo could not trace {where}{code}: {(parsed.explanation or parsed.reason).rstrip('.')}. Without "
-            "`fullgraph=True` it would break the graph there and run the line in Python; with it (or with graph breaks "
-            "made errors) it raises instead, and the run stopped there."
+            f"Dynamo could not trace {where}{code}: {what}. Without `fullgraph=True` it would break the graph there and "
+            "run the line in Python; with it (or with graph breaks made errors) it raises instead"
         )
     else:
-        title = f"torch.compile failed at {where}: {parsed.reason}; the run stopped"
-        explanation = (
-            f"Dynamo raised {parsed.kind.rpartition('.')[2]} while compiling {where}{code}: "
-            f"{(parsed.explanation or parsed.reason).rstrip('.')}. The run stopped there."
-        )
+        title = f"torch.compile failed at {where}: {parsed.reason}{went_on}"
+        explanation = f"Dynamo raised {parsed.kind.rpartition('.')[2]} while compiling {where}{code}: {what}"
+    explanation += (
+        ". The script caught the exception and went on, so the function it meant to compile runs as it was written "
+        "(a fallback to the uncompiled function runs it op by op); only this finding tells that it never compiled."
+        if caught else (", and the run stopped there." if parsed.graph_break else ". The run stopped there."))
     evidence = [Evidence(f"{parsed.kind}: {parsed.reason}", file=at.file if at else None, line=at.line if at else None)]
     if parsed.call_line is not None and parsed.call_line != at:
         evidence.append(Evidence("the call of the compiled function that raised",
                                  file=parsed.call_line.file, line=parsed.call_line.line))
     evidence += [Evidence(f"Dynamo's hint: {hint}") for hint in parsed.hints[:3]]
-    return [Finding(
+    return Finding(
         analyzer=analyzer,
-        severity="critical",
+        severity="warning" if caught else "critical",
         title=title,
         explanation=explanation,
         suggestion=_suggestion(parsed, where),
-        cost_total_ns=float(context.wall_ns),
+        cost_total_ns=float(cost_ns),
         evidence=tuple(evidence),
         file=at.file if at else None,
         line=at.line if at else None,
-    )]
+    )
 
 
 def _suggestion(parsed: CompileError, where: str) -> str:

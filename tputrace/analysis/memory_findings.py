@@ -8,6 +8,7 @@ import os
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Evidence, Finding
+from tputrace.analysis.kept_by import keeping_line
 from tputrace.analysis.memory_fit import MemoryFit
 from tputrace.analysis.memory_growth import SurvivingLine
 from tputrace.analysis.memory_loops import PilingLine, kept_value_line, same_loop
@@ -53,28 +54,35 @@ def _piling_finding(context: AnalysisContext, piling: tuple[PilingLine, ...]) ->
     if per_iteration < GROWTH_MIN_BYTES_PER_STEP:
         return None
     where = _short(kept)
+    keeping = keeping_line(context.trace, kept.file, kept.line)
+    kept_at = f"{where.rsplit(':', 1)[0]}:{keeping.line}" if keeping is not None else where
+    kept_by = f", and `{keeping.text}` at {kept_at} keeps it" if keeping is not None else ": something keeps it"
     after = "after the training loop's last step" if context.step_count else "in a run without steps"
     held = "; ".join(f"{_short(line)} ({format_bytes(line.bytes_per_iteration)} an iteration)" for line in together[:4])
+    evidence = [Evidence(f"{format_bytes(line.bytes_per_iteration)} an iteration piles up, {line.iterations} "
+                         "iterations live at once", file=line.file, line=line.line, module=line.module, table="buffers")
+                for line in together[:EVIDENCE_PARTS]]
+    if keeping is not None:
+        evidence.insert(0, Evidence(f"`{keeping.text}` keeps the value made at {where}", file=kept.file, line=keeping.line))
     return Finding(
         analyzer=NAME,
         severity="warning",
         title=(f"Live memory grows by {format_bytes(per_iteration)} every iteration of a loop without steps: the value "
-               f"made at {where} is kept with what it holds"),
+               f"made at {where} is kept" + (f" at {kept_at}" if keeping is not None else "") + " with what it holds"),
         explanation=(f"In a loop {after}, {together[0].iterations} iterations' buffers were live at once, "
                      f"{format_bytes(sum(line.peak_bytes for line in together))} in all: {held}. The value made at "
-                     f"{where} is the last of them each iteration: something keeps it, and a value computed with "
-                     "autograd on keeps its graph's activations alive with it."),
-        suggestion=(f"Keep what the loop needs of the value made at {where} without its graph: append `.detach()` "
+                     f"{where} is the last of them each iteration{kept_by}: a value computed with autograd on keeps its "
+                     "graph's activations alive with it."),
+        suggestion=((f"At {kept_at}, keep" if keeping is not None else "Keep")
+                    + f" what the loop needs of the value made at {where} without its graph: append `.detach()` "
                     "(or read `.item()` once after the loop) instead of the tensor, and run an evaluation loop under "
                     "`torch.no_grad()` (or `torch.inference_mode()`) so no graph is built."),
         cost_total_ns=0.0,
         cost_per_step_ns=None,
-        evidence=tuple(Evidence(f"{format_bytes(line.bytes_per_iteration)} an iteration piles up, {line.iterations} "
-                                "iterations live at once", file=line.file, line=line.line, module=line.module,
-                                table="buffers") for line in together[:EVIDENCE_PARTS]),
+        evidence=tuple(evidence),
         file=kept.file,
-        line=kept.line,
-        module=kept.module,
+        line=keeping.line if keeping is not None else kept.line,
+        module=None if keeping is not None else kept.module,
     )
 
 

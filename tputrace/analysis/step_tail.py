@@ -21,6 +21,10 @@ from tputrace.wording import format_ns, plural
 NAME = "step_tail"
 # "structure change at op 0 (train.py:22): 4 ops, aten.argmax.default to aten.mean.default (train.py:22) added (78 ops -> 82 ops)"
 _ADDED_FIRST = re.compile(r"^structure change at op 0(?: \((?P<run>[^()]*)\))?: (?P<ops>.+?) added(?:;| \()")
+# "structure change at op 0 (train.py:17): aten.zero_.default (train.py:7) -> 4 ops, aten.argmax.default to
+# aten.add_.Tensor (train.py:17) (17 ops -> 20 ops)": set-up work began the first step's graph, the tail the second's.
+_REPLACED_FIRST = re.compile(r"^structure change at op 0(?: \((?P<run>[^()]*)\))?: (?P<before>.+?\)) -> (?P<ops>.+?)"
+                             r"(?:;| \(\d+ ops -> \d+ ops\))")
 
 
 @dataclass(frozen=True)
@@ -46,7 +50,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[StepTailData]:
     def located(diff: str) -> tuple[str, int, str] | None:
         match = _ADDED_FIRST.match(diff)
         if match is None:
-            return None
+            match = _REPLACED_FIRST.match(diff)
+            set_up = LOCATION.search(match["before"]) if match else None
+            if match is None or set_up is None or runs_after_first_step(context, set_up["file"], int(set_up["line"])):
+                return None
         where = LOCATION.search(match["ops"]) or LOCATION.search(f"({match['run'] or ''})")
         if where is None or not runs_after_first_step(context, where["file"], int(where["line"])):
             return None
@@ -69,6 +76,18 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
     graphs = sorted({context.where(frame_id) for _, frame_id, *_ in recompiles})
     evidence = step_one_evidence(context, recompiles)
     tail_frame = context.frame_at_line(file_name, line)
+    replaced = _REPLACED_FIRST.match(recompiles[0][4])
+    set_up = LOCATION.search(replaced["before"]) if replaced else None
+    set_up_where = f"{set_up['file']}:{set_up['line']}" if set_up else None
+    first_graph = (
+        f"The first step's graph began with set-up work instead, made before the loop at {set_up_where} "
+        f"({LOCATION.sub('', replaced['before']).strip()}) and still pending when the step began"
+        if replaced and set_up_where else "The first step's graph had nothing before it"
+    )
+    set_up_fix = (
+        f" Run the set-up at {set_up_where} before the loop too (`torch.tpu.synchronize()` or `tputrace.step()` after "
+        "it), or both graphs still differ." if set_up_where else ""
+    )
     return Finding(
         analyzer=NAME,
         # Paid once: its share of a short traced run says little of a long one's, so it is never critical.
@@ -80,7 +99,7 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
         explanation=(
             f"The loop's work at {file_name}:{line} ({ops}) comes after the step's last flush (`optimizer.step()`) and "
             "nothing reads it in that step, so DeferAndFuse keeps it pending and runs it at the start of the next "
-            f"step's graph (flushed at {', '.join(graphs)}). The first step's graph had nothing before it, so the "
+            f"step's graph (flushed at {', '.join(graphs)}). {first_graph}, so the "
             f"second step's graph is another program ({programs}), compiled again: {format_ns(total_ns)} of compiling "
             f"({share:.0%} of the run), paid once. Later steps run the second step's program."
         ),
@@ -89,7 +108,7 @@ def _finding(context: AnalysisContext, file_name: str, line: int, recompiles: li
             "pending work as a program of its own without waiting for the chip (and marks the step there), so every "
             "step's graphs are the first step's and compile once. Work that does not need the updated weights (a "
             "metric of this step's outputs) can instead move before `optimizer.step()`, into the step's graph."
-            + (SCALER_UPDATE if "aten._amp_update_scale_" in ops else "")
+            + set_up_fix + (SCALER_UPDATE if "aten._amp_update_scale_" in ops else "")
         ),
         cost_total_ns=float(total_ns),
         cost_per_step_ns=None,

@@ -17,6 +17,7 @@ from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
 from tputrace.analysis.host_reads import host_read_before, masking_fix
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
+from tputrace.analysis.routing import ROUTING_FIX, routes_tokens
 from tputrace.wording import format_ns, plural
 
 MAX_LISTED_PROGRAMS = 6  # programs named in a finding for the storms of one batch or one data-dependent size
@@ -436,7 +437,11 @@ def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list
             f"{flushes} at {where} (the line's host-sync findings count their cost, not these compiles)",
             origin.frame_id, table="flushes",
         ))
-    fix = data_sizes.FIXES.get(origin.what, "use an op with a fixed output shape")
+    routed = origin.what in (data_sizes.MASK_COUNT, data_sizes.NONZERO_COUNT) and routes_tokens(
+        context, origin.family, origin.frame_id, origin.module)
+    fix = ROUTING_FIX if routed else data_sizes.FIXES.get(origin.what, "use an op with a fixed output shape")
+    routed_text = (" It is how many tokens a routing chose for each expert: the module chose with a top-k (or an "
+                   "argmax) and the line selected rows several times a step, once per expert." if routed else "")
     took = (
         f" {_listed_programs(storms)} took it as an input dim" + (f" (it enters as {entry.describe(context)})" if entry else "")
         + f" and compiled once per size it took (up to {sizes} sizes)." if storms else ""
@@ -445,7 +450,7 @@ def data_size_finding(context: AnalysisContext, origin: SizeOrigin, storms: list
         context, compiles, programs=_programs(program_names), cause=f"{origin.what} at {where} changes", sizes=sizes,
         explanation=(
             f"The changing size is {origin.what} at {where} ({origin.family}): the data decides it, so it differs "
-            f"from step to step.{took}{own_text} "
+            f"from step to step.{routed_text}{took}{own_text} "
         ),
         then=(
             ". Padding batches in the data pipeline cannot help: the size is a count of values, not a batch's shape."

@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from tputrace.analysis.call_sites import line_text
+from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
@@ -275,7 +276,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     steady_count = max(context.steady_count, 1)
     every = _period(context, frame_id, kind, library_frame_id) if per_step is not None else None
     rate = per_step_text(steady_syncs, steady_count, "time", every=every) if per_step is not None else plural(count, "time")
-    every_step = per_step is not None and 0.99 <= per_step < 1.5  # more a step reads as its rate: `4 times per step`
+    # More a step reads as its rate (`4 times per step`), and n at a time every p steps as that period.
+    every_step = per_step is not None and every is None and 0.99 <= per_step < 1.5
     once = context.once_in_loop(steps_with, steady_syncs)
     stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
                else f"{format_ns(steady_stall / steady_count)} stalled per step")
@@ -301,9 +303,19 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
-    if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
+    if kind == "item" and context.steps:
+        suggestion = _item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
+    elif kind in _COPIES_OUT and context.steps and _APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
+        suggestion = KEPT_COPIES
+    steady = context.steady_range
+    evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
+                 if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
+    if evaluated and every is not None:
+        suggestion = evaluation_suggestion(where, every, evaluated)
+        severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
+    elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
-    if read_with:
+    if read_with and not suggestion.startswith(("Keep the values on the chip while", "Keep the value on the chip: append")):
         suggestion += (f" {where} reads in the same steps as {', '.join(read_with)}, each waiting for the chip in turn: "
                        "compute those values first and read them in one go (`torch.stack([a, b]).tolist()`), one wait "
                        f"instead of {len(read_with) + 1}.")
@@ -374,6 +386,31 @@ def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str
     if kind == "item" and _STEP_OF_AN_OPTIMIZER.search(text) and _ran_in_loop(context, UNSCALE_OPS[0], where, params):
         return _scaler_read(context)  # `scaler.step(opt)` after `scaler.unscale_(opt)` at another line
     return None
+
+
+_ITEM_READ = re.compile(r"(?<![\w.])(?P<value>[A-Za-z_][\w.]*)\.item\(\)")
+KEPT_READS = ("Keep the value on the chip: append `{value}.detach()` in place of `{value}.item()` and read the list "
+              "once after the loop (`torch.stack(values).tolist()`), or every N steps, so the host can queue the next "
+              "step while the chip works.")
+
+
+_COPIES_OUT = frozenset({"cpu", "numpy", "tolist"})
+_APPENDS = re.compile(r"\.(?:append|extend)\(")
+KEPT_COPIES = ("Keep the values on the chip while the loop runs: append the tensors themselves (detached, without "
+               "`.cpu()`/`.numpy()`/`.tolist()`) and copy the list to the host once after the loop "
+               "(`torch.cat(values).cpu()`), or every N steps, so the host can queue the next step while the chip works.")
+
+
+def _item_suggestion(text: str, suggestion: str) -> str:
+    """The per-step `.item()` fix for the value the line reads (its run's copy): a read appended to a list is kept on
+    the chip and stacked after the loop; another value than a loss (a gradient norm) is named in place of `loss`."""
+    values = {match["value"] for match in _ITEM_READ.finditer(text)}
+    if len(values) != 1:
+        return suggestion
+    (value,) = values
+    if _APPENDS.search(text):
+        return KEPT_READS.format(value=value)
+    return suggestion.replace("`loss.detach()`", f"`{value}.detach()`")
 
 
 def _scaler_read(context: AnalysisContext) -> tuple[str, str]:

@@ -22,6 +22,7 @@ _OUTSIDE_FALLBACKS = outside_fallbacks("t")
 # A host random draw on a copying line: `torch.randn(8, 16).to("tpu")`, `torch.randint(0, T, (8,)).cuda()`.
 _HOST_DRAW = re.compile(r"\b(?P<draw>torch\.(?:randn|rand|randint|randperm|normal|bernoulli|poisson))\((?P<arguments>[^()]*(?:\([^()]*\)[^()]*)*)\)")
 _LIKE_DRAWS = ("torch.randn", "torch.rand")
+_FROM_TENSOR_DRAWS = ("torch.bernoulli", "torch.poisson")  # they take no `device=`: they draw where their input is
 
 
 def host_random_draw(text: str | None) -> str | None:
@@ -111,6 +112,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
             suggestion = (
                 "It was copied in one step only, so it costs its time once, not every step: if it is a value the "
                 "loop makes on a condition (a table, a mask), make it on the chip (`device=...`) or before the loop."
+            )
+        elif draw in _FROM_TENSOR_DRAWS:
+            suggestion = (
+                f"The line draws random numbers on the host (`{draw}(...)`) and copies them to the chip every step: "
+                f"`{draw}` draws where its input is, so make that input on the chip (`torch.full_like(x, p)` or "
+                "`torch.full(shape, p, device=x.device)` for a tensor x already there)"
+                + (", or draw the mask as `torch.rand_like(x) < p`" if draw == "torch.bernoulli" else "")
+                + ", so nothing is copied and the step's program makes them."
             )
         elif draw is not None:
             suggestion = (
