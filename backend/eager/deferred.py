@@ -34,7 +34,7 @@ from tputrace.backend.core.plans import VIEW_READ, Plan, compile_program
 from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.eager import graph_changes, hlo_fusions, step_replay
 from tputrace.backend.eager.flush_sites import FlushSites, FlushedGraph
-from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, fence, input_specs, saved_values, unpack
+from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, fence, input_specs, saved_values, scalar_identity, unpack
 from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
@@ -197,6 +197,7 @@ class DeferredExecutor:
         """Add an op to the graph (its inputs, scalars and references to earlier ops' outputs); its node."""
         input_refs = graph.input_refs
         refs = []
+        op_slots: dict | None = None  # (kind, identity) -> slot, for this op's scalars (`scalar_identity`)
         for value in dynamic:
             if type(value) is LazyValue:
                 if value.concrete is None:
@@ -211,8 +212,12 @@ class DeferredExecutor:
                 kind = _SCALAR_KINDS.get(type(value))
                 if kind is not None:
                     scalars = graph.scalars[kind]
-                    refs.append((2, kind, len(scalars)))
-                    scalars.append(value)
+                    if op_slots is None:
+                        op_slots = {}
+                    slot = op_slots.setdefault((kind, scalar_identity(value)), len(scalars))
+                    if slot == len(scalars):
+                        scalars.append(value)
+                    refs.append((2, kind, slot))
                     continue
                 inputs = graph.inputs
                 ref = input_refs[id(value)] = (0, len(inputs))
