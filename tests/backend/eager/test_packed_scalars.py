@@ -67,3 +67,15 @@ def test_a_recompile_for_scalars_no_longer_the_same_says_so(tmp_path: Path) -> N
         recompiles = [compile.diff for compile in trace.records("compiles") if compile.reason == "recompile" and compile.kind == "fused"]
     assert len(recompiles) == 1 and "aten._foreach_div.ScalarList" in recompiles[0], recompiles
     assert "Python scalar arguments that were the same value now differ" in recompiles[0]
+
+
+def test_a_variance_s_correction_is_a_constant_of_its_program_not_a_packed_scalar() -> None:
+    samples = torch.randn(4, 8, 5, generator=torch.Generator().manual_seed(0))
+    with eager(EagerMode.DEFER_AND_FUSE):
+        chip_samples = samples.to("tpu")
+        for correction in (0, 1, 2):
+            variance, mean = torch.var_mean(chip_samples, dim=1, correction=correction)
+            assert all(not slots for slots in dispatcher.executor.graphs[0].scalars)
+            expected_variance, expected_mean = torch.var_mean(samples, dim=1, correction=correction)
+            torch.testing.assert_close(variance.cpu(), expected_variance)
+            torch.testing.assert_close(mean.cpu(), expected_mean)
