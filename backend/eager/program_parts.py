@@ -24,8 +24,8 @@ SCALAR_WEAK = (True, True, False, True)
 
 def scalar_identity(value: Any) -> Any:
     """What makes two Python scalars of one kind the same packed value: their value, and a float's sign,
-    which sets a zero's bits (0.0 == -0.0). One op's scalar arguments that are the same share one slot
-    of the packed scalars: XLA computes what derives from a slot (a foreach division's reciprocal) once
+    which sets a zero's bits (0.0 == -0.0). A foreach op's scalar arguments that are the same share one slot
+    of the packed scalars (`deferred`): XLA computes what derives from a slot (a foreach division's reciprocal) once
     for all of them instead of in a kernel per slot. A NaN is the same only as itself (its object)."""
     if type(value) is float:
         return (value, math.copysign(1.0, value))

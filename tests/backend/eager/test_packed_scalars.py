@@ -1,5 +1,5 @@
-"""DeferAndFuse packs a graph's Python scalars into one array per kind; one op's scalar arguments that are the same
-value share one slot, so XLA derives from it once (a foreach division's reciprocal) instead of once per element."""
+"""DeferAndFuse packs a graph's Python scalars into one array per kind; a foreach op's scalar arguments that are the
+same value share one slot, so XLA derives from it once (a foreach division's reciprocal) instead of once per element."""
 
 from __future__ import annotations
 
