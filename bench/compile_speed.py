@@ -3,6 +3,7 @@ another checkout's (`--base-python`), side by side.
 
     python bench/compile_speed.py --base-python /work/main/.venv/bin/python [--rounds 3] [--models classifier gpt cnn]
     python bench/compile_speed.py --options default= split1=xla_cpu_parallel_codegen_split_count=1 [--rounds 3]
+    python bench/compile_speed.py --origins [--models classifier cnn]
 
 Each round starts one worker process per side, in alternating order: the worker imports the backend its
 Python finds (the base Python's own checkout, or this one), runs each model's first steps in DEFER_AND_FUSE,
@@ -13,6 +14,10 @@ paired by model and compile order. The models: a one-layer `nn.TransformerEncode
 a padding mask and dropout (AdamW), `examples/gpt_train.py`'s GPT (6 layers, width 256, AdamW, clipping),
 `examples/cnn_train.py`'s ResNet (SGD with momentum) and a sequence tagger (an embedding, a two-layer
 bidirectional `nn.LSTM` of width 128 over 20 tokens and a linear head, Adam).
+
+With `--origins` it counts each program's kernels on this checkout by kind (loop fusions, which XLA:CPU compiles
+through LLVM, against library fusions such as YNNPACK's) and by the ATen op whose lowering made them (the op named
+in the fusion's metadata, its root's), to show which lowerings make a program's kernels.
 
 With `--options NAME=OPTION=VALUE,...` it compares XLA compile options on this checkout instead: each round's
 worker captures the programs once, then compiles each program under every option set in turn (the order
@@ -315,6 +320,55 @@ def compare_options(option_sets: dict[str, dict[str, bool | int | str]], models:
     return "\n".join(lines)
 
 
+def origins_worker(models: Sequence[str]) -> None:
+    """`--origins`: capture each model's programs, compile each, print its kernels by kind and origin as one JSON line."""
+    import collections
+    import re
+    import warnings
+
+    import jax
+
+    sys.path.insert(0, str(EXAMPLES))
+    import tputrace.backend  # noqa: F401 - registers the tpu device
+
+    kind_of, op_name_of = re.compile(r"\bkind=(k\w+)"), re.compile(r'op_name="([^"]*)"')
+    programs = []
+    for model in models:
+        for name, fn, inputs in _capture(model):
+            def fresh(*args: Any, fn: Callable[..., Any] = fn) -> Any:
+                return fn(*args)
+
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                text = jax.jit(fresh).lower(*inputs).compile().as_text() or ""
+            kinds: collections.Counter[str] = collections.Counter()
+            origins: collections.Counter[str] = collections.Counter()
+            for line in text[text.index("\nENTRY"):].splitlines():
+                if " fusion(" not in line:
+                    continue
+                kind, op_name = kind_of.search(line), op_name_of.search(line)
+                kinds[kind.group(1) if kind else "?"] += 1
+                parts = [part for part in (op_name.group(1) if op_name else "").split("/") if part.startswith(("aten.", "prims.", "tputrace."))]
+                origins[parts[0] if parts else "(no op metadata)"] += 1
+            programs.append({"model": model, "name": name, "kernels": sum(kinds.values()), "loop": kinds["kLoop"], "library": kinds["kCustom"],
+                             "origins": origins.most_common()})
+    print("RESULT " + json.dumps({"programs": programs}), flush=True)
+
+
+def origins_table(models: Sequence[str], shown: int = 8) -> str:
+    """`--origins`' table: per program, its kernels by kind and the ATen ops whose lowerings made the most."""
+    sample = _run_worker(sys.executable, models, ["--origins"])
+    lines = [
+        "Each fused program's kernels (fusions of the optimized entry computation) by kind (loop: compiled through LLVM; "
+        f"library: YNNPACK's fusions) and by the ATen op its metadata names (its root's), the {shown} most:", "",
+        "| model | program | kernels | loop | library | origins |", "|---|---|---|---|---|---|",
+    ]
+    for program in sample["programs"]:
+        origins = ", ".join(f"{origin.removeprefix('aten.')} {count}" for origin, count in program["origins"][:shown])
+        lines.append(f"| {program['model']} | {program['name']} | {program['kernels']} | {program['loop']} | {program['library']} | {origins} |")
+    return "\n".join(lines)
+
+
 def worker(models: Sequence[str]) -> None:
     """One side of a round: capture each model's programs, compile each again, print one JSON line."""
     sys.path.insert(0, str(EXAMPLES))
@@ -386,6 +440,7 @@ def main() -> None:
     parser.add_argument("--base-python", help="the Python whose checkout is the base (its own editable install)")
     parser.add_argument("--options", nargs="+", metavar="NAME=OPTION=VALUE,...",
                         help="compare XLA compile option sets on this checkout instead (the first is the reference; NAME= for XLA's defaults)")
+    parser.add_argument("--origins", action="store_true", help="count each program's kernels by kind and by the ATen op that made them, on this checkout")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
     parser.add_argument("--worker", nargs="+", choices=MODELS, help=argparse.SUPPRESS)
@@ -396,12 +451,16 @@ def main() -> None:
     except ValueError as error:
         parser.exit(2, f"compile_speed: {error}\n")
     if args.worker:
-        if option_sets:
+        if args.origins:
+            origins_worker(args.worker)
+        elif option_sets:
             options_worker(args.worker, option_sets)
         else:
             worker(args.worker)
         return
-    if option_sets:
+    if args.origins:
+        body, title = origins_table(args.models), "XLA:CPU kernels of fused programs by origin"
+    elif option_sets:
         body, title = compare_options(option_sets, args.models, args.rounds), "XLA:CPU compile options"
     elif args.base_python is None:
         parser.exit(2, "compile_speed: give --base-python (compare two checkouts) or --options (compare XLA options)\n")

@@ -33,6 +33,9 @@ _TRACED_FLOAT_OPS = {"aten::_fused_adam", "aten::_fused_adamw", "aten::_fused_sg
 # Norms: the order picks the algorithm. A traced order makes the lowering compute every norm and
 # select (|x|**p by exp/log, max, min, nonzero count): clip_grad_norm_ made the GPT step's flush ~18x slower.
 _ORDER_SCALAR_OPS = {"aten::linalg_vector_norm", "aten::norm", "aten::_foreach_norm", "aten::_foreach_powsum"}
+# Variances: the correction (Bessel's, 0 or 1 in practice) is a constant of the program. Traced, each call's
+# divisor would be a scalar kernel of its own (a batch norm's `var_mean` in every layer).
+_CORRECTION_SCALAR_OPS = {"aten::var", "aten::var_mean", "aten::std", "aten::std_mean"}
 # Lowered ops whose meta kernel gives other shapes than the CPU: their outputs' shapes come from the
 # lowering, which checks the arguments itself. multilabel_margin_loss_forward's is torch's
 # decomposition: a 1-D or 0-d input's unreduced loss comes out (1,), the CPU's is 0-d.
@@ -171,7 +174,7 @@ def classify(op: OpOverload) -> OpEntry:
     schema = op._schema
     name = str(op)
     scalar_positions, scalar_names, list_positions, list_names = set(), set(), set(), set()
-    if schema.name not in _STATIC_SCALAR_OPS and schema.name not in _ORDER_SCALAR_OPS:
+    if schema.name not in _STATIC_SCALAR_OPS and schema.name not in _ORDER_SCALAR_OPS and schema.name not in _CORRECTION_SCALAR_OPS:
         for position, arg in enumerate(schema.arguments):
             if _is_scalar_type(arg.type, schema.name in _TRACED_FLOAT_OPS) or _is_tensor_type(arg.type):
                 (scalar_names if arg.kwarg_only else scalar_positions).add(arg.name if arg.kwarg_only else position)

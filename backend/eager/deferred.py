@@ -34,7 +34,7 @@ from tputrace.backend.core.plans import VIEW_READ, Plan, compile_program
 from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.eager import graph_changes, hlo_fusions, step_replay
 from tputrace.backend.eager.flush_sites import FlushSites, FlushedGraph
-from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, fence, input_specs, saved_values, unpack
+from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, fence, input_specs, saved_values, scalar_identity, unpack
 from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
@@ -44,6 +44,11 @@ SIZE_CAP = 10_000
 # a flush packs them into one array per kind (`program_parts`).
 _SCALAR_KINDS = SCALAR_KINDS
 _GRAPH_ONLY_REFS = 3
+# Ops whose same Python scalars share a slot: a foreach op's per-element scalars are copies of one
+# hyperparameter (a bias correction per parameter). Other ops' scalars that happen to be the same (a seed
+# and an offset, both 0) keep their own slots, so a program does not change when they stop being the same.
+_PER_ELEMENT_SCALAR_OPS = "aten._foreach_"
+_UNSHARED: dict = {}
 # Ops whose result reads only its inputs' shapes and dtypes (a functional `zero_`/`fill_` overwrites
 # its input): an optimizer's first step makes its state with them (see `DeferredExecutor.creating_state`).
 NEW_VALUE_OPS = frozenset({
@@ -197,6 +202,7 @@ class DeferredExecutor:
         """Add an op to the graph (its inputs, scalars and references to earlier ops' outputs); its node."""
         input_refs = graph.input_refs
         refs = []
+        op_slots: dict | None = None  # (kind, identity) -> slot, for a foreach op's scalars (`scalar_identity`)
         for value in dynamic:
             if type(value) is LazyValue:
                 if value.concrete is None:
@@ -211,8 +217,12 @@ class DeferredExecutor:
                 kind = _SCALAR_KINDS.get(type(value))
                 if kind is not None:
                     scalars = graph.scalars[kind]
-                    refs.append((2, kind, len(scalars)))
-                    scalars.append(value)
+                    if op_slots is None:
+                        op_slots = {} if plan.op_name.startswith(_PER_ELEMENT_SCALAR_OPS) else _UNSHARED
+                    slot = op_slots.setdefault((kind, scalar_identity(value)), len(scalars)) if op_slots is not _UNSHARED else len(scalars)
+                    if slot == len(scalars):
+                        scalars.append(value)
+                    refs.append((2, kind, slot))
                     continue
                 inputs = graph.inputs
                 ref = input_refs[id(value)] = (0, len(inputs))

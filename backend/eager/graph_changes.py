@@ -45,12 +45,19 @@ def structure_change(old: FlushedGraph, nodes: list, called_names: tuple[str, ..
                     return "recompile", f"{op}: {change}"
             if plan.op_name == old_plan.op_name and refs == old_refs:
                 return "recompile", f"{op}: non-tensor arguments {key_change(old_plan.structure_key, plan.structure_key)}"
+            if plan.op_name == old_plan.op_name and _scalar_slots_differ(refs, old_refs):
+                return "recompile", f"{op}: Python scalar arguments that were the same value now differ, or the reverse (the same ones share one program input)"
             if plan.op_name == old_plan.op_name:
                 return "recompile", f"{op}: reads other values (inputs wired differently)"
             return "recompile", _ops_change(nodes, called_names, old, index, graph, recorder)
     if len(nodes) != len(old_nodes):
         return "recompile", _ops_change(nodes, called_names, old, min(len(nodes), len(old_nodes)), graph, recorder)
     return "recompile", f"same {op_count(nodes)} ops; the values kept after the flush, the donated inputs or the op where backward began changed"
+
+
+def _scalar_slots_differ(refs: tuple, old_refs: tuple) -> bool:
+    """Whether two ops' arguments differ only in which packed scalar slots they read (`program_parts.scalar_identity`)."""
+    return len(refs) == len(old_refs) and all(ref == old or (ref[0] == old[0] == 2 and ref[1] == old[1]) for ref, old in zip(refs, old_refs))
 
 
 def op_count(nodes: Sequence[tuple[Plan, tuple]]) -> int:

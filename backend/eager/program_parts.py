@@ -3,6 +3,7 @@ the Python scalars it reads packed into one array per kind, and the fence in fro
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,6 +20,18 @@ from tputrace.backend.core.signatures import InputSpec
 SCALAR_KINDS = {float: 0, int: 1, bool: 2, complex: 3}
 SCALAR_DTYPES = tuple(dtypes.canonicalize_dtype(kind) for kind in (np.float64, np.int64, np.bool_, np.complex128))
 SCALAR_WEAK = (True, True, False, True)
+
+
+def scalar_identity(value: Any) -> Any:
+    """What makes two Python scalars of one kind the same packed value: their value, and a float's sign,
+    which sets a zero's bits (0.0 == -0.0). A foreach op's scalar arguments that are the same share one slot
+    of the packed scalars (`deferred`): XLA computes what derives from a slot (a foreach division's reciprocal) once
+    for all of them instead of in a kernel per slot. A NaN is the same only as itself (its object)."""
+    if type(value) is float:
+        return (value, math.copysign(1.0, value))
+    if type(value) is complex:
+        return (value, math.copysign(1.0, value.real), math.copysign(1.0, value.imag))
+    return value
 
 
 def input_specs(inputs: Sequence[Any], _torch_dtypes: dict = JAX_TO_TORCH) -> tuple[InputSpec, ...]:

@@ -24,7 +24,7 @@ from typing import Any
 from tputrace import settings
 from tputrace.backend.core.plans import Plan
 from tputrace.backend.core.signatures import signature_diff
-from tputrace.backend.eager.program_parts import SCALAR_KINDS as _SCALAR_KINDS
+from tputrace.backend.eager.program_parts import SCALAR_KINDS as _SCALAR_KINDS, scalar_identity
 
 # `deferred`'s PendingGraph and FusedProgram, which import this module.
 PendingGraph = Any
@@ -124,12 +124,16 @@ def replay_op(graph: PendingGraph, template: Template, plan: Plan, dynamic: Sequ
                 continue
         elif kind == 2 and _SCALAR_KINDS.get(type(value)) == ref[1]:
             bucket = graph.scalars[ref[1]]
-            if ref[2] == len(bucket):
+            slot = ref[2]
+            if slot == len(bucket):
                 bucket.append(value)
                 if added_scalars is None:
                     added_scalars = [bucket]
                 else:
                     added_scalars.append(bucket)
+                continue
+            # A slot this op shares among its same scalars: the value must be that slot's still.
+            if slot < len(bucket) and scalar_identity(bucket[slot]) == scalar_identity(value):
                 continue
         break
     else:
