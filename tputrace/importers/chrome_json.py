@@ -244,7 +244,7 @@ class ChromeJsonImporter:
                     if event.get("name") != name or event.get("cat") != "python_function":
                         raise _Irregular
                     user_frames.append((event["ts"], event["ts"] + _number(event.get("dur")), event.get("tid"), name))
-            self.window.scan_text(text, lambda block, match: _event_around(block, match, decode))
+            self.window.scan_text(text, lambda block, match: _event_around(block, match, decode), user=not markers)
             if python_events != text.count('"python_function"'):
                 raise _Irregular
         trailer.update(array_trailer(text))

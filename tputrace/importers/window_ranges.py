@@ -15,6 +15,7 @@ from typing import Any
 from tputrace.importers.json_events import event_texts
 
 _RANGE_TEXT = re.compile(r'"cat"\s*:\s*"(?:user_annotation|Trace)"')
+_SPAN_TEXT = re.compile(r'"cat"\s*:\s*"Trace"')
 # A CPU op's thread, where Kineto writes its keys in its usual order (`ph`, `cat`, `name`, `pid`, `tid`).
 _OP_THREAD_TEXT = re.compile(r'"cat"\s*:\s*"cpu_op"\s*,\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"pid"\s*:\s*[^,]*,'
                              r'\s*"tid"\s*:\s*"?([^",\s}]*)')
@@ -36,10 +37,12 @@ class WindowRanges:
         self.user: list[UserRange] = []
         self.span: tuple[float, float] | None = None
 
-    def scan_text(self, text: str, event_around: Callable[[str, re.Match[str]], dict[str, Any]]) -> None:
-        """Read the ranges of a block of raw text, each event decoded by `event_around`."""
-        if '"user_annotation"' in text or '"Trace"' in text:
-            for match in _RANGE_TEXT.finditer(text):
+    def scan_text(self, text: str, event_around: Callable[[str, re.Match[str]], dict[str, Any]],
+                  user: bool = True) -> None:
+        """Read the ranges of a block of raw text, each event decoded by `event_around`; only the window's span
+        without `user` (a window with step markers, whose user ranges are not its steps)."""
+        if (user and '"user_annotation"' in text) or '"Trace"' in text:
+            for match in (_RANGE_TEXT if user else _SPAN_TEXT).finditer(text):
                 self.add_event(event_around(text, match))
 
     def add_event(self, event: dict[str, Any]) -> None:
