@@ -378,14 +378,30 @@ TORCH_LAST_BATCH = textwrap.dedent("""
 """)
 
 # A profile without a schedule (no `prof.step()`, so no `ProfilerStep#N`): four iterations each inside the user's
-# `record_function("train_step")` (with a `forward` range nested in it), each after a shorter top-level `load` range.
+# `record_function("train_step")` (with a `forward` range nested in it), each after a shorter top-level `load` range;
+# all threads profiled, and a second thread opens its own range five times, each longer than an iteration, around
+# a few ops.
 TORCH_UNSCHEDULED = textwrap.dedent("""
-    import sys, torch
+    import sys, threading, time, torch
+    from torch._C._profiler import _ExperimentalConfig
     from torch.profiler import ProfilerActivity, profile, record_function
 
     model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    started = threading.Event()
+
+    def poll():
+        for _ in range(5):
+            with record_function("poll"):
+                started.set()
+                torch.ones(2).add(1)
+                time.sleep(0.02)
+
+    with profile(activities=[ProfilerActivity.CPU],
+                 experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+        poller = threading.Thread(target=poll)
+        poller.start()
+        started.wait()
         for _ in range(4):
             with record_function("load"):
                 x = torch.randn(8, 16)
@@ -395,6 +411,7 @@ TORCH_UNSCHEDULED = textwrap.dedent("""
                 loss.backward()
                 opt.step()
                 opt.zero_grad()
+        poller.join()
     prof.export_chrome_trace(sys.argv[1])
 """)
 

@@ -69,7 +69,7 @@ def choose(windows: list[WindowRanges], paths: Iterable[Path]) -> tuple[str, lis
     of them the name covering the most time. None where no range repeats."""
     candidates: dict[tuple[Any, str], list[float]] = {}  # (thread, name) -> [occurrences, time covered]
     for window in windows:
-        for _, start, end, tid, name in _top_level(window.user):
+        for start, end, tid, name in _top_level(window.user):
             entry = candidates.setdefault((tid, name), [0, 0.0])
             entry[0] += 1
             entry[1] += end - start
@@ -79,27 +79,25 @@ def choose(windows: list[WindowRanges], paths: Iterable[Path]) -> tuple[str, lis
     threads = {tid for tid, _ in candidates}
     if len(threads) > 1:
         ops = ops_per_thread(paths)
-        main = max(threads, key=lambda tid: (ops.get(str(tid), 0), -min(entry[0] for (other, _), entry in
-                                                                        candidates.items() if other == tid)))
+        main = max(threads, key=lambda tid: (ops.get(str(tid), 0), max(entry[1] for (other, _), entry in
+                                                                       candidates.items() if other == tid)))
         candidates = {key: entry for key, entry in candidates.items() if key[0] == main}
     tid, name = max(candidates, key=lambda key: (candidates[key][1], candidates[key][0]))
-    steps = [[(start, end, None) for _, start, end, other, other_name in _top_level(window.user)
+    steps = [[(start, end, None) for start, end, other, other_name in _top_level(window.user)
               if other == tid and other_name == name] for window in windows]
     return name, steps
 
 
-def _top_level(ranges: list[UserRange]) -> list[tuple[int, float, float, Any, str]]:
-    """The ranges not inside another range of their thread, in time order (with their position)."""
-    ordered = sorted(enumerate(ranges), key=lambda item: (item[1][2].__class__.__name__, str(item[1][2]),
-                                                         item[1][0], -item[1][1]))
-    top: list[tuple[int, float, float, Any, str]] = []
-    open_end: dict[Any, float] = {}
-    for position, (start, end, tid, name) in ordered:
-        if start < open_end.get(tid, float("-inf")):
-            continue
-        open_end[tid] = end
-        top.append((position, start, end, tid, name))
-    return sorted(top, key=lambda item: item[1])
+def _top_level(ranges: list[UserRange]) -> list[UserRange]:
+    """The ranges that start after the previous top-level range of their thread has ended (not inside it, nor
+    overlapping it), in time order."""
+    top: list[UserRange] = []
+    open_end: dict[Any, float] = {}  # thread -> the end of its latest top-level range
+    for start, end, tid, name in sorted(ranges, key=lambda item: (item[0], -item[1])):
+        if start >= open_end.get(tid, float("-inf")):
+            open_end[tid] = end
+            top.append((start, end, tid, name))
+    return top
 
 
 def ops_per_thread(paths: Iterable[Path]) -> Counter[str]:
