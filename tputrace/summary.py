@@ -87,6 +87,7 @@ class RunSummary:
     rank_lines: tuple[RankLine, ...] = ()  # a line per rank, for a trace of several
     replay: ReplayStats | None = None  # DeferAndFuse's step replay over the flushes (None: not recorded)
     chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
+    recorded_ns: int | None = None  # an import's profiling windows' time, without the gaps between them (None: one window)
 
     @property
     def measured_on(self) -> str:
@@ -184,6 +185,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         ranks=tuple(trace.distributed_ranks),
         run=run,
         wall_ns=trace.wall_ns(rank=chosen_rank),
+        recorded_ns=(imported_source(trace, chosen_rank) or {}).get("recorded_ns"),
         step_count=len(step_durations),
         first_step_ns=step_durations[0] if step_durations else None,
         median_step_ns=steady_median_ns(step_durations),
@@ -331,7 +333,8 @@ def _host_ops_beside(device: str | None) -> bool:
 
 def sections(summary: RunSummary) -> list[Section]:
     """The summary's tables, skipping those with nothing to show."""
-    wall = summary.wall_ns
+    # An import of several profiling windows: shares of the windows' time, not of the unrecorded gaps between them.
+    wall = summary.recorded_ns or summary.wall_ns
     op_label = DEVICE_OPS_LABEL if summary.device_ops else "host dispatch"
     # Program execution is each chip's time with a program in flight, and an XProf import's ops and collectives are
     # each chip's too: a share of the wall of all the chips.
@@ -341,7 +344,8 @@ def sections(summary: RunSummary) -> list[Section]:
     split_rows = tuple((op_label if label == "host dispatch" else label, format_ns(ns),
                         _percent(ns, wall * chips if label in per_chip else wall))
                        for label, ns in summary.time_split.parts() if ns)
-    split_title = "% of wall; categories overlap" + (f"; the chips' as % of wall × {chips} chips" if per_chip else "")
+    split_title = ("% of wall" if wall == summary.wall_ns else f"% of the profiling windows' {format_ns(wall)}, "
+                   f"not the {format_ns(summary.wall_ns - wall)} between them") + "; categories overlap" + (f"; the chips' as % of wall × {chips} chips" if per_chip else "")
     kernel_ns = summary.op_kernel_ns
     device_label = f"{summary.imported_device or 'device'} time of its kernels"
     result = [rank_section(summary.rank_lines, summary.rank)] if summary.rank_lines else []

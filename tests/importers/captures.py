@@ -377,6 +377,64 @@ TORCH_LAST_BATCH = textwrap.dedent("""
             prof.step()
 """)
 
+# A profile without a schedule (no `prof.step()`, so no `ProfilerStep#N`): four iterations each inside the user's
+# `record_function("train_step")` (with a `forward` range nested in it), each after a shorter top-level `load` range;
+# all threads profiled, and a second thread opens its own range five times, each longer than an iteration, around
+# a few ops.
+TORCH_UNSCHEDULED = textwrap.dedent("""
+    import sys, threading, time, torch
+    from torch._C._profiler import _ExperimentalConfig
+    from torch.profiler import ProfilerActivity, profile, record_function
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    started = threading.Event()
+
+    def poll():
+        for _ in range(5):
+            with record_function("poll"):
+                started.set()
+                torch.ones(2).add(1)
+                time.sleep(0.02)
+
+    with profile(activities=[ProfilerActivity.CPU],
+                 experimental_config=_ExperimentalConfig(profile_all_threads=True)) as prof:
+        poller = threading.Thread(target=poll)
+        poller.start()
+        started.wait()
+        for _ in range(4):
+            with record_function("load"):
+                x = torch.randn(8, 16)
+            with record_function("train_step"):
+                with record_function("forward"):
+                    loss = model(x).sum()
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+        poller.join()
+    prof.export_chrome_trace(sys.argv[1])
+""")
+
+# A schedule that records one step in four (wait 2, warmup 1, active 1, repeat 3): three windows, one file each, with
+# the unrecorded steps between them (each step sleeps 5 ms outside the profiler's windows too).
+TORCH_REPEATED_WINDOWS = textwrap.dedent("""
+    import sys, time, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(8, 16)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=2, warmup=1, active=1, repeat=3),
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for _ in range(12):
+            for _ in range(5):
+                model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            time.sleep(0.005)
+            prof.step()
+""")
+
 TORCH_GLOO = textwrap.dedent("""
     import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
     from torch.profiler import ProfilerActivity, profile
@@ -620,3 +678,13 @@ def torch_profile_and_trace_capture(folder: Path) -> Path:
 def torch_profiler_capture(folder: Path) -> Path:
     """torch.profiler's Chrome JSON of two training steps of a small CPU model."""
     return _capture(folder, "profiled.py", TORCH_PROFILER, "profile.json")
+
+
+def torch_unscheduled_capture(folder: Path) -> Path:
+    """torch.profiler's Chrome JSON of `TORCH_UNSCHEDULED` (no step markers)."""
+    return _capture(folder, "unscheduled.py", TORCH_UNSCHEDULED, "unscheduled.json")
+
+
+def torch_repeated_windows_capture(folder: Path) -> Path:
+    """The `tensorboard_trace_handler` folder of `TORCH_REPEATED_WINDOWS` (three windows of one step)."""
+    return _capture(folder, "repeated_windows.py", TORCH_REPEATED_WINDOWS, "repeated_tb")

@@ -24,7 +24,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers import kineto
+from tputrace.importers import kineto, window_ranges
 from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpSpans, Shapes, call_stack_frame
 from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
@@ -93,14 +93,15 @@ class ChromeJsonImporter:
         self.seq = 0
         self.latest_start_ns = -1  # the latest start of a timed event's row, to know whether any ran after the steps
         self.parse_float: Any = float  # reads a window's floats (its nanosecond timestamps exactly, see `kineto`)
-        self.comms = "annotation"  # where a window's collectives come from (see `_comms_source`)
+        self.comms = "annotation"  # where a window's collectives come from (see `kineto.comms_source`)
         # The CPU ops a sync may happen in (`aten::copy_`, `aten::_local_scalar_dense`), by thread: starts, (end, kind).
         self.sync_ops: dict[Any, tuple[list[float], list[tuple[float, str]]]] = {}
+        self.window = window_ranges.WindowRanges()  # the first pass's window span and user ranges
         self.launching: set[Path] = set()  # the files with runtime calls that launch (a `correlation` arg)
 
     def run(self) -> None:
         # First pass over every file: its start on the Unix clock, its steps and user frames.
-        windows = []
+        windows, ranges = [], []
         for path in self.paths:
             self.path = path
             header = read_header(path)
@@ -109,17 +110,25 @@ class ChromeJsonImporter:
             self.parse_float = kineto.exact_or_float(offset_us)
             trailer: dict[str, Any] = {}
             comms: set[str] = set()
+            self.window = window_ranges.WindowRanges()
             try:
                 start_us, markers, user_frames = self._scan_text(trailer, comms)
             except _Irregular:
                 comms.clear()
+                self.window = window_ranges.WindowRanges()
                 start_us, markers, user_frames = self._scan_events(trailer, comms)
             if start_us is None:
                 raise CaptureError(f"{path} holds no timed events")
             header = {**trailer, **header}  # Kineto writes some fields (`baseTimeNanoseconds`) after the events
             base_ns = int(header.get("baseTimeNanoseconds") or 0) + (offset_us or 0) * 1000
-            windows.append((path, base_ns, start_us, markers, user_frames, offset_us, _comms_source(comms)))
+            windows.append((path, base_ns, start_us, markers, user_frames, offset_us, kineto.comms_source(comms)))
+            ranges.append(self.window)
             self._note_header(header)
+        # Without `ProfilerStep#N` markers (no schedule), the user's range repeated around each iteration marks the steps.
+        chosen = None if any(window[3] for window in windows) else window_ranges.choose(ranges, self.paths)
+        if chosen is not None:
+            windows = [(*window[:3], steps, *window[4:]) for window, steps in zip(windows, chosen[1])]
+            self.sink.note(self.rank, step_source="user_annotation", step_range=chosen[0])
         start_unix_ns = self.start_unix_ns = min(base_ns + int(round(start_us * 1000))
                                                  for _, base_ns, start_us, *_ in windows)
         # Each file's `ts` (us since its `baseTimeNanoseconds`, less its offset) at the rank's start.
@@ -134,7 +143,9 @@ class ChromeJsonImporter:
         trailing: set[int] = set()  # the starts of steps in windows that hold nothing else
         self.device_kinds: set[str] = set()
         self.runtime = False  # the capture has a device runtime's calls
-        for (path, _, _, markers, user_frames, offset_us, comms_source), origin in zip(windows, origins):
+        recorded_ns = 0  # the windows' time, without the gaps between them that were not recorded
+        for (path, _, first_us, markers, user_frames, offset_us, comms_source), origin, window in zip(windows, origins,
+                                                                                                     ranges):
             self.path = path
             self.start_us = origin
             self.parse_float = kineto.exact_or_float(offset_us)
@@ -144,10 +155,11 @@ class ChromeJsonImporter:
             end_us, window_devices = self._rows()
             # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended).
             if self.sink.appended == appended and not markers and not kineto.empty_window(self.sink, path):
-                raise CaptureError(_no_profiler_events(path))
+                raise CaptureError(kineto.no_profiler_events(path))
             if self.sink.appended == appended:
                 trailing.update(int(round((start - origin) * 1000)) for start, _, _ in markers)
             end_ns = max(end_ns, self._ns(end_us))
+            recorded_ns += max(0, int(round(window.recorded_us(first_us, end_us) * 1000)))
             devices |= window_devices
         # Such a step (opened by the loop's last `prof.step()`, closed when profiling stopped) is no step of the loop.
         for number, step_start_ns, step_end_ns in steps:
@@ -160,7 +172,7 @@ class ChromeJsonImporter:
             self.sink.append("steps", (self.rank, after[0], after[1], end_ns, "end"))
         # A GPU's runtime calls without kernels (CUPTI's range profiler replaces them) are still a GPU's capture.
         device = (min(self.device_kinds) if self.device_kinds else "gpu") if devices or self.runtime else "cpu"
-        self.sink.note(self.rank, device=device)
+        self.sink.note(self.rank, device=device, **({"recorded_ns": recorded_ns} if len(windows) > 1 else {}))
         if self.copy_bytes:
             self.sink.note(self.rank, copy_bytes={name: {"runs": runs, "bytes": moved}
                                                   for name, (runs, moved) in sorted(self.copy_bytes.items())})
@@ -186,7 +198,7 @@ class ChromeJsonImporter:
     def _scan_text(self, trailer: dict[str, Any] | None = None, comms: set[str] | None = None) -> tuple[
             float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
         """The first pass over raw text; `_Irregular` where an event does not have the expected shape. `trailer`
-        gets the header fields after the events, `comms` what describes the collectives (see `_comms_source`)."""
+        gets the header fields after the events, `comms` what describes the collectives (see `kineto.comms_source`)."""
         trailer = {} if trailer is None else trailer
         comms = set() if comms is None else comms
         start_us: float | None = None
@@ -232,6 +244,7 @@ class ChromeJsonImporter:
                     if event.get("name") != name or event.get("cat") != "python_function":
                         raise _Irregular
                     user_frames.append((event["ts"], event["ts"] + _number(event.get("dur")), event.get("tid"), name))
+            self.window.scan_text(text, lambda block, match: _event_around(block, match, decode), user=not markers)
             if python_events != text.count('"python_function"'):
                 raise _Irregular
         trailer.update(array_trailer(text))
@@ -264,6 +277,7 @@ class ChromeJsonImporter:
                     user_frames.append((ts, ts + _number(event.get("dur")), event.get("tid"), name))
                 if event.get("ph") == "X" and _STEP.match(name):
                     markers.append((ts, ts + _number(event.get("dur")), _step_number(event)))
+                self.window.add_event(event)
         return start_us, markers, user_frames
 
     # -- second pass: rows ----------------------------------------------------------------------
@@ -518,23 +532,6 @@ def _collective_kind(name: str) -> str | None:
     for suffix in ("_base", "_into_tensor", "_coalesced", "_tensor"):
         text = text.removesuffix(suffix)
     return _COLLECTIVE_KINDS.get(text.replace("_", ""))
-
-
-def _comms_source(found: set[str]) -> str:
-    """Where a file's collectives come from: `kernel`, NCCL kernels whose args name their collective (device times);
-    else `param`, `record_param_comms` ops with those args, when no backend records them on its own thread (gloo's
-    `gloo:all_reduce`, whose time is the collective's); else `annotation`, the backends' `<backend>:<collective>`
-    ranges. `nccl:` ranges are only NCCL's enqueueing, read only where nothing else describes its collectives."""
-    if "kernel" in found:
-        return "kernel"
-    return "param" if "param" in found and "backend" not in found else "annotation"
-
-
-def _no_profiler_events(path: Path) -> str:
-    """The error for a Chrome trace without torch.profiler's events (e.g. XProf's `*.trace.json.gz`)."""
-    beside = sorted(path.parent.glob("*.xplane.pb"))
-    hint = f"; import {beside[0]} beside it, which holds the same events" if beside else ""
-    return f"{path} holds no torch.profiler events (cpu_op, python_function, user_annotation, kernel, [memory]){hint}"
 
 
 def process_key(path: Path) -> tuple[str, str, str]:

@@ -235,3 +235,20 @@ def empty_window(sink: Any, path: Path) -> bool:
         return False
     sink.warn(f"{path}: torch.profiler recorded no events in this window (nothing ran while it profiled)")
     return True
+
+
+def comms_source(found: set[str]) -> str:
+    """Where a file's collectives come from: `kernel`, NCCL kernels whose args name their collective (device times);
+    else `param`, `record_param_comms` ops with those args, when no backend records them on its own thread (gloo's
+    `gloo:all_reduce`, whose time is the collective's); else `annotation`, the backends' `<backend>:<collective>`
+    ranges. `nccl:` ranges are only NCCL's enqueueing, read only where nothing else describes its collectives."""
+    if "kernel" in found:
+        return "kernel"
+    return "param" if "param" in found and "backend" not in found else "annotation"
+
+
+def no_profiler_events(path: Path) -> str:
+    """The error for a Chrome trace without torch.profiler's events (e.g. XProf's `*.trace.json.gz`)."""
+    beside = sorted(path.parent.glob("*.xplane.pb"))
+    hint = f"; import {beside[0]} beside it, which holds the same events" if beside else ""
+    return f"{path} holds no torch.profiler events (cpu_op, python_function, user_annotation, kernel, [memory]){hint}"

@@ -1,0 +1,109 @@
+"""The ranges of a torch.profiler window that its importer's first pass reads beside the step markers: Kineto's span of
+the window (its `PyTorch Profiler (N)` event), and the user's ranges, which mark the steps of a capture without
+`ProfilerStep#N` markers (a `profile()` without a schedule, whose loop never calls `prof.step()`): the user's own range
+around each iteration (`record_function("train_step")`), repeated one after another at the top level of the thread that
+runs most ops."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from tputrace.importers.json_events import event_texts
+
+_RANGE_TEXT = re.compile(r'"cat"\s*:\s*"(?:user_annotation|Trace)"')
+_SPAN_TEXT = re.compile(r'"cat"\s*:\s*"Trace"')
+# A CPU op's thread, where Kineto writes its keys in its usual order (`ph`, `cat`, `name`, `pid`, `tid`).
+_OP_THREAD_TEXT = re.compile(r'"cat"\s*:\s*"cpu_op"\s*,\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"pid"\s*:\s*[^,]*,'
+                             r'\s*"tid"\s*:\s*"?([^",\s}]*)')
+_MIN_REPEATS = 2
+# torch's own ranges, which no user opened around an iteration: `Optimizer.step#SGD.step`, `enumerate(DataLoader)#...`,
+# a process group's `gloo:all_reduce`, torch.compile's `Torch-Compiled Region: 0/0`, `CompiledFunction`,
+# `## Call CompiledFxGraph ... ##`, `TorchDynamo Cache Lookup`, DDP's `DistributedDataParallel.forward`.
+_TORCH_RANGE = re.compile(r"#|::|^(?:gloo|nccl|mpi|ucc|xccl|hccl):|^(?:Torch-Compiled Region|CompiledFunction|TorchDynamo"
+                          r"|DistributedDataParallel|DDP|entire_(?:frame|backward)_compile|ProfilerStep)")
+
+# A user range: (start us, end us, thread, name), on its file's clock.
+UserRange = tuple[float, float, Any, str]
+
+
+class WindowRanges:
+    """A window's user ranges and Kineto's span of it (start and end, us on the file's clock; None where not written)."""
+
+    def __init__(self) -> None:
+        self.user: list[UserRange] = []
+        self.span: tuple[float, float] | None = None
+
+    def scan_text(self, text: str, event_around: Callable[[str, re.Match[str]], dict[str, Any]],
+                  user: bool = True) -> None:
+        """Read the ranges of a block of raw text, each event decoded by `event_around`; only the window's span
+        without `user` (a window with step markers, whose user ranges are not its steps)."""
+        if (user and '"user_annotation"' in text) or '"Trace"' in text:
+            for match in (_RANGE_TEXT if user else _SPAN_TEXT).finditer(text):
+                self.add_event(event_around(text, match))
+
+    def add_event(self, event: dict[str, Any]) -> None:
+        """Read a decoded event, if it is a complete `user_annotation` range or the window's span."""
+        ts, dur, category = event.get("ts"), event.get("dur"), event.get("cat")
+        if category not in ("user_annotation", "Trace") or event.get("ph") != "X" or not isinstance(ts, (int, float)) \
+                or not isinstance(dur, (int, float)):
+            return
+        name = str(event.get("name", ""))
+        if category == "Trace":
+            self.span = (min(ts, self.span[0]), max(ts + dur, self.span[1])) if self.span else (ts, ts + dur)
+        elif not _TORCH_RANGE.search(name):
+            self.user.append((ts, ts + dur, event.get("tid"), name))
+
+    def recorded_us(self, first_us: float, end_us: float) -> float:
+        """The window's recorded time: Kineto's span of it, else from its first event (`first_us`) to `end_us`."""
+        return self.span[1] - self.span[0] if self.span else end_us - first_us
+
+
+def choose(windows: list[WindowRanges], paths: Iterable[Path]) -> tuple[str, list[list[tuple[float, float, None]]]] | None:
+    """The name of the range taken as the steps, and each window's steps (start, end, no number), from each window's
+    user ranges: of the ranges repeated (one name, at least twice) at the top level of a thread, one after another,
+    those of the thread that runs most ops (counted in `paths` only where several threads have such ranges), and
+    of them the name covering the most time. None where no range repeats."""
+    candidates: dict[tuple[Any, str], list[float]] = {}  # (thread, name) -> [occurrences, time covered]
+    for window in windows:
+        for start, end, tid, name in _top_level(window.user):
+            entry = candidates.setdefault((tid, name), [0, 0.0])
+            entry[0] += 1
+            entry[1] += end - start
+    candidates = {key: entry for key, entry in candidates.items() if entry[0] >= _MIN_REPEATS}
+    if not candidates:
+        return None
+    threads = {tid for tid, _ in candidates}
+    if len(threads) > 1:
+        ops = ops_per_thread(paths)
+        main = max(threads, key=lambda tid: (ops.get(str(tid), 0), max(entry[1] for (other, _), entry in
+                                                                       candidates.items() if other == tid)))
+        candidates = {key: entry for key, entry in candidates.items() if key[0] == main}
+    tid, name = max(candidates, key=lambda key: (candidates[key][1], candidates[key][0]))
+    steps = [[(start, end, None) for start, end, other, other_name in _top_level(window.user)
+              if other == tid and other_name == name] for window in windows]
+    return name, steps
+
+
+def _top_level(ranges: list[UserRange]) -> list[UserRange]:
+    """The ranges that start after the previous top-level range of their thread has ended (not inside it, nor
+    overlapping it), in time order."""
+    top: list[UserRange] = []
+    open_end: dict[Any, float] = {}  # thread -> the end of its latest top-level range
+    for start, end, tid, name in sorted(ranges, key=lambda item: (item[0], -item[1])):
+        if start >= open_end.get(tid, float("-inf")):
+            open_end[tid] = end
+            top.append((start, end, tid, name))
+    return top
+
+
+def ops_per_thread(paths: Iterable[Path]) -> Counter[str]:
+    """How many CPU ops each thread (its `tid` as text) runs in the files' raw text."""
+    counts: Counter[str] = Counter()
+    for path in paths:
+        for text in event_texts(path):
+            counts.update(_OP_THREAD_TEXT.findall(text))
+    return counts
