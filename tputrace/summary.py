@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, capture_chip, target_chip, target_of
 from tputrace.derived.chip_pace import ChipPace, chip_pace
-from tputrace.derived.imported_sources import imported_source, measured_on
+from tputrace.derived.imported_sources import imported_source, measured_on, recorded_windows_ns
 from tputrace.derived.kernel_launches import kernel_ns_by_line, kernel_ns_by_op
 from tputrace.derived.kernels import KernelStat, top_kernels
 from tputrace.derived.rank_lines import RankLine, rank_lines
@@ -185,7 +185,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         ranks=tuple(trace.distributed_ranks),
         run=run,
         wall_ns=trace.wall_ns(rank=chosen_rank),
-        recorded_ns=(imported_source(trace, chosen_rank) or {}).get("recorded_ns"),
+        recorded_ns=recorded_windows_ns(trace, chosen_rank),
         step_count=len(step_durations),
         first_step_ns=step_durations[0] if step_durations else None,
         median_step_ns=steady_median_ns(step_durations),

@@ -78,3 +78,16 @@ def test_the_time_split_of_repeated_windows_is_of_the_windows_time(tmp_path: Pat
     assert "time split (% of the profiling windows'" in text
     (dispatch,) = [line for line in text.splitlines() if line.strip().startswith("host dispatch ")]
     assert dispatch.split()[-1] == f"{100 * ops_ns / source['recorded_ns']:.1f}%"
+    # The TUI's overview gives the same share of the same windows' time.
+    from rich.console import Console
+
+    from tputrace.derived.run_facts import run_facts
+    from tui.overview import split_table
+
+    facts = run_facts(trace, 0)
+    assert facts.recorded_ns == source["recorded_ns"]
+    console = Console(width=160, record=True)
+    console.print(split_table(trace.time_split(rank=0), "green", facts))
+    rendered = console.export_text()
+    (tui_dispatch,) = [line for line in rendered.splitlines() if line.strip().startswith("host dispatch ")]
+    assert tui_dispatch.split()[4] == f"{100 * ops_ns / source['recorded_ns']:.1f}%" and "profiled" in rendered

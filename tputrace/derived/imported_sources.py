@@ -38,3 +38,10 @@ def imported_device(trace: Trace, rank: int | None) -> str | None:
 def measured_on(device: str | None) -> str:
     """Where times were measured, for a label: this host, or an imported capture's device."""
     return f"the capture's {device}" if device else THIS_HOST
+
+
+def recorded_windows_ns(trace: Trace, rank: int | None) -> int | None:
+    """An import's profiling windows' time without the gaps between them (`recorded_ns`), where the capture had
+    several windows; None otherwise or where the file holds no whole positive number there."""
+    value = (imported_source(trace, rank) or {}).get("recorded_ns")
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
