@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeVar
 
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
-from tputrace.store.aggregates import OUTERMOST_COMPILE
+from tputrace.store.aggregates import OUTERMOST_COMPILE, execution_spans_sql
 from tputrace.store.records import SourceLocation, StepRecord
 from tputrace.wording import format_ns, plural
 
@@ -199,7 +199,7 @@ class AnalysisContext:
         steps = self.steady_range if steady else self.loop_range
         step_filter = "" if steps is None else " WHERE step BETWEEN ? AND ?"
         rows = self.trace.sql(
-            f"SELECT step, SUM(busy) FROM ({_BUSY_SQL}){step_filter} GROUP BY step",
+            f"SELECT step, SUM(busy_ns) FROM ({_BUSY_SQL}){step_filter} GROUP BY step",
             (self.rank,) + (() if steps is None else steps),
         )
         busy = {step: float(total or 0) for step, total in rows}
@@ -213,7 +213,7 @@ class AnalysisContext:
         steps = self.loop_range
         step_filter = "" if steps is None else " AND step BETWEEN ? AND ?"
         (busy,) = self.trace.sql(
-            f"SELECT COALESCE(SUM(busy), 0) FROM ({_BUSY_SQL}) WHERE program_id IN {in_list(program_ids)}{step_filter}",
+            f"SELECT COALESCE(SUM(busy_ns), 0) FROM ({_BUSY_SQL}) WHERE program_id IN {in_list(program_ids)}{step_filter}",
             (self.rank, *program_ids) + (() if steps is None else steps),
         )[0]
         return float(busy)
@@ -321,11 +321,7 @@ class AnalysisContext:
 
 # Per execution of a rank: the part of its launch-to-ready interval after every earlier execution on its chip
 # had ended (so time spent queued behind other programs is not counted twice).
-_BUSY_SQL = (
-    "SELECT step, program_id, MAX(0, start_ns + dur_ns - MAX(start_ns, COALESCE(MAX(start_ns + dur_ns) OVER ("
-    "PARTITION BY chip ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0))) AS busy "
-    "FROM executions WHERE rank = ? AND dur_ns IS NOT NULL"
-)
+_BUSY_SQL = execution_spans_sql("rank = ?", "chip")
 
 
 def outside_fallbacks(alias: str) -> str:

@@ -270,25 +270,34 @@ def time_split(trace: TraceQueries, *, rank: int | None = None) -> TimeSplit:
     return TimeSplit(wall, compile_total_ns(trace, rank=rank, within=(0, wall)), execution_ns, *totals)
 
 
+def execution_spans_sql(where: str, partition: str = "rank, chip") -> str:
+    """SQL of the `executions` rows matching `where` (over its columns), each with the part in which its chip had no
+    earlier program in flight: (rank, step, program_id, chip, begin_ns, end_ns, busy_ns).
+
+    A row lasts from its launch to its outputs seen ready, so a program launched while others ran on its chip includes
+    its wait behind them. Each row counts from where the rows launched before it in its `partition` (its chip's, by
+    default) end, so that summing `busy_ns` counts each instant a chip had a program in flight once."""
+    return (
+        "SELECT rank, step, program_id, chip, begin_ns, start_ns + dur_ns AS end_ns, "
+        "MAX(0, start_ns + dur_ns - begin_ns) AS busy_ns FROM (SELECT *, MAX(start_ns, COALESCE(MAX(start_ns + dur_ns) "
+        f"OVER (PARTITION BY {partition} ORDER BY start_ns ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING), 0)) "
+        f"AS begin_ns FROM executions WHERE dur_ns IS NOT NULL AND start_ns IS NOT NULL AND ({where}))"
+    )
+
+
 def execution_busy_ns(trace: TraceQueries, *, rank: int | None = None, by: CompileGrouping = "rank"
                       ) -> dict[tuple[int, int], int]:
-    """Time each chip had a program in flight, summed over the chips of each (rank, 0) or (rank, step).
-
-    An `executions` row lasts from its launch until its outputs were seen ready, so a program launched while
-    others ran on its chip includes its wait behind them: summing the rows would count a queue of programs
-    several times over. The union of each chip's rows counts each instant once."""
-    where, params = rank_filter(rank, prefix="AND ")
+    """Time each chip had a program in flight, summed over the chips of each (rank, 0) or (rank, step); with
+    `by="step"`, each step's programs on their own (a program waiting behind the previous step's counts from its
+    launch)."""
+    where, params = rank_filter(rank, prefix="")
+    partition = "rank, chip, step" if by == "step" else "rank, chip"
     rows = trace.sql(
-        f"SELECT rank, {_COMPILE_GROUP_COLUMNS[by]} AS group_key, COALESCE(chip, 0), start_ns, start_ns + dur_ns "
-        f"FROM executions WHERE dur_ns IS NOT NULL AND start_ns IS NOT NULL{where} "
-        "ORDER BY rank, group_key, 3, start_ns",
+        f"SELECT rank, {_COMPILE_GROUP_COLUMNS[by]} AS group_key, SUM(busy_ns) "
+        f"FROM ({execution_spans_sql(where or '1', partition)}) GROUP BY rank, group_key",
         params,
     )
-    busy: dict[tuple[int, int], int] = {}
-    for (row_rank, group_key, _), chip_rows in groupby(rows, key=lambda row: (row[0], row[1], row[2])):
-        key = (row_rank, group_key)
-        busy[key] = busy.get(key, 0) + merged_ns((start_ns, end_ns) for *_, start_ns, end_ns in chip_rows)
-    return busy
+    return {(row_rank, group_key): int(busy_ns) for row_rank, group_key, busy_ns in rows}
 
 
 def merged_ns(intervals: Iterable[tuple[int, int]]) -> int:

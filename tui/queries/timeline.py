@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 from tputrace.derived.lanes import LANE_TABLES, Lane
 from tputrace.derived.text import shown
+from tputrace.store.aggregates import execution_spans_sql
 from tputrace.store.records import SourceLocation
 
 if TYPE_CHECKING:
@@ -131,19 +132,16 @@ def _dispatch_buckets(times: OpTimes, start_ns: int, end_ns: int, bucket_ns: int
 
 def _execution_buckets(trace: Trace, rank: int, start_ns: int, end_ns: int, bucket_ns: int
                        ) -> dict[int, list[tuple[int, int, int]]]:
-    """Each chip's (bucket, busy ns, count) rows for the window. An execution lasts from its launch to its outputs
-    ready, so one queued behind others on its chip overlaps them: each row counts only from where the chip's
-    earlier rows end, so that the lane's time is the chip's time with a program in flight, each piece in the bucket
-    it fell in."""
+    """Each chip's (bucket, busy ns, count) rows for the window: each execution from where its chip's earlier ones
+    end (`execution_spans_sql`), so that the lane's time is the chip's time with a program in flight, each piece in
+    the bucket it fell in."""
     chip_rows: dict[int, list[tuple[int, int, int]]] = {}
-    busy_until: dict[int, int] = {}
-    for chip, run_start_ns, run_end_ns in trace.sql(
-        "SELECT chip, start_ns, start_ns + COALESCE(dur_ns, 0) FROM executions WHERE rank = ? AND start_ns < ? "
-        "AND start_ns + COALESCE(dur_ns, 0) >= ? ORDER BY chip, start_ns",
+    for chip, begin_ns, run_end_ns in trace.sql(
+        f"SELECT chip, begin_ns, end_ns FROM ({execution_spans_sql('rank = ? AND start_ns < ? AND start_ns + dur_ns >= ?', 'chip')}) "
+        "ORDER BY chip, begin_ns",
         (rank, end_ns, start_ns),
     ):
-        begin_ns = max(run_start_ns, busy_until.get(chip, run_start_ns), start_ns)
-        busy_until[chip] = max(busy_until.get(chip, run_end_ns), run_end_ns)
+        begin_ns = max(begin_ns, start_ns)
         rows = chip_rows.setdefault(chip, [])
         rows.append(((begin_ns - start_ns) // bucket_ns, 0, 1))
         finish_ns = min(run_end_ns, end_ns)
