@@ -15,7 +15,7 @@ from bisect import bisect_left
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from tputrace.derived.steps import steady_median_ns
+from tputrace.derived.steps import LOOP_STEPS_WHERE, steady_median_ns
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -47,8 +47,7 @@ def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
     ready_by_step = dict(trace.sql(
         "SELECT step, MAX(start_ns + dur_ns) FROM executions WHERE rank = ? AND dur_ns IS NOT NULL GROUP BY step", (rank,)))
     steps = [(start_ns, end_ns, ready_by_step.get(step)) for step, start_ns, end_ns in trace.sql(
-        "SELECT step, start_ns, end_ns FROM steps WHERE rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL "
-        "AND COALESCE(source, '') != 'end' ORDER BY step", (rank,))]
+        f"SELECT step, start_ns, end_ns FROM steps WHERE {LOOP_STEPS_WHERE} ORDER BY step", (rank,))]
     if len(steps) < 2 or all(ready_ns is None for *_, ready_ns in steps):
         return None
     host_ends = [end_ns for _, end_ns, _ in steps]

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.derived.op_cost import TargetChip
-from tputrace.derived.steps import loop_step_durations, steady_median_ns
+from tputrace.derived.steps import LOOP_STEPS_WHERE, loop_step_durations, steady_median_ns
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -58,7 +58,7 @@ def projected_steps(trace: Trace, rank: int, chip: TargetChip) -> ProjectedSteps
         roofline = max((flops or 0.0) * ns_per_flop, (bytes_accessed or 0.0) * ns_per_byte)
         by_step[step] = by_step.get(step, 0.0) + roofline * runs
     loop_steps = [step for (step,) in trace.sql(
-        "SELECT step FROM steps WHERE rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end' ORDER BY step",
+        f"SELECT step FROM steps WHERE {LOOP_STEPS_WHERE} ORDER BY step",
         (rank,))]
     projected = [int(by_step.get(step, 0.0)) for step in loop_steps]
     return ProjectedSteps(chip.name, {step: by_step.get(step, 0.0) for step in loop_steps},

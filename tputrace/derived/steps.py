@@ -18,13 +18,17 @@ STEP_CATEGORIES = ("compile", "sync stall", "collective", "compute", "host")
 _BREAKDOWN_TABLES = ("ops", "executions", "collectives", "fallbacks")
 
 
+LOOP_STEPS_WHERE = ("rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end'")
+"""SQL condition on `steps` (parameter: the rank) selecting the training loop's finished steps, as every view counts
+them: without the trailing `end` step."""
+
+
 def loop_step_durations(trace: Trace, rank: int) -> list[int]:
     """The durations of `rank`'s training-loop steps, in order: finished steps, without the trailing `end`
     step (the work after the last optimizer step: an evaluation, saving). Every view counts steps and
     takes their median from this."""
     return [end - start for start, end in trace.sql(
-        "SELECT start_ns, end_ns FROM steps WHERE rank = ? AND start_ns IS NOT NULL AND end_ns IS NOT NULL AND COALESCE(source, '') != 'end' "
-        "ORDER BY step", (rank,))]
+        f"SELECT start_ns, end_ns FROM steps WHERE {LOOP_STEPS_WHERE} ORDER BY step", (rank,))]
 
 
 def steady_median_ns(durations: list[int]) -> int | None:
