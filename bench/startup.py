@@ -9,7 +9,10 @@ Times, as the wall time of fresh processes (medians of `--rounds`):
   (whose spawn children load the backend before the script is re-imported);
 - a script's first tpu op, a first MLP training step (its SGD update written out, or AdamW) and the
   GPT example's first forward and backward in each eager mode: the whole process, and beside it what the
-  script times itself from after its imports to `loss.item()`, with the modules that part loads.
+  script times itself from after its imports to `loss.item()`, with the modules that part loads;
+- the time to a first report: `tputrace run` of a small training script (a one-layer
+  `nn.TransformerEncoderLayer` text classifier with a padding mask and dropout, AdamW, three steps) and
+  then `tputrace report` of its trace, one process after the other, with the report's own share.
 
 With `--base DIR` (another checkout, e.g. a worktree of an older commit) every case also runs there,
 interleaved with this tree's in each round, so the two columns share the host's state. Results go to
@@ -115,7 +118,42 @@ with open(sys.argv[1], "w") as out:
     json.dump({"seconds": elapsed, "cpu_seconds": cpu, "modules": len(sys.modules) - modules_before}, out)
 """
 
+# A small training script: a text classifier (embedding, one encoder layer, mean over the unpadded tokens).
+CLASSIFIER_SCRIPT = """\
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class TextClassifier(nn.Module):
+    def __init__(self, vocab: int = 1000, width: int = 128, classes: int = 4) -> None:
+        super().__init__()
+        self.embedding = nn.Embedding(vocab, width, padding_idx=0)
+        self.encoder = nn.TransformerEncoderLayer(width, 4, 256, dropout=0.1, batch_first=True)
+        self.head = nn.Linear(width, classes)
+
+    def forward(self, tokens: torch.Tensor, padding: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(self.embedding(tokens), src_key_padding_mask=padding)
+        kept = (~padding).unsqueeze(-1).float()
+        return self.head((hidden * kept).sum(1) / kept.sum(1))
+
+
+torch.manual_seed(0)
+model = TextClassifier().to("tpu")
+optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+for step in range(3):
+    tokens, lengths = torch.randint(1, 1000, (8, 32)), torch.randint(8, 33, (8,))
+    padding = torch.arange(32)[None] >= lengths[:, None]
+    tokens, labels = tokens.masked_fill(padding, 0).to("tpu"), torch.randint(0, 4, (8,)).to("tpu")
+    loss = F.cross_entropy(model(tokens, padding.to("tpu")), labels)
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+    print(f"step {step}: loss {loss.item():.4f}")
+"""
+
 TPUTRACE_MAIN = "import sys; from tputrace.cli.main import main; sys.exit(main(sys.argv[1:]))"
+FIRST_REPORT = "first report: `tputrace run` of a text classifier's 3 training steps, then `tputrace report`"
 
 
 def _environment(root: Path) -> dict[str, str]:
@@ -134,6 +172,8 @@ class Timing:
     in_script: float | None = None  # the script's own timing of its first steps, after its imports
     in_script_cpu: float | None = None  # their CPU time (all the process's threads)
     modules: int | None = None  # the modules those steps loaded
+    last_wall: float | None = None  # of the wall time, the last of several processes' (a report after its run)
+    last_cpu: float | None = None
 
 
 def _run(command: list[str], root: Path) -> Timing:
@@ -163,10 +203,19 @@ def _first_steps(case: str, root: Path, work: Path) -> Timing:
     return Timing(process.wall, process.cpu, measured["seconds"], measured["cpu_seconds"], measured["modules"])
 
 
+def _first_report(root: Path, work: Path) -> Timing:
+    """`tputrace run` of the classifier script, then `tputrace report` of its trace: both processes' sum."""
+    trace = str(work / "classifier.tptrace")
+    run = _run([sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "--force", "-o", trace, str(work / "classifier.py")], root)
+    report = _run([sys.executable, "-c", TPUTRACE_MAIN, "report", trace], root)
+    return Timing(run.wall + report.wall, (run.cpu or 0.0) + (report.cpu or 0.0), last_wall=report.wall, last_cpu=report.cpu)
+
+
 def _cases(work: Path) -> dict[str, Callable[[Path], Timing]]:
     (work / "tiny.py").write_text(TINY_SCRIPT)
     (work / "spawn_child.py").write_text(SPAWN_SCRIPT)
     (work / "first_steps.py").write_text(FIRST_STEPS_SCRIPT)
+    (work / "classifier.py").write_text(CLASSIFIER_SCRIPT)
     trace = str(work / "tiny.tptrace")
     run_prefix = [sys.executable, "-c", TPUTRACE_MAIN, "run", "--no-summary", "-o", str(work / "spawn.tptrace")]
     return {
@@ -182,6 +231,7 @@ def _cases(work: Path) -> dict[str, Callable[[Path], Timing]]:
         "a first MLP training step, AdamW": lambda root: _first_steps("mlp_adamw", root, work),
         "GPT example's first forward and backward, DEFER_NEVER": lambda root: _first_steps("gpt_DEFER_NEVER", root, work),
         "GPT example's first forward and backward, DEFER_AND_FUSE": lambda root: _first_steps("gpt_DEFER_AND_FUSE", root, work),
+        FIRST_REPORT: lambda root: _first_report(root, work),
     }
 
 
@@ -219,6 +269,10 @@ def _cell(timings: list[Timing]) -> str:
     modules = [timing.modules for timing in timings if timing.modules is not None]
     if modules:
         parts.append(f"{statistics.median(modules):.0f} modules")
+    last_walls = [timing.last_wall for timing in timings if timing.last_wall is not None]
+    last_cpus = [timing.last_cpu for timing in timings if timing.last_cpu is not None]
+    if last_walls and last_cpus:
+        parts.append(f"of which the report {statistics.median(last_walls):.2f} s, CPU {statistics.median(last_cpus):.2f} s")
     return "; ".join(parts)
 
 
