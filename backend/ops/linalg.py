@@ -30,11 +30,6 @@ aten = torch.ops.aten
 Array = jax.Array
 
 
-# Products of fewer multiply-adds gain a few microseconds a call at most from YNNPACK, less than the
-# copy's own kernel costs to compile over a run of a thousand steps (docs/performance.md, "Compiling").
-_ROW_MAJOR_MIN_MACS = 1 << 16
-
-
 def _row_major_lhs(a: Array, b: Array) -> Array:
     """On XLA:CPU, the left matrix of a matrix product laid out row by row in memory.
 
@@ -42,10 +37,8 @@ def _row_major_lhs(a: Array, b: Array) -> Array:
     XLA:CPU then runs it on its generic dot kernel: YNNPACK, its fast one, takes only a left operand
     whose contracted dimension is its last in memory. The barrier keeps the transpose a copy of its
     own (cheap next to the product), so the product runs on YNNPACK (about 1.6x faster for the GPT
-    example's weight gradients, bench/matmul_layout.py). On an operand already in memory it copies nothing.
-    A small product (a classifier head's weight gradient) keeps the generic dot and has no copy kernel
-    to compile."""
-    if a.ndim == 2 and b.ndim == 2 and a.shape[0] * a.shape[1] * b.shape[1] >= _ROW_MAJOR_MIN_MACS and chips.platform() == "cpu":
+    example's weight gradients, bench/matmul_layout.py). On an operand already in memory it copies nothing."""
+    if a.ndim == 2 and b.ndim == 2 and chips.platform() == "cpu":
         return lax.optimization_barrier(a)
     return a
 
