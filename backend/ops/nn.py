@@ -309,17 +309,14 @@ def _scores(q: Array, k: Array, is_causal: bool, attn_mask: Array | None, scale:
     return scores
 
 
-def _softmax(q: Array, k: Array, is_causal: bool, attn_mask: Array | None, scale: float) -> tuple[Array, Array]:
-    """The attention probabilities and each row's logsumexp.
-
-    The probabilities are `exp(scores - logsumexp)`, as the backward recomputes them, rather than the
-    exps divided by their sum: the exps then feed only their sum, and XLA:CPU computes both in the
-    reduction's kernel instead of one kernel for the exps and one for the sum's reciprocal."""
+def _softmax(q: Array, k: Array, is_causal: bool, attn_mask: Array | None, scale: float) -> tuple[Array, Array, Array]:
+    """The attention probabilities, with each row's finite peak and the sum of exps under it."""
     scores = _scores(q, k, is_causal, attn_mask, scale)
     peak = jnp.max(scores, axis=-1, keepdims=True)
     peak = jnp.where(jnp.isfinite(peak), peak, jnp.zeros_like(peak))
-    logsumexp = jnp.log(jnp.sum(jnp.exp(scores - peak), axis=-1, keepdims=True)) + peak
-    return jnp.exp(scores - logsumexp), logsumexp
+    exps = jnp.exp(scores - peak)
+    total = jnp.sum(exps, axis=-1, keepdims=True)
+    return exps / total, peak, total
 
 
 def _attention(query: Array, key: Array, value: Array, is_causal: bool, attn_mask: Array | None, scale: float | None) -> tuple[Array, Array]:
@@ -328,9 +325,10 @@ def _attention(query: Array, key: Array, value: Array, is_causal: bool, attn_mas
     if _grouped_heads(q, k):
         repeats = q.shape[-3] // k.shape[-3]
         k, v = jnp.repeat(k, repeats, axis=-3), jnp.repeat(v, repeats, axis=-3)
-    probabilities, logsumexp = _softmax(q, k, is_causal, attn_mask, scale)
+    probabilities, peak, total = _softmax(q, k, is_causal, attn_mask, scale)
     out = jnp.einsum("...qk,...kd->...qd", probabilities, v, precision=matmul_precision.for_operands(probabilities, v))
-    return out, logsumexp[..., 0]
+    logsumexp = (jnp.log(total) + peak)[..., 0]
+    return out, logsumexp
 
 
 @lowers(aten._scaled_dot_product_flash_attention_for_cpu.default, matmul_precision=True)
