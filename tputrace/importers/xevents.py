@@ -100,22 +100,40 @@ def int_stats(columns: EventColumns, events: np.ndarray, stat_ids: set[int]) -> 
     holds an integer or reference, else event by event."""
     if not stat_ids:
         return [None] * len(events)
-    table = columns.stat_values(list(stat_ids)) if len(events) else None
-    if table is None:
+    found = int_stat_columns(columns, events, stat_ids) if len(events) else None
+    if found is None:
         return [int_stat(columns, index, stat_ids) for index in events.tolist()]
-    stat_events, _, kinds, numbers = table
-    # Each event's first such stat that holds an integer (they come in each event's order); None without one.
-    integers = kinds != REF_VALUE
-    stat_events, kinds, numbers = stat_events[integers], kinds[integers], numbers[integers]
-    firsts, first_at = np.unique(stat_events, return_index=True)
+    kinds, numbers, has = found
     values: list[int | None] = [None] * len(events)
-    positions = np.searchsorted(events, firsts)
-    inside = positions < len(events)
-    inside[inside] = events[positions[inside]] == firsts[inside]
-    for position, kind, number in zip(positions[inside].tolist(), kinds[first_at[inside]].tolist(),
-                                      numbers[first_at[inside]].tolist()):
+    for position, kind, number in zip(np.flatnonzero(has).tolist(), kinds[has].tolist(), numbers[has].tolist()):
         values[position] = number % (1 << 64) if kind == UINT64_VALUE else number
     return values
+
+
+def int_stat_columns(columns: EventColumns, events: np.ndarray,
+                     stat_ids: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`int_stats` as columns: per event of `events` (ascending indices), its value's kind (`INT64_VALUE` or
+    `UINT64_VALUE`), the value (int64; a `uint64` above 2^63 wraps) and whether it has one. None where a stat of
+    those ids holds a value that is no integer or reference."""
+    table = columns.stat_values(list(stat_ids))
+    if table is None:
+        return None
+    stat_events, _, kinds, numbers = table
+    # Each event's first such stat that holds an integer (they come in each event's order); none without one.
+    integers = kinds != REF_VALUE
+    stat_events, kinds, numbers = stat_events[integers], kinds[integers], numbers[integers]
+    firsts = np.flatnonzero(np.concatenate(([True], stat_events[1:] != stat_events[:-1]))) if len(stat_events) \
+        else np.zeros(0, dtype=np.int64)
+    positions = np.searchsorted(events, stat_events[firsts])
+    inside = positions < len(events)
+    inside[inside] = events[positions[inside]] == stat_events[firsts[inside]]
+    has = np.zeros(len(events), dtype=bool)
+    has[positions[inside]] = True
+    event_kinds = np.zeros(len(events), dtype=np.uint8)
+    event_kinds[positions[inside]] = kinds[firsts[inside]]
+    event_numbers = np.zeros(len(events), dtype=np.int64)
+    event_numbers[positions[inside]] = numbers[firsts[inside]]
+    return event_kinds, event_numbers, has
 
 
 def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColumns:
