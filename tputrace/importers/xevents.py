@@ -52,6 +52,11 @@ class EventColumns:
     def __len__(self) -> int:
         return len(self.metadata_id)
 
+    @property
+    def from_messages(self) -> bool:
+        """Whether the events were read through the protobuf classes (their bytes not as expected)."""
+        return self._data is None
+
     def with_stat(self, stat_ids: set[int] | frozenset[int]) -> np.ndarray:
         """Indices of the events that carry a stat whose metadata id is in `stat_ids` (ascending)."""
         if not stat_ids:
@@ -136,9 +141,11 @@ def int_stat_columns(columns: EventColumns, events: np.ndarray,
     return event_kinds, event_numbers, has
 
 
-def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColumns:
-    """The columns of a run's events (through the protobuf classes where the bytes are not as expected)."""
-    columns = _decode_wire(run, event_class)
+def decode_run(run: EventRun, line_class: type, event_class: type, stats: bool = True) -> EventColumns:
+    """The columns of a run's events (through the protobuf classes where the bytes are not as expected); without
+    `stats`, their stats are left out (no stat columns) and the bytes after each event's head are not checked: only
+    for a run that decoded with its stats before."""
+    columns = _decode_wire(run, event_class, stats)
     if columns is not None:
         return columns
     line = line_class()
@@ -146,9 +153,9 @@ def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColum
     return _decode_messages(line.events, event_class)
 
 
-def _decode_wire(run: EventRun, event_class: type) -> EventColumns | None:
+def _decode_wire(run: EventRun, event_class: type, stats: bool = True) -> EventColumns | None:
     data = np.frombuffer(run.data + _PADDING, dtype=np.uint8)
-    lengths = _varints(data, np.array(run.fields, dtype=np.int64) + 1)
+    lengths = _varints(data, np.fromiter(run.fields, dtype=np.int64, count=len(run.fields)) + 1)
     if lengths is None:
         return None
     position = lengths[1]
@@ -166,15 +173,18 @@ def _decode_wire(run: EventRun, event_class: type) -> EventColumns | None:
         values.append(value.view(np.int64))
     if (position > end).any():
         return None
+    if not stats:
+        no_stats = [np.zeros(0, dtype=np.int64) for _ in range(4)]
+        return EventColumns(*values, *no_stats, _data=data, _bounds=bounds, _messages=None, _event_class=event_class)
     inside = position < end
     following = data[position]
     if (inside & ((following == _METADATA_ID) | (following == _OFFSET_PS) | (following == _DURATION_PS))).any():
         return None  # fields out of number order
     with_stats = np.flatnonzero(inside & (following == _STATS))
-    stats = _stat_ids(data, with_stats, position[with_stats], end[with_stats])
-    if stats is None:
+    stat_columns = _stat_ids(data, with_stats, position[with_stats], end[with_stats])
+    if stat_columns is None:
         return None
-    return EventColumns(*values, *stats, _data=data, _bounds=bounds, _messages=None, _event_class=event_class)
+    return EventColumns(*values, *stat_columns, _data=data, _bounds=bounds, _messages=None, _event_class=event_class)
 
 
 def _stat_ids(data: np.ndarray, events: np.ndarray, position: np.ndarray,

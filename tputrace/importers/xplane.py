@@ -79,6 +79,7 @@ class XPlaneImporter(StreamLines, OpRows):
         self.stream_plane: Any = None
         self.offset_ns = 0  # what puts the line times of the file being read on the Unix clock
         self.offsets: dict[Path, int] = {}
+        self.lines_without_ops: set[tuple[Path, int]] = set()  # host lines (file, start) holding no XLA op
         self.chips = 1
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
         # Run ids (ascending) and when the host launched each run (ns since the rank's start).
@@ -104,10 +105,10 @@ class XPlaneImporter(StreamLines, OpRows):
                 heads = [dataclasses.replace(head, timestamp_ns=head.timestamp_ns + self.offset_ns) for head in heads]
             yield plane, heads
 
-    def _columns(self, space: XSpaceFile, line: LineHead) -> Iterator[EventColumns]:
-        """A line's events, a window's worth of them at a time, as columns."""
+    def _columns(self, space: XSpaceFile, line: LineHead, stats: bool = True) -> Iterator[EventColumns]:
+        """A line's events, a window's worth of them at a time, as columns (without their stats where not `stats`)."""
         for run in space.event_runs(line):
-            yield decode_run(run, self.line_class, self.event_class)
+            yield decode_run(run, self.line_class, self.event_class, stats)
 
     def _run(self, spaces: list[XSpaceFile]) -> None:
         # First pass: the capture's start, its step markers and compiles (needed before any row is written).
@@ -271,7 +272,11 @@ class XPlaneImporter(StreamLines, OpRows):
         for line in lines:
             base_ns = line.timestamp_ns
             has_calls = False
+            has_ops = False
             for columns in self._columns(space, line):
+                # The second pass reads a line's stats only for its XLA ops: a line without any, whose stats decoded
+                # from the wire here, is read there without them.
+                has_ops = has_ops or columns.from_messages or bool(len(columns.with_stat(hlo_op_ids)))
                 has_calls = has_calls or bool(calls and np.isin(columns.metadata_id, list(calls)).any())
                 for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
                     metadata_id = int(columns.metadata_id[index])
@@ -299,6 +304,8 @@ class XPlaneImporter(StreamLines, OpRows):
                         markers.add(start, end, number)
                 else:
                     markers.add_many(starts, ends, *found)
+            if not has_ops:
+                self.lines_without_ops.add((space.path, line.span.start))
             if has_calls:
                 compiles.call_lines.append(CallLine(space, line, calls))
 
@@ -387,7 +394,7 @@ class XPlaneImporter(StreamLines, OpRows):
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
             nesting = LineNesting()
-            for columns in self._columns(space, line):
+            for columns in self._columns(space, line, (space.path, line.span.start) not in self.lines_without_ops):
                 end_ps = max(end_ps, _end_ps(columns))
                 if line.name == COUNTERS_LINE:  # samples, not spans of the host's work
                     self.counters.read(plane, decoder, columns, line.timestamp_ns * 1000)
