@@ -38,7 +38,7 @@ from tputrace.importers.xla_compiles import (
 from tputrace.importers.xplane_lines import ASYNC_OPS_LINE, COUNTERS_LINE, MODULE_LINES, OP_LINES, SPARSECORE_PLANE
 from tputrace.importers.xplane_lines import Counters, async_annotations
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
-from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, group_rows
+from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, group_rows, per_event
 from tputrace.importers.xplane_runs import U64, LaunchTimes, RunSpans, launched_at, launched_at_ids
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import LineNesting, collective_category
@@ -426,7 +426,7 @@ class XPlaneImporter(StreamLines, OpRows):
             if annotation is None:
                 annotation = annotations[metadata_id] = self._annotation(plane.event_metadata[metadata_id].name)
             found.append(annotation)
-        origins, name_sids, frame_ids = (np.array(column, dtype=object)[positions].tolist() for column in zip(*found))
+        origins, name_sids, frame_ids = (per_event(list(column), positions) for column in zip(*found))
         steps = self._steps_at(starts)
         self.sink.extend("annotations", list(zip(
             repeat(self.rank), name_sids, origins, starts.tolist(), durations.tolist(), frame_ids, steps.tolist())))

@@ -95,8 +95,9 @@ class OpEvents:
     durations: np.ndarray
 
 
-def _per_event(values: list[Any], indices: np.ndarray) -> Any:
-    """A per-op value for each event (its op's index in `indices`): `repeat` where every op has the same."""
+def per_event(values: list[Any], indices: np.ndarray) -> Any:
+    """Per row, the value of its group (`indices` into `values`, one per group): `repeat` where every group has
+    the same."""
     first = values[0]
     if all(value == first and type(value) is type(first) for value in values):
         return repeat(first)
@@ -133,13 +134,13 @@ class OpRows:
         program_ids = [meta.program.program_id if meta.program else None for meta in metas]
         self.sink.extend("ops", nesting.settle(list(zip(
             range(first_seq, self.seq + 1), repeat(self.rank),
-            _per_event([meta.name_sid for meta in metas], meta_of_event),
-            _per_event([shape[0] for shape in shapes], meta_of_event),
-            _per_event([shape[1] for shape in shapes], meta_of_event),
+            per_event([meta.name_sid for meta in metas], meta_of_event),
+            per_event([shape[0] for shape in shapes], meta_of_event),
+            per_event([shape[1] for shape in shapes], meta_of_event),
             chips, starts_ns, durations_ns,
-            _per_event([meta.frame_id for meta in metas], meta_of_event),
-            _per_event([meta.tf_op_sid for meta in metas], meta_of_event),
-            steps, _per_event(program_ids, meta_of_event), repeat(None))), starts, starts + durations))
+            per_event([meta.frame_id for meta in metas], meta_of_event),
+            per_event([meta.tf_op_sid for meta in metas], meta_of_event),
+            steps, per_event(program_ids, meta_of_event), repeat(None))), starts, starts + durations))
         collective_ops = np.array([meta.category in COLLECTIVE_CATEGORIES for meta in metas])
         if collective_ops.any():
             collectives = []
@@ -171,18 +172,18 @@ class OpRows:
         self.runs.add_many(chips[added], run_ids[added], program_of_meta[group_metas[added]], starts[added], ends[added])
         counted = with_program & ~has_run
         if len(added):
-            firsts_of_run: dict[int, tuple[int, int]] = {}
-            for meta_index, chip, run_id in zip(group_metas[added].tolist(), chips[added].tolist(),
-                                                run_ids[added].tolist()):
-                program = metas[meta_index].program
-                assert program is not None
-                if program.first_run is None:
-                    program.first_run = (chip, run_id)
-                firsts_of_run.setdefault(id(program), program.first_run)
-            first_chips = np.array([firsts_of_run.get(id(meta.program), (-1, 0))[0] for meta in metas], dtype=np.int64)
-            first_runs = np.array([firsts_of_run.get(id(meta.program), (-1, 0))[1] for meta in metas], dtype=np.uint64)
+            # A program's first run is that of its first op met with a run id.
+            _, firsts_of_program = np.unique(program_of_meta[group_metas[added]], return_index=True)
+            for group in added[firsts_of_program].tolist():
+                program = metas[group_metas[group]].program
+                if program is not None and program.first_run is None:
+                    program.first_run = (int(chips[group]), int(run_ids[group]))
+            first_runs = [meta.program.first_run if meta.program and meta.program.first_run else (-1, 0)
+                          for meta in metas]
+            first_chips = np.array([first_run[0] for first_run in first_runs], dtype=np.int64)
+            first_run_ids = np.array([first_run[1] for first_run in first_runs], dtype=np.uint64)
             counted[added] = (chips[added] == first_chips[group_metas[added]]) & \
-                (run_ids[added] == first_runs[group_metas[added]])
+                (run_ids[added] == first_run_ids[group_metas[added]])
         for meta_index in group_metas[counted].tolist():
             self._program_op(metas[meta_index])
 
