@@ -274,9 +274,10 @@ class XPlaneImporter(StreamLines, OpRows):
             has_calls = False
             has_ops = False
             for columns in self._columns(space, line):
+                op_events = columns.with_stat(hlo_op_ids)
                 # The second pass reads a line's stats only for its XLA ops: a line without any, whose stats decoded
                 # from the wire here, is read there without them.
-                has_ops = has_ops or columns.from_messages or bool(len(columns.with_stat(hlo_op_ids)))
+                has_ops = has_ops or columns.from_messages or bool(len(op_events))
                 has_calls = has_calls or bool(calls and np.isin(columns.metadata_id, list(calls)).any())
                 for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
                     metadata_id = int(columns.metadata_id[index])
@@ -293,7 +294,7 @@ class XPlaneImporter(StreamLines, OpRows):
                             compiles.named.append((*span, names[0]))
                 launched = np.zeros(len(columns), dtype=bool)
                 launched[columns.with_stat(run_ids)] = True
-                launched[columns.with_stat(hlo_op_ids)] = False
+                launched[op_events] = False
                 self._launches(columns, np.flatnonzero(launched), run_ids, base_ns, launches)
                 marked = columns.with_stat(step_ids)
                 starts = base_ns + columns.offset_ps[marked] // 1000
