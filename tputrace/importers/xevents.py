@@ -174,8 +174,10 @@ def _decode_wire(run: EventRun, event_class: type, stats: bool = True) -> EventC
     if (position > end).any():
         return None
     if not stats:
-        no_stats = [np.zeros(0, dtype=np.int64) for _ in range(4)]
-        return EventColumns(*values, *no_stats, _data=data, _bounds=bounds, _messages=None, _event_class=event_class)
+        none = np.zeros(0, dtype=np.int64)
+        return EventColumns(metadata_id=values[0], offset_ps=values[1], duration_ps=values[2], stat_event=none,
+                            stat_id=none, stat_value_at=none, stat_end=none, _data=data, _bounds=bounds,
+                            _messages=None, _event_class=event_class)
     inside = position < end
     following = data[position]
     if (inside & ((following == _METADATA_ID) | (following == _OFFSET_PS) | (following == _DURATION_PS))).any():
