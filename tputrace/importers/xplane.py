@@ -38,7 +38,7 @@ from tputrace.importers.xla_compiles import (
 from tputrace.importers.xplane_lines import ASYNC_OPS_LINE, COUNTERS_LINE, MODULE_LINES, OP_LINES, SPARSECORE_PLANE
 from tputrace.importers.xplane_lines import Counters, async_annotations
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
-from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, group_rows, per_event
+from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, distinct_ids, group_rows, per_event
 from tputrace.importers.xplane_runs import U64, LaunchTimes, RunSpans, launched_at, launched_at_ids
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import LineNesting, collective_category
@@ -420,7 +420,7 @@ class XPlaneImporter(StreamLines, OpRows):
         """`annotations` rows of host events that are no XLA op, built a column at a time."""
         if not len(metadata_ids):
             return
-        distinct, positions = np.unique(metadata_ids, return_inverse=True)
+        distinct, positions = distinct_ids(metadata_ids)
         found = []
         for metadata_id in distinct.tolist():
             annotation = annotations.get(metadata_id)

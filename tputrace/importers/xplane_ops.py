@@ -81,6 +81,17 @@ def group_rows(*columns: np.ndarray) -> Groups:
     return Groups(sorted_firsts[by_first], of_row, order, bounds, by_first)
 
 
+def distinct_ids(ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """`np.unique(ids, return_inverse=True)` of metadata ids: counted in a table where the ids are small (as a
+    plane's are: they number its metadata), without a sort."""
+    if not len(ids) or ids.min() < 0 or ids.max() >= 4 * len(ids) + 4096:
+        return np.unique(ids, return_inverse=True)
+    distinct = np.flatnonzero(np.bincount(ids))
+    index_of = np.zeros(int(distinct[-1]) + 1, dtype=np.int64)
+    index_of[distinct] = np.arange(len(distinct))
+    return distinct, index_of[ids]
+
+
 @dataclass
 class OpEvents:
     """A window's XLA op events as columns: each event's op (an index into `metas`), chip, run id (uint64; where
