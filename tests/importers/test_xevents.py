@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from test_import_streaming import _dump, _import, _xplane
-from tputrace.importers import xevents
+from tputrace.importers import xevents, xplane
 from tputrace.importers.wire import XSpaceFile
 from tputrace.importers.xevents import EventColumns, decode_run
 from tputrace.importers.xstats import StatDecoder, stat_numbers
@@ -115,10 +115,28 @@ def test_an_import_through_protobuf_alone_is_the_same_trace(captures: dict[str, 
                                                             monkeypatch: pytest.MonkeyPatch, fallback: str) -> None:
     usual = _dump(_import(captures["jax"], tmp_path / "usual.tptrace"))
     if fallback == "whole runs":
-        monkeypatch.setattr(xevents, "_decode_wire", lambda run, event_class: None)
+        monkeypatch.setattr(xevents, "_decode_wire", lambda run, event_class, stats=True: None)
     else:
         monkeypatch.setattr(EventColumns, "stat_values", lambda self, stat_ids: None)
     assert _dump(_import(captures["jax"], tmp_path / "protobuf.tptrace")) == usual
+    assert len(usual["ops"]) > 0 and len(usual["annotations"]) > 0
+
+
+def test_host_lines_without_xla_ops_are_read_again_without_their_stats_and_make_the_same_trace(
+        captures: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with_stats = []
+    decode = xevents.decode_run
+
+    def recording_decode(run: Any, line_class: type, event_class: type, stats: bool = True) -> EventColumns:
+        with_stats.append(stats)
+        return decode(run, line_class, event_class, stats)
+
+    monkeypatch.setattr(xplane, "decode_run", recording_decode)
+    usual = _dump(_import(captures["jax"], tmp_path / "usual.tptrace"))
+    assert False in with_stats  # the Python tracer's line (no XLA op) in the second pass
+    monkeypatch.setattr(xplane, "decode_run", lambda run, line_class, event_class, stats=True: decode(
+        run, line_class, event_class))
+    assert _dump(_import(captures["jax"], tmp_path / "with-stats.tptrace")) == usual
     assert len(usual["ops"]) > 0 and len(usual["annotations"]) > 0
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 import numpy as np
 
 from tputrace.importers.sink import StepClock
+from tputrace.importers.xevents import UINT64_VALUE
 
 _STEPS_PER_BLOCK = 10_000
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
@@ -36,6 +37,19 @@ class StepMarkers:
         self.ends.append(end)
         self.numbers.append(0 if number is None else number)
         self.numbered.append(number is not None)
+
+    def add_many(self, starts: np.ndarray, ends: np.ndarray, kinds: np.ndarray, numbers: np.ndarray,
+                 numbered: np.ndarray) -> None:
+        """`add` of markers given as columns: their numbers (int64) where `numbered`, of kind `INT64_VALUE` or
+        `UINT64_VALUE` (a uint64 beyond int64 makes a wide marker)."""
+        wide = numbered & (kinds == UINT64_VALUE) & (numbers < 0)
+        for start, end, number in zip(starts[wide].tolist(), ends[wide].tolist(), numbers[wide].tolist()):
+            self.add(start, end, number % (1 << 64))
+        kept = ~wide
+        self.starts.frombytes(starts[kept].astype(np.int64).tobytes())
+        self.ends.frombytes(ends[kept].astype(np.int64).tobytes())
+        self.numbers.frombytes(np.where(numbered[kept], numbers[kept], 0).astype(np.int64).tobytes())
+        self.numbered += numbered[kept].astype(np.uint8).tobytes()
 
     def extend(self, other: StepMarkers, offset: int = 0) -> None:
         """Add `other`'s markers, moved by `offset` ns."""

@@ -34,6 +34,8 @@ _XLINE_TIMESTAMP = 3
 _XLINE_EVENTS = 4
 _EVENT_KEY = (_XLINE_EVENTS << 3) | _WIRE_LENGTH
 _FIELD_HEAD = 20  # a key and a length varint fit in this many bytes
+# Appended to a window of a line's events: a byte that is no field key, then an unfinished varint.
+_SENTINEL = b"\x00\xff"
 
 
 @dataclass(frozen=True)
@@ -192,20 +194,22 @@ class XSpaceFile:
                 if len(window) < min(_WINDOW, end - position):
                     raise WireError("a line runs past the end of the file")
                 window_end = len(window)
+                window += _SENTINEL
                 offset = 0
                 fields: list[int] = []
                 add_field = fields.append
                 while offset < window_end:
                     if window[offset] == event_key:
-                        # The events that follow one another, up to another field or the window's end.
+                        # The events that follow one another, up to another field or the window's end (the
+                        # sentinel is no event key, and a length read from it runs past the window).
                         while True:
-                            size = window[offset + 1] if offset + 1 < window_end else 0x80
+                            size = window[offset + 1]
                             field_end = offset + 2 + size if size < 0x80 else _field_end(window, offset + 1)
                             if field_end > window_end:
                                 break
                             add_field(offset)
                             offset = field_end
-                            if offset == window_end or window[offset] != event_key:
+                            if window[offset] != event_key:
                                 break
                         break
                     key, after_key = decode_varint(window, offset)

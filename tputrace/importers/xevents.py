@@ -52,6 +52,11 @@ class EventColumns:
     def __len__(self) -> int:
         return len(self.metadata_id)
 
+    @property
+    def from_messages(self) -> bool:
+        """Whether the events were read through the protobuf classes (their bytes not as expected)."""
+        return self._data is None
+
     def with_stat(self, stat_ids: set[int] | frozenset[int]) -> np.ndarray:
         """Indices of the events that carry a stat whose metadata id is in `stat_ids` (ascending)."""
         if not stat_ids:
@@ -100,27 +105,47 @@ def int_stats(columns: EventColumns, events: np.ndarray, stat_ids: set[int]) -> 
     holds an integer or reference, else event by event."""
     if not stat_ids:
         return [None] * len(events)
-    table = columns.stat_values(list(stat_ids)) if len(events) else None
-    if table is None:
+    found = int_stat_columns(columns, events, stat_ids) if len(events) else None
+    if found is None:
         return [int_stat(columns, index, stat_ids) for index in events.tolist()]
-    stat_events, _, kinds, numbers = table
-    # Each event's first such stat that holds an integer (they come in each event's order); None without one.
-    integers = kinds != REF_VALUE
-    stat_events, kinds, numbers = stat_events[integers], kinds[integers], numbers[integers]
-    firsts, first_at = np.unique(stat_events, return_index=True)
+    kinds, numbers, has = found
     values: list[int | None] = [None] * len(events)
-    positions = np.searchsorted(events, firsts)
-    inside = positions < len(events)
-    inside[inside] = events[positions[inside]] == firsts[inside]
-    for position, kind, number in zip(positions[inside].tolist(), kinds[first_at[inside]].tolist(),
-                                      numbers[first_at[inside]].tolist()):
+    for position, kind, number in zip(np.flatnonzero(has).tolist(), kinds[has].tolist(), numbers[has].tolist()):
         values[position] = number % (1 << 64) if kind == UINT64_VALUE else number
     return values
 
 
-def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColumns:
-    """The columns of a run's events (through the protobuf classes where the bytes are not as expected)."""
-    columns = _decode_wire(run, event_class)
+def int_stat_columns(columns: EventColumns, events: np.ndarray,
+                     stat_ids: set[int]) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """`int_stats` as columns: per event of `events` (ascending indices), its value's kind (`INT64_VALUE` or
+    `UINT64_VALUE`), the value (int64; a `uint64` above 2^63 wraps) and whether it has one. None where a stat of
+    those ids holds a value that is no integer or reference."""
+    table = columns.stat_values(list(stat_ids))
+    if table is None:
+        return None
+    stat_events, _, kinds, numbers = table
+    # Each event's first such stat that holds an integer (they come in each event's order); none without one.
+    integers = kinds != REF_VALUE
+    stat_events, kinds, numbers = stat_events[integers], kinds[integers], numbers[integers]
+    firsts = np.flatnonzero(np.concatenate(([True], stat_events[1:] != stat_events[:-1]))) if len(stat_events) \
+        else np.zeros(0, dtype=np.int64)
+    positions = np.searchsorted(events, stat_events[firsts])
+    inside = positions < len(events)
+    inside[inside] = events[positions[inside]] == stat_events[firsts[inside]]
+    has = np.zeros(len(events), dtype=bool)
+    has[positions[inside]] = True
+    event_kinds = np.zeros(len(events), dtype=np.uint8)
+    event_kinds[positions[inside]] = kinds[firsts[inside]]
+    event_numbers = np.zeros(len(events), dtype=np.int64)
+    event_numbers[positions[inside]] = numbers[firsts[inside]]
+    return event_kinds, event_numbers, has
+
+
+def decode_run(run: EventRun, line_class: type, event_class: type, stats: bool = True) -> EventColumns:
+    """The columns of a run's events (through the protobuf classes where the bytes are not as expected); without
+    `stats`, their stats are left out (no stat columns) and the bytes after each event's head are not checked: only
+    for a run that decoded with its stats before."""
+    columns = _decode_wire(run, event_class, stats)
     if columns is not None:
         return columns
     line = line_class()
@@ -128,9 +153,9 @@ def decode_run(run: EventRun, line_class: type, event_class: type) -> EventColum
     return _decode_messages(line.events, event_class)
 
 
-def _decode_wire(run: EventRun, event_class: type) -> EventColumns | None:
+def _decode_wire(run: EventRun, event_class: type, stats: bool = True) -> EventColumns | None:
     data = np.frombuffer(run.data + _PADDING, dtype=np.uint8)
-    lengths = _varints(data, np.array(run.fields, dtype=np.int64) + 1)
+    lengths = _varints(data, np.fromiter(run.fields, dtype=np.int64, count=len(run.fields)) + 1)
     if lengths is None:
         return None
     position = lengths[1]
@@ -148,15 +173,20 @@ def _decode_wire(run: EventRun, event_class: type) -> EventColumns | None:
         values.append(value.view(np.int64))
     if (position > end).any():
         return None
+    if not stats:
+        none = np.zeros(0, dtype=np.int64)
+        return EventColumns(metadata_id=values[0], offset_ps=values[1], duration_ps=values[2], stat_event=none,
+                            stat_id=none, stat_value_at=none, stat_end=none, _data=data, _bounds=bounds,
+                            _messages=None, _event_class=event_class)
     inside = position < end
     following = data[position]
     if (inside & ((following == _METADATA_ID) | (following == _OFFSET_PS) | (following == _DURATION_PS))).any():
         return None  # fields out of number order
     with_stats = np.flatnonzero(inside & (following == _STATS))
-    stats = _stat_ids(data, with_stats, position[with_stats], end[with_stats])
-    if stats is None:
+    stat_columns = _stat_ids(data, with_stats, position[with_stats], end[with_stats])
+    if stat_columns is None:
         return None
-    return EventColumns(*values, *stats, _data=data, _bounds=bounds, _messages=None, _event_class=event_class)
+    return EventColumns(*values, *stat_columns, _data=data, _bounds=bounds, _messages=None, _event_class=event_class)
 
 
 def _stat_ids(data: np.ndarray, events: np.ndarray, position: np.ndarray,

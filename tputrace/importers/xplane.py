@@ -14,7 +14,6 @@ import dataclasses
 import re
 from collections.abc import Iterator
 from contextlib import ExitStack
-from dataclasses import dataclass, field
 from itertools import repeat
 from pathlib import Path
 from typing import Any
@@ -39,10 +38,11 @@ from tputrace.importers.xla_compiles import (
 from tputrace.importers.xplane_lines import ASYNC_OPS_LINE, COUNTERS_LINE, MODULE_LINES, OP_LINES, SPARSECORE_PLANE
 from tputrace.importers.xplane_lines import Counters, async_annotations
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
-from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at
+from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, distinct_ids, group_rows, per_event
+from tputrace.importers.xplane_runs import U64, LaunchTimes, RunSpans, launched_at, launched_at_ids
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
-from tputrace.importers.xla_ops import COLLECTIVE_CATEGORIES, LineNesting, collective_category
-from tputrace.importers.xevents import EventColumns, decode_run, int_stats
+from tputrace.importers.xla_ops import LineNesting, collective_category
+from tputrace.importers.xevents import REF_VALUE, UINT64_VALUE, EventColumns, decode_run, int_stat_columns, int_stats
 from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
@@ -52,33 +52,7 @@ _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
 _ABSENT = object()
 
 
-@dataclass
-class _Program:
-    program_id: int
-    name: str
-    flops: float = 0.0
-    bytes_accessed: float = 0.0
-    first_run: Any = None
-    op_names: set[str] = field(default_factory=set)
-
-
-@dataclass(frozen=True, eq=False)
-class _OpMeta:
-    """What an XLA op's event metadata says, read once per metadata id (one object per op: compared and hashed
-    by identity)."""
-
-    name: str
-    name_sid: int
-    category: str | None
-    flops: float
-    bytes_accessed: float
-    frame_id: int | None
-    tf_op_sid: int | None
-    program: _Program | None
-    shape_sids: tuple[int | None, int | None] = (None, None)  # a data-moving op's operands and output (`hlo_text`)
-
-
-class XPlaneImporter(StreamLines):
+class XPlaneImporter(StreamLines, OpRows):
     """Imports the `xplane.pb` of one host and process as one rank: one file, or the files of several
     profiling sessions of the process (`jax.profiler.trace` called more than once)."""
 
@@ -89,7 +63,7 @@ class XPlaneImporter(StreamLines):
         self.writer = sink.writer
         facts = {"windows": [str(path) for path in paths]} if len(paths) > 1 else {}
         self.rank = sink.new_rank(XPLANE, str(paths[0]), host=capture_host(paths[0]), **facts)
-        self.programs: dict[str, _Program] = {}
+        self.programs: dict[str, Program] = {}
         self.runs = RunSpans()
         self.steps = StepClock()
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
@@ -98,13 +72,14 @@ class XPlaneImporter(StreamLines):
         self.counters = Counters()  # the `_counters_` lines' samples
         self.latest_start_ns = -1  # the latest start of an event that is a row (ns since the rank's start)
         self.seq = 0
-        self.host_op_metas: dict[tuple[int, str], _OpMeta] = {}
+        self.host_op_metas: dict[tuple[int, str], OpMeta] = {}
         self.host_op_stats: dict[int, str] = {}
         self.host_chips: set[int] = set()  # the device ordinals of XLA ops run on host threads
         self.stream_kernels: dict[str, int] = {}  # a GPU's kernels that are no XLA op: name -> program id
         self.stream_plane: Any = None
         self.offset_ns = 0  # what puts the line times of the file being read on the Unix clock
         self.offsets: dict[Path, int] = {}
+        self.lines_without_ops: set[tuple[Path, int]] = set()  # host lines (file, start) holding no XLA op
         self.chips = 1
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
         # Run ids (ascending) and when the host launched each run (ns since the rank's start).
@@ -130,10 +105,10 @@ class XPlaneImporter(StreamLines):
                 heads = [dataclasses.replace(head, timestamp_ns=head.timestamp_ns + self.offset_ns) for head in heads]
             yield plane, heads
 
-    def _columns(self, space: XSpaceFile, line: LineHead) -> Iterator[EventColumns]:
-        """A line's events, a window's worth of them at a time, as columns."""
+    def _columns(self, space: XSpaceFile, line: LineHead, stats: bool = True) -> Iterator[EventColumns]:
+        """A line's events, a window's worth of them at a time, as columns (without their stats where not `stats`)."""
         for run in space.event_runs(line):
-            yield decode_run(run, self.line_class, self.event_class)
+            yield decode_run(run, self.line_class, self.event_class, stats)
 
     def _run(self, spaces: list[XSpaceFile]) -> None:
         # First pass: the capture's start, its step markers and compiles (needed before any row is written).
@@ -248,6 +223,12 @@ class XPlaneImporter(StreamLines):
             starts = launched_at(self.launch_ids, self.launch_starts, run_ids, starts)
         return self.step_labels[np.searchsorted(self.step_starts, starts, side="right")]
 
+    def _steps_of_runs(self, starts: np.ndarray, run_ids: np.ndarray, has_run: np.ndarray) -> np.ndarray:
+        """`_steps_at` of events whose run ids are a column (uint64, each one where `has_run`)."""
+        if has_run.any() and len(self.launch_ids):
+            starts = launched_at_ids(self.launch_ids, self.launch_starts, run_ids, has_run, starts)
+        return self.step_labels[np.searchsorted(self.step_starts, starts, side="right")]
+
     def _line_end(self, line: LineHead, end_ps: int) -> None:
         self.end_ns = max(self.end_ns, line.timestamp_ns - self.start_unix_ns + end_ps // 1000)
 
@@ -291,7 +272,12 @@ class XPlaneImporter(StreamLines):
         for line in lines:
             base_ns = line.timestamp_ns
             has_calls = False
+            has_ops = False
             for columns in self._columns(space, line):
+                op_events = columns.with_stat(hlo_op_ids)
+                # The second pass reads a line's stats only for its XLA ops: a line without any, whose stats decoded
+                # from the wire here, is read there without them.
+                has_ops = has_ops or columns.from_messages or bool(len(op_events))
                 has_calls = has_calls or bool(calls and np.isin(columns.metadata_id, list(calls)).any())
                 for index in np.flatnonzero(np.isin(columns.metadata_id, watched)).tolist():
                     metadata_id = int(columns.metadata_id[index])
@@ -306,18 +292,36 @@ class XPlaneImporter(StreamLines):
                                  for stat in columns.message(index).stats if stat.metadata_id in name_ids]
                         if names and names[0]:
                             compiles.named.append((*span, names[0]))
-                launched = np.setdiff1d(columns.with_stat(run_ids), columns.with_stat(hlo_op_ids))
-                for index, run_id in zip(launched.tolist(), int_stats(columns, launched, run_ids)):
-                    if run_id is not None:
-                        start = base_ns + int(columns.offset_ps[index]) // 1000
-                        launches.add(run_id, start)
+                launched = np.zeros(len(columns), dtype=bool)
+                launched[columns.with_stat(run_ids)] = True
+                launched[op_events] = False
+                self._launches(columns, np.flatnonzero(launched), run_ids, base_ns, launches)
                 marked = columns.with_stat(step_ids)
-                starts = (base_ns + columns.offset_ps[marked] // 1000).tolist()
-                durations = (columns.duration_ps[marked] // 1000).tolist()
-                for start, duration, number in zip(starts, durations, int_stats(columns, marked, step_ids)):
-                    markers.add(start, start + duration, number)
+                starts = base_ns + columns.offset_ps[marked] // 1000
+                ends = starts + columns.duration_ps[marked] // 1000
+                found = int_stat_columns(columns, marked, step_ids) if len(marked) else None
+                if found is None:
+                    for start, end, number in zip(starts.tolist(), ends.tolist(), int_stats(columns, marked, step_ids)):
+                        markers.add(start, end, number)
+                else:
+                    markers.add_many(starts, ends, *found)
+            if not has_ops:
+                self.lines_without_ops.add((space.path, line.span.start))
             if has_calls:
                 compiles.call_lines.append(CallLine(space, line, calls))
+
+    @staticmethod
+    def _launches(columns: EventColumns, events: np.ndarray, run_ids: set[int], base_ns: int,
+                  launches: LaunchTimes) -> None:
+        """The launches of some events (ascending indices): those with an integer run id."""
+        found = int_stat_columns(columns, events, run_ids) if len(events) and run_ids else None
+        if found is None:
+            for index, run_id in zip(events.tolist(), int_stats(columns, events, run_ids)):
+                if run_id is not None:
+                    launches.add(run_id, base_ns + int(columns.offset_ps[index]) // 1000)
+            return
+        _, numbers, has = found
+        launches.add_many(numbers[has].view(np.uint64), base_ns + columns.offset_ps[events[has]] // 1000)
 
     def _compiles(self, compiles: CompileSpans) -> None:
         """`compiles` rows (`xla_compiles`); a compile's program is the one its backend compiler (an event with a `name`
@@ -341,7 +345,7 @@ class XPlaneImporter(StreamLines):
                       sparsecore: bool = False) -> None:
         """A chip's rows; of one of its SparseCores (`sparsecore`), only its ops, on the chip's number."""
         decoder = StatDecoder(plane)
-        op_metas: dict[int, _OpMeta] = {}
+        op_metas: dict[int, OpMeta] = {}
         event_metadata = plane.event_metadata
         for line in lines:
             base_ns = line.timestamp_ns - self.start_unix_ns
@@ -364,13 +368,17 @@ class XPlaneImporter(StreamLines):
                         program = self._program(event_metadata[metadata_id].name)
                         self.runs.add(chip, None, program.program_id, start_ns, start_ns + dur_ns)
                 elif line.name in OP_LINES:
+                    groups = group_rows(columns.metadata_id)
                     metas = []
-                    for metadata_id in columns.metadata_id.tolist():
+                    for metadata_id in columns.metadata_id[groups.firsts].tolist():
                         meta = op_metas.get(metadata_id)
                         if meta is None:
                             meta = op_metas[metadata_id] = self._op_meta(plane, metadata_id, decoder, None)
                         metas.append(meta)
-                    self._ops(metas, [None] * len(metas), [chip] * len(metas), starts, durations, nesting)
+                    count = len(columns)
+                    self._ops(OpEvents(metas, groups.of_row, np.full(count, chip, dtype=np.int64),
+                                       np.zeros(count, dtype=np.uint64), np.zeros(count, dtype=bool), starts,
+                                       durations), nesting)
                 elif line.name.startswith("Stream #"):
                     self._stream_events(plane, lines, decoder, columns, starts, durations, chip, nesting)
             self.sink.extend("ops", nesting.flush())
@@ -387,7 +395,7 @@ class XPlaneImporter(StreamLines):
             base_ns = line.timestamp_ns - self.start_unix_ns
             end_ps = 0
             nesting = LineNesting()
-            for columns in self._columns(space, line):
+            for columns in self._columns(space, line, (space.path, line.span.start) not in self.lines_without_ops):
                 end_ps = max(end_ps, _end_ps(columns))
                 if line.name == COUNTERS_LINE:  # samples, not spans of the host's work
                     self.counters.read(plane, decoder, columns, line.timestamp_ns * 1000)
@@ -412,14 +420,14 @@ class XPlaneImporter(StreamLines):
         """`annotations` rows of host events that are no XLA op, built a column at a time."""
         if not len(metadata_ids):
             return
-        distinct, positions = np.unique(metadata_ids, return_inverse=True)
+        distinct, positions = distinct_ids(metadata_ids)
         found = []
         for metadata_id in distinct.tolist():
             annotation = annotations.get(metadata_id)
             if annotation is None:
                 annotation = annotations[metadata_id] = self._annotation(plane.event_metadata[metadata_id].name)
             found.append(annotation)
-        origins, name_sids, frame_ids = (np.array(column, dtype=object)[positions].tolist() for column in zip(*found))
+        origins, name_sids, frame_ids = (per_event(list(column), positions) for column in zip(*found))
         steps = self._steps_at(starts)
         self.sink.extend("annotations", list(zip(
             repeat(self.rank), name_sids, origins, starts.tolist(), durations.tolist(), frame_ids, steps.tolist())))
@@ -428,32 +436,59 @@ class XPlaneImporter(StreamLines):
                   starts: np.ndarray, durations: np.ndarray, nesting: LineNesting, chip: int | None = None) -> None:
         """XLA ops run on a host thread (XLA:CPU), or a GPU's kernels of them (on `chip`): op, module, run and device
         from each event's stats."""
-        values = self._host_op_values(decoder, columns, events)
-        if values is None:  # a stat of another kind: read each event's stats through its message
-            values = {name: [_ABSENT] * len(events) for name in HOST_OP_STATS}
-            for position, index in enumerate(events.tolist()):
-                for stat in columns.message(index).stats:
-                    name = self.host_op_stats.get(stat.metadata_id)
-                    if name is not None:
-                        values[name][position] = decoder.value(stat)
+        found = self._host_op_columns(decoder, columns, events)
+        if found is None:  # a stat of another kind: read each event's stats through its message
+            op_events = self._host_op_messages(plane, decoder, columns, events, starts, durations, chip)
+        else:
+            present, kinds, numbers = found
+            count = len(events)
+            # The op of each event: its metadata and module (its name from the first event of the two).
+            module_key = np.where(present["hlo_module"], numbers["hlo_module"], 0)
+            groups = group_rows(columns.metadata_id[events], present["hlo_module"], kinds["hlo_module"], module_key)
+            metas = []
+            for first, metadata_id in zip(groups.firsts.tolist(), columns.metadata_id[events[groups.firsts]].tolist()):
+                module = str(stat_numbers(decoder, kinds["hlo_module"][first:first + 1],
+                                          numbers["hlo_module"][first:first + 1])[0]) if present["hlo_module"][first] else ""
+                op_name = stat_numbers(decoder, kinds["hlo_op"][first:first + 1], numbers["hlo_op"][first:first + 1])[0]
+                metas.append(self._host_op_meta(plane, decoder, metadata_id, module, op_name))
+            chips = (np.full(count, chip, dtype=np.int64) if chip is not None
+                     else np.where(present["device_ordinal"], numbers["device_ordinal"], 0))
+            op_events = _unique_metas(metas, groups.of_row, chips, numbers["run_id"].view(np.uint64), present["run_id"],
+                                      starts, durations)
+        self.host_chips.update(np.unique(op_events.chips).tolist())
+        self._ops(op_events, nesting)
+
+    def _host_op_meta(self, plane: Any, decoder: StatDecoder, metadata_id: int, module: str, op_name: Any) -> OpMeta:
+        meta = self.host_op_metas.get((metadata_id, module))
+        if meta is None:
+            meta = self.host_op_metas[(metadata_id, module)] = self._op_meta(plane, metadata_id, decoder, module,
+                                                                             str(op_name))
+        return meta
+
+    def _host_op_messages(self, plane: Any, decoder: StatDecoder, columns: EventColumns, events: np.ndarray,
+                          starts: np.ndarray, durations: np.ndarray, chip: int | None) -> OpEvents:
+        """`_host_ops`' columns from each event's stats read through its message."""
+        values: dict[str, list[Any]] = {name: [_ABSENT] * len(events) for name in HOST_OP_STATS}
+        for position, index in enumerate(events.tolist()):
+            for stat in columns.message(index).stats:
+                name = self.host_op_stats.get(stat.metadata_id)
+                if name is not None:
+                    values[name][position] = decoder.value(stat)
         modules = ["" if module is _ABSENT else str(module) for module in values["hlo_module"]]
-        metas = []
-        for metadata_id, module, op_name in zip(columns.metadata_id[events].tolist(), modules, values["hlo_op"]):
-            meta = self.host_op_metas.get((metadata_id, module))
-            if meta is None:
-                meta = self.host_op_metas[(metadata_id, module)] = self._op_meta(plane, metadata_id, decoder, module,
-                                                                                 str(op_name))
-            metas.append(meta)
+        metas = [self._host_op_meta(plane, decoder, metadata_id, module, op_name) for metadata_id, module, op_name
+                 in zip(columns.metadata_id[events].tolist(), modules, values["hlo_op"])]
         chips = [chip if chip is not None else 0 if ordinal is _ABSENT else int(ordinal or 0)
                  for ordinal in values["device_ordinal"]]
-        self.host_chips.update(chips)
-        run_ids = [None if run_id is _ABSENT else run_id for run_id in values["run_id"]]
-        self._ops(metas, run_ids, chips, starts, durations, nesting)
+        run_ids = np.array([0 if run_id is _ABSENT else run_id % U64 for run_id in values["run_id"]], dtype=np.uint64)
+        return _unique_metas(metas, np.arange(len(metas)), np.array(chips, dtype=np.int64), run_ids,
+                             np.array([run_id is not _ABSENT for run_id in values["run_id"]], dtype=bool), starts,
+                             durations)
 
-    def _host_op_values(self, decoder: StatDecoder, columns: EventColumns,
-                        events: np.ndarray) -> dict[str, list[Any]] | None:
-        """Per stat name of `HOST_OP_STATS`, its value in each of `events` (`_ABSENT` where none); None where a
-        stat is no integer or reference, or an event holds one twice."""
+    def _host_op_columns(self, decoder: StatDecoder, columns: EventColumns, events: np.ndarray
+                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] | None:
+        """Per stat name of `HOST_OP_STATS`: whether each of `events` holds it, and its value's kind and integer;
+        None where a stat is no integer or reference, a run id or device a reference, a device beyond int64, or an
+        event holds a stat twice."""
         table = columns.stat_values(list(self.host_op_stats))
         if table is None:
             return None
@@ -461,16 +496,22 @@ class XPlaneImporter(StreamLines):
         kept = np.isin(stat_events, events)
         stat_events, stat_ids, kinds, numbers = stat_events[kept], stat_ids[kept], kinds[kept], numbers[kept]
         positions = np.searchsorted(events, stat_events)
-        values: dict[str, list[Any]] = {}
+        present, kinds_of, numbers_of = {}, {}, {}
         for name in HOST_OP_STATS:
-            chosen = np.isin(stat_ids, decoder.ids_named(name))
-            at = positions[chosen]
-            if len(np.unique(at)) != len(at):
+            chosen = np.isin(stat_ids, [key for key, stat in self.host_op_stats.items() if stat == name])
+            at = positions[chosen]  # ascending
+            if (at[1:] == at[:-1]).any():
                 return None
-            column = np.full(len(events), _ABSENT, dtype=object)
-            column[at] = np.array(stat_numbers(decoder, kinds[chosen], numbers[chosen]), dtype=object)
-            values[name] = column.tolist()
-        return values
+            present[name] = np.zeros(len(events), dtype=bool)
+            present[name][at] = True
+            kinds_of[name] = np.zeros(len(events), dtype=np.uint8)
+            kinds_of[name][at] = kinds[chosen]
+            numbers_of[name] = np.zeros(len(events), dtype=np.int64)
+            numbers_of[name][at] = numbers[chosen]
+        if (kinds_of["run_id"] == REF_VALUE).any() or (kinds_of["device_ordinal"] == REF_VALUE).any() or \
+                ((kinds_of["device_ordinal"] == UINT64_VALUE) & (numbers_of["device_ordinal"] < 0)).any():
+            return None
+        return present, kinds_of, numbers_of
 
     def _annotation(self, name: str) -> tuple[str, int, int | None]:
         """A host event that is no XLA op: a Python tracer frame (`$file:line function`) or a TraceMe range."""
@@ -480,14 +521,14 @@ class XPlaneImporter(StreamLines):
 
     # -- ops and programs ---------------------------------------------------------------------------
 
-    def _program(self, module_name: str) -> _Program:
+    def _program(self, module_name: str) -> Program:
         program = self.programs.get(module_name)
         if program is None:
-            program = self.programs[module_name] = _Program(self.writer.next_id("programs"), module_name)
+            program = self.programs[module_name] = Program(self.writer.next_id("programs"), module_name)
         return program
 
     def _op_meta(self, plane: Any, metadata_id: int, decoder: StatDecoder, module: str | None,
-                 op_name: str | None = None) -> _OpMeta:
+                 op_name: str | None = None) -> OpMeta:
         metadata = plane.event_metadata[metadata_id]
         stats = {decoder.name(stat.metadata_id): decoder.value(stat) for stat in metadata.stats}
         name = op_name or metadata.display_name or metadata.name
@@ -510,7 +551,7 @@ class XPlaneImporter(StreamLines):
         shapes = movement_shapes(metadata.name, stats.get("hlo_category"), name)
         copied = self.hlo.get(re.sub(r"\(\d+\)$", "", program_name or ""), {}).get(operand_name(shapes[0]) or "") if shapes else None
         tf_op = tf_op or (copied.op_name if copied is not None else None)  # a copy's: JAX's name of what it copies
-        return _OpMeta(
+        return OpMeta(
             name=name,
             name_sid=self.writer.intern(name),
             category=str(stats["hlo_category"]) if "hlo_category" in stats else collective_category(name),
@@ -521,58 +562,6 @@ class XPlaneImporter(StreamLines):
             program=program,
             shape_sids=(self.writer.intern(shapes[0]), self.writer.intern(shapes[1])) if shapes else (None, None),
         )
-
-    def _ops(self, metas: list[_OpMeta], run_ids: list[Any], chips: list[int], starts: np.ndarray,
-             durations: np.ndarray, nesting: LineNesting) -> None:
-        """`ops` (and `collectives`) rows of some XLA op events, and what they tell of their programs' runs,
-        op counts, costs and fusions."""
-        steps = self._steps_at(starts, run_ids).tolist()
-        starts_ns, durations_ns = starts.tolist(), durations.tolist()
-        first_seq = self.seq + 1
-        self.seq += len(metas)
-        rank = self.rank
-        self.sink.extend("ops", nesting.settle([
-            (seq, rank, meta.name_sid, *meta.shape_sids, chip, start_ns, dur_ns, meta.frame_id, meta.tf_op_sid, step,
-             meta.program.program_id if meta.program else None, None)
-            for seq, meta, chip, start_ns, dur_ns, step in zip(
-                range(first_seq, self.seq + 1), metas, chips, starts_ns, durations_ns, steps)], starts,
-            starts + durations))
-        self.sink.extend("collectives", [
-            (rank, COLLECTIVE_CATEGORIES[meta.category], int(meta.bytes_accessed) or None, None, None, None, meta.frame_id,
-             start_ns, dur_ns, None, None, None, step, None)
-            for meta, start_ns, dur_ns, step in zip(metas, starts_ns, durations_ns, steps)
-            if meta.category in COLLECTIVE_CATEGORIES])
-        # An op's effect on its program depends only on (op, chip, run): each such triple's first event, with
-        # the earliest start and latest end of its events, has them all.
-        spans: dict[tuple[_OpMeta, int, Any], list[int]] = {}
-        for key, start_ns, dur_ns in zip(zip(metas, chips, run_ids), starts_ns, durations_ns):
-            span = spans.get(key)
-            if span is None:
-                spans[key] = [start_ns, start_ns + dur_ns]
-            else:
-                span[0] = min(span[0], start_ns)
-                span[1] = max(span[1], start_ns + dur_ns)
-        for (meta, chip, run_id), (start_ns, end_ns) in spans.items():
-            self._program_op(meta, chip, run_id, start_ns, end_ns)
-
-    def _program_op(self, meta: _OpMeta, chip: int, run_id: Any, start_ns: int, end_ns: int) -> None:
-        program = meta.program
-        if program is None:
-            return
-        if run_id is not None:
-            self.runs.add(chip, run_id, program.program_id, start_ns, end_ns)
-            if program.first_run is None:
-                program.first_run = (chip, run_id)
-            if program.first_run != (chip, run_id):
-                return
-        if meta.name in program.op_names:
-            return
-        program.op_names.add(meta.name)
-        program.flops += meta.flops
-        program.bytes_accessed += meta.bytes_accessed
-        if "fusion" in meta.name or (meta.category or "").endswith(" fusion"):
-            self.sink.append("fusions", (self.rank, program.program_id, self.writer.intern(meta.name),
-                                         self.writer.intern(meta.category or "fusion"), None, None))
 
     def _python_frame(self, name: str) -> int | None:
         match = _PYTHON_FRAME.match(name)
@@ -591,6 +580,19 @@ class XPlaneImporter(StreamLines):
             steps = self._steps_at(starts, run_ids).tolist()
             self.sink.extend("executions", list(zip(repeat(self.rank), program_ids, chips, starts.tolist(),
                                                     (ends - starts).tolist(), steps, repeat(None))))
+
+
+def _unique_metas(metas: list[OpMeta], meta_of_event: np.ndarray, chips: np.ndarray, run_ids: np.ndarray,
+                  has_run: np.ndarray, starts: np.ndarray, durations: np.ndarray) -> OpEvents:
+    """Op events whose ops are `metas` (indexed by `meta_of_event`, an op maybe more than once), each op once."""
+    index_of: dict[int, int] = {}
+    distinct: list[OpMeta] = []
+    for meta in metas:
+        if index_of.setdefault(id(meta), len(distinct)) == len(distinct):
+            distinct.append(meta)
+    renumbered = np.array([index_of[id(meta)] for meta in metas], dtype=np.int64)
+    return OpEvents(distinct, renumbered[meta_of_event] if len(metas) else meta_of_event, chips, run_ids, has_run,
+                    starts, durations)
 
 
 def _end_ps(columns: EventColumns) -> int:

@@ -34,6 +34,13 @@ class LaunchTimes:
         if len(self.run_ids) >= 2 * self._merged + _MERGE_FLOOR:
             self._merge()
 
+    def add_many(self, run_ids: np.ndarray, starts: np.ndarray) -> None:
+        """`add` of launches given as columns (run ids as uint64)."""
+        self.run_ids.frombytes(run_ids.astype(np.uint64).tobytes())
+        self.starts.frombytes(starts.astype(np.int64).tobytes())
+        if len(self.run_ids) >= 2 * self._merged + _MERGE_FLOOR:
+            self._merge()
+
     def extend(self, other: LaunchTimes, offset: int) -> None:
         """Add `other`'s launches, moved by `offset` ns."""
         self.run_ids += other.run_ids
@@ -60,10 +67,17 @@ class LaunchTimes:
 def launched_at(run_ids: np.ndarray, launches: np.ndarray, ids: list[Any], times: np.ndarray) -> np.ndarray:
     """Per event: its run's launch where its run id (`ids`, None for none) has one, else its own time (`times`)."""
     wanted = np.array([0 if run_id is None else run_id % U64 for run_id in ids], dtype=np.uint64)
+    return launched_at_ids(run_ids, launches, wanted, np.array([run_id is not None for run_id in ids], dtype=bool),
+                           times)
+
+
+def launched_at_ids(run_ids: np.ndarray, launches: np.ndarray, wanted: np.ndarray, has_run: np.ndarray,
+                    times: np.ndarray) -> np.ndarray:
+    """`launched_at` of run ids given as a column (uint64), each one where `has_run`."""
     if not len(run_ids) or not len(wanted):
         return times
     positions = np.minimum(np.searchsorted(run_ids, wanted), len(run_ids) - 1)
-    found = (run_ids[positions] == wanted) & np.array([run_id is not None for run_id in ids], dtype=bool)
+    found = (run_ids[positions] == wanted) & has_run
     return np.where(found, launches[positions], times)
 
 
@@ -87,6 +101,20 @@ class RunSpans:
         self.programs.append(program_id)
         self.starts.append(start_ns)
         self.ends.append(end_ns)
+        if len(self.chips) >= 2 * self._merged + _MERGE_FLOOR:
+            self._merge()
+
+    def add_many(self, chips: np.ndarray, run_ids: np.ndarray, program_ids: np.ndarray, starts: np.ndarray,
+                 ends: np.ndarray) -> None:
+        """`add` of runs given as columns, each with an id (uint64)."""
+        if not len(chips):
+            return
+        self.chips.frombytes(chips.astype(np.int64).tobytes())
+        self.run_ids.frombytes(run_ids.astype(np.uint64).tobytes())
+        self.keyed += bytes([1]) * len(chips)
+        self.programs.frombytes(program_ids.astype(np.int64).tobytes())
+        self.starts.frombytes(starts.astype(np.int64).tobytes())
+        self.ends.frombytes(ends.astype(np.int64).tobytes())
         if len(self.chips) >= 2 * self._merged + _MERGE_FLOOR:
             self._merge()
 

@@ -574,6 +574,6 @@ def _after_fork_in_child() -> None:
 
 
 def _take(queue: deque[Any]) -> list[Any]:
-    """Pop the rows queued so far; rows appended meanwhile by other threads stay for next time."""
-    popleft = queue.popleft
-    return [popleft() for _ in range(len(queue))]
+    """Pop the rows queued so far; rows appended meanwhile by other threads stay for next time (one `popleft` per
+    row, called from C)."""
+    return list(itertools.starmap(queue.popleft, itertools.repeat((), len(queue))))
