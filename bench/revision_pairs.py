@@ -2,8 +2,9 @@
 the working tree against a git revision (`--base`, HEAD by default), in torch's CPU eager, DEFER_NEVER and
 DEFER_AND_FUSE.
 
-The base revision is exported (`git archive`) to a temporary directory and imported in place of the working tree
-by a meta path finder installed before `tputrace` is first imported. Each round runs one process per revision, in
+The base revision is exported (`git archive`) to a temporary directory and its package imported in place of the
+working tree's by a meta path finder installed before `tputrace` is first imported; the workloads and examples are
+the working tree's on both sides. Each round runs one process per revision, in
 an order that alternates from round to round; a process builds each mode's step, warms it up, and measures
 windows of steady-state steps with the modes interleaved, so load from other processes falls on both revisions
 and on every mode alike. A window gives wall time, the process's CPU time and the main thread's CPU time per
