@@ -20,7 +20,7 @@ import torch
 from tputrace.backend.compat import device_module
 from tputrace.backend.core import arg_checks, foreach_lists, generators, matmul_precision, rng, routing
 from tputrace.backend.core.arguments import UNFLATTENED, ArgumentFlattening, DeviceMismatchError, positional_originals
-from tputrace.backend.core.buffers import Buffer, CountedBuffer
+from tputrace.backend.core.buffers import TORCH_DEVICES, Buffer, CountedBuffer, torch_device
 from tputrace.backend.core.compile_history import CompileHistory, SiteCompiles
 from tputrace.backend.core.entries import OpEntry, classify
 from tputrace.backend.core.executor import Executor, StrictExecutor
@@ -29,7 +29,7 @@ from tputrace.backend.core.host_transfers import HostTransfers
 from tputrace.backend.core.length_recompiles import LengthRecompiles
 from tputrace.backend.core.plan_building import RUNS_ON_HOST, PlanBuilding, meta_like
 from tputrace.backend.core.plans import OutSpec, Plan, regroup
-from tputrace.backend.core.tensor import TpuTensor, channels_last_tensor, new_tensor
+from tputrace.backend.core.tensor import TpuTensor, channels_last_tensor
 from tputrace.backend.core.view_ops import ViewOps, storage_elements
 from tputrace.backend.core.writes import Writes
 from tputrace.backend.indexing import data_dependent, mask_indexing, padded_reads
@@ -40,6 +40,8 @@ __all__ = ["DeviceMismatchError", "Dispatcher", "dispatcher"]
 aten = torch.ops.aten
 _perf_ns = time.perf_counter_ns
 _float32_matmul_precision = torch._C._get_float32_matmul_precision
+_make_wrapper = torch.Tensor._make_wrapper_subclass
+_STRIDED = torch.strided
 
 
 class Dispatcher(ArgumentFlattening, PlanBuilding, ViewOps, Writes, HostTransfers, CpuFallback):
@@ -210,10 +212,10 @@ class Dispatcher(ArgumentFlattening, PlanBuilding, ViewOps, Writes, HostTransfer
             if spec is None:
                 return self._outputs(plan, values, chip)
             if executor.deferred:
-                output = new_tensor(values[0], chip, spec.buffer_spec, 0)
+                output = output_tensor(values[0], chip, spec, 0)
                 executor.own(output._buf)
                 return output
-            return new_tensor(values[0], chip, spec.buffer_spec, spec.nbytes)
+            return output_tensor(values[0], chip, spec, spec.nbytes)
 
         return compute_plain
 
@@ -237,10 +239,10 @@ class Dispatcher(ArgumentFlattening, PlanBuilding, ViewOps, Writes, HostTransfer
             return self._channels_last_output(value, spec, chip)
         executor = self.executor
         if executor.deferred:
-            output = new_tensor(value, chip, spec.buffer_spec, 0)
+            output = output_tensor(value, chip, spec, 0)
             executor.own(output._buf)
             return output
-        return new_tensor(value, chip, spec.buffer_spec, spec.nbytes)
+        return output_tensor(value, chip, spec, spec.nbytes)
 
     def _channels_last_output(self, value: Any, spec: OutSpec, chip: int) -> TpuTensor:
         """A channels-last output: its buffer holds the value's dims in storage order (one transpose,
@@ -305,6 +307,18 @@ class Dispatcher(ArgumentFlattening, PlanBuilding, ViewOps, Writes, HostTransfer
                 raise
             self._warn_fallback(entry.name, f"its decomposition failed ({type(error).__name__})")
             return self.fallback(entry, args, kwargs)
+
+
+def output_tensor(array: Any, chip: int, spec: OutSpec, nbytes: int) -> TpuTensor:
+    """A fresh contiguous tpu tensor owning `array`, an op's output of `spec`, as `tensor.new_tensor` makes
+    one, with its geometry from the spec (every op's hot path)."""
+    geom = spec.geometries.get(chip) or spec.dense_geometry(chip)
+    device = TORCH_DEVICES.get(chip) or torch_device(chip)
+    tensor = _make_wrapper(TpuTensor, geom.shape, None, None, None, geom.dtype, _STRIDED, device)
+    buffer_spec = spec.buffer_spec
+    tensor._buf = CountedBuffer(array, chip, nbytes, buffer_spec) if nbytes else Buffer(array, chip, buffer_spec)
+    tensor._geom = geom
+    return tensor
 
 
 def _is_functional(entry: OpEntry) -> bool:

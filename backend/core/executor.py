@@ -45,6 +45,10 @@ class Executor(Protocol):
     def track(self, buffer: Any, replaced: Any = None) -> None:
         """A buffer now holds a value this executor produced."""
 
+    def write_whole(self, buffers: Sequence[Any], values: Sequence[Any]) -> None:
+        """Write each value (the outputs of one `run`) into its buffer as `Buffer.write` does, as a
+        `_foreach_*_` op writes its list; each buffer is then tracked (`track`)."""
+
     def holding(self, values: Sequence[Any]) -> contextlib.AbstractContextManager:
         """A block in which any run of pending work keeps `values` (an op's outputs it has not yet
         written into their tensors: a flush in between must not drop them)."""
@@ -97,6 +101,10 @@ class StrictExecutor:
 
     def track(self, buffer: Any, replaced: Any = None) -> None:
         """Strict values are concrete already."""
+
+    def write_whole(self, buffers: Sequence[Any], values: Sequence[Any]) -> None:
+        for buffer, value in zip(buffers, values):
+            buffer.write(value)
 
     def holding(self, values: Sequence[Any]) -> contextlib.AbstractContextManager:
         return _NOTHING_HELD

@@ -23,8 +23,9 @@ import torch
 from tputrace.backend.core import chips, compile_cache, matmul_precision
 from tputrace.backend.core.dtypes import short_name, to_jax
 from tputrace.backend.core.hlo_module import instruction_count
-from tputrace.backend.core.memory_formats import storage_order
+from tputrace.backend.core.memory_formats import contiguous_strides, storage_order
 from tputrace.backend.core.signatures import InputSpec, signature_text
+from tputrace.backend.core.views import Geometry, geometry
 
 
 class Slot:
@@ -75,9 +76,20 @@ class OutSpec:
     # (shape, dtype) as a plan key reads the output when an op takes it: one tuple shared by every
     # buffer made for this output, so no op allocates it and keys compare it by identity.
     buffer_spec: tuple = field(init=False, repr=False, compare=False)
+    # By chip, the interned geometry of the contiguous tensor made for this output (`dense_geometry`).
+    geometries: dict[int, Geometry] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "buffer_spec", (self.shape, self.dtype))
+        object.__setattr__(self, "geometries", {})
+
+    def dense_geometry(self, chip: int) -> Geometry:
+        """The geometry of a contiguous tensor of this output on `chip`, kept per chip: an output's tensor
+        starts with it, so a view of the output reads no tensor metadata (`tensor.geometry_of`)."""
+        geom = self.geometries.get(chip)
+        if geom is None:
+            geom = self.geometries[chip] = geometry(self.shape, contiguous_strides(self.shape), 0, self.dtype, chip)
+        return geom
 
 
 @dataclass

@@ -6,7 +6,6 @@ is scattered back into the buffer. Read and write plans are shared by every chai
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import threading
 from collections.abc import Callable, Sequence
@@ -31,20 +30,12 @@ from tputrace.recording.interface import Recording
 
 aten = torch.ops.aten
 _VIEW_DTYPE = aten.view.dtype  # bound once: every view op compares its op with it
-_NO_CONTEXT = contextlib.nullcontext()
 _INTS_ONLY = frozenset({int})
-
-
-def _inference_as(base: TpuTensor) -> contextlib.AbstractContextManager:
-    """The mode to make a view of `base` in: a view is an inference tensor exactly when its base is one.
-
-    A wrapper made under `torch.inference_mode()` is an inference tensor, and torch then refuses to give
-    the view of a normal tensor its base's version counter ("Cannot set version_counter for inference
-    tensor"), as `mask[:, -1]` in `generate` does."""
-    is_inference = base.is_inference()
-    if is_inference == torch.is_inference_mode_enabled():
-        return _NO_CONTEXT
-    return torch.inference_mode(is_inference)
+# A view is made in the mode of its base, so it is an inference tensor exactly when its base is one: a wrapper made
+# under `torch.inference_mode()` is an inference tensor, and torch refuses to give the view of a normal tensor its
+# base's version counter ("Cannot set version_counter for inference tensor"), as `mask[:, -1]` in `generate` does.
+_is_inference = torch._C.TensorBase.is_inference  # without the subclass's Python dispatch
+_inference_mode_enabled = torch.is_inference_mode_enabled
 
 
 class ViewOps:
@@ -113,11 +104,11 @@ class ViewOps:
                 source = storage_as(base.dtype)
             if source is not None:
                 parent, cached = source, tuple((_relative(step), root, out_geom) for step, root, out_geom in cached)
-        with _inference_as(base):
-            results = [
-                view_tensor(buf, out_geom, None if out_geom.dense and _is_whole_array(out_geom, buf.array, step, parent) else root if parent is None else parent.then(step))
-                for step, root, out_geom in cached
-            ]
+        if _is_inference(base) == _inference_mode_enabled():
+            results = _view_tensors(buf, cached, parent)
+        else:
+            with torch.inference_mode(_is_inference(base)):
+                results = _view_tensors(buf, cached, parent)
         if self.recorder is not None:
             self.recorder.view_op(entry.name, base, results, key)
         if len(results) == 1 and not isinstance(cached, list):
@@ -207,18 +198,16 @@ class ViewOps:
 
     def _alias(self, args: Sequence[Any], kwargs: dict) -> TpuTensor:
         tensor = args[0]
-        with _inference_as(tensor):
+        if _is_inference(tensor) == _inference_mode_enabled():
             alias = view_tensor(tensor._buf, tensor._geom or geometry_of(tensor), tensor._view)
+        else:
+            with torch.inference_mode(_is_inference(tensor)):
+                alias = view_tensor(tensor._buf, tensor._geom or geometry_of(tensor), tensor._view)
         cached = tensor._cached
         if cached is not None:
             alias._cached = cached
             alias._cached_version = tensor._cached_version
         return alias
-
-
-# Views that only reorder or relabel dims: a dense chain of them of the buffer's shape is the array itself. (Not the
-# value-changing views, `_conj` and `_neg_view`, nor `narrow` or `slice`, which mark a data-dependent cut's chain.)
-_LAYOUT_VIEWS = frozenset({aten.t.default, aten.transpose.int, aten.permute.default, aten.detach.default, aten.alias.default, aten.view.default, aten._unsafe_view.default})
 
 
 _RELATIVE_STEPS: dict[int, ViewStep] = {}  # id(step) -> its relative step (steps live as long as the view plans)
@@ -233,14 +222,18 @@ def _relative(step: ViewStep) -> ViewStep:
     return relative
 
 
-def _is_whole_array(geom: Any, array: Any, step: ViewStep, parent: ViewChain | None) -> bool:
-    """Whether a dense view of this geometry, made by `step` after `parent`, is its buffer's array
-    as it is (same shape and dtype, layout views only; e.g. `w.t().t()`, a weight's gradient): such
-    a view reads and writes the array with no program."""
-    if geom.shape != tuple(array.shape) or to_jax(geom.dtype) != array.dtype:
-        return False
-    steps = (step,) if parent is None else (*parent.steps, step)
-    return all(chain_step.key[0] in _LAYOUT_VIEWS for chain_step in steps)
+def _view_tensors(buf: Buffer, cached: Sequence[tuple[ViewStep, ViewChain, Any]], parent: ViewChain | None) -> list[TpuTensor]:
+    """The tensors of a view op's outputs (`_build_view`'s layout) over `buf`, whose base sees it through
+    `parent`. A dense output of the buffer's shape and dtype through layout views only (`w.t().t()`, a
+    weight's gradient) is the buffer's array as it is: it reads and writes the array with no program."""
+    results = []
+    array = buf.array
+    for step, root, out_geom in cached:
+        chain = root if parent is None else parent.then(step)
+        if out_geom.dense and chain.layout_only and out_geom.shape == tuple(array.shape) and to_jax(out_geom.dtype) == array.dtype:
+            chain = None
+        results.append(view_tensor(buf, out_geom, chain))
+    return results
 
 
 def storage_elements(tensor: TpuTensor) -> int:
@@ -273,6 +266,10 @@ def _static(value: Any) -> Any:
 
 def _static_args(args: Sequence[Any]) -> tuple:
     """A view op's arguments after its base, hashable (lists as tuples); as they are when all ints."""
+    if len(args) == 2:
+        value = args[1]
+        if type(value) is list and _INTS_ONLY.issuperset(map(type, value)):  # `view(B, T, nh, hs)`, `permute(0, 2, 1, 3)`
+            return (tuple(value),)
     values = tuple(args[1:])
     for value in values:
         if type(value) is not int:

@@ -22,6 +22,13 @@ from tputrace.backend.core.memory_formats import FORMAT_NAMES, channels_last_for
 from tputrace.backend.ops.views import permute, view, view_dtype
 
 
+_aten = torch.ops.aten
+# Views that only reorder or relabel dims: a dense chain of them of the buffer's shape is the array itself. (Not the
+# value-changing views, `_conj` and `_neg_view`, nor `narrow` or `slice`, which mark a data-dependent cut's chain.)
+LAYOUT_VIEWS = frozenset({_aten.t.default, _aten.transpose.int, _aten.permute.default, _aten.detach.default, _aten.alias.default, _aten.view.default,
+                          _aten._unsafe_view.default})
+
+
 @dataclass(frozen=True)
 class ViewStep:
     """One view op: its lowering with constant arguments; `index` picks one output of a multi-view op.
@@ -48,11 +55,14 @@ class ViewChain:
     (the steps of cached view layouts live as long as the dispatcher), so making a view of a view
     builds no new chain once that sequence has been seen."""
 
-    __slots__ = ("steps", "key", "_next", "plans", "host_cut", "own_strides")
+    __slots__ = ("steps", "key", "_next", "plans", "host_cut", "own_strides", "layout_only")
 
     def __init__(self, steps: tuple[ViewStep, ...]) -> None:
         self.steps = steps
         self.key = tuple(step.key for step in steps)
+        # Whether every step only reorders or relabels dims (`LAYOUT_VIEWS`): a dense view of the
+        # buffer's shape and dtype seen through such a chain is the buffer's array as it is.
+        self.layout_only = all(step.key[0] in LAYOUT_VIEWS for step in steps)
         self._next: dict[int, ViewChain] = {}
         self.plans: dict[tuple, Any] = {}  # the dispatcher's read/write plans of this chain, by buffer signature
         # (dim, length) for a data-dependent output's cut, read on the host without a program (`padded_reads`)

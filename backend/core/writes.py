@@ -178,14 +178,7 @@ class Writes:
         plan, values, chip = ran
         if _whole_writes(targets, plan.out_specs):
             # No write runs an op, so none can flush: each array goes into its buffer as `write` puts it.
-            executor = self.executor
-            deferred = executor.deferred
-            for target, value in zip(targets, values):
-                buf = target._buf
-                replaced = buf.array
-                buf.write(value)
-                if deferred:
-                    executor.track(buf, replaced)
+            self.executor.write_whole([target._buf for target in targets], values)
             return None
         with self.executor.holding(values):
             for target, value, spec in zip(targets, values, plan.out_specs):

@@ -34,7 +34,7 @@ from tputrace.backend.core.plans import VIEW_READ, Plan, compile_program
 from tputrace.backend.core.routing import DispatcherApi
 from tputrace.backend.eager import graph_changes, hlo_fusions, step_replay
 from tputrace.backend.eager.flush_sites import FlushSites, FlushedGraph
-from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, fence, input_specs, saved_values, scalar_identity, unpack
+from tputrace.backend.eager.program_parts import SCALAR_DTYPES, SCALAR_KINDS, donation, fence, input_specs, saved_values, scalar_identity, unpack
 from tputrace.recording.interface import Recording
 
 _perf_ns = time.perf_counter_ns
@@ -247,6 +247,24 @@ class DeferredExecutor:
                 if ref is not None:
                     value.graph.replaced_inputs.setdefault(ref[1], weakref.ref(buffer))
 
+    def write_whole(self, buffers: Sequence[Any], values: Sequence[Any], _ref: Any = weakref.ref) -> None:
+        """Write the pending outputs of one `run` into their buffers, each tracked as `track` tracks it
+        (a `_foreach_*_` op's list: one graph for all of them, looked up once)."""
+        graph = values[0].graph
+        owners = graph.owners
+        input_refs = graph.input_refs
+        replaced_inputs = graph.replaced_inputs
+        for buffer, value in zip(buffers, values):
+            replaced = buffer.array
+            buffer.array = value
+            buffer.version += 1
+            reference = _ref(buffer)
+            owners.append(reference)
+            if type(replaced) is not LazyValue:
+                ref = input_refs.get(id(replaced))
+                if ref is not None:
+                    replaced_inputs.setdefault(ref[1], reference)
+
     @contextlib.contextmanager
     def holding(self, values: Sequence[Any]) -> Iterator[None]:
         """A block in which every flush keeps `values`: an op that records one program and then writes
@@ -399,7 +417,7 @@ class DeferredExecutor:
             for value in values:
                 if type(value) is LazyValue and value.graph is graph and value.concrete is None:
                     outputs[value.node, value.index] = value
-        donate, outputs = self._donation(graph, outputs)
+        donate, outputs = donation(graph, outputs, LazyValue)
         output_refs = tuple(outputs)
         in_specs = input_specs(graph.inputs)
         template = graph.template
@@ -457,36 +475,6 @@ class DeferredExecutor:
         graph.template = None
         if self.replay_chains is not None and fused.template is not None:
             self.replay_chains.flushed(graph.chip, fused.template)
-
-    @staticmethod
-    def _donation(graph: PendingGraph, outputs: dict[tuple[int, int], LazyValue]) -> tuple[tuple[int, ...], dict[tuple[int, int], LazyValue]]:
-        """The inputs to donate, and the outputs reordered so that each donated input holds the value
-        that replaced it in its buffer.
-
-        JAX gives each output, in order, the first donated input of its shape and dtype not given
-        yet. Where a graph read same-shaped buffers in another order than it wrote them, an input
-        would hold another buffer's new value, and XLA copies each such input before the program
-        overwrites it. So the replacing values come first, in the order of their inputs, and an
-        input whose buffer holds no output of this graph is not donated. Decided from the graph
-        alone, so the same step compiles to the same program every time."""
-        paired: dict[tuple[int, int], LazyValue] = {}
-        donate: list[int] = []
-        replaced = graph.replaced_inputs
-        inputs = graph.inputs
-        for index in sorted(replaced):
-            buffer = replaced[index]()
-            value = buffer.array if buffer is not None else None
-            if type(value) is not LazyValue or value.graph is not graph:
-                continue
-            key = (value.node, value.index)
-            if key in paired or key not in outputs or not _is_jax_array(inputs[index]):
-                continue
-            paired[key] = value
-            donate.append(index)
-        if not paired:
-            return (), outputs
-        paired.update((key, value) for key, value in outputs.items() if key not in paired)
-        return tuple(donate), paired
 
     def _launch_inputs(self, graph: PendingGraph, donate: tuple[int, ...]) -> list[Any]:
         """The graph's inputs, with a copy in place of each donated array that something outside the
@@ -581,17 +569,3 @@ class DeferredExecutor:
                          graph.replay, graph.replay_break)
         recorder.ops_flushed(graph.op_records, graph.chip, fused.program_id, flush_id)
         recorder.execution_started(fused.program_id, graph.chip, launch, flush_id, results, done=done)
-
-
-_ARRAY_TYPES: set[type] = set()
-
-
-def _is_jax_array(value: Any) -> bool:
-    """`isinstance(value, jax.Array)`, remembered by type (an ABC check costs a flush ~1 µs per input)."""
-    kind = type(value)
-    if kind in _ARRAY_TYPES:
-        return True
-    if isinstance(value, jax.Array):
-        _ARRAY_TYPES.add(kind)
-        return True
-    return False
