@@ -2,7 +2,7 @@
 the window (its `PyTorch Profiler (N)` event), and the user's ranges, which mark the steps of a capture without
 `ProfilerStep#N` markers (a `profile()` without a schedule, whose loop never calls `prof.step()`): the user's own range
 around each iteration (`record_function("train_step")`), repeated one after another at the top level of the thread that
-runs most ops."""
+runs most ops; each step runs from the end of the range before it to the end of its own, as `ProfilerStep#N` markers do."""
 
 from __future__ import annotations
 
@@ -83,9 +83,18 @@ def choose(windows: list[WindowRanges], paths: Iterable[Path]) -> tuple[str, lis
                                                                        candidates.items() if other == tid)))
         candidates = {key: entry for key, entry in candidates.items() if key[0] == main}
     tid, name = max(candidates, key=lambda key: (candidates[key][1], candidates[key][0]))
-    steps = [[(start, end, None) for start, end, other, other_name in _top_level(window.user)
-              if other == tid and other_name == name] for window in windows]
+    steps = [_contiguous([(start, end) for start, end, other, other_name in _top_level(window.user)
+                          if other == tid and other_name == name]) for window in windows]
     return name, steps
+
+
+def _contiguous(ranges: list[tuple[float, float]]) -> list[tuple[float, float, None]]:
+    """Steps from a window's occurrences of the step range, as `ProfilerStep#N` markers divide a loop: each step ends
+    where its range ends (where `prof.step()` would be called), and every step after the first starts where the one
+    before it ended, so that the work between two ranges (loading the next batch) is in the step it prepares. The
+    first step starts with its range: what ran before it is not told from the loop's setup."""
+    return [(previous_end if index else start, end, None)
+            for index, ((start, end), previous_end) in enumerate(zip(ranges, [0.0] + [end for _, end in ranges]))]
 
 
 def _top_level(ranges: list[UserRange]) -> list[UserRange]:
