@@ -50,6 +50,10 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
             sink.finish()
         if len(sink.sources) > 1:
             fill_waits(partial)
+        if any("torch_trace" in source for source in sink.sources):
+            from tputrace.importers.torch_trace import place_backward_compiles
+
+            place_backward_compiles(partial)
         partial.replace(output)
     finally:
         if collecting:
