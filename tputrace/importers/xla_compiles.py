@@ -21,6 +21,8 @@ BACKEND_EVENT = "::RunBackend"
 # JAX's host range around a jitted function's call, in which its compile runs: `PjitFunction(step)`.
 JITTED_CALL = re.compile(r"^PjitFunction\((.+)\)$")
 UNNAMED = "XLA compile"
+# A Python tracer frame's event name: `$file.py:LINE function`.
+PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,17 @@ class CompileSpans:
     named: list[tuple[int, int, str]] = field(default_factory=list)
     call_lines: list[CallLine] = field(default_factory=list)
     calls: list[tuple[int, int, str]] = field(default_factory=list)
+    # Python tracer frames (`$train.py:12 step`) of functions that a jitted call names: the jitted function's Python
+    # body as JAX traces it, just before its compile.
+    frames: list[tuple[int, int, str]] = field(default_factory=list)
+    frame_names: dict[int, str] = field(default_factory=dict)  # their event metadata ids on the plane last scanned
+
+    def watch_frames(self, event_metadata: Any, calls: dict[int, str]) -> set[int]:
+        """The metadata ids of a host plane's Python tracer frames named as a jitted call's function, to keep."""
+        called = {_bare(name) for name in calls.values()}
+        self.frame_names = {key: meta.name for key, meta in event_metadata.items() if meta.name.startswith("$")
+                            and (match := PYTHON_FRAME.match(meta.name)) and _bare(match.group(3)) in called}
+        return set(self.frame_names)
 
     def extend(self, other: CompileSpans, offset: int) -> None:
         """Add `other`'s spans, moved by `offset` ns (onto the Unix clock)."""
@@ -53,6 +66,7 @@ class CompileSpans:
         self.named += [(start + offset, end + offset, name) for start, end, name in other.named]
         self.call_lines += [replace(line, offset=line.offset + offset) for line in other.call_lines]
         self.calls += [(start + offset, end + offset, name) for start, end, name in other.calls]
+        self.frames += [(start + offset, end + offset, name) for start, end, name in other.frames]
 
     def unnamed(self) -> list[tuple[int, int]]:
         """The compiles that hold no named backend range."""
@@ -75,9 +89,15 @@ class CompileSpans:
                            for start, end, metadata_id in zip(starts[around].tolist(), ends[around].tolist(),
                                                               columns.metadata_id[chosen][around].tolist())]
 
-    def named_compiles(self) -> list[tuple[int, int, str | None, str]]:
-        """Each compile as (start, end, the backend's name for its program or None, its label), in time order."""
+    def named_compiles(self, hlo: dict[str, Any] | None = None) -> list[tuple[int, int, str | None, str,
+                                                                             tuple[str, int, str] | None]]:
+        """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
+        function) of the function it compiled or None), in time order. `hlo`: each program's instructions' sources
+        (`hlo_metadata`), which name the user's files in full, where the Python tracer names only a file's base name;
+        where given, a frame in another file (JAX's own, `cache_key.py:140 <lambda>`) is not the user's function."""
+        files = user_files(hlo.values()) if hlo else {}
         named = sorted(self.named)
+        frames = sorted(self.frames)
         calls = sorted(self.calls, key=lambda call: (call[0], -call[1]))
         result = []
         for start, end in sorted(self.compiles or self.client_compiles):
@@ -86,5 +106,41 @@ class CompileSpans:
             # The innermost jitted call around the compile (the latest started of those holding it).
             caller = next((f"jit_{name}" for call_start, call_end, name in reversed(calls)
                            if call_start <= start and end <= call_end), None)
-            result.append((start, end, name, name or caller or UNNAMED))
+            label = name or caller or UNNAMED
+            result.append((start, end, name, label, _traced_frame(frames, start, label, files)))
         return result
+
+
+def _traced_frame(frames: list[tuple[int, int, str]], start: int, label: str,
+                  user_files: dict[str, str] | None) -> tuple[str, int, str] | None:
+    """The frame of the function a compile labelled `label` (`jit_step`: JAX names a program `jit_` and its function's
+    name) compiled: the latest Python tracer frame of that function to start before the compile, JAX's trace of its
+    body (`$train.py:12 step`, at its `def` line). A compile made at a script's top level has no frame of the user's
+    around it (the tracer records no frame already running when it started); this one is the user's function."""
+    function = _bare(re.sub(r"\(\d+\)$", "", label).removeprefix("jit_").removeprefix("pmap_"))
+    found = None
+    for frame_start, _, frame in frames:
+        if frame_start > start:
+            break
+        match = PYTHON_FRAME.match(frame)
+        if match is None or _bare(match.group(3)) != function:
+            continue
+        file = match.group(1)
+        if user_files:
+            if file not in user_files:
+                continue
+            file = user_files[file]
+        found = (file, int(match.group(2)), match.group(3))
+    return found
+
+
+def user_files(sources: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """The user's files that the programs' HLO names (each instruction's innermost frame of the user's code), by their
+    base name."""
+    return {file.rsplit("/", 1)[-1]: file for instructions in sources for source in instructions.values()
+            if (file := getattr(source, "file", None))}
+
+
+def _bare(name: str) -> str:
+    """A function's name without the characters JAX replaces in a program's name (`<lambda>`: `jit__lambda`)."""
+    return re.sub(r"[^0-9A-Za-z]", "", name)

@@ -287,7 +287,7 @@ class XPlaneImporter(StreamLines):
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if CLIENT_COMPILE.match(meta.name)}
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(BACKEND_EVENT)}
         calls = {key: match.group(1) for key, meta in plane.event_metadata.items() if (match := JITTED_CALL.match(meta.name))}
-        watched = list(compile_ids | client_compile_ids | backend_ids)
+        watched = list(compile_ids | client_compile_ids | backend_ids | compiles.watch_frames(plane.event_metadata, calls))
         for line in lines:
             base_ns = line.timestamp_ns
             has_calls = False
@@ -301,6 +301,8 @@ class XPlaneImporter(StreamLines):
                         compiles.compiles.append(span)
                     elif metadata_id in client_compile_ids:
                         compiles.client_compiles.append(span)
+                    elif metadata_id in compiles.frame_names:
+                        compiles.frames.append((*span, compiles.frame_names[metadata_id]))
                     else:
                         names = [stat.str_value or stat_names.get(stat.ref_value, "")
                                  for stat in columns.message(index).stats if stat.metadata_id in name_ids]
@@ -325,15 +327,15 @@ class XPlaneImporter(StreamLines):
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        for start, end, name, label in compiles.named_compiles():
+        for start, end, name, label, frame in compiles.named_compiles(self.hlo):
             program = self._program(name) if name else None
             start_ns = start - self.start_unix_ns
             reason = "recompile" if label in seen and label != UNNAMED else "first"
             seen.add(label)
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
-                                          None, -1, start_ns, end - start, None, self.steps.step_at(start_ns), reason,
-                                          None, None))
+                                          None, -1, start_ns, end - start, frame and self.writer.frame(*frame),
+                                          self.steps.step_at(start_ns), reason, None, None))
 
     # -- second pass --------------------------------------------------------------------------------
 
