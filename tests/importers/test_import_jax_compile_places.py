@@ -24,6 +24,7 @@ TOP_LEVEL_COMPILES = textwrap.dedent("""
         jax.jit(step)(w, x).block_until_ready()
         gradient(w, x).block_until_ready()
         jax.jit(lambda a: a * 2 + 1)(x).block_until_ready()
+        (jnp.ones((8, 32)) * 3).block_until_ready()
 """)
 
 
@@ -36,11 +37,13 @@ def test_each_compile_is_placed_at_the_function_it_compiled(tmp_path: Path) -> N
     lines = TOP_LEVEL_COMPILES.splitlines()
     step_line = lines.index("def step(w, x):") + 1
     lambda_line = next(number for number, text in enumerate(lines, 1) if "lambda a:" in text)
+    multiply_line = next(number for number, text in enumerate(lines, 1) if "* 3" in text)
     with tputrace.open(output) as trace:
         compiles = sorted(trace.records("compiles"), key=lambda row: row.start_ns)
     # `step` at the top level, then its gradient inside `gradient`, then the lambda: each at its function's `def`
-    # line in the script (its full path, from the programs' HLO), not JAX's own `<lambda>` in cache_key.py.
-    assert [row.name for row in compiles] == ["jit_step", "jit_step", "jit__lambda"]
+    # line in the script (its full path, from the programs' HLO), not JAX's own `<lambda>` in cache_key.py; and JAX's
+    # own `multiply`, called at the top level, at the line that called it (from its program's HLO).
+    assert [row.name for row in compiles] == ["jit_step", "jit_step", "jit__lambda", "jit_multiply"]
     assert [(row.source.file, row.source.line, row.source.function) if row.source else None for row in compiles] == [
         (str(tmp_path / "top_level.py"), step_line, "step"), (str(tmp_path / "top_level.py"), step_line, "step"),
-        (str(tmp_path / "top_level.py"), lambda_line, "<lambda>")]
+        (str(tmp_path / "top_level.py"), lambda_line, "<lambda>"), (str(tmp_path / "top_level.py"), multiply_line, "<module>")]

@@ -125,12 +125,13 @@ class _StackFrames:
             file = self.files[file_id - 1]
             function = self.functions[function_id - 1] if 0 < function_id <= len(self.functions) else ""
             innermost = innermost or (file, line, function)
-            if not _is_library(file):
+            if not is_library(file):
                 return file, line, function
         return innermost
 
 
-def _is_library(file: str) -> bool:
+def is_library(file: str) -> bool:
+    """Whether a file is an installed library's or the interpreter's, not the user's."""
     return any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
 
 

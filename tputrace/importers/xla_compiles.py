@@ -7,12 +7,14 @@ its XLA module), else `XLA compile`."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from tputrace.importers.hlo_metadata import is_library
 from tputrace.importers.xevents import EventColumns
 
 COMPILE_EVENTS = frozenset(("backend_compile_and_load", "backend_compile"))
@@ -107,7 +109,8 @@ class CompileSpans:
             caller = next((f"jit_{name}" for call_start, call_end, name in reversed(calls)
                            if call_start <= start and end <= call_end), None)
             label = name or caller or UNNAMED
-            result.append((start, end, name, label, _traced_frame(frames, start, label, files)))
+            place = _traced_frame(frames, start, label, files) or _traced_place(hlo.get(name) if hlo and name else None)
+            result.append((start, end, name, label, place))
         return result
 
 
@@ -138,7 +141,20 @@ def user_files(sources: Iterable[dict[str, Any]]) -> dict[str, str]:
     """The user's files that the programs' HLO names (each instruction's innermost frame of the user's code), by their
     base name."""
     return {file.rsplit("/", 1)[-1]: file for instructions in sources for source in instructions.values()
-            if (file := getattr(source, "file", None))}
+            if (file := getattr(source, "file", None)) and not is_library(file)}
+
+
+def _traced_place(sources: dict[str, Any] | None) -> tuple[str, int, str] | None:
+    """Where a program was traced, from its HLO (for a compile whose function the Python tracer did not record, or
+    whose function is a library's, as `jnp.ones(n) * 2` at a script's top level compiles JAX's `multiply`): the
+    earliest line of the user's file that most of its instructions came from."""
+    places = [(source.file, source.line, source.function) for source in (sources or {}).values()
+              if getattr(source, "file", None) and source.line and not is_library(source.file)]
+    if not places:
+        return None
+    files = Counter(file for file, _, _ in places)
+    file = max(files, key=lambda name: files[name])
+    return min(place for place in places if place[0] == file)
 
 
 def _bare(name: str) -> str:
