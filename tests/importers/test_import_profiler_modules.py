@@ -1,13 +1,17 @@
 """torch.profiler's module ranges (`with_modules=True`): each imported op's module column holds the path of the
-nn.Module calls it ran in, so that the per-module views of a recording work on a capture."""
+nn.Module calls it ran in, so that the per-module views of a recording work on a capture; and the capture's wall, which
+ends with the window's last event, not with Kineto's `Record Window End` marker written after it."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
+
+import pytest
 
 import tputrace
 from tputrace.cli.main import main
@@ -48,14 +52,21 @@ MODULES_SCRIPT = textwrap.dedent("""
 """)
 
 
-def test_ops_take_the_path_of_the_modules_they_ran_in(tmp_path: Path) -> None:
-    script = tmp_path / "modules.py"
+@pytest.fixture(scope="module")
+def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The capture of `MODULES_SCRIPT` and its import."""
+    folder = tmp_path_factory.mktemp("modules")
+    script = folder / "modules.py"
     script.write_text(MODULES_SCRIPT)
-    capture = tmp_path / "modules.json"
+    capture = folder / "modules.json"
     subprocess.run([sys.executable, str(script), str(capture)], check=True, capture_output=True, timeout=300)
-    output = tmp_path / "modules.tptrace"
+    output = folder / "modules.tptrace"
     assert main(["import", str(capture), "-o", str(output)]) == 0
-    with tputrace.open(output) as trace:
+    return capture, output
+
+
+def test_ops_take_the_path_of_the_modules_they_ran_in(imported: tuple[Path, Path]) -> None:
+    with tputrace.open(imported[1]) as trace:
         ops = list(trace.records("ops"))
         annotations = list(trace.records("annotations"))
         stats = {stat.label: stat.count for stat in trace.op_stats(group_by="module")}
@@ -80,3 +91,17 @@ def test_ops_take_the_path_of_the_modules_they_ran_in(tmp_path: Path) -> None:
     assert {op.module for op in ops if any(start <= op.start_ns < end for start, end in updates)} == {None}
     # The per-module view groups the ops by those paths.
     assert {"Net_0.Block_0.Linear_0", "Net_0.Block_0.ReLU_0", "Net_0.Linear_1"} <= set(stats)
+
+
+def test_the_wall_ends_with_the_windows_last_event(imported: tuple[Path, Path]) -> None:
+    """Kineto writes a global `Record Window End` instant once it has processed the window, after its last event (by
+    as long as processing took: seconds for a window of many Python events); the wall ended there."""
+    capture, output = imported
+    events = json.loads(capture.read_text())["traceEvents"]
+    spans = [event for event in events if event.get("ph") == "X"]
+    first = min(event["ts"] for event in spans)
+    last_end = max(event["ts"] + event["dur"] for event in spans)
+    (marker,) = [event["ts"] for event in events if event.get("name") == "Record Window End"]
+    assert marker > last_end
+    with tputrace.open(output) as trace:
+        assert abs(trace.wall_ns() - (last_end - first) * 1000) <= 1

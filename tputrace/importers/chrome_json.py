@@ -318,7 +318,7 @@ class ChromeJsonImporter:
                 dur = event.get("dur", 0)
                 if dur.__class__ is not float and not isinstance(dur, _NUMBER):
                     dur = 0.0
-                if ts + dur > end_us:
+                if ts + dur > end_us and event.get("s") != "g":  # not a global marker (`Record Window End`)
                     end_us = ts + dur
                 name = event.get("name", "")
                 if name.__class__ is not str:
