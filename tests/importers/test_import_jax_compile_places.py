@@ -20,6 +20,7 @@ TOP_LEVEL_COMPILES = textwrap.dedent("""
         return jax.jit(jax.grad(step))(w, x)
 
     w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    scaled = jnp.ones((4, 4)) * 5  # JAX's `multiply` compiled before the trace, at this line
     with jax.profiler.trace(sys.argv[1]):
         jax.jit(step)(w, x).block_until_ready()
         gradient(w, x).block_until_ready()
@@ -42,7 +43,8 @@ def test_each_compile_is_placed_at_the_function_it_compiled(tmp_path: Path) -> N
         compiles = sorted(trace.records("compiles"), key=lambda row: row.start_ns)
     # `step` at the top level, then its gradient inside `gradient`, then the lambda: each at its function's `def`
     # line in the script (its full path, from the programs' HLO), not JAX's own `<lambda>` in cache_key.py; and JAX's
-    # own `multiply`, called at the top level, at the line that called it (from its program's HLO).
+    # own `multiply`, called at the top level, at the line that called it in the trace (from its program's HLO: the
+    # last of that name's, not the one compiled before the trace at another line).
     assert [row.name for row in compiles] == ["jit_step", "jit_step", "jit__lambda", "jit_multiply"]
     assert [(row.source.file, row.source.line, row.source.function) if row.source else None for row in compiles] == [
         (str(tmp_path / "top_level.py"), step_line, "step"), (str(tmp_path / "top_level.py"), step_line, "step"),

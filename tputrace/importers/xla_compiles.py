@@ -91,25 +91,34 @@ class CompileSpans:
                            for start, end, metadata_id in zip(starts[around].tolist(), ends[around].tolist(),
                                                               columns.metadata_id[chosen][around].tolist())]
 
-    def named_compiles(self, hlo: dict[str, Any] | None = None) -> list[tuple[int, int, str | None, str,
-                                                                             tuple[str, int, str] | None]]:
+    def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None) -> list[
+            tuple[int, int, str | None, str, tuple[str, int, str] | None]]:
         """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
-        function) of the function it compiled or None), in time order. `hlo`: each program's instructions' sources
-        (`hlo_metadata`), which name the user's files in full, where the Python tracer names only a file's base name;
-        where given, a frame in another file (JAX's own, `cache_key.py:140 <lambda>`) is not the user's function."""
-        files = user_files(hlo.values()) if hlo else {}
+        function) of the function it compiled or None), in time order. `hlo`: each program's protos' instruction
+        sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
+        tracer names only a file's base name; where given, a frame in another file (JAX's own, `cache_key.py:140
+        <lambda>`) is not the user's function."""
+        hlo = hlo or {}
+        files = user_files(sources for protos in hlo.values() for _, sources in protos)
+        spans = sorted(self.compiles or self.client_compiles)
         named = sorted(self.named)
+        # The capture holds the last compiles of a name (JAX writes the protos of all the process compiled when the
+        # trace stops): its k-th compile of a name is the k-th of that name's last protos.
+        names = [next((name for named_start, named_end, name in named if start <= named_start and named_end <= end),
+                      None) for start, end in spans]
+        later = Counter(name for name in names if name)
         frames = sorted(self.frames)
         calls = sorted(self.calls, key=lambda call: (call[0], -call[1]))
         result = []
-        for start, end in sorted(self.compiles or self.client_compiles):
-            name = next((name for named_start, named_end, name in named
-                         if start <= named_start and named_end <= end), None)
+        for (start, end), name in zip(spans, names):
             # The innermost jitted call around the compile (the latest started of those holding it).
             caller = next((f"jit_{name}" for call_start, call_end, name in reversed(calls)
                            if call_start <= start and end <= call_end), None)
             label = name or caller or UNNAMED
-            place = _traced_frame(frames, start, label, files) or _traced_place(hlo.get(name) if hlo and name else None)
+            protos = hlo.get(name or "", [])
+            later[name] -= 1
+            proto = protos[len(protos) - 1 - later[name]][1] if name and later[name] < len(protos) else None
+            place = _traced_frame(frames, start, label, files) or _traced_place(proto)
             result.append((start, end, name, label, place))
         return result
 

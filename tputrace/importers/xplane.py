@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
+from tputrace.importers.hlo_metadata import HloVersions, InstructionSource, read_hlo
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.step_markers import ProgramRuns, StepMarkers, place_markers
@@ -107,6 +107,7 @@ class XPlaneImporter(StreamLines):
         self.offsets: dict[Path, int] = {}
         self.chips = 1
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
+        self.hlo_versions: HloVersions = {}  # module -> each of its protos' sources, in compile order
         # Run ids (ascending) and when the host launched each run (ns since the rank's start).
         self.launch_ids, self.launch_starts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
@@ -159,7 +160,7 @@ class XPlaneImporter(StreamLines):
                 if plane.name == "Task Environment":
                     profile_start_unix_ns = plane_stat(plane, "profile_start_time")
                 if plane.name == "/host:metadata":
-                    self._read_hlo(plane)
+                    read_hlo(plane, self.hlo, self.hlo_versions)
                 match = _DEVICE_PLANE.match(plane.name)
                 if match:
                     device_kind = match.group(1).lower()
@@ -231,15 +232,6 @@ class XPlaneImporter(StreamLines):
         # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
         chips = max(self.chips, max(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
-
-    def _read_hlo(self, plane: Any) -> None:
-        """The instructions' sources of each program's HLO proto (the first of a module name)."""
-        names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-        for metadata in plane.event_metadata.values():
-            for stat in metadata.stats:
-                if names.get(stat.metadata_id) == "Hlo Proto" and stat.WhichOneof("value") == "bytes_value":
-                    module, sources = hlo_sources(stat.bytes_value)
-                    self.hlo.setdefault(module, sources)
 
     def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
         """The step of each of some times (ns since the rank's start); of an XLA op's run (`run_ids`), the step in
@@ -327,7 +319,7 @@ class XPlaneImporter(StreamLines):
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        for start, end, name, label, frame in compiles.named_compiles(self.hlo):
+        for start, end, name, label, frame in compiles.named_compiles(self.hlo_versions):
             program = self._program(name) if name else None
             start_ns = start - self.start_unix_ns
             reason = "recompile" if label in seen and label != UNNAMED else "first"
