@@ -19,13 +19,14 @@ TOP_LEVEL_COMPILES = textwrap.dedent("""
     def gradient(w, x):
         return jax.jit(jax.grad(step))(w, x)
 
-    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    w, x, rows = jnp.ones((32, 32)), jnp.ones((8, 32)), jnp.ones((4, 32))
     scaled = jnp.ones((4, 4)) * 5  # JAX's `multiply` compiled before the trace, at this line
     with jax.profiler.trace(sys.argv[1]):
         jax.jit(step)(w, x).block_until_ready()
         gradient(w, x).block_until_ready()
         jax.jit(lambda a: a * 2 + 1)(x).block_until_ready()
         (jnp.ones((8, 32)) * 3).block_until_ready()
+        jax.jit(step)(w, rows).block_until_ready()
 """)
 
 
@@ -45,7 +46,11 @@ def test_each_compile_is_placed_at_the_function_it_compiled(tmp_path: Path) -> N
     # line in the script (its full path, from the programs' HLO), not JAX's own `<lambda>` in cache_key.py; and JAX's
     # own `multiply`, called at the top level, at the line that called it in the trace (from its program's HLO: the
     # last of that name's, not the one compiled before the trace at another line).
-    assert [row.name for row in compiles] == ["jit_step", "jit_step", "jit__lambda", "jit_multiply"]
+    assert [row.name for row in compiles] == ["jit_step", "jit_step", "jit__lambda", "jit_multiply", "jit_step"]
+    script = str(tmp_path / "top_level.py")
     assert [(row.source.file, row.source.line, row.source.function) if row.source else None for row in compiles] == [
-        (str(tmp_path / "top_level.py"), step_line, "step"), (str(tmp_path / "top_level.py"), step_line, "step"),
-        (str(tmp_path / "top_level.py"), lambda_line, "<lambda>"), (str(tmp_path / "top_level.py"), multiply_line, "<module>")]
+        (script, step_line, "step"), (script, step_line, "step"), (script, lambda_line, "<lambda>"),
+        (script, multiply_line, "<module>"), (script, step_line, "step")]
+    # The gradient's program is another function named `jit_step` (its HLO's scopes are `jvp()` and `transpose(jvp())`),
+    # not a recompile of `step`; `step` for 4 rows is one.
+    assert [row.reason for row in compiles] == ["first", "first", "first", "first", "recompile"]

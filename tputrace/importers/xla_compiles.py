@@ -92,9 +92,11 @@ class CompileSpans:
                                                               columns.metadata_id[chosen][around].tolist())]
 
     def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None) -> list[
-            tuple[int, int, str | None, str, tuple[str, int, str] | None]]:
+            tuple[int, int, str | None, str, tuple[str, int, str] | None, bool]]:
         """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
-        function) of the function it compiled or None), in time order. `hlo`: each program's protos' instruction
+        function) of the function it compiled or None, whether it compiled another function than the earlier compiles
+        of its label: its HLO's scopes differ, as `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` from
+        `jax.jit(f)`'s, both `jit_f`), in time order. `hlo`: each program's protos' instruction
         sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
         tracer names only a file's base name; where given, a frame in another file (JAX's own, `cache_key.py:140
         <lambda>`) is not the user's function."""
@@ -110,6 +112,7 @@ class CompileSpans:
         frames = sorted(self.frames)
         calls = sorted(self.calls, key=lambda call: (call[0], -call[1]))
         result = []
+        scopes_of: dict[str, list[frozenset[str]]] = {}  # label -> the scopes of each of its compiles' programs
         for (start, end), name in zip(spans, names):
             # The innermost jitted call around the compile (the latest started of those holding it).
             caller = next((f"jit_{name}" for call_start, call_end, name in reversed(calls)
@@ -119,7 +122,11 @@ class CompileSpans:
             later[name] -= 1
             proto = protos[len(protos) - 1 - later[name]][1] if name and later[name] < len(protos) else None
             place = _traced_frame(frames, start, label, files) or _traced_place(proto)
-            result.append((start, end, name, label, place))
+            scopes = _scopes(proto)
+            earlier = scopes_of.setdefault(label, [])
+            other = bool(earlier) and scopes is not None and all(seen is not None and seen != scopes for seen in earlier)
+            earlier.append(scopes)
+            result.append((start, end, name, label, place, other))
         return result
 
 
@@ -151,6 +158,15 @@ def user_files(sources: Iterable[dict[str, Any]]) -> dict[str, str]:
     base name."""
     return {file.rsplit("/", 1)[-1]: file for instructions in sources for source in instructions.values()
             if (file := getattr(source, "file", None)) and not is_library(file)}
+
+
+def _scopes(sources: dict[str, Any] | None) -> frozenset[str] | None:
+    """The scopes of a program's instructions (each `op_name` less its primitive: `jit(f)/transpose(jvp())`), which
+    a retrace of the same function for other shapes keeps; None where its HLO is not known."""
+    if not sources:
+        return None
+    return frozenset(op_name.rsplit("/", 1)[0] for source in sources.values()
+                     if (op_name := getattr(source, "op_name", None)) and "/" in op_name)
 
 
 def _traced_place(sources: dict[str, Any] | None) -> tuple[str, int, str] | None:

@@ -319,10 +319,10 @@ class XPlaneImporter(StreamLines):
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        for start, end, name, label, frame in compiles.named_compiles(self.hlo_versions):
+        for start, end, name, label, frame, other in compiles.named_compiles(self.hlo_versions):
             program = self._program(name) if name else None
             start_ns = start - self.start_unix_ns
-            reason = "recompile" if label in seen and label != UNNAMED else "first"
+            reason = "recompile" if label in seen and label != UNNAMED and not other else "first"
             seen.add(label)
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
