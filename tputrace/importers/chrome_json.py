@@ -152,12 +152,12 @@ class ChromeJsonImporter:
             self.comms = comms_source
             self.user_frames = FrameIndex(user_frames)
             self.modules = OpModules(window.modules, self.writer.intern)
-            appended = self.sink.appended
+            appended, ops_before = self.sink.appended, self.seq
             end_us, window_devices = self._rows()
-            # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended).
+            # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended), or no op.
             if self.sink.appended == appended and not markers and not kineto.empty_window(self.sink, path):
                 raise CaptureError(kineto.no_profiler_events(path))
-            if self.sink.appended == appended:
+            if self.seq == ops_before and not window_devices:  # e.g. only the DataLoader's fetch that ended the loop
                 trailing.update(int(round((start - origin) * 1000)) for start, _, _ in markers)
             end_ns = max(end_ns, self._ns(end_us))
             recorded_ns += max(0, int(round(window.recorded_us(first_us, end_us) * 1000)))
