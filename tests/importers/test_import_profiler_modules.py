@@ -1,4 +1,4 @@
-"""torch.profiler's module ranges (`with_modules=True`): each imported op's module column holds the path of the
+"""torch.profiler's module ranges (`with_stack=True`, with `with_modules=True`): each imported op's module column holds the path of the
 nn.Module calls it ran in, so that the per-module views of a recording work on a capture; and the capture's wall, which
 ends with the window's last event, not with Kineto's `Record Window End` marker written after it."""
 

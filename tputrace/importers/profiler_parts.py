@@ -105,7 +105,7 @@ class FrameIndex:
 
 
 def module_paths(ranges: list[tuple[float, float, Any, str]]) -> list[tuple[float, float, Any, str]]:
-    """Each `nn.Module` range (torch.profiler's `python_function` event `nn.Module: Linear_0`, with `with_modules` or
+    """Each `nn.Module` range (torch.profiler's `python_function` event `nn.Module: Linear_0`, by its Python tracer,
     `with_stack`) with its path: the names of the module ranges it ran inside on its thread, outermost first
     (`Net_0.Block_0.Linear_0`), as tputrace's own recordings name an op's module by its path from the model."""
     by_thread: dict[Any, list[tuple[float, float, str]]] = {}
@@ -225,7 +225,7 @@ _BACKWARD_OP = "autograd::engine::evaluate_function: "
 
 class OpModules:
     """The `nn.Module` path of each CPU op (`ops.module_sid`), from torch.profiler's module ranges (`nn.Module:
-    Linear_0`, recorded with `with_modules` or `with_stack`): the path of the innermost module call around the op on
+    Linear_0`, recorded by its Python tracer, `with_stack`): the path of the innermost module call around the op on
     its thread; else its parent op's (an op nested in another); else, for a backward op
     (`autograd::engine::evaluate_function: AddmmBackward0`, which runs outside any module's call), the module of the
     forward op of the same autograd `Sequence number`, which made the gradient's graph node. The latest 2^16 forward

@@ -20,7 +20,7 @@ _SPAN_TEXT = re.compile(r'"cat"\s*:\s*"Trace"')
 _OP_THREAD_TEXT = re.compile(r'"cat"\s*:\s*"cpu_op"\s*,\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"pid"\s*:\s*[^,]*,'
                              r'\s*"tid"\s*:\s*"?([^",\s}]*)')
 _MIN_REPEATS = 2
-# torch.profiler's name of a module's forward call (`with_modules`, `with_stack`): `nn.Module: Linear_0`.
+# torch.profiler's name of a module's forward call (its Python tracer, `with_stack`): `nn.Module: Linear_0`.
 MODULE_PREFIX = "nn.Module: "
 _MODULE_TEXT = re.compile(r'"name"\s*:\s*"nn\.Module: ')
 # torch's own ranges, which no user opened around an iteration: `Optimizer.step#SGD.step`, `enumerate(DataLoader)#...`,
