@@ -341,6 +341,8 @@ class TorchTraceImporter:
                 if item.name == _WRAPPER and (item.file or "").endswith(_WRAPPER_FILE):
                     # named by what the user's line called (`net` of `out = net(x)`), not torch's wrapper
                     item.name = item.called or f"compiled call in {item.caller[0]}"
+                elif item.file:  # a library's function Dynamo compiled (`helper` in contextlib.py, under DDP's forward)
+                    item.name = f"{item.name} ({item.file.rsplit('/', 1)[-1]})"
                 item.frame_function, item.file, item.line = item.caller
             timed.append((item, *self._times(item)))
         starts = [start for _, start, _ in timed if start is not None]
