@@ -477,7 +477,8 @@ def _pid(text: str) -> int | None:
 def place_backward_compiles(path: Path) -> int:
     """Give each backward compile that a torch.profiler capture recorded (`entire_backward_compile`, kind `aot`) the
     place and name of its forward's compile in the process's TORCH_TRACE log (the same `compile_id`), in the trace at
-    `path`: without `with_stack` the profile knows neither, and the log has no backward compiles. How many got one."""
+    `path`: without `with_stack` the profile knows neither (with it, only the function that called `backward()`), and
+    the log has no backward compiles. How many got one."""
     connection = sqlite3.connect(path)
     try:
         forwards: dict[tuple[int, str], tuple[int | None, str | None]] = {}
@@ -504,7 +505,7 @@ def place_backward_compiles(path: Path) -> int:
                 connection.execute("UPDATE compiles SET name_sid = ? WHERE id = ?", (name_sid, row_id))
                 connection.execute("UPDATE programs SET name_sid = ?, structure_sid = ? WHERE id = "
                                    "(SELECT program_id FROM compiles WHERE id = ?)", (name_sid, name_sid, row_id))
-            if frame_id is None and forward_frame is not None:
+            if forward_frame is not None and forward_frame != frame_id:
                 connection.execute("UPDATE compiles SET frame_id = ? WHERE id = ?", (forward_frame, row_id))
             placed += 1
         connection.commit()
