@@ -5,6 +5,7 @@ ends with the window's last event, not with Kineto's `Record Window End` marker 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -65,6 +66,10 @@ def imported(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return capture, output
 
 
+# As torch.profiler wrote it for a module imported while it profiled (`torch/_inductor/debug.py`).
+UNESCAPED_NAME = '"name": "torch/_inductor/debug.py(0):         ' + '"' * 3 + '"'
+
+
 def test_ops_take_the_path_of_the_modules_they_ran_in(imported: tuple[Path, Path]) -> None:
     with tputrace.open(imported[1]) as trace:
         ops = list(trace.records("ops"))
@@ -105,3 +110,25 @@ def test_the_wall_ends_with_the_windows_last_event(imported: tuple[Path, Path]) 
     assert marker > last_end
     with tputrace.open(output) as trace:
         assert abs(trace.wall_ns() - (last_end - first) * 1000) <= 1
+
+
+def test_an_event_torch_wrote_without_escaping_is_skipped(imported: tuple[Path, Path], tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """torch.profiler writes a Python frame's name as it is, quotes and all: a module imported while it profiles
+    gave a name of a file's first line, a docstring's opening quotes (`UNESCAPED_NAME`), which is no JSON. The import skips that event, says so, and reads the rest (it stopped: 'damaged inside traceEvents')."""
+    capture, output = imported
+    text = capture.read_text()
+    frame = next(match for match in re.finditer(r'"name": "([^"]*)"', text) if "(" in match.group(1)
+                 and '"cat": "python_function"' in text[text.rfind("{", 0, match.start()):match.start()])
+    broken = tmp_path / "broken.json"
+    broken.write_text(text[:frame.start()] + UNESCAPED_NAME + text[frame.end():])
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(broken.read_text())
+    capsys.readouterr()
+    assert main(["import", str(broken), "-o", str(tmp_path / "broken.tptrace")]) == 0
+    assert "skipped 1 event(s) that do not decode" in capsys.readouterr().err
+    with tputrace.open(tmp_path / "broken.tptrace") as trace, tputrace.open(output) as whole:
+        (source,) = json.loads(trace.meta["imported"])
+        assert source["skipped_events"] == 1
+        assert len(list(trace.records("ops"))) == len(list(whole.records("ops")))
+        assert len(list(trace.records("annotations"))) == len(list(whole.records("annotations"))) - 1
