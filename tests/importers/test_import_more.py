@@ -107,6 +107,10 @@ def test_a_folder_holding_a_profile_and_a_torch_trace_log_of_one_run(tmp_path: P
         ("dynamo_frame", "first", 0), ("aot", "first", 0), ("dynamo_frame", "recompile", 2)]
     call_line = next(index for index, text in enumerate(TORCH_PROFILE_AND_TRACE.splitlines(), 1) if "compiled(" in text)
     assert compiles[2].source.line == call_line and "expected 8, actual 6" in (compiles[2].diff or "")
+    # The profile's backward compile (recorded without `with_stack`, so with no place of its own, and absent from the
+    # log) takes its forward's place and name from the log's compile of the same id.
+    assert compiles[1].source is not None and compiles[1].source.line == call_line
+    assert compiles[1].name == f"backward of {compiles[0].name}"
     capsys.readouterr()
     assert main(["summary", str(output)]) == 0
     out = capsys.readouterr().out

@@ -35,8 +35,16 @@ def test_an_unscheduled_profile_takes_its_steps_from_the_users_repeated_range(
     assert (source["step_source"], source["step_range"]) == ("user_annotation", "train_step")
     train_steps = sorted((row.start_ns, row.start_ns + row.dur_ns) for row in trace.records("annotations")
                          if row.name == "train_step")
-    assert len(train_steps) == 4 and all(step.start_ns == start and abs(step.end_ns - end) <= 1  # rounding to ns
-                                         for step, (start, end) in zip(steps, train_steps))
+    # Each step ends with its range, and starts where the step before it ended (the first: with its range), as
+    # `ProfilerStep#N` markers divide a loop.
+    starts = [train_steps[0][0]] + [end for _, end in train_steps[:-1]]
+    assert len(train_steps) == 4 and all(abs(step.start_ns - start) <= 1 and abs(step.end_ns - end) <= 1  # rounding
+                                         for step, start, (_, end) in zip(steps, starts, train_steps))
+    # The batch loaded between two `train_step` ranges is in the step it is loaded for, not the one before it.
+    loads = sorted(row.start_ns for row in trace.records("annotations") if row.name == "load")
+    randn_steps = [op.step for op in sorted(trace.records("ops"), key=lambda op: op.start_ns)
+                   if op.op == "aten::randn" and op.start_ns >= loads[1]]
+    assert randn_steps == [2, 3, 4]
     # Each step holds its iteration's ops: two linear layers forward, their gradients' matmuls and the SGD update.
     for name, per_iteration in (("aten::addmm", 2), ("aten::mm", 3), ("aten::add_", 4)):
         assert Counter(op.step for op in trace.records("ops") if op.op == name) == dict.fromkeys(range(1, 5),

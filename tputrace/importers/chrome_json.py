@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers import kineto, window_ranges
-from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpSpans, Shapes, call_stack_frame
+from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpModules, OpSpans, Shapes, call_stack_frame
 from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
@@ -151,12 +151,13 @@ class ChromeJsonImporter:
             self.parse_float = kineto.exact_or_float(offset_us)
             self.comms = comms_source
             self.user_frames = FrameIndex(user_frames)
-            appended = self.sink.appended
+            self.modules = OpModules(window.modules, self.writer.intern)
+            appended, ops_before = self.sink.appended, self.seq
             end_us, window_devices = self._rows()
-            # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended).
+            # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended), or no op.
             if self.sink.appended == appended and not markers and not kineto.empty_window(self.sink, path):
                 raise CaptureError(kineto.no_profiler_events(path))
-            if self.sink.appended == appended:
+            if self.seq == ops_before and not window_devices:  # e.g. only the DataLoader's fetch that ended the loop
                 trailing.update(int(round((start - origin) * 1000)) for start, _, _ in markers)
             end_ns = max(end_ns, self._ns(end_us))
             recorded_ns += max(0, int(round(window.recorded_us(first_us, end_us) * 1000)))
@@ -289,6 +290,7 @@ class ChromeJsonImporter:
         intern = self.writer.intern
         step_starts, step_labels = self.steps.starts, self.steps.labels
         innermost = self.user_frames.innermost
+        module_of = self.modules.module_sid
         frame_of = self._frame
         shapes_of = Shapes()
         end_us = start_us
@@ -316,7 +318,7 @@ class ChromeJsonImporter:
                 dur = event.get("dur", 0)
                 if dur.__class__ is not float and not isinstance(dur, _NUMBER):
                     dur = 0.0
-                if ts + dur > end_us:
+                if ts + dur > end_us and event.get("s") != "g":  # not a global marker (`Record Window End`)
                     end_us = ts + dur
                 name = event.get("name", "")
                 if name.__class__ is not str:
@@ -361,7 +363,8 @@ class ChromeJsonImporter:
                                   or innermost(ts, tid))
                     nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
                                                            None, -1, start_ns, dur_ns,
-                                                           frame_of(frame_name) if frame_name else None, None, step,
+                                                           frame_of(frame_name) if frame_name else None,
+                                                           module_of(ts, tid, name, args, stack[-1] if stack else None), step,
                                                            None, None]))
                 elif category == "python_function":
                     annotations.append((rank, intern(name), "python", start_ns, dur_ns, frame_of(name), step))

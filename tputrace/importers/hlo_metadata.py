@@ -11,8 +11,10 @@ The protos are read at the wire level (varints and length-delimited fields) for 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 from tputrace.xplane_proto import decode_varint
 
@@ -35,6 +37,28 @@ class InstructionSource:
     file: str | None
     line: int | None
     function: str
+
+
+# A program's metadata event name: its module's name and XLA's unique id of the module (`jit_step(12)`).
+_VERSION = re.compile(r"\((\d+)\)$")
+# Module name -> each of its protos as (XLA's id of the module, its instructions' sources), by id: in compile order.
+HloVersions = dict[str, list[tuple[int, dict[str, "InstructionSource"]]]]
+
+
+def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], versions: HloVersions) -> None:
+    """The instructions' sources of each program's HLO proto in the `/host:metadata` plane: in `first` those of the
+    first proto of each module name, in `versions` those of every proto of it (a name compiled again, as `jit_f` for
+    new shapes, or a library's `jit_broadcast_in_dim` called from several lines, has a proto each)."""
+    names = {key: meta.name for key, meta in plane.stat_metadata.items()}
+    for key, metadata in sorted(plane.event_metadata.items()):
+        for stat in metadata.stats:
+            if names.get(stat.metadata_id) == "Hlo Proto" and stat.WhichOneof("value") == "bytes_value":
+                module, sources = hlo_sources(stat.bytes_value)
+                first.setdefault(module, sources)
+                number = _VERSION.search(metadata.name)
+                versions.setdefault(module, []).append((int(number.group(1)) if number else key, sources))
+    for protos in versions.values():
+        protos.sort(key=lambda proto: proto[0])
 
 
 def hlo_sources(data: bytes) -> tuple[str, dict[str, InstructionSource]]:
@@ -125,12 +149,13 @@ class _StackFrames:
             file = self.files[file_id - 1]
             function = self.functions[function_id - 1] if 0 < function_id <= len(self.functions) else ""
             innermost = innermost or (file, line, function)
-            if not _is_library(file):
+            if not is_library(file):
                 return file, line, function
         return innermost
 
 
-def _is_library(file: str) -> bool:
+def is_library(file: str) -> bool:
+    """Whether a file is an installed library's or the interpreter's, not the user's."""
     return any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import gzip
 import json
+import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +26,11 @@ _HEADER_LIMIT = 1 << 22  # the array must start within the first 4 MiB
 _SEPARATORS = " \t\r\n,"
 # Undecodable text carried over this many blocks: the array is damaged, not waiting for its next block.
 _DAMAGED_AFTER = 4
+# The start of an event in Kineto's layout (each event's `{` on a line of its own, indented two spaces).
+_EVENT_START = re.compile(r"\n  \{\s*\n")
+# Per file, the events that did not decode and were skipped: torch.profiler writes some Python frames' names
+# unescaped (`"name": "torch/_inductor/debug.py(0):         """"`); the import warns of them.
+skipped_events: dict[str, int] = {}
 
 
 def _open(path: Path) -> IO[str]:
@@ -82,7 +88,7 @@ def event_texts(path: Path, block: int | None = None) -> Iterator[str]:
 def array_trailer(text: str) -> dict[str, Any]:
     """Header fields written after the `traceEvents` array (Kineto writes `baseTimeNanoseconds` there), read from
     the array's last block (`event_texts`'s last)."""
-    _, position, ended = _decode_one_by_one(text, 0, None)
+    _, position, ended = _decode_one_by_one(text, 0, None, [0])
     return _header(text[position + 1:]) if ended else {}
 
 
@@ -93,6 +99,7 @@ def event_lists(path: Path, block: int | None = None, parse_float: Callable[[str
     header fields after the array. A truncated or damaged array raises `CaptureError`."""
     block = block or _BLOCK
     pending = ""
+    skipped = [0]
     for text in event_texts(path, block):
         text = pending + text
         pending = ""
@@ -105,7 +112,8 @@ def event_lists(path: Path, block: int | None = None, parse_float: Callable[[str
             events = json.loads(f"[{text[position:]}]", parse_float=parse_float)
             ended = False
         except json.JSONDecodeError:
-            events, position, ended = _decode_one_by_one(text, position, parse_float)
+            events, position, ended = _decode_one_by_one(text, position, parse_float, skipped)
+            skipped_events[str(path)] = max(skipped_events.get(str(path), 0), skipped[0])
         else:
             position = len(text)
         finally:
@@ -122,9 +130,11 @@ def event_lists(path: Path, block: int | None = None, parse_float: Callable[[str
     raise CaptureError(f"{path} is truncated or damaged inside traceEvents (the array never ends)")
 
 
-def _decode_one_by_one(text: str, position: int,
-                       parse_float: Callable[[str], float] | None) -> tuple[list[Any], int, bool]:
-    """Events decoded from `position` on until the array's end (True) or an incomplete event (False)."""
+def _decode_one_by_one(text: str, position: int, parse_float: Callable[[str], float] | None,
+                       skipped: list[int]) -> tuple[list[Any], int, bool]:
+    """Events decoded from `position` on until the array's end (True) or an incomplete event (False). An event (an
+    object) that does not decode though another starts after it (in Kineto's layout) is skipped, and counted in
+    `skipped`; other text between events is damage."""
     decode = json.JSONDecoder(parse_float=parse_float).raw_decode
     events = []
     while True:
@@ -136,7 +146,12 @@ def _decode_one_by_one(text: str, position: int,
         try:
             event, position = decode(text, position)
         except json.JSONDecodeError:
-            return events, position, False
+            following = _EVENT_START.search(text, position + 1) if text[position] == "{" else None
+            if following is None:  # the block's incomplete last event, or text that is no event at all
+                return events, position, False
+            skipped[0] += 1
+            position = following.start()
+            continue
         events.append(event)
 
 

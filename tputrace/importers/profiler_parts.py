@@ -104,6 +104,22 @@ class FrameIndex:
         return self.names[tid][position] if position >= 0 else None
 
 
+def module_paths(ranges: list[tuple[float, float, Any, str]]) -> list[tuple[float, float, Any, str]]:
+    """Each `nn.Module` range (torch.profiler's `python_function` event `nn.Module: Linear_0`, by its Python tracer,
+    `with_stack`) with its path: the names of the module ranges it ran inside on its thread, outermost first
+    (`Net_0.Block_0.Linear_0`), as tputrace's own recordings name an op's module by its path from the model."""
+    by_thread: dict[Any, list[tuple[float, float, str]]] = {}
+    for start, end, tid, name in sorted(ranges, key=lambda item: (item[0], -item[1])):
+        by_thread.setdefault(tid, []).append((start, end, name))
+    paths = []
+    for tid, thread in by_thread.items():
+        named: list[str] = []
+        for (start, end, name), caller in zip(thread, _callers(thread)):
+            named.append(f"{named[caller]}.{name}" if caller >= 0 else name)
+            paths.append((start, end, tid, named[-1]))
+    return paths
+
+
 def call_stack_frame(stack: Any, is_user: Callable[[str], bool]) -> str | None:
     """The innermost user frame of an op's `Call stack` arg (torch.profiler's `with_stack` before its Python tracer, and
     TorchScript's stacks: `/path/train.py(12): step;/path/train.py(30): <module>`, innermost first), whose line is
@@ -200,3 +216,41 @@ class OpSpans:
     def clear(self) -> None:
         for table in (self.starts, self.ends, self.seqs, self.callers, self.open):
             table.clear()
+
+
+
+_FORWARDS_KEPT = 1 << 16
+_BACKWARD_OP = "autograd::engine::evaluate_function: "
+
+
+class OpModules:
+    """The `nn.Module` path of each CPU op (`ops.module_sid`), from torch.profiler's module ranges (`nn.Module:
+    Linear_0`, recorded by its Python tracer, `with_stack`): the path of the innermost module call around the op on
+    its thread; else its parent op's (an op nested in another); else, for a backward op
+    (`autograd::engine::evaluate_function: AddmmBackward0`, which runs outside any module's call), the module of the
+    forward op of the same autograd `Sequence number`, which made the gradient's graph node. The latest 2^16 forward
+    ops' modules are kept, each until its backward takes it."""
+
+    def __init__(self, ranges: list[tuple[float, float, Any, str]], intern: Callable[[str], int]) -> None:
+        self.index = FrameIndex(module_paths(ranges)) if ranges else None
+        self.intern = intern
+        self.forwards: dict[Any, int] = {}
+
+    def module_sid(self, ts: float, tid: Any, name: str, args: Any, parent: OpenOp | None) -> int | None:
+        if self.index is None:
+            return None
+        path = self.index.innermost(ts, tid)
+        sequence = args.get("Sequence number") if args.__class__ is dict else None
+        if path is not None:
+            module_sid = self.intern(path)
+            if sequence is not None and sequence not in self.forwards:
+                self.forwards[sequence] = module_sid
+                if len(self.forwards) > _FORWARDS_KEPT:
+                    for key in list(self.forwards)[:_FORWARDS_KEPT // 2]:
+                        del self.forwards[key]
+            return module_sid
+        if parent is not None and parent.row is not None and parent.row[9] is not None:
+            return int(parent.row[9])
+        if sequence is not None and name.startswith(_BACKWARD_OP):
+            return self.forwards.pop(sequence, None)
+        return None

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tputrace.importers import json_events
 from tputrace.importers.collective_waits import fill_waits
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
@@ -45,17 +46,35 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
         # thread commits when the sink wakes it (every so many rows), not on a timer.
         with TraceWriter(partial, close_at_exit=False, bulk=True, commit_interval_s=_WRITER_INTERVAL_S) as writer:
             sink = ImportSink(writer)
+            json_events.skipped_events.clear()
             for group in _by_process(captures):
                 _import_one(sink, group)
+            _note_skipped_events(sink)
             sink.finish()
         if len(sink.sources) > 1:
             fill_waits(partial)
+        if any("torch_trace" in source for source in sink.sources):
+            from tputrace.importers.torch_trace import place_backward_compiles
+
+            place_backward_compiles(partial)
         partial.replace(output)
     finally:
         if collecting:
             gc.enable()
         partial.unlink(missing_ok=True)
     return ImportResult(output, captures, sink.rows, tuple(sink.warnings))
+
+
+def _note_skipped_events(sink: ImportSink) -> None:
+    """Warn of the events of each rank's JSON files that did not decode and were skipped (`skipped_events` in its
+    `meta.imported` entry)."""
+    for source in sink.sources:
+        paths = source.get("windows") or [source["path"]]
+        skipped = sum(json_events.skipped_events.get(str(path), 0) for path in paths)
+        if skipped:
+            sink.note(source["rank"], skipped_events=skipped)
+            sink.warn(f"{source['path']}: skipped {skipped} event(s) that do not decode as JSON (torch.profiler writes "
+                      "some Python frames' names unescaped); the rest imported")
 
 
 def _by_process(captures: list[Capture]) -> list[list[Capture]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import re
+import sqlite3
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -340,6 +341,8 @@ class TorchTraceImporter:
                 if item.name == _WRAPPER and (item.file or "").endswith(_WRAPPER_FILE):
                     # named by what the user's line called (`net` of `out = net(x)`), not torch's wrapper
                     item.name = item.called or f"compiled call in {item.caller[0]}"
+                elif item.file:  # a library's function Dynamo compiled (`helper` in contextlib.py, under DDP's forward)
+                    item.name = f"{item.name} ({item.file.rsplit('/', 1)[-1]})"
                 item.frame_function, item.file, item.line = item.caller
             timed.append((item, *self._times(item)))
         starts = [start for _, start, _ in timed if start is not None]
@@ -469,3 +472,58 @@ def log_pid(path: Path) -> int | None:
 def _pid(text: str) -> int | None:
     parts = text.split()
     return int(parts[2]) if len(parts) > 2 and parts[2].isdigit() else None
+
+
+def place_backward_compiles(path: Path) -> int:
+    """Give each backward compile that a torch.profiler capture recorded (`entire_backward_compile`, kind `aot`) the
+    place and name of its forward's compile in the process's TORCH_TRACE log (the same `compile_id`), in the trace at
+    `path`: without `with_stack` the profile knows neither (with it, only the function that called `backward()`), and
+    the log has no backward compiles. How many got one."""
+    connection = sqlite3.connect(path)
+    try:
+        forwards: dict[tuple[int, str], tuple[int | None, str | None]] = {}
+        backwards = []
+        for row_id, rank, kind, frame_id, detail, name in connection.execute(
+                "SELECT c.id, c.rank, c.kind, c.frame_id, c.detail, s.text FROM compiles c "
+                "LEFT JOIN strings s ON s.id = c.name_sid WHERE c.kind IN ('dynamo_frame', 'aot')"):
+            facts = _detail(detail)
+            compile_id = facts.get("compile_id")
+            if not isinstance(compile_id, str) or not compile_id:
+                continue
+            if kind == "dynamo_frame" and "event" not in facts:  # a log's compile, not the profile's own
+                forwards.setdefault((rank, compile_id), (frame_id, name))
+            elif kind == "aot" and facts.get("event") == "entire_backward_compile":
+                backwards.append((row_id, rank, compile_id, frame_id))
+        placed = 0
+        for row_id, rank, compile_id, frame_id in backwards:
+            forward = forwards.get((rank, compile_id))
+            if forward is None:
+                continue
+            forward_frame, forward_name = forward
+            if forward_name:
+                name_sid = _string_id(connection, f"backward of {forward_name}")
+                connection.execute("UPDATE compiles SET name_sid = ? WHERE id = ?", (name_sid, row_id))
+                connection.execute("UPDATE programs SET name_sid = ?, structure_sid = ? WHERE id = "
+                                   "(SELECT program_id FROM compiles WHERE id = ?)", (name_sid, name_sid, row_id))
+            if forward_frame is not None and forward_frame != frame_id:
+                connection.execute("UPDATE compiles SET frame_id = ? WHERE id = ?", (forward_frame, row_id))
+            placed += 1
+        connection.commit()
+        return placed
+    finally:
+        connection.close()
+
+
+def _detail(text: str | None) -> dict[str, Any]:
+    try:
+        facts = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    return facts if isinstance(facts, dict) else {}
+
+
+def _string_id(connection: sqlite3.Connection, text: str) -> int:
+    found = connection.execute("SELECT id FROM strings WHERE text = ?", (text,)).fetchone()
+    if found:
+        return int(found[0])
+    return int(connection.execute("INSERT INTO strings (text) VALUES (?)", (text,)).lastrowid or 0)

@@ -2,7 +2,7 @@
 the window (its `PyTorch Profiler (N)` event), and the user's ranges, which mark the steps of a capture without
 `ProfilerStep#N` markers (a `profile()` without a schedule, whose loop never calls `prof.step()`): the user's own range
 around each iteration (`record_function("train_step")`), repeated one after another at the top level of the thread that
-runs most ops."""
+runs most ops; each step runs from the end of the range before it to the end of its own, as `ProfilerStep#N` markers do."""
 
 from __future__ import annotations
 
@@ -20,6 +20,9 @@ _SPAN_TEXT = re.compile(r'"cat"\s*:\s*"Trace"')
 _OP_THREAD_TEXT = re.compile(r'"cat"\s*:\s*"cpu_op"\s*,\s*"name"\s*:\s*"(?:[^"\\]|\\.)*"\s*,\s*"pid"\s*:\s*[^,]*,'
                              r'\s*"tid"\s*:\s*"?([^",\s}]*)')
 _MIN_REPEATS = 2
+# torch.profiler's name of a module's forward call (its Python tracer, `with_stack`): `nn.Module: Linear_0`.
+MODULE_PREFIX = "nn.Module: "
+_MODULE_TEXT = re.compile(r'"name"\s*:\s*"nn\.Module: ')
 # torch's own ranges, which no user opened around an iteration: `Optimizer.step#SGD.step`, `enumerate(DataLoader)#...`,
 # a process group's `gloo:all_reduce`, torch.compile's `Torch-Compiled Region: 0/0`, `CompiledFunction`,
 # `## Call CompiledFxGraph ... ##`, `TorchDynamo Cache Lookup`, DDP's `DistributedDataParallel.forward`.
@@ -31,11 +34,20 @@ UserRange = tuple[float, float, Any, str]
 
 
 class WindowRanges:
-    """A window's user ranges and Kineto's span of it (start and end, us on the file's clock; None where not written)."""
+    """A window's user ranges, its modules' calls and Kineto's span of it (start and end, us on the file's clock; None where
+    not written)."""
 
     def __init__(self) -> None:
         self.user: list[UserRange] = []
         self.span: tuple[float, float] | None = None
+        self.modules: list[UserRange] = []  # `nn.Module: Linear_0` ranges, named `Linear_0`
+
+    def _add_module(self, event: dict[str, Any]) -> None:
+        """Read a decoded `python_function` event, if it is a module's call (`nn.Module: Linear_0`)."""
+        ts, dur, name = event.get("ts"), event.get("dur"), event.get("name")
+        if (isinstance(name, str) and name.startswith(MODULE_PREFIX) and isinstance(ts, (int, float))
+                and isinstance(dur, (int, float))):
+            self.modules.append((ts, ts + dur, event.get("tid"), name[len(MODULE_PREFIX):]))
 
     def scan_text(self, text: str, event_around: Callable[[str, re.Match[str]], dict[str, Any]],
                   user: bool = True) -> None:
@@ -44,10 +56,16 @@ class WindowRanges:
         if (user and '"user_annotation"' in text) or '"Trace"' in text:
             for match in (_RANGE_TEXT if user else _SPAN_TEXT).finditer(text):
                 self.add_event(event_around(text, match))
+        if MODULE_PREFIX in text:
+            for match in _MODULE_TEXT.finditer(text):
+                self.add_event(event_around(text, match))
 
     def add_event(self, event: dict[str, Any]) -> None:
-        """Read a decoded event, if it is a complete `user_annotation` range or the window's span."""
+        """Read a decoded event, if it is a complete `user_annotation` range, the window's span or a module's call."""
         ts, dur, category = event.get("ts"), event.get("dur"), event.get("cat")
+        if category == "python_function":
+            self._add_module(event)
+            return
         if category not in ("user_annotation", "Trace") or event.get("ph") != "X" or not isinstance(ts, (int, float)) \
                 or not isinstance(dur, (int, float)):
             return
@@ -83,9 +101,18 @@ def choose(windows: list[WindowRanges], paths: Iterable[Path]) -> tuple[str, lis
                                                                        candidates.items() if other == tid)))
         candidates = {key: entry for key, entry in candidates.items() if key[0] == main}
     tid, name = max(candidates, key=lambda key: (candidates[key][1], candidates[key][0]))
-    steps = [[(start, end, None) for start, end, other, other_name in _top_level(window.user)
-              if other == tid and other_name == name] for window in windows]
+    steps = [_contiguous([(start, end) for start, end, other, other_name in _top_level(window.user)
+                          if other == tid and other_name == name]) for window in windows]
     return name, steps
+
+
+def _contiguous(ranges: list[tuple[float, float]]) -> list[tuple[float, float, None]]:
+    """Steps from a window's occurrences of the step range, as `ProfilerStep#N` markers divide a loop: each step ends
+    where its range ends (where `prof.step()` would be called), and every step after the first starts where the one
+    before it ended, so that the work between two ranges (loading the next batch) is in the step it prepares. The
+    first step starts with its range: what ran before it is not told from the loop's setup."""
+    return [(previous_end if index else start, end, None)
+            for index, ((start, end), previous_end) in enumerate(zip(ranges, [0.0] + [end for _, end in ranges]))]
 
 
 def _top_level(ranges: list[UserRange]) -> list[UserRange]:

@@ -7,12 +7,14 @@ its XLA module), else `XLA compile`."""
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from tputrace.importers.hlo_metadata import is_library
 from tputrace.importers.xevents import EventColumns
 
 COMPILE_EVENTS = frozenset(("backend_compile_and_load", "backend_compile"))
@@ -21,6 +23,8 @@ BACKEND_EVENT = "::RunBackend"
 # JAX's host range around a jitted function's call, in which its compile runs: `PjitFunction(step)`.
 JITTED_CALL = re.compile(r"^PjitFunction\((.+)\)$")
 UNNAMED = "XLA compile"
+# A Python tracer frame's event name: `$file.py:LINE function`.
+PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 
 
 @dataclass(frozen=True)
@@ -45,6 +49,17 @@ class CompileSpans:
     named: list[tuple[int, int, str]] = field(default_factory=list)
     call_lines: list[CallLine] = field(default_factory=list)
     calls: list[tuple[int, int, str]] = field(default_factory=list)
+    # Python tracer frames (`$train.py:12 step`) of functions that a jitted call names: the jitted function's Python
+    # body as JAX traces it, just before its compile.
+    frames: list[tuple[int, int, str]] = field(default_factory=list)
+    frame_names: dict[int, str] = field(default_factory=dict)  # their event metadata ids on the plane last scanned
+
+    def watch_frames(self, event_metadata: Any, calls: dict[int, str]) -> set[int]:
+        """The metadata ids of a host plane's Python tracer frames named as a jitted call's function, to keep."""
+        called = {_bare(name) for name in calls.values()}
+        self.frame_names = {key: meta.name for key, meta in event_metadata.items() if meta.name.startswith("$")
+                            and (match := PYTHON_FRAME.match(meta.name)) and _bare(match.group(3)) in called}
+        return set(self.frame_names)
 
     def extend(self, other: CompileSpans, offset: int) -> None:
         """Add `other`'s spans, moved by `offset` ns (onto the Unix clock)."""
@@ -53,6 +68,7 @@ class CompileSpans:
         self.named += [(start + offset, end + offset, name) for start, end, name in other.named]
         self.call_lines += [replace(line, offset=line.offset + offset) for line in other.call_lines]
         self.calls += [(start + offset, end + offset, name) for start, end, name in other.calls]
+        self.frames += [(start + offset, end + offset, name) for start, end, name in other.frames]
 
     def unnamed(self) -> list[tuple[int, int]]:
         """The compiles that hold no named backend range."""
@@ -75,16 +91,97 @@ class CompileSpans:
                            for start, end, metadata_id in zip(starts[around].tolist(), ends[around].tolist(),
                                                               columns.metadata_id[chosen][around].tolist())]
 
-    def named_compiles(self) -> list[tuple[int, int, str | None, str]]:
-        """Each compile as (start, end, the backend's name for its program or None, its label), in time order."""
+    def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None) -> list[
+            tuple[int, int, str | None, str, tuple[str, int, str] | None, bool]]:
+        """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
+        function) of the function it compiled or None, whether it compiled another function than the earlier compiles
+        of its label: its HLO's scopes differ, as `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` from
+        `jax.jit(f)`'s, both `jit_f`), in time order. `hlo`: each program's protos' instruction
+        sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
+        tracer names only a file's base name; where given, a frame in another file (JAX's own, `cache_key.py:140
+        <lambda>`) is not the user's function."""
+        hlo = hlo or {}
+        files = user_files(sources for protos in hlo.values() for _, sources in protos)
+        spans = sorted(self.compiles or self.client_compiles)
         named = sorted(self.named)
+        # The capture holds the last compiles of a name (JAX writes the protos of all the process compiled when the
+        # trace stops): its k-th compile of a name is the k-th of that name's last protos.
+        names = [next((name for named_start, named_end, name in named if start <= named_start and named_end <= end),
+                      None) for start, end in spans]
+        later = Counter(name for name in names if name)
+        frames = sorted(self.frames)
         calls = sorted(self.calls, key=lambda call: (call[0], -call[1]))
         result = []
-        for start, end in sorted(self.compiles or self.client_compiles):
-            name = next((name for named_start, named_end, name in named
-                         if start <= named_start and named_end <= end), None)
+        scopes_of: dict[str, list[frozenset[str]]] = {}  # label -> the scopes of each of its compiles' programs
+        for (start, end), name in zip(spans, names):
             # The innermost jitted call around the compile (the latest started of those holding it).
             caller = next((f"jit_{name}" for call_start, call_end, name in reversed(calls)
                            if call_start <= start and end <= call_end), None)
-            result.append((start, end, name, name or caller or UNNAMED))
+            label = name or caller or UNNAMED
+            protos = hlo.get(name or "", [])
+            later[name] -= 1
+            proto = protos[len(protos) - 1 - later[name]][1] if name and later[name] < len(protos) else None
+            place = _traced_frame(frames, start, label, files) or _traced_place(proto)
+            scopes = _scopes(proto)
+            earlier = scopes_of.setdefault(label, [])
+            other = bool(earlier) and scopes is not None and all(seen is not None and seen != scopes for seen in earlier)
+            earlier.append(scopes)
+            result.append((start, end, name, label, place, other))
         return result
+
+
+def _traced_frame(frames: list[tuple[int, int, str]], start: int, label: str,
+                  user_files: dict[str, str] | None) -> tuple[str, int, str] | None:
+    """The frame of the function a compile labelled `label` (`jit_step`: JAX names a program `jit_` and its function's
+    name) compiled: the latest Python tracer frame of that function to start before the compile, JAX's trace of its
+    body (`$train.py:12 step`, at its `def` line). A compile made at a script's top level has no frame of the user's
+    around it (the tracer records no frame already running when it started); this one is the user's function."""
+    function = _bare(re.sub(r"\(\d+\)$", "", label).removeprefix("jit_").removeprefix("pmap_"))
+    found = None
+    for frame_start, _, frame in frames:
+        if frame_start > start:
+            break
+        match = PYTHON_FRAME.match(frame)
+        if match is None or _bare(match.group(3)) != function:
+            continue
+        file = match.group(1)
+        if user_files:
+            if file not in user_files:
+                continue
+            file = user_files[file]
+        found = (file, int(match.group(2)), match.group(3))
+    return found
+
+
+def user_files(sources: Iterable[dict[str, Any]]) -> dict[str, str]:
+    """The user's files that the programs' HLO names (each instruction's innermost frame of the user's code), by their
+    base name."""
+    return {file.rsplit("/", 1)[-1]: file for instructions in sources for source in instructions.values()
+            if (file := getattr(source, "file", None)) and not is_library(file)}
+
+
+def _scopes(sources: dict[str, Any] | None) -> frozenset[str] | None:
+    """The scopes of a program's instructions (each `op_name` less its primitive: `jit(f)/transpose(jvp())`), which
+    a retrace of the same function for other shapes keeps; None where its HLO is not known."""
+    if not sources:
+        return None
+    return frozenset(op_name.rsplit("/", 1)[0] for source in sources.values()
+                     if (op_name := getattr(source, "op_name", None)) and "/" in op_name)
+
+
+def _traced_place(sources: dict[str, Any] | None) -> tuple[str, int, str] | None:
+    """Where a program was traced, from its HLO (for a compile whose function the Python tracer did not record, or
+    whose function is a library's, as `jnp.ones(n) * 2` at a script's top level compiles JAX's `multiply`): the
+    earliest line of the user's file that most of its instructions came from."""
+    places = [(source.file, source.line, source.function) for source in (sources or {}).values()
+              if getattr(source, "file", None) and source.line and not is_library(source.file)]
+    if not places:
+        return None
+    files = Counter(file for file, _, _ in places)
+    file = max(files, key=lambda name: files[name])
+    return min(place for place in places if place[0] == file)
+
+
+def _bare(name: str) -> str:
+    """A function's name without the characters JAX replaces in a program's name (`<lambda>`: `jit__lambda`)."""
+    return re.sub(r"[^0-9A-Za-z]", "", name)

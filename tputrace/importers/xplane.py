@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.hlo_metadata import InstructionSource, hlo_sources
+from tputrace.importers.hlo_metadata import HloVersions, InstructionSource, read_hlo
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.step_markers import ProgramRuns, StepMarkers, place_markers
@@ -82,6 +82,7 @@ class XPlaneImporter(StreamLines, OpRows):
         self.lines_without_ops: set[tuple[Path, int]] = set()  # host lines (file, start) holding no XLA op
         self.chips = 1
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
+        self.hlo_versions: HloVersions = {}  # module -> each of its protos' sources, in compile order
         # Run ids (ascending) and when the host launched each run (ns since the rank's start).
         self.launch_ids, self.launch_starts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
@@ -134,7 +135,7 @@ class XPlaneImporter(StreamLines, OpRows):
                 if plane.name == "Task Environment":
                     profile_start_unix_ns = plane_stat(plane, "profile_start_time")
                 if plane.name == "/host:metadata":
-                    self._read_hlo(plane)
+                    read_hlo(plane, self.hlo, self.hlo_versions)
                 match = _DEVICE_PLANE.match(plane.name)
                 if match:
                     device_kind = match.group(1).lower()
@@ -207,15 +208,6 @@ class XPlaneImporter(StreamLines, OpRows):
         chips = max(self.chips, max(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
 
-    def _read_hlo(self, plane: Any) -> None:
-        """The instructions' sources of each program's HLO proto (the first of a module name)."""
-        names = {key: meta.name for key, meta in plane.stat_metadata.items()}
-        for metadata in plane.event_metadata.values():
-            for stat in metadata.stats:
-                if names.get(stat.metadata_id) == "Hlo Proto" and stat.WhichOneof("value") == "bytes_value":
-                    module, sources = hlo_sources(stat.bytes_value)
-                    self.hlo.setdefault(module, sources)
-
     def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
         """The step of each of some times (ns since the rank's start); of an XLA op's run (`run_ids`), the step in
         which the host launched it, as the op may run after that step's marker ends (asynchronous dispatch)."""
@@ -268,7 +260,7 @@ class XPlaneImporter(StreamLines, OpRows):
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if CLIENT_COMPILE.match(meta.name)}
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(BACKEND_EVENT)}
         calls = {key: match.group(1) for key, meta in plane.event_metadata.items() if (match := JITTED_CALL.match(meta.name))}
-        watched = list(compile_ids | client_compile_ids | backend_ids)
+        watched = list(compile_ids | client_compile_ids | backend_ids | compiles.watch_frames(plane.event_metadata, calls))
         for line in lines:
             base_ns = line.timestamp_ns
             has_calls = False
@@ -287,6 +279,8 @@ class XPlaneImporter(StreamLines, OpRows):
                         compiles.compiles.append(span)
                     elif metadata_id in client_compile_ids:
                         compiles.client_compiles.append(span)
+                    elif metadata_id in compiles.frame_names:
+                        compiles.frames.append((*span, compiles.frame_names[metadata_id]))
                     else:
                         names = [stat.str_value or stat_names.get(stat.ref_value, "")
                                  for stat in columns.message(index).stats if stat.metadata_id in name_ids]
@@ -329,15 +323,15 @@ class XPlaneImporter(StreamLines, OpRows):
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        for start, end, name, label in compiles.named_compiles():
+        for start, end, name, label, frame, other in compiles.named_compiles(self.hlo_versions):
             program = self._program(name) if name else None
             start_ns = start - self.start_unix_ns
-            reason = "recompile" if label in seen and label != UNNAMED else "first"
+            reason = "recompile" if label in seen and label != UNNAMED and not other else "first"
             seen.add(label)
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
-                                          None, -1, start_ns, end - start, None, self.steps.step_at(start_ns), reason,
-                                          None, None))
+                                          None, -1, start_ns, end - start, frame and self.writer.frame(*frame),
+                                          self.steps.step_at(start_ns), reason, None, None))
 
     # -- second pass --------------------------------------------------------------------------------
 
