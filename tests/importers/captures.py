@@ -486,6 +486,32 @@ TORCH_DDP = textwrap.dedent("""\
 """)
 
 
+# Two DDP ranks over gloo under a profiling schedule (4 active steps, one file per rank): a CPU process group's
+# capture with steps and collectives and no program runs.
+TORCH_DDP_STEPS = textwrap.dedent("""\
+    import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    def run(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        model = DDP(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 4)))
+        x = torch.randn(8, 64)
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=4),
+                     on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/rank{rank}.json")) as prof:
+            for _ in range(5):
+                model(x).sum().backward()
+                prof.step()
+        dist.barrier()
+        os._exit(0)  # as TORCH_GLOO: gloo's threads are not torn down under a busy host
+
+    if __name__ == "__main__":
+        os.makedirs(sys.argv[1], exist_ok=True)
+        mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+""")
+
+
 # A training loop (in `train`) fed by a DataLoader whose 2 workers take 4 ms a sample (32 ms a batch of 8, one
 # batch every 16 ms from the two) while a step computes in well under that; 3 profiled steps.
 TORCH_LOADER = textwrap.dedent("""\
@@ -652,6 +678,14 @@ def torch_ddp_capture(folder: Path) -> Path:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
     return _capture(folder, "ddp.py", TORCH_DDP, "ddp", str(port))
+
+
+def torch_ddp_steps_capture(folder: Path) -> Path:
+    """The folder of `TORCH_DDP_STEPS`'s two torch.profiler JSON files, one per rank."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    return _capture(folder, "ddp_steps.py", TORCH_DDP_STEPS, "ddp_steps", str(port))
 
 
 def torch_loader_capture(folder: Path) -> Path:

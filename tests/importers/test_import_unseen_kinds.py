@@ -72,6 +72,17 @@ def test_ranks_of_a_ddp_run_wait_for_the_rank_that_arrives_late(tmp_path: Path) 
     assert all(waiting != "unknown" for *_, waiting in _collectives_rows(output))
 
 
+def test_a_cpu_process_groups_capture_is_not_told_its_communication_was_exposed(tmp_path: Path) -> None:
+    """A profile of DDP over gloo has steps and collectives but no program runs: nothing says what the collectives
+    overlapped, so no finding claims they ran while no program ran on a chip."""
+    from captures import torch_ddp_steps_capture
+
+    output = _import(tmp_path, torch_ddp_steps_capture(tmp_path))
+    report = analyze_path(output)
+    assert report.step_count >= 3 and [finding for finding in report.findings if finding.analyzer == "collectives"]
+    assert not [finding for finding in report.findings if finding.title.startswith("Communication exposed")]
+
+
 @pytest.fixture(scope="module")
 def loader_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from captures import torch_loader_capture

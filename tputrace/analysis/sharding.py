@@ -319,7 +319,8 @@ def _uneven_shards(context: AnalysisContext, out: Collected, records: ShardingRe
 def _exposed(context: AnalysisContext, out: Collected, records: ShardingRecords, explained_ns: float) -> None:
     """Collective time per steady step with no program running on the chip (exposed) and with one (overlapped)."""
     steady = [collective for collective in records.collectives if in_steady_steps(context, collective)]
-    if not steady or not context.steps:
+    # A capture with no program runs (a CPU process group's profile) cannot tell what the collectives overlapped.
+    if not steady or not context.steps or not context.trace.count("executions"):
         return
     intervals = union([(c.start_ns, c.start_ns + c.dur_ns) for c in steady])
     where, params = context.steady_where()
