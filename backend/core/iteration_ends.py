@@ -58,7 +58,7 @@ class IterationEnds:
     def _repeats(self, optimizer: Any, expected: list[Any]) -> bool:
         """Whether a repeated step of `optimizer` is an inner loop of the iteration."""
         if self._previous is not None:
-            return self._previous.get(optimizer, 0) > 1
+            return bool(self._previous.get(optimizer, 0) > 1)
         return loop_steps.stepped_later_in_loop(other for other in expected if other not in self._since_end)
 
     def _end(self, optimizer: Any, steps: dict[Any, int]) -> None:

@@ -1,5 +1,7 @@
 """Scripts that read wrong before: a WGAN stepping its critic's optimizer five times per generator step (a step per
-critic step, and the losses read each iteration told to read less often)."""
+critic step, and the losses read each iteration told to read less often); a `torch.compile`d model's accuracy read
+once per epoch after its evaluation (told to read less often: its forward ran in a compiled graph, not in the ops
+the read flushed)."""
 
 from __future__ import annotations
 
@@ -47,3 +49,69 @@ def test_a_wgan_with_five_critic_steps_per_generator_step_is_one_step_per_iterat
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert f"Host sync 2 times per step at {script.name}:{line} (item)" in sync.title, sync.title
     assert "already reads every" not in sync.suggestion, sync.suggestion
+
+
+COMPILED_EVALUATION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    train = [(torch.randn(16, 32), torch.randint(0, 10, (16,))) for _ in range(4)]
+    val = [(torch.randn(16, 32), torch.randint(0, 10, (16,))) for _ in range(2)]
+    for epoch in range(3):
+        compiled.train()
+        for x, y in train:
+            x, y = x.to("tpu"), y.to("tpu")
+            loss = nn.functional.cross_entropy(compiled(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        compiled.eval()
+        {evaluation}:
+            correct = sum((compiled(x.to("tpu")).argmax(-1) == y.to("tpu")).sum() for x, y in val)
+            accuracy = correct.item() / 32  {marker}
+        print(epoch, accuracy)
+'''
+
+
+@pytest.mark.parametrize("evaluation", ["with torch.no_grad()", "if True"])
+def test_a_compiled_models_accuracy_read_once_per_epoch_is_the_evaluations_own_wait(tmp_path: Path, evaluation: str) -> None:
+    """The evaluation's forward ran in a compiled graph (an inference graph under `no_grad`, else a forward graph no
+    backward followed), not in the ops the read flushed: the read is still the evaluation's own wait, an info finding,
+    not advice to read less often."""
+    source = COMPILED_EVALUATION.replace("{evaluation}", evaluation)
+    report, script, line = _run(tmp_path, "compiled_evaluation", source)
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert read.severity == "info", read.title
+    assert read.suggestion.startswith(f"The read at {script.name}:{line} ends an evaluation the loop runs every 4 steps"), read.suggestion
+    assert "`Sequential`" in read.suggestion and "read less often" not in read.suggestion
+
+
+COMPILED_LOSS_READ_BEFORE_BACKWARD = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(8):
+        x, y = torch.randn(16, 32, device="tpu"), torch.randint(0, 10, (16,), device="tpu")
+        loss = nn.functional.cross_entropy(compiled(x), y)
+        if step % 2 == 0:
+            print(step, loss.item())  {marker}
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_compiled_models_training_loss_read_every_other_step_is_no_evaluation(tmp_path: Path) -> None:
+    """The forward graph that ran before the read is the training step's (its backward follows in the step): the
+    read is a logged loss, told to read less often."""
+    report, script, line = _run(tmp_path, "compiled_loss_read", COMPILED_LOSS_READ_BEFORE_BACKWARD)
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "ends an evaluation" not in read.suggestion and "read less often (every 8 steps)" in read.suggestion, read.suggestion
