@@ -1,7 +1,7 @@
 """Scripts that read wrong before: a WGAN stepping its critic's optimizer five times per generator step (a step per
 critic step, and the losses read each iteration told to read less often); a `torch.compile`d model's accuracy read
 once per epoch after its evaluation (told to read less often: its forward ran in a compiled graph, not in the ops
-the read flushed)."""
+the read flushed); an Adam made anew in each epoch of the loop (no finding)."""
 
 from __future__ import annotations
 
@@ -115,3 +115,46 @@ def test_a_compiled_models_training_loss_read_every_other_step_is_no_evaluation(
     report, script, line = _run(tmp_path, "compiled_loss_read", COMPILED_LOSS_READ_BEFORE_BACKWARD)
     (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert "ends an evaluation" not in read.suggestion and "read less often (every 8 steps)" in read.suggestion, read.suggestion
+
+
+OPTIMIZER_IN_THE_EPOCH_LOOP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    data = [(torch.randn(16, 32), torch.randint(0, 10, (16,))) for _ in range(3)]
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for epoch in range(3):
+        {construction}  {marker}
+        for x, y in data:
+            x, y = x.to("tpu"), y.to("tpu")
+            loss = nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        print(epoch, loss.item())
+'''
+
+
+def test_an_optimizer_made_in_the_epoch_loop_is_a_warning_at_its_constructor(tmp_path: Path) -> None:
+    """A new Adam each epoch restarts its moments and makes its state again: a warning at the constructor's line that
+    names the loop and the step, and tells to make it once before the loop and change the learning rate in place."""
+    source = OPTIMIZER_IN_THE_EPOCH_LOOP.replace("{construction}", "opt = torch.optim.Adam(model.parameters(), lr=1e-3 * 0.5 ** epoch)")
+    report, script, line = _run(tmp_path, "optimizer_in_loop", source)
+    (remade,) = [finding for finding in report.findings if finding.analyzer == "remade_optimizers"]
+    assert (remade.file, remade.line, remade.severity) == (str(script), line, "warning"), remade.title
+    assert remade.title == (f"Optimizer made inside the loop at {script.name}:{line}: a new `Adam` each iteration of the "
+                            f"loop at {script.name}:{line - 1}")
+    assert f"around its `step()` at {script.name}:{line + 6}" in remade.explanation, remade.explanation
+    assert "starts again from zero" in remade.explanation and "in steps 0, 3, 6" in remade.explanation, remade.explanation
+    assert remade.suggestion.startswith(f"Make the optimizer once, before the loop at {script.name}:{line - 1}"), remade.suggestion
+    assert "param_groups" in remade.suggestion
+
+
+def test_an_optimizer_switched_once_under_an_if_is_no_remade_optimizer(tmp_path: Path) -> None:
+    """A second phase that switches to SGD once, on purpose, makes the state twice: no finding."""
+    source = OPTIMIZER_IN_THE_EPOCH_LOOP.replace(
+        "{construction}", "if epoch == 2:\n            opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)")
+    report, _, _ = _run(tmp_path, "optimizer_switched", source)
+    assert not [finding for finding in report.findings if finding.analyzer == "remade_optimizers"]
