@@ -158,3 +158,36 @@ def test_an_optimizer_switched_once_under_an_if_is_no_remade_optimizer(tmp_path:
         "{construction}", "if epoch == 2:\n            opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)")
     report, _, _ = _run(tmp_path, "optimizer_switched", source)
     assert not [finding for finding in report.findings if finding.analyzer == "remade_optimizers"]
+
+
+KEY_QUEUE = '''
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    encoder = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 16)).to("tpu")
+    opt = torch.optim.SGD(encoder.parameters(), lr=0.05, momentum=0.9)
+    queue = torch.empty(0, 16, device="tpu")
+    for step in range(6):
+        x = torch.randn(16, 32, device="tpu")
+        q = F.normalize(encoder(x + 0.1 * torch.randn_like(x)), dim=1)
+        k = F.normalize(encoder(x), dim=1).detach()
+        logits = torch.cat([(q * k).sum(1, keepdim=True), q @ queue.T], 1) / 0.07
+        loss = F.cross_entropy(logits, torch.zeros(16, dtype=torch.long, device="tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        queue = torch.cat([queue, k])[-64:]  {marker}
+    print(loss.item())
+'''
+
+
+def test_a_contrastive_queue_grown_by_cat_each_step_is_told_to_be_allocated_once(tmp_path: Path) -> None:
+    """A queue of keys extended with `torch.cat` once a step grows by the batch at each compile: the storm is at the
+    cat and tells a fixed-size queue written at a moving position, not padding batches in a collate_fn."""
+    report, script, line = _run(tmp_path, "key_queue", KEY_QUEUE)
+    (storm,) = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "grows by 16 at each compile" in storm.title, storm.title
+    assert "`queue[ptr:ptr + n] = keys`" in storm.suggestion and "collate_fn" not in storm.suggestion, storm.suggestion
