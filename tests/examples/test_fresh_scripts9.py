@@ -191,3 +191,36 @@ def test_a_contrastive_queue_grown_by_cat_each_step_is_told_to_be_allocated_once
     assert (storm.file, storm.line) == (str(script), line), storm.title
     assert "grows by 16 at each compile" in storm.title, storm.title
     assert "`queue[ptr:ptr + n] = keys`" in storm.suggestion and "collate_fn" not in storm.suggestion, storm.suggestion
+
+
+RANDOM_SIZED_CROPS = '''
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Conv2d(3, 16, 4, 4), nn.GELU(), nn.Flatten(2)).to("tpu")
+    head = nn.Linear(16, 10).to("tpu")
+    opt = torch.optim.AdamW([*model.parameters(), *head.parameters()], lr=1e-3)
+    images, labels = torch.randn(32, 3, 40, 40), torch.randint(0, 10, (32,))
+    for step, size in enumerate([16, 24, 32, 24, 16]):
+        idx = torch.randint(0, 32, (8,))
+        crops = F.interpolate(images[idx], size=(size, size), mode="bilinear")  {marker}
+        x, y = crops.to("tpu"), labels[idx].to("tpu")
+        loss = F.cross_entropy(head(model(x).mean(-1)), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_crops_resized_to_a_size_chosen_per_batch_are_told_to_keep_one_image_size(tmp_path: Path) -> None:
+    """The batch's height and width change with the resize at the marked line (found as the copied batch's origin):
+    the storm is at that line and tells one image size (`RandomResizedCrop(size)`), not padding masked in attention."""
+    report, script, line = _run(tmp_path, "resized_crops", RANDOM_SIZED_CROPS)
+    (storm,) = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert f"the batches made at {script.name}:{line} change shape" in storm.title, storm.title
+    assert "one image size" in storm.suggestion and "`RandomResizedCrop(size)`" in storm.suggestion, storm.suggestion
+    assert "attention" not in storm.suggestion

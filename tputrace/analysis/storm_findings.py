@@ -7,6 +7,7 @@ on the chip with a size the script chose: one bucketing too), and the storms of 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -246,6 +247,18 @@ def _scatters_at(context: AnalysisContext, frame_id: int | None) -> bool:
         (frame_id, *params, *op_sids)))
 
 
+# Ops that take images (batch, channels, spatial dims...): a changing dim from 2 on is an image's height or width.
+_IMAGE_OPS = ("aten.convolution", "aten._convolution", "aten.conv2d", "aten.conv3d", "aten.max_pool2d", "aten.avg_pool2d",
+              "aten.max_pool3d", "aten.avg_pool3d", "aten.upsample_", "aten._upsample_", "aten.adaptive_avg_pool2d")
+_ARGUMENT_DIM = re.compile(r"\bdim (\d+)$")
+
+
+def _image_dim(entry: ShapeEntry) -> bool:
+    """Whether the changing shape enters as an image's spatial dim (a convolution's input dim 2 or later)."""
+    dim = _ARGUMENT_DIM.search(entry.argument)
+    return entry.op.startswith(_IMAGE_OPS) and dim is not None and int(dim.group(1)) >= 2
+
+
 def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, storms: list[Storm],
                        made_at: int | None = None) -> tuple[Finding, HostInputStorm]:
     """One finding (and its data) for the storms of one batch copied from the host at `copy_frame`: every program
@@ -272,7 +285,15 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
     evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
     index_lists = entry is not None and _scatters_at(context, entry.frame_id)
-    if best is not None and index_lists:
+    images = entry is not None and not index_lists and _image_dim(entry)
+    if images:
+        suggestion = (
+            f"Give {batches} one image size: crop or resize every image to the model's input size in the data "
+            f"pipeline (`RandomResizedCrop(size)` and `Resize(size)` make one output size whatever the crop, e.g. "
+            f"{sizes[-1]}), so each program compiles once; for multi-scale training keep to a few sizes, each "
+            "compiled once."
+        )
+    elif best is not None and index_lists:
         suggestion = (
             f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. They are index lists "
             f"(the line they enter at, {context.where(entry.frame_id) if entry else copy_where}, scatters with them, as a graph "
@@ -307,6 +328,9 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
         then=(
             ". Index lists of a size that changes from batch to batch (a graph's edges, sampled neighbours) are no "
             "problem on a GPU; on a TPU each size is a new XLA program." if index_lists else
+            ". Images cropped or resized to a size that changes from batch to batch (random-resized crops that keep "
+            "the crop's size, multi-scale training) are no problem on a GPU; on a TPU each size is a new XLA program."
+            if images else
             ". The usual cause is a collate_fn (or a tokenizer's `padding=True`) that pads each batch to its own "
             "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
             "XLA program."
