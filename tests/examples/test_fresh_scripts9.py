@@ -224,3 +224,39 @@ def test_crops_resized_to_a_size_chosen_per_batch_are_told_to_keep_one_image_siz
     assert f"the batches made at {script.name}:{line} change shape" in storm.title, storm.title
     assert "one image size" in storm.suggestion and "`RandomResizedCrop(size)`" in storm.suggestion, storm.suggestion
     assert "attention" not in storm.suggestion
+
+
+CUTMIX_BOX = '''
+    import random
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    random.seed(0)
+    model = nn.Sequential(nn.Flatten(), nn.Linear(3 * 16 * 16, 10)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        x = torch.randn(8, 3, 16, 16, device="tpu")
+        y = torch.randint(0, 10, (8,), device="tpu")
+        cut = random.randint(2, 8)
+        top, left = random.randint(0, 16 - cut), random.randint(0, 16 - cut)
+        perm = torch.randperm(8, device="tpu")
+        x[:, :, top:top + cut, left:left + cut] = x[perm, :, top:top + cut, left:left + cut]  {marker}
+        lam = 1 - cut * cut / 256
+        logits = model(x)
+        loss = lam * nn.functional.cross_entropy(logits, y) + (1 - lam) * nn.functional.cross_entropy(logits, y[perm])
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_cutmix_box_at_a_random_place_and_size_is_told_to_blend_with_a_mask(tmp_path: Path) -> None:
+    """The box's slices change start and length each step: the storm at the slicing line tells a mask built on the
+    chip from the box's bounds and `torch.where`, not bucketing a length."""
+    report, script, line = _run(tmp_path, "cutmix", CUTMIX_BOX)
+    (storm,) = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "changes start and length" in storm.title, storm.title
+    assert "`torch.where(inside, other, x)`" in storm.suggestion and "bucket" not in storm.suggestion, storm.suggestion
