@@ -260,3 +260,42 @@ def test_a_cutmix_box_at_a_random_place_and_size_is_told_to_blend_with_a_mask(tm
     assert (storm.file, storm.line) == (str(script), line), storm.title
     assert "changes start and length" in storm.title, storm.title
     assert "`torch.where(inside, other, x)`" in storm.suggestion and "bucket" not in storm.suggestion, storm.suggestion
+
+
+READS_THEIR_LINES_EXPLAIN = '''
+    import os
+    import tempfile
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    out = tempfile.mkdtemp()
+    for step in range(6):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randint(0, 10, (16,), device="tpu")
+        target = F.one_hot(y).float()  {marker}
+        loss = F.binary_cross_entropy_with_logits(model(x)[:, :target.shape[1]], target)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 2 == 1:
+            torch.save({{"model": model.state_dict(), "opt": opt.state_dict()}}, os.path.join(out, "ckpt.pt"))
+        if loss.item() < 1e-4:
+            break
+    print(step)
+'''
+
+
+def test_reads_whose_lines_say_what_they_are_get_their_own_fixes(tmp_path: Path) -> None:
+    """`F.one_hot(y)` reads the largest label (pass `num_classes`), `torch.save` copies the checkpoint (save rarely),
+    and `if loss.item() < tol: break` is a stopping check (check every N steps): none is told to accumulate a loss."""
+    report, script, line = _run(tmp_path, "line_reads", READS_THEIR_LINES_EXPLAIN)
+    reads = {finding.line: finding for finding in report.findings if finding.analyzer == "syncs"}
+    assert {line, line + 6, line + 7} <= set(reads), [finding.title for finding in report.findings]
+    assert reads[line].suggestion.startswith("Pass the number of classes, `F.one_hot(labels, num_classes=C)`"), reads[line].suggestion
+    assert reads[line + 6].suggestion.startswith("Saving is the checkpoint's own cost"), reads[line + 6].suggestion
+    assert reads[line + 7].suggestion.startswith("Check the condition every N steps"), reads[line + 7].suggestion
+    assert all("loss.detach()" not in read.suggestion for read in reads.values())
