@@ -299,3 +299,51 @@ def test_reads_whose_lines_say_what_they_are_get_their_own_fixes(tmp_path: Path)
     assert reads[line + 6].suggestion.startswith("Saving is the checkpoint's own cost"), reads[line + 6].suggestion
     assert reads[line + 7].suggestion.startswith("Check the condition every N steps"), reads[line + 7].suggestion
     assert all("loss.detach()" not in read.suggestion for read in reads.values())
+
+
+ACTOR_CRITIC = '''
+    import random
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    random.seed(0)
+
+
+    class Env:
+        def reset(self):
+            self.t = 0
+            return [random.random() for _ in range(4)]
+
+        def step(self, action):
+            self.t += 1
+            return [random.random() for _ in range(4)], float(action == 1), self.t >= 5
+
+
+    policy = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2)).to("tpu")
+    value = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 1)).to("tpu")
+    opt = torch.optim.Adam([*policy.parameters(), *value.parameters()], lr=1e-3)
+    env = Env()
+    obs = env.reset()
+    for step in range(6):
+        state = torch.tensor(obs, device="tpu")
+        dist = torch.distributions.Categorical(logits=policy(state), validate_args=False)
+        action = dist.sample()
+        next_obs, reward, done = env.step(action.item())  {marker}
+        advantage = reward - value(state).squeeze()
+        loss = -dist.log_prob(action) * advantage.detach() + advantage.pow(2)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        obs = env.reset() if done else next_obs
+'''
+
+
+def test_an_action_read_for_an_environment_on_the_host_is_told_it_stays(tmp_path: Path) -> None:
+    """`env.step(action.item())` needs the action each step: the read's fix is to make it the step's only wait or act
+    in many environments per read, not to accumulate the action on the chip."""
+    report, script, line = _run(tmp_path, "actor_critic", ACTOR_CRITIC)
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "The read is the action an environment on the host needs for its next step." in read.explanation, read.explanation
+    assert read.suggestion.startswith("The environment steps on the host and needs each action"), read.suggestion
+    assert "detach()" not in read.suggestion

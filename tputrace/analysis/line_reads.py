@@ -1,5 +1,6 @@
-"""Reads whose line says what they are, from the run's copy of the file: a checkpoint saved with `torch.save`, a
-`F.one_hot` sized by the largest label, a stopping check that breaks out of the loop. Each is what the read is and the
+"""Reads whose line says what they are, from the run's copy of the file: a checkpoint saved with `torch.save`, an
+action given to an environment's step, a `F.one_hot` sized by the largest label, a stopping check that breaks out of
+the loop. Each is what the read is and the
 change that fits it, in place of the advice for a logged loss."""
 
 from __future__ import annotations
@@ -25,6 +26,15 @@ ONE_HOT_READ = (
     "whatever labels a batch holds (a batch without the largest class would otherwise make a narrower tensor, and a "
     "new program).",
 )
+# A value read to act in an environment on the host (`env.step(action.item())`, `envs.step(actions.cpu().numpy())`).
+_ENVIRONMENT_STEP = re.compile(r"\b\w*env\w*\.step\(", re.IGNORECASE)
+ENVIRONMENT_READ = (
+    "the action an environment on the host needs for its next step",
+    "The environment steps on the host and needs each action, so the read stays, once per environment step: make it "
+    "the only wait of the step (sample and read the action first, queue the update after it), act in many "
+    "environments per read (a vectorized environment, `gymnasium.vector`), so one wait serves them all, or collect "
+    "a rollout of several steps and update once per rollout.",
+)
 # `if loss.item() < tol:` followed by `break`: a check of whether to stop.
 _CHECK = re.compile(r"^(?:if|elif|while)\b.*(?:\.item\(\)|float\(|bool\()")
 _CONDITION = re.compile(r"^(?:if|elif|while)\b")
@@ -45,6 +55,8 @@ def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tupl
     text = _code(linecache.getline(copy, location.line))
     if _SAVES.search(text) and kind in ("cpu", "numpy", "tolist", "item"):
         return CHECKPOINT_READ
+    if _ENVIRONMENT_STEP.search(text) and kind in ("item", "tolist", "numpy", "cpu"):
+        return ENVIRONMENT_READ
     if _ONE_HOT_SIZED_BY_DATA.search(text) and kind == "item":
         return ONE_HOT_READ
     checks = _CHECK.match(text) if kind == "item" else kind == "bool" and _CONDITION.match(text)
