@@ -350,3 +350,38 @@ def test_an_action_read_for_an_environment_on_the_host_is_told_it_stays(tmp_path
     assert "The read is the action an environment on the host needs for its next step." in read.explanation, read.explanation
     assert read.suggestion.startswith("The environment steps on the host and needs each action"), read.suggestion
     assert "detach()" not in read.suggestion
+
+
+OPTIMIZER_MADE_PER_CALL = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    data = [(torch.randn(16, 32), torch.randint(0, 10, (16,))) for _ in range(3)]
+
+
+    def train_epoch(model, lr):
+        optimizer = torch.optim.AdamW(model.parameters(), lr=lr)  {marker}
+        for x, y in data:
+            x, y = x.to("tpu"), y.to("tpu")
+            loss = nn.functional.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return loss
+
+
+    for epoch in range(3):
+        print(epoch, train_epoch(model, 1e-3).item())
+'''
+
+
+def test_an_optimizer_made_in_the_function_run_each_epoch_is_a_warning_at_its_constructor(tmp_path: Path) -> None:
+    """`train_epoch` makes its AdamW before its batch loop and runs once per epoch: the state made again in each call
+    marks it, and the fix is to make it once before the loop that calls the function."""
+    report, script, line = _run(tmp_path, "optimizer_per_call", OPTIMIZER_MADE_PER_CALL)
+    (remade,) = [finding for finding in report.findings if finding.analyzer == "remade_optimizers"]
+    assert (remade.file, remade.line) == (str(script), line), remade.title
+    assert remade.title == f"Optimizer made inside `train_epoch` at {script.name}:{line}: a new `AdamW` each call"
+    assert remade.suggestion.startswith("Make the optimizer once, before the loop that calls `train_epoch`, and pass it in")

@@ -4,9 +4,10 @@ Each iteration of that loop makes a new optimizer, whose state (Adam's moments a
 buffers) starts again from zero, as at the start of training, and whose first step makes that state again in a program
 of its own. The optimizer's steps are known by torch.optim's `Optimizer.step#...` ranges (at the line calling it);
 the constructor by the run's copy of the file: an assignment to the name the step is called on (`opt.step()`,
-`scaler.step(opt)`), in a loop around that call, before it. In DeferAndFuse the state made again is recorded (flushes
+`scaler.step(opt)`), in a loop around that call, before it, or in the function around that loop (a `train_epoch`
+called once per epoch). In DeferAndFuse the state made again is recorded (flushes
 `optimizer_state` at the step's line in several steps) and must be; in strict mode, which records none, the
-assignment must run on every iteration (not under an `if`).
+assignment must be in the loop and run on every iteration (not under an `if`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 @dataclass(frozen=True)
 class RemadeOptimizer:
-    """An optimizer made at `made_at` in the loop at `loop_at` around its step at `stepped_at`."""
+    """An optimizer made at `made_at` in the loop at `loop_at` (or the function, named in backquotes, whose loop steps
+    it) around its step at `stepped_at`."""
 
     made_at: str
     stepped_at: str
@@ -45,9 +47,10 @@ class RemadeOptimizersData:
 @dataclass(frozen=True)
 class _Constructor:
     line: int
-    loop_line: int
+    loop_line: int | None  # None: made in the function around the step's loop, once per call of it
     name: str
     conditional: bool
+    function: str = ""
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult[RemadeOptimizersData]:
@@ -64,12 +67,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RemadeOptimizersData]:
         state_steps, state_ns = _state_made(context, frame_id)
         strict = not _records_state(context)
         # A constructor under an `if` may switch optimizers once, on purpose (a second phase): made again at least twice.
-        if (strict and constructor.conditional) or (not strict and len(state_steps) < (3 if constructor.conditional else 2)):
+        # One in the function around the loop is made again only if the function ran again: strict mode cannot tell.
+        if ((strict and (constructor.conditional or constructor.loop_line is None))
+                or (not strict and len(state_steps) < (3 if constructor.conditional else 2))):
             continue
         compile_ns = _compiles_after(context, frame_id, state_steps[0] if state_steps else min(steps))
         short = location.short.rsplit(":", 1)[0]
-        record = RemadeOptimizer(f"{short}:{constructor.line}", location.short, f"{short}:{constructor.loop_line}",
-                                 optimizer, tuple(state_steps), state_ns + compile_ns)
+        loop_at = f"{short}:{constructor.loop_line}" if constructor.loop_line is not None else f"`{constructor.function}`"
+        record = RemadeOptimizer(f"{short}:{constructor.line}", location.short, loop_at, optimizer, tuple(state_steps),
+                                 state_ns + compile_ns)
         remade.append(record)
         findings.append(_finding(context, location.file, record, constructor, frame_id, compile_ns))
     return AnalysisResult(NAME, RemadeOptimizersData(tuple(remade)), tuple(findings))
@@ -125,15 +131,16 @@ def _constructor(copy: str, step_line: int, optimizer: str) -> _Constructor | No
     tree = _tree(copy)
     if tree is None:
         return None
-    loops = _enclosing_loops(tree, step_line)
+    function, loops = _enclosing_loops(tree, step_line)
     call = next((node for loop in loops[-1:] for node in ast.walk(loop) if isinstance(node, ast.Call)
                  and getattr(node, "lineno", 0) <= step_line <= getattr(node, "end_lineno", 0)
                  and isinstance(node.func, ast.Attribute) and node.func.attr == "step"), None)
     if call is None or not isinstance(call.func, ast.Attribute):
         return None
     names = {ast.unparse(call.func.value), *(ast.unparse(arg) for arg in call.args[:1])}
-    for loop in loops:
-        for node, conditional in _statements(loop):
+    scopes: list[ast.AST] = [*loops, *([function] if function is not None else [])]
+    for scope in scopes:
+        for node, conditional in _statements(scope):
             if node.lineno >= step_line or not isinstance(node, (ast.Assign, ast.AnnAssign)):
                 continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -142,7 +149,9 @@ def _constructor(copy: str, step_line: int, optimizer: str) -> _Constructor | No
                 continue
             callee = ast.unparse(value.func)
             if optimizer in callee or "optim" in callee.lower():
-                return _Constructor(node.lineno, loop.lineno, ast.unparse(targets[0]), conditional)
+                in_loop = isinstance(scope, _LOOPS)
+                return _Constructor(node.lineno, scope.lineno if in_loop else None, ast.unparse(targets[0]), conditional,
+                                    "" if in_loop else getattr(scope, "name", ""))
     return None
 
 
@@ -155,17 +164,19 @@ def _tree(copy: str) -> ast.Module | None:
         return None
 
 
-def _enclosing_loops(tree: ast.Module, line: int) -> list[ast.For | ast.AsyncFor | ast.While]:
-    """The loops around `line` in its own function (or the module), outermost first."""
+def _enclosing_loops(tree: ast.Module, line: int) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef | None, list[ast.For | ast.AsyncFor | ast.While]]:
+    """The function around `line` (None at module level) and the loops around it there, outermost first."""
     loops: list[ast.For | ast.AsyncFor | ast.While] = []
+    function: ast.FunctionDef | ast.AsyncFunctionDef | None = None
     node: ast.AST = tree
     while True:
         inner = next((child for child in ast.iter_child_nodes(node)
                       if getattr(child, "lineno", 0) <= line <= (getattr(child, "end_lineno", 0) or 0)), None)
         if inner is None:
-            return loops
+            return function, loops
         if isinstance(inner, _SCOPES):
             loops = []
+            function = inner if isinstance(inner, (ast.FunctionDef, ast.AsyncFunctionDef)) else None
         elif isinstance(inner, _LOOPS):
             loops.append(inner)
         node = inner
@@ -204,6 +215,7 @@ def _finding(context: AnalysisContext, file: str, remade: RemadeOptimizer, const
         f"{', '.join(map(str, remade.state_made_steps))}: {format_ns(remade.cost_ns - compile_ns)} after the first)"
         if made else ""
     )
+    in_loop = constructor.loop_line is not None
     compiles = f", and {format_ns(compile_ns)} of compiling at {remade.stepped_at} followed" if compile_ns else ""
     cost_text = f"{state_text}{compiles}." if state_text or compiles else ""
     evidence = [context.evidence_at(f"`{remade.optimizer}` stepped at {remade.stepped_at}, in the loop's steps", step_frame)]
@@ -215,15 +227,22 @@ def _finding(context: AnalysisContext, file: str, remade: RemadeOptimizer, const
         analyzer=NAME,
         # Restarting the optimizer's state changes the training, whatever the time it costs.
         severity="warning",
-        title=f"Optimizer made inside the loop at {remade.made_at}: a new `{remade.optimizer}` each iteration of the loop at {remade.loop_at}",
+        title=(f"Optimizer made inside the loop at {remade.made_at}: a new `{remade.optimizer}` each iteration of the loop at {remade.loop_at}"
+               if in_loop else f"Optimizer made inside {remade.loop_at} at {remade.made_at}: a new `{remade.optimizer}` each call"),
         explanation=(
-            f"`{constructor.name}` is made at {remade.made_at}, inside the loop at {remade.loop_at} around its "
-            f"`step()` at {remade.stepped_at}, so every iteration of that loop starts a new `{remade.optimizer}`: "
+            f"`{constructor.name}` is made at {remade.made_at}, inside "
+            + (f"the loop at {remade.loop_at} around its `step()` at {remade.stepped_at}, so every iteration of that loop "
+               if in_loop else f"{remade.loop_at}, which steps it at {remade.stepped_at} and ran again, so every call ")
+            + f"starts a new `{remade.optimizer}`: "
             f"{_state_of(remade.optimizer)} starts again from zero, as at the start of training, and a learning-rate "
             f"scheduler made for the previous optimizer no longer drives the new one.{cost_text}"
+            + ("" if in_loop else " (Where each call trains a new model, as k-fold cross-validation does, a new optimizer "
+                                  "is what it needs.)")
         ),
         suggestion=(
-            f"Make the optimizer once, before the loop at {remade.loop_at}, and keep stepping it: to change the "
+            (f"Make the optimizer once, before the loop at {remade.loop_at}, and keep stepping it: to change the "
+             if in_loop else f"Make the optimizer once, before the loop that calls {remade.loop_at}, and pass it in: to change the ")
+            + 
             "learning rate each epoch, set `group['lr']` for each of `optimizer.param_groups`, or use a "
             "`torch.optim.lr_scheduler` scheduler; its state then carries over and its first step's program is made "
             "once."
