@@ -24,34 +24,37 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda, ast.ClassDef)
 
 
 def stepped_later_in_loop(waiting: Iterable[Any]) -> bool:
-    """Whether one of the `waiting` optimizers has a step call in a loop around the user's current line, outside the
+    """Whether one of the `waiting` optimizers is stepped in a loop around the user's current line, outside the
     innermost loop around it (there it would have stepped already, as a head's optimizer stepping alone for some
-    epochs before a backbone's joins it in the same loop)."""
+    epochs before a backbone's joins it in the same loop): by a step call naming it, or by a call given it (a
+    `train_generator(G, opt_g)`). A step made in a helper function is looked for from the line calling the helper."""
     waiting_ids = {id(optimizer) for optimizer in waiting}
     if not waiting_ids:
         return False
-    frame = _user_frame()
-    if frame is None:
-        return False
-    loops = _enclosing_loops(frame.f_code.co_filename, frame.f_lineno)
-    if len(loops) < 2:
-        return False
-    innermost = loops[-1]
-    for loop in loops[:-1]:
-        for call in _step_calls(loop):
-            if not _spans(innermost, call.lineno) and any(id(value) in waiting_ids for value in _resolved(call, frame)):
-                return True
+    for frame in _user_frames():
+        loops = _enclosing_loops(frame.f_code.co_filename, frame.f_lineno)
+        if len(loops) < 2:
+            continue
+        innermost = loops[-1]
+        return any(
+            not _spans(innermost, call.lineno) and any(id(value) in waiting_ids for value in _resolved(call, frame))
+            for loop in loops[:-1] for call in _calls(loop)
+        )
     return False
 
 
-def _user_frame() -> types.FrameType | None:
+def _user_frames(limit: int = 4) -> list[types.FrameType]:
+    """The user's frames around the current call, innermost first (up to `limit`, and none past code with no file)."""
     roots = sourceloc.library_roots()
+    frames: list[types.FrameType] = []
     frame: types.FrameType | None = sys._getframe(1)
-    while frame is not None:
+    while frame is not None and len(frames) < limit:
         if sourceloc.is_user_file(frame.f_code.co_filename, roots):
-            return None if frame.f_code.co_filename.startswith("<") else frame
+            if frame.f_code.co_filename.startswith("<"):
+                break
+            frames.append(frame)
         frame = frame.f_back
-    return None
+    return frames
 
 
 @functools.lru_cache(maxsize=64)
@@ -87,24 +90,27 @@ def _spans(node: ast.AST, line: int) -> bool:
     return start is not None and end is not None and start <= line <= end
 
 
-def _step_calls(loop: ast.AST) -> list[ast.Call]:
-    """`x.step(...)` calls in the loop's body, not inside a function defined there."""
+def _calls(loop: ast.AST) -> list[ast.Call]:
+    """The calls in the loop's body, not inside a function defined there."""
     calls: list[ast.Call] = []
     pending = list(ast.iter_child_nodes(loop))
     while pending:
         node = pending.pop()
         if isinstance(node, _SCOPES):
             continue
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "step":
+        if isinstance(node, ast.Call):
             calls.append(node)
         pending.extend(ast.iter_child_nodes(node))
     return calls
 
 
 def _resolved(call: ast.Call, frame: types.FrameType) -> list[Any]:
-    """The objects a step call names: its receiver (`opt.step()`) and its first argument (`scaler.step(opt)`)."""
-    assert isinstance(call.func, ast.Attribute)
-    expressions = [call.func.value, *call.args[:1]]
+    """The objects a call names as an optimizer: a step's receiver (`opt.step()`) and first argument
+    (`scaler.step(opt)`), another call's arguments (`train_generator(G, opt_g)`)."""
+    if isinstance(call.func, ast.Attribute) and call.func.attr == "step":
+        expressions = [call.func.value, *call.args[:1]]
+    else:
+        expressions = [*call.args, *(keyword.value for keyword in call.keywords)]
     values = []
     for expression in expressions:
         value = _lookup(expression, frame)

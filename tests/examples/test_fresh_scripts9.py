@@ -385,3 +385,46 @@ def test_an_optimizer_made_in_the_function_run_each_epoch_is_a_warning_at_its_co
     assert (remade.file, remade.line) == (str(script), line), remade.title
     assert remade.title == f"Optimizer made inside `train_epoch` at {script.name}:{line}: a new `AdamW` each call"
     assert remade.suggestion.startswith("Make the optimizer once, before the loop that calls `train_epoch`, and pass it in")
+
+
+WGAN_WITH_HELPERS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16)).to("tpu")
+    C = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1)).to("tpu")
+    opt_g = torch.optim.RMSprop(G.parameters(), lr=5e-5)
+    opt_c = torch.optim.RMSprop(C.parameters(), lr=5e-5)
+
+
+    def critic_step(critic, optimizer):
+        fake = G(torch.randn(16, 8, device="tpu")).detach()
+        loss = critic(fake).mean() - critic(torch.randn(16, 16, device="tpu")).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+
+    def generator_step(generator, optimizer):
+        loss = -C(generator(torch.randn(16, 8, device="tpu"))).mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        return loss
+
+
+    for it in range(4):
+        for _ in range(3):
+            c_loss = critic_step(C, opt_c)
+        g_loss = generator_step(G, opt_g)  {marker}
+    print(c_loss.item(), g_loss.item())
+'''
+
+
+def test_a_wgan_stepping_in_helper_functions_is_one_step_per_iteration(tmp_path: Path) -> None:
+    """The critic's and the generator's steps are made in helpers: the generator's optimizer is given to a call in
+    the loop around the critic's helper call, so the critic's repeated steps are the iteration's inner loop."""
+    report, _, _ = _run(tmp_path, "wgan_helpers", WGAN_WITH_HELPERS)
+    assert report.step_count == 4
