@@ -428,3 +428,37 @@ def test_a_wgan_stepping_in_helper_functions_is_one_step_per_iteration(tmp_path:
     the loop around the critic's helper call, so the critic's repeated steps are the iteration's inner loop."""
     report, _, _ = _run(tmp_path, "wgan_helpers", WGAN_WITH_HELPERS)
     assert report.step_count == 4
+
+
+COMPILED_AUTOGRAD_GRAD = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to("tpu")
+
+
+    @torch.compile(backend="tpu")
+    def sgd_step(x, y, lr):
+        loss = nn.functional.mse_loss(model(x), y)
+        grads = torch.autograd.grad(loss, list(model.parameters()))  {marker}
+        with torch.no_grad():
+            for p, g in zip(model.parameters(), grads):
+                p.sub_(lr * g)
+        return loss
+
+
+    for step in range(3):
+        loss = sgd_step(torch.randn(16, 32, device="tpu"), torch.randn(16, 1, device="tpu"), 0.1)
+    print(loss.item())
+'''
+
+
+def test_a_graph_break_with_dynamos_hint_and_no_read_is_told_the_hint(tmp_path: Path) -> None:
+    """`torch.autograd.grad` in a compiled function breaks the graph with nothing read on the host: the fix is
+    Dynamo's own hint, not advice to keep values off the host."""
+    report, script, line = _run(tmp_path, "compiled_grad", COMPILED_AUTOGRAD_GRAD)
+    (broke,) = [finding for finding in report.findings if finding.analyzer == "graph_breaks"]
+    assert (broke.file, broke.line) == (str(script), line), broke.title
+    assert broke.suggestion.startswith("Dynamo says how: Change `torch._dynamo.config.trace_autograd_ops` to `True`"), broke.suggestion
+    assert "needs a value" not in broke.suggestion
