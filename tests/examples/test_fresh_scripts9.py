@@ -1,10 +1,11 @@
-"""Scripts that read wrong before: a WGAN stepping its critic's optimizer five times per generator step (a step per
-critic step); a `torch.compile`d model's accuracy read once per epoch after its evaluation (told to read less often:
-its forward ran in a compiled graph, not in the ops the read flushed); an Adam made anew in each epoch (no finding);
-a contrastive queue extended with `torch.cat` every step and crops resized to a size drawn per batch (told to pad
-batches in a collate_fn and mask attention); a CutMix box (told to bucket a length labelled as its start); a
-`torch.save` checkpoint, `F.one_hot` without `num_classes`, a stopping check and an action read for an environment
-(each told to accumulate a loss on the chip)."""
+"""Scripts that read wrong before: a WGAN stepping its critic's optimizer five times per generator step, inline or in
+helper functions (a step per critic step); a `torch.compile`d model's accuracy read once per epoch after its
+evaluation (told to read less often: its forward ran in a compiled graph, not in the ops the read flushed); an Adam
+made anew in each epoch, in the loop or in the function it calls (no finding); a contrastive queue extended with
+`torch.cat` every step and crops resized to a size drawn per batch (told to pad batches in a collate_fn and mask
+attention); a CutMix box (told to bucket a length labelled as its start); a `torch.save` checkpoint, `F.one_hot`
+without `num_classes`, a stopping check and an action read for an environment (each told to accumulate a loss on the
+chip); `torch.autograd.grad` breaking a compiled function's graph (told to keep values off the host)."""
 
 from __future__ import annotations
 
