@@ -8,7 +8,9 @@ in it has stepped again (in the first iteration: once every optimizer made so fa
 stepped). An optimizer that stepped several times in the previous iteration is an inner loop (a critic's); one that
 steps a second time otherwise means the loop changed what it steps (a second training phase, an optimizer made but
 never used), and ends the iteration there. In the first iteration a repeated step is an inner loop when an optimizer
-that has not stepped yet is stepped further out in a loop around it (`loop_steps`).
+that has not stepped yet is stepped further out in a loop around it (`loop_steps`), and a first step whose loop steps
+the optimizers still waiting in a loop nested inside it (a generator's step before its critic's inner loop) ends the
+iteration at once, with the waiting ones taken as that inner loop.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ class IterationEnds:
             self._end(optimizer, {stepped: 1 for stepped in since_end})
             return True
         if not all(other in since_end for other in expected):
+            inner = [other for other in expected if other not in since_end]
+            if previous is None and steps == 1 and loop_steps.stepped_in_inner_loop(inner):
+                # The loop steps this optimizer, then the others in an inner loop: each iteration ends at this one.
+                self._end(optimizer, {optimizer: 1, **{other: 2 for other in inner}})
+                return True
             return False
         closer = self._closer() if self._closer is not None else None
         if previous is not None and optimizer is not closer and previous.get(optimizer, 0) > 1:

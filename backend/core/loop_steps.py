@@ -43,6 +43,22 @@ def stepped_later_in_loop(waiting: Iterable[Any]) -> bool:
     return False
 
 
+def stepped_in_inner_loop(waiting: Iterable[Any]) -> bool:
+    """Whether one of the `waiting` optimizers is stepped (or given to a call) in a loop nested inside the innermost
+    loop around the user's current line: a generator's step before its critic's inner loop."""
+    waiting_ids = {id(optimizer) for optimizer in waiting}
+    if not waiting_ids:
+        return False
+    for frame in _user_frames():
+        loops = _enclosing_loops(frame.f_code.co_filename, frame.f_lineno)
+        if not loops:
+            continue
+        inner_loops = [node for node in ast.walk(loops[-1]) if isinstance(node, _LOOPS) and node is not loops[-1]]
+        return any(any(id(value) in waiting_ids for value in _resolved(call, frame))
+                   for loop in inner_loops for call in _calls(loop))
+    return False
+
+
 def _user_frames(limit: int = 4) -> list[types.FrameType]:
     """The user's frames around the current call, innermost first (up to `limit`, and none past code with no file)."""
     roots = sourceloc.library_roots()

@@ -463,3 +463,34 @@ def test_a_graph_break_with_dynamos_hint_and_no_read_is_told_the_hint(tmp_path: 
     assert (broke.file, broke.line) == (str(script), line), broke.title
     assert broke.suggestion.startswith("Dynamo says how: Change `torch._dynamo.config.trace_autograd_ops` to `True`"), broke.suggestion
     assert "needs a value" not in broke.suggestion
+
+
+WGAN_GENERATOR_FIRST = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    G = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 16)).to("tpu")
+    C = nn.Sequential(nn.Linear(16, 32), nn.LeakyReLU(0.2), nn.Linear(32, 1)).to("tpu")
+    opt_g = torch.optim.RMSprop(G.parameters(), lr=5e-5)
+    opt_c = torch.optim.RMSprop(C.parameters(), lr=5e-5)
+    for it in range(4):
+        g_loss = -C(G(torch.randn(16, 8, device="tpu"))).mean()
+        opt_g.zero_grad()
+        g_loss.backward()
+        opt_g.step()  {marker}
+        for _ in range(3):
+            fake = G(torch.randn(16, 8, device="tpu")).detach()
+            c_loss = C(fake).mean() - C(torch.randn(16, 16, device="tpu")).mean()
+            opt_c.zero_grad()
+            c_loss.backward()
+            opt_c.step()
+    print(c_loss.item(), g_loss.item())
+'''
+
+
+def test_a_wgan_stepping_its_generator_before_the_critics_inner_loop_is_one_step_per_iteration(tmp_path: Path) -> None:
+    """The generator's step comes first and the critic's optimizer is stepped in a loop nested in the generator's:
+    each generator step ends a step (the last iteration's critic steps fall in the run's end)."""
+    report, _, _ = _run(tmp_path, "wgan_generator_first", WGAN_GENERATOR_FIRST)
+    assert report.step_count == 4
