@@ -149,9 +149,9 @@ def _constructor(copy: str, step_line: int, optimizer: str) -> _Constructor | No
                 continue
             callee = ast.unparse(value.func)
             if optimizer in callee or "optim" in callee.lower():
-                in_loop = isinstance(scope, _LOOPS)
-                return _Constructor(node.lineno, scope.lineno if in_loop else None, ast.unparse(targets[0]), conditional,
-                                    "" if in_loop else getattr(scope, "name", ""))
+                loop_line = scope.lineno if isinstance(scope, _LOOPS) else None
+                return _Constructor(node.lineno, loop_line, ast.unparse(targets[0]), conditional,
+                                    "" if loop_line is not None else getattr(scope, "name", ""))
     return None
 
 
