@@ -1,7 +1,7 @@
 """Where a host tensor was made: the user's line that built a batch before it was copied to the chip.
 
 While a run records, the host functions that typically make a batch (`torch.tensor`, `stack`, `cat`,
-`zeros`, `full`, `randint`, `pad_sequence`, `F.pad`, `Tensor.new_*`, ...) are wrapped: a plain CPU
+`zeros`, `full`, `randint`, `pad_sequence`, `F.pad`, `F.interpolate`, `Tensor.new_*`, ...) are wrapped: a plain CPU
 tensor they return is remembered with the first frame outside torch, tputrace and libraries (a
 `collate_fn` padding each batch to its longest item, a tokenizer-like pad). When such a tensor is copied
 to `tpu`, the transfer records that line as its origin, and the recompile analysis names it as the line
@@ -32,6 +32,9 @@ _TORCH_MAKERS = (
     "zeros", "ones", "full", "empty", "zeros_like", "ones_like", "full_like", "empty_like",
     "randint", "rand", "randn", "randperm", "where", "masked_select", "nonzero",
 )
+_RESIZES = ("upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "_upsample_nearest_exact2d",
+            "upsample_linear1d", "upsample_bilinear2d", "upsample_bicubic2d", "upsample_trilinear3d",
+            "_upsample_bilinear2d_aa", "_upsample_bicubic2d_aa")
 _TENSOR_MAKERS = ("new_tensor", "new_zeros", "new_ones", "new_full", "new_empty")
 _MAKERS: tuple[tuple[Any, str], ...] = (
     *((torch, name) for name in _TORCH_MAKERS),
@@ -39,6 +42,8 @@ _MAKERS: tuple[tuple[Any, str], ...] = (
     # `F.pad` and `pad_sequence` call these at call time; TorchScript compiles the Python functions themselves.
     (torch._C._nn, "pad"),
     (torch._C._nn, "pad_sequence"),
+    # `F.interpolate` (and torchvision's tensor resizes and crops through it): an image resized to a size the script chose.
+    *((torch._C._nn, name) for name in _RESIZES),
 )
 
 _origins: dict[int, tuple[weakref.ref, Location]] = {}  # id(tensor) -> (a weak reference to it, its origin)

@@ -665,7 +665,7 @@ def test_report_ranks_and_renders(sample_trace_path: Path) -> None:
     data = json.loads(render_json(report))
     assert data["target"]["name"] == DEFAULT_TARGET and data["target"]["is_default"] is True
     assert len(data["findings"]) == len(report.findings)
-    assert set(data["results"]) == {"no_device_ops", "index_errors", "recompiles", "guard_recompiles", "recompile_limit", "program_cache", "set_up_work", "step_tail", "compile_cache", "graph_breaks", "syncs", "fallbacks",
+    assert set(data["results"]) == {"no_device_ops", "index_errors", "recompiles", "guard_recompiles", "recompile_limit", "program_cache", "set_up_work", "step_tail", "remade_optimizers", "compile_cache", "graph_breaks", "syncs", "fallbacks",
                                     "fusion", "padding", "precision", "host_bound", "input_wait", "transfers", "data_movement", "memory", "collectives", "sharding"}
 
 

@@ -52,6 +52,7 @@ class _Recompile:
     before: int
     after: int
     moves: bool  # only where the window starts changed (`x[:, i:i + n]`), not its length
+    region: bool  # slices whose starts and lengths both changed (a box cut at a random place and size)
 
 
 @dataclass(frozen=True)
@@ -93,6 +94,7 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
         by_line.setdefault(frame_id, []).append(_Recompile(
             compile_id, name, dur_ns, step, view.group(1) if view else op, change.group("what"),
             int(change.group("before")), int(change.group("after")), _window_moves(change_text),
+            _region_changes(change_text),
         ))
     found = []
     # With three steps or more, lengths all taken in the warm-up step and reused after it are a fixed set (FSDP's
@@ -117,6 +119,17 @@ def _window_moves(change_text: str) -> bool:
     """Whether a slice's diff (`start 20 -> 40, end 40 -> 60`) says its start moved and its length stayed."""
     changes = {match.group("what"): int(match.group("after")) - int(match.group("before")) for match in _CHANGE.finditer(change_text)}
     return "start" in changes and changes.get("end", changes["start"]) == changes["start"]
+
+
+def _region_changes(change_text: str) -> bool:
+    """Whether a view's diff (`start 6 -> 4, end 14 -> 6, start 6 -> 8, end 14 -> 10`) says a slice's start moved and
+    a slice's length changed too: a region whose place and size are both chosen per step."""
+    deltas = [(match.group("what"), int(match.group("after")) - int(match.group("before")))
+              for match in _CHANGE.finditer(change_text) if match.group("what") in ("start", "end")]
+    starts_move = any(what == "start" and delta for what, delta in deltas)
+    pairs = zip(deltas, deltas[1:])
+    lengths_change = any(first[0] == "start" and second[0] == "end" and first[1] != second[1] for first, second in pairs)
+    return starts_move and lengths_change
 
 
 def _at_view_lines(context: AnalysisContext, by_line: dict[int | None, list[_Recompile]]) -> dict[int | None, list[_Recompile]]:
@@ -156,8 +169,18 @@ def _finding(context: AnalysisContext, frame_id: int, recompiles: list[_Recompil
     evidence.extend(Evidence(f"buckets ({option.rule}) {values_text(list(option.buckets))}: "
                              f"{plural(option.compiles, 'compile')} ({option.compiles_saved} saved)") for option in options[:5])
     moves = what == "start" and sum(recompile.moves for recompile in recompiles) * 2 > len(recompiles)
-    read = None if moves else host_read_before(context, frame_id, {recompile.step for recompile in recompiles})
-    if read is not None:
+    region = not moves and sum(recompile.region for recompile in recompiles) * 2 > len(recompiles)
+    if region:
+        what = "start and length"
+    read = None if moves or region else host_read_before(context, frame_id, {recompile.step for recompile in recompiles})
+    if region:
+        evidence = evidence[:1]
+        fix = ("the region's place and size both change, and a slice's bounds are part of its program: make the region "
+               "a mask on the chip from its bounds, `rows = torch.arange(H, device=x.device)[:, None]`, `cols = "
+               "torch.arange(W, device=x.device)`, `inside = (rows >= top) & (rows < top + h) & (cols >= left) & "
+               "(cols < left + w)` (Python numbers compared with a tensor are inputs of the program, not part of it), "
+               "and blend with `torch.where(inside, other, x)` instead of slicing (a CutMix box, a random erase)")
+    elif read is not None:
         evidence = evidence[:1]
         fix = masking_fix(*read)
     elif moves:
@@ -175,12 +198,12 @@ def _finding(context: AnalysisContext, frame_id: int, recompiles: list[_Recompil
         programs=f"{op} at {where}" if own_program else names[0] if len(names) == 1 else f"{len(names)} programs",
         cause=f"its {what} {'change' if what.endswith('s') else 'changes'}" if own_program else f"{op} at {where} changes {what}", sizes=len(lengths),
         explanation=(
-            f"The changing {'slice' if moves else 'shape'} is made on the chip: {op} at {where} took {len(lengths)} values of {what} "
-            f"({values_text(lengths)}), and the program that holds it compiled again for each, with the same input "
+            f"The changing {'slice' if moves or region else 'shape'} is made on the chip: {op} at {where} took {len(lengths)} values of "
+            f"{'its first start, its lengths changing too' if region else what} ({values_text(lengths)}), and the program that holds it compiled again for each, with the same input "
             "shapes. "
         ),
-        then=f". Padding the data pipeline's batches does not help: the {'start' if moves else 'length'} is chosen on the chip.",
-        suggestion=f"At {where}: {fix}. Then the program compiles {'once per bucket' if read is None and not moves else 'once'}.",
+        then=f". Padding the data pipeline's batches does not help: the {'start' if moves else 'region' if region else 'length'} is chosen on the chip.",
+        suggestion=f"At {where}: {fix}. Then the program compiles {'once per bucket' if read is None and not moves and not region else 'once'}.",
         evidence=evidence, module=None, anchor=frame_id,
     )
     return finding, ChipShapeStorm(op, what, where, tuple(names), len(recompiles), total_ns, tuple(lengths))

@@ -1,8 +1,10 @@
 """Reads that end an evaluation: a validation loss read once every few steps (between epochs, for early stopping or
 a best checkpoint) waits for the model's forward that only that read makes run.
 
-The read is periodic (`step_period`) and the programs it flushed ran ops inside the model's modules: the wait is
-the evaluation's own compute, not a loss the training steps had already computed. Reading less often or summing a
+The read is periodic (`step_period`) and the programs it flushed ran ops inside the model's modules, or, for a
+`torch.compile`d model, a compiled graph ran before it in its step with no backward graph after it (an inference
+graph, made under `torch.no_grad()`, or a forward whose backward never ran): the wait is the evaluation's own
+compute, not a loss the training steps had already computed. Reading less often or summing a
 logged loss on the chip does not apply; reading once per evaluation, not once per batch, does.
 """
 
@@ -30,7 +32,58 @@ def evaluation_modules(context: AnalysisContext, frame_id: int | None, kind: str
         "AND f.step BETWEEN ? AND ?",
         (context.rank, frame_id, kind, steps.start, steps.stop - 1),
     )
-    return tuple(sorted({str(text).split(".", 1)[0] for (text,) in rows if text}))
+    flushed = {str(text).split(".", 1)[0] for (text,) in rows if text}
+    return tuple(sorted(flushed | _compiled_evaluations(context, frame_id, kind, steps)))
+
+
+def _compiled_evaluations(context: AnalysisContext, frame_id: int, kind: str, steps: range) -> set[str]:
+    """The functions (a module's class) of compiled graphs that ran before the line's reads in their steps and whose
+    outputs no backward graph took: `Net.forward graph 1 inference` names `Net`."""
+    if not context.trace.has_table("executions") or not context.trace.has_table("programs"):
+        return set()
+    reads = context.trace.sql(
+        "SELECT step, start_ns FROM syncs WHERE rank = ? AND frame_id = ? AND kind = ? AND step BETWEEN ? AND ?",
+        (context.rank, frame_id, kind, steps.start, steps.stop - 1),
+    )
+    reads_by_step: dict[int, list[int]] = {}
+    for step, start_ns in reads:
+        reads_by_step.setdefault(int(step), []).append(int(start_ns))
+    if not reads_by_step:
+        return set()
+    rows = context.trace.sql(
+        "SELECT e.step, e.start_ns, n.text FROM executions e JOIN programs p ON p.id = e.program_id AND p.rank = e.rank "
+        "JOIN strings n ON n.id = p.name_sid WHERE e.rank = ? AND e.step BETWEEN ? AND ? AND p.kind = 'compiled' "
+        "ORDER BY e.start_ns",
+        (context.rank, min(reads_by_step), max(reads_by_step)),
+    )
+    graphs_by_step: dict[int, list[tuple[int, str]]] = {}
+    for step, start_ns, name in rows:
+        if int(step) in reads_by_step:
+            graphs_by_step.setdefault(int(step), []).append((int(start_ns), str(name)))
+    functions: set[str] = set()
+    for step, graphs in graphs_by_step.items():
+        first_read = min(reads_by_step[step])
+        for start_ns, name in _without_backward(graphs):
+            if start_ns < first_read:
+                functions.add(name.partition(" graph ")[0].removesuffix(".forward").split(".", 1)[0])
+    return functions
+
+
+def _without_backward(graphs: list[tuple[int, str]]) -> list[tuple[int, str]]:
+    """The inference graphs, and the forward graphs no backward of the same graph followed (each backward takes
+    the latest forward of its graph still waiting, as autograd runs them)."""
+    waiting: dict[str, list[tuple[int, str]]] = {}
+    kept: list[tuple[int, str]] = []
+    for start_ns, name in graphs:
+        graph, _, part = name.rpartition(" ")
+        if part == "inference" and " graph " in name:
+            kept.append((start_ns, name))
+        elif part == "forward" and " graph " in name:
+            waiting.setdefault(graph, []).append((start_ns, name))
+        elif part == "backward" and waiting.get(graph):
+            waiting[graph].pop()
+    kept.extend(graph for forwards in waiting.values() for graph in forwards)
+    return kept
 
 
 def evaluation_suggestion(where: str, every: tuple[int, int], modules: tuple[str, ...]) -> str:

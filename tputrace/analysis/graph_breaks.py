@@ -37,6 +37,8 @@ SUGGESTION = (
     "branch on it outside the compiled function (every N steps), or use a traceable op; "
     "`torch._dynamo.explain(fn)(*args)` lists every break."
 )
+# Dynamo's own advice in a break's reason (`- hint: Change `torch._dynamo.config.trace_autograd_ops` to `True`.`).
+_HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
 
 
@@ -153,6 +155,10 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         )
     elif kind_advice:
         suggestion += " " + kind_advice[0]
+    hints = _HINT.findall(reasons[0])
+    if hints and not syncs.syncs:
+        suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
+                      f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {reason}", break_frame, table="graph_breaks")
                 for break_frame, reason, times in breaks]
     evidence.append(context.evidence_at(

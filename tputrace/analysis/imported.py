@@ -25,6 +25,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "program_cache": ("flushes",),
     "set_up_work": ("flushes",),
     "step_tail": ("flushes",),
+    "remade_optimizers": None,  # the state-making flushes and the run's copy of the source
     "compile_cache": None,
     "graph_breaks": ("compiles",),
     "syncs": ("syncs",),

@@ -7,6 +7,7 @@ on the chip with a size the script chose: one bucketing too), and the storms of 
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
@@ -131,11 +132,10 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
         f"triggered at {site}", frame_id, table="compiles",
     ))
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
-    growth = growth_step(main.values, len(storm.steps))
-    grown_at = None if growth is None else _concatenated_at(context, storm.program_ids)
+    growth, grown_at, each_step = _growth(context, main.values, len(storm.steps), storm.program_ids)
     if growth is not None:
         grown = dim_name if grown_at is None else f"{dim_name} (the tensor `torch.cat` extends at {context.where(grown_at)})"
-        suggestion = _growing_suggestion(grown, growth, main.distinct[-1])
+        suggestion = _growing_suggestion(grown, growth, main.distinct[-1], each_step=each_step)
     elif best is not None:
         made_on_chip = entry is not None and entry.op.startswith(_FACTORY_OPS)
         bucketing = (f"e.g. {values_text(list(best.buckets))} ({best.rule}): {plural(best.compiles, 'compile')} instead of "
@@ -169,7 +169,27 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     )
 
 
-def _growing_suggestion(dim_name: str, growth: int, largest: int) -> str:
+def _growth(context: AnalysisContext, values: Sequence[int], steps: int, program_ids: list[int]) -> tuple[int | None, int | None, bool]:
+    """(the amount a size grew by at each compile, the line of the `torch.cat` extending it, whether it grew once a
+    step): several compiles a step grow a tensor at each call; once a step only where the programs extend it with
+    `torch.cat` (a queue of past keys that the loop extends every step), not a size the loop sets step by step."""
+    growth = growth_step(values, steps)
+    if growth is not None:
+        return growth, _concatenated_at(context, program_ids), False
+    growth = growth_step(values, steps, each_step=True)
+    grown_at = None if growth is None else _concatenated_at(context, program_ids)
+    return (growth, grown_at, True) if grown_at is not None else (None, None, False)
+
+
+def _growing_suggestion(dim_name: str, growth: int, largest: int, *, each_step: bool = False) -> str:
+    if each_step:
+        return (
+            f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one step to the next: a tensor the loop extends "
+            f"with `torch.cat` every step (a queue of past keys, a memory bank, a history). Allocate it once at its "
+            f"largest size ({largest} here, or its limit) and write each step's rows into it at a position that moves "
+            f"(`queue[ptr:ptr + n] = keys`, `ptr = (ptr + n) % size`), masking the rows not filled yet (or filling them "
+            f"at the start, as MoCo fills its queue with random keys), so the program keeps one shape."
+        )
     return (
         f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
         f"at each call (a KV cache in autoregressive decoding, a `torch.cat` onto a growing result). Allocate it "
@@ -193,11 +213,12 @@ def _concatenated_at(context: AnalysisContext, program_ids: list[int]) -> int | 
     return int(rows[0][0]) if rows else None
 
 
-def growth_step(values: Sequence[int], steps: int) -> int | None:
+def growth_step(values: Sequence[int], steps: int, *, each_step: bool = False) -> int | None:
     """The amount a size grew by from each compile to the next, when it grew by the same amount every time over at
     least `MIN_GROWING_COMPILES` compiles in at most half as many `steps` (several compiles a step: a tensor extended
-    at each call; a size that a loop sets step by step grows the same way, once a step); None otherwise."""
-    if len(values) < MIN_GROWING_COMPILES or steps > len(values) / 2:
+    at each call; a size that a loop sets step by step grows the same way, once a step), or, `each_step`, in at most
+    as many steps; None otherwise."""
+    if len(values) < MIN_GROWING_COMPILES or steps > len(values) / (1 if each_step else 2):
         return None
     increments = {after - before for before, after in zip(values, values[1:])}
     if len(increments) != 1:
@@ -226,6 +247,18 @@ def _scatters_at(context: AnalysisContext, frame_id: int | None) -> bool:
         (frame_id, *params, *op_sids)))
 
 
+# Ops that take images (batch, channels, spatial dims...): a changing dim from 2 on is an image's height or width.
+_IMAGE_OPS = ("aten.convolution", "aten._convolution", "aten.conv2d", "aten.conv3d", "aten.max_pool2d", "aten.avg_pool2d",
+              "aten.max_pool3d", "aten.avg_pool3d", "aten.upsample_", "aten._upsample_", "aten.adaptive_avg_pool2d")
+_ARGUMENT_DIM = re.compile(r"\bdim (\d+)$")
+
+
+def _image_dim(entry: ShapeEntry) -> bool:
+    """Whether the changing shape enters as an image's spatial dim (a convolution's input dim 2 or later)."""
+    dim = _ARGUMENT_DIM.search(entry.argument)
+    return entry.op.startswith(_IMAGE_OPS) and dim is not None and int(dim.group(1)) >= 2
+
+
 def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, storms: list[Storm],
                        made_at: int | None = None) -> tuple[Finding, HostInputStorm]:
     """One finding (and its data) for the storms of one batch copied from the host at `copy_frame`: every program
@@ -252,7 +285,15 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
     evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
     index_lists = entry is not None and _scatters_at(context, entry.frame_id)
-    if best is not None and index_lists:
+    images = entry is not None and not index_lists and _image_dim(entry)
+    if images:
+        suggestion = (
+            f"Give {batches} one image size: crop or resize every image to the model's input size in the data "
+            f"pipeline (`RandomResizedCrop(size)` and `Resize(size)` make one output size whatever the crop, e.g. "
+            f"{sizes[-1]}), so each program compiles once; for multi-scale training keep to a few sizes, each "
+            "compiled once."
+        )
+    elif best is not None and index_lists:
         suggestion = (
             f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. They are index lists "
             f"(the line they enter at, {context.where(entry.frame_id) if entry else copy_where}, scatters with them, as a graph "
@@ -287,6 +328,9 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
         then=(
             ". Index lists of a size that changes from batch to batch (a graph's edges, sampled neighbours) are no "
             "problem on a GPU; on a TPU each size is a new XLA program." if index_lists else
+            ". Images cropped or resized to a size that changes from batch to batch (random-resized crops that keep "
+            "the crop's size, multi-scale training) are no problem on a GPU; on a TPU each size is a new XLA program."
+            if images else
             ". The usual cause is a collate_fn (or a tokenizer's `padding=True`) that pads each batch to its own "
             "longest sequence: on a GPU that saves work, on a TPU nearly every batch is a new shape and so a new "
             "XLA program."
@@ -309,9 +353,8 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     shared = _shared_size(context, widest, storms)
     sizes, best, entry = shared.sizes, shared.best, first.entry
     anchor = entry.frame_id if entry is not None and entry.frame_id is not None else first.frame_id
-    growth = growth_step(widest.main.values, len(widest.steps))
-    grown_at = None if growth is None else _concatenated_at(
-        context, [program_id for storm in storms for program_id in storm.program_ids])
+    growth, grown_at, each_step = _growth(context, widest.main.values, len(widest.steps),
+                                          [program_id for storm in storms for program_id in storm.program_ids])
     if grown_at is not None:
         anchor = grown_at
     where = context.where(anchor)
@@ -320,7 +363,7 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
     read = None if growth is not None else host_read_before(context, anchor, set(shared.compiles.steps))
     if growth is not None:
-        suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1])
+        suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1], each_step=each_step)
     elif read is not None:
         suggestion = f"At {where}: {masking_fix(*read)}. Then each program compiles once."
     elif best is not None:

@@ -25,6 +25,7 @@ ANALYZER_SECTIONS: dict[str, str] = {
     "program_cache": "recompilations",
     "set_up_work": "recompilations",
     "step_tail": "recompilations",
+    "remade_optimizers": "steps",
     "compile_cache": "recompilations",
     "graph_breaks": "recompilations",
     "syncs": "timeline",

@@ -1,0 +1,78 @@
+"""Reads whose line says what they are, from the run's copy of the file: a checkpoint saved with `torch.save`, an
+action given to an environment's step, a `F.one_hot` sized by the largest label, a stopping check that breaks out of
+the loop. Each is what the read is and the
+change that fits it, in place of the advice for a logged loss."""
+
+from __future__ import annotations
+
+import linecache
+import re
+
+from tputrace.analysis.context import AnalysisContext
+
+# A checkpoint written from the chip's tensors: each tensor is copied to the host, one wait each.
+_SAVES = re.compile(r"\b(?:torch\.save|save_file|save_pretrained|save_checkpoint|save_model|save_state)\s*\(")
+CHECKPOINT_READ = (
+    "a checkpoint being saved (`torch.save` copies every weight and optimizer state to the host, one wait each)",
+    "Saving is the checkpoint's own cost, and the copies must happen: save as rarely as the run can afford to lose "
+    "(once per epoch, every few thousand steps, at the end), not every few steps; each save waits for the chip to "
+    "finish the work queued before it.",
+)
+# `F.one_hot(labels)` with no number of classes reads the largest label to size its output.
+_ONE_HOT_SIZED_BY_DATA = re.compile(r"\bone_hot\(\s*[^,()]+(?:\([^()]*\))?\s*\)")
+ONE_HOT_READ = (
+    "`F.one_hot` reading the largest label (`labels.max().item()`) to size its output, as no `num_classes` is given",
+    "Pass the number of classes, `F.one_hot(labels, num_classes=C)`: nothing is read, and the output keeps one shape "
+    "whatever labels a batch holds (a batch without the largest class would otherwise make a narrower tensor, and a "
+    "new program).",
+)
+# A value read to act in an environment on the host (`env.step(action.item())`, `envs.step(actions.cpu().numpy())`).
+_ENVIRONMENT_STEP = re.compile(r"\b\w*env\w*\.step\(", re.IGNORECASE)
+ENVIRONMENT_READ = (
+    "the action an environment on the host needs for its next step",
+    "The environment steps on the host and needs each action, so the read stays, once per environment step: make it "
+    "the only wait of the step (sample and read the action first, queue the update after it), act in many "
+    "environments per read (a vectorized environment, `gymnasium.vector`), so one wait serves them all, or collect "
+    "a rollout of several steps and update once per rollout.",
+)
+# `if loss.item() < tol:` followed by `break`: a check of whether to stop.
+_CHECK = re.compile(r"^(?:if|elif|while)\b.*(?:\.item\(\)|float\(|bool\()")
+_CONDITION = re.compile(r"^(?:if|elif|while)\b")
+_STOPS = re.compile(r"^(?:break|return\b|raise\b|sys\.exit\(|exit\()")
+STOPPING_READ = (
+    "the line's check of whether to stop the loop",
+    "Check the condition every N steps (`if step % 100 == 0 and loss.item() < tol: break`): the few steps run past "
+    "the stop cost less than a wait for the chip in every step.",
+)
+
+
+def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tuple[str, str] | None:
+    """What the read at `frame_id`'s line is and how to change it, when its text says; None otherwise."""
+    location = context.location(frame_id)
+    copy = None if location is None else context.trace.source_copy(location.file)
+    if location is None or copy is None:
+        return None
+    text = _code(linecache.getline(copy, location.line))
+    if _SAVES.search(text) and kind in ("cpu", "numpy", "tolist", "item"):
+        return CHECKPOINT_READ
+    if _ENVIRONMENT_STEP.search(text) and kind in ("item", "tolist", "numpy", "cpu"):
+        return ENVIRONMENT_READ
+    if _ONE_HOT_SIZED_BY_DATA.search(text) and kind == "item":
+        return ONE_HOT_READ
+    checks = _CHECK.match(text) if kind == "item" else kind == "bool" and _CONDITION.match(text)
+    if checks and _STOPS.match(_next_statement(copy, location.line)):
+        return STOPPING_READ
+    return None
+
+
+def _code(line: str) -> str:
+    return line.split("#", 1)[0].strip()
+
+
+def _next_statement(copy: str, line: int) -> str:
+    """The first line of code after `line` (the body of an `if`)."""
+    for number in range(line + 1, line + 6):
+        text = _code(linecache.getline(copy, number))
+        if text:
+            return text
+    return ""
