@@ -39,11 +39,12 @@ from tputrace.importers.xplane_lines import ASYNC_OPS_LINE, COUNTERS_LINE, MODUL
 from tputrace.importers.xplane_lines import Counters, async_annotations
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
 from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, distinct_ids, group_rows, per_event
-from tputrace.importers.xplane_runs import U64, LaunchTimes, RunSpans, launched_at, launched_at_ids
+from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at, launched_at_ids
+from tputrace.importers.xplane_host_ops import HostOps
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import LineNesting, collective_category
-from tputrace.importers.xevents import REF_VALUE, UINT64_VALUE, EventColumns, decode_run, int_stat_columns, int_stats
-from tputrace.importers.xstats import StatDecoder, plane_stat, stat_numbers
+from tputrace.importers.xevents import EventColumns, decode_run, int_stat_columns, int_stats
+from tputrace.importers.xstats import StatDecoder, plane_stat
 
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
@@ -52,7 +53,7 @@ _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
 _ABSENT = object()
 
 
-class XPlaneImporter(StreamLines, OpRows):
+class XPlaneImporter(OpRows, HostOps, StreamLines):
     """Imports the `xplane.pb` of one host and process as one rank: one file, or the files of several
     profiling sessions of the process (`jax.profiler.trace` called more than once)."""
 
@@ -72,7 +73,7 @@ class XPlaneImporter(StreamLines, OpRows):
         self.counters = Counters()  # the `_counters_` lines' samples
         self.latest_start_ns = -1  # the latest start of an event that is a row (ns since the rank's start)
         self.seq = 0
-        self.host_op_metas: dict[tuple[int, str], OpMeta] = {}
+        self.host_op_metas: dict[tuple[int, str, int | None], OpMeta] = {}
         self.host_op_stats: dict[int, str] = {}
         self.host_chips: set[int] = set()  # the device ordinals of XLA ops run on host threads
         self.stream_kernels: dict[str, int] = {}  # a GPU's kernels that are no XLA op: name -> program id
@@ -426,87 +427,6 @@ class XPlaneImporter(StreamLines, OpRows):
         self.sink.extend("annotations", list(zip(
             repeat(self.rank), name_sids, origins, starts.tolist(), durations.tolist(), frame_ids, steps.tolist())))
 
-    def _host_ops(self, plane: Any, decoder: StatDecoder, columns: EventColumns, events: np.ndarray,
-                  starts: np.ndarray, durations: np.ndarray, nesting: LineNesting, chip: int | None = None) -> None:
-        """XLA ops run on a host thread (XLA:CPU), or a GPU's kernels of them (on `chip`): op, module, run and device
-        from each event's stats."""
-        found = self._host_op_columns(decoder, columns, events)
-        if found is None:  # a stat of another kind: read each event's stats through its message
-            op_events = self._host_op_messages(plane, decoder, columns, events, starts, durations, chip)
-        else:
-            present, kinds, numbers = found
-            count = len(events)
-            # The op of each event: its metadata and module (its name from the first event of the two).
-            module_key = np.where(present["hlo_module"], numbers["hlo_module"], 0)
-            groups = group_rows(columns.metadata_id[events], present["hlo_module"], kinds["hlo_module"], module_key)
-            metas = []
-            for first, metadata_id in zip(groups.firsts.tolist(), columns.metadata_id[events[groups.firsts]].tolist()):
-                module = str(stat_numbers(decoder, kinds["hlo_module"][first:first + 1],
-                                          numbers["hlo_module"][first:first + 1])[0]) if present["hlo_module"][first] else ""
-                op_name = stat_numbers(decoder, kinds["hlo_op"][first:first + 1], numbers["hlo_op"][first:first + 1])[0]
-                metas.append(self._host_op_meta(plane, decoder, metadata_id, module, op_name))
-            chips = (np.full(count, chip, dtype=np.int64) if chip is not None
-                     else np.where(present["device_ordinal"], numbers["device_ordinal"], 0))
-            op_events = _unique_metas(metas, groups.of_row, chips, numbers["run_id"].view(np.uint64), present["run_id"],
-                                      starts, durations)
-        self.host_chips.update(np.unique(op_events.chips).tolist())
-        self._ops(op_events, nesting)
-
-    def _host_op_meta(self, plane: Any, decoder: StatDecoder, metadata_id: int, module: str, op_name: Any) -> OpMeta:
-        meta = self.host_op_metas.get((metadata_id, module))
-        if meta is None:
-            meta = self.host_op_metas[(metadata_id, module)] = self._op_meta(plane, metadata_id, decoder, module,
-                                                                             str(op_name))
-        return meta
-
-    def _host_op_messages(self, plane: Any, decoder: StatDecoder, columns: EventColumns, events: np.ndarray,
-                          starts: np.ndarray, durations: np.ndarray, chip: int | None) -> OpEvents:
-        """`_host_ops`' columns from each event's stats read through its message."""
-        values: dict[str, list[Any]] = {name: [_ABSENT] * len(events) for name in HOST_OP_STATS}
-        for position, index in enumerate(events.tolist()):
-            for stat in columns.message(index).stats:
-                name = self.host_op_stats.get(stat.metadata_id)
-                if name is not None:
-                    values[name][position] = decoder.value(stat)
-        modules = ["" if module is _ABSENT else str(module) for module in values["hlo_module"]]
-        metas = [self._host_op_meta(plane, decoder, metadata_id, module, op_name) for metadata_id, module, op_name
-                 in zip(columns.metadata_id[events].tolist(), modules, values["hlo_op"])]
-        chips = [chip if chip is not None else 0 if ordinal is _ABSENT else int(ordinal or 0)
-                 for ordinal in values["device_ordinal"]]
-        run_ids = np.array([0 if run_id is _ABSENT else run_id % U64 for run_id in values["run_id"]], dtype=np.uint64)
-        return _unique_metas(metas, np.arange(len(metas)), np.array(chips, dtype=np.int64), run_ids,
-                             np.array([run_id is not _ABSENT for run_id in values["run_id"]], dtype=bool), starts,
-                             durations)
-
-    def _host_op_columns(self, decoder: StatDecoder, columns: EventColumns, events: np.ndarray
-                         ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray], dict[str, np.ndarray]] | None:
-        """Per stat name of `HOST_OP_STATS`: whether each of `events` holds it, and its value's kind and integer;
-        None where a stat is no integer or reference, a run id or device a reference, a device beyond int64, or an
-        event holds a stat twice."""
-        table = columns.stat_values(list(self.host_op_stats))
-        if table is None:
-            return None
-        stat_events, stat_ids, kinds, numbers = table
-        kept = np.isin(stat_events, events)
-        stat_events, stat_ids, kinds, numbers = stat_events[kept], stat_ids[kept], kinds[kept], numbers[kept]
-        positions = np.searchsorted(events, stat_events)
-        present, kinds_of, numbers_of = {}, {}, {}
-        for name in HOST_OP_STATS:
-            chosen = np.isin(stat_ids, [key for key, stat in self.host_op_stats.items() if stat == name])
-            at = positions[chosen]  # ascending
-            if (at[1:] == at[:-1]).any():
-                return None
-            present[name] = np.zeros(len(events), dtype=bool)
-            present[name][at] = True
-            kinds_of[name] = np.zeros(len(events), dtype=np.uint8)
-            kinds_of[name][at] = kinds[chosen]
-            numbers_of[name] = np.zeros(len(events), dtype=np.int64)
-            numbers_of[name][at] = numbers[chosen]
-        if (kinds_of["run_id"] == REF_VALUE).any() or (kinds_of["device_ordinal"] == REF_VALUE).any() or \
-                ((kinds_of["device_ordinal"] == UINT64_VALUE) & (numbers_of["device_ordinal"] < 0)).any():
-            return None
-        return present, kinds_of, numbers_of
-
     def _annotation(self, name: str) -> tuple[str, int, int | None]:
         """A host event that is no XLA op: a Python tracer frame (`$file:line function`) or a TraceMe range."""
         if name.startswith("$"):
@@ -522,7 +442,7 @@ class XPlaneImporter(StreamLines, OpRows):
         return program
 
     def _op_meta(self, plane: Any, metadata_id: int, decoder: StatDecoder, module: str | None,
-                 op_name: str | None = None) -> OpMeta:
+                 op_name: str | None = None, program_id: int | None = None) -> OpMeta:
         metadata = plane.event_metadata[metadata_id]
         stats = {decoder.name(stat.metadata_id): decoder.value(stat) for stat in metadata.stats}
         name = op_name or metadata.display_name or metadata.name
@@ -533,7 +453,8 @@ class XPlaneImporter(StreamLines, OpRows):
             if match:
                 frame_id = self.writer.frame(match.group(1), int(match.group(2)), "")
         tf_op = stats.get("tf_op")
-        origin = self.hlo.get(module or "", {}).get(name)  # XLA:CPU's ops: their HLO instruction's metadata
+        sources = self._hlo_of(module or "", program_id)
+        origin = sources.get(name)  # XLA:CPU's ops: their HLO instruction's metadata
         if origin is not None and frame_id is None and origin.file and origin.line:
             frame_id = self.writer.frame(origin.file, origin.line, origin.function)
         tf_op = tf_op or (origin.op_name if origin is not None else None)
@@ -543,7 +464,9 @@ class XPlaneImporter(StreamLines, OpRows):
                                  if p.name.endswith(f"({stats['program_id']})")), f"program({stats['program_id']})")
         program = self._program(program_name) if program_name else None
         shapes = movement_shapes(metadata.name, stats.get("hlo_category"), name)
-        copied = self.hlo.get(re.sub(r"\(\d+\)$", "", program_name or ""), {}).get(operand_name(shapes[0]) or "") if shapes else None
+        if module is None:
+            sources = self._hlo_of(re.sub(r"\(\d+\)$", "", program_name or ""), program_id)
+        copied = sources.get(operand_name(shapes[0]) or "") if shapes else None
         tf_op = tf_op or (copied.op_name if copied is not None else None)  # a copy's: JAX's name of what it copies
         return OpMeta(
             name=name,
@@ -556,6 +479,16 @@ class XPlaneImporter(StreamLines, OpRows):
             program=program,
             shape_sids=(self.writer.intern(shapes[0]), self.writer.intern(shapes[1])) if shapes else (None, None),
         )
+
+    def _hlo_of(self, module: str, program_id: int | None) -> dict[str, InstructionSource]:
+        """The instructions' sources of the program that ran: the proto of XLA's id `program_id` of module `module`
+        (a name compiled several times has a proto each), else the first proto of the name."""
+        if program_id is not None:
+            found = next((sources for version, sources in self.hlo_versions.get(module, []) if version == program_id),
+                         None)
+            if found is not None:
+                return found
+        return self.hlo.get(module, {})
 
     def _python_frame(self, name: str) -> int | None:
         match = _PYTHON_FRAME.match(name)
@@ -574,19 +507,6 @@ class XPlaneImporter(StreamLines, OpRows):
             steps = self._steps_at(starts, run_ids).tolist()
             self.sink.extend("executions", list(zip(repeat(self.rank), program_ids, chips, starts.tolist(),
                                                     (ends - starts).tolist(), steps, repeat(None))))
-
-
-def _unique_metas(metas: list[OpMeta], meta_of_event: np.ndarray, chips: np.ndarray, run_ids: np.ndarray,
-                  has_run: np.ndarray, starts: np.ndarray, durations: np.ndarray) -> OpEvents:
-    """Op events whose ops are `metas` (indexed by `meta_of_event`, an op maybe more than once), each op once."""
-    index_of: dict[int, int] = {}
-    distinct: list[OpMeta] = []
-    for meta in metas:
-        if index_of.setdefault(id(meta), len(distinct)) == len(distinct):
-            distinct.append(meta)
-    renumbered = np.array([index_of[id(meta)] for meta in metas], dtype=np.int64)
-    return OpEvents(distinct, renumbered[meta_of_event] if len(metas) else meta_of_event, chips, run_ids, has_run,
-                    starts, durations)
 
 
 def _end_ps(columns: EventColumns) -> int:

@@ -17,7 +17,7 @@ from tputrace.importers.xla_ops import LineNesting
 from tputrace.importers.xstats import StatDecoder
 
 # The stats of an XLA op event on a host thread (or a GPU's stream) that the import reads.
-HOST_OP_STATS = ("hlo_op", "hlo_module", "run_id", "device_ordinal")
+HOST_OP_STATS = ("hlo_op", "hlo_module", "program_id", "run_id", "device_ordinal")
 
 
 class StreamLines:
