@@ -41,6 +41,7 @@ from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
 from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, distinct_ids, group_rows, per_event
 from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at, launched_at_ids
 from tputrace.importers.xplane_host_ops import HostOps
+from tputrace.importers.xplane_step_ranges import TraceMeRanges, line_ranges
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
 from tputrace.importers.xla_ops import LineNesting, collective_category
 from tputrace.importers.xevents import EventColumns, decode_run, int_stat_columns, int_stats
@@ -123,10 +124,12 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         compiles = CompileSpans()
         launches = LaunchTimes()
         program_runs = ProgramRuns()
-        for space in spaces:
+        trace_ranges = TraceMeRanges()
+        for session, space in enumerate(spaces):
             self.offset_ns = 0
             file_starts: list[int] = []
             file_host_markers = StepMarkers()
+            file_ranges = TraceMeRanges()
             file_device_markers: dict[int, StepMarkers] = {}
             file_compiles = CompileSpans()
             file_launches = LaunchTimes()
@@ -146,7 +149,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 if match:
                     file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines, file_runs)
                 elif not SPARSECORE_PLANE.match(plane.name):  # a SparseCore's `Sparse Core Steps` are no host's
-                    self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers)
+                    self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers, file_ranges)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
             offset = (profile_start_unix_ns if file_starts and min(file_starts) < UNIX_NS_FLOOR
@@ -154,6 +157,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
             self.offsets[space.path] = offset
             starts += [start + offset for start in file_starts]
             host_markers.extend(file_host_markers, offset)
+            trace_ranges.extend(file_ranges, session, offset)
             for chip, chip_markers in file_device_markers.items():
                 device_markers.setdefault(chip, StepMarkers()).extend(chip_markers, offset)
             launches.extend(file_launches, offset)
@@ -162,6 +166,11 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
             del file_host_markers, file_device_markers, file_compiles, file_launches, file_runs  # copied: memory
         # The host's step markers when there are any, else one chip's `Steps` line (every chip has one).
         markers = host_markers or (device_markers[min(device_markers)] if device_markers else StepMarkers())
+        if not markers:  # else a user's TraceMe repeated around each iteration, as `jax.profiler.TraceAnnotation`'s
+            chosen = trace_ranges.steps()
+            if chosen is not None:
+                markers = chosen[1]
+                self.sink.note(self.rank, step_source="traceme", step_range=chosen[0])
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
@@ -206,8 +215,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         if after is not None and self.latest_start_ns >= after[1]:
             self.sink.append("steps", (self.rank, after[0], after[1], max(self.end_ns, after[1]), "end"))
         # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
-        chips = max(self.chips, max(self.host_chips, default=0) + 1)
-        self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chips)
+        chip_count = max(self.chips, max(self.host_chips, default=0) + 1)
+        self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chip_count)
 
     def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
         """The step of each of some times (ns since the rank's start); of an XLA op's run (`run_ids`), the step in
@@ -248,10 +257,10 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: CompileSpans,
-                   launches: LaunchTimes, markers: StepMarkers) -> None:
+                   launches: LaunchTimes, markers: StepMarkers, ranges: TraceMeRanges) -> None:
         """A host plane's step markers (events with a `step_num` stat, and its value), its compile events and lines
-        with jitted calls, and the earliest event of each program run (`run_id`) that is no XLA op: when the host
-        launched it."""
+        with jitted calls, the earliest event of each program run (`run_id`) that is no XLA op: when the host
+        launched it; and each line's top-level TraceMe ranges (`ranges`: the steps of a capture without markers)."""
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         step_ids = {key for key, name in stat_names.items() if name == "step_num"}
         run_ids = {key for key, name in stat_names.items() if name == "run_id"}
@@ -262,10 +271,14 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(BACKEND_EVENT)}
         calls = {key: match.group(1) for key, meta in plane.event_metadata.items() if (match := JITTED_CALL.match(meta.name))}
         watched = list(compile_ids | client_compile_ids | backend_ids | compiles.watch_frames(plane.event_metadata, calls))
+        frame_ids = [key for key, meta in plane.event_metadata.items() if meta.name.startswith("$")]
         for line in lines:
             base_ns = line.timestamp_ns
             has_calls = False
             has_ops = False
+            tracemes: list[np.ndarray] = []  # per window: start, end and metadata id of its TraceMe events
+            work: list[np.ndarray] = []  # per window: the starts of its jitted calls and launches
+            call_count = 0
             for columns in self._columns(space, line):
                 op_events = columns.with_stat(hlo_op_ids)
                 # The second pass reads a line's stats only for its XLA ops: a line without any, whose stats decoded
@@ -291,6 +304,14 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 launched[columns.with_stat(run_ids)] = True
                 launched[op_events] = False
                 self._launches(columns, np.flatnonzero(launched), run_ids, base_ns, launches)
+                traceme = ~np.isin(columns.metadata_id, frame_ids)
+                traceme[op_events] = False
+                window_starts = base_ns + columns.offset_ps // 1000
+                tracemes.append(np.stack((window_starts, window_starts + columns.duration_ps // 1000,
+                                          columns.metadata_id))[:, traceme])
+                called = np.isin(columns.metadata_id, list(calls))
+                call_count += int(called.sum())
+                work.append(window_starts[launched | called])
                 marked = columns.with_stat(step_ids)
                 starts = base_ns + columns.offset_ps[marked] // 1000
                 ends = starts + columns.duration_ps[marked] // 1000
@@ -304,6 +325,10 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 self.lines_without_ops.add((space.path, line.span.start))
             if has_calls:
                 compiles.call_lines.append(CallLine(space, line, calls))
+            events = np.concatenate(tracemes, axis=1) if tracemes else np.zeros((3, 0), dtype=np.int64)
+            ranges.add(0, plane.name, line.name, line_ranges(
+                events[0], events[1], events[2], lambda key: str(plane.event_metadata[key].name),
+                np.concatenate(work) if work else np.zeros(0, dtype=np.int64), call_count))
 
     @staticmethod
     def _launches(columns: EventColumns, events: np.ndarray, run_ids: set[int], base_ns: int,
@@ -494,7 +519,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         match = _PYTHON_FRAME.match(name)
         if match is None or match.group(1) == "<unknown>":
             return None
-        return self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
+        frame_id: int = self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
+        return frame_id
 
     def _finish_programs(self) -> None:
         for program in self.programs.values():

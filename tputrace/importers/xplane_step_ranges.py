@@ -1,0 +1,120 @@
+"""Steps of an XProf capture without step markers, from the user's TraceMe range around each iteration
+(`jax.profiler.TraceAnnotation("train_step")`, a `StepTraceAnnotation` without `step_num`): a range of one name
+repeated one after another at the top level of the host's main Python thread (the line making most of JAX's jitted
+calls and program launches), as torch.profiler's captures get theirs from a repeated `record_function` range
+(`window_ranges`). JAX's and XLA's own TraceMes are never steps: the names of JAX's calls and compiles and of XLA's C++
+scopes (`PjitFunction(step)`, `…::ExecuteHelper…`) are left out, and a step's range holds a jitted call or launch of the
+line (a top-level `CommonPjRtBuffer::Await` of `block_until_ready` holds none)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from tputrace.importers.step_markers import StepMarkers
+
+_MIN_REPEATS = 2
+# JAX's, XLA's and TSL's own TraceMes: C++ scopes (`PjRtCpuClient::Compile`), JAX's calls of jitted or pmapped
+# functions (`PjitFunction(step)`), its compiles and lowerings, XLA:CPU's thunks' ends (`end: dot`), and the Python
+# tracer's frames (`$train.py:3 step`).
+_OWN_TRACEME = re.compile(r"::|^\$|^\w*Function\(|^(?:backend_compile|jax_|pjit|Pjit|Pmap|Execute|XLA |Xla|end: )")
+
+# A top-level range of a line: (start ns, end ns, name, whether it holds a jitted call or launch of the line).
+TopRange = tuple[int, int, str, bool]
+
+
+@dataclass
+class LineRanges:
+    """A host line's top-level TraceMe ranges (user-named ones only) and how many jitted calls and launches it made."""
+
+    ranges: list[TopRange] = field(default_factory=list)
+    calls: int = 0  # JAX's jitted calls (`PjitFunction(step)`), made on the thread running the user's Python
+    work: int = 0  # those and the program launches
+
+
+def top_level(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Indices of the ranges not inside or overlapping an earlier-starting range of the same line, in start order."""
+    order = np.lexsort((-ends, starts))
+    ordered_ends = ends[order]
+    open_until = np.maximum.accumulate(np.concatenate(([np.iinfo(np.int64).min], ordered_ends[:-1])))
+    return order[starts[order] >= open_until]
+
+
+def line_ranges(starts: np.ndarray, ends: np.ndarray, metadata_ids: np.ndarray, name_of: Callable[[int], str],
+                work_starts: np.ndarray, calls: int) -> LineRanges:
+    """A line's `LineRanges` from its TraceMe events (start and end ns, event metadata id, named by `name_of`; the
+    Python tracer's frames and XLA's ops left out), the starts of its jitted calls and launches, and how many of them
+    are jitted calls."""
+    work_starts = np.sort(work_starts)
+    found = LineRanges(calls=calls, work=len(work_starts))
+    for index in top_level(starts, ends).tolist():
+        name = name_of(int(metadata_ids[index]))
+        if _OWN_TRACEME.search(name):
+            continue
+        start, end = int(starts[index]), int(ends[index])
+        holds = int(np.searchsorted(work_starts, start)) < int(np.searchsorted(work_starts, end, side="right"))
+        found.ranges.append((start, end, name, holds))
+    return found
+
+
+@dataclass
+class TraceMeRanges:
+    """The top-level TraceMe ranges of a capture's host lines, per file (a profiling session) and line
+    (plane name, line name)."""
+
+    lines: dict[tuple[int, str, str], LineRanges] = field(default_factory=dict)
+
+    def add(self, session: int, plane: str, line: str, ranges: LineRanges, offset: int = 0) -> None:
+        """Add a line's ranges of session `session`, moved by `offset` ns (onto the Unix clock)."""
+        entry = self.lines.setdefault((session, plane, line), LineRanges())
+        entry.ranges += [(start + offset, end + offset, name, holds) for start, end, name, holds in ranges.ranges]
+        entry.calls += ranges.calls
+        entry.work += ranges.work
+
+    def extend(self, other: TraceMeRanges, session: int, offset: int) -> None:
+        for (_, plane, line), ranges in other.lines.items():
+            self.add(session, plane, line, ranges, offset)
+
+    def steps(self) -> tuple[str, StepMarkers] | None:
+        """The name of the range taken as the steps and the steps (no numbers): on the main Python thread (the line with
+        most jitted calls, else launches), of its repeated user ranges holding such work, the name covering the most
+        time by its occurrences' median (a first iteration's compile in a `load` range beside the step's does not
+        outweigh the step); None where no range qualifies."""
+        threads: dict[tuple[str, str], tuple[int, int]] = {}  # (plane, line) -> (jitted calls, and launches)
+        for (_, plane, line), ranges in self.lines.items():
+            calls, work = threads.get((plane, line), (0, 0))
+            threads[(plane, line)] = (calls + ranges.calls, work + ranges.work)
+        if not threads:
+            return None
+        main = max(threads, key=lambda thread: (*threads[thread], thread[1] == "python"))
+        durations: dict[tuple[str, str, str], list[int]] = {}  # (plane, line, name) -> each occurrence's length
+        holding: set[tuple[str, str, str]] = set()  # those of which an occurrence holds a jitted call or launch
+        for (_, plane, line), ranges in self.lines.items():
+            if (plane, line) != main:
+                continue
+            for start, end, name, holds in ranges.ranges:
+                durations.setdefault((plane, line, name), []).append(end - start)
+                if holds or not threads[main][1]:
+                    holding.add((plane, line, name))
+        candidates = {key: len(lengths) * float(np.median(lengths)) for key, lengths in durations.items()
+                      if len(lengths) >= _MIN_REPEATS and key in holding}
+        if not candidates:
+            return None
+        plane, line, name = max(candidates, key=lambda key: (candidates[key], len(durations[key])))
+        markers = StepMarkers()
+        for (_, other_plane, other_line), ranges in sorted(self.lines.items()):
+            if (other_plane, other_line) == (plane, line):
+                _contiguous(markers, [(start, end) for start, end, other, _ in sorted(ranges.ranges) if other == name])
+        return name, markers
+
+
+def _contiguous(markers: StepMarkers, ranges: Iterable[tuple[int, int]]) -> None:
+    """Steps of one session from its occurrences of the step range: each ends where its range ends, and each after
+    the first starts where the one before it ended (work between two ranges is in the step it prepares)."""
+    previous_end = None
+    for start, end in ranges:
+        markers.add(start if previous_end is None else previous_end, end, None)
+        previous_end = end
