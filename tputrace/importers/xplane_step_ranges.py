@@ -50,13 +50,15 @@ def line_ranges(starts: np.ndarray, ends: np.ndarray, metadata_ids: np.ndarray, 
     are jitted calls."""
     work_starts = np.sort(work_starts)
     found = LineRanges(calls=calls, work=len(work_starts))
-    for index in top_level(starts, ends).tolist():
-        name = name_of(int(metadata_ids[index]))
-        if _OWN_TRACEME.search(name):
-            continue
-        start, end = int(starts[index]), int(ends[index])
-        holds = int(np.searchsorted(work_starts, start)) < int(np.searchsorted(work_starts, end, side="right"))
-        found.ranges.append((start, end, name, holds))
+    top = top_level(starts, ends)
+    top_ids = metadata_ids[top]
+    user_ids = [key for key in np.unique(top_ids).tolist() if not _OWN_TRACEME.search(name_of(key))]
+    kept = top[np.isin(top_ids, user_ids)]
+    kept_starts, kept_ends = starts[kept], ends[kept]
+    holds = np.searchsorted(work_starts, kept_starts) < np.searchsorted(work_starts, kept_ends, side="right")
+    names = {key: name_of(key) for key in user_ids}
+    found.ranges = [(start, end, names[key], hold) for start, end, key, hold in zip(
+        kept_starts.tolist(), kept_ends.tolist(), metadata_ids[kept].tolist(), holds.tolist())]
     return found
 
 
