@@ -351,13 +351,14 @@ class ChromeJsonImporter:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
                     add_span(tid, ts, ts + dur, seq)
-                    frame_name = (args.__class__ is dict and call_stack_frame(args.get("Call stack"), _is_user_frame)
-                                  or innermost(ts, tid))
-                    nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
-                                                           None, -1, start_ns, dur_ns,
-                                                           frame_of(frame_name) if frame_name else None,
-                                                           module_of(ts, tid, name, args, stack[-1] if stack else None), step,
-                                                           None, None]))
+                    call_stack = args.get("Call stack") if args.__class__ is dict else None
+                    frame_name = (call_stack and call_stack_frame(call_stack, _is_user_frame)) or innermost(ts, tid)
+                    parent = stack[-1] if stack else None
+                    if parent is not None:  # `Nesting.push`, inline
+                        parent.child_us += min(ts + dur, parent.end_us) - ts
+                    stack.append(OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
+                                                       None, -1, start_ns, dur_ns, frame_of(frame_name) if frame_name else None,
+                                                       module_of(ts, tid, name, args, parent), step, None, None]))
                 elif category == "python_function":
                     named = python_names.get(name)
                     if named is None:
