@@ -5,6 +5,7 @@ from the parallel `Input type` and `Input Dims` lists."""
 from __future__ import annotations
 
 import bisect
+import math
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -91,17 +92,30 @@ class FrameIndex:
         self.ends = {tid: [frame[1] for frame in thread] for tid, thread in by_thread.items()}
         self.names = {tid: [frame[2] for frame in thread] for tid, thread in by_thread.items()}
         self.callers = {tid: _callers(thread) for tid, thread in by_thread.items()}
+        # Per thread, the latest answer and the times [from, until] it holds for: queries come mostly in time order,
+        # and consecutive ops of a thread mostly share their frame.
+        self.latest: dict[Any, tuple[float, float, str | None]] = {}
 
     def innermost(self, ts: float, tid: Any) -> str | None:
+        latest = self.latest.get(tid)
+        if latest is not None and latest[0] <= ts <= latest[1]:
+            return latest[2]
         starts = self.starts.get(tid)
         if starts is None:
             return None
         position = bisect.bisect_right(starts, ts) - 1
+        # The same frames start at or before any time before the next start, and those skipped below stay ended.
+        until = starts[position + 1] if position + 1 < len(starts) else math.inf
         ends = self.ends[tid]
         callers = self.callers[tid]
         while position >= 0 and ends[position] < ts:
             position = callers[position]
-        return self.names[tid][position] if position >= 0 else None
+        name = self.names[tid][position] if position >= 0 else None
+        if position >= 0 and ends[position] < until:
+            self.latest[tid] = (ts, ends[position], name)
+        else:
+            self.latest[tid] = (ts, math.nextafter(until, -math.inf), name)
+        return name
 
 
 def module_paths(ranges: list[tuple[float, float, Any, str]]) -> list[tuple[float, float, Any, str]]:
