@@ -283,6 +283,7 @@ class ChromeJsonImporter:
         innermost = self.user_frames.innermost
         module_of = self.modules.module_sid
         frame_of = self._frame
+        frames = self.frames  # a frame's name -> its id (-1 where not yet known)
         shapes_of = Shapes()
         end_us = start_us
         latest_start_ns = self.latest_start_ns
@@ -353,12 +354,16 @@ class ChromeJsonImporter:
                     add_span(tid, ts, ts + dur, seq)
                     call_stack = args.get("Call stack") if args.__class__ is dict else None
                     frame_name = (call_stack and call_stack_frame(call_stack, _is_user_frame)) or innermost(ts, tid)
+                    name_sid, inputs_sid = intern(name), intern(inputs) if inputs else None  # ids before the frame's
+                    frame_id = frames.get(frame_name, -1) if frame_name else None
+                    if frame_id == -1:
+                        frame_id = frame_of(str(frame_name))
+                    end = ts + dur
                     parent = stack[-1] if stack else None
                     if parent is not None:  # `Nesting.push`, inline
-                        parent.child_us += min(ts + dur, parent.end_us) - ts
-                    stack.append(OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
-                                                       None, -1, start_ns, dur_ns, frame_of(frame_name) if frame_name else None,
-                                                       module_of(ts, tid, name, args, parent), step, None, None]))
+                        parent.child_us += (end if end < parent.end_us else parent.end_us) - ts
+                    stack.append(OpenOp(end, ts, [seq, rank, name_sid, inputs_sid, None, -1, start_ns, dur_ns, frame_id,
+                                                  module_of(ts, tid, name, args, parent), step, None, None]))
                 elif category == "python_function":
                     named = python_names.get(name)
                     if named is None:

@@ -41,13 +41,22 @@ class Nesting:
 
     def open_on(self, tid: Any, ts: float, rows: list[tuple[Any, ...]]) -> list[OpenOp]:
         """The ops still open on `tid` at `ts` (closing, into `rows`, those that ended before it)."""
-        stack = self.stacks.setdefault(tid, [])
-        if ts < self.last_start.get(tid, ts):
+        stack = self.stacks.get(tid)
+        if stack is None:
+            stack = self.stacks[tid] = []
+        elif ts < self.last_start[tid]:
             while stack:
                 self._close(stack, rows)
         self.last_start[tid] = ts
-        while stack and stack[-1].end_us <= ts:
-            self._close(stack, rows)
+        while stack and stack[-1].end_us <= ts:  # `_close`, inline (every op closes here or at the end)
+            item = stack.pop()
+            row = item.row
+            if row is not None:
+                if item.child_us or row[7] < 0:
+                    row[7] = max(0, row[7] - int(round(item.child_us * 1000)))
+                rows.append(tuple(row))
+            elif item.compile_event is not None:
+                self.on_compile(item.compile_event, item.compile_id)
         return stack
 
     def push(self, tid: Any, item: OpenOp) -> None:
