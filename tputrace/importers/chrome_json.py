@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import bisect
 import json
-import math
 import re
 import sys
 from pathlib import Path
@@ -49,17 +48,6 @@ _PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.
 _NUMBER = (int, float)
 # A process group's collective as torch.profiler records it on the backend's thread: `gloo:all_reduce`.
 _COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)$")
-_COLLECTIVE_KINDS = {
-    "allreduce": "all_reduce", "allgather": "all_gather", "gather": "all_gather", "reducescatter": "reduce_scatter",
-    "scatter": "reduce_scatter", "broadcast": "broadcast", "alltoall": "all_to_all", "send": "send", "recv": "recv",
-    "recvanysource": "recv", "barrier": "barrier",
-}
-# Bytes per element of torch.profiler's `Input type` names.
-_DTYPE_BYTES = {
-    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4, "long int": 8, "short int": 2,
-    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
-    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
-}
 _HOST_TEXT = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _PID_TEXT = re.compile(r'"pid"\s*:\s*(\d+)')
 _SYNC_OPS_KEPT = 1 << 17
@@ -237,6 +225,9 @@ class ChromeJsonImporter:
             for match in _PYTHON_TEXT.finditer(text):
                 python_events += 1
                 raw = match.group(1)
+                if raw.startswith(window_ranges.MODULE_PREFIX):
+                    self.window.add_event(_event_around(text, match, decode))
+                    continue
                 name = user_names.get(raw, "")
                 if name == "":
                     name = user_names[raw] = _user_frame_name(raw)
@@ -292,6 +283,7 @@ class ChromeJsonImporter:
         innermost = self.user_frames.innermost
         module_of = self.modules.module_sid
         frame_of = self._frame
+        frames = self.frames  # a frame's name -> its id (-1 where not yet known)
         shapes_of = Shapes()
         end_us = start_us
         latest_start_ns = self.latest_start_ns
@@ -306,6 +298,7 @@ class ChromeJsonImporter:
         # Kept only for a file with launches: 32 bytes an op, however many ops the file holds.
         add_span = op_spans.add if self.path in self.launching else _ignore
         comms = self.comms
+        python_names: dict[str, tuple[int, int | None]] = {}  # a Python frame's name -> its string id and frame id
         for events in event_lists(self.path, parse_float=self.parse_float):
             ops: list[tuple[Any, ...]] = []
             annotations: list[tuple[Any, ...]] = []
@@ -359,18 +352,26 @@ class ChromeJsonImporter:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
                     add_span(tid, ts, ts + dur, seq)
-                    frame_name = (args.__class__ is dict and call_stack_frame(args.get("Call stack"), _is_user_frame)
-                                  or innermost(ts, tid))
-                    nesting.push(tid, OpenOp(ts + dur, ts, [seq, rank, intern(name), intern(inputs) if inputs else None,
-                                                           None, -1, start_ns, dur_ns,
-                                                           frame_of(frame_name) if frame_name else None,
-                                                           module_of(ts, tid, name, args, stack[-1] if stack else None), step,
-                                                           None, None]))
+                    call_stack = args.get("Call stack") if args.__class__ is dict else None
+                    frame_name = (call_stack and call_stack_frame(call_stack, _is_user_frame)) or innermost(ts, tid)
+                    name_sid, inputs_sid = intern(name), intern(inputs) if inputs else None  # ids before the frame's
+                    frame_id = frames.get(frame_name, -1) if frame_name else None
+                    if frame_id == -1:
+                        frame_id = frame_of(str(frame_name))
+                    end = ts + dur
+                    parent = stack[-1] if stack else None
+                    if parent is not None:  # `Nesting.push`, inline
+                        parent.child_us += (end if end < parent.end_us else parent.end_us) - ts
+                    stack.append(OpenOp(end, ts, [seq, rank, name_sid, inputs_sid, None, -1, start_ns, dur_ns, frame_id,
+                                                  module_of(ts, tid, name, args, parent), step, None, None]))
                 elif category == "python_function":
-                    annotations.append((rank, intern(name), "python", start_ns, dur_ns, frame_of(name), step))
+                    named = python_names.get(name)
+                    if named is None:
+                        named = python_names[name] = (intern(name), frame_of(name))
+                    annotations.append((rank, named[0], "python", start_ns, dur_ns, named[1], step))
                 elif category == "user_annotation":
                     collective = _COLLECTIVE.match(name)
-                    if collective and _collective_kind(collective.group(2)) and (
+                    if collective and kineto.collective_kind(collective.group(2)) and (
                             comms == "annotation" or (comms == "kernel" and collective.group(1) != "nccl")):
                         self._collective(collective.group(2), event, start_ns, dur_ns, step)
                     compile_id = _COMPILE_DATA.match(name)
@@ -463,7 +464,7 @@ class ChromeJsonImporter:
     def _comms(self, args: dict[str, Any], start_ns: int, dur_ns: int, step: int, frame_id: int | None) -> None:
         """A `collectives` row from the args Kineto gives an NCCL kernel or a `record_param_comms` op."""
         name, nbytes, dtype, group, ranks, group_size = kineto.comms_facts(args)
-        kind = _collective_kind(name)
+        kind = kineto.collective_kind(name)
         if kind is None:
             return
         intern = self.writer.intern
@@ -498,16 +499,8 @@ class ChromeJsonImporter:
         """A `collectives` row of a process group's collective (`gloo:all_reduce`, `nccl:all_gather`...), its
         bytes from the tensors' `Input Dims` and `Input type` (recorded with `record_shapes`; unknown, NULL, without)."""
         args = _args(event)
-        types, dims = args.get("Input type"), args.get("Input Dims")
-        nbytes: int | None = None
-        dtype = None
-        if isinstance(types, list) and isinstance(dims, list):
-            for kind, shape in zip(types, dims):
-                size = _DTYPE_BYTES.get(str(kind))
-                if size and isinstance(shape, list) and all(isinstance(value, int) for value in shape):
-                    nbytes = (nbytes or 0) + size * math.prod(shape)
-                    dtype = dtype or str(kind)
-        self.sink.append("collectives", (self.rank, _collective_kind(name), nbytes, dtype, None, None, None, start_ns,
+        nbytes, dtype = kineto.input_bytes(args)
+        self.sink.append("collectives", (self.rank, kineto.collective_kind(name), nbytes, dtype, None, None, None, start_ns,
                                          dur_ns, None, None, None, step, None))
 
     def _memory(self, args: dict[str, Any], t_ns: int) -> None:
@@ -527,14 +520,6 @@ class ChromeJsonImporter:
 
 def _ignore(*_: Any) -> None:
     pass
-
-
-def _collective_kind(name: str) -> str | None:
-    """`collectives.kind` of a process group's collective (`all_reduce`, `_allgather_base`, `alltoall_base`)."""
-    text = name.lower().lstrip("_")
-    for suffix in ("_base", "_into_tensor", "_coalesced", "_tensor"):
-        text = text.removesuffix(suffix)
-    return _COLLECTIVE_KINDS.get(text.replace("_", ""))
 
 
 def process_key(path: Path) -> tuple[str, str, str]:

@@ -6,6 +6,7 @@ written with nanosecond digits.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,18 @@ CATEGORIES = {
 }
 # Categories whose device ops ran on a device other than a GPU: category -> the device's name.
 DEVICE_OF_CATEGORY = {"mtia_ccp_events": "mtia", "mtia_runtime": "mtia"}
+# `collectives.kind` of a process group's collective's name, lowercased, without `_` and suffixes.
+_COLLECTIVE_KINDS = {
+    "allreduce": "all_reduce", "allgather": "all_gather", "gather": "all_gather", "reducescatter": "reduce_scatter",
+    "scatter": "reduce_scatter", "broadcast": "broadcast", "alltoall": "all_to_all", "send": "send", "recv": "recv",
+    "recvanysource": "recv", "barrier": "barrier",
+}
+# Bytes per element of torch.profiler's `Input type` names.
+_DTYPE_BYTES = {
+    "float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "int": 4, "long int": 8, "short int": 2,
+    "signed char": 1, "unsigned char": 1, "bool": 1, "c10::complex<float>": 8, "c10::complex<double>": 16,
+    "c10::Float8_e4m3fn": 1, "c10::Float8_e5m2": 1,
+}
 
 # Runtime calls that block the host until the device has done the work before them (CUDA runtime and driver, HIP, MTIA).
 SYNC_CALLS = frozenset((
@@ -252,3 +265,26 @@ def no_profiler_events(path: Path) -> str:
     beside = sorted(path.parent.glob("*.xplane.pb"))
     hint = f"; import {beside[0]} beside it, which holds the same events" if beside else ""
     return f"{path} holds no torch.profiler events (cpu_op, python_function, user_annotation, kernel, [memory]){hint}"
+
+
+def collective_kind(name: str) -> str | None:
+    """`collectives.kind` of a process group's collective (`all_reduce`, `_allgather_base`, `alltoall_base`)."""
+    text = name.lower().lstrip("_")
+    for suffix in ("_base", "_into_tensor", "_coalesced", "_tensor"):
+        text = text.removesuffix(suffix)
+    return _COLLECTIVE_KINDS.get(text.replace("_", ""))
+
+
+def input_bytes(args: dict[str, Any]) -> tuple[int | None, str | None]:
+    """The bytes of an op's tensors and the first one's dtype, from its `Input Dims` and `Input type` args (recorded
+    with `record_shapes`; None, None without)."""
+    types, dims = args.get("Input type"), args.get("Input Dims")
+    nbytes: int | None = None
+    dtype = None
+    if isinstance(types, list) and isinstance(dims, list):
+        for kind, shape in zip(types, dims):
+            size = _DTYPE_BYTES.get(str(kind))
+            if size and isinstance(shape, list) and all(isinstance(value, int) for value in shape):
+                nbytes = (nbytes or 0) + size * math.prod(shape)
+                dtype = dtype or str(kind)
+    return nbytes, dtype

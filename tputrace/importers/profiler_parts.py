@@ -5,6 +5,7 @@ from the parallel `Input type` and `Input Dims` lists."""
 from __future__ import annotations
 
 import bisect
+import math
 from array import array
 from collections.abc import Callable
 from typing import Any
@@ -40,13 +41,22 @@ class Nesting:
 
     def open_on(self, tid: Any, ts: float, rows: list[tuple[Any, ...]]) -> list[OpenOp]:
         """The ops still open on `tid` at `ts` (closing, into `rows`, those that ended before it)."""
-        stack = self.stacks.setdefault(tid, [])
-        if ts < self.last_start.get(tid, ts):
+        stack = self.stacks.get(tid)
+        if stack is None:
+            stack = self.stacks[tid] = []
+        elif ts < self.last_start[tid]:
             while stack:
                 self._close(stack, rows)
         self.last_start[tid] = ts
-        while stack and stack[-1].end_us <= ts:
-            self._close(stack, rows)
+        while stack and stack[-1].end_us <= ts:  # `_close`, inline (every op closes here or at the end)
+            item = stack.pop()
+            row = item.row
+            if row is not None:
+                if item.child_us or row[7] < 0:
+                    row[7] = max(0, row[7] - int(round(item.child_us * 1000)))
+                rows.append(tuple(row))
+            elif item.compile_event is not None:
+                self.on_compile(item.compile_event, item.compile_id)
         return stack
 
     def push(self, tid: Any, item: OpenOp) -> None:
@@ -91,17 +101,30 @@ class FrameIndex:
         self.ends = {tid: [frame[1] for frame in thread] for tid, thread in by_thread.items()}
         self.names = {tid: [frame[2] for frame in thread] for tid, thread in by_thread.items()}
         self.callers = {tid: _callers(thread) for tid, thread in by_thread.items()}
+        # Per thread, the latest answer and the times [from, until] it holds for: queries come mostly in time order,
+        # and consecutive ops of a thread mostly share their frame.
+        self.latest: dict[Any, tuple[float, float, str | None]] = {}
 
     def innermost(self, ts: float, tid: Any) -> str | None:
+        latest = self.latest.get(tid)
+        if latest is not None and latest[0] <= ts <= latest[1]:
+            return latest[2]
         starts = self.starts.get(tid)
         if starts is None:
             return None
         position = bisect.bisect_right(starts, ts) - 1
+        # The same frames start at or before any time before the next start, and those skipped below stay ended.
+        until = starts[position + 1] if position + 1 < len(starts) else math.inf
         ends = self.ends[tid]
         callers = self.callers[tid]
         while position >= 0 and ends[position] < ts:
             position = callers[position]
-        return self.names[tid][position] if position >= 0 else None
+        name = self.names[tid][position] if position >= 0 else None
+        if position >= 0 and ends[position] < until:
+            self.latest[tid] = (ts, ends[position], name)
+        else:
+            self.latest[tid] = (ts, math.nextafter(until, -math.inf), name)
+        return name
 
 
 def module_paths(ranges: list[tuple[float, float, Any, str]]) -> list[tuple[float, float, Any, str]]:

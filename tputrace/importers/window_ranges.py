@@ -22,7 +22,6 @@ _OP_THREAD_TEXT = re.compile(r'"cat"\s*:\s*"cpu_op"\s*,\s*"name"\s*:\s*"(?:[^"\\
 _MIN_REPEATS = 2
 # torch.profiler's name of a module's forward call (its Python tracer, `with_stack`): `nn.Module: Linear_0`.
 MODULE_PREFIX = "nn.Module: "
-_MODULE_TEXT = re.compile(r'"name"\s*:\s*"nn\.Module: ')
 # torch's own ranges, which no user opened around an iteration: `Optimizer.step#SGD.step`, `enumerate(DataLoader)#...`,
 # a process group's `gloo:all_reduce`, torch.compile's `Torch-Compiled Region: 0/0`, `CompiledFunction`,
 # `## Call CompiledFxGraph ... ##`, `TorchDynamo Cache Lookup`, DDP's `DistributedDataParallel.forward`.
@@ -52,12 +51,10 @@ class WindowRanges:
     def scan_text(self, text: str, event_around: Callable[[str, re.Match[str]], dict[str, Any]],
                   user: bool = True) -> None:
         """Read the ranges of a block of raw text, each event decoded by `event_around`; only the window's span
-        without `user` (a window with step markers, whose user ranges are not its steps)."""
+        without `user` (a window with step markers, whose user ranges are not its steps). Module calls are
+        `python_function` events, which the caller's own scan finds and passes to `add_event`."""
         if (user and '"user_annotation"' in text) or '"Trace"' in text:
             for match in (_RANGE_TEXT if user else _SPAN_TEXT).finditer(text):
-                self.add_event(event_around(text, match))
-        if MODULE_PREFIX in text:
-            for match in _MODULE_TEXT.finditer(text):
                 self.add_event(event_around(text, match))
 
     def add_event(self, event: dict[str, Any]) -> None:
