@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
-from tputrace.analysis.line_reads import ENVIRONMENT_READ, STOPPING_READ, line_read
+from tputrace.analysis.line_reads import ENVIRONMENT_READ, NON_FINITE_SKIP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
@@ -326,7 +326,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     module = module_of_read(context, frame_id, kind)
     library_read = known_library_read(context, frame_id, kind)
     if library_read is not None:
-        explanation += f" The read is {library_read[0]}" + ("." if library_read in (STOPPING_READ, ENVIRONMENT_READ) else f", inside the call at {where}.")
+        explanation += f" The read is {library_read[0]}" + ("." if library_read in _LINE_CHECKS else f", inside the call at {where}.")
         suggestion = library_read[1]
     elif library_frame_id is not None:
         suggestion = library_suggestion(context, library_frame_id, kind) or (
@@ -355,6 +355,10 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         module=module,
         **context.location_fields(frame_id),
     )
+
+
+# Reads a line's own check makes (not inside a call on the line).
+_LINE_CHECKS = (STOPPING_READ, ENVIRONMENT_READ, SKIP_READ, NON_FINITE_SKIP_READ)
 
 
 def library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:
