@@ -1,6 +1,8 @@
 """Scripts that read wrong before: a step skipped on the host's check of a chip value (`if not
 torch.isfinite(norm): continue`, `if torch.isnan(loss): continue`), told to use `torch.where` in general terms (now
-told it is a skip each step waits for, and how to keep it on the chip)."""
+told it is a skip each step waits for, and how to keep it on the chip); a second optimizer stepped every other
+iteration and two training phases with their own optimizers (an iteration merged with the next); anomaly detection
+left on (its reads at the backward line told to accumulate the loss on the chip)."""
 
 from __future__ import annotations
 
@@ -104,3 +106,32 @@ def test_two_training_phases_with_their_own_optimizers_are_one_step_per_iteratio
     the first step of each phase merged with the next)."""
     report, _, _ = _run(tmp_path, "two_phases", TWO_PHASES)
     assert report.step_count == 7
+
+
+ANOMALY_DETECTION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    torch.autograd.set_detect_anomaly(True)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=1e-2)
+    for step in range(5):
+        x = torch.randn(16, 32, device="tpu")
+        y = torch.randint(0, 10, (16,), device="tpu")
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()  {marker}
+        opt.step()
+'''
+
+
+def test_anomaly_detection_left_on_is_named_as_the_backward_lines_reads(tmp_path: Path) -> None:
+    """`set_detect_anomaly(True)` reads whether each backward function's output has a NaN: the reads at the backward
+    line are named as anomaly detection and told to turn it off, not to accumulate the loss on the chip."""
+    report, script, line = _run(tmp_path, "anomaly", ANOMALY_DETECTION)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "anomaly detection" in sync.explanation, sync.explanation
+    assert sync.suggestion.startswith("Anomaly detection is a debugging mode"), sync.suggestion
+    fusion = [finding for finding in report.findings if finding.analyzer == "fusion" and finding.line == line]
+    assert all("set_detect_anomaly(False)" in finding.suggestion for finding in fusion)

@@ -107,6 +107,13 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
         "To catch a non-finite norm, keep the norm `clip_grad_norm_` returns and check `torch.isfinite(norm)` every N "
         "steps.",
     ),
+    (("aten.isnan", "aten._is_any_true"), "item"): (
+        "autograd's anomaly detection (`torch.autograd.set_detect_anomaly(True)` or `torch.autograd.detect_anomaly()`) "
+        "checking the output of every backward function for NaN, one read each",
+        "Anomaly detection is a debugging mode: turn it off for training (`torch.autograd.set_detect_anomaly(False)`, "
+        "or drop the call) and turn it on only to find where a NaN first appears. To catch a NaN loss while training, "
+        "keep `torch.isfinite(loss)` on the chip and check it every N steps.",
+    ),
     (("aten.triu", "aten.eq.Tensor", "aten.all"), "bool"): (
         "`nn.TransformerEncoder` (or `nn.TransformerDecoder`) comparing the attention mask passed to it with a "
         "causal mask of its size to decide `is_causal` (`_detect_is_causal_mask`: `bool((mask == causal).all())`)",
