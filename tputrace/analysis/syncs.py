@@ -332,6 +332,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
     module = module_of_read(context, frame_id, kind)
     library_read = known_library_read(context, frame_id, kind)
+    if library_read is STOPPING_READ and not context.steps:
+        library_read = None  # a loop without steps (decoding) has its own advice for a stopping check
     if library_read is not None:
         explanation += f" The read is {library_read[0]}" + ("." if library_read in _LINE_CHECKS else f", inside the call at {where}.")
         suggestion = library_read[1]
