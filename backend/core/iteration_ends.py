@@ -10,7 +10,9 @@ steps a second time otherwise means the loop changed what it steps (a second tra
 never used), and ends the iteration there. In the first iteration a repeated step is an inner loop when an optimizer
 that has not stepped yet is stepped further out in a loop around it (`loop_steps`), and a first step whose loop steps
 the optimizers still waiting in a loop nested inside it (a generator's step before its critic's inner loop) ends the
-iteration at once, with the waiting ones taken as that inner loop.
+iteration at once, with the waiting ones taken as that inner loop. An iteration does not wait for optimizers that the
+loop steps only under an `if` (`if step % 2 == 0: opt_body.step()`), nor for those stepped only in another loop of the
+function (a warm-up phase's loop stepping one optimizer, then a loop stepping another): the step ends there.
 """
 
 from __future__ import annotations
@@ -54,6 +56,10 @@ class IterationEnds:
             if previous is None and steps == 1 and loop_steps.stepped_in_inner_loop(inner):
                 # The loop steps this optimizer, then the others in an inner loop: each iteration ends at this one.
                 self._end(optimizer, {optimizer: 1, **{other: 2 for other in inner}})
+                return True
+            if steps == 1 and (loop_steps.stepped_conditionally(inner) or loop_steps.stepped_in_other_loops(inner)):
+                # The others step in some iterations only, or in another loop (a phase before or after this one).
+                self._end(optimizer, dict(since_end))
                 return True
             return False
         closer = self._closer() if self._closer is not None else None

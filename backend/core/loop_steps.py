@@ -59,6 +59,50 @@ def stepped_in_inner_loop(waiting: Iterable[Any]) -> bool:
     return False
 
 
+def stepped_conditionally(waiting: Iterable[Any]) -> bool:
+    """Whether the `waiting` optimizers are stepped, in the innermost loop around the user's current line, only under
+    an `if` that does not hold that line (`if step % 2 == 0: opt_body.step()`): they step in some iterations only, so
+    the iteration does not wait for them."""
+    waiting_ids = {id(optimizer) for optimizer in waiting}
+    if not waiting_ids:
+        return False
+    for frame in _user_frames():
+        line = frame.f_lineno
+        loops = _enclosing_loops(frame.f_code.co_filename, line)
+        if not loops:
+            continue
+        naming = [(call, ancestors) for call, ancestors in _calls_with_ancestors(loops[-1])
+                  if any(id(value) in waiting_ids for value in _resolved(call, frame))]
+        return bool(naming) and all(
+            any(isinstance(node, ast.If) and not _spans(node, line) for node in ancestors) for _, ancestors in naming)
+    return False
+
+
+def stepped_in_other_loops(waiting: Iterable[Any]) -> bool:
+    """Whether the `waiting` optimizers are stepped only where the loops around the user's current line do not reach:
+    each call stepping them (or given them) in the line's function is outside those loops, or inside a loop of its
+    own that does not hold the line (a warm-up loop stepping one optimizer, then a loop stepping another). Nothing is
+    concluded from a function that names them nowhere (a helper stepping a global optimizer)."""
+    waiting_ids = {id(optimizer) for optimizer in waiting}
+    if not waiting_ids:
+        return False
+    for frame in _user_frames():
+        line = frame.f_lineno
+        scope, loops = _scope_and_loops(frame.f_code.co_filename, line)
+        if scope is None or not loops:
+            continue
+        naming = [(call, ancestors) for call, ancestors in _calls_with_ancestors(scope)
+                  if any(id(value) in waiting_ids for value in _resolved(call, frame))]
+        if not naming:
+            continue
+        return all(
+            not _spans(loops[-1], call.lineno)
+            and (not _spans(loops[0], call.lineno)
+                 or any(isinstance(node, _LOOPS) and not _spans(node, line) for node in ancestors))
+            for call, ancestors in naming)
+    return False
+
+
 def _user_frames(limit: int = 4) -> list[types.FrameType]:
     """The user's frames around the current call, innermost first (up to `limit`, and none past code with no file)."""
     roots = sourceloc.library_roots()
@@ -84,17 +128,23 @@ def _tree(filename: str) -> ast.Module | None:
 
 def _enclosing_loops(filename: str, line: int) -> list[ast.AST]:
     """The loops around `line` inside its own function (or the module), outermost first."""
+    return _scope_and_loops(filename, line)[1]
+
+
+def _scope_and_loops(filename: str, line: int) -> tuple[ast.AST | None, list[ast.AST]]:
+    """The function (or module) that holds `line`, and the loops around the line inside it, outermost first."""
     tree = _tree(filename)
     if tree is None:
-        return []
+        return None, []
+    scope: ast.AST = tree
     loops: list[ast.AST] = []
     node: ast.AST = tree
     while True:
         inner = next((child for child in ast.iter_child_nodes(node) if _spans(child, line)), None)
         if inner is None:
-            return loops
+            return scope, loops
         if isinstance(inner, _SCOPES):
-            loops = []
+            scope, loops = inner, []
         elif isinstance(inner, _LOOPS):
             loops.append(inner)
         node = inner
@@ -118,6 +168,20 @@ def _calls(loop: ast.AST) -> list[ast.Call]:
             calls.append(node)
         pending.extend(ast.iter_child_nodes(node))
     return calls
+
+
+def _calls_with_ancestors(root: ast.AST) -> list[tuple[ast.Call, tuple[ast.AST, ...]]]:
+    """The calls under `root`, not inside a function defined there, each with the nodes between `root` and it."""
+    found: list[tuple[ast.Call, tuple[ast.AST, ...]]] = []
+    pending: list[tuple[ast.AST, tuple[ast.AST, ...]]] = [(child, ()) for child in ast.iter_child_nodes(root)]
+    while pending:
+        node, ancestors = pending.pop()
+        if isinstance(node, _SCOPES):
+            continue
+        if isinstance(node, ast.Call):
+            found.append((node, ancestors))
+        pending.extend((child, (*ancestors, node)) for child in ast.iter_child_nodes(node))
+    return found
 
 
 def _resolved(call: ast.Call, frame: types.FrameType) -> list[Any]:

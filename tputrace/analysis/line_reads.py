@@ -1,6 +1,6 @@
 """Reads whose line says what they are, from the run's copy of the file: a checkpoint saved with `torch.save`, an
 action given to an environment's step, a `F.one_hot` sized by the largest label, a stopping check that breaks out of
-the loop. Each is what the read is and the
+the loop, and a check that skips the step (`if not torch.isfinite(norm): continue`). Each is what the read is and the
 change that fits it, in place of the advice for a logged loss."""
 
 from __future__ import annotations
@@ -44,6 +44,26 @@ STOPPING_READ = (
     "Check the condition every N steps (`if step % 100 == 0 and loss.item() < tol: break`): the few steps run past "
     "the stop cost less than a wait for the chip in every step.",
 )
+# `if not torch.isfinite(norm): continue`: the step is skipped on the host's reading of a chip value.
+_SKIPS = re.compile(r"^continue\b")
+_NON_FINITE = re.compile(r"\bis(?:finite|nan|inf|posinf|neginf)\b")
+NON_FINITE_SKIP_READ = (
+    "the line's check of whether the step's values are finite, to skip the update (`continue`): each step waits for "
+    "the chip to finish its backward before the host can decide",
+    "Keep the skip on the chip, as GradScaler does: step every time, with `ok = torch.isfinite(norm)` computed on the "
+    "chip and the gradients zeroed where it is False (`p.grad = torch.where(ok, p.grad, 0.0)` for each parameter, or "
+    "`torch.nan_to_num_` when only the non-finite entries should go); an optimizer with momentum or weight decay "
+    "still moves on a zeroed step, so also scale its learning rate by `ok` (a tensor `lr`). Count the skips on the "
+    "chip (`skipped += ~ok`) and read the count every N steps or after the loop.",
+)
+SKIP_READ = (
+    "the line's check of whether to skip the step (`continue`): each step waits for the chip before the host can "
+    "decide",
+    "Make the skip a mask on the chip instead of a branch on the host: run the step every time with its loss (or "
+    "gradients) multiplied by the condition (`loss = loss * keep` with `keep` a chip tensor), so a skipped step "
+    "changes nothing (with momentum or weight decay, scale the learning rate by it too); or check the condition every "
+    "N steps.",
+)
 
 
 def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tuple[str, str] | None:
@@ -60,8 +80,11 @@ def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tupl
     if _ONE_HOT_SIZED_BY_DATA.search(text) and kind == "item":
         return ONE_HOT_READ
     checks = _CHECK.match(text) if kind == "item" else kind == "bool" and _CONDITION.match(text)
-    if checks and _STOPS.match(_next_statement(copy, location.line)):
+    following = _next_statement(copy, location.line) if checks else ""
+    if checks and _STOPS.match(following):
         return STOPPING_READ
+    if checks and _SKIPS.match(following):
+        return NON_FINITE_SKIP_READ if _NON_FINITE.search(text) else SKIP_READ
     return None
 
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
-from tputrace.analysis.line_reads import ENVIRONMENT_READ, STOPPING_READ, line_read
+from tputrace.analysis.line_reads import ENVIRONMENT_READ, NON_FINITE_SKIP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
@@ -106,6 +106,13 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
         "Drop `error_if_nonfinite=True` (the default is False): the clipping itself runs on the chip without a read. "
         "To catch a non-finite norm, keep the norm `clip_grad_norm_` returns and check `torch.isfinite(norm)` every N "
         "steps.",
+    ),
+    (("aten.isnan", "aten._is_any_true"), "item"): (
+        "autograd's anomaly detection (`torch.autograd.set_detect_anomaly(True)` or `torch.autograd.detect_anomaly()`) "
+        "checking the output of every backward function for NaN, one read each",
+        "Anomaly detection is a debugging mode: turn it off for training (`torch.autograd.set_detect_anomaly(False)`, "
+        "or drop the call) and turn it on only to find where a NaN first appears. To catch a NaN loss while training, "
+        "keep `torch.isfinite(loss)` on the chip and check it every N steps.",
     ),
     (("aten.triu", "aten.eq.Tensor", "aten.all"), "bool"): (
         "`nn.TransformerEncoder` (or `nn.TransformerDecoder`) comparing the attention mask passed to it with a "
@@ -325,8 +332,10 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
     module = module_of_read(context, frame_id, kind)
     library_read = known_library_read(context, frame_id, kind)
+    if library_read is STOPPING_READ and not context.steps:
+        library_read = None  # a loop without steps (decoding) has its own advice for a stopping check
     if library_read is not None:
-        explanation += f" The read is {library_read[0]}" + ("." if library_read in (STOPPING_READ, ENVIRONMENT_READ) else f", inside the call at {where}.")
+        explanation += f" The read is {library_read[0]}" + ("." if library_read in _LINE_CHECKS else f", inside the call at {where}.")
         suggestion = library_read[1]
     elif library_frame_id is not None:
         suggestion = library_suggestion(context, library_frame_id, kind) or (
@@ -355,6 +364,10 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         module=module,
         **context.location_fields(frame_id),
     )
+
+
+# Reads a line's own check makes (not inside a call on the line).
+_LINE_CHECKS = (STOPPING_READ, ENVIRONMENT_READ, SKIP_READ, NON_FINITE_SKIP_READ)
 
 
 def library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:
