@@ -12,6 +12,7 @@ from collections import Counter
 from pathlib import Path
 
 import tputrace
+from tputrace.analysis import analyze_path
 from tputrace.cli.main import main
 
 REMAT = textwrap.dedent("""
@@ -128,3 +129,6 @@ def test_adam_over_a_shard_map(tmp_path: Path) -> None:
     lines = {op.source.line for op in ops if op.source}
     assert {_line(ADAM_SHARD_MAP, "pmean(g"), _line(ADAM_SHARD_MAP, "b1 * m + (1 - b1) * g"),
             _line(ADAM_SHARD_MAP, "b2 * v + (1 - b2) * g * g"), _line(ADAM_SHARD_MAP, "lambda p, m, v:")} <= lines
+    # The rank's collectives are its 4 chips' calls: the finding says its figures by kind and line sum them.
+    (finding,) = [finding for finding in analyze_path(output).findings if finding.title.startswith("Collectives take")]
+    assert "its 4 chips' together" in finding.explanation, finding.explanation

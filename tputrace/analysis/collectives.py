@@ -148,6 +148,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     ici = context.target.ici_bandwidth
     facts = context_import_facts(context)
     foreign_device = facts.device if facts is not None and facts.device != "tpu" else None
+    # An XProf capture's collectives are each chip's ops: one rank's rows hold all of its chips' calls.
+    chips = (trace.run.chips or 1) if facts is not None and facts.format == "xplane" else 1
     kind_evidence = tuple(
         Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_ns(row.dur_ns)}, "
                  + (f"{format_bytes(row.bytes)}, bus "
@@ -167,6 +169,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             explanation=(
                 f"Rank {rank} spent {format_ns(total_ns)} in collectives"
                 + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
+                + (f" (while any of its {chips} chips was in one; the calls and times by line and kind below are its "
+                   f"{chips} chips' together)" if chips > 1 else "")
                 + ". " + _bandwidth_text(median_bandwidth, bandwidths, foreign_device, context.target.label, ici)
             ),
             suggestion=_line_fix(context, f"{steady_where}{' AND cause_id IS NULL' if caused else ''}", steady_params,
