@@ -116,7 +116,12 @@ def _remembering(maker: Callable[..., Any]) -> Callable[..., Any]:
     namespace: dict[str, Any] = {"maker": maker, "is_compiling": _is_compiling, "tensor_type": torch.Tensor,
                                  "remember": _remember}
     exec(_WRAPPER_CODE, namespace)  # noqa: S102 - our own constant source, compiled once
-    return functools.wraps(maker)(namespace["make"])
+    wrapper = functools.wraps(maker)(namespace["make"])
+    # Dynamo reads this as "trace the maker itself": its table of torch functions, built at the first compile
+    # (perhaps while the makers are wrapped), holds the makers, and compiled code never sees the wrapper, so a
+    # compile after the recording stops still knows `torch.tensor`.
+    wrapper.__dict__["_torchdynamo_inline"] = maker
+    return wrapper
 
 
 def _remember(tensor: torch.Tensor) -> None:
