@@ -1,0 +1,72 @@
+"""More distributed scripts as a user porting from GPUs writes them, run on two virtual chips under
+`tputrace run --nproc 2`: a problem planted at a marked line is named there, with figures and a fix that fit
+what the script does."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_fresh_distributed import HEADER, _report, _run
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+# Rank 0 broadcasts its running statistics at step 2 where rank 1 all-reduces them: the group pairs the two calls, and
+# both wait for the group's timeout.
+MISMATCHED_KINDS = HEADER.replace('dist.init_process_group("tpu")', 'dist.init_process_group("tpu", timeout=__import__("datetime").timedelta(seconds=10))') + '''
+    stats = torch.ones(128, device="tpu")
+    for step in range(4):
+        stats = stats * 1.01
+        if step == 2 and rank == 0:
+            dist.broadcast(stats, src=0)  {marker}
+        else:
+            dist.all_reduce(stats)
+        print(rank, step, stats.sum().item(), flush=True)
+    dist.destroy_process_group()
+'''
+
+# Gradients synchronised by hand, one all_reduce per parameter, where DDP would bucket them.
+PER_PARAMETER_REDUCE = HEADER + '''
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 128), nn.ReLU(), nn.Linear(128, 10)).to("tpu")
+    for parameter in model.parameters():
+        dist.broadcast(parameter.data, src=0)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(6):
+        x = torch.randn(32, 64, generator=generator).to("tpu")
+        y = torch.randint(0, 10, (32,), generator=generator).to("tpu")
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad)  {marker}
+            parameter.grad /= world
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
+
+def test_a_broadcast_one_rank_issues_for_the_others_all_reduce_is_out_of_step_not_a_broadcast_to_remove(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "mismatched_kinds", MISMATCHED_KINDS, expect_ok=False)
+    report = _report(trace)
+    order = [finding for finding in report.findings if finding.title.startswith("Ranks issue collectives out of step")]
+    assert len(order) == 1, [finding.title for finding in report.findings]
+    assert order[0].line == line and Path(order[0].file or "").name == script.name
+    assert f"call 3 on process group 0 is broadcast at {script.name}:{line} on rank 0, but rank 1: all_reduce of 512 B at {script.name}:{line + 2}" in order[0].title
+    # the calls that waited for the group's timeout are the mismatch's: no share of collectives asks to broadcast less
+    share = [finding for finding in report.findings if finding.title.startswith("Collectives") and " take " in finding.title]
+    assert not share, [(finding.title, finding.suggestion) for finding in share]
+
+
+def test_gradients_reduced_one_parameter_at_a_time_are_named_with_ddp_or_one_flat_call(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "per_parameter", PER_PARAMETER_REDUCE)
+    report = _report(trace)
+    share = [finding for finding in report.findings if finding.title.startswith("Collectives take")]
+    assert len(share) == 1, [finding.title for finding in report.findings]
+    finding = share[0]
+    assert finding.line == line and Path(finding.file or "").name == script.name
+    # 6 parameters (3 weights, 3 biases): 26,122 floats a step
+    assert any("all_reduce, 6 calls a step: 102 KiB a step" in item.text and item.line == line for item in finding.evidence), finding.evidence
+    suggestion = finding.suggestion or ""
+    assert suggestion.startswith(f"all_reduce at {script.name}:{line} runs 6 times a step, one call per tensor"), suggestion
+    assert "DistributedDataParallel" in suggestion and "_flatten_dense_tensors" in suggestion
