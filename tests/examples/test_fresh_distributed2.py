@@ -45,6 +45,34 @@ PER_PARAMETER_REDUCE = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# A wrap policy by layer type, written out: fully_shard on every Linear and LayerNorm, none on the blocks (--clean
+# wraps each block once).
+LEAF_WRAPPED_FSDP = HEADER + '''
+    from torch.distributed.fsdp import fully_shard
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(128)
+            self.fc1, self.fc2 = nn.Linear(128, 256), nn.Linear(256, 128)
+        def forward(self, x):
+            return x + self.fc2(torch.relu(self.fc1(self.norm(x))))
+    model = nn.Sequential(*[Block() for _ in range(4)], nn.Linear(128, 10)).to("tpu")
+    for module in model.modules():
+        if isinstance(module, Block if CLEAN else (nn.Linear, nn.LayerNorm)):
+            fully_shard(module)  {marker}
+    fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(5):
+        x = torch.randn(32, 128, generator=generator).to("tpu")
+        y = torch.randint(0, 10, (32,), generator=generator).to("tpu")
+        loss = nn.functional.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def test_a_broadcast_one_rank_issues_for_the_others_all_reduce_is_out_of_step_not_a_broadcast_to_remove(tmp_path: Path) -> None:
     script, trace, line = _run(tmp_path, "mismatched_kinds", MISMATCHED_KINDS, expect_ok=False)
@@ -70,3 +98,19 @@ def test_gradients_reduced_one_parameter_at_a_time_are_named_with_ddp_or_one_fla
     suggestion = finding.suggestion or ""
     assert suggestion.startswith(f"all_reduce at {script.name}:{line} runs 6 times a step, one call per tensor"), suggestion
     assert "DistributedDataParallel" in suggestion and "_flatten_dense_tensors" in suggestion
+
+
+def test_fsdp_groups_of_one_layer_each_are_named_with_the_blocks_to_wrap(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "leaf_wrapped", LEAF_WRAPPED_FSDP)
+    report = _report(trace)
+    found = [finding for finding in report.findings if finding.title.startswith("FSDP2 wraps single layers")]
+    assert len(found) == 1, [finding.title for finding in report.findings]
+    finding = found[0]
+    assert finding.line == line and Path(finding.file or "").name == script.name
+    # 4 blocks of a LayerNorm (1 KiB) and two Linears (129 KiB, 128.5 KiB); each group gathered twice and reduced once a step
+    assert finding.title == ("FSDP2 wraps single layers: 12 fully_shard groups of 86.2 KiB on average in 4 modules that have none of "
+                             "their own, 36 calls per step"), finding.title
+    assert "FSDPSequential.0 (3 layers)" in finding.explanation and "about 12" in finding.explanation
+    assert finding.cost_per_step_ns and finding.cost_per_step_ns > 0
+    _, clean_trace, _ = _run(tmp_path, "leaf_wrapped", LEAF_WRAPPED_FSDP, "--clean")
+    assert not [finding.title for finding in _report(clean_trace).findings if finding.title.startswith("FSDP2 wraps single layers")]
