@@ -73,6 +73,36 @@ LEAF_WRAPPED_FSDP = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# Every rank's metrics gathered as Python objects, one call each, and rank 0's stopping decision broadcast as one, every
+# step, as logging code for GPUs often does: 10 small collectives a step.
+OBJECT_METRICS = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10)).to("tpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    history = []
+    for step in range(8):
+        x = torch.randn(32, 64, generator=generator).to("tpu")
+        y = torch.randint(0, 10, (32,), generator=generator).to("tpu")
+        logits = model(x)
+        loss = nn.functional.cross_entropy(logits, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        metrics = {{"loss": loss, "acc": (logits.argmax(1) == y).float().mean(), "top": logits.max(), "norm": logits.norm()}}
+        means = {{}}
+        for name, value in metrics.items():
+            gathered = [None] * world
+            dist.all_gather_object(gathered, value.item())  {marker}
+            means[name] = sum(gathered) / world
+        history.append(means)
+        stop = [history[-1]["loss"] < 0.01] if rank == 0 else [None]
+        dist.broadcast_object_list(stop, src=0)
+        if stop[0]:
+            break
+    dist.destroy_process_group()
+'''
+
 
 def test_a_broadcast_one_rank_issues_for_the_others_all_reduce_is_out_of_step_not_a_broadcast_to_remove(tmp_path: Path) -> None:
     script, trace, line = _run(tmp_path, "mismatched_kinds", MISMATCHED_KINDS, expect_ok=False)
@@ -114,3 +144,19 @@ def test_fsdp_groups_of_one_layer_each_are_named_with_the_blocks_to_wrap(tmp_pat
     assert finding.cost_per_step_ns and finding.cost_per_step_ns > 0
     _, clean_trace, _ = _run(tmp_path, "leaf_wrapped", LEAF_WRAPPED_FSDP, "--clean")
     assert not [finding.title for finding in _report(clean_trace).findings if finding.title.startswith("FSDP2 wraps single layers")]
+
+
+def test_metrics_gathered_as_objects_every_step_are_told_to_go_as_one_tensor(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "object_metrics", OBJECT_METRICS)
+    report = _report(trace)
+    small = [finding for finding in report.findings if finding.title.startswith("Many small collectives")]
+    assert len(small) == 1, [finding.title for finding in report.findings]
+    assert small[0].title.startswith("Many small collectives: 10 messages under 1.00 MiB per step"), small[0].title
+    # all_gather_object: the pickled lengths (int64), then the bytes, for each of 4 metrics; the same fix where the share says one
+    share = [finding for finding in report.findings if finding.title.startswith("Collectives") and " take " in finding.title]
+    assert all(finding.line == line for finding in share), [(finding.title, finding.line) for finding in share]  # not DDP's backward
+    for finding in small + share:
+        suggestion = finding.suggestion or ""
+        assert suggestion.startswith(f"The all_gather calls at {script.name}:{line} carry pickled Python objects (`all_gather_object`: "
+                                     "the lengths as int64, then the bytes, 8 calls a step)"), suggestion
+        assert "one tensor on the chip" in suggestion
