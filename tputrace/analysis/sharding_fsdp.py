@@ -28,7 +28,7 @@ def leaf_groups(context: AnalysisContext, out: Collected, records: ShardingRecor
     """A finding when blocks without a fully_shard of their own hold several leaf groups each, small ones;
     returns its cost (0.0 without one)."""
     groups: dict[str, int] = defaultdict(int)
-    leaf = {}
+    leaf: dict[str, bool] = {}
     for parameter in records.parameters:
         if parameter.wrapper in ("fsdp", "fsdp+tp") and parameter.group:
             groups[parameter.group] += parameter.bytes or 0
