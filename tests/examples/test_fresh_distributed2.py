@@ -103,6 +103,27 @@ OBJECT_METRICS = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# An auxiliary head used on even steps only, under DDP without find_unused_parameters (refused on tpu anyway): DDP raises
+# at the forward after the first step that skipped it, as it does on CUDA.
+SKIPPED_HEAD = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body, self.head, self.aux = nn.Linear(64, 64), nn.Linear(64, 10), nn.Linear(64, 10)
+        def forward(self, x, with_aux):
+            h = torch.relu(self.body(x))
+            return self.head(h) + self.aux(h) if with_aux else self.head(h)
+    model = DistributedDataParallel(Net().to("tpu"))  {marker}
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        loss = model(torch.randn(16, 64, device="tpu"), with_aux=step % 2 == 0).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def test_a_broadcast_one_rank_issues_for_the_others_all_reduce_is_out_of_step_not_a_broadcast_to_remove(tmp_path: Path) -> None:
     script, trace, line = _run(tmp_path, "mismatched_kinds", MISMATCHED_KINDS, expect_ok=False)
@@ -160,3 +181,15 @@ def test_metrics_gathered_as_objects_every_step_are_told_to_go_as_one_tensor(tmp
         assert suggestion.startswith(f"The all_gather calls at {script.name}:{line} carry pickled Python objects (`all_gather_object`: "
                                      "the lengths as int64, then the bytes, 8 calls a step)"), suggestion
         assert "one tensor on the chip" in suggestion
+
+
+def test_parameters_a_ddp_step_left_without_gradients_are_named(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "skipped_head", SKIPPED_HEAD, expect_ok=False)
+    report = _report(trace)
+    found = [finding for finding in report.findings if finding.title.startswith("DDP: ")]
+    assert len(found) == 1, [finding.title for finding in report.findings]
+    finding = found[0]
+    assert finding.title == "DDP: module.aux.weight, module.aux.bias got no gradient in a step, so rank 0 stopped at the next forward"
+    assert finding.severity == "critical" and finding.line == line and Path(finding.file or "").name == script.name
+    assert [item.text for item in finding.evidence] == ["module.aux.weight: index 4, (10,64)", "module.aux.bias: index 5, (10)"]
+    assert "0.0 *" in (finding.suggestion or "")

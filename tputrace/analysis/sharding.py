@@ -117,6 +117,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     explained_ns += _unwrapped_modules(context, out, records, by_cause)
     explained_ns += sharding_fsdp.leaf_groups(context, out, records)
     explained_ns += sharding_ddp.accumulation_without_no_sync(context, out, records, world)
+    sharding_ddp.unused_parameters(context, out, records)
     explained_ns += _small_buckets(context, out, records, by_cause, world)
     _replicated_parameters(context, out, records, world)
     _uneven_shards(context, out, records)
