@@ -13,7 +13,7 @@ pytest.importorskip("torch", reason="recording a run needs torch (pip install -e
 
 # Rank 0 broadcasts its running statistics at step 2 where rank 1 all-reduces them: the group pairs the two calls, and
 # both wait for the group's timeout.
-MISMATCHED_KINDS = HEADER.replace('dist.init_process_group("tpu")', 'dist.init_process_group("tpu", timeout=__import__("datetime").timedelta(seconds=10))') + '''
+MISMATCHED_KINDS = HEADER.replace('dist.init_process_group("tpu")', 'dist.init_process_group("tpu", timeout=__import__("datetime").timedelta(seconds=20))') + '''
     stats = torch.ones(128, device="tpu")
     for step in range(4):
         stats = stats * 1.01
