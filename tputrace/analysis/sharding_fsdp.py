@@ -36,7 +36,8 @@ def leaf_groups(context: AnalysisContext, out: Collected, records: ShardingRecor
     by_parent: dict[str, list[str]] = defaultdict(list)
     for group in groups:
         parent = group.rpartition(".")[0]
-        if leaf[group] and parent and parent not in groups:
+        # the root (a path of one name) is left out: the layers directly in it have no block to share a group with
+        if leaf[group] and "." in parent and parent not in groups:
             by_parent[parent].append(group)
     parents = {parent: children for parent, children in by_parent.items() if len(children) >= 2}
     leaves = [group for children in parents.values() for group in children]
