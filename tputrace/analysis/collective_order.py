@@ -35,6 +35,12 @@ class OutOfStep:
     calls: tuple[tuple[int, str, int, str], ...]  # (rank, kind, bytes, line) per member; line "-" when it issued none
     counts: tuple[tuple[int, int], ...]  # (rank, calls on the group)
     left_early: bool = False  # the calls agree, but a rank that ended normally stopped calling before the others
+    # (rank, start_ns) of each member's call at `position`: from there on its calls are paired with others' (or none)
+    diverged_ns: tuple[tuple[int, int], ...] = ()
+
+    def since_ns(self, rank: int) -> int | None:
+        """When `rank`'s calls stopped pairing with the other members' (None: it issued no call there)."""
+        return next((start for member, start in self.diverged_ns if member == rank), None)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class _Call:
     kind: str
     nbytes: int
     where: SourceLocation | None
+    start_ns: int
 
 
 def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | None]:
@@ -49,12 +56,12 @@ def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | N
     trace = context.trace
     if len(trace.distributed_ranks) < 2:
         return None, None
-    rows = trace.sql("SELECT rank, kind, bytes, group_sid, ranks_sid, frame_id FROM collectives ORDER BY rank, start_ns")
+    rows = trace.sql("SELECT rank, kind, bytes, group_sid, ranks_sid, frame_id, start_ns FROM collectives ORDER BY rank, start_ns")
     by_group: dict[tuple[int | None, int | None], dict[int, list[_Call]]] = defaultdict(lambda: defaultdict(list))
-    for rank, kind, nbytes, group_sid, ranks_sid, frame_id in rows:
+    for rank, kind, nbytes, group_sid, ranks_sid, frame_id, start_ns in rows:
         if kind in POINT_TO_POINT:
             continue
-        by_group[(group_sid, ranks_sid)][rank].append(_Call(kind, nbytes or 0, trace.frame(frame_id)))
+        by_group[(group_sid, ranks_sid)][rank].append(_Call(kind, nbytes or 0, trace.frame(frame_id), start_ns or 0))
     for (group_sid, ranks_sid), per_rank in by_group.items():
         members = _members(trace.string(ranks_sid)) or sorted(per_rank)
         if len(members) < 2 or any(member not in per_rank for member in members):
@@ -77,8 +84,9 @@ def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | N
             for member, sequence in zip(members, sequences, strict=True)
         )
         name = trace.string(group_sid)
+        diverged = tuple((member, sequence[position].start_ns) for member, sequence in zip(members, sequences, strict=True) if position < len(sequence))
         found = OutOfStep(f"process group {name}" if name else "the default group", position + 1, calls, tuple(zip(members, counts, strict=True)),
-                          left is not None if position == min(counts) else False)
+                          left is not None if position == min(counts) else False, diverged)
         where = next((sequence[position].where for sequence in sequences if position < len(sequence)), None)
         return found, (_left_finding(context, found, where) if found.left_early else _finding(context, found, where))
     return None, None

@@ -35,6 +35,9 @@ SMALL_MESSAGE_BYTES = 1 << 20
 MANY_SMALL_PER_STEP = 10
 STRAGGLER_WAIT_SHARE = 0.2
 LOW_BANDWIDTH_SHARE = 0.25
+# The collectives torch's object calls run on pickled bytes, by the call.
+OBJECT_KINDS = {"all_gather": "all_gather_object", "broadcast": "broadcast_object_list", "gather": "gather_object", "scatter": "scatter_object_list"}
+PER_TENSOR_KINDS = ("all_reduce", "reduce")  # a reduction a loop may issue once per tensor, where one flattened call does
 
 
 @dataclass(frozen=True)
@@ -115,7 +118,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         return AnalysisResult(NAME, CollectivesData(count))
     findings: list[Finding] = []
     rank = context.rank
+    order, order_finding = out_of_step(context)
+    # From a call the ranks issued out of step on, this rank's calls paired with the wrong ones, failed or hung: their
+    # time is the out-of-step finding's, not a cost of communicating, and the fixes for it here do not apply.
+    paired_until = order.since_ns(rank) if order is not None else None
+    cut = (" AND start_ns < ?", (paired_until,)) if paired_until is not None else ("", ())
     where, params = context.loop_where()
+    where, params = where + cut[0], tuple(params) + cut[1]
     kinds = trace.sql(
         "SELECT kind, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(wait_ns), 0), "
         f"AVG(bus_bandwidth), COALESCE(SUM(bytes < ?), 0) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
@@ -131,6 +140,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9) if world > 1 else None
         rows.append(CollectiveKind(kind, calls, nbytes or 0, dur_ns, wait_ns, bandwidth, small, nbytes is not None))
     steady_where, steady_params = context.steady_where()
+    steady_where, steady_params = steady_where + cut[0], tuple(steady_params) + cut[1]
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
     # once: the share is the union of the calls' intervals, which never exceeds the steps' time.
     total_ns = _union_length(_intervals(trace, where, params))
@@ -141,8 +151,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         # the sharding analyzer names the cause and the line of the caused calls; this finding counts the rest
         total_ns = _union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
         finding_share = min(context.share_of_steps(_union_length(_intervals(trace, f"{steady_where} AND cause_id IS NULL", steady_params))), 1.0)
-    top_frame = trace.sql(
-        f"SELECT frame_id FROM collectives WHERE {where} GROUP BY frame_id ORDER BY SUM(dur_ns) DESC LIMIT 1", params
+    top_frame = trace.sql(  # of the calls the finding counts: with causes recorded, a DDP bucket's line is the sharding finding's
+        f"SELECT frame_id FROM collectives WHERE {where}{' AND cause_id IS NULL' if caused else ''} GROUP BY frame_id "
+        "ORDER BY SUM(dur_ns) DESC LIMIT 1", params
     )
     frame_id = top_frame[0][0] if top_frame else None
     ici = context.target.ici_bandwidth
@@ -184,7 +195,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     if caused:  # DDP buckets and FSDP2 groups are judged, at their constructor line, by the sharding analyzer
         (small,) = trace.sql(f"SELECT COUNT(*) FROM collectives WHERE {where} AND bytes < ? AND cause_id IS NULL",
                              tuple(params) + (SMALL_MESSAGE_BYTES,))[0]
-    small_per_step = small / max(context.step_count, 1)
+    small_per_step = float(small)
+    if context.steps and context.steady_count:
+        # per steady step, as the lines' calls are: a loop's calls after its optimizer step fall in the next step, so the
+        # loop's steps hold one iteration's fewer of them than there are steps
+        (steady_small,) = trace.sql(f"SELECT COUNT(*) FROM collectives WHERE {steady_where} AND bytes < ?"
+                                    + (" AND cause_id IS NULL" if caused else ""), tuple(steady_params) + (SMALL_MESSAGE_BYTES,))[0]
+        small_per_step = steady_small / context.steady_count
     if small_per_step >= MANY_SMALL_PER_STEP:
         small_where = f"{where} AND bytes < ?" + (" AND cause_id IS NULL" if caused else "")
         small_ns = _union_length(_intervals(trace, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)))
@@ -204,7 +221,6 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         ))
     wait_by_rank, late, straggler = _stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
-    order, order_finding = out_of_step(context)
     findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
@@ -212,11 +228,40 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
 
 def _line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: str = "COUNT(*) DESC, SUM(dur_ns) DESC") -> str | None:
     """What removes the calls of the top line (by `by`) when its kind has a fix of its own: a barrier, a broadcast, sends,
-    XLA's collective permutes."""
-    rows = context.trace.sql(f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY {by} LIMIT 1", tuple(params))
-    if not rows or rows[0][0] not in ("barrier", "broadcast", "send", "recv", "collective_permute"):
+    XLA's collective permutes, a reduction called once per tensor."""
+    rows = context.trace.sql(f"SELECT kind, frame_id, COUNT(*), COUNT(DISTINCT bytes), COALESCE(SUM(dtype = 'u8'), 0), "
+                             f"COALESCE(SUM(dtype = 'i64'), 0) FROM collectives WHERE {where} "
+                             f"GROUP BY kind, frame_id ORDER BY {by} LIMIT 1", tuple(params))
+    if not rows:
         return None
-    return _small_fix(context, where, params, rows[0])
+    kind, frame_id, calls, sizes, pickled, lengths = rows[0]
+    per_step = calls / max(context.steady_count, 1) if context.steps else 0.0
+    if kind in OBJECT_KINDS and pickled and lengths:
+        return _object_fix(kind, context.where(frame_id), per_step)
+    if kind in PER_TENSOR_KINDS and per_step >= 2 and sizes >= 2:
+        return _per_tensor_fix(kind, context.where(frame_id), per_step)
+    if kind not in ("barrier", "broadcast", "send", "recv", "collective_permute"):
+        return None
+    return _small_fix(context, where, params, (kind, frame_id))
+
+
+def _object_fix(kind: str, at: str, per_step: float) -> str:
+    """The fix for a collective of Python objects (`all_gather_object`, `broadcast_object_list`, `gather_object`): torch
+    pickles each object into a byte tensor and sends the lengths first, two calls where one tensor would take one."""
+    often = f", {per_step:.3g} calls a step" if per_step else ""
+    return (f"The {kind} calls at {at} carry pickled Python objects (`{OBJECT_KINDS[kind]}`: the lengths as int64, then the bytes{often}): "
+            "each call pickles on the host and waits for every rank, and numbers in them are read from the chip first (`.item()`). Put the "
+            "numbers in one tensor on the chip (`torch.stack([loss.detach(), accuracy])`) and reduce or gather that, reading it "
+            "every N steps or after the loop; keep object collectives for set-up and checkpoints.")
+
+
+def _per_tensor_fix(kind: str, at: str, per_step: float) -> str:
+    """The fix for one line reducing tensors of several sizes one call each, every step (a loop over the parameters'
+    gradients): the calls' latency adds up and none overlaps the backward pass."""
+    return (f"{kind} at {at} runs {per_step:.3g} times a step, one call per tensor of several sizes (a loop over the parameters' "
+            "gradients): wrap the model in DistributedDataParallel, whose buckets reduce the gradients in a few large calls "
+            "overlapped with the backward pass, or flatten the tensors into one buffer and reduce it once "
+            "(`torch._utils._flatten_dense_tensors`, one call, then `_unflatten_dense_tensors` and copy the pieces back).")
 
 
 def _overlap_fix(context: AnalysisContext) -> str:
@@ -233,6 +278,8 @@ def _overlap_fix(context: AnalysisContext) -> str:
 
 def _small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: tuple[str, int | None] | None = None) -> str:
     """What removes most of the small messages, by the kind of the line that sends the most of them."""
+    if top is None and (fix := _line_fix(context, where, params)) is not None:
+        return fix
     rows = [top] if top is not None else context.trace.sql(
         f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY COUNT(*) DESC, SUM(dur_ns) DESC LIMIT 1", tuple(params))
     kind, frame_id = rows[0] if rows else (None, None)

@@ -9,6 +9,7 @@ the plan); this module runs them and checks the rest:
   but not wrapped on its own: its parameters are gathered with the outer group's, in one message
   that cannot overlap its own compute. Cost: that module's share
   of the group's all-gather and reduce-scatter time.
+- FSDP2 groups of one layer each, in modules without a group of their own (`sharding_fsdp`).
 - DDP buckets far below the default cap: many latency-bound all-reduces per step, at the `DDP(...)` line.
   Cost: the buckets' time in the median step (their union), times the share of the calls a larger cap
   saves, over the loop's steps.
@@ -27,7 +28,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tputrace.analysis import sharding_ddp, sharding_outputs, sharding_plans
+from tputrace.analysis import sharding_ddp, sharding_fsdp, sharding_outputs, sharding_plans
 from tputrace.analysis.collectives import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -114,7 +115,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     explained_ns += sharding_plans.explicit_gathers(context, out, records, world)
     sharding_plans.unplanned_parameters(context, out, records)
     explained_ns += _unwrapped_modules(context, out, records, by_cause)
+    explained_ns += sharding_fsdp.leaf_groups(context, out, records)
     explained_ns += sharding_ddp.accumulation_without_no_sync(context, out, records, world)
+    sharding_ddp.unused_parameters(context, out, records)
     explained_ns += _small_buckets(context, out, records, by_cause, world)
     _replicated_parameters(context, out, records, world)
     _uneven_shards(context, out, records)

@@ -5,19 +5,70 @@
   micro-batch's reduction is needed; `no_sync()` around the others keeps their gradients local, summed
   into `.grad`. At the line that called backward(), with the `DDP(...)` line as evidence. Cost: the bucket
   all-reduces of every backward but the last of each step, measured, per steady step.
+- Parameters a step did not use: the run ended on DDP's "Expected to have finished reduction in the prior
+  iteration" error, whose parameter indices are named (DDP's parameter order, as recorded). At the `DDP(...)`
+  line; the run's wall time as the cost, since the run stopped there.
 """
 
 from __future__ import annotations
 
+import re
 import statistics
 from collections import Counter, defaultdict
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Finding
-from tputrace.analysis.sharding_common import NAME, Collected, evidence, ici_estimate_ns, in_steady_steps, per_step
+from tputrace.analysis.sharding_common import NAME, Collected, evidence, ici_estimate_ns, in_steady_steps, location, per_step
 from tputrace.store.records import SourceLocation
 from tputrace.store.sharding import CausedCollective, ShardingRecords
 from tputrace.wording import format_bytes, format_ns, plural
+
+
+_UNFINISHED_REDUCTION = "Expected to have finished reduction in the prior iteration"
+_UNUSED_INDICES = re.compile(r"Parameter indices which did not receive grad for rank (\d+): ([\d ]+)")
+
+
+def unused_parameters(context: AnalysisContext, out: Collected, records: ShardingRecords) -> None:
+    """A critical finding, naming the parameters, when a rank's run ended because a DDP step left some without a gradient."""
+    runs = sorted(context.trace.runs, key=lambda run: (run.rank != context.rank, run.rank))
+    failed = next((run for run in runs if _UNFINISHED_REDUCTION in (run.error or "")), None)
+    parameters = [parameter for parameter in records.parameters if parameter.wrapper == "ddp"]
+    if failed is None or not parameters:
+        return
+    found = _UNUSED_INDICES.search(failed.error or "")
+    indices = [int(index) for index in found.group(2).split()] if found else []
+    names = [_short_name(parameters[index].name) for index in indices if index < len(parameters)]
+    wrapper = parameters[0].group or "DistributedDataParallel"
+    origin = parameters[0].origin
+    named = ", ".join(names) if names else "some parameters"
+    out.findings.append(Finding(
+        analyzer=NAME,
+        severity="critical",
+        title=f"DDP: {named} got no gradient in a step, so rank {failed.rank} stopped at the next forward",
+        explanation=(
+            f"DDP all-reduces every parameter's gradient in each backward; a forward that did not use {named} (a branch "
+            "taken only in some steps, a head used in some batches only, an output left out of the loss) left their bucket "
+            "unreduced, and the next forward raised \"Expected to have finished reduction in the prior iteration\""
+            + (f" (parameter indices {' '.join(map(str, indices))} of {wrapper}'s, in its parameter order)." if indices else ".")
+        ),
+        suggestion=(
+            "Make every parameter take part in each step's loss: where the step skips them, add `0.0 *` their output "
+            "(or `0.0 * sum(p.sum() for p in module.parameters())`) to the loss, so their gradient is zero and reduced; a "
+            "module never trained belongs outside the model DDP wraps, or with `requires_grad_(False)` before `DDP(...)`. "
+            "`find_unused_parameters=True`, CUDA's answer, is refused on tpu (see docs/distributed.md)."
+        ),
+        evidence=tuple(evidence(f"{_short_name(parameters[index].name)}: index {index}, ({parameters[index].global_shape})", origin, parameters[index].module)
+                       for index in indices if index < len(parameters)),
+        module=parameters[indices[0]].module if indices and indices[0] < len(parameters) else None,
+        cost_total_ns=float(context.wall_ns),
+        **location(origin),
+    ))
+
+
+def _short_name(name: str | None) -> str:
+    """A DDP parameter's name as the script writes it on the wrapped model (`module.aux.weight`)."""
+    text = name or "?"
+    return text.split(".", 1)[1] if text.startswith("DistributedDataParallel.") else text
 
 
 def backward_passes(records: ShardingRecords, calls: list[CausedCollective]) -> float:

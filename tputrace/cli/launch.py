@@ -5,7 +5,10 @@ into `<trace>.ranks/`; their traces are merged into `<trace>` however the run en
 
 - a rank fails (raises, exits non-zero, is killed): the agent stops the others (SIGTERM, then SIGKILL
   after `RANK_SHUTDOWN_TIMEOUT_S`); the ranks still in a collective with it get a Python error from
-  that collective; the launcher names the rank that failed first and where, and exits with its status;
+  that collective; the launcher names the rank that failed first and where, and exits with its status.
+  Each rank notes how its script ended (`tputrace.recording.exits.note_script_end`), with a trace or
+  without: a rank whose error came from a collective with a dead peer, or that the launcher stopped,
+  followed another one, whichever process exited first;
 - the launcher gets SIGINT (Ctrl-C) or SIGTERM: it sends that signal to every rank, which finishes its
   trace and exits; ranks still running `RANK_SHUTDOWN_TIMEOUT_S` later (or at a second signal) are
   killed; the traces are merged and the launcher exits 128 + the signal (130, 143);
@@ -24,6 +27,7 @@ import os
 import re
 import signal
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -32,11 +36,11 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
+from tputrace.recording.exits import EXIT_TERMINATED, LAUNCHER_PID_VARIABLE, SCRIPT_ENDS_VARIABLE, ScriptEnd, read_script_end
 from tputrace.recording.recording_window import spec_of_options
 from tputrace.store.errors import TputraceError
 
 RANK_SHUTDOWN_TIMEOUT_S = 10
-LAUNCHER_PID_VARIABLE = "TPUTRACE_LAUNCHER_PID"  # tells a rank which process launched it
 _PR_SET_PDEATHSIG = 1  # prctl(2)
 _POLL_S = 0.02  # how often the launcher looks at its ranks: an exit is timed to within this
 _SCAN_S = 0.5  # how often it looks for ranks it does not know yet
@@ -56,14 +60,19 @@ class RankFailure:
 
 @dataclass(frozen=True)
 class FirstFailure:
-    """The rank whose failure the others followed: who, why, and where in the script when known."""
+    """The rank whose failure the others followed: who, why, where in the script when known, the exit
+    status the launcher passes on (its script's), and how its process ended when that differs."""
 
     rank: int
     reason: str
     where: str | None
+    exit_status: int
+    then: str | None = None
 
     def text(self) -> str:
-        return f"rank {self.rank} failed first ({self.reason}{f' at {self.where}' if self.where else ''})"
+        where = f" at {self.where}" if self.where else ""
+        then = f"; then it was {self.then}" if self.then else ""
+        return f"rank {self.rank} failed first ({self.reason}{where}{then})"
 
 
 def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, show_summary: Callable[[Path], None]) -> int:
@@ -95,8 +104,14 @@ def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, s
         os.environ["TPUTRACE_CHIPS"] = "1"
     os.environ[LAUNCHER_PID_VARIABLE] = str(os.getpid())
     worker_args += (["-m", target.name] if target.is_module else [target.name]) + list(args.target_args)
-    failures, stop_signal = launch_ranks(worker_args, args.nproc)
-    first = None if stop_signal else first_failure(failures, rank_paths)
+    with tempfile.TemporaryDirectory(prefix="tputrace-ends-") as ends_dir:
+        os.environ[SCRIPT_ENDS_VARIABLE] = ends_dir
+        try:
+            failures, stop_signal = launch_ranks(worker_args, args.nproc)
+        finally:
+            os.environ.pop(SCRIPT_ENDS_VARIABLE, None)
+        ends = {rank: end for rank in failures if (end := read_script_end(Path(ends_dir), rank)) is not None}
+    first = None if stop_signal else first_failure(failures, rank_paths, ends)
     if merged_path is not None:
         merged = merge_rank_traces(rank_paths, merged_path, args.nproc, failures, first, show_summary)
         if merged and getattr(args, "tui", False) and not stop_signal:
@@ -110,7 +125,7 @@ def run_ranks(target: Any, args: argparse.Namespace, merged_path: Path | None, s
         return 0
     stopped = "; the launcher stopped the other ranks" if args.nproc > 1 else ""
     print(f"tputrace: {first.text()}{stopped}", file=sys.stderr)
-    return failures[first.rank].exit_status
+    return first.exit_status
 
 
 def stop_with_the_launcher() -> None:
@@ -314,43 +329,61 @@ def rank_failure(exitcode: int, timestamp: float) -> RankFailure:
     return RankFailure(exitcode, f"exited with status {exitcode}", timestamp)
 
 
-def first_failure(failures: Mapping[int, RankFailure], rank_paths: list[Path]) -> FirstFailure | None:
-    """The rank whose failure the others followed. Each failed rank's time is its trace's end (its
-    last record when it was killed); a rank whose error came from a collective with a dead peer, or
-    that the launcher stopped (SIGTERM), followed another one. Of the ranks that did not follow one,
-    the earliest; else the earliest of all."""
+def first_failure(failures: Mapping[int, RankFailure], rank_paths: list[Path], ends: Mapping[int, ScriptEnd] | None = None) -> FirstFailure | None:
+    """The rank whose failure the others followed. A rank whose script's error came from a collective
+    with a dead peer, or that the launcher stopped (SIGTERM), followed another one; what its script
+    raised comes from its own note (`ends`), else its trace. Of the ranks that did not follow one, the
+    earliest; else the earliest of all. A failed rank's time is when its script ended by its note, else
+    its trace's end (its last record when it was killed), else when its process was seen to end."""
     if not failures:
         return None
-    facts = {rank: _failure_facts(rank, failure, rank_paths[rank] if rank < len(rank_paths) else None) for rank, failure in failures.items()}
-    causes = [rank for rank, (_, _, followed, _) in facts.items() if not followed] or list(facts)
-    rank = min(causes, key=lambda candidate: (facts[candidate][0], candidate))
-    _, reason, _, where = facts[rank]
-    return FirstFailure(rank, reason, where)
+    facts = {rank: _failure_facts(failure, rank_paths[rank] if rank < len(rank_paths) else None, (ends or {}).get(rank))
+             for rank, failure in failures.items()}
+    causes = [rank for rank, fact in facts.items() if not fact.followed] or list(facts)
+    rank = min(causes, key=lambda candidate: (facts[candidate].when, candidate))
+    fact = facts[rank]
+    return FirstFailure(rank, fact.reason, fact.where, fact.exit_status, fact.then)
 
 
-def _failure_facts(rank: int, failure: RankFailure, trace_path: Path | None) -> tuple[float, str, bool, str | None]:
-    """(when it failed, why, whether it followed another rank's failure, where) for one failed rank."""
+@dataclass(frozen=True)
+class _FailureFacts:
+    when: float  # seconds since the epoch
+    reason: str
+    followed: bool  # it failed because another rank did
+    where: str | None
+    exit_status: int  # its script's, when it noted it; else its process's
+    then: str | None  # how its process ended, when not as its script did
+
+
+def _failure_facts(failure: RankFailure, trace_path: Path | None, end: ScriptEnd | None) -> _FailureFacts:
+    """What one failed rank's note, trace and exit say of its failure."""
     from tputrace.store.reader import open_trace
 
-    when, reason, where = failure.timestamp, failure.reason, None
-    followed = failure.exit_status == 128 + signal.SIGTERM
-    if trace_path is None or not trace_path.exists():
-        return when, reason, followed, where
-    try:
-        with open_trace(trace_path) as trace:
-            run = trace.run
-            if run.start_unix_ns is not None:
-                when = (run.start_unix_ns + trace.wall_ns()) / 1e9
-            if run.error:
-                reason = f"{reason}: {_exception_line(run.error)}"
-                where = _failing_line(run.error)
-                followed = followed or any(mark in run.error for mark in _PEER_FAILURE_MARKS)
-            elif run.end_ns is None:
-                where = _last_op_line(trace)
-                reason = f"{reason}; its last recorded op" if where else reason
-    except TputraceError:
-        pass
-    return when, reason, followed, where
+    when, reason, where, error, then = failure.timestamp, failure.reason, None, None, None
+    exit_status = failure.exit_status
+    if end is not None:
+        when, error, exit_status = end.unix_ns / 1e9, end.error, end.exit_status
+        if end.exit_status != failure.exit_status:
+            # The script ended, then the process was stopped while exiting (its teardown outlasted a peer's failure).
+            reason, then = f"its script ended with status {end.exit_status}", failure.reason
+    followed = exit_status == EXIT_TERMINATED
+    if trace_path is not None and trace_path.exists():
+        try:
+            with open_trace(trace_path) as trace:
+                run = trace.run
+                if end is None and run.start_unix_ns is not None:
+                    when = (run.start_unix_ns + trace.wall_ns()) / 1e9
+                error = error or run.error
+                if not error and run.end_ns is None:
+                    where = _last_op_line(trace)
+                    reason = f"{reason}; its last recorded op" if where else reason
+        except TputraceError:
+            pass
+    if error:
+        reason = f"{reason}: {_exception_line(error)}"
+        where = _failing_line(error)
+        followed = followed or any(mark in error for mark in _PEER_FAILURE_MARKS)
+    return _FailureFacts(when, reason, followed, where, exit_status, then)
 
 
 def _exception_line(error: str, limit: int = 160) -> str:

@@ -2,7 +2,8 @@
 
 `start` loads the backend, chooses the eager mode (until `stop`), and makes a new `Recorder` this
 process's recording; the processes the script forks or starts from then on record as its children
-(`tputrace.recording.forking`, `spawning`, `command_exits`). `stop` ends it however the script ended.
+(`tputrace.recording.forking`, `spawning`, `command_exits`). `stop` ends it however the script ended
+(and, in a launched rank, notes that end for the launcher: `tputrace.recording.exits.note_script_end`).
 """
 
 from __future__ import annotations
@@ -10,11 +11,12 @@ from __future__ import annotations
 import os
 
 from tputrace.recording import lineage, session, spawning
+from tputrace.recording.exits import note_script_end
 from tputrace.recording.fork_merge import clear_stale
 from tputrace.recording.readings import BackendReadings
 from tputrace.recording.recorder import Recorder
 from tputrace.recording.recording_window import WindowSpec
-from tputrace.recording.session import live_compiles, live_counts, stop
+from tputrace.recording.session import live_compiles, live_counts
 
 __all__ = ["live_compiles", "live_counts", "map_cuda_to_tpu", "start", "stop"]
 
@@ -46,6 +48,13 @@ def start(path: str | None, *, script: str, argv: list[str], mode: str = "defer"
     spawning.install()
     lineage.export(recorder)
     return recorder
+
+
+def stop(exit_status: int | None, error: str | None = None) -> None:
+    """End the recording however the script ended (`tputrace.recording.session.stop`); in a rank of
+    `tputrace run --nproc`, first note that end for the launcher, which reads it even with `--no-trace`."""
+    note_script_end(exit_status, error)
+    session.stop(exit_status, error)
 
 
 def map_cuda_to_tpu() -> None:

@@ -1,6 +1,7 @@
 """A rank that fails under `tputrace run --nproc 2` with DDP (raises, or is killed with SIGKILL) does not
 crash the other: the survivor's collective raises a Python error (as c10d's own backends raise), its
 trace is finished, and the launcher and the merged trace name the rank that failed first and where.
+Without a trace too: each rank notes how its script ended, so which process exited first does not decide.
 
 Before, the survivor died of SIGSEGV in DDP's backward: `Future.set_exception` completed the bucket's
 C++ future with the exception as its value, and DDP's reducer read it as the bucket's tensors."""
@@ -20,7 +21,7 @@ import tputrace
 
 FAILING_STEP = 3
 DDP_SCRIPT = r'''
-import os, signal, sys
+import atexit, datetime, os, signal, sys, time
 import torch, torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
@@ -29,17 +30,21 @@ import tputrace.backend  # noqa: F401
 how = sys.argv[1]
 dist.init_process_group("tpu")
 rank = dist.get_rank()
+slow_exit = how == "raise-slow-exit"
+if slow_exit and rank == 1:
+    atexit.register(time.sleep, 600)  # a slow teardown: its peer times out and exits first, then the launcher stops it
 if rank == 0:
     # The launcher stops the other ranks (SIGTERM) once rank 1 has failed: rank 0 ignores it, so that
     # what ends it is the collective's own error, whenever the signal comes.
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 torch.manual_seed(0)
-model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to("tpu"))
+group = dist.new_group(timeout=datetime.timedelta(seconds=20)) if slow_exit else None
+model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2)).to("tpu"), process_group=group)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
 for step in range(6):
     loss = model(torch.randn(4, 8).to("tpu")).sum()
     if step == FAILING_STEP and rank == 1:
-        if how == "raise":
+        if how.startswith("raise"):
             raise RuntimeError("rank 1 gives up")  # MARK: the raise
         os.kill(os.getpid(), signal.SIGKILL)
     try:
@@ -102,5 +107,17 @@ def test_a_failed_rank_does_not_crash_the_other_without_a_trace(tmp_path: Path) 
     result = _run_ranks(tmp_path, "raise", "--no-trace")
     assert "Segmentation fault" not in result.stderr and result.returncode == 1, result.stderr[-4000:]
     assert "all_reduce on the tpu process group failed" in (tmp_path / "survivor-error-0").read_text()
-    assert "tputrace: rank 1 failed first (exited with status 1)" in result.stderr
+    assert f"tputrace: rank 1 failed first (exited with status 1: RuntimeError: rank 1 gives up at ddp_fail.py:{_raise_line()})" in result.stderr
     assert not list(tmp_path.glob("*.tptrace"))
+
+
+@pytest.mark.parametrize("trace_options", [["--no-trace"], ["-o", "run.tptrace"]], ids=["no-trace", "trace"])
+def test_the_rank_that_raised_is_named_first_though_the_survivor_exits_before_it(tmp_path: Path, trace_options: list[str]) -> None:
+    """Rank 1 raises, then takes long to exit: rank 0's collective times out and rank 0 exits first, and
+    the launcher stops rank 1 (SIGTERM) in its teardown. Rank 1 still failed first: its script ended
+    with its own error, rank 0's with a peer's."""
+    result = _run_ranks(tmp_path, "raise-slow-exit", *trace_options)
+    assert result.returncode == 1, result.stderr[-4000:]
+    assert "all_reduce on the tpu process group failed" in (tmp_path / "survivor-error-0").read_text()
+    assert (f"tputrace: rank 1 failed first (its script ended with status 1: RuntimeError: rank 1 gives up at ddp_fail.py:{_raise_line()}; "
+            "then it was killed by SIGTERM (signal 15))") in result.stderr, result.stderr[-4000:]
