@@ -11,6 +11,7 @@ COUNTS = (CHIPS, MAX_PROGRAMS)
 COMPILE_CACHE = "TPUTRACE_COMPILE_CACHE"
 HOST_ORIGINS = "TPUTRACE_HOST_ORIGINS"  # 0: do not record the line that made each batch copied to the chip
 STEP_REPLAY = "TPUTRACE_STEP_REPLAY"  # 0: DeferAndFuse records every graph op by op, never replaying a repeated one
+BACKEND_FRAMES = "TPUTRACE_BACKEND_FRAMES"  # 1: a script's traceback keeps the tpu backend's frames
 
 
 class SettingError(ValueError):
@@ -72,6 +73,15 @@ def step_replay_enabled(error: type[Exception] = SettingError) -> bool:
     return raw == "1"
 
 
+def backend_frames_shown(error: type[Exception] = SettingError) -> bool:
+    """Whether `tputrace run` prints a script's traceback with the tpu backend's frames below the user's call
+    (`TPUTRACE_BACKEND_FRAMES`: 0, the default, or 1); `error` for another value."""
+    raw = os.environ.get(BACKEND_FRAMES, "0").strip()
+    if raw not in ("0", "1"):
+        raise error(f"{BACKEND_FRAMES}={raw!r} must be 0 (hidden, the default) or 1 (shown)")
+    return raw == "1"
+
+
 def check() -> None:
     """Raise `SettingError` for the first setting whose value is not usable."""
     for setting in COUNTS:
@@ -79,3 +89,4 @@ def check() -> None:
     compile_cache_directory()
     host_origins_enabled()
     step_replay_enabled()
+    backend_frames_shown()

@@ -19,7 +19,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType, TracebackType
 from typing import Any, TextIO
 
 from tputrace import settings
@@ -292,20 +291,11 @@ def execute(target: Target, script_args: list[str], recorder: Any, trace_path: P
 
 
 def user_traceback(error: BaseException) -> str:
-    """The exception formatted as Python would, without the frames of tputrace and runpy above the script."""
-    import traceback
+    """The exception formatted as Python would, without the frames of tputrace and runpy above the script and the
+    backend's below the user's call (`tputrace.cli.tracebacks`)."""
+    from tputrace.cli.tracebacks import user_traceback as formatted
 
-    trace: TracebackType | None = error.__traceback__
-    while trace is not None and _is_launcher_frame(trace.tb_frame):
-        trace = trace.tb_next
-    return "".join(traceback.format_exception(type(error), error, trace))
-
-
-def _is_launcher_frame(frame: FrameType) -> bool:
-    import runpy
-
-    filename = frame.f_code.co_filename
-    return filename in (__file__, runpy.__file__, "<frozen runpy>")
+    return formatted(error, __file__)
 
 
 def report(trace_path: Path) -> None:
