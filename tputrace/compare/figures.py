@@ -85,7 +85,10 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
     `by_line_number` match by line number, not text: those whose text either compared run cannot read."""
     chosen = trace.run.rank if rank is None else rank
     text_cache: dict[str, list[str] | None] = dict.fromkeys(by_line_number)
-    durations = [step.dur_ns for step in trace.step_times(rank=chosen) if step.dur_ns is not None and step.source != "end"]
+    step_times = trace.step_times(rank=chosen)
+    durations = [step.dur_ns for step in step_times if step.dur_ns is not None and step.source != "end"]
+    # The tail after the last step boundary (a final `.item()` or evaluation after the loop) is no steady step.
+    tail_steps = tuple(step.step for step in step_times if step.source == "end")
     steady = durations[WARMUP_STEPS:] or durations
     median = float(statistics.median(steady)) if steady else None
     spread = float(statistics.median(abs(value - median) for value in steady)) if steady and median is not None else 0.0
@@ -114,9 +117,9 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         programs=compile_stats.programs,
         recompiles_after_warmup=recompiles,
         syncs=_count(trace, "syncs", chosen, 0),
-        steady_syncs=_count(trace, "syncs", chosen, WARMUP_STEPS),
+        steady_syncs=_count(trace, "syncs", chosen, WARMUP_STEPS, tail_steps),
         transfers=_count(trace, "transfers", chosen, 0),
-        steady_transfers=_count(trace, "transfers", chosen, WARMUP_STEPS),
+        steady_transfers=_count(trace, "transfers", chosen, WARMUP_STEPS, tail_steps),
         fallbacks=_count(trace, "fallbacks", chosen, 0),
         collectives=_count(trace, "collectives", chosen, 0),
         peak_memory_bytes=max((chip.peak_bytes for chip in memory.chips), default=0) if memory else 0,
@@ -146,10 +149,12 @@ def _op_time(trace: Trace, rank: int, text_cache: dict[str, list[str] | None]
     return by_site, labels, by_module
 
 
-def _count(trace: Trace, table: str, rank: int, from_step: int) -> int:
+def _count(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...] = ()) -> int:
+    """Rows of `table` in `rank`'s steps from `from_step` on, but for the steps `leaving_out`."""
     if not trace.has_table(table):
         return 0
-    return trace.count(table, where="rank = ? AND step >= ?", params=(rank, from_step))
+    where = "rank = ? AND step >= ?" + (f" AND step NOT IN ({', '.join('?' * len(leaving_out))})" if leaving_out else "")
+    return trace.count(table, where=where, params=(rank, from_step, *leaving_out))
 
 
 def _finding_key(trace: Trace, finding: Finding, text_cache: dict[str, list[str] | None]) -> tuple[str, str, str]:
