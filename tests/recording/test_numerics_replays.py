@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from tputrace.cli.main import main
-from tputrace.numerics.findings import replay_report
+from tputrace.numerics.findings import render, replay_report
+from tputrace.numerics.report_findings import numerics_findings
 from tputrace.numerics.store import COMPARED, NumericsRecording, read_recording
 
 CONV_BEFORE_BATCH_NORM = """
@@ -74,6 +75,36 @@ for step in range(2):
 """
 
 
+OVERFLOW_IN_A_FORWARD = """
+import torch
+from torch import nn
+
+
+class Energy(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Linear(32, 64)
+        self.energy = nn.Linear(64, 64)
+        self.head = nn.Linear(64, 4)
+
+    def forward(self, x):
+        h = torch.relu(self.embed(x))
+        e = torch.exp(self.energy(h) * 12.0)  # past float16's largest value
+        return self.head(e / e.sum(-1, keepdim=True))
+
+
+torch.manual_seed(0)
+model = Energy().to("tpu").to(torch.float16)
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+for step in range(2):
+    x = torch.randn(16, 32, device="tpu", dtype=torch.float16) * 4
+    loss = model(x).float().pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
 def _record(tmp_path: Path, body: str, name: str) -> NumericsRecording:
     pytest.importorskip("torch")
     pytest.importorskip("jax")
@@ -104,3 +135,16 @@ def test_modules_under_autocast_are_replayed_in_full_precision(tmp_path: Path) -
     nonfinite = report.first_nonfinite
     assert nonfinite is not None and nonfinite.module == "Model.attention" and nonfinite.phase == "forward"
     assert report.reference_nonfinite is True  # float32 overflows too: the model's arithmetic, not the device
+    assert not report.nonfinite_given  # the attention's own forward made them
+
+
+def test_a_nan_made_between_module_calls_is_placed_in_the_forward_that_made_it(tmp_path: Path) -> None:
+    recording = _record(tmp_path, OVERFLOW_IN_A_FORWARD, "overflow")
+    report = replay_report(recording)
+    assert report.first_nonfinite is not None and report.first_nonfinite.module == "Energy.head"
+    assert report.nonfinite_given and report.nonfinite_given_by == "Energy"
+    assert report.reference_nonfinite is True
+    assert "the code of Energy's own forward made them before this call" in render(report)
+    (finding,) = [finding for finding in numerics_findings(report) if "NaN/Inf" in finding.title]
+    assert finding.title == "NaN/Inf first made in Energy's forward before it calls Energy.head (Linear), step 1"
+    assert finding.module == "Energy" and finding.line == 16 and finding.severity == "info"

@@ -53,6 +53,7 @@ class _CallState:
     cpu_module: torch.nn.Module | None = None
     reason: str | None = None
     widened_to: torch.dtype | None = None  # the dtype half-precision inputs are copied in, under autocast
+    input_nonfinite: int | None = None
     notes: list[str] = field(default_factory=list)
     random_start: int = 0
     random_draws: list[RandomDraw] = field(default_factory=list)
@@ -199,6 +200,7 @@ class NumericsSession:
             return
         state.widened_to = _autocast_widening(module, tensors)
         state.host_args = tree_map(lambda value: _host_copy(value, state.widened_to), args)
+        state.input_nonfinite = sum(int((~torch.isfinite(value)).sum()) for value in _floating_tensors(state.host_args))
         state.cpu_module = self._cpu_copy(module)
 
     def _cpu_copy(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -230,6 +232,7 @@ class NumericsSession:
             state.host_kwargs = tree_map(lambda value: _host_copy(value, state.widened_to), kwargs)
         outputs = _floating_tensors(output)
         call = self._event(state, "forward")
+        call.input_nonfinite = state.input_nonfinite
         replayed = state.cpu_module is not None and not state.reason
         host_outputs = [t.detach().cpu() for t in outputs] if replayed or state.module in self._full_modules else None
         call.tpu = {index: digest(t) for index, t in enumerate(host_outputs if host_outputs is not None else outputs)}

@@ -9,7 +9,7 @@ the CPU gives too, and modules not compared, are info.
 from __future__ import annotations
 
 from tputrace.analysis.findings import Evidence, Finding
-from tputrace.numerics.findings import NumericsReport, values_of
+from tputrace.numerics.findings import given_text, NumericsReport, values_of
 from tputrace.numerics.store import ModuleCall
 from tputrace.wording import plural
 
@@ -76,6 +76,8 @@ def _divergence_advice(report: NumericsReport) -> str:
 def _nonfinite_finding(report: NumericsReport) -> Finding:
     call = report.first_nonfinite
     assert call is not None
+    if report.nonfinite_given:
+        return _given_nonfinite_finding(report, call)
     if report.reference_nonfinite:
         return Finding(
             ANALYZER, "info", f"NaN/Inf first in {_where(call)}, as on the CPU",
@@ -97,3 +99,18 @@ def _where(call: ModuleCall) -> str:
 
 def _values(call: ModuleCall) -> str:
     return values_of(call.phase)
+
+
+def _given_nonfinite_finding(report: NumericsReport, call: ModuleCall) -> Finding:
+    """The first NaN/Inf reached a module in its inputs: made by code between module calls, before the line
+    that called it."""
+    maker = f"{report.nonfinite_given_by}'s forward" if report.nonfinite_given_by else "the script"
+    cpu = {True: "; the CPU replay of that forward gives them too, so they come from the model's own arithmetic",
+           False: "; the CPU replay of that forward has none", None: ""}[report.reference_nonfinite]
+    return Finding(
+        ANALYZER, "info" if report.reference_nonfinite else "critical",
+        f"NaN/Inf first made in {maker} before it calls {call.module} ({call.module_type}), step {call.step}",
+        f"{given_text(report)}{cpu}.",
+        f"Guard the operations of {maker} that run before this line (an exp or a division that overflows, a log of "
+        "zero, a softmax written without subtracting the maximum).",
+        0.0, file=call.path, line=call.line, module=report.nonfinite_given_by)
