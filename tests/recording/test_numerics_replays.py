@@ -105,6 +105,35 @@ for step in range(2):
 """
 
 
+PADDED_TOKENS_IN_FLOAT16 = """
+import torch
+from torch import nn
+
+
+class Tagger(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(100, 32, padding_idx=0)
+        self.norm = nn.LayerNorm(32, eps=1e-12)
+        self.out = nn.Linear(32, 5)
+
+    def forward(self, tokens):
+        return self.out(self.norm(self.embed(tokens)))
+
+
+torch.manual_seed(0)
+model = Tagger().to("tpu").half()
+optimizer = torch.optim.SGD(model.parameters(), lr=1e-2)
+for step in range(2):
+    tokens = torch.randint(1, 100, (8, 12), device="tpu")
+    tokens[:, 8:] = 0  # padding: all-zero embeddings, rows of zero variance
+    loss = model(tokens).float().pow(2).mean()
+    optimizer.zero_grad()
+    loss.backward()
+    optimizer.step()
+"""
+
+
 def _record(tmp_path: Path, body: str, name: str) -> NumericsRecording:
     pytest.importorskip("torch")
     pytest.importorskip("jax")
@@ -148,3 +177,17 @@ def test_a_nan_made_between_module_calls_is_placed_in_the_forward_that_made_it(t
     (finding,) = [finding for finding in numerics_findings(report) if "NaN/Inf" in finding.title]
     assert finding.title == "NaN/Inf first made in Energy's forward before it calls Energy.head (Linear), step 1"
     assert finding.module == "Energy" and finding.line == 16 and finding.severity == "info"
+
+
+def test_a_reference_that_overflows_where_the_tpu_does_not_says_so(tmp_path: Path) -> None:
+    """A float16 LayerNorm with eps 1e-12 over zero-variance padding rows: the CPU's float16 backward overflows,
+    the tpu's (float32 inside) does not; the divergence must say which side has the NaN/Inf."""
+    recording = _record(tmp_path, PADDED_TOKENS_IN_FLOAT16, "padded_float16")
+    report = replay_report(recording)
+    divergence = report.first_divergence
+    assert divergence is not None and divergence.call.module == "Tagger.norm" and divergence.call.phase == "backward"
+    assert report.first_nonfinite is None
+    text = render(report)
+    assert "NaN/Inf: 0 on the tpu, 1,024 in the CPU reference: the reference's own kernel overflows" in text
+    (finding,) = [finding for finding in numerics_findings(report) if finding.title.startswith("Numerics:")]
+    assert "the CPU reference has NaN/Inf where the tpu has none: its float16 kernel overflows" in finding.explanation

@@ -153,6 +153,18 @@ def _digests_divergence(call: ModuleCall, reference: ModuleCall) -> Divergence |
     return Divergence(call, worst[0], worst[1], None, worst[2])
 
 
+def nonfinite_mismatch(call: ModuleCall) -> str | None:
+    """When a compared call's NaN/Inf differ between the tpu and its CPU reference, which side has how many (and,
+    when only the reference has them, that its own kernel overflowed); else None."""
+    if not call.cpu or call.nonfinite == call.cpu_nonfinite:
+        return None
+    counts = f"NaN/Inf: {call.nonfinite:,} on the tpu, {call.cpu_nonfinite:,} in the CPU reference"
+    if call.nonfinite == 0:
+        return (counts + ": the reference's own kernel overflows where the tpu's values are finite (the tpu computes "
+                "half-precision normalisations, softmax and sums in float32 and rounds once)")
+    return counts
+
+
 def given_text(report: NumericsReport) -> str:
     """Where the first NaN/Inf came from when the call was given it in its inputs."""
     call = report.first_nonfinite
@@ -191,6 +203,9 @@ def render(report: NumericsReport) -> str:
         lines.append(detail)
         if found.note:
             lines.append(f"    dtype: {found.note}")
+        mismatch = nonfinite_mismatch(found.call)
+        if mismatch:
+            lines.append(f"    {mismatch}")
         if found.call.path:
             lines.append(f"    called from {found.call.path}:{found.call.line}")
         op = report.first_divergent_op

@@ -9,7 +9,7 @@ the CPU gives too, and modules not compared, are info.
 from __future__ import annotations
 
 from tputrace.analysis.findings import Evidence, Finding
-from tputrace.numerics.findings import given_text, NumericsReport, values_of
+from tputrace.numerics.findings import NumericsReport, given_text, nonfinite_mismatch, values_of
 from tputrace.numerics.store import ModuleCall
 from tputrace.wording import plural
 
@@ -43,6 +43,9 @@ def _divergence_finding(report: NumericsReport) -> Finding:
         evidence.append(Evidence(f"largest absolute difference {found.max_abs_difference:.3g}"))
     if found.note:
         evidence.append(Evidence(f"dtype: {found.note}"))
+    mismatch = nonfinite_mismatch(call)
+    if mismatch:
+        evidence.append(Evidence(mismatch))
     op = report.first_divergent_op
     if op is not None:
         evidence.append(Evidence(f"first divergent op inside it: #{op.op_index} aten.{op.op_name} ({op.tpu_dtype} on the "
@@ -51,6 +54,10 @@ def _divergence_finding(report: NumericsReport) -> Finding:
         evidence.append(Evidence("ops only the tpu run has: " + ", ".join(f"aten.{name}" for name in report.ops_only_on_tpu)))
     dtype_hint = (" The tpu computed it in another dtype than the CPU: look for an autocast region or a cast "
                   "in it." if found.note else "")
+    if mismatch and call.nonfinite == 0:
+        dtype_hint += (f" Here the CPU reference has NaN/Inf where the tpu has none: its {call.reference_dtype or ''} "
+                       "kernel overflows; the model is close to its dtype's range there (an epsilon too small for "
+                       "half precision, a value past its largest).")
     return Finding(
         ANALYZER, "warning", f"Numerics: {_where(call)} leaves the CPU's values ({found.divergence:.3g} relative, "
         f"tolerance {found.tolerance:.0e})",
