@@ -93,7 +93,8 @@ def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigur
     for key, count, what in (("max_syncs_per_step", figures.steady_syncs, "host syncs"),
                              ("max_transfers_per_step", figures.steady_transfers, "transfers")):
         if key in budget and figures.per_steady_step(count) > budget[key]:
-            site = _finding_site(figures, "syncs" if what == "host syncs" else "transfers")
+            table = "syncs" if what == "host syncs" else "transfers"
+            site = _finding_site(figures, table) or figures.busiest_steady_lines.get(table)
             found.append(Violation(key, budget[key], figures.per_steady_step(count),
                                    f"{figures.per_steady_step(count):g} {what} per steady step", site))
     if "max_cpu_fallbacks" in budget and figures.fallbacks > budget["max_cpu_fallbacks"]:

@@ -78,6 +78,8 @@ def test_a_sync_after_the_loop_is_within_a_budget_of_no_syncs_per_step(runs: Pat
     result = _tputrace(runs, "check", "checked.tptrace", "--budget", "budget.toml")
     assert result.returncode == 1
     assert f"max_syncs_per_step = 0 exceeded: 1 host syncs per steady step at {runs / 'train.py'}:{CHECK_LINE}" in result.stdout
+    # No transfers finding names the `.item()`'s copy to the host: the line with most of them does.
+    assert f"max_transfers_per_step = 0 exceeded: 1 transfers per steady step at {runs / 'train.py'}:{CHECK_LINE}\n" in result.stdout
 
 
 def test_a_recompile_budget_names_every_recompile_and_its_cause(runs: Path) -> None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.collectives import CollectivesData
@@ -74,6 +74,7 @@ class RunFigures:
     ops_by_module: dict[str, int]
     findings: tuple[SiteFinding, ...]
     program_families: dict[tuple[str, ...], ProgramFamily]
+    busiest_steady_lines: dict[str, str] = field(default_factory=dict)  # "syncs"/"transfers" -> file:line of most
 
     def per_steady_step(self, count: int) -> float:
         """`count` divided by the steady steps (by one where the run has none)."""
@@ -129,6 +130,8 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         ops_by_module=ops_by_module,
         findings=findings,
         program_families=program_families(trace, chosen, text_cache),
+        busiest_steady_lines={table: line for table in ("syncs", "transfers")
+                              if (line := _busiest_line(trace, table, chosen, WARMUP_STEPS, tail_steps)) is not None},
     )
 
 
@@ -155,6 +158,23 @@ def _count(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tup
         return 0
     where = "rank = ? AND step >= ?" + (f" AND step NOT IN ({', '.join('?' * len(leaving_out))})" if leaving_out else "")
     return trace.count(table, where=where, params=(rank, from_step, *leaving_out))
+
+
+def _busiest_line(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...]) -> str | None:
+    """The file:line with the most rows of `table` in the steady steps (as `_count` counts them)."""
+    if not trace.has_table(table):
+        return None
+    where = "rank = ? AND step >= ? AND frame_id IS NOT NULL" + (
+        f" AND step NOT IN ({', '.join('?' * len(leaving_out))})" if leaving_out else "")
+    rows = trace.sql(f"SELECT frame_id, COUNT(*) AS n FROM {table} WHERE {where} GROUP BY frame_id "
+                     "ORDER BY n DESC, frame_id", (rank, from_step, *leaving_out))
+    counts: dict[str, int] = {}
+    for frame_id, count in rows:
+        source = trace.frame(frame_id)
+        if source is not None:
+            site = f"{source.file}:{source.line}"
+            counts[site] = counts.get(site, 0) + count
+    return max(counts, key=lambda site: counts[site]) if counts else None
 
 
 def _finding_key(trace: Trace, finding: Finding, text_cache: dict[str, list[str] | None]) -> tuple[str, str, str]:
