@@ -32,6 +32,8 @@ BUDGET_KEYS: dict[str, type] = {
     "max_peak_memory_bytes": int,
     "max_exposed_communication_share": float,
 }
+# How many recompiles a `max_recompiles` violation names, each with its step, line and what changed.
+NAMED_RECOMPILES = 3
 
 
 @dataclass(frozen=True)
@@ -81,14 +83,18 @@ def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigur
     found: list[Violation] = []
     if "max_recompiles" in budget and len(figures.recompiles_after_warmup) > budget["max_recompiles"]:
         recompiles = figures.recompiles_after_warmup
-        first = recompiles[0]
+        named = "; ".join(f"{recompile.name or 'a program'} in step {recompile.step}"
+                          f" ({recompile.diff or recompile.reason or 'unknown reason'})"
+                          + (f" at {recompile.site}" if recompile.site else "")
+                          for recompile in recompiles[:NAMED_RECOMPILES])
+        more = f"; {len(recompiles) - NAMED_RECOMPILES} more" if len(recompiles) > NAMED_RECOMPILES else ""
         found.append(Violation("max_recompiles", budget["max_recompiles"], len(recompiles),
-                               f"{len(recompiles)} recompile(s) after warm-up; first of {first.name or 'a program'} in step {first.step}"
-                               f" ({first.diff or first.reason or 'unknown reason'})", first.site))
+                               f"{len(recompiles)} recompile(s) after warm-up: {named}{more}"))
     for key, count, what in (("max_syncs_per_step", figures.steady_syncs, "host syncs"),
                              ("max_transfers_per_step", figures.steady_transfers, "transfers")):
         if key in budget and figures.per_steady_step(count) > budget[key]:
-            site = _finding_site(figures, "syncs" if what == "host syncs" else "transfers")
+            table = "syncs" if what == "host syncs" else "transfers"
+            site = _finding_site(figures, table) or figures.busiest_steady_lines.get(table)
             found.append(Violation(key, budget[key], figures.per_steady_step(count),
                                    f"{figures.per_steady_step(count):g} {what} per steady step", site))
     if "max_cpu_fallbacks" in budget and figures.fallbacks > budget["max_cpu_fallbacks"]:

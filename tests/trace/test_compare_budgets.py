@@ -34,7 +34,9 @@ def test_check_lists_violations_with_their_line(tmp_path: Path, capsys: pytest.C
     budget.write_text("max_recompiles = 0\nmax_syncs_per_step = 0\nmax_cpu_fallbacks = 100\n")
     assert main(["check", SMALL, "--budget", str(budget)]) == 1
     out = capsys.readouterr().out.splitlines()
-    assert out[0].startswith("max_recompiles = 0 exceeded: 2 recompile(s)") and out[0].endswith("train.py:35")
+    assert out[0].startswith("max_recompiles = 0 exceeded: 2 recompile(s)")
+    assert "in step 4 (input 0 dim 1: 128 -> 192) at /home/user/proj/train.py:35;" in out[0]
+    assert out[0].endswith("in step 6 (tensor 'x' size mismatch at index 1: expected 128, actual 192) at /home/user/proj/model.py:77")
     assert out[1].startswith("max_syncs_per_step = 0 exceeded") and "train.py:35" in out[1]
     assert len(out) == 2
 

@@ -16,6 +16,9 @@ from tputrace.analysis.call_sites import SourceCopies
 
 _TO_PYTHON = frozenset({"float", "int", "bool", "str", "repr", "len"})  # calls that keep no tensor
 _KEEPING_METHODS = frozenset({"append", "extend", "add", "insert", "appendleft", "put", "setdefault", "update"})
+# Methods whose result still holds the value's data on the chip (without its graph, for `detach`).
+_SAME_DATA_METHODS = frozenset({"detach", "clone", "contiguous", "float", "half", "bfloat16", "view", "reshape",
+                                "flatten", "squeeze", "unsqueeze"})
 
 
 @dataclass(frozen=True)
@@ -26,9 +29,10 @@ class KeepingLine:
     text: str
 
 
-def keeping_line(copies: SourceCopies, file: str | None, line: int | None) -> KeepingLine | None:
+def keeping_line(copies: SourceCopies, file: str | None, line: int | None, *, data_too: bool = False) -> KeepingLine | None:
     """The first later statement in the loop body around `line` that keeps the name `line` assigns; None when the
-    run's copy of `file` is not here, the line assigns no name, or no statement of its loop keeps it."""
+    run's copy of `file` is not here, the line assigns no name, or no statement of its loop keeps it. With
+    `data_too`, keeping `name.detach()` (or a copy or view of it) counts: it keeps the value's buffer."""
     if file is None or line is None:
         return None
     copy = copies.source_copy(file)
@@ -45,7 +49,7 @@ def keeping_line(copies: SourceCopies, file: str | None, line: int | None) -> Ke
     if not names:
         return None
     for statement in _statements(loop.body):
-        if statement.lineno > line and _keeps(statement, names):
+        if statement.lineno > line and _keeps(statement, names, data_too):
             text = ast.get_source_segment(source, statement) or ""
             return KeepingLine(statement.lineno, " ".join(text.split()))
     return None
@@ -98,20 +102,20 @@ def _assigned_names(loop: ast.AST, line: int) -> set[str]:
     return set()
 
 
-def _keeps(statement: ast.stmt, names: set[str]) -> bool:
+def _keeps(statement: ast.stmt, names: set[str], data_too: bool = False) -> bool:
     """Whether `statement` puts one of `names` into a container."""
     for node in ast.walk(statement):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _KEEPING_METHODS:
-            if _mentions([*node.args, *(keyword.value for keyword in node.keywords)], names):
+            if _mentions([*node.args, *(keyword.value for keyword in node.keywords)], names, data_too):
                 return True
     if isinstance(statement, ast.AugAssign) and isinstance(statement.op, ast.Add) and isinstance(statement.value, (ast.List, ast.Tuple)):
-        return _mentions([statement.value], names)
+        return _mentions([statement.value], names, data_too)
     if isinstance(statement, ast.Assign) and any(isinstance(target, ast.Subscript) for target in statement.targets):
-        return _mentions([statement.value], names)
+        return _mentions([statement.value], names, data_too)
     return False
 
 
-def _mentions(expressions: list[ast.expr], names: set[str]) -> bool:
+def _mentions(expressions: list[ast.expr], names: set[str], data_too: bool = False) -> bool:
     """Whether a name is used as a whole value (`score`, `(d_loss, score)`), not only read from (`score.item()`)."""
     for expression in expressions:
         parents: dict[ast.AST, ast.AST] = {}
@@ -121,6 +125,8 @@ def _mentions(expressions: list[ast.expr], names: set[str]) -> bool:
         for node in ast.walk(expression):
             if isinstance(node, ast.Name) and node.id in names:
                 parent = parents.get(node)
+                if data_too and isinstance(parent, ast.Attribute) and parent.attr in _SAME_DATA_METHODS:
+                    return True
                 if isinstance(parent, ast.Attribute) or (isinstance(parent, ast.Call) and (
                         node is parent.func or (isinstance(parent.func, ast.Name) and parent.func.id in _TO_PYTHON))):
                     continue

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.memory_findings import buffer_findings
+from tputrace.analysis.memory_batch import model_batch
 from tputrace.analysis.memory_fit import MemoryFit, fit
 from tputrace.analysis.memory_growth import SurvivingLine, step_ends, surviving_lines
 from tputrace.analysis.memory_loops import PilingLine, piling_lines
@@ -153,7 +154,9 @@ def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
             continue
         chip_breakdown = breakdown(trace, context.rank, peak, measured.get(chip, peak.bytes))
         peaks.append(chip_breakdown)
-        fits.append(fit(chip_breakdown, peak.live, context.target))
+        parameter_shapes = {buffer.shape for buffer in peak.live if buffer.kind == "parameter" and buffer.shape}
+        batch = model_batch(trace, context.rank, chip_breakdown.step, parameter_shapes)
+        fits.append(fit(chip_breakdown, peak.live, context.target, batch))
     lines = surviving_lines(trace, buffers, step_ends(trace, context.rank))
     run = next((run for run in trace.runs if run.rank == context.rank), None)
     oom = out_of_memory(buffers, run.error if run is not None else None, int(context.target.hbm_bytes),

@@ -34,7 +34,7 @@ def buffer_findings(context: AnalysisContext, peaks: tuple[PeakBreakdown, ...], 
         finding = _fit_finding(context, peak, chip_fit)
         if finding is not None:
             findings.append(finding)
-    finding = _growth_finding(lines, growth)
+    finding = _growth_finding(context, lines, growth)
     if finding is not None:
         findings.append(finding)
     finding = _piling_finding(context, piling)
@@ -185,7 +185,8 @@ def _fit_finding(context: AnalysisContext, peak: PeakBreakdown, chip_fit: Memory
     )
 
 
-def _growth_finding(lines: tuple[SurvivingLine, ...], growth: tuple[float, int, int] | None) -> Finding | None:
+def _growth_finding(context: AnalysisContext, lines: tuple[SurvivingLine, ...],
+                    growth: tuple[float, int, int] | None) -> Finding | None:
     if growth is not None:
         per_step, first, last = growth
         if per_step < GROWTH_MIN_BYTES_PER_STEP or last < first * (1 + GROWTH_MIN_SHARE):
@@ -200,21 +201,44 @@ def _growth_finding(lines: tuple[SurvivingLine, ...], growth: tuple[float, int, 
         explanation = "Buffers made in one step are still live steps later, step after step."
     if lines:
         explanation += " Lines whose buffers outlive their step: " + "; ".join(
-            f"{(line.file or '?').rsplit('/', 1)[-1]}:{line.line} ({format_bytes(line.bytes_per_step)} a step, {line.steps} steps)"
-            for line in lines[:3]) + "."
+            f"{_short_surviving(line)}{f' in {line.module}' if line.module else ''} ({format_bytes(line.bytes_per_step)} "
+            f"a step, {line.steps} steps)" for line in lines[:3]) + "."
     top = lines[0] if lines else None
+    evidence = [Evidence(f"{format_bytes(line.bytes_per_step)} a step of {line.kind} survives", file=line.file, line=line.line,
+                         module=line.module, table="buffers") for line in lines[:EVIDENCE_PARTS]]
+    keeping = keeping_line(context.trace, top.file, top.line, data_too=True) if top is not None else None
+    title = f"Live memory grows by {format_bytes(per_step)} every step"
+    suggestion = ("Look for tensors kept across steps: losses or outputs appended to a list without `.detach()` (or "
+                  "`.item()`), growing caches, or state created inside the loop.")
+    if top is not None and keeping is not None:
+        made_at = _short_surviving(top)
+        kept_at = f"{made_at.rsplit(':', 1)[0]}:{keeping.line}"
+        title += f": the value made at {made_at} is kept at {kept_at} every step"
+        graph = (" It was computed with autograd on, so it keeps its graph's activations alive with it."
+                 if top.kind == "activation" and ".detach()" not in keeping.text else "")
+        explanation += f" `{keeping.text}` at {kept_at} keeps the value made at {made_at} each step.{graph}"
+        suggestion = (f"At {kept_at}, keep what later code needs instead of every step's tensor: a Python number "
+                      "(`.item()` every N steps or after the loop), a running sum on the chip, or a bounded window "
+                      "(drop old entries, move them to the host with `.cpu()`)"
+                      + ("; compute the value under `torch.no_grad()` or keep `.detach()` of it so no graph is kept."
+                         if graph else "."))
+        evidence.insert(0, Evidence(f"`{keeping.text}` keeps the value made at {made_at}", file=top.file, line=keeping.line))
+    elif top is not None:
+        title += f": buffers made at {_short_surviving(top)} survive"
     return Finding(
         analyzer=NAME,
         severity="warning",
-        title=f"Live memory grows by {format_bytes(per_step)} every step" + (f": buffers made at {(top.file or '?').rsplit('/', 1)[-1]}:{top.line} survive" if top else ""),
+        title=title,
         explanation=explanation,
-        suggestion=("Look for tensors kept across steps: losses or outputs appended to a list without `.detach()` (or "
-                    "`.item()`), growing caches, or state created inside the loop."),
+        suggestion=suggestion,
         cost_total_ns=0.0,
         cost_per_step_ns=None,
-        evidence=tuple(Evidence(f"{format_bytes(line.bytes_per_step)} a step of {line.kind} survives", file=line.file, line=line.line,
-                                module=line.module, table="buffers") for line in lines[:EVIDENCE_PARTS]),
+        evidence=tuple(evidence),
         file=top.file if top else None,
-        line=top.line if top else None,
-        module=top.module if top else None,
+        line=(keeping.line if keeping is not None else top.line) if top else None,
+        module=(None if keeping is not None else top.module) if top else None,
     )
+
+
+def _short_surviving(line: SurvivingLine) -> str:
+    return f"{(line.file or '?').rsplit('/', 1)[-1]}:{line.line}"

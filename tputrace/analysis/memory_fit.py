@@ -73,8 +73,9 @@ def _tile(item: int, target: Chip) -> tuple[int, int]:
     return target.tile(short)
 
 
-def fit(breakdown: PeakBreakdown, live: Sequence[BufferLifetime], target: Chip) -> MemoryFit:
-    """Whether the peak in `breakdown` (whose live buffers are `live`) fits `target`, and what would fit it."""
+def fit(breakdown: PeakBreakdown, live: Sequence[BufferLifetime], target: Chip, batch: int | None = None) -> MemoryFit:
+    """Whether the peak in `breakdown` (whose live buffers are `live`) fits `target`, and what would fit it;
+    `batch`, when known, bounds how many times smaller a batch can be."""
     padded_by_kind: dict[str, int] = defaultdict(int)
     f32_padded_by_kind: dict[str, int] = defaultdict(int)
     bf16_padded_by_kind: dict[str, int] = defaultdict(int)
@@ -95,7 +96,7 @@ def fit(breakdown: PeakBreakdown, live: Sequence[BufferLifetime], target: Chip) 
     padded_peak = sum(padded_by_kind.values())
     hbm = int(target.hbm_bytes)
     changes: list[FitChange] = []
-    changes += _batch(padded_by_kind, hbm)
+    changes += _batch(padded_by_kind, hbm, batch)
     changes += _checkpoints(breakdown, ratio, padded_peak, hbm)
     changes += _bfloat16(padded_by_kind, f32_padded_by_kind, bf16_padded_by_kind, working, ratio, padded_peak, hbm)
     changes += _sharding(padded_by_kind, padded_peak, hbm)
@@ -104,16 +105,19 @@ def fit(breakdown: PeakBreakdown, live: Sequence[BufferLifetime], target: Chip) 
                      max(0, padded_peak - hbm), tuple(changes))
 
 
-def _batch(padded_by_kind: dict[str, int], hbm: int) -> list[FitChange]:
+def _batch(padded_by_kind: dict[str, int], hbm: int, batch: int | None) -> list[FitChange]:
+    """The smallest power-of-two division of the batch that fits (at most the batch itself, when known)."""
     scaled = sum(padded_by_kind[kind] for kind in BATCH_SCALED)
     fixed = sum(padded_by_kind.values()) - scaled
-    if not scaled:
+    divisors = [divisor for divisor in DIVISORS if batch is None or divisor <= batch]
+    if not scaled or not divisors:
         return []
-    for divisor in DIVISORS:
+    for divisor in divisors:
         peak = fixed + scaled // divisor
-        if peak <= hbm or divisor == DIVISORS[-1]:
-            return [FitChange("batch", f"a batch {divisor}x smaller per step, with {divisor} gradient-accumulation steps "
-                                       f"(activations and temporaries, {format_bytes(scaled)}, scale with the batch)",
+        if peak <= hbm or divisor == divisors[-1]:
+            sizes = f" ({batch} -> {batch // divisor} a step)" if batch else ""
+            return [FitChange("batch", f"a batch {divisor}x smaller per step{sizes}, with {divisor} gradient-accumulation "
+                                       f"steps (activations and temporaries, {format_bytes(scaled)}, scale with the batch)",
                               peak, fixed + scaled - peak, peak <= hbm)]
     return []
 

@@ -4,6 +4,7 @@ changed (matched by source line, see `sites.SiteKey`), and the headline: the mos
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from tputrace.compare.figures import Recompile, RunFigures, SiteFinding
@@ -141,16 +142,36 @@ def _figure_changes(before: RunFigures, after: RunFigures) -> tuple[FigureChange
 
 
 def _recompile_changes(before: RunFigures, after: RunFigures) -> tuple[RecompileChange, ...]:
-    def by_key(figures: RunFigures) -> dict[object, list[Recompile]]:
-        groups: dict[object, list[Recompile]] = {}
-        for recompile in figures.recompiles_after_warmup:
-            groups.setdefault((recompile.key, recompile.reason), []).append(recompile)
-        return groups
-
-    old, new = by_key(before), by_key(after)
-    changes = [RecompileChange("new", group[0], len(group)) for key, group in new.items() if key not in old]
-    changes += [RecompileChange("fixed", group[0], len(group)) for key, group in old.items() if key not in new]
+    """Recompiles matched one to one by cause: their line, reason and what changed (figures blanked out), then, for
+    those left, by reason and what changed alone (a recompile whose flush moved to a new sync's line is the same
+    one). What is left of B is new, of A fixed, grouped by line, reason and cause."""
+    old_left = list(before.recompiles_after_warmup)
+    new_left = []
+    for with_site in (True, False):
+        unmatched = []
+        for recompile in (after.recompiles_after_warmup if with_site else new_left):
+            cause = _cause(recompile, with_site)
+            twin = next((index for index, other in enumerate(old_left) if _cause(other, with_site) == cause), None)
+            if twin is None:
+                unmatched.append(recompile)
+            else:
+                del old_left[twin]
+        new_left = unmatched
+    changes = [RecompileChange("new", group[0], len(group)) for group in _grouped(new_left)]
+    changes += [RecompileChange("fixed", group[0], len(group)) for group in _grouped(old_left)]
     return tuple(changes)
+
+
+def _cause(recompile: Recompile, with_site: bool) -> tuple[object, ...]:
+    what = re.sub(r"\d[\d.,]*", "#", recompile.diff or "")
+    return (recompile.key, recompile.reason, what) if with_site else (recompile.reason, what)
+
+
+def _grouped(recompiles: list[Recompile]) -> list[list[Recompile]]:
+    groups: dict[tuple[object, ...], list[Recompile]] = {}
+    for recompile in recompiles:
+        groups.setdefault(_cause(recompile, True), []).append(recompile)
+    return list(groups.values())
 
 
 def _finding_changes(before: tuple[SiteFinding, ...], after: tuple[SiteFinding, ...]) -> tuple[FindingChange, ...]:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import statistics
 from collections.abc import Collection
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.collectives import CollectivesData
@@ -74,6 +74,7 @@ class RunFigures:
     ops_by_module: dict[str, int]
     findings: tuple[SiteFinding, ...]
     program_families: dict[tuple[str, ...], ProgramFamily]
+    busiest_steady_lines: dict[str, str] = field(default_factory=dict)  # "syncs"/"transfers" -> file:line of most
 
     def per_steady_step(self, count: int) -> float:
         """`count` divided by the steady steps (by one where the run has none)."""
@@ -85,7 +86,10 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
     `by_line_number` match by line number, not text: those whose text either compared run cannot read."""
     chosen = trace.run.rank if rank is None else rank
     text_cache: dict[str, list[str] | None] = dict.fromkeys(by_line_number)
-    durations = [step.dur_ns for step in trace.step_times(rank=chosen) if step.dur_ns is not None and step.source != "end"]
+    step_times = trace.step_times(rank=chosen)
+    durations = [step.dur_ns for step in step_times if step.dur_ns is not None and step.source != "end"]
+    # The tail after the last step boundary (a final `.item()` or evaluation after the loop) is no steady step.
+    tail_steps = tuple(step.step for step in step_times if step.source == "end")
     steady = durations[WARMUP_STEPS:] or durations
     median = float(statistics.median(steady)) if steady else None
     spread = float(statistics.median(abs(value - median) for value in steady)) if steady and median is not None else 0.0
@@ -114,9 +118,9 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         programs=compile_stats.programs,
         recompiles_after_warmup=recompiles,
         syncs=_count(trace, "syncs", chosen, 0),
-        steady_syncs=_count(trace, "syncs", chosen, WARMUP_STEPS),
+        steady_syncs=_count(trace, "syncs", chosen, WARMUP_STEPS, tail_steps),
         transfers=_count(trace, "transfers", chosen, 0),
-        steady_transfers=_count(trace, "transfers", chosen, WARMUP_STEPS),
+        steady_transfers=_count(trace, "transfers", chosen, WARMUP_STEPS, tail_steps),
         fallbacks=_count(trace, "fallbacks", chosen, 0),
         collectives=_count(trace, "collectives", chosen, 0),
         peak_memory_bytes=max((chip.peak_bytes for chip in memory.chips), default=0) if memory else 0,
@@ -126,6 +130,8 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         ops_by_module=ops_by_module,
         findings=findings,
         program_families=program_families(trace, chosen, text_cache),
+        busiest_steady_lines={table: line for table in ("syncs", "transfers")
+                              if (line := _busiest_line(trace, table, chosen, WARMUP_STEPS, tail_steps)) is not None},
     )
 
 
@@ -146,10 +152,29 @@ def _op_time(trace: Trace, rank: int, text_cache: dict[str, list[str] | None]
     return by_site, labels, by_module
 
 
-def _count(trace: Trace, table: str, rank: int, from_step: int) -> int:
+def _count(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...] = ()) -> int:
+    """Rows of `table` in `rank`'s steps from `from_step` on, but for the steps `leaving_out`."""
     if not trace.has_table(table):
         return 0
-    return trace.count(table, where="rank = ? AND step >= ?", params=(rank, from_step))
+    where = "rank = ? AND step >= ?" + (f" AND step NOT IN ({', '.join('?' * len(leaving_out))})" if leaving_out else "")
+    return trace.count(table, where=where, params=(rank, from_step, *leaving_out))
+
+
+def _busiest_line(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...]) -> str | None:
+    """The file:line with the most rows of `table` in the steady steps (as `_count` counts them)."""
+    if not trace.has_table(table):
+        return None
+    where = "rank = ? AND step >= ? AND frame_id IS NOT NULL" + (
+        f" AND step NOT IN ({', '.join('?' * len(leaving_out))})" if leaving_out else "")
+    rows = trace.sql(f"SELECT frame_id, COUNT(*) AS n FROM {table} WHERE {where} GROUP BY frame_id "
+                     "ORDER BY n DESC, frame_id", (rank, from_step, *leaving_out))
+    counts: dict[str, int] = {}
+    for frame_id, count in rows:
+        source = trace.frame(frame_id)
+        if source is not None:
+            site = f"{source.file}:{source.line}"
+            counts[site] = counts.get(site, 0) + count
+    return max(counts, key=lambda site: counts[site]) if counts else None
 
 
 def _finding_key(trace: Trace, finding: Finding, text_cache: dict[str, list[str] | None]) -> tuple[str, str, str]:

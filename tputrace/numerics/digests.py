@@ -46,9 +46,10 @@ def digest(tensor: torch.Tensor) -> TensorDigest:
     )
 
 
-def difference(tpu_values: torch.Tensor, cpu_values: torch.Tensor) -> tuple[float, float]:
+def difference(tpu_values: torch.Tensor, cpu_values: torch.Tensor, floor_norm: float = 0.0) -> tuple[float, float]:
     """(relative L2 difference, largest absolute difference) of two host tensors over the elements finite in
-    both; inf when their NaN/Inf positions differ or their shapes do."""
+    both, relative to the reference's norm or `floor_norm`, whichever is larger; inf when their NaN/Inf
+    positions differ or their shapes do."""
     if tpu_values.shape != cpu_values.shape:
         return math.inf, math.inf
     a = tpu_values.detach().double().reshape(-1)
@@ -60,5 +61,13 @@ def difference(tpu_values: torch.Tensor, cpu_values: torch.Tensor) -> tuple[floa
     if a.numel() == 0:
         return 0.0, 0.0
     delta = a - b
-    relative = relative_difference(float(torch.linalg.vector_norm(delta)), float(torch.linalg.vector_norm(b)))
+    reference_norm = max(float(torch.linalg.vector_norm(b)), floor_norm)
+    relative = relative_difference(float(torch.linalg.vector_norm(delta)), reference_norm)
     return relative, float(delta.abs().max())
+
+
+def finite_norm_and_count(values: torch.Tensor) -> tuple[float, int]:
+    """The L2 norm of `values`' finite elements and how many there are."""
+    flat = values.detach().double().reshape(-1)
+    finite = flat[torch.isfinite(flat)]
+    return float(torch.linalg.vector_norm(finite)), finite.numel()

@@ -38,6 +38,10 @@ class NumericsReport:
     reference_nonfinite: bool | None
     not_compared: list[tuple[str, str, int]]
     first_divergent_op: OpRow | None = None
+    # Where the first NaN/Inf came into a call that was given it: the forward of the module that called it (its
+    # own code, between module calls), or None for the script; unset when the call made it itself.
+    nonfinite_given_by: str | None = None
+    nonfinite_given: bool = False
     ops_only_on_tpu: tuple[str, ...] = ()
 
     @property
@@ -50,6 +54,15 @@ def replay_report(recording: NumericsRecording) -> NumericsReport:
     calls = recording.calls
     divergent = next((call for call in calls if call.diverged), None)
     nonfinite = next((call for call in calls if call.nonfinite), None)
+    given = nonfinite is not None and nonfinite.phase == "forward" and bool(nonfinite.input_nonfinite)
+    given_by = nonfinite.module.rsplit(".", 1)[0] if given and nonfinite is not None and "." in nonfinite.module else None
+    reference_nonfinite = None if nonfinite is None or not nonfinite.cpu else nonfinite.cpu_nonfinite > 0
+    if given and nonfinite is not None:
+        # The call's CPU replay was given the same NaN/Inf: what tells the model from the device is the replay of
+        # the forward that made them (none for the script's own code).
+        maker = next((call for call in calls[calls.index(nonfinite) + 1:] if call.phase == "forward"
+                      and call.module == given_by and call.step == nonfinite.step), None) if given_by else None
+        reference_nonfinite = None if maker is None or not maker.cpu else maker.cpu_nonfinite > 0
     skipped = Counter((call.module, call.reason or "") for call in calls if call.outcome == NOT_COMPARED)
     ops = recording.ops.get(divergent.event_id, []) if divergent is not None else []
     return NumericsReport(
@@ -67,10 +80,12 @@ def replay_report(recording: NumericsRecording) -> NumericsReport:
             divergent.reason,
         ),
         first_nonfinite=nonfinite,
-        reference_nonfinite=None if nonfinite is None or not nonfinite.cpu else nonfinite.cpu_nonfinite > 0,
+        reference_nonfinite=reference_nonfinite,
         not_compared=[(module, reason, count) for (module, reason), count in skipped.items()],
         first_divergent_op=next((op for op in ops if op.diverged), None),
         ops_only_on_tpu=tuple(dict.fromkeys(op.op_name for op in ops if op.cpu_dtype is None)),
+        nonfinite_given_by=given_by,
+        nonfinite_given=given,
     )
 
 
@@ -138,6 +153,27 @@ def _digests_divergence(call: ModuleCall, reference: ModuleCall) -> Divergence |
     return Divergence(call, worst[0], worst[1], None, worst[2])
 
 
+def nonfinite_mismatch(call: ModuleCall) -> str | None:
+    """When a compared call's NaN/Inf differ between the tpu and its CPU reference, which side has how many (and,
+    when only the reference has them, that its own kernel overflowed); else None."""
+    if not call.cpu or call.nonfinite == call.cpu_nonfinite:
+        return None
+    counts = f"NaN/Inf: {call.nonfinite:,} on the tpu, {call.cpu_nonfinite:,} in the CPU reference"
+    if call.nonfinite == 0:
+        return (counts + ": the reference's own kernel overflows where the tpu's values are finite (the tpu computes "
+                "half-precision normalisations, softmax and sums in float32 and rounds once)")
+    return counts
+
+
+def given_text(report: NumericsReport) -> str:
+    """Where the first NaN/Inf came from when the call was given it in its inputs."""
+    call = report.first_nonfinite
+    assert call is not None
+    maker = f"the code of {report.nonfinite_given_by}'s own forward" if report.nonfinite_given_by else "the script's code"
+    return (f"its inputs already held {plural(call.input_nonfinite or 0, 'non-finite value')}: {maker} made them before "
+            "this call, outside any module call")
+
+
 def values_of(phase: str) -> str:
     """What a row of `phase` holds: a forward's outputs, a backward's input gradients, or (`parameters`) the
     module's own parameter gradients summed over the step."""
@@ -167,6 +203,9 @@ def render(report: NumericsReport) -> str:
         lines.append(detail)
         if found.note:
             lines.append(f"    dtype: {found.note}")
+        mismatch = nonfinite_mismatch(found.call)
+        if mismatch:
+            lines.append(f"    {mismatch}")
         if found.call.path:
             lines.append(f"    called from {found.call.path}:{found.call.line}")
         op = report.first_divergent_op
@@ -185,6 +224,8 @@ def render(report: NumericsReport) -> str:
         call = report.first_nonfinite
         what = values_of(call.phase)
         lines.append(f"  first NaN/Inf: {_where(call)}: {plural(call.nonfinite, 'non-finite value')} in its {what}")
+        if report.nonfinite_given:
+            lines.append(f"    {given_text(report)}")
         if report.reference_nonfinite is True:
             lines.append("    the reference gives them too: the model's own arithmetic, not the device")
         elif report.reference_nonfinite is False:

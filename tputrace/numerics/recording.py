@@ -11,6 +11,7 @@ the tpu, so each call is judged on its own: a difference does not travel on to t
 from __future__ import annotations
 
 import copy
+import math
 import itertools
 import threading
 import warnings
@@ -24,7 +25,7 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_map
 
 from tputrace import sourceloc
-from tputrace.numerics.digests import difference, digest, dtype_name
+from tputrace.numerics.digests import difference, digest, dtype_name, finite_norm_and_count
 from tputrace.numerics.full_precision import FullPrecision
 from tputrace.numerics.parameter_grads import ParameterReferences
 from tputrace.numerics.random_ops import RandomDraw, RandomLog, RandomReplay
@@ -33,6 +34,7 @@ from tputrace.numerics.tolerance import tolerance_for
 
 # The phase of the rows that compare a module's own parameter gradients, summed over a step's calls.
 PARAMETERS = "parameters"
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 RANDOM_REASON = "its output depends on the random stream (dropout or a random mask in train mode), which differs between the tpu and the CPU"
 
 
@@ -50,6 +52,8 @@ class _CallState:
     host_kwargs: dict[str, Any] | None = None
     cpu_module: torch.nn.Module | None = None
     reason: str | None = None
+    widened_to: torch.dtype | None = None  # the dtype half-precision inputs are copied in, under autocast
+    input_nonfinite: int | None = None
     notes: list[str] = field(default_factory=list)
     random_start: int = 0
     random_draws: list[RandomDraw] = field(default_factory=list)
@@ -194,7 +198,9 @@ class NumericsSession:
                 f"its inputs and parameters ({size} bytes) exceed the host-copy budget ({self._budget_bytes} bytes)"
             )
             return
-        state.host_args = tree_map(_host_copy, args)
+        state.widened_to = _autocast_widening(module, tensors)
+        state.host_args = tree_map(lambda value: _host_copy(value, state.widened_to), args)
+        state.input_nonfinite = sum(int((~torch.isfinite(value)).sum()) for value in _floating_tensors(state.host_args))
         state.cpu_module = self._cpu_copy(module)
 
     def _cpu_copy(self, module: torch.nn.Module) -> torch.nn.Module:
@@ -223,9 +229,10 @@ class NumericsSession:
             if not self._stack:
                 self._random_log.draws = []  # every call of this root has its slice
         if state.cpu_module is not None:
-            state.host_kwargs = tree_map(_host_copy, kwargs)
+            state.host_kwargs = tree_map(lambda value: _host_copy(value, state.widened_to), kwargs)
         outputs = _floating_tensors(output)
         call = self._event(state, "forward")
+        call.input_nonfinite = state.input_nonfinite
         replayed = state.cpu_module is not None and not state.reason
         host_outputs = [t.detach().cpu() for t in outputs] if replayed or state.module in self._full_modules else None
         call.tpu = {index: digest(t) for index, t in enumerate(host_outputs if host_outputs is not None else outputs)}
@@ -423,8 +430,25 @@ class NumericsSession:
             )
 
 
-def _host_copy(value: Any) -> Any:
-    return value.detach().cpu().clone() if isinstance(value, torch.Tensor) else value
+def _host_copy(value: Any, widened_to: torch.dtype | None = None) -> Any:
+    """A host copy of `value` when it is a tensor; a half-precision one in `widened_to`, when given."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    copied = value.detach().cpu().clone()
+    if widened_to is not None and copied.dtype in HALF_DTYPES:
+        return copied.to(widened_to)
+    return copied
+
+
+def _autocast_widening(module: torch.nn.Module, inputs: list[torch.Tensor]) -> torch.dtype | None:
+    """Under the device's autocast, the dtype the module computes in without it (its floating parameters',
+    else float32) when that is wider than half precision: the CPU replay, which has no autocast, gives the
+    module's half-precision inputs in it (a float32 `Linear` takes no bfloat16 input outside autocast)."""
+    devices = {tensor.device.type for tensor in inputs if tensor.device.type != "cpu"}
+    if not any(torch.is_autocast_enabled(device) for device in devices):
+        return None
+    own = next((parameter.dtype for parameter in module.parameters() if parameter.is_floating_point()), torch.float32)
+    return own if own not in HALF_DTYPES else None
 
 
 def _floating_tensors(value: Any) -> list[torch.Tensor]:
@@ -440,7 +464,8 @@ def _judge(call: ModuleCall, tpu_values: list[torch.Tensor], cpu_values: list[to
     call.outcome = COMPARED
     if not cpu_values:
         return
-    results = [difference(a, b) for a, b in zip(tpu_values, cpu_values)]
+    floors = _gradient_floors(cpu_values) if call.phase == PARAMETERS else [0.0] * len(cpu_values)
+    results = [difference(a, b, floor) for a, b, floor in zip(tpu_values, cpu_values, floors)]
     worst = max(range(len(results)), key=lambda i: results[i][0] / tolerance_for(dtype_name(cpu_values[i].dtype)))
     call.divergence, call.max_abs_difference = results[worst]
     call.reference_dtype = dtype_name(cpu_values[worst].dtype)
@@ -450,6 +475,19 @@ def _judge(call: ModuleCall, tpu_values: list[torch.Tensor], cpu_values: list[to
     )
     if changed:
         call.reason = "; ".join(f"{tpu} on the tpu, {cpu} on the CPU" for tpu, cpu in changed)
+
+
+def _gradient_floors(references: list[torch.Tensor]) -> list[float]:
+    """For each of a module's parameter gradients, the norm it would have at the root mean square of all of
+    them: the scale its difference is judged against where its own norm is smaller. A gradient that cancels
+    to rounding noise (the bias of a layer a normalisation follows, whose mean it removes) is then judged
+    against its module's gradients, not against its own noise."""
+    norms_and_counts = [finite_norm_and_count(reference) for reference in references]
+    count = sum(numel for _, numel in norms_and_counts)
+    if not count:
+        return [0.0] * len(references)
+    mean_square = sum(norm * norm for norm, _ in norms_and_counts) / count
+    return [math.sqrt(mean_square * numel) for _, numel in norms_and_counts]
 
 
 def _same_values(first: torch.Tensor, second: torch.Tensor) -> bool:

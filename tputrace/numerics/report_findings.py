@@ -9,7 +9,7 @@ the CPU gives too, and modules not compared, are info.
 from __future__ import annotations
 
 from tputrace.analysis.findings import Evidence, Finding
-from tputrace.numerics.findings import NumericsReport, values_of
+from tputrace.numerics.findings import NumericsReport, given_text, nonfinite_mismatch, values_of
 from tputrace.numerics.store import ModuleCall
 from tputrace.wording import plural
 
@@ -43,6 +43,9 @@ def _divergence_finding(report: NumericsReport) -> Finding:
         evidence.append(Evidence(f"largest absolute difference {found.max_abs_difference:.3g}"))
     if found.note:
         evidence.append(Evidence(f"dtype: {found.note}"))
+    mismatch = nonfinite_mismatch(call)
+    if mismatch:
+        evidence.append(Evidence(mismatch))
     op = report.first_divergent_op
     if op is not None:
         evidence.append(Evidence(f"first divergent op inside it: #{op.op_index} aten.{op.op_name} ({op.tpu_dtype} on the "
@@ -51,6 +54,10 @@ def _divergence_finding(report: NumericsReport) -> Finding:
         evidence.append(Evidence("ops only the tpu run has: " + ", ".join(f"aten.{name}" for name in report.ops_only_on_tpu)))
     dtype_hint = (" The tpu computed it in another dtype than the CPU: look for an autocast region or a cast "
                   "in it." if found.note else "")
+    if mismatch and call.nonfinite == 0:
+        dtype_hint += (f" Here the CPU reference has NaN/Inf where the tpu has none: its {call.reference_dtype or ''} "
+                       "kernel overflows; the model is close to its dtype's range there (an epsilon too small for "
+                       "half precision, a value past its largest).")
     return Finding(
         ANALYZER, "warning", f"Numerics: {_where(call)} leaves the CPU's values ({found.divergence:.3g} relative, "
         f"tolerance {found.tolerance:.0e})",
@@ -76,6 +83,8 @@ def _divergence_advice(report: NumericsReport) -> str:
 def _nonfinite_finding(report: NumericsReport) -> Finding:
     call = report.first_nonfinite
     assert call is not None
+    if report.nonfinite_given:
+        return _given_nonfinite_finding(report, call)
     if report.reference_nonfinite:
         return Finding(
             ANALYZER, "info", f"NaN/Inf first in {_where(call)}, as on the CPU",
@@ -97,3 +106,18 @@ def _where(call: ModuleCall) -> str:
 
 def _values(call: ModuleCall) -> str:
     return values_of(call.phase)
+
+
+def _given_nonfinite_finding(report: NumericsReport, call: ModuleCall) -> Finding:
+    """The first NaN/Inf reached a module in its inputs: made by code between module calls, before the line
+    that called it."""
+    maker = f"{report.nonfinite_given_by}'s forward" if report.nonfinite_given_by else "the script"
+    cpu = {True: "; the CPU replay of that forward gives them too, so they come from the model's own arithmetic",
+           False: "; the CPU replay of that forward has none", None: ""}[report.reference_nonfinite]
+    return Finding(
+        ANALYZER, "info" if report.reference_nonfinite else "critical",
+        f"NaN/Inf first made in {maker} before it calls {call.module} ({call.module_type}), step {call.step}",
+        f"{given_text(report)}{cpu}.",
+        f"Guard the operations of {maker} that run before this line (an exp or a division that overflows, a log of "
+        "zero, a softmax written without subtracting the maximum).",
+        0.0, file=call.path, line=call.line, module=report.nonfinite_given_by)

@@ -22,7 +22,7 @@ from pathlib import Path
 from tputrace.store.errors import TputraceError
 
 FORMAT = "tputrace-numerics"
-VERSION = 1
+VERSION = 2
 
 _SCHEMA = """
 CREATE TABLE numerics_info (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -40,7 +40,8 @@ CREATE TABLE module_calls (
     divergence REAL,
     max_abs_difference REAL,
     tolerance REAL,
-    reference_dtype TEXT
+    reference_dtype TEXT,
+    input_nonfinite INTEGER
 );
 CREATE TABLE tensor_digests (
     event_id INTEGER NOT NULL,
@@ -110,6 +111,7 @@ class ModuleCall:
     max_abs_difference: float | None = None
     tolerance: float | None = None
     reference_dtype: str | None = None
+    input_nonfinite: int | None = None  # NaN/Inf in a replayed forward's inputs (None: not replayed)
     tpu: dict[int, TensorDigest] = field(default_factory=dict)
     cpu: dict[int, TensorDigest] = field(default_factory=dict)
 
@@ -187,7 +189,7 @@ class NumericsWriter:
         tensors, self._tensors = self._tensors, []
         with self._connection:
             self._connection.executemany(
-                "INSERT INTO module_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO module_calls VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         c.event_id,
@@ -204,6 +206,7 @@ class NumericsWriter:
                         c.max_abs_difference,
                         c.tolerance,
                         c.reference_dtype,
+                        c.input_nonfinite,
                     )
                     for c in calls
                 ],
