@@ -92,11 +92,12 @@ class CompileSpans:
                                                               columns.metadata_id[chosen][around].tolist())]
 
     def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None) -> list[
-            tuple[int, int, str | None, str, tuple[str, int, str] | None, bool]]:
+            tuple[int, int, str | None, str, tuple[str, int, str] | None, bool, int | None]]:
         """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
         function) of the function it compiled or None, whether it compiled another function than the earlier compiles
         of its label: its HLO's scopes differ, as `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` from
-        `jax.jit(f)`'s, both `jit_f`), in time order. `hlo`: each program's protos' instruction
+        `jax.jit(f)`'s, both `jit_f`; XLA's id of the module it built, that of its proto, or None), in time order.
+        `hlo`: each program's protos' instruction
         sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
         tracer names only a file's base name; where given, a frame in another file (JAX's own, `cache_key.py:140
         <lambda>`) is not the user's function."""
@@ -120,13 +121,14 @@ class CompileSpans:
             label = name or caller or UNNAMED
             protos = hlo.get(name or "", [])
             later[name] -= 1
-            proto = protos[len(protos) - 1 - later[name]][1] if name and later[name] < len(protos) else None
+            version, proto = (protos[len(protos) - 1 - later[name]] if name and later[name] < len(protos)
+                              else (None, None))
             place = _traced_frame(frames, start, label, files) or _traced_place(proto)
             scopes = _scopes(proto)
             earlier = scopes_of.setdefault(label, [])
             other = bool(earlier) and scopes is not None and all(seen is not None and seen != scopes for seen in earlier)
             earlier.append(scopes)
-            result.append((start, end, name, label, place, other))
+            result.append((start, end, name, label, place, other, version))
         return result
 
 

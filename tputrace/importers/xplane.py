@@ -349,8 +349,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        for start, end, name, label, frame, other in compiles.named_compiles(self.hlo_versions):
-            program = self._program(name) if name else None
+        for start, end, name, label, frame, other, version in compiles.named_compiles(self.hlo_versions):
+            program = self._program(self._version_name(name, version)) if name else None
             start_ns = start - self.start_unix_ns
             reason = "recompile" if label in seen and label != UNNAMED and not other else "first"
             seen.add(label)
@@ -466,6 +466,14 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
             program = self.programs[module_name] = Program(self.writer.next_id("programs"), module_name)
         return program
 
+    def _version_name(self, module: str, program_id: int | None) -> str:
+        """The program name of XLA's module `program_id` of name `module`: with its id (`jit_f(12)`, as a TPU's `XLA
+        Modules` name a program) where the capture's HLO holds several modules of the name (a jitted function compiled
+        for new shapes, or `jax.jit(f)` and `jax.jit(jax.grad(f))`), each its own program; else the name alone."""
+        if program_id is None or len(self.hlo_versions.get(module, ())) < 2:
+            return module
+        return f"{module}({program_id})"
+
     def _op_meta(self, plane: Any, metadata_id: int, decoder: StatDecoder, module: str | None,
                  op_name: str | None = None, program_id: int | None = None) -> OpMeta:
         metadata = plane.event_metadata[metadata_id]
@@ -483,7 +491,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         if origin is not None and frame_id is None and origin.file and origin.line:
             frame_id = self.writer.frame(origin.file, origin.line, origin.function)
         tf_op = tf_op or (origin.op_name if origin is not None else None)
-        program_name = module
+        program_name = self._version_name(module, program_id) if module else module
         if program_name is None and "program_id" in stats:
             program_name = next((p.name for p in self.programs.values()
                                  if p.name.endswith(f"({stats['program_id']})")), f"program({stats['program_id']})")
