@@ -94,11 +94,12 @@ class CompileSpans:
     def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None) -> list[
             tuple[int, int, str | None, str, tuple[str, int, str] | None, bool, int | None]]:
         """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
-        function) of the function it compiled or None, whether it compiled another function than the earlier compiles
-        of its label: its HLO's scopes differ, as `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` from
-        `jax.jit(f)`'s, both `jit_f`; XLA's id of the module it built, that of its proto, or None), in time order.
-        `hlo`: each program's protos' instruction
-        sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
+        function) of the function it compiled or None, whether it compiled again a function compiled before, XLA's id
+        of the module it built (that of its proto) or None), in time order. A compile is again where an earlier compile
+        of its label is in the capture, or its name has an earlier proto (JAX compiled it before the trace, as a
+        warm-up call does), unless its HLO's scopes differ from every earlier one's: another function of the name, as
+        `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` beside `jax.jit(f)`'s, both `jit_f`. `hlo`: each
+        program's protos' instruction sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
         tracer names only a file's base name; where given, a frame in another file (JAX's own, `cache_key.py:140
         <lambda>`) is not the user's function."""
         hlo = hlo or {}
@@ -125,10 +126,12 @@ class CompileSpans:
                               else (None, None))
             place = _traced_frame(frames, start, label, files) or _traced_place(proto)
             scopes = _scopes(proto)
-            earlier = scopes_of.setdefault(label, [])
-            other = bool(earlier) and scopes is not None and all(seen is not None and seen != scopes for seen in earlier)
+            earlier = scopes_of.setdefault(label, [_scopes(sources) for other, sources in protos
+                                                   if version is not None and other < version])
+            again = bool(earlier) and not (scopes is not None and all(seen is not None and seen != scopes
+                                                                      for seen in earlier))
             earlier.append(scopes)
-            result.append((start, end, name, label, place, other, version))
+            result.append((start, end, name, label, place, again, version))
         return result
 
 

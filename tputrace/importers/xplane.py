@@ -345,15 +345,14 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
 
     def _compiles(self, compiles: CompileSpans) -> None:
         """`compiles` rows (`xla_compiles`); a compile's program is the one its backend compiler (an event with a `name`
-        stat) built meanwhile. A compile of a label seen before is a recompile, unless it has no name at all."""
-        seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
+        stat) built meanwhile. A compile of a function compiled before (in the capture, or before it as the HLO protos
+        say) is a recompile, unless it has no name at all."""
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        for start, end, name, label, frame, other, version in compiles.named_compiles(self.hlo_versions):
+        for start, end, name, label, frame, again, version in compiles.named_compiles(self.hlo_versions):
             program = self._program(self._version_name(name, version)) if name else None
             start_ns = start - self.start_unix_ns
-            reason = "recompile" if label in seen and label != UNNAMED and not other else "first"
-            seen.add(label)
+            reason = "recompile" if again and label != UNNAMED else "first"
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
                                           None, -1, start_ns, end - start, frame and self.writer.frame(*frame),
