@@ -114,16 +114,19 @@ class CompileSpans:
         frames = sorted(self.frames)
         calls = sorted(self.calls, key=lambda call: (call[0], -call[1]))
         result = []
-        scopes_of: dict[str, list[frozenset[str]]] = {}  # label -> the scopes of each of its compiles' programs
+        scopes_of: dict[str, list[frozenset[str] | None]] = {}  # label -> the scopes of each of its compiles' programs
         for (start, end), name in zip(spans, names):
             # The innermost jitted call around the compile (the latest started of those holding it).
             caller = next((f"jit_{name}" for call_start, call_end, name in reversed(calls)
                            if call_start <= start and end <= call_end), None)
             label = name or caller or UNNAMED
             protos = hlo.get(name or "", [])
-            later[name] -= 1
-            version, proto = (protos[len(protos) - 1 - later[name]] if name and later[name] < len(protos)
-                              else (None, None))
+            version: int | None = None
+            proto: dict[str, Any] | None = None
+            if name:
+                later[name] -= 1
+                if later[name] < len(protos):
+                    version, proto = protos[len(protos) - 1 - later[name]]
             place = _traced_frame(frames, start, label, files) or _traced_place(proto)
             scopes = _scopes(proto)
             earlier = scopes_of.setdefault(label, [_scopes(sources) for other, sources in protos
