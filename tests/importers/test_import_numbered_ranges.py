@@ -67,3 +67,28 @@ def test_torch_record_function_named_per_iteration_is_the_steps(tmp_path: Path) 
     steps, source = _imported(tmp_path, _capture(tmp_path, "numbered.py", TORCH_NUMBERED, "numbered.json"))
     assert [step.step for step in steps] == [1, 2, 3, 4, 5]
     assert (source["step_source"], source["step_range"]) == ("user_annotation", "batch_#")
+
+
+TORCH_NUMBERED_LAYERS = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import profile, record_function
+
+    layers = [torch.nn.Linear(64, 64) for _ in range(3)]
+    x = torch.randn(32, 64)
+    with profile() as prof:
+        for _ in range(4):
+            h = x
+            for j, layer in enumerate(layers):
+                with record_function(f"layer_{j}"):
+                    h = torch.relu(layer(h))
+    prof.export_chrome_trace(sys.argv[1])
+""")
+
+
+def test_numbered_ranges_that_repeat_in_each_iteration_stay_apart(tmp_path: Path) -> None:
+    """`layer_0`, `layer_1`, `layer_2` in each of 4 iterations: each name repeats, so each is its own range, and the
+    steps are the 4 iterations (one layer's range taken), not the 12 layers."""
+    from captures import _capture
+
+    steps, source = _imported(tmp_path, _capture(tmp_path, "layers.py", TORCH_NUMBERED_LAYERS, "layers.json"))
+    assert len(steps) == 4 and source["step_range"] in ("layer_0", "layer_1", "layer_2")

@@ -1,9 +1,11 @@
 """The name by which a user's repeated range is told as a loop's steps: a loop body's range named for its iteration
-(`TraceAnnotation(f"step {i}")`, `record_function(f"batch_{i}")`) is one range whatever its numbers."""
+(`TraceAnnotation(f"step {i}")`, `record_function(f"batch_{i}")`, each name once) is one range whatever its numbers;
+names that repeat themselves (`layer_0`, `layer_1` in every iteration) stay apart, each its own range."""
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Iterable
 
 _NUMBER = re.compile(r"\d+")
@@ -14,8 +16,15 @@ def range_family(name: str) -> str:
     return _NUMBER.sub("#", name)
 
 
+def range_keys(names: Iterable[str]) -> dict[str, str]:
+    """Each name's key among the ranges of one thread: the name itself where it occurs more than once, else its
+    family (`step #` for `step 0`, `step 1`, ... each met once)."""
+    counts = Counter(names)
+    return {name: name if count > 1 else range_family(name) for name, count in counts.items()}
+
+
 def family_label(names: Iterable[str]) -> str:
-    """The name that tells a family's ranges: their name where all share one (`train_step`), else the family
+    """The name that tells a key's ranges: their name where all share one (`train_step`), else the family
     (`step #` for `step 0`, `step 1`)."""
     distinct = set(names)
     only = next(iter(distinct)) if len(distinct) == 1 else None

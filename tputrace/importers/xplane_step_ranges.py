@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from tputrace.importers.range_names import family_label, range_family
+from tputrace.importers.range_names import family_label, range_keys
 from tputrace.importers.step_markers import StepMarkers
 
 _MIN_REPEATS = 2
@@ -96,14 +96,15 @@ class TraceMeRanges:
         main = max(threads, key=lambda thread: (*threads[thread], thread[1] == "python"))
         durations: dict[tuple[str, str, str], list[int]] = {}  # (plane, line, name) -> each occurrence's length
         holding: set[tuple[str, str, str]] = set()  # those of which an occurrence holds a jitted call or launch
+        keys = range_keys(name for (_, plane, line), ranges in self.lines.items() if (plane, line) == main
+                          for _, _, name, _ in ranges.ranges)
         for (_, plane, line), ranges in self.lines.items():
             if (plane, line) != main:
                 continue
             for start, end, name, holds in ranges.ranges:
-                family = range_family(name)
-                durations.setdefault((plane, line, family), []).append(end - start)
+                durations.setdefault((plane, line, keys[name]), []).append(end - start)
                 if holds or not threads[main][1]:
-                    holding.add((plane, line, family))
+                    holding.add((plane, line, keys[name]))
         candidates = {key: len(lengths) * float(np.median(lengths)) for key, lengths in durations.items()
                       if len(lengths) >= _MIN_REPEATS and key in holding}
         if not candidates:
@@ -113,8 +114,7 @@ class TraceMeRanges:
         names = []
         for (_, other_plane, other_line), ranges in sorted(self.lines.items()):
             if (other_plane, other_line) == (plane, line):
-                chosen = [(start, end, other) for start, end, other, _ in sorted(ranges.ranges)
-                          if range_family(other) == family]
+                chosen = [(start, end, other) for start, end, other, _ in sorted(ranges.ranges) if keys[other] == family]
                 names += [other for _, _, other in chosen]
                 _contiguous(markers, [(start, end) for start, end, _ in chosen])
         return family_label(names), markers
