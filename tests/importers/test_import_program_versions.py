@@ -92,3 +92,14 @@ def test_each_compile_of_a_name_is_its_own_program(tmp_path: Path) -> None:
     for program_id, program in programs.items():
         mine = [op for op in ops if op.program_id == program_id]
         assert program.n_ops == len({op.op for op in mine}) and len(mine) == 2 * program.n_ops
+
+
+def test_a_program_run_in_two_sessions_is_one_program(tmp_path: Path) -> None:
+    """Each profiling session of a process writes the HLO protos of all it compiled: the second session's copy of
+    `jit_step`'s proto is not another module of the name, so `jit_step` stays one program, without an id."""
+    from captures import jax_two_sessions_capture
+
+    output = tmp_path / "sessions.tptrace"
+    assert main(["import", str(jax_two_sessions_capture(tmp_path)), "-o", str(output)]) == 0
+    with tputrace.open(output) as trace:
+        assert [program.name for program in trace.records("programs")] == ["jit_step"]

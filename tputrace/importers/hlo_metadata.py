@@ -65,6 +65,8 @@ def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], version
                 first.setdefault(module, sources)
                 number = _VERSION.search(metadata.name)
                 version = int(number.group(1)) if number else key
+                if number and any(seen == version for seen, _ in versions.get(module, ())):
+                    continue  # written again by a later profiling session of the process
                 versions.setdefault(module, []).append((version, sources))
                 signature = _parsed(module_bytes, lambda data: program_signature(data, _fields), None)
                 if signatures is not None and signature is not None:
