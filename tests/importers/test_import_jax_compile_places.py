@@ -52,5 +52,6 @@ def test_each_compile_is_placed_at_the_function_it_compiled(tmp_path: Path) -> N
         (script, step_line, "step"), (script, step_line, "step"), (script, lambda_line, "<lambda>"),
         (script, multiply_line, "<module>"), (script, step_line, "step")]
     # The gradient's program is another function named `jit_step` (its HLO's scopes are `jvp()` and `transpose(jvp())`),
-    # not a recompile of `step`; `step` for 4 rows is one.
-    assert [row.reason for row in compiles] == ["first", "first", "first", "first", "recompile"]
+    # not a recompile of `step`; `step` for 4 rows is one, and so is JAX's `multiply` for new shapes, compiled before
+    # the trace for others (its earlier proto says so).
+    assert [row.reason for row in compiles] == ["first", "first", "first", "recompile", "recompile"]

@@ -51,3 +51,55 @@ def test_ops_take_lines_and_scopes_from_the_program_that_ran(tmp_path: Path) -> 
     gradient = [op for op in ops if op.start_ns > last_input and op.module]
     assert gradient and all("jvp()" in op.module for op in gradient)
     assert any(op.module.startswith("jit(f)/transpose(jvp())") for op in gradient)
+
+
+THREE_SHAPES = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+
+    @jax.jit
+    def f(w, x):
+        return jnp.tanh(x @ w).sum()
+
+    w = jnp.ones((64, 64))
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(2):
+            for rows in (8, 16, 32):
+                f(w, jnp.ones((rows, 64))).block_until_ready()
+""")
+
+
+def test_each_compile_of_a_name_is_its_own_program(tmp_path: Path) -> None:
+    """`jit_f` compiled for 3 shapes is 3 programs (`jit_f(N)`, structure `jit_f`), each with its compile, its 2 runs
+    and the ops of those runs, not one program holding every shape's runs."""
+    from captures import _capture
+
+    logdir = _capture(tmp_path, "three_shapes.py", THREE_SHAPES, "logdir")
+    output = tmp_path / "three_shapes.tptrace"
+    assert main(["import", str(logdir), "-o", str(output)]) == 0
+    with tputrace.open(output) as trace:
+        programs = {row.id: row for row in trace.records("programs") if row.structure == "jit_f"}
+        compiles = sorted((row for row in trace.records("compiles") if row.name == "jit_f"), key=lambda row: row.start_ns)
+        runs = sorted((row for row in trace.records("executions") if row.program_id in programs),
+                      key=lambda row: row.start_ns)
+        ops = [row for row in trace.records("ops") if row.program_id in programs]
+    assert len(programs) == 3 and len({row.name for row in programs.values()}) == 3
+    assert all(row.name.startswith("jit_f(") for row in programs.values())
+    # Each compile built the program that ran next: the shapes' runs in call order are the compiles' programs twice.
+    assert [row.reason for row in compiles] == ["first", "recompile", "recompile"]
+    order = [row.program_id for row in compiles]
+    assert len(set(order)) == 3 and [row.program_id for row in runs] == order * 2
+    # Each program's ops are those of its own runs: the same 4 ops, twice.
+    for program_id, program in programs.items():
+        mine = [op for op in ops if op.program_id == program_id]
+        assert program.n_ops == len({op.op for op in mine}) and len(mine) == 2 * program.n_ops
+
+
+def test_a_program_run_in_two_sessions_is_one_program(tmp_path: Path) -> None:
+    """Each profiling session of a process writes the HLO protos of all it compiled: the second session's copy of
+    `jit_step`'s proto is not another module of the name, so `jit_step` stays one program, without an id."""
+    from captures import jax_two_sessions_capture
+
+    output = tmp_path / "sessions.tptrace"
+    assert main(["import", str(jax_two_sessions_capture(tmp_path)), "-o", str(output)]) == 0
+    with tputrace.open(output) as trace:
+        assert [program.name for program in trace.records("programs")] == ["jit_step"]

@@ -135,11 +135,13 @@ def test_xla_compiles_in_an_xprof_capture_are_imported(tmp_path: Path) -> None:
     compiles = [row for row in trace.records("compiles") if row.name == "jit_step"]
     assert [(row.kind, row.reason) for row in compiles] == [("xla", "first"), ("xla", "recompile")]
     assert all(row.dur_ns > 0 and row.start_ns >= 0 for row in compiles)
-    program_ids = {row.program_id for row in compiles}
-    (program,) = [program for program in trace.records("programs") if program.id in program_ids]
-    assert program.name == "jit_step"
-    # The compiled program is the one executed: its ops point at it.
-    assert {op.program_id for op in trace.records("ops") if op.op == "dot"} == {program.id}
+    # Each compile built its own program (one per input shape), named with XLA's id of its module.
+    programs = {program.id: program for program in trace.records("programs")
+                if program.id in {row.program_id for row in compiles}}
+    assert len(programs) == 2 and {program.structure for program in programs.values()} == {"jit_step"}
+    assert all(program.name.startswith("jit_step(") for program in programs.values())
+    # The compiled programs are the ones executed: their ops point at them.
+    assert {op.program_id for op in trace.records("ops") if op.op == "dot"} == set(programs)
 
 
 def test_the_raw_text_scan_finds_what_decoding_finds(captures: dict[str, Path], tmp_path: Path) -> None:

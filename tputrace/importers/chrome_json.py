@@ -28,6 +28,7 @@ from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpMod
 from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
+from tputrace.importers.torch_trace_text import INDUCTOR_CODE
 
 _STEP = re.compile(r"^ProfilerStep#(\d+)$")
 _PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
@@ -567,7 +568,8 @@ def _is_user_frame(name: str) -> bool:
     file = match.group(1)
     if file.split("/", 1)[0].removesuffix(".py") in _STANDARD_LIBRARY:
         return False
-    return not (file.startswith(("torch/", "<")) or "site-packages" in file or "/lib/python" in file)
+    return not (file.startswith(("torch/", "<")) or "site-packages" in file or "/lib/python" in file
+                or INDUCTOR_CODE.search(file))
 
 
 def _step_number(event: dict[str, Any]) -> int | None:

@@ -12,11 +12,14 @@ The protos are read at the wire level (varints and length-delimited fields) for 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+from tputrace.importers.hlo_shapes import program_signature
 from tputrace.xplane_proto import decode_varint
+
+_T = TypeVar("_T")
 
 # Field numbers (xla/service/hlo.proto, xla/xla_data.proto).
 _HLO_MODULE = 1  # HloProto.hlo_module
@@ -43,20 +46,31 @@ class InstructionSource:
 _VERSION = re.compile(r"\((\d+)\)$")
 # Module name -> each of its protos as (XLA's id of the module, its instructions' sources), by id: in compile order.
 HloVersions = dict[str, list[tuple[int, dict[str, "InstructionSource"]]]]
+# What a damaged proto names: no module, no instructions.
+_NO_SOURCES: tuple[str, dict[str, InstructionSource]] = ("", {})
 
 
-def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], versions: HloVersions) -> None:
+def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], versions: HloVersions,
+             signatures: dict[tuple[str, int], str] | None = None) -> None:
     """The instructions' sources of each program's HLO proto in the `/host:metadata` plane: in `first` those of the
     first proto of each module name, in `versions` those of every proto of it (a name compiled again, as `jit_f` for
-    new shapes, or a library's `jit_broadcast_in_dim` called from several lines, has a proto each)."""
+    new shapes, or a library's `jit_broadcast_in_dim` called from several lines, has a proto each); in `signatures`,
+    by (module name, XLA's id of the module), its parameters' shapes (`hlo_shapes`)."""
     names = {key: meta.name for key, meta in plane.stat_metadata.items()}
     for key, metadata in sorted(plane.event_metadata.items()):
         for stat in metadata.stats:
             if names.get(stat.metadata_id) == "Hlo Proto" and stat.WhichOneof("value") == "bytes_value":
-                module, sources = hlo_sources(stat.bytes_value)
+                module_bytes = _hlo_module(stat.bytes_value)
+                module, sources = _parsed(module_bytes, _module_sources, _NO_SOURCES)
                 first.setdefault(module, sources)
                 number = _VERSION.search(metadata.name)
-                versions.setdefault(module, []).append((int(number.group(1)) if number else key, sources))
+                version = int(number.group(1)) if number else key
+                if number and any(seen == version for seen, _ in versions.get(module, ())):
+                    continue  # written again by a later profiling session of the process
+                versions.setdefault(module, []).append((version, sources))
+                signature = _parsed(module_bytes, lambda data: program_signature(data, _fields), None)
+                if signatures is not None and signature is not None:
+                    signatures[(module, version)] = signature
     for protos in versions.values():
         protos.sort(key=lambda proto: proto[0])
 
@@ -64,12 +78,24 @@ def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], version
 def hlo_sources(data: bytes) -> tuple[str, dict[str, InstructionSource]]:
     """The module name of a serialized `HloProto` and, per instruction name, its source; empty where the bytes are
     not one (a damaged proto names nothing rather than failing the import)."""
+    return _parsed(_hlo_module(data), _module_sources, _NO_SOURCES)
+
+
+def _hlo_module(data: bytes) -> bytes:
+    """The `HloModuleProto` of a serialized `HloProto` (empty where the bytes are not one)."""
     try:
-        module = next((value for field, value in _fields(data) if field == _HLO_MODULE and isinstance(value, bytes)),
-                      b"")
-        return _module_sources(module)
+        return next((value for field, value in _fields(data) if field == _HLO_MODULE and isinstance(value, bytes)),
+                    b"")
+    except (IndexError, ValueError):
+        return b""
+
+
+def _parsed(data: bytes, parse: Callable[[bytes], _T], damaged: _T) -> _T:
+    """`parse(data)`, or `damaged` where the bytes are not the message it reads."""
+    try:
+        return parse(data)
     except (IndexError, ValueError, UnicodeDecodeError):
-        return "", {}
+        return damaged
 
 
 def _module_sources(module: bytes) -> tuple[str, dict[str, InstructionSource]]:

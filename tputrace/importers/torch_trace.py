@@ -167,6 +167,8 @@ class TorchTraceImporter:
             self.started[compile_id] = self.clock
             self._dynamo_start(_frame_of(compile_id), compile_id, start)
             return
+        if compile_id in self.started and compile_id not in self.caller:
+            self._record_stack(compile_id, envelope)
         metrics = envelope.get("compilation_metrics")
         if isinstance(metrics, dict):
             self._metrics(envelope, compile_id, metrics)
@@ -296,6 +298,21 @@ class TorchTraceImporter:
             if called:
                 self.called[compile_id] = called
 
+    def _record_stack(self, compile_id: str, envelope: dict[str, Any]) -> None:
+        """The caller of a compile whose `dynamo_start` stack holds no frame of the user's (a library function compiled
+        whole, `torch.compile(F.silu)`: its stack is torch's wrapper alone), from another record of the compile that
+        has the process's stack (`create_symbol` of a dynamic size, `guard_added`): its innermost user frame."""
+        for value in envelope.values():
+            stack = value.get("stack") if isinstance(value, dict) else None
+            entries = self._stack(stack)
+            user = _innermost_user(entries)
+            if user is not None and isinstance(stack, list):
+                self.caller[compile_id] = entries[user]
+                called = _called(stack[user].get("loc"))
+                if called:
+                    self.called[compile_id] = called
+                return
+
     def _stack(self, stack: Any) -> list[tuple[str, str | None, int | None]]:
         """A record's stack as (function, file, line), outermost first; file names interned by `str` records."""
         if not isinstance(stack, list):
@@ -330,7 +347,14 @@ class TorchTraceImporter:
     def _write(self) -> None:
         writer = self.sink.writer
         timed: list[tuple[_Compile, float | None, float]] = []
+        # A compile whose records name no caller takes that of another compile of its frame (the same callable).
+        callers: dict[str, tuple[tuple[str, str | None, int | None], str | None]] = {}
         for item in self.compiles:
+            if item.caller:
+                callers.setdefault(_frame_of(item.compile_id), (item.caller, item.called))
+        for item in self.compiles:
+            if item.caller is None and item.kind == "dynamo_frame" and (not item.file or is_library(item.file)):
+                item.caller, item.called = callers.get(_frame_of(item.compile_id), (None, None))
             # A compile that failed before tracing (e.g. the recompile limit was hit) names no code object: it is
             # the one its frame's other compiles name.
             if item.name == "?" and _frame_of(item.compile_id) in self.frame_code:

@@ -129,10 +129,16 @@ def first_sentence(text: str) -> str:
     return lines[0]
 
 
+# The Python code Inductor generates for a compiled graph: its cache directory's modules (`/tmp/torchinductor_<user>/`,
+# or `$TORCHINDUCTOR_CACHE_DIR`'s `7e/c7epy…vo.py`, a `c` and 51 characters of the code's hash in a 2-character folder).
+INDUCTOR_CODE = re.compile(r"(?:^|/)torchinductor_[^/]*/|(?:^|/)[a-z0-9]{2}/c[a-z0-9]{51}\.py$")
+
+
 def is_library(file: str) -> bool:
-    """Whether a file is an installed library's or torch's own (installed or a source checkout), not the user's."""
+    """Whether a file is an installed library's, torch's own (installed or a source checkout) or code Inductor
+    generated, not the user's."""
     return (any(part in file for part in ("site-packages", "dist-packages", "/lib/python")) or file.startswith("<")
-            or _TORCH_SOURCE.search(file) is not None)
+            or _TORCH_SOURCE.search(file) is not None or INDUCTOR_CODE.search(file) is not None)
 
 
 # Dynamo's failure when a function reached its compile limit (torch 2.5 on): "Dynamo recompile limit exceeded ...

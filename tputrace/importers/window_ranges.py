@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from tputrace.importers.json_events import event_texts
+from tputrace.importers.range_names import family_label, range_keys
 
 _RANGE_TEXT = re.compile(r'"cat"\s*:\s*"(?:user_annotation|Trace)"')
 _SPAN_TEXT = re.compile(r'"cat"\s*:\s*"Trace"')
@@ -79,13 +80,17 @@ class WindowRanges:
 
 def choose(windows: list[WindowRanges], paths: Iterable[Path]) -> tuple[str, list[list[tuple[float, float, None]]]] | None:
     """The name of the range taken as the steps, and each window's steps (start, end, no number), from each window's
-    user ranges: of the ranges repeated (one name, at least twice) at the top level of a thread, one after another,
-    those of the thread that runs most ops (counted in `paths` only where several threads have such ranges), and
-    of them the name covering the most time. None where no range repeats."""
-    candidates: dict[tuple[Any, str], list[float]] = {}  # (thread, name) -> [occurrences, time covered]
-    for window in windows:
-        for start, end, tid, name in _top_level(window.user):
-            entry = candidates.setdefault((tid, name), [0, 0.0])
+    user ranges: of the ranges repeated (one name, or names that differ only in their numbers, `batch_{i}`; at least
+    twice) at the top level of a thread, one after another, those of the thread that runs most ops (counted in `paths`
+    only where several threads have such ranges), and of them the name covering the most time. None where no range
+    repeats."""
+    top = [_top_level(window.user) for window in windows]
+    keys = {tid: range_keys(name for ranges in top for _, _, other, name in ranges if other == tid)
+            for tid in {tid for ranges in top for _, _, tid, _ in ranges}}
+    candidates: dict[tuple[Any, str], list[float]] = {}  # (thread, name's key) -> [occurrences, time covered]
+    for ranges in top:
+        for start, end, tid, name in ranges:
+            entry = candidates.setdefault((tid, keys[tid][name]), [0, 0.0])
             entry[0] += 1
             entry[1] += end - start
     candidates = {key: entry for key, entry in candidates.items() if entry[0] >= _MIN_REPEATS}
@@ -97,10 +102,11 @@ def choose(windows: list[WindowRanges], paths: Iterable[Path]) -> tuple[str, lis
         main = max(threads, key=lambda tid: (ops.get(str(tid), 0), max(entry[1] for (other, _), entry in
                                                                        candidates.items() if other == tid)))
         candidates = {key: entry for key, entry in candidates.items() if key[0] == main}
-    tid, name = max(candidates, key=lambda key: (candidates[key][1], candidates[key][0]))
-    steps = [_contiguous([(start, end) for start, end, other, other_name in _top_level(window.user)
-                          if other == tid and other_name == name]) for window in windows]
-    return name, steps
+    tid, family = max(candidates, key=lambda key: (candidates[key][1], candidates[key][0]))
+    chosen = [[(start, end, name) for start, end, other, name in ranges if other == tid and keys[tid][name] == family]
+              for ranges in top]
+    steps = [_contiguous([(start, end) for start, end, _ in ranges]) for ranges in chosen]
+    return family_label(name for ranges in chosen for _, _, name in ranges), steps
 
 
 def _contiguous(ranges: list[tuple[float, float]]) -> list[tuple[float, float, None]]:

@@ -92,12 +92,14 @@ class CompileSpans:
                                                               columns.metadata_id[chosen][around].tolist())]
 
     def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None) -> list[
-            tuple[int, int, str | None, str, tuple[str, int, str] | None, bool]]:
+            tuple[int, int, str | None, str, tuple[str, int, str] | None, bool, int | None]]:
         """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
-        function) of the function it compiled or None, whether it compiled another function than the earlier compiles
-        of its label: its HLO's scopes differ, as `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` from
-        `jax.jit(f)`'s, both `jit_f`), in time order. `hlo`: each program's protos' instruction
-        sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
+        function) of the function it compiled or None, whether it compiled again a function compiled before, XLA's id
+        of the module it built (that of its proto) or None), in time order. A compile is again where an earlier compile
+        of its label is in the capture, or its name has an earlier proto (JAX compiled it before the trace, as a
+        warm-up call does), unless its HLO's scopes differ from every earlier one's: another function of the name, as
+        `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` beside `jax.jit(f)`'s, both `jit_f`. `hlo`: each
+        program's protos' instruction sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
         tracer names only a file's base name; where given, a frame in another file (JAX's own, `cache_key.py:140
         <lambda>`) is not the user's function."""
         hlo = hlo or {}
@@ -112,21 +114,27 @@ class CompileSpans:
         frames = sorted(self.frames)
         calls = sorted(self.calls, key=lambda call: (call[0], -call[1]))
         result = []
-        scopes_of: dict[str, list[frozenset[str]]] = {}  # label -> the scopes of each of its compiles' programs
+        scopes_of: dict[str, list[frozenset[str] | None]] = {}  # label -> the scopes of each of its compiles' programs
         for (start, end), name in zip(spans, names):
             # The innermost jitted call around the compile (the latest started of those holding it).
             caller = next((f"jit_{name}" for call_start, call_end, name in reversed(calls)
                            if call_start <= start and end <= call_end), None)
             label = name or caller or UNNAMED
             protos = hlo.get(name or "", [])
-            later[name] -= 1
-            proto = protos[len(protos) - 1 - later[name]][1] if name and later[name] < len(protos) else None
+            version: int | None = None
+            proto: dict[str, Any] | None = None
+            if name:
+                later[name] -= 1
+                if later[name] < len(protos):
+                    version, proto = protos[len(protos) - 1 - later[name]]
             place = _traced_frame(frames, start, label, files) or _traced_place(proto)
             scopes = _scopes(proto)
-            earlier = scopes_of.setdefault(label, [])
-            other = bool(earlier) and scopes is not None and all(seen is not None and seen != scopes for seen in earlier)
+            earlier = scopes_of.setdefault(label, [_scopes(sources) for other, sources in protos
+                                                   if version is not None and other < version])
+            again = bool(earlier) and not (scopes is not None and all(seen is not None and seen != scopes
+                                                                      for seen in earlier))
             earlier.append(scopes)
-            result.append((start, end, name, label, place, other))
+            result.append((start, end, name, label, place, again, version))
         return result
 
 

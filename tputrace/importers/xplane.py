@@ -85,6 +85,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         self.chips = 1
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
         self.hlo_versions: HloVersions = {}  # module -> each of its protos' sources, in compile order
+        self.hlo_signatures: dict[tuple[str, int], str] = {}  # (module, XLA's id of it) -> its parameters' shapes
         # Run ids (ascending) and when the host launched each run (ns since the rank's start).
         self.launch_ids, self.launch_starts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
@@ -139,7 +140,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 if plane.name == "Task Environment":
                     profile_start_unix_ns = plane_stat(plane, "profile_start_time")
                 if plane.name == "/host:metadata":
-                    read_hlo(plane, self.hlo, self.hlo_versions)
+                    read_hlo(plane, self.hlo, self.hlo_versions, self.hlo_signatures)
                 match = _DEVICE_PLANE.match(plane.name)
                 if match:
                     device_kind = match.group(1).lower()
@@ -345,18 +346,19 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
 
     def _compiles(self, compiles: CompileSpans) -> None:
         """`compiles` rows (`xla_compiles`); a compile's program is the one its backend compiler (an event with a `name`
-        stat) built meanwhile. A compile of a label seen before is a recompile, unless it has no name at all."""
-        seen: set[str] = set()  # over all of the rank's files: a program compiled again in a later session
+        stat) built meanwhile. A compile of a function compiled before (in the capture, or before it as the HLO protos
+        say) is a recompile, unless it has no name at all."""
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
-        for start, end, name, label, frame, other in compiles.named_compiles(self.hlo_versions):
-            program = self._program(name) if name else None
+        for start, end, name, label, frame, again, version in compiles.named_compiles(self.hlo_versions):
+            program = self._program(self._version_name(name, version)) if name else None
             start_ns = start - self.start_unix_ns
-            reason = "recompile" if label in seen and label != UNNAMED and not other else "first"
-            seen.add(label)
+            reason = "recompile" if again and label != UNNAMED else "first"
+            signature = self.hlo_signatures.get((name, version)) if name and version is not None else None
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
-                                          None, -1, start_ns, end - start, frame and self.writer.frame(*frame),
+                                          signature and self.writer.intern(signature), -1, start_ns, end - start,
+                                          frame and self.writer.frame(*frame),
                                           self.steps.step_at(start_ns), reason, None, None))
 
     # -- second pass --------------------------------------------------------------------------------
@@ -466,6 +468,14 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
             program = self.programs[module_name] = Program(self.writer.next_id("programs"), module_name)
         return program
 
+    def _version_name(self, module: str, program_id: int | None) -> str:
+        """The program name of XLA's module `program_id` of name `module`: with its id (`jit_f(12)`, as a TPU's `XLA
+        Modules` name a program) where the capture's HLO holds several modules of the name (a jitted function compiled
+        for new shapes, or `jax.jit(f)` and `jax.jit(jax.grad(f))`), each its own program; else the name alone."""
+        if program_id is None or len(self.hlo_versions.get(module, ())) < 2:
+            return module
+        return f"{module}({program_id})"
+
     def _op_meta(self, plane: Any, metadata_id: int, decoder: StatDecoder, module: str | None,
                  op_name: str | None = None, program_id: int | None = None) -> OpMeta:
         metadata = plane.event_metadata[metadata_id]
@@ -483,7 +493,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         if origin is not None and frame_id is None and origin.file and origin.line:
             frame_id = self.writer.frame(origin.file, origin.line, origin.function)
         tf_op = tf_op or (origin.op_name if origin is not None else None)
-        program_name = module
+        program_name = self._version_name(module, program_id) if module else module
         if program_name is None and "program_id" in stats:
             program_name = next((p.name for p in self.programs.values()
                                  if p.name.endswith(f"({stats['program_id']})")), f"program({stats['program_id']})")
@@ -515,6 +525,15 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 return found
         return self.hlo.get(module, {})
 
+    def _signature(self, module: str, program_name: str) -> str | None:
+        """A program's parameters' shapes from its HLO proto: that of XLA's id in its name (`jit_f(12)`), else of the
+        name's only proto."""
+        number = re.search(r"\((\d+)\)$", program_name)
+        if number is not None:
+            return self.hlo_signatures.get((module, int(number.group(1))))
+        protos = self.hlo_versions.get(module, [])
+        return self.hlo_signatures.get((module, protos[0][0])) if len(protos) == 1 else None
+
     def _python_frame(self, name: str) -> int | None:
         match = _PYTHON_FRAME.match(name)
         if match is None or match.group(1) == "<unknown>":
@@ -526,8 +545,10 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         for program in self.programs.values():
             name_sid = self.writer.intern(program.name)
             structure = re.sub(r"\(\d+\)$", "", program.name)
+            signature = self._signature(structure, program.name)
             self.sink.append("programs", (program.program_id, self.rank, "xla", name_sid, self.writer.intern(structure),
-                                          None, len(program.op_names), program.flops or None,
+                                          signature and self.writer.intern(signature), len(program.op_names),
+                                          program.flops or None,
                                           program.bytes_accessed or None, len(program.op_names) or None))
         for program_ids, chips, run_ids, starts, ends in self.runs.blocks_in_start_order():
             steps = self._steps_at(starts, run_ids).tolist()

@@ -1,6 +1,6 @@
 """Steps of an XProf capture without step markers, from the user's TraceMe range around each iteration
-(`jax.profiler.TraceAnnotation("train_step")`, a `StepTraceAnnotation` without `step_num`): a range of one name
-repeated one after another at the top level of the host's main Python thread (the line making most of JAX's jitted
+(`jax.profiler.TraceAnnotation("train_step")`, a `StepTraceAnnotation` without `step_num`): a range of one name (or
+of names that differ only in their numbers, `TraceAnnotation(f"step {i}")`: `range_names`) repeated one after another at the top level of the host's main Python thread (the line making most of JAX's jitted
 calls and program launches), as torch.profiler's captures get theirs from a repeated `record_function` range
 (`window_ranges`). JAX's and XLA's own TraceMes are never steps: the names of JAX's calls and compiles and of XLA's C++
 scopes (`PjitFunction(step)`, `…::ExecuteHelper…`) are left out, and a step's range holds a jitted call or launch of the
@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from tputrace.importers.range_names import family_label, range_keys
 from tputrace.importers.step_markers import StepMarkers
 
 _MIN_REPEATS = 2
@@ -82,7 +83,8 @@ class TraceMeRanges:
 
     def steps(self) -> tuple[str, StepMarkers] | None:
         """The name of the range taken as the steps and the steps (no numbers): on the main Python thread (the line with
-        most jitted calls, else launches), of its repeated user ranges holding such work, the name covering the most
+        most jitted calls, else launches), of its repeated user ranges holding such work (a name's numbers aside), the
+        name covering the most
         time by its occurrences' median (a first iteration's compile in a `load` range beside the step's does not
         outweigh the step); None where no range qualifies."""
         threads: dict[tuple[str, str], tuple[int, int]] = {}  # (plane, line) -> (jitted calls, and launches)
@@ -94,23 +96,28 @@ class TraceMeRanges:
         main = max(threads, key=lambda thread: (*threads[thread], thread[1] == "python"))
         durations: dict[tuple[str, str, str], list[int]] = {}  # (plane, line, name) -> each occurrence's length
         holding: set[tuple[str, str, str]] = set()  # those of which an occurrence holds a jitted call or launch
+        keys = range_keys(name for (_, plane, line), ranges in self.lines.items() if (plane, line) == main
+                          for _, _, name, _ in ranges.ranges)
         for (_, plane, line), ranges in self.lines.items():
             if (plane, line) != main:
                 continue
             for start, end, name, holds in ranges.ranges:
-                durations.setdefault((plane, line, name), []).append(end - start)
+                durations.setdefault((plane, line, keys[name]), []).append(end - start)
                 if holds or not threads[main][1]:
-                    holding.add((plane, line, name))
+                    holding.add((plane, line, keys[name]))
         candidates = {key: len(lengths) * float(np.median(lengths)) for key, lengths in durations.items()
                       if len(lengths) >= _MIN_REPEATS and key in holding}
         if not candidates:
             return None
-        plane, line, name = max(candidates, key=lambda key: (candidates[key], len(durations[key])))
+        plane, line, family = max(candidates, key=lambda key: (candidates[key], len(durations[key])))
         markers = StepMarkers()
+        names = []
         for (_, other_plane, other_line), ranges in sorted(self.lines.items()):
             if (other_plane, other_line) == (plane, line):
-                _contiguous(markers, [(start, end) for start, end, other, _ in sorted(ranges.ranges) if other == name])
-        return name, markers
+                chosen = [(start, end, other) for start, end, other, _ in sorted(ranges.ranges) if keys[other] == family]
+                names += [other for _, _, other in chosen]
+                _contiguous(markers, [(start, end) for start, end, _ in chosen])
+        return family_label(names), markers
 
 
 def _contiguous(markers: StepMarkers, ranges: Iterable[tuple[int, int]]) -> None:

@@ -1,0 +1,52 @@
+"""The shapes of a program's parameters, read from its `HloModuleProto`'s `host_program_shape` (the entry computation's
+`ProgramShapeProto`), written as the trace writes an input signature: `f32[32,32], f32[8,32]`. A jitted function
+compiled again for new input shapes has a program per shape: their signatures say which sizes changed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from tputrace.xplane_proto import decode_varint
+
+_HOST_PROGRAM_SHAPE = 4  # HloModuleProto
+_PARAMETERS = 1  # ProgramShapeProto
+_ELEMENT_TYPE, _DIMENSIONS = 2, 3  # ShapeProto
+# xla_data.proto's PrimitiveType -> the trace's short dtype names; others (tuples, tokens, 8-bit floats) by their own.
+_DTYPES = {1: "bool", 2: "i8", 3: "i16", 4: "i32", 5: "i64", 6: "u8", 7: "u16", 8: "u32", 9: "u64", 10: "f16",
+           11: "f32", 12: "f64", 13: "tuple", 14: "opaque", 15: "c64", 16: "bf16", 17: "token", 18: "c128"}
+
+Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
+
+
+def program_signature(module: bytes, fields: Fields) -> str | None:
+    """The parameters of a serialized `HloModuleProto` (`module`, read by `fields`, `hlo_metadata`'s wire reader) as
+    `f32[32,32], f32[8,32]`; None where it holds no program shape."""
+    shape = next((value for number, value in fields(module) if number == _HOST_PROGRAM_SHAPE
+                  and isinstance(value, bytes)), None)
+    if shape is None:
+        return None
+    parameters = [value for number, value in fields(shape) if number == _PARAMETERS and isinstance(value, bytes)]
+    return ", ".join(_shape_text(parameter, fields) for parameter in parameters)
+
+
+def _shape_text(shape: bytes, fields: Fields) -> str:
+    element_type = 0
+    dims: list[int] = []
+    for number, value in fields(shape):
+        if number == _ELEMENT_TYPE and isinstance(value, int):
+            element_type = value
+        elif number == _DIMENSIONS:
+            dims += [value] if isinstance(value, int) else _packed(value)
+    dtype = _DTYPES.get(element_type, f"type{element_type}")
+    if dtype in ("tuple", "token", "opaque"):
+        return dtype
+    return f"{dtype}[{','.join(str(size) for size in dims)}]"
+
+
+def _packed(data: bytes) -> list[int]:
+    """A packed repeated varint field's values."""
+    values, offset = [], 0
+    while offset < len(data):
+        value, offset = decode_varint(data, offset)
+        values.append(value)
+    return values

@@ -1,0 +1,31 @@
+"""The name by which a user's repeated range is told as a loop's steps: a loop body's range named for its iteration
+(`TraceAnnotation(f"step {i}")`, `record_function(f"batch_{i}")`, each name once) is one range whatever its numbers;
+names that repeat themselves (`layer_0`, `layer_1` in every iteration) stay apart, each its own range."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Iterable
+
+_NUMBER = re.compile(r"\d+")
+
+
+def range_family(name: str) -> str:
+    """A range's name with each run of digits as `#` (`step 12`: `step #`)."""
+    return _NUMBER.sub("#", name)
+
+
+def range_keys(names: Iterable[str]) -> dict[str, str]:
+    """Each name's key among the ranges of one thread: the name itself where it occurs more than once, else its
+    family (`step #` for `step 0`, `step 1`, ... each met once)."""
+    counts = Counter(names)
+    return {name: name if count > 1 else range_family(name) for name, count in counts.items()}
+
+
+def family_label(names: Iterable[str]) -> str:
+    """The name that tells a key's ranges: their name where all share one (`train_step`), else the family
+    (`step #` for `step 0`, `step 1`)."""
+    distinct = set(names)
+    only = next(iter(distinct)) if len(distinct) == 1 else None
+    return only if only is not None else range_family(min(distinct))
