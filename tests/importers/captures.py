@@ -524,7 +524,7 @@ TORCH_LOADER = textwrap.dedent("""\
             return 64
 
         def __getitem__(self, index):
-            time.sleep(0.004)
+            time.sleep(0.02)
             return torch.randn(16), torch.randn(4)
 
     def train(out):
