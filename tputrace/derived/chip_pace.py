@@ -42,8 +42,9 @@ class ChipPace:
 
 
 def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
-    """The chip's pace over `rank`'s loop steps, when it is markedly slower than the host's; else None (no
-    executions recorded, fewer than two loop steps, or the host waited for the chip each step)."""
+    """The chip's pace over `rank`'s loop steps, when it is markedly slower than the host's and the host ran at
+    least one step ahead of it; else None (no executions recorded, fewer than two loop steps, or the host waited
+    for the chip each step)."""
     ready_by_step = dict(trace.sql(
         "SELECT step, MAX(start_ns + dur_ns) FROM executions WHERE rank = ? AND dur_ns IS NOT NULL GROUP BY step", (rank,)))
     steps = [(start_ns, end_ns, ready_by_step.get(step)) for step, start_ns, end_ns in trace.sql(
@@ -61,5 +62,7 @@ def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
     chip_mean = (finishes[-1] - since_ns) // (len(finishes) - 1 if len(finishes) >= 3 else len(finishes))
     if not host_median or chip_mean < host_median * PACE_SHOWN_RATIO:
         return None
+    # How many later host steps had ended when each step finished on the chip: none means the host waited for
+    # every step (a read each step), and the steps' spread is then the host's own (a step that compiled).
     ahead = max(bisect_left(host_ends, finish_ns) - index - 1 for index, finish_ns in enumerate(finishes))
-    return ChipPace(chip_mean, host_median, max(ahead, 1))
+    return ChipPace(chip_mean, host_median, ahead) if ahead >= 1 else None
