@@ -70,6 +70,22 @@ COMPILED_WITH_BREAK = textwrap.dedent("""\
         print(step, loss.item())
 """)
 
+FALLBACK_LOOP = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    model = nn.Linear(32, 32).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        out = model(torch.randn(16, 32, device="tpu"))
+        counts = torch.histogram(out.detach().flatten().float(), bins=10, range=(-3, 3)).hist
+        loss = out.pow(2).mean() + counts.sum() * 0
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    print(loss.item())
+""")
+
 JAX_STEPS = textwrap.dedent("""\
     import sys
 
@@ -116,6 +132,11 @@ def strict_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def compiled_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _record(tmp_path_factory.mktemp("compiled"), "compiled_break", COMPILED_WITH_BREAK)
+
+
+@pytest.fixture(scope="module")
+def fallback_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record(tmp_path_factory.mktemp("fallback"), "fallback_loop", FALLBACK_LOOP)
 
 
 @pytest.fixture(scope="module")
@@ -206,6 +227,49 @@ def test_a_loop_that_reads_its_loss_each_step_has_no_chip_pace(compiled_trace: P
         facts = run_facts(trace, 0)
     assert summary.chip_pace is None and facts.chip_pace is None and report.get("chip_pace") is None
     assert "\npace " not in render_text(summary)
+
+
+# -- the Source view's time per line -----------------------------------------------------------------
+
+
+def _covered_ns(spans: list[tuple[int, int]]) -> int:
+    total = covered_to = 0
+    for start_ns, end_ns in sorted(spans):
+        total += max(0, end_ns - max(start_ns, covered_to))
+        covered_to = max(covered_to, end_ns)
+    return total
+
+
+def _events_at(trace: Any, file: str, line: int | None = None) -> list[tuple[int, int]]:
+    """The (start, end) of every compile, sync, fallback, transfer and collective at `file` (and `line`)."""
+    where, params = ("file = ? AND line = ?", (file, line)) if line is not None else ("file = ?", (file,))
+    return [(start, start + dur) for table in ("compiles", "syncs", "fallbacks", "transfers", "collectives")
+            for start, dur in trace.sql(f"SELECT start_ns, dur_ns FROM {table}_v WHERE {where} AND dur_ns > 0", params)]
+
+
+@pytest.mark.parametrize("kind", ["fallback", "compiled"])
+def test_a_lines_time_counts_its_nested_events_once(kind: str, request: pytest.FixtureRequest) -> None:
+    """A CPU fallback holds the sync that read its input, which holds the compile of the program it waited for; a
+    torch.compile frame's compile holds its graphs' compiles, some at other lines. The Source view's time of a
+    line (and of its file) counts each instant of those once: the line's ops plus the union of its other events."""
+    trace_path = request.getfixturevalue(f"{kind}_trace")
+    files = {stat.file: stat for stat in make_session(trace_path).source_stats()}  # as the Source view reads them
+    with tputrace.open(trace_path) as trace:
+        script = trace.run.script
+        lines = [line for (line,) in trace.sql(" UNION ".join(
+            f"SELECT line FROM {table}_v WHERE file = ?1" for table in ("ops", "compiles", "syncs", "fallbacks", "transfers")),
+            (script,))]
+        ops_ns = dict(trace.sql("SELECT line, SUM(dur_ns) FROM ops_v WHERE file = ? GROUP BY line", (script,)))
+        expected = {line: (ops_ns.get(line) or 0) + _covered_ns(_events_at(trace, script, line)) for line in lines}
+        file_ns = sum(value or 0 for value in ops_ns.values()) + _covered_ns(_events_at(trace, script))
+        # The events do nest: summed, they exceed the time they cover (at the fallback's line; in the compiled file).
+        nesting = [(start, end) for start, end in _events_at(trace, script, *(
+            [trace.sql("SELECT line FROM fallbacks_v LIMIT 1")[0][0]] if kind == "fallback" else []))]
+        assert sum(end - start for start, end in nesting) > _covered_ns(nesting)
+        wall_ns = trace.wall_ns()
+    stat = files[script]
+    assert {line: stat.lines[line].time_ns for line in expected} == expected
+    assert stat.time_ns == file_ns <= wall_ns
 
 
 # -- an imported XProf capture ---------------------------------------------------------------------
