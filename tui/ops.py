@@ -146,10 +146,10 @@ class OpsView(TraceView):
                        "Enter: source line · Escape: back", "dim")]
         else:
             parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]
-            ranked_label = self.op_time.label if self.op_time.device_ops else HOST_DISPATCH_LABEL
-            parts += [(f" · {ranked_label if self.grouping == 'op' else self.op_time.label}, measured on {self.session.measured_on}", "dim")]
-            if self.grouping == "op" and self.op_time.chip_share:
-                parts += [(f" · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}", "dim")]
+            ranked = self.grouping == "op"
+            label = HOST_DISPATCH_LABEL if ranked and not self.op_time.device_ops else self.op_time.label
+            chip_share = f" · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}" if ranked and self.op_time.chip_share else ""
+            parts += [(f" · {label}, measured on {self.session.measured_on}{chip_share}", "dim")]
             if self.text_filter:
                 parts += [(" · filter ", ""), (self.text_filter, "bold")]
             parts += [(f" · {plural(len(self.groups), 'group')}", "")]

@@ -16,7 +16,7 @@ from tputrace.analysis.context import steady
 from tputrace.derived.op_time import OpTimeKind
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.steps import StepRow
-from tputrace.summary import exit_text, no_device_ops_text
+from tputrace.summary import exit_text, no_device_ops_text, raised_line
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
 from tputrace.tui.view import TraceView, palette_for
@@ -128,9 +128,8 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
         text.append(f"{plural(compiles.count, 'compile')} in {fmt_ns(compiles.total_ns)} ({plural(compiles.recompiles, 'recompile')}) · ")
     text.append(state, style="" if facts.finished and not facts.exit_status else "bold red")
     if facts.error:
-        last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error
         text.append("\nthe script raised: ", style="bold red")
-        text.append(last_line)
+        text.append(raised_line(facts.error))
     window = facts.recording_window
     if window is not None:
         text.append("\n" + window.text, style="bold")

@@ -86,6 +86,26 @@ FALLBACK_LOOP = textwrap.dedent("""\
     print(loss.item())
 """)
 
+RAISES_MIDWAY = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    model = nn.Sequential()
+    model.add_module("[bold]<script>alert(1)</script>", nn.Linear(16, 16))
+    model = model.to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(8):
+        loss = model(torch.randn(8, 16, device="tpu")).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print(step, loss.item())
+        if step == 2:
+            error = RuntimeError("[red]<b>diverged</b> at step 2")
+            error.add_note("a note printed after the exception's line")
+            raise error
+""")
+
 JAX_STEPS = textwrap.dedent("""\
     import sys
 
@@ -137,6 +157,19 @@ def compiled_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def fallback_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _record(tmp_path_factory.mktemp("fallback"), "fallback_loop", FALLBACK_LOOP)
+
+
+@pytest.fixture(scope="module")
+def raising_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("raises") / "run[bold]<i>s"
+    folder.mkdir()
+    script = folder / "train[red]<script>.py"
+    script.write_text(RAISES_MIDWAY)
+    trace_path = folder.parent / "raises.tptrace"
+    result = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "run", "--quiet", "-o", str(trace_path), str(script)],
+                            capture_output=True, text=True, timeout=900, cwd=REPO_ROOT)
+    assert result.returncode == 1 and trace_path.exists(), result.stderr[-3000:]
+    return trace_path
 
 
 @pytest.fixture(scope="module")
@@ -270,6 +303,34 @@ def test_a_lines_time_counts_its_nested_events_once(kind: str, request: pytest.F
     stat = files[script]
     assert {line: stat.lines[line].time_ns for line in expected} == expected
     assert stat.time_ns == file_ns <= wall_ns
+
+
+# -- a script that raises midway, with markup and HTML in its path, module and error ------------------
+
+
+def test_a_run_that_raised_says_its_exception_literally_in_every_view(raising_trace: Path) -> None:
+    """The exception's own line (not the note printed after it) is told by the summary, the TUI's overview and the
+    HTML report's header; the script's path, the module path and the error show as written, never as markup."""
+    from tputrace.viewers.report.data import prepare_report
+    from tputrace.viewers.report.report_html import render_report
+
+    with tputrace.open(raising_trace) as trace:
+        script, error = trace.run.script, trace.run.error
+        modules = {module for (module,) in trace.sql("SELECT DISTINCT module FROM ops_v WHERE module IS NOT NULL")}
+        steps = trace.count("steps", where="source = 'optimizer'")
+        summary = summarize(trace)
+        html = render_report(prepare_report(trace), plotlyjs="cdn")
+    raised = "RuntimeError: [red]<b>diverged</b> at step 2"
+    assert error and raised in error and error.strip().splitlines()[-1] != raised
+    assert steps == summary.step_count == 3
+    assert f"exit 1, raised {raised}" in render_text(summary)
+    tui = _run_tui(raising_trace, "13")
+    assert f"the script raised: {raised}" in tui["1"] and script in tui["1"]
+    module = next(module for module in modules if "[bold]<script>" in module)
+    assert module.endswith("[bold]<script>alert(1)</script>")
+    assert "exit status 1, raised RuntimeError: [red]&lt;b&gt;diverged&lt;/b&gt; at step 2" in html
+    assert html.count("<script>alert") == 0 and "[bold]&lt;script&gt;alert(1)&lt;/script&gt;" in html
+    assert "run[bold]&lt;i&gt;s/train[red]&lt;script&gt;.py" in html
 
 
 # -- an imported XProf capture ---------------------------------------------------------------------

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from tputrace.derived.op_time import HOST_DISPATCH
 from tputrace.derived.projection import PROJECTION_NOTE
+from tputrace.summary import raised_line
 from tputrace.viewers.report import figures
 from tputrace.viewers.report.diff_section import diff_content
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
@@ -58,6 +59,8 @@ def _header(data: ReportData) -> str:
         status = "running or killed (no end record)"
     else:
         status = "ended (exit status not seen)" if run.exit_status is None else f"exit status {run.exit_status}"
+        if run.error:
+            status += f", raised {raised_line(run.error)}"
     counts = data.run.counts
     facts = [
         ("script", f"{run.script or '?'} {argv}".strip()),
