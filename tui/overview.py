@@ -77,7 +77,7 @@ class OverviewView(TraceView):
         self._data = data
         palette = palette_for(self.app)
         loop_steps = [step for step in data.steps if step.in_loop]  # as the report counts them (the timeline has all)
-        self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(loop_steps)))
+        self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(loop_steps), data.op_count))
         bars = [ChartBar(step.dur_ns, step.compiles > 0, f"step {step.step}") for step in loop_steps]
         chart = StepChart(bars, height=6, palette=palette)
         self.query_one("#overview-chart", Static).update(Group(step_summary(loop_steps), projection_text(data), chart))
@@ -108,9 +108,9 @@ def severity_style(severity: str) -> str:
     return {"critical": "bold red", "warning": "magenta"}.get(severity, "cyan")
 
 
-def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = None) -> Text:
-    """The run's facts as plain text lines (every value from the trace shown literally); steps and
-    compiles once they are loaded."""
+def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = None, op_count: int | None = None) -> Text:
+    """The run's facts as plain text lines (every value from the trace shown literally); steps, compiles and the
+    rank's ops once they are loaded (before, the file's ops)."""
     text = Text()
     command = " ".join([facts.script or "(unknown script)", *facts.argv])
     text.append(command, style="bold")
@@ -118,7 +118,7 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
     machine = ", ".join(part for part in (facts.platform, plural(facts.chips, "chip") if facts.chips else None) if part)
     details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_mode, facts.versions or None]
     text.append("\n" + " · ".join(part for part in details if part))
-    ops = facts.counts.get("ops", 0)
+    ops = facts.counts.get("ops", 0) if op_count is None else op_count
     state = exit_text(facts.exit_status) if facts.finished else "no end record (killed, or still running)"
     text.append(f"\nwall {fmt_ns(facts.wall_ns)} · ")
     if step_count is not None:
@@ -133,7 +133,8 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
     window = facts.recording_window
     if window is not None:
         text.append("\n" + window.text, style="bold")
-    banner = no_device_ops_text(ops, facts.counts.get("compiles", 0), imported=facts.imported, error=facts.error, window=window)
+    compile_count = facts.counts.get("compiles", 0) if compiles is None else compiles.count
+    banner = no_device_ops_text(ops, compile_count, imported=facts.imported, error=facts.error, window=window)
     if banner is not None:
         text.append("\n" + banner, style="bold red")
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))

@@ -173,6 +173,16 @@ def raising_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(scope="module")
+def four_rank_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """examples/ddp_train.py on four ranks (`tputrace run --nproc 4`), merged into one trace."""
+    pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+    pytest.importorskip("jax", reason="recording a run needs jax (pip install -e .[backend])")
+    trace_path = tmp_path_factory.mktemp("four_ranks") / "ddp4.tptrace"
+    _tputrace("run", "--quiet", "--nproc", "4", "-o", str(trace_path), str(REPO_ROOT / "examples" / "ddp_train.py"), "--steps", "3")
+    return trace_path
+
+
+@pytest.fixture(scope="module")
 def imported_jax_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     pytest.importorskip("jax", reason="making a capture needs jax (pip install -e .[backend])")
     folder = tmp_path_factory.mktemp("jax_capture")
@@ -331,6 +341,44 @@ def test_a_run_that_raised_says_its_exception_literally_in_every_view(raising_tr
     assert "exit status 1, raised RuntimeError: [red]&lt;b&gt;diverged&lt;/b&gt; at step 2" in html
     assert html.count("<script>alert") == 0 and "[bold]&lt;script&gt;alert(1)&lt;/script&gt;" in html
     assert "run[bold]&lt;i&gt;s/train[red]&lt;script&gt;.py" in html
+
+
+# -- four ranks ------------------------------------------------------------------------------------
+
+
+def test_each_ranks_overview_counts_that_ranks_ops_and_collectives(four_rank_trace: Path) -> None:
+    """The overview's facts line is the rank's (its wall, steps and compiles): its op count is the rank's too, as the
+    summary of that rank says, not the file's; the Collectives view's per-rank table is each rank's rows."""
+    with tputrace.open(four_rank_trace) as trace:
+        ranks = trace.ranks
+        ops = dict(trace.sql("SELECT rank, COUNT(*) FROM ops GROUP BY rank"))
+        collectives = {rank: (count, total) for rank, count, total in trace.sql(
+            "SELECT rank, COUNT(*), SUM(dur_ns) FROM collectives GROUP BY rank")}
+        summaries = {rank: summarize(trace, rank=rank) for rank in ranks}
+    assert len(ranks) == 4 and sum(ops.values()) > max(ops.values()) > 0
+    from tputrace.tui.app import TraceApp
+    from tputrace.tui.render import fmt_ns
+
+    async def drive() -> tuple[list[str], list[list[str]]]:
+        app = TraceApp(make_session(four_rank_trace))
+        overviews = []
+        async with app.run_test(size=(150, 45)) as pilot:
+            await settle(pilot)
+            for _ in ranks:
+                overviews.append(screen_text(app))
+                await pilot.press("R")
+                await settle(pilot)
+            await pilot.press("6")
+            await settle(pilot)
+            return overviews, table_rows(app, "#collectives-ranks")
+
+    overviews, rank_rows = asyncio.run(drive())
+    for rank, overview in zip(ranks, overviews):
+        assert f"rank {rank} of 4" in overview
+        assert summaries[rank].op_count == ops[rank]
+        assert f" · {ops[rank]:,} ops · " in overview, overview[:600]
+    assert {int(row[0]): (int(row[1].replace(",", "")), row[2]) for row in rank_rows} == {
+        rank: (count, fmt_ns(total)) for rank, (count, total) in collectives.items()}
 
 
 # -- an imported XProf capture ---------------------------------------------------------------------

@@ -31,12 +31,14 @@ class Overview:
     compiles: CompileStats
     projected: ProjectedSteps  # chip time per step projected for the default target
     op_time: OpTimeKind = OpTimeKind(device_ops=False, chip_share=True)  # what the ops' times are
+    op_count: int | None = None  # the rank's ops (None: the file's, as `facts.counts` has them)
 
 
 def overview(trace: Trace, rank: int) -> Overview:
     projected = projected_steps(trace, rank, target_chip(DEFAULT_TARGET))
     return Overview(run_facts(trace, rank), step_rows(trace, rank), trace.time_split(rank=rank), trace.compile_stats(rank=rank),
-                    projected, op_time_kind(trace, rank, bool(projected.programs_costed)))
+                    projected, op_time_kind(trace, rank, bool(projected.programs_costed)),
+                    trace.count("ops", where="rank = ?", params=(rank,)) if len(trace.ranks) > 1 else None)
 
 
 # -- findings ---------------------------------------------------------------------------------------
