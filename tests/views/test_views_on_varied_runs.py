@@ -195,6 +195,15 @@ def imported_jax_trace(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return trace_path
 
 
+def _perfetto(trace: Any, path: Path) -> dict[str, Any]:
+    """The trace's Perfetto export, as `tputrace export --perfetto` writes it."""
+    from tputrace.viewers.export.perfetto import export_perfetto
+
+    export_perfetto(trace, path)
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
+
+
 def _run_tui(trace_path: Path, keys: str) -> dict[str, Any]:
     """Open the TUI on `trace_path`, press each key in turn, and give back what each view showed: its screen's
     text by key, and the Ops and Timeline views' tables."""
@@ -241,6 +250,7 @@ def test_a_strict_runs_projected_chip_time_is_its_ops_programs_in_every_view(str
         summary = summarize(trace)
         report = json.loads(render_json(analyze(trace)))
         html = render_report(prepare_report(trace), plotlyjs="cdn")
+        perfetto = _perfetto(trace, strict_trace.with_suffix(".json"))
     steady = sorted(int(by_step.get(step, 0.0)) for step in steps[1:])
     expected = steady[len(steady) // 2] if len(steady) % 2 else (steady[len(steady) // 2 - 1] + steady[len(steady) // 2]) // 2
     assert expected > 0
@@ -249,6 +259,7 @@ def test_a_strict_runs_projected_chip_time_is_its_ops_programs_in_every_view(str
     assert f"{projected_text} projected for {chip.name}" in render_text(summary)
     assert report["projected_median_step_ns"] == summary.projected.median_ns
     assert f"{projected_text} projected for {chip.name}" in html
+    assert perfetto["otherData"]["step_times"]["projected_median_step_ns"] == summary.projected.median_ns
     tui = _run_tui(strict_trace, "1")
     assert f"chip time {projected_text} projected for {chip.name}" in tui["1"]
 
@@ -394,6 +405,7 @@ def test_an_xprof_imports_op_times_are_device_op_times_in_every_view(imported_ja
         summary = summarize(trace)
         ops = dict(trace.sql("SELECT s.text, SUM(o.dur_ns) FROM ops o JOIN strings s ON s.id = o.op_sid GROUP BY s.text"))
         html = render_report(prepare_report(trace), plotlyjs="cdn")
+        perfetto = _perfetto(trace, imported_jax_trace.with_suffix(".json"))
     assert summary.device_ops and summary.op_target is None
     assert "device op time" in render_text(summary) and "chip time share" not in render_text(summary)
     tui = _run_tui(imported_jax_trace, "137")
@@ -406,3 +418,6 @@ def test_an_xprof_imports_op_times_are_device_op_times_in_every_view(imported_ja
     assert "device ops (" in tui["7"] and "dispatch (" not in tui["7"]
     assert "device op time" in tui["event_kinds"] and "host dispatch" not in tui["event_kinds"]
     assert "host dispatch" not in html and "device op time, measured on the capture&#x27;s cpu" in html
+    assert perfetto["otherData"]["step_times"]["median_step_basis"] == "measured on the capture's cpu"
+    tracks = {event["args"]["name"] for event in perfetto["traceEvents"] if event.get("name") == "thread_name"}
+    assert "Device ops" in tracks and "Python dispatch" not in tracks

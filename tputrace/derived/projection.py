@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.derived.imported_sources import imported_device, measured_on
 from tputrace.derived.op_cost import TargetChip
 from tputrace.derived.steps import LOOP_STEPS_WHERE, loop_step_durations, steady_median_ns
 
@@ -79,7 +80,7 @@ def step_metadata(trace: Trace, rank: int, chip: TargetChip) -> dict[str, object
         "rank": rank,
         "steps": len(durations),
         "median_step_ns": steady_median_ns(durations),
-        "median_step_basis": "measured on this host",
+        "median_step_basis": f"measured on {measured_on(imported_device(trace, rank))}",
         "projected_median_step_ns": projected.median_ns,
         "projected_for": chip.name,
         "projection": PROJECTION_NOTE,
