@@ -24,6 +24,7 @@ from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
+from tputrace.derived.op_time import DEVICE_OP_TIME, op_time_kind
 from tputrace.forks import ForkOrigin, started_by
 from tputrace.summary_tables import Section, kernel_launch_sections, rank_section
 from tputrace.summary_tables import percent as _percent, where as _where
@@ -178,6 +179,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
     ranking = rank_ops(trace, chosen_rank, chip)
     projected = projected_steps(trace, chosen_rank, chip)
     facts = import_facts(trace, chosen_rank)
+    op_time = op_time_kind(trace, chosen_rank, bool(projected.programs_costed))
     entries = compile_entries(trace, chosen_rank) if trace.meta.get("imported") else []
     return RunSummary(
         trace_path=str(trace.path),
@@ -195,7 +197,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         # An import's kernels are programs without ops: no row of 0 calls for them.
         top_ops=tuple(op for op in ranking.top(top) if op.calls or facts is None or (ranking.target is not None and projected.programs_costed)),
         # A TPU capture's device op times are its chip's: no projection beside them.
-        op_target=ranking.target if facts is None or (projected.programs_costed and facts.device != "tpu") else None,
+        op_target=ranking.target if op_time.chip_share else None,
         compiles=trace.compile_stats(rank=chosen_rank),
         top_recompiles=tuple(trace.recompile_groups(limit=min(top, 5), rank=chosen_rank)),
         sync_count=sum(stat.count for stat in syncs),
@@ -209,7 +211,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         recording_window=recording_window(trace),
         imported=bool(trace.meta.get("imported")),
         imported_device=facts.device if facts is not None else None,
-        device_ops=facts is not None and facts.format == "xplane",
+        device_ops=op_time.device_ops,
         captured_on=_captured_on(imported_source(trace, chosen_rank) if facts is not None else None),
         collectives_without_bytes=frozenset(kind for (kind,) in trace.sql(
             "SELECT DISTINCT kind FROM collectives WHERE rank = ? AND bytes IS NULL", (chosen_rank,))),
@@ -312,7 +314,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
 
 
 # What an XProf import's ops are: XLA ops' self times on the device (each op's time less the ops nested in it).
-DEVICE_OPS_LABEL = "device op time"
+DEVICE_OPS_LABEL = DEVICE_OP_TIME
 
 
 def _imported_note(device: str, projected: bool, device_ops: bool = False) -> str:

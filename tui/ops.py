@@ -15,6 +15,7 @@ from textual.widgets import DataTable, Input
 
 from tputrace.analysis.target import DEFAULT_TARGET
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL
+from tputrace.derived.op_time import DEVICE_OP_TIME, OpTimeKind
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
 from tputrace.tui.render import START_LABEL, fmt_count, fmt_ns, fmt_share, right, share_bar, source_text
@@ -36,6 +37,14 @@ RANKED_COLUMNS = (("calls", "count"), ("host dispatch", "total"), ("mean dispatc
 """Grouped by op: the status line gives the columns' full labels (`HOST_DISPATCH_LABEL`, `CHIP_SHARE_LABEL`)."""
 INSTANCE_COLUMNS = (("#", "seq"), ("step", "step"), (START_LABEL, "start"), ("host dispatch", "dur"), ("inputs", "inputs"),
                     ("outputs", "outputs"), ("module", "module"), ("source", "source"))
+DEVICE_TIME_HEADERS = {"host dispatch": DEVICE_OP_TIME, "mean dispatch": "mean time"}
+"""An XProf import's ops: their times are the device's, not host dispatch."""
+
+
+def columns_for(columns: tuple[tuple[str, str], ...], op_time: OpTimeKind) -> tuple[tuple[str, str], ...]:
+    """`columns` headed for `op_time`'s kind of op time, without the chip time share where none is told."""
+    return tuple((DEVICE_TIME_HEADERS.get(header, header) if op_time.device_ops else header, key)
+                 for header, key in columns if key != "chip" or op_time.chip_share)
 
 
 class OpsView(TraceView):
@@ -55,6 +64,7 @@ class OpsView(TraceView):
         self.sorted_groups: list[queries.OpGroup] = []
         self.group: queries.OpGroup | None = None
         self.instances: list[queries.OpInstance] = []
+        self.op_time = OpTimeKind(device_ops=False, chip_share=True)
 
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="ops-status", classes="status")
@@ -70,12 +80,14 @@ class OpsView(TraceView):
     def load(self) -> None:
         self.drilled = False
         grouping, rank, text, session = self.grouping, self.session.rank, self.text_filter, self.session
-        self.request("main", lambda trace: session.op_groups(rank, grouping, text))
+        self.request("main", lambda trace: (session.op_groups(rank, grouping, text), session.op_time(rank)))
         self._status("loading…")
 
     def apply(self, slot: str, payload: Any) -> None:
         if slot == "main":
-            self.groups = payload
+            groups, self.op_time = payload
+            # Programs without recorded ops have a row only for their chip time share.
+            self.groups = [group for group in groups if group.count or self.op_time.chip_share]
             self._show_groups()
             self._prefetch_next_grouping()
         else:
@@ -97,11 +109,12 @@ class OpsView(TraceView):
         rows: list[Row] = [
             (str(index), (Text(group.label), right(fmt_count(group.count)), right(fmt_ns(group.total_ns)),
                           right(fmt_ns(group.mean_ns)), right(fmt_share(group.share)),
-                          *((right(fmt_share(group.chip_share or 0.0)),) if ranked else ()), share_bar(group.share, BAR_WIDTH, palette.bar)))
+                          *((right(fmt_share(group.chip_share or 0.0)),) if ranked and self.op_time.chip_share else ()),
+                          share_bar(group.share, BAR_WIDTH, palette.bar)))
             for index, group in enumerate(self.sorted_groups)
         ]
         label = queries.OP_GROUPING_LABELS[self.grouping]
-        columns = RANKED_COLUMNS if ranked else GROUP_COLUMNS
+        columns = columns_for(RANKED_COLUMNS if ranked else GROUP_COLUMNS, self.op_time)
         self.query_one("#ops-groups", TraceTable).show(rows, columns=((label, "label"), *columns))
         self._status()
 
@@ -119,7 +132,7 @@ class OpsView(TraceView):
         more = len(instances) == INSTANCE_PAGE
         if offset == 0:
             self.instances = list(instances)
-            table.show(rows, more=more)
+            table.show(rows, more=more, columns=columns_for(INSTANCE_COLUMNS, self.op_time))
         else:
             self.instances.extend(instances)
             table.extend(rows, more=more)
@@ -129,14 +142,14 @@ class OpsView(TraceView):
         parts: list[str | tuple[str, str]] = []
         if self.drilled and self.group is not None:
             parts += [("instances of ", "dim"), (self.group.label, "bold"),
-                      (f" · {plural(self.group.count, 'op')}, {fmt_ns(self.group.total_ns)} host dispatch · longest first · "
+                      (f" · {plural(self.group.count, 'op')}, {fmt_ns(self.group.total_ns)} {self.op_time.label} · longest first · "
                        "Enter: source line · Escape: back", "dim")]
         else:
             parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]
-            if self.grouping == "op":
-                parts += [(f" · {HOST_DISPATCH_LABEL}, measured on {self.session.measured_on} · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}", "dim")]
-            else:
-                parts += [(f" · host dispatch, measured on {self.session.measured_on}", "dim")]
+            ranked = self.grouping == "op"
+            label = HOST_DISPATCH_LABEL if ranked and not self.op_time.device_ops else self.op_time.label
+            chip_share = f" · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}" if ranked and self.op_time.chip_share else ""
+            parts += [(f" · {label}, measured on {self.session.measured_on}{chip_share}", "dim")]
             if self.text_filter:
                 parts += [(" · filter ", ""), (self.text_filter, "bold")]
             parts += [(f" · {plural(len(self.groups), 'group')}", "")]

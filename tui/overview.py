@@ -13,9 +13,10 @@ from textual.containers import VerticalScroll
 from textual.widgets import Static
 
 from tputrace.analysis.context import steady
+from tputrace.derived.op_time import OpTimeKind
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.steps import StepRow
-from tputrace.summary import exit_text, no_device_ops_text
+from tputrace.summary import exit_text, no_device_ops_text, raised_line
 from tputrace.tui import queries
 from tputrace.tui.render import ChartBar, StepChart, fmt_bytes, fmt_ns, fmt_share, share_bar
 from tputrace.tui.view import TraceView, palette_for
@@ -76,11 +77,11 @@ class OverviewView(TraceView):
         self._data = data
         palette = palette_for(self.app)
         loop_steps = [step for step in data.steps if step.in_loop]  # as the report counts them (the timeline has all)
-        self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(loop_steps)))
+        self.query_one("#overview-facts", Static).update(facts_text(data.facts, data.compiles, len(loop_steps), data.op_count))
         bars = [ChartBar(step.dur_ns, step.compiles > 0, f"step {step.step}") for step in loop_steps]
         chart = StepChart(bars, height=6, palette=palette)
         self.query_one("#overview-chart", Static).update(Group(step_summary(loop_steps), projection_text(data), chart))
-        self.query_one("#overview-split", Static).update(split_table(data.split, palette.bar, data.facts))
+        self.query_one("#overview-split", Static).update(split_table(data.split, palette.bar, data.facts, data.op_time))
 
     def _show_findings(self, result: queries.FindingsResult) -> None:
         target = self.query_one("#overview-findings", Static)
@@ -107,9 +108,9 @@ def severity_style(severity: str) -> str:
     return {"critical": "bold red", "warning": "magenta"}.get(severity, "cyan")
 
 
-def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = None) -> Text:
-    """The run's facts as plain text lines (every value from the trace shown literally); steps and
-    compiles once they are loaded."""
+def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = None, op_count: int | None = None) -> Text:
+    """The run's facts as plain text lines (every value from the trace shown literally); steps, compiles and the
+    rank's ops once they are loaded (before, the file's ops)."""
     text = Text()
     command = " ".join([facts.script or "(unknown script)", *facts.argv])
     text.append(command, style="bold")
@@ -117,7 +118,7 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
     machine = ", ".join(part for part in (facts.platform, plural(facts.chips, "chip") if facts.chips else None) if part)
     details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_mode, facts.versions or None]
     text.append("\n" + " · ".join(part for part in details if part))
-    ops = facts.counts.get("ops", 0)
+    ops = facts.counts.get("ops", 0) if op_count is None else op_count
     state = exit_text(facts.exit_status) if facts.finished else "no end record (killed, or still running)"
     text.append(f"\nwall {fmt_ns(facts.wall_ns)} · ")
     if step_count is not None:
@@ -127,13 +128,13 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
         text.append(f"{plural(compiles.count, 'compile')} in {fmt_ns(compiles.total_ns)} ({plural(compiles.recompiles, 'recompile')}) · ")
     text.append(state, style="" if facts.finished and not facts.exit_status else "bold red")
     if facts.error:
-        last_line = facts.error.strip().splitlines()[-1] if facts.error.strip() else facts.error
         text.append("\nthe script raised: ", style="bold red")
-        text.append(last_line)
+        text.append(raised_line(facts.error))
     window = facts.recording_window
     if window is not None:
         text.append("\n" + window.text, style="bold")
-    banner = no_device_ops_text(ops, facts.counts.get("compiles", 0), imported=facts.imported, error=facts.error, window=window)
+    compile_count = facts.counts.get("compiles", 0) if compiles is None else compiles.count
+    banner = no_device_ops_text(ops, compile_count, imported=facts.imported, error=facts.error, window=window)
     if banner is not None:
         text.append("\n" + banner, style="bold red")
     events = sum(count for table, count in facts.counts.items() if table not in ("strings", "frames", "runs", "programs"))
@@ -166,10 +167,11 @@ def step_summary(steps: list[StepRow]) -> Text:
                 f"({fmt_ns(slowest.dur_ns)}{', compiled' if slowest.compiles else ''}) · {plural(compiled, 'step')} compiled (c)")
 
 
-def split_table(split: Any, bar_style: str, facts: RunFacts | None = None) -> Table:
+def split_table(split: Any, bar_style: str, facts: RunFacts | None = None, op_time: OpTimeKind | None = None) -> Table:
     """Time per category with its share of wall time (categories overlap: chips run while the host dispatches), as
-    the summary gives them: program execution as a share of the wall times the chips, and an import of several
-    profiling windows' shares of the windows' time, not of the gaps between them."""
+    the summary gives them: program execution as a share of the wall times the chips (and an XProf import's device
+    op time and collectives, each chip's too, under that name), and an import of several profiling windows' shares
+    of the windows' time, not of the gaps between them."""
     table = Table.grid(padding=(0, 2))
     table.add_column()
     table.add_column(justify="right")
@@ -178,13 +180,17 @@ def split_table(split: Any, bar_style: str, facts: RunFacts | None = None) -> Ta
     recorded_ns = facts.recorded_ns if facts is not None else None
     wall = recorded_ns or split.wall_ns or 1
     chips = max((facts.chips or 1) if facts is not None else 1, 1)
+    device_ops = op_time is not None and op_time.device_ops
+    per_chip = ("program execution", "host dispatch", "collectives") if device_ops else ("program execution",)
     for label, ns in split.parts():
-        share = ns / (wall * chips if label == "program execution" else wall)
-        table.add_row(Text(label), Text(fmt_ns(ns)), Text(fmt_share(share)), share_bar(share, 30, bar_style))
+        share = ns / (wall * chips if label in per_chip else wall)
+        shown = op_time.label if op_time is not None and label == "host dispatch" else label
+        table.add_row(Text(shown), Text(fmt_ns(ns)), Text(fmt_share(share)), share_bar(share, 30, bar_style))
     table.add_row(Text("wall time", style="bold"), Text(fmt_ns(split.wall_ns), style="bold"), Text(""), Text("shares overlap: chips run while the host works", style="dim"))
     if recorded_ns:
         table.add_row(Text("profiled", style="bold"), Text(fmt_ns(recorded_ns), style="bold"), Text(""),
                       Text("shares are of the profiling windows' time, not the gaps between them", style="dim"))
     if chips > 1:
-        table.add_row(Text(""), Text(""), Text(""), Text(f"program execution as a share of the wall × {chips} chips", style="dim"))
+        chips_parts = f"{op_time.label}, collectives and program execution" if op_time is not None and device_ops else "program execution"
+        table.add_row(Text(""), Text(""), Text(""), Text(f"{chips_parts} as a share of the wall × {chips} chips", style="dim"))
     return table

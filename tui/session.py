@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from tputrace.derived.imported_sources import imported_device, measured_on
+from tputrace.derived.op_time import OpTimeKind, op_time_kind
 from tputrace.derived.run_facts import default_rank, run_facts
 from tputrace.derived.steps import StepRow, step_rows
 from tputrace.source_digests import SourceDigest
@@ -113,6 +114,11 @@ class Session:
                 return compute(trace)
 
         return entry.get(run)
+
+    def op_time(self, rank: int) -> OpTimeKind:
+        """What `rank`'s op times are (host dispatch or the device's op times) and whether a chip time share is
+        told beside them, as the summary says."""
+        return self.shared(("op_time", rank), lambda trace: op_time_kind(trace, rank))
 
     def findings(self, rank: int | None = None) -> queries.FindingsResult:
         """The analysis of `rank` (default: the rank on show), its slowest analyzer on a second reader."""

@@ -15,6 +15,7 @@ from textual import events
 from textual.binding import BindingType
 from textual.widgets import DataTable, Static
 
+from tputrace.derived.op_time import OpTimeKind
 from tputrace.derived.steps import StepRow
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
@@ -34,6 +35,8 @@ MIN_SPAN_NS = 1_000
 EVENT_KINDS = {"dispatch": "host dispatch", "compile": "compile", "syncs": "sync stall", "transfers": "transfer",
                "fallbacks": "fallback", "collectives": "collective", "exec": "program execution"}
 """Which time a longest event's duration is, by its lane, in the summary's words for the time split."""
+DEVICE_OPS_LANE = "device ops"
+"""The ops' lane of an XProf import, whose op times are the device's (`OpTimeKind.device_ops`)."""
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,9 @@ class Lanes(Static, can_focus=True):
     """The lanes drawing; focusable so that the timeline's keys reach the view."""
 
 
-def lanes_text(lanes: list[queries.LaneBusy], window: Window, palette: Palette) -> Text:
-    """The lanes with their labels, under a time axis for the window."""
+def lanes_text(lanes: list[queries.LaneBusy], window: Window, palette: Palette, op_time: OpTimeKind | None = None) -> Text:
+    """The lanes with their labels, under a time axis for the window (the ops' lane named for what their times
+    are: host dispatch, or an XProf import's device ops)."""
     width = max((len(lane_busy.busy) for lane_busy in lanes), default=0)
     text = Text(no_wrap=True, overflow="crop")
     ticks = [(0, "+0")]
@@ -69,7 +73,8 @@ def lanes_text(lanes: list[queries.LaneBusy], window: Window, palette: Palette) 
     for lane_busy in lanes:
         lane = lane_busy.lane
         text.append("\n")
-        label = f"{lane.name} ({lane.events:,})" if lane.events else lane.name
+        name = DEVICE_OPS_LANE if op_time is not None and op_time.device_ops and lane.name == "dispatch" else lane.name
+        label = f"{name} ({lane.events:,})" if lane.events else name
         text.append(label[: LABEL_WIDTH - 1].ljust(LABEL_WIDTH), style="bold" if lane.events else palette.muted)
         style = palette.compile if lane.name == "compile" else (palette.accent if lane.name.startswith("tpu:") else palette.bar)
         text.append_text(shade_row(lane_busy.busy, style))
@@ -88,6 +93,7 @@ class TimelineView(TraceView):
         self.lanes: list[queries.LaneBusy] = []
         self.events: list[queries.WindowEvent] = []
         self._columns = 0
+        self.op_time = OpTimeKind(device_ops=False, chip_share=True)
 
     def compose(self) -> ComposeResult:
         yield StatusLine(Text("loading…"), id="timeline-status", classes="status")
@@ -101,11 +107,11 @@ class TimelineView(TraceView):
     def load(self) -> None:
         session = self.session
         rank = session.rank
-        self.request("main", lambda trace: (session.steps(), trace.wall_ns(rank=rank)))
+        self.request("main", lambda trace: (session.steps(), trace.wall_ns(rank=rank), session.op_time(rank)))
 
     def apply(self, slot: str, payload: Any) -> None:
         if slot == "main":
-            self.steps, self.wall_ns = payload
+            self.steps, self.wall_ns, self.op_time = payload
             self.window = None
             self.show_window(self._initial_window())
         else:
@@ -116,7 +122,7 @@ class TimelineView(TraceView):
             self.events = list(events_in_window)
             self._render_lanes()
             self.query_one("#timeline-events", TraceTable).show([
-                (str(index), (Text(EVENT_KINDS.get(event.lane, event.lane)), right(fmt_ns(event.start_ns)), right(fmt_ns(event.dur_ns)), Text(event.label),
+                (str(index), (Text(self.op_time.label if event.lane == "dispatch" else EVENT_KINDS.get(event.lane, event.lane)), right(fmt_ns(event.start_ns)), right(fmt_ns(event.dur_ns)), Text(event.label),
                               Text(source_text(event.source) if event.source else "")))
                 for index, event in enumerate(events_in_window)
             ])
@@ -157,7 +163,7 @@ class TimelineView(TraceView):
 
     def _render_lanes(self) -> None:
         if self.window is not None:
-            self.query_one("#timeline-lanes", Lanes).update(lanes_text(self.lanes, self.window, palette_for(self.app)))
+            self.query_one("#timeline-lanes", Lanes).update(lanes_text(self.lanes, self.window, palette_for(self.app), self.op_time))
 
     def _show_status(self) -> None:
         window = self.window

@@ -22,6 +22,9 @@ if TYPE_CHECKING:
 
 PACE_SHOWN_RATIO = 1.2
 """The chip's median step is told beside the host's when it is at least this many times as long."""
+READY_LAG_NS = 5_000_000
+"""How late a program's end may be recorded after it was ready: the watcher polls every 2 ms at most, then waits for
+Python's interpreter lock (`executions.dur_ns`)."""
 
 
 @dataclass(frozen=True)
@@ -42,8 +45,9 @@ class ChipPace:
 
 
 def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
-    """The chip's pace over `rank`'s loop steps, when it is markedly slower than the host's; else None (no
-    executions recorded, fewer than two loop steps, or the host waited for the chip each step)."""
+    """The chip's pace over `rank`'s loop steps, when it is markedly slower than the host's and the host ran at
+    least one step ahead of it; else None (no executions recorded, fewer than two loop steps, or the host waited
+    for the chip each step)."""
     ready_by_step = dict(trace.sql(
         "SELECT step, MAX(start_ns + dur_ns) FROM executions WHERE rank = ? AND dur_ns IS NOT NULL GROUP BY step", (rank,)))
     steps = [(start_ns, end_ns, ready_by_step.get(step)) for step, start_ns, end_ns in trace.sql(
@@ -61,5 +65,8 @@ def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
     chip_mean = (finishes[-1] - since_ns) // (len(finishes) - 1 if len(finishes) >= 3 else len(finishes))
     if not host_median or chip_mean < host_median * PACE_SHOWN_RATIO:
         return None
-    ahead = max(bisect_left(host_ends, finish_ns) - index - 1 for index, finish_ns in enumerate(finishes))
-    return ChipPace(chip_mean, host_median, max(ahead, 1))
+    # How many later host steps had ended when each step finished on the chip (the watcher's lag in seeing a program
+    # ready left out): none means the host waited for every step (a read each step), and the steps' spread is then
+    # the host's own (a step that compiled).
+    ahead = max(bisect_left(host_ends, finish_ns - READY_LAG_NS) - index - 1 for index, finish_ns in enumerate(finishes))
+    return ChipPace(chip_mean, host_median, ahead) if ahead >= 1 else None

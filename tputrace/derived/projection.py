@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from tputrace.derived.imported_sources import imported_device, measured_on
 from tputrace.derived.op_cost import TargetChip
 from tputrace.derived.steps import LOOP_STEPS_WHERE, loop_step_durations, steady_median_ns
 
@@ -38,18 +39,24 @@ class ProjectedSteps:
     programs_run: int
 
 
+_FINITE_COSTS = ("CASE WHEN p.flops BETWEEN 0 AND 1e300 THEN p.flops END, "
+                 "CASE WHEN p.bytes_accessed BETWEEN 0 AND 1e300 THEN p.bytes_accessed END")
+
+
 def projected_steps(trace: Trace, rank: int, chip: TargetChip) -> ProjectedSteps:
-    """The projected chip time per loop step of `rank` on `chip` (steps as `loop_step_durations` counts them).
-    A program whose costs are not finite non-negative numbers (a damaged file) counts as not costed."""
+    """The projected chip time per loop step of `rank` on `chip` (steps as `loop_step_durations` counts them):
+    its program executions, and in strict eager each op's own program. A program whose costs are not finite
+    non-negative numbers (a damaged file) counts as not costed."""
     ns_per_flop = 1.0 / chip.peak_flops_per_ns
     ns_per_byte = 1.0 / chip.hbm_bytes_per_ns
     by_step: dict[int, float] = {}
     costed = total = 0
     for step, flops, bytes_accessed, runs in trace.sql(
-        "SELECT e.step, CASE WHEN p.flops BETWEEN 0 AND 1e300 THEN p.flops END, "
-        "CASE WHEN p.bytes_accessed BETWEEN 0 AND 1e300 THEN p.bytes_accessed END, COUNT(*) "
-        "FROM executions e LEFT JOIN programs p ON p.id = e.program_id "
-        "WHERE e.rank = ? GROUP BY e.step, e.program_id", (rank,)
+        f"SELECT e.step, {_FINITE_COSTS}, COUNT(*) FROM executions e LEFT JOIN programs p ON p.id = e.program_id "
+        "WHERE e.rank = ? GROUP BY e.step, e.program_id "
+        # Strict eager's ops are each a program of its own, launched at the op, with no `executions` row.
+        f"UNION ALL SELECT o.step, {_FINITE_COSTS}, COUNT(*) FROM ops o JOIN programs p ON p.id = o.program_id "
+        "WHERE o.rank = ? AND o.flush_id IS NULL AND p.kind = 'op' GROUP BY o.step, o.program_id", (rank, rank)
     ):
         total += runs
         if flops is None and bytes_accessed is None:
@@ -73,7 +80,7 @@ def step_metadata(trace: Trace, rank: int, chip: TargetChip) -> dict[str, object
         "rank": rank,
         "steps": len(durations),
         "median_step_ns": steady_median_ns(durations),
-        "median_step_basis": "measured on this host",
+        "median_step_basis": f"measured on {measured_on(imported_device(trace, rank))}",
         "projected_median_step_ns": projected.median_ns,
         "projected_for": chip.name,
         "projection": PROJECTION_NOTE,

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from tputrace.derived.lanes import LANE_TABLES, Lane
+from tputrace.derived.op_time import op_time_kind
 from tputrace.derived.run_facts import rank_offsets
 
 if TYPE_CHECKING:
@@ -116,7 +117,8 @@ def _lane_specs(trace: Trace) -> list[_LaneSpec]:
         by_rank = ("t.rank = ?", (rank,))
         specs.append(_LaneSpec(f"{prefix}steps", "step", rank, None, *by_rank))
         specs.append(_LaneSpec(f"{prefix}ranges", "annotation", rank, None, *by_rank))
-        specs.append(_LaneSpec(f"{prefix}host dispatch", "dispatch", rank, None, *by_rank))
+        ops_lane = "device ops" if op_time_kind(trace, rank, programs_costed=False).device_ops else "host dispatch"
+        specs.append(_LaneSpec(f"{prefix}{ops_lane}", "dispatch", rank, None, *by_rank))
         specs.append(_LaneSpec(f"{prefix}host compiles", "compile", rank, None, *by_rank))
         specs.append(_LaneSpec(f"{prefix}host syncs", "sync", rank, None, *by_rank))
         specs.append(_LaneSpec(f"{prefix}host fallbacks", "fallback", rank, None, *by_rank))

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
+from tputrace.derived.op_time import OpTimeKind, op_time_kind
 from tputrace.derived.projection import ProjectedSteps, projected_steps
 from tputrace.derived.run_facts import RunFacts, run_facts
 from tputrace.derived.steps import StepRow, step_rows
@@ -29,11 +30,15 @@ class Overview:
     split: TimeSplit
     compiles: CompileStats
     projected: ProjectedSteps  # chip time per step projected for the default target
+    op_time: OpTimeKind = OpTimeKind(device_ops=False, chip_share=True)  # what the ops' times are
+    op_count: int | None = None  # the rank's ops (None: the file's, as `facts.counts` has them)
 
 
 def overview(trace: Trace, rank: int) -> Overview:
+    projected = projected_steps(trace, rank, target_chip(DEFAULT_TARGET))
     return Overview(run_facts(trace, rank), step_rows(trace, rank), trace.time_split(rank=rank), trace.compile_stats(rank=rank),
-                    projected_steps(trace, rank, target_chip(DEFAULT_TARGET)))
+                    projected, op_time_kind(trace, rank, bool(projected.programs_costed)),
+                    trace.count("ops", where="rank = ?", params=(rank,)) if len(trace.ranks) > 1 else None)
 
 
 # -- findings ---------------------------------------------------------------------------------------

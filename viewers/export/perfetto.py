@@ -30,6 +30,7 @@ from typing import IO, TYPE_CHECKING, Any
 
 from tputrace.derived.device_runs import OpKey, ProgramRun, is_strict, scan_rank
 from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, TargetChip
+from tputrace.derived.op_time import op_time_kind
 from tputrace.derived.projection import step_metadata
 from tputrace.derived.trace_tables import DISPATCH_KEY, DUR, PROGRAM, SEQ, START, OpBatch, TraceTables, remember
 from tputrace.viewers.export.collective_causes import cause_args, cause_column
@@ -163,8 +164,11 @@ class _Export:
         offset = self.rank_offsets.get(rank, self.origin_unix_ns) - self.origin_unix_ns
         host_pid = rank * _PIDS_PER_RANK + 1
         self.process_names[host_pid] = (f"rank {rank} · host {host}", host_pid)
+        # An XProf import's ops are the device's op times, not Python's dispatch.
+        ops_track = "Device ops" if op_time_kind(trace, rank, programs_costed=False).device_ops else "Python dispatch"
         host_tracks = {
-            name: self.track(host_pid, index + 1, name, *((("seq",), True) if name == "Python dispatch" else ((), False)))
+            name: self.track(host_pid, index + 1, ops_track if name == "Python dispatch" else name,
+                             *((("seq",), True) if name == "Python dispatch" else ((), False)))
             for index, name in enumerate(HOST_THREADS)
         }
         chip_pids: dict[int, int] = {}

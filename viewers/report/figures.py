@@ -14,6 +14,7 @@ import numpy as np
 import plotly.graph_objects as go
 
 from tputrace.derived.op_ranking import HOST_DISPATCH_LABEL
+from tputrace.derived.op_time import HOST_DISPATCH
 from tputrace.derived.steps import STEP_CATEGORIES
 from tputrace.derived.timeline import LaneBins, LaneEvents, TimelineData
 from tputrace.viewers.report.chip_data import CollectiveData, MemoryData, RooflineData, ShapeData
@@ -229,13 +230,19 @@ def plot_time_split(data: WhereData) -> go.Figure:
     return base_layout(figure, height=320, margin={"l": 140, "r": 20, "t": 50, "b": 50})
 
 
+def _op_time_text(data: WhereData) -> str:
+    """What the ops' times are, in words: host dispatch without the flushes and compiles inside the calls, or an
+    import's device op time."""
+    return f"{data.op_label} excl. flushes/compiles" if data.op_label == HOST_DISPATCH else data.op_label
+
+
 def plot_where_treemap(data: WhereData) -> go.Figure:
     """Op time by module path → op (click a box to zoom in)."""
     if not data.tree:
         return empty_figure("no ops recorded")
     hover = [
         f"<b>{esc(node.path.replace(chr(0), '.').replace(chr(1), ' → '))}</b><br>{fmt_ns(node.value_ns)}"
-        f" host dispatch excl. flushes/compiles ({100 * node.value_ns / data.tree_total_ns:.1f}% of ops')<br>{node.count:,} ops"
+        f" {esc(_op_time_text(data))} ({100 * node.value_ns / data.tree_total_ns:.1f}% of ops')<br>{node.count:,} ops"
         if data.tree_total_ns else esc(node.label)
         for node in data.tree
     ]

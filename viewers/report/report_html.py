@@ -15,7 +15,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tputrace.derived.op_time import HOST_DISPATCH
 from tputrace.derived.projection import PROJECTION_NOTE
+from tputrace.summary import raised_line
 from tputrace.viewers.report import figures
 from tputrace.viewers.report.diff_section import diff_content
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
@@ -57,6 +59,8 @@ def _header(data: ReportData) -> str:
         status = "running or killed (no end record)"
     else:
         status = "ended (exit status not seen)" if run.exit_status is None else f"exit status {run.exit_status}"
+        if run.error:
+            status += f", raised {raised_line(run.error)}"
     counts = data.run.counts
     facts = [
         ("script", f"{run.script or '?'} {argv}".strip()),
@@ -149,8 +153,10 @@ def _where_section(page: Page, data: ReportData) -> str:
         + page.figure("time-split", figures.plot_time_split(where))
         + page.figure("where", figures.plot_where_treemap(where))
         + "</div>"
-        + note_html(esc("Left: total time per kind of event against the wall time. Right: ops' host dispatch without the flushes and "
-                    "compiles that ran inside the calls, measured on this host, by module path and op; click a box to zoom in, the top bar to zoom out." + merged))
+        + note_html(esc("Left: total time per kind of event against the wall time. Right: ops' "
+                        + (f"{where.op_label} without the flushes and compiles that ran inside the calls" if where.op_label == HOST_DISPATCH
+                           else where.op_label)
+                        + f", measured on {where.measured_on}, by module path and op; click a box to zoom in, the top bar to zoom out." + merged))
         + table
     )
     return section_html("where", content, findings_aside(data.analysis, "where"))

@@ -7,7 +7,9 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from tputrace.derived.imported_sources import imported_device, measured_on
 from tputrace.derived.op_ranking import nested_ns_by
+from tputrace.derived.op_time import HOST_DISPATCH, op_time_kind
 from tputrace.derived.steps import StepRow, step_rows
 from tputrace.store.aggregates import TimeSplit, compile_total_ns
 from tputrace.store.records import SourceLocation
@@ -62,13 +64,15 @@ class WhereData:
     tree_total_ns: int
     leaves_merged: int
     source_lines: list[SourceLineRow]
+    op_label: str = HOST_DISPATCH  # what the ops' times are: host dispatch, or an XProf import's device op time
+    measured_on: str = "this host"  # where the times were measured (`tputrace.derived.imported_sources.measured_on`)
 
 
 def prepare_where(trace: Trace, *, leaves: int = TREEMAP_LEAVES, top_lines: int = TOP_SOURCE_LINES) -> WhereData:
     """Time split by category, op time by module path → op, and the source lines that cost most.
 
-    Op time is host dispatch without the flushes and compiles that ran inside the calls, as the summary
-    ranks ops (`tputrace.derived.op_ranking`). Ops are read in one pass, grouped by module, op and line;
+    Op time is host dispatch without the flushes and compiles that ran inside the calls (an XProf import's: each
+    op's device time), as the summary ranks ops (`tputrace.derived.op_ranking`). Ops are read in one pass, grouped by module, op and line;
     the tree, the lines' op time and the dispatch total all come from it (the ops table is nearly all of
     a big trace)."""
     nested = nested_ns_by(trace, "module_sid, op_sid, frame_id")
@@ -91,7 +95,10 @@ def prepare_where(trace: Trace, *, leaves: int = TREEMAP_LEAVES, top_lines: int 
     split = _time_split(trace, dispatch_ns=tree_total)
     ranks = trace.ranks
     wall = sum(trace.wall_ns(rank=rank) for rank in ranks) if len(ranks) > 1 else split.wall_ns
-    return WhereData(split.parts(), wall, len(ranks), tree, tree_total, merged, _source_lines(trace, by_frame, top_lines))
+    op_label = op_time_kind(trace, trace.run.rank).label
+    parts = [(op_label if label == HOST_DISPATCH else label, ns) for label, ns in split.parts()]
+    return WhereData(parts, wall, len(ranks), tree, tree_total, merged, _source_lines(trace, by_frame, top_lines),
+                     op_label, measured_on(imported_device(trace, trace.run.rank)))
 
 
 def _time_split(trace: Trace, *, dispatch_ns: int) -> TimeSplit:
