@@ -106,6 +106,17 @@ class AnalysisContext:
         return steady[0].step, steady[-1].step
 
     @property
+    def steady_line_range(self) -> tuple[int, int] | None:
+        """`steady_range` plus the trailing `end` step, as `loop_line_where` adds it: work a loop line does after the
+        optimizer step (an evaluation every 4 iterations, after `optimizer.step()`) lands in the next step, and in its
+        last iteration in the `end` step, where its period shows."""
+        steady = self.steady_range
+        tail = self.steps[-1] if self.steps and self.steps[-1].source == "end" else None
+        if steady is None or tail is None or tail.step <= steady[1]:
+            return steady
+        return steady[0], tail.step
+
+    @property
     def first_steady_after_warm_up(self) -> int | None:
         """The first steady step of a loop of three steps or more, after which a compile is not the warm-up's; None
         in shorter runs, where every step's compiles count."""

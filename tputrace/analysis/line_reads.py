@@ -44,6 +44,16 @@ STOPPING_READ = (
     "Check the condition every N steps (`if step % 100 == 0 and loss.item() < tol: break`): the few steps run past "
     "the stop cost less than a wait for the chip in every step.",
 )
+# The same check made several times in each step that makes it: it stops an inner loop (a greedy decode's
+# `if (token == eos).all(): break` in a validation), not the training loop.
+INNER_STOPPING_READ = (
+    "the line's check of whether to stop an inner loop (a decoding loop's `if (token == eos).all(): break`), made at "
+    "each of that loop's iterations, so the host waits for the chip at every one of them",
+    "Run the inner loop a fixed number of iterations and read nothing in it: keep a `done` mask on the chip "
+    "(`done |= token == eos`) and mask what finished rows produce (`token = torch.where(done, pad_id, token)`), so the "
+    "host queues all the iterations without a wait; or check the condition every few iterations "
+    "(`if i % 8 == 7 and done.all(): break`), where the iterations run past the stop cost less than a wait at each.",
+)
 # `if not torch.isfinite(norm): continue`: the step is skipped on the host's reading of a chip value.
 _SKIPS = re.compile(r"^continue\b")
 _NON_FINITE = re.compile(r"\bis(?:finite|nan|inf|posinf|neginf)\b")

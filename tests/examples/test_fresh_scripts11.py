@@ -1,0 +1,167 @@
+"""Scripts that read wrong before: a seq2seq model validated every 4 steps by a greedy decode that stops on
+`(token == eos).all()` (its reads said `every step` and `10 times every 7 steps`, and told to check the training loop's
+stop less often); a graph network whose graphs change both their node and edge counts (told to pad in a collate_fn and
+mask attention); a loss over `masked_select` (the backward's own wait told to use a fixed-shape form at
+`loss.backward()`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_fresh_scripts import _run
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+GREEDY_VALIDATION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    V, H, T, BOS, EOS = 24, 32, 6, 1, 2
+
+
+    class Seq2Seq(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(V, H)
+            self.cell = nn.GRUCell(H, H)
+            self.out = nn.Linear(H, V)
+
+        def encode(self, src):
+            return torch.tanh(self.emb(src).mean(1))
+
+        def forward(self, src, tgt):
+            h, inp, logits = self.encode(src), torch.full((src.size(0),), BOS, device=src.device), []
+            for t in range(tgt.size(1)):
+                h = self.cell(self.emb(inp), h)
+                logits.append(self.out(h))
+                inp = tgt[:, t]  # teacher forcing
+            return torch.stack(logits, 1)
+
+        @torch.no_grad()
+        def greedy(self, src):
+            h, inp, outs = self.encode(src), torch.full((src.size(0),), BOS, device=src.device), []
+            for t in range(T):
+                h = self.cell(self.emb(inp), h)
+                inp = self.out(h).argmax(-1)
+                outs.append(inp)
+                if (inp == EOS).all():  {marker}
+                    break
+            return torch.stack(outs, 1)
+
+
+    model = Seq2Seq().to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(8):
+        src = torch.randint(3, V, (16, T), device="tpu")
+        tgt = src.flip(1)
+        loss = nn.functional.cross_entropy(model(src, tgt).reshape(-1, V), tgt.reshape(-1))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 4 == 3:
+            model.eval()
+            acc = (model.greedy(src) == tgt).float().mean().item()  # accuracy
+            model.train()
+            print(step, loss.item(), acc)  # logged
+'''
+
+
+def test_a_greedy_decode_every_4_steps_reads_at_its_period_and_is_told_to_decode_a_fixed_length(tmp_path: Path) -> None:
+    """The validation runs after `optimizer.step()`, so its reads land in the next step, the last in the run's tail:
+    the stop check reads 6 times every 4 steps (not `every step`), the check stops the decoding loop (told to keep a
+    `done` mask on the chip, not to check the training loop's stop less often), and the accuracy and the logged loss
+    read together every 4 steps."""
+    report, script, line = _run(tmp_path, "greedy_validation", GREEDY_VALIDATION)
+    assert report.step_count == 8
+    (stop,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert stop.title.startswith(f"Host sync 6 times every 4 steps at {script.name}:{line} (bool)"), stop.title
+    assert "stop an inner loop" in stop.explanation, stop.explanation
+    assert "`done` mask" in stop.suggestion and "step % 100" not in stop.suggestion, stop.suggestion
+    lines = script.read_text().splitlines()
+    accuracy = next(number for number, text in enumerate(lines, 1) if "# accuracy" in text)
+    logged = next(number for number, text in enumerate(lines, 1) if "# logged" in text)
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == accuracy]
+    assert "1 time every 4 steps" in read.title, read.title
+    assert f"reads in the same steps as {script.name}:{logged}" in read.suggestion, read.suggestion
+
+
+GRAPHS_OF_CHANGING_SIZE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    def random_graph():
+        n = int(torch.randint(8, 20, ()).item())
+        return torch.randn(n, 16), torch.randint(0, n, (2, int(torch.randint(2 * n, 4 * n, ()).item()))), torch.randn(1)
+
+
+    class GCN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1 = nn.Linear(16, 32)
+            self.head = nn.Linear(32, 1)
+
+        def forward(self, x, edges):
+            h = torch.relu(self.l1(x))
+            src, dst = edges
+            agg = torch.zeros_like(h).index_add_(0, dst, h[src])
+            return self.head(agg.mean(0))
+
+
+    graphs = [random_graph() for _ in range(8)]
+    model = GCN().to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for x, edges, y in graphs:
+        x, edges, y = x.to("tpu"), edges.to("tpu"), y.to("tpu")  {marker}
+        loss = nn.functional.mse_loss(model(x, edges), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_graphs_changing_nodes_and_edges_are_told_to_pad_the_edge_list_with_a_dummy_node(tmp_path: Path) -> None:
+    """The node count enters first (the first layer's matmul), the edge count at the scatter: the storm of the copied
+    graphs says they hold index lists (at the scatter's line) padded with a dummy row, and to pad the nodes too, not
+    to pad in a collate_fn and mask attention."""
+    report, script, line = _run(tmp_path, "graphs_changing_size", GRAPHS_OF_CHANGING_SIZE)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert f"copied to the chip at {script.name}:{line}" in storm.explanation, storm.explanation
+    scatter = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "index_add_" in text)
+    assert f"{script.name}:{scatter} scatters with them" in storm.suggestion, storm.suggestion
+    assert "dummy row" in storm.suggestion and "nodes" in storm.suggestion, storm.suggestion
+    assert "attention" not in storm.suggestion and "collate_fn" not in storm.explanation, storm.suggestion
+
+
+MASKED_SELECT_LOSS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.SiLU(), nn.Linear(64, 32)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(6):
+        x = torch.randn(16, 32, device="tpu")
+        err = model(x) - x
+        loss = err.masked_select(err.abs() > 0.05).pow(2).mean()  {marker}
+        opt.zero_grad()
+        loss.backward()  # backward
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_backwards_wait_for_a_masked_selects_gradient_points_at_the_selection(tmp_path: Path) -> None:
+    """`masked_select`'s backward scatters the gradient through the same mask and waits for its count at
+    `loss.backward()`: that finding says the wait is the selection's and the fix is at the selection's line."""
+    report, script, line = _run(tmp_path, "masked_select_loss", MASKED_SELECT_LOSS)
+    backward = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "# backward" in text)
+    (wait,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == backward]
+    assert f"the backward of the selection at {script.name}:{line}" in wait.explanation, wait.explanation
+    assert wait.suggestion.startswith(f"Nothing at {script.name}:{backward} can change"), wait.suggestion
+    assert [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
