@@ -165,3 +165,49 @@ def test_a_backwards_wait_for_a_masked_selects_gradient_points_at_the_selection(
     assert f"the backward of the selection at {script.name}:{line}" in wait.explanation, wait.explanation
     assert wait.suggestion.startswith(f"Nothing at {script.name}:{backward} can change"), wait.suggestion
     assert [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+
+
+DIFFUSION_SAMPLED_AFTER_TRAINING = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    T = 6
+    betas = torch.linspace(1e-4, 0.02, T, device="tpu")
+    alpha_bar = torch.cumprod(1 - betas, 0)
+    model = nn.Sequential(nn.Linear(17, 64), nn.SiLU(), nn.Linear(64, 16)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    data = torch.randn(256, 16)
+    for step in range(4):
+        x0 = data[torch.randint(0, 256, (32,))].to("tpu")  # batch
+        t = torch.randint(0, T, (32,), device="tpu")
+        noise = torch.randn_like(x0)
+        ab = alpha_bar[t].unsqueeze(1)
+        loss = nn.functional.mse_loss(model(torch.cat([ab.sqrt() * x0 + (1 - ab).sqrt() * noise, ab], 1)), noise)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    with torch.no_grad():
+        x = torch.randn(8, 16, device="tpu")
+        for t in reversed(range(T)):
+            eps = model(torch.cat([x, alpha_bar[t].expand(8, 1)], 1))  {marker}
+            x = (x - betas[t] / (1 - alpha_bar[t]).sqrt() * eps) / (1 - betas[t]).sqrt()
+            print(t, x.std().item())
+'''
+
+
+def test_a_sampling_loop_after_training_indexing_the_schedule_by_timestep_is_a_storm(tmp_path: Path) -> None:
+    """`betas[t]` with a Python int `t` makes a program per timestep in the sampling loop after the training loop (each
+    timestep's read ends its program):
+    all its recompiles are in the run's `end` step, and they are one finding at the indexing line, costed once with no
+    per-step figure (there was none: no steady step recompiled). The batch copied as rows of an in-memory host
+    tensor is told to keep the tensor on the chip, not that the line's `torch.randint` draws are copied."""
+    report, script, line = _run(tmp_path, "diffusion_sampling", DIFFUSION_SAMPLED_AFTER_TRAINING)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles" and finding.line == line]
+    assert "after the loop as a Python int indexing a tensor changes" in storm.title, storm.title
+    assert storm.cost_per_step_ns is None and "after the training loop" in storm.explanation, storm.explanation
+    batch = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "# batch" in text)
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == batch]
+    assert "rows picked from the host tensor `data`" in copy.suggestion, copy.suggestion
+    assert "draws random numbers" not in copy.suggestion, copy.suggestion

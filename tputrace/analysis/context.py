@@ -110,11 +110,16 @@ class AnalysisContext:
         """`steady_range` plus the trailing `end` step, as `loop_line_where` adds it: work a loop line does after the
         optimizer step (an evaluation every 4 iterations, after `optimizer.step()`) lands in the next step, and in its
         last iteration in the `end` step, where its period shows."""
-        steady = self.steady_range
+        steady, tail = self.steady_range, self.end_step
+        return steady if steady is None or tail is None else (steady[0], tail)
+
+    @property
+    def end_step(self) -> int | None:
+        """The trailing `end` step's number, after the loop's steps (what ran after the loop, and a loop line's work
+        after the last optimizer step); None without one or without loop steps before it."""
+        loop = self.loop_range
         tail = self.steps[-1] if self.steps and self.steps[-1].source == "end" else None
-        if steady is None or tail is None or tail.step <= steady[1]:
-            return steady
-        return steady[0], tail.step
+        return tail.step if loop is not None and tail is not None and tail.step > loop[1] else None
 
     @property
     def first_steady_after_warm_up(self) -> int | None:

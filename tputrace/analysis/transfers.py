@@ -21,6 +21,10 @@ NAME = "transfers"
 _OUTSIDE_FALLBACKS = outside_fallbacks("t")
 # A host random draw on a copying line: `torch.randn(8, 16).to("tpu")`, `torch.randint(0, T, (8,)).cuda()`.
 _HOST_DRAW = re.compile(r"\b(?P<draw>torch\.(?:randn|rand|randint|randperm|normal|bernoulli|poisson))\((?P<arguments>[^()]*(?:\([^()]*\)[^()]*)*)\)")
+# Rows of a host tensor copied: `data[idx].to("tpu")`, `images[perm[i:i + 64]].cuda()` (an in-memory dataset's batch).
+_HOST_ROWS = re.compile(r"(?<![\w.])(?P<source>[A-Za-z_]\w*(?:\.\w+)*)\[(?P<index>[^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]"
+                        r"\s*\.(?:to|cuda)\(")
+_FIELD = re.compile(r"^\s*(?:-?\d+|'[^']*'|\"[^\"]*\")\s*$")
 _LIKE_DRAWS = ("torch.randn", "torch.rand")
 _FROM_TENSOR_DRAWS = ("torch.bernoulli", "torch.poisson")  # they take no `device=`: they draw where their input is
 
@@ -95,8 +99,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         severity = context.severity(share)
         where = context.where(frame_id)
         every_step = steps_with >= steady_count
-        draw = host_random_draw(line_text(context.location(frame_id), context.trace))
+        text = line_text(context.location(frame_id), context.trace)
+        rows = _HOST_ROWS.search(text or "")
+        rows = None if rows is None or _FIELD.match(rows["index"]) else rows  # `batch[0]`, `batch["ids"]`: a field
+        draw = None if rows is not None else host_random_draw(text)
         what = ("the same size every time: " + (f"random numbers drawn on the host by `{draw}`" if draw else
+                                                f"rows of the host tensor `{rows['source']}`" if rows else
                                                 "a constant built on the host, or the input batch")
                 if constant_size else "varying sizes")
         if max_bytes == 0:
@@ -112,6 +120,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
             suggestion = (
                 "It was copied in one step only, so it costs its time once, not every step: if it is a value the "
                 "loop makes on a condition (a table, a mask), make it on the chip (`device=...`) or before the loop."
+            )
+        elif rows is not None:
+            suggestion = (
+                f"The line copies rows picked from the host tensor `{rows['source']}` (`{rows['source']}[...]`) every "
+                f"step, an in-memory dataset's batch: if `{rows['source']}` fits in the chip's memory, copy it to the "
+                "chip once before the loop and pick the rows there, with indices made on the chip "
+                "(`torch.randint(..., device=...)`, `torch.randperm(n, device=...)`), so a step copies nothing; "
+                "else copy the next batch while the current step runs."
             )
         elif draw in _FROM_TENSOR_DRAWS:
             suggestion = (
