@@ -211,3 +211,54 @@ def test_a_sampling_loop_after_training_indexing_the_schedule_by_timestep_is_a_s
     (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == batch]
     assert "rows picked from the host tensor `data`" in copy.suggestion, copy.suggestion
     assert "draws random numbers" not in copy.suggestion, copy.suggestion
+
+
+REINFORCE_WITH_A_HOST_ENVIRONMENT = '''
+    import random
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    random.seed(0)
+
+
+    class Walk:
+        def reset(self):
+            self.s, self.left = [0.0] * 4, random.randint(3, 16)  # the episode's length
+            return self.s
+
+        def step(self, action):
+            self.s, self.left = [x + (0.1 if action == 1 else -0.1) for x in self.s], self.left - 1
+            return self.s, 1.0, self.left == 0
+
+
+    policy = nn.Sequential(nn.Linear(4, 32), nn.Tanh(), nn.Linear(32, 2)).to("tpu")
+    opt = torch.optim.Adam(policy.parameters(), lr=1e-2)
+    env = Walk()
+    for episode in range(6):
+        state, log_probs, done = env.reset(), [], False
+        while not done:
+            obs = torch.tensor(state, device="tpu")  {marker}
+            dist = torch.distributions.Categorical(logits=policy(obs), validate_args=False)
+            action = dist.sample()
+            log_probs.append(dist.log_prob(action))
+            state, reward, done = env.step(action.item())  # environment
+        loss = -torch.stack(log_probs).sum() / 12
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_policy_gradient_loops_observation_copies_are_told_to_batch_environments(tmp_path: Path) -> None:
+    """Each episode steps the host environment a different number of times: the reads and copies per step say `about
+    N per step` (not a period such as `146 times every 5 steps`), and the observation copied at each environment step
+    is told the copy stays with the environment on the host and to vectorize it, not to build a constant once."""
+    report, script, line = _run(tmp_path, "reinforce", REINFORCE_WITH_A_HOST_ENVIRONMENT)
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
+    environment = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "# environment" in text)
+    assert f"once per environment step, as {script.name}:{environment} steps it" in copy.suggestion, copy.suggestion
+    assert "constant" not in copy.suggestion, copy.suggestion
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == environment]
+    assert read.title.startswith("Host sync about ") and " times per step at " in read.title, read.title
+    assert copy.title.endswith(" copies per step") and "about " in copy.title, copy.title

@@ -371,7 +371,8 @@ def per_call_text(context: AnalysisContext, total_ns: float, count: int, steady_
 def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None,
                   every: tuple[int, int] | None = None) -> str:
     """`count` things over `steps` steps as a rate: `2 copies per step`, `2 copies every 3 steps`, or
-    `3 copies in 40 steps` when no small fraction says it exactly; one thing is `1 copy in 4 steps`, since a
+    `3 copies in 40 steps` when no small fraction says it exactly, `about 29 copies per step` for many a step that no
+    small numerator says (146 in 5 steps); one thing is `1 copy in 4 steps`, since a
     single event (a read in one step, `if step == 1:`) shows no period. With `every` (n, p), the things came n at a
     time in every p-th step (`step_period`): `1 copy every 2 steps`."""
     if steps <= 0:
@@ -381,6 +382,8 @@ def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None,
     rate = Fraction(count, steps)
     if rate.denominator == 1:
         return f"{plural(rate.numerator, noun, nouns)} per step"
+    if rate.numerator > MAX_RATE_DENOMINATOR:  # many a step, unevenly (an episode's reads): `146 every 5` reads as a period
+        return f"about {plural(int(rate + Fraction(1, 2)), noun, nouns)} per step"
     if rate.denominator <= MAX_RATE_DENOMINATOR and count > 1:
         return f"{plural(rate.numerator, noun, nouns)} every {rate.denominator} steps"
     return f"{plural(count, noun, nouns)} in {plural(steps, 'step')}"

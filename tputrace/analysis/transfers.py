@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.line_reads import environment_steps
 from tputrace.wording import format_bytes, format_ns, plural
 
 NAME = "transfers"
@@ -79,6 +80,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         )
     }
     steady_count = max(context.steady_count, 1)
+    environments = environment_steps(context)
     lines: list[TransferLine] = []
     warm_up = context.warm_up_in_steady
     for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes, last_step in steady_rows:
@@ -120,6 +122,14 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
             suggestion = (
                 "It was copied in one step only, so it costs its time once, not every step: if it is a value the "
                 "loop makes on a condition (a table, a mask), make it on the chip (`device=...`) or before the loop."
+            )
+        elif total_count in environments and total_count > context.step_count:
+            suggestion = (
+                f"The line copies what the environment on the host returns (its observation), once per environment "
+                f"step, as {environments[total_count]} steps it: the copy stays while the environment runs on the host. "
+                "Make fewer, larger copies: step many environments at once (a vectorized environment, "
+                "`gymnasium.vector`) and copy all their observations as one array per step, with one read of all their "
+                "actions."
             )
         elif rows is not None:
             suggestion = (
