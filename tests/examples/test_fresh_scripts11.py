@@ -262,3 +262,41 @@ def test_a_policy_gradient_loops_observation_copies_are_told_to_batch_environmen
     (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == environment]
     assert read.title.startswith("Host sync about ") and " times per step at " in read.title, read.title
     assert copy.title.endswith(" copies per step") and "about " in copy.title, copy.title
+
+
+CAUSAL_MASK_BUILT_ON_THE_HOST = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Block(nn.Module):
+        def __init__(self, d=32):
+            super().__init__()
+            self.attn = nn.MultiheadAttention(d, 4, batch_first=True)
+            self.head = nn.Linear(d, 16)
+
+        def forward(self, x):
+            mask = torch.triu(torch.ones(x.size(1), x.size(1), dtype=torch.bool), 1).to(x.device)  {marker}
+            return self.head(x + self.attn(x, x, x, attn_mask=mask, need_weights=False)[0])
+
+
+    model = nn.Sequential(nn.Embedding(16, 32), Block()).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(5):
+        idx = torch.randint(0, 16, (8, 12), device="tpu")
+        loss = nn.functional.cross_entropy(model(idx[:, :-1]).flatten(0, 1), idx[:, 1:].flatten())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_a_causal_mask_built_on_the_host_each_forward_is_told_to_be_built_on_the_chip(tmp_path: Path) -> None:
+    """`torch.triu(torch.ones(n, n))` without `device=` is built on the host and copied every forward: the copy's
+    finding names `torch.ones` and tells to build it on the chip or once as a buffer, not `if it is the input batch`."""
+    report, script, line = _run(tmp_path, "host_causal_mask", CAUSAL_MASK_BUILT_ON_THE_HOST)
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
+    assert "a constant built on the host by `torch.ones`" in copy.explanation, copy.explanation
+    assert "`torch.ones(..., device=x.device)`" in copy.suggestion and "input batch" not in copy.suggestion

@@ -22,6 +22,9 @@ NAME = "transfers"
 _OUTSIDE_FALLBACKS = outside_fallbacks("t")
 # A host random draw on a copying line: `torch.randn(8, 16).to("tpu")`, `torch.randint(0, T, (8,)).cuda()`.
 _HOST_DRAW = re.compile(r"\b(?P<draw>torch\.(?:randn|rand|randint|randperm|normal|bernoulli|poisson))\((?P<arguments>[^()]*(?:\([^()]*\)[^()]*)*)\)")
+# A tensor made on the host from sizes alone, copied: `torch.triu(torch.ones(n, n), 1).to(x.device)` (a causal mask).
+_HOST_FACTORY = re.compile(r"\b(?P<made>torch\.(?:ones|zeros|full|arange|eye|linspace|empty))\("
+                           r"(?P<arguments>[^()]*(?:\([^()]*\)[^()]*)*)\)")
 # Rows of a host tensor copied: `data[idx].to("tpu")`, `images[perm[i:i + 64]].cuda()` (an in-memory dataset's batch).
 _HOST_ROWS = re.compile(r"(?<![\w.])(?P<source>[A-Za-z_]\w*(?:\.\w+)*)\[(?P<index>[^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]"
                         r"\s*\.(?:to|cuda)\(")
@@ -105,8 +108,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         rows = _HOST_ROWS.search(text or "")
         rows = None if rows is None or _FIELD.match(rows["index"]) else rows  # `batch[0]`, `batch["ids"]`: a field
         draw = None if rows is not None else host_random_draw(text)
+        factory = _HOST_FACTORY.search(text or "") if rows is None and draw is None else None
+        made = factory["made"] if factory is not None and "device" not in factory["arguments"] else None
         what = ("the same size every time: " + (f"random numbers drawn on the host by `{draw}`" if draw else
                                                 f"rows of the host tensor `{rows['source']}`" if rows else
+                                                f"a constant built on the host by `{made}`" if made else
                                                 "a constant built on the host, or the input batch")
                 if constant_size else "varying sizes")
         if max_bytes == 0:
@@ -153,6 +159,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 f"draw them on the chip instead (`{draw}(..., device=x.device)`"
                 + (f", or `{draw}_like(x)` shaped like a tensor x already there" if draw in _LIKE_DRAWS else "")
                 + "), so nothing is copied and the step's program makes them."
+            )
+        elif made is not None:
+            suggestion = (
+                f"The line builds a tensor on the host (`{made}(...)` without `device=`) and copies it to the chip every "
+                f"step: build it on the chip (`{made}(..., device=x.device)`), or once, before the loop (a buffer "
+                "made in the module's `__init__` with `register_buffer`, at the largest size and sliced), so nothing is "
+                "copied."
             )
         elif constant_size:
             suggestion = (
