@@ -300,3 +300,80 @@ def test_a_causal_mask_built_on_the_host_each_forward_is_told_to_be_built_on_the
     (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
     assert "a constant built on the host by `torch.ones`" in copy.explanation, copy.explanation
     assert "`torch.ones(..., device=x.device)`" in copy.suggestion and "input batch" not in copy.suggestion
+
+
+BUCKETED_SAMPLER_KEEPING_PARTIAL_BATCHES = '''
+    import torch
+    from torch import nn
+    from torch.utils.data import DataLoader, Dataset, Sampler
+
+    torch.manual_seed(0)
+    BUCKETS = (8, 16)
+
+
+    class Sentences(Dataset):
+        def __init__(self, n=44):
+            self.lengths = torch.randint(2, 17, (n,)).tolist()
+
+        def __len__(self):
+            return len(self.lengths)
+
+        def __getitem__(self, i):
+            return torch.randint(1, 50, (self.lengths[i],))
+
+
+    class BucketSampler(Sampler):
+        def __init__(self, lengths, batch_size):
+            self.batches = []
+            for low, high in zip((0,) + BUCKETS, BUCKETS):
+                rows = [i for i, n in enumerate(lengths) if low < n <= high]
+                self.batches += [rows[j:j + batch_size] for j in range(0, len(rows), batch_size)]  # keeps partial ones
+
+        def __iter__(self):
+            return iter(self.batches)
+
+        def __len__(self):
+            return len(self.batches)
+
+
+    def collate(items):
+        n = next(b for b in BUCKETS if b >= max(len(seq) for seq in items))
+        tokens = torch.zeros(len(items), n, dtype=torch.long)
+        for row, seq in enumerate(items):
+            tokens[row, :len(seq)] = seq
+        return tokens, torch.tensor([len(seq) % 2 for seq in items])
+
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(50, 32, padding_idx=0)
+            self.head = nn.Linear(32, 2)
+
+        def forward(self, tokens):
+            keep = (tokens != 0).unsqueeze(-1)
+            return self.head((self.emb(tokens) * keep).sum(1) / keep.sum(1))
+
+
+    data = Sentences()
+    loader = DataLoader(data, batch_sampler=BucketSampler(data.lengths, 8), collate_fn=collate)
+    model = Model().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for tokens, labels in loader:
+        tokens, labels = tokens.to("tpu"), labels.to("tpu")  {marker}
+        loss = nn.functional.cross_entropy(model(tokens), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+'''
+
+
+def test_partial_batches_of_a_bucketing_sampler_are_told_to_be_dropped_not_padded_in_length(tmp_path: Path) -> None:
+    """Two length buckets, each ending in a smaller batch: the sizes that change are the batch's number of examples
+    (dim 0 of the tokens and the labels), told to drop or pad the partial batches, not to pad each batch's longest
+    sequence in a collate_fn."""
+    report, script, line = _run(tmp_path, "bucketed_partial_batches", BUCKETED_SAMPLER_KEEPING_PARTIAL_BATCHES)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert f"copied to the chip at {script.name}:{line}" in storm.title, storm.title
+    assert "at 8 examples: drop the partial batches (`drop_last=True`" in storm.suggestion, storm.suggestion
+    assert "longest" not in storm.suggestion + storm.explanation, storm.explanation
