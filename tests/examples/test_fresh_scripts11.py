@@ -377,3 +377,39 @@ def test_partial_batches_of_a_bucketing_sampler_are_told_to_be_dropped_not_padde
     assert f"copied to the chip at {script.name}:{line}" in storm.title, storm.title
     assert "at 8 examples: drop the partial batches (`drop_last=True`" in storm.suggestion, storm.suggestion
     assert "longest" not in storm.suggestion + storm.explanation, storm.explanation
+
+
+PREDICTIONS_GATHERED_IN_AN_EVALUATION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 5)).to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    val = [(torch.randn(16, 32), torch.randint(0, 5, (16,))) for _ in range(3)]
+    for step in range(8):
+        x, y = torch.randn(16, 32, device="tpu"), torch.randint(0, 5, (16,), device="tpu")
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if step % 4 == 3:
+            preds, labels = [], []
+            with torch.no_grad():
+                for vx, vy in val:
+                    preds.append(model(vx.to("tpu")).argmax(-1).cpu())  {marker}
+                    labels.append(vy)
+            print(step, (torch.cat(preds) == torch.cat(labels)).float().mean())
+'''
+
+
+def test_predictions_gathered_with_cpu_in_an_evaluation_are_told_to_be_copied_once(tmp_path: Path) -> None:
+    """An evaluation every 4 steps, after `optimizer.step()`, copies each batch's predictions to the host into a list:
+    the reads are told to append the tensors and copy once after the evaluation (not to sum a value into a total), and
+    the validation batches' copies read `3 copies every 4 steps` (not `in one step`, the last evaluation landing in the
+    run's tail)."""
+    report, script, line = _run(tmp_path, "gathered_predictions", PREDICTIONS_GATHERED_IN_AN_EVALUATION)
+    (read,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "append the tensors themselves" in read.suggestion and "`total += loss`" not in read.suggestion, read.suggestion
+    (copy,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
+    assert copy.title.endswith("3 copies every 4 steps"), copy.title

@@ -322,7 +322,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
                  if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
     if evaluated and every is not None:
-        suggestion = evaluation_suggestion(where, every, evaluated)
+        kept = kind in _COPIES_OUT and bool(_APPENDS.search(line_text(context.location(frame_id), context.trace) or ""))
+        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept)
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])

@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 from tputrace.analysis.call_sites import line_text
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text, step_period
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.line_reads import environment_steps
 from tputrace.wording import format_bytes, format_ns, plural
@@ -31,6 +31,17 @@ _HOST_ROWS = re.compile(r"(?<![\w.])(?P<source>[A-Za-z_]\w*(?:\.\w+)*)\[(?P<inde
 _FIELD = re.compile(r"^\s*(?:-?\d+|'[^']*'|\"[^\"]*\")\s*$")
 _LIKE_DRAWS = ("torch.randn", "torch.rand")
 _FROM_TENSOR_DRAWS = ("torch.bernoulli", "torch.poisson")  # they take no `device=`: they draw where their input is
+
+
+def _steps_by_line(context: AnalysisContext) -> dict[int, dict[int, int]]:
+    """Each loop line's host-to-chip copies per step, through the trailing `end` step (`loop_line_where`)."""
+    where, params = context.loop_line_where("t")
+    by_line: dict[int, dict[int, int]] = {}
+    for frame_id, step, count in context.trace.sql(
+            f"SELECT t.frame_id, t.step, COUNT(*) FROM transfers t WHERE {where} AND t.direction = 'h2d' "
+            f"AND {_OUTSIDE_FALLBACKS} GROUP BY t.frame_id, t.step", params):
+        by_line.setdefault(frame_id, {})[int(step)] = int(count)
+    return by_line
 
 
 def host_random_draw(text: str | None) -> str | None:
@@ -84,6 +95,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     }
     steady_count = max(context.steady_count, 1)
     environments = environment_steps(context)
+    line_steps = _steps_by_line(context)
     lines: list[TransferLine] = []
     warm_up = context.warm_up_in_steady
     for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes, last_step in steady_rows:
@@ -95,11 +107,16 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         constant_size = min_bytes == max_bytes
         lines.append(TransferLine(context.where(frame_id), per_step_count, per_step_bytes, dur_ns / steady_count,
                                   steps_with, constant_size, total_bytes, total_ns))
+        steps_copied = line_steps.get(frame_id, {})  # with the `end` step, where a copy after the last step lands
+        loop_steps = max(loop_steps, len(steps_copied))
         cost = context.line_cost(dur_ns, total_ns, loop_steps, count)
         once = context.once_in_loop(loop_steps, count)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue
-        rate = per_step_text(count, steady_count, "copy", "copies")
+        steady = context.steady_line_range
+        every = None if steady is None else step_period(
+            {step: copies for step, copies in steps_copied.items() if steady[0] <= step <= steady[1]}, *steady)
+        rate = per_step_text(count, steady_count, "copy", "copies", every=every)
         share = context.share_of_steps_less_compiles(dur_ns)
         severity = context.severity(share)
         where = context.where(frame_id)
