@@ -338,8 +338,6 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     library_read = known_library_read(context, frame_id, kind)
     if library_read is STOPPING_READ and not context.steps:
         library_read = None  # a loop without steps (decoding) has its own advice for a stopping check
-    elif library_read is STOPPING_READ and count >= 2 * max(steps_with, 1):
-        library_read = INNER_STOPPING_READ  # made several times in each step that makes it: an inner loop's stop
     if library_read is not None:
         explanation += f" The read is {library_read[0]}" + ("." if library_read in _LINE_CHECKS else f", inside the call at {where}.")
         suggestion = library_read[1]
@@ -408,7 +406,19 @@ def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str
         return PLATEAU_READ
     if kind == "item" and _STEP_OF_AN_OPTIMIZER.search(text) and _ran_in_loop(context, UNSCALE_OPS[0], where, params):
         return _scaler_read(context)  # `scaler.step(opt)` after `scaler.unscale_(opt)` at another line
-    return line_read(context, frame_id, kind)
+    own = line_read(context, frame_id, kind)
+    if own is STOPPING_READ and context.steps and _reads_per_step(context, frame_id, kind) >= 2:
+        return INNER_STOPPING_READ  # made several times in each step that makes it: an inner loop's stop
+    return own
+
+
+def _reads_per_step(context: AnalysisContext, frame_id: int, kind: str) -> float:
+    """The line's reads of `kind` per loop step that had one (through the `end` step)."""
+    where, params = context.loop_line_where("s")
+    rows = context.trace.sql(f"SELECT COUNT(*), COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND s.frame_id = ? "
+                             "AND s.kind = ?", (*params, frame_id, kind))
+    count, steps = rows[0] if rows else (0, 0)
+    return count / steps if steps else 0.0
 
 
 _ITEM_READ = re.compile(r"(?<![\w.])(?P<value>[A-Za-z_][\w.]*)\.item\(\)")
