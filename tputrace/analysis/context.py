@@ -106,6 +106,22 @@ class AnalysisContext:
         return steady[0].step, steady[-1].step
 
     @property
+    def steady_line_range(self) -> tuple[int, int] | None:
+        """`steady_range` plus the trailing `end` step, as `loop_line_where` adds it: work a loop line does after the
+        optimizer step (an evaluation every 4 iterations, after `optimizer.step()`) lands in the next step, and in its
+        last iteration in the `end` step, where its period shows."""
+        steady, tail = self.steady_range, self.end_step
+        return steady if steady is None or tail is None else (steady[0], tail)
+
+    @property
+    def end_step(self) -> int | None:
+        """The trailing `end` step's number, after the loop's steps (what ran after the loop, and a loop line's work
+        after the last optimizer step); None without one or without loop steps before it."""
+        loop = self.loop_range
+        tail = self.steps[-1] if self.steps and self.steps[-1].source == "end" else None
+        return tail.step if loop is not None and tail is not None and tail.step > loop[1] else None
+
+    @property
     def first_steady_after_warm_up(self) -> int | None:
         """The first steady step of a loop of three steps or more, after which a compile is not the warm-up's; None
         in shorter runs, where every step's compiles count."""
@@ -355,7 +371,8 @@ def per_call_text(context: AnalysisContext, total_ns: float, count: int, steady_
 def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None,
                   every: tuple[int, int] | None = None) -> str:
     """`count` things over `steps` steps as a rate: `2 copies per step`, `2 copies every 3 steps`, or
-    `3 copies in 40 steps` when no small fraction says it exactly; one thing is `1 copy in 4 steps`, since a
+    `3 copies in 40 steps` when no small fraction says it exactly, `about 29 copies per step` for many a step that no
+    small numerator says (146 in 5 steps); one thing is `1 copy in 4 steps`, since a
     single event (a read in one step, `if step == 1:`) shows no period. With `every` (n, p), the things came n at a
     time in every p-th step (`step_period`): `1 copy every 2 steps`."""
     if steps <= 0:
@@ -365,6 +382,8 @@ def per_step_text(count: int, steps: int, noun: str, nouns: str | None = None,
     rate = Fraction(count, steps)
     if rate.denominator == 1:
         return f"{plural(rate.numerator, noun, nouns)} per step"
+    if rate.numerator > MAX_RATE_DENOMINATOR:  # many a step, unevenly (an episode's reads): `146 every 5` reads as a period
+        return f"about {plural(int(rate + Fraction(1, 2)), noun, nouns)} per step"
     if rate.denominator <= MAX_RATE_DENOMINATOR and count > 1:
         return f"{plural(rate.numerator, noun, nouns)} every {rate.denominator} steps"
     return f"{plural(count, noun, nouns)} in {plural(steps, 'step')}"

@@ -20,6 +20,11 @@ PER_BATCH = ("The reads at {where} end an evaluation the loop runs every {every}
              "ran for them), {count} at a time: add each batch's value into a tensor on the chip (`total += loss`) "
              "and read the total once after the evaluation loop, one wait per evaluation instead of {count}.")
 
+KEPT_PER_BATCH = ("The copies at {where} end an evaluation the loop runs every {every} steps (the forward of {modules} "
+                  "ran for them), {count} at a time, each kept in a list: append the tensors themselves (without "
+                  "`.cpu()`/`.numpy()`/`.tolist()`) and copy them once after the evaluation loop "
+                  "(`torch.cat(values).cpu()`), one wait per evaluation instead of {count}.")
+
 
 def evaluation_modules(context: AnalysisContext, frame_id: int | None, kind: str, steps: range) -> tuple[str, ...]:
     """The top-level modules whose ops ran in the programs the line's reads of `kind` flushed in `steps` (none
@@ -86,9 +91,12 @@ def _without_backward(graphs: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return kept
 
 
-def evaluation_suggestion(where: str, every: tuple[int, int], modules: tuple[str, ...]) -> str:
-    """The fix for reads that end an evaluation run `every[0]` at a time every `every[1]` steps."""
+def evaluation_suggestion(where: str, every: tuple[int, int], modules: tuple[str, ...], *, kept: bool = False) -> str:
+    """The fix for reads that end an evaluation run `every[0]` at a time every `every[1]` steps; `kept`: copies each
+    appended to a list (predictions gathered for a metric), which are stacked, not summed."""
     names = ", ".join(f"`{module}`" for module in modules[:3])
+    if every[0] > 1 and kept:
+        return KEPT_PER_BATCH.format(where=where, every=every[1], modules=names, count=every[0])
     if every[0] > 1:
         return PER_BATCH.format(where=where, every=every[1], modules=names, count=every[0])
     return ONCE.format(where=where, every=every[1], modules=names)

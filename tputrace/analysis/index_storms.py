@@ -24,7 +24,9 @@ MIN_POSITIONS = 3
 MIN_STEADY_STEPS = 2
 MAX_LISTED_DIFFS = 3
 # `op 0 view_write (train.py:14): view aten.select.int: index 3 -> 4`, `op 10 view_write: view aten.select.int: ...`
-_INDEX_CHANGE = re.compile(r"^op \d+ \S+(?: \((?P<file>[^()]+?):(?P<line>\d+)\))?: view (?P<view>aten\.[\w.]+): "
+# A chain of views names each (`view aten.select.int, aten.expand.default: index 3 -> 2` for `table[t].expand(8, 1)`).
+_INDEX_CHANGE = re.compile(r"^op \d+ \S+(?: \((?P<file>[^()]+?):(?P<line>\d+)\))?: view (?P<view>aten\.[\w.]+)"
+                           r"(?:, aten\.[\w.]+)*: "
                            r"index (?P<before>-?\d+) -> (?P<after>-?\d+)$")
 
 
@@ -78,15 +80,17 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
         positions = sorted({position for recompile in recompiles for position in recompile.positions})
         steady_steps = {recompile.step for recompile in recompiles
                         if steady is not None and steady[0] <= recompile.step <= steady[1] and recompile.step != warm_up}
+        # a loop after the training loop (sampling over timesteps, a decode) recompiles in the run's `end` step only
+        after_loop = context.end_step is not None and all(recompile.step == context.end_step for recompile in recompiles)
         if len(recompiles) < MIN_RECOMPILES or len(positions) < MIN_POSITIONS or (
-                steady is not None and len(steady_steps) < MIN_STEADY_STEPS):
+                steady is not None and len(steady_steps) < MIN_STEADY_STEPS and not after_loop):
             continue
-        found.append(_finding(context, site, recompiles, positions))
+        found.append(_finding(context, site, recompiles, positions, after_loop=after_loop))
     return found
 
 
 def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recompile],
-             positions: list[int]) -> tuple[Finding, IndexStorm, set[int]]:
+             positions: list[int], *, after_loop: bool = False) -> tuple[Finding, IndexStorm, set[int]]:
     where = context.where(site)
     view = Counter(recompile.view for recompile in recompiles).most_common(1)[0][0]
     names = tuple(dict.fromkeys(recompile.name for recompile in recompiles))
@@ -95,8 +99,10 @@ def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recom
     total_ns = sum(recompile.dur_ns for recompile in recompiles)
     share = context.share_of_wall(total_ns)
     shown = ", ".join(str(position) for position in positions[:8]) + (", ..." if len(positions) > 8 else "")
-    in_steps = f" in {len(steps)} of {context.step_count} steps" if context.steps else ""
-    evidence = [context.evidence_at(f"{recompile.name} compiled again{f' in step {recompile.step}' if context.steps else ''}, "
+    in_steps = (" after the loop" if after_loop else
+                f" in {len(steps)} of {context.step_count} steps" if context.steps else "")
+    when = " after the loop" if after_loop else " in step {step}" if context.steps else ""
+    evidence = [context.evidence_at(f"{recompile.name} compiled again{when.format(step=recompile.step)}, "
                                     f"{format_ns(recompile.dur_ns)}: {recompile.diff}", site, table="compiles")
                 for recompile in recompiles[:MAX_LISTED_DIFFS]]
     finding = Finding(
@@ -111,6 +117,9 @@ def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recom
             f"{plural(len(recompiles), 'recompile')}, {format_ns(total_ns)} ({share:.0%} of the run). DeferAndFuse records a "
             f"write into a view where the program is flushed, so the indexing line is {where} or one the program ran "
             "before it."
+            + (" The indexing runs after the training loop's last step (sampling over timesteps, a decode or an "
+               "evaluation after training): every run of the script pays these compiles once, at its end."
+               if after_loop else "")
         ),
         suggestion=(
             "Index with a tensor on the chip, so the position is an input of one program: keep it as a chip tensor "
@@ -119,7 +128,7 @@ def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recom
             "Python list and `torch.stack` them after the loop."
         ),
         cost_total_ns=float(total_ns),
-        cost_per_step_ns=context.per_step(total_ns),
+        cost_per_step_ns=None if after_loop else context.per_step(total_ns),
         cost_basis=MEASURED_ON_HOST,
         evidence=tuple(evidence),
         **context.location_fields(site),

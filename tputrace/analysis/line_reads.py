@@ -27,7 +27,7 @@ ONE_HOT_READ = (
     "new program).",
 )
 # A value read to act in an environment on the host (`env.step(action.item())`, `envs.step(actions.cpu().numpy())`).
-_ENVIRONMENT_STEP = re.compile(r"\b\w*env\w*\.step\(", re.IGNORECASE)
+ENVIRONMENT_STEP = re.compile(r"\b\w*env\w*\.step\(", re.IGNORECASE)
 ENVIRONMENT_READ = (
     "the action an environment on the host needs for its next step",
     "The environment steps on the host and needs each action, so the read stays, once per environment step: make it "
@@ -43,6 +43,16 @@ STOPPING_READ = (
     "the line's check of whether to stop the loop",
     "Check the condition every N steps (`if step % 100 == 0 and loss.item() < tol: break`): the few steps run past "
     "the stop cost less than a wait for the chip in every step.",
+)
+# The same check made several times in each step that makes it: it stops an inner loop (a greedy decode's
+# `if (token == eos).all(): break` in a validation), not the training loop.
+INNER_STOPPING_READ = (
+    "the line's check of whether to stop an inner loop (a decoding loop's `if (token == eos).all(): break`), made at "
+    "each of that loop's iterations, so the host waits for the chip at every one of them",
+    "Run the inner loop a fixed number of iterations and read nothing in it: keep a `done` mask on the chip "
+    "(`done |= token == eos`) and mask what finished rows produce (`token = torch.where(done, pad_id, token)`), so the "
+    "host queues all the iterations without a wait; or check the condition every few iterations "
+    "(`if i % 8 == 7 and done.all(): break`), where the iterations run past the stop cost less than a wait at each.",
 )
 # `if not torch.isfinite(norm): continue`: the step is skipped on the host's reading of a chip value.
 _SKIPS = re.compile(r"^continue\b")
@@ -75,7 +85,7 @@ def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tupl
     text = _code(linecache.getline(copy, location.line))
     if _SAVES.search(text) and kind in ("cpu", "numpy", "tolist", "item"):
         return CHECKPOINT_READ
-    if _ENVIRONMENT_STEP.search(text) and kind in ("item", "tolist", "numpy", "cpu"):
+    if ENVIRONMENT_STEP.search(text) and kind in ("item", "tolist", "numpy", "cpu"):
         return ENVIRONMENT_READ
     if _ONE_HOT_SIZED_BY_DATA.search(text) and kind == "item":
         return ONE_HOT_READ
@@ -86,6 +96,21 @@ def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tupl
     if checks and _SKIPS.match(following):
         return NON_FINITE_SKIP_READ if _NON_FINITE.search(text) else SKIP_READ
     return None
+
+
+def environment_steps(context: AnalysisContext) -> dict[int, str]:
+    """The loop's number of reads at each line that steps an environment on the host (`env.step(action.item())`), by
+    that count: the number of environment steps the loop took, and the line."""
+    where, params = context.loop_where("s")
+    counts: dict[int, str] = {}
+    for frame_id, count in context.trace.sql(
+            f"SELECT s.frame_id, COUNT(*) FROM syncs s WHERE {where} AND s.kind IN ('item', 'tolist', 'numpy', 'cpu') "
+            "GROUP BY s.frame_id", params):
+        location = context.location(frame_id)
+        copy = None if location is None else context.trace.source_copy(location.file)
+        if location is not None and copy is not None and ENVIRONMENT_STEP.search(_code(linecache.getline(copy, location.line))):
+            counts.setdefault(int(count), context.where(frame_id))
+    return counts
 
 
 def _code(line: str) -> str:

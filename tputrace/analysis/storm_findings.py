@@ -17,6 +17,8 @@ from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
 from tputrace.analysis.host_reads import host_read_before, masking_fix
+from tputrace.analysis.index_lists import scatter_of_changing_index, scatters_at
+from tputrace.analysis import partial_batches
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
 from tputrace.analysis.routing import ROUTING_FIX, routes_tokens
 from tputrace.wording import format_ns, plural
@@ -227,26 +229,6 @@ def growth_step(values: Sequence[int], steps: int, *, each_step: bool = False) -
     return increment if increment > 0 else None
 
 
-_SCATTERS = ("aten.index_add", "aten.index_add_", "aten.scatter", "aten.scatter_", "aten.scatter_add", "aten.scatter_add_",
-             "aten.scatter_reduce", "aten.scatter_reduce_")  # not `index_put_`: `x[mask] = 0` is one too
-
-
-def _scatters_at(context: AnalysisContext, frame_id: int | None) -> bool:
-    """Whether the loop ran a scatter (`index_add_`, `scatter_reduce`) at `frame_id`'s line."""
-    if frame_id is None:
-        return False
-    op_sids = [sid for (sid, text) in context.trace.sql(
-        "SELECT id, text FROM strings WHERE text LIKE 'aten.index_add%' OR text LIKE 'aten.scatter%'")
-        if text.rsplit(".", 1)[0] in _SCATTERS]
-    if not op_sids:
-        return False
-    where, params = context.loop_where("o")
-    return bool(context.trace.sql(
-        f"SELECT 1 FROM ops o JOIN frames f ON f.id = o.frame_id JOIN frames sf ON sf.id = ? WHERE {where} "
-        f"AND o.op_sid IN {in_list(op_sids)} AND f.file_sid = sf.file_sid AND f.line = sf.line LIMIT 1",
-        (frame_id, *params, *op_sids)))
-
-
 # Ops that take images (batch, channels, spatial dims...): a changing dim from 2 on is an image's height or width.
 _IMAGE_OPS = ("aten.convolution", "aten._convolution", "aten.conv2d", "aten.conv3d", "aten.max_pool2d", "aten.avg_pool2d",
               "aten.max_pool3d", "aten.avg_pool3d", "aten.upsample_", "aten._upsample_", "aten.adaptive_avg_pool2d")
@@ -284,9 +266,14 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     evidence.extend(_program_evidence(context, storms))
     evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
     evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
-    index_lists = entry is not None and _scatters_at(context, entry.frame_id)
+    scatter = (entry.frame_id if entry is not None and scatters_at(context, entry.frame_id) else
+               scatter_of_changing_index(context, [program_id for storm in storms for program_id in storm.program_ids]))
+    index_lists = scatter is not None
     images = entry is not None and not index_lists and _image_dim(entry)
-    if images:
+    full = None if index_lists or images else partial_batches.full_batch(batch)
+    if full is not None:
+        suggestion = partial_batches.suggestion(batches, full)
+    elif images:
         suggestion = (
             f"Give {batches} one image size: crop or resize every image to the model's input size in the data "
             f"pipeline (`RandomResizedCrop(size)` and `Resize(size)` make one output size whatever the crop, e.g. "
@@ -295,10 +282,12 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
         )
     elif best is not None and index_lists:
         suggestion = (
-            f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. They are index lists "
-            f"(the line they enter at, {context.where(entry.frame_id) if entry else copy_where}, scatters with them, as a graph "
-            "network's edge list): pad them with indices of a dummy row (one extra node, dropped after) or with "
-            "zero weights, so the padding adds nothing to the real rows."
+            f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. They hold index lists "
+            f"({context.where(scatter)} scatters with them, as a graph network's edge list): pad them with indices of "
+            "a dummy row (one extra node, dropped after) or with zero weights, so the padding adds nothing to the real "
+            "rows" + ("" if scatter == (entry.frame_id if entry else None) else
+                      "; pad the rows they index (the nodes) to a fixed count as well, and leave the padded rows out of "
+                      "pooling and the loss with a mask") + "."
         )
     elif best is not None:
         suggestion = (
@@ -326,6 +315,7 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
             + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "") + ". "
         ),
         then=(
+            partial_batches.THEN if full is not None else
             ". Index lists of a size that changes from batch to batch (a graph's edges, sampled neighbours) are no "
             "problem on a GPU; on a TPU each size is a new XLA program." if index_lists else
             ". Images cropped or resized to a size that changes from batch to batch (random-resized crops that keep "

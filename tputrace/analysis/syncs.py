@@ -16,9 +16,10 @@ import re
 
 from dataclasses import dataclass
 
+from tputrace.analysis.backward_reads import backward_selections, backward_text
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
-from tputrace.analysis.line_reads import ENVIRONMENT_READ, NON_FINITE_SKIP_READ, SKIP_READ, STOPPING_READ, line_read
+from tputrace.analysis.line_reads import ENVIRONMENT_READ, INNER_STOPPING_READ, NON_FINITE_SKIP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
@@ -231,7 +232,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
                        cost))
     modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
     together = _read_together(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
-    findings = [_finding(context, *line, read_with=together.get(line[:3], ())) for line in costly]
+    backwards = backward_selections(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
+    findings = [_finding(context, *line, read_with=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()))
+                for line in costly]
     data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
 
@@ -256,7 +259,7 @@ def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, i
     reads = [key for key in keys if key[1] in _PERIODIC_KINDS and key[2] is None and key[0] is not None]
     if len(reads) < 2 or not context.steps:
         return {}
-    where, params = context.loop_where("s")
+    where, params = context.loop_line_where("s")  # with the `end` step, where a read after the last step lands
     by_steps: dict[frozenset[tuple[int, int]], list[tuple[int | None, str, int | None]]] = {}
     for key in reads:
         steps = frozenset(context.trace.sql(
@@ -274,7 +277,7 @@ def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, i
 
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
              pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost, *,
-             read_with: tuple[str, ...] = ()) -> Finding:
+             read_with: tuple[str, ...] = (), backward_of: tuple[str, ...] = ()) -> Finding:
     where = context.where(frame_id)
     library = library_where(context, library_frame_id)
     share = context.share_of_steps_less_compiles(steady_stall)
@@ -285,7 +288,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     every = _period(context, frame_id, kind, library_frame_id) if per_step is not None else None
     rate = per_step_text(steady_syncs, steady_count, "time", every=every) if per_step is not None else plural(count, "time")
     # More a step reads as its rate (`4 times per step`), and n at a time every p steps as that period.
-    every_step = per_step is not None and every is None and 0.99 <= per_step < 1.5
+    every_step = per_step is not None and every is None and 0.99 <= per_step < 1.5 and steps_with >= context.steady_count
     once = context.once_in_loop(steps_with, steady_syncs)
     stalled = (f"{format_ns(stall_ns)} stalled" if once or not context.steps
                else f"{format_ns(steady_stall / steady_count)} stalled per step")
@@ -315,11 +318,12 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = _item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
     elif kind in _COPIES_OUT and context.steps and _APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
         suggestion = KEPT_COPIES
-    steady = context.steady_range
+    steady = context.steady_line_range
     evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
                  if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
     if evaluated and every is not None:
-        suggestion = evaluation_suggestion(where, every, evaluated)
+        kept = kind in _COPIES_OUT and bool(_APPENDS.search(line_text(context.location(frame_id), context.trace) or ""))
+        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept)
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
@@ -344,6 +348,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     elif module is not None:
         explanation += inside_module(module)
         suggestion = change_in_module(context, frame_id, module, where) + then(suggestion)
+    if backward_of:
+        said, suggestion = backward_text(where, backward_of)
+        explanation += said
     each = per_call_text(context, stall_ns, count, steady_stall, steady_syncs, "stall each")
     evidence = (
         context.evidence_at(f"{plural(count, kind + ' sync')}, {rate}, {each}", frame_id, table="syncs"),
@@ -367,7 +374,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
 
 
 # Reads a line's own check makes (not inside a call on the line).
-_LINE_CHECKS = (STOPPING_READ, ENVIRONMENT_READ, SKIP_READ, NON_FINITE_SKIP_READ)
+_LINE_CHECKS = (STOPPING_READ, INNER_STOPPING_READ, ENVIRONMENT_READ, SKIP_READ, NON_FINITE_SKIP_READ)
 
 
 def library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:
@@ -399,7 +406,19 @@ def known_library_read(context: AnalysisContext, frame_id: int | None, kind: str
         return PLATEAU_READ
     if kind == "item" and _STEP_OF_AN_OPTIMIZER.search(text) and _ran_in_loop(context, UNSCALE_OPS[0], where, params):
         return _scaler_read(context)  # `scaler.step(opt)` after `scaler.unscale_(opt)` at another line
-    return line_read(context, frame_id, kind)
+    own = line_read(context, frame_id, kind)
+    if own is STOPPING_READ and context.steps and _reads_per_step(context, frame_id, kind) >= 2:
+        return INNER_STOPPING_READ  # made several times in each step that makes it: an inner loop's stop
+    return own
+
+
+def _reads_per_step(context: AnalysisContext, frame_id: int, kind: str) -> float:
+    """The line's reads of `kind` per loop step that had one (through the `end` step)."""
+    where, params = context.loop_line_where("s")
+    rows = context.trace.sql(f"SELECT COUNT(*), COUNT(DISTINCT s.step) FROM syncs s WHERE {where} AND s.frame_id = ? "
+                             "AND s.kind = ?", (*params, frame_id, kind))
+    count, steps = rows[0] if rows else (0, 0)
+    return count / steps if steps else 0.0
 
 
 _ITEM_READ = re.compile(r"(?<![\w.])(?P<value>[A-Za-z_][\w.]*)\.item\(\)")
@@ -465,7 +484,7 @@ def _ran_at_line(context: AnalysisContext, frame_id: int, op_prefix: str, where:
 
 def _period(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None) -> tuple[int, int] | None:
     """(n, p) when the line's syncs of `kind` came n at a time in every p-th steady step (`if step % 2 == 0:`)."""
-    steady = context.steady_range
+    steady = context.steady_line_range
     if steady is None:
         return None
     library = "library_frame_id IS ?" if context.trace.has_column("syncs", "library_frame_id") else "? IS NULL"

@@ -12,8 +12,9 @@ import re
 from dataclasses import dataclass
 
 from tputrace.analysis.call_sites import line_text
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text, step_period
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.line_reads import environment_steps
 from tputrace.wording import format_bytes, format_ns, plural
 
 NAME = "transfers"
@@ -21,8 +22,26 @@ NAME = "transfers"
 _OUTSIDE_FALLBACKS = outside_fallbacks("t")
 # A host random draw on a copying line: `torch.randn(8, 16).to("tpu")`, `torch.randint(0, T, (8,)).cuda()`.
 _HOST_DRAW = re.compile(r"\b(?P<draw>torch\.(?:randn|rand|randint|randperm|normal|bernoulli|poisson))\((?P<arguments>[^()]*(?:\([^()]*\)[^()]*)*)\)")
+# A tensor made on the host from sizes alone, copied: `torch.triu(torch.ones(n, n), 1).to(x.device)` (a causal mask).
+_HOST_FACTORY = re.compile(r"\b(?P<made>torch\.(?:ones|zeros|full|arange|eye|linspace|empty))\("
+                           r"(?P<arguments>[^()]*(?:\([^()]*\)[^()]*)*)\)")
+# Rows of a host tensor copied: `data[idx].to("tpu")`, `images[perm[i:i + 64]].cuda()` (an in-memory dataset's batch).
+_HOST_ROWS = re.compile(r"(?<![\w.])(?P<source>[A-Za-z_]\w*(?:\.\w+)*)\[(?P<index>[^\[\]]*(?:\[[^\[\]]*\][^\[\]]*)*)\]"
+                        r"\s*\.(?:to|cuda)\(")
+_FIELD = re.compile(r"^\s*(?:-?\d+|'[^']*'|\"[^\"]*\")\s*$")
 _LIKE_DRAWS = ("torch.randn", "torch.rand")
 _FROM_TENSOR_DRAWS = ("torch.bernoulli", "torch.poisson")  # they take no `device=`: they draw where their input is
+
+
+def _steps_by_line(context: AnalysisContext) -> dict[int, dict[int, int]]:
+    """Each loop line's host-to-chip copies per step, through the trailing `end` step (`loop_line_where`)."""
+    where, params = context.loop_line_where("t")
+    by_line: dict[int, dict[int, int]] = {}
+    for frame_id, step, count in context.trace.sql(
+            f"SELECT t.frame_id, t.step, COUNT(*) FROM transfers t WHERE {where} AND t.direction = 'h2d' "
+            f"AND {_OUTSIDE_FALLBACKS} GROUP BY t.frame_id, t.step", params):
+        by_line.setdefault(frame_id, {})[int(step)] = int(count)
+    return by_line
 
 
 def host_random_draw(text: str | None) -> str | None:
@@ -75,6 +94,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         )
     }
     steady_count = max(context.steady_count, 1)
+    environments = environment_steps(context)
+    line_steps = _steps_by_line(context)
     lines: list[TransferLine] = []
     warm_up = context.warm_up_in_steady
     for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes, last_step in steady_rows:
@@ -86,17 +107,29 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         constant_size = min_bytes == max_bytes
         lines.append(TransferLine(context.where(frame_id), per_step_count, per_step_bytes, dur_ns / steady_count,
                                   steps_with, constant_size, total_bytes, total_ns))
+        steps_copied = line_steps.get(frame_id, {})  # with the `end` step, where a copy after the last step lands
+        loop_steps = max(loop_steps, len(steps_copied))
         cost = context.line_cost(dur_ns, total_ns, loop_steps, count)
         once = context.once_in_loop(loop_steps, count)
         if cost["cost_total_ns"] < MIN_LISTED_COST_NS:
             continue
-        rate = per_step_text(count, steady_count, "copy", "copies")
+        steady = context.steady_line_range
+        every = None if steady is None else step_period(
+            {step: copies for step, copies in steps_copied.items() if steady[0] <= step <= steady[1]}, *steady)
+        rate = per_step_text(count, steady_count, "copy", "copies", every=every)
         share = context.share_of_steps_less_compiles(dur_ns)
         severity = context.severity(share)
         where = context.where(frame_id)
         every_step = steps_with >= steady_count
-        draw = host_random_draw(line_text(context.location(frame_id), context.trace))
+        text = line_text(context.location(frame_id), context.trace)
+        rows = _HOST_ROWS.search(text or "")
+        rows = None if rows is None or _FIELD.match(rows["index"]) else rows  # `batch[0]`, `batch["ids"]`: a field
+        draw = None if rows is not None else host_random_draw(text)
+        factory = _HOST_FACTORY.search(text or "") if rows is None and draw is None else None
+        made = factory["made"] if factory is not None and "device" not in factory["arguments"] else None
         what = ("the same size every time: " + (f"random numbers drawn on the host by `{draw}`" if draw else
+                                                f"rows of the host tensor `{rows['source']}`" if rows else
+                                                f"a constant built on the host by `{made}`" if made else
                                                 "a constant built on the host, or the input batch")
                 if constant_size else "varying sizes")
         if max_bytes == 0:
@@ -113,6 +146,22 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 "It was copied in one step only, so it costs its time once, not every step: if it is a value the "
                 "loop makes on a condition (a table, a mask), make it on the chip (`device=...`) or before the loop."
             )
+        elif total_count in environments and total_count > context.step_count:
+            suggestion = (
+                f"The line copies what the environment on the host returns (its observation), once per environment "
+                f"step, as {environments[total_count]} steps it: the copy stays while the environment runs on the host. "
+                "Make fewer, larger copies: step many environments at once (a vectorized environment, "
+                "`gymnasium.vector`) and copy all their observations as one array per step, with one read of all their "
+                "actions."
+            )
+        elif rows is not None:
+            suggestion = (
+                f"The line copies rows picked from the host tensor `{rows['source']}` (`{rows['source']}[...]`) every "
+                f"step, an in-memory dataset's batch: if `{rows['source']}` fits in the chip's memory, copy it to the "
+                "chip once before the loop and pick the rows there, with indices made on the chip "
+                "(`torch.randint(..., device=...)`, `torch.randperm(n, device=...)`), so a step copies nothing; "
+                "else copy the next batch while the current step runs."
+            )
         elif draw in _FROM_TENSOR_DRAWS:
             suggestion = (
                 f"The line draws random numbers on the host (`{draw}(...)`) and copies them to the chip every step: "
@@ -127,6 +176,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 f"draw them on the chip instead (`{draw}(..., device=x.device)`"
                 + (f", or `{draw}_like(x)` shaped like a tensor x already there" if draw in _LIKE_DRAWS else "")
                 + "), so nothing is copied and the step's program makes them."
+            )
+        elif made is not None:
+            suggestion = (
+                f"The line builds a tensor on the host (`{made}(...)` without `device=`) and copies it to the chip every "
+                f"step: build it on the chip (`{made}(..., device=x.device)`), or once, before the loop (a buffer "
+                "made in the module's `__init__` with `register_buffer`, at the largest size and sliced), so nothing is "
+                "copied."
             )
         elif constant_size:
             suggestion = (
