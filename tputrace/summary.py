@@ -21,6 +21,7 @@ from tputrace.derived.kernel_launches import kernel_ns_by_line, kernel_ns_by_op
 from tputrace.derived.kernels import KernelStat, top_kernels
 from tputrace.derived.rank_lines import RankLine, rank_lines
 from tputrace.derived.recording_window import RecordingWindow, recording_window
+from tputrace.derived.run_endings import exit_text, raised_line, signal_note
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
@@ -481,35 +482,6 @@ def sections(summary: RunSummary) -> list[Section]:
     return [section for section in result if section.rows or section.lines]
 
 
-def raised_line(error: str) -> str:
-    """The exception's own line (`ValueError: ...`) of a formatted traceback: the first unindented line
-    after its last traceback's frames, not the text some exceptions add after it (Dynamo's `from user
-    code:` frames and its `TORCHDYNAMO_VERBOSE` hint); the last line of a text that is no traceback."""
-    lines = error.strip().splitlines()
-    starts = [index for index, line in enumerate(lines) if line.startswith("Traceback (most recent call last)")]
-    if starts:
-        for line in lines[starts[-1] + 1:]:
-            if line.strip() and not line[0].isspace():
-                return line
-    return lines[-1] if lines else ""
-
-
-def exit_text(exit_status: int | None) -> str:
-    """How a run that has its end record ended: `exit N`, or that its status was not seen (a Python
-    command nothing waited on through `subprocess`, see `tputrace.recording.command_exits`)."""
-    return "ended (exit status not seen)" if exit_status is None else f"exit {exit_status}"
-
-
-def _signal_note(exit_status: int) -> str:
-    """' (killed by SIGKILL)' for a shell's exit status 128 + N of a known signal N, else ''."""
-    import signal
-
-    try:
-        return f" (killed by {signal.Signals(exit_status - 128).name})" if exit_status > 128 else ""
-    except ValueError:
-        return ""
-
-
 def _forked_line(process: ForkedProcess) -> str:
     origin = process.origin
     recorded = f"{plural(process.op_count, 'op')}, {plural(process.compile_count, 'compile')}"
@@ -518,7 +490,7 @@ def _forked_line(process: ForkedProcess) -> str:
     elif process.exit_status is None:
         ending = "no end record (it was killed, called os._exit off its main thread or _exit from C, or outlived the recording): its last ops may be missing"
     else:  # a command killed by a signal, its status written by the process that waited on it
-        ending = f"{exit_text(process.exit_status)}{_signal_note(process.exit_status)} without an end record: its last ops may be missing"
+        ending = f"{exit_text(process.exit_status)}{signal_note(process.exit_status)} without an end record: its last ops may be missing"
     return f"rank {origin.rank}: process {origin.pid}, {started_by(origin)} rank {origin.parent_rank} (process {origin.parent_pid}): {recorded}, {ending}"
 
 

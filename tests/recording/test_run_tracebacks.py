@@ -1,6 +1,7 @@
 """A script's traceback under `tputrace run` reads as on torch's CPU device: an error the tpu backend raised for the
 user's call ends at the user's line (the backend's frames hidden and counted; `TPUTRACE_BACKEND_FRAMES=1` keeps
-them), and a user's function the backend called (a gradient hook) keeps every frame down to it."""
+them), and a user's function the backend called (a gradient hook) keeps every frame down to it. The report's header
+says how a run that did not end well ended: what it raised, at which user line, or its exit status."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import pytest
 
 import tputrace
+from tputrace.analysis import analyze_path
 
 pytest.importorskip("torch")
 pytest.importorskip("jax")
@@ -64,6 +66,9 @@ def test_a_shape_error_ends_at_the_users_line(tmp_path: Path) -> None:
     assert "frames inside tputrace's tpu backend hidden; TPUTRACE_BACKEND_FRAMES=1 shows them" in result.stderr
     with tputrace.open(trace_path) as trace:
         assert "backend" not in (trace.run.error or "").replace("tpu backend hidden", "")
+    assert analyze_path(trace_path).ending == (
+        "the script raised RuntimeError: mat1 and mat2 shapes cannot be multiplied (4x8 and 3x8) at train.py:5 in "
+        "project() (exit 1): findings cover the run up to there")
 
 
 def test_backend_frames_are_kept_when_asked(tmp_path: Path) -> None:
@@ -78,3 +83,10 @@ def test_a_users_hook_the_backend_called_keeps_its_frames(tmp_path: Path) -> Non
     assert result.returncode == 1
     assert "ValueError: gradient rejected" in result.stderr
     assert _traceback(result.stderr)[-1] == f'  File "{tmp_path / "train.py"}", line 5, in check_gradient'
+
+
+@pytest.mark.parametrize(("ending", "expected"), [("raise SystemExit(3)", "exit 3"), ("print('done')", None)])
+def test_the_reports_header_says_an_exit_status_other_than_0(tmp_path: Path, ending: str, expected: str | None) -> None:
+    result, trace_path = _run(tmp_path, f"import torch\ntorch.ones(2, device='tpu').sum().item()\n{ending}\n")
+    assert result.returncode == (3 if expected else 0), result.stderr[-2000:]
+    assert analyze_path(trace_path).ending == expected

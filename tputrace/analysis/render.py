@@ -62,6 +62,8 @@ def header_lines(report: Report, *, brief: bool = False) -> list[Line]:
         lines += imported_lines(report)
     if not brief:
         lines.append(Line(f"run: {rank}{steps}, wall {format_ns(report.wall_ns)}"))
+        if report.ending is not None:
+            lines.append(Line(f"ended: {printable(report.ending)}"))
         if report.chip_pace is not None:
             lines.append(Line(f"pace: {report.chip_pace.text}"))
         if report.recording_window is not None:

@@ -45,6 +45,7 @@ from tputrace.derived.chip_pace import ChipPace, chip_pace
 from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
 from tputrace.derived.recording_window import RecordingWindow, recording_window
+from tputrace.derived.run_endings import bad_ending
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -100,6 +101,7 @@ class Report:
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
     target_from_capture: str | None = None  # the device type of the imported TPU capture the target was taken from
     chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
+    ending: str | None = None  # how the rank's script ended where it did not end well (tputrace.derived.run_endings)
 
     def counts(self) -> dict[str, int]:
         """Findings per severity."""
@@ -144,6 +146,7 @@ class Report:
             "imported": self.imported.plain_data() if self.imported else None,
             "recording_window": self.recording_window.plain_data() if self.recording_window else None,
             "chip_pace": asdict(self.chip_pace) if self.chip_pace else None,
+            "ending": self.ending,
         }
 
 
@@ -181,6 +184,7 @@ def analyze(trace: Trace, target: str | Chip | None = None, *, rank: int | None 
         imported=imported,
         recording_window=recording_window(trace),
         chip_pace=chip_pace(trace, context.rank),
+        ending=None if imported else next((bad_ending(run) for run in trace.runs if run.rank == context.rank), None),
     )
 
 
