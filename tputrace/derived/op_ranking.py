@@ -5,7 +5,8 @@ Two figures per op, each labelled by `HOST_DISPATCH_LABEL` and `CHIP_SHARE_LABEL
   DeferAndFuse one op's call can run the pending graph and compile it; that time belongs to the flush and
   the compile, not to the op that happened to trigger them.
 - Its share of chip time: the time of the programs it ran in, shared out among their ops by the
-  device-run model (`tputrace.derived.device_runs`, a roofline on the target chip), as XProf ranks ops.
+  device-run model (`tputrace.derived.device_runs`, a roofline on the target chip), as XProf ranks ops;
+  in strict mode, where each op is a program of its own, that program's roofline time on the target.
 """
 
 from __future__ import annotations
@@ -15,8 +16,8 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, ProgramRun, scan_rank
-from tputrace.derived.op_cost import TargetChip
+from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, ProgramRun, is_strict, scan_rank
+from tputrace.derived.op_cost import TargetChip, make_layout
 from tputrace.derived.trace_tables import OpBatch, TraceTables
 
 if TYPE_CHECKING:
@@ -108,10 +109,33 @@ def nested_ns_by(trace: Trace, columns: str) -> dict[tuple[object, ...], int]:
     return nested
 
 
+def strict_chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables | None = None) -> dict[str, float]:
+    """Strict mode: projected chip ns per op name on `chip`. Each op ran as an XLA program of its own, so
+    its chip time is that program's roofline (its XLA FLOPs and bytes, or its shapes' estimate where XLA
+    gave none; `op_cost.make_layout`), not the time measured on the recording host. Ops with nothing to
+    project from (no costs at all) are left out."""
+    tables = tables or TraceTables(trace)
+    chip_ns: dict[str, float] = {}
+    for op_sid, inputs_sid, outputs_sid, program_id, runs in trace.sql(
+            "SELECT op_sid, inputs_sid, outputs_sid, program_id, COUNT(*) FROM ops WHERE rank = ? AND program_id IS NOT NULL "
+            "AND chip >= 0 GROUP BY op_sid, inputs_sid, outputs_sid, program_id", (rank,)):
+        program = tables.programs.get(program_id)
+        key = (program_id, 0, op_sid, inputs_sid, outputs_sid, None, None, None)
+        layout = make_layout(0, [key], program.flops if program is not None else None,
+                             program.bytes_accessed if program is not None else None,
+                             chip, [tables.cost(op_sid, inputs_sid, outputs_sid)])
+        if layout.total_ns > 0:
+            name = tables.text(op_sid) or "?"
+            chip_ns[name] = chip_ns.get(name, 0.0) + layout.total_ns * runs
+    return chip_ns
+
+
 def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables | None = None) -> dict[str, float]:
     """Estimated chip ns per op name on `chip` (ops of programs without recorded ops go under
-    `PROGRAM_OPS_LABEL`)."""
+    `PROGRAM_OPS_LABEL`); in strict mode each op's projected time (`strict_chip_time_by_op`)."""
     tables = tables or TraceTables(trace)
+    if is_strict(trace, rank):
+        return strict_chip_time_by_op(trace, rank, chip, tables)
     chip_ns: dict[str, float] = {}
 
     def on_run(run: ProgramRun) -> None:
