@@ -5,6 +5,8 @@ imported XProf capture's Overview leaves out what the capture cannot tell, as th
 from __future__ import annotations
 
 import asyncio
+import shutil
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -98,3 +100,29 @@ def test_an_imported_captures_overview_leaves_out_what_it_cannot_tell(imported_j
         assert label in split_rows[-1] and split_rows[-1].startswith("none in the capture:"), split_rows
     assert "program execution" in summary_rows and any(row.startswith("program execution") for row in split_rows)
     assert "compiles in 0 ns" not in overview
+
+
+def test_a_strict_op_with_nothing_to_project_from_says_so(strict_trace: Path, tmp_path: Path) -> None:
+    """A strict op whose programs carry no XLA costs and whose shapes were not recorded (a file written without
+    them) has no projection: the summary and the TUI's Ops view say "not projected" rather than a share."""
+    edited = tmp_path / "no_costs.tptrace"
+    shutil.copyfile(strict_trace, edited)
+    with sqlite3.connect(edited) as db:
+        (op_sid, op), = db.execute(
+            "SELECT o.op_sid, s.text FROM ops o JOIN strings s ON s.id = o.op_sid WHERE o.program_id IS NOT NULL "
+            "GROUP BY o.op_sid ORDER BY SUM(o.dur_ns) DESC LIMIT 1").fetchall()
+        db.execute("UPDATE programs SET flops = NULL, bytes_accessed = NULL WHERE id IN "
+                   "(SELECT program_id FROM ops WHERE op_sid = ?)", (op_sid,))
+        db.execute("UPDATE ops SET inputs_sid = NULL, outputs_sid = NULL WHERE op_sid = ?", (op_sid,))
+    db.close()
+    chip = target_chip(DEFAULT_TARGET)
+    with tputrace.open(edited) as trace:
+        rankings = (rank_ops(trace, 0, chip), rank_ops_by_rows(trace, 0, chip))
+        text = render_text(summarize(trace))
+    for ranking in rankings:
+        unprojected = {ranked.op for ranked in ranking.ops if not ranked.projected}
+        assert unprojected == {op}
+        assert ranking.chip_ns > 0
+    row = next(line for line in text.splitlines() if line.strip().startswith(op + " "))
+    assert row.rstrip().endswith("not projected"), row
+    assert _ops_table(edited)[op][-2:].count("not projected") == 1, _ops_table(edited)[op]

@@ -26,6 +26,8 @@ if TYPE_CHECKING:
 
 HOST_DISPATCH_LABEL = "host dispatch (excl. flushes/compiles)"
 CHIP_SHARE_LABEL = "chip time share"
+NOT_PROJECTED = "not projected"
+"""What the views show for the chip time share of an op that ran on a chip with nothing to project from."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class RankedOp:
     self_dispatch_share: float
     chip_ns: float
     chip_share: float
+    projected: bool = True  # False: it ran on a chip with nothing to project its time from (no chip time share)
 
 
 @dataclass(frozen=True)
@@ -109,13 +112,15 @@ def nested_ns_by(trace: Trace, columns: str) -> dict[tuple[object, ...], int]:
     return nested
 
 
-def strict_chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables | None = None) -> dict[str, float]:
+def strict_chip_time_by_op(trace: Trace, rank: int, chip: TargetChip,
+                           tables: TraceTables | None = None) -> tuple[dict[str, float], frozenset[str]]:
     """Strict mode: projected chip ns per op name on `chip`. Each op ran as an XLA program of its own, so
     its chip time is that program's roofline (its XLA FLOPs and bytes, or its shapes' estimate where XLA
     gave none; `op_cost.make_layout`), not the time measured on the recording host. Ops with nothing to
-    project from (no costs at all) are left out."""
+    project from (no costs at all) are left out, and named apart: the ops none of whose calls could be projected."""
     tables = tables or TraceTables(trace)
     chip_ns: dict[str, float] = {}
+    ran: set[str] = set()
     for op_sid, inputs_sid, outputs_sid, program_id, runs in trace.sql(
             "SELECT op_sid, inputs_sid, outputs_sid, program_id, COUNT(*) FROM ops WHERE rank = ? AND program_id IS NOT NULL "
             "AND chip >= 0 GROUP BY op_sid, inputs_sid, outputs_sid, program_id", (rank,)):
@@ -124,10 +129,11 @@ def strict_chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: Tr
         layout = make_layout(0, [key], program.flops if program is not None else None,
                              program.bytes_accessed if program is not None else None,
                              chip, [tables.cost(op_sid, inputs_sid, outputs_sid)])
+        name = tables.text(op_sid) or "?"
+        ran.add(name)
         if layout.total_ns > 0:
-            name = tables.text(op_sid) or "?"
             chip_ns[name] = chip_ns.get(name, 0.0) + layout.total_ns * runs
-    return chip_ns
+    return chip_ns, frozenset(ran - chip_ns.keys())
 
 
 def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables | None = None) -> dict[str, float]:
@@ -135,7 +141,7 @@ def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTabl
     `PROGRAM_OPS_LABEL`); in strict mode each op's projected time (`strict_chip_time_by_op`)."""
     tables = tables or TraceTables(trace)
     if is_strict(trace, rank):
-        return strict_chip_time_by_op(trace, rank, chip, tables)
+        return strict_chip_time_by_op(trace, rank, chip, tables)[0]
     chip_ns: dict[str, float] = {}
 
     def on_run(run: ProgramRun) -> None:
@@ -170,7 +176,7 @@ def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None, columns: R
         calls[name] = calls.get(name, 0) + count
         dispatch[name] = dispatch.get(name, 0) + sums.dispatch_ns[sid]
         self_dispatch[name] = self_dispatch.get(name, 0) + sums.self_dispatch_ns[sid]
-    return _ranking(calls, dispatch, self_dispatch, sums.nested_ns, sums.chip_ns, chip)
+    return _ranking(calls, dispatch, self_dispatch, sums.nested_ns, sums.chip_ns, chip, sums.unprojected)
 
 
 def rank_ops_by_rows(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanking:
@@ -189,18 +195,24 @@ def rank_ops_by_rows(trace: Trace, rank: int, chip: TargetChip | None = None) ->
         calls[name] = calls.get(name, 0) + 1
         dispatch[name] = dispatch.get(name, 0) + duration
         self_dispatch[name] = self_dispatch.get(name, 0) + duration - nested
-    chip_ns = chip_time_by_op(trace, rank, chip) if chip is not None else {}
-    return _ranking(calls, dispatch, self_dispatch, nested_total, chip_ns, chip)
+    chip_ns: dict[str, float] = {}
+    unprojected: frozenset[str] = frozenset()
+    if chip is not None and is_strict(trace, rank):
+        chip_ns, unprojected = strict_chip_time_by_op(trace, rank, chip)
+    elif chip is not None:
+        chip_ns = chip_time_by_op(trace, rank, chip)
+    return _ranking(calls, dispatch, self_dispatch, nested_total, chip_ns, chip, unprojected)
 
 
 def _ranking(calls: dict[str, int], dispatch: dict[str, int], self_dispatch: dict[str, int], nested_total: int,
-             chip_ns: dict[str, float], chip: TargetChip | None) -> OpRanking:
+             chip_ns: dict[str, float], chip: TargetChip | None, unprojected: frozenset[str] = frozenset()) -> OpRanking:
     all_self = sum(self_dispatch.values())
     all_chip = sum(chip_ns.values())
     ranked = [
         RankedOp(name, calls.get(name, 0), dispatch.get(name, 0), self_dispatch.get(name, 0),
                  self_dispatch.get(name, 0) / all_self if all_self else 0.0,
-                 chip_ns.get(name, 0.0), chip_ns.get(name, 0.0) / all_chip if all_chip else 0.0)
+                 chip_ns.get(name, 0.0), chip_ns.get(name, 0.0) / all_chip if all_chip else 0.0,
+                 name not in unprojected)
         for name in {*calls, *chip_ns}
     ]
     ranked.sort(key=lambda op: (-op.self_dispatch_ns, -op.chip_ns, op.op))

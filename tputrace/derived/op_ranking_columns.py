@@ -29,13 +29,15 @@ PACKED_KEY_LIMIT = 2**62
 @dataclass(frozen=True)
 class OpSums:
     """Per op string id (None: ops without one): calls, host dispatch and host dispatch without nested
-    flushes and compiles; the nested ns of all ops; estimated chip ns per op name."""
+    flushes and compiles; the nested ns of all ops; estimated chip ns per op name, and the names of ops that ran
+    on a chip with nothing to project their time from (strict mode)."""
 
     calls: dict[int | None, int]
     dispatch_ns: dict[int | None, int]
     self_dispatch_ns: dict[int | None, int]
     nested_ns: int
     chip_ns: dict[str, float]
+    unprojected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -99,6 +101,7 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
     own = sums_by(op_index, dur - inside, len(sids))
     sid_of = [None if sid == null_sid else sid for sid in sids.tolist()]
     chip_ns: dict[str, float] = {}
+    unprojected: frozenset[str] = frozenset()
     if chip is not None:
         tables = TraceTables(trace)
 
@@ -106,15 +109,15 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
             return (tables.text(sid) if sid != null_sid else PROGRAM_OPS_LABEL) or "?"
 
         if strict:
-            by_name = strict_chip_time_by_op(trace, rank, chip, tables)
+            chip_ns, unprojected = strict_chip_time_by_op(trace, rank, chip, tables)
         else:
             by_name = _fused_chip_ns(trace, rank, chip, tables, key, columns["flush"], width, (sids, op_index), name_of)
-        if by_name is None:
-            return None
-        chip_ns = by_name
+            if by_name is None:
+                return None
+            chip_ns = by_name
     return OpSums(
         dict(zip(sid_of, calls.tolist())), dict(zip(sid_of, dispatch.tolist())), dict(zip(sid_of, own.tolist())),
-        int(inside.sum()), chip_ns,
+        int(inside.sum()), chip_ns, unprojected,
     )
 
 
