@@ -16,7 +16,7 @@ import numpy as np
 from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, is_strict
 from tputrace.derived.op_columns import NULL_VALUE, dense_codes, packed_ids_sql, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_cost import TargetChip
-from tputrace.derived.op_ranking import strict_chip_time_by_op
+from tputrace.derived.strict_chip_time import strict_chip_time_by_op
 from tputrace.derived.trace_tables import TraceTables
 
 if TYPE_CHECKING:
