@@ -24,7 +24,7 @@ from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.run_endings import exit_text, raised_line, signal_note
 from tputrace.derived.projection import CPU_ONLY_NOTE, PROJECTION_NOTE, ProjectedSteps, projected_steps
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
-from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, RankedOp, rank_ops
+from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, NOT_PROJECTED, RankedOp, rank_ops
 from tputrace.derived.op_time import DEVICE_OP_TIME, op_time_kind
 from tputrace.forks import ForkOrigin, started_by
 from tputrace.summary_tables import Section, kernel_launch_sections, rank_section
@@ -369,7 +369,7 @@ def sections(summary: RunSummary) -> list[Section]:
                     f"{stat.calls:,}",
                     format_ns(stat.self_dispatch_ns),
                     f"{100 * stat.self_dispatch_share:.1f}%",
-                    f"{100 * stat.chip_share:.1f}%" if summary.op_target
+                    (f"{100 * stat.chip_share:.1f}%" if stat.projected else NOT_PROJECTED) if summary.op_target
                     else format_ns(kernel_ns[stat.op]) if stat.op in kernel_ns else "-",
                 )
                 for stat in summary.top_ops

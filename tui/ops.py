@@ -14,7 +14,7 @@ from textual.reactive import reactive
 from textual.widgets import DataTable, Input
 
 from tputrace.analysis.target import DEFAULT_TARGET
-from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL
+from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, NOT_PROJECTED
 from tputrace.derived.op_time import DEVICE_OP_TIME, OpTimeKind
 from tputrace.tui import queries
 from tputrace.tui.actions import bindings
@@ -109,7 +109,7 @@ class OpsView(TraceView):
         rows: list[Row] = [
             (str(index), (Text(group.label), right(fmt_count(group.count)), right(fmt_ns(group.total_ns)),
                           right(fmt_ns(group.mean_ns)), right(fmt_share(group.share)),
-                          *((right(fmt_share(group.chip_share or 0.0)),) if ranked and self.op_time.chip_share else ()),
+                          *((right(fmt_share(group.chip_share) if group.chip_share is not None else NOT_PROJECTED),) if ranked and self.op_time.chip_share else ()),
                           share_bar(group.share, BAR_WIDTH, palette.bar)))
             for index, group in enumerate(self.sorted_groups)
         ]

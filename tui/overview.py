@@ -125,7 +125,8 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
         text.append(f"{plural(step_count, 'step')} · ")
     text.append(f"{plural(ops, 'op')} · ")
     if compiles is not None:
-        text.append(f"{plural(compiles.count, 'compile')} in {fmt_ns(compiles.total_ns)} ({plural(compiles.recompiles, 'recompile')}) · ")
+        timed = "" if facts.imported and not compiles.total_ns else f" in {fmt_ns(compiles.total_ns)}"
+        text.append(f"{plural(compiles.count, 'compile')}{timed} ({plural(compiles.recompiles, 'recompile')}) · ")
     text.append(state, style="" if facts.finished and not facts.exit_status else "bold red")
     if facts.error:
         text.append("\nthe script raised: ", style="bold red")
@@ -171,7 +172,7 @@ def split_table(split: Any, bar_style: str, facts: RunFacts | None = None, op_ti
     """Time per category with its share of wall time (categories overlap: chips run while the host dispatches), as
     the summary gives them: program execution as a share of the wall times the chips (and an XProf import's device
     op time and collectives, each chip's too, under that name), and an import of several profiling windows' shares
-    of the windows' time, not of the gaps between them."""
+    of the windows' time, not of the gaps between them; an import's empty categories are left out."""
     table = Table.grid(padding=(0, 2))
     table.add_column()
     table.add_column(justify="right")
@@ -182,7 +183,13 @@ def split_table(split: Any, bar_style: str, facts: RunFacts | None = None, op_ti
     chips = max((facts.chips or 1) if facts is not None else 1, 1)
     device_ops = op_time is not None and op_time.device_ops
     per_chip = ("program execution", "host dispatch", "collectives") if device_ops else ("program execution",)
+    imported = facts is not None and facts.imported
+    # An imported capture's empty categories are ones it does not tell (compiles, syncs, fallbacks...): left out, as
+    # the summary leaves them out, rather than shown as 0 ns.
+    absent = [label for label, ns in split.parts() if imported and not ns]
     for label, ns in split.parts():
+        if label in absent:
+            continue
         share = ns / (wall * chips if label in per_chip else wall)
         shown = op_time.label if op_time is not None and label == "host dispatch" else label
         table.add_row(Text(shown), Text(fmt_ns(ns)), Text(fmt_share(share)), share_bar(share, 30, bar_style))
@@ -190,6 +197,8 @@ def split_table(split: Any, bar_style: str, facts: RunFacts | None = None, op_ti
     if recorded_ns:
         table.add_row(Text("profiled", style="bold"), Text(fmt_ns(recorded_ns), style="bold"), Text(""),
                       Text("shares are of the profiling windows' time, not the gaps between them", style="dim"))
+    if absent:
+        table.add_row(Text(""), Text(""), Text(""), Text(f"none in the capture: {', '.join(absent)}", style="dim"))
     if chips > 1:
         chips_parts = f"{op_time.label}, collectives and program execution" if op_time is not None and device_ops else "program execution"
         table.add_row(Text(""), Text(""), Text(""), Text(f"{chips_parts} as a share of the wall × {chips} chips", style="dim"))

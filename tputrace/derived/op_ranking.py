@@ -5,7 +5,8 @@ Two figures per op, each labelled by `HOST_DISPATCH_LABEL` and `CHIP_SHARE_LABEL
   DeferAndFuse one op's call can run the pending graph and compile it; that time belongs to the flush and
   the compile, not to the op that happened to trigger them.
 - Its share of chip time: the time of the programs it ran in, shared out among their ops by the
-  device-run model (`tputrace.derived.device_runs`, a roofline on the target chip), as XProf ranks ops.
+  device-run model (`tputrace.derived.device_runs`, a roofline on the target chip), as XProf ranks ops;
+  in strict mode, where each op is a program of its own, that program's roofline time on the target.
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ from dataclasses import dataclass
 from itertools import accumulate
 from typing import TYPE_CHECKING
 
-from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, ProgramRun, scan_rank
+from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, ProgramRun, is_strict, scan_rank
 from tputrace.derived.op_cost import TargetChip
+from tputrace.derived.strict_chip_time import strict_chip_time_by_op
 from tputrace.derived.trace_tables import OpBatch, TraceTables
 
 if TYPE_CHECKING:
@@ -25,6 +27,8 @@ if TYPE_CHECKING:
 
 HOST_DISPATCH_LABEL = "host dispatch (excl. flushes/compiles)"
 CHIP_SHARE_LABEL = "chip time share"
+NOT_PROJECTED = "not projected"
+"""What the views show for the chip time share of an op that ran on a chip with nothing to project from."""
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class RankedOp:
     self_dispatch_share: float
     chip_ns: float
     chip_share: float
+    projected: bool = True  # False: it ran on a chip with nothing to project its time from (no chip time share)
 
 
 @dataclass(frozen=True)
@@ -110,8 +115,10 @@ def nested_ns_by(trace: Trace, columns: str) -> dict[tuple[object, ...], int]:
 
 def chip_time_by_op(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables | None = None) -> dict[str, float]:
     """Estimated chip ns per op name on `chip` (ops of programs without recorded ops go under
-    `PROGRAM_OPS_LABEL`)."""
+    `PROGRAM_OPS_LABEL`); in strict mode each op's projected time (`strict_chip_time_by_op`)."""
     tables = tables or TraceTables(trace)
+    if is_strict(trace, rank):
+        return strict_chip_time_by_op(trace, rank, chip, tables)[0]
     chip_ns: dict[str, float] = {}
 
     def on_run(run: ProgramRun) -> None:
@@ -146,7 +153,7 @@ def rank_ops(trace: Trace, rank: int, chip: TargetChip | None = None, columns: R
         calls[name] = calls.get(name, 0) + count
         dispatch[name] = dispatch.get(name, 0) + sums.dispatch_ns[sid]
         self_dispatch[name] = self_dispatch.get(name, 0) + sums.self_dispatch_ns[sid]
-    return _ranking(calls, dispatch, self_dispatch, sums.nested_ns, sums.chip_ns, chip)
+    return _ranking(calls, dispatch, self_dispatch, sums.nested_ns, sums.chip_ns, chip, sums.unprojected)
 
 
 def rank_ops_by_rows(trace: Trace, rank: int, chip: TargetChip | None = None) -> OpRanking:
@@ -165,18 +172,24 @@ def rank_ops_by_rows(trace: Trace, rank: int, chip: TargetChip | None = None) ->
         calls[name] = calls.get(name, 0) + 1
         dispatch[name] = dispatch.get(name, 0) + duration
         self_dispatch[name] = self_dispatch.get(name, 0) + duration - nested
-    chip_ns = chip_time_by_op(trace, rank, chip) if chip is not None else {}
-    return _ranking(calls, dispatch, self_dispatch, nested_total, chip_ns, chip)
+    chip_ns: dict[str, float] = {}
+    unprojected: frozenset[str] = frozenset()
+    if chip is not None and is_strict(trace, rank):
+        chip_ns, unprojected = strict_chip_time_by_op(trace, rank, chip)
+    elif chip is not None:
+        chip_ns = chip_time_by_op(trace, rank, chip)
+    return _ranking(calls, dispatch, self_dispatch, nested_total, chip_ns, chip, unprojected)
 
 
 def _ranking(calls: dict[str, int], dispatch: dict[str, int], self_dispatch: dict[str, int], nested_total: int,
-             chip_ns: dict[str, float], chip: TargetChip | None) -> OpRanking:
+             chip_ns: dict[str, float], chip: TargetChip | None, unprojected: frozenset[str] = frozenset()) -> OpRanking:
     all_self = sum(self_dispatch.values())
     all_chip = sum(chip_ns.values())
     ranked = [
         RankedOp(name, calls.get(name, 0), dispatch.get(name, 0), self_dispatch.get(name, 0),
                  self_dispatch.get(name, 0) / all_self if all_self else 0.0,
-                 chip_ns.get(name, 0.0), chip_ns.get(name, 0.0) / all_chip if all_chip else 0.0)
+                 chip_ns.get(name, 0.0), chip_ns.get(name, 0.0) / all_chip if all_chip else 0.0,
+                 name not in unprojected)
         for name in {*calls, *chip_ns}
     ]
     ranked.sort(key=lambda op: (-op.self_dispatch_ns, -op.chip_ns, op.op))

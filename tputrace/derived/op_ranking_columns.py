@@ -16,6 +16,7 @@ import numpy as np
 from tputrace.derived.device_runs import PROGRAM_OPS_LABEL, is_strict
 from tputrace.derived.op_columns import NULL_VALUE, dense_codes, packed_ids_sql, pair_codes, read_op_columns, sums_by
 from tputrace.derived.op_cost import TargetChip
+from tputrace.derived.strict_chip_time import strict_chip_time_by_op
 from tputrace.derived.trace_tables import TraceTables
 
 if TYPE_CHECKING:
@@ -28,20 +29,22 @@ PACKED_KEY_LIMIT = 2**62
 @dataclass(frozen=True)
 class OpSums:
     """Per op string id (None: ops without one): calls, host dispatch and host dispatch without nested
-    flushes and compiles; the nested ns of all ops; estimated chip ns per op name."""
+    flushes and compiles; the nested ns of all ops; estimated chip ns per op name, and the names of ops that ran
+    on a chip with nothing to project their time from (strict mode)."""
 
     calls: dict[int | None, int]
     dispatch_ns: dict[int | None, int]
     self_dispatch_ns: dict[int | None, int]
     nested_ns: int
     chip_ns: dict[str, float]
+    unprojected: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
 class RankingColumns:
     """What `op_sums` reads of a rank's ops, in file order: (op, inputs, outputs) string ids packed in
     one number (`width` per id, `width - 1` for NULL), start (NULL as `NULL_VALUE`), duration (NULL as
-    0), and, for chip time, the flush (DeferAndFuse) or chip (strict mode) of ops that ran in a program.
+    0), and, for chip time outside strict mode, the flush of ops that ran in a program.
     Views that need the same columns (the Ops view's groups by op and shapes, the Timeline's dispatch
     lane) can take them from here instead of reading them again."""
 
@@ -69,9 +72,7 @@ def read_ranking_columns(trace: Trace, rank: int, chip: bool) -> RankingColumns 
         "start": "start_ns",
         "dur": "COALESCE(dur_ns, 0)",
     }
-    if chip and strict:
-        expressions["chip"] = "CASE WHEN program_id IS NULL THEN NULL ELSE chip END"
-    elif chip:
+    if chip and not strict:
         expressions["flush"] = "CASE WHEN program_id IS NULL THEN NULL ELSE flush_id END"
     columns = read_op_columns(trace, rank, expressions)
     if columns is None or (columns["key"] == NULL_VALUE).any():
@@ -100,6 +101,7 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
     own = sums_by(op_index, dur - inside, len(sids))
     sid_of = [None if sid == null_sid else sid for sid in sids.tolist()]
     chip_ns: dict[str, float] = {}
+    unprojected: frozenset[str] = frozenset()
     if chip is not None:
         tables = TraceTables(trace)
 
@@ -107,15 +109,15 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
             return (tables.text(sid) if sid != null_sid else PROGRAM_OPS_LABEL) or "?"
 
         if strict:
-            by_name = _strict_chip_ns(op_sid, start, dur, columns["chip"], name_of)
+            chip_ns, unprojected = strict_chip_time_by_op(trace, rank, chip, tables)
         else:
             by_name = _fused_chip_ns(trace, rank, chip, tables, key, columns["flush"], width, (sids, op_index), name_of)
-        if by_name is None:
-            return None
-        chip_ns = by_name
+            if by_name is None:
+                return None
+            chip_ns = by_name
     return OpSums(
         dict(zip(sid_of, calls.tolist())), dict(zip(sid_of, dispatch.tolist())), dict(zip(sid_of, own.tolist())),
-        int(inside.sum()), chip_ns,
+        int(inside.sum()), chip_ns, unprojected,
     )
 
 
@@ -159,7 +161,7 @@ def _upto(starts: np.ndarray, ends: np.ndarray, before: np.ndarray, moments: np.
 
 def _serialized_ns(chip: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.ndarray:
     """How long each run held its chip, runs of one chip taken one at a time in the given order
-    (`device_runs._serialized`, `device_runs._strict_runs`): each starts when the one before it ended."""
+    (`device_runs._serialized`): each starts when the one before it ended."""
     ran = np.zeros(len(chip), dtype=np.int64)
     boundaries = np.flatnonzero(np.diff(chip)) + 1
     for rows in np.split(np.arange(len(chip)), boundaries):
@@ -170,23 +172,6 @@ def _serialized_ns(chip: np.ndarray, start: np.ndarray, dur: np.ndarray) -> np.n
         previous_end = np.concatenate([begins[:1], ends[:-1]])
         ran[rows] = ends - np.maximum(begins, previous_end)
     return ran
-
-
-def _strict_chip_ns(op_sid: np.ndarray, start: np.ndarray, dur: np.ndarray, chip_column: np.ndarray,
-                    name_of: object) -> dict[str, float] | None:
-    """Strict mode: each op ran alone, one after another on its chip (`device_runs._strict_runs`)."""
-    runs = (chip_column != NULL_VALUE) & (chip_column >= 0)
-    if (start[runs] == NULL_VALUE).any():
-        return None
-    rows = np.flatnonzero(runs)
-    order = rows[np.argsort(chip_column[rows], kind="stable")]
-    ran = _serialized_ns(chip_column[order], start[order], dur[order]).astype(np.float64)
-    present, index = dense_codes(op_sid[order])
-    chip_ns: dict[str, float] = {}
-    for sid, total in zip(present.tolist(), np.bincount(index, weights=ran).tolist()):
-        name = name_of(sid)  # type: ignore[operator]
-        chip_ns[name] = chip_ns.get(name, 0.0) + total
-    return chip_ns
 
 
 def _fused_chip_ns(trace: Trace, rank: int, chip: TargetChip, tables: TraceTables, key: np.ndarray, flush: np.ndarray,

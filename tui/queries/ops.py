@@ -49,7 +49,7 @@ def like_pattern(text: str) -> str:
 class OpGroup:
     """Ops with one key (op, op and shapes, source line or module): count, time and share. Grouped by op,
     the time is host dispatch without the flushes and compiles that ran inside the calls, and
-    `chip_share` the op's share of chip time projected for the default target."""
+    `chip_share` the op's share of chip time projected for the default target (None: not projected)."""
 
     key: tuple[Any, ...]
     label: str
@@ -249,7 +249,7 @@ def ranked_op_groups(trace: Trace, rank: int, text: str = "", *, columns: Rankin
     wanted = text.casefold()
     return [
         OpGroup((sids.get(op.op),), op.op, op.calls, op.self_dispatch_ns, op.self_dispatch_ns / op.calls if op.calls else 0.0,
-                op.self_dispatch_share, None, op.chip_share)
+                op.self_dispatch_share, None, op.chip_share if op.projected else None)
         for op in ranking.ops if wanted in op.op.casefold()
     ]
 
