@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.derived.run_endings import raised_line
 from tputrace.store.records import SourceLocation
 from tputrace.wording import plural
 
@@ -159,6 +160,6 @@ def _short(location: SourceLocation | None) -> str | None:
 
 
 def _final_error_line(error: str | None) -> str | None:
-    """The last line of the script's formatted exception (`RuntimeError: ...`), None if it raised nothing."""
-    lines = error.strip().splitlines() if error else []
-    return lines[-1] if lines else None
+    """The exception's own line of the script's formatted traceback (`RuntimeError: ...`, not a note after it), None
+    if it raised nothing."""
+    return raised_line(error) or None if error else None
