@@ -57,14 +57,18 @@ class SiteCompiles:
 
     def __init__(self) -> None:
         self._sites: StepSites[Any] = StepSites()
-        self._histories: dict[tuple[Any, Hashable], list[tuple[int, tuple, str | None]]] = {}  # (step, signature, precision)
+        # (step, module path id, signature, precision) of each compile of a structure at a line
+        self._histories: dict[tuple[Any, Hashable], list[tuple[int, int | None, tuple, str | None]]] = {}
 
-    def signature_reason(self, structure_key: Any, site: Hashable, step: int, in_specs: tuple, precision: str | None) -> tuple[str, str | None]:
-        """('recompile', what differs from the nearest signature this structure compiled for at this
-        line in an earlier step) or ('first', None), and remember this one."""
+    def signature_reason(self, structure_key: Any, site: Hashable, step: int, in_specs: tuple, precision: str | None,
+                         module: int | None = None) -> tuple[str, str | None]:
+        """('recompile', what differs from the nearest signature this structure compiled for at this line in an
+        earlier step, or in the same module call path: a loop without steps feeding one model new shapes) or
+        ('first', None), and remember this one."""
         compiles = self._histories.setdefault((structure_key, site), [])
-        earlier = [(specs, setting) for compiled_step, specs, setting in compiles if compiled_step < step]
-        compiles.append((step, in_specs, precision))
+        earlier = [(specs, setting) for compiled_step, compiled_module, specs, setting in compiles
+                   if compiled_step < step or (module is not None and compiled_module == module)]
+        compiles.append((step, module, in_specs, precision))
         if not earlier:
             return "first", None
         nearest = nearest_signature([specs for specs, _ in earlier], in_specs)

@@ -140,7 +140,9 @@ class PlanBuilding:
         same_signature = history is not None and history.compiled_for(plan.in_specs)
         reason, diff = self.compile_reason(plan.structure_key, plan.in_specs, precision=plan.matmul_precision, evicted=evicted)
         step = recorder.step_index if recorder is not None and line is not None else 0
-        site_reason = self.site_compiles.signature_reason(plan.structure_key, line, step, plan.in_specs, plan.matmul_precision)
+        module = recorder.module_sid() if recorder is not None and line is not None else None
+        site_reason = self.site_compiles.signature_reason(plan.structure_key, line, step, plan.in_specs, plan.matmul_precision,
+                                                          module)
         if reason == "recompile" and not evicted and not same_signature:
             reason, diff = site_reason  # new shapes: a recompile only of this structure's program at this line
         by_length = self.length_recompiles.reason(plan.structure_key, plan.in_specs, line, step)
