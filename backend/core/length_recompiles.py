@@ -13,10 +13,11 @@ first op whose lengths changed and its line (`op 0 aten.index.Tensor (train.py:1
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from tputrace.backend.core.signatures import is_tensor_spec, signature_diff
+from tputrace.backend.eager.step_sites import StepSites
 
 LENGTH_ARGUMENTS = ("size", "output_size")  # an op's keyword arguments that set its output's length
 _VIEW_KINDS = ("chain", "scatter")  # the dispatcher's view read and write plans
@@ -27,17 +28,24 @@ class LengthRecompiles:
     """The lengths each family of programs (the same program but for its lengths) compiled for last."""
 
     def __init__(self) -> None:
-        self._last: dict[Any, tuple] = {}
+        self._last: dict[Any, tuple] = {}  # fused graphs' families
+        self._sites: StepSites[tuple] = StepSites()  # single-op programs' families, per line and step
 
-    def reason(self, structure_key: Any, in_specs: tuple) -> tuple[str, str] | None:
-        """('recompile', the lengths that changed) when a program of the same family compiled before
-        for other lengths; None when this structure has no lengths or its family's first compile."""
+    def reason(self, structure_key: Any, in_specs: tuple, site: Hashable = None, step: int = 0) -> tuple[str, str] | None:
+        """('recompile', the lengths that changed) when a program of the same family compiled at the
+        same `site` (an op's line) last for other lengths; None when this structure has no lengths or
+        its family's first compile there. In one step only a data-dependent op's new length, or a new
+        cut of a buffer of the same shape, counts: there a view of another buffer is another program
+        (the weights of the layers one call runs), each a first compile."""
         split = _family_and_lengths(structure_key, in_specs)
         if split is None:
             return None
         family, lengths, describe = split
-        previous = self._previous(family, lengths)
-        return None if previous is None else ("recompile", describe(previous, lengths))
+        is_view = structure_key[0] in _VIEW_KINDS
+        alike = [old for old in self._sites.current((site, family), step) if not is_view or old[1] == lengths[1]]
+        previous = (alike or self._sites.earlier((site, family), step) or [None])[-1]
+        self._sites.remember((site, family), step, lengths)
+        return None if previous is None or previous == lengths else ("recompile", describe(previous, lengths))
 
     def fused_reason(self, nodes: Sequence[tuple[Any, tuple]], rest: tuple, in_specs: tuple, op_text: Callable[[int], str] | None = None) -> tuple[str, str] | None:
         """`reason` for a fused graph (`deferred`): its ops (plan, input refs), the rest of its

@@ -134,13 +134,22 @@ class PlanBuilding:
     def record_compile(self, plan: Plan, kind: str, *, evicted: bool = False) -> None:
         """Tell the recorder about a new single-op program: first compile or recompile with its reason
         (a program like an earlier one but for a new data-dependent length says so: `length_recompiles`)."""
+        recorder = self.recorder
+        line = recorder.frame_id() if recorder is not None and recorder.enabled else None
+        history = self.structures.get(plan.structure_key)
+        same_signature = history is not None and history.compiled_for(plan.in_specs)
         reason, diff = self.compile_reason(plan.structure_key, plan.in_specs, precision=plan.matmul_precision, evicted=evicted)
-        by_length = self.length_recompiles.reason(plan.structure_key, plan.in_specs)
+        step = recorder.step_index if recorder is not None and line is not None else 0
+        module = recorder.module_sid() if recorder is not None and line is not None else None
+        site_reason = self.site_compiles.signature_reason(plan.structure_key, line, step, plan.in_specs, plan.matmul_precision,
+                                                          module)
+        if reason == "recompile" and not evicted and not same_signature:
+            reason, diff = site_reason  # new shapes: a recompile only of this structure's program at this line
+        by_length = self.length_recompiles.reason(plan.structure_key, plan.in_specs, line, step)
         if reason == "first" and by_length is not None:
             reason, diff = by_length
-        recorder = self.recorder
         if reason == "first" and recorder is not None and recorder.enabled and kind == "op" and _is_op_key(plan.structure_key):
-            reason, diff = self.site_compiles.reason((plan.structure_key[0], recorder.frame_id()), recorder.step_index, plan.structure_key)
+            reason, diff = self.site_compiles.reason((plan.structure_key[0], line), recorder.step_index, plan.structure_key)
         if recorder is not None:
             detail = {"matmul_precision": plan.matmul_precision} if plan.matmul_precision else None
             recorder.compiled(plan, kind, reason, diff, detail=detail)

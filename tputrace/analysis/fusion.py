@@ -45,10 +45,20 @@ SUGGESTIONS: dict[str, str] = {
     "size_cap": "the pending graph hit the size cap; this is rare and usually fine",
     "value_check": "tputrace checked an op's arguments on the host, once per new input signature; nothing to change",
     "transfer": "keep tensors on one chip within a step",
-    "collective": ("each collective ends the pending fused program, whose results it sends: issue fewer a step (one flattened "
-                   "all-reduce rather than one per tensor, larger DDP buckets, `no_sync()` while accumulating gradients)"),
+    "collective": "each collective ends the pending fused program, whose results it sends: issue fewer and larger ones a step",
     "compiled_graph": "eager ops that feed a torch.compile graph run first as a program of their own; move them into the compiled function",
 }
+# The collective cut's advice by what the steady steps' collectives mostly are.
+COLLECTIVE_SUGGESTIONS: dict[str, str] = {
+    "all_reduce": ("each all-reduce ends the pending fused program, whose results it sends: issue fewer a step (one flattened "
+                   "all-reduce rather than one per tensor, larger DDP buckets, `no_sync()` while accumulating gradients)"),
+    "sharded": ("each all-gather and reduce-scatter ends the pending fused program, whose results it sends; a sharded model "
+                "(FSDP) makes them per wrapped group, before each group's forward and after its backward: wrap fewer, larger "
+                "groups (`fully_shard` on each block rather than on each layer, a size-based wrap policy with a larger "
+                "minimum) so each step is cut fewer times, and let the next group's all-gather be issued early "
+                "(FSDP2's forward and backward prefetch)"),
+}
+SHARDED_KINDS = ("all_gather", "reduce_scatter")
 
 
 @dataclass(frozen=True)
@@ -118,7 +128,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
         for trigger, frame_id, count, n_ops in cuts[:6]
     )
     where_top = context.where(top_frame)
-    hint = SUGGESTIONS.get(top_trigger, "move the host read after the step")
+    hint = _collective_hint(context) if top_trigger == "collective" else SUGGESTIONS.get(top_trigger, "move the host read after the step")
     module = module_of_read(context, top_frame, top_trigger)
     change = f"{change_in_module(context, top_frame, module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
     libraries = _library_reads(context, top_frame, top_trigger)
@@ -154,6 +164,22 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
         **context.location_fields(top_frame),
     )
     return AnalysisResult(NAME, data, (finding,))
+
+
+def _collective_hint(context: AnalysisContext) -> str:
+    """The collective cut's advice by the kind of most of the steady steps' collectives: all-reduces (DDP, or
+    gradients reduced by hand) or all-gathers and reduce-scatters (a sharded model's groups)."""
+    if not context.trace.has_table("collectives"):
+        return SUGGESTIONS["collective"]
+    where, params = context.steady_where()
+    counts = dict(context.trace.sql(f"SELECT kind, COUNT(*) FROM collectives WHERE {where} GROUP BY kind", params))
+    sharded = sum(counts.get(kind, 0) for kind in SHARDED_KINDS)
+    reduced = counts.get("all_reduce", 0)
+    if sharded > reduced:
+        return COLLECTIVE_SUGGESTIONS["sharded"]
+    if reduced:
+        return COLLECTIVE_SUGGESTIONS["all_reduce"]
+    return SUGGESTIONS["collective"]
 
 
 def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, *, steady: bool) -> tuple[float, float, float]:
