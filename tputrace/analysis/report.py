@@ -40,12 +40,12 @@ from tputrace.analysis.chips import Chip, chip
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding, rank as rank_findings
 from tputrace.analysis.imported import ImportFacts, context_import_facts
+from tputrace.analysis.run_end import bad_ending
 from tputrace.analysis.target import capture_chip, target_of
 from tputrace.derived.chip_pace import ChipPace, chip_pace
 from tputrace.derived.imported_sources import imported_source, measured_on
 from tputrace.derived.projection import PROJECTION_NOTE, projected_steps
 from tputrace.derived.recording_window import RecordingWindow, recording_window
-from tputrace.derived.run_endings import bad_ending
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -101,7 +101,7 @@ class Report:
     recording_window: RecordingWindow | None = None  # the steps a `--steps`/`--schedule`/`--from-code` run kept (None: all)
     target_from_capture: str | None = None  # the device type of the imported TPU capture the target was taken from
     chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
-    ending: str | None = None  # how the rank's script ended where it did not end well (tputrace.derived.run_endings)
+    ending: str | None = None  # how the rank's script ended where it did not end well (tputrace.analysis.run_end)
 
     def counts(self) -> dict[str, int]:
         """Findings per severity."""

@@ -1,13 +1,7 @@
 """How a recorded run ended, in words: the exception's own line of its traceback, its exit status (with the signal
-that killed it), and, for the report's header, what a run that did not end well raised and at which user line."""
+that killed it)."""
 
 from __future__ import annotations
-
-import os
-
-from tputrace.sourceloc import last_user_location
-from tputrace.store.records import RunInfo
-
 
 def raised_line(error: str) -> str:
     """The exception's own line (`ValueError: ...`) of a formatted traceback: the first unindented line
@@ -36,18 +30,3 @@ def signal_note(exit_status: int) -> str:
         return f" (killed by {signal.Signals(exit_status - 128).name})" if exit_status > 128 else ""
     except ValueError:
         return ""
-
-def bad_ending(run: RunInfo) -> str | None:
-    """What the report's header says of a run that did not end well (None where it exited 0): the exception the
-    script raised and the user's line it came out of, an exit status other than 0, or no end record."""
-    if not run.finished:
-        return "no end record (still running, or killed): findings cover what was recorded"
-    if run.error:
-        where = last_user_location(run.error)
-        at = "" if where is None else f" at {os.path.basename(where[0])}:{where[1]}" + (
-            "" if where[2].startswith("<") else f" in {where[2]}()")
-        status = f" (exit {run.exit_status})" if run.exit_status is not None else ""
-        return f"the script raised {raised_line(run.error)}{at}{status}: findings cover the run up to there"
-    if run.exit_status:
-        return f"{exit_text(run.exit_status)}{signal_note(run.exit_status)}"
-    return None
