@@ -12,7 +12,7 @@ from tputrace.derived.memory_timeline import BufferLifetime, MemoryPeak, chips_o
 
 # XLA's allocator, torch's wording, and numpy's when a tensor's host copy cannot be made.
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "OutOfMemory", "MemoryError")
-_TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)', re.MULTILINE)
+_TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<function>.+))?$', re.MULTILINE)
 # Where library code lives in a path: the frames a user cannot edit.
 _LIBRARY_PATH_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/tputrace/", "/backend/")
 
@@ -43,9 +43,15 @@ def is_out_of_memory(error: str | None) -> bool:
 
 
 def failing_line(error: str, script: str | None) -> tuple[str, int] | None:
-    """The user's line an error's traceback ends in: its innermost frame outside library code, else its innermost
-    frame in the run's script; None when the traceback names neither."""
-    frames = [(match["file"], int(match["line"])) for match in _TRACEBACK_FRAME.finditer(error)]
+    """The user's line an error's traceback ends in (`failing_frame`'s file and line)."""
+    frame = failing_frame(error, script)
+    return None if frame is None else (frame[0], frame[1])
+
+
+def failing_frame(error: str, script: str | None) -> tuple[str, int, str] | None:
+    """(file, line, function) of the user's frame an error's traceback ends in: its innermost frame outside library
+    code, else its innermost frame in the run's script; None when the traceback names neither."""
+    frames = [(match["file"], int(match["line"]), match["function"] or "") for match in _TRACEBACK_FRAME.finditer(error)]
     users = [frame for frame in frames if _is_user_frame(frame[0])]
     if users:
         return users[-1]
