@@ -458,8 +458,9 @@ TORCH_GLOO = textwrap.dedent("""
 """)
 
 
-# Two DDP ranks over gloo, profiled with shapes and stacks (one JSON per rank); rank 1 sleeps 30 ms before each of its
-# three steps (line 14), so rank 0 waits for it in every gradient all-reduce.
+# Two DDP ranks over gloo, profiled with shapes and stacks (one JSON per rank); rank 1 sleeps 50 ms before each of its
+# three steps (line 14), so rank 0 waits for it in every gradient all-reduce (the ranks' profilers start unaligned, so a
+# busy host can hide one of the waits).
 TORCH_DDP = textwrap.dedent("""\
     import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -474,7 +475,7 @@ TORCH_DDP = textwrap.dedent("""\
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
             for _ in range(3):
                 if rank == 1:
-                    time.sleep(0.03)
+                    time.sleep(0.05)
                 model(x).sum().backward()
         prof.export_chrome_trace(f"{out}/rank{rank}.json")
         dist.barrier()

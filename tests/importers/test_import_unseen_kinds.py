@@ -60,7 +60,8 @@ def test_ranks_of_a_ddp_run_wait_for_the_rank_that_arrives_late(tmp_path: Path) 
     output = _import(tmp_path, torch_ddp_capture(tmp_path))
     with tputrace.open(output) as trace:
         waits = {rank: wait for rank, wait in trace.sql("SELECT rank, SUM(wait_ns) FROM collectives GROUP BY rank")}
-    # Rank 0 waits out most of rank 1's 30 ms sleeps (in the gradients' all-reduces, or DDP's first broadcasts).
+    # Rank 0 waits out most of rank 1's 50 ms sleeps (in the gradients' all-reduces, or DDP's first broadcasts): at
+    # least two of the three, as its profiler may start after rank 1's first sleep.
     assert waits[0] >= 3 * 20e6 and waits[1] < waits[0] / 3, waits
     report = analyze_path(output)
     (finding,) = [finding for finding in report.findings if finding.title.startswith("Straggler")]
