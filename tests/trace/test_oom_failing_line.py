@@ -30,3 +30,20 @@ def test_a_script_inside_a_library_path_still_names_its_line() -> None:
 
 def test_a_message_without_a_traceback_names_no_line() -> None:
     assert failing_line("RESOURCE_EXHAUSTED: Out of memory", "/home/me/train.py") is None
+
+
+def test_a_users_module_inside_a_clone_named_tputrace_is_the_users() -> None:
+    """A project cloned into a folder named `tputrace` (its examples, a helper module beside them) is the user's code;
+    the frames of tputrace's own recorder and backend below it are not."""
+    traceback = '''Traceback (most recent call last):
+  File "/home/me/tputrace/examples/train.py", line 9, in <module>
+    loss = step(batch)
+  File "/home/me/tputrace/examples/shared/steps.py", line 4, in step
+    return model(batch).sum()
+  File "/home/me/tputrace/backend/core/dispatch.py", line 88, in __torch_dispatch__
+    return run(op)
+  File "/home/me/tputrace/tputrace/recording/recorder.py", line 10, in record
+    raise
+RuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1024 bytes.
+'''
+    assert failing_line(traceback, "/home/me/tputrace/examples/train.py") == ("/home/me/tputrace/examples/shared/steps.py", 4)

@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Evidence, Finding
+from tputrace.frame_files import is_library_file
 
 DYNAMO_ERRORS = ("torch._dynamo.exc.", "torch._inductor.exc.")
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
-_LIBRARY_PARTS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}", f"{os.sep}lib{os.sep}python")
 
 
 @dataclass(frozen=True)
@@ -93,7 +93,7 @@ def _user_line(rest: list[str]) -> SourceLine | None:
 
 
 def _innermost_own(frames: list[SourceLine]) -> SourceLine | None:
-    own = [frame for frame in frames if not frame.file.startswith("<") and not any(part in frame.file for part in _LIBRARY_PARTS)]
+    own = [frame for frame in frames if not frame.file.startswith("<") and not is_library_file(frame.file)]
     chosen = own or frames
     return chosen[-1] if chosen else None
 

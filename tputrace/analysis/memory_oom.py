@@ -9,12 +9,11 @@ from dataclasses import dataclass
 
 from tputrace.analysis.memory_peak import PeakBreakdown
 from tputrace.derived.memory_timeline import BufferLifetime, MemoryPeak, chips_of, first_over, moment
+from tputrace.frame_files import is_user_file
 
 # XLA's allocator, torch's wording, and numpy's when a tensor's host copy cannot be made.
 OOM_MARKERS = ("RESOURCE_EXHAUSTED", "out of memory", "Out of memory", "OutOfMemory", "MemoryError")
 _TRACEBACK_FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+)(?:, in (?P<function>.+))?$', re.MULTILINE)
-# Where library code lives in a path: the frames a user cannot edit.
-_LIBRARY_PATH_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3", "/tputrace/", "/backend/")
 
 
 @dataclass(frozen=True)
@@ -31,13 +30,6 @@ class OutOfMemory:
     line: int | None = None
 
 
-def _is_user_frame(file: str) -> bool:
-    """Whether a traceback's file is the user's: not library code, nor generated code other than `exec`'d text."""
-    if file.startswith("<"):
-        return file in ("<string>", "<stdin>")
-    return not any(part in file for part in _LIBRARY_PATH_PARTS)
-
-
 def is_out_of_memory(error: str | None) -> bool:
     return error is not None and any(marker in error for marker in OOM_MARKERS)
 
@@ -52,7 +44,7 @@ def failing_frame(error: str, script: str | None) -> tuple[str, int, str] | None
     """(file, line, function) of the user's frame an error's traceback ends in: its innermost frame outside library
     code, else its innermost frame in the run's script; None when the traceback names neither."""
     frames = [(match["file"], int(match["line"]), match["function"] or "") for match in _TRACEBACK_FRAME.finditer(error)]
-    users = [frame for frame in frames if _is_user_frame(frame[0])]
+    users = [frame for frame in frames if is_user_file(frame[0])]
     if users:
         return users[-1]
     in_script = [frame for frame in frames if script is not None and frame[0] == script]

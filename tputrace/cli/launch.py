@@ -46,7 +46,6 @@ _POLL_S = 0.02  # how often the launcher looks at its ranks: an exit is timed to
 _SCAN_S = 0.5  # how often it looks for ranks it does not know yet
 # Words in a rank's error that say a peer's failure caused it, not the rank itself.
 _PEER_FAILURE_MARKS = ("on the tpu process group failed", "Connection closed by peer", "Connection reset by peer")
-_LIBRARY_PATH_MARKS = ("/site-packages/", "/dist-packages/", "/lib/python3")
 
 
 @dataclass(frozen=True)
@@ -394,18 +393,15 @@ def _exception_line(error: str, limit: int = 160) -> str:
 
 
 def _failing_line(error: str) -> str | None:
-    """Where a formatted traceback failed: its deepest frame outside installed libraries and tputrace (the backend's
-    collective that raised, its backward hook), as `file:line`."""
-    from tputrace.sourceloc import TPUTRACE_DIR, backend_dir
+    """Where a formatted traceback failed: its innermost user frame (not an installed library's, nor tputrace's own
+    such as the backend's collective that raised), else its innermost frame, as `file:line`."""
+    from tputrace.analysis.memory_oom import failing_frame
 
     frames = re.findall(r'^\s*File "([^"]+)", line (\d+)', error, flags=re.MULTILINE)
-    if not frames:
-        return None
-    own_dirs = tuple(os.path.abspath(directory) + os.sep for directory in (TPUTRACE_DIR, backend_dir()) if directory)
-    own = [frame for frame in frames
-           if not any(mark in frame[0] for mark in _LIBRARY_PATH_MARKS) and not os.path.abspath(frame[0]).startswith(own_dirs)]
-    file, line = (own or frames)[-1]
-    return f"{os.path.basename(file)}:{line}"
+    user_frame = failing_frame(error, None)
+    if user_frame is not None:
+        return f"{os.path.basename(user_frame[0])}:{user_frame[1]}"
+    return f"{os.path.basename(frames[-1][0])}:{frames[-1][1]}" if frames else None
 
 
 def _last_op_line(trace: Any) -> str | None:
