@@ -723,3 +723,40 @@ def torch_unscheduled_capture(folder: Path) -> Path:
 def torch_repeated_windows_capture(folder: Path) -> Path:
     """The `tensorboard_trace_handler` folder of `TORCH_REPEATED_WINDOWS` (three windows of one step)."""
     return _capture(folder, "repeated_windows.py", TORCH_REPEATED_WINDOWS, "repeated_tb")
+
+
+# A `torch.compile`d training function whose backend raises, with Dynamo's errors suppressed: the compile fails once
+# and the function runs eagerly on every call. Profiled with Python stacks (4 steps) beside its TORCH_TRACE log.
+TORCH_FAILED_COMPILE = textwrap.dedent("""
+    import sys, torch
+    import torch._dynamo
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    torch._dynamo.config.suppress_errors = True
+
+    def lowering_backend(gm, example_inputs):
+        raise RuntimeError("cannot lower aten.addmm: unsupported layout\\nmore detail on a second line")
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_of(x):
+        return model(x).square().mean()
+
+    compiled = torch.compile(loss_of, backend=lowering_backend)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=4, repeat=1),
+                 with_stack=True, on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for _ in range(4):
+            compiled(torch.randn(32, 64)).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+""")
+
+
+def torch_failed_compile_capture(folder: Path) -> Path:
+    """A folder holding `TORCH_FAILED_COMPILE`'s torch.profiler window (`tb/`) and its TORCH_TRACE log."""
+    run = folder / "failed"
+    env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace")}
+    _capture(folder, "failed_compile.py", TORCH_FAILED_COMPILE, "failed/tb", env=env)
+    return run

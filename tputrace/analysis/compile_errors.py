@@ -17,6 +17,7 @@ import re
 from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import Evidence, Finding
 
 DYNAMO_ERRORS = ("torch._dynamo.exc.", "torch._inductor.exc.")
@@ -108,7 +109,7 @@ def compile_error_findings(context: AnalysisContext, analyzer: str) -> list[Find
         if _key(caught) not in raised:
             raised.add(_key(caught))
             findings.append(_finding(context, analyzer, caught, caught=True, cost_ns=dur_ns))
-    return findings
+    return findings + failed_compile_findings(context, analyzer)
 
 
 def _key(parsed: CompileError | None) -> tuple[str, str, int, str]:
