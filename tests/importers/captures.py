@@ -760,3 +760,77 @@ def torch_failed_compile_capture(folder: Path) -> Path:
     env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace")}
     _capture(folder, "failed_compile.py", TORCH_FAILED_COMPILE, "failed/tb", env=env)
     return run
+
+
+# Three JAX functions recompiled at every one of 5 annotated steps, each for another reason: `update` for a learning
+# rate passed as a static argument (same shapes, other constants), `rejitted` for a lambda jitted anew in the loop
+# (the very same program), `fit` for a batch that grows by a row (a shape storm).
+JAX_RECOMPILE_CAUSES = textwrap.dedent("""
+    import sys, functools, jax, jax.numpy as jnp
+    import numpy as np
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    @functools.partial(jax.jit, static_argnames=("lr",))
+    def update(w, x, lr):
+        return w - lr * jax.grad(loss)(w, x)
+
+    @jax.jit
+    def fit(w, x):
+        return w - 0.01 * jax.grad(loss)(w, x)
+
+    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(5):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = update(w, x, lr=0.1 / (i + 1))
+                rejitted = jax.jit(lambda w, x: w * 0.5 + jnp.mean(x))
+                w = rejitted(w, x)
+                w = fit(w, np.ones((8 + i, 32), np.float32))
+        w.block_until_ready()
+""")
+
+
+def jax_recompile_causes_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_RECOMPILE_CAUSES`."""
+    return _capture(folder, "jax_recompile_causes.py", JAX_RECOMPILE_CAUSES, "causes_logdir")
+
+
+# A JAX loop of 8 annotated steps whose batches come from slow Python (30 ms each): from a generator the loop calls
+# (argv[2] `generator`) or from a thread filling a queue of 2 (`queue`); the jitted step takes well under a millisecond.
+JAX_INPUT_BOUND = textwrap.dedent("""
+    import sys, time, queue, threading, jax, jax.numpy as jnp
+    import numpy as np
+
+    def make_batch():
+        time.sleep(0.03)
+        return np.random.rand(32, 64).astype(np.float32)
+
+    def generated():
+        while True:
+            yield make_batch()
+
+    def queued():
+        batches = queue.Queue(maxsize=2)
+        threading.Thread(target=lambda: [batches.put(make_batch()) for _ in iter(int, 1)], daemon=True).start()
+        while True:
+            yield batches.get()
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+    data = generated() if sys.argv[2] == "generator" else queued()
+    w = step(jnp.ones((64, 64)), next(data)).block_until_ready()
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(8):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, next(data))
+        w.block_until_ready()
+""")
+
+
+def jax_input_bound_capture(folder: Path, source: str) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_INPUT_BOUND`, its batches from `source` (`generator` or `queue`)."""
+    return _capture(folder, f"jax_input_{source}.py", JAX_INPUT_BOUND, f"input_{source}_logdir", source)

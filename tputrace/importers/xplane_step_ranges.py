@@ -36,6 +36,15 @@ class LineRanges:
     work: int = 0  # those and the program launches
 
 
+# The runtime's own phrases and CamelCase scopes (`DevicePut`, `ParseArguments`, `Handle inputs`, `Wait for usage holds`).
+_RUNTIME_TRACEME = re.compile(r"^(?:[A-Z][a-z0-9]+){2,}$|^(?:Handle|Wait for) ")
+
+
+def runtime_traceme(name: str) -> bool:
+    """Whether a TraceMe is JAX's, XLA's, TSL's or the runtime's own, not one the user's code opened."""
+    return bool(_OWN_TRACEME.search(name) or _RUNTIME_TRACEME.search(name))
+
+
 def top_level(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Indices of the ranges not inside or overlapping an earlier-starting range of the same line, in start order."""
     order = np.lexsort((-ends, starts))
