@@ -834,3 +834,28 @@ JAX_INPUT_BOUND = textwrap.dedent("""
 def jax_input_bound_capture(folder: Path, source: str) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_INPUT_BOUND`, its batches from `source` (`generator` or `queue`)."""
     return _capture(folder, f"jax_input_{source}.py", JAX_INPUT_BOUND, f"input_{source}_logdir", source)
+
+
+# A jitted JAX step over a dataset of 8 batches of 64 rows and a last batch of 5, sliced in the loop (9 annotated
+# steps): the last batch compiles the step again.
+JAX_LAST_BATCH = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    import numpy as np
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.01 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+    data = np.random.rand(8 * 64 + 5, 256).astype(np.float32)
+    w = jnp.ones((256, 256))
+    with jax.profiler.trace(sys.argv[1]):
+        for i, start in enumerate(range(0, len(data), 64)):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, data[start:start + 64])
+        w.block_until_ready()
+""")
+
+
+def jax_last_batch_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_LAST_BATCH`."""
+    return _capture(folder, "jax_last_batch.py", JAX_LAST_BATCH, "last_batch_logdir")

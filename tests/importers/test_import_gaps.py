@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+import tputrace
+
 from tputrace.analysis import analyze_path
 from tputrace.cli.main import main
 
@@ -72,3 +74,16 @@ def test_devices_idle_while_the_host_makes_batches_is_an_input_bound_finding(tmp
     assert "`time sleep`" in finding.explanation
     assert finding.line == batch_line and finding.cost_per_step_ns is not None and finding.cost_per_step_ns > 0
     assert "prefetch" in finding.suggestion and "collate_fn" not in finding.suggestion
+
+
+def test_a_jax_loops_smaller_last_batch_recompiling_is_named_with_jax_advice(tmp_path: Path) -> None:
+    from captures import jax_last_batch_capture
+
+    output = tmp_path / "last.tptrace"
+    assert main(["import", str(jax_last_batch_capture(tmp_path)), "-o", str(output)]) == 0
+    with tputrace.open(output) as trace:
+        diffs = [compile.diff for compile in trace.records("compiles")]
+    assert diffs == [None, "arg 1 dim 0: 64 -> 5"]
+    (late,) = [found for found in analyze_path(output).findings if "compiled again in step" in found.title]
+    assert late.title.startswith("The last batch, smaller (5 rows, not 64), compiled again in step 8: ")
+    assert "drop_remainder=True" in late.suggestion and "DataLoader" not in late.suggestion
