@@ -859,3 +859,31 @@ JAX_LAST_BATCH = textwrap.dedent("""
 def jax_last_batch_capture(folder: Path) -> Path:
     """A `jax.profiler.trace` log dir of `JAX_LAST_BATCH`."""
     return _capture(folder, "jax_last_batch.py", JAX_LAST_BATCH, "last_batch_logdir")
+
+
+# A `torch.compile(fullgraph=True)` function that branches on a tensor's value: its compile fails (Unsupported) at
+# each of 3 calls, and the script falls back to the uncompiled function.
+TORCH_FULLGRAPH_FAILED = textwrap.dedent("""
+    import torch
+
+    model = torch.nn.Linear(16, 4)
+
+    def step(x):
+        y = model(x)
+        if y.sum() > 0:
+            y = y * 2
+        return y.relu().mean()
+
+    compiled = torch.compile(step, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(8, 16)
+        try:
+            compiled(x)
+        except Exception:
+            step(x)
+""")
+
+
+def torch_fullgraph_failed_capture(folder: Path) -> Path:
+    """The TORCH_TRACE dir of `TORCH_FULLGRAPH_FAILED`."""
+    return _torch_trace(folder, "fullgraph_failed.py", TORCH_FULLGRAPH_FAILED, "fullgraph_trace")[0]

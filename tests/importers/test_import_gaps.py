@@ -87,3 +87,15 @@ def test_a_jax_loops_smaller_last_batch_recompiling_is_named_with_jax_advice(tmp
     (late,) = [found for found in analyze_path(output).findings if "compiled again in step" in found.title]
     assert late.title.startswith("The last batch, smaller (5 rows, not 64), compiled again in step 8: ")
     assert "drop_remainder=True" in late.suggestion and "DataLoader" not in late.suggestion
+
+
+def test_a_fullgraph_compile_that_failed_names_the_line_dynamo_could_not_trace(tmp_path: Path) -> None:
+    from captures import TORCH_FULLGRAPH_FAILED, torch_fullgraph_failed_capture
+
+    branch_line = next(index for index, text in enumerate(TORCH_FULLGRAPH_FAILED.splitlines(), 1) if "if y.sum()" in text)
+    output = tmp_path / "fullgraph.tptrace"
+    assert main(["import", str(torch_fullgraph_failed_capture(tmp_path)), "-o", str(output)]) == 0
+    (finding,) = [found for found in analyze_path(output).findings if "failed" in found.title]
+    assert f"failed at fullgraph_failed.py:{branch_line}: Data-dependent branching; it runs eagerly" in finding.title
+    assert "torch.where" in finding.suggestion
+    assert any(evidence.line == branch_line for evidence in finding.evidence)

@@ -17,7 +17,6 @@ import re
 from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import Evidence, Finding
 
 DYNAMO_ERRORS = ("torch._dynamo.exc.", "torch._inductor.exc.")
@@ -109,7 +108,7 @@ def compile_error_findings(context: AnalysisContext, analyzer: str) -> list[Find
         if _key(caught) not in raised:
             raised.add(_key(caught))
             findings.append(_finding(context, analyzer, caught, caught=True, cost_ns=dur_ns))
-    return findings + failed_compile_findings(context, analyzer)
+    return findings
 
 
 def _key(parsed: CompileError | None) -> tuple[str, str, int, str]:
@@ -181,7 +180,7 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
         severity="warning" if caught else "critical",
         title=title,
         explanation=explanation,
-        suggestion=_suggestion(parsed, where),
+        suggestion=compile_error_suggestion(parsed, where),
         cost_total_ns=float(cost_ns),
         evidence=tuple(evidence),
         file=at.file if at else None,
@@ -189,7 +188,8 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
     )
 
 
-def _suggestion(parsed: CompileError, where: str) -> str:
+def compile_error_suggestion(parsed: CompileError, where: str) -> str:
+    """The change that lets a function Dynamo raised on compile, by what the error says."""
     text = f"{parsed.reason} {parsed.explanation or ''}".lower()
     without_fullgraph = (
         " Or compile it with `fullgraph=False`: Dynamo then breaks the graph at the line, which runs in Python on every "

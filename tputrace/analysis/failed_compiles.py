@@ -2,9 +2,12 @@
 
 A `TORCH_TRACE` log's `compilation_metrics` record says when a frame compile failed (`fail_type`, `fail_reason`:
 `BackendCompilerFailed`, `backend='inductor' raised: LoweringException: ...`); with Dynamo's errors suppressed
-(`torch._dynamo.config.suppress_errors`, or a backend that falls back) the script goes on and the function runs as
-written, which nothing else in the run says. One warning per compiled function whose compiles all failed: its name,
-its `def` line, the error's first line, and, where a torch.profiler capture of the same process records the
+(`torch._dynamo.config.suppress_errors`) or a fallback the script catches the error with, the script goes on and the
+function runs as written, which nothing else in the run says. The finding says it runs eagerly where the capture
+shows the script went on (the profile's calls of it, or another failed compile of it); else that it does unless the
+error stopped the run. One warning per compiled function whose compiles all failed: its name,
+its `def` line, the error's first line and the line Dynamo could not trace (`fail_user_frame_*`, with the change that
+lets it compile, as `compile_errors` gives it), and, where a torch.profiler capture of the same process records the
 function's Python calls (`with_stack=True`), the time it ran eagerly per step, measured. Failures that another
 finding tells are left to it: Dynamo's recompile limit (`recompile_limit`), a graph break inside the compile
 (`graph_breaks` says the function runs eagerly), and a recording's caught error (`compile_errors`)."""
@@ -16,6 +19,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 
+from tputrace.analysis.compile_errors import CompileError, SourceLine, compile_error_suggestion
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.wording import format_ns, plural
@@ -30,6 +34,7 @@ class FailedCompile:
     line: int | None
     fail_type: str
     reason: str  # the error's first line (`backend='x' raised: RuntimeError: ...`)
+    failed_at: tuple[str, int] | None  # the user's line Dynamo could not trace (`fail_user_frame_*`), where it says
     attempts: int
     compile_ns: int
 
@@ -59,7 +64,7 @@ def failed_compiles(context: AnalysisContext) -> list[FailedCompile]:
         last = compiles[-1][2]
         found.append(FailedCompile(
             function, file, line, str(last.get("fail_type")), str(last.get("fail_reason") or last.get("fail_type")),
-            len(compiles), sum(dur for _, dur, _ in compiles)))
+            _place(last.get("fail_at")), len(compiles), sum(dur for _, dur, _ in compiles)))
     return found
 
 
@@ -70,14 +75,24 @@ def failed_compile_findings(context: AnalysisContext, analyzer: str) -> list[Fin
 
 def _finding(context: AnalysisContext, analyzer: str, failed: FailedCompile) -> Finding:
     where = f"{os.path.basename(failed.file)}:{failed.line}" if failed.file and failed.line else failed.function
+    at = f" at {os.path.basename(failed.failed_at[0])}:{failed.failed_at[1]}" if failed.failed_at else ""
     calls, steady_calls, total_ns, steady_ns = _eager_calls(context, failed)
-    title = f"torch.compile of {failed.function} ({where}) failed: {failed.reason}; it runs eagerly"
+    title = f"torch.compile of {failed.function} ({where}) failed{at}: {failed.reason}"
     explanation = (
         f"Dynamo's {plural(failed.attempts, 'compile')} of {failed.function} (defined at {where}) failed with "
-        f"{failed.fail_type} ({failed.reason}), after {format_ns(failed.compile_ns)} of compiling. Dynamo's errors "
-        "were suppressed, so the script went on and the function runs as written, op by op, on every call: "
-        "none of the compile's fusion or graph capture applies, and nothing but this log says so")
+        f"{failed.fail_type}{at} ({failed.reason}), after {format_ns(failed.compile_ns)} of compiling. ")
+    if calls or failed.attempts > 1:
+        title += "; it runs eagerly"
+        explanation += ("The script went on (Dynamo's errors suppressed, or a fallback to the uncompiled function), "
+                        "so the function runs as written, op by op, on every call: none of the compile's fusion or "
+                        "graph capture applies, and nothing but this log says so")
+    else:
+        explanation += ("Where Dynamo's errors are suppressed (`torch._dynamo.config.suppress_errors`) or the script "
+                        "falls back to the uncompiled function, it goes on and the function runs as written, op by op, "
+                        "on every call; else the error stopped the run there")
     evidence = [Evidence(f"{failed.fail_type}: {failed.reason}", file=failed.file, line=failed.line)]
+    if failed.failed_at:
+        evidence.append(Evidence("the line Dynamo could not trace", file=failed.failed_at[0], line=failed.failed_at[1]))
     cost_total, cost_per_step = 0.0, None
     if calls:
         cost = context.loop_cost(steady_ns, total_ns) if steady_calls else {
@@ -107,14 +122,17 @@ def _finding(context: AnalysisContext, analyzer: str, failed: FailedCompile) -> 
 
 
 def _suggestion(failed: FailedCompile) -> str:
-    backend = failed.fail_type == "BackendCompilerFailed"
-    first = ("Fix what the backend could not compile (the error names it; run with "
-             "`torch._dynamo.config.suppress_errors = False` to see its whole traceback), or compile with another "
-             "backend (`backend=\"aot_eager\"` tells whether the graph or the backend fails)" if backend else
-             "Fix what Dynamo could not trace (the error names it; run with `torch._dynamo.config.suppress_errors = "
-             "False` to see its whole traceback)")
-    return (f"{first}. Until it compiles, {failed.function} gains nothing from `torch.compile`; "
-            "`TORCHDYNAMO_VERBOSE=1` prints the failure at the call.")
+    until = (f" Until it compiles, {failed.function} gains nothing from `torch.compile`; `TORCHDYNAMO_VERBOSE=1` prints "
+             "the failure at the call.")
+    if failed.fail_type == "BackendCompilerFailed":
+        return ("Fix what the backend could not compile (the error names it; run with "
+                "`torch._dynamo.config.suppress_errors = False` to see its whole traceback), or compile with another "
+                "backend (`backend=\"aot_eager\"` tells whether the graph or the backend fails)." + until)
+    place = failed.failed_at or ((failed.file, failed.line) if failed.file and failed.line else None)
+    parsed = CompileError(f"torch._dynamo.exc.{failed.fail_type}", failed.reason, None, (),
+                          SourceLine(place[0], place[1], "") if place else None, None)
+    where = f"{os.path.basename(place[0])}:{place[1]}" if place else failed.function
+    return compile_error_suggestion(parsed, where) + until
 
 
 def _eager_calls(context: AnalysisContext, failed: FailedCompile) -> tuple[int, int, int, int]:
@@ -139,6 +157,12 @@ def _graph_break_times(context: AnalysisContext) -> list[int]:
     if not context.trace.has_table("graph_breaks"):
         return []
     return [int(t_ns) for (t_ns,) in context.trace.sql("SELECT t_ns FROM graph_breaks WHERE rank = ?", (context.rank,))]
+
+
+def _place(text: object) -> tuple[str, int] | None:
+    """`file.py:LINE` as (file, line)."""
+    file, _, line = str(text or "").rpartition(":")
+    return (file, int(line)) if file and line.isdigit() else None
 
 
 def _detail(text: str | None) -> dict[str, object]:
