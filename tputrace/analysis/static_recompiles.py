@@ -1,4 +1,4 @@
-"""A jitted function compiled again and again with the same input shapes (an XProf capture's XLA compiles).
+"""A jitted function compiled again and again with the same input shapes (an imported capture's XLA compiles).
 
 The shape storms need input signatures that differ; a JAX function recompiled every step for a new value of an
 argument marked `static_argnums`/`static_argnames` (a step counter, a float learning rate), or jitted anew on every
@@ -20,6 +20,7 @@ from typing import Literal
 
 from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
+from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.storm_findings import StormCompiles, compile_cost_text, loop_steps_compiling, storm_severity
 from tputrace.analysis.storms import NAME
 from tputrace.wording import plural
@@ -62,6 +63,8 @@ class _Row:
 def findings(context: AnalysisContext, explained: set[int], not_evicted_sql: str,
              evicted: list[int]) -> Iterator[tuple[Finding, StaticRecompile, set[int]]]:
     """The findings of XLA programs compiled again with the same input shapes, with their data and compile ids."""
+    if context_import_facts(context) is None:
+        return  # a recording's same-shape recompiles are its program cache's and structure changes' (other analyzers)
     first_steady = context.first_steady_after_warm_up
     groups: dict[tuple[int, int | None, int | None], list[_Row]] = defaultdict(list)
     for compile_id, program_id, name_sid, frame_id, signature_sid, start_ns, dur_ns, step, detail in context.trace.sql(

@@ -17,10 +17,10 @@ from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
 from tputrace.analysis.host_reads import host_read_before, masking_fix
-from tputrace.analysis.imported import context_import_facts, jax_capture
+from tputrace.analysis.imported import jax_capture
 from tputrace.analysis.index_lists import scatter_of_changing_index, scatters_at
 from tputrace.analysis import partial_batches
-from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
+from tputrace.analysis.storms import NAME, ShapeEntry, Storm, compiled_where, shape_entry
 from tputrace.analysis.routing import ROUTING_FIX, routes_tokens
 from tputrace.wording import format_ns, plural
 
@@ -166,7 +166,7 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     return storm_finding(
         context, compiles, programs=storm.name, cause=f"the shape entering at {where} {changes}", sizes=len(main.distinct),
         explanation=(
-            f"The {storm.kind} program {storm.name} ({_compiled_where(context, storm.name, site)}) was compiled "
+            f"The {storm.kind} program {storm.name} ({compiled_where(context, storm.name, site)}) was compiled "
             f"{storm.count} times because its "
             f"input shapes kept changing: {main.label} took {len(main.distinct)} values ({values_text(main.distinct)})"
             + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
@@ -187,14 +187,6 @@ def _growth(context: AnalysisContext, values: Sequence[int], steps: int, program
     growth = growth_step(values, steps, each_step=True)
     grown_at = None if growth is None else _concatenated_at(context, program_ids)
     return (growth, grown_at, True) if grown_at is not None else (None, None, False)
-
-
-def _compiled_where(context: AnalysisContext, name: str, site: str) -> str:
-    """Where a storm's program was compiled, in the terms of the trace's source: a recording flushes its ops into a
-    program at a line; an imported capture's program was compiled for a call (a jitted function's, in JAX)."""
-    if context_import_facts(context) is None:
-        return f"flushed at {site}"
-    return f"the jitted function at {site}" if jax_capture(context, [name]) else f"compiled at {site}"
 
 
 def _growing_suggestion(dim_name: str, growth: int, largest: int, *, each_step: bool = False, jax: bool = False) -> str:
