@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import CRITICAL_SHARE, MIN_LISTED_COST_NS, AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
-from tputrace.importers.xplane_step_ranges import runtime_traceme
+from tputrace.importers.range_names import runtime_traceme
 from tputrace.wording import format_ns, plural
 
 MIN_STEPS = 3  # steady steps: fewer do not tell a loop's idle time from the start of a capture
