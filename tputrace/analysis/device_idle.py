@@ -2,7 +2,8 @@
 
 A JAX loop whose input comes from Python (a generator that builds batches, a prefetch queue fed too slowly) keeps
 its devices waiting: in each steady step the union of the programs' runs on all chips covers little of the step.
-The idle time is the steady loop's time that no chip's program run covers (to the end of the last program its steps
+The idle time is the steady loop's time that no chip's program run, and no compile (the recompile findings' to
+tell), covers (to the end of the last program its steps
 launched: JAX dispatches asynchronously, so a step's programs may run after its marker ends). What the host did meanwhile is read
 from its Python tracer frames (`$data.py:12 batches`) and TraceMe ranges (`jax.profiler.TraceAnnotation("load")`):
 of the ranges that launched the programs of few steps (the loop's own frames launch them all; the capture does
@@ -78,12 +79,15 @@ def device_idle(context: AnalysisContext) -> DeviceIdle | None:
         "SELECT start_ns, dur_ns FROM executions WHERE rank = ? AND dur_ns IS NOT NULL", (context.rank,)))
     if not runs:
         return None
+    compiling = sorted((int(start), int(start + dur)) for start, dur in context.trace.sql(
+        "SELECT start_ns, dur_ns FROM compiles WHERE rank = ? AND dur_ns IS NOT NULL", (context.rank,))
+    ) if context.trace.has_table("compiles") else []
     begin, end = steady[0].start_ns, max(int(step.end_ns or 0) for step in steady)
     later = [step.start_ns for step in context.steps
              if step.start_ns >= end and step.step > steady[-1].step and step.source != "end"]
     limit = min(later, default=None)
     end = max([end] + [stop for start, stop in runs if begin <= start and (limit is None or start < limit)])
-    idle = _gaps([(begin, end)], runs)
+    idle = _gaps([(begin, end)], sorted(runs + compiling))  # compiling is the recompile findings' to tell
     spans = [(step.start_ns, int(step.end_ns or 0)) for step in steady]
     return DeviceIdle(len(steady), end - begin, sum(stop - start for start, stop in idle), *_host_cause(context, idle, spans))
 
@@ -95,7 +99,7 @@ def device_idle_finding(context: AnalysisContext, analyzer: str, idle: DeviceIdl
     per_step = idle.idle_ns / idle.steps
     title = f"The devices idle {share:.0%} of each step ({format_ns(per_step)} a step) waiting for the host"
     explanation = (f"Over the {plural(idle.steps, 'steady step')} ({format_ns(idle.step_ns)}, to the end of their last "
-                   f"program's run) no chip ran a program for "
+                   f"program's run) no chip ran a program, and nothing compiled, for "
                    f"{format_ns(idle.idle_ns)}: the loop is bound by the host, which had not launched the next step. ")
     evidence = [Evidence(f"programs ran {format_ns(idle.step_ns - idle.idle_ns)} of the steady loop's "
                          f"{format_ns(idle.step_ns)}", table="executions")]
