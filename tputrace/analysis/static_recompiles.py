@@ -134,7 +134,9 @@ def _finding(context: AnalysisContext, storm: StaticRecompile, compiles: StormCo
                    "inputs kept theirs: a size given as a Python value (" +
                    ("a `static_argnums`/`static_argnames` size, the shape given to `jnp.ones`, `jnp.zeros`, `reshape` "
                     "or `jnp.arange` called outside a jitted function, each of which JAX compiles as a small program "
-                    "of its own)" if jax else "a shape given to a factory or a reshape)") + " changes from call to call"),
+                    "of its own)" if jax else "a shape given to a factory or a reshape)") + " changes from call to call, or an "
+                   "input's sharding did (arrays placed with another sharding or on other devices: the program's "
+                   "per-device shapes and shardings change with it)"),
         "ops": (f"The programs of {storm.function} run other instructions for the same input shapes: a Python value "
                 "chose what was traced (a branch or a loop count on " +
                 ("a `static_argnums`/`static_argnames` argument or a closed-over value)" if jax else "a Python value)")),

@@ -14,8 +14,9 @@ from dataclasses import dataclass
 Fields = Callable[[bytes], Iterator[tuple[int, int | bytes]]]
 
 _MODULE_COMPUTATIONS = 3  # HloModuleProto
+_MODULE_ALIASES = frozenset((8, 18))  # HloModuleProto's input_output_alias and buffer_donor (donated arguments)
 _COMPUTATION_INSTRUCTIONS = 2  # HloComputationProto
-_OPCODE, _SHAPE, _LITERAL = 2, 3, 8  # HloInstructionProto
+_OPCODE, _SHAPE, _LITERAL, _SHARDING = 2, 3, 8, 40  # HloInstructionProto
 _LITERAL_SHAPE = 1  # LiteralProto
 _DIMENSIONS = 3  # ShapeProto
 # LiteralProto's packed fields of scalars worth showing: field -> struct format of one value (varints read apart).
@@ -26,7 +27,7 @@ MAX_CONSTANTS = 16  # scalar constants kept per program
 
 @dataclass(frozen=True)
 class ProgramBody:
-    structure: str  # digest of the instructions' opcodes and shapes, in order
+    structure: str  # digest of the instructions' opcodes, shapes and shardings, in order, and the donated arguments
     opcodes: str  # digest of the instructions' opcodes alone: the same where only the shapes inside changed
     constants: str  # digest of the constants' literals
     scalars: tuple[str, ...]  # the scalar constants' values, in order (at most MAX_CONSTANTS)
@@ -37,12 +38,14 @@ def program_body(module: bytes, fields: Fields) -> ProgramBody:
     structure, opcodes, constants = (hashlib.blake2b(digest_size=8) for _ in range(3))
     scalars: list[str] = []
     for number, computation in fields(module):
+        if number in _MODULE_ALIASES and isinstance(computation, bytes):
+            structure.update(computation + b"\3")
         if number != _MODULE_COMPUTATIONS or not isinstance(computation, bytes):
             continue
         for field, instruction in fields(computation):
             if field != _COMPUTATION_INSTRUCTIONS or not isinstance(instruction, bytes):
                 continue
-            opcode, shape, literal = b"", b"", b""
+            opcode, shape, literal, sharding = b"", b"", b"", b""
             for part, value in fields(instruction):
                 if part == _OPCODE and isinstance(value, bytes):
                     opcode = value
@@ -50,7 +53,9 @@ def program_body(module: bytes, fields: Fields) -> ProgramBody:
                     shape = value
                 elif part == _LITERAL and isinstance(value, bytes):
                     literal = value
-            structure.update(opcode + b"\0" + shape + b"\1")
+                elif part == _SHARDING and isinstance(value, bytes):
+                    sharding = value
+            structure.update(opcode + b"\0" + shape + b"\1" + sharding + b"\4")
             opcodes.update(opcode + b"\0")
             if opcode == b"constant" and literal:
                 constants.update(literal + b"\2")
