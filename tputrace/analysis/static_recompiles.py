@@ -172,7 +172,7 @@ def _suggestion(change: Change, function: str, jax: bool) -> str:
         return ("Pass the changing value as a tensor (on the device) rather than a Python number, so that it is an "
                 "input of the program, not a constant in it; keep Python values only for what takes a few values.")
     traced = (f"Pass the changing value to {function} as a traced argument instead: drop it from `static_argnums`/"
-              "`static_argnames` and pass it as an array (`jnp.asarray(lr, jnp.float32)`, the step as "
+              "`static_argnames` (`static_broadcasted_argnums` of `jax.pmap`) and pass it as an array (`jnp.asarray(lr, jnp.float32)`, the step as "
               "`jnp.int32(step)`), or let an optax schedule compute it from the step count inside the function")
     if change == "constants":
         return traced + "; keep static only arguments that take a few values (a mode flag, a size)."
