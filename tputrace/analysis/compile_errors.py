@@ -180,7 +180,7 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
         severity="warning" if caught else "critical",
         title=title,
         explanation=explanation,
-        suggestion=compile_error_suggestion(parsed, where),
+        suggestion=_suggestion(parsed, where),
         cost_total_ns=float(cost_ns),
         evidence=tuple(evidence),
         file=at.file if at else None,
@@ -188,8 +188,7 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
     )
 
 
-def compile_error_suggestion(parsed: CompileError, where: str) -> str:
-    """The change that lets a function Dynamo raised on compile, by what the error says."""
+def _suggestion(parsed: CompileError, where: str) -> str:
     text = f"{parsed.reason} {parsed.explanation or ''}".lower()
     without_fullgraph = (
         " Or compile it with `fullgraph=False`: Dynamo then breaks the graph at the line, which runs in Python on every "
