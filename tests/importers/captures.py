@@ -798,7 +798,8 @@ def jax_recompile_causes_capture(folder: Path) -> Path:
 
 
 # A JAX loop of 8 annotated steps whose batches come from slow Python (30 ms each): from a generator the loop calls
-# (argv[2] `generator`) or from a thread filling a queue of 2 (`queue`); the jitted step takes well under a millisecond.
+# (argv[2] `generator`), from a thread filling a queue of 2 (`queue`), or from the generator inside a
+# `TraceAnnotation("load_batch")` with the Python tracer off (`traceme`); the jitted step takes well under a millisecond.
 JAX_INPUT_BOUND = textwrap.dedent("""
     import sys, time, queue, threading, jax, jax.numpy as jnp
     import numpy as np
@@ -821,18 +822,22 @@ JAX_INPUT_BOUND = textwrap.dedent("""
     def step(w, x):
         return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
 
-    data = generated() if sys.argv[2] == "generator" else queued()
+    data = queued() if sys.argv[2] == "queue" else generated()
     w = step(jnp.ones((64, 64)), next(data)).block_until_ready()
-    with jax.profiler.trace(sys.argv[1]):
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0 if sys.argv[2] == "traceme" else 1
+    with jax.profiler.trace(sys.argv[1], profiler_options=options):
         for i in range(8):
             with jax.profiler.StepTraceAnnotation("train", step_num=i):
-                w = step(w, next(data))
+                with jax.profiler.TraceAnnotation("load_batch"):
+                    x = next(data)
+                w = step(w, x)
         w.block_until_ready()
 """)
 
 
 def jax_input_bound_capture(folder: Path, source: str) -> Path:
-    """A `jax.profiler.trace` log dir of `JAX_INPUT_BOUND`, its batches from `source` (`generator` or `queue`)."""
+    """A `jax.profiler.trace` log dir of `JAX_INPUT_BOUND`, its batches from `source` (`generator`, `queue`, `traceme`)."""
     return _capture(folder, f"jax_input_{source}.py", JAX_INPUT_BOUND, f"input_{source}_logdir", source)
 
 

@@ -204,8 +204,11 @@ def _host_cause(context: AnalysisContext, idle: list[tuple[int, int]], spans: li
     cause = _nearest(totals, spans_of, library, least)
     if cause is None or not cause.hands_off:
         return cause, None
-    del totals[cause.name]
-    return cause, _nearest(totals, spans_of, library, least)
+    fed_by: HostRange | None = cause
+    while fed_by is not None and fed_by.hands_off:  # past the ranges that wait for the hand-off too (those around it)
+        del totals[fed_by.name]
+        fed_by = _nearest(totals, spans_of, library, least)
+    return cause, fed_by
 
 
 def _nearest(totals: dict[str, list[int]], spans_of: dict[str, list[tuple[int, int]]],
