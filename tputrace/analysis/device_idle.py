@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import CRITICAL_SHARE, MIN_LISTED_COST_NS, AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
+from tputrace.analysis.imported import jax_capture
 from tputrace.importers.range_names import runtime_traceme
 from tputrace.wording import format_ns, plural
 
@@ -36,6 +37,10 @@ _HOST_BOUND_FIX = (
     "making, logging that reads device values), or many small jitted calls each launched alone. Jit the whole step "
     "as one function, run several steps per call (`jax.lax.scan` over a stack of batches), and make inputs ahead on "
     "another thread.")
+_TORCH_INPUT_FIX = (
+    "Make the next batch while the devices run the current step: load batches in DataLoader worker processes "
+    "(`num_workers`, `persistent_workers=True`, a larger `prefetch_factor`) and copy them to the device ahead of use "
+    "(PyTorch/XLA's `MpDeviceLoader`); move per-example Python work out of the loop or onto the device.")
 _HAND_OFF_MODULES = frozenset(("queue", "threading", "multiprocessing", "concurrent", "asyncio"))
 
 
@@ -121,7 +126,8 @@ def device_idle_finding(context: AnalysisContext, analyzer: str, idle: DeviceIdl
                                                 f"{fed_waits}", fed_by.frame_id, table="annotations"))
             shown, frame_id = fed_by, fed_by.frame_id if fed_by.frame_id is not None else frame_id
         title += f": meanwhile the host is in {shown.name}"
-        explanation += ". The host makes the next input (a Python data pipeline, a prefetch queue fed too slowly) while the devices wait."
+        explanation += (". Whatever the host does there (making the next input in Python, a prefetch queue fed too "
+                        "slowly, logging), the devices wait for it.")
     else:
         explanation += ("The host's capture names no range outside the jitted calls to tell what it did meanwhile: "
                         "a capture with the Python tracer's frames, or a `jax.profiler.TraceAnnotation` around the "
@@ -131,7 +137,7 @@ def device_idle_finding(context: AnalysisContext, analyzer: str, idle: DeviceIdl
         severity="critical" if share >= 1 - CRITICAL_SHARE else "warning",
         title=title,
         explanation=explanation,
-        suggestion=(_HOST_BOUND_FIX if cause is None else
+        suggestion=(_HOST_BOUND_FIX if cause is None else _TORCH_INPUT_FIX if not jax_capture(context) else
             "Make the next batch while the devices run the current step: prepare batches on background threads or "
             "processes (a `tf.data` or Grain pipeline with its own workers and `prefetch`, or a thread filling a "
             "`queue.Queue` a few batches ahead) and put them on the devices ahead of use (`jax.device_put` of the next "
