@@ -723,3 +723,172 @@ def torch_unscheduled_capture(folder: Path) -> Path:
 def torch_repeated_windows_capture(folder: Path) -> Path:
     """The `tensorboard_trace_handler` folder of `TORCH_REPEATED_WINDOWS` (three windows of one step)."""
     return _capture(folder, "repeated_windows.py", TORCH_REPEATED_WINDOWS, "repeated_tb")
+
+
+# A `torch.compile`d training function whose backend raises, with Dynamo's errors suppressed: the compile fails once
+# and the function runs eagerly on every call. Profiled with Python stacks (4 steps) beside its TORCH_TRACE log.
+TORCH_FAILED_COMPILE = textwrap.dedent("""
+    import sys, torch
+    import torch._dynamo
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    torch._dynamo.config.suppress_errors = True
+
+    def lowering_backend(gm, example_inputs):
+        raise RuntimeError("cannot lower aten.addmm: unsupported layout\\nmore detail on a second line")
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+
+    def loss_of(x):
+        return model(x).square().mean()
+
+    compiled = torch.compile(loss_of, backend=lowering_backend)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=4, repeat=1),
+                 with_stack=True, on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for _ in range(4):
+            compiled(torch.randn(32, 64)).backward()
+            opt.step()
+            opt.zero_grad()
+            prof.step()
+""")
+
+
+def torch_failed_compile_capture(folder: Path) -> Path:
+    """A folder holding `TORCH_FAILED_COMPILE`'s torch.profiler window (`tb/`) and its TORCH_TRACE log."""
+    run = folder / "failed"
+    env = {**os.environ, "TORCH_TRACE": str(run / "torch_trace")}
+    _capture(folder, "failed_compile.py", TORCH_FAILED_COMPILE, "failed/tb", env=env)
+    return run
+
+
+# Three JAX functions recompiled at every one of 5 annotated steps, each for another reason: `update` for a learning
+# rate passed as a static argument (same shapes, other constants), `rejitted` for a lambda jitted anew in the loop
+# (the very same program), `fit` for a batch that grows by a row (a shape storm).
+JAX_RECOMPILE_CAUSES = textwrap.dedent("""
+    import sys, functools, jax, jax.numpy as jnp
+    import numpy as np
+
+    def loss(w, x):
+        return jnp.sum(jnp.tanh(x @ w) ** 2)
+
+    @functools.partial(jax.jit, static_argnames=("lr",))
+    def update(w, x, lr):
+        return w - lr * jax.grad(loss)(w, x)
+
+    @jax.jit
+    def fit(w, x):
+        return w - 0.01 * jax.grad(loss)(w, x)
+
+    w, x = jnp.ones((32, 32)), jnp.ones((8, 32))
+    with jax.profiler.trace(sys.argv[1]):
+        for i in range(5):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = update(w, x, lr=0.1 / (i + 1))
+                rejitted = jax.jit(lambda w, x: w * 0.5 + jnp.mean(x))
+                w = rejitted(w, x)
+                w = fit(w, np.ones((8 + i, 32), np.float32))
+        w.block_until_ready()
+""")
+
+
+def jax_recompile_causes_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_RECOMPILE_CAUSES`."""
+    return _capture(folder, "jax_recompile_causes.py", JAX_RECOMPILE_CAUSES, "causes_logdir")
+
+
+# A JAX loop of 8 annotated steps whose batches come from slow Python (30 ms each): from a generator the loop calls
+# (argv[2] `generator`), from a thread filling a queue of 2 (`queue`), or from the generator inside a
+# `TraceAnnotation("load_batch")` with the Python tracer off (`traceme`); the jitted step takes well under a millisecond.
+JAX_INPUT_BOUND = textwrap.dedent("""
+    import sys, time, queue, threading, jax, jax.numpy as jnp
+    import numpy as np
+
+    def make_batch():
+        time.sleep(0.03)
+        return np.random.rand(32, 64).astype(np.float32)
+
+    def generated():
+        while True:
+            yield make_batch()
+
+    def queued():
+        batches = queue.Queue(maxsize=2)
+        threading.Thread(target=lambda: [batches.put(make_batch()) for _ in iter(int, 1)], daemon=True).start()
+        while True:
+            yield batches.get()
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.1 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+    data = queued() if sys.argv[2] == "queue" else generated()
+    w = step(jnp.ones((64, 64)), next(data)).block_until_ready()
+    options = jax.profiler.ProfileOptions()
+    options.python_tracer_level = 0 if sys.argv[2] == "traceme" else 1
+    with jax.profiler.trace(sys.argv[1], profiler_options=options):
+        for i in range(8):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                with jax.profiler.TraceAnnotation("load_batch"):
+                    x = next(data)
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
+
+def jax_input_bound_capture(folder: Path, source: str) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_INPUT_BOUND`, its batches from `source` (`generator`, `queue`, `traceme`)."""
+    return _capture(folder, f"jax_input_{source}.py", JAX_INPUT_BOUND, f"input_{source}_logdir", source)
+
+
+# A jitted JAX step over a dataset of 8 batches of 64 rows and a last batch of 5, sliced in the loop (9 annotated
+# steps): the last batch compiles the step again.
+JAX_LAST_BATCH = textwrap.dedent("""
+    import sys, jax, jax.numpy as jnp
+    import numpy as np
+
+    @jax.jit
+    def step(w, x):
+        return w - 0.01 * jax.grad(lambda w: jnp.sum(jnp.tanh(x @ w) ** 2))(w)
+
+    data = np.random.rand(8 * 64 + 5, 256).astype(np.float32)
+    w = jnp.ones((256, 256))
+    with jax.profiler.trace(sys.argv[1]):
+        for i, start in enumerate(range(0, len(data), 64)):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, data[start:start + 64])
+        w.block_until_ready()
+""")
+
+
+def jax_last_batch_capture(folder: Path) -> Path:
+    """A `jax.profiler.trace` log dir of `JAX_LAST_BATCH`."""
+    return _capture(folder, "jax_last_batch.py", JAX_LAST_BATCH, "last_batch_logdir")
+
+
+# A `torch.compile(fullgraph=True)` function that branches on a tensor's value: its compile fails (Unsupported) at
+# each of 3 calls, and the script falls back to the uncompiled function.
+TORCH_FULLGRAPH_FAILED = textwrap.dedent("""
+    import torch
+
+    model = torch.nn.Linear(16, 4)
+
+    def step(x):
+        y = model(x)
+        if y.sum() > 0:
+            y = y * 2
+        return y.relu().mean()
+
+    compiled = torch.compile(step, fullgraph=True)
+    for _ in range(3):
+        x = torch.randn(8, 16)
+        try:
+            compiled(x)
+        except Exception:
+            step(x)
+""")
+
+
+def torch_fullgraph_failed_capture(folder: Path) -> Path:
+    """The TORCH_TRACE dir of `TORCH_FULLGRAPH_FAILED`."""
+    return _torch_trace(folder, "fullgraph_failed.py", TORCH_FULLGRAPH_FAILED, "fullgraph_trace")[0]

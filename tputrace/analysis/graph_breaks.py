@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import compile_error_findings
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost
+from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
 from tputrace.analysis.syncs import STALL, SUGGESTIONS
 from tputrace.store.aggregates import merged_ns
@@ -100,7 +101,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
         last_t[(file_sid, line)] = max(last_t.get((file_sid, line), t_ns), t_ns)
     found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)], breaks[0][0]))
              for (file_sid, line), breaks in breaks_by_line.items()]
-    findings = [finding for finding, _ in found] + compile_error_findings(context, NAME)
+    findings = [finding for finding, _ in found] + compile_error_findings(context, NAME) + \
+        failed_compile_findings(context, NAME)
     return AnalysisResult(NAME, GraphBreaksData(tuple(data for _, data in found)), tuple(findings))
 
 

@@ -88,3 +88,21 @@ def import_facts(trace: Trace, rank: int) -> ImportFacts | None:
             skipped[name] = f"the capture has no {', '.join(missing)}"
     return ImportFacts(fmt, str(source.get("path", "?")), str(source.get("device", "?")),
                        skipped)
+
+
+JAX_PROGRAM_PREFIXES = ("jit_", "pmap_", "xmap_")  # JAX names an XLA module for its transformation and function
+
+
+def jax_capture(context: AnalysisContext, program_names: list[str] | None = None) -> bool:
+    """Whether the rank is an XProf capture of JAX programs (a jitted function's module, `jit_step`), for advice in
+    JAX's terms rather than PyTorch's; `program_names`: the programs a finding is about, else any of the rank's."""
+    facts = context_import_facts(context)
+    if facts is None or facts.format != "xplane":
+        return False
+    if program_names is None:
+        program_names = [str(name) for (name,) in context.trace.sql(
+            "SELECT DISTINCT s.text FROM compiles c JOIN strings s ON s.id = c.name_sid WHERE c.rank = ? "
+            "UNION SELECT DISTINCT s.text FROM programs p JOIN strings s ON s.id = p.name_sid WHERE p.rank = ? LIMIT 50",
+            (context.rank, context.rank))]
+    return any(name.startswith(JAX_PROGRAM_PREFIXES) for name in program_names)
+

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tputrace.analysis.context import MIN_LISTED_COST_NS, WARNING_SHARE, AnalysisContext
+from tputrace.analysis.device_idle import device_idle, device_idle_finding
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding
 from tputrace.analysis.imported import context_import_facts
 from tputrace.importers.chrome_json import is_user_frame
@@ -32,8 +33,13 @@ class InputWaitData:
 
 
 def analyze(context: AnalysisContext) -> AnalysisResult[InputWaitData]:
-    if context_import_facts(context) is None:
+    facts = context_import_facts(context)
+    if facts is None:
         return AnalysisResult(NAME, InputWaitData())
+    if facts.format == "xplane":
+        idle = device_idle(context)
+        found = device_idle_finding(context, NAME, idle) if idle is not None else None
+        return AnalysisResult(NAME, InputWaitData(), (found,) if found is not None else ())
     rows = context.trace.sql(
         "SELECT a.start_ns, a.dur_ns, s.text FROM annotations a JOIN strings s ON s.id = a.name_sid "
         "WHERE a.rank = ? AND s.text LIKE ? AND a.source = 'record_function' ORDER BY a.start_ns", (context.rank, _RANGE))

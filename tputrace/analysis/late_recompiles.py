@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from tputrace.analysis import guard_recompiles
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Finding
-from tputrace.analysis.imported import context_import_facts
+from tputrace.analysis.imported import context_import_facts, jax_capture
 from tputrace.analysis.set_up_work import LOCATION
 from tputrace.analysis.storms import NAME
 from tputrace.wording import format_ns, plural
@@ -170,6 +170,10 @@ def _finding(context: AnalysisContext, late: LateRecompile, rows: list[_Row], fr
     names = ", ".join(sorted({row.name for row in rows})[:4])
     suggestion = ("Give every batch the size the loop compiled for: `DataLoader(..., drop_last=True)`, or pad the last "
                   "batch to the full batch size and mask the padded rows out of the loss")
+    if jax_capture(context, [row.name for row in rows]):
+        suggestion = ("Give every batch the size the loop compiled for: drop the remainder (`drop_remainder=True` in "
+                      "tf.data's or Grain's batching, or stop a slicing loop at the last full batch), or pad the last "
+                      "batch to the full batch size (`np.pad`) and mask the padded rows out of the loss")
     imported = context_import_facts(context) is not None
     if imported and any(row.kind == "dynamo_frame" for row in rows):
         suggestion += (", or mark the batch dim dynamic before the first call (`torch._dynamo.mark_dynamic(x, 0)`), so "

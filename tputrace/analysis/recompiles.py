@@ -34,6 +34,7 @@ from tputrace.analysis import (
     late_recompiles,
     length_functions,
     program_cache,
+    static_recompiles,
     structure_changes,
 )
 from tputrace.analysis.chip_shapes import ChipShapeStorm
@@ -45,6 +46,7 @@ from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
 from tputrace.analysis.entry_storms import EntryStorm
 from tputrace.analysis.index_storms import IndexStorm
 from tputrace.analysis.late_recompiles import LateRecompile
+from tputrace.analysis.static_recompiles import StaticRecompile
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
     DataSizeStorm,
@@ -161,6 +163,7 @@ class RecompileData:
     entry_storms: tuple[EntryStorm, ...] = ()  # a size that changes the graph's ops too (see `entry_storms`)
     index_storms: tuple[IndexStorm, ...] = ()  # a view's Python-int position that changes (see `index_storms`)
     late_recompiles: tuple[LateRecompile, ...] = ()  # one steady step's costly recompiles (see `late_recompiles`)
+    static_recompiles: tuple[StaticRecompile, ...] = ()  # XLA programs compiled again for one signature
 
 
 @dataclass(frozen=True)
@@ -282,13 +285,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     entries = _take(entry_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
     positions = _take(index_storms.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
     lates = _take(late_recompiles.findings(context, explained, not_evicted(evicted), evicted), findings, caused, explained)
+    same_shapes = _take(static_recompiles.findings(context, explained, not_evicted(evicted), evicted), findings, caused,
+                        explained)
     data = RecompileData(
         compiles=stats.count, compile_ns=stats.total_ns, recompiles=stats.recompiles, recompile_ns=stats.recompile_ns,
         host_input_storms=tuple(host_input_storms), data_size_storms=tuple(size_storms),
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
         chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
         ddp_rebuilds=tuple(rebuilds), entry_storms=tuple(entries), index_storms=tuple(positions),
-        late_recompiles=tuple(lates),
+        late_recompiles=tuple(lates), static_recompiles=tuple(same_shapes),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )

@@ -17,9 +17,10 @@ from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
 from tputrace.analysis.host_reads import host_read_before, masking_fix
+from tputrace.analysis.imported import jax_capture
 from tputrace.analysis.index_lists import scatter_of_changing_index, scatters_at
 from tputrace.analysis import partial_batches
-from tputrace.analysis.storms import NAME, ShapeEntry, Storm, shape_entry
+from tputrace.analysis.storms import NAME, ShapeEntry, Storm, compiled_where, shape_entry
 from tputrace.analysis.routing import ROUTING_FIX, routes_tokens
 from tputrace.wording import format_ns, plural
 
@@ -82,9 +83,9 @@ def storm_finding(context: AnalysisContext, compiles: StormCompiles, *, programs
     sizes), costed at its recompiles. The explanation is `explanation`, what the compiles cost, then `then`."""
     return Finding(
         analyzer=NAME,
-        severity=_severity(context, compiles.recompile_ns, _loop_steps_compiling(context, compiles)),
+        severity=storm_severity(context, compiles.recompile_ns, loop_steps_compiling(context, compiles)),
         title=f"Recompilation storm: {programs} compiled {compiles.count} times as {cause} ({sizes} sizes)",
-        explanation=f"{explanation}{_dynamic_graphs_text(context, compiles.compile_ids)}{_compile_cost_text(context, compiles)}{then}",
+        explanation=f"{explanation}{_dynamic_graphs_text(context, compiles.compile_ids)}{compile_cost_text(context, compiles)}{then}",
         suggestion=suggestion,
         cost_total_ns=float(compiles.recompile_ns),
         cost_per_step_ns=context.per_step(compiles.recompile_ns),
@@ -135,9 +136,10 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     ))
     evidence.extend(_bucket_evidence(options, lambda compiles: f"{compiles} compiles"))
     growth, grown_at, each_step = _growth(context, main.values, len(storm.steps), storm.program_ids)
+    jax = jax_capture(context, [storm.name])
     if growth is not None:
         grown = dim_name if grown_at is None else f"{dim_name} (the tensor `torch.cat` extends at {context.where(grown_at)})"
-        suggestion = _growing_suggestion(grown, growth, main.distinct[-1], each_step=each_step)
+        suggestion = _growing_suggestion(grown, growth, main.distinct[-1], each_step=each_step, jax=jax)
     elif best is not None:
         made_on_chip = entry is not None and entry.op.startswith(_FACTORY_OPS)
         bucketing = (f"e.g. {values_text(list(best.buckets))} ({best.rule}): {plural(best.compiles, 'compile')} instead of "
@@ -147,6 +149,9 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
             f"Give the tensor made on the chip at {context.where(entry.frame_id)} ({entry.op}) a few fixed sizes, "
             f"{bucketing}: pick its size from the buckets where the script chooses it, and mask the padding in the loss."
             if made_on_chip and entry is not None else
+            f"Pad {dim_name} up to a few bucket sizes, {bucketing}. Pad the arrays before the jitted call (`np.pad` "
+            "or `jnp.pad` to the batch's bucket, in the input pipeline) and mask the padding in the loss; each bucket "
+            "compiles once." if jax else
             f"Pad {dim_name} up to a few bucket sizes, {bucketing}. Pad in the data pipeline (a collate_fn that pads "
             "each batch to its bucket) and mask the padding in the loss."
         )
@@ -161,7 +166,8 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     return storm_finding(
         context, compiles, programs=storm.name, cause=f"the shape entering at {where} {changes}", sizes=len(main.distinct),
         explanation=(
-            f"The {storm.kind} program {storm.name} (flushed at {site}) was compiled {storm.count} times because its "
+            f"The {storm.kind} program {storm.name} ({compiled_where(context, storm.name, site)}) was compiled "
+            f"{storm.count} times because its "
             f"input shapes kept changing: {main.label} took {len(main.distinct)} values ({values_text(main.distinct)})"
             + (f"; the shape enters the program as {entry.describe(context)}" if entry else "")
             + (f"; the programs extend a tensor with `torch.cat` at {context.where(grown_at)}" if grown_at is not None else "")
@@ -183,7 +189,15 @@ def _growth(context: AnalysisContext, values: Sequence[int], steps: int, program
     return (growth, grown_at, True) if grown_at is not None else (None, None, False)
 
 
-def _growing_suggestion(dim_name: str, growth: int, largest: int, *, each_step: bool = False) -> str:
+def _growing_suggestion(dim_name: str, growth: int, largest: int, *, each_step: bool = False, jax: bool = False) -> str:
+    if jax:
+        return (
+            f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: an array extended at "
+            f"each call (`jnp.concatenate` onto a history, a KV cache in decoding). Allocate it once at its largest "
+            f"size ({largest} here, or the loop's limit) and write each call's rows into it with "
+            f"`jax.lax.dynamic_update_slice` (or `.at[index].set`) at a traced position, masking the part not filled "
+            f"yet, so the program keeps one shape."
+        )
     if each_step:
         return (
             f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one step to the next: a tensor the loop extends "
@@ -353,7 +367,8 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
     read = None if growth is not None else host_read_before(context, anchor, set(shared.compiles.steps))
     if growth is not None:
-        suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1], each_step=each_step)
+        suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1], each_step=each_step,
+                                         jax=jax_capture(context, [storm.name for storm in storms]))
     elif read is not None:
         suggestion = f"At {where}: {masking_fix(*read)}. Then each program compiles once."
     elif best is not None:
@@ -503,26 +518,26 @@ def values_text(values: list[int], limit: int = 12) -> str:
     return shown + (f", ... ({len(values)} in all)" if len(values) > limit else "")
 
 
-def _loop_steps_compiling(context: AnalysisContext, compiles: StormCompiles) -> int:
+def loop_steps_compiling(context: AnalysisContext, compiles: StormCompiles) -> int:
     """How many of the loop's steps compiled (the work after the loop's last step is no step of it)."""
     return len({step.step for step in context.loop_steps} & set(compiles.steps))
 
 
-def _severity(context: AnalysisContext, recompile_ns: float, steps_compiling: int) -> Severity:
+def storm_severity(context: AnalysisContext, recompile_ns: float, steps_compiling: int) -> Severity:
     severity = context.severity(context.share_of_wall(recompile_ns))
     if steps_compiling >= max(3, context.step_count // 2) and severity == "info":
         return "warning"
     return severity
 
 
-def _compile_cost_text(context: AnalysisContext, compiles: StormCompiles) -> str:
+def compile_cost_text(context: AnalysisContext, compiles: StormCompiles) -> str:
     """What a storm's compiles cost, as a finding's explanation says it (no closing full stop), with how many of
     them were loads from the on-disk compile cache."""
     total_ns, recompile_ns = compiles.total_ns, compiles.recompile_ns
     text = (f"Compiling took {format_ns(total_ns)} in all, {format_ns(recompile_ns)} of it recompiles "
             f"({context.share_of_wall(recompile_ns):.0%} of the run)")
     if context.step_count:
-        text += f"; compiles happened in {_loop_steps_compiling(context, compiles)} of {context.step_count} steps"
+        text += f"; compiles happened in {loop_steps_compiling(context, compiles)} of {context.step_count} steps"
     loads, load_ns = compile_cache.loads_among(context, compiles.compile_ids)
     if loads == len(compiles.compile_ids):
         text += f"; all {loads} were loads from the compile cache (--compile-cache), not compiles"

@@ -15,6 +15,7 @@ from tputrace.analysis.buckets import VaryingDim
 from tputrace.analysis.call_sites import call_label
 from tputrace.analysis.context import AnalysisContext, in_list
 from tputrace.analysis.data_sizes import SizeOrigin, size_origin
+from tputrace.analysis.imported import context_import_facts, jax_capture
 
 NAME = "recompiles"
 # A recompile's diff names the first op that consumes the changed input, e.g.
@@ -196,3 +197,11 @@ def storm_at(context: AnalysisContext, kind: str, name: str, frame_id: int | Non
     location = context.location(frame_id)
     site = call_label(location, context.trace) if shares_line and location is not None else context.where(frame_id)
     return Storm(kind, name, frame_id, site, rows, dims, entry, origin)
+
+
+def compiled_where(context: AnalysisContext, name: str, site: str) -> str:
+    """Where a storm's program was compiled, in the terms of the trace's source: a recording flushes its ops into a
+    program at a line; an imported capture's program was compiled for a call (a jitted function's, in JAX)."""
+    if context_import_facts(context) is None:
+        return f"flushed at {site}"
+    return f"the jitted function at {site}" if jax_capture(context, [name]) else f"compiled at {site}"

@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from tputrace.importers.hlo_body import ProgramBody, program_body
 from tputrace.importers.hlo_shapes import program_signature
 from tputrace.xplane_proto import decode_varint
 
@@ -51,11 +52,13 @@ _NO_SOURCES: tuple[str, dict[str, InstructionSource]] = ("", {})
 
 
 def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], versions: HloVersions,
-             signatures: dict[tuple[str, int], str] | None = None) -> None:
+             signatures: dict[tuple[str, int], str] | None = None,
+             bodies: dict[tuple[str, int], ProgramBody] | None = None) -> None:
     """The instructions' sources of each program's HLO proto in the `/host:metadata` plane: in `first` those of the
     first proto of each module name, in `versions` those of every proto of it (a name compiled again, as `jit_f` for
     new shapes, or a library's `jit_broadcast_in_dim` called from several lines, has a proto each); in `signatures`,
-    by (module name, XLA's id of the module), its parameters' shapes (`hlo_shapes`)."""
+    by (module name, XLA's id of the module), its parameters' shapes (`hlo_shapes`); in `bodies`, so keyed, what it
+    computes (`hlo_body`)."""
     names = {key: meta.name for key, meta in plane.stat_metadata.items()}
     for key, metadata in sorted(plane.event_metadata.items()):
         for stat in metadata.stats:
@@ -71,6 +74,9 @@ def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], version
                 signature = _parsed(module_bytes, lambda data: program_signature(data, _fields), None)
                 if signatures is not None and signature is not None:
                     signatures[(module, version)] = signature
+                body = _parsed(module_bytes, lambda data: program_body(data, _fields), None) if module_bytes else None
+                if bodies is not None and body is not None:
+                    bodies[(module, version)] = body
     for protos in versions.values():
         protos.sort(key=lambda proto: proto[0])
 

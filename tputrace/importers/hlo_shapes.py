@@ -4,6 +4,7 @@ compiled again for new input shapes has a program per shape: their signatures sa
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterator
 
 from tputrace.xplane_proto import decode_varint
@@ -50,3 +51,27 @@ def _packed(data: bytes) -> list[int]:
         value, offset = decode_varint(data, offset)
         values.append(value)
     return values
+
+
+_SHAPE = re.compile(r"^(?P<dtype>\w+)\[(?P<dims>[\d,]*)\]$")
+
+
+def signature_diff(before: str, after: str) -> str | None:
+    """What changed from one signature of a program to the next, as a recompile's diff reads (`arg 1 dim 0: 64 -> 5`,
+    changes joined by `; `); None where the parameters differ in number, rank or dtype, or not at all."""
+    old, new = before.split(", "), after.split(", ")
+    if len(old) != len(new):
+        return None
+    changes = []
+    for index, (was, now) in enumerate(zip(old, new)):
+        was_shape, now_shape = _SHAPE.match(was), _SHAPE.match(now)
+        if was_shape is None or now_shape is None:
+            if was != now:
+                return None
+            continue
+        was_dims, now_dims = was_shape["dims"].split(","), now_shape["dims"].split(",")
+        if was_shape["dtype"] != now_shape["dtype"] or len(was_dims) != len(now_dims):
+            return None
+        changes += [f"arg {index} dim {dim}: {a} -> {b}" for dim, (a, b) in enumerate(zip(was_dims, now_dims)) if a != b]
+    return "; ".join(changes) or None
+

@@ -8,6 +8,19 @@ import re
 from collections import Counter
 from collections.abc import Iterable
 
+# JAX's, XLA's and TSL's own TraceMes: C++ scopes (`PjRtCpuClient::Compile`), JAX's calls of jitted or pmapped
+# functions (`PjitFunction(step)`), its compiles and lowerings, XLA:CPU's thunks' ends (`end: dot`), and the Python
+# tracer's frames (`$train.py:3 step`).
+OWN_TRACEME = re.compile(r"::|^\$|^\w*Function\(|^(?:backend_compile|jax_|pjit|Pjit|Pmap|Execute|XLA |Xla|end: )")
+# The runtime's own phrases and CamelCase scopes (`DevicePut`, `ParseArguments`, `Handle inputs`, `Wait for usage holds`).
+_RUNTIME_TRACEME = re.compile(r"^(?:[A-Z][a-z0-9]+){2,}$|^(?:Handle|Wait for) ")
+
+
+def runtime_traceme(name: str) -> bool:
+    """Whether a TraceMe is JAX's, XLA's, TSL's or the runtime's own, not one the user's code opened."""
+    return bool(OWN_TRACEME.search(name) or _RUNTIME_TRACEME.search(name))
+
+
 _NUMBER = re.compile(r"\d+")
 
 

@@ -10,6 +10,7 @@ markers (host events with a `step_num` stat, or a device `Steps` line) become `s
 
 from __future__ import annotations
 
+import json
 import dataclasses
 import re
 from collections.abc import Iterator
@@ -20,7 +21,9 @@ from typing import Any
 
 import numpy as np
 
+from tputrace.importers.hlo_body import ProgramBody
 from tputrace.importers.hlo_metadata import HloVersions, InstructionSource, read_hlo
+from tputrace.importers.hlo_shapes import signature_diff
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
 from tputrace.importers.step_markers import ProgramRuns, StepMarkers, place_markers
@@ -86,6 +89,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         self.hlo: dict[str, dict[str, InstructionSource]] = {}  # module -> instruction -> where it came from
         self.hlo_versions: HloVersions = {}  # module -> each of its protos' sources, in compile order
         self.hlo_signatures: dict[tuple[str, int], str] = {}  # (module, XLA's id of it) -> its parameters' shapes
+        self.hlo_bodies: dict[tuple[str, int], ProgramBody] = {}  # (module, XLA's id of it) -> what it computes
         # Run ids (ascending) and when the host launched each run (ns since the rank's start).
         self.launch_ids, self.launch_starts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
@@ -140,7 +144,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 if plane.name == "Task Environment":
                     profile_start_unix_ns = plane_stat(plane, "profile_start_time")
                 if plane.name == "/host:metadata":
-                    read_hlo(plane, self.hlo, self.hlo_versions, self.hlo_signatures)
+                    read_hlo(plane, self.hlo, self.hlo_versions, self.hlo_signatures, self.hlo_bodies)
                 match = _DEVICE_PLANE.match(plane.name)
                 if match:
                     device_kind = match.group(1).lower()
@@ -350,16 +354,25 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         say) is a recompile, unless it has no name at all."""
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
+        latest: dict[tuple[str, Any], str] = {}  # (label, frame) -> the signature it last compiled for
         for start, end, name, label, frame, again, version in compiles.named_compiles(self.hlo_versions):
             program = self._program(self._version_name(name, version)) if name else None
             start_ns = start - self.start_unix_ns
             reason = "recompile" if again and label != UNNAMED else "first"
             signature = self.hlo_signatures.get((name, version)) if name and version is not None else None
+            before = latest.get((label, frame))
+            diff = signature_diff(before, signature) if reason == "recompile" and before and signature else None
+            if signature:
+                latest[(label, frame)] = signature
+            body = self.hlo_bodies.get((name, version)) if name and version is not None else None
+            detail = json.dumps({"hlo_structure": body.structure, "hlo_opcodes": body.opcodes, "hlo_constants": body.constants,
+                                 "constants": list(body.scalars)}) if body is not None else None
             self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank,
                                           program.program_id if program else None, "xla", self.writer.intern(label),
                                           signature and self.writer.intern(signature), -1, start_ns, end - start,
                                           frame and self.writer.frame(*frame),
-                                          self.steps.step_at(start_ns), reason, None, None))
+                                          self.steps.step_at(start_ns), reason, diff and self.writer.intern(diff),
+                                          detail))
 
     # -- second pass --------------------------------------------------------------------------------
 

@@ -8,20 +8,15 @@ line (a top-level `CommonPjRtBuffer::Await` of `block_until_ready` holds none)."
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from tputrace.importers.range_names import family_label, range_keys
+from tputrace.importers.range_names import OWN_TRACEME, family_label, range_keys
 from tputrace.importers.step_markers import StepMarkers
 
 _MIN_REPEATS = 2
-# JAX's, XLA's and TSL's own TraceMes: C++ scopes (`PjRtCpuClient::Compile`), JAX's calls of jitted or pmapped
-# functions (`PjitFunction(step)`), its compiles and lowerings, XLA:CPU's thunks' ends (`end: dot`), and the Python
-# tracer's frames (`$train.py:3 step`).
-_OWN_TRACEME = re.compile(r"::|^\$|^\w*Function\(|^(?:backend_compile|jax_|pjit|Pjit|Pmap|Execute|XLA |Xla|end: )")
 
 # A top-level range of a line: (start ns, end ns, name, whether it holds a jitted call or launch of the line).
 TopRange = tuple[int, int, str, bool]
@@ -53,7 +48,7 @@ def line_ranges(starts: np.ndarray, ends: np.ndarray, metadata_ids: np.ndarray, 
     found = LineRanges(calls=calls, work=len(work_starts))
     top = top_level(starts, ends)
     top_ids = metadata_ids[top]
-    user_ids = [key for key in np.unique(top_ids).tolist() if not _OWN_TRACEME.search(name_of(key))]
+    user_ids = [key for key in np.unique(top_ids).tolist() if not OWN_TRACEME.search(name_of(key))]
     kept = top[np.isin(top_ids, user_ids)]
     kept_starts, kept_ends = starts[kept], ends[kept]
     holds = np.searchsorted(work_starts, kept_starts) < np.searchsorted(work_starts, kept_ends, side="right")
