@@ -255,3 +255,44 @@ def test_embedding_bag_ids_of_a_changing_length_are_told_to_pad_with_the_padding
     assert storm.line == line, storm.title
     assert "padding_idx" in storm.suggestion and "attention" not in storm.suggestion, storm.suggestion
     assert "Embedding bags of a length that changes" in storm.explanation, storm.explanation
+
+
+DATA_PARALLEL_FOR_CUDA = '''
+    import random
+    import torch
+    from torch import nn
+
+    random.seed(0)
+    torch.manual_seed(0)
+
+
+    class MultiTask(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.trunk = nn.Sequential(nn.Linear(64, 128), nn.GELU())
+            self.heads = nn.ModuleDict({{"cls": nn.Linear(128, 10), "tag": nn.Linear(128, 5)}})
+
+        def forward(self, x, task):
+            return self.heads[task](self.trunk(x))
+
+
+    model = nn.DataParallel(MultiTask()).cuda()  {marker}
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(4):
+        task = random.choice(["cls", "tag"])
+        x = torch.randn(32, 64).cuda()
+        out = model(x, task)
+        loss = nn.functional.cross_entropy(out, torch.randint(0, out.size(1), (32,)).cuda())
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_cuda_scripts_data_parallel_trains_over_two_chips_under_as_cuda(tmp_path: Path) -> None:
+    """`nn.DataParallel` in a script written for CUDA: under `--as-cuda` it looks the accelerator up as tpu, so it
+    splits the batch over both chips (it raised in its constructor asking CUDA's device properties, then at the
+    forward for a module on `tpu:0` where it expected `cuda:0`)."""
+    report, _, _ = _run(tmp_path, "data_parallel_for_cuda", DATA_PARALLEL_FOR_CUDA, ("--as-cuda", "--chips", "2"))
+    assert report.step_count == 4  # the run ended without raising (`record` checks its exit status)

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Finding
 from tputrace.analysis.host_inputs import copy_line, origin_line
-from tputrace.analysis.shapes import parse_specs
+from tputrace.analysis.shapes import TensorSpec, parse_specs
 from tputrace.analysis.storm_findings import StormCompiles, storm_finding
 from tputrace.analysis.storms import NAME, shape_entry
 from tputrace.wording import plural
@@ -146,11 +146,14 @@ def _copied_at(context: AnalysisContext,
     signatures = [row[5] for row in recompiles]
     specs = [parse_specs(signature) for signature in signatures]
     inputs = min(len(spec) for spec in specs)
-    varying = {index for index in range(inputs)
-               if len({None if spec[index] is None else spec[index].shape for spec in specs}) > 1}
+    varying = {index for index in range(inputs) if len({_shape(spec[index]) for spec in specs}) > 1}
     if not varying:
         return None
     match = copy_line(context, signatures, [row[3] for row in recompiles], varying, [row[4][1] for row in recompiles])
     if match is None:
         return None
     return match.frame_id, origin_line(context, match.frame_id, set(match.copies))
+
+
+def _shape(spec: TensorSpec | None) -> tuple[int, ...] | None:
+    return None if spec is None else spec.shape
