@@ -296,3 +296,141 @@ def test_a_cuda_scripts_data_parallel_trains_over_two_chips_under_as_cuda(tmp_pa
     forward for a module on `tpu:0` where it expected `cuda:0`)."""
     report, _, _ = _run(tmp_path, "data_parallel_for_cuda", DATA_PARALLEL_FOR_CUDA, ("--as-cuda", "--chips", "2"))
     assert report.step_count == 4  # the run ended without raising (`record` checks its exit status)
+
+
+CLIPPING_FUNCTION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class ClipGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, limit):
+            ctx.limit = limit
+            return x.view_as(x)
+
+        @staticmethod
+        def backward(ctx, g):
+            peak = g.abs().max().item()  {marker}
+            if peak > ctx.limit:
+                g = g * (ctx.limit / peak)
+            return g, None
+
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(64, 128), nn.Linear(128, 10)
+
+        def forward(self, x):
+            return self.b(ClipGrad.apply(torch.relu(self.a(x)), 0.01))
+
+
+    model = Net().to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(6):
+        x = torch.randn(32, 64, device="tpu")
+        y = torch.randint(0, 10, (32,), device="tpu")
+        loss = nn.functional.cross_entropy(model(x), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        norm = nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        stats = {{"loss": loss.item(), "norm": norm.item(), "w": model.a.weight.abs().mean().item()}}  # logged
+        print(stats)
+'''
+
+
+def test_a_read_that_a_branch_decides_on_is_told_to_decide_on_the_chip(tmp_path: Path) -> None:
+    """A custom autograd Function's backward reads the gradient's peak to decide whether to scale it: its wait is told
+    to make the branch arithmetic on the chip (not to accumulate the value and read it every N steps); a logging line
+    reading three values is told to stack them and read them at once."""
+    report, script, line = _run(tmp_path, "clipping_function", CLIPPING_FUNCTION)
+    (decided,) = [f for f in report.findings if f.analyzer == "syncs" and f.line == line]
+    assert decided.suggestion.startswith(f"The value read into `peak` decides the Python branch at {script.name}:{line + 1}"), \
+        decided.suggestion
+    logged = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if "# logged" in text)
+    (stats,) = [f for f in report.findings if f.analyzer == "syncs" and f.line == logged]
+    assert "3 times per step" in stats.title, stats.title
+    assert stats.suggestion.startswith("The line reads 3 values one after another"), stats.suggestion
+    assert "`torch.stack([loss, norm, ...]).tolist()`" in stats.suggestion, stats.suggestion
+
+
+PER_SAMPLE_GRADIENTS = '''
+    import torch
+    from torch import nn
+    from torch.func import functional_call, grad, vmap
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 2)).to("tpu")
+    params = {{k: v.detach() for k, v in model.named_parameters()}}
+
+
+    def loss_one(p, x, y):
+        return nn.functional.cross_entropy(functional_call(model, p, (x[None],)), y[None])
+
+
+    per_sample = vmap(grad(loss_one), in_dims=(None, 0, 0))
+    for step in range(6):
+        x = torch.randn(64, 32, device="tpu")
+        y = torch.randint(0, 2, (64,), device="tpu")
+        grads = per_sample(params, x, y)
+        norms = torch.sqrt(sum(g.flatten(1).pow(2).sum(1) for g in grads.values()))
+        factor = (1.0 / (norms + 1e-6)).clamp(max=1.0)
+        for k in params:
+            g = (grads[k] * factor.view(-1, *[1] * (grads[k].dim() - 1))).sum(0)
+            params[k] = params[k] - 0.1 * (g + 0.5 * torch.randn_like(g)) / x.size(0)
+        print(step, norms.mean().item())  {marker}
+'''
+
+
+def test_per_sample_gradients_by_vmap_pile_up_no_value_of_an_unknown_line(tmp_path: Path) -> None:
+    """DP-SGD's per-sample gradients by `vmap(grad(...))`: buffers the functorch transforms make have no line, and
+    together they are no line's value piling up (the finding named `?:None` as the kept value)."""
+    report, script, line = _run(tmp_path, "per_sample_gradients", PER_SAMPLE_GRADIENTS)
+    assert not [f for f in report.findings if "None" in f.title or "?:" in f.title], [f.title for f in report.findings]
+    assert [f for f in report.findings if f.analyzer == "syncs" and f.line == line]
+
+
+META_LEARNING = '''
+    import torch
+    from torch import nn
+    from torch.func import functional_call
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(1, 40), nn.ReLU(), nn.Linear(40, 40), nn.ReLU(), nn.Linear(40, 1)).to("tpu")
+    meta_opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+
+    def sample_task():
+        amp, phase = torch.rand(1) * 4.9 + 0.1, torch.rand(1) * 3.14
+        x = torch.rand(20, 1) * 10 - 5
+        return x.to("tpu"), (amp * torch.sin(x + phase)).to("tpu")
+
+
+    for step in range(6):
+        meta_loss = 0.0
+        for _ in range(4):
+            x, y = sample_task()
+            params = dict(model.named_parameters())
+            for _ in range(3):
+                loss = nn.functional.mse_loss(functional_call(model, params, (x[:10],)), y[:10])
+                grads = torch.autograd.grad(loss, params.values(), create_graph=True)
+                params = {{k: p - 0.01 * g for (k, p), g in zip(params.items(), grads)}}
+            meta_loss = meta_loss + nn.functional.mse_loss(functional_call(model, params, (x[10:],)), y[10:])
+        meta_opt.zero_grad()
+        (meta_loss / 4).backward()  {marker}
+        meta_opt.step()
+    print(meta_loss.item())
+'''
+
+
+def test_a_meta_learning_backward_compiled_again_for_its_ops_order_is_no_shape_storm(tmp_path: Path) -> None:
+    """MAML's second-order backward runs its ops in another order in its first steps, so its program compiles again
+    with the same inputs in another order: no shape changed, so no storm tells to pad a dim (it said `input 29 dim 1
+    took 2 values (1, 40)`: a weight's two dims)."""
+    report, script, line = _run(tmp_path, "meta_learning", META_LEARNING)
+    assert report.step_count == 6
+    assert not [f for f in report.findings if f.analyzer == "recompiles"], [f.title for f in report.findings]
