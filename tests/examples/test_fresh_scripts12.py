@@ -3,7 +3,10 @@ finds the finished beams (the storm was the nonzero's, told to route experts wit
 counted by `torch.bincount` (told `minlength` keeps the shape); a Gaussian process fitted through
 `torch.linalg.cholesky` (its read was an `if tensor:`); a linear-chain CRF over batches padded to their longest
 sequence (the storm was at the embedding, not at the batch's copy); a recommender's `nn.EmbeddingBag` fed flat ids
-of a changing length (told to mask the padding in attention)."""
+of a changing length (told to mask the padding in attention); a CUDA script's `nn.DataParallel` under `--as-cuda` (it
+raised); a custom Function's backward branching on a read value (told to accumulate a loss); DP-SGD's per-sample
+gradients by `vmap` (a pile-up at `?:None`); MAML's second-order backward compiled again for its ops' order (a storm
+told to pad a weight's dim)."""
 
 from __future__ import annotations
 
