@@ -11,6 +11,8 @@
 - `torch.autocast("cuda")` and `torch.cuda.amp.autocast` autocast on tpu, in float16 unless given a dtype,
   as on CUDA;
 - `Tensor.cuda()` and `Module.cuda()` move to the tpu chip of the same index;
+- torch's own lookup of the accelerator (`torch._utils._get_available_device_type`, which `nn.DataParallel`
+  asks) answers `tpu`, so DataParallel splits batches over the tpu chips as it does for a tpu script;
 - a torch function mode rewrites every `device=` keyword and every device argument of `Tensor.to`
   (`"cuda"`, `"cuda:1"`, `torch.device("cuda")`) to the tpu device of the same index.
 
@@ -21,10 +23,12 @@ Not mapped: a `torch.device("cuda")` object itself (its `.type` stays `"cuda"`, 
 from __future__ import annotations
 
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch._utils
 from torch.overrides import TorchFunctionMode
 
 from tputrace.backend.compat import device_module
@@ -125,6 +129,11 @@ def _autocast_on_tpu(init: Callable[..., None]) -> Callable[..., None]:
     return make
 
 
+def _available_device_type() -> str:
+    """torch's `_get_available_device_type` under `--as-cuda`: CUDA is tpu, so the accelerator is."""
+    return DEVICE_TYPE
+
+
 def install() -> None:
     """Map CUDA to tpu for the rest of the process (this thread's torch function modes included).
     Idempotent."""
@@ -135,6 +144,9 @@ def install() -> None:
         setattr(torch.cuda, name, getattr(device_module, name))
     torch.Tensor.cuda = _tensor_cuda  # type: ignore[method-assign,assignment]
     torch.nn.Module.cuda = _module_cuda  # type: ignore[method-assign,assignment]
+    # DataParallel's module (`torch.nn.parallel.data_parallel` is also the name of a function) imported the lookup by name.
+    for module in (torch._utils, importlib.import_module("torch.nn.parallel.data_parallel")):
+        module._get_available_device_type = _available_device_type  # type: ignore[attr-defined]
     autocast_class = torch.amp.autocast_mode.autocast
     autocast_class.__init__ = _autocast_on_tpu(autocast_class.__init__)  # type: ignore[method-assign]
     _mode = CudaToTpuMode()

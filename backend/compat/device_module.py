@@ -159,6 +159,7 @@ class DeviceProperties:
     platform: str
     index: int
     total_memory: int
+    multi_processor_count: int  # CUDA's count of SMs: a chip's cores (`nn.DataParallel` compares the chips by it)
 
 
 def get_device_name(device: Any = None) -> str:
@@ -178,7 +179,7 @@ def get_device_properties(device: Any = None) -> DeviceProperties:
         total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     kind = getattr(jax_device, "device_kind", jax_device.platform)
     name = kind if jax_device.platform == "tpu" else f"tpu (virtual, on XLA {jax_device.platform}: {kind})"
-    return DeviceProperties(name, jax_device.platform, index, total)
+    return DeviceProperties(name, jax_device.platform, index, total, int(getattr(jax_device, "num_cores", 1) or 1))
 
 
 def memory_allocated(device: Any = None) -> int:

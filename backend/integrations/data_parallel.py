@@ -17,7 +17,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch._utils import _get_available_device_type, _get_device_index
+import torch._utils
+from torch._utils import _get_device_index
 from torch.nn.parallel import comm
 
 from tputrace.backend.core.tensor import TpuTensor
@@ -34,7 +35,7 @@ def _for_tpu(tensors: Sequence[Any]) -> bool:
     DataParallel runs on (device indices then name tpu chips)."""
     if any(type(tensor) is TpuTensor for tensor in tensors):
         return True
-    return bool(tensors) and all(tensor.device.type == "cpu" for tensor in tensors) and _get_available_device_type() == "tpu"
+    return bool(tensors) and all(tensor.device.type == "cpu" for tensor in tensors) and torch._utils._get_available_device_type() == "tpu"
 
 
 def broadcast(tensor: torch.Tensor, devices: Sequence[Any] | None = None, *, out: Sequence[torch.Tensor] | None = None) -> tuple[torch.Tensor, ...]:

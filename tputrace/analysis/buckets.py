@@ -73,6 +73,8 @@ def varying_dims(signatures: list[str]) -> list[VaryingDim]:
     parsed = [parse_specs(signature) for signature in signatures]
     if len(parsed) < 2 or len({len(specs) for specs in parsed}) != 1:
         return []
+    if len({tuple(sorted(map(repr, specs))) for specs in parsed}) == 1:
+        return []  # the same inputs in another order (a backward whose ops ran in another order): no shape changed
     columns: dict[tuple[int, ...], list[tuple[int, int]]] = {}
     for index in range(len(parsed[0])):
         specs: list[TensorSpec | None] = [signature[index] for signature in parsed]

@@ -178,10 +178,12 @@ def size_origin(context: AnalysisContext, sizes: tuple[int, ...], steps: list[in
     matched_sizes: dict[tuple[str, int | None], set[int]] = {}
     lengths: dict[tuple[str, int | None], set[int]] = {}
     modules: dict[tuple[str, int | None], str | None] = {}
+    padded_from = _padded_sizes(sizes, steps, by_step)
     for size, step in zip(sizes, steps):
         candidates = by_step.get(step, [])
         found = [result for result in candidates if result.length == size] or [
             result for result in candidates if explains(size, result.length)
+            and (size < result.length or padded_from[(result.family, result.frame_id, result.length)] == {size})
         ]
         for result in found:
             key = (result.family, result.frame_id)
@@ -199,6 +201,19 @@ def size_origin(context: AnalysisContext, sizes: tuple[int, ...], steps: list[in
     autograd = autograd_frames(context)
     key, matched = max(explaining, key=lambda item: (item[1], item[0][1] not in autograd))
     return SizeOrigin(key[0], key[1], modules.get(key), matched, tuple(sorted(lengths[key])))
+
+
+def _padded_sizes(sizes: tuple[int, ...], steps: list[int],
+                  by_step: dict[int, list[DataSize]]) -> dict[tuple[str, int | None, int], set[int]]:
+    """The sizes above each recorded length (by op family, frame and length) that could be its padded form. A length
+    pads to one size, so a length that several larger sizes would need (a beam's `nonzero` of 4 against a sequence
+    grown from 2 to 12) is the padded form of none of them."""
+    above: dict[tuple[str, int | None, int], set[int]] = {}
+    for size, step in zip(sizes, steps):
+        for result in by_step.get(step, []):
+            if result.length < size and explains(size, result.length):
+                above.setdefault((result.family, result.frame_id, result.length), set()).add(size)
+    return above
 
 
 def autograd_frames(context: AnalysisContext) -> set[int]:
@@ -301,6 +316,18 @@ def _sliced_result_frame(context: AnalysisContext, diff: str, step: int, slice_f
     frames = {result.frame_id for result in data_sizes(context).get(step, [])
               if result.frame_id in slice_frames and after <= result.length and explains(after, result.length)}
     return next(iter(frames)) if len(frames) == 1 else -1
+
+
+def data_dependent_fix(context: AnalysisContext, frame_id: int | None) -> str | None:
+    """What to change for the waits of a line whose data-dependent ops are all of one kind of length (a bincount's
+    largest value, a mask's count): that length's fix, or None when the line made none or several kinds."""
+    kinds = {WHAT_THE_LENGTH_IS[result.family] for results in data_sizes(context).values() for result in results
+             if result.frame_id == frame_id and result.family in WHAT_THE_LENGTH_IS}
+    if frame_id is None or len(kinds) != 1:
+        return None
+    (what,) = kinds
+    return (f"The line's output length is {what}, which the host learns only by waiting for the chip; "
+            f"{FIXES[what]}, so the line keeps one shape and needs no wait.")
 
 
 def lengths_at(context: AnalysisContext, family: str, frame_id: int | None) -> tuple[int, ...]:

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Finding
+from tputrace.analysis.host_inputs import copy_line, origin_line
+from tputrace.analysis.shapes import TensorSpec, parse_specs
 from tputrace.analysis.storm_findings import StormCompiles, storm_finding
 from tputrace.analysis.storms import NAME, shape_entry
 from tputrace.wording import plural
@@ -49,9 +51,9 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
     programs of at least two names, with `MIN_RECOMPILES` in the steady steps and `MIN_SIZES` sizes."""
     trace = context.trace
     steady = context.steady_range if context.steps else None
-    groups: dict[tuple[str, str, int, str], list[tuple[int, str, int, int, tuple[int, int]]]] = {}
-    for compile_id, name_sid, dur_ns, step, diff_sid in trace.sql(
-        "SELECT id, name_sid, COALESCE(dur_ns, 0), COALESCE(step, 0), diff_sid FROM compiles WHERE rank = ? AND "
+    groups: dict[tuple[str, str, int, str], list[tuple[int, str, int, int, tuple[int, int], str]]] = {}
+    for compile_id, name_sid, dur_ns, step, diff_sid, signature_sid in trace.sql(
+        "SELECT id, name_sid, COALESCE(dur_ns, 0), COALESCE(step, 0), diff_sid, signature_sid FROM compiles WHERE rank = ? AND "
         f"reason = 'recompile' AND diff_sid IS NOT NULL AND {not_evicted} ORDER BY start_ns",
         (context.rank, *evicted),
     ):
@@ -59,12 +61,12 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
         if compile_id in leave_out or match is None:
             continue
         key = (match["op"], match["file"], int(match["line"]), match["arg"])
-        groups.setdefault(key, []).append(
-            (compile_id, trace.string(name_sid) or "?", dur_ns, step, (int(match["before"]), int(match["after"]))))
+        groups.setdefault(key, []).append((compile_id, trace.string(name_sid) or "?", dur_ns, step,
+                                           (int(match["before"]), int(match["after"])), trace.string(signature_sid) or ""))
     found = []
     for (op, file, line, argument), recompiles in groups.items():
         in_steady = [row for row in recompiles if steady is None or steady[0] <= row[3] <= steady[1]]
-        sizes = sorted({size for *_, change in recompiles for size in change})
+        sizes = sorted({size for *_, change, _ in recompiles for size in change})
         names = tuple(dict.fromkeys(name for _, name, *_ in recompiles))
         if len(in_steady) < MIN_RECOMPILES or len(sizes) < MIN_SIZES or len(names) < 2:
             continue
@@ -73,16 +75,27 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str,
 
 
 def _finding(context: AnalysisContext, op: str, file: str, line: int, argument: str,
-             recompiles: list[tuple[int, str, int, int, tuple[int, int]]], sizes: list[int],
+             recompiles: list[tuple[int, str, int, int, tuple[int, int], str]], sizes: list[int],
              names: tuple[str, ...]) -> tuple[Finding, EntryStorm, set[int]]:
     entry = shape_entry(context, [f"op 0 {op} ({file}:{line}): {argument}"])
     anchor = entry.frame_id if entry is not None else None
     where = context.where(anchor) if anchor is not None else f"{file.rsplit('/', 1)[-1]}:{line}"
-    total_ns = sum(dur_ns for _, _, dur_ns, _, _ in recompiles)
-    steps = sorted({step for _, _, _, step, _ in recompiles})
+    entry_where = where
+    total_ns = sum(dur_ns for _, _, dur_ns, *_ in recompiles)
+    steps = sorted({row[3] for row in recompiles})
     compiles = StormCompiles(len(recompiles), total_ns, total_ns, steps, [row[0] for row in recompiles])
     packing = _is_packing(context, anchor)
-    if packing:
+    copied = _copied_at(context, recompiles)
+    if copied is not None and not packing:
+        anchor, where = copied[1] if copied[1] is not None else copied[0], context.where(copied[0])
+        made = f"made at {context.where(copied[1])} and " if copied[1] is not None else ""
+        suggestion = (
+            f"Pad the batches {made}copied to the chip at {where} to one length ({sizes[-1]} here, or the data's "
+            f"longest), or a few fixed lengths, so the graph keeps its ops: the shape enters the programs at "
+            f"{entry_where}, and a Python loop over that length (its trip count following the data) unrolls into a new "
+            "graph for each length. Loop a fixed number of times and mask the steps past each sequence's length."
+        )
+    elif packing:
         suggestion = (
             f"`{packing}` at {where} makes the packed length and the number of time steps the RNN runs follow each "
             "batch's lengths, so each batch is a new graph. On a TPU pad every batch to one length (or a few fixed "
@@ -95,19 +108,22 @@ def _finding(context: AnalysisContext, op: str, file: str, line: int, argument: 
             "graph keeps its ops: a Python loop over that size (its trip count following the data) unrolls into a "
             "new graph for each size. Loop a fixed number of times and mask the steps past the size instead."
         )
-    evidence = [context.evidence_at(f"step {step}: {name} compiled again: {op} {argument}: {before} -> {after}", anchor,
+    entry_frame = entry.frame_id if entry is not None else None
+    evidence = [context.evidence_at(f"step {step}: {name} compiled again: {op} {argument}: {before} -> {after}", entry_frame,
                                     table="compiles")
-                for _, name, _, step, (before, after) in recompiles[:3]]
+                for _, name, _, step, (before, after), _ in recompiles[:3]]
     finding = storm_finding(
         context, compiles, programs=f"{len(names)} programs of different op counts",
-        cause=f"the shape entering at {where} changes", sizes=len(sizes),
+        cause=(f"the batches copied at {where} change shape" if copied is not None and not packing
+               else f"the shape entering at {where} changes"), sizes=len(sizes),
         explanation=(
-            f"{argument[0].upper()}{argument[1:]} of {op} at {where} took {len(sizes)} sizes "
+            f"{argument[0].upper()}{argument[1:]} of {op} at {entry_where} took {len(sizes)} sizes "
             f"({', '.join(str(size) for size in sizes[:12])}{', ...' if len(sizes) > 12 else ''}), and the graph around "
             f"it changed its ops with it ({', '.join(names[:4])}{', ...' if len(names) > 4 else ''}): "
             f"{plural(len(recompiles), 'recompile')}. "
         ),
-        then=".", suggestion=suggestion, evidence=evidence, module=entry.module if entry else None, anchor=anchor,
+        then=".", suggestion=suggestion, evidence=evidence,
+        module=entry.module if entry and (copied is None or packing) else None, anchor=anchor,
     )
     data = EntryStorm(where, op, argument, names, len(recompiles), total_ns, tuple(sizes), tuple(steps))
     return finding, data, {row[0] for row in recompiles}
@@ -121,3 +137,23 @@ def _is_packing(context: AnalysisContext, frame_id: int | None) -> str | None:
         return None
     text = linecache.getline(copy, location.line)
     return next((name for name in _PACKING if name in text), None)
+
+
+def _copied_at(context: AnalysisContext,
+               recompiles: list[tuple[int, str, int, int, tuple[int, int], str]]) -> tuple[int, int | None] | None:
+    """The line whose host-to-chip copies brought the changing shape (and the line that made them, when recorded):
+    a copy in each recompile's step with the bytes of an input whose shape differs between the recompiles."""
+    signatures = [row[5] for row in recompiles]
+    specs = [parse_specs(signature) for signature in signatures]
+    inputs = min(len(spec) for spec in specs)
+    varying = {index for index in range(inputs) if len({_shape(spec[index]) for spec in specs}) > 1}
+    if not varying:
+        return None
+    match = copy_line(context, signatures, [row[3] for row in recompiles], varying, [row[4][1] for row in recompiles])
+    if match is None:
+        return None
+    return match.frame_id, origin_line(context, match.frame_id, set(match.copies))
+
+
+def _shape(spec: TensorSpec | None) -> tuple[int, ...] | None:
+    return None if spec is None else spec.shape

@@ -43,8 +43,8 @@ def piling_lines(trace: Trace, rank: int, buffers: Sequence[BufferLifetime], loo
     for buffer in buffers:
         if buffer.kind in KEPT_KINDS or buffer.is_working_memory or buffer.step in loop_steps:
             continue
-        if chip is not None and buffer.chip != chip:
-            continue
+        if (chip is not None and buffer.chip != chip) or buffer.frame_id is None:
+            continue  # buffers of no recorded line are no line's pile-up (unrelated values together)
         by_line[buffer.frame_id].append(buffer)
     lines = []
     for frame_id, made in by_line.items():

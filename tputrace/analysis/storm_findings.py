@@ -19,7 +19,7 @@ from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Seve
 from tputrace.analysis.host_reads import host_read_before, masking_fix
 from tputrace.analysis.imported import jax_capture
 from tputrace.analysis.index_lists import scatter_of_changing_index, scatters_at
-from tputrace.analysis import partial_batches
+from tputrace.analysis import bag_ids, partial_batches
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, compiled_where, shape_entry
 from tputrace.analysis.routing import ROUTING_FIX, routes_tokens
 from tputrace.wording import format_ns, plural
@@ -284,7 +284,8 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
                scatter_of_changing_index(context, [program_id for storm in storms for program_id in storm.program_ids]))
     index_lists = scatter is not None
     images = entry is not None and not index_lists and _image_dim(entry)
-    full = None if index_lists or images else partial_batches.full_batch(batch)
+    bags = bag_ids.bag_ids(entry)
+    full = None if index_lists or images or bags else partial_batches.full_batch(batch)
     if full is not None:
         suggestion = partial_batches.suggestion(batches, full)
     elif images:
@@ -294,6 +295,8 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
             f"{sizes[-1]}), so each program compiles once; for multi-scale training keep to a few sizes, each "
             "compiled once."
         )
+    elif best is not None and bags:
+        suggestion = bag_ids.suggestion(batches, _shared_bucketing_text(best, len(sizes)))
     elif best is not None and index_lists:
         suggestion = (
             f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. They hold index lists "
@@ -329,7 +332,7 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
             + (f"; the shape enters the programs as {entry.describe(context)}" if entry else "") + ". "
         ),
         then=(
-            partial_batches.THEN if full is not None else
+            partial_batches.THEN if full is not None else bag_ids.THEN if bags else
             ". Index lists of a size that changes from batch to batch (a graph's edges, sampled neighbours) are no "
             "problem on a GPU; on a TPU each size is a new XLA program." if index_lists else
             ". Images cropped or resized to a size that changes from batch to batch (random-resized crops that keep "

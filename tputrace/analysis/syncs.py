@@ -18,6 +18,8 @@ from dataclasses import dataclass
 
 from tputrace.analysis.backward_reads import backward_selections, backward_text
 from tputrace.analysis.call_sites import line_text
+from tputrace.analysis.data_sizes import data_dependent_fix
+from tputrace.analysis.read_decisions import decision_after, decision_fix
 from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
 from tputrace.analysis.line_reads import ENVIRONMENT_READ, INNER_STOPPING_READ, NON_FINITE_SKIP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
@@ -84,7 +86,16 @@ SCALER_WITH_BFLOAT16 = (
 )
 # Reads a library makes inside the call at a line, known by the ops the call runs there (all of them) and the
 # sync's kind: what the read is, and the change that removes it.
+# torch.linalg's solvers check the `info` of their `_ex` form on the host, to raise for a singular (or, for Cholesky, a
+# not positive-definite) input; the `_ex` form itself returns `info` on the chip.
+_LINALG_CHECKED = {"cholesky": "cholesky_ex(A)", "inv": "inv_ex(A)", "solve": "solve_ex(A, B)"}
 LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
+    **{((f"aten.linalg_{name}_ex", "aten.any"), "bool"): (
+        f"`torch.linalg.{name}` checking on the host whether its result's `info` says the input was singular (or not "
+        "positive-definite), to raise",
+        f"Call `torch.linalg.{unchecked}`, which returns the same result and `info` without the check, so nothing is "
+        "read: check `info` every N steps, or after the loop, if a failed solve must stop the run.",
+    ) for name, unchecked in _LINALG_CHECKED.items()},
     (UNSCALE_OPS, "item"): (
         "`torch.amp.GradScaler.step` reading whether the float16 gradients overflowed (`found_inf`) to decide "
         "whether to skip the optimizer step",
@@ -314,7 +325,12 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
-    if kind == "item" and context.steps:
+    decision = decision_after(context, frame_id) if kind in ("item", "tolist") else None
+    if decision is not None:
+        suggestion = decision_fix(f"{where.rsplit(':', 1)[0]}:{decision.line}", decision)
+    elif kind == "data_dependent":
+        suggestion = data_dependent_fix(context, frame_id) or suggestion
+    elif kind == "item" and context.steps:
         suggestion = _item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
     elif kind in _COPIES_OUT and context.steps and _APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
         suggestion = KEPT_COPIES
@@ -437,7 +453,13 @@ KEPT_COPIES = ("Keep the values on the chip while the loop runs: append the tens
 def _item_suggestion(text: str, suggestion: str) -> str:
     """The per-step `.item()` fix for the value the line reads (its run's copy): a read appended to a list is kept on
     the chip and stacked after the loop; another value than a loss (a gradient norm) is named in place of `loss`."""
-    values = {match["value"] for match in _ITEM_READ.finditer(text)}
+    values = list(dict.fromkeys(match["value"] for match in _ITEM_READ.finditer(text)))
+    reads = text.count(".item()")
+    if reads >= 2 and not _APPENDS.search(text):
+        listed = ", ".join(values + (["..."] if reads > len(values) else []))
+        return (f"The line reads {reads} values one after another, each a wait for the chip: stack them on the chip "
+                f"and read them at once (`torch.stack([{listed}]).tolist()`), every N steps or after the loop, so the "
+                "host waits once, if at all.")
     if len(values) != 1:
         return suggestion
     (value,) = values
