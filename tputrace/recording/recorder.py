@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from types import CodeType
-from typing import Any
+from typing import Any, Literal
 
 from tputrace import performance_warnings, settings, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
@@ -96,11 +96,11 @@ class Recorder(ShardingRecords, UserFrames):
         self._library_roots = sourceloc.library_roots()
         # Keyed by id(code), the code objects kept alive in `_seen_code` so that an id never changes hands: hashing
         # a code object hashes its bytecode and constants, and this runs for every frame of every op's stack.
-        self._user_code: dict[int, bool] = {}  # id(code) -> whether it is the user's
+        # id(code) -> False where the code is not the user's, else the frame id of each of its call sites' lines
+        # (instruction offset -> frame id): a call site's line, and so its frame, never changes.
+        self._user_code: dict[int, dict[int, int] | Literal[False]] = {}
         self._seen_code: list[CodeType] = []
-        # The frame ids of call sites: (id(code), instruction offset) -> frame id, of the whole line and of the
-        # one call (`by_call`). A call site's line, and so its frame, never changes.
-        self._line_frame_ids: dict[tuple[int, int], int] = {}
+        # The frame ids of single calls (`by_call`): (id(code), instruction offset) -> frame id.
         self._call_frame_ids: dict[tuple[int, int], int] = {}
         self._frame_texts: dict[int, str] = {}  # line frame id -> 'file.py:LINE'
         self._view_sites: dict[Hashable, tuple[int, int, int, int]] = {}  # view op site -> (name, inputs, outputs sids, chip)
@@ -119,7 +119,7 @@ class Recorder(ShardingRecords, UserFrames):
         self.module_names: dict[int, str] = {}
         self.last_frame_id: int | None = None  # what `frame_id` last returned
         self._dispatch_entry: CodeType | None = None  # the backend's dispatch entry (`dispatches_through`)
-        self._entry_depths: list[int] = []
+        self._entry_depths: list[list[int]] = []
         self._executions: ExecutionWatcher | None = None
         self._kept_flush: int | None = None  # the last flush written (its execution is written with it)
         if self.writer is not None:
