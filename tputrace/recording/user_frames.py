@@ -4,6 +4,7 @@ reads in its `__init__`."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import sys
@@ -66,7 +67,7 @@ class UserFrames:
         A `site` (`OP_RAN`, `OP_DEFERRED`, `VIEW_OP`) starts where that caller found the dispatch entry before, when
         the entry is at one of those depths: Python makes a frame object for each frame a walk passes, and the
         dispatch's frames are new for every op. A caller reaches the entry along a few paths of the backend, each
-        at its own depth: each depth found is kept, and tried in the order found. Elsewhere the walk goes from
+        at its own depth: each depth found is kept, and tried from the shallowest. Elsewhere the walk goes from
         `depth` and notes where it passes the entry. A user frame's line is found by its code and instruction
         offset, kept per code object (`_user_code`)."""
         if self._traced_lines:
@@ -76,8 +77,10 @@ class UserFrames:
         entry = self._dispatch_entry
         learning = 0
         frame = None
+        elsewhere: bool | None = None  # whether this is a thread other than the main one, once read
         if site and entry is not None:
-            if _thread_id() != self.main_thread:
+            elsewhere = _thread_id() != self.main_thread
+            if elsewhere:
                 site += _SITES
             try:
                 for guess in self._entry_depths[site]:
@@ -100,7 +103,7 @@ class UserFrames:
                 if learning and code is entry:
                     depths = self._entry_depths[learning]
                     if walked not in depths and len(depths) < _DEPTHS_KEPT:
-                        depths.append(walked)
+                        bisect.insort(depths, walked)  # the shallowest first: a nested dispatch's inner entry
                     learning = 0
                 frame = frame.f_back
                 walked += 1
@@ -119,7 +122,7 @@ class UserFrames:
             if frame_id is None:
                 frame_id = line_sites[lasti] = self._site_frame_id(code, lasti, frame.f_lineno, False)
             return frame_id
-        if _thread_id() != self.main_thread:
+        if elsewhere or (elsewhere is None and _thread_id() != self.main_thread):
             return self.backward_call_frame if by_call else self.backward_frame
         return None
 
