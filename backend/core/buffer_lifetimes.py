@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+from threading import get_ident as _thread_id
 from time import perf_counter_ns as _perf_ns
 from typing import Any
 
@@ -45,6 +46,7 @@ class BufferTracker:
         self.pid = os.getpid()
         self.rank = recording.rank
         self._append_row = recording.buffer_rows()
+        self._module_stacks = recording.module_stacks
         self._spec_texts: dict[tuple[Any, Any], tuple[str | None, int | None]] = {}  # (shape, dtype) -> dtype text, shape sid
         self.parameter_modules: dict[int, str] = {}  # id(parameter) -> the path of the module that owns it
 
@@ -64,10 +66,13 @@ class BufferTracker:
         return recording.frame_id(), module_sid, module_sid is not None and threading.get_ident() == self.main_thread
 
     def op_origin(self) -> tuple[int | None, int | None, bool]:
-        """`origin` for an op's output, made right after the op was recorded: the op's line, with no stack walk."""
-        recording = self.recording
-        module_sid = recording.module_sid()
-        return recording.last_frame_id, module_sid, module_sid is not None and threading.get_ident() == self.main_thread
+        """`origin` for an op's output, made right after the op was recorded: the op's line, with no stack walk.
+        Every pending output of a DEFER_AND_FUSE op asks, so the module stack is read here, not through a call."""
+        thread = _thread_id()
+        stack = self._module_stacks.get(thread)
+        if stack:
+            return self.recording.last_frame_id, stack[-1], thread == self.main_thread
+        return self.recording.last_frame_id, None, False
 
     def allocated(self, buffer: Any, nbytes: int, origin: tuple[int | None, int | None, bool] | None = None) -> None:
         frame_id, module_sid, in_forward = origin if origin is not None else self.origin()
@@ -75,9 +80,12 @@ class BufferTracker:
 
     def op_output_allocated(self, buffer: Any, nbytes: int) -> None:
         """`allocated` for an op's output, made right after the op was recorded: the op's line (no stack walk)."""
-        recording = self.recording
-        module_sid = recording.module_sid()
-        self._open(buffer, nbytes, recording.last_frame_id, module_sid, module_sid is not None and threading.get_ident() == self.main_thread)
+        thread = _thread_id()
+        stack = self._module_stacks.get(thread)
+        if stack:
+            self._open(buffer, nbytes, self.recording.last_frame_id, stack[-1], thread == self.main_thread)
+        else:
+            self._open(buffer, nbytes, self.recording.last_frame_id, None, False)
 
     def _open(self, buffer: Any, nbytes: int, frame_id: int | None, module_sid: int | None, in_forward: bool) -> None:
         row_id = self.next_id

@@ -229,6 +229,9 @@ def _module_call(recorder: Recording, call: Callable[..., Any]) -> Callable[...,
     path_sids: dict[int, int] = {}  # id(module) -> the string id of its path
     module_stack = recorder.module_stack
     is_compiling = torch.compiler.is_compiling
+    # torch's own `__call__` only picks the module's compiled call (`module.compile()`) or its `_call_impl`: done here,
+    # that is one Python call fewer per module call and one frame fewer for every op's line lookup to walk past.
+    inlines_call = call is torch.nn.Module._wrapped_call_impl
 
     def module_call(module: torch.nn.Module, *args: Any, **kwargs: Any) -> Any:
         if is_compiling():
@@ -239,6 +242,8 @@ def _module_call(recorder: Recording, call: Callable[..., Any]) -> Callable[...,
         stack = module_stack()
         stack.append(path_sid)
         try:
+            if inlines_call and module._compiled_call_impl is None:
+                return module._call_impl(*args, **kwargs)
             return call(module, *args, **kwargs)
         finally:
             stack.pop()

@@ -40,7 +40,7 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def _record(script: Any, path: Path, mode: str, size: int, skipping: bool) -> dict[int, int]:
+def _record(script: Any, path: Path, mode: str, size: int, skipping: bool) -> dict[int, tuple[int, ...]]:
     """Record `run`; the dispatch entry's depths the lookups found (none when `skipping` is off)."""
     from tputrace.recording import lifecycle
 
@@ -49,7 +49,7 @@ def _record(script: Any, path: Path, mode: str, size: int, skipping: bool) -> di
         recorder._dispatch_entry = None
     try:
         script.run(size)
-        return {site: depth for site, depth in enumerate(recorder._entry_depths) if depth}
+        return {site: tuple(depths) for site, depths in enumerate(recorder._entry_depths) if depths}
     finally:
         lifecycle.stop(0)
 

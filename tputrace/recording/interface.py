@@ -33,6 +33,7 @@ class Recording(Protocol):
     backward_frame: int | None  # the line that called backward(), for what autograd's thread records
     backward_call_frame: int | None
     last_frame_id: int | None  # what `frame_id()` last returned (an op's line, for the buffers its outputs fill)
+    module_stacks: dict[int, list[int]]  # each thread's module stack (`module_stack`) by thread id
 
     # -- context of what is recorded
     def now(self) -> int:

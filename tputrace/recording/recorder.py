@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from types import CodeType
-from typing import Any
+from typing import Any, Literal
 
 from tputrace import performance_warnings, settings, sourceloc
 from tputrace.forks import FORKED_FROM_META_KEY, ForkOrigin
@@ -96,11 +96,11 @@ class Recorder(ShardingRecords, UserFrames):
         self._library_roots = sourceloc.library_roots()
         # Keyed by id(code), the code objects kept alive in `_seen_code` so that an id never changes hands: hashing
         # a code object hashes its bytecode and constants, and this runs for every frame of every op's stack.
-        self._user_code: dict[int, bool] = {}  # id(code) -> whether it is the user's
+        # id(code) -> False where the code is not the user's, else the frame id of each of its call sites' lines
+        # (instruction offset -> frame id): a call site's line, and so its frame, never changes.
+        self._user_code: dict[int, dict[int, int] | Literal[False]] = {}
         self._seen_code: list[CodeType] = []
-        # The frame ids of call sites: (id(code), instruction offset) -> frame id, of the whole line and of the
-        # one call (`by_call`). A call site's line, and so its frame, never changes.
-        self._line_frame_ids: dict[tuple[int, int], int] = {}
+        # The frame ids of single calls (`by_call`): (id(code), instruction offset) -> frame id.
         self._call_frame_ids: dict[tuple[int, int], int] = {}
         self._frame_texts: dict[int, str] = {}  # line frame id -> 'file.py:LINE'
         self._view_sites: dict[Hashable, tuple[int, int, int, int]] = {}  # view op site -> (name, inputs, outputs sids, chip)
@@ -108,7 +108,7 @@ class Recorder(ShardingRecords, UserFrames):
         self._digested_files: set[str] = set()
         # The module paths (string ids) each thread is inside, by thread id: a dict read is cheaper than a
         # `threading.local` attribute, most of all where a thread has none (autograd's, the optimizer's ops).
-        self._module_stacks: dict[int, list[int]] = {}
+        self.module_stacks: dict[int, list[int]] = {}
         self.main_thread = threading.get_ident()
         # The line that called backward() and that call on it, for what autograd's thread records.
         self.backward_frame: int | None = None
@@ -119,7 +119,7 @@ class Recorder(ShardingRecords, UserFrames):
         self.module_names: dict[int, str] = {}
         self.last_frame_id: int | None = None  # what `frame_id` last returned
         self._dispatch_entry: CodeType | None = None  # the backend's dispatch entry (`dispatches_through`)
-        self._entry_depths: list[int] = []
+        self._entry_depths: list[list[int]] = []
         self._executions: ExecutionWatcher | None = None
         self._kept_flush: int | None = None  # the last flush written (its execution is written with it)
         if self.writer is not None:
@@ -153,14 +153,14 @@ class Recorder(ShardingRecords, UserFrames):
         return self.writer.intern(text)
 
     def module_sid(self) -> int | None:
-        stack = self._module_stacks.get(_thread_id())
+        stack = self.module_stacks.get(_thread_id())
         return stack[-1] if stack else None
 
     def module_stack(self) -> list[int]:
         """This thread's module stack (path string ids, innermost last), which the backend pushes and pops."""
-        stack = self._module_stacks.get(_thread_id())
+        stack = self.module_stacks.get(_thread_id())
         if stack is None:
-            stack = self._module_stacks[_thread_id()] = []
+            stack = self.module_stacks[_thread_id()] = []
         return stack
 
     # ----------------------------------------------------------------- records from the backend
@@ -207,7 +207,7 @@ class Recorder(ShardingRecords, UserFrames):
         self.ops += 1
         self.recorded_in_step = True
         frame_id = self.last_frame_id = self._user_frame_id(False, 2, OP_RAN)
-        stacks = self._module_stacks
+        stacks = self.module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         self._append_op((seq, self.rank, ids[3] if name == plan.op_name else self.writer.intern(name), ids[0], ids[1], plan.chip,
                          start_ns - self.t0, dur_ns, frame_id, stack[-1] if stack else None, self.step_index, ids[2], flush_id))
@@ -223,7 +223,7 @@ class Recorder(ShardingRecords, UserFrames):
         self.ops += 1
         self.recorded_in_step = True
         frame_id = self.last_frame_id = self._user_frame_id(False, 2, OP_DEFERRED)
-        stacks = self._module_stacks
+        stacks = self.module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         op_records.append((seq, name, plan, start_ns, dur_ns, frame_id, stack[-1] if stack else None, self.step_index))
 
@@ -262,7 +262,7 @@ class Recorder(ShardingRecords, UserFrames):
         if described is None:
             described = self._view_described(name, base, results, site)
         frame_id = self.last_frame_id = self._user_frame_id(False, 2, VIEW_OP)
-        stacks = self._module_stacks
+        stacks = self.module_stacks
         stack = stacks.get(_thread_id()) if stacks else None
         self._append_op((seq, self.rank, described[0], described[1], described[2], described[3], _perf_ns() - self.t0, 0, frame_id,
                          stack[-1] if stack else None, self.step_index, None, None))

@@ -4,12 +4,14 @@ reads in its `__init__`."""
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import os
 import sys
 import threading
 from collections.abc import Iterator
 from types import CodeType
+from typing import Literal
 
 from tputrace import source_digests, sourceloc
 from tputrace.store.writer import TraceWriter
@@ -20,6 +22,8 @@ _thread_id = threading.get_ident
 # lay below it, on the main thread and on others (autograd's stack has a frame more).
 OP_RAN, OP_DEFERRED, VIEW_OP = 1, 2, 3
 _SITES = 4
+# The depths of the dispatch entry kept per site: the backend's paths to a record are few.
+_DEPTHS_KEPT = 6
 
 
 class UserFrames:
@@ -33,21 +37,20 @@ class UserFrames:
     backward_call_frame: int | None
     _library_roots: tuple[str, ...]
     _traced_lines: dict[int, int]
-    _user_code: dict[int, bool]
+    _user_code: dict[int, dict[int, int] | Literal[False]]
     _seen_code: list[CodeType]
     _call_frame_ids: dict[tuple[int, int], int]
-    _line_frame_ids: dict[tuple[int, int], int]
     _frame_texts: dict[int, str]
     _location_frame_ids: dict[tuple[str, int, str], int]
     _digested_files: set[str]
     _dispatch_entry: CodeType | None
-    _entry_depths: list[int]
+    _entry_depths: list[list[int]]
 
     def dispatches_through(self, entry: CodeType) -> None:
         """The code of the backend's dispatch entry (its `__torch_dispatch__`): every frame between it and an op's
         or view's record is the backend's own, so those records' line lookups start above it."""
         self._dispatch_entry = entry
-        self._entry_depths = [0] * (2 * _SITES)
+        self._entry_depths = [[] for _ in range(2 * _SITES)]
 
     def frame_id(self, by_call: bool = False) -> int | None:
         """Interned id of the first frame in the user's code (outside torch, tputrace and libraries).
@@ -61,52 +64,65 @@ class UserFrames:
     def _user_frame_id(self, by_call: bool, depth: int = 3, site: int = 0) -> int | None:
         """The walk behind `frame_id`, from `depth` frames above this one (3: `frame_id`'s caller's caller).
 
-        A `site` (`OP_RAN`, `OP_DEFERRED`, `VIEW_OP`) starts where that caller last found the dispatch entry, when
-        the entry is there: Python makes a frame object for each frame a walk passes, and the dispatch's frames
-        are new for every op. Elsewhere the walk goes from `depth` and notes where it passes the entry."""
+        A `site` (`OP_RAN`, `OP_DEFERRED`, `VIEW_OP`) starts where that caller found the dispatch entry before, when
+        the entry is at one of those depths: Python makes a frame object for each frame a walk passes, and the
+        dispatch's frames are new for every op. A caller reaches the entry along a few paths of the backend, each
+        at its own depth: each depth found is kept, and tried from the shallowest. Elsewhere the walk goes from
+        `depth` and notes where it passes the entry. A user frame's line is found by its code and instruction
+        offset, kept per code object (`_user_code`)."""
         if self._traced_lines:
             traced = self._traced_lines.get(_thread_id())
             if traced is not None:
                 return traced
         entry = self._dispatch_entry
         learning = 0
+        frame = None
+        elsewhere: bool | None = None  # whether this is a thread other than the main one, once read
         if site and entry is not None:
-            if _thread_id() != self.main_thread:
+            elsewhere = _thread_id() != self.main_thread
+            if elsewhere:
                 site += _SITES
-            guess = self._entry_depths[site]
             try:
-                above = _getframe(guess) if guess else None
-            except ValueError:  # a shallower stack than the last one
-                above = None
-            if above is not None and above.f_code is entry:
-                frame = above.f_back
-            else:
-                frame = _getframe(depth)
+                for guess in self._entry_depths[site]:
+                    above = _getframe(guess)
+                    if above.f_code is entry:
+                        frame = above.f_back
+                        break
+                else:
+                    learning = site
+            except ValueError:  # a shallower stack than before
                 learning = site
-        else:
+        if frame is None and (learning or not site or entry is None):
             frame = _getframe(depth)
         walked = depth
         user_code = self._user_code
         while frame is not None:
             code = frame.f_code
-            is_user = user_code.get(id(code))
-            if is_user:
-                lasti = frame.f_lasti
-                sites = self._call_frame_ids if by_call else self._line_frame_ids
-                frame_id = sites.get((id(code), lasti))
-                if frame_id is None:
-                    frame_id = sites[(id(code), lasti)] = self._site_frame_id(code, lasti, frame.f_lineno, by_call)
-                return frame_id
-            if is_user is None:
+            line_sites = user_code.get(id(code))
+            if line_sites is False:
+                if learning and code is entry:
+                    depths = self._entry_depths[learning]
+                    if walked not in depths and len(depths) < _DEPTHS_KEPT:
+                        bisect.insort(depths, walked)  # the shallowest first: a nested dispatch's inner entry
+                    learning = 0
+                frame = frame.f_back
+                walked += 1
+                continue
+            if line_sites is None:
                 self._seen_code.append(code)  # kept alive, so its id is never another code object's
-                user_code[id(code)] = self._is_user_file(code.co_filename)
+                user_code[id(code)] = {} if self._is_user_file(code.co_filename) else False
                 continue  # looked at again, now known
-            if learning and code is entry:
-                self._entry_depths[learning] = walked
-                learning = 0
-            frame = frame.f_back
-            walked += 1
-        if _thread_id() != self.main_thread:
+            lasti = frame.f_lasti
+            if by_call:
+                frame_id = self._call_frame_ids.get((id(code), lasti))
+                if frame_id is None:
+                    frame_id = self._call_frame_ids[(id(code), lasti)] = self._site_frame_id(code, lasti, frame.f_lineno, True)
+                return frame_id
+            frame_id = line_sites.get(lasti)
+            if frame_id is None:
+                frame_id = line_sites[lasti] = self._site_frame_id(code, lasti, frame.f_lineno, False)
+            return frame_id
+        if elsewhere or (elsewhere is None and _thread_id() != self.main_thread):
             return self.backward_call_frame if by_call else self.backward_frame
         return None
 
@@ -118,11 +134,11 @@ class UserFrames:
         innermost: tuple[str, int, str] | None = None
         while frame is not None:
             code = frame.f_code
-            is_user = self._user_code.get(id(code))
-            if is_user is None:
+            line_sites = self._user_code.get(id(code))
+            if line_sites is None:
                 self._seen_code.append(code)
-                is_user = self._user_code[id(code)] = self._is_user_file(code.co_filename)
-            if is_user:
+                line_sites = self._user_code[id(code)] = {} if self._is_user_file(code.co_filename) else False
+            if line_sites is not False:
                 break
             if innermost is None and sourceloc.is_third_party_library(code.co_filename):
                 innermost = (code.co_filename, frame.f_lineno, code.co_name)
