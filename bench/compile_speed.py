@@ -2,15 +2,18 @@
 another checkout's (`--base-python`), side by side.
 
     python bench/compile_speed.py --base-python /work/main/.venv/bin/python [--rounds 3] [--models classifier gpt cnn]
+    python bench/compile_speed.py --base-xla-flags=--xla_backend_extra_options= [--new-xla-flags FLAGS] [--rounds 3]
     python bench/compile_speed.py --options default= split1=xla_cpu_parallel_codegen_split_count=1 [--rounds 3]
     python bench/compile_speed.py --origins [--models classifier cnn]
 
 Each round starts one worker process per side, in alternating order: the worker imports the backend its
 Python finds (the base Python's own checkout, or this one), runs each model's first steps in DEFER_AND_FUSE,
 keeping every fused program's function and inputs, then traces, lowers and compiles each program again from
-scratch, one at a time, timing each with process CPU time (XLA's compile threads included) and wall time. It
-also gives the wall and CPU time from the worker's start to the end of each model's first step. Programs are
-paired by model and compile order. The models: a one-layer `nn.TransformerEncoderLayer` text classifier with
+scratch, one at a time, timing each with process CPU time (XLA's compile threads included) and wall time, and
+the compiled program's call (the median process CPU time of a call on inputs already on the chip). It also gives the wall and CPU time from the worker's start to the end of each model's first step. Programs are
+paired by model and compile order. `--base-xla-flags` and `--new-xla-flags` add flags to a side's `XLA_FLAGS`
+(options XLA reads only from there, such as `--xla_backend_extra_options`); without `--base-python` both sides
+are this checkout. The models: a one-layer `nn.TransformerEncoderLayer` text classifier with
 a padding mask and dropout (AdamW), `examples/gpt_train.py`'s GPT (6 layers, width 256, AdamW, clipping),
 `examples/cnn_train.py`'s ResNet (SGD with momentum) and a sequence tagger (an embedding, a two-layer
 bidirectional `nn.LSTM` of width 128 over 20 tokens and a linear head, Adam).
@@ -209,22 +212,30 @@ def _compile_times(fn: Callable[..., Any], inputs: list[Any]) -> dict[str, float
         compile_cpu, compile_wall = time.process_time() - cpu - lower_cpu, time.perf_counter() - wall
     text = compiled.as_text()
     entry = text[text.index("\nENTRY"):]
-    return {"lower_cpu": lower_cpu, "compile_cpu": compile_cpu, "wall": compile_wall,
+    run, run_cpu = _call_times(compiled, inputs)
+    return {"lower_cpu": lower_cpu, "compile_cpu": compile_cpu, "wall": compile_wall, "run": run, "run_cpu": run_cpu,
             "hlo_lines": sum(1 for line in entry.splitlines() if " = " in line), "kernels": entry.count(" fusion(")}
 
 
 def _call_seconds(compiled: Any, inputs: list[Any], calls: int = 15) -> float:
     """The median wall time of one call of `compiled` on inputs already on the chip."""
+    return _call_times(compiled, inputs, calls)[0]
+
+
+def _call_times(compiled: Any, inputs: list[Any], calls: int = 15) -> tuple[float, float]:
+    """The median wall time and process CPU time (XLA's threads included) of one call of `compiled` on inputs
+    already on the chip."""
     import jax
 
     arguments = [jax.device_put(value) if hasattr(value, "shape") else value for value in inputs]
     jax.block_until_ready(compiled(*arguments))
-    durations = []
+    walls, cpus = [], []
     for _ in range(calls):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.process_time()
         jax.block_until_ready(compiled(*arguments))
-        durations.append(time.perf_counter() - start)
-    return statistics.median(durations)
+        walls.append(time.perf_counter() - start)
+        cpus.append(time.process_time() - start_cpu)
+    return statistics.median(walls), statistics.median(cpus)
 
 
 def _option_times(fn: Callable[..., Any], inputs: list[Any], option_sets: dict[str, dict[str, bool | int | str]], reverse: bool) -> dict[str, dict[str, float]]:
@@ -383,9 +394,11 @@ def worker(models: Sequence[str]) -> None:
     print("RESULT " + json.dumps({"programs": programs, "first_steps": first_steps}), flush=True)
 
 
-def _run_worker(python: str, models: Sequence[str], extra: Sequence[str] = ()) -> dict[str, Any]:
+def _run_worker(python: str, models: Sequence[str], extra: Sequence[str] = (), xla_flags: str = "") -> dict[str, Any]:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
     env.pop("PYTHONPATH", None)
+    if xla_flags:
+        env["XLA_FLAGS"] = f"{env.get('XLA_FLAGS', '')} {xla_flags}".strip()
     result = subprocess.run([python, str(Path(__file__).resolve()), "--worker", *models, *extra], capture_output=True, text=True, env=env, cwd="/", check=False)
     lines = [line for line in result.stdout.splitlines() if line.startswith("RESULT ")]
     if result.returncode != 0 or not lines:
@@ -393,19 +406,20 @@ def _run_worker(python: str, models: Sequence[str], extra: Sequence[str] = ()) -
     return json.loads(lines[-1][len("RESULT "):])
 
 
-def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
+def compare(base_python: str, models: Sequence[str], rounds: int, xla_flags: dict[str, str]) -> str:
     sides: dict[str, list[dict[str, Any]]] = {"base": [], "new": []}
     pythons = {"base": base_python, "new": sys.executable}
     for index in range(rounds):
         for side in (("base", "new") if index % 2 == 0 else ("new", "base")):
-            sides[side].append(_run_worker(pythons[side], models))
+            sides[side].append(_run_worker(pythons[side], models, xla_flags=xla_flags[side]))
             print(f"round {index + 1}/{rounds}: {side} done", file=sys.stderr, flush=True)
     lines = [
         "Per fused program (medians over rounds; CPU = process CPU time of trace+lower and of XLA's compile, all "
-        "threads; HLO = instructions of the optimized entry computation, kernels = its fusions):",
+        "threads; HLO = instructions of the optimized entry computation, kernels = its fusions; call CPU = process CPU time "
+        "of one call of the compiled program, XLA's threads included, median of 15):",
         "",
-        "| model | program (base / new) | HLO base | HLO new | kernels base | kernels new | lower CPU base s | lower CPU new s | compile CPU base s | compile CPU new s | new / base |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| model | program (base / new) | HLO base | HLO new | kernels base | kernels new | lower CPU base s | lower CPU new s | compile CPU base s | compile CPU new s | new / base | call CPU base ms | call CPU new ms | call new / base |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     keyed = {side: [{(p["model"], p["order"]): p for p in sample["programs"]} for sample in samples] for side, samples in sides.items()}
     totals = {"base": 0.0, "new": 0.0}
@@ -417,10 +431,12 @@ def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
         compile_base, compile_new = statistics.median(p["compile_cpu"] for p in base), statistics.median(p["compile_cpu"] for p in new)
         totals["base"] += compile_base
         totals["new"] += compile_new
+        call_base, call_new = (statistics.median(p.get("run_cpu", math.nan) for p in side) for side in (base, new))
         lines.append(
             f"| {key[0]} | {base[0]['name']} / {new[0]['name']} | {base[0]['hlo_lines']} | {new[0]['hlo_lines']} | {base[0]['kernels']} | "
             f"{new[0]['kernels']} | {statistics.median(p['lower_cpu'] for p in base):.2f} | {statistics.median(p['lower_cpu'] for p in new):.2f} | "
-            f"{compile_base:.2f} | {compile_new:.2f} | {compile_new / compile_base:.2f} |"
+            f"{compile_base:.2f} | {compile_new:.2f} | {compile_new / compile_base:.2f} | "
+            f"{call_base * 1e3:.2f} | {call_new * 1e3:.2f} | {call_new / call_base:.2f} |"
         )
     lines += ["", f"All programs' compile CPU: base {totals['base']:.2f} s, new {totals['new']:.2f} s ({totals['new'] / totals['base']:.2f}x).", "",
               "From the worker's start (imports included) to the end of each model's first step, run first to third in one process; "
@@ -431,13 +447,16 @@ def compare(base_python: str, models: Sequence[str], rounds: int) -> str:
         cells = [statistics.median(sample["first_steps"][model].get(field, math.nan) for sample in sides[side])
                  for field in ("wall", "cpu", "lower_cpu", "compile_cpu") for side in ("base", "new")]
         lines.append(f"| {model} | " + " | ".join(f"{cell:.1f}" if field < 2 else f"{cell:.2f}" for field, cell in zip((0, 0, 1, 1, 2, 2, 3, 3), cells)) + " |")
-    lines += ["", f"{rounds} rounds; base: `{base_python}`, new: this checkout."]
+    flags = "".join(f"; {side}'s XLA_FLAGS add `{xla_flags[side]}`" for side in ("base", "new") if xla_flags[side])
+    lines += ["", f"{rounds} rounds; base: `{base_python}`, new: this checkout{flags}."]
     return "\n".join(lines)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--base-python", help="the Python whose checkout is the base (its own editable install)")
+    parser.add_argument("--base-xla-flags", default="", help="flags added to the base side's XLA_FLAGS")
+    parser.add_argument("--new-xla-flags", default="", help="flags added to the new side's XLA_FLAGS")
     parser.add_argument("--options", nargs="+", metavar="NAME=OPTION=VALUE,...",
                         help="compare XLA compile option sets on this checkout instead (the first is the reference; NAME= for XLA's defaults)")
     parser.add_argument("--origins", action="store_true", help="count each program's kernels by kind and by the ATen op that made them, on this checkout")
@@ -462,12 +481,13 @@ def main() -> None:
         body, title = origins_table(args.models), "XLA:CPU kernels of fused programs by origin"
     elif option_sets:
         body, title = compare_options(option_sets, args.models, args.rounds), "XLA:CPU compile options"
-    elif args.base_python is None:
-        parser.exit(2, "compile_speed: give --base-python (compare two checkouts) or --options (compare XLA options)\n")
-    elif not Path(args.base_python).exists():
+    elif args.base_python is None and not (args.base_xla_flags or args.new_xla_flags):
+        parser.exit(2, "compile_speed: give --base-python or --base-xla-flags/--new-xla-flags (compare two sides) or --options (compare XLA options)\n")
+    elif args.base_python is not None and not Path(args.base_python).exists():
         parser.exit(2, f"compile_speed: no Python at {args.base_python}\n")
     else:
-        body, title = compare(args.base_python, args.models, args.rounds), "XLA:CPU compile time of fused programs"
+        flags = {"base": args.base_xla_flags, "new": args.new_xla_flags}
+        body, title = compare(args.base_python or sys.executable, args.models, args.rounds, flags), "XLA:CPU compile time of fused programs"
     print(body)
     if not args.no_write:
         sys.path.insert(0, str(BENCH))

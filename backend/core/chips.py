@@ -5,11 +5,18 @@
 `configure()` does that when the backend is imported. `TPUTRACE_PLATFORM` names the XLA platform
 that backs the chips instead (`cpu`, `gpu`, `tpu`): e.g. `gpu` runs the chips on a host's GPUs,
 one chip per GPU.
+
+On virtual chips `configure()` also turns off LLVM's loop unrolling in XLA:CPU's kernels
+(`xla_cpu_disable_loop_unrolling`): a small loop fully unrolled (a layer norm's `rsqrt` over a
+batch's rows, a transpose between layouts) is most of its kernel's compile time; without it the
+programs compile in about four fifths of the CPU and run about as fast (docs/performance.md). An
+`--xla_backend_extra_options` already in `XLA_FLAGS` is left as it is.
 """
 
 from __future__ import annotations
 
 import functools
+import importlib.util
 import os
 
 import jax
@@ -19,6 +26,8 @@ from tputrace import settings
 CHIPS_ENV = settings.CHIPS[0]
 PLATFORM_ENV = "TPUTRACE_PLATFORM"
 _HOST_COUNT_FLAG = "--xla_force_host_platform_device_count"
+_EXTRA_OPTIONS_FLAG = "--xla_backend_extra_options"
+LOOP_UNROLLING_OFF = "xla_cpu_disable_loop_unrolling"
 
 
 class ChipError(RuntimeError):
@@ -30,18 +39,30 @@ def requested_chip_count() -> int:
 
 
 def configure() -> None:
-    """Ask XLA for enough host devices, before JAX starts, so virtual chips exist on CPU hosts."""
+    """Ask XLA for enough host devices, before JAX starts, so virtual chips exist on CPU hosts, and for
+    XLA:CPU kernels without LLVM's loop unrolling when the chips are XLA:CPU devices."""
     count = requested_chip_count()
     flags = os.environ.get("XLA_FLAGS", "").split()
     existing = [flag for flag in flags if flag.startswith(_HOST_COUNT_FLAG + "=")]
-    if existing:
-        try:
-            if int(existing[-1].split("=", 1)[1]) >= count:
-                return
-        except ValueError:
-            pass
-    kept = [flag for flag in flags if not flag.startswith(_HOST_COUNT_FLAG + "=")]
-    os.environ["XLA_FLAGS"] = " ".join([*kept, f"{_HOST_COUNT_FLAG}={count}"])
+    kept = flags
+    try:
+        enough = bool(existing) and int(existing[-1].split("=", 1)[1]) >= count
+    except ValueError:
+        enough = False
+    if not enough:
+        kept = [*(flag for flag in flags if not flag.startswith(_HOST_COUNT_FLAG + "=")), f"{_HOST_COUNT_FLAG}={count}"]
+    if _chips_on_xla_cpu() and not any(flag.startswith(_EXTRA_OPTIONS_FLAG + "=") for flag in flags):
+        kept = [*kept, f"{_EXTRA_OPTIONS_FLAG}={LOOP_UNROLLING_OFF}"]
+    if kept != flags:
+        os.environ["XLA_FLAGS"] = " ".join(kept)
+
+
+def _chips_on_xla_cpu() -> bool:
+    """Whether the chips will be XLA:CPU devices: `TPUTRACE_PLATFORM=cpu`, or no platform named and no libtpu."""
+    requested_platform = os.environ.get(PLATFORM_ENV, "").strip().lower()
+    if requested_platform:
+        return requested_platform == "cpu"
+    return importlib.util.find_spec("libtpu") is None
 
 
 def _platform_devices(name: str) -> list[jax.Device]:
