@@ -190,7 +190,7 @@ class ChromeJsonImporter:
         step_starts, step_labels = self.steps.starts, self.steps.labels
         innermost = self.user_frames.innermost
         latest_frames = self.user_frames.latest  # each thread's latest frame and the times it holds for (`innermost`)
-        module_of = self.modules.module_sid
+        module_of = self.modules.module_sid if self.modules.index is not None else None  # None: no module ranges
         name_sids: dict[str, int] = {}  # an op's name -> its string id
         inputs_sids: dict[str, int] = {}  # an op's shapes -> their string id
         # The step of the latest row and the times [from, until) it holds for: rows come mostly in time order.
@@ -209,12 +209,13 @@ class ChromeJsonImporter:
         launches = kineto.LaunchSteps(self._kernel_rows)
         op_spans = OpSpans()  # each thread's CPU ops, for the op around a kernel's launch
         # Kept only for a file with launches: 32 bytes an op, however many ops the file holds.
-        add_span = op_spans.add if self.path in self.launching else _ignore
+        add_span = op_spans.add if self.path in self.launching else None
         comms = self.comms
         python_names: dict[str, tuple[int, int | None]] = {}  # a Python frame's name -> its string id and frame id
         for events in event_lists(self.path, parse_float=self.parse_float):
             ops: list[tuple[Any, ...]] = []
             annotations: list[tuple[Any, ...]] = []
+            memory: list[tuple[Any, ...]] = []
             for event in events:
                 if event.__class__ is not dict:
                     continue
@@ -231,7 +232,7 @@ class ChromeJsonImporter:
                     name = str(name)
                 start_ns = round((ts - start_us) * 1000)
                 if name == "[memory]":
-                    self._memory(_args(event), start_ns)
+                    memory.append(self._memory(_args(event), start_ns))
                     continue
                 if event.get("ph") != "X":
                     continue
@@ -268,7 +269,8 @@ class ChromeJsonImporter:
                     elif name == "record_param_comms" and comms == "param" and args.__class__ is dict:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
-                    add_span(tid, ts, ts + dur, seq)
+                    if add_span is not None:
+                        add_span(tid, ts, ts + dur, seq)
                     call_stack = args.get("Call stack") if args.__class__ is dict else None
                     frame_name = call_stack and call_stack_frame(call_stack, _is_user_frame)
                     if not frame_name:
@@ -292,8 +294,9 @@ class ChromeJsonImporter:
                     parent = stack[-1] if stack else None
                     if parent is not None:  # `Nesting.push`, inline (see `profiler_parts.open_op` for the list)
                         parent[3] += (end if end < parent[0] else parent[0]) - ts
+                    module_sid = module_of(ts, tid, name, args, parent) if module_of else None
                     stack.append([end, ts, [seq, rank, name_sid, inputs_sid, None, -1, start_ns, dur_ns, frame_id,
-                                            module_of(ts, tid, name, args, parent), step, None, None], 0.0, None, None])
+                                            module_sid, step, None, None], 0.0, None, None])
                 elif category == "python_function":
                     named = python_names.get(name)
                     if named is None:
@@ -325,6 +328,8 @@ class ChromeJsonImporter:
                                    frame_of(innermost(ts, tid) or ""))
             extend("ops", ops)
             extend("annotations", annotations)
+            if memory:
+                extend("memory", memory)
         launches.finish()
         op_spans.clear()
         ops = []
@@ -433,11 +438,12 @@ class ChromeJsonImporter:
         self.sink.append("collectives", (self.rank, kineto.collective_kind(name), nbytes, dtype, None, None, None, start_ns,
                                          dur_ns, None, None, None, step, None))
 
-    def _memory(self, args: dict[str, Any], t_ns: int) -> None:
+    def _memory(self, args: dict[str, Any], t_ns: int) -> tuple[int, int, int, int, int]:
+        """A `memory` row of a `[memory]` event's args."""
         chip = int(args.get("Device Id", -1) if args.get("Device Id") is not None else -1)
         live = int(_number(args.get("Total Allocated")))
         peak = self.peak_bytes[chip] = max(self.peak_bytes.get(chip, 0), live)
-        self.sink.append("memory", (self.rank, chip, t_ns, live, peak))
+        return self.rank, chip, t_ns, live, peak
 
     def _frame(self, name: str) -> int | None:
         frame_id = self.frames.get(name, -1)
@@ -446,10 +452,6 @@ class ChromeJsonImporter:
             frame_id = self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
                                             if match else None)
         return frame_id
-
-
-def _ignore(*_: Any) -> None:
-    pass
 
 
 def process_key(path: Path) -> tuple[str, str, str]:

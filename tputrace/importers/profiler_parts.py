@@ -255,15 +255,20 @@ class OpModules:
     def __init__(self, ranges: list[tuple[float, float, Any, str]], intern: Callable[[str], int]) -> None:
         self.index = FrameIndex(module_paths(ranges)) if ranges else None
         self.intern = intern
+        self.sids: dict[str, int] = {}  # a module's path -> its string id
         self.forwards: dict[Any, int] = {}
 
     def module_sid(self, ts: float, tid: Any, name: str, args: Any, parent: OpenOp | None) -> int | None:
-        if self.index is None:
+        index = self.index
+        if index is None:
             return None
-        path = self.index.innermost(ts, tid)
+        latest = index.latest.get(tid)  # `FrameIndex.innermost`'s answer that still holds, inline
+        path = latest[2] if latest is not None and latest[0] <= ts <= latest[1] else index.innermost(ts, tid)
         sequence = args.get("Sequence number") if args.__class__ is dict else None
         if path is not None:
-            module_sid = self.intern(path)
+            module_sid = self.sids.get(path)
+            if module_sid is None:
+                module_sid = self.sids[path] = self.intern(path)
             if sequence is not None and sequence not in self.forwards:
                 self.forwards[sequence] = module_sid
                 if len(self.forwards) > _FORWARDS_KEPT:
