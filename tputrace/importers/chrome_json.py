@@ -194,7 +194,7 @@ class ChromeJsonImporter:
         name_sids: dict[str, int] = {}  # an op's name -> its string id
         inputs_sids: dict[str, int] = {}  # an op's shapes -> their string id
         # The step of the latest row and the times [from, until) it holds for: rows come mostly in time order.
-        step, step_from, step_until = 0, 1, 0
+        step, step_from, step_until = 0, 1.0, 0.0
         frame_of = self._frame
         frames = self.frames  # a frame's name -> its id (-1 where not yet known)
         shapes_of = Shapes()
