@@ -168,9 +168,11 @@ def step_number(event: dict[str, Any]) -> int | None:
 
 
 def number(value: Any) -> float:
+    """A JSON number as a float; 0.0 for anything else (a missing `dur`)."""
     return float(value) if isinstance(value, NUMBER) else 0.0
 
 
 def args_of(event: dict[str, Any]) -> dict[str, Any]:
+    """An event's `args` object; empty where it has none."""
     args = event.get("args")
     return args if isinstance(args, dict) else {}
