@@ -15,7 +15,8 @@ after, and the tables the two write are compared row by row.
 Where an XProf event's CPU time goes, on the capture of 10^6 events, each stage in a fresh process: reading
 the file's events (the walk that finds each event's bytes, then that and the decoding into columns), the
 import with the rows built but not inserted (the writer's inserts skipped), the import without the indexes
-built at its end, and the whole import.
+built at its end, and the whole import. Likewise for a torch.profiler JSON event: the importer's first pass over
+the raw text, decoding the events as the second pass does, then the same three imports.
 
 Run: `python bench/import_speed.py [--events 100000 1000000] [--more-xprof-events 10000000] [--repeats 3]
 [--baseline main]`; writes its section of bench/RESULTS.md.
@@ -142,6 +143,24 @@ IMPORT_WITHOUT_INDEXES = textwrap.dedent("""
     usage = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps(usage.ru_utime + usage.ru_stime))
 """)
+# Run in a fresh process: CPU time of the torch.profiler importer's first pass over a JSON capture's raw text, and of
+# decoding its events (`json.loads` of each block, then freeing them), as the second pass does.
+READ_JSON = textwrap.dedent("""
+    import json, sys, time
+    from pathlib import Path
+    from tputrace.importers import chrome_scan, kineto
+    from tputrace.importers.json_events import event_lists, read_head
+    from tputrace.importers.window_ranges import WindowRanges
+
+    path = Path(sys.argv[1])
+    parse_float = kineto.exact_or_float(kineto.exact_offset(read_head(path)))
+    start = time.process_time()
+    chrome_scan.scan_text(path, parse_float, WindowRanges(), set(), {}, set())
+    scan_s = time.process_time() - start
+    start = time.process_time()
+    events = sum(len(events) for events in event_lists(path, parse_float=parse_float))
+    print(json.dumps({"events": events, "scan_s": scan_s, "decode_s": time.process_time() - start}))
+""")
 STAGE_EVENTS = 1_000_000
 # The interpreter and tputrace's imports alone, subtracted from each import's CPU time.
 STARTUP = "import resource, json, tputrace.importers.run; u = resource.getrusage(resource.RUSAGE_SELF); " \
@@ -246,6 +265,24 @@ def _stages(capture: Path, output: Path, events: int, import_s: float, startup_s
         [f"| the whole import | {total_us:.2f} | 100% |"]
 
 
+def _json_stages(capture: Path, output: Path, events: int, import_s: float, startup_s: float) -> list[str]:
+    """Table rows: the CPU time per event of each stage of importing the torch.profiler JSON `capture`."""
+    read = _run_json(READ_JSON, str(capture))
+    built_s = _run_json(IMPORT_WITHOUT_INSERTS, str(capture), str(output)) - startup_s
+    unindexed_s = _run_json(IMPORT_WITHOUT_INDEXES, str(capture), str(output)) - startup_s
+    scan_us, decode_us = read["scan_s"] / events * 1e6, read["decode_s"] / events * 1e6
+    built_us, unindexed_us, total_us = built_s / events * 1e6, unindexed_s / events * 1e6, import_s / events * 1e6
+    parts = [
+        ("the first pass over the raw text (start, steps, user frames, ranges)", scan_us),
+        ("decoding the events (`json.loads` of each block, and freeing them)", decode_us),
+        ("the rest of building rows (nesting, shapes, frames, modules, queueing)", built_us - scan_us - decode_us),
+        ("SQLite: inserting the rows (in the writer's thread)", unindexed_us - built_us),
+        ("SQLite: building the indexes at the end", total_us - unindexed_us),
+    ]
+    return [f"| {name} | {us:.2f} | {us / total_us:.0%} |" for name, us in parts] + \
+        [f"| the whole import | {total_us:.2f} | 100% |"]
+
+
 def differing_table(first: Path, second: Path) -> str | None:
     """The first table (by name) in which two traces do not hold the same rows in the same order, None where none
     does; `meta` (which holds when each was made) is left out."""
@@ -313,6 +350,7 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     stages: list[str] = []
+    json_stages: list[str] = []
     differing: list[str] = []  # the captures whose tables the baseline's import and this tree's write differently
     startup_s = min(_run_json(STARTUP) for _ in range(3))
     with tempfile.TemporaryDirectory() as temp:
@@ -341,6 +379,8 @@ def main() -> None:
                     differing.append(f"{fmt}, {events:,} events (`{table}`)")
                 if scale is scale_xplane and wanted == STAGE_EVENTS:
                     stages = _stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
+                if scale is scale_chrome_json and wanted == STAGE_EVENTS:
+                    json_stages = _json_stages(capture, outputs[-1], events, measured["cpu_s"], startup_s)
                 capture.unlink()
     body = "\n".join([
         "Capture events imported per CPU second by `tputrace import` (the process's user + system time, its",
@@ -369,6 +409,15 @@ def main() -> None:
             "|---|---|---|",
             *stages,
         ] if stages else []),
+        *([
+            "",
+            f"Where a torch.profiler JSON event's CPU time goes ({STAGE_EVENTS:,} events; µs per event; the first pass",
+            "reads the raw text with regular expressions, the second decodes every event and builds the rows):",
+            "",
+            "| stage | µs per event | share |",
+            "|---|---|---|",
+            *json_stages,
+        ] if json_stages else []),
     ])
     write_section(SECTION, body)
 

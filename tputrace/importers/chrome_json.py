@@ -18,46 +18,31 @@ from __future__ import annotations
 
 import bisect
 import json
+import math
 import re
-import sys
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers import kineto, window_ranges
-from tputrace.importers.profiler_parts import FrameIndex, Nesting, OpenOp, OpModules, OpSpans, Shapes, call_stack_frame
-from tputrace.importers.json_events import array_trailer, event_lists, event_texts, read_head, read_header
+from tputrace.importers import chrome_scan, kineto, window_ranges
+from tputrace.importers.profiler_parts import (FrameIndex, Nesting, OpModules, OpSpans, Shapes, call_stack_frame,
+                                              open_op)
+from tputrace.importers.chrome_scan import COLLECTIVE, NUMBER, STEP, Irregular
+from tputrace.importers.chrome_scan import is_user_frame as _is_user_frame
+from tputrace.importers.chrome_scan import number as _number
+from tputrace.importers.json_events import event_lists, read_head, read_header
 from tputrace.importers.sink import ImportSink, RankClock, StepClock
 from tputrace.importers.sources import CHROME_JSON, CaptureError
-from tputrace.importers.torch_trace_text import INDUCTOR_CODE
 
-_STEP = re.compile(r"^ProfilerStep#(\d+)$")
-_PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
 _KERNEL_CATEGORIES = frozenset(("kernel", "gpu_memcpy", "gpu_memset"))
-# torch.profiler names a frame's file relative to the `sys.path` entry holding it: the standard library's files come
-# as `threading.py`, `multiprocessing/queues.py`, like a script's. Its modules are not the user's code, except names a
-# script or a folder of tests is often given.
-_STANDARD_LIBRARY = frozenset(sys.stdlib_module_names) - {"test", "tests", "profile", "trace", "code", "this", "main"}
 # torch.compile's ranges (dynamo_timed): a frame's compile, and AOTAutograd's backward compile.
 _COMPILE_EVENTS = frozenset(("entire_frame_compile", "entire_backward_compile"))
 # The annotation inside each such range that names its compile: `entire_frame_compile_data: ..., compile_id=0/1`.
 _COMPILE_DATA = re.compile(r"^entire_(?:frame|backward)_compile_data: .*\bcompile_id=([\w/\[\]-]+)")
-# The first pass's patterns over raw text; each match is checked against a count of its key.
-# Every `"ts"` key; its number ('' where none follows it: text of another shape).
-_TS_TEXT = re.compile(r'"ts"(?:\s*:\s*(-?\d[\d.eE+-]*))?')
-_STEP_TEXT = re.compile(r'"name"\s*:\s*"ProfilerStep#\d+"')
-_PYTHON_TEXT = re.compile(r'"python_function"\s*,\s*"name"\s*:\s*"([^"\\]*(?:\\.[^"\\]*)*)"')
-_NUMBER = (int, float)
-# A process group's collective as torch.profiler records it on the backend's thread: `gloo:all_reduce`.
-_COLLECTIVE = re.compile(r"^(gloo|nccl|mpi|ucc|xccl|hccl):(\w+)$")
+_PYTHON_FRAME = re.compile(r"^(.*?)\((\d+)\): (.*)$")
 _HOST_TEXT = re.compile(r'"host_name"\s*:\s*"((?:[^"\\]|\\.)*)"')
 _PID_TEXT = re.compile(r'"pid"\s*:\s*(\d+)')
 _SYNC_OPS_KEPT = 1 << 17
-# A process group's collective recorded on a backend's own thread (gloo's: its time is the collective's).
-_BACKEND_TEXT = re.compile(r'"name"\s*:\s*"(?:gloo|mpi|ucc|xccl|hccl):')
-
-
-class _Irregular(Exception):
-    """Raw text the first pass's patterns do not fit: the pass decodes the events instead."""
+is_user_frame = _is_user_frame  # whether a `python_function` name is a frame of the user's code (see `chrome_scan`)
 
 
 class ChromeJsonImporter:
@@ -102,7 +87,7 @@ class ChromeJsonImporter:
             self.window = window_ranges.WindowRanges()
             try:
                 start_us, markers, user_frames = self._scan_text(trailer, comms)
-            except _Irregular:
+            except Irregular:
                 comms.clear()
                 self.window = window_ranges.WindowRanges()
                 start_us, markers, user_frames = self._scan_events(trailer, comms)
@@ -187,91 +172,13 @@ class ChromeJsonImporter:
 
     def _scan_text(self, trailer: dict[str, Any] | None = None, comms: set[str] | None = None) -> tuple[
             float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
-        """The first pass over raw text; `_Irregular` where an event does not have the expected shape. `trailer`
-        gets the header fields after the events, `comms` what describes the collectives (see `kineto.comms_source`)."""
-        trailer = {} if trailer is None else trailer
-        comms = set() if comms is None else comms
-        start_us: float | None = None
-        markers: list[tuple[float, float, int | None]] = []
-        user_frames: list[tuple[float, float, Any, str]] = []
-        user_names: dict[str, str | None] = {}  # a name's raw text -> the name, if it is a user frame's
-        parse_float = self.parse_float
-        decode = json.JSONDecoder(parse_float=parse_float).raw_decode
-        text = ""
-        for text in event_texts(self.path):
-            stamps = _TS_TEXT.findall(text)
-            if "" in stamps:
-                raise _Irregular
-            if stamps:
-                earliest = min(map(parse_float, stamps))
-                if earliest == 0:  # metadata events (`process_name`) at 0 on a clock that is not the events'
-                    earliest = min((value for value in map(parse_float, stamps) if value != 0), default=None)
-                if earliest is not None:
-                    start_us = earliest if start_us is None else min(start_us, earliest)
-            if self.path not in self.launching and '"correlation"' in text:
-                self.launching.add(self.path)
-            if '"Collective name"' in text:
-                if kineto.COLLECTIVE_KERNEL_TEXT.search(text):
-                    comms.add("kernel")
-                if kineto.COLLECTIVE_OP_TEXT.search(text):
-                    comms.add("param")
-            if _BACKEND_TEXT.search(text):
-                comms.add("backend")
-            if "ProfilerStep#" in text:
-                for match in _STEP_TEXT.finditer(text):
-                    event = _event_around(text, match, decode)
-                    if event.get("ph") == "X":
-                        markers.append((event["ts"], event["ts"] + _number(event.get("dur")), _step_number(event)))
-            python_events = 0
-            for match in _PYTHON_TEXT.finditer(text):
-                python_events += 1
-                raw = match.group(1)
-                if raw.startswith(window_ranges.MODULE_PREFIX):
-                    self.window.add_event(_event_around(text, match, decode))
-                    continue
-                name = user_names.get(raw, "")
-                if name == "":
-                    name = user_names[raw] = _user_frame_name(raw)
-                if name is not None:
-                    event = _event_around(text, match, decode)
-                    if event.get("name") != name or event.get("cat") != "python_function":
-                        raise _Irregular
-                    user_frames.append((event["ts"], event["ts"] + _number(event.get("dur")), event.get("tid"), name))
-            self.window.scan_text(text, lambda block, match: _event_around(block, match, decode), user=not markers)
-            if python_events != text.count('"python_function"'):
-                raise _Irregular
-        trailer.update(array_trailer(text))
-        return start_us, markers, user_frames
+        """The first pass over raw text (`chrome_scan.scan_text`)."""
+        return chrome_scan.scan_text(self.path, self.parse_float, self.window, self.launching, trailer, comms)
 
     def _scan_events(self, trailer: dict[str, Any] | None = None, comms: set[str] | None = None) -> tuple[
             float | None, list[tuple[float, float, int | None]], list[tuple[float, float, Any, str]]]:
-        """The first pass over decoded events (for text the patterns do not fit)."""
-        comms = set() if comms is None else comms
-        start_us: float | None = None
-        markers: list[tuple[float, float, int | None]] = []
-        user_frames: list[tuple[float, float, Any, str]] = []
-        for events in event_lists(self.path, parse_float=self.parse_float, trailer=trailer):
-            for event in events:
-                if not isinstance(event, dict):
-                    continue
-                ts = event.get("ts")
-                if not isinstance(ts, _NUMBER):
-                    continue
-                if ts != 0:
-                    start_us = ts if start_us is None else min(start_us, ts)
-                name = str(event.get("name", ""))
-                if "correlation" in _args(event):
-                    self.launching.add(self.path)
-                if kineto.COLLECTIVE_ARG in _args(event) and (event.get("cat") == "kernel" or name == "record_param_comms"):
-                    comms.add("kernel" if event.get("cat") == "kernel" else "param")
-                if _COLLECTIVE.match(name) and not name.startswith("nccl:"):
-                    comms.add("backend")
-                if event.get("cat") == "python_function" and _is_user_frame(name):
-                    user_frames.append((ts, ts + _number(event.get("dur")), event.get("tid"), name))
-                if event.get("ph") == "X" and _STEP.match(name):
-                    markers.append((ts, ts + _number(event.get("dur")), _step_number(event)))
-                self.window.add_event(event)
-        return start_us, markers, user_frames
+        """The first pass over decoded events (`chrome_scan.scan_events`)."""
+        return chrome_scan.scan_events(self.path, self.parse_float, self.window, self.launching, trailer, comms)
 
     # -- second pass: rows ----------------------------------------------------------------------
 
@@ -282,7 +189,12 @@ class ChromeJsonImporter:
         intern = self.writer.intern
         step_starts, step_labels = self.steps.starts, self.steps.labels
         innermost = self.user_frames.innermost
-        module_of = self.modules.module_sid
+        latest_frames = self.user_frames.latest  # each thread's latest frame and the times it holds for (`innermost`)
+        module_of = self.modules.module_sid if self.modules.index is not None else None  # None: no module ranges
+        name_sids: dict[str, int] = {}  # an op's name -> its string id
+        inputs_sids: dict[str, int] = {}  # an op's shapes -> their string id
+        # The step of the latest row and the times [from, until) it holds for: rows come mostly in time order.
+        step, step_from, step_until = 0, 1.0, 0.0
         frame_of = self._frame
         frames = self.frames  # a frame's name -> its id (-1 where not yet known)
         shapes_of = Shapes()
@@ -297,29 +209,30 @@ class ChromeJsonImporter:
         launches = kineto.LaunchSteps(self._kernel_rows)
         op_spans = OpSpans()  # each thread's CPU ops, for the op around a kernel's launch
         # Kept only for a file with launches: 32 bytes an op, however many ops the file holds.
-        add_span = op_spans.add if self.path in self.launching else _ignore
+        add_span = op_spans.add if self.path in self.launching else None
         comms = self.comms
         python_names: dict[str, tuple[int, int | None]] = {}  # a Python frame's name -> its string id and frame id
         for events in event_lists(self.path, parse_float=self.parse_float):
             ops: list[tuple[Any, ...]] = []
             annotations: list[tuple[Any, ...]] = []
+            memory: list[tuple[Any, ...]] = []
             for event in events:
                 if event.__class__ is not dict:
                     continue
                 ts = event.get("ts")
-                if ts.__class__ is not float and not isinstance(ts, _NUMBER):
+                if ts.__class__ is not float and not isinstance(ts, NUMBER):
                     continue
                 dur = event.get("dur", 0)
-                if dur.__class__ is not float and not isinstance(dur, _NUMBER):
+                if dur.__class__ is not float and not isinstance(dur, NUMBER):
                     dur = 0.0
                 if ts + dur > end_us and event.get("s") != "g":  # not a global marker (`Record Window End`)
                     end_us = ts + dur
                 name = event.get("name", "")
                 if name.__class__ is not str:
                     name = str(name)
-                start_ns = int(round((ts - start_us) * 1000))
+                start_ns = round((ts - start_us) * 1000)
                 if name == "[memory]":
-                    self._memory(_args(event), start_ns)
+                    memory.append(self._memory(_args(event), start_ns))
                     continue
                 if event.get("ph") != "X":
                     continue
@@ -331,17 +244,21 @@ class ChromeJsonImporter:
                         self.device_kinds.add(kineto.DEVICE_OF_CATEGORY[category])
                     category = categories[category]
                 dur_ns = int(dur * 1000)
-                step = step_labels[bisect.bisect_right(step_starts, start_ns)]
+                if not step_from <= start_ns < step_until:
+                    position = bisect.bisect_right(step_starts, start_ns)
+                    step = step_labels[position]
+                    step_from = step_starts[position - 1] if position else -math.inf
+                    step_until = step_starts[position] if position < len(step_starts) else math.inf
                 if start_ns > latest_start_ns:
                     latest_start_ns = start_ns
                 if category == "cpu_op":
                     tid = event.get("tid")
                     stack = nesting.open_on(tid, ts, ops)
-                    if name in _COMPILE_EVENTS or (stack and stack[-1].in_compile):
+                    if name in _COMPILE_EVENTS or (stack and stack[-1][2] is None):
                         # torch.compile's own work (its phases, and the ops it runs on fake tensors) is the compile's
                         # time, not the program's ops.
                         frame_name = innermost(ts, tid) if name in _COMPILE_EVENTS else None
-                        nesting.push(tid, OpenOp(ts + dur, ts, None, in_compile=True, compile_event=(
+                        nesting.push(tid, open_op(ts + dur, ts, None, (
                             name, start_ns, dur_ns, step, frame_of(frame_name) if frame_name else None)
                             if name in _COMPILE_EVENTS else None))
                         continue
@@ -352,33 +269,48 @@ class ChromeJsonImporter:
                     elif name == "record_param_comms" and comms == "param" and args.__class__ is dict:
                         self._comms(args, start_ns, dur_ns, step, frame_of(innermost(ts, tid) or ""))
                     inputs = shapes_of(args.get("Input type"), args.get("Input Dims")) if args.__class__ is dict else ""
-                    add_span(tid, ts, ts + dur, seq)
+                    if add_span is not None:
+                        add_span(tid, ts, ts + dur, seq)
                     call_stack = args.get("Call stack") if args.__class__ is dict else None
-                    frame_name = (call_stack and call_stack_frame(call_stack, _is_user_frame)) or innermost(ts, tid)
-                    name_sid, inputs_sid = intern(name), intern(inputs) if inputs else None  # ids before the frame's
+                    frame_name = call_stack and call_stack_frame(call_stack, _is_user_frame)
+                    if not frame_name:
+                        latest = latest_frames.get(tid)  # `FrameIndex.innermost`'s answer that still holds, inline
+                        frame_name = latest[2] if latest is not None and latest[0] <= ts <= latest[1] else \
+                            innermost(ts, tid)
+                    # The name's and the shapes' string ids before the frame's.
+                    name_sid = name_sids.get(name)
+                    if name_sid is None:
+                        name_sid = name_sids[name] = intern(name)
+                    if inputs:
+                        inputs_sid = inputs_sids.get(inputs)
+                        if inputs_sid is None:
+                            inputs_sid = inputs_sids[inputs] = intern(inputs)
+                    else:
+                        inputs_sid = None
                     frame_id = frames.get(frame_name, -1) if frame_name else None
                     if frame_id == -1:
                         frame_id = frame_of(str(frame_name))
                     end = ts + dur
                     parent = stack[-1] if stack else None
-                    if parent is not None:  # `Nesting.push`, inline
-                        parent.child_us += (end if end < parent.end_us else parent.end_us) - ts
-                    stack.append(OpenOp(end, ts, [seq, rank, name_sid, inputs_sid, None, -1, start_ns, dur_ns, frame_id,
-                                                  module_of(ts, tid, name, args, parent), step, None, None]))
+                    if parent is not None:  # `Nesting.push`, inline (see `profiler_parts.open_op` for the list)
+                        parent[3] += (end if end < parent[0] else parent[0]) - ts
+                    module_sid = module_of(ts, tid, name, args, parent) if module_of else None
+                    stack.append([end, ts, [seq, rank, name_sid, inputs_sid, None, -1, start_ns, dur_ns, frame_id,
+                                            module_sid, step, None, None], 0.0, None, None])
                 elif category == "python_function":
                     named = python_names.get(name)
                     if named is None:
                         named = python_names[name] = (intern(name), frame_of(name))
                     annotations.append((rank, named[0], "python", start_ns, dur_ns, named[1], step))
                 elif category == "user_annotation":
-                    collective = _COLLECTIVE.match(name)
+                    collective = COLLECTIVE.match(name)
                     if collective and kineto.collective_kind(collective.group(2)) and (
                             comms == "annotation" or (comms == "kernel" and collective.group(1) != "nccl")):
                         self._collective(collective.group(2), event, start_ns, dur_ns, step)
                     compile_id = _COMPILE_DATA.match(name)
                     if compile_id:
                         nesting.name_compile(event.get("tid"), compile_id.group(1))
-                    if not _STEP.match(name):
+                    if not STEP.match(name):
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
                     devices.add(self._kernel(name, event, start_ns, dur_ns, step, launches))
@@ -396,6 +328,8 @@ class ChromeJsonImporter:
                                    frame_of(innermost(ts, tid) or ""))
             extend("ops", ops)
             extend("annotations", annotations)
+            if memory:
+                extend("memory", memory)
         launches.finish()
         op_spans.clear()
         ops = []
@@ -504,11 +438,12 @@ class ChromeJsonImporter:
         self.sink.append("collectives", (self.rank, kineto.collective_kind(name), nbytes, dtype, None, None, None, start_ns,
                                          dur_ns, None, None, None, step, None))
 
-    def _memory(self, args: dict[str, Any], t_ns: int) -> None:
+    def _memory(self, args: dict[str, Any], t_ns: int) -> tuple[int, int, int, int, int]:
+        """A `memory` row of a `[memory]` event's args."""
         chip = int(args.get("Device Id", -1) if args.get("Device Id") is not None else -1)
         live = int(_number(args.get("Total Allocated")))
         peak = self.peak_bytes[chip] = max(self.peak_bytes.get(chip, 0), live)
-        self.sink.append("memory", (self.rank, chip, t_ns, live, peak))
+        return self.rank, chip, t_ns, live, peak
 
     def _frame(self, name: str) -> int | None:
         frame_id = self.frames.get(name, -1)
@@ -517,10 +452,6 @@ class ChromeJsonImporter:
             frame_id = self.frames[name] = (self.writer.frame(match.group(1), int(match.group(2)), match.group(3))
                                             if match else None)
         return frame_id
-
-
-def _ignore(*_: Any) -> None:
-    pass
 
 
 def process_key(path: Path) -> tuple[str, str, str]:
@@ -535,51 +466,6 @@ def process_key(path: Path) -> tuple[str, str, str]:
     distributed = read_header(path).get("distributedInfo")
     rank = distributed.get("rank") if isinstance(distributed, dict) else None
     return (host.group(1) if host else ""), pid.group(1), "" if rank is None else str(rank)
-
-
-def _event_around(text: str, match: re.Match[str], decode: Any) -> dict[str, Any]:
-    """The event whose top-level key `match` found (the object starting at the nearest `{` before it), decoded by
-    `decode` (a `JSONDecoder`'s `raw_decode`)."""
-    start = text.rfind("{", 0, match.start())
-    try:
-        event, end = decode(text, start)
-    except (json.JSONDecodeError, ValueError):
-        raise _Irregular from None
-    if start < 0 or end < match.end() or not isinstance(event, dict) or not isinstance(event.get("ts"), _NUMBER):
-        raise _Irregular
-    return event
-
-
-def _user_frame_name(raw: str) -> str | None:
-    """The name whose JSON string text is `raw`, if it names a user frame; None otherwise."""
-    name = json.loads(f'"{raw}"') if "\\" in raw else raw
-    return name if _is_user_frame(name) else None
-
-
-def is_user_frame(name: str) -> bool:
-    """Whether a `python_function` event's name (`file.py(LINE): function`) is a frame of the user's code."""
-    return _is_user_frame(name)
-
-
-def _is_user_frame(name: str) -> bool:
-    match = _PYTHON_FRAME.match(name)
-    if match is None:
-        return False
-    file = match.group(1)
-    if file.split("/", 1)[0].removesuffix(".py") in _STANDARD_LIBRARY:
-        return False
-    return not (file.startswith(("torch/", "<")) or "site-packages" in file or "/lib/python" in file
-                or INDUCTOR_CODE.search(file))
-
-
-def _step_number(event: dict[str, Any]) -> int | None:
-    """N of a `ProfilerStep#N` event."""
-    match = _STEP.match(str(event.get("name", "")))
-    return int(match.group(1)) if match else None
-
-
-def _number(value: Any) -> float:
-    return float(value) if isinstance(value, _NUMBER) else 0.0
 
 
 def _args(event: dict[str, Any]) -> dict[str, Any]:

@@ -11,21 +11,18 @@ from collections.abc import Callable
 from typing import Any
 
 
-class OpenOp:
-    """A CPU op (or torch.compile range) still open on its thread: its end, start and row, and the time of its
-    direct children, which its own (self) time leaves out."""
+# A CPU op (or torch.compile range) still open on its thread, as a list (made and read in the importer's per-event
+# loop, where a list costs a fraction of an object's `__init__`): its end and start (us), its row (None for a compile
+# range and the ops run inside one), the time of its direct children (which its own, self, time leaves out), and a
+# compile range's event and compile id.
+OpenOp = list
+END_US, START_US, ROW, CHILD_US, COMPILE_EVENT, COMPILE_ID = range(6)
 
-    __slots__ = ("end_us", "start_us", "row", "child_us", "in_compile", "compile_event", "compile_id")
 
-    def __init__(self, end_us: float, start_us: float, row: list[Any] | None, *, in_compile: bool = False,
-                 compile_event: tuple[str, int, int, int, int | None] | None = None) -> None:
-        self.end_us = end_us
-        self.start_us = start_us
-        self.row = row
-        self.child_us = 0.0
-        self.in_compile = in_compile
-        self.compile_event = compile_event
-        self.compile_id: str | None = None
+def open_op(end_us: float, start_us: float, row: list[Any] | None,
+            compile_event: tuple[str, int, int, int, int | None] | None = None) -> OpenOp:
+    """An open op's entry; `row` None for a torch.compile range (`compile_event`) and the ops run inside one."""
+    return [end_us, start_us, row, 0.0, compile_event, None]
 
 
 class Nesting:
@@ -48,29 +45,28 @@ class Nesting:
             while stack:
                 self._close(stack, rows)
         self.last_start[tid] = ts
-        while stack and stack[-1].end_us <= ts:  # `_close`, inline (every op closes here or at the end)
-            item = stack.pop()
-            row = item.row
+        while stack and stack[-1][0] <= ts:  # `_close`, inline (every op closes here or at the end)
+            _, _, row, child_us, compile_event, compile_id = stack.pop()
             if row is not None:
-                if item.child_us or row[7] < 0:
-                    row[7] = max(0, row[7] - int(round(item.child_us * 1000)))
+                if child_us or row[7] < 0:
+                    row[7] = max(0, row[7] - round(child_us * 1000))
                 rows.append(tuple(row))
-            elif item.compile_event is not None:
-                self.on_compile(item.compile_event, item.compile_id)
+            elif compile_event is not None:
+                self.on_compile(compile_event, compile_id)
         return stack
 
     def push(self, tid: Any, item: OpenOp) -> None:
         stack = self.stacks[tid]
         if stack:
             parent = stack[-1]
-            parent.child_us += min(item.end_us, parent.end_us) - item.start_us
+            parent[CHILD_US] += min(item[END_US], parent[END_US]) - item[START_US]
         stack.append(item)
 
     def name_compile(self, tid: Any, compile_id: str) -> None:
         """Give the innermost open torch.compile range of `tid` its compile id (from its `…_data` annotation)."""
         for item in reversed(self.stacks.get(tid, [])):
-            if item.compile_event is not None:
-                item.compile_id = item.compile_id or compile_id
+            if item[COMPILE_EVENT] is not None:
+                item[COMPILE_ID] = item[COMPILE_ID] or compile_id
                 return
 
     def close_all(self, rows: list[tuple[Any, ...]]) -> None:
@@ -79,12 +75,12 @@ class Nesting:
                 self._close(stack, rows)
 
     def _close(self, stack: list[OpenOp], rows: list[tuple[Any, ...]]) -> None:
-        item = stack.pop()
-        if item.row is not None:
-            item.row[7] = max(0, item.row[7] - int(round(item.child_us * 1000)))
-            rows.append(tuple(item.row))
-        elif item.compile_event is not None:
-            self.on_compile(item.compile_event, item.compile_id)
+        _, _, row, child_us, compile_event, compile_id = stack.pop()
+        if row is not None:
+            row[7] = max(0, row[7] - round(child_us * 1000))
+            rows.append(tuple(row))
+        elif compile_event is not None:
+            self.on_compile(compile_event, compile_id)
 
 
 class FrameIndex:
@@ -175,7 +171,9 @@ class Shapes:
         if types.__class__ is not list or dims.__class__ is not list:
             return ""
         try:
-            key: Any = (tuple(types), tuple(map(tuple, dims)), tuple(map(type, dims)))
+            # One flat tuple: the types (JSON scalars), then each dims entry as a tuple and its type (no tuple or type
+            # comes from JSON, so the parts cannot run into each other).
+            key: Any = (*types, *map(tuple, dims), *map(type, dims))
             text = self.known.get(key)
         except TypeError:  # unhashable or scalar entries
             key = f"{types!r}{dims!r}"
@@ -257,23 +255,29 @@ class OpModules:
     def __init__(self, ranges: list[tuple[float, float, Any, str]], intern: Callable[[str], int]) -> None:
         self.index = FrameIndex(module_paths(ranges)) if ranges else None
         self.intern = intern
+        self.sids: dict[str, int] = {}  # a module's path -> its string id
         self.forwards: dict[Any, int] = {}
 
     def module_sid(self, ts: float, tid: Any, name: str, args: Any, parent: OpenOp | None) -> int | None:
-        if self.index is None:
+        index = self.index
+        if index is None:
             return None
-        path = self.index.innermost(ts, tid)
+        latest = index.latest.get(tid)  # `FrameIndex.innermost`'s answer that still holds, inline
+        path = latest[2] if latest is not None and latest[0] <= ts <= latest[1] else index.innermost(ts, tid)
         sequence = args.get("Sequence number") if args.__class__ is dict else None
         if path is not None:
-            module_sid = self.intern(path)
+            module_sid = self.sids.get(path)
+            if module_sid is None:
+                module_sid = self.sids[path] = self.intern(path)
             if sequence is not None and sequence not in self.forwards:
                 self.forwards[sequence] = module_sid
                 if len(self.forwards) > _FORWARDS_KEPT:
                     for key in list(self.forwards)[:_FORWARDS_KEPT // 2]:
                         del self.forwards[key]
             return module_sid
-        if parent is not None and parent.row is not None and parent.row[9] is not None:
-            return int(parent.row[9])
+        parent_row = parent[ROW] if parent is not None else None
+        if parent_row is not None and parent_row[9] is not None:
+            return int(parent_row[9])
         if sequence is not None and name.startswith(_BACKWARD_OP):
             return self.forwards.pop(sequence, None)
         return None

@@ -54,9 +54,20 @@ class WindowRanges:
         """Read the ranges of a block of raw text, each event decoded by `event_around`; only the window's span
         without `user` (a window with step markers, whose user ranges are not its steps). Module calls are
         `python_function` events, which the caller's own scan finds and passes to `add_event`."""
-        if (user and '"user_annotation"' in text) or '"Trace"' in text:
-            for match in (_RANGE_TEXT if user else _SPAN_TEXT).finditer(text):
-                self.add_event(event_around(text, match))
+        pattern = _RANGE_TEXT if user else _SPAN_TEXT
+        # Each match ends with a category's value, found with `str.find` (a pattern whose literal start, `"cat"`, is in
+        # every event scans the whole block), and starts at the nearest `"cat"` before it.
+        matches = []
+        for value in ('"user_annotation"', '"Trace"') if user else ('"Trace"',):
+            at = text.find(value)
+            while at >= 0:
+                start = text.rfind('"cat"', 0, at)
+                match = pattern.match(text, start) if start >= 0 else None
+                if match is not None and match.end() == at + len(value):
+                    matches.append(match)
+                at = text.find(value, at + 1)
+        for match in sorted(matches, key=lambda found: found.start()):
+            self.add_event(event_around(text, match))
 
     def add_event(self, event: dict[str, Any]) -> None:
         """Read a decoded event, if it is a complete `user_annotation` range, the window's span or a module's call."""
