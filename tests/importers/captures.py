@@ -513,8 +513,9 @@ TORCH_DDP_STEPS = textwrap.dedent("""\
 """)
 
 
-# A training loop (in `train`) fed by a DataLoader whose 2 workers take 4 ms a sample (32 ms a batch of 8, one
-# batch every 16 ms from the two) while a step computes in well under that; 3 profiled steps.
+# A training loop (in `train`) fed by a DataLoader whose one worker takes 20 ms a sample (a batch of 8 every 160 ms)
+# while a step computes in well under that; 3 profiled steps. (Two workers would deliver batches in pairs whenever
+# they run in phase, so every other step would find its batch ready.)
 TORCH_LOADER = textwrap.dedent("""\
     import sys, time, torch
     from torch.utils.data import DataLoader, Dataset
@@ -531,7 +532,7 @@ TORCH_LOADER = textwrap.dedent("""\
     def train(out):
         model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        loader = DataLoader(Slow(), batch_size=8, num_workers=2)
+        loader = DataLoader(Slow(), batch_size=8, num_workers=1)
         with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=1, warmup=1, active=3, repeat=1),
                      on_trace_ready=tensorboard_trace_handler(out), with_stack=True) as prof:
             for x, y in loader:
