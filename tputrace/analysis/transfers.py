@@ -56,7 +56,7 @@ def _fixed_sizes(context: AnalysisContext, frame_id: int, steady_where: str,
     copied = list(by_step.values())
     if not copied or any(sizes != copied[0] for sizes in copied[1:]):
         return None
-    return sorted(size for size, _ in copied[0])
+    return sorted(size for size, count in copied[0] for _ in range(count))
 
 
 def host_random_draw(text: str | None) -> str | None:
@@ -149,7 +149,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         what = (same + ": " + (f"random numbers drawn on the host by `{draw}`" if draw else
                                                 f"rows of the host tensor `{rows['source']}`" if rows else
                                                 f"a constant built on the host by `{made}`" if made else
-                                                "a constant built on the host, or the input batch")
+                                                "a constant built on the host, or the input batch" if len(sizes or ()) == 1
+                                                else "constants built on the host, or the input batch's tensors")
                 if constant_size else "sizes that change from step to step")
         if max_bytes == 0:
             what = ("every copy empty: tensors of no elements made from host data, e.g. `torch.tensor([], "
@@ -232,8 +233,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
             **cost,
             evidence=(
                 context.evidence_at(
-                    f"h2d: {rate}, {format_bytes(min_bytes)}"
-                    + ("" if min_bytes == max_bytes else f" to {format_bytes(max_bytes)}") + " each",
+                    f"h2d: {rate}, "
+                    + (f"{format_bytes(min_bytes)} each" if min_bytes == max_bytes else
+                       f"of fixed sizes {', '.join(format_bytes(size) for size in sizes)} every step" if sizes else
+                       f"{format_bytes(min_bytes)} to {format_bytes(max_bytes)} each"),
                     frame_id, table="transfers",
                 ),
             ),
