@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 from test_fresh_scripts import _run
 
+from tputrace.analysis import Report
+
 pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
 
 MULTI_TASK = '''
@@ -166,3 +168,54 @@ FOUR_COPIES = '''
         opt.step()
     print(loss.item())
 '''
+
+
+def _settled_sizes(report: Report, sizes: str) -> None:
+    """No storm: one info finding that the sizes were compiled once each, a one-time cost with none per step."""
+    recompiles = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert not [finding for finding in recompiles if finding.title.startswith("Recompilation storm")], recompiles
+    (settled,) = recompiles
+    assert settled.severity == "info" and settled.cost_per_step_ns is None, settled.title
+    assert settled.title.startswith("3 sizes compiled once each") and f"took sizes {sizes}" in settled.title, settled.title
+    assert "one-time compile cost" in settled.explanation and "Pad" not in settled.suggestion, settled.suggestion
+
+
+@pytest.mark.parametrize(("name", "source", "sizes"), [
+    ("multi_task", MULTI_TASK, "1, 5, 10"),
+    ("unet", UNET, "32, 48, 64"),
+    ("bucketed", BUCKETED, "16, 32, 64"),
+])
+def test_shapes_cycling_through_a_fixed_set_compiled_once_each_are_no_storm(tmp_path: Path, name: str, source: str,
+                                                                             sizes: str) -> None:
+    """Heads of widths 1/5/10 picked at random, a U-Net over images of 3 sizes in turn, batches of 3 bucketed
+    lengths: each size compiles once in the first steps and the later steps run its program from the program cache.
+    That is bucketing working: a one-time cost, not a storm told to pad (it was critical for the U-Net)."""
+    report, _, _ = _run(tmp_path, name, source)
+    _settled_sizes(report, sizes)
+
+
+def test_a_length_that_keeps_being_new_stays_a_storm(tmp_path: Path) -> None:
+    """Each step's batch is a new length and compiles to the end of the run: still a storm, told to bucket."""
+    report, _, line = _run(tmp_path, "new_lengths", NEW_LENGTHS)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert storm.title.startswith("Recompilation storm") and storm.line == line, storm.title
+    assert storm.severity != "info" and "Pad" in storm.suggestion, storm.suggestion
+
+
+def test_a_flattened_images_features_are_the_inputs_size_not_a_size_to_change(tmp_path: Path) -> None:
+    """784 is 28x28 flattened: the data fixes it, so it is told as the input's size and its cost, with no size to use
+    instead; the hidden size 300, the model's choice, is still told to become a multiple of the MXU."""
+    report, _, _ = _run(tmp_path, "mnist_mlp", MNIST_MLP)
+    padding = {finding.title.split(" is off")[0]: finding for finding in report.findings if finding.analyzer == "padding"}
+    features = padding["Tile padding: input features 784"]
+    assert "768" not in features.suggestion and "f32[128,1,28,28]" in features.suggestion, features.suggestion
+    assert "padded to 1024" in features.explanation, features.explanation
+    assert padding["Tile padding: dim 300"].suggestion.startswith("Use 256 (or 512) instead of 300"), padding
+
+
+def test_one_line_copying_tensors_of_fixed_sizes_is_not_called_varying(tmp_path: Path) -> None:
+    """Four tensors, each the same size every step, copied on one line: fixed sizes, listed, not 'varying sizes'."""
+    report, _, line = _run(tmp_path, "four_copies", FOUR_COPIES)
+    (copies,) = [finding for finding in report.findings if finding.analyzer == "transfers" and finding.line == line]
+    assert "4 tensors of fixed sizes" in copies.explanation and "varying" not in copies.explanation, copies.explanation
+    assert "fixed sizes 1.00 KiB, 1.00 KiB, 4.00 KiB, 64.0 KiB" in copies.evidence[0].text, copies.evidence[0].text
