@@ -184,7 +184,7 @@ def _settled_sizes(report: Report, sizes: str) -> None:
     ("multi_task", MULTI_TASK, "1, 5, 10"),
     ("unet", UNET, "32, 48, 64"),
     ("bucketed", BUCKETED, "16, 32, 64"),
-])
+], ids=["multi_task", "unet", "bucketed"])
 def test_shapes_cycling_through_a_fixed_set_compiled_once_each_are_no_storm(tmp_path: Path, name: str, source: str,
                                                                              sizes: str) -> None:
     """Heads of widths 1/5/10 picked at random, a U-Net over images of 3 sizes in turn, batches of 3 bucketed
