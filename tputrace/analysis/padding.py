@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from tputrace.analysis.chips import DTYPE_BYTES, Chip, round_up
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.input_features import copied_feature_sizes, spec_text
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
-from tputrace.analysis.shapes import Matmul, parse_specs
+from tputrace.analysis.shapes import Matmul, TensorSpec, parse_specs
 from tputrace.wording import format_ns, plural
 
 NAME = "padding"
@@ -145,7 +146,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PaddingData]:
     )
     input_rows = _input_rows(groups)
     classes = _class_counts(context)
-    findings = (_finding(context, size, alignment[size], entries, input_rows.get(size))
+    data_sizes = copied_feature_sizes(context)
+    findings = (_finding(context, size, alignment[size], entries, input_rows.get(size), data_sizes.get(size))
                 for size, entries in by_size.items() if size not in classes)
     return AnalysisResult(NAME, data, tuple(finding for finding in findings if finding is not None))
 
@@ -185,7 +187,9 @@ def _input_rows(groups: list[MatmulGroup]) -> dict[int, MatmulGroup]:
 
 
 def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]],
-             rows_of: MatmulGroup | None) -> Finding | None:
+             rows_of: MatmulGroup | None, copied: TensorSpec | None) -> Finding | None:
+    """The finding for one padded dim size; `copied` is the tensor copied from the host whose features the size is
+    (the data fixes it: no other size is suggested), `rows_of` the module whose input rows it is."""
     cost = sum(cost for _, cost, _ in entries)
     share = context.share_of_step(cost)
     basis = ("chip's work inside strict mode's op times" if chip_time(context).inferred else "measured chip time")
@@ -215,11 +219,20 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
         f"{size} pads to {up} on {context.target.label}: {flop_share:.1%} of these products' FLOPs are padding"
     ))
     alternative = f" (or {other})" if other else ""
+    fixed = copied is not None and rows_of is None
+    suggestion = _suggestion(size, align, nearest, alternative, anchor, rows_of is not None, context.target.mxu)
+    if copied is not None and rows_of is None:
+        suggestion = (
+            f"{size} is the size of the input's features, which the data fixes: the loop copies {spec_text(copied)} "
+            f"from the host, {size} features once flattened, so the model has no other size to give this dim. The "
+            f"padding to {up} is the cost of the input's size; the sizes the model chooses (its hidden sizes) are "
+            f"where a multiple of {align} avoids padding."
+        )
     return Finding(
         analyzer=NAME,
-        severity=context.severity(share, warning=0.02),
+        severity="info" if fixed else context.severity(share, warning=0.02),
         title=(
-            f"Tile padding: {'input rows' if rows_of else 'dim'} {size} is off {what} of {context.target.label} ({align}); "
+            f"Tile padding: {'input rows' if rows_of else 'input features' if fixed else 'dim'} {size} is off {what} of {context.target.label} ({align}); "
             f"{flop_share:.1%} of its matmul FLOPs are padding"
         ),
         explanation=(
@@ -229,7 +242,7 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
             f"estimated {format_ns(cost)} of chip time ({share:.1%} of a step; roofline estimate applied to the "
             f"{basis})."
         ),
-        suggestion=_suggestion(size, align, nearest, alternative, anchor, rows_of is not None, context.target.mxu),
+        suggestion=suggestion,
         cost_total_ns=cost,
         cost_per_step_ns=context.per_step(cost),
         evidence=tuple(evidence),

@@ -34,6 +34,7 @@ from tputrace.analysis import (
     late_recompiles,
     length_functions,
     program_cache,
+    size_sets,
     static_recompiles,
     structure_changes,
 )
@@ -46,6 +47,7 @@ from tputrace.analysis.dynamic_sizes import DynamicSizeRecompiles
 from tputrace.analysis.entry_storms import EntryStorm
 from tputrace.analysis.index_storms import IndexStorm
 from tputrace.analysis.late_recompiles import LateRecompile
+from tputrace.analysis.size_sets import SizeSet
 from tputrace.analysis.static_recompiles import StaticRecompile
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.storm_findings import (
@@ -164,6 +166,7 @@ class RecompileData:
     index_storms: tuple[IndexStorm, ...] = ()  # a view's Python-int position that changes (see `index_storms`)
     late_recompiles: tuple[LateRecompile, ...] = ()  # one steady step's costly recompiles (see `late_recompiles`)
     static_recompiles: tuple[StaticRecompile, ...] = ()  # XLA programs compiled again for one signature
+    size_sets: tuple[SizeSet, ...] = ()  # a few sizes compiled once each, then reused (see `size_sets`)
 
 
 @dataclass(frozen=True)
@@ -191,6 +194,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     by_origin: dict[tuple[str, int | None], list[Storm]] = {}
     in_storms: set[int] = set()  # compile ids
     padding_storms: list[_PaddingStorm] = []
+    settled: list[Storm] = []  # a fixed set of sizes, each compiled once, then reused: no storm
     last_batch = late_recompiles.last_batch_compiles(context, not_evicted(evicted), evicted)
     calls_per_line = Counter((kind, name_sid, context.location(frame_id)) for kind, name_sid, frame_id, *_ in sites)
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
@@ -213,6 +217,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             continue  # a run without steps: shapes compiled in the first iterations, then reused, are no storm
         shares_line = calls_per_line[(kind, name_sid, context.location(frame_id))] > 1
         storm = storm_at(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims, shares_line)
+        if storm.origin is None and size_sets.settled(context, storm):
+            settled.append(storm)
+            in_storms.update(storm.compile_ids)
+            continue
         options, best = _bucketing(context, storm)
         storm_data[id(storm)] = _storm_data(context, storm, options, best)
         in_storms.update(storm.compile_ids)
@@ -247,6 +255,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         caused.append((finding, sum(storm.count for storm in storms)))
         for storm in storms:  # one bucketing of the size serves every program it reaches
             storm_data[id(storm)] = dataclasses.replace(storm_data[id(storm)], proposed=proposed)
+    settled_sets = _take(size_sets.findings(context, settled), findings, caused, set())
     size_storms: list[DataSizeStorm] = []
     length_recompiles = data_sizes.length_recompiles_by_origin(context, in_storms, not_evicted(evicted), evicted)
     explained = in_storms | {compile.compile_id for own in length_recompiles.values() for compile in own}
@@ -293,7 +302,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
         sites=tuple(site_rows[:MAX_LISTED_SITES]), storms=tuple(storm_data.values()),
         chip_shape_storms=tuple(chip_shape_storms), structure_storms=tuple(structure_storms), dynamic_sizes=tuple(dynamic),
         ddp_rebuilds=tuple(rebuilds), entry_storms=tuple(entries), index_storms=tuple(positions),
-        late_recompiles=tuple(lates), static_recompiles=tuple(same_shapes),
+        late_recompiles=tuple(lates), static_recompiles=tuple(same_shapes), size_sets=tuple(settled_sets),
         caused=tuple(CausedCompiles(finding.file, finding.line, count) for finding, count in caused
                      if finding.file is not None and finding.line is not None),
     )

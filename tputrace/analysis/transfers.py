@@ -44,6 +44,21 @@ def _steps_by_line(context: AnalysisContext) -> dict[int, dict[int, int]]:
     return by_line
 
 
+def _fixed_sizes(context: AnalysisContext, frame_id: int, steady_where: str,
+                 steady_params: tuple[object, ...]) -> list[int] | None:
+    """The sizes in bytes of a line's copies when every steady step copied the same ones (one tensor of one size, or
+    several tensors each of its own fixed size: a batch's fields, a few constants); None when they change."""
+    by_step: dict[int, set[tuple[int, int]]] = {}
+    for step, nbytes, count in context.trace.sql(
+            f"SELECT t.step, t.bytes, COUNT(*) FROM transfers t WHERE {steady_where} AND t.frame_id = ? "
+            f"AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} GROUP BY t.step, t.bytes", (*steady_params, frame_id)):
+        by_step.setdefault(int(step), set()).add((int(nbytes or 0), int(count)))
+    copied = list(by_step.values())
+    if not copied or any(sizes != copied[0] for sizes in copied[1:]):
+        return None
+    return sorted(size for size, count in copied[0] for _ in range(count))
+
+
 def host_random_draw(text: str | None) -> str | None:
     """`torch.randn` when the line draws random numbers on the host (a draw without `device=`), else None."""
     draw = _HOST_DRAW.search(text or "")
@@ -104,7 +119,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         total_count, total_bytes, total_ns, loop_steps = loop_totals.get(frame_id, (count, nbytes, dur_ns, steps_with))
         per_step_bytes = nbytes / steady_count
         per_step_count = count / steady_count
-        constant_size = min_bytes == max_bytes
+        sizes = _fixed_sizes(context, frame_id, steady_where, steady_params)
+        constant_size = sizes is not None
         lines.append(TransferLine(context.where(frame_id), per_step_count, per_step_bytes, dur_ns / steady_count,
                                   steps_with, constant_size, total_bytes, total_ns))
         steps_copied = line_steps.get(frame_id, {})  # with the `end` step, where a copy after the last step lands
@@ -127,11 +143,15 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         draw = None if rows is not None else host_random_draw(text)
         factory = _HOST_FACTORY.search(text or "") if rows is None and draw is None else None
         made = factory["made"] if factory is not None and "device" not in factory["arguments"] else None
-        what = ("the same size every time: " + (f"random numbers drawn on the host by `{draw}`" if draw else
+        same = ("the same size every time" if sizes is not None and len(sizes) == 1 else
+                f"{len(sizes)} tensors of fixed sizes ({', '.join(format_bytes(size) for size in sizes)}), each the "
+                "same size every step" if sizes is not None else "")
+        what = (same + ": " + (f"random numbers drawn on the host by `{draw}`" if draw else
                                                 f"rows of the host tensor `{rows['source']}`" if rows else
                                                 f"a constant built on the host by `{made}`" if made else
-                                                "a constant built on the host, or the input batch")
-                if constant_size else "varying sizes")
+                                                "a constant built on the host, or the input batch" if len(sizes or ()) == 1
+                                                else "constants built on the host, or the input batch's tensors")
+                if constant_size else "sizes that change from step to step")
         if max_bytes == 0:
             what = ("every copy empty: tensors of no elements made from host data, e.g. `torch.tensor([], "
                     "device=...)`; each moves nothing and still costs a transfer")
@@ -213,8 +233,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
             **cost,
             evidence=(
                 context.evidence_at(
-                    f"h2d: {rate}, {format_bytes(min_bytes)}"
-                    + ("" if constant_size else f" to {format_bytes(max_bytes)}") + " each",
+                    f"h2d: {rate}, "
+                    + (f"{format_bytes(min_bytes)} each" if min_bytes == max_bytes else
+                       f"of fixed sizes {', '.join(format_bytes(size) for size in sizes)} every step" if sizes else
+                       f"{format_bytes(min_bytes)} to {format_bytes(max_bytes)} each"),
                     frame_id, table="transfers",
                 ),
             ),
