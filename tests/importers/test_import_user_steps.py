@@ -78,7 +78,9 @@ def test_the_time_split_of_repeated_windows_is_of_the_windows_time(tmp_path: Pat
     assert abs(source["recorded_ns"] - sum(spans) * 1000) < 10
     wall = trace.wall_ns()
     steps = list(trace.records("steps"))
-    assert len(steps) == 3 and sum(step.end_ns - step.start_ns for step in steps) <= source["recorded_ns"] < wall / 2
+    # The windows' time leaves out the unrecorded steps between them (a busy host can stretch one window's step to
+    # most of the wall, so no fixed share of it is asserted).
+    assert len(steps) == 3 and sum(step.end_ns - step.start_ns for step in steps) <= source["recorded_ns"] < wall
     ops_ns = sum(op.dur_ns for op in trace.records("ops"))
     capsys.readouterr()
     assert main(["summary", str(tmp_path / "imported.tptrace")]) == 0
