@@ -134,6 +134,26 @@ NEW_LENGTHS = '''
     print(loss.item())
 '''
 
+EIGHT_LENGTHS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    LENGTHS = (8, 12, 16, 20, 24, 28, 32, 36)
+    emb = nn.Embedding(100, 32).to("tpu")
+    head = nn.Linear(32, 2).to("tpu")
+    opt = torch.optim.Adam([*emb.parameters(), *head.parameters()], lr=1e-3)
+    for step in range(24):
+        length = LENGTHS[step % len(LENGTHS)]
+        tokens = torch.randint(0, 100, (8, length)).to("tpu")  {marker}
+        labels = torch.randint(0, 2, (8,)).to("tpu")
+        loss = nn.functional.cross_entropy(head(emb(tokens).mean(1)), labels)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
 MNIST_MLP = '''
     import torch
     from torch import nn
@@ -200,6 +220,15 @@ def test_a_length_that_keeps_being_new_stays_a_storm(tmp_path: Path) -> None:
     (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
     assert storm.title.startswith("Recompilation storm") and storm.line == line, storm.title
     assert storm.severity != "info" and "Pad" in storm.suggestion, storm.suggestion
+
+
+def test_many_lengths_each_compiled_once_stay_a_storm(tmp_path: Path) -> None:
+    """Eight lengths in turn, each compiled once and reused after: more sizes than a bucketing's few, so still a
+    storm whose advice (pad to a few buckets) saves compiles."""
+    report, _, line = _run(tmp_path, "eight_lengths", EIGHT_LENGTHS)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert storm.title.startswith("Recompilation storm") and storm.line == line, storm.title
+    assert "Pad" in storm.suggestion, storm.suggestion
 
 
 def test_a_flattened_images_features_are_the_inputs_size_not_a_size_to_change(tmp_path: Path) -> None:

@@ -14,6 +14,8 @@ from tputrace.analysis.storms import NAME, Storm
 from tputrace.wording import format_ns, plural
 
 MIN_REUSING_STEPS = 3  # later steps that ran the programs without compiling, at least (and as many as compiled)
+# The most sizes a settled set may have: more sizes than a bucketing's few are compiles that buckets would save.
+MAX_SETTLED_SIZES = 4
 MAX_LISTED_PROGRAMS = 4
 
 
@@ -38,9 +40,10 @@ class SizeSet:
 
 
 def settled(context: AnalysisContext, storm: Storm) -> bool:
-    """Whether a storm's sizes are a fixed set that settled: each input signature compiled once, and after the last
-    compile at least `MIN_REUSING_STEPS` loop steps (and as many as compiled) ran its programs without compiling."""
-    if not context.steps or len({row.signature for row in storm.rows}) != storm.count:
+    """Whether a storm's sizes are a few (`MAX_SETTLED_SIZES` at most) that settled: each input signature compiled
+    once, and after the last compile at least `MIN_REUSING_STEPS` loop steps (and as many as compiled) ran its
+    programs without compiling."""
+    if not context.steps or len({row.signature for row in storm.rows}) != storm.count or storm.count > MAX_SETTLED_SIZES:
         return False
     compiling = storm.steps
     return reusing_steps(context, storm, compiling[-1]) >= max(MIN_REUSING_STEPS, len(compiling))
