@@ -195,6 +195,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
     in_storms: set[int] = set()  # compile ids
     padding_storms: list[_PaddingStorm] = []
     settled: list[Storm] = []  # a fixed set of sizes, each compiled once, then reused: no storm
+    found: list[tuple[Storm, bool]] = []  # each storm, and whether its sizes settled
     last_batch = late_recompiles.last_batch_compiles(context, not_evicted(evicted), evicted)
     calls_per_line = Counter((kind, name_sid, context.location(frame_id)) for kind, name_sid, frame_id, *_ in sites)
     for kind, name_sid, frame_id, count, total_ns, signatures, steady_compiles in sites:
@@ -217,7 +218,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileData]:
             continue  # a run without steps: shapes compiled in the first iterations, then reused, are no storm
         shares_line = calls_per_line[(kind, name_sid, context.location(frame_id))] > 1
         storm = storm_at(context, kind, trace.string(name_sid) or "?", frame_id, rows, dims, shares_line)
-        if storm.origin is None and size_sets.settled(context, storm):
+        found.append((storm, storm.origin is None and size_sets.settled(context, storm)))
+    # A settled set whose sizes a storm still compiling also took is that storm's size (the batch's eager program
+    # compiling later than a compiled graph fed the same sizes): one storm, not a storm and a settled set.
+    unsettled_sizes = [set(storm.main.distinct) for storm, settles in found if not settles]
+    for storm, settles in found:
+        if settles and not any(set(storm.main.distinct) <= sizes for sizes in unsettled_sizes):
             settled.append(storm)
             in_storms.update(storm.compile_ids)
             continue
