@@ -6,6 +6,7 @@ SQL and aggregates) and never import torch or jax.
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 from collections.abc import Iterable, Sequence
@@ -403,6 +404,15 @@ def step_period(counts: dict[int, int], first: int, last: int) -> tuple[int, int
     if not 2 <= period <= MAX_RATE_DENOMINATOR or steps[0] - first >= period or last - steps[-1] >= period:
         return None
     return counts[steps[0]], period
+
+
+def detail_object(text: str | None) -> dict[str, object]:
+    """A record's `detail` JSON object (a compile's, a graph break's): empty where it is none or not an object."""
+    try:
+        value = json.loads(text or "{}")
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
 
 
 def in_list(values: Iterable[object]) -> str:

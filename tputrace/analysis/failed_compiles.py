@@ -14,14 +14,13 @@ finding tells are left to it: Dynamo's recompile limit (`recompile_limit`), a gr
 
 from __future__ import annotations
 
-import json
 import os
 from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import CompileError, SourceLine
 from tputrace.analysis.compile_errors import _suggestion as compile_error_suggestion
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.wording import format_ns, plural
 
@@ -53,7 +52,7 @@ def failed_compiles(context: AnalysisContext) -> list[FailedCompile]:
     by_function: dict[tuple[str, str | None, int | None], list[tuple[int, int, dict[str, object]]]] = defaultdict(list)
     for name_sid, file_sid, line, start_ns, dur_ns, detail_text in rows:
         key = (context.trace.string(name_sid) or "?", context.trace.string(file_sid), line)
-        by_function[key].append((int(start_ns or 0), int(dur_ns or 0), _detail(detail_text)))
+        by_function[key].append((int(start_ns or 0), int(dur_ns or 0), detail_object(detail_text)))
     found: list[FailedCompile] = []
     for (function, file, line), compiles in by_function.items():
         if any(not detail.get("fail_type") for _, _, detail in compiles):
@@ -165,10 +164,3 @@ def _place(text: object) -> tuple[str, int] | None:
     file, _, line = str(text or "").rpartition(":")
     return (file, int(line)) if file and line.isdigit() else None
 
-
-def _detail(text: str | None) -> dict[str, object]:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}

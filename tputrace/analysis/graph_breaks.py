@@ -17,14 +17,13 @@ A run that stopped on one of Dynamo's errors (a graph break under `fullgraph=Tru
 
 from __future__ import annotations
 
-import json
 import linecache
 import re
 from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import compile_error_findings
-from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost
+from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
 from tputrace.analysis.syncs import STALL, SUGGESTIONS
@@ -218,7 +217,7 @@ def _outcome(context: AnalysisContext, t_ns: int, frame_id: int) -> Outcome | No
     frames') that have ops; eager where none has and the break's compile failed. The function is the one the break's
     line is in where Dynamo compiled it (a break inside a library's code called from it is counted at the user's
     line), else the one whose compile recorded the break at `t_ns`. None where no Dynamo frame compile spans it."""
-    rows = [(start, end, file_sid, name, ops, _detail(detail)) for start, end, file_sid, name, ops, detail in context.trace.sql(
+    rows = [(start, end, file_sid, name, ops, detail_object(detail)) for start, end, file_sid, name, ops, detail in context.trace.sql(
         "SELECT c.start_ns, c.start_ns + COALESCE(c.dur_ns, 0), f.file_sid, s.text, p.n_ops, c.detail FROM compiles c "
         "LEFT JOIN frames f ON f.id = c.frame_id LEFT JOIN strings s ON s.id = c.name_sid "
         "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns",
@@ -247,14 +246,6 @@ def _file_sid(context: AnalysisContext, file: str) -> int | None:
     rows = context.trace.sql("SELECT id FROM strings WHERE text = ? LIMIT 1", (file,))
     return int(rows[0][0]) if rows else None
 
-
-def _detail(text: str | None) -> dict[str, object]:
-    """A compile's `detail` JSON object (empty where it is none)."""
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
 
 def _what_broke(reason: str) -> str:
@@ -300,7 +291,7 @@ def _resumed_frames(context: AnalysisContext, file_sid: int, line: int) -> tuple
     known_ops = False
     with_ops: set[str] = set()
     for _, _, detail, program_ops, function in frames:
-        parsed = _detail(detail)
+        parsed = detail_object(detail)
         ids = parsed.get("graph_ids")
         if isinstance(ids, list):
             graph_ids.update(ids)

@@ -12,13 +12,12 @@ them after the warm-up step, costed at its recompiles."""
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
-from tputrace.analysis.context import AnalysisContext, in_list
+from tputrace.analysis.context import AnalysisContext, detail_object, in_list
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.storm_findings import StormCompiles, compile_cost_text, loop_steps_compiling, storm_severity
@@ -73,7 +72,7 @@ def findings(context: AnalysisContext, explained: set[int], not_evicted_sql: str
     ):
         if compile_id not in explained:
             groups[(name_sid, frame_id, signature_sid)].append(
-                _Row(compile_id, program_id, int(start_ns or 0), int(dur_ns or 0), int(step or 0), _detail(detail)))
+                _Row(compile_id, program_id, int(start_ns or 0), int(dur_ns or 0), int(step or 0), detail_object(detail)))
     storm_steps = {int(step) for (step,) in context.trace.sql(
         f"SELECT DISTINCT step FROM compiles WHERE id IN {in_list(sorted(explained))}", tuple(sorted(explained)))
         } if explained else set()
@@ -215,11 +214,4 @@ def _compiled_after_a_run(context: AnalysisContext, rows: list[_Row]) -> int:
         (context.rank, *program_ids))
     return len(rows) if first_run is None else sum(row.start_ns > first_run for row in rows)
 
-
-def _detail(text: str | None) -> dict[str, object]:
-    try:
-        value = json.loads(text or "{}")
-    except ValueError:
-        return {}
-    return value if isinstance(value, dict) else {}
 
