@@ -40,10 +40,15 @@ def failing_line(error: str, script: str | None) -> tuple[str, int] | None:
     return None if frame is None else (frame[0], frame[1])
 
 
+def traceback_frames(error: str) -> list[tuple[str, int, str]]:
+    """(file, line, function) of each frame of a formatted traceback, outermost first."""
+    return [(match["file"], int(match["line"]), match["function"] or "") for match in _TRACEBACK_FRAME.finditer(error)]
+
+
 def failing_frame(error: str, script: str | None) -> tuple[str, int, str] | None:
     """(file, line, function) of the user's frame an error's traceback ends in: its innermost frame outside library
     code, else its innermost frame in the run's script; None when the traceback names neither."""
-    frames = [(match["file"], int(match["line"]), match["function"] or "") for match in _TRACEBACK_FRAME.finditer(error)]
+    frames = traceback_frames(error)
     users = [frame for frame in frames if is_user_file(frame[0])]
     if users:
         return users[-1]

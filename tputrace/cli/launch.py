@@ -395,13 +395,13 @@ def _exception_line(error: str, limit: int = 160) -> str:
 def _failing_line(error: str) -> str | None:
     """Where a formatted traceback failed: its innermost user frame (not an installed library's, nor tputrace's own
     such as the backend's collective that raised), else its innermost frame, as `file:line`."""
-    from tputrace.analysis.memory_oom import failing_frame
+    from tputrace.analysis.memory_oom import failing_frame, traceback_frames
 
-    frames = re.findall(r'^\s*File "([^"]+)", line (\d+)', error, flags=re.MULTILINE)
-    user_frame = failing_frame(error, None)
-    if user_frame is not None:
-        return f"{os.path.basename(user_frame[0])}:{user_frame[1]}"
-    return f"{os.path.basename(frames[-1][0])}:{frames[-1][1]}" if frames else None
+    frame = failing_frame(error, None)
+    if frame is None:
+        frames = traceback_frames(error)
+        frame = frames[-1] if frames else None
+    return f"{os.path.basename(frame[0])}:{frame[1]}" if frame is not None else None
 
 
 def _last_op_line(trace: Any) -> str | None:
