@@ -156,16 +156,16 @@ def test_dynamos_other_errors_are_read_with_their_own_fix() -> None:
     tensors is no graph break (dropping fullgraph would not help): each at the user's line, not torch's."""
     import torch
 
-    from tputrace.analysis.compile_errors import _suggestion, parse_compile_error
+    from tputrace.analysis.compile_errors import compile_error_suggestion, parse_compile_error
 
     printed = parse_compile_error(_compile_error_text(_prints, torch.randn(4, 2)))
     assert printed is not None and printed.graph_break and printed.user_line is not None
     assert (printed.user_line.file, printed.user_line.function) == (__file__, "_prints")
-    assert "out of the compiled function" in _suggestion(printed, "here")
+    assert "out of the compiled function" in compile_error_suggestion(printed, "here")
     shapes = parse_compile_error(_compile_error_text(_wrong_shapes, torch.randn(4, 2)))
     assert shapes is not None and not shapes.graph_break and shapes.kind.endswith("TorchRuntimeError")
     assert shapes.user_line is not None and shapes.user_line.function == "_wrong_shapes"
-    assert "fake tensors" in _suggestion(shapes, "here") and "fullgraph" not in _suggestion(shapes, "here")
+    assert "fake tensors" in compile_error_suggestion(shapes, "here") and "fullgraph" not in compile_error_suggestion(shapes, "here")
     assert parse_compile_error("Traceback (most recent call last):\n  File \"x.py\", line 1, in <module>\nValueError: no") is None
 
 

@@ -180,7 +180,7 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
         severity="warning" if caught else "critical",
         title=title,
         explanation=explanation,
-        suggestion=_suggestion(parsed, where),
+        suggestion=compile_error_suggestion(parsed, where),
         cost_total_ns=float(cost_ns),
         evidence=tuple(evidence),
         file=at.file if at else None,
@@ -188,7 +188,7 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
     )
 
 
-def _suggestion(parsed: CompileError, where: str) -> str:
+def compile_error_suggestion(parsed: CompileError, where: str) -> str:
     text = f"{parsed.reason} {parsed.explanation or ''}".lower()
     without_fullgraph = (
         " Or compile it with `fullgraph=False`: Dynamo then breaks the graph at the line, which runs in Python on every "

@@ -18,8 +18,7 @@ import os
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tputrace.analysis.compile_errors import CompileError, SourceLine
-from tputrace.analysis.compile_errors import _suggestion as compile_error_suggestion
+from tputrace.analysis.compile_errors import CompileError, SourceLine, compile_error_suggestion
 from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.wording import format_ns, plural
