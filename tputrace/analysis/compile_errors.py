@@ -11,12 +11,11 @@ analyzer's findings."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.analysis.findings import Evidence, Finding
 from tputrace.frame_files import is_library_file
 
@@ -127,10 +126,7 @@ def caught_compile_errors(context: AnalysisContext) -> list[tuple[CompileError, 
         "SELECT detail, dur_ns FROM compiles WHERE rank = ? AND kind = 'dynamo_frame' AND detail LIKE '%\"failure\"%' "
         "ORDER BY start_ns", (context.rank,),
     ):
-        try:
-            failure = json.loads(detail_text or "{}").get("failure")
-        except (ValueError, AttributeError):
-            continue
+        failure = detail_object(detail_text).get("failure")
         if isinstance(failure, dict):
             errors.append((_recorded_error(context, failure), int(dur_ns or 0)))
     return errors
