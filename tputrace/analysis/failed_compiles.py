@@ -68,8 +68,71 @@ def failed_compiles(context: AnalysisContext) -> list[FailedCompile]:
 
 
 def failed_compile_findings(context: AnalysisContext, analyzer: str) -> list[Finding]:
-    """A warning per function whose compiles all failed, costed by its measured eager time where the capture has it."""
-    return [_finding(context, analyzer, failed) for failed in failed_compiles(context)]
+    """A warning per function whose compiles all failed, costed by its measured eager time where the capture has it;
+    one per function whose compiles a torch.profiler capture shows leaving no code that ran."""
+    return [_finding(context, analyzer, failed) for failed in failed_compiles(context)] + \
+        [_unran_finding(context, analyzer, failed, backend) for failed, backend in unran_compiles(context)]
+
+
+def unran_compiles(context: AnalysisContext) -> list[tuple[FailedCompile, bool]]:
+    """The frame compiles a torch.profiler capture shows ending without compiled code that ran (no
+    `Torch-Compiled Region` of their compile id after them, no guards built), one per function where no compile of it
+    left code, and whether Dynamo handed the backend a graph. The capture records no error: TORCH_TRACE does."""
+    if not context.trace.has_table("compiles"):
+        return []
+    rows = context.trace.sql(
+        "SELECT fn.text, fs.text, f.line, c.dur_ns, c.detail FROM compiles c LEFT JOIN frames f ON f.id = c.frame_id "
+        "LEFT JOIN strings fn ON fn.id = f.function_sid LEFT JOIN strings fs ON fs.id = f.file_sid "
+        "WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns", (context.rank,))
+    by_function: dict[tuple[str, str | None, int | None], list[tuple[int, dict[str, object]]]] = defaultdict(list)
+    for function, file, line, dur_ns, detail_text in rows:
+        detail = detail_object(detail_text)
+        if "region_ran" in detail:
+            by_function[(str(function or detail.get("compile_id") or "?"), file, line)].append((int(dur_ns or 0), detail))
+    return [(FailedCompile(function, file, line, "", "", None, len(compiles), sum(dur for dur, _ in compiles)),
+             any(detail.get("backend_called") for _, detail in compiles))
+            for (function, file, line), compiles in by_function.items()
+            if all(detail.get("region_ran") is False and not detail.get("guards_built") for _, detail in compiles)]
+
+
+def _unran_finding(context: AnalysisContext, analyzer: str, failed: FailedCompile, backend_called: bool) -> Finding:
+    where = f"{os.path.basename(failed.file)}:{failed.line}" if failed.file and failed.line else failed.function
+    how = ("its backend failed on the graph Dynamo handed it (Dynamo built no guards)" if backend_called else
+           "Dynamo handed its backend no graph (the compile failed while tracing, or Dynamo skips the frame)")
+    title = f"torch.compile of {failed.function} ({where}) left no compiled code that ran: {how}; it runs eagerly"
+    calls, steady_calls, total_ns, steady_ns = _eager_calls(context, failed)
+    explanation = (
+        f"The capture has Dynamo's {plural(failed.attempts, 'compile')} of {failed.function} "
+        f"({format_ns(failed.compile_ns)}) and, after it, no `Torch-Compiled Region` range of that compile: the "
+        f"compile left no code, and the function then ran as written, op by op ("
+        + ("the compile failed and the script went on: Dynamo's errors suppressed, or a fallback" if backend_called
+           else "where the frame holds tensor work, its compile failed while tracing and the script went on") +
+        "). A torch.profiler capture does not record a compile's error; the process's TORCH_TRACE log "
+        "(`TORCH_TRACE=DIR`), imported with this capture, names it and the line")
+    cost_total, cost_per_step = 0.0, None
+    evidence = [Evidence(f"{plural(failed.attempts, 'compile')} without a compiled region after it",
+                         file=failed.file, line=failed.line, table="compiles")]
+    if calls:
+        cost = context.loop_cost(steady_ns, total_ns) if steady_calls else {
+            "cost_total_ns": float(total_ns), "cost_per_step_ns": context.per_step(total_ns)}
+        cost_total, cost_per_step = cost["cost_total_ns"], cost["cost_per_step_ns"]
+        explanation += f". The profile has {plural(calls, 'eager call')} of it, {format_ns(total_ns)} in all"
+        evidence.append(Evidence(f"{plural(calls, 'call')} run eagerly, {format_ns(total_ns)}", table="annotations"))
+    return Finding(
+        analyzer=analyzer,
+        severity="warning" if backend_called else "info",
+        title=title,
+        explanation=explanation + ".",
+        suggestion=("Capture the process's TORCH_TRACE log beside the profile (or run with "
+                    "`torch._dynamo.config.suppress_errors = False`) to see why the compile failed, and fix that; "
+                    f"until it compiles, {failed.function} gains nothing from `torch.compile`."),
+        cost_total_ns=cost_total,
+        cost_per_step_ns=cost_per_step,
+        evidence=tuple(evidence),
+        file=failed.file,
+        line=failed.line,
+        cost_basis=MEASURED_ON_HOST if calls else "estimate",
+    )
 
 
 def _finding(context: AnalysisContext, analyzer: str, failed: FailedCompile) -> Finding:

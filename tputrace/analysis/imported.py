@@ -42,6 +42,11 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "sharding": ("collectives",),
 }
 
+# What a torch.profiler capture imported without its process's TORCH_TRACE log cannot tell of torch.compile.
+COMPILE_OUTCOMES = "torch.compile's errors and graph breaks"
+NEEDS_TORCH_TRACE = ("a torch.profiler capture records neither: import the process's TORCH_TRACE log (`TORCH_TRACE=DIR`) "
+                     "with it; a compile inside the profile that leaves no compiled code that ran is told")
+
 # Analyzers that a format's rows would mislead, with the reason.
 MISLEADS: dict[str, dict[str, str]] = {
     # The host-bound model reads `ops` as host dispatch; an XProf import's ops are device op times.
@@ -86,6 +91,8 @@ def import_facts(trace: Trace, rank: int) -> ImportFacts | None:
         missing = [table for table in tables if not trace.count(table, where="rank = ?", params=(rank,))]
         if missing:
             skipped[name] = f"the capture has no {', '.join(missing)}"
+    if fmt == "torch_profiler_json" and "torch_trace" not in source:
+        skipped[COMPILE_OUTCOMES] = NEEDS_TORCH_TRACE
     return ImportFacts(fmt, str(source.get("path", "?")), str(source.get("device", "?")),
                        skipped)
 

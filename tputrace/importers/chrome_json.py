@@ -17,13 +17,12 @@ origin `record_function`.
 from __future__ import annotations
 
 import bisect
-import json
 import math
 import re
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers import chrome_scan, kineto, window_ranges
+from tputrace.importers import chrome_scan, compile_ranges, kineto, window_ranges
 from tputrace.importers.profiler_parts import (FrameIndex, Nesting, OpModules, OpSpans, Shapes, call_stack_frame,
                                               open_op)
 from tputrace.importers.chrome_scan import COLLECTIVE, NUMBER, STEP, Irregular
@@ -72,6 +71,9 @@ class ChromeJsonImporter:
         self.sync_ops: dict[Any, tuple[list[float], list[tuple[float, str]]]] = {}
         self.window = window_ranges.WindowRanges()  # the first pass's window span and user ranges
         self.launching: set[Path] = set()  # the files with runtime calls that launch (a `correlation` arg)
+        self.compile_outcomes = compile_ranges.CompileOutcomes()
+        self.compile_rows: list[tuple[Any, ...]] = []  # written at the end, with what the capture shows of each outcome
+        self.compiled_functions: dict[int, str] = {}  # a frame compile's start -> the user's frame that ran next
 
     def run(self) -> None:
         # First pass over every file: its start on the Unix clock, its steps and user frames.
@@ -152,6 +154,7 @@ class ChromeJsonImporter:
             self.sink.note(self.rank, copy_bytes={name: {"runs": runs, "bytes": moved}
                                                   for name, (runs, moved) in sorted(self.copy_bytes.items())})
         self.writer.update_run(rank=self.rank, platform=device, chips=len(devices), end_ns=end_ns)
+        self._write_compiles(end_ns)
         kineto.write_ranges(self.sink, self.rank, self.ranges, self.kernel_programs, self.paths[0])
 
     def _note_header(self, header: dict[str, Any]) -> None:
@@ -205,6 +208,7 @@ class ChromeJsonImporter:
         extend = self.sink.extend
         nesting = Nesting(self._compile)
         categories = kineto.CATEGORIES
+        compiled_call = compile_ranges.COMPILED_CALL.match
         sync_op_kinds = kineto.SYNC_OP_KINDS
         launches = kineto.LaunchSteps(self._kernel_rows)
         op_spans = OpSpans()  # each thread's CPU ops, for the op around a kernel's launch
@@ -258,9 +262,16 @@ class ChromeJsonImporter:
                         # torch.compile's own work (its phases, and the ops it runs on fake tensors) is the compile's
                         # time, not the program's ops.
                         frame_name = innermost(ts, tid) if name in _COMPILE_EVENTS else None
+                        if name == "entire_frame_compile":
+                            self._note_compiled_function(ts, ts + dur, tid, start_ns)
                         nesting.push(tid, open_op(ts + dur, ts, None, (
                             name, start_ns, dur_ns, step, frame_of(frame_name) if frame_name else None)
                             if name in _COMPILE_EVENTS else None))
+                        continue
+                    if compiled_call(name):  # a compiled graph's call: a range around its ops, no op itself
+                        self.compile_outcomes.call(name)
+                        annotations.append((rank, intern(name), "record_function", start_ns, dur_ns,
+                                            frame_of(innermost(ts, tid) or ""), step))
                         continue
                     seq += 1
                     args = event.get("args")
@@ -310,6 +321,8 @@ class ChromeJsonImporter:
                     compile_id = _COMPILE_DATA.match(name)
                     if compile_id:
                         nesting.name_compile(event.get("tid"), compile_id.group(1))
+                    if "compile_id=" in name:
+                        self.compile_outcomes.annotation(name)
                     if not STEP.match(name):
                         annotations.append((rank, intern(name), "record_function", start_ns, dur_ns, None, step))
                 elif category in _KERNEL_CATEGORIES:
@@ -352,9 +365,31 @@ class ChromeJsonImporter:
         self.sink.append("programs", (program_id, self.rank, "compiled", label_sid, label_sid, None, None, None, None,
                                       None))
         reason = "recompile" if attempt.split("_")[0] not in ("", "0") else "first"
-        detail = json.dumps({"compile_id": compile_id, "event": name} if compile_id else {"event": name})
-        self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank, program_id, kind, label_sid, None,
-                                      -1, start_ns, dur_ns, frame_id, step, reason, None, detail))
+        self.compile_rows.append((program_id, kind, label_sid, start_ns, dur_ns, frame_id, step, reason, compile_id,
+                                  name))
+
+    def _note_compiled_function(self, start_us: float, end_us: float, tid: Any, start_ns: int) -> None:
+        """The user's function that a frame compile (at `start_ns`) was for, as the first of the user's frames that
+        runs after it inside the caller around it: where the compile left no compiled code, that function's own frame
+        runs next, as written (where it left code, the compiled region runs instead)."""
+        caller_end = self.user_frames.enclosing_end(start_us, tid)
+        function = self.user_frames.first_after(end_us, tid, caller_end)
+        if function:
+            self.compiled_functions[start_ns] = function
+
+    def _write_compiles(self, end_ns: int) -> None:
+        """The `compiles` rows, a frame compile's detail with what the capture shows of its outcome (see
+        `compile_ranges.CompileOutcomes.detail`)."""
+        for program_id, kind, label_sid, start_ns, dur_ns, frame_id, step, reason, compile_id, name in self.compile_rows:
+            outcome = self.compile_outcomes.detail(compile_id, start_ns + dur_ns, end_ns) \
+                if compile_id and kind == "dynamo_frame" else {}
+            function = self.compiled_functions.get(start_ns)
+            if outcome.get("region_ran") is False and function:
+                frame_id = self._frame(function)  # the function that ran as written, as TORCH_TRACE places a compile
+            self.sink.append("compiles", (self.writer.next_id("compiles"), self.rank, program_id, kind, label_sid, None,
+                                          -1, start_ns, dur_ns, frame_id, step, reason, None,
+                                          compile_ranges.compile_detail(compile_id, name, outcome)))
+        self.compile_rows.clear()
 
     def clock(self) -> RankClock:
         """The rank, start and steps, for another capture of the process to write into."""

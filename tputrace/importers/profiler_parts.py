@@ -101,6 +101,26 @@ class FrameIndex:
         # and consecutive ops of a thread mostly share their frame.
         self.latest: dict[Any, tuple[float, float, str | None]] = {}
 
+    def first_after(self, ts: float, tid: Any, until: float) -> str | None:
+        """The first frame of `tid` that starts in [ts, until): after a Dynamo compile that left no compiled code, the
+        function it was compiling, run as written."""
+        starts = self.starts.get(tid)
+        if starts is None:
+            return None
+        position = bisect.bisect_left(starts, ts)
+        return self.names[tid][position] if position < len(starts) and starts[position] < until else None
+
+    def enclosing_end(self, ts: float, tid: Any) -> float:
+        """The end of the innermost frame of `tid` open at `ts` (infinite where none is)."""
+        starts = self.starts.get(tid)
+        if starts is None:
+            return math.inf
+        position = bisect.bisect_right(starts, ts) - 1
+        ends, callers = self.ends[tid], self.callers[tid]
+        while position >= 0 and ends[position] < ts:
+            position = callers[position]
+        return ends[position] if position >= 0 else math.inf
+
     def innermost(self, ts: float, tid: Any) -> str | None:
         latest = self.latest.get(tid)
         if latest is not None and latest[0] <= ts <= latest[1]:
