@@ -82,3 +82,48 @@ def test_a_compile_whose_region_ran_is_no_failure(tmp_path: Path, capsys: object
         details = [json.loads(row.detail) for row in trace.records("compiles") if row.kind == "dynamo_frame"]
     assert [detail["region_ran"] for detail in details] == [True, True]
     assert not [found for found in analyze_path(output).findings if "left no compiled code" in found.title]
+
+
+# A loop that keeps every step's loss, with its graph, in a list (line 18): each step's activations stay alive.
+# Profiled with memory (and, where `stacks`, Python stacks).
+KEPT_LOSSES = textwrap.dedent("""\
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+    model = torch.nn.Sequential(torch.nn.Linear(256, 4096), torch.nn.ReLU(), torch.nn.Linear(4096, 10))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    losses = []
+
+    def train_step(x):
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward(retain_graph=True)
+        opt.step()
+        return loss
+
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=6, repeat=1),
+                 profile_memory=True, with_stack=sys.argv[2] == "stacks",
+                 on_trace_ready=tensorboard_trace_handler(sys.argv[1])) as prof:
+        for _ in range(6):
+            losses.append(train_step(torch.randn(64, 256)))
+            prof.step()
+""")
+
+
+@pytest.mark.parametrize("stacks", ["stacks", "none"])
+def test_memory_kept_across_steps_is_placed_where_the_capture_can(tmp_path: Path, stacks: str) -> None:
+    from captures import _capture
+
+    output = tmp_path / "kept.tptrace"
+    assert main(["import", str(_capture(tmp_path, "kept.py", KEPT_LOSSES, "tb", stacks)), "-o", str(output)]) == 0
+    with tputrace.open(output) as trace:
+        assert trace.count("buffers") > 0
+    (finding,) = [found for found in analyze_path(output).findings if found.title.startswith("Live memory grows")]
+    if stacks == "stacks":
+        def_line = next(index for index, text in enumerate(KEPT_LOSSES.splitlines(), 1) if "def train_step" in text)
+        assert "buffers made in train_step (kept.py:" + str(def_line) + ") survive" in finding.title
+        assert (Path(finding.file or "").name, finding.line) == ("kept.py", def_line)
+        assert finding.module is not None and finding.module.startswith("Sequential_0.")
+        assert "name the function that made them" in finding.explanation
+    else:
+        assert "no Python stacks" in finding.title and "with_stack=True" in finding.explanation

@@ -8,6 +8,7 @@ import os
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Evidence, Finding
+from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.kept_by import keeping_line
 from tputrace.analysis.memory_fit import MemoryFit
 from tputrace.analysis.memory_growth import SurvivingLine
@@ -199,11 +200,19 @@ def _growth_finding(context: AnalysisContext, lines: tuple[SurvivingLine, ...],
             return None
         per_step = kept
         explanation = "Buffers made in one step are still live steps later, step after step."
-    if lines:
+    by_function = _frames_are_functions(context)
+    placed = [line for line in lines if line.file is not None]
+    if lines and not placed:
+        explanation += (" The capture has no Python stacks to say which code made them: profile with "
+                        "`with_stack=True` to name the function that makes them.")
+    elif by_function:
+        explanation += (" torch.profiler's Python stacks name the function that made them, at its `def` line, not "
+                        "the line in it.")
+    if placed:
         explanation += " Lines whose buffers outlive their step: " + "; ".join(
-            f"{_short_surviving(line)}{f' in {line.module}' if line.module else ''} ({format_bytes(line.bytes_per_step)} "
-            f"a step, {line.steps} steps)" for line in lines[:3]) + "."
-    top = lines[0] if lines else None
+            f"{_short_surviving(line, by_function)}{f' in {line.module}' if line.module else ''} ({format_bytes(line.bytes_per_step)} "
+            f"a step, {line.steps} steps)" for line in placed[:3]) + "."
+    top = placed[0] if placed else None
     evidence = [Evidence(f"{format_bytes(line.bytes_per_step)} a step of {line.kind} survives", file=line.file, line=line.line,
                          module=line.module, table="buffers") for line in lines[:EVIDENCE_PARTS]]
     keeping = keeping_line(context.trace, top.file, top.line, data_too=True) if top is not None else None
@@ -224,7 +233,9 @@ def _growth_finding(context: AnalysisContext, lines: tuple[SurvivingLine, ...],
                          if graph else "."))
         evidence.insert(0, Evidence(f"`{keeping.text}` keeps the value made at {made_at}", file=top.file, line=keeping.line))
     elif top is not None:
-        title += f": buffers made at {_short_surviving(top)} survive"
+        title += f": buffers made {'in' if by_function else 'at'} {_short_surviving(top, by_function)} survive"
+    elif lines:
+        title += ": the capture has no Python stacks to say where the kept tensors are made"
     return Finding(
         analyzer=NAME,
         severity="warning",
@@ -240,5 +251,12 @@ def _growth_finding(context: AnalysisContext, lines: tuple[SurvivingLine, ...],
     )
 
 
-def _short_surviving(line: SurvivingLine) -> str:
-    return f"{(line.file or '?').rsplit('/', 1)[-1]}:{line.line}"
+def _short_surviving(line: SurvivingLine, by_function: bool = False) -> str:
+    place = f"{(line.file or '?').rsplit('/', 1)[-1]}:{line.line}"
+    return f"{line.function} ({place})" if by_function and line.function else place
+
+
+def _frames_are_functions(context: AnalysisContext) -> bool:
+    """Whether the rank's frames are functions at their `def` lines (a torch.profiler capture's Python stacks)."""
+    facts = context_import_facts(context)
+    return facts is not None and facts.format == "torch_profiler_json"

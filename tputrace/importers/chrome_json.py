@@ -22,7 +22,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers import chrome_scan, compile_ranges, kineto, window_ranges
+from tputrace.importers import chrome_scan, compile_ranges, kineto, memory_buffers, window_ranges
 from tputrace.importers.profiler_parts import (FrameIndex, Nesting, OpModules, OpSpans, Shapes, call_stack_frame,
                                               open_op)
 from tputrace.importers.chrome_scan import COLLECTIVE, NUMBER, STEP, Irregular
@@ -73,6 +73,8 @@ class ChromeJsonImporter:
         self.launching: set[Path] = set()  # the files with runtime calls that launch (a `correlation` arg)
         self.compile_outcomes = compile_ranges.CompileOutcomes()
         self.compile_rows: list[tuple[Any, ...]] = []  # written at the end, with what the capture shows of each outcome
+        self.allocations = memory_buffers.Allocations()  # a window's `[memory]` events, for `buffers` rows
+        self.buffers_written, self.latest_alloc_ns = 0, -1
         self.compiled_functions: dict[int, str] = {}  # a frame compile's start -> the user's frame that ran next
 
     def run(self) -> None:
@@ -130,6 +132,7 @@ class ChromeJsonImporter:
             self.modules = OpModules(window.modules, self.writer.intern)
             appended, ops_before = self.sink.appended, self.seq
             end_us, window_devices = self._rows()
+            self._buffers(self._ns(end_us), last_window=path == windows[-1][0])
             # A window may hold only a step marker (the step a schedule's next cycle opened when profiling ended), or no op.
             if self.sink.appended == appended and not markers and not kineto.empty_window(self.sink, path):
                 raise CaptureError(kineto.no_profiler_events(path))
@@ -236,7 +239,9 @@ class ChromeJsonImporter:
                     name = str(name)
                 start_ns = round((ts - start_us) * 1000)
                 if name == "[memory]":
-                    memory.append(self._memory(_args(event), start_ns))
+                    args = _args(event)
+                    memory.append(self._memory(args, start_ns))
+                    self.allocations.add(start_ns, ts, event.get("tid"), args)
                     continue
                 if event.get("ph") != "X":
                     continue
@@ -376,6 +381,25 @@ class ChromeJsonImporter:
         function = self.user_frames.first_after(end_us, tid, caller_end)
         if function:
             self.compiled_functions[start_ns] = function
+
+    def _buffers(self, window_end_ns: int, last_window: bool) -> None:
+        """The window's `buffers` rows from its `[memory]` events (see `memory_buffers`)."""
+        lifetimes = self.allocations.lifetimes(window_end_ns, last_window)
+        if not lifetimes:
+            return
+        modules = self.modules.index
+        intern = self.writer.intern
+
+        def place(ts: float, tid: Any) -> tuple[int | None, int | None]:
+            frame_name = self.user_frames.innermost(ts, tid)
+            module = modules.innermost(ts, tid) if modules is not None else None
+            return (self._frame(frame_name) if frame_name else None), (intern(module) if module else None)
+
+        rows, self.latest_alloc_ns = memory_buffers.buffer_rows(
+            self.rank, lifetimes, self.buffers_written, self.latest_alloc_ns, place,
+            memory_buffers.step_at(self.steps.starts, self.steps.labels))
+        self.buffers_written += len(rows)
+        self.sink.extend("buffers", rows)
 
     def _write_compiles(self, end_ns: int) -> None:
         """The `compiles` rows, a frame compile's detail with what the capture shows of its outcome (see
