@@ -127,3 +127,40 @@ def test_memory_kept_across_steps_is_placed_where_the_capture_can(tmp_path: Path
         assert "name the function that made them" in finding.explanation
     else:
         assert "no Python stacks" in finding.title and "with_stack=True" in finding.explanation
+
+
+# A function compiled for batches of 8, whose backend raises for a batch of 5 (Dynamo's errors suppressed).
+FAILED_RECOMPILE = textwrap.dedent("""
+    import sys, torch
+    import torch._dynamo
+    from torch.profiler import ProfilerActivity, profile
+
+    torch._dynamo.config.suppress_errors = True
+
+    def picky_backend(gm, example_inputs):
+        if example_inputs[0].shape[0] != 8:
+            raise RuntimeError("only batches of 8")
+        return gm.forward
+
+    def step(x):
+        return torch.tanh(x @ x.T).sum()
+
+    compiled = torch.compile(step, backend=picky_backend, dynamic=False)
+    with profile(activities=[ProfilerActivity.CPU], with_stack=True) as prof:
+        for n in (8, 8, 5, 5, 8):
+            compiled(torch.randn(n, 16))
+    prof.export_chrome_trace(sys.argv[1])
+""")
+
+
+def test_a_failed_recompile_of_a_frame_that_compiled_is_not_told_as_eager(tmp_path: Path) -> None:
+    from captures import _capture
+
+    output = tmp_path / "recompile.tptrace"
+    assert main(["import", str(_capture(tmp_path, "recompile.py", FAILED_RECOMPILE, "trace.json")),
+                 "-o", str(output)]) == 0
+    with tputrace.open(output) as trace:
+        outcomes = [json.loads(row.detail).get("region_ran") for row in trace.records("compiles")
+                    if row.kind == "dynamo_frame"]
+    assert outcomes == [True, False]
+    assert not [found for found in analyze_path(output).findings if "left no compiled code" in found.title]

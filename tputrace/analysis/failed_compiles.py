@@ -84,10 +84,13 @@ def unran_compiles(context: AnalysisContext) -> list[tuple[FailedCompile, bool]]
         "SELECT fn.text, fs.text, f.line, c.dur_ns, c.detail FROM compiles c LEFT JOIN frames f ON f.id = c.frame_id "
         "LEFT JOIN strings fn ON fn.id = f.function_sid LEFT JOIN strings fs ON fs.id = f.file_sid "
         "WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns", (context.rank,))
+    details = [(function, file, line, dur_ns, detail_object(detail_text))
+               for function, file, line, dur_ns, detail_text in rows]
+    # A frame whose other compile left code that ran runs eagerly only for what a failed recompile was for.
+    ran = {str(detail.get("compile_id")).partition("/")[0] for *_, detail in details if detail.get("region_ran")}
     by_function: dict[tuple[str, str | None, int | None], list[tuple[int, dict[str, object]]]] = defaultdict(list)
-    for function, file, line, dur_ns, detail_text in rows:
-        detail = detail_object(detail_text)
-        if "region_ran" in detail:
+    for function, file, line, dur_ns, detail in details:
+        if "region_ran" in detail and str(detail.get("compile_id")).partition("/")[0] not in ran:
             by_function[(str(function or detail.get("compile_id") or "?"), file, line)].append((int(dur_ns or 0), detail))
     return [(FailedCompile(function, file, line, "", "", None, len(compiles), sum(dur for dur, _ in compiles)),
              any(detail.get("backend_called") for _, detail in compiles))

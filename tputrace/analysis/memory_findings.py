@@ -201,7 +201,7 @@ def _growth_finding(context: AnalysisContext, lines: tuple[SurvivingLine, ...],
         per_step = kept
         explanation = "Buffers made in one step are still live steps later, step after step."
     by_function = _frames_are_functions(context)
-    placed = [line for line in lines if line.file is not None]
+    placed = [line for line in lines if line.file is not None] if by_function else list(lines)
     if lines and not placed:
         explanation += (" The capture has no Python stacks to say which code made them: profile with "
                         "`with_stack=True` to name the function that makes them.")

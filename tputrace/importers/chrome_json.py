@@ -239,9 +239,9 @@ class ChromeJsonImporter:
                     name = str(name)
                 start_ns = round((ts - start_us) * 1000)
                 if name == "[memory]":
-                    args = _args(event)
-                    memory.append(self._memory(args, start_ns))
-                    self.allocations.add(start_ns, ts, event.get("tid"), args)
+                    memory_args = _args(event)
+                    memory.append(self._memory(memory_args, start_ns))
+                    self.allocations.add(start_ns, ts, event.get("tid"), memory_args)
                     continue
                 if event.get("ph") != "X":
                     continue

@@ -12,7 +12,7 @@ between the windows. Blocks allocated before the profile started are freed witho
 from __future__ import annotations
 
 import bisect
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from tputrace.importers.chrome_scan import number
@@ -66,7 +66,7 @@ def buffer_rows(rank: int, lifetimes: list[tuple[Allocation, int | None]], first
     return rows, latest_alloc_ns
 
 
-def step_at(starts: list[int], labels: list[int]) -> Callable[[int], int]:
+def step_at(starts: Sequence[int], labels: Sequence[int]) -> Callable[[int], int]:
     """The step of a time from a `StepClock`'s starts and labels."""
     def step_of(t_ns: int) -> int:
         return labels[bisect.bisect_right(starts, t_ns)]
