@@ -141,9 +141,9 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
             f"chip time ({share:.1%} of a step; the products only, their elementwise backward comes on top)."
         ),
         suggestion=(
-            f"Run the forward at {data.forward_at} under `torch.no_grad()` (or `torch.inference_mode()`), or `.detach()` "
-            "its output, and freeze the model (`model.requires_grad_(False)`, `model.eval()` for a teacher): the loss "
-            "then takes its output as a constant and the backward stops at it."
+            f"Call {_roots(data.modules)} (whose forward runs at {data.forward_at}) under `torch.no_grad()` (or "
+            "`torch.inference_mode()`), or `.detach()` its output, and freeze it (`requires_grad_(False)`, and `eval()` "
+            "for a teacher): the loss then takes its output as a constant and the backward stops at it."
         ),
         cost_total_ns=data.cost_ns,
         cost_per_step_ns=context.per_step(data.cost_ns),
@@ -151,3 +151,9 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
         module=data.modules[0] if data.modules else None,
         **context.location_fields(forward_frame),
     )
+
+
+def _roots(modules: tuple[str, ...]) -> str:
+    """`Teacher` for `Teacher.body.0` and `Teacher.head`: the models the modules belong to."""
+    roots = sorted({module.split(".", 1)[0] for module in modules})
+    return " and ".join(f"the `{root}` model" for root in roots) if roots else "the frozen model"

@@ -118,7 +118,8 @@ def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recom
             f"the program takes as a constant ({shown}): indexing a chip tensor with a loop counter (`losses[step] = "
             f"loss.detach()`, `out[:, i] = token`, or a read `x[:, i]`) makes a new program for each value: "
             f"{plural(len(recompiles), 'recompile')}, {format_ns(total_ns)} ({share:.0%} of the run). "
-            + (f"The view is a program of its own, at its indexing line {where}." if own_programs else
+            + (f"The view is a program of its own, compiled where its value is first taken ({where}): the indexing line is "
+               "that one or one before it." if own_programs else
                f"DeferAndFuse records a write into a view where the program is flushed, so the indexing line is {where} "
                "or one the program ran before it.")
             + (" The indexing runs after the training loop's last step (sampling over timesteps, a decode or an "
