@@ -1,14 +1,19 @@
 """Scripts of kinds that read wrong before: a distillation whose teacher runs with autograd on, the backward through it
 unreported; an attention head width of 10 told to become 8 or 16, which changes nothing on the MXU; a column picked by
 a Python int each step in strict mode, its per-index programs in no finding; and scripts named like library modules
-(`pmap.py`, `functional.py`), whose lines must stay the user's."""
+(`pmap.py`, `functional.py`) or kept in a folder named like the backend's (`backend/ops.py`), whose lines must stay the
+user's."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 from test_fresh_scripts import _run
+
+from tputrace.analysis import analyze_path
 
 pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
 
@@ -150,3 +155,21 @@ def test_a_script_named_like_a_library_module_keeps_its_lines(tmp_path: Path, na
     report, script, line = _run(tmp_path, name, SYNCED_LOSS)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs"]
     assert (sync.file, sync.line) == (str(script), line), sync.title
+
+
+@pytest.mark.parametrize("module", ["ops", "compile"])
+def test_a_users_module_in_a_folder_named_backend_is_the_users(tmp_path: Path, module: str) -> None:
+    """A project's `backend/ops.py` has the path tail of the tpu backend's modules: on this machine it is told by where
+    it is, so the out-of-memory failure is at its line, not at the script's call of it."""
+    (tmp_path / "backend").mkdir()
+    helper = tmp_path / "backend" / f"{module}.py"
+    helper.write_text('import torch\n\n\ndef make_buffer(rows):\n    return torch.ones(rows, 1 << 20, device="tpu")\n')
+    script = tmp_path / "train.py"
+    script.write_text(f"import torch\nfrom backend.{module} import make_buffer\n\n"
+                      "kept = [torch.ones(256, 256, device='tpu') for _ in range(4)]\nhuge = make_buffer(1 << 20)\n")
+    trace = tmp_path / "train.tptrace"
+    completed = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "run", "--mode", "strict", "-o", str(trace),
+                                str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert completed.returncode != 0
+    (oom,) = [finding for finding in analyze_path(trace).findings if finding.title.startswith("The run ran out of memory")]
+    assert (oom.file, oom.line) == (str(helper), 5), oom.title
