@@ -12,11 +12,10 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import sysconfig
 from functools import cache
 from pathlib import Path
-
-from tputrace.sourceloc import installed_package_dirs
 
 LIBRARY_PATH_PARTS = ("/site-packages/", "/dist-packages/", "/lib/python3")
 
@@ -44,9 +43,10 @@ def _local_roots() -> tuple[tuple[str, ...], tuple[str, ...]]:
     separator."""
     package = Path(__file__).resolve().parent
     own = {package, package / "backend", package.parent / "backend"}
+    installed = (entry for entry in sys.path if os.path.basename(entry.rstrip(os.sep)) in ("site-packages", "dist-packages"))
     library = {Path(folder).resolve() for folder in (*(sysconfig.get_paths().get(name) for name in
-                                                       ("stdlib", "platstdlib", "purelib", "platlib")),
-                                                     *installed_package_dirs()) if folder}
+                                                       ("stdlib", "platstdlib", "purelib", "platlib")), *installed)
+               if folder}
     return (tuple(str(folder) + os.sep for folder in library),
             tuple(str(folder) + os.sep for folder in own if folder.is_dir()))
 

@@ -118,7 +118,7 @@ def test_a_teacher_run_with_autograd_on_is_a_backward_through_frozen_weights(tmp
     assert (frozen.file, frozen.line) == (str(script), line), frozen.title
     assert frozen.title.startswith(f"Backward through parameters no optimizer steps: the forward at {script.name}:{line}")
     assert "3 weights of Teacher.body.0, Teacher.body.2, Teacher.head" in frozen.explanation, frozen.explanation
-    assert frozen.cost_per_step_ns and frozen.suggestion.startswith("Call the `Teacher` model"), frozen.suggestion
+    assert frozen.cost_per_step_ns and frozen.suggestion.startswith("If the `Teacher` model is frozen on purpose"), frozen.suggestion
     assert "under `torch.no_grad()`" in frozen.suggestion, frozen.suggestion
     assert any("f32[1024,1024]" in evidence.text for evidence in frozen.evidence), frozen.evidence
     detached, _, _ = _run(tmp_path, "distill_detached", DISTILLATION.replace("{detach}", ".detach()"))

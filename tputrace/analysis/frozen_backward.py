@@ -33,9 +33,10 @@ class FrozenBackward:
     forward_at: str
     modules: tuple[str, ...]
     frozen_parameters: int
-    backward_products: int
-    backward_flops: float
-    cost_ns: float
+    weight_gradients: int  # the backward's products whose result is a frozen weight's gradient
+    cost_ns: float  # their chip time
+    through_products: int  # the backward's other products that take a frozen weight (input gradients)
+    through_ns: float
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FrozenBackwardData]:
         return AnalysisResult(NAME, FrozenBackwardData())
     frozen_shapes = {shape for shapes in frozen.values() for shape in shapes} - trained
     groups = matmul_groups(context)
-    backward = [group for group in groups
-                if group.frame_id in backward_frames and _takes_weight(group, frozen_shapes)]
+    in_backward = [group for group in groups if group.frame_id in backward_frames]
+    backward = [group for group in in_backward if _makes_weight(group, frozen_shapes)]
+    through = [group for group in in_backward if group not in backward and _takes_weight(group, frozen_shapes)]
     forward = [group for group in groups if group.frame_id not in backward_frames and group.module in frozen
                and _takes_weight(group, frozen[group.module] - trained)]
     if not backward or not forward:
@@ -66,8 +68,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FrozenBackwardData]:
     modules = tuple(sorted({group.module for group in forward if group.module and group.frame_id == forward_frame}))
     weights = sum(len({tuple(sorted(shape)) for shape in frozen[module]}) for module in modules)
     data = FrozenBackward(context.where(forward_frame), modules, weights,
-                          sum(group.calls * len(group.products) for group in backward),
-                          sum(group.flops for group in backward), cost)
+                          sum(group.calls * len(group.products) for group in backward), cost,
+                          sum(group.calls * len(group.products) for group in through),
+                          sum(times.attributed_ns(context, group) for group in through))
     finding = _finding(context, data, forward_frame, backward) if context.share_of_step(cost) >= MIN_STEP_SHARE else None
     return AnalysisResult(NAME, FrozenBackwardData(data), (finding,) if finding else ())
 
@@ -111,10 +114,15 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
+def _makes_weight(group: MatmulGroup, weights: set[tuple[int, ...]]) -> bool:
+    """Whether a product of `group` has a result of a weight's shape: the weight's gradient."""
+    return any((product.m, product.n) in weights for product in group.products if product.batch == 1)
+
+
 def _takes_weight(group: MatmulGroup, weights: set[tuple[int, ...]]) -> bool:
     """Whether a product of `group` has a weight of `weights` as its second operand (k, n) or result (m, n), or the
     op takes a tensor of such a shape (a convolution's weight)."""
-    if any((product.k, product.n) in weights or (product.m, product.n) in weights for product in group.products):
+    if any((product.k, product.n) in weights for product in group.products):
         return True
     return any(spec is not None and len(spec.shape) > 2 and spec.shape in weights for spec in parse_specs(group.inputs))
 
@@ -125,7 +133,7 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
     modules = ", ".join(data.modules[:4]) + (", ..." if len(data.modules) > 4 else "")
     backward_at = context.where(backward[0].frame_id)
     evidence = [context.evidence_at(
-        f"{group.op}({group.inputs}) in the backward: {plural(group.calls, 'call')} on a frozen weight", group.frame_id,
+        f"{group.op}({group.inputs}) in the backward: {plural(group.calls, 'call')}, a frozen weight's gradient", group.frame_id,
         table="ops") for group in sorted(backward, key=lambda group: -group.flops)[:4]]
     return Finding(
         analyzer=NAME,
@@ -134,16 +142,20 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
                f"autograd on, and {backward_at} computes gradients for it that nothing uses"),
         explanation=(
             f"No optimizer steps the {plural(data.frozen_parameters, 'weight')} of {modules}, yet their forward at "
-            f"{data.forward_at} kept its graph and the backward at {backward_at} ran "
-            f"{plural(data.backward_products, 'matrix product')} on them ({data.backward_flops / 1e9:.2f} GFLOP in the "
-            f"loop): their input gradients and weight gradients, thrown away (the weights' `.grad` is never stepped), "
-            f"besides the activations the forward saved for them. That costs an estimated {format_ns(data.cost_ns)} of "
-            f"chip time ({share:.1%} of a step; the products only, their elementwise backward comes on top)."
+            f"{data.forward_at} kept its graph and the backward at {backward_at} computed their gradients: "
+            f"{plural(data.weight_gradients, 'matrix product')} in the loop whose results no step uses (the weights' "
+            f"`.grad` is never stepped), an estimated {format_ns(data.cost_ns)} of chip time ({share:.1%} of a step; "
+            "their elementwise backward comes on top), besides the activations the forward saved for them."
+            + (f" The backward also ran {plural(data.through_products, 'product')} through those weights "
+               f"({format_ns(data.through_ns)}), waste as well unless a trained layer feeds the model's input."
+               if data.through_products else "")
         ),
         suggestion=(
-            f"Call {_roots(data.modules)} (whose forward runs at {data.forward_at}) under `torch.no_grad()` (or "
-            "`torch.inference_mode()`), or `.detach()` its output, and freeze it (`requires_grad_(False)`, and `eval()` "
-            "for a teacher): the loss then takes its output as a constant and the backward stops at it."
+            f"If {_roots(data.modules)} is frozen on purpose (a distillation's teacher, a fixed feature extractor), call "
+            f"it (its forward runs at {data.forward_at}) under `torch.no_grad()` (or `torch.inference_mode()`), or "
+            "`.detach()` its output, and freeze it with `requires_grad_(False)` (and `eval()` for a teacher): the loss "
+            "then takes its output as a constant and the backward stops there. If its weights should train, pass them "
+            "to the optimizer."
         ),
         cost_total_ns=data.cost_ns,
         cost_per_step_ns=context.per_step(data.cost_ns),
