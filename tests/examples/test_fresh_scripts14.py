@@ -53,6 +53,24 @@ DISTILLATION = '''
     print(loss.item())
 '''
 
+PARTLY_FROZEN = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(128, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)).to("tpu")
+    model[2].requires_grad_(False)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-3)
+    for step in range(10):
+        x = torch.randn(64, 128, device="tpu")
+        y = torch.randint(0, 10, (64,), device="tpu")
+        loss = nn.functional.cross_entropy(model(x), y)  {marker}
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
 NARROW_HEADS = '''
     import torch
     from torch import nn
@@ -124,6 +142,13 @@ def test_a_teacher_run_with_autograd_on_is_a_backward_through_frozen_weights(tmp
     detached, _, _ = _run(tmp_path, "distill_detached", DISTILLATION.replace("{detach}", ".detach()"))
     assert not [finding for finding in detached.findings if finding.analyzer == "frozen_backward"]
 
+
+
+def test_a_layer_frozen_behind_a_trained_one_is_no_backward_to_remove(tmp_path: Path) -> None:
+    """A middle layer frozen with `requires_grad_(False)`: the backward must pass through it to reach the first layer,
+    but computes no gradient of its weight, so there is nothing to remove."""
+    report, _, _ = _run(tmp_path, "partly_frozen", PARTLY_FROZEN)
+    assert not [finding for finding in report.findings if finding.analyzer == "frozen_backward"]
 
 def test_a_head_width_far_below_the_mxu_is_not_told_to_become_a_multiple_of_8(tmp_path: Path) -> None:
     """d_model 40 in 4 heads: a head width of 10, the rows of one backward product (padded to 16) and the k or n of
