@@ -1,14 +1,15 @@
 """A backward through parameters no optimizer steps: a frozen model (a distillation's teacher, a fixed feature
-extractor, a target network) run with autograd on, whose output reaches the loss.
+extractor, a target network) run with autograd on, whose output reaches the loss, or weights left out of the optimizer.
 
 The parameters an optimizer steps are the `buffers` rows labelled `gradient` or `optimizer_state` at its steps; the
 other parameters (labelled `parameter` when their module's forward first ran) are frozen in this run. When the
-backward (the matrix products at the lines whose gradients the optimizer stepped, `loss.backward()`) runs products
-whose operand or result has a frozen weight's shape, and no stepped weight's, autograd computed the input gradients
-and weight gradients of the frozen layers: work the step throws away, and the graph and saved activations the forward
-kept for it. The finding is at the frozen model's forward line (the products in its modules that take those weights),
-costing the backward's products on them.
-"""
+backward (the matrix products at the lines that made the stepped gradients, `loss.backward()`) runs products whose
+result has a frozen matrix's shape, and no stepped parameter's, autograd computed those weights' gradients: work no
+step uses, besides the graph and saved activations the forward kept for it. A layer frozen with `requires_grad_(False)`
+gets no such product, though the backward may pass through it to reach a trained layer before it. The finding is at
+the frozen modules' forward line (their products that take those weights), costing the weight-gradient products; the
+backward's other products taking the weights (input gradients) are told apart, waste too unless a trained layer feeds
+the frozen model. Weight gradients are read from 2-D products (linear layers), not from convolutions' backward."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def _parameters(context: AnalysisContext) -> tuple[dict[str, set[tuple[int, ...]
     params: list[tuple[str, tuple[int, ...]]] = []
     for kind, module_sid, shape_sid, frame_id in trace.sql(
         "SELECT DISTINCT kind, module_sid, shape_sid, frame_id FROM buffers WHERE rank = ? AND module_sid IS NOT NULL "
-        "AND kind IN ('parameter', 'gradient', 'optimizer_state')", (context.rank,),
+        "AND kind IN ('parameter', ?, ?)", (context.rank, *_TRAINED_KINDS),
     ):
         module = trace.string(module_sid) or ""
         shape = tuple(int(size) for size in (trace.string(shape_sid) or "").split(",") if size.strip().isdigit())
