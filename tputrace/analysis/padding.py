@@ -282,7 +282,7 @@ def _suggestion(size: int, align: int, nearest: int, alternative: str, anchor: M
 def _far_below_mxu(size: int, align: int, up: int, mxu_products: int, mxu: int) -> str:
     """What is true of a dim far below the MXU that is also some products' rows: a multiple of the sublane tile
     removes the rows' padding only; the MXU pads the dim to its width wherever it is contracted or an output."""
-    return (f"{size} is also the contracted or output dim of {plural(mxu_products, 'product shape')} (k or n, an attention "
+    return (f"{size} is also the contracted or output dim of {plural(mxu_products, 'product shape')} (k or n, as an attention "
             f"head's width in `q @ k.T` and `attn @ v`), where the MXU pads it to {mxu} whatever its value below {mxu}: "
             f"{1 - size / mxu:.0%} of those products' multiply-accumulators idle. Changing {size} to a multiple of {align} "
             f"would remove only the rows' padding to {up} counted here, not the MXU's. Only a dim nearer {mxu} fills "
