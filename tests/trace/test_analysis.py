@@ -666,7 +666,7 @@ def test_report_ranks_and_renders(sample_trace_path: Path) -> None:
     assert data["target"]["name"] == DEFAULT_TARGET and data["target"]["is_default"] is True
     assert len(data["findings"]) == len(report.findings)
     assert set(data["results"]) == {"no_device_ops", "index_errors", "recompiles", "guard_recompiles", "recompile_limit", "program_cache", "set_up_work", "step_tail", "remade_optimizers", "compile_cache", "graph_breaks", "syncs", "fallbacks",
-                                    "fusion", "padding", "precision", "host_bound", "input_wait", "transfers", "data_movement", "memory", "collectives", "sharding"}
+                                    "fusion", "padding", "frozen_backward", "precision", "host_bound", "input_wait", "transfers", "data_movement", "memory", "collectives", "sharding"}
 
 
 def test_report_command(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -32,6 +32,7 @@ NEEDS: dict[str, tuple[str, ...] | None] = {
     "fallbacks": ("fallbacks",),
     "fusion": ("flushes",),
     "padding": ("flushes",),
+    "frozen_backward": ("buffers",),  # the optimizer's labels of parameters, gradients and state
     "precision": ("flushes",),
     "host_bound": ("steps", "executions"),
     "input_wait": ("annotations",),

@@ -2,7 +2,8 @@
 
 `losses[step] = loss.detach()` or `out[:, i] = token` selects the element at a Python number, which the program takes
 as a constant: the recompile's diff names the view and its index (`op 0 view_write (train.py:14): view
-aten.select.int: index 3 -> 4`), with the same input shapes. A position that moves on every step makes a new program
+aten.select.int: index 3 -> 4`; in strict mode, a view's own program, `view aten.select.int: index 3 -> 4`), with the
+same input shapes. A position that moves on every step makes a new program
 every step. No bucketing fixes it: the position must be a tensor on the chip (`index_copy_`, `torch.where`). One
 finding per program site (the line the diffs name, else the line that flushed the program), with at least
 `MIN_RECOMPILES` such recompiles over `MIN_POSITIONS` positions, `MIN_STEADY_STEPS` of them in steady steps.
@@ -23,9 +24,10 @@ MIN_RECOMPILES = 3
 MIN_POSITIONS = 3
 MIN_STEADY_STEPS = 2
 MAX_LISTED_DIFFS = 3
-# `op 0 view_write (train.py:14): view aten.select.int: index 3 -> 4`, `op 10 view_write: view aten.select.int: ...`
+# `op 0 view_write (train.py:14): view aten.select.int: index 3 -> 4`, `op 10 view_write: view aten.select.int: ...`;
+# strict mode's program of one view names no op (`view aten.select.int, aten.unsqueeze.default: index 0 -> 1`).
 # A chain of views names each (`view aten.select.int, aten.expand.default: index 3 -> 2` for `table[t].expand(8, 1)`).
-_INDEX_CHANGE = re.compile(r"^op \d+ \S+(?: \((?P<file>[^()]+?):(?P<line>\d+)\))?: view (?P<view>aten\.[\w.]+)"
+_INDEX_CHANGE = re.compile(r"^(?:op \d+ \S+(?: \((?P<file>[^()]+?):(?P<line>\d+)\))?: )?view (?P<view>aten\.[\w.]+)"
                            r"(?:, aten\.[\w.]+)*: "
                            r"index (?P<before>-?\d+) -> (?P<after>-?\d+)$")
 
@@ -98,6 +100,7 @@ def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recom
     steps = tuple(sorted({recompile.step for recompile in recompiles}))
     total_ns = sum(recompile.dur_ns for recompile in recompiles)
     share = context.share_of_wall(total_ns)
+    own_programs = all(recompile.diff.startswith("view ") for recompile in recompiles)  # strict mode's view programs
     shown = ", ".join(str(position) for position in positions[:8]) + (", ..." if len(positions) > 8 else "")
     in_steps = (" after the loop" if after_loop else
                 f" in {len(steps)} of {context.step_count} steps" if context.steps else "")
@@ -114,9 +117,11 @@ def _finding(context: AnalysisContext, site: int | None, recompiles: list[_Recom
             f"The programs' inputs kept their shapes; what changed is the position of an `{view}` view, a Python number "
             f"the program takes as a constant ({shown}): indexing a chip tensor with a loop counter (`losses[step] = "
             f"loss.detach()`, `out[:, i] = token`, or a read `x[:, i]`) makes a new program for each value: "
-            f"{plural(len(recompiles), 'recompile')}, {format_ns(total_ns)} ({share:.0%} of the run). DeferAndFuse records a "
-            f"write into a view where the program is flushed, so the indexing line is {where} or one the program ran "
-            "before it."
+            f"{plural(len(recompiles), 'recompile')}, {format_ns(total_ns)} ({share:.0%} of the run). "
+            + (f"The view is a program of its own, compiled where its value is first taken ({where}): the indexing line is "
+               "that one or one before it." if own_programs else
+               f"DeferAndFuse records a write into a view where the program is flushed, so the indexing line is {where} "
+               "or one the program ran before it.")
             + (" The indexing runs after the training loop's last step (sampling over timesteps, a decode or an "
                "evaluation after training): every run of the script pays these compiles once, at its end."
                if after_loop else "")

@@ -147,7 +147,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PaddingData]:
     input_rows = _input_rows(groups)
     classes = _class_counts(context)
     data_sizes = copied_feature_sizes(context)
-    findings = (_finding(context, size, alignment[size], entries, input_rows.get(size), data_sizes.get(size))
+    fed_to_mxu = _below_mxu(groups, target.mxu)
+    findings = (_finding(context, size, alignment[size], entries, input_rows.get(size), data_sizes.get(size),
+                         fed_to_mxu.get(size, 0))
                 for size, entries in by_size.items() if size not in classes)
     return AnalysisResult(NAME, data, tuple(finding for finding in findings if finding is not None))
 
@@ -172,6 +174,17 @@ def _class_counts(context: AnalysisContext) -> set[int]:
     return classes
 
 
+def _below_mxu(groups: list[MatmulGroup], mxu: int) -> dict[int, int]:
+    """The sizes below the MXU's width that are the contracted or output dim (k, n) of some products (an attention
+    head's width in `q @ k.T` and `attn @ v`), each with its number of such product shapes: the MXU pads them to its
+    width whatever their value, so no nearby multiple of the sublane tile changes that padding."""
+    counts: dict[int, int] = defaultdict(int)
+    for group in groups:
+        for size in {size for product in group.products for size in (product.k, product.n) if size < mxu}:
+            counts[size] += 1
+    return dict(counts)
+
+
 def _input_rows(groups: list[MatmulGroup]) -> dict[int, MatmulGroup]:
     """The sizes that are only ever the rows (m) of a module's products, never their features (k or n), each with
     the module's costliest such product: the rows of the layers' inputs, the batch (times the sequence length of an
@@ -187,9 +200,10 @@ def _input_rows(groups: list[MatmulGroup]) -> dict[int, MatmulGroup]:
 
 
 def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]],
-             rows_of: MatmulGroup | None, copied: TensorSpec | None) -> Finding | None:
+             rows_of: MatmulGroup | None, copied: TensorSpec | None, mxu_products: int = 0) -> Finding | None:
     """The finding for one padded dim size; `copied` is the tensor copied from the host whose features the size is
-    (the data fixes it: no other size is suggested), `rows_of` the module whose input rows it is."""
+    (the data fixes it: no other size is suggested), `rows_of` the module whose input rows it is, `mxu_products` the
+    number of product shapes whose k or n it is, below the MXU's width."""
     cost = sum(cost for _, cost, _ in entries)
     share = context.share_of_step(cost)
     basis = ("chip's work inside strict mode's op times" if chip_time(context).inferred else "measured chip time")
@@ -221,6 +235,8 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
     alternative = f" (or {other})" if other else ""
     fixed = copied is not None and rows_of is None
     suggestion = _suggestion(size, align, nearest, alternative, anchor, rows_of is not None, context.target.mxu)
+    if mxu_products and align != context.target.mxu and rows_of is None and copied is None:
+        suggestion = _far_below_mxu(size, align, up, mxu_products, context.target.mxu)
     if copied is not None and rows_of is None:
         suggestion = (
             f"{size} is the size of the input's features, which the data fixes: the loop copies {spec_text(copied)} "
@@ -261,3 +277,14 @@ def _suggestion(size: int, align: int, nearest: int, alternative: str, anchor: M
                 f"over it, so the model's dims cannot fix it: choose a batch (and length) that make {nearest}"
                 f"{alternative} rows ({fills}).")
     return f"Use {nearest}{alternative} instead of {size} for this dim{' in ' + anchor.module if anchor.module else ''}: {fills}."
+
+
+def _far_below_mxu(size: int, align: int, up: int, mxu_products: int, mxu: int) -> str:
+    """What is true of a dim far below the MXU that is also some products' rows: a multiple of the sublane tile
+    removes the rows' padding only; the MXU pads the dim to its width wherever it is contracted or an output."""
+    return (f"{size} is also the contracted or output dim of {plural(mxu_products, 'product shape')} (k or n, as an attention "
+            f"head's width in `q @ k.T` and `attn @ v`), where the MXU pads it to {mxu} whatever its value below {mxu}: "
+            f"{1 - size / mxu:.0%} of those products' multiply-accumulators idle. Changing {size} to a multiple of {align} "
+            f"would remove only the rows' padding to {up} counted here, not the MXU's. Only a dim nearer {mxu} fills "
+            "the MXU: for attention, fewer, wider heads (`d_model / nhead` nearer the MXU's width); where a small width is the "
+            "model's choice, the padding is the cost of that size.")

@@ -35,6 +35,7 @@ ANALYZER_SECTIONS: dict[str, str] = {
     "data_movement": "timeline",
     "index_errors": "timeline",
     "padding": "shapes",
+    "frozen_backward": "steps",
     "precision": "shapes",
     "host_bound": "steps",
     "input_wait": "steps",
