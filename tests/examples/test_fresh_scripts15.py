@@ -1,7 +1,8 @@
-"""Scripts of kinds the other fresh-script tests leave out, whose per-step reads were told the loss-logging fix
-(`accumulate loss.detach()`) where it does not apply: a patch-embedding ViT counting correct predictions with
+"""Scripts of kinds the other fresh-script tests leave out that read wrong before. Per-step reads told the loss-logging
+fix (`accumulate loss.detach()`) where it does not apply: a patch-embedding ViT counting correct predictions with
 `correct += (...).sum().item()`, a VAE appending a dict of two `.item()`s to its history, a graph network taking its
-graph count with `int(batch.max()) + 1`."""
+graph count with `int(batch.max()) + 1`. A script that runs one forward with autograd on and no loop, told its memory
+grew every iteration of a loop."""
 
 from __future__ import annotations
 
@@ -158,3 +159,36 @@ def test_a_graph_count_made_a_python_int_is_told_to_come_from_the_host(tmp_path:
     read = _read_at(tmp_path, "graph_count", GRAPH_COUNT)
     assert read.suggestion.startswith("`int(...)` turns a chip value into a Python number"), read.suggestion
     assert "before the data is copied to the chip" in read.suggestion and "loss.detach()" not in read.suggestion
+
+
+ONE_FORWARD = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(64, 256), nn.GELU(), nn.Linear(256, 256), nn.GELU(), nn.Linear(256, 256),
+                          nn.GELU(), nn.Linear(256, 10)).to("tpu")
+    x = torch.randn(512, 64, device="tpu")
+    {body}
+'''
+FORWARD_ONCE = '''logits = model(x)  {marker}
+    print(logits.argmax(-1)[:8].tolist())'''
+FORWARD_PER_BATCH = '''outs = []
+    for batch in range(6):
+        outs.append(model(x + batch))  {marker}
+    print(torch.stack(outs).argmax(-1)[:, :8].tolist())'''
+
+
+def test_one_forward_with_autograd_on_is_no_loop_whose_memory_grows(tmp_path: Path) -> None:
+    """A script without a loop runs one forward with autograd on: its layers each make a (512, 256) buffer at the
+    call's line, all kept for a backward. That is one call, not six iterations of a loop piling up."""
+    report, _, _ = _run(tmp_path, "forward_once", ONE_FORWARD.replace("{body}", FORWARD_ONCE))
+    assert not [finding for finding in report.findings if finding.analyzer == "memory"], report.findings
+
+
+def test_the_same_forward_kept_in_a_loop_is_still_growth(tmp_path: Path) -> None:
+    """The forward called in a loop, each output kept with its graph: each layer's buffers pile up once per
+    iteration, growth at the line that keeps them."""
+    report, _, line = _run(tmp_path, "forward_per_batch", ONE_FORWARD.replace("{body}", FORWARD_PER_BATCH))
+    (growth,) = [finding for finding in report.findings if finding.analyzer == "memory"]
+    assert growth.line == line and "every iteration of a loop without steps" in growth.title, growth.title
