@@ -2,7 +2,8 @@
 fix (`accumulate loss.detach()`) where it does not apply: a patch-embedding ViT counting correct predictions with
 `correct += (...).sum().item()`, a VAE appending a dict of two `.item()`s to its history, a graph network taking its
 graph count with `int(batch.max()) + 1`. A script that runs one forward with autograd on and no loop, told its memory
-grew every iteration of a loop."""
+grew every iteration of a loop. A detector whose box loss runs under `if pos.any():` per image, whose changing ops were
+placed at `loss.backward()` and told to replace a random choice."""
 
 from __future__ import annotations
 
@@ -192,3 +193,44 @@ def test_the_same_forward_kept_in_a_loop_is_still_growth(tmp_path: Path) -> None
     report, _, line = _run(tmp_path, "forward_per_batch", ONE_FORWARD.replace("{body}", FORWARD_PER_BATCH))
     (growth,) = [finding for finding in report.findings if finding.analyzer == "memory"]
     assert growth.line == line and "every iteration of a loop without steps" in growth.title, growth.title
+
+
+DETECTOR = '''
+    import torch
+    from torch import nn
+    import torch.nn.functional as F
+
+    torch.manual_seed(0)
+    device = "tpu"
+    backbone = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(4)).to(device)
+    cls_head, box_head = nn.Conv2d(8, 3, 1).to(device), nn.Conv2d(8, 4, 1).to(device)
+    params = [*backbone.parameters(), *cls_head.parameters(), *box_head.parameters()]
+    opt = torch.optim.SGD(params, lr=0.01)
+    for step in range(10):
+        feats = backbone(torch.randn(3, 3, 16, 16, device=device))
+        logits, boxes = cls_head(feats).flatten(2), box_head(feats).flatten(2)
+        loss = 0.0
+        for i in range(3):
+            pos = torch.rand(16, device=device) > 0.95
+            labels = torch.where(pos, 1, 0)
+            loss = loss + F.cross_entropy(logits[i].T, labels)
+            if pos.any():  {marker}
+                loss = loss + F.smooth_l1_loss(boxes[i].T[pos], torch.zeros_like(boxes[i].T[pos]))
+            else:
+                loss = loss + boxes[i].sum() * 0
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_ops_picked_per_image_by_a_branch_on_a_mask_are_placed_at_the_branch(tmp_path: Path) -> None:
+    """`if pos.any():` runs the box loss or a zero per image, so the step's graph changes from step to step. The
+    recompiles' diffs mostly name `loss.backward()`, whose gradient ops follow the forward's: the finding is at the
+    branch that picks the ops, told to run both sides and weight by the mask, not to replace a random choice."""
+    report, script, line = _run(tmp_path, "detector", DETECTOR)
+    (changes,) = [finding for finding in report.findings if finding.title.startswith("The step's ops change")]
+    assert changes.line == line and f"picked by the branch at {script.name}:{line}" in changes.title, changes.title
+    assert changes.suggestion.startswith(f"Run both sides of the branch at {script.name}:{line}"), changes.suggestion
+    assert "random.random()" not in changes.suggestion
