@@ -11,6 +11,8 @@
 - `torch.autocast("cuda")` and `torch.cuda.amp.autocast` autocast on tpu, in float16 unless given a dtype,
   as on CUDA;
 - `Tensor.cuda()` and `Module.cuda()` move to the tpu chip of the same index;
+- `torch.load` restores storages mapped to `cuda` or `cuda:N` (`map_location="cuda"`, or a checkpoint saved on a
+  GPU) onto the tpu chip of the same index;
 - torch's own lookup of the accelerator (`torch._utils._get_available_device_type`, which `nn.DataParallel`
   asks) answers `tpu`, so DataParallel splits batches over the tpu chips as it does for a tpu script;
 - a torch function mode rewrites every `device=` keyword and every device argument of `Tensor.to`
@@ -32,6 +34,7 @@ import torch._utils
 from torch.overrides import TorchFunctionMode
 
 from tputrace.backend.compat import device_module
+from tputrace.backend.integrations import checkpoints
 
 DEVICE_TYPE = "tpu"
 # torch.cuda functions replaced by the tpu device module's function of the same name.
@@ -149,5 +152,6 @@ def install() -> None:
         module._get_available_device_type = _available_device_type  # type: ignore[attr-defined]
     autocast_class = torch.amp.autocast_mode.autocast
     autocast_class.__init__ = _autocast_on_tpu(autocast_class.__init__)  # type: ignore[method-assign]
+    checkpoints.register_cuda_locations()
     _mode = CudaToTpuMode()
     _mode.__enter__()
