@@ -13,6 +13,7 @@
 - `Tensor.cuda()` and `Module.cuda()` move to the tpu chip of the same index;
 - `torch.load` restores storages mapped to `cuda` or `cuda:N` (`map_location="cuda"`, or a checkpoint saved on a
   GPU) onto the tpu chip of the same index;
+- `torch.cuda.nvtx`'s ranges are profiler ranges (`record_function`), recorded as named ranges;
 - torch's own lookup of the accelerator (`torch._utils._get_available_device_type`, which `nn.DataParallel`
   asks) answers `tpu`, so DataParallel splits batches over the tpu chips as it does for a tpu script;
 - a torch function mode rewrites every `device=` keyword and every device argument of `Tensor.to`
@@ -33,7 +34,7 @@ import torch
 import torch._utils
 from torch.overrides import TorchFunctionMode
 
-from tputrace.backend.compat import device_module
+from tputrace.backend.compat import device_module, nvtx_ranges
 from tputrace.backend.integrations import checkpoints
 
 DEVICE_TYPE = "tpu"
@@ -67,6 +68,7 @@ MAPPED_CUDA_FUNCTIONS = (
     "reset_max_memory_allocated",
     "mem_get_info",
     "memory_stats",
+    "memory_summary",
     "Event",
     "Stream",
     "current_stream",
@@ -153,5 +155,6 @@ def install() -> None:
     autocast_class = torch.amp.autocast_mode.autocast
     autocast_class.__init__ = _autocast_on_tpu(autocast_class.__init__)  # type: ignore[method-assign]
     checkpoints.register_cuda_locations()
+    nvtx_ranges.install()
     _mode = CudaToTpuMode()
     _mode.__enter__()

@@ -218,6 +218,16 @@ def memory_stats(device: Any = None) -> dict[str, int]:
     return {"allocated_bytes.all.current": memory.live_bytes(index), "allocated_bytes.all.peak": memory.peak_bytes(index)}
 
 
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A chip's memory as text, as `torch.cuda.memory_summary` prints it: what tpu tensors hold now and at most
+    (reserved is the same, with no caching allocator)."""
+    index = chip_index(device)
+    current, peak = memory.live_bytes(index), memory.peak_bytes(index)
+    return (f"tpu:{index} memory summary\n"
+            f"  allocated: {current / 2**20:.2f} MiB now, {peak / 2**20:.2f} MiB at most\n"
+            f"  reserved:  {current / 2**20:.2f} MiB now, {peak / 2**20:.2f} MiB at most (no caching allocator)\n")
+
+
 def empty_cache() -> None:
     """Nothing is cached beyond live tensors: XLA frees buffers when tensors die."""
 
