@@ -160,6 +160,10 @@ class DeviceProperties:
     index: int
     total_memory: int
     multi_processor_count: int  # CUDA's count of SMs: a chip's cores (`nn.DataParallel` compares the chips by it)
+    # CUDA's compute capability, which scripts compare to gate bfloat16, TF32 and fused attention (8.0 and up):
+    # features a tpu chip has, so it answers 8.0.
+    major: int = 8
+    minor: int = 0
 
 
 def get_device_name(device: Any = None) -> str:
@@ -192,6 +196,20 @@ def max_memory_allocated(device: Any = None) -> int:
 
 def reset_peak_memory_stats(device: Any = None) -> None:
     memory.reset_peak(chip_index(device))
+
+
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """A cap for a caching allocator: tpu tensors have none, and XLA frees buffers when tensors die."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """No allocation counts accumulate beyond the peak, which `reset_peak_memory_stats` resets."""
+
+
+def ipc_collect() -> None:
+    """No memory is shared between processes by CUDA IPC."""
 
 
 def memory_reserved(device: Any = None) -> int:
