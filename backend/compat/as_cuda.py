@@ -11,6 +11,9 @@
 - `torch.autocast("cuda")` and `torch.cuda.amp.autocast` autocast on tpu, in float16 unless given a dtype,
   as on CUDA;
 - `Tensor.cuda()` and `Module.cuda()` move to the tpu chip of the same index;
+- `torch.load` restores storages mapped to `cuda` or `cuda:N` (`map_location="cuda"`, or a checkpoint saved on a
+  GPU) onto the tpu chip of the same index;
+- `torch.cuda.nvtx`'s ranges are profiler ranges (`record_function`), recorded as named ranges;
 - torch's own lookup of the accelerator (`torch._utils._get_available_device_type`, which `nn.DataParallel`
   asks) answers `tpu`, so DataParallel splits batches over the tpu chips as it does for a tpu script;
 - a torch function mode rewrites every `device=` keyword and every device argument of `Tensor.to`
@@ -31,7 +34,8 @@ import torch
 import torch._utils
 from torch.overrides import TorchFunctionMode
 
-from tputrace.backend.compat import device_module
+from tputrace.backend.compat import device_module, nvtx_ranges
+from tputrace.backend.integrations import checkpoints
 
 DEVICE_TYPE = "tpu"
 # torch.cuda functions replaced by the tpu device module's function of the same name.
@@ -64,6 +68,10 @@ MAPPED_CUDA_FUNCTIONS = (
     "reset_max_memory_allocated",
     "mem_get_info",
     "memory_stats",
+    "memory_summary",
+    "set_per_process_memory_fraction",
+    "reset_accumulated_memory_stats",
+    "ipc_collect",
     "Event",
     "Stream",
     "current_stream",
@@ -149,5 +157,7 @@ def install() -> None:
         module._get_available_device_type = _available_device_type  # type: ignore[attr-defined]
     autocast_class = torch.amp.autocast_mode.autocast
     autocast_class.__init__ = _autocast_on_tpu(autocast_class.__init__)  # type: ignore[method-assign]
+    checkpoints.register_cuda_locations()
+    nvtx_ranges.install()
     _mode = CudaToTpuMode()
     _mode.__enter__()

@@ -160,6 +160,10 @@ class DeviceProperties:
     index: int
     total_memory: int
     multi_processor_count: int  # CUDA's count of SMs: a chip's cores (`nn.DataParallel` compares the chips by it)
+    # CUDA's compute capability, which scripts compare to gate bfloat16, TF32 and fused attention (8.0 and up):
+    # features a tpu chip has, so it answers 8.0.
+    major: int = 8
+    minor: int = 0
 
 
 def get_device_name(device: Any = None) -> str:
@@ -194,6 +198,20 @@ def reset_peak_memory_stats(device: Any = None) -> None:
     memory.reset_peak(chip_index(device))
 
 
+def set_per_process_memory_fraction(fraction: float, device: Any = None) -> None:
+    """A cap for a caching allocator: tpu tensors have none, and XLA frees buffers when tensors die."""
+    if not 0 <= fraction <= 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+
+
+def reset_accumulated_memory_stats(device: Any = None) -> None:
+    """No allocation counts accumulate beyond the peak, which `reset_peak_memory_stats` resets."""
+
+
+def ipc_collect() -> None:
+    """No memory is shared between processes by CUDA IPC."""
+
+
 def memory_reserved(device: Any = None) -> int:
     """What tpu tensors hold: there is no caching allocator, so nothing is reserved beyond them."""
     return memory_allocated(device)
@@ -216,6 +234,16 @@ def mem_get_info(device: Any = None) -> tuple[int, int]:
 def memory_stats(device: Any = None) -> dict[str, int]:
     index = chip_index(device)
     return {"allocated_bytes.all.current": memory.live_bytes(index), "allocated_bytes.all.peak": memory.peak_bytes(index)}
+
+
+def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
+    """A chip's memory as text, as `torch.cuda.memory_summary` prints it: what tpu tensors hold now and at most
+    (reserved is the same, with no caching allocator)."""
+    index = chip_index(device)
+    current, peak = memory.live_bytes(index), memory.peak_bytes(index)
+    return (f"tpu:{index} memory summary\n"
+            f"  allocated: {current / 2**20:.2f} MiB now, {peak / 2**20:.2f} MiB at most\n"
+            f"  reserved:  {current / 2**20:.2f} MiB now, {peak / 2**20:.2f} MiB at most (no caching allocator)\n")
 
 
 def empty_cache() -> None:

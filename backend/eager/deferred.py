@@ -336,7 +336,7 @@ class DeferredExecutor:
         can read apart from the pending graph; None for any other op, which first runs the state made."""
         if plan.op_name not in NEW_VALUE_OPS and not (plan.op_name in COPY_OPS and self._copies_new_values(state_graphs, dynamic)):
             if state_graphs:
-                self._flush_state_graphs()
+                self._flush_state_graphs(dynamic)
             return None
         graph = state_graphs.get(plan.chip)
         if graph is None or graph.flushed:
@@ -366,11 +366,14 @@ class DeferredExecutor:
                 return False
         return True
 
-    def _flush_state_graphs(self) -> None:
+    def _flush_state_graphs(self, read: Sequence[Any] = ()) -> None:
+        """Run the state graphs, keeping the values of theirs in `read`: the op that flushes them reads those, which no
+        buffer may hold yet (a channels-last state's value, before the op storing it in its buffer's order)."""
         state_graphs = self.state_graphs
         for graph in list(state_graphs.values()):
             if not graph.flushed and graph.nodes:
-                self.flush_graph(graph, "optimizer_state")
+                kept = [value for value in read if type(value) is LazyValue and value.graph is graph]
+                self.flush_graph(graph, "optimizer_state", extra=kept)
         state_graphs.clear()
 
     def mark_backward(self) -> None:

@@ -32,9 +32,11 @@ from tputrace.backend.core.tensor import BufferStorage
 from tputrace.backend.integrations import torchscript
 
 _LOCATION = re.compile(r"^(?:tpu|privateuse1)(?::(\d+))?$")
+_CUDA_LOCATION = re.compile(r"^cuda(?::(\d+))?$")
 # Before torch's own PrivateUse1 deserializer (priority 23), which would allocate on the device.
-_PRIORITY = 19
+_PRIORITY = 19  # the CUDA mapping's deserializer takes the one before it
 _registered = False
+_cuda_registered = False
 
 
 class HostStagedStorage(torch.UntypedStorage):
@@ -99,6 +101,26 @@ def _restore(storage: torch.UntypedStorage, location: str) -> HostStagedStorage 
     staged = _staged(storage.nbytes(), chip)
     staged.copy_(storage)
     return staged
+
+
+def _restore_cuda(storage: torch.UntypedStorage, location: str) -> HostStagedStorage | None:
+    """Under `--as-cuda`: a storage for `cuda` or `cuda:N` (`map_location="cuda"`, or a checkpoint saved on a GPU)
+    restored onto the tpu chip of the same index, as one for `tpu:N`."""
+    match = _CUDA_LOCATION.match(location)
+    return None if match is None else _restore(storage, f"tpu:{match.group(1) or 0}")
+
+
+def _no_tag(storage: Any) -> None:
+    """Saving is tagged by `_tag`: the CUDA mapping adds a deserializer only."""
+    return None
+
+
+def register_cuda_locations() -> None:
+    """Restore storages mapped to CUDA onto the tpu chips (`tputrace run --as-cuda`; once)."""
+    global _cuda_registered
+    if not _cuda_registered:
+        torch.serialization.register_package(_PRIORITY - 1, _no_tag, _restore_cuda)
+        _cuda_registered = True
 
 
 def set_from_storage(args: tuple, kwargs: dict) -> Any:

@@ -11,7 +11,7 @@ from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.context import AnalysisContext
 
 DATA_DEPENDENT = "data_dependent"
-_BACKWARD_CALL = re.compile(r"(?:\.|\b)backward\(|\bautograd\.grad\(")
+BACKWARD_CALL = re.compile(r"(?:\.|\b)backward\(|\bautograd\.grad\(")
 Key = tuple[int | None, str, int | None]  # (frame, sync kind, library frame)
 
 
@@ -22,7 +22,7 @@ def backward_selections(context: AnalysisContext, keys: list[Key]) -> dict[Key, 
     reads = [key for key in keys if key[1] == DATA_DEPENDENT and key[0] is not None and key[2] is None]
     if len(reads) < 2:
         return {}
-    backwards = [key for key in reads if _BACKWARD_CALL.search(line_text(context.location(key[0]), context.trace) or "")]
+    backwards = [key for key in reads if BACKWARD_CALL.search(line_text(context.location(key[0]), context.trace) or "")]
     forwards = [key for key in reads if key not in backwards]
     if not backwards or not forwards:
         return {}

@@ -62,20 +62,21 @@ def piling_lines(trace: Trace, rank: int, buffers: Sequence[BufferLifetime], loo
 
 def _pile_up(buffers: list[BufferLifetime]) -> tuple[int, int]:
     """(the most buffers of the largest shape that piled up live at once, the most bytes of all the line's buffers
-    live at once)."""
+    live at once). Buffers of one shape count as one kind only when one module made them: a forward's layers each
+    make one of a shape (a `Sequential` of equal widths) in a single call of the line, which is no iteration."""
     events = sorted([(buffer.alloc_ns, 1, buffer) for buffer in buffers]
                     + [(buffer.free_ns, -1, buffer) for buffer in buffers if buffer.free_ns is not None],
                     key=lambda event: (event[0], event[1]))
-    live_of: dict[tuple[int, tuple[int, ...] | None], int] = defaultdict(int)
-    most_of: dict[tuple[int, tuple[int, ...] | None], int] = defaultdict(int)
+    live_of: dict[tuple[int, tuple[int, ...] | None, str | None], int] = defaultdict(int)
+    most_of: dict[tuple[int, tuple[int, ...] | None, str | None], int] = defaultdict(int)
     live = peak = 0
     for _, change, buffer in events:
-        shape = (buffer.bytes, buffer.shape)
-        live_of[shape] += change
-        most_of[shape] = max(most_of[shape], live_of[shape])
+        kind = (buffer.bytes, buffer.shape, buffer.module)
+        live_of[kind] += change
+        most_of[kind] = max(most_of[kind], live_of[kind])
         live += change * buffer.bytes
         peak = max(peak, live)
-    piled = [(shape[0], count) for shape, count in most_of.items() if count >= MIN_ITERATIONS]
+    piled = [(kind[0], count) for kind, count in most_of.items() if count >= MIN_ITERATIONS]
     return (max(piled)[1], peak) if piled else (0, peak)
 
 

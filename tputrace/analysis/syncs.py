@@ -27,6 +27,7 @@ from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost,
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.analysis.imported import context_import_facts
+from tputrace.analysis.item_fixes import APPENDS, BEFORE_THE_STEP, item_suggestion
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns, plural
 
@@ -43,9 +44,7 @@ AT_A_GRAPH_BREAK = (
 
 SUGGESTIONS: dict[str, str] = {
     "item": "Keep the value on the chip: accumulate `loss.detach()` into a tensor and call `.item()` every N steps "
-            "or after the loop, so the host can queue the next step while the chip works. In DeferAndFuse, add to it "
-            "before `optimizer.step()`: the sum then runs in the step's program, where after it the sum would start "
-            "the next step's graph and the first step's graph would compile again.",
+            "or after the loop, so the host can queue the next step while the chip works." + BEFORE_THE_STEP,
     "print": "Printing a tensor copies it to the host and waits for it; log every N steps, or collect detached "
              "values and print them after the loop.",
     "bool": "`if tensor:` (or `while`, `assert`) on a chip value waits for the chip; keep the decision on the chip "
@@ -331,19 +330,20 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     elif kind == "data_dependent":
         suggestion = data_dependent_fix(context, frame_id) or suggestion
     elif kind == "item" and context.steps:
-        suggestion = _item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
-    elif kind in _COPIES_OUT and context.steps and _APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
+        suggestion = item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
+    elif kind in _COPIES_OUT and context.steps and APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
         suggestion = KEPT_COPIES
     steady = context.steady_line_range
     evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
                  if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
     if evaluated and every is not None:
-        kept = kind in _COPIES_OUT and bool(_APPENDS.search(line_text(context.location(frame_id), context.trace) or ""))
+        kept = kind in _COPIES_OUT and bool(APPENDS.search(line_text(context.location(frame_id), context.trace) or ""))
         suggestion = evaluation_suggestion(where, every, evaluated, kept=kept)
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
-    if read_with and not suggestion.startswith(("Keep the values on the chip while", "Keep the value on the chip: append")):
+    if read_with and not suggestion.startswith(("Keep the values on the chip", "Keep the value on the chip: append",
+                                                         "Keep the running total on the chip")):
         suggestion += (f" {where} reads in the same steps as {', '.join(read_with)}, each waiting for the chip in turn: "
                        "compute those values first and read them in one go (`torch.stack([a, b]).tolist()`), one wait "
                        f"instead of {len(read_with) + 1}.")
@@ -437,35 +437,10 @@ def _reads_per_step(context: AnalysisContext, frame_id: int, kind: str) -> float
     return count / steps if steps else 0.0
 
 
-_ITEM_READ = re.compile(r"(?<![\w.])(?P<value>[A-Za-z_][\w.]*)\.item\(\)")
-KEPT_READS = ("Keep the value on the chip: append `{value}.detach()` in place of `{value}.item()` and read the list "
-              "once after the loop (`torch.stack(values).tolist()`), or every N steps, so the host can queue the next "
-              "step while the chip works.")
-
-
 _COPIES_OUT = frozenset({"cpu", "numpy", "tolist"})
-_APPENDS = re.compile(r"\.(?:append|extend)\(")
 KEPT_COPIES = ("Keep the values on the chip while the loop runs: append the tensors themselves (detached, without "
                "`.cpu()`/`.numpy()`/`.tolist()`) and copy the list to the host once after the loop "
                "(`torch.cat(values).cpu()`), or every N steps, so the host can queue the next step while the chip works.")
-
-
-def _item_suggestion(text: str, suggestion: str) -> str:
-    """The per-step `.item()` fix for the value the line reads (its run's copy): a read appended to a list is kept on
-    the chip and stacked after the loop; another value than a loss (a gradient norm) is named in place of `loss`."""
-    values = list(dict.fromkeys(match["value"] for match in _ITEM_READ.finditer(text)))
-    reads = text.count(".item()")
-    if reads >= 2 and not _APPENDS.search(text):
-        listed = ", ".join(values + (["..."] if reads > len(values) else []))
-        return (f"The line reads {reads} values one after another, each a wait for the chip: stack them on the chip "
-                f"and read them at once (`torch.stack([{listed}]).tolist()`), every N steps or after the loop, so the "
-                "host waits once, if at all.")
-    if len(values) != 1:
-        return suggestion
-    (value,) = values
-    if _APPENDS.search(text):
-        return KEPT_READS.format(value=value)
-    return suggestion.replace("`loss.detach()`", f"`{value}.detach()`")
 
 
 def _scaler_read(context: AnalysisContext) -> tuple[str, str]:

@@ -1,0 +1,61 @@
+"""What to change for a line's per-step `.item()` (or `int(...)`/`float(...)`), read from the line's own text: the
+value it reads is named in the fix, a read appended to a list is kept on the chip, a read added into a running total
+becomes a total on the chip, and a chip value turned into a Python number (a size, a count) is taken on the host."""
+
+from __future__ import annotations
+
+import re
+
+ITEM_READ = re.compile(r"(?<![\w.])(?P<value>[A-Za-z_][\w.]*)\.item\(\)")
+APPENDS = re.compile(r"\.(?:append|extend)\(")
+# `total += x.item()`, `total -= ...`, `total = total + x.item()`: the read is added into a running total.
+_ACCUMULATES = re.compile(r"^\s*(?P<total>[A-Za-z_][\w.]*)\s*(?:[+-]=|=\s*(?P=total)\s*[+-])")
+# `int(x.max())`, `float(loss)`: a chip value made a Python number without `.item()` in the text.
+_NUMBER_CALL = re.compile(r"(?<![\w.])(?P<call>int|float)\(")
+
+BEFORE_THE_STEP = (" In DeferAndFuse, add to it before `optimizer.step()`: the sum then runs in the step's program, where "
+                   "after it the sum would start the next step's graph and the first step's graph would compile again.")
+KEPT_READS = ("Keep the value on the chip: append `{value}.detach()` in place of `{value}.item()` and read the list "
+              "once after the loop (`torch.stack(values).tolist()`), or every N steps, so the host can queue the next "
+              "step while the chip works.")
+KEPT_SEVERAL_READS = ("Keep the values on the chip: keep {detached} in place of {items} in what the line appends, and "
+                      "read them once after the loop (`torch.stack(values).tolist()` for each), or every N steps, so the "
+                      "host can queue the next step while the chip works.")
+RUNNING_TOTAL = ("Keep the running total on the chip: add the value itself, with `.detach()` in place of `.item()`, so "
+                 "`{total}` becomes a tensor on the chip (adding a tensor to a Python 0 makes one) that sums each step "
+                 "with no wait, and read `{total}.item()` once after the loop, or every N steps, so the host can queue "
+                 "the next step while the chip works.")
+HOST_NUMBER = ("`{call}(...)` turns a chip value into a Python number, and the host waits for the chip to learn it "
+               "each step. If the number is a size or a count the data already tells (a number of graphs, of tokens, a "
+               "largest index), take it on the host before the data is copied to the chip (from the CPU tensor, or "
+               "from what the data loader knows), or use a fixed bound; if it is only logged, keep it on the chip and "
+               "read it every N steps.")
+
+
+def item_suggestion(text: str, suggestion: str) -> str:
+    """The per-step `.item()` fix for the line's text `text`, or `suggestion` (the general fix) where the text tells
+    nothing more: a read appended to a list is kept on the chip and stacked after the loop, a read added into a total
+    makes the total a chip tensor, another value than a loss (a gradient norm) is named in place of `loss`, and
+    `int(...)`/`float(...)` of a chip value is told to take the number on the host."""
+    values = list(dict.fromkeys(match["value"] for match in ITEM_READ.finditer(text)))
+    reads = text.count(".item()")
+    accumulated = _ACCUMULATES.match(text)
+    if reads and accumulated:
+        return RUNNING_TOTAL.format(total=accumulated["total"]) + BEFORE_THE_STEP
+    if reads >= 2 and APPENDS.search(text) and len(values) == reads:
+        return KEPT_SEVERAL_READS.format(detached=", ".join(f"`{value}.detach()`" for value in values),
+                                         items=", ".join(f"`{value}.item()`" for value in values))
+    if reads >= 2 and not APPENDS.search(text):
+        listed = ", ".join(values + (["..."] if reads > len(values) else []))
+        return (f"The line reads {reads} values one after another, each a wait for the chip: stack them on the chip "
+                f"and read them at once (`torch.stack([{listed}]).tolist()`), every N steps or after the loop, so the "
+                "host waits once, if at all.")
+    number = _NUMBER_CALL.search(text)
+    if not reads and number:
+        return HOST_NUMBER.format(call=number["call"])
+    if len(values) != 1:
+        return suggestion
+    (value,) = values
+    if APPENDS.search(text):
+        return KEPT_READS.format(value=value)
+    return suggestion.replace("`loss.detach()`", f"`{value}.detach()`")
