@@ -85,11 +85,12 @@ def _header(data: ReportData) -> str:
 
 
 def _steps_text(data: ReportData) -> str:
-    """The step count, the median step measured on this host and the one projected for the target."""
+    """The step count, the median step measured on this host (an import: on its device) and the one projected for
+    the target."""
     run, projected = data.run, data.projected
     if run.median_step_ns is None:
         return str(run.steps)
-    text = f"{run.steps} · median {fmt_ns(run.median_step_ns)} measured on this host"
+    text = f"{run.steps} · median {fmt_ns(run.median_step_ns)} measured on {run.measured_on}"
     if projected.median_ns is not None:
         text += f" · {fmt_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"
     if run.chip_pace is not None:
