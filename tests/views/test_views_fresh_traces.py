@@ -287,3 +287,30 @@ def test_a_trace_with_a_damaged_schema_is_one_line_and_exit_2_in_every_view_comm
         assert result.returncode == 2, (command, result.stderr[-2000:])
         assert "Traceback" not in result.stderr and result.stderr.strip().count("\n") == 0, (command, result.stderr)
         assert result.stderr.startswith(f"tputrace: error: {damaged} is corrupt"), (command, result.stderr)
+
+
+# -- opening on any view ---------------------------------------------------------------------------
+
+
+def test_tui_opens_on_every_view_its_view_option_names(two_step_trace: Path) -> None:
+    """`tputrace tui --view NAME` takes every view the app has (Compare needs --compare, checked in `open_ui`),
+    and the app opened on it shows that view."""
+    from textual.widgets import TabbedContent
+
+    from tputrace.cli.main import build_parser
+    from tputrace.tui.actions import VIEW_ORDER
+    from tputrace.tui.app import TraceApp
+
+    views = [view_id for view_id, _ in VIEW_ORDER if view_id != "compare"]
+    shown: dict[str, str] = {}
+
+    async def drive(view: str) -> None:
+        app = TraceApp(make_session(two_step_trace), initial_view=view)
+        async with app.run_test(size=(160, 45)) as pilot:
+            await settle(pilot)
+            shown[view] = app.query_one("#views", TabbedContent).active
+
+    for view in views:
+        args = build_parser().parse_args(["tui", str(two_step_trace), "--view", view])
+        asyncio.run(drive(args.view))
+    assert shown == {view: view for view in views}
