@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import html
+import json
 import os
 import re
 import sqlite3
@@ -61,6 +62,18 @@ TORCH_GLOBAL_GUARD = textwrap.dedent("""\
     hc = torch.compile(h, backend="eager")
     for SCALE in (1, 2, 3, 4):
         hc(torch.ones(3))
+""")
+
+# A CPU-only torch.profiler window with memory profiling: its memory samples are the host's (chip -1).
+TORCH_PROFILED_MEMORY = textwrap.dedent("""\
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile
+
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+        for _ in range(2):
+            model(torch.randn(8, 16)).sum().backward()
+    prof.export_chrome_trace(sys.argv[1])
 """)
 
 TWO_STEPS = textwrap.dedent("""\
@@ -120,6 +133,17 @@ def torch_trace_import(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script.write_text(TORCH_GLOBAL_GUARD)
     _python(script, env={**os.environ, "TORCH_TRACE": str(folder / "torch_trace")})
     return _import(folder / "torch_trace", folder / "global_guard.tptrace")
+
+
+@pytest.fixture(scope="module")
+def profiled_memory_import(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A torch.profiler Chrome JSON of a CPU-only window with `profile_memory=True`, imported."""
+    pytest.importorskip("torch", reason="making a capture needs torch (pip install -e .[backend])")
+    folder = tmp_path_factory.mktemp("profiled_memory")
+    script = folder / "profiled_memory.py"
+    script.write_text(TORCH_PROFILED_MEMORY)
+    _python(script, str(folder / "profile.json"))
+    return _import(folder / "profile.json", folder / "profiled_memory.tptrace")
 
 
 @pytest.fixture(scope="module")
@@ -216,6 +240,47 @@ def test_collectives_a_capture_does_not_size_or_time_show_as_unknown_in_the_tui_
         assert (size, waiting, wait_share) == ("unknown", "unknown", "unknown"), row
     assert [(row[3].strip(), row[4].strip(), row[6].strip()) for row in rank_rows] == [("unknown", "unknown", "unknown")]
     assert "waiting for other ranks unknown" in screen and "0 ns waiting" not in screen
+
+
+# -- the Perfetto export of imported captures ------------------------------------------------------
+
+
+def _perfetto(trace_path: Path, tmp_path: Path) -> dict[str, Any]:
+    result = _tputrace("export", str(trace_path), "--perfetto", str(tmp_path / "trace.json"))
+    assert result.returncode == 0, result.stderr[-3000:]
+    document: dict[str, Any] = json.loads((tmp_path / "trace.json").read_text())
+    return document
+
+
+def test_perfetto_names_an_imported_captures_chips_by_the_device_it_measured(collectives_import: Path,
+                                                                            tmp_path: Path) -> None:
+    """An XLA:CPU capture's devices are its processes `rank 0 · cpu:N`, as the summary says `cpu, 4 chips`, not
+    TPU chips the capture never ran on."""
+    with tputrace.open(collectives_import) as trace:
+        chips, device = trace.run.chips, imported_device(trace, 0)
+        summary_text = render_text(summarize(trace))
+    assert device == "cpu" and chips and f"cpu, {chips} chips" in summary_text
+    document = _perfetto(collectives_import, tmp_path)
+    processes = {event["args"]["name"] for event in document["traceEvents"] if event.get("name") == "process_name"}
+    chip_processes = {name for name in processes if "host" not in name}
+    assert chip_processes == {f"rank 0 · cpu:{chip}" for chip in range(chips)}
+
+
+def test_perfetto_puts_an_imports_host_memory_on_its_host_not_on_a_chip(profiled_memory_import: Path,
+                                                                        tmp_path: Path) -> None:
+    """torch.profiler's memory samples are the host's (chip -1 in the trace): the export draws them as the host's
+    memory counter, not as a chip `tpu:-1`'s HBM; with no program runs, no op time is said to be an estimate."""
+    with tputrace.open(profiled_memory_import) as trace:
+        samples = trace.sql("SELECT chip, COUNT(*) FROM memory WHERE rank = 0 GROUP BY chip")
+        program_runs = trace.count("executions")
+    assert samples and all(chip == -1 for chip, _ in samples) and not program_runs
+    document = _perfetto(profiled_memory_import, tmp_path)
+    processes = {event["pid"]: event["args"]["name"] for event in document["traceEvents"] if event.get("name") == "process_name"}
+    counters = [event for event in document["traceEvents"] if event.get("ph") == "C"]
+    assert len(counters) == sum(count for _, count in samples)
+    assert {(processes[event["pid"]], event["name"]) for event in counters} == {(processes[1], "host memory bytes")}
+    assert processes[1].startswith("rank 0 · host") and not any("tpu" in name for name in processes.values())
+    assert document["otherData"]["op_times"] == "measured"
 
 
 # -- a run of two steps ---------------------------------------------------------------------------
