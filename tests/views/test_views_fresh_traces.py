@@ -283,6 +283,40 @@ def test_perfetto_puts_an_imports_host_memory_on_its_host_not_on_a_chip(profiled
     assert document["otherData"]["op_times"] == "measured"
 
 
+def test_an_imports_host_memory_samples_are_the_hosts_in_the_html_report_and_the_tui_says_where_they_are(
+        profiled_memory_import: Path) -> None:
+    """The HTML report draws torch.profiler's host memory samples as the host's, not as a chip `tpu:-1`, and does
+    not weigh them against a TPU's HBM; the TUI Memory view says the import has no buffer lifetimes and where its
+    samples are drawn (the Overview draws none)."""
+    from tputrace.tui.app import TraceApp
+
+    with tputrace.open(profiled_memory_import) as trace:
+        samples = trace.sql("SELECT COUNT(*) FROM memory WHERE rank = 0 AND chip = -1")[0][0]
+    assert samples
+    from tputrace.viewers.report.data import prepare_report
+    from tputrace.viewers.report.report_html import render_report
+
+    with tputrace.open(profiled_memory_import) as trace:
+        page = render_report(prepare_report(trace), plotlyjs="cdn")
+    assert '"name":"host live"' in page and "tpu:-1" not in page
+    text = _html_text(profiled_memory_import)
+    assert "of the HBM of" not in text and "an imported capture's host memory, not a chip's HBM" in text
+    shown: dict[str, str] = {}
+
+    async def drive() -> None:
+        app = TraceApp(make_session(profiled_memory_import))
+        async with app.run_test(size=(160, 45)) as pilot:
+            await settle(pilot)
+            await pilot.press("M")
+            await settle(pilot)
+            shown["memory"] = screen_text(app)
+
+    asyncio.run(drive())
+    assert "no buffer lifetimes in this trace (an imported capture has none)" in shown["memory"]
+    assert f"its {samples:,} sampled live bytes are drawn in the Memory section of `tputrace plot`" in shown["memory"]
+    assert "Overview" not in shown["memory"].split("MMemory", 1)[-1]
+
+
 # -- a run of two steps ---------------------------------------------------------------------------
 
 
