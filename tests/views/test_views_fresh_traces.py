@@ -313,7 +313,7 @@ def test_an_imports_host_memory_samples_are_the_hosts_in_the_html_report_and_the
 
     asyncio.run(drive())
     assert "no buffer lifetimes in this trace (an imported capture has none)" in shown["memory"]
-    assert f"its {samples:,} sampled live bytes are drawn in the Memory section of `tputrace plot`" in shown["memory"]
+    assert f"its {samples:,} samples of live bytes are drawn in the Memory section of `tputrace plot`" in shown["memory"]
     assert "Overview" not in shown["memory"].split("MMemory", 1)[-1]
 
 

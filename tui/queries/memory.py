@@ -53,7 +53,7 @@ def _missing_lifetimes(trace: Trace, rank: int) -> str:
     else:
         why = "no buffer was allocated on the chip"
     samples = trace.sql("SELECT COUNT(*) FROM memory WHERE rank = ?", (rank,))[0][0]
-    drawn = f"; its {samples:,} sampled live bytes are drawn in the Memory section of `tputrace plot`" if samples else ""
+    drawn = f"; its {samples:,} samples of live bytes are drawn in the Memory section of `tputrace plot`" if samples else ""
     return f"no buffer lifetimes in this trace ({why}){drawn}"
 
 
