@@ -317,6 +317,26 @@ def test_an_imports_host_memory_samples_are_the_hosts_in_the_html_report_and_the
     assert "Overview" not in shown["memory"].split("MMemory", 1)[-1]
 
 
+def test_the_overview_of_a_capture_without_chips_does_not_say_chips_ran(profiled_memory_import: Path) -> None:
+    """A CPU-only torch.profiler window has no chips: the Overview's time split says its shares overlap, not that
+    chips ran while the host worked."""
+    from tputrace.tui.app import TraceApp
+
+    with tputrace.open(profiled_memory_import) as trace:
+        assert trace.run.chips == 0
+    shown: dict[str, str] = {}
+
+    async def drive() -> None:
+        app = TraceApp(make_session(profiled_memory_import))
+        async with app.run_test(size=(160, 45)) as pilot:
+            await settle(pilot)
+            shown["overview"] = screen_text(app)
+
+    asyncio.run(drive())
+    wall_row = next(line for line in shown["overview"].splitlines() if line.startswith("wall time"))
+    assert wall_row.rstrip().endswith("shares overlap") and "chips" not in wall_row
+
+
 # -- a run of two steps ---------------------------------------------------------------------------
 
 
