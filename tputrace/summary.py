@@ -281,8 +281,10 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     else:
         ending = exit_text(run.exit_status)
     steps = f"{summary.step_count} steps"
-    if summary.step_count > 1:
+    if summary.step_count > 2:
         steps += f" (first {format_ns(summary.first_step_ns)}, then median {format_ns(summary.median_step_ns)})"
+    elif summary.step_count == 2:  # too few steps to leave the first out: the median is of both (`steady_median_ns`)
+        steps += f" (first {format_ns(summary.first_step_ns)}; median of both {format_ns(summary.median_step_ns)})"
     elif summary.step_count == 1:
         steps = f"1 step ({format_ns(summary.first_step_ns)})"
     compiles = summary.compiles

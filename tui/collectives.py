@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from rich.text import Text
@@ -47,15 +48,16 @@ class CollectivesView(TraceView):
         groups, ranks = payload
         palette = palette_for(self.app)
         self.query_one("#collectives-kinds", TraceTable).show([
-            (str(index), (Text(group.kind), right(fmt_bytes(group.bytes)), right(fmt_count(group.count)), right(fmt_ns(group.total_ns)),
-                          right(fmt_ns(group.mean_ns)), right(fmt_rate(group.bus_bandwidth)), right(fmt_ns(group.wait_ns)),
-                          right(fmt_share(group.wait_ns / group.total_ns) if group.total_ns else "-")))
+            (str(index), (Text(group.kind), right(_known(fmt_bytes, group.bytes)), right(fmt_count(group.count)),
+                          right(fmt_ns(group.total_ns)), right(fmt_ns(group.mean_ns)), right(fmt_rate(group.bus_bandwidth)),
+                          right(_known(fmt_ns, group.wait_ns)), right(_wait_share(group.wait_ns, group.total_ns))))
             for index, group in enumerate(groups)
         ])
         self.query_one("#collectives-ranks", TraceTable).show([
-            (str(row.rank), (right(str(row.rank)), right(fmt_count(row.count)), right(fmt_ns(row.total_ns)), right(fmt_ns(row.wait_ns)),
-                             right(fmt_share(row.wait_ns / row.total_ns) if row.total_ns else "-"),
-                             share_bar(row.wait_ns / row.total_ns if row.total_ns else 0.0, 12, palette.bar), right(fmt_bytes(row.bytes))))
+            (str(row.rank), (right(str(row.rank)), right(fmt_count(row.count)), right(fmt_ns(row.total_ns)),
+                             right(_known(fmt_ns, row.wait_ns)), right(_wait_share(row.wait_ns, row.total_ns)),
+                             share_bar((row.wait_ns or 0) / row.total_ns if row.total_ns else 0.0, 12, palette.bar),
+                             right(_known(fmt_bytes, row.bytes))))
             for row in ranks
         ])
         if not ranks:
@@ -63,12 +65,29 @@ class CollectivesView(TraceView):
             return
         count = sum(group.count for group in groups)
         total = sum(group.total_ns for group in groups)
-        wait = sum(group.wait_ns for group in groups)
-        parts: list[str | tuple[str, str]] = [
-            f"rank {self.session.rank}: {plural(count, 'collective')}, {fmt_ns(total)}, "
-            f"{fmt_ns(wait)} waiting for other ranks ({fmt_share(wait / total) if total else '-'})"
-        ]
-        if len(ranks) > 1:
-            least = min(ranks, key=lambda row: row.wait_ns)
+        waits = [group.wait_ns for group in groups if group.wait_ns is not None]
+        if waits:
+            wait = sum(waits)
+            waiting = f"{fmt_ns(wait)} waiting for other ranks ({fmt_share(wait / total) if total else '-'})"
+        else:
+            waiting = "waiting for other ranks unknown (not measured in this trace)"
+        parts: list[str | tuple[str, str]] = [f"rank {self.session.rank}: {plural(count, 'collective')}, {fmt_ns(total)}, {waiting}"]
+        measured = [row for row in ranks if row.wait_ns is not None]
+        if len(measured) > 1:
+            least = min(measured, key=lambda row: row.wait_ns or 0)
             parts.append((f" · rank {least.rank} waits least: the others wait for it", "bold"))
         self.say("collectives-status", *parts)
+
+
+UNKNOWN = "unknown"
+"""A figure the trace does not have (an imported capture's message sizes or waits), as the summary says it."""
+
+
+def _known(format_value: Callable[[float], str], value: int | None) -> str:
+    return UNKNOWN if value is None else format_value(value)
+
+
+def _wait_share(wait_ns: int | None, total_ns: int) -> str:
+    if wait_ns is None:
+        return UNKNOWN
+    return fmt_share(wait_ns / total_ns) if total_ns else "-"

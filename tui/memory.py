@@ -61,7 +61,7 @@ class MemoryView(TraceView):
             for index, line in enumerate(tables.surviving)
         ])
         if peak is None:
-            self.say("memory-status", "no buffer lifetimes in this trace (recorded from format 3 on); the Overview shows sampled live bytes")
+            self.say("memory-status", tables.missing)
             return
         kinds = ", ".join(f"{kind.replace('_', ' ')} {fmt_bytes(nbytes)}" for kind, nbytes in peak.by_kind)
         self.say("memory-status", f"tpu:{peak.chip} peaked at {fmt_bytes(peak.bytes)} in step {peak.step} "

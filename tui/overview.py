@@ -193,7 +193,8 @@ def split_table(split: Any, bar_style: str, facts: RunFacts | None = None, op_ti
         share = ns / (wall * chips if label in per_chip else wall)
         shown = op_time.label if op_time is not None and label == "host dispatch" else label
         table.add_row(Text(shown), Text(fmt_ns(ns)), Text(fmt_share(share)), share_bar(share, 30, bar_style))
-    table.add_row(Text("wall time", style="bold"), Text(fmt_ns(split.wall_ns), style="bold"), Text(""), Text("shares overlap: chips run while the host works", style="dim"))
+    overlap = "shares overlap: chips run while the host works" if facts is None or facts.chips else "shares overlap"
+    table.add_row(Text("wall time", style="bold"), Text(fmt_ns(split.wall_ns), style="bold"), Text(""), Text(overlap, style="dim"))
     if recorded_ns:
         table.add_row(Text("profiled", style="bold"), Text(fmt_ns(recorded_ns), style="bold"), Text(""),
                       Text("shares are of the profiling windows' time, not the gaps between them", style="dim"))

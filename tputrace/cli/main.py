@@ -13,6 +13,7 @@ import importlib
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from types import ModuleType
 
 from tputrace import __version__
@@ -83,13 +84,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE_ERROR
 
 
+def _trace_paths(args: argparse.Namespace) -> list[str]:
+    return [path for path in (getattr(args, "trace", None), *(getattr(args, "traces", None) or ()),
+                              *(getattr(args, "compare", None) or ())) if path]
+
+
 def _damaged_trace(args: argparse.Namespace) -> str | None:
-    """Why a command failed, if one of the traces it read holds values its format never stores (a
-    damaged or hand-made file), or None: then the failure is tputrace's own, and keeps its traceback."""
+    """Why a command failed, if one of the traces it read does not open as a trace (the reader's one sentence: a
+    corrupt file can fail a command's first look at it before the reader does) or holds values its format never
+    stores (a damaged or hand-made file); None: then the failure is tputrace's own, and keeps its traceback."""
+    from tputrace.store.reader import open_trace
     from tputrace.store.values import damaged_trace
 
-    paths = [getattr(args, "trace", None), *(getattr(args, "traces", None) or ()), *(getattr(args, "compare", None) or ())]
-    return damaged_trace(path for path in paths if path)
+    paths = _trace_paths(args)
+    for path in paths:
+        try:
+            open_trace(path).close()
+        except TputraceError as error:
+            if not _readable_database(path):  # a readable one is another kind of input, with its own reader
+                return str(error)
+    return damaged_trace(paths)
+
+
+def _readable_database(path: str) -> bool:
+    """Whether `path` is an SQLite file whose schema reads (a numerics recording, say), not a damaged file."""
+    import sqlite3
+
+    try:
+        connection = sqlite3.connect(f"{Path(path).resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            connection.execute("SELECT name FROM sqlite_master").fetchall()
+        finally:
+            connection.close()
+    except (OSError, sqlite3.Error, UnicodeDecodeError):
+        return False
+    return True
 
 
 if __name__ == "__main__":

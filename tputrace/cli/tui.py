@@ -10,7 +10,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-VIEWS = ("overview", "findings", "ops", "compiles", "fusions", "collectives", "timeline", "source", "sharding", "compare")
+VIEWS = ("overview", "findings", "ops", "compiles", "fusions", "collectives", "timeline", "source", "sharding", "compare",
+         "memory")
+"""Every view of `tputrace.tui.actions.VIEW_ORDER`, by id (not imported from there: the parser stays Textual-free)."""
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:

@@ -34,7 +34,7 @@ class TraceConnection:
         with self._lock:
             try:
                 return self._connection.execute(query, tuple(params)).fetchall()
-            except sqlite3.Error as error:
+            except (sqlite3.Error, UnicodeDecodeError) as error:
                 raise self._describe(error) from None
 
     def batches(self, query: str, params: Sequence[Any] = ()) -> Iterator[list[tuple[Any, ...]]]:
@@ -42,13 +42,13 @@ class TraceConnection:
         with self._lock:
             try:
                 cursor = self._connection.execute(query, tuple(params))
-            except sqlite3.Error as error:
+            except (sqlite3.Error, UnicodeDecodeError) as error:
                 raise self._describe(error) from None
         while True:
             with self._lock:
                 try:
                     rows = cursor.fetchmany(_FETCH_ROWS)
-                except sqlite3.Error as error:
+                except (sqlite3.Error, UnicodeDecodeError) as error:
                     raise self._describe(error) from None
             if not rows:
                 return
@@ -67,7 +67,7 @@ class TraceConnection:
             stored = self._columns_by_table[table] = frozenset(row[1] for row in self.sql(f"PRAGMA table_info({table})"))
         return stored
 
-    def _describe(self, error: sqlite3.Error) -> TputraceError:
+    def _describe(self, error: sqlite3.Error | UnicodeDecodeError) -> TputraceError:
         if isinstance(error, sqlite3.OperationalError) and not _is_file_problem(error):
             return QueryError(f"query failed on {self.path}: {error}")
         return describe_database_error(error, self.path)

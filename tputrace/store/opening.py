@@ -77,7 +77,7 @@ def read_meta(connection: sqlite3.Connection, path: Path) -> dict[str, str]:
         if "no such table" in str(error):
             raise TraceError(f"{path} is not a tputrace trace (an SQLite file without trace metadata)") from None
         raise describe_database_error(error, path) from None
-    except sqlite3.DatabaseError as error:
+    except (sqlite3.DatabaseError, UnicodeDecodeError) as error:
         raise describe_database_error(error, path) from None
     if meta.get("magic") != MAGIC:
         raise TraceError(f"{path} is not a tputrace trace (an SQLite file without the tputrace magic)")
@@ -94,8 +94,11 @@ def read_meta(connection: sqlite3.Connection, path: Path) -> dict[str, str]:
     return meta
 
 
-def describe_database_error(error: sqlite3.Error, path: Path) -> TraceError:
-    """Turn an SQLite error met while reading into a one-sentence `TraceError`."""
+def describe_database_error(error: sqlite3.Error | UnicodeDecodeError, path: Path) -> TraceError:
+    """Turn an SQLite error met while reading into a one-sentence `TraceError`. A damaged schema can make SQLite's
+    own error message bytes that are not UTF-8, which Python raises as a `UnicodeDecodeError` instead."""
+    if isinstance(error, UnicodeDecodeError):
+        return TraceError(f"{path} is corrupt (SQLite's error message about it is not even valid text)")
     message = str(error)
     if "not a database" in message:
         return TraceError(f"{path} is not a tputrace trace (not an SQLite file)")

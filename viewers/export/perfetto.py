@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from tputrace.derived.device_runs import OpKey, ProgramRun, is_strict, scan_rank
+from tputrace.derived.imported_sources import imported_device
 from tputrace.derived.op_cost import TIME_ESTIMATE_NOTE, TargetChip
 from tputrace.derived.op_time import op_time_kind
 from tputrace.derived.projection import step_metadata
@@ -114,6 +115,7 @@ class _Export:
         self.rank_offsets = {rank: start or 0 for rank, start in runs}
         self.origin_unix_ns = min(self.rank_offsets.values(), default=0)
         self.step_metadata = step_metadata(tables.trace, tables.trace.run.rank, chip)  # the first run's, as the summary
+        self.estimated_op_times = False  # whether any program's op times are a roofline split (see `TIME_ESTIMATE_NOTE`)
 
     # -- building blocks --------------------------------------------------------------------------
 
@@ -164,6 +166,8 @@ class _Export:
         offset = self.rank_offsets.get(rank, self.origin_unix_ns) - self.origin_unix_ns
         host_pid = rank * _PIDS_PER_RANK + 1
         self.process_names[host_pid] = (f"rank {rank} · host {host}", host_pid)
+        # An imported capture's chips are the devices it measured (XLA:CPU's, a GPU's), named as the summary names them.
+        device = imported_device(trace, rank) or "tpu"
         # An XProf import's ops are the device's op times, not Python's dispatch.
         ops_track = "Device ops" if op_time_kind(trace, rank, programs_costed=False).device_ops else "Python dispatch"
         host_tracks = {
@@ -178,7 +182,7 @@ class _Export:
             pid = chip_pids.get(chip_index)
             if pid is None:
                 pid = chip_pids[chip_index] = rank * _PIDS_PER_RANK + 100 + max(chip_index, 0)
-                self.process_names[pid] = (f"rank {rank} · tpu:{chip_index}", pid)
+                self.process_names[pid] = (f"rank {rank} · {device}:{chip_index}", pid)
             return pid
 
         chips = trace.sql("SELECT chips FROM runs WHERE rank = ?", (rank,))
@@ -256,15 +260,20 @@ class _Export:
             fragment = self.fragment(("step", step), f"step {step}", "step", {"step": step})
             for pid in chip_pids.values():
                 self.track(pid, CHIP_STEPS_TID, "Steps").add(start_ns + offset, end_ns + offset, fragment)
+        memory_name = "HBM bytes" if device == "tpu" else f"{device} memory bytes"
         for chip_index, t_ns, live, peak in trace.sql(
             "SELECT chip, t_ns, live_bytes, peak_bytes FROM memory WHERE rank = ? ORDER BY t_ns", (rank,)
         ):
-            self.counter(chip_pid(chip_index if chip_index is not None else 0), t_ns + offset, "HBM bytes",
-                         {"live": live or 0, "peak": peak or 0})
+            values = {"live": live or 0, "peak": peak or 0}
+            if chip_index is not None and chip_index < 0:  # a host-only row (chip -1): an import's host memory
+                self.counter(host_pid, t_ns + offset, "host memory bytes", values)
+            else:
+                self.counter(chip_pid(chip_index or 0), t_ns + offset, memory_name, values)
 
     def _add_run(self, run: ProgramRun, programs: TextTrack, offset: int) -> tuple[int, int, int]:
         """Write a run and its ops on `programs`; returns the run's slice as a flow's target (pid, tid, time)."""
         tables = self.tables
+        self.estimated_op_times |= run.estimated
         program = tables.programs.get(run.program_id)
         fragment = self.fragment(("program", run.program_id), f"{tables.program_name(run.program_id)} ({run.program_id})", "program", {
             "program_id": run.program_id,
@@ -431,7 +440,8 @@ class _Export:
         lanes = {id(track): track.assign_lanes() for track in tracks}
         stream.write('{"displayTimeUnit":"ns","otherData":')
         stream.write(to_json({"exporter": "tputrace", "time_origin_unix_ns": self.origin_unix_ns,
-                            "target_chip": self.chip.name, "op_times": TIME_ESTIMATE_NOTE,
+                            "target_chip": self.chip.name,
+                            "op_times": TIME_ESTIMATE_NOTE if self.estimated_op_times else "measured",
                             "step_times": self.step_metadata}))
         stream.write(',"traceEvents":[\n')
         first = True

@@ -10,7 +10,8 @@ from typing import TYPE_CHECKING
 
 from tputrace.analysis import chips
 from tputrace.analysis.chips import Chip
-from tputrace.analysis.findings import AnalysisResult, Finding, rank as rank_findings
+from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Finding, rank as rank_findings
+from tputrace.derived.imported_sources import measured_on
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -68,6 +69,11 @@ class AnalysisData:
     target_is_default: bool
     findings: list[Finding] = field(default_factory=list)
     results: dict[str, AnalysisResult] = field(default_factory=dict)
+    measured_on: str = "this host"  # where a cost "measured on this host" was measured: an import's own device
+
+    def cost_basis(self, finding: Finding) -> str:
+        """How `finding`'s cost was found, a measured cost naming where it was measured (an import's device)."""
+        return f"measured on {self.measured_on}" if finding.cost_basis == MEASURED_ON_HOST else finding.cost_basis
 
     def findings_for(self, section: str) -> list[Finding]:
         return [finding for finding in self.findings if section_of(finding.analyzer) == section]
@@ -105,5 +111,5 @@ def prepare_analysis(trace: Trace, target: str | None = None) -> AnalysisData:
         note = f"the diagnoses failed ({type(error).__name__}: {error}): no findings shown"
         return AnalysisData(False, note, target_chip, target is None)
     return AnalysisData(True, "", report.target, report.target_is_default, rank_findings(list(report.findings)),
-                        dict(report.results))
+                        dict(report.results), measured_on(report.imported.device if report.imported else None))
 

@@ -17,7 +17,7 @@ from tputrace.derived.op_ranking import HOST_DISPATCH_LABEL
 from tputrace.derived.op_time import HOST_DISPATCH
 from tputrace.derived.steps import STEP_CATEGORIES
 from tputrace.derived.timeline import LaneBins, LaneEvents, TimelineData
-from tputrace.viewers.report.chip_data import CollectiveData, MemoryData, RooflineData, ShapeData
+from tputrace.viewers.report.chip_data import CollectiveData, MemoryData, RooflineData, ShapeData, memory_place
 from tputrace.viewers.report.compile_data import RecompileData
 from tputrace.viewers.report.data import ComparisonData
 from tputrace.viewers.report.figure_style import (
@@ -479,7 +479,7 @@ def plot_memory(data: MemoryData) -> go.Figure:
     multi_rank = len({series.rank for series in data.series}) > 1
     for index, series in enumerate(data.series):
         color = palette[index % len(palette)]
-        name = (f"rank {series.rank} · " if multi_rank else "") + (f"tpu:{series.chip}" if series.chip is not None else "host")
+        name = (f"rank {series.rank} · " if multi_rank else "") + memory_place(series.chip)
         times = [t / 1e9 for t in series.t_ns]
         figure.add_trace(scatter_class(len(times))(
             x=times, y=series.live_bytes, mode="lines+markers" if len(times) < 200 else "lines",
@@ -493,7 +493,7 @@ def plot_memory(data: MemoryData) -> go.Figure:
             line={"color": color, "width": 1, "dash": "dash", "shape": "hv"}, hoverinfo="skip",
         ))
     for peak in data.peaks:
-        name = (f"rank {peak.rank} · " if multi_rank else "") + (f"tpu:{peak.chip}" if peak.chip is not None else "host")
+        name = (f"rank {peak.rank} · " if multi_rank else "") + memory_place(peak.chip)
         figure.add_trace(go.Scatter(
             x=[peak.t_ns / 1e9], y=[peak.peak_bytes], mode="markers+text", showlegend=False,
             marker={"symbol": "star", "size": 14, "color": "#e45756", "line": {"width": 1, "color": "#333"}},
@@ -501,7 +501,7 @@ def plot_memory(data: MemoryData) -> go.Figure:
             hovertext=[f"<b>{esc(name)} peak</b>: {fmt_bytes(peak.peak_bytes)}<br>first seen at {fmt_ns(peak.t_ns)}"],
             hoverinfo="text",
         ))
-    highest = max((peak.peak_bytes for peak in data.peaks), default=0)
+    highest = max((peak.peak_bytes for peak in data.peaks if memory_place(peak.chip) != "host"), default=0)
     if highest >= HBM_LINE_SHARE * data.target.hbm_bytes:
         figure.add_hline(y=data.target.hbm_bytes, line={"color": "#e45756", "dash": "dash"},
                          annotation_text=f"{esc(data.target.label)} HBM {fmt_bytes(data.target.hbm_bytes)}")

@@ -17,11 +17,13 @@ FINDINGS_SHOWN = 3  # per section; the rest are folded
 
 
 
-def _cost_estimate(finding: Finding) -> str:
-    return f"≈ {fmt_ns(finding.cost_total_ns)} ({finding.cost_basis})" if finding.cost_total_ns else "no cost to this run"
+def _cost_estimate(finding: Finding, basis: str) -> str:
+    return f"≈ {fmt_ns(finding.cost_total_ns)} ({basis})" if finding.cost_total_ns else "no cost to this run"
 
 
-def finding_html(finding: Finding) -> str:
+def finding_html(finding: Finding, cost_basis: str | None = None) -> str:
+    """One finding, folded below its title and cost; `cost_basis` says how its cost was found (None: the finding's
+    own `cost_basis`; an imported capture's measured costs name its device instead of this host)."""
     where = []
     if finding.file:
         location = finding.file.replace("\\", "/").rsplit("/", 1)[-1]
@@ -43,7 +45,7 @@ def finding_html(finding: Finding) -> str:
     return (
         f'<div class="tp-finding tp-{esc(finding.severity)}">'
         f'<div class="tp-finding-head"><span class="tp-badge">{esc(finding.severity)}</span> <b>{esc(finding.title)}</b></div>'
-        f'<div class="tp-cost">{esc(cost)} ({esc(finding.cost_basis)}){" · " + " · ".join(where) if where else ""}</div>'
+        f'<div class="tp-cost">{esc(cost)} ({esc(cost_basis or finding.cost_basis)}){" · " + " · ".join(where) if where else ""}</div>'
         f'<p class="tp-suggestion"><b>Change:</b> {esc(finding.suggestion)}</p>'
         f"<details><summary>why, and the evidence</summary><p>{esc(finding.explanation)}</p>"
         + (f'<ul class="tp-evidence">{evidence}</ul>' if evidence else "")
@@ -94,11 +96,11 @@ def findings_aside(analysis: AnalysisData, section: str) -> str:
         return f'<h3>Findings</h3><p class="tp-muted">{esc(analysis.note)}.</p>'
     if not findings and not tables:
         return '<h3>Findings</h3><p class="tp-muted">No finding for this part of the run.</p>'
-    shown = "".join(finding_html(finding) for finding in findings[:FINDINGS_SHOWN])
+    shown = "".join(finding_html(finding, analysis.cost_basis(finding)) for finding in findings[:FINDINGS_SHOWN])
     rest = findings[FINDINGS_SHOWN:]
     if rest:
         shown += (f"<details><summary>{len(rest)} more findings here</summary>"
-                  + "".join(finding_html(finding) for finding in rest) + "</details>")
+                  + "".join(finding_html(finding, analysis.cost_basis(finding)) for finding in rest) + "</details>")
     return f"<h3>Findings ({len(findings)})</h3>" + shown + tables
 
 
@@ -113,7 +115,7 @@ def findings_overview(analysis: AnalysisData) -> str:
         items.append(
             f'<li class="tp-{esc(finding.severity)}"><span class="tp-badge">{esc(finding.severity)}</span> '
             f'<a href="#{section}">{esc(finding.title)}</a> '
-            f'<span class="tp-muted">{esc(_cost_estimate(finding))} · {esc(SECTION_TITLES[section])}</span></li>'
+            f'<span class="tp-muted">{esc(_cost_estimate(finding, analysis.cost_basis(finding)))} · {esc(SECTION_TITLES[section])}</span></li>'
         )
     target = f" Target: {esc(analysis.target_text)}."
     return (

@@ -19,6 +19,7 @@ from tputrace.derived.op_time import HOST_DISPATCH
 from tputrace.derived.projection import PROJECTION_NOTE
 from tputrace.summary import raised_line
 from tputrace.viewers.report import figures
+from tputrace.viewers.report.chip_data import memory_place
 from tputrace.viewers.report.diff_section import diff_content
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
 from tputrace.viewers.report.figure_style import esc, fmt_bytes, fmt_ns, fmt_source
@@ -85,11 +86,12 @@ def _header(data: ReportData) -> str:
 
 
 def _steps_text(data: ReportData) -> str:
-    """The step count, the median step measured on this host and the one projected for the target."""
+    """The step count, the median step measured on this host (an import: on its device) and the one projected for
+    the target."""
     run, projected = data.run, data.projected
     if run.median_step_ns is None:
         return str(run.steps)
-    text = f"{run.steps} · median {fmt_ns(run.median_step_ns)} measured on this host"
+    text = f"{run.steps} · median {fmt_ns(run.median_step_ns)} measured on {run.measured_on}"
     if projected.median_ns is not None:
         text += f" · {fmt_ns(projected.median_ns)} projected for {projected.target} from {PROJECTION_NOTE}"
     if run.chip_pace is not None:
@@ -271,12 +273,14 @@ def _collectives_section(page: Page, data: ReportData) -> str:
 def _memory_section(page: Page, data: ReportData) -> str:
     memory = data.memory
     decimated = any(len(series.t_ns) < series.samples for series in memory.series)
-    highest = max((peak.peak_bytes for peak in memory.peaks), default=0)
+    highest = max((peak.peak_bytes for peak in memory.peaks if memory_place(peak.chip) != "host"), default=0)
     share = (f" The highest peak, {fmt_bytes(highest)}, is {100 * highest / memory.target.hbm_bytes:.2g}% of the HBM "
              f"of {data.analysis.target_text} ({fmt_bytes(memory.target.hbm_bytes)})." if highest else "")
+    host = (" The host's series are an imported capture's host memory, not a chip's HBM."
+            if any(memory_place(series.chip) == "host" for series in memory.series) else "")
     note = note_html(esc(
         "Live bytes of tpu tensors per chip (solid) and the running peak (dashed); the star marks each chip's peak "
-        "at the first sample that saw it (the peak itself may fall between samples)." + share
+        "at the first sample that saw it (the peak itself may fall between samples)." + share + host
         + (" Long series keep the lowest and highest sample of each time bin." if decimated else "")
     ))
     content = page.figure("memory", figures.plot_memory(memory)) + note + memory_breakdown_content(page, data.memory_breakdown)
