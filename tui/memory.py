@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 from rich.text import Text
 from textual.widgets import Static
 
+from tputrace.derived.memory_timeline import memory_place
 from tputrace.tui import queries
 from tputrace.tui.render import fmt_bytes, fmt_count, right
 from tputrace.tui.view import TraceView
@@ -64,7 +65,7 @@ class MemoryView(TraceView):
             self.say("memory-status", tables.missing)
             return
         kinds = ", ".join(f"{kind.replace('_', ' ')} {fmt_bytes(nbytes)}" for kind, nbytes in peak.by_kind)
-        self.say("memory-status", f"tpu:{peak.chip} peaked at {fmt_bytes(peak.bytes)} in step {peak.step} "
+        self.say("memory-status", f"{memory_place(peak.chip)} peaked at {fmt_bytes(peak.bytes)} in step {peak.step} "
                                   f"({peak.coverage:.0%} of the measured {fmt_bytes(peak.measured_peak_bytes)}): {kinds}")
 
 

@@ -10,6 +10,14 @@ from dataclasses import dataclass
 from tputrace.store.reader import Trace
 
 PROGRAM_TEMPORARY = "program_temporary"
+HOST_CHIP = -1
+
+
+def memory_place(chip: int | None) -> str:
+    """Whose memory a row is: `tpu:N`, or the host's for a host-only row (chip -1, an import's host allocator)."""
+    return f"tpu:{chip}" if chip is not None and chip >= 0 else "host"
+
+
 KINDS = ("parameter", "gradient", "optimizer_state", "activation", "temporary", PROGRAM_TEMPORARY, "other")
 
 

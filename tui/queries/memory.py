@@ -47,7 +47,7 @@ def memory_tables(trace: Trace, rank: int) -> MemoryTables:
 def _missing_lifetimes(trace: Trace, rank: int) -> str:
     """Why `rank` has no buffer lifetimes, and where its memory samples (if any) are drawn instead."""
     if imported_source(trace, rank) is not None:
-        why = "an imported capture has none"
+        why = "this imported capture has none"
     elif trace.format_version < BUFFERS_FORMAT_VERSION:
         why = f"a format {trace.format_version} trace; recorded from format {BUFFERS_FORMAT_VERSION} on"
     else:

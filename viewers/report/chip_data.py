@@ -189,11 +189,6 @@ def prepare_collectives(trace: Trace, target: Chip, *, max_points: int = MAX_SCA
 # -- 8 memory -----------------------------------------------------------------------------------------
 
 
-def memory_place(chip: int | None) -> str:
-    """Whose memory a sample is: `tpu:N`, or the host's for a host-only row (chip -1, an import's host allocator)."""
-    return f"tpu:{chip}" if chip is not None and chip >= 0 else "host"
-
-
 @dataclass
 class MemorySeries:
     rank: int

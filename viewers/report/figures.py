@@ -17,7 +17,8 @@ from tputrace.derived.op_ranking import HOST_DISPATCH_LABEL
 from tputrace.derived.op_time import HOST_DISPATCH
 from tputrace.derived.steps import STEP_CATEGORIES
 from tputrace.derived.timeline import LaneBins, LaneEvents, TimelineData
-from tputrace.viewers.report.chip_data import CollectiveData, MemoryData, RooflineData, ShapeData, memory_place
+from tputrace.derived.memory_timeline import memory_place
+from tputrace.viewers.report.chip_data import CollectiveData, MemoryData, RooflineData, ShapeData
 from tputrace.viewers.report.compile_data import RecompileData
 from tputrace.viewers.report.data import ComparisonData
 from tputrace.viewers.report.figure_style import (

@@ -13,6 +13,7 @@ from tputrace.analysis.memory import NAME as MEMORY_ANALYZER, MemoryData as Memo
 from tputrace.analysis.memory_fit import MemoryFit
 from tputrace.analysis.memory_peak import PeakBreakdown
 from tputrace.derived.memory_timeline import buffer_lifetimes, stacked_by_kind
+from tputrace.derived.memory_timeline import memory_place
 from tputrace.viewers.report.figure_style import base_layout, esc, fmt_bytes
 from tputrace.viewers.report.page import MAX_TABLE_ROWS, Page, html_table, note_html
 
@@ -66,7 +67,7 @@ def plot_live_by_kind(data: MemoryBreakdownData) -> go.Figure:
         figure.add_hline(y=data.fit.hbm_bytes, line_dash="dot", line_color="#d62728",
                          annotation_text=esc(f"HBM of {data.fit.target}"), annotation_position="top left")
     figure.update_xaxes(title_text="time since the run's start (s)")
-    figure.update_yaxes(title_text=f"live bytes on tpu:{data.chip}")
+    figure.update_yaxes(title_text=f"live bytes on {memory_place(data.chip)}")
     return base_layout(figure, height=340)
 
 
@@ -107,11 +108,11 @@ def memory_breakdown_content(page: Page, data: MemoryBreakdownData) -> str:
     if data.out_of_memory is not None and data.out_of_memory.cause == "error":
         live = data.out_of_memory.live
         parts.append(note_html(esc(f"The run ran out of memory ({data.out_of_memory.message}); "
-                                   f"{fmt_bytes(live.bytes)} was live on tpu:{live.chip} when it failed.")))
+                                   f"{fmt_bytes(live.bytes)} was live on {memory_place(live.chip)} when it failed.")))
         parts.append(_parts_table(live, "Live when it failed"))
     parts.append(page.figure("memory-kinds", plot_live_by_kind(data)))
     parts.append(note_html(esc(
-        f"Live bytes on tpu:{peak.chip} from buffer lifetimes, stacked by kind; a program's working memory shows at its launch. "
+        f"Live bytes on {memory_place(peak.chip)} from buffer lifetimes, stacked by kind; a program's working memory shows at its launch. "
         f"The peak, {fmt_bytes(peak.bytes)} in step {peak.step}, is {peak.coverage:.1%} of the measured peak "
         f"({fmt_bytes(peak.measured_peak_bytes)})"
         + (f"; {fmt_bytes(peak.unattributed_bytes)} of it was made outside the script's lines." if peak.unattributed_bytes else ".")

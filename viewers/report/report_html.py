@@ -19,7 +19,7 @@ from tputrace.derived.op_time import HOST_DISPATCH
 from tputrace.derived.projection import PROJECTION_NOTE
 from tputrace.summary import raised_line
 from tputrace.viewers.report import figures
-from tputrace.viewers.report.chip_data import memory_place
+from tputrace.derived.memory_timeline import memory_place
 from tputrace.viewers.report.diff_section import diff_content
 from tputrace.viewers.report.data import ComparisonData, ReportData, TraceSummary, prepare_comparison, prepare_report
 from tputrace.viewers.report.figure_style import esc, fmt_bytes, fmt_ns, fmt_source
