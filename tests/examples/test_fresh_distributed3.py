@@ -1,0 +1,78 @@
+"""Distributed scripts of kinds the other fresh-script files do not cover, each with a problem planted at a marked line
+(or none), run under `tputrace run --nproc N`: DTensor data parallelism, a 2-D mesh whose weight is split on the wrong
+dim, a batch distributed inside the loop, parameters broadcast every step, and a rank slowed by host work."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+import tputrace
+from test_fresh_distributed import HEADER, _report, _run
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+# Data parallelism written with DTensor: replicated weights, each rank's batch Shard(0). The backward leaves each gradient
+# Partial(sum), and the optimizer step's all-reduce sums it over the ranks, as DDP's would: nothing to change.
+DTENSOR_DATA_PARALLEL = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (world,))
+    first = nn.Parameter(distribute_tensor(torch.randn(128, 512, device="tpu") / 11, mesh, [Replicate()]))
+    second = nn.Parameter(distribute_tensor(torch.randn(512, 128, device="tpu") / 22, mesh, [Replicate()]))
+    optimizer = torch.optim.SGD([first, second], lr=0.01)
+    for step in range(6):
+        x = DTensor.from_local(torch.randn(32, 128, device="tpu"), mesh, [Shard(0)], run_check=False)
+        loss = (torch.relu(x @ first) @ second).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()  {marker}
+    dist.destroy_process_group()
+'''
+
+# A ("dp", "tp") mesh: the first weight column-parallel over "tp", the second split on its columns too where its rows
+# (Shard(0)) pair with the first's output. The product gathers the hidden activation, and the optimizer step moves the
+# second gradient from Shard(0) to Shard(1) over "tp" besides summing it over "dp".
+MESH_2D = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (2, world // 2), mesh_dim_names=("dp", "tp"))
+    first = nn.Parameter(distribute_tensor(torch.randn(128, 512, device="tpu") / 11, mesh, [Replicate(), Shard(1)]))
+    second = nn.Parameter(distribute_tensor(torch.randn(512, 128, device="tpu") / 22, mesh, [Replicate(), Shard(1)]))
+    optimizer = torch.optim.SGD([first, second], lr=0.01)
+    for step in range(6):
+        x = DTensor.from_local(torch.randn(16, 128, device="tpu"), mesh, [Shard(0), Replicate()], run_check=False)
+        out = torch.relu(x @ first) @ second  {marker}
+        loss = out.square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
+
+def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
+    _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
+    report = _report(trace)
+    with tputrace.open(trace) as opened:  # the sums ran: one all-reduce per gradient a step
+        assert opened.sql("SELECT COUNT(*) FROM collectives WHERE kind = 'all_reduce' AND cause_id IS NOT NULL")[0][0] >= 10
+    moves = [finding for finding in report.findings if finding.title.startswith("The optimizer step moves")]
+    assert not moves, [(finding.title, finding.suggestion) for finding in moves]
+    assert not [finding for finding in report.findings if "Partial(sum)" in (finding.suggestion or "")]
+
+
+def test_a_2d_mesh_weight_split_on_the_wrong_dim_is_named_per_mesh_dim(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "mesh_2d", MESH_2D, nproc=4)
+    report = _report(trace)
+    moves = [finding for finding in report.findings if finding.title.startswith("The optimizer step moves")]
+    # the first weight's gradient only needs its sum over "dp"; the second's is split on rows where its weight is on columns
+    assert len(moves) == 1, [finding.title for finding in moves]
+    assert moves[0].title.startswith("The optimizer step moves a (512,128) gradient from Partial(sum),Shard(0) to its parameter's "
+                                     "Replicate(),Shard(1): an all_to_all"), moves[0].title
+    suggestion = moves[0].suggestion or ""
+    assert "Distribute that parameter as Replicate(),Shard(0)" in suggestion and "over mesh dim 0 stays" in suggestion, suggestion
+    # the product on the marked line gathers the activation over "tp" (mesh dim 1): the other operand must pair with it
+    gathers = [finding for finding in report.findings if finding.title.startswith("aten.mm.default needs") and finding.line == line]
+    assert gathers and Path(gathers[0].file or "").name == script.name, [(finding.title, finding.line) for finding in report.findings]
+    assert (gathers[0].suggestion or "").startswith("The other operand's placement does not pair"), gathers[0].suggestion
