@@ -51,6 +51,44 @@ MESH_2D = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# Each step's batch made whole on every rank and handed to distribute_tensor, which scatters rank 0's to the ranks
+# (--clean wraps each rank's own piece with DTensor.from_local).
+DISTRIBUTED_BATCH = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (world,))
+    weight = nn.Parameter(distribute_tensor(torch.randn(256, 64, device="tpu") / 16, mesh, [Replicate()]))
+    optimizer = torch.optim.SGD([weight], lr=0.01)
+    for step in range(6):
+        if CLEAN:
+            x = DTensor.from_local(torch.randn(1024 // world, 256, device="tpu"), mesh, [Shard(0)], run_check=False)
+        else:
+            x = distribute_tensor(torch.randn(1024, 256, device="tpu"), mesh, [Shard(0)])  {marker}
+        loss = (x @ weight).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
+# Gradients averaged by hand, one call per parameter, then every parameter broadcast from rank 0 after each update,
+# although the averaged updates keep the replicas equal: two lines of collectives, each with its own fix.
+PARAMETER_BROADCAST = HEADER + '''
+    model = nn.Sequential(nn.Embedding(16384, 64), nn.Flatten(), nn.Linear(64 * 8, 10)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(6):
+        tokens = torch.randint(0, 16384, (16, 8), device="tpu")
+        loss = nn.functional.cross_entropy(model(tokens), torch.randint(0, 10, (16,), device="tpu"))
+        optimizer.zero_grad()
+        loss.backward()
+        for parameter in model.parameters():
+            dist.all_reduce(parameter.grad, op=dist.ReduceOp.AVG)
+        optimizer.step()
+        for parameter in model.parameters():
+            dist.broadcast(parameter.data, src=0)  {marker}
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -76,3 +114,25 @@ def test_a_2d_mesh_weight_split_on_the_wrong_dim_is_named_per_mesh_dim(tmp_path:
     gathers = [finding for finding in report.findings if finding.title.startswith("aten.mm.default needs") and finding.line == line]
     assert gathers and Path(gathers[0].file or "").name == script.name, [(finding.title, finding.line) for finding in report.findings]
     assert (gathers[0].suggestion or "").startswith("The other operand's placement does not pair"), gathers[0].suggestion
+
+
+def test_a_batch_distributed_in_the_loop_is_told_to_go_from_local(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "distributed_batch", DISTRIBUTED_BATCH)
+    report = _report(trace)
+    share = [finding for finding in report.findings if finding.title.startswith("Collectives") and " take " in finding.title]
+    assert len(share) == 1 and share[0].line == line, [(finding.title, finding.line) for finding in report.findings]
+    assert (share[0].suggestion or "").startswith(f"distribute_tensor at {script.name}:{line} scatters rank 0's tensor"), share[0].suggestion
+    assert "DTensor.from_local" in (share[0].suggestion or "")
+    _, clean_trace, _ = _run(tmp_path, "distributed_batch", DISTRIBUTED_BATCH, "--clean")
+    assert not [finding for finding in _report(clean_trace).findings if "distribute_tensor at" in (finding.suggestion or "")]
+
+
+def test_parameters_broadcast_after_reduced_gradients_get_their_own_fix(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "parameter_broadcast", PARAMETER_BROADCAST)
+    report = _report(trace)
+    share = [finding for finding in report.findings if finding.title.startswith("Collectives take")]
+    assert len(share) == 1, [finding.title for finding in report.findings]
+    suggestion = share[0].suggestion or ""
+    # the per-parameter all-reduce two lines up, and the broadcasts at the marked line
+    assert suggestion.startswith(f"all_reduce at {script.name}:{line - 3} runs 3 times a step, one call per tensor"), suggestion
+    assert f"Broadcast less at {script.name}:{line}: values that stay equal on every rank" in suggestion, suggestion
