@@ -89,6 +89,43 @@ PARAMETER_BROADCAST = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# The blocks of a language model each in a fully_shard group, and no fully_shard on the model: the embedding and the
+# head stay plain tensors that the optimizer updates from each rank's own batch (--clean wraps the model too).
+BLOCKS_ONLY_FSDP = HEADER + '''
+    from torch.distributed.fsdp import fully_shard
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.fc = nn.LayerNorm(64), nn.Linear(64, 64)
+        def forward(self, x):
+            return x + self.fc(torch.relu(self.norm(x)))
+    class LanguageModel(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed = nn.Embedding(1024, 64)
+            self.blocks = nn.ModuleList([Block() for _ in range(2)])
+            self.head = nn.Linear(64, 1024)
+        def forward(self, tokens):
+            h = self.embed(tokens)
+            for block in self.blocks:
+                h = block(h)
+            return self.head(h)
+    model = LanguageModel().to("tpu")
+    for block in model.blocks:
+        fully_shard(block)  {marker}
+    if CLEAN:
+        fully_shard(model)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(4):
+        tokens = torch.randint(0, 1024, (4, 16), generator=generator).to("tpu")
+        loss = nn.functional.cross_entropy(model(tokens).flatten(0, 1), tokens.flatten())
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -136,3 +173,18 @@ def test_parameters_broadcast_after_reduced_gradients_get_their_own_fix(tmp_path
     # the per-parameter all-reduce two lines up, and the broadcasts at the marked line
     assert suggestion.startswith(f"all_reduce at {script.name}:{line - 3} runs 3 times a step, one call per tensor"), suggestion
     assert f"Broadcast less at {script.name}:{line}: values that stay equal on every rank" in suggestion, suggestion
+
+
+def test_modules_outside_every_fully_shard_group_are_named_as_never_reduced(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "blocks_only", BLOCKS_ONLY_FSDP)
+    report = _report(trace)
+    found = [finding for finding in report.findings if "in no fully_shard group" in finding.title]
+    assert len(found) == 1, [finding.title for finding in report.findings]
+    finding = found[0]
+    # the embedding (1024x64) and the head's weight and bias: 516 KiB
+    assert finding.title == ("3 parameters in LanguageModel.embed, LanguageModel.head (516 KiB) are in no fully_shard group: their "
+                             "gradients are never summed over the ranks, so each rank's copy drifts apart"), finding.title
+    assert finding.severity == "critical" and finding.line == line and Path(finding.file or "").name == script.name
+    assert "fully_shard(model)" in (finding.suggestion or "")
+    _, clean_trace, _ = _run(tmp_path, "blocks_only", BLOCKS_ONLY_FSDP, "--clean")
+    assert not [finding.title for finding in _report(clean_trace).findings if "in no fully_shard group" in finding.title]
