@@ -126,6 +126,28 @@ BLOCKS_ONLY_FSDP = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# Rank 1's shard of the data needs decoding on the host (a slow path standing in for image resizing) before each step,
+# which the trace does not record: the other rank waits for it in DDP's all-reduce (--clean: no rank decodes).
+HOST_DECODING_RANK = HEADER + '''
+    import time
+    import numpy as np
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10)).to("tpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    samples = np.random.default_rng(rank)
+    def decode(batch):
+        if rank == 1 and not CLEAN:
+            time.sleep(0.2)
+        return batch.astype(np.float32)
+    for step in range(6):
+        x = torch.from_numpy(decode(samples.standard_normal((32, 64)))).to("tpu")  {marker}
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -188,3 +210,15 @@ def test_modules_outside_every_fully_shard_group_are_named_as_never_reduced(tmp_
     assert "fully_shard(model)" in (finding.suggestion or "")
     _, clean_trace, _ = _run(tmp_path, "blocks_only", BLOCKS_ONLY_FSDP, "--clean")
     assert not [finding.title for finding in _report(clean_trace).findings if "in no fully_shard group" in finding.title]
+
+
+def test_a_rank_slowed_by_host_work_is_named_at_the_line_its_work_precedes(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "host_decoding", HOST_DECODING_RANK)
+    report = _report(trace)
+    late = [finding for finding in report.findings if finding.title.startswith("Straggler: rank 1 spends")]
+    assert len(late) == 1, [finding.title for finding in report.findings]
+    assert late[0].line == line and Path(late[0].file or "").name == script.name
+    assert f"more than the others on the host before {script.name}:{line}" in late[0].title
+    assert late[0].cost_total_ns > 0 and "DataLoader with workers" in (late[0].suggestion or "")
+    _, clean_trace, _ = _run(tmp_path, "host_decoding", HOST_DECODING_RANK, "--clean")
+    assert not [finding.title for finding in _report(clean_trace).findings if finding.title.startswith("Straggler: rank 1 spends")]

@@ -23,6 +23,7 @@ from tputrace.analysis.collective_fixes import share_fix, small_fix
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.analysis.host_gaps import line_of_extra_host_time
 from tputrace.analysis.imported import context_import_facts
 from tputrace.derived.imported_sources import imported_source
 from tputrace.store.records import SourceLocation
@@ -395,6 +396,32 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
             evidence=evidence,
         )
     severity: Severity = "warning" if context.share_of_wall(waited) >= 0.05 and consistent >= 0.5 else "info"
+    before = line_of_extra_host_time(trace, straggler, others) if own_work and consistent >= 0.5 else None
+    if before is not None and before[1] >= 0.5 * waited:
+        # its host work outside anything recorded sits before one line: the gap before the first record of that line
+        where, extra_ns = before[0].short, before[1]
+        return wait_by_rank, late, Finding(
+            analyzer=NAME,
+            severity=severity,
+            title=f"Straggler: rank {straggler} spends {format_ns(extra_ns)} more than the others on the host before {where}; they wait {format_ns(waited)}",
+            explanation=(
+                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
+                f"{straggler} was last in {consistent:.0%} of the steps, and before {where} it spent {format_ns(extra_ns)} more than the "
+                "other ranks on average in host work the trace does not record (Python, NumPy or a library between two recorded "
+                "calls), so every collective after it waits for it."
+            ),
+            suggestion=(
+                f"Look at what runs on the host before {where} on rank {straggler} (loading or preprocessing its batch, a Python loop, a "
+                "sleep): give every rank the same work (shards of equal size and kind), move it off the step (a DataLoader with "
+                "workers, data prepared ahead), or run it on the chip."
+            ),
+            cost_total_ns=float(waited),
+            cost_per_step_ns=context.per_step(waited),
+            evidence=(Evidence(f"rank {straggler}: {format_ns(extra_ns)} more host time before this line", file=before[0].file,
+                               line=before[0].line, table="ops"),) + evidence,
+            file=before[0].file,
+            line=before[0].line,
+        )
     return wait_by_rank, late, Finding(
         analyzer=NAME,
         severity=severity,
