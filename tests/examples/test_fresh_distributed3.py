@@ -148,6 +148,34 @@ HOST_DECODING_RANK = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# An MLP's tensor-parallel plan with the two styles swapped: the up projection row-parallel, so its whole input is read
+# as each rank's piece of one twice as wide, and DTensor stops at the first forward (--clean: column then row).
+SWAPPED_PLAN = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+    mesh = init_device_mesh("tpu", (world,))
+    class MLP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm, self.up, self.down = nn.LayerNorm(64), nn.Linear(64, 256), nn.Linear(256, 64)
+        def forward(self, x):
+            return x + self.down(nn.functional.gelu(self.up(self.norm(x))))  {marker}
+    model = nn.Sequential(MLP(), nn.Linear(64, 8)).to("tpu")
+    if CLEAN:
+        plan = {{"up": ColwiseParallel(), "down": RowwiseParallel()}}
+    else:
+        plan = {{"up": RowwiseParallel(), "down": ColwiseParallel(output_layouts=Replicate())}}
+    parallelize_module(model[0], mesh, plan)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(3):
+        loss = model(torch.randn(16, 64, device="tpu")).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -222,3 +250,18 @@ def test_a_rank_slowed_by_host_work_is_named_at_the_line_its_work_precedes(tmp_p
     assert late[0].cost_total_ns > 0 and "DataLoader with workers" in (late[0].suggestion or "")
     _, clean_trace, _ = _run(tmp_path, "host_decoding", HOST_DECODING_RANK, "--clean")
     assert not [finding.title for finding in _report(clean_trace).findings if finding.title.startswith("Straggler: rank 1 spends")]
+
+
+def test_a_row_parallel_layer_given_a_whole_input_is_read_from_dtensors_error(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "swapped_plan", SWAPPED_PLAN, expect_ok=False)
+    report = _report(trace)
+    found = [finding for finding in report.findings if finding.title.startswith("DTensor found no sharding")]
+    assert len(found) == 1, [finding.title for finding in report.findings]
+    finding = found[0]
+    assert finding.title == (f"DTensor found no sharding for aten.addmm.default at {script.name}:{line}: a row-parallel layer got a "
+                             "whole input read as split"), finding.title
+    assert finding.severity == "critical" and finding.line == line and Path(finding.file or "").name == script.name
+    assert "128 wide in all, 2 times the 64 inputs of the weight" in finding.explanation, finding.explanation
+    assert "ColwiseParallel()" in (finding.suggestion or "") and "input_layouts=Replicate()" in (finding.suggestion or "")
+    _, clean_trace, _ = _run(tmp_path, "swapped_plan", SWAPPED_PLAN, "--clean")
+    assert not [finding.title for finding in _report(clean_trace).findings if finding.title.startswith("DTensor found no sharding")]
