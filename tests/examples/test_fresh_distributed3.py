@@ -176,6 +176,30 @@ SWAPPED_PLAN = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# Two pipeline stages by hand: rank 0 runs the first layer and sends each micro-batch's activation, rank 1 the head,
+# sending the activation's gradient back; each stage waits while the other computes.
+TWO_STAGES = HEADER + '''
+    stage = (nn.Sequential(nn.Linear(128, 256), nn.ReLU()) if rank == 0 else nn.Sequential(nn.Linear(256, 10))).to("tpu")
+    optimizer = torch.optim.SGD(stage.parameters(), lr=0.01)
+    for step in range(6):
+        optimizer.zero_grad()
+        for micro in range(4):
+            if rank == 0:
+                hidden = stage(torch.randn(16, 128, device="tpu"))
+                dist.send(hidden.detach(), dst=1)  {marker}
+                grad = torch.empty_like(hidden)
+                dist.recv(grad, src=1)
+                hidden.backward(grad)
+            else:
+                hidden = torch.empty(16, 256, device="tpu")
+                dist.recv(hidden, src=0)
+                hidden.requires_grad_(True)
+                stage(hidden).square().mean().backward()
+                dist.send(hidden.grad, dst=0)
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -265,3 +289,18 @@ def test_a_row_parallel_layer_given_a_whole_input_is_read_from_dtensors_error(tm
     assert "ColwiseParallel()" in (finding.suggestion or "") and "input_layouts=Replicate()" in (finding.suggestion or "")
     _, clean_trace, _ = _run(tmp_path, "swapped_plan", SWAPPED_PLAN, "--clean")
     assert not [finding.title for finding in _report(clean_trace).findings if finding.title.startswith("DTensor found no sharding")]
+
+
+def test_pipeline_stages_waiting_for_each_other_are_no_one_rank_s_extra_work(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "two_stages", TWO_STAGES)
+    report = _report(trace)
+    titles = [finding.title for finding in report.findings]
+    assert not [title for title in titles if title.startswith("Straggler: rank 0 runs work the other ranks do not")], titles
+    roles = [finding for finding in report.findings if finding.title.startswith("Ranks run different work (rank 0 at")]
+    assert len(roles) == 1 and "rank 1 at" in roles[0].title, titles
+    assert "isend/irecv" in (roles[0].suggestion or "") and Path(roles[0].file or "").name == script.name
+    # the send and the recv of rank 0 get one fix naming both lines, not the same sentence twice
+    share = [finding for finding in report.findings if finding.title.startswith("Collectives take")]
+    assert len(share) == 1, titles
+    suggestion = share[0].suggestion or ""
+    assert suggestion.count("Send fewer, larger messages") == 1 and f"{script.name}:{line}" in suggestion, suggestion

@@ -42,15 +42,19 @@ def share_fix(context: AnalysisContext, where: str, params: Sequence[int]) -> st
     rows = context.trace.sql(f"SELECT kind, frame_id, COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where} "
                              "GROUP BY kind, frame_id ORDER BY 3 DESC LIMIT 2", tuple(params))
     total = sum(dur for _, _, dur in rows) or 1
-    fixes = []
+    fixes: list[tuple[str, str]] = []  # (fix, the line it names)
     for index, (kind, frame_id, dur) in enumerate(rows):
         if index and dur < SECOND_LINE_SHARE * total:
             break
-        line = (f"{where} AND kind = ? AND frame_id IS ?", tuple(params) + (kind, frame_id))
-        fix = line_fix(context, line[0], line[1])
-        if fix is not None and fix not in fixes:
-            fixes.append(fix)
-    return " ".join(fixes) or overlap_fix(context)
+        fix = line_fix(context, f"{where} AND kind = ? AND frame_id IS ?", tuple(params) + (kind, frame_id))
+        at = context.where(frame_id)
+        if fix is None:
+            continue
+        if fixes and fix.replace(at, fixes[0][1]) == fixes[0][0]:  # the same change at both lines (a send and its recv)
+            fixes[0] = (fixes[0][0].replace(fixes[0][1], f"{fixes[0][1]} and {at}", 1), f"{fixes[0][1]} and {at}")
+        elif all(fix != known for known, _ in fixes):
+            fixes.append((fix, at))
+    return " ".join(fix for fix, _ in fixes) or overlap_fix(context)
 
 
 def _object_fix(kind: str, at: str, per_step: float) -> str:

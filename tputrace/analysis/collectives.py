@@ -350,6 +350,10 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     own_work = excess_idle >= 0.5 * waited
     late = Straggler(straggler, consistent, on_shared_host, excess_idle)
     evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
+    own_lines = {other: _lines_only_on(trace, other, [rank for rank in waits if rank != other]) for other in others} if extra else {}
+    if extra and all(own_lines.values()):
+        # every rank runs lines of its own (pipeline stages, a role per rank): not one rank's extra work
+        return wait_by_rank, late, _own_roles(context, {straggler: extra, **own_lines}, waited, share, evidence)
     if extra:
         # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
         # own, which the trace can tell from the host's scheduling
@@ -442,6 +446,35 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         cost_total_ns=float(waited),
         cost_per_step_ns=context.per_step(waited),
         evidence=evidence,
+    )
+
+
+def _own_roles(context: AnalysisContext, lines: dict[int, list[tuple[SourceLocation, int]]], waited: float, share: float,
+               waits: tuple[Evidence, ...]) -> Finding:
+    """Ranks that each run lines no other rank runs (a pipeline's stages, a role per rank) and wait for each other."""
+    tops = {rank: own[0][0] for rank, own in sorted(lines.items())}
+    named = ", ".join(f"rank {rank} at {location.short}" for rank, location in tops.items())
+    first = tops[min(tops)]
+    return Finding(
+        analyzer=NAME,
+        severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
+        title=f"Ranks run different work ({named}) and wait {format_ns(waited)} for each other",
+        explanation=(
+            f"Each rank runs ops at lines no other rank runs, in at least half its steps (pipeline stages, or a role per rank), and "
+            f"the ranks spent {share:.0%} of their collective time waiting for the last one: each waits while another computes "
+            "work it does not share."
+        ),
+        suggestion=(
+            "Balance the work between the ranks (about as many FLOPs per stage), and overlap it: split the batch into more "
+            "micro-batches and send with isend/irecv, so that a stage computes the next micro-batch while its neighbour works on "
+            "this one (a GPipe or 1F1B schedule, as `torch.distributed.pipelining` runs)."
+        ),
+        cost_total_ns=float(waited),
+        cost_per_step_ns=context.per_step(waited),
+        evidence=tuple(Evidence(f"rank {rank} only: {plural(calls, 'op call')} in the steps", file=location.file, line=location.line, table="ops")
+                       for rank, own in sorted(lines.items()) for location, calls in own[:2]) + waits,
+        file=first.file,
+        line=first.line,
     )
 
 
