@@ -200,6 +200,24 @@ TWO_STAGES = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# The batch split over the ranks (Shard(0)) and the weight split on its rows (Shard(0)) on the same mesh dim: the
+# product cannot pair them, so every step moves the batch to Shard(1) (an all_to_all) before multiplying.
+BATCH_AND_ROWS_SPLIT = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard, distribute_tensor
+    mesh = init_device_mesh("tpu", (world,))
+    weight = nn.Parameter(distribute_tensor(torch.randn(256, 512, device="tpu") / 16, mesh, [Shard(0)]))
+    optimizer = torch.optim.SGD([weight], lr=0.01)
+    for step in range(6):
+        x = DTensor.from_local(torch.randn(32, 256, device="tpu"), mesh, [Shard(0)], run_check=False)
+        hidden = x @ weight  {marker}
+        loss = hidden.square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -304,3 +322,13 @@ def test_pipeline_stages_waiting_for_each_other_are_no_one_rank_s_extra_work(tmp
     assert len(share) == 1, titles
     suggestion = share[0].suggestion or ""
     assert suggestion.count("Send fewer, larger messages") == 1 and f"{script.name}:{line}" in suggestion, suggestion
+
+
+def test_a_batch_split_like_the_weight_s_rows_is_told_which_placements_pair(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "batch_and_rows", BATCH_AND_ROWS_SPLIT)
+    report = _report(trace)
+    moves = [finding for finding in report.findings if finding.title.startswith("aten.mm.default needs an operand as Shard(1), not Shard(0)")]
+    assert len(moves) == 1 and moves[0].line == line, [(finding.title, finding.line) for finding in report.findings]
+    suggestion = moves[0].suggestion or ""
+    assert suggestion.startswith(f"mm at {script.name}:{line} cannot pair an operand split as Shard(0)"), suggestion
+    assert "x split on its last dim" in suggestion and "w Replicate()" in suggestion

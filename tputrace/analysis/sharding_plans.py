@@ -226,6 +226,11 @@ def _op_fix(op: str, operand: str, src: str, dst: str, where: str, maker: tuple[
         return (f"The other operand's placement does not pair with {operand} as {src} at {where}: split the matching dim of the other "
                 f"operand too (for x @ w with x split on its last dim, w as Shard(0)); the product then comes out Partial and one "
                 f"all-reduce of the output replaces the gather.{made}")
+    if dim is not None and name in _PRODUCTS and all(part.dst.startswith("Shard(") for part in changed):
+        return (f"{name} at {where} cannot pair {operand} split as {src} with the other operand's placement, so each call moves it to "
+                f"{dst} first. Make the two agree where they are made: for x @ w with w split on its rows (Shard(0)), x split on its "
+                f"last dim (the product comes out Partial, one all-reduce); for x split on the batch (dim 0, data parallelism), w "
+                f"Replicate().{made}")
     if name.startswith(_OPTIMIZER_OPS):
         summed = reduction_dims(src, dst)
         stays = (f" The all-reduce over mesh dim {', '.join(str(dim) for dim in summed)} stays: it sums the gradient over the ranks "
