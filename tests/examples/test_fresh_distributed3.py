@@ -218,6 +218,24 @@ BATCH_AND_ROWS_SPLIT = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# Each rank counts its batch's labels with bincount, whose length is the largest label present plus one, and sums the
+# counts over the ranks: at step 2 rank 1's batch has no label 9, so its tensor is shorter and the all-reduce hangs.
+LABEL_COUNTS = HEADER.replace('dist.init_process_group("tpu")', 'dist.init_process_group("tpu", timeout=__import__("datetime").timedelta(seconds=15))') + '''
+    model = nn.Linear(32, 10).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    generator = torch.Generator().manual_seed(rank)
+    for step in range(4):
+        labels = torch.randint(0, 9 if rank == 1 and step == 2 else 10, (64,), generator=generator).to("tpu")
+        loss = nn.functional.cross_entropy(model(torch.randn(64, 32, device="tpu")), labels)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        counts = torch.bincount(labels)
+        dist.all_reduce(counts)  {marker}
+        print(rank, step, counts.tolist(), flush=True)
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -332,3 +350,15 @@ def test_a_batch_split_like_the_weight_s_rows_is_told_which_placements_pair(tmp_
     suggestion = moves[0].suggestion or ""
     assert suggestion.startswith(f"mm at {script.name}:{line} cannot pair an operand split as Shard(0)"), suggestion
     assert "x split on its last dim" in suggestion and "w Replicate()" in suggestion
+
+
+def test_a_collective_whose_size_each_rank_s_data_sets_is_named_as_sizes_not_a_branch(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "label_counts", LABEL_COUNTS, expect_ok=False)
+    report = _report(trace)
+    sizes = [finding for finding in report.findings if finding.title.startswith("Ranks pass tensors of different sizes")]
+    assert len(sizes) == 1, [finding.title for finding in report.findings]
+    # 10 int64 counts on rank 0, 9 on rank 1, at the third all-reduce (the labels of every rank reach 9 in steps 0 and 1)
+    assert sizes[0].title.endswith(f"call 3 on process group 0 is all_reduce at {script.name}:{line} (rank 0 80 B, rank 1 72 B)"), sizes[0].title
+    assert sizes[0].line == line and Path(sizes[0].file or "").name == script.name
+    assert "minlength=num_classes" in (sizes[0].suggestion or "")
+    assert not [finding.title for finding in report.findings if finding.title.startswith("Ranks issue collectives out of step")]
