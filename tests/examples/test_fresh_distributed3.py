@@ -236,6 +236,33 @@ LABEL_COUNTS = HEADER.replace('dist.init_process_group("tpu")', 'dist.init_proce
     dist.destroy_process_group()
 '''
 
+# FSDP1 (FullyShardedDataParallel), each rank on its own batches: its post-backward hook calls record_stream with the
+# Python key excluded. The script checks the trained weights against the same training on the CPU of both ranks' batches.
+FSDP1_TRAINING = HEADER + '''
+    import copy
+    from torch.distributed.fsdp import FullyShardedDataParallel
+    reference = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4))
+    model = FullyShardedDataParallel(copy.deepcopy(reference).to("tpu"), device_id=torch.device("tpu", 0))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    generators = [torch.Generator().manual_seed(member) for member in range(world)]
+    for step in range(3):
+        batches = [torch.randn(8, 32, generator=generator) for generator in generators]
+        loss = model(batches[rank].to("tpu")).square().mean()  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        reference_loss = sum(reference(batch).square().mean() for batch in batches) / world
+        reference_optimizer.zero_grad()
+        reference_loss.backward()
+        reference_optimizer.step()
+    with FullyShardedDataParallel.summon_full_params(model):
+        trained = [parameter.detach().cpu() for parameter in model.parameters()]
+    expected = torch.cat([parameter.detach().flatten() for parameter in reference.parameters()])
+    assert torch.allclose(torch.cat([parameter.flatten() for parameter in trained]), expected, atol=1e-5), "FSDP1 trained other weights"
+    dist.destroy_process_group()
+'''
+
 
 def test_dtensor_data_parallel_gradients_summed_by_the_optimizer_step_are_no_finding(tmp_path: Path) -> None:
     _, trace, _ = _run(tmp_path, "dtensor_dp", DTENSOR_DATA_PARALLEL)
@@ -362,3 +389,10 @@ def test_a_collective_whose_size_each_rank_s_data_sets_is_named_as_sizes_not_a_b
     assert sizes[0].line == line and Path(sizes[0].file or "").name == script.name
     assert "minlength=num_classes" in (sizes[0].suggestion or "")
     assert not [finding.title for finding in report.findings if finding.title.startswith("Ranks issue collectives out of step")]
+
+
+def test_fsdp1_trains_on_tpu_ranks_as_on_the_cpu(tmp_path: Path) -> None:
+    _, trace, line = _run(tmp_path, "fsdp1", FSDP1_TRAINING)
+    with tputrace.open(trace) as opened:  # the flat parameter's all-gathers and the gradients' reduce-scatters ran on the chips
+        kinds = {kind for (kind,) in opened.sql("SELECT DISTINCT kind FROM collectives")}
+    assert {"all_gather", "reduce_scatter"} <= kinds, kinds
