@@ -114,6 +114,12 @@ def _device_factory(name: str) -> Any:
     return kernel
 
 
+def record_stream(tensor: torch.Tensor, stream: Any) -> None:
+    """`Tensor.record_stream`: nothing to record, since a chip runs its programs on one in-order queue and a buffer is
+    freed only after the programs that read it. FSDP1 calls it with the Python key excluded (`_no_dispatch_record_stream`)
+    in its post-backward hook, on autograd's worker thread, where a missing kernel aborted the process."""
+
+
 def register() -> None:
     """Register the kernels once."""
     global _library
@@ -125,5 +131,6 @@ def register() -> None:
     _library.impl("_copy_from", copy_from, "PrivateUse1")
     _library.impl("_efficientzerotensor", efficient_zero_tensor, "PrivateUse1")
     _library.impl("_local_scalar_dense", local_scalar_dense, "PrivateUse1")
+    _library.impl("record_stream", record_stream, "PrivateUse1")
     for name in _DEVICE_FACTORIES:
         _library.impl(name, _device_factory(name), "PrivateUse1")

@@ -15,6 +15,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from tputrace.backend.core import memory
 from tputrace.backend.core.dtypes import short_name
 from tputrace.recording.interface import Recording
 
@@ -125,6 +126,27 @@ def record_pending(recorder: Recording) -> None:
             continue
         _record_model(recorder, model, path, names)
     _models[:] = waiting
+
+
+def record_unheld(recorder: Recording, parameters: list[Any]) -> None:
+    """Record the plain tpu tensors among one optimizer's `parameters` that no wrapper holds, when another of them is
+    DDP's or FSDP2's: their gradients are never summed over the ranks (see `unsynced`)."""
+    held, loose = False, []
+    for parameter in parameters:
+        owned = _owners.get(id(parameter))
+        if owned is not None and owned[0] is parameter:
+            held = held or owned[1].wrapper in ("ddp", "fsdp")
+        elif getattr(parameter, "_local_tensor", None) is None and parameter.device.type == "tpu":
+            loose.append(parameter)
+    if not held or not loose:
+        return
+    record_pending(recorder)  # what the wrappers hold is recorded as theirs first
+    modules: dict[int, str] = getattr(memory.tracker, "parameter_modules", None) or {}
+    for parameter in loose:
+        if id(parameter) not in _recorded:  # named by its module and shape: the optimizer does not know its name
+            module_name = modules.get(id(parameter), "")
+            _record_parameter(recorder, f"{module_name or 'a parameter'} ({shape_text(parameter.shape)})", module_name, 0, parameter, None, {})
+            _recorded.add(id(parameter))
 
 
 def _record_model(recorder: Recording, model: Any, path: str, names: dict[int, str]) -> None:

@@ -264,13 +264,13 @@ FSDP_GROUPS = HEADER + '''
     dist.destroy_process_group()
 '''
 
-def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True) -> tuple[Path, Path, int]:
-    """Write the script, run it on two ranks and return its path, the merged trace and the planted line."""
+def _run(tmp_path: Path, name: str, source: str, *args: str, expect_ok: bool = True, nproc: int = 2) -> tuple[Path, Path, int]:
+    """Write the script, run it on `nproc` ranks and return its path, the merged trace and the planted line."""
     script = tmp_path / f"{name}.py"
     script.write_text(textwrap.dedent(source.format(marker=MARKER)))
     line = next(number for number, text in enumerate(script.read_text().splitlines(), 1) if MARKER in text)
     trace = tmp_path / f"{name}{'-'.join(args)}.tptrace"
-    command = [sys.executable, "-m", "tputrace.cli.main", "run", "--nproc", "2", "-o", str(trace), str(script), *args]
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "--nproc", str(nproc), "-o", str(trace), str(script), *args]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=tmp_path,
                                env=dict(os.environ, PYTHONWARNINGS="ignore"), start_new_session=True)
     try:

@@ -8,7 +8,9 @@ every rank's calls: the first position where the members' calls differ in kind, 
 whose size every member shares) or in line (for a rooted kind, whose root may call from a line of its
 own, only when the members also issued different numbers of calls on the group) is named, with each
 rank's line. Point-to-point calls and groups some member did not record
-are left out; a rank that died simply stops (its calls so far agree), and is not out of step.
+are left out; a rank that died simply stops (its calls so far agree), and is not out of step. Calls that agree in
+kind and line but not in size are the same call on every rank with a tensor whose length each rank's data sets
+(a `bincount`, a mask count), and the finding says so.
 """
 
 from __future__ import annotations
@@ -206,6 +208,8 @@ def _left_finding(context: AnalysisContext, found: OutOfStep, where: SourceLocat
 
 def _finding(context: AnalysisContext, found: OutOfStep, where: SourceLocation | None) -> Finding:
     first = found.calls[0]
+    if all(kind == first[1] and line == first[3] for _, kind, _, line in found.calls) and len({nbytes for _, _, nbytes, _ in found.calls}) > 1:
+        return _size_finding(context, found, where)
     others = [call for call in found.calls[1:] if call[1:] != first[1:]] or list(found.calls[1:])
     differs = "; ".join(f"rank {rank}: {kind} of {format_bytes(nbytes)} at {line}" if kind != "-" else f"rank {rank}: no call"
                         for rank, kind, nbytes, line in others)
@@ -233,6 +237,34 @@ def _finding(context: AnalysisContext, found: OutOfStep, where: SourceLocation |
                      table="collectives")
             for rank, kind, nbytes, line in found.calls
         ),
+        cost_total_ns=float(context.wall_ns),
+        file=where.file if where is not None else None,
+        line=where.line if where is not None else None,
+    )
+
+
+def _size_finding(context: AnalysisContext, found: OutOfStep, where: SourceLocation | None) -> Finding:
+    """Every member issued the same call from the same line, with tensors of different sizes: a length that depends on
+    each rank's data (a `bincount` of its labels, a `nonzero`, a smaller last batch), not a branch some rank skipped."""
+    kind, line = found.calls[0][1], found.calls[0][3]
+    sizes = ", ".join(f"rank {rank} {format_bytes(nbytes)}" for rank, _, nbytes, _ in found.calls)
+    return Finding(
+        analyzer="collectives",
+        severity="critical",
+        title=f"Ranks pass tensors of different sizes to one collective: call {found.position} on {found.group} is {kind} at {line} ({sizes})",
+        explanation=(
+            f"Every rank issued this {kind} from {line}, in step with the others, but each with a tensor of its own size: the tensor's "
+            f"length comes from the rank's own data (a `bincount` of its labels, a `nonzero` or mask count, a smaller last batch). "
+            f"{'An' if kind[:1] in 'aeiou' else 'A'} {kind} needs one size on every member, so the call failed or hung (on some backends it silently combines the shorter "
+            "tensor with part of the longer)."
+        ),
+        suggestion=(
+            f"Give the tensor at {line} one size on every rank: a fixed length where the data sets it (`torch.bincount(x, "
+            "minlength=num_classes)`, `F.one_hot(x, num_classes).sum(0)`, padding to a fixed maximum), or all_gather the lengths "
+            "first and pad every rank's tensor to the largest."
+        ),
+        evidence=tuple(Evidence(f"rank {rank}: call {found.position} is {call_kind} ({format_bytes(nbytes)}) at {call_line}", table="collectives")
+                       for rank, call_kind, nbytes, call_line in found.calls),
         cost_total_ns=float(context.wall_ns),
         file=where.file if where is not None else None,
         line=where.line if where is not None else None,

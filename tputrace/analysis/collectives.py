@@ -19,9 +19,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
+from tputrace.analysis.collective_fixes import share_fix, small_fix
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
+from tputrace.analysis.host_gaps import line_of_extra_host_time
 from tputrace.analysis.imported import context_import_facts
 from tputrace.derived.imported_sources import imported_source
 from tputrace.store.records import SourceLocation
@@ -35,9 +37,6 @@ SMALL_MESSAGE_BYTES = 1 << 20
 MANY_SMALL_PER_STEP = 10
 STRAGGLER_WAIT_SHARE = 0.2
 LOW_BANDWIDTH_SHARE = 0.25
-# The collectives torch's object calls run on pickled bytes, by the call.
-OBJECT_KINDS = {"all_gather": "all_gather_object", "broadcast": "broadcast_object_list", "gather": "gather_object", "scatter": "scatter_object_list"}
-PER_TENSOR_KINDS = ("all_reduce", "reduce")  # a reduction a loop may issue once per tensor, where one flattened call does
 
 
 @dataclass(frozen=True)
@@ -151,10 +150,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         # the sharding analyzer names the cause and the line of the caused calls; this finding counts the rest
         total_ns = _union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
         finding_share = min(context.share_of_steps(_union_length(_intervals(trace, f"{steady_where} AND cause_id IS NULL", steady_params))), 1.0)
-    top_frame = trace.sql(  # of the calls the finding counts: with causes recorded, a DDP bucket's line is the sharding finding's
-        f"SELECT frame_id FROM collectives WHERE {where}{' AND cause_id IS NULL' if caused else ''} GROUP BY frame_id "
-        "ORDER BY SUM(dur_ns) DESC LIMIT 1", params
-    )
+    # of the calls the finding counts (with causes recorded, a DDP bucket's line is the sharding finding's), in the steady
+    # steps as its share and fix are: a set-up call that waited for the other ranks to start is in the first step only
+    uncaused = " AND cause_id IS NULL" if caused else ""
+    top_frame = next((rows for rows in (
+        trace.sql(f"SELECT frame_id FROM collectives WHERE {clause}{uncaused} GROUP BY frame_id ORDER BY SUM(dur_ns) DESC LIMIT 1", values)
+        for clause, values in ((steady_where, steady_params), (where, params))) if rows), [])
     frame_id = top_frame[0][0] if top_frame else None
     ici = context.target.ici_bandwidth
     facts = context_import_facts(context)
@@ -184,8 +185,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                    f"{chips} chips' together)" if chips > 1 else "")
                 + ". " + _bandwidth_text(median_bandwidth, bandwidths, foreign_device, context.target.label, ici)
             ),
-            suggestion=_line_fix(context, f"{steady_where}{' AND cause_id IS NULL' if caused else ''}", steady_params,
-                                 "SUM(dur_ns) DESC") or _overlap_fix(context),
+            suggestion=share_fix(context, f"{steady_where}{' AND cause_id IS NULL' if caused else ''}", steady_params),
             cost_total_ns=float(total_ns),
             cost_per_step_ns=context.per_step(total_ns),
             evidence=line_evidence + kind_evidence,
@@ -214,7 +214,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
                 f"{small} collectives moved less than {format_bytes(SMALL_MESSAGE_BYTES)} each, taking "
                 f"{format_ns(small_ns)}; small messages are dominated by latency, not bandwidth."
             ),
-            suggestion=_small_fix(context, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)),
+            suggestion=small_fix(context, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)),
             cost_total_ns=float(small_ns),
             cost_per_step_ns=context.per_step(small_ns),
             evidence=line_evidence + kind_evidence,
@@ -224,81 +224,6 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
-
-
-def _line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: str = "COUNT(*) DESC, SUM(dur_ns) DESC") -> str | None:
-    """What removes the calls of the top line (by `by`) when its kind has a fix of its own: a barrier, a broadcast, sends,
-    XLA's collective permutes, a reduction called once per tensor."""
-    rows = context.trace.sql(f"SELECT kind, frame_id, COUNT(*), COUNT(DISTINCT bytes), COALESCE(SUM(dtype = 'u8'), 0), "
-                             f"COALESCE(SUM(dtype = 'i64'), 0) FROM collectives WHERE {where} "
-                             f"GROUP BY kind, frame_id ORDER BY {by} LIMIT 1", tuple(params))
-    if not rows:
-        return None
-    kind, frame_id, calls, sizes, pickled, lengths = rows[0]
-    per_step = calls / max(context.steady_count, 1) if context.steps else 0.0
-    if kind in OBJECT_KINDS and pickled and lengths:
-        return _object_fix(kind, context.where(frame_id), per_step)
-    if kind in PER_TENSOR_KINDS and per_step >= 2 and sizes >= 2:
-        return _per_tensor_fix(kind, context.where(frame_id), per_step)
-    if kind not in ("barrier", "broadcast", "send", "recv", "collective_permute"):
-        return None
-    return _small_fix(context, where, params, (kind, frame_id))
-
-
-def _object_fix(kind: str, at: str, per_step: float) -> str:
-    """The fix for a collective of Python objects (`all_gather_object`, `broadcast_object_list`, `gather_object`): torch
-    pickles each object into a byte tensor and sends the lengths first, two calls where one tensor would take one."""
-    often = f", {per_step:.3g} calls a step" if per_step else ""
-    return (f"The {kind} calls at {at} carry pickled Python objects (`{OBJECT_KINDS[kind]}`: the lengths as int64, then the bytes{often}): "
-            "each call pickles on the host and waits for every rank, and numbers in them are read from the chip first (`.item()`). Put the "
-            "numbers in one tensor on the chip (`torch.stack([loss.detach(), accuracy])`) and reduce or gather that, reading it "
-            "every N steps or after the loop; keep object collectives for set-up and checkpoints.")
-
-
-def _per_tensor_fix(kind: str, at: str, per_step: float) -> str:
-    """The fix for one line reducing tensors of several sizes one call each, every step (a loop over the parameters'
-    gradients): the calls' latency adds up and none overlaps the backward pass."""
-    return (f"{kind} at {at} runs {per_step:.3g} times a step, one call per tensor of several sizes (a loop over the parameters' "
-            "gradients): wrap the model in DistributedDataParallel, whose buckets reduce the gradients in a few large calls "
-            "overlapped with the backward pass, or flatten the tensors into one buffer and reduce it once "
-            "(`torch._utils._flatten_dense_tensors`, one call, then `_unflatten_dense_tensors` and copy the pieces back).")
-
-
-def _overlap_fix(context: AnalysisContext) -> str:
-    """The general fix for collectives' share: in torch's terms, or JAX's for an XProf capture (XLA's collectives)."""
-    facts = context_import_facts(context)
-    if facts is not None and facts.format == "xplane":
-        return ("Reduce less often or less data: accumulate gradients over micro-batches (a `jax.lax.scan`) before one "
-                "`psum`/`pmean`, cast them to bfloat16 before reducing, or shard parameters and optimizer state "
-                "(`jax.sharding`) so that XLA reduce-scatters them and overlaps the collectives with the backward pass.")
-    return ("Overlap communication with compute (DDP buckets overlap the backward pass; FSDP prefetches), "
-            "communicate in bfloat16, or reduce how often gradients are synchronised (gradient accumulation "
-            "with `no_sync`).")
-
-
-def _small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: tuple[str, int | None] | None = None) -> str:
-    """What removes most of the small messages, by the kind of the line that sends the most of them."""
-    if top is None and (fix := _line_fix(context, where, params)) is not None:
-        return fix
-    rows = [top] if top is not None else context.trace.sql(
-        f"SELECT kind, frame_id FROM collectives WHERE {where} GROUP BY kind, frame_id ORDER BY COUNT(*) DESC, SUM(dur_ns) DESC LIMIT 1", tuple(params))
-    kind, frame_id = rows[0] if rows else (None, None)
-    at = context.where(frame_id)
-    if kind == "barrier":
-        return (f"Remove the barrier at {at} from the loop: the collectives after it already wait for every rank, and a barrier "
-                "only adds a round trip (keep one before timing or checkpointing, outside the steps).")
-    if kind == "broadcast":
-        return (f"Broadcast less at {at}: values that stay equal on every rank (parameters after an all-reduced update) need it "
-                "once, before the loop; the rest can go as one flattened tensor (torch.cat, then split) rather than one call each.")
-    if kind in ("send", "recv"):
-        return (f"Send fewer, larger messages at {at}: one per micro-batch of activations at most, started with isend/irecv so "
-                "that they overlap the next micro-batch's compute.")
-    if kind == "collective_permute":  # XLA's (JAX's `ppermute`), not torch's point-to-point calls
-        return (f"Permute fewer, larger blocks at {at}: in a `shard_map` ring (`jax.lax.ppermute` of each hop), concatenate "
-                "the arrays a hop passes into one, and start the next hop's ppermute before computing on the block in hand, "
-                "so that XLA's asynchronous collective-permute runs under that compute.")
-    return (f"Bucket them (the most calls are at {at}): a larger DDP `bucket_cap_mb`, or flatten small tensors into one before "
-            "reducing (torch.cat, one all_reduce, then split).")
 
 
 def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, limit: int = 4) -> tuple[Evidence, ...]:
@@ -425,6 +350,10 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     own_work = excess_idle >= 0.5 * waited
     late = Straggler(straggler, consistent, on_shared_host, excess_idle)
     evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
+    own_lines = {other: _lines_only_on(trace, other, [rank for rank in waits if rank != other]) for other in others} if extra else {}
+    if extra and all(own_lines.values()):
+        # every rank runs lines of its own (pipeline stages, a role per rank): not one rank's extra work
+        return wait_by_rank, late, _own_roles(context, {straggler: extra, **own_lines}, waited, share, evidence)
     if extra:
         # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
         # own, which the trace can tell from the host's scheduling
@@ -471,6 +400,32 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
             evidence=evidence,
         )
     severity: Severity = "warning" if context.share_of_wall(waited) >= 0.05 and consistent >= 0.5 else "info"
+    before = line_of_extra_host_time(trace, straggler, others) if own_work and consistent >= 0.5 else None
+    if before is not None and before[1] >= 0.5 * waited:
+        # its host work outside anything recorded sits before one line: the gap before the first record of that line
+        where, extra_ns = before[0].short, before[1]
+        return wait_by_rank, late, Finding(
+            analyzer=NAME,
+            severity=severity,
+            title=f"Straggler: rank {straggler} spends {format_ns(extra_ns)} more than the others on the host before {where}; they wait {format_ns(waited)}",
+            explanation=(
+                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
+                f"{straggler} was last in {consistent:.0%} of the steps, and before {where} it spent {format_ns(extra_ns)} more than the "
+                "other ranks on average in host work the trace does not record (Python, NumPy or a library between two recorded "
+                "calls), so every collective after it waits for it."
+            ),
+            suggestion=(
+                f"Look at what runs on the host before {where} on rank {straggler} (loading or preprocessing its batch, a Python loop, a "
+                "sleep): give every rank the same work (shards of equal size and kind), move it off the step (a DataLoader with "
+                "workers, data prepared ahead), or run it on the chip."
+            ),
+            cost_total_ns=float(waited),
+            cost_per_step_ns=context.per_step(waited),
+            evidence=(Evidence(f"rank {straggler}: {format_ns(extra_ns)} more host time before this line", file=before[0].file,
+                               line=before[0].line, table="ops"),) + evidence,
+            file=before[0].file,
+            line=before[0].line,
+        )
     return wait_by_rank, late, Finding(
         analyzer=NAME,
         severity=severity,
@@ -491,6 +446,35 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
         cost_total_ns=float(waited),
         cost_per_step_ns=context.per_step(waited),
         evidence=evidence,
+    )
+
+
+def _own_roles(context: AnalysisContext, lines: dict[int, list[tuple[SourceLocation, int]]], waited: float, share: float,
+               waits: tuple[Evidence, ...]) -> Finding:
+    """Ranks that each run lines no other rank runs (a pipeline's stages, a role per rank) and wait for each other."""
+    tops = {rank: own[0][0] for rank, own in sorted(lines.items())}
+    named = ", ".join(f"rank {rank} at {location.short}" for rank, location in tops.items())
+    first = tops[min(tops)]
+    return Finding(
+        analyzer=NAME,
+        severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
+        title=f"Ranks run different work ({named}) and wait {format_ns(waited)} for each other",
+        explanation=(
+            f"Each rank runs ops at lines no other rank runs, in at least half its steps (pipeline stages, or a role per rank), and "
+            f"the ranks spent {share:.0%} of their collective time waiting for the last one: each waits while another computes "
+            "work it does not share."
+        ),
+        suggestion=(
+            "Balance the work between the ranks (about as many FLOPs per stage), and overlap it: split the batch into more "
+            "micro-batches and send with isend/irecv, so that a stage computes the next micro-batch while its neighbour works on "
+            "this one (a GPipe or 1F1B schedule, as `torch.distributed.pipelining` runs)."
+        ),
+        cost_total_ns=float(waited),
+        cost_per_step_ns=context.per_step(waited),
+        evidence=tuple(Evidence(f"rank {rank} only: {plural(calls, 'op call')} in the steps", file=location.file, line=location.line, table="ops")
+                       for rank, own in sorted(lines.items()) for location, calls in own[:2]) + waits,
+        file=first.file,
+        line=first.line,
     )
 
 

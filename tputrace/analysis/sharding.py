@@ -13,6 +13,8 @@ the plan); this module runs them and checks the rest:
 - DDP buckets far below the default cap: many latency-bound all-reduces per step, at the `DDP(...)` line.
   Cost: the buckets' time in the median step (their union), times the share of the calls a larger cap
   saves, over the loop's steps.
+- Parameters the optimizer updates that no data-parallel wrapper holds (`sharding_unsynced`).
+- A run that ended in DTensor's sharding propagation error, read from the error (`sharding_failures`).
 - Replicated parameters (DDP) that FSDP2 would split: bytes per rank saved, against the target's HBM.
 - Uneven shards: a sharded dim not divisible by its mesh dim (padded all-gathers, uneven memory).
 - Exposed communication per step: collective time during which no program ran on the chip, as distinct
@@ -28,7 +30,7 @@ import statistics
 from collections import defaultdict
 from dataclasses import dataclass
 
-from tputrace.analysis import sharding_ddp, sharding_fsdp, sharding_outputs, sharding_plans
+from tputrace.analysis import sharding_ddp, sharding_failures, sharding_fsdp, sharding_outputs, sharding_plans, sharding_unsynced
 from tputrace.analysis.collectives import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
@@ -118,6 +120,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     explained_ns += sharding_fsdp.leaf_groups(context, out, records)
     explained_ns += sharding_ddp.accumulation_without_no_sync(context, out, records, world)
     sharding_ddp.unused_parameters(context, out, records)
+    sharding_unsynced.unsynced_parameters(context, out, records)
+    sharding_failures.propagation_failures(context, out)
     explained_ns += _small_buckets(context, out, records, by_cause, world)
     _replicated_parameters(context, out, records, world)
     _uneven_shards(context, out, records)

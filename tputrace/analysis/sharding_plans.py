@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Evidence, Finding
 from tputrace.analysis.sharding_common import NAME, Collected, TimeByCause, evidence, ici_estimate_ns, location, per_step, in_steady_steps
+from tputrace.analysis.sharding_placements import changed_dims, only_reduces, reduced, reduction_dims
 from tputrace.store.records import CollectiveCauseRecord, ParameterPlacementRecord, SourceLocation
 from tputrace.store.sharding import CausedCollective, ShardingRecords
 from tputrace.wording import format_bytes, format_ns, plural
@@ -125,6 +126,12 @@ def op_redistributions(context: AnalysisContext, out: Collected, records: Shardi
     explained = 0.0
     steps = max(context.steady_count, 1)
     for (op, src, dst, frame_id), collectives in sorted(groups.items(), key=lambda item: -sum(c.dur_ns for c in item[1])):
+        if _is_optimizer(op) and reduction_dims(src, dst):
+            # the gradient's sum over the data-parallel ranks stays whatever the parameter's placement: an update that
+            # only needs it is data parallelism working, and the all-reduces of one that also moves a shard are not the move's
+            if only_reduces(src, dst):
+                continue
+            collectives = [collective for collective in collectives if collective.kind != "all_reduce"] or collectives
         dur_ns = sum(collective.dur_ns for collective in collectives)
         share = context.share_of_steps(dur_ns)
         if share < 0.01:
@@ -141,7 +148,7 @@ def op_redistributions(context: AnalysisContext, out: Collected, records: Shardi
             analyzer=NAME,
             severity=context.severity(share, warning=0.05, critical=0.25),
             title=(f"The optimizer step moves a ({cause.global_shape}) gradient from {src} to its parameter's {dst}: {_article(kind)} {kind} "
-                   f"every step at {context.where(frame_id)}" if op.removeprefix("aten.").lstrip("_").startswith(_OPTIMIZER_OPS)
+                   f"every step at {context.where(frame_id)}" if _is_optimizer(op)
                    else f"{op} needs {operand} as {dst}, not {src}: {_article(kind)} {kind} every call at {context.where(frame_id)}"),
             explanation=(
                 f"DTensor's sharding rule for {op} has no strategy for {operand} ({cause.global_shape}) placed as {src}, so each call "
@@ -190,33 +197,49 @@ def _column_parallel_maker(records: ShardingRecords, shape: str | None, src: str
     return None
 
 
+def _is_optimizer(op: str) -> bool:
+    return op.removeprefix("aten.").lstrip("_").startswith(_OPTIMIZER_OPS)
+
+
 def _op_fix(op: str, operand: str, src: str, dst: str, where: str, maker: tuple[str, SourceLocation | None] | None) -> str:
-    """The change that removes an op's redistribution, by the kind of op."""
+    """The change that removes an op's redistribution, by the kind of op and the mesh dims it changes (on a mesh of
+    several dims, the ones it keeps say nothing about the fix)."""
     name = op.removeprefix("aten.").rsplit(".", 1)[0].lstrip("_") if op.count(".") > 1 else op.removeprefix("aten.").lstrip("_")
-    dim = _sharded_dim(src)
+    changed = changed_dims(src, dst)
+    gathers = bool(changed) and all(part.dst == "Replicate()" for part in changed)
+    dim = next((sharded for part in changed if (sharded := _sharded_dim(part.src)) is not None), None)
     made = ""
     if maker is not None:
         entry = maker[0].rsplit(".", 1)[-1]
         made = (f" It comes out of the plan entry for {entry}" + (f" at {maker[1].short}" if maker[1] is not None else "")
                 + ": ColwiseParallel() splits its output on the last dim.")
-    if dst.startswith("Replicate") and dim is not None and any(name.startswith(kind) or name == kind for kind in _ALONG_A_DIM):
+    if gathers and dim is not None and any(name.startswith(kind) or name == kind for kind in _ALONG_A_DIM):
         return (f"{name} at {where} works along dim {dim}, which {src} splits over the mesh, so every call gathers the whole tensor.{made} "
                 f"Split another dim instead (e.g. the batch or the heads dim: output_layouts=Shard(0) in the plan entry, or "
                 f"redistribute to Shard(0) before the op), or make the entry's output Replicate() once (output_layouts=Replicate()) "
                 f"where later ops need it whole anyway.")
-    if dst.startswith("Replicate") and dim is not None and name in _RESHAPES:
+    if gathers and dim is not None and name in _RESHAPES:
         return (f"The {name} at {where} merges or splits dim {dim}, which is sharded, so DTensor gathers it first.{made} Reshape so "
                 f"that dim {dim} stays a dim of its own (move it to the front, or merge only unsharded dims), or shard the leading "
                 f"dim of the merge.")
-    if dst.startswith("Replicate") and dim is not None and name in _PRODUCTS:
+    if gathers and dim is not None and name in _PRODUCTS:
         return (f"The other operand's placement does not pair with {operand} as {src} at {where}: split the matching dim of the other "
                 f"operand too (for x @ w with x split on its last dim, w as Shard(0)); the product then comes out Partial and one "
                 f"all-reduce of the output replaces the gather.{made}")
+    if dim is not None and name in _PRODUCTS and all(part.dst.startswith("Shard(") for part in changed):
+        return (f"{name} at {where} cannot pair {operand} split as {src} with the other operand's placement, so each call moves it to "
+                f"{dst} first. Make the two agree where they are made: for x @ w with w split on its rows (Shard(0)), x split on its "
+                f"last dim (the product comes out Partial, one all-reduce); for x split on the batch (dim 0, data parallelism), w "
+                f"Replicate().{made}")
     if name.startswith(_OPTIMIZER_OPS):
+        summed = reduction_dims(src, dst)
+        stays = (f" The all-reduce over mesh dim {', '.join(str(dim) for dim in summed)} stays: it sums the gradient over the ranks "
+                 "that saw different batches (data parallelism)." if summed else "")
         return (f"The optimizer step at {where} updates a parameter placed as {dst} with a gradient that the backward leaves as {src}, "
-                f"so every step moves the gradient to {dst}. Distribute that parameter as {src}, the placement its gradient comes out in "
-                f"(distribute_tensor's placements, or its plan entry), so that parameter and gradient agree and the update needs no "
-                f"collective; a parameter left Replicate() where the layers around it are split is also held whole on every rank.")
+                f"so every step moves the gradient to {dst}. Distribute that parameter as {reduced(src, dst)}, the placement its gradient "
+                f"comes out in (distribute_tensor's placements, or its plan entry), so that parameter and gradient agree "
+                f"and the update needs no collective of its own; a parameter left Replicate() where the layers around it are split is "
+                f"also held whole on every rank.{stays}")
     return (f"Give {operand} the placement {dst} where it is made (the plan entry's output_layouts, or distribute_tensor's "
             f"placements), or redistribute it once outside the loop when it does not change between steps.{made}")
 
