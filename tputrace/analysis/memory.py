@@ -34,12 +34,18 @@ GROWTH_MIN_SHARE = 0.2
 
 @dataclass(frozen=True)
 class ChipMemory:
-    """One chip's peak and largest live bytes, and the peak's share of the target's HBM."""
+    """One chip's peak and largest live bytes, and the peak's share of the target's HBM. Chip -1 is an imported
+    capture's host memory (torch.profiler's CPU samples): labelled so, and never weighed against HBM."""
 
     chip: int
     peak_bytes: int
     max_live_bytes: int
-    hbm_share: float
+    hbm_share: float | None  # None for host memory
+    label: str  # "tpu:N" or "host memory"
+
+    @property
+    def is_host(self) -> bool:
+        return self.chip < 0
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
         "GROUP BY chip ORDER BY chip",
         (context.rank,),
     )
-    chip_memory = tuple(ChipMemory(chip, peak, live, peak / hbm) for chip, peak, live in chips)
+    chip_memory = tuple(ChipMemory(chip, peak, live, None, "host memory") if chip < 0 else
+                        ChipMemory(chip, peak, live, peak / hbm, f"tpu:{chip}") for chip, peak, live in chips)
     largest = _largest_by_module(context)
     measured = {chip: peak for chip, peak, _ in chips}
     lifetimes = _from_buffers(context, measured)
@@ -89,7 +96,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
     )
     for chip, peak, _ in chips:
         share = peak / hbm
-        if share < WARNING_HBM_SHARE:
+        if chip < 0 or share < WARNING_HBM_SHARE:
             continue
         fits = share <= 1.0
         findings.append(Finding(
