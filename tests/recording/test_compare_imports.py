@@ -104,9 +104,11 @@ def test_a_budget_on_what_the_import_lacks_cannot_pass(traces: tuple[Path, Path]
 def test_host_memory_samples_are_labelled_host_memory_not_weighed_against_hbm(traces: tuple[Path, Path]) -> None:
     _, imported = traces
     with tputrace.open(imported) as trace:
-        report = analyze(trace)
+        report = analyze(trace, "v5e:1KiB")  # a target whose HBM the host memory's peak would exceed
     memory = report.data(MemoryData)
     assert memory is not None and memory.chips
     host = [chip for chip in memory.chips if chip.chip < 0]
-    assert host and all(chip.label == "host memory" and chip.hbm_share is None and chip.peak_bytes > 0 for chip in host)
+    assert host and all(chip.label == "host memory" and chip.hbm_share is None and chip.peak_bytes > 1024 for chip in host)
+    assert [peak.chip for peak in memory.peaks] == [-1] and not memory.fits  # broken down, never fitted to HBM
+    assert memory.out_of_memory is None
     assert not any("HBM" in finding.title for finding in report.findings if finding.analyzer == "memory")

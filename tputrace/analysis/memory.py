@@ -62,8 +62,8 @@ class MemoryData:
     chips: tuple[ChipMemory, ...] = ()
     largest_tensors_by_module: tuple[LargestTensor, ...] = ()
     live_bytes_growth_per_step: float | None = None  # None unless live bytes grew every steady step
-    peaks: tuple[PeakBreakdown, ...] = ()  # per chip, from buffer lifetimes (none in an older trace)
-    fits: tuple[MemoryFit, ...] = ()  # per chip, against the target
+    peaks: tuple[PeakBreakdown, ...] = ()  # per chip, then host memory's, from buffer lifetimes (none in an older trace)
+    fits: tuple[MemoryFit, ...] = ()  # per chip of `peaks`, in its order, against the target; none for host memory
     surviving_lines: tuple[SurvivingLine, ...] = ()
     out_of_memory: OutOfMemoryData | None = None
     piling_lines: tuple[PilingLine, ...] = ()  # outside the loop's steps (see `memory_loops`)
@@ -155,12 +155,15 @@ def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
     if not buffers:
         return None
     peaks, fits = [], []
-    for chip in chips_of(buffers):
+    # Chips first, then host memory (chip -1), whose peak is broken down but never fitted to the target's HBM.
+    for chip in sorted(chips_of(buffers), key=lambda chip: (chip < 0, chip)):
         peak = peak_of(buffers, chip)
         if peak is None:
             continue
         chip_breakdown = breakdown(trace, context.rank, peak, measured.get(chip, peak.bytes))
         peaks.append(chip_breakdown)
+        if chip < 0:
+            continue
         parameter_shapes = {buffer.shape for buffer in peak.live if buffer.kind == "parameter" and buffer.shape}
         batch = model_batch(trace, context.rank, chip_breakdown.step, parameter_shapes)
         fits.append(fit(chip_breakdown, peak.live, context.target, batch))
