@@ -5,6 +5,9 @@ Keys (all optional): `max_recompiles` (compiles after warm-up that are not a pro
 `max_syncs_per_step` and `max_transfers_per_step` (per steady step), `max_cpu_fallbacks`,
 `max_compile_seconds`, `max_step_time_ratio` (steady step time over a baseline run's),
 `max_peak_memory_bytes`, `max_exposed_communication_share` (0 to 1).
+
+A limit on a figure the trace does not record (an imported capture without syncs, say) cannot be checked: it is
+reported as a violation that says so, never passed on a count of 0.
 """
 
 from __future__ import annotations
@@ -32,23 +35,35 @@ BUDGET_KEYS: dict[str, type] = {
     "max_peak_memory_bytes": int,
     "max_exposed_communication_share": float,
 }
+# Each key -> the figure it limits (`RunFigures.unrecorded` names).
+LIMITED_FIGURES: dict[str, str] = {
+    "max_recompiles": "recompiles after warm-up",
+    "max_syncs_per_step": "host syncs",
+    "max_transfers_per_step": "transfers",
+    "max_cpu_fallbacks": "CPU fallbacks",
+    "max_compile_seconds": "compile time",
+    "max_peak_memory_bytes": "peak memory",
+    "max_exposed_communication_share": "exposed communication share",
+}
 # How many recompiles a `max_recompiles` violation names, each with its step, line and what changed.
 NAMED_RECOMPILES = 3
 
 
 @dataclass(frozen=True)
 class Violation:
-    """One limit a run broke, with the finding behind it and its source line when known."""
+    """One limit a run broke, with the finding behind it and its source line when known; `value` None: the
+    trace does not record the figure, so the limit cannot be checked."""
 
     key: str
     limit: float
-    value: float
+    value: float | None
     message: str
     site: str | None = None
 
     def describe(self) -> str:
         where = f" at {self.site}" if self.site else ""
-        return f"{self.key} = {self.limit:g} exceeded: {self.message}{where}"
+        outcome = "cannot be checked" if self.value is None else "exceeded"
+        return f"{self.key} = {self.limit:g} {outcome}: {self.message}{where}"
 
 
 def budget_from_mapping(values: dict[str, Any], origin: str) -> dict[str, float]:
@@ -79,8 +94,12 @@ def read_budget(path: str) -> dict[str, float]:
 
 
 def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigures | None = None) -> list[Violation]:
-    """The limits of `budget` that `figures` break; `max_step_time_ratio` needs `baseline`."""
-    found: list[Violation] = []
+    """The limits of `budget` that `figures` break, or that it cannot be checked against (a figure the trace does
+    not record); `max_step_time_ratio` needs `baseline`."""
+    found = [Violation(key, limit, None, f"the trace does not record {figure} ({figures.unrecorded[figure]})")
+             for key, limit in budget.items()
+             if (figure := LIMITED_FIGURES.get(key)) is not None and not figures.records(figure)]
+    budget = {key: limit for key, limit in budget.items() if LIMITED_FIGURES.get(key) not in figures.unrecorded}
     if "max_recompiles" in budget and len(figures.recompiles_after_warmup) > budget["max_recompiles"]:
         recompiles = figures.recompiles_after_warmup
         named = "; ".join(f"{recompile.name or 'a program'} in step {recompile.step}"

@@ -52,7 +52,8 @@ class CompareView(TraceView):
         difference: RunDiff = payload
         self._difference = difference
         self.query_one("#compare-figures", TraceTable).show([
-            (str(index), (Text(change.name), Text(change.text), Text("worse", style="bold") if change.worse else Text("")))
+            (str(index), (Text(change.name), Text(change.text, style="dim" if change.not_recorded else ""),
+                           Text("worse", style="bold") if change.worse else Text("")))
             for index, change in enumerate(difference.figures)
         ])
         rows = difference.events()

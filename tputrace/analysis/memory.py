@@ -34,12 +34,18 @@ GROWTH_MIN_SHARE = 0.2
 
 @dataclass(frozen=True)
 class ChipMemory:
-    """One chip's peak and largest live bytes, and the peak's share of the target's HBM."""
+    """One chip's peak and largest live bytes, and the peak's share of the target's HBM. Chip -1 is an imported
+    capture's host memory (torch.profiler's CPU samples): labelled so, and never weighed against HBM."""
 
     chip: int
     peak_bytes: int
     max_live_bytes: int
-    hbm_share: float
+    hbm_share: float | None  # None for host memory
+    label: str  # "tpu:N" or "host memory"
+
+    @property
+    def is_host(self) -> bool:
+        return self.chip < 0
 
 
 @dataclass(frozen=True)
@@ -56,8 +62,8 @@ class MemoryData:
     chips: tuple[ChipMemory, ...] = ()
     largest_tensors_by_module: tuple[LargestTensor, ...] = ()
     live_bytes_growth_per_step: float | None = None  # None unless live bytes grew every steady step
-    peaks: tuple[PeakBreakdown, ...] = ()  # per chip, from buffer lifetimes (none in an older trace)
-    fits: tuple[MemoryFit, ...] = ()  # per chip, against the target
+    peaks: tuple[PeakBreakdown, ...] = ()  # per chip, then host memory's, from buffer lifetimes (none in an older trace)
+    fits: tuple[MemoryFit, ...] = ()  # per chip of `peaks`, in its order, against the target; none for host memory
     surviving_lines: tuple[SurvivingLine, ...] = ()
     out_of_memory: OutOfMemoryData | None = None
     piling_lines: tuple[PilingLine, ...] = ()  # outside the loop's steps (see `memory_loops`)
@@ -72,7 +78,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
         "GROUP BY chip ORDER BY chip",
         (context.rank,),
     )
-    chip_memory = tuple(ChipMemory(chip, peak, live, peak / hbm) for chip, peak, live in chips)
+    chip_memory = tuple(ChipMemory(chip, peak, live, None, "host memory") if chip < 0 else
+                        ChipMemory(chip, peak, live, peak / hbm, f"tpu:{chip}") for chip, peak, live in chips)
     largest = _largest_by_module(context)
     measured = {chip: peak for chip, peak, _ in chips}
     lifetimes = _from_buffers(context, measured)
@@ -89,7 +96,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[MemoryData]:
     )
     for chip, peak, _ in chips:
         share = peak / hbm
-        if share < WARNING_HBM_SHARE:
+        if chip < 0 or share < WARNING_HBM_SHARE:
             continue
         fits = share <= 1.0
         findings.append(Finding(
@@ -148,12 +155,15 @@ def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
     if not buffers:
         return None
     peaks, fits = [], []
-    for chip in chips_of(buffers):
+    # Chips first, then host memory (chip -1), whose peak is broken down but never fitted to the target's HBM.
+    for chip in sorted(chips_of(buffers), key=lambda chip: (chip < 0, chip)):
         peak = peak_of(buffers, chip)
         if peak is None:
             continue
         chip_breakdown = breakdown(trace, context.rank, peak, measured.get(chip, peak.bytes))
         peaks.append(chip_breakdown)
+        if chip < 0:
+            continue
         parameter_shapes = {buffer.shape for buffer in peak.live if buffer.kind == "parameter" and buffer.shape}
         batch = model_batch(trace, context.rank, chip_breakdown.step, parameter_shapes)
         fits.append(fit(chip_breakdown, peak.live, context.target, batch))

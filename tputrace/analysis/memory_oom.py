@@ -71,7 +71,9 @@ def out_of_memory(buffers: Sequence[BufferLifetime], error: str | None, hbm_byte
         last_line = next((line.strip() for line in reversed(error.strip().splitlines()) if line.strip()), error)
         failed_at = failing_line(error, script)
         return OutOfMemory("error", last_line, fullest, failed_at[0] if failed_at else None, failed_at[1] if failed_at else None)
-    overruns = [over for over in (first_over(buffers, chip, hbm_bytes) for chip in chips_of(buffers)) if over is not None]
+    # Host memory (chip -1, an imported capture's) is not weighed against the chips' HBM.
+    overruns = [over for over in (first_over(buffers, chip, hbm_bytes) for chip in chips_of(buffers) if chip >= 0)
+                if over is not None]
     if not overruns:
         return None
     return OutOfMemory("target", f"live bytes went over {hbm_bytes} bytes", min(overruns, key=lambda over: over.t_ns))

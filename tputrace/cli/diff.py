@@ -78,8 +78,9 @@ def _plain(difference: Any) -> dict[str, Any]:
         "before": difference.before.path,
         "after": difference.after.path,
         "rank": difference.after.rank,
-        "figures": [{"name": change.name, "before": change.before, "after": change.after, "worse": change.worse}
-                    for change in difference.figures],
+        # A figure a run does not record is null on its side, with why in `not_recorded` ("A"/"B" -> reason).
+        "figures": [{"name": change.name, "before": change.before, "after": change.after, "worse": change.worse,
+                     "not_recorded": change.not_recorded} for change in difference.figures],
         "recompiles": [{"status": change.status, "site": change.recompile.site, "name": change.recompile.name,
                         "reason": change.recompile.reason, "diff": change.recompile.diff, "count": change.count}
                        for change in difference.recompiles],

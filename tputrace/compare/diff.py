@@ -5,9 +5,10 @@ changed (matched by source line, see `sites.SiteKey`), and the headline: the mos
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
-from tputrace.compare.figures import Recompile, RunFigures, SiteFinding
+from tputrace.compare.figures import Recompile, RunFigures
 from tputrace.compare.programs import ProgramChange, program_changes
 from tputrace.wording import format_bytes, format_ns
 
@@ -21,13 +22,16 @@ OP_TIME_SHARE = 0.02
 
 @dataclass(frozen=True)
 class FigureChange:
-    """One figure in both runs; `worse` when B's value is a regression (beyond noise for step time)."""
+    """One figure in both runs; `worse` when B's value is a regression (beyond noise for step time). A run that
+    does not record the figure (an import whose capture lacks it) has None and its reason in `not_recorded`
+    ("A"/"B" -> why); such a figure is no change either way."""
 
     name: str
-    before: float
-    after: float
+    before: float | None
+    after: float | None
     worse: bool
     text: str
+    not_recorded: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -85,14 +89,17 @@ class RunDiff:
 
 
 NO_REGRESSION = "no regression"
+NOT_RECORDED = "not recorded"
 
 
 def compare(before: RunFigures, after: RunFigures) -> RunDiff:
     """How `after` differs from `before`."""
     figures = _figure_changes(before, after)
-    recompiles = _recompile_changes(before, after)
-    findings = _finding_changes(before.findings, after.findings)
-    programs = program_changes(before.program_families, after.program_families)
+    both_record = before.records("recompiles after warm-up") and after.records("recompiles after warm-up")
+    recompiles = _recompile_changes(before, after) if both_record else ()
+    findings = _finding_changes(before, after)
+    programs = (program_changes(before.program_families, after.program_families)
+                if before.records("program runs") and after.records("program runs") else ())
     site_labels = {**before.site_labels, **after.site_labels}
     op_time = (_op_time_changes("line", before.ops_by_site, after.ops_by_site, site_labels)
                + _op_time_changes("module", before.ops_by_module, after.ops_by_module, {}))
@@ -122,23 +129,41 @@ def _figure_changes(before: RunFigures, after: RunFigures) -> tuple[FigureChange
             "steady step time", before.median_step_ns, after.median_step_ns, delta > noise,
             f"{format_ns(int(before.median_step_ns))} -> {format_ns(int(after.median_step_ns))} (noise {bounds})"
             + ("" if abs(delta) > noise else ", within noise")))
-    counted = (
-        ("compiles", before.compiles, after.compiles),
-        ("recompiles after warm-up", len(before.recompiles_after_warmup), len(after.recompiles_after_warmup)),
-        ("programs", before.programs, after.programs),
-        ("host syncs", before.syncs, after.syncs),
-        ("transfers", before.transfers, after.transfers),
-        ("CPU fallbacks", before.fallbacks, after.fallbacks),
-        ("collectives", before.collectives, after.collectives),
+    elif before.median_step_ns is not None or after.median_step_ns is not None:
+        missing = {side: "no steady steps" for side, figures in (("A", before), ("B", after))
+                   if figures.median_step_ns is None}
+        changes.append(_unrecorded_change("steady step time", int(before.median_step_ns or 0),
+                                          int(after.median_step_ns or 0), format_ns, missing))
+    counted: tuple[tuple[str, int, int, Callable[[int], str]], ...] = (
+        ("compiles", before.compiles, after.compiles, str),
+        ("recompiles after warm-up", len(before.recompiles_after_warmup), len(after.recompiles_after_warmup), str),
+        ("programs", before.programs, after.programs, str),
+        ("host syncs", before.syncs, after.syncs, str),
+        ("transfers", before.transfers, after.transfers, str),
+        ("CPU fallbacks", before.fallbacks, after.fallbacks, str),
+        ("collectives", before.collectives, after.collectives, str),
+        ("compile time", before.compile_ns, after.compile_ns, format_ns),
+        ("peak memory", before.peak_memory_bytes, after.peak_memory_bytes, format_bytes),
     )
-    for name, old, new in counted:
-        changes.append(FigureChange(name, old, new, new > old, f"{old} -> {new}"))
-    changes.append(FigureChange("compile time", before.compile_ns, after.compile_ns, False,
-                                f"{format_ns(before.compile_ns)} -> {format_ns(after.compile_ns)}"))
-    changes.append(FigureChange("peak memory", before.peak_memory_bytes, after.peak_memory_bytes,
-                                after.peak_memory_bytes > before.peak_memory_bytes,
-                                f"{format_bytes(before.peak_memory_bytes)} -> {format_bytes(after.peak_memory_bytes)}"))
+    for name, old, new, shown in counted:
+        missing = {side: figures.unrecorded[name] for side, figures in (("A", before), ("B", after))
+                   if not figures.records(name)}
+        if missing:
+            changes.append(_unrecorded_change(name, old, new, shown, missing))
+        else:
+            # Compile time is listed, never a regression: it follows the compiles, which are.
+            changes.append(FigureChange(name, old, new, new > old and name != "compile time", f"{shown(old)} -> {shown(new)}"))
     return tuple(changes)
+
+
+def _unrecorded_change(name: str, old: int, new: int, shown: Callable[[int], str],
+                       missing: dict[str, str]) -> FigureChange:
+    """A figure that run A or B (the keys of `missing`) does not record: shown so on that side, no change."""
+    before = None if "A" in missing else old
+    after = None if "B" in missing else new
+    text = (f"{NOT_RECORDED if before is None else shown(old)} -> {NOT_RECORDED if after is None else shown(new)} ("
+            + "; ".join(f"{side}: {why}" for side, why in missing.items()) + ")")
+    return FigureChange(name, before, after, False, text, missing)
 
 
 def _recompile_changes(before: RunFigures, after: RunFigures) -> tuple[RecompileChange, ...]:
@@ -174,9 +199,12 @@ def _grouped(recompiles: list[Recompile]) -> list[list[Recompile]]:
     return list(groups.values())
 
 
-def _finding_changes(before: tuple[SiteFinding, ...], after: tuple[SiteFinding, ...]) -> tuple[FindingChange, ...]:
-    old = {item.key: item.finding for item in before}
-    new = {item.key: item.finding for item in after}
+def _finding_changes(before_run: RunFigures, after_run: RunFigures) -> tuple[FindingChange, ...]:
+    """Findings new, fixed or changed, of the analyzers that ran on both runs (one that cannot run on an import
+    finds nothing there, which is no fix)."""
+    skipped = before_run.skipped_analyzers | after_run.skipped_analyzers
+    old = {item.key: item.finding for item in before_run.findings if item.finding.analyzer not in skipped}
+    new = {item.key: item.finding for item in after_run.findings if item.finding.analyzer not in skipped}
     changes = []
     for key, finding in new.items():
         site = f"{finding.file}:{finding.line}" if finding.file else None
@@ -214,6 +242,8 @@ def improvements(difference: RunDiff) -> str | None:
     """One line naming what got better beyond noise (step time first), or None when nothing did."""
     better = []
     for change in difference.figures:
+        if change.before is None or change.after is None:
+            continue
         if change.name == "steady step time":
             noise = NOISE_SPREADS * (difference.before.step_spread_ns + difference.after.step_spread_ns)
             if change.before - change.after > noise and change.after > 0:

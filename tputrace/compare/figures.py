@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from tputrace.analysis.collectives import CollectivesData
 from tputrace.analysis.findings import Finding
+from tputrace.analysis.imported import ImportFacts, import_facts
 from tputrace.analysis.memory import MemoryData
 from tputrace.analysis.report import analyze
 from tputrace.compare.programs import ProgramFamily, program_families
@@ -24,6 +25,23 @@ if TYPE_CHECKING:
     from tputrace.store.reader import Trace
 
 WARMUP_STEPS = 1
+
+# Each compared figure -> the analyzer whose absence from an import (`imported.import_facts`: the capture lacks
+# what it reads) means the import does not record the figure.
+FIGURE_ANALYZERS: dict[str, str] = {
+    "compiles": "recompiles",
+    "recompiles after warm-up": "recompiles",
+    "programs": "recompiles",
+    "compile time": "recompiles",
+    "host syncs": "syncs",
+    "transfers": "transfers",
+    "CPU fallbacks": "fallbacks",
+    "collectives": "collectives",
+    "exposed communication share": "collectives",
+    "peak memory": "memory",
+    "program runs": "data_movement",  # program families' runs: the `executions` table
+}
+HOST_MEMORY_ONLY = "the capture records host memory only, no chip's"
 
 
 @dataclass(frozen=True)
@@ -75,6 +93,13 @@ class RunFigures:
     findings: tuple[SiteFinding, ...]
     program_families: dict[tuple[str, ...], ProgramFamily]
     busiest_steady_lines: dict[str, str] = field(default_factory=dict)  # "syncs"/"transfers" -> file:line of most
+    # Figures (`FIGURE_ANALYZERS` names) the trace does not record, with why; their values above are 0, not measured.
+    unrecorded: dict[str, str] = field(default_factory=dict)
+    skipped_analyzers: frozenset[str] = frozenset()  # analyzers that cannot run on the rank (an import's)
+
+    def records(self, figure: str) -> bool:
+        """Whether the trace records `figure` (a `FIGURE_ANALYZERS` name)."""
+        return figure not in self.unrecorded
 
     def per_steady_step(self, count: int) -> float:
         """`count` divided by the steady steps (by one where the run has none)."""
@@ -105,6 +130,8 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
     memory = report.data(MemoryData)
     collectives = report.data(CollectivesData)
     ops_by_site, site_labels, ops_by_module = _op_time(trace, chosen, text_cache)
+    facts = import_facts(trace, chosen)
+    chip_peaks = [chip.peak_bytes for chip in memory.chips if not chip.is_host] if memory else []
     findings = tuple(SiteFinding(finding, _finding_key(trace, finding, text_cache)) for finding in report.findings)
     return RunFigures(
         path=str(trace.path),
@@ -123,7 +150,7 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         steady_transfers=_count(trace, "transfers", chosen, WARMUP_STEPS, tail_steps),
         fallbacks=_count(trace, "fallbacks", chosen, 0),
         collectives=_count(trace, "collectives", chosen, 0),
-        peak_memory_bytes=max((chip.peak_bytes for chip in memory.chips), default=0) if memory else 0,
+        peak_memory_bytes=max(chip_peaks, default=0),
         exposed_communication_share=collectives.collective_share_of_step if collectives else 0.0,
         ops_by_site=ops_by_site,
         site_labels=site_labels,
@@ -132,7 +159,20 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         program_families=program_families(trace, chosen, text_cache),
         busiest_steady_lines={table: line for table in ("syncs", "transfers")
                               if (line := _busiest_line(trace, table, chosen, WARMUP_STEPS, tail_steps)) is not None},
+        unrecorded=_unrecorded(facts, bool(chip_peaks)),
+        skipped_analyzers=frozenset(facts.skipped) if facts else frozenset(),
     )
+
+
+def _unrecorded(facts: ImportFacts | None, has_chip_memory: bool) -> dict[str, str]:
+    """The figures an imported rank does not record, with why (none for a trace tputrace recorded)."""
+    if facts is None:
+        return {}
+    unrecorded = {figure: facts.skipped[analyzer] for figure, analyzer in FIGURE_ANALYZERS.items()
+                  if analyzer in facts.skipped}
+    if not has_chip_memory:
+        unrecorded.setdefault("peak memory", HOST_MEMORY_ONLY)
+    return unrecorded
 
 
 def _op_time(trace: Trace, rank: int, text_cache: dict[str, list[str] | None]
