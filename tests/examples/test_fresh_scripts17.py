@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import pytest
 from test_fresh_scripts import _run
+from test_fresh_scripts13 import MULTI_TASK
+from test_fresh_scripts14 import DISTILLATION
 
 pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
 
@@ -60,3 +62,20 @@ def test_a_convolutional_teacher_run_with_autograd_on_is_a_backward_through_froz
     assert "The backward also ran 16 products through those weights" in frozen.explanation, frozen.explanation
     detached, _, _ = _run(tmp_path, "conv_distill_detached", CONV_TEACHER.replace("{detach}", ".detach()"))
     assert not [finding for finding in detached.findings if finding.analyzer == "frozen_backward"]
+
+
+@pytest.mark.parametrize(("mode", "source", "sizes"), [
+    (("--mode", "strict"), DISTILLATION.replace("{detach}", ""), None),
+    ((), MULTI_TASK, "1, 5, 10"),
+], ids=["teacher_strict", "multi_task"])
+def test_shapes_of_one_step_are_no_sizes_taken_in_turn(tmp_path, mode: tuple[str, ...], source: str,
+                                                       sizes: str | None) -> None:
+    """In strict mode `loss.backward()` adds each teacher weight's gradient into its `.grad`, one program per weight
+    shape, every step: several shapes of one step, no fixed set of sizes; heads of widths picked one per step are."""
+    report, _, _ = _run(tmp_path, "size_turns", source, mode)
+    settled = [finding for finding in report.findings if "sizes compiled once each" in finding.title]
+    if sizes is None:
+        assert not settled, [finding.title for finding in settled]
+    else:
+        (finding,) = settled
+        assert f"took sizes {sizes}" in finding.title, finding.title
