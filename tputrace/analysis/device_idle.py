@@ -10,12 +10,21 @@ of the ranges that launched the programs of few steps (the loop's own frames lau
 not say which thread a range ran on, so a prefetching thread's ranges are read alike), the one that overlaps the idle
 time most (at least a quarter of it), and the innermost of those that overlap nearly as much, is the host-side cause; the frameless or standard
 library call inside it that took most of its time (`time sleep`, `queue get`) says what it waited on.
+
+A capture's Python frames name a file by its basename only, so a frame is the standard library's when its basename is
+a standard library module's and the function it names is defined there (in this Python's copy of the module): a
+user's `data/random.py:6 make_batch` is the user's frame, a candidate cause, not `random`'s. A function the module
+also defines (`get` in a user's `queue.py`) cannot be told apart and reads as the library's.
 """
 
 from __future__ import annotations
 
+import re
 import sys
+import sysconfig
 from bisect import bisect_left
+from functools import lru_cache
+from pathlib import Path
 from dataclasses import dataclass
 
 from tputrace.analysis.context import CRITICAL_SHARE, MIN_LISTED_COST_NS, AnalysisContext
@@ -256,6 +265,27 @@ def _spans_of(context: AnalysisContext, name: str) -> list[tuple[int, int]]:
 
 
 def _standard_library(name: str) -> bool:
-    """A Python tracer frame of the standard library (`queue.py:171 get`, `threading.py:320 wait`)."""
-    module = name.split(" ", 1)[0].split(":", 1)[0].removesuffix(".py")
-    return module in _STANDARD_LIBRARY
+    """A Python tracer frame of the standard library (`queue.py:171 get`, `threading.py:320 wait`): a standard
+    library module's basename, naming a function that module defines (or one no source tells: `<lambda>`)."""
+    place, _, function = name.partition(" ")
+    module = place.split(":", 1)[0].removesuffix(".py")
+    if module not in _STANDARD_LIBRARY:
+        return False
+    if not place.split(":", 1)[0].endswith(".py") or not function.isidentifier():
+        return True  # a builtin's call (`time sleep`), or a frame no definition names
+    defined = _defined_names(module)
+    return defined is None or function in defined
+
+
+@lru_cache(maxsize=64)
+def _defined_names(module: str) -> frozenset[str] | None:
+    """The functions and classes a standard library module's source defines, from this Python's copy of it (read,
+    not imported); None where it has no source."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    for path in (root / f"{module}.py", root / module / "__init__.py"):
+        try:
+            source = path.read_text(encoding="utf-8", errors="replace")
+        except OSError:
+            continue
+        return frozenset(re.findall(r"^[ \t]*(?:async[ \t]+)?(?:def|class)[ \t]+(\w+)", source, re.MULTILINE))
+    return None

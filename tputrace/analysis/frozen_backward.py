@@ -9,7 +9,9 @@ step uses, besides the graph and saved activations the forward kept for it. A la
 gets no such product, though the backward may pass through it to reach a trained layer before it. The finding is at
 the frozen modules' forward line (their products that take those weights), costing the weight-gradient products; the
 backward's other products taking the weights (input gradients) are told apart, waste too unless a trained layer feeds
-the frozen model. Weight gradients are read from 2-D products (linear layers), not from convolutions' backward."""
+the frozen model. Weight gradients are read from 2-D products (linear layers) and from convolutions' backward
+(`aten.convolution_backward` of a frozen weight whose weight-gradient output is present: its output_mask asked for it),
+costing the convolution's weight-gradient FLOPs; its input gradient, when present, is a product through the weight."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
-from tputrace.analysis.shapes import parse_specs
+from tputrace.analysis.shapes import op_family, parse_specs
 from tputrace.wording import format_ns, plural
 
 NAME = "frozen_backward"
@@ -54,8 +56,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FrozenBackwardData]:
     frozen_shapes = {shape for shapes in frozen.values() for shape in shapes} - trained
     groups = matmul_groups(context)
     in_backward = [group for group in groups if group.frame_id in backward_frames]
-    backward = [group for group in in_backward if _makes_weight(group, frozen_shapes)]
+    conv_outputs = _convolution_gradients(context) if any(_is_conv_backward(group) for group in in_backward) else {}
+    backward = [group for group in in_backward if _makes_weight(group, frozen_shapes, conv_outputs)]
     through = [group for group in in_backward if group not in backward and _takes_weight(group, frozen_shapes)]
+    # a convolution's backward that made a frozen weight's gradient and its input's: the input gradient, as many
+    # FLOPs as the weight's, is a product through the weight
+    through += [group for group in backward
+                if _is_conv_backward(group) and conv_outputs.get(group.inputs, (False, False))[0]]
     forward = [group for group in groups if group.frame_id not in backward_frames and group.module in frozen
                and _takes_weight(group, frozen[group.module] - trained)]
     if not backward or not forward:
@@ -115,8 +122,34 @@ def _numel(shape: tuple[int, ...]) -> int:
     return count
 
 
-def _makes_weight(group: MatmulGroup, weights: set[tuple[int, ...]]) -> bool:
-    """Whether a product of `group` has a result of a weight's shape: the weight's gradient."""
+def _is_conv_backward(group: MatmulGroup) -> bool:
+    return op_family(group.op) == "aten.convolution_backward"
+
+
+def _convolution_gradients(context: AnalysisContext) -> dict[str, tuple[bool, bool]]:
+    """For each `aten.convolution_backward` signature in the loop, whether it made its input's gradient and its
+    weight's (the outputs its output_mask asked for; an output not asked for is recorded as `None`)."""
+    trace = context.trace
+    where, params = context.loop_where("o")
+    made: dict[str, tuple[bool, bool]] = {}
+    for inputs_sid, outputs_sid in trace.sql(
+        "SELECT DISTINCT o.inputs_sid, o.outputs_sid FROM ops o JOIN strings s ON s.id = o.op_sid "
+        f"WHERE {where} AND s.text LIKE 'aten.convolution_backward%'", params,
+    ):
+        outputs = parse_specs(trace.string(outputs_sid))
+        input_grad, weight_grad = made.get(trace.string(inputs_sid) or "", (False, False))
+        made[trace.string(inputs_sid) or ""] = (input_grad or (len(outputs) > 0 and outputs[0] is not None),
+                                                weight_grad or (len(outputs) > 1 and outputs[1] is not None))
+    return made
+
+
+def _makes_weight(group: MatmulGroup, weights: set[tuple[int, ...]], conv_outputs: dict[str, tuple[bool, bool]]) -> bool:
+    """Whether a product of `group` has a result of a weight's shape: the weight's gradient (for a convolution's
+    backward, its weight operand is frozen and the op made the weight's gradient)."""
+    if _is_conv_backward(group):
+        specs = parse_specs(group.inputs)
+        weight = specs[2] if len(specs) > 2 else None
+        return weight is not None and weight.shape in weights and conv_outputs.get(group.inputs, (False, False))[1]
     return any((product.m, product.n) in weights for product in group.products if product.batch == 1)
 
 
@@ -144,7 +177,7 @@ def _finding(context: AnalysisContext, data: FrozenBackward, forward_frame: int 
         explanation=(
             f"No optimizer steps the {plural(data.frozen_parameters, 'weight')} of {modules}, yet their forward at "
             f"{data.forward_at} kept its graph and the backward at {backward_at} computed their gradients: "
-            f"{plural(data.weight_gradients, 'matrix product')} in the loop whose results no step uses (the weights' "
+            f"{plural(data.weight_gradients, 'weight-gradient product')} in the loop whose results no step uses (the weights' "
             f"`.grad` is never stepped), an estimated {format_ns(data.cost_ns)} of chip time ({share:.1%} of a step; "
             "their elementwise backward comes on top), besides the activations the forward saved for them."
             + (f" The backward also ran {plural(data.through_products, 'product')} through those weights "

@@ -1,12 +1,19 @@
 """Growth in a loop without steps: a line outside the training loop's steps (after its last step, or in a run
 with no steps at all, such as a validation loop) whose buffers of one shape pile up, iteration after iteration,
 all live at once. Keeping each iteration's loss (`val_losses.append(loss)`) outside `torch.no_grad()` keeps its
-graph too, and the graph's activations pile up with it."""
+graph too, and the graph's activations pile up with it.
+
+A submodule called over the time steps inside one call of its model (an `nn.LSTMCell` stepped by the model's forward)
+makes a buffer of one shape per call, all live until the backward: those calls are no iterations of the script's
+loop. Its buffers count once per call of the model: calls with no op outside the model's modules between them
+(the script's own lines, another model) are one call. Likewise the backward of one `loss.backward()` is one run of
+its line, however many buffers of one shape its time steps keep live at once."""
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections import defaultdict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from tputrace.analysis.memory_growth import KEPT_KINDS
@@ -47,8 +54,11 @@ def piling_lines(trace: Trace, rank: int, buffers: Sequence[BufferLifetime], loo
             continue  # buffers of no recorded line are no line's pile-up (unrelated values together)
         by_line[buffer.frame_id].append(buffer)
     lines = []
+    outer_call = _outer_calls(trace, rank)
     for frame_id, made in by_line.items():
         iterations, peak = _pile_up(made)
+        if iterations >= MIN_ITERATIONS:
+            iterations, peak = _pile_up(made, outer_call)
         if iterations < MIN_ITERATIONS or _only_factories(trace, rank, frame_id):
             continue
         source = trace.frame(frame_id)
@@ -60,24 +70,66 @@ def piling_lines(trace: Trace, rank: int, buffers: Sequence[BufferLifetime], loo
     return tuple(lines)
 
 
-def _pile_up(buffers: list[BufferLifetime]) -> tuple[int, int]:
+def _pile_up(buffers: list[BufferLifetime],
+             outer_call: Callable[[BufferLifetime], int] | None = None) -> tuple[int, int]:
     """(the most buffers of the largest shape that piled up live at once, the most bytes of all the line's buffers
     live at once). Buffers of one shape count as one kind only when one module made them: a forward's layers each
-    make one of a shape (a `Sequential` of equal widths) in a single call of the line, which is no iteration."""
+    make one of a shape (a `Sequential` of equal widths) in a single call of the line, which is no iteration. With
+    `outer_call`, a kind's buffers live at once count once per call of their model (`_outer_calls`)."""
     events = sorted([(buffer.alloc_ns, 1, buffer) for buffer in buffers]
                     + [(buffer.free_ns, -1, buffer) for buffer in buffers if buffer.free_ns is not None],
                     key=lambda event: (event[0], event[1]))
-    live_of: dict[tuple[int, tuple[int, ...] | None, str | None], int] = defaultdict(int)
-    most_of: dict[tuple[int, tuple[int, ...] | None, str | None], int] = defaultdict(int)
+    Kind = tuple[int, tuple[int, ...] | None, str | None]
+    live_of: dict[Kind, dict[int, int]] = defaultdict(lambda: defaultdict(int))
+    most_of: dict[Kind, int] = defaultdict(int)
     live = peak = 0
     for _, change, buffer in events:
         kind = (buffer.bytes, buffer.shape, buffer.module)
-        live_of[kind] += change
-        most_of[kind] = max(most_of[kind], live_of[kind])
+        calls = live_of[kind]
+        call = outer_call(buffer) if outer_call is not None else buffer.id  # without it each buffer is an iteration
+        calls[call] += change
+        if calls[call] <= 0:
+            del calls[call]
+        most_of[kind] = max(most_of[kind], len(calls))
         live += change * buffer.bytes
         peak = max(peak, live)
     piled = [(kind[0], count) for kind, count in most_of.items() if count >= MIN_ITERATIONS]
     return (max(piled)[1], peak) if piled else (0, peak)
+
+
+def _outer_calls(trace: Trace, rank: int) -> Callable[[BufferLifetime], int]:
+    """A buffer's call of its model (the first part of its module's name), or, for a buffer of no module made at a
+    line that ran autograd's backward (`loss.backward()`), its run of that line: the number of ops dispatched before
+    it was made outside that model's modules (or at other lines), so that buffers of one call share a number."""
+    outside: dict[tuple[str, int], list[int]] = {}
+    backward_lines: list[set[int]] = []  # read once, when a buffer of no module needs it
+
+    def ran_backward(frame_id: int | None) -> bool:
+        if not backward_lines:
+            backward_lines.append({int(frame) for (frame,) in trace.sql(
+                "SELECT DISTINCT o.frame_id FROM ops o JOIN strings s ON s.id = o.op_sid WHERE o.rank = ? "
+                "AND o.frame_id IS NOT NULL AND s.text LIKE '%\\_backward%' ESCAPE '\\'", (rank,))})
+        return frame_id in backward_lines[0]
+
+    def outer_call(buffer: BufferLifetime) -> int:
+        query: tuple[str, tuple[int | str, ...]]
+        if buffer.module and "." in buffer.module:
+            model = buffer.module.split(".", 1)[0]
+            key = (model, -1)
+            query = ("SELECT o.start_ns FROM ops o LEFT JOIN strings s ON s.id = o.module_sid WHERE o.rank = ? "
+                     "AND o.start_ns IS NOT NULL AND (s.text IS NULL OR (s.text != ? AND substr(s.text, 1, ?) != ?)) "
+                     "ORDER BY o.start_ns", (rank, model, len(model) + 1, model + "."))
+        elif not buffer.module and ran_backward(buffer.frame_id):
+            key = ("", int(buffer.frame_id or 0))
+            query = ("SELECT start_ns FROM ops WHERE rank = ? AND start_ns IS NOT NULL "
+                     "AND (frame_id IS NULL OR frame_id != ?) ORDER BY start_ns", (rank, key[1]))
+        else:
+            return buffer.id  # a model or line the script calls: each call is an iteration
+        if key not in outside:
+            outside[key] = [int(start) for (start,) in trace.sql(*query)]
+        return -1 - bisect_right(outside[key], buffer.alloc_ns)
+
+    return outer_call
 
 
 def _only_factories(trace: Trace, rank: int, frame_id: int | None) -> bool:

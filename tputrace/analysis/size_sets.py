@@ -2,6 +2,10 @@
 cache in every later step that needs it (multi-task heads of a few widths, images of a few sizes, a sampler that
 buckets sequences). That is what bucketing gives: the compiles are a one-time cost, not a storm that a longer run
 keeps paying. A storm whose sizes keep being new keeps compiling to the end and is left to the storm findings.
+
+Sizes are a set only when the site takes them in turn: where every later step that ran the programs ran all of them,
+the sizes are several tensors of one step (`loss.backward()` adding the gradients of a teacher's weights of several
+shapes into their `.grad`), a fixed part of every step that compiled once: no finding.
 """
 
 from __future__ import annotations
@@ -67,11 +71,33 @@ def reusing_steps(context: AnalysisContext, storm: Storm, after: int) -> int:
     return len(steps & loop)
 
 
+def taken_in_turn(context: AnalysisContext, storm: Storm) -> bool:
+    """Whether the site took its sizes in turn: some loop step after its last compile ran some of its programs but not
+    all. Steps that each ran every program took all the sizes at once (several tensors of one step)."""
+    program_ids = sorted(set(storm.program_ids))
+    if len(program_ids) < 2:
+        return True
+    loop = {step.step for step in context.loop_steps}
+    for table in ("executions", "ops"):
+        ran: dict[int, set[int]] = {}
+        for step, program_id in context.trace.sql(
+            f"SELECT DISTINCT step, program_id FROM {table} WHERE rank = ? AND program_id IN {in_list(program_ids)} "
+            "AND step > ?", (context.rank, *program_ids, storm.steps[-1]),
+        ):
+            if step is not None and int(step) in loop:
+                ran.setdefault(int(step), set()).add(int(program_id))
+        if ran:
+            return any(len(programs) < len(program_ids) for programs in ran.values())
+    return True
+
+
 def findings(context: AnalysisContext, storms: list[Storm]) -> list[tuple[Finding, SizeSet, set[int]]]:
     """One info finding per set of sizes (the settled storms that compiled in the same steps are one size's
-    programs), with its data and the compiles it explains."""
+    programs), with its data and the compiles it explains; sizes that one step takes all at once are no set."""
     by_steps: dict[tuple[int, ...], list[Storm]] = {}
     for storm in storms:
+        if not taken_in_turn(context, storm):
+            continue
         by_steps.setdefault(tuple(storm.steps), []).append(storm)
     return [_finding(context, sorted(group, key=lambda storm: -storm.recompile_ns)) for group in by_steps.values()]
 
