@@ -110,3 +110,14 @@ def test_a_finiteness_check_that_raises_is_told_to_keep_a_flag_on_the_chip(tmp_p
     batch_lines = f"{script.name}:{first}, {first + 1}, {first + 2}, {first + 3} (4 lines)"
     assert copies.line == first and f"one batch in the loop at {batch_lines}" in copies.title, copies.title
     assert "4 copies per step" in copies.title and len(copies.evidence) == 4, copies.title
+
+
+def test_a_nan_check_that_logs_before_raising_is_a_finiteness_check_not_an_inner_loop(tmp_path: Path) -> None:
+    """`if torch.isnan(loss).any() or torch.isinf(loss).any():` reads two bools a step and logs before its `raise`:
+    still the finiteness check's advice, not an inner loop's stop nor the tolerance-break example."""
+    source = FINITE_LOSS.replace("if not torch.isfinite(loss):", "if torch.isnan(loss).any() or torch.isinf(loss).any():")
+    source = source.replace("            raise RuntimeError", "            print('non-finite loss', step)\n            raise RuntimeError")
+    report, _, line = _run(tmp_path, "nan_check", source)
+    (check,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert "2 times per step" in check.title, check.title
+    assert check.suggestion.startswith("Check finiteness every N steps"), check.suggestion

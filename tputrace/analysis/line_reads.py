@@ -102,8 +102,10 @@ def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tupl
         return ONE_HOT_READ
     checks = _CHECK.match(text) if kind == "item" else kind == "bool" and _CONDITION.match(text)
     following = _next_statement(copy, location.line) if checks else ""
+    if checks and _NON_FINITE.search(text) and _body_stops(copy, location.line):
+        return NON_FINITE_STOP_READ
     if checks and _STOPS.match(following):
-        return NON_FINITE_STOP_READ if _NON_FINITE.search(text) else STOPPING_READ
+        return STOPPING_READ
     if checks and _SKIPS.match(following):
         return NON_FINITE_SKIP_READ if _NON_FINITE.search(text) else SKIP_READ
     return None
@@ -126,6 +128,23 @@ def environment_steps(context: AnalysisContext) -> dict[int, str]:
 
 def _code(line: str) -> str:
     return line.split("#", 1)[0].strip()
+
+
+def _body_stops(copy: str, line: int) -> bool:
+    """Whether the block under `line` (an `if`) stops the loop in one of its first statements (a message logged, then
+    `raise`)."""
+    raw = linecache.getline(copy, line)
+    indent = len(raw) - len(raw.lstrip())
+    for number in range(line + 1, line + 8):
+        body = linecache.getline(copy, number)
+        text = _code(body)
+        if not text:
+            continue
+        if len(body) - len(body.lstrip()) <= indent:
+            return False
+        if _STOPS.match(text):
+            return True
+    return False
 
 
 def _next_statement(copy: str, line: int) -> str:
