@@ -11,6 +11,8 @@
 - `torch.autocast("cuda")` and `torch.cuda.amp.autocast` autocast on tpu, in float16 unless given a dtype,
   as on CUDA;
 - `Tensor.cuda()` and `Module.cuda()` move to the tpu chip of the same index;
+- `tensor.is_cuda`, the legacy tensor types (`torch.cuda.FloatTensor`, ...), `torch.cuda.utilization()` and
+  `current_blas_handle()`: see `cuda_tensor_idioms`;
 - `torch.load` restores storages mapped to `cuda` or `cuda:N` (`map_location="cuda"`, or a checkpoint saved on a
   GPU) onto the tpu chip of the same index;
 - `torch.cuda.nvtx`'s ranges are profiler ranges (`record_function`), recorded as named ranges;
@@ -34,7 +36,7 @@ import torch
 import torch._utils
 from torch.overrides import TorchFunctionMode
 
-from tputrace.backend.compat import device_module, nvtx_ranges
+from tputrace.backend.compat import cuda_tensor_idioms, device_module, nvtx_ranges
 from tputrace.backend.integrations import checkpoints
 
 DEVICE_TYPE = "tpu"
@@ -159,5 +161,6 @@ def install() -> None:
     autocast_class.__init__ = _autocast_on_tpu(autocast_class.__init__)  # type: ignore[method-assign]
     checkpoints.register_cuda_locations()
     nvtx_ranges.install()
+    cuda_tensor_idioms.install()
     _mode = CudaToTpuMode()
     _mode.__enter__()

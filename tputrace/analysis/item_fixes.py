@@ -1,6 +1,7 @@
 """What to change for a line's per-step `.item()` (or `int(...)`/`float(...)`), read from the line's own text: the
 value it reads is named in the fix, a read appended to a list is kept on the chip, a read added into a running total
-becomes a total on the chip, and a chip value turned into a Python number (a size, a count) is taken on the host."""
+becomes a total on the chip, a chip value turned into a Python number (a size, a count) is taken on the host, and a
+token sampled or picked on the chip (`torch.multinomial(p, 1).item()`) stays there for the next iteration."""
 
 from __future__ import annotations
 
@@ -30,6 +31,22 @@ HOST_NUMBER = ("`{call}(...)` turns a chip value into a Python number, and the h
                "largest index), take it on the host before the data is copied to the chip (from the CPU tensor, or "
                "from what the data loader knows), or use a fixed bound; if it is only logged, keep it on the chip and "
                "read it every N steps.")
+# A read of an index sampled or picked on the chip, made on the call's result: a decoding loop's next token
+# (`torch.multinomial(p, 1).item()`, `dist.sample().tolist()`, `int(logits.argmax(-1))`).
+_CALL = r"\((?:[^()]|\([^()]*\))*\)(?:\[[^\]]*\])?"
+_TOKEN_READ = re.compile(rf"\b(?:multinomial|sample){_CALL}\.(?:item|tolist)\(\)|\bargmax{_CALL}\.item\(\)|"
+                         rf"(?<![\w.])int\([\w.]*\b(?:multinomial|sample|argmax){_CALL}\)")
+TOKEN_READS = ("The line reads each token sampled (or picked) on the chip to the host, one wait for the chip per token "
+               "before the next iteration can be queued. Keep the tokens on the chip: feed the index tensor itself "
+               "(`torch.multinomial(p, 1)`, without `.item()`) to the next iteration, write it into a tensor of tokens "
+               "made once at full length on the chip (`tokens[:, i] = idx`, which keeps one shape where a growing "
+               "`torch.cat` compiles at every length), and read all the tokens once after the loop (`tokens.tolist()`) "
+               "to decode them.")
+
+
+def token_suggestion(text: str) -> str | None:
+    """`TOKEN_READS` for a line whose text reads a token sampled or picked on the chip, else None."""
+    return TOKEN_READS if _TOKEN_READ.search(text) else None
 
 
 def item_suggestion(text: str, suggestion: str) -> str:

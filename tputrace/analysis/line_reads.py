@@ -1,6 +1,7 @@
 """Reads whose line says what they are, from the run's copy of the file: a checkpoint saved with `torch.save`, an
 action given to an environment's step, a `F.one_hot` sized by the largest label, a stopping check that breaks out of
-the loop, and a check that skips the step (`if not torch.isfinite(norm): continue`). Each is what the read is and the
+the loop, a check of finiteness that stops the run (`if not torch.isfinite(loss): raise ...`), and a check that skips
+the step (`if not torch.isfinite(norm): continue`). Each is what the read is and the
 change that fits it, in place of the advice for a logged loss."""
 
 from __future__ import annotations
@@ -66,6 +67,16 @@ NON_FINITE_SKIP_READ = (
     "still moves on a zeroed step, so also scale its learning rate by `ok` (a tensor `lr`). Count the skips on the "
     "chip (`skipped += ~ok`) and read the count every N steps or after the loop.",
 )
+# `if not torch.isfinite(loss): raise ...`: a guard against divergence, read every step.
+NON_FINITE_STOP_READ = (
+    "the line's check of whether the step's values are finite, to stop the run (`raise`, `break`): each step waits for "
+    "the chip to finish the value before the host can decide",
+    "Check finiteness every N steps, not every step: keep a flag on the chip (`nonfinite = torch.zeros((), "
+    "dtype=torch.bool, device=...)` before the loop, `nonfinite |= ~torch.isfinite(loss)` each step) and read it "
+    "every N steps (`if step % 100 == 0 and nonfinite.item(): raise ...`); a diverged run then stops at most N steps "
+    "late, which costs less than a wait for the chip in every step. (`torch._assert_async`, CUDA's check without a "
+    "read, checks nothing on a TPU: XLA has no asynchronous assert.)",
+)
 SKIP_READ = (
     "the line's check of whether to skip the step (`continue`): each step waits for the chip before the host can "
     "decide",
@@ -91,6 +102,8 @@ def line_read(context: AnalysisContext, frame_id: int | None, kind: str) -> tupl
         return ONE_HOT_READ
     checks = _CHECK.match(text) if kind == "item" else kind == "bool" and _CONDITION.match(text)
     following = _next_statement(copy, location.line) if checks else ""
+    if checks and _NON_FINITE.search(text) and _body_stops(copy, location.line):
+        return NON_FINITE_STOP_READ
     if checks and _STOPS.match(following):
         return STOPPING_READ
     if checks and _SKIPS.match(following):
@@ -115,6 +128,23 @@ def environment_steps(context: AnalysisContext) -> dict[int, str]:
 
 def _code(line: str) -> str:
     return line.split("#", 1)[0].strip()
+
+
+def _body_stops(copy: str, line: int) -> bool:
+    """Whether the block under `line` (an `if`) stops the loop in one of its first statements (a message logged, then
+    `raise`)."""
+    raw = linecache.getline(copy, line)
+    indent = len(raw) - len(raw.lstrip())
+    for number in range(line + 1, line + 8):
+        body = linecache.getline(copy, number)
+        text = _code(body)
+        if not text:
+            continue
+        if len(body) - len(body.lstrip()) <= indent:
+            return False
+        if _STOPS.match(text):
+            return True
+    return False
 
 
 def _next_statement(copy: str, line: int) -> str:

@@ -21,13 +21,14 @@ from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.data_sizes import data_dependent_fix
 from tputrace.analysis.read_decisions import decision_after, decision_fix
 from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
-from tputrace.analysis.line_reads import ENVIRONMENT_READ, INNER_STOPPING_READ, NON_FINITE_SKIP_READ, SKIP_READ, STOPPING_READ, line_read
+from tputrace.analysis.line_reads import ENVIRONMENT_READ, INNER_STOPPING_READ, NON_FINITE_SKIP_READ, NON_FINITE_STOP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.analysis.imported import context_import_facts
-from tputrace.analysis.item_fixes import APPENDS, BEFORE_THE_STEP, item_suggestion
+from tputrace.analysis.item_fixes import APPENDS, BEFORE_THE_STEP, TOKEN_READS, item_suggestion, token_suggestion
+from tputrace.analysis.syncs_after_loop import after_loop_finding, after_loop_reads
 from tputrace.store.aggregates import SYNC_COMPILE_NS
 from tputrace.wording import format_ns, plural
 
@@ -245,8 +246,20 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     backwards = backward_selections(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
     findings = [_finding(context, *line, read_with=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()))
                 for line in costly]
+    in_loop = {(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in rows}
+    for frame_id, kind, _, count, stall_ns, pending_ops in after_loop_reads(context, own, STALL, library, in_loop):
+        findings.append(after_loop_finding(context, NAME, frame_id, kind, count, stall_ns, pending_ops,
+                                           _after_loop_suggestion(context, frame_id, kind)))
     data = SyncsData(tuple(lines[:50]), sum(line.stall_ns for line in lines), sum(line.count for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _after_loop_suggestion(context: AnalysisContext, frame_id: int | None, kind: str) -> str:
+    """What to change for a line's reads in a loop after the training loop: a decoding loop's token kept on the chip,
+    else the advice for a loop without steps."""
+    text = line_text(context.location(frame_id), context.trace) or ""
+    return (token_suggestion(text) if kind in ("item", "tolist") else None) or NO_STEP_SUGGESTIONS.get(kind) or (
+        SUGGESTIONS.get(kind, "Move the host read out of the loop, or do it every N iterations."))
 
 
 def _reads_the_end(context: AnalysisContext, frame_id: int | None) -> bool:
@@ -329,6 +342,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = decision_fix(f"{where.rsplit(':', 1)[0]}:{decision.line}", decision)
     elif kind == "data_dependent":
         suggestion = data_dependent_fix(context, frame_id) or suggestion
+    elif kind in ("item", "tolist") and token_suggestion(line_text(context.location(frame_id), context.trace) or ""):
+        suggestion = TOKEN_READS
     elif kind == "item" and context.steps:
         suggestion = item_suggestion(line_text(context.location(frame_id), context.trace) or "", suggestion)
     elif kind in _COPIES_OUT and context.steps and APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
@@ -390,7 +405,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
 
 
 # Reads a line's own check makes (not inside a call on the line).
-_LINE_CHECKS = (STOPPING_READ, INNER_STOPPING_READ, ENVIRONMENT_READ, SKIP_READ, NON_FINITE_SKIP_READ)
+_LINE_CHECKS = (STOPPING_READ, INNER_STOPPING_READ, ENVIRONMENT_READ, SKIP_READ, NON_FINITE_SKIP_READ, NON_FINITE_STOP_READ)
 
 
 def library_where(context: AnalysisContext, library_frame_id: int | None) -> str | None:

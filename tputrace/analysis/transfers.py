@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from tputrace.analysis.batch_copies import LineCopies, merge_batches
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text, step_period
 from tputrace.analysis.findings import AnalysisResult, Finding
@@ -89,7 +90,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     trace = context.trace
     if not context.steps:
         return AnalysisResult(NAME, TransfersData())
-    findings: list[Finding] = []
+    placed: list[tuple[int | None, Finding]] = []  # each line's finding
     steady_where, steady_params = context.steady_where("t")
     loop_where, loop_params = context.loop_where("t")
     steady_rows = trace.sql(
@@ -112,6 +113,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     environments = environment_steps(context)
     line_steps = _steps_by_line(context)
     lines: list[TransferLine] = []
+    batch_fields: list[LineCopies] = []  # lines copying every step with the general advice: fields of a batch
     warm_up = context.warm_up_in_steady
     for frame_id, count, nbytes, dur_ns, steps_with, min_bytes, max_bytes, last_step in steady_rows:
         if last_step == warm_up:
@@ -152,6 +154,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                                                 "a constant built on the host, or the input batch" if len(sizes or ()) == 1
                                                 else "constants built on the host, or the input batch's tensors")
                 if constant_size else "sizes that change from step to step")
+        general = False
         if max_bytes == 0:
             what = ("every copy empty: tensors of no elements made from host data, e.g. `torch.tensor([], "
                     "device=...)`; each moves nothing and still costs a transfer")
@@ -205,6 +208,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 "copied."
             )
         elif constant_size:
+            general = every_step
             suggestion = (
                 f"If it is a constant (a mask, a table, a `torch.tensor(...)`), build it on the chip once, before "
                 f"the loop (create it with `device=...`, keep it with `register_buffer`, or cache it) instead of "
@@ -212,11 +216,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 f"while the current step runs."
             )
         else:
+            general = every_step
             suggestion = (
                 f"If this is input data, prefetch the next batch to the chip while the current step runs; if it is "
                 f"derived from values already on the chip, compute it there instead of at {where} on the host."
             )
-        findings.append(Finding(
+        finding = Finding(
             analyzer=NAME,
             severity=severity,
             title=(
@@ -241,6 +246,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 ),
             ),
             **context.location_fields(frame_id),
-        ))
+        )
+        placed.append((frame_id, finding))
+        if general and frame_id is not None:
+            batch_fields.append(LineCopies(frame_id, per_step_count, per_step_bytes, dur_ns, finding))
+    merged = merge_batches(context, batch_fields)  # a batch's lines: one finding at its first, none at the others
+    findings = [kept for kept in (merged[frame_id] if frame_id in merged else finding for frame_id, finding in placed)
+                if kept is not None]
     data = TransfersData(tuple(lines[:50]), sum(line.bytes_per_step for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
