@@ -80,8 +80,8 @@ NARROW_HEADS = '''
     head = nn.Linear(40, 2).to("tpu")
     opt = torch.optim.Adam([*layer.parameters(), *head.parameters()], lr=1e-3)
     for step in range(8):
-        x = torch.randn(32, 64, 40, device="tpu")
-        y = torch.randint(0, 2, (32,), device="tpu")
+        x = torch.randn(64, 128, 40, device="tpu")
+        y = torch.randint(0, 2, (64,), device="tpu")
         loss = nn.functional.cross_entropy(head(layer(x).mean(1)), y)  {marker}
         opt.zero_grad()
         loss.backward()

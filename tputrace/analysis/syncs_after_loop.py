@@ -1,9 +1,12 @@
 """Host syncs in a loop that runs after the training loop's last step: a decoding loop sampling text from the trained
 model (`idx = torch.multinomial(p, 1).item()` per token), an evaluation over a test set. Those lines ran only in the
-trailing `end` step, so the loop's per-step view leaves them out; a line that read there several times waited for the
-chip once per iteration of its own loop, and is told so with its total stall."""
+trailing `end` step, so the loop's per-step view leaves them out; a line that read there several times, each after new
+work, waited for the chip once per iteration of its own loop, and is told so with its total stall. Reading a list of
+values kept during training (`[loss.item() for loss in losses]`) waits once and is no such loop."""
 
 from __future__ import annotations
+
+import bisect
 
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
@@ -26,9 +29,34 @@ def after_loop_reads(context: AnalysisContext, own: str, stall: str, library: st
         "HAVING COUNT(*) >= ? ORDER BY 5 DESC",
         (context.rank, end, MIN_READS_AFTER_LOOP),
     )
-    return [(frame_id, kind, library_frame_id, count, stall_ns, pending)
-            for frame_id, kind, library_frame_id, count, stall_ns, pending in rows
-            if (frame_id, kind, library_frame_id) not in in_loop and stall_ns >= MIN_LISTED_COST_NS]
+    lines = [(frame_id, kind, library_frame_id, count, stall_ns, pending)
+             for frame_id, kind, library_frame_id, count, stall_ns, pending in rows
+             if (frame_id, kind, library_frame_id) not in in_loop and stall_ns >= MIN_LISTED_COST_NS]
+    if not lines:
+        return []
+    sync_starts = [start for (start,) in context.trace.sql(
+        "SELECT start_ns FROM syncs WHERE rank = ? AND step = ? ORDER BY start_ns", (context.rank, end))]
+    op_starts = [start for (start,) in context.trace.sql(
+        "SELECT start_ns FROM ops WHERE rank = ? AND step = ? ORDER BY start_ns", (context.rank, end))]
+    return [line for line in lines
+            if _reads_after_new_work(context, line[0], line[1], end, sync_starts, op_starts) >= MIN_READS_AFTER_LOOP - 1]
+
+
+def _reads_after_new_work(context: AnalysisContext, frame_id: int | None, kind: str, end: int,
+                          sync_starts: list[int], op_starts: list[int]) -> int:
+    """How many of the line's reads after the loop came after ops dispatched since the rank's previous sync: a
+    decoding loop's reads each wait for new work, while reading a list of values kept during training
+    (`[loss.item() for loss in losses]`) waits once, for the training's last programs."""
+    reads = context.trace.sql(
+        "SELECT start_ns FROM syncs WHERE rank = ? AND step = ? AND frame_id IS ? AND kind = ?",
+        (context.rank, end, frame_id, kind))
+    counted = 0
+    for (start,) in reads:
+        earlier = bisect.bisect_left(sync_starts, start)
+        since = sync_starts[earlier - 1] if earlier else -1
+        if bisect.bisect_left(op_starts, start) > bisect.bisect_right(op_starts, since):
+            counted += 1
+    return counted
 
 
 def after_loop_finding(context: AnalysisContext, analyzer: str, frame_id: int | None, kind: str, count: int,
