@@ -20,6 +20,7 @@ import pytest
 
 import tputrace
 from fixtures.make_tui_fixture import make_session, settle
+from importers.captures import JAX_COLLECTIVES
 from test_tui import screen_text, table_rows
 from test_views_on_varied_runs import imported_jax_trace
 from tputrace.derived.imported_sources import imported_device, measured_on
@@ -30,26 +31,6 @@ from tputrace.wording import format_ns
 __all__ = ["imported_jax_trace"]  # a fixture shared with the varied-runs tests
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-JAX_COLLECTIVES = textwrap.dedent("""\
-    import sys, jax, jax.numpy as jnp
-    from jax.sharding import Mesh, PartitionSpec as P
-
-    mesh = Mesh(jax.devices(), ("d",))
-
-    @jax.jit
-    def f(x):
-        def shard(x):
-            total = jax.lax.psum(jnp.sum(x), "d")
-            return (jnp.sum(jax.lax.all_gather(x, "d")) + total)[None]
-        return jax.shard_map(shard, mesh=mesh, in_specs=P("d"), out_specs=P("d"))(x)
-
-    x = jnp.ones((8, 16))
-    f(x).block_until_ready()
-    with jax.profiler.trace(sys.argv[1]):
-        for _ in range(3):
-            f(x).block_until_ready()
-""")
 
 # A function whose guard on a global fails for each new value: Dynamo traces it again each time.
 TORCH_GLOBAL_GUARD = textwrap.dedent("""\
