@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tputrace.importers import json_events
+from tputrace.importers import json_events, separate_runs
 from tputrace.importers.collective_waits import fill_waits
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
@@ -36,33 +36,71 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
     captures = find_captures(paths)
     output = Path(output)
     partial = output.with_name(output.name + ".partial")
-    partial.unlink(missing_ok=True)
     # The collector is paused while importing: rows and decoded events are many small containers and make no
     # reference cycles, so its passes over them would find nothing to free.
     collecting = gc.isenabled()
     gc.disable()
     try:
-        # Bulk mode (no fsync, journal in memory): the file is only renamed into place once complete. The writer's
-        # thread commits when the sink wakes it (every so many rows), not on a timer.
-        with TraceWriter(partial, close_at_exit=False, bulk=True, commit_interval_s=_WRITER_INTERVAL_S) as writer:
-            sink = ImportSink(writer)
-            json_events.skipped_events.clear()
-            for group in _by_process(captures):
-                _import_one(sink, group)
-            _note_skipped_events(sink)
-            sink.finish()
-        if len(sink.sources) > 1:
-            fill_waits(partial)
-        if any("torch_trace" in source for source in sink.sources):
-            from tputrace.importers.torch_trace import place_backward_compiles
-
-            place_backward_compiles(partial)
+        groups = _by_process(captures)
+        sink = _write(groups, partial)
+        kept, notes = _latest_runs(groups, partial, len(sink.sources))
+        if len(kept) < len(groups):
+            kept_paths = {capture.path for group in kept for capture in group}
+            captures = [capture for capture in captures if capture.path in kept_paths]
+            sink = _write(kept, partial)
+        sink.warnings[:0] = notes
         partial.replace(output)
     finally:
         if collecting:
             gc.enable()
         partial.unlink(missing_ok=True)
     return ImportResult(output, captures, sink.rows, tuple(sink.warnings))
+
+
+def _write(groups: list[list[Capture]], partial: Path) -> ImportSink:
+    """Import each group of captures as a rank into a new trace at `partial`."""
+    partial.unlink(missing_ok=True)
+    # Bulk mode (no fsync, journal in memory): the file is only renamed into place once complete. The writer's
+    # thread commits when the sink wakes it (every so many rows), not on a timer.
+    with TraceWriter(partial, close_at_exit=False, bulk=True, commit_interval_s=_WRITER_INTERVAL_S) as writer:
+        sink = ImportSink(writer)
+        json_events.skipped_events.clear()
+        for group in groups:
+            _import_one(sink, group)
+        _note_skipped_events(sink)
+        sink.finish()
+    if len(sink.sources) > 1:
+        fill_waits(partial)
+    if any("torch_trace" in source for source in sink.sources):
+        from tputrace.importers.torch_trace import place_backward_compiles
+
+        place_backward_compiles(partial)
+    return sink
+
+
+def _latest_runs(groups: list[list[Capture]], partial: Path, ranks: int) -> tuple[list[list[Capture]], list[str]]:
+    """The groups to keep, and a line for each directory that held several runs: of the captures found in one
+    directory, those of processes that ran at other times than the latest run's (no overlap with its captures) are
+    other runs, not more of its ranks, and are left out. Captures given by name are always kept."""
+    if ranks != len(groups) or ranks < 2:  # rank k is the k-th group's
+        return groups, []
+    spans = separate_runs.rank_spans(partial)
+    dropped: set[int] = set()
+    notes = []
+    folders = {capture.folder for group in groups for capture in group if capture.folder is not None}
+    for folder in sorted(folders):
+        found = [rank for rank, group in enumerate(groups) if rank in spans
+                 and all(capture.folder == folder for capture in group)]
+        runs = separate_runs.runs_in_time({rank: spans[rank] for rank in found})
+        if len(runs) < 2:
+            continue
+        earlier = [capture.path for run in runs[:-1] for rank in run for capture in groups[rank]]
+        dropped.update(rank for run in runs[:-1] for rank in run)
+        latest = ", ".join(str(capture.path) for rank in runs[-1] for capture in groups[rank])
+        notes.append(f"{folder}: holds {len(runs)} runs whose captures do not overlap in time; imported the latest "
+                     f"({latest}), not the {len(earlier)} earlier file(s) ({earlier[0]}{', ...' if len(earlier) > 1 else ''}); "
+                     "name a run's files or folder to import another")
+    return [group for rank, group in enumerate(groups) if rank not in dropped], notes
 
 
 def _note_skipped_events(sink: ImportSink) -> None:

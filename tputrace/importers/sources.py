@@ -33,6 +33,7 @@ class Capture:
 
     path: Path
     format: str
+    folder: Path | None = None  # the directory given to the import that it was found in; None: given by name
 
 
 def find_captures(paths: list[str]) -> list[Capture]:
@@ -46,7 +47,7 @@ def find_captures(paths: list[str]) -> list[Capture]:
         if not path.exists():
             raise CaptureError(f"{path}: no such file or directory")
         if path.is_dir():
-            found = [Capture(file, fmt) for file in sorted(path.rglob("*"), key=_natural) if file.is_file()
+            found = [Capture(file, fmt, path) for file in sorted(path.rglob("*"), key=_natural) if file.is_file()
                      for fmt in [_detect(file, strict=False)] if fmt is not None]
             if not found:
                 raise CaptureError(f"{path}: holds no xplane.pb, TORCH_TRACE log or torch.profiler JSON")
