@@ -42,7 +42,8 @@ from tputrace.importers.xplane_lines import ASYNC_OPS_LINE, COUNTERS_LINE, MODUL
 from tputrace.importers.xplane_lines import Counters, async_annotations
 from tputrace.importers.xplane_processes import UNIX_NS_FLOOR, capture_host
 from tputrace.importers.xplane_ops import OpEvents, OpMeta, OpRows, Program, distinct_ids, group_rows, per_event
-from tputrace.importers.xplane_runs import LaunchTimes, RunSpans, launched_at, launched_at_ids
+from tputrace.importers.xplane_runs import (LaunchTimes, RunSpans, SingleDeviceLaunches, launched_at,
+                                           launched_at_ids)
 from tputrace.importers.xplane_host_ops import HostOps
 from tputrace.importers.xplane_step_ranges import TraceMeRanges, line_ranges
 from tputrace.importers.xplane_streams import HOST_OP_STATS, StreamLines
@@ -53,6 +54,8 @@ from tputrace.importers.xstats import StatDecoder, plane_stat
 _DEVICE_PLANE = re.compile(r"^/device:([A-Z]+)[^:]*:(\d+)$")
 _PYTHON_FRAME = re.compile(r"^\$(.*?):(\d+) (.*)$")
 _SOURCE_STAT = re.compile(r"^(.*?):(\d+)$")
+# PjRt's launch of a program on one device, which names no run (`CommonPjRtLoadedExecutable::…`).
+SINGLE_DEVICE_LAUNCH = "ExecuteHelperOnSingleDevice"
 # A stat an event does not carry.
 _ABSENT = object()
 
@@ -128,6 +131,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         device_markers: dict[int, StepMarkers] = {}
         compiles = CompileSpans()
         launches = LaunchTimes()
+        singles = SingleDeviceLaunches()
         program_runs = ProgramRuns()
         trace_ranges = TraceMeRanges()
         for session, space in enumerate(spaces):
@@ -138,6 +142,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
             file_device_markers: dict[int, StepMarkers] = {}
             file_compiles = CompileSpans()
             file_launches = LaunchTimes()
+            file_singles = SingleDeviceLaunches()
             file_runs = ProgramRuns()
             profile_start_unix_ns = None
             for plane, lines in self._planes(space):
@@ -154,7 +159,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 if match:
                     file_device_markers[int(match.group(2))] = self._device_markers(space, plane, lines, file_runs)
                 elif not SPARSECORE_PLANE.match(plane.name):  # a SparseCore's `Sparse Core Steps` are no host's
-                    self._host_scan(space, plane, lines, file_compiles, file_launches, file_host_markers, file_ranges)
+                    self._host_scan(space, plane, lines, file_compiles, (file_launches, file_singles), file_host_markers,
+                                    file_ranges)
             # Some producers (JAX among them) write line times relative to the profile's start, which the Task
             # Environment plane holds: every time is put on the Unix clock, so that files of one process line up.
             offset = (profile_start_unix_ns if file_starts and min(file_starts) < UNIX_NS_FLOOR
@@ -166,6 +172,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
             for chip, chip_markers in file_device_markers.items():
                 device_markers.setdefault(chip, StepMarkers()).extend(chip_markers, offset)
             launches.extend(file_launches, offset)
+            singles.extend(file_singles, offset)
             compiles.extend(file_compiles, offset)
             program_runs.extend(file_runs, offset)
             del file_host_markers, file_device_markers, file_compiles, file_launches, file_runs  # copied: memory
@@ -179,6 +186,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         self.start_unix_ns = min(starts) if starts else 0
         self.chips = max(len(chips), 1)
         start_unix_ns = self.start_unix_ns
+        launches.add_many(*singles.pairs(launches))
         self.launch_ids, self.launch_starts = launches.sorted(-start_unix_ns)
         # The last step ends where its marker does, or later where a chip's `Steps` line or a program run launched
         # by then ends: what starts after that (an evaluation after the loop, the profiler's stop) is in an `end` step.
@@ -262,15 +270,20 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         return markers
 
     def _host_scan(self, space: XSpaceFile, plane: Any, lines: list[LineHead], compiles: CompileSpans,
-                   launches: LaunchTimes, markers: StepMarkers, ranges: TraceMeRanges) -> None:
+                   launch_times: tuple[LaunchTimes, SingleDeviceLaunches], markers: StepMarkers,
+                   ranges: TraceMeRanges) -> None:
         """A host plane's step markers (events with a `step_num` stat, and its value), its compile events and lines
         with jitted calls, the earliest event of each program run (`run_id`) that is no XLA op: when the host
-        launched it; and each line's top-level TraceMe ranges (`ranges`: the steps of a capture without markers)."""
+        launched it, and the launches that name no run with each run's first op (`SingleDeviceLaunches`); and each
+        line's top-level TraceMe ranges (`ranges`: the steps of a capture without markers)."""
+        launches, singles = launch_times
         stat_names = {key: meta.name for key, meta in plane.stat_metadata.items()}
         step_ids = {key for key, name in stat_names.items() if name == "step_num"}
         run_ids = {key for key, name in stat_names.items() if name == "run_id"}
         hlo_op_ids = {key for key, name in stat_names.items() if name == "hlo_op"}
         name_ids = {key for key, name in stat_names.items() if name == "name"}
+        device_ids = {key for key, name in stat_names.items() if name == "device_ordinal"}
+        single_ids = [key for key, meta in plane.event_metadata.items() if meta.name.endswith(SINGLE_DEVICE_LAUNCH)]
         compile_ids = {key for key, meta in plane.event_metadata.items() if meta.name in COMPILE_EVENTS}
         client_compile_ids = {key for key, meta in plane.event_metadata.items() if CLIENT_COMPILE.match(meta.name)}
         backend_ids = {key for key, meta in plane.event_metadata.items() if meta.name.endswith(BACKEND_EVENT)}
@@ -312,6 +325,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 traceme = ~np.isin(columns.metadata_id, frame_ids)
                 traceme[op_events] = False
                 window_starts = base_ns + columns.offset_ps // 1000
+                if single_ids:
+                    singles.scan(columns, window_starts, op_events, (run_ids, device_ids, single_ids))
                 tracemes.append(np.stack((window_starts, window_starts + columns.duration_ps // 1000,
                                           columns.metadata_id))[:, traceme])
                 called = np.isin(columns.metadata_id, list(calls))

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from tputrace.importers.xevents import EventColumns, int_stat_columns
+
 # Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
 U64 = 1 << 64
 _MERGE_FLOOR = 1 << 16
@@ -156,3 +158,60 @@ class RunSpans:
         self.keyed = bytearray(data[2])
         self.starts, self.ends = array("q", data[4]), array("q", data[5])
         self._merged = len(self.chips)
+
+
+class SingleDeviceLaunches:
+    """XLA:CPU's launches that name no run (`…ExecuteHelperOnSingleDevice`: a program launched on one device, as every
+    jitted call of a one-device process is), and each run's first op, so that runs can be tied to their launches in
+    order: one device runs its programs in the order the host launched them."""
+
+    def __init__(self) -> None:
+        self.starts = array("q")
+        self.first_ops = LaunchTimes()  # per run id, its earliest op's start
+        self.devices: set[int] = set()  # the devices the runs' ops ran on
+
+    def scan(self, columns: EventColumns, starts: np.ndarray, op_events: np.ndarray,
+             stat_and_event_ids: tuple[set[int], set[int], list[int]]) -> None:
+        """Add some events' single-device launches (`starts` are the events'), and their ops' (`op_events`) runs
+        and devices; the ids are those of the `run_id` and `device_ordinal` stats and of the launches' metadata."""
+        run_ids, device_ids, single_ids = stat_and_event_ids
+        self.starts.extend(starts[np.isin(columns.metadata_id, single_ids)].tolist())
+        runs = int_stat_columns(columns, op_events, run_ids) if len(op_events) and run_ids else None
+        if runs is not None:
+            _, numbers, has = runs
+            self.first_ops.add_many(numbers[has].view(np.uint64), starts[op_events[has]])
+        devices = int_stat_columns(columns, op_events, device_ids) if len(op_events) and device_ids else None
+        if devices is not None:
+            self.devices.update(np.unique(devices[1][devices[2]]).tolist())
+
+    def extend(self, other: SingleDeviceLaunches, offset: int) -> None:
+        """Add `other`'s launches and runs, moved by `offset` ns."""
+        self.starts.frombytes((np.asarray(other.starts, dtype=np.int64) + offset).tobytes())
+        self.first_ops.extend(other.first_ops, offset)
+        self.devices |= other.devices
+
+    def pairs(self, launches: LaunchTimes) -> tuple[np.ndarray, np.ndarray]:
+        """The run ids and launch times of the runs that `launches` has no launch for at or before their first op (the
+        earliest event XLA:CPU gives a run's id besides its ops is its `wait for completion`, after them), each tied
+        to the next single-device launch at or before its first op, in time order (a run that starts before any
+        launch was launched before the capture). None where the runs are on several devices, each of which runs its
+        own launches in order."""
+        none = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
+        if len(self.devices) != 1 or not len(self.starts):
+            return none
+        run_ids, firsts = self.first_ops.sorted()
+        launch_ids, launch_starts = launches.sorted()
+        if len(launch_ids):
+            positions = np.minimum(np.searchsorted(launch_ids, run_ids), len(launch_ids) - 1)
+            launched = (launch_ids[positions] == run_ids) & (launch_starts[positions] <= firsts)
+            run_ids, firsts = run_ids[~launched], firsts[~launched]
+        order = np.argsort(firsts, kind="stable")
+        singles = np.sort(np.asarray(self.starts, dtype=np.int64)).tolist()
+        paired_ids, paired_starts = [], []
+        at = 0
+        for run_id, first in zip(run_ids[order].tolist(), firsts[order].tolist()):
+            if at < len(singles) and singles[at] <= first:
+                paired_ids.append(run_id)
+                paired_starts.append(singles[at])
+                at += 1
+        return np.array(paired_ids, dtype=np.uint64), np.array(paired_starts, dtype=np.int64)
