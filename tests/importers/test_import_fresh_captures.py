@@ -1,15 +1,17 @@
-"""`tputrace import` on captures as other tools leave them on disk: a log dir that several runs of a script
-wrote to."""
+"""`tputrace import` on captures as other tools leave them on disk: a log dir that several runs of a script wrote
+to, a JAX loop that does not wait for each step, a profile exported after its schedule's cycle ended."""
 
 from __future__ import annotations
 
 import json
+import textwrap
+from collections import Counter
 from pathlib import Path
 
 import pytest
 
 import tputrace
-from captures import jax_capture, torch_schedule_capture
+from captures import _capture, jax_capture, torch_schedule_capture
 from tputrace.cli.main import main
 
 _CAPTURES = (".xplane.pb", ".pt.trace.json.gz")
@@ -40,3 +42,37 @@ def test_a_folder_two_runs_wrote_to_imports_the_latest_run(tmp_path: Path, capsy
     earlier = sorted(path for path in first if path.name.endswith(_CAPTURES))
     named, err = _import(capsys, tmp_path / "named.tptrace", *earlier, *second)
     assert len(json.loads(named.meta["imported"])) == 2 and "runs whose captures" not in err
+
+
+def test_a_jax_loops_device_work_is_in_the_steps_that_launched_it(captures: dict[str, Path], tmp_path: Path,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    # JAX_STEP's loop does not wait for each step: its host markers end before XLA:CPU runs the step's program, and
+    # the launches (`ExecuteHelperOnSingleDevice`) name no run. Each run is the step's that launched it.
+    trace, _ = _import(capsys, tmp_path / "jax.tptrace", captures["jax"])
+    ops_per_step = Counter(op.step for op in trace.records("ops"))
+    assert ops_per_step == {0: 4, 1: 4, 2: 4}, ops_per_step
+    assert sorted(run.step for run in trace.records("executions")) == [0, 1, 2]
+
+
+# A profiling schedule's window is written by `on_trace_ready`: once its cycle has ended, `export_chrome_trace`
+# writes a window holding the profiler's own step marker and Python calls, none of the loop's ops.
+EXPORT_AFTER_CYCLE = textwrap.dedent("""
+    import sys, torch
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    model = torch.nn.Linear(8, 4)
+    with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=0, active=2),
+                 with_stack=True) as prof:
+        for _ in range(2):
+            model(torch.randn(4, 8)).sum().backward()
+            prof.step()
+    prof.export_chrome_trace(sys.argv[1])
+""")
+
+
+def test_a_profile_exported_after_its_schedules_cycle_says_it_recorded_no_op(tmp_path: Path,
+                                                                             capsys: pytest.CaptureFixture[str]) -> None:
+    capture = _capture(tmp_path, "export_after_cycle.py", EXPORT_AFTER_CYCLE, "late.json")
+    trace, err = _import(capsys, tmp_path / "late.tptrace", capture)
+    assert not list(trace.records("ops"))
+    assert f"{capture}: torch.profiler recorded no operator or kernel in this capture" in err

@@ -122,6 +122,7 @@ class ChromeJsonImporter:
         self.device_kinds: set[str] = set()
         self.runtime = False  # the capture has a device runtime's calls
         recorded_ns = 0  # the windows' time, without the gaps between them that were not recorded
+        warned = len(self.sink.warnings)
         for (path, _, first_us, markers, user_frames, offset_us, comms_source), origin, window in zip(windows, origins,
                                                                                                      ranges):
             self.path = path
@@ -141,6 +142,11 @@ class ChromeJsonImporter:
             end_ns = max(end_ns, self._ns(end_us))
             recorded_ns += max(0, int(round(window.recorded_us(first_us, end_us) * 1000)))
             devices |= window_devices
+        if self.seq == 0 and not devices and len(self.sink.warnings) == warned:
+            self.sink.warn(f"{self.paths[0]}: torch.profiler recorded no operator or kernel in this capture (only "
+                           "its own step markers or Python calls): nothing of torch ran in its window; a `schedule` "
+                           "records its active steps only, which `on_trace_ready` writes: `export_chrome_trace` after "
+                           "the last cycle writes an empty window")
         # Such a step (opened by the loop's last `prof.step()`, closed when profiling stopped) is no step of the loop.
         for number, step_start_ns, step_end_ns in steps:
             self.sink.append("steps", (self.rank, number, step_start_ns, step_end_ns,
