@@ -4,6 +4,10 @@ to, a JAX loop that does not wait for each step, a profile exported after its sc
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -76,3 +80,48 @@ def test_a_profile_exported_after_its_schedules_cycle_says_it_recorded_no_op(tmp
     trace, err = _import(capsys, tmp_path / "late.tptrace", capture)
     assert not list(trace.records("ops"))
     assert f"{capture}: torch.profiler recorded no operator or kernel in this capture" in err
+
+
+# One process of a two-process `jax.distributed` run on XLA:CPU (gloo collectives), a device each: a data-parallel
+# step whose gradient is all-reduced across the processes; each profiles its own log dir.
+JAX_PROCESS = textwrap.dedent("""
+    import sys, jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    logdir, process, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process)
+    import numpy as np, jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    batch = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), PartitionSpec("d"))
+    x = jax.make_array_from_callback((8, 16), batch, lambda index: np.ones((8, 16), np.float32)[index])
+    step = jax.jit(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean((x @ w) ** 2))(w))
+    w = step(jnp.ones((16, 16)), x).block_until_ready()
+    with jax.profiler.trace(f"{logdir}/process{process}"):
+        for i in range(3):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
+
+def test_the_processes_of_a_jax_distributed_run_are_a_device_each_and_wait_for_each_other(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "jax_process.py"
+    script.write_text(JAX_PROCESS)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    processes = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs"), str(index), port], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
+    for process in processes:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    trace, _ = _import(capsys, tmp_path / "processes.tptrace", tmp_path / "logs")
+    # Process 1's device is JAX's device 2048 (its global id): one device, not 2049.
+    assert [run.chips for run in trace.records("runs")] == [1, 1]
+    # Each process's k-th all-reduce is the other's: the waits are filled in on both.
+    waits = list(trace.sql("SELECT rank, wait_ns FROM collectives ORDER BY rank, start_ns"))
+    calls = Counter(rank for rank, _ in waits)
+    assert calls[0] == calls[1] >= 3 and all(wait is not None for _, wait in waits), waits
+    assert any(wait > 0 for _, wait in waits)

@@ -1,5 +1,6 @@
 """Each rank's wait in its collectives, for an import of several ranks' captures of one distributed run (one
-torch.profiler file per rank): written into `collectives.wait_ns` as `tputrace merge` does for recorded ranks.
+torch.profiler file per rank, or an XProf file per `jax.distributed` process of one device): written into
+`collectives.wait_ns` as `tputrace merge` does for recorded ranks.
 
 A capture names its rank in the run (`distributedInfo.rank`, `meta.imported`'s `distributed_rank`); a collective
 names its group's members by those ranks (`Process Group Ranks`), or, where it names none (gloo's ranges), it is
@@ -28,6 +29,8 @@ def fill_waits(path: Path) -> int:
         calling = {rank for (rank,) in connection.execute("SELECT DISTINCT rank FROM collectives")}
         distributed = {int(source["rank"]): int(source["distributed_rank"]) for source in sources
                        if isinstance(source.get("distributed_rank"), int) and source.get("rank") in calling}
+        if len(distributed) < 2:
+            distributed = _one_device_processes(connection, sources, calling)
         if len(distributed) < 2 or len(set(distributed.values())) != len(distributed):
             return 0
         world = sorted(distributed.values())
@@ -57,6 +60,19 @@ def fill_waits(path: Path) -> int:
         return len(waits)
     finally:
         connection.close()
+
+
+def _one_device_processes(connection: sqlite3.Connection, sources: list[dict[str, object]],
+                          calling: set[int]) -> dict[int, int]:
+    """The ranks of XProf captures of one device each (a `jax.distributed` process per device), numbered as the
+    trace's ranks: every process runs the same programs, so a process's k-th collective of a kind is every process's
+    k-th, spanning them all (a capture of several devices may also run collectives among its own devices alone)."""
+    chips = dict(connection.execute("SELECT rank, chips FROM runs").fetchall())
+    ranks = [int(str(source["rank"])) for source in sources if source.get("format") == "xplane"
+             and source.get("rank") in calling]
+    if len(ranks) < 2 or len(ranks) != len(calling) or any(chips.get(rank) != 1 for rank in ranks):
+        return {}
+    return {rank: rank for rank in ranks}
 
 
 def _members(ranks: str | None, world: list[int], by_distributed: dict[int, int]) -> str | None:

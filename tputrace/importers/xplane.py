@@ -227,8 +227,9 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         after = self.steps.after_last
         if after is not None and self.latest_start_ns >= after[1]:
             self.sink.append("steps", (self.rank, after[0], after[1], max(self.end_ns, after[1]), "end"))
-        # XLA:CPU's devices have no planes: their ops on host threads say which device ran them.
-        chip_count = max(self.chips, max(self.host_chips, default=0) + 1)
+        # XLA:CPU's devices have no planes: their ops on host threads say which device ran them, by JAX's global id
+        # (a `jax.distributed` process's devices are numbered from 2048 times its index).
+        chip_count = max(self.chips, max(self.host_chips, default=0) - min(self.host_chips, default=0) + 1)
         self.writer.update_run(rank=self.rank, end_ns=self.end_ns, chips=chip_count)
 
     def _steps_at(self, starts: np.ndarray, run_ids: list[Any] | None = None) -> np.ndarray:
