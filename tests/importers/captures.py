@@ -475,7 +475,7 @@ TORCH_DDP = textwrap.dedent("""\
         with profile(activities=[ProfilerActivity.CPU], record_shapes=True, with_stack=True) as prof:
             for _ in range(3):
                 if rank == 1:
-                    time.sleep(0.05)
+                    time.sleep(0.15)
                 model(x).sum().backward()
         prof.export_chrome_trace(f"{out}/rank{rank}.json")
         dist.barrier()

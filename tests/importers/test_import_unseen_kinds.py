@@ -52,7 +52,8 @@ def test_a_jax_step_without_callbacks_has_no_callback_finding(captures: dict[str
 
 def test_ranks_of_a_ddp_run_wait_for_the_rank_that_arrives_late(tmp_path: Path) -> None:
     """One torch.profiler file per DDP rank: the import puts the ranks' collectives on one clock and fills each
-    rank's wait for the last arrival, so the report names rank 1 (which sleeps before each step) the straggler."""
+    rank's wait for the last arrival, so the report names rank 1 (which sleeps 150 ms before each step) the straggler: a
+    sleep long enough that a busy host's scheduling delays stay a small part of the waits."""
     from captures import torch_ddp_capture
 
     import tputrace
@@ -60,13 +61,13 @@ def test_ranks_of_a_ddp_run_wait_for_the_rank_that_arrives_late(tmp_path: Path) 
     output = _import(tmp_path, torch_ddp_capture(tmp_path))
     with tputrace.open(output) as trace:
         waits = {rank: wait for rank, wait in trace.sql("SELECT rank, SUM(wait_ns) FROM collectives GROUP BY rank")}
-    # Rank 0 waits out most of rank 1's 50 ms sleeps (in the gradients' all-reduces, or DDP's first broadcasts): at
+    # Rank 0 waits out most of rank 1's 150 ms sleeps (in the gradients' all-reduces, or DDP's first broadcasts): at
     # least two of the three, as its profiler may start after rank 1's first sleep.
-    assert waits[0] >= 3 * 20e6 and waits[1] < waits[0] / 3, waits
+    assert waits[0] >= 2 * 100e6 and waits[1] < waits[0] / 3, waits
     report = analyze_path(output)
     (finding,) = [finding for finding in report.findings if finding.title.startswith("Straggler")]
     assert finding.title.startswith("Straggler: rank 1 arrives last; other ranks wait "), finding.title
-    assert finding.cost_total_ns >= 3 * 20e6
+    assert finding.cost_total_ns >= 2 * 100e6
     # The capture marks no steps: the finding claims no step shares and no measure of unrecorded time.
     assert "virtual chips" not in finding.title + finding.explanation and "of the steps" not in finding.explanation
     assert "the capture marks no steps" in finding.explanation
