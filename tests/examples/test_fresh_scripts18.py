@@ -66,3 +66,61 @@ def test_lora_input_gradients_through_a_frozen_base_are_no_weight_gradients(tmp_
     (finding,) = [finding for finding in unstepped.findings if finding.analyzer == "frozen_backward"]
     assert (finding.file, finding.line) == (str(script), line), finding.title
     assert ".fc1.base" in finding.explanation and ".fc2.base" in finding.explanation, finding.explanation
+
+EPOCHS = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+    from torch.utils.data import DataLoader, TensorDataset
+
+    torch.manual_seed(0)
+    train_loader = DataLoader(TensorDataset(torch.randn(40, 32), torch.randint(0, 5, (40,))), batch_size=16, shuffle=True)
+    val_loader = DataLoader(TensorDataset(torch.randn(20, 32), torch.randint(0, 5, (20,))), batch_size=8)
+    model = nn.Sequential(nn.Linear(32, 128), nn.LayerNorm(128), nn.GELU(), nn.Linear(128, 128), nn.LayerNorm(128),
+                          nn.GELU(), nn.Linear(128, 5)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for epoch in range(2):
+        model.train()
+        for x, y in train_loader:
+            x, y = x.to("tpu"), y.to("tpu")
+            loss = F.cross_entropy(model(x), y)  {marker}
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        model.eval()
+        correct, val_loss = 0, 0.0
+        with torch.no_grad():
+            for x, y in val_loader:
+                x, y = x.to("tpu"), y.to("tpu")
+                logits = model(x)
+                val_loss += F.cross_entropy(logits, y, reduction="sum").item()
+                correct += (logits.argmax(1) == y).sum().item()
+        print(epoch, val_loss / 20, correct / 20)
+'''
+
+
+@pytest.fixture(scope="module")
+def epochs_run(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("epochs"), "epochs", EPOCHS)
+
+
+def test_each_epochs_last_smaller_batch_is_the_late_recompile_of_the_first_epochs_end(epochs_run) -> None:
+    """40 examples in batches of 16: each epoch ends with 8 rows. The first epoch's end compiled them, the second's ran
+    that program from the cache: one finding at the first step that compiled it, the line where the batch entered."""
+    report, script, line = epochs_run
+    (late,) = [finding for finding in report.findings if finding.title.startswith("The last batch")]
+    assert late.title.startswith("The last batch of an epoch, smaller (8 rows, not 16), compiled again in step 2"), late.title
+    assert (late.file, late.line) == (str(script), line), late.title
+    assert "ran again, from the program cache, in step 5" in late.explanation, late.explanation
+    assert "drop_last=True" in late.suggestion
+
+
+def test_an_accuracy_read_beside_the_evaluation_loss_ends_the_same_evaluation(epochs_run) -> None:
+    """The accuracy's `.item()` waits only for its own ops (the loss's read ran the forward): it still ends the
+    evaluation, told to add the batches' counts on the chip, naming the line whose reads ran the forward."""
+    report, script, line = epochs_run
+    accuracy_line = line + 11
+    (accuracy,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == accuracy_line]
+    assert accuracy.suggestion.startswith(f"The reads at {script.name}:{accuracy_line} end an evaluation the loop runs "
+                                          "every 3 steps"), accuracy.suggestion
+    assert f"ran for the reads at {script.name}:{accuracy_line - 1})" in accuracy.suggestion, accuracy.suggestion

@@ -244,7 +244,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
     together = _read_together(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
     backwards = backward_selections(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
-    findings = [_finding(context, *line, read_with=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()))
+    findings = [_finding(context, *line, read_with_keys=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()))
                 for line in costly]
     in_loop = {(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in rows}
     for frame_id, kind, _, count, stall_ns, pending_ops in after_loop_reads(context, own, STALL, library, in_loop):
@@ -275,7 +275,7 @@ def _reads_the_end(context: AnalysisContext, frame_id: int | None) -> bool:
     return not rows
 
 
-def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, int | None]]) -> dict[tuple[int | None, str, int | None], tuple[str, ...]]:
+def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, int | None]]) -> dict[tuple[int | None, str, int | None], tuple[tuple[int | None, str, int | None], ...]]:
     """For each of the script's own reads of a value (`.item()`, `.tolist()`, ...), the other such lines that read as
     often in exactly the same loop steps (an evaluation's metrics, a loss and an accuracy logged together): each
     waits for the chip in turn, where one read of them all stacked would wait once."""
@@ -290,18 +290,19 @@ def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, i
             (*params, key[0], key[1])))
         if len(steps) >= 2:
             by_steps.setdefault(steps, []).append(key)
-    together: dict[tuple[int | None, str, int | None], tuple[str, ...]] = {}
+    together: dict[tuple[int | None, str, int | None], tuple[tuple[int | None, str, int | None], ...]] = {}
     for group in by_steps.values():
-        lines = sorted({context.where(frame_id) for frame_id, *_ in group})
-        for key in group if len(lines) >= 2 else ():
-            together[key] = tuple(line for line in lines if line != context.where(key[0]))
+        ordered = sorted(group, key=lambda key: context.where(key[0]))
+        for key in ordered if len({context.where(frame_id) for frame_id, *_ in group}) >= 2 else ():
+            together[key] = tuple(other for other in ordered if context.where(other[0]) != context.where(key[0]))
     return together
 
 
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
              pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost, *,
-             read_with: tuple[str, ...] = (), backward_of: tuple[str, ...] = ()) -> Finding:
+             read_with_keys: tuple[tuple[int | None, str, int | None], ...] = (), backward_of: tuple[str, ...] = ()) -> Finding:
     where = context.where(frame_id)
+    read_with = tuple(dict.fromkeys(context.where(other[0]) for other in read_with_keys))
     library = library_where(context, library_frame_id)
     share = context.share_of_steps_less_compiles(steady_stall)
     severity = context.severity(share)
@@ -349,11 +350,20 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     elif kind in _COPIES_OUT and context.steps and APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
         suggestion = KEPT_COPIES
     steady = context.steady_line_range
-    evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
-                 if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
+    steady_range = range(steady[0], steady[1] + 1) if steady else range(0)
+    evaluating = every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and bool(steady_range)
+    evaluated = evaluation_modules(context, frame_id, kind, steady_range) if evaluating else ()
+    # a metric read in the same steps as an evaluation's read (an accuracy after the loss, whose read ran the
+    # forward) ends the same evaluation, though its own wait flushed only the metric's ops
+    forward_read_at = None
+    for other_frame, other_kind, _ in read_with_keys if evaluating and not evaluated else ():
+        evaluated = evaluation_modules(context, other_frame, other_kind, steady_range)
+        if evaluated:
+            forward_read_at = context.where(other_frame)
+            break
     if evaluated and every is not None:
         kept = kind in _COPIES_OUT and bool(APPENDS.search(line_text(context.location(frame_id), context.trace) or ""))
-        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept)
+        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept, forward_read_at=forward_read_at)
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
