@@ -124,3 +124,30 @@ def test_an_accuracy_read_beside_the_evaluation_loss_ends_the_same_evaluation(ep
     assert accuracy.suggestion.startswith(f"The reads at {script.name}:{accuracy_line} end an evaluation the loop runs "
                                           "every 3 steps"), accuracy.suggestion
     assert f"ran for the reads at {script.name}:{accuracy_line - 1})" in accuracy.suggestion, accuracy.suggestion
+
+STRICT_MLP = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    for step in range(5):
+        x = torch.randn(16, 32, device="tpu")
+        loss = F.mse_loss(model(x), torch.zeros(16, 4, device="tpu"))  {marker}
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_host_bound_strict_mode_run_is_told_to_run_in_defer_and_fuse_first(tmp_path) -> None:
+    """Strict mode launches one program per op, so a small model's step is host-bound: the mode the run chose is the
+    cheapest change, named before the general advice."""
+    report, _, _ = _run(tmp_path, "strict_mlp", STRICT_MLP, ("--mode", "strict"))
+    (host_bound,) = [finding for finding in report.findings if finding.analyzer == "host_bound"]
+    assert host_bound.suggestion.startswith("The run was in DEFER_NEVER mode (`--mode strict`), one program launched "
+                                            "per op: run it in DEFER_AND_FUSE"), host_bound.suggestion
+    assert "Give the chip more work per op" in host_bound.suggestion
