@@ -151,3 +151,36 @@ def test_a_host_bound_strict_mode_run_is_told_to_run_in_defer_and_fuse_first(tmp
     assert host_bound.suggestion.startswith("The run was in DEFER_NEVER mode (`--mode strict`), one program launched "
                                             "per op: run it in DEFER_AND_FUSE"), host_bound.suggestion
     assert "Give the chip more work per op" in host_bound.suggestion
+
+FIXED_NODES = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    lin = nn.Linear(16, 32).to("tpu")
+    head = nn.Linear(32, 4).to("tpu")
+    opt = torch.optim.SGD([*lin.parameters(), *head.parameters()], lr=0.1)
+    for step in range(4):
+        num_edges = 100 + 37 * step
+        edge_index = torch.randint(0, 50, (2, num_edges)).to("tpu")  {marker}
+        x = torch.randn(50, 16, device="tpu")
+        src, dst = edge_index
+        messages = lin(x)[src]
+        h = torch.zeros(50, 32, device="tpu").index_add_(0, dst, messages)
+        loss = F.cross_entropy(head(F.relu(h)), torch.randint(0, 4, (50,), device="tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_edge_lists_over_a_fixed_node_count_are_not_told_to_pad_the_nodes(tmp_path) -> None:
+    """Every graph has the same 50 nodes; only the edge list's length changes, entering at the gather of rows by it:
+    pad the edges with a dummy row, and nothing about padding the nodes, which never changed."""
+    report, script, line = _run(tmp_path, "fixed_nodes", FIXED_NODES)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert "dummy row" in storm.suggestion, storm.suggestion
+    assert "nodes" not in storm.suggestion.split("dummy row", 1)[1], storm.suggestion
