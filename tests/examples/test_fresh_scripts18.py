@@ -184,3 +184,31 @@ def test_edge_lists_over_a_fixed_node_count_are_not_told_to_pad_the_nodes(tmp_pa
     assert (storm.file, storm.line) == (str(script), line), storm.title
     assert "dummy row" in storm.suggestion, storm.suggestion
     assert "nodes" not in storm.suggestion.split("dummy row", 1)[1], storm.suggestion
+
+BEST_SO_FAR = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 3)).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    best = None
+    for step in range(5):
+        x = torch.randn(32, 16, device="tpu")
+        loss = F.cross_entropy(model(x), torch.randint(0, 3, (32,), device="tpu"))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if best is None or loss < best:  {marker}
+            best = loss.detach()
+    print(best.item())
+'''
+
+
+def test_a_comparison_skipped_in_the_first_iteration_reads_every_step_from_the_second(tmp_path) -> None:
+    """`best is None` short-cuts the first iteration, so the compare reads in every later one (after the optimizer
+    step, so in steps 2 to the end): `every step from step 2`, not a period such as `3 times every 4 steps`."""
+    report, script, line = _run(tmp_path, "best_so_far", BEST_SO_FAR)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.title.startswith(f"Host sync every step from step 2 at {script.name}:{line} (bool)"), sync.title

@@ -319,6 +319,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     inside = f", in {library}" if library else ""
     cycle = optimizer_cycle(context)
     per_iteration = every is not None and len(cycle) == every[1] and not once  # every iteration of a loop of k steps
+    from_step = _from_step(context, frame_id, kind, library_frame_id) if every is None and not once and not every_step else None
+    if from_step is not None:
+        rate = f"{'every step' if from_step[0] == 1 else plural(from_step[0], 'time') + ' per step'} from step {from_step[1]}"
     how_often = ("in one step" if once else "every step" if every_step else
                  f"{plural(every[0], 'time')} per loop iteration" if per_iteration and every is not None else rate)
     title = f"Host sync {how_often} at {where} ({kind}{inside}): {stalled}"
@@ -507,12 +510,29 @@ def _ran_at_line(context: AnalysisContext, frame_id: int, op_prefix: str, where:
 def _period(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None) -> tuple[int, int] | None:
     """(n, p) when the line's syncs of `kind` came n at a time in every p-th steady step (`if step % 2 == 0:`)."""
     steady = context.steady_line_range
+    return None if steady is None else step_period(_line_counts(context, frame_id, kind, library_frame_id, steady), *steady)
+
+
+def _from_step(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None) -> tuple[int, int] | None:
+    """(n, first) when the line's syncs came n at a time in every step from a later steady step `first` to the loop's
+    end (`if best is None or loss < best:`, which reads from the second iteration on), not in the steps before it."""
+    steady = context.steady_line_range
     if steady is None:
         return None
+    counts = _line_counts(context, frame_id, kind, library_frame_id, steady)
+    steps = sorted(counts)
+    if (len(steps) < 2 or steps[0] <= steady[0] or len(set(counts.values())) != 1
+            or steps != list(range(steps[0], steady[1] + 1))):
+        return None
+    return counts[steps[0]], steps[0]
+
+
+def _line_counts(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None,
+                 steady: tuple[int, int]) -> dict[int, int]:
+    """The line's syncs of `kind` per step of `steady` (first, last)."""
     library = "library_frame_id IS ?" if context.trace.has_column("syncs", "library_frame_id") else "? IS NULL"
-    counts = dict(context.trace.sql(
+    return {int(step): int(count) for step, count in context.trace.sql(
         f"SELECT step, COUNT(*) FROM syncs WHERE rank = ? AND frame_id IS ? AND kind = ? AND {library} "
         "AND step BETWEEN ? AND ? GROUP BY step",
         (context.rank, frame_id, kind, library_frame_id, *steady),
-    ))
-    return step_period(counts, *steady)
+    )}
