@@ -212,3 +212,4 @@ def test_a_comparison_skipped_in_the_first_iteration_reads_every_step_from_the_s
     report, script, line = _run(tmp_path, "best_so_far", BEST_SO_FAR)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert sync.title.startswith(f"Host sync every step from step 2 at {script.name}:{line} (bool)"), sync.title
+    assert "Each wait forces the 1 op still pending on average to run" in sync.explanation, sync.explanation

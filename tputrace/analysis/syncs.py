@@ -326,7 +326,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
                  f"{plural(every[0], 'time')} per loop iteration" if per_iteration and every is not None else rate)
     title = f"Host sync {how_often} at {where} ({kind}{inside}): {stalled}"
     pending = pending_ops / count
-    waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
+    waits_for = (f"forces the {plural(round(pending), 'op')} still pending on average to run" if pending >= 1
                  else "is for programs already queued on the chip")
     in_steps = f" in {plural(steps_with, 'step')}" if context.steps else ""
     explanation = (
