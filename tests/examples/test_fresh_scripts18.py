@@ -1,5 +1,8 @@
 """Single-chip training scripts of kinds that read wrong before: LoRA adapters on a frozen base whose token count
-equals a frozen layer's output width, whose input gradients through the frozen weights have a frozen weight's shape."""
+equals a frozen layer's output width (input gradients read as frozen weights' gradients); two epochs whose last,
+smaller batch compiled once at the first epoch's end (unnamed) and whose evaluation's accuracy read was told to read
+less often; a strict-mode run told only to batch more; edge lists over a fixed node count told to pad the nodes; and a
+best-so-far compare skipped in the first iteration read as a period."""
 
 from __future__ import annotations
 
