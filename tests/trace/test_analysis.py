@@ -585,6 +585,20 @@ def test_transfers_in_the_loop(tmp_path: Path) -> None:
     assert line.bytes_per_step == 4 << 20 and line.same_size_every_time
 
 
+def test_a_slow_warm_up_copy_is_told_apart_from_the_steady_steps_share(tmp_path: Path) -> None:
+    """The warm-up step's copy took 16 ms, the steady ones 100 µs each: the explanation's total is the loop's, and the
+    share next to it says it is the steady steps' time, with their own figure."""
+    trace = HandTrace(tmp_path / "slow_first_copy.tptrace", steps=5)
+    line = trace.frame(16)
+    for step in range(5):
+        trace.transfer(step, 128, 16 * MS if step == 0 else 100_000, line)
+    with open_trace(trace.close()) as opened:
+        report = analyze(opened)
+    (finding,) = findings_of(report, "transfers")
+    assert "taking 16.4 ms (400 µs of it in the steady steps, 0% of the steady steps' time)" in finding.explanation, (
+        finding.explanation)
+
+
 # -- memory ------------------------------------------------------------------------------------------------------
 
 

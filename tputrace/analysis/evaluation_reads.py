@@ -17,7 +17,7 @@ ONCE = ("The read at {where} ends an evaluation the loop runs every {every} step
         "evaluation, for the evaluation's own compute. Nothing in it is wasted: evaluate less often only if the "
         "decision can wait.")
 PER_BATCH = ("The reads at {where} end an evaluation the loop runs every {every} steps (the forward of {modules} "
-             "ran for them), {count} at a time: add each batch's value into a tensor on the chip (`total += loss`) "
+             "ran for {them}), {count} at a time: add each batch's value into a tensor on the chip (`total += loss`) "
              "and read the total once after the evaluation loop, one wait per evaluation instead of {count}.")
 
 KEPT_PER_BATCH = ("The copies at {where} end an evaluation the loop runs every {every} steps (the forward of {modules} "
@@ -91,12 +91,15 @@ def _without_backward(graphs: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return kept
 
 
-def evaluation_suggestion(where: str, every: tuple[int, int], modules: tuple[str, ...], *, kept: bool = False) -> str:
+def evaluation_suggestion(where: str, every: tuple[int, int], modules: tuple[str, ...], *, kept: bool = False,
+                          forward_read_at: str | None = None) -> str:
     """The fix for reads that end an evaluation run `every[0]` at a time every `every[1]` steps; `kept`: copies each
-    appended to a list (predictions gathered for a metric), which are stacked, not summed."""
+    appended to a list (predictions gathered for a metric), which are stacked, not summed; `forward_read_at`: the
+    line whose reads in the same steps ran the forward, where this line's reads only waited for their metric."""
     names = ", ".join(f"`{module}`" for module in modules[:3])
     if every[0] > 1 and kept:
         return KEPT_PER_BATCH.format(where=where, every=every[1], modules=names, count=every[0])
     if every[0] > 1:
-        return PER_BATCH.format(where=where, every=every[1], modules=names, count=every[0])
+        them = f"the reads at {forward_read_at}" if forward_read_at else "them"
+        return PER_BATCH.format(where=where, every=every[1], modules=names, count=every[0], them=them)
     return ONCE.format(where=where, every=every[1], modules=names)

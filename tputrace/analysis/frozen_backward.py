@@ -4,8 +4,10 @@ extractor, a target network) run with autograd on, whose output reaches the loss
 The parameters an optimizer steps are the `buffers` rows labelled `gradient` or `optimizer_state` at its steps; the
 other parameters (labelled `parameter` when their module's forward first ran) are frozen in this run. When the
 backward (the matrix products at the lines that made the stepped gradients, `loss.backward()`) runs products whose
-result has a frozen matrix's shape, and no stepped parameter's, autograd computed those weights' gradients: work no
-step uses, besides the graph and saved activations the forward kept for it. A layer frozen with `requires_grad_(False)`
+result has a frozen matrix's shape, and no stepped parameter's, contracting over the rows the frozen layers' forward
+took, autograd computed those weights' gradients: work no step uses, besides the graph and saved activations the
+forward kept for it (an input gradient through a frozen weight, as LoRA's backward runs, has those rows as its result's
+and is no weight gradient even when its result's shape matches another weight's). A layer frozen with `requires_grad_(False)`
 gets no such product, though the backward may pass through it to reach a trained layer before it. The finding is at
 the frozen modules' forward line (their products that take those weights), costing the weight-gradient products; the
 backward's other products taking the weights (input gradients) are told apart, waste too unless a trained layer feeds
@@ -57,14 +59,18 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FrozenBackwardData]:
     groups = matmul_groups(context)
     in_backward = [group for group in groups if group.frame_id in backward_frames]
     conv_outputs = _convolution_gradients(context) if any(_is_conv_backward(group) for group in in_backward) else {}
-    backward = [group for group in in_backward if _makes_weight(group, frozen_shapes, conv_outputs)]
+    forward = [group for group in groups if group.frame_id not in backward_frames and group.module in frozen
+               and _takes_weight(group, frozen[group.module] - trained)]
+    rows = {product.m for group in forward for product in group.products}
+    made = {id(group): _makes_weight(group, frozen_shapes, conv_outputs, rows) for group in in_backward}
+    # a product that can be read either way (the rows equal the weight's output size) counts only beside a certain one
+    certain = any(kind == "certain" for kind in made.values())
+    backward = [group for group in in_backward if made[id(group)] == "certain" or (certain and made[id(group)])]
     through = [group for group in in_backward if group not in backward and _takes_weight(group, frozen_shapes)]
     # a convolution's backward that made a frozen weight's gradient and its input's: the input gradient, as many
     # FLOPs as the weight's, is a product through the weight
     through += [group for group in backward
                 if _is_conv_backward(group) and conv_outputs.get(group.inputs, (False, False))[0]]
-    forward = [group for group in groups if group.frame_id not in backward_frames and group.module in frozen
-               and _takes_weight(group, frozen[group.module] - trained)]
     if not backward or not forward:
         return AnalysisResult(NAME, FrozenBackwardData())
     times = chip_time(context)
@@ -143,14 +149,25 @@ def _convolution_gradients(context: AnalysisContext) -> dict[str, tuple[bool, bo
     return made
 
 
-def _makes_weight(group: MatmulGroup, weights: set[tuple[int, ...]], conv_outputs: dict[str, tuple[bool, bool]]) -> bool:
-    """Whether a product of `group` has a result of a weight's shape: the weight's gradient (for a convolution's
-    backward, its weight operand is frozen and the op made the weight's gradient)."""
+def _makes_weight(group: MatmulGroup, weights: set[tuple[int, ...]], conv_outputs: dict[str, tuple[bool, bool]],
+                  rows: set[int]) -> str | None:
+    """Whether a product of `group` is a frozen weight's gradient: "certain", "ambiguous" or None. A linear layer's
+    weight gradient `dy.T @ x` has the weight's shape and contracts over the rows of its forward's input (`rows`); its
+    input gradient `dy @ w` takes the weight as its second operand and has those rows, so a result of a weight's shape
+    with other rows (tokens as many as another weight's inputs) is no weight's gradient. Where both readings fit (the
+    rows equal the weight's output size), the product is ambiguous. A convolution's backward made the gradient when its
+    weight operand is frozen and its output_mask asked for the weight's gradient."""
     if _is_conv_backward(group):
         specs = parse_specs(group.inputs)
         weight = specs[2] if len(specs) > 2 else None
-        return weight is not None and weight.shape in weights and conv_outputs.get(group.inputs, (False, False))[1]
-    return any((product.m, product.n) in weights for product in group.products if product.batch == 1)
+        made = weight is not None and weight.shape in weights and conv_outputs.get(group.inputs, (False, False))[1]
+        return "certain" if made else None
+    kinds = set()
+    for product in group.products:
+        if product.batch != 1 or (product.m, product.n) not in weights or product.k not in rows:
+            continue
+        kinds.add("ambiguous" if (product.k, product.n) in weights and product.m in rows else "certain")
+    return "certain" if "certain" in kinds else "ambiguous" if kinds else None
 
 
 def _takes_weight(group: MatmulGroup, weights: set[tuple[int, ...]]) -> bool:

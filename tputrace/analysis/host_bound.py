@@ -26,6 +26,7 @@ from tputrace.analysis.op_facts import dispatch_by_step
 from tputrace.analysis.strict_times import strict_steps
 from tputrace.wording import format_ns
 
+_STRICT_MODES = ("DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING")  # one program per op
 NAME = "host_bound"
 WARNING_RATIO = 2.0  # dispatch at least this many times the chip time ...
 WARNING_IDLE_SHARE = 0.5  # ... and the chip idle for at least this share of the step
@@ -152,7 +153,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
             f"({format_ns(dispatch_ns / ops)} each) while the {chip} {chip_label} {programs} for {format_ns(chip_ns)}: "
             f"the {chip} is idle about {idle_share:.0%} of the step waiting for Python.{_on_target(context, roofline_ns, chip_ns) if measured else ''}"
         ),
-        suggestion=(
+        suggestion=_strict_mode_text(context) + (
             f"Give the {chip} more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
             f"`foreach`/fused optimizers), or compile the step with {compile_text} so Python "
             "dispatches one graph instead of each op."
@@ -172,3 +173,16 @@ def _on_target(context: AnalysisContext, roofline_ns: float, chip_ns: float) -> 
     outcome = "so the host would dominate even more" if roofline_ns < chip_ns else "so the chip's share would grow"
     return (f" On {context.target.label} the step's programs would take about {format_ns(roofline_ns)} (roofline "
             f"estimate from XLA's FLOPs and bytes), {outcome}.")
+
+
+def _strict_mode_text(context: AnalysisContext) -> str:
+    """For a run in a strict eager mode (one program launched per op, each waiting for its dispatch), the mode that
+    fuses the step, first: the run's own choice, the cheapest change."""
+    run = next((run for run in context.trace.runs if run.rank == context.rank), None)
+    if run is None or run.eager_mode not in _STRICT_MODES:
+        return ""
+    option = "strict" if run.eager_mode == "DEFER_NEVER" else "blocking"
+    return (f"The run was in {run.eager_mode} mode (`--mode {option}`), one program launched per op: run it in "
+            "DEFER_AND_FUSE (the default of `tputrace run`; in the script, "
+            "`torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)`), which runs each step's ops as a few fused "
+            f"programs, and keep `--mode {option}` for finding which op fails. ")

@@ -13,6 +13,7 @@ _SCATTERS = ("aten.index_add", "aten.index_add_", "aten.scatter", "aten.scatter_
              "aten.scatter_reduce", "aten.scatter_reduce_")  # not `index_put_`: `x[mask] = 0` is one too
 # The first integer tensor of an op's inputs (`f32[8,32], i64[29], f32[29,32]`): a scatter's index.
 _INDEX_SHAPE = re.compile(r"\b(?:i64|i32|s64|s32)\[([\d,]*)\]")
+_ROWS = re.compile(r"^\s*\w+\[(\d+)")  # dim 0 of the op's first input: the rows a scatter writes into
 
 
 def _scatter_sids(context: AnalysisContext) -> list[int]:
@@ -52,3 +53,21 @@ def scatter_of_changing_index(context: AnalysisContext, program_ids: Sequence[in
         if index is not None:
             shapes.setdefault(int(frame_id), set()).add(index.group(1))
     return next((frame_id for frame_id, lengths in shapes.items() if len(lengths) > 1), None)
+
+
+def scattered_rows_vary(context: AnalysisContext, program_ids: Sequence[int]) -> bool:
+    """Whether the scatters in the programs wrote into tensors of more than one row count (graphs of several node
+    counts); a fixed count (every batch's graph over the same nodes) needs no padding of its rows."""
+    op_sids = _scatter_sids(context)
+    if not op_sids or not program_ids or not context.trace.has_column("ops", "inputs_sid"):
+        return True
+    rows: dict[str, set[str]] = {}
+    for op_sid, inputs in context.trace.sql(
+        f"SELECT DISTINCT o.op_sid, i.text FROM ops o JOIN strings i ON i.id = o.inputs_sid WHERE o.rank = ? "
+        f"AND o.op_sid IN {in_list(op_sids)} AND o.program_id IN {in_list(program_ids)}",
+        (context.rank, *op_sids, *program_ids),
+    ):
+        first = _ROWS.match(str(inputs))
+        if first is not None:
+            rows.setdefault(str(op_sid), set()).add(first.group(1))
+    return not rows or any(len(counts) > 1 for counts in rows.values())

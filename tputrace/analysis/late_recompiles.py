@@ -5,7 +5,8 @@ short run that one recompile can take a large share of it (seconds against a ste
 The storms of the `recompiles` family need a site compiled again and again, so a single recompile goes unnamed. This
 names the last step of a loop of three steps or more when a recompile's diff there says dim 0 of an input shrank
 (`arg 1 dim 0: 32 -> 5`, Dynamo's `size mismatch at index 0. expected 32, actual 5`) and the step's recompiles took at
-least a median step and `MIN_WALL_SHARE` of the run. Left out: a step in which another finding names a recompile (a
+least a median step and `MIN_WALL_SHARE` of the run; in a run of several epochs, the steady step that compiled the
+smaller batch's programs when later steps ran them again from the program cache (each epoch's last batch). Left out: a step in which another finding names a recompile (a
 storm whose last size it was, a failed size guard), or that compiled a program for the first time (new work, such as
 an evaluation pass, whose other programs compile again for its inputs: one-time set-up, not a problem), and
 recompiles of programs that ran other ops (structure changes). A new size in an earlier step is left to the storms: a
@@ -45,6 +46,7 @@ class LateRecompile:
     median_step_ns: int
     before: int
     after: int
+    ran_again: tuple[int, ...] = ()  # later steps that ran its programs from the cache (each later epoch's end)
 
 
 @dataclass(frozen=True)
@@ -57,40 +59,58 @@ class _Row:
     start_ns: int
     dur_ns: int
     frame_id: int | None
+    program_id: int | None = None
 
 
 def findings(context: AnalysisContext, explained: set[int], not_evicted: str,
              evicted: list[int]) -> list[tuple[Finding, LateRecompile, set[int]]]:
-    """The finding of the loop's last step when its batch was smaller and the recompiles that caused, which no other
-    finding explains, took a large share of the run; with its data and the compiles it explains."""
+    """The finding of the step whose batch was smaller, when the recompiles that caused, which no other finding
+    explains, took a large share of the run; with its data and the compiles it explains. The step is the loop's last,
+    else an earlier steady step whose smaller programs ran again, from the program cache, in a later step: the last
+    batch of each epoch, compiled in the first epoch's end."""
     first_steady, loop = context.first_steady_after_warm_up, context.loop_range
     median = context.median_step_ns
     if first_steady is None or loop is None or not median:
         return []
-    last = loop[1]
     rows = [_Row(*row) for row in context.trace.sql(
         "SELECT c.id, c.step, c.kind, COALESCE(n.text, '?'), COALESCE(d.text, ''), c.start_ns, COALESCE(c.dur_ns, 0), "
-        "c.frame_id FROM compiles c LEFT JOIN strings n ON n.id = c.name_sid LEFT JOIN strings d ON d.id = c.diff_sid "
-        f"WHERE c.rank = ? AND c.reason IN ('recompile', 'guard_failure') AND c.step = ? AND {not_evicted} "
+        "c.frame_id, c.program_id FROM compiles c LEFT JOIN strings n ON n.id = c.name_sid "
+        "LEFT JOIN strings d ON d.id = c.diff_sid "
+        f"WHERE c.rank = ? AND c.reason IN ('recompile', 'guard_failure') AND c.step BETWEEN ? AND ? AND {not_evicted} "
         "ORDER BY c.start_ns",
-        (context.rank, last, *evicted))]
+        (context.rank, first_steady, loop[1], *evicted))]
     storming = _guard_storms(context)
-    if any(row.compile_id in explained or (row.kind == "dynamo_frame" and (row.frame_id, row.name) in storming)
-           for row in rows):
-        return []  # another finding names the step's recompiles, and so the change (a storm's last size)
-    # A step that compiled programs for the first time ran work the loop had not run before (an evaluation pass on
-    # held-out data, a checkpoint): its recompiles are part of that one-time work.
-    if last in _new_work_steps(context, last, last):
-        return []
-    rows = [row for row in rows if not row.diff.startswith(_STRUCTURE)]  # other ops, not other inputs
-    dim, before, after = _size_change(rows)
-    compile_ns = _union_ns(rows)
-    if not (dim == 0 and 0 < after < before) or compile_ns < median or context.share_of_wall(compile_ns) < MIN_WALL_SHARE:
-        return []
-    step_ns = next((step.dur_ns or 0 for step in context.loop_steps if step.step == last), 0)
-    frame_id = _entered_at(context, rows)
-    late = LateRecompile(last, context.where(frame_id), len(rows), compile_ns, step_ns, int(median), before, after)
-    return [(_finding(context, late, rows, frame_id), late, {row.compile_id for row in rows})]
+    new_work = _new_work_steps(context, first_steady, loop[1])
+    for step in sorted({row.step for row in rows if row.step not in new_work}, key=lambda step: step != loop[1]):
+        step_rows = [row for row in rows if row.step == step]
+        if any(row.compile_id in explained or (row.kind == "dynamo_frame" and (row.frame_id, row.name) in storming)
+               for row in step_rows):
+            continue  # another finding names the step's recompiles, and so the change (a storm's last size)
+        step_rows = [row for row in step_rows if not row.diff.startswith(_STRUCTURE)]  # other ops, not other inputs
+        again = () if step == loop[1] else _ran_again(context, step_rows, step)
+        if step != loop[1] and not again:
+            continue
+        dim, before, after = _size_change(step_rows)
+        compile_ns = _union_ns(step_rows)
+        if (not (dim == 0 and 0 < after < before) or compile_ns < median
+                or context.share_of_wall(compile_ns) < MIN_WALL_SHARE):
+            continue
+        step_ns = next((record.dur_ns or 0 for record in context.loop_steps if record.step == step), 0)
+        frame_id = _entered_at(context, step_rows)
+        late = LateRecompile(step, context.where(frame_id), len(step_rows), compile_ns, step_ns, int(median), before,
+                             after, again)
+        return [(_finding(context, late, step_rows, frame_id), late, {row.compile_id for row in step_rows})]
+    return []
+
+
+def _ran_again(context: AnalysisContext, rows: list[_Row], step: int) -> tuple[int, ...]:
+    """The later steps that ran a program `rows` compiled, from the program cache (each epoch's last batch)."""
+    programs = sorted({row.program_id for row in rows if row.program_id is not None})
+    if not programs or not context.trace.has_table("executions"):
+        return ()
+    return tuple(int(later) for (later,) in context.trace.sql(
+        f"SELECT DISTINCT step FROM executions WHERE rank = ? AND step > ? AND program_id IN "
+        f"({', '.join('?' for _ in programs)}) ORDER BY step", (context.rank, step, *programs)))
 
 
 def last_batch_compiles(context: AnalysisContext, not_evicted: str, evicted: list[int]) -> set[int]:
@@ -184,11 +204,11 @@ def _finding(context: AnalysisContext, late: LateRecompile, rows: list[_Row], fr
         analyzer=NAME,
         # Paid once a run: its share of a short traced run says more than of a long one's, so it is never critical.
         severity="warning",
-        title=(f"The last batch, smaller ({late.after} rows, not {late.before}), compiled again in step {late.step}: "
-               f"{format_ns(late.compile_ns)}, {share:.0%} of the run"),
+        title=(f"The last batch{' of an epoch' if late.ran_again else ''}, smaller ({late.after} rows, not "
+               f"{late.before}), compiled again in step {late.step}: {format_ns(late.compile_ns)}, {share:.0%} of the run"),
         explanation=(
-            f"Step {late.step}, the loop's last, took {format_ns(late.step_ns)} against a median step of "
-            f"{format_ns(late.median_step_ns)}: its batch had {late.after} rows where every step before had {late.before} "
+            f"Step {late.step}, {_which_step(late)}, took {format_ns(late.step_ns)} against a median step of "
+            f"{format_ns(late.median_step_ns)}: its batch had {late.after} rows where the steps before had {late.before} "
             f"(a dataset the batch size does not divide), so {plural(late.recompiles, 'program')} the loop had compiled "
             f"already ({names}) compiled again for it ({rows[0].diff}). It is paid once a run (or an epoch, where the "
             "compiled programs are not kept), for the few samples of one batch."),
@@ -201,3 +221,12 @@ def _finding(context: AnalysisContext, late: LateRecompile, rows: list[_Row], fr
                        for row in sorted(rows, key=lambda row: -row.dur_ns)[:6]),
         **context.location_fields(frame_id),
     )
+
+
+def _which_step(late: LateRecompile) -> str:
+    """The step's place: the loop's last, or an epoch's end whose programs later epochs' ends ran again."""
+    if not late.ran_again:
+        return "the loop's last"
+    steps = ", ".join(str(step) for step in late.ran_again[:4]) + (", ..." if len(late.ran_again) > 4 else "")
+    return (f"the end of the first epoch (the programs compiled for it ran again, from the program cache, in "
+            f"{'step' if len(late.ran_again) == 1 else 'steps'} {steps}, each later epoch's last batch)")

@@ -18,7 +18,7 @@ from tputrace.analysis.data_sizes import LengthRecompile, SizeOrigin
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding, Severity
 from tputrace.analysis.host_reads import host_read_before, masking_fix
 from tputrace.analysis.imported import jax_capture
-from tputrace.analysis.index_lists import scatter_of_changing_index, scatters_at
+from tputrace.analysis.index_lists import scatter_of_changing_index, scattered_rows_vary, scatters_at
 from tputrace.analysis import bag_ids, partial_batches
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, compiled_where, shape_entry
 from tputrace.analysis.routing import ROUTING_FIX, routes_tokens
@@ -280,8 +280,9 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     evidence.extend(_program_evidence(context, storms))
     evidence.extend(_entry_evidence(context, entry, "the changing shape enters the program as"))
     evidence.extend(_bucket_evidence(options, lambda count: plural(count, "size")))
+    programs = [program_id for storm in storms for program_id in storm.program_ids]
     scatter = (entry.frame_id if entry is not None and scatters_at(context, entry.frame_id) else
-               scatter_of_changing_index(context, [program_id for storm in storms for program_id in storm.program_ids]))
+               scatter_of_changing_index(context, programs))
     index_lists = scatter is not None
     images = entry is not None and not index_lists and _image_dim(entry)
     bags = bag_ids.bag_ids(entry)
@@ -302,7 +303,7 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
             f"Pad {batches} to a few fixed sizes, {_shared_bucketing_text(best, len(sizes))}. They hold index lists "
             f"({context.where(scatter)} scatters with them, as a graph network's edge list): pad them with indices of "
             "a dummy row (one extra node, dropped after) or with zero weights, so the padding adds nothing to the real "
-            "rows" + ("" if scatter == (entry.frame_id if entry else None) else
+            "rows" + ("" if scatter == (entry.frame_id if entry else None) or not scattered_rows_vary(context, programs) else
                       "; pad the rows they index (the nodes) to a fixed count as well, and leave the padded rows out of "
                       "pooling and the loss with a mask") + "."
         )

@@ -244,7 +244,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
     modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
     together = _read_together(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
     backwards = backward_selections(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
-    findings = [_finding(context, *line, read_with=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()))
+    findings = [_finding(context, *line, read_with_keys=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()))
                 for line in costly]
     in_loop = {(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in rows}
     for frame_id, kind, _, count, stall_ns, pending_ops in after_loop_reads(context, own, STALL, library, in_loop):
@@ -275,7 +275,7 @@ def _reads_the_end(context: AnalysisContext, frame_id: int | None) -> bool:
     return not rows
 
 
-def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, int | None]]) -> dict[tuple[int | None, str, int | None], tuple[str, ...]]:
+def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, int | None]]) -> dict[tuple[int | None, str, int | None], tuple[tuple[int | None, str, int | None], ...]]:
     """For each of the script's own reads of a value (`.item()`, `.tolist()`, ...), the other such lines that read as
     often in exactly the same loop steps (an evaluation's metrics, a loss and an accuracy logged together): each
     waits for the chip in turn, where one read of them all stacked would wait once."""
@@ -290,18 +290,19 @@ def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, i
             (*params, key[0], key[1])))
         if len(steps) >= 2:
             by_steps.setdefault(steps, []).append(key)
-    together: dict[tuple[int | None, str, int | None], tuple[str, ...]] = {}
+    together: dict[tuple[int | None, str, int | None], tuple[tuple[int | None, str, int | None], ...]] = {}
     for group in by_steps.values():
-        lines = sorted({context.where(frame_id) for frame_id, *_ in group})
-        for key in group if len(lines) >= 2 else ():
-            together[key] = tuple(line for line in lines if line != context.where(key[0]))
+        ordered = sorted(group, key=lambda key: context.where(key[0]))
+        for key in ordered if len({context.where(frame_id) for frame_id, *_ in group}) >= 2 else ():
+            together[key] = tuple(other for other in ordered if context.where(other[0]) != context.where(key[0]))
     return together
 
 
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
              pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost, *,
-             read_with: tuple[str, ...] = (), backward_of: tuple[str, ...] = ()) -> Finding:
+             read_with_keys: tuple[tuple[int | None, str, int | None], ...] = (), backward_of: tuple[str, ...] = ()) -> Finding:
     where = context.where(frame_id)
+    read_with = tuple(dict.fromkeys(context.where(other[0]) for other in read_with_keys))
     library = library_where(context, library_frame_id)
     share = context.share_of_steps_less_compiles(steady_stall)
     severity = context.severity(share)
@@ -318,11 +319,14 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     inside = f", in {library}" if library else ""
     cycle = optimizer_cycle(context)
     per_iteration = every is not None and len(cycle) == every[1] and not once  # every iteration of a loop of k steps
+    from_step = _from_step(context, frame_id, kind, library_frame_id) if every is None and not once and not every_step else None
+    if from_step is not None:
+        rate = f"{'every step' if from_step[0] == 1 else plural(from_step[0], 'time') + ' per step'} from step {from_step[1]}"
     how_often = ("in one step" if once else "every step" if every_step else
                  f"{plural(every[0], 'time')} per loop iteration" if per_iteration and every is not None else rate)
     title = f"Host sync {how_often} at {where} ({kind}{inside}): {stalled}"
     pending = pending_ops / count
-    waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
+    waits_for = (f"forces the {plural(round(pending), 'op')} still pending on average to run" if pending >= 1
                  else "is for programs already queued on the chip")
     in_steps = f" in {plural(steps_with, 'step')}" if context.steps else ""
     explanation = (
@@ -349,11 +353,20 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
     elif kind in _COPIES_OUT and context.steps and APPENDS.search(line_text(context.location(frame_id), context.trace) or ""):
         suggestion = KEPT_COPIES
     steady = context.steady_line_range
-    evaluated = (evaluation_modules(context, frame_id, kind, range(steady[0], steady[1] + 1))
-                 if every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and steady else ())
+    steady_range = range(steady[0], steady[1] + 1) if steady else range(0)
+    evaluating = every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and bool(steady_range)
+    evaluated = evaluation_modules(context, frame_id, kind, steady_range) if evaluating else ()
+    # a metric read in the same steps as an evaluation's read (an accuracy after the loss, whose read ran the
+    # forward) ends the same evaluation, though its own wait flushed only the metric's ops
+    forward_read_at = None
+    for other_frame, other_kind, _ in read_with_keys if evaluating and not evaluated else ():
+        evaluated = evaluation_modules(context, other_frame, other_kind, steady_range)
+        if evaluated:
+            forward_read_at = context.where(other_frame)
+            break
     if evaluated and every is not None:
         kept = kind in _COPIES_OUT and bool(APPENDS.search(line_text(context.location(frame_id), context.trace) or ""))
-        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept)
+        suggestion = evaluation_suggestion(where, every, evaluated, kept=kept, forward_read_at=forward_read_at)
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration:
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
@@ -497,12 +510,29 @@ def _ran_at_line(context: AnalysisContext, frame_id: int, op_prefix: str, where:
 def _period(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None) -> tuple[int, int] | None:
     """(n, p) when the line's syncs of `kind` came n at a time in every p-th steady step (`if step % 2 == 0:`)."""
     steady = context.steady_line_range
+    return None if steady is None else step_period(_line_counts(context, frame_id, kind, library_frame_id, steady), *steady)
+
+
+def _from_step(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None) -> tuple[int, int] | None:
+    """(n, first) when the line's syncs came n at a time in every step from a later steady step `first` to the loop's
+    end (`if best is None or loss < best:`, which reads from the second iteration on), not in the steps before it."""
+    steady = context.steady_line_range
     if steady is None:
         return None
+    counts = _line_counts(context, frame_id, kind, library_frame_id, steady)
+    steps = sorted(counts)
+    if (len(steps) < 2 or steps[0] <= steady[0] or len(set(counts.values())) != 1
+            or steps != list(range(steps[0], steady[1] + 1))):
+        return None
+    return counts[steps[0]], steps[0]
+
+
+def _line_counts(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None,
+                 steady: tuple[int, int]) -> dict[int, int]:
+    """The line's syncs of `kind` per step of `steady` (first, last)."""
     library = "library_frame_id IS ?" if context.trace.has_column("syncs", "library_frame_id") else "? IS NULL"
-    counts = dict(context.trace.sql(
+    return {int(step): int(count) for step, count in context.trace.sql(
         f"SELECT step, COUNT(*) FROM syncs WHERE rank = ? AND frame_id IS ? AND kind = ? AND {library} "
         "AND step BETWEEN ? AND ? GROUP BY step",
         (context.rank, frame_id, kind, library_frame_id, *steady),
-    ))
-    return step_period(counts, *steady)
+    )}

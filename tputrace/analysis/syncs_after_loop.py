@@ -65,7 +65,7 @@ def after_loop_finding(context: AnalysisContext, analyzer: str, frame_id: int | 
     where = context.where(frame_id)
     share = context.share_of_wall(stall_ns)
     pending = pending_ops / count
-    waits_for = (f"forces the {pending:.0f} ops still pending on average to run" if pending >= 1
+    waits_for = (f"forces the {plural(round(pending), 'op')} still pending on average to run" if pending >= 1
                  else "is for programs already queued on the chip")
     return Finding(
         analyzer=analyzer,

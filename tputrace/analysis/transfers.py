@@ -232,7 +232,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 f"{where} copied {format_bytes(total_bytes)} from the host to the chip in {plural(total_count, 'copy', 'copies')} "
                 f"({'every step' if every_step else f'in {steps_with} of {steady_count} steady steps'}"
                 f"{'' if once else '; ' + what}), "
-                f"taking {format_ns(total_ns)} ({context.share_text(share)})."
+                f"taking {format_ns(total_ns)} ({_steady_part(context, total_ns, dur_ns, share)})."
             ),
             suggestion=suggestion,
             **cost,
@@ -255,3 +255,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 if kept is not None]
     data = TransfersData(tuple(lines[:50]), sum(line.bytes_per_step for line in lines))
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _steady_part(context: AnalysisContext, total_ns: float, steady_ns: float, share: float) -> str:
+    """The steady steps' share of the copies' time, and their own time where the warm-up's copies (a first copy that
+    waited for its program's compile) took most of the total, so the share is not read as the total's."""
+    if context.steps and total_ns > 2 * steady_ns:
+        return f"{format_ns(steady_ns)} of it in the steady steps, {context.share_text(share)}"
+    return context.share_text(share)
