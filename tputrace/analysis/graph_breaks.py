@@ -37,6 +37,13 @@ SUGGESTION = (
     "branch on it outside the compiled function (every N steps), or use a traceable op; "
     "`torch._dynamo.explain(fn)(*args)` lists every break."
 )
+# What a host read at a break reads, where the loop's advice (accumulate the loss, read every N steps) does not
+# apply: the read is inside the function, on every call; a graph's CPU outputs are what the next part reads.
+_READ_ADVICE = {
+    "item": "`.item()`, `float(t)` and `int(t)` of a tensor in the compiled function read it on the host at every "
+            "call: use the 0-d tensor itself in the ops after it (`h / h.abs().max()`, not `h / h.abs().max().item()`).",
+    "host_outputs": "",
+}
 # Dynamo's own advice in a break's reason (`- hint: Change `torch._dynamo.config.trace_autograd_ops` to `True`.`).
 _HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
@@ -147,7 +154,7 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
             f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)})."
         )
     suggestion = SUGGESTION
-    kind_advice = [SUGGESTIONS[kind] for kind in syncs.kinds if kind in SUGGESTIONS]
+    kind_advice = [advice for kind in syncs.kinds if (advice := _READ_ADVICE.get(kind, SUGGESTIONS.get(kind)))]
     if _is_branch(context, frame_id) and {"item", "bool"} & set(syncs.kinds):
         suggestion = (
             f"The value picks a branch at {where}: compute both sides on the chip and choose with "

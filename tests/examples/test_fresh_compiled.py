@@ -1,0 +1,104 @@
+"""Scripts that run `torch.compile(backend="tpu")` as users write them, read wrong before: a compiled forward that
+reads numbers from its tensors (`.item()`, numpy of `.tolist()`) and goes on with them, breaking its graph and tracing
+the part after the break again for every new number."""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+from test_problems import record
+
+import tputrace
+from tputrace.analysis import analyze_path
+from tputrace.summary import render_text as render_summary
+from tputrace.summary import summarize
+
+pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
+
+READ_IN_FORWARD = '''
+    import numpy as np
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Shifted(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, x):
+            h = self.proj(x)
+            scale = h.abs().max().item()
+            rows = h[:, 0].tolist()
+            shift = float(np.mean(rows))
+            return h / scale + shift
+
+
+    model = torch.compile(Shifted().to("tpu"), backend="tpu")
+    with torch.no_grad():
+        for step in range(5):
+            out = model(torch.randn(4, 8, device="tpu"))
+    print(out.sum().item())
+'''
+
+
+def _line(script: Path, text: str) -> int:
+    return next(number for number, source in enumerate(script.read_text().splitlines(), 1) if text in source)
+
+
+@pytest.fixture(scope="module")
+def read_in_forward(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    folder = tmp_path_factory.mktemp("read_in_forward")
+    script = folder / "shifted.py"
+    script.write_text(textwrap.dedent(READ_IN_FORWARD))
+    trace = folder / "shifted.tptrace"
+    record(script, trace, [])
+    return script, trace
+
+
+def test_a_number_read_at_a_graph_break_is_named_by_its_line_not_by_dynamos_stack_slot(read_in_forward) -> None:
+    """The part of forward after the `.tolist()` break is traced again for each `float(np.mean(rows))`: Dynamo's
+    guard is on `___stack0[0]`, a slot of the resumed frame; the finding names the function, the line that read
+    the number and how to keep it a tensor, not KV-cache advice about passing `___stack0[0]` as a tensor."""
+    script, trace = read_in_forward
+    report = analyze_path(trace)
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "guard_recompiles"]
+    read_line = _line(script, "shift = float(")
+    break_line = _line(script, "rows = h[:, 0].tolist()")
+    assert storm.title.startswith(f"torch.compile traced Shifted.forward after its graph break at line {break_line} "
+                                  "again for each number read from a tensor at `shift = float(np.mean(rows))` "
+                                  f"({script.name}:{read_line}): "), storm.title
+    assert "___stack0" not in storm.title and "___stack0" not in storm.suggestion, storm.suggestion
+    assert storm.suggestion.startswith("Keep the value a tensor"), storm.suggestion
+    assert "index_copy_" not in storm.suggestion
+
+
+def test_an_item_in_a_compiled_forward_is_not_told_to_accumulate_the_loss(read_in_forward) -> None:
+    """`.item()` inside a compiled forward is read at every call: the break's advice is to use the 0-d tensor, not the
+    training loop's advice to accumulate `loss.detach()` and add it before `optimizer.step()`."""
+    script, trace = read_in_forward
+    report = analyze_path(trace)
+    item_line = _line(script, "scale = h.abs().max().item()")
+    (item_break,) = [finding for finding in report.findings
+                     if finding.analyzer == "graph_breaks" and finding.line == item_line]
+    assert "use the 0-d tensor itself in the ops after it" in item_break.suggestion, item_break.suggestion
+    assert "loss.detach()" not in item_break.suggestion and "optimizer.step()" not in item_break.suggestion
+
+
+def test_a_guard_failures_change_is_one_line_without_tputraces_own_frames(read_in_forward) -> None:
+    """Dynamo's guard failure goes on with the guard's user stack and, through `np.mean`, names the wrapper tputrace
+    puts around torch's tensor makers: the trace keeps neither the wrapper's frame, and the summary shows one line."""
+    _, trace = read_in_forward
+    with tputrace.open(trace) as opened:
+        diffs = [diff for (diff,) in opened.sql(
+            "SELECT d.text FROM compiles c JOIN strings d ON d.id = c.diff_sid "
+            "WHERE c.kind = 'dynamo_frame' AND c.reason = 'guard_failure'")]
+        summary = summarize(opened)
+    assert diffs and not [diff for diff in diffs if "tputrace host origins" in diff], diffs
+    lines = render_summary(summary).splitlines()
+    changed = [number for number, line in enumerate(lines) if line.strip().startswith("changed:")]
+    assert changed and all("User stack trace" not in lines[number + 1] for number in changed), lines
