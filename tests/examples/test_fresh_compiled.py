@@ -102,3 +102,34 @@ def test_a_guard_failures_change_is_one_line_without_tputraces_own_frames(read_i
     lines = render_summary(summary).splitlines()
     changed = [number for number, line in enumerate(lines) if line.strip().startswith("changed:")]
     assert changed and all("User stack trace" not in lines[number + 1] for number in changed), lines
+
+
+GROWING_LENGTH = '''
+    import torch
+    import tputrace
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Embedding(50, 16), nn.Linear(16, 4)).to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    with torch.no_grad():
+        for step in range(6):
+            ids = torch.randint(0, 50, (2, 8 + 3 * step), device="tpu")
+            out = compiled(ids).mean(1)
+            tputrace.step()
+    print(out.sum().item())
+'''
+
+
+def test_a_size_guard_on_a_sequence_length_is_told_to_pad_the_length_with_its_own_sizes(tmp_path: Path) -> None:
+    """Token ids one step longer each call: Dynamo's size guard fails on dim 1 at the second call; the storm explains
+    the dynamic graph's later sizes, so the guard's finding counts and lists its own (8 and 11, not every length), and
+    being no batch dim, it is told to pad the length, not `drop_last=True`."""
+    script = tmp_path / "growing.py"
+    script.write_text(textwrap.dedent(GROWING_LENGTH))
+    report = record(script, tmp_path / "growing.tptrace", [])
+    (guard,) = [finding for finding in report.findings if finding.title.startswith("torch.compile traced Sequential")]
+    assert "dim 1 changed (8 -> 11)" in guard.title, guard.title
+    assert "1 recompile for the sizes 8, 11," in guard.explanation, guard.explanation
+    assert "drop_last" not in guard.suggestion and "pad dim 1 of `args[0]` to one length" in guard.suggestion
+    assert any(finding.title.startswith("Recompilation storm") for finding in report.findings)
