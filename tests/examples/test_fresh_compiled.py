@@ -1,14 +1,17 @@
 """Scripts that run `torch.compile(backend="tpu")` as users write them, read wrong before: a compiled forward that
 reads numbers from its tensors (`.item()`, numpy of `.tolist()`) and goes on with them, breaking its graph and tracing
-the part after the break again for every new number."""
+the part after the break again for every new number; a sequence length that grows; a compiled `optimizer.step()`
+beside an LR scheduler; a `fullgraph=True` router that loops over the experts its tokens chose."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 
 import pytest
-from test_problems import record
+from test_problems import ROOT, record
 
 import tputrace
 from tputrace.analysis import analyze_path
@@ -133,3 +136,81 @@ def test_a_size_guard_on_a_sequence_length_is_told_to_pad_the_length_with_its_ow
     assert "1 recompile for the sizes 8, 11," in guard.explanation, guard.explanation
     assert "drop_last" not in guard.suggestion and "pad dim 1 of `args[0]` to one length" in guard.suggestion
     assert any(finding.title.startswith("Recompilation storm") for finding in report.findings)
+
+
+COMPILED_OPTIMIZER_STEP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(32, 64), nn.GELU(), nn.Linear(64, 8)).to("tpu")
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+
+
+    @torch.compile(backend="tpu")
+    def opt_step():
+        opt.step()
+
+
+    for step in range(4):
+        loss = model(torch.randn(16, 32, device="tpu")).square().mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt_step()
+        sched.step()
+    print(loss.item())
+'''
+
+
+def test_a_compiled_optimizer_step_is_no_fullgraph_error_in_tputraces_own_hook(tmp_path: Path) -> None:
+    """Dynamo traces torch's step wrapper into the hook tputrace adds after each optimizer step, cannot trace it, and
+    runs that frame uncompiled by itself: nothing the script raised or caught, and no line of the script's to change."""
+    script = tmp_path / "compiled_step.py"
+    script.write_text(textwrap.dedent(COMPILED_OPTIMIZER_STEP))
+    report = record(script, tmp_path / "compiled_step.tptrace", [])
+    assert not [finding for finding in report.findings if "fullgraph=True" in finding.title or "tputrace" in
+                (finding.file or "").replace(str(tmp_path), "")], [finding.title for finding in report.findings]
+
+
+ROUTER = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Router(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.gate = nn.Linear(16, 4)
+            self.experts = nn.ModuleList(nn.Linear(16, 16) for _ in range(4))
+
+        def forward(self, x):
+            choice = self.gate(x).argmax(-1)
+            out = torch.zeros_like(x)
+            for index in choice.unique().tolist():
+                out[choice == index] = self.experts[index](x[choice == index])
+            return out
+
+
+    model = torch.compile(Router().to("tpu"), backend="tpu", fullgraph=True)
+    print(model(torch.randn(8, 16, device="tpu")).sum().item())
+'''
+
+
+def test_a_data_dependent_guard_that_ends_the_run_is_not_told_the_script_caught_it(tmp_path: Path) -> None:
+    """Tracing a loop over `unique().tolist()` raises GuardOnDataDependentSymNode (no `torch._dynamo.exc` class) and
+    the run ends with it: the finding is critical, says the run stopped, and tells to loop over a fixed set."""
+    script = tmp_path / "router.py"
+    script.write_text(textwrap.dedent(ROUTER))
+    trace = tmp_path / "router.tptrace"
+    completed = subprocess.run([sys.executable, "-m", "tputrace.cli.main", "run", "-o", str(trace), str(script)],
+                               capture_output=True, text=True, cwd=ROOT, timeout=900)
+    assert completed.returncode == 1, completed.stderr[-3000:]
+    report = analyze_path(trace)
+    (failed,) = [finding for finding in report.findings if finding.title.startswith("torch.compile failed")]
+    loop_line = _line(script, "for index in choice.unique().tolist():")
+    assert (failed.severity, failed.line) == ("critical", loop_line), failed.title
+    assert failed.title.endswith("; the run stopped"), failed.title
+    assert "loop over a fixed set" in failed.suggestion, failed.suggestion
