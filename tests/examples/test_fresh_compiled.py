@@ -214,3 +214,36 @@ def test_a_data_dependent_guard_that_ends_the_run_is_not_told_the_script_caught_
     assert (failed.severity, failed.line) == ("critical", loop_line), failed.title
     assert failed.title.endswith("; the run stopped"), failed.title
     assert "loop over a fixed set" in failed.suggestion, failed.suggestion
+
+
+INT_TEMPERATURE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8).to("tpu")
+
+
+    @torch.compile(backend="tpu")
+    def sample(x, temperature: int):
+        return torch.softmax(model(x) / temperature, -1)
+
+
+    with torch.no_grad():
+        for step in range(6):
+            probs = sample(torch.randn(2, 8, device="tpu"), step + 1)
+    print(probs.sum().item())
+'''
+
+
+def test_a_compiled_graph_recompiled_per_value_of_a_dynamic_int_is_a_finding(tmp_path: Path) -> None:
+    """After one guard failure Dynamo takes the int temperature as an input, but the tpu backend compiles the graph's
+    XLA program per value: those recompiles, with no shape changed, are a finding naming the int by its guard."""
+    script = tmp_path / "temperature.py"
+    script.write_text(textwrap.dedent(INT_TEMPERATURE))
+    report = record(script, tmp_path / "temperature.tptrace", [])
+    (finding,) = [finding for finding in report.findings if "for each value of the int" in finding.title]
+    assert finding.title.startswith("sample graph 1 inference compiled again for each value of the int `temperature`")
+    assert finding.line == _line(script, "@torch.compile")  # the compiled function's code begins there
+    assert "took 5 values (2, 3, 4, 5, 6)" in finding.explanation, finding.explanation
+    assert finding.suggestion.startswith("Pass `temperature` to the compiled function as a tensor")
