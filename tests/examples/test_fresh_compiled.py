@@ -14,7 +14,9 @@ import pytest
 from test_problems import ROOT, record
 
 import tputrace
-from tputrace.analysis import analyze_path
+from tputrace.analysis import analyze_path, host_bound
+from tputrace.analysis.chips import chip
+from tputrace.analysis.context import AnalysisContext
 from tputrace.summary import render_text as render_summary
 from tputrace.summary import summarize
 
@@ -247,3 +249,38 @@ def test_a_compiled_graph_recompiled_per_value_of_a_dynamic_int_is_a_finding(tmp
     assert finding.line == _line(script, "@torch.compile")  # the compiled function's code begins there
     assert "took 5 values (2, 3, 4, 5, 6)" in finding.explanation, finding.explanation
     assert finding.suggestion.startswith("Pass `temperature` to the compiled function as a tensor")
+
+
+COMPILED_MODEL_EAGER_STEP = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 64), nn.SiLU(), nn.Linear(64, 16)).to("tpu")
+    compiled = torch.compile(model, backend="tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(4):
+        x = torch.randn(8, 16, device="tpu")
+        loss = (compiled(x) - x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_host_bound_advice_in_a_compiled_run_is_about_the_ops_outside_the_graphs(tmp_path: Path) -> None:
+    """Under `--mode compile` the model runs as torch.compile graphs and the loss and AdamW's update op by op: where
+    the steps are host-bound, the advice is to bring those ops into the compiled function or fuse them in DeferAndFuse,
+    not to compile the model it has compiled."""
+    script = tmp_path / "compiled_model.py"
+    script.write_text(textwrap.dedent(COMPILED_MODEL_EAGER_STEP))
+    trace = tmp_path / "compiled_model.tptrace"
+    report = record(script, trace, [], ("--mode", "compile"))
+    with tputrace.open(trace) as opened:
+        advice = host_bound._outside_compiled_graphs(AnalysisContext.build(opened, chip(None), True))
+    assert advice is not None and advice.startswith("The model is compiled already"), advice
+    assert "`tputrace run --mode defer`" in advice
+    for finding in report.findings:  # a host-bound finding, where the host was slow enough for one, says so
+        if finding.analyzer == "host_bound":
+            assert finding.suggestion == advice, finding.suggestion
