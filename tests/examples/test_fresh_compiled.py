@@ -173,6 +173,10 @@ def test_a_compiled_optimizer_step_is_no_fullgraph_error_in_tputraces_own_hook(t
     report = record(script, tmp_path / "compiled_step.tptrace", [])
     assert not [finding for finding in report.findings if "fullgraph=True" in finding.title or "tputrace" in
                 (finding.file or "").replace(str(tmp_path), "")], [finding.title for finding in report.findings]
+    # the compiled Adam step returns its step counts to the CPU: those waits are told `capturable=True`
+    for finding in report.findings:
+        if "(host_outputs)" in finding.explanation:
+            assert "capturable=True" in finding.suggestion, finding.suggestion
 
 
 ROUTER = '''
@@ -284,3 +288,36 @@ def test_host_bound_advice_in_a_compiled_run_is_about_the_ops_outside_the_graphs
     for finding in report.findings:  # a host-bound finding, where the host was slow enough for one, says so
         if finding.analyzer == "host_bound":
             assert finding.suggestion == advice, finding.suggestion
+
+
+FLOAT_TEMPERATURE = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(16, 1).to("tpu")
+
+
+    @torch.compile(backend="tpu")
+    def scaled_loss(out, target, temperature):
+        return ((out / temperature - target) ** 2).mean()
+
+
+    for step in range(5):
+        loss = scaled_loss(model(torch.randn(8, 16, device="tpu")), torch.randn(8, 1, device="tpu"), 1.0 + 0.5 * step)
+        loss.backward()
+    print(loss.item())
+'''
+
+
+def test_cpu_outputs_of_a_graph_taking_a_float_are_not_told_to_make_an_optimizer_capturable(tmp_path: Path) -> None:
+    """A float temperature Dynamo made dynamic is a CPU scalar, and the forward returns what the backward keeps of it
+    to the CPU at every call: no optimizer step is compiled, so the advice is to pass the number as a device tensor."""
+    script = tmp_path / "float_temperature.py"
+    script.write_text(textwrap.dedent(FLOAT_TEMPERATURE))
+    report = record(script, tmp_path / "float_temperature.tptrace", [])
+    waits = [finding for finding in report.findings if "(host_outputs)" in finding.title]
+    assert waits, [finding.title for finding in report.findings]
+    for finding in waits:
+        assert "capturable" not in finding.suggestion, finding.suggestion
+        assert "pass such a number as a tensor on the device" in finding.suggestion, finding.suggestion

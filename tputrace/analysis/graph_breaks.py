@@ -26,7 +26,7 @@ from tputrace.analysis.compile_errors import compile_error_findings
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
-from tputrace.analysis.syncs import STALL, SUGGESTIONS
+from tputrace.analysis.syncs import HOST_OUTPUTS_OF_NUMBERS, STALL, SUGGESTIONS, host_outputs_advice
 from tputrace.store.aggregates import merged_ns
 from tputrace.wording import format_ns, plural
 
@@ -38,11 +38,10 @@ SUGGESTION = (
     "`torch._dynamo.explain(fn)(*args)` lists every break."
 )
 # What a host read at a break reads, where the loop's advice (accumulate the loss, read every N steps) does not
-# apply: the read is inside the function, on every call; a graph's CPU outputs are what the next part reads.
+# apply: the read is inside the function, on every call.
 _READ_ADVICE = {
     "item": "`.item()`, `float(t)` and `int(t)` of a tensor in the compiled function read it on the host at every "
             "call: use the 0-d tensor itself in the ops after it (`h / h.abs().max()`, not `h / h.abs().max().item()`).",
-    "host_outputs": "",
 }
 # Dynamo's own advice in a break's reason (`- hint: Change `torch._dynamo.config.trace_autograd_ops` to `True`.`).
 _HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
@@ -154,7 +153,11 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
             f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)})."
         )
     suggestion = SUGGESTION
-    kind_advice = [advice for kind in syncs.kinds if (advice := _READ_ADVICE.get(kind, SUGGESTIONS.get(kind)))]
+    # A graph's CPU outputs at a break are an optimizer's step counts where one was compiled; else what the part
+    # after the break reads, which the break's own advice covers.
+    read_advice = {**_READ_ADVICE, "host_outputs": "" if host_outputs_advice(context) == HOST_OUTPUTS_OF_NUMBERS
+                   else SUGGESTIONS["host_outputs"]}
+    kind_advice = [advice for kind in syncs.kinds if (advice := read_advice.get(kind, SUGGESTIONS.get(kind)))]
     if _is_branch(context, frame_id) and {"item", "bool"} & set(syncs.kinds):
         suggestion = (
             f"The value picks a branch at {where}: compute both sides on the chip and choose with "
