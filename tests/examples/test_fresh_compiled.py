@@ -321,3 +321,43 @@ def test_cpu_outputs_of_a_graph_taking_a_float_are_not_told_to_make_an_optimizer
     for finding in waits:
         assert "capturable" not in finding.suggestion, finding.suggestion
         assert "pass such a number as a tensor on the device" in finding.suggestion, finding.suggestion
+
+
+GRU_CLASSIFIER = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Classifier(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(64, 16)
+            self.rnn = nn.GRU(16, 16, batch_first=True)
+            self.out = nn.Linear(16, 3)
+
+        def forward(self, ids):
+            h, _ = self.rnn(self.emb(ids))
+            return self.out(h[:, -1])
+
+
+    compiled = torch.compile(Classifier().to("tpu"), backend="tpu")
+    with torch.no_grad():
+        for step in range(2):
+            logits = compiled(torch.randint(0, 64, (4, 6), device="tpu"))
+    print(logits.sum().item())
+'''
+
+
+def test_a_frame_dynamo_skips_by_itself_is_not_told_the_script_caught_a_fullgraph_error(tmp_path: Path) -> None:
+    """Dynamo cannot wrap a GRU and skips the forward's frame, which then runs uncompiled: the script used no
+    `fullgraph=True` and caught nothing, so the finding says the function runs uncompiled, not that it raised."""
+    script = tmp_path / "gru.py"
+    script.write_text(textwrap.dedent(GRU_CLASSIFIER))
+    report = record(script, tmp_path / "gru.tptrace", [])
+    (skipped,) = [finding for finding in report.findings if "GRU" in finding.title]
+    assert skipped.title == (f"torch.compile could not compile the function at {script.name}:"
+                             f"{_line(script, 'h, _ = self.rnn(')}: Attempted to wrap RNN, GRU, or LSTM; it runs uncompiled")
+    assert "caught it" not in skipped.title and "fullgraph=True) raised" not in skipped.title
+    assert "Or compile it with `fullgraph=False`" not in skipped.suggestion, skipped.suggestion

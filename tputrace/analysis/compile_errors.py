@@ -169,30 +169,32 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
     code = f" (`{at.code}`)" if at is not None and at.code else ""
     what = (parsed.explanation or parsed.reason).rstrip(".")
     went_on = ("; the script caught it and ran the function uncompiled" if caught else "; the run stopped")
-    if parsed.skipped_frame:
-        title = f"torch.compile gave up on the function at {where}: {parsed.reason}; it runs uncompiled"
-        explanation = (
-            f"Dynamo could not trace {where}{code}: {what}. The graph broke inside a loop, which Dynamo does not "
-            "resume from, so it skipped the whole frame"
-        )
+    if parsed.graph_break and caught:
+        # A frame compile that failed on a graph break without ending the run: Dynamo skipped the frame itself (no
+        # resuming from a break in a loop, or a call it cannot wrap), or a script caught `fullgraph=True`'s error.
+        title = f"torch.compile could not compile the function at {where}: {parsed.reason}; it runs uncompiled"
+        explanation = f"Dynamo could not trace {where}{code}: {what}. " + (
+            "The graph broke inside a loop, which Dynamo does not resume from, so it skipped the whole frame: every "
+            "call runs the function as it was written, op by op" if parsed.skipped_frame else
+            "The frame's compile failed, so the function runs as it was written, op by op: Dynamo skipped the frame, "
+            "or, under `fullgraph=True`, the script caught the error and called the function uncompiled"
+        ) + "; only this finding tells that it never compiled."
     elif parsed.graph_break:
         title = f"torch.compile(fullgraph=True) raised at {where}: {parsed.reason}{went_on}"
         explanation = (
             f"Dynamo could not trace {where}{code}: {what}. Without `fullgraph=True` it would break the graph there and "
-            "run the line in Python; with it (or with graph breaks made errors) it raises instead"
+            "run the line in Python; with it (or with graph breaks made errors) it raises instead, and the run stopped "
+            "there."
         )
     else:
         title = f"torch.compile failed at {where}: {parsed.reason}{went_on}"
-        explanation = f"Dynamo raised {parsed.kind.rpartition('.')[2]} while compiling {where}{code}: {what}"
-    explanation += (
-        ": every call runs it as it was written, op by op, and only this finding tells that it never compiled."
-        if parsed.skipped_frame else
-        ". The script caught the exception and went on, so the function it meant to compile runs as it was written "
-        "(a fallback to the uncompiled function runs it op by op); only this finding tells that it never compiled."
-        if caught else (", and the run stopped there." if parsed.graph_break else ". The run stopped there."))
+        explanation = f"Dynamo raised {parsed.kind.rpartition('.')[2]} while compiling {where}{code}: {what}" + (
+            ". The script caught the exception and went on, so the function it meant to compile runs as it was written "
+            "(a fallback to the uncompiled function runs it op by op); only this finding tells that it never compiled."
+            if caught else ". The run stopped there.")
     evidence = [Evidence(f"{parsed.kind}: {parsed.reason}", file=at.file if at else None, line=at.line if at else None)]
     if parsed.call_line is not None and parsed.call_line != at:
-        evidence.append(Evidence("the call of the compiled function that raised",
+        evidence.append(Evidence("the call of the compiled function",
                                  file=parsed.call_line.file, line=parsed.call_line.line))
     evidence += [Evidence(f"Dynamo's hint: {hint}") for hint in parsed.hints[:3]]
     return Finding(
@@ -200,7 +202,7 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
         severity="warning" if caught else "critical",
         title=title,
         explanation=explanation,
-        suggestion=compile_error_suggestion(parsed, where),
+        suggestion=compile_error_suggestion(parsed, where, uncompiled=caught),
         cost_total_ns=float(cost_ns),
         evidence=tuple(evidence),
         file=at.file if at else None,
@@ -208,12 +210,16 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
     )
 
 
-def compile_error_suggestion(parsed: CompileError, where: str) -> str:
+def compile_error_suggestion(parsed: CompileError, where: str, *, uncompiled: bool = False) -> str:
+    """The change that lets the function compile; `uncompiled`: the run went on with the function uncompiled, which
+    `fullgraph=True` or Dynamo itself may have caused."""
     text = f"{parsed.reason} {parsed.explanation or ''}".lower()
-    without_fullgraph = (
+    without_fullgraph = "" if not parsed.graph_break or parsed.skipped_frame else (
+        " Where it is compiled with `fullgraph=True`, `fullgraph=False` lets Dynamo break the graph at the line "
+        "instead, which then runs in Python on every call (a host read of the value each time, which a traced run "
+        "reports)." if uncompiled else
         " Or compile it with `fullgraph=False`: Dynamo then breaks the graph at the line, which runs in Python on every "
-        "call (a host read of the value each time, which a traced run reports)."
-    ) if parsed.graph_break and not parsed.skipped_frame else ""
+        "call (a host read of the value each time, which a traced run reports).")
     if "data-dependent branching" in text or "jump with tensorvariable" in text:
         return (f"Make the branch at {where} a tensor op inside the compiled function: compute both sides and choose "
                 "with `torch.where(condition, a, b)` (or `torch.clamp`/`torch.minimum` for a bound), or use "
