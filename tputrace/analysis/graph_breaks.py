@@ -131,12 +131,17 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         severity = "critical"
     what = _what_broke(reasons[0])
     title = f"Graph break at {where} ({what}): {_runs_as(outcome, graphs)}"
+    called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
     if syncs.steady_syncs and context.steps:
         title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
     explanation = (
         f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
         f"{reasons[0].rstrip('.')}. "
     )
+    if called:  # a call Dynamo would not inline (a skipped function): the callee compiled as a frame of its own
+        title += f" ({called[0]}(), called there, compiles as a graph of its own)"
+        explanation += (f"Dynamo then compiled {', '.join(called)}, which the line calls, as a frame of its own, so "
+                        "that work runs as a compiled graph. ")
     if outcome is not None and outcome.eager:
         explanation += (
             f"Dynamo could not go on after it and gave up on {outcome.function}(): every call of it runs eagerly, op by "
@@ -190,6 +195,23 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         **context.location_fields(frame_id),
     )
     return finding, data
+
+
+def _called_graphs(context: AnalysisContext, where: str, outcome: Outcome) -> list[str]:
+    """The functions called at the break's line that Dynamo compiled as frames of their own, with ops in their graph
+    (a skipped `optimizer.step` of a compiled function: its `Adam.step` frame), the first first."""
+    called = []
+    for name, ops, detail in context.trace.sql(
+        "SELECT s.text, p.n_ops, c.detail FROM compiles c LEFT JOIN strings s ON s.id = c.name_sid "
+        "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns",
+        (context.rank,),
+    ):
+        parsed = detail_object(detail)
+        code = _code_name(name, parsed)
+        if (parsed.get("call_site") == where and _function_of(code) != outcome.function
+                and (_graph_ops(ops, parsed) or 0) > 0 and name not in called):
+            called.append(name or code)
+    return called
 
 
 def _runs_as(outcome: Outcome | None, resumed_graphs: int) -> str:
