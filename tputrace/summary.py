@@ -404,7 +404,8 @@ def sections(summary: RunSummary) -> list[Section]:
                 f"first {f'in step {group.first_step} ' if summary.step_count else ''}at {_where(group.source)}"
             )
             if group.diff:
-                recompile_lines.append(f"   changed: {group.diff}")
+                # A Dynamo guard failure goes on with the guard's user stack, line by line: the first line says it.
+                recompile_lines.append(f"   changed: {' '.join(group.diff.split(chr(10), 1)[0].split())}")
         result.append(
             Section(
                 f"recompiles: {compiles.recompiles} of {plural(compiles.count, 'compile')}, "

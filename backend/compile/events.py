@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -276,10 +277,17 @@ def concise_reason(reason: str) -> str:
     return " - ".join(parts)
 
 
+# The frame of the wrapper that remembers where a host tensor was made (backend/core/host_origins.py), which Dynamo
+# traces through and names in a guard's stack (`# x = f(y)  # train.py:9 in forward (<tputrace host origins>:3 in make)`).
+_WRAPPER_FRAME = re.compile(r" \(<tputrace host origins>:\d+ in \w+\)|\n *File \"<tputrace host origins>\", line \d+, in \w+\n[^\n]*")
+
+
 def _split_reason(reason: str | None) -> tuple[str | None, str | None]:
-    """'0/0: tensor 'x' size mismatch ...' -> ('0/0', "tensor 'x' size mismatch ...")."""
+    """'0/0: tensor 'x' size mismatch ...' -> ('0/0', "tensor 'x' size mismatch ..."), without the frames of
+    tputrace's own wrappers."""
     if not reason:
         return None, None
+    reason = _WRAPPER_FRAME.sub("", reason)
     head, separator, rest = reason.partition(": ")
     if separator and "/" in head and head.replace("/", "").isdigit():
         return head, rest

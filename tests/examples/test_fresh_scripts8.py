@@ -96,12 +96,13 @@ def test_a_fullgraph_error_the_script_catches_is_still_named_at_its_line(tmp_pat
     """The script falls back to the uncompiled function when compiling raises: the run ends well, and a warning at
     the `if` Dynamo names says it raised, that the script went on uncompiled, and how to make it compile."""
     report, script, line = _run(tmp_path, "caught_fullgraph", CAUGHT_FULLGRAPH_ERROR)
-    (raised,) = [finding for finding in report.findings if "raised at" in finding.title]
+    (raised,) = [finding for finding in report.findings if "could not compile" in finding.title]
     assert (raised.file, raised.line, raised.severity) == (str(script), line, "warning"), raised.title
-    assert raised.title == (f"torch.compile(fullgraph=True) raised at {script.name}:{line}: Data-dependent branching; "
-                            "the script caught it and ran the function uncompiled")
+    assert raised.title == (f"torch.compile could not compile the function at {script.name}:{line}: Data-dependent "
+                            "branching; it runs uncompiled")
+    assert "under `fullgraph=True`, the script caught the error" in raised.explanation, raised.explanation
     assert "`torch.where(condition, a, b)`" in raised.suggestion
-    assert any(evidence.text == "the call of the compiled function that raised" and evidence.line == line + 7
+    assert any(evidence.text == "the call of the compiled function" and evidence.line == line + 7
                for evidence in raised.evidence), [evidence.text for evidence in raised.evidence]
 
 

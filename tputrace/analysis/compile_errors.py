@@ -17,9 +17,11 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.analysis.findings import Evidence, Finding
-from tputrace.frame_files import is_library_file
+from tputrace.frame_files import is_library_file, is_own_file
 
 DYNAMO_ERRORS = ("torch._dynamo.exc.", "torch._inductor.exc.")
+# Dynamo's text for an error it handled itself, skipping the frame (it runs uncompiled), which no script sees.
+_FRAME_SKIPPED = "Skipping the frame and falling back to eager"
 _FRAME = re.compile(r'^\s*File "(?P<file>[^"]+)", line (?P<line>\d+), in (?P<function>.+)$')
 
 
@@ -45,6 +47,7 @@ class CompileError:
     hints: tuple[str, ...]
     user_line: SourceLine | None  # the line Dynamo could not trace
     call_line: SourceLine | None  # the script's line that called the compiled function
+    skipped_frame: bool = False  # Dynamo handled it itself, running the frame uncompiled (a graph break in a loop)
 
     @property
     def graph_break(self) -> bool:
@@ -103,11 +106,21 @@ def compile_error_findings(context: AnalysisContext, analyzer: str) -> list[Find
     parsed = parse_compile_error(run.error if run is not None else None)
     findings = [] if parsed is None else [_finding(context, analyzer, parsed, caught=False, cost_ns=context.wall_ns)]
     raised = {_key(parsed)} if parsed is not None else set()
+    run_error = run.error if run is not None and run.error else ""
     for caught, dur_ns in caught_compile_errors(context):
         if _key(caught) not in raised:
             raised.add(_key(caught))
-            findings.append(_finding(context, analyzer, caught, caught=True, cost_ns=dur_ns))
+            # An error of Dynamo's tracing that is no `torch._dynamo.exc` class (a guard on a data-dependent size)
+            # and that the run ended with: the script did not catch it.
+            stopped = parsed is None and _ended_run(caught, run_error)
+            findings.append(_finding(context, analyzer, caught, caught=not stopped,
+                                     cost_ns=context.wall_ns if stopped else dur_ns))
     return findings
+
+
+def _ended_run(error: CompileError, run_error: str) -> bool:
+    """Whether the run's exception (its formatted traceback and message) is `error`."""
+    return bool(error.reason) and error.reason in run_error
 
 
 def _key(parsed: CompileError | None) -> tuple[str, str, int, str]:
@@ -127,7 +140,9 @@ def caught_compile_errors(context: AnalysisContext) -> list[tuple[CompileError, 
         "ORDER BY start_ns", (context.rank,),
     ):
         failure = detail_object(detail_text).get("failure")
-        if isinstance(failure, dict):
+        # Dynamo tracing tputrace's own code (the optimizer step's hook, in torch's step wrapper that calls it) ran
+        # that frame uncompiled: nothing in the script to change.
+        if isinstance(failure, dict) and not (isinstance(failure.get("file"), str) and is_own_file(failure["file"])):
             errors.append((_recorded_error(context, failure), int(dur_ns or 0)))
     return errors
 
@@ -144,7 +159,8 @@ def _recorded_error(context: AnalysisContext, failure: dict[str, object]) -> Com
     call_frame_id = failure.get("call_frame_id")
     call = context.location(call_frame_id) if isinstance(call_frame_id, int) else None
     call_line = SourceLine(call.file, call.line, call.function or "") if call is not None else None
-    return CompileError(kind, text[0].strip() if text else kind, explanation, hints, user_line, call_line)
+    return CompileError(kind, text[0].strip() if text else kind, explanation, hints, user_line, call_line,
+                        skipped_frame=_FRAME_SKIPPED in str(failure.get("text") or ""))
 
 
 def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, caught: bool, cost_ns: int) -> Finding:
@@ -153,22 +169,32 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
     code = f" (`{at.code}`)" if at is not None and at.code else ""
     what = (parsed.explanation or parsed.reason).rstrip(".")
     went_on = ("; the script caught it and ran the function uncompiled" if caught else "; the run stopped")
-    if parsed.graph_break:
+    if parsed.graph_break and caught:
+        # A frame compile that failed on a graph break without ending the run: Dynamo skipped the frame itself (no
+        # resuming from a break in a loop, or a call it cannot wrap), or a script caught `fullgraph=True`'s error.
+        title = f"torch.compile could not compile the function at {where}: {parsed.reason}; it runs uncompiled"
+        explanation = f"Dynamo could not trace {where}{code}: {what}. " + (
+            "The graph broke inside a loop, which Dynamo does not resume from, so it skipped the whole frame: every "
+            "call runs the function as it was written, op by op" if parsed.skipped_frame else
+            "The frame's compile failed, so the function runs as it was written, op by op: Dynamo skipped the frame, "
+            "or, under `fullgraph=True`, the script caught the error and called the function uncompiled"
+        ) + "; only this finding tells that it never compiled."
+    elif parsed.graph_break:
         title = f"torch.compile(fullgraph=True) raised at {where}: {parsed.reason}{went_on}"
         explanation = (
             f"Dynamo could not trace {where}{code}: {what}. Without `fullgraph=True` it would break the graph there and "
-            "run the line in Python; with it (or with graph breaks made errors) it raises instead"
+            "run the line in Python; with it (or with graph breaks made errors) it raises instead, and the run stopped "
+            "there."
         )
     else:
         title = f"torch.compile failed at {where}: {parsed.reason}{went_on}"
-        explanation = f"Dynamo raised {parsed.kind.rpartition('.')[2]} while compiling {where}{code}: {what}"
-    explanation += (
-        ". The script caught the exception and went on, so the function it meant to compile runs as it was written "
-        "(a fallback to the uncompiled function runs it op by op); only this finding tells that it never compiled."
-        if caught else (", and the run stopped there." if parsed.graph_break else ". The run stopped there."))
+        explanation = f"Dynamo raised {parsed.kind.rpartition('.')[2]} while compiling {where}{code}: {what}" + (
+            ". The script caught the exception and went on, so the function it meant to compile runs as it was written "
+            "(a fallback to the uncompiled function runs it op by op); only this finding tells that it never compiled."
+            if caught else ". The run stopped there.")
     evidence = [Evidence(f"{parsed.kind}: {parsed.reason}", file=at.file if at else None, line=at.line if at else None)]
     if parsed.call_line is not None and parsed.call_line != at:
-        evidence.append(Evidence("the call of the compiled function that raised",
+        evidence.append(Evidence("the call of the compiled function",
                                  file=parsed.call_line.file, line=parsed.call_line.line))
     evidence += [Evidence(f"Dynamo's hint: {hint}") for hint in parsed.hints[:3]]
     return Finding(
@@ -176,7 +202,7 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
         severity="warning" if caught else "critical",
         title=title,
         explanation=explanation,
-        suggestion=compile_error_suggestion(parsed, where),
+        suggestion=compile_error_suggestion(parsed, where, uncompiled=caught),
         cost_total_ns=float(cost_ns),
         evidence=tuple(evidence),
         file=at.file if at else None,
@@ -184,17 +210,26 @@ def _finding(context: AnalysisContext, analyzer: str, parsed: CompileError, *, c
     )
 
 
-def compile_error_suggestion(parsed: CompileError, where: str) -> str:
+def compile_error_suggestion(parsed: CompileError, where: str, *, uncompiled: bool = False) -> str:
+    """The change that lets the function compile; `uncompiled`: the run went on with the function uncompiled, which
+    `fullgraph=True` or Dynamo itself may have caused."""
     text = f"{parsed.reason} {parsed.explanation or ''}".lower()
-    without_fullgraph = (
+    without_fullgraph = "" if not parsed.graph_break or parsed.skipped_frame else (
+        " Where it is compiled with `fullgraph=True`, `fullgraph=False` lets Dynamo break the graph at the line "
+        "instead, which then runs in Python on every call (a host read of the value each time, which a traced run "
+        "reports)." if uncompiled else
         " Or compile it with `fullgraph=False`: Dynamo then breaks the graph at the line, which runs in Python on every "
-        "call (a host read of the value each time, which a traced run reports)."
-    ) if parsed.graph_break else ""
+        "call (a host read of the value each time, which a traced run reports).")
     if "data-dependent branching" in text or "jump with tensorvariable" in text:
         return (f"Make the branch at {where} a tensor op inside the compiled function: compute both sides and choose "
                 "with `torch.where(condition, a, b)` (or `torch.clamp`/`torch.minimum` for a bound), or use "
                 "`torch.cond(condition, true_fn, false_fn, operands)` when a side is costly; the function then "
                 "compiles as one graph and nothing is read on the host." + without_fullgraph)
+    if "data-dependent expression" in text:
+        return (f"The code at {where} decides what to trace from a size or value that depends on the tensor's data "
+                "(the length of a `unique`, `nonzero` or boolean-mask result, a loop over their `.tolist()`), which one "
+                "graph cannot hold: loop over a fixed set instead (every expert, each masked by `choice == index`) and "
+                "choose with `torch.where`, so the shapes stay fixed.")
     if "item()" in text or "tolist()" in text or "capture_scalar_outputs" in text:
         return (f"Keep the value at {where} a tensor: return it and read it outside the compiled function (every N "
                 "steps), or set `torch._dynamo.config.capture_scalar_outputs = True` to trace the read into the "

@@ -80,9 +80,12 @@ def findings(context: AnalysisContext, leave_out: set[int]) -> list[tuple[Findin
         again_ns = sum(row.dur_ns for row in graph if row.kind == "xla" and any(
             int(change["after"]) == expected for change in _INT_CHANGE.finditer(row.diff)))
         call = next((row.frame_id for row in graph if row.kind == "aot" and row.frame_id is not None), guard.frame_id)
+        # The sizes of the recompiles this finding explains: a storm may explain the dynamic graph's later sizes.
+        explained_sizes = {expected, actual} | {int(value) for row in explained if row is not guard
+                                                for change in _CHANGE.finditer(row.diff) for value in change.groups()}
         record = DynamicSizeRecompiles(
             function=guard.name, where=context.where(call), tensor=size["name"], dim=int(size["dim"]),
-            sizes=tuple(sorted(sizes, reverse=True)), recompiles=len(explained),
+            sizes=tuple(sorted(explained_sizes & sizes)), recompiles=len(explained),
             recompile_ns=_outermost_ns(explained), steps=tuple(sorted({row.step for row in explained})),
             again_ns=again_ns,
         )
@@ -126,6 +129,15 @@ def _only_sizes(diff: str, sizes: set[int]) -> bool:
     return bool(changes) and all(int(change["before"]) in sizes and int(change["after"]) in sizes for change in changes)
 
 
+def _one_size(record: DynamicSizeRecompiles) -> str:
+    """How to give the guarded dim one size: a batch dim keeps full batches, another (a sequence's length) pads."""
+    if record.dim == 0:
+        return (f"`drop_last=True` in the DataLoader, or pad the smaller batches to {max(record.sizes)} and mask their "
+                "padding out of the loss")
+    return (f"pad dim {record.dim} of `{record.tensor}` to one length (the longest, or a fixed maximum) where the input "
+            "is made, and mask the padding (an attention mask, `ignore_index` in the loss)")
+
+
 def _steps_text(steps: tuple[int, ...]) -> str:
     if len(steps) == 1:
         return f"step {steps[0]}"
@@ -157,8 +169,7 @@ def _finding(context: AnalysisContext, call: int | None, record: DynamicSizeReco
             f"each further size costs its compiles again."
         ),
         suggestion=(
-            f"Give the compiled function one size: `drop_last=True` in the DataLoader, or pad the smaller batches to "
-            f"{max(record.sizes)} and mask their padding out of the loss. Where a few sizes must stay, pad to fixed "
+            f"Give the compiled function one size: {_one_size(record)}. Where a few sizes must stay, pad to fixed "
             f"buckets and either compile with `torch.compile(..., dynamic=False)` (one static graph per bucket, each "
             f"traced and compiled once and reused) or call `torch._dynamo.mark_dynamic(x, {record.dim})` on the input "
             f"(Dynamo's `{record.tensor}`) before the first call, so Dynamo traces one dynamic graph from the start instead of tracing again at "

@@ -26,7 +26,7 @@ from tputrace.analysis.compile_errors import compile_error_findings
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
-from tputrace.analysis.syncs import STALL, SUGGESTIONS
+from tputrace.analysis.syncs import HOST_OUTPUTS_OF_NUMBERS, STALL, SUGGESTIONS, host_outputs_advice
 from tputrace.store.aggregates import merged_ns
 from tputrace.wording import format_ns, plural
 
@@ -37,6 +37,12 @@ SUGGESTION = (
     "branch on it outside the compiled function (every N steps), or use a traceable op; "
     "`torch._dynamo.explain(fn)(*args)` lists every break."
 )
+# What a host read at a break reads, where the loop's advice (accumulate the loss, read every N steps) does not
+# apply: the read is inside the function, on every call.
+_READ_ADVICE = {
+    "item": "`.item()`, `float(t)` and `int(t)` of a tensor in the compiled function read it on the host at every "
+            "call: use the 0-d tensor itself in the ops after it (`h / h.abs().max()`, not `h / h.abs().max().item()`).",
+}
 # Dynamo's own advice in a break's reason (`- hint: Change `torch._dynamo.config.trace_autograd_ops` to `True`.`).
 _HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
@@ -125,12 +131,17 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         severity = "critical"
     what = _what_broke(reasons[0])
     title = f"Graph break at {where} ({what}): {_runs_as(outcome, graphs)}"
+    called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
     if syncs.steady_syncs and context.steps:
         title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
     explanation = (
         f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
         f"{reasons[0].rstrip('.')}. "
     )
+    if called:  # a call Dynamo would not inline (a skipped function): the callee compiled as a frame of its own
+        title += f" ({called[0]}(), called there, compiles as a graph of its own)"
+        explanation += (f"Dynamo then compiled {', '.join(called)}, which the line calls, as a frame of its own, so "
+                        "that work runs as a compiled graph. ")
     if outcome is not None and outcome.eager:
         explanation += (
             f"Dynamo could not go on after it and gave up on {outcome.function}(): every call of it runs eagerly, op by "
@@ -147,7 +158,11 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
             f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)})."
         )
     suggestion = SUGGESTION
-    kind_advice = [SUGGESTIONS[kind] for kind in syncs.kinds if kind in SUGGESTIONS]
+    # A graph's CPU outputs at a break are an optimizer's step counts where one was compiled; else what the part
+    # after the break reads, which the break's own advice covers.
+    read_advice = {**_READ_ADVICE, "host_outputs": "" if host_outputs_advice(context) == HOST_OUTPUTS_OF_NUMBERS
+                   else SUGGESTIONS["host_outputs"]}
+    kind_advice = [advice for kind in syncs.kinds if (advice := read_advice.get(kind, SUGGESTIONS.get(kind)))]
     if _is_branch(context, frame_id) and {"item", "bool"} & set(syncs.kinds):
         suggestion = (
             f"The value picks a branch at {where}: compute both sides on the chip and choose with "
@@ -180,6 +195,23 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         **context.location_fields(frame_id),
     )
     return finding, data
+
+
+def _called_graphs(context: AnalysisContext, where: str, outcome: Outcome) -> list[str]:
+    """The functions called at the break's line that Dynamo compiled as frames of their own, with ops in their graph
+    (a skipped `optimizer.step` of a compiled function: its `Adam.step` frame), the first first."""
+    called = []
+    for name, ops, detail in context.trace.sql(
+        "SELECT s.text, p.n_ops, c.detail FROM compiles c LEFT JOIN strings s ON s.id = c.name_sid "
+        "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns",
+        (context.rank,),
+    ):
+        parsed = detail_object(detail)
+        code = _code_name(name, parsed)
+        if (parsed.get("call_site") == where and _function_of(code) != outcome.function
+                and (_graph_ops(ops, parsed) or 0) > 0 and name not in called):
+            called.append(name or code)
+    return called
 
 
 def _runs_as(outcome: Outcome | None, resumed_graphs: int) -> str:

@@ -13,7 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-from tputrace.analysis import value_guards
+from tputrace.analysis import int_inputs, value_guards
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
 from tputrace.wording import format_ns, plural
@@ -68,6 +68,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GuardRecompilesData]:
         if len(recompiles) >= MIN_RECOMPILES:
             findings.append(_finding(context, frame_id, record))
     findings.extend(value_guards.findings(context))  # a recorded run's: its compiles carry signatures
+    findings.extend(int_inputs.findings(context))
     return AnalysisResult(NAME, GuardRecompilesData(tuple(functions)), tuple(findings))
 
 

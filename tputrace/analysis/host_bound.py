@@ -153,7 +153,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[HostBoundData]:
             f"({format_ns(dispatch_ns / ops)} each) while the {chip} {chip_label} {programs} for {format_ns(chip_ns)}: "
             f"the {chip} is idle about {idle_share:.0%} of the step waiting for Python.{_on_target(context, roofline_ns, chip_ns) if measured else ''}"
         ),
-        suggestion=_strict_mode_text(context) + (
+        suggestion=_outside_compiled_graphs(context) or _strict_mode_text(context) + (
             f"Give the {chip} more work per op: a larger batch per step, fewer tiny ops (fuse elementwise work, use "
             f"`foreach`/fused optimizers), or compile the step with {compile_text} so Python "
             "dispatches one graph instead of each op."
@@ -186,3 +186,21 @@ def _strict_mode_text(context: AnalysisContext) -> str:
             "DEFER_AND_FUSE (the default of `tputrace run`; in the script, "
             "`torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)`), which runs each step's ops as a few fused "
             f"programs, and keep `--mode {option}` for finding which op fails. ")
+
+
+def _outside_compiled_graphs(context: AnalysisContext) -> str | None:
+    """The advice for a recorded run whose steps run torch.compile graphs already: the ops dispatched one by one
+    are those outside them (the loss, the optimizer step), which strict eager runs as a program each."""
+    if context_import_facts(context) is not None or not context.trace.sql(
+        "SELECT 1 FROM compiles WHERE rank = ? AND kind = 'dynamo_frame' LIMIT 1", (context.rank,),
+    ):
+        return None
+    run = next((run for run in context.trace.runs if run.rank == context.rank), None)
+    strict = run is not None and run.eager_mode in ("DEFER_NEVER", "COMPILE")
+    return (
+        "The model is compiled already: the ops Python dispatches one by one are those outside its graphs (the loss, "
+        "the optimizer's update, metrics). Move them into the compiled function (compute the loss inside it; "
+        "`torch.compile` a function that calls `optimizer.step()`)"
+        + (", or run the eager ops in DeferAndFuse (`tputrace run --mode defer`, `torch.tpu.set_eager_mode`), which "
+           "fuses them into a program per step." if strict else ".")
+    )

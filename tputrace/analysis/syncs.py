@@ -65,6 +65,24 @@ SUGGESTIONS: dict[str, str] = {
                    "launched, and the host queues nothing meanwhile: a GPU script's step timing needs it, a traced run "
                    "does not (`tputrace run` records each step's time). Remove it from the loop, or call it every N steps.",
 }
+# A graph's CPU outputs where no optimizer step was compiled: numbers the graph took as inputs, and what it computed
+# from them.
+HOST_OUTPUTS_OF_NUMBERS = (
+    "A torch.compile graph returns values that torch keeps on the CPU, copied back after every call, so the host waits "
+    "for the chip. No optimizer step is compiled here: they are CPU scalars the graph computes from the Python numbers "
+    "it takes (a float Dynamo made dynamic, such as a temperature or a loss scale, and what the forward keeps of it for "
+    "the backward): pass such a number as a tensor on the device (`torch.tensor(value, device=...)`)."
+)
+
+
+def host_outputs_advice(context: AnalysisContext) -> str:
+    """The advice for a graph's CPU outputs: an optimizer's step counts where a torch.optim step was compiled."""
+    optimizer = context.trace.sql(
+        "SELECT 1 FROM compiles c JOIN frames f ON f.id = c.frame_id JOIN strings s ON s.id = f.file_sid "
+        "WHERE c.rank = ? AND c.kind = 'dynamo_frame' AND s.text LIKE '%torch/optim/%' LIMIT 1", (context.rank,))
+    return SUGGESTIONS["host_outputs"] if optimizer else HOST_OUTPUTS_OF_NUMBERS
+
+
 # Reads the line already makes every few steps (an evaluation or a log under `if step % N == 0`).
 PERIODIC = ("The line already reads every {every} steps, and each read still waits for the chip to finish the work "
             "queued before it: read less often (every {less_often} steps) or after the loop; for a logged loss, add "
@@ -341,6 +359,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         explanation += f" The value is read inside a library that {where} calls, at {library}."
     suggestion = (NO_STEP_SUGGESTIONS.get(kind) if not context.steps else None) or SUGGESTIONS.get(
         kind, "Move the host read out of the loop, or do it every N steps.")
+    if kind == "host_outputs":
+        suggestion = host_outputs_advice(context)
     decision = decision_after(context, frame_id) if kind in ("item", "tolist") else None
     if decision is not None:
         suggestion = decision_fix(f"{where.rsplit(':', 1)[0]}:{decision.line}", decision)

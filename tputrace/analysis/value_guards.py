@@ -7,6 +7,10 @@ position as an `int` does this at every token, until Dynamo's recompile limit st
 `dynamic_sizes`'; imported logs' recompiles are `guard_recompiles`'. One finding per function with at least
 `MIN_GUARD_FAILURES` value-guard failures, at the line calling it, costing the failures and the compiles of the
 graphs they traced.
+
+A guard on `___stack0[0]` is on a value Dynamo's resumed frame took from the stack at a graph break: a number
+the host read from a tensor at the break (`float(t)`, `.item()`, numpy of `.tolist()`), new at every call. Such a
+finding names the function the resumed frame is part of, the line that read the value, and how to keep it a tensor.
 """
 
 from __future__ import annotations
@@ -24,7 +28,10 @@ MIN_GUARD_FAILURES = 3
 # `pos == 1  # kc[:, pos] = k[:, 0]  # llama.py:31 in forward (...)`: the guard, then the line that read the value.
 _VALUE_GUARD = re.compile(r"^(?:\d+/\d+: )?(?P<name>[A-Za-z_][\w.\[\]'\"]*) == (?P<value>[^\s#]+)")
 _SIZE_GUARD = re.compile(r"(?:size|stride) mismatch")
-_READ_AT = re.compile(r"#\s*(?P<code>.+?)\s+#\s")
+_READ_AT = re.compile(r"#\s*(?P<code>.+?)\s+#\s+\S*?(?P<where>[^/\s]+:\d+) in ")
+# A value Dynamo passed a resumed frame on the stack (`___stack0[0]`): one computed where the graph broke.
+_STACK_VALUE = re.compile(r"^___stack\d+")
+_RESUMED = re.compile(r"^(?P<owner>.*?)torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+)$")
 _LIMIT_HIT = re.compile(r"hit config\.(?P<limit>\w+) \((?P<value>\d+)\)\n\s*function: '[^']*' \((?P<where>.*:\d+)\)")
 
 
@@ -38,10 +45,27 @@ class ValueGuardStorm:
     defined_where: str  # file.py:line
     value: str
     read_by: str | None  # the source line that read the value, as the guard quotes it
+    read_where: str | None  # file.py:line of that source line
     failures: int
     compile_ns: int
     call_frame_id: int | None
     limit: str | None  # `recompile_limit (8)` when Dynamo stopped compiling the function
+
+    @property
+    def from_graph_break(self) -> bool:
+        """Whether the value is one a resumed frame took from the stack at a graph break."""
+        return _STACK_VALUE.match(self.value) is not None
+
+    @property
+    def shown_function(self) -> str:
+        """The function as its user knows it: `Gated.forward after its graph break at line 20` for a resumed frame."""
+        resumed = _RESUMED.match(self.function)
+        if resumed is None:
+            return self.function
+        function = resumed["function"]
+        while (inner := _RESUMED.match(function)) is not None:
+            function = inner["function"]
+        return f"{resumed['owner']}{function} after its graph break at line {resumed['line']}"
 
 
 def storms(context: AnalysisContext) -> list[ValueGuardStorm]:
@@ -95,7 +119,8 @@ def _storm(context: AnalysisContext, frame_id: int | None, name: str, failures: 
         call_frame_id = calls[0] if calls else frame_id
     guard = _VALUE_GUARD.match(failures[-1][0])
     read = _READ_AT.search(failures[-1][0])
-    return ValueGuardStorm(name, defined_at, context.where(frame_id), guard["name"] if guard else "?", read["code"] if read else None, len(failures),
+    return ValueGuardStorm(name, defined_at, context.where(frame_id), guard["name"] if guard else "?", read["code"] if read else None,
+                           read["where"] if read else None, len(failures),
                            merged_ns(intervals), call_frame_id, limit)
 
 
@@ -114,14 +139,39 @@ def _limit_hit(context: AnalysisContext, defined_at: str) -> tuple[int | None, s
 def _finding(context: AnalysisContext, storm: ValueGuardStorm) -> Finding:
     where = context.where(storm.call_frame_id)
     share = context.share_of_wall(storm.compile_ns)
-    read_by = f" (`{storm.read_by}` reads it)" if storm.read_by else ""
+    function = storm.shown_function
     limit = f", then hit Dynamo's {storm.limit.split(' ', 1)[0]}" if storm.limit else ""
-    explanation = (
-        f"torch.compile specialised {storm.function} on the Python value `{storm.value}`{read_by}: each call with "
-        f"another value failed the guard `{storm.value} == ...`, and Dynamo traced the function again and the backend "
-        f"compiled the new graph: {plural(storm.failures, 'guard failure')}, {format_ns(storm.compile_ns)} of "
-        f"compiling with the graphs' compiles ({share:.0%} of the run)."
-    )
+    if storm.from_graph_break:
+        read_by = (f"`{storm.read_by}` ({storm.read_where})" if storm.read_by and storm.read_where
+                   else f"`{storm.read_by}`" if storm.read_by else "the line where the graph broke")
+        explanation = (
+            f"torch.compile specialised {function} on the number {read_by} read from a tensor: the graph broke there, the host read the value, and "
+            f"Dynamo resumed the function with it as a Python constant (`{storm.value}`), so each call with another "
+            f"value failed the guard `{storm.value} == ...`, and Dynamo traced the rest again and the backend compiled "
+            f"the new graph: {plural(storm.failures, 'guard failure')}, {format_ns(storm.compile_ns)} of compiling "
+            f"with the graphs' compiles ({share:.0%} of the run)."
+        )
+        suggestion = (
+            f"Keep the value a tensor: compute it with tensor ops instead of reading it at {read_by} (no `.item()`, "
+            "`float(tensor)`, `.tolist()` or numpy of a tensor), so the graph does not break there and takes the value "
+            "as data; one graph then serves every value."
+        )
+        title = f"torch.compile traced {function} again for each number read from a tensor at {read_by}"
+    else:
+        read_by = f" (`{storm.read_by}` reads it)" if storm.read_by else ""
+        explanation = (
+            f"torch.compile specialised {function} on the Python value `{storm.value}`{read_by}: each call with "
+            f"another value failed the guard `{storm.value} == ...`, and Dynamo traced the function again and the backend "
+            f"compiled the new graph: {plural(storm.failures, 'guard failure')}, {format_ns(storm.compile_ns)} of "
+            f"compiling with the graphs' compiles ({share:.0%} of the run)."
+        )
+        suggestion = (
+            f"Pass `{storm.value}` to the compiled function as a tensor (`torch.tensor([{storm.value}], device=...)`) and "
+            "use it in tensor ops (`index_copy_` into a preallocated cache, a mask over its full length) instead of "
+            "Python indexing and slicing, so one graph serves every value; a value that takes only a few settings may "
+            "stay a Python value."
+        )
+        title = f"torch.compile traced {function} again for each value of `{storm.value}` at {where}"
     if storm.limit:
         explanation += (f" Then Dynamo reached `torch._dynamo.config.{storm.limit.split(' ', 1)[0]}` "
                         f"({storm.limit.split(' ', 1)[1].strip('()')}): later calls with a new value run uncompiled, "
@@ -129,21 +179,15 @@ def _finding(context: AnalysisContext, storm: ValueGuardStorm) -> Finding:
     return Finding(
         analyzer=ANALYZER,
         severity=context.severity(share),
-        title=(f"torch.compile traced {storm.function} again for each value of `{storm.value}` at {where}: "
-               f"{plural(storm.failures, 'recompile')}{limit}"),
+        title=f"{title}: {plural(storm.failures, 'recompile')}{limit}",
         explanation=explanation,
-        suggestion=(
-            f"Pass `{storm.value}` to the compiled function as a tensor (`torch.tensor([{storm.value}], device=...)`) and "
-            "use it in tensor ops (`index_copy_` into a preallocated cache, a mask over its full length) instead of "
-            "Python indexing and slicing, so one graph serves every value; a value that takes only a few settings may "
-            "stay a Python value."
-        ),
+        suggestion=suggestion,
         cost_total_ns=float(storm.compile_ns),
         cost_per_step_ns=context.per_step(storm.compile_ns),
         cost_basis=MEASURED_ON_HOST,
         evidence=(
-            Evidence(f"{plural(storm.failures, 'value guard failure')} of {storm.function} (defined at "
-                     f"{storm.defined_where}), each tracing it again", table="compiles"),
+            Evidence(f"{plural(storm.failures, 'value guard failure')} of {function} ({storm.defined_where}), each "
+                     "tracing it again", table="compiles"),
             *((Evidence(f"Dynamo's {storm.limit} hit at {where}", table="annotations"),) if storm.limit else ()),
         ),
         **context.location_fields(storm.call_frame_id),
