@@ -1,6 +1,6 @@
 """Distributed scripts of kinds the other fresh-distributed files do not cover, run under `tputrace run --nproc 2`: metrics
-all-reduced every step beside DDP's compressed buckets, and a mixture of experts dispatching its tokens with
-all_to_all_single of split sizes counted each step."""
+all-reduced every step beside DDP's compressed buckets, a mixture of experts dispatching its tokens with all_to_all_single
+of split sizes counted each step, and sequence parallelism whose norm weights reach the optimizer as Partial gradients."""
 
 from __future__ import annotations
 
@@ -61,6 +61,38 @@ EXPERTS = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# Sequence parallelism: the norm runs on Shard(1) activations, so its replicated weight's gradient is Partial, and AdamW's
+# foreach ops each reduce it (--clean reduces the Partial gradients once before the step).
+SEQUENCE_PARALLEL = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, SequenceParallel, parallelize_module
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.norm = nn.LayerNorm(32)
+            self.up = nn.Linear(32, 64)
+            self.down = nn.Linear(64, 32)
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(self.norm(x))))
+    mesh = init_device_mesh("tpu", (world,))
+    plan = dict(norm=SequenceParallel(), up=ColwiseParallel(input_layouts=Shard(1)), down=RowwiseParallel(output_layouts=Shard(1)))
+    model = parallelize_module(Block().to("tpu"), mesh, plan)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(5):
+        x = torch.randn(4, 8, 32, device="tpu")  # this rank's part of the sequence
+        loss = model(x).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        if CLEAN:
+            for p in model.parameters():
+                if isinstance(p.grad, DTensor) and any(placement.is_partial() for placement in p.grad.placements):
+                    p.grad = p.grad.redistribute(p.grad.device_mesh, p.placements)
+        optimizer.step()  {marker}
+    dist.destroy_process_group()
+'''
+
+
 def test_metrics_all_reduced_every_step_are_told_to_reduce_a_running_sum_and_ddp_buckets_are_not_counted_as_uncaused(tmp_path: Path) -> None:
     script, trace, line = _run(tmp_path, "metrics", METRICS)
     report = _report(trace)
@@ -88,3 +120,12 @@ def test_tokens_dispatched_with_split_sizes_counted_each_step_are_told_to_use_a_
     assert share, [finding.title for finding in report.findings]
     suggestion = share[0].suggestion or ""
     assert "fixed capacity" in suggestion and "split sizes" in suggestion and "DDP buckets" not in suggestion
+
+
+def test_partial_gradients_reduced_by_each_optimizer_op_are_told_to_be_reduced_once_before_the_step(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "sequence_parallel", SEQUENCE_PARALLEL)
+    report = _report(trace)
+    found = [finding for finding in report.findings if "optimizer step" in finding.title and "Partial gradients" in finding.title]
+    assert len(found) == 1, [finding.title for finding in report.findings]
+    assert found[0].file is not None and Path(found[0].file).name == script.name and found[0].line == line
+    assert "p.grad.redistribute(p.grad.device_mesh, p.placements)" in (found[0].suggestion or "")
