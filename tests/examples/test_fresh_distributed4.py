@@ -1,10 +1,15 @@
 """Distributed scripts of kinds the other fresh-distributed files do not cover, run under `tputrace run --nproc 2`: metrics
 all-reduced every step beside DDP's compressed buckets, a mixture of experts dispatching its tokens with all_to_all_single
-of split sizes counted each step, and sequence parallelism whose norm weights reach the optimizer as Partial gradients."""
+of split sizes counted each step, sequence parallelism whose norm weights reach the optimizer as Partial gradients, and a
+device mesh made in one process run with `--chips`."""
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -129,3 +134,24 @@ def test_partial_gradients_reduced_by_each_optimizer_op_are_told_to_be_reduced_o
     assert len(found) == 1, [finding.title for finding in report.findings]
     assert found[0].file is not None and Path(found[0].file).name == script.name and found[0].line == line
     assert "p.grad.redistribute(p.grad.device_mesh, p.placements)" in (found[0].suggestion or "")
+
+
+def test_a_device_mesh_made_in_one_process_with_chips_is_told_to_run_one_process_per_chip(tmp_path: Path) -> None:
+    script = tmp_path / "one_process_mesh.py"
+    script.write_text(textwrap.dedent('''
+        import torch
+        import tputrace.backend  # noqa: F401
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor import Shard, distribute_tensor
+        mesh = init_device_mesh("tpu", (2,))
+        weight = distribute_tensor(torch.randn(64, 64, device="tpu"), mesh, [Shard(0)])
+    '''))
+    trace = tmp_path / "one_process_mesh.tptrace"
+    command = [sys.executable, "-m", "tputrace.cli.main", "run", "--chips", "2", "--quiet", "-o", str(trace), str(script)]
+    environment = {name: value for name, value in os.environ.items() if name not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    process = subprocess.run(command, capture_output=True, text=True, cwd=tmp_path, env=environment, timeout=120)
+    assert process.returncode != 0
+    report = _report(trace)
+    assert report.findings and report.findings[0].title.startswith("The script raised before any op ran"), [f.title for f in report.findings]
+    suggestion = report.findings[0].suggestion or ""
+    assert "tputrace run --nproc N" in suggestion and "--as-cuda" not in suggestion
