@@ -1,7 +1,8 @@
 """Distributed scripts of kinds the other fresh-distributed files do not cover, run under `tputrace run --nproc 2`: metrics
 all-reduced every step beside DDP's compressed buckets, a mixture of experts dispatching its tokens with all_to_all_single
-of split sizes counted each step, sequence parallelism whose norm weights reach the optimizer as Partial gradients, and a
-device mesh made in one process run with `--chips`."""
+of split sizes counted each step, sequence parallelism whose norm weights reach the optimizer as Partial gradients, a
+column-parallel layer given its predecessor's split output as whole on a named mesh, and a device mesh made in one process
+run with `--chips`."""
 
 from __future__ import annotations
 
@@ -98,6 +99,27 @@ SEQUENCE_PARALLEL = HEADER + '''
 '''
 
 
+# A named mesh ("tp") whose block makes both layers column-parallel, the second reading its input as whole: it gets each
+# rank's piece of the first layer's split output, and DTensor finds no sharding for the product.
+PIECE_READ_AS_WHOLE = HEADER + '''
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate
+    from torch.distributed.tensor.parallel import ColwiseParallel, parallelize_module
+    class Block(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.up = nn.Linear(32, 64)
+            self.down = nn.Linear(64, 32)
+        def forward(self, x):
+            return x + self.down(torch.relu(self.up(x)))  {marker}
+    mesh = init_device_mesh("tpu", (world,), mesh_dim_names=("tp",))
+    plan = dict(up=ColwiseParallel(), down=ColwiseParallel(input_layouts=Replicate(), output_layouts=Replicate()))
+    model = parallelize_module(Block().to("tpu"), mesh["tp"], plan)
+    loss = model(torch.randn(8, 32, device="tpu")).square().mean()
+    dist.destroy_process_group()
+'''
+
+
 def test_metrics_all_reduced_every_step_are_told_to_reduce_a_running_sum_and_ddp_buckets_are_not_counted_as_uncaused(tmp_path: Path) -> None:
     script, trace, line = _run(tmp_path, "metrics", METRICS)
     report = _report(trace)
@@ -155,3 +177,15 @@ def test_a_device_mesh_made_in_one_process_with_chips_is_told_to_run_one_process
     assert report.findings and report.findings[0].title.startswith("The script raised before any op ran"), [f.title for f in report.findings]
     suggestion = report.findings[0].suggestion or ""
     assert "tputrace run --nproc N" in suggestion and "--as-cuda" not in suggestion
+
+
+def test_a_split_input_read_as_whole_on_a_named_mesh_is_read_from_dtensors_error(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "piece_read_as_whole", PIECE_READ_AS_WHOLE, expect_ok=False)
+    report = _report(trace)
+    found = [finding for finding in report.findings if finding.title.startswith("DTensor found no sharding")]
+    assert len(found) == 1, [finding.title for finding in report.findings]
+    finding = found[0]
+    assert finding.title == f"DTensor found no sharding for aten.addmm.default at {script.name}:{line}: a split input read as whole"
+    assert finding.severity == "critical" and finding.line == line and Path(finding.file or "").name == script.name
+    assert "32 wide, 1/2 of the 64 inputs of the weight" in finding.explanation, finding.explanation
+    assert "RowwiseParallel()" in (finding.suggestion or "") and "output_layouts=Replicate()" in (finding.suggestion or "")
