@@ -1,8 +1,8 @@
 """Distributed scripts of kinds the other fresh-distributed files do not cover, run under `tputrace run --nproc 2`: metrics
 all-reduced every step beside DDP's compressed buckets, a mixture of experts dispatching its tokens with all_to_all_single
 of split sizes counted each step, sequence parallelism whose norm weights reach the optimizer as Partial gradients, a
-column-parallel layer given its predecessor's split output as whole on a named mesh, and a device mesh made in one process
-run with `--chips`."""
+column-parallel layer given its predecessor's split output as whole on a named mesh, a rank out of batches inside DDP's
+`Join`, and a device mesh made in one process run with `--chips`."""
 
 from __future__ import annotations
 
@@ -120,6 +120,22 @@ PIECE_READ_AS_WHOLE = HEADER + '''
 '''
 
 
+# Rank 1 has two more batches than rank 0; DDP's Join shadows its collectives from the `with` line on rank 0.
+JOINED = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(nn.Linear(32, 4).to("tpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    batches = [torch.randn(8, 32) for _ in range(4 + 2 * rank)]
+    with model.join():  {marker}
+        for batch in batches:
+            loss = model(batch.to("tpu")).square().mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+    dist.destroy_process_group()
+'''
+
+
 def test_metrics_all_reduced_every_step_are_told_to_reduce_a_running_sum_and_ddp_buckets_are_not_counted_as_uncaused(tmp_path: Path) -> None:
     script, trace, line = _run(tmp_path, "metrics", METRICS)
     report = _report(trace)
@@ -189,3 +205,15 @@ def test_a_split_input_read_as_whole_on_a_named_mesh_is_read_from_dtensors_error
     assert finding.severity == "critical" and finding.line == line and Path(finding.file or "").name == script.name
     assert "32 wide, 1/2 of the 64 inputs of the weight" in finding.explanation, finding.explanation
     assert "RowwiseParallel()" in (finding.suggestion or "") and "output_layouts=Replicate()" in (finding.suggestion or "")
+
+
+def test_a_rank_shadowing_the_others_inside_join_is_uneven_inputs_not_collectives_out_of_step(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "joined", JOINED)
+    report = _report(trace)
+    titles = [finding.title for finding in report.findings]
+    assert not [title for title in titles if title.startswith("Ranks issue collectives out of step")], titles
+    assert not [finding.title for finding in report.findings if finding.title.startswith("Host sync") and finding.line == line], titles
+    found = [finding for finding in report.findings if finding.title.startswith("Uneven inputs under Join")]
+    assert len(found) == 1, titles
+    assert found[0].line == line and Path(found[0].file or "").name == script.name
+    assert "rank 0 4, rank 1 6" in found[0].explanation and "DistributedSampler" in (found[0].suggestion or "")

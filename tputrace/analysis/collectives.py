@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.collective_fixes import share_fix, small_fix
+from tputrace.analysis.collective_joins import joined_early
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
@@ -210,7 +211,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         ))
     wait_by_rank, late, straggler = _stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
-    findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
+    findings.extend(finding for finding in (order_finding, straggler, uneven, joined_early(context)) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
 
