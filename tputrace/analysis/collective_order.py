@@ -60,9 +60,10 @@ def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | N
     trace = context.trace
     if len(trace.distributed_ranks) < 2:
         return None, None
-    shadows = (trace.sql("SELECT id FROM collective_causes WHERE kind = 'join'") if trace.has_table("collective_causes") else [])
-    shadow_ids = {cause_id for (cause_id,) in shadows}
-    rows = trace.sql("SELECT rank, kind, bytes, group_sid, ranks_sid, frame_id, start_ns, cause_id FROM collectives ORDER BY rank, start_ns")
+    caused = trace.has_table("collective_causes") and trace.has_column("collectives", "cause_id")  # format 2 and later
+    shadow_ids = {cause_id for (cause_id,) in trace.sql("SELECT id FROM collective_causes WHERE kind = 'join'")} if caused else set()
+    rows = trace.sql(f"SELECT rank, kind, bytes, group_sid, ranks_sid, frame_id, start_ns, {'cause_id' if caused else 'NULL'} "
+                     "FROM collectives ORDER BY rank, start_ns")
     by_group: dict[tuple[int | None, int | None], dict[int, list[_Call]]] = defaultdict(lambda: defaultdict(list))
     for rank, kind, nbytes, group_sid, ranks_sid, frame_id, start_ns, cause_id in rows:
         if kind in POINT_TO_POINT:
