@@ -18,8 +18,8 @@ from tputrace.analysis.findings import Finding
 from tputrace.analysis.memory_oom import failing_frame
 from tputrace.analysis.sharding_common import NAME, Collected
 
-# the mesh's sizes, named (`(dp=2, tp=2)`, a mesh made with mesh_dim_names) or not (`(2, 2)`)
-_FAILED = re.compile(r"Sharding propagation failed for ([\w.]+)\((.*)\) on DeviceMesh\(\(((?:\w+=)?\d+(?:, *(?:\w+=)?\d+)*)\)")
+# the mesh's sizes, named (`(dp=2, tp=2)`, a mesh made with mesh_dim_names) or not (`(2, 2)`, `(2,)`)
+_FAILED = re.compile(r"Sharding propagation failed for ([\w.]+)\((.*)\) on DeviceMesh\(\(((?:\w+=)?\d+(?:, *(?:\w+=)?\d+)*,?)\)")
 _SPEC = re.compile(r"Spec\((\w+)\[([\d, ]*)\]\(([^()]*(?:\([^()]*\)[^()]*)*)\)\)")
 _PRODUCT_DIMS = re.compile(r"same reduction dim, but got \[([\d, ]+)\] X \[([\d, ]+)\]|shapes cannot be multiplied \((\d+)x(\d+) and (\d+)x(\d+)\)")
 _PLACEMENT = re.compile(r"S\((-?\d+)\)|R|P(?:\([^()]*\))?")
