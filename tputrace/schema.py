@@ -427,7 +427,7 @@ COLLECTIVE_CAUSES = RecordKind(
     (
         _c("id", "INTEGER", "cause id"),
         _RANK,
-        _c("kind", "TEXT", "redistribute (a DTensor changed placement), reduce_again, round_trip, fsdp_all_gather, fsdp_reduce_scatter, ddp_bucket, ddp_init or ddp_forward"),
+        _c("kind", "TEXT", "redistribute (a DTensor changed placement), reduce_again, round_trip, fsdp_all_gather, fsdp_reduce_scatter, ddp_bucket, ddp_init, ddp_forward or join (the calls a rank out of inputs issues inside `Join`, shadowing the others')"),
         _c("phase", "TEXT", "forward or backward"),
         _c("module_sid", "INTEGER", "module path: the tensor-parallel module, FSDP2 group or DDP model", ref="strings"),
         _c("tensor_sid", "INTEGER", "the parameter(s) when the redistributed tensor is a parameter; the parameters of an FSDP2 group or DDP bucket (first few)", ref="strings"),

@@ -250,9 +250,9 @@ class TpuProcessGroup(dist.ProcessGroup):
     # ----------------------------------------------------------------- all-to-all
     def all_to_all_single(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int], input_split_sizes: list[int], opts: Any = None) -> dist.Work:  # noqa: A002
         staging, call = self._start("all_to_all", [input], tracing.message_bytes([input]))
+        out_splits, in_splits = tracing.note_splits(call, output_split_sizes, input_split_sizes)
         host_input = staging.read(input)
         host_output = staging.output(output)
-        out_splits, in_splits = list(output_split_sizes), list(input_split_sizes)
         return self._launch(staging, call, lambda give: self._host.alltoall_base(give(host_output), give(host_input), out_splits, in_splits, dist.AllToAllOptions()), [output])
 
     alltoall_base = all_to_all_single
@@ -268,7 +268,7 @@ class TpuProcessGroup(dist.ProcessGroup):
         staging, call = self._start("all_to_all", inputs, tracing.message_bytes(inputs))
         host_input = torch.cat([staging.read(input).reshape(-1) for input in inputs])
         host_output = staging.flat_output(outputs)
-        out_splits, in_splits = [output.numel() for output in outputs], [input.numel() for input in inputs]
+        out_splits, in_splits = tracing.note_splits(call, [output.numel() for output in outputs], [input.numel() for input in inputs])
         return self._launch(staging, call, lambda give: self._host.alltoall_base(give(host_output), give(host_input), out_splits, in_splits, dist.AllToAllOptions()), outputs)
 
     # ----------------------------------------------------------------- barrier and point-to-point

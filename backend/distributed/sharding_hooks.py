@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from tputrace.backend.distributed import causes, placements, redistributions, tracing, unsynced
+from tputrace.backend.distributed import causes, joins, placements, redistributions, tracing, unsynced
 from tputrace.recording.interface import Recording
 
 _installed = False
@@ -68,6 +68,7 @@ def install() -> None:
     _hook_parallel_styles()
     _hook_fsdp()
     _hook_ddp()
+    joins.install()
     unsynced.install()
 
 

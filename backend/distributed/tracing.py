@@ -13,6 +13,7 @@ Message sizes follow the nccl-tests convention: all-gather and reduce-scatter co
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 
 import torch
 
@@ -97,6 +98,15 @@ def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, r
     reduced_already = kind == "all_reduce" and len(tensors) == 1 and redistributions.reduces_again(recorder, tensors[0])
     return CollectiveCall(recorder, kind, nbytes, short_name(tensors[0].dtype) if tensors else "", group, ranks, size, transport, reduced_already,
                           tensors)
+
+
+def note_splits(call: CollectiveCall | None, output_splits: Sequence[int], input_splits: Sequence[int]) -> tuple[list[int], list[int]]:
+    """An all-to-all's split sizes as lists; a call whose pieces differ in size (the ranks chose them, as a mixture of
+    experts' token dispatch does) is recorded with the algorithm `<transport>:uneven`."""
+    outputs, inputs = list(output_splits), list(input_splits)
+    if call is not None and (len(set(outputs)) > 1 or len(set(inputs)) > 1):
+        call.algorithm = f"{call.algorithm.split(':')[0]}:uneven"
+    return outputs, inputs
 
 
 def active_recorder() -> Recording | None:

@@ -13,6 +13,7 @@ from tputrace.analysis.imported import context_import_facts
 # The collectives torch's object calls run on pickled bytes, by the call.
 OBJECT_KINDS = {"all_gather": "all_gather_object", "broadcast": "broadcast_object_list", "gather": "gather_object", "scatter": "scatter_object_list"}
 PER_TENSOR_KINDS = ("all_reduce", "reduce")  # a reduction a loop may issue once per tensor, where one flattened call does
+SCALAR_BYTES = 64  # a call of at most this many bytes carries a few numbers (a loss, an accuracy), not a tensor's data
 SECOND_LINE_SHARE = 0.2  # of the top two lines' time: a second line with a fix of its own gets it named too
 
 
@@ -20,16 +21,20 @@ def line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: st
     """What removes the calls of the top line (by `by`) when its kind has a fix of its own: a barrier, a broadcast, sends,
     XLA's collective permutes, a reduction called once per tensor."""
     rows = context.trace.sql(f"SELECT kind, frame_id, COUNT(*), COUNT(DISTINCT bytes), COALESCE(SUM(dtype = 'u8'), 0), "
-                             f"COALESCE(SUM(dtype = 'i64'), 0) FROM collectives WHERE {where} "
+                             f"COALESCE(SUM(dtype = 'i64'), 0), MAX(bytes), COALESCE(SUM(algorithm LIKE '%:uneven'), 0) FROM collectives WHERE {where} "
                              f"GROUP BY kind, frame_id ORDER BY {by} LIMIT 1", tuple(params))
     if not rows:
         return None
-    kind, frame_id, calls, sizes, pickled, lengths = rows[0]
+    kind, frame_id, calls, sizes, pickled, lengths, largest, uneven = rows[0]
     per_step = calls / max(context.steady_count, 1) if context.steps else 0.0
+    if kind == "all_to_all" and uneven:
+        return _dispatch_fix(context.where(frame_id))
     if kind in OBJECT_KINDS and pickled and lengths:
         return _object_fix(kind, context.where(frame_id), per_step)
     if kind in PER_TENSOR_KINDS and per_step >= 2 and sizes >= 2:
         return _per_tensor_fix(kind, context.where(frame_id), per_step)
+    if kind in PER_TENSOR_KINDS and per_step >= 1 and largest is not None and largest <= SCALAR_BYTES:
+        return _scalar_fix(kind, context.where(frame_id))
     if kind not in ("barrier", "broadcast", "send", "recv", "collective_permute", "scatter"):
         return None
     return small_fix(context, where, params, (kind, frame_id))
@@ -54,6 +59,13 @@ def share_fix(context: AnalysisContext, where: str, params: Sequence[int]) -> st
             fixes[0] = (fixes[0][0].replace(fixes[0][1], f"{fixes[0][1]} and {at}", 1), f"{fixes[0][1]} and {at}")
         elif all(fix != known for known, _ in fixes):
             fixes.append((fix, at))
+    if not fixes:
+        # a line whose calls take less time can still be what the top line's calls serve: an all-to-all of pieces the
+        # ranks size each step, whose split sizes another collective exchanged first
+        dispatch = context.trace.sql(f"SELECT frame_id FROM collectives WHERE {where} AND kind = 'all_to_all' AND algorithm "
+                                     "LIKE '%:uneven' GROUP BY frame_id ORDER BY SUM(dur_ns) DESC LIMIT 1", tuple(params))
+        if dispatch:
+            return _dispatch_fix(context.where(dispatch[0][0]))
     return " ".join(fix for fix, _ in fixes) or overlap_fix(context)
 
 
@@ -74,6 +86,26 @@ def _per_tensor_fix(kind: str, at: str, per_step: float) -> str:
             "gradients): wrap the model in DistributedDataParallel, whose buckets reduce the gradients in a few large calls "
             "overlapped with the backward pass, or flatten the tensors into one buffer and reduce it once "
             "(`torch._utils._flatten_dense_tensors`, one call, then `_unflatten_dense_tensors` and copy the pieces back).")
+
+
+def _dispatch_fix(at: str) -> str:
+    """The fix for an all-to-all whose pieces the ranks size each step (a mixture of experts' token dispatch): the split
+    sizes are counted on the chip, exchanged and read on the host before each call, and every new size is a new shape."""
+    return (f"The all_to_all at {at} sends pieces whose sizes the ranks choose each step (split sizes, as a mixture of "
+            "experts' token dispatch has): the counts are exchanged and read from the chip before every call, and each new "
+            "size gives the programs after it a shape to compile again. Give each expert a fixed capacity (capacity factor × "
+            "tokens / experts: pad the short ones, drop or reroute the overflow) and send equal splits (`all_to_all_single` "
+            "without split sizes), so nothing is counted, exchanged or read on the host and every step keeps one shape.")
+
+
+def _scalar_fix(kind: str, at: str) -> str:
+    """The fix for a reduction of a few numbers every step (a loss or an accuracy reduced for logging): each call costs a
+    round trip that waits for every rank, and ends the fused program before it, for a value the step does not need."""
+    return (f"The {kind} calls at {at} reduce a few numbers every step (a metric for logging, such as a loss or an "
+            "accuracy): each is a round trip that waits for every rank and ends the fused program before it. Add the "
+            "values to a running sum on the chip and reduce that every N steps or after the loop, with the metrics "
+            "stacked into one tensor (`torch.stack([loss.detach(), accuracy])`, one call); a value each step needs from "
+            "every rank (a global norm for clipping) stays.")
 
 
 def overlap_fix(context: AnalysisContext) -> str:

@@ -8,7 +8,8 @@ every rank's calls: the first position where the members' calls differ in kind, 
 whose size every member shares) or in line (for a rooted kind, whose root may call from a line of its
 own, only when the members also issued different numbers of calls on the group) is named, with each
 rank's line. Point-to-point calls and groups some member did not record
-are left out; a rank that died simply stops (its calls so far agree), and is not out of step. Calls that agree in
+are left out, and so are the lines of a rank's calls inside `Join` (DDP's `model.join()`), which shadow the others' calls
+from the `with` line (`join` cause); a rank that died simply stops (its calls so far agree), and is not out of step. Calls that agree in
 kind and line but not in size are the same call on every rank with a tensor whose length each rank's data sets
 (a `bincount`, a mask count), and the finding says so.
 """
@@ -51,6 +52,7 @@ class _Call:
     nbytes: int
     where: SourceLocation | None
     start_ns: int
+    shadow: bool = False  # issued inside `Join` by a rank out of inputs, matching the others' calls from the `with` line
 
 
 def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | None]:
@@ -58,12 +60,15 @@ def out_of_step(context: AnalysisContext) -> tuple[OutOfStep | None, Finding | N
     trace = context.trace
     if len(trace.distributed_ranks) < 2:
         return None, None
-    rows = trace.sql("SELECT rank, kind, bytes, group_sid, ranks_sid, frame_id, start_ns FROM collectives ORDER BY rank, start_ns")
+    caused = trace.has_table("collective_causes") and trace.has_column("collectives", "cause_id")  # format 2 and later
+    shadow_ids = {cause_id for (cause_id,) in trace.sql("SELECT id FROM collective_causes WHERE kind = 'join'")} if caused else set()
+    rows = trace.sql(f"SELECT rank, kind, bytes, group_sid, ranks_sid, frame_id, start_ns, {'cause_id' if caused else 'NULL'} "
+                     "FROM collectives ORDER BY rank, start_ns")
     by_group: dict[tuple[int | None, int | None], dict[int, list[_Call]]] = defaultdict(lambda: defaultdict(list))
-    for rank, kind, nbytes, group_sid, ranks_sid, frame_id, start_ns in rows:
+    for rank, kind, nbytes, group_sid, ranks_sid, frame_id, start_ns, cause_id in rows:
         if kind in POINT_TO_POINT:
             continue
-        by_group[(group_sid, ranks_sid)][rank].append(_Call(kind, nbytes or 0, trace.frame(frame_id), start_ns or 0))
+        by_group[(group_sid, ranks_sid)][rank].append(_Call(kind, nbytes or 0, trace.frame(frame_id), start_ns or 0, cause_id in shadow_ids))
     for (group_sid, ranks_sid), per_rank in by_group.items():
         members = _members(trace.string(ranks_sid)) or sorted(per_rank)
         if len(members) < 2 or any(member not in per_rank for member in members):
@@ -103,6 +108,8 @@ def _divergence(sequences: list[list[_Call]], uneven: bool) -> int | None:
             return position
         if calls[0].kind in SAME_SIZE_KINDS and len({call.nbytes for call in calls}) > 1:
             return position
+        if any(call.shadow for call in calls):
+            continue
         if (uneven or calls[0].kind not in ROOTED_KINDS) and len({(call.where.file, call.where.line) if call.where else None for call in calls}) > 1:
             return position
     return None

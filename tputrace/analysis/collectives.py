@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.collective_fixes import share_fix, small_fix
+from tputrace.analysis.collective_joins import joined_early
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
@@ -124,20 +125,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     cut = (" AND start_ns < ?", (paired_until,)) if paired_until is not None else ("", ())
     where, params = context.loop_where()
     where, params = where + cut[0], tuple(params) + cut[1]
-    kinds = trace.sql(
-        "SELECT kind, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(wait_ns), 0), "
-        f"AVG(bus_bandwidth), COALESCE(SUM(bytes < ?), 0) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
-        (SMALL_MESSAGE_BYTES,) + tuple(params),
-    )
     # An imported rank's capture names the run's size (`distributedInfo.world_size`) where the trace holds fewer ranks.
     world = max(len(trace.distributed_ranks), _imported_world_size(context), 1)
-    rows = []
-    for kind, calls, nbytes, dur_ns, wait_ns, recorded_bandwidth, small in kinds:
-        bandwidth = recorded_bandwidth
-        if not bandwidth and dur_ns and nbytes is not None:  # an imported capture may not know the bytes
-            # unknown, not 0 B/s, where the group's size is (one rank's capture that names no world size)
-            bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9) if world > 1 else None
-        rows.append(CollectiveKind(kind, calls, nbytes or 0, dur_ns, wait_ns, bandwidth, small, nbytes is not None))
+    rows = _kind_rows(trace, where, params, world)
     steady_where, steady_params = context.steady_where()
     steady_where, steady_params = steady_where + cut[0], tuple(steady_params) + cut[1]
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
@@ -162,16 +152,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     foreign_device = facts.device if facts is not None and facts.device != "tpu" else None
     # An XProf capture's collectives are each chip's ops: one rank's rows hold all of its chips' calls.
     chips = (trace.run.chips or 1) if facts is not None and facts.format == "xplane" else 1
-    kind_evidence = tuple(
-        Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_ns(row.dur_ns)}, "
-                 + (f"{format_bytes(row.bytes)}, bus "
-                    + (f"{format_bytes(row.bus_bandwidth)}/s" if row.bus_bandwidth is not None else "unknown")
-                    if row.bytes_known else "bytes unknown"), table="collectives")
-        for row in rows
-    )
+    # the calls the findings count: with causes recorded, those without one (a DDP bucket's are the sharding findings')
+    counted = _kind_rows(trace, f"{where} AND cause_id IS NULL", params, world) if caused else rows
+    kind_evidence = _kind_evidence(counted)
     line_evidence = _line_evidence(context, steady_where, steady_params, caused)
     if finding_share >= 0.05 and total_ns:
-        bandwidths = [row.bus_bandwidth for row in rows if row.bus_bandwidth]
+        bandwidths = [row.bus_bandwidth for row in counted if row.bus_bandwidth]
         median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
         findings.append(Finding(
             analyzer=NAME,
@@ -205,6 +191,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     if small_per_step >= MANY_SMALL_PER_STEP:
         small_where = f"{where} AND bytes < ?" + (" AND cause_id IS NULL" if caused else "")
         small_ns = _union_length(_intervals(trace, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)))
+        # at the line that sends the most of them, as the fix names it
+        most = trace.sql(f"SELECT frame_id FROM collectives WHERE {small_where} GROUP BY frame_id ORDER BY COUNT(*) DESC, "
+                         "SUM(dur_ns) DESC LIMIT 1", tuple(params) + (SMALL_MESSAGE_BYTES,))
         findings.append(Finding(
             analyzer=NAME,
             severity="warning" if context.share_of_wall(small_ns) >= 0.05 else "info",
@@ -218,12 +207,38 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             cost_total_ns=float(small_ns),
             cost_per_step_ns=context.per_step(small_ns),
             evidence=line_evidence + kind_evidence,
+            **context.location_fields(most[0][0] if most else None),
         ))
     wait_by_rank, late, straggler = _stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
-    findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
+    findings.extend(finding for finding in (order_finding, straggler, uneven, joined_early(context)) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _kind_rows(trace: Trace, where: str, params: Sequence[int], world: int) -> list[CollectiveKind]:
+    """The collectives matching `where`, by kind, most time first."""
+    rows = []
+    for kind, calls, nbytes, dur_ns, wait_ns, recorded_bandwidth, small in trace.sql(
+            "SELECT kind, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0), COALESCE(SUM(wait_ns), 0), "
+            f"AVG(bus_bandwidth), COALESCE(SUM(bytes < ?), 0) FROM collectives WHERE {where} GROUP BY kind ORDER BY 4 DESC",
+            (SMALL_MESSAGE_BYTES,) + tuple(params)):
+        bandwidth = recorded_bandwidth
+        if not bandwidth and dur_ns and nbytes is not None:  # an imported capture may not know the bytes
+            # unknown, not 0 B/s, where the group's size is (one rank's capture that names no world size)
+            bandwidth = nbytes * bus_factor(kind, world) / (dur_ns / 1e9) if world > 1 else None
+        rows.append(CollectiveKind(kind, calls, nbytes or 0, dur_ns, wait_ns, bandwidth, small, nbytes is not None))
+    return rows
+
+
+def _kind_evidence(rows: Sequence[CollectiveKind]) -> tuple[Evidence, ...]:
+    return tuple(
+        Evidence(f"{row.kind}: {plural(row.count, 'call')}, {format_ns(row.dur_ns)}, "
+                 + (f"{format_bytes(row.bytes)}, bus "
+                    + (f"{format_bytes(row.bus_bandwidth)}/s" if row.bus_bandwidth is not None else "unknown")
+                    if row.bytes_known else "bytes unknown"), table="collectives")
+        for row in rows
+    )
 
 
 def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, limit: int = 4) -> tuple[Evidence, ...]:

@@ -18,6 +18,9 @@ NAME = "no_device_ops"
 # Source lines that choose or name a device the way a CUDA script does.
 DEVICE_CHOICE = re.compile(r"cuda|torch\.device\(|device\s*=|\.to\(")
 MAX_LINES_SHOWN = 3
+# torch's errors for a process group or device mesh made in a process no launcher started
+RANKS_MISSING = re.compile(r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT) expected|"
+                           r"Default process group has not been initialized")
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,12 @@ def analyze(context: AnalysisContext) -> AnalysisResult[NoDeviceOpsData]:
                        "syncs are not in the trace and no other finding can be made.")
         suggestion = ("Fix the error (its traceback is in the run's output) and run the script again; if the script "
                       "chooses its device the CUDA way, run it with `tputrace run --as-cuda` or choose `\"tpu\"`.")
+        if RANKS_MISSING.search(error):
+            # a process group or device mesh made in one process that no launcher started (`--chips N` alone)
+            suggestion = ("The script makes a process group or a device mesh, which needs one process per chip that a "
+                          "launcher starts and tells its rank: run it with `tputrace run --nproc N` (N ranks, a mesh's size), "
+                          "as torchrun would; `--chips N` gives one process N chips, which a model moves tensors between "
+                          "itself (`tpu:0`, `tpu:1`).")
     else:
         title = "No op ran on the tpu device: nothing in this run was traced"
         explanation = ("tputrace records what runs on the `tpu` device. This run's tensors stayed on the CPU, so its "

@@ -439,6 +439,19 @@ def reduced_again(context: AnalysisContext, out: Collected, records: ShardingRec
             suggestion = (f"Reduce it once, right after the op that made it, before {earlier}: `value = value.redistribute(mesh, [Replicate()])` "
                           f"(or the plan entry's output_layouts=Replicate()); the ops and their gradients then read the reduced tensor.")
             frame_id = forward_first[0]
+        elif cause.op != "all_reduce" and _in_optimizer_steps(context, collectives):
+            # Partial gradients (a replicated weight fed a sharded input: a SequenceParallel norm's) reach the optimizer,
+            # and each of its ops that reads them reduces them anew
+            ops = sorted({c.op for c in causes if c.op})
+            title = f"The optimizer step at {where} reduces Partial gradients again in each op that reads them"
+            explanation = (f"Gradients of replicated parameters whose inputs are sharded (a SequenceParallel norm's weight, a bias "
+                           f"after a row-parallel layer) come out of the backward as Partial sums ({cause.src_placements}). Each "
+                           f"optimizer op that reads them needs them whole and reduces them anew ({', '.join(ops[:3])}), so one "
+                           f"gradient is all-reduced several times a step ({measured} for the repeated reductions).")
+            suggestion = ("Reduce each such gradient once, after backward() and before the optimizer step: `for p in "
+                          "model.parameters(): if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements): "
+                          "p.grad = p.grad.redistribute(p.grad.device_mesh, p.placements)`; the optimizer's ops then read reduced "
+                          "gradients, as they read the others.")
         elif cause.op == "all_reduce":
             title = f"all_reduce at {where} sums a tensor that the tensor-parallel plan already reduced"
             explanation = (f"The tensor is the output of a Partial -> Replicate reduction earlier in the step (a RowwiseParallel "
@@ -468,6 +481,15 @@ def reduced_again(context: AnalysisContext, out: Collected, records: ShardingRec
             **context.location_fields(frame_id),
         ))
     return explained
+
+
+def _in_optimizer_steps(context: AnalysisContext, collectives: list[CausedCollective]) -> bool:
+    """Whether the calls ran inside torch.optim's `Optimizer.step#...` ranges (one per step call)."""
+    if not context.trace.has_table("annotations"):
+        return False
+    ranges = context.trace.sql("SELECT a.start_ns, a.start_ns + a.dur_ns FROM annotations a JOIN strings s ON s.id = a.name_sid "
+                               "WHERE a.rank = ? AND s.text LIKE 'Optimizer.step#%' AND a.dur_ns IS NOT NULL", (context.rank,))
+    return bool(ranges) and all(any(start <= c.start_ns <= end for start, end in ranges) for c in collectives)
 
 
 # ----------------------------------------------------------------- parameters outside the plan

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import bisect
 
+from tputrace.analysis.collective_joins import join_lines
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.wording import format_ns, plural
@@ -29,9 +30,10 @@ def after_loop_reads(context: AnalysisContext, own: str, stall: str, library: st
         "HAVING COUNT(*) >= ? ORDER BY 5 DESC",
         (context.rank, end, MIN_READS_AFTER_LOOP),
     )
+    shadowing = join_lines(context)  # a rank out of inputs waiting in DDP's `model.join()`: the uneven inputs' finding
     lines = [(frame_id, kind, library_frame_id, count, stall_ns, pending)
              for frame_id, kind, library_frame_id, count, stall_ns, pending in rows
-             if (frame_id, kind, library_frame_id) not in in_loop and stall_ns >= MIN_LISTED_COST_NS]
+             if (frame_id, kind, library_frame_id) not in in_loop and stall_ns >= MIN_LISTED_COST_NS and frame_id not in shadowing]
     if not lines:
         return []
     sync_starts = [start for (start,) in context.trace.sql(
