@@ -89,7 +89,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
     state.directory.mkdir(parents=True, exist_ok=True)
     trace_path = state.directory / f"{_file_name(item.nodeid)}.tptrace"
-    lifecycle.start(str(trace_path), script=item.nodeid, argv=[item.nodeid], mode=state.mode)
+    lifecycle.start(str(trace_path), script=item.nodeid, argv=[], mode=state.mode)
     try:
         result = yield
     except BaseException:
@@ -118,7 +118,11 @@ def _check(item: pytest.Item, state: _PluginState, trace_path: Path) -> None:
     try:
         budget = budget_from_mapping(limits, item.nodeid)
     except TputraceError as error:
-        pytest.fail(str(error), pytrace=False)
+        bad_budget = str(error)
+    else:
+        bad_budget = None
+    if bad_budget is not None:
+        pytest.fail(bad_budget, pytrace=False)
     with open_trace(trace_path) as trace:
         figures = run_figures(trace)
     broken = violations(figures, budget)
