@@ -34,9 +34,11 @@ def run(args: argparse.Namespace) -> int:
         differences = [compare(run_figures(before_trace, before_rank, by_line_number=by_number),
                                run_figures(after_trace, after_rank, by_line_number=by_number))
                        for before_rank, after_rank in ranks]
+        note = unmatched_files_note(before_trace, after_trace)
     lead = next((difference for difference in differences if difference.regressed), differences[0])
     if args.json:
         document = _plain(lead)
+        document["note"] = note
         if len(differences) > 1:
             document["headline"] = _rank_headline(lead)
             document["ranks"] = [_plain(difference) for difference in differences]
@@ -44,8 +46,21 @@ def run(args: argparse.Namespace) -> int:
     else:
         if len(differences) > 1:
             _print_ranks(lead, differences)
-        _print(lead, with_headline=len(differences) == 1)
+        _print(lead, with_headline=len(differences) == 1, note=note)
     return 0
+
+
+def unmatched_files_note(before: Any, after: Any) -> str | None:
+    """A note where the two runs share no source file (two different scripts, or one script run from another
+    folder): no line of one matches a line of the other, so every line's recompiles and findings are new or fixed."""
+    import os
+
+    before_files, after_files = set(before.source_files()), set(after.source_files())
+    if not before_files or not after_files or before_files & after_files:
+        return None
+    scripts = [os.path.basename(trace.run.script) if trace.run.script else "?" for trace in (before, after)]
+    return (f"A and B share no source file (A ran {scripts[0]}, B ran {scripts[1]}), so no line of one matches a"
+            " line of the other: each line's recompiles, findings and programs are listed as new or fixed")
 
 
 def _ranks(before: Any, after: Any, args: argparse.Namespace) -> list[tuple[int | None, int | None]]:
@@ -108,7 +123,7 @@ def _print_ranks(lead: Any, differences: list[Any]) -> None:
     print(f"rank {lead.after.rank} in detail (--rank N for another):")
 
 
-def _print(difference: Any, *, with_headline: bool = True) -> None:
+def _print(difference: Any, *, with_headline: bool = True, note: str | None = None) -> None:
     from tputrace.wording import format_ns, printable
 
     from tputrace.compare.diff import improvements
@@ -119,15 +134,19 @@ def _print(difference: Any, *, with_headline: bool = True) -> None:
     if better:
         print(printable(better))
     print(f"A: {printable(difference.before.path)}\nB: {printable(difference.after.path)}")
+    if note:
+        print(f"note: {printable(note)}")
     for change in difference.figures:
         marker = "worse" if change.worse else ""
         print(f"  {change.name:<26} {change.text} {marker}".rstrip())
     for change in difference.recompiles:
         recompile = change.recompile
-        print(f"  {change.status} recompile at {printable(recompile.site or '?')}: {printable(recompile.name or '?')}"
-              f" x{change.count} ({printable(recompile.diff or recompile.reason or '')})")
+        where = f" at {printable(recompile.site)}" if recompile.site else ""
+        print(f"  {change.status} recompile{where}: {printable(recompile.name or 'a program')}"
+              f" x{change.count} ({printable(recompile.diff or recompile.reason or 'unknown reason')})")
     for change in difference.findings:
-        print(f"  {change.status} finding at {printable(change.site or '-')}: {printable(change.title)}")
+        where = f" at {printable(change.site)}" if change.site else ""
+        print(f"  {change.status} finding{where}: {printable(change.title)}")
     for change in difference.programs:
         print(f"  {change.status} program: {printable(change.family.label)} ({printable(change.detail)})")
     for change in difference.op_time:
