@@ -1,0 +1,165 @@
+"""What a user does once a trace exists, on real runs: `tputrace check` against budgets it cannot check (a
+run with no step after warm-up, a limit no run can be held to, a trace passed as the budget), the pytest
+plugin on a test of one step and a marker with a misspelt key, and `tputrace diff` of two unrelated scripts."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fixtures.make_tui_fixture import SMALL_TRACE
+from tputrace.cli.main import main
+
+pytest.importorskip("torch", reason="recording needs torch (pip install -e .[backend])")
+
+# No loop: one op and a read of its result, as a quick check script or a test of one step is.
+ONE_SHOT = textwrap.dedent("""\
+    import torch
+
+    x = torch.ones(4, device="tpu") * 2
+    print(x.sum().item())
+""")
+
+# Three steps, each reading its loss.
+SYNCING_LOOP = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    model = nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(3):
+        loss = model(torch.randn(4, 8, device="tpu")).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        print(loss.item())
+""")
+
+PLUGIN_TESTS = textwrap.dedent("""\
+    import pytest
+    import torch
+
+
+    @pytest.mark.tputrace(max_syncs_per_step=0)
+    def test_one_step():
+        model = torch.nn.Linear(8, 2).to("tpu")
+        loss = model(torch.randn(4, 8, device="tpu")).sum()
+        loss.backward()
+        assert loss.item() == loss.item()
+
+
+    @pytest.mark.tputrace(max_recompile=0)
+    def test_misspelt_key():
+        pass
+""")
+
+
+def _tputrace(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tputrace.cli.main", *args], capture_output=True, text=True,
+                          timeout=600, cwd=cwd, stdin=subprocess.DEVNULL)
+
+
+def _record(folder: Path, name: str, source: str) -> Path:
+    script = folder / f"{name}.py"
+    script.write_text(source)
+    trace_path = folder / f"{name}.tptrace"
+    result = _tputrace("run", "--quiet", "-o", str(trace_path), str(script))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return trace_path
+
+
+@pytest.fixture(scope="module")
+def one_shot(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record(tmp_path_factory.mktemp("one_shot"), "one_shot", ONE_SHOT)
+
+
+@pytest.fixture(scope="module")
+def syncing_loop(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record(tmp_path_factory.mktemp("syncing_loop"), "syncing_loop", SYNCING_LOOP)
+
+
+@pytest.mark.parametrize(("budget_text", "message"), [
+    ("max_compile_seconds = nan\n", "max_compile_seconds must be a number, not nan"),
+    ("max_exposed_communication_share = 30\n", "is a share of the step from 0 to 1, not 30 (write 0.3 for 30%)"),
+    ("max_recompile = 0\n", "unknown budget key 'max_recompile' (did you mean 'max_recompiles'?"),
+    (None, "not a budget file (not UTF-8 text, as TOML is)"),
+])
+def test_a_budget_no_run_can_be_checked_against_is_one_line_and_exit_2(
+        budget_text: str | None, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A limit every comparison passes (nan, a share given in percent) or a file that is no budget (a trace
+    passed as `--budget`, as when the two arguments are swapped) is a bad budget, never "within budget"."""
+    budget = tmp_path / "budget.toml"
+    if budget_text is None:
+        budget.write_bytes(SMALL_TRACE.read_bytes())
+    else:
+        budget.write_text(budget_text)
+    assert main(["check", str(SMALL_TRACE), "--budget", str(budget)]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1 and message in err, err
+
+
+def test_per_step_limits_on_a_run_without_a_step_after_warm_up_cannot_be_checked(
+        one_shot: Path, syncing_loop: Path, tmp_path: Path) -> None:
+    """A run with no step after warm-up has no steady step to count syncs or copies in: a per-step limit on it
+    cannot be checked (it passed on a count of 0), as a step-time ratio against a run with no timed step cannot."""
+    per_step = tmp_path / "per_step.toml"
+    per_step.write_text("max_syncs_per_step = 0\nmax_transfers_per_step = 0\n")
+    result = _tputrace("check", str(one_shot), "--budget", str(per_step))
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) == 2
+    assert lines[0].startswith("max_syncs_per_step = 0 cannot be checked: no step after warm-up to count host syncs in"
+                               " (the run has 0 steps;"), lines
+    assert lines[1].startswith("max_transfers_per_step = 0 cannot be checked: no step after warm-up"), lines
+
+    looped = _tputrace("check", str(syncing_loop), "--budget", str(per_step))
+    assert looped.returncode == 1
+    assert f"max_syncs_per_step = 0 exceeded: 1 host syncs per steady step at {syncing_loop.parent / 'syncing_loop.py'}:11" \
+        in looped.stdout, looped.stdout
+
+    ratio = tmp_path / "ratio.toml"
+    ratio.write_text("max_step_time_ratio = 1.5\n")
+    against = _tputrace("check", str(syncing_loop), "--budget", str(ratio), "--baseline", str(one_shot))
+    assert against.returncode == 1, against.stdout + against.stderr
+    assert against.stdout == "max_step_time_ratio = 1.5 cannot be checked: the baseline has no timed step\n"
+
+
+def test_the_pytest_plugin_fails_a_one_step_test_with_a_per_step_limit_and_says_a_misspelt_key_once(
+        tmp_path: Path) -> None:
+    """A test of one step under `max_syncs_per_step` fails as uncheckable (it passed with "0 host syncs per
+    steady step" though it read its loss twice); a misspelt marker key is told once, not twice through a chained
+    exception; the test's trace names the test once in its summary's first line."""
+    (tmp_path / "test_tiny.py").write_text(PLUGIN_TESTS)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", "-p", "no:tputrace",
+                             "-p", "tputrace.pytest_plugin", "--tputrace=traces", "test_tiny.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "max_syncs_per_step = 0 cannot be checked: no step after warm-up to count host syncs in" in result.stdout
+    assert result.stdout.count("unknown budget key 'max_recompile'") == 1, result.stdout
+    assert "During handling of the above exception" not in result.stdout
+
+    summary = _tputrace("summary", str(tmp_path / "traces" / "test_tiny.py_test_one_step.tptrace"))
+    assert summary.returncode == 0, summary.stderr
+    assert summary.stdout.splitlines()[0].startswith("run    test_tiny.py::test_one_step · "), summary.stdout
+
+
+def test_diff_of_two_runs_that_share_no_source_file_says_so(one_shot: Path, syncing_loop: Path) -> None:
+    """Two unrelated scripts share no line, so every finding of one is "new" and of the other "fixed": the diff
+    says why under A and B, and a diff of a run with itself has no such note."""
+    result = _tputrace("diff", str(one_shot), str(syncing_loop))
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    note = ("note: A and B share no source file (A ran one_shot.py, B ran syncing_loop.py), so no line of one"
+            " matches a line of the other")
+    assert lines[lines.index(f"B: {syncing_loop}") + 1].startswith(note), lines
+    assert f"  new finding at {syncing_loop.parent / 'syncing_loop.py'}:11: Host sync every step" in result.stdout
+
+    as_json = json.loads(_tputrace("diff", str(one_shot), str(syncing_loop), "--json").stdout)
+    assert as_json["note"].startswith("A and B share no source file")
+    assert json.loads(_tputrace("diff", str(syncing_loop), str(syncing_loop), "--json").stdout)["note"] is None
