@@ -40,6 +40,21 @@ SYNCING_LOOP = textwrap.dedent("""\
         print(loss.item())
 """)
 
+# Batches of two sizes in turn, made on the host: each size compiles after warm-up, in strict mode each op's
+# program, in DeferAndFuse the step's fused programs.
+TWO_BATCH_SIZES = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    model = nn.Linear(16, 4).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        x = torch.randn((8, 12)[step % 2], 16).to("tpu")
+        model(x).relu().sum().backward()
+        opt.step()
+        opt.zero_grad()
+""")
+
 PLUGIN_TESTS = textwrap.dedent("""\
     import pytest
     import torch
@@ -64,11 +79,11 @@ def _tputrace(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
                           timeout=600, cwd=cwd, stdin=subprocess.DEVNULL)
 
 
-def _record(folder: Path, name: str, source: str) -> Path:
+def _record(folder: Path, name: str, source: str, *options: str, trace_name: str | None = None) -> Path:
     script = folder / f"{name}.py"
     script.write_text(source)
-    trace_path = folder / f"{name}.tptrace"
-    result = _tputrace("run", "--quiet", "-o", str(trace_path), str(script))
+    trace_path = folder / f"{trace_name or name}.tptrace"
+    result = _tputrace("run", "--quiet", *options, "-o", str(trace_path), str(script))
     assert result.returncode == 0, result.stderr[-3000:]
     return trace_path
 
@@ -163,3 +178,16 @@ def test_diff_of_two_runs_that_share_no_source_file_says_so(one_shot: Path, sync
     as_json = json.loads(_tputrace("diff", str(one_shot), str(syncing_loop), "--json").stdout)
     assert as_json["note"].startswith("A and B share no source file")
     assert json.loads(_tputrace("diff", str(syncing_loop), str(syncing_loop), "--json").stdout)["note"] is None
+
+
+def test_diff_from_strict_to_deferred_matches_a_fused_programs_recompile_to_the_ops_own(tmp_path: Path) -> None:
+    """The same loop in strict mode, then in DeferAndFuse: the fused program's recompile, which says which of its
+    ops took the new size (`op 0 aten.addmm.default (...): arg 1 dim 0: 8 -> 12`), is the strict addmm program's
+    (`input 1 dim 0: 8 -> 12`), not a new recompile that the headline calls a regression."""
+    strict = _record(tmp_path, "two_sizes", TWO_BATCH_SIZES, "--mode", "strict", trace_name="strict")
+    deferred = _record(tmp_path, "two_sizes", TWO_BATCH_SIZES, trace_name="deferred")
+    result = _tputrace("diff", str(strict), str(deferred))
+    assert result.returncode == 0, result.stderr
+    assert not result.stdout.startswith("regression: new recompile"), result.stdout
+    assert "  new recompile" not in result.stdout, result.stdout
+    assert "  fixed recompile" in result.stdout, result.stdout

@@ -169,14 +169,15 @@ def _unrecorded_change(name: str, old: int, new: int, shown: Callable[[int], str
 def _recompile_changes(before: RunFigures, after: RunFigures) -> tuple[RecompileChange, ...]:
     """Recompiles matched one to one by cause: their line, reason and what changed (figures blanked out), then, for
     those left, by reason and what changed alone (a recompile whose flush moved to a new sync's line is the same
-    one). What is left of B is new, of A fixed, grouped by line, reason and cause."""
+    one), then by the op whose inputs changed and how (`_op_cause`: a fused program's recompile is the same as the
+    single-op program's of a strict run). What is left of B is new, of A fixed, grouped by line, reason and cause."""
     old_left = list(before.recompiles_after_warmup)
-    new_left = []
-    for with_site in (True, False):
+    new_left = list(after.recompiles_after_warmup)
+    for matching in (lambda recompile: _cause(recompile, True), lambda recompile: _cause(recompile, False), _op_cause):
         unmatched = []
-        for recompile in (after.recompiles_after_warmup if with_site else new_left):
-            cause = _cause(recompile, with_site)
-            twin = next((index for index, other in enumerate(old_left) if _cause(other, with_site) == cause), None)
+        for recompile in new_left:
+            cause = matching(recompile)
+            twin = next((index for index, other in enumerate(old_left) if matching(other) == cause), None)
             if twin is None:
                 unmatched.append(recompile)
             else:
@@ -190,6 +191,22 @@ def _recompile_changes(before: RunFigures, after: RunFigures) -> tuple[Recompile
 def _cause(recompile: Recompile, with_site: bool) -> tuple[object, ...]:
     what = re.sub(r"\d[\d.,]*", "#", recompile.diff or "")
     return (recompile.key, recompile.reason, what) if with_site else (recompile.reason, what)
+
+
+# A fused program's change at one of its ops: `op 0 aten.addmm.default (train.py:12): arg 1 dim 0: 8 -> 12`.
+_FUSED_OP_CHANGE = re.compile(r"op \d+ (\S+) \([^)]*\): (.*)")
+_OTHER_REASONS = re.compile(r" \(and \d+ other reasons?\)$")
+
+
+def _op_cause(recompile: Recompile) -> tuple[object, ...]:
+    """The recompile's reason with each op whose input changed and how (figures blanked out), alike for a fused
+    program's change at one of its ops and a single-op program's change at its own inputs (`input 1 dim 0`)."""
+    changes = set()
+    for part in _OTHER_REASONS.sub("", recompile.diff or "").split("; "):
+        fused = _FUSED_OP_CHANGE.fullmatch(part)
+        op, change = (fused.group(1), fused.group(2).replace("arg ", "input ")) if fused else (recompile.name, part)
+        changes.add((op, re.sub(r"\d[\d.,]*", "#", change)))
+    return (recompile.reason, tuple(sorted(changes, key=str)))
 
 
 def _grouped(recompiles: list[Recompile]) -> list[list[Recompile]]:
