@@ -191,3 +191,16 @@ def test_diff_from_strict_to_deferred_matches_a_fused_programs_recompile_to_the_
     assert not result.stdout.startswith("regression: new recompile"), result.stdout
     assert "  new recompile" not in result.stdout, result.stdout
     assert "  fixed recompile" in result.stdout, result.stdout
+
+
+def test_check_of_a_rank_the_trace_does_not_have_is_one_line_and_exit_2(tmp_path: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """`check --rank N` of a rank the trace lacks is a bad input, as in `summary` and `report`: it checked the
+    figures of no rank, which keep every limit."""
+    budget = tmp_path / "budget.toml"
+    budget.write_text("max_recompiles = 0\nmax_cpu_fallbacks = 0\n")
+    assert main(["check", str(SMALL_TRACE), "--budget", str(budget), "--rank", "5"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and err == f"tputrace: error: {SMALL_TRACE} has no rank 5 (ranks: 0, 1)\n"
+    assert main(["diff", str(SMALL_TRACE), str(SMALL_TRACE), "--rank", "5"]) == 2
+    assert capsys.readouterr().err == f"tputrace: error: {SMALL_TRACE} has no rank 5 (ranks: 0, 1)\n"

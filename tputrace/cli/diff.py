@@ -65,13 +65,12 @@ def unmatched_files_note(before: Any, after: Any) -> str | None:
 
 def _ranks(before: Any, after: Any, args: argparse.Namespace) -> list[tuple[int | None, int | None]]:
     """The (A rank, B rank) pairs to compare: `--rank`'s, every rank both traces have, or each trace's first."""
-    from tputrace.store.errors import TputraceError
+    from tputrace.cli.arguments import require_rank
 
     rank: int | None = args.rank
     if rank is not None:
         for trace in (before, after):
-            if rank not in trace.ranks:
-                raise TputraceError(f"{trace.path} has no rank {rank}")
+            require_rank(trace, rank, trace.path)
         return [(rank, rank)]
     shared = [rank for rank in before.ranks if rank in after.ranks]
     if len(shared) > 1:
