@@ -1,9 +1,11 @@
 """What a user does once a trace exists, on real runs: `tputrace check` against budgets it cannot check (a
 run with no step after warm-up, a limit no run can be held to, a trace passed as the budget), the pytest
-plugin on a test of one step and a marker with a misspelt key, and `tputrace diff` of two unrelated scripts."""
+plugin on a test of one step and a marker with a misspelt key, `tputrace diff` of two unrelated scripts and of
+one script in two eager modes, and the TUI on an imported torch.profiler capture."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import subprocess
 import sys
@@ -12,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from fixtures.make_tui_fixture import SMALL_TRACE
+from fixtures.make_tui_fixture import SMALL_TRACE, make_session, settle
+from importers.captures import TORCH_PROFILER
+from test_tui import screen_text
 from tputrace.cli.main import main
 
 pytest.importorskip("torch", reason="recording needs torch (pip install -e .[backend])")
@@ -204,3 +208,33 @@ def test_check_of_a_rank_the_trace_does_not_have_is_one_line_and_exit_2(tmp_path
     assert out == "" and err == f"tputrace: error: {SMALL_TRACE} has no rank 5 (ranks: 0, 1)\n"
     assert main(["diff", str(SMALL_TRACE), str(SMALL_TRACE), "--rank", "5"]) == 2
     assert capsys.readouterr().err == f"tputrace: error: {SMALL_TRACE} has no rank 5 (ranks: 0, 1)\n"
+
+
+def test_the_fusions_view_of_an_imported_capture_says_the_capture_has_none(tmp_path: Path) -> None:
+    """A torch.profiler capture has no DeferAndFuse flushes: the Fusions view says so, not that the run was a
+    strict-mode or compile-mode one."""
+    from tputrace.tui.app import TraceApp
+
+    script = tmp_path / "profiled.py"
+    script.write_text(TORCH_PROFILER)
+    made = subprocess.run([sys.executable, str(script), str(tmp_path / "profile.json")], capture_output=True, text=True,
+                          timeout=600)
+    assert made.returncode == 0, made.stderr[-3000:]
+    trace_path = tmp_path / "profiled.tptrace"
+    imported = _tputrace("import", str(tmp_path / "profile.json"), "-o", str(trace_path))
+    assert imported.returncode == 0, imported.stderr
+
+    shown: list[str] = []
+
+    async def drive() -> None:
+        app = TraceApp(make_session(trace_path))
+        async with app.run_test(size=(180, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press("5")
+            await settle(pilot)
+            shown.append(screen_text(app))
+
+    asyncio.run(drive())
+    assert ("no flushes: they are the tpu backend's DeferAndFuse programs, which a torch_profiler_json capture does"
+            " not have") in shown[0], shown[0]
+    assert "strict-mode" not in shown[0]
