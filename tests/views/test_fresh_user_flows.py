@@ -168,20 +168,41 @@ def test_the_pytest_plugin_fails_a_one_step_test_with_a_per_step_limit_and_says_
     assert summary.stdout.splitlines()[0].startswith("run    test_tiny.py::test_one_step · "), summary.stdout
 
 
-def test_diff_of_two_runs_that_share_no_source_file_says_so(one_shot: Path, syncing_loop: Path) -> None:
-    """Two unrelated scripts share no line, so every finding of one is "new" and of the other "fixed": the diff
-    says why under A and B, and a diff of a run with itself has no such note."""
+def test_diff_of_two_runs_that_share_no_source_file_says_so_in_every_view(one_shot: Path, syncing_loop: Path,
+                                                                          tmp_path: Path) -> None:
+    """Two unrelated scripts share no line, so every finding of one is "new" and of the other "fixed": `diff`, the
+    HTML comparison and the TUI's Compare view say why; a diff of a run with itself has no such note."""
+    from tputrace.store.reader import open_trace
+    from tputrace.tui.app import TraceApp
+    from tputrace.tui.session import Session
+
+    note = ("the runs share no source file (before: one_shot.py, after: syncing_loop.py), so no line of one"
+            " matches a line of the other")
     result = _tputrace("diff", str(one_shot), str(syncing_loop))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    note = ("note: A and B share no source file (A ran one_shot.py, B ran syncing_loop.py), so no line of one"
-            " matches a line of the other")
-    assert lines[lines.index(f"B: {syncing_loop}") + 1].startswith(note), lines
+    assert lines[lines.index(f"B: {syncing_loop}") + 1].startswith(f"note: {note}"), lines
     assert f"  new finding at {syncing_loop.parent / 'syncing_loop.py'}:11: Host sync every step" in result.stdout
 
-    as_json = json.loads(_tputrace("diff", str(one_shot), str(syncing_loop), "--json").stdout)
-    assert as_json["note"].startswith("A and B share no source file")
+    assert json.loads(_tputrace("diff", str(one_shot), str(syncing_loop), "--json").stdout)["note"].startswith(note)
     assert json.loads(_tputrace("diff", str(syncing_loop), str(syncing_loop), "--json").stdout)["note"] is None
+
+    page = tmp_path / "compare.html"
+    assert _tputrace("plot", "--compare", str(one_shot), str(syncing_loop), "-o", str(page)).returncode == 0
+    assert f'<p class="tp-note">{note}' in page.read_text()
+
+    shown: list[str] = []
+
+    async def drive() -> None:
+        app = TraceApp(Session.open(open_trace(syncing_loop), baseline_path=one_shot))
+        async with app.run_test(size=(250, 30)) as pilot:
+            await settle(pilot)
+            await pilot.press("0")
+            await settle(pilot)
+            shown.append(screen_text(app))
+
+    asyncio.run(drive())
+    assert f"note: {note}" in shown[0], shown[0]
 
 
 def test_diff_from_strict_to_deferred_matches_a_fused_programs_recompile_to_the_ops_own(tmp_path: Path) -> None:

@@ -34,11 +34,9 @@ def run(args: argparse.Namespace) -> int:
         differences = [compare(run_figures(before_trace, before_rank, by_line_number=by_number),
                                run_figures(after_trace, after_rank, by_line_number=by_number))
                        for before_rank, after_rank in ranks]
-        note = unmatched_files_note(before_trace, after_trace)
     lead = next((difference for difference in differences if difference.regressed), differences[0])
     if args.json:
         document = _plain(lead)
-        document["note"] = note
         if len(differences) > 1:
             document["headline"] = _rank_headline(lead)
             document["ranks"] = [_plain(difference) for difference in differences]
@@ -46,21 +44,8 @@ def run(args: argparse.Namespace) -> int:
     else:
         if len(differences) > 1:
             _print_ranks(lead, differences)
-        _print(lead, with_headline=len(differences) == 1, note=note)
+        _print(lead, with_headline=len(differences) == 1)
     return 0
-
-
-def unmatched_files_note(before: Any, after: Any) -> str | None:
-    """A note where the two runs share no source file (two different scripts, or one script run from another
-    folder): no line of one matches a line of the other, so every line's recompiles and findings are new or fixed."""
-    import os
-
-    before_files, after_files = set(before.source_files()), set(after.source_files())
-    if not before_files or not after_files or before_files & after_files:
-        return None
-    scripts = [os.path.basename(trace.run.script) if trace.run.script else "?" for trace in (before, after)]
-    return (f"A and B share no source file (A ran {scripts[0]}, B ran {scripts[1]}), so no line of one matches a"
-            " line of the other: each line's recompiles, findings and programs are listed as new or fixed")
 
 
 def _ranks(before: Any, after: Any, args: argparse.Namespace) -> list[tuple[int | None, int | None]]:
@@ -88,6 +73,7 @@ def _plain(difference: Any) -> dict[str, Any]:
 
     return {
         "headline": difference.headline,
+        "note": difference.note,
         "improved": improvements(difference),
         "before": difference.before.path,
         "after": difference.after.path,
@@ -122,7 +108,7 @@ def _print_ranks(lead: Any, differences: list[Any]) -> None:
     print(f"rank {lead.after.rank} in detail (--rank N for another):")
 
 
-def _print(difference: Any, *, with_headline: bool = True, note: str | None = None) -> None:
+def _print(difference: Any, *, with_headline: bool = True) -> None:
     from tputrace.wording import format_ns, printable
 
     from tputrace.compare.diff import improvements
@@ -133,8 +119,8 @@ def _print(difference: Any, *, with_headline: bool = True, note: str | None = No
     if better:
         print(printable(better))
     print(f"A: {printable(difference.before.path)}\nB: {printable(difference.after.path)}")
-    if note:
-        print(f"note: {printable(note)}")
+    if difference.note:
+        print(f"note: {printable(difference.note)}")
     for change in difference.figures:
         marker = "worse" if change.worse else ""
         print(f"  {change.name:<26} {change.text} {marker}".rstrip())

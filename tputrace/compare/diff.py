@@ -4,6 +4,7 @@ changed (matched by source line, see `sites.SiteKey`), and the headline: the mos
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class RunDiff:
     programs: tuple[ProgramChange, ...]
     op_time: tuple[OpTimeChange, ...]
     headline: str
+    note: str | None = None  # why few lines match, where that is so (`unmatched_files_note`)
 
     @property
     def regressed(self) -> bool:
@@ -104,7 +106,17 @@ def compare(before: RunFigures, after: RunFigures) -> RunDiff:
     op_time = (_op_time_changes("line", before.ops_by_site, after.ops_by_site, site_labels)
                + _op_time_changes("module", before.ops_by_module, after.ops_by_module, {}))
     return RunDiff(before, after, figures, recompiles, findings, programs, op_time,
-                   _headline(figures, recompiles, findings))
+                   _headline(figures, recompiles, findings), unmatched_files_note(before, after))
+
+
+def unmatched_files_note(before: RunFigures, after: RunFigures) -> str | None:
+    """A note where the two runs share no source file (two different scripts, or one script run from another
+    folder): no line of one matches a line of the other, so every line's recompiles and findings are new or fixed."""
+    if not before.source_files or not after.source_files or before.source_files & after.source_files:
+        return None
+    scripts = [os.path.basename(run.script) if run.script else "?" for run in (before, after)]
+    return (f"the runs share no source file (before: {scripts[0]}, after: {scripts[1]}), so no line of one matches a"
+            " line of the other: each line's recompiles, findings and programs are listed as new or fixed")
 
 
 def _op_time_changes(by: str, before: dict[str, int], after: dict[str, int],

@@ -96,6 +96,8 @@ class RunFigures:
     # Figures (`FIGURE_ANALYZERS` names) the trace does not record, with why; their values above are 0, not measured.
     unrecorded: dict[str, str] = field(default_factory=dict)
     skipped_analyzers: frozenset[str] = frozenset()  # analyzers that cannot run on the rank (an import's)
+    script: str | None = None  # the rank's script, as recorded
+    source_files: frozenset[str] = frozenset()  # the user's files the rank ran, by recorded path
 
     def records(self, figure: str) -> bool:
         """Whether the trace records `figure` (a `FIGURE_ANALYZERS` name)."""
@@ -161,6 +163,8 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
                               if (line := _busiest_line(trace, table, chosen, WARMUP_STEPS, tail_steps)) is not None},
         unrecorded=_unrecorded(facts, bool(chip_peaks)),
         skipped_analyzers=frozenset(facts.skipped) if facts else frozenset(),
+        script=next((run.script for run in trace.runs if run.rank == chosen), trace.run.script),
+        source_files=frozenset(trace.source_files(rank=chosen)),
     )
 
 
