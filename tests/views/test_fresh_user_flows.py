@@ -152,8 +152,9 @@ def test_per_step_limits_on_a_run_without_a_step_after_warm_up_cannot_be_checked
 def test_the_pytest_plugin_fails_a_one_step_test_with_a_per_step_limit_and_says_a_misspelt_key_once(
         tmp_path: Path) -> None:
     """A test of one step under `max_syncs_per_step` fails as uncheckable (it passed with "0 host syncs per
-    steady step" though it read its loss twice); a misspelt marker key is told once, not twice through a chained
-    exception; the test's trace names the test once in its summary's first line."""
+    steady step" though it read its loss twice), and the session's summary says it had no step to count syncs in;
+    a misspelt marker key is told once, not twice through a chained exception; the test's trace names the test
+    once in its summary's first line."""
     (tmp_path / "test_tiny.py").write_text(PLUGIN_TESTS)
     result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rN", "-p", "no:cacheprovider", "-p", "no:tputrace",
                              "-p", "tputrace.pytest_plugin", "--tputrace=traces", "test_tiny.py"],
@@ -162,6 +163,8 @@ def test_the_pytest_plugin_fails_a_one_step_test_with_a_per_step_limit_and_says_
     assert "max_syncs_per_step = 0 cannot be checked: no step after warm-up to count host syncs in" in result.stdout
     assert result.stdout.count("unknown budget key 'max_recompile'") == 1, result.stdout
     assert "During handling of the above exception" not in result.stdout
+    assert ("test_tiny.py::test_one_step: 0 recompile(s) after warm-up, no step after warm-up to count host syncs in,"
+            " 1 budget violation(s)") in result.stdout, result.stdout
 
     summary = _tputrace("summary", str(tmp_path / "traces" / "test_tiny.py_test_one_step.tptrace"))
     assert summary.returncode == 0, summary.stderr
