@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import sys
 import textwrap
@@ -211,7 +212,8 @@ def test_diff_of_two_runs_that_share_no_source_file_says_so_in_every_view(one_sh
 def test_diff_from_strict_to_deferred_matches_a_fused_programs_recompile_to_the_ops_own(tmp_path: Path) -> None:
     """The same loop in strict mode, then in DeferAndFuse: the fused program's recompile, which says which of its
     ops took the new size (`op 0 aten.addmm.default (...): arg 1 dim 0: 8 -> 12`), is the strict addmm program's
-    (`input 1 dim 0: 8 -> 12`), not a new recompile that the headline calls a regression."""
+    (`input 1 dim 0: 8 -> 12`), not a new recompile that the headline calls a regression; the strict run's
+    programs ran as often as their ops, not 0 times."""
     strict = _record(tmp_path, "two_sizes", TWO_BATCH_SIZES, "--mode", "strict", trace_name="strict")
     deferred = _record(tmp_path, "two_sizes", TWO_BATCH_SIZES, trace_name="deferred")
     result = _tputrace("diff", str(strict), str(deferred))
@@ -219,6 +221,9 @@ def test_diff_from_strict_to_deferred_matches_a_fused_programs_recompile_to_the_
     assert not result.stdout.startswith("regression: new recompile"), result.stdout
     assert "  new recompile" not in result.stdout, result.stdout
     assert "  fixed recompile" in result.stdout, result.stdout
+    # A strict op's program runs inside the op's dispatch, with no `executions` row: its runs are its op's calls.
+    assert re.search(r"^  gone program: aten\.addmm\.default \(\d+ compiles, 4 runs\)$", result.stdout, re.M), result.stdout
+    assert not re.search(r"^  \w+ program: aten\..*, 0 runs\)$", result.stdout, re.M), result.stdout
 
 
 def test_check_of_a_rank_the_trace_does_not_have_is_one_line_and_exit_2(tmp_path: Path,
