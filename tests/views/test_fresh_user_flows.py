@@ -267,3 +267,11 @@ def test_the_fusions_view_of_an_imported_capture_says_the_capture_has_none(tmp_p
     assert ("no flushes: they are the tpu backend's DeferAndFuse programs, which a torch_profiler_json capture does"
             " not have") in shown[0], shown[0]
     assert "strict-mode" not in shown[0]
+
+
+def test_merging_two_runs_of_the_same_rank_points_to_diff(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Two single-process runs are both rank 0: merging them is one line that says merge is for the ranks of one
+    run and `diff` compares two."""
+    assert main(["merge", str(SMALL_TRACE), str(SMALL_TRACE), "-o", str(tmp_path / "merged.tptrace")]) == 2
+    assert capsys.readouterr().err == (f"tputrace: error: rank 0 is in both {SMALL_TRACE} and {SMALL_TRACE} (merge joins the"
+                                       " ranks of one distributed run; `tputrace diff A B` compares two runs)\n")
