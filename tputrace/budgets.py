@@ -134,7 +134,7 @@ def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigur
             table = "syncs" if what == "host syncs" else "transfers"
             site = _finding_site(figures, table) or figures.busiest_steady_lines.get(table)
             found.append(Violation(key, budget[key], figures.per_steady_step(count),
-                                   f"{figures.per_steady_step(count):g} {what} per steady step", site))
+                                   f"{figures.per_steady_step(count):.3g} {what} per steady step", site))
     if "max_cpu_fallbacks" in budget and figures.fallbacks > budget["max_cpu_fallbacks"]:
         found.append(Violation("max_cpu_fallbacks", budget["max_cpu_fallbacks"], figures.fallbacks,
                                f"{figures.fallbacks} CPU fallback(s)", _finding_site(figures, "fallbacks")))

@@ -148,7 +148,7 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     terminalreporter.section("tputrace")
     terminalreporter.write_line(f"traces in {state.directory}")
     for run in worst[:SUMMARY_ROWS]:
-        syncs = (f"{run.syncs_per_step:g} host syncs per steady step" if run.syncs_per_step is not None
+        syncs = (f"{run.syncs_per_step:.3g} host syncs per steady step" if run.syncs_per_step is not None
                  else "no step after warm-up to count host syncs in")
         terminalreporter.write_line(f"{run.nodeid}: {run.recompiles} recompile(s) after warm-up, {syncs}, "
                                     f"{run.violations} budget violation(s)")

@@ -60,6 +60,29 @@ TWO_BATCH_SIZES = textwrap.dedent("""\
         opt.zero_grad()
 """)
 
+# One read of the loss a step; in the fourth step, after its read, the process is killed (as an out-of-memory
+# killer or a preempted machine kills it): the trace has no end record.
+KILLED_MID_STEP = textwrap.dedent("""\
+    import os
+    import signal
+    import time
+
+    import torch
+    from torch import nn
+
+    model = nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        loss = model(torch.randn(4, 8, device="tpu")).sum()
+        loss.backward()
+        print(loss.item())
+        if step == 3:
+            time.sleep(1)  # the writer commits what it holds every quarter second
+            os.kill(os.getpid(), signal.SIGKILL)
+        opt.step()
+        opt.zero_grad()
+""")
+
 PLUGIN_TESTS = textwrap.dedent("""\
     import pytest
     import torch
@@ -84,12 +107,13 @@ def _tputrace(*args: str, cwd: Path | None = None) -> subprocess.CompletedProces
                           timeout=600, cwd=cwd, stdin=subprocess.DEVNULL)
 
 
-def _record(folder: Path, name: str, source: str, *options: str, trace_name: str | None = None) -> Path:
+def _record(folder: Path, name: str, source: str, *options: str, trace_name: str | None = None,
+            exit_status: int = 0) -> Path:
     script = folder / f"{name}.py"
     script.write_text(source)
     trace_path = folder / f"{trace_name or name}.tptrace"
     result = _tputrace("run", "--quiet", *options, "-o", str(trace_path), str(script))
-    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.returncode == exit_status, result.stderr[-3000:]
     return trace_path
 
 
@@ -275,3 +299,15 @@ def test_merging_two_runs_of_the_same_rank_points_to_diff(tmp_path: Path, capsys
     assert main(["merge", str(SMALL_TRACE), str(SMALL_TRACE), "-o", str(tmp_path / "merged.tptrace")]) == 2
     assert capsys.readouterr().err == (f"tputrace: error: rank 0 is in both {SMALL_TRACE} and {SMALL_TRACE} (merge joins the"
                                        " ranks of one distributed run; `tputrace diff A B` compares two runs)\n")
+
+
+def test_syncs_of_a_step_the_run_did_not_finish_are_not_counted_in_its_steady_steps(tmp_path: Path) -> None:
+    """A run killed in the middle of a step read its loss once in each step: the unfinished step's read is not one
+    of the steady steps', where it made 1.5 syncs per steady step of two."""
+    trace_path = _record(tmp_path, "killed_mid_step", KILLED_MID_STEP, exit_status=-9)
+    budget = tmp_path / "budget.toml"
+    budget.write_text("max_syncs_per_step = 0.5\n")
+    result = _tputrace("check", str(trace_path), "--budget", str(budget))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert result.stdout.startswith("max_syncs_per_step = 0.5 exceeded: 1 host syncs per steady step at "
+                                    f"{tmp_path / 'killed_mid_step.py'}:13"), result.stdout
