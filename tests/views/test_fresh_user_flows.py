@@ -246,7 +246,7 @@ def test_diff_from_strict_to_deferred_matches_a_fused_programs_recompile_to_the_
     assert "  new recompile" not in result.stdout, result.stdout
     assert "  fixed recompile" in result.stdout, result.stdout
     # A strict op's program runs inside the op's dispatch, with no `executions` row: its runs are its op's calls.
-    assert re.search(r"^  gone program: aten\.addmm\.default \(\d+ compiles, 4 runs\)$", result.stdout, re.M), result.stdout
+    assert re.search(r"^  gone program: aten\.addmm\.default \(\d+ compiles?, 4 runs\)$", result.stdout, re.M), result.stdout
     assert not re.search(r"^  \w+ program: aten\..*, 0 runs\)$", result.stdout, re.M), result.stdout
 
 

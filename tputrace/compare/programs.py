@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tputrace.compare.sites import site_key
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -128,7 +129,7 @@ def program_changes(before: dict[tuple[str, ...], ProgramFamily],
 
 def _describe(family: ProgramFamily) -> str:
     ops = sum(family.op_counts.values())
-    parts = [f"{ops} ops" if ops else None, f"{family.compiles} compiles", f"{family.executions} runs"]
+    parts = [plural(ops, "op") if ops else None, plural(family.compiles, "compile"), plural(family.executions, "run")]
     return ", ".join(part for part in parts if part)
 
 
