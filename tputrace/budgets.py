@@ -12,13 +12,15 @@ reported as a violation that says so, never passed on a count of 0.
 
 from __future__ import annotations
 
+import difflib
+import math
 import sys
 from dataclasses import dataclass
 from typing import Any
 
 from tputrace.compare.figures import RunFigures
 from tputrace.store.errors import TputraceError
-from tputrace.wording import format_bytes
+from tputrace.wording import format_bytes, plural
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -45,6 +47,11 @@ LIMITED_FIGURES: dict[str, str] = {
     "max_peak_memory_bytes": "peak memory",
     "max_exposed_communication_share": "exposed communication share",
 }
+# Keys whose limit is a share of the step, 0 to 1.
+SHARE_KEYS = frozenset({"max_exposed_communication_share"})
+# Why a per-step limit cannot be checked on a run without a step after warm-up (a test of one step).
+_NO_STEADY_STEP = ("no step after warm-up to count {what} in (the run has {steps}; `optimizer.step()` or"
+                   " `tputrace.step()` ends a step, so run at least two)")
 # How many recompiles a `max_recompiles` violation names, each with its step, line and what changed.
 NAMED_RECOMPILES = 3
 
@@ -71,12 +78,19 @@ def budget_from_mapping(values: dict[str, Any], origin: str) -> dict[str, float]
     budget: dict[str, float] = {}
     for key, value in values.items():
         if key not in BUDGET_KEYS:
-            raise TputraceError(f"{origin}: unknown budget key {key!r} (known: {', '.join(BUDGET_KEYS)})")
+            close = difflib.get_close_matches(key.lower(), BUDGET_KEYS, n=1)
+            hint = f"did you mean {close[0]!r}? " if close else ""
+            raise TputraceError(f"{origin}: unknown budget key {key!r} ({hint}known: {', '.join(BUDGET_KEYS)})")
         kind = BUDGET_KEYS[key]
         if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not isinstance(value, int)):
             raise TputraceError(f"{origin}: {key} must be {'a whole number' if kind is int else 'a number'}, not {value!r}")
+        if math.isnan(value):
+            raise TputraceError(f"{origin}: {key} must be a number, not nan (no run can be compared with it)")
         if value < 0:
             raise TputraceError(f"{origin}: {key} must not be negative, not {value!r}")
+        if key in SHARE_KEYS and value > 1:
+            raise TputraceError(f"{origin}: {key} is a share of the step from 0 to 1, not {value!r}"
+                                f" (write {value / 100:g} for {value:g}%)")
         budget[key] = value
     return budget
 
@@ -90,6 +104,8 @@ def read_budget(path: str) -> dict[str, float]:
         raise TputraceError(f"cannot read budget {path}: {error.strerror}") from None
     except tomllib.TOMLDecodeError as error:
         raise TputraceError(f"{path}: not valid TOML: {error}") from None
+    except UnicodeDecodeError:
+        raise TputraceError(f"{path}: not a budget file (not UTF-8 text, as TOML is)") from None
     return budget_from_mapping(values, path)
 
 
@@ -111,11 +127,14 @@ def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigur
                                f"{len(recompiles)} recompile(s) after warm-up: {named}{more}"))
     for key, count, what in (("max_syncs_per_step", figures.steady_syncs, "host syncs"),
                              ("max_transfers_per_step", figures.steady_transfers, "transfers")):
-        if key in budget and figures.per_steady_step(count) > budget[key]:
+        if key in budget and not figures.steady_steps:
+            found.append(Violation(key, budget[key], None, _NO_STEADY_STEP.format(steps=plural(figures.steps, "step"),
+                                                                                   what=what)))
+        elif key in budget and figures.per_steady_step(count) > budget[key]:
             table = "syncs" if what == "host syncs" else "transfers"
             site = _finding_site(figures, table) or figures.busiest_steady_lines.get(table)
             found.append(Violation(key, budget[key], figures.per_steady_step(count),
-                                   f"{figures.per_steady_step(count):g} {what} per steady step", site))
+                                   f"{figures.per_steady_step(count):.3g} {what} per steady step", site))
     if "max_cpu_fallbacks" in budget and figures.fallbacks > budget["max_cpu_fallbacks"]:
         found.append(Violation("max_cpu_fallbacks", budget["max_cpu_fallbacks"], figures.fallbacks,
                                f"{figures.fallbacks} CPU fallback(s)", _finding_site(figures, "fallbacks")))
@@ -125,8 +144,14 @@ def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigur
     if "max_step_time_ratio" in budget:
         if baseline is None:
             raise TputraceError("max_step_time_ratio needs a baseline trace (--baseline)")
-        if figures.median_step_ns and baseline.median_step_ns:
-            ratio = figures.median_step_ns / baseline.median_step_ns
+        median_ns, baseline_median_ns = figures.median_step_ns, baseline.median_step_ns
+        if not median_ns or not baseline_median_ns:
+            stepless = " and ".join(name for name, median in (("the trace", median_ns), ("the baseline", baseline_median_ns))
+                                    if not median)
+            found.append(Violation("max_step_time_ratio", budget["max_step_time_ratio"], None,
+                                   f"{stepless} {'have' if ' and ' in stepless else 'has'} no timed step"))
+        else:
+            ratio = median_ns / baseline_median_ns
             if ratio > budget["max_step_time_ratio"]:
                 found.append(Violation("max_step_time_ratio", budget["max_step_time_ratio"], ratio,
                                        f"steady step time is {ratio:.3g}x the baseline's"))

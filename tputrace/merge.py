@@ -270,7 +270,8 @@ def _open_sources(inputs: Sequence[str | Path], output_path: Path, source_roots:
                 runs = {rank: _placeholder_run(rank)}
             for rank in runs:
                 if rank in owner:
-                    raise MergeError(f"rank {rank} is in both {owner[rank]} and {path}")
+                    raise MergeError(f"rank {rank} is in both {owner[rank]} and {path} (merge joins the ranks of one"
+                                     " distributed run; `tputrace diff A B` compares two runs)")
                 owner[rank] = Path(path)
             sources[-1].runs = runs
     except BaseException:

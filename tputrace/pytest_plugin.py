@@ -31,7 +31,7 @@ class _TestRun:
     nodeid: str
     trace: Path
     recompiles: int
-    syncs_per_step: float
+    syncs_per_step: float | None  # None: the test ran no step after warm-up
     violations: int
 
 
@@ -48,7 +48,11 @@ class _PluginState:
         for name, value in report.user_properties:
             if name == _PROPERTY and isinstance(value, dict):
                 self.runs.append(_TestRun(report.nodeid, Path(value["trace"]), int(value["recompiles"]),
-                                          float(value["syncs_per_step"]), int(value["violations"])))
+                                          _number(value["syncs_per_step"]), int(value["violations"])))
+
+
+def _number(value: object) -> float | None:
+    return None if value is None else float(str(value))
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -89,7 +93,7 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 
     state.directory.mkdir(parents=True, exist_ok=True)
     trace_path = state.directory / f"{_file_name(item.nodeid)}.tptrace"
-    lifecycle.start(str(trace_path), script=item.nodeid, argv=[item.nodeid], mode=state.mode)
+    lifecycle.start(str(trace_path), script=item.nodeid, argv=[], mode=state.mode)
     try:
         result = yield
     except BaseException:
@@ -118,14 +122,19 @@ def _check(item: pytest.Item, state: _PluginState, trace_path: Path) -> None:
     try:
         budget = budget_from_mapping(limits, item.nodeid)
     except TputraceError as error:
-        pytest.fail(str(error), pytrace=False)
+        bad_budget = str(error)
+    else:
+        bad_budget = None
+    if bad_budget is not None:
+        pytest.fail(bad_budget, pytrace=False)
     with open_trace(trace_path) as trace:
         figures = run_figures(trace)
     broken = violations(figures, budget)
     # Carried on the test's report, so that under pytest-xdist the controller's summary sees every worker's tests.
     item.user_properties.append((_PROPERTY, {
         "trace": str(trace_path), "recompiles": len(figures.recompiles_after_warmup),
-        "syncs_per_step": figures.per_steady_step(figures.steady_syncs), "violations": len(broken)}))
+        "syncs_per_step": figures.per_steady_step(figures.steady_syncs) if figures.steady_steps else None,
+        "violations": len(broken)}))
     if broken:
         lines = "\n".join(violation.describe() for violation in broken)
         pytest.fail(f"tputrace budget exceeded (trace {trace_path}):\n{lines}", pytrace=False)
@@ -135,9 +144,11 @@ def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pyte
     state = config.stash.get(_STATE_KEY, None)
     if state is None or not state.runs:
         return
-    worst = sorted(state.runs, key=lambda run: (run.violations, run.recompiles, run.syncs_per_step), reverse=True)
+    worst = sorted(state.runs, key=lambda run: (run.violations, run.recompiles, run.syncs_per_step or 0.0), reverse=True)
     terminalreporter.section("tputrace")
     terminalreporter.write_line(f"traces in {state.directory}")
     for run in worst[:SUMMARY_ROWS]:
-        terminalreporter.write_line(f"{run.nodeid}: {run.recompiles} recompile(s) after warm-up, "
-                                    f"{run.syncs_per_step:g} host syncs per steady step, {run.violations} budget violation(s)")
+        syncs = (f"{run.syncs_per_step:.3g} host syncs per steady step" if run.syncs_per_step is not None
+                 else "no step after warm-up to count host syncs in")
+        terminalreporter.write_line(f"{run.nodeid}: {run.recompiles} recompile(s) after warm-up, {syncs}, "
+                                    f"{run.violations} budget violation(s)")

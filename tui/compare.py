@@ -68,7 +68,8 @@ class CompareView(TraceView):
         ])
         style = "bold red" if difference.regressed else "bold green"
         self.say("compare-status", (difference.headline, style), f" · before: {difference.before.path}")
-        self.query_one("#compare-improved", Static).update(Text(improvements(difference) or ""))
+        said = [text for text in (improvements(difference), difference.note and f"note: {difference.note}") if text]
+        self.query_one("#compare-improved", Static).update(Text("\n".join(said)))
 
     def on_data_table_row_selected(self, event: DataTable.RowSelected) -> None:
         if event.data_table.id != "compare-events" or event.row_key.value is None:

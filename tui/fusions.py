@@ -106,7 +106,9 @@ class FusionsView(TraceView):
         total = sum(stat.count for stat in triggers)
         hits = sum(stat.cache_hits for stat in triggers)
         if not total:
-            self.say("fusions-status", "no flushes recorded (a strict-mode or compile-mode run has none)")
+            capture = self.session.imported_format
+            self.say("fusions-status", f"no flushes: they are the tpu backend's DeferAndFuse programs, which a {capture} capture"
+                                       " does not have" if capture else "no flushes recorded (a strict-mode or compile-mode run has none)")
             self.query_one("#fusions-triggers", Static).update(Text(""))
             return
         self.say("fusions-status", f"{plural(total, 'flush', 'flushes')} · program cache hits {fmt_count(hits)} of {fmt_count(total)} "

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from tputrace.derived.imported_sources import imported_device, measured_on
+from tputrace.derived.imported_sources import imported_device, imported_source, measured_on
 from tputrace.derived.op_time import OpTimeKind, op_time_kind
 from tputrace.derived.run_facts import default_rank, run_facts
 from tputrace.derived.steps import StepRow, step_rows
@@ -60,6 +60,12 @@ class Session:
     def measured_on(self) -> str:
         """Where the shown rank's times were measured: this host, or an imported capture's device."""
         return measured_on(imported_device(self.trace, self.rank))
+
+    @property
+    def imported_format(self) -> str | None:
+        """The capture format the shown rank was imported from (`torch_profiler_json`, ...); None for a recording."""
+        source = imported_source(self.trace, self.rank)
+        return str(source.get("format") or "imported") if source is not None else None
 
     def check(self) -> None:
         """Read what the first screen needs, so that a damaged file fails here (one `TraceError`)

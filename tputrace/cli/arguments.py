@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from collections.abc import Callable
+from typing import Any
 
 
 def whole_number_at_least(minimum: int) -> Callable[[str], int]:
@@ -20,3 +21,12 @@ def whole_number_at_least(minimum: int) -> Callable[[str], int]:
         return number
 
     return parse
+
+
+def require_rank(trace: Any, rank: int | None, shown_path: object) -> None:
+    """Raise a one-line `TputraceError` when `rank` (None: the trace's first) is not one of `trace`'s ranks."""
+    from tputrace.store.errors import TputraceError
+
+    if rank is not None and rank not in trace.ranks:
+        ranks = ", ".join(str(candidate) for candidate in trace.ranks)
+        raise TputraceError(f"{shown_path} has no rank {rank} (ranks: {ranks})")

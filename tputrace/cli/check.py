@@ -23,6 +23,7 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from tputrace.budgets import read_budget, violations
+    from tputrace.cli.arguments import require_rank
     from tputrace.compare.figures import run_figures
     from tputrace.store.reader import open_trace
     from tputrace.wording import printable
@@ -33,6 +34,7 @@ def run(args: argparse.Namespace) -> int:
         with open_trace(args.baseline) as baseline_trace:
             baseline = run_figures(baseline_trace)
     with open_trace(args.trace) as trace:
+        require_rank(trace, args.rank, args.trace)
         figures = run_figures(trace, args.rank)
     broken = violations(figures, budget, baseline)
     for violation in broken:

@@ -50,13 +50,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _ranks(before: Any, after: Any, args: argparse.Namespace) -> list[tuple[int | None, int | None]]:
     """The (A rank, B rank) pairs to compare: `--rank`'s, every rank both traces have, or each trace's first."""
-    from tputrace.store.errors import TputraceError
+    from tputrace.cli.arguments import require_rank
 
     rank: int | None = args.rank
     if rank is not None:
         for trace in (before, after):
-            if rank not in trace.ranks:
-                raise TputraceError(f"{trace.path} has no rank {rank}")
+            require_rank(trace, rank, trace.path)
         return [(rank, rank)]
     shared = [rank for rank in before.ranks if rank in after.ranks]
     if len(shared) > 1:
@@ -74,6 +73,7 @@ def _plain(difference: Any) -> dict[str, Any]:
 
     return {
         "headline": difference.headline,
+        "note": difference.note,
         "improved": improvements(difference),
         "before": difference.before.path,
         "after": difference.after.path,
@@ -119,15 +119,19 @@ def _print(difference: Any, *, with_headline: bool = True) -> None:
     if better:
         print(printable(better))
     print(f"A: {printable(difference.before.path)}\nB: {printable(difference.after.path)}")
+    if difference.note:
+        print(f"note: {printable(difference.note)}")
     for change in difference.figures:
         marker = "worse" if change.worse else ""
         print(f"  {change.name:<26} {change.text} {marker}".rstrip())
     for change in difference.recompiles:
         recompile = change.recompile
-        print(f"  {change.status} recompile at {printable(recompile.site or '?')}: {printable(recompile.name or '?')}"
-              f" x{change.count} ({printable(recompile.diff or recompile.reason or '')})")
+        where = f" at {printable(recompile.site)}" if recompile.site else ""
+        print(f"  {change.status} recompile{where}: {printable(recompile.name or 'a program')}"
+              f" x{change.count} ({printable(recompile.diff or recompile.reason or 'unknown reason')})")
     for change in difference.findings:
-        print(f"  {change.status} finding at {printable(change.site or '-')}: {printable(change.title)}")
+        where = f" at {printable(change.site)}" if change.site else ""
+        print(f"  {change.status} finding{where}: {printable(change.title)}")
     for change in difference.programs:
         print(f"  {change.status} program: {printable(change.family.label)} ({printable(change.detail)})")
     for change in difference.op_time:

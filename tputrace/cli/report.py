@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tputrace.cli.arguments import whole_number_at_least
+from tputrace.cli.arguments import require_rank, whole_number_at_least
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -33,7 +33,6 @@ def run(args: argparse.Namespace) -> int:
     from tputrace.analysis import analyze
     from tputrace.analysis.chips import chip
     from tputrace.analysis.render import print_report, render_json
-    from tputrace.store.errors import TputraceError
     from tputrace.store.reader import open_trace
 
     if args.target is not None:
@@ -43,9 +42,7 @@ def run(args: argparse.Namespace) -> int:
     if is_numerics_recording(args.trace):
         return _numerics_report(args)
     with open_trace(args.trace) as trace:
-        if args.rank is not None and args.rank not in trace.ranks:
-            ranks = ", ".join(str(rank) for rank in trace.ranks)
-            raise TputraceError(f"{args.trace} has no rank {args.rank} (ranks: {ranks})")
+        require_rank(trace, args.rank, args.trace)
         report = analyze(trace, args.target, rank=args.rank)
     if args.json:
         sys.stdout.write(render_json(report))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from tputrace.cli.arguments import whole_number_at_least
+from tputrace.cli.arguments import require_rank, whole_number_at_least
 
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
@@ -21,14 +21,11 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 def run(args: argparse.Namespace) -> int:
-    from tputrace.store.errors import TputraceError
     from tputrace.store.reader import open_trace
     from tputrace.summary import print_summary, summarize
 
     with open_trace(args.trace) as trace:
-        if args.rank is not None and args.rank not in trace.ranks:
-            ranks = ", ".join(str(rank) for rank in trace.ranks)
-            raise TputraceError(f"{args.trace} has no rank {args.rank} (ranks: {ranks})")
+        require_rank(trace, args.rank, args.trace)
         summary = summarize(trace, rank=args.rank, top=args.top)
     print_summary(summary)
     return 0

@@ -59,6 +59,7 @@ def open_ui(
 ) -> int:
     """Check the trace, then run the app until the user quits; return its exit status (1 after an error in
     the app). Errors before the UI raise `TputraceError`."""
+    from tputrace.cli.arguments import require_rank
     from tputrace.store.errors import TputraceError
     from tputrace.tui.actions import parse_keymap
     from tputrace.store.reader import open_trace
@@ -70,9 +71,7 @@ def open_ui(
         raise TputraceError(str(error)) from None
     trace = open_trace(trace_path)
     try:
-        if rank is not None and rank not in trace.ranks:
-            ranks = ", ".join(str(candidate) for candidate in trace.ranks)
-            raise TputraceError(f"{trace_path} has no rank {rank} (ranks: {ranks})")
+        require_rank(trace, rank, trace_path)
         baseline_path = _checked_baseline(baseline) if baseline is not None else None
         if view == "compare" and baseline_path is None:
             raise TputraceError("--view compare needs --compare BASELINE")

@@ -4,6 +4,7 @@ changed (matched by source line, see `sites.SiteKey`), and the headline: the mos
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -70,6 +71,7 @@ class RunDiff:
     programs: tuple[ProgramChange, ...]
     op_time: tuple[OpTimeChange, ...]
     headline: str
+    note: str | None = None  # why few lines match, where that is so (`unmatched_files_note`)
 
     @property
     def regressed(self) -> bool:
@@ -104,7 +106,17 @@ def compare(before: RunFigures, after: RunFigures) -> RunDiff:
     op_time = (_op_time_changes("line", before.ops_by_site, after.ops_by_site, site_labels)
                + _op_time_changes("module", before.ops_by_module, after.ops_by_module, {}))
     return RunDiff(before, after, figures, recompiles, findings, programs, op_time,
-                   _headline(figures, recompiles, findings))
+                   _headline(figures, recompiles, findings), unmatched_files_note(before, after))
+
+
+def unmatched_files_note(before: RunFigures, after: RunFigures) -> str | None:
+    """A note where the two runs share no source file (two different scripts, or one script run from another
+    folder): no line of one matches a line of the other, so every line's recompiles and findings are new or fixed."""
+    if not before.source_files or not after.source_files or before.source_files & after.source_files:
+        return None
+    scripts = [os.path.basename(run.script) if run.script else "?" for run in (before, after)]
+    return (f"the runs share no source file (before: {scripts[0]}, after: {scripts[1]}), so no line of one matches a"
+            " line of the other: each line's recompiles, findings and programs are listed as new or fixed")
 
 
 def _op_time_changes(by: str, before: dict[str, int], after: dict[str, int],
@@ -169,14 +181,15 @@ def _unrecorded_change(name: str, old: int, new: int, shown: Callable[[int], str
 def _recompile_changes(before: RunFigures, after: RunFigures) -> tuple[RecompileChange, ...]:
     """Recompiles matched one to one by cause: their line, reason and what changed (figures blanked out), then, for
     those left, by reason and what changed alone (a recompile whose flush moved to a new sync's line is the same
-    one). What is left of B is new, of A fixed, grouped by line, reason and cause."""
+    one), then by the op whose inputs changed and how (`_op_cause`: a fused program's recompile is the same as the
+    single-op program's of a strict run). What is left of B is new, of A fixed, grouped by line, reason and cause."""
     old_left = list(before.recompiles_after_warmup)
-    new_left = []
-    for with_site in (True, False):
+    new_left = list(after.recompiles_after_warmup)
+    for matching in (lambda recompile: _cause(recompile, True), lambda recompile: _cause(recompile, False), _op_cause):
         unmatched = []
-        for recompile in (after.recompiles_after_warmup if with_site else new_left):
-            cause = _cause(recompile, with_site)
-            twin = next((index for index, other in enumerate(old_left) if _cause(other, with_site) == cause), None)
+        for recompile in new_left:
+            cause = matching(recompile)
+            twin = next((index for index, other in enumerate(old_left) if matching(other) == cause), None)
             if twin is None:
                 unmatched.append(recompile)
             else:
@@ -190,6 +203,22 @@ def _recompile_changes(before: RunFigures, after: RunFigures) -> tuple[Recompile
 def _cause(recompile: Recompile, with_site: bool) -> tuple[object, ...]:
     what = re.sub(r"\d[\d.,]*", "#", recompile.diff or "")
     return (recompile.key, recompile.reason, what) if with_site else (recompile.reason, what)
+
+
+# A fused program's change at one of its ops: `op 0 aten.addmm.default (train.py:12): arg 1 dim 0: 8 -> 12`.
+_FUSED_OP_CHANGE = re.compile(r"op \d+ (\S+) \([^)]*\): (.*)")
+_OTHER_REASONS = re.compile(r" \(and \d+ other reasons?\)$")
+
+
+def _op_cause(recompile: Recompile) -> tuple[object, ...]:
+    """The recompile's reason with each op whose input changed and how (figures blanked out), alike for a fused
+    program's change at one of its ops and a single-op program's change at its own inputs (`input 1 dim 0`)."""
+    changes = set()
+    for part in _OTHER_REASONS.sub("", recompile.diff or "").split("; "):
+        fused = _FUSED_OP_CHANGE.fullmatch(part)
+        op, change = (fused.group(1), fused.group(2).replace("arg ", "input ")) if fused else (recompile.name, part)
+        changes.add((op, re.sub(r"\d[\d.,]*", "#", change)))
+    return (recompile.reason, tuple(sorted(changes, key=str)))
 
 
 def _grouped(recompiles: list[Recompile]) -> list[list[Recompile]]:

@@ -96,6 +96,8 @@ class RunFigures:
     # Figures (`FIGURE_ANALYZERS` names) the trace does not record, with why; their values above are 0, not measured.
     unrecorded: dict[str, str] = field(default_factory=dict)
     skipped_analyzers: frozenset[str] = frozenset()  # analyzers that cannot run on the rank (an import's)
+    script: str | None = None  # the rank's script, as recorded
+    source_files: frozenset[str] = frozenset()  # the user's files the rank ran, by recorded path
 
     def records(self, figure: str) -> bool:
         """Whether the trace records `figure` (a `FIGURE_ANALYZERS` name)."""
@@ -115,6 +117,8 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
     durations = [step.dur_ns for step in step_times if step.dur_ns is not None and step.source != "end"]
     # The tail after the last step boundary (a final `.item()` or evaluation after the loop) is no steady step.
     tail_steps = tuple(step.step for step in step_times if step.source == "end")
+    # A step the run did not finish (killed, or raising, in its middle) is no steady step either.
+    last_step = max((step.step for step in step_times if step.dur_ns is not None and step.source != "end"), default=None)
     steady = durations[WARMUP_STEPS:] or durations
     median = float(statistics.median(steady)) if steady else None
     spread = float(statistics.median(abs(value - median) for value in steady)) if steady and median is not None else 0.0
@@ -145,9 +149,9 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         programs=compile_stats.programs,
         recompiles_after_warmup=recompiles,
         syncs=_count(trace, "syncs", chosen, 0),
-        steady_syncs=_count(trace, "syncs", chosen, WARMUP_STEPS, tail_steps),
+        steady_syncs=_count(trace, "syncs", chosen, WARMUP_STEPS, tail_steps, last_step),
         transfers=_count(trace, "transfers", chosen, 0),
-        steady_transfers=_count(trace, "transfers", chosen, WARMUP_STEPS, tail_steps),
+        steady_transfers=_count(trace, "transfers", chosen, WARMUP_STEPS, tail_steps, last_step),
         fallbacks=_count(trace, "fallbacks", chosen, 0),
         collectives=_count(trace, "collectives", chosen, 0),
         peak_memory_bytes=max(chip_peaks, default=0),
@@ -158,9 +162,11 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         findings=findings,
         program_families=program_families(trace, chosen, text_cache),
         busiest_steady_lines={table: line for table in ("syncs", "transfers")
-                              if (line := _busiest_line(trace, table, chosen, WARMUP_STEPS, tail_steps)) is not None},
+                              if (line := _busiest_line(trace, table, chosen, WARMUP_STEPS, tail_steps, last_step)) is not None},
         unrecorded=_unrecorded(facts, bool(chip_peaks)),
         skipped_analyzers=frozenset(facts.skipped) if facts else frozenset(),
+        script=next((run.script for run in trace.runs if run.rank == chosen), trace.run.script),
+        source_files=frozenset(trace.source_files(rank=chosen)),
     )
 
 
@@ -192,22 +198,31 @@ def _op_time(trace: Trace, rank: int, text_cache: dict[str, list[str] | None]
     return by_site, labels, by_module
 
 
-def _count(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...] = ()) -> int:
-    """Rows of `table` in `rank`'s steps from `from_step` on, but for the steps `leaving_out`."""
+def _count(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...] = (),
+           through_step: int | None = None) -> int:
+    """Rows of `table` in `rank`'s steps from `from_step` on (to `through_step`), but for the steps `leaving_out`."""
     if not trace.has_table(table):
         return 0
+    where, params = _steps_where(rank, from_step, leaving_out, through_step)
+    return trace.count(table, where=where, params=params)
+
+
+def _steps_where(rank: int, from_step: int, leaving_out: tuple[int, ...],
+                 through_step: int | None) -> tuple[str, tuple[int, ...]]:
     where = "rank = ? AND step >= ?" + (f" AND step NOT IN ({', '.join('?' * len(leaving_out))})" if leaving_out else "")
-    return trace.count(table, where=where, params=(rank, from_step, *leaving_out))
+    if through_step is None:
+        return where, (rank, from_step, *leaving_out)
+    return where + " AND step <= ?", (rank, from_step, *leaving_out, through_step)
 
 
-def _busiest_line(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...]) -> str | None:
+def _busiest_line(trace: Trace, table: str, rank: int, from_step: int, leaving_out: tuple[int, ...],
+                  through_step: int | None) -> str | None:
     """The file:line with the most rows of `table` in the steady steps (as `_count` counts them)."""
     if not trace.has_table(table):
         return None
-    where = "rank = ? AND step >= ? AND frame_id IS NOT NULL" + (
-        f" AND step NOT IN ({', '.join('?' * len(leaving_out))})" if leaving_out else "")
-    rows = trace.sql(f"SELECT frame_id, COUNT(*) AS n FROM {table} WHERE {where} GROUP BY frame_id "
-                     "ORDER BY n DESC, frame_id", (rank, from_step, *leaving_out))
+    where, params = _steps_where(rank, from_step, leaving_out, through_step)
+    rows = trace.sql(f"SELECT frame_id, COUNT(*) AS n FROM {table} WHERE {where} AND frame_id IS NOT NULL "
+                     "GROUP BY frame_id ORDER BY n DESC, frame_id", params)
     counts: dict[str, int] = {}
     for frame_id, count in rows:
         source = trace.frame(frame_id)

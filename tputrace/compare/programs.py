@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from tputrace.compare.sites import site_key
+from tputrace.wording import plural
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -128,7 +129,7 @@ def program_changes(before: dict[tuple[str, ...], ProgramFamily],
 
 def _describe(family: ProgramFamily) -> str:
     ops = sum(family.op_counts.values())
-    parts = [f"{ops} ops" if ops else None, f"{family.compiles} compiles", f"{family.executions} runs"]
+    parts = [plural(ops, "op") if ops else None, plural(family.compiles, "compile"), plural(family.executions, "run")]
     return ", ".join(part for part in parts if part)
 
 
@@ -194,10 +195,17 @@ def _short(op: str) -> str:
 
 
 def _executions(trace: Trace, rank: int) -> dict[int, tuple[int, int]]:
-    if not trace.has_table("executions"):
-        return {}
-    return {program: (count, total or 0) for program, count, total in trace.sql(
-        "SELECT program_id, COUNT(*), SUM(dur_ns) FROM executions WHERE rank = ? GROUP BY program_id", (rank,))}
+    """(runs, time) of each program of `rank`: its `executions` rows; a single-op program of strict mode, which runs
+    inside its op's dispatch and writes none, runs once per op row that ran it (its time: the ops' dispatch)."""
+    runs: dict[int, tuple[int, int]] = {}
+    if trace.has_table("ops") and trace.has_table("programs"):
+        runs.update({program: (count, total or 0) for program, count, total in trace.sql(
+            "SELECT o.program_id, COUNT(*), SUM(o.dur_ns) FROM ops o JOIN programs p ON p.id = o.program_id "
+            "AND p.rank = o.rank WHERE o.rank = ? AND p.kind = 'op' GROUP BY o.program_id", (rank,))})
+    if trace.has_table("executions"):
+        runs.update({program: (count, total or 0) for program, count, total in trace.sql(
+            "SELECT program_id, COUNT(*), SUM(dur_ns) FROM executions WHERE rank = ? GROUP BY program_id", (rank,))})
+    return runs
 
 
 def _compiles(trace: Trace, rank: int) -> dict[int, int]:

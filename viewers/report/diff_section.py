@@ -14,6 +14,8 @@ def diff_content(difference: RunDiff) -> str:
     parts = [f'<p class="tp-headline"><strong>{esc(difference.headline)}</strong></p>']
     if better:
         parts.append(f"<p>{esc(better)}</p>")
+    if difference.note:
+        parts.append(note_html(esc(difference.note)))
     parts.append(html_table(
         ["", "before → after", ""],
         [[esc(change.name), esc(change.text), "worse" if change.worse else ""] for change in difference.figures],
