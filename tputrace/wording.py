@@ -23,13 +23,14 @@ def printable(text: str) -> str:
 
 
 def format_ns(ns: float | None) -> str:
-    """A duration with three significant digits: `512 ns`, `24.3 µs`, `1.17 ms`, `3.07 s`."""
+    """A duration with three significant digits: `512 ns`, `24.3 µs`, `1.17 ms`, `3.07 s`; `<1 ns` for less than a
+    nanosecond that is not nothing (a tiny program's projected time)."""
     if ns is None:
         return "-"
     for unit, scale in (("s", 1e9), ("ms", 1e6), ("µs", 1e3)):
         if abs(ns) >= scale:
             return f"{_three_digits(ns / scale)} {unit}"
-    return f"{int(ns)} ns"
+    return "<1 ns" if 0 < ns < 1 else f"{int(ns)} ns"
 
 
 def format_bytes(count: float | None) -> str:

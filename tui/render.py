@@ -52,7 +52,8 @@ def source_text(location: SourceLocation) -> str:
 
 
 def fmt_ns(ns: float | None) -> str:
-    """A duration with three significant digits and a unit: `812 ns`, `12.3 µs`, `4.56 ms`, `1.20 s`."""
+    """A duration with three significant digits and a unit: `812 ns`, `12.3 µs`, `4.56 ms`, `1.20 s`; `<1 ns` for
+    less than a nanosecond that is not nothing."""
     if ns is None:
         return "-"
     value = float(ns)
@@ -64,7 +65,7 @@ def fmt_ns(ns: float | None) -> str:
             if unit == "s" and scaled >= 100:
                 return f"{sign}{scaled:.0f} s"
             return f"{sign}{_three_digits(scaled)} {unit}"
-    return f"{sign}{value:.0f} ns"
+    return f"{sign}<1 ns" if 0 < value < 1 else f"{sign}{value:.0f} ns"
 
 
 def _three_digits(value: float) -> str:

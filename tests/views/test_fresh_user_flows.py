@@ -311,3 +311,32 @@ def test_syncs_of_a_step_the_run_did_not_finish_are_not_counted_in_its_steady_st
     assert result.returncode == 1, result.stdout + result.stderr
     assert result.stdout.startswith("max_syncs_per_step = 0.5 exceeded: 1 host syncs per steady step at "
                                     f"{tmp_path / 'killed_mid_step.py'}:13"), result.stdout
+
+
+TINY_MODEL = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    model = nn.Linear(2, 2).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(5):
+        loss = model(torch.ones(1, 2, device="tpu")).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+""")
+
+
+def test_a_tiny_models_projected_step_under_a_nanosecond_is_shown_as_under_one_not_zero(tmp_path: Path) -> None:
+    """A 2x2 linear layer's step moves a few hundred bytes: a v6e would run it in a fraction of a nanosecond, which the
+    summary, the report and the JSON keep (they said `0 ns projected`, as if nothing ran)."""
+    trace_path = _record(tmp_path, "tiny", TINY_MODEL)
+    summary = _tputrace("summary", str(trace_path))
+    assert summary.returncode == 0, summary.stderr
+    assert "<1 ns projected for v6e" in summary.stdout, summary.stdout
+    report = _tputrace("report", str(trace_path), "--json")
+    projected = json.loads(report.stdout)["projected_median_step_ns"]
+    assert 0 < projected < 1, projected
+    text = _tputrace("report", str(trace_path))
+    assert "(<1 ns projected for v6e)" in text.stdout and "(0 ns projected" not in text.stdout, text.stdout

@@ -95,7 +95,7 @@ class Report:
     step_count: int
     median_step_ns: float | None
     wall_ns: int
-    projected_median_step_ns: int | None = None  # chip time per step projected for `target` (tputrace.derived.projection)
+    projected_median_step_ns: float | None = None  # chip time per step projected for `target` (tputrace.derived.projection)
     programs_costed: int = 0  # program runs with XLA's costs, which projections for the target are made from
     findings: list[Finding] = field(default_factory=list)
     results: dict[str, AnalysisResult[Any]] = field(default_factory=dict)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from tputrace.derived.imported_sources import imported_device, measured_on
 from tputrace.derived.op_cost import TargetChip
-from tputrace.derived.steps import LOOP_STEPS_WHERE, loop_step_durations, steady_median_ns
+from tputrace.derived.steps import LOOP_STEPS_WHERE, loop_step_durations, steady_median, steady_median_ns
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -34,7 +34,7 @@ class ProjectedSteps:
 
     target: str
     by_step: dict[int, float]
-    median_ns: int | None
+    median_ns: float | None
     programs_costed: int
     programs_run: int
 
@@ -67,9 +67,9 @@ def projected_steps(trace: Trace, rank: int, chip: TargetChip) -> ProjectedSteps
     loop_steps = [step for (step,) in trace.sql(
         f"SELECT step FROM steps WHERE {LOOP_STEPS_WHERE} ORDER BY step",
         (rank,))]
-    projected = [int(by_step.get(step, 0.0)) for step in loop_steps]
-    return ProjectedSteps(chip.name, {step: by_step.get(step, 0.0) for step in loop_steps},
-                          steady_median_ns(projected) if costed else None, costed, total)
+    projected = [by_step.get(step, 0.0) for step in loop_steps]
+    return ProjectedSteps(chip.name, dict(zip(loop_steps, projected)), steady_median(projected) if costed else None,
+                          costed, total)
 
 
 def step_metadata(trace: Trace, rank: int, chip: TargetChip) -> dict[str, object]:

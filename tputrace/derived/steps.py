@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -32,10 +33,17 @@ def loop_step_durations(trace: Trace, rank: int) -> list[int]:
 
 
 def steady_median_ns(durations: list[int]) -> int | None:
-    """The median of the steady steps: those after the first (which compiles), or all of them when there are fewer
-    than three; in whole ns. The report's median step (`analysis.context.steady`) is the same figure."""
-    later = durations[1:] if len(durations) >= 3 else durations
-    return int(statistics.median(later)) if later else None
+    """The median of the steady steps (`steady_median`) in whole ns. The report's median step
+    (`analysis.context.steady`) is the same figure."""
+    median = steady_median(durations)
+    return None if median is None else int(median)
+
+
+def steady_median(values: Sequence[float]) -> float | None:
+    """The median of the steady steps' values: those after the first (which compiles), or all of them when there
+    are fewer than three."""
+    later = values[1:] if len(values) >= 3 else values
+    return statistics.median(later) if later else None
 
 
 @dataclass(frozen=True)
