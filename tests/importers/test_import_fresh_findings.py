@@ -1,9 +1,11 @@
-"""`tputrace report` on imported captures whose findings were read wrong: a failed recompile that ended the run."""
+"""`tputrace report` on imported captures whose findings were read wrong: a failed recompile that ended the run, two
+DDP ranks that take turns arriving last."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 import textwrap
@@ -11,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from captures import _capture
 from tputrace.cli.main import main
 
 # A compiled function whose input is marked dynamic after it compiled for one size, while its code branches on that
@@ -49,3 +52,48 @@ def test_a_failed_recompile_that_ended_the_run_is_a_critical_finding_at_the_user
     assert "stopped the run" in finding["title"]
     assert (os.path.basename(finding["file"] or ""), finding["line"]) == ("marked_dynamic.py", 4)
     assert "as dynamic but your code specialized it" in finding["explanation"]
+
+
+# Two DDP ranks over gloo with a torch.compile'd model, profiled (one JSON per rank): each rank sleeps 150 ms before
+# every other step, rank 0 before the even ones and rank 1 before the odd ones, so each waits for the other in turn.
+TORCH_DDP_TURNS = textwrap.dedent("""\
+    import os, sys, time, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile
+
+    def run(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        net = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+        model = torch.compile(net)
+        x = torch.randn(8, 16)
+        model(x).sum().backward()
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            for step in range(4):
+                if step % 2 == rank:
+                    time.sleep(0.15)
+                model(x).sum().backward()
+        prof.export_chrome_trace(f"{out}/rank{rank}.json")
+        dist.barrier()
+        os._exit(0)  # as the shared gloo captures: gloo's threads are not torn down under a busy host
+
+    if __name__ == "__main__":
+        os.makedirs(sys.argv[1], exist_ok=True)
+        mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+""")
+
+
+def test_ranks_that_take_turns_arriving_last_have_no_straggler(tmp_path: Path,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    capture = _capture(tmp_path, "ddp_turns.py", TORCH_DDP_TURNS, "turns", port)
+    assert main(["import", str(capture), "-o", str(tmp_path / "turns.tptrace")]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "turns.tptrace"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    waits = {row["rank"]: row["wait_ns"] for row in report["results"]["collectives"]["wait_by_rank"]}
+    # each rank waited for the other's sleeps: about as long as the other, not one rank waiting for the other
+    assert min(waits.values()) > 0.5 * max(waits.values()), waits
+    assert not [finding for finding in report["findings"] if "Straggler" in finding["title"]], report["findings"]

@@ -36,6 +36,7 @@ NAME = "collectives"
 SMALL_MESSAGE_BYTES = 1 << 20
 MANY_SMALL_PER_STEP = 10
 STRAGGLER_WAIT_SHARE = 0.2
+STRAGGLER_OWN_WAIT_SHARE = 0.5  # of the others' mean wait: a late rank waits clearly less than the ranks waiting for it
 LOW_BANDWIDTH_SHARE = 0.25
 
 
@@ -354,6 +355,9 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     if extra and all(own_lines.values()):
         # every rank runs lines of its own (pipeline stages, a role per rank): not one rank's extra work
         return wait_by_rank, late, _own_roles(context, {straggler: extra, **own_lines}, waited, share, evidence)
+    if waits[straggler] > STRAGGLER_OWN_WAIT_SHARE * waited:
+        # it waited about as long as the others: the ranks took turns arriving last, none is the late one
+        return wait_by_rank, None, None
     if extra:
         # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
         # own, which the trace can tell from the host's scheduling
