@@ -355,8 +355,9 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     if extra and all(own_lines.values()):
         # every rank runs lines of its own (pipeline stages, a role per rank): not one rank's extra work
         return wait_by_rank, late, _own_roles(context, {straggler: extra, **own_lines}, waited, share, evidence)
-    if waits[straggler] > STRAGGLER_OWN_WAIT_SHARE * waited:
-        # it waited about as long as the others: the ranks took turns arriving last, none is the late one
+    if not extra and waits[straggler] > STRAGGLER_OWN_WAIT_SHARE * waited:
+        # the rank that waited least, with no work of its own, waited about as long as the others: the ranks took
+        # turns arriving last, none is the late one
         return wait_by_rank, None, None
     if extra:
         # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
