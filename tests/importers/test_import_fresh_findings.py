@@ -1,5 +1,5 @@
 """`tputrace report` on imported captures whose findings were read wrong: a failed recompile that ended the run, two
-DDP ranks that take turns arriving last."""
+DDP ranks that take turns arriving last, the collectives of a JAX loop that does not wait for each step."""
 
 from __future__ import annotations
 
@@ -97,3 +97,50 @@ def test_ranks_that_take_turns_arriving_last_have_no_straggler(tmp_path: Path,
     # each rank waited for the other's sleeps: about as long as the other, not one rank waiting for the other
     assert min(waits.values()) > 0.5 * max(waits.values()), waits
     assert not [finding for finding in report["findings"] if "Straggler" in finding["title"]], report["findings"]
+
+
+# One process of a two-process `jax.distributed` run on XLA:CPU (gloo collectives), a device each: a data-parallel step
+# whose gradient is all-reduced, in a loop that does not wait for each step (its device work runs after the host's
+# step markers end). Each process profiles its own log dir.
+JAX_PROCESS_ASYNC = textwrap.dedent("""
+    import sys, jax
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    logdir, process, port = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=2, process_id=process)
+    import numpy as np, jax.numpy as jnp
+    from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+    batch = NamedSharding(Mesh(np.array(jax.devices()), ("d",)), PartitionSpec("d"))
+    x = jax.make_array_from_callback((256, 128), batch, lambda index: np.ones((256, 128), np.float32)[index])
+    step = jax.jit(lambda w, x: w - 0.1 * jax.grad(lambda w: jnp.mean(jnp.tanh(x @ w) ** 2))(w))
+    w = step(jnp.ones((128, 128)), x).block_until_ready()
+    with jax.profiler.trace(f"{logdir}/process{process}"):
+        for i in range(4):
+            with jax.profiler.StepTraceAnnotation("train", step_num=i):
+                w = step(w, x)
+        w.block_until_ready()
+""")
+
+
+def test_collectives_of_a_loop_that_does_not_wait_are_a_share_of_the_devices_steps(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    script = tmp_path / "jax_process_async.py"
+    script.write_text(JAX_PROCESS_ASYNC)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = str(probe.getsockname()[1])
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    processes = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs"), str(index), port], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
+    for process in processes:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    assert main(["import", str(tmp_path / "logs"), "-o", str(tmp_path / "async.tptrace")]) == 0
+    capsys.readouterr()
+    assert main(["report", str(tmp_path / "async.tptrace"), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    shares = [finding for finding in report["findings"] if finding["title"].startswith("Collectives take")]
+    # the device ran the steps' matmuls and tanh besides the all-reduce: never all of its step
+    assert report["results"]["collectives"]["collective_share_of_step"] < 1.0
+    assert shares and all("100%" not in finding["title"] for finding in shares), report["findings"]
+    assert all("the device's time in each step" in finding["title"] for finding in shares), shares

@@ -144,13 +144,17 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
     # once: the share is the union of the calls' intervals, which never exceeds the steps' time.
     total_ns = _union_length(_intervals(trace, where, params))
-    share = min(context.share_of_steps(_union_length(_intervals(trace, steady_where, steady_params))), 1.0)
+    # With asynchronous dispatch a step's device work (its collectives among it) runs after the host's step has ended:
+    # the share is of what the device did in the step, not of the host's shorter step.
+    device_steps_ns = _device_steps_ns(context, steady_where, steady_params)
+    share = min(_share(context, _union_length(_intervals(trace, steady_where, steady_params)), device_steps_ns), 1.0)
     caused = _has_causes(trace)
     finding_share = share
     if caused:
         # the sharding analyzer names the cause and the line of the caused calls; this finding counts the rest
         total_ns = _union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
-        finding_share = min(context.share_of_steps(_union_length(_intervals(trace, f"{steady_where} AND cause_id IS NULL", steady_params))), 1.0)
+        finding_share = min(_share(context, _union_length(_intervals(
+            trace, f"{steady_where} AND cause_id IS NULL", steady_params)), device_steps_ns), 1.0)
     # of the calls the finding counts (with causes recorded, a DDP bucket's line is the sharding finding's), in the steady
     # steps as its share and fix are: a set-up call that waited for the other ranks to start is in the first step only
     uncaused = " AND cause_id IS NULL" if caused else ""
@@ -171,6 +175,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         for row in rows
     )
     line_evidence = _line_evidence(context, steady_where, steady_params, caused)
+    step_basis = "the device's time in each step" if device_steps_ns else "each step"
     if finding_share >= 0.05 and total_ns:
         bandwidths = [row.bus_bandwidth for row in rows if row.bus_bandwidth]
         median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
@@ -178,9 +183,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             analyzer=NAME,
             severity=context.severity(finding_share, warning=0.15, critical=0.4),
             title=(f"Collectives{' without a recorded cause' if caused else ''} take {finding_share:.0%} of "
-                   f"{'each step' if context.steps else 'the run'} on rank {rank}"),
+                   f"{step_basis if context.steps else 'the run'} on rank {rank}"),
             explanation=(
                 f"Rank {rank} spent {format_ns(total_ns)} in collectives"
+                + (f" (the share is of the device's time in the steady steps, {format_ns(device_steps_ns / context.steady_count)} "
+                   f"a step from each step's first device op to its last, which ran on after the host's steps of "
+                   f"{format_ns(context.steady_ns / context.steady_count)} had ended: the host does not wait for each step)"
+                   if device_steps_ns and context.steady_count else "")
                 + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
                 + (f" (while any of its {chips} chips was in one; the calls and times by line and kind below are its "
                    f"{chips} chips' together)" if chips > 1 else "")
@@ -225,6 +234,26 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     findings.extend(finding for finding in (order_finding, straggler, uneven) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
     return AnalysisResult(NAME, data, tuple(findings))
+
+
+def _device_steps_ns(context: AnalysisContext, steady_where: str, params: Sequence[int]) -> int | None:
+    """The steady steps' time counting each step's device work (the ops and collectives tied to it) from its first to
+    its last, where that runs past the host's step: the longer of the two per step. None where no step's device work
+    outlasts it (a loop that waits for each step: the host's steps are the measure)."""
+    if not context.steps:
+        return None
+    spans = dict(context.trace.sql(
+        "SELECT step, MAX(end_ns) - MIN(start_ns) FROM ("
+        f"SELECT step, start_ns, start_ns + dur_ns AS end_ns FROM ops WHERE {steady_where} UNION ALL "
+        f"SELECT step, start_ns, start_ns + dur_ns AS end_ns FROM collectives WHERE {steady_where}) GROUP BY step",
+        tuple(params) + tuple(params)))
+    steps = context.steady_steps
+    total = sum(max(step.dur_ns or 0, int(spans.get(step.step) or 0)) for step in steps)
+    return total if total > sum(step.dur_ns or 0 for step in steps) else None
+
+
+def _share(context: AnalysisContext, steady_cost_ns: float, device_steps_ns: int | None) -> float:
+    return steady_cost_ns / device_steps_ns if device_steps_ns else context.share_of_steps(steady_cost_ns)
 
 
 def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, limit: int = 4) -> tuple[Evidence, ...]:
