@@ -170,7 +170,7 @@ def limit_warning(limit: str, value: int | None, function: str, where: str | Non
     return text
 
 
-_USER_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.MULTILINE)
+_STACK_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.MULTILINE)
 
 
 def failure_place(fail_reason: str) -> dict[str, object]:
@@ -179,7 +179,7 @@ def failure_place(fail_reason: str) -> dict[str, object]:
     (a `ConstraintViolationError`'s `You marked L['x'].size()[0] as dynamic but your code specialized it ...`)."""
     found: dict[str, object] = {}
     _, stack_title, stack = fail_reason.partition("User stack:")
-    frames = _USER_FRAME.findall(stack) if stack_title else []
+    frames = _STACK_FRAME.findall(stack) if stack_title else []
     if frames:
         found["fail_at"] = f"{frames[-1][0]}:{frames[-1][1]}"
     hints = [line.strip()[2:].strip() for line in fail_reason.partition("User stack:")[0].splitlines()
