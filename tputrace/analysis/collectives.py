@@ -22,6 +22,7 @@ from tputrace.analysis.chips import DTYPE_BYTES
 from tputrace.analysis.collective_fixes import share_fix, small_fix
 from tputrace.analysis.collective_joins import joined_early
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
+from tputrace.analysis.collective_shares import device_step_time_ns, step_share
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.host_gaps import line_of_extra_host_time
@@ -37,6 +38,7 @@ NAME = "collectives"
 SMALL_MESSAGE_BYTES = 1 << 20
 MANY_SMALL_PER_STEP = 10
 STRAGGLER_WAIT_SHARE = 0.2
+STRAGGLER_OWN_WAIT_SHARE = 0.5  # of the others' mean wait: a late rank waits clearly less than the ranks waiting for it
 LOW_BANDWIDTH_SHARE = 0.25
 
 
@@ -133,13 +135,17 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
     # once: the share is the union of the calls' intervals, which never exceeds the steps' time.
     total_ns = _union_length(_intervals(trace, where, params))
-    share = min(context.share_of_steps(_union_length(_intervals(trace, steady_where, steady_params))), 1.0)
+    # With asynchronous dispatch a step's device work (its collectives among it) runs after the host's step has ended:
+    # the share is of what the device did in the step, not of the host's shorter step.
+    device_steps_ns = device_step_time_ns(context, steady_where, steady_params)
+    share = min(step_share(context, _union_length(_intervals(trace, steady_where, steady_params)), device_steps_ns), 1.0)
     caused = _has_causes(trace)
     finding_share = share
     if caused:
         # the sharding analyzer names the cause and the line of the caused calls; this finding counts the rest
         total_ns = _union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
-        finding_share = min(context.share_of_steps(_union_length(_intervals(trace, f"{steady_where} AND cause_id IS NULL", steady_params))), 1.0)
+        finding_share = min(step_share(context, _union_length(_intervals(
+            trace, f"{steady_where} AND cause_id IS NULL", steady_params)), device_steps_ns), 1.0)
     # of the calls the finding counts (with causes recorded, a DDP bucket's line is the sharding finding's), in the steady
     # steps as its share and fix are: a set-up call that waited for the other ranks to start is in the first step only
     uncaused = " AND cause_id IS NULL" if caused else ""
@@ -156,6 +162,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     counted = _kind_rows(trace, f"{where} AND cause_id IS NULL", params, world) if caused else rows
     kind_evidence = _kind_evidence(counted)
     line_evidence = _line_evidence(context, steady_where, steady_params, caused)
+    step_basis = "the device's time in each step" if device_steps_ns else "each step"
     if finding_share >= 0.05 and total_ns:
         bandwidths = [row.bus_bandwidth for row in counted if row.bus_bandwidth]
         median_bandwidth = statistics.median(bandwidths) if bandwidths else 0.0
@@ -163,9 +170,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             analyzer=NAME,
             severity=context.severity(finding_share, warning=0.15, critical=0.4),
             title=(f"Collectives{' without a recorded cause' if caused else ''} take {finding_share:.0%} of "
-                   f"{'each step' if context.steps else 'the run'} on rank {rank}"),
+                   f"{step_basis if context.steps else 'the run'} on rank {rank}"),
             explanation=(
                 f"Rank {rank} spent {format_ns(total_ns)} in collectives"
+                + (f" (the share is of the device's time in the steady steps, {format_ns(device_steps_ns / context.steady_count)} "
+                   f"a step from each step's first device op to its last, which ran on after the host's steps of "
+                   f"{format_ns(context.steady_ns / context.steady_count)} had ended: the host does not wait for each step)"
+                   if device_steps_ns and context.steady_count else "")
                 + (" that no recorded cause explains (see the sharding findings for the rest)" if caused else "")
                 + (f" (while any of its {chips} chips was in one; the calls and times by line and kind below are its "
                    f"{chips} chips' together)" if chips > 1 else "")
@@ -369,6 +380,10 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     if extra and all(own_lines.values()):
         # every rank runs lines of its own (pipeline stages, a role per rank): not one rank's extra work
         return wait_by_rank, late, _own_roles(context, {straggler: extra, **own_lines}, waited, share, evidence)
+    if not extra and waits[straggler] > STRAGGLER_OWN_WAIT_SHARE * waited:
+        # the rank that waited least, with no work of its own, waited about as long as the others: the ranks took
+        # turns arriving last, none is the late one
+        return wait_by_rank, None, None
     if extra:
         # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
         # own, which the trace can tell from the host's scheduling

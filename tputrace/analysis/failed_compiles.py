@@ -23,6 +23,8 @@ from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.wording import format_ns, plural
 
+RUN_END_SLACK_NS = 1_000_000  # a record this close to the capture's end is its last one
+
 
 @dataclass(frozen=True)
 class FailedCompile:
@@ -36,6 +38,9 @@ class FailedCompile:
     failed_at: tuple[str, int] | None  # the user's line Dynamo could not trace (`fail_user_frame_*`), where it says
     attempts: int
     compile_ns: int
+    hints: tuple[str, ...] = ()  # the failure's own advice (`You marked L['x'].size()[0] as dynamic but ...`)
+    ended_run: bool = False  # the capture ends with this failed compile: the error stopped the run
+    compiled_before: bool = False  # an earlier compile of the function succeeded: this one was a recompile
 
 
 def failed_compiles(context: AnalysisContext) -> list[FailedCompile]:
@@ -48,22 +53,31 @@ def failed_compiles(context: AnalysisContext) -> list[FailedCompile]:
         (context.rank,),
     )
     breaks = _graph_break_times(context)
+    # The capture's last record: a failed compile ending there is the error that stopped the run (raised, not caught).
+    run_end_ns = context.trace.run.end_ns if context.trace.run is not None else None
     by_function: dict[tuple[str, str | None, int | None], list[tuple[int, int, dict[str, object]]]] = defaultdict(list)
     for name_sid, file_sid, line, start_ns, dur_ns, detail_text in rows:
         key = (context.trace.string(name_sid) or "?", context.trace.string(file_sid), line)
         by_function[key].append((int(start_ns or 0), int(dur_ns or 0), detail_object(detail_text)))
     found: list[FailedCompile] = []
+    last_end_ns = max((start + dur for compiles in by_function.values() for start, dur, _ in compiles), default=0)
     for (function, file, line), compiles in by_function.items():
-        if any(not detail.get("fail_type") for _, _, detail in compiles):
-            continue  # compiled at least once: what runs eagerly is only what a failed recompile was for
-        if any("failure" in detail or "limit" in detail for _, _, detail in compiles):
-            continue
-        if any(start <= t_ns <= start + dur for start, dur, _ in compiles for t_ns in breaks):
-            continue
-        last = compiles[-1][2]
+        last_start, last_dur, last = compiles[-1]
+        ended_run = bool(last.get("fail_type")) and "limit" not in last and last_start + last_dur >= last_end_ns \
+            and run_end_ns is not None and last_start + last_dur >= run_end_ns - RUN_END_SLACK_NS
+        failed = [item for item in compiles if item[2].get("fail_type")]
+        if not ended_run:
+            if len(failed) < len(compiles):
+                continue  # compiled at least once: what runs eagerly is only what a failed recompile was for
+            if any("failure" in detail or "limit" in detail for _, _, detail in compiles):
+                continue
+            if any(start <= t_ns <= start + dur for start, dur, _ in compiles for t_ns in breaks):
+                continue
+        hints = last.get("fail_hints")
         found.append(FailedCompile(
             function, file, line, str(last.get("fail_type")), str(last.get("fail_reason") or last.get("fail_type")),
-            _place(last.get("fail_at")), len(compiles), sum(dur for _, dur, _ in compiles)))
+            _place(last.get("fail_at")), len(failed), sum(dur for _, dur, _ in failed),
+            tuple(str(hint) for hint in hints) if isinstance(hints, list) else (), ended_run, len(failed) < len(compiles)))
     return found
 
 
@@ -146,7 +160,14 @@ def _finding(context: AnalysisContext, analyzer: str, failed: FailedCompile) -> 
     explanation = (
         f"Dynamo's {plural(failed.attempts, 'compile')} of {failed.function} (defined at {where}) failed with "
         f"{failed.fail_type}{at} ({failed.reason}), after {format_ns(failed.compile_ns)} of compiling. ")
-    if calls or failed.attempts > 1:
+    if failed.ended_run:
+        title = title.rstrip(".") + "; the error stopped the run"
+        explanation += ("Nothing in the capture follows it: the error was raised at the call and ended the run"
+                        + (" (the function had compiled before: this was a recompile, for a call its compiled code's guards "
+                           "rejected)" if failed.compiled_before else ""))
+        if failed.hints:
+            explanation += f". Dynamo says: {failed.hints[0].rstrip('.')}"
+    elif calls or failed.attempts > 1:
         title += "; it runs eagerly"
         explanation += ("The script went on (Dynamo's errors suppressed, or a fallback to the uncompiled function), "
                         "so the function runs as written, op by op, on every call: none of the compile's fusion or "
@@ -167,21 +188,22 @@ def _finding(context: AnalysisContext, analyzer: str, failed: FailedCompile) -> 
         explanation += (f". The profile has {plural(calls, 'eager call')} of it, {format_ns(total_ns)} in all"
                         f"{per_step} (the time at stake: what it would take compiled is not measured)")
         evidence.append(Evidence(f"{plural(calls, 'call')} run eagerly, {format_ns(total_ns)}", table="annotations"))
-    else:
+    elif not failed.ended_run:
         explanation += (". The capture does not time the function's calls: a torch.profiler capture of the same "
                         "process with `with_stack=True` imported with this log gives its eager time per step")
     explanation += "."
     return Finding(
         analyzer=analyzer,
-        severity="warning",
+        severity="critical" if failed.ended_run else "warning",
         title=title,
         explanation=explanation,
         suggestion=_suggestion(failed),
         cost_total_ns=cost_total,
         cost_per_step_ns=cost_per_step,
         evidence=tuple(evidence),
-        file=failed.file,
-        line=failed.line,
+        # where the run stopped: the line Dynamo was tracing, where the log names it
+        file=failed.failed_at[0] if failed.ended_run and failed.failed_at else failed.file,
+        line=failed.failed_at[1] if failed.ended_run and failed.failed_at else failed.line,
         cost_basis=MEASURED_ON_HOST if calls else "estimate",
     )
 
@@ -194,7 +216,7 @@ def _suggestion(failed: FailedCompile) -> str:
                 "`torch._dynamo.config.suppress_errors = False` to see its whole traceback), or compile with another "
                 "backend (`backend=\"aot_eager\"` tells whether the graph or the backend fails)." + until)
     place = failed.failed_at or ((failed.file, failed.line) if failed.file and failed.line else None)
-    parsed = CompileError(f"torch._dynamo.exc.{failed.fail_type}", failed.reason, None, (),
+    parsed = CompileError(f"torch._dynamo.exc.{failed.fail_type}", failed.reason, None, failed.hints,
                           SourceLine(place[0], place[1], "") if place else None, None)
     where = f"{os.path.basename(place[0])}:{place[1]}" if place else failed.function
     return compile_error_suggestion(parsed, where) + until

@@ -27,6 +27,7 @@ from typing import Any
 from tputrace.importers.sink import ImportSink, RankClock
 from tputrace.importers.sources import TORCH_TRACE, CaptureError
 from tputrace.importers.torch_trace_text import (
+    failure_place,
     ENVELOPE,
     GraphBreak,
     first_sentence,
@@ -210,6 +211,8 @@ class TorchTraceImporter:
                 detail["limit"], detail["limit_value"] = limit
         if metrics.get("fail_user_frame_filename") and metrics.get("fail_user_frame_lineno"):
             detail["fail_at"] = f"{metrics['fail_user_frame_filename']}:{metrics['fail_user_frame_lineno']}"
+        elif metrics.get("fail_reason"):
+            detail.update(failure_place(str(metrics["fail_reason"])))
         if isinstance(envelope.get("attempt"), int) and envelope["attempt"] > 0:
             detail["attempt"] = envelope["attempt"]
         restarts = [first_sentence(str(reason)).strip("'\"") for reason in metrics.get("restart_reasons") or []]

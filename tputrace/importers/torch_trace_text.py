@@ -168,3 +168,22 @@ def limit_warning(limit: str, value: int | None, function: str, where: str | Non
     if last_reason:
         text += f"\n   last reason: {last_reason.splitlines()[0]}"
     return text
+
+
+_STACK_FRAME = re.compile(r'^\s*File "([^"]+)", line (\d+)', re.MULTILINE)
+
+
+def failure_place(fail_reason: str) -> dict[str, object]:
+    """What a failure's text says beyond its first line, where the record names no user frame: `fail_at`, the last
+    frame of its `User stack:` (`file.py:LINE`, the line Dynamo was tracing), and `fail_hints`, its `- ...` lines
+    (a `ConstraintViolationError`'s `You marked L['x'].size()[0] as dynamic but your code specialized it ...`)."""
+    found: dict[str, object] = {}
+    _, stack_title, stack = fail_reason.partition("User stack:")
+    frames = _STACK_FRAME.findall(stack) if stack_title else []
+    if frames:
+        found["fail_at"] = f"{frames[-1][0]}:{frames[-1][1]}"
+    hints = [line.strip()[2:].strip() for line in fail_reason.partition("User stack:")[0].splitlines()
+             if line.strip().startswith("- ")]
+    if hints:
+        found["fail_hints"] = hints[:3]
+    return found
