@@ -308,8 +308,8 @@ def _multiples_of_widths(groups: list[MatmulGroup]) -> dict[int, tuple[int, int]
     """Each output width (n) of a module's products that is 2, 3 or 4 times a width the model's products use elsewhere
     (their k or n): a fused q/k/v projection's 3 x d_model, a gated MLP's 2 x hidden, an MLP's 4 x d_model. The size
     follows that width, so it changes only with it. The value is (factor, width), the width the most product shapes
-    use where several fit."""
-    forward = [group for group in groups if group.module is not None]
+    use where several fit. Convolutions are left out: a CNN doubles its channels by choice, each width its own."""
+    forward = [group for group in groups if group.module is not None and "convolution" not in group.op]
     uses: dict[int, int] = defaultdict(int)
     for group in forward:
         for size in {size for product in group.products for size in (product.k, product.n)}:
@@ -325,14 +325,15 @@ def _multiples_of_widths(groups: list[MatmulGroup]) -> dict[int, tuple[int, int]
 
 def _multiple_of_width(size: int, align: int, factor: int, width: int, anchor: MatmulGroup) -> str:
     """What to change for an output width that is `factor` x `width`: the width, to one that makes both tile."""
-    both = " or ".join(str(value) for value in aligned_sizes(width, align)[::-1] if value)
+    aligned = [value for value in aligned_sizes(width, align)[::-1] if value]
+    both = " or ".join(str(value) for value in aligned)
     step = align // math.gcd(factor, align)  # the widths whose multiple fills the MXU
     only = " or ".join(f"{value} ({factor} x {value} = {factor * value})"
-                       for value in dict.fromkeys(aligned_sizes(width, step)[::-1]) if value)
+                       for value in dict.fromkeys(aligned_sizes(width, step)[::-1]) if value and value not in aligned)
     takes = f" (the width {anchor.module} takes)" if anchor.module else ""
     text = (f"{size} is {factor} x {width}, a width the model uses elsewhere ({_WIDTH_MULTIPLES[factor]}), so it changes "
             f"only with {width}: change {width} itself{takes}, not {size} alone. A width that is a multiple of {align} "
             f"({both}) fills the MXU both as itself and as {factor} x it")
-    if step == align:
+    if not only:
         return text + "."
     return text + f"; a multiple of {step} ({only}) fills it in the {factor} x products only."
