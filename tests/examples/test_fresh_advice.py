@@ -79,6 +79,24 @@ SYNTHETIC_IMAGES = '''
     print(loss.item())
 '''
 
+COPIED_BATCH_BESIDE_HEADS = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(d_model=40, nhead=4, dim_feedforward=160, batch_first=True).to("tpu")
+    head = nn.Linear(40, 2).to("tpu")
+    optimizer = torch.optim.Adam([*layer.parameters(), *head.parameters()], lr=1e-3)
+    for step in range(5):
+        x = torch.randn(64, 128, 40).to("tpu")
+        y = torch.randint(0, 2, (64,)).to("tpu")
+        loss = nn.functional.cross_entropy(head(layer(x).mean(1)), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print(loss.item())
+'''
+
 TENSOR_BESIDE_SCALAR = '''
     import torch
     import torch.nn.functional as F
@@ -129,6 +147,15 @@ def test_input_features_made_on_the_chip_are_the_data_s(tmp_path: Path) -> None:
     assert finding.severity == "info" and "input features 784" in finding.title, finding.title
     assert "on the chip at train.py:10" in finding.suggestion, finding.suggestion
     assert "instead of 784" not in finding.suggestion, finding.suggestion
+
+
+def test_heads_with_the_copied_batch_s_bytes_are_not_its_input_features(tmp_path: Path) -> None:
+    """The queries split into 4 heads of 10 (f32[128,256,10] in `q @ k.T`) have the bytes of the batch copied each step
+    (f32[64,128,40]): the head width is the model's, told that the MXU pads it whatever its value, not the input's."""
+    report = _run(COPIED_BATCH_BESIDE_HEADS, tmp_path)
+    finding = _padding(report, 10)
+    assert "input features" not in finding.title, finding.title
+    assert "fewer, wider heads" in finding.suggestion, finding.suggestion
 
 
 def test_tensor_read_beside_a_scalar_is_not_told_to_stack(tmp_path: Path) -> None:

@@ -42,15 +42,30 @@ def copied_feature_sizes(context: AnalysisContext) -> dict[int, InputFeatures]:
         f"SELECT t.bytes FROM transfers t WHERE {where} AND t.direction = 'h2d' AND t.bytes > 0 GROUP BY t.bytes "
         "HAVING COUNT(DISTINCT t.step) >= 2", params)}  # copied step after step: not the model's one `.to` before
     sizes: dict[int, InputFeatures] = {}
-    op_where, op_params = context.loop_where("o")
-    for (inputs_sid,) in context.trace.sql(
-            f"SELECT DISTINCT o.inputs_sid FROM ops o WHERE {op_where} AND o.inputs_sid IS NOT NULL", op_params) if copied else ():
-        for spec in parse_specs(context.trace.string(inputs_sid)):
-            if spec is not None and len(spec.shape) >= 2 and spec.nbytes in copied:
-                _add_features(sizes, InputFeatures(spec))
+    for spec in _first_taken(context, copied):
+        _add_features(sizes, InputFeatures(spec))
     for spec, made_at in _made_batches(context):
         _add_features(sizes, InputFeatures(spec, made_at))
     return sizes
+
+
+def _first_taken(context: AnalysisContext, copied: set[int]) -> list[TensorSpec]:
+    """For each of the `copied` byte counts, the first tensor of two or more dims with those bytes that an op took in a
+    steady step, by dispatch order: the batch as the model first takes it. Later tensors of the same bytes are the
+    model's own (an attention's queries split into heads, as many floats as a batch of the model's width)."""
+    steps = context.steady_steps or context.steps
+    if not copied or not steps:
+        return []
+    first: dict[int, TensorSpec] = {}
+    for (inputs_sid,) in context.trace.sql(
+            "SELECT o.inputs_sid FROM ops o WHERE o.rank = ? AND o.step = ? AND o.inputs_sid IS NOT NULL ORDER BY o.seq",
+            (context.rank, steps[0].step)):
+        for spec in parse_specs(context.trace.string(inputs_sid)):
+            if spec is not None and len(spec.shape) >= 2 and spec.nbytes in copied:
+                first.setdefault(spec.nbytes, spec)
+        if len(first) == len(copied):
+            break
+    return list(first.values())
 
 
 def _add_features(sizes: dict[int, InputFeatures], features: InputFeatures) -> None:
