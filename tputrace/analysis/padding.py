@@ -10,20 +10,27 @@ The cost of a group is that wasted share of its chip time (see `matmuls`).
 
 from __future__ import annotations
 
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.chips import DTYPE_BYTES, Chip, round_up
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
-from tputrace.analysis.input_features import copied_feature_sizes, spec_text
+from tputrace.analysis.input_features import InputFeatures, copied_feature_sizes
 from tputrace.analysis.matmuls import MatmulGroup, chip_time, matmul_groups
-from tputrace.analysis.shapes import Matmul, TensorSpec, parse_specs
+from tputrace.analysis.shapes import Matmul, parse_specs
 from tputrace.wording import format_ns, plural
 
 NAME = "padding"
 LANE = 128
 MIN_REPORTED_SHARE = 0.005  # of a step: smaller wastes stay in the data, not in the findings
+# What an output width that is a small multiple of another width usually is, by the factor.
+_WIDTH_MULTIPLES = {
+    2: "2 x a width is a fused pair of projections, such as a gated MLP's gate and up",
+    3: "3 x the model's width is a fused q/k/v projection",
+    4: "4 x the model's width is an MLP's hidden layer",
+}
 
 
 @dataclass(frozen=True)
@@ -148,8 +155,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[PaddingData]:
     classes = _class_counts(context)
     data_sizes = copied_feature_sizes(context)
     fed_to_mxu = _below_mxu(groups, target.mxu)
+    multiples = _multiples_of_widths(groups)
     findings = (_finding(context, size, alignment[size], entries, input_rows.get(size), data_sizes.get(size),
-                         fed_to_mxu.get(size, 0))
+                         fed_to_mxu.get(size, 0), multiples.get(size))
                 for size, entries in by_size.items() if size not in classes)
     return AnalysisResult(NAME, data, tuple(finding for finding in findings if finding is not None))
 
@@ -200,10 +208,13 @@ def _input_rows(groups: list[MatmulGroup]) -> dict[int, MatmulGroup]:
 
 
 def _finding(context: AnalysisContext, size: int, align: int, entries: list[tuple[MatmulGroup, float, float]],
-             rows_of: MatmulGroup | None, copied: TensorSpec | None, mxu_products: int = 0) -> Finding | None:
-    """The finding for one padded dim size; `copied` is the tensor copied from the host whose features the size is
-    (the data fixes it: no other size is suggested), `rows_of` the module whose input rows it is, `mxu_products` the
-    number of product shapes whose k or n it is, below the MXU's width."""
+             rows_of: MatmulGroup | None, copied: InputFeatures | None, mxu_products: int = 0,
+             multiple: tuple[int, int] | None = None) -> Finding | None:
+    """The finding for one padded dim size; `copied` is the tensor each step brings in (copied from the host or made
+    on the chip) whose features the size is (the data fixes it: no other size is suggested), `rows_of` the module whose
+    input rows it is, `mxu_products` the number of product shapes whose k or n it is, below the MXU's width, and
+    `multiple` (factor, width) where the size is an output width that is a small multiple of a width the model uses
+    elsewhere (a fused q/k/v projection's 3 x d_model, an MLP's 4 x d_model)."""
     cost = sum(cost for _, cost, _ in entries)
     share = context.share_of_step(cost)
     basis = ("chip's work inside strict mode's op times" if chip_time(context).inferred else "measured chip time")
@@ -237,11 +248,14 @@ def _finding(context: AnalysisContext, size: int, align: int, entries: list[tupl
     suggestion = _suggestion(size, align, nearest, alternative, anchor, rows_of is not None, context.target.mxu)
     if mxu_products and align != context.target.mxu and rows_of is None and copied is None:
         suggestion = _far_below_mxu(size, align, up, mxu_products, context.target.mxu)
+    elif multiple is not None and rows_of is None and copied is None:
+        suggestion = _multiple_of_width(size, align, *multiple, anchor)
     if copied is not None and rows_of is None:
         suggestion = (
-            f"{size} is the size of the input's features, which the data fixes: the loop copies {spec_text(copied)} "
-            f"from the host, {size} features once flattened, so the model has no other size to give this dim. The "
-            f"padding to {up} is the cost of the input's size; the sizes the model chooses (its hidden sizes) are "
+            f"{size} is the size of the input's features, which the data fixes: {copied.origin_text()}, {size} "
+            f"features once flattened, so the model has no other size to give this dim. Accept the padding to {up} as "
+            f"the cost of the input's size (padding the input with zero features to {up} by hand, `F.pad`, costs the "
+            f"same; trimming the data to fewer features loses information); the sizes the model chooses (its hidden sizes) are "
             f"where a multiple of {align} avoids padding."
         )
     return Finding(
@@ -288,3 +302,38 @@ def _far_below_mxu(size: int, align: int, up: int, mxu_products: int, mxu: int) 
             f"would remove only the rows' padding to {up} counted here, not the MXU's. Only a dim nearer {mxu} fills "
             "the MXU: for attention, fewer, wider heads (`d_model / nhead` nearer the MXU's width); where a small width is the "
             "model's choice, the padding is the cost of that size.")
+
+
+def _multiples_of_widths(groups: list[MatmulGroup]) -> dict[int, tuple[int, int]]:
+    """Each output width (n) of a module's products that is 2, 3 or 4 times a width the model's products use elsewhere
+    (their k or n): a fused q/k/v projection's 3 x d_model, a gated MLP's 2 x hidden, an MLP's 4 x d_model. The size
+    follows that width, so it changes only with it. The value is (factor, width), the width the most product shapes
+    use where several fit. Convolutions are left out: a CNN doubles its channels by choice, each width its own."""
+    forward = [group for group in groups if group.module is not None and "convolution" not in group.op]
+    uses: dict[int, int] = defaultdict(int)
+    for group in forward:
+        for size in {size for product in group.products for size in (product.k, product.n)}:
+            uses[size] += 1
+    multiples: dict[int, tuple[int, int]] = {}
+    for size in {product.n for group in forward for product in group.products}:
+        fits = [(uses[size // factor], factor) for factor in (2, 3, 4) if size % factor == 0 and uses.get(size // factor)]
+        if fits:
+            _, factor = max(fits)
+            multiples[size] = (factor, size // factor)
+    return multiples
+
+
+def _multiple_of_width(size: int, align: int, factor: int, width: int, anchor: MatmulGroup) -> str:
+    """What to change for an output width that is `factor` x `width`: the width, to one that makes both tile."""
+    aligned = [value for value in aligned_sizes(width, align)[::-1] if value]
+    both = " or ".join(str(value) for value in aligned)
+    step = align // math.gcd(factor, align)  # the widths whose multiple fills the MXU
+    only = " or ".join(f"{value} ({factor} x {value} = {factor * value})"
+                       for value in dict.fromkeys(aligned_sizes(width, step)[::-1]) if value and value not in aligned)
+    takes = f" (the width {anchor.module} takes)" if anchor.module else ""
+    text = (f"{size} is {factor} x {width}, a width the model uses elsewhere ({_WIDTH_MULTIPLES[factor]}), so it changes "
+            f"only with {width}: change {width} itself{takes}, not {size} alone. A width that is a multiple of {align} "
+            f"({both}) fills the MXU both as itself and as {factor} x it")
+    if not only:
+        return text + "."
+    return text + f"; a multiple of {step} ({only}) fills it in the {factor} x products only."

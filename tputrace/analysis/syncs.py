@@ -23,6 +23,7 @@ from tputrace.analysis.read_decisions import decision_after, decision_fix
 from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
 from tputrace.analysis.line_reads import ENVIRONMENT_READ, INNER_STOPPING_READ, NON_FINITE_SKIP_READ, NON_FINITE_STOP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
+from tputrace.analysis.read_together import together_text
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, in_list, outside_fallbacks, per_call_text, per_step_text, step_period
 from tputrace.analysis.sync_modules import change_in_module, inside_module, module_of_read, modules_of_reads, then
 from tputrace.analysis.findings import MEASURED_ON_HOST, AnalysisResult, Evidence, Finding
@@ -392,9 +393,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = PERIODIC.format(every=every[1], less_often=4 * every[1])
     if read_with and not suggestion.startswith(("Keep the values on the chip", "Keep the value on the chip: append",
                                                          "Keep the running total on the chip")):
-        suggestion += (f" {where} reads in the same steps as {', '.join(read_with)}, each waiting for the chip in turn: "
-                       "compute those values first and read them in one go (`torch.stack([a, b]).tolist()`), one wait "
-                       f"instead of {len(read_with) + 1}.")
+        suggestion += together_text(context, (frame_id, kind, library_frame_id), read_with_keys)
     facts = context_import_facts(context)
     if kind == "synchronize" and facts is not None and facts.device not in ("tpu", "cpu", "host"):
         suggestion = DEVICE_SYNCHRONIZE.format(device=facts.device)
