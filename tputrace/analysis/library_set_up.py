@@ -1,6 +1,6 @@
 """Copies, syncs and collectives a library's set-up makes once inside a step, at the user's line that called it.
 
-A library that issues collectives for the user (DDP, FSDP; the trace gives such a collective a cause) does some of
+A library that issues collectives for the user (DDP, FSDP: the trace gives such a collective a cause of its kind) does some of
 its set-up inside the loop: DDP's forward after the first backward rebuilds its gradient buckets, copying the new
 bucket order to the chip, broadcasting it and reading it back (`.cpu()`). Those land at the user's forward line, in
 that one step. A step is such a library's one-off at a line when a collective with a cause ran there in that step
@@ -14,6 +14,9 @@ from __future__ import annotations
 
 from tputrace.analysis.context import AnalysisContext
 
+# Causes of the collectives a wrapping library issues on its own, outside its gradient reductions (not a DTensor op
+# the script calls: `redistribute`).
+LIBRARY_CAUSES = ("ddp_init", "ddp_forward", "fsdp_all_gather", "join")
 _CACHE_KEY = "library_set_up_steps"
 _COPIES_KEY = "library_set_up_copies"
 
@@ -32,8 +35,8 @@ def one_off_work(context: AnalysisContext) -> dict[int, dict[int, frozenset[Sign
     if trace.has_table("collectives") and trace.has_table("collective_causes"):
         for frame_id, step, kind, nbytes, cause_kind in trace.sql(
                 "SELECT c.frame_id, c.step, c.kind, c.bytes, k.kind FROM collectives c JOIN collective_causes k "
-                "ON k.id = c.cause_id WHERE c.rank = ? AND c.frame_id IS NOT NULL AND c.step IS NOT NULL",
-                (context.rank,)):
+                f"ON k.id = c.cause_id WHERE c.rank = ? AND c.frame_id IS NOT NULL AND c.step IS NOT NULL AND k.kind IN "
+                f"({', '.join('?' for _ in LIBRARY_CAUSES)})", (context.rank, *LIBRARY_CAUSES)):
             by_frame.setdefault(frame_id, {}).setdefault(int(step), set()).add((kind or "", int(nbytes or 0), cause_kind or ""))
     work: dict[int, dict[int, frozenset[Signature]]] = {}
     for frame_id, done in by_frame.items():
