@@ -34,6 +34,7 @@ from tputrace.analysis import sharding_ddp, sharding_failures, sharding_fsdp, sh
 from tputrace.analysis.collectives import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
+from tputrace.analysis.library_set_up import one_off_collective
 from tputrace.analysis.sharding_common import (
     NAME, Collected, TimeByCause, evidence, ici_estimate_ns, location, per_step, in_steady_steps, union,
 )
@@ -323,9 +324,17 @@ def _uneven_shards(context: AnalysisContext, out: Collected, records: ShardingRe
 
 
 # ----------------------------------------------------------------- exposed communication
+def _set_up_once(context: AnalysisContext, records: ShardingRecords, collective: CausedCollective) -> bool:
+    """Whether a library issued the collective once as set-up inside a step (DDP's bucket rebuild), not per step."""
+    cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
+    return cause is not None and one_off_collective(context, collective.frame_id, collective.step, collective.kind,
+                                                    collective.bytes, cause.kind)
+
+
 def _exposed(context: AnalysisContext, out: Collected, records: ShardingRecords, explained_ns: float) -> None:
     """Collective time per steady step with no program running on the chip (exposed) and with one (overlapped)."""
-    steady = [collective for collective in records.collectives if in_steady_steps(context, collective)]
+    steady = [collective for collective in records.collectives if in_steady_steps(context, collective)
+              and not _set_up_once(context, records, collective)]
     # A capture with no program runs (a CPU process group's profile) cannot tell what the collectives overlapped.
     if not steady or not context.steps or not context.trace.count("executions"):
         return

@@ -21,6 +21,7 @@ from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.data_sizes import data_dependent_fix
 from tputrace.analysis.read_decisions import decision_after, decision_fix
 from tputrace.analysis.evaluation_reads import evaluation_modules, evaluation_suggestion
+from tputrace.analysis.library_set_up import made_by_library_set_up
 from tputrace.analysis.line_reads import ENVIRONMENT_READ, INNER_STOPPING_READ, NON_FINITE_SKIP_READ, NON_FINITE_STOP_READ, SKIP_READ, STOPPING_READ, line_read
 from tputrace.analysis.optimizer_cycle import optimizer_cycle
 from tputrace.analysis.read_together import together_text
@@ -253,6 +254,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
         ))
         if stall_ns <= 0 or (frame_id, kind, library_frame_id) in set_up:
             continue
+        if made_by_library_set_up(context, "syncs", frame_id, f"kind = ? AND {library.removeprefix('s.')} IS ?", (kind, library_frame_id)):
+            continue  # read by a library's one-off set-up at the line (DDP's bucket rebuild), not by the line
         if not context.steps and count == 1 and _reads_the_end(context, frame_id):
             continue  # a run without steps reading its result once at its end (`print(out.cpu())`): nothing to save
         cost = context.line_cost(steady_stall, stall_ns, steps_with, steady_syncs)

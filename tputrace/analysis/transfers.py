@@ -3,7 +3,8 @@
 Copies made inside a CPU fallback (its inputs going out and its results coming back) belong to the
 fallback and are left out. A line that uploads the same number of bytes every step is likely a
 constant built on the host each step (a mask, a position table, a scalar tensor). A line that copied
-only in the warm-up step of a loop of two steps (where it counts as steady) is set-up, not the loop.
+only in the warm-up step of a loop of two steps (where it counts as steady) is set-up, not the loop; so are the
+copies a library's one-off set-up makes at a line (DDP's bucket rebuild, see `library_set_up`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from tputrace.analysis.batch_copies import LineCopies, merge_batches
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, outside_fallbacks, per_step_text, step_period
 from tputrace.analysis.findings import AnalysisResult, Finding
+from tputrace.analysis.library_set_up import own_copies
 from tputrace.analysis.line_reads import environment_steps
 from tputrace.wording import format_bytes, format_ns, plural
 
@@ -40,7 +42,7 @@ def _steps_by_line(context: AnalysisContext) -> dict[int, dict[int, int]]:
     by_line: dict[int, dict[int, int]] = {}
     for frame_id, step, count in context.trace.sql(
             f"SELECT t.frame_id, t.step, COUNT(*) FROM transfers t WHERE {where} AND t.direction = 'h2d' "
-            f"AND {_OUTSIDE_FALLBACKS} GROUP BY t.frame_id, t.step", params):
+            f"AND {_OUTSIDE_FALLBACKS} AND {own_copies(context, 't')} GROUP BY t.frame_id, t.step", params):
         by_line.setdefault(frame_id, {})[int(step)] = int(count)
     return by_line
 
@@ -52,7 +54,7 @@ def _fixed_sizes(context: AnalysisContext, frame_id: int, steady_where: str,
     by_step: dict[int, set[tuple[int, int]]] = {}
     for step, nbytes, count in context.trace.sql(
             f"SELECT t.step, t.bytes, COUNT(*) FROM transfers t WHERE {steady_where} AND t.frame_id = ? "
-            f"AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} GROUP BY t.step, t.bytes", (*steady_params, frame_id)):
+            f"AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} AND {own_copies(context, 't')} GROUP BY t.step, t.bytes", (*steady_params, frame_id)):
         by_step.setdefault(int(step), set()).add((int(nbytes or 0), int(count)))
     copied = list(by_step.values())
     if not copied or any(sizes != copied[0] for sizes in copied[1:]):
@@ -96,7 +98,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
     steady_rows = trace.sql(
         "SELECT t.frame_id, COUNT(*), COALESCE(SUM(t.bytes), 0), COALESCE(SUM(t.dur_ns), 0), COUNT(DISTINCT t.step), "
         f"MIN(t.bytes), MAX(t.bytes), MAX(t.step) FROM transfers t WHERE {steady_where} "
-        f"AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} GROUP BY t.frame_id ORDER BY 4 DESC",
+        f"AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} AND {own_copies(context, 't')} GROUP BY t.frame_id ORDER BY 4 DESC",
         steady_params,
     )
     loop_totals = {
@@ -104,7 +106,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         for frame_id, count, nbytes, dur_ns, loop_steps in trace.sql(
             "SELECT t.frame_id, COUNT(*), COALESCE(SUM(t.bytes), 0), COALESCE(SUM(t.dur_ns), 0), COUNT(DISTINCT t.step) "
             "FROM transfers t "
-            f"WHERE {loop_where} AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} "
+            f"WHERE {loop_where} AND t.direction = 'h2d' AND {_OUTSIDE_FALLBACKS} AND {own_copies(context, 't')} "
             "GROUP BY t.frame_id",
             loop_params,
         )
