@@ -95,3 +95,18 @@ def test_gloo_collectives_are_not_compared_with_a_tpus_ici(tmp_path: Path) -> No
     # On a busy host one rank can also wait on the other long enough for a straggler finding beside this one.
     (share,) = [finding for finding in findings if finding.title.endswith("of the run on rank 0")]
     assert "measured on the capture's cpu" in share.explanation
+
+
+@pytest.mark.parametrize("raw", [False, True])
+def test_dump_lists_an_imports_ops_in_dispatch_order(captures: dict[str, Path], tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str], raw: bool) -> None:
+    """A torch.profiler op's row is written when it ends, a parent after its children: `dump` lists ops by their
+    dispatch sequence, not as stored."""
+    output = _import(tmp_path, captures["profiler"])
+    capsys.readouterr()
+    assert main(["dump", "--kind", "ops", "--json", *(["--raw"] if raw else []), str(output)]) == 0
+    order = [(row["rank"], row["seq"]) for row in map(json.loads, capsys.readouterr().out.splitlines())]
+    with tputrace.open(output) as trace:
+        stored = [seq for (seq,) in trace.sql("SELECT seq FROM ops ORDER BY rowid")]
+    assert stored != sorted(stored)  # the capture's ops are not stored in dispatch order
+    assert len(order) == len(stored) and order == sorted(order)

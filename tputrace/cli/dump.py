@@ -9,6 +9,10 @@ from tputrace.cli.arguments import whole_number_at_least
 from tputrace.schema import RECORD_KINDS
 from tputrace.wording import printable
 
+# Tables whose stored order is not their records' order: an op's row is written when it ends (a parent after its
+# children in an import, a deferred op at its flush), and `seq` is its dispatch order.
+_ORDER = {"ops": "rank, seq"}
+
 
 def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
     parser = subparsers.add_parser(
@@ -72,11 +76,11 @@ def run(args: argparse.Namespace) -> int:
                 rows: Any = fields_rows[: args.limit] if args.limit is not None else fields_rows
             elif args.raw:
                 names = next(kind for kind in RECORD_KINDS if kind.table == table).column_names
-                rows = (list(zip(names, row)) for row in trace.raw_records(table, limit=args.limit))
+                rows = (list(zip(names, row)) for row in trace.raw_records(table, order_by=_ORDER.get(table), limit=args.limit))
             else:
                 rows = (
                     [(field.name, getattr(record, field.name)) for field in dataclasses.fields(record)]
-                    for record in trace.records(table, limit=args.limit)
+                    for record in trace.records(table, order_by=_ORDER.get(table), limit=args.limit)
                 )
             for fields in rows:
                 if args.json:
