@@ -364,3 +364,38 @@ def test_a_frame_dynamo_skips_by_itself_is_not_told_the_script_caught_a_fullgrap
                              f"{_line(script, 'h, _ = self.rnn(')}: Attempted to wrap RNN, GRU, or LSTM; it runs uncompiled")
     assert "caught it" not in skipped.title and "fullgraph=True) raised" not in skipped.title
     assert "Or compile it with `fullgraph=False`" not in skipped.suggestion, skipped.suggestion
+
+
+COMPILED_TRAIN_STEP = '''
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 8)).to("tpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+
+
+    @torch.compile(backend="tpu")
+    def train_step(x, y):
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return loss
+
+
+    for step in range(4):
+        loss = train_step(torch.randn(16, 32, device="tpu"), torch.randint(0, 8, (16,), device="tpu"))
+    print(loss.item())
+'''
+
+
+def test_torch_optims_own_graph_break_is_not_told_to_be_removed(tmp_path: Path) -> None:
+    """A compiled function calling `optimizer.step()` meets the `torch._dynamo.graph_break()` torch.optim puts around
+    every step on purpose; Dynamo's hint to remove that call is for torch's authors, not the script's."""
+    script = tmp_path / "train_step.py"
+    script.write_text(textwrap.dedent(COMPILED_TRAIN_STEP))
+    report = record(script, tmp_path / "train_step.tptrace", [])
+    (torch_break,) = [finding for finding in report.findings if finding.analyzer == "graph_breaks"
+                      and Path(finding.file or "").name == "optimizer.py"]
+    assert torch_break.suggestion.startswith("The break at optimizer.py:"), torch_break.suggestion
+    assert "torch.optim's own" in torch_break.suggestion and "Remove the" not in torch_break.suggestion

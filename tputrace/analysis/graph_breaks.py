@@ -27,6 +27,7 @@ from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost,
 from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
 from tputrace.analysis.syncs import HOST_OUTPUTS_OF_NUMBERS, STALL, SUGGESTIONS, host_outputs_advice
+from tputrace.frame_files import is_library_file
 from tputrace.store.aggregates import merged_ns
 from tputrace.wording import format_ns, plural
 
@@ -172,7 +173,10 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     elif kind_advice:
         suggestion += " " + kind_advice[0]
     hints = _HINT.findall(reasons[0])
-    if hints and not syncs.syncs:
+    location = context.location(frame_id)
+    if location is not None and is_library_file(location.file):
+        suggestion = _library_break_advice(location.file, where)
+    elif hints and not syncs.syncs:
         suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {reason}", break_frame, table="graph_breaks")
@@ -195,6 +199,20 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         **context.location_fields(frame_id),
     )
     return finding, data
+
+
+def _library_break_advice(file: str, where: str) -> str:
+    """The advice for a break inside a library's code: Dynamo's hint ("Remove the call") is for the library's
+    authors, not the script's."""
+    if file.replace("\\", "/").endswith("torch/optim/optimizer.py"):
+        return (f"The break at {where} is torch.optim's own: it breaks the graph around every optimizer step on purpose, "
+                "so that the update compiles as a graph of its own (one AOT sees as free of autograd). The script cannot "
+                "remove it and need not: the code before the step, the step and the code after it compile as graphs "
+                "of their own, and the break costs only their separate launches.")
+    return (f"The break at {where} is in a library's code, not the script's: Dynamo's hint is for that library's "
+            "authors. The code before and after it compiles as graphs of their own; call that library outside the "
+            "compiled function if its work need not be compiled, and `torch._dynamo.explain(fn)(*args)` names the "
+            "script's call that reaches it.")
 
 
 def _called_graphs(context: AnalysisContext, where: str, outcome: Outcome) -> list[str]:
