@@ -63,9 +63,12 @@ def failed_compiles(context: AnalysisContext) -> list[FailedCompile]:
     last_end_ns = max((start + dur for compiles in by_function.values() for start, dur, _ in compiles), default=0)
     for (function, file, line), compiles in by_function.items():
         last_start, last_dur, last = compiles[-1]
-        ended_run = bool(last.get("fail_type")) and "limit" not in last and last_start + last_dur >= last_end_ns \
-            and run_end_ns is not None and last_start + last_dur >= run_end_ns - RUN_END_SLACK_NS
         failed = [item for item in compiles if item[2].get("fail_type")]
+        # Only a failed recompile: a first compile that failed leaves its function eager, and a log alone records
+        # none of the eager calls that may follow it, so a capture ending there does not tell that the run stopped.
+        ended_run = bool(last.get("fail_type")) and "limit" not in last and last_start + last_dur >= last_end_ns \
+            and run_end_ns is not None and last_start + last_dur >= run_end_ns - RUN_END_SLACK_NS \
+            and len(failed) < len(compiles)
         if not ended_run:
             if len(failed) < len(compiles):
                 continue  # compiled at least once: what runs eagerly is only what a failed recompile was for
