@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.xevents import EventColumns, int_stat_columns
+from tputrace.importers.xevents import EventColumns, int_stat_columns, int_stats
 
 # Run ids are compared as unsigned 64-bit integers (a producer may write them as int64 or uint64).
 U64 = 1 << 64
@@ -180,9 +180,15 @@ class SingleDeviceLaunches:
         if runs is not None:
             _, numbers, has = runs
             self.first_ops.add_many(numbers[has].view(np.uint64), starts[op_events[has]])
+        elif len(op_events) and run_ids:  # stats read through the protobuf classes
+            for index, run_id in zip(op_events.tolist(), int_stats(columns, op_events, run_ids)):
+                if run_id is not None:
+                    self.first_ops.add(run_id % (1 << 64), int(starts[index]))
         devices = int_stat_columns(columns, op_events, device_ids) if len(op_events) and device_ids else None
         if devices is not None:
             self.devices.update(np.unique(devices[1][devices[2]]).tolist())
+        elif len(op_events) and device_ids:
+            self.devices.update(device for device in int_stats(columns, op_events, device_ids) if device is not None)
 
     def extend(self, other: SingleDeviceLaunches, offset: int) -> None:
         """Add `other`'s launches and runs, moved by `offset` ns."""
