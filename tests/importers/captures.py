@@ -666,28 +666,41 @@ def torch_last_batch_capture(folder: Path) -> Path:
     return run
 
 
-def torch_gloo_capture(folder: Path) -> Path:
-    """The folder of `TORCH_GLOO`'s two torch.profiler JSON files, one per rank."""
+def free_port() -> str:
+    """A TCP port on 127.0.0.1 free now, for a distributed run's rendezvous."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return _capture(folder, "gloo.py", TORCH_GLOO, "gloo", str(port))
+        return str(probe.getsockname()[1])
+
+
+def jax_processes_capture(folder: Path, name: str, source: str) -> Path:
+    """The folder of the captures of `source` run as two `jax.distributed` processes on the CPU (the script takes the
+    log folder, its process index and the rendezvous port)."""
+    script = folder / name
+    script.write_text(source)
+    port, logs = free_port(), folder / "logs"
+    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+    processes = [subprocess.Popen([sys.executable, str(script), str(logs), str(index), port], env=env,
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
+    for process in processes:
+        _, err = process.communicate(timeout=600)
+        assert process.returncode == 0, err[-3000:]
+    return logs
+
+
+def torch_gloo_capture(folder: Path) -> Path:
+    """The folder of `TORCH_GLOO`'s two torch.profiler JSON files, one per rank."""
+    return _capture(folder, "gloo.py", TORCH_GLOO, "gloo", free_port())
 
 
 def torch_ddp_capture(folder: Path) -> Path:
     """The folder of `TORCH_DDP`'s two torch.profiler JSON files, one per rank."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return _capture(folder, "ddp.py", TORCH_DDP, "ddp", str(port))
+    return _capture(folder, "ddp.py", TORCH_DDP, "ddp", free_port())
 
 
 def torch_ddp_steps_capture(folder: Path) -> Path:
     """The folder of `TORCH_DDP_STEPS`'s two torch.profiler JSON files, one per rank."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    return _capture(folder, "ddp_steps.py", TORCH_DDP_STEPS, "ddp_steps", str(port))
+    return _capture(folder, "ddp_steps.py", TORCH_DDP_STEPS, "ddp_steps", free_port())
 
 
 def torch_loader_capture(folder: Path) -> Path:

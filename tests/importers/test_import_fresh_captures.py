@@ -4,10 +4,6 @@ to, a JAX loop that does not wait for each step, a profile exported after its sc
 from __future__ import annotations
 
 import json
-import os
-import socket
-import subprocess
-import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -15,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import tputrace
-from captures import _capture, jax_capture, torch_schedule_capture
+from captures import _capture, jax_capture, jax_processes_capture, torch_schedule_capture
 from tputrace.cli.main import main
 
 _CAPTURES = (".xplane.pb", ".pt.trace.json.gz")
@@ -106,17 +102,7 @@ JAX_PROCESS = textwrap.dedent("""
 
 def test_the_processes_of_a_jax_distributed_run_are_a_device_each_and_wait_for_each_other(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = tmp_path / "jax_process.py"
-    script.write_text(JAX_PROCESS)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    processes = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs"), str(index), port], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
-    for process in processes:
-        _, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err[-3000:]
+    jax_processes_capture(tmp_path, "jax_process.py", JAX_PROCESS)
     trace, _ = _import(capsys, tmp_path / "processes.tptrace", tmp_path / "logs")
     # Process 1's device is JAX's device 2048 (its global id): one device, not 2049.
     assert [run.chips for run in trace.records("runs")] == [1, 1]

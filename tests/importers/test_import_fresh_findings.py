@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import textwrap
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from captures import _capture
+from captures import _capture, free_port, jax_processes_capture
 from tputrace.cli.main import main
 
 # A compiled function whose input is marked dynamic after it compiled for one size, while its code branches on that
@@ -85,10 +84,7 @@ TORCH_DDP_TURNS = textwrap.dedent("""\
 
 def test_ranks_that_take_turns_arriving_last_have_no_straggler(tmp_path: Path,
                                                                capsys: pytest.CaptureFixture[str]) -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    capture = _capture(tmp_path, "ddp_turns.py", TORCH_DDP_TURNS, "turns", port)
+    capture = _capture(tmp_path, "ddp_turns.py", TORCH_DDP_TURNS, "turns", free_port())
     assert main(["import", str(capture), "-o", str(tmp_path / "turns.tptrace")]) == 0
     capsys.readouterr()
     assert main(["report", str(tmp_path / "turns.tptrace"), "--json"]) == 0
@@ -124,17 +120,7 @@ JAX_PROCESS_ASYNC = textwrap.dedent("""
 
 def test_collectives_of_a_loop_that_does_not_wait_are_a_share_of_the_devices_steps(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    script = tmp_path / "jax_process_async.py"
-    script.write_text(JAX_PROCESS_ASYNC)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = str(probe.getsockname()[1])
-    env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-    processes = [subprocess.Popen([sys.executable, str(script), str(tmp_path / "logs"), str(index), port], env=env,
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for index in (0, 1)]
-    for process in processes:
-        _, err = process.communicate(timeout=600)
-        assert process.returncode == 0, err[-3000:]
+    jax_processes_capture(tmp_path, "jax_process_async.py", JAX_PROCESS_ASYNC)
     assert main(["import", str(tmp_path / "logs"), "-o", str(tmp_path / "async.tptrace")]) == 0
     capsys.readouterr()
     assert main(["report", str(tmp_path / "async.tptrace"), "--json"]) == 0
