@@ -102,7 +102,7 @@ def _innermost_own(frames: list[SourceLine]) -> SourceLine | None:
 
 def compile_error_findings(context: AnalysisContext, analyzer: str) -> list[Finding]:
     """The critical finding of a run that raised a Dynamo error, and a warning per Dynamo error the script caught."""
-    run = next((run for run in context.trace.runs if run.rank == context.rank), None)
+    run = context.rank_run
     parsed = parse_compile_error(run.error if run is not None else None)
     findings = [] if parsed is None else [_finding(context, analyzer, parsed, caught=False, cost_ns=context.wall_ns)]
     raised = {_key(parsed)} if parsed is not None else set()

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, TypedDict, TypeVar
 from tputrace.analysis.chips import Chip
 from tputrace.analysis.findings import Evidence, Severity
 from tputrace.store.aggregates import OUTERMOST_COMPILE, execution_spans_sql
-from tputrace.store.records import SourceLocation, StepRecord
+from tputrace.store.records import RunInfo, SourceLocation, StepRecord
 from tputrace.wording import format_ns, plural
 
 if TYPE_CHECKING:
@@ -72,6 +72,11 @@ class AnalysisContext:
         if all(step.source == "end" for step in steps):
             steps = []
         return cls(trace, chosen, target, target_is_default, steps, trace.wall_ns(rank=chosen))
+
+    @property
+    def rank_run(self) -> RunInfo | None:
+        """The analysed rank's run record; None where the trace has none for it (the writer died first)."""
+        return next((run for run in self.trace.runs if run.rank == self.rank), None)
 
     # -- steps ------------------------------------------------------------------------------------
 

@@ -178,7 +178,7 @@ def _on_target(context: AnalysisContext, roofline_ns: float, chip_ns: float) -> 
 def _strict_mode_text(context: AnalysisContext) -> str:
     """For a run in a strict eager mode (one program launched per op, each waiting for its dispatch), the mode that
     fuses the step, first: the run's own choice, the cheapest change."""
-    run = next((run for run in context.trace.runs if run.rank == context.rank), None)
+    run = context.rank_run
     if run is None or run.eager_mode not in _STRICT_MODES:
         return ""
     option = "strict" if run.eager_mode == "DEFER_NEVER" else "blocking"
@@ -195,7 +195,7 @@ def _outside_compiled_graphs(context: AnalysisContext) -> str | None:
         "SELECT 1 FROM compiles WHERE rank = ? AND kind = 'dynamo_frame' LIMIT 1", (context.rank,),
     ):
         return None
-    run = next((run for run in context.trace.runs if run.rank == context.rank), None)
+    run = context.rank_run
     strict = run is not None and run.eager_mode in ("DEFER_NEVER", "COMPILE")
     return (
         "The model is compiled already: the ops Python dispatches one by one are those outside its graphs (the loss, "

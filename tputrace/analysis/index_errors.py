@@ -56,7 +56,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[IndexErrorsData]:
         "GROUP BY name_sid, frame_id ORDER BY MIN(start_ns)",
         (context.rank, ORIGIN),
     )
-    run = next((run for run in trace.runs if run.rank == context.rank), None)
+    run = context.rank_run
     final_error = _final_error_line(run.error if run is not None else None)
     blocking = run is not None and run.eager_mode == BLOCKING_MODE
     errors: list[CheckedError] = []

@@ -168,7 +168,7 @@ def _from_buffers(context: AnalysisContext, measured: dict[int, int]) -> tuple[
         batch = model_batch(trace, context.rank, chip_breakdown.step, parameter_shapes)
         fits.append(fit(chip_breakdown, peak.live, context.target, batch))
     lines = surviving_lines(trace, buffers, step_ends(trace, context.rank))
-    run = next((run for run in trace.runs if run.rank == context.rank), None)
+    run = context.rank_run
     oom = out_of_memory(buffers, run.error if run is not None else None, int(context.target.hbm_bytes),
                         run.script if run is not None else None)
     oom_data = None
