@@ -307,8 +307,9 @@ def test_parameters_broadcast_after_reduced_gradients_get_their_own_fix(tmp_path
     share = [finding for finding in report.findings if finding.title.startswith("Collectives take")]
     assert len(share) == 1, [finding.title for finding in report.findings]
     suggestion = share[0].suggestion or ""
-    # the per-parameter all-reduce two lines up, and the broadcasts at the marked line
-    assert suggestion.startswith(f"all_reduce at {script.name}:{line - 3} runs 3 times a step, one call per tensor"), suggestion
+    # the per-parameter all-reduce three lines up, and the broadcasts at the marked line, in the order of their
+    # measured time (which of the two costs more varies from run to run)
+    assert f"all_reduce at {script.name}:{line - 3} runs 3 times a step, one call per tensor" in suggestion, suggestion
     assert f"Broadcast less at {script.name}:{line}: values that stay equal on every rank" in suggestion, suggestion
 
 

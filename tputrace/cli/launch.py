@@ -60,7 +60,8 @@ class RankFailure:
 @dataclass(frozen=True)
 class FirstFailure:
     """The rank whose failure the others followed: who, why, where in the script when known, the exit
-    status the launcher passes on (its script's), and how its process ended when that differs."""
+    status the launcher passes on (its script's; when that script ended cleanly, the earliest failed
+    script's), and how its process ended when that differs."""
 
     rank: int
     reason: str
@@ -341,7 +342,11 @@ def first_failure(failures: Mapping[int, RankFailure], rank_paths: list[Path], e
     causes = [rank for rank, fact in facts.items() if not fact.followed] or list(facts)
     rank = min(causes, key=lambda candidate: (facts[candidate].when, candidate))
     fact = facts[rank]
-    return FirstFailure(rank, fact.reason, fact.where, fact.exit_status, fact.then)
+    # A rank whose script ended cleanly but was stopped while exiting left its peers waiting on it; the
+    # launcher's status is then that of the earliest rank whose script did fail.
+    failed_statuses = [facts[other].exit_status for other in sorted(facts, key=lambda other: (facts[other].when, other)) if facts[other].exit_status]
+    exit_status = fact.exit_status or (failed_statuses[0] if failed_statuses else 0)
+    return FirstFailure(rank, fact.reason, fact.where, exit_status, fact.then)
 
 
 @dataclass(frozen=True)
