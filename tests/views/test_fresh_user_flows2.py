@@ -1,0 +1,86 @@
+"""What a user reads once a trace exists, on runs the other view tests do not make: a script that switches its
+eager mode part-way (`torch.tpu.set_eager_mode`), read by `summary`, `info`, the TUI's overview, the HTML report
+and `report`."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from fixtures.make_tui_fixture import settle
+from test_tui import screen_text
+
+pytest.importorskip("torch", reason="recording needs torch (pip install -e .[backend])")
+
+# Two steps fused (the default of `tputrace run`), then two steps in strict eager: the script's own switch.
+SWITCHES_TO_STRICT = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    model = nn.Linear(8, 4).to("tpu")
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        if step == 2:
+            torch.tpu.set_eager_mode("DEFER_NEVER")
+        loss = model(torch.randn(4, 8, device="tpu")).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+""")
+
+
+def _tputrace(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "tputrace.cli.main", *args], capture_output=True, text=True,
+                          timeout=600, stdin=subprocess.DEVNULL)
+
+
+def _record(folder: Path, name: str, source: str, *options: str) -> Path:
+    script = folder / f"{name}.py"
+    script.write_text(source)
+    trace_path = folder / f"{name}.tptrace"
+    result = _tputrace("run", "--quiet", *options, "-o", str(trace_path), str(script))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return trace_path
+
+
+def test_a_run_that_switches_its_eager_mode_part_way_shows_both_modes_in_every_view(tmp_path: Path) -> None:
+    """The run's row keeps the mode active at its end: every view called the run DEFER_NEVER throughout (and the
+    report told it to leave `--mode strict`, an option it was not run with), though its first steps were fused."""
+    from tputrace.store.reader import open_trace
+    from tputrace.tui.app import TraceApp
+    from tputrace.tui.session import Session
+
+    trace_path = _record(tmp_path, "switches", SWITCHES_TO_STRICT)
+    modes = "DEFER_AND_FUSE, then DEFER_NEVER from step 2 (switches.py:9)"
+
+    summary = _tputrace("summary", str(trace_path))
+    assert summary.returncode == 0, summary.stderr
+    assert summary.stdout.splitlines()[0] == f"run    switches.py · cpu, 1 chip, {modes} · exit 0", summary.stdout
+    info = _tputrace("info", str(trace_path))
+    assert f", {modes}\n" in info.stdout, info.stdout
+
+    report = _tputrace("report", str(trace_path))
+    assert report.returncode == 0, report.stderr
+    assert "The run was in DEFER_NEVER mode (`--mode strict`)" not in report.stdout, report.stdout
+    if "Host-bound steps" in report.stdout:
+        assert "The script switched from DEFER_AND_FUSE to DEFER_NEVER in step 2" in report.stdout, report.stdout
+
+    page = tmp_path / "switches.html"
+    assert _tputrace("plot", str(trace_path), "-o", str(page)).returncode == 0
+    assert f"cpu · {modes}" in page.read_text()
+
+    shown: list[str] = []
+
+    async def drive() -> None:
+        app = TraceApp(Session.open(open_trace(trace_path)))
+        async with app.run_test(size=(200, 30)) as pilot:
+            await settle(pilot)
+            shown.append(screen_text(app))
+
+    asyncio.run(drive())
+    assert f"cpu, 1 chip · {modes} · torch" in shown[0], shown[0]
