@@ -1,6 +1,6 @@
 """What a user reads once a trace exists, on runs the other view tests do not make: a script that switches its
 eager mode part-way (`torch.tpu.set_eager_mode`), read by `summary`, `info`, the TUI's overview, the HTML report
-and `report`."""
+and `report`, and compared by `diff` with the same script run strict throughout."""
 
 from __future__ import annotations
 
@@ -48,14 +48,20 @@ def _record(folder: Path, name: str, source: str, *options: str) -> Path:
     return trace_path
 
 
-def test_a_run_that_switches_its_eager_mode_part_way_shows_both_modes_in_every_view(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def switches(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return _record(tmp_path_factory.mktemp("switches"), "switches", SWITCHES_TO_STRICT)
+
+
+def test_a_run_that_switches_its_eager_mode_part_way_shows_both_modes_in_every_view(switches: Path,
+                                                                                   tmp_path: Path) -> None:
     """The run's row keeps the mode active at its end: every view called the run DEFER_NEVER throughout (and the
     report told it to leave `--mode strict`, an option it was not run with), though its first steps were fused."""
     from tputrace.store.reader import open_trace
     from tputrace.tui.app import TraceApp
     from tputrace.tui.session import Session
 
-    trace_path = _record(tmp_path, "switches", SWITCHES_TO_STRICT)
+    trace_path = switches
     modes = "DEFER_AND_FUSE, then DEFER_NEVER from step 2 (switches.py:9)"
 
     summary = _tputrace("summary", str(trace_path))
@@ -84,3 +90,19 @@ def test_a_run_that_switches_its_eager_mode_part_way_shows_both_modes_in_every_v
 
     asyncio.run(drive())
     assert f"cpu, 1 chip · {modes} · torch" in shown[0], shown[0]
+
+
+def test_diff_matches_a_finding_without_a_line_whose_wording_changed(switches: Path, tmp_path: Path) -> None:
+    """The same script in `--mode strict`, then switching to strict after two fused steps: both runs are host-bound,
+    one against the chip's roofline estimate (`the chip would run (target roofline estimate) ...`), one against its
+    measured programs (`the chip ran ...`). A finding with no line is matched by its title with the figures blanked
+    out, so the words that differ made it one new and one fixed finding; it is one changed finding."""
+    strict = tmp_path / "strict.tptrace"
+    script = switches.parent / "switches.py"
+    made = _tputrace("run", "--quiet", "--mode", "strict", "-o", str(strict), str(script))
+    assert made.returncode == 0, made.stderr[-3000:]
+    result = _tputrace("diff", str(strict), str(switches))
+    assert result.returncode == 0, result.stderr
+    host_bound = [line for line in result.stdout.splitlines() if "Host-bound steps" in line]
+    assert host_bound and all(line.startswith("  changed finding: Host-bound steps: ") for line in host_bound), \
+        result.stdout
