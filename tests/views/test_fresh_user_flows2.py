@@ -106,3 +106,63 @@ def test_diff_matches_a_finding_without_a_line_whose_wording_changed(switches: P
     host_bound = [line for line in result.stdout.splitlines() if "Host-bound steps" in line]
     assert host_bound and all(line.startswith("  changed finding: Host-bound steps: ") for line in host_bound), \
         result.stdout
+
+
+# Adam's first `step()` makes its state inside its first foreach op: that op's call holds a flush and its compile.
+ADAM_LOOP = textwrap.dedent("""\
+    import torch
+    from torch import nn
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4)).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    for step in range(3):
+        loss = model(torch.randn(4, 8, device="tpu")).sum()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+""")
+
+
+def test_every_grouping_of_the_ops_view_counts_dispatch_without_the_flushes_and_compiles_inside_ops(
+        tmp_path: Path) -> None:
+    """Grouped by op, an op's time leaves out the flushes and compiles that ran inside its call (as the summary ranks
+    ops); grouped by source line, module or op and shapes it kept them, so `opt.step()`'s line held nearly all the
+    "host dispatch" (its first step's state compile), and the Source view counted that compile twice: in the line's
+    ops and as the line's compile."""
+    from tputrace.store.reader import open_trace
+    from tputrace.tui.app import TraceApp
+    from tputrace.tui.session import Session
+
+    trace_path = _record(tmp_path, "adam", ADAM_LOOP)
+    step_line = 8
+    with open_trace(trace_path) as trace:
+        (nested_ns,), = trace.sql(
+            "SELECT COALESCE(SUM(c.dur_ns), 0) FROM compiles c JOIN ops o ON o.rank = c.rank AND c.start_ns >= o.start_ns"
+            " AND c.start_ns + c.dur_ns <= o.start_ns + o.dur_ns")
+        (line_compiles_ns,), = trace.sql(
+            "SELECT COALESCE(SUM(c.dur_ns), 0) FROM compiles c JOIN frames f ON f.id = c.frame_id WHERE f.line = ?",
+            (step_line,))
+    assert nested_ns > 0, "no compile ran inside an op: the run does not test what it should"
+
+    session = Session.open(open_trace(trace_path))
+    totals = {grouping: sum(group.total_ns for group in session.op_groups(0, grouping))
+              for grouping in ("op", "op_shapes", "source", "module")}
+    assert len(set(totals.values())) == 1, totals
+    by_line = {group.source.line: group for group in session.op_groups(0, "source") if group.source is not None}
+    (adam_file,) = [stat for stat in session.source_stats() if stat.file.endswith("adam.py")]
+    assert adam_file.lines[step_line].time_ns == by_line[step_line].total_ns + line_compiles_ns
+
+    shown: list[str] = []
+
+    async def drive() -> None:
+        app = TraceApp(Session.open(open_trace(trace_path)))
+        async with app.run_test(size=(200, 30)) as pilot:
+            await settle(pilot)
+            for key in ("3", "g", "g"):
+                await pilot.press(key)
+                await settle(pilot)
+            shown.append(screen_text(app))
+
+    asyncio.run(drive())
+    assert "by source line · sorted by total · host dispatch (excl. flushes/compiles), measured on this host" in shown[0], \
+        shown[0]
