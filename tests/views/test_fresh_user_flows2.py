@@ -5,6 +5,7 @@ and `report`, and compared by `diff` with the same script run strict throughout.
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import textwrap
@@ -166,3 +167,31 @@ def test_every_grouping_of_the_ops_view_counts_dispatch_without_the_flushes_and_
     asyncio.run(drive())
     assert "by source line · sorted by total · host dispatch (excl. flushes/compiles), measured on this host" in shown[0], \
         shown[0]
+
+
+# Forward passes of three batch sizes, with no optimizer step: every compile falls in the run's warm-up.
+PLUGIN_SIZES_TEST = textwrap.dedent("""\
+    import pytest
+    import torch
+
+
+    @pytest.mark.tputrace(max_recompiles=0)
+    def test_three_sizes():
+        model = torch.nn.Linear(8, 2).to("tpu")
+        for rows in (2, 3, 4):
+            model(torch.randn(rows, 8, device="tpu")).sum()
+        torch.tpu.synchronize()
+""")
+
+
+def test_max_recompiles_on_a_test_without_steps_that_recompiled_cannot_be_checked(tmp_path: Path) -> None:
+    """A test of forward passes has no step after warm-up, so every recompile is a warm-up one: `max_recompiles=0`
+    passed with "0 recompile(s) after warm-up" though the linear layer compiled again for each new batch size; it
+    fails as a limit that cannot be checked, and says how many recompiles the warm-up held."""
+    (tmp_path / "test_sizes.py").write_text(PLUGIN_SIZES_TEST)
+    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "no:tputrace",
+                             "-p", "tputrace.pytest_plugin", "--tputrace=traces", "test_sizes.py"],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert re.search(r"max_recompiles = 0 cannot be checked: no step after warm-up to count recompiles in \(the run has"
+                     r" 0 steps;.*\); its \d+ recompiles came in the warm-up", result.stdout), result.stdout
