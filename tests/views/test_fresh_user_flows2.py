@@ -1,6 +1,7 @@
 """What a user reads once a trace exists, on runs the other view tests do not make: a script that switches its
 eager mode part-way (`torch.tpu.set_eager_mode`), read by `summary`, `info`, the TUI's overview, the HTML report
-and `report`, and compared by `diff` with the same script run strict throughout."""
+and `report`, and compared by `diff` with the same script run strict throughout; the Ops and Source views of an
+optimizer whose first step compiles inside an op; the pytest plugin on a test of forward passes in several shapes."""
 
 from __future__ import annotations
 
@@ -57,7 +58,8 @@ def switches(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_a_run_that_switches_its_eager_mode_part_way_shows_both_modes_in_every_view(switches: Path,
                                                                                    tmp_path: Path) -> None:
     """The run's row keeps the mode active at its end: every view called the run DEFER_NEVER throughout (and the
-    report told it to leave `--mode strict`, an option it was not run with), though its first steps were fused."""
+    report told it to leave `--mode strict`, an option it was not run with), though its first steps were fused. The
+    HTML report's top source lines list each line once, where a line was a row per recorded frame of it."""
     from tputrace.store.reader import open_trace
     from tputrace.tui.app import TraceApp
     from tputrace.tui.session import Session
@@ -79,7 +81,12 @@ def test_a_run_that_switches_its_eager_mode_part_way_shows_both_modes_in_every_v
 
     page = tmp_path / "switches.html"
     assert _tputrace("plot", str(trace_path), "-o", str(page)).returncode == 0
-    assert f"cpu · {modes}" in page.read_text()
+    html = page.read_text()
+    assert f"cpu · {modes}" in html
+    # A line's ops (a frame per call's columns) and its flushes' compiles (the whole line's frame) are one row.
+    top_lines = html[html.index("Top source lines"):].split("</table>")[0]
+    lines = re.findall(r'<tr><td class="">(switches\.py:\d+)</td>', top_lines)
+    assert lines and len(lines) == len(set(lines)), lines
 
     shown: list[str] = []
 
