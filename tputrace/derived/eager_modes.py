@@ -22,7 +22,7 @@ STRICT_MODES = ("DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING")
 _OP_MODES = """
     SELECT o.seq, o.step, o.frame_id, o.mode, LAG(o.mode) OVER (ORDER BY o.seq) AS previous
     FROM (SELECT ops.seq, ops.step, ops.frame_id, CASE WHEN ops.flush_id IS NOT NULL THEN 'D' ELSE 'S' END AS mode
-          FROM ops LEFT JOIN programs ON programs.id = ops.program_id
+          FROM ops LEFT JOIN programs ON programs.id = ops.program_id AND programs.rank = ops.rank
           WHERE ops.rank = ? AND (ops.flush_id IS NOT NULL
                                   OR (ops.program_id IS NOT NULL AND COALESCE(programs.kind, 'op') = 'op'))) AS o
 """
