@@ -125,6 +125,12 @@ def violations(figures: RunFigures, budget: dict[str, float], baseline: RunFigur
         more = f"; {len(recompiles) - NAMED_RECOMPILES} more" if len(recompiles) > NAMED_RECOMPILES else ""
         found.append(Violation("max_recompiles", budget["max_recompiles"], len(recompiles),
                                f"{len(recompiles)} recompile(s) after warm-up: {named}{more}"))
+    elif "max_recompiles" in budget and not figures.steady_steps and figures.warmup_recompiles:
+        # A run of no step after warm-up (a test of forward passes) holds every recompile in its warm-up: 0 after it
+        # says nothing of the ones it made.
+        found.append(Violation("max_recompiles", budget["max_recompiles"], None, _NO_STEADY_STEP.format(
+            steps=plural(figures.steps, "step"), what="recompiles")
+            + f"; its {plural(figures.warmup_recompiles, 'recompile')} came in the warm-up"))
     for key, count, what in (("max_syncs_per_step", figures.steady_syncs, "host syncs"),
                              ("max_transfers_per_step", figures.steady_transfers, "transfers")):
         if key in budget and not figures.steady_steps:

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 from tputrace.analysis.imported import import_facts
 from tputrace.analysis.target import DEFAULT_TARGET, capture_chip, target_chip, target_of
 from tputrace.derived.chip_pace import ChipPace, chip_pace
+from tputrace.derived.eager_modes import eager_mode_spans, eager_modes_text
 from tputrace.derived.imported_sources import imported_source, measured_on, recorded_windows_ns
 from tputrace.derived.kernel_launches import kernel_ns_by_line, kernel_ns_by_op
 from tputrace.derived.kernels import KernelStat, top_kernels
@@ -87,6 +88,7 @@ class RunSummary:
     op_kernel_ns: dict[str, int] = dataclasses.field(default_factory=dict)
     kernel_lines: tuple[tuple[SourceLocation, int], ...] = ()
     rank_lines: tuple[RankLine, ...] = ()  # a line per rank, for a trace of several
+    eager_modes: str | None = None  # the modes the ops ran in, in order (`run.eager_mode` is the last)
     replay: ReplayStats | None = None  # DeferAndFuse's step replay over the flushes (None: not recorded)
     chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
     recorded_ns: int | None = None  # an import's profiling windows' time, without the gaps between them (None: one window)
@@ -226,6 +228,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         op_kernel_ns=kernel_ns_by_op(trace, chosen_rank) if facts is not None else {},
         kernel_lines=tuple(kernel_ns_by_line(trace, chosen_rank, top)) if facts is not None else (),
         rank_lines=rank_lines(trace),
+        eager_modes=eager_modes_text(eager_mode_spans(trace, run)),
         replay=replay_stats(trace, rank=chosen_rank),
         chip_pace=chip_pace(trace, chosen_rank),
     )
@@ -267,7 +270,7 @@ def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     command = " ".join([os.path.basename(run.script) if run.script else "?", *run.argv])
     machine = ", ".join(
         part
-        for part in (run.platform, plural(run.chips, "chip") if run.chips is not None else None, run.eager_mode)
+        for part in (run.platform, plural(run.chips, "chip") if run.chips is not None else None, summary.eager_modes)
         if part
     )
     if summary.rank not in summary.ranks:

@@ -147,7 +147,7 @@ class OpsView(TraceView):
         else:
             parts += [(f"by {queries.OP_GROUPING_LABELS[self.grouping]} · sorted by {self.order}", "")]
             ranked = self.grouping == "op"
-            label = HOST_DISPATCH_LABEL if ranked and not self.op_time.device_ops else self.op_time.label
+            label = self.op_time.label if self.op_time.device_ops else HOST_DISPATCH_LABEL
             chip_share = f" · {CHIP_SHARE_LABEL}, projected for {DEFAULT_TARGET}" if ranked and self.op_time.chip_share else ""
             parts += [(f" · {label}, measured on {self.session.measured_on}{chip_share}", "dim")]
             if self.text_filter:

@@ -116,7 +116,7 @@ def facts_text(facts: RunFacts, compiles: Any = None, step_count: int | None = N
     text.append(command, style="bold")
     rank_part = f"rank {facts.rank} of {len(facts.ranks)}" if len(facts.ranks) > 1 else "1 rank"
     machine = ", ".join(part for part in (facts.platform, plural(facts.chips, "chip") if facts.chips else None) if part)
-    details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_mode, facts.versions or None]
+    details = [rank_part, f"host {facts.host}" if facts.host else None, machine or None, facts.eager_modes, facts.versions or None]
     text.append("\n" + " · ".join(part for part in details if part))
     ops = facts.counts.get("ops", 0) if op_count is None else op_count
     state = exit_text(facts.exit_status) if facts.finished else "no end record (killed, or still running)"

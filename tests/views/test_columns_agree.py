@@ -12,9 +12,8 @@ import pytest
 
 from fixtures.named_traces import FIXTURES, RECORDED, named_trace
 from tputrace.analysis.target import DEFAULT_TARGET, target_chip
-from tputrace.derived.op_ranking import OpRanking, rank_ops, rank_ops_by_rows
+from tputrace.derived.op_ranking import OpRanking, _Covered, nested_intervals, rank_ops, rank_ops_by_rows
 from tputrace.derived.steps import step_rows
-from tputrace.store.aggregates import rank_filter
 from tputrace.store.reader import Trace, open_trace
 from tputrace.tui import queries
 from tputrace.tui.queries.ops import _GROUP_COLUMNS, MAX_GROUPS, _groups
@@ -37,12 +36,20 @@ def _assert_same_ranking(columns: OpRanking, rows: OpRanking) -> None:
 
 
 def _sql_groups(trace: Trace, grouping: queries.OpGrouping, rank: int) -> list[queries.OpGroup]:
-    """The Ops view's groups as SQL's GROUP BY made them before they were summed over columns."""
-    columns = ", ".join(_GROUP_COLUMNS[grouping])
-    where, params = rank_filter(rank)
-    rows = trace.sql(f"SELECT {columns}, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns FROM ops NOT INDEXED{where} "
-                     f"GROUP BY {columns} ORDER BY total_ns DESC LIMIT {MAX_GROUPS}", params)
-    return _groups(trace, grouping, rank, rows, None)
+    """The Ops view's groups made row by row: each op's dispatch less the flushes and compiles that ran inside its
+    call (`_Covered`, as `rank_ops_by_rows` counts it), summed per key."""
+    key_count = len(_GROUP_COLUMNS[grouping])
+    covered = _Covered(nested_intervals(trace, rank))
+    sums: dict[tuple[object, ...], list[int]] = {}
+    for row in trace.sql(f"SELECT {', '.join(_GROUP_COLUMNS[grouping])}, start_ns, COALESCE(dur_ns, 0) FROM ops "
+                         "WHERE rank = ?", (rank,)):
+        key, start, duration = tuple(row[:key_count]), row[key_count], row[key_count + 1]
+        own = duration - (covered.within(start, start + duration) if covered.starts and start is not None else 0)
+        entry = sums.setdefault(key, [0, 0])
+        entry[0] += 1
+        entry[1] += own
+    rows = sorted(((*key, count, total) for key, (count, total) in sums.items()), key=lambda row: -row[-1])
+    return _groups(trace, grouping, rank, rows[:MAX_GROUPS], None)
 
 
 def test_figures_over_columns_are_the_row_by_row_figures(trace_path: Path) -> None:

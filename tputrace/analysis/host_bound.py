@@ -24,6 +24,7 @@ from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severi
 from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.op_facts import dispatch_by_step
 from tputrace.analysis.strict_times import strict_steps
+from tputrace.derived.eager_modes import eager_mode_spans
 from tputrace.wording import format_ns
 
 _STRICT_MODES = ("DEFER_NEVER", "DEFER_NEVER_AND_LAUNCH_BLOCKING")  # one program per op
@@ -182,6 +183,14 @@ def _strict_mode_text(context: AnalysisContext) -> str:
     if run is None or run.eager_mode not in _STRICT_MODES:
         return ""
     option = "strict" if run.eager_mode == "DEFER_NEVER" else "blocking"
+    spans = eager_mode_spans(context.trace, run)
+    if len(spans) > 1:  # the script switched to the strict mode itself, part-way
+        switch = spans[-1]
+        where = f" (its first op in that mode at {switch.first_location.short})" if switch.first_location else ""
+        return (f"The script switched from {spans[0].mode} to {run.eager_mode} in step {switch.first_step}{where}, "
+                "one program launched per op from there: keep the steps in "
+                "DEFER_AND_FUSE (switch back with `torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)` after "
+                "the part that needs the strict mode), which runs each step's ops as a few fused programs. ")
     return (f"The run was in {run.eager_mode} mode (`--mode {option}`), one program launched per op: run it in "
             "DEFER_AND_FUSE (the default of `tputrace run`; in the script, "
             "`torch.tpu.set_eager_mode(torch.tpu.EagerMode.DEFER_AND_FUSE)`), which runs each step's ops as a few fused "

@@ -24,6 +24,7 @@ def run(args: argparse.Namespace) -> int:
     import dataclasses
     from pathlib import Path
 
+    from tputrace.derived.eager_modes import eager_mode_spans, eager_modes_text
     from tputrace.store.reader import open_trace
     from tputrace.summary import exit_text, format_bytes, format_ns, raised_line
 
@@ -34,6 +35,7 @@ def run(args: argparse.Namespace) -> int:
         runs = trace.runs
         counts = trace.counts()
         meta = dict(trace.meta)
+        eager_modes = {run_info.rank: eager_modes_text(eager_mode_spans(trace, run_info)) for run_info in runs}
 
     if args.json:
         facts = {
@@ -66,7 +68,7 @@ def run(args: argparse.Namespace) -> int:
                 f"pid {run_info.pid}" if run_info.pid is not None else None,
                 run_info.platform,
                 f"{run_info.chips} chip{'' if run_info.chips == 1 else 's'}" if run_info.chips is not None else None,
-                run_info.eager_mode,
+                eager_modes.get(run_info.rank, run_info.eager_mode),
             )
             if part
         )

@@ -9,6 +9,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from tputrace.analysis.findings import Finding
 from tputrace.compare.figures import Recompile, RunFigures
 from tputrace.compare.programs import ProgramChange, program_changes
 from tputrace.wording import format_bytes, format_ns
@@ -234,6 +235,7 @@ def _finding_changes(before_run: RunFigures, after_run: RunFigures) -> tuple[Fin
     skipped = before_run.skipped_analyzers | after_run.skipped_analyzers
     old = {item.key: item.finding for item in before_run.findings if item.finding.analyzer not in skipped}
     new = {item.key: item.finding for item in after_run.findings if item.finding.analyzer not in skipped}
+    _pair_lineless(old, new)
     changes = []
     for key, finding in new.items():
         site = f"{finding.file}:{finding.line}" if finding.file else None
@@ -247,6 +249,25 @@ def _finding_changes(before_run: RunFigures, after_run: RunFigures) -> tuple[Fin
             changes.append(FindingChange("fixed", finding.title, site, finding.cost_total_ns, 0.0))
     order = {"new": 0, "changed": 1, "fixed": 2}
     return tuple(sorted(changes, key=lambda change: (order[change.status], -change.after_ns)))
+
+
+def _pair_lineless(old: dict[tuple[str, str, str], Finding], new: dict[tuple[str, str, str], Finding]) -> None:
+    """Key a finding with no line in B as its A twin when the title's words differ (`the chip ran 0 ns` in one
+    run, `the chip would run (target roofline estimate) 18 ns` in the other) but it is the only one of its analyzer
+    and module left unmatched on each side: the same finding, changed, not one new and one fixed."""
+    def lineless(findings: dict[tuple[str, str, str], Finding], others: dict[tuple[str, str, str], Finding]
+                 ) -> dict[tuple[str, str], list[tuple[str, str, str]]]:
+        groups: dict[tuple[str, str], list[tuple[str, str, str]]] = {}
+        for key, finding in findings.items():
+            if finding.file is None and key not in others:
+                groups.setdefault((key[0], key[1]), []).append(key)
+        return groups
+
+    old_groups, new_groups = lineless(old, new), lineless(new, old)
+    for group, new_keys in new_groups.items():
+        old_keys = old_groups.get(group, [])
+        if len(new_keys) == 1 and len(old_keys) == 1:
+            new[old_keys[0]] = new.pop(new_keys[0])
 
 
 def _headline(figures: tuple[FigureChange, ...], recompiles: tuple[RecompileChange, ...],

@@ -92,6 +92,7 @@ class RunFigures:
     ops_by_module: dict[str, int]
     findings: tuple[SiteFinding, ...]
     program_families: dict[tuple[str, ...], ProgramFamily]
+    warmup_recompiles: int = 0  # recompiles in the warm-up step (before `recompiles_after_warmup`)
     busiest_steady_lines: dict[str, str] = field(default_factory=dict)  # "syncs"/"transfers" -> file:line of most
     # Figures (`FIGURE_ANALYZERS` names) the trace does not record, with why; their values above are 0, not measured.
     unrecorded: dict[str, str] = field(default_factory=dict)
@@ -148,6 +149,7 @@ def run_figures(trace: Trace, rank: int | None = None, *, by_line_number: Collec
         compile_ns=compile_stats.total_ns,
         programs=compile_stats.programs,
         recompiles_after_warmup=recompiles,
+        warmup_recompiles=max(compile_stats.recompiles - len(recompiles), 0),
         syncs=_count(trace, "syncs", chosen, 0),
         steady_syncs=_count(trace, "syncs", chosen, WARMUP_STEPS, tail_steps, last_step),
         transfers=_count(trace, "transfers", chosen, 0),

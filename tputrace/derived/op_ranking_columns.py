@@ -94,7 +94,7 @@ def op_sums(trace: Trace, rank: int, nested: list[tuple[int, int]], chip: Target
     key, start, dur = columns["key"], columns["start"], columns["dur"]
     op_sid = key // (width * width)
     # Host dispatch, and the part of it inside flushes and compiles (`_Covered.within`, over arrays).
-    inside = _inside(start, dur, nested)
+    inside = nested_ns_of_calls(start, dur, nested)
     sids, op_index = dense_codes(op_sid)
     calls = np.bincount(op_index, minlength=len(sids))
     dispatch = sums_by(op_index, dur, len(sids))
@@ -132,7 +132,7 @@ def _merged(intervals: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, n
     return starts, ends, before
 
 
-def _inside(start: np.ndarray, dur: np.ndarray, nested: list[tuple[int, int]]) -> np.ndarray:
+def nested_ns_of_calls(start: np.ndarray, dur: np.ndarray, nested: list[tuple[int, int]]) -> np.ndarray:
     """Per op, the ns of its call covered by the nested intervals (`_Covered.within`; 0 without a start)."""
     inside = np.zeros(len(start), dtype=np.int64)
     if not nested or not len(start):

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from tputrace.derived.imported_sources import imported_device, measured_on, recorded_windows_ns
 from tputrace.derived.recording_window import RecordingWindow, recording_window
 from tputrace.derived.chip_pace import ChipPace, chip_pace
+from tputrace.derived.eager_modes import eager_mode_spans, eager_modes_text
 from tputrace.derived.steps import loop_step_durations, steady_median_ns
 
 if TYPE_CHECKING:
@@ -48,6 +49,7 @@ class RunFacts:
     imported_device: str | None = None  # the device an imported rank's times were measured on (cpu, gpu, tpu, host)
     chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
     recorded_ns: int | None = None  # an import's profiling windows' time, without the gaps between them (None: one window)
+    eager_modes: str | None = None  # the modes the ops ran in, in order (`eager_modes_text`); `eager_mode` is the last
 
     @property
     def measured_on(self) -> str:
@@ -102,6 +104,7 @@ def run_facts(trace: Trace, rank: int | None = None) -> RunFacts:
         imported_device=imported_device(trace, rank),
         chip_pace=chip_pace(trace, run.rank if rank is None else rank),
         recorded_ns=recorded_windows_ns(trace, run.rank if rank is None else rank),
+        eager_modes=eager_modes_text(eager_mode_spans(trace, run)),
     )
 
 

@@ -47,9 +47,9 @@ def like_pattern(text: str) -> str:
 
 @dataclass(frozen=True)
 class OpGroup:
-    """Ops with one key (op, op and shapes, source line or module): count, time and share. Grouped by op,
-    the time is host dispatch without the flushes and compiles that ran inside the calls, and
-    `chip_share` the op's share of chip time projected for the default target (None: not projected)."""
+    """Ops with one key (op, op and shapes, source line or module): count, time and share. The time is host
+    dispatch without the flushes and compiles that ran inside the calls; grouped by op, `chip_share` is the op's
+    share of chip time projected for the default target (None: not projected)."""
 
     key: tuple[Any, ...]
     label: str
@@ -89,9 +89,36 @@ def _text_filter(group_by: OpGrouping, text: str) -> tuple[str, tuple[Any, ...]]
 
 
 def ops_total_ns(trace: Trace, rank: int) -> int:
-    """The time of all ops of `rank` (what an op group's share is a share of)."""
+    """The host dispatch of all ops of `rank`, without the flushes and compiles that ran inside them (what an op
+    group's share is a share of)."""
+    from tputrace.derived.op_columns import read_op_columns
+
+    read = read_op_columns(trace, rank, {"start": "start_ns", "dur": "COALESCE(dur_ns, 0)"})
+    if read is not None:
+        return int(_own_durations(trace, rank, read["start"], read["dur"]).sum())
     where, params = rank_filter(rank)
-    return trace.sql(f"SELECT COALESCE(SUM(dur_ns), 0) FROM ops NOT INDEXED{where}", params)[0][0]
+    rows = trace.sql(f"SELECT start_ns, COALESCE(dur_ns, 0) FROM ops NOT INDEXED{where}", params)
+    return int(_own_durations(trace, rank, *_columns(rows, 2)).sum())
+
+
+def _columns(rows: Sequence[tuple[Any, ...]], count: int) -> list[np.ndarray]:
+    """`count` int64 columns of `rows` (NULL as `NULL_VALUE`)."""
+    import numpy as np
+
+    from tputrace.derived.op_columns import NULL_VALUE
+
+    return [np.array([NULL_VALUE if row[index] is None else row[index] for row in rows], dtype=np.int64)
+            for index in range(count)]
+
+
+def _own_durations(trace: Trace, rank: int, starts: np.ndarray, durations: np.ndarray) -> np.ndarray:
+    """Each op's host dispatch without the flushes and compiles that ran inside the call, as the summary and the
+    grouping by op count it (`tputrace.derived.op_ranking`): an optimizer's first `step()` holds its state's flush
+    and compile, which are not the op's dispatch."""
+    from tputrace.derived.op_ranking import nested_intervals
+    from tputrace.derived.op_ranking_columns import nested_ns_of_calls
+
+    return durations - nested_ns_of_calls(starts, durations, nested_intervals(trace, rank))
 
 
 def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, all_ns: int | None = None) -> list[OpGroup]:
@@ -113,12 +140,11 @@ def op_groups(trace: Trace, group_by: OpGrouping, rank: int, text: str = "", *, 
             all_ns = ops_total_ns(trace, rank)
         match_sql, match_params = _text_filter(group_by, text)
         where, params = f"{where} AND {match_sql}" if where else f" WHERE {match_sql}", params + match_params
-    rows = trace.sql(
-        f"SELECT {columns}, COUNT(*), COALESCE(SUM(dur_ns), 0) AS total_ns FROM ops NOT INDEXED{where} "
-        f"GROUP BY {columns} ORDER BY total_ns DESC LIMIT {MAX_GROUPS}",
-        params,
-    )
-    return _groups(trace, group_by, rank, rows, all_ns)
+    key_count = len(_GROUP_COLUMNS[group_by])
+    matching = trace.sql(f"SELECT {columns}, start_ns, COALESCE(dur_ns, 0) FROM ops NOT INDEXED{where}", params)
+    *keys, starts, durations = _columns(matching, key_count + 2)
+    summed = _group_rows(dict(zip(_GROUP_COLUMNS[group_by], keys)), [group_by], _own_durations(trace, rank, starts, durations))
+    return _groups(trace, group_by, rank, summed[group_by], all_ns)
 
 
 def op_groups_by(trace: Trace, groupings: Sequence[OpGrouping], rank: int,
@@ -154,11 +180,12 @@ def _summed_groups(trace: Trace, groupings: Sequence[OpGrouping], rank: int,
     expressions = {f"pack{index}": packed_ids_sql(pack, width) for index, pack in enumerate(packs)}
     if durations is None:
         expressions["dur"] = "COALESCE(dur_ns, 0)"
+        expressions["start"] = "start_ns"
     read = read_op_columns(trace, rank, expressions)
     if read is None or any((read[f"pack{index}"] == NULL_VALUE).any() for index in range(len(packs))):
         return None
     if durations is None:
-        durations = read["dur"]
+        durations = _own_durations(trace, rank, read["start"], read["dur"])
     elif len(durations) != len(read["pack0"]):
         return None
     columns: dict[str, np.ndarray] = {}
@@ -203,7 +230,7 @@ class OpsRead:
     by_op: list[OpGroup]
     by_op_shapes: list[OpGroup]
     times: OpTimes | None
-    durs_ns: np.ndarray | None = None  # every op's duration (NULL as 0), in file order: `op_groups_by` needs no second read
+    durs_ns: np.ndarray | None = None  # every op's own dispatch (`_own_durations`), in file order: `op_groups_by` needs no second read
 
 
 def ops_read(trace: Trace, rank: int) -> OpsRead:
@@ -215,9 +242,10 @@ def ops_read(trace: Trace, rank: int) -> OpsRead:
     by_op = ranked_op_groups(trace, rank, columns=read)
     if read is None:
         return OpsRead(by_op, op_groups(trace, "op_shapes", rank), None)
-    key, dur = read.columns["key"], read.columns["dur"]
-    rows = _group_rows({"op_sid": read.ids(key, 0), "inputs_sid": read.ids(key, 1)}, ["op_shapes"], dur)["op_shapes"]
-    return OpsRead(by_op, _groups(trace, "op_shapes", rank, rows, None), times_from_columns(trace, rank, read.columns["start"], dur), dur)
+    key, start, dur = read.columns["key"], read.columns["start"], read.columns["dur"]
+    own = _own_durations(trace, rank, start, dur)
+    rows = _group_rows({"op_sid": read.ids(key, 0), "inputs_sid": read.ids(key, 1)}, ["op_shapes"], own)["op_shapes"]
+    return OpsRead(by_op, _groups(trace, "op_shapes", rank, rows, None), times_from_columns(trace, rank, start, dur), own)
 
 
 def _groups(trace: Trace, group_by: OpGrouping, rank: int, rows: Sequence[tuple[Any, ...]], all_ns: int | None) -> list[OpGroup]:

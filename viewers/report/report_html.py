@@ -65,7 +65,7 @@ def _header(data: ReportData) -> str:
     counts = data.run.counts
     facts = [
         ("script", f"{run.script or '?'} {argv}".strip()),
-        ("platform", f"{run.platform or '?'} · {run.eager_mode or '?'}"),
+        ("platform", f"{run.platform or '?'} · {run.eager_modes or '?'}"),
         ("ranks · chips", f"{len(run.ranks)} · {run.chips if run.chips is not None else '?'}"),
         ("wall time", fmt_ns(run.wall_ns)),
         ("steps", _steps_text(data)),

@@ -157,20 +157,24 @@ _SOURCE_TABLES = (
 
 
 def _source_lines(trace: Trace, ops_by_frame: dict[Any, list[int]], top: int) -> list[SourceLineRow]:
-    parts: dict[Any, dict[str, int]] = defaultdict(dict)
-    counts: dict[Any, dict[str, int]] = defaultdict(dict)
+    """The lines with the most recorded time, one row per line: a line's frames (one per call's columns, and the
+    whole line's for a flush's compile) are added up, as `SourceLocation` equality counts them one location."""
+    parts: dict[SourceLocation | None, dict[str, int]] = defaultdict(lambda: defaultdict(int))
+    counts: dict[SourceLocation | None, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     for frame_id, (count, total) in ops_by_frame.items():
-        parts[frame_id]["op dispatch"] = total
-        counts[frame_id]["op dispatch"] = count
+        location = trace.frame(frame_id)
+        parts[location]["op dispatch"] += total
+        counts[location]["op dispatch"] += count
     for label, table in _SOURCE_TABLES:
         for frame_id, count, total in trace.sql(
             f"SELECT frame_id, COUNT(*), COALESCE(SUM(dur_ns), 0) FROM {table} GROUP BY frame_id"
         ):
-            parts[frame_id][label] = total
-            counts[frame_id][label] = count
-    ordered = sorted(parts, key=lambda frame_id: -sum(parts[frame_id].values()))[:top]
+            location = trace.frame(frame_id)
+            parts[location][label] += total
+            counts[location][label] += count
+    ordered = sorted(parts, key=lambda location: -sum(parts[location].values()))[:top]
     return [
-        SourceLineRow(trace.frame(frame_id), sum(parts[frame_id].values()), parts[frame_id], counts[frame_id])
-        for frame_id in ordered
+        SourceLineRow(location, sum(parts[location].values()), dict(parts[location]), dict(counts[location]))
+        for location in ordered
     ]
 
