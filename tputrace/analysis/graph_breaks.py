@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import compile_error_findings
+from tputrace.analysis import disabled_calls
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
@@ -117,7 +118,10 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     frame_id = breaks[0][0]
     where = context.where(frame_id)
     count = sum(times for _, _, times in breaks)
-    reasons = [reason for _, reason, _ in breaks]
+    reasons = [disabled_calls.without_addresses(reason) for _, reason, _ in breaks]
+    location = context.location(frame_id)
+    disabled = None if location is None else disabled_calls.disabled_call(
+        reasons[0], context.trace.source_copy(location.file), location.file)
     syncs = _syncs(context, file_sid, line)
     graphs, compiles, compile_ns = _resumed_frames(context, file_sid, line)
     data = GraphBreak(where, tuple(reasons), count, graphs, compiles, compile_ns, syncs.syncs, syncs.kinds,
@@ -130,7 +134,7 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     severity: Severity = "warning" if syncs.steady_syncs else "info"
     if context.severity(share) == "critical":
         severity = "critical"
-    what = _what_broke(reasons[0])
+    what = _what_broke(reasons[0]) if disabled is None else disabled_calls.title_part(disabled)
     title = f"Graph break at {where} ({what}): {_runs_as(outcome, graphs)}"
     called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
     if syncs.steady_syncs and context.steps:
@@ -173,14 +177,15 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     elif kind_advice:
         suggestion += " " + kind_advice[0]
     hints = _HINT.findall(reasons[0])
-    location = context.location(frame_id)
     if location is not None and is_library_file(location.file):
         suggestion = _library_break_advice(location.file, where)
+    elif disabled is not None and location is not None:
+        suggestion = disabled_calls.advice(disabled, where, outcome.function if outcome else location.function)
     elif hints and not syncs.syncs:
         suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
-    evidence = [context.evidence_at(f"{plural(times, 'break')}: {reason}", break_frame, table="graph_breaks")
-                for break_frame, reason, times in breaks]
+    evidence = [context.evidence_at(f"{plural(times, 'break')}: {disabled_calls.without_addresses(reason)}",
+                                    break_frame, table="graph_breaks") for break_frame, reason, times in breaks]
     evidence.append(context.evidence_at(
         f"{plural(graphs, 'resumed graph')} after the break, {plural(compiles, 'compile')}, {format_ns(compile_ns)}",
         frame_id, table="compiles"))
