@@ -65,3 +65,59 @@ def test_a_break_at_a_disabled_helper_names_the_wrapper_not_the_call_to_remove(t
     assert "call `centre` outside the compiled function" in disabled.suggestion, disabled.suggestion
     assert "Otherwise move the call" not in disabled.suggestion
     assert " at 0x" not in disabled.explanation and all(" at 0x" not in item.text for item in disabled.evidence)
+
+
+GROWING_CACHE = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class TinyLM(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb = nn.Embedding(32, 16)
+            self.qkv = nn.Linear(16, 48)
+            self.out = nn.Linear(16, 32)
+
+        def forward(self, ids, k_cache, v_cache):
+            q, k, v = self.qkv(self.emb(ids)).chunk(3, -1)
+            k_cache = torch.cat([k_cache, k], 1)
+            v_cache = torch.cat([v_cache, v], 1)
+            return self.out(F.scaled_dot_product_attention(q, k_cache, v_cache)[:, -1]), k_cache, v_cache
+
+
+    decode = torch.compile(TinyLM().to("tpu").eval(), backend="tpu")
+    k_cache = v_cache = torch.zeros(1, 0, 16, device="tpu")
+    with torch.no_grad():
+        logits, k_cache, v_cache = decode(torch.randint(0, 32, (1, 4), device="tpu"), k_cache, v_cache)
+        for t in range(5):
+            logits, k_cache, v_cache = decode(logits.argmax(-1, keepdim=True), k_cache, v_cache)
+    print(logits.sum().item())
+'''
+
+
+def test_a_generation_loops_size_guards_are_told_its_prompt_and_its_cache_not_to_pad(tmp_path: Path) -> None:
+    """A compiled decoding step fed a 4-token prompt, then one token a call, with a KV cache it extends and returns:
+    the guard that fails at the first token is paid once, and padding the token to the prompt's length would cost
+    every step, so it is an `info` that keeps the two shapes; the guard that fails when the cache first grows is told
+    the growth (the dynamic graph then compiles a size a call), and, as the storm of the cache's sizes is, to write at
+    positions kept as a tensor, since a slice at a Python int compiles the graph again per value on tpu."""
+    script = tmp_path / "generate.py"
+    script.write_text(textwrap.dedent(GROWING_CACHE))
+    report = record(script, tmp_path / "generate.tptrace", [])
+    guards = [finding for finding in report.findings if finding.title.startswith("torch.compile traced TinyLM")]
+    (prompt,) = [finding for finding in guards if "went from 4 to 1 along dim 1" in finding.title]
+    assert prompt.title.endswith("paid once") and prompt.severity == "info", prompt.title
+    assert prompt.line == _line(script, "for t in range(5):") + 1
+    assert prompt.suggestion.startswith("Keep the two shapes") and "mask the padding" not in prompt.suggestion
+    (cache,) = [finding for finding in guards if finding is not prompt]
+    assert cache.title.endswith("a tensor growing by 1 at each call"), cache.title
+    (storm,) = [finding for finding in report.findings if finding.title.startswith("Recompilation storm")]
+    assert "grows by 1 at each compile" in storm.title, storm.title
+    for finding in (cache, storm):
+        assert "positions kept as a tensor on the chip" in finding.suggestion, finding.suggestion
+        assert "compiles one XLA program per value of it" in finding.suggestion
+        assert "mask the padding" not in finding.suggestion and "dynamic=False" not in finding.suggestion
