@@ -121,3 +121,40 @@ def test_a_generation_loops_size_guards_are_told_its_prompt_and_its_cache_not_to
         assert "positions kept as a tensor on the chip" in finding.suggestion, finding.suggestion
         assert "compiles one XLA program per value of it" in finding.suggestion
         assert "mask the padding" not in finding.suggestion and "dynamic=False" not in finding.suggestion
+
+
+DECAYING_LR = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Linear(8, 8).to("tpu")
+    params = list(model.parameters())
+
+
+    @torch.compile(backend="tpu")
+    def sgd_update(params, grads, lr):
+        for p, g in zip(params, grads):
+            p.add_(g, alpha=-lr)
+
+
+    for step in range(4):
+        loss = model(torch.randn(4, 8, device="tpu")).pow(2).mean()
+        grads = torch.autograd.grad(loss, params)
+        with torch.no_grad():
+            sgd_update(params, grads, 0.1 * 0.9 ** step)
+    print(loss.item())
+'''
+
+
+def test_a_float_learning_rate_guard_is_told_tensor_arithmetic_not_a_cache_position(tmp_path: Path) -> None:
+    """A compiled update taking a decaying float `lr` as `alpha=` is traced again for each value: the finding names
+    the line that reads it (Dynamo quotes it in the first failure only) and tells a 0-d tensor used in arithmetic,
+    not the int position's `index_copy_` into a cache nor `torch.tensor([lr])`, which `alpha=` would refuse."""
+    script = tmp_path / "decaying_lr.py"
+    script.write_text(textwrap.dedent(DECAYING_LR))
+    report = record(script, tmp_path / "decaying_lr.tptrace", [])
+    (guard,) = [finding for finding in report.findings if "for each value of `lr`" in finding.title]
+    assert "(`p.add_(g, alpha=-lr)` reads it)" in guard.explanation, guard.explanation
+    assert "0-d tensor on the chip" in guard.suggestion and "`p.sub_(lr * g)`" in guard.suggestion, guard.suggestion
+    assert "index_copy_" not in guard.suggestion and "torch.tensor([lr]" not in guard.suggestion
