@@ -158,3 +158,74 @@ def test_a_float_learning_rate_guard_is_told_tensor_arithmetic_not_a_cache_posit
     assert "(`p.add_(g, alpha=-lr)` reads it)" in guard.explanation, guard.explanation
     assert "0-d tensor on the chip" in guard.suggestion and "`p.sub_(lr * g)`" in guard.suggestion, guard.suggestion
     assert "index_copy_" not in guard.suggestion and "torch.tensor([lr]" not in guard.suggestion
+
+
+TENSOR_BRANCH = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Gated(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a = nn.Linear(8, 8)
+            self.b = nn.Linear(8, 8)
+
+        def forward(self, x):
+            if x.mean() > 0:
+                return self.a(x)
+            return self.b(x)
+
+
+    model = torch.compile(Gated().to("tpu"), backend="tpu")
+    with torch.no_grad():
+        for step in range(3):
+            out = model(torch.randn(4, 8, device="tpu"))
+    print(out.sum().item())
+'''
+
+COUNTING_METHOD = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Trainer:
+        def __init__(self):
+            self.model = nn.Linear(8, 1).to("tpu")
+            self.calls = 0
+
+        @torch.compile(backend="tpu")
+        def loss(self, x):
+            self.calls += 1
+            return self.model(x).square().mean()
+
+
+    trainer = Trainer()
+    for step in range(6):
+        loss = trainer.loss(torch.randn(4, 8, device="tpu"))
+        loss.backward()
+    print(loss.item())
+'''
+
+
+def test_a_branch_on_a_tensor_and_an_int_attribute_are_told_in_the_scripts_terms(tmp_path: Path) -> None:
+    """An `if` on a tensor in a compiled forward is named as such, not by Dynamo's `generic_jump TensorVariable()`,
+    and told `torch.cond` beside `torch.where` (the sides are layers of their own); an int attribute a compiled
+    method increments, made an input after its first guard failed, compiles once per value on tpu and is told to
+    stay a tensor or out of the graph, not to be passed to the function it is no argument of."""
+    script = tmp_path / "gated.py"
+    script.write_text(textwrap.dedent(TENSOR_BRANCH))
+    report = record(script, tmp_path / "gated.tptrace", [])
+    (branch,) = [finding for finding in report.findings if finding.analyzer == "graph_breaks"]
+    assert "(a Python branch on a tensor's value)" in branch.title, branch.title
+    assert "`torch.cond(condition, true_fn, false_fn, (x,))`" in branch.suggestion, branch.suggestion
+    script = tmp_path / "counting.py"
+    script.write_text(textwrap.dedent(COUNTING_METHOD))
+    report = record(script, tmp_path / "counting.tptrace", [])
+    (counter,) = [finding for finding in report.findings if "for each value of the int `self.calls`" in finding.title]
+    assert counter.suggestion.startswith("`self.calls` is an attribute, not an argument"), counter.suggestion
+    assert "`self.calls.add_(1)`" in counter.suggestion and "Pass `self.calls`" not in counter.suggestion

@@ -141,7 +141,8 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
     explanation = (
         f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
-        f"{reasons[0].rstrip('.')}. "
+        + (f"Dynamo cannot trace a Python branch on a tensor's value, which only the chip knows (`{reasons[0]}`). "
+           if reasons[0].startswith("generic_jump") else f"{reasons[0].rstrip('.')}. ")
     )
     if called:  # a call Dynamo would not inline (a skipped function): the callee compiled as a frame of its own
         title += f" ({called[0]}(), called there, compiles as a graph of its own)"
@@ -171,8 +172,9 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     if _is_branch(context, frame_id) and {"item", "bool"} & set(syncs.kinds):
         suggestion = (
             f"The value picks a branch at {where}: compute both sides on the chip and choose with "
-            "`torch.where(condition, a, b)` inside the compiled function, so it stays one graph and nothing is read "
-            "on the host. " + SUGGESTION
+            "`torch.where(condition, a, b)` inside the compiled function, or, where the sides are costly work of "
+            "their own (another layer each), `torch.cond(condition, true_fn, false_fn, (x,))`, which runs as one XLA "
+            "conditional, so it stays one graph and nothing is read on the host. " + SUGGESTION
         )
     elif kind_advice:
         suggestion += " " + kind_advice[0]
@@ -304,7 +306,10 @@ def _file_sid(context: AnalysisContext, file: str) -> int | None:
 
 
 def _what_broke(reason: str) -> str:
-    """A short name for what broke the graph: the builtin or function Dynamo names in backquotes, if any."""
+    """A short name for what broke the graph: a branch on a tensor (Dynamo's `generic_jump TensorVariable()`), or the
+    builtin or function Dynamo names in backquotes, if any."""
+    if reason.startswith("generic_jump"):
+        return "a Python branch on a tensor's value"
     parts = reason.split("`")
     return parts[1] if len(parts) >= 3 and parts[1] else reason.split(" - ")[0][:60]
 

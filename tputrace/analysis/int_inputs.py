@@ -95,7 +95,7 @@ def _finding(context: AnalysisContext, record: IntInputRecompiles) -> Finding:
             f"{plural(record.recompiles, 'recompile')}, {format_ns(record.recompile_ns)} of compiling "
             f"({share:.0%} of the run)."
         ),
-        suggestion=(
+        suggestion=_attribute_advice(record.name) if "." in record.name else (
             f"Pass `{record.name}` to the compiled function as a tensor on the device "
             f"(`torch.tensor({record.name}, device=...)`): the program then takes it as data and compiles "
             "once. Where it sets a shape inside the function (`torch.arange(n)`, a slice's end), give it a few fixed "
@@ -107,4 +107,16 @@ def _finding(context: AnalysisContext, record: IntInputRecompiles) -> Finding:
         evidence=(Evidence(f"{plural(record.recompiles, 'recompile')} of {record.graph}, each for a new value of "
                            f"`{record.name}`", table="compiles"),),
         **context.location_fields(record.frame_id),
+    )
+
+
+def _attribute_advice(name: str) -> str:
+    """An int attribute the compiled function reads (`self.step_count`, often a counter it increments): nothing is
+    passed, so the fix is to keep the attribute a tensor, or to leave it out of the graph."""
+    return (
+        f"`{name}` is an attribute, not an argument: keep it a tensor on the device (made once as "
+        f"`torch.zeros((), dtype=torch.long, device=...)` and updated in place, `{name}.add_(1)`), so the program "
+        "takes it as data and compiles once; or, where the graph's result does not depend on it (a counter), update "
+        "and read it outside the compiled function. Where it sets a shape inside the function (`torch.arange(n)`, a "
+        "slice's end), give it a few fixed values instead and mask."
     )
