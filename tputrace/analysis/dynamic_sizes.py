@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Finding
 from tputrace.analysis.growing_sizes import growing_suggestion
+from tputrace.analysis.storm_findings import growth_step
 from tputrace.analysis.storms import NAME
 from tputrace.wording import format_ns, plural
 
@@ -147,13 +148,12 @@ def _one_size(record: DynamicSizeRecompiles) -> str:
 
 def _growing(expected: int, actual: int, graph: list[_Compile]) -> tuple[int, int] | None:
     """(the growth, the largest size) where the guarded size grew and the dynamic graph's programs then compiled for
-    sizes growing by the same amount, at least twice (a KV cache extended at each call); None otherwise."""
-    growth = actual - expected
-    steps = [(int(change["before"]), int(change["after"])) for row in graph if row.kind == "xla" and row.diff
-             for change in _CHANGE.finditer(row.diff)]
-    if growth <= 0 or len(steps) < 2 or any(after - before != growth for before, after in steps):
-        return None
-    return growth, max(after for _, after in steps)
+    sizes growing by the same amount, several a step (a KV cache the function extends at each call, as the storms
+    read a growing tensor); None otherwise, as for a length the loop sets once a step."""
+    rows = [row for row in graph if row.kind == "xla" and row.diff and row.detail.get("role") in ("forward", "inference")]
+    sizes = [expected, actual] + [int(change["after"]) for row in rows for change in list(_CHANGE.finditer(row.diff))[:1]]
+    growth = growth_step(sizes, len({row.step for row in rows}))
+    return None if growth is None or growth != actual - expected else (growth, max(sizes))
 
 
 def _steps_text(steps: tuple[int, ...]) -> str:

@@ -54,8 +54,8 @@ def growing_suggestion(dim_name: str, growth: int, largest: int, *, each_step: b
             "call's positions, the next call's being `cache_position[-1:] + 1`), masking the part not filled yet, so "
             "the graph keeps one shape. A slice at a Python int position "
             "(`cache[:, p:p + n] = k`) would not: Dynamo makes the int an input of the graph, and the tpu backend "
-            "compiles one XLA program per value of it. Hugging Face's `generate` keeps such a cache with "
-            "`cache_implementation=\"static\"` for the models that support one."
+            "compiles one XLA program per value of it. Hugging Face's `generate` does this with a static KV cache "
+            "(`cache_implementation=\"static\"`) for the models that support one."
         )
     return (
         f"{grows} from one compile to the next: a tensor extended at each call (a KV cache in autoregressive decoding, "
