@@ -147,10 +147,33 @@ DECAYING_LR = '''
 '''
 
 
+ANNEALED_DROPOUT = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    torch._dynamo.config.cache_size_limit = 2
+    model = nn.Linear(8, 8).to("tpu")
+
+
+    @torch.compile(backend="tpu")
+    def noisy(x, p):
+        return F.dropout(model(x), p=p)
+
+
+    with torch.no_grad():
+        for step in range(4):
+            out = noisy(torch.randn(4, 8, device="tpu"), 0.1 + 0.1 * step)
+    print(out.sum().item())
+'''
+
+
 def test_a_float_learning_rate_guard_is_told_tensor_arithmetic_not_a_cache_position(tmp_path: Path) -> None:
     """A compiled update taking a decaying float `lr` as `alpha=` is traced again for each value: the finding names
     the line that reads it (Dynamo quotes it in the first failure only) and tells a 0-d tensor used in arithmetic,
-    not the int position's `index_copy_` into a cache nor `torch.tensor([lr])`, which `alpha=` would refuse."""
+    not the int position's `index_copy_` into a cache nor `torch.tensor([lr])`, which `alpha=` would refuse. A
+    dropout probability that reaches the recompile limit on such a guard is told the same, not to pad a dim."""
     script = tmp_path / "decaying_lr.py"
     script.write_text(textwrap.dedent(DECAYING_LR))
     report = record(script, tmp_path / "decaying_lr.tptrace", [])
@@ -158,6 +181,12 @@ def test_a_float_learning_rate_guard_is_told_tensor_arithmetic_not_a_cache_posit
     assert "(`p.add_(g, alpha=-lr)` reads it)" in guard.explanation, guard.explanation
     assert "0-d tensor on the chip" in guard.suggestion and "`p.sub_(lr * g)`" in guard.suggestion, guard.suggestion
     assert "index_copy_" not in guard.suggestion and "torch.tensor([lr]" not in guard.suggestion
+    script = tmp_path / "annealed_dropout.py"
+    script.write_text(textwrap.dedent(ANNEALED_DROPOUT))
+    report = record(script, tmp_path / "annealed_dropout.tptrace", [])
+    (limit,) = [finding for finding in report.findings if finding.analyzer == "recompile_limit"]
+    assert "(the last guard that failed: `p == 0.2`, read by `return F.dropout(model(x), p=p)`" in limit.explanation
+    assert "0-d tensor on the chip" in limit.suggestion and "pad the changing dim" not in limit.suggestion
 
 
 TENSOR_BRANCH = '''

@@ -173,12 +173,7 @@ def _finding(context: AnalysisContext, storm: ValueGuardStorm) -> Finding:
             f"compiled the new graph: {plural(storm.failures, 'guard failure')}, {format_ns(storm.compile_ns)} of "
             f"compiling with the graphs' compiles ({share:.0%} of the run)."
         )
-        suggestion = _float_advice(storm.value) if storm.is_float else (
-            f"Pass `{storm.value}` to the compiled function as a tensor (`torch.tensor([{storm.value}], device=...)`) and "
-            "use it in tensor ops (`index_copy_` into a preallocated cache, a mask over its full length) instead of "
-            "Python indexing and slicing, so one graph serves every value; a value that takes only a few settings may "
-            "stay a Python value."
-        )
+        suggestion = _value_advice(storm.value, storm.is_float)
         title = f"torch.compile traced {function} again for each value of `{storm.value}` at {where}"
     if storm.limit:
         explanation += (f" Then Dynamo reached `torch._dynamo.config.{storm.limit.split(' ', 1)[0]}` "
@@ -199,6 +194,32 @@ def _finding(context: AnalysisContext, storm: ValueGuardStorm) -> Finding:
             *((Evidence(f"Dynamo's {storm.limit} hit at {where}", table="annotations"),) if storm.limit else ()),
         ),
         **context.location_fields(storm.call_frame_id),
+    )
+
+
+def guarded_value(guard: str) -> tuple[str, str] | None:
+    """A failed guard on a Python value (not a size), as Dynamo's recompile-limit warning gives it (`0/2: sigma == 0.2
+    # return F.dropout(x, p=sigma)  # train.py:12 in noisy`): the guard in short (with the line that read the value,
+    where it says) and how to keep the value from specialising the graph; None for another guard."""
+    first = guard.split("\n", 1)[0]
+    matched = _VALUE_GUARD.match(first)
+    if matched is None or _SIZE_GUARD.search(first) or _STACK_VALUE.match(matched["name"]):
+        return None
+    read = _READ_AT.search(first)
+    short = f"`{matched['name']} == {matched['value']}`" + (f", read by `{read['code']}` ({read['where']})" if read else "")
+    return short, _value_advice(matched["name"], _FLOAT.match(matched["value"]) is not None)
+
+
+def _value_advice(value: str, is_float: bool) -> str:
+    """How to keep a Python value from specialising the compiled graph: a float as a 0-d tensor in arithmetic, an int
+    position as a tensor in tensor ops."""
+    if is_float:
+        return _float_advice(value)
+    return (
+        f"Pass `{value}` to the compiled function as a tensor (`torch.tensor([{value}], device=...)`) and "
+        "use it in tensor ops (`index_copy_` into a preallocated cache, a mask over its full length) instead of "
+        "Python indexing and slicing, so one graph serves every value; a value that takes only a few settings may "
+        "stay a Python value."
     )
 
 
