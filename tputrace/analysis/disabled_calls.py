@@ -69,7 +69,7 @@ def advice(call: DisabledCall, where: str, function: str) -> str:
     if call.reason is not None:  # disabled on purpose: keep it uncompiled
         return (f"{name} is disabled on purpose (\"{call.reason}\"): {outside}. {wrapper}: take it off only if {name} "
                 "is tensor ops Dynamo can trace.")
-    return (f"{wrapper}: if {name} is tensor ops Dynamo can trace, take `torch.compiler.disable` off it and its ops "
+    return (f"{wrapper}: if {name} is tensor ops Dynamo can trace, take that wrapper off it and its ops "
             f"compile into {function}()'s graph. If it must stay uncompiled (logging, host-side work, code Dynamo "
             f"fails on), {outside}.")
 
