@@ -1,6 +1,7 @@
 """Scripts that run `torch.compile(backend="tpu")` as users write them, read wrong before: a forward calling a helper
 wrapped with `torch.compiler.disable`; a generation loop whose compiled step takes the prompt, then one token a call,
-with a KV cache that grows at every call."""
+with a KV cache that grows at every call; a float learning rate or dropout probability that changes each call; an
+`if` on a tensor; an int attribute a compiled method increments."""
 
 from __future__ import annotations
 
@@ -99,12 +100,40 @@ GROWING_CACHE = '''
 '''
 
 
+SLICED_POSITION = '''
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+
+
+    class Step(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.proj = nn.Linear(8, 8)
+
+        def forward(self, h, cache, pos: int):
+            cache[:, pos:pos + h.shape[1]] = self.proj(h)
+            return cache.mean(1, keepdim=True)
+
+
+    step = torch.compile(Step().to("tpu"), backend="tpu")
+    cache = torch.zeros(1, 16, 8, device="tpu")
+    with torch.no_grad():
+        h = step(torch.randn(1, 4, 8, device="tpu"), cache, 0)
+        for t in range(5):
+            h = step(h, cache, 4 + t)
+    print(h.sum().item())
+'''
+
+
 def test_a_generation_loops_size_guards_are_told_its_prompt_and_its_cache_not_to_pad(tmp_path: Path) -> None:
     """A compiled decoding step fed a 4-token prompt, then one token a call, with a KV cache it extends and returns:
     the guard that fails at the first token is paid once, and padding the token to the prompt's length would cost
     every step, so it is an `info` that keeps the two shapes; the guard that fails when the cache first grows is told
     the growth (the dynamic graph then compiles a size a call), and, as the storm of the cache's sizes is, to write at
-    positions kept as a tensor, since a slice at a Python int compiles the graph again per value on tpu."""
+    positions kept as a tensor, since a slice at a Python int compiles the graph again per value on tpu, as a second
+    script's slice at an int `pos` shows, its int named by the script's name for it."""
     script = tmp_path / "generate.py"
     script.write_text(textwrap.dedent(GROWING_CACHE))
     report = record(script, tmp_path / "generate.tptrace", [])
@@ -121,6 +150,13 @@ def test_a_generation_loops_size_guards_are_told_its_prompt_and_its_cache_not_to
         assert "positions kept as a tensor on the chip" in finding.suggestion, finding.suggestion
         assert "compiles one XLA program per value of it" in finding.suggestion
         assert "mask the padding" not in finding.suggestion and "dynamic=False" not in finding.suggestion
+    # a cache written at a Python int position: the int's own guard never failed (the prompt's size guard failed
+    # first), so its name is the one the recording took from Dynamo's graph, not AOT's `arg3_1`
+    script = tmp_path / "sliced.py"
+    script.write_text(textwrap.dedent(SLICED_POSITION))
+    report = record(script, tmp_path / "sliced.tptrace", [])
+    (position,) = [finding for finding in report.findings if "for each value of the int" in finding.title]
+    assert "for each value of the int `pos`" in position.title, position.title
 
 
 DECAYING_LR = '''

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.wording import format_ns, plural
 
@@ -60,9 +60,25 @@ def recompiles(context: AnalysisContext) -> list[IntInputRecompiles]:
             continue
         function = graph.split(" graph ", 1)[0]
         values = sorted({int(change[key]) for changes, _, _ in rows for change in changes[:1] for key in ("before", "after")})
-        out.append(IntInputRecompiles(graph, function, _int_name(context, function) or rows[0][0][0]["node"],
+        first = rows[0][0][0]
+        name = _recorded_name(context, graph, first.group(0)) or _int_name(context, function) or first["node"]
+        out.append(IntInputRecompiles(graph, function, name,
                                       tuple(values), len(rows), sum(dur_ns for _, dur_ns, _ in rows), rows[0][2]))
     return out
+
+
+def _recorded_name(context: AnalysisContext, graph: str, change: str) -> str | None:
+    """The Python name the recording gave the graph's int input that `change` (`input 4 (arg4_1): int 4 -> int 5`)
+    names (its AOT graph's `int_inputs` detail), where it has one."""
+    index = change.split(" ", 2)[1]
+    for (detail,) in context.trace.sql(
+        "SELECT c.detail FROM compiles c JOIN strings n ON n.id = c.name_sid WHERE c.rank = ? AND c.kind = 'aot' "
+        "AND n.text = ? AND c.detail IS NOT NULL", (context.rank, graph),
+    ):
+        names = detail_object(detail).get("int_inputs")
+        if isinstance(names, dict) and isinstance(names.get(index), str):
+            return str(names[index])
+    return None
 
 
 def _int_name(context: AnalysisContext, function: str) -> str | None:
