@@ -5,6 +5,7 @@ decompositions, and each graph AOTAutograd produces (forward, backward, or infer
 from __future__ import annotations
 
 import itertools
+import re
 import threading
 import time
 from collections.abc import Sequence
@@ -18,6 +19,9 @@ from tputrace.backend.compile.events import DynamoEvents
 from tputrace.backend.compile.graphs import CompiledGraph, GraphInfo
 from tputrace.backend.compile.settings import CompileSettings
 from tputrace.backend.core.dtypes import short_name
+
+# Dynamo's source of a frame local or global (`L['pos']`, `G['step']`): the Python name in it.
+_LOCAL = re.compile(r"[LG]\['([^']+)'\]")
 
 _perf_ns = time.perf_counter_ns
 
@@ -43,6 +47,7 @@ class TpuBackend:
         location = _user_location(gm)
         self.events.graph_captured(compile_id, graph_id, location, _user_inputs_text(gm), settings.mode)
         frame_name = location[0] if location is not None else "graph"
+        int_sources = _int_input_sources(gm)
 
         def compiler(role: str) -> Any:
             def compile_graph(aot_gm: torch.fx.GraphModule, aot_inputs: Sequence[Any]) -> CompiledGraph | EagerGraph:
@@ -63,6 +68,9 @@ class TpuBackend:
                         detail["runs_eagerly"] = eager_cause
                     if compile_id is not None:
                         detail["compile_id"] = compile_id
+                    int_names = _int_input_names(int_sources, aot_inputs) if role != "backward" else {}
+                    if int_names:
+                        detail["int_inputs"] = int_names
                     if graph.bucketing is not None:
                         detail["buckets"] = [padding.symbol for padding in graph.bucketing.symbols]
                     if graph.bucket_refusal is not None:
@@ -144,6 +152,30 @@ def _user_inputs_text(gm: torch.fx.GraphModule) -> str:
         if isinstance(value, torch.Tensor):
             texts.append(f"{short_name(value.dtype)}[{','.join(str(size) for size in value.shape)}]")
     return ", ".join(texts)
+
+
+def _int_input_sources(gm: torch.fx.GraphModule) -> list[str | None]:
+    """Per input of Dynamo's graph, the Python name of an int it takes as an input (`pos` for `L['pos']`,
+    `self.calls` for `L['self'].calls`); None for the others (tensors, or an int without a source)."""
+    names: list[str | None] = []
+    for node in gm.graph.nodes:
+        if node.op != "placeholder":
+            continue
+        grapharg = node.meta.get("grapharg")
+        source = grapharg.source.name if grapharg is not None and getattr(grapharg, "source", None) is not None else ""
+        source = source() if callable(source) else source
+        is_int = isinstance(node.meta.get("example_value"), (int, torch.SymInt))
+        names.append(_LOCAL.sub(r"\1", source) if is_int and source else None)
+    return names
+
+
+def _int_input_names(sources: list[str | None], aot_inputs: Sequence[Any]) -> dict[str, str]:
+    """The Python names of the ints an AOT forward or inference graph takes, by input index, where its inputs are
+    Dynamo's graph's, in order (the tpu backend compiles such an int's value into the program)."""
+    if len(sources) != len(aot_inputs):
+        return {}
+    return {str(index): name for index, (name, value) in enumerate(zip(sources, aot_inputs))
+            if name is not None and isinstance(value, (int, torch.SymInt))}
 
 
 def _inputs_text(inputs: Sequence[Any]) -> str:

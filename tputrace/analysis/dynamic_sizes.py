@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import MEASURED_ON_HOST, Finding
+from tputrace.analysis.growing_sizes import growing_suggestion
+from tputrace.analysis.storm_findings import growth_step
 from tputrace.analysis.storms import NAME
 from tputrace.wording import format_ns, plural
 
@@ -71,7 +73,10 @@ def findings(context: AnalysisContext, leave_out: set[int]) -> list[tuple[Findin
         for row in graph:
             if row.kind == "xla" and row.detail.get("role") == "forward":
                 sizes.update(int(value) for change in _INT_CHANGE.finditer(row.diff) for value in change.groups())
-        explained = [guard] + [row for row in graph if row.kind == "xla" and row.diff]
+        # a prompt, then one token a call: the dynamic graph's later sizes are others' (a cache, a position)
+        decoding = size["dim"] != "0" and expected > 1 and actual == 1
+        explained = [guard] + [row for row in graph if row.kind == "xla" and row.diff
+                               and (not decoding or _only_sizes(row.diff, {expected, actual}))]
         explained += [row for row in compiles if row.kind not in ("xla", "aot", "dynamo_frame") and row.diff
                       and row.step >= guard.step and _only_sizes(row.diff, sizes)]
         explained = [row for row in explained if row.compile_id not in leave_out]
@@ -89,7 +94,10 @@ def findings(context: AnalysisContext, leave_out: set[int]) -> list[tuple[Findin
             recompile_ns=_outermost_ns(explained), steps=tuple(sorted({row.step for row in explained})),
             again_ns=again_ns,
         )
-        out.append((_finding(context, call, record, expected, actual, explained), record,
+        growing = _growing(expected, actual, graph)
+        finding = (_growing_finding(context, call, record, expected, actual, explained, growing) if growing
+                   else _finding(context, call, record, expected, actual, explained))
+        out.append((finding, record,
                     {row.compile_id for row in explained}))
         leave_out = leave_out | {row.compile_id for row in explained}
     return out
@@ -138,6 +146,16 @@ def _one_size(record: DynamicSizeRecompiles) -> str:
             "is made, and mask the padding (an attention mask, `ignore_index` in the loss)")
 
 
+def _growing(expected: int, actual: int, graph: list[_Compile]) -> tuple[int, int] | None:
+    """(the growth, the largest size) where the guarded size grew and the dynamic graph's programs then compiled for
+    sizes growing by the same amount, several a step (a KV cache the function extends at each call, as the storms
+    read a growing tensor); None otherwise, as for a length the loop sets once a step."""
+    rows = [row for row in graph if row.kind == "xla" and row.diff and row.detail.get("role") in ("forward", "inference")]
+    sizes = [expected, actual] + [int(change["after"]) for row in rows for change in list(_CHANGE.finditer(row.diff))[:1]]
+    growth = growth_step(sizes, len({row.step for row in rows}))
+    return None if growth is None or growth != actual - expected else (growth, max(sizes))
+
+
 def _steps_text(steps: tuple[int, ...]) -> str:
     if len(steps) == 1:
         return f"step {steps[0]}"
@@ -151,6 +169,8 @@ def _finding(context: AnalysisContext, call: int | None, record: DynamicSizeReco
     sizes = ", ".join(str(size) for size in record.sizes)
     again = (f" {format_ns(record.again_ns)} of it compiled the dynamic graph for {expected}, a size the first graph "
              f"had already compiled: the dynamic graph replaces the static one." if record.again_ns else "")
+    if record.dim > 0 and expected > 1 and actual == 1:  # a prompt, then one token a call
+        return _decoding_finding(context, call, record, expected, explained)
     evidence = [context.evidence_at(f"step {row.step}: {row.name} ({row.kind}) compiled again, {format_ns(row.dur_ns)}: "
                                     f"{row.diff[:160]}", row.frame_id, table="compiles") for row in explained[:6]]
     return Finding(
@@ -175,6 +195,69 @@ def _finding(context: AnalysisContext, call: int | None, record: DynamicSizeReco
             f"(Dynamo's `{record.tensor}`) before the first call, so Dynamo traces one dynamic graph from the start instead of tracing again at "
             f"the first new size; XLA still compiles each bucket once."
         ),
+        cost_total_ns=float(record.recompile_ns),
+        cost_per_step_ns=None,
+        cost_basis=MEASURED_ON_HOST,
+        evidence=tuple(evidence),
+        **context.location_fields(call),
+    )
+
+
+def _decoding_finding(context: AnalysisContext, call: int | None, record: DynamicSizeRecompiles, prompt: int,
+                      explained: list[_Compile]) -> Finding:
+    """The guard that failed when a generation loop went from its prompt to one token a call: paid once, and padding
+    the token to the prompt's length would make every decoding step compute the prompt's positions."""
+    guard = explained[0]
+    evidence = [context.evidence_at(f"step {row.step}: {row.name} ({row.kind}) compiled again, {format_ns(row.dur_ns)}: "
+                                    f"{row.diff[:160]}", row.frame_id, table="compiles") for row in explained[:6]]
+    return Finding(
+        analyzer=NAME,
+        severity="info",
+        title=(f"torch.compile traced {record.function} again when {record.tensor} went from {prompt} to 1 along dim "
+               f"{record.dim} at {record.where}: a prompt, then one token a call, paid once"),
+        explanation=(
+            f"{record.function} was compiled for {record.tensor} with dim {record.dim} = {prompt}, and the call at "
+            f"{record.where} passed 1: a prompt run whole (the prefill), then one token a call, as autoregressive "
+            f"decoding does. Dynamo traced the function again with that dim dynamic ({format_ns(guard.dur_ns)}"
+            + (f"; {record.recompiles} recompiles, {format_ns(record.recompile_ns)} in all" if record.recompiles > 1 else "")
+            + "); the prompt and the single token are two shapes by design, each compiled once."
+        ),
+        suggestion=(
+            f"Keep the two shapes: padding {record.tensor} to one length would make every decoding step compute "
+            f"{prompt} positions for its one token. Recompiles at every token come from what grows with the sequence "
+            "(a KV cache extended at each call, a position passed as a Python int), not from this guard: give those "
+            "one shape (a cache allocated at its largest size, a position kept as a tensor on the chip)."
+        ),
+        cost_total_ns=float(record.recompile_ns),
+        cost_per_step_ns=None,
+        cost_basis=MEASURED_ON_HOST,
+        evidence=tuple(evidence),
+        **context.location_fields(call),
+    )
+
+
+def _growing_finding(context: AnalysisContext, call: int | None, record: DynamicSizeRecompiles, expected: int,
+                     actual: int, explained: list[_Compile], growing: tuple[int, int]) -> Finding:
+    """The guard that failed at the first call of a tensor growing at each call (a KV cache the function extends and
+    returns): the start of that growth, whose fix is one allocation at the largest size, not padding at its making."""
+    growth, largest = growing
+    share = context.share_of_wall(record.recompile_ns)
+    evidence = [context.evidence_at(f"step {row.step}: {row.name} ({row.kind}) compiled again, {format_ns(row.dur_ns)}: "
+                                    f"{row.diff[:160]}", row.frame_id, table="compiles") for row in explained[:6]]
+    dim_name = f"dim {record.dim} of `{record.tensor}`"
+    return Finding(
+        analyzer=NAME,
+        severity=context.severity(share),
+        title=(f"torch.compile traced {record.function} again when {record.tensor} dim {record.dim} grew "
+               f"({expected} -> {actual}) at {record.where}: a tensor growing by {growth} at each call"),
+        explanation=(
+            f"{record.function}, called at {record.where}, was compiled for {record.tensor} with dim {record.dim} = "
+            f"{expected}; a call with {actual} failed Dynamo's guard, and Dynamo traced the function again with that "
+            f"dim dynamic ({format_ns(record.recompile_ns)}, {share:.0%} of the run). The dynamic graph's XLA programs "
+            f"then compiled for sizes growing by {growth} each time, up to {largest}: the tensor grows at every call, "
+            "and each new size compiles again (XLA's shapes are static)."
+        ),
+        suggestion=growing_suggestion(dim_name, growth, largest, compiled=True),
         cost_total_ns=float(record.recompile_ns),
         cost_per_step_ns=None,
         cost_basis=MEASURED_ON_HOST,

@@ -23,6 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import compile_error_findings
+from tputrace.analysis import disabled_calls
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Finding, Severity
@@ -117,7 +118,10 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     frame_id = breaks[0][0]
     where = context.where(frame_id)
     count = sum(times for _, _, times in breaks)
-    reasons = [reason for _, reason, _ in breaks]
+    reasons = [disabled_calls.without_addresses(reason) for _, reason, _ in breaks]
+    location = context.location(frame_id)
+    disabled = None if location is None else disabled_calls.disabled_call(
+        reasons[0], context.trace.source_copy(location.file), location.file)
     syncs = _syncs(context, file_sid, line)
     graphs, compiles, compile_ns = _resumed_frames(context, file_sid, line)
     data = GraphBreak(where, tuple(reasons), count, graphs, compiles, compile_ns, syncs.syncs, syncs.kinds,
@@ -130,14 +134,15 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     severity: Severity = "warning" if syncs.steady_syncs else "info"
     if context.severity(share) == "critical":
         severity = "critical"
-    what = _what_broke(reasons[0])
+    what = _what_broke(reasons[0]) if disabled is None else disabled_calls.title_part(disabled)
     title = f"Graph break at {where} ({what}): {_runs_as(outcome, graphs)}"
     called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
     if syncs.steady_syncs and context.steps:
         title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
     explanation = (
         f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
-        f"{reasons[0].rstrip('.')}. "
+        + (f"Dynamo cannot trace a Python branch on a tensor's value, which only the chip knows (`{reasons[0]}`). "
+           if reasons[0].startswith("generic_jump") else f"{reasons[0].rstrip('.')}. ")
     )
     if called:  # a call Dynamo would not inline (a skipped function): the callee compiled as a frame of its own
         title += f" ({called[0]}(), called there, compiles as a graph of its own)"
@@ -167,20 +172,22 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     if _is_branch(context, frame_id) and {"item", "bool"} & set(syncs.kinds):
         suggestion = (
             f"The value picks a branch at {where}: compute both sides on the chip and choose with "
-            "`torch.where(condition, a, b)` inside the compiled function, so it stays one graph and nothing is read "
-            "on the host. " + SUGGESTION
+            "`torch.where(condition, a, b)` inside the compiled function, or, where the sides are costly work of "
+            "their own (another layer each), `torch.cond(condition, true_fn, false_fn, (x,))`, which runs as one XLA "
+            "conditional, so it stays one graph and nothing is read on the host. " + SUGGESTION
         )
     elif kind_advice:
         suggestion += " " + kind_advice[0]
     hints = _HINT.findall(reasons[0])
-    location = context.location(frame_id)
     if location is not None and is_library_file(location.file):
         suggestion = _library_break_advice(location.file, where)
+    elif disabled is not None and location is not None:
+        suggestion = disabled_calls.advice(disabled, where, outcome.function if outcome else location.function)
     elif hints and not syncs.syncs:
         suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
-    evidence = [context.evidence_at(f"{plural(times, 'break')}: {reason}", break_frame, table="graph_breaks")
-                for break_frame, reason, times in breaks]
+    evidence = [context.evidence_at(f"{plural(times, 'break')}: {disabled_calls.without_addresses(reason)}",
+                                    break_frame, table="graph_breaks") for break_frame, reason, times in breaks]
     evidence.append(context.evidence_at(
         f"{plural(graphs, 'resumed graph')} after the break, {plural(compiles, 'compile')}, {format_ns(compile_ns)}",
         frame_id, table="compiles"))
@@ -299,7 +306,10 @@ def _file_sid(context: AnalysisContext, file: str) -> int | None:
 
 
 def _what_broke(reason: str) -> str:
-    """A short name for what broke the graph: the builtin or function Dynamo names in backquotes, if any."""
+    """A short name for what broke the graph: a branch on a tensor (Dynamo's `generic_jump TensorVariable()`), or the
+    builtin or function Dynamo names in backquotes, if any."""
+    if reason.startswith("generic_jump"):
+        return "a Python branch on a tensor's value"
     parts = reason.split("`")
     return parts[1] if len(parts) >= 3 and parts[1] else reason.split(" - ")[0][:60]
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis.context import AnalysisContext
+from tputrace.analysis.context import AnalysisContext, detail_object
 from tputrace.analysis.findings import MEASURED_ON_HOST, Evidence, Finding
 from tputrace.wording import format_ns, plural
 
@@ -60,9 +60,25 @@ def recompiles(context: AnalysisContext) -> list[IntInputRecompiles]:
             continue
         function = graph.split(" graph ", 1)[0]
         values = sorted({int(change[key]) for changes, _, _ in rows for change in changes[:1] for key in ("before", "after")})
-        out.append(IntInputRecompiles(graph, function, _int_name(context, function) or rows[0][0][0]["node"],
+        first = rows[0][0][0]
+        name = _recorded_name(context, graph, first.group(0)) or _int_name(context, function) or first["node"]
+        out.append(IntInputRecompiles(graph, function, name,
                                       tuple(values), len(rows), sum(dur_ns for _, dur_ns, _ in rows), rows[0][2]))
     return out
+
+
+def _recorded_name(context: AnalysisContext, graph: str, change: str) -> str | None:
+    """The Python name the recording gave the graph's int input that `change` (`input 4 (arg4_1): int 4 -> int 5`)
+    names (its AOT graph's `int_inputs` detail), where it has one."""
+    index = change.split(" ", 2)[1]
+    for (detail,) in context.trace.sql(
+        "SELECT c.detail FROM compiles c JOIN strings n ON n.id = c.name_sid WHERE c.rank = ? AND c.kind = 'aot' "
+        "AND n.text = ? AND c.detail IS NOT NULL", (context.rank, graph),
+    ):
+        names = detail_object(detail).get("int_inputs")
+        if isinstance(names, dict) and isinstance(names.get(index), str):
+            return str(names[index])
+    return None
 
 
 def _int_name(context: AnalysisContext, function: str) -> str | None:
@@ -95,7 +111,7 @@ def _finding(context: AnalysisContext, record: IntInputRecompiles) -> Finding:
             f"{plural(record.recompiles, 'recompile')}, {format_ns(record.recompile_ns)} of compiling "
             f"({share:.0%} of the run)."
         ),
-        suggestion=(
+        suggestion=_attribute_advice(record.name) if "." in record.name else (
             f"Pass `{record.name}` to the compiled function as a tensor on the device "
             f"(`torch.tensor({record.name}, device=...)`): the program then takes it as data and compiles "
             "once. Where it sets a shape inside the function (`torch.arange(n)`, a slice's end), give it a few fixed "
@@ -107,4 +123,16 @@ def _finding(context: AnalysisContext, record: IntInputRecompiles) -> Finding:
         evidence=(Evidence(f"{plural(record.recompiles, 'recompile')} of {record.graph}, each for a new value of "
                            f"`{record.name}`", table="compiles"),),
         **context.location_fields(record.frame_id),
+    )
+
+
+def _attribute_advice(name: str) -> str:
+    """An int attribute the compiled function reads (`self.step_count`, often a counter it increments): nothing is
+    passed, so the fix is to keep the attribute a tensor, or to leave it out of the graph."""
+    return (
+        f"`{name}` is an attribute, not an argument: keep it a tensor on the device (made once as "
+        f"`torch.zeros((), dtype=torch.long, device=...)` and updated in place, `{name}.add_(1)`), so the program "
+        "takes it as data and compiles once; or, where the graph's result does not depend on it (a counter), update "
+        "and read it outside the compiled function. Where it sets a shape inside the function (`torch.arange(n)`, a "
+        "slice's end), give it a few fixed values instead and mask."
     )

@@ -65,7 +65,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[RecompileLimitData]:
 
 def _finding(context: AnalysisContext, frame_id: int | None, hit: LimitHit) -> Finding:
     in_step = f" in step {hit.step}" if hit.step is not None and context.steps else ""
-    reason = f" (the last guard that failed: {hit.last_reason})" if hit.last_reason else ""
+    value = value_guards.guarded_value(hit.last_reason)
+    shown = value[0] if value else hit.last_reason
+    reason = f" (the last guard that failed: {shown})" if hit.last_reason else ""
     return Finding(
         analyzer=NAME,
         severity="warning",
@@ -77,7 +79,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, hit: LimitHit) -> F
             + (f"The ops dispatched from that line after the limit took {format_ns(hit.uncompiled_ns)} of host time."
                if _has_ops(context) else "The capture has no ops to time the uncompiled calls by.")
         ),
-        suggestion=(
+        suggestion=value[1] if value else (
             "Give the compiled function stable inputs: pad the changing dim to a few fixed sizes, or mark it dynamic "
             "before the first call (`torch._dynamo.mark_dynamic(x, dim)`), so that it compiles a few times at most; "
             f"raise `torch._dynamo.config.{hit.limit}` only where the shapes are few and known."

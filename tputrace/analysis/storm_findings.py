@@ -20,6 +20,7 @@ from tputrace.analysis.host_reads import host_read_before, masking_fix
 from tputrace.analysis.imported import jax_capture
 from tputrace.analysis.index_lists import scatter_of_changing_index, scattered_rows_vary, scatters_at
 from tputrace.analysis import bag_ids, partial_batches
+from tputrace.analysis.growing_sizes import compiled_graph, growing_suggestion
 from tputrace.analysis.storms import NAME, ShapeEntry, Storm, compiled_where, shape_entry
 from tputrace.analysis.routing import ROUTING_FIX, routes_tokens
 from tputrace.wording import format_ns, plural
@@ -139,7 +140,8 @@ def padding_finding(context: AnalysisContext, storm: Storm, options: list[Bucket
     jax = jax_capture(context, [storm.name])
     if growth is not None:
         grown = dim_name if grown_at is None else f"{dim_name} (the tensor `torch.cat` extends at {context.where(grown_at)})"
-        suggestion = _growing_suggestion(grown, growth, main.distinct[-1], each_step=each_step, jax=jax)
+        suggestion = growing_suggestion(grown, growth, main.distinct[-1], each_step=each_step, jax=jax,
+                                        compiled=compiled_graph(context, storm.compile_ids))
     elif best is not None:
         made_on_chip = entry is not None and entry.op.startswith(_FACTORY_OPS)
         bucketing = (f"e.g. {values_text(list(best.buckets))} ({best.rule}): {plural(best.compiles, 'compile')} instead of "
@@ -187,33 +189,6 @@ def _growth(context: AnalysisContext, values: Sequence[int], steps: int, program
     growth = growth_step(values, steps, each_step=True)
     grown_at = None if growth is None else _concatenated_at(context, program_ids)
     return (growth, grown_at, True) if grown_at is not None else (None, None, False)
-
-
-def _growing_suggestion(dim_name: str, growth: int, largest: int, *, each_step: bool = False, jax: bool = False) -> str:
-    if jax:
-        return (
-            f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: an array extended at "
-            f"each call (`jnp.concatenate` onto a history, a KV cache in decoding). Allocate it once at its largest "
-            f"size ({largest} here, or the loop's limit) and write each call's rows into it with "
-            f"`jax.lax.dynamic_update_slice` (or `.at[index].set`) at a traced position, masking the part not filled "
-            f"yet, so the program keeps one shape."
-        )
-    if each_step:
-        return (
-            f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one step to the next: a tensor the loop extends "
-            f"with `torch.cat` every step (a queue of past keys, a memory bank, a history). Allocate it once at its "
-            f"largest size ({largest} here, or its limit) and write each step's rows into it at a position that moves "
-            f"(`queue[ptr:ptr + n] = keys`, `ptr = (ptr + n) % size`), masking the rows not filled yet (or filling them "
-            f"at the start, as MoCo fills its queue with random keys), so the program keeps one shape."
-        )
-    return (
-        f"{dim_name[0].upper()}{dim_name[1:]} grows by {growth} from one compile to the next: a tensor extended "
-        f"at each call (a KV cache in autoregressive decoding, a `torch.cat` onto a growing result). Allocate it "
-        f"once at its largest size ({largest} here, or the loop's limit) and write into it (slice "
-        f"assignment, `index_copy_`), masking the part not filled yet, so the program keeps one shape; Hugging "
-        f"Face's `generate` does this with a static KV cache (`cache_implementation=\"static\"`) for the models "
-        f"that support one."
-    )
 
 
 def _concatenated_at(context: AnalysisContext, program_ids: list[int]) -> int | None:
@@ -371,8 +346,9 @@ def shared_size_finding(context: AnalysisContext, first: Storm, storms: list[Sto
     evidence.extend(_bucket_evidence(shared.options, lambda count: plural(count, "size")))
     read = None if growth is not None else host_read_before(context, anchor, set(shared.compiles.steps))
     if growth is not None:
-        suggestion = _growing_suggestion(f"the shape made at {where}", growth, sizes[-1], each_step=each_step,
-                                         jax=jax_capture(context, [storm.name for storm in storms]))
+        suggestion = growing_suggestion(f"the shape made at {where}", growth, sizes[-1], each_step=each_step,
+                                        jax=jax_capture(context, [storm.name for storm in storms]),
+                                        compiled=compiled_graph(context, shared.compiles.compile_ids))
     elif read is not None:
         suggestion = f"At {where}: {masking_fix(*read)}. Then each program compiles once."
     elif best is not None:

@@ -32,6 +32,7 @@ _READ_AT = re.compile(r"#\s*(?P<code>.+?)\s+#\s+\S*?(?P<where>[^/\s]+:\d+) in ")
 # A value Dynamo passed a resumed frame on the stack (`___stack0[0]`): one computed where the graph broke.
 _STACK_VALUE = re.compile(r"^___stack\d+")
 _RESUMED = re.compile(r"^(?P<owner>.*?)torch_dynamo_resume_in_(?P<function>.+)_at_(?P<line>\d+)$")
+_FLOAT = re.compile(r"^-?(?:\d+\.\d*|\.\d+|\d+(?:\.\d*)?[eE][-+]?\d+|inf|nan)$")
 _LIMIT_HIT = re.compile(r"hit config\.(?P<limit>\w+) \((?P<value>\d+)\)\n\s*function: '[^']*' \((?P<where>.*:\d+)\)")
 
 
@@ -50,6 +51,12 @@ class ValueGuardStorm:
     compile_ns: int
     call_frame_id: int | None
     limit: str | None  # `recompile_limit (8)` when Dynamo stopped compiling the function
+    guarded: str = ""  # the value the last failed guard compared with (`0.09`)
+
+    @property
+    def is_float(self) -> bool:
+        """Whether the guarded value is a Python float (`lr == 0.09`), not an int position."""
+        return _FLOAT.match(self.guarded) is not None
 
     @property
     def from_graph_break(self) -> bool:
@@ -118,10 +125,11 @@ def _storm(context: AnalysisContext, frame_id: int | None, name: str, failures: 
                  if (graph_location := context.location(graph_frame)) is not None and graph_location.line != defined_line]
         call_frame_id = calls[0] if calls else frame_id
     guard = _VALUE_GUARD.match(failures[-1][0])
-    read = _READ_AT.search(failures[-1][0])
+    # Dynamo quotes the user's line in the first failures only; later ones may name its own code
+    read = next((found for text, *_ in reversed(failures) if (found := _READ_AT.search(text)) is not None), None)
     return ValueGuardStorm(name, defined_at, context.where(frame_id), guard["name"] if guard else "?", read["code"] if read else None,
                            read["where"] if read else None, len(failures),
-                           merged_ns(intervals), call_frame_id, limit)
+                           merged_ns(intervals), call_frame_id, limit, guard["value"] if guard else "")
 
 
 def _limit_hit(context: AnalysisContext, defined_at: str) -> tuple[int | None, str | None]:
@@ -165,12 +173,7 @@ def _finding(context: AnalysisContext, storm: ValueGuardStorm) -> Finding:
             f"compiled the new graph: {plural(storm.failures, 'guard failure')}, {format_ns(storm.compile_ns)} of "
             f"compiling with the graphs' compiles ({share:.0%} of the run)."
         )
-        suggestion = (
-            f"Pass `{storm.value}` to the compiled function as a tensor (`torch.tensor([{storm.value}], device=...)`) and "
-            "use it in tensor ops (`index_copy_` into a preallocated cache, a mask over its full length) instead of "
-            "Python indexing and slicing, so one graph serves every value; a value that takes only a few settings may "
-            "stay a Python value."
-        )
+        suggestion = _value_advice(storm.value, storm.is_float)
         title = f"torch.compile traced {function} again for each value of `{storm.value}` at {where}"
     if storm.limit:
         explanation += (f" Then Dynamo reached `torch._dynamo.config.{storm.limit.split(' ', 1)[0]}` "
@@ -191,4 +194,42 @@ def _finding(context: AnalysisContext, storm: ValueGuardStorm) -> Finding:
             *((Evidence(f"Dynamo's {storm.limit} hit at {where}", table="annotations"),) if storm.limit else ()),
         ),
         **context.location_fields(storm.call_frame_id),
+    )
+
+
+def guarded_value(guard: str) -> tuple[str, str] | None:
+    """A failed guard on a Python value (not a size), as Dynamo's recompile-limit warning gives it (`0/2: sigma == 0.2
+    # return F.dropout(x, p=sigma)  # train.py:12 in noisy`): the guard in short (with the line that read the value,
+    where it says) and how to keep the value from specialising the graph; None for another guard."""
+    first = guard.split("\n", 1)[0]
+    matched = _VALUE_GUARD.match(first)
+    if matched is None or _SIZE_GUARD.search(first) or _STACK_VALUE.match(matched["name"]):
+        return None
+    read = _READ_AT.search(first)
+    short = f"`{matched['name']} == {matched['value']}`" + (f", read by `{read['code']}` ({read['where']})" if read else "")
+    return short, _value_advice(matched["name"], _FLOAT.match(matched["value"]) is not None)
+
+
+def _value_advice(value: str, is_float: bool) -> str:
+    """How to keep a Python value from specialising the compiled graph: a float as a 0-d tensor in arithmetic, an int
+    position as a tensor in tensor ops."""
+    if is_float:
+        return _float_advice(value)
+    return (
+        f"Pass `{value}` to the compiled function as a tensor (`torch.tensor([{value}], device=...)`) and "
+        "use it in tensor ops (`index_copy_` into a preallocated cache, a mask over its full length) instead of "
+        "Python indexing and slicing, so one graph serves every value; a value that takes only a few settings may "
+        "stay a Python value."
+    )
+
+
+def _float_advice(value: str) -> str:
+    """How to keep a Python float (a learning rate, a temperature, a dropout probability) from specialising the graph:
+    a 0-d tensor on the chip, used in tensor arithmetic rather than as an argument that takes a number."""
+    return (
+        f"Pass `{value}` to the compiled function as a 0-d tensor on the chip (`torch.tensor({value}, device=...)`, "
+        "updated in place with `.fill_()` each step) and use it in tensor arithmetic, not as an argument that takes a "
+        "Python number, which Dynamo specialises on (`p.sub_(lr * g)`, not `p.add_(g, alpha=-lr)`; a dropout mask "
+        "`torch.rand_like(x) >= p` scaled by `1 / (1 - p)`, not `F.dropout(x, p)`): one graph then serves every value. A float that takes only a few settings may "
+        "stay a Python value."
     )
