@@ -26,14 +26,33 @@ TORCH_VALUE_BRANCH = textwrap.dedent("""\
         g(torch.full((4,), value))
 """)
 
+# A compiled DDP model (one gloo process): Dynamo breaks its graph inside DDP's forward, called at line 8, and compiles
+# contextlib's frames (`helper (contextlib.py)`), which break again.
+TORCH_COMPILED_DDP = textwrap.dedent("""\
+    import os, sys, torch, torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[1])
+    dist.init_process_group("gloo", rank=0, world_size=1)
+    model = torch.compile(DDP(torch.nn.Linear(8, 4)), backend="eager")
+    for _ in range(2):
+        model(torch.randn(2, 8)).sum().backward()
+    dist.destroy_process_group()
+""")
+
 
 def _import(paths: list[Path], output: Path) -> tputrace.Trace:
     assert main(["import", *map(str, paths), "-o", str(output)]) == 0
     return tputrace.open(output)
 
 
-def test_recompile_reason_on_a_value_names_its_guard_and_line(tmp_path: Path) -> None:
-    from captures import _torch_trace
+def test_torch_trace_logs_name_a_guard_on_a_value_and_a_break_inside_a_library(tmp_path: Path) -> None:
+    import os
+    import re
+
+    from captures import _run, _torch_trace, free_port
+
+    from tputrace.analysis import analyze_path
 
     folder, script = _torch_trace(tmp_path, "value_branch.py", TORCH_VALUE_BRANCH, "trace")
     trace = _import([folder], tmp_path / "branch.tptrace")
@@ -46,6 +65,20 @@ def test_recompile_reason_on_a_value_names_its_guard_and_line(tmp_path: Path) ->
         assert guard.startswith(("1/0: ___stack0", "1/1: ___stack0")) and "#" not in guard, diff
         assert f"{script.name}:5 in torch_dynamo_resume_in_normalize_at_5)" in place, diff
         assert "evaluate_expr" not in diff, diff
+
+    # A graph break inside a library's code (DDP's forward): its title names what broke, without the library frame
+    # the import names it in (`(in distributed.py:1757, _pre_forward)`), and a function, not the tail of a library
+    # compile's name `helper (contextlib.py)` (`py)()`).
+    ddp_script = tmp_path / "compiled_ddp.py"
+    ddp_script.write_text(TORCH_COMPILED_DDP)
+    _run(ddp_script, free_port(), env={**os.environ, "TORCH_TRACE": str(tmp_path / "ddp_trace")})
+    output = tmp_path / "ddp.tptrace"
+    _import([tmp_path / "ddp_trace"], output)
+    breaks = [finding for finding in analyze_path(output).findings if finding.analyzer == "graph_breaks"]
+    assert breaks and all(finding.line == 8 for finding in breaks), [(finding.title, finding.line) for finding in breaks]
+    for finding in breaks:
+        match = re.fullmatch(r"Graph break at compiled_ddp\.py:8 \(([^()]+)\): (\w+)\(\) runs .*", finding.title)
+        assert match is not None, finding.title
 
 
 # A `jax.pmap`ped step in a script named `pmap.py`, compiled inside the trace: JAX compiles its own wrapper `_fun` of
@@ -142,3 +175,4 @@ def test_an_event_of_a_run_after_its_op_is_not_the_runs_launch() -> None:
     ops = np.array([150, 200, 300], dtype=np.int64)
     wanted = np.array([7, 9, 9], dtype=np.uint64)
     assert launched_at_ids(run_ids, launches, wanted, np.ones(3, dtype=bool), ops).tolist() == [100, 200, 300]
+
