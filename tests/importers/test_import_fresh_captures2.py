@@ -143,7 +143,34 @@ TORCH_DDP_EXTRA_OPS = textwrap.dedent("""\
 """)
 
 
-def test_gloo_ranks_name_their_host_and_the_late_ranks_own_ops(tmp_path: Path) -> None:
+# Two DDP ranks over gloo calling a compiled step under a profiling schedule: rank 1's last batch is smaller (5 rows, not
+# 8), so it compiles the step again in the last step while rank 0 waits in the gradients' all-reduce.
+TORCH_DDP_LAST_BATCH = textwrap.dedent("""\
+    import os, sys, torch, torch.distributed as dist, torch.multiprocessing as mp
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile, schedule
+
+    def run(rank, out, port):
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        torch.set_num_threads(1)
+        dist.init_process_group("gloo", rank=rank, world_size=2)
+        model = DDP(torch.nn.Linear(16, 4))
+        step = torch.compile(lambda x: model(x).sum(), backend="eager")
+        with profile(activities=[ProfilerActivity.CPU], schedule=schedule(wait=0, warmup=1, active=3),
+                     on_trace_ready=lambda p: p.export_chrome_trace(f"{out}/rank{rank}.json")) as prof:
+            for i in range(4):
+                step(torch.randn(8 if i < 3 or rank == 0 else 5, 16)).backward()
+                prof.step()
+        dist.barrier()
+        os._exit(0)  # gloo's threads are not torn down under a busy host
+
+    if __name__ == "__main__":
+        os.makedirs(sys.argv[1], exist_ok=True)
+        mp.spawn(run, args=(sys.argv[1], sys.argv[2]), nprocs=2)
+""")
+
+
+def test_gloo_ranks_name_their_host_and_the_late_ranks_own_work(tmp_path: Path) -> None:
     from captures import _capture, free_port
 
     from tputrace.analysis import analyze_path
@@ -160,6 +187,14 @@ def test_gloo_ranks_name_their_host_and_the_late_ranks_own_ops(tmp_path: Path) -
     assert len(stragglers) == 1, [finding.title for finding in analyze_path(output).findings]
     assert "rank 1 makes op calls" in stragglers[0].title and "aten::mm ×20" in stragglers[0].title, stragglers[0].title
     assert "with_stack=True" in stragglers[0].explanation
+
+    # Rank 1 compiles in its last step, where rank 0 does not: it is late for that compile.
+    folder = _capture(tmp_path, "ddp_last_batch.py", TORCH_DDP_LAST_BATCH, "last_batch", free_port())
+    _import([folder], tmp_path / "last_batch.tptrace")
+    stragglers = [finding for finding in analyze_path(tmp_path / "last_batch.tptrace").findings
+                  if finding.title.startswith("Straggler")]
+    assert len(stragglers) == 1 and "rank 1 compiles in its steps" in stragglers[0].title, stragglers
+    assert "in step 3" in stragglers[0].title, stragglers[0].title
 
 
 def test_an_event_of_a_run_after_its_op_is_not_the_runs_launch() -> None:
