@@ -188,12 +188,12 @@ def test_gloo_ranks_name_their_host_and_the_late_ranks_own_work(tmp_path: Path) 
     assert "rank 1 makes op calls" in stragglers[0].title and "aten::mm ×20" in stragglers[0].title, stragglers[0].title
     assert "with_stack=True" in stragglers[0].explanation
 
-    # Rank 1 compiles in its last step, where rank 0 does not: it is late for that compile.
+    # Rank 1 compiles again in its last step, where rank 0 does not: it is late for that recompile.
     folder = _capture(tmp_path, "ddp_last_batch.py", TORCH_DDP_LAST_BATCH, "last_batch", free_port())
     _import([folder], tmp_path / "last_batch.tptrace")
     stragglers = [finding for finding in analyze_path(tmp_path / "last_batch.tptrace").findings
                   if finding.title.startswith("Straggler")]
-    assert len(stragglers) == 1 and "rank 1 compiles in its steps" in stragglers[0].title, stragglers
+    assert len(stragglers) == 1 and "rank 1 recompiles in its steps" in stragglers[0].title, stragglers
     assert "in step 3" in stragglers[0].title, stragglers[0].title
 
 

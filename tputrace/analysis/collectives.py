@@ -27,7 +27,8 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.host_gaps import line_of_extra_host_time
 from tputrace.analysis.imported import context_import_facts
-from tputrace.analysis.rank_extra_ops import extra_compiles, extra_ops, own_compiles_finding, own_ops_finding
+from tputrace.analysis.rank_extra_ops import (extra_compiles, extra_ops, own_compiles_finding, own_ops_finding,
+                                              wait_in_steps)
 from tputrace.derived.imported_sources import imported_source
 from tputrace.store.records import SourceLocation
 from tputrace.wording import format_bytes, format_ns, plural
@@ -413,9 +414,10 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
             file=extra[0][0].file,
             line=extra[0][0].line,
         )
-    # a compile is late in its step only: the waits it causes, not how many steps the rank is last in, tie it to them
+    # a recompile makes its rank late in its step only: the others' waits in that step, not how many steps the rank is
+    # last in, tie the two
     beyond_ns, compiled = (0, []) if extra else extra_compiles(trace, straggler, others)
-    if beyond_ns >= 0.5 * waited:
+    if beyond_ns >= 0.5 * waited and wait_in_steps(trace, others, {step for _, step, _ in compiled}) >= 0.5 * waited:
         return wait_by_rank, late, own_compiles_finding(context, NAME, straggler, beyond_ns, compiled, waited, share, evidence)
     own_ops = [] if extra or consistent < 0.5 else extra_ops(trace, straggler, others)
     if own_ops and sum(item.ns_per_step for item in own_ops) >= 0.5 * (context.per_step(waited) or 0.0):

@@ -83,30 +83,32 @@ def own_ops_finding(context: AnalysisContext, analyzer: str, straggler: int, own
 
 
 def extra_compiles(trace: Trace, rank: int, others: list[int]) -> tuple[int, list[tuple[str, int, int]]]:
-    """The compile time `rank` spent in its steps (from step 1) beyond the most any rank of `others` spent, and its
-    compiles there (name, step, ns), longest first: a rank compiling again where the others do not (its last batch
-    smaller than theirs) keeps them waiting in the step's collectives."""
-    totals = dict(trace.sql("SELECT rank, COALESCE(SUM(dur_ns), 0) FROM compiles WHERE step >= 1 GROUP BY rank"))
+    """The time `rank` spent recompiling in its steps (from step 1) beyond the most any rank of `others` spent, and its
+    recompiles there (name, step, ns), longest first: a rank compiling again where the others do not (its last batch
+    smaller than theirs) keeps them waiting in the step's collectives. A first compile is not counted: ranks make theirs
+    in different steps (one loads from a cache what another compiles)."""
+    totals = dict(trace.sql("SELECT rank, COALESCE(SUM(dur_ns), 0) FROM compiles WHERE step >= 1 AND reason = 'recompile' "
+                            "GROUP BY rank"))
     beyond = totals.get(rank, 0) - max((totals.get(other, 0) for other in others), default=0)
     if beyond <= 0:
         return 0, []
     compiles = trace.sql("SELECT s.text, c.step, COALESCE(c.dur_ns, 0) FROM compiles c LEFT JOIN strings s ON s.id = c.name_sid "
-                         "WHERE c.rank = ? AND c.step >= 1 ORDER BY c.dur_ns DESC", (rank,))
+                         "WHERE c.rank = ? AND c.step >= 1 AND c.reason = 'recompile' ORDER BY c.dur_ns DESC", (rank,))
     return int(beyond), [(name or "?", step, dur) for name, step, dur in compiles]
 
 
 def own_compiles_finding(context: AnalysisContext, analyzer: str, straggler: int, beyond_ns: int,
                          compiles: list[tuple[str, int, int]], waited: float, share: float,
                          evidence: tuple[Evidence, ...]) -> Finding:
-    """The straggler finding of a rank late because it compiles in its steps where the others do not."""
+    """The straggler finding of a rank late because it recompiles in its steps where the others do not."""
     named = ", ".join(f"`{name}` in step {step}" for name, step, _ in compiles[:2])
     return Finding(
         analyzer=analyzer,
         severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
-        title=f"Straggler: rank {straggler} compiles in its steps where the other ranks do not ({named}); they wait {format_ns(waited)} for it",
+        title=f"Straggler: rank {straggler} recompiles in its steps where the other ranks do not ({named}); they wait {format_ns(waited)} for it",
         explanation=(
             f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
-            f"{straggler} spent {format_ns(beyond_ns)} more than any other rank compiling in its steps, so the collectives after "
+            f"{straggler} spent {format_ns(beyond_ns)} more than any other rank compiling again in its steps, so the collectives after "
             "each compile wait for it: what it compiled for is in its recompiles (`tputrace report --rank "
             f"{straggler}`)."
         ),
@@ -120,3 +122,13 @@ def own_compiles_finding(context: AnalysisContext, analyzer: str, straggler: int
         evidence=tuple(Evidence(f"rank {straggler}: a compile of `{name}` in step {step}, {format_ns(dur)}", table="compiles")
                        for name, step, dur in compiles[:5]) + evidence,
     )
+
+
+def wait_in_steps(trace: Trace, ranks: list[int], steps: set[int]) -> float:
+    """The mean over `ranks` of their collectives' waits in `steps`."""
+    if not ranks or not steps:
+        return 0.0
+    marks = ", ".join("?" * len(steps))
+    totals = dict(trace.sql(f"SELECT rank, COALESCE(SUM(wait_ns), 0) FROM collectives WHERE step IN ({marks}) GROUP BY rank",
+                            tuple(sorted(steps))))
+    return sum(totals.get(rank, 0) for rank in ranks) / len(ranks)
