@@ -131,4 +131,4 @@ def wait_in_steps(trace: Trace, ranks: list[int], steps: set[int]) -> float:
     marks = ", ".join("?" * len(steps))
     totals = dict(trace.sql(f"SELECT rank, COALESCE(SUM(wait_ns), 0) FROM collectives WHERE step IN ({marks}) GROUP BY rank",
                             tuple(sorted(steps))))
-    return sum(totals.get(rank, 0) for rank in ranks) / len(ranks)
+    return float(sum(int(totals.get(rank, 0)) for rank in ranks)) / len(ranks)
