@@ -27,6 +27,8 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.host_gaps import line_of_extra_host_time
 from tputrace.analysis.imported import context_import_facts
+from tputrace.analysis.rank_extra_ops import (extra_compiles, extra_ops, own_compiles_finding, own_ops_finding,
+                                              wait_in_steps)
 from tputrace.derived.imported_sources import imported_source
 from tputrace.store.records import SourceLocation
 from tputrace.wording import format_bytes, format_ns, plural
@@ -322,11 +324,15 @@ def _late_rank_by_step(trace: Trace) -> dict[int, int]:
 _ACTIVITY_TABLES = ("ops", "executions", "flushes", "compiles", "syncs", "transfers", "fallbacks", "collectives")
 
 
-def _unrecorded_by_rank(trace: Trace, ranks: list[int]) -> dict[int, int]:
-    """Per rank, the time inside its steps (after the first) covered by no recorded activity."""
+def _unrecorded_by_rank(trace: Trace, ranks: list[int], *, unmarked: bool = False) -> dict[int, int]:
+    """Per rank, the time inside its steps (after the first) covered by no recorded activity; with `unmarked`, of a
+    rank without steps (an import's capture that marks none), inside the span of its collectives."""
     unrecorded: dict[int, int] = {}
     for rank in ranks:
         steps = trace.sql("SELECT start_ns, end_ns FROM steps WHERE rank = ? AND step >= 1 AND source != 'end' ORDER BY start_ns", (rank,))
+        if not steps and unmarked:
+            steps = [span for span in trace.sql("SELECT MIN(start_ns), MAX(start_ns + COALESCE(dur_ns, 0)) FROM collectives "
+                                                "WHERE rank = ?", (rank,)) if span[0] is not None]
         if not steps:
             continue
         first, last = steps[0][0], steps[-1][1]
@@ -369,7 +375,7 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
     # An import's ranks share a host only where their captures name the same one (a recording's ranks name theirs).
     hosts = {run.host for run in trace.runs if run.rank in waits}
     on_shared_host = shared_host(trace) and (not imported or "" not in hosts and None not in hosts)
-    idle = _unrecorded_by_rank(trace, list(waits))
+    idle = _unrecorded_by_rank(trace, list(waits), unmarked=imported)
     excess_idle = int(idle.get(straggler, 0) - statistics.mean(idle.get(rank, 0) for rank in others)) if others else 0
     # A rank late because of its own host work (data loading, logging, a sleep) spends that time outside anything
     # recorded; a rank late because it got less of a shared host's cores is slower in what is recorded.
@@ -408,6 +414,14 @@ def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggl
             file=extra[0][0].file,
             line=extra[0][0].line,
         )
+    # a recompile makes its rank late in its step only: the others' waits in that step, not how many steps the rank is
+    # last in, tie the two
+    beyond_ns, compiled = (0, []) if extra else extra_compiles(trace, straggler, others)
+    if beyond_ns >= 0.5 * waited and wait_in_steps(trace, others, {step for _, step, _ in compiled}) >= 0.5 * waited:
+        return wait_by_rank, late, own_compiles_finding(context, NAME, straggler, beyond_ns, compiled, waited, share, evidence)
+    own_ops = [] if extra or consistent < 0.5 else extra_ops(trace, straggler, others)
+    if own_ops and sum(item.ns_per_step for item in own_ops) >= 0.5 * (context.per_step(waited) or 0.0):
+        return wait_by_rank, late, own_ops_finding(context, NAME, straggler, own_ops, waited, share, consistent, evidence)
     if on_shared_host and not own_work:
         # Virtual chips of one host take turns on its cores: who arrives last is the host's scheduling as much as the
         # program's, and nothing in the trace tells the two apart; the wait is not counted as the program's cost.

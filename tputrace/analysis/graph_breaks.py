@@ -48,6 +48,8 @@ _READ_ADVICE = {
 # Dynamo's own advice in a break's reason (`- hint: Change `torch._dynamo.config.trace_autograd_ops` to `True`.`).
 _HINT = re.compile(r"hint: (.+?)(?= - |$)", re.DOTALL)
 _RESUMED = re.compile(r"^torch_dynamo_resume_in_(.+)_at_\d+$")
+_LIBRARY_FILE = re.compile(r" \([^()/ ]+\.py\)$")
+_IN_LIBRARY = re.compile(r" \(in [^()]+:\d+, [^()]+\)$")
 
 
 @dataclass(frozen=True)
@@ -253,7 +255,8 @@ def _runs_as(outcome: Outcome | None, resumed_graphs: int) -> str:
 def _code_name(name: str | None, detail: dict[str, object]) -> str:
     """The code object a Dynamo frame compile compiled (`torch_dynamo_resume_in_f_at_5`, `f`)."""
     code = detail.get("dynamo_frame")
-    return code if isinstance(code, str) else (name or "?").rpartition(".")[2]
+    # An import names a library's function with its file (`helper (contextlib.py)`), whose dot is no qualifier's.
+    return code if isinstance(code, str) else _LIBRARY_FILE.sub("", name or "?").rpartition(".")[2]
 
 
 def _function_of(code: str) -> str:
@@ -311,7 +314,8 @@ def _what_broke(reason: str) -> str:
     if reason.startswith("generic_jump"):
         return "a Python branch on a tensor's value"
     parts = reason.split("`")
-    return parts[1] if len(parts) >= 3 and parts[1] else reason.split(" - ")[0][:60]
+    # Without the library frame an import adds where the break is inside one (`… (in distributed.py:1757, f)`).
+    return parts[1] if len(parts) >= 3 and parts[1] else _IN_LIBRARY.sub("", reason.split(" - ")[0])[:60]
 
 
 def _syncs(context: AnalysisContext, file_sid: int, line: int) -> LineSyncs:

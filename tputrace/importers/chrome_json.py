@@ -114,8 +114,10 @@ class ChromeJsonImporter:
         spans = [(int(round((start - origin) * 1000)), int(round((end - origin) * 1000)), number)
                  for (_, _, _, markers, *_), origin in zip(windows, origins) for start, end, number in markers]
         steps = self.steps.place(spans, close_last=True)
+        host, pid, _ = process_key(self.paths[0])  # Kineto's `host_name` and the process's id, where the file has them
         self.writer.set_run(rank=self.rank, world_size=1, script=str(self.paths[0]), argv=[], platform="cpu",
-                            chips=0, start_unix_ns=start_unix_ns)
+                            chips=0, start_unix_ns=start_unix_ns, host=(host or None) if pid else None,
+                            pid=int(pid) if pid else None)
         end_ns = 0
         devices: set[int] = set()
         trailing: set[int] = set()  # the starts of steps in windows that hold nothing else

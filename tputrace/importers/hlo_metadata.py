@@ -47,18 +47,22 @@ class InstructionSource:
 _VERSION = re.compile(r"\((\d+)\)$")
 # Module name -> each of its protos as (XLA's id of the module, its instructions' sources), by id: in compile order.
 HloVersions = dict[str, list[tuple[int, dict[str, "InstructionSource"]]]]
+# A user's file (its full path) -> the functions its programs' stacks pass through (each frame's function, its
+# qualified name's last part) and the last line they name in it.
+UserFileFrames = dict[str, tuple[set[str], int]]
 # What a damaged proto names: no module, no instructions.
 _NO_SOURCES: tuple[str, dict[str, InstructionSource]] = ("", {})
 
 
 def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], versions: HloVersions,
              signatures: dict[tuple[str, int], str] | None = None,
-             bodies: dict[tuple[str, int], ProgramBody] | None = None) -> None:
+             bodies: dict[tuple[str, int], ProgramBody] | None = None,
+             user_frames: UserFileFrames | None = None) -> None:
     """The instructions' sources of each program's HLO proto in the `/host:metadata` plane: in `first` those of the
     first proto of each module name, in `versions` those of every proto of it (a name compiled again, as `jit_f` for
     new shapes, or a library's `jit_broadcast_in_dim` called from several lines, has a proto each); in `signatures`,
     by (module name, XLA's id of the module), its parameters' shapes (`hlo_shapes`); in `bodies`, so keyed, what it
-    computes (`hlo_body`)."""
+    computes (`hlo_body`); in `user_frames`, what every stack frame of the user's files names (`UserFileFrames`)."""
     names = {key: meta.name for key, meta in plane.stat_metadata.items()}
     for key, metadata in sorted(plane.event_metadata.items()):
         for stat in metadata.stats:
@@ -77,6 +81,8 @@ def read_hlo(plane: Any, first: dict[str, dict[str, InstructionSource]], version
                 body = _parsed(module_bytes, lambda data: program_body(data, _fields), None) if module_bytes else None
                 if bodies is not None and body is not None:
                     bodies[(module, version)] = body
+                if user_frames is not None:
+                    _parsed(module_bytes, lambda data: _note_user_frames(data, user_frames), None)
     for protos in versions.values():
         protos.sort(key=lambda proto: proto[0])
 
@@ -127,6 +133,20 @@ def _module_sources(module: bytes) -> tuple[str, dict[str, InstructionSource]]:
             if isinstance(instruction_name, bytes) and isinstance(metadata, bytes):
                 sources[instruction_name.decode()] = _source(metadata, stack)
     return name, sources
+
+
+def _note_user_frames(module: bytes, user_frames: UserFileFrames) -> None:
+    """Add the functions and lines of a module's stack frame index in the user's files to `user_frames`."""
+    frames = next((value for field, value in _fields(module) if field == _MODULE_FRAMES and isinstance(value, bytes)),
+                  b"")
+    stack = _StackFrames(frames)
+    for file_id, function_id, line in stack.locations:
+        if not 0 < file_id <= len(stack.files) or is_library(file := stack.files[file_id - 1]):
+            continue
+        functions, last = user_frames.get(file, (set(), 0))
+        if 0 < function_id <= len(stack.functions):
+            functions.add(stack.functions[function_id - 1].rsplit(".", 1)[-1])
+        user_frames[file] = (functions, max(last, line))
 
 
 def _source(metadata: bytes, stack: _StackFrames) -> InstructionSource:

@@ -10,6 +10,7 @@ from typing import Any
 
 from tputrace.importers import json_events, separate_runs
 from tputrace.importers.collective_waits import fill_waits
+from tputrace.importers.drop_ranks import drop_ranks
 from tputrace.importers.sink import ImportSink
 from tputrace.importers.sources import CHROME_JSON, TORCH_TRACE, XPLANE, Capture, find_captures
 from tputrace.store.writer import TraceWriter
@@ -45,9 +46,14 @@ def import_captures(paths: list[str], output: str | Path) -> ImportResult:
         sink = _write(groups, partial)
         kept, notes = _latest_runs(groups, partial, len(sink.sources))
         if len(kept) < len(groups):
+            # Other runs' captures in a directory: their ranks are taken out of the trace written, not read again.
+            dropped = [group for group in groups if group not in kept]
+            sink.rows -= drop_ranks(partial, {rank for rank, group in enumerate(groups) if group in dropped})
+            dropped_paths = tuple(str(capture.path) for group in dropped for capture in group)
+            sink.warnings[:] = [line for line in sink.warnings if not line.startswith(dropped_paths)]
             kept_paths = {capture.path for group in kept for capture in group}
             captures = [capture for capture in captures if capture.path in kept_paths]
-            sink = _write(kept, partial)
+        _join_ranks(partial, len(kept), sink)
         sink.warnings[:0] = notes
         partial.replace(output)
     finally:
@@ -69,13 +75,18 @@ def _write(groups: list[list[Capture]], partial: Path) -> ImportSink:
             _import_one(sink, group)
         _note_skipped_events(sink)
         sink.finish()
-    if len(sink.sources) > 1:
+    return sink
+
+
+def _join_ranks(partial: Path, ranks: int, sink: ImportSink) -> None:
+    """What needs the trace's every rank: the collectives' waits across ranks, the backward compiles of a profile's
+    `TORCH_TRACE` log placed at their forwards'."""
+    if ranks > 1:
         fill_waits(partial)
     if any("torch_trace" in source for source in sink.sources):
         from tputrace.importers.torch_trace import place_backward_compiles
 
         place_backward_compiles(partial)
-    return sink
 
 
 def _latest_runs(groups: list[list[Capture]], partial: Path, ranks: int) -> tuple[list[list[Capture]], list[str]]:

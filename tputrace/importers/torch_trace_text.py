@@ -17,7 +17,10 @@ _REASON_LINE = "Graph Break Reason: "
 _SKIPPED = "Skipping the function and falling back to eager"
 _SKIPPED_NOTE = "; the function runs eagerly"
 # One failed guard of a `recompile_reason`: `0/1: <guard>  # <source line>  # <short path>:<line> in <fn>`.
-_GUARD_COMMENT = re.compile(r"^(\d+/\d+: .*?)\s+#\s*(.*?)\s+#\s*\S+:\d+ in \S+\s*$")
+# A failed guard with its comment: `0/0: L['x'].size()[0] == 4  # code  # file.py:LINE in fn`, where the code may hold a
+# comment of its own and the place a shortened path (Dynamo keeps its end); a guard on a value that code computed adds
+# the place in torch that evaluated it: `… in fn (_dynamo/variables/tensor.py:2606 in evaluate_expr)`.
+_GUARD_COMMENT = re.compile(r"^(\d+/\d+: .*?)\s+#\s*(.*?)\s+#\s*(\S+):(\d+) in (\S+)(?:\s+\([^()]*\))?\s*$")
 # The code object Dynamo makes to resume a function after a graph break: `torch_dynamo_resume_in_<fn>_at_<line>`.
 _RESUME = re.compile(r"^torch_dynamo_resume_in_(.+)_at_(\d+)$")
 # torch's own code in a source checkout (`.../pytorch/torch/_dynamo/external_utils.py`), not installed as a package.
@@ -105,17 +108,19 @@ def recompile_diff(reason: str) -> str:
     for index, text in enumerate(lines):
         match = _GUARD_COMMENT.match(text)
         if match:
-            guards.append([match.group(1), match.group(2)])
+            # Where no "User stack trace" follows, the comment's own place (its file's base name: Dynamo shortens paths).
+            guards.append([match.group(1), match.group(2),
+                           f" at {match.group(3).rsplit('/', 1)[-1]}:{match.group(4)} in {match.group(5)}"])
         elif re.match(r"^\d+/\d+: ", text):
-            guards.append([text.strip(), ""])
+            guards.append([text.strip(), "", ""])
         elif guards and text.strip() == "User stack trace:":
             frames = [_USER_FRAME.match(line) for line in lines[index + 1:]]
             place = next((frame for frame in reversed(frames) if frame), None)
             if place and guards[-1][1]:
-                guards[-1][1] += f" at {place.group(1)}:{place.group(2)} in {place.group(3)}"
+                guards[-1][2] = f" at {place.group(1)}:{place.group(2)} in {place.group(3)}"
     if not guards:
         return reason.strip()
-    return "\n".join(f"{guard} ({source})" if source else guard for guard, source in guards)
+    return "\n".join(f"{guard} ({source}{place})" if source else guard for guard, source, place in guards)
 
 
 def first_sentence(text: str) -> str:

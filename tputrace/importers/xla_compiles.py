@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from tputrace.importers.hlo_metadata import is_library
+from tputrace.importers.hlo_metadata import UserFileFrames, is_library
 from tputrace.importers.xevents import EventColumns
 
 COMPILE_EVENTS = frozenset(("backend_compile_and_load", "backend_compile"))
@@ -91,7 +91,8 @@ class CompileSpans:
                            for start, end, metadata_id in zip(starts[around].tolist(), ends[around].tolist(),
                                                               columns.metadata_id[chosen][around].tolist())]
 
-    def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None) -> list[
+    def named_compiles(self, hlo: dict[str, list[tuple[int, dict[str, Any]]]] | None = None,
+                       user_frames: UserFileFrames | None = None) -> list[
             tuple[int, int, str | None, str, tuple[str, int, str] | None, bool, int | None]]:
         """Each compile as (start, end, the backend's name for its program or None, its label, the place (file, line,
         function) of the function it compiled or None, whether it compiled again a function compiled before, XLA's id
@@ -101,9 +102,12 @@ class CompileSpans:
         `jax.jit(jax.grad(f))`'s `jvp()` and `transpose(jvp())` beside `jax.jit(f)`'s, both `jit_f`. `hlo`: each
         program's protos' instruction sources in compile order (`hlo_metadata.read_hlo`), which name the user's files in full, where the Python
         tracer names only a file's base name; where given, a frame in another file (JAX's own, `cache_key.py:140
-        <lambda>`) is not the user's function."""
+        <lambda>`) is not the user's function, nor is one of a file of the same base name whose function the
+        programs' stacks in the user's file never pass through, defined beyond every line they name there (`user_frames`:
+        JAX's `pmap.py:410 _fun` beside the user's `pmap.py`)."""
         hlo = hlo or {}
-        files = user_files(sources for protos in hlo.values() for _, sources in protos)
+        files = {name: _FileFrames(path, *(user_frames or {}).get(path, (set(), 0)))
+                 for name, path in user_files(sources for protos in hlo.values() for _, sources in protos).items()}
         spans = sorted(self.compiles or self.client_compiles)
         named = sorted(self.named)
         # The capture holds the last compiles of a name (JAX writes the protos of all the process compiled when the
@@ -138,8 +142,23 @@ class CompileSpans:
         return result
 
 
+@dataclass(frozen=True)
+class _FileFrames:
+    """A user's file as its programs' stacks name it: its full path, the functions they pass through there and the
+    last line they name."""
+
+    path: str
+    functions: set[str]
+    last_line: int
+
+    def holds(self, line: int, function: str) -> bool:
+        """Whether a function defined at `line` can be this file's: one the stacks pass through, or, where they name
+        none of its lines (deep stacks keep only their innermost frames), one defined before the last line they name."""
+        return not self.functions or function in self.functions or line <= self.last_line
+
+
 def _traced_frame(frames: list[tuple[int, int, str]], start: int, label: str,
-                  user_files: dict[str, str] | None) -> tuple[str, int, str] | None:
+                  user_files: dict[str, _FileFrames] | None) -> tuple[str, int, str] | None:
     """The frame of the function a compile labelled `label` (`jit_step`: JAX names a program `jit_` and its function's
     name) compiled: the latest Python tracer frame of that function to start before the compile, JAX's trace of its
     body (`$train.py:12 step`, at its `def` line). A compile made at a script's top level has no frame of the user's
@@ -152,12 +171,13 @@ def _traced_frame(frames: list[tuple[int, int, str]], start: int, label: str,
         match = PYTHON_FRAME.match(frame)
         if match is None or _bare(match.group(3)) != function:
             continue
-        file = match.group(1)
+        file, line = match.group(1), int(match.group(2))
         if user_files:
-            if file not in user_files:
+            known = user_files.get(file)
+            if known is None or not known.holds(line, match.group(3)):
                 continue
-            file = user_files[file]
-        found = (file, int(match.group(2)), match.group(3))
+            file = known.path
+        found = (file, line, match.group(3))
     return found
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from tputrace.importers.hlo_body import ProgramBody
-from tputrace.importers.hlo_metadata import HloVersions, InstructionSource, read_hlo
+from tputrace.importers.hlo_metadata import HloVersions, InstructionSource, UserFileFrames, read_hlo
 from tputrace.importers.hlo_shapes import signature_diff
 from tputrace.importers.hlo_text import movement_shapes, operand_name
 from tputrace.importers.sink import ImportSink, StepClock
@@ -93,6 +93,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         self.hlo_versions: HloVersions = {}  # module -> each of its protos' sources, in compile order
         self.hlo_signatures: dict[tuple[str, int], str] = {}  # (module, XLA's id of it) -> its parameters' shapes
         self.hlo_bodies: dict[tuple[str, int], ProgramBody] = {}  # (module, XLA's id of it) -> what it computes
+        self.hlo_user_frames: UserFileFrames = {}  # the user's files' functions and lines in the programs' stacks
         # Run ids (ascending) and when the host launched each run (ns since the rank's start).
         self.launch_ids, self.launch_starts = np.zeros(0, dtype=np.uint64), np.zeros(0, dtype=np.int64)
 
@@ -149,7 +150,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
                 if plane.name == "Task Environment":
                     profile_start_unix_ns = plane_stat(plane, "profile_start_time")
                 if plane.name == "/host:metadata":
-                    read_hlo(plane, self.hlo, self.hlo_versions, self.hlo_signatures, self.hlo_bodies)
+                    read_hlo(plane, self.hlo, self.hlo_versions, self.hlo_signatures, self.hlo_bodies,
+                             self.hlo_user_frames)
                 match = _DEVICE_PLANE.match(plane.name)
                 if match:
                     device_kind = match.group(1).lower()
@@ -371,7 +373,8 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         compiles.keep_calls((call_line, columns) for call_line in compiles.call_lines
                             for columns in self._columns(call_line.space, call_line.line))
         latest: dict[tuple[str, Any], str] = {}  # (label, frame) -> the signature it last compiled for
-        for start, end, name, label, frame, again, version in compiles.named_compiles(self.hlo_versions):
+        for start, end, name, label, frame, again, version in compiles.named_compiles(
+                self.hlo_versions, self.hlo_user_frames):
             program = self._program(self._version_name(name, version)) if name else None
             start_ns = start - self.start_unix_ns
             reason = "recompile" if again and label != UNNAMED else "first"

@@ -75,11 +75,13 @@ def launched_at(run_ids: np.ndarray, launches: np.ndarray, ids: list[Any], times
 
 def launched_at_ids(run_ids: np.ndarray, launches: np.ndarray, wanted: np.ndarray, has_run: np.ndarray,
                     times: np.ndarray) -> np.ndarray:
-    """`launched_at` of run ids given as a column (uint64), each one where `has_run`."""
+    """`launched_at` of run ids given as a column (uint64), each one where `has_run`. An event of its run id after the
+    event is no launch of it: XLA:CPU gives a run's `wait for completion` its id, and where the host launched the run
+    before the capture (a warm-up call not waited for), that wait, after the loop, is the only event of the id."""
     if not len(run_ids) or not len(wanted):
         return times
     positions = np.minimum(np.searchsorted(run_ids, wanted), len(run_ids) - 1)
-    found = (run_ids[positions] == wanted) & has_run
+    found = (run_ids[positions] == wanted) & has_run & (launches[positions] <= times)
     return np.where(found, launches[positions], times)
 
 
