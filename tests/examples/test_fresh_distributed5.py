@@ -1,5 +1,6 @@
 """Distributed scripts of kinds the other fresh-distributed files do not cover, run under `tputrace run --nproc N`: ranks
-given several chips each with `--chips`."""
+given several chips each with `--chips`, gradients all-reduced with `async_op=True` and waited for later, and an optimizer
+sharded by hand (ZeRO: reduce_scatter_tensor, then all_gather_into_tensor, no optimizer step)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from test_fresh_distributed import HEADER
+from test_fresh_distributed import HEADER, _report, _run
+
+import tputrace
+from tputrace.wording import format_ns
 
 pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
 
@@ -25,6 +29,47 @@ TWO_CHIPS_A_RANK = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# Each gradient's all-reduce is started asynchronously and all are waited for after the last: the calls overlap, each
+# one's duration holding its wait behind those before it.
+ASYNC_GRADIENTS = HEADER + '''
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("tpu")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(4):
+        loss = model(torch.randn(16, 32, device="tpu")).square().mean()
+        optimizer.zero_grad()
+        loss.backward()
+        works = [dist.all_reduce(p.grad, async_op=True) for p in model.parameters()]  {marker}
+        for work in works:
+            work.wait()
+        optimizer.step()
+    dist.destroy_process_group()
+'''
+
+# ZeRO by hand: the gradients flattened into one buffer, reduce-scattered, each rank's shard updated, the parameters
+# gathered back; one call of each a step, and no optimizer, so the run has no steps.
+SHARDED_BY_HAND = HEADER + '''
+    model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 4)).to("tpu")
+    params = list(model.parameters())
+    total = sum(p.numel() for p in params)
+    padded = (total + world - 1) // world * world
+    shard = padded // world
+    master = torch.cat([p.detach().reshape(-1) for p in params] + [torch.zeros(padded - total, device="tpu")])[rank * shard:(rank + 1) * shard].clone()
+    for step in range(5):
+        loss = model(torch.randn(16, 32, device="tpu")).square().mean()
+        for p in params:
+            p.grad = None
+        loss.backward()
+        grads = torch.cat([p.grad.reshape(-1) for p in params] + [torch.zeros(padded - total, device="tpu")])
+        grad_shard = torch.empty(shard, device="tpu")
+        dist.reduce_scatter_tensor(grad_shard, grads, op=dist.ReduceOp.AVG)  {marker}
+        master.add_(grad_shard, alpha=-0.01)
+        full = torch.empty(padded, device="tpu")
+        dist.all_gather_into_tensor(full, master)
+        with torch.no_grad():
+            for p, value in zip(params, torch._utils._unflatten_dense_tensors(full[:total], params)):
+                p.copy_(value)
+    dist.destroy_process_group()
+'''
 
 def test_ranks_given_two_chips_each_are_said_to_have_two_chips_per_rank(tmp_path: Path) -> None:
     script = tmp_path / "two_chips_a_rank.py"
@@ -38,3 +83,27 @@ def test_ranks_given_two_chips_each_are_said_to_have_two_chips_per_rank(tmp_path
                              text=True, timeout=120)
     first = summary.stdout.splitlines()[0]
     assert "rank 0 of 2 · cpu, 2 chips per rank (4 in all), " in first, first
+
+
+def test_asynchronous_all_reduces_are_timed_by_the_time_one_was_in_flight_not_the_sum_of_their_waits(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "async_gradients", ASYNC_GRADIENTS)
+    report = _report(trace)
+    share = [finding for finding in report.findings if finding.title.startswith("Collectives take")]
+    assert len(share) == 1, [finding.title for finding in report.findings]
+    finding = share[0]
+    assert finding.line == line and Path(finding.file or "").name == script.name
+    # one kind, all of it the finding's: its time is the calls' union, which the finding costs, not their durations' sum
+    kinds = [item.text for item in finding.evidence if item.text.startswith("all_reduce: ")]
+    assert kinds == [kinds[0]] and f", {format_ns(finding.cost_total_ns or 0)}, " in kinds[0], (kinds, finding.cost_total_ns)
+
+
+def test_an_optimizer_sharded_by_hand_with_one_flat_call_of_each_kind_an_iteration_is_no_storm_of_small_collectives(
+        tmp_path: Path) -> None:
+    _, trace, _ = _run(tmp_path, "sharded_by_hand", SHARDED_BY_HAND)
+    report = _report(trace)
+    titles = [finding.title for finding in report.findings]
+    with tputrace.open(trace) as opened:
+        calls = opened.sql("SELECT kind, COUNT(*) FROM collectives WHERE rank = 0 GROUP BY kind ORDER BY kind")
+    assert calls == [("all_gather", 5), ("reduce_scatter", 5)], calls
+    assert not [title for title in titles if title.startswith("Many small collectives")], titles
+

@@ -15,7 +15,7 @@ from __future__ import annotations
 import statistics
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
@@ -160,8 +160,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     chips = (trace.run.chips or 1) if facts is not None and facts.format == "xplane" else 1
     # the calls the findings count: with causes recorded, those without one (a DDP bucket's are the sharding findings')
     counted = _kind_rows(trace, f"{where} AND cause_id IS NULL", params, world) if caused else rows
+    if chips == 1:  # each kind's time with a call in flight, as the lines' (asynchronous calls overlap)
+        counted = [replace(row, dur_ns=_union_length(_intervals(trace, f"{where}{uncaused} AND kind = ?", (*params, row.kind))))
+                   for row in counted]
     kind_evidence = _kind_evidence(counted)
-    line_evidence = _line_evidence(context, steady_where, steady_params, caused)
+    line_evidence = _line_evidence(context, steady_where, steady_params, caused, chips)
     step_basis = "the device's time in each step" if device_steps_ns else "each step"
     if finding_share >= 0.05 and total_ns:
         bandwidths = [row.bus_bandwidth for row in counted if row.bus_bandwidth]
@@ -192,7 +195,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     if caused:  # DDP buckets and FSDP2 groups are judged, at their constructor line, by the sharding analyzer
         (small,) = trace.sql(f"SELECT COUNT(*) FROM collectives WHERE {where} AND bytes < ? AND cause_id IS NULL",
                              tuple(params) + (SMALL_MESSAGE_BYTES,))[0]
-    small_per_step = float(small)
+    # A run without steps (a loop with no optimizer step: an optimizer by hand, inference) is judged per iteration too, its
+    # calls of one line and size taken as one an iteration: a flattened buffer reduced each iteration is no storm.
+    small_per_step = float(small if context.steps else trace.sql(
+        f"SELECT COUNT(*) FROM (SELECT DISTINCT kind, frame_id, bytes FROM collectives WHERE {where} AND bytes < ?{uncaused})",
+        tuple(params) + (SMALL_MESSAGE_BYTES,))[0][0])
     if context.steps and context.steady_count:
         # per steady step, as the lines' calls are: a loop's calls after its optimizer step fall in the next step, so the
         # loop's steps hold one iteration's fewer of them than there are steps
@@ -252,13 +259,20 @@ def _kind_evidence(rows: Sequence[CollectiveKind]) -> tuple[Evidence, ...]:
     )
 
 
-def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, limit: int = 4) -> tuple[Evidence, ...]:
+def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, chips: int,
+                   limit: int = 4) -> tuple[Evidence, ...]:
     """The steady steps' collectives by kind and line (those without a recorded cause when the trace records causes),
-    most time first: calls and bytes per step, so that a call made once per tensor (a loop of broadcasts) shows."""
+    most time first: calls and bytes per step, so that a call made once per tensor (a loop of broadcasts) shows. A line's
+    time is the time one of its calls was in flight: asynchronous calls (`async_op=True`) overlap, and each one's
+    duration holds its wait behind those issued before it (an XProf capture's chips' calls are summed)."""
     steps = max(context.steady_count, 1) if context.steps else 1
-    rows = context.trace.sql(
-        f"SELECT kind, frame_id, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where}"
-        + (" AND cause_id IS NULL" if caused else "") + " GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
+    where = where + (" AND cause_id IS NULL" if caused else "")
+    rows = context.trace.sql(f"SELECT kind, frame_id, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where} "
+                             "GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
+    if chips == 1:
+        rows = [(kind, frame_id, calls, nbytes, _union_length(_intervals(context.trace, f"{where} AND kind = ? AND frame_id IS ?",
+                                                                         (*params, kind, frame_id))))
+                for kind, frame_id, calls, nbytes, _ in rows]
     per = " a step" if context.steps else ""
     return tuple(
         context.evidence_at(f"{kind}, {calls / steps:.3g} call{'' if calls == steps else 's'}{per}: "
@@ -280,7 +294,7 @@ def _bandwidth_text(median: float, bandwidths: list[float], device: str | None, 
             "and its interconnect, not a TPU's ICI: they say how this run spent its time, not what a TPU's would.")
 
 
-def _intervals(trace: Trace, where: str, params: Sequence[int]) -> list[tuple[int, int]]:
+def _intervals(trace: Trace, where: str, params: Sequence[object]) -> list[tuple[int, int]]:
     return [(start, start + (dur or 0)) for start, dur in trace.sql(f"SELECT start_ns, dur_ns FROM collectives WHERE {where} ORDER BY start_ns", params)]
 
 
