@@ -1,6 +1,7 @@
 """Distributed scripts of kinds the other fresh-distributed files do not cover, run under `tputrace run --nproc N`: ranks
-given several chips each with `--chips`, gradients all-reduced with `async_op=True` and waited for later, and an optimizer
-sharded by hand (ZeRO: reduce_scatter_tensor, then all_gather_into_tensor, no optimizer step)."""
+given several chips each with `--chips`, gradients all-reduced with `async_op=True` and waited for later, an optimizer
+sharded by hand (ZeRO: reduce_scatter_tensor, then all_gather_into_tensor, no optimizer step), and SyncBatchNorm
+inside DDP."""
 
 from __future__ import annotations
 
@@ -71,6 +72,25 @@ SHARDED_BY_HAND = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# DDP over a model converted to SyncBatchNorm (each layer all-gathers its statistics in the forward and all-reduces its
+# gradient sums in the backward), and the loss read, made into a tensor on the chip again and all-reduced for logging.
+SYNC_BATCH_NORM = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    layers = [nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4)]
+    model = DistributedDataParallel(nn.SyncBatchNorm.convert_sync_batchnorm(nn.Sequential(*layers)).to("tpu"))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    for step in range(5):
+        x, y = torch.randn(16, 32, device="tpu"), torch.randint(0, 4, (16,), device="tpu")
+        loss = nn.functional.cross_entropy(model(x), y)  {marker}
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        logged = torch.tensor([loss.item()], device="tpu")
+        dist.all_reduce(logged)
+    dist.destroy_process_group()
+'''
+
+
 def test_ranks_given_two_chips_each_are_said_to_have_two_chips_per_rank(tmp_path: Path) -> None:
     script = tmp_path / "two_chips_a_rank.py"
     script.write_text(textwrap.dedent(TWO_CHIPS_A_RANK))
@@ -107,3 +127,21 @@ def test_an_optimizer_sharded_by_hand_with_one_flat_call_of_each_kind_an_iterati
     assert calls == [("all_gather", 5), ("reduce_scatter", 5)], calls
     assert not [title for title in titles if title.startswith("Many small collectives")], titles
 
+
+def test_sync_batch_norm_s_read_and_collectives_are_its_own_and_a_loss_read_and_copied_back_is_told_to_stay(tmp_path: Path) -> None:
+    script, trace, line = _run(tmp_path, "sync_batch_norm", SYNC_BATCH_NORM)
+    with tputrace.open(trace) as opened:
+        buckets = opened.sql("SELECT DISTINCT k.bucket_index FROM collectives c JOIN collective_causes k ON k.id = c.cause_id "
+                             "WHERE c.rank = 0 AND k.kind = 'ddp_bucket'")
+        uncaused = opened.sql("SELECT COUNT(*) FROM collectives c JOIN frames f ON f.id = c.frame_id WHERE c.rank = 0 "
+                              "AND c.kind = 'all_reduce' AND c.cause_id IS NULL AND f.line = ?", (line + 2,))[0][0]
+    # one bucket a backward; the layers' all-reduces of their gradient sums are their own, two a step
+    assert buckets == [(0,)] and uncaused == 2 * 5, (buckets, uncaused)
+    report = _report(trace)
+    titles = [finding.title for finding in report.findings]
+    read = [finding for finding in report.findings if finding.title.startswith("Host sync") and finding.line == line]
+    assert len(read) == 1 and "nn.SyncBatchNorm" in read[0].explanation, titles
+    assert "nn.GroupNorm" in (read[0].suggestion or ""), read[0].suggestion
+    copies = [finding for finding in report.findings if finding.title.startswith("Host-to-chip copies") and finding.line == line + 4]
+    assert len(copies) == 1, titles
+    assert "values the line read from the chip" in copies[0].explanation and "torch.stack" in (copies[0].suggestion or "")
