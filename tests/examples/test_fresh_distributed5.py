@@ -73,7 +73,7 @@ SHARDED_BY_HAND = HEADER + '''
 '''
 
 # DDP over a model converted to SyncBatchNorm (each layer all-gathers its statistics in the forward and all-reduces its
-# gradient sums in the backward), and the loss read, made into a tensor on the chip again and all-reduced for logging.
+# gradient sums in the backward; DDP broadcasts its buffers, equal on every rank already, in each forward), and the loss read, made into a tensor on the chip again and all-reduced for logging.
 SYNC_BATCH_NORM = HEADER + '''
     from torch.nn.parallel import DistributedDataParallel
     layers = [nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 32), nn.BatchNorm1d(32), nn.ReLU(), nn.Linear(32, 4)]
@@ -142,6 +142,10 @@ def test_sync_batch_norm_s_read_and_collectives_are_its_own_and_a_loss_read_and_
     read = [finding for finding in report.findings if finding.title.startswith("Host sync") and finding.line == line]
     assert len(read) == 1 and "nn.SyncBatchNorm" in read[0].explanation, titles
     assert "nn.GroupNorm" in (read[0].suggestion or ""), read[0].suggestion
+    broadcasts = [finding for finding in report.findings if finding.title.startswith("DDP broadcasts the model's buffers")]
+    assert len(broadcasts) == 1 and broadcasts[0].line == line, titles
+    assert "2 broadcasts a step" in broadcasts[0].title and "equal on every rank already" in broadcasts[0].explanation
+    assert "broadcast_buffers=False" in (broadcasts[0].suggestion or "")
     copies = [finding for finding in report.findings if finding.title.startswith("Host-to-chip copies") and finding.line == line + 4]
     assert len(copies) == 1, titles
     assert "values the line read from the chip" in copies[0].explanation and "torch.stack" in (copies[0].suggestion or "")

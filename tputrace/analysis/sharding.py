@@ -120,6 +120,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     explained_ns += _unwrapped_modules(context, out, records, by_cause)
     explained_ns += sharding_fsdp.leaf_groups(context, out, records)
     explained_ns += sharding_ddp.accumulation_without_no_sync(context, out, records, world)
+    explained_ns += sharding_ddp.buffers_broadcast_each_forward(context, out, records)
     sharding_ddp.unused_parameters(context, out, records)
     sharding_unsynced.unsynced_parameters(context, out, records)
     sharding_failures.propagation_failures(context, out)
