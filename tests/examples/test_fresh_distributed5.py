@@ -1,7 +1,7 @@
 """Distributed scripts of kinds the other fresh-distributed files do not cover, run under `tputrace run --nproc N`: ranks
-given several chips each with `--chips`, gradients all-reduced with `async_op=True` and waited for later, an optimizer
-sharded by hand (ZeRO: reduce_scatter_tensor, then all_gather_into_tensor, no optimizer step), and SyncBatchNorm
-inside DDP."""
+given several chips each with `--chips`, DDP asked for an option the backend refuses, gradients all-reduced with
+`async_op=True` and waited for later, an optimizer sharded by hand (ZeRO: reduce_scatter_tensor, then
+all_gather_into_tensor, no optimizer step), and SyncBatchNorm inside DDP."""
 
 from __future__ import annotations
 
@@ -90,8 +90,15 @@ SYNC_BATCH_NORM = HEADER + '''
     dist.destroy_process_group()
 '''
 
+# DDP asked to find unused parameters, an option the tpu backend refuses in the constructor, before any op.
+UNUSED_PARAMETERS = HEADER + '''
+    from torch.nn.parallel import DistributedDataParallel
+    model = DistributedDataParallel(nn.Linear(32, 4).to("tpu"), find_unused_parameters=True)  {marker}
+    dist.destroy_process_group()
+'''
 
-def test_ranks_given_two_chips_each_are_said_to_have_two_chips_per_rank(tmp_path: Path) -> None:
+
+def test_ranks_given_two_chips_each_say_so_and_a_ddp_option_the_backend_refuses_is_told_to_follow_its_refusal(tmp_path: Path) -> None:
     script = tmp_path / "two_chips_a_rank.py"
     script.write_text(textwrap.dedent(TWO_CHIPS_A_RANK))
     trace = tmp_path / "two_chips_a_rank.tptrace"
@@ -103,6 +110,15 @@ def test_ranks_given_two_chips_each_are_said_to_have_two_chips_per_rank(tmp_path
                              text=True, timeout=120)
     first = summary.stdout.splitlines()[0]
     assert "rank 0 of 2 · cpu, 2 chips per rank (4 in all), " in first, first
+
+    # a run that raised in set-up, on the backend's refusal of a DDP option: the refusal is the fix, in one line
+    script, trace, line = _run(tmp_path, "unused_parameters", UNUSED_PARAMETERS, expect_ok=False)
+    report = _report(trace)
+    assert report.findings and report.findings[0].title.startswith("The script raised before any op ran"), [f.title for f in report.findings]
+    finding = report.findings[0]
+    assert finding.line == line and finding.explanation.startswith("The run ended with RuntimeError: DistributedDataParallel(")
+    assert "Traceback" not in finding.explanation and "--as-cuda" not in (finding.suggestion or "")
+    assert "the script raised before its first op" in finding.evidence[0].text
 
 
 def test_asynchronous_all_reduces_are_timed_by_the_time_one_was_in_flight_not_the_sum_of_their_waits(tmp_path: Path) -> None:
