@@ -162,6 +162,8 @@ def test_sync_batch_norm_s_read_and_collectives_are_its_own_and_a_loss_read_and_
     assert len(broadcasts) == 1 and broadcasts[0].line == line, titles
     assert "2 broadcasts a step" in broadcasts[0].title and "equal on every rank already" in broadcasts[0].explanation
     assert "broadcast_buffers=False" in (broadcasts[0].suggestion or "")
+    cut = [finding for finding in report.findings if finding.title.endswith(f"by collective at {script.name}:{line}")]
+    assert len(cut) == 1 and "broadcast_buffers=False" in (cut[0].suggestion or ""), titles  # not DDP buckets' advice
     copies = [finding for finding in report.findings if finding.title.startswith("Host-to-chip copies") and finding.line == line + 4]
     assert len(copies) == 1, titles
     assert "values the line read from the chip" in copies[0].explanation and "torch.stack" in (copies[0].suggestion or "")
