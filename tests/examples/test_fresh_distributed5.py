@@ -16,6 +16,7 @@ import pytest
 from test_fresh_distributed import HEADER, _report, _run
 
 import tputrace
+from tputrace.summary import summarize
 from tputrace.wording import format_ns
 
 pytest.importorskip("torch", reason="recording a run needs torch (pip install -e .[backend])")
@@ -131,6 +132,11 @@ def test_asynchronous_all_reduces_are_timed_by_the_time_one_was_in_flight_not_th
     # one kind, all of it the finding's: its time is the calls' union, which the finding costs, not their durations' sum
     kinds = [item.text for item in finding.evidence if item.text.startswith("all_reduce: ")]
     assert kinds == [kinds[0]] and f", {format_ns(finding.cost_total_ns or 0)}, " in kinds[0], (kinds, finding.cost_total_ns)
+    # so is the summary's: its time split and its rank line count each instant with a call in flight once
+    with tputrace.open(trace) as opened:
+        summary = summarize(opened)
+    assert summary.time_split.collective_ns == finding.cost_total_ns, (summary.time_split.collective_ns, finding.cost_total_ns)
+    assert summary.rank_lines[0].collective_ns == summary.rank_lines[0].top_collective_ns == finding.cost_total_ns
 
 
 def test_an_optimizer_sharded_by_hand_with_one_flat_call_of_each_kind_an_iteration_is_no_storm_of_small_collectives(
