@@ -264,15 +264,21 @@ def _captured_on(source: dict[str, Any] | None) -> str | None:
     return ", ".join(part for part in parts if part) or None
 
 
+def _chips_text(chips: int | None, summary: RunSummary) -> str | None:
+    """The chips the run had: in a trace of several ranks, each rank's process's (`--nproc 2 --chips 2` gives each of
+    its 2 processes 2 chips, 4 in all), which a bare "2 chips" beside "rank 0 of 2" leaves open."""
+    if chips is None:
+        return None
+    if summary.rank not in summary.ranks or len(summary.ranks) < 2:
+        return plural(chips, "chip")
+    return f"{plural(chips, 'chip')} per rank" + (f" ({chips * len(summary.ranks)} in all)" if chips > 1 else "")
+
+
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:
     """(label, text) lines above the sections: what ran, how it ended, where the time went overall."""
     run = summary.run
     command = " ".join([os.path.basename(run.script) if run.script else "?", *run.argv])
-    machine = ", ".join(
-        part
-        for part in (run.platform, plural(run.chips, "chip") if run.chips is not None else None, summary.eager_modes)
-        if part
-    )
+    machine = ", ".join(part for part in (run.platform, _chips_text(run.chips, summary), summary.eager_modes) if part)
     if summary.rank not in summary.ranks:
         ranks: str | None = f"rank {summary.rank} (a forked process)"
     else:

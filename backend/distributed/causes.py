@@ -12,11 +12,14 @@ Nothing here runs while nothing records: the hooks check `tracing.active_recorde
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
 
 from tputrace.recording.interface import Recording
 
@@ -110,13 +113,34 @@ def cause_id(recorder: Recording, kind: str, group: str, reduced_already: bool =
     cause = state.cause
     if cause is None:
         model = data_parallel_models.get(group) if kind == "all_reduce" and data_parallel_models else None
-        if model is not None and torch._C._current_graph_task_id() != -1:
+        if model is not None and torch._C._current_graph_task_id() != -1 and not _issued_outside_a_comm_hook():
             cause = model.bucket_cause(recorder)
         elif reduced_already:
             cause = make(REDUCE_AGAIN, op="all_reduce")
         else:
             return None
     return recorder.collective_cause(cause)
+
+
+_C10D_FILE = c10d.__file__
+MAX_FRAMES_READ = 64  # the frames above a call read for torch.distributed's function and a communication hook
+
+
+def _issued_outside_a_comm_hook() -> bool:
+    """Whether the call opened now went through `torch.distributed`'s Python functions from code that is no DDP
+    communication hook (no frame above holds a `GradBucket`): DDP's reducer calls the group from C++, and a hook
+    (`fp16_compress_hook`, or one of the script's) is given its bucket."""
+    frame = sys._getframe(2)
+    issued = False
+    for _ in range(MAX_FRAMES_READ):
+        if frame is None:
+            break
+        if frame.f_code.co_filename == _C10D_FILE:
+            issued = True
+        elif issued and any(isinstance(value, dist.GradBucket) for value in frame.f_locals.values()):
+            return False
+        frame = frame.f_back
+    return issued
 
 
 class caused_by:  # noqa: N801 - used as a context manager, like contextlib's

@@ -60,7 +60,7 @@ def test_info(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> No
 def test_summary(sample_trace_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["summary", str(sample_trace_path)]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("run    train.py --steps 6 · rank 0 of 2 · tpu, 4 chips, DEFER_AND_FUSE · exit 0\n")
+    assert out.startswith("run    train.py --steps 6 · rank 0 of 2 · tpu, 4 chips per rank (8 in all), DEFER_AND_FUSE · exit 0\n")
     assert "6 steps (first " in out
     for heading in (
         "time split",

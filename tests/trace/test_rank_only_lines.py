@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tputrace.analysis.collectives import _lines_only_on
+from tputrace.analysis.collective_stragglers import lines_only_on
 from tputrace.merge import merge_traces
 from tputrace.store import open_trace
 from tputrace.store.writer import TraceWriter
@@ -41,11 +41,11 @@ def _merged(tmp_path: Path, rank0: dict[int, list[int]], rank1: dict[int, list[i
 def test_a_line_only_one_rank_runs_every_step_is_its_own(tmp_path: Path) -> None:
     merged = _merged(tmp_path, {step: [10] for step in range(5)}, {step: [10, 20] for step in range(5)})
     with open_trace(merged) as trace:
-        assert [(location.line, calls) for location, calls in _lines_only_on(trace, 1, [0])] == [(20, 3)]
+        assert [(location.line, calls) for location, calls in lines_only_on(trace, 1, [0])] == [(20, 3)]
 
 
 def test_the_steps_a_killed_rank_did_not_record_whole_do_not_count(tmp_path: Path) -> None:
     # rank 0 was killed in step 1 before it reached line 20; rank 1 went on to record steps 1 and 2 whole
     merged = _merged(tmp_path, {0: [10, 20], 1: [10]}, {0: [10, 20], 1: [10, 20], 2: [10, 20]})
     with open_trace(merged) as trace:
-        assert _lines_only_on(trace, 1, [0]) == []
+        assert lines_only_on(trace, 1, [0]) == []

@@ -1,6 +1,6 @@
 """Collectives (when the trace has them): how much of a step they take, the bus bandwidth reached
-against the target's ICI, many small messages, stragglers, messages not divisible by the group, and ranks
-that issue a group's collectives out of step (`collective_order`).
+against the target's ICI, many small messages, stragglers (`collective_stragglers`), messages not
+divisible by the group, and ranks that issue a group's collectives out of step (`collective_order`).
 
 Bus bandwidth is the recorded `bus_bandwidth` (bytes/s) when present, else computed with the usual
 ring factor for the kind. Waiting (`wait_ns`) is time a rank spent for the last rank to arrive: the
@@ -13,9 +13,8 @@ so. Shares count calls in flight together once. Collectives whose cause is recor
 from __future__ import annotations
 
 import statistics
-from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.chips import DTYPE_BYTES
@@ -23,14 +22,11 @@ from tputrace.analysis.collective_fixes import share_fix, small_fix
 from tputrace.analysis.collective_joins import joined_early
 from tputrace.analysis.collective_order import OutOfStep, out_of_step
 from tputrace.analysis.collective_shares import device_step_time_ns, step_share
+from tputrace.analysis.collective_stragglers import RankWait, Straggler, has_causes, stragglers, union_length
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
-from tputrace.analysis.host_gaps import line_of_extra_host_time
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.imported import context_import_facts
-from tputrace.analysis.rank_extra_ops import (extra_compiles, extra_ops, own_compiles_finding, own_ops_finding,
-                                              wait_in_steps)
 from tputrace.derived.imported_sources import imported_source
-from tputrace.store.records import SourceLocation
 from tputrace.wording import format_bytes, format_ns, plural
 
 if TYPE_CHECKING:
@@ -39,8 +35,6 @@ if TYPE_CHECKING:
 NAME = "collectives"
 SMALL_MESSAGE_BYTES = 1 << 20
 MANY_SMALL_PER_STEP = 10
-STRAGGLER_WAIT_SHARE = 0.2
-STRAGGLER_OWN_WAIT_SHARE = 0.5  # of the others' mean wait: a late rank waits clearly less than the ranks waiting for it
 LOW_BANDWIDTH_SHARE = 0.25
 
 
@@ -56,26 +50,6 @@ class CollectiveKind:
     bus_bandwidth: float | None
     small_messages: int
     bytes_known: bool = True  # False where the capture has no bytes for them (an import: XLA:CPU, no record_shapes)
-
-
-@dataclass(frozen=True)
-class RankWait:
-    """A rank's time in collectives and the part of it spent waiting for the last rank."""
-
-    rank: int
-    wait_ns: int
-    dur_ns: int
-
-
-@dataclass(frozen=True)
-class Straggler:
-    """The rank that arrived last: in what share of the steps, whether the ranks shared one host's cores,
-    and how much more of its time than the others' no recorded activity covers (its own host work)."""
-
-    rank: int
-    late_share_of_steps: float
-    shared_host: bool
-    unrecorded_excess_ns: int
 
 
 @dataclass(frozen=True)
@@ -136,17 +110,17 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     steady_where, steady_params = steady_where + cut[0], tuple(steady_params) + cut[1]
     # Calls in flight together (DDP's buckets, a prefetch) and a call's wait for the last rank are counted
     # once: the share is the union of the calls' intervals, which never exceeds the steps' time.
-    total_ns = _union_length(_intervals(trace, where, params))
+    total_ns = union_length(_intervals(trace, where, params))
     # With asynchronous dispatch a step's device work (its collectives among it) runs after the host's step has ended:
     # the share is of what the device did in the step, not of the host's shorter step.
     device_steps_ns = device_step_time_ns(context, steady_where, steady_params)
-    share = min(step_share(context, _union_length(_intervals(trace, steady_where, steady_params)), device_steps_ns), 1.0)
-    caused = _has_causes(trace)
+    share = min(step_share(context, union_length(_intervals(trace, steady_where, steady_params)), device_steps_ns), 1.0)
+    caused = has_causes(trace)
     finding_share = share
     if caused:
         # the sharding analyzer names the cause and the line of the caused calls; this finding counts the rest
-        total_ns = _union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
-        finding_share = min(step_share(context, _union_length(_intervals(
+        total_ns = union_length(_intervals(trace, f"{where} AND cause_id IS NULL", params))
+        finding_share = min(step_share(context, union_length(_intervals(
             trace, f"{steady_where} AND cause_id IS NULL", steady_params)), device_steps_ns), 1.0)
     # of the calls the finding counts (with causes recorded, a DDP bucket's line is the sharding finding's), in the steady
     # steps as its share and fix are: a set-up call that waited for the other ranks to start is in the first step only
@@ -162,8 +136,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     chips = (trace.run.chips or 1) if facts is not None and facts.format == "xplane" else 1
     # the calls the findings count: with causes recorded, those without one (a DDP bucket's are the sharding findings')
     counted = _kind_rows(trace, f"{where} AND cause_id IS NULL", params, world) if caused else rows
+    if chips == 1:  # each kind's time with a call in flight, as the lines' (asynchronous calls overlap)
+        counted = [replace(row, dur_ns=union_length(_intervals(trace, f"{where}{uncaused} AND kind = ?", (*params, row.kind))))
+                   for row in counted]
     kind_evidence = _kind_evidence(counted)
-    line_evidence = _line_evidence(context, steady_where, steady_params, caused)
+    line_evidence = _line_evidence(context, steady_where, steady_params, caused, chips)
     step_basis = "the device's time in each step" if device_steps_ns else "each step"
     if finding_share >= 0.05 and total_ns:
         bandwidths = [row.bus_bandwidth for row in counted if row.bus_bandwidth]
@@ -194,7 +171,11 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
     if caused:  # DDP buckets and FSDP2 groups are judged, at their constructor line, by the sharding analyzer
         (small,) = trace.sql(f"SELECT COUNT(*) FROM collectives WHERE {where} AND bytes < ? AND cause_id IS NULL",
                              tuple(params) + (SMALL_MESSAGE_BYTES,))[0]
-    small_per_step = float(small)
+    # A run without steps (a loop with no optimizer step: an optimizer by hand, inference) is judged per iteration too, its
+    # calls of one line and size taken as one an iteration: a flattened buffer reduced each iteration is no storm.
+    small_per_step = float(small if context.steps else trace.sql(
+        f"SELECT COUNT(*) FROM (SELECT DISTINCT kind, frame_id, bytes FROM collectives WHERE {where} AND bytes < ?{uncaused})",
+        tuple(params) + (SMALL_MESSAGE_BYTES,))[0][0])
     if context.steps and context.steady_count:
         # per steady step, as the lines' calls are: a loop's calls after its optimizer step fall in the next step, so the
         # loop's steps hold one iteration's fewer of them than there are steps
@@ -203,7 +184,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
         small_per_step = steady_small / context.steady_count
     if small_per_step >= MANY_SMALL_PER_STEP:
         small_where = f"{where} AND bytes < ?" + (" AND cause_id IS NULL" if caused else "")
-        small_ns = _union_length(_intervals(trace, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)))
+        small_ns = union_length(_intervals(trace, small_where, tuple(params) + (SMALL_MESSAGE_BYTES,)))
         # at the line that sends the most of them, as the fix names it
         most = trace.sql(f"SELECT frame_id FROM collectives WHERE {small_where} GROUP BY frame_id ORDER BY COUNT(*) DESC, "
                          "SUM(dur_ns) DESC LIMIT 1", tuple(params) + (SMALL_MESSAGE_BYTES,))
@@ -222,7 +203,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[CollectivesData]:
             evidence=line_evidence + kind_evidence,
             **context.location_fields(most[0][0] if most else None),
         ))
-    wait_by_rank, late, straggler = _stragglers(context)
+    wait_by_rank, late, straggler = stragglers(context)
     not_divisible, uneven = _divisibility(context, where, params)
     findings.extend(finding for finding in (order_finding, straggler, uneven, joined_early(context)) if finding is not None)
     data = CollectivesData(count, tuple(rows), share, small_per_step, wait_by_rank, not_divisible, late, order)
@@ -254,13 +235,20 @@ def _kind_evidence(rows: Sequence[CollectiveKind]) -> tuple[Evidence, ...]:
     )
 
 
-def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, limit: int = 4) -> tuple[Evidence, ...]:
+def _line_evidence(context: AnalysisContext, where: str, params: Sequence[int], caused: bool, chips: int,
+                   limit: int = 4) -> tuple[Evidence, ...]:
     """The steady steps' collectives by kind and line (those without a recorded cause when the trace records causes),
-    most time first: calls and bytes per step, so that a call made once per tensor (a loop of broadcasts) shows."""
+    most time first: calls and bytes per step, so that a call made once per tensor (a loop of broadcasts) shows. A line's
+    time is the time one of its calls was in flight: asynchronous calls (`async_op=True`) overlap, and each one's
+    duration holds its wait behind those issued before it (an XProf capture's chips' calls are summed)."""
     steps = max(context.steady_count, 1) if context.steps else 1
-    rows = context.trace.sql(
-        f"SELECT kind, frame_id, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where}"
-        + (" AND cause_id IS NULL" if caused else "") + " GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
+    where = where + (" AND cause_id IS NULL" if caused else "")
+    rows = context.trace.sql(f"SELECT kind, frame_id, COUNT(*), SUM(bytes), COALESCE(SUM(dur_ns), 0) FROM collectives WHERE {where} "
+                             "GROUP BY kind, frame_id ORDER BY 5 DESC LIMIT ?", tuple(params) + (limit,))
+    if chips == 1:
+        rows = [(kind, frame_id, calls, nbytes, union_length(_intervals(context.trace, f"{where} AND kind = ? AND frame_id IS ?",
+                                                                         (*params, kind, frame_id))))
+                for kind, frame_id, calls, nbytes, _ in rows]
     per = " a step" if context.steps else ""
     return tuple(
         context.evidence_at(f"{kind}, {calls / steps:.3g} call{'' if calls == steps else 's'}{per}: "
@@ -282,267 +270,10 @@ def _bandwidth_text(median: float, bandwidths: list[float], device: str | None, 
             "and its interconnect, not a TPU's ICI: they say how this run spent its time, not what a TPU's would.")
 
 
-def _intervals(trace: Trace, where: str, params: Sequence[int]) -> list[tuple[int, int]]:
+def _intervals(trace: Trace, where: str, params: Sequence[object]) -> list[tuple[int, int]]:
     return [(start, start + (dur or 0)) for start, dur in trace.sql(f"SELECT start_ns, dur_ns FROM collectives WHERE {where} ORDER BY start_ns", params)]
 
 
-def _union_length(intervals: list[tuple[int, int]]) -> int:
-    """The time covered by at least one interval (sorted by start)."""
-    total, end_so_far = 0, None
-    for start, end in intervals:
-        if end_so_far is None or start > end_so_far:
-            total += end - start
-            end_so_far = end
-        elif end > end_so_far:
-            total += end - end_so_far
-            end_so_far = end
-    return total
-
-
-def _has_causes(trace: Trace) -> bool:
-    """Whether the trace records why collectives happened (format 2 and later)."""
-    return trace.has_table("collective_causes") and trace.count("collective_causes") > 0
-
-
-def shared_host(trace: Trace) -> bool:
-    """Ranks that are virtual chips of one host: their processes share its CPU cores."""
-    runs = [run for run in trace.runs if run.rank in trace.distributed_ranks]
-    return len(runs) > 1 and len({run.host for run in runs}) == 1 and all(run.platform == "cpu" for run in runs)
-
-
-def _late_rank_by_step(trace: Trace) -> dict[int, int]:
-    """Per step, the rank that waited least in its collectives (the last to arrive)."""
-    late: dict[int, int] = {}
-    best: dict[int, int] = {}
-    for step, rank, wait in trace.sql("SELECT step, rank, SUM(wait_ns) FROM collectives WHERE wait_ns IS NOT NULL GROUP BY step, rank"):
-        if step not in best or wait < best[step]:
-            best[step], late[step] = wait, rank
-    return late
-
-
-# Every table whose rows are time a rank spent doing something tputrace sees.
-_ACTIVITY_TABLES = ("ops", "executions", "flushes", "compiles", "syncs", "transfers", "fallbacks", "collectives")
-
-
-def _unrecorded_by_rank(trace: Trace, ranks: list[int], *, unmarked: bool = False) -> dict[int, int]:
-    """Per rank, the time inside its steps (after the first) covered by no recorded activity; with `unmarked`, of a
-    rank without steps (an import's capture that marks none), inside the span of its collectives."""
-    unrecorded: dict[int, int] = {}
-    for rank in ranks:
-        steps = trace.sql("SELECT start_ns, end_ns FROM steps WHERE rank = ? AND step >= 1 AND source != 'end' ORDER BY start_ns", (rank,))
-        if not steps and unmarked:
-            steps = [span for span in trace.sql("SELECT MIN(start_ns), MAX(start_ns + COALESCE(dur_ns, 0)) FROM collectives "
-                                                "WHERE rank = ?", (rank,)) if span[0] is not None]
-        if not steps:
-            continue
-        first, last = steps[0][0], steps[-1][1]
-        intervals: list[tuple[int, int]] = []
-        for table in _ACTIVITY_TABLES:
-            if trace.has_table(table):
-                intervals.extend((start, start + (dur or 0)) for start, dur in trace.sql(
-                    f"SELECT start_ns, dur_ns FROM {table} WHERE rank = ? AND start_ns BETWEEN ? AND ?", (rank, first, last)))
-        covered = _union_length(sorted(intervals))
-        unrecorded[rank] = max(sum(end - start for start, end in steps) - covered, 0)
-    return unrecorded
-
-
-def _stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggler | None, Finding | None]:
-    """Every rank's waiting, the rank that arrived last, and a finding when the other ranks wait long for it."""
-    trace = context.trace
-    per_rank = trace.sql(
-        "SELECT rank, COALESCE(SUM(wait_ns), 0), COALESCE(SUM(dur_ns), 0) FROM collectives GROUP BY rank ORDER BY rank"
-    )
-    wait_by_rank = tuple(RankWait(rank, wait, dur) for rank, wait, dur in per_rank)
-    if len(per_rank) < 2:
-        return wait_by_rank, None, None
-    waits = {rank: wait for rank, wait, _ in per_rank}
-    durations = {rank: dur for rank, _, dur in per_rank}
-    late_by_step = _late_rank_by_step(trace)
-    last_share = {rank: sum(1 for late in late_by_step.values() if late == rank) / len(late_by_step) for rank in waits} if late_by_step else {}
-    # the rank last in most steps that runs ops no other rank runs is the straggler, whatever a few long waits of a
-    # shared host's scheduling add to the totals; else the rank that waited least
-    mostly_last = max(last_share, key=lambda rank: last_share[rank]) if last_share else None
-    extra = (_lines_only_on(trace, mostly_last, [rank for rank in waits if rank != mostly_last])
-             if mostly_last is not None and last_share[mostly_last] >= 0.5 else [])
-    straggler = mostly_last if extra and mostly_last is not None else min(waits, key=lambda rank: waits[rank])
-    others = [rank for rank in waits if rank != straggler]
-    waited = statistics.mean(waits[rank] for rank in others)
-    share = waited / statistics.mean(durations[rank] for rank in others) if others else 0.0
-    if share < STRAGGLER_WAIT_SHARE:
-        return wait_by_rank, None, None
-    consistent = last_share.get(straggler, 0.0)
-    imported = context_import_facts(context) is not None
-    # An import's ranks share a host only where their captures name the same one (a recording's ranks name theirs).
-    hosts = {run.host for run in trace.runs if run.rank in waits}
-    on_shared_host = shared_host(trace) and (not imported or "" not in hosts and None not in hosts)
-    idle = _unrecorded_by_rank(trace, list(waits), unmarked=imported)
-    excess_idle = int(idle.get(straggler, 0) - statistics.mean(idle.get(rank, 0) for rank in others)) if others else 0
-    # A rank late because of its own host work (data loading, logging, a sleep) spends that time outside anything
-    # recorded; a rank late because it got less of a shared host's cores is slower in what is recorded.
-    own_work = excess_idle >= 0.5 * waited
-    late = Straggler(straggler, consistent, on_shared_host, excess_idle)
-    evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
-    own_lines = {other: _lines_only_on(trace, other, [rank for rank in waits if rank != other]) for other in others} if extra else {}
-    if extra and all(own_lines.values()):
-        # every rank runs lines of its own (pipeline stages, a role per rank): not one rank's extra work
-        return wait_by_rank, late, _own_roles(context, {straggler: extra, **own_lines}, waited, share, evidence)
-    if not extra and waits[straggler] > STRAGGLER_OWN_WAIT_SHARE * waited:
-        # the rank that waited least, with no work of its own, waited about as long as the others: the ranks took
-        # turns arriving last, none is the late one
-        return wait_by_rank, None, None
-    if extra:
-        # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
-        # own, which the trace can tell from the host's scheduling
-        where = ", ".join(location.short for location, _ in extra[:3])
-        return wait_by_rank, late, Finding(
-            analyzer=NAME,
-            severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
-            title=f"Straggler: rank {straggler} runs work the other ranks do not, at {where}; they wait {format_ns(waited)} for it",
-            explanation=(
-                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
-                f"{straggler} was last in {consistent:.0%} of the steps, and in the steps it ran ops at {plural(len(extra), 'line')} that no "
-                f"other rank ran, so every collective after them waits for it."
-            ),
-            suggestion=(
-                f"Take the rank-dependent work at {where} out of the steps (run it every N steps, or after the loop), or spread it over "
-                f"every rank; a value only rank {straggler} reports can stay on the chip and be read once at the end."
-            ),
-            cost_total_ns=float(waited),
-            cost_per_step_ns=context.per_step(waited),
-            evidence=tuple(Evidence(f"rank {straggler} only: {plural(calls, 'op call')} in the steps", file=location.file, line=location.line,
-                                    table="ops") for location, calls in extra[:5]) + evidence,
-            file=extra[0][0].file,
-            line=extra[0][0].line,
-        )
-    # a recompile makes its rank late in its step only: the others' waits in that step, not how many steps the rank is
-    # last in, tie the two
-    beyond_ns, compiled = (0, []) if extra else extra_compiles(trace, straggler, others)
-    if beyond_ns >= 0.5 * waited and wait_in_steps(trace, others, {step for _, step, _ in compiled}) >= 0.5 * waited:
-        return wait_by_rank, late, own_compiles_finding(context, NAME, straggler, beyond_ns, compiled, waited, share, evidence)
-    own_ops = [] if extra or consistent < 0.5 else extra_ops(trace, straggler, others)
-    if own_ops and sum(item.ns_per_step for item in own_ops) >= 0.5 * (context.per_step(waited) or 0.0):
-        return wait_by_rank, late, own_ops_finding(context, NAME, straggler, own_ops, waited, share, consistent, evidence)
-    if on_shared_host and not own_work:
-        # Virtual chips of one host take turns on its cores: who arrives last is the host's scheduling as much as the
-        # program's, and nothing in the trace tells the two apart; the wait is not counted as the program's cost.
-        return wait_by_rank, late, Finding(
-            analyzer=NAME,
-            severity="info",
-            title=(f"Ranks wait {format_ns(waited)} for each other; on "
-                   + ("one host's shared CPU cores" if imported else "virtual chips sharing one host") + " this cannot be told from skew"),
-            explanation=(
-                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank. All ranks ran "
-                + (f"on one host ({next(iter(hosts))}), " if imported else "as virtual chips on one host, ")
-                + f"sharing its CPU cores, so the waits include the host's scheduling of the ranks' processes; "
-                f"rank {straggler} was last in {consistent:.0%} of the steps."
-            ),
-            suggestion=("Judge skew on a capture whose ranks have cores of their own (a host each, or fewer ranks than the "
-                        "host has cores)." if imported else
-                        "Judge skew on real chips (one process per chip), or run with fewer ranks than the host has cores."),
-            cost_total_ns=0.0,
-            cost_per_step_ns=context.per_step(0.0),
-            evidence=evidence,
-        )
-    severity: Severity = "warning" if context.share_of_wall(waited) >= 0.05 and consistent >= 0.5 else "info"
-    before = line_of_extra_host_time(trace, straggler, others) if own_work and consistent >= 0.5 else None
-    if before is not None and before[1] >= 0.5 * waited:
-        # its host work outside anything recorded sits before one line: the gap before the first record of that line
-        where, extra_ns = before[0].short, before[1]
-        return wait_by_rank, late, Finding(
-            analyzer=NAME,
-            severity=severity,
-            title=f"Straggler: rank {straggler} spends {format_ns(extra_ns)} more than the others on the host before {where}; they wait {format_ns(waited)}",
-            explanation=(
-                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
-                f"{straggler} was last in {consistent:.0%} of the steps, and before {where} it spent {format_ns(extra_ns)} more than the "
-                "other ranks on average in host work the trace does not record (Python, NumPy or a library between two recorded "
-                "calls), so every collective after it waits for it."
-            ),
-            suggestion=(
-                f"Look at what runs on the host before {where} on rank {straggler} (loading or preprocessing its batch, a Python loop, a "
-                "sleep): give every rank the same work (shards of equal size and kind), move it off the step (a DataLoader with "
-                "workers, data prepared ahead), or run it on the chip."
-            ),
-            cost_total_ns=float(waited),
-            cost_per_step_ns=context.per_step(waited),
-            evidence=(Evidence(f"rank {straggler}: {format_ns(extra_ns)} more host time before this line", file=before[0].file,
-                               line=before[0].line, table="ops"),) + evidence,
-            file=before[0].file,
-            line=before[0].line,
-        )
-    return wait_by_rank, late, Finding(
-        analyzer=NAME,
-        severity=severity,
-        title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
-        explanation=(
-            f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
-            + (f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
-               "than the others outside anything the trace records (host work of its own)"
-               + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
-               if context.steps else
-               f"arrive; rank {straggler} waited least, so it is the late one (the capture marks no steps, so the time each rank "
-               "spent outside what it records is not measured).")
-        ),
-        suggestion=(
-            f"Look at what rank {straggler} does before its collectives (uneven data loading, extra logging or "
-            "evaluation on that rank, uneven shards)."
-        ),
-        cost_total_ns=float(waited),
-        cost_per_step_ns=context.per_step(waited),
-        evidence=evidence,
-    )
-
-
-def _own_roles(context: AnalysisContext, lines: dict[int, list[tuple[SourceLocation, int]]], waited: float, share: float,
-               waits: tuple[Evidence, ...]) -> Finding:
-    """Ranks that each run lines no other rank runs (a pipeline's stages, a role per rank) and wait for each other."""
-    tops = {rank: own[0][0] for rank, own in sorted(lines.items())}
-    named = ", ".join(f"rank {rank} at {location.short}" for rank, location in tops.items())
-    first = tops[min(tops)]
-    return Finding(
-        analyzer=NAME,
-        severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
-        title=f"Ranks run different work ({named}) and wait {format_ns(waited)} for each other",
-        explanation=(
-            f"Each rank runs ops at lines no other rank runs, in at least half its steps (pipeline stages, or a role per rank), and "
-            f"the ranks spent {share:.0%} of their collective time waiting for the last one: each waits while another computes "
-            "work it does not share."
-        ),
-        suggestion=(
-            "Balance the work between the ranks (about as many FLOPs per stage), and overlap it: split the batch into more "
-            "micro-batches and send with isend/irecv, so that a stage computes the next micro-batch while its neighbour works on "
-            "this one (a GPipe or 1F1B schedule, as `torch.distributed.pipelining` runs)."
-        ),
-        cost_total_ns=float(waited),
-        cost_per_step_ns=context.per_step(waited),
-        evidence=tuple(Evidence(f"rank {rank} only: {plural(calls, 'op call')} in the steps", file=location.file, line=location.line, table="ops")
-                       for rank, own in sorted(lines.items()) for location, calls in own[:2]) + waits,
-        file=first.file,
-        line=first.line,
-    )
-
-
-def _lines_only_on(trace: Trace, rank: int, others: list[int]) -> list[tuple[SourceLocation, int]]:
-    """The lines at which `rank` ran ops in at least half its steps after the first, and no other rank ran any, with
-    the op calls there, most first; only the steps every rank recorded whole count (before the last step any rank
-    recorded: a rank killed early keeps fewer, its last one in part)."""
-    by_line: dict[SourceLocation, dict[int, tuple[int, int]]] = defaultdict(dict)
-    last_steps = dict(trace.sql("SELECT rank, MAX(step) FROM ops GROUP BY rank"))
-    if any(member not in last_steps for member in (rank, *others)):
-        return []
-    last = min(last_steps[member] for member in (rank, *others))
-    for op_rank, frame_id, calls, steps in trace.sql(
-            "SELECT rank, frame_id, COUNT(*), COUNT(DISTINCT step) FROM ops WHERE step >= 1 AND step < ? AND frame_id IS NOT NULL "
-            "GROUP BY rank, frame_id", (last,)):
-        location = trace.frame(frame_id)
-        if location is not None:
-            before = by_line[location].get(op_rank, (0, 0))
-            by_line[location][op_rank] = (before[0] + calls, max(before[1], steps))
-    (step_count,) = trace.sql("SELECT COUNT(DISTINCT step) FROM steps WHERE rank = ? AND step >= 1 AND step < ? AND source != 'end'",
-                              (rank, last))[0]
-    lines = [(location, ranks[rank][0]) for location, ranks in by_line.items()
-             if rank in ranks and ranks[rank][1] * 2 >= max(step_count, 1) and not any(other in ranks for other in others)]
-    return sorted(lines, key=lambda item: -item[1])
 
 
 def _divisibility(context: AnalysisContext, where: str,

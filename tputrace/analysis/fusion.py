@@ -59,6 +59,9 @@ COLLECTIVE_SUGGESTIONS: dict[str, str] = {
                 "(FSDP2's forward and backward prefetch)"),
 }
 SHARDED_KINDS = ("all_gather", "reduce_scatter")
+BUFFER_BROADCASTS = ("DDP broadcasts the model's buffers from rank 0 before each forward here, a collective that ends the "
+                     "pending program: make the model with `broadcast_buffers=False` (the sharding finding says when that "
+                     "is safe)")
 
 
 @dataclass(frozen=True)
@@ -128,7 +131,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
         for trigger, frame_id, count, n_ops in cuts[:6]
     )
     where_top = context.where(top_frame)
-    hint = _collective_hint(context) if top_trigger == "collective" else SUGGESTIONS.get(top_trigger, "move the host read after the step")
+    hint = _collective_hint(context, top_frame) if top_trigger == "collective" else SUGGESTIONS.get(top_trigger, "move the host read after the step")
     module = module_of_read(context, top_frame, top_trigger)
     change = f"{change_in_module(context, top_frame, module, where_top)}{hint}" if module else f"At {where_top}: {hint}"
     libraries = _library_reads(context, top_frame, top_trigger)
@@ -166,13 +169,20 @@ def analyze(context: AnalysisContext) -> AnalysisResult[FusionData]:
     return AnalysisResult(NAME, data, (finding,))
 
 
-def _collective_hint(context: AnalysisContext) -> str:
-    """The collective cut's advice by the kind of most of the steady steps' collectives: all-reduces (DDP, or
-    gradients reduced by hand) or all-gathers and reduce-scatters (a sharded model's groups)."""
+def _collective_hint(context: AnalysisContext, frame_id: int | None) -> str:
+    """The collective cut's advice by the kind of most of the steady steps' collectives at the cutting line (of all
+    lines, where the line has none recorded): all-reduces (DDP, or gradients reduced by hand) or all-gathers and
+    reduce-scatters (a sharded model's groups); a line where DDP broadcasts its buffers before each forward is told
+    of `broadcast_buffers=False` first."""
     if not context.trace.has_table("collectives"):
         return SUGGESTIONS["collective"]
     where, params = context.steady_where()
-    counts = dict(context.trace.sql(f"SELECT kind, COUNT(*) FROM collectives WHERE {where} GROUP BY kind", params))
+    at_line = f"{where} AND frame_id = ?"
+    counts = dict(context.trace.sql(f"SELECT kind, COUNT(*) FROM collectives WHERE {at_line} GROUP BY kind", (*params, frame_id)))
+    if not counts:
+        counts = dict(context.trace.sql(f"SELECT kind, COUNT(*) FROM collectives WHERE {where} GROUP BY kind", params))
+    elif _buffer_broadcast_steps(context, frame_id) * 2 >= max(context.steady_count, 1):
+        return BUFFER_BROADCASTS + "; " + (COLLECTIVE_SUGGESTIONS["all_reduce"] if counts.get("all_reduce") else SUGGESTIONS["collective"])
     sharded = sum(counts.get(kind, 0) for kind in SHARDED_KINDS)
     reduced = counts.get("all_reduce", 0)
     if sharded > reduced:
@@ -180,6 +190,16 @@ def _collective_hint(context: AnalysisContext) -> str:
     if reduced:
         return COLLECTIVE_SUGGESTIONS["all_reduce"]
     return SUGGESTIONS["collective"]
+
+
+def _buffer_broadcast_steps(context: AnalysisContext, frame_id: int | None) -> int:
+    """The steady steps in which DDP's forward broadcast at `frame_id`'s line (its buffers, every forward)."""
+    if not context.trace.has_table("collective_causes"):
+        return 0
+    where, params = context.steady_where("c")
+    return int(context.trace.sql(
+        f"SELECT COUNT(DISTINCT c.step) FROM collectives c JOIN collective_causes k ON k.id = c.cause_id WHERE {where} "
+        "AND c.frame_id = ? AND c.kind = 'broadcast' AND k.kind = 'ddp_forward'", (*params, frame_id))[0][0])
 
 
 def _cost(context: AnalysisContext, frame_ids: list[int], excluded: str, *, steady: bool) -> tuple[float, float, float]:

@@ -12,12 +12,15 @@ from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.op_facts import op_count
 from tputrace.derived.recording_window import recording_window
+from tputrace.derived.run_endings import raised_line
 from tputrace.wording import format_ns
 
 NAME = "no_device_ops"
 # Source lines that choose or name a device the way a CUDA script does.
 DEVICE_CHOICE = re.compile(r"cuda|torch\.device\(|device\s*=|\.to\(")
 MAX_LINES_SHOWN = 3
+# the tpu backend's refusal of what a device written in Python cannot run
+NOT_ON_TPU = re.compile(r"is not supported on tpu")
 # torch's errors for a process group or device mesh made in a process no launcher started
 RANKS_MISSING = re.compile(r"environment variable (RANK|WORLD_SIZE|MASTER_ADDR|MASTER_PORT) expected|"
                            r"Default process group has not been initialized")
@@ -41,21 +44,26 @@ def analyze(context: AnalysisContext) -> AnalysisResult[NoDeviceOpsData]:
     script = trace.run.script
     lines = _device_lines(script, trace.source_copy(script)) if script else ()
     data = NoDeviceOpsData(0, lines)
+    error = trace.run.error
     evidence = [
-        Evidence(f"0 ops reached the tpu device in {format_ns(context.wall_ns)}: the script's tensors were made "
-                 "on another device (the CPU, as torch.cuda.is_available() is false under tputrace run)"),
+        Evidence(f"0 ops reached the tpu device in {format_ns(context.wall_ns)}: "
+                 + ("the script raised before its first op" if error else "the script's tensors were made on another "
+                    "device (the CPU, as torch.cuda.is_available() is false under tputrace run)")),
         *(Evidence(f"device named at line {line}: {text}", file=file, line=line) for file, line, text in lines),
     ]
     first = lines[0] if lines else None
-    error = trace.run.error
     if error:
         # The script failed before it reached the device: the failure, not the device choice, is what to fix first.
         title = "The script raised before any op ran on the tpu device: nothing in this run was traced"
-        explanation = (f"The run ended with {error} before any op reached the `tpu` device, so its ops, compiles and "
+        explanation = (f"The run ended with {raised_line(error)} before any op reached the `tpu` device, so its ops, compiles and "
                        "syncs are not in the trace and no other finding can be made.")
         suggestion = ("Fix the error (its traceback is in the run's output) and run the script again; if the script "
                       "chooses its device the CUDA way, run it with `tputrace run --as-cuda` or choose `\"tpu\"`.")
-        if RANKS_MISSING.search(error):
+        if NOT_ON_TPU.search(error):
+            # the tpu backend's own refusal of an option (DDP's find_unused_parameters=True): its message says what instead
+            suggestion = ("The tpu backend refused a call the script makes, and its error says what to write instead: "
+                          "change the line it names and run the script again.")
+        elif RANKS_MISSING.search(error):
             # a process group or device mesh made in one process that no launcher started (`--chips N` alone)
             suggestion = ("The script makes a process group or a device mesh, which needs one process per chip that a "
                           "launcher starts and tells its rank: run it with `tputrace run --nproc N` (N ranks, a mesh's size), "

@@ -31,7 +31,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis import sharding_ddp, sharding_failures, sharding_fsdp, sharding_outputs, sharding_plans, sharding_unsynced
-from tputrace.analysis.collectives import shared_host
+from tputrace.analysis.collective_stragglers import shared_host
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.analysis.library_set_up import one_off_collective
@@ -120,6 +120,7 @@ def analyze(context: AnalysisContext) -> AnalysisResult[ShardingData]:
     explained_ns += _unwrapped_modules(context, out, records, by_cause)
     explained_ns += sharding_fsdp.leaf_groups(context, out, records)
     explained_ns += sharding_ddp.accumulation_without_no_sync(context, out, records, world)
+    explained_ns += sharding_ddp.buffers_broadcast_each_forward(context, out, records)
     sharding_ddp.unused_parameters(context, out, records)
     sharding_unsynced.unsynced_parameters(context, out, records)
     sharding_failures.propagation_failures(context, out)

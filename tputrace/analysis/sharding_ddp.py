@@ -5,6 +5,10 @@
   micro-batch's reduction is needed; `no_sync()` around the others keeps their gradients local, summed
   into `.grad`. At the line that called backward(), with the `DDP(...)` line as evidence. Cost: the bucket
   all-reduces of every backward but the last of each step, measured, per steady step.
+- Buffers broadcast in every forward: DDP's `broadcast_buffers=True` (the default) sends the model's buffers
+  (BatchNorm's running statistics) from rank 0 before each forward, a collective that waits for every rank and ends
+  the pending fused program. At the forward line, with `broadcast_buffers=False` as the fix (SyncBatchNorm keeps
+  the statistics equal on every rank already). Cost: the broadcasts of the steady steps, measured.
 - Parameters a step did not use: the run ended on DDP's "Expected to have finished reduction in the prior
   iteration" error, whose parameter indices are named (DDP's parameter order, as recorded). At the `DDP(...)`
   line; the run's wall time as the cost, since the run stopped there.
@@ -18,6 +22,7 @@ from collections import Counter, defaultdict
 
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import Finding
+from tputrace.analysis.library_set_up import one_off_collective
 from tputrace.analysis.sharding_common import NAME, Collected, evidence, ici_estimate_ns, in_steady_steps, location, per_step
 from tputrace.store.records import SourceLocation
 from tputrace.store.sharding import CausedCollective, ShardingRecords
@@ -133,6 +138,53 @@ def accumulation_without_no_sync(context: AnalysisContext, out: Collected, recor
             ),
             evidence=(evidence(f"{plural(len(calls), 'bucket all-reduce')} in {plural(steps, 'steady step')}: "
                                f"{plural(buckets, 'bucket')} x {passes:.0f} backward passes a step", origin, module),),
+            module=module,
+            **cost,
+            **context.location_fields(frame_id),
+        ))
+    return explained
+
+
+def buffers_broadcast_each_forward(context: AnalysisContext, out: Collected, records: ShardingRecords) -> float:
+    """DDP models that broadcast their buffers in most steady steps' forwards; one finding per model."""
+    by_model: dict[tuple[str | None, SourceLocation | None], list[CausedCollective]] = defaultdict(list)
+    for collective in records.collectives:
+        cause = records.causes.get(collective.cause_id) if collective.cause_id is not None else None
+        if (cause is not None and cause.kind == "ddp_forward" and collective.kind == "broadcast" and in_steady_steps(context, collective)
+                and not one_off_collective(context, collective.frame_id, collective.step, collective.kind, collective.bytes, cause.kind)):
+            by_model[(cause.module, cause.origin)].append(collective)  # not the rebuilt bucket order's broadcast, once
+    steps = max(context.steady_count, 1)
+    synced = bool(context.trace.sql("SELECT 1 FROM strings WHERE text LIKE 'aten.batch_norm_stats%' LIMIT 1"))
+    explained = 0.0
+    for (module, origin), calls in by_model.items():
+        if len({call.step for call in calls}) * 2 < steps:
+            continue  # a one-off (the rebuilt bucket order) or a forward run in a few steps only
+        dur_ns = float(sum(call.dur_ns for call in calls))
+        cost = per_step(context, dur_ns)
+        explained += cost["cost_total_ns"] or 0.0
+        lines = Counter(call.frame_id for call in calls if call.frame_id is not None)
+        frame_id = lines.most_common(1)[0][0] if lines else None
+        made = origin.short if origin is not None else "its DDP(...) line"
+        out.findings.append(Finding(
+            analyzer=NAME,
+            severity=context.severity(context.share_of_steps(dur_ns), warning=0.05, critical=0.25),
+            title=f"DDP broadcasts the model's buffers from rank 0 in every forward: {len(calls) / steps:.3g} broadcasts a step",
+            explanation=(
+                f"The DDP model made at {made} has buffers (BatchNorm's running statistics, counters) and "
+                "`broadcast_buffers=True`, the default: before each forward it sends rank 0's buffers to every rank, "
+                f"{format_bytes(sum(call.bytes for call in calls) / steps)} a step in {format_ns(dur_ns / steps)}, a collective "
+                "that waits for every rank and ends the pending fused program."
+                + (" Its SyncBatchNorm layers compute the statistics over every rank's batch, so the buffers are equal on "
+                   "every rank already and the broadcast changes nothing." if synced else "")
+            ),
+            suggestion=(
+                f"Make the model with `DistributedDataParallel(..., broadcast_buffers=False)` at {made}"
+                + ("." if synced else
+                   ": each rank then keeps the running statistics of its own batches, which only evaluation reads; where "
+                   "evaluation needs one set, broadcast or all-reduce the buffers once before it (or convert the norms "
+                   "with `nn.SyncBatchNorm.convert_sync_batchnorm`).")
+            ),
+            evidence=(evidence(f"{plural(len(calls), 'buffer broadcast')} in {plural(steps, 'steady step')}", origin, module),),
             module=module,
             **cost,
             **context.location_fields(frame_id),

@@ -152,6 +152,15 @@ LIBRARY_READS: dict[tuple[tuple[str, ...], str], tuple[str, str]] = {
         "Tell the encoder what the mask is, so it compares nothing: `encoder(x, mask=mask, is_causal=True)` for a "
         "causal mask (`is_causal=False` for another).",
     ),
+    (("aten.batch_norm_stats", "aten.batch_norm_elemt"), "data_dependent"): (
+        "`nn.SyncBatchNorm` dropping the gathered statistics of ranks whose batch is empty (`count_all[mask]`, a boolean "
+        "mask whose count the host waits for), once per layer in each training forward",
+        "The read changes nothing unless a rank's batch is empty, and torch has no switch for it: where each rank's "
+        "batch is large enough for statistics of its own, train with plain `nn.BatchNorm*d` (drop "
+        "`convert_sync_batchnorm`), or use `nn.GroupNorm`, which needs neither the read nor the layer's all-gathers; "
+        "to keep synced statistics, use a norm of your own that all-reduces each layer's per-channel sums, sums of "
+        "squares and count in one tensor, with no mask.",
+    ),
 }
 
 

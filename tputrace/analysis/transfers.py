@@ -150,7 +150,9 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
         same = ("the same size every time" if sizes is not None and len(sizes) == 1 else
                 f"{len(sizes)} tensors of fixed sizes ({', '.join(format_bytes(size) for size in sizes)}), each the "
                 "same size every step" if sizes is not None else "")
-        what = (same + ": " + (f"random numbers drawn on the host by `{draw}`" if draw else
+        read_back = _reads_back(context, frame_id)
+        what = (same + ": " + ("values the line read from the chip" if read_back else
+                                                f"random numbers drawn on the host by `{draw}`" if draw else
                                                 f"rows of the host tensor `{rows['source']}`" if rows else
                                                 f"a constant built on the host by `{made}`" if made else
                                                 "a constant built on the host, or the input batch" if len(sizes or ()) == 1
@@ -178,6 +180,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[TransfersData]:
                 "Make fewer, larger copies: step many environments at once (a vectorized environment, "
                 "`gymnasium.vector`) and copy all their observations as one array per step, with one read of all their "
                 "actions."
+            )
+        elif read_back:
+            suggestion = (
+                "The line reads values from the chip (`.item()`, `.tolist()`) and copies them back in a new tensor "
+                "(`torch.tensor([loss.item(), ...], device=...)`) every step, a wait and a copy for values the chip "
+                "had: keep them there, `torch.stack([loss.detach(), accuracy])`, and reduce or log that tensor (an "
+                "all-reduce runs on it as it is), reading it every N steps or after the loop."
             )
         elif rows is not None:
             suggestion = (
@@ -265,3 +274,11 @@ def _steady_part(context: AnalysisContext, total_ns: float, steady_ns: float, sh
     if context.steps and total_ns > 2 * steady_ns:
         return f"{format_ns(steady_ns)} of it in the steady steps, {context.share_text(share)}"
     return context.share_text(share)
+
+
+def _reads_back(context: AnalysisContext, frame_id: int | None) -> bool:
+    """Whether the line read values from the chip in the steady steps (`torch.tensor([loss.item()], device=...)`)."""
+    where, params = context.steady_where()
+    return frame_id is not None and bool(context.trace.sql(
+        f"SELECT 1 FROM syncs WHERE {where} AND frame_id = ? AND kind IN ('item', 'tolist', 'cpu', 'numpy') LIMIT 1",
+        (*params, frame_id)))

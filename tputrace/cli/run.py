@@ -57,7 +57,8 @@ def prepare_parser(subparsers: Any) -> argparse.ArgumentParser:
         "--nproc",
         type=int,
         metavar="N",
-        help="launch N ranks with torch.distributed's elastic launcher, one chip each; their traces are merged into one",
+        help="launch N ranks with torch.distributed's elastic launcher, one chip each (with --chips M, M each); their "
+             "traces are merged into one",
     )
     parser.add_argument("--no-summary", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--chips", type=int, metavar="N", help="number of tpu chips to expose (sets TPUTRACE_CHIPS)")

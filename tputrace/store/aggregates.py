@@ -254,15 +254,21 @@ def _per_step(trace: TraceQueries, query: str, where: str, params: tuple[int, ..
     return {(rank, step): (count, total) for rank, step, count, total in trace.sql(query.format(where=where), params)}
 
 
-def time_split(trace: TraceQueries, *, rank: int | None = None) -> TimeSplit:
+def time_split(trace: TraceQueries, *, rank: int | None = None, calls_once: bool = False) -> TimeSplit:
     """Total ns per category; `wall_ns` is the run's wall time (the longest rank's, for all ranks).
 
     Compile time is the wall time spent compiling (nested compile records count once); the other
-    categories are sums of their records' durations."""
+    categories are sums of their records' durations, but for a recorded run's collectives (`calls_once`): each
+    rank's time with a call in flight, as asynchronous calls waited for together overlap (an import's rows of
+    several chips are summed)."""
     where, params = rank_filter(rank)
     tables = ("ops", "syncs", "transfers", "fallbacks", "collectives")
     sums = ", ".join(f"(SELECT COALESCE(SUM(dur_ns), 0) FROM {table}{where})" for table in tables)
-    totals = trace.sql(f"SELECT {sums}", params * len(tables))[0]
+    totals = list(trace.sql(f"SELECT {sums}", params * len(tables))[0])
+    if calls_once:
+        ranks = [rank] if rank is not None else [row[0] for row in trace.sql("SELECT DISTINCT rank FROM collectives")]
+        totals[-1] = sum(merged_ns(trace.sql("SELECT start_ns, start_ns + COALESCE(dur_ns, 0) FROM collectives WHERE rank = ? "
+                                             "AND start_ns IS NOT NULL ORDER BY start_ns", (one,))) for one in ranks)
     wall = wall_ns(trace, rank=rank)
     execution_ns = sum(execution_busy_ns(trace, rank=rank).values())
     # A share of the wall: an imported profile's compiles from its process's TORCH_TRACE log can lie before the

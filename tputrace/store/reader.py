@@ -530,7 +530,7 @@ class Trace:
 
     def time_split(self, *, rank: int | None = None) -> TimeSplit:
         """Wall time and ns spent compiling, executing, dispatching, syncing, transferring, falling back, communicating."""
-        return aggregates.time_split(self, rank=rank)
+        return aggregates.time_split(self, rank=rank, calls_once=not self.meta.get("imported"))
 
     def time_range(self, *, rank: int | None = None) -> tuple[int, int]:
         """(first event start, last event end) in ns since the run's start."""
