@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from test_fresh_scripts import _run
+
 from tputrace.analysis import analyze_path
 from tputrace.cli.main import main
 
@@ -51,3 +53,56 @@ def test_a_failed_recompile_that_stopped_the_run_is_told_as_a_stop(tmp_path: Pat
     assert "Until that is fixed, the run stops at this call (the calls before it ran step's compiled code)." \
         in finding.suggestion, finding.suggestion
     assert finding.suggestion.count("TORCHDYNAMO_VERBOSE") == 1, finding.suggestion
+
+EARLY_STOP = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+
+    class Swish(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            ctx.save_for_backward(x)
+            return x * torch.sigmoid(x)
+
+        @staticmethod
+        def backward(ctx, grad):
+            (x,) = ctx.saved_tensors
+            s = torch.sigmoid(x)
+            return grad * (s + x * s * (1 - s))
+
+
+    torch.manual_seed(0)
+    lin, head = nn.Linear(16, 32).to("tpu"), nn.Linear(32, 4).to("tpu")
+    opt = torch.optim.SGD([*lin.parameters(), *head.parameters()], lr=0.05)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5)
+    xv, yv = torch.randn(32, 16, device="tpu"), torch.randint(0, 4, (32,), device="tpu")
+    best, bad = float("inf"), 0
+    for step in range(5):
+        x, y = torch.randn(32, 16, device="tpu"), torch.randint(0, 4, (32,), device="tpu")
+        loss = F.cross_entropy(head(Swish.apply(lin(x))), y)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        with torch.no_grad():
+            val = F.cross_entropy(head(Swish.apply(lin(xv))), yv).item()  {marker}
+        if val < best:
+            best, bad = val, 0
+        else:
+            bad += 1
+            if bad >= 3:
+                break
+    print(best)
+'''
+
+
+def test_a_validation_read_that_decides_an_early_stop_is_told_to_check_less_often(tmp_path: Path) -> None:
+    """The validation loss read every step decides a branch whose `else` ends the loop: a decision only the host can
+    take, told to compute and check it every N steps, not to become `torch.where` arithmetic."""
+    report, script, line = _run(tmp_path, "early_stop", EARLY_STOP)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.suggestion.startswith(f"The value read into `val` decides at {script.name}:{line + 1} (`if val < best:`) "
+                                      f"whether the loop ends (`break` at {script.name}:{line + 6})"), sync.suggestion
+    assert "every N steps" in sync.suggestion and "torch.where" not in sync.suggestion, sync.suggestion
