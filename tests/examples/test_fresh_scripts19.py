@@ -106,3 +106,33 @@ def test_a_validation_read_that_decides_an_early_stop_is_told_to_check_less_ofte
     assert sync.suggestion.startswith(f"The value read into `val` decides at {script.name}:{line + 1} (`if val < best:`) "
                                       f"whether the loop ends (`break` at {script.name}:{line + 6})"), sync.suggestion
     assert "every N steps" in sync.suggestion and "torch.where" not in sync.suggestion, sync.suggestion
+
+SPLIT = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    table = nn.EmbeddingBag(2000, 32, mode="mean")  # left on the host
+    tower = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 1)).to("tpu")
+    opt = torch.optim.Adam([*table.parameters(), *tower.parameters()], lr=1e-3)
+    for step in range(4):
+        ids = torch.randint(0, 2000, (16, 8))
+        h = table(ids).to("tpu")
+        loss = F.binary_cross_entropy_with_logits(tower(h), torch.rand(16, 1, device="tpu"))
+        opt.zero_grad()
+        loss.backward()  {marker}
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_backwards_copy_to_the_host_part_of_a_split_model_names_the_split(tmp_path: Path) -> None:
+    """An embedding bag left on the host, its output copied to the chip: `loss.backward()` copies that output's
+    gradient back for the host part's backward, a wait every step that the copy-in's line explains, not a `.cpu()`
+    the backward's line could drop."""
+    report, script, line = _run(tmp_path, "split", SPLIT)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert f"the gradient of what {script.name}:{line - 3} copied to the chip" in sync.explanation, sync.explanation
+    assert sync.suggestion.startswith(f"Nothing at {script.name}:{line} can change: move the part of the model that runs "
+                                      f"on the host before {script.name}:{line - 3} to the chip"), sync.suggestion
