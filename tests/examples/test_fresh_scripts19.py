@@ -1,6 +1,9 @@
 """Single-chip scripts of kinds that read wrong before: a `torch.compile`d function whose failed recompile stopped the
-run (told to fix it lest the run stop there, not that the function gains nothing from compiling, with Dynamo's
-pointer to more logs out of the title)."""
+run (told that the function gains nothing from compiling, Dynamo's pointer to more logs in the title); an early stop
+on a validation loss read every step (told to make the decision `torch.where` arithmetic); a model split between the
+host and the chip whose backward copies a gradient back (told to drop a `.cpu()`); an EMA update whose recompile on
+the host read as the chip's pace; and, in strict mode, a language model's shifted tokens (one shorter than the padded
+batch) read as a second storm of unrelated sizes."""
 
 from __future__ import annotations
 
@@ -98,15 +101,6 @@ EARLY_STOP = '''
 '''
 
 
-def test_a_validation_read_that_decides_an_early_stop_is_told_to_check_less_often(tmp_path: Path) -> None:
-    """The validation loss read every step decides a branch whose `else` ends the loop: a decision only the host can
-    take, told to compute and check it every N steps, not to become `torch.where` arithmetic."""
-    report, script, line = _run(tmp_path, "early_stop", EARLY_STOP)
-    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
-    assert sync.suggestion.startswith(f"The value read into `val` decides at {script.name}:{line + 1} (`if val < best:`) "
-                                      f"whether the loop ends (`break` at {script.name}:{line + 6})"), sync.suggestion
-    assert "every N steps" in sync.suggestion and "torch.where" not in sync.suggestion, sync.suggestion
-
 SPLIT = '''
     import torch
     import torch.nn.functional as F
@@ -127,10 +121,17 @@ SPLIT = '''
 '''
 
 
-def test_a_backwards_copy_to_the_host_part_of_a_split_model_names_the_split(tmp_path: Path) -> None:
-    """An embedding bag left on the host, its output copied to the chip: `loss.backward()` copies that output's
-    gradient back for the host part's backward, a wait every step that the copy-in's line explains, not a `.cpu()`
-    the backward's line could drop."""
+def test_reads_the_line_cannot_drop_are_told_the_change_that_removes_them(tmp_path: Path) -> None:
+    """The validation loss read every step decides a branch whose `else` ends the loop: a decision only the host can
+    take, told to compute and check it every N steps, not to become `torch.where` arithmetic. An embedding bag left
+    on the host, its output copied to the chip: `loss.backward()` copies that output's gradient back for the host
+    part's backward, a wait every step that the copy-in's line explains, not a `.cpu()` the backward's line could
+    drop."""
+    report, script, line = _run(tmp_path, "early_stop", EARLY_STOP)
+    (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
+    assert sync.suggestion.startswith(f"The value read into `val` decides at {script.name}:{line + 1} (`if val < best:`) "
+                                      f"whether the loop ends (`break` at {script.name}:{line + 6})"), sync.suggestion
+    assert "every N steps" in sync.suggestion and "torch.where" not in sync.suggestion, sync.suggestion
     report, script, line = _run(tmp_path, "split", SPLIT)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert f"the gradient of what {script.name}:{line - 3} copied to the chip" in sync.explanation, sync.explanation
@@ -170,3 +171,37 @@ def test_a_recompile_on_the_host_is_no_part_of_the_chips_pace(tmp_path: Path) ->
     assert "compiled again in step 1" in after.title, after.title
     assert report.chip_pace is None or report.chip_pace.mean_step_ns * 4 < after.cost_total_ns, (
         report.chip_pace, after.cost_total_ns)
+
+LM_SHIFT = '''
+    import torch
+    import torch.nn.functional as F
+    from torch import nn
+
+    torch.manual_seed(0)
+    emb = nn.Embedding(100, 32).to("tpu")
+    head = nn.Linear(32, 100).to("tpu")
+    head.weight = emb.weight
+    opt = torch.optim.SGD(emb.parameters(), lr=0.1)
+    for length in (12, 16, 14, 16, 10, 13):
+        tokens = torch.randint(1, 100, (4, length)).to("tpu")  {marker}
+        inputs, targets = tokens[:, :-1], tokens[:, 1:]
+        logits = head(torch.tanh(emb(inputs)))
+        loss = F.cross_entropy(logits.reshape(-1, 100), targets.reshape(-1), label_smoothing=0.1)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    print(loss.item())
+'''
+
+
+def test_a_language_models_shifted_tokens_are_the_padded_batchs_storm_in_strict_mode(tmp_path: Path) -> None:
+    """Batches padded each to their own length, shifted into inputs and targets one token shorter: in strict mode the
+    programs whose dims are the batch times that shorter length are the copied batch's storm, one finding at the line
+    that made it, its title counting every program it lists."""
+    report, script, line = _run(tmp_path, "lm_shift", LM_SHIFT, ("--mode", "strict"))
+    (storm,) = [finding for finding in report.findings if finding.analyzer == "recompiles"]
+    assert (storm.file, storm.line) == (str(script), line), storm.title
+    assert f"as the batches made at {script.name}:{line} change shape (5 sizes)" in storm.title, storm.title
+    listed = storm.explanation.split("compiled once per size: ", 1)[1].split(". ", 1)[0]
+    more = int(listed.rsplit(" and ", 1)[1].split(" ", 1)[0])
+    assert storm.title.startswith(f"Recompilation storm: {listed.count('×') + more} programs compiled"), storm.title
