@@ -1,9 +1,10 @@
 """Single-chip scripts of kinds that read wrong before: a `torch.compile`d function whose failed recompile stopped the
 run (told that the function gains nothing from compiling, Dynamo's pointer to more logs in the title); an early stop
-on a validation loss read every step (told to make the decision `torch.where` arithmetic); a model split between the
-host and the chip whose backward copies a gradient back (told to drop a `.cpu()`); an EMA update whose recompile on
-the host read as the chip's pace; and, in strict mode, a language model's shifted tokens (one shorter than the padded
-batch) read as a second storm of unrelated sizes."""
+on a validation loss read every step (told to make the decision `torch.where` arithmetic); a logged
+`scaler.get_scale()` beside a loss's `.item()` (told of one read a step); a model split between the host and the chip
+whose backward copies a gradient back (told to drop a `.cpu()`); an EMA update whose recompile on the host read as
+the chip's pace; and, in strict mode, a language model's shifted tokens (one shorter than the padded batch) read as a
+second storm of unrelated sizes."""
 
 from __future__ import annotations
 
@@ -80,15 +81,18 @@ EARLY_STOP = '''
     lin, head = nn.Linear(16, 32).to("tpu"), nn.Linear(32, 4).to("tpu")
     opt = torch.optim.SGD([*lin.parameters(), *head.parameters()], lr=0.05)
     sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=0.1, total_steps=5)
+    scaler = torch.amp.GradScaler("tpu")
     xv, yv = torch.randn(32, 16, device="tpu"), torch.randint(0, 4, (32,), device="tpu")
     best, bad = float("inf"), 0
     for step in range(5):
         x, y = torch.randn(32, 16, device="tpu"), torch.randint(0, 4, (32,), device="tpu")
         loss = F.cross_entropy(head(Swish.apply(lin(x))), y)
         opt.zero_grad()
-        loss.backward()
-        opt.step()
+        scaler.scale(loss).backward()
+        scaler.step(opt)
+        scaler.update()
         sched.step()
+        print(step, loss.item(), scaler.get_scale())
         with torch.no_grad():
             val = F.cross_entropy(head(Swish.apply(lin(xv))), yv).item()  {marker}
         if val < best:
@@ -121,9 +125,10 @@ SPLIT = '''
 '''
 
 
-def test_reads_the_line_cannot_drop_are_told_the_change_that_removes_them(tmp_path: Path) -> None:
+def test_reads_the_line_does_not_show_or_cannot_drop_are_told_the_change_that_removes_them(tmp_path: Path) -> None:
     """The validation loss read every step decides a branch whose `else` ends the loop: a decision only the host can
-    take, told to compute and check it every N steps, not to become `torch.where` arithmetic. An embedding bag left
+    take, told to compute and check it every N steps, not to become `torch.where` arithmetic; a logged loss beside
+    `scaler.get_scale()`, two reads a step, is told of the scale's `.item()`. An embedding bag left
     on the host, its output copied to the chip: `loss.backward()` copies that output's gradient back for the host
     part's backward, a wait every step that the copy-in's line explains, not a `.cpu()` the backward's line could
     drop."""
@@ -132,6 +137,10 @@ def test_reads_the_line_cannot_drop_are_told_the_change_that_removes_them(tmp_pa
     assert sync.suggestion.startswith(f"The value read into `val` decides at {script.name}:{line + 1} (`if val < best:`) "
                                       f"whether the loop ends (`break` at {script.name}:{line + 6})"), sync.suggestion
     assert "every N steps" in sync.suggestion and "torch.where" not in sync.suggestion, sync.suggestion
+    (logged,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line - 2]
+    assert logged.title.startswith(f"Host sync 2 times per step at {script.name}:{line - 2} (item)"), logged.title
+    assert logged.suggestion.startswith("The line reads 2 values one after another, each a wait for the chip: 1 value by "
+                                        "`.item()` and the loss scale by `scaler.get_scale()`"), logged.suggestion
     report, script, line = _run(tmp_path, "split", SPLIT)
     (sync,) = [finding for finding in report.findings if finding.analyzer == "syncs" and finding.line == line]
     assert f"the gradient of what {script.name}:{line - 3} copied to the chip" in sync.explanation, sync.explanation
