@@ -3,8 +3,9 @@ run (told that the function gains nothing from compiling, Dynamo's pointer to mo
 on a validation loss read every step (told to make the decision `torch.where` arithmetic); a logged
 `scaler.get_scale()` beside a loss's `.item()` (told of one read a step); a model split between the host and the chip
 whose backward copies a gradient back (told to drop a `.cpu()`); an EMA update whose recompile on the host read as
-the chip's pace; and, in strict mode, a language model's shifted tokens (one shorter than the padded batch) read as a
-second storm of unrelated sizes."""
+the chip's pace, and its sampling loop after training, unrolled into one program, read as nothing; and, in strict
+mode, a language model's shifted tokens (one shorter than the padded batch) read as a second storm of unrelated
+sizes."""
 
 from __future__ import annotations
 
@@ -166,16 +167,26 @@ EMA = '''
         opt.step()
         with torch.no_grad():
             for kept, trained in zip(ema.parameters(), model.parameters()):
-                kept.mul_(0.99).add_(trained, alpha=0.01)  {marker}
+                kept.lerp_(trained, 0.01)  {marker}
     print(loss.item())
+    with torch.no_grad():
+        z = torch.randn(4, 256, device="tpu")
+        for t in range(8):
+            z = z * 0.9 + ema(z).mean(1, keepdim=True) * 0.1
+    print(z.abs().mean().item())
 '''
 
 
-def test_a_recompile_on_the_host_is_no_part_of_the_chips_pace(tmp_path: Path) -> None:
+def test_an_ema_runs_recompile_is_no_chip_pace_and_its_sampling_loop_after_training_ran_unrolled(tmp_path: Path) -> None:
     """The EMA update after `optimizer.step()` runs in the next step's graph, which compiles again in step 1 on the
     host while the chip waits for it: the chip's time per step, where the host ran ahead of it, leaves that wait out
-    (with it, the 4 steady steps' mean is at least a quarter of the recompile); the update's own finding stays."""
+    (with it, the 4 steady steps' mean is at least a quarter of the recompile); the update's own finding stays. The
+    EMA model's sampling loop after training reads nothing until it ends: one program of its 8 iterations."""
     report, script, line = _run(tmp_path, "ema", EMA)
+    (unrolled,) = [finding for finding in report.findings if finding.title.startswith("A loop ran unrolled")]
+    assert unrolled.title.startswith(f"A loop ran unrolled: 8 iterations of {script.name}:{line + 5} fused into one "
+                                     "program"), unrolled.title
+    assert "after the training loop's last step" in unrolled.explanation, unrolled.explanation
     (after,) = [finding for finding in report.findings if finding.title.startswith(f"Work at {script.name}:{line} after")]
     assert "compiled again in step 1" in after.title, after.title
     assert report.chip_pace is None or report.chip_pace.mean_step_ns * 4 < after.cost_total_ns, (
