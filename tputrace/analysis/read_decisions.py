@@ -73,10 +73,12 @@ def _loop_exit(copy: str | None, line: int) -> tuple[int, str] | None:
     tree, source = parsed
     branch = next((node for node in ast.walk(tree) if isinstance(node, ast.If) and node.lineno == line), None)
     pending: list[ast.AST] = [*branch.body, *branch.orelse] if branch is not None else []
+    # A `return` ends a loop only where the branch is in one in its function (not a custom backward's early return).
+    ends = (ast.Break, ast.Return, ast.Raise) if branch is not None and _in_loop(tree, branch) else (ast.Raise,)
     exits: list[ast.stmt] = []
     while pending:
         node = pending.pop()
-        if isinstance(node, (ast.Break, ast.Return, ast.Raise)) or (
+        if isinstance(node, ends) or (
                 isinstance(node, ast.Expr) and isinstance(node.value, ast.Call) and _EXITS.match(ast.unparse(node.value.func))):
             exits.append(node)
         elif isinstance(node, ast.stmt) and not isinstance(node, _OWN_SCOPES):
@@ -84,6 +86,18 @@ def _loop_exit(copy: str | None, line: int) -> tuple[int, str] | None:
     first = min(exits, key=lambda node: node.lineno, default=None)
     return None if first is None else (
         first.lineno, (ast.get_source_segment(source, first) or ast.unparse(first)).split("\n", 1)[0])
+
+
+def _in_loop(tree: ast.Module, branch: ast.If) -> bool:
+    """Whether a loop of the branch's own function (or module) holds it."""
+    def holds(node: ast.stmt) -> bool:
+        return node.lineno < branch.lineno <= (node.end_lineno or node.lineno)
+
+    scopes = [node for node in ast.walk(tree) if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and holds(node)]
+    scope: ast.AST = max(scopes, key=lambda node: node.lineno) if scopes else tree
+    start = max((node.lineno for node in scopes), default=0)
+    return any(isinstance(node, (ast.For, ast.While, ast.AsyncFor)) and holds(node) and node.lineno > start
+               for node in ast.walk(scope))
 
 
 # Statements whose `break` or `return` leaves them, not the loop the read is in.
