@@ -106,6 +106,8 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
             continue
         if first_steady is not None and all(recompile.step < first_steady for recompile in recompiles):
             continue
+        if _reused_set(context, recompiles):
+            continue
         if any(all(any(explains(length, known_length) for known_length in known) for length in lengths)
                for known in data_lengths):
             continue
@@ -113,6 +115,20 @@ def findings(context: AnalysisContext, leave_out: set[int], not_evicted: str, ev
             continue
         found.append(_finding(context, frame_id, recompiles, lengths))
     return found
+
+
+def _reused_set(context: AnalysisContext, recompiles: list[_Recompile]) -> bool:
+    """Whether the lengths were all compiled in one step and their programs then ran from the cache in at least
+    `MIN_RECOMPILES` later steps: a fixed set, such as a loop over a tensor's rows (`for row in logits:`) in the first
+    iteration's tail after its optimizer step, not a length that changes."""
+    steps = {recompile.step for recompile in recompiles}
+    if len(steps) != 1:
+        return False
+    ids = [recompile.compile_id for recompile in recompiles]
+    (later,), = context.trace.sql(
+        "SELECT COUNT(DISTINCT e.step) FROM executions e JOIN compiles c ON c.program_id = e.program_id "
+        f"WHERE e.rank = ? AND e.step > ? AND c.id IN ({', '.join('?' * len(ids))})", (context.rank, *steps, *ids))
+    return int(later or 0) >= MIN_RECOMPILES
 
 
 def _window_moves(change_text: str) -> bool:

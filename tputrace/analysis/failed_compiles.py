@@ -15,6 +15,7 @@ finding tells are left to it: Dynamo's recompile limit (`recompile_limit`), a gr
 from __future__ import annotations
 
 import os
+import re
 from collections import defaultdict
 from dataclasses import dataclass
 
@@ -159,12 +160,13 @@ def _finding(context: AnalysisContext, analyzer: str, failed: FailedCompile) -> 
     where = f"{os.path.basename(failed.file)}:{failed.line}" if failed.file and failed.line else failed.function
     at = f" at {os.path.basename(failed.failed_at[0])}:{failed.failed_at[1]}" if failed.failed_at else ""
     calls, steady_calls, total_ns, steady_ns = _eager_calls(context, failed)
-    title = f"torch.compile of {failed.function} ({where}) failed{at}: {failed.reason}"
+    reason = _reason_text(failed.reason)
+    title = f"torch.compile of {failed.function} ({where}) failed{at}: {reason}"
     explanation = (
         f"Dynamo's {plural(failed.attempts, 'compile')} of {failed.function} (defined at {where}) failed with "
-        f"{failed.fail_type}{at} ({failed.reason}), after {format_ns(failed.compile_ns)} of compiling. ")
+        f"{failed.fail_type}{at} ({reason}), after {format_ns(failed.compile_ns)} of compiling. ")
     if failed.ended_run:
-        title = title.rstrip(".") + "; the error stopped the run"
+        title += "; the error stopped the run"
         explanation += ("Nothing in the capture follows it: the error was raised at the call and ended the run"
                         + (" (the function had compiled before: this was a recompile, for a call its compiled code's guards "
                            "rejected)" if failed.compiled_before else ""))
@@ -212,17 +214,31 @@ def _finding(context: AnalysisContext, analyzer: str, failed: FailedCompile) -> 
 
 
 def _suggestion(failed: FailedCompile) -> str:
-    until = (f" Until it compiles, {failed.function} gains nothing from `torch.compile`; `TORCHDYNAMO_VERBOSE=1` prints "
-             "the failure at the call.")
     if failed.fail_type == "BackendCompilerFailed":
-        return ("Fix what the backend could not compile (the error names it; run with "
-                "`torch._dynamo.config.suppress_errors = False` to see its whole traceback), or compile with another "
-                "backend (`backend=\"aot_eager\"` tells whether the graph or the backend fails)." + until)
-    place = failed.failed_at or ((failed.file, failed.line) if failed.file and failed.line else None)
-    parsed = CompileError(f"torch._dynamo.exc.{failed.fail_type}", failed.reason, None, failed.hints,
-                          SourceLine(place[0], place[1], "") if place else None, None)
-    where = f"{os.path.basename(place[0])}:{place[1]}" if place else failed.function
-    return compile_error_suggestion(parsed, where) + until
+        change = ("Fix what the backend could not compile (the error names it; run with "
+                  "`torch._dynamo.config.suppress_errors = False` to see its whole traceback), or compile with another "
+                  "backend (`backend=\"aot_eager\"` tells whether the graph or the backend fails).")
+    else:
+        place = failed.failed_at or ((failed.file, failed.line) if failed.file and failed.line else None)
+        parsed = CompileError(f"torch._dynamo.exc.{failed.fail_type}", failed.reason, None, failed.hints,
+                              SourceLine(place[0], place[1], "") if place else None, None)
+        where = f"{os.path.basename(place[0])}:{place[1]}" if place else failed.function
+        change = compile_error_suggestion(parsed, where)
+    # A run the error ended loses the rest of the run, not the compile's speed-up.
+    until = (" Until that is fixed, the run stops at this call" + (
+        f" (the calls before it ran {failed.function}'s compiled code)" if failed.compiled_before else "") + "."
+        if failed.ended_run else f" Until it compiles, {failed.function} gains nothing from `torch.compile`.")
+    verbose = "" if "TORCHDYNAMO_VERBOSE" in change else " `TORCHDYNAMO_VERBOSE=1` prints the failure at the call."
+    return change + until + verbose
+
+
+def _reason_text(reason: str) -> str:
+    """The error's first line without Dynamo's closing pointer to more logs (`For more information, run with
+    TORCH_LOGS="+dynamic".`) and without its closing punctuation, to be quoted inside a sentence."""
+    return _MORE_INFORMATION.sub("", reason).rstrip(" .!:;") or reason
+
+
+_MORE_INFORMATION = re.compile(r"[.!]?\s*For more information\b.*$", re.IGNORECASE)
 
 
 def _eager_calls(context: AnalysisContext, failed: FailedCompile) -> tuple[int, int, int, int]:

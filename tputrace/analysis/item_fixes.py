@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import re
 
+from tputrace.wording import plural
+
 ITEM_READ = re.compile(r"(?<![\w.])(?P<value>[A-Za-z_][\w.]*)\.item\(\)")
 APPENDS = re.compile(r"\.(?:append|extend)\(")
 # `total += x.item()`, `total -= ...`, `total = total + x.item()`: the read is added into a running total.
 _ACCUMULATES = re.compile(r"^\s*(?P<total>[A-Za-z_][\w.]*)\s*(?:[+-]=|=\s*(?P=total)\s*[+-])")
 # `int(x.max())`, `float(loss)`: a chip value made a Python number without `.item()` in the text.
 _NUMBER_CALL = re.compile(r"(?<![\w.])(?P<call>int|float)\(")
+_GET_SCALE = re.compile(r"(?P<scaler>[A-Za-z_][\w.]*)\.get_scale\(\)")  # GradScaler's, a `.item()` of its scale
 
 BEFORE_THE_STEP = (" In DeferAndFuse, add to it before `optimizer.step()`: the sum then runs in the step's program, where "
                    "after it the sum would start the next step's graph and the first step's graph would compile again.")
@@ -62,11 +65,19 @@ def item_suggestion(text: str, suggestion: str) -> str:
     if reads >= 2 and APPENDS.search(text) and len(values) == reads:
         return KEPT_SEVERAL_READS.format(detached=", ".join(f"`{value}.detach()`" for value in values),
                                          items=", ".join(f"`{value}.item()`" for value in values))
-    if reads >= 2 and not APPENDS.search(text):
+    scales = [match["scaler"] for match in _GET_SCALE.finditer(text)]
+    if reads + len(scales) >= 2 and not APPENDS.search(text):
         listed = ", ".join(values + (["..."] if reads > len(values) else []))
-        return (f"The line reads {reads} values one after another, each a wait for the chip: stack them on the chip "
-                f"and read them at once (`torch.stack([{listed}]).tolist()`), every N steps or after the loop, so the "
-                "host waits once, if at all.")
+        stacked = (f"stack them on the chip and read them at once (`torch.stack([{listed}]).tolist()`), every N steps or "
+                   "after the loop, so the host waits once, if at all.")
+        if not scales:
+            return f"The line reads {reads} values one after another, each a wait for the chip: {stacked}"
+        return (f"The line reads {reads + len(scales)} values one after another, each a wait for the chip: "
+                f"{plural(reads, 'value')} by `.item()` and the loss scale by `{scales[0]}.get_scale()` (GradScaler "
+                "reads it with `.item()`). Log the scale every N steps (it changes only after an overflow or every "
+                "`growth_interval` steps); "
+                + (f"for the others, {stacked}" if reads >= 2 else
+                   "read the other value every N steps too, or keep it on the chip and read it after the loop."))
     number = _NUMBER_CALL.search(text)
     if not reads and number:
         return HOST_NUMBER.format(call=number["call"])

@@ -1,5 +1,7 @@
 """Programs whose changing dims are functions of one changing length: a multiple of it (a flattened batch times
-length, length times a head dim), its square or a multiple of the square (attention scores, length by length).
+length, length times a head dim), its square or a multiple of the square (attention scores, length by length), of
+the length or of the length one shorter or longer (a language model's inputs and targets, `tokens[:, :-1]` and
+`tokens[:, 1:]`; a class token put before the sequence).
 
 In strict mode every op is its own program, so the views and matmuls around an attention layer compile per length
 with dims that are not the length itself. A storm joins the group of a length (a copied batch's, or one made on the
@@ -18,9 +20,10 @@ from tputrace.analysis.storms import CompileRow
 
 MIN_FUNCTION_LENGTHS = 3  # distinct lengths one function must map, to say a dim follows the length
 POWERS = (1, 2)  # the length, its square
+OFFSETS = (0, -1, 1)  # the length itself, one token shorter (shifted inputs and targets), one longer (a class token)
 
-# A function of a length at one input dim: (input index, dim, power of the length, factor).
-_Function = tuple[int, int, int, int]
+# A function of a length at one input dim: (input index, dim, offset to the length, power of it, factor).
+_Function = tuple[int, int, int, int, int]
 
 
 def group_of_length(known: dict[int, set[tuple[int, int]]], rows: Sequence[CompileRow]) -> int | None:
@@ -64,12 +67,13 @@ def _explained(by_step: dict[int, set[int]], rows: Sequence[CompileRow]) -> int:
                 continue
             for dim, size in enumerate(spec.shape):
                 for length in lengths:
-                    for power in POWERS:
-                        unit = length ** power
-                        if size >= unit and size % unit == 0:
-                            function = (index, dim, power, size // unit)
-                            functions.add(function)
-                            lengths_of.setdefault(function, set()).add(length)
+                    for offset in OFFSETS:
+                        for power in POWERS:
+                            unit = (length + offset) ** power
+                            if unit > 1 and size >= unit and size % unit == 0:
+                                function = (index, dim, offset, power, size // unit)
+                                functions.add(function)
+                                lengths_of.setdefault(function, set()).add(length)
         functions_per_row.append(functions)
     held = {function for function, lengths in lengths_of.items() if len(lengths) >= MIN_FUNCTION_LENGTHS}
     return sum(1 for functions in functions_per_row if functions & held)

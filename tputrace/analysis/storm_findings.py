@@ -298,7 +298,7 @@ def host_input_finding(context: AnalysisContext, copy_frame: int, batch: Storm, 
     cause = (f"the batches made at {made} change shape" if made
              else f"the batches copied to the chip at {copy_where} change shape")
     finding = storm_finding(
-        context, compiles, programs=_programs(names), cause=cause,
+        context, compiles, programs=names[0] if len(names) == 1 else f"{len(storms)} programs", cause=cause,
         sizes=len(sizes),
         explanation=(
             (f"The batches made at {made} and copied to the chip at {copy_where}" if made

@@ -16,7 +16,7 @@ import re
 
 from dataclasses import dataclass
 
-from tputrace.analysis.backward_reads import backward_selections, backward_text
+from tputrace.analysis.backward_reads import backward_selections, backward_text, host_part_gradients, host_part_text
 from tputrace.analysis.call_sites import line_text
 from tputrace.analysis.data_sizes import data_dependent_fix
 from tputrace.analysis.read_decisions import decision_after, decision_fix
@@ -274,9 +274,10 @@ def analyze(context: AnalysisContext) -> AnalysisResult[SyncsData]:
                        cost))
     modules_of_reads(context, [(frame_id, kind) for frame_id, kind, *_ in costly])  # the lines' modules, in one pass
     together = _read_together(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
-    backwards = backward_selections(context, [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly])
-    findings = [_finding(context, *line, read_with_keys=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()))
-                for line in costly]
+    keys = [(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in costly]
+    backwards, split_at = backward_selections(context, keys), host_part_gradients(context, keys)
+    findings = [_finding(context, *line, read_with_keys=together.get(line[:3], ()), backward_of=backwards.get(line[:3], ()),
+                         host_part_at=split_at.get(line[:3], ())) for line in costly]
     in_loop = {(frame_id, kind, library_frame_id) for frame_id, kind, library_frame_id, *_ in rows}
     for frame_id, kind, _, count, stall_ns, pending_ops in after_loop_reads(context, own, STALL, library, in_loop):
         findings.append(after_loop_finding(context, NAME, frame_id, kind, count, stall_ns, pending_ops,
@@ -331,7 +332,8 @@ def _read_together(context: AnalysisContext, keys: list[tuple[int | None, str, i
 
 def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_frame_id: int | None, count: int, stall_ns: int,
              pending_ops: int, steps_with: int, per_step: float | None, steady_syncs: int, steady_stall: int, cost: Cost, *,
-             read_with_keys: tuple[tuple[int | None, str, int | None], ...] = (), backward_of: tuple[str, ...] = ()) -> Finding:
+             read_with_keys: tuple[tuple[int | None, str, int | None], ...] = (), backward_of: tuple[str, ...] = (),
+             host_part_at: tuple[str, ...] = ()) -> Finding:
     where = context.where(frame_id)
     read_with = tuple(dict.fromkeys(context.where(other[0]) for other in read_with_keys))
     library = library_where(context, library_frame_id)
@@ -425,6 +427,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = change_in_module(context, frame_id, module, where) + then(suggestion)
     if backward_of:
         said, suggestion = backward_text(where, backward_of)
+        explanation += said
+    elif host_part_at:
+        said, suggestion = host_part_text(where, host_part_at)
         explanation += said
     each = per_call_text(context, stall_ns, count, steady_stall, steady_syncs, "stall each")
     evidence = (

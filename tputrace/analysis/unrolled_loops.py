@@ -1,4 +1,5 @@
-"""A loop run unrolled into one program: a run without steps whose loop reads nothing until it ends.
+"""A loop run unrolled into one program: a run without steps (or the part of a run after its training loop's last
+step) whose loop reads nothing until it ends.
 
 With no step marks and no read inside the loop (a sampling loop that keeps its tokens on the chip), DeferAndFuse
 records every iteration into one graph, flushed when the result is read after the loop: one program whose size and
@@ -35,12 +36,15 @@ class UnrolledLoop:
 
 
 def findings(context: AnalysisContext) -> list[Finding]:
-    if context.steps:
+    # With steps, only what ran after the loop's last step (a sampling loop after training) marks no steps.
+    after_loop = context.end_step
+    if context.steps and after_loop is None:
         return []
+    in_steps, params = ("", ()) if after_loop is None else (" AND step = ?", (after_loop,))
     found = []
     for flush_id, program_id, frame_id, n_ops in context.trace.sql(
-        "SELECT id, program_id, frame_id, n_ops FROM flushes WHERE rank = ? AND cache_hit = 0 AND n_ops >= ?",
-        (context.rank, MIN_PROGRAM_OPS),
+        f"SELECT id, program_id, frame_id, n_ops FROM flushes WHERE rank = ? AND cache_hit = 0 AND n_ops >= ?{in_steps}",
+        (context.rank, MIN_PROGRAM_OPS, *params),
     ):
         loop = _unrolled(context, flush_id, program_id, frame_id, n_ops)
         if loop is not None:
@@ -87,7 +91,8 @@ def _finding(context: AnalysisContext, frame_id: int | None, loop: UnrolledLoop)
         title=(f"A loop ran unrolled: {loop.iterations} iterations of {span} fused into one program of {loop.ops} ops, "
                f"read at {loop.flushed_at}"),
         explanation=(
-            f"The run marks no steps and the loop reads nothing, so DeferAndFuse recorded every iteration of {span} "
+            ("The run marks no steps" if context.end_step is None else "The loop runs after the training loop's last "
+             "step, where no steps are marked,") + f" and reads nothing, so DeferAndFuse recorded every iteration of {span} "
             f"({loop.iterations} times each) into one graph, flushed when {loop.flushed_at} read the result: one "
             f"program of {loop.ops} ops, compiled for {format_ns(loop.compile_ns)} ({context.share_of_wall(loop.compile_ns):.0%} "
             "of the run). Its size and compile time grow with the loop's length, and another length compiles another "
@@ -98,7 +103,9 @@ def _finding(context: AnalysisContext, frame_id: int | None, loop: UnrolledLoop)
             f"End each iteration's graph: call `tputrace.step()` at the end of the loop body (its ops run to {name}:{last}; "
             "`xm.mark_step()` under torch_xla), so one iteration is one program, compiled once and run "
             f"{loop.iterations} times. Write each iteration's result with a position kept on the chip (`index_copy_`) "
-            "or into a Python list, not at the loop counter (`out[:, i] = ...`), or each iteration compiles anew."
+            "or into a Python list, not at the loop counter (`out[:, i] = ...`), and read per-iteration values with "
+            "an index kept on the chip too (`betas[t]` with `t` a chip tensor, not a Python int), or each iteration "
+            "compiles anew."
         ),
         cost_total_ns=saved_ns,
         cost_per_step_ns=None,

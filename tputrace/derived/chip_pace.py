@@ -6,7 +6,9 @@ host's steps are shorter than the chip's: the chip's pace, not the host's, sets 
 finished on the chip when its host iteration has ended and the last program it launched is ready; the time between
 one step's finish and the next is the chip's step time. The watcher that sees programs ready can see several end
 together (it waits for the interpreter lock), so the chip's figure is the steady steps' mean (the time from the first
-step's finish to the last's, over the steps between), which such batching does not move.
+step's finish to the last's, over the steps between), which such batching does not move. Time the chip spent waiting for
+the host to launch a step's first program (a step whose host iteration compiled a program) is left out of it: the host,
+not the chip, set that step's pace.
 """
 
 from __future__ import annotations
@@ -48,10 +50,12 @@ def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
     """The chip's pace over `rank`'s loop steps, when it is markedly slower than the host's and the host ran at
     least one step ahead of it; else None (no executions recorded, fewer than two loop steps, or the host waited
     for the chip each step)."""
-    ready_by_step = dict(trace.sql(
-        "SELECT step, MAX(start_ns + dur_ns) FROM executions WHERE rank = ? AND dur_ns IS NOT NULL GROUP BY step", (rank,)))
-    steps = [(start_ns, end_ns, ready_by_step.get(step)) for step, start_ns, end_ns in trace.sql(
-        f"SELECT step, start_ns, end_ns FROM steps WHERE {LOOP_STEPS_WHERE} ORDER BY step", (rank,))]
+    launched_and_ready = {step: (launch_ns, ready_ns) for step, launch_ns, ready_ns in trace.sql(
+        "SELECT step, MIN(start_ns), MAX(start_ns + dur_ns) FROM executions WHERE rank = ? AND dur_ns IS NOT NULL "
+        "GROUP BY step", (rank,))}
+    loop_steps = trace.sql(f"SELECT step, start_ns, end_ns FROM steps WHERE {LOOP_STEPS_WHERE} ORDER BY step", (rank,))
+    steps = [(start_ns, end_ns, launched_and_ready.get(step, (None, None))[1]) for step, start_ns, end_ns in loop_steps]
+    launches = [launched_and_ready.get(step, (None, None))[0] for step, _, _ in loop_steps]
     if len(steps) < 2 or all(ready_ns is None for *_, ready_ns in steps):
         return None
     host_ends = [end_ns for _, end_ns, _ in steps]
@@ -61,8 +65,12 @@ def chip_pace(trace: Trace, rank: int) -> ChipPace | None:
         finishes.append(finish_ns)
     host_median = steady_median_ns([end_ns - start_ns for start_ns, end_ns, _ in steps])
     # The steady steps, as the medians take them: after the first, or all of them in a loop of two.
-    since_ns = finishes[0] if len(finishes) >= 3 else steps[0][0]
-    chip_mean = (finishes[-1] - since_ns) // (len(finishes) - 1 if len(finishes) >= 3 else len(finishes))
+    first = 1 if len(finishes) >= 3 else 0
+    since_ns = finishes[0] if first else steps[0][0]
+    # The chip idle until the host launched a step's first program: the host's time, not the chip's.
+    waited_ns = sum(max(0, launch_ns - previous_ns) for launch_ns, previous_ns in zip(
+        launches[first:], [since_ns, *finishes[first:-1]]) if launch_ns is not None)
+    chip_mean = (finishes[-1] - since_ns - waited_ns) // (len(finishes) - first)
     if not host_median or chip_mean < host_median * PACE_SHOWN_RATIO:
         return None
     # How many later host steps had ended when each step finished on the chip (the watcher's lag in seeing a program
