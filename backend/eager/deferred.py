@@ -516,7 +516,7 @@ class DeferredExecutor:
             return (*[values[node][index] for node, index in output_refs], jax.numpy.zeros((), np.int8))
 
         n_ops = graph_changes.op_count(nodes)
-        name = f"fused_{n_ops}_ops"
+        name = graph_changes.program_name(nodes)
         recorder = self.dispatcher.recorder
         recording = recorder is not None and recorder.enabled
         program = compile_program(fused, [*graph.inputs, *graph.packed_scalars()], graph.chip, name, keep_hlo=recording, donate=donate)

@@ -9,11 +9,12 @@ import difflib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from tputrace.backend.core.plans import INTERNAL_PLANS, Plan
+from tputrace.backend.core.plans import INTERNAL_PLANS, VIEW_READ, Plan
 from tputrace.backend.core.signatures import key_change, signature_diff
 from tputrace.backend.eager.flush_sites import FlushedGraph
 from tputrace.recording.interface import Recording
 
+_NAMED = {VIEW_READ: "view_read"}  # how a fused program's name counts a dispatcher program, where not by its own name
 _MAX_ALIGNED_NODES = 8000  # two graphs' nodes together, beyond which a recompile's diff aligns only their common ends
 
 
@@ -63,6 +64,18 @@ def _scalar_slots_differ(refs: tuple, old_refs: tuple) -> bool:
 def op_count(nodes: Sequence[tuple[Plan, tuple]]) -> int:
     """The graph's ops: its nodes but view reads and writes and the dispatcher's other own programs."""
     return sum(1 for plan, _ in nodes if plan.op_name not in INTERNAL_PLANS)
+
+
+def program_name(nodes: Sequence[tuple[Plan, tuple]]) -> str:
+    """The fused program's name: `fused_26_ops` by its ops, or, for a graph of the dispatcher's own programs only (a
+    DDP bucket's view reads and writes), by what it runs: `fused_2_view_reads_1_view_write`, not `fused_0_ops`."""
+    n_ops = op_count(nodes)
+    if n_ops or not nodes:
+        return f"fused_{n_ops}_ops"
+    counts: dict[str, int] = {}
+    for plan, _ in nodes:
+        counts[plan.op_name] = counts.get(plan.op_name, 0) + 1
+    return "fused_" + "_".join(f"{count}_{_NAMED.get(name, name)}{'s' if count != 1 else ''}" for name, count in counts.items())
 
 
 def op_text(nodes: Sequence[tuple[Plan, tuple]], graph: Any, recorder: Recording | None, index: int) -> str:
