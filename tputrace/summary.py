@@ -92,6 +92,7 @@ class RunSummary:
     replay: ReplayStats | None = None  # DeferAndFuse's step replay over the flushes (None: not recorded)
     chip_pace: ChipPace | None = None  # the chip's time per step where the host ran ahead of it (None: it did not)
     recorded_ns: int | None = None  # an import's profiling windows' time, without the gaps between them (None: one window)
+    rank_chips: tuple[int | None, ...] = ()  # each of `ranks`' own chips, from its run row (None: unknown)
 
     @property
     def measured_on(self) -> str:
@@ -172,7 +173,9 @@ def compile_entries(trace: Trace, rank: int) -> list[CompileEntry]:
 def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSummary:
     """The summary of `rank` (default: rank 0, or the first rank) of `trace`."""
     chosen_rank = trace.run.rank if rank is None else rank
-    run = next((candidate for candidate in trace.runs if candidate.rank == chosen_rank), trace.run)
+    runs = trace.runs
+    run = next((candidate for candidate in runs if candidate.rank == chosen_rank), trace.run)
+    chips_by_rank = {candidate.rank: candidate.chips for candidate in runs}
     # The loop's steps: the trailing `end` step is the work after the last optimizer step (an evaluation, saving).
     step_durations = loop_step_durations(trace, chosen_rank)
     fallbacks = trace.fallback_stats(rank=chosen_rank)
@@ -188,6 +191,7 @@ def summarize(trace: Trace, *, rank: int | None = None, top: int = 10) -> RunSum
         trace_path=str(trace.path),
         rank=chosen_rank,
         ranks=tuple(trace.distributed_ranks),
+        rank_chips=tuple(chips_by_rank.get(rank) for rank in trace.distributed_ranks),
         run=run,
         wall_ns=trace.wall_ns(rank=chosen_rank),
         recorded_ns=recorded_windows_ns(trace, chosen_rank),
@@ -266,12 +270,17 @@ def _captured_on(source: dict[str, Any] | None) -> str | None:
 
 def _chips_text(chips: int | None, summary: RunSummary) -> str | None:
     """The chips the run had: in a trace of several ranks, each rank's process's (`--nproc 2 --chips 2` gives each of
-    its 2 processes 2 chips, 4 in all), which a bare "2 chips" beside "rank 0 of 2" leaves open."""
-    if chips is None:
+    its 2 processes 2 chips, 4 in all), which a bare "2 chips" beside "rank 0 of 2" leaves open. None where unknown or
+    where there were none (a CPU-only capture)."""
+    if not chips:
         return None
     if summary.rank not in summary.ranks or len(summary.ranks) < 2:
         return plural(chips, "chip")
-    return f"{plural(chips, 'chip')} per rank" + (f" ({chips * len(summary.ranks)} in all)" if chips > 1 else "")
+    if None in summary.rank_chips or len(summary.rank_chips) != len(summary.ranks):  # a rank's chips unknown
+        return f"{plural(chips, 'chip')} on this rank"
+    in_all = sum(count or 0 for count in summary.rank_chips)
+    each = " per rank" if set(summary.rank_chips) == {chips} else " on this rank"
+    return plural(chips, "chip") + each + (f" ({in_all} in all)" if in_all > len(summary.ranks) else "")
 
 
 def header_lines(summary: RunSummary) -> list[tuple[str, str]]:

@@ -47,15 +47,11 @@ def rank_lines(trace: Trace) -> tuple[RankLine, ...]:
         busy = merged_ns(trace.sql(
             "SELECT start_ns, start_ns + COALESCE(dur_ns, 0) FROM executions WHERE rank = ? AND start_ns IS NOT NULL "
             "ORDER BY start_ns", (rank,)))
-        collectives = trace.sql(
-            "SELECT kind, COALESCE(SUM(dur_ns), 0) AS total FROM collectives WHERE rank = ? GROUP BY kind "
-            "ORDER BY total DESC", (rank,))
-        top_kind, top_ns = collectives[0] if collectives else (None, 0)
-        collective_ns = sum(int(total) for _, total in collectives)
+        collectives = trace.collective_stats(rank=rank)
+        top_kind, top_ns = (collectives[0].kind, collectives[0].total_ns) if collectives else (None, 0)
+        collective_ns = sum(stat.total_ns for stat in collectives)
         if collectives and not trace.meta.get("imported"):  # a rank's time with a call in flight: async calls overlap
             collective_ns = trace.time_split(rank=rank).collective_ns
-            top_ns = merged_ns(trace.sql("SELECT start_ns, start_ns + COALESCE(dur_ns, 0) FROM collectives WHERE rank = ? "
-                                         "AND kind = ? AND start_ns IS NOT NULL ORDER BY start_ns", (rank, top_kind)))
         compiles = trace.compile_stats(rank=rank)
         lines.append(RankLine(rank, _label(trace, rank, hosts.get(rank)), trace.wall_ns(rank=rank), len(durations),
                               steady_median_ns(durations), compiles.count, compiles.recompiles, compiles.total_ns,

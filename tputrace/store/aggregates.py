@@ -8,7 +8,7 @@ optional `rank` (None: all ranks together). `Trace` exposes each of them as a me
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import groupby
 from typing import Any, Literal, Protocol
 
@@ -486,12 +486,27 @@ def fallback_stats(trace: TraceQueries, *, limit: int | None = None, rank: int |
     ]
 
 
-def collective_stats(trace: TraceQueries, *, rank: int | None = None) -> list[CollectiveStat]:
-    """Collectives grouped by kind; longest total time first."""
+def collective_stats(trace: TraceQueries, *, rank: int | None = None, calls_once: bool = False) -> list[CollectiveStat]:
+    """Collectives grouped by kind; longest total time first. A kind's time is its calls' summed durations, but for a
+    recorded run's (`calls_once`): each rank's time with a call of that kind in flight, as asynchronous calls waited for
+    together overlap (the time split's collectives, kind by kind; an import's rows of several chips are summed)."""
     where, params = rank_filter(rank)
     rows = trace.sql(
         "SELECT kind, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0) AS total_ns, "
         f"COALESCE(SUM(wait_ns), 0) FROM collectives{where} GROUP BY kind ORDER BY total_ns DESC",
         params,
     )
-    return [CollectiveStat(*row) for row in rows]
+    stats = [CollectiveStat(*row) for row in rows]
+    if not calls_once:
+        return stats
+    spans: dict[tuple[int, str | None], list[tuple[int, int]]] = {}
+    for call_rank, kind, start_ns, end_ns in trace.sql(
+        "SELECT rank, kind, start_ns, start_ns + COALESCE(dur_ns, 0) FROM collectives"
+        f"{where}{' AND' if where else ' WHERE'} start_ns IS NOT NULL ORDER BY start_ns", params
+    ):
+        spans.setdefault((call_rank, kind), []).append((start_ns, end_ns))
+    in_flight_ns: dict[str | None, int] = {}
+    for (_, kind), intervals in spans.items():
+        in_flight_ns[kind] = in_flight_ns.get(kind, 0) + merged_ns(intervals)
+    stats = [replace(stat, total_ns=in_flight_ns.get(stat.kind, 0)) for stat in stats]
+    return sorted(stats, key=lambda stat: -stat.total_ns)

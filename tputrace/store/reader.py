@@ -557,8 +557,8 @@ class Trace:
         return aggregates.fallback_stats(self, limit=limit, rank=rank)
 
     def collective_stats(self, *, rank: int | None = None) -> list[CollectiveStat]:
-        """Collectives grouped by kind; longest first."""
-        return aggregates.collective_stats(self, rank=rank)
+        """Collectives grouped by kind; longest first (a recorded run's time is each kind's calls in flight)."""
+        return aggregates.collective_stats(self, rank=rank, calls_once=not self.meta.get("imported"))
 
     # -- internals --------------------------------------------------------------------------------
 
