@@ -90,7 +90,10 @@ def test_launch_times_keep_each_runs_earliest_launch() -> None:
     run_ids, starts = merged.sorted(-7)
     assert dict(zip(run_ids.tolist(), starts.tolist())) == {run_id: start - 7 for run_id, start in expected.items()}
     assert run_ids.tolist() == sorted(expected)
-    asked = [None, -1, 12, 60_000, (1 << 64) - 3]  # no run id, an int64 id, a known one, an unknown one, a uint64 one
-    times = np.array([1, 2, 3, 4, 5], dtype=np.int64)
+    # no run id, an int64 id, a known one, an unknown one, a uint64 one, and a known one asked before its launch (an
+    # event of the run's id before the run was launched is no launch of it: it keeps its own time)
+    asked = [None, -1, 12, 60_000, (1 << 64) - 3, 12]
+    late = 10_000_000
+    times = np.array([1, late, late, 4, late, expected[12] - 8], dtype=np.int64)
     assert launched_at(run_ids, starts, asked, times).tolist() == [
-        1, expected[(1 << 64) - 1] - 7, expected[12] - 7, 4, expected[(1 << 64) - 3] - 7]
+        1, expected[(1 << 64) - 1] - 7, expected[12] - 7, 4, expected[(1 << 64) - 3] - 7, expected[12] - 8]
