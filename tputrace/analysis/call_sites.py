@@ -4,6 +4,8 @@ here, its text. The text is read only from a copy whose content is the one the r
 
 from __future__ import annotations
 
+import ast
+import functools
 import io
 import linecache
 import tokenize
@@ -98,3 +100,15 @@ def _joined(lines: list[str]) -> str:
         glue = "" if not text or text[-1] in _OPENING or piece[0] in _CLOSING + "." else " "
         text += glue + piece
     return text
+
+
+@functools.lru_cache(maxsize=16)
+def parsed_source(path: str) -> tuple[ast.Module, str] | None:
+    """The syntax tree and text of a run's copy of a source file (`Trace.source_copy`); None where it cannot be read
+    or parsed."""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            source = handle.read()
+        return ast.parse(source, path), source
+    except (OSError, SyntaxError, ValueError):
+        return None

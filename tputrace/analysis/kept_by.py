@@ -9,10 +9,9 @@ statement at that line binds a name, and a later statement of the same loop body
 from __future__ import annotations
 
 import ast
-import functools
 from dataclasses import dataclass
 
-from tputrace.analysis.call_sites import SourceCopies
+from tputrace.analysis.call_sites import SourceCopies, parsed_source
 
 _TO_PYTHON = frozenset({"float", "int", "bool", "str", "repr", "len"})  # calls that keep no tensor
 _KEEPING_METHODS = frozenset({"append", "extend", "add", "insert", "appendleft", "put", "setdefault", "update"})
@@ -38,7 +37,7 @@ def keeping_line(copies: SourceCopies, file: str | None, line: int | None, *, da
     copy = copies.source_copy(file)
     if copy is None:
         return None
-    parsed = _parsed(copy)
+    parsed = parsed_source(copy)
     if parsed is None:
         return None
     tree, source = parsed
@@ -54,15 +53,6 @@ def keeping_line(copies: SourceCopies, file: str | None, line: int | None, *, da
             return KeepingLine(statement.lineno, " ".join(text.split()))
     return None
 
-
-@functools.lru_cache(maxsize=16)
-def _parsed(path: str) -> tuple[ast.Module, str] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            source = handle.read()
-        return ast.parse(source), source
-    except (OSError, SyntaxError, ValueError):
-        return None
 
 
 def _innermost_loop(tree: ast.AST, line: int) -> ast.For | ast.While | ast.AsyncFor | None:

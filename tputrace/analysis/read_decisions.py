@@ -7,11 +7,10 @@ made less often instead."""
 from __future__ import annotations
 
 import ast
-import functools
 import re
 from dataclasses import dataclass
 
-from tputrace.analysis.call_sites import line_text
+from tputrace.analysis.call_sites import line_text, parsed_source
 from tputrace.analysis.context import AnalysisContext
 from tputrace.store.records import SourceLocation
 
@@ -67,7 +66,7 @@ def decision_fix(where: str, decision: Decision) -> str:
 def _loop_exit(copy: str | None, line: int) -> tuple[int, str] | None:
     """The first statement that leaves the loop in the `if` at `line` or in its `elif`/`else` branches (`break`,
     `return`, `raise`, `sys.exit(...)`), not counting loops or functions nested in them; None without one."""
-    parsed = _parsed(copy) if copy else None
+    parsed = parsed_source(copy) if copy else None
     if parsed is None:
         return None
     tree, source = parsed
@@ -106,12 +105,3 @@ _OWN_SCOPES = (ast.For, ast.While, ast.AsyncFor, ast.FunctionDef, ast.AsyncFunct
 
 _EXITS = re.compile(r"^(?:sys\.)?exit$|^quit$")
 
-
-@functools.lru_cache(maxsize=16)
-def _parsed(path: str) -> tuple[ast.Module, str] | None:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            source = handle.read()
-        return ast.parse(source), source
-    except (OSError, SyntaxError, ValueError):
-        return None

@@ -13,9 +13,9 @@ assignment must be in the loop and run on every iteration (not under an `if`).
 from __future__ import annotations
 
 import ast
-import functools
 from dataclasses import dataclass
 
+from tputrace.analysis.call_sites import parsed_source
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding
 from tputrace.wording import format_ns, plural
@@ -128,9 +128,10 @@ def _compiles_after(context: AnalysisContext, frame_id: int, first_step: int) ->
 
 def _constructor(copy: str, step_line: int, optimizer: str) -> _Constructor | None:
     """The assignment that makes the optimizer stepped at `step_line` in a loop around that call, before it."""
-    tree = _tree(copy)
-    if tree is None:
+    parsed = parsed_source(copy)
+    if parsed is None:
         return None
+    tree = parsed[0]
     function, loops = _enclosing_loops(tree, step_line)
     call = next((node for loop in loops[-1:] for node in ast.walk(loop) if isinstance(node, ast.Call)
                  and getattr(node, "lineno", 0) <= step_line <= getattr(node, "end_lineno", 0)
@@ -153,15 +154,6 @@ def _constructor(copy: str, step_line: int, optimizer: str) -> _Constructor | No
                 return _Constructor(node.lineno, loop_line, ast.unparse(targets[0]), conditional,
                                     "" if loop_line is not None else getattr(scope, "name", ""))
     return None
-
-
-@functools.lru_cache(maxsize=16)
-def _tree(copy: str) -> ast.Module | None:
-    try:
-        with open(copy, encoding="utf-8") as source:
-            return ast.parse(source.read(), copy)
-    except (OSError, SyntaxError, ValueError, UnicodeDecodeError):
-        return None
 
 
 def _enclosing_loops(tree: ast.Module, line: int) -> tuple[ast.FunctionDef | ast.AsyncFunctionDef | None, list[ast.For | ast.AsyncFor | ast.While]]:
