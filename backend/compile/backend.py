@@ -137,15 +137,20 @@ def _user_location(gm: torch.fx.GraphModule) -> tuple[str, str, int] | None:
     return None
 
 
+def _placeholder_source(node: torch.fx.Node) -> str:
+    """The Python source Dynamo names for a graph input (`L['pos']`, `L['self']._parameters['weight']`); "" for none."""
+    grapharg = node.meta.get("grapharg")
+    source = grapharg.source.name if grapharg is not None and getattr(grapharg, "source", None) is not None else ""
+    return str(source() if callable(source) else source)
+
+
 def _user_inputs_text(gm: torch.fx.GraphModule) -> str:
     """Shapes of the graph's inputs that are not module parameters or buffers."""
     texts = []
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             continue
-        grapharg = node.meta.get("grapharg")
-        source = grapharg.source.name if grapharg is not None and getattr(grapharg, "source", None) is not None else ""
-        source = source() if callable(source) else source
+        source = _placeholder_source(node)
         if "_parameters" in source or "_buffers" in source:
             continue
         value = node.meta.get("example_value")
@@ -161,9 +166,7 @@ def _int_input_sources(gm: torch.fx.GraphModule) -> list[str | None]:
     for node in gm.graph.nodes:
         if node.op != "placeholder":
             continue
-        grapharg = node.meta.get("grapharg")
-        source = grapharg.source.name if grapharg is not None and getattr(grapharg, "source", None) is not None else ""
-        source = source() if callable(source) else source
+        source = _placeholder_source(node)
         is_int = isinstance(node.meta.get("example_value"), (int, torch.SymInt))
         names.append(_LOCAL.sub(r"\1", source) if is_int and source else None)
     return names
