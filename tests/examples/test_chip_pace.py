@@ -47,10 +47,15 @@ def test_chip_pace_is_told_where_the_host_ran_ahead(tmp_path: Path, read_each_st
     assert pace.host_median_step_ns == summary.median_step_ns and pace.mean_step_ns >= 1.2 * pace.host_median_step_ns
     assert pace.steps_ahead >= 2
     # The chip's steady steps span from the first step's finish on the chip (its host end or its last program ready,
-    # whichever is later) to the last step's.
+    # whichever is later) to the last step's, less the time the chip sat idle until the host launched a step's first
+    # program (a loaded host can fall behind the chip for a step).
     with tputrace.open(tmp_path / "run.tptrace") as trace:
         steps = trace.sql("SELECT step, end_ns FROM steps WHERE COALESCE(source, '') != 'end' ORDER BY step")
-        ready = dict(trace.sql("SELECT step, MAX(start_ns + dur_ns) FROM executions GROUP BY step"))
-    (first, first_end), (last, last_end) = steps[0], steps[-1]
-    finished_ns = max(last_end, ready.get(last, 0)) - max(first_end, ready.get(first, 0))
-    assert (len(steps) - 1) * pace.mean_step_ns == pytest.approx(finished_ns, abs=len(steps))
+        executions = trace.sql("SELECT step, MIN(start_ns), MAX(start_ns + dur_ns) FROM executions WHERE dur_ns IS NOT NULL GROUP BY step")
+    launched = {step: launch_ns for step, launch_ns, _ in executions}
+    ready = {step: ready_ns for step, _, ready_ns in executions}
+    finishes = [max(end_ns, ready.get(step, 0)) for step, end_ns in steps]
+    for index in range(1, len(finishes)):
+        finishes[index] = max(finishes[index], finishes[index - 1])
+    idle_ns = sum(max(0, launched[step] - finishes[index - 1]) for index, (step, _) in enumerate(steps[1:], 1) if step in launched)
+    assert (len(steps) - 1) * pace.mean_step_ns == pytest.approx(finishes[-1] - finishes[0] - idle_ns, abs=len(steps))

