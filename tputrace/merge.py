@@ -46,7 +46,7 @@ from tputrace.store.writer import TraceWriter
 
 # Columns holding times relative to the run's start (shifted by a merge), and plain durations (kept).
 EVENT_TIME_COLUMNS = frozenset({"start_ns", "end_ns", "t_ns", "alloc_ns", "free_ns"})
-DURATION_COLUMNS = frozenset({"dur_ns", "wait_ns"})
+DURATION_COLUMNS = frozenset({"dur_ns", "wait_ns", "waited_after_ns"})
 WALL_CLOCK_COLUMNS = frozenset({"start_unix_ns"})
 ALIGNMENTS = ("auto", "wall", "collectives")
 POINT_TO_POINT = ("send", "recv")

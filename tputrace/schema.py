@@ -383,8 +383,11 @@ COLLECTIVES = RecordKind(
         _c("bus_bandwidth", "REAL", "bus bandwidth, bytes/s"),
         _STEP,
         _c("cause_id", "INTEGER", "why the call happened (NULL: the user's own call, or a file from before causes were recorded)", ref="collective_causes"),
+        _c("waited_after_ns", "INTEGER", "how long after `start_ns` this rank's code first waited on the call (its Work, "
+           "future or functional result); NULL: never waited, waited where tputrace does not see it (DDP's reducer, in C++), or an older file"),
     ),
     indexes=(("rank", "start_ns"),),
+    optional_trailing=1,
 )
 
 DEVICE_MESHES = RecordKind(

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from types import CodeType
@@ -202,6 +203,9 @@ def detach() -> None:
     from tputrace.backend.compile.events import events
 
     events.drain()  # frame compiles no later compile wrote: one that raised, and the script caught
+    collective_rows = sys.modules.get("tputrace.backend.distributed.tracing")
+    if collective_rows is not None:
+        collective_rows.write_held_rows()  # calls nobody waited on: never, now
     dispatcher = routing.active()
     dispatcher.recorder = None
     tracker, memory.tracker = memory.tracker, None

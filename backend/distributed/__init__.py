@@ -22,10 +22,10 @@ def register() -> None:
     if not dist.is_available():
         return
     from tputrace.backend.core import worker_errors
-    from tputrace.backend.distributed import ddp_options, process_group
+    from tputrace.backend.distributed import collective_errors, ddp_options, process_group
 
     process_group.register_backend()
     ddp_options.install()
-    if process_group.failed_collective not in worker_errors.FAILURE_READERS:
-        worker_errors.FAILURE_READERS.append(process_group.failed_collective)
+    if collective_errors.failed_collective not in worker_errors.FAILURE_READERS:
+        worker_errors.FAILURE_READERS.append(collective_errors.failed_collective)
     _registered = True

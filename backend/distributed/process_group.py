@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import atexit
 import queue
-import re
 import threading
 import time
 import weakref
@@ -33,6 +32,7 @@ import torch
 import torch.distributed as dist
 
 from tputrace.backend.distributed import fsdp, op_handlers, premul_sum, tracing
+from tputrace.backend.distributed.collective_errors import CollectiveError, FailedCollective, transport_message
 from tputrace.backend.distributed.handoff import Handoff, quarantine
 from tputrace.backend.distributed.staging import Staging
 
@@ -104,6 +104,7 @@ class TpuProcessGroup(dist.ProcessGroup):
             return result
 
         pending = _Pending(staging.kind, host_works, finish, handoff, staging.kind == "recv")
+        pending.result.call = call
         self._completion.submit(pending, ordered=staging.kind not in ("send", "recv"))
         return CollectiveWork(pending, staging.kind)
 
@@ -296,47 +297,6 @@ class TpuProcessGroup(dist.ProcessGroup):
         return self._launch(staging, call, lambda give: self._host.recv_anysource([give(host) for host in hosts], tag), tensors)
 
 
-class CollectiveError(RuntimeError):
-    """A collective that did not complete: a peer died or hung, or the transport failed."""
-
-
-class _FailedCollective(CollectiveError):
-    """A failed collective's error as its future holds it.
-
-    `Future.set_exception` does not fail the C++ future: it completes it with the exception as its
-    value, and only Python's `wait()`/`value()` raise it. A C++ reader of the future takes that value
-    as the result: DDP's reducer looks for a bucket's tensors in it by pickling it
-    (`parseCppCommHookResult`), found none in an exception, and read past the empty list (a SIGSEGV on
-    every rank that survived a peer). Pickling this error raises it instead, so such a reader fails
-    with the collective's error as a C++ exception, which autograd raises from `backward()`."""
-
-    def __reduce__(self) -> Any:
-        raise CollectiveError(str(self))
-
-
-_READER_PREFIX = "Cannot extract tensors from value: "  # how torch's C++ side words a value it could not read
-
-
-def failed_collective(error: BaseException) -> CollectiveError | None:
-    """The collective's own error behind an error that a C++ reader of a failed collective's future
-    raised (DDP's reducer, from `backward()`: the sentence wrapped in torch's prefix and a Python
-    traceback), or None for any other error."""
-    text = str(error)
-    marker = f"{_READER_PREFIX}{CollectiveError.__name__}: "
-    if not text.startswith(marker):
-        return None
-    return CollectiveError(text.removeprefix(marker).split("\n\nAt:\n")[0].strip())
-
-
-def _transport_message(error: BaseException) -> str:
-    """The transport's own words, without the future-callback wrapping and traceback lines."""
-    text = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-    for prefix in ("Got the following error when running the callback: ", "RuntimeError: "):
-        text = text.removeprefix(prefix)
-    text = re.sub(r"^\[[^\]\s]+:\d+\] ", "", text)  # gloo's "[.../pair.cc:553] " source position
-    return text.split(" This is typically caused")[0]
-
-
 class CollectiveWork(dist.Work):
     """The `Work` of one collective on a tpu process group: done when its results are back on the chip.
 
@@ -350,6 +310,8 @@ class CollectiveWork(dist.Work):
         self._kind = kind
 
     def wait(self, timeout: Any = None) -> bool:
+        if self._future.call is not None:
+            self._future.call.waited()
         self._pending.run_if_unclaimed()
         try:
             self._future.wait()
@@ -371,10 +333,13 @@ class CollectiveWork(dist.Work):
     def _failure(self, error: BaseException) -> CollectiveError:
         if isinstance(error, CollectiveError):
             return CollectiveError(str(error))
-        return CollectiveError(f"{self._kind} on the tpu process group failed: {_transport_message(error)}")
+        return CollectiveError(f"{self._kind} on the tpu process group failed: {transport_message(error)}")
 
     def is_completed(self) -> bool:
-        return self._future.done()
+        done = self._future.done()
+        if done and self._future.call is not None:
+            self._future.call.waited()  # a poll that found the result back: what follows reads it after the call
+        return done
 
     def is_success(self) -> bool:
         if not self._future.done():
@@ -462,7 +427,7 @@ class _Pending:
         except BaseException as error:  # noqa: BLE001 - handed to whoever waits on the work
             if self.finish is not None:
                 self.finish(True)
-            self.result.set_exception(_FailedCollective(f"{self.kind} on the tpu process group failed: {_transport_message(error)}"))
+            self.result.set_exception(FailedCollective(f"{self.kind} on the tpu process group failed: {transport_message(error)}"))
             return
         finally:
             # The staging goes now, and the host buffers once gloo's thread has dropped the works too;
@@ -479,13 +444,21 @@ class _ClaimingFuture(torch.futures.Future):
     """The future of one collective. Waiting on it in Python finishes the collective on the waiting
     thread when no thread has claimed it yet: a callback chained on another collective's future runs on
     the group's completion thread, and one that issues a collective and waits on its future (DDP's
-    PowerSGD hook) would otherwise wait for that same thread."""
+    PowerSGD hook) would otherwise wait for that same thread. `call` is the call's trace record (None while nothing
+    records): a wait here is the user's, and once the future is collected nobody can wait any more."""
 
     def __init__(self, pending: _Pending) -> None:
         super().__init__()
         self._pending: _Pending | None = pending
+        self.call: tracing.CollectiveCall | None = None
+
+    def __del__(self) -> None:
+        if self.call is not None:
+            self.call.dropped()
 
     def wait(self) -> Any:
+        if self.call is not None:
+            self.call.waited()
         pending = self._pending
         if pending is not None:
             pending.run_if_unclaimed()

@@ -6,12 +6,19 @@ entered the transport (its arrival), `dur_ns` runs from there to the result bein
 time each rank waited for the last arrival needs every rank's clock, so `tputrace merge` fills
 `wait_ns` in; a single rank's trace leaves it NULL.
 
+A user's own call (one without a recorded cause) also keeps when the user's code first waited on it
+(`waited_after_ns`: its Work's `wait()` or `is_completed()` found true, its future's `wait()`, a functional
+result's wait). Its row waits for that: a call whose result came back before any wait is written at the wait,
+or, never waited, when its future is collected or the recording ends (NULL). A call with a cause is
+waited on by its library (DDP's reducer waits in C++) and is written when its result is back.
+
 Message sizes follow the nccl-tests convention: all-gather and reduce-scatter count the full
 (unsharded) buffer, and bus bandwidth is that size times the ring factor of the kind over the duration.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Sequence
 
@@ -24,6 +31,8 @@ from tputrace.recording.interface import Recording, active
 _perf_ns = time.perf_counter_ns
 COMMIT_SOON_NS = 20_000_000
 _last_commit_request_ns = 0
+_held_lock = threading.Lock()
+_held: set[CollectiveCall] = set()  # user calls whose result is back, waiting for the user's first wait to be written
 
 def bus_factor(kind: str, ranks: int) -> float:
     """Bytes each rank moves per byte of message (nccl-tests' bus bandwidth factors)."""
@@ -47,7 +56,8 @@ class CollectiveCall:
     """One collective as issued on this rank; `finished()` writes its row. (A plain class with slots:
     one is made per collective while recording, so its cost is on the collective path.)"""
 
-    __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id")
+    __slots__ = ("recorder", "kind", "nbytes", "dtype", "group", "ranks", "size", "frame_id", "step", "algorithm", "start_ns", "cause_id",
+                 "waited_after_ns", "result")
 
     def __init__(self, recorder: Recording, kind: str, nbytes: int, dtype: str, group: str, ranks: str, size: int, transport: str,
                  reduced_already: bool = False, tensors: list[torch.Tensor] | None = None) -> None:
@@ -65,6 +75,8 @@ class CollectiveCall:
             self.algorithm = f"{transport}:uneven"  # pieces of different sizes, as the ranks chose them
         self.start_ns = 0
         self.cause_id = causes.cause_id(recorder, kind, group, reduced_already)
+        self.waited_after_ns: int | None = None
+        self.result: tuple[int, float | None] | None = None  # (duration, bandwidth) of a finished call not yet written
 
     def arrived(self) -> None:
         """This rank's data is in the transport: the moment the others wait for. The rows recorded so far are
@@ -77,14 +89,53 @@ class CollectiveCall:
             self.recorder.commit_soon()
 
     def finished(self, failed: bool = False) -> None:
-        """Write the row: when the result is back, or when the call failed (a peer gone, a timeout), so that the
-        trace keeps the call a rank was waiting in; a failed call has no bus bandwidth."""
+        """The result is back, or the call failed (a peer gone, a timeout): write the row now (a failed call, so that
+        the trace keeps the call a rank was waiting in, has no bus bandwidth), or, for a user's call nobody has waited on
+        yet, at its first wait (`waited`) or once nobody can (`dropped`)."""
         duration = max(_perf_ns() - self.start_ns, 1)
         bandwidth = self.nbytes * bus_factor(self.kind, self.size) * 1e9 / duration if self.nbytes and not failed else None
+        with _held_lock:
+            if not failed and self.cause_id is None and self.waited_after_ns is None:
+                self.result = (duration, bandwidth)
+                _held.add(self)
+                return
+        self._write(duration, bandwidth)
+
+    def waited(self) -> None:
+        """The user's code waits on the call; the first wait is the one its row keeps."""
+        with _held_lock:
+            if self.waited_after_ns is not None:
+                return
+            self.waited_after_ns = max(_perf_ns() - self.start_ns, 0) if self.start_ns else 0
+            result, self.result = self.result, None
+            _held.discard(self)
+        if result is not None:
+            self._write(*result)
+
+    def dropped(self) -> None:
+        """Nothing can wait on the call any more (its future was collected, the recording ends): a finished call's row
+        is written as never waited."""
+        with _held_lock:
+            result, self.result = self.result, None
+            _held.discard(self)
+        if result is not None:
+            self._write(*result)
+
+    def _write(self, duration: int, bandwidth: float | None) -> None:
+        if active() is not self.recorder:  # the recording has ended
+            return
         self.recorder.collective(
             self.kind, self.nbytes, self.dtype, self.group, self.ranks, self.frame_id, self.start_ns, duration, None, self.algorithm, bandwidth, self.step,
-            self.cause_id,
+            self.cause_id, self.waited_after_ns,
         )
+
+
+def write_held_rows() -> None:
+    """Write the rows of the finished calls nobody waited on (the recording ends: they never were)."""
+    with _held_lock:
+        calls = list(_held)
+    for call in calls:
+        call.dropped()
 
 
 def open_call(kind: str, tensors: list[torch.Tensor], nbytes: int, group: str, ranks: str, size: int, transport: str) -> CollectiveCall | None:

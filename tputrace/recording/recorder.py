@@ -437,9 +437,11 @@ class Recorder(ShardingRecords, UserFrames):
         bus_bandwidth: float | None,
         step: int,
         cause_id: int | None = None,
+        waited_after_ns: int | None = None,
     ) -> None:
         """A collective finished (called from any thread). `start_ns` is a perf_counter time: when this
-        rank's data entered the transport; `frame_id`, `step` and `cause_id` are those of the issuing call."""
+        rank's data entered the transport; `frame_id`, `step` and `cause_id` are those of the issuing call;
+        `waited_after_ns`: how long after `start_ns` the user's code first waited on it (None: never)."""
         if not self.window_open:
             return
         self.recorded_in_step |= step == self.step_index
@@ -447,7 +449,7 @@ class Recorder(ShardingRecords, UserFrames):
         writer.append(
             "collectives",
             (self.rank, kind, nbytes, dtype, writer.intern(group), writer.intern(ranks), frame_id, start_ns - self.t0, dur_ns, wait_ns, algorithm,
-             bus_bandwidth, step, cause_id),
+             bus_bandwidth, step, cause_id, waited_after_ns),
         )
 
     def commit_soon(self) -> None:

@@ -292,6 +292,7 @@ class CollectiveRecord:
     bus_bandwidth: float | None
     step: int | None
     cause_id: int | None = None
+    waited_after_ns: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
