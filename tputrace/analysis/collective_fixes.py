@@ -1,12 +1,14 @@
 """The change that removes a line's collectives, by what the calls are: pickled objects, one reduction per tensor, a
-barrier, broadcasts, scatters (`distribute_tensor` in the loop), point-to-point sends, XLA's collective permutes;
-else the general advice to overlap or reduce less often."""
+barrier, broadcasts, scatters (`distribute_tensor` in the loop), point-to-point sends, XLA's collective permutes, the
+model's own communication in its forward pass (`collective_phases`); else the general advice to overlap or reduce
+gradients less often."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
 from tputrace.analysis.call_sites import line_text
+from tputrace.analysis.collective_phases import collective_phases, forward_fix
 from tputrace.analysis.context import AnalysisContext
 from tputrace.analysis.imported import context_import_facts
 
@@ -31,10 +33,12 @@ def line_fix(context: AnalysisContext, where: str, params: Sequence[int], by: st
         return _dispatch_fix(context.where(frame_id))
     if kind in OBJECT_KINDS and pickled and lengths:
         return _object_fix(kind, context.where(frame_id), per_step)
-    if kind in PER_TENSOR_KINDS and per_step >= 2 and sizes >= 2:
-        return _per_tensor_fix(kind, context.where(frame_id), per_step)
     if kind in PER_TENSOR_KINDS and per_step >= 1 and largest is not None and largest <= SCALAR_BYTES:
         return _scalar_fix(kind, context.where(frame_id))
+    if collective_phases(context).moves_activations(kind, frame_id):
+        return forward_fix(context, kind, frame_id)
+    if kind in PER_TENSOR_KINDS and per_step >= 2 and sizes >= 2:
+        return _per_tensor_fix(kind, context.where(frame_id), per_step)
     if kind not in ("barrier", "broadcast", "send", "recv", "collective_permute", "scatter"):
         return None
     return small_fix(context, where, params, (kind, frame_id))
@@ -48,9 +52,12 @@ def share_fix(context: AnalysisContext, where: str, params: Sequence[int]) -> st
                              "GROUP BY kind, frame_id ORDER BY 3 DESC LIMIT 2", tuple(params))
     total = sum(dur for _, _, dur in rows) or 1
     fixes: list[tuple[str, str]] = []  # (fix, the line it names)
+    phases = collective_phases(context)
     for index, (kind, frame_id, dur) in enumerate(rows):
         if index and dur < SECOND_LINE_SHARE * total:
             break
+        if index and phases.moves_activations(kind, frame_id) and phases.moves_activations(*rows[0][:2]):
+            continue  # the forward's calls and their backward mirror: one change for both, named at the first
         fix = line_fix(context, f"{where} AND kind = ? AND frame_id IS ?", tuple(params) + (kind, frame_id))
         at = context.where(frame_id)
         if fix is None:
@@ -143,6 +150,8 @@ def small_fix(context: AnalysisContext, where: str, params: Sequence[int], top: 
         return (f"Permute fewer, larger blocks at {at}: in a `shard_map` ring (`jax.lax.ppermute` of each hop), concatenate "
                 "the arrays a hop passes into one, and start the next hop's ppermute before computing on the block in hand, "
                 "so that XLA's asynchronous collective-permute runs under that compute.")
+    if kind is not None and collective_phases(context).moves_activations(kind, frame_id):
+        return forward_fix(context, kind, frame_id)
     return (f"Bucket them (the most calls are at {at}): a larger DDP `bucket_cap_mb`, or flatten small tensors into one before "
             "reducing (torch.cat, one all_reduce, then split).")
 

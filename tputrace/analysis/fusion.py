@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tputrace.analysis import unrolled_loops
+from tputrace.analysis.collective_phases import collective_phases
 from tputrace.analysis.context import AnalysisContext, in_list, outside_fallbacks
 from tputrace.analysis.findings import AnalysisResult, Finding
 from tputrace.analysis.syncs import known_library_read, library_suggestion, library_where
@@ -52,6 +53,9 @@ SUGGESTIONS: dict[str, str] = {
 COLLECTIVE_SUGGESTIONS: dict[str, str] = {
     "all_reduce": ("each all-reduce ends the pending fused program, whose results it sends: issue fewer a step (one flattened "
                    "all-reduce rather than one per tensor, larger DDP buckets, `no_sync()` while accumulating gradients)"),
+    "activations": ("each all-reduce ends the pending fused program, whose results it sends; these move the model's "
+                    "activations in its forward pass (tensor parallelism) and their backward's mirror, not gradients: issue "
+                    "fewer a step (one per block, a column-parallel layer feeding a row-parallel one)"),
     "sharded": ("each all-gather and reduce-scatter ends the pending fused program, whose results it sends; a sharded model "
                 "(FSDP) makes them per wrapped group, before each group's forward and after its backward: wrap fewer, larger "
                 "groups (`fully_shard` on each block rather than on each layer, a size-based wrap policy with a larger "
@@ -188,7 +192,7 @@ def _collective_hint(context: AnalysisContext, frame_id: int | None) -> str:
     if sharded > reduced:
         return COLLECTIVE_SUGGESTIONS["sharded"]
     if reduced:
-        return COLLECTIVE_SUGGESTIONS["all_reduce"]
+        return COLLECTIVE_SUGGESTIONS["activations" if collective_phases(context).moves_activations("all_reduce", frame_id) else "all_reduce"]
     return SUGGESTIONS["collective"]
 
 
