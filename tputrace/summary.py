@@ -28,7 +28,7 @@ from tputrace.derived.steps import loop_step_durations, steady_median_ns
 from tputrace.derived.op_ranking import CHIP_SHARE_LABEL, HOST_DISPATCH_LABEL, NOT_PROJECTED, RankedOp, rank_ops
 from tputrace.derived.op_time import DEVICE_OP_TIME, op_time_kind
 from tputrace.forks import ForkOrigin, started_by
-from tputrace.summary_tables import Section, kernel_launch_sections, rank_section
+from tputrace.summary_tables import Section, collectives_section, kernel_launch_sections, rank_section
 from tputrace.summary_tables import percent as _percent, where as _where
 from tputrace.store.aggregates import (
     CollectiveStat,
@@ -40,7 +40,7 @@ from tputrace.store.aggregates import (
 )
 from tputrace.store.records import RunInfo, SourceLocation
 from tputrace.store.replays import ReplayStats, replay_stats
-from tputrace.wording import format_bytes, format_ns, plural, printable
+from tputrace.wording import format_ns, plural, printable
 
 if TYPE_CHECKING:
     from tputrace.store.reader import Trace
@@ -481,23 +481,8 @@ def sections(summary: RunSummary) -> list[Section]:
             )
         )
     if summary.collectives:
-        result.append(
-            Section(
-                "collectives",
-                ("kind", "count", "bytes", "time", "waiting"),
-                tuple(
-                    (
-                        stat.kind or "?",
-                        f"{stat.count}",
-                        "unknown" if stat.kind in summary.collectives_without_bytes else format_bytes(stat.bytes),
-                        format_ns(stat.total_ns),
-                        "unknown" if stat.kind in summary.collectives_without_waits else format_ns(stat.wait_ns),
-                    )
-                    for stat in summary.collectives
-                ),
-                (False, True, True, True, True),
-            )
-        )
+        result.append(collectives_section(summary.collectives, summary.collectives_without_bytes, summary.collectives_without_waits,
+                                          calls_once=not summary.imported))
     if summary.forked:
         result.append(Section(f"forked processes: {len(summary.forked)}", lines=tuple(_forked_line(process) for process in summary.forked)))
     return [section for section in result if section.rows or section.lines]

@@ -1,15 +1,16 @@
 """The summary's `Section` (a titled table or lines), and the tables only some traces have: a line per rank for a
 trace of several (`tputrace.derived.rank_lines`), so that the slow rank, the idle one or the one waiting in
-collectives shows without a summary per `--rank`; and an imported GPU capture's ops and lines by the kernel time they
-launched (`tputrace.derived.kernel_launches`)."""
+collectives shows without a summary per `--rank`; the collectives by kind; and an imported GPU capture's ops and lines
+by the kernel time they launched (`tputrace.derived.kernel_launches`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from tputrace.derived.rank_lines import RankLine
+from tputrace.store.aggregates import CollectiveStat
 from tputrace.store.records import SourceLocation
-from tputrace.wording import format_ns, plural, printable
+from tputrace.wording import format_bytes, format_ns, plural, printable
 
 
 @dataclass(frozen=True)
@@ -59,6 +60,30 @@ def rank_section(lines: tuple[RankLine, ...], shown_rank: int) -> Section:
     return Section(f"ranks: {len(lines)} (* the rank the other tables show; `tputrace summary --rank N` for another)",
                    tuple(columns[index] for index in kept), tuple(tuple(row[index] for index in kept) for row in rows),
                    tuple(numeric[index] for index in kept))
+
+
+def collectives_section(stats: tuple[CollectiveStat, ...], without_bytes: frozenset[str], without_waits: frozenset[str], *,
+                        calls_once: bool) -> Section:
+    """The shown rank's collectives by kind. A recorded run's time and waiting count calls in flight together once (the
+    time any call of the kind was in flight, and the time any waited for the last rank to arrive), so neither exceeds
+    the rank's wall time; an import's are its calls' sums (its rows may be several chips')."""
+    title = ("collectives (time: any call of the kind in flight; waiting: any call of it waiting for the last rank to arrive)"
+             if calls_once else "collectives (time and waiting: the calls' sums)")
+    return Section(
+        title,
+        ("kind", "count", "bytes", "time", "waiting for last rank"),
+        tuple(
+            (
+                stat.kind or "?",
+                f"{stat.count}",
+                "unknown" if stat.kind in without_bytes else format_bytes(stat.bytes),
+                format_ns(stat.total_ns),
+                "unknown" if stat.kind in without_waits else format_ns(stat.wait_ns),
+            )
+            for stat in stats
+        ),
+        (False, True, True, True, True),
+    )
 
 
 def kernel_launch_sections(op_kernel_ns: dict[str, int], kernel_lines: tuple[tuple[SourceLocation, int], ...],

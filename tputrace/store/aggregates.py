@@ -487,9 +487,11 @@ def fallback_stats(trace: TraceQueries, *, limit: int | None = None, rank: int |
 
 
 def collective_stats(trace: TraceQueries, *, rank: int | None = None, calls_once: bool = False) -> list[CollectiveStat]:
-    """Collectives grouped by kind; longest total time first. A kind's time is its calls' summed durations, but for a
-    recorded run's (`calls_once`): each rank's time with a call of that kind in flight, as asynchronous calls waited for
-    together overlap (the time split's collectives, kind by kind; an import's rows of several chips are summed)."""
+    """Collectives grouped by kind; longest total time first. A kind's time and waiting are its calls' summed durations
+    and waits, but for a recorded run's (`calls_once`): each rank's time with a call of that kind in flight, and with one
+    waiting for the last rank's arrival (a call waits from its own arrival, `start_ns`, for `wait_ns`), as asynchronous
+    calls waited for together overlap (the time split's collectives, kind by kind; an import's rows of several chips
+    are summed)."""
     where, params = rank_filter(rank)
     rows = trace.sql(
         "SELECT kind, COUNT(*), COALESCE(SUM(bytes), 0), COALESCE(SUM(dur_ns), 0) AS total_ns, "
@@ -500,13 +502,17 @@ def collective_stats(trace: TraceQueries, *, rank: int | None = None, calls_once
     if not calls_once:
         return stats
     spans: dict[tuple[int, str | None], list[tuple[int, int]]] = {}
-    for call_rank, kind, start_ns, end_ns in trace.sql(
-        "SELECT rank, kind, start_ns, start_ns + COALESCE(dur_ns, 0) FROM collectives"
+    waits: dict[tuple[int, str | None], list[tuple[int, int]]] = {}
+    for call_rank, kind, start_ns, end_ns, wait_ns in trace.sql(
+        "SELECT rank, kind, start_ns, start_ns + COALESCE(dur_ns, 0), COALESCE(wait_ns, 0) FROM collectives"
         f"{where}{' AND' if where else ' WHERE'} start_ns IS NOT NULL ORDER BY start_ns", params
     ):
         spans.setdefault((call_rank, kind), []).append((start_ns, end_ns))
+        waits.setdefault((call_rank, kind), []).append((start_ns, start_ns + wait_ns))
     in_flight_ns: dict[str | None, int] = {}
-    for (_, kind), intervals in spans.items():
+    waiting_ns: dict[str | None, int] = {}
+    for (call_rank, kind), intervals in spans.items():
         in_flight_ns[kind] = in_flight_ns.get(kind, 0) + merged_ns(intervals)
-    stats = [replace(stat, total_ns=in_flight_ns.get(stat.kind, 0)) for stat in stats]
+        waiting_ns[kind] = waiting_ns.get(kind, 0) + merged_ns(waits[(call_rank, kind)])
+    stats = [replace(stat, total_ns=in_flight_ns.get(stat.kind, 0), wait_ns=waiting_ns.get(stat.kind, 0)) for stat in stats]
     return sorted(stats, key=lambda stat: -stat.total_ns)
