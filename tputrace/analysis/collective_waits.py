@@ -35,7 +35,7 @@ def unwaited_findings(context: AnalysisContext) -> list[Finding]:
     """One finding per line and kind whose calls' results the rank did not wait for within their step."""
     trace = context.trace
     run = context.rank_run
-    if (trace.meta.get("imported") or not trace.has_column("collectives", "waited_after_ns")
+    if (trace.meta.get("imported") or not all(trace.has_column("collectives", column) for column in ("waited_after_ns", "cause_id"))
             or (run is not None and (run.error or run.exit_status))):  # a failed call's row has no wait either
         return []
     return [_finding(context, line) for line in unwaited_lines(context)]

@@ -26,7 +26,8 @@ def run(args: argparse.Namespace) -> int:
 
     from tputrace.derived.eager_modes import eager_mode_spans, eager_modes_text
     from tputrace.store.reader import open_trace
-    from tputrace.summary import exit_text, format_bytes, format_ns, raised_line
+    from tputrace.summary import exit_text, raised_line
+    from tputrace.wording import format_bytes, format_ns
 
     with open_trace(args.trace) as trace:
         file_size = trace.path.stat().st_size
