@@ -122,3 +122,6 @@ def test_the_summary_counts_waits_in_flight_together_once(tmp_path: Path) -> Non
     assert stat.count == 24 and 0 < stat.wait_ns <= stat.total_ns <= wall_ns
     section = next(section for section in sections(summary) if section.title.startswith("collectives"))
     assert section.columns[-1] == "waiting for last rank" and "waiting for the last rank" in section.title
+    # the straggler finding's waits count them once too
+    waits = {wait.rank: wait for wait in _report(trace).results["collectives"].data.wait_by_rank}
+    assert 0 < waits[1].wait_ns <= waits[1].dur_ns <= wall_ns

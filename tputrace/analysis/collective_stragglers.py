@@ -30,7 +30,8 @@ STRAGGLER_OWN_WAIT_SHARE = 0.5  # of the others' mean wait: a late rank waits cl
 
 @dataclass(frozen=True)
 class RankWait:
-    """A rank's time in collectives and the part of it spent waiting for the last rank."""
+    """A rank's time in collectives and the part of it spent waiting for the last rank, calls in flight (or waiting)
+    together counted once, so neither exceeds the rank's wall time."""
 
     rank: int
     wait_ns: int
@@ -99,9 +100,7 @@ def _unrecorded_by_rank(trace: Trace, ranks: list[int], *, unmarked: bool = Fals
 def stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggler | None, Finding | None]:
     """Every rank's waiting, the rank that arrived last, and a finding when the other ranks wait long for it."""
     trace = context.trace
-    per_rank = trace.sql(
-        "SELECT rank, COALESCE(SUM(wait_ns), 0), COALESCE(SUM(dur_ns), 0) FROM collectives GROUP BY rank ORDER BY rank"
-    )
+    per_rank = _in_flight_by_rank(trace)
     wait_by_rank = tuple(RankWait(rank, wait, dur) for rank, wait, dur in per_rank)
     if len(per_rank) < 2:
         return wait_by_rank, None, None
@@ -293,6 +292,18 @@ def lines_only_on(trace: Trace, rank: int, others: list[int]) -> list[tuple[Sour
     lines = [(location, ranks[rank][0]) for location, ranks in by_line.items()
              if rank in ranks and ranks[rank][1] * 2 >= max(step_count, 1) and not any(other in ranks for other in others)]
     return sorted(lines, key=lambda item: -item[1])
+
+def _in_flight_by_rank(trace: Trace) -> list[tuple[int, int, int]]:
+    """Per rank: the time any of its calls waited for the last arrival (from its own, `start_ns`, for `wait_ns`) and the
+    time any was in flight: asynchronous calls waited for together overlap, and their sums would pass the wall time."""
+    waits: dict[int, list[tuple[int, int]]] = {}
+    spans: dict[int, list[tuple[int, int]]] = {}
+    for rank, start, wait, dur in trace.sql("SELECT rank, start_ns, COALESCE(wait_ns, 0), COALESCE(dur_ns, 0) FROM collectives "
+                                            "ORDER BY rank, start_ns"):
+        waits.setdefault(rank, []).append((start, start + wait))
+        spans.setdefault(rank, []).append((start, start + dur))
+    return [(rank, union_length(waits[rank]), union_length(spans[rank])) for rank in sorted(spans)]
+
 
 def union_length(intervals: list[tuple[int, int]]) -> int:
     """The time covered by at least one interval (sorted by start)."""
