@@ -165,5 +165,5 @@ def _collectives_rows(output: Path) -> list[tuple[str, ...]]:
     from tputrace.summary import sections, summarize
 
     with tputrace.open(output) as trace:
-        (section,) = [section for section in sections(summarize(trace)) if section.title == "collectives"]
+        (section,) = [section for section in sections(summarize(trace)) if section.title.startswith("collectives")]
     return [(row[0], row[1], row[2], row[4]) for row in section.rows]
