@@ -52,16 +52,16 @@ def share_fix(context: AnalysisContext, where: str, params: Sequence[int]) -> st
                              "GROUP BY kind, frame_id ORDER BY 3 DESC LIMIT 2", tuple(params))
     total = sum(dur for _, _, dur in rows) or 1
     fixes: list[tuple[str, str]] = []  # (fix, the line it names)
-    phases = collective_phases(context)
+    forward_named = False  # the forward's calls and their backward mirror: one change for both, named at the first
     for index, (kind, frame_id, dur) in enumerate(rows):
         if index and dur < SECOND_LINE_SHARE * total:
             break
-        if index and phases.moves_activations(kind, frame_id) and phases.moves_activations(*rows[0][:2]):
-            continue  # the forward's calls and their backward mirror: one change for both, named at the first
         fix = line_fix(context, f"{where} AND kind = ? AND frame_id IS ?", tuple(params) + (kind, frame_id))
         at = context.where(frame_id)
-        if fix is None:
+        forward = fix is not None and collective_phases(context).moves_activations(kind, frame_id) and fix == forward_fix(context, kind, frame_id)
+        if fix is None or (forward and forward_named):
             continue
+        forward_named = forward_named or forward
         if fixes and fix.replace(at, fixes[0][1]) == fixes[0][0]:  # the same change at both lines (a send and its recv)
             fixes[0] = (fixes[0][0].replace(fixes[0][1], f"{fixes[0][1]} and {at}", 1), f"{fixes[0][1]} and {at}")
         elif all(fix != known for known, _ in fixes):

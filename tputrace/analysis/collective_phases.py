@@ -8,7 +8,8 @@ the pass's `backward_end` flush, or, without flushes, of its `*_backward` ops); 
 pass when it started before its step's backward did (the first op at a backward line), and a gradient reduction by hand
 when it started after (between the backward and the optimizer step). A line where the rank also ran ops inside a
 module's `forward` (a differentiable collective's copy of its input) is in the forward pass whatever the steps (a run
-without steps has no step to compare with). A run without any backward pass reduces no gradients. The calls a backward pass issues are the mirror of the forward's where the rank issued forward collectives
+without steps has no step to compare with). A recorded run without any backward pass reduces no gradients; an
+imported capture, whose backward passes are not marked, is not judged. The calls a backward pass issues are the mirror of the forward's where the rank issued forward collectives
 and DDP issued none (a differentiable collective's backward is a collective), and gradient reductions otherwise (a
 gradient hook's all-reduce).
 """
@@ -20,6 +21,9 @@ from dataclasses import dataclass
 from tputrace.analysis.context import AnalysisContext
 
 _CACHE_KEY = "collective_phases"
+# The kinds a layer split over ranks communicates with; sends and receives (pipeline stages), broadcasts and barriers
+# have fixes of their own.
+MODEL_KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")
 
 
 @dataclass(frozen=True)
@@ -51,6 +55,8 @@ def collective_phases(context: AnalysisContext) -> CollectivePhases:
 
 def _phases(context: AnalysisContext) -> CollectivePhases:
     trace, rank = context.trace, context.rank
+    if trace.meta.get("imported"):  # a capture's backward passes are not marked as a recording's are
+        return CollectivePhases(frozenset(), frozenset(), False)
     backward_frames = {frame_id for (frame_id,) in trace.sql(
         "SELECT DISTINCT frame_id FROM flushes WHERE rank = ? AND trigger = 'backward_end'", (rank,))} if trace.has_table("flushes") else set()
     if not backward_frames:
@@ -59,7 +65,8 @@ def _phases(context: AnalysisContext) -> CollectivePhases:
             (rank,))}
     backward_frames.discard(None)
     caused = " AND cause_id IS NULL" if trace.has_column("collectives", "cause_id") else ""
-    calls = trace.sql(f"SELECT kind, frame_id, step, start_ns FROM collectives WHERE rank = ?{caused}", (rank,))
+    kinds = ", ".join(f"'{kind}'" for kind in MODEL_KINDS)
+    calls = trace.sql(f"SELECT kind, frame_id, step, start_ns FROM collectives WHERE rank = ? AND kind IN ({kinds}){caused}", (rank,))
     backward_starts: dict[int, int] = {}
     if backward_frames:
         marks = ", ".join("?" * len(backward_frames))
@@ -70,6 +77,8 @@ def _phases(context: AnalysisContext) -> CollectivePhases:
     after: set[tuple[str, int | None]] = set()  # after the backward: gradients reduced by hand
     for kind, frame_id, step, start_ns in calls:
         line = (kind, frame_id)
+        if frame_id is None:
+            continue
         if frame_id in backward_frames:
             backward.add(line)
         elif not backward_frames or (step in backward_starts and start_ns < backward_starts[step]):
@@ -85,7 +94,7 @@ def _phases(context: AnalysisContext) -> CollectivePhases:
         forward |= {line for line in after if line[1] in in_modules}
     ddp = trace.has_table("collective_causes") and bool(trace.sql(
         "SELECT 1 FROM collective_causes WHERE rank = ? AND kind LIKE 'ddp%' LIMIT 1", (rank,)))
-    mirrors = bool(forward) and not ddp and any(kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all") for kind, _ in forward)
+    mirrors = bool(forward) and not ddp
     return CollectivePhases(frozenset(forward), frozenset(backward), mirrors)
 
 

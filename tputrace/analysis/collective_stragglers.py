@@ -12,11 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.context import AnalysisContext
-from tputrace.analysis.findings import Evidence, Finding, Severity
+from tputrace.analysis.findings import Evidence, Finding
 from tputrace.analysis.host_gaps import line_of_extra_host_time
 from tputrace.analysis.imported import context_import_facts
 from tputrace.analysis.rank_extra_ops import (extra_compiles, extra_ops, own_compiles_finding, own_ops_finding,
                                               wait_in_steps)
+from tputrace.analysis.straggler_finding import LateRank, straggler_finding
 from tputrace.store.records import SourceLocation
 from tputrace.wording import format_ns, plural
 
@@ -131,6 +132,7 @@ def stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggle
     own_work = excess_idle >= 0.5 * waited
     late = Straggler(straggler, consistent, on_shared_host, excess_idle)
     evidence = tuple(Evidence(f"rank {rank} waited {format_ns(waits[rank])}", table="collectives") for rank in sorted(waits))
+    late_rank = LateRank(NAME, straggler, waited, share, consistent, evidence)
     own_lines = {other: lines_only_on(trace, other, [rank for rank in waits if rank != other]) for other in others} if extra else {}
     if extra and all(own_lines.values()):
         # every rank runs lines of its own (pipeline stages, a role per rank): not one rank's extra work
@@ -143,23 +145,19 @@ def stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggle
         # the late rank runs ops at lines the others never run (an evaluation or a log on one rank): recorded work of its
         # own, which the trace can tell from the host's scheduling
         where = ", ".join(location.short for location, _ in extra[:3])
-        return wait_by_rank, late, Finding(
-            analyzer=NAME,
-            severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
+        return wait_by_rank, late, straggler_finding(
+            context, late_rank, last_in_most=False,
             title=f"Straggler: rank {straggler} runs work the other ranks do not, at {where}; they wait {format_ns(waited)} for it",
             explanation=(
-                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
-                f"{straggler} was last in {consistent:.0%} of the steps, and in the steps it ran ops at {plural(len(extra), 'line')} that no "
+                f"was last in {consistent:.0%} of the steps, and in the steps it ran ops at {plural(len(extra), 'line')} that no "
                 f"other rank ran, so every collective after them waits for it."
             ),
             suggestion=(
                 f"Take the rank-dependent work at {where} out of the steps (run it every N steps, or after the loop), or spread it over "
                 f"every rank; a value only rank {straggler} reports can stay on the chip and be read once at the end."
             ),
-            cost_total_ns=float(waited),
-            cost_per_step_ns=context.per_step(waited),
             evidence=tuple(Evidence(f"rank {straggler} only: {plural(calls, 'op call')} in the steps", file=location.file, line=location.line,
-                                    table="ops") for location, calls in extra[:5]) + evidence,
+                                    table="ops") for location, calls in extra[:5]),
             file=extra[0][0].file,
             line=extra[0][0].line,
         )
@@ -167,10 +165,10 @@ def stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggle
     # last in, tie the two
     beyond_ns, compiled = (0, []) if extra else extra_compiles(trace, straggler, others)
     if beyond_ns >= 0.5 * waited and wait_in_steps(trace, others, {step for _, step, _ in compiled}) >= 0.5 * waited:
-        return wait_by_rank, late, own_compiles_finding(context, NAME, straggler, beyond_ns, compiled, waited, share, evidence)
+        return wait_by_rank, late, own_compiles_finding(context, late_rank, beyond_ns, compiled)
     own_ops = [] if extra or consistent < 0.5 else extra_ops(trace, straggler, others)
     if own_ops and sum(item.ns_per_step for item in own_ops) >= 0.5 * (context.per_step(waited) or 0.0):
-        return wait_by_rank, late, own_ops_finding(context, NAME, straggler, own_ops, waited, share, consistent, evidence)
+        return wait_by_rank, late, own_ops_finding(context, late_rank, own_ops)
     if on_shared_host and not own_work:
         # Virtual chips of one host take turns on its cores: who arrives last is the host's scheduling as much as the
         # program's, and nothing in the trace tells the two apart; the wait is not counted as the program's cost.
@@ -192,18 +190,15 @@ def stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggle
             cost_per_step_ns=context.per_step(0.0),
             evidence=evidence,
         )
-    severity: Severity = "warning" if context.share_of_wall(waited) >= 0.05 and consistent >= 0.5 else "info"
     before = line_of_extra_host_time(trace, straggler, others) if own_work and consistent >= 0.5 else None
     if before is not None and before[1] >= 0.5 * waited:
         # its host work outside anything recorded sits before one line: the gap before the first record of that line
         where, extra_ns = before[0].short, before[1]
-        return wait_by_rank, late, Finding(
-            analyzer=NAME,
-            severity=severity,
+        return wait_by_rank, late, straggler_finding(
+            context, late_rank,
             title=f"Straggler: rank {straggler} spends {format_ns(extra_ns)} more than the others on the host before {where}; they wait {format_ns(waited)}",
             explanation=(
-                f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
-                f"{straggler} was last in {consistent:.0%} of the steps, and before {where} it spent {format_ns(extra_ns)} more than the "
+                f"was last in {consistent:.0%} of the steps, and before {where} it spent {format_ns(extra_ns)} more than the "
                 "other ranks on average in host work the trace does not record (Python, NumPy or a library between two recorded "
                 "calls), so every collective after it waits for it."
             ),
@@ -212,33 +207,26 @@ def stragglers(context: AnalysisContext) -> tuple[tuple[RankWait, ...], Straggle
                 "sleep): give every rank the same work (shards of equal size and kind), move it off the step (a DataLoader with "
                 "workers, data prepared ahead), or run it on the chip."
             ),
-            cost_total_ns=float(waited),
-            cost_per_step_ns=context.per_step(waited),
             evidence=(Evidence(f"rank {straggler}: {format_ns(extra_ns)} more host time before this line", file=before[0].file,
-                               line=before[0].line, table="ops"),) + evidence,
+                               line=before[0].line, table="ops"),),
             file=before[0].file,
             line=before[0].line,
         )
-    return wait_by_rank, late, Finding(
-        analyzer=NAME,
-        severity=severity,
+    return wait_by_rank, late, straggler_finding(
+        context, late_rank,
         title=f"Straggler: rank {straggler} arrives last; other ranks wait {format_ns(waited)} on average",
         explanation=(
-            f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to "
-            + (f"arrive; rank {straggler} waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
-               "than the others outside anything the trace records (host work of its own)"
-               + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
-               if context.steps else
-               f"arrive; rank {straggler} waited least, so it is the late one (the capture marks no steps, so the time each rank "
-               "spent outside what it records is not measured).")
+            (f"waited least, was last in {consistent:.0%} of the steps, and spent {format_ns(excess_idle)} more "
+             "than the others outside anything the trace records (host work of its own)"
+             + (", so it is the late one." if consistent >= 0.5 else ": the late rank changes from step to step, which points at noise more than at one rank's work.")
+             if context.steps else
+             "waited least, so it is the late one (the capture marks no steps, so the time each rank "
+             "spent outside what it records is not measured).")
         ),
         suggestion=(
             f"Look at what rank {straggler} does before its collectives (uneven data loading, extra logging or "
             "evaluation on that rank, uneven shards)."
         ),
-        cost_total_ns=float(waited),
-        cost_per_step_ns=context.per_step(waited),
-        evidence=evidence,
     )
 
 
@@ -292,6 +280,7 @@ def lines_only_on(trace: Trace, rank: int, others: list[int]) -> list[tuple[Sour
     lines = [(location, ranks[rank][0]) for location, ranks in by_line.items()
              if rank in ranks and ranks[rank][1] * 2 >= max(step_count, 1) and not any(other in ranks for other in others)]
     return sorted(lines, key=lambda item: -item[1])
+
 
 def _in_flight_by_rank(trace: Trace) -> list[tuple[int, int, int]]:
     """Per rank: the time any of its calls waited for the last arrival (from its own, `start_ns`, for `wait_ns`) and the

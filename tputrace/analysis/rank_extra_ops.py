@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from tputrace.analysis.findings import Evidence, Finding
+from tputrace.analysis.straggler_finding import LateRank, straggler_finding
 from tputrace.wording import format_ns
 
 if TYPE_CHECKING:
@@ -53,19 +54,17 @@ def extra_ops(trace: Trace, rank: int, others: list[int]) -> list[ExtraOps]:
     return sorted(found, key=lambda item: -item.ns_per_step)
 
 
-def own_ops_finding(context: AnalysisContext, analyzer: str, straggler: int, own_ops: list[ExtraOps], waited: float,
-                    share: float, consistent: float, evidence: tuple[Evidence, ...]) -> Finding:
+def own_ops_finding(context: AnalysisContext, late: LateRank, own_ops: list[ExtraOps]) -> Finding:
     """The straggler finding of a rank late because it runs ops the others do not, or more of them, in its steps."""
+    straggler = late.rank
     named = ", ".join(f"{item.op} ×{item.calls_per_step:.3g}" for item in own_ops[:3])
     extra_ns = sum(item.ns_per_step for item in own_ops)
     placed = bool(context.trace.sql("SELECT 1 FROM ops WHERE rank = ? AND frame_id IS NOT NULL LIMIT 1", (straggler,)))
-    return Finding(
-        analyzer=analyzer,
-        severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
-        title=f"Straggler: rank {straggler} makes op calls the other ranks do not ({named} a step); they wait {format_ns(waited)} for it",
+    return straggler_finding(
+        context, late, last_in_most=False,
+        title=f"Straggler: rank {straggler} makes op calls the other ranks do not ({named} a step); they wait {format_ns(late.waited_ns)} for it",
         explanation=(
-            f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
-            f"{straggler} was last in {consistent:.0%} of the steps, and in each step it made more op calls than any other rank, "
+            f"was last in {late.last_in:.0%} of the steps, and in each step it made more op calls than any other rank, "
             f"which took {format_ns(extra_ns)} a step, so every collective after them waits for it"
             + (" (at lines the other ranks run too, fewer times)." if placed else
                " (the capture gives the ops no source lines; a torch.profiler capture with `with_stack=True` places them).")
@@ -75,10 +74,8 @@ def own_ops_finding(context: AnalysisContext, analyzer: str, straggler: int, own
             "logging or extra preprocessing on one rank, or a larger shard), and take it out of the steps or spread it over "
             "every rank."
         ),
-        cost_total_ns=float(waited),
-        cost_per_step_ns=context.per_step(waited),
         evidence=tuple(Evidence(f"rank {straggler}: {item.op}, {item.calls_per_step:.3g} more call(s) a step than any other "
-                                f"rank, {format_ns(item.ns_per_step)} a step", table="ops") for item in own_ops[:5]) + evidence,
+                                f"rank, {format_ns(item.ns_per_step)} a step", table="ops") for item in own_ops[:5]),
     )
 
 
@@ -97,18 +94,15 @@ def extra_compiles(trace: Trace, rank: int, others: list[int]) -> tuple[int, lis
     return int(beyond), [(name or "?", step, dur) for name, step, dur in compiles]
 
 
-def own_compiles_finding(context: AnalysisContext, analyzer: str, straggler: int, beyond_ns: int,
-                         compiles: list[tuple[str, int, int]], waited: float, share: float,
-                         evidence: tuple[Evidence, ...]) -> Finding:
+def own_compiles_finding(context: AnalysisContext, late: LateRank, beyond_ns: int, compiles: list[tuple[str, int, int]]) -> Finding:
     """The straggler finding of a rank late because it recompiles in its steps where the others do not."""
+    straggler = late.rank
     named = ", ".join(f"`{name}` in step {step}" for name, step, _ in compiles[:2])
-    return Finding(
-        analyzer=analyzer,
-        severity="warning" if context.share_of_wall(waited) >= 0.05 else "info",
-        title=f"Straggler: rank {straggler} recompiles in its steps where the other ranks do not ({named}); they wait {format_ns(waited)} for it",
+    return straggler_finding(
+        context, late, last_in_most=False,
+        title=f"Straggler: rank {straggler} recompiles in its steps where the other ranks do not ({named}); they wait {format_ns(late.waited_ns)} for it",
         explanation=(
-            f"Ranks other than {straggler} spent {share:.0%} of their collective time waiting for the last rank to arrive; rank "
-            f"{straggler} spent {format_ns(beyond_ns)} more than any other rank compiling again in its steps, so the collectives after "
+            f"spent {format_ns(beyond_ns)} more than any other rank compiling again in its steps, so the collectives after "
             "each compile wait for it: what it compiled for is in its recompiles (`tputrace report --rank "
             f"{straggler}`)."
         ),
@@ -117,10 +111,8 @@ def own_compiles_finding(context: AnalysisContext, analyzer: str, straggler: int
             "(batches of one size on every rank: `drop_last=True`, or pad the last batch), or mark the size dynamic before "
             "the first call; compile a function only one rank runs before the loop (a warm-up call)."
         ),
-        cost_total_ns=float(waited),
-        cost_per_step_ns=context.per_step(waited),
         evidence=tuple(Evidence(f"rank {straggler}: a compile of `{name}` in step {step}, {format_ns(dur)}", table="compiles")
-                       for name, step, dur in compiles[:5]) + evidence,
+                       for name, step, dur in compiles[:5]),
     )
 
 
