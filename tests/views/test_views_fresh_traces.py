@@ -211,7 +211,7 @@ def test_collectives_a_capture_does_not_size_or_time_show_as_unknown_in_the_tui_
         kinds = {kind for (kind,) in trace.sql("SELECT DISTINCT kind FROM collectives WHERE rank = 0")}
         summary_text = render_text(summarize(trace))
     assert kinds
-    summary_rows = {line.split()[0]: line.split() for line in summary_text.split("\ncollectives\n", 1)[1].splitlines()[1:]
+    summary_rows = {line.split()[0]: line.split() for line in summary_text.split("\ncollectives (", 1)[1].splitlines()[1:]
                     if line.strip() and line.split()[0] in kinds}
     assert set(summary_rows) == kinds and all(row[2] == "unknown" and row[-1] == "unknown" for row in summary_rows.values())
     screen, kind_rows, rank_rows = _collectives_view(collectives_import)
