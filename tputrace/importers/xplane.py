@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from tputrace.importers.chip_collectives import ChipCollectives
 from tputrace.importers.hlo_body import ProgramBody, compile_detail
 from tputrace.importers.hlo_metadata import HloVersions, InstructionSource, UserFileFrames, read_hlo
 from tputrace.importers.hlo_placement import recompile_diff
@@ -72,6 +73,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         self.rank = sink.new_rank(XPLANE, str(paths[0]), host=capture_host(paths[0]), **facts)
         self.programs: dict[str, Program] = {}
         self.runs = RunSpans()
+        self.chip_calls = ChipCollectives()
         self.steps = StepClock()
         self.step_starts, self.step_labels = np.zeros(0, dtype=np.int64), np.zeros(1, dtype=np.int64)  # as arrays
         self.start_unix_ns = 0
@@ -379,7 +381,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
             reason = "recompile" if again and label != UNNAMED else "first"
             signature = self.hlo_signatures.get((name, version)) if name and version is not None else None
             body = self.hlo_bodies.get((name, version)) if name and version is not None else None
-            placement, before = body and body.placement, latest.get((label, frame))
+            placement, before = body.placement if body else None, latest.get((label, frame))
             diff = recompile_diff(before, signature, placement) if reason == "recompile" else None
             latest[(label, frame)] = (signature or (before and before[0]), placement or (before and before[1]))
             detail = compile_detail(body) if body is not None else None
@@ -571,6 +573,7 @@ class XPlaneImporter(OpRows, HostOps, StreamLines):
         return frame_id
 
     def _finish_programs(self) -> None:
+        self.sink.extend("collectives", self.chip_calls.rows(self._collective_groups))
         for program in self.programs.values():
             name_sid = self.writer.intern(program.name)
             structure = re.sub(r"\(\d+\)$", "", program.name)
