@@ -38,10 +38,14 @@ class ChipCollectives:
         by_key: dict[CallKey, dict[int, list[int]]] = defaultdict(lambda: defaultdict(list))
         for index, (key, chip, _) in enumerate(self.calls):
             by_key[key][chip].append(index)
+        known: dict[tuple[int | None, str], tuple[tuple[int, ...], ...] | None] = {}  # (program, op) -> its groups
         for key, by_chip in by_key.items():
             if len(by_chip) < 2:
                 continue
-            for members in _chip_groups(set(by_chip), groups_of(key[0], key[1])):
+            op = (key[0], key[1])
+            if op not in known:
+                known[op] = groups_of(*op)
+            for members in _chip_groups(set(by_chip), known[op]):
                 calls = [sorted(by_chip[chip], key=lambda index: int(rows[index][_START])) for chip in members]
                 for matched in zip(*calls):
                     last = max(int(rows[index][_START]) for index in matched)
