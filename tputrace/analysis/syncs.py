@@ -385,7 +385,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         suggestion = host_outputs_advice(context)
     text = line_text(context.location(frame_id), context.trace) or ""
     single = reads_once(count, kind)
-    elements = element_reads_fix(context, frame_id, text, count) if kind in VALUE_READS else None
+    elements = element_reads_fix(context, frame_id, count) if kind in VALUE_READS else None
     decision = decision_after(context, frame_id) if kind in ("item", "tolist") and not single else None
     if single:
         suggestion = once_suggestion(kind)
