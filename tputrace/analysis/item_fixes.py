@@ -47,6 +47,13 @@ TOKEN_READS = ("The line reads each token sampled (or picked) on the chip to the
                "to decode them.")
 
 
+def item_spelling(text: str) -> str:
+    """How the line's text spells its `item` reads: `float(...)` (or `int(...)`, `bool(...)`) where it makes no
+    `.item()` call and turns a chip value into a number, else `.item()`."""
+    number = _NUMBER_CALL.search(text) or re.search(r"(?<![\w.])(?P<call>bool)\(", text)
+    return f"{number['call']}(...)" if number and ".item()" not in text else ".item()"
+
+
 def token_suggestion(text: str) -> str | None:
     """`TOKEN_READS` for a line whose text reads a token sampled or picked on the chip, else None."""
     return TOKEN_READS if _TOKEN_READ.search(text) else None
