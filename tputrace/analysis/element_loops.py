@@ -28,8 +28,9 @@ class ElementLoop:
     `sequence` (a list of tensors, or a tensor iterated by rows: the ops the trace records at `header_lines` tell).
     `element` is the value read, in terms of `variable` (`t`, `t.mean()`); `header_lines` the lines of the `for`
     statement's header or of the comprehension, whose ops take the elements out; `loop_line` the `for` statement's
-    line, None for a comprehension; `loop` the loop's clause as written (`for i in range(n)`); `sums`: the reads are
-    added up (`total += x.item()`, `sum(x.item() for ...)`)."""
+    line, None for a comprehension; `loop` the loop's clauses as written (`for i in range(n)`, with a comprehension's
+    other `for` and `if` clauses, whose presence `filtered` says); `sums`: the reads are added up (`total += x.item()`,
+    `sum(x.item() for ...)`)."""
 
     source: str
     read: str
@@ -39,6 +40,7 @@ class ElementLoop:
     header_lines: range
     loop_line: int | None
     loop: str
+    filtered: bool
     sums: bool
 
 
@@ -73,7 +75,8 @@ def _read_name(call: ast.Call) -> str | None:
 
 
 def _read_value(call: ast.Call) -> ast.expr:
-    return call.args[0] if isinstance(call.func, ast.Name) else call.func.value  # type: ignore[attr-defined]
+    """The value a read call reads: `x` of `x.item()` and of `float(x)`."""
+    return call.func.value if isinstance(call.func, ast.Attribute) else call.args[0]
 
 
 def _root(value: ast.expr) -> ast.expr:
@@ -91,9 +94,11 @@ def _loop_of(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> ElementLoop | N
     """The loop whose variable the read `call` reads (or indexes a tensor by), within the read's own function."""
     value = _read_value(call)
     root = _root(value)
-    indexed = isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name)
-    name = root.slice.id if indexed else root.id if isinstance(root, ast.Name) else None  # type: ignore[attr-defined]
-    if name is None:
+    indexed = root.value if isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name) else None
+    name = (root.slice.id if isinstance(root, ast.Subscript) and isinstance(root.slice, ast.Name) else
+            root.id if isinstance(root, ast.Name) else None)
+    read = _read_name(call)
+    if name is None or read is None:
         return None
     node: ast.AST = call
     while not isinstance(node, _SCOPES) and node in parents:
@@ -105,20 +110,24 @@ def _loop_of(call: ast.Call, parents: dict[ast.AST, ast.AST]) -> ElementLoop | N
             header_lines = range(header.lineno, (header.end_lineno or header.lineno) + 1)
             loop_line = holder.lineno if isinstance(holder, (ast.For, ast.AsyncFor)) else None
             sums = _sums(call, holder, parents)
-            loop = f"for {ast.unparse(target)} in {ast.unparse(iterable)}"
-            if indexed:
+            names = ", ".join(map(ast.unparse, target.elts)) if isinstance(target, ast.Tuple) else ast.unparse(target)
+            clauses = holder.generators if isinstance(holder, _COMPREHENSIONS) else []
+            filtered = len(clauses) > 1 or any(clause.ifs for clause in clauses)
+            loop = (" ".join(ast.unparse(clause).strip() for clause in clauses) if filtered
+                    else f"for {names} in {ast.unparse(iterable)}")
+            if indexed is not None:
                 if not (isinstance(bound, ast.Call) and isinstance(bound.func, ast.Name) and bound.func.id == "range"):
                     return None
-                return ElementLoop(ast.unparse(root.value), _read_name(call) or "", "tensor",  # type: ignore[attr-defined]
-                                   ast.unparse(value), name, header_lines, loop_line, loop, sums)
+                return ElementLoop(ast.unparse(indexed), read, "tensor", ast.unparse(value), name, header_lines,
+                                   loop_line, loop, filtered, sums)
             container, source = _container(bound)
-            return ElementLoop(source, _read_name(call) or "", container, ast.unparse(value), name, header_lines,
-                               loop_line, loop, sums)
+            return ElementLoop(source, read, container, ast.unparse(value), name, header_lines, loop_line, loop,
+                               filtered, sums)
         node = holder
     return None
 
 
-def _bindings(holder: ast.AST, child: ast.AST) -> list[tuple[ast.expr, ast.expr, ast.AST]]:
+def _bindings(holder: ast.AST, child: ast.AST) -> list[tuple[ast.expr, ast.expr, ast.expr]]:
     """(target, iterable, header) of the loops `holder` runs `child` in: a `for` statement's body, or the
     generators of a comprehension whose element (its key or value) is `child`."""
     if isinstance(holder, (ast.For, ast.AsyncFor)) and child in holder.body:

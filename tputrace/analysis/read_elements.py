@@ -65,7 +65,7 @@ def element_read_text(context: AnalysisContext, frame_id: int | None) -> str | N
 
 def _fix(reads: ElementLoop, container: str) -> str:
     """The advice for `reads` of a `container` (`tensor`, `sequence`, `dict`): one read of them all."""
-    plain = reads.element in (reads.variable, f"{reads.source}[{reads.variable}]")
+    plain = reads.element in (reads.variable, f"{reads.source}[{reads.variable}]") and not reads.filtered
     loop = f" (the loop at line {reads.loop_line}, `{reads.loop}:`, takes them)" if reads.loop_line is not None else ""
     stacked = (f"torch.stack([{reads.element} {reads.loop}])" if not plain else
                reads.source if container == "tensor" else
