@@ -107,12 +107,14 @@ def _without_backward(graphs: list[tuple[int, str]]) -> list[tuple[int, str]]:
     return kept
 
 
-def periodic_suggestion(every: int, text: str) -> str:
-    """The fix for reads a line makes every `every` steps (a log under `if step % N == 0`), with, for a line whose text
-    reads several values (`print(loss.item(), acc.item())`), reading them together."""
+def periodic_suggestion(every: tuple[int, int], text: str) -> str:
+    """The fix for reads a line makes `every[0]` at a time every `every[1]` steps (a log under `if step % N == 0`),
+    with, for a line whose text reads several values (`print(loss.item(), acc.item())`) as many times each, reading
+    them together."""
     count, names = values_read(text)
-    together = PERIODIC_TOGETHER.format(count=count, stacked=stacked_text(count, names)) if count >= 2 else ""
-    return PERIODIC.format(every=every, less_often=4 * every) + together
+    together = (PERIODIC_TOGETHER.format(count=count, stacked=stacked_text(count, names))
+                if count >= 2 and every[0] % count == 0 else "")
+    return PERIODIC.format(every=every[1], less_often=4 * every[1]) + together
 
 
 def evaluation_suggestion(where: str, every: tuple[int, int], modules: tuple[str, ...], *, kept: bool = False,

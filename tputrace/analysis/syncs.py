@@ -416,7 +416,7 @@ def _finding(context: AnalysisContext, frame_id: int | None, kind: str, library_
         severity = "info" if every[0] == 1 else severity  # one wait per evaluation is what the decision needs
     elif (every is not None and every[1] >= 2 and kind in _PERIODIC_KINDS and not once and not per_iteration and not single
           and elements is None):
-        suggestion = periodic_suggestion(every[1], text)
+        suggestion = periodic_suggestion(every, text)
     if read_with and not single and elements is None and not suggestion.startswith(("Keep the values on the chip", "Keep the value on the chip: append",
                                                          "Keep the running total on the chip")):
         suggestion += together_text(context, (frame_id, kind, library_frame_id), read_with_keys)
