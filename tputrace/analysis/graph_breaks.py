@@ -23,10 +23,10 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import compile_error_findings
-from tputrace.analysis import disabled_calls
+from tputrace.analysis import break_sites, disabled_calls
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
-from tputrace.analysis.findings import AnalysisResult, Finding, Severity
+from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
 from tputrace.analysis.syncs import HOST_OUTPUTS_OF_NUMBERS, STALL, SUGGESTIONS, host_outputs_advice
 from tputrace.frame_files import is_library_file
 from tputrace.store.aggregates import merged_ns
@@ -89,6 +89,7 @@ class Outcome:
     function: str
     graphs: int
     eager: bool
+    file: str | None = None
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
     for file_sid, line, frame_id, reason_sid, count, t_ns in rows:
         breaks_by_line[(file_sid, line)].append((frame_id, trace.string(reason_sid) or "graph break", count))
         last_t[(file_sid, line)] = max(last_t.get((file_sid, line), t_ns), t_ns)
-    found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)], breaks[0][0]))
+    found = [_finding(context, file_sid, line, breaks, _outcome(context, last_t[(file_sid, line)], breaks[0][0]),
+                      last_t[(file_sid, line)])
              for (file_sid, line), breaks in breaks_by_line.items()]
     findings = [finding for finding, _ in found] + compile_error_findings(context, NAME) + \
         failed_compile_findings(context, NAME)
@@ -116,12 +118,13 @@ def analyze(context: AnalysisContext) -> AnalysisResult[GraphBreaksData]:
 
 
 def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tuple[int, str, int]],
-             outcome: Outcome | None) -> tuple[Finding, GraphBreak]:
+             outcome: Outcome | None, t_ns: int) -> tuple[Finding, GraphBreak]:
     frame_id = breaks[0][0]
-    where = context.where(frame_id)
+    location = context.location(frame_id)
+    where = context.where(frame_id) if location is None else break_sites.break_where(location)
     count = sum(times for _, _, times in breaks)
     reasons = [disabled_calls.without_addresses(reason) for _, reason, _ in breaks]
-    location = context.location(frame_id)
+    caller = None if location is None else break_sites.calling_line(context, location, t_ns)
     disabled = None if location is None else disabled_calls.disabled_call(
         reasons[0], context.trace.source_copy(location.file), location.file)
     syncs = _syncs(context, file_sid, line)
@@ -137,12 +140,14 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     if context.severity(share) == "critical":
         severity = "critical"
     what = _what_broke(reasons[0]) if disabled is None else disabled_calls.title_part(disabled)
-    title = f"Graph break at {where} ({what}): {_runs_as(outcome, graphs)}"
+    reached = "" if caller is None or location is None else \
+        f" in {break_sites.user_function(location.function)}(), reached from {caller.text}"
+    title = f"Graph break at {where}{reached} ({what}): {_runs_as(outcome, graphs, caller)}"
     called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
     if syncs.steady_syncs and context.steps:
         title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
     explanation = (
-        f"torch.compile broke the graph at {where} {plural(count, 'time')} (once per compile of the function): "
+        f"torch.compile broke the graph at {where}{reached} {plural(count, 'time')} (once per compile of the function): "
         + (f"Dynamo cannot trace a Python branch on a tensor's value, which only the chip knows (`{reasons[0]}`). "
            if reasons[0].startswith("generic_jump") else f"{reasons[0].rstrip('.')}. ")
     )
@@ -190,6 +195,9 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {disabled_calls.without_addresses(reason)}",
                                     break_frame, table="graph_breaks") for break_frame, reason, times in breaks]
+    if caller is not None:
+        evidence.append(Evidence(f"reached from {caller.text}", file=caller.file,
+                                 line=caller.line, table="compiles"))
     evidence.append(context.evidence_at(
         f"{plural(graphs, 'resumed graph')} after the break, {plural(compiles, 'compile')}, {format_ns(compile_ns)}",
         frame_id, table="compiles"))
@@ -241,15 +249,19 @@ def _called_graphs(context: AnalysisContext, where: str, outcome: Outcome) -> li
     return called
 
 
-def _runs_as(outcome: Outcome | None, resumed_graphs: int) -> str:
-    """What the function that broke runs as, for the title."""
+def _runs_as(outcome: Outcome | None, resumed_graphs: int, caller: break_sites.CallingLine | None) -> str:
+    """What the function that broke runs as, for the title; a function outside the file of the line that reached the
+    break is named with its file (`print() (rich/__init__.py)`)."""
     if outcome is None:
         return f"the compiled function runs as {plural(resumed_graphs + 1, 'graph')}"
+    function = f"{outcome.function}()"
+    if outcome.file and caller is not None and outcome.file != caller.file:
+        function += f" ({break_sites.file_name(outcome.file)})"
     if outcome.eager:
-        return f"Dynamo skipped {outcome.function}(), which runs eagerly (no graph)"
+        return f"Dynamo skipped {function}, which runs eagerly (no graph)"
     if outcome.graphs == 0:
-        return f"{outcome.function}() runs in Python (no graph with ops)"
-    return f"{outcome.function}() runs as {plural(outcome.graphs, 'graph')}"
+        return f"{function} runs in Python (no graph with ops)"
+    return f"{function} runs as {plural(outcome.graphs, 'graph')}"
 
 
 def _code_name(name: str | None, detail: dict[str, object]) -> str:
@@ -298,7 +310,8 @@ def _outcome(context: AnalysisContext, t_ns: int, frame_id: int) -> Outcome | No
                   if other_file == file_sid and _function_of(_code_name(other, other_detail)) == function
                   and (_graph_ops(other_ops, other_detail) or 0) > 0}
     failed = bool(detail.get("fail_type") or detail.get("failed"))
-    return Outcome(function, len(with_graph), eager=failed and not with_graph)
+    return Outcome(function, len(with_graph), eager=failed and not with_graph,
+                   file=None if file_sid is None else context.trace.string(file_sid))
 
 
 def _file_sid(context: AnalysisContext, file: str) -> int | None:

@@ -80,8 +80,8 @@ def recompiles(context: AnalysisContext) -> list[IntInputRecompiles]:
         recorded = _recorded_facts(context, graph)
         values: dict[str, set[int]] = {}
         nodes: dict[str, str] = {}
-        for changes, _, _ in rows:
-            for change in changes:
+        for matched, _, _ in rows:
+            for change in matched:
                 index = change.group(0).split(" ", 2)[1]
                 values.setdefault(index, set()).update((int(change["before"]), int(change["after"])))
                 nodes.setdefault(index, change["node"])
