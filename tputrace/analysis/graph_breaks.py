@@ -23,7 +23,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from tputrace.analysis.compile_errors import compile_error_findings
-from tputrace.analysis import break_sites, disabled_calls
+from tputrace.analysis import break_sites, disabled_calls, optimizer_breaks
 from tputrace.analysis.context import MIN_LISTED_COST_NS, AnalysisContext, Cost, detail_object
 from tputrace.analysis.failed_compiles import failed_compile_findings
 from tputrace.analysis.findings import AnalysisResult, Evidence, Finding, Severity
@@ -144,8 +144,9 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         f" in {break_sites.user_function(location.function)}(), reached from {caller.text}"
     title = f"Graph break at {where}{reached} ({what}): {_runs_as(outcome, graphs, caller)}"
     called = _called_graphs(context, where, outcome) if outcome is not None and not outcome.graphs else []
-    if syncs.steady_syncs and context.steps:
-        title += f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
+    sync_part = (f", {format_ns(syncs.steady_stall_ns / max(context.steady_count, 1))} of host sync per step"
+                 if syncs.steady_syncs and context.steps else "")
+    title += sync_part
     explanation = (
         f"torch.compile broke the graph at {where}{reached} {plural(count, 'time')} (once per compile of the function): "
         + (f"Dynamo cannot trace a Python branch on a tensor's value, which only the chip knows (`{reasons[0]}`). "
@@ -165,11 +166,10 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
             f"Dynamo compiled the code after it {plural(compiles, 'time')} ({plural(graphs, 'graph')} with ops; "
             f"{format_ns(compile_ns)} of compiling, counted in the cost: an estimate, as one graph would compile some "
             "of it too)." if compiles else "Dynamo compiled no graph after it.")
-    if syncs.syncs:
-        explanation += (
-            f" At that line the host waited for the chip {plural(syncs.syncs, 'time')} "
-            f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)})."
-        )
+    waited = "" if not syncs.syncs else (
+        f" At that line the host waited for the chip {plural(syncs.syncs, 'time')} "
+        f"({', '.join(syncs.kinds)}), {format_ns(syncs.stall_ns)} in all ({context.share_text(share)}).")
+    explanation += waited
     suggestion = SUGGESTION
     # A graph's CPU outputs at a break are an optimizer's step counts where one was compiled; else what the part
     # after the break reads, which the break's own advice covers.
@@ -187,12 +187,17 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
         suggestion += " " + kind_advice[0]
     hints = _HINT.findall(reasons[0])
     if location is not None and is_library_file(location.file):
-        suggestion = _library_break_advice(location.file, where)
+        suggestion = _library_break_advice(where, caller)
     elif disabled is not None and location is not None:
         suggestion = disabled_calls.advice(disabled, where, outcome.function if outcome else location.function)
     elif hints and not syncs.syncs:
         suggestion = (f"Dynamo says how: {'; '.join(hint.strip().rstrip('.') for hint in hints[:2])}. Otherwise move the call "
                       f"at {where} out of the compiled function; `torch._dynamo.explain(fn)(*args)` lists every break.")
+    if location is not None and optimizer_breaks.is_optimizer_break(location):
+        step = optimizer_breaks.step_break(context, location, what, reasons[0], caller,
+                                           outcome is not None and outcome.eager)
+        title = step.title + sync_part
+        explanation, suggestion = (step.explanation + waited.lstrip()).rstrip(), step.suggestion
     evidence = [context.evidence_at(f"{plural(times, 'break')}: {disabled_calls.without_addresses(reason)}",
                                     break_frame, table="graph_breaks") for break_frame, reason, times in breaks]
     if caller is not None:
@@ -218,18 +223,14 @@ def _finding(context: AnalysisContext, file_sid: int, line: int, breaks: list[tu
     return finding, data
 
 
-def _library_break_advice(file: str, where: str) -> str:
+def _library_break_advice(where: str, caller: break_sites.CallingLine | None) -> str:
     """The advice for a break inside a library's code: Dynamo's hint ("Remove the call") is for the library's
     authors, not the script's."""
-    if file.replace("\\", "/").endswith("torch/optim/optimizer.py"):
-        return (f"The break at {where} is torch.optim's own: it breaks the graph around every optimizer step on purpose, "
-                "so that the update compiles as a graph of its own (one AOT sees as free of autograd). The script cannot "
-                "remove it and need not: the code before the step, the step and the code after it compile as graphs "
-                "of their own, and the break costs only their separate launches.")
+    call = (f"the call at {caller.text}" if caller is not None else
+            "the script's call that reaches it (`torch._dynamo.explain(fn)(*args)` names it)")
     return (f"The break at {where} is in a library's code, not the script's: Dynamo's hint is for that library's "
-            "authors. The code before and after it compiles as graphs of their own; call that library outside the "
-            "compiled function if its work need not be compiled, and `torch._dynamo.explain(fn)(*args)` names the "
-            "script's call that reaches it.")
+            "authors. The code before and after it compiles as graphs of their own; where that library's work need "
+            f"not be compiled, move {call} out of the compiled function.")
 
 
 def _called_graphs(context: AnalysisContext, where: str, outcome: Outcome) -> list[str]:

@@ -1,0 +1,123 @@
+"""A graph break inside an optimizer's step (torch.optim's code), under a compiled `optimizer.step()`: told by what
+happened to the step, not as a library line that "runs in Python".
+
+Two kinds:
+- torch.optim's own break: every `Optimizer.step` calls `torch._dynamo.graph_break()` before and after the update
+  (`_use_grad_for_differentiable`), so that AOTAutograd sees the update as a graph free of autograd. The update then
+  compiles as a graph of its own (a Dynamo frame `Adam.step` with ops): the step falls out of the calling function's
+  graph but is compiled; nothing in the script causes or can remove the break.
+- a break in the update itself (LBFGS's `.item()` and branches on the loss, a library optimizer's Python): the step
+  falls out of the graph there, partly or wholly uncompiled; the fix is to leave the step eager, outside the compiled
+  function, or to use an optimizer whose step Dynamo traces.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tputrace.analysis.break_sites import CallingLine, break_where, user_function
+from tputrace.analysis.context import AnalysisContext, detail_object
+from tputrace.store.records import SourceLocation
+from tputrace.wording import plural
+
+_OPTIM_FOLDER = "/torch/optim/"
+_TORCH_OWN_BREAK = "torch._dynamo.graph_break()"
+_WRAPPER_FILE = "/torch/optim/optimizer.py"
+
+
+@dataclass(frozen=True)
+class StepBreak:
+    """What a break in an optimizer's step did: the title's and explanation's words and the advice."""
+
+    title: str
+    explanation: str
+    suggestion: str
+    torch_own: bool
+
+
+@dataclass(frozen=True)
+class StepGraphs:
+    """The Dynamo frames of optimizer steps (`Adam.step`) in the run: those that compiled a graph with ops (their
+    names and ops), and the failure of one that did not."""
+
+    names: tuple[str, ...]
+    ops: int
+    failure: str | None
+
+
+def is_optimizer_break(location: SourceLocation | None) -> bool:
+    """Whether a break's line is in torch.optim's code (an optimizer's step, or torch's wrapper around it)."""
+    return location is not None and _OPTIM_FOLDER in location.file.replace("\\", "/")
+
+
+def step_break(context: AnalysisContext, location: SourceLocation, what: str, reason: str,
+               caller: CallingLine | None, eager: bool) -> StepBreak:
+    """The title, explanation and advice for a break at `location` in torch.optim (`what`: a short name of what broke
+    the graph; `eager`: Dynamo gave up on the frame and runs it uncompiled)."""
+    where = break_where(location)
+    graphs = _step_graphs(context)
+    owners = [name.rpartition(".")[0] for name in graphs.names if "." in name]
+    optimizer = owners[0] if owners else "the optimizer"
+    at = f" at {caller.short}" if caller is not None else ""
+    around = (f", apart from {user_function(caller.function)}()'s graph"
+              if caller is not None and caller.inside_compiled and not caller.function.startswith("<") else "")
+    if _TORCH_OWN_BREAK in what and graphs.names:
+        title = (f"The optimizer step{at} compiles as a graph of its own{around} ({', '.join(graphs.names)}, "
+                 f"{plural(graphs.ops, 'op')}): torch.optim breaks the graph around every step ({what} at {where})")
+        explanation = (
+            f"torch.optim calls `{what}` before and after every optimizer step, so Dynamo ends the graph before the "
+            f"step and compiles the update as a graph of its own ({', '.join(graphs.names)}, an inference graph free "
+            "of autograd), then resumes after it. The step is compiled; what the break costs is the step's own launch "
+            "and the graphs before and after it. ")
+        suggestion = (
+            "Nothing in the script causes the break and it need not be removed: the update is compiled. Keep the step "
+            "in the compiled function (or compile a function that calls `opt.step()`), with the optimizer's default "
+            "`foreach` implementation so the update is a few ops over all parameters, and, for Adam or AdamW, "
+            "`capturable=True` so that its step counts stay on the chip.")
+        return StepBreak(title, explanation, suggestion, True)
+    falls = "is not compiled" if eager or not graphs.names else "falls out of the graph"
+    title = f"The optimizer step{at} {falls}: Dynamo cannot trace {optimizer}'s step at {where} ({what})"
+    explanation = (
+        f"Dynamo broke the graph inside {optimizer}'s step at {where}: "
+        + ("a Python branch on a tensor's value, which only the chip knows. " if reason.startswith("generic_jump")
+           else f"{reason.rstrip('.')}. ")
+        + ("It gave up on the step's frame, so the step runs eagerly, op by op, with no graph. "
+           if eager or not graphs.names else
+           f"The rest of the step runs in Python and in the graphs Dynamo compiled around the break "
+           f"({', '.join(graphs.names)}: {plural(graphs.ops, 'op')}). ")
+        + (f"Dynamo's failure on a step frame: {graphs.failure}. " if graphs.failure else ""))
+    suggestion = (
+        f"{optimizer}'s step is Python that Dynamo cannot trace at {where}, and only torch's authors can change it. "
+        "Leave the step eager: compile the forward and backward (a function that returns the loss) and call "
+        "`opt.step()` outside the compiled function (with `foreach=True` where the optimizer takes it, so each update op "
+        "runs over all parameters at once); or use an optimizer whose step Dynamo traces (Adam, AdamW, SGD with their default `foreach`), compiled "
+        "through a function that calls `opt.step()`.")
+    return StepBreak(title, explanation, suggestion, False)
+
+
+def _step_graphs(context: AnalysisContext) -> StepGraphs:
+    """The frames Dynamo compiled in an optimizer's module (not torch's wrapper in `optimizer.py`), named
+    `Adam.step`, `LBFGS._add_grad` (a resumed frame by the method it resumes)."""
+    names: list[str] = []
+    ops = 0
+    failure = None
+    for name, file, program_ops, detail in context.trace.sql(
+        "SELECT s.text, fs.text, p.n_ops, c.detail FROM compiles c JOIN strings s ON s.id = c.name_sid "
+        "JOIN frames f ON f.id = c.frame_id JOIN strings fs ON fs.id = f.file_sid "
+        "LEFT JOIN programs p ON p.id = c.program_id WHERE c.rank = ? AND c.kind = 'dynamo_frame' ORDER BY c.start_ns",
+        (context.rank,),
+    ):
+        path = (file or "").replace("\\", "/")
+        if _OPTIM_FOLDER not in path or path.endswith(_WRAPPER_FILE):
+            continue
+        parsed = detail_object(detail)
+        graph_ops = parsed.get("n_ops", program_ops)
+        owner, _, method = (name or "").rpartition(".")
+        shown = f"{owner}.{user_function(method)}" if owner else user_function(method)
+        if isinstance(graph_ops, int) and graph_ops > 0:
+            ops += graph_ops
+            if shown not in names:
+                names.append(shown)
+        elif failure is None and isinstance(parsed.get("failed"), str):
+            failure = str(parsed["failed"])
+    return StepGraphs(tuple(names), ops, failure)
